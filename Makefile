@@ -1,0 +1,68 @@
+# sluice - build, test, run.
+#   make            build/sluice (+ the CUDA backend when nvcc is found)
+#   make test       every test; ends with one line "N passed, N failed"
+#   make run        serve the default model
+#   make model      fetch the default model into models/
+#   make gpu-test   GPU tests (run on a GPU host)
+
+CC       ?= gcc
+NVCC     ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+ARCH_FLAGS ?= -march=x86-64-v3
+CFLAGS   ?= -O2 -g
+CFLAGS   += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror $(ARCH_FLAGS) -fopenmp -pthread -I.
+LDLIBS   += -lpcre2-8 -levent -levent_pthreads -lsqlite3 -lm -fopenmp -pthread
+BUILD    := build
+MODEL    := models/SmolLM2-135M-Instruct.Q4_1.gguf
+
+# CUDA: sm_89 (RTX 4090) and sm_90 (H100/H200). CUDA=0 forces a CPU-only build.
+CUDA ?= $(if $(NVCC),1,0)
+NVFLAGS ?= -O3 -std=c++17 -gencode arch=compute_89,code=sm_89 -gencode arch=compute_90,code=sm_90 \
+           -Xcompiler -Wall,-Wextra,-Werror -I.
+
+LIB_SRCS := $(wildcard model/*.c kvpool/*.c sched/*.c store/*.c) $(filter-out api/main.c,$(wildcard api/*.c))
+LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/%.o)
+CU_SRCS  := $(wildcard cuda/*.cu)
+CU_CSRCS := $(wildcard cuda/*.c)
+ifeq ($(CUDA),1)
+LIB_OBJS += $(CU_SRCS:%.cu=$(BUILD)/%.o) $(CU_CSRCS:%.c=$(BUILD)/%.o)
+CFLAGS   += -DSLUICE_CUDA -I$(CUDA_HOME)/include
+LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lnccl -lcudart -lstdc++
+endif
+TEST_SRCS := $(wildcard tests/test_*.c)
+TEST_BINS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
+
+.PHONY: all test run model gpu-test bench clean
+all: $(BUILD)/sluice
+
+$(BUILD)/%.o: %.c $(wildcard */*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/%.o: %.cu $(wildcard cuda/*.h model/*.h)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+$(BUILD)/libsluice.a: $(LIB_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/sluice: $(BUILD)/api/main.o $(BUILD)/libsluice.a
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+$(BUILD)/tests/%: tests/%.c tests/test.h $(BUILD)/libsluice.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $< $(BUILD)/libsluice.a -o $@ $(LDLIBS)
+
+model: $(MODEL)
+$(MODEL):
+	bash tools/fetch_model.sh
+
+test: $(BUILD)/sluice $(TEST_BINS) $(MODEL)
+	@bash tools/run_tests.sh $(TEST_BINS)
+
+run: $(BUILD)/sluice $(MODEL)
+	$(BUILD)/sluice generate --model $(MODEL) --chat
+
+clean:
+	rm -rf $(BUILD)

@@ -1,0 +1,88 @@
+/* backend.h - the interface between the engine and whatever computes a step.
+ *
+ * A step is a flat batch of tokens from many sequences: decode tokens (one per
+ * sequence) and prefill chunks. The scheduler fills `struct step`; the backend
+ * writes each token's K/V into its slot, attends over the sequence's whole
+ * context through its block table, and samples a token for the sequences that
+ * want one. Logits stay inside the backend (a test may ask for them).
+ *
+ * KV layout: the backend owns the KV memory, sized in blocks by the caller
+ * (kv_blocks); the KV pool (kvpool/) hands out block *indices*. A slot is
+ * block_table[pos / block_size] * block_size + pos % block_size. The CPU
+ * backend stores, per layer, K and V as [n_blocks][block_size][n_kv_heads][head_dim] f32.
+ *
+ * Threads: one backend is driven by one thread (the engine thread); it may use
+ * worker threads internally. Implementations: model/cpu_backend.c ("cpu"),
+ * cuda/ ("cuda", when built with nvcc).
+ */
+#ifndef SLUICE_BACKEND_H
+#define SLUICE_BACKEND_H
+
+#include "model.h"
+
+struct step_seq {
+    /* in */
+    int query_start;        /* first token of this sequence in the step's token arrays */
+    int query_len;          /* tokens of this sequence in the step */
+    int context_len;        /* tokens in the KV after this step: cached + query_len */
+    const int32_t *block_table; /* [n_blocks] physical block indices, borrowed */
+    int n_blocks;
+    bool want_sample;       /* sample after the last query token (end of prefill, decode) */
+    const struct model_sampling *sampling;
+    const int32_t *history; /* prompt then generated ids, for penalties */
+    int n_prompt, n_history;
+    uint64_t *rng;          /* per-request RNG state, advanced by sampling */
+    float *logits_out;      /* optional [n_vocab] host buffer: raw logits of the last
+                               query token (tests); NULL in serving */
+    /* out (valid when want_sample) */
+    struct model_sample_out out;
+};
+
+struct step {
+    int n_tokens;
+    const int32_t *token_ids;   /* [n_tokens] */
+    const int32_t *positions;   /* [n_tokens] */
+    const int64_t *slots;       /* [n_tokens] KV slot of each token */
+    int n_seqs;
+    struct step_seq *seqs;      /* [n_seqs] */
+};
+
+typedef struct model_backend model_backend;
+
+struct model_backend_opts {
+    const char *device;         /* "cpu" or "cuda"; NULL = cuda when available, else cpu */
+    int n_threads;              /* cpu: worker threads, 0 = all cores */
+    int max_tokens_per_step;    /* largest step.n_tokens (sizes scratch); 0 = 2048 */
+    int max_seqs_per_step;      /* largest step.n_seqs; 0 = 256 */
+    int max_ctx;                /* longest context a sequence may reach; 0 = n_ctx_train */
+};
+
+struct model_backend_ops {
+    const char *name;
+    /* Bytes of KV memory one block takes (all layers, K and V). */
+    size_t (*kv_block_bytes)(model_backend *b, int block_size);
+    /* (Re)allocates KV memory for n_blocks blocks of block_size tokens. */
+    int (*kv_alloc)(model_backend *b, int n_blocks, int block_size, char *err, size_t errlen);
+    /* Runs one step. On error the KV contents of this step's slots are undefined. */
+    int (*forward)(model_backend *b, struct step *s, char *err, size_t errlen);
+    void (*destroy)(model_backend *b);
+};
+
+struct model_backend {
+    const struct model_backend_ops *ops;
+    const model *m;             /* borrowed; must outlive the backend */
+};
+
+/* Creates the backend named by opts->device for m. Returns NULL with a
+ * message in err on failure. */
+model_backend *model_backend_create(const model *m, const struct model_backend_opts *opts, char *err,
+                                    size_t errlen);
+void model_backend_destroy(model_backend *b);
+
+/* The CPU reference backend (model/cpu_backend.c). */
+model_backend *model_cpu_backend_create(const model *m, const struct model_backend_opts *opts,
+                                        char *err, size_t errlen);
+/* Whether this build has the CUDA backend and a GPU is present. */
+bool model_cuda_available(void);
+
+#endif

@@ -1,0 +1,227 @@
+/* model.h - what a model is: its configuration, its weights, its tokenizer,
+ * its chat prompt, and the sampler.
+ *
+ * model_load() reads a GGUF file or a Hugging Face checkpoint directory
+ * (config.json + safetensors + tokenizer.json) into a `model`. Weights are
+ * *views* (struct model_tensor) borrowed from the mmapped files: a backend
+ * (model/backend.h) turns them into whatever it computes with. A loaded model
+ * is immutable, so any thread may read it; the tokenizer is also read-only
+ * after load and thread-safe. The detokenizer and sampler state are per
+ * request and owned by the caller.
+ *
+ * This is the public header of the model module: other modules include this
+ * and model/backend.h only.
+ */
+#ifndef SLUICE_MODEL_H
+#define SLUICE_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Status codes shared across sluice modules: 0 is success. */
+enum sl_status {
+    SL_OK = 0,
+    SL_EINVAL = -1,   /* bad argument or malformed input */
+    SL_ENOMEM = -2,   /* out of host or device memory */
+    SL_EIO = -3,      /* file could not be read */
+    SL_EFORMAT = -4,  /* file is not in the expected format */
+    SL_EUNSUP = -5,   /* valid but unsupported (tensor type, architecture) */
+    SL_ENOSPC = -6,   /* pool full */
+    SL_EDEVICE = -7,  /* CUDA / cuBLAS / NCCL failure */
+    SL_ERANGE = -8,   /* output buffer too small / value out of range */
+};
+
+/* Aborts with file and line: for broken invariants (bugs), never for input. */
+#define SL_ASSERT(x)                                                                     \
+    do {                                                                                 \
+        if (!(x)) sl_assert_fail(#x, __FILE__, __LINE__);                                \
+    } while (0)
+void sl_assert_fail(const char *expr, const char *file, int line) __attribute__((noreturn));
+
+/* ---- tensors --------------------------------------------------------------- */
+
+enum model_dtype {
+    MODEL_DT_F32, MODEL_DT_F16, MODEL_DT_BF16, MODEL_DT_Q8_0, MODEL_DT_Q4_0, MODEL_DT_Q4_1,
+};
+
+/* A borrowed view of one weight tensor. A matrix is stored row-major with
+ * ne[0] the contiguous dimension: a linear layer y = W x has ne[0] = in,
+ * ne[1] = out (the GGUF and HF safetensors layouts agree on this). */
+struct model_tensor {
+    const char *name;     /* borrowed; NUL-terminated */
+    enum model_dtype dtype;
+    int ndim;
+    int64_t ne[4];        /* unused dims are 1 */
+    const void *data;     /* NULL when the tensor is absent; borrowed from the mapping */
+    size_t nbytes;
+};
+
+/* Dequantizes/converts `n` elements starting at element `first` (which must
+ * be block aligned for quantized types) into out[]. Exact for every dtype:
+ * the values are what the format defines, computed in f32. */
+void model_tensor_to_f32(const struct model_tensor *t, int64_t first, int64_t n, float *out);
+int64_t model_tensor_nelem(const struct model_tensor *t);
+const char *model_dtype_name(enum model_dtype dt);
+
+/* ---- configuration --------------------------------------------------------- */
+
+enum model_arch { MODEL_ARCH_LLAMA, MODEL_ARCH_QWEN2, MODEL_ARCH_QWEN3, MODEL_ARCH_MISTRAL };
+
+enum model_rope {
+    MODEL_ROPE_NORM, /* rotate adjacent pairs (x[2i], x[2i+1]): GGUF llama, whose Q/K rows are stored permuted */
+    MODEL_ROPE_NEOX, /* rotate halves (x[i], x[i + d/2]): HF checkpoints, qwen2/qwen3 in GGUF */
+};
+
+struct model_config {
+    enum model_arch arch;
+    int n_layer, n_embd, n_ff;
+    int n_head, n_head_kv, head_dim;
+    int n_vocab;
+    int n_ctx_train;            /* max_position_embeddings / context_length */
+    float norm_eps;
+    float rope_theta;
+    enum model_rope rope_type;
+    int rope_dim;               /* rotated dims per head (== head_dim for these archs) */
+    /* llama3 rope scaling (rope_scaling.rope_type == "llama3"); factor 0 = off */
+    float rope_llama3_factor, rope_llama3_low_freq, rope_llama3_high_freq;
+    int rope_llama3_orig_ctx;
+    bool tie_embeddings;        /* lm_head is tok_embd */
+    bool qkv_bias;              /* qwen2 */
+    bool qk_norm;               /* qwen3: RMSNorm over head_dim of q and k before RoPE */
+};
+
+struct model_layer_weights {
+    struct model_tensor attn_norm;            /* [n_embd] */
+    struct model_tensor wq, wk, wv, wo;       /* [n_head*hd][n_embd], [n_kv*hd][n_embd] x2, [n_embd][n_head*hd] */
+    struct model_tensor bq, bk, bv;           /* qkv_bias only */
+    struct model_tensor q_norm, k_norm;       /* qk_norm only: [head_dim] */
+    struct model_tensor ffn_norm;             /* [n_embd] */
+    struct model_tensor w_gate, w_up, w_down; /* [n_ff][n_embd] x2, [n_embd][n_ff] */
+};
+
+struct model_weights {
+    struct model_tensor tok_embd;             /* [n_vocab][n_embd] */
+    struct model_tensor out_norm;             /* [n_embd] */
+    struct model_tensor lm_head;              /* [n_vocab][n_embd]; == tok_embd when tied */
+    struct model_layer_weights *layers;       /* [n_layer] */
+};
+
+/* ---- tokenizer ------------------------------------------------------------- */
+
+typedef struct model_tok model_tok;
+
+enum model_tok_attr {
+    MODEL_TOK_NORMAL = 1, MODEL_TOK_UNKNOWN = 2, MODEL_TOK_CONTROL = 3,
+    MODEL_TOK_USER_DEFINED = 4, MODEL_TOK_UNUSED = 5, MODEL_TOK_BYTE = 6,
+};
+
+/* Encodes len bytes of text. add_bos: prepend BOS when the model's metadata
+ * says so (tokenizer.ggml.add_bos_token / tokenizer_config add_bos_token).
+ * parse_special: split out special/added tokens written literally in text.
+ * Writes at most cap ids; returns the total number of ids (which may exceed
+ * cap: call again with a bigger buffer), or a negative sl_status. */
+int model_tok_encode(const model_tok *t, const char *text, size_t len, bool add_bos,
+                     bool parse_special, int32_t *ids, int cap);
+
+/* Decodes ids to bytes (byte-level BPE pieces mapped back to raw bytes).
+ * skip_special: drop control tokens. Writes at most cap bytes (no NUL added);
+ * returns the total byte count (may exceed cap) or a negative sl_status. */
+long model_tok_decode(const model_tok *t, const int32_t *ids, int n, bool skip_special, char *out,
+                      size_t cap);
+
+int model_tok_n_vocab(const model_tok *t);
+int32_t model_tok_bos(const model_tok *t);       /* -1 if none */
+int32_t model_tok_eos(const model_tok *t);       /* -1 if none */
+/* Token ids that end generation: eos plus eot/eom and generation_config eos ids. */
+int model_tok_stop_ids(const model_tok *t, const int32_t **ids);
+enum model_tok_attr model_tok_attr(const model_tok *t, int32_t id);
+/* The raw bytes a token decodes to (borrowed; not NUL-terminated). */
+const char *model_tok_bytes(const model_tok *t, int32_t id, size_t *len);
+/* Exact-match lookup of a token's text form (as in the vocab), -1 if absent. */
+int32_t model_tok_find(const model_tok *t, const char *text, size_t len);
+
+/* Incremental detokenizer: feed ids one at a time; each call returns the bytes
+ * that are now complete UTF-8 (never a partial sequence). Invalid sequences
+ * are emitted as U+FFFD once known to be invalid. Embedded in the caller. */
+struct model_detok {
+    const model_tok *tok;
+    bool skip_special;
+    unsigned char pending[8]; /* bytes of an incomplete UTF-8 sequence */
+    int n_pending;
+};
+void model_detok_init(struct model_detok *d, const model_tok *tok, bool skip_special);
+/* Appends the newly complete text to out (at most cap bytes; a token decodes
+ * to well under 256 bytes). Returns the number of bytes written. */
+size_t model_detok_push(struct model_detok *d, int32_t id, char *out, size_t cap);
+/* Emits what is left (an incomplete tail becomes U+FFFD). */
+size_t model_detok_flush(struct model_detok *d, char *out, size_t cap);
+
+/* ---- the model --------------------------------------------------------------- */
+
+typedef struct model model;
+
+struct model_load_opts {
+    bool progress;            /* print tensors/bytes loaded on stderr */
+    const char *tokenizer;    /* NULL: the model's own; else a GGUF file or HF dir */
+};
+
+/* Loads a GGUF file or an HF checkpoint directory. Returns NULL with a
+ * message in err on failure (a missing tensor, an unsupported architecture or
+ * dtype are named). The model owns its mappings, config and tokenizer. */
+model *model_load(const char *path, const struct model_load_opts *opts, char *err, size_t errlen);
+void model_free(model *m);
+
+const struct model_config *model_get_config(const model *m);
+const struct model_weights *model_get_weights(const model *m);
+const model_tok *model_get_tok(const model *m);
+/* The chat template text from the checkpoint, or NULL. Borrowed. */
+const char *model_chat_template(const model *m);
+const char *model_arch_name(enum model_arch a);
+
+/* Renders messages as ChatML (<|im_start|>role\ncontent<|im_end|>\n ... and,
+ * with add_generation_prompt, "<|im_start|>assistant\n"), the format of the
+ * default model. roles/contents: n entries. Returns bytes needed (may exceed
+ * cap), writes a NUL when it fits. A full Jinja engine is a later issue. */
+size_t model_chatml_render(const char *const *roles, const char *const *contents, int n,
+                           bool add_generation_prompt, char *out, size_t cap);
+
+/* ---- sampler ---------------------------------------------------------------- */
+
+struct model_sampling {
+    float temperature;        /* 0 = greedy */
+    float top_p;              /* 1 = off */
+    int top_k;                /* <= 0 = off */
+    float min_p;              /* 0 = off */
+    float repetition_penalty; /* 1 = off; applies to prompt + generated tokens (HF/vLLM) */
+    float presence_penalty;   /* 0 = off; generated tokens only (OpenAI/vLLM) */
+    float frequency_penalty;  /* 0 = off; generated tokens only */
+    uint64_t seed;            /* initial RNG state comes from this */
+    int top_logprobs;         /* number of top alternatives to return, 0..MODEL_MAX_TOP_LOGPROBS */
+};
+#define MODEL_MAX_TOP_LOGPROBS 20
+
+void model_sampling_default(struct model_sampling *s); /* greedy, everything off */
+/* Per-request RNG state; seeded once from sampling.seed. */
+uint64_t model_rng_seed(uint64_t seed);
+
+struct model_sample_out {
+    int32_t token;
+    float logprob;                                   /* of token, under the processed distribution
+                                                        before temperature (vLLM's default) */
+    int n_top;
+    int32_t top_ids[MODEL_MAX_TOP_LOGPROBS];
+    float top_logprobs[MODEL_MAX_TOP_LOGPROBS];
+};
+
+/* Samples one token from logits[n_vocab] (modified in place: penalties,
+ * temperature). history holds the prompt (n_prompt ids) followed by the
+ * generated ids (n_history - n_prompt). scratch holds 2*n_vocab floats plus
+ * n_vocab ints' worth of bytes (see model_sample_scratch_bytes). Advances *rng.
+ * Deterministic: same logits, params, history and rng -> same token. */
+size_t model_sample_scratch_bytes(int n_vocab);
+int model_sample(float *logits, int n_vocab, const struct model_sampling *s, const int32_t *history,
+                 int n_prompt, int n_history, uint64_t *rng, void *scratch,
+                 struct model_sample_out *out);
+
+#endif

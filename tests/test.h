@@ -1,0 +1,63 @@
+/* test.h - the smallest test harness that does what we need.
+ *
+ *   static void test_foo(void) { CHECK(x == 1); CHECKF(y < 2, "y=%d", y); }
+ *   int main(void) { RUN(test_foo); return test_summary(); }
+ *
+ * Each RUN prints "ok   name" or "FAIL name" with the failed checks above it;
+ * test_summary() prints "N passed, N failed" (tools/run_tests.sh sums them).
+ */
+#ifndef SLUICE_TEST_H
+#define SLUICE_TEST_H
+
+#include <stdio.h>
+#include <stdlib.h>
+
+static int t_pass, t_fail, t_cur_failed;
+
+#define CHECK(c)                                                                          \
+    do {                                                                                  \
+        if (!(c)) {                                                                       \
+            fprintf(stdout, "  %s:%d: CHECK(%s) failed\n", __FILE__, __LINE__, #c);      \
+            t_cur_failed = 1;                                                             \
+        }                                                                                 \
+    } while (0)
+
+#define CHECKF(c, ...)                                                                    \
+    do {                                                                                  \
+        if (!(c)) {                                                                       \
+            fprintf(stdout, "  %s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #c);       \
+            fprintf(stdout, __VA_ARGS__);                                                 \
+            fputc('\n', stdout);                                                          \
+            t_cur_failed = 1;                                                             \
+        }                                                                                 \
+    } while (0)
+
+#define RUN(fn)                                                                           \
+    do {                                                                                  \
+        t_cur_failed = 0;                                                                 \
+        fn();                                                                             \
+        if (t_cur_failed) {                                                               \
+            t_fail++;                                                                     \
+            printf("FAIL %s\n", #fn);                                                     \
+        } else {                                                                          \
+            t_pass++;                                                                     \
+            printf("ok   %s\n", #fn);                                                     \
+        }                                                                                 \
+        fflush(stdout);                                                                   \
+    } while (0)
+
+static inline int test_summary(void)
+{
+    printf("%d passed, %d failed\n", t_pass, t_fail);
+    return t_fail != 0;
+}
+
+/* Where the shared outside-reference data lives (../shared/testdata unless
+ * SLUICE_TESTDATA says otherwise). */
+static inline const char *test_data_dir(void)
+{
+    const char *d = getenv("SLUICE_TESTDATA");
+    return d && *d ? d : "../shared/testdata";
+}
+
+#endif

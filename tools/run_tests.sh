@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Runs each test binary (and tests/*.py integration tests, when present), sums
+# the "N passed, N failed" line each prints, and prints the total as the last
+# line. A test that crashes or prints no summary counts as one failure.
+set -u
+cd "$(dirname "$0")/.."
+pass=0 fail=0
+run_one() {
+    local name=$1; shift
+    local log out line p f
+    log=$(mktemp)
+    "$@" >"$log" 2>&1
+    local rc=$?
+    line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log" | tail -n 1)
+    if [ -n "$line" ]; then
+        p=${line%% passed*}; f=${line#*, }; f=${f%% failed}
+    else
+        p=0; f=1
+    fi
+    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
+    pass=$((pass + p)); fail=$((fail + f))
+    if [ "$f" -ne 0 ]; then
+        echo "== $name: FAILED (exit $rc)"; grep -v '^ok ' "$log" | tail -n 40
+    else
+        echo "== $name: $p passed"
+    fi
+    rm -f "$log"
+}
+for t in "$@"; do
+    run_one "$(basename "$t")" "$t"
+done
+for py in tests/test_*.py; do
+    [ -e "$py" ] || continue
+    run_one "$(basename "$py")" python3 "$py"
+done
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
