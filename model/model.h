@@ -105,6 +105,9 @@ struct model_weights {
     struct model_tensor out_norm;             /* [n_embd] */
     struct model_tensor lm_head;              /* [n_vocab][n_embd]; == tok_embd when tied */
     struct model_layer_weights *layers;       /* [n_layer] */
+    struct model_tensor rope_freqs;           /* optional [rope_dim/2]: per-frequency divisors of
+                                                 the RoPE inverse frequencies (GGUF llama3
+                                                 rope_freqs.weight); data NULL when absent */
 };
 
 /* ---- tokenizer ------------------------------------------------------------- */

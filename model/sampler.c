@@ -1,0 +1,244 @@
+/* sampler.c - turning one row of logits into one token (model.h, "sampler").
+ *
+ * Order of operations, fixed so that results are reproducible:
+ *   1. penalties on the raw logits, in place: repetition (HF: over the
+ *      distinct ids of prompt + generated; logit > 0 -> /p, else *p), then
+ *      presence and frequency (OpenAI: over generated ids only);
+ *   2. log-softmax of those logits -> logprob of the chosen token and the
+ *      top_logprobs alternatives (before temperature, as vLLM reports them);
+ *   3. temperature 0 -> argmax (lowest id on ties). Otherwise divide by the
+ *      temperature, keep the top_k, then the top_p nucleus, then drop what is
+ *      below min_p * p_max, and draw from what is left with the request's RNG.
+ * Candidates are ordered by (logit desc, id asc), so ties never depend on a
+ * sort's stability. Everything runs in the caller's scratch: no allocation.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model.h"
+
+struct cand {
+    float logit;
+    int32_t id;
+};
+
+void model_sampling_default(struct model_sampling *s)
+{
+    memset(s, 0, sizeof *s);
+    s->temperature = 0.0f;
+    s->top_p = 1.0f;
+    s->top_k = 0;
+    s->min_p = 0.0f;
+    s->repetition_penalty = 1.0f;
+}
+
+/* splitmix64: one 64-bit word of state, good enough statistically for
+ * sampling and trivially reproducible. */
+static uint64_t rng_next(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+uint64_t model_rng_seed(uint64_t seed)
+{
+    uint64_t s = seed ^ 0x5851f42d4c957f2dULL;
+    return rng_next(&s);
+}
+
+/* Uniform in [0, 1) with 53 random bits. */
+static double rng_uniform(uint64_t *s) { return (double)(rng_next(s) >> 11) * 0x1.0p-53; }
+
+size_t model_sample_scratch_bytes(int n_vocab)
+{
+    /* cand[n_vocab] (two floats' worth each) + int counts[n_vocab] */
+    return (size_t)n_vocab * (sizeof(struct cand) + sizeof(int));
+}
+
+/* a before b in sampling order: higher logit first, then lower id. */
+static int cand_cmp(const void *pa, const void *pb)
+{
+    const struct cand *a = pa, *b = pb;
+    if (a->logit > b->logit) return -1;
+    if (a->logit < b->logit) return 1;
+    return (a->id > b->id) - (a->id < b->id);
+}
+
+static bool cand_before(const struct cand *a, const struct cand *b) { return cand_cmp(a, b) < 0; }
+
+/* Moves the k best candidates (in sampling order) to c[0..k), sorted.
+ * Keeps a sorted window of size k while scanning: O(n k) for small k, a full
+ * sort otherwise. */
+static void top_k_sorted(struct cand *c, int n, int k)
+{
+    if (k >= n || k > 64) {
+        qsort(c, (size_t)n, sizeof *c, cand_cmp);
+        return;
+    }
+    int have = 0;
+    for (int i = 0; i < n; i++) {
+        struct cand x = c[i];
+        if (have == k && !cand_before(&x, &c[k - 1])) continue;
+        int j = have < k ? have++ : k - 1;
+        while (j > 0 && cand_before(&x, &c[j - 1])) {
+            c[j] = c[j - 1];
+            j--;
+        }
+        c[j] = x;
+    }
+}
+
+int model_sample(float *logits, int n_vocab, const struct model_sampling *s, const int32_t *history,
+                 int n_prompt, int n_history, uint64_t *rng, void *scratch,
+                 struct model_sample_out *out)
+{
+    if (!logits || n_vocab <= 0 || !s || !scratch || !out || n_prompt < 0 || n_history < n_prompt ||
+        (n_history > 0 && !history))
+        return SL_EINVAL;
+    if (!(s->temperature >= 0.0f) || !(s->top_p > 0.0f && s->top_p <= 1.0f) ||
+        !(s->min_p >= 0.0f && s->min_p <= 1.0f) || !(s->repetition_penalty > 0.0f) ||
+        !isfinite(s->presence_penalty) || !isfinite(s->frequency_penalty) ||
+        s->top_logprobs < 0 || s->top_logprobs > MODEL_MAX_TOP_LOGPROBS)
+        return SL_EINVAL;
+    for (int i = 0; i < n_history; i++)
+        if (history[i] < 0 || history[i] >= n_vocab) return SL_EINVAL;
+
+    uint64_t local_rng = 0;
+    if (!rng) rng = &local_rng;
+    struct cand *c = scratch;
+    int *count = (int *)(c + n_vocab);
+
+    /* 1. penalties */
+    if (s->repetition_penalty != 1.0f && n_history > 0) {
+        memset(count, 0, (size_t)n_vocab * sizeof *count);
+        float p = s->repetition_penalty;
+        for (int i = 0; i < n_history; i++) {
+            int32_t id = history[i];
+            if (count[id]) continue;
+            count[id] = 1;
+            logits[id] = logits[id] > 0.0f ? logits[id] / p : logits[id] * p;
+        }
+    }
+    if ((s->presence_penalty != 0.0f || s->frequency_penalty != 0.0f) && n_history > n_prompt) {
+        memset(count, 0, (size_t)n_vocab * sizeof *count);
+        for (int i = n_prompt; i < n_history; i++) count[history[i]]++;
+        for (int i = n_prompt; i < n_history; i++) {
+            int32_t id = history[i];
+            if (count[id] <= 0) continue; /* already applied */
+            logits[id] -= s->frequency_penalty * (float)count[id] + s->presence_penalty;
+            count[id] = 0;
+        }
+    }
+
+    /* 2. log-softmax of the penalized logits */
+    float mx = -INFINITY;
+    int32_t best = 0;
+    for (int i = 0; i < n_vocab; i++) {
+        if (logits[i] > mx) { /* strict: the lowest id wins ties */
+            mx = logits[i];
+            best = i;
+        }
+    }
+    if (!isfinite(mx)) {
+        /* all -inf or a NaN/inf somewhere: nothing sensible to sample */
+        for (int i = 0; i < n_vocab; i++)
+            if (isnan(logits[i])) return SL_EINVAL;
+        if (mx == -INFINITY) return SL_EINVAL;
+    }
+    double sum = 0.0;
+    for (int i = 0; i < n_vocab; i++) sum += exp((double)logits[i] - (double)mx);
+    double lse = (double)mx + log(sum);
+
+    out->n_top = 0;
+    if (s->top_logprobs > 0) {
+        int k = s->top_logprobs < n_vocab ? s->top_logprobs : n_vocab;
+        for (int i = 0; i < n_vocab; i++) c[i] = (struct cand){logits[i], i};
+        top_k_sorted(c, n_vocab, k);
+        for (int i = 0; i < k; i++) {
+            out->top_ids[i] = c[i].id;
+            out->top_logprobs[i] = (float)((double)c[i].logit - lse);
+        }
+        out->n_top = k;
+    }
+
+    /* 3. choose */
+    int32_t tok = best;
+    if (s->temperature > 0.0f && s->top_k != 1) {
+        float inv_t = 1.0f / s->temperature;
+        int n = 0;
+        for (int i = 0; i < n_vocab; i++)
+            if (logits[i] > -INFINITY) c[n++] = (struct cand){logits[i] * inv_t, i};
+        float cmx = mx * inv_t;
+        bool sorted = false;
+        if (s->top_k > 0 && s->top_k < n) {
+            top_k_sorted(c, n, s->top_k);
+            n = s->top_k;
+            sorted = true;
+        }
+        if (s->top_p < 1.0f) {
+            double z = 0.0;
+            for (int i = 0; i < n; i++) z += exp((double)c[i].logit - cmx);
+            if (!sorted) {
+                /* The nucleus is a prefix of the sorted order. Sort only the
+                 * candidates above a threshold when they already hold top_p of
+                 * the mass (exact: every candidate left out ranks after them). */
+                for (double thr = 1e-4;; thr *= 1e-3) {
+                    int m = 0;
+                    double mass = 0.0;
+                    double cut = thr <= 1e-30 ? -1.0 : thr;
+                    for (int i = 0; i < n; i++) {
+                        double p = exp((double)c[i].logit - cmx) / z;
+                        if (p >= cut) {
+                            struct cand t = c[m];
+                            c[m] = c[i];
+                            c[i] = t;
+                            m++;
+                            mass += p;
+                        }
+                    }
+                    if (mass >= s->top_p || cut < 0.0) {
+                        qsort(c, (size_t)m, sizeof *c, cand_cmp);
+                        n = m;
+                        break;
+                    }
+                }
+                sorted = true;
+            }
+            double cum = 0.0;
+            int keep = n;
+            for (int i = 0; i < n; i++) {
+                cum += exp((double)c[i].logit - cmx) / z;
+                if (cum >= s->top_p) {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            n = keep;
+        }
+        if (s->min_p > 0.0f) {
+            /* p_i >= min_p * p_max  <=>  logit_i >= logit_max + log(min_p) */
+            float lim = cmx + logf(s->min_p);
+            int m = 0;
+            for (int i = 0; i < n; i++)
+                if (c[i].logit >= lim) c[m++] = c[i];
+            n = m;
+        }
+        double z = 0.0;
+        for (int i = 0; i < n; i++) z += exp((double)c[i].logit - cmx);
+        double u = rng_uniform(rng) * z, cum = 0.0;
+        tok = c[n - 1].id;
+        for (int i = 0; i < n; i++) {
+            cum += exp((double)c[i].logit - cmx);
+            if (u < cum) {
+                tok = c[i].id;
+                break;
+            }
+        }
+    }
+    out->token = tok;
+    out->logprob = (float)((double)logits[tok] - lse);
+    return SL_OK;
+}
