@@ -1,0 +1,36 @@
+/* api.h - the front doors of sluice: the CLI subcommands (and, later, the
+ * HTTP server). main.c dispatches argv[1] to one of the api_cmd_* functions.
+ *
+ * Flags are parsed by a table (struct api_flag) so every subcommand accepts
+ * --name value and --name=value, reports an unknown flag by name, and prints
+ * the same kind of --help. Everything here runs on the main thread.
+ */
+#ifndef SLUICE_API_H
+#define SLUICE_API_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+enum api_flag_kind { API_FLAG_STR, API_FLAG_INT, API_FLAG_FLOAT, API_FLAG_BOOL };
+
+struct api_flag {
+    const char *name;          /* "--max-tokens" */
+    enum api_flag_kind kind;
+    void *dst;                 /* const char **, long *, double *, or bool * */
+    const char *help;
+    const char *neg;           /* optional "--no-..." name that sets a bool false */
+};
+
+/* Parses argv[first..argc) against flags (terminated by a zeroed entry).
+ * Non-flag arguments go to positional[] (at most max_pos; more is an error).
+ * Returns the number of positionals, or -1 with a message in err naming the
+ * unknown flag / bad value. "--help"/"-h" returns -2. */
+int api_parse_flags(int argc, char **argv, int first, const struct api_flag *flags,
+                    const char **positional, int max_pos, char *err, size_t errlen);
+void api_print_flags(const struct api_flag *flags);
+
+int api_cmd_generate(int argc, char **argv);
+int api_cmd_tokenize(int argc, char **argv);
+int api_cmd_info(int argc, char **argv);
+
+#endif

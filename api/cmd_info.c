@@ -1,0 +1,44 @@
+/* cmd_info.c - `sluice info`: what this build can do and what a model is. */
+#include <stdio.h>
+
+#include "api.h"
+#include "model/backend.h"
+#include "model/model.h"
+
+int api_cmd_info(int argc, char **argv)
+{
+    const char *model_path = NULL;
+    const struct api_flag flags[] = {
+        {"--model", API_FLAG_STR, &model_path, "GGUF file or HF checkpoint directory", NULL},
+        {0},
+    };
+    char err[512];
+    const char *pos[1];
+    int np = api_parse_flags(argc, argv, 2, flags, pos, 1, err, sizeof err);
+    if (np == -2) {
+        fprintf(stderr, "usage: sluice info [--model PATH]\n\n");
+        api_print_flags(flags);
+        return 0;
+    }
+    if (np < 0) {
+        fprintf(stderr, "sluice info: %s\n", err);
+        return 2;
+    }
+    if (np == 1 && !model_path) model_path = pos[0];
+    printf("cuda backend: %s\n", model_cuda_available() ? "available" : "not available");
+    if (!model_path) return 0;
+    struct model_load_opts lo = {0};
+    model *m = model_load(model_path, &lo, err, sizeof err);
+    if (!m) {
+        fprintf(stderr, "sluice info: %s\n", err);
+        return 1;
+    }
+    const struct model_config *c = model_get_config(m);
+    printf("arch: %s\nlayers: %d\nhidden: %d\nffn: %d\nheads: %d (kv %d, head_dim %d)\nvocab: %d\n"
+           "context: %d\nrope: %s theta %g%s\ntied embeddings: %s\n",
+           model_arch_name(c->arch), c->n_layer, c->n_embd, c->n_ff, c->n_head, c->n_head_kv, c->head_dim,
+           c->n_vocab, c->n_ctx_train, c->rope_type == MODEL_ROPE_NEOX ? "neox" : "norm", c->rope_theta,
+           c->rope_llama3_factor > 0 ? " (llama3 scaling)" : "", c->tie_embeddings ? "yes" : "no");
+    model_free(m);
+    return 0;
+}

@@ -1,0 +1,96 @@
+/* flags.c - table-driven command-line flags for every subcommand. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api.h"
+
+static int set_value(const struct api_flag *f, const char *v, char *err, size_t errlen)
+{
+    char *end;
+    errno = 0;
+    switch (f->kind) {
+    case API_FLAG_STR:
+        *(const char **)f->dst = v;
+        return 0;
+    case API_FLAG_INT: {
+        long x = strtol(v, &end, 10);
+        if (!*v || *end || errno) break;
+        *(long *)f->dst = x;
+        return 0;
+    }
+    case API_FLAG_FLOAT: {
+        double x = strtod(v, &end);
+        if (!*v || *end || errno || !isfinite(x)) break;
+        *(double *)f->dst = x;
+        return 0;
+    }
+    case API_FLAG_BOOL:
+        if (!strcmp(v, "true") || !strcmp(v, "1")) *(bool *)f->dst = true;
+        else if (!strcmp(v, "false") || !strcmp(v, "0")) *(bool *)f->dst = false;
+        else break;
+        return 0;
+    }
+    snprintf(err, errlen, "invalid value '%s' for %s (expected %s)", v, f->name,
+             f->kind == API_FLAG_INT ? "an integer" : f->kind == API_FLAG_FLOAT ? "a number" : "true or false");
+    return -1;
+}
+
+int api_parse_flags(int argc, char **argv, int first, const struct api_flag *flags,
+                    const char **positional, int max_pos, char *err, size_t errlen)
+{
+    int npos = 0;
+    for (int i = first; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return -2;
+        if (strncmp(a, "--", 2) != 0 || !strcmp(a, "--")) {
+            if (npos >= max_pos) {
+                snprintf(err, errlen, "unexpected argument '%s'", a);
+                return -1;
+            }
+            positional[npos++] = a;
+            continue;
+        }
+        const char *eq = strchr(a, '=');
+        size_t nlen = eq ? (size_t)(eq - a) : strlen(a);
+        const struct api_flag *f = NULL;
+        bool negated = false;
+        for (const struct api_flag *g = flags; g->name; g++) {
+            if (strlen(g->name) == nlen && !strncmp(g->name, a, nlen)) { f = g; break; }
+            if (g->neg && strlen(g->neg) == nlen && !strncmp(g->neg, a, nlen)) { f = g; negated = true; break; }
+        }
+        if (!f) {
+            snprintf(err, errlen, "unknown flag '%.*s' (see --help)", (int)nlen, a);
+            return -1;
+        }
+        if (f->kind == API_FLAG_BOOL && !eq) {
+            *(bool *)f->dst = !negated;
+            continue;
+        }
+        if (negated) {
+            snprintf(err, errlen, "%s takes no value", f->neg);
+            return -1;
+        }
+        const char *v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
+        if (!v) {
+            snprintf(err, errlen, "%s needs a value", f->name);
+            return -1;
+        }
+        if (set_value(f, v, err, errlen)) return -1;
+    }
+    return npos;
+}
+
+void api_print_flags(const struct api_flag *flags)
+{
+    for (const struct api_flag *f = flags; f->name; f++) {
+        char name[96];
+        const char *arg = f->kind == API_FLAG_STR ? " S" : f->kind == API_FLAG_INT ? " N"
+                        : f->kind == API_FLAG_FLOAT ? " X" : "";
+        if (f->neg) snprintf(name, sizeof name, "%s, %s", f->name, f->neg);
+        else snprintf(name, sizeof name, "%s%s", f->name, arg);
+        fprintf(stderr, "  %-34s %s\n", name, f->help);
+    }
+}

@@ -1,0 +1,37 @@
+/* main.c - the sluice command: dispatches to a subcommand. */
+#include <stdio.h>
+#include <string.h>
+
+#include "api.h"
+
+#define SLUICE_VERSION "0.1.0"
+
+static void usage(void)
+{
+    fprintf(stderr,
+            "sluice %s - an LLM serving runtime\n\n"
+            "usage: sluice COMMAND [flags]   (sluice COMMAND --help for its flags)\n\n"
+            "commands:\n"
+            "  generate   generate text from a prompt, or chat interactively (--chat)\n"
+            "  tokenize   text to token ids (--text) or ids to text (--ids)\n"
+            "  info       build capabilities and a model's configuration\n",
+            SLUICE_VERSION);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage();
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("sluice %s\n", SLUICE_VERSION);
+        return 0;
+    }
+    if (!strcmp(argv[1], "generate")) return api_cmd_generate(argc, argv);
+    if (!strcmp(argv[1], "tokenize")) return api_cmd_tokenize(argc, argv);
+    if (!strcmp(argv[1], "info")) return api_cmd_info(argc, argv);
+    fprintf(stderr, "sluice: unknown command '%s'\n\n", argv[1]);
+    usage();
+    return 2;
+}
