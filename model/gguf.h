@@ -36,12 +36,14 @@ struct gguf_str {
 struct gguf_array {
     enum gguf_vtype type; /* element type; never GGUF_VT_ARRAY (nested arrays are refused) */
     uint64_t n;
-    const void *data;     /* for scalar element types: n packed little-endian values;
-                             for GGUF_VT_STRING: use gguf_array_str() */
+    const void *data;     /* for scalar element types: n packed little-endian values
+                             (not aligned: read with memcpy); for GGUF_VT_STRING:
+                             an internal index, use gguf_array_str() */
 };
 
 struct gguf_tensor {
-    struct gguf_str name;
+    struct gguf_str name; /* exception: a NUL-terminated copy owned by the gguf_file
+                             (name.p[name.len] == '\0'), so it can be used as a C string */
     uint32_t type;        /* enum gguf_ttype value (only the supported ones pass gguf_open) */
     uint32_t ndim;
     int64_t ne[4];        /* ne[0] is the innermost (contiguous) dimension; unused dims are 1 */

@@ -1,0 +1,144 @@
+/* tensor.c - the tensor helpers of model.h: element counts, dtype names, and
+ * conversion of every stored dtype to f32.
+ *
+ * Block layouts are ggml's (ggml-common.h), little-endian, packed:
+ *   Q8_0: 32 elements in 34 bytes { f16 d; int8 q[32]; }         x = d*q
+ *   Q4_0: 32 elements in 18 bytes { f16 d; u8 qs[16]; }          x = d*(q-8)
+ *   Q4_1: 32 elements in 20 bytes { f16 d; f16 m; u8 qs[16]; }   x = d*q + m
+ * For the 4-bit types, element j < 16 is the low nibble of qs[j] and element
+ * j + 16 its high nibble. Every value is computed in f32 with one rounding per
+ * operation (no fused multiply-add), which is what ggml's reference
+ * dequantizers and gguf-py's numpy ones compute, so results are bit-exact.
+ */
+#include <string.h>
+
+#include "model.h"
+
+/* FMA contraction would change the rounding of d*q + m. */
+#pragma GCC optimize("fp-contract=off")
+
+#define QK 32
+
+/* Exact IEEE half -> single, including subnormals, infinities and NaN payloads. */
+static float f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1F;
+    uint32_t man = h & 0x3FF;
+    uint32_t bits;
+    if (exp == 0x1F) {
+        bits = sign | 0x7F800000u | (man << 13);
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    } else if (man == 0) {
+        bits = sign;
+    } else {
+        /* subnormal: normalize the mantissa */
+        uint32_t e = 113;
+        while (!(man & 0x400)) {
+            man <<= 1;
+            e--;
+        }
+        bits = sign | (e << 23) | ((man & 0x3FF) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static float bf16_to_f32(uint16_t h)
+{
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+
+static void deq_q8_0(const uint8_t *b, float *y)
+{
+    float d = f16_to_f32(rd16(b));
+    const int8_t *q = (const int8_t *)(b + 2);
+    for (int j = 0; j < QK; j++) y[j] = (float)q[j] * d;
+}
+
+static void deq_q4_0(const uint8_t *b, float *y)
+{
+    float d = f16_to_f32(rd16(b));
+    const uint8_t *qs = b + 2;
+    for (int j = 0; j < QK / 2; j++) {
+        y[j] = (float)((qs[j] & 0x0F) - 8) * d;
+        y[j + QK / 2] = (float)((qs[j] >> 4) - 8) * d;
+    }
+}
+
+static void deq_q4_1(const uint8_t *b, float *y)
+{
+    float d = f16_to_f32(rd16(b));
+    float m = f16_to_f32(rd16(b + 2));
+    const uint8_t *qs = b + 4;
+    for (int j = 0; j < QK / 2; j++) {
+        float lo = (float)(qs[j] & 0x0F) * d;
+        float hi = (float)(qs[j] >> 4) * d;
+        y[j] = lo + m;
+        y[j + QK / 2] = hi + m;
+    }
+}
+
+int64_t model_tensor_nelem(const struct model_tensor *t)
+{
+    int nd = t->ndim < 0 ? 0 : t->ndim > 4 ? 4 : t->ndim;
+    int64_t n = 1;
+    for (int d = 0; d < nd; d++) n *= t->ne[d];
+    return n;
+}
+
+const char *model_dtype_name(enum model_dtype dt)
+{
+    switch (dt) {
+    case MODEL_DT_F32: return "F32";
+    case MODEL_DT_F16: return "F16";
+    case MODEL_DT_BF16: return "BF16";
+    case MODEL_DT_Q8_0: return "Q8_0";
+    case MODEL_DT_Q4_0: return "Q4_0";
+    case MODEL_DT_Q4_1: return "Q4_1";
+    }
+    return "unknown";
+}
+
+void model_tensor_to_f32(const struct model_tensor *t, int64_t first, int64_t n, float *out)
+{
+    SL_ASSERT(t && t->data && first >= 0 && n >= 0);
+    SL_ASSERT(first + n <= model_tensor_nelem(t));
+    const uint8_t *p = t->data;
+    switch (t->dtype) {
+    case MODEL_DT_F32:
+        memcpy(out, p + first * 4, (size_t)n * 4);
+        return;
+    case MODEL_DT_F16:
+        for (int64_t i = 0; i < n; i++) out[i] = f16_to_f32(rd16(p + (first + i) * 2));
+        return;
+    case MODEL_DT_BF16:
+        for (int64_t i = 0; i < n; i++) out[i] = bf16_to_f32(rd16(p + (first + i) * 2));
+        return;
+    case MODEL_DT_Q8_0:
+    case MODEL_DT_Q4_0:
+    case MODEL_DT_Q4_1: {
+        SL_ASSERT(first % QK == 0);
+        size_t bsz = t->dtype == MODEL_DT_Q8_0 ? 34 : t->dtype == MODEL_DT_Q4_0 ? 18 : 20;
+        void (*deq)(const uint8_t *, float *) =
+            t->dtype == MODEL_DT_Q8_0 ? deq_q8_0 : t->dtype == MODEL_DT_Q4_0 ? deq_q4_0 : deq_q4_1;
+        const uint8_t *b = p + (size_t)(first / QK) * bsz;
+        int64_t i = 0;
+        for (; i + QK <= n; i += QK, b += bsz) deq(b, out + i);
+        if (i < n) { /* a partial last block */
+            float tmp[QK];
+            deq(b, tmp);
+            memcpy(out + i, tmp, (size_t)(n - i) * sizeof(float));
+        }
+        return;
+    }
+    }
+    SL_ASSERT(!"unknown dtype");
+}
