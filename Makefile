@@ -24,8 +24,11 @@ LIB_SRCS := $(wildcard model/*.c kvpool/*.c sched/*.c store/*.c) $(filter-out ap
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/%.o)
 CU_SRCS  := $(wildcard cuda/*.cu)
 CU_CSRCS := $(wildcard cuda/*.c)
+# cuda/ objects are linked directly, not through the archive: they override
+# weak stand-ins in model/backend.c, which an archive would never pull them for.
+CUDA_OBJS :=
 ifeq ($(CUDA),1)
-LIB_OBJS += $(CU_SRCS:%.cu=$(BUILD)/%.o) $(CU_CSRCS:%.c=$(BUILD)/%.o)
+CUDA_OBJS := $(CU_SRCS:%.cu=$(BUILD)/%.o) $(CU_CSRCS:%.c=$(BUILD)/%.o)
 CFLAGS   += -DSLUICE_CUDA -I$(CUDA_HOME)/include
 LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lnccl -lcudart -lstdc++
 endif
@@ -47,12 +50,12 @@ $(BUILD)/libsluice.a: $(LIB_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/sluice: $(BUILD)/api/main.o $(BUILD)/libsluice.a
+$(BUILD)/sluice: $(BUILD)/api/main.o $(CUDA_OBJS) $(BUILD)/libsluice.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
-$(BUILD)/tests/%: tests/%.c tests/test.h $(BUILD)/libsluice.a
+$(BUILD)/tests/%: tests/%.c tests/test.h $(CUDA_OBJS) $(BUILD)/libsluice.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $< $(BUILD)/libsluice.a -o $@ $(LDLIBS)
+	$(CC) $(CFLAGS) $< $(CUDA_OBJS) $(BUILD)/libsluice.a -o $@ $(LDLIBS)
 
 model: $(MODEL)
 $(MODEL):

@@ -25,6 +25,9 @@ int api_cmd_info(int argc, char **argv)
         return 2;
     }
     if (np == 1 && !model_path) model_path = pos[0];
+    char gpus[1024];
+    int n_gpu = model_cuda_describe(gpus, sizeof gpus);
+    printf("gpus: %s%s\n", n_gpu > 0 ? "" : "none: ", gpus);
     printf("cuda backend: %s\n", model_cuda_available() ? "available" : "not available");
     if (!model_path) return 0;
     struct model_load_opts lo = {0};

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Installs sluice's build and test dependencies (Debian packages, PyPI
+# packages). Safe to run again. Needs root (or sudo) for apt-get.
+set -euo pipefail
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO=sudo
+pkgs="build-essential pkg-config libjsmn-dev libpcre2-dev libevent-dev libsqlite3-dev libopenblas-dev unzip curl python3 python3-pip"
+missing=""
+for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+if [ -n "$missing" ]; then
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing
+fi
+command -v pip3 >/dev/null 2>&1 || command -v pip >/dev/null 2>&1 || python3 -m pip --version >/dev/null
