@@ -82,7 +82,15 @@ void model_backend_destroy(model_backend *b);
 /* The CPU reference backend (model/cpu_backend.c). */
 model_backend *model_cpu_backend_create(const model *m, const struct model_backend_opts *opts,
                                         char *err, size_t errlen);
+/* Describes the GPUs this build can see ("2 x NVIDIA H200 (sm_90, 140 GiB)")
+ * into buf; returns the device count, 0 when none, or -1 when the build has
+ * no CUDA (model/util.c holds the weak stand-in that cuda/ overrides). */
+int model_cuda_describe(char *buf, size_t cap);
 /* Whether this build has the CUDA backend and a GPU is present. */
 bool model_cuda_available(void);
+/* The CUDA backend (cuda/). model/backend.c holds weak stand-ins (false /
+ * NULL with "this build has no CUDA backend") that cuda/ overrides. */
+model_backend *model_cuda_backend_create(const model *m, const struct model_backend_opts *opts,
+                                         char *err, size_t errlen);
 
 #endif
