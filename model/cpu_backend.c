@@ -1,0 +1,695 @@
+/* cpu_backend.c - the CPU reference backend (model/backend.h, device "cpu").
+ *
+ * Plain f32: every weight is dequantized to f32 once, at creation; the
+ * forward pass is the textbook Llama block (RMSNorm, QKV (+bias), per-head
+ * q/k RMSNorm, RoPE, causal GQA attention through the block table, output
+ * projection, SwiGLU MLP), then the LM head for the rows that need logits and
+ * the sampler.
+ *
+ * Batch invariance: every output element is computed by exactly one thread
+ * with one fixed sequence of operations that depends only on the row's own
+ * inputs (the dot kernels below all share one accumulation order, whatever
+ * the tiling), so a sequence's logits are bit-identical whether it runs
+ * alone, batched with others, chunked or decoded token by token.
+ *
+ * Memory: weights, RoPE tables, activations for max_tokens_per_step tokens,
+ * logits for max_seqs_per_step rows and per-thread attention scores are all
+ * allocated at creation; forward() allocates nothing.
+ */
+#include <math.h>
+#include <omp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+
+#include "backend.h"
+
+struct layer_f32 {
+    float *attn_norm;               /* [n_embd] */
+    float *wq, *wk, *wv, *wo;       /* [n_head*hd][n_embd], [n_kv*hd][n_embd] x2, [n_embd][n_head*hd] */
+    float *bq, *bk, *bv;            /* [n_head*hd], [n_kv*hd] x2; NULL without qkv_bias */
+    float *q_norm, *k_norm;         /* [hd]; NULL without qk_norm */
+    float *ffn_norm;                /* [n_embd] */
+    float *w_gate, *w_up, *w_down;  /* [n_ff][n_embd] x2, [n_embd][n_ff] */
+};
+
+struct cpu_backend {
+    struct model_backend base;
+    struct model_config c;
+    int nt;                         /* OpenMP threads */
+    int max_tokens, max_seqs, max_ctx;
+
+    float *wmem;                    /* owned: every f32 weight, carved below */
+    float *tok_embd, *out_norm, *lm_head; /* [n_vocab][n_embd], [n_embd], [n_vocab][n_embd] (may alias tok_embd) */
+    struct layer_f32 *L;            /* [n_layer] */
+    float *rope_cos, *rope_sin;     /* [max_ctx][rope_dim/2] */
+
+    float *kv;                      /* owned: per layer K then V, each [kv_blocks][block_size][n_kv][hd] */
+    int kv_blocks, block_size;
+    size_t kv_layer;                /* floats in one layer's K (or V) */
+
+    /* scratch, [max_tokens] rows unless said otherwise */
+    float *x, *xn;                  /* [n_embd] residual stream, normed / projected */
+    float *q, *att;                 /* [n_head*hd] */
+    float *k, *v;                   /* [n_kv*hd] */
+    float *gate, *up;               /* [n_ff] */
+    float *hfin;                    /* [max_seqs][n_embd] final hidden of logit rows */
+    float *logits;                  /* [max_seqs][n_vocab] */
+    float *scores;                  /* [nt][max_ctx] attention scores per thread */
+    int *tok_seq;                   /* [max_tokens] sequence of each token */
+    int *row_tok;                   /* [max_seqs] token index of each logit row */
+    int *row_seq;                   /* [max_seqs] sequence of each logit row */
+    void *samp;                     /* sampler scratch */
+};
+
+static void seterr(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void seterr(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (!err || !errlen) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+/* ---- kernels ------------------------------------------------------------------- */
+
+/* One (weight row, input row) dot product is always: two 8-lane accumulators
+ * over 16-element chunks (FMA), their sum reduced in a fixed tree, then the
+ * tail added with scalar FMAs. The multi-row/multi-token kernels repeat that
+ * exact sequence per pair, only interleaved, so tiling never changes a bit. */
+#if defined(__AVX2__) && defined(__FMA__)
+static inline float hsum8(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline float dot1(const float *w, const float *x, int n)
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
+    }
+    float s = hsum8(_mm256_add_ps(a0, a1));
+    for (; i < n; i++) s = fmaf(w[i], x[i], s);
+    return s;
+}
+
+/* one weight row against 4 input rows */
+static inline void dot_w1x4(const float *w, const float *x0, const float *x1, const float *x2,
+                            const float *x3, int n, float *o)
+{
+    __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00,
+           a30 = a00, a31 = a00;
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 w0 = _mm256_loadu_ps(w + i), w1 = _mm256_loadu_ps(w + i + 8);
+        a00 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x0 + i), a00);
+        a01 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x0 + i + 8), a01);
+        a10 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x1 + i), a10);
+        a11 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x1 + i + 8), a11);
+        a20 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x2 + i), a20);
+        a21 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x2 + i + 8), a21);
+        a30 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x3 + i), a30);
+        a31 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x3 + i + 8), a31);
+    }
+    float s0 = hsum8(_mm256_add_ps(a00, a01)), s1 = hsum8(_mm256_add_ps(a10, a11)),
+          s2 = hsum8(_mm256_add_ps(a20, a21)), s3 = hsum8(_mm256_add_ps(a30, a31));
+    for (; i < n; i++) {
+        s0 = fmaf(w[i], x0[i], s0);
+        s1 = fmaf(w[i], x1[i], s1);
+        s2 = fmaf(w[i], x2[i], s2);
+        s3 = fmaf(w[i], x3[i], s3);
+    }
+    o[0] = s0, o[1] = s1, o[2] = s2, o[3] = s3;
+}
+
+/* 4 weight rows against one input row (decode) */
+static inline void dot_w4x1(const float *w0, const float *w1, const float *w2, const float *w3,
+                            const float *x, int n, float *o)
+{
+    __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00,
+           a30 = a00, a31 = a00;
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + 8);
+        a00 = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + i), x0, a00);
+        a01 = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + i + 8), x1, a01);
+        a10 = _mm256_fmadd_ps(_mm256_loadu_ps(w1 + i), x0, a10);
+        a11 = _mm256_fmadd_ps(_mm256_loadu_ps(w1 + i + 8), x1, a11);
+        a20 = _mm256_fmadd_ps(_mm256_loadu_ps(w2 + i), x0, a20);
+        a21 = _mm256_fmadd_ps(_mm256_loadu_ps(w2 + i + 8), x1, a21);
+        a30 = _mm256_fmadd_ps(_mm256_loadu_ps(w3 + i), x0, a30);
+        a31 = _mm256_fmadd_ps(_mm256_loadu_ps(w3 + i + 8), x1, a31);
+    }
+    float s0 = hsum8(_mm256_add_ps(a00, a01)), s1 = hsum8(_mm256_add_ps(a10, a11)),
+          s2 = hsum8(_mm256_add_ps(a20, a21)), s3 = hsum8(_mm256_add_ps(a30, a31));
+    for (; i < n; i++) {
+        s0 = fmaf(w0[i], x[i], s0);
+        s1 = fmaf(w1[i], x[i], s1);
+        s2 = fmaf(w2[i], x[i], s2);
+        s3 = fmaf(w3[i], x[i], s3);
+    }
+    o[0] = s0, o[1] = s1, o[2] = s2, o[3] = s3;
+}
+#else
+/* Portable fallback with the same structure (16 lanes, fixed reduction). */
+static inline float dot1(const float *w, const float *x, int n)
+{
+    float a[16] = {0};
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int j = 0; j < 16; j++) a[j] = fmaf(w[i + j], x[i + j], a[j]);
+    for (int j = 0; j < 8; j++) a[j] += a[j + 8];
+    for (int j = 0; j < 4; j++) a[j] += a[j + 4];
+    a[0] += a[2], a[1] += a[3];
+    float s = a[0] + a[1];
+    for (; i < n; i++) s = fmaf(w[i], x[i], s);
+    return s;
+}
+static inline void dot_w1x4(const float *w, const float *x0, const float *x1, const float *x2,
+                            const float *x3, int n, float *o)
+{
+    o[0] = dot1(w, x0, n), o[1] = dot1(w, x1, n), o[2] = dot1(w, x2, n), o[3] = dot1(w, x3, n);
+}
+static inline void dot_w4x1(const float *w0, const float *w1, const float *w2, const float *w3,
+                            const float *x, int n, float *o)
+{
+    o[0] = dot1(w0, x, n), o[1] = dot1(w1, x, n), o[2] = dot1(w2, x, n), o[3] = dot1(w3, x, n);
+}
+#endif
+
+#define ROW_BLOCK 16
+
+/* y[T][out] = x[T][in] . w[out][in]^T (+ bias[out]). Parallel over blocks of
+ * output rows; within a block, 4 input rows share each weight row. */
+static void matmul(const struct cpu_backend *b, float *y, const float *x, const float *w,
+                   const float *bias, int T, int in, int out)
+{
+    int nblk = (out + ROW_BLOCK - 1) / ROW_BLOCK;
+#pragma omp parallel for schedule(static) num_threads(b->nt)
+    for (int blk = 0; blk < nblk; blk++) {
+        int r0 = blk * ROW_BLOCK, r1 = r0 + ROW_BLOCK < out ? r0 + ROW_BLOCK : out;
+        int t = 0;
+        for (; t + 4 <= T; t += 4) {
+            const float *x0 = x + (size_t)t * in;
+            for (int r = r0; r < r1; r++) {
+                float o[4];
+                dot_w1x4(w + (size_t)r * in, x0, x0 + in, x0 + 2 * (size_t)in, x0 + 3 * (size_t)in,
+                         in, o);
+                for (int j = 0; j < 4; j++) y[(size_t)(t + j) * out + r] = o[j];
+            }
+        }
+        for (; t < T; t++) {
+            const float *xt = x + (size_t)t * in;
+            float *yt = y + (size_t)t * out;
+            int r = r0;
+            for (; r + 4 <= r1; r += 4) {
+                const float *wr = w + (size_t)r * in;
+                dot_w4x1(wr, wr + in, wr + 2 * (size_t)in, wr + 3 * (size_t)in, xt, in, yt + r);
+            }
+            for (; r < r1; r++) yt[r] = dot1(w + (size_t)r * in, xt, in);
+        }
+        if (bias)
+            for (int tt = 0; tt < T; tt++)
+                for (int r = r0; r < r1; r++) y[(size_t)tt * out + r] += bias[r];
+    }
+}
+
+/* y = x / rms(x) * w over n elements (the sum of squares in double). */
+static void rmsnorm(float *y, const float *x, const float *w, int n, float eps)
+{
+    double ss = 0.0;
+    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float r = (float)(1.0 / sqrt(ss / n + eps));
+    for (int i = 0; i < n; i++) y[i] = w[i] * (x[i] * r);
+}
+
+static void rope(float *x, const float *cs, const float *sn, int rope_dim, enum model_rope type)
+{
+    int half = rope_dim / 2;
+    if (type == MODEL_ROPE_NORM) {
+        for (int i = 0; i < half; i++) {
+            float a = x[2 * i], c = x[2 * i + 1];
+            x[2 * i] = a * cs[i] - c * sn[i];
+            x[2 * i + 1] = a * sn[i] + c * cs[i];
+        }
+    } else {
+        for (int i = 0; i < half; i++) {
+            float a = x[i], c = x[i + half];
+            x[i] = a * cs[i] - c * sn[i];
+            x[i + half] = a * sn[i] + c * cs[i];
+        }
+    }
+}
+
+/* ---- construction -------------------------------------------------------------- */
+
+static size_t backend_kv_block_bytes(model_backend *mb, int block_size);
+static int backend_kv_alloc(model_backend *mb, int n_blocks, int block_size, char *err, size_t errlen);
+static int backend_forward(model_backend *mb, struct step *s, char *err, size_t errlen);
+static void backend_destroy(model_backend *mb);
+
+static const struct model_backend_ops cpu_ops = {
+    .name = "cpu",
+    .kv_block_bytes = backend_kv_block_bytes,
+    .kv_alloc = backend_kv_alloc,
+    .forward = backend_forward,
+    .destroy = backend_destroy,
+};
+
+/* Dequantizes t into dst, rows in parallel (row starts are block aligned:
+ * the readers guarantee ne[0] is a multiple of the quant block). */
+static void to_f32(const struct cpu_backend *b, const struct model_tensor *t, float *dst)
+{
+    int64_t cols = t->ne[0], rows = model_tensor_nelem(t) / (cols ? cols : 1);
+    int64_t chunk = 64, nch = (rows + chunk - 1) / chunk;
+#pragma omp parallel for schedule(dynamic) num_threads(b->nt)
+    for (int64_t ch = 0; ch < nch; ch++) {
+        int64_t r0 = ch * chunk, r1 = r0 + chunk < rows ? r0 + chunk : rows;
+        model_tensor_to_f32(t, r0 * cols, (r1 - r0) * cols, dst + r0 * cols);
+    }
+}
+
+static void *zalloc(size_t n)
+{
+    void *p = NULL;
+    if (posix_memalign(&p, 64, n ? n : 64) != 0) return NULL;
+    memset(p, 0, n);
+    return p;
+}
+
+static void rope_tables(struct cpu_backend *b, const struct model_weights *w)
+{
+    const struct model_config *c = &b->c;
+    int half = c->rope_dim / 2;
+    double inv[4096];
+    for (int i = 0; i < half; i++) {
+        double f = pow((double)c->rope_theta, -2.0 * i / c->rope_dim);
+        if (c->rope_llama3_factor > 0) {
+            /* transformers' _compute_llama3_parameters */
+            double factor = c->rope_llama3_factor, lo = c->rope_llama3_low_freq,
+                   hi = c->rope_llama3_high_freq, old = c->rope_llama3_orig_ctx;
+            double wavelen = 2.0 * M_PI / f, lo_wl = old / lo, hi_wl = old / hi;
+            if (wavelen > lo_wl) {
+                f = f / factor;
+            } else if (wavelen >= hi_wl) {
+                double sm = (old / wavelen - lo) / (hi - lo);
+                f = (1.0 - sm) * f / factor + sm * f;
+            }
+        }
+        if (w->rope_freqs.data) {
+            float d;
+            model_tensor_to_f32(&w->rope_freqs, i, 1, &d);
+            f = f / d;
+        }
+        inv[i] = f;
+    }
+    for (int p = 0; p < b->max_ctx; p++)
+        for (int i = 0; i < half; i++) {
+            double a = (double)p * inv[i];
+            b->rope_cos[(size_t)p * half + i] = (float)cos(a);
+            b->rope_sin[(size_t)p * half + i] = (float)sin(a);
+        }
+}
+
+model_backend *model_cpu_backend_create(const model *m, const struct model_backend_opts *opts,
+                                        char *err, size_t errlen)
+{
+    if (!m) {
+        seterr(err, errlen, "no model");
+        return NULL;
+    }
+    const struct model_config *c = model_get_config(m);
+    const struct model_weights *w = model_get_weights(m);
+    struct cpu_backend *b = calloc(1, sizeof *b);
+    if (!b) {
+        seterr(err, errlen, "out of memory");
+        return NULL;
+    }
+    b->base.ops = &cpu_ops;
+    b->base.m = m;
+    b->c = *c;
+    b->nt = opts && opts->n_threads > 0 ? opts->n_threads : omp_get_num_procs();
+    b->max_tokens = opts && opts->max_tokens_per_step > 0 ? opts->max_tokens_per_step : 2048;
+    b->max_seqs = opts && opts->max_seqs_per_step > 0 ? opts->max_seqs_per_step : 256;
+    b->max_ctx = opts && opts->max_ctx > 0 ? opts->max_ctx : c->n_ctx_train;
+    if (b->max_ctx <= 0) b->max_ctx = 4096;
+    if (c->rope_dim / 2 > 4096) {
+        seterr(err, errlen, "rope_dim %d too large", c->rope_dim);
+        goto fail;
+    }
+
+    size_t E = c->n_embd, F = c->n_ff, D = c->head_dim, Q = (size_t)c->n_head * D,
+           KV = (size_t)c->n_head_kv * D, V = c->n_vocab;
+    size_t per_layer = E + Q * E + 2 * KV * E + E * Q + (c->qkv_bias ? Q + 2 * KV : 0) +
+                       (c->qk_norm ? 2 * D : 0) + E + 3 * F * E;
+    size_t nw = V * E + E + (c->tie_embeddings ? 0 : V * E) + per_layer * c->n_layer;
+    b->wmem = zalloc(nw * sizeof(float));
+    b->L = calloc((size_t)c->n_layer, sizeof *b->L);
+    if (!b->wmem || !b->L) {
+        seterr(err, errlen, "out of memory for %.2f GB of f32 weights", nw * 4.0 / 1e9);
+        goto fail;
+    }
+    float *p = b->wmem;
+#define CARVE(dst, t, n)                                                                       \
+    do {                                                                                       \
+        (dst) = p;                                                                             \
+        to_f32(b, (t), p);                                                                     \
+        p += (n);                                                                              \
+    } while (0)
+    CARVE(b->tok_embd, &w->tok_embd, V * E);
+    CARVE(b->out_norm, &w->out_norm, E);
+    if (c->tie_embeddings)
+        b->lm_head = b->tok_embd;
+    else
+        CARVE(b->lm_head, &w->lm_head, V * E);
+    for (int l = 0; l < c->n_layer; l++) {
+        const struct model_layer_weights *lw = &w->layers[l];
+        struct layer_f32 *L = &b->L[l];
+        CARVE(L->attn_norm, &lw->attn_norm, E);
+        CARVE(L->wq, &lw->wq, Q * E);
+        CARVE(L->wk, &lw->wk, KV * E);
+        CARVE(L->wv, &lw->wv, KV * E);
+        CARVE(L->wo, &lw->wo, E * Q);
+        if (c->qkv_bias) {
+            CARVE(L->bq, &lw->bq, Q);
+            CARVE(L->bk, &lw->bk, KV);
+            CARVE(L->bv, &lw->bv, KV);
+        }
+        if (c->qk_norm) {
+            CARVE(L->q_norm, &lw->q_norm, D);
+            CARVE(L->k_norm, &lw->k_norm, D);
+        }
+        CARVE(L->ffn_norm, &lw->ffn_norm, E);
+        CARVE(L->w_gate, &lw->w_gate, F * E);
+        CARVE(L->w_up, &lw->w_up, F * E);
+        CARVE(L->w_down, &lw->w_down, E * F);
+    }
+#undef CARVE
+    SL_ASSERT((size_t)(p - b->wmem) == nw);
+
+    size_t T = b->max_tokens, S = b->max_seqs, half = c->rope_dim / 2;
+    b->rope_cos = zalloc((size_t)b->max_ctx * half * sizeof(float));
+    b->rope_sin = zalloc((size_t)b->max_ctx * half * sizeof(float));
+    b->x = zalloc(T * E * sizeof(float));
+    b->xn = zalloc(T * E * sizeof(float));
+    b->q = zalloc(T * Q * sizeof(float));
+    b->att = zalloc(T * Q * sizeof(float));
+    b->k = zalloc(T * KV * sizeof(float));
+    b->v = zalloc(T * KV * sizeof(float));
+    b->gate = zalloc(T * F * sizeof(float));
+    b->up = zalloc(T * F * sizeof(float));
+    b->hfin = zalloc(S * E * sizeof(float));
+    b->logits = zalloc(S * V * sizeof(float));
+    b->scores = zalloc((size_t)b->nt * b->max_ctx * sizeof(float));
+    b->tok_seq = zalloc(T * sizeof(int));
+    b->row_tok = zalloc(S * sizeof(int));
+    b->row_seq = zalloc(S * sizeof(int));
+    b->samp = zalloc(model_sample_scratch_bytes(c->n_vocab));
+    if (!b->rope_cos || !b->rope_sin || !b->x || !b->xn || !b->q || !b->att || !b->k || !b->v ||
+        !b->gate || !b->up || !b->hfin || !b->logits || !b->scores || !b->tok_seq || !b->row_tok ||
+        !b->row_seq || !b->samp) {
+        seterr(err, errlen, "out of memory for scratch (%d tokens, %d seqs, ctx %d)", b->max_tokens,
+               b->max_seqs, b->max_ctx);
+        goto fail;
+    }
+    rope_tables(b, w);
+    return &b->base;
+fail:
+    backend_destroy(&b->base);
+    return NULL;
+}
+
+/* ---- KV ------------------------------------------------------------------------ */
+
+static size_t backend_kv_block_bytes(model_backend *mb, int block_size)
+{
+    struct cpu_backend *b = (struct cpu_backend *)mb;
+    return 2 * (size_t)b->c.n_layer * (size_t)block_size * b->c.n_head_kv * b->c.head_dim *
+           sizeof(float);
+}
+
+static int backend_kv_alloc(model_backend *mb, int n_blocks, int block_size, char *err, size_t errlen)
+{
+    struct cpu_backend *b = (struct cpu_backend *)mb;
+    if (n_blocks <= 0 || block_size <= 0 || block_size > (1 << 20)) {
+        seterr(err, errlen, "kv_alloc: bad size (%d blocks of %d)", n_blocks, block_size);
+        return SL_EINVAL;
+    }
+    size_t per_block = backend_kv_block_bytes(mb, block_size);
+    if ((size_t)n_blocks > SIZE_MAX / per_block) {
+        seterr(err, errlen, "kv_alloc: size overflow");
+        return SL_ENOMEM;
+    }
+    free(b->kv);
+    b->kv = NULL;
+    b->kv_blocks = 0;
+    b->kv = zalloc((size_t)n_blocks * per_block);
+    if (!b->kv) {
+        seterr(err, errlen, "kv_alloc: out of memory for %.2f GB",
+               (double)n_blocks * per_block / 1e9);
+        return SL_ENOMEM;
+    }
+    b->kv_blocks = n_blocks;
+    b->block_size = block_size;
+    b->kv_layer = (size_t)n_blocks * block_size * b->c.n_head_kv * b->c.head_dim;
+    return 0;
+}
+
+/* ---- forward ------------------------------------------------------------------- */
+
+static int check_step(struct cpu_backend *b, const struct step *s, char *err, size_t errlen)
+{
+    if (!b->kv) {
+        seterr(err, errlen, "forward: KV memory not allocated (kv_alloc)");
+        return SL_EINVAL;
+    }
+    if (s->n_tokens <= 0 || s->n_tokens > b->max_tokens || s->n_seqs <= 0 ||
+        s->n_seqs > b->max_seqs || !s->token_ids || !s->positions || !s->slots || !s->seqs) {
+        seterr(err, errlen, "forward: bad step (%d tokens of max %d, %d seqs of max %d)",
+               s->n_tokens, b->max_tokens, s->n_seqs, b->max_seqs);
+        return SL_EINVAL;
+    }
+    for (int t = 0; t < s->n_tokens; t++) {
+        if (s->token_ids[t] < 0 || s->token_ids[t] >= b->c.n_vocab) {
+            seterr(err, errlen, "forward: token %d: id %d out of range", t, s->token_ids[t]);
+            return SL_EINVAL;
+        }
+        b->tok_seq[t] = -1;
+    }
+    int bs = b->block_size;
+    for (int i = 0; i < s->n_seqs; i++) {
+        const struct step_seq *q = &s->seqs[i];
+        if (q->query_len <= 0 || q->query_start < 0 || q->query_start > s->n_tokens - q->query_len ||
+            q->context_len < q->query_len || q->context_len > b->max_ctx || !q->block_table ||
+            q->n_blocks < 0 || (int64_t)q->n_blocks * bs < q->context_len) {
+            seterr(err, errlen, "forward: seq %d: bad query/context/block table", i);
+            return SL_EINVAL;
+        }
+        int nb = (q->context_len + bs - 1) / bs;
+        for (int j = 0; j < nb; j++)
+            if (q->block_table[j] < 0 || q->block_table[j] >= b->kv_blocks) {
+                seterr(err, errlen, "forward: seq %d: block %d out of range", i, q->block_table[j]);
+                return SL_EINVAL;
+            }
+        for (int t = q->query_start; t < q->query_start + q->query_len; t++) {
+            int pos = s->positions[t];
+            if (b->tok_seq[t] != -1) {
+                seterr(err, errlen, "forward: token %d belongs to two sequences", t);
+                return SL_EINVAL;
+            }
+            b->tok_seq[t] = i;
+            if (pos < 0 || pos >= q->context_len) {
+                seterr(err, errlen, "forward: seq %d: position %d outside context %d", i, pos,
+                       q->context_len);
+                return SL_EINVAL;
+            }
+            int64_t slot = (int64_t)q->block_table[pos / bs] * bs + pos % bs;
+            if (s->slots[t] != slot) {
+                seterr(err, errlen, "forward: token %d: slot %lld, block table says %lld", t,
+                       (long long)s->slots[t], (long long)slot);
+                return SL_EINVAL;
+            }
+        }
+        if (q->want_sample && (!q->sampling || q->n_history < q->n_prompt || q->n_prompt < 0 ||
+                               (q->n_history > 0 && !q->history))) {
+            seterr(err, errlen, "forward: seq %d: want_sample without sampling params/history", i);
+            return SL_EINVAL;
+        }
+    }
+    for (int t = 0; t < s->n_tokens; t++)
+        if (b->tok_seq[t] < 0) {
+            seterr(err, errlen, "forward: token %d belongs to no sequence", t);
+            return SL_EINVAL;
+        }
+    return 0;
+}
+
+/* Causal attention of every token's query heads over its sequence's
+ * positions 0..pos, read through the block table. */
+static void attention(struct cpu_backend *b, const struct step *s, int layer)
+{
+    const struct model_config *c = &b->c;
+    int T = s->n_tokens, H = c->n_head, D = c->head_dim, KVH = c->n_head_kv, bs = b->block_size;
+    int grp = H / KVH;
+    const float *K = b->kv + (size_t)(2 * layer) * b->kv_layer;
+    const float *Vc = b->kv + (size_t)(2 * layer + 1) * b->kv_layer;
+    float scale = 1.0f / sqrtf((float)D);
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) num_threads(b->nt)
+    for (int t = 0; t < T; t++) {
+        for (int h = 0; h < H; h++) {
+            const struct step_seq *q = &s->seqs[b->tok_seq[t]];
+            int pos = s->positions[t], g = h / grp;
+            const float *qv = b->q + ((size_t)t * H + h) * D;
+            float *sc = b->scores + (size_t)omp_get_thread_num() * b->max_ctx;
+            float *o = b->att + ((size_t)t * H + h) * D;
+            float mx = -INFINITY;
+            for (int j = 0; j <= pos; j++) {
+                size_t slot = (size_t)q->block_table[j / bs] * bs + j % bs;
+                sc[j] = dot1(qv, K + (slot * KVH + g) * D, D) * scale;
+                if (sc[j] > mx) mx = sc[j];
+            }
+            float sum = 0.0f;
+            for (int j = 0; j <= pos; j++) {
+                sc[j] = expf(sc[j] - mx);
+                sum += sc[j];
+            }
+            float inv = 1.0f / sum;
+            for (int d = 0; d < D; d++) o[d] = 0.0f;
+            for (int j = 0; j <= pos; j++) {
+                size_t slot = (size_t)q->block_table[j / bs] * bs + j % bs;
+                const float *vv = Vc + (slot * KVH + g) * D;
+                float pj = sc[j] * inv;
+                for (int d = 0; d < D; d++) o[d] += pj * vv[d];
+            }
+        }
+    }
+}
+
+static int backend_forward(model_backend *mb, struct step *s, char *err, size_t errlen)
+{
+    struct cpu_backend *b = (struct cpu_backend *)mb;
+    if (!s) {
+        seterr(err, errlen, "forward: no step");
+        return SL_EINVAL;
+    }
+    int rc = check_step(b, s, err, errlen);
+    if (rc) return rc;
+    const struct model_config *c = &b->c;
+    int T = s->n_tokens, E = c->n_embd, F = c->n_ff, H = c->n_head, KVH = c->n_head_kv,
+        D = c->head_dim, Q = H * D, KV = KVH * D, half = c->rope_dim / 2;
+    float eps = c->norm_eps;
+
+    for (int t = 0; t < T; t++)
+        memcpy(b->x + (size_t)t * E, b->tok_embd + (size_t)s->token_ids[t] * E, E * sizeof(float));
+
+    for (int l = 0; l < c->n_layer; l++) {
+        const struct layer_f32 *L = &b->L[l];
+#pragma omp parallel for num_threads(b->nt) if (T >= 8)
+        for (int t = 0; t < T; t++)
+            rmsnorm(b->xn + (size_t)t * E, b->x + (size_t)t * E, L->attn_norm, E, eps);
+        matmul(b, b->q, b->xn, L->wq, L->bq, T, E, Q);
+        matmul(b, b->k, b->xn, L->wk, L->bk, T, E, KV);
+        matmul(b, b->v, b->xn, L->wv, L->bv, T, E, KV);
+        float *Kc = b->kv + (size_t)(2 * l) * b->kv_layer;
+        float *Vc = b->kv + (size_t)(2 * l + 1) * b->kv_layer;
+#pragma omp parallel for num_threads(b->nt) if (T >= 8)
+        for (int t = 0; t < T; t++) {
+            int pos = s->positions[t];
+            const float *cs = b->rope_cos + (size_t)pos * half, *sn = b->rope_sin + (size_t)pos * half;
+            for (int h = 0; h < H; h++) {
+                float *qh = b->q + (size_t)t * Q + (size_t)h * D;
+                if (L->q_norm) rmsnorm(qh, qh, L->q_norm, D, eps);
+                rope(qh, cs, sn, c->rope_dim, c->rope_type);
+            }
+            for (int h = 0; h < KVH; h++) {
+                float *kh = b->k + (size_t)t * KV + (size_t)h * D;
+                if (L->k_norm) rmsnorm(kh, kh, L->k_norm, D, eps);
+                rope(kh, cs, sn, c->rope_dim, c->rope_type);
+            }
+            memcpy(Kc + (size_t)s->slots[t] * KV, b->k + (size_t)t * KV, KV * sizeof(float));
+            memcpy(Vc + (size_t)s->slots[t] * KV, b->v + (size_t)t * KV, KV * sizeof(float));
+        }
+        attention(b, s, l);
+        matmul(b, b->xn, b->att, L->wo, NULL, T, Q, E);
+        for (size_t i = 0; i < (size_t)T * E; i++) b->x[i] += b->xn[i];
+
+#pragma omp parallel for num_threads(b->nt) if (T >= 8)
+        for (int t = 0; t < T; t++)
+            rmsnorm(b->xn + (size_t)t * E, b->x + (size_t)t * E, L->ffn_norm, E, eps);
+        matmul(b, b->gate, b->xn, L->w_gate, NULL, T, E, F);
+        matmul(b, b->up, b->xn, L->w_up, NULL, T, E, F);
+        for (size_t i = 0; i < (size_t)T * F; i++) {
+            float g = b->gate[i];
+            b->gate[i] = g / (1.0f + expf(-g)) * b->up[i];
+        }
+        matmul(b, b->xn, b->gate, L->w_down, NULL, T, F, E);
+        for (size_t i = 0; i < (size_t)T * E; i++) b->x[i] += b->xn[i];
+    }
+
+    /* LM head only for the last query token of the sequences that want it */
+    int R = 0;
+    for (int i = 0; i < s->n_seqs; i++) {
+        struct step_seq *q = &s->seqs[i];
+        if (!q->want_sample && !q->logits_out) continue;
+        int t = q->query_start + q->query_len - 1;
+        rmsnorm(b->hfin + (size_t)R * E, b->x + (size_t)t * E, b->out_norm, E, eps);
+        b->row_tok[R] = t;
+        b->row_seq[R] = i;
+        R++;
+    }
+    if (R == 0) return 0;
+    matmul(b, b->logits, b->hfin, b->lm_head, NULL, R, E, c->n_vocab);
+    for (int r = 0; r < R; r++) {
+        struct step_seq *q = &s->seqs[b->row_seq[r]];
+        float *lg = b->logits + (size_t)r * c->n_vocab;
+        if (q->logits_out) memcpy(q->logits_out, lg, (size_t)c->n_vocab * sizeof(float));
+        if (!q->want_sample) continue;
+        rc = model_sample(lg, c->n_vocab, q->sampling, q->history, q->n_prompt, q->n_history, q->rng,
+                          b->samp, &q->out);
+        if (rc) {
+            seterr(err, errlen, "forward: seq %d: bad sampling parameters", b->row_seq[r]);
+            return rc;
+        }
+    }
+    return 0;
+}
+
+/* ---- teardown ------------------------------------------------------------------ */
+
+static void backend_destroy(model_backend *mb)
+{
+    struct cpu_backend *b = (struct cpu_backend *)mb;
+    if (!b) return;
+    free(b->wmem);
+    free(b->L);
+    free(b->rope_cos);
+    free(b->rope_sin);
+    free(b->kv);
+    free(b->x);
+    free(b->xn);
+    free(b->q);
+    free(b->att);
+    free(b->k);
+    free(b->v);
+    free(b->gate);
+    free(b->up);
+    free(b->hfin);
+    free(b->logits);
+    free(b->scores);
+    free(b->tok_seq);
+    free(b->row_tok);
+    free(b->row_seq);
+    free(b->samp);
+    free(b);
+}

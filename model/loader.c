@@ -1,0 +1,678 @@
+/* loader.c - model_load(): a GGUF file or an HF checkpoint directory becomes
+ * a `model` (config + borrowed weight views + tokenizer + chat template).
+ *
+ * Both formats end in the same struct model_config / struct model_weights.
+ * Weights stay in the mmapped files (the gguf_file or st_set the model owns);
+ * every tensor is shape-checked against the config here, so a backend can
+ * trust the shapes. Tensor names handed out in struct model_tensor are owned
+ * by the model (a name pool).
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "gguf.h"
+#include "json.h"
+#include "model.h"
+#include "safetensors.h"
+#include "tokenizer.h"
+
+struct model {
+    struct model_config cfg;
+    struct model_weights w;
+    model_tok *tok;
+    char *chat_template;    /* owned, or NULL */
+    gguf_file *gguf;        /* owned mapping (GGUF), or NULL */
+    st_set *st;             /* owned mappings (HF dir), or NULL */
+    char **names;           /* owned tensor names */
+    int n_names, cap_names;
+};
+
+static void seterr(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void seterr(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (!err || !errlen) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+const char *model_arch_name(enum model_arch a)
+{
+    switch (a) {
+    case MODEL_ARCH_LLAMA: return "llama";
+    case MODEL_ARCH_QWEN2: return "qwen2";
+    case MODEL_ARCH_QWEN3: return "qwen3";
+    case MODEL_ARCH_MISTRAL: return "mistral";
+    }
+    return "?";
+}
+
+static int arch_from_name(const char *s, size_t n, enum model_arch *out)
+{
+    static const struct { const char *name; enum model_arch a; } tab[] = {
+        {"llama", MODEL_ARCH_LLAMA}, {"qwen2", MODEL_ARCH_QWEN2}, {"qwen3", MODEL_ARCH_QWEN3},
+        {"mistral", MODEL_ARCH_MISTRAL},
+    };
+    for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)
+        if (strlen(tab[i].name) == n && memcmp(tab[i].name, s, n) == 0) {
+            *out = tab[i].a;
+            return 0;
+        }
+    return -1;
+}
+
+static const char *pool_name(model *m, const char *name)
+{
+    if (m->n_names == m->cap_names) {
+        int cap = m->cap_names ? 2 * m->cap_names : 64;
+        char **p = realloc(m->names, (size_t)cap * sizeof *p);
+        if (!p) return NULL;
+        m->names = p;
+        m->cap_names = cap;
+    }
+    char *s = strdup(name);
+    if (!s) return NULL;
+    m->names[m->n_names++] = s;
+    return s;
+}
+
+/* ---- tensors: lookup + shape check ------------------------------------------- */
+
+/* Finds `name` in whichever file the model maps and fills *t. Returns 0,
+ * 1 when absent (t->data NULL), or a negative status. */
+static int find_tensor(model *m, const char *name, struct model_tensor *t)
+{
+    memset(t, 0, sizeof *t);
+    t->ndim = 1;
+    for (int i = 0; i < 4; i++) t->ne[i] = 1;
+    if (m->gguf) {
+        const struct gguf_tensor *g = gguf_find_tensor(m->gguf, name);
+        if (!g) return 1;
+        switch (g->type) {
+        case GGUF_T_F32: t->dtype = MODEL_DT_F32; break;
+        case GGUF_T_F16: t->dtype = MODEL_DT_F16; break;
+        case GGUF_T_BF16: t->dtype = MODEL_DT_BF16; break;
+        case GGUF_T_Q8_0: t->dtype = MODEL_DT_Q8_0; break;
+        case GGUF_T_Q4_0: t->dtype = MODEL_DT_Q4_0; break;
+        case GGUF_T_Q4_1: t->dtype = MODEL_DT_Q4_1; break;
+        default: return SL_EUNSUP;
+        }
+        t->ndim = (int)g->ndim;
+        for (int i = 0; i < 4; i++) t->ne[i] = g->ne[i];
+        t->data = g->data;
+        t->nbytes = g->nbytes;
+    } else {
+        const struct st_tensor *s = st_find(m->st, name);
+        if (!s) return 1;
+        if (s->ndim > 4) return SL_EUNSUP;
+        t->dtype = s->dtype;
+        t->ndim = s->ndim;
+        for (int i = 0; i < s->ndim; i++) t->ne[i] = s->shape[s->ndim - 1 - i];
+        t->data = s->data;
+        t->nbytes = s->nbytes;
+    }
+    t->name = pool_name(m, name);
+    return t->name ? 0 : SL_ENOMEM;
+}
+
+/* Loads tensor `name` and checks it is [rows][cols] (rows = 0: a vector of
+ * cols). optional: absence is fine (t->data stays NULL). */
+static int get_tensor(model *m, const char *name, int64_t rows, int64_t cols, bool optional,
+                      struct model_tensor *t, char *err, size_t errlen)
+{
+    int rc = find_tensor(m, name, t);
+    if (rc < 0) {
+        seterr(err, errlen, rc == SL_ENOMEM ? "out of memory" : "tensor %s: unsupported dtype or rank",
+               name);
+        return rc;
+    }
+    if (rc == 1) {
+        if (optional) return 0;
+        seterr(err, errlen, "missing tensor %s", name);
+        return SL_EFORMAT;
+    }
+    bool ok = rows == 0 ? (t->ne[0] == cols && t->ne[1] == 1 && t->ne[2] == 1 && t->ne[3] == 1)
+                        : (t->ne[0] == cols && t->ne[1] == rows && t->ne[2] == 1 && t->ne[3] == 1);
+    if (!ok) {
+        seterr(err, errlen,
+               "tensor %s has shape [%lld, %lld, %lld, %lld] (ne order), expected [%lld, %lld]", name,
+               (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], (long long)t->ne[3],
+               (long long)cols, (long long)(rows ? rows : 1));
+        return SL_EFORMAT;
+    }
+    return 0;
+}
+
+static int check_config(const struct model_config *c, char *err, size_t errlen)
+{
+    if (c->n_layer <= 0 || c->n_embd <= 0 || c->n_ff <= 0 || c->n_head <= 0 || c->n_head_kv <= 0 ||
+        c->head_dim <= 0 || c->n_vocab <= 0 || c->n_head % c->n_head_kv != 0 || c->head_dim % 2 ||
+        c->rope_dim <= 0 || c->rope_dim > c->head_dim || c->rope_dim % 2 || !(c->norm_eps > 0) ||
+        !(c->rope_theta > 0) || c->n_layer > 100000 || c->n_embd > (1 << 20) || c->n_ff > (1 << 22) ||
+        c->n_head > 4096 || c->head_dim > 4096 || c->n_vocab > (1 << 24)) {
+        seterr(err, errlen,
+               "bad model configuration (layers %d, embd %d, ff %d, heads %d/%d, head_dim %d, "
+               "rope_dim %d, vocab %d)",
+               c->n_layer, c->n_embd, c->n_ff, c->n_head, c->n_head_kv, c->head_dim, c->rope_dim,
+               c->n_vocab);
+        return SL_EFORMAT;
+    }
+    if (c->rope_llama3_factor != 0.0f &&
+        (!(c->rope_llama3_factor > 0) || !(c->rope_llama3_high_freq > c->rope_llama3_low_freq) ||
+         !(c->rope_llama3_low_freq > 0) || c->rope_llama3_orig_ctx <= 0)) {
+        seterr(err, errlen, "bad llama3 rope scaling parameters");
+        return SL_EFORMAT;
+    }
+    return 0;
+}
+
+/* Names per format: fmt strings take the layer number. */
+struct names {
+    const char *tok_embd, *out_norm, *lm_head;
+    const char *attn_norm, *wq, *wk, *wv, *wo, *bq, *bk, *bv, *q_norm, *k_norm;
+    const char *ffn_norm, *w_gate, *w_up, *w_down;
+};
+static const struct names gguf_names = {
+    "token_embd.weight", "output_norm.weight", "output.weight",
+    "blk.%d.attn_norm.weight", "blk.%d.attn_q.weight", "blk.%d.attn_k.weight",
+    "blk.%d.attn_v.weight", "blk.%d.attn_output.weight", "blk.%d.attn_q.bias",
+    "blk.%d.attn_k.bias", "blk.%d.attn_v.bias", "blk.%d.attn_q_norm.weight",
+    "blk.%d.attn_k_norm.weight", "blk.%d.ffn_norm.weight", "blk.%d.ffn_gate.weight",
+    "blk.%d.ffn_up.weight", "blk.%d.ffn_down.weight",
+};
+static const struct names hf_names = {
+    "model.embed_tokens.weight", "model.norm.weight", "lm_head.weight",
+    "model.layers.%d.input_layernorm.weight", "model.layers.%d.self_attn.q_proj.weight",
+    "model.layers.%d.self_attn.k_proj.weight", "model.layers.%d.self_attn.v_proj.weight",
+    "model.layers.%d.self_attn.o_proj.weight", "model.layers.%d.self_attn.q_proj.bias",
+    "model.layers.%d.self_attn.k_proj.bias", "model.layers.%d.self_attn.v_proj.bias",
+    "model.layers.%d.self_attn.q_norm.weight", "model.layers.%d.self_attn.k_norm.weight",
+    "model.layers.%d.post_attention_layernorm.weight", "model.layers.%d.mlp.gate_proj.weight",
+    "model.layers.%d.mlp.up_proj.weight", "model.layers.%d.mlp.down_proj.weight",
+};
+
+static int load_weights(model *m, const struct names *nm, char *err, size_t errlen)
+{
+    struct model_config *c = &m->cfg;
+    struct model_weights *w = &m->w;
+    int64_t E = c->n_embd, F = c->n_ff, Q = (int64_t)c->n_head * c->head_dim,
+            KV = (int64_t)c->n_head_kv * c->head_dim, V = c->n_vocab, D = c->head_dim;
+    int rc;
+    if ((rc = get_tensor(m, nm->tok_embd, V, E, false, &w->tok_embd, err, errlen))) return rc;
+    if ((rc = get_tensor(m, nm->out_norm, 0, E, false, &w->out_norm, err, errlen))) return rc;
+    if (c->tie_embeddings) {
+        w->lm_head = w->tok_embd;
+    } else {
+        if ((rc = get_tensor(m, nm->lm_head, V, E, m->gguf != NULL, &w->lm_head, err, errlen)))
+            return rc;
+        if (!w->lm_head.data) { /* GGUF without output.weight: tied */
+            c->tie_embeddings = true;
+            w->lm_head = w->tok_embd;
+        }
+    }
+    if (m->gguf) {
+        rc = get_tensor(m, "rope_freqs.weight", 0, c->rope_dim / 2, true, &w->rope_freqs, err, errlen);
+        if (rc) return rc;
+    }
+    w->layers = calloc((size_t)c->n_layer, sizeof *w->layers);
+    if (!w->layers) {
+        seterr(err, errlen, "out of memory");
+        return SL_ENOMEM;
+    }
+    char name[256];
+#define T(field, fmt, rows, cols, opt)                                                           \
+    do {                                                                                         \
+        snprintf(name, sizeof name, fmt, l);                                                     \
+        if ((rc = get_tensor(m, name, rows, cols, opt, &L->field, err, errlen))) return rc;      \
+    } while (0)
+    for (int l = 0; l < c->n_layer; l++) {
+        struct model_layer_weights *L = &w->layers[l];
+        T(attn_norm, nm->attn_norm, 0, E, false);
+        T(wq, nm->wq, Q, E, false);
+        T(wk, nm->wk, KV, E, false);
+        T(wv, nm->wv, KV, E, false);
+        T(wo, nm->wo, E, Q, false);
+        if (c->qkv_bias) {
+            T(bq, nm->bq, 0, Q, false);
+            T(bk, nm->bk, 0, KV, false);
+            T(bv, nm->bv, 0, KV, false);
+        }
+        if (c->qk_norm) {
+            T(q_norm, nm->q_norm, 0, D, false);
+            T(k_norm, nm->k_norm, 0, D, false);
+        }
+        T(ffn_norm, nm->ffn_norm, 0, E, false);
+        T(w_gate, nm->w_gate, F, E, false);
+        T(w_up, nm->w_up, F, E, false);
+        T(w_down, nm->w_down, E, F, false);
+    }
+#undef T
+    return 0;
+}
+
+static void arch_traits(struct model_config *c)
+{
+    c->qkv_bias = c->arch == MODEL_ARCH_QWEN2;
+    c->qk_norm = c->arch == MODEL_ARCH_QWEN3;
+}
+
+/* ---- GGUF ------------------------------------------------------------------ */
+
+static int gguf_int(const gguf_file *f, const char *arch, const char *key, int64_t def, bool req,
+                    int *out, char *err, size_t errlen)
+{
+    char k[128];
+    int64_t v;
+    snprintf(k, sizeof k, "%s.%s", arch, key);
+    if (gguf_get_i64(f, k, &v) != 0) {
+        if (req) {
+            seterr(err, errlen, "GGUF key %s missing or not an integer", k);
+            return SL_EFORMAT;
+        }
+        v = def;
+    }
+    if (v < 0 || v > (1LL << 30)) {
+        seterr(err, errlen, "GGUF key %s out of range (%lld)", k, (long long)v);
+        return SL_EFORMAT;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+static float gguf_float(const gguf_file *f, const char *arch, const char *key, double def)
+{
+    char k[128];
+    double v;
+    snprintf(k, sizeof k, "%s.%s", arch, key);
+    return gguf_get_f64(f, k, &v) == 0 ? (float)v : (float)def;
+}
+
+static int load_gguf(model *m, const char *path, char *err, size_t errlen)
+{
+    m->gguf = gguf_open(path, err, errlen);
+    if (!m->gguf) return SL_EFORMAT;
+    gguf_file *f = m->gguf;
+    struct model_config *c = &m->cfg;
+    struct gguf_str s;
+    if (gguf_get_str(f, "general.architecture", &s) != 0) {
+        seterr(err, errlen, "%s: no general.architecture", path);
+        return SL_EFORMAT;
+    }
+    char arch[64];
+    snprintf(arch, sizeof arch, "%.*s", (int)(s.len < 63 ? s.len : 63), s.p);
+    if (arch_from_name(s.p, s.len, &c->arch) != 0) {
+        seterr(err, errlen, "unsupported architecture '%s'", arch);
+        return SL_EUNSUP;
+    }
+    int rc;
+    if ((rc = gguf_int(f, arch, "block_count", 0, true, &c->n_layer, err, errlen)) ||
+        (rc = gguf_int(f, arch, "embedding_length", 0, true, &c->n_embd, err, errlen)) ||
+        (rc = gguf_int(f, arch, "feed_forward_length", 0, true, &c->n_ff, err, errlen)) ||
+        (rc = gguf_int(f, arch, "attention.head_count", 0, true, &c->n_head, err, errlen)))
+        return rc;
+    if ((rc = gguf_int(f, arch, "attention.head_count_kv", c->n_head, false, &c->n_head_kv, err,
+                       errlen)) ||
+        (rc = gguf_int(f, arch, "context_length", 2048, false, &c->n_ctx_train, err, errlen)) ||
+        (rc = gguf_int(f, arch, "attention.key_length", c->n_head ? c->n_embd / c->n_head : 0,
+                       false, &c->head_dim, err, errlen)) ||
+        (rc = gguf_int(f, arch, "rope.dimension_count", c->head_dim, false, &c->rope_dim, err,
+                       errlen)))
+        return rc;
+    c->norm_eps = gguf_float(f, arch, "attention.layer_norm_rms_epsilon", 1e-5);
+    c->rope_theta = gguf_float(f, arch, "rope.freq_base", 10000.0);
+    c->rope_type = (c->arch == MODEL_ARCH_LLAMA || c->arch == MODEL_ARCH_MISTRAL) ? MODEL_ROPE_NORM
+                                                                                  : MODEL_ROPE_NEOX;
+    char k[128];
+    snprintf(k, sizeof k, "%s.rope.scaling.type", arch);
+    if (gguf_get_str(f, k, &s) == 0 && !(s.len == 4 && memcmp(s.p, "none", 4) == 0) &&
+        !(s.len == 6 && memcmp(s.p, "llama3", 6) == 0)) {
+        seterr(err, errlen, "unsupported rope scaling '%.*s'", (int)(s.len < 32 ? s.len : 32), s.p);
+        return SL_EUNSUP;
+    }
+    const struct gguf_tensor *te = gguf_find_tensor(f, "token_embd.weight");
+    c->n_vocab = te ? (int)te->ne[1] : 0;
+    arch_traits(c);
+    c->tie_embeddings = gguf_find_tensor(f, "output.weight") == NULL;
+    if ((rc = check_config(c, err, errlen))) return rc;
+    if ((rc = load_weights(m, &gguf_names, err, errlen))) return rc;
+    if (gguf_get_str(f, "tokenizer.chat_template", &s) == 0) {
+        m->chat_template = strndup(s.p, s.len);
+        if (!m->chat_template) return SL_ENOMEM;
+    }
+    return 0;
+}
+
+/* ---- HF directory ------------------------------------------------------------- */
+
+static char *read_file(const char *path, size_t *len)
+{
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return NULL;
+    char *buf = NULL;
+    long n;
+    if (fseek(fp, 0, SEEK_END) != 0 || (n = ftell(fp)) < 0 || n > (1L << 30) ||
+        fseek(fp, 0, SEEK_SET) != 0)
+        goto done;
+    buf = malloc((size_t)n + 1);
+    if (!buf) goto done;
+    if (fread(buf, 1, (size_t)n, fp) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+        goto done;
+    }
+    buf[n] = 0;
+    *len = (size_t)n;
+done:
+    fclose(fp);
+    return buf;
+}
+
+static int jint(const json_doc *d, int obj, const char *key, int def, bool req, int *out,
+                char *err, size_t errlen)
+{
+    int i = json_get(d, obj, key);
+    int64_t v = def;
+    if (i < 0 || json_is_null(d, i)) {
+        if (req) {
+            seterr(err, errlen, "config.json: missing %s", key);
+            return SL_EFORMAT;
+        }
+    } else if (json_i64(d, i, &v) != 0 || v < 0 || v > (1LL << 30)) {
+        seterr(err, errlen, "config.json: bad %s", key);
+        return SL_EFORMAT;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+static float jflt(const json_doc *d, int obj, const char *key, double def)
+{
+    int i = obj < 0 ? -1 : json_get(d, obj, key);
+    double v;
+    return i >= 0 && json_f64(d, i, &v) == 0 ? (float)v : (float)def;
+}
+
+static bool jbool(const json_doc *d, int obj, const char *key, bool def)
+{
+    int i = json_get(d, obj, key);
+    bool v;
+    return i >= 0 && json_bool(d, i, &v) == 0 ? v : def;
+}
+
+static int hf_config(model *m, const char *dir, char *err, size_t errlen)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    size_t len = 0;
+    char *src = read_file(path, &len);
+    if (!src) {
+        seterr(err, errlen, "%s: cannot read (%s)", path, strerror(errno));
+        return SL_EIO;
+    }
+    json_doc d;
+    char jerr[200];
+    int rc = json_parse(&d, src, len, jerr, sizeof jerr);
+    if (rc) {
+        seterr(err, errlen, "%s: %s", path, jerr);
+        free(src);
+        return SL_EFORMAT;
+    }
+    struct model_config *c = &m->cfg;
+    rc = SL_EFORMAT;
+    int mt = json_get(&d, 0, "model_type");
+    size_t n = 0;
+    const char *s = mt >= 0 && json_is_str(&d, mt) ? json_raw(&d, mt, &n) : NULL;
+    if (!s) {
+        seterr(err, errlen, "%s: no model_type", path);
+        goto out;
+    }
+    if (arch_from_name(s, n, &c->arch) != 0) {
+        seterr(err, errlen, "unsupported architecture '%.*s'", (int)(n < 64 ? n : 64), s);
+        rc = SL_EUNSUP;
+        goto out;
+    }
+    if ((rc = jint(&d, 0, "num_hidden_layers", 0, true, &c->n_layer, err, errlen)) ||
+        (rc = jint(&d, 0, "hidden_size", 0, true, &c->n_embd, err, errlen)) ||
+        (rc = jint(&d, 0, "intermediate_size", 0, true, &c->n_ff, err, errlen)) ||
+        (rc = jint(&d, 0, "num_attention_heads", 0, true, &c->n_head, err, errlen)) ||
+        (rc = jint(&d, 0, "vocab_size", 0, true, &c->n_vocab, err, errlen)) ||
+        (rc = jint(&d, 0, "num_key_value_heads", c->n_head, false, &c->n_head_kv, err, errlen)) ||
+        (rc = jint(&d, 0, "max_position_embeddings", 2048, false, &c->n_ctx_train, err, errlen)) ||
+        (rc = jint(&d, 0, "head_dim", c->n_head ? c->n_embd / c->n_head : 0, false, &c->head_dim,
+                   err, errlen)))
+        goto out;
+    rc = SL_EUNSUP;
+    int act = json_get(&d, 0, "hidden_act");
+    if (act >= 0 && !json_str_eq(&d, act, "silu")) {
+        seterr(err, errlen, "unsupported hidden_act (only silu)");
+        goto out;
+    }
+    if ((c->arch == MODEL_ARCH_LLAMA || c->arch == MODEL_ARCH_MISTRAL ||
+         c->arch == MODEL_ARCH_QWEN3) &&
+        (jbool(&d, 0, "attention_bias", false) || jbool(&d, 0, "mlp_bias", false))) {
+        seterr(err, errlen, "unsupported: attention_bias/mlp_bias in a %s checkpoint",
+               model_arch_name(c->arch));
+        goto out;
+    }
+    c->rope_dim = c->head_dim;
+    c->norm_eps = jflt(&d, 0, "rms_norm_eps", 1e-6);
+    /* transformers < 5: rope_theta + rope_scaling; >= 5: rope_parameters */
+    int rp = json_get(&d, 0, "rope_parameters");
+    if (rp >= 0 && !json_is_obj(&d, rp)) rp = -1;
+    c->rope_theta = jflt(&d, rp, "rope_theta", jflt(&d, 0, "rope_theta", 10000.0));
+    int rs = json_get(&d, 0, "rope_scaling");
+    if (rs < 0 || !json_is_obj(&d, rs)) rs = rp;
+    if (rs >= 0) {
+        int t = json_get(&d, rs, "rope_type");
+        if (t < 0) t = json_get(&d, rs, "type");
+        if (t >= 0 && json_str_eq(&d, t, "llama3")) {
+            c->rope_llama3_factor = jflt(&d, rs, "factor", 0);
+            c->rope_llama3_low_freq = jflt(&d, rs, "low_freq_factor", 1.0);
+            c->rope_llama3_high_freq = jflt(&d, rs, "high_freq_factor", 4.0);
+            c->rope_llama3_orig_ctx = (int)jflt(&d, rs, "original_max_position_embeddings", 8192);
+            if (c->rope_llama3_factor <= 0) {
+                seterr(err, errlen, "config.json: llama3 rope scaling without factor");
+                rc = SL_EFORMAT;
+                goto out;
+            }
+        } else if (t >= 0 && !json_str_eq(&d, t, "default")) {
+            size_t tn = 0;
+            const char *ts = json_raw(&d, t, &tn);
+            seterr(err, errlen, "unsupported rope scaling '%.*s'", (int)(tn < 32 ? tn : 32),
+                   ts ? ts : "");
+            goto out;
+        }
+    }
+    c->rope_type = MODEL_ROPE_NEOX;
+    arch_traits(c);
+    c->tie_embeddings = jbool(&d, 0, "tie_word_embeddings", false);
+    rc = check_config(c, err, errlen);
+out:
+    json_free(&d);
+    free(src);
+    return rc;
+}
+
+/* chat_template from tokenizer_config.json (string, or a list of
+ * {name, template}: the "default" one), else chat_template.jinja. */
+static int hf_chat_template(model *m, const char *dir)
+{
+    char path[4096];
+    size_t len = 0;
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    char *src = read_file(path, &len);
+    if (src) {
+        json_doc d;
+        char jerr[64];
+        if (json_parse(&d, src, len, jerr, sizeof jerr) == 0) {
+            int t = json_get(&d, 0, "chat_template");
+            if (t >= 0 && json_is_arr(&d, t)) {
+                int pick = -1;
+                for (int k = 0; k < json_size(&d, t); k++) {
+                    int e = json_at(&d, t, k), nm = json_get(&d, e, "name");
+                    if (pick < 0 || (nm >= 0 && json_str_eq(&d, nm, "default")))
+                        pick = json_get(&d, e, "template");
+                }
+                t = pick;
+            }
+            if (t >= 0 && json_is_str(&d, t)) m->chat_template = json_strdup(&d, t, NULL);
+            json_free(&d);
+        }
+        free(src);
+        if (m->chat_template) return 0;
+    }
+    snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
+    m->chat_template = read_file(path, &len);
+    return 0;
+}
+
+static int load_hf(model *m, const char *dir, char *err, size_t errlen)
+{
+    int rc = hf_config(m, dir, err, errlen);
+    if (rc) return rc;
+    m->st = st_open_dir(dir, err, errlen);
+    if (!m->st) return SL_EFORMAT;
+    if ((rc = load_weights(m, &hf_names, err, errlen))) return rc;
+    return hf_chat_template(m, dir);
+}
+
+/* ---- public --------------------------------------------------------------------- */
+
+static void all_tensors(const model *m, const struct model_tensor **out, int *n)
+{
+    const struct model_weights *w = &m->w;
+    int k = 0;
+    out[k++] = &w->tok_embd;
+    out[k++] = &w->out_norm;
+    if (!m->cfg.tie_embeddings) out[k++] = &w->lm_head;
+    for (int l = 0; l < m->cfg.n_layer; l++) {
+        const struct model_layer_weights *L = &w->layers[l];
+        const struct model_tensor *t[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo,
+                                          &L->bq, &L->bk, &L->bv, &L->q_norm, &L->k_norm,
+                                          &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
+            if (t[i]->data) out[k++] = t[i];
+    }
+    *n = k;
+}
+
+/* Faults the mapped weights in, printing progress: only worth it (and only
+ * done) for big models, so a user sees the load move. */
+static void prefault_progress(const model *m)
+{
+    int cap = 3 + 14 * m->cfg.n_layer, n = 0;
+    const struct model_tensor **ts = malloc((size_t)cap * sizeof *ts);
+    if (!ts) return;
+    all_tensors(m, ts, &n);
+    size_t total = 0, done = 0;
+    for (int i = 0; i < n; i++) total += ts[i]->nbytes;
+    if (total < ((size_t)1 << 30)) {
+        free(ts);
+        return;
+    }
+    size_t next = total / 10;
+    volatile unsigned char sink = 0;
+    for (int i = 0; i < n; i++) {
+        const unsigned char *p = ts[i]->data;
+        for (size_t o = 0; o < ts[i]->nbytes; o += 4096) sink ^= p[o];
+        done += ts[i]->nbytes;
+        if (done >= next || i == n - 1) {
+            fprintf(stderr, "loading: %d/%d tensors, %.2f/%.2f GB\n", i + 1, n, done / 1e9,
+                    total / 1e9);
+            next += total / 10;
+        }
+    }
+    (void)sink;
+    free(ts);
+}
+
+model *model_load(const char *path, const struct model_load_opts *opts, char *err, size_t errlen)
+{
+    if (!path) {
+        seterr(err, errlen, "no model path");
+        return NULL;
+    }
+    model *m = calloc(1, sizeof *m);
+    if (!m) {
+        seterr(err, errlen, "out of memory");
+        return NULL;
+    }
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        seterr(err, errlen, "%s: %s", path, strerror(errno));
+        goto fail;
+    }
+    bool dir = S_ISDIR(st.st_mode);
+    if ((dir ? load_hf(m, path, err, errlen) : load_gguf(m, path, err, errlen)) != 0) goto fail;
+
+    char terr[256] = "";
+    const char *tp = opts && opts->tokenizer ? opts->tokenizer : NULL;
+    if (!tp) {
+        m->tok = dir ? model_tok_from_hf_dir(path, terr, sizeof terr)
+                     : model_tok_from_gguf(m->gguf, terr, sizeof terr);
+    } else if (stat(tp, &st) == 0 && S_ISDIR(st.st_mode)) {
+        m->tok = model_tok_from_hf_dir(tp, terr, sizeof terr);
+    } else {
+        gguf_file *tf = gguf_open(tp, terr, sizeof terr);
+        if (tf) {
+            m->tok = model_tok_from_gguf(tf, terr, sizeof terr);
+            gguf_close(tf);
+        }
+    }
+    if (!m->tok) {
+        seterr(err, errlen, "tokenizer (%s): %s", tp ? tp : path, terr);
+        goto fail;
+    }
+    if (opts && opts->progress) prefault_progress(m);
+    return m;
+fail:
+    model_free(m);
+    return NULL;
+}
+
+void model_free(model *m)
+{
+    if (!m) return;
+    if (m->tok) model_tok_free(m->tok);
+    free(m->chat_template);
+    free(m->w.layers);
+    for (int i = 0; i < m->n_names; i++) free(m->names[i]);
+    free(m->names);
+    if (m->gguf) gguf_close(m->gguf);
+    if (m->st) st_close(m->st);
+    free(m);
+}
+
+const struct model_config *model_get_config(const model *m) { return &m->cfg; }
+const struct model_weights *model_get_weights(const model *m) { return &m->w; }
+const model_tok *model_get_tok(const model *m) { return m->tok; }
+const char *model_chat_template(const model *m) { return m->chat_template; }
+
+size_t model_chatml_render(const char *const *roles, const char *const *contents, int n,
+                           bool add_generation_prompt, char *out, size_t cap)
+{
+    size_t len = 0;
+#define PUT(s, k)                                                                              \
+    do {                                                                                       \
+        size_t k_ = (k);                                                                       \
+        if (out && len + k_ < cap) memcpy(out + len, (s), k_);                                 \
+        len += k_;                                                                             \
+    } while (0)
+    for (int i = 0; i < n; i++) {
+        const char *r = roles[i] ? roles[i] : "", *c = contents[i] ? contents[i] : "";
+        PUT("<|im_start|>", 12);
+        PUT(r, strlen(r));
+        PUT("\n", 1);
+        PUT(c, strlen(c));
+        PUT("<|im_end|>\n", 11);
+    }
+    if (add_generation_prompt) PUT("<|im_start|>assistant\n", 22);
+#undef PUT
+    if (out && len < cap) out[len] = 0;
+    return len;
+}
