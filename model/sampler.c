@@ -140,14 +140,11 @@ int model_sample(float *logits, int n_vocab, const struct model_sampling *s, con
         if (logits[i] > mx) { /* strict: the lowest id wins ties */
             mx = logits[i];
             best = i;
+        } else if (isnan(logits[i])) {
+            return SL_EINVAL;
         }
     }
-    if (!isfinite(mx)) {
-        /* all -inf or a NaN/inf somewhere: nothing sensible to sample */
-        for (int i = 0; i < n_vocab; i++)
-            if (isnan(logits[i])) return SL_EINVAL;
-        if (mx == -INFINITY) return SL_EINVAL;
-    }
+    if (!isfinite(mx)) return SL_EINVAL; /* all -inf, or +inf: nothing sensible to sample */
     double sum = 0.0;
     for (int i = 0; i < n_vocab; i++) sum += exp((double)logits[i] - (double)mx);
     double lse = (double)mx + log(sum);

@@ -1,0 +1,260 @@
+/* test_sampler.c - model_sample() on tiny hand-made logit vectors. */
+#include <math.h>
+#include <string.h>
+
+#include "model/model.h"
+#include "tests/test.h"
+
+#define NV 8
+static unsigned char scratch[NV * 16];
+
+static struct model_sampling params(void)
+{
+    struct model_sampling s;
+    model_sampling_default(&s);
+    return s;
+}
+
+static int sample(const float *in, const struct model_sampling *s, const int32_t *hist, int np,
+                  int nh, uint64_t *rng, struct model_sample_out *out, float *after)
+{
+    float l[NV];
+    memcpy(l, in, sizeof l);
+    int rc = model_sample(l, NV, s, hist, np, nh, rng, scratch, out);
+    if (after) memcpy(after, l, sizeof l);
+    return rc;
+}
+
+static const float base[NV] = {1.0f, 3.0f, -2.0f, 3.0f, 0.5f, 2.5f, -1.0f, 0.0f};
+
+static void test_scratch_size(void) { CHECK(model_sample_scratch_bytes(NV) <= sizeof scratch); }
+
+static void test_greedy_ties_lowest_id(void)
+{
+    struct model_sampling s = params();
+    struct model_sample_out o;
+    uint64_t rng = model_rng_seed(1), r0 = rng;
+    CHECK(sample(base, &s, NULL, 0, 0, &rng, &o, NULL) == 0);
+    CHECK(o.token == 1); /* ids 1 and 3 tie at 3.0 */
+    CHECK(rng == r0);    /* greedy draws nothing */
+    /* logprob under log-softmax of the raw logits */
+    double z = 0;
+    for (int i = 0; i < NV; i++) z += exp(base[i]);
+    CHECKF(fabs(o.logprob - (3.0 - log(z))) < 1e-6, "logprob %f", o.logprob);
+}
+
+static void test_top_k_1_is_greedy(void)
+{
+    struct model_sampling s = params();
+    s.temperature = 1.5f;
+    s.top_k = 1;
+    for (uint64_t seed = 0; seed < 50; seed++) {
+        uint64_t rng = model_rng_seed(seed);
+        struct model_sample_out o;
+        CHECK(sample(base, &s, NULL, 0, 0, &rng, &o, NULL) == 0);
+        CHECK(o.token == 1);
+    }
+}
+
+static void test_top_k_restricts(void)
+{
+    /* top_k 3 keeps ids 1, 3 (3.0) and 5 (2.5): nothing else may come out */
+    struct model_sampling s = params();
+    s.temperature = 5.0f;
+    s.top_k = 3;
+    uint64_t rng = model_rng_seed(7);
+    int seen[NV] = {0};
+    for (int i = 0; i < 3000; i++) {
+        struct model_sample_out o;
+        CHECK(sample(base, &s, NULL, 0, 0, &rng, &o, NULL) == 0);
+        seen[o.token]++;
+    }
+    CHECK(seen[1] > 0 && seen[3] > 0 && seen[5] > 0);
+    CHECK(seen[0] + seen[2] + seen[4] + seen[6] + seen[7] == 0);
+}
+
+static void test_top_p_cut(void)
+{
+    /* probabilities 0.5, 0.3, 0.15, 0.05 (ids 2, 0, 3, 1) */
+    float l[NV];
+    for (int i = 0; i < NV; i++) l[i] = -INFINITY;
+    l[2] = logf(0.5f), l[0] = logf(0.3f), l[3] = logf(0.15f), l[1] = logf(0.05f);
+    struct model_sampling s = params();
+    s.temperature = 1.0f;
+    s.top_p = 0.75f; /* 0.5 < 0.75 <= 0.8: nucleus {2, 0} */
+    uint64_t rng = model_rng_seed(3);
+    int seen[NV] = {0};
+    for (int i = 0; i < 20000; i++) {
+        struct model_sample_out o;
+        CHECK(sample(l, &s, NULL, 0, 0, &rng, &o, NULL) == 0);
+        seen[o.token]++;
+    }
+    CHECK(seen[3] == 0 && seen[1] == 0);
+    double f2 = seen[2] / 20000.0;
+    CHECKF(fabs(f2 - 0.625) < 0.02, "p(2)=%f want 0.625", f2);
+    s.top_p = 0.5f; /* exactly the top token's mass: only it */
+    for (int i = 0; i < 200; i++) {
+        struct model_sample_out o;
+        CHECK(sample(l, &s, NULL, 0, 0, &rng, &o, NULL) == 0);
+        CHECK(o.token == 2);
+    }
+}
+
+static void test_min_p_cut(void)
+{
+    float l[NV];
+    for (int i = 0; i < NV; i++) l[i] = -INFINITY;
+    l[2] = logf(0.5f), l[0] = logf(0.3f), l[3] = logf(0.15f), l[1] = logf(0.05f);
+    struct model_sampling s = params();
+    s.temperature = 1.0f;
+    s.min_p = 0.2f; /* keeps p >= 0.1: ids 2, 0, 3 */
+    uint64_t rng = model_rng_seed(4);
+    int seen[NV] = {0};
+    for (int i = 0; i < 20000; i++) {
+        struct model_sample_out o;
+        CHECK(sample(l, &s, NULL, 0, 0, &rng, &o, NULL) == 0);
+        seen[o.token]++;
+    }
+    CHECK(seen[1] == 0);
+    CHECK(seen[2] > 0 && seen[0] > 0 && seen[3] > 0);
+}
+
+static void test_repetition_penalty(void)
+{
+    struct model_sampling s = params();
+    s.repetition_penalty = 2.0f;
+    int32_t hist[] = {1, 2, 2, 5}; /* prompt {1, 2}, generated {2, 5} */
+    float after[NV];
+    struct model_sample_out o;
+    uint64_t rng = 0;
+    CHECK(sample(base, &s, hist, 2, 4, &rng, &o, after) == 0);
+    float want[NV] = {1.0f, 1.5f, -4.0f, 3.0f, 0.5f, 1.25f, -1.0f, 0.0f};
+    CHECK(memcmp(after, want, sizeof want) == 0);
+    CHECK(o.token == 3);
+}
+
+static void test_presence_frequency(void)
+{
+    struct model_sampling s = params();
+    s.presence_penalty = 0.5f;
+    s.frequency_penalty = 0.25f;
+    int32_t hist[] = {1, 3, 3, 3, 4}; /* prompt {1}: untouched; generated 3 x3, 4 x1 */
+    float after[NV];
+    struct model_sample_out o;
+    uint64_t rng = 0;
+    CHECK(sample(base, &s, hist, 1, 5, &rng, &o, after) == 0);
+    float want[NV] = {1.0f, 3.0f, -2.0f, 3.0f - 0.75f - 0.5f, 0.5f - 0.25f - 0.5f, 2.5f, -1.0f, 0.0f};
+    CHECK(memcmp(after, want, sizeof want) == 0);
+    CHECK(o.token == 1);
+}
+
+static void test_top_logprobs(void)
+{
+    struct model_sampling s = params();
+    s.top_logprobs = 3;
+    s.repetition_penalty = 2.0f; /* top_logprobs see the penalized logits */
+    int32_t hist[] = {3};
+    struct model_sample_out o;
+    uint64_t rng = 0;
+    CHECK(sample(base, &s, hist, 1, 1, &rng, &o, NULL) == 0);
+    /* penalized: id3 -> 1.5; order 1 (3.0), 5 (2.5), 3 (1.5) */
+    CHECK(o.n_top == 3);
+    CHECK(o.top_ids[0] == 1 && o.top_ids[1] == 5 && o.top_ids[2] == 3);
+    float pen[NV];
+    memcpy(pen, base, sizeof pen);
+    pen[3] = 1.5f;
+    double z = 0;
+    for (int i = 0; i < NV; i++) z += exp(pen[i]);
+    CHECK(fabs(o.top_logprobs[0] - (3.0 - log(z))) < 1e-6);
+    CHECK(fabs(o.top_logprobs[2] - (1.5 - log(z))) < 1e-6);
+    /* temperature does not change reported logprobs */
+    s.temperature = 0.3f;
+    struct model_sample_out o2;
+    rng = model_rng_seed(9);
+    CHECK(sample(base, &s, hist, 1, 1, &rng, &o2, NULL) == 0);
+    CHECK(memcmp(o.top_logprobs, o2.top_logprobs, 3 * sizeof(float)) == 0);
+    s.top_logprobs = MODEL_MAX_TOP_LOGPROBS + 1;
+    CHECK(sample(base, &s, hist, 1, 1, &rng, &o2, NULL) == SL_EINVAL);
+}
+
+static void test_same_seed_same_sequence(void)
+{
+    struct model_sampling s = params();
+    s.temperature = 1.0f;
+    uint64_t a = model_rng_seed(42), b = model_rng_seed(42), c = model_rng_seed(43);
+    int same = 1, diff = 0;
+    for (int i = 0; i < 1000; i++) {
+        struct model_sample_out oa, ob, oc;
+        CHECK(sample(base, &s, NULL, 0, 0, &a, &oa, NULL) == 0);
+        CHECK(sample(base, &s, NULL, 0, 0, &b, &ob, NULL) == 0);
+        CHECK(sample(base, &s, NULL, 0, 0, &c, &oc, NULL) == 0);
+        same &= oa.token == ob.token;
+        diff += oa.token != oc.token;
+    }
+    CHECK(same);
+    CHECKF(diff > 100, "seeds 42 and 43 differ at %d of 1000 draws", diff);
+}
+
+static void test_frequencies(void)
+{
+    float l[NV];
+    for (int i = 0; i < NV; i++) l[i] = -INFINITY;
+    l[0] = logf(0.2f), l[4] = logf(0.5f), l[7] = logf(0.3f);
+    struct model_sampling s = params();
+    s.temperature = 1.0f;
+    uint64_t rng = model_rng_seed(2024);
+    int seen[NV] = {0}, n = 100000;
+    for (int i = 0; i < n; i++) {
+        struct model_sample_out o;
+        CHECK(sample(l, &s, NULL, 0, 0, &rng, &o, NULL) == 0);
+        seen[o.token]++;
+    }
+    CHECKF(fabs(seen[0] / (double)n - 0.2) < 0.01, "p0 %f", seen[0] / (double)n);
+    CHECKF(fabs(seen[4] / (double)n - 0.5) < 0.01, "p4 %f", seen[4] / (double)n);
+    CHECKF(fabs(seen[7] / (double)n - 0.3) < 0.01, "p7 %f", seen[7] / (double)n);
+    /* temperature 0.5 squares the odds: 0.04 : 0.25 : 0.09 */
+    s.temperature = 0.5f;
+    memset(seen, 0, sizeof seen);
+    for (int i = 0; i < n; i++) {
+        struct model_sample_out o;
+        CHECK(sample(l, &s, NULL, 0, 0, &rng, &o, NULL) == 0);
+        seen[o.token]++;
+    }
+    double z = 0.04 + 0.25 + 0.09;
+    CHECKF(fabs(seen[4] / (double)n - 0.25 / z) < 0.01, "p4 %f", seen[4] / (double)n);
+    CHECKF(fabs(seen[0] / (double)n - 0.04 / z) < 0.01, "p0 %f", seen[0] / (double)n);
+}
+
+static void test_bad_input(void)
+{
+    struct model_sampling s = params();
+    struct model_sample_out o;
+    uint64_t rng = 0;
+    int32_t bad[] = {NV};
+    CHECK(sample(base, &s, bad, 1, 1, &rng, &o, NULL) == SL_EINVAL);
+    s.top_p = 0.0f;
+    CHECK(sample(base, &s, NULL, 0, 0, &rng, &o, NULL) == SL_EINVAL);
+    s = params();
+    s.temperature = -1.0f;
+    CHECK(sample(base, &s, NULL, 0, 0, &rng, &o, NULL) == SL_EINVAL);
+    s = params();
+    float nan_l[NV] = {0, NAN, 0, 0, 0, 0, 0, 0};
+    CHECK(sample(nan_l, &s, NULL, 0, 0, &rng, &o, NULL) == SL_EINVAL);
+}
+
+int main(void)
+{
+    RUN(test_scratch_size);
+    RUN(test_greedy_ties_lowest_id);
+    RUN(test_top_k_1_is_greedy);
+    RUN(test_top_k_restricts);
+    RUN(test_top_p_cut);
+    RUN(test_min_p_cut);
+    RUN(test_repetition_penalty);
+    RUN(test_presence_frequency);
+    RUN(test_top_logprobs);
+    RUN(test_same_seed_same_sequence);
+    RUN(test_frequencies);
+    RUN(test_bad_input);
+    return test_summary();
+}
