@@ -42,6 +42,7 @@ static void tmp_path(char *out, size_t cap, const char *name) { snprintf(out, ca
 
 static int write_file(const char *path, const void *p, size_t n)
 {
+    unlink(path); /* a fresh inode: rewriting by truncation makes ext4 flush on close */
     FILE *fp = fopen(path, "wb");
     if (!fp) return -1;
     size_t w = n ? fwrite(p, 1, n, fp) : 0;
