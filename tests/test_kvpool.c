@@ -1,0 +1,261 @@
+/* test_kvpool.c - the KV block pool and its exact prefix cache. */
+#include <stdint.h>
+#include <string.h>
+
+#include "kvpool/kvpool.h"
+#include "test.h"
+
+static char err[256];
+
+static void fill(int32_t *t, int n, int base)
+{
+    for (int i = 0; i < n; i++) t[i] = base + i;
+}
+
+static void test_create_errors(void)
+{
+    CHECK(kv_pool_create(0, 16, true, err, sizeof err) == NULL && err[0]);
+    CHECK(kv_pool_create(10, 0, true, err, sizeof err) == NULL);
+    CHECK(kv_blocks_for_bytes(1000, 100) == 10);
+    CHECK(kv_blocks_for_bytes(1000, 0) == 0);
+}
+
+static void test_reserve_slots_release(void)
+{
+    kv_pool *p = kv_pool_create(8, 4, false, err, sizeof err);
+    struct kv_seq s;
+    kv_seq_init(&s, 0);
+    CHECK(kv_seq_reserve(p, &s, 9) == 0);
+    CHECK(s.n_blocks == 3);
+    CHECK(kv_pool_available(p) == 5);
+    /* slot of position 5 = block[1]*4 + 1 */
+    CHECK(kv_seq_slot(&s, 5, 4) == (int64_t)s.blocks[1] * 4 + 1);
+    CHECK(kv_seq_reserve(p, &s, 40) == KV_ENOSPC);
+    CHECK(s.n_blocks == 3); /* nothing changed */
+    CHECK(kv_seq_reserve(p, &s, 32) == 0);
+    CHECK(kv_pool_available(p) == 0);
+    kv_seq_deinit(p, &s);
+    CHECK(kv_pool_available(p) == 8);
+    CHECK(kv_debug_check(p, err, sizeof err) == 0);
+    kv_pool_destroy(p);
+}
+
+static void test_prefix_reuse(void)
+{
+    kv_pool *p = kv_pool_create(16, 4, true, err, sizeof err);
+    int32_t t[14];
+    fill(t, 14, 100);
+    struct kv_seq a, b;
+    kv_seq_init(&a, 0);
+    kv_seq_init(&b, 0);
+    CHECK(kv_seq_match_prefix(p, &a, t, 14) == 0);
+    CHECK(kv_seq_reserve(p, &a, 14) == 0);
+    kv_seq_commit(p, &a, t, 14); /* 3 full blocks cached */
+    CHECK(kv_debug_cached(p, a.blocks[2]) && !kv_debug_cached(p, a.blocks[3]));
+    /* same prompt: 3 blocks hit (12 tokens), shared with a */
+    CHECK(kv_seq_match_prefix(p, &b, t, 14) == 12);
+    for (int i = 0; i < 3; i++) CHECK(b.blocks[i] == a.blocks[i] && kv_debug_ref(p, a.blocks[i]) == 2);
+    kv_seq_deinit(p, &b);
+    /* the whole prompt cached: the last token is never served from cache */
+    kv_seq_init(&b, 0);
+    CHECK(kv_seq_match_prefix(p, &b, t, 12) == 8);
+    kv_seq_release(p, &b);
+    /* a different token in block 1 stops the match after block 0 */
+    int32_t u[14];
+    memcpy(u, t, sizeof u);
+    u[5] = 7;
+    CHECK(kv_seq_match_prefix(p, &b, u, 14) == 4);
+    kv_seq_deinit(p, &b);
+    /* another salt never shares */
+    struct kv_seq c;
+    kv_seq_init(&c, 42);
+    CHECK(kv_seq_match_prefix(p, &c, t, 14) == 0);
+    kv_seq_deinit(p, &c);
+    kv_seq_deinit(p, &a);
+    struct kv_stats st;
+    kv_pool_stats(p, &st);
+    CHECK(st.blocks_cached == 3 && st.blocks_used == 0 && st.blocks_free == 13);
+    CHECK(st.hit_tokens == 12 + 8 + 4 && st.query_tokens == 14 * 4 + 12);
+    /* released cached blocks are still found */
+    kv_seq_init(&a, 0);
+    CHECK(kv_seq_match_prefix(p, &a, t, 14) == 12);
+    kv_seq_deinit(p, &a);
+    CHECK(kv_debug_check(p, err, sizeof err) == 0);
+    kv_pool_destroy(p);
+}
+
+/* Freed cached blocks are evicted only when the free list is empty, leaves
+ * first; a recycled parent's generation bump makes old children unreachable. */
+static void test_eviction_order(void)
+{
+    kv_pool *p = kv_pool_create(4, 2, true, err, sizeof err);
+    int32_t t[7] = {1, 2, 3, 4, 5, 6, 7};
+    struct kv_seq a;
+    kv_seq_init(&a, 0);
+    CHECK(kv_seq_reserve(p, &a, 7) == 0); /* 4 blocks */
+    kv_seq_commit(p, &a, t, 6);           /* 3 cached */
+    int32_t b0 = a.blocks[0], b1 = a.blocks[1], b2 = a.blocks[2];
+    kv_seq_deinit(p, &a);
+    struct kv_stats st;
+    kv_pool_stats(p, &st);
+    CHECK(st.blocks_free == 1 && st.blocks_cached == 3);
+    /* two blocks: the free one, then the deepest cached leaf (b2) */
+    struct kv_seq x;
+    kv_seq_init(&x, 9);
+    CHECK(kv_seq_reserve(p, &x, 4) == 0);
+    CHECK(x.blocks[1] == b2);
+    CHECK(!kv_debug_cached(p, b2));
+    /* b0, b1 still reachable: 4 tokens hit */
+    struct kv_seq y;
+    kv_seq_init(&y, 0);
+    CHECK(kv_seq_match_prefix(p, &y, t, 7) == 4);
+    kv_seq_deinit(p, &y);
+    /* next eviction takes b1 (the leaf now), then b0 */
+    struct kv_seq z;
+    kv_seq_init(&z, 9);
+    CHECK(kv_seq_reserve(p, &z, 2) == 0 && z.blocks[0] == b1);
+    CHECK(kv_seq_reserve(p, &z, 4) == 0 && z.blocks[1] == b0);
+    kv_pool_stats(p, &st);
+    CHECK(st.evictions == 3);
+    kv_seq_init(&y, 0);
+    CHECK(kv_seq_match_prefix(p, &y, t, 7) == 0);
+    kv_seq_deinit(p, &y);
+    kv_seq_deinit(p, &x);
+    kv_seq_deinit(p, &z);
+    CHECK(kv_debug_check(p, err, sizeof err) == 0);
+    kv_pool_destroy(p);
+}
+
+/* ---- randomized test against a simple model of the pool ---- */
+
+enum { R_BLOCKS = 48, R_BS = 4, R_SEQS = 10, R_MAXTOK = 40 };
+
+struct rseq {
+    bool live;
+    struct kv_seq s;
+    int32_t tok[R_MAXTOK];
+    int n_tok;       /* prompt length */
+    int n_done;      /* positions whose K/V was "computed" (or came from the cache) */
+    int n_matched;   /* blocks that came from the cache */
+};
+
+/* What the model believes each block holds: the full token prefix up to the
+ * end of that block, as written by whoever computed it. */
+static int32_t content[R_BLOCKS][R_MAXTOK];
+static int content_len[R_BLOCKS];
+
+static uint64_t rng = 88172645463325252ULL;
+static uint32_t rnd(uint32_t n)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)(rng % n);
+}
+
+static int check_model(kv_pool *p, struct rseq *q)
+{
+    if (kv_debug_check(p, err, sizeof err)) {
+        printf("  invariant: %s\n", err);
+        return -1;
+    }
+    int holders[R_BLOCKS] = {0};
+    for (int k = 0; k < R_SEQS; k++)
+        if (q[k].live)
+            for (int i = 0; i < q[k].s.n_blocks; i++) holders[q[k].s.blocks[i]]++;
+    for (int b = 0; b < R_BLOCKS; b++)
+        if (holders[b] != kv_debug_ref(p, b)) {
+            printf("  block %d: ref %d but %d holders\n", b, kv_debug_ref(p, b), holders[b]);
+            return -1;
+        }
+    return 0;
+}
+
+static void test_randomized(void)
+{
+    kv_pool *p = kv_pool_create(R_BLOCKS, R_BS, true, err, sizeof err);
+    struct rseq q[R_SEQS];
+    memset(q, 0, sizeof q);
+    int bad = 0, hits = 0, evictions_seen = 0;
+    for (int op = 0; op < 20000 && !bad; op++) {
+        int k = (int)rnd(R_SEQS);
+        struct rseq *r = &q[k];
+        if (!r->live) {
+            /* new sequence: one of 3 shared document prefixes plus a random tail, 2 salts */
+            kv_seq_init(&r->s, rnd(5) == 0 ? 7 : 0);
+            r->n_tok = 1 + (int)rnd(R_MAXTOK);
+            int doc = (int)rnd(3), shared = (int)rnd((uint32_t)r->n_tok + 1);
+            for (int i = 0; i < r->n_tok; i++) r->tok[i] = i < shared ? doc * 1000 + i : (int32_t)rnd(4);
+            int m = kv_seq_match_prefix(p, &r->s, r->tok, r->n_tok);
+            if (m % R_BS || m >= r->n_tok || m != r->s.n_blocks * R_BS) {
+                printf("  match returned %d for %d tokens (%d blocks)\n", m, r->n_tok, r->s.n_blocks);
+                bad = 1;
+            }
+            /* exactness: every matched block holds exactly this prompt's prefix */
+            for (int i = 0; i < r->s.n_blocks && !bad; i++) {
+                int b = r->s.blocks[i], len = (i + 1) * R_BS;
+                if (content_len[b] != len || memcmp(content[b], r->tok, sizeof(int32_t) * (size_t)len)) {
+                    printf("  op %d: block %d served for a different prefix\n", op, b);
+                    bad = 1;
+                }
+            }
+            hits += m > 0;
+            r->n_matched = r->s.n_blocks;
+            r->n_done = m;
+            r->live = true;
+        } else if (rnd(4) == 0) {
+            kv_seq_release(p, &r->s);
+            kv_seq_deinit(p, &r->s);
+            r->live = false;
+        } else if (r->n_done < r->n_tok) {
+            /* compute a chunk: reserve, write contents of newly owned blocks, commit */
+            int upto = r->n_done + 1 + (int)rnd((uint32_t)(r->n_tok - r->n_done));
+            struct kv_stats before;
+            kv_pool_stats(p, &before);
+            int nb = r->s.n_blocks;
+            int rc = kv_seq_reserve(p, &r->s, upto);
+            if (rc == KV_ENOSPC) {
+                if (r->s.n_blocks != nb) bad = 1;
+                continue;
+            }
+            struct kv_stats after;
+            kv_pool_stats(p, &after);
+            evictions_seen += after.evictions > before.evictions;
+            for (int i = r->n_matched; i < r->s.n_blocks; i++) {
+                int b = r->s.blocks[i];
+                int len = (i + 1) * R_BS;
+                content_len[b] = -1; /* partial: not a full block yet */
+                if (len <= upto) {
+                    memcpy(content[b], r->tok, sizeof(int32_t) * (size_t)len);
+                    content_len[b] = len;
+                }
+            }
+            r->n_done = upto;
+            kv_seq_commit(p, &r->s, r->tok, r->n_done);
+        }
+        if (!bad && check_model(p, q)) {
+            printf("  after op %d\n", op);
+            bad = 1;
+        }
+    }
+    for (int k = 0; k < R_SEQS; k++)
+        if (q[k].live) kv_seq_deinit(p, &q[k].s);
+    struct kv_stats st;
+    kv_pool_stats(p, &st);
+    CHECK(!bad);
+    CHECKF(st.blocks_used == 0 && st.blocks_free + st.blocks_cached == R_BLOCKS, "leak: used %d", st.blocks_used);
+    CHECKF(hits > 100 && evictions_seen > 10, "the test must exercise hits (%d) and evictions (%d)", hits,
+           evictions_seen);
+    CHECK(kv_debug_check(p, err, sizeof err) == 0);
+    kv_pool_destroy(p);
+}
+
+int main(void)
+{
+    RUN(test_create_errors);
+    RUN(test_reserve_slots_release);
+    RUN(test_prefix_reuse);
+    RUN(test_eviction_order);
+    RUN(test_randomized);
+    return test_summary();
+}
