@@ -13,9 +13,176 @@
 
 #include "model.h"
 
+static int hex4(const char *s, unsigned *out)
+{
+    unsigned v = 0;
+    for (int j = 0; j < 4; j++) {
+        char c = s[j];
+        v <<= 4;
+        if (c >= '0' && c <= '9') v |= (unsigned)(c - '0');
+        else if (c >= 'a' && c <= 'f') v |= (unsigned)(c - 'a' + 10);
+        else if (c >= 'A' && c <= 'F') v |= (unsigned)(c - 'A' + 10);
+        else return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* jsmn checks little of the grammar (it accepts "[1 2]", "{\"a\"}", "[1,]",
+ * "[01]", "[nul]"), and a wrong structure would make token sizes lie. So the
+ * text is first checked against the JSON grammar (RFC 8259) here; jsmn then
+ * only has to tokenize text that is known to be valid. */
+#define JSON_MAX_DEPTH 512
+
+struct vstate {
+    const char *s;
+    size_t len, pos;
+};
+
+static void vws(struct vstate *v)
+{
+    while (v->pos < v->len && (v->s[v->pos] == ' ' || v->s[v->pos] == '\t' || v->s[v->pos] == '\n' ||
+                               v->s[v->pos] == '\r'))
+        v->pos++;
+}
+
+static bool vdigits(struct vstate *v)
+{
+    size_t st = v->pos;
+    while (v->pos < v->len && v->s[v->pos] >= '0' && v->s[v->pos] <= '9') v->pos++;
+    return v->pos > st;
+}
+
+static bool vnumber(struct vstate *v)
+{
+    if (v->pos < v->len && v->s[v->pos] == '-') v->pos++;
+    if (v->pos < v->len && v->s[v->pos] == '0') v->pos++;
+    else if (!vdigits(v)) return false;
+    if (v->pos < v->len && v->s[v->pos] == '.') {
+        v->pos++;
+        if (!vdigits(v)) return false;
+    }
+    if (v->pos < v->len && (v->s[v->pos] == 'e' || v->s[v->pos] == 'E')) {
+        v->pos++;
+        if (v->pos < v->len && (v->s[v->pos] == '+' || v->s[v->pos] == '-')) v->pos++;
+        if (!vdigits(v)) return false;
+    }
+    return true;
+}
+
+static bool vstring(struct vstate *v)
+{
+    v->pos++; /* opening quote */
+    while (v->pos < v->len) {
+        unsigned char c = (unsigned char)v->s[v->pos++];
+        if (c == '"') return true;
+        if (c < 0x20) return false;
+        if (c != '\\') continue;
+        if (v->pos >= v->len) return false;
+        c = (unsigned char)v->s[v->pos++];
+        if (c == 'u') {
+            unsigned cp;
+            if (v->pos + 4 > v->len || hex4(v->s + v->pos, &cp)) return false;
+            v->pos += 4;
+        } else if (!strchr("\"\\/bfnrt", c) || c == 0) {
+            return false;
+        }
+    }
+    return false;
+}
+
+static bool vvalue(struct vstate *v, int depth)
+{
+    vws(v);
+    if (v->pos >= v->len || depth > JSON_MAX_DEPTH) return false;
+    char c = v->s[v->pos];
+    if (c == '{' || c == '[') {
+        char close = c == '{' ? '}' : ']';
+        v->pos++;
+        vws(v);
+        if (v->pos < v->len && v->s[v->pos] == close) {
+            v->pos++;
+            return true;
+        }
+        for (;;) {
+            if (c == '{') {
+                vws(v);
+                if (v->pos >= v->len || v->s[v->pos] != '"' || !vstring(v)) return false;
+                vws(v);
+                if (v->pos >= v->len || v->s[v->pos] != ':') return false;
+                v->pos++;
+            }
+            if (!vvalue(v, depth + 1)) return false;
+            vws(v);
+            if (v->pos >= v->len) return false;
+            if (v->s[v->pos] == close) {
+                v->pos++;
+                return true;
+            }
+            if (v->s[v->pos] != ',') return false;
+            v->pos++;
+        }
+    }
+    if (c == '"') return vstring(v);
+    static const char *lits[] = {"true", "false", "null"};
+    for (int i = 0; i < 3; i++) {
+        size_t n = strlen(lits[i]);
+        if (v->len - v->pos >= n && memcmp(v->s + v->pos, lits[i], n) == 0) {
+            v->pos += n;
+            return true;
+        }
+    }
+    return vnumber(v);
+}
+
+/* 0 when src is exactly one JSON value with optional surrounding whitespace. */
+static int validate(const char *src, size_t len, size_t *where)
+{
+    struct vstate v = {src, len, 0};
+    bool ok = vvalue(&v, 0);
+    if (ok) vws(&v);
+    *where = v.pos;
+    if (!ok) return -1;
+    return v.pos == len ? 0 : -2;
+}
+
 int json_parse(json_doc *d, const char *src, size_t len, char *err, size_t errlen)
 {
     memset(d, 0, sizeof *d);
+    size_t where;
+    int vr = validate(src, len, &where);
+    if (vr == -2) {
+        snprintf(err, errlen, "invalid JSON: trailing data after the value at byte %zu", where);
+        return SL_EINVAL;
+    }
+    if (vr) {
+        snprintf(err, errlen, "invalid JSON%s near byte %zu", where >= len ? " (truncated)" : "", where);
+        return SL_EINVAL;
+    }
+    /* A bare primitive at the root: jsmn (strict) wants a delimiter after it. */
+    size_t b = 0, e = len;
+    while (b < len && strchr(" \t\r\n", src[b])) b++;
+    while (e > b && strchr(" \t\r\n", src[e - 1])) e--;
+    if (src[b] != '{' && src[b] != '[' && src[b] != '"') {
+        if (e > 0x7fffffff) {
+            snprintf(err, errlen, "JSON value too long");
+            return SL_EINVAL;
+        }
+        jsmntok_t *t = calloc(1, sizeof *t);
+        if (!t) {
+            snprintf(err, errlen, "out of memory parsing JSON");
+            return SL_ENOMEM;
+        }
+        t->type = JSMN_PRIMITIVE;
+        t->start = (int)b;
+        t->end = (int)e;
+        t->size = 0;
+        d->src = src;
+        d->len = len;
+        d->tok = t;
+        d->n = 1;
+        return 0;
+    }
     jsmn_parser p;
     jsmn_init(&p);
     int n = jsmn_parse(&p, src, len, NULL, 0);
@@ -120,21 +287,6 @@ int json_at(const json_doc *d, int arr, int k)
     return i;
 }
 
-static int hex4(const char *s, unsigned *out)
-{
-    unsigned v = 0;
-    for (int j = 0; j < 4; j++) {
-        char c = s[j];
-        v <<= 4;
-        if (c >= '0' && c <= '9') v |= (unsigned)(c - '0');
-        else if (c >= 'a' && c <= 'f') v |= (unsigned)(c - 'a' + 10);
-        else if (c >= 'A' && c <= 'F') v |= (unsigned)(c - 'A' + 10);
-        else return -1;
-    }
-    *out = v;
-    return 0;
-}
-
 static size_t utf8_put(unsigned cp, char *o)
 {
     if (cp < 0x80) { o[0] = (char)cp; return 1; }
@@ -209,9 +361,12 @@ bool json_str_eq(const json_doc *d, int i, const char *key)
     const char *s = json_raw(d, i, &n);
     size_t kl = strlen(key);
     if (!memchr(s, '\\', n)) return n == kl && memcmp(s, key, n) == 0;
-    char buf[256];
-    long m = json_str(d, i, buf, sizeof buf);
-    return m >= 0 && (size_t)m == kl && (size_t)m < sizeof buf && memcmp(buf, key, kl) == 0;
+    char small[256], *buf = n < sizeof small ? small : malloc(n + 1); /* unescaping never grows */
+    if (!buf) return false;
+    long m = json_str(d, i, buf, n + 1);
+    bool eq = m >= 0 && (size_t)m == kl && memcmp(buf, key, kl) == 0;
+    if (buf != small) free(buf);
+    return eq;
 }
 
 char *json_strdup(const json_doc *d, int i, size_t *len)
@@ -235,23 +390,44 @@ int json_f64(const json_doc *d, int i, double *out)
     if (!json_is_num(d, i)) return -1;
     size_t n;
     const char *s = json_raw(d, i, &n);
-    char buf[64];
-    if (n == 0 || n >= sizeof buf) return -1;
+    char small[64], *buf = n < sizeof small ? small : malloc(n + 1);
+    if (!buf || n == 0) return -1;
     memcpy(buf, s, n);
     buf[n] = '\0';
     char *end;
     errno = 0;
     double v = strtod(buf, &end);
-    if (*end || errno == ERANGE || !isfinite(v)) return -1;
+    bool ok = !*end && errno != ERANGE && isfinite(v);
+    /* underflow to a subnormal or zero is fine: ERANGE with a tiny result */
+    if (!*end && errno == ERANGE && fabs(v) <= 2.3e-308) ok = true;
+    if (buf != small) free(buf);
+    if (!ok) return -1;
     *out = v;
     return 0;
 }
 
 int json_i64(const json_doc *d, int i, int64_t *out)
 {
+    if (!json_is_num(d, i)) return -1;
+    size_t n;
+    const char *s = json_raw(d, i, &n);
+    if (!memchr(s, '.', n) && !memchr(s, 'e', n) && !memchr(s, 'E', n)) {
+        /* a plain integer: exact over the whole int64 range */
+        char buf[32];
+        if (n == 0 || n >= sizeof buf) return -1;
+        memcpy(buf, s, n);
+        buf[n] = '\0';
+        char *end;
+        errno = 0;
+        long long v = strtoll(buf, &end, 10);
+        if (*end || errno == ERANGE) return -1;
+        *out = v;
+        return 0;
+    }
+    /* 1e3 or 2.0: integral values that a double holds exactly */
     double v;
     if (json_f64(d, i, &v)) return -1;
-    if (v != floor(v) || v < -9.2e18 || v > 9.2e18) return -1;
+    if (v != floor(v) || fabs(v) > 9007199254740992.0) return -1;
     *out = (int64_t)v;
     return 0;
 }
