@@ -436,13 +436,15 @@ static void test_roundtrip(void)
         if (t) roundtrip(t, 500, 42 + (uint64_t)i, more[i]);
         model_tok_free(t);
     }
-    /* invalid UTF-8 survives byte-exact */
-    if (g_smol) {
+    /* invalid UTF-8 survives byte-exact where the vocab has all 256 bytes
+     * (GPT-2; SmolLM2 lacks 21 of them, e.g. 0xff, which are dropped as in
+     * llama.cpp) */
+    if (g_gpt2) {
         static const char bad[] = "ok \xff\xfe \xe4\xb8 \xc3( end\x80";
         int32_t *ids;
-        int m = enc(g_smol, bad, sizeof bad - 1, false, true, &ids);
+        int m = enc(g_gpt2, bad, sizeof bad - 1, false, true, &ids);
         char d[64];
-        long k = model_tok_decode(g_smol, ids, m, false, d, sizeof d);
+        long k = model_tok_decode(g_gpt2, ids, m, false, d, sizeof d);
         CHECK(k == (long)sizeof bad - 1 && memcmp(d, bad, sizeof bad - 1) == 0);
         free(ids);
     }
