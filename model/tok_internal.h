@@ -60,6 +60,7 @@ struct model_tok {
     char byte_chr[256][2];
     uint8_t byte_chr_n[256];
     int32_t byte_tok[256];
+    int16_t cp_byte[324];    /* the inverse: code point -> byte, -1 if none */
 
     /* Pre-tokenizer: regexes applied in sequence (llama.cpp / HF "Isolated"
      * semantics: matches and the gaps between them both become pieces).

@@ -39,19 +39,6 @@ uint32_t tok_byte_to_cp(uint8_t b)
     return 256 + n;
 }
 
-/* Code point -> byte for the alphabet above, -1 for any other code point. */
-static int cp_to_byte(uint32_t cp)
-{
-    static int table[324];
-    static int ready; /* idempotent init: racing threads write equal values */
-    if (!ready) {
-        for (int i = 0; i < 324; i++) table[i] = -1;
-        for (int b = 0; b < 256; b++) table[tok_byte_to_cp((uint8_t)b)] = b;
-        ready = 1;
-    }
-    return cp < 324 ? table[cp] : -1;
-}
-
 static int utf8_put(uint32_t cp, char *out)
 {
     if (cp < 0x80) { out[0] = (char)cp; return 1; }
@@ -124,7 +111,9 @@ model_tok *tok_alloc(int n_vocab, char *err, size_t errlen)
     t->bytes_n = calloc((size_t)n_vocab, sizeof *t->bytes_n);
     if (!t->text_off || !t->text_n || !t->attr || !t->bytes_off || !t->bytes_n) goto fail_free;
     memset(t->attr, MODEL_TOK_UNUSED, (size_t)n_vocab);
+    for (int i = 0; i < 324; i++) t->cp_byte[i] = -1;
     for (int b = 0; b < 256; b++) {
+        t->cp_byte[tok_byte_to_cp((uint8_t)b)] = (int16_t)b;
         char tmp[4];
         int n = utf8_put(tok_byte_to_cp((uint8_t)b), tmp);
         memcpy(t->byte_chr[b], tmp, (size_t)n);
@@ -236,7 +225,7 @@ int tok_index_vocab(model_tok *t, char *err, size_t errlen)
             for (size_t i = 0; i < n;) {
                 uint32_t cp;
                 int l = utf8_get(s + i, n - i, &cp);
-                int b = l ? cp_to_byte(cp) : -1;
+                int b = l && cp < 324 ? t->cp_byte[cp] : -1;
                 if (b >= 0) tmp[out_n++] = (char)b;
                 else {
                     if (!l) l = 1;

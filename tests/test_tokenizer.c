@@ -187,6 +187,20 @@ static void test_vocab_suites(void)
     }
 }
 
+/* BOS comes first when asked and the model says add_bos_token. */
+static void test_bos(void)
+{
+    model_tok *t = open_vocab("deepseek-coder"); /* add_bos_token = true, bos 32013 */
+    CHECK(t);
+    if (!t) return;
+    int32_t ids[8];
+    int n = model_tok_encode(t, "Hello", 5, true, false, ids, 8);
+    CHECKF(n == 2 && ids[0] == 32013 && ids[0] == model_tok_bos(t), "n=%d", n);
+    CHECK(model_tok_encode(t, "Hello", 5, false, false, ids, 8) == 1);
+    CHECK(model_tok_encode(t, "", 0, true, false, ids, 8) == 1 && ids[0] == 32013);
+    model_tok_free(t);
+}
+
 static void test_unsupported_models(void)
 {
     static const char *const names[] = {"llama-spm", "phi-3", "bert-bge"};
@@ -805,6 +819,7 @@ static void test_chatml(void)
 int main(void)
 {
     RUN(test_vocab_suites);
+    RUN(test_bos);
     RUN(test_unsupported_models);
     RUN(test_default_model_golden);
     RUN(test_hf_dir);
