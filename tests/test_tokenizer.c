@@ -636,6 +636,28 @@ static void test_errors(void)
     }
     model_tok_free(t);
 
+    /* every known pre-tokenizer family compiles; digit splitting differs */
+    static const char *const pres[] = {"gpt-2", "llama-bpe", "qwen2", "smollm", "starcoder", "refact",
+                                       "deepseek-llm", "deepseek-coder", "deepseek-v3", "falcon", "mpt",
+                                       "dbrx", "chatglm-bpe", "command-r", "gpt-4o", "tekken", "default"};
+    static const char *const dtoks[] = {"a", "b", "ab", "Ġ", "Ġa", "1", "2", "3", "12", "123"};
+    static const char *const dmerges[] = {"a b", "Ġ a", "1 2", "12 3"};
+    for (size_t i = 0; i < sizeof pres / sizeof pres[0]; i++) {
+        write_gguf(p, "gpt2", pres[i], dtoks, 10, dmerges, 4);
+        t = tok_of(p, err, sizeof err);
+        CHECKF(t, "pre %s: %s", pres[i], err);
+        if (!t) continue;
+        int32_t ids[16];
+        int n = model_tok_encode(t, "ab a 123", 8, false, false, ids, 16);
+        bool per_digit = !strcmp(pres[i], "qwen2") || !strcmp(pres[i], "smollm") ||
+                         !strcmp(pres[i], "starcoder") || !strcmp(pres[i], "refact") ||
+                         !strcmp(pres[i], "deepseek-coder") || !strcmp(pres[i], "command-r") ||
+                         !strcmp(pres[i], "tekken");
+        /* "ab", "Ġa", then "Ġ" + digits ("Ġ" stays apart from digits in every family) */
+        CHECKF(n >= 4 && ids[0] == 2 && ids[1] == 4 && n == (per_digit ? 6 : 4), "pre %s: n=%d", pres[i], n);
+        model_tok_free(t);
+    }
+
     write_gguf(p, "gpt2", "no-such-pre", toks, 5, merges, 2);
     t = tok_of(p, err, sizeof err);
     CHECKF(!t && strstr(err, "no-such-pre"), "unknown pre: '%s'", err);
