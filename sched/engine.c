@@ -1,0 +1,370 @@
+/* engine.c - the step loop on its own thread: inbox -> sched_plan_step ->
+ * backend forward -> sched_complete_step -> outbox.
+ *
+ * One mutex guards the inbox (new requests, abort ids), the outbox (pending
+ * events) and the stats snapshot. The engine thread owns the scheduler, the
+ * KV pool and the backend; it holds the mutex only to swap the inbox out and
+ * while it posts a step's events, never during forward(). Consumers take the
+ * pending events by swapping buffers (sched_engine_poll/wait), so in steady
+ * state nothing is allocated per token: both buffers stay at their high-water
+ * mark.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "sched.h"
+
+struct sched_engine {
+    model_backend *be;         /* borrowed */
+    kv_pool *pool;             /* owned; engine thread */
+    sched *s;                  /* owned; engine thread (sched_req_create reads its config) */
+    struct sched_config cfg;
+    int kv_blocks;
+    pthread_t th;
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv;    /* engine waits: inbox or stop */
+    pthread_cond_t ev_cv;      /* consumers wait: events */
+    bool stop;
+    /* guarded by mu */
+    sched_req **in;            /* [n_in] submitted, not yet handed to the scheduler */
+    int n_in, cap_in;
+    uint64_t *ab;              /* [n_ab] ids to abort */
+    int n_ab, cap_ab;
+    uint64_t next_id;
+    struct sched_evbuf pending;
+    bool dropped;              /* an event was dropped for lack of memory */
+    struct sched_engine_stats stats;
+    void (*notify)(void *arg);
+    void *notify_arg;
+};
+
+/* ---- event buffers -------------------------------------------------------------- */
+
+void sched_evbuf_init(struct sched_evbuf *b) { memset(b, 0, sizeof *b); }
+
+void sched_evbuf_deinit(struct sched_evbuf *b)
+{
+    if (!b) return;
+    free(b->ev);
+    free(b->text);
+    memset(b, 0, sizeof *b);
+}
+
+/* Appends a copy of ev (its text into the arena, addressed by offset). */
+static int evbuf_push(struct sched_evbuf *b, const struct sched_event *ev)
+{
+    if (b->n == b->cap) {
+        int cap = b->cap ? 2 * b->cap : 256;
+        struct sched_event *p = realloc(b->ev, (size_t)cap * sizeof *p);
+        if (!p) return SL_ENOMEM;
+        b->ev = p;
+        b->cap = cap;
+    }
+    if (b->tlen + ev->text_len + 1 > b->tcap) {
+        size_t cap = b->tcap ? 2 * b->tcap : 16384;
+        while (cap < b->tlen + ev->text_len + 1) cap *= 2;
+        char *p = realloc(b->text, cap);
+        if (!p) return SL_ENOMEM;
+        b->text = p;
+        b->tcap = cap;
+    }
+    struct sched_event *d = &b->ev[b->n++];
+    *d = *ev;
+    d->text_off = b->tlen;
+    if (ev->text_len) memcpy(b->text + b->tlen, ev->text, ev->text_len);
+    b->tlen += ev->text_len;
+    b->text[b->tlen++] = '\0'; /* each event's text is NUL-terminated for convenience */
+    d->text = NULL;
+    return 0;
+}
+
+/* The engine thread's emit callback; called with e->mu held. */
+static void emit_locked(void *arg, const struct sched_event *ev)
+{
+    struct sched_engine *e = arg;
+    if (evbuf_push(&e->pending, ev)) e->dropped = true;
+}
+
+/* ---- construction --------------------------------------------------------------- */
+
+void sched_engine_defaults(const model *m, struct sched_engine_opts *o)
+{
+    struct sched_config *c = &o->sched;
+    if (c->block_size <= 0) c->block_size = 16;
+    if (c->max_num_seqs <= 0) c->max_num_seqs = 64;
+    if (c->max_num_batched_tokens <= 0) c->max_num_batched_tokens = 1024;
+    if (c->max_num_batched_tokens < c->max_num_seqs) c->max_num_batched_tokens = c->max_num_seqs;
+    if (c->max_model_len <= 0) {
+        int n = m ? model_get_config(m)->n_ctx_train : 0;
+        c->max_model_len = n > 0 && n < 8192 ? n : 8192;
+    }
+    if (o->kv_cache_bytes == 0 && o->kv_blocks <= 0) o->kv_cache_bytes = (size_t)1 << 30;
+}
+
+static void *engine_main(void *arg);
+
+sched_engine *sched_engine_create(model_backend *be, const struct sched_engine_opts *opts, char *err,
+                                  size_t errlen)
+{
+    if (!be || !opts) {
+        snprintf(err, errlen, "sched_engine_create: no backend or options");
+        return NULL;
+    }
+    struct sched_engine_opts o = *opts;
+    sched_engine_defaults(be->m, &o);
+    const struct model_config *mc = be->m ? model_get_config(be->m) : NULL;
+    if (mc && mc->n_ctx_train > 0 && o.sched.max_model_len > mc->n_ctx_train) {
+        snprintf(err, errlen, "--max-model-len %d is larger than the model's context length %d",
+                 o.sched.max_model_len, mc->n_ctx_train);
+        return NULL;
+    }
+    struct sched_engine *e = calloc(1, sizeof *e);
+    if (!e) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    e->be = be;
+    e->cfg = o.sched;
+    e->notify = o.notify;
+    e->notify_arg = o.notify_arg;
+    int bs = o.sched.block_size;
+    size_t block_bytes = be->ops->kv_block_bytes(be, bs);
+    e->kv_blocks = o.kv_blocks > 0 ? o.kv_blocks : kv_blocks_for_bytes(o.kv_cache_bytes, block_bytes);
+    if ((long)e->kv_blocks * bs < o.sched.max_model_len) {
+        snprintf(err, errlen,
+                 "the KV cache (%zu bytes, %zu per block of %d tokens) holds %ld tokens, fewer than "
+                 "--max-model-len %d: raise --kv-cache-memory or lower --max-model-len",
+                 o.kv_blocks > 0 ? (size_t)o.kv_blocks * block_bytes : o.kv_cache_bytes, block_bytes, bs,
+                 (long)e->kv_blocks * bs, o.sched.max_model_len);
+        goto fail_e;
+    }
+    if (be->ops->kv_alloc(be, e->kv_blocks, bs, err, errlen)) goto fail_e;
+    e->pool = kv_pool_create(e->kv_blocks, bs, o.enable_prefix_caching, err, errlen);
+    if (!e->pool) goto fail_e;
+    e->s = sched_create(&e->cfg, e->pool, be->m ? model_get_tok(be->m) : NULL, err, errlen);
+    if (!e->s) goto fail_pool;
+    sched_evbuf_init(&e->pending);
+    e->stats.max_model_len = e->cfg.max_model_len;
+    e->stats.block_size = bs;
+    e->stats.kv_blocks = e->kv_blocks;
+    kv_pool_stats(e->pool, &e->stats.kv);
+    if (pthread_mutex_init(&e->mu, NULL)) goto fail_sched;
+    if (pthread_cond_init(&e->work_cv, NULL)) goto fail_mu;
+    if (pthread_cond_init(&e->ev_cv, NULL)) goto fail_work;
+    if (pthread_create(&e->th, NULL, engine_main, e)) {
+        snprintf(err, errlen, "cannot start the engine thread");
+        goto fail_ev;
+    }
+    return e;
+
+fail_ev:
+    pthread_cond_destroy(&e->ev_cv);
+fail_work:
+    pthread_cond_destroy(&e->work_cv);
+fail_mu:
+    pthread_mutex_destroy(&e->mu);
+fail_sched:
+    sched_destroy(e->s);
+fail_pool:
+    kv_pool_destroy(e->pool);
+fail_e:
+    free(e);
+    return NULL;
+}
+
+const struct sched_config *sched_engine_config(const sched_engine *e) { return &e->cfg; }
+
+/* ---- the step loop ----------------------------------------------------------------- */
+
+static void *engine_main(void *arg)
+{
+    struct sched_engine *e = arg;
+    sched_req **in = NULL;
+    int n_in = 0, cap_in = 0;
+    uint64_t *ab = NULL;
+    int n_ab = 0, cap_ab = 0;
+    struct step st;
+    char err[256];
+    bool idle_spin = false;
+
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        while (!e->stop && e->n_in == 0 && e->n_ab == 0 && (!sched_has_work(e->s) || idle_spin)) {
+            if (idle_spin) {
+                /* work that cannot be planned now (should not happen): poll, don't spin */
+                struct timespec ts;
+                clock_gettime(CLOCK_REALTIME, &ts);
+                ts.tv_nsec += 10 * 1000 * 1000;
+                if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+                pthread_cond_timedwait(&e->work_cv, &e->mu, &ts);
+                idle_spin = false;
+                continue;
+            }
+            pthread_cond_wait(&e->work_cv, &e->mu);
+        }
+        if (e->stop) {
+            pthread_mutex_unlock(&e->mu);
+            break;
+        }
+        /* take the inbox by swapping arrays */
+        sched_req **ti = in; in = e->in; e->in = ti;
+        int tc = cap_in; cap_in = e->cap_in; e->cap_in = tc;
+        n_in = e->n_in; e->n_in = 0;
+        uint64_t *ta = ab; ab = e->ab; e->ab = ta;
+        tc = cap_ab; cap_ab = e->cap_ab; e->cap_ab = tc;
+        n_ab = e->n_ab; e->n_ab = 0;
+        pthread_mutex_unlock(&e->mu);
+
+        for (int i = 0; i < n_in; i++) sched_add(e->s, in[i]);
+        int n_before = 0;
+        if (n_ab) {
+            pthread_mutex_lock(&e->mu);
+            n_before = e->pending.n;
+            for (int i = 0; i < n_ab; i++) sched_abort(e->s, ab[i], emit_locked, e);
+            bool posted = e->pending.n > n_before;
+            if (posted) pthread_cond_broadcast(&e->ev_cv);
+            pthread_mutex_unlock(&e->mu);
+            if (posted && e->notify) e->notify(e->notify_arg);
+        }
+
+        int n = sched_plan_step(e->s, &st);
+        int rc = n > 0 ? e->be->ops->forward(e->be, &st, err, sizeof err) : 0;
+        idle_spin = n == 0;
+
+        pthread_mutex_lock(&e->mu);
+        n_before = e->pending.n;
+        if (n > 0) {
+            if (rc) sched_fail_step(e->s, &st, err, emit_locked, e);
+            else sched_complete_step(e->s, &st, emit_locked, e);
+        }
+        sched_get_stats(e->s, &e->stats.sched);
+        kv_pool_stats(e->pool, &e->stats.kv);
+        bool posted = e->pending.n > n_before;
+        if (posted) pthread_cond_broadcast(&e->ev_cv);
+        pthread_mutex_unlock(&e->mu);
+        if (posted && e->notify) e->notify(e->notify_arg);
+    }
+    free(in);
+    free(ab);
+    return NULL;
+}
+
+/* ---- inbox ------------------------------------------------------------------------- */
+
+int sched_engine_submit(sched_engine *e, const struct sched_request *r, uint64_t *id, char *err,
+                        size_t errlen)
+{
+    uint64_t nid = __atomic_add_fetch(&e->next_id, 1, __ATOMIC_RELAXED);
+    sched_req *q = sched_req_create(e->s, r, nid, err, errlen);
+    if (!q) return SL_EINVAL;
+    pthread_mutex_lock(&e->mu);
+    if (e->n_in == e->cap_in) {
+        int cap = e->cap_in ? 2 * e->cap_in : 64;
+        sched_req **p = realloc(e->in, (size_t)cap * sizeof *p);
+        if (!p) {
+            pthread_mutex_unlock(&e->mu);
+            sched_req_free(q);
+            snprintf(err, errlen, "out of memory queueing the request");
+            return SL_ENOMEM;
+        }
+        e->in = p;
+        e->cap_in = cap;
+    }
+    e->in[e->n_in++] = q;
+    pthread_cond_signal(&e->work_cv);
+    pthread_mutex_unlock(&e->mu);
+    if (id) *id = nid;
+    return 0;
+}
+
+void sched_engine_abort(sched_engine *e, uint64_t id)
+{
+    pthread_mutex_lock(&e->mu);
+    if (e->n_ab == e->cap_ab) {
+        int cap = e->cap_ab ? 2 * e->cap_ab : 64;
+        uint64_t *p = realloc(e->ab, (size_t)cap * sizeof *p);
+        if (!p) { /* the request simply runs to its end */
+            pthread_mutex_unlock(&e->mu);
+            return;
+        }
+        e->ab = p;
+        e->cap_ab = cap;
+    }
+    e->ab[e->n_ab++] = id;
+    pthread_cond_signal(&e->work_cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* ---- outbox ------------------------------------------------------------------------ */
+
+/* With e->mu held: hands the pending events to b. */
+static int take_locked(sched_engine *e, struct sched_evbuf *b)
+{
+    b->n = 0;
+    b->tlen = 0;
+    struct sched_evbuf t = *b;
+    *b = e->pending;
+    e->pending = t;
+    for (int i = 0; i < b->n; i++) b->ev[i].text = b->text + b->ev[i].text_off;
+    return b->n;
+}
+
+int sched_engine_poll(sched_engine *e, struct sched_evbuf *b)
+{
+    pthread_mutex_lock(&e->mu);
+    int n = take_locked(e, b);
+    pthread_mutex_unlock(&e->mu);
+    return n;
+}
+
+int sched_engine_wait(sched_engine *e, struct sched_evbuf *b, double timeout_s)
+{
+    pthread_mutex_lock(&e->mu);
+    if (timeout_s < 0) {
+        while (e->pending.n == 0) pthread_cond_wait(&e->ev_cv, &e->mu);
+    } else {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        long long ns = (long long)ts.tv_nsec + (long long)(timeout_s * 1e9);
+        ts.tv_sec += (time_t)(ns / 1000000000LL);
+        ts.tv_nsec = (long)(ns % 1000000000LL);
+        while (e->pending.n == 0)
+            if (pthread_cond_timedwait(&e->ev_cv, &e->mu, &ts) == ETIMEDOUT) break;
+    }
+    int n = take_locked(e, b);
+    pthread_mutex_unlock(&e->mu);
+    return n;
+}
+
+void sched_engine_get_stats(sched_engine *e, struct sched_engine_stats *st)
+{
+    pthread_mutex_lock(&e->mu);
+    *st = e->stats;
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* ---- teardown ---------------------------------------------------------------------- */
+
+void sched_engine_destroy(sched_engine *e)
+{
+    if (!e) return;
+    pthread_mutex_lock(&e->mu);
+    e->stop = true;
+    pthread_cond_signal(&e->work_cv);
+    pthread_mutex_unlock(&e->mu);
+    pthread_join(e->th, NULL);
+    for (int i = 0; i < e->n_in; i++) sched_req_free(e->in[i]);
+    free(e->in);
+    free(e->ab);
+    sched_destroy(e->s);
+    kv_pool_destroy(e->pool);
+    sched_evbuf_deinit(&e->pending);
+    pthread_cond_destroy(&e->ev_cv);
+    pthread_cond_destroy(&e->work_cv);
+    pthread_mutex_destroy(&e->mu);
+    free(e);
+}

@@ -1,0 +1,738 @@
+/* sched.c - the scheduler: request lifecycle, step planning, preemption and
+ * the post-step bookkeeping (append, commit, detokenize, stop checks).
+ *
+ * Running sequences live in one array kept sorted by (priority class,
+ * admission order), so the tail is always the lowest-priority, most recently
+ * admitted sequence: the preemption victim. Waiting requests live in one FIFO
+ * list per class. Everything here runs on the engine thread, except
+ * sched_req_create, which reads only the immutable configuration.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "sched.h"
+
+#define PIECE_CAP 512 /* bytes one token can release (a token decodes to well under 256) */
+
+struct sched_req {
+    uint64_t id;
+    void *user;
+    enum sched_priority prio;
+    int32_t *tokens;         /* [cap] prompt then generated ids, owned */
+    int n_tokens, cap;       /* cap = n_prompt + max_tokens */
+    int n_prompt, max_tokens, n_gen;
+    int n_computed;          /* leading tokens whose K/V is in the pool */
+    bool running, in_step, finished, admitted_once;
+    uint64_t admit_seq;
+    struct kv_seq kv;
+    struct model_sampling sp;
+    uint64_t rng;
+    bool ignore_eos, logprobs;
+    char **stop;             /* [n_stop] owned NUL-terminated copies */
+    size_t *stop_len;
+    int n_stop;
+    size_t max_stop;
+    int32_t *stop_ids;       /* [n_stop_ids] owned */
+    int n_stop_ids;
+    struct model_detok detok;
+    char *hold;              /* [hold_cap] text held back: could start a stop string */
+    size_t n_hold, hold_cap;
+    int cached_tokens, n_preempt;
+    double t_submit, t_admit, t_first;
+    sched_req *prev, *next;  /* waiting list links */
+};
+
+struct waitq {
+    sched_req *head, *tail;
+    int n;
+};
+
+struct sched {
+    struct sched_config cfg;
+    kv_pool *pool;             /* borrowed */
+    const model_tok *tok;      /* borrowed, may be NULL */
+    int pool_blocks;
+    bool prefix_cache;
+    const int32_t *model_stop; /* borrowed from tok */
+    int n_model_stop;
+    struct waitq wait[SCHED_N_PRIO];
+    sched_req **run;           /* [max_num_seqs] sorted by (prio, admit_seq) */
+    int n_run;
+    uint64_t admit_counter;
+    /* per-step scratch, allocated once */
+    int32_t *tok_ids;          /* [max_num_batched_tokens] */
+    int32_t *pos;              /* [max_num_batched_tokens] */
+    int64_t *slots;            /* [max_num_batched_tokens] */
+    struct step_seq *seqs;     /* [max_num_seqs] */
+    sched_req **step_req;      /* [max_num_seqs] */
+    int n_step_seqs;
+    char piece[PIECE_CAP];
+    char *text;                /* [text_cap] text released by one token */
+    size_t text_cap;
+    struct sched_stats stats;
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+const char *sched_finish_name(enum sched_finish f)
+{
+    switch (f) {
+    case SCHED_FINISH_STOP: return "stop";
+    case SCHED_FINISH_LENGTH: return "length";
+    case SCHED_FINISH_ABORT: return "abort";
+    case SCHED_FINISH_ERROR: return "error";
+    default: return "none";
+    }
+}
+
+/* ---- construction ---------------------------------------------------------------- */
+
+sched *sched_create(const struct sched_config *cfg, kv_pool *pool, const model_tok *tok, char *err,
+                    size_t errlen)
+{
+    if (!cfg || !pool) {
+        snprintf(err, errlen, "sched_create: no configuration or pool");
+        return NULL;
+    }
+    if (cfg->max_num_seqs < 1 || cfg->max_num_batched_tokens < cfg->max_num_seqs || cfg->max_model_len < 1 ||
+        cfg->block_size != kv_pool_block_size(pool) || !(cfg->min_batch_share >= 0.0f && cfg->min_batch_share <= 1.0f)) {
+        snprintf(err, errlen,
+                 "bad scheduler limits: max_num_seqs %d (>= 1), max_num_batched_tokens %d (>= max_num_seqs), "
+                 "max_model_len %d (>= 1), block_size %d (the pool's is %d), min_batch_share %g (0..1)",
+                 cfg->max_num_seqs, cfg->max_num_batched_tokens, cfg->max_model_len, cfg->block_size,
+                 kv_pool_block_size(pool), (double)cfg->min_batch_share);
+        return NULL;
+    }
+    sched *s = calloc(1, sizeof *s);
+    if (!s) goto fail_oom;
+    s->cfg = *cfg;
+    s->pool = pool;
+    s->tok = tok;
+    s->pool_blocks = kv_pool_n_blocks(pool);
+    s->prefix_cache = kv_pool_prefix_cache(pool);
+    if (tok) s->n_model_stop = model_tok_stop_ids(tok, &s->model_stop);
+    size_t T = (size_t)cfg->max_num_batched_tokens, S = (size_t)cfg->max_num_seqs;
+    s->run = calloc(S, sizeof *s->run);
+    s->tok_ids = malloc(T * sizeof *s->tok_ids);
+    s->pos = malloc(T * sizeof *s->pos);
+    s->slots = malloc(T * sizeof *s->slots);
+    s->seqs = calloc(S, sizeof *s->seqs);
+    s->step_req = calloc(S, sizeof *s->step_req);
+    s->text_cap = 4096;
+    s->text = malloc(s->text_cap);
+    if (!s->run || !s->tok_ids || !s->pos || !s->slots || !s->seqs || !s->step_req || !s->text)
+        goto fail_scratch;
+    return s;
+
+fail_scratch:
+    sched_destroy(s);
+fail_oom:
+    snprintf(err, errlen, "out of memory creating the scheduler");
+    return NULL;
+}
+
+/* ---- requests ------------------------------------------------------------------- */
+
+static void req_free(kv_pool *pool, sched_req *q)
+{
+    if (!q) return;
+    if (pool) kv_seq_deinit(pool, &q->kv);
+    free(q->tokens);
+    for (int i = 0; i < q->n_stop; i++) free(q->stop[i]);
+    free(q->stop);
+    free(q->stop_len);
+    free(q->stop_ids);
+    free(q->hold);
+    free(q);
+}
+
+void sched_req_free(sched_req *q)
+{
+    if (q) SL_ASSERT(q->kv.n_blocks == 0);
+    req_free(NULL, q);
+}
+
+uint64_t sched_req_id(const sched_req *q) { return q->id; }
+
+sched_req *sched_req_create(const sched *s, const struct sched_request *r, uint64_t id, char *err,
+                            size_t errlen)
+{
+    const struct sched_config *c = &s->cfg;
+    if (!r || !r->prompt || r->n_prompt < 1) {
+        snprintf(err, errlen, "the prompt is empty");
+        return NULL;
+    }
+    if (r->max_tokens < 1) {
+        snprintf(err, errlen, "max_tokens must be at least 1, got %d", r->max_tokens);
+        return NULL;
+    }
+    if ((long)r->n_prompt + r->max_tokens > c->max_model_len) {
+        snprintf(err, errlen,
+                 "This model's maximum context length is %d tokens. However, you requested %ld tokens "
+                 "(%d in the prompt, %d in the completion). Please reduce the length of the prompt or completion.",
+                 c->max_model_len, (long)r->n_prompt + r->max_tokens, r->n_prompt, r->max_tokens);
+        return NULL;
+    }
+    long need_blocks = ((long)r->n_prompt + r->max_tokens + c->block_size - 1) / c->block_size;
+    if (need_blocks > s->pool_blocks) {
+        snprintf(err, errlen,
+                 "the request needs %ld KV blocks (%d prompt + %d completion tokens) but the whole KV cache "
+                 "holds %d blocks of %d tokens",
+                 need_blocks, r->n_prompt, r->max_tokens, s->pool_blocks, c->block_size);
+        return NULL;
+    }
+    if ((unsigned)r->priority >= SCHED_N_PRIO) {
+        snprintf(err, errlen, "bad priority class %d", (int)r->priority);
+        return NULL;
+    }
+    const struct model_sampling *sp = &r->sampling;
+    if (!(sp->temperature >= 0.0f) || !(sp->top_p > 0.0f && sp->top_p <= 1.0f) ||
+        !(sp->min_p >= 0.0f && sp->min_p <= 1.0f) || !(sp->repetition_penalty > 0.0f) ||
+        !isfinite(sp->presence_penalty) || !isfinite(sp->frequency_penalty) || sp->top_logprobs < 0 ||
+        sp->top_logprobs > MODEL_MAX_TOP_LOGPROBS || !isfinite(sp->temperature)) {
+        snprintf(err, errlen, "sampling parameters out of range");
+        return NULL;
+    }
+    int n_vocab = s->tok ? model_tok_n_vocab(s->tok) : 0;
+    for (int i = 0; n_vocab > 0 && i < r->n_prompt; i++)
+        if (r->prompt[i] < 0 || r->prompt[i] >= n_vocab) {
+            snprintf(err, errlen, "prompt token %d: id %d is not in the vocabulary (0..%d)", i, r->prompt[i],
+                     n_vocab - 1);
+            return NULL;
+        }
+    for (int i = 0; i < r->n_stop; i++)
+        if (!r->stop[i] || !r->stop[i][0] || strlen(r->stop[i]) > SCHED_MAX_STOP_LEN) {
+            snprintf(err, errlen, "stop strings must be 1 to %d bytes long", SCHED_MAX_STOP_LEN);
+            return NULL;
+        }
+
+    sched_req *q = calloc(1, sizeof *q);
+    if (!q) goto fail_oom;
+    q->id = id;
+    q->user = r->user;
+    q->prio = r->priority;
+    q->n_prompt = r->n_prompt;
+    q->max_tokens = r->max_tokens;
+    q->cap = r->n_prompt + r->max_tokens;
+    q->tokens = malloc((size_t)q->cap * sizeof *q->tokens);
+    if (!q->tokens) goto fail_req;
+    memcpy(q->tokens, r->prompt, (size_t)r->n_prompt * sizeof *q->tokens);
+    q->n_tokens = r->n_prompt;
+    q->sp = r->sampling;
+    q->rng = model_rng_seed(r->sampling.seed);
+    q->ignore_eos = r->ignore_eos;
+    q->logprobs = r->logprobs || r->sampling.top_logprobs > 0;
+    if (r->n_stop > 0) {
+        q->stop = calloc((size_t)r->n_stop, sizeof *q->stop);
+        q->stop_len = calloc((size_t)r->n_stop, sizeof *q->stop_len);
+        if (!q->stop || !q->stop_len) goto fail_req;
+        for (int i = 0; i < r->n_stop; i++) {
+            q->stop[i] = strdup(r->stop[i]);
+            if (!q->stop[i]) goto fail_req;
+            q->n_stop = i + 1;
+            q->stop_len[i] = strlen(q->stop[i]);
+            if (q->stop_len[i] > q->max_stop) q->max_stop = q->stop_len[i];
+        }
+        q->hold_cap = q->max_stop + 2 * PIECE_CAP;
+        q->hold = malloc(q->hold_cap);
+        if (!q->hold) goto fail_req;
+    }
+    if (r->n_stop_token_ids > 0) {
+        q->stop_ids = malloc((size_t)r->n_stop_token_ids * sizeof *q->stop_ids);
+        if (!q->stop_ids) goto fail_req;
+        memcpy(q->stop_ids, r->stop_token_ids, (size_t)r->n_stop_token_ids * sizeof *q->stop_ids);
+        q->n_stop_ids = r->n_stop_token_ids;
+    }
+    kv_seq_init(&q->kv, r->cache_salt);
+    if (s->tok) model_detok_init(&q->detok, s->tok, true);
+    q->t_submit = now_s();
+    q->t_first = -1;
+    return q;
+
+fail_req:
+    req_free(NULL, q);
+fail_oom:
+    snprintf(err, errlen, "out of memory queueing the request");
+    return NULL;
+}
+
+/* ---- queues ------------------------------------------------------------------- */
+
+static void wait_push_back(struct waitq *w, sched_req *q)
+{
+    q->next = NULL;
+    q->prev = w->tail;
+    if (w->tail) w->tail->next = q;
+    else w->head = q;
+    w->tail = q;
+    w->n++;
+}
+
+static void wait_push_front(struct waitq *w, sched_req *q)
+{
+    q->prev = NULL;
+    q->next = w->head;
+    if (w->head) w->head->prev = q;
+    else w->tail = q;
+    w->head = q;
+    w->n++;
+}
+
+static void wait_unlink(struct waitq *w, sched_req *q)
+{
+    if (q->prev) q->prev->next = q->next;
+    else w->head = q->next;
+    if (q->next) q->next->prev = q->prev;
+    else w->tail = q->prev;
+    q->prev = q->next = NULL;
+    w->n--;
+}
+
+void sched_add(sched *s, sched_req *q)
+{
+    wait_push_back(&s->wait[q->prio], q);
+}
+
+/* Inserts q at the end of its priority class in the running array. */
+static void run_insert(sched *s, sched_req *q)
+{
+    SL_ASSERT(s->n_run < s->cfg.max_num_seqs);
+    int i = s->n_run;
+    while (i > 0 && s->run[i - 1]->prio > q->prio) i--;
+    memmove(s->run + i + 1, s->run + i, (size_t)(s->n_run - i) * sizeof *s->run);
+    s->run[i] = q;
+    s->n_run++;
+    q->running = true;
+}
+
+static void run_remove_at(sched *s, int i)
+{
+    s->run[i]->running = false;
+    memmove(s->run + i, s->run + i + 1, (size_t)(s->n_run - i - 1) * sizeof *s->run);
+    s->n_run--;
+}
+
+static int run_index(const sched *s, const sched_req *q)
+{
+    for (int i = s->n_run - 1; i >= 0; i--)
+        if (s->run[i] == q) return i;
+    return -1;
+}
+
+/* Frees q's blocks and sends it back to the front of its class: it is
+ * recomputed from scratch later (its prefix usually stays cached). */
+static void preempt(sched *s, sched_req *q)
+{
+    int i = run_index(s, q);
+    SL_ASSERT(i >= 0 && !q->in_step);
+    run_remove_at(s, i);
+    kv_seq_release(s->pool, &q->kv);
+    q->n_computed = 0;
+    q->n_preempt++;
+    s->stats.preemptions++;
+    wait_push_front(&s->wait[q->prio], q);
+}
+
+/* The running sequence to preempt: the tail-most one not already in this
+ * step (lowest priority, most recently admitted). max_prio: only victims of
+ * this class or a lower one (a higher number). NULL when none. */
+static sched_req *pick_victim(const sched *s, int min_prio)
+{
+    for (int i = s->n_run - 1; i >= 0; i--) {
+        sched_req *v = s->run[i];
+        if ((int)v->prio < min_prio) return NULL;
+        if (!v->in_step) return v;
+    }
+    return NULL;
+}
+
+/* Makes q's table cover n tokens, preempting from the tail while the pool is
+ * dry. Returns false when q itself had to be preempted. */
+static bool reserve_running(sched *s, sched_req *q, int n)
+{
+    while (kv_seq_reserve(s->pool, &q->kv, n) != 0) {
+        sched_req *v = pick_victim(s, 0);
+        SL_ASSERT(v); /* q itself is a candidate */
+        preempt(s, v);
+        if (v == q) return false;
+    }
+    return true;
+}
+
+/* ---- planning -------------------------------------------------------------------- */
+
+static bool is_decode(const sched_req *q)
+{
+    return q->n_tokens > q->n_prompt && q->n_computed == q->n_tokens - 1;
+}
+
+static void add_to_step(sched *s, sched_req *q, int len, int *T)
+{
+    int bs = s->cfg.block_size, t0 = *T;
+    for (int k = 0; k < len; k++) {
+        int p = q->n_computed + k;
+        s->tok_ids[t0 + k] = q->tokens[p];
+        s->pos[t0 + k] = p;
+        s->slots[t0 + k] = kv_seq_slot(&q->kv, p, bs);
+    }
+    struct step_seq *ss = &s->seqs[s->n_step_seqs];
+    memset(ss, 0, sizeof *ss);
+    ss->query_start = t0;
+    ss->query_len = len;
+    ss->context_len = q->n_computed + len;
+    ss->block_table = q->kv.blocks;
+    ss->n_blocks = q->kv.n_blocks;
+    ss->want_sample = q->n_computed + len == q->n_tokens;
+    ss->sampling = &q->sp;
+    ss->history = q->tokens;
+    ss->n_prompt = q->n_prompt;
+    ss->n_history = q->n_computed + len;
+    ss->rng = &q->rng;
+    s->step_req[s->n_step_seqs++] = q;
+    q->in_step = true;
+    *T = t0 + len;
+    if (is_decode(q)) s->stats.decode_tokens++;
+    else s->stats.prompt_tokens_computed += (uint64_t)len;
+}
+
+/* Tries to admit the head of a waiting queue with at most avail tokens.
+ * Returns the tokens planned, 0 when it could not be admitted (out of blocks). */
+static int admit(sched *s, sched_req *q, int avail, int *T)
+{
+    if (q->kv.n_blocks == 0) {
+        int cached = s->prefix_cache ? kv_seq_match_prefix(s->pool, &q->kv, q->tokens, q->n_tokens) : 0;
+        q->n_computed = cached;
+    }
+    int len = q->n_tokens - q->n_computed;
+    if (len > avail) len = avail;
+    while (kv_seq_reserve(s->pool, &q->kv, q->n_computed + len) != 0) {
+        /* an interactive request may push batch work out; nothing else preempts to admit */
+        sched_req *v = q->prio == SCHED_PRIO_INTERACTIVE ? pick_victim(s, SCHED_PRIO_BATCH) : NULL;
+        if (!v) {
+            kv_seq_release(s->pool, &q->kv);
+            q->n_computed = 0;
+            return 0;
+        }
+        preempt(s, v);
+    }
+    wait_unlink(&s->wait[q->prio], q);
+    q->admit_seq = ++s->admit_counter;
+    if (!q->admitted_once) {
+        q->admitted_once = true;
+        q->cached_tokens = q->n_computed;
+        q->t_admit = now_s();
+    }
+    run_insert(s, q);
+    add_to_step(s, q, len, T);
+    return len;
+}
+
+int sched_plan_step(sched *s, struct step *st)
+{
+    const int budget = s->cfg.max_num_batched_tokens;
+    int T = 0;
+    s->n_step_seqs = 0;
+    for (int i = 0; i < s->n_run; i++) s->run[i]->in_step = false;
+
+    /* batch work waiting (queued or mid-prefill) keeps a share of the budget */
+    bool batch_waits = s->wait[SCHED_PRIO_BATCH].n > 0;
+    for (int i = 0; i < s->n_run && !batch_waits; i++)
+        batch_waits = s->run[i]->prio == SCHED_PRIO_BATCH && !is_decode(s->run[i]);
+    int reserve = batch_waits ? (int)ceilf(s->cfg.min_batch_share * (float)budget) : 0;
+    int batch_used = 0;
+
+    /* 1. decodes, every class */
+    for (int i = 0; i < s->n_run && T < budget; i++) {
+        sched_req *q = s->run[i];
+        if (!is_decode(q)) continue;
+        if (!reserve_running(s, q, q->n_computed + 1)) {
+            i--; /* q left the array; the next one moved into slot i */
+            continue;
+        }
+        add_to_step(s, q, 1, &T);
+        if (q->prio == SCHED_PRIO_BATCH) batch_used++;
+    }
+
+    /* 2./3. per class: partial prefills, then admissions */
+    for (int c = 0; c < SCHED_N_PRIO; c++) {
+        int keep = c == SCHED_PRIO_INTERACTIVE && reserve > batch_used ? reserve - batch_used : 0;
+        for (int i = 0; i < s->n_run; i++) {
+            sched_req *q = s->run[i];
+            int avail = budget - T - keep;
+            if (avail <= 0) break;
+            if ((int)q->prio != c || q->in_step || is_decode(q)) continue;
+            int len = q->n_tokens - q->n_computed;
+            if (len > avail) len = avail;
+            if (!reserve_running(s, q, q->n_computed + len)) {
+                i--;
+                continue;
+            }
+            add_to_step(s, q, len, &T);
+        }
+        while (s->wait[c].head && s->n_run < s->cfg.max_num_seqs) {
+            int avail = budget - T - keep;
+            if (avail <= 0) break;
+            if (admit(s, s->wait[c].head, avail, &T) == 0) break;
+        }
+    }
+
+    st->n_tokens = T;
+    st->token_ids = s->tok_ids;
+    st->positions = s->pos;
+    st->slots = s->slots;
+    st->n_seqs = s->n_step_seqs;
+    st->seqs = s->seqs;
+    if (T > 0) s->stats.steps++;
+    return T;
+}
+
+/* ---- after the step --------------------------------------------------------------- */
+
+static void fill_usage(const sched_req *q, struct sched_usage *u)
+{
+    double now = now_s();
+    u->prompt_tokens = q->n_prompt;
+    u->cached_tokens = q->cached_tokens;
+    u->completion_tokens = q->n_gen;
+    u->n_preemptions = q->n_preempt;
+    u->queue_s = q->admitted_once ? q->t_admit - q->t_submit : now - q->t_submit;
+    u->ttft_s = q->t_first >= 0 ? q->t_first - q->t_submit : -1.0;
+    u->total_s = now - q->t_submit;
+}
+
+/* Emits q's finish event with text (what was still held back, if anything)
+ * and releases its blocks. The caller takes it out of its queue and frees it. */
+static void finish(sched *s, sched_req *q, enum sched_finish why, const char *text, size_t len,
+                   const char *msg, sched_emit_fn emit, void *arg)
+{
+    struct sched_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.kind = SCHED_EV_FINISH;
+    ev.id = q->id;
+    ev.user = q->user;
+    ev.text = text ? text : "";
+    ev.text_len = text ? len : 0;
+    ev.finish = why;
+    if (msg) snprintf(ev.error, sizeof ev.error, "%s", msg);
+    fill_usage(q, &ev.usage);
+    if (emit) emit(arg, &ev);
+    kv_seq_release(s->pool, &q->kv);
+    q->finished = true;
+    s->stats.finished++;
+}
+
+static bool in_ids(const int32_t *ids, int n, int32_t t)
+{
+    for (int i = 0; i < n; i++)
+        if (ids[i] == t) return true;
+    return false;
+}
+
+/* Feeds piece through q's stop-string filter. Writes the text that may be
+ * released now into s->text (returns its length); *stopped when a stop string
+ * matched (the text ends before it and the rest is dropped). */
+static size_t stop_filter(sched *s, sched_req *q, const char *piece, size_t n, bool *stopped)
+{
+    *stopped = false;
+    SL_ASSERT(q->n_hold + n <= q->hold_cap);
+    memcpy(q->hold + q->n_hold, piece, n);
+    q->n_hold += n;
+    /* a stop string can only start inside the held text: anything that could
+     * begin one was held back */
+    long best = -1;
+    for (int i = 0; i < q->n_stop; i++) {
+        const char *p = memmem(q->hold, q->n_hold, q->stop[i], q->stop_len[i]);
+        if (p && (best < 0 || p - q->hold < best)) best = p - q->hold;
+    }
+    size_t out;
+    if (best >= 0) {
+        out = (size_t)best;
+        *stopped = true;
+    } else {
+        size_t h = 0;
+        for (int i = 0; i < q->n_stop; i++) {
+            size_t k = q->stop_len[i] - 1;
+            if (k > q->n_hold) k = q->n_hold;
+            for (; k > h; k--)
+                if (!memcmp(q->hold + q->n_hold - k, q->stop[i], k)) break;
+            if (k > h) h = k;
+        }
+        out = q->n_hold - h;
+    }
+    SL_ASSERT(out <= s->text_cap);
+    memcpy(s->text, q->hold, out);
+    memmove(q->hold, q->hold + out, q->n_hold - out);
+    q->n_hold -= out;
+    if (*stopped) q->n_hold = 0;
+    return out;
+}
+
+/* Releases the end of q's text: the detokenizer's incomplete tail and
+ * whatever was held for a stop string that never came. */
+static size_t flush_text(sched *s, sched_req *q)
+{
+    size_t n = 0;
+    if (q->n_hold) {
+        memcpy(s->text, q->hold, q->n_hold);
+        n = q->n_hold;
+        q->n_hold = 0;
+    }
+    if (s->tok) n += model_detok_flush(&q->detok, s->text + n, s->text_cap - n);
+    return n;
+}
+
+static void on_token(sched *s, sched_req *q, const struct model_sample_out *out, double now,
+                     sched_emit_fn emit, void *arg)
+{
+    int32_t t = out->token;
+    SL_ASSERT(q->n_tokens < q->cap);
+    if (q->n_gen == 0) q->t_first = now;
+    q->tokens[q->n_tokens++] = t;
+    q->n_gen++;
+
+    struct sched_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.kind = SCHED_EV_TOKEN;
+    ev.id = q->id;
+    ev.user = q->user;
+    ev.token = t;
+    ev.has_logprobs = q->logprobs;
+    if (q->logprobs) ev.sample = *out;
+    ev.text = s->text;
+
+    enum sched_finish why = SCHED_FINISH_NONE;
+    bool string_stop = false;
+    if (in_ids(q->stop_ids, q->n_stop_ids, t) || (!q->ignore_eos && in_ids(s->model_stop, s->n_model_stop, t))) {
+        why = SCHED_FINISH_STOP;
+    } else if (s->tok) {
+        size_t n = model_detok_push(&q->detok, t, s->piece, sizeof s->piece);
+        if (q->n_stop == 0) {
+            memcpy(s->text, s->piece, n);
+            ev.text_len = n;
+        } else {
+            ev.text_len = stop_filter(s, q, s->piece, n, &string_stop);
+            if (string_stop) why = SCHED_FINISH_STOP;
+        }
+    }
+    if (why == SCHED_FINISH_NONE && (q->n_gen >= q->max_tokens || q->n_tokens >= s->cfg.max_model_len))
+        why = SCHED_FINISH_LENGTH;
+    if (emit) emit(arg, &ev);
+    if (why == SCHED_FINISH_NONE) return;
+    /* a stop string drops whatever follows it; otherwise release the held tail */
+    size_t n = string_stop ? 0 : flush_text(s, q);
+    finish(s, q, why, s->text, n, NULL, emit, arg);
+}
+
+/* Drops finished requests from the running array and frees them. */
+static void sweep(sched *s)
+{
+    int j = 0;
+    for (int i = 0; i < s->n_run; i++) {
+        sched_req *q = s->run[i];
+        if (q->finished) req_free(s->pool, q);
+        else s->run[j++] = q;
+    }
+    s->n_run = j;
+}
+
+void sched_complete_step(sched *s, struct step *st, sched_emit_fn emit, void *arg)
+{
+    double now = now_s();
+    for (int i = 0; i < s->n_step_seqs; i++) {
+        sched_req *q = s->step_req[i];
+        const struct step_seq *ss = &st->seqs[i];
+        q->in_step = false;
+        q->n_computed += ss->query_len;
+        if (s->prefix_cache) kv_seq_commit(s->pool, &q->kv, q->tokens, q->n_computed);
+        if (ss->want_sample) on_token(s, q, &ss->out, now, emit, arg);
+    }
+    s->n_step_seqs = 0;
+    sweep(s);
+}
+
+void sched_fail_step(sched *s, struct step *st, const char *msg, sched_emit_fn emit, void *arg)
+{
+    (void)st;
+    for (int i = 0; i < s->n_step_seqs; i++) {
+        sched_req *q = s->step_req[i];
+        q->in_step = false;
+        finish(s, q, SCHED_FINISH_ERROR, NULL, 0, msg, emit, arg);
+    }
+    s->n_step_seqs = 0;
+    sweep(s);
+}
+
+int sched_abort(sched *s, uint64_t id, sched_emit_fn emit, void *arg)
+{
+    for (int i = 0; i < s->n_run; i++)
+        if (s->run[i]->id == id) {
+            sched_req *q = s->run[i];
+            SL_ASSERT(!q->in_step);
+            finish(s, q, SCHED_FINISH_ABORT, NULL, 0, NULL, emit, arg);
+            run_remove_at(s, i);
+            req_free(s->pool, q);
+            return 0;
+        }
+    for (int c = 0; c < SCHED_N_PRIO; c++)
+        for (sched_req *q = s->wait[c].head; q; q = q->next)
+            if (q->id == id) {
+                wait_unlink(&s->wait[c], q);
+                finish(s, q, SCHED_FINISH_ABORT, NULL, 0, NULL, emit, arg);
+                req_free(s->pool, q);
+                return 0;
+            }
+    return SL_EINVAL;
+}
+
+/* ---- queries --------------------------------------------------------------------- */
+
+bool sched_has_work(const sched *s)
+{
+    return s->n_run > 0 || s->wait[0].n > 0 || s->wait[1].n > 0;
+}
+
+void sched_get_stats(const sched *s, struct sched_stats *st)
+{
+    *st = s->stats;
+    st->n_running = s->n_run;
+    st->n_waiting = s->wait[0].n + s->wait[1].n;
+}
+
+uint64_t sched_step_req_id(const sched *s, int i)
+{
+    SL_ASSERT(i >= 0 && i < s->n_step_seqs);
+    return s->step_req[i]->id;
+}
+
+/* ---- teardown --------------------------------------------------------------------- */
+
+void sched_destroy(sched *s)
+{
+    if (!s) return;
+    if (s->run)
+        for (int i = 0; i < s->n_run; i++) req_free(s->pool, s->run[i]);
+    for (int c = 0; c < SCHED_N_PRIO; c++) {
+        sched_req *q = s->wait[c].head;
+        while (q) {
+            sched_req *n = q->next;
+            req_free(s->pool, q);
+            q = n;
+        }
+    }
+    free(s->run);
+    free(s->tok_ids);
+    free(s->pos);
+    free(s->slots);
+    free(s->seqs);
+    free(s->step_req);
+    free(s->text);
+    free(s);
+}

@@ -1,0 +1,252 @@
+/* sched.h - request lifecycle and step planning (continuous batching, chunked
+ * prefill, priorities, preemption), and the engine that runs the step loop.
+ *
+ * Two layers:
+ *
+ *   sched         the scheduler. Single-threaded: the engine thread owns it,
+ *                 its requests and the KV pool it plans against. Each step it
+ *                 fills a `struct step` (model/backend.h) and, after the
+ *                 backend ran it, appends the sampled tokens, detokenizes,
+ *                 checks stop conditions and emits events through a callback.
+ *   sched_engine  the step loop on its own pthread, with a thread-safe inbox
+ *                 (submit/abort) and outbox (events). Any thread may call the
+ *                 sched_engine_* functions.
+ *
+ * Lifecycle of a request:
+ *     waiting -> running (prefilling -> decoding) -> finished (stop, length, abort, error)
+ *     running -> preempted (blocks released) -> waiting (front of its class; recomputed)
+ *
+ * Step order (sched_plan_step): the decodes of every running sequence first
+ * (one token each), then per priority class, interactive before batch: the
+ * partial prefills of running sequences, then admissions from that class's
+ * waiting queue (FIFO; a preempted request goes back to the front). All of it
+ * within max_num_batched_tokens tokens and max_num_seqs running sequences; a
+ * prompt longer than what is left of the budget is split across steps
+ * (chunked prefill). When batch work waits, min_batch_share of the budget is
+ * kept from interactive prefills so batch never starves. Out of KV blocks, the
+ * lowest-priority, most recently admitted running sequence is preempted.
+ *
+ * Every step's positions, slots and block tables follow DESIGN.md: a token at
+ * position p lives in slot block_table[p / block_size] * block_size + p % block_size.
+ */
+#ifndef SLUICE_SCHED_H
+#define SLUICE_SCHED_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvpool/kvpool.h"
+#include "model/backend.h"
+#include "model/model.h"
+
+/* ---- requests and events ---------------------------------------------------- */
+
+#define SCHED_MAX_STOP_LEN 1024
+
+enum sched_priority { SCHED_PRIO_INTERACTIVE = 0, SCHED_PRIO_BATCH = 1, SCHED_N_PRIO = 2 };
+
+enum sched_finish {
+    SCHED_FINISH_NONE = 0,
+    SCHED_FINISH_STOP,    /* a stop token id or stop string */
+    SCHED_FINISH_LENGTH,  /* max_tokens or max_model_len reached */
+    SCHED_FINISH_ABORT,   /* sched_abort / sched_engine_abort */
+    SCHED_FINISH_ERROR,   /* the backend failed on a step that held it */
+};
+/* "stop", "length", "abort", "error" (the OpenAI finish_reason strings). */
+const char *sched_finish_name(enum sched_finish f);
+
+/* What a caller submits. Everything pointed to is copied by sched_req_create. */
+struct sched_request {
+    const int32_t *prompt;          /* [n_prompt] token ids, n_prompt >= 1 */
+    int n_prompt;
+    struct model_sampling sampling; /* top_logprobs > 0 also attaches alternatives */
+    int max_tokens;                 /* >= 1: completion tokens at most */
+    bool ignore_eos;                /* do not stop at the model's stop token ids */
+    const char *const *stop;        /* [n_stop] stop strings (not included in the text),
+                                       1..SCHED_MAX_STOP_LEN bytes each */
+    int n_stop;
+    const int32_t *stop_token_ids;  /* [n_stop_token_ids] extra stop ids (honoured even with ignore_eos) */
+    int n_stop_token_ids;
+    bool logprobs;                  /* token events carry the sampled token's logprob */
+    enum sched_priority priority;
+    uint64_t cache_salt;            /* requests with different salts never share KV */
+    void *user;                     /* returned in every event; not touched */
+};
+
+struct sched_usage {
+    int prompt_tokens;
+    int cached_tokens;      /* prompt tokens served by the prefix cache at first admission */
+    int completion_tokens;  /* sampled tokens, a stop token included */
+    int n_preemptions;
+    double queue_s;         /* submit -> first admission */
+    double ttft_s;          /* submit -> first token sampled; -1 when none */
+    double total_s;         /* submit -> finish */
+};
+
+enum sched_event_kind { SCHED_EV_TOKEN, SCHED_EV_FINISH };
+
+/* One output event. text is borrowed: valid during the callback (sched) or
+ * until the next poll/wait into the same buffer (engine). */
+struct sched_event {
+    enum sched_event_kind kind;
+    uint64_t id;
+    void *user;
+    const char *text;         /* newly released text (may be empty: held back for a
+                                 possible stop string, or an incomplete UTF-8 tail) */
+    size_t text_len;
+    size_t text_off;          /* internal: offset into the engine's text arena */
+    /* SCHED_EV_TOKEN */
+    int32_t token;
+    bool has_logprobs;
+    struct model_sample_out sample; /* when has_logprobs */
+    /* SCHED_EV_FINISH: text is what was still held back, if anything */
+    enum sched_finish finish;
+    struct sched_usage usage;
+    char error[160];          /* SCHED_FINISH_ERROR: why */
+};
+
+typedef void (*sched_emit_fn)(void *arg, const struct sched_event *ev);
+
+/* ---- the scheduler ------------------------------------------------------------ */
+
+struct sched_config {
+    int block_size;              /* KV tokens per block (the pool's) */
+    int max_num_seqs;            /* running sequences at most (>= 1) */
+    int max_num_batched_tokens;  /* tokens per step (>= max_num_seqs) */
+    int max_model_len;           /* prompt + completion tokens at most */
+    float min_batch_share;       /* 0..1: budget share kept for batch work when it waits */
+};
+
+typedef struct sched sched;
+typedef struct sched_req sched_req;
+
+struct sched_stats {
+    int n_waiting, n_running;
+    uint64_t steps, preemptions, finished;
+    uint64_t prompt_tokens_computed; /* prefill tokens run (recompute included) */
+    uint64_t decode_tokens;
+};
+
+/* Creates a scheduler planning against pool (borrowed; the engine thread owns
+ * both). tok (borrowed, may be NULL in tests: no text, no stop strings) is
+ * used to detokenize and for the model's stop ids. Allocates the per-step
+ * scratch once. NULL with a message on bad limits or no memory. */
+sched *sched_create(const struct sched_config *cfg, kv_pool *pool, const model_tok *tok, char *err,
+                    size_t errlen);
+/* Releases every request's blocks (no events) and frees the scheduler. NULL ok. */
+void sched_destroy(sched *s);
+
+/* Validates r against s's immutable limits and copies it into a new request
+ * (any thread may call this: it reads only the configuration). A request that
+ * can never run (empty prompt, prompt + max_tokens over max_model_len or over
+ * the whole pool, bad ids) is refused: NULL with a message naming the limit.
+ * The caller owns the result until sched_add or sched_req_free. */
+sched_req *sched_req_create(const sched *s, const struct sched_request *r, uint64_t id, char *err,
+                            size_t errlen);
+void sched_req_free(sched_req *q);
+uint64_t sched_req_id(const sched_req *q);
+
+/* Queues q (ownership passes to s) at the back of its priority class. */
+void sched_add(sched *s, sched_req *q);
+
+/* Aborts request id wherever it is: releases its blocks now and emits its
+ * finish event (SCHED_FINISH_ABORT). Returns 0, or SL_EINVAL when unknown
+ * (already finished). */
+int sched_abort(sched *s, uint64_t id, sched_emit_fn emit, void *arg);
+
+/* Plans the next step into *st (arrays borrowed from s, valid until the next
+ * call). Returns the number of tokens planned, 0 when there is nothing to
+ * run. Preemptions happen here (counted in stats). */
+int sched_plan_step(sched *s, struct step *st);
+
+/* After the backend ran the planned step: advances every sequence, commits
+ * computed full blocks to the prefix cache, appends sampled tokens, emits
+ * token events, and finishes (and frees) the requests that are done. */
+void sched_complete_step(sched *s, struct step *st, sched_emit_fn emit, void *arg);
+
+/* After the backend failed on the planned step: finishes every request in it
+ * with SCHED_FINISH_ERROR and msg. */
+void sched_fail_step(sched *s, struct step *st, const char *msg, sched_emit_fn emit, void *arg);
+
+bool sched_has_work(const sched *s);
+void sched_get_stats(const sched *s, struct sched_stats *st);
+/* For tests: the request of the step's i-th sequence, its id and its number
+ * of tokens whose K/V is computed. */
+uint64_t sched_step_req_id(const sched *s, int i);
+
+/* ---- the engine --------------------------------------------------------------- */
+
+typedef struct sched_engine sched_engine;
+
+struct sched_engine_opts {
+    struct sched_config sched;   /* block_size 0 = 16; max_num_seqs 0 = 64;
+                                    max_num_batched_tokens 0 = 1024; max_model_len 0 = the
+                                    model's n_ctx_train capped at 8192 */
+    size_t kv_cache_bytes;       /* KV pool budget; 0 = 1 GiB */
+    int kv_blocks;               /* > 0: exactly this many blocks (tests) */
+    bool enable_prefix_caching;
+    /* Called on the engine thread after events were posted (e.g. to
+     * event_active() a libevent event). May be NULL. Must not block. */
+    void (*notify)(void *arg);
+    void *notify_arg;
+};
+
+/* Events handed to the consumer in one batch: poll/wait swap the engine's
+ * pending buffer with this one, so nothing is copied or allocated in steady
+ * state. init/deinit; events and their text stay valid until the next
+ * poll/wait into the same buffer. */
+struct sched_evbuf {
+    struct sched_event *ev;
+    int n, cap;
+    char *text;
+    size_t tlen, tcap;
+};
+void sched_evbuf_init(struct sched_evbuf *b);
+void sched_evbuf_deinit(struct sched_evbuf *b);
+
+struct sched_engine_stats {
+    struct sched_stats sched;
+    struct kv_stats kv;
+    int max_model_len, block_size, kv_blocks;
+};
+
+/* Fills the zero fields of o with the defaults above (m: for n_ctx_train; may
+ * be NULL). Call it to size the backend before sched_engine_create. */
+void sched_engine_defaults(const model *m, struct sched_engine_opts *o);
+
+/* Creates the pool (sized from kv_cache_bytes through be->ops->kv_block_bytes,
+ * allocated through be->ops->kv_alloc), the scheduler, and starts the engine
+ * thread. be and its model are borrowed and must outlive the engine; the
+ * backend must have been created with max_tokens_per_step >=
+ * max_num_batched_tokens, max_seqs_per_step >= max_num_seqs and max_ctx >=
+ * max_model_len. The pool must hold at least one max_model_len sequence.
+ * NULL with a message on failure; nothing is left running. */
+sched_engine *sched_engine_create(model_backend *be, const struct sched_engine_opts *opts, char *err,
+                                  size_t errlen);
+/* Stops the thread (requests still in flight are dropped without events) and
+ * frees everything. NULL ok. */
+void sched_engine_destroy(sched_engine *e);
+
+/* The effective configuration (defaults applied). */
+const struct sched_config *sched_engine_config(const sched_engine *e);
+
+/* Validates and queues a request; thread-safe. Returns 0 and the request's id
+ * in *id, or a negative status with a message (e.g. the prompt does not fit
+ * max_model_len) and nothing queued. */
+int sched_engine_submit(sched_engine *e, const struct sched_request *r, uint64_t *id, char *err,
+                        size_t errlen);
+/* Asks the engine to abort request id; its finish event (abort) follows. A
+ * request that already finished is ignored. Thread-safe. */
+void sched_engine_abort(sched_engine *e, uint64_t id);
+
+/* Moves the pending events into *b (whose previous events are discarded).
+ * Returns how many; never blocks. Thread-safe. */
+int sched_engine_poll(sched_engine *e, struct sched_evbuf *b);
+/* Like poll, but waits up to timeout_s (< 0: forever) for at least one event.
+ * Returns the number of events (0 on timeout). */
+int sched_engine_wait(sched_engine *e, struct sched_evbuf *b, double timeout_s);
+/* A consistent snapshot of the counters, taken after the last step. */
+void sched_engine_get_stats(sched_engine *e, struct sched_engine_stats *st);
+
+#endif
