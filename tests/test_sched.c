@@ -1,0 +1,335 @@
+/* test_sched.c - the scheduler's step plans, asserted exactly, on a fake
+ * forward pass: the sampled token is a fixed function of the sequence's
+ * history, so a recomputed (preempted) sequence must produce the same ids. */
+#include <stdint.h>
+#include <string.h>
+
+#include "kvpool/kvpool.h"
+#include "sched/sched.h"
+#include "test.h"
+
+static char err[512];
+
+/* events collected by the emit callback */
+#define MAX_EV 4096
+static struct sched_event evs[MAX_EV];
+static int n_ev;
+static void collect(void *arg, const struct sched_event *ev)
+{
+    (void)arg;
+    if (n_ev < MAX_EV) evs[n_ev++] = *ev;
+}
+
+static int32_t fake_token(const int32_t *hist, int n)
+{
+    uint32_t h = (uint32_t)hist[n - 1] * 2654435761u + (uint32_t)n * 40503u;
+    return (int32_t)(h % 1000u);
+}
+
+/* The fake backend: checks the plan's invariants, then "samples". */
+static void fake_forward(struct step *st, int block_size)
+{
+    for (int i = 0; i < st->n_seqs; i++) {
+        struct step_seq *q = &st->seqs[i];
+        for (int t = q->query_start; t < q->query_start + q->query_len; t++) {
+            int p = st->positions[t];
+            CHECK(p == q->context_len - q->query_len + (t - q->query_start));
+            CHECK(st->slots[t] == (int64_t)q->block_table[p / block_size] * block_size + p % block_size);
+            CHECK(st->token_ids[t] == q->history[p]);
+        }
+        if (q->want_sample) q->out.token = fake_token(q->history, q->n_history);
+    }
+}
+
+static struct sched_request req(const int32_t *prompt, int n, int max_tokens, enum sched_priority prio)
+{
+    struct sched_request r;
+    memset(&r, 0, sizeof r);
+    r.prompt = prompt;
+    r.n_prompt = n;
+    r.max_tokens = max_tokens;
+    r.priority = prio;
+    model_sampling_default(&r.sampling);
+    return r;
+}
+
+static sched *mk(kv_pool *p, int seqs, int budget, int max_len, float share)
+{
+    struct sched_config c = {.block_size = kv_pool_block_size(p), .max_num_seqs = seqs,
+                             .max_num_batched_tokens = budget, .max_model_len = max_len,
+                             .min_batch_share = share};
+    sched *s = sched_create(&c, p, NULL, err, sizeof err);
+    CHECKF(s != NULL, "%s", err);
+    return s;
+}
+
+static uint64_t submit(sched *s, const struct sched_request *r, uint64_t id)
+{
+    sched_req *q = sched_req_create(s, r, id, err, sizeof err);
+    CHECKF(q != NULL, "%s", err);
+    if (q) sched_add(s, q);
+    return id;
+}
+
+static void test_step_composition(void)
+{
+    kv_pool *p = kv_pool_create(64, 4, false, err, sizeof err);
+    sched *s = mk(p, 4, 8, 64, 0.0f);
+    int32_t a[10], b[3];
+    for (int i = 0; i < 10; i++) a[i] = 100 + i;
+    for (int i = 0; i < 3; i++) b[i] = 200 + i;
+    struct sched_request ra = req(a, 10, 3, SCHED_PRIO_BATCH), rb = req(b, 3, 2, SCHED_PRIO_BATCH);
+    submit(s, &ra, 1);
+    submit(s, &rb, 2);
+    struct step st;
+    n_ev = 0;
+    /* step 1: A's first chunk fills the budget */
+    CHECK(sched_plan_step(s, &st) == 8);
+    CHECK(st.n_seqs == 1 && sched_step_req_id(s, 0) == 1);
+    CHECK(st.seqs[0].query_len == 8 && st.seqs[0].context_len == 8 && !st.seqs[0].want_sample);
+    for (int t = 0; t < 8; t++) CHECK(st.token_ids[t] == 100 + t && st.positions[t] == t);
+    fake_forward(&st, 4);
+    sched_complete_step(s, &st, collect, NULL);
+    CHECK(n_ev == 0);
+    /* step 2: A's last 2 prompt tokens (sampled), then B admitted whole */
+    CHECK(sched_plan_step(s, &st) == 5);
+    CHECK(st.n_seqs == 2 && sched_step_req_id(s, 0) == 1 && sched_step_req_id(s, 1) == 2);
+    CHECK(st.seqs[0].query_start == 0 && st.seqs[0].query_len == 2 && st.seqs[0].context_len == 10 &&
+          st.seqs[0].want_sample);
+    CHECK(st.positions[0] == 8 && st.positions[1] == 9 && st.token_ids[1] == 109);
+    CHECK(st.seqs[1].query_start == 2 && st.seqs[1].query_len == 3 && st.seqs[1].want_sample);
+    CHECK(st.token_ids[2] == 200 && st.positions[2] == 0 && st.positions[4] == 2);
+    fake_forward(&st, 4);
+    sched_complete_step(s, &st, collect, NULL);
+    CHECK(n_ev == 2 && evs[0].kind == SCHED_EV_TOKEN && evs[0].id == 1 && evs[1].id == 2);
+    /* step 3: two decodes at positions 10 and 3 */
+    CHECK(sched_plan_step(s, &st) == 2);
+    CHECK(st.n_seqs == 2 && st.positions[0] == 10 && st.positions[1] == 3);
+    CHECK(st.token_ids[0] == evs[0].token && st.token_ids[1] == evs[1].token);
+    CHECK(st.seqs[0].n_history == 11 && st.seqs[0].n_prompt == 10);
+    fake_forward(&st, 4);
+    sched_complete_step(s, &st, collect, NULL);
+    /* B (max_tokens 2) finished with "length" */
+    CHECK(n_ev == 5 && evs[4].kind == SCHED_EV_FINISH && evs[4].id == 2 &&
+          evs[4].finish == SCHED_FINISH_LENGTH && evs[4].usage.completion_tokens == 2 &&
+          evs[4].usage.prompt_tokens == 3);
+    CHECK(sched_plan_step(s, &st) == 1);
+    fake_forward(&st, 4);
+    sched_complete_step(s, &st, collect, NULL);
+    CHECK(!sched_has_work(s));
+    CHECK(sched_plan_step(s, &st) == 0);
+    CHECK(kv_pool_available(p) == 64);
+    sched_destroy(s);
+    kv_pool_destroy(p);
+}
+
+/* With the budget saturated by batch prefills, an interactive request is
+ * admitted in the very next step. */
+static void test_priority(void)
+{
+    kv_pool *p = kv_pool_create(256, 16, false, err, sizeof err);
+    sched *s = mk(p, 8, 32, 512, 0.0f);
+    int32_t big[300], small[5];
+    for (int i = 0; i < 300; i++) big[i] = i;
+    for (int i = 0; i < 5; i++) small[i] = 900 + i;
+    struct sched_request rb = req(big, 300, 4, SCHED_PRIO_BATCH), ri = req(small, 5, 4, SCHED_PRIO_INTERACTIVE);
+    submit(s, &rb, 1);
+    submit(s, &rb, 2);
+    struct step st;
+    CHECK(sched_plan_step(s, &st) == 32 && st.n_seqs == 1);
+    fake_forward(&st, 16);
+    sched_complete_step(s, &st, collect, NULL);
+    submit(s, &ri, 3);
+    CHECK(sched_plan_step(s, &st) == 32);
+    CHECK(st.n_seqs == 2 && sched_step_req_id(s, 0) == 3 && st.seqs[0].query_len == 5);
+    CHECK(sched_step_req_id(s, 1) == 1 && st.seqs[1].query_len == 27);
+    fake_forward(&st, 16);
+    sched_complete_step(s, &st, collect, NULL);
+    /* next step: the interactive decode comes first */
+    CHECK(sched_plan_step(s, &st) == 32 && sched_step_req_id(s, 0) == 3 && st.seqs[0].query_len == 1);
+    sched_destroy(s);
+    kv_pool_destroy(p);
+}
+
+/* A long interactive prompt cannot take the batch share when batch waits. */
+static void test_min_batch_share(void)
+{
+    kv_pool *p = kv_pool_create(256, 16, false, err, sizeof err);
+    sched *s = mk(p, 8, 32, 512, 0.25f);
+    int32_t big[300];
+    for (int i = 0; i < 300; i++) big[i] = i;
+    struct sched_request ri = req(big, 300, 4, SCHED_PRIO_INTERACTIVE), rb = req(big, 200, 4, SCHED_PRIO_BATCH);
+    submit(s, &ri, 1);
+    submit(s, &rb, 2);
+    struct step st;
+    CHECK(sched_plan_step(s, &st) == 32);
+    CHECK(st.n_seqs == 2 && st.seqs[0].query_len == 24 && st.seqs[1].query_len == 8);
+    fake_forward(&st, 16);
+    sched_complete_step(s, &st, collect, NULL);
+    sched_destroy(s);
+    /* no batch work: the interactive request gets everything */
+    s = mk(p, 8, 32, 512, 0.25f);
+    submit(s, &ri, 1);
+    CHECK(sched_plan_step(s, &st) == 32 && st.n_seqs == 1);
+    sched_destroy(s);
+    kv_pool_destroy(p);
+}
+
+/* Runs everything to completion; returns the number of steps. */
+static int drain(sched *s, kv_pool *p, int bs)
+{
+    struct step st;
+    int steps = 0;
+    while (sched_has_work(s) && steps < 10000) {
+        int n = sched_plan_step(s, &st);
+        CHECK(n > 0);
+        if (n <= 0) break;
+        fake_forward(&st, bs);
+        sched_complete_step(s, &st, collect, NULL);
+        CHECKF(kv_debug_check(p, err, sizeof err) == 0, "%s", err);
+        steps++;
+    }
+    return steps;
+}
+
+/* Collects request id's generated tokens from the events. */
+static int tokens_of(uint64_t id, int32_t *out)
+{
+    int n = 0;
+    for (int i = 0; i < n_ev; i++)
+        if (evs[i].id == id && evs[i].kind == SCHED_EV_TOKEN) out[n++] = evs[i].token;
+    return n;
+}
+
+static void test_preemption(void)
+{
+    enum { N = 6, PL = 9, GEN = 12 };
+    int32_t prompts[N][PL];
+    for (int r = 0; r < N; r++)
+        for (int i = 0; i < PL; i++) prompts[r][i] = 10 * r + i + 1;
+    /* alone: a big pool, one at a time */
+    int32_t alone[N][GEN];
+    for (int r = 0; r < N; r++) {
+        kv_pool *p = kv_pool_create(64, 4, true, err, sizeof err);
+        sched *s = mk(p, 8, 64, 64, 0.0f);
+        struct sched_request rq = req(prompts[r], PL, GEN, SCHED_PRIO_BATCH);
+        n_ev = 0;
+        submit(s, &rq, 1);
+        drain(s, p, 4);
+        CHECK(tokens_of(1, alone[r]) == GEN);
+        sched_destroy(s);
+        kv_pool_destroy(p);
+    }
+    /* together in a pool of 8 blocks (32 tokens): each needs 6 blocks at the end */
+    kv_pool *p = kv_pool_create(8, 4, true, err, sizeof err);
+    sched *s = mk(p, 8, 16, 32, 0.0f);
+    n_ev = 0;
+    for (int r = 0; r < N; r++) {
+        struct sched_request rq = req(prompts[r], PL, GEN, r % 2 ? SCHED_PRIO_INTERACTIVE : SCHED_PRIO_BATCH);
+        submit(s, &rq, (uint64_t)r + 1);
+    }
+    drain(s, p, 4);
+    struct sched_stats ss;
+    sched_get_stats(s, &ss);
+    CHECKF(ss.preemptions > 0, "preemptions %llu", (unsigned long long)ss.preemptions);
+    CHECK(ss.finished == N);
+    for (int r = 0; r < N; r++) {
+        int32_t got[GEN * 2];
+        CHECK(tokens_of((uint64_t)r + 1, got) == GEN);
+        CHECKF(!memcmp(got, alone[r], sizeof alone[r]), "request %d differs after preemption", r);
+    }
+    int preempted = 0;
+    for (int i = 0; i < n_ev; i++)
+        if (evs[i].kind == SCHED_EV_FINISH) preempted += evs[i].usage.n_preemptions;
+    CHECK((uint64_t)preempted == ss.preemptions);
+    CHECK(kv_pool_available(p) == 8);
+    sched_destroy(s);
+    kv_pool_destroy(p);
+}
+
+static void test_refusal(void)
+{
+    kv_pool *p = kv_pool_create(4, 4, false, err, sizeof err);
+    sched *s = mk(p, 4, 16, 32, 0.0f);
+    int32_t t[40] = {0};
+    struct sched_request r = req(t, 20, 13, SCHED_PRIO_BATCH);
+    err[0] = 0;
+    CHECK(sched_req_create(s, &r, 1, err, sizeof err) == NULL);
+    CHECKF(strstr(err, "maximum context length is 32") != NULL, "%s", err);
+    r = req(t, 10, 10, SCHED_PRIO_BATCH); /* fits 32 but not a 16-token pool */
+    CHECK(sched_req_create(s, &r, 1, err, sizeof err) == NULL);
+    CHECKF(strstr(err, "KV cache holds 4 blocks") != NULL, "%s", err);
+    r = req(t, 0, 4, SCHED_PRIO_BATCH);
+    CHECK(sched_req_create(s, &r, 1, err, sizeof err) == NULL);
+    r = req(t, 4, 0, SCHED_PRIO_BATCH);
+    CHECK(sched_req_create(s, &r, 1, err, sizeof err) == NULL);
+    r = req(t, 4, 4, SCHED_PRIO_BATCH);
+    r.sampling.top_p = 0;
+    CHECK(sched_req_create(s, &r, 1, err, sizeof err) == NULL);
+    sched_destroy(s);
+    kv_pool_destroy(p);
+}
+
+static void test_abort(void)
+{
+    kv_pool *p = kv_pool_create(32, 4, true, err, sizeof err);
+    sched *s = mk(p, 4, 8, 64, 0.0f);
+    int32_t t[30];
+    for (int i = 0; i < 30; i++) t[i] = i + 7;
+    struct sched_request r = req(t, 30, 8, SCHED_PRIO_BATCH);
+    submit(s, &r, 1);
+    submit(s, &r, 2);
+    struct step st;
+    n_ev = 0;
+    CHECK(sched_plan_step(s, &st) == 8);
+    fake_forward(&st, 4);
+    sched_complete_step(s, &st, collect, NULL);
+    CHECK(kv_pool_available(p) < 32);
+    CHECK(sched_abort(s, 1, collect, NULL) == 0); /* running */
+    CHECK(sched_abort(s, 2, collect, NULL) == 0); /* waiting */
+    CHECK(sched_abort(s, 3, collect, NULL) == SL_EINVAL);
+    CHECK(n_ev == 2 && evs[0].finish == SCHED_FINISH_ABORT && evs[1].finish == SCHED_FINISH_ABORT);
+    CHECK(!sched_has_work(s));
+    CHECK(kv_pool_available(p) == 32);
+    CHECKF(kv_debug_check(p, err, sizeof err) == 0, "%s", err);
+    sched_destroy(s);
+    kv_pool_destroy(p);
+}
+
+static void test_prefix_cache(void)
+{
+    kv_pool *p = kv_pool_create(64, 4, true, err, sizeof err);
+    sched *s = mk(p, 4, 64, 64, 0.0f);
+    int32_t a[22], b[22];
+    for (int i = 0; i < 22; i++) a[i] = b[i] = i + 1;
+    b[18] = 999; /* shares 18 tokens: 4 full blocks */
+    struct sched_request ra = req(a, 22, 2, SCHED_PRIO_BATCH), rb = req(b, 22, 2, SCHED_PRIO_BATCH);
+    n_ev = 0;
+    submit(s, &ra, 1);
+    drain(s, p, 4);
+    submit(s, &rb, 2);
+    struct step st;
+    CHECK(sched_plan_step(s, &st) == 6);
+    CHECK(st.positions[0] == 16 && st.seqs[0].context_len == 22);
+    fake_forward(&st, 4);
+    sched_complete_step(s, &st, collect, NULL);
+    drain(s, p, 4);
+    CHECK(n_ev > 0 && evs[n_ev - 1].kind == SCHED_EV_FINISH && evs[n_ev - 1].usage.cached_tokens == 16);
+    /* the whole prompt cached: the last token still runs */
+    submit(s, &ra, 3);
+    CHECK(sched_plan_step(s, &st) == 2 && st.positions[0] == 20);
+    sched_destroy(s);
+    kv_pool_destroy(p);
+}
+
+int main(void)
+{
+    RUN(test_step_composition);
+    RUN(test_priority);
+    RUN(test_min_batch_share);
+    RUN(test_preemption);
+    RUN(test_refusal);
+    RUN(test_abort);
+    RUN(test_prefix_cache);
+    return test_summary();
+}
