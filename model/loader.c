@@ -652,27 +652,3 @@ const struct model_config *model_get_config(const model *m) { return &m->cfg; }
 const struct model_weights *model_get_weights(const model *m) { return &m->w; }
 const model_tok *model_get_tok(const model *m) { return m->tok; }
 const char *model_chat_template(const model *m) { return m->chat_template; }
-
-size_t model_chatml_render(const char *const *roles, const char *const *contents, int n,
-                           bool add_generation_prompt, char *out, size_t cap)
-{
-    size_t len = 0;
-#define PUT(s, k)                                                                              \
-    do {                                                                                       \
-        size_t k_ = (k);                                                                       \
-        if (out && len + k_ < cap) memcpy(out + len, (s), k_);                                 \
-        len += k_;                                                                             \
-    } while (0)
-    for (int i = 0; i < n; i++) {
-        const char *r = roles[i] ? roles[i] : "", *c = contents[i] ? contents[i] : "";
-        PUT("<|im_start|>", 12);
-        PUT(r, strlen(r));
-        PUT("\n", 1);
-        PUT(c, strlen(c));
-        PUT("<|im_end|>\n", 11);
-    }
-    if (add_generation_prompt) PUT("<|im_start|>assistant\n", 22);
-#undef PUT
-    if (out && len < cap) out[len] = 0;
-    return len;
-}

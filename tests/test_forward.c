@@ -1,0 +1,425 @@
+/* test_forward.c - the CPU backend against HF transformers goldens, and its
+ * batch invariance.
+ *
+ * For each model whose golden.json is present (made by tests/golden/make_goldens.py):
+ *  - every input position's logits (one step holding one 1-token "sequence"
+ *    per position over a shared block table) match HF's top-20 logits:
+ *    max |ours - ref| / max |ref| <= 1e-4 at each position;
+ *  - greedy generation of 64 tokens (chunked prefill, then one token per step)
+ *    equals HF's greedy continuation exactly;
+ *  - batch invariance, bit for bit: logits from the chunked prefill, from the
+ *    one-token decode steps, from all prompts in one multi-sequence step, and
+ *    from one all-positions step over prompt + continuation agree.
+ * A missing golden is reported and skipped (it counts as neither passed nor failed).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "model/backend.h"
+#include "model/json.h"
+#include "tests/test.h"
+
+#define TOPK 20
+#define NGREEDY 64
+#define BLOCK 16
+#define MAXP 8
+
+struct prompt {
+    int n;              /* input ids */
+    int32_t *ids;       /* [n + NGREEDY]: ids then the golden greedy continuation */
+    int32_t *top_ids;   /* [n][TOPK] */
+    float *top_logits;  /* [n][TOPK] */
+    int n_greedy;
+};
+
+struct golden {
+    int np;
+    struct prompt p[MAXP];
+};
+
+static model *g_model;
+static model_backend *g_be;
+static struct golden g_gold;
+static int g_nv;
+static const char *g_name;
+
+static char *slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)n + 1);
+    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
+        free(b);
+        b = NULL;
+    }
+    fclose(f);
+    if (b) b[n] = 0, *len = (size_t)n;
+    return b;
+}
+
+static int read_ints(const json_doc *d, int arr, int32_t *out, int cap)
+{
+    int n = json_size(d, arr);
+    if (!json_is_arr(d, arr) || n > cap) return -1;
+    int i = arr + 1;
+    for (int k = 0; k < n; k++, i = json_skip(d, i)) {
+        int64_t v;
+        if (json_i64(d, i, &v) != 0) return -1;
+        out[k] = (int32_t)v;
+    }
+    return n;
+}
+
+static int read_floats(const json_doc *d, int arr, float *out, int cap)
+{
+    int n = json_size(d, arr);
+    if (!json_is_arr(d, arr) || n > cap) return -1;
+    int i = arr + 1;
+    for (int k = 0; k < n; k++, i = json_skip(d, i)) {
+        double v;
+        if (json_f64(d, i, &v) != 0) return -1;
+        out[k] = (float)v;
+    }
+    return n;
+}
+
+static void golden_free(struct golden *g)
+{
+    for (int i = 0; i < g->np; i++) {
+        free(g->p[i].ids);
+        free(g->p[i].top_ids);
+        free(g->p[i].top_logits);
+    }
+    memset(g, 0, sizeof *g);
+}
+
+static int golden_load(const char *path, struct golden *g)
+{
+    memset(g, 0, sizeof *g);
+    size_t len;
+    char *src = slurp(path, &len);
+    if (!src) return -1;
+    json_doc d;
+    char err[128];
+    int rc = -1;
+    if (json_parse(&d, src, len, err, sizeof err) != 0) {
+        printf("  %s: %s\n", path, err);
+        free(src);
+        return -1;
+    }
+    int ps = json_get(&d, 0, "prompts");
+    if (!json_is_arr(&d, ps)) goto out;
+    int e = ps + 1;
+    for (int k = 0; k < json_size(&d, ps) && k < MAXP; k++, e = json_skip(&d, e)) {
+        struct prompt *p = &g->p[g->np++];
+        int ids = json_get(&d, e, "ids"), ti = json_get(&d, e, "top_ids"),
+            tl = json_get(&d, e, "top_logits"), gr = json_get(&d, e, "greedy");
+        int n = json_size(&d, ids);
+        if (n <= 0 || json_size(&d, ti) != n || json_size(&d, tl) != n) goto out;
+        p->n = n;
+        p->ids = calloc((size_t)n + NGREEDY, sizeof *p->ids);
+        p->top_ids = calloc((size_t)n * TOPK, sizeof *p->top_ids);
+        p->top_logits = calloc((size_t)n * TOPK, sizeof *p->top_logits);
+        if (!p->ids || !p->top_ids || !p->top_logits) goto out;
+        if (read_ints(&d, ids, p->ids, n) != n) goto out;
+        p->n_greedy = read_ints(&d, gr, p->ids + n, NGREEDY);
+        if (p->n_greedy < 0) goto out;
+        int r = ti + 1, s = tl + 1;
+        for (int pos = 0; pos < n; pos++, r = json_skip(&d, r), s = json_skip(&d, s)) {
+            if (read_ints(&d, r, p->top_ids + pos * TOPK, TOPK) != TOPK ||
+                read_floats(&d, s, p->top_logits + pos * TOPK, TOPK) != TOPK)
+                goto out;
+        }
+    }
+    rc = 0;
+out:
+    if (rc) printf("  %s: malformed golden\n", path);
+    json_free(&d);
+    free(src);
+    return rc;
+}
+
+/* ---- driving the backend ------------------------------------------------------- */
+
+/* KV: every prompt gets its own region of blocks (prompt i: blocks
+ * i*REGION ..), so several prompts can be in one step. */
+#define REGION 16
+static int32_t g_bt[MAXP][REGION];
+static struct model_sampling g_greedy;
+
+/* One step with a 1-token sequence per position start..start+n-1 of ids, all
+ * sharing prompt slot `pi`'s block table: logits of every position. */
+static int all_positions(int pi, const int32_t *ids, int start, int n, float *logits)
+{
+    int32_t *pos = malloc(n * sizeof *pos);
+    int64_t *slots = malloc(n * sizeof *slots);
+    struct step_seq *sq = calloc(n, sizeof *sq);
+    char err[256];
+    for (int t = 0; t < n; t++) {
+        int p = start + t;
+        pos[t] = p;
+        slots[t] = (int64_t)g_bt[pi][p / BLOCK] * BLOCK + p % BLOCK;
+        sq[t] = (struct step_seq){.query_start = t, .query_len = 1, .context_len = p + 1,
+                                  .block_table = g_bt[pi], .n_blocks = REGION,
+                                  .logits_out = logits + (size_t)t * g_nv};
+    }
+    struct step st = {.n_tokens = n, .token_ids = ids + start, .positions = pos, .slots = slots,
+                      .n_seqs = n, .seqs = sq};
+    int rc = g_be->ops->forward(g_be, &st, err, sizeof err);
+    if (rc) printf("  forward: %s\n", err);
+    free(pos);
+    free(slots);
+    free(sq);
+    return rc;
+}
+
+/* One sequence, tokens start..start+n-1, logits of the last one; samples
+ * greedily (history = ids[0..start+n)). */
+static int one_seq(int pi, const int32_t *ids, int start, int n, float *logits, int32_t *tok)
+{
+    int32_t pos[512];
+    int64_t slots[512];
+    char err[256];
+    if (n > 512) return -1;
+    for (int t = 0; t < n; t++) {
+        int p = start + t;
+        pos[t] = p;
+        slots[t] = (int64_t)g_bt[pi][p / BLOCK] * BLOCK + p % BLOCK;
+    }
+    uint64_t rng = model_rng_seed(0);
+    struct step_seq sq = {.query_start = 0, .query_len = n, .context_len = start + n,
+                          .block_table = g_bt[pi], .n_blocks = REGION, .want_sample = true,
+                          .sampling = &g_greedy, .history = ids, .n_prompt = start + n,
+                          .n_history = start + n, .rng = &rng, .logits_out = logits};
+    struct step st = {.n_tokens = n, .token_ids = ids + start, .positions = pos, .slots = slots,
+                      .n_seqs = 1, .seqs = &sq};
+    int rc = g_be->ops->forward(g_be, &st, err, sizeof err);
+    if (rc) printf("  forward: %s\n", err);
+    *tok = sq.out.token;
+    return rc;
+}
+
+/* ---- the tests ----------------------------------------------------------------- */
+
+static float *g_pos_logits[MAXP]; /* [n + NGREEDY][n_vocab]: all-positions logits of ids + greedy */
+
+static void test_logits_match_hf(void)
+{
+    for (int i = 0; i < g_gold.np; i++) {
+        struct prompt *p = &g_gold.p[i];
+        float *lg = g_pos_logits[i];
+        CHECK(all_positions(i, p->ids, 0, p->n, lg) == 0);
+        double worst = 0;
+        int worst_pos = -1;
+        for (int pos = 0; pos < p->n; pos++) {
+            double md = 0, mr = 0;
+            for (int k = 0; k < TOPK; k++) {
+                int id = p->top_ids[pos * TOPK + k];
+                float ref = p->top_logits[pos * TOPK + k];
+                if (id < 0 || id >= g_nv) {
+                    md = INFINITY;
+                    break;
+                }
+                double dd = fabs((double)lg[(size_t)pos * g_nv + id] - ref);
+                md = dd > md ? dd : md;
+                mr = fabs(ref) > mr ? fabs(ref) : mr;
+            }
+            double rel = md / (mr > 0 ? mr : 1);
+            if (!(rel <= worst)) worst = rel, worst_pos = pos;
+        }
+        printf("  %s prompt %d (%d ids): worst relative logit error %.3g at position %d\n", g_name,
+               i, p->n, worst, worst_pos);
+        CHECKF(worst <= 1e-4, "prompt %d: %.3g > 1e-4", i, worst);
+    }
+}
+
+static void test_greedy_and_invariance(void)
+{
+    float *lg = malloc((size_t)g_nv * sizeof *lg);
+    for (int i = 0; i < g_gold.np; i++) {
+        struct prompt *p = &g_gold.p[i];
+        int32_t *seq = malloc((size_t)(p->n + NGREEDY) * sizeof *seq);
+        memcpy(seq, p->ids, (size_t)p->n * sizeof *seq);
+        int32_t tok = -1;
+        /* chunked prefill: chunks of 7; each chunk's last logits equal the all-positions step */
+        int bits_ok = 1;
+        for (int s = 0; s < p->n; s += 7) {
+            int n = p->n - s < 7 ? p->n - s : 7;
+            CHECK(one_seq(i, seq, s, n, lg, &tok) == 0);
+            bits_ok &= memcmp(lg, g_pos_logits[i] + (size_t)(s + n - 1) * g_nv,
+                              (size_t)g_nv * sizeof *lg) == 0;
+        }
+        CHECKF(bits_ok, "prompt %d: chunked prefill logits differ from the one-step logits", i);
+        /* decode one token per step; keep the logits for the check below */
+        float *dec = malloc((size_t)NGREEDY * g_nv * sizeof *dec);
+        memcpy(dec, lg, (size_t)g_nv * sizeof *lg);
+        int ngen = 0, first_diff = -1;
+        for (int g = 0; g < NGREEDY; g++) {
+            seq[p->n + g] = tok;
+            ngen++;
+            if (first_diff < 0 && g < p->n_greedy && tok != p->ids[p->n + g]) first_diff = g;
+            if (g + 1 == NGREEDY) break;
+            CHECK(one_seq(i, seq, p->n + g, 1, dec + (size_t)(g + 1) * g_nv, &tok) == 0);
+        }
+        if (p->n_greedy > 0) {
+            CHECKF(first_diff < 0 && p->n_greedy == NGREEDY,
+                   "prompt %d: greedy differs from HF at token %d (ours %d, HF %d)", i, first_diff,
+                   first_diff >= 0 ? seq[p->n + first_diff] : -1,
+                   first_diff >= 0 ? p->ids[p->n + first_diff] : -1);
+        }
+        /* the same positions in one big step over prompt + continuation */
+        int total = p->n + ngen - 1;
+        float *big = malloc((size_t)ngen * g_nv * sizeof *big);
+        CHECK(all_positions(i, seq, p->n - 1, ngen, big) == 0);
+        (void)total;
+        CHECKF(memcmp(big, dec, (size_t)ngen * g_nv * sizeof *big) == 0,
+               "prompt %d: decode-step logits differ from one-step logits", i);
+        free(big);
+        free(dec);
+        free(seq);
+    }
+    /* all prompts in one multi-sequence step: last-token logits */
+    int T = 0;
+    int32_t toks[2048], pos[2048];
+    int64_t slots[2048];
+    struct step_seq sq[MAXP];
+    float *out = malloc((size_t)g_gold.np * g_nv * sizeof *out);
+    for (int i = 0; i < g_gold.np; i++) {
+        struct prompt *p = &g_gold.p[i];
+        sq[i] = (struct step_seq){.query_start = T, .query_len = p->n, .context_len = p->n,
+                                  .block_table = g_bt[i], .n_blocks = REGION,
+                                  .logits_out = out + (size_t)i * g_nv};
+        for (int t = 0; t < p->n; t++, T++) {
+            toks[T] = p->ids[t];
+            pos[T] = t;
+            slots[T] = (int64_t)g_bt[i][t / BLOCK] * BLOCK + t % BLOCK;
+        }
+    }
+    struct step st = {.n_tokens = T, .token_ids = toks, .positions = pos, .slots = slots,
+                      .n_seqs = g_gold.np, .seqs = sq};
+    char err[256];
+    CHECK(g_be->ops->forward(g_be, &st, err, sizeof err) == 0);
+    for (int i = 0; i < g_gold.np; i++)
+        CHECKF(memcmp(out + (size_t)i * g_nv, g_pos_logits[i] + (size_t)(g_gold.p[i].n - 1) * g_nv,
+                      (size_t)g_nv * sizeof *out) == 0,
+               "prompt %d: logits in a multi-sequence step differ", i);
+    free(out);
+    free(lg);
+}
+
+static void test_bad_steps_refused(void)
+{
+    char err[256];
+    int32_t tok = 0, pos = 0;
+    int64_t slot = 0;
+    struct step_seq sq = {.query_start = 0, .query_len = 1, .context_len = 1,
+                          .block_table = g_bt[0], .n_blocks = REGION};
+    struct step st = {.n_tokens = 1, .token_ids = &tok, .positions = &pos, .slots = &slot,
+                      .n_seqs = 1, .seqs = &sq};
+    tok = g_nv;
+    CHECK(g_be->ops->forward(g_be, &st, err, sizeof err) == SL_EINVAL);
+    tok = 0;
+    slot = 5; /* not what the block table says */
+    CHECK(g_be->ops->forward(g_be, &st, err, sizeof err) == SL_EINVAL);
+    slot = 0;
+    pos = 3; /* beyond context_len */
+    CHECK(g_be->ops->forward(g_be, &st, err, sizeof err) == SL_EINVAL);
+    pos = 0;
+    int32_t bad_bt[REGION] = {1 << 30};
+    sq.block_table = bad_bt;
+    CHECK(g_be->ops->forward(g_be, &st, err, sizeof err) == SL_EINVAL);
+    sq.block_table = g_bt[0];
+    sq.want_sample = true; /* without sampling params */
+    CHECK(g_be->ops->forward(g_be, &st, err, sizeof err) == SL_EINVAL);
+}
+
+static int setup(const char *model_path)
+{
+    char err[512];
+    struct model_load_opts lo = {0};
+    g_model = model_load(model_path, &lo, err, sizeof err);
+    if (!g_model) {
+        printf("  load %s: %s\n", model_path, err);
+        return -1;
+    }
+    g_nv = model_get_config(g_model)->n_vocab;
+    int maxn = 0;
+    for (int i = 0; i < g_gold.np; i++)
+        if (g_gold.p[i].n + NGREEDY > maxn) maxn = g_gold.p[i].n + NGREEDY;
+    struct model_backend_opts bo = {.device = "cpu", .max_tokens_per_step = 1024,
+                                    .max_seqs_per_step = maxn, .max_ctx = REGION * BLOCK};
+    g_be = model_backend_create(g_model, &bo, err, sizeof err);
+    if (!g_be || g_be->ops->kv_alloc(g_be, MAXP * REGION, BLOCK, err, sizeof err) != 0) {
+        printf("  backend: %s\n", err);
+        return -1;
+    }
+    for (int i = 0; i < MAXP; i++)
+        for (int j = 0; j < REGION; j++) g_bt[i][j] = i * REGION + (REGION - 1 - j); /* not in order */
+    for (int i = 0; i < g_gold.np; i++) {
+        if (g_gold.p[i].n + NGREEDY > REGION * BLOCK) return -1;
+        g_pos_logits[i] = malloc((size_t)(g_gold.p[i].n + NGREEDY) * g_nv * sizeof(float));
+    }
+    return 0;
+}
+
+static void teardown(void)
+{
+    for (int i = 0; i < MAXP; i++) free(g_pos_logits[i]), g_pos_logits[i] = NULL;
+    model_backend_destroy(g_be);
+    model_free(g_model);
+    g_be = NULL;
+    g_model = NULL;
+    golden_free(&g_gold);
+}
+
+static void test_setup_ok(void) { CHECK(g_be != NULL); }
+
+static void run_model(const char *name, const char *model_path, const char *golden_path)
+{
+    struct stat st;
+    if (stat(golden_path, &st) != 0 || stat(model_path, &st) != 0) {
+        printf("note: %s: %s or %s absent, skipped\n", name, golden_path, model_path);
+        return;
+    }
+    g_name = name;
+    if (golden_load(golden_path, &g_gold) != 0 || g_gold.np == 0) {
+        RUN(test_setup_ok); /* a malformed golden fails */
+        golden_free(&g_gold);
+        return;
+    }
+    printf("%s: %d prompts\n", name, g_gold.np);
+    if (setup(model_path) != 0) {
+        g_be = NULL;
+        RUN(test_setup_ok);
+        teardown();
+        return;
+    }
+    RUN(test_logits_match_hf);
+    RUN(test_greedy_and_invariance);
+    RUN(test_bad_steps_refused);
+    teardown();
+}
+
+int main(void)
+{
+    model_sampling_default(&g_greedy);
+    const char *gguf = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+    struct stat st;
+    const char *alt = getenv("SLUICE_SMOLLM2_GOLDEN"); /* e.g. a golden from another reference */
+    if (alt && *alt)
+        run_model("smollm2", gguf, alt);
+    else if (stat("tests/golden/smollm2/golden.json", &st) == 0)
+        run_model("smollm2", gguf, "tests/golden/smollm2/golden.json");
+    else
+        run_model("smollm2", gguf, "tests/golden/smollm2_golden.json");
+    run_model("tiny-llama", "tests/models/tiny-llama", "tests/models/tiny-llama/golden.json");
+    run_model("tiny-qwen2", "tests/models/tiny-qwen2", "tests/models/tiny-qwen2/golden.json");
+    run_model("tiny-qwen3", "tests/models/tiny-qwen3", "tests/models/tiny-qwen3/golden.json");
+    return test_summary();
+}
