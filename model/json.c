@@ -1,5 +1,6 @@
 /* json.c - the jsmn wrapper declared in json.h. */
 #define JSMN_STRICT
+#define JSMN_PARENT_LINKS
 #include <jsmn.h>
 
 #include "json.h"

@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#define JSMN_PARENT_LINKS /* O(1) closing of containers: tokenizer.json has 49K-key objects */
 #define JSMN_HEADER
 #include <jsmn.h>
 
