@@ -1,0 +1,941 @@
+/* test_store.c - the SQLite job queue: schema and migrations, files, batch
+ * validation, lifecycle, cancel, expiry, listing, crash recovery under
+ * SIGKILL, a 50,000-line batch in bounded memory, limits. Runs in a temp dir. */
+#include "store/store.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <signal.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tests/test.h"
+
+static char root[256];
+static int dir_seq;
+static char err[512];
+
+/* ---- helpers ----------------------------------------------------------------- */
+
+static void new_dir(char *out, size_t cap, const char *name)
+{
+    snprintf(out, cap, "%s/%s-%d", root, name, dir_seq++);
+}
+
+static void write_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    if (!f) abort();
+    fputs(text, f);
+    fclose(f);
+}
+
+/* Writes text to a fresh upload file in the store's tmp dir and adopts it. */
+static int upload(store *s, const char *purpose, const char *text, char *id)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/upload-XXXXXX", store_tmp_dir(s));
+    int fd = mkstemp(path);
+    if (fd < 0) abort();
+    close(fd);
+    write_text(path, text);
+    return store_file_create(s, path, purpose, "input.jsonl", id, err, sizeof err);
+}
+
+static int collect_cb(void *ctx, const char *p, size_t n)
+{
+    json_buf_add(ctx, p, n);
+    return 0;
+}
+
+/* File content as a NUL-terminated string (caller frees), or NULL. */
+static char *content(store *s, const char *id)
+{
+    struct json_buf b;
+    json_buf_init(&b);
+    json_buf_add(&b, "", 0);
+    if (store_file_content(s, id, collect_cb, &b, err, sizeof err)) {
+        json_buf_free(&b);
+        return NULL;
+    }
+    return b.p;
+}
+
+static int64_t q1(const char *dir, const char *sql)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/sluice.db", dir);
+    sqlite3 *db;
+    if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) return -999;
+    sqlite3_stmt *st;
+    int64_t v = -998;
+    if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) == SQLITE_OK) {
+        if (sqlite3_step(st) == SQLITE_ROW) v = sqlite3_column_int64(st, 0);
+        sqlite3_finalize(st);
+    }
+    sqlite3_close(db);
+    return v;
+}
+
+static int count_lines(const char *s)
+{
+    int n = 0;
+    for (; s && *s; s++) n += *s == '\n';
+    return n;
+}
+
+/* Value of "key" (a string) at the JSON object text obj, copied into out. */
+static bool jstr(const char *text, const char *key, char *out, size_t cap)
+{
+    json_doc d;
+    char e[128];
+    out[0] = '\0';
+    if (json_parse(&d, text, strlen(text), e, sizeof e)) return false;
+    int i = json_get(&d, 0, key);
+    bool ok = i >= 0 && json_str(&d, i, out, cap) >= 0;
+    json_free(&d);
+    return ok;
+}
+
+static int64_t fake_now = 1700000000;
+static int64_t fake_clock(void *ctx)
+{
+    (void)ctx;
+    return fake_now;
+}
+
+static char *request_lines(int n, int first, const char *extra)
+{
+    struct json_buf b;
+    json_buf_init(&b);
+    for (int i = 0; i < n; i++)
+        json_buf_addf(&b,
+                      "{\"custom_id\":\"req-%d\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\","
+                      "\"body\":{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi %d%s\"}]}}\n",
+                      first + i, first + i, extra ? extra : "");
+    return b.p;
+}
+
+static store *open_dir(const char *dir, const struct store_opts *o)
+{
+    store *s = store_open(dir, o, err, sizeof err);
+    if (!s) printf("  store_open(%s): %s\n", dir, err);
+    return s;
+}
+
+/* Creates a batch of n requests and returns its id in bid. */
+static int make_batch(store *s, int n, char *bid)
+{
+    char fid[STORE_ID_MAX];
+    char *t = request_lines(n, 0, NULL);
+    int rc = upload(s, "batch", t, fid);
+    free(t);
+    if (rc) return rc;
+    return store_batch_create(s, fid, "/v1/chat/completions", "24h", NULL, bid, err, sizeof err);
+}
+
+static void result_for(struct store_result *r, const struct store_row *row, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "{\"object\":\"chat.completion\",\"echo\":\"%s\"}", row->custom_id);
+    memset(r, 0, sizeof *r);
+    r->row_id = row->row_id;
+    r->status_code = 200;
+    r->request_id = "req_x";
+    r->body = buf;
+}
+
+/* ---- tests -------------------------------------------------------------------- */
+
+static void test_schema_and_reopen(void)
+{
+    char dir[512];
+    new_dir(dir, sizeof dir, "schema");
+    for (int k = 0; k < 3; k++) {
+        store *s = open_dir(dir, NULL);
+        CHECK(s);
+        store_close(s);
+    }
+    CHECK(q1(dir, "PRAGMA user_version") == 1);
+    CHECK(q1(dir, "SELECT count(*) FROM sqlite_master WHERE type = 'table'") == 3);
+    CHECK(q1(dir, "SELECT count(*) FROM sqlite_master WHERE name = 'batch_requests_pending'") == 1);
+    char path[600];
+    snprintf(path, sizeof path, "%s/sluice.db", dir);
+    sqlite3 *db;
+    sqlite3_open(path, &db);
+    sqlite3_stmt *st;
+    sqlite3_prepare_v2(db, "PRAGMA journal_mode", -1, &st, NULL);
+    CHECK(sqlite3_step(st) == SQLITE_ROW && strcmp((const char *)sqlite3_column_text(st, 0), "wal") == 0);
+    sqlite3_finalize(st);
+
+    /* a reader sees the schema and cannot write */
+    store *w = open_dir(dir, NULL);
+    store *r = store_open_reader(dir, err, sizeof err);
+    CHECKF(r, "%s", err);
+    struct json_buf b;
+    json_buf_init(&b);
+    CHECK(store_batch_list_json(r, NULL, 0, &b, err, sizeof err) == 0);
+    CHECK(b.p && strstr(b.p, "\"data\":[]") && strstr(b.p, "\"has_more\":false"));
+    json_buf_free(&b);
+    CHECK(store_batch_cancel(r, "batch_x", err, sizeof err) == SL_EINVAL);
+    CHECK(store_tick(r, err, sizeof err) == SL_EINVAL);
+    store_close(r);
+    store_close(w);
+
+    /* a newer schema is refused, not "migrated" backwards */
+    sqlite3_exec(db, "PRAGMA user_version = 99", NULL, NULL, NULL);
+    sqlite3_close(db);
+    store *s = store_open(dir, NULL, err, sizeof err);
+    CHECK(!s && strstr(err, "newer"));
+    store_close(s);
+    CHECK(!store_open_reader("/nonexistent/sluice", err, sizeof err));
+}
+
+static void test_window_parse(void)
+{
+    CHECK(store_parse_window("24h", false, err, sizeof err) == 86400);
+    CHECK(store_parse_window("2s", false, err, sizeof err) == SL_EINVAL);
+    CHECK(store_parse_window("2s", true, err, sizeof err) == 2);
+    CHECK(store_parse_window("5m", true, err, sizeof err) == 300);
+    CHECK(store_parse_window("1h", true, err, sizeof err) == 3600);
+    CHECK(store_parse_window("0s", true, err, sizeof err) == SL_EINVAL);
+    CHECK(store_parse_window("-1s", true, err, sizeof err) == SL_EINVAL);
+    CHECK(store_parse_window("2x", true, err, sizeof err) == SL_EINVAL);
+    CHECK(store_parse_window("", true, err, sizeof err) == SL_EINVAL);
+    CHECK(store_parse_window("200h", true, err, sizeof err) == SL_EINVAL);
+}
+
+static void test_files(void)
+{
+    char dir[512];
+    new_dir(dir, sizeof dir, "files");
+    store *s = open_dir(dir, NULL);
+    store *r = store_open_reader(dir, err, sizeof err);
+    char a[STORE_ID_MAX], b2[STORE_ID_MAX];
+    const char *text = "{\"a\":1}\n\n{\"b\":2}\n";
+    CHECKF(upload(s, "batch", text, a) == 0, "%s", err);
+    CHECK(strncmp(a, "file-", 5) == 0);
+    CHECKF(upload(s, "fine-tune", "x", b2) == 0, "%s", err);
+    CHECK(q1(dir, "SELECT lines FROM files ORDER BY seq LIMIT 1") == 2);
+
+    struct json_buf j;
+    json_buf_init(&j);
+    CHECK(store_file_get_json(r, a, &j, err, sizeof err) == 0);
+    char v[128];
+    CHECK(jstr(j.p, "id", v, sizeof v) && strcmp(v, a) == 0);
+    CHECK(jstr(j.p, "purpose", v, sizeof v) && strcmp(v, "batch") == 0);
+    CHECK(jstr(j.p, "filename", v, sizeof v) && strcmp(v, "input.jsonl") == 0);
+    CHECK(jstr(j.p, "object", v, sizeof v) && strcmp(v, "file") == 0);
+    CHECK(strstr(j.p, "\"bytes\":17,"));
+    json_buf_free(&j);
+
+    /* listing: newest first, purpose filter, pagination */
+    json_buf_init(&j);
+    CHECK(store_file_list_json(r, NULL, NULL, 1, &j, err, sizeof err) == 0);
+    CHECK(strstr(j.p, b2) && !strstr(j.p, a) && strstr(j.p, "\"has_more\":true"));
+    json_buf_free(&j);
+    json_buf_init(&j);
+    CHECK(store_file_list_json(r, NULL, b2, 1, &j, err, sizeof err) == 0);
+    CHECK(strstr(j.p, a) && strstr(j.p, "\"has_more\":false"));
+    json_buf_free(&j);
+    json_buf_init(&j);
+    CHECK(store_file_list_json(r, "batch", NULL, 0, &j, err, sizeof err) == 0);
+    CHECK(strstr(j.p, a) && !strstr(j.p, b2));
+    json_buf_free(&j);
+    json_buf_init(&j);
+    CHECK(store_file_list_json(r, NULL, "file-nope", 0, &j, err, sizeof err) == STORE_ENOTFOUND);
+    json_buf_free(&j);
+
+    /* content, streamed and as an fd */
+    char *c = content(r, a);
+    CHECK(c && strcmp(c, text) == 0);
+    free(c);
+    int fd = -1;
+    int64_t size = 0;
+    CHECK(store_file_open_content(r, a, &fd, &size, err, sizeof err) == 0 && size == 17);
+    char buf[32] = {0};
+    CHECK(fd >= 0 && read(fd, buf, sizeof buf) == 17 && strcmp(buf, text) == 0);
+    if (fd >= 0) close(fd);
+
+    /* the upload was moved, not copied */
+    CHECK(q1(dir, "SELECT count(*) FROM files") == 2);
+    char tmpfile[600];
+    snprintf(tmpfile, sizeof tmpfile, "%s/files/%s", dir, a);
+    CHECK(access(tmpfile, F_OK) == 0);
+
+    /* delete */
+    json_buf_init(&j);
+    CHECK(store_file_delete(r, a, &j, err, sizeof err) == SL_EINVAL); /* reader */
+    CHECK(store_file_delete(s, a, &j, err, sizeof err) == 0);
+    CHECK(j.p && strstr(j.p, "\"deleted\":true"));
+    json_buf_free(&j);
+    CHECK(access(tmpfile, F_OK) != 0);
+    json_buf_init(&j);
+    CHECK(store_file_get_json(r, a, &j, err, sizeof err) == STORE_ENOTFOUND);
+    CHECK(store_file_delete(s, a, NULL, err, sizeof err) == STORE_ENOTFOUND);
+    CHECK(store_file_content(r, a, collect_cb, &j, err, sizeof err) == STORE_ENOTFOUND);
+    json_buf_free(&j);
+
+    /* a missing upload is an I/O error, nothing recorded */
+    char id[STORE_ID_MAX];
+    CHECK(store_file_create(s, "/nonexistent/upload", "batch", "x", id, err, sizeof err) == SL_EIO);
+    CHECK(q1(dir, "SELECT count(*) FROM files") == 1);
+    store_close(r);
+    store_close(s);
+
+    /* orphans (a crash between the move and the commit) are swept at open */
+    snprintf(tmpfile, sizeof tmpfile, "%s/files/file-orphan", dir);
+    write_text(tmpfile, "x");
+    snprintf(tmpfile, sizeof tmpfile, "%s/tmp/upload-half", dir);
+    write_text(tmpfile, "x");
+    s = open_dir(dir, NULL);
+    CHECK(access(tmpfile, F_OK) != 0);
+    snprintf(tmpfile, sizeof tmpfile, "%s/files/file-orphan", dir);
+    CHECK(access(tmpfile, F_OK) != 0);
+    snprintf(tmpfile, sizeof tmpfile, "%s/files/%s", dir, b2);
+    CHECK(access(tmpfile, F_OK) == 0);
+    store_close(s);
+}
+
+static void test_validation(void)
+{
+    char dir[512];
+    new_dir(dir, sizeof dir, "valid");
+    store *s = open_dir(dir, NULL);
+    char fid[STORE_ID_MAX], bid[STORE_ID_MAX];
+    const char *text =
+        "{\"custom_id\":\"a\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{}}\n" /* 1 ok */
+        "{\"custom_id\":\"b\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{}\n"  /* 2 bad json */
+        "{\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{}}\n"                    /* 3 no custom_id */
+        "{\"custom_id\":\"a\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{}}\n" /* 4 duplicate */
+        "\n"                                                                                      /* 5 blank */
+        "{\"custom_id\":\"c\",\"method\":\"POST\",\"url\":\"/v1/completions\",\"body\":{}}\n"     /* 6 url */
+        "{\"custom_id\":\"d\",\"method\":\"GET\",\"url\":\"/v1/chat/completions\",\"body\":{}}\n" /* 7 method */
+        "{\"custom_id\":\"e\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{\"stream\":true}}\n" /* 8 */
+        "{\"custom_id\":\"f\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\"}\n"           /* 9 no body */
+        "[1,2]\n"                                                                                  /* 10 not an object */
+        "{\"custom_id\":\"g\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{\"stream\":false}}\n";
+    CHECKF(upload(s, "batch", text, fid) == 0, "%s", err);
+    CHECKF(store_batch_create(s, fid, "/v1/chat/completions", "24h", "{\"k\":\"v\"}", bid, err, sizeof err) == 0,
+           "%s", err);
+    struct store_batch_info info;
+    CHECK(store_batch_get(s, bid, &info, err, sizeof err) == 0);
+    CHECK(info.status == STORE_BATCH_FAILED);
+    CHECK(q1(dir, "SELECT count(*) FROM batch_requests") == 0);
+    struct json_buf j;
+    json_buf_init(&j);
+    CHECK(store_batch_get_json(s, bid, &j, err, sizeof err) == 0);
+    json_doc d;
+    char e[128];
+    CHECKF(json_parse(&d, j.p, j.len, e, sizeof e) == 0, "%s: %s", e, j.p);
+    static const struct { const char *code, *param; int line; } want[] = {
+        {"invalid_json_line", NULL, 2},         {"missing_required_parameter", "custom_id", 3},
+        {"duplicate_custom_id", "custom_id", 4}, {"invalid_url", "url", 6},
+        {"invalid_method", "method", 7},        {"invalid_value", "body.stream", 8},
+        {"missing_required_parameter", "body", 9}, {"invalid_json_line", NULL, 10},
+    };
+    int errs = json_get(&d, 0, "errors");
+    int data = json_get(&d, errs, "data");
+    CHECKF(json_size(&d, data) == 8, "%d errors: %s", json_size(&d, data), j.p);
+    for (int k = 0; k < 8 && k < json_size(&d, data); k++) {
+        int o = json_at(&d, data, k);
+        int64_t line = 0;
+        CHECKF(json_str_eq(&d, json_get(&d, o, "code"), want[k].code), "error %d code", k);
+        CHECKF(json_i64(&d, json_get(&d, o, "line"), &line) == 0 && line == want[k].line, "error %d line", k);
+        int p = json_get(&d, o, "param");
+        CHECKF(want[k].param ? json_str_eq(&d, p, want[k].param) : json_is_null(&d, p), "error %d param", k);
+        CHECK(json_is_str(&d, json_get(&d, o, "message")));
+    }
+    CHECK(json_str_eq(&d, json_get(&d, 0, "status"), "failed"));
+    CHECK(!json_is_null(&d, json_get(&d, 0, "failed_at")));
+    CHECK(json_is_null(&d, json_get(&d, 0, "in_progress_at")));
+    CHECK(json_str_eq(&d, json_get(&d, json_get(&d, 0, "metadata"), "k"), "v"));
+    json_free(&d);
+    json_buf_free(&j);
+
+    /* request errors (the batch is not created) */
+    CHECK(store_batch_create(s, fid, "/v1/embeddings", "24h", NULL, bid, err, sizeof err) == SL_EINVAL);
+    CHECK(store_batch_create(s, "file-nope", "/v1/chat/completions", "24h", NULL, bid, err, sizeof err) ==
+          STORE_ENOTFOUND);
+    CHECK(store_batch_create(s, fid, "/v1/chat/completions", "2s", NULL, bid, err, sizeof err) == SL_EINVAL);
+    CHECK(store_batch_create(s, fid, "/v1/chat/completions", "24h", "[1]", bid, err, sizeof err) == SL_EINVAL);
+    CHECK(store_batch_create(s, fid, "/v1/chat/completions", "24h", "{\"k\":1}", bid, err, sizeof err) == SL_EINVAL);
+    char other[STORE_ID_MAX];
+    CHECK(upload(s, "fine-tune", "{}\n", other) == 0);
+    CHECK(store_batch_create(s, other, "/v1/chat/completions", "24h", NULL, bid, err, sizeof err) == SL_EINVAL);
+    CHECK(q1(dir, "SELECT count(*) FROM batches") == 1);
+
+    /* empty file */
+    CHECK(upload(s, "batch", "\n\n", fid) == 0);
+    CHECK(store_batch_create(s, fid, "/v1/chat/completions", "24h", NULL, bid, err, sizeof err) == 0);
+    CHECK(store_batch_get(s, bid, &info, err, sizeof err) == 0 && info.status == STORE_BATCH_FAILED);
+    store_close(s);
+}
+
+static void test_lifecycle(void)
+{
+    char dir[512];
+    new_dir(dir, sizeof dir, "life");
+    store *s = open_dir(dir, NULL);
+    store *r = store_open_reader(dir, err, sizeof err);
+    char bid[STORE_ID_MAX];
+    CHECKF(make_batch(s, 5, bid) == 0, "%s", err);
+    struct store_batch_info info;
+    CHECK(store_batch_get(r, bid, &info, err, sizeof err) == 0);
+    CHECK(info.status == STORE_BATCH_IN_PROGRESS && info.total == 5 && info.completed == 0);
+
+    struct store_row *rows = NULL, *more = NULL;
+    int n = store_claim_pending(s, 2, &rows, err, sizeof err);
+    CHECK(n == 2 && rows[0].line == 0 && rows[1].line == 1);
+    CHECK(n == 2 && strcmp(rows[0].custom_id, "req-0") == 0 && strcmp(rows[0].url, "/v1/chat/completions") == 0);
+    CHECK(n == 2 && strcmp(rows[0].batch_id, bid) == 0 && strstr(rows[0].body, "\"messages\"") &&
+          rows[0].body[0] == '{' && rows[0].body_len == strlen(rows[0].body));
+    int m = store_claim_pending(s, 10, &more, err, sizeof err);
+    CHECK(m == 3 && more[0].line == 2 && more[2].line == 4);
+    struct store_row *none;
+    CHECK(store_claim_pending(s, 10, &none, err, sizeof err) == 0 && !none);
+    if (n != 2 || m != 3) goto out;
+
+    /* results arrive out of order, in two transactions; line 3 is an HTTP error */
+    char bufs[5][128];
+    struct store_result res[5];
+    result_for(&res[0], &more[2], bufs[0], sizeof bufs[0]);
+    result_for(&res[1], &more[1], bufs[1], sizeof bufs[1]);
+    res[1].status_code = 400;
+    res[1].body = "{\"error\":{\"message\":\"too long\",\"type\":\"invalid_request_error\"}}";
+    result_for(&res[2], &rows[1], bufs[2], sizeof bufs[2]);
+    CHECK(store_complete_rows(s, res, 3, err, sizeof err) == 3);
+    CHECK(res[0].outcome == STORE_APPLIED && res[1].outcome == STORE_APPLIED);
+    CHECK(store_batch_get(r, bid, &info, err, sizeof err) == 0);
+    CHECK(info.status == STORE_BATCH_IN_PROGRESS && info.completed == 2 && info.failed == 1);
+
+    /* the same result again: reported, not written */
+    CHECK(store_complete_rows(s, res, 1, err, sizeof err) == 0 && res[0].outcome == STORE_DUPLICATE);
+    CHECK(store_batch_get(r, bid, &info, err, sizeof err) == 0 && info.completed == 2);
+
+    result_for(&res[0], &rows[0], bufs[0], sizeof bufs[0]);
+    result_for(&res[1], &more[0], bufs[1], sizeof bufs[1]);
+    res[1].body = "not json"; /* kept as a JSON string so the output stays valid */
+    struct store_result bogus = {.row_id = 999999, .status_code = 200};
+    res[2] = bogus;
+    CHECK(store_complete_rows(s, res, 3, err, sizeof err) == 2 && res[2].outcome == STORE_DROPPED);
+
+    CHECK(store_batch_get(r, bid, &info, err, sizeof err) == 0);
+    CHECKF(info.status == STORE_BATCH_COMPLETED, "status %s", store_batch_status_name(info.status));
+    CHECK(info.completed == 4 && info.failed == 1 && info.output_file_id[0] && info.error_file_id[0]);
+    char *out = content(r, info.output_file_id);
+    CHECK(out && count_lines(out) == 4);
+    if (out) {
+        const char *want[] = {"req-0", "req-1", "req-2", "req-4"};
+        char *save, *line = strtok_r(out, "\n", &save);
+        for (int k = 0; k < 4 && line; k++, line = strtok_r(NULL, "\n", &save)) {
+            json_doc d;
+            char e[128];
+            CHECKF(json_parse(&d, line, strlen(line), e, sizeof e) == 0, "%s", line);
+            CHECK(json_str_eq(&d, json_get(&d, 0, "custom_id"), want[k]));
+            int resp = json_get(&d, 0, "response");
+            int64_t sc = 0;
+            CHECK(json_i64(&d, json_get(&d, resp, "status_code"), &sc) == 0 && sc == 200);
+            CHECK(json_str_eq(&d, json_get(&d, resp, "request_id"), "req_x"));
+            CHECK(json_is_null(&d, json_get(&d, 0, "error")));
+            CHECK(json_str_eq(&d, json_get(&d, 0, "id"), "") == false);
+            int body = json_get(&d, resp, "body");
+            if (k == 2) CHECK(json_str_eq(&d, body, "not json"));
+            else CHECK(json_str_eq(&d, json_get(&d, body, "echo"), want[k]));
+            json_free(&d);
+        }
+    }
+    free(out);
+    char *bad = content(r, info.error_file_id);
+    CHECK(bad && count_lines(bad) == 1 && strstr(bad, "\"custom_id\":\"req-3\"") &&
+          strstr(bad, "\"status_code\":400") && strstr(bad, "too long"));
+    free(bad);
+
+    struct json_buf j;
+    json_buf_init(&j);
+    CHECK(store_batch_get_json(r, bid, &j, err, sizeof err) == 0);
+    CHECK(strstr(j.p, "\"status\":\"completed\"") && strstr(j.p, "\"request_counts\":{\"total\":5,\"completed\":4,\"failed\":1}"));
+    CHECK(!strstr(j.p, "\"in_progress_at\":null") && !strstr(j.p, "\"finalizing_at\":null") &&
+          !strstr(j.p, "\"completed_at\":null") && strstr(j.p, "\"cancelled_at\":null"));
+    CHECK(strstr(j.p, "\"object\":\"batch\"") && strstr(j.p, "\"errors\":null") && strstr(j.p, "\"metadata\":null"));
+    json_buf_free(&j);
+    json_buf_init(&j);
+    CHECK(store_file_get_json(r, info.output_file_id, &j, err, sizeof err) == 0);
+    CHECK(strstr(j.p, "\"purpose\":\"batch_output\""));
+    json_buf_free(&j);
+    CHECK(store_batch_cancel(s, bid, err, sizeof err) == STORE_ECONFLICT);
+out:
+    store_rows_free(rows, n);
+    store_rows_free(more, m);
+    store_close(r);
+    store_close(s);
+}
+
+static void test_cancel(void)
+{
+    char dir[512];
+    new_dir(dir, sizeof dir, "cancel");
+    store *s = open_dir(dir, NULL);
+    char bid[STORE_ID_MAX];
+    CHECKF(make_batch(s, 6, bid) == 0, "%s", err);
+    struct store_row *rows;
+    int n = store_claim_pending(s, 2, &rows, err, sizeof err);
+    CHECK(n == 2);
+    CHECK(store_batch_cancel(s, bid, err, sizeof err) == 0);
+    struct store_batch_info info;
+    CHECK(store_batch_get(s, bid, &info, err, sizeof err) == 0 && info.status == STORE_BATCH_CANCELLING);
+    struct store_row *none;
+    CHECK(store_claim_pending(s, 10, &none, err, sizeof err) == 0);
+    CHECK(store_batch_cancel(s, bid, err, sizeof err) == 0);
+    if (n == 2) {
+        char b0[128], b1[128];
+        struct store_result res[2];
+        result_for(&res[0], &rows[0], b0, sizeof b0);
+        result_for(&res[1], &rows[1], b1, sizeof b1);
+        CHECK(store_complete_rows(s, res, 1, err, sizeof err) == 1);
+        CHECK(store_batch_get(s, bid, &info, err, sizeof err) == 0 && info.status == STORE_BATCH_CANCELLING);
+        CHECK(store_tick(s, err, sizeof err) == 0);
+        CHECK(store_complete_rows(s, res + 1, 1, err, sizeof err) == 1);
+    }
+    CHECK(store_batch_get(s, bid, &info, err, sizeof err) == 0);
+    CHECKF(info.status == STORE_BATCH_CANCELLED, "status %s", store_batch_status_name(info.status));
+    CHECK(info.completed == 2 && info.failed == 0);
+    char *out = content(s, info.output_file_id), *bad = content(s, info.error_file_id);
+    CHECK(out && count_lines(out) == 2 && strstr(out, "req-0") && strstr(out, "req-1"));
+    CHECK(bad && count_lines(bad) == 4 && strstr(bad, "batch_cancelled") && strstr(bad, "req-5"));
+    free(out);
+    free(bad);
+    struct json_buf j;
+    json_buf_init(&j);
+    store_batch_get_json(s, bid, &j, err, sizeof err);
+    CHECK(j.p && !strstr(j.p, "\"cancelling_at\":null") && !strstr(j.p, "\"cancelled_at\":null"));
+    json_buf_free(&j);
+    CHECK(store_batch_cancel(s, bid, err, sizeof err) == 0);
+    CHECK(store_batch_cancel(s, "batch_nope", err, sizeof err) == STORE_ENOTFOUND);
+    store_rows_free(rows, n);
+
+    /* cancel with nothing running finishes at once; a crash while
+     * cancelling resumes: the rows it put back to pending are cancelled */
+    CHECK(make_batch(s, 3, bid) == 0);
+    n = store_claim_pending(s, 1, &rows, err, sizeof err);
+    CHECK(store_batch_cancel(s, bid, err, sizeof err) == 0);
+    store_rows_free(rows, n);
+    store_close(s); /* the claimed row is still running on disk */
+    s = open_dir(dir, NULL);
+    CHECK(store_batch_get(s, bid, &info, err, sizeof err) == 0 && info.status == STORE_BATCH_CANCELLED);
+    CHECK(info.completed == 0 && !info.output_file_id[0] && info.error_file_id[0]);
+    store_close(s);
+}
+
+static void test_expiry(void)
+{
+    char dir[512];
+    new_dir(dir, sizeof dir, "expiry");
+    struct store_opts o = {.allow_short_windows = true};
+    store *s = open_dir(dir, &o);
+    store_set_clock(s, fake_clock, NULL);
+    fake_now = 1700000000;
+    char fid[STORE_ID_MAX], bid[STORE_ID_MAX];
+    char *t = request_lines(5, 0, NULL);
+    CHECK(upload(s, "batch", t, fid) == 0);
+    free(t);
+    CHECKF(store_batch_create(s, fid, "/v1/chat/completions", "2s", NULL, bid, err, sizeof err) == 0, "%s", err);
+    struct store_batch_info info;
+    CHECK(store_batch_get(s, bid, &info, err, sizeof err) == 0);
+    CHECK(info.created_at == 1700000000 && info.expires_at == 1700000002);
+    struct store_row *rows;
+    int n = store_claim_pending(s, 2, &rows, err, sizeof err);
+    CHECK(n == 2);
+    char b0[128], b1[128];
+    struct store_result res[2];
+    if (n == 2) {
+        result_for(&res[0], &rows[0], b0, sizeof b0);
+        result_for(&res[1], &rows[1], b1, sizeof b1);
+        CHECK(store_complete_rows(s, res, 1, err, sizeof err) == 1);
+    }
+    fake_now += 1;
+    CHECK(store_tick(s, err, sizeof err) == 0);
+    fake_now += 1;
+    CHECK(store_tick(s, err, sizeof err) == 1);
+    CHECK(store_batch_get(s, bid, &info, err, sizeof err) == 0);
+    CHECKF(info.status == STORE_BATCH_EXPIRED, "status %s", store_batch_status_name(info.status));
+    CHECK(info.completed == 1 && info.failed == 4);
+    if (n == 2) {
+        /* the running row's late result is refused, not written */
+        CHECK(store_complete_rows(s, res + 1, 1, err, sizeof err) == 0 && res[1].outcome == STORE_DROPPED);
+    }
+    char *out = content(s, info.output_file_id), *bad = content(s, info.error_file_id);
+    CHECK(out && count_lines(out) == 1 && strstr(out, "req-0"));
+    CHECK(bad && count_lines(bad) == 4 && strstr(bad, "\"code\":\"batch_expired\"") && !strstr(bad, "req-0"));
+    free(out);
+    free(bad);
+    struct json_buf j;
+    json_buf_init(&j);
+    store_batch_get_json(s, bid, &j, err, sizeof err);
+    CHECK(j.p && strstr(j.p, "\"expired_at\":1700000002") && strstr(j.p, "\"completion_window\":\"2s\""));
+    json_buf_free(&j);
+    store_rows_free(rows, n);
+    store_close(s);
+
+    /* without the option, short windows are refused */
+    s = open_dir(dir, NULL);
+    CHECK(store_batch_create(s, fid, "/v1/chat/completions", "2s", NULL, bid, err, sizeof err) == SL_EINVAL);
+    store_close(s);
+}
+
+static void test_list_pagination(void)
+{
+    char dir[512];
+    new_dir(dir, sizeof dir, "list");
+    store *s = open_dir(dir, NULL);
+    char ids[5][STORE_ID_MAX];
+    for (int k = 0; k < 5; k++) CHECK(make_batch(s, 1, ids[k]) == 0);
+    store *r = store_open_reader(dir, err, sizeof err);
+    const char *after = NULL;
+    char last[STORE_ID_MAX] = "";
+    int seen = 0;
+    for (int page = 0; page < 3; page++) {
+        struct json_buf j;
+        json_buf_init(&j);
+        CHECK(store_batch_list_json(r, after, 2, &j, err, sizeof err) == 0);
+        json_doc d;
+        char e[128];
+        if (json_parse(&d, j.p, j.len, e, sizeof e)) {
+            CHECKF(0, "%s", e);
+            json_buf_free(&j);
+            break;
+        }
+        int data = json_get(&d, 0, "data");
+        int want = page < 2 ? 2 : 1;
+        CHECK(json_size(&d, data) == want);
+        for (int k = 0; k < json_size(&d, data); k++)
+            CHECK(json_str_eq(&d, json_get(&d, json_at(&d, data, k), "id"), ids[4 - seen++]));
+        bool more;
+        CHECK(json_bool(&d, json_get(&d, 0, "has_more"), &more) == 0 && more == (page < 2));
+        CHECK(json_str_eq(&d, json_get(&d, 0, "first_id"), ids[4 - 2 * page]));
+        json_str(&d, json_get(&d, 0, "last_id"), last, sizeof last);
+        after = last;
+        json_free(&d);
+        json_buf_free(&j);
+    }
+    CHECK(seen == 5);
+    struct json_buf j;
+    json_buf_init(&j);
+    CHECK(store_batch_list_json(r, ids[0], 2, &j, err, sizeof err) == 0);
+    CHECK(strstr(j.p, "\"data\":[]") && strstr(j.p, "\"first_id\":null") && strstr(j.p, "\"has_more\":false"));
+    json_buf_free(&j);
+    json_buf_init(&j);
+    CHECK(store_batch_list_json(r, "batch_nope", 2, &j, err, sizeof err) == STORE_ENOTFOUND);
+    json_buf_free(&j);
+    store_close(r);
+    store_close(s);
+}
+
+/* The child of the crash test: claims and completes rows in batched
+ * transactions until killed (or it decides to _exit on its own). */
+static void crash_child(const char *dir, unsigned seed)
+{
+    srand(seed);
+    store *s = store_open(dir, NULL, err, sizeof err);
+    if (!s) _exit(3);
+    for (;;) {
+        struct store_row *rows;
+        int n = store_claim_pending(s, 1 + rand() % 24, &rows, err, sizeof err);
+        if (n < 0) _exit(4);
+        if (n == 0) _exit(0);
+        struct store_result *res = calloc((size_t)n, sizeof *res);
+        char(*bufs)[128] = calloc((size_t)n, 128);
+        for (int i = 0; i < n; i++) result_for(&res[i], &rows[i], bufs[i], 128);
+        /* complete in a few transactions, in shuffled order */
+        for (int i = n - 1; i > 0; i--) {
+            int k = rand() % (i + 1);
+            struct store_result t = res[i];
+            res[i] = res[k];
+            res[k] = t;
+        }
+        for (int done = 0; done < n;) {
+            int k = 1 + rand() % (n - done);
+            if (store_complete_rows(s, res + done, k, err, sizeof err) < 0) _exit(5);
+            for (int i = done; i < done + k; i++)
+                if (res[i].outcome != STORE_APPLIED) _exit(6); /* a result written twice would show here */
+            done += k;
+            if (rand() % 50 == 0) _exit(0); /* rows still running: left for recovery */
+        }
+        free(res);
+        free(bufs);
+        store_rows_free(rows, n);
+    }
+}
+
+/* After a crash: every row is pending (nothing running survives a reopen) or
+ * finished exactly once with its own result; the counts agree with the rows. */
+static void check_consistent(const char *dir, const char *bid, int total)
+{
+    CHECK(q1(dir, "SELECT count(*) FROM batch_requests WHERE state = 'running'") == 0);
+    int64_t done = q1(dir, "SELECT count(*) FROM batch_requests WHERE state = 'done'");
+    int64_t pend = q1(dir, "SELECT count(*) FROM batch_requests WHERE state = 'pending'");
+    CHECKF(done + pend == total, "done %lld pending %lld", (long long)done, (long long)pend);
+    CHECK(q1(dir, "SELECT count(*) FROM batch_requests WHERE state = 'done' AND"
+                  " result <> '{\"object\":\"chat.completion\",\"echo\":\"' || custom_id || '\"}'") == 0);
+    CHECK(q1(dir, "SELECT count(*) FROM batch_requests WHERE state = 'pending' AND result IS NOT NULL") == 0);
+    char sql[256];
+    snprintf(sql, sizeof sql, "SELECT n_completed FROM batches WHERE id = '%s'", bid);
+    CHECKF(q1(dir, sql) == done, "n_completed %lld, done rows %lld", (long long)q1(dir, sql), (long long)done);
+}
+
+static void test_crash_recovery(void)
+{
+    char dir[512];
+    new_dir(dir, sizeof dir, "crash");
+    const int total = 300;
+    store *s = open_dir(dir, NULL);
+    char bid[STORE_ID_MAX];
+    CHECKF(make_batch(s, total, bid) == 0, "%s", err);
+    store_close(s);
+    unsigned seed = (unsigned)time(NULL);
+    printf("  crash test seed %u\n", seed);
+    srand(seed);
+    int kills = 0, rounds = 0;
+    struct store_batch_info info = {0};
+    for (; rounds < 60; rounds++) {
+        pid_t pid = fork();
+        if (pid == 0) crash_child(dir, seed + (unsigned)rounds);
+        CHECK(pid > 0);
+        struct timespec ts = {0, (long)(rand() % 40) * 1000000L + 1000000L};
+        nanosleep(&ts, NULL);
+        if (kill(pid, SIGKILL) == 0) kills++;
+        int st = 0;
+        waitpid(pid, &st, 0);
+        CHECKF(!WIFEXITED(st) || WEXITSTATUS(st) == 0, "child exit %d", WEXITSTATUS(st));
+        /* reopen = recovery */
+        s = open_dir(dir, NULL);
+        if (!s) break;
+        store_batch_get(s, bid, &info, err, sizeof err);
+        store_close(s);
+        if (info.status == STORE_BATCH_COMPLETED) break;
+        check_consistent(dir, bid, total);
+    }
+    printf("  %d rounds, %d kills\n", rounds + 1, kills);
+    /* finish whatever is left in-process */
+    s = open_dir(dir, NULL);
+    for (;;) {
+        struct store_row *rows;
+        int n = store_claim_pending(s, 50, &rows, err, sizeof err);
+        if (n <= 0) break;
+        struct store_result res[50];
+        char bufs[50][128];
+        for (int i = 0; i < n; i++) result_for(&res[i], &rows[i], bufs[i], 128);
+        CHECK(store_complete_rows(s, res, n, err, sizeof err) == n);
+        store_rows_free(rows, n);
+    }
+    CHECK(store_batch_get(s, bid, &info, err, sizeof err) == 0);
+    CHECKF(info.status == STORE_BATCH_COMPLETED, "status %s", store_batch_status_name(info.status));
+    CHECK(info.completed == total && info.failed == 0);
+    char *out = content(s, info.output_file_id);
+    CHECK(out && count_lines(out) == total);
+    if (out) {
+        char *save, *line = strtok_r(out, "\n", &save);
+        for (int k = 0; k < total && line; k++, line = strtok_r(NULL, "\n", &save)) {
+            char want[64], cid[64];
+            snprintf(want, sizeof want, "req-%d", k);
+            CHECKF(jstr(line, "custom_id", cid, sizeof cid) && strcmp(cid, want) == 0, "line %d: %s", k, line);
+            snprintf(want, sizeof want, "\"echo\":\"req-%d\"}", k);
+            CHECK(strstr(line, want));
+        }
+    }
+    free(out);
+    /* exactly one output file for the batch, whatever the crashes did */
+    CHECK(q1(dir, "SELECT count(*) FROM files WHERE purpose = 'batch_output'") == 1);
+    store_close(s);
+    char fdir[600];
+    snprintf(fdir, sizeof fdir, "%s/files", dir);
+    int nfiles = 0;
+    DIR *d = opendir(fdir);
+    for (struct dirent *e; d && (e = readdir(d));) nfiles += e->d_name[0] != '.';
+    if (d) closedir(d);
+    CHECKF(nfiles == 2, "%d content files (input + output expected)", nfiles);
+}
+
+static long maxrss_kb(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_maxrss;
+}
+
+static void test_large_file(void)
+{
+    char dir[512];
+    new_dir(dir, sizeof dir, "large");
+    store *s = open_dir(dir, NULL);
+    const int total = 50000;
+    char pad[513];
+    memset(pad, 'x', 512);
+    pad[512] = '\0';
+    char path[600];
+    snprintf(path, sizeof path, "%s/big.jsonl", store_tmp_dir(s));
+    FILE *f = fopen(path, "w");
+    for (int i = 0; i < total; i++)
+        fprintf(f,
+                "{\"custom_id\":\"req-%d\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\","
+                "\"body\":{\"messages\":[{\"role\":\"user\",\"content\":\"%d %s\"}]}}\n",
+                i, i, pad);
+    fclose(f);
+    long rss0 = maxrss_kb();
+    char fid[STORE_ID_MAX], bid[STORE_ID_MAX];
+    CHECKF(store_file_create(s, path, "batch", "big.jsonl", fid, err, sizeof err) == 0, "%s", err);
+    CHECKF(store_batch_create(s, fid, "/v1/chat/completions", "24h", NULL, bid, err, sizeof err) == 0, "%s", err);
+    struct store_batch_info info;
+    CHECK(store_batch_get(s, bid, &info, err, sizeof err) == 0 && info.status == STORE_BATCH_IN_PROGRESS &&
+          info.total == total);
+    int64_t next = 0;
+    bool order = true;
+    for (;;) {
+        struct store_row *rows;
+        int n = store_claim_pending(s, 256, &rows, err, sizeof err);
+        if (n <= 0) break;
+        struct store_result res[256];
+        char bufs[256][128];
+        for (int i = 0; i < n; i++) {
+            order &= rows[i].line == next++;
+            result_for(&res[i], &rows[i], bufs[i], 128);
+        }
+        CHECK(store_complete_rows(s, res, n, err, sizeof err) == n);
+        store_rows_free(rows, n);
+    }
+    CHECK(order && next == total);
+    CHECK(store_batch_get(s, bid, &info, err, sizeof err) == 0 && info.status == STORE_BATCH_COMPLETED &&
+          info.completed == total);
+    long grown = maxrss_kb() - rss0;
+    printf("  50,000 lines (%.0f MB): peak RSS grew by %ld KB\n", 50000.0 * 600 / 1e6, grown);
+    CHECKF(grown < 24 * 1024, "peak RSS grew by %ld KB", grown); /* the file is ~30 MB */
+    int fd;
+    int64_t size = 0;
+    CHECK(store_file_open_content(s, info.output_file_id, &fd, &size, err, sizeof err) == 0);
+    CHECK(size > 0 && q1(dir, "SELECT lines FROM files WHERE purpose = 'batch_output'") == total);
+    close(fd);
+    store_close(s);
+}
+
+static void test_limits(void)
+{
+    char dir[512];
+    new_dir(dir, sizeof dir, "limits");
+    struct store_opts o = {.max_file_lines = 10, .max_file_bytes = 4000};
+    store *s = open_dir(dir, &o);
+    char fid[STORE_ID_MAX], bid[STORE_ID_MAX];
+    char *t = request_lines(11, 0, NULL);
+    char path[600];
+    CHECK(upload(s, "batch", t, fid) == STORE_ELIMIT);
+    CHECKF(strstr(err, "11 requests") && strstr(err, "at most 10"), "%s", err);
+    free(t);
+    t = request_lines(10, 0, "yyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyy"
+                                "yyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyy"
+                                "yyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyy");
+    CHECK(upload(s, "batch", t, fid) == STORE_ELIMIT);
+    CHECKF(strstr(err, "bytes") && strstr(err, "at most 4000"), "%s", err);
+    free(t);
+    CHECK(q1(dir, "SELECT count(*) FROM files") == 0);
+    /* the refused upload is gone too */
+    int left = 0;
+    DIR *d = opendir(store_tmp_dir(s));
+    for (struct dirent *e; d && (e = readdir(d));) left += e->d_name[0] != '.';
+    if (d) closedir(d);
+    CHECK(left == 0);
+    /* other purposes have no batch limits */
+    t = request_lines(11, 0, NULL);
+    CHECK(upload(s, "fine-tune", t, fid) == 0);
+    store_close(s);
+
+    /* a file within the limits at upload, past them at batch time (the
+     * limit was lowered): the batch fails with a clear per-file error */
+    struct store_opts big = {0};
+    s = open_dir(dir, &big);
+    CHECK(upload(s, "batch", t, fid) == 0);
+    store_close(s);
+    free(t);
+    s = open_dir(dir, &o);
+    CHECK(store_batch_create(s, fid, "/v1/chat/completions", "24h", NULL, bid, err, sizeof err) == 0);
+    struct json_buf j;
+    json_buf_init(&j);
+    store_batch_get_json(s, bid, &j, err, sizeof err);
+    CHECK(j.p && strstr(j.p, "\"status\":\"failed\"") && strstr(j.p, "too_many_requests_in_file") &&
+          strstr(j.p, "\"line\":11"));
+    json_buf_free(&j);
+    CHECK(q1(dir, "SELECT count(*) FROM batch_requests") == 0);
+    (void)path;
+    store_close(s);
+}
+
+static void test_recovery_of_validating(void)
+{
+    /* a crash while validating leaves a `validating` batch; reopening
+     * validates it again and the batch runs */
+    char dir[512];
+    new_dir(dir, sizeof dir, "revalid");
+    store *s = open_dir(dir, NULL);
+    char bid[STORE_ID_MAX];
+    CHECK(make_batch(s, 4, bid) == 0);
+    store_close(s);
+    char path[600];
+    snprintf(path, sizeof path, "%s/sluice.db", dir);
+    sqlite3 *db;
+    sqlite3_open(path, &db);
+    sqlite3_exec(db, "UPDATE batches SET status = 'validating'; DELETE FROM batch_requests WHERE line > 1", NULL,
+                 NULL, NULL);
+    sqlite3_close(db);
+    s = open_dir(dir, NULL);
+    struct store_batch_info info;
+    CHECK(store_batch_get(s, bid, &info, err, sizeof err) == 0);
+    CHECK(info.status == STORE_BATCH_IN_PROGRESS && info.total == 4);
+    CHECK(q1(dir, "SELECT count(*) FROM batch_requests") == 4);
+    store_close(s);
+
+    /* all rows finished but the crash came before finalizing: reopen finalizes */
+    sqlite3_open(path, &db);
+    sqlite3_exec(db,
+                 "UPDATE batch_requests SET state = 'done', status_code = 200, result = '{}';"
+                 "UPDATE batches SET n_completed = 4",
+                 NULL, NULL, NULL);
+    sqlite3_close(db);
+    s = open_dir(dir, NULL);
+    CHECK(store_batch_get(s, bid, &info, err, sizeof err) == 0 && info.status == STORE_BATCH_COMPLETED);
+    store_close(s);
+}
+
+static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb, (void)flag, (void)ftw;
+    return remove(p);
+}
+
+int main(void)
+{
+    snprintf(root, sizeof root, "/tmp/sluice-test-store-XXXXXX");
+    if (!mkdtemp(root)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    RUN(test_schema_and_reopen);
+    RUN(test_window_parse);
+    RUN(test_files);
+    RUN(test_validation);
+    RUN(test_lifecycle);
+    RUN(test_cancel);
+    RUN(test_expiry);
+    RUN(test_list_pagination);
+    RUN(test_recovery_of_validating);
+    RUN(test_limits);
+    RUN(test_crash_recovery);
+    RUN(test_large_file);
+    if (!getenv("KEEP")) nftw(root, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    return test_summary();
+}
