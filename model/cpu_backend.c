@@ -1,7 +1,12 @@
 /* cpu_backend.c - the CPU reference backend (model/backend.h, device "cpu").
  *
- * Plain f32: every weight is dequantized to f32 once, at creation; the
- * forward pass is the textbook Llama block (RMSNorm, QKV (+bias), per-head
+ * Plain f32 arithmetic. The big matrices stay in the checkpoint's own encoding
+ * (borrowed from the model's mapping: Q4_0/Q4_1/Q8_0/F16/BF16/F32) and are
+ * dequantized a block of rows at a time into per-thread f32 scratch right
+ * before use: the f32 values are exactly those model_tensor_to_f32() gives,
+ * so the result is bit-identical to dequantizing everything at creation, but
+ * decode reads 4-6x fewer bytes (it is memory bound). Norm weights and biases
+ * are converted to f32 at creation. The forward pass is the textbook Llama block (RMSNorm, QKV (+bias), per-head
  * q/k RMSNorm, RoPE, causal GQA attention through the block table, output
  * projection, SwiGLU MLP), then the LM head for the rows that need logits and
  * the sampler.
@@ -28,13 +33,21 @@
 
 #include "backend.h"
 
+/* A weight matrix [rows][in] in its stored encoding, borrowed from the model. */
+struct wmat {
+    enum model_dtype dt;
+    const uint8_t *data;
+    size_t row_bytes;
+    int in;
+};
+
 struct layer_f32 {
     float *attn_norm;               /* [n_embd] */
-    float *wq, *wk, *wv, *wo;       /* [n_head*hd][n_embd], [n_kv*hd][n_embd] x2, [n_embd][n_head*hd] */
+    struct wmat wq, wk, wv, wo;     /* [n_head*hd][n_embd], [n_kv*hd][n_embd] x2, [n_embd][n_head*hd] */
     float *bq, *bk, *bv;            /* [n_head*hd], [n_kv*hd] x2; NULL without qkv_bias */
     float *q_norm, *k_norm;         /* [hd]; NULL without qk_norm */
     float *ffn_norm;                /* [n_embd] */
-    float *w_gate, *w_up, *w_down;  /* [n_ff][n_embd] x2, [n_embd][n_ff] */
+    struct wmat w_gate, w_up, w_down; /* [n_ff][n_embd] x2, [n_embd][n_ff] */
 };
 
 struct cpu_backend {
@@ -43,8 +56,11 @@ struct cpu_backend {
     int nt;                         /* OpenMP threads */
     int max_tokens, max_seqs, max_ctx;
 
-    float *wmem;                    /* owned: every f32 weight, carved below */
-    float *tok_embd, *out_norm, *lm_head; /* [n_vocab][n_embd], [n_embd], [n_vocab][n_embd] (may alias tok_embd) */
+    float *wmem;                    /* owned: the small f32 weights (norms, biases), carved below */
+    float *out_norm;                /* [n_embd] */
+    struct wmat tok_embd, lm_head;  /* [n_vocab][n_embd] each (the same when tied) */
+    float *wbuf;                    /* [nt][ROW_BLOCK][max_in] dequantized weight rows per thread */
+    int max_in;
     struct layer_f32 *L;            /* [n_layer] */
     float *rope_cos, *rope_sin;     /* [max_ctx][rope_dim/2] */
 
@@ -190,15 +206,100 @@ static inline void dot_w4x1(const float *w0, const float *w1, const float *w2, c
 
 #define ROW_BLOCK 16
 
+static size_t row_bytes(enum model_dtype dt, int in)
+{
+    switch (dt) {
+    case MODEL_DT_F32: return (size_t)in * 4;
+    case MODEL_DT_F16:
+    case MODEL_DT_BF16: return (size_t)in * 2;
+    case MODEL_DT_Q8_0: return (size_t)in / 32 * 34;
+    case MODEL_DT_Q4_0: return (size_t)in / 32 * 18;
+    case MODEL_DT_Q4_1: return (size_t)in / 32 * 20;
+    }
+    return 0;
+}
+
+/* Row r of w as f32 into dst[w->in]: the same values as model_tensor_to_f32
+ * (q * d for Q8_0/Q4_0, q * d + m for Q4_1, each rounded once: no FMA). */
+static void deq_row(const struct wmat *w, int64_t r, float *dst)
+{
+    const uint8_t *p = w->data + (size_t)r * w->row_bytes;
+    int n = w->in;
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+    switch (w->dt) {
+    case MODEL_DT_F32: memcpy(dst, p, (size_t)n * 4); return;
+    case MODEL_DT_Q8_0:
+        for (int i = 0; i < n; i += 32, p += 34) {
+            __m256 d = _mm256_set1_ps(_cvtsh_ss((uint16_t)(p[0] | p[1] << 8)));
+            for (int j = 0; j < 32; j += 8) {
+                __m128i q = _mm_loadl_epi64((const __m128i *)(p + 2 + j));
+                _mm256_storeu_ps(dst + i + j,
+                                 _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d));
+            }
+        }
+        return;
+    case MODEL_DT_Q4_0:
+    case MODEL_DT_Q4_1: {
+        bool q41 = w->dt == MODEL_DT_Q4_1;
+        size_t bsz = q41 ? 20 : 18;
+        const __m128i lo_mask = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
+        for (int i = 0; i < n; i += 32, p += bsz) {
+            __m256 d = _mm256_set1_ps(_cvtsh_ss((uint16_t)(p[0] | p[1] << 8)));
+            __m256 m = _mm256_set1_ps(q41 ? _cvtsh_ss((uint16_t)(p[2] | p[3] << 8)) : 0.0f);
+            __m128i qs = _mm_loadu_si128((const __m128i *)(p + (q41 ? 4 : 2)));
+            __m128i lo = _mm_and_si128(qs, lo_mask), hi = _mm_and_si128(_mm_srli_epi16(qs, 4), lo_mask);
+            if (!q41) {
+                lo = _mm_sub_epi8(lo, eight);
+                hi = _mm_sub_epi8(hi, eight);
+            }
+            __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+            for (int j = 0; j < 4; j++) {
+                __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[j])), d);
+                if (q41) v = _mm256_add_ps(v, m);
+                _mm256_storeu_ps(dst + i + 8 * j, v);
+            }
+        }
+        return;
+    }
+    case MODEL_DT_F16:
+        for (int i = 0; i < n; i += 8) {
+            if (i + 8 > n) break;
+            _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 2 * i))));
+        }
+        for (int i = n & ~7; i < n; i++) dst[i] = _cvtsh_ss((uint16_t)(p[2 * i] | p[2 * i + 1] << 8));
+        return;
+    case MODEL_DT_BF16:
+        for (int i = 0; i < n; i++) {
+            uint32_t bits = (uint32_t)(p[2 * i] | p[2 * i + 1] << 8) << 16;
+            memcpy(dst + i, &bits, 4);
+        }
+        return;
+    }
+#endif
+    struct model_tensor t = {.dtype = w->dt, .ndim = 1, .ne = {n, 1, 1, 1}, .data = p,
+                             .nbytes = w->row_bytes};
+    model_tensor_to_f32(&t, 0, n, dst);
+}
+
 /* y[T][out] = x[T][in] . w[out][in]^T (+ bias[out]). Parallel over blocks of
- * output rows; within a block, 4 input rows share each weight row. */
-static void matmul(const struct cpu_backend *b, float *y, const float *x, const float *w,
+ * output rows; a block is dequantized into the thread's scratch, then 4 input
+ * rows share each weight row. */
+static void matmul(const struct cpu_backend *b, float *y, const float *x, const struct wmat *wm,
                    const float *bias, int T, int in, int out)
 {
     int nblk = (out + ROW_BLOCK - 1) / ROW_BLOCK;
+    SL_ASSERT(wm->in == in && in <= b->max_in);
 #pragma omp parallel for schedule(static) num_threads(b->nt)
     for (int blk = 0; blk < nblk; blk++) {
         int r0 = blk * ROW_BLOCK, r1 = r0 + ROW_BLOCK < out ? r0 + ROW_BLOCK : out;
+        const float *w;
+        if (wm->dt == MODEL_DT_F32) {
+            w = (const float *)wm->data;
+        } else {
+            float *buf = b->wbuf + (size_t)omp_get_thread_num() * ROW_BLOCK * b->max_in;
+            for (int r = r0; r < r1; r++) deq_row(wm, r, buf + (size_t)(r - r0) * in);
+            w = buf - (size_t)r0 * in; /* so that w + r * in addresses row r */
+        }
         int t = 0;
         for (; t + 4 <= T; t += 4) {
             const float *x0 = x + (size_t)t * in;
@@ -267,17 +368,21 @@ static const struct model_backend_ops cpu_ops = {
     .destroy = backend_destroy,
 };
 
-/* Dequantizes t into dst, rows in parallel (row starts are block aligned:
- * the readers guarantee ne[0] is a multiple of the quant block). */
-static void to_f32(const struct cpu_backend *b, const struct model_tensor *t, float *dst)
+static int wmat_init(struct wmat *m, const struct model_tensor *t, char *err, size_t errlen)
 {
-    int64_t cols = t->ne[0], rows = model_tensor_nelem(t) / (cols ? cols : 1);
-    int64_t chunk = 64, nch = (rows + chunk - 1) / chunk;
-#pragma omp parallel for schedule(dynamic) num_threads(b->nt)
-    for (int64_t ch = 0; ch < nch; ch++) {
-        int64_t r0 = ch * chunk, r1 = r0 + chunk < rows ? r0 + chunk : rows;
-        model_tensor_to_f32(t, r0 * cols, (r1 - r0) * cols, dst + r0 * cols);
+    int64_t in = t->ne[0];
+    bool quant = t->dtype == MODEL_DT_Q8_0 || t->dtype == MODEL_DT_Q4_0 || t->dtype == MODEL_DT_Q4_1;
+    if (!t->data || in <= 0 || in > (1 << 24) || (quant && in % 32) ||
+        t->nbytes < row_bytes(t->dtype, (int)in) * (size_t)t->ne[1]) {
+        seterr(err, errlen, "tensor %s: unusable layout (%s, %lld columns)", t->name ? t->name : "?",
+               model_dtype_name(t->dtype), (long long)in);
+        return SL_EUNSUP;
     }
+    m->dt = t->dtype;
+    m->data = t->data;
+    m->in = (int)in;
+    m->row_bytes = row_bytes(t->dtype, (int)in);
+    return 0;
 }
 
 static void *zalloc(size_t n)
@@ -351,52 +456,59 @@ model_backend *model_cpu_backend_create(const model *m, const struct model_backe
 
     size_t E = c->n_embd, F = c->n_ff, D = c->head_dim, Q = (size_t)c->n_head * D,
            KV = (size_t)c->n_head_kv * D, V = c->n_vocab;
-    size_t per_layer = E + Q * E + 2 * KV * E + E * Q + (c->qkv_bias ? Q + 2 * KV : 0) +
-                       (c->qk_norm ? 2 * D : 0) + E + 3 * F * E;
-    size_t nw = V * E + E + (c->tie_embeddings ? 0 : V * E) + per_layer * c->n_layer;
+    size_t per_layer = 2 * E + (c->qkv_bias ? Q + 2 * KV : 0) + (c->qk_norm ? 2 * D : 0);
+    size_t nw = E + per_layer * c->n_layer;
     b->wmem = zalloc(nw * sizeof(float));
     b->L = calloc((size_t)c->n_layer, sizeof *b->L);
     if (!b->wmem || !b->L) {
-        seterr(err, errlen, "out of memory for %.2f GB of f32 weights", nw * 4.0 / 1e9);
+        seterr(err, errlen, "out of memory");
         goto fail;
     }
     float *p = b->wmem;
-#define CARVE(dst, t, n)                                                                       \
+#define VEC(dst, t, n)                                                                         \
     do {                                                                                       \
         (dst) = p;                                                                             \
-        to_f32(b, (t), p);                                                                     \
+        model_tensor_to_f32((t), 0, (int64_t)(n), p);                                          \
         p += (n);                                                                              \
     } while (0)
-    CARVE(b->tok_embd, &w->tok_embd, V * E);
-    CARVE(b->out_norm, &w->out_norm, E);
+#define MAT(dst, t)                                                                            \
+    do {                                                                                       \
+        if (wmat_init(&(dst), (t), err, errlen)) goto fail;                                    \
+    } while (0)
+    MAT(b->tok_embd, &w->tok_embd);
+    VEC(b->out_norm, &w->out_norm, E);
     if (c->tie_embeddings)
         b->lm_head = b->tok_embd;
     else
-        CARVE(b->lm_head, &w->lm_head, V * E);
+        MAT(b->lm_head, &w->lm_head);
     for (int l = 0; l < c->n_layer; l++) {
         const struct model_layer_weights *lw = &w->layers[l];
         struct layer_f32 *L = &b->L[l];
-        CARVE(L->attn_norm, &lw->attn_norm, E);
-        CARVE(L->wq, &lw->wq, Q * E);
-        CARVE(L->wk, &lw->wk, KV * E);
-        CARVE(L->wv, &lw->wv, KV * E);
-        CARVE(L->wo, &lw->wo, E * Q);
+        VEC(L->attn_norm, &lw->attn_norm, E);
+        MAT(L->wq, &lw->wq);
+        MAT(L->wk, &lw->wk);
+        MAT(L->wv, &lw->wv);
+        MAT(L->wo, &lw->wo);
         if (c->qkv_bias) {
-            CARVE(L->bq, &lw->bq, Q);
-            CARVE(L->bk, &lw->bk, KV);
-            CARVE(L->bv, &lw->bv, KV);
+            VEC(L->bq, &lw->bq, Q);
+            VEC(L->bk, &lw->bk, KV);
+            VEC(L->bv, &lw->bv, KV);
         }
         if (c->qk_norm) {
-            CARVE(L->q_norm, &lw->q_norm, D);
-            CARVE(L->k_norm, &lw->k_norm, D);
+            VEC(L->q_norm, &lw->q_norm, D);
+            VEC(L->k_norm, &lw->k_norm, D);
         }
-        CARVE(L->ffn_norm, &lw->ffn_norm, E);
-        CARVE(L->w_gate, &lw->w_gate, F * E);
-        CARVE(L->w_up, &lw->w_up, F * E);
-        CARVE(L->w_down, &lw->w_down, E * F);
+        VEC(L->ffn_norm, &lw->ffn_norm, E);
+        MAT(L->w_gate, &lw->w_gate);
+        MAT(L->w_up, &lw->w_up);
+        MAT(L->w_down, &lw->w_down);
     }
-#undef CARVE
+#undef VEC
+#undef MAT
     SL_ASSERT((size_t)(p - b->wmem) == nw);
+    b->max_in = (int)(E > F ? E : F);
+    if ((size_t)b->max_in < Q) b->max_in = (int)Q;
+    b->wbuf = zalloc((size_t)b->nt * ROW_BLOCK * b->max_in * sizeof(float));
 
     size_t T = b->max_tokens, S = b->max_seqs, half = c->rope_dim / 2;
     b->rope_cos = zalloc((size_t)b->max_ctx * half * sizeof(float));
@@ -418,7 +530,7 @@ model_backend *model_cpu_backend_create(const model *m, const struct model_backe
     b->samp = zalloc(model_sample_scratch_bytes(c->n_vocab));
     if (!b->rope_cos || !b->rope_sin || !b->x || !b->xn || !b->q || !b->att || !b->k || !b->v ||
         !b->gate || !b->up || !b->hfin || !b->logits || !b->scores || !b->tok_seq || !b->row_tok ||
-        !b->row_seq || !b->samp) {
+        !b->row_seq || !b->samp || !b->wbuf) {
         seterr(err, errlen, "out of memory for scratch (%d tokens, %d seqs, ctx %d)", b->max_tokens,
                b->max_seqs, b->max_ctx);
         goto fail;
@@ -591,16 +703,16 @@ static int backend_forward(model_backend *mb, struct step *s, char *err, size_t 
     float eps = c->norm_eps;
 
     for (int t = 0; t < T; t++)
-        memcpy(b->x + (size_t)t * E, b->tok_embd + (size_t)s->token_ids[t] * E, E * sizeof(float));
+        deq_row(&b->tok_embd, s->token_ids[t], b->x + (size_t)t * E);
 
     for (int l = 0; l < c->n_layer; l++) {
         const struct layer_f32 *L = &b->L[l];
 #pragma omp parallel for num_threads(b->nt) if (T >= 8)
         for (int t = 0; t < T; t++)
             rmsnorm(b->xn + (size_t)t * E, b->x + (size_t)t * E, L->attn_norm, E, eps);
-        matmul(b, b->q, b->xn, L->wq, L->bq, T, E, Q);
-        matmul(b, b->k, b->xn, L->wk, L->bk, T, E, KV);
-        matmul(b, b->v, b->xn, L->wv, L->bv, T, E, KV);
+        matmul(b, b->q, b->xn, &L->wq, L->bq, T, E, Q);
+        matmul(b, b->k, b->xn, &L->wk, L->bk, T, E, KV);
+        matmul(b, b->v, b->xn, &L->wv, L->bv, T, E, KV);
         float *Kc = b->kv + (size_t)(2 * l) * b->kv_layer;
         float *Vc = b->kv + (size_t)(2 * l + 1) * b->kv_layer;
 #pragma omp parallel for num_threads(b->nt) if (T >= 8)
@@ -621,19 +733,19 @@ static int backend_forward(model_backend *mb, struct step *s, char *err, size_t 
             memcpy(Vc + (size_t)s->slots[t] * KV, b->v + (size_t)t * KV, KV * sizeof(float));
         }
         attention(b, s, l);
-        matmul(b, b->xn, b->att, L->wo, NULL, T, Q, E);
+        matmul(b, b->xn, b->att, &L->wo, NULL, T, Q, E);
         for (size_t i = 0; i < (size_t)T * E; i++) b->x[i] += b->xn[i];
 
 #pragma omp parallel for num_threads(b->nt) if (T >= 8)
         for (int t = 0; t < T; t++)
             rmsnorm(b->xn + (size_t)t * E, b->x + (size_t)t * E, L->ffn_norm, E, eps);
-        matmul(b, b->gate, b->xn, L->w_gate, NULL, T, E, F);
-        matmul(b, b->up, b->xn, L->w_up, NULL, T, E, F);
+        matmul(b, b->gate, b->xn, &L->w_gate, NULL, T, E, F);
+        matmul(b, b->up, b->xn, &L->w_up, NULL, T, E, F);
         for (size_t i = 0; i < (size_t)T * F; i++) {
             float g = b->gate[i];
             b->gate[i] = g / (1.0f + expf(-g)) * b->up[i];
         }
-        matmul(b, b->xn, b->gate, L->w_down, NULL, T, F, E);
+        matmul(b, b->xn, b->gate, &L->w_down, NULL, T, F, E);
         for (size_t i = 0; i < (size_t)T * E; i++) b->x[i] += b->xn[i];
     }
 
@@ -649,7 +761,7 @@ static int backend_forward(model_backend *mb, struct step *s, char *err, size_t 
         R++;
     }
     if (R == 0) return 0;
-    matmul(b, b->logits, b->hfin, b->lm_head, NULL, R, E, c->n_vocab);
+    matmul(b, b->logits, b->hfin, &b->lm_head, NULL, R, E, c->n_vocab);
     for (int r = 0; r < R; r++) {
         struct step_seq *q = &s->seqs[b->row_seq[r]];
         float *lg = b->logits + (size_t)r * c->n_vocab;
@@ -672,6 +784,7 @@ static void backend_destroy(model_backend *mb)
     struct cpu_backend *b = (struct cpu_backend *)mb;
     if (!b) return;
     free(b->wmem);
+    free(b->wbuf);
     free(b->L);
     free(b->rope_cos);
     free(b->rope_sin);
