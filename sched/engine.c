@@ -225,6 +225,9 @@ static void *engine_main(void *arg)
             pthread_mutex_lock(&e->mu);
             n_before = e->pending.n;
             for (int i = 0; i < n_ab; i++) sched_abort(e->s, ab[i], emit_locked, e);
+            /* the snapshot a consumer reads after the finish event shows the blocks released */
+            sched_get_stats(e->s, &e->stats.sched);
+            kv_pool_stats(e->pool, &e->stats.kv);
             bool posted = e->pending.n > n_before;
             if (posted) pthread_cond_broadcast(&e->ev_cv);
             pthread_mutex_unlock(&e->mu);

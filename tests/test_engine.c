@@ -1,0 +1,338 @@
+/* test_engine.c - the engine on the default model (CPU backend, greedy):
+ * batched, chunked, cached and preempted runs give exactly the tokens of a
+ * lone run; stop strings, refusal and abort. Small token counts throughout so
+ * the whole file runs in about a minute on two cores. */
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "model/backend.h"
+#include "model/model.h"
+#include "sched/sched.h"
+#include "test.h"
+
+#define MODEL_PATH "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+#define MAX_REQ 40
+#define MAX_GEN 16
+
+static char err[512];
+static model *m;
+static model_backend *be;
+static int32_t text_ids[2048];
+static int n_text_ids;
+
+struct result {
+    int32_t tok[MAX_GEN];
+    int n;
+    char text[1024];
+    size_t text_len;
+    bool done;
+    struct sched_usage usage;
+    enum sched_finish finish;
+};
+
+static sched_engine *engine(int seqs, int budget, int max_len, int kv_blocks, bool cache)
+{
+    struct sched_engine_opts o;
+    memset(&o, 0, sizeof o);
+    o.sched.block_size = 16;
+    o.sched.max_num_seqs = seqs;
+    o.sched.max_num_batched_tokens = budget;
+    o.sched.max_model_len = max_len;
+    o.kv_blocks = kv_blocks;
+    o.enable_prefix_caching = cache;
+    sched_engine *e = sched_engine_create(be, &o, err, sizeof err);
+    CHECKF(e != NULL, "%s", err);
+    return e;
+}
+
+static struct sched_request greedy(const int32_t *p, int n, int max_tokens)
+{
+    struct sched_request r;
+    memset(&r, 0, sizeof r);
+    r.prompt = p;
+    r.n_prompt = n;
+    r.max_tokens = max_tokens;
+    r.priority = SCHED_PRIO_BATCH;
+    r.ignore_eos = true;
+    model_sampling_default(&r.sampling);
+    return r;
+}
+
+/* Waits until every result in res[0..n) is done; events find their result
+ * through user. */
+static void collect(sched_engine *e, struct result *res, int n)
+{
+    struct sched_evbuf b;
+    sched_evbuf_init(&b);
+    int left = 0;
+    for (int i = 0; i < n; i++) left += !res[i].done;
+    while (left > 0) {
+        int k = sched_engine_wait(e, &b, 120.0);
+        CHECK(k > 0);
+        if (k <= 0) break;
+        for (int i = 0; i < k; i++) {
+            const struct sched_event *ev = &b.ev[i];
+            struct result *r = ev->user;
+            if (r->text_len + ev->text_len < sizeof r->text) {
+                memcpy(r->text + r->text_len, ev->text, ev->text_len);
+                r->text_len += ev->text_len;
+                r->text[r->text_len] = '\0';
+            }
+            if (ev->kind == SCHED_EV_TOKEN) {
+                if (r->n < MAX_GEN) r->tok[r->n++] = ev->token;
+            } else {
+                r->done = true;
+                r->usage = ev->usage;
+                r->finish = ev->finish;
+                left--;
+            }
+        }
+    }
+    sched_evbuf_deinit(&b);
+}
+
+static void run_one(sched_engine *e, const struct sched_request *rq, struct result *res)
+{
+    memset(res, 0, sizeof *res);
+    struct sched_request r = *rq;
+    r.user = res;
+    CHECKF(sched_engine_submit(e, &r, NULL, err, sizeof err) == 0, "%s", err);
+    collect(e, res, 1);
+}
+
+static void run_all(sched_engine *e, const struct sched_request *rq, int n, struct result *res)
+{
+    memset(res, 0, sizeof *res * (size_t)n);
+    for (int i = 0; i < n; i++) {
+        struct sched_request r = rq[i];
+        r.user = &res[i];
+        CHECKF(sched_engine_submit(e, &r, NULL, err, sizeof err) == 0, "%s", err);
+    }
+    collect(e, res, n);
+}
+
+static bool same(const struct result *a, const struct result *b)
+{
+    return a->n == b->n && !memcmp(a->tok, b->tok, sizeof a->tok[0] * (size_t)a->n);
+}
+
+/* ---- the requests: slices of one tokenized text, mixed lengths ---- */
+
+enum { N_REQ = 32, GEN = 4 };
+static struct sched_request reqs[N_REQ];
+static struct result alone[N_REQ];
+
+static void make_reqs(void)
+{
+    for (int i = 0; i < N_REQ; i++) {
+        int len = 3 + (i * 37) % 61;
+        reqs[i] = greedy(text_ids + (i * 13) % 200, len, GEN);
+    }
+}
+
+static void test_alone(void)
+{
+    sched_engine *e = engine(4, 256, 512, 64, false);
+    if (!e) return;
+    for (int i = 0; i < N_REQ; i++) {
+        run_one(e, &reqs[i], &alone[i]);
+        CHECK(alone[i].n == GEN && alone[i].finish == SCHED_FINISH_LENGTH);
+        CHECK(alone[i].usage.prompt_tokens == reqs[i].n_prompt && alone[i].usage.completion_tokens == GEN);
+    }
+    sched_engine_destroy(e);
+}
+
+static void test_batch_invariance(void)
+{
+    sched_engine *e = engine(64, 1024, 512, 256, false);
+    if (!e) return;
+    struct result res[N_REQ];
+    run_all(e, reqs, N_REQ, res);
+    for (int i = 0; i < N_REQ; i++) CHECKF(same(&res[i], &alone[i]), "request %d differs batched", i);
+    struct sched_engine_stats st;
+    sched_engine_get_stats(e, &st);
+    CHECKF(st.sched.steps < N_REQ * GEN, "%llu steps: not batched", (unsigned long long)st.sched.steps);
+    sched_engine_destroy(e);
+}
+
+static void test_chunked_prefill(void)
+{
+    sched_engine *e = engine(4, 16, 512, 64, false);
+    if (!e) return;
+    /* the longest prompts split into chunks of at most 16 tokens */
+    struct result res[3];
+    int idx[3] = {1, 5, 9};
+    struct sched_request rq[3];
+    for (int i = 0; i < 3; i++) rq[i] = reqs[idx[i]];
+    run_all(e, rq, 3, res);
+    for (int i = 0; i < 3; i++) CHECKF(same(&res[i], &alone[idx[i]]), "request %d differs chunked", idx[i]);
+    struct sched_engine_stats st;
+    sched_engine_get_stats(e, &st);
+    int total = 0;
+    for (int i = 0; i < 3; i++) total += rq[i].n_prompt;
+    CHECKF(st.sched.steps >= (uint64_t)total / 16, "%llu steps", (unsigned long long)st.sched.steps);
+    sched_engine_destroy(e);
+}
+
+static void test_prefix_reuse(void)
+{
+    enum { PREFIX = 150 };
+    int32_t a[PREFIX + 20], b[PREFIX + 20];
+    memcpy(a, text_ids, sizeof a);
+    memcpy(b, text_ids, sizeof b);
+    for (int i = PREFIX; i < PREFIX + 20; i++) b[i] = text_ids[400 + i];
+    struct sched_request ra = greedy(a, PREFIX + 20, GEN), rb = greedy(b, PREFIX + 20, GEN);
+    struct result off_b, ra_res, rb_res;
+    sched_engine *e = engine(4, 256, 512, 64, false);
+    if (!e) return;
+    run_one(e, &rb, &off_b);
+    CHECK(off_b.usage.cached_tokens == 0);
+    sched_engine_destroy(e);
+
+    e = engine(4, 256, 512, 64, true);
+    if (!e) return;
+    run_one(e, &ra, &ra_res);
+    struct sched_engine_stats s0, s1;
+    sched_engine_get_stats(e, &s0);
+    run_one(e, &rb, &rb_res);
+    sched_engine_get_stats(e, &s1);
+    CHECKF(rb_res.usage.cached_tokens >= PREFIX / 16 * 16, "cached %d", rb_res.usage.cached_tokens);
+    CHECKF(s1.sched.prompt_tokens_computed - s0.sched.prompt_tokens_computed ==
+               (uint64_t)(rb.n_prompt - rb_res.usage.cached_tokens),
+           "computed %llu", (unsigned long long)(s1.sched.prompt_tokens_computed - s0.sched.prompt_tokens_computed));
+    CHECK(same(&rb_res, &off_b));
+    CHECK(s1.kv.hit_tokens > 0);
+    sched_engine_destroy(e);
+}
+
+static void test_preemption(void)
+{
+    /* 6 requests of 20 prompt + 16 generated tokens (3 blocks each at the end) in a pool of 6 blocks */
+    enum { NP = 6, PGEN = 16 };
+    struct sched_request rq[NP];
+    struct result solo[NP], res[NP];
+    for (int i = 0; i < NP; i++) rq[i] = greedy(text_ids + 17 * i, 20, PGEN);
+    sched_engine *e = engine(8, 256, 96, 64, false);
+    if (!e) return;
+    for (int i = 0; i < NP; i++) run_one(e, &rq[i], &solo[i]);
+    sched_engine_destroy(e);
+    e = engine(8, 256, 96, 6, true);
+    if (!e) return;
+    run_all(e, rq, NP, res);
+    struct sched_engine_stats st;
+    sched_engine_get_stats(e, &st);
+    CHECKF(st.sched.preemptions > 0, "no preemption");
+    printf("  preemptions: %llu\n", (unsigned long long)st.sched.preemptions);
+    int counted = 0;
+    for (int i = 0; i < NP; i++) {
+        CHECK(res[i].finish == SCHED_FINISH_LENGTH && res[i].n == PGEN);
+        CHECKF(same(&res[i], &solo[i]), "request %d differs after preemption", i);
+        counted += res[i].usage.n_preemptions;
+    }
+    CHECK((uint64_t)counted == st.sched.preemptions);
+    CHECK(st.kv.blocks_used == 0 && st.kv.blocks_free + st.kv.blocks_cached == st.kv.blocks_total);
+    sched_engine_destroy(e);
+}
+
+static void test_stop_string_and_refusal(void)
+{
+    sched_engine *e = engine(4, 256, 256, 64, false);
+    if (!e) return;
+    struct sched_request r = greedy(reqs[3].prompt, reqs[3].n_prompt, 12);
+    struct result full, cut;
+    run_one(e, &r, &full);
+    CHECK(full.n == 12 && full.text_len > 6);
+    /* stop at a piece of the middle of the text */
+    size_t at = full.text_len / 2;
+    char stop[4] = {full.text[at], full.text[at + 1], full.text[at + 2], 0};
+    const char *stops[1] = {stop};
+    r.stop = stops;
+    r.n_stop = 1;
+    run_one(e, &r, &cut);
+    const char *hit = strstr(full.text, stop);
+    CHECK(hit != NULL && cut.finish == SCHED_FINISH_STOP);
+    CHECKF(hit && cut.text_len == (size_t)(hit - full.text) && !memcmp(cut.text, full.text, cut.text_len),
+           "cut '%s' full '%s' stop '%s'", cut.text, full.text, stop);
+    /* refusal at submit */
+    r = greedy(text_ids, 250, 10);
+    CHECK(sched_engine_submit(e, &r, NULL, err, sizeof err) == SL_EINVAL);
+    CHECKF(strstr(err, "maximum context length is 256") != NULL, "%s", err);
+    sched_engine_destroy(e);
+}
+
+static void test_abort(void)
+{
+    sched_engine *e = engine(4, 256, 256, 64, true);
+    if (!e) return;
+    struct result r;
+    memset(&r, 0, sizeof r);
+    struct sched_request rq = greedy(text_ids, 100, 150);
+    rq.user = &r;
+    uint64_t id;
+    CHECK(sched_engine_submit(e, &rq, &id, err, sizeof err) == 0);
+    struct sched_evbuf b;
+    sched_evbuf_init(&b);
+    CHECK(sched_engine_wait(e, &b, 60.0) > 0 && b.ev[0].kind == SCHED_EV_TOKEN);
+    sched_engine_abort(e, id);
+    bool aborted = false;
+    for (int tries = 0; tries < 100 && !aborted; tries++) {
+        int k = sched_engine_wait(e, &b, 10.0);
+        for (int i = 0; i < k; i++)
+            if (b.ev[i].kind == SCHED_EV_FINISH) aborted = b.ev[i].finish == SCHED_FINISH_ABORT;
+    }
+    CHECK(aborted);
+    struct sched_engine_stats st;
+    sched_engine_get_stats(e, &st);
+    CHECK(st.kv.blocks_used == 0 && st.kv.blocks_free + st.kv.blocks_cached == st.kv.blocks_total);
+    sched_evbuf_deinit(&b);
+    sched_engine_destroy(e);
+}
+
+int main(void)
+{
+    struct model_load_opts lo = {0};
+    m = model_load(MODEL_PATH, &lo, err, sizeof err);
+    if (!m) {
+        printf("cannot load %s: %s\n", MODEL_PATH, err);
+        return 1;
+    }
+    struct model_backend_opts bo = {.device = "cpu", .max_tokens_per_step = 1024, .max_seqs_per_step = 64,
+                                    .max_ctx = 512};
+    be = model_backend_create(m, &bo, err, sizeof err);
+    if (!be) {
+        printf("backend: %s\n", err);
+        return 1;
+    }
+    const char *text =
+        "The river rose through the night, and by morning the low fields along the valley were under "
+        "water. Farmers moved their animals to the hills, and the old mill by the bridge, which had stood "
+        "for two hundred years, let the flood pass through its open sluice gates as it always had. In the "
+        "town, the baker opened late; the school stayed closed; the children watched the brown water from "
+        "the church steps and counted the trees that floated by. By noon the rain stopped. The mayor spoke "
+        "on the radio about sandbags, pumps and the long work of cleaning up, and asked everyone who had a "
+        "boat to help the families on the east bank, where the water was deepest. Many answered. A "
+        "fisherman named Tomas made eleven trips before dark, carrying people, dogs, a piano bench and a "
+        "crate of hens. When the water finally went down, three days later, the valley smelled of mud and "
+        "cut grass, and the mill wheel began, slowly, to turn again. Everyone agreed that the sluice had "
+        "saved the lower town, and the council voted to repair the old gates before the next spring, when "
+        "the snow on the mountains would melt and the river would rise once more, as it did every year, "
+        "reminding the valley that water always finds its way.";
+    n_text_ids = model_tok_encode(model_get_tok(m), text, strlen(text), false, false, text_ids, 2048);
+    if (n_text_ids < 600) {
+        /* the text is repeated to reach the slices the tests take */
+        for (int i = n_text_ids; i < 700 && n_text_ids > 0; i++) text_ids[i] = text_ids[i % n_text_ids];
+        n_text_ids = 700;
+    }
+    make_reqs();
+    RUN(test_alone);
+    RUN(test_batch_invariance);
+    RUN(test_chunked_prefill);
+    RUN(test_prefix_reuse);
+    RUN(test_preemption);
+    RUN(test_stop_string_and_refusal);
+    RUN(test_abort);
+    model_backend_destroy(be);
+    model_free(m);
+    return test_summary();
+}
