@@ -1014,6 +1014,10 @@ static int validate_batch(store *s, const char *id, char *err, size_t errlen)
             break;
         }
         lineno++;
+        if (lineno == 1 && len >= 3 && memcmp(line, "\xef\xbb\xbf", 3) == 0) { /* UTF-8 BOM */
+            memmove(line, line + 3, (size_t)len - 2);
+            len -= 3;
+        }
         while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = '\0';
         ssize_t k = 0;
         while (k < len && (line[k] == ' ' || line[k] == '\t')) k++;

@@ -141,7 +141,8 @@ int64_t store_parse_window(const char *w, bool allow_short, char *err, size_t er
  * here (STORE_ELIMIT naming the limit); the content is validated as batch
  * input only by store_batch_create(). Returns 0, or a negative status with a
  * message; on error src_path is removed as well (the upload is refused) and
- * nothing is recorded. [writer] */
+ * nothing is recorded (called on a reader handle: SL_EINVAL, src_path left
+ * alone). [writer] */
 int store_file_create(store *s, const char *src_path, const char *purpose, const char *filename,
                       char *id_out, char *err, size_t errlen);
 

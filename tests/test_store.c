@@ -665,7 +665,12 @@ static void crash_child(const char *dir, unsigned seed)
             int k = 1 + rand() % (n - done);
             if (store_complete_rows(s, res + done, k, err, sizeof err) < 0) _exit(5);
             for (int i = done; i < done + k; i++)
-                if (res[i].outcome != STORE_APPLIED) _exit(6); /* a result written twice would show here */
+                if (res[i].outcome != STORE_APPLIED) _exit(6);
+            if (rand() % 4 == 0) { /* the feeder sending the same results again */
+                if (store_complete_rows(s, res + done, k, err, sizeof err) != 0) _exit(7);
+                for (int i = done; i < done + k; i++)
+                    if (res[i].outcome != STORE_DUPLICATE) _exit(8);
+            }
             done += k;
             if (rand() % 50 == 0) _exit(0); /* rows still running: left for recovery */
         }
@@ -695,7 +700,7 @@ static void test_crash_recovery(void)
 {
     char dir[512];
     new_dir(dir, sizeof dir, "crash");
-    const int total = 300;
+    const int total = 2000;
     store *s = open_dir(dir, NULL);
     char bid[STORE_ID_MAX];
     CHECKF(make_batch(s, total, bid) == 0, "%s", err);
@@ -705,11 +710,11 @@ static void test_crash_recovery(void)
     srand(seed);
     int kills = 0, rounds = 0;
     struct store_batch_info info = {0};
-    for (; rounds < 60; rounds++) {
+    for (; rounds < 200; rounds++) {
         pid_t pid = fork();
         if (pid == 0) crash_child(dir, seed + (unsigned)rounds);
         CHECK(pid > 0);
-        struct timespec ts = {0, (long)(rand() % 40) * 1000000L + 1000000L};
+        struct timespec ts = {0, (long)(rand() % 20) * 1000000L + 500000L};
         nanosleep(&ts, NULL);
         if (kill(pid, SIGKILL) == 0) kills++;
         int st = 0;
