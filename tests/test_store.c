@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sqlite3.h>
 #include <stdio.h>
@@ -769,6 +770,74 @@ static void test_crash_recovery(void)
     CHECKF(nfiles == 2, "%d content files (input + output expected)", nfiles);
 }
 
+/* Status polling from another thread on a reader handle while the writer
+ * claims and completes: every poll succeeds (WAL: readers never wait) and
+ * the counts it sees never go backwards. */
+struct poller {
+    const char *dir, *bid;
+    volatile int stop;
+    int polls, errors, regressions;
+};
+
+static void *poll_thread(void *arg)
+{
+    struct poller *p = arg;
+    char e[256];
+    store *r = store_open_reader(p->dir, e, sizeof e);
+    if (!r) {
+        p->errors++;
+        return NULL;
+    }
+    int64_t last = 0;
+    while (!p->stop) {
+        struct json_buf j;
+        json_buf_init(&j);
+        struct store_batch_info info;
+        if (store_batch_get_json(r, p->bid, &j, e, sizeof e) || store_batch_get(r, p->bid, &info, e, sizeof e))
+            p->errors++;
+        else if (info.completed < last)
+            p->regressions++;
+        else
+            last = info.completed;
+        json_buf_free(&j);
+        p->polls++;
+    }
+    store_close(r);
+    return NULL;
+}
+
+static void test_concurrent_readers(void)
+{
+    char dir[512];
+    new_dir(dir, sizeof dir, "readers");
+    store *s = open_dir(dir, NULL);
+    char bid[STORE_ID_MAX];
+    CHECK(make_batch(s, 2000, bid) == 0);
+    struct poller p = {.dir = dir, .bid = bid};
+    pthread_t th[2];
+    for (int k = 0; k < 2; k++) pthread_create(&th[k], NULL, poll_thread, &p);
+    for (;;) {
+        struct store_row *rows;
+        int n = store_claim_pending(s, 20, &rows, err, sizeof err);
+        if (n <= 0) {
+            CHECKF(n == 0, "%s", err);
+            break;
+        }
+        struct store_result res[20];
+        char bufs[20][128];
+        for (int i = 0; i < n; i++) result_for(&res[i], &rows[i], bufs[i], 128);
+        CHECKF(store_complete_rows(s, res, n, err, sizeof err) == n, "%s", err);
+        store_rows_free(rows, n);
+    }
+    p.stop = 1;
+    for (int k = 0; k < 2; k++) pthread_join(th[k], NULL);
+    printf("  %d polls during the run\n", p.polls);
+    CHECK(p.polls > 0 && p.errors == 0 && p.regressions == 0);
+    struct store_batch_info info;
+    CHECK(store_batch_get(s, bid, &info, err, sizeof err) == 0 && info.status == STORE_BATCH_COMPLETED);
+    store_close(s);
+}
+
 static long maxrss_kb(void)
 {
     struct rusage ru;
@@ -940,6 +1009,7 @@ int main(void)
     RUN(test_recovery_of_validating);
     RUN(test_limits);
     RUN(test_crash_recovery);
+    RUN(test_concurrent_readers);
     RUN(test_large_file);
     if (!getenv("KEEP")) nftw(root, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
     return test_summary();
