@@ -295,6 +295,26 @@ static void matmul(const struct cpu_backend *b, float *y, const float *x, const 
         const float *w;
         if (wm->dt == MODEL_DT_F32) {
             w = (const float *)wm->data;
+        } else if (T < 4) {
+            /* decode: 4 rows at a time, so the dequantized rows stay in L1 */
+            float *buf = b->wbuf + (size_t)omp_get_thread_num() * ROW_BLOCK * b->max_in;
+            for (int r = r0; r < r1; r += 4) {
+                int nr = r1 - r < 4 ? r1 - r : 4;
+                for (int k = 0; k < nr; k++) deq_row(wm, r + k, buf + (size_t)k * in);
+                for (int t = 0; t < T; t++) {
+                    const float *xt = x + (size_t)t * in;
+                    float *yt = y + (size_t)t * out;
+                    if (nr == 4)
+                        dot_w4x1(buf, buf + in, buf + 2 * (size_t)in, buf + 3 * (size_t)in, xt, in,
+                                 yt + r);
+                    else
+                        for (int k = 0; k < nr; k++) yt[r + k] = dot1(buf + (size_t)k * in, xt, in);
+                }
+            }
+            if (bias)
+                for (int tt = 0; tt < T; tt++)
+                    for (int r = r0; r < r1; r++) y[(size_t)tt * out + r] += bias[r];
+            continue;
         } else {
             float *buf = b->wbuf + (size_t)omp_get_thread_num() * ROW_BLOCK * b->max_in;
             for (int r = r0; r < r1; r++) deq_row(wm, r, buf + (size_t)(r - r0) * in);
