@@ -1,0 +1,605 @@
+/* openai.c - OpenAI chat/completions bodies: parse + validate, prompt,
+ * sched_request, and the response JSON (see openai.h). */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "openai.h"
+
+#define ADD_LIT(b, lit) json_buf_add((b), (lit), sizeof(lit) - 1)
+
+/* ---- errors ---------------------------------------------------------------------- */
+
+int api_oai_errorf(struct api_oai_error *e, int status, const char *param, const char *fmt, ...)
+{
+    e->status = status;
+    e->type = status == 404 ? "NotFoundError" : status >= 500 ? "InternalServerError" : "invalid_request_error";
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return SL_EINVAL;
+}
+
+void api_oai_error_json(struct json_buf *b, const struct api_oai_error *e)
+{
+    json_buf_addf(b, "{\"error\":{\"message\":");
+    json_buf_add_str(b, e->message, strlen(e->message));
+    json_buf_addf(b, ",\"type\":\"%s\",\"param\":", e->type ? e->type : "invalid_request_error");
+    if (e->param[0]) json_buf_add_str(b, e->param, strlen(e->param));
+    else ADD_LIT(b, "null");
+    json_buf_addf(b, ",\"code\":%d}}", e->status);
+}
+
+/* ---- parsing helpers ------------------------------------------------------------- */
+
+/* The value of key in obj, or -1 when absent or null. */
+static int opt(const json_doc *d, int obj, const char *key)
+{
+    int i = json_get(d, obj, key);
+    return i < 0 || json_is_null(d, i) ? -1 : i;
+}
+
+/* Reads an optional number in [lo, hi] (lo excluded when lo_open). 1 when
+ * read, 0 when absent, negative with *e filled when invalid. */
+static int num_in(const json_doc *d, int obj, const char *key, double lo, double hi, bool lo_open, double *out,
+                  struct api_oai_error *e)
+{
+    int i = opt(d, obj, key);
+    if (i < 0) return 0;
+    double v;
+    if (!json_is_num(d, i) || json_f64(d, i, &v) || !isfinite(v))
+        return api_oai_errorf(e, 400, key, "'%s' must be a number", key);
+    if (v < lo || v > hi || (lo_open && v == lo))
+        return api_oai_errorf(e, 400, key, "'%s' must be %s %g and at most %g, got %g", key,
+                              lo_open ? "greater than" : "at least", lo, hi, v);
+    *out = v;
+    return 1;
+}
+
+static int int_in(const json_doc *d, int obj, const char *key, int64_t lo, int64_t hi, int64_t *out,
+                  struct api_oai_error *e)
+{
+    int i = opt(d, obj, key);
+    if (i < 0) return 0;
+    int64_t v;
+    if (!json_is_num(d, i) || json_i64(d, i, &v))
+        return api_oai_errorf(e, 400, key, "'%s' must be an integer", key);
+    if (v < lo || v > hi)
+        return api_oai_errorf(e, 400, key, "'%s' must be between %lld and %lld, got %lld", key, (long long)lo,
+                              (long long)hi, (long long)v);
+    *out = v;
+    return 1;
+}
+
+static int bool_opt(const json_doc *d, int obj, const char *key, bool *out, struct api_oai_error *e)
+{
+    int i = opt(d, obj, key);
+    if (i < 0) return 0;
+    if (!json_is_bool(d, i) || json_bool(d, i, out))
+        return api_oai_errorf(e, 400, key, "'%s' must be a boolean", key);
+    return 1;
+}
+
+/* Text of a message's content: a string, or an array of {"type":"text","text"}
+ * parts joined with newlines. New malloc'ed string or NULL with *e. */
+static char *content_text(const json_doc *d, int c, int k, struct api_oai_error *e)
+{
+    char param[64];
+    snprintf(param, sizeof param, "messages[%d].content", k);
+    if (c < 0 || json_is_null(d, c)) return strdup("");
+    if (json_is_str(d, c)) {
+        char *s = json_strdup(d, c, NULL);
+        if (!s) api_oai_errorf(e, 400, param, "'%s' is not a valid string", param);
+        return s;
+    }
+    if (!json_is_arr(d, c)) {
+        api_oai_errorf(e, 400, param, "'%s' must be a string or an array of content parts", param);
+        return NULL;
+    }
+    struct json_buf b;
+    json_buf_init(&b);
+    int n = json_size(d, c);
+    for (int j = 0, p = c + 1; j < n; j++, p = json_skip(d, p)) {
+        int type = json_is_obj(d, p) ? json_get(d, p, "type") : -1;
+        int text = json_is_obj(d, p) ? json_get(d, p, "text") : -1;
+        if (type < 0 || !json_str_eq(d, type, "text") || text < 0 || !json_is_str(d, text)) {
+            json_buf_free(&b);
+            api_oai_errorf(e, 400, param, "'%s[%d]': only {\"type\": \"text\", \"text\": ...} parts are supported",
+                           param, j);
+            return NULL;
+        }
+        size_t len;
+        char *s = json_strdup(d, text, &len);
+        if (!s) {
+            json_buf_free(&b);
+            api_oai_errorf(e, 400, param, "'%s[%d].text' is not a valid string", param, j);
+            return NULL;
+        }
+        if (j) ADD_LIT(&b, "\n");
+        json_buf_add(&b, s, len);
+        free(s);
+    }
+    if (!b.p && !b.oom) return strdup("");
+    if (b.oom) {
+        json_buf_free(&b);
+        api_oai_errorf(e, 500, NULL, "out of memory");
+        return NULL;
+    }
+    return b.p; /* ownership of the buffer passes to the caller */
+}
+
+static int parse_messages(const json_doc *d, int obj, struct api_oai_req *r, struct api_oai_error *e)
+{
+    int m = opt(d, obj, "messages");
+    if (m < 0) return api_oai_errorf(e, 400, "messages", "'messages' is required");
+    if (!json_is_arr(d, m) || json_size(d, m) == 0)
+        return api_oai_errorf(e, 400, "messages", "'messages' must be a non-empty array");
+    int n = json_size(d, m);
+    const char **roles = calloc((size_t)n, sizeof *roles);
+    char **contents = calloc((size_t)n, sizeof *contents);
+    char (*rolebuf)[16] = calloc((size_t)n, sizeof *rolebuf);
+    int rc = 0;
+    if (!roles || !contents || !rolebuf) {
+        rc = api_oai_errorf(e, 500, NULL, "out of memory");
+        goto done;
+    }
+    static const char *const known[] = {"system", "user", "assistant", "developer", "tool"};
+    for (int k = 0, p = m + 1; k < n; k++, p = json_skip(d, p)) {
+        char param[64];
+        snprintf(param, sizeof param, "messages[%d].role", k);
+        if (!json_is_obj(d, p)) {
+            rc = api_oai_errorf(e, 400, "messages", "'messages[%d]' must be an object", k);
+            goto done;
+        }
+        int role = json_get(d, p, "role");
+        bool ok = false;
+        for (size_t j = 0; role >= 0 && j < sizeof known / sizeof *known && !ok; j++)
+            if (json_str_eq(d, role, known[j])) {
+                snprintf(rolebuf[k], sizeof rolebuf[k], "%s", known[j]);
+                ok = true;
+            }
+        if (!ok) {
+            rc = api_oai_errorf(e, 400, param, "'%s' must be one of system, user, assistant, developer, tool", param);
+            goto done;
+        }
+        roles[k] = rolebuf[k];
+        contents[k] = content_text(d, json_get(d, p, "content"), k, e);
+        if (!contents[k]) {
+            rc = SL_EINVAL;
+            goto done;
+        }
+    }
+    size_t need = model_chatml_render(roles, (const char *const *)contents, n, true, NULL, 0);
+    r->prompt_text = malloc(need + 1);
+    if (!r->prompt_text) {
+        rc = api_oai_errorf(e, 500, NULL, "out of memory");
+        goto done;
+    }
+    model_chatml_render(roles, (const char *const *)contents, n, true, r->prompt_text, need + 1);
+done:
+    for (int k = 0; contents && k < n; k++) free(contents[k]);
+    free(contents);
+    free(roles);
+    free(rolebuf);
+    return rc;
+}
+
+static int parse_prompt(const json_doc *d, int obj, struct api_oai_req *r, struct api_oai_error *e)
+{
+    int p = opt(d, obj, "prompt");
+    if (p < 0) return api_oai_errorf(e, 400, "prompt", "'prompt' is required");
+    if (json_is_arr(d, p) && json_size(d, p) == 1 && json_is_str(d, p + 1)) p = p + 1; /* ["text"] */
+    if (json_is_str(d, p)) {
+        r->prompt_text = json_strdup(d, p, NULL);
+        if (!r->prompt_text) return api_oai_errorf(e, 400, "prompt", "'prompt' is not a valid string");
+        return 0;
+    }
+    if (!json_is_arr(d, p) || json_size(d, p) == 0)
+        return api_oai_errorf(e, 400, "prompt", "'prompt' must be a string or a non-empty array of token ids");
+    int n = json_size(d, p);
+    r->prompt_ids = malloc((size_t)n * sizeof *r->prompt_ids);
+    if (!r->prompt_ids) return api_oai_errorf(e, 500, NULL, "out of memory");
+    for (int k = 0, q = p + 1; k < n; k++, q = json_skip(d, q)) {
+        int64_t v;
+        if (!json_is_num(d, q) || json_i64(d, q, &v) || v < 0 || v > INT32_MAX)
+            return api_oai_errorf(e, 400, "prompt",
+                                  json_is_str(d, q) ? "batched prompts (a list of strings) are not supported: send "
+                                                      "one prompt per request"
+                                                    : "'prompt' must be a string or an array of token ids");
+        r->prompt_ids[k] = (int32_t)v;
+    }
+    r->n_prompt_ids = n;
+    return 0;
+}
+
+static int parse_stop(const json_doc *d, int obj, struct api_oai_req *r, struct api_oai_error *e)
+{
+    int s = opt(d, obj, "stop");
+    if (s >= 0) {
+        int n = json_is_str(d, s) ? 1 : json_is_arr(d, s) ? json_size(d, s) : -1;
+        if (n < 0) return api_oai_errorf(e, 400, "stop", "'stop' must be a string or an array of strings");
+        if (n > API_OAI_MAX_STOP) return api_oai_errorf(e, 400, "stop", "'stop' has more than %d strings", API_OAI_MAX_STOP);
+        for (int k = 0, q = json_is_str(d, s) ? s : s + 1; k < n; k++, q = json_skip(d, q)) {
+            size_t len;
+            char *str = json_is_str(d, q) ? json_strdup(d, q, &len) : NULL;
+            if (!str) return api_oai_errorf(e, 400, "stop", "'stop' must be a string or an array of strings");
+            r->stop[r->n_stop++] = str;
+            if (len == 0 || len > SCHED_MAX_STOP_LEN)
+                return api_oai_errorf(e, 400, "stop", "stop strings must be 1 to %d bytes long", SCHED_MAX_STOP_LEN);
+        }
+    }
+    int t = opt(d, obj, "stop_token_ids");
+    if (t >= 0) {
+        if (!json_is_arr(d, t)) return api_oai_errorf(e, 400, "stop_token_ids", "'stop_token_ids' must be an array of integers");
+        int n = json_size(d, t);
+        r->stop_token_ids = malloc((size_t)(n ? n : 1) * sizeof *r->stop_token_ids);
+        if (!r->stop_token_ids) return api_oai_errorf(e, 500, NULL, "out of memory");
+        for (int k = 0, q = t + 1; k < n; k++, q = json_skip(d, q)) {
+            int64_t v;
+            if (!json_is_num(d, q) || json_i64(d, q, &v) || v < 0 || v > INT32_MAX)
+                return api_oai_errorf(e, 400, "stop_token_ids", "'stop_token_ids' must be an array of token ids");
+            r->stop_token_ids[r->n_stop_token_ids++] = (int32_t)v;
+        }
+    }
+    return 0;
+}
+
+static uint64_t random_seed(void)
+{
+    static uint64_t counter;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^
+           (__atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED) * 0x9E3779B97F4A7C15ULL);
+}
+
+int api_oai_parse_doc(const json_doc *d, int obj, enum api_oai_endpoint kind, const char *served_model,
+                      struct api_oai_req *r, struct api_oai_error *e)
+{
+    memset(r, 0, sizeof *r);
+    r->kind = kind;
+    r->max_tokens = -1;
+    model_sampling_default(&r->sampling);
+    r->sampling.temperature = 1.0f; /* the OpenAI default */
+    int rc;
+    if (obj < 0 || !json_is_obj(d, obj)) {
+        rc = api_oai_errorf(e, 400, NULL, "the request body must be a JSON object");
+        goto fail;
+    }
+    int mi = opt(d, obj, "model");
+    if (mi >= 0) {
+        r->model = json_is_str(d, mi) ? json_strdup(d, mi, NULL) : NULL;
+        if (!r->model) {
+            rc = api_oai_errorf(e, 400, "model", "'model' must be a string");
+            goto fail;
+        }
+        if (served_model && strcmp(r->model, served_model)) {
+            rc = api_oai_errorf(e, 404, "model", "The model `%s` does not exist.", r->model);
+            goto fail;
+        }
+    }
+    rc = kind == API_OAI_CHAT ? parse_messages(d, obj, r, e) : parse_prompt(d, obj, r, e);
+    if (rc) goto fail;
+
+    int64_t iv;
+    double fv;
+    const char *mt = opt(d, obj, "max_completion_tokens") >= 0 && kind == API_OAI_CHAT ? "max_completion_tokens" : "max_tokens";
+    if ((rc = int_in(d, obj, mt, 1, INT32_MAX, &iv, e)) < 0) goto fail;
+    if (rc) r->max_tokens = (long)iv;
+    if ((rc = num_in(d, obj, "temperature", 0, 2, false, &fv, e)) < 0) goto fail;
+    if (rc) r->sampling.temperature = (float)fv;
+    if ((rc = num_in(d, obj, "top_p", 0, 1, true, &fv, e)) < 0) goto fail;
+    if (rc) r->sampling.top_p = (float)fv;
+    if ((rc = int_in(d, obj, "top_k", -1, INT32_MAX, &iv, e)) < 0) goto fail;
+    if (rc) r->sampling.top_k = iv < 0 ? 0 : (int)iv;
+    if ((rc = num_in(d, obj, "min_p", 0, 1, false, &fv, e)) < 0) goto fail;
+    if (rc) r->sampling.min_p = (float)fv;
+    if ((rc = num_in(d, obj, "presence_penalty", -2, 2, false, &fv, e)) < 0) goto fail;
+    if (rc) r->sampling.presence_penalty = (float)fv;
+    if ((rc = num_in(d, obj, "frequency_penalty", -2, 2, false, &fv, e)) < 0) goto fail;
+    if (rc) r->sampling.frequency_penalty = (float)fv;
+    if ((rc = num_in(d, obj, "repetition_penalty", 0, 2, true, &fv, e)) < 0) goto fail;
+    if (rc) r->sampling.repetition_penalty = (float)fv;
+    if ((rc = int_in(d, obj, "seed", INT64_MIN, INT64_MAX, &iv, e)) < 0) goto fail;
+    r->seed_given = rc == 1;
+    r->sampling.seed = rc ? (uint64_t)iv : random_seed();
+    if ((rc = int_in(d, obj, "n", 1, 1, &iv, e)) < 0) {
+        snprintf(e->message, sizeof e->message, "'n' must be 1: several choices per request are not supported yet");
+        goto fail;
+    }
+    if ((rc = int_in(d, obj, "best_of", 1, 1, &iv, e)) < 0) {
+        snprintf(e->message, sizeof e->message, "'best_of' must be 1: not supported yet");
+        goto fail;
+    }
+    if ((rc = bool_opt(d, obj, "ignore_eos", &r->ignore_eos, e)) < 0) goto fail;
+    if ((rc = bool_opt(d, obj, "stream", &r->stream, e)) < 0) goto fail;
+    if (kind == API_OAI_COMPLETIONS) {
+        bool echo = false;
+        if ((rc = bool_opt(d, obj, "echo", &echo, e)) < 0) goto fail;
+        if (echo) {
+            rc = api_oai_errorf(e, 400, "echo", "'echo' is not supported yet");
+            goto fail;
+        }
+        int sfx = opt(d, obj, "suffix");
+        if (sfx >= 0) {
+            rc = api_oai_errorf(e, 400, "suffix", "'suffix' is not supported");
+            goto fail;
+        }
+        if ((rc = int_in(d, obj, "logprobs", 0, MODEL_MAX_TOP_LOGPROBS, &iv, e)) < 0) goto fail;
+        if (rc) {
+            r->logprobs = true;
+            r->top_logprobs = (int)iv;
+        }
+    } else {
+        if ((rc = bool_opt(d, obj, "logprobs", &r->logprobs, e)) < 0) goto fail;
+        if ((rc = int_in(d, obj, "top_logprobs", 0, MODEL_MAX_TOP_LOGPROBS, &iv, e)) < 0) goto fail;
+        if (rc) {
+            if (!r->logprobs && iv > 0) {
+                rc = api_oai_errorf(e, 400, "top_logprobs", "'top_logprobs' requires 'logprobs' to be true");
+                goto fail;
+            }
+            r->top_logprobs = (int)iv;
+        }
+    }
+    r->sampling.top_logprobs = r->logprobs ? r->top_logprobs : 0;
+    if ((rc = parse_stop(d, obj, r, e)) < 0) goto fail;
+    return 0;
+
+fail:
+    api_oai_req_free(r);
+    return rc < 0 ? rc : SL_EINVAL;
+}
+
+int api_oai_parse(const char *body, size_t len, enum api_oai_endpoint kind, const char *served_model,
+                  struct api_oai_req *r, struct api_oai_error *e)
+{
+    memset(r, 0, sizeof *r);
+    json_doc d;
+    char err[256];
+    if (json_parse(&d, body, len, err, sizeof err))
+        return api_oai_errorf(e, 400, NULL, "the request body is not valid JSON: %s", err);
+    int rc = api_oai_parse_doc(&d, 0, kind, served_model, r, e);
+    json_free(&d);
+    return rc;
+}
+
+void api_oai_req_free(struct api_oai_req *r)
+{
+    if (!r) return;
+    free(r->model);
+    free(r->prompt_text);
+    free(r->prompt_ids);
+    for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
+    free(r->stop_token_ids);
+    enum api_oai_endpoint kind = r->kind;
+    memset(r, 0, sizeof *r);
+    r->kind = kind;
+}
+
+/* ---- prompt and sched_request -------------------------------------------------------- */
+
+int api_oai_tokenize(const struct api_oai_req *r, const model_tok *tok, int32_t **ids, struct api_oai_error *e)
+{
+    *ids = NULL;
+    if (r->prompt_ids) {
+        int nv = model_tok_n_vocab(tok);
+        for (int i = 0; i < r->n_prompt_ids; i++)
+            if (r->prompt_ids[i] >= nv)
+                return api_oai_errorf(e, 400, "prompt", "token id %d at prompt[%d] is out of vocabulary (size %d)",
+                                      r->prompt_ids[i], i, nv);
+        *ids = malloc((size_t)r->n_prompt_ids * sizeof **ids);
+        if (!*ids) return api_oai_errorf(e, 500, NULL, "out of memory");
+        memcpy(*ids, r->prompt_ids, (size_t)r->n_prompt_ids * sizeof **ids);
+        return r->n_prompt_ids;
+    }
+    const char *text = r->prompt_text ? r->prompt_text : "";
+    size_t len = strlen(text);
+    int cap = (int)(len < 1000000 ? len : 1000000) + 16;
+    for (;;) {
+        int32_t *buf = malloc((size_t)cap * sizeof *buf);
+        if (!buf) return api_oai_errorf(e, 500, NULL, "out of memory");
+        int n = model_tok_encode(tok, text, len, true, true, buf, cap);
+        if (n < 0) {
+            free(buf);
+            return api_oai_errorf(e, 400, r->kind == API_OAI_CHAT ? "messages" : "prompt", "the prompt could not be tokenized");
+        }
+        if (n <= cap) {
+            if (n == 0) {
+                free(buf);
+                return api_oai_errorf(e, 400, r->kind == API_OAI_CHAT ? "messages" : "prompt", "the prompt is empty");
+            }
+            *ids = buf;
+            return n;
+        }
+        free(buf);
+        cap = n;
+    }
+}
+
+int api_oai_to_sched(const struct api_oai_req *r, const int32_t *ids, int n_ids, int max_model_len,
+                     struct sched_request *out, struct api_oai_error *e)
+{
+    memset(out, 0, sizeof *out);
+    long max_tokens = r->max_tokens;
+    if (n_ids >= max_model_len)
+        return api_oai_errorf(e, 400, r->kind == API_OAI_CHAT ? "messages" : "prompt",
+                              "This model's maximum context length is %d tokens. However, your prompt has %d tokens, "
+                              "which leaves no room for the completion. Please reduce the length of the prompt.",
+                              max_model_len, n_ids);
+    if (max_tokens < 0) max_tokens = r->kind == API_OAI_CHAT ? max_model_len - n_ids : 16;
+    if (max_tokens > max_model_len - n_ids && r->max_tokens < 0) max_tokens = max_model_len - n_ids;
+    if ((long)n_ids + max_tokens > max_model_len)
+        return api_oai_errorf(e, 400, "max_tokens",
+                              "This model's maximum context length is %d tokens. However, you requested %ld tokens "
+                              "(%d in the prompt, %ld in the completion). Please reduce the length of the prompt or "
+                              "completion.",
+                              max_model_len, (long)n_ids + max_tokens, n_ids, max_tokens);
+    out->prompt = ids;
+    out->n_prompt = n_ids;
+    out->sampling = r->sampling;
+    out->max_tokens = (int)max_tokens;
+    out->ignore_eos = r->ignore_eos;
+    out->stop = (const char *const *)r->stop;
+    out->n_stop = r->n_stop;
+    out->stop_token_ids = r->stop_token_ids;
+    out->n_stop_token_ids = r->n_stop_token_ids;
+    out->logprobs = r->logprobs;
+    out->priority = SCHED_PRIO_INTERACTIVE;
+    return 0;
+}
+
+/* ---- results ----------------------------------------------------------------------- */
+
+void api_oai_result_init(struct api_oai_result *res)
+{
+    memset(res, 0, sizeof *res);
+    json_buf_init(&res->text);
+    json_buf_init(&res->lp);
+    json_buf_init(&res->lp_vals);
+    json_buf_init(&res->lp_top);
+    json_buf_init(&res->lp_off);
+}
+
+void api_oai_result_free(struct api_oai_result *res)
+{
+    if (!res) return;
+    json_buf_free(&res->text);
+    json_buf_free(&res->lp);
+    json_buf_free(&res->lp_vals);
+    json_buf_free(&res->lp_top);
+    json_buf_free(&res->lp_off);
+}
+
+static bool valid_utf8(const unsigned char *s, size_t n)
+{
+    for (size_t i = 0; i < n;) {
+        unsigned char c = s[i];
+        int k = c < 0x80 ? 0 : (c & 0xE0) == 0xC0 ? 1 : (c & 0xF0) == 0xE0 ? 2 : (c & 0xF8) == 0xF0 ? 3 : -1;
+        if (k < 0 || (k == 1 && c < 0xC2) || i + (size_t)k >= n) return false;
+        for (int j = 1; j <= k; j++)
+            if ((s[i + j] & 0xC0) != 0x80) return false;
+        i += (size_t)k + 1;
+    }
+    return true;
+}
+
+/* A token's text as a JSON string: its bytes when they are valid UTF-8, else
+ * "bytes:\xNN..." as vLLM writes partial characters. */
+static void add_token_str(struct json_buf *b, const model_tok *tok, int32_t id)
+{
+    size_t n = 0;
+    const char *s = tok ? model_tok_bytes(tok, id, &n) : NULL;
+    if (!s) {
+        json_buf_addf(b, "\"token_id:%d\"", id);
+        return;
+    }
+    if (valid_utf8((const unsigned char *)s, n)) {
+        json_buf_add_str(b, s, n);
+        return;
+    }
+    ADD_LIT(b, "\"bytes:");
+    for (size_t i = 0; i < n; i++) json_buf_addf(b, "\\\\x%02x", (unsigned char)s[i]);
+    ADD_LIT(b, "\"");
+}
+
+static void add_bytes(struct json_buf *b, const model_tok *tok, int32_t id)
+{
+    size_t n = 0;
+    const char *s = tok ? model_tok_bytes(tok, id, &n) : NULL;
+    ADD_LIT(b, "[");
+    for (size_t i = 0; s && i < n; i++) json_buf_addf(b, "%s%u", i ? "," : "", (unsigned char)s[i]);
+    ADD_LIT(b, "]");
+}
+
+static double lp_value(float v) { return isfinite(v) ? (double)v : -9999.0; }
+
+void api_oai_result_add(struct api_oai_result *res, const struct api_oai_req *r, const model_tok *tok,
+                        const struct sched_event *ev)
+{
+    size_t before = res->text.len;
+    if (ev->text_len) json_buf_add(&res->text, ev->text, ev->text_len);
+    if (ev->kind == SCHED_EV_FINISH) {
+        res->done = true;
+        res->finish = ev->finish;
+        res->usage = ev->usage;
+        snprintf(res->error, sizeof res->error, "%s", ev->error);
+        return;
+    }
+    if (!r->logprobs || !ev->has_logprobs) return;
+    const struct model_sample_out *o = &ev->sample;
+    const char *sep = res->n_lp ? "," : "";
+    if (r->kind == API_OAI_CHAT) {
+        json_buf_addf(&res->lp, "%s{\"token\":", sep);
+        add_token_str(&res->lp, tok, o->token);
+        json_buf_addf(&res->lp, ",\"logprob\":%.6g,\"bytes\":", lp_value(o->logprob));
+        add_bytes(&res->lp, tok, o->token);
+        ADD_LIT(&res->lp, ",\"top_logprobs\":[");
+        for (int i = 0; i < o->n_top; i++) {
+            json_buf_addf(&res->lp, "%s{\"token\":", i ? "," : "");
+            add_token_str(&res->lp, tok, o->top_ids[i]);
+            json_buf_addf(&res->lp, ",\"logprob\":%.6g,\"bytes\":", lp_value(o->top_logprobs[i]));
+            add_bytes(&res->lp, tok, o->top_ids[i]);
+            ADD_LIT(&res->lp, "}");
+        }
+        ADD_LIT(&res->lp, "]}");
+    } else {
+        json_buf_add(&res->lp, sep, strlen(sep));
+        add_token_str(&res->lp, tok, o->token);
+        json_buf_addf(&res->lp_vals, "%s%.6g", sep, lp_value(o->logprob));
+        json_buf_addf(&res->lp_off, "%s%zu", sep, before);
+        json_buf_add(&res->lp_top, sep, strlen(sep));
+        if (o->n_top == 0) {
+            ADD_LIT(&res->lp_top, "null");
+        } else {
+            ADD_LIT(&res->lp_top, "{");
+            for (int i = 0; i < o->n_top; i++) {
+                if (i) ADD_LIT(&res->lp_top, ",");
+                add_token_str(&res->lp_top, tok, o->top_ids[i]);
+                json_buf_addf(&res->lp_top, ":%.6g", lp_value(o->top_logprobs[i]));
+            }
+            ADD_LIT(&res->lp_top, "}");
+        }
+    }
+    res->n_lp++;
+}
+
+static const char *buf_or_empty(const struct json_buf *b) { return b->p ? b->p : ""; }
+
+void api_oai_response_json(struct json_buf *b, const struct api_oai_req *r, const struct api_oai_result *res,
+                           const char *id, long created, const char *model_name)
+{
+    bool chat = r->kind == API_OAI_CHAT;
+    ADD_LIT(b, "{\"id\":");
+    json_buf_add_str(b, id, strlen(id));
+    json_buf_addf(b, ",\"object\":\"%s\",\"created\":%ld,\"model\":", chat ? "chat.completion" : "text_completion",
+                  created);
+    json_buf_add_str(b, model_name, strlen(model_name));
+    ADD_LIT(b, ",\"choices\":[{\"index\":0,");
+    if (chat) {
+        ADD_LIT(b, "\"message\":{\"role\":\"assistant\",\"content\":");
+        json_buf_add_str(b, buf_or_empty(&res->text), res->text.len);
+        ADD_LIT(b, "},\"logprobs\":");
+        if (r->logprobs) json_buf_addf(b, "{\"content\":[%s]}", buf_or_empty(&res->lp));
+        else ADD_LIT(b, "null");
+    } else {
+        ADD_LIT(b, "\"text\":");
+        json_buf_add_str(b, buf_or_empty(&res->text), res->text.len);
+        ADD_LIT(b, ",\"logprobs\":");
+        if (r->logprobs)
+            json_buf_addf(b, "{\"tokens\":[%s],\"token_logprobs\":[%s],\"top_logprobs\":[%s],\"text_offset\":[%s]}",
+                          buf_or_empty(&res->lp), buf_or_empty(&res->lp_vals), buf_or_empty(&res->lp_top),
+                          buf_or_empty(&res->lp_off));
+        else ADD_LIT(b, "null");
+    }
+    const struct sched_usage *u = &res->usage;
+    json_buf_addf(b,
+                  ",\"finish_reason\":\"%s\"}],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,"
+                  "\"total_tokens\":%d,\"prompt_tokens_details\":{\"cached_tokens\":%d}}}",
+                  sched_finish_name(res->finish), u->prompt_tokens, u->completion_tokens,
+                  u->prompt_tokens + u->completion_tokens, u->cached_tokens);
+}

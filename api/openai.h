@@ -1,0 +1,111 @@
+/* openai.h - OpenAI request bodies in, OpenAI response bodies out, for
+ * /v1/chat/completions and /v1/completions. Shared by `sluice run-batch` and
+ * the HTTP server.
+ *
+ * A body is parsed and validated the way the OpenAI server (and vLLM) does it
+ * (api_oai_parse): a bad value gets a 400 with a message that names the
+ * parameter. The parsed request becomes a prompt (ChatML render + tokenize)
+ * and a sched_request (api_oai_to_sched). While the engine runs it, events
+ * are folded into a struct api_oai_result (text, logprobs, finish, usage),
+ * which renders the final body (api_oai_response_json).
+ *
+ * Nothing here touches the engine or a thread: every function works on the
+ * caller's structs and may be called from any thread.
+ */
+#ifndef SLUICE_API_OPENAI_H
+#define SLUICE_API_OPENAI_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/json.h"
+#include "model/model.h"
+#include "sched/sched.h"
+
+enum api_oai_endpoint { API_OAI_CHAT, API_OAI_COMPLETIONS };
+
+/* An OpenAI-shaped error: {"error": {"message", "type", "param", "code"}}. */
+struct api_oai_error {
+    int status;           /* HTTP status: 400, 404, 500 */
+    const char *type;     /* "invalid_request_error", "NotFoundError", ... (static) */
+    char param[64];       /* the parameter at fault, "" when none */
+    char message[512];
+};
+
+#define API_OAI_MAX_STOP 64
+
+/* A parsed, validated request. init by api_oai_parse, freed by api_oai_req_free. */
+struct api_oai_req {
+    enum api_oai_endpoint kind;
+    char *model;                /* owned; NULL when absent */
+    char *prompt_text;          /* owned: the completion prompt, or the ChatML-rendered chat */
+    int32_t *prompt_ids;        /* owned: a completion prompt given as token ids (prompt_text NULL) */
+    int n_prompt_ids;
+    long max_tokens;            /* -1: not given */
+    struct model_sampling sampling;
+    bool seed_given;
+    char *stop[API_OAI_MAX_STOP]; /* owned */
+    int n_stop;
+    int32_t *stop_token_ids;    /* owned */
+    int n_stop_token_ids;
+    bool ignore_eos;
+    bool logprobs;              /* chat: logprobs; completions: logprobs != null */
+    int top_logprobs;           /* chat: top_logprobs; completions: the logprobs integer */
+    bool stream;
+};
+
+/* Parses and validates body[0..len) for endpoint kind. served_model: when not
+ * NULL, a "model" other than it is refused (404). On error returns a negative
+ * sl_status, fills *e and leaves *r freed (api_oai_req_free is still safe). */
+int api_oai_parse(const char *body, size_t len, enum api_oai_endpoint kind, const char *served_model,
+                  struct api_oai_req *r, struct api_oai_error *e);
+/* Same, on an already parsed document whose value obj is the body. */
+int api_oai_parse_doc(const json_doc *d, int obj, enum api_oai_endpoint kind, const char *served_model,
+                      struct api_oai_req *r, struct api_oai_error *e);
+void api_oai_req_free(struct api_oai_req *r);
+
+/* Tokenizes the prompt into a new malloc'ed array (*ids, caller frees; BOS
+ * added as the tokenizer's metadata says, special tokens parsed for chat).
+ * Returns the count, or a negative status with *e filled. */
+int api_oai_tokenize(const struct api_oai_req *r, const model_tok *tok, int32_t **ids,
+                     struct api_oai_error *e);
+
+/* Fills a sched_request from r and its tokenized prompt (borrowed by *out:
+ * ids, stop strings). max_tokens defaults to what is left of max_model_len
+ * (chat) or 16 (completions); a prompt that leaves no room is a 400 naming
+ * the lengths. Returns 0 or a negative status with *e filled. */
+int api_oai_to_sched(const struct api_oai_req *r, const int32_t *ids, int n_ids, int max_model_len,
+                     struct sched_request *out, struct api_oai_error *e);
+
+/* The output of one request, folded from its engine events. init/free. */
+struct api_oai_result {
+    struct json_buf text;       /* generated text (raw bytes) */
+    struct json_buf lp;         /* chat: logprobs.content entries; completions: tokens */
+    struct json_buf lp_vals;    /* completions: token_logprobs */
+    struct json_buf lp_top;     /* completions: top_logprobs */
+    struct json_buf lp_off;     /* completions: text_offset */
+    int n_lp;
+    size_t offset;              /* completions: text offset of the next token */
+    bool done;
+    enum sched_finish finish;
+    struct sched_usage usage;
+    char error[160];
+};
+void api_oai_result_init(struct api_oai_result *res);
+void api_oai_result_free(struct api_oai_result *res);
+/* Folds one event (token or finish) into res. */
+void api_oai_result_add(struct api_oai_result *res, const struct api_oai_req *r, const model_tok *tok,
+                        const struct sched_event *ev);
+
+/* Appends the response body (chat.completion or text_completion object,
+ * usage with prompt_tokens_details.cached_tokens) for a finished result. */
+void api_oai_response_json(struct json_buf *b, const struct api_oai_req *r, const struct api_oai_result *res,
+                           const char *id, long created, const char *model_name);
+/* Appends {"error": {...}}. */
+void api_oai_error_json(struct json_buf *b, const struct api_oai_error *e);
+/* Fills e (printf-style message). Returns SL_EINVAL for convenience. */
+int api_oai_errorf(struct api_oai_error *e, int status, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+#endif
