@@ -32,5 +32,6 @@ void api_print_flags(const struct api_flag *flags);
 int api_cmd_generate(int argc, char **argv);
 int api_cmd_tokenize(int argc, char **argv);
 int api_cmd_info(int argc, char **argv);
+int api_cmd_run_batch(int argc, char **argv);
 
 #endif

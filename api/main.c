@@ -14,7 +14,8 @@ static void usage(void)
             "commands:\n"
             "  generate   generate text from a prompt, or chat interactively (--chat)\n"
             "  tokenize   text to token ids (--text) or ids to text (--ids)\n"
-            "  info       build capabilities and a model's configuration\n",
+            "  info       build capabilities and a model's configuration\n"
+            "  run-batch  run an OpenAI batch file (JSONL) through the continuous-batching engine\n",
             SLUICE_VERSION);
 }
 
@@ -31,6 +32,7 @@ int main(int argc, char **argv)
     if (!strcmp(argv[1], "generate")) return api_cmd_generate(argc, argv);
     if (!strcmp(argv[1], "tokenize")) return api_cmd_tokenize(argc, argv);
     if (!strcmp(argv[1], "info")) return api_cmd_info(argc, argv);
+    if (!strcmp(argv[1], "run-batch")) return api_cmd_run_batch(argc, argv);
     fprintf(stderr, "sluice: unknown command '%s'\n\n", argv[1]);
     usage();
     return 2;

@@ -1,0 +1,497 @@
+/* cmd_run_batch.c - `sluice run-batch`: the offline runner vLLM users know
+ * (`vllm run-batch`). Reads OpenAI batch lines (custom_id, method, url, body)
+ * for /v1/chat/completions and /v1/completions, runs them all through the
+ * engine at once (batch priority), and writes one output line per input line,
+ * in input order, as soon as the lines before it are done.
+ *
+ * A line that is not a request (bad JSON, no custom_id, wrong method or url)
+ * gets `"response": null, "error": {code, message}`; a request whose body the
+ * server would refuse gets `"response": {"status_code": 400, "body": {"error":
+ * ...}}`, as in OpenAI's output files. The others still run.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "api.h"
+#include "model/backend.h"
+#include "model/json.h"
+#include "model/model.h"
+#include "openai.h"
+#include "sched/sched.h"
+
+enum line_state { LINE_TODO, LINE_RUNNING, LINE_DONE };
+
+struct line {
+    char *text;                  /* the input line, owned until prepared */
+    enum line_state st;
+    char *custom_id;             /* owned, NULL when absent */
+    struct api_oai_req req;
+    int32_t *ids;                /* owned prompt ids */
+    struct api_oai_result res;
+    char *out;                   /* the rendered output line, owned until written */
+};
+
+struct batch {
+    model *m;
+    const model_tok *tok;
+    sched_engine *e;
+    const char *served_name, *model_path;
+    int max_model_len;
+    struct line *lines;
+    int n_lines, cap_lines;
+    int next_submit, next_write, in_flight, done, failed;
+    FILE *out;
+    uint64_t rng;
+    long created;
+    long gen_tokens, prompt_tokens, cached_tokens;
+    double t0, last_progress;
+    bool quiet;
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void rand_hex(struct batch *b, char *out, int n)
+{
+    static const char hex[] = "0123456789abcdef";
+    for (int i = 0; i < n; i++) {
+        b->rng += 0x9E3779B97F4A7C15ULL;
+        uint64_t z = b->rng;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+        out[i] = hex[(z ^ (z >> 31)) & 15];
+    }
+    out[n] = '\0';
+}
+
+/* Parses "2G", "512M", "1GiB", "1000000" into bytes; -1 when malformed. */
+static long long parse_bytes(const char *s)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || errno || v < 0) return -1;
+    long long mul = 1;
+    switch (toupper((unsigned char)*end)) {
+    case 'K': mul = 1LL << 10; end++; break;
+    case 'M': mul = 1LL << 20; end++; break;
+    case 'G': mul = 1LL << 30; end++; break;
+    case 'T': mul = 1LL << 40; end++; break;
+    default: break;
+    }
+    if (mul > 1 && (*end == 'i' || *end == 'I')) end++;
+    if (*end == 'B' || *end == 'b') end++;
+    if (*end) return -1;
+    return (long long)(v * (double)mul);
+}
+
+/* ---- output lines ------------------------------------------------------------------ */
+
+static void line_head(struct batch *b, struct json_buf *o, const struct line *l)
+{
+    char id[33];
+    rand_hex(b, id, 24);
+    json_buf_addf(o, "{\"id\":\"batch_req_%s\",\"custom_id\":", id);
+    if (l->custom_id) json_buf_add_str(o, l->custom_id, strlen(l->custom_id));
+    else json_buf_add(o, "null", 4);
+}
+
+static void set_out(struct line *l, struct json_buf *o)
+{
+    if (o->oom || !o->p) {
+        json_buf_free(o);
+        l->out = strdup("{\"id\":null,\"custom_id\":null,\"response\":null,"
+                        "\"error\":{\"code\":\"internal_error\",\"message\":\"out of memory\"}}");
+    } else {
+        l->out = o->p; /* ownership passes to the line */
+    }
+    l->st = LINE_DONE;
+}
+
+static void line_error(struct batch *b, struct line *l, const char *code, const char *msg)
+{
+    struct json_buf o;
+    json_buf_init(&o);
+    line_head(b, &o, l);
+    json_buf_addf(&o, ",\"response\":null,\"error\":{\"code\":\"%s\",\"message\":", code);
+    json_buf_add_str(&o, msg, strlen(msg));
+    json_buf_add(&o, "}}", 2);
+    set_out(l, &o);
+    b->failed++;
+    b->done++;
+}
+
+static void line_response(struct batch *b, struct line *l, int status, const struct api_oai_error *e)
+{
+    char rid[33], cid[33];
+    rand_hex(b, rid, 24);
+    rand_hex(b, cid, 24);
+    struct json_buf o;
+    json_buf_init(&o);
+    line_head(b, &o, l);
+    json_buf_addf(&o, ",\"response\":{\"status_code\":%d,\"request_id\":\"req_%s\",\"body\":", status, rid);
+    if (e) {
+        api_oai_error_json(&o, e);
+        b->failed++;
+    } else {
+        char id[48];
+        snprintf(id, sizeof id, "%s%s", l->req.kind == API_OAI_CHAT ? "chatcmpl-" : "cmpl-", cid);
+        api_oai_response_json(&o, &l->req, &l->res, id, b->created, b->served_name);
+    }
+    json_buf_add(&o, "},\"error\":null}", 15);
+    set_out(l, &o);
+    b->done++;
+}
+
+static void line_release(struct line *l)
+{
+    free(l->text);
+    l->text = NULL;
+    api_oai_req_free(&l->req);
+    free(l->ids);
+    l->ids = NULL;
+    api_oai_result_free(&l->res);
+}
+
+/* ---- submitting -------------------------------------------------------------------- */
+
+/* Parses line l and submits it; on any error renders its output line. */
+static void prepare(struct batch *b, struct line *l)
+{
+    json_doc d;
+    char err[512];
+    struct api_oai_error e;
+    api_oai_result_init(&l->res);
+    if (json_parse(&d, l->text, strlen(l->text), err, sizeof err)) {
+        char msg[600];
+        snprintf(msg, sizeof msg, "the line is not valid JSON: %s", err);
+        line_error(b, l, "invalid_json", msg);
+        return;
+    }
+    int cid = json_is_obj(&d, 0) ? json_get(&d, 0, "custom_id") : -1;
+    if (cid >= 0 && json_is_str(&d, cid)) l->custom_id = json_strdup(&d, cid, NULL);
+    int method = json_is_obj(&d, 0) ? json_get(&d, 0, "method") : -1;
+    int url = json_is_obj(&d, 0) ? json_get(&d, 0, "url") : -1;
+    int body = json_is_obj(&d, 0) ? json_get(&d, 0, "body") : -1;
+    enum api_oai_endpoint kind = API_OAI_CHAT;
+    if (!json_is_obj(&d, 0)) {
+        line_error(b, l, "invalid_request", "the line must be a JSON object with custom_id, method, url and body");
+        goto done;
+    }
+    if (!l->custom_id) {
+        line_error(b, l, "missing_required_parameter", "'custom_id' is required and must be a string");
+        goto done;
+    }
+    if (method < 0 || !json_str_eq(&d, method, "POST")) {
+        line_error(b, l, "invalid_request", "'method' must be \"POST\"");
+        goto done;
+    }
+    if (url >= 0 && json_str_eq(&d, url, "/v1/chat/completions")) kind = API_OAI_CHAT;
+    else if (url >= 0 && json_str_eq(&d, url, "/v1/completions")) kind = API_OAI_COMPLETIONS;
+    else {
+        line_error(b, l, "invalid_url", "'url' must be \"/v1/chat/completions\" or \"/v1/completions\"");
+        goto done;
+    }
+    if (body < 0 || !json_is_obj(&d, body)) {
+        line_error(b, l, "invalid_request", "'body' is required and must be an object");
+        goto done;
+    }
+    if (api_oai_parse_doc(&d, body, kind, NULL, &l->req, &e)) {
+        line_response(b, l, e.status, &e);
+        goto done;
+    }
+    if (l->req.model && strcmp(l->req.model, b->served_name) && strcmp(l->req.model, b->model_path)) {
+        api_oai_errorf(&e, 404, "model", "The model `%s` does not exist.", l->req.model);
+        line_response(b, l, 404, &e);
+        goto done;
+    }
+    if (l->req.stream) {
+        api_oai_errorf(&e, 400, "stream", "'stream' is not supported in a batch");
+        line_response(b, l, 400, &e);
+        goto done;
+    }
+    int n = api_oai_tokenize(&l->req, b->tok, &l->ids, &e);
+    if (n < 0) {
+        line_response(b, l, e.status, &e);
+        goto done;
+    }
+    struct sched_request sr;
+    if (api_oai_to_sched(&l->req, l->ids, n, b->max_model_len, &sr, &e)) {
+        line_response(b, l, e.status, &e);
+        goto done;
+    }
+    sr.priority = SCHED_PRIO_BATCH;
+    sr.user = l;
+    if (sched_engine_submit(b->e, &sr, NULL, err, sizeof err)) {
+        api_oai_errorf(&e, 400, NULL, "%s", err);
+        line_response(b, l, 400, &e);
+        goto done;
+    }
+    l->st = LINE_RUNNING;
+    b->in_flight++;
+    b->prompt_tokens += n;
+done:
+    json_free(&d);
+    free(l->text);
+    l->text = NULL;
+    if (l->st == LINE_DONE) line_release(l);
+}
+
+static void on_event(struct batch *b, const struct sched_event *ev)
+{
+    struct line *l = ev->user;
+    api_oai_result_add(&l->res, &l->req, b->tok, ev);
+    if (ev->kind == SCHED_EV_TOKEN) {
+        b->gen_tokens++;
+        return;
+    }
+    b->in_flight--;
+    b->cached_tokens += ev->usage.cached_tokens;
+    if (ev->finish == SCHED_FINISH_ERROR || ev->finish == SCHED_FINISH_ABORT) {
+        struct api_oai_error e;
+        api_oai_errorf(&e, 500, NULL, "the engine failed on this request: %s", ev->error[0] ? ev->error : "aborted");
+        line_response(b, l, 500, &e);
+    } else {
+        line_response(b, l, 200, NULL);
+    }
+    line_release(l);
+}
+
+static int write_ready(struct batch *b)
+{
+    while (b->next_write < b->n_lines && b->lines[b->next_write].st == LINE_DONE) {
+        struct line *l = &b->lines[b->next_write++];
+        if (fputs(l->out, b->out) == EOF || fputc('\n', b->out) == EOF) return -1;
+        free(l->out);
+        l->out = NULL;
+        free(l->custom_id);
+        l->custom_id = NULL;
+    }
+    return fflush(b->out) == 0 ? 0 : -1;
+}
+
+static void progress(struct batch *b, bool last)
+{
+    double t = now_s();
+    if (b->quiet || (!last && t - b->last_progress < 1.0)) return;
+    b->last_progress = t;
+    double el = t - b->t0;
+    fprintf(stderr, "\r[run-batch] %d/%d done, %d failed | %.1f gen tok/s | %ld prompt tok (%ld cached) | %.1f s   ",
+            b->done, b->n_lines, b->failed, el > 0 ? (double)b->gen_tokens / el : 0.0, b->prompt_tokens,
+            b->cached_tokens, el);
+    if (last) fputc('\n', stderr);
+}
+
+static int read_lines(struct batch *b, FILE *f)
+{
+    char *buf = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    while ((n = getline(&buf, &cap, f)) >= 0) {
+        while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r')) buf[--n] = '\0';
+        bool blank = true;
+        for (ssize_t i = 0; i < n && blank; i++) blank = isspace((unsigned char)buf[i]);
+        if (blank) continue;
+        if (b->n_lines == b->cap_lines) {
+            int c = b->cap_lines ? 2 * b->cap_lines : 256;
+            struct line *p = realloc(b->lines, (size_t)c * sizeof *p);
+            if (!p) break;
+            b->lines = p;
+            b->cap_lines = c;
+        }
+        struct line *l = &b->lines[b->n_lines];
+        memset(l, 0, sizeof *l);
+        l->text = strdup(buf);
+        if (!l->text) break;
+        b->n_lines++;
+    }
+    free(buf);
+    return ferror(f) ? -1 : 0;
+}
+
+static void usage(const struct api_flag *flags)
+{
+    fprintf(stderr, "usage: sluice run-batch --model PATH -i INPUT.jsonl -o OUTPUT.jsonl [flags]\n"
+                    "  Runs an OpenAI batch file (/v1/chat/completions, /v1/completions lines) through the\n"
+                    "  continuous-batching engine; writes one output line per input line, in input order.\n"
+                    "  -i/-o are short for --input/--output; '-' means stdin/stdout.\n\n");
+    api_print_flags(flags);
+}
+
+int api_cmd_run_batch(int argc, char **argv)
+{
+    const char *model_path = NULL, *in_path = NULL, *out_path = NULL, *served = NULL, *kv_mem = "2G",
+               *device = "cpu", *tok_path = NULL;
+    long max_num_seqs = 64, max_batched = 1024, max_model_len = 0, block_size = 16, threads = 0;
+    double batch_share = 0.1;
+    bool prefix = true, quiet = false;
+    const struct api_flag flags[] = {
+        {"--model", API_FLAG_STR, &model_path, "GGUF file or HF checkpoint directory", NULL},
+        {"--tokenizer", API_FLAG_STR, &tok_path, "take the tokenizer from another model", NULL},
+        {"--input", API_FLAG_STR, &in_path, "input JSONL file (-i)", NULL},
+        {"--output", API_FLAG_STR, &out_path, "output JSONL file (-o)", NULL},
+        {"--served-model-name", API_FLAG_STR, &served, "the model name requests use and responses report (--model)", NULL},
+        {"--max-num-seqs", API_FLAG_INT, &max_num_seqs, "sequences running at once (64)", NULL},
+        {"--max-num-batched-tokens", API_FLAG_INT, &max_batched, "tokens per step (1024)", NULL},
+        {"--max-model-len", API_FLAG_INT, &max_model_len, "prompt + completion tokens at most (the model's, <= 8192)", NULL},
+        {"--enable-prefix-caching", API_FLAG_BOOL, &prefix, "reuse the KV of shared prompt prefixes (on)",
+         "--no-enable-prefix-caching"},
+        {"--block-size", API_FLAG_INT, &block_size, "KV block size in tokens (16)", NULL},
+        {"--kv-cache-memory", API_FLAG_STR, &kv_mem, "KV cache size, bytes with K/M/G suffix (2G)", NULL},
+        {"--min-batch-share", API_FLAG_FLOAT, &batch_share, "budget share kept for batch work (0.1)", NULL},
+        {"--device", API_FLAG_STR, &device, "cpu (cuda: a later backend)", NULL},
+        {"--threads", API_FLAG_INT, &threads, "CPU threads, 0 = all cores", NULL},
+        {"--quiet", API_FLAG_BOOL, &quiet, "no progress on stderr", NULL},
+        {0},
+    };
+    /* -i / -o as vLLM spells them */
+    char **av = malloc(sizeof *av * (size_t)(argc + 1));
+    if (!av) return 1;
+    for (int i = 0; i < argc; i++)
+        av[i] = !strcmp(argv[i], "-i") ? "--input" : !strcmp(argv[i], "-o") ? "--output" : argv[i];
+    av[argc] = NULL;
+    char err[512];
+    const char *pos[1];
+    int np = api_parse_flags(argc, av, 2, flags, pos, 1, err, sizeof err);
+    free(av);
+    if (np == -2) {
+        usage(flags);
+        return 0;
+    }
+    if (np < 0) {
+        fprintf(stderr, "sluice run-batch: %s\n", err);
+        return 2;
+    }
+    if (np == 1 && !model_path) model_path = pos[0];
+    if (!model_path || !in_path || !out_path) {
+        fprintf(stderr, "sluice run-batch: --model, -i and -o are required (see --help)\n");
+        return 2;
+    }
+    long long kv_bytes = parse_bytes(kv_mem);
+    if (kv_bytes <= 0) {
+        fprintf(stderr, "sluice run-batch: invalid --kv-cache-memory '%s' (e.g. 2G, 512M, 1073741824)\n", kv_mem);
+        return 2;
+    }
+    if (max_num_seqs < 1 || max_batched < max_num_seqs || block_size < 1 || block_size > 1024 || max_model_len < 0 ||
+        batch_share < 0 || batch_share > 1 || max_batched > 1 << 20 || max_num_seqs > 1 << 16) {
+        fprintf(stderr, "sluice run-batch: need --max-num-seqs >= 1, --max-num-batched-tokens >= --max-num-seqs, "
+                        "--block-size 1..1024, --min-batch-share 0..1\n");
+        return 2;
+    }
+
+    int rc = 1;
+    struct batch b;
+    memset(&b, 0, sizeof b);
+    b.model_path = model_path;
+    b.served_name = served ? served : model_path;
+    b.quiet = quiet;
+    b.rng = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+    b.created = (long)time(NULL);
+    model_backend *be = NULL;
+    FILE *in = !strcmp(in_path, "-") ? stdin : fopen(in_path, "r");
+    if (!in) {
+        fprintf(stderr, "sluice run-batch: cannot open %s: %s\n", in_path, strerror(errno));
+        return 1;
+    }
+    int rr = read_lines(&b, in);
+    if (in != stdin) fclose(in);
+    if (rr) {
+        fprintf(stderr, "sluice run-batch: cannot read %s\n", in_path);
+        goto fail_lines;
+    }
+    b.out = !strcmp(out_path, "-") ? stdout : fopen(out_path, "w");
+    if (!b.out) {
+        fprintf(stderr, "sluice run-batch: cannot write %s: %s\n", out_path, strerror(errno));
+        goto fail_lines;
+    }
+
+    struct model_load_opts lo = {.progress = !quiet, .tokenizer = tok_path};
+    b.m = model_load(model_path, &lo, err, sizeof err);
+    if (!b.m) goto fail_msg;
+    b.tok = model_get_tok(b.m);
+    struct sched_engine_opts eo;
+    memset(&eo, 0, sizeof eo);
+    eo.sched.block_size = (int)block_size;
+    eo.sched.max_num_seqs = (int)max_num_seqs;
+    eo.sched.max_num_batched_tokens = (int)max_batched;
+    eo.sched.max_model_len = (int)max_model_len;
+    eo.sched.min_batch_share = (float)batch_share;
+    eo.kv_cache_bytes = (size_t)kv_bytes;
+    eo.enable_prefix_caching = prefix;
+    sched_engine_defaults(b.m, &eo);
+    struct model_backend_opts bo = {
+        .device = device, .n_threads = (int)threads, .max_tokens_per_step = eo.sched.max_num_batched_tokens,
+        .max_seqs_per_step = eo.sched.max_num_seqs, .max_ctx = eo.sched.max_model_len,
+    };
+    be = model_backend_create(b.m, &bo, err, sizeof err);
+    if (!be) goto fail_msg;
+    b.e = sched_engine_create(be, &eo, err, sizeof err);
+    if (!b.e) goto fail_msg;
+    b.max_model_len = sched_engine_config(b.e)->max_model_len;
+    if (!quiet) {
+        struct sched_engine_stats st;
+        sched_engine_get_stats(b.e, &st);
+        fprintf(stderr, "[run-batch] %d requests | KV cache %d blocks x %d tokens | max-num-seqs %d, "
+                        "max-num-batched-tokens %d, max-model-len %d, prefix caching %s\n",
+                b.n_lines, st.kv_blocks, st.block_size, eo.sched.max_num_seqs, eo.sched.max_num_batched_tokens,
+                b.max_model_len, prefix ? "on" : "off");
+    }
+
+    /* keep the engine fed without holding every prompt's tokens at once */
+    int max_in_flight = 4 * eo.sched.max_num_seqs;
+    struct sched_evbuf evb;
+    sched_evbuf_init(&evb);
+    b.t0 = now_s();
+    for (;;) {
+        while (b.next_submit < b.n_lines && b.in_flight < max_in_flight) prepare(&b, &b.lines[b.next_submit++]);
+        if (write_ready(&b)) {
+            snprintf(err, sizeof err, "cannot write %s: %s", out_path, strerror(errno));
+            sched_evbuf_deinit(&evb);
+            goto fail_msg;
+        }
+        progress(&b, false);
+        if (b.in_flight == 0 && b.next_submit == b.n_lines) break;
+        int k = sched_engine_wait(b.e, &evb, 1.0);
+        for (int i = 0; i < k; i++) on_event(&b, &evb.ev[i]);
+    }
+    sched_evbuf_deinit(&evb);
+    progress(&b, true);
+    if (!quiet) {
+        double el = now_s() - b.t0;
+        struct sched_engine_stats st;
+        sched_engine_get_stats(b.e, &st);
+        fprintf(stderr, "[run-batch] %d requests (%d failed) in %.2f s: %ld generated tokens (%.1f tok/s), "
+                        "%ld prompt tokens (%ld cached), %llu steps, %llu preemptions\n",
+                b.n_lines, b.failed, el, b.gen_tokens, el > 0 ? (double)b.gen_tokens / el : 0.0, b.prompt_tokens,
+                b.cached_tokens, (unsigned long long)st.sched.steps, (unsigned long long)st.sched.preemptions);
+    }
+    rc = 0;
+    goto done;
+
+fail_msg:
+    fprintf(stderr, "sluice run-batch: %s\n", err);
+    rc = 1;
+done:
+    sched_engine_destroy(b.e);
+    model_backend_destroy(be);
+    model_free(b.m);
+    if (b.out && b.out != stdout) fclose(b.out);
+fail_lines:
+    for (int i = 0; i < b.n_lines; i++) {
+        line_release(&b.lines[i]);
+        free(b.lines[i].custom_id);
+        free(b.lines[i].out);
+    }
+    free(b.lines);
+    return rc;
+}
