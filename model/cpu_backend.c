@@ -667,6 +667,20 @@ static int check_step(struct cpu_backend *b, const struct step *s, char *err, si
     return 0;
 }
 
+/* o[d] += p * v[d], each a separate multiply and add (the same rounding as the
+ * scalar loop, whatever the width). */
+static inline void axpy(float *o, float p, const float *v, int n)
+{
+    int d = 0;
+#if defined(__AVX2__)
+    __m256 pv = _mm256_set1_ps(p);
+    for (; d + 8 <= n; d += 8)
+        _mm256_storeu_ps(o + d, _mm256_add_ps(_mm256_loadu_ps(o + d),
+                                              _mm256_mul_ps(pv, _mm256_loadu_ps(v + d))));
+#endif
+    for (; d < n; d++) o[d] += p * v[d];
+}
+
 /* Causal attention of every token's query heads over its sequence's
  * positions 0..pos, read through the block table. */
 static void attention(struct cpu_backend *b, const struct step *s, int layer)
@@ -685,24 +699,31 @@ static void attention(struct cpu_backend *b, const struct step *s, int layer)
             const float *qv = b->q + ((size_t)t * H + h) * D;
             float *sc = b->scores + (size_t)omp_get_thread_num() * b->max_ctx;
             float *o = b->att + ((size_t)t * H + h) * D;
+            const int32_t *bt = q->block_table;
+            size_t kstride = (size_t)KVH * D; /* floats between consecutive slots */
+            int n = pos + 1;
             float mx = -INFINITY;
-            for (int j = 0; j <= pos; j++) {
-                size_t slot = (size_t)q->block_table[j / bs] * bs + j % bs;
-                sc[j] = dot1(qv, K + (slot * KVH + g) * D, D) * scale;
-                if (sc[j] > mx) mx = sc[j];
+            /* walk the block table block by block (no division per position) */
+            for (int j0 = 0; j0 < n; j0 += bs) {
+                const float *kb = K + ((size_t)bt[j0 / bs] * bs * KVH + g) * D;
+                int jn = n - j0 < bs ? n - j0 : bs;
+                for (int jj = 0; jj < jn; jj++) {
+                    float v = dot1(qv, kb + jj * kstride, D) * scale;
+                    sc[j0 + jj] = v;
+                    if (v > mx) mx = v;
+                }
             }
             float sum = 0.0f;
-            for (int j = 0; j <= pos; j++) {
+            for (int j = 0; j < n; j++) {
                 sc[j] = expf(sc[j] - mx);
                 sum += sc[j];
             }
             float inv = 1.0f / sum;
             for (int d = 0; d < D; d++) o[d] = 0.0f;
-            for (int j = 0; j <= pos; j++) {
-                size_t slot = (size_t)q->block_table[j / bs] * bs + j % bs;
-                const float *vv = Vc + (slot * KVH + g) * D;
-                float pj = sc[j] * inv;
-                for (int d = 0; d < D; d++) o[d] += pj * vv[d];
+            for (int j0 = 0; j0 < n; j0 += bs) {
+                const float *vb = Vc + ((size_t)bt[j0 / bs] * bs * KVH + g) * D;
+                int jn = n - j0 < bs ? n - j0 : bs;
+                for (int jj = 0; jj < jn; jj++) axpy(o, sc[j0 + jj] * inv, vb + jj * kstride, D);
             }
         }
     }
