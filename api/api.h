@@ -29,6 +29,7 @@ int api_parse_flags(int argc, char **argv, int first, const struct api_flag *fla
                     const char **positional, int max_pos, char *err, size_t errlen);
 void api_print_flags(const struct api_flag *flags);
 
+int api_cmd_serve(int argc, char **argv);
 int api_cmd_generate(int argc, char **argv);
 int api_cmd_tokenize(int argc, char **argv);
 int api_cmd_info(int argc, char **argv);

@@ -12,6 +12,7 @@ static void usage(void)
             "sluice %s - an LLM serving runtime\n\n"
             "usage: sluice COMMAND [flags]   (sluice COMMAND --help for its flags)\n\n"
             "commands:\n"
+            "  serve      OpenAI-compatible HTTP server (chat, completions, models, metrics)\n"
             "  generate   generate text from a prompt, or chat interactively (--chat)\n"
             "  tokenize   text to token ids (--text) or ids to text (--ids)\n"
             "  info       build capabilities and a model's configuration\n"
@@ -29,6 +30,7 @@ int main(int argc, char **argv)
         printf("sluice %s\n", SLUICE_VERSION);
         return 0;
     }
+    if (!strcmp(argv[1], "serve")) return api_cmd_serve(argc, argv);
     if (!strcmp(argv[1], "generate")) return api_cmd_generate(argc, argv);
     if (!strcmp(argv[1], "tokenize")) return api_cmd_tokenize(argc, argv);
     if (!strcmp(argv[1], "info")) return api_cmd_info(argc, argv);

@@ -1,0 +1,503 @@
+/* server.c - `sluice serve`: the OpenAI-compatible HTTP server.
+ *
+ * Wiring: flags (named as vLLM names them) -> libevent evhttp on the api
+ * thread -> a loader thread that loads the model, creates the backend and
+ * starts the engine -> routes. /health is 503 until the engine runs.
+ */
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+#include <event2/thread.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "api.h"
+#include "openai.h"
+#include "server.h"
+
+/* ---- model loading (loader thread) ---- */
+
+static size_t parse_bytes(const char *s, bool *ok)
+{
+    char *end;
+    double v = strtod(s, &end);
+    double mul = 1;
+    if (*end == 'K' || *end == 'k') mul = 1024.0, end++;
+    else if (*end == 'M' || *end == 'm') mul = 1048576.0, end++;
+    else if (*end == 'G' || *end == 'g') mul = 1073741824.0, end++;
+    if (*end == 'i' || *end == 'B') end++;
+    if (*end == 'B') end++;
+    *ok = end != s && *end == '\0' && v > 0;
+    return (size_t)(v * mul);
+}
+
+/* Engine thread -> api thread: safe because the base is made thread-aware. */
+static void wake(void *arg)
+{
+    struct server *s = arg;
+    event_active(s->wake_ev, EV_READ, 0);
+}
+
+static void *load_main(void *arg)
+{
+    struct server *s = arg;
+    char err[512] = "";
+    struct model_load_opts lo = {.progress = true, .tokenizer = s->o.tokenizer};
+    s->m = model_load(s->o.model, &lo, err, sizeof err);
+    if (!s->m) goto fail;
+    struct sched_engine_opts eo = {
+        .sched = {
+            .block_size = (int)s->o.block_size,
+            .max_num_seqs = (int)s->o.max_num_seqs,
+            .max_num_batched_tokens = (int)s->o.max_num_batched_tokens,
+            .max_model_len = (int)s->o.max_model_len,
+            .min_batch_share = (float)s->o.min_batch_share,
+        },
+        .enable_prefix_caching = s->o.enable_prefix_caching,
+        .notify = wake,
+        .notify_arg = s,
+    };
+    if (s->o.kv_cache_memory) {
+        bool ok;
+        eo.kv_cache_bytes = parse_bytes(s->o.kv_cache_memory, &ok);
+        if (!ok) {
+            snprintf(err, sizeof err, "invalid --kv-cache-memory '%s' (e.g. 2G, 512M)", s->o.kv_cache_memory);
+            goto fail;
+        }
+    }
+    sched_engine_defaults(s->m, &eo);
+    struct model_backend_opts bo = {
+        .device = s->o.device,
+        .n_threads = (int)s->o.threads,
+        .max_tokens_per_step = eo.sched.max_num_batched_tokens,
+        .max_seqs_per_step = eo.sched.max_num_seqs,
+        .max_ctx = eo.sched.max_model_len,
+    };
+    s->be = model_backend_create(s->m, &bo, err, sizeof err);
+    if (!s->be) goto fail;
+    s->eng = sched_engine_create(s->be, &eo, err, sizeof err);
+    if (!s->eng) goto fail;
+    atomic_store(&s->state, SRV_READY);
+    event_active(s->ready_ev, EV_READ, 0);
+    return NULL;
+fail:
+    snprintf(s->load_error, sizeof s->load_error, "%s", err);
+    atomic_store(&s->state, SRV_FAILED);
+    event_active(s->ready_ev, EV_READ, 0);
+    return NULL;
+}
+
+static void on_ready(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct server *s = arg;
+    if (atomic_load(&s->state) == SRV_FAILED) {
+        fprintf(stderr, "sluice serve: cannot load %s: %s\n", s->o.model, s->load_error);
+        event_base_loopbreak(s->base);
+        return;
+    }
+    const struct sched_config *c = sched_engine_config(s->eng);
+    fprintf(stderr,
+            "sluice serve: %s ready on http://%s:%ld (backend %s, max-model-len %d, max-num-seqs %d, "
+            "max-num-batched-tokens %d)\n"
+            "try: curl http://%s:%ld/v1/chat/completions -H 'Content-Type: application/json' "
+            "-d '{\"model\":\"%s\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello!\"}]}'\n",
+            s->model_name, s->o.host, s->o.port, s->be->ops->name, c->max_model_len, c->max_num_seqs,
+            c->max_num_batched_tokens, s->o.host, s->o.port, s->model_name);
+}
+
+static void on_wake(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    srv_drain_events(arg);
+}
+
+/* ---- small routes ---- */
+
+static bool ready_or_503(struct server *s, struct evhttp_request *req)
+{
+    int st = atomic_load(&s->state);
+    if (st == SRV_READY) return true;
+    srv_reply_error(req, 503, "server_error", NULL, st == SRV_LOADING ? "the model is still loading" : "the model failed to load");
+    return false;
+}
+
+static void handle_health(struct server *s, struct evhttp_request *req)
+{
+    if (!ready_or_503(s, req)) return;
+    struct json_buf b;
+    json_buf_init(&b);
+    srv_reply_json(req, 200, &b);
+    json_buf_free(&b);
+}
+
+static void handle_models(struct server *s, struct evhttp_request *req)
+{
+    struct json_buf b;
+    json_buf_init(&b);
+    int max_len = s->eng ? sched_engine_config(s->eng)->max_model_len : (int)s->o.max_model_len;
+    json_buf_add(&b, "{\"object\":\"list\",\"data\":[{\"id\":", 32);
+    json_buf_add_str(&b, s->model_name, strlen(s->model_name));
+    json_buf_addf(&b, ",\"object\":\"model\",\"created\":%ld,\"owned_by\":\"sluice\",\"root\":", (long)time(NULL));
+    json_buf_add_str(&b, s->o.model, strlen(s->o.model));
+    json_buf_addf(&b, ",\"parent\":null,\"max_model_len\":%d}]}", max_len);
+    srv_reply_json(req, 200, &b);
+    json_buf_free(&b);
+}
+
+static void hist_out(struct evbuffer *o, const char *name, const char *help, const struct srv_hist *h)
+{
+    evbuffer_add_printf(o, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    for (int i = 0; i < SRV_HIST_BUCKETS; i++)
+        evbuffer_add_printf(o, "%s_bucket{le=\"%g\"} %llu\n", name, srv_hist_bounds[i], (unsigned long long)h->le[i]);
+    evbuffer_add_printf(o, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name,
+                        (unsigned long long)h->count, name, h->sum, name, (unsigned long long)h->count);
+}
+
+static void handle_metrics(struct server *s, struct evhttp_request *req)
+{
+    struct evbuffer *o = evbuffer_new();
+    if (!o) return;
+    struct sched_engine_stats st;
+    memset(&st, 0, sizeof st);
+    if (s->eng) sched_engine_get_stats(s->eng, &st);
+    double hit = st.kv.query_tokens ? (double)st.kv.hit_tokens / (double)st.kv.query_tokens : 0.0;
+#define GAUGE(n, h, fmt, v) evbuffer_add_printf(o, "# HELP sluice:" n " " h "\n# TYPE sluice:" n " gauge\nsluice:" n " " fmt "\n", v)
+#define COUNTER(n, h, v) evbuffer_add_printf(o, "# HELP sluice:" n " " h "\n# TYPE sluice:" n " counter\nsluice:" n " %llu\n", (unsigned long long)(v))
+    GAUGE("num_requests_running", "Requests running in the engine.", "%d", st.sched.n_running);
+    GAUGE("num_requests_waiting", "Requests waiting to be scheduled.", "%d", st.sched.n_waiting);
+    GAUGE("kv_blocks_total", "KV cache blocks in the pool.", "%d", st.kv.blocks_total);
+    GAUGE("kv_blocks_used", "KV cache blocks held by running requests.", "%d", st.kv.blocks_used);
+    GAUGE("kv_blocks_cached", "Free KV blocks still holding a cached prefix.", "%d", st.kv.blocks_cached);
+    GAUGE("kv_cache_usage_perc", "Fraction of KV blocks in use.", "%.6f",
+          st.kv.blocks_total ? (double)st.kv.blocks_used / st.kv.blocks_total : 0.0);
+    GAUGE("prefix_cache_hit_rate", "Prompt tokens served from the prefix cache / prompt tokens looked up.", "%.6f", hit);
+    COUNTER("prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.", st.kv.query_tokens);
+    COUNTER("prefix_cache_hits_total", "Prompt tokens served from the prefix cache.", st.kv.hit_tokens);
+    COUNTER("prompt_tokens_total", "Prompt tokens of finished requests.", s->prompt_tokens_total);
+    COUNTER("generation_tokens_total", "Generated tokens of finished requests.", s->generation_tokens_total);
+    COUNTER("prefill_tokens_computed_total", "Prompt tokens run through the model (recomputation included).",
+            st.sched.prompt_tokens_computed);
+    COUNTER("decode_tokens_total", "Decode tokens run through the model.", st.sched.decode_tokens);
+    COUNTER("engine_steps_total", "Engine steps run.", st.sched.steps);
+    COUNTER("num_preemptions_total", "Sequences preempted for KV blocks.", st.sched.preemptions);
+    COUNTER("request_success_total", "Requests answered.", s->n_requests_ok);
+    COUNTER("request_failure_total", "Requests refused or failed.", s->n_requests_err);
+    GAUGE("avg_seqs_per_step", "Sequences per engine step, on average (tokens run / steps, decode only).", "%.4f",
+          st.sched.steps ? (double)(st.sched.decode_tokens) / (double)st.sched.steps : 0.0);
+#undef GAUGE
+#undef COUNTER
+    hist_out(o, "sluice:time_to_first_token_seconds", "Time to first token.", &s->ttft);
+    hist_out(o, "sluice:inter_token_latency_seconds", "Time between streamed tokens.", &s->itl);
+    hist_out(o, "sluice:e2e_request_latency_seconds", "Request latency.", &s->e2e);
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "text/plain; version=0.0.4");
+    evhttp_send_reply(req, 200, "OK", o);
+    evbuffer_free(o);
+}
+
+/* Parses the JSON body of a POST; replies with an error and returns -1 when
+ * it is missing, too big, not JSON or not an object. */
+static int read_json(struct server *s, struct evhttp_request *req, char **body, json_doc *d)
+{
+    size_t len;
+    *body = srv_read_body(req, s->o.max_body_bytes, &len);
+    if (!*body) return -1;
+    char err[256];
+    if (json_parse(d, *body, len, err, sizeof err) || !json_is_obj(d, 0)) {
+        if (d->tok) json_free(d);
+        srv_reply_error(req, 400, "invalid_request_error", NULL, "request body is not a JSON object: %s",
+                        err[0] ? err : "expected {...}");
+        free(*body);
+        *body = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+/* vLLM's /tokenize: {"prompt": "..."} or {"messages": [...]} (rendered with
+ * the chat template and a generation prompt), add_special_tokens (true). */
+static void handle_tokenize(struct server *s, struct evhttp_request *req)
+{
+    if (!ready_or_503(s, req)) return;
+    char *body;
+    json_doc d;
+    if (read_json(s, req, &body, &d)) return;
+    const model_tok *tok = model_get_tok(s->m);
+    bool chat = json_get(&d, 0, "messages") >= 0;
+    struct api_oai_req r;
+    struct api_oai_error e = {0};
+    int32_t *ids = NULL;
+    int ja = json_get(&d, 0, "add_special_tokens");
+    bool add_special = true;
+    if (ja >= 0 && json_bool(&d, ja, &add_special)) {
+        srv_reply_error(req, 400, "invalid_request_error", "add_special_tokens", "'add_special_tokens' must be a boolean");
+        goto out;
+    }
+    if (api_oai_parse_doc(&d, 0, chat ? API_OAI_CHAT : API_OAI_COMPLETIONS, s->model_name, &r, &e)) {
+        srv_reply_error(req, e.status, e.type ? e.type : "invalid_request_error", e.param[0] ? e.param : NULL, "%s",
+                        e.message);
+        goto out;
+    }
+    int n;
+    if (r.prompt_text) {
+        size_t tl = strlen(r.prompt_text);
+        bool bos = add_special && !chat;
+        n = model_tok_encode(tok, r.prompt_text, tl, bos, true, NULL, 0);
+        ids = n > 0 ? malloc(sizeof *ids * (size_t)n) : NULL;
+        if (ids) model_tok_encode(tok, r.prompt_text, tl, bos, true, ids, n);
+    } else {
+        n = r.n_prompt_ids;
+        ids = r.prompt_ids;
+        r.prompt_ids = NULL;
+    }
+    struct json_buf b;
+    json_buf_init(&b);
+    json_buf_addf(&b, "{\"count\":%d,\"max_model_len\":%d,\"tokens\":[", n < 0 ? 0 : n,
+                  sched_engine_config(s->eng)->max_model_len);
+    for (int i = 0; ids && i < n; i++) json_buf_addf(&b, i ? ",%d" : "%d", ids[i]);
+    json_buf_add(&b, "]}", 2);
+    srv_reply_json(req, 200, &b);
+    json_buf_free(&b);
+    api_oai_req_free(&r);
+out:
+    free(ids);
+    json_free(&d);
+    free(body);
+}
+
+static void handle_detokenize(struct server *s, struct evhttp_request *req)
+{
+    if (!ready_or_503(s, req)) return;
+    char *body;
+    json_doc d;
+    if (read_json(s, req, &body, &d)) return;
+    const model_tok *tok = model_get_tok(s->m);
+    int jt = json_get(&d, 0, "tokens");
+    int n = json_is_arr(&d, jt) ? json_size(&d, jt) : -1;
+    int32_t *ids = n > 0 ? malloc(sizeof *ids * (size_t)n) : NULL;
+    if (n < 0) {
+        srv_reply_error(req, 400, "invalid_request_error", "tokens", "detokenize needs \"tokens\" (an array of ids)");
+        goto out;
+    }
+    for (int k = 0, i = jt + 1; k < n; k++, i = json_skip(&d, i)) {
+        int64_t v;
+        if (json_i64(&d, i, &v) || v < 0 || v >= model_tok_n_vocab(tok)) {
+            srv_reply_error(req, 400, "invalid_request_error", "tokens", "tokens[%d] is not a token id of this model", k);
+            goto out;
+        }
+        ids[k] = (int32_t)v;
+    }
+    long need = model_tok_decode(tok, ids, n, false, NULL, 0);
+    char *text = malloc((size_t)(need > 0 ? need : 0) + 1);
+    if (!text) goto out;
+    model_tok_decode(tok, ids, n, false, text, (size_t)need);
+    struct json_buf b;
+    json_buf_init(&b);
+    json_buf_add(&b, "{\"prompt\":", 10);
+    json_buf_add_str(&b, text, (size_t)need);
+    json_buf_add(&b, "}", 1);
+    srv_reply_json(req, 200, &b);
+    json_buf_free(&b);
+    free(text);
+out:
+    free(ids);
+    json_free(&d);
+    free(body);
+}
+
+/* ---- routing ---- */
+
+static void route(struct evhttp_request *req, void *arg)
+{
+    struct server *s = arg;
+    const char *uri = evhttp_request_get_uri(req);
+    char path[256];
+    size_t n = strcspn(uri, "?");
+    if (n >= sizeof path) n = sizeof path - 1;
+    memcpy(path, uri, n);
+    path[n] = '\0';
+    while (n > 1 && path[n - 1] == '/') path[--n] = '\0';
+    enum evhttp_cmd_type m = evhttp_request_get_command(req);
+    bool get = m == EVHTTP_REQ_GET, post = m == EVHTTP_REQ_POST;
+    static const struct { const char *path; bool post, v1; } routes[] = {
+        {"/health", false, false}, {"/ping", false, false}, {"/metrics", false, false},
+        {"/v1/models", false, true}, {"/tokenize", true, false}, {"/detokenize", true, false},
+        {"/v1/chat/completions", true, true}, {"/v1/completions", true, true},
+    };
+    int r = -1;
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
+        if (!strcmp(path, routes[i].path)) r = (int)i;
+    if (r < 0) {
+        srv_reply_error(req, 404, "invalid_request_error", NULL, "no route %s", path);
+        return;
+    }
+    if ((routes[r].post && !post) || (!routes[r].post && !get)) {
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Allow", routes[r].post ? "POST" : "GET");
+        srv_reply_error(req, 405, "invalid_request_error", NULL, "method not allowed on %s (use %s)", path,
+                        routes[r].post ? "POST" : "GET");
+        return;
+    }
+    if (routes[r].v1 && !srv_auth_ok(s, req)) {
+        srv_reply_error(req, 401, "invalid_request_error", NULL, "invalid or missing API key");
+        return;
+    }
+    switch (r) {
+    case 0: case 1: handle_health(s, req); break;
+    case 2: handle_metrics(s, req); break;
+    case 3: handle_models(s, req); break;
+    case 4: handle_tokenize(s, req); break;
+    case 5: handle_detokenize(s, req); break;
+    case 6: if (ready_or_503(s, req)) srv_handle_completions(s, req, true); break;
+    case 7: if (ready_or_503(s, req)) srv_handle_completions(s, req, false); break;
+    }
+}
+
+static void on_signal(evutil_socket_t sig, short what, void *arg)
+{
+    (void)what;
+    struct server *s = arg;
+    fprintf(stderr, "sluice serve: signal %d, shutting down\n", (int)sig);
+    event_base_loopbreak(s->base);
+}
+
+/* ---- the command ---- */
+
+static void usage(const struct api_flag *flags)
+{
+    fprintf(stderr, "usage: sluice serve [MODEL] [--model MODEL] [flags]\n"
+                    "  OpenAI-compatible server: /v1/chat/completions, /v1/completions, /v1/models,\n"
+                    "  /health, /metrics, /tokenize, /detokenize. Flags are named as in vLLM.\n\n");
+    api_print_flags(flags);
+}
+
+int api_cmd_serve(int argc, char **argv)
+{
+    static struct server srv; /* one per process; its address is handed to threads */
+    struct server *s = &srv;
+    memset(s, 0, sizeof *s);
+    struct server_opts *o = &s->o;
+    o->host = "127.0.0.1";
+    o->port = 8000;
+    o->enable_prefix_caching = true;
+    o->gpu_memory_utilization = 0.9;
+    o->tensor_parallel_size = 1;
+    o->max_body_bytes = 32L << 20;
+    o->min_batch_share = 0.1;
+    bool trust_remote_code = false;
+    const struct api_flag flags[] = {
+        {"--model", API_FLAG_STR, &o->model, "GGUF file or HF checkpoint directory (or positional)", NULL},
+        {"--served-model-name", API_FLAG_STR, &o->served_model_name, "name clients use (default: the path)", NULL},
+        {"--tokenizer", API_FLAG_STR, &o->tokenizer, "take the tokenizer from another model", NULL},
+        {"--host", API_FLAG_STR, &o->host, "address to listen on (127.0.0.1)", NULL},
+        {"--port", API_FLAG_INT, &o->port, "port (8000)", NULL},
+        {"--api-key", API_FLAG_STR, &o->api_key, "require 'Authorization: Bearer KEY' on /v1/*", NULL},
+        {"--max-model-len", API_FLAG_INT, &o->max_model_len, "prompt + completion tokens at most", NULL},
+        {"--max-num-seqs", API_FLAG_INT, &o->max_num_seqs, "sequences running at once", NULL},
+        {"--max-num-batched-tokens", API_FLAG_INT, &o->max_num_batched_tokens, "tokens per engine step", NULL},
+        {"--enable-prefix-caching", API_FLAG_BOOL, &o->enable_prefix_caching, "reuse KV of repeated prefixes (on)",
+         "--no-enable-prefix-caching"},
+        {"--enable-prompt-tokens-details", API_FLAG_BOOL, &o->enable_prompt_tokens_details,
+         "usage.prompt_tokens_details.cached_tokens", NULL},
+        {"--block-size", API_FLAG_INT, &o->block_size, "KV tokens per block (16)", NULL},
+        {"--kv-cache-memory", API_FLAG_STR, &o->kv_cache_memory, "KV pool size on the CPU, e.g. 2G (1G)", NULL},
+        {"--gpu-memory-utilization", API_FLAG_FLOAT, &o->gpu_memory_utilization, "GPU memory fraction (0.9)", NULL},
+        {"--tensor-parallel-size", API_FLAG_INT, &o->tensor_parallel_size, "GPUs per model (1)", NULL},
+        {"--trust-remote-code", API_FLAG_BOOL, &trust_remote_code, "accepted for vLLM compatibility; no effect", NULL},
+        {"--device", API_FLAG_STR, &o->device, "cpu or cuda (default: cuda when available)", NULL},
+        {"--threads", API_FLAG_INT, &o->threads, "CPU threads, 0 = all cores", NULL},
+        {"--max-request-bytes", API_FLAG_INT, &o->max_body_bytes, "largest JSON request body (32 MiB)", NULL},
+        {"--min-batch-share", API_FLAG_FLOAT, &o->min_batch_share, "step budget share kept for batch work (0.1)", NULL},
+        {0},
+    };
+    char err[512];
+    const char *pos[1];
+    int np = api_parse_flags(argc, argv, 2, flags, pos, 1, err, sizeof err);
+    if (np == -2) {
+        usage(flags);
+        return 0;
+    }
+    if (np < 0) {
+        fprintf(stderr, "sluice serve: %s\n", err);
+        return 2;
+    }
+    if (np == 1) {
+        if (o->model && strcmp(o->model, pos[0])) {
+            fprintf(stderr, "sluice serve: model given twice ('%s' and --model '%s')\n", pos[0], o->model);
+            return 2;
+        }
+        o->model = pos[0];
+    }
+    if (!o->model) {
+        fprintf(stderr, "sluice serve: no model (sluice serve MODEL, or --model MODEL)\n");
+        return 2;
+    }
+    if (o->port <= 0 || o->port > 65535 || o->max_model_len < 0 || o->max_num_seqs < 0 ||
+        o->max_num_batched_tokens < 0 || o->block_size < 0 || o->tensor_parallel_size < 1 ||
+        o->gpu_memory_utilization <= 0 || o->gpu_memory_utilization > 1 || o->max_body_bytes < 1024 ||
+        o->min_batch_share < 0 || o->min_batch_share > 1) {
+        fprintf(stderr, "sluice serve: a flag is out of range (see --help)\n");
+        return 2;
+    }
+    if (o->tensor_parallel_size != 1) {
+        fprintf(stderr, "sluice serve: --tensor-parallel-size %ld needs the CUDA backend with NCCL (not built yet)\n",
+                o->tensor_parallel_size);
+        return 2;
+    }
+    s->model_name = o->served_model_name ? o->served_model_name : o->model;
+    signal(SIGPIPE, SIG_IGN);
+    evthread_use_pthreads();
+    s->base = event_base_new();
+    s->http = s->base ? evhttp_new(s->base) : NULL;
+    if (!s->http) {
+        fprintf(stderr, "sluice serve: cannot create the event loop\n");
+        return 1;
+    }
+    evthread_make_base_notifiable(s->base);
+    evhttp_set_allowed_methods(s->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_DELETE | EVHTTP_REQ_PUT |
+                                            EVHTTP_REQ_HEAD | EVHTTP_REQ_OPTIONS | EVHTTP_REQ_PATCH);
+    /* the hard cap libevent enforces (its own 413); JSON routes check max_body_bytes */
+    evhttp_set_max_body_size(s->http, o->max_body_bytes + 1024);
+    evhttp_set_gencb(s->http, route, s);
+    if (evhttp_bind_socket(s->http, o->host, (ev_uint16_t)o->port)) {
+        fprintf(stderr, "sluice serve: cannot listen on %s:%ld: %s\n", o->host, o->port, strerror(errno));
+        return 1;
+    }
+    s->wake_ev = event_new(s->base, -1, 0, on_wake, s);
+    s->ready_ev = event_new(s->base, -1, 0, on_ready, s);
+    struct event *sigint = evsignal_new(s->base, SIGINT, on_signal, s);
+    struct event *sigterm = evsignal_new(s->base, SIGTERM, on_signal, s);
+    event_add(sigint, NULL);
+    event_add(sigterm, NULL);
+    sched_evbuf_init(&s->evbuf);
+    fprintf(stderr, "sluice serve: listening on http://%s:%ld, loading %s\n", o->host, o->port, o->model);
+    pthread_t loader;
+    if (pthread_create(&loader, NULL, load_main, s)) {
+        fprintf(stderr, "sluice serve: cannot start the loader thread\n");
+        return 1;
+    }
+    pthread_detach(loader);
+    event_base_dispatch(s->base);
+    int rc = atomic_load(&s->state) == SRV_FAILED ? 1 : 0;
+    /* a loader still running owns s->m; only tear down what is complete */
+    if (atomic_load(&s->state) == SRV_READY) {
+        sched_engine_destroy(s->eng);
+        model_backend_destroy(s->be);
+        model_free(s->m);
+    }
+    sched_evbuf_deinit(&s->evbuf);
+    event_free(sigint);
+    event_free(sigterm);
+    event_free(s->wake_ev);
+    event_free(s->ready_ev);
+    evhttp_free(s->http);
+    event_base_free(s->base);
+    return rc;
+}

@@ -1,0 +1,114 @@
+/* server.h - the HTTP server's internals shared by api/server*.c (not a
+ * public header: other modules never see it).
+ *
+ * One libevent event_base runs on the api thread: evhttp parses requests, the
+ * handlers validate, render and tokenize, then submit to the engine, which
+ * runs on its own thread. The engine posts events and wakes the api thread
+ * with event_active(); the api thread drains them and writes stream chunks or
+ * final replies. The model loads on a loader thread so /health can answer 503
+ * meanwhile. Everything in struct server is touched by the api thread only,
+ * except `state` (atomic) and what the loader thread fills before it flips
+ * state to READY.
+ */
+#ifndef SLUICE_API_SERVER_H
+#define SLUICE_API_SERVER_H
+
+#include <event2/event.h>
+#include <event2/http.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "model/backend.h"
+#include "model/json.h"
+#include "model/model.h"
+#include "sched/sched.h"
+
+enum server_state { SRV_LOADING, SRV_READY, SRV_FAILED };
+
+struct server_opts {
+    const char *model;
+    const char *served_model_name;
+    const char *tokenizer;
+    const char *host;
+    long port;
+    const char *api_key;
+    long max_model_len;
+    long max_num_seqs;
+    long max_num_batched_tokens;
+    long block_size;
+    bool enable_prefix_caching;
+    bool enable_prompt_tokens_details;
+    double gpu_memory_utilization;
+    long tensor_parallel_size;
+    const char *kv_cache_memory;
+    const char *device;
+    long threads;
+    long max_body_bytes;        /* JSON request bodies */
+    double min_batch_share;
+};
+
+/* Histogram with fixed bucket bounds, Prometheus style. */
+#define SRV_HIST_BUCKETS 14
+struct srv_hist {
+    double sum;
+    uint64_t count;
+    uint64_t le[SRV_HIST_BUCKETS]; /* cumulative counts per bound */
+};
+
+/* One request waiting for engine events. */
+struct pending {
+    uint64_t id;
+    struct evhttp_request *req;      /* NULL once the client went away */
+    struct server *srv;
+    bool chat, stream, include_usage, logprobs, echo_done;
+    int top_logprobs;
+    long created;
+    char rid[48];                    /* "chatcmpl-..." / "cmpl-..." */
+    struct json_buf text;            /* accumulated completion text (non-streamed) */
+    struct json_buf lp;              /* accumulated logprobs content entries (non-streamed) */
+    int n_tokens;
+    double t_submit, t_last;
+    struct pending *next;            /* hash chain */
+};
+
+struct server {
+    struct server_opts o;
+    struct event_base *base;
+    struct evhttp *http;
+    struct event *wake_ev;           /* engine -> api thread */
+    struct event *ready_ev;          /* loader -> api thread */
+    _Atomic int state;
+    char load_error[512];
+    model *m;
+    model_backend *be;
+    sched_engine *eng;
+    const char *model_name;          /* served name */
+    struct sched_evbuf evbuf;
+    struct pending *table[1024];     /* by id, chained */
+    int n_pending;
+    /* metrics (api thread) */
+    uint64_t n_requests_ok, n_requests_err, prompt_tokens_total, generation_tokens_total;
+    uint64_t cached_tokens_total;
+    struct srv_hist ttft, itl, e2e;
+};
+
+/* ---- server_http.c: replies and request helpers ---- */
+void srv_reply_json(struct evhttp_request *req, int code, const struct json_buf *body);
+/* OpenAI-shaped error: {"error":{"message","type","param","code"}}. */
+void srv_reply_error(struct evhttp_request *req, int code, const char *type, const char *param,
+                     const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/* Reads the request body into a malloc'ed NUL-terminated buffer; replies 413
+ * and returns NULL when it exceeds max. */
+char *srv_read_body(struct evhttp_request *req, long max, size_t *len);
+bool srv_auth_ok(const struct server *s, struct evhttp_request *req);
+double srv_now(void);
+void srv_hist_add(struct srv_hist *h, double v);
+extern const double srv_hist_bounds[SRV_HIST_BUCKETS];
+
+/* ---- server_complete.c: /v1/chat/completions, /v1/completions ---- */
+void srv_handle_completions(struct server *s, struct evhttp_request *req, bool chat);
+/* Drains engine events into replies (api thread, on wake_ev). */
+void srv_drain_events(struct server *s);
+
+#endif

@@ -1,0 +1,333 @@
+/* server_complete.c - /v1/chat/completions and /v1/completions on the api
+ * thread: parse (api/openai.c), tokenize, submit to the engine, then turn
+ * engine events into a final reply or server-sent-event chunks.
+ *
+ * A `pending` lives from submit until its finish event: the engine's events
+ * carry it as `user`, so it is never freed while the engine may still name
+ * it. A client that hangs up mid-request sets p->req to NULL and aborts the
+ * request; the abort's finish event frees p.
+ */
+#include <event2/buffer.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "openai.h"
+#include "server.h"
+
+struct srv_req {
+    struct pending base;          /* metrics and bookkeeping */
+    struct api_oai_req r;
+    struct api_oai_result res;
+    struct evhttp_connection *con;
+};
+
+static void reply_oai_error(struct server *s, struct evhttp_request *req, const struct api_oai_error *e)
+{
+    s->n_requests_err++;
+    srv_reply_error(req, e->status, e->type ? e->type : "invalid_request_error", e->param[0] ? e->param : NULL, "%s",
+                    e->message);
+}
+
+static void make_id(char *out, size_t cap, bool chat)
+{
+    static uint64_t counter;
+    uint64_t x = ((uint64_t)time(NULL) << 20) ^ ++counter ^ ((uint64_t)(uintptr_t)out << 7);
+    x ^= x >> 29;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    snprintf(out, cap, "%s-%016llx%04llx", chat ? "chatcmpl" : "cmpl", (unsigned long long)x,
+             (unsigned long long)(counter & 0xffff));
+}
+
+static void on_client_close(struct evhttp_connection *con, void *arg)
+{
+    (void)con;
+    struct srv_req *q = arg;
+    if (!q->base.req) return;
+    q->base.req = NULL;
+    q->con = NULL;
+    sched_engine_abort(q->base.srv->eng, q->base.id);
+}
+
+static void detach(struct srv_req *q)
+{
+    if (q->con) evhttp_connection_set_closecb(q->con, NULL, NULL);
+    q->con = NULL;
+    q->base.req = NULL;
+}
+
+static void free_req(struct srv_req *q)
+{
+    api_oai_req_free(&q->r);
+    api_oai_result_free(&q->res);
+    free(q);
+}
+
+/* ---- streaming ---- */
+
+static void send_sse(struct srv_req *q, const struct json_buf *b)
+{
+    struct evbuffer *out = evbuffer_new();
+    if (!out) return;
+    evbuffer_add(out, "data: ", 6);
+    evbuffer_add(out, b->p, b->len);
+    evbuffer_add(out, "\n\n", 2);
+    evhttp_send_reply_chunk(q->base.req, out);
+    evbuffer_free(out);
+}
+
+/* Appends the common head of a chunk object, up to and including "choices":[ */
+static void chunk_head(struct json_buf *b, const struct srv_req *q, const char *model)
+{
+    json_buf_add(b, "{\"id\":", 6);
+    json_buf_add_str(b, q->base.rid, strlen(q->base.rid));
+    json_buf_addf(b, ",\"object\":\"%s\",\"created\":%ld,\"model\":",
+                  q->base.chat ? "chat.completion.chunk" : "text_completion", q->base.created);
+    json_buf_add_str(b, model, strlen(model));
+    json_buf_add(b, ",\"choices\":[", 12);
+}
+
+/* One choice delta: text (may be empty), logprobs JSON (or NULL), finish reason (or NULL). */
+static void send_delta(struct server *s, struct srv_req *q, const char *text, size_t len, const char *lp,
+                       const char *finish, bool role)
+{
+    struct json_buf b;
+    json_buf_init(&b);
+    chunk_head(&b, q, s->model_name);
+    json_buf_add(&b, "{\"index\":0,", 11);
+    if (q->base.chat) {
+        json_buf_add(&b, "\"delta\":{", 9);
+        if (role) json_buf_add(&b, "\"role\":\"assistant\",", 19);
+        if (len || role || !finish) {
+            json_buf_add(&b, "\"content\":", 10);
+            json_buf_add_str(&b, text, len);
+        }
+        json_buf_add(&b, "}", 1);
+    } else {
+        json_buf_add(&b, "\"text\":", 7);
+        json_buf_add_str(&b, text, len);
+    }
+    json_buf_add(&b, ",\"logprobs\":", 12);
+    if (lp) json_buf_add(&b, lp, strlen(lp));
+    else json_buf_add(&b, "null", 4);
+    json_buf_add(&b, ",\"finish_reason\":", 17);
+    if (finish) json_buf_addf(&b, "\"%s\"", finish);
+    else json_buf_add(&b, "null", 4);
+    json_buf_add(&b, "}]}", 3);
+    send_sse(q, &b);
+    json_buf_free(&b);
+}
+
+static void usage_json(struct json_buf *b, const struct server *s, const struct sched_usage *u)
+{
+    json_buf_addf(b, "{\"prompt_tokens\":%d,\"total_tokens\":%d,\"completion_tokens\":%d", u->prompt_tokens,
+                  u->prompt_tokens + u->completion_tokens, u->completion_tokens);
+    if (s->o.enable_prompt_tokens_details) json_buf_addf(b, ",\"prompt_tokens_details\":{\"cached_tokens\":%d}", u->cached_tokens);
+    json_buf_add(b, "}", 1);
+}
+
+/* The logprobs JSON of one token event, as a stream chunk carries it. */
+static char *event_logprobs(const struct srv_req *q, const model_tok *tok, const struct sched_event *ev)
+{
+    if (!q->r.logprobs || !ev->has_logprobs) return NULL;
+    struct api_oai_result one;
+    api_oai_result_init(&one);
+    api_oai_result_add(&one, &q->r, tok, ev);
+    struct json_buf b;
+    json_buf_init(&b);
+    if (q->base.chat) {
+        json_buf_add(&b, "{\"content\":[", 12);
+        if (one.lp.p) json_buf_add(&b, one.lp.p, one.lp.len);
+        json_buf_add(&b, "]}", 2);
+    } else {
+        json_buf_addf(&b, "{\"tokens\":[%s],\"token_logprobs\":[%s],\"top_logprobs\":[%s],\"text_offset\":[%s]}",
+                      one.lp.p ? one.lp.p : "", one.lp_vals.p ? one.lp_vals.p : "",
+                      one.lp_top.p ? one.lp_top.p : "", one.lp_off.p ? one.lp_off.p : "");
+    }
+    api_oai_result_free(&one);
+    return b.p;
+}
+
+static void stream_event(struct server *s, struct srv_req *q, const struct sched_event *ev)
+{
+    const model_tok *tok = model_get_tok(s->m);
+    if (ev->kind == SCHED_EV_TOKEN) {
+        char *lp = event_logprobs(q, tok, ev);
+        if (ev->text_len || lp) send_delta(s, q, ev->text, ev->text_len, lp, NULL, false);
+        free(lp);
+        return;
+    }
+    if (ev->finish == SCHED_FINISH_ERROR) {
+        struct api_oai_error e = {.status = 500, .type = "server_error"};
+        snprintf(e.message, sizeof e.message, "%s", ev->error);
+        struct json_buf b;
+        json_buf_init(&b);
+        api_oai_error_json(&b, &e);
+        send_sse(q, &b);
+        json_buf_free(&b);
+    } else {
+        if (ev->text_len) send_delta(s, q, ev->text, ev->text_len, NULL, NULL, false);
+        send_delta(s, q, "", 0, NULL, sched_finish_name(ev->finish), false);
+        if (q->base.include_usage) {
+            struct json_buf b;
+            json_buf_init(&b);
+            chunk_head(&b, q, s->model_name);
+            json_buf_add(&b, "],\"usage\":", 10);
+            usage_json(&b, s, &ev->usage);
+            json_buf_add(&b, "}", 1);
+            send_sse(q, &b);
+            json_buf_free(&b);
+        }
+    }
+    struct evbuffer *out = evbuffer_new();
+    if (out) {
+        evbuffer_add(out, "data: [DONE]\n\n", 14);
+        evhttp_send_reply_chunk(q->base.req, out);
+        evbuffer_free(out);
+    }
+    evhttp_send_reply_end(q->base.req);
+}
+
+/* ---- events ---- */
+
+static void finish_metrics(struct server *s, struct srv_req *q, const struct sched_event *ev)
+{
+    if (ev->finish == SCHED_FINISH_ERROR) s->n_requests_err++;
+    else s->n_requests_ok++;
+    s->prompt_tokens_total += (uint64_t)ev->usage.prompt_tokens;
+    s->generation_tokens_total += (uint64_t)ev->usage.completion_tokens;
+    s->cached_tokens_total += (uint64_t)ev->usage.cached_tokens;
+    if (ev->usage.ttft_s >= 0) srv_hist_add(&s->ttft, ev->usage.ttft_s);
+    srv_hist_add(&s->e2e, srv_now() - q->base.t_submit);
+}
+
+void srv_drain_events(struct server *s)
+{
+    if (!s->eng) return;
+    int n = sched_engine_poll(s->eng, &s->evbuf);
+    const model_tok *tok = model_get_tok(s->m);
+    for (int i = 0; i < n; i++) {
+        const struct sched_event *ev = &s->evbuf.ev[i];
+        struct srv_req *q = ev->user;
+        if (!q) continue;
+        if (ev->kind == SCHED_EV_TOKEN) {
+            double t = srv_now();
+            if (q->base.n_tokens++ > 0) srv_hist_add(&s->itl, t - q->base.t_last);
+            q->base.t_last = t;
+        }
+        if (q->base.req) {
+            if (q->base.stream) stream_event(s, q, ev);
+            else api_oai_result_add(&q->res, &q->r, tok, ev);
+        }
+        if (ev->kind != SCHED_EV_FINISH) continue;
+        finish_metrics(s, q, ev);
+        if (q->base.req && !q->base.stream) {
+            struct json_buf b;
+            json_buf_init(&b);
+            if (ev->finish == SCHED_FINISH_ERROR) {
+                srv_reply_error(q->base.req, 500, "server_error", NULL, "%s", ev->error);
+            } else {
+                api_oai_response_json(&b, &q->r, &q->res, q->base.rid, q->base.created, s->model_name);
+                srv_reply_json(q->base.req, 200, &b);
+            }
+            json_buf_free(&b);
+        }
+        detach(q);
+        s->n_pending--;
+        free_req(q);
+    }
+}
+
+/* ---- the handler ---- */
+
+void srv_handle_completions(struct server *s, struct evhttp_request *req, bool chat)
+{
+    size_t len;
+    char *body = srv_read_body(req, s->o.max_body_bytes, &len);
+    if (!body) {
+        s->n_requests_err++;
+        return;
+    }
+    struct api_oai_error e = {0};
+    json_doc d = {0};
+    int32_t *ids = NULL;
+    struct srv_req *q = calloc(1, sizeof *q);
+    if (!q) {
+        api_oai_errorf(&e, 500, NULL, "out of memory");
+        goto fail;
+    }
+    api_oai_result_init(&q->res);
+    char perr[256];
+    if (json_parse(&d, body, len, perr, sizeof perr)) {
+        api_oai_errorf(&e, 400, NULL, "request body is not valid JSON: %s", perr);
+        goto fail;
+    }
+    if (api_oai_parse_doc(&d, 0, chat ? API_OAI_CHAT : API_OAI_COMPLETIONS, s->model_name, &q->r, &e)) goto fail;
+    /* what api_oai_parse_doc leaves to the transport: stream_options, priority */
+    int so = json_get(&d, 0, "stream_options");
+    if (so >= 0 && !json_is_null(&d, so)) {
+        int iu = json_get(&d, so, "include_usage");
+        if (!json_is_obj(&d, so) || (iu >= 0 && json_bool(&d, iu, &q->base.include_usage))) {
+            api_oai_errorf(&e, 400, "stream_options", "'stream_options' must be an object with a boolean 'include_usage'");
+            goto fail;
+        }
+        if (!q->r.stream) {
+            api_oai_errorf(&e, 400, "stream_options", "'stream_options' is only allowed when 'stream' is true");
+            goto fail;
+        }
+    }
+    enum sched_priority prio = SCHED_PRIO_INTERACTIVE;
+    int pr = json_get(&d, 0, "priority");
+    if (pr >= 0 && !json_is_null(&d, pr)) {
+        int64_t v;
+        if (json_i64(&d, pr, &v)) {
+            api_oai_errorf(&e, 400, "priority", "'priority' must be an integer");
+            goto fail;
+        }
+        if (v > 0) prio = SCHED_PRIO_BATCH; /* vLLM: lower is sooner; > 0 yields to interactive work */
+    }
+    int n = api_oai_tokenize(&q->r, model_get_tok(s->m), &ids, &e);
+    if (n < 0) goto fail;
+    struct sched_request sr;
+    if (api_oai_to_sched(&q->r, ids, n, sched_engine_config(s->eng)->max_model_len, &sr, &e)) goto fail;
+    sr.priority = prio;
+    sr.user = q;
+    char err[256];
+    uint64_t id;
+    if (sched_engine_submit(s->eng, &sr, &id, err, sizeof err)) {
+        api_oai_errorf(&e, 400, NULL, "%s", err);
+        goto fail;
+    }
+    free(ids);
+    ids = NULL;
+    json_free(&d);
+    free(body);
+    q->base.id = id;
+    q->base.req = req;
+    q->base.srv = s;
+    q->base.chat = chat;
+    q->base.stream = q->r.stream;
+    q->base.created = (long)time(NULL);
+    q->base.t_submit = srv_now();
+    make_id(q->base.rid, sizeof q->base.rid, chat);
+    s->n_pending++;
+    q->con = evhttp_request_get_connection(req);
+    if (q->con) evhttp_connection_set_closecb(q->con, on_client_close, q);
+    if (q->base.stream) {
+        struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+        evhttp_add_header(h, "Content-Type", "text/event-stream");
+        evhttp_add_header(h, "Cache-Control", "no-cache");
+        evhttp_send_reply_start(req, 200, "OK");
+        if (chat) send_delta(s, q, "", 0, NULL, NULL, true);
+    }
+    return;
+fail:
+    reply_oai_error(s, req, &e);
+    free(ids);
+    json_free(&d);
+    free(body);
+    if (q) free_req(q);
+}
