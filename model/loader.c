@@ -488,6 +488,14 @@ static int hf_config(model *m, const char *dir, char *err, size_t errlen)
             goto out;
         }
     }
+    /* Sliding-window attention is not implemented: cap the context at the
+     * window, where full attention is exactly the same thing. */
+    int sw = json_get(&d, 0, "sliding_window"), usw = json_get(&d, 0, "use_sliding_window");
+    int64_t win;
+    bool use_sw = c->arch == MODEL_ARCH_MISTRAL || c->arch == MODEL_ARCH_LLAMA;
+    if (usw >= 0) use_sw = jbool(&d, 0, "use_sliding_window", false);
+    if (use_sw && sw >= 0 && json_i64(&d, sw, &win) == 0 && win > 0 && win < c->n_ctx_train)
+        c->n_ctx_train = (int)win;
     c->rope_type = MODEL_ROPE_NEOX;
     arch_traits(c);
     c->tie_embeddings = jbool(&d, 0, "tie_word_embeddings", false);
