@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "model/backend.h"
+#include "model/json.h"
 #include "model/model.h"
 #include "sched/sched.h"
 #include "test.h"
@@ -289,6 +290,90 @@ static void test_abort(void)
     sched_engine_destroy(e);
 }
 
+
+/* `sluice run-batch` end to end through the real binary: output in input
+ * order, good lines answered, bad lines with error lines, the rest still run. */
+static void test_run_batch(void)
+{
+    const char *in = "build/tests/run_batch_in.jsonl", *out = "build/tests/run_batch_out.jsonl";
+    FILE *f = fopen(in, "w");
+    CHECK(f != NULL);
+    if (!f) return;
+    fputs("{\"custom_id\":\"r0\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{\"model\":\"smol\","
+          "\"messages\":[{\"role\":\"user\",\"content\":\"What is the capital of France?\"}],\"max_tokens\":6,"
+          "\"temperature\":0}}\n"
+          "this is not json\n"
+          "{\"custom_id\":\"r2\",\"method\":\"POST\",\"url\":\"/v1/completions\",\"body\":{\"prompt\":\"Once upon a time\","
+          "\"max_tokens\":5,\"temperature\":0,\"logprobs\":1}}\n"
+          "\n"
+          "{\"custom_id\":\"r3\",\"method\":\"POST\",\"url\":\"/v1/embeddings\",\"body\":{}}\n"
+          "{\"custom_id\":\"r4\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{\"messages\":[],\"max_tokens\":3}}\n"
+          "{\"custom_id\":\"r5\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{\"messages\":[{\"role\":\"user\","
+          "\"content\":[{\"type\":\"text\",\"text\":\"Hi\"}]}],\"max_tokens\":4,\"temperature\":0,\"top_p\":1.5}}\n"
+          "{\"custom_id\":\"r6\",\"method\":\"POST\",\"url\":\"/v1/completions\",\"body\":{\"model\":\"other\",\"prompt\":\"x\"}}\n"
+          "{\"custom_id\":\"r7\",\"method\":\"POST\",\"url\":\"/v1/completions\",\"body\":{\"prompt\":\"The river\","
+          "\"max_tokens\":900}}\n"
+          "{\"custom_id\":\"r8\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{\"messages\":[{\"role\":\"user\","
+          "\"content\":[{\"type\":\"text\",\"text\":\"Hi\"}]}],\"max_completion_tokens\":4,\"temperature\":0}}\n",
+          f);
+    fclose(f);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd,
+             "build/sluice run-batch --model " MODEL_PATH " --served-model-name smol -i %s -o %s --max-model-len 512 "
+             "--kv-cache-memory 64M --quiet",
+             in, out);
+    CHECK(system(cmd) == 0);
+    f = fopen(out, "r");
+    CHECK(f != NULL);
+    if (!f) return;
+    /* expected per line: custom_id, status (0 = response null) */
+    const char *ids[] = {"r0", NULL, "r2", "r3", "r4", "r5", "r6", "r7", "r8"};
+    int status[] = {200, 0, 200, 0, 400, 400, 404, 400, 200};
+    char line[65536];
+    int k = 0;
+    while (fgets(line, sizeof line, f)) {
+        json_doc d;
+        CHECKF(json_parse(&d, line, strlen(line), err, sizeof err) == 0, "line %d: %s", k, err);
+        if (k >= 9) {
+            k++;
+            json_free(&d);
+            continue;
+        }
+        int cid = json_get(&d, 0, "custom_id"), resp = json_get(&d, 0, "response"), e = json_get(&d, 0, "error");
+        CHECK(json_str_eq(&d, json_get(&d, 0, "id"), "") == false);
+        if (ids[k]) CHECKF(cid >= 0 && json_str_eq(&d, cid, ids[k]), "line %d: custom_id", k);
+        else CHECK(cid >= 0 && json_is_null(&d, cid));
+        if (status[k] == 0) {
+            CHECKF(resp >= 0 && json_is_null(&d, resp) && e >= 0 && json_is_obj(&d, e), "line %d", k);
+            CHECK(json_get(&d, e, "message") >= 0 && json_get(&d, e, "code") >= 0);
+        } else {
+            int64_t sc = 0;
+            CHECKF(resp >= 0 && json_i64(&d, json_get(&d, resp, "status_code"), &sc) == 0 && sc == status[k],
+                   "line %d: status %lld, want %d", k, (long long)sc, status[k]);
+            int body = json_get(&d, resp, "body");
+            CHECK(body >= 0 && json_is_obj(&d, body) && json_is_null(&d, e));
+            if (status[k] == 200) {
+                int usage = json_get(&d, body, "usage");
+                int det = usage >= 0 ? json_get(&d, usage, "prompt_tokens_details") : -1;
+                CHECKF(det >= 0 && json_get(&d, det, "cached_tokens") >= 0, "line %d: no cached_tokens", k);
+                int choices = json_get(&d, body, "choices");
+                int c0 = choices >= 0 ? json_at(&d, choices, 0) : -1;
+                CHECK(c0 >= 0 && json_get(&d, c0, "finish_reason") >= 0);
+                CHECK(json_str_eq(&d, json_get(&d, body, "model"), "smol"));
+                if (k == 2) CHECK(json_is_obj(&d, json_get(&d, c0, "logprobs")));
+            } else {
+                int eo = json_get(&d, body, "error");
+                CHECK(eo >= 0 && json_get(&d, eo, "message") >= 0);
+                if (k == 5) CHECK(json_str_eq(&d, json_get(&d, eo, "param"), "top_p"));
+            }
+        }
+        json_free(&d);
+        k++;
+    }
+    fclose(f);
+    CHECKF(k == 9, "%d output lines for 9 input lines", k);
+}
+
 int main(void)
 {
     struct model_load_opts lo = {0};
@@ -332,6 +417,7 @@ int main(void)
     RUN(test_preemption);
     RUN(test_stop_string_and_refusal);
     RUN(test_abort);
+    RUN(test_run_batch);
     model_backend_destroy(be);
     model_free(m);
     return test_summary();
