@@ -51,7 +51,7 @@ struct batch {
     long created;
     long gen_tokens, prompt_tokens, cached_tokens;
     double t0, last_progress;
-    bool quiet;
+    bool quiet, timings;
 };
 
 static double now_s(void)
@@ -257,6 +257,13 @@ static void on_event(struct batch *b, const struct sched_event *ev)
     }
     b->in_flight--;
     b->cached_tokens += ev->usage.cached_tokens;
+    if (b->timings) {
+        const struct sched_usage *u = &ev->usage;
+        fprintf(stderr, "\n[timing] custom_id=%s prompt=%d cached=%d completion=%d queue=%.3fs ttft=%.3fs "
+                        "prefill=%.3fs total=%.3fs preemptions=%d\n",
+                l->custom_id ? l->custom_id : "-", u->prompt_tokens, u->cached_tokens, u->completion_tokens,
+                u->queue_s, u->ttft_s, u->ttft_s >= 0 ? u->ttft_s - u->queue_s : -1.0, u->total_s, u->n_preemptions);
+    }
     if (ev->finish == SCHED_FINISH_ERROR || ev->finish == SCHED_FINISH_ABORT) {
         struct api_oai_error e;
         api_oai_errorf(&e, 500, NULL, "the engine failed on this request: %s", ev->error[0] ? ev->error : "aborted");
@@ -334,7 +341,7 @@ int api_cmd_run_batch(int argc, char **argv)
                *device = "cpu", *tok_path = NULL;
     long max_num_seqs = 64, max_batched = 1024, max_model_len = 0, block_size = 16, threads = 0;
     double batch_share = 0.1;
-    bool prefix = true, quiet = false;
+    bool prefix = true, quiet = false, timings = false;
     const struct api_flag flags[] = {
         {"--model", API_FLAG_STR, &model_path, "GGUF file or HF checkpoint directory", NULL},
         {"--tokenizer", API_FLAG_STR, &tok_path, "take the tokenizer from another model", NULL},
@@ -352,6 +359,7 @@ int api_cmd_run_batch(int argc, char **argv)
         {"--device", API_FLAG_STR, &device, "cpu (cuda: a later backend)", NULL},
         {"--threads", API_FLAG_INT, &threads, "CPU threads, 0 = all cores", NULL},
         {"--quiet", API_FLAG_BOOL, &quiet, "no progress on stderr", NULL},
+        {"--print-timings", API_FLAG_BOOL, &timings, "per request on stderr: queue, time to first token, total", NULL},
         {0},
     };
     /* -i / -o as vLLM spells them */
@@ -395,6 +403,7 @@ int api_cmd_run_batch(int argc, char **argv)
     b.model_path = model_path;
     b.served_name = served ? served : model_path;
     b.quiet = quiet;
+    b.timings = timings;
     b.rng = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
     b.created = (long)time(NULL);
     model_backend *be = NULL;

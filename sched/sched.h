@@ -24,7 +24,9 @@
  * prompt longer than what is left of the budget is split across steps
  * (chunked prefill). When batch work waits, min_batch_share of the budget is
  * kept from interactive prefills so batch never starves. Out of KV blocks, the
- * lowest-priority, most recently admitted running sequence is preempted.
+ * lowest-priority, most recently admitted running sequence not yet in the
+ * step is preempted (possibly the one asking); an admission never preempts,
+ * except that an interactive one may push out running batch sequences.
  *
  * Every step's positions, slots and block tables follow DESIGN.md: a token at
  * position p lives in slot block_table[p / block_size] * block_size + p % block_size.
@@ -171,8 +173,7 @@ void sched_fail_step(sched *s, struct step *st, const char *msg, sched_emit_fn e
 
 bool sched_has_work(const sched *s);
 void sched_get_stats(const sched *s, struct sched_stats *st);
-/* For tests: the request of the step's i-th sequence, its id and its number
- * of tokens whose K/V is computed. */
+/* For tests: the id of the request behind the planned step's i-th sequence. */
 uint64_t sched_step_req_id(const sched *s, int i);
 
 /* ---- the engine --------------------------------------------------------------- */
