@@ -144,7 +144,7 @@ static void handle_models(struct server *s, struct evhttp_request *req)
     struct json_buf b;
     json_buf_init(&b);
     int max_len = s->eng ? sched_engine_config(s->eng)->max_model_len : (int)s->o.max_model_len;
-    json_buf_add(&b, "{\"object\":\"list\",\"data\":[{\"id\":", 32);
+    json_buf_lit(&b, "{\"object\":\"list\",\"data\":[{\"id\":");
     json_buf_add_str(&b, s->model_name, strlen(s->model_name));
     json_buf_addf(&b, ",\"object\":\"model\",\"created\":%ld,\"owned_by\":\"sluice\",\"root\":", (long)time(NULL));
     json_buf_add_str(&b, s->o.model, strlen(s->o.model));
@@ -263,7 +263,7 @@ static void handle_tokenize(struct server *s, struct evhttp_request *req)
     json_buf_addf(&b, "{\"count\":%d,\"max_model_len\":%d,\"tokens\":[", n < 0 ? 0 : n,
                   sched_engine_config(s->eng)->max_model_len);
     for (int i = 0; ids && i < n; i++) json_buf_addf(&b, i ? ",%d" : "%d", ids[i]);
-    json_buf_add(&b, "]}", 2);
+    json_buf_lit(&b, "]}");
     srv_reply_json(req, 200, &b);
     json_buf_free(&b);
     api_oai_req_free(&r);
@@ -301,9 +301,9 @@ static void handle_detokenize(struct server *s, struct evhttp_request *req)
     model_tok_decode(tok, ids, n, false, text, (size_t)need);
     struct json_buf b;
     json_buf_init(&b);
-    json_buf_add(&b, "{\"prompt\":", 10);
+    json_buf_lit(&b, "{\"prompt\":");
     json_buf_add_str(&b, text, (size_t)need);
-    json_buf_add(&b, "}", 1);
+    json_buf_lit(&b, "}");
     srv_reply_json(req, 200, &b);
     json_buf_free(&b);
     free(text);

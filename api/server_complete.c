@@ -82,12 +82,12 @@ static void send_sse(struct srv_req *q, const struct json_buf *b)
 /* Appends the common head of a chunk object, up to and including "choices":[ */
 static void chunk_head(struct json_buf *b, const struct srv_req *q, const char *model)
 {
-    json_buf_add(b, "{\"id\":", 6);
+    json_buf_lit(b, "{\"id\":");
     json_buf_add_str(b, q->base.rid, strlen(q->base.rid));
     json_buf_addf(b, ",\"object\":\"%s\",\"created\":%ld,\"model\":",
                   q->base.chat ? "chat.completion.chunk" : "text_completion", q->base.created);
     json_buf_add_str(b, model, strlen(model));
-    json_buf_add(b, ",\"choices\":[", 12);
+    json_buf_lit(b, ",\"choices\":[");
 }
 
 /* One choice delta: text (may be empty), logprobs JSON (or NULL), finish reason (or NULL). */
@@ -97,26 +97,26 @@ static void send_delta(struct server *s, struct srv_req *q, const char *text, si
     struct json_buf b;
     json_buf_init(&b);
     chunk_head(&b, q, s->model_name);
-    json_buf_add(&b, "{\"index\":0,", 11);
+    json_buf_lit(&b, "{\"index\":0,");
     if (q->base.chat) {
-        json_buf_add(&b, "\"delta\":{", 9);
-        if (role) json_buf_add(&b, "\"role\":\"assistant\",", 19);
+        json_buf_lit(&b, "\"delta\":{");
+        if (role) json_buf_lit(&b, "\"role\":\"assistant\",");
         if (len || role || !finish) {
-            json_buf_add(&b, "\"content\":", 10);
+            json_buf_lit(&b, "\"content\":");
             json_buf_add_str(&b, text, len);
         }
-        json_buf_add(&b, "}", 1);
+        json_buf_lit(&b, "}");
     } else {
-        json_buf_add(&b, "\"text\":", 7);
+        json_buf_lit(&b, "\"text\":");
         json_buf_add_str(&b, text, len);
     }
-    json_buf_add(&b, ",\"logprobs\":", 12);
+    json_buf_lit(&b, ",\"logprobs\":");
     if (lp) json_buf_add(&b, lp, strlen(lp));
-    else json_buf_add(&b, "null", 4);
-    json_buf_add(&b, ",\"finish_reason\":", 17);
+    else json_buf_lit(&b, "null");
+    json_buf_lit(&b, ",\"finish_reason\":");
     if (finish) json_buf_addf(&b, "\"%s\"", finish);
-    else json_buf_add(&b, "null", 4);
-    json_buf_add(&b, "}]}", 3);
+    else json_buf_lit(&b, "null");
+    json_buf_lit(&b, "}]}");
     send_sse(q, &b);
     json_buf_free(&b);
 }
@@ -126,7 +126,7 @@ static void usage_json(struct json_buf *b, const struct server *s, const struct 
     json_buf_addf(b, "{\"prompt_tokens\":%d,\"total_tokens\":%d,\"completion_tokens\":%d", u->prompt_tokens,
                   u->prompt_tokens + u->completion_tokens, u->completion_tokens);
     if (s->o.enable_prompt_tokens_details) json_buf_addf(b, ",\"prompt_tokens_details\":{\"cached_tokens\":%d}", u->cached_tokens);
-    json_buf_add(b, "}", 1);
+    json_buf_lit(b, "}");
 }
 
 /* The logprobs JSON of one token event, as a stream chunk carries it. */
@@ -139,9 +139,9 @@ static char *event_logprobs(const struct srv_req *q, const model_tok *tok, const
     struct json_buf b;
     json_buf_init(&b);
     if (q->base.chat) {
-        json_buf_add(&b, "{\"content\":[", 12);
+        json_buf_lit(&b, "{\"content\":[");
         if (one.lp.p) json_buf_add(&b, one.lp.p, one.lp.len);
-        json_buf_add(&b, "]}", 2);
+        json_buf_lit(&b, "]}");
     } else {
         json_buf_addf(&b, "{\"tokens\":[%s],\"token_logprobs\":[%s],\"top_logprobs\":[%s],\"text_offset\":[%s]}",
                       one.lp.p ? one.lp.p : "", one.lp_vals.p ? one.lp_vals.p : "",
@@ -175,9 +175,9 @@ static void stream_event(struct server *s, struct srv_req *q, const struct sched
             struct json_buf b;
             json_buf_init(&b);
             chunk_head(&b, q, s->model_name);
-            json_buf_add(&b, "],\"usage\":", 10);
+            json_buf_lit(&b, "],\"usage\":");
             usage_json(&b, s, &ev->usage);
-            json_buf_add(&b, "}", 1);
+            json_buf_lit(&b, "}");
             send_sse(q, &b);
             json_buf_free(&b);
         }

@@ -65,11 +65,11 @@ void srv_reply_error(struct evhttp_request *req, int code, const char *type, con
     va_end(ap);
     struct json_buf b;
     json_buf_init(&b);
-    json_buf_add(&b, "{\"error\":{\"message\":", 20);
+    json_buf_lit(&b, "{\"error\":{\"message\":");
     json_buf_add_str(&b, msg, strlen(msg));
     json_buf_addf(&b, ",\"type\":\"%s\",\"param\":", type);
     if (param) json_buf_add_str(&b, param, strlen(param));
-    else json_buf_add(&b, "null", 4);
+    else json_buf_lit(&b, "null");
     json_buf_addf(&b, ",\"code\":%d}}", code);
     srv_reply_json(req, code, &b);
     json_buf_free(&b);

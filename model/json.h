@@ -71,5 +71,7 @@ void json_buf_free(struct json_buf *b);
 void json_buf_add(struct json_buf *b, const char *s, size_t n);
 void json_buf_addf(struct json_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void json_buf_add_str(struct json_buf *b, const char *s, size_t n); /* quoted + escaped */
+/* Appends a string literal (its length counted by the compiler). */
+#define json_buf_lit(b, lit) json_buf_add((b), "" lit, sizeof(lit) - 1)
 
 #endif

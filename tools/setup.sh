@@ -12,3 +12,5 @@ if [ -n "$missing" ]; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing
 fi
 command -v pip3 >/dev/null 2>&1 || command -v pip >/dev/null 2>&1 || python3 -m pip --version >/dev/null
+# the official OpenAI client drives the server in tests/test_server.py
+python3 -c 'import openai' 2>/dev/null || python3 -m pip install -q --disable-pip-version-check openai

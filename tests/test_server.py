@@ -1,0 +1,278 @@
+#!/usr/bin/env python3
+"""Integration tests: the real `sluice serve` with the default model, driven
+with raw HTTP (like curl) and with the official `openai` Python client.
+
+Prints one line per test and ends with "N passed, N failed" (tools/run_tests.sh).
+"""
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.join(ROOT, "build", "sluice")
+MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+KEY = "sk-test-key"
+NAME = "smol"
+MAX_LEN = 512
+MAX_BODY = 65536
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+PORT = free_port()
+
+
+def request(method, path, body=None, key=KEY, raw=None, timeout=120):
+    c = http.client.HTTPConnection("127.0.0.1", PORT, timeout=timeout)
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = "Bearer " + key
+    data = raw if raw is not None else (json.dumps(body) if body is not None else None)
+    c.request(method, path, body=data, headers=headers)
+    r = c.getresponse()
+    text = r.read().decode()
+    c.close()
+    return r.status, text
+
+
+def metrics():
+    _, text = request("GET", "/metrics")
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            k, v = line.rsplit(" ", 1)
+            out[k] = float(v)
+    return out
+
+
+CHAT = {"model": NAME, "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "max_tokens": 12, "temperature": 0}
+
+
+def ok_request():
+    st, text = request("POST", "/v1/chat/completions", CHAT)
+    assert st == 200, (st, text)
+    return json.loads(text)
+
+
+def test_health_and_models():
+    st, _ = request("GET", "/health", key=None)
+    assert st == 200
+    from openai import OpenAI
+    client = OpenAI(base_url=f"http://127.0.0.1:{PORT}/v1", api_key=KEY)
+    models = client.models.list()
+    assert [m.id for m in models.data] == [NAME]
+
+
+def test_chat_nonstream_and_stream_agree():
+    from openai import OpenAI
+    client = OpenAI(base_url=f"http://127.0.0.1:{PORT}/v1", api_key=KEY)
+    r = client.chat.completions.create(**CHAT)
+    text = r.choices[0].message.content
+    assert r.object == "chat.completion" and text and r.choices[0].finish_reason in ("stop", "length")
+    assert r.usage.prompt_tokens > 0 and r.usage.completion_tokens > 0
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    assert "Paris" in text, text
+    parts, usage, finish = [], None, None
+    for chunk in client.chat.completions.create(**CHAT, stream=True, stream_options={"include_usage": True}):
+        if chunk.usage:
+            usage = chunk.usage
+        for ch in chunk.choices:
+            if ch.delta.content:
+                parts.append(ch.delta.content)
+            if ch.finish_reason:
+                finish = ch.finish_reason
+    assert "".join(parts) == text, ("".join(parts), text)
+    assert finish == r.choices[0].finish_reason
+    assert usage and usage.completion_tokens == r.usage.completion_tokens
+
+
+def test_completions():
+    from openai import OpenAI
+    client = OpenAI(base_url=f"http://127.0.0.1:{PORT}/v1", api_key=KEY)
+    r = client.completions.create(model=NAME, prompt="The capital of France is", max_tokens=4, temperature=0,
+                                  logprobs=2)
+    assert r.choices[0].text.startswith(" Paris"), r.choices[0].text
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 4
+    assert len(r.choices[0].logprobs.tokens) == 4 and len(r.choices[0].logprobs.top_logprobs[0]) == 2
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=NAME, prompt="The capital of France is", max_tokens=4, temperature=0, stream=True) if c.choices)
+    assert streamed == r.choices[0].text
+
+
+def test_seed_reproducible():
+    body = dict(CHAT, temperature=1.0, seed=1234, max_tokens=16)
+    a = json.loads(request("POST", "/v1/chat/completions", body)[1])["choices"][0]["message"]["content"]
+    b = json.loads(request("POST", "/v1/chat/completions", body)[1])["choices"][0]["message"]["content"]
+    assert a == b
+
+
+def test_prefix_cache_reported():
+    doc = " ".join(f"word{i}" for i in range(120))
+    body = {"model": NAME, "messages": [{"role": "user", "content": doc}], "max_tokens": 2, "temperature": 0}
+    request("POST", "/v1/chat/completions", body)
+    st, text = request("POST", "/v1/chat/completions", body)
+    u = json.loads(text)["usage"]
+    assert u["prompt_tokens_details"]["cached_tokens"] >= (u["prompt_tokens"] - 1) // 16 * 16 - 16, u
+
+
+def test_tokenize_roundtrip():
+    s = "Hello, sluice! Ünïcödé 東京 🚀"
+    st, text = request("POST", "/tokenize", {"model": NAME, "prompt": s})
+    assert st == 200, text
+    toks = json.loads(text)
+    assert toks["count"] == len(toks["tokens"]) > 0 and toks["max_model_len"] == MAX_LEN
+    st, text = request("POST", "/detokenize", {"model": NAME, "tokens": toks["tokens"]})
+    assert st == 200 and json.loads(text)["prompt"] == s
+
+
+def expect_error(status, method, path, body=None, raw=None, key=KEY, param=None):
+    st, text = request(method, path, body, key=key, raw=raw)
+    assert st == status, (st, text)
+    err = json.loads(text)["error"]
+    assert err["message"] and err["type"] and "code" in err, err
+    if param:
+        assert err["param"] == param, err
+    ok_request()  # the server keeps serving
+
+
+def test_errors_then_success():
+    expect_error(400, "POST", "/v1/chat/completions", raw="{not json")
+    expect_error(400, "POST", "/v1/chat/completions", dict(CHAT, temperature="hot"), param="temperature")
+    expect_error(400, "POST", "/v1/chat/completions", dict(CHAT, messages="hi"), param="messages")
+    expect_error(400, "POST", "/v1/chat/completions", dict(CHAT, max_tokens=-3), param="max_tokens")
+    expect_error(404, "POST", "/v1/chat/completions", dict(CHAT, model="no-such-model"), param="model")
+    long_prompt = "hello " * (MAX_LEN + 50)
+    expect_error(400, "POST", "/v1/completions", {"model": NAME, "prompt": long_prompt, "max_tokens": 4})
+    expect_error(401, "POST", "/v1/chat/completions", CHAT, key=None)
+    expect_error(401, "POST", "/v1/chat/completions", CHAT, key="sk-wrong")
+    expect_error(413, "POST", "/v1/chat/completions", raw=json.dumps(dict(CHAT, pad="x" * (MAX_BODY + 10))))
+    expect_error(404, "GET", "/v1/nothing-here")
+    expect_error(405, "GET", "/v1/chat/completions")
+    expect_error(400, "POST", "/v1/chat/completions", dict(CHAT, stream_options={"include_usage": True}),
+                 param="stream_options")
+
+
+def stream_chat(i, results):
+    try:
+        from openai import OpenAI
+        client = OpenAI(base_url=f"http://127.0.0.1:{PORT}/v1", api_key=KEY, max_retries=0, timeout=300)
+        body = {"model": NAME, "messages": [{"role": "user", "content": f"Count to {i % 7 + 2}."}],
+                "max_tokens": 8, "temperature": 0}
+        text = "".join(c.choices[0].delta.content or "" for c in
+                       client.chat.completions.create(**body, stream=True) if c.choices)
+        ref = json.loads(request("POST", "/v1/chat/completions", body)[1])["choices"][0]["message"]["content"]
+        results[i] = (text, ref)
+    except Exception as e:  # recorded and asserted in the main thread
+        results[i] = e
+
+
+def test_concurrent_streams_batched():
+    before = metrics()
+    results = [None] * 32
+    threads = [threading.Thread(target=stream_chat, args=(i, results)) for i in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for r in results:
+        assert isinstance(r, tuple), r
+        assert r[0] == r[1] and r[0], r  # batched stream == the same request alone (greedy)
+    after = metrics()
+    steps = after["sluice:engine_steps_total"] - before["sluice:engine_steps_total"]
+    decode = after["sluice:decode_tokens_total"] - before["sluice:decode_tokens_total"]
+    assert steps > 0 and decode / steps > 1.5, (decode, steps)  # several sequences per step
+
+
+def test_disconnect_frees_blocks():
+    socks = []
+    body = json.dumps({"model": NAME, "messages": [{"role": "user", "content": "Tell me a long story."}],
+                       "max_tokens": 400, "temperature": 0, "ignore_eos": True, "stream": True}).encode()
+    for _ in range(4):
+        s = socket.create_connection(("127.0.0.1", PORT))
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: " + str(len(body)).encode() +
+                  b"\r\n\r\n" + body)
+        socks.append(s)
+    for s in socks:
+        assert b"data:" in s.recv(4096)
+    deadline = time.time() + 30
+    while metrics()["sluice:num_requests_running"] < 1 and time.time() < deadline:
+        time.sleep(0.1)
+    assert metrics()["sluice:num_requests_running"] >= 1
+    for s in socks:
+        s.close()
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        m = metrics()
+        if m["sluice:num_requests_running"] == 0 and m["sluice:kv_blocks_used"] == 0:
+            break
+        time.sleep(0.2)
+    m = metrics()
+    assert m["sluice:num_requests_running"] == 0 and m["sluice:kv_blocks_used"] == 0, m
+    ok_request()
+
+
+def main():
+    if not os.path.exists(BIN) or not os.path.exists(MODEL):
+        print("test_server: build/sluice or the default model is missing")
+        print("0 passed, 1 failed")
+        return 1
+    log = open(os.path.join(ROOT, "build", "test_server.log"), "w")
+    proc = subprocess.Popen([BIN, "serve", MODEL, "--port", str(PORT), "--served-model-name", NAME,
+                             "--api-key", KEY, "--max-model-len", str(MAX_LEN), "--max-request-bytes",
+                             str(MAX_BODY), "--enable-prompt-tokens-details", "--max-num-seqs", "32",
+                             "--kv-cache-memory", "256M"], stdout=log, stderr=subprocess.STDOUT)
+    passed = failed = 0
+    try:
+        saw_503 = False
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                st, _ = request("GET", "/health", key=None, timeout=5)
+                saw_503 |= st == 503
+                if st == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.1)
+        tests = [test_health_and_models, test_chat_nonstream_and_stream_agree, test_completions,
+                 test_seed_reproducible, test_prefix_cache_reported, test_tokenize_roundtrip,
+                 test_errors_then_success, test_concurrent_streams_batched, test_disconnect_frees_blocks]
+        for t in tests:
+            try:
+                t0 = time.time()
+                t()
+                passed += 1
+                print(f"ok   {t.__name__} ({time.time() - t0:.1f}s)", flush=True)
+            except Exception:
+                failed += 1
+                print(f"FAIL {t.__name__}", flush=True)
+                traceback.print_exc(file=sys.stdout)
+        if proc.poll() is not None:
+            print("FAIL the server exited during the tests")
+            failed += 1
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
