@@ -79,7 +79,8 @@ struct cpu_backend {
     int *tok_seq;                   /* [max_tokens] sequence of each token */
     int *row_tok;                   /* [max_seqs] token index of each logit row */
     int *row_seq;                   /* [max_seqs] sequence of each logit row */
-    void *samp;                     /* sampler scratch */
+    void *samp;                     /* [nt] sampler scratch, samp_bytes each */
+    size_t samp_bytes;
 };
 
 static void seterr(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -547,7 +548,8 @@ model_backend *model_cpu_backend_create(const model *m, const struct model_backe
     b->tok_seq = zalloc(T * sizeof(int));
     b->row_tok = zalloc(S * sizeof(int));
     b->row_seq = zalloc(S * sizeof(int));
-    b->samp = zalloc(model_sample_scratch_bytes(c->n_vocab));
+    b->samp_bytes = (model_sample_scratch_bytes(c->n_vocab) + 63) & ~(size_t)63;
+    b->samp = zalloc((size_t)b->nt * b->samp_bytes);
     if (!b->rope_cos || !b->rope_sin || !b->x || !b->xn || !b->q || !b->att || !b->k || !b->v ||
         !b->gate || !b->up || !b->hfin || !b->logits || !b->scores || !b->tok_seq || !b->row_tok ||
         !b->row_seq || !b->samp || !b->wbuf) {
@@ -782,6 +784,7 @@ static int backend_forward(model_backend *mb, struct step *s, char *err, size_t 
             rmsnorm(b->xn + (size_t)t * E, b->x + (size_t)t * E, L->ffn_norm, E, eps);
         matmul(b, b->gate, b->xn, &L->w_gate, NULL, T, E, F);
         matmul(b, b->up, b->xn, &L->w_up, NULL, T, E, F);
+#pragma omp parallel for num_threads(b->nt) if (T >= 8)
         for (size_t i = 0; i < (size_t)T * F; i++) {
             float g = b->gate[i];
             b->gate[i] = g / (1.0f + expf(-g)) * b->up[i];
@@ -803,17 +806,24 @@ static int backend_forward(model_backend *mb, struct step *s, char *err, size_t 
     }
     if (R == 0) return 0;
     matmul(b, b->logits, b->hfin, &b->lm_head, NULL, R, E, c->n_vocab);
+    /* sequences sample independently (each its own RNG): in parallel */
+    int bad = -1;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(b->nt) if (R > 1)
     for (int r = 0; r < R; r++) {
         struct step_seq *q = &s->seqs[b->row_seq[r]];
         float *lg = b->logits + (size_t)r * c->n_vocab;
         if (q->logits_out) memcpy(q->logits_out, lg, (size_t)c->n_vocab * sizeof(float));
         if (!q->want_sample) continue;
-        rc = model_sample(lg, c->n_vocab, q->sampling, q->history, q->n_prompt, q->n_history, q->rng,
-                          b->samp, &q->out);
-        if (rc) {
-            seterr(err, errlen, "forward: seq %d: bad sampling parameters", b->row_seq[r]);
-            return rc;
+        void *scr = (char *)b->samp + (size_t)omp_get_thread_num() * b->samp_bytes;
+        if (model_sample(lg, c->n_vocab, q->sampling, q->history, q->n_prompt, q->n_history, q->rng,
+                         scr, &q->out) != 0) {
+#pragma omp critical
+            if (bad < 0 || b->row_seq[r] < bad) bad = b->row_seq[r];
         }
+    }
+    if (bad >= 0) {
+        seterr(err, errlen, "forward: seq %d: bad sampling parameters", bad);
+        return SL_EINVAL;
     }
     return 0;
 }

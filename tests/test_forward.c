@@ -310,6 +310,43 @@ static void test_greedy_and_invariance(void)
         CHECKF(memcmp(out + (size_t)i * g_nv, g_pos_logits[i] + (size_t)(g_gold.p[i].n - 1) * g_nv,
                       (size_t)g_nv * sizeof *out) == 0,
                "prompt %d: logits in a multi-sequence step differ", i);
+    /* sampling with temperature: the last prompt token of every prompt, all in one
+     * step, then each alone with the same seed: same tokens and logprobs */
+    struct model_sampling hot;
+    model_sampling_default(&hot);
+    hot.temperature = 0.9f;
+    hot.top_p = 0.95f;
+    hot.top_logprobs = 5;
+    uint64_t rng[MAXP];
+    struct model_sample_out together[MAXP];
+    T = 0;
+    for (int i = 0; i < g_gold.np; i++) {
+        struct prompt *p = &g_gold.p[i];
+        rng[i] = model_rng_seed(100 + i);
+        sq[i] = (struct step_seq){.query_start = T, .query_len = 1, .context_len = p->n,
+                                  .block_table = g_bt[i], .n_blocks = REGION, .want_sample = true,
+                                  .sampling = &hot, .history = p->ids, .n_prompt = p->n,
+                                  .n_history = p->n, .rng = &rng[i]};
+        toks[T] = p->ids[p->n - 1];
+        pos[T] = p->n - 1;
+        slots[T] = (int64_t)g_bt[i][(p->n - 1) / BLOCK] * BLOCK + (p->n - 1) % BLOCK;
+        T++;
+    }
+    st = (struct step){.n_tokens = T, .token_ids = toks, .positions = pos, .slots = slots,
+                       .n_seqs = g_gold.np, .seqs = sq};
+    CHECK(g_be->ops->forward(g_be, &st, err, sizeof err) == 0);
+    for (int i = 0; i < g_gold.np; i++) together[i] = sq[i].out;
+    for (int i = 0; i < g_gold.np; i++) {
+        rng[i] = model_rng_seed(100 + i);
+        struct step one = {.n_tokens = 1, .token_ids = toks + i, .positions = pos + i,
+                           .slots = slots + i, .n_seqs = 1, .seqs = &sq[i]};
+        sq[i].query_start = 0;
+        CHECK(g_be->ops->forward(g_be, &one, err, sizeof err) == 0);
+        CHECKF(sq[i].out.token == together[i].token && sq[i].out.logprob == together[i].logprob &&
+                   memcmp(sq[i].out.top_logprobs, together[i].top_logprobs,
+                          sizeof together[i].top_logprobs) == 0,
+               "prompt %d: sampled alone %d, batched %d", i, sq[i].out.token, together[i].token);
+    }
     free(out);
     free(lg);
 }
