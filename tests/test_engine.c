@@ -32,6 +32,13 @@ struct result {
     enum sched_finish finish;
 };
 
+static int n_notify;
+static void on_notify(void *arg)
+{
+    (void)arg;
+    __atomic_add_fetch(&n_notify, 1, __ATOMIC_RELAXED);
+}
+
 static sched_engine *engine(int seqs, int budget, int max_len, int kv_blocks, bool cache)
 {
     struct sched_engine_opts o;
@@ -42,6 +49,7 @@ static sched_engine *engine(int seqs, int budget, int max_len, int kv_blocks, bo
     o.sched.max_model_len = max_len;
     o.kv_blocks = kv_blocks;
     o.enable_prefix_caching = cache;
+    o.notify = on_notify;
     sched_engine *e = sched_engine_create(be, &o, err, sizeof err);
     CHECKF(e != NULL, "%s", err);
     return e;
@@ -286,6 +294,7 @@ static void test_abort(void)
     struct sched_engine_stats st;
     sched_engine_get_stats(e, &st);
     CHECK(st.kv.blocks_used == 0 && st.kv.blocks_free + st.kv.blocks_cached == st.kv.blocks_total);
+    CHECK(__atomic_load_n(&n_notify, __ATOMIC_RELAXED) > 0); /* the consumer callback ran */
     sched_evbuf_deinit(&b);
     sched_engine_destroy(e);
 }
