@@ -16,7 +16,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <omp.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "model/backend.h"
@@ -560,9 +562,75 @@ static void test_backend_select(void)
     model_free(m);
 }
 
+/* SLUICE_BENCH=1: prefill 500 tokens then decode 128, one sequence, on the
+ * default model; prints tok/s (not a test). */
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void bench(const char *path)
+{
+    enum { NP = 500, NG = 128, NB = (NP + NG) / BLOCK + 1 };
+    char err[512];
+    model *m = model_load(path, NULL, err, sizeof err);
+    if (!m) {
+        printf("bench: %s\n", err);
+        return;
+    }
+    struct model_backend_opts bo = {.device = "cpu", .max_tokens_per_step = NP, .max_seqs_per_step = 1};
+    double t0 = now_s();
+    model_backend *b = model_backend_create(m, &bo, err, sizeof err);
+    if (!b || b->ops->kv_alloc(b, NB, BLOCK, err, sizeof err) != 0) {
+        printf("bench: %s\n", err);
+        model_backend_destroy(b);
+        model_free(m);
+        return;
+    }
+    printf("bench: backend created in %.2f s\n", now_s() - t0);
+    static int32_t ids[NP + NG], pos[NP + NG], bt[NB];
+    static int64_t slots[NP + NG];
+    for (int i = 0; i < NB; i++) bt[i] = i;
+    for (int i = 0; i < NP + NG; i++) ids[i] = 100 + (i * 7919) % 20000, pos[i] = i, slots[i] = i;
+    uint64_t rng = 0;
+    struct step_seq sq = {.query_len = NP, .context_len = NP, .block_table = bt, .n_blocks = NB,
+                          .want_sample = true, .sampling = &g_greedy, .history = ids,
+                          .n_prompt = NP, .n_history = NP, .rng = &rng};
+    struct step st = {.n_tokens = NP, .token_ids = ids, .positions = pos, .slots = slots,
+                      .n_seqs = 1, .seqs = &sq};
+    /* a short warm-up step faults the mapped weights in */
+    sq.query_len = sq.context_len = st.n_tokens = 1;
+    b->ops->forward(b, &st, err, sizeof err);
+    sq.query_len = sq.context_len = st.n_tokens = NP;
+    t0 = now_s();
+    if (b->ops->forward(b, &st, err, sizeof err) != 0) printf("bench: %s\n", err);
+    double tp = now_s() - t0;
+    t0 = now_s();
+    for (int g = 0; g < NG; g++) {
+        int p = NP + g;
+        ids[p] = sq.out.token;
+        sq.query_start = 0, sq.query_len = 1, sq.context_len = p + 1, sq.n_history = p + 1;
+        st = (struct step){.n_tokens = 1, .token_ids = ids + p, .positions = pos + p,
+                           .slots = slots + p, .n_seqs = 1, .seqs = &sq};
+        if (b->ops->forward(b, &st, err, sizeof err) != 0) printf("bench: %s\n", err);
+    }
+    double td = now_s() - t0;
+    printf("bench: prefill %d tokens %.1f tok/s, decode %d tokens %.1f tok/s (%d threads)\n", NP,
+           NP / tp, NG, NG / td, omp_get_num_procs());
+    model_backend_destroy(b);
+    model_free(m);
+}
+
 int main(void)
 {
     model_sampling_default(&g_greedy);
+    if (getenv("SLUICE_BENCH")) {
+        bench(getenv("SLUICE_BENCH_MODEL") ? getenv("SLUICE_BENCH_MODEL")
+                                           : "models/SmolLM2-135M-Instruct.Q4_1.gguf");
+        return 0;
+    }
     const char *gguf = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
     struct stat st;
     const char *alt = getenv("SLUICE_SMOLLM2_GOLDEN"); /* e.g. a golden from another reference */
