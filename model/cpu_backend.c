@@ -6,10 +6,20 @@
  * before use: the f32 values are exactly those model_tensor_to_f32() gives,
  * so the result is bit-identical to dequantizing everything at creation, but
  * decode reads 4-6x fewer bytes (it is memory bound). Norm weights and biases
- * are converted to f32 at creation. The forward pass is the textbook Llama block (RMSNorm, QKV (+bias), per-head
- * q/k RMSNorm, RoPE, causal GQA attention through the block table, output
- * projection, SwiGLU MLP), then the LM head for the rows that need logits and
- * the sampler.
+ * are converted to f32 at creation. The model must outlive the backend.
+ *
+ * The forward pass is the textbook Llama block (RMSNorm, QKV (+bias),
+ * per-head q/k RMSNorm, RoPE (NORM or NEOX, llama3 scaling), causal GQA
+ * attention through the block table, output projection, SwiGLU MLP), then the
+ * LM head for the rows that need logits and the sampler. Each layer writes the
+ * K/V of every token in the step before any token attends, so sequences in
+ * one step may share blocks (a shared prefix, or one 1-token sequence per
+ * position as the parity test does). A step is validated first (ids, ranges,
+ * block indices, slot == block_table[pos / bs] * bs + pos % bs): bad input
+ * gets SL_EINVAL, never a crash.
+ *
+ * Threads: OpenMP over output rows (matmuls), (token, head) pairs
+ * (attention) and sequences (sampling); the caller is the one engine thread.
  *
  * Batch invariance: every output element is computed by exactly one thread
  * with one fixed sequence of operations that depends only on the row's own
@@ -17,7 +27,7 @@
  * the tiling), so a sequence's logits are bit-identical whether it runs
  * alone, batched with others, chunked or decoded token by token.
  *
- * Memory: weights, RoPE tables, activations for max_tokens_per_step tokens,
+ * Memory: small weights, RoPE tables, activations for max_tokens_per_step tokens,
  * logits for max_seqs_per_step rows and per-thread attention scores are all
  * allocated at creation; forward() allocates nothing.
  */
