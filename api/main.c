@@ -16,7 +16,8 @@ static void usage(void)
             "  generate   generate text from a prompt, or chat interactively (--chat)\n"
             "  tokenize   text to token ids (--text) or ids to text (--ids)\n"
             "  info       build capabilities and a model's configuration\n"
-            "  run-batch  run an OpenAI batch file (JSONL) through the continuous-batching engine\n",
+            "  run-batch  run an OpenAI batch file (JSONL) through the continuous-batching engine\n"
+            "  bench      cache-bust / cache-hit benchmark of any OpenAI-compatible server\n",
             SLUICE_VERSION);
 }
 
@@ -35,6 +36,7 @@ int main(int argc, char **argv)
     if (!strcmp(argv[1], "tokenize")) return api_cmd_tokenize(argc, argv);
     if (!strcmp(argv[1], "info")) return api_cmd_info(argc, argv);
     if (!strcmp(argv[1], "run-batch")) return api_cmd_run_batch(argc, argv);
+    if (!strcmp(argv[1], "bench")) return api_cmd_bench(argc, argv);
     fprintf(stderr, "sluice: unknown command '%s'\n\n", argv[1]);
     usage();
     return 2;
