@@ -34,6 +34,8 @@ int api_cmd_generate(int argc, char **argv);
 int api_cmd_tokenize(int argc, char **argv);
 int api_cmd_info(int argc, char **argv);
 int api_cmd_run_batch(int argc, char **argv);
+/* `sluice batch submit|status|list|cancel|results`: the Batch API client. */
+int api_cmd_batch(int argc, char **argv);
 /* `sluice bench`: cache-bust / cache-hit (and --concurrency load) benchmark of
  * any OpenAI-compatible server. Returns the process exit status: 0, 1 when
  * the benchmark failed (message on stderr), 2 on bad flags. */

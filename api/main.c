@@ -17,6 +17,7 @@ static void usage(void)
             "  tokenize   text to token ids (--text) or ids to text (--ids)\n"
             "  info       build capabilities and a model's configuration\n"
             "  run-batch  run an OpenAI batch file (JSONL) through the continuous-batching engine\n"
+            "  batch      submit, watch, cancel and fetch batch jobs on a running server\n"
             "  bench      cache-bust / cache-hit benchmark of any OpenAI-compatible server\n",
             SLUICE_VERSION);
 }
@@ -36,6 +37,7 @@ int main(int argc, char **argv)
     if (!strcmp(argv[1], "tokenize")) return api_cmd_tokenize(argc, argv);
     if (!strcmp(argv[1], "info")) return api_cmd_info(argc, argv);
     if (!strcmp(argv[1], "run-batch")) return api_cmd_run_batch(argc, argv);
+    if (!strcmp(argv[1], "batch")) return api_cmd_batch(argc, argv);
     if (!strcmp(argv[1], "bench")) return api_cmd_bench(argc, argv);
     fprintf(stderr, "sluice: unknown command '%s'\n\n", argv[1]);
     usage();

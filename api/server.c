@@ -327,6 +327,11 @@ static void route(struct evhttp_request *req, void *arg)
     while (n > 1 && path[n - 1] == '/') path[--n] = '\0';
     enum evhttp_cmd_type m = evhttp_request_get_command(req);
     bool get = m == EVHTTP_REQ_GET, post = m == EVHTTP_REQ_POST;
+    if (srv_batch_route(path)) { /* /v1/files..., /v1/batches...: server_batch.c */
+        if (!srv_auth_ok(s, req)) srv_reply_error(req, 401, "invalid_request_error", NULL, "invalid or missing API key");
+        else srv_handle_batch_api(s, req, path);
+        return;
+    }
     static const struct { const char *path; bool post, v1; } routes[] = {
         {"/health", false, false}, {"/ping", false, false}, {"/metrics", false, false},
         {"/v1/models", false, true}, {"/tokenize", true, false}, {"/detokenize", true, false},
@@ -374,7 +379,8 @@ static void usage(const struct api_flag *flags)
 {
     fprintf(stderr, "usage: sluice serve [MODEL] [--model MODEL] [flags]\n"
                     "  OpenAI-compatible server: /v1/chat/completions, /v1/completions, /v1/models,\n"
-                    "  /health, /metrics, /tokenize, /detokenize. Flags are named as in vLLM.\n\n");
+                    "  /health, /metrics, /tokenize, /detokenize,\n"
+                    "  and the Batch API: /v1/files, /v1/batches. Flags are named as in vLLM.\n\n");
     api_print_flags(flags);
 }
 
@@ -391,6 +397,9 @@ int api_cmd_serve(int argc, char **argv)
     o->tensor_parallel_size = 1;
     o->max_body_bytes = 32L << 20;
     o->min_batch_share = 0.1;
+    o->data_dir = "./sluice-data";
+    o->max_batch_file_lines = 50000;
+    o->max_batch_file_bytes = 200L * 1000 * 1000;
     bool trust_remote_code = false;
     const struct api_flag flags[] = {
         {"--model", API_FLAG_STR, &o->model, "GGUF file or HF checkpoint directory (or positional)", NULL},
@@ -415,6 +424,11 @@ int api_cmd_serve(int argc, char **argv)
         {"--threads", API_FLAG_INT, &o->threads, "CPU threads, 0 = all cores", NULL},
         {"--max-request-bytes", API_FLAG_INT, &o->max_body_bytes, "largest JSON request body (32 MiB)", NULL},
         {"--min-batch-share", API_FLAG_FLOAT, &o->min_batch_share, "step budget share kept for batch work (0.1)", NULL},
+        {"--data-dir", API_FLAG_STR, &o->data_dir, "batch store: files, batches, results (./sluice-data)", NULL},
+        {"--max-batch-file-lines", API_FLAG_INT, &o->max_batch_file_lines, "requests per batch file (50000)", NULL},
+        {"--max-batch-file-bytes", API_FLAG_INT, &o->max_batch_file_bytes, "bytes per batch file (200 MB)", NULL},
+        {"--allow-short-completion-windows", API_FLAG_BOOL, &o->allow_short_windows,
+         "tests only: accept completion windows like \"5s\"", NULL},
         {0},
     };
     char err[512];
@@ -442,7 +456,8 @@ int api_cmd_serve(int argc, char **argv)
     if (o->port <= 0 || o->port > 65535 || o->max_model_len < 0 || o->max_num_seqs < 0 ||
         o->max_num_batched_tokens < 0 || o->block_size < 0 || o->tensor_parallel_size < 1 ||
         o->gpu_memory_utilization <= 0 || o->gpu_memory_utilization > 1 || o->max_body_bytes < 1024 ||
-        o->min_batch_share < 0 || o->min_batch_share > 1) {
+        o->min_batch_share < 0 || o->min_batch_share > 1 || o->max_batch_file_lines < 1 ||
+        o->max_batch_file_bytes < 1) {
         fprintf(stderr, "sluice serve: a flag is out of range (see --help)\n");
         return 2;
     }
@@ -463,11 +478,18 @@ int api_cmd_serve(int argc, char **argv)
     evthread_make_base_notifiable(s->base);
     evhttp_set_allowed_methods(s->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_DELETE | EVHTTP_REQ_PUT |
                                             EVHTTP_REQ_HEAD | EVHTTP_REQ_OPTIONS | EVHTTP_REQ_PATCH);
-    /* the hard cap libevent enforces (its own 413); JSON routes check max_body_bytes */
-    evhttp_set_max_body_size(s->http, o->max_body_bytes + 1024);
+    /* the hard cap libevent enforces (its own 413): one cap for every route in
+     * libevent 2.1, so it is sized for uploads (POST /v1/files) and JSON routes
+     * check max_body_bytes in their handlers */
+    long cap = o->max_batch_file_bytes + (1L << 20);
+    evhttp_set_max_body_size(s->http, cap > o->max_body_bytes + 1024 ? cap : o->max_body_bytes + 1024);
     evhttp_set_gencb(s->http, route, s);
     if (evhttp_bind_socket(s->http, o->host, (ev_uint16_t)o->port)) {
         fprintf(stderr, "sluice serve: cannot listen on %s:%ld: %s\n", o->host, o->port, strerror(errno));
+        return 1;
+    }
+    if (srv_batch_start(s, err, sizeof err)) { /* after the bind: a second server must not recover our rows */
+        fprintf(stderr, "sluice serve: %s\n", err);
         return 1;
     }
     s->wake_ev = event_new(s->base, -1, 0, on_wake, s);
@@ -486,6 +508,7 @@ int api_cmd_serve(int argc, char **argv)
     pthread_detach(loader);
     event_base_dispatch(s->base);
     int rc = atomic_load(&s->state) == SRV_FAILED ? 1 : 0;
+    srv_batch_stop(s); /* before the engine: its rows are still in flight there */
     /* a loader still running owns s->m; only tear down what is complete */
     if (atomic_load(&s->state) == SRV_READY) {
         sched_engine_destroy(s->eng);

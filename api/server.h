@@ -46,6 +46,9 @@ struct server_opts {
     long threads;
     long max_body_bytes;        /* JSON request bodies */
     double min_batch_share;
+    const char *data_dir;       /* the batch store (server_batch.c) */
+    long max_batch_file_lines, max_batch_file_bytes;
+    bool allow_short_windows;   /* test only: completion windows like "3s" */
 };
 
 /* Histogram with fixed bucket bounds, Prometheus style. */
@@ -56,8 +59,14 @@ struct srv_hist {
     uint64_t le[SRV_HIST_BUCKETS]; /* cumulative counts per bound */
 };
 
+/* What an engine event's `user` points to starts with this tag, so
+ * srv_drain_events can tell a chat request (struct pending, zeroed: CHAT)
+ * from a batch row (server_batch.c). */
+enum srv_user_kind { SRV_USER_CHAT = 0, SRV_USER_BATCH = 1 };
+
 /* One request waiting for engine events. */
 struct pending {
+    enum srv_user_kind kind;         /* first: see srv_user_kind */
     uint64_t id;
     struct evhttp_request *req;      /* NULL once the client went away */
     struct server *srv;
@@ -91,6 +100,7 @@ struct server {
     uint64_t n_requests_ok, n_requests_err, prompt_tokens_total, generation_tokens_total;
     uint64_t cached_tokens_total;
     struct srv_hist ttft, itl, e2e;
+    struct srv_batch *batch;         /* files, batches, store thread (server_batch.c) */
 };
 
 /* ---- server_http.c: replies and request helpers ---- */
@@ -110,5 +120,21 @@ extern const double srv_hist_bounds[SRV_HIST_BUCKETS];
 void srv_handle_completions(struct server *s, struct evhttp_request *req, bool chat);
 /* Drains engine events into replies (api thread, on wake_ev). */
 void srv_drain_events(struct server *s);
+
+/* ---- server_batch.c: /v1/files, /v1/batches, the store thread and its feeder ---- */
+/* Opens the store under s->o.data_dir (writer for the store thread, reader
+ * for the api thread) and starts the store thread. Call on the main thread
+ * once s->base exists. Returns 0, or a negative status with a message. */
+int srv_batch_start(struct server *s, char *err, size_t errlen);
+/* Stops the store thread (buffered results are written first), closes the
+ * store. Call after the event loop ended and before the engine is destroyed.
+ * Safe when srv_batch_start failed or never ran. */
+void srv_batch_stop(struct server *s);
+/* true for the paths server_batch.c serves (/v1/files..., /v1/batches...). */
+bool srv_batch_route(const char *path);
+/* Serves one /v1/files or /v1/batches request (auth already checked). */
+void srv_handle_batch_api(struct server *s, struct evhttp_request *req, const char *path);
+/* One engine event of a batch row (ev->user tagged SRV_USER_BATCH); api thread. */
+void srv_batch_event(struct server *s, const struct sched_event *ev);
 
 #endif

@@ -213,6 +213,10 @@ void srv_drain_events(struct server *s)
         const struct sched_event *ev = &s->evbuf.ev[i];
         struct srv_req *q = ev->user;
         if (!q) continue;
+        if (*(const enum srv_user_kind *)ev->user == SRV_USER_BATCH) {
+            srv_batch_event(s, ev);
+            continue;
+        }
         if (ev->kind == SCHED_EV_TOKEN) {
             double t = srv_now();
             if (q->base.n_tokens++ > 0) srv_hist_add(&s->itl, t - q->base.t_last);

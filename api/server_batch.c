@@ -1,0 +1,1063 @@
+/* server_batch.c - the OpenAI Files and Batch APIs of `sluice serve`, the
+ * store thread, and the feeder that moves batch rows between the store and
+ * the engine (DESIGN.md, "Threads" and "Batch jobs"; store/store.h says how
+ * the store must be used).
+ *
+ * Threads and who owns what:
+ *
+ *   api thread    parses every /v1/files and /v1/batches request. Reads (GET
+ *                 of a file, a batch, a listing, a file's content) run right
+ *                 there on a *reader* handle: SQLite in WAL mode never makes a
+ *                 reader wait for the writer. Every change (file create and
+ *                 delete, batch create and cancel) becomes a `struct call`
+ *                 queued to the store thread; the api thread answers it when
+ *                 the store thread hands it back (reply queue + event_active).
+ *                 An upload is streamed from libevent's input buffer straight
+ *                 into a temp file in store_tmp_dir() (evbuffer_peek + write:
+ *                 the body is never copied a second time in memory); the store
+ *                 thread then adopts that file with store_file_create().
+ *                 Engine events of batch rows (ev->user tagged SRV_USER_BATCH)
+ *                 reach srv_batch_event() from srv_drain_events(); the api
+ *                 thread only folds them into the row's result and, at the
+ *                 finish event, queues the row back to the store thread.
+ *   store thread  owns the *writer* handle: nothing else writes SQLite. It
+ *                 runs the queued calls, renders finished rows and writes
+ *                 their results with store_complete_rows() in one transaction
+ *                 every FLUSH_S seconds or FLUSH_N results, calls store_tick()
+ *                 every second, and feeds the engine: while fewer than
+ *                 `low` batch rows are in flight it claims up to `high - in
+ *                 flight` pending rows, parses and tokenizes them and submits
+ *                 them at SCHED_PRIO_BATCH (high = 2 x max_num_seqs, so the
+ *                 engine always has batch work queued behind what runs, and a
+ *                 50,000-line batch is never in memory). It owns the rows in
+ *                 flight (the `inflight` list): it creates them and frees them.
+ *                 A cancelled or expired batch's rows still in the engine are
+ *                 aborted with sched_engine_abort().
+ *
+ * Crash safety comes from the store: a result is committed with its row's
+ * state; rows claimed but not committed go back to pending at the next start
+ * and run again (greedy requests give the same result).
+ */
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/queue.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "openai.h"
+#include "server.h"
+#include "store/store.h"
+
+#define FLUSH_S 0.1   /* results wait at most this long before they are written */
+#define FLUSH_N 64    /* ... or until this many are waiting */
+#define TICK_S 1.0    /* store_tick() period */
+#define MAX_PART_HEADERS 16384
+
+/* ---- types ---------------------------------------------------------------------------------- */
+
+enum op { OP_FILE_CREATE, OP_FILE_DELETE, OP_BATCH_CREATE, OP_BATCH_CANCEL };
+
+/* A change asked by the api thread, run by the store thread, answered by
+ * the api thread. */
+struct call {
+    enum op op;
+    struct evhttp_request *req;    /* api thread only; NULL once the client went away */
+    struct evhttp_connection *con; /* api thread only */
+    char *arg[4];                  /* owned: the op's strings (NULL when absent) */
+    int rc;                        /* store thread: the store's status */
+    char err[512];
+    struct json_buf out;           /* store thread: the 200 body */
+    struct call *next;
+};
+
+/* One batch row in the engine. Created, listed and freed by the store thread;
+ * between submit and its finish event the api thread folds events into res. */
+struct job {
+    enum srv_user_kind kind;       /* SRV_USER_BATCH; first (see server.h) */
+    int64_t row_id;
+    char batch_id[STORE_ID_MAX];
+    uint64_t eng_id;
+    bool aborted;                  /* sched_engine_abort() already asked */
+    struct api_oai_req r;
+    struct api_oai_result res;
+    struct job *prev, *next;       /* inflight list (store thread) */
+    struct job *done_next;         /* done queue (under mu) */
+};
+
+/* A rendered result waiting for store_complete_rows(). */
+struct out {
+    char *body;                    /* owned JSON text, NULL: none */
+    char *msg;                     /* owned error message, NULL: none */
+    char rid[40];
+};
+
+struct srv_batch {
+    struct server *srv;
+    store *w;                      /* writer: store thread only */
+    store *r;                      /* reader: api thread only */
+    pthread_t thread;
+    bool started;
+    struct event *reply_ev;        /* store thread -> api thread */
+
+    pthread_mutex_t mu;            /* guards the three queues and stop */
+    pthread_cond_t cv;
+    bool stop;
+    struct call *calls, *calls_tail; /* api -> store */
+    struct job *done;              /* api -> store: rows the engine finished */
+    struct call *replies, *replies_tail; /* store -> api */
+
+    /* store thread only */
+    struct job *inflight;
+    int n_inflight, low, high;
+    bool pending_hint;             /* pending rows may exist: worth a claim */
+    struct store_result *res;
+    struct out *outs;
+    int n_res, cap_res;
+    double t_first_res;
+    uint64_t rng;
+};
+
+/* ---- small helpers --------------------------------------------------------------------------- */
+
+static int http_status(int rc)
+{
+    switch (rc) {
+    case STORE_ENOTFOUND: return 404;
+    case SL_EINVAL: case STORE_ELIMIT: case STORE_ECONFLICT: return 400;
+    default: return 500;
+    }
+}
+
+static void reply_store_error(struct evhttp_request *req, int rc, const char *err)
+{
+    int code = http_status(rc);
+    srv_reply_error(req, code, code == 500 ? "server_error" : "invalid_request_error", NULL, "%s",
+                    err && *err ? err : "store error");
+}
+
+static void rand_hex(uint64_t *state, char *out, int n)
+{
+    static const char hex[] = "0123456789abcdef";
+    for (int i = 0; i < n; i++) {
+        *state += 0x9E3779B97F4A7C15ULL;
+        uint64_t z = *state;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+        out[i] = hex[(z ^ (z >> 31)) & 15];
+    }
+    out[n] = '\0';
+}
+
+static void call_free(struct call *c)
+{
+    if (!c) return;
+    for (int i = 0; i < 4; i++) free(c->arg[i]);
+    json_buf_free(&c->out);
+    free(c);
+}
+
+static void job_free(struct job *j)
+{
+    if (!j) return;
+    api_oai_req_free(&j->r);
+    api_oai_result_free(&j->res);
+    free(j);
+}
+
+/* ---- store thread: results ---------------------------------------------------------------- */
+
+static int res_reserve(struct srv_batch *b)
+{
+    if (b->n_res < b->cap_res) return 0;
+    int cap = b->cap_res ? 2 * b->cap_res : 128;
+    struct store_result *r = realloc(b->res, sizeof *r * (size_t)cap);
+    if (!r) return SL_ENOMEM;
+    b->res = r;
+    struct out *o = realloc(b->outs, sizeof *o * (size_t)cap);
+    if (!o) return SL_ENOMEM;
+    b->outs = o;
+    b->cap_res = cap;
+    return 0;
+}
+
+/* Queues a row's result. body and msg: owned JSON text / message, or NULL. */
+static void add_result(struct srv_batch *b, int64_t row_id, int status, char *body, const char *code, char *msg)
+{
+    if (res_reserve(b)) {
+        /* the row stays running; the next start runs it again */
+        fprintf(stderr, "sluice serve: out of memory queueing a batch result\n");
+        free(body);
+        free(msg);
+        return;
+    }
+    if (b->n_res == 0) b->t_first_res = srv_now();
+    struct out *o = &b->outs[b->n_res];
+    struct store_result *r = &b->res[b->n_res++];
+    o->body = body;
+    o->msg = msg;
+    memcpy(o->rid, "req_", 4);
+    rand_hex(&b->rng, o->rid + 4, 24);
+    memset(r, 0, sizeof *r);
+    r->row_id = row_id;
+    r->status_code = status;
+    r->request_id = status ? o->rid : NULL;
+    r->body = body;
+    r->error_code = code;
+    r->error_message = msg;
+}
+
+/* An HTTP error response for a row whose body the server refuses. */
+static void add_error_response(struct srv_batch *b, int64_t row_id, const struct api_oai_error *e)
+{
+    struct json_buf j;
+    json_buf_init(&j);
+    api_oai_error_json(&j, e);
+    if (j.oom) {
+        json_buf_free(&j);
+        return;
+    }
+    add_result(b, row_id, e->status, j.p, NULL, NULL);
+}
+
+/* Writes the queued results in one transaction. On a store error they are
+ * kept and tried again at the next flush. */
+static void flush_results(struct srv_batch *b)
+{
+    if (!b->n_res) return;
+    char err[512];
+    int rc = store_complete_rows(b->w, b->res, b->n_res, err, sizeof err);
+    if (rc < 0) {
+        fprintf(stderr, "sluice serve: cannot write %d batch results (will retry): %s\n", b->n_res, err);
+        b->t_first_res = srv_now();
+        return;
+    }
+    for (int i = 0; i < b->n_res; i++) {
+        free(b->outs[i].body);
+        free(b->outs[i].msg);
+    }
+    b->n_res = 0;
+}
+
+/* Renders a row the engine finished. */
+static void finish_job(struct srv_batch *b, struct job *j)
+{
+    struct server *s = b->srv;
+    if (j->res.finish == SCHED_FINISH_ABORT) {
+        add_result(b, j->row_id, 0, NULL, "batch_cancelled", strdup("The batch was cancelled while this request ran."));
+    } else if (j->res.finish == SCHED_FINISH_ERROR) {
+        struct api_oai_error e;
+        api_oai_errorf(&e, 500, NULL, "the engine failed on this request: %s", j->res.error);
+        e.type = "server_error";
+        add_error_response(b, j->row_id, &e);
+    } else {
+        char id[48] = "chatcmpl-";
+        if (j->r.kind != API_OAI_CHAT) strcpy(id, "cmpl-");
+        rand_hex(&b->rng, id + strlen(id), 24);
+        struct json_buf body;
+        json_buf_init(&body);
+        api_oai_response_json(&body, &j->r, &j->res, id, (long)time(NULL), s->model_name);
+        if (body.oom) json_buf_free(&body);
+        else add_result(b, j->row_id, 200, body.p, NULL, NULL);
+    }
+}
+
+/* ---- store thread: feeding ---------------------------------------------------------------- */
+
+static void inflight_add(struct srv_batch *b, struct job *j)
+{
+    j->prev = NULL;
+    j->next = b->inflight;
+    if (b->inflight) b->inflight->prev = j;
+    b->inflight = j;
+    b->n_inflight++;
+}
+
+static void inflight_remove(struct srv_batch *b, struct job *j)
+{
+    if (j->prev) j->prev->next = j->next;
+    else b->inflight = j->next;
+    if (j->next) j->next->prev = j->prev;
+    b->n_inflight--;
+}
+
+/* Parses, tokenizes and submits one claimed row; a row the server refuses
+ * gets its error response right away. */
+static void submit_row(struct srv_batch *b, const struct store_row *row)
+{
+    struct server *s = b->srv;
+    struct api_oai_error e = {0};
+    json_doc d = {0};
+    int32_t *ids = NULL;
+    struct job *j = calloc(1, sizeof *j);
+    if (!j) {
+        api_oai_errorf(&e, 500, NULL, "out of memory");
+        goto fail;
+    }
+    j->kind = SRV_USER_BATCH;
+    j->row_id = row->row_id;
+    snprintf(j->batch_id, sizeof j->batch_id, "%s", row->batch_id);
+    api_oai_result_init(&j->res);
+    char perr[256];
+    if (json_parse(&d, row->body, row->body_len, perr, sizeof perr) || !json_is_obj(&d, 0)) {
+        api_oai_errorf(&e, 400, "body", "the request body is not a JSON object");
+        goto fail;
+    }
+    enum api_oai_endpoint kind = strcmp(row->url, "/v1/completions") ? API_OAI_CHAT : API_OAI_COMPLETIONS;
+    if (api_oai_parse_doc(&d, 0, kind, NULL, &j->r, &e)) goto fail;
+    if (j->r.model && strcmp(j->r.model, s->model_name) && strcmp(j->r.model, s->o.model)) {
+        api_oai_errorf(&e, 404, "model", "The model `%s` does not exist.", j->r.model);
+        goto fail;
+    }
+    if (j->r.stream) {
+        api_oai_errorf(&e, 400, "stream", "'stream' is not supported in a batch");
+        goto fail;
+    }
+    int n = api_oai_tokenize(&j->r, model_get_tok(s->m), &ids, &e);
+    if (n < 0) goto fail;
+    struct sched_request sr;
+    if (api_oai_to_sched(&j->r, ids, n, sched_engine_config(s->eng)->max_model_len, &sr, &e)) goto fail;
+    sr.priority = SCHED_PRIO_BATCH;
+    sr.user = j;
+    char err[256];
+    /* from here on the api thread may see j's events: only store-thread
+     * fields (eng_id, the list links) are written below */
+    if (sched_engine_submit(s->eng, &sr, &j->eng_id, err, sizeof err)) {
+        api_oai_errorf(&e, 400, NULL, "%s", err);
+        goto fail;
+    }
+    inflight_add(b, j);
+    free(ids);
+    json_free(&d);
+    return;
+fail:
+    if (!e.type) e.type = e.status >= 500 ? "server_error" : "invalid_request_error";
+    add_error_response(b, row->row_id, &e);
+    free(ids);
+    json_free(&d);
+    job_free(j);
+}
+
+static void feed(struct srv_batch *b)
+{
+    struct server *s = b->srv;
+    if (!b->pending_hint || atomic_load(&s->state) != SRV_READY) return;
+    if (!b->high) {
+        int seqs = sched_engine_config(s->eng)->max_num_seqs;
+        b->high = 2 * seqs;
+        b->low = b->high - (seqs / 4 > 1 ? seqs / 4 : 1);
+    }
+    while (b->pending_hint && b->n_inflight < b->low) {
+        int want = b->high - b->n_inflight;
+        struct store_row *rows;
+        char err[512];
+        int n = store_claim_pending(b->w, want, &rows, err, sizeof err);
+        if (n < 0) {
+            fprintf(stderr, "sluice serve: cannot claim batch rows (will retry): %s\n", err);
+            b->pending_hint = false; /* the next tick tries again */
+            return;
+        }
+        if (n < want) b->pending_hint = false;
+        for (int i = 0; i < n; i++) submit_row(b, &rows[i]);
+        store_rows_free(rows, n);
+        if (b->n_res >= FLUSH_N) flush_results(b);
+    }
+}
+
+/* Aborts the rows in flight of batch `only` (or, NULL, of every batch that
+ * is no longer in progress: cancelled or expired). Their finish events come
+ * back as aborts and their results are written as cancelled (or dropped by
+ * the store when the batch expired). */
+static void abort_stale(struct srv_batch *b, const char *only)
+{
+    char last[STORE_ID_MAX] = "";
+    bool last_live = true;
+    for (struct job *j = b->inflight; j; j = j->next) {
+        if (j->aborted) continue;
+        bool live;
+        if (only) {
+            live = strcmp(j->batch_id, only) != 0;
+        } else if (!strcmp(j->batch_id, last)) {
+            live = last_live;
+        } else {
+            struct store_batch_info info;
+            char err[256];
+            live = store_batch_get(b->w, j->batch_id, &info, err, sizeof err) != 0 ||
+                   info.status == STORE_BATCH_IN_PROGRESS;
+            snprintf(last, sizeof last, "%s", j->batch_id);
+            last_live = live;
+        }
+        if (live) continue;
+        j->aborted = true;
+        sched_engine_abort(b->srv->eng, j->eng_id);
+    }
+}
+
+/* ---- store thread: calls ------------------------------------------------------------------ */
+
+static void run_call(struct srv_batch *b, struct call *c)
+{
+    char id[STORE_ID_MAX];
+    c->err[0] = '\0';
+    switch (c->op) {
+    case OP_FILE_CREATE:
+        c->rc = store_file_create(b->w, c->arg[0], c->arg[1], c->arg[2], id, c->err, sizeof c->err);
+        if (!c->rc) c->rc = store_file_get_json(b->w, id, &c->out, c->err, sizeof c->err);
+        break;
+    case OP_FILE_DELETE:
+        c->rc = store_file_delete(b->w, c->arg[0], &c->out, c->err, sizeof c->err);
+        break;
+    case OP_BATCH_CREATE:
+        c->rc = store_batch_create(b->w, c->arg[0], c->arg[1], c->arg[2], c->arg[3], id, c->err, sizeof c->err);
+        if (!c->rc) {
+            b->pending_hint = true;
+            c->rc = store_batch_get_json(b->w, id, &c->out, c->err, sizeof c->err);
+        }
+        break;
+    case OP_BATCH_CANCEL:
+        c->rc = store_batch_cancel(b->w, c->arg[0], c->err, sizeof c->err);
+        if (!c->rc) {
+            if (atomic_load(&b->srv->state) == SRV_READY) abort_stale(b, c->arg[0]);
+            c->rc = store_batch_get_json(b->w, c->arg[0], &c->out, c->err, sizeof c->err);
+        }
+        break;
+    }
+}
+
+static void *store_main(void *arg)
+{
+    struct srv_batch *b = arg;
+    double next_tick = srv_now();
+    for (;;) {
+        pthread_mutex_lock(&b->mu);
+        for (;;) {
+            double now = srv_now();
+            if (b->stop || b->calls || b->done) break;
+            double deadline = next_tick;
+            if (b->n_res && b->t_first_res + FLUSH_S < deadline) deadline = b->t_first_res + FLUSH_S;
+            if (b->pending_hint && b->high && b->n_inflight < b->low) deadline = now;
+            if (now >= deadline) break;
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            double wait = deadline - now;
+            ts.tv_sec += (time_t)wait;
+            ts.tv_nsec += (long)((wait - (double)(time_t)wait) * 1e9);
+            if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+            pthread_cond_timedwait(&b->cv, &b->mu, &ts);
+        }
+        bool stop = b->stop;
+        struct call *calls = b->calls;
+        b->calls = b->calls_tail = NULL;
+        struct job *done = b->done;
+        b->done = NULL;
+        pthread_mutex_unlock(&b->mu);
+
+        for (struct job *j = done, *nx; j; j = nx) {
+            nx = j->done_next;
+            inflight_remove(b, j);
+            finish_job(b, j);
+            job_free(j);
+        }
+        for (struct call *c = calls, *nx; c; c = nx) {
+            nx = c->next;
+            c->next = NULL;
+            run_call(b, c);
+            pthread_mutex_lock(&b->mu);
+            if (b->replies_tail) b->replies_tail->next = c;
+            else b->replies = c;
+            b->replies_tail = c;
+            pthread_mutex_unlock(&b->mu);
+            event_active(b->reply_ev, EV_READ, 0);
+        }
+        double now = srv_now();
+        if (stop) break;
+        if (b->n_res >= FLUSH_N || (b->n_res && now - b->t_first_res >= FLUSH_S)) flush_results(b);
+        if (now >= next_tick) {
+            char err[512];
+            int rc = store_tick(b->w, err, sizeof err);
+            if (rc < 0) fprintf(stderr, "sluice serve: batch housekeeping failed: %s\n", err);
+            else if (rc > 0 && atomic_load(&b->srv->state) == SRV_READY) abort_stale(b, NULL);
+            b->pending_hint = true;
+            next_tick = now + TICK_S;
+        }
+        feed(b);
+    }
+    /* rows still in the engine stay `running` on disk: the next start runs them again */
+    flush_results(b);
+    for (struct job *j = b->inflight, *nx; j; j = nx) {
+        nx = j->next;
+        job_free(j);
+    }
+    b->inflight = NULL;
+    return NULL;
+}
+
+/* ---- api thread: engine events and replies -------------------------------------------------- */
+
+void srv_batch_event(struct server *s, const struct sched_event *ev)
+{
+    struct srv_batch *b = s->batch;
+    struct job *j = ev->user;
+    api_oai_result_add(&j->res, &j->r, model_get_tok(s->m), ev);
+    if (ev->kind != SCHED_EV_FINISH) return;
+    s->prompt_tokens_total += (uint64_t)ev->usage.prompt_tokens;
+    s->generation_tokens_total += (uint64_t)ev->usage.completion_tokens;
+    s->cached_tokens_total += (uint64_t)ev->usage.cached_tokens;
+    pthread_mutex_lock(&b->mu);
+    j->done_next = b->done;
+    b->done = j;
+    pthread_cond_signal(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+}
+
+static void on_call_close(struct evhttp_connection *con, void *arg)
+{
+    (void)con;
+    struct call *c = arg;
+    c->req = NULL;
+    c->con = NULL;
+}
+
+static void on_reply(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct srv_batch *b = arg;
+    pthread_mutex_lock(&b->mu);
+    struct call *c = b->replies;
+    b->replies = b->replies_tail = NULL;
+    pthread_mutex_unlock(&b->mu);
+    for (struct call *nx; c; c = nx) {
+        nx = c->next;
+        if (c->con) evhttp_connection_set_closecb(c->con, NULL, NULL);
+        if (c->req) {
+            if (c->rc) reply_store_error(c->req, c->rc, c->err);
+            else srv_reply_json(c->req, 200, &c->out);
+        }
+        call_free(c);
+    }
+}
+
+/* Hands c to the store thread; the reply comes through on_reply. */
+static void post_call(struct srv_batch *b, struct evhttp_request *req, struct call *c)
+{
+    c->req = req;
+    c->con = evhttp_request_get_connection(req);
+    if (c->con) evhttp_connection_set_closecb(c->con, on_call_close, c);
+    json_buf_init(&c->out);
+    pthread_mutex_lock(&b->mu);
+    if (b->calls_tail) b->calls_tail->next = c;
+    else b->calls = c;
+    b->calls_tail = c;
+    pthread_cond_signal(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+}
+
+static struct call *new_call(struct evhttp_request *req, enum op op, const char *a0)
+{
+    struct call *c = calloc(1, sizeof *c);
+    if (c) {
+        c->op = op;
+        if (a0 && !(c->arg[0] = strdup(a0))) {
+            free(c);
+            c = NULL;
+        }
+    }
+    if (!c) srv_reply_error(req, 500, "server_error", NULL, "out of memory");
+    return c;
+}
+
+/* ---- api thread: multipart upload ------------------------------------------------------------ */
+
+static int find(struct evbuffer *in, const char *what, size_t n, size_t from, size_t *at)
+{
+    struct evbuffer_ptr start;
+    if (evbuffer_ptr_set(in, &start, from, EVBUFFER_PTR_SET)) return -1;
+    struct evbuffer_ptr p = evbuffer_search(in, what, n, &start);
+    if (p.pos < 0) return -1;
+    *at = (size_t)p.pos;
+    return 0;
+}
+
+/* Copies in[from, from+n) into out (n < cap), NUL-terminated. */
+static int copy_range(struct evbuffer *in, size_t from, size_t n, char *out, size_t cap)
+{
+    struct evbuffer_ptr p;
+    if (n >= cap || evbuffer_ptr_set(in, &p, from, EVBUFFER_PTR_SET)) return -1;
+    if (evbuffer_copyout_from(in, &p, out, n) != (ev_ssize_t)n) return -1;
+    out[n] = '\0';
+    return 0;
+}
+
+/* Writes in[from, from+len) to fd straight from the buffer's own chunks. */
+static int write_range(struct evbuffer *in, size_t from, size_t len, int fd)
+{
+    struct evbuffer_ptr p;
+    if (evbuffer_ptr_set(in, &p, from, EVBUFFER_PTR_SET)) return -1;
+    while (len > 0) {
+        struct evbuffer_iovec v[16];
+        int n = evbuffer_peek(in, (ev_ssize_t)len, &p, v, 16);
+        if (n <= 0) return -1;
+        size_t done = 0;
+        for (int i = 0; i < n && i < 16 && len > 0; i++) {
+            size_t l = v[i].iov_len < len ? v[i].iov_len : len;
+            for (const char *q = v[i].iov_base; l > 0;) {
+                ssize_t w = write(fd, q, l);
+                if (w < 0 && errno == EINTR) continue;
+                if (w <= 0) return -1;
+                q += w, l -= (size_t)w, len -= (size_t)w, done += (size_t)w;
+            }
+        }
+        if (evbuffer_ptr_set(in, &p, done, EVBUFFER_PTR_ADD)) return len ? -1 : 0;
+    }
+    return 0;
+}
+
+/* Reads one parameter value of a header (token or quoted string) after
+ * `key=` in a `; key=value` list. Returns 0 and the unquoted value in out. */
+static int header_param(const char *h, const char *key, char *out, size_t cap)
+{
+    size_t kl = strlen(key);
+    const char *p = strchr(h, ';');
+    while (p) {
+        p++;
+        while (*p == ' ' || *p == '\t') p++;
+        if (!strncasecmp(p, key, kl) && p[kl] == '=') {
+            p += kl + 1;
+            size_t o = 0;
+            if (*p == '"') {
+                for (p++; *p && *p != '"'; p++) {
+                    if (*p == '\\' && p[1]) p++;
+                    if (o + 1 < cap) out[o++] = *p;
+                }
+            } else {
+                for (; *p && *p != ';' && *p != ' ' && *p != '\t' && *p != '\r'; p++)
+                    if (o + 1 < cap) out[o++] = *p;
+            }
+            out[o] = '\0';
+            return 0;
+        }
+        /* skip this parameter, quoted values included */
+        bool q = false;
+        for (; *p && (q || *p != ';'); p++) {
+            if (*p == '\\' && q && p[1]) p++;
+            else if (*p == '"') q = !q;
+        }
+        p = *p ? p : NULL;
+    }
+    return -1;
+}
+
+/* POST /v1/files: multipart/form-data with `purpose` and `file`. */
+static void handle_file_upload(struct srv_batch *b, struct evhttp_request *req)
+{
+    struct server *s = b->srv;
+    const char *ct = evhttp_find_header(evhttp_request_get_input_headers(req), "Content-Type");
+    char boundary[128];
+    if (!ct || strncasecmp(ct, "multipart/form-data", 19) || header_param(ct, "boundary", boundary + 4, sizeof boundary - 4) ||
+        !boundary[4] || strlen(boundary + 4) > 70) {
+        srv_reply_error(req, 400, "invalid_request_error", NULL,
+                        "POST /v1/files takes multipart/form-data with a boundary, and the fields 'purpose' and 'file'");
+        return;
+    }
+    memcpy(boundary, "\r\n--", 4); /* the delimiter as it appears between parts */
+    size_t dl = strlen(boundary);
+    struct evbuffer *in = evhttp_request_get_input_buffer(req);
+    char purpose[64] = "", filename[256] = "", tmp[600] = "";
+    bool have_file = false;
+    int fd = -1;
+    const char *bad = NULL;
+    size_t pos;
+    /* the first delimiter may open the body (no CRLF before it) */
+    if (!find(in, boundary + 2, dl - 2, 0, &pos)) pos += dl - 2;
+    else bad = "no multipart boundary found in the body";
+    while (!bad) {
+        char two[3];
+        if (copy_range(in, pos, 2, two, sizeof two)) {
+            bad = "the multipart body ends without its closing boundary";
+            break;
+        }
+        if (!strcmp(two, "--")) break;
+        if (strcmp(two, "\r\n")) {
+            bad = "malformed multipart delimiter";
+            break;
+        }
+        pos += 2;
+        size_t hend, next;
+        if (find(in, "\r\n\r\n", 4, pos, &hend) || hend - pos >= MAX_PART_HEADERS) {
+            bad = "malformed multipart part headers";
+            break;
+        }
+        char *hdr = malloc(hend - pos + 3);
+        if (!hdr || copy_range(in, pos, hend - pos + 2, hdr, hend - pos + 3)) {
+            free(hdr);
+            bad = "cannot read multipart part headers";
+            break;
+        }
+        size_t cstart = hend + 4;
+        if (find(in, boundary, dl, cstart, &next)) {
+            free(hdr);
+            bad = "the multipart body ends without its closing boundary";
+            break;
+        }
+        char name[64] = "", fname[256] = "";
+        bool has_fname = false;
+        for (char *line = hdr, *eol; *line; line = eol + 2) {
+            eol = strstr(line, "\r\n");
+            if (!eol) break;
+            *eol = '\0';
+            if (!strncasecmp(line, "Content-Disposition:", 20)) {
+                header_param(line, "name", name, sizeof name);
+                has_fname = !header_param(line, "filename", fname, sizeof fname);
+            }
+        }
+        free(hdr);
+        size_t clen = next - cstart;
+        if (!strcmp(name, "purpose")) {
+            if (copy_range(in, cstart, clen, purpose, sizeof purpose)) {
+                bad = "'purpose' is too long";
+                break;
+            }
+        } else if (!strcmp(name, "file")) {
+            if (have_file) {
+                bad = "only one 'file' per upload";
+                break;
+            }
+            if ((long)clen > s->o.max_batch_file_bytes) {
+                srv_reply_error(req, 413, "invalid_request_error", "file",
+                                "file is %zu bytes; a batch input file may be at most %ld bytes", clen,
+                                s->o.max_batch_file_bytes);
+                return;
+            }
+            snprintf(tmp, sizeof tmp, "%s/upload-XXXXXX", store_tmp_dir(b->r));
+            fd = mkstemp(tmp);
+            if (fd < 0 || write_range(in, cstart, clen, fd) || fsync(fd)) {
+                int e = errno;
+                if (fd >= 0) close(fd), unlink(tmp);
+                srv_reply_error(req, 500, "server_error", NULL, "cannot store the upload: %s", strerror(e));
+                return;
+            }
+            close(fd);
+            fd = -1;
+            have_file = true;
+            snprintf(filename, sizeof filename, "%s", has_fname && fname[0] ? fname : "upload.jsonl");
+        }
+        pos = next + dl;
+    }
+    if (!bad && !have_file) bad = "the field 'file' is required";
+    if (!bad && !purpose[0]) bad = "the field 'purpose' is required";
+    if (!bad && strcmp(purpose, "batch")) bad = "only purpose 'batch' is supported";
+    if (bad) {
+        if (have_file) unlink(tmp);
+        const char *param = !have_file ? "file" : strcmp(purpose, "batch") ? "purpose" : NULL;
+        srv_reply_error(req, 400, "invalid_request_error", param, "%s", bad);
+        return;
+    }
+    struct call *c = new_call(req, OP_FILE_CREATE, tmp);
+    if (!c || !(c->arg[1] = strdup(purpose)) || !(c->arg[2] = strdup(filename))) {
+        if (c) srv_reply_error(req, 500, "server_error", NULL, "out of memory");
+        call_free(c);
+        unlink(tmp);
+        return;
+    }
+    post_call(b, req, c);
+}
+
+/* ---- api thread: the other routes ------------------------------------------------------------ */
+
+/* after/limit/purpose from the query string. Returns -1 after replying 400. */
+static int list_params(struct evhttp_request *req, struct evkeyvalq *q, const char **after, int *limit,
+                       const char **purpose)
+{
+    const struct evhttp_uri *u = evhttp_request_get_evhttp_uri(req);
+    const char *query = u ? evhttp_uri_get_query(u) : NULL;
+    TAILQ_INIT(q);
+    if (query && evhttp_parse_query_str(query, q)) {
+        srv_reply_error(req, 400, "invalid_request_error", NULL, "malformed query string");
+        return -1;
+    }
+    *after = evhttp_find_header(q, "after");
+    if (*after && !**after) *after = NULL;
+    if (purpose) {
+        *purpose = evhttp_find_header(q, "purpose");
+        if (*purpose && !**purpose) *purpose = NULL;
+    }
+    const char *l = evhttp_find_header(q, "limit");
+    *limit = 0;
+    if (l) {
+        char *end;
+        errno = 0;
+        long v = strtol(l, &end, 10);
+        if (end == l || *end || errno || v < 1 || v > 10000) {
+            srv_reply_error(req, 400, "invalid_request_error", "limit", "'limit' must be an integer from 1 to 10000");
+            return -1;
+        }
+        *limit = (int)v;
+    }
+    return 0;
+}
+
+static void reply_buf(struct evhttp_request *req, int rc, struct json_buf *o, const char *err)
+{
+    if (rc) reply_store_error(req, rc, err);
+    else srv_reply_json(req, 200, o);
+    json_buf_free(o);
+}
+
+static void handle_file_content(struct srv_batch *b, struct evhttp_request *req, const char *id)
+{
+    char err[512];
+    int fd;
+    int64_t size;
+    int rc = store_file_open_content(b->r, id, &fd, &size, err, sizeof err);
+    if (rc) {
+        reply_store_error(req, rc, err);
+        return;
+    }
+    struct evbuffer *out = evbuffer_new();
+    if (!out) {
+        close(fd);
+        srv_reply_error(req, 500, "server_error", NULL, "out of memory");
+        return;
+    }
+    if (size == 0) close(fd);
+    else if (evbuffer_add_file(out, fd, 0, size)) { /* takes fd */
+        evbuffer_free(out);
+        srv_reply_error(req, 500, "server_error", NULL, "cannot send the file");
+        return;
+    }
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "application/octet-stream");
+    evhttp_send_reply(req, 200, "OK", out);
+    evbuffer_free(out);
+}
+
+static void handle_batch_create(struct srv_batch *b, struct evhttp_request *req)
+{
+    size_t len;
+    char *body = srv_read_body(req, b->srv->o.max_body_bytes, &len);
+    if (!body) return;
+    json_doc d = {0};
+    char perr[256];
+    struct call *c = NULL;
+    if (json_parse(&d, body, len, perr, sizeof perr) || !json_is_obj(&d, 0)) {
+        srv_reply_error(req, 400, "invalid_request_error", NULL, "request body is not a JSON object");
+        goto out;
+    }
+    static const char *const keys[3] = {"input_file_id", "endpoint", "completion_window"};
+    if (!(c = new_call(req, OP_BATCH_CREATE, NULL))) goto out;
+    for (int k = 0; k < 3; k++) {
+        int i = json_get(&d, 0, keys[k]);
+        if (i < 0 || !json_is_str(&d, i)) {
+            srv_reply_error(req, 400, "invalid_request_error", keys[k], "'%s' is required and must be a string", keys[k]);
+            goto out;
+        }
+        if (!(c->arg[k] = json_strdup(&d, i, NULL))) {
+            srv_reply_error(req, 500, "server_error", NULL, "out of memory");
+            goto out;
+        }
+    }
+    int m = json_get(&d, 0, "metadata");
+    if (m >= 0 && !json_is_null(&d, m)) {
+        if (!json_is_obj(&d, m)) {
+            srv_reply_error(req, 400, "invalid_request_error", "metadata", "'metadata' must be an object");
+            goto out;
+        }
+        size_t ml;
+        const char *raw = json_raw(&d, m, &ml);
+        if (!(c->arg[3] = strndup(raw, ml))) {
+            srv_reply_error(req, 500, "server_error", NULL, "out of memory");
+            goto out;
+        }
+    }
+    post_call(b, req, c);
+    c = NULL;
+out:
+    call_free(c);
+    if (d.tok) json_free(&d);
+    free(body);
+}
+
+bool srv_batch_route(const char *path)
+{
+    return (!strncmp(path, "/v1/files", 9) && (!path[9] || path[9] == '/')) ||
+           (!strncmp(path, "/v1/batches", 11) && (!path[11] || path[11] == '/'));
+}
+
+static void not_allowed(struct evhttp_request *req, const char *path, const char *allow)
+{
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Allow", allow);
+    srv_reply_error(req, 405, "invalid_request_error", NULL, "method not allowed on %s (use %s)", path, allow);
+}
+
+void srv_handle_batch_api(struct server *s, struct evhttp_request *req, const char *path)
+{
+    struct srv_batch *b = s->batch;
+    enum evhttp_cmd_type m = evhttp_request_get_command(req);
+    bool files = path[4] == 'f';
+    const char *rest = path + (files ? 9 : 11); /* "" or "/ID[/...]" */
+    char id[STORE_ID_MAX] = "";
+    const char *sub = "";
+    if (*rest) {
+        const char *slash = strchr(rest + 1, '/');
+        size_t n = slash ? (size_t)(slash - rest - 1) : strlen(rest + 1);
+        if (n == 0 || n >= sizeof id) {
+            srv_reply_error(req, 404, "invalid_request_error", NULL, "no such %s: '%.*s'", files ? "file" : "batch",
+                            (int)(n > 80 ? 80 : n), rest + 1);
+            return;
+        }
+        memcpy(id, rest + 1, n);
+        id[n] = '\0';
+        sub = slash ? slash : "";
+    }
+    char err[512] = "";
+    struct json_buf o;
+    json_buf_init(&o);
+    if (!*rest) { /* the collection */
+        if (m == EVHTTP_REQ_POST) {
+            if (files) handle_file_upload(b, req);
+            else handle_batch_create(b, req);
+            return;
+        }
+        if (m != EVHTTP_REQ_GET) {
+            not_allowed(req, path, "GET, POST");
+            return;
+        }
+        struct evkeyvalq q;
+        const char *after, *purpose = NULL;
+        int limit;
+        if (list_params(req, &q, &after, &limit, files ? &purpose : NULL)) {
+            evhttp_clear_headers(&q);
+            return;
+        }
+        int rc = files ? store_file_list_json(b->r, purpose, after, limit, &o, err, sizeof err)
+                       : store_batch_list_json(b->r, after, limit > 100 ? 100 : limit, &o, err, sizeof err);
+        reply_buf(req, rc, &o, err);
+        evhttp_clear_headers(&q);
+        return;
+    }
+    if (!*sub) { /* one object */
+        if (m == EVHTTP_REQ_GET) {
+            int rc = files ? store_file_get_json(b->r, id, &o, err, sizeof err)
+                           : store_batch_get_json(b->r, id, &o, err, sizeof err);
+            reply_buf(req, rc, &o, err);
+            return;
+        }
+        if (files && m == EVHTTP_REQ_DELETE) {
+            struct call *c = new_call(req, OP_FILE_DELETE, id);
+            if (c) post_call(b, req, c);
+            return;
+        }
+        not_allowed(req, path, files ? "GET, DELETE" : "GET");
+        return;
+    }
+    if (files && !strcmp(sub, "/content")) {
+        if (m != EVHTTP_REQ_GET) not_allowed(req, path, "GET");
+        else handle_file_content(b, req, id);
+        return;
+    }
+    if (!files && !strcmp(sub, "/cancel")) {
+        struct call *c = m == EVHTTP_REQ_POST ? new_call(req, OP_BATCH_CANCEL, id) : NULL;
+        if (m != EVHTTP_REQ_POST) not_allowed(req, path, "POST");
+        else if (c) post_call(b, req, c);
+        return;
+    }
+    srv_reply_error(req, 404, "invalid_request_error", NULL, "no route %s", path);
+}
+
+/* ---- construction and teardown ------------------------------------------------------------------ */
+
+int srv_batch_start(struct server *s, char *err, size_t errlen)
+{
+    struct srv_batch *b = calloc(1, sizeof *b);
+    if (!b) {
+        snprintf(err, errlen, "out of memory");
+        return SL_ENOMEM;
+    }
+    b->srv = s;
+    b->pending_hint = true; /* recovery may have put rows back to pending */
+    b->rng = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)b;
+    struct store_opts so = {
+        .max_file_lines = s->o.max_batch_file_lines,
+        .max_file_bytes = s->o.max_batch_file_bytes,
+        .allow_short_windows = s->o.allow_short_windows,
+    };
+    char e[400];
+    b->w = store_open(s->o.data_dir, &so, e, sizeof e);
+    if (!b->w) {
+        snprintf(err, errlen, "cannot open the batch store in %s: %s", s->o.data_dir, e);
+        goto fail_free;
+    }
+    b->r = store_open_reader(s->o.data_dir, e, sizeof e);
+    if (!b->r) {
+        snprintf(err, errlen, "cannot open the batch store in %s: %s", s->o.data_dir, e);
+        goto fail_writer;
+    }
+    b->reply_ev = event_new(s->base, -1, 0, on_reply, b);
+    if (!b->reply_ev) {
+        snprintf(err, errlen, "cannot create the store reply event");
+        goto fail_reader;
+    }
+    pthread_mutex_init(&b->mu, NULL);
+    pthread_cond_init(&b->cv, NULL);
+    if (pthread_create(&b->thread, NULL, store_main, b)) {
+        snprintf(err, errlen, "cannot start the store thread");
+        goto fail_sync;
+    }
+    b->started = true;
+    s->batch = b;
+    return 0;
+
+fail_sync:
+    pthread_cond_destroy(&b->cv);
+    pthread_mutex_destroy(&b->mu);
+    event_free(b->reply_ev);
+fail_reader:
+    store_close(b->r);
+fail_writer:
+    store_close(b->w);
+fail_free:
+    free(b);
+    return SL_EIO;
+}
+
+void srv_batch_stop(struct server *s)
+{
+    struct srv_batch *b = s->batch;
+    if (!b) return;
+    pthread_mutex_lock(&b->mu);
+    b->stop = true;
+    pthread_cond_signal(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+    pthread_join(b->thread, NULL);
+    /* calls the store thread answered but the loop never sent, and calls it never ran */
+    for (struct call *c = b->replies, *nx; c; c = nx) {
+        nx = c->next;
+        if (c->con) evhttp_connection_set_closecb(c->con, NULL, NULL);
+        call_free(c);
+    }
+    for (struct call *c = b->calls, *nx; c; c = nx) {
+        nx = c->next;
+        if (c->con) evhttp_connection_set_closecb(c->con, NULL, NULL);
+        if (c->op == OP_FILE_CREATE) unlink(c->arg[0]);
+        call_free(c);
+    }
+    /* b->done is empty: the event loop (the only producer) ended before stop
+     * was set, and the thread's last pass took what was there */
+    free(b->res);
+    free(b->outs);
+    event_free(b->reply_ev);
+    pthread_cond_destroy(&b->cv);
+    pthread_mutex_destroy(&b->mu);
+    store_close(b->r);
+    store_close(b->w);
+    free(b);
+    s->batch = NULL;
+}
