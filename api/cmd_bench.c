@@ -1291,6 +1291,14 @@ static int warm_up(const struct bench_opts *o, struct sizer *sz, const char *mod
     }
     sz->have_tokenize = n > 0;
     sz->chars_per_tok = 4.0;
+    /* the load mode's longest prompt is 1.5 x --prompt-tokens */
+    long longest = o->concurrency ? o->prompt_tokens / 2 + o->prompt_tokens : o->prompt_tokens;
+    if (sz->have_tokenize && sz->max_model_len && longest + o->max_tokens > sz->max_model_len) {
+        snprintf(err, errlen, "a %ld-token prompt + --max-tokens %ld is more than the server's max_model_len %d",
+                 longest, o->max_tokens, sz->max_model_len);
+        free(p);
+        return -1;
+    }
     if (!sz->have_tokenize)
         fprintf(stderr, "note: no usable /tokenize on the server (%s); sizing prompts from the warm-up's usage\n",
                 terr[0] ? terr : "no token count in the reply");
@@ -1312,10 +1320,6 @@ static int warm_up(const struct bench_opts *o, struct sizer *sz, const char *mod
         /* tokens ~ a + b * corpus chars, the header's tokens folded into a */
         sz->b = r.p_tok > p1 ? (double)(r.p_tok - p1) / 3600.0 : 0.25;
         sz->a = p1 - sz->b * 400;
-    } else if (sz->max_model_len && o->prompt_tokens + o->max_tokens > sz->max_model_len) {
-        snprintf(err, errlen, "--prompt-tokens %ld + --max-tokens %ld is more than the server's max_model_len %d",
-                 o->prompt_tokens, o->max_tokens, sz->max_model_len);
-        return -1;
     }
     return 0;
 }

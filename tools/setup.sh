@@ -4,7 +4,7 @@
 set -euo pipefail
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO=sudo
-pkgs="build-essential pkg-config libjsmn-dev libpcre2-dev libevent-dev libsqlite3-dev libopenblas-dev unzip curl python3 python3-pip"
+pkgs="build-essential pkg-config libjsmn-dev libpcre2-dev libevent-dev libsqlite3-dev libopenblas-dev unzip curl python3 python3-pip gnuplot-nox"
 missing=""
 for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then
