@@ -948,22 +948,30 @@ static int plot_png(const char *png, const char *title, const struct row *rows, 
         snprintf(err, errlen, "cannot run gnuplot: %s", strerror(errno));
         return -1;
     }
+    /* one series per cache kind present, so the legend names only those */
+    static const char *kind_title[] = {"cache bust", "cache hit", "load"}, *kind_color[] = {"#d95f02", "#1b9e77", "#7570b3"};
+    bool present[3] = {false, false, false};
+    for (int i = 0; i < n; i++)
+        present[!strcmp(rows[i].cache, "hit") ? 1 : !strcmp(rows[i].cache, "load") ? 2 : 0] = true;
     fprintf(g,
             "set terminal pngcairo size 1000,700 noenhanced font ',10'\n"
             "set output '%s'\n"
             "set multiplot layout 2,1 title '%s'\n"
             "set style fill solid 0.8 border -1\nset boxwidth 0.7\nset grid ytics\nset key top right\n"
-            "set xrange [0.3:%d.7]\nset xtics 1\nset yrange [0:*]\nset xlabel 'run'\n"
-            "set ylabel 'TTFT (s)'\n"
-            "plot '%s' using 1:($2==0?$3:1/0) with boxes lc rgb '#d95f02' title 'cache bust', "
-            "'' using 1:($2==1?$3:1/0) with boxes lc rgb '#1b9e77' title 'cache hit', "
-            "'' using 1:($2==2?$3:1/0) with boxes lc rgb '#7570b3' title 'load'\n"
-            "set ylabel 'tg tok/s'\n"
-            "plot '%s' using 1:($2==0?$4:1/0) with boxes lc rgb '#d95f02' title 'cache bust', "
-            "'' using 1:($2==1?$4:1/0) with boxes lc rgb '#1b9e77' title 'cache hit', "
-            "'' using 1:($2==2?$4:1/0) with boxes lc rgb '#7570b3' title 'load'\n"
-            "unset multiplot\n",
-            png, title, n, dat, dat);
+            "set xrange [0.3:%d.7]\nset xtics %d\nset yrange [0:*]\nset xlabel '%s'\n",
+            png, title, n, n > 40 ? n / 20 : 1, present[2] ? "request" : "run");
+    for (int panel = 0; panel < 2; panel++) {
+        fprintf(g, "set ylabel '%s'\nplot ", panel ? "tg tok/s" : "TTFT (s)");
+        bool first = true;
+        for (int k = 0; k < 3; k++) {
+            if (!present[k]) continue;
+            fprintf(g, "%s'%s' using 1:($2==%d?$%d:1/0) with boxes lc rgb '%s' title '%s'", first ? "" : ", ", dat, k,
+                    panel ? 4 : 3, kind_color[k], kind_title[k]);
+            first = false;
+        }
+        fputc('\n', g);
+    }
+    fprintf(g, "unset multiplot\n");
     int st = pclose(g);
     unlink(dat);
     struct stat sb;

@@ -114,7 +114,7 @@ def test_table_real_server():
             assert close(num(avgs[kind][k]), mean, rel=0.005, abs_=0.06), (kind, COLS[k], avgs[kind][k], mean)
     # prefix reuse end to end: every hit is faster to first token than every bust
     assert max(num(x[5]) for x in runs[2:]) < min(num(x[5]) for x in runs[:2]), runs
-    assert num(avgs["hit"][5]) < num(avgs["bust"][5]) / 3, avgs
+    assert num(avgs["hit"][5]) < num(avgs["bust"][5]) / 2, avgs
     # p_tok is what the server counted: its prompt-token counter grew by the warm-up plus every row
     warm = [l for l in r.stderr.splitlines() if l.startswith("warm-up:")]
     assert warm, r.stderr
