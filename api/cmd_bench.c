@@ -389,9 +389,7 @@ static int http_json(const struct target *t, const char *method, const char *pat
     json_buf_init(out);
     int st = 0;
     int rc = http_do(t, method, path, body ? body->p : NULL, body ? body->len : 0, collect_sink, out, &st, err, errlen);
-    if (rc && !st) return -1;
-    if (rc) return -1;
-    return st;
+    return rc ? -1 : st;
 }
 
 /* ---- the streamed chat request ---- */
