@@ -155,12 +155,6 @@ def test_load_mode():
         j = json.load(f)
     p = [row["p_tok"] for row in j["rows"]]
     assert all(60 <= x <= 180 for x in p) and len(set(p)) > 1, p  # seeded lengths in [T/2, 3T/2]
-    # the same seed gives the same lengths
-    r2 = bench("--api-key", KEY, "--model", NAME, "--prompt-tokens", "120", "--max-tokens", "2", "--concurrency", "2",
-               "--num-prompts", "6", "--json", js)
-    assert r2.returncode == 0, r2.stderr
-    with open(js) as f:
-        assert [row["p_tok"] for row in json.load(f)["rows"]] == p
 
 
 def test_plot_needs_gnuplot():
@@ -265,6 +259,23 @@ def test_fake_server_without_tokenize():
         assert num(x[8]) == 5, x
 
 
+def test_load_mode_seed_fixes_lengths():
+    srv = fake_server("ok")
+    lens = []
+    try:
+        for seed in ("42", "42", "7"):
+            js = os.path.join(TMP, "seed.json")
+            r = bench("--prompt-tokens", "400", "--max-tokens", "3", "--concurrency", "4", "--num-prompts", "8",
+                      "--seed", seed, "--json", js, port=srv.server_address[1])
+            assert r.returncode == 0, r.stderr
+            with open(js) as f:
+                lens.append([row["p_tok"] for row in json.load(f)["rows"]])
+    finally:
+        srv.shutdown()
+    assert lens[0] == lens[1] and lens[0] != lens[2], lens
+    assert all(200 - 20 <= x <= 600 + 20 for x in lens[0] + lens[2]), lens
+
+
 def test_fake_server_500():
     srv = fake_server("500")
     try:
@@ -316,7 +327,8 @@ def main():
                 break
             time.sleep(0.2)
         tests = [test_bad_flags, test_plot_needs_gnuplot, test_unreachable_server, test_fake_server_500,
-                 test_fake_server_stream_ends_early, test_fake_server_without_tokenize, test_table_real_server,
+                 test_fake_server_stream_ends_early, test_fake_server_without_tokenize, test_load_mode_seed_fixes_lengths,
+                 test_table_real_server,
                  test_load_mode, test_too_long_for_server]
         for t in tests:
             try:
