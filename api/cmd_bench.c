@@ -484,10 +484,13 @@ static int stream_sink(void *ctx, const char *p, size_t n)
     struct stream_ctx *s = ctx;
     if (s->status < 200 || s->status > 299) return collect_sink(&s->body, p, n);
     for (size_t i = 0; i < n; i++) {
-        if (p[i] != '\n') {
-            json_buf_add(&s->line, p + i, 1);
-            continue;
+        const char *nl = memchr(p + i, '\n', n - i);
+        if (!nl) {
+            json_buf_add(&s->line, p + i, n - i);
+            break;
         }
+        json_buf_add(&s->line, p + i, (size_t)(nl - (p + i)));
+        i = (size_t)(nl - p);
         char *l = s->line.p ? s->line.p : "";
         size_t len = s->line.len;
         if (len && l[len - 1] == '\r') len--;
