@@ -189,6 +189,41 @@ const char *model_arch_name(enum model_arch a);
 size_t model_chatml_render(const char *const *roles, const char *const *contents, int n,
                            bool add_generation_prompt, char *out, size_t cap);
 
+/* ---- chat templates (model/template.c, model/tmpl_parse.c) --------------------
+ *
+ * A Jinja engine for chat templates, rendering exactly as HF transformers
+ * does (jinja2 sandbox, trim_blocks + lstrip_blocks, loop controls, tojson =
+ * json.dumps(ensure_ascii=False), raise_exception, strftime_now). A parsed
+ * template is immutable: any thread may render it concurrently. Templates
+ * and contexts come from users: bad input is an error, never a crash, and a
+ * render is bounded in memory and steps. */
+
+typedef struct model_tmpl model_tmpl;
+
+/* Parses template source src[0..len). Returns NULL with a message naming the
+ * line and the construct in err (unsupported tags, filters and tests are
+ * refused here, not at render time). */
+model_tmpl *model_tmpl_create(const char *src, size_t len, char *err, size_t errlen);
+void model_tmpl_destroy(model_tmpl *t); /* NULL is fine */
+
+struct model_tmpl_opts {
+    int64_t now;       /* strftime_now's instant (seconds since the epoch, shown in UTC); 0: the current local time */
+    size_t max_bytes;  /* memory a render may use; 0: 1 GiB */
+};
+
+/* Renders t with the members of the JSON object ctx_json[0..ctx_len) as
+ * template variables (messages, tools, add_generation_prompt, bos_token, ...;
+ * a later duplicate key wins). opts may be NULL. On success returns 0 and
+ * *out is a new malloc'ed NUL-terminated string (caller frees) of *out_len
+ * bytes. On failure returns a negative sl_status, *out is NULL, and err holds
+ * the message: the template's own raise_exception text, or "chat template
+ * line N: ..." naming the construct that failed. */
+int model_tmpl_render(const model_tmpl *t, const char *ctx_json, size_t ctx_len, const struct model_tmpl_opts *opts,
+                      char **out, size_t *out_len, char *err, size_t errlen);
+
+/* The ChatML template used when a model ships none (the default model's format). */
+extern const char model_chatml_template[];
+
 /* ---- sampler ---------------------------------------------------------------- */
 
 struct model_sampling {
