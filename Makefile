@@ -34,6 +34,10 @@ LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcubl
 endif
 TEST_SRCS := $(wildcard tests/test_*.c)
 TEST_BINS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
+# GPU tests and benchmarks (tests/gpu/): built only with CUDA, run by `make gpu-test`.
+GPU_TEST_SRCS := $(wildcard tests/gpu/test_*.c)
+GPU_TEST_BINS := $(GPU_TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
+GPU_BENCH_BINS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/gpu/bench_*.c))
 
 .PHONY: all test run model gpu-test bench clean
 all: $(BUILD)/sluice
@@ -63,6 +67,18 @@ $(MODEL):
 
 test: $(BUILD)/sluice $(TEST_BINS) $(MODEL)
 	@bash tools/run_tests.sh $(TEST_BINS)
+
+ifeq ($(CUDA),1)
+gpu-test: $(BUILD)/sluice $(GPU_TEST_BINS) $(GPU_BENCH_BINS)
+	@set -e; p=0; f=0; for t in $(GPU_TEST_BINS); do \
+	  echo "== $$t"; out=$$($$t 2>&1) || true; echo "$$out"; \
+	  line=$$(echo "$$out" | grep -E '^[0-9]+ passed, [0-9]+ failed$$' | tail -n 1); \
+	  if [ -n "$$line" ]; then p=$$((p + $${line%% passed*})); ff=$${line#*, }; f=$$((f + $${ff%% failed})); \
+	  else f=$$((f + 1)); fi; done; echo "$$p passed, $$f failed"; [ $$f -eq 0 ]
+else
+gpu-test:
+	@echo "gpu-test: this build has no CUDA (nvcc not found or CUDA=0)"; exit 1
+endif
 
 run: $(BUILD)/sluice $(MODEL)
 	$(BUILD)/sluice generate --model $(MODEL) --chat

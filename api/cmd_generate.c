@@ -188,7 +188,7 @@ static void usage(const struct api_flag *flags)
 
 int api_cmd_generate(int argc, char **argv)
 {
-    const char *model_path = NULL, *prompt = NULL, *device = "cpu", *system = NULL, *tok_path = NULL;
+    const char *model_path = NULL, *prompt = NULL, *device = NULL, *load_format = NULL, *system = NULL, *tok_path = NULL;
     bool chat = false, ignore_eos = false, quiet = false;
     long max_tokens = 256, seed = -1, top_k = 0, threads = 0, max_model_len = 8192;
     double temperature = 0.8, top_p = 0.95, min_p = 0.0, rep = 1.0, pres = 0.0, freq = 0.0;
@@ -209,7 +209,8 @@ int api_cmd_generate(int argc, char **argv)
         {"--seed", API_FLAG_INT, &seed, "RNG seed; same seed, same output (random)", NULL},
         {"--ignore-eos", API_FLAG_BOOL, &ignore_eos, "do not stop at end-of-sequence tokens", NULL},
         {"--max-model-len", API_FLAG_INT, &max_model_len, "context length to allocate (8192)", NULL},
-        {"--device", API_FLAG_STR, &device, "cpu (cuda: a later backend)", NULL},
+        {"--device", API_FLAG_STR, &device, "cpu or cuda (default: cuda when available)", NULL},
+        {"--load-format", API_FLAG_STR, &load_format, "auto, or dummy: random weights from a config.json dir", NULL},
         {"--threads", API_FLAG_INT, &threads, "CPU threads, 0 = all cores", NULL},
         {"--quiet", API_FLAG_BOOL, &quiet, "no statistics line", NULL},
         {0},
@@ -243,7 +244,7 @@ int api_cmd_generate(int argc, char **argv)
     int rc = 1;
     struct gen g = {0};
     g.ignore_eos = ignore_eos;
-    struct model_load_opts lo = {.progress = true, .tokenizer = tok_path};
+    struct model_load_opts lo = {.progress = true, .tokenizer = tok_path, .load_format = load_format};
     g.m = model_load(model_path, &lo, err, sizeof err);
     if (!g.m) {
         fprintf(stderr, "sluice generate: %s\n", err);

@@ -338,7 +338,7 @@ static void usage(const struct api_flag *flags)
 int api_cmd_run_batch(int argc, char **argv)
 {
     const char *model_path = NULL, *in_path = NULL, *out_path = NULL, *served = NULL, *kv_mem = "2G",
-               *device = "cpu", *tok_path = NULL;
+               *device = NULL, *load_format = NULL, *tok_path = NULL;
     long max_num_seqs = 64, max_batched = 1024, max_model_len = 0, block_size = 16, threads = 0;
     double batch_share = 0.1;
     bool prefix = true, quiet = false, timings = false;
@@ -356,7 +356,8 @@ int api_cmd_run_batch(int argc, char **argv)
         {"--block-size", API_FLAG_INT, &block_size, "KV block size in tokens (16)", NULL},
         {"--kv-cache-memory", API_FLAG_STR, &kv_mem, "KV cache size, bytes with K/M/G suffix (2G)", NULL},
         {"--min-batch-share", API_FLAG_FLOAT, &batch_share, "budget share kept for batch work (0.1)", NULL},
-        {"--device", API_FLAG_STR, &device, "cpu (cuda: a later backend)", NULL},
+        {"--device", API_FLAG_STR, &device, "cpu or cuda (default: cuda when available)", NULL},
+        {"--load-format", API_FLAG_STR, &load_format, "auto, or dummy: random weights from a config.json dir", NULL},
         {"--threads", API_FLAG_INT, &threads, "CPU threads, 0 = all cores", NULL},
         {"--quiet", API_FLAG_BOOL, &quiet, "no progress on stderr", NULL},
         {"--print-timings", API_FLAG_BOOL, &timings, "per request on stderr: queue, time to first token, total", NULL},
@@ -424,7 +425,7 @@ int api_cmd_run_batch(int argc, char **argv)
         goto fail_lines;
     }
 
-    struct model_load_opts lo = {.progress = !quiet, .tokenizer = tok_path};
+    struct model_load_opts lo = {.progress = !quiet, .tokenizer = tok_path, .load_format = load_format};
     b.m = model_load(model_path, &lo, err, sizeof err);
     if (!b.m) goto fail_msg;
     b.tok = model_get_tok(b.m);

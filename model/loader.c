@@ -18,6 +18,7 @@
 #include "json.h"
 #include "model.h"
 #include "safetensors.h"
+#include "loader_dummy.h"
 #include "tokenizer.h"
 
 struct model {
@@ -27,6 +28,7 @@ struct model {
     char *chat_template;    /* owned, or NULL */
     gguf_file *gguf;        /* owned mapping (GGUF), or NULL */
     st_set *st;             /* owned mappings (HF dir), or NULL */
+    void *dummy;            /* owned random weights (--load-format dummy), or NULL */
     char **names;           /* owned tensor names */
     int n_names, cap_names;
 };
@@ -539,10 +541,11 @@ static int hf_chat_template(model *m, const char *dir)
     return 0;
 }
 
-static int load_hf(model *m, const char *dir, char *err, size_t errlen)
+static int load_hf(model *m, const char *dir, bool dummy, char *err, size_t errlen)
 {
     int rc = hf_config(m, dir, err, errlen);
     if (rc) return rc;
+    if (dummy) return model_dummy_weights(&m->cfg, &m->w, &m->dummy, err, errlen);
     m->st = st_open_dir(dir, err, errlen);
     if (!m->st) return SL_EFORMAT;
     if ((rc = load_weights(m, &hf_names, err, errlen))) return rc;
@@ -616,7 +619,17 @@ model *model_load(const char *path, const struct model_load_opts *opts, char *er
         goto fail;
     }
     bool dir = S_ISDIR(st.st_mode);
-    if ((dir ? load_hf(m, path, err, errlen) : load_gguf(m, path, err, errlen)) != 0) goto fail;
+    const char *lf = opts && opts->load_format ? opts->load_format : "auto";
+    bool dummy = strcmp(lf, "dummy") == 0;
+    if (!dummy && strcmp(lf, "auto") != 0) {
+        seterr(err, errlen, "unknown load format '%s' (expected auto or dummy)", lf);
+        goto fail;
+    }
+    if (dummy && !dir) {
+        seterr(err, errlen, "--load-format dummy takes a directory holding a config.json");
+        goto fail;
+    }
+    if ((dir ? load_hf(m, path, dummy, err, errlen) : load_gguf(m, path, err, errlen)) != 0) goto fail;
 
     char terr[256] = "";
     const char *tp = opts && opts->tokenizer ? opts->tokenizer : NULL;
@@ -649,6 +662,7 @@ void model_free(model *m)
     if (m->tok) model_tok_free(m->tok);
     free(m->chat_template);
     free(m->w.layers);
+    model_dummy_free(m->dummy);
     for (int i = 0; i < m->n_names; i++) free(m->names[i]);
     free(m->names);
     if (m->gguf) gguf_close(m->gguf);

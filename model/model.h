@@ -167,6 +167,9 @@ typedef struct model model;
 struct model_load_opts {
     bool progress;            /* print tensors/bytes loaded on stderr */
     const char *tokenizer;    /* NULL: the model's own; else a GGUF file or HF dir */
+    const char *load_format;  /* NULL or "auto": weights from the checkpoint; "dummy": random bf16
+                                 weights from an HF directory's config.json alone (benchmarks;
+                                 model/loader_dummy.c) */
 };
 
 /* Loads a GGUF file or an HF checkpoint directory. Returns NULL with a

@@ -1,0 +1,104 @@
+/* kernels.h - host launchers of the GPU backend's kernels (internal to cuda/).
+ *
+ * One op family per .cu file: norm.cu (embedding gather, fused residual add +
+ * RMSNorm), rope.cu (QKV bias, q/k RMSNorm, RoPE and the paged KV write, fused),
+ * attn.cu (paged attention for mixed batches, split-K, and its combine),
+ * gemv.cu (few-row GEMV for decode), act.cu (SwiGLU), sample.cu (argmax + log-sum-exp over logit rows).
+ * Every pointer argument is device memory unless said otherwise; bf16 values
+ * travel as uint16_t so this header stays plain C. Each launcher only
+ * enqueues on `st` and returns the launch error (cudaSuccess when queued);
+ * none allocates, so all of them can be captured in a CUDA graph.
+ * Plain-C references of each live in tests/gpu/test_kernels.c.
+ */
+#ifndef SLUICE_CUDA_KERNELS_H
+#define SLUICE_CUDA_KERNELS_H
+
+#include <cuda_runtime.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- norm.cu ---- */
+/* x[t][:] = float(tab[ids[t]][:]) for t < T; tab [n_vocab][E] bf16, x [T][E] f32. */
+cudaError_t cuda_embed(const uint16_t *tab, const int32_t *ids, int T, int E, float *x, cudaStream_t st);
+/* Fused residual add + RMSNorm over rows of E:
+ *   rows == NULL: for t < T: x[t] += delta[t] (delta may be NULL); out[t] = bf16(w * x[t] / rms(x[t]))
+ *   rows != NULL: for r < T: v = x[rows[r]] (+ delta[rows[r]]), not stored; out[r] = bf16(w * v / rms(v))
+ * x [*][E] f32, delta [*][E] bf16, w [E] f32, out [T][E] bf16. */
+cudaError_t cuda_add_rmsnorm(float *x, const uint16_t *delta, const float *w, const int32_t *rows, int T,
+                             int E, float eps, uint16_t *out, cudaStream_t st);
+
+/* ---- rope.cu ---- */
+struct cuda_rope_args {
+    const uint16_t *qkv;    /* [T][(H + 2*KVH) * D] bf16: q heads, k heads, v heads */
+    const float *bias;      /* [(H + 2*KVH) * D] or NULL (qwen2) */
+    const float *q_norm, *k_norm; /* [D] or NULL (qwen3) */
+    const float *cos, *sin; /* [max_ctx][rope_dim/2] */
+    const int32_t *pos;     /* [T] */
+    const int64_t *slots;   /* [T] KV slot of each token */
+    int T, H, KVH, D, rope_dim;
+    bool neox;
+    float eps;
+    uint16_t *q;            /* out [T][H][D] bf16 */
+    uint16_t *kc, *vc;      /* KV cache of the layer: [n_slots][KVH][D] bf16 */
+};
+cudaError_t cuda_rope_kv(const struct cuda_rope_args *a, cudaStream_t st);
+
+/* ---- attn.cu ---- */
+/* One unit of attention work: query tokens t0 .. t0+nq-1 (one sequence,
+ * consecutive in the step) against key positions [kv_lo, kv_hi) of that
+ * sequence, for one KV head group (grid.y). Causal: a query at position p
+ * sees keys <= p. nsplit > 1: this item is split `split` of nsplit of its
+ * tile and writes a partial (max, sum, acc) row at part + row; otherwise it
+ * writes the output directly. */
+struct cuda_attn_item {
+    int32_t seq, t0, nq, kv_lo, kv_hi, split, nsplit, part;
+};
+#define CUDA_ATTN_ROWS 32   /* query rows (tokens x heads of a group) per item */
+#define CUDA_ATTN_MAXSPLIT 32
+struct cuda_attn_args {
+    const uint16_t *q;          /* [T][H][D] bf16 */
+    const uint16_t *kc, *vc;    /* [n_slots][KVH][D] bf16 */
+    const int32_t *pos;         /* [T] */
+    const int32_t *bt;          /* flat block tables */
+    const int32_t *bt_off;      /* [n_seqs] offset of each sequence's table in bt */
+    const struct cuda_attn_item *items;
+    const int32_t *n_items;     /* device scalar: items beyond it are no-ops */
+    int max_items;              /* grid size (>= *n_items) */
+    int max_rows;               /* most query rows (nq * H / KVH) of any item, <= CUDA_ATTN_ROWS */
+    int H, KVH, D, block_size;
+    float scale;
+    float *part;                /* [n_part_rows][KVH][MAXSPLIT][D + 2] f32 partials */
+    const int32_t *tok_part;    /* [T] part row of the token's first head, -1 if not split */
+    const int32_t *tok_nsplit;  /* [T] */
+    int T;
+    uint16_t *out;              /* [T][H][D] bf16 */
+};
+cudaError_t cuda_attention(const struct cuda_attn_args *a, cudaStream_t st);
+/* Raises the kernel's shared-memory limit for head_dim D; call once before
+ * any graph capture. */
+cudaError_t cuda_attention_prepare(int D);
+
+/* ---- gemv.cu ---- */
+#define CUDA_GEMV_MAX_T 4
+/* y[t][o] = sum_i x[t][i] W[o][i] for t < T <= CUDA_GEMV_MAX_T: W [out][in] bf16,
+ * x [T][in] bf16 (16-byte aligned, in % 8 == 0), y [T][out] bf16 or f32 (y_f32). */
+cudaError_t cuda_gemv(const uint16_t *W, const uint16_t *x, void *y, bool y_f32, int T, int in, int out,
+                      cudaStream_t st);
+
+/* ---- act.cu ---- */
+/* h[t][i] = bf16(silu(gu[t][i]) * gu[t][F + i]) for i < F; gu [T][2F], h [T][F] bf16. */
+cudaError_t cuda_swiglu(const uint16_t *gu, int T, int F, uint16_t *h, cudaStream_t st);
+
+/* ---- sample.cu ---- */
+/* For each row r < R of logits [R][V] f32: tok[r] = argmax (lowest id on ties),
+ * logprob[r] = logits[r][tok] - logsumexp(logits[r]). NaN rows give tok -1. */
+cudaError_t cuda_argmax_lse(const float *logits, int R, int V, int32_t *tok, float *logprob, cudaStream_t st);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,112 @@
+/* loader_dummy.c - random weights from a configuration alone (loader_dummy.h),
+ * as vLLM's --load-format dummy: large shapes can be served and measured
+ * without downloading them. The numbers are deterministic (a fixed seed). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "loader_dummy.h"
+
+#define SLACK ((int64_t)1 << 20) /* elements of offset room between windows */
+
+struct dummy {
+    uint16_t *pool;  /* [n_pool] bf16 uniform in +-0.02 */
+    uint16_t *ones;  /* [n_vec] bf16 1.0 */
+    uint16_t *zeros; /* [n_vec] bf16 0.0 */
+    int64_t n_pool, n_vec;
+    int next;        /* windows handed out, for offsets */
+};
+
+static uint64_t mix(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+static void mat(struct dummy *d, struct model_tensor *t, const char *name, int64_t rows, int64_t cols)
+{
+    int64_t off = ((int64_t)d->next++ * 7919 * 64) % SLACK;
+    *t = (struct model_tensor){.name = name, .dtype = MODEL_DT_BF16, .ndim = 2, .ne = {cols, rows, 1, 1},
+                               .data = d->pool + off, .nbytes = (size_t)(rows * cols) * 2};
+}
+
+static void vec(struct dummy *d, struct model_tensor *t, const char *name, int64_t n, bool one)
+{
+    *t = (struct model_tensor){.name = name, .dtype = MODEL_DT_BF16, .ndim = 1, .ne = {n, 1, 1, 1},
+                               .data = one ? d->ones : d->zeros, .nbytes = (size_t)n * 2};
+}
+
+int model_dummy_weights(const struct model_config *c, struct model_weights *w, void **owner, char *err,
+                        size_t errlen)
+{
+    int64_t E = c->n_embd, F = c->n_ff, D = c->head_dim, Q = (int64_t)c->n_head * D,
+            KV = (int64_t)c->n_head_kv * D, V = c->n_vocab;
+    int64_t big = V * E;
+    if (F * E > big) big = F * E;
+    if (Q * E > big) big = Q * E;
+    int64_t nv = E > F ? E : F;
+    if (Q > nv) nv = Q;
+    struct dummy *d = calloc(1, sizeof *d);
+    if (!d) goto oom;
+    d->n_pool = big + SLACK;
+    d->n_vec = nv;
+    d->pool = malloc((size_t)d->n_pool * 2);
+    d->ones = malloc((size_t)nv * 2);
+    d->zeros = calloc((size_t)nv, 2);
+    w->layers = calloc((size_t)c->n_layer, sizeof *w->layers);
+    if (!d->pool || !d->ones || !d->zeros || !w->layers) goto oom;
+    /* uniform in +-0.02 as bf16: sign, then exponent/mantissa of a float in [0, 0.02) */
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < d->n_pool; i++) {
+        uint64_t r = mix((uint64_t)i * 0x9e3779b97f4a7c15ULL + 12345);
+        float f = (float)((r >> 11) * 0x1.0p-53) * 0.04f - 0.02f;
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        d->pool[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    }
+    for (int64_t i = 0; i < nv; i++) d->ones[i] = 0x3f80;
+    mat(d, &w->tok_embd, "token_embd (dummy)", V, E);
+    vec(d, &w->out_norm, "output_norm (dummy)", E, true);
+    if (c->tie_embeddings)
+        w->lm_head = w->tok_embd;
+    else
+        mat(d, &w->lm_head, "output (dummy)", V, E);
+    for (int l = 0; l < c->n_layer; l++) {
+        struct model_layer_weights *L = &w->layers[l];
+        vec(d, &L->attn_norm, "attn_norm (dummy)", E, true);
+        mat(d, &L->wq, "attn_q (dummy)", Q, E);
+        mat(d, &L->wk, "attn_k (dummy)", KV, E);
+        mat(d, &L->wv, "attn_v (dummy)", KV, E);
+        mat(d, &L->wo, "attn_output (dummy)", E, Q);
+        if (c->qkv_bias) {
+            vec(d, &L->bq, "attn_q.bias (dummy)", Q, false);
+            vec(d, &L->bk, "attn_k.bias (dummy)", KV, false);
+            vec(d, &L->bv, "attn_v.bias (dummy)", KV, false);
+        }
+        if (c->qk_norm) {
+            vec(d, &L->q_norm, "attn_q_norm (dummy)", D, true);
+            vec(d, &L->k_norm, "attn_k_norm (dummy)", D, true);
+        }
+        vec(d, &L->ffn_norm, "ffn_norm (dummy)", E, true);
+        mat(d, &L->w_gate, "ffn_gate (dummy)", F, E);
+        mat(d, &L->w_up, "ffn_up (dummy)", F, E);
+        mat(d, &L->w_down, "ffn_down (dummy)", E, F);
+    }
+    *owner = d;
+    return 0;
+oom:
+    model_dummy_free(d);
+    snprintf(err, errlen, "out of memory for dummy weights");
+    return SL_ENOMEM;
+}
+
+void model_dummy_free(void *owner)
+{
+    struct dummy *d = owner;
+    if (!d) return;
+    free(d->pool);
+    free(d->ones);
+    free(d->zeros);
+    free(d);
+}

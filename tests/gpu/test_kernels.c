@@ -1,0 +1,405 @@
+/* test_kernels.c - every cuda/ kernel against a plain-C reference on random
+ * data (make gpu-test; needs a GPU). Errors are normalized: ||out - ref|| /
+ * ||ref|| over the whole output, against bf16-level bounds; outputs are
+ * poisoned (NaN) before each launch so an unwritten element fails.
+ */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/kernels.h"
+#include "tests/test.h"
+
+static uint64_t g_rng = 88172645463325252ULL;
+static float frand(void) /* uniform in [-1, 1) */
+{
+    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
+    return (float)((g_rng >> 11) * 0x1.0p-53) * 2.0f - 1.0f;
+}
+static uint16_t bf(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+static float fb(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static void *dup_dev(const void *h, size_t n)
+{
+    void *d = NULL;
+    if (cudaMalloc(&d, n) != cudaSuccess) abort();
+    if (h) cudaMemcpy(d, h, n, cudaMemcpyHostToDevice);
+    return d;
+}
+static void *poisoned(size_t n)
+{
+    void *d = dup_dev(NULL, n);
+    cudaMemset(d, 0xff, n); /* NaN in f32 and bf16 */
+    return d;
+}
+static void get(void *h, const void *d, size_t n)
+{
+    if (cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost) != cudaSuccess) {
+        printf("  copy back failed: %s\n", cudaGetErrorString(cudaGetLastError()));
+        memset(h, 0xff, n);
+    }
+}
+/* ||a - b|| / ||b||; NaN anywhere -> inf */
+static double nerr(const float *a, const double *b, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(a[i])) return INFINITY;
+        num += (a[i] - b[i]) * (a[i] - b[i]);
+        den += b[i] * b[i];
+    }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
+static void test_embed_rmsnorm(void)
+{
+    int shapes[][2] = {{1, 64}, {7, 576}, {33, 4096}, {5, 1000}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        int T = shapes[si][0], E = shapes[si][1], V = 50;
+        uint16_t *tab = malloc((size_t)V * E * 2), *delta = malloc((size_t)T * E * 2);
+        int32_t ids[64];
+        float *w = malloc(E * 4), *x = malloc((size_t)T * E * 4);
+        for (int i = 0; i < V * E; i++) tab[i] = bf(frand());
+        for (int i = 0; i < T * E; i++) delta[i] = bf(frand());
+        for (int i = 0; i < E; i++) w[i] = 1.0f + 0.5f * frand();
+        for (int t = 0; t < T; t++) ids[t] = (t * 7 + 3) % V;
+        uint16_t *dtab = dup_dev(tab, (size_t)V * E * 2), *ddelta = dup_dev(delta, (size_t)T * E * 2);
+        int32_t *dids = dup_dev(ids, sizeof ids);
+        float *dw = dup_dev(w, E * 4), *dx = poisoned((size_t)T * E * 4);
+        uint16_t *dout = poisoned((size_t)T * E * 2);
+        CHECK(cuda_embed(dtab, dids, T, E, dx, 0) == cudaSuccess);
+        CHECK(cuda_add_rmsnorm(dx, ddelta, dw, NULL, T, E, 1e-5f, dout, 0) == cudaSuccess);
+        uint16_t *out = malloc((size_t)T * E * 2);
+        get(out, dout, (size_t)T * E * 2);
+        get(x, dx, (size_t)T * E * 4);
+        double *ref = malloc((size_t)T * E * 8), *refx = malloc((size_t)T * E * 8);
+        float *o = malloc((size_t)T * E * 4);
+        for (int t = 0; t < T; t++) {
+            double ss = 0;
+            for (int i = 0; i < E; i++) {
+                double v = (double)fb(tab[(size_t)ids[t] * E + i]) + fb(delta[(size_t)t * E + i]);
+                refx[(size_t)t * E + i] = v;
+                ss += v * v;
+            }
+            double r = 1.0 / sqrt(ss / E + 1e-5);
+            for (int i = 0; i < E; i++) ref[(size_t)t * E + i] = w[i] * refx[(size_t)t * E + i] * r;
+        }
+        for (int i = 0; i < T * E; i++) o[i] = fb(out[i]);
+        double e1 = nerr(o, ref, (size_t)T * E), e2 = nerr(x, refx, (size_t)T * E);
+        CHECKF(e1 < 4e-3 && e2 < 1e-6, "T=%d E=%d: norm err %.3g, residual err %.3g", T, E, e1, e2);
+        /* the gathered form (final norm): rows reversed, x untouched */
+        int32_t rows[64];
+        for (int r = 0; r < T; r++) rows[r] = T - 1 - r;
+        int32_t *drows = dup_dev(rows, sizeof rows);
+        cudaMemcpy(dx, x, (size_t)T * E * 4, cudaMemcpyHostToDevice); /* x already holds tab + delta */
+        CHECK(cuda_add_rmsnorm(dx, NULL, dw, drows, T, E, 1e-5f, dout, 0) == cudaSuccess);
+        get(out, dout, (size_t)T * E * 2);
+        for (int r = 0; r < T; r++)
+            for (int i = 0; i < E; i++) o[(size_t)r * E + i] = fb(out[(size_t)r * E + i]);
+        double *ref2 = malloc((size_t)T * E * 8);
+        for (int r = 0; r < T; r++) memcpy(ref2 + (size_t)r * E, ref + (size_t)rows[r] * E, (size_t)E * 8);
+        e1 = nerr(o, ref2, (size_t)T * E);
+        CHECKF(e1 < 4e-3, "T=%d E=%d: gathered norm err %.3g", T, E, e1);
+        printf("  embed+add_rmsnorm T=%d E=%d: err %.2e\n", T, E, e1);
+        free(tab), free(delta), free(w), free(x), free(out), free(ref), free(refx), free(o), free(ref2);
+        cudaFree(dtab), cudaFree(ddelta), cudaFree(dids), cudaFree(dw), cudaFree(dx), cudaFree(dout), cudaFree(drows);
+    }
+}
+
+static void test_swiglu(void)
+{
+    int T = 13, F = 1111;
+    uint16_t *gu = malloc((size_t)T * 2 * F * 2), *h = malloc((size_t)T * F * 2);
+    for (int i = 0; i < T * 2 * F; i++) gu[i] = bf(4 * frand());
+    uint16_t *dgu = dup_dev(gu, (size_t)T * 2 * F * 2), *dh = poisoned((size_t)T * F * 2);
+    CHECK(cuda_swiglu(dgu, T, F, dh, 0) == cudaSuccess);
+    get(h, dh, (size_t)T * F * 2);
+    double *ref = malloc((size_t)T * F * 8);
+    float *o = malloc((size_t)T * F * 4);
+    for (int t = 0; t < T; t++)
+        for (int j = 0; j < F; j++) {
+            double g = fb(gu[(size_t)t * 2 * F + j]), u = fb(gu[(size_t)t * 2 * F + F + j]);
+            ref[(size_t)t * F + j] = g / (1 + exp(-g)) * u;
+            o[(size_t)t * F + j] = fb(h[(size_t)t * F + j]);
+        }
+    double e = nerr(o, ref, (size_t)T * F);
+    CHECKF(e < 4e-3, "swiglu err %.3g", e);
+    printf("  swiglu T=%d F=%d: err %.2e\n", T, F, e);
+    free(gu), free(h), free(ref), free(o), cudaFree(dgu), cudaFree(dh);
+}
+
+static void test_gemv(void)
+{
+    int shapes[][3] = {{1, 576, 1536}, {2, 4096, 1000}, {3, 8, 7}, {4, 14336, 64}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        int T = shapes[si][0], in = shapes[si][1], out = shapes[si][2];
+        uint16_t *w = malloc((size_t)out * in * 2), *x = malloc((size_t)T * in * 2), *y = malloc((size_t)T * out * 2);
+        for (size_t i = 0; i < (size_t)out * in; i++) w[i] = bf(frand());
+        for (size_t i = 0; i < (size_t)T * in; i++) x[i] = bf(frand());
+        uint16_t *dw = dup_dev(w, (size_t)out * in * 2), *dx = dup_dev(x, (size_t)T * in * 2);
+        uint16_t *dy = poisoned((size_t)T * out * 2);
+        float *dyf = poisoned((size_t)T * out * 4), *yf = malloc((size_t)T * out * 4), *o = malloc((size_t)T * out * 4);
+        CHECK(cuda_gemv(dw, dx, dy, false, T, in, out, 0) == cudaSuccess);
+        CHECK(cuda_gemv(dw, dx, dyf, true, T, in, out, 0) == cudaSuccess);
+        get(y, dy, (size_t)T * out * 2), get(yf, dyf, (size_t)T * out * 4);
+        double *ref = malloc((size_t)T * out * 8);
+        for (int t = 0; t < T; t++)
+            for (int r = 0; r < out; r++) {
+                double s = 0;
+                for (int i = 0; i < in; i++) s += (double)fb(w[(size_t)r * in + i]) * fb(x[(size_t)t * in + i]);
+                ref[(size_t)t * out + r] = s;
+                o[(size_t)t * out + r] = fb(y[(size_t)t * out + r]);
+            }
+        double e1 = nerr(o, ref, (size_t)T * out), e2 = nerr(yf, ref, (size_t)T * out);
+        CHECKF(e1 < 4e-3 && e2 < 1e-5, "gemv T=%d in=%d out=%d: err %.3g (bf16 out), %.3g (f32 out)", T, in, out, e1, e2);
+        printf("  gemv T=%d in=%d out=%d: err %.2e (bf16 out), %.2e (f32 out)\n", T, in, out, e1, e2);
+        free(w), free(x), free(y), free(yf), free(o), free(ref);
+        cudaFree(dw), cudaFree(dx), cudaFree(dy), cudaFree(dyf);
+    }
+}
+
+static void test_argmax(void)
+{
+    int R = 5, V = 49157;
+    float *lg = malloc((size_t)R * V * 4);
+    for (int i = 0; i < R * V; i++) lg[i] = 10 * frand();
+    lg[2 * V + 100] = 50, lg[2 * V + 7] = 50; /* a tie: the lower id wins */
+    lg[4 * V + V - 1] = 60;                    /* the last id */
+    float *dl = dup_dev(lg, (size_t)R * V * 4), *dlp = poisoned(R * 4);
+    int32_t *dt = poisoned(R * 4), tok[8];
+    float lp[8];
+    CHECK(cuda_argmax_lse(dl, R, V, dt, dlp, 0) == cudaSuccess);
+    get(tok, dt, R * 4), get(lp, dlp, R * 4);
+    for (int r = 0; r < R; r++) {
+        int best = 0;
+        for (int i = 1; i < V; i++)
+            if (lg[(size_t)r * V + i] > lg[(size_t)r * V + best]) best = i;
+        double mx = lg[(size_t)r * V + best], s = 0;
+        for (int i = 0; i < V; i++) s += exp(lg[(size_t)r * V + i] - mx);
+        CHECKF(tok[r] == best, "row %d: argmax %d, ref %d", r, tok[r], best);
+        CHECKF(fabs(lp[r] + log(s)) < 1e-4 * (1 + log(s)), "row %d: logprob %g, ref %g", r, lp[r], -log(s));
+    }
+    CHECK(tok[2] == 7 && tok[4] == V - 1);
+    free(lg), cudaFree(dl), cudaFree(dlp), cudaFree(dt);
+}
+
+/* RoPE + qk-norm + bias + KV write, both layouts, partial rotary. */
+static void test_rope_kv(void)
+{
+    for (int variant = 0; variant < 3; variant++) {
+        int T = 9, H = 6, KVH = 2, D = variant == 2 ? 128 : 64, rd = variant == 1 ? 32 : D, half = rd / 2;
+        bool neox = variant != 0, qkn = variant == 1, bias = variant == 2;
+        int NH = H + 2 * KVH, maxctx = 4096, nslots = 64;
+        uint16_t *qkv = malloc((size_t)T * NH * D * 2);
+        for (int i = 0; i < T * NH * D; i++) qkv[i] = bf(frand());
+        float *b = malloc(NH * D * 4), *qn = malloc(D * 4), *kn = malloc(D * 4);
+        for (int i = 0; i < NH * D; i++) b[i] = frand();
+        for (int i = 0; i < D; i++) qn[i] = 1 + 0.3f * frand(), kn[i] = 1 + 0.3f * frand();
+        float *cs = malloc((size_t)maxctx * half * 4), *sn = malloc((size_t)maxctx * half * 4);
+        for (int p = 0; p < maxctx; p++)
+            for (int i = 0; i < half; i++) {
+                double a = p * pow(10000.0, -2.0 * i / rd);
+                cs[(size_t)p * half + i] = (float)cos(a), sn[(size_t)p * half + i] = (float)sin(a);
+            }
+        int32_t pos[16];
+        int64_t slots[16];
+        for (int t = 0; t < T; t++) pos[t] = (t * 397) % maxctx, slots[t] = (t * 5 + 3) % nslots;
+        struct cuda_rope_args a = {
+            .qkv = dup_dev(qkv, (size_t)T * NH * D * 2), .bias = bias ? dup_dev(b, NH * D * 4) : NULL,
+            .q_norm = qkn ? dup_dev(qn, D * 4) : NULL, .k_norm = qkn ? dup_dev(kn, D * 4) : NULL,
+            .cos = dup_dev(cs, (size_t)maxctx * half * 4), .sin = dup_dev(sn, (size_t)maxctx * half * 4),
+            .pos = dup_dev(pos, sizeof pos), .slots = dup_dev(slots, sizeof slots), .T = T, .H = H, .KVH = KVH,
+            .D = D, .rope_dim = rd, .neox = neox, .eps = 1e-6f, .q = poisoned((size_t)T * H * D * 2),
+            .kc = poisoned((size_t)nslots * KVH * D * 2), .vc = poisoned((size_t)nslots * KVH * D * 2),
+        };
+        CHECK(cuda_rope_kv(&a, 0) == cudaSuccess);
+        uint16_t *q = malloc((size_t)T * H * D * 2), *kc = malloc((size_t)nslots * KVH * D * 2),
+                 *vc = malloc((size_t)nslots * KVH * D * 2);
+        get(q, a.q, (size_t)T * H * D * 2), get(kc, a.kc, (size_t)nslots * KVH * D * 2),
+            get(vc, a.vc, (size_t)nslots * KVH * D * 2);
+        size_t n = (size_t)T * NH * D, k = 0;
+        double *ref = malloc(n * 8);
+        float *o = malloc(n * 4);
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < NH; h++) {
+                double v[256];
+                for (int d = 0; d < D; d++) v[d] = fb(qkv[((size_t)t * NH + h) * D + d]) + (bias ? b[h * D + d] : 0);
+                int kind = h < H ? 0 : h < H + KVH ? 1 : 2;
+                if (qkn && kind < 2) {
+                    double ss = 0;
+                    for (int d = 0; d < D; d++) ss += v[d] * v[d];
+                    double r = 1 / sqrt(ss / D + 1e-6);
+                    for (int d = 0; d < D; d++) v[d] = (kind ? kn : qn)[d] * v[d] * r;
+                }
+                if (kind < 2)
+                    for (int i = 0; i < half; i++) {
+                        int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+                        double c = cs[(size_t)pos[t] * half + i], s = sn[(size_t)pos[t] * half + i];
+                        double x0 = v[i0], x1 = v[i1];
+                        v[i0] = x0 * c - x1 * s, v[i1] = x0 * s + x1 * c;
+                    }
+                const uint16_t *got = kind == 0 ? q + ((size_t)t * H + h) * D
+                                    : kind == 1 ? kc + ((size_t)slots[t] * KVH + h - H) * D
+                                                : vc + ((size_t)slots[t] * KVH + h - H - KVH) * D;
+                for (int d = 0; d < D; d++, k++) ref[k] = v[d], o[k] = fb(got[d]);
+            }
+        double e = nerr(o, ref, n);
+        CHECKF(e < 4e-3, "rope variant %d: err %.3g", variant, e);
+        printf("  rope_kv %s%s%s D=%d rope_dim=%d: err %.2e\n", neox ? "neox" : "norm", qkn ? "+qknorm" : "",
+               bias ? "+bias" : "", D, rd, e);
+        free(qkv), free(b), free(qn), free(kn), free(cs), free(sn), free(q), free(kc), free(vc), free(ref), free(o);
+        cudaFree((void *)a.qkv), cudaFree((void *)a.bias), cudaFree((void *)a.q_norm), cudaFree((void *)a.k_norm);
+        cudaFree((void *)a.cos), cudaFree((void *)a.sin), cudaFree((void *)a.pos), cudaFree((void *)a.slots);
+        cudaFree(a.q), cudaFree(a.kc), cudaFree(a.vc);
+    }
+}
+
+/* Paged attention over a shuffled block pool: mixed steps of decode tokens,
+ * prefill chunks over cached prefixes and long contexts, with and without
+ * split-K, head_dim 64/128, GQA 1..8. */
+struct aseq { int ctx, qlen; };
+static void attn_case(const char *name, int H, int KVH, int D, int bs, const struct aseq *sq, int ns, int nsplit)
+{
+    int grp = H / KVH, qt = CUDA_ATTN_ROWS / grp;
+    int T = 0, nblk = 1, maxrows = 0;
+    for (int i = 0; i < ns; i++) {
+        T += sq[i].qlen, nblk += (sq[i].ctx + bs - 1) / bs;
+        int r = (sq[i].qlen < qt ? sq[i].qlen : qt) * grp;
+        if (r > maxrows) maxrows = r;
+    }
+    int nslots = nblk * bs;
+    /* a shuffled pool of blocks; block 0 unused */
+    int32_t *perm = malloc(nblk * 4), *bt = malloc(nblk * 4), *bt_off = malloc(ns * 4);
+    for (int i = 0; i < nblk; i++) perm[i] = i;
+    for (int i = nblk - 1; i > 1; i--) {
+        int j = 1 + (int)((frand() * 0.5f + 0.5f) * i) % i;
+        int t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    uint16_t *kc = malloc((size_t)nslots * KVH * D * 2), *vc = malloc((size_t)nslots * KVH * D * 2),
+             *q = malloc((size_t)T * H * D * 2);
+    for (size_t i = 0; i < (size_t)nslots * KVH * D; i++) kc[i] = bf(frand()), vc[i] = bf(frand());
+    for (size_t i = 0; i < (size_t)T * H * D; i++) q[i] = bf(2 * frand());
+    int32_t *pos = malloc(T * 4), *tok_part = malloc(T * 4), *tok_ns = malloc(T * 4);
+    int nb = 0, u = 1, t = 0, nitems = 0, part = 0;
+    struct cuda_attn_item *items = malloc(sizeof *items * (T + ns) * CUDA_ATTN_MAXSPLIT);
+    int *tok_seq = malloc(T * 4);
+    for (int i = 0; i < ns; i++) {
+        bt_off[i] = nb;
+        int blocks = (sq[i].ctx + bs - 1) / bs;
+        for (int j = 0; j < blocks; j++) bt[nb++] = perm[u++];
+        int t0s = t;
+        for (int k = 0; k < sq[i].qlen; k++, t++) pos[t] = sq[i].ctx - sq[i].qlen + k, tok_part[t] = -1, tok_ns[t] = 0, tok_seq[t] = i;
+        for (int t0 = t0s; t0 < t; t0 += qt) {
+            int nq = t - t0 < qt ? t - t0 : qt, hi = pos[t0 + nq - 1] + 1;
+            int nsp = nsplit < 1 ? 1 : nsplit;
+            int chunk = ((hi + nsp - 1) / nsp + 31) / 32 * 32;
+            for (int k = 0; k < nsp; k++) {
+                int lo = k * chunk, h2 = lo + chunk < hi ? lo + chunk : hi;
+                items[nitems++] = (struct cuda_attn_item){i, t0, nq, lo, h2, k, nsp, part};
+            }
+            if (nsp > 1) {
+                for (int tt = t0; tt < t0 + nq; tt++) tok_part[tt] = part + (tt - t0) * grp, tok_ns[tt] = nsp;
+                part += nq * grp;
+            }
+        }
+    }
+    struct cuda_attn_args a = {
+        .q = dup_dev(q, (size_t)T * H * D * 2), .kc = dup_dev(kc, (size_t)nslots * KVH * D * 2),
+        .vc = dup_dev(vc, (size_t)nslots * KVH * D * 2), .pos = dup_dev(pos, T * 4), .bt = dup_dev(bt, nblk * 4),
+        .bt_off = dup_dev(bt_off, ns * 4), .items = dup_dev(items, sizeof *items * nitems),
+        .n_items = dup_dev(&nitems, 4), .max_items = nitems + 7, .max_rows = maxrows, .H = H, .KVH = KVH, .D = D, .block_size = bs,
+        .scale = 1.0f / sqrtf((float)D),
+        .part = poisoned((size_t)(part > 0 ? part : 1) * KVH * CUDA_ATTN_MAXSPLIT * (D + 2) * 4),
+        .tok_part = dup_dev(tok_part, T * 4), .tok_nsplit = dup_dev(tok_ns, T * 4), .T = T,
+        .out = poisoned((size_t)T * H * D * 2),
+    };
+    CHECK(cuda_attention_prepare(D) == cudaSuccess);
+    cudaError_t e = cuda_attention(&a, 0);
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    CHECKF(e == cudaSuccess, "%s: %s", name, cudaGetErrorString(e));
+    uint16_t *out = malloc((size_t)T * H * D * 2);
+    get(out, a.out, (size_t)T * H * D * 2);
+    size_t n = (size_t)T * H * D;
+    double *ref = malloc(n * 8), *sc = malloc(sizeof(double) * 200000);
+    float *o = malloc(n * 4);
+    for (int tt = 0; tt < T; tt++) {
+        const int32_t *tb = bt + bt_off[tok_seq[tt]];
+        for (int h = 0; h < H; h++) {
+            int g = h / grp, np = pos[tt] + 1;
+            double mx = -1e300, sum = 0;
+            for (int p = 0; p < np; p++) {
+                size_t slot = (size_t)tb[p / bs] * bs + p % bs;
+                double s = 0;
+                for (int d = 0; d < D; d++)
+                    s += (double)fb(q[((size_t)tt * H + h) * D + d]) * fb(kc[(slot * KVH + g) * D + d]);
+                sc[p] = s / sqrt((double)D);
+                if (sc[p] > mx) mx = sc[p];
+            }
+            for (int p = 0; p < np; p++) sum += (sc[p] = exp(sc[p] - mx));
+            for (int d = 0; d < D; d++) {
+                double acc = 0;
+                for (int p = 0; p < np; p++) {
+                    size_t slot = (size_t)tb[p / bs] * bs + p % bs;
+                    acc += sc[p] * fb(vc[(slot * KVH + g) * D + d]);
+                }
+                ref[((size_t)tt * H + h) * D + d] = acc / sum;
+                o[((size_t)tt * H + h) * D + d] = fb(out[((size_t)tt * H + h) * D + d]);
+            }
+        }
+    }
+    double err = nerr(o, ref, n);
+    CHECKF(err < 6e-3, "%s: err %.3g", name, err);
+    printf("  attention %-34s T=%4d H=%d/%d D=%d split=%d rows<=%d: err %.2e\n", name, T, H, KVH, D, nsplit, maxrows, err);
+    free(perm), free(bt), free(bt_off), free(kc), free(vc), free(q), free(pos), free(tok_part), free(tok_ns);
+    free(items), free(tok_seq), free(out), free(ref), free(sc), free(o);
+    cudaFree((void *)a.q), cudaFree((void *)a.kc), cudaFree((void *)a.vc), cudaFree((void *)a.pos);
+    cudaFree((void *)a.bt), cudaFree((void *)a.bt_off), cudaFree((void *)a.items), cudaFree((void *)a.n_items);
+    cudaFree(a.part), cudaFree((void *)a.tok_part), cudaFree((void *)a.tok_nsplit), cudaFree(a.out);
+}
+
+static void test_attention(void)
+{
+    struct aseq mixed[] = {{1, 1}, {17, 5}, {1000, 1}, {300, 40}, {33, 33}, {16, 1}, {2049, 3}};
+    attn_case("mixed, llama shape", 32, 8, 128, 16, mixed, 7, 1);
+    attn_case("mixed, smollm2 shape", 9, 3, 64, 16, mixed, 7, 1);
+    attn_case("mixed, MHA, block 1", 4, 4, 64, 1, mixed, 7, 1);
+    attn_case("mixed, split 5", 32, 8, 128, 16, mixed, 7, 5);
+    struct aseq decode[] = {{1025, 1}, {7, 1}, {100000, 1}};
+    attn_case("decode, long ctx, split 16", 32, 8, 128, 16, decode, 3, 16);
+    attn_case("decode, long ctx, no split", 32, 8, 128, 32, decode, 3, 1);
+    struct aseq one[] = {{1, 1}};
+    attn_case("one token, split 3 (empty splits)", 16, 2, 64, 16, one, 1, 3);
+    struct aseq gqa8[] = {{500, 77}, {64, 1}};
+    attn_case("GQA 8, head_dim 256", 16, 2, 256, 16, gqa8, 2, 1);
+    attn_case("GQA 8, tiny head_dim 16", 4, 2, 16, 16, gqa8, 2, 2);
+}
+
+int main(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+        printf("no GPU: skipped\n0 passed, 0 failed\n");
+        return 0;
+    }
+    RUN(test_embed_rmsnorm);
+    RUN(test_swiglu);
+    RUN(test_gemv);
+    RUN(test_argmax);
+    RUN(test_rope_kv);
+    RUN(test_attention);
+    return test_summary();
+}
