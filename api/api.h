@@ -29,11 +29,23 @@ int api_parse_flags(int argc, char **argv, int first, const struct api_flag *fla
                     const char **positional, int max_pos, char *err, size_t errlen);
 void api_print_flags(const struct api_flag *flags);
 
+/* vLLM flags accepted for compatibility (api/compat.c); NULL/false = not given. */
+struct api_vllm_flags {
+    const char *compilation_config, *speculative_config, *hf_overrides;
+    const char *kv_cache_dtype, *dtype, *swap_space, *seed;
+    const char *uvicorn_log_level, *max_logprobs;
+    bool enforce_eager, disable_log_requests, disable_log_stats, disable_uvicorn_access_log;
+};
+/* Validates the JSON-valued flags (-1 with a message naming the flag when
+ * malformed) and prints one line per part sluice ignores, saying why. */
+int api_vllm_compat(const struct api_vllm_flags *f, char *err, size_t errlen);
+
 int api_cmd_serve(int argc, char **argv);
 int api_cmd_generate(int argc, char **argv);
 int api_cmd_tokenize(int argc, char **argv);
 int api_cmd_info(int argc, char **argv);
 int api_cmd_run_batch(int argc, char **argv);
+int api_cmd_template(int argc, char **argv);
 /* `sluice batch submit|status|list|cancel|results`: the Batch API client. */
 int api_cmd_batch(int argc, char **argv);
 /* `sluice bench`: cache-bust / cache-hit (and --concurrency load) benchmark of

@@ -30,6 +30,7 @@ struct server_opts {
     const char *model;
     const char *served_model_name;
     const char *tokenizer;
+    const char *hf_overrides;   /* JSON, applied by the loader */
     const char *host;
     long port;
     const char *api_key;

@@ -19,6 +19,7 @@
 #include "model.h"
 #include "safetensors.h"
 #include "loader_dummy.h"
+#include "overrides.h"
 #include "tokenizer.h"
 
 struct model {
@@ -630,6 +631,7 @@ model *model_load(const char *path, const struct model_load_opts *opts, char *er
         goto fail;
     }
     if ((dir ? load_hf(m, path, dummy, err, errlen) : load_gguf(m, path, err, errlen)) != 0) goto fail;
+    if (opts && opts->hf_overrides && model_config_override(&m->cfg, opts->hf_overrides, err, errlen)) goto fail;
 
     char terr[256] = "";
     const char *tp = opts && opts->tokenizer ? opts->tokenizer : NULL;

@@ -170,6 +170,8 @@ struct model_load_opts {
     const char *load_format;  /* NULL or "auto": weights from the checkpoint; "dummy": random bf16
                                  weights from an HF directory's config.json alone (benchmarks;
                                  model/loader_dummy.c) */
+    const char *hf_overrides; /* NULL, or a JSON object applied to the config (vLLM's
+                                 --hf-overrides; model/overrides.h says which keys apply) */
 };
 
 /* Loads a GGUF file or an HF checkpoint directory. Returns NULL with a

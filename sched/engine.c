@@ -137,9 +137,10 @@ sched_engine *sched_engine_create(model_backend *be, const struct sched_engine_o
     if ((long)e->kv_blocks * bs < o.sched.max_model_len) {
         snprintf(err, errlen,
                  "the KV cache (%zu bytes, %zu per block of %d tokens) holds %ld tokens, fewer than "
-                 "--max-model-len %d: raise --kv-cache-memory or lower --max-model-len",
+                 "--max-model-len %d: the largest --max-model-len that fits is %ld (or raise "
+                 "--kv-cache-memory / --gpu-memory-utilization)",
                  o.kv_blocks > 0 ? (size_t)o.kv_blocks * block_bytes : o.kv_cache_bytes, block_bytes, bs,
-                 (long)e->kv_blocks * bs, o.sched.max_model_len);
+                 (long)e->kv_blocks * bs, o.sched.max_model_len, (long)e->kv_blocks * bs);
         goto fail_e;
     }
     if (be->ops->kv_alloc(be, e->kv_blocks, bs, err, errlen)) goto fail_e;

@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""Issue 11: the vLLM command lines our first users run start `sluice serve`
+unchanged (model swapped for the default model, TP 1, lengths scaled to this
+machine); ignored flags are reported one line each; bad flags are refused.
+
+Prints one line per test and ends with "N passed, N failed".
+"""
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import traceback
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.join(ROOT, "build", "sluice")
+MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def chat(port, name):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    c.request("POST", "/v1/chat/completions", json.dumps({
+        "model": name, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4, "temperature": 0}),
+        {"Content-Type": "application/json"})
+    r = c.getresponse()
+    body = json.loads(r.read())
+    assert r.status == 200, body
+    assert body["model"] == name and body["choices"][0]["message"]["content"] is not None, body
+    return body
+
+
+def serve_and_chat(args, name):
+    """Starts the server with args, waits for /health, chats, stops it; returns its stderr."""
+    port = free_port()
+    args = [a.replace("PORT", str(port)) for a in args]
+    proc = subprocess.Popen([BIN, "serve", MODEL] + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if proc.poll() is not None:
+                raise AssertionError("server exited: " + proc.stdout.read())
+            try:
+                c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                c.request("GET", "/health")
+                if c.getresponse().status == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.1)
+        chat(port, name)
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=30)
+    return out
+
+
+def run_fail(args):
+    p = subprocess.run([BIN, "serve", MODEL] + args, capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0, p
+    return p.stderr
+
+
+def test_first_command_line():
+    out = serve_and_chat([
+        "--served-model-name", "default_assistant_model", "--tensor-parallel-size", "1",
+        "--gpu-memory-utilization", "0.98", "--max-model-len", "2048", "--max-num-seqs", "1",
+        "--max-num-batched-tokens", "2048", "--reasoning-parser", "glm45", "--enable-auto-tool-choice",
+        "--tool-call-parser", "glm47", "--enable-prompt-tokens-details", "--enable-prefix-caching",
+        "--trust-remote-code", "--port", "PORT",
+        "--compilation-config", '{"cudagraph_mode":"FULL_AND_PIECEWISE","cudagraph_capture_sizes":[1]}',
+        "--speculative-config", '{"method":"mtp","num_speculative_tokens":3,"draft_sample_method":"greedy"}'],
+        "default_assistant_model")
+    lines = [l for l in out.splitlines() if " ignored: " in l]
+    assert any("--compilation-config" in l and "FULL_AND_PIECEWISE" in l for l in lines), out
+    assert any("--compilation-config" in l and "cudagraph_capture_sizes" in l for l in lines), out
+    assert any("--speculative-config" in l and "mtp" in l for l in lines), out
+
+
+def test_second_command_line():
+    out = serve_and_chat([
+        "--served-model-name", "glm53-flash-awq", "--tensor-parallel-size", "1", "--host", "0.0.0.0",
+        "--port", "PORT", "--max-model-len", "4096", "--no-enable-prefix-caching", "--hf-overrides",
+        '{"text_config": {"index_topk": null, "index_n_heads": null, "index_head_dim": null, "index_kpool": null}}',
+        "--compilation-config", "{\"cudagraph_mode\": \"FULL_DECODE_ONLY\"}", "--gpu-memory-utilization", "0.94",
+        "--max-num-batched-tokens", "4096", "--reasoning-parser", "glm47", "--tool-call-parser", "glm47",
+        "--enable-auto-tool-choice"], "glm53-flash-awq")
+    for key in ("index_topk", "index_n_heads", "index_head_dim", "index_kpool"):
+        assert any("--hf-overrides" in l and f"text_config.{key}" in l and "ignored" in l
+                   for l in out.splitlines()), (key, out)
+    assert "FULL_DECODE_ONLY" not in out  # honoured, so not reported
+
+
+def test_hf_override_applies():
+    port = free_port()
+    out = serve_and_chat(["--port", "PORT", "--hf-overrides", '{"max_position_embeddings": 1024}'], MODEL)
+    assert "max-model-len 1024" in out, out  # the override lowered the model's context
+
+
+def test_malformed_json_flag():
+    err = run_fail(["--compilation-config", "{cudagraph_mode: FULL"])
+    assert "--compilation-config" in err and "JSON" in err, err
+    err = run_fail(["--hf-overrides", "[1,2"])
+    assert "--hf-overrides" in err, err
+
+
+def test_unknown_flag():
+    err = run_fail(["--no-such-flag", "1"])
+    assert "--no-such-flag" in err, err
+
+
+def test_impossible_max_model_len():
+    err = run_fail(["--port", str(free_port()), "--max-model-len", "8192", "--kv-cache-memory", "16M"])
+    assert "largest --max-model-len that fits is" in err, err
+
+
+def main():
+    if not os.path.exists(BIN) or not os.path.exists(MODEL):
+        print("0 passed, 1 failed")
+        return 1
+    passed = failed = 0
+    for t in [test_first_command_line, test_second_command_line, test_hf_override_applies,
+              test_malformed_json_flag, test_unknown_flag, test_impossible_max_model_len]:
+        try:
+            t()
+            passed += 1
+            print(f"ok   {t.__name__}", flush=True)
+        except Exception:
+            failed += 1
+            print(f"FAIL {t.__name__}", flush=True)
+            traceback.print_exc(file=sys.stdout)
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
