@@ -15,12 +15,14 @@
 #include "api.h"
 #include "model/backend.h"
 #include "model/model.h"
+#include "openai.h"
 
 #define BLOCK_SIZE 16
 #define PREFILL_CHUNK 512
 
 struct gen {
     model *m;
+    bool chat;             /* prompts come from the chat template, which writes its own BOS */
     model_backend *be;
     const model_tok *tok;
     int max_ctx;
@@ -150,7 +152,7 @@ static int place_prompt(struct gen *g, const char *text, char *err, size_t errle
         snprintf(err, errlen, "out of memory");
         return -1;
     }
-    int n = model_tok_encode(g->tok, text, strlen(text), true, true, tmp, cap);
+    int n = model_tok_encode(g->tok, text, strlen(text), !g->chat, true, tmp, cap);
     if (n < 0 || n >= cap) {
         free(tmp);
         snprintf(err, errlen, n < 0 ? "tokenization failed" : "prompt of %d tokens does not fit the context of %d", n, cap);
@@ -181,7 +183,7 @@ static char *read_line(FILE *f)
 static void usage(const struct api_flag *flags)
 {
     fprintf(stderr, "usage: sluice generate --model PATH [--prompt TEXT] [--chat] [flags]\n"
-                    "  Generates text on one backend. --chat applies the chat format (ChatML);\n"
+                    "  Generates text on one backend. --chat applies the model's chat template;\n"
                     "  --chat without --prompt starts an interactive chat on stdin.\n\n");
     api_print_flags(flags);
 }
@@ -190,6 +192,7 @@ int api_cmd_generate(int argc, char **argv)
 {
     const char *model_path = NULL, *prompt = NULL, *device = NULL, *load_format = NULL, *system = NULL, *tok_path = NULL;
     bool chat = false, ignore_eos = false, quiet = false;
+    const char *chat_template = NULL;
     long max_tokens = 256, seed = -1, top_k = 0, threads = 0, max_model_len = 8192;
     double temperature = 0.8, top_p = 0.95, min_p = 0.0, rep = 1.0, pres = 0.0, freq = 0.0;
     const struct api_flag flags[] = {
@@ -198,6 +201,7 @@ int api_cmd_generate(int argc, char **argv)
         {"--prompt", API_FLAG_STR, &prompt, "prompt text (with --chat: the user message)", NULL},
         {"--chat", API_FLAG_BOOL, &chat, "apply the chat format; interactive without --prompt", NULL},
         {"--system", API_FLAG_STR, &system, "system message for --chat", NULL},
+        {"--chat-template", API_FLAG_STR, &chat_template, "Jinja chat template file instead of the model's own", NULL},
         {"--max-tokens", API_FLAG_INT, &max_tokens, "tokens to generate per answer (256)", NULL},
         {"--temperature", API_FLAG_FLOAT, &temperature, "0 = greedy (0.8)", NULL},
         {"--top-p", API_FLAG_FLOAT, &top_p, "nucleus sampling (0.95)", NULL},
@@ -251,6 +255,8 @@ int api_cmd_generate(int argc, char **argv)
         return 1;
     }
     g.tok = model_get_tok(g.m);
+    g.chat = chat;
+    if (chat && api_chat_setup(g.m, chat_template, err, sizeof err)) goto fail;
     const struct model_config *cfg = model_get_config(g.m);
     g.max_ctx = (int)max_model_len;
     if (cfg->n_ctx_train > 0 && g.max_ctx > cfg->n_ctx_train) g.max_ctx = cfg->n_ctx_train;
@@ -321,10 +327,30 @@ int api_cmd_generate(int argc, char **argv)
         }
         roles[n_msg] = "user";
         contents[n_msg++] = user;
-        size_t need = model_chatml_render(roles, (const char *const *)contents, n_msg, true, NULL, 0);
-        char *text = malloc(need + 1);
-        if (!text) break;
-        model_chatml_render(roles, (const char *const *)contents, n_msg, true, text, need + 1);
+        /* the conversation as a chat request body, rendered by the model's template */
+        struct json_buf body;
+        json_buf_init(&body);
+        json_buf_lit(&body, "{\"messages\":[");
+        for (int i = 0; i < n_msg; i++) {
+            json_buf_addf(&body, "%s{\"role\":\"%s\",\"content\":", i ? "," : "", roles[i]);
+            json_buf_add_str(&body, contents[i], strlen(contents[i]));
+            json_buf_lit(&body, "}");
+        }
+        json_buf_lit(&body, "]}");
+        json_doc bd;
+        struct api_oai_error e = {0};
+        char *text = NULL;
+        if (body.oom || json_parse(&bd, body.p, body.len, err, sizeof err)) {
+            json_buf_free(&body);
+            break;
+        }
+        int trc = api_chat_render(&bd, 0, &text, &e);
+        json_free(&bd);
+        json_buf_free(&body);
+        if (trc) {
+            fprintf(stderr, "sluice generate: %s\n", e.message);
+            break;
+        }
         int n = place_prompt(&g, text, err, sizeof err);
         free(text);
         if (n < 0) {
@@ -362,6 +388,7 @@ done:
     free(g.pos);
     free(g.slots);
     model_backend_destroy(g.be);
+    api_chat_teardown();
     model_free(g.m);
     return rc;
 }

@@ -15,6 +15,7 @@ static void usage(void)
             "  serve      OpenAI-compatible HTTP server (chat, completions, models, metrics)\n"
             "  generate   generate text from a prompt, or chat interactively (--chat)\n"
             "  tokenize   text to token ids (--text) or ids to text (--ids)\n"
+            "  template   the prompt a chat renders to with the model's chat template\n"
             "  info       build capabilities and a model's configuration\n"
             "  run-batch  run an OpenAI batch file (JSONL) through the continuous-batching engine\n"
             "  batch      submit, watch, cancel and fetch batch jobs on a running server\n"
@@ -37,6 +38,7 @@ int main(int argc, char **argv)
     if (!strcmp(argv[1], "tokenize")) return api_cmd_tokenize(argc, argv);
     if (!strcmp(argv[1], "info")) return api_cmd_info(argc, argv);
     if (!strcmp(argv[1], "run-batch")) return api_cmd_run_batch(argc, argv);
+    if (!strcmp(argv[1], "template")) return api_cmd_template(argc, argv);
     if (!strcmp(argv[1], "batch")) return api_cmd_batch(argc, argv);
     if (!strcmp(argv[1], "bench")) return api_cmd_bench(argc, argv);
     fprintf(stderr, "sluice: unknown command '%s'\n\n", argv[1]);

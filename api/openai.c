@@ -85,108 +85,10 @@ static int bool_opt(const json_doc *d, int obj, const char *key, bool *out, stru
     return 1;
 }
 
-/* Text of a message's content: a string, or an array of {"type":"text","text"}
- * parts joined with newlines. New malloc'ed string or NULL with *e. */
-static char *content_text(const json_doc *d, int c, int k, struct api_oai_error *e)
-{
-    char param[64];
-    snprintf(param, sizeof param, "messages[%d].content", k);
-    if (c < 0 || json_is_null(d, c)) return strdup("");
-    if (json_is_str(d, c)) {
-        char *s = json_strdup(d, c, NULL);
-        if (!s) api_oai_errorf(e, 400, param, "'%s' is not a valid string", param);
-        return s;
-    }
-    if (!json_is_arr(d, c)) {
-        api_oai_errorf(e, 400, param, "'%s' must be a string or an array of content parts", param);
-        return NULL;
-    }
-    struct json_buf b;
-    json_buf_init(&b);
-    int n = json_size(d, c);
-    for (int j = 0, p = c + 1; j < n; j++, p = json_skip(d, p)) {
-        int type = json_is_obj(d, p) ? json_get(d, p, "type") : -1;
-        int text = json_is_obj(d, p) ? json_get(d, p, "text") : -1;
-        if (type < 0 || !json_str_eq(d, type, "text") || text < 0 || !json_is_str(d, text)) {
-            json_buf_free(&b);
-            api_oai_errorf(e, 400, param, "'%s[%d]': only {\"type\": \"text\", \"text\": ...} parts are supported",
-                           param, j);
-            return NULL;
-        }
-        size_t len;
-        char *s = json_strdup(d, text, &len);
-        if (!s) {
-            json_buf_free(&b);
-            api_oai_errorf(e, 400, param, "'%s[%d].text' is not a valid string", param, j);
-            return NULL;
-        }
-        if (j) ADD_LIT(&b, "\n");
-        json_buf_add(&b, s, len);
-        free(s);
-    }
-    if (!b.p && !b.oom) return strdup("");
-    if (b.oom) {
-        json_buf_free(&b);
-        api_oai_errorf(e, 500, NULL, "out of memory");
-        return NULL;
-    }
-    return b.p; /* ownership of the buffer passes to the caller */
-}
-
 static int parse_messages(const json_doc *d, int obj, struct api_oai_req *r, struct api_oai_error *e)
 {
-    int m = opt(d, obj, "messages");
-    if (m < 0) return api_oai_errorf(e, 400, "messages", "'messages' is required");
-    if (!json_is_arr(d, m) || json_size(d, m) == 0)
-        return api_oai_errorf(e, 400, "messages", "'messages' must be a non-empty array");
-    int n = json_size(d, m);
-    const char **roles = calloc((size_t)n, sizeof *roles);
-    char **contents = calloc((size_t)n, sizeof *contents);
-    char (*rolebuf)[16] = calloc((size_t)n, sizeof *rolebuf);
-    int rc = 0;
-    if (!roles || !contents || !rolebuf) {
-        rc = api_oai_errorf(e, 500, NULL, "out of memory");
-        goto done;
-    }
-    static const char *const known[] = {"system", "user", "assistant", "developer", "tool"};
-    for (int k = 0, p = m + 1; k < n; k++, p = json_skip(d, p)) {
-        char param[64];
-        snprintf(param, sizeof param, "messages[%d].role", k);
-        if (!json_is_obj(d, p)) {
-            rc = api_oai_errorf(e, 400, "messages", "'messages[%d]' must be an object", k);
-            goto done;
-        }
-        int role = json_get(d, p, "role");
-        bool ok = false;
-        for (size_t j = 0; role >= 0 && j < sizeof known / sizeof *known && !ok; j++)
-            if (json_str_eq(d, role, known[j])) {
-                snprintf(rolebuf[k], sizeof rolebuf[k], "%s", known[j]);
-                ok = true;
-            }
-        if (!ok) {
-            rc = api_oai_errorf(e, 400, param, "'%s' must be one of system, user, assistant, developer, tool", param);
-            goto done;
-        }
-        roles[k] = rolebuf[k];
-        contents[k] = content_text(d, json_get(d, p, "content"), k, e);
-        if (!contents[k]) {
-            rc = SL_EINVAL;
-            goto done;
-        }
-    }
-    size_t need = model_chatml_render(roles, (const char *const *)contents, n, true, NULL, 0);
-    r->prompt_text = malloc(need + 1);
-    if (!r->prompt_text) {
-        rc = api_oai_errorf(e, 500, NULL, "out of memory");
-        goto done;
-    }
-    model_chatml_render(roles, (const char *const *)contents, n, true, r->prompt_text, need + 1);
-done:
-    for (int k = 0; contents && k < n; k++) free(contents[k]);
-    free(contents);
-    free(roles);
-    free(rolebuf);
-    return rc;
+    /* validation of messages/tools/kwargs and the render: api/chat.c */
+    return api_chat_render(d, obj, &r->prompt_text, e);
 }
 
 static int parse_prompt(const json_doc *d, int obj, struct api_oai_req *r, struct api_oai_error *e)
@@ -403,7 +305,8 @@ int api_oai_tokenize(const struct api_oai_req *r, const model_tok *tok, int32_t 
     for (;;) {
         int32_t *buf = malloc((size_t)cap * sizeof *buf);
         if (!buf) return api_oai_errorf(e, 500, NULL, "out of memory");
-        int n = model_tok_encode(tok, text, len, true, true, buf, cap);
+        /* a chat template writes its own BOS (vLLM: add_special_tokens=false for chat) */
+        int n = model_tok_encode(tok, text, len, r->kind != API_OAI_CHAT, true, buf, cap);
         if (n < 0) {
             free(buf);
             return api_oai_errorf(e, 400, r->kind == API_OAI_CHAT ? "messages" : "prompt", "the prompt could not be tokenized");

@@ -4,7 +4,7 @@
  *
  * A body is parsed and validated the way the OpenAI server (and vLLM) does it
  * (api_oai_parse): a bad value gets a 400 with a message that names the
- * parameter. The parsed request becomes a prompt (ChatML render + tokenize)
+ * parameter. The parsed request becomes a prompt (chat template + tokenize)
  * and a sched_request (api_oai_to_sched). While the engine runs it, events
  * are folded into a struct api_oai_result (text, logprobs, finish, usage),
  * which renders the final body (api_oai_response_json).
@@ -39,7 +39,7 @@ struct api_oai_error {
 struct api_oai_req {
     enum api_oai_endpoint kind;
     char *model;                /* owned; NULL when absent */
-    char *prompt_text;          /* owned: the completion prompt, or the ChatML-rendered chat */
+    char *prompt_text;          /* owned: the completion prompt, or the chat rendered by its template */
     int32_t *prompt_ids;        /* owned: a completion prompt given as token ids (prompt_text NULL) */
     int n_prompt_ids;
     long max_tokens;            /* -1: not given */
@@ -107,5 +107,31 @@ void api_oai_error_json(struct json_buf *b, const struct api_oai_error *e);
 /* Fills e (printf-style message). Returns SL_EINVAL for convenience. */
 int api_oai_errorf(struct api_oai_error *e, int status, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+
+/* ---- the chat prompt (api/chat.c) ----------------------------------------------
+ *
+ * Chat requests are rendered with the model's own Jinja chat template
+ * (model_chat_template: GGUF tokenizer.chat_template, tokenizer_config.json or
+ * chat_template.jinja), or --chat-template, or ChatML when there is none. The
+ * template sees messages (content parts joined into strings, tool-call
+ * arguments given as JSON strings decoded into objects, as vLLM does), tools,
+ * add_generation_prompt (default true), bos_token, eos_token, enable_thinking
+ * when the body has it, and the members of chat_template_kwargs. */
+
+/* Chooses the template once per process, before any thread parses requests:
+ * template_arg (a file, or the template text itself) when not NULL, else m's
+ * own, else ChatML; BOS/EOS text from m's tokenizer (m may be NULL). Returns 0,
+ * or a negative sl_status with err (a template that does not parse is named
+ * here, at startup). Not thread-safe; api_chat_teardown frees it. */
+int api_chat_setup(const model *m, const char *template_arg, char *err, size_t errlen);
+void api_chat_teardown(void);
+const char *api_chat_source(void); /* "model", "file", "argument" or "chatml" */
+/* Appends the template context (a JSON object) for the chat body at obj to
+ * ctx. Returns 0 or a negative status with *e (400 naming the parameter). */
+int api_chat_context(const json_doc *d, int obj, struct json_buf *ctx, struct api_oai_error *e);
+/* Renders the prompt for the chat body at obj into a new malloc'ed string
+ * (*prompt, caller frees). A template error (raise_exception included) is a
+ * 400 whose message is the template's. Thread-safe after setup. */
+int api_chat_render(const json_doc *d, int obj, char **prompt, struct api_oai_error *e);
 
 #endif

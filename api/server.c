@@ -23,6 +23,12 @@
 
 /* ---- model loading (loader thread) ---- */
 
+/* The chat flags (api/chat.c): set by api_cmd_serve, read by the loader thread. */
+static struct {
+    const char *chat_template, *reasoning_parser, *tool_call_parser;
+    bool auto_tool_choice;
+} chat_flags;
+
 static size_t parse_bytes(const char *s, bool *ok)
 {
     char *end;
@@ -48,9 +54,10 @@ static void *load_main(void *arg)
 {
     struct server *s = arg;
     char err[512] = "";
-    struct model_load_opts lo = {.progress = true, .tokenizer = s->o.tokenizer};
+    struct model_load_opts lo = {.progress = true, .tokenizer = s->o.tokenizer, .hf_overrides = s->o.hf_overrides};
     s->m = model_load(s->o.model, &lo, err, sizeof err);
     if (!s->m) goto fail;
+    if (api_chat_setup(s->m, chat_flags.chat_template, err, sizeof err)) goto fail;
     struct sched_engine_opts eo = {
         .sched = {
             .block_size = (int)s->o.block_size,
@@ -222,6 +229,33 @@ static int read_json(struct server *s, struct evhttp_request *req, char **body, 
     return 0;
 }
 
+/* llama.cpp's /apply-template: a chat body in, {"prompt": "..."} out (the
+ * text the model would be prompted with, before tokenization). */
+static void handle_apply_template(struct server *s, struct evhttp_request *req)
+{
+    if (!ready_or_503(s, req)) return;
+    char *body;
+    json_doc d;
+    if (read_json(s, req, &body, &d)) return;
+    struct api_oai_error e = {0};
+    char *prompt = NULL;
+    if (api_chat_render(&d, 0, &prompt, &e)) {
+        srv_reply_error(req, e.status, e.type ? e.type : "invalid_request_error", e.param[0] ? e.param : NULL, "%s",
+                        e.message);
+    } else {
+        struct json_buf b;
+        json_buf_init(&b);
+        json_buf_lit(&b, "{\"prompt\":");
+        json_buf_add_str(&b, prompt, strlen(prompt));
+        json_buf_lit(&b, "}");
+        srv_reply_json(req, 200, &b);
+        json_buf_free(&b);
+    }
+    free(prompt);
+    json_free(&d);
+    free(body);
+}
+
 /* vLLM's /tokenize: {"prompt": "..."} or {"messages": [...]} (rendered with
  * the chat template and a generation prompt), add_special_tokens (true). */
 static void handle_tokenize(struct server *s, struct evhttp_request *req)
@@ -336,6 +370,7 @@ static void route(struct evhttp_request *req, void *arg)
         {"/health", false, false}, {"/ping", false, false}, {"/metrics", false, false},
         {"/v1/models", false, true}, {"/tokenize", true, false}, {"/detokenize", true, false},
         {"/v1/chat/completions", true, true}, {"/v1/completions", true, true},
+        {"/apply-template", true, false},
     };
     int r = -1;
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
@@ -362,6 +397,7 @@ static void route(struct evhttp_request *req, void *arg)
     case 5: handle_detokenize(s, req); break;
     case 6: if (ready_or_503(s, req)) srv_handle_completions(s, req, true); break;
     case 7: if (ready_or_503(s, req)) srv_handle_completions(s, req, false); break;
+    case 8: handle_apply_template(s, req); break;
     }
 }
 
@@ -379,7 +415,7 @@ static void usage(const struct api_flag *flags)
 {
     fprintf(stderr, "usage: sluice serve [MODEL] [--model MODEL] [flags]\n"
                     "  OpenAI-compatible server: /v1/chat/completions, /v1/completions, /v1/models,\n"
-                    "  /health, /metrics, /tokenize, /detokenize,\n"
+                    "  /health, /metrics, /tokenize, /detokenize, /apply-template,\n"
                     "  and the Batch API: /v1/files, /v1/batches. Flags are named as in vLLM.\n\n");
     api_print_flags(flags);
 }
@@ -401,6 +437,7 @@ int api_cmd_serve(int argc, char **argv)
     o->max_batch_file_lines = 50000;
     o->max_batch_file_bytes = 200L * 1000 * 1000;
     bool trust_remote_code = false;
+    struct api_vllm_flags vf = {0};
     const struct api_flag flags[] = {
         {"--model", API_FLAG_STR, &o->model, "GGUF file or HF checkpoint directory (or positional)", NULL},
         {"--served-model-name", API_FLAG_STR, &o->served_model_name, "name clients use (default: the path)", NULL},
@@ -422,6 +459,19 @@ int api_cmd_serve(int argc, char **argv)
         {"--trust-remote-code", API_FLAG_BOOL, &trust_remote_code, "accepted for vLLM compatibility; no effect", NULL},
         {"--device", API_FLAG_STR, &o->device, "cpu or cuda (default: cuda when available)", NULL},
         {"--threads", API_FLAG_INT, &o->threads, "CPU threads, 0 = all cores", NULL},
+        {"--hf-overrides", API_FLAG_STR, &vf.hf_overrides, "JSON applied to the model config (vLLM)", NULL},
+        {"--compilation-config", API_FLAG_STR, &vf.compilation_config, "JSON; cudagraph_mode honoured as far as it can be", NULL},
+        {"--speculative-config", API_FLAG_STR, &vf.speculative_config, "JSON; accepted, reported as not implemented", NULL},
+        {"--kv-cache-dtype", API_FLAG_STR, &vf.kv_cache_dtype, "auto (others reported and ignored)", NULL},
+        {"--dtype", API_FLAG_STR, &vf.dtype, "auto/bfloat16 (others reported and ignored)", NULL},
+        {"--swap-space", API_FLAG_STR, &vf.swap_space, "accepted; preemption recomputes instead", NULL},
+        {"--seed", API_FLAG_STR, &vf.seed, "accepted; requests carry their own seeds", NULL},
+        {"--max-logprobs", API_FLAG_STR, &vf.max_logprobs, "accepted; at most 20 top logprobs", NULL},
+        {"--uvicorn-log-level", API_FLAG_STR, &vf.uvicorn_log_level, "accepted; no effect", NULL},
+        {"--enforce-eager", API_FLAG_BOOL, &vf.enforce_eager, "accepted", NULL},
+        {"--disable-log-requests", API_FLAG_BOOL, &vf.disable_log_requests, "accepted; requests are not logged", NULL},
+        {"--disable-log-stats", API_FLAG_BOOL, &vf.disable_log_stats, "accepted; no effect", NULL},
+        {"--disable-uvicorn-access-log", API_FLAG_BOOL, &vf.disable_uvicorn_access_log, "accepted; no effect", NULL},
         {"--max-request-bytes", API_FLAG_INT, &o->max_body_bytes, "largest JSON request body (32 MiB)", NULL},
         {"--min-batch-share", API_FLAG_FLOAT, &o->min_batch_share, "step budget share kept for batch work (0.1)", NULL},
         {"--data-dir", API_FLAG_STR, &o->data_dir, "batch store: files, batches, results (./sluice-data)", NULL},
@@ -429,6 +479,14 @@ int api_cmd_serve(int argc, char **argv)
         {"--max-batch-file-bytes", API_FLAG_INT, &o->max_batch_file_bytes, "bytes per batch file (200 MB)", NULL},
         {"--allow-short-completion-windows", API_FLAG_BOOL, &o->allow_short_windows,
          "tests only: accept completion windows like \"5s\"", NULL},
+        {"--chat-template", API_FLAG_STR, &chat_flags.chat_template,
+         "Jinja chat template file (or text) instead of the model's own", NULL},
+        {"--reasoning-parser", API_FLAG_STR, &chat_flags.reasoning_parser,
+         "put thinking into reasoning_content: glm45, deepseek_r1, qwen3", NULL},
+        {"--enable-auto-tool-choice", API_FLAG_BOOL, &chat_flags.auto_tool_choice,
+         "let the model call tools (needs --tool-call-parser)", NULL},
+        {"--tool-call-parser", API_FLAG_STR, &chat_flags.tool_call_parser,
+         "parse tool calls out of the output: glm47 (glm45), hermes", NULL},
         {0},
     };
     char err[512];
@@ -453,6 +511,11 @@ int api_cmd_serve(int argc, char **argv)
         fprintf(stderr, "sluice serve: no model (sluice serve MODEL, or --model MODEL)\n");
         return 2;
     }
+    if (api_vllm_compat(&vf, err, sizeof err)) {
+        fprintf(stderr, "sluice serve: %s\n", err);
+        return 2;
+    }
+    o->hf_overrides = vf.hf_overrides;
     if (o->port <= 0 || o->port > 65535 || o->max_model_len < 0 || o->max_num_seqs < 0 ||
         o->max_num_batched_tokens < 0 || o->block_size < 0 || o->tensor_parallel_size < 1 ||
         o->gpu_memory_utilization <= 0 || o->gpu_memory_utilization > 1 || o->max_body_bytes < 1024 ||
