@@ -22,6 +22,20 @@ static struct {
     char source[64];       /* "model", "file", "chatml" */
 } chat;
 
+static int reasoning_kind, toolcall_kind;
+
+void api_chat_set_parsers(int rk, int tk)
+{
+    reasoning_kind = rk > 0 ? rk : 0;
+    toolcall_kind = tk > 0 ? tk : 0;
+}
+
+void api_chat_parsers(int *rk, int *tk)
+{
+    *rk = reasoning_kind;
+    *tk = toolcall_kind;
+}
+
 static pthread_once_t chatml_once = PTHREAD_ONCE_INIT;
 static model_tmpl *chatml;
 

@@ -88,6 +88,8 @@ static int bool_opt(const json_doc *d, int obj, const char *key, bool *out, stru
 static int parse_messages(const json_doc *d, int obj, struct api_oai_req *r, struct api_oai_error *e)
 {
     /* validation of messages/tools/kwargs and the render: api/chat.c */
+    int t = opt(d, obj, "tools"), tc = opt(d, obj, "tool_choice");
+    r->tools = t >= 0 && json_is_arr(d, t) && json_size(d, t) > 0 && !(tc >= 0 && json_str_eq(d, tc, "none"));
     return api_chat_render(d, obj, &r->prompt_text, e);
 }
 
@@ -476,7 +478,7 @@ static const char *buf_or_empty(const struct json_buf *b) { return b->p ? b->p :
 void api_oai_response_json(struct json_buf *b, const struct api_oai_req *r, const struct api_oai_result *res,
                            const char *id, long created, const char *model_name)
 {
-    bool chat = r->kind == API_OAI_CHAT;
+    bool chat = r->kind == API_OAI_CHAT, has_calls = false;
     ADD_LIT(b, "{\"id\":");
     json_buf_add_str(b, id, strlen(id));
     json_buf_addf(b, ",\"object\":\"%s\",\"created\":%ld,\"model\":", chat ? "chat.completion" : "text_completion",
@@ -485,7 +487,35 @@ void api_oai_response_json(struct json_buf *b, const struct api_oai_req *r, cons
     ADD_LIT(b, ",\"choices\":[{\"index\":0,");
     if (chat) {
         ADD_LIT(b, "\"message\":{\"role\":\"assistant\",\"content\":");
-        json_buf_add_str(b, buf_or_empty(&res->text), res->text.len);
+        int rk, tk;
+        api_chat_parsers(&rk, &tk);
+        if (!r->tools) tk = API_TOOLS_NONE;
+        if (rk || tk) {
+            /* --reasoning-parser / --tool-call-parser: reasoning_content, content, tool_calls */
+            struct json_buf rs, mid, content, calls;
+            json_buf_init(&rs), json_buf_init(&mid), json_buf_init(&content), json_buf_init(&calls);
+            struct api_reasoning rp;
+            struct api_toolcall tp;
+            api_reasoning_init(&rp, rk);
+            api_reasoning_feed(&rp, buf_or_empty(&res->text), res->text.len, &rs, &mid);
+            api_reasoning_flush(&rp, &rs, &mid);
+            api_toolcall_init(&tp, tk);
+            api_toolcall_feed(&tp, buf_or_empty(&mid), mid.len, &content, &calls);
+            api_toolcall_flush(&tp, &content, &calls);
+            api_toolcall_free(&tp);
+            if (calls.len && !content.len) ADD_LIT(b, "null");
+            else json_buf_add_str(b, buf_or_empty(&content), content.len);
+            if (rk) {
+                ADD_LIT(b, ",\"reasoning_content\":");
+                if (rs.len) json_buf_add_str(b, rs.p, rs.len);
+                else ADD_LIT(b, "null");
+            }
+            if (calls.len) json_buf_addf(b, ",\"tool_calls\":[%s]", calls.p);
+            has_calls = calls.len > 0;
+            json_buf_free(&rs), json_buf_free(&mid), json_buf_free(&content), json_buf_free(&calls);
+        } else {
+            json_buf_add_str(b, buf_or_empty(&res->text), res->text.len);
+        }
         ADD_LIT(b, "},\"logprobs\":");
         if (r->logprobs) json_buf_addf(b, "{\"content\":[%s]}", buf_or_empty(&res->lp));
         else ADD_LIT(b, "null");
@@ -503,6 +533,6 @@ void api_oai_response_json(struct json_buf *b, const struct api_oai_req *r, cons
     json_buf_addf(b,
                   ",\"finish_reason\":\"%s\"}],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,"
                   "\"total_tokens\":%d,\"prompt_tokens_details\":{\"cached_tokens\":%d}}}",
-                  sched_finish_name(res->finish), u->prompt_tokens, u->completion_tokens,
-                  u->prompt_tokens + u->completion_tokens, u->cached_tokens);
+                  has_calls && res->finish == SCHED_FINISH_STOP ? "tool_calls" : sched_finish_name(res->finish),
+                  u->prompt_tokens, u->completion_tokens, u->prompt_tokens + u->completion_tokens, u->cached_tokens);
 }

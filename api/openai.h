@@ -53,6 +53,7 @@ struct api_oai_req {
     bool logprobs;              /* chat: logprobs; completions: logprobs != null */
     int top_logprobs;           /* chat: top_logprobs; completions: the logprobs integer */
     bool stream;
+    bool tools;                 /* chat: tools given and tool_choice is not "none" (tool-call parsing applies) */
 };
 
 /* Parses and validates body[0..len) for endpoint kind. served_model: when not
@@ -133,5 +134,50 @@ int api_chat_context(const json_doc *d, int obj, struct json_buf *ctx, struct ap
  * (*prompt, caller frees). A template error (raise_exception included) is a
  * 400 whose message is the template's. Thread-safe after setup. */
 int api_chat_render(const json_doc *d, int obj, char **prompt, struct api_oai_error *e);
+/* --reasoning-parser / --tool-call-parser kinds for chat responses (set once at
+ * startup, like api_chat_setup); 0 = off. */
+void api_chat_set_parsers(int reasoning_kind, int toolcall_kind);
+void api_chat_parsers(int *reasoning_kind, int *toolcall_kind);
+
+/* ---- reasoning and tool calls in the output (api/reasoning.c, api/toolcall.c) ----
+ *
+ * Incremental parsers over generated text: feed any split of the text (each
+ * token's bytes as they come, for streaming), then flush; the result does not
+ * depend on the split. Embedded structs, one per request, any thread. */
+
+enum { API_REASONING_NONE, API_REASONING_DEEPSEEK_R1, API_REASONING_QWEN3, API_REASONING_GLM45 };
+/* --reasoning-parser name -> kind; NULL -> NONE; unknown -> -1. */
+int api_reasoning_lookup(const char *name);
+
+struct api_reasoning {
+    int kind;
+    bool in_think;   /* text goes to reasoning now */
+    bool fresh;      /* nothing emitted since the last switch */
+    char hold[16];   /* a tag's beginning, undecided */
+    size_t nhold;
+};
+void api_reasoning_init(struct api_reasoning *p, int kind);
+/* Appends thinking to *reasoning and the answer to *content. */
+void api_reasoning_feed(struct api_reasoning *p, const char *s, size_t n, struct json_buf *reasoning,
+                        struct json_buf *content);
+void api_reasoning_flush(struct api_reasoning *p, struct json_buf *reasoning, struct json_buf *content);
+
+enum { API_TOOLS_NONE, API_TOOLS_HERMES, API_TOOLS_GLM47 };
+/* --tool-call-parser name -> kind (glm45 is glm47's format); unknown -> -1. */
+int api_toolcall_lookup(const char *name);
+
+struct api_toolcall {
+    int kind;
+    int n_calls;                 /* calls emitted so far */
+    struct json_buf pending;     /* owned: text not yet decided (an open call, a partial tag) */
+};
+void api_toolcall_init(struct api_toolcall *p, int kind);
+void api_toolcall_free(struct api_toolcall *p);
+/* Appends plain text to *content and each completed call to *calls as
+ * {"index","id","type":"function","function":{"name","arguments"}} objects
+ * separated by commas (arguments: a JSON string). Malformed calls become
+ * content. */
+void api_toolcall_feed(struct api_toolcall *p, const char *s, size_t n, struct json_buf *content, struct json_buf *calls);
+void api_toolcall_flush(struct api_toolcall *p, struct json_buf *content, struct json_buf *calls);
 
 #endif

@@ -500,6 +500,18 @@ int api_cmd_serve(int argc, char **argv)
         fprintf(stderr, "sluice serve: %s\n", err);
         return 2;
     }
+    int rk = api_reasoning_lookup(chat_flags.reasoning_parser), tk = api_toolcall_lookup(chat_flags.tool_call_parser);
+    if (rk < 0 || tk < 0) {
+        fprintf(stderr, "sluice serve: unknown %s '%s' (known: %s)\n", rk < 0 ? "--reasoning-parser" : "--tool-call-parser",
+                rk < 0 ? chat_flags.reasoning_parser : chat_flags.tool_call_parser,
+                rk < 0 ? "glm45, deepseek_r1, qwen3" : "glm47, glm45, hermes");
+        return 2;
+    }
+    if (chat_flags.auto_tool_choice && !tk) {
+        fprintf(stderr, "sluice serve: --enable-auto-tool-choice needs --tool-call-parser\n");
+        return 2;
+    }
+    api_chat_set_parsers(rk, chat_flags.auto_tool_choice ? tk : 0);
     if (np == 1) {
         if (o->model && strcmp(o->model, pos[0])) {
             fprintf(stderr, "sluice serve: model given twice ('%s' and --model '%s')\n", pos[0], o->model);
