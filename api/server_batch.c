@@ -27,8 +27,8 @@
  *                 every second, and feeds the engine: while fewer than
  *                 `low` batch rows are in flight it claims up to `high - in
  *                 flight` pending rows, parses and tokenizes them and submits
- *                 them at SCHED_PRIO_BATCH (high = max_num_seqs minus a few
- *                 slots kept free for chat, see feed(); a 50,000-line batch
+ *                 them at SCHED_PRIO_BATCH (high = 2 x max_num_seqs: the
+ *                 scheduler makes room for chat, see feed(); a 50,000-line batch
  *                 is never in memory). It owns the rows in
  *                 flight (the `inflight` list): it creates them and frees them.
  *                 A cancelled or expired batch's rows still in the engine are
@@ -351,15 +351,13 @@ static void feed(struct srv_batch *b)
     struct server *s = b->srv;
     if (!b->pending_hint || atomic_load(&s->state) != SRV_READY) return;
     if (!b->high) {
-        /* The scheduler admits a request only into a free sequence slot (it
-         * preempts batch work for KV blocks, not for slots), so batch rows
-         * that filled all max_num_seqs slots would make a chat wait for one
-         * of them to finish. Keep `reserve` slots for interactive work and
-         * refill as soon as a row finishes: the refill (event -> store
-         * thread -> claim -> submit) takes well under one engine step. */
+        /* Batch rows may take every sequence slot: the scheduler preempts
+         * batch work to give a chat request a slot in the next step. Twice
+         * max_num_seqs in flight keeps a queue of rows ready in the engine,
+         * so a finished row's slot is refilled in the next step; refill as
+         * soon as a row finishes. */
         int seqs = sched_engine_config(s->eng)->max_num_seqs;
-        int reserve = seqs / 8 > 1 ? seqs / 8 : 1;
-        b->high = seqs > reserve ? seqs - reserve : 1;
+        b->high = 2 * seqs;
         b->low = b->high;
     }
     while (b->pending_hint && b->n_inflight < b->low) {

@@ -342,7 +342,7 @@ static void preempt(sched *s, sched_req *q)
 }
 
 /* The running sequence to preempt: the tail-most one not already in this
- * step (lowest priority, most recently admitted). max_prio: only victims of
+ * step (lowest priority, most recently admitted). min_prio: only victims of
  * this class or a lower one (a higher number). NULL when none. */
 static sched_req *pick_victim(const sched *s, int min_prio)
 {
@@ -435,12 +435,69 @@ static int admit(sched *s, sched_req *q, int avail, int *T)
     return len;
 }
 
+/* Frees sequence slots for interactive requests that would otherwise wait for
+ * one while batch work holds them all: preempts one batch sequence (the
+ * tail-most: most recently admitted) per waiting interactive request that this
+ * step's budget can still start. Runs before anything is planned, so the
+ * victims' slots and decode tokens go to interactive admissions in this same
+ * step. Interactive is never preempted here. share: the tokens min_batch_share
+ * keeps for batch (batch waits once anything is preempted). Returns how many
+ * sequences were preempted. */
+static int make_room(sched *s, int budget, int share)
+{
+    const struct waitq *w = &s->wait[SCHED_PRIO_INTERACTIVE];
+    int free_slots = s->cfg.max_num_seqs - s->n_run;
+    if (w->n <= free_slots) return 0;
+    /* what the step spends before interactive admissions: every decode and the
+     * interactive partial prefills (an estimate: a prompt's cached prefix is
+     * not known until it is admitted, so its whole length is counted) */
+    int used = 0, batch_dec = 0;
+    for (int i = 0; i < s->n_run; i++) {
+        const sched_req *q = s->run[i];
+        if (is_decode(q)) {
+            used++;
+            if (q->prio == SCHED_PRIO_BATCH) batch_dec++;
+        } else if (q->prio == SCHED_PRIO_INTERACTIVE) {
+            used += q->n_tokens - q->n_computed;
+        }
+    }
+    int n = 0;
+    for (const sched_req *q = w->head; q; q = q->next) {
+        int u = used, bd = batch_dec;
+        sched_req *v = NULL;
+        if (free_slots == 0) {
+            v = pick_victim(s, SCHED_PRIO_BATCH);
+            if (!v) break;
+            if (is_decode(v)) {
+                u--;
+                bd--;
+            }
+        }
+        int keep = share > bd ? share - bd : 0;
+        if (budget - u - keep <= 0) break; /* q would not start this step: keep the victim running */
+        if (v) {
+            preempt(s, v);
+            n++;
+        } else {
+            free_slots--;
+        }
+        used = u + q->n_tokens;
+        batch_dec = bd;
+    }
+    return n;
+}
+
 int sched_plan_step(sched *s, struct step *st)
 {
     const int budget = s->cfg.max_num_batched_tokens;
     int T = 0;
     s->n_step_seqs = 0;
     for (int i = 0; i < s->n_run; i++) s->run[i]->in_step = false;
+
+    /* 0. slots for waiting interactive requests; the victims wait at the front
+     * of the batch queue and are not readmitted in this step (that would only
+     * take the slot back) */
+    int bumped = make_room(s, budget, (int)ceilf(s->cfg.min_batch_share * (float)budget));
 
     /* batch work waiting (queued or mid-prefill) keeps a share of the budget */
     bool batch_waits = s->wait[SCHED_PRIO_BATCH].n > 0;
@@ -477,7 +534,7 @@ int sched_plan_step(sched *s, struct step *st)
             }
             add_to_step(s, q, len, &T);
         }
-        while (s->wait[c].head && s->n_run < s->cfg.max_num_seqs) {
+        while (s->wait[c].head && s->n_run < s->cfg.max_num_seqs && !(c == SCHED_PRIO_BATCH && bumped)) {
             int avail = budget - T - keep;
             if (avail <= 0) break;
             if (admit(s, s->wait[c].head, avail, &T) == 0) break;

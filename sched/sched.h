@@ -23,10 +23,22 @@
  * within max_num_batched_tokens tokens and max_num_seqs running sequences; a
  * prompt longer than what is left of the budget is split across steps
  * (chunked prefill). When batch work waits, min_batch_share of the budget is
- * kept from interactive prefills so batch never starves. Out of KV blocks, the
- * lowest-priority, most recently admitted running sequence not yet in the
- * step is preempted (possibly the one asking); an admission never preempts,
- * except that an interactive one may push out running batch sequences.
+ * kept from interactive prefills so batch never starves.
+ *
+ * Preemption (blocks released, the request requeued at the front of its
+ * class, counted in sched_stats.preemptions and its usage.n_preemptions):
+ *   - for slots: before the step is planned, while interactive requests wait
+ *     and every sequence slot is taken, the most recently admitted running
+ *     batch sequence is preempted for each interactive request that the
+ *     step's budget can start, and that request is admitted in this same
+ *     step. Interactive never preempts interactive; batch never preempts for
+ *     a slot; a batch victim is not readmitted in the step that preempted it.
+ *   - for KV blocks: the lowest-priority, most recently admitted running
+ *     sequence not yet in the step (possibly the one asking). An admission
+ *     never preempts for blocks, except that an interactive one may push out
+ *     running batch sequences.
+ * So batch work may fill every slot: a chat request never waits for one of
+ * them to finish.
  *
  * Every step's positions, slots and block tables follow DESIGN.md: a token at
  * position p lives in slot block_table[p / block_size] * block_size + p % block_size.
@@ -125,7 +137,8 @@ typedef struct sched_req sched_req;
 
 struct sched_stats {
     int n_waiting, n_running;
-    uint64_t steps, preemptions, finished;
+    uint64_t steps, finished;
+    uint64_t preemptions;            /* for KV blocks and for interactive requests' slots */
     uint64_t prompt_tokens_computed; /* prefill tokens run (recompute included) */
     uint64_t decode_tokens;
 };
@@ -159,7 +172,8 @@ int sched_abort(sched *s, uint64_t id, sched_emit_fn emit, void *arg);
 
 /* Plans the next step into *st (arrays borrowed from s, valid until the next
  * call). Returns the number of tokens planned, 0 when there is nothing to
- * run. Preemptions happen here (counted in stats). */
+ * run. Preemptions, for KV blocks and for interactive requests' slots, happen
+ * here (counted in stats). */
 int sched_plan_step(sched *s, struct step *st);
 
 /* After the backend ran the planned step: advances every sequence, commits

@@ -247,6 +247,177 @@ static void test_preemption(void)
     kv_pool_destroy(p);
 }
 
+/* the request ids of the last step planned through plan() or one_step() */
+static uint64_t step_ids[64];
+static int n_step_ids;
+
+static int plan(sched *s, struct step *st)
+{
+    int n = sched_plan_step(s, st);
+    n_step_ids = 0;
+    for (int i = 0; i < st->n_seqs && i < 64; i++) step_ids[n_step_ids++] = sched_step_req_id(s, i);
+    return n;
+}
+
+/* Plans and runs one step with the fake forward; returns the tokens planned. */
+static int one_step(sched *s, struct step *st, int bs)
+{
+    int n = plan(s, st);
+    if (n > 0) {
+        fake_forward(st, bs);
+        sched_complete_step(s, st, collect, NULL);
+    }
+    return n;
+}
+
+static bool in_step(uint64_t id)
+{
+    for (int i = 0; i < n_step_ids; i++)
+        if (step_ids[i] == id) return true;
+    return false;
+}
+
+/* Batch decodes fill every slot: an interactive request still starts in the
+ * very next step, pushing out the most recently admitted batch sequence, which
+ * later completes with the same tokens as when run alone. */
+static void test_interactive_takes_slot(void)
+{
+    enum { N = 4, PL = 9, GEN = 10, BS = 4 };
+    int32_t prompts[N + 1][PL];
+    for (int r = 0; r <= N; r++)
+        for (int i = 0; i < PL; i++) prompts[r][i] = 50 * r + i + 3;
+    int32_t alone[N + 1][GEN];
+    for (int r = 0; r <= N; r++) {
+        kv_pool *p = kv_pool_create(64, BS, true, err, sizeof err);
+        sched *s = mk(p, N, 64, 64, 0.0f);
+        struct sched_request rq = req(prompts[r], PL, GEN, SCHED_PRIO_BATCH);
+        n_ev = 0;
+        submit(s, &rq, 1);
+        drain(s, p, BS);
+        CHECK(tokens_of(1, alone[r]) == GEN);
+        sched_destroy(s);
+        kv_pool_destroy(p);
+    }
+    for (int cache = 0; cache < 2; cache++) {
+        kv_pool *p = kv_pool_create(64, BS, cache, err, sizeof err);
+        sched *s = mk(p, N, 64, 64, 0.25f);
+        n_ev = 0;
+        for (int r = 0; r < N; r++) {
+            struct sched_request rq = req(prompts[r], PL, GEN, SCHED_PRIO_BATCH);
+            submit(s, &rq, (uint64_t)r + 1);
+        }
+        struct step st;
+        CHECK(one_step(s, &st, BS) == N * PL && st.n_seqs == N); /* all prefilled */
+        CHECK(one_step(s, &st, BS) == N && st.n_seqs == N);      /* all decoding */
+        struct sched_stats ss;
+        sched_get_stats(s, &ss);
+        CHECK(ss.n_running == N && ss.preemptions == 0);
+
+        /* a batch request does not push out batch work */
+        struct sched_request rb = req(prompts[N], PL, GEN, SCHED_PRIO_BATCH);
+        submit(s, &rb, 100);
+        CHECK(one_step(s, &st, BS) == N && !in_step(100));
+        sched_get_stats(s, &ss);
+        CHECK(ss.preemptions == 0 && ss.n_waiting == 1);
+
+        struct sched_request ri = req(prompts[N], PL, GEN, SCHED_PRIO_INTERACTIVE);
+        submit(s, &ri, 200);
+        CHECK(plan(s, &st) == (N - 1) + PL);
+        CHECK(st.n_seqs == N && sched_step_req_id(s, N - 1) == 200);
+        CHECK(st.seqs[N - 1].query_len == PL && st.seqs[N - 1].want_sample);
+        for (int i = 0; i < N - 1; i++) CHECK(sched_step_req_id(s, i) == (uint64_t)i + 1);
+        CHECK(!in_step(N) && !in_step(100)); /* the victim, and no batch admission */
+        sched_get_stats(s, &ss);
+        CHECK(ss.preemptions == 1 && ss.n_running == N && ss.n_waiting == 2);
+        fake_forward(&st, BS);
+        sched_complete_step(s, &st, collect, NULL);
+        /* the interactive request decodes next; the victim waits for a slot */
+        CHECK(plan(s, &st) == N && sched_step_req_id(s, 0) == 200 && !in_step(N));
+        fake_forward(&st, BS);
+        sched_complete_step(s, &st, collect, NULL);
+
+        drain(s, p, BS);
+        sched_get_stats(s, &ss);
+        CHECK(ss.finished == N + 2 && ss.preemptions == 1);
+        for (int r = 0; r < N; r++) {
+            int32_t got[GEN * 2];
+            CHECK(tokens_of((uint64_t)r + 1, got) == GEN);
+            CHECKF(!memcmp(got, alone[r], sizeof alone[r]), "request %d differs after preemption", r + 1);
+        }
+        int32_t got[GEN * 2];
+        CHECK(tokens_of(100, got) == GEN && !memcmp(got, alone[N], sizeof alone[N]));
+        CHECK(tokens_of(200, got) == GEN && !memcmp(got, alone[N], sizeof alone[N]));
+        for (int i = 0; i < n_ev; i++)
+            if (evs[i].kind == SCHED_EV_FINISH)
+                CHECKF(evs[i].usage.n_preemptions == (evs[i].id == N), "id %llu preempted %d times",
+                       (unsigned long long)evs[i].id, evs[i].usage.n_preemptions);
+        CHECK(kv_pool_available(p) == 64);
+        sched_destroy(s);
+        kv_pool_destroy(p);
+    }
+}
+
+/* An interactive request never pushes out another interactive one: with the
+ * slots held by interactive work (and one batch sequence), the first new
+ * interactive request takes the batch sequence's slot, the second waits. */
+static void test_interactive_never_preempts_interactive(void)
+{
+    enum { N = 3, PL = 5, BS = 4 };
+    kv_pool *p = kv_pool_create(64, BS, false, err, sizeof err);
+    sched *s = mk(p, N, 64, 64, 0.0f);
+    int32_t t[PL];
+    for (int i = 0; i < PL; i++) t[i] = 700 + i;
+    struct sched_request ri = req(t, PL, 20, SCHED_PRIO_INTERACTIVE), rb = req(t, PL, 20, SCHED_PRIO_BATCH);
+    submit(s, &ri, 1);
+    submit(s, &ri, 2);
+    submit(s, &rb, 3);
+    n_ev = 0;
+    struct step st;
+    CHECK(one_step(s, &st, BS) == N * PL);
+    CHECK(one_step(s, &st, BS) == N);
+    submit(s, &ri, 4);
+    submit(s, &ri, 5);
+    CHECK(plan(s, &st) == 2 + PL);
+    CHECK(st.n_seqs == N && in_step(1) && in_step(2) && in_step(4));
+    CHECK(!in_step(3) && !in_step(5));
+    fake_forward(&st, BS);
+    sched_complete_step(s, &st, collect, NULL);
+    struct sched_stats ss;
+    for (int k = 0; k < 5; k++) {
+        CHECK(one_step(s, &st, BS) == N && !in_step(5) && !in_step(3));
+        sched_get_stats(s, &ss);
+        CHECK(ss.preemptions == 1 && ss.n_running == N && ss.n_waiting == 2);
+    }
+    drain(s, p, BS);
+    sched_get_stats(s, &ss);
+    CHECK(ss.finished == 5 && ss.preemptions == 1);
+    for (int i = 0; i < n_ev; i++)
+        if (evs[i].kind == SCHED_EV_FINISH) CHECK(evs[i].usage.n_preemptions == (evs[i].id == 3));
+    sched_destroy(s);
+    kv_pool_destroy(p);
+}
+
+/* No preemption for a request the step could not start anyway: every token
+ * of the budget goes to decodes and the batch share. */
+static void test_no_useless_slot_preemption(void)
+{
+    enum { N = 4, BS = 4 };
+    kv_pool *p = kv_pool_create(64, BS, false, err, sizeof err);
+    sched *s = mk(p, N, N, 64, 1.0f);
+    int32_t t[2] = {5, 6};
+    struct sched_request rb = req(t, 1, 30, SCHED_PRIO_BATCH), ri = req(t, 2, 4, SCHED_PRIO_INTERACTIVE);
+    for (int r = 0; r < N; r++) submit(s, &rb, (uint64_t)r + 1);
+    struct step st;
+    CHECK(one_step(s, &st, BS) == N);
+    submit(s, &ri, 9);
+    for (int k = 0; k < 3; k++) CHECK(one_step(s, &st, BS) == N && !in_step(9));
+    struct sched_stats ss;
+    sched_get_stats(s, &ss);
+    CHECK(ss.preemptions == 0 && ss.n_waiting == 1);
+    sched_destroy(s);
+    kv_pool_destroy(p);
+}
+
 static void test_refusal(void)
 {
     kv_pool *p = kv_pool_create(4, 4, false, err, sizeof err);
@@ -328,6 +499,9 @@ int main(void)
     RUN(test_priority);
     RUN(test_min_batch_share);
     RUN(test_preemption);
+    RUN(test_interactive_takes_slot);
+    RUN(test_interactive_never_preempts_interactive);
+    RUN(test_no_useless_slot_preemption);
     RUN(test_refusal);
     RUN(test_abort);
     RUN(test_prefix_cache);
