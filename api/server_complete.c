@@ -23,6 +23,12 @@ struct srv_req {
     struct api_oai_req r;
     struct api_oai_result res;
     struct evhttp_connection *con;
+    /* streamed chat with --reasoning-parser / --tool-call-parser: the text
+     * goes through both parsers as it arrives */
+    bool parse;
+    struct api_reasoning rp;
+    struct api_toolcall tp;
+    int n_calls;
 };
 
 static void reply_oai_error(struct server *s, struct evhttp_request *req, const struct api_oai_error *e)
@@ -61,6 +67,7 @@ static void detach(struct srv_req *q)
 
 static void free_req(struct srv_req *q)
 {
+    if (q->parse) api_toolcall_free(&q->tp);
     api_oai_req_free(&q->r);
     api_oai_result_free(&q->res);
     free(q);
@@ -90,9 +97,18 @@ static void chunk_head(struct json_buf *b, const struct srv_req *q, const char *
     json_buf_lit(b, ",\"choices\":[");
 }
 
-/* One choice delta: text (may be empty), logprobs JSON (or NULL), finish reason (or NULL). */
-static void send_delta(struct server *s, struct srv_req *q, const char *text, size_t len, const char *lp,
-                       const char *finish, bool role)
+/* One choice delta: text (may be empty), reasoning text and tool-call objects
+ * (chat with parsers; may be NULL), logprobs JSON (or NULL), finish reason
+ * (or NULL). */
+struct delta {
+    const char *text;
+    size_t len;
+    const struct json_buf *reasoning, *calls;
+    const char *lp, *finish;
+    bool role;
+};
+
+static void send_delta(struct server *s, struct srv_req *q, const struct delta *d)
 {
     struct json_buf b;
     json_buf_init(&b);
@@ -100,25 +116,59 @@ static void send_delta(struct server *s, struct srv_req *q, const char *text, si
     json_buf_lit(&b, "{\"index\":0,");
     if (q->base.chat) {
         json_buf_lit(&b, "\"delta\":{");
-        if (role) json_buf_lit(&b, "\"role\":\"assistant\",");
-        if (len || role || !finish) {
+        bool comma = false;
+        if (d->role) {
+            json_buf_lit(&b, "\"role\":\"assistant\"");
+            comma = true;
+        }
+        if (d->len || d->role || (!d->finish && !d->reasoning && !d->calls)) {
+            if (comma) json_buf_lit(&b, ",");
             json_buf_lit(&b, "\"content\":");
-            json_buf_add_str(&b, text, len);
+            json_buf_add_str(&b, d->text, d->len);
+            comma = true;
+        }
+        if (d->reasoning && d->reasoning->len) {
+            if (comma) json_buf_lit(&b, ",");
+            json_buf_lit(&b, "\"reasoning_content\":");
+            json_buf_add_str(&b, d->reasoning->p, d->reasoning->len);
+            comma = true;
+        }
+        if (d->calls && d->calls->len) {
+            if (comma) json_buf_lit(&b, ",");
+            json_buf_addf(&b, "\"tool_calls\":[%s]", d->calls->p);
         }
         json_buf_lit(&b, "}");
     } else {
         json_buf_lit(&b, "\"text\":");
-        json_buf_add_str(&b, text, len);
+        json_buf_add_str(&b, d->text, d->len);
     }
     json_buf_lit(&b, ",\"logprobs\":");
-    if (lp) json_buf_add(&b, lp, strlen(lp));
+    if (d->lp) json_buf_add(&b, d->lp, strlen(d->lp));
     else json_buf_lit(&b, "null");
     json_buf_lit(&b, ",\"finish_reason\":");
-    if (finish) json_buf_addf(&b, "\"%s\"", finish);
+    if (d->finish) json_buf_addf(&b, "\"%s\"", d->finish);
     else json_buf_lit(&b, "null");
     json_buf_lit(&b, "}]}");
     send_sse(q, &b);
     json_buf_free(&b);
+}
+
+/* Runs text through the reasoning then the tool-call parser (flush: the end
+ * of the output) and sends what they released as one delta. */
+static void send_parsed(struct server *s, struct srv_req *q, const char *text, size_t len, const char *lp, bool flush)
+{
+    struct json_buf rs, mid, content, calls;
+    json_buf_init(&rs), json_buf_init(&mid), json_buf_init(&content), json_buf_init(&calls);
+    api_reasoning_feed(&q->rp, text, len, &rs, &mid);
+    if (flush) api_reasoning_flush(&q->rp, &rs, &mid);
+    api_toolcall_feed(&q->tp, mid.p ? mid.p : "", mid.len, &content, &calls);
+    if (flush) api_toolcall_flush(&q->tp, &content, &calls);
+    q->n_calls = q->tp.n_calls;
+    if (content.len || rs.len || calls.len || lp) {
+        struct delta d = {.text = content.p ? content.p : "", .len = content.len, .reasoning = &rs, .calls = &calls, .lp = lp};
+        send_delta(s, q, &d);
+    }
+    json_buf_free(&rs), json_buf_free(&mid), json_buf_free(&content), json_buf_free(&calls);
 }
 
 static void usage_json(struct json_buf *b, const struct server *s, const struct sched_usage *u)
@@ -156,7 +206,12 @@ static void stream_event(struct server *s, struct srv_req *q, const struct sched
     const model_tok *tok = model_get_tok(s->m);
     if (ev->kind == SCHED_EV_TOKEN) {
         char *lp = event_logprobs(q, tok, ev);
-        if (ev->text_len || lp) send_delta(s, q, ev->text, ev->text_len, lp, NULL, false);
+        if (q->parse) {
+            send_parsed(s, q, ev->text, ev->text_len, lp, false);
+        } else if (ev->text_len || lp) {
+            struct delta d = {.text = ev->text, .len = ev->text_len, .lp = lp};
+            send_delta(s, q, &d);
+        }
         free(lp);
         return;
     }
@@ -169,8 +224,16 @@ static void stream_event(struct server *s, struct srv_req *q, const struct sched
         send_sse(q, &b);
         json_buf_free(&b);
     } else {
-        if (ev->text_len) send_delta(s, q, ev->text, ev->text_len, NULL, NULL, false);
-        send_delta(s, q, "", 0, NULL, sched_finish_name(ev->finish), false);
+        if (q->parse) {
+            send_parsed(s, q, ev->text, ev->text_len, NULL, true);
+        } else if (ev->text_len) {
+            struct delta d = {.text = ev->text, .len = ev->text_len};
+            send_delta(s, q, &d);
+        }
+        const char *fin = sched_finish_name(ev->finish);
+        if (q->n_calls > 0 && ev->finish == SCHED_FINISH_STOP) fin = "tool_calls";
+        struct delta d = {.text = "", .finish = fin};
+        send_delta(s, q, &d);
         if (q->base.include_usage) {
             struct json_buf b;
             json_buf_init(&b);
@@ -325,7 +388,18 @@ void srv_handle_completions(struct server *s, struct evhttp_request *req, bool c
         evhttp_add_header(h, "Content-Type", "text/event-stream");
         evhttp_add_header(h, "Cache-Control", "no-cache");
         evhttp_send_reply_start(req, 200, "OK");
-        if (chat) send_delta(s, q, "", 0, NULL, NULL, true);
+        if (chat) {
+            int rk, tk;
+            api_chat_parsers(&rk, &tk);
+            if (!q->r.tools) tk = API_TOOLS_NONE;
+            if (rk || tk) {
+                q->parse = true;
+                api_reasoning_init(&q->rp, rk);
+                api_toolcall_init(&q->tp, tk);
+            }
+            struct delta d = {.text = "", .role = true};
+            send_delta(s, q, &d);
+        }
     }
     return;
 fail:

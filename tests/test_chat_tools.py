@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""Reasoning and tool calls end to end through the official `openai` client:
+`sluice serve --reasoning-parser qwen3 --enable-auto-tool-choice
+--tool-call-parser hermes` with the default model. A few-shot conversation
+makes the small model (greedy) answer in the <think>/<tool_call> formats, so
+the parsers see real model output, whole and streamed token by token.
+
+Prints one line per test and ends with "N passed, N failed".
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import traceback
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.join(ROOT, "build", "sluice")
+MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+NAME = "smol"
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Get the weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+THINK = "<think>The sky is clear today.</think>It is sunny."
+
+
+def few_shot(system, user, answer):
+    msgs = [{"role": "system", "content": system}]
+    for _ in range(4):
+        msgs += [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
+    return msgs + [{"role": "user", "content": user}]
+
+
+def client(port):
+    from openai import OpenAI
+    return OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=300)
+
+
+def test_tool_call(c):
+    msgs = few_shot("You call tools.", "Weather in Paris?", CALL)
+    r = c.chat.completions.create(model=NAME, messages=msgs, tools=TOOLS, temperature=0, max_tokens=40)
+    ch = r.choices[0]
+    assert ch.finish_reason == "tool_calls", ch
+    assert ch.message.content is None, ch.message
+    (call,) = ch.message.tool_calls
+    assert call.type == "function" and call.function.name == "get_weather" and call.id
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+    # streamed: the same call arrives in delta.tool_calls, finish_reason tool_calls
+    calls, finish, content = [], None, ""
+    for chunk in c.chat.completions.create(model=NAME, messages=msgs, tools=TOOLS, temperature=0, max_tokens=40,
+                                           stream=True):
+        for chc in chunk.choices:
+            calls += chc.delta.tool_calls or []
+            content += chc.delta.content or ""
+            finish = chc.finish_reason or finish
+    assert finish == "tool_calls" and content == "", (finish, content)
+    assert len(calls) == 1 and calls[0].function.name == "get_weather"
+    assert json.loads(calls[0].function.arguments) == {"city": "Paris"}
+
+
+def test_tool_choice_none_keeps_text(c):
+    msgs = few_shot("You call tools.", "Weather in Paris?", CALL)
+    r = c.chat.completions.create(model=NAME, messages=msgs, tools=TOOLS, tool_choice="none", temperature=0,
+                                  max_tokens=40)
+    ch = r.choices[0]
+    assert not ch.message.tool_calls and "<tool_call>" in ch.message.content, ch
+
+
+def test_reasoning(c):
+    msgs = few_shot("You think first.", "Weather?", THINK)
+    r = c.chat.completions.create(model=NAME, messages=msgs, temperature=0, max_tokens=30)
+    m = r.choices[0].message
+    assert m.reasoning_content == "The sky is clear today." and m.content == "It is sunny.", m
+    rs, cs = "", ""
+    for chunk in c.chat.completions.create(model=NAME, messages=msgs, temperature=0, max_tokens=30, stream=True):
+        for ch in chunk.choices:
+            rs += getattr(ch.delta, "reasoning_content", None) or ""
+            cs += ch.delta.content or ""
+    assert (rs, cs) == (m.reasoning_content, m.content), (rs, cs)
+
+
+def main():
+    if not os.path.exists(BIN) or not os.path.exists(MODEL):
+        print("0 passed, 1 failed")
+        return 1
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    log = open(os.path.join(ROOT, "build", "test_chat_tools.log"), "w")
+    proc = subprocess.Popen([BIN, "serve", MODEL, "--port", str(port), "--served-model-name", NAME,
+                             "--reasoning-parser", "qwen3", "--enable-auto-tool-choice", "--tool-call-parser",
+                             "hermes", "--max-model-len", "2048", "--kv-cache-memory", "256M"], stdout=log, stderr=subprocess.STDOUT)
+    passed = failed = 0
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                if urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5).status == 200:
+                    break
+            except OSError:
+                time.sleep(0.2)
+        c = client(port)
+        for t in [test_tool_call, test_tool_choice_none_keeps_text, test_reasoning]:
+            try:
+                t(c)
+                passed += 1
+                print(f"ok   {t.__name__}", flush=True)
+            except Exception:
+                failed += 1
+                print(f"FAIL {t.__name__}", flush=True)
+                traceback.print_exc(file=sys.stdout)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
