@@ -11,7 +11,7 @@
  * (decode) split the key range over several items (split-K), whose partials
  * the combine kernel merges, so one long sequence still fills the GPU.
  *
- * Shared memory: Q [ROWS][D] + K, V [32][D + 1] f32 (padded: conflict-free
+ * Shared memory: Q [4, 8 or 32 rows][D] + K, V [32][D + 1] f32 (padded: conflict-free
  * column reads); D <= 256.
  */
 #include "cuda/bf16.cuh"
@@ -32,10 +32,12 @@ static __global__ void __launch_bounds__(32 * WARPS) attn_kernel(struct cuda_att
     int g = blockIdx.y, D = a.D, grp = a.H / a.KVH, bs = a.block_size;
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     int nrows = wi.nq * grp;
-    float *Qs = smem, *Ks = Qs + CUDA_ATTN_ROWS * D, *Vs = Ks + KT * (D + 1);
+    /* Q holds only the rows this instance can have: decode blocks stay small,
+     * so more of them fit on an SM */
+    float *Qs = smem, *Ks = Qs + WARPS * RPW * D, *Vs = Ks + KT * (D + 1);
     const int32_t *bt = a.bt + a.bt_off[wi.seq];
 
-    for (int i = threadIdx.x; i < CUDA_ATTN_ROWS * D; i += blockDim.x) {
+    for (int i = threadIdx.x; i < WARPS * RPW * D; i += blockDim.x) {
         int r = i / D, d = i % D;
         float v = 0.0f;
         if (r < nrows) {
@@ -202,7 +204,8 @@ extern "C" cudaError_t cuda_attention_prepare(int D)
 template <int DPL>
 static cudaError_t launch(const struct cuda_attn_args *a, cudaStream_t st)
 {
-    size_t sm = (size_t)(CUDA_ATTN_ROWS * a->D + 2 * KT * (a->D + 1)) * sizeof(float);
+    int qrows = a->max_rows <= WARPS ? WARPS : a->max_rows <= 2 * WARPS ? 2 * WARPS : CUDA_ATTN_ROWS;
+    size_t sm = (size_t)(qrows * a->D + 2 * KT * (a->D + 1)) * sizeof(float);
     dim3 grid(a->max_items, a->KVH);
     if (a->max_rows <= WARPS)
         attn_kernel<DPL, 1><<<grid, 32 * WARPS, sm, st>>>(*a);
