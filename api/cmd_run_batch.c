@@ -337,7 +337,7 @@ static void usage(const struct api_flag *flags)
 
 int api_cmd_run_batch(int argc, char **argv)
 {
-    const char *model_path = NULL, *in_path = NULL, *out_path = NULL, *served = NULL, *kv_mem = "2G",
+    const char *chat_template = NULL, *model_path = NULL, *in_path = NULL, *out_path = NULL, *served = NULL, *kv_mem = "2G",
                *device = NULL, *load_format = NULL, *tok_path = NULL;
     long max_num_seqs = 64, max_batched = 1024, max_model_len = 0, block_size = 16, threads = 0;
     double batch_share = 0.1;
@@ -348,6 +348,7 @@ int api_cmd_run_batch(int argc, char **argv)
         {"--input", API_FLAG_STR, &in_path, "input JSONL file (-i)", NULL},
         {"--output", API_FLAG_STR, &out_path, "output JSONL file (-o)", NULL},
         {"--served-model-name", API_FLAG_STR, &served, "the model name requests use and responses report (--model)", NULL},
+        {"--chat-template", API_FLAG_STR, &chat_template, "Jinja chat template file (or text) instead of the model's own", NULL},
         {"--max-num-seqs", API_FLAG_INT, &max_num_seqs, "sequences running at once (64)", NULL},
         {"--max-num-batched-tokens", API_FLAG_INT, &max_batched, "tokens per step (1024)", NULL},
         {"--max-model-len", API_FLAG_INT, &max_model_len, "prompt + completion tokens at most (the model's, <= 8192)", NULL},
@@ -428,6 +429,8 @@ int api_cmd_run_batch(int argc, char **argv)
     struct model_load_opts lo = {.progress = !quiet, .tokenizer = tok_path, .load_format = load_format};
     b.m = model_load(model_path, &lo, err, sizeof err);
     if (!b.m) goto fail_msg;
+    /* chat lines are rendered with the model's own template (or --chat-template) */
+    if (api_chat_setup(b.m, chat_template, err, sizeof err)) goto fail_msg;
     b.tok = model_get_tok(b.m);
     struct sched_engine_opts eo;
     memset(&eo, 0, sizeof eo);
