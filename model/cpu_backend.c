@@ -300,7 +300,7 @@ static void matmul(const struct cpu_backend *b, float *y, const float *x, const 
 {
     int nblk = (out + ROW_BLOCK - 1) / ROW_BLOCK;
     SL_ASSERT(wm->in == in && in <= b->max_in);
-#pragma omp parallel for schedule(static) num_threads(b->nt)
+#pragma omp parallel for schedule(guided) num_threads(b->nt)
     for (int blk = 0; blk < nblk; blk++) {
         int r0 = blk * ROW_BLOCK, r1 = r0 + ROW_BLOCK < out ? r0 + ROW_BLOCK : out;
         const float *w;
