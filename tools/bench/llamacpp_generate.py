@@ -8,6 +8,7 @@ Greedy, EOS ignored (logit bias), no prompt cache: prints prompt tokens, prompt 
 generated tokens, generation tok/s from llama.cpp's own timers.
 """
 import sys, time
+import numpy as np
 from llama_cpp import Llama
 
 model, prompt_file, n_gen, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
@@ -22,7 +23,9 @@ for rep in range(2):  # the first run warms caches; report the second
     t1 = time.perf_counter()
     out = []
     for _ in range(n_gen):
-        logits = llm.scores[llm.n_tokens - 1]
+        # the last token's logits, straight from llama.cpp (llm.scores is only
+        # filled for every row with logits_all, which would slow the prompt down)
+        logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
         tok = int(logits.argmax())
         out.append(tok)
         llm.eval([tok])
