@@ -195,7 +195,7 @@ static void handle_metrics(struct server *s, struct evhttp_request *req)
             st.sched.prompt_tokens_computed);
     COUNTER("decode_tokens_total", "Decode tokens run through the model.", st.sched.decode_tokens);
     COUNTER("engine_steps_total", "Engine steps run.", st.sched.steps);
-    COUNTER("num_preemptions_total", "Sequences preempted for KV blocks.", st.sched.preemptions);
+    COUNTER("num_preemptions_total", "Sequences preempted (for KV blocks, or to free a slot for interactive work).", st.sched.preemptions);
     COUNTER("request_success_total", "Requests answered.", s->n_requests_ok);
     COUNTER("request_failure_total", "Requests refused or failed.", s->n_requests_err);
     GAUGE("avg_seqs_per_step", "Sequences per engine step, on average (tokens run / steps, decode only).", "%.4f",
