@@ -1,7 +1,7 @@
 # sluice - build, test, run.
 #   make            build/sluice (+ the CUDA backend when nvcc is found)
 #   make test       every test; ends with one line "N passed, N failed"
-#   make run        serve the default model
+#   make run        serve the default model on 127.0.0.1:8000
 #   make model      fetch the default model into models/
 #   make gpu-test   GPU tests (run on a GPU host)
 
@@ -80,8 +80,10 @@ gpu-test:
 	@echo "gpu-test: this build has no CUDA (nvcc not found or CUDA=0)"; exit 1
 endif
 
+# Serves the default model on 127.0.0.1:8000 (the server prints a curl line to try).
 run: $(BUILD)/sluice $(MODEL)
-	$(BUILD)/sluice generate --model $(MODEL) --chat
+	$(BUILD)/sluice serve $(MODEL) --host 127.0.0.1 --port 8000 --served-model-name SmolLM2-135M-Instruct \
+	    --enable-prompt-tokens-details
 
 clean:
 	rm -rf $(BUILD)

@@ -5,7 +5,8 @@
  *   deepseek_r1: the prompt already opened <think> (R1 templates end with
  *                "<think>\n"): text is reasoning until </think>; a leading
  *                <think> the model writes itself is dropped.
- *   qwen3, glm45: text is content; <think>...</think> is reasoning.
+ *   qwen3, glm45 (glm47 is the same format): text is content;
+ *                <think>...</think> is reasoning.
  *
  * A tag split across feeds is held back until it is complete or ruled out,
  * so the output never depends on where the text was cut.
@@ -21,7 +22,7 @@ int api_reasoning_lookup(const char *name)
     if (!name) return API_REASONING_NONE;
     if (!strcmp(name, "deepseek_r1")) return API_REASONING_DEEPSEEK_R1;
     if (!strcmp(name, "qwen3")) return API_REASONING_QWEN3;
-    if (!strcmp(name, "glm45")) return API_REASONING_GLM45;
+    if (!strcmp(name, "glm45") || !strcmp(name, "glm47")) return API_REASONING_GLM45;
     return -1;
 }
 

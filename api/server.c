@@ -54,7 +54,8 @@ static void *load_main(void *arg)
 {
     struct server *s = arg;
     char err[512] = "";
-    struct model_load_opts lo = {.progress = true, .tokenizer = s->o.tokenizer, .hf_overrides = s->o.hf_overrides};
+    struct model_load_opts lo = {.progress = true, .tokenizer = s->o.tokenizer, .hf_overrides = s->o.hf_overrides,
+                                 .load_format = s->o.load_format};
     s->m = model_load(s->o.model, &lo, err, sizeof err);
     if (!s->m) goto fail;
     if (api_chat_setup(s->m, chat_flags.chat_template, err, sizeof err)) goto fail;
@@ -442,6 +443,7 @@ int api_cmd_serve(int argc, char **argv)
         {"--model", API_FLAG_STR, &o->model, "GGUF file or HF checkpoint directory (or positional)", NULL},
         {"--served-model-name", API_FLAG_STR, &o->served_model_name, "name clients use (default: the path)", NULL},
         {"--tokenizer", API_FLAG_STR, &o->tokenizer, "take the tokenizer from another model", NULL},
+        {"--load-format", API_FLAG_STR, &o->load_format, "auto, or dummy: random weights from config.json", NULL},
         {"--host", API_FLAG_STR, &o->host, "address to listen on (127.0.0.1)", NULL},
         {"--port", API_FLAG_INT, &o->port, "port (8000)", NULL},
         {"--api-key", API_FLAG_STR, &o->api_key, "require 'Authorization: Bearer KEY' on /v1/*", NULL},
@@ -482,7 +484,7 @@ int api_cmd_serve(int argc, char **argv)
         {"--chat-template", API_FLAG_STR, &chat_flags.chat_template,
          "Jinja chat template file (or text) instead of the model's own", NULL},
         {"--reasoning-parser", API_FLAG_STR, &chat_flags.reasoning_parser,
-         "put thinking into reasoning_content: glm45, deepseek_r1, qwen3", NULL},
+         "put thinking into reasoning_content: glm45, glm47, deepseek_r1, qwen3", NULL},
         {"--enable-auto-tool-choice", API_FLAG_BOOL, &chat_flags.auto_tool_choice,
          "let the model call tools (needs --tool-call-parser)", NULL},
         {"--tool-call-parser", API_FLAG_STR, &chat_flags.tool_call_parser,
@@ -504,7 +506,7 @@ int api_cmd_serve(int argc, char **argv)
     if (rk < 0 || tk < 0) {
         fprintf(stderr, "sluice serve: unknown %s '%s' (known: %s)\n", rk < 0 ? "--reasoning-parser" : "--tool-call-parser",
                 rk < 0 ? chat_flags.reasoning_parser : chat_flags.tool_call_parser,
-                rk < 0 ? "glm45, deepseek_r1, qwen3" : "glm47, glm45, hermes");
+                rk < 0 ? "glm45, glm47, deepseek_r1, qwen3" : "glm47, glm45, hermes");
         return 2;
     }
     if (chat_flags.auto_tool_choice && !tk) {

@@ -31,6 +31,7 @@ struct server_opts {
     const char *served_model_name;
     const char *tokenizer;
     const char *hf_overrides;   /* JSON, applied by the loader */
+    const char *load_format;    /* "auto" or "dummy" (random weights from config.json) */
     const char *host;
     long port;
     const char *api_key;

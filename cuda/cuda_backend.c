@@ -103,21 +103,12 @@ struct cuda_backend {
     cudaGraphExec_t gexec[NBUCKET];
 };
 
-static void seterr(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 #define CK(call)                                                                                     \
     do {                                                                                             \
         cudaError_t e_ = (call);                                                                     \
         if (e_ != cudaSuccess) {                                                                     \
-            seterr(err, errlen, "%s failed: %s (%s, %s:%d)", #call, cudaGetErrorString(e_), __func__, \
+            sl_seterr(err, errlen, "%s failed: %s (%s, %s:%d)", #call, cudaGetErrorString(e_), __func__, \
                    __FILE__, __LINE__);                                                              \
             goto fail;                                                                               \
         }                                                                                            \
@@ -126,7 +117,7 @@ static void seterr(char *err, size_t errlen, const char *fmt, ...)
     do {                                                                                             \
         cublasStatus_t s_ = (call);                                                                  \
         if (s_ != CUBLAS_STATUS_SUCCESS) {                                                           \
-            seterr(err, errlen, "%s failed: %s (%s, %s:%d)", #call, cublasGetStatusString(s_),       \
+            sl_seterr(err, errlen, "%s failed: %s (%s, %s:%d)", #call, cublasGetStatusString(s_),       \
                    __func__, __FILE__, __LINE__);                                                    \
             goto fail;                                                                               \
         }                                                                                            \
@@ -171,7 +162,7 @@ static int upload_bf16(const struct model_tensor *t, int64_t rows, int64_t cols,
 {
     int64_t n = rows * cols, rows_per = (int64_t)(STAGE_ELEMS / (size_t)cols);
     if (rows_per < 1) {
-        seterr(err, errlen, "tensor %s: rows too long to stage", t->name ? t->name : "?");
+        sl_seterr(err, errlen, "tensor %s: rows too long to stage", t->name ? t->name : "?");
         return SL_EUNSUP;
     }
     for (int64_t r0 = 0; r0 < rows; r0 += rows_per) {
@@ -191,7 +182,7 @@ static int upload_bf16(const struct model_tensor *t, int64_t rows, int64_t cols,
         }
         cudaError_t e = cudaMemcpy(dst + first, stage, (size_t)ne * 2, cudaMemcpyHostToDevice);
         if (e != cudaSuccess) {
-            seterr(err, errlen, "upload %s: %s", t->name ? t->name : "?", cudaGetErrorString(e));
+            sl_seterr(err, errlen, "upload %s: %s", t->name ? t->name : "?", cudaGetErrorString(e));
             return SL_EDEVICE;
         }
     }
@@ -203,14 +194,14 @@ static int upload_f32(const struct model_tensor *t, int64_t n, float *dst, char 
 {
     float *h = malloc((size_t)n * sizeof *h);
     if (!h) {
-        seterr(err, errlen, "out of host memory");
+        sl_seterr(err, errlen, "out of host memory");
         return SL_ENOMEM;
     }
     model_tensor_to_f32(t, 0, n, h);
     cudaError_t e = cudaMemcpy(dst, h, (size_t)n * sizeof *h, cudaMemcpyHostToDevice);
     free(h);
     if (e != cudaSuccess) {
-        seterr(err, errlen, "upload %s: %s", t->name ? t->name : "?", cudaGetErrorString(e));
+        sl_seterr(err, errlen, "upload %s: %s", t->name ? t->name : "?", cudaGetErrorString(e));
         return SL_EDEVICE;
     }
     return 0;
@@ -221,7 +212,7 @@ static int dmalloc(void **p, size_t n, char *err, size_t errlen)
     cudaError_t e = cudaMalloc(p, n ? n : 16);
     if (e != cudaSuccess) {
         *p = NULL;
-        seterr(err, errlen, "cudaMalloc(%.2f GB) failed: %s", n / 1e9, cudaGetErrorString(e));
+        sl_seterr(err, errlen, "cudaMalloc(%.2f GB) failed: %s", n / 1e9, cudaGetErrorString(e));
         return SL_ENOMEM;
     }
     return 0;
@@ -236,7 +227,7 @@ static int rope_tables(struct cuda_backend *b, const struct model_weights *w, ch
     float *cs = malloc((size_t)b->max_ctx * half * sizeof *cs), *sn = malloc((size_t)b->max_ctx * half * sizeof *sn);
     int rc = SL_ENOMEM;
     if (!inv || !cs || !sn) {
-        seterr(err, errlen, "out of host memory");
+        sl_seterr(err, errlen, "out of host memory");
         goto out;
     }
     for (int i = 0; i < half; i++) {
@@ -273,7 +264,7 @@ static int rope_tables(struct cuda_backend *b, const struct model_weights *w, ch
     rc = SL_EDEVICE;
     if (cudaMemcpy(b->rope_cos, cs, bytes, cudaMemcpyHostToDevice) != cudaSuccess ||
         cudaMemcpy(b->rope_sin, sn, bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
-        seterr(err, errlen, "upload of the RoPE tables failed");
+        sl_seterr(err, errlen, "upload of the RoPE tables failed");
         goto out;
     }
     rc = 0;
@@ -288,11 +279,11 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
                                          size_t errlen)
 {
     if (!m) {
-        seterr(err, errlen, "no model");
+        sl_seterr(err, errlen, "no model");
         return NULL;
     }
     if (!model_cuda_available()) {
-        seterr(err, errlen, "no CUDA device");
+        sl_seterr(err, errlen, "no CUDA device");
         return NULL;
     }
     const struct model_config *c = model_get_config(m);
@@ -301,7 +292,7 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     uint16_t *stage = NULL;
     float *tmp = NULL;
     if (!b) {
-        seterr(err, errlen, "out of memory");
+        sl_seterr(err, errlen, "out of memory");
         return NULL;
     }
     b->base.ops = &cuda_ops;
@@ -317,7 +308,7 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     ge = getenv("SLUICE_CUDA_GEMV");
     b->gemv = !(ge && strcmp(ge, "0") == 0);
     if (c->head_dim % 8 || c->head_dim > 256 || c->n_head / c->n_head_kv > CUDA_ATTN_ROWS) {
-        seterr(err, errlen, "cuda: head_dim %d / %d heads per KV head unsupported (head_dim %% 8 == 0, <= 256; <= %d)",
+        sl_seterr(err, errlen, "cuda: head_dim %d / %d heads per KV head unsupported (head_dim %% 8 == 0, <= 256; <= %d)",
                c->head_dim, c->n_head / c->n_head_kv, CUDA_ATTN_ROWS);
         goto fail;
     }
@@ -339,7 +330,7 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     tmp = malloc(STAGE_ELEMS * sizeof *tmp);
     b->L = calloc((size_t)c->n_layer, sizeof *b->L);
     if (!tmp || !b->L) {
-        seterr(err, errlen, "out of host memory");
+        sl_seterr(err, errlen, "out of host memory");
         goto fail;
     }
 #define MAT(dst, t, rows, cols)                                                                    \
@@ -413,7 +404,7 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     b->row_seq = malloc(S * sizeof *b->row_seq);
     b->tok_seq = malloc(T * sizeof *b->tok_seq);
     if (!b->samp || !b->row_seq || !b->tok_seq) {
-        seterr(err, errlen, "out of host memory");
+        sl_seterr(err, errlen, "out of host memory");
         goto fail;
     }
     for (int bk = 1; bk <= b->max_seqs && b->n_bucket < NBUCKET; bk *= 2) b->bucket[b->n_bucket++] = bk;
@@ -449,7 +440,7 @@ static int kv_alloc(model_backend *mb, int n_blocks, int block_size, char *err, 
 {
     struct cuda_backend *b = (struct cuda_backend *)mb;
     if (n_blocks <= 0 || block_size <= 0 || block_size > (1 << 20)) {
-        seterr(err, errlen, "kv_alloc: bad size (%d blocks of %d)", n_blocks, block_size);
+        sl_seterr(err, errlen, "kv_alloc: bad size (%d blocks of %d)", n_blocks, block_size);
         return SL_EINVAL;
     }
     drop_graphs(b);
@@ -460,7 +451,7 @@ static int kv_alloc(model_backend *mb, int n_blocks, int block_size, char *err, 
     size_t per_block = kv_block_bytes(mb, block_size);
     /* one more block: the pad block that padded graph tokens write */
     if (dmalloc((void **)&b->kv, (size_t)(n_blocks + 1) * per_block, err, errlen)) {
-        seterr(err, errlen, "kv_alloc: out of GPU memory for %d blocks (%.2f GB)", n_blocks,
+        sl_seterr(err, errlen, "kv_alloc: out of GPU memory for %d blocks (%.2f GB)", n_blocks,
                (double)(n_blocks + 1) * per_block / 1e9);
         return SL_ENOMEM;
     }
@@ -487,7 +478,7 @@ static int kv_alloc(model_backend *mb, int n_blocks, int block_size, char *err, 
     cudaError_t e = cudaMallocHost((void **)&b->hin, o);
     if (e == cudaSuccess) e = cudaMalloc((void **)&b->din, o);
     if (e != cudaSuccess) {
-        seterr(err, errlen, "kv_alloc: step buffers: %s", cudaGetErrorString(e));
+        sl_seterr(err, errlen, "kv_alloc: step buffers: %s", cudaGetErrorString(e));
         return SL_ENOMEM;
     }
     return 0;
@@ -513,18 +504,18 @@ static bool device_greedy(const struct step_seq *q)
 static int check_step(struct cuda_backend *b, const struct step *s, char *err, size_t errlen)
 {
     if (!b->kv) {
-        seterr(err, errlen, "forward: KV memory not allocated (kv_alloc)");
+        sl_seterr(err, errlen, "forward: KV memory not allocated (kv_alloc)");
         return SL_EINVAL;
     }
     if (s->n_tokens <= 0 || s->n_tokens > b->max_tokens || s->n_seqs <= 0 || s->n_seqs > b->max_seqs ||
         !s->token_ids || !s->positions || !s->slots || !s->seqs) {
-        seterr(err, errlen, "forward: bad step (%d tokens of max %d, %d seqs of max %d)", s->n_tokens,
+        sl_seterr(err, errlen, "forward: bad step (%d tokens of max %d, %d seqs of max %d)", s->n_tokens,
                b->max_tokens, s->n_seqs, b->max_seqs);
         return SL_EINVAL;
     }
     for (int t = 0; t < s->n_tokens; t++) {
         if (s->token_ids[t] < 0 || s->token_ids[t] >= b->c.n_vocab) {
-            seterr(err, errlen, "forward: token %d: id %d out of range", t, s->token_ids[t]);
+            sl_seterr(err, errlen, "forward: token %d: id %d out of range", t, s->token_ids[t]);
             return SL_EINVAL;
         }
         b->tok_seq[t] = -1;
@@ -535,42 +526,42 @@ static int check_step(struct cuda_backend *b, const struct step *s, char *err, s
         if (q->query_len <= 0 || q->query_start < 0 || q->query_start > s->n_tokens - q->query_len ||
             q->context_len < q->query_len || q->context_len > b->max_ctx || !q->block_table || q->n_blocks < 0 ||
             (int64_t)q->n_blocks * bs < q->context_len) {
-            seterr(err, errlen, "forward: seq %d: bad query/context/block table", i);
+            sl_seterr(err, errlen, "forward: seq %d: bad query/context/block table", i);
             return SL_EINVAL;
         }
         int nb = (q->context_len + bs - 1) / bs;
         for (int j = 0; j < nb; j++)
             if (q->block_table[j] < 0 || q->block_table[j] >= b->kv_blocks) {
-                seterr(err, errlen, "forward: seq %d: block %d out of range", i, q->block_table[j]);
+                sl_seterr(err, errlen, "forward: seq %d: block %d out of range", i, q->block_table[j]);
                 return SL_EINVAL;
             }
         for (int t = q->query_start; t < q->query_start + q->query_len; t++) {
             int pos = s->positions[t];
             if (b->tok_seq[t] != -1) {
-                seterr(err, errlen, "forward: token %d belongs to two sequences", t);
+                sl_seterr(err, errlen, "forward: token %d belongs to two sequences", t);
                 return SL_EINVAL;
             }
             b->tok_seq[t] = i;
             if (pos < 0 || pos >= q->context_len) {
-                seterr(err, errlen, "forward: seq %d: position %d outside context %d", i, pos, q->context_len);
+                sl_seterr(err, errlen, "forward: seq %d: position %d outside context %d", i, pos, q->context_len);
                 return SL_EINVAL;
             }
             int64_t slot = (int64_t)q->block_table[pos / bs] * bs + pos % bs;
             if (s->slots[t] != slot) {
-                seterr(err, errlen, "forward: token %d: slot %lld, block table says %lld", t,
+                sl_seterr(err, errlen, "forward: token %d: slot %lld, block table says %lld", t,
                        (long long)s->slots[t], (long long)slot);
                 return SL_EINVAL;
             }
         }
         if (q->want_sample && (!q->sampling || q->n_history < q->n_prompt || q->n_prompt < 0 ||
                                (q->n_history > 0 && !q->history) || !sampling_valid(q->sampling))) {
-            seterr(err, errlen, "forward: seq %d: bad sampling parameters", i);
+            sl_seterr(err, errlen, "forward: seq %d: bad sampling parameters", i);
             return SL_EINVAL;
         }
     }
     for (int t = 0; t < s->n_tokens; t++)
         if (b->tok_seq[t] < 0) {
-            seterr(err, errlen, "forward: token %d belongs to no sequence", t);
+            sl_seterr(err, errlen, "forward: token %d belongs to no sequence", t);
             return SL_EINVAL;
         }
     return 0;
@@ -718,7 +709,7 @@ static int forward(model_backend *mb, struct step *s, char *err, size_t errlen)
 {
     struct cuda_backend *b = (struct cuda_backend *)mb;
     if (!s) {
-        seterr(err, errlen, "forward: no step");
+        sl_seterr(err, errlen, "forward: no step");
         return SL_EINVAL;
     }
     int rc = check_step(b, s, err, errlen);
@@ -736,7 +727,7 @@ static int forward(model_backend *mb, struct step *s, char *err, size_t errlen)
     int Tp = gi >= 0 ? b->bucket[gi] : s->n_tokens, R = 0;
     size_t nbytes = pack_step(b, s, Tp, &R);
     if (!nbytes) {
-        seterr(err, errlen, "forward: step exceeds the backend's buffers");
+        sl_seterr(err, errlen, "forward: step exceeds the backend's buffers");
         return SL_EINVAL;
     }
     CK(cudaMemcpyAsync(b->din, b->hin, nbytes, cudaMemcpyHostToDevice, b->st));
@@ -777,7 +768,7 @@ static int forward(model_backend *mb, struct step *s, char *err, size_t errlen)
         if (!q->want_sample) continue;
         if (device_greedy(q)) {
             if (b->hout_tok[r] < 0) {
-                seterr(err, errlen, "forward: seq %d: logits are not finite", b->row_seq[r]);
+                sl_seterr(err, errlen, "forward: seq %d: logits are not finite", b->row_seq[r]);
                 return SL_EINVAL;
             }
             q->out.token = b->hout_tok[r];
@@ -785,7 +776,7 @@ static int forward(model_backend *mb, struct step *s, char *err, size_t errlen)
             q->out.n_top = 0;
         } else if (model_sample(lg, V, q->sampling, q->history, q->n_prompt, q->n_history, q->rng, b->samp,
                                 &q->out) != 0) {
-            seterr(err, errlen, "forward: seq %d: bad sampling parameters", b->row_seq[r]);
+            sl_seterr(err, errlen, "forward: seq %d: bad sampling parameters", b->row_seq[r]);
             return SL_EINVAL;
         }
     }

@@ -93,15 +93,6 @@ struct cpu_backend {
     size_t samp_bytes;
 };
 
-static void seterr(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 /* ---- kernels ------------------------------------------------------------------- */
 
@@ -405,7 +396,7 @@ static int wmat_init(struct wmat *m, const struct model_tensor *t, char *err, si
     bool quant = t->dtype == MODEL_DT_Q8_0 || t->dtype == MODEL_DT_Q4_0 || t->dtype == MODEL_DT_Q4_1;
     if (!t->data || in <= 0 || in > (1 << 24) || (quant && in % 32) ||
         t->nbytes < row_bytes(t->dtype, (int)in) * (size_t)t->ne[1]) {
-        seterr(err, errlen, "tensor %s: unusable layout (%s, %lld columns)", t->name ? t->name : "?",
+        sl_seterr(err, errlen, "tensor %s: unusable layout (%s, %lld columns)", t->name ? t->name : "?",
                model_dtype_name(t->dtype), (long long)in);
         return SL_EUNSUP;
     }
@@ -462,14 +453,14 @@ model_backend *model_cpu_backend_create(const model *m, const struct model_backe
                                         char *err, size_t errlen)
 {
     if (!m) {
-        seterr(err, errlen, "no model");
+        sl_seterr(err, errlen, "no model");
         return NULL;
     }
     const struct model_config *c = model_get_config(m);
     const struct model_weights *w = model_get_weights(m);
     struct cpu_backend *b = calloc(1, sizeof *b);
     if (!b) {
-        seterr(err, errlen, "out of memory");
+        sl_seterr(err, errlen, "out of memory");
         return NULL;
     }
     b->base.ops = &cpu_ops;
@@ -481,7 +472,7 @@ model_backend *model_cpu_backend_create(const model *m, const struct model_backe
     b->max_ctx = opts && opts->max_ctx > 0 ? opts->max_ctx : c->n_ctx_train;
     if (b->max_ctx <= 0) b->max_ctx = 4096;
     if (c->rope_dim / 2 > 4096) {
-        seterr(err, errlen, "rope_dim %d too large", c->rope_dim);
+        sl_seterr(err, errlen, "rope_dim %d too large", c->rope_dim);
         goto fail;
     }
 
@@ -492,7 +483,7 @@ model_backend *model_cpu_backend_create(const model *m, const struct model_backe
     b->wmem = zalloc(nw * sizeof(float));
     b->L = calloc((size_t)c->n_layer, sizeof *b->L);
     if (!b->wmem || !b->L) {
-        seterr(err, errlen, "out of memory");
+        sl_seterr(err, errlen, "out of memory");
         goto fail;
     }
     float *p = b->wmem;
@@ -563,7 +554,7 @@ model_backend *model_cpu_backend_create(const model *m, const struct model_backe
     if (!b->rope_cos || !b->rope_sin || !b->x || !b->xn || !b->q || !b->att || !b->k || !b->v ||
         !b->gate || !b->up || !b->hfin || !b->logits || !b->scores || !b->tok_seq || !b->row_tok ||
         !b->row_seq || !b->samp || !b->wbuf) {
-        seterr(err, errlen, "out of memory for scratch (%d tokens, %d seqs, ctx %d)", b->max_tokens,
+        sl_seterr(err, errlen, "out of memory for scratch (%d tokens, %d seqs, ctx %d)", b->max_tokens,
                b->max_seqs, b->max_ctx);
         goto fail;
     }
@@ -587,12 +578,12 @@ static int backend_kv_alloc(model_backend *mb, int n_blocks, int block_size, cha
 {
     struct cpu_backend *b = (struct cpu_backend *)mb;
     if (n_blocks <= 0 || block_size <= 0 || block_size > (1 << 20)) {
-        seterr(err, errlen, "kv_alloc: bad size (%d blocks of %d)", n_blocks, block_size);
+        sl_seterr(err, errlen, "kv_alloc: bad size (%d blocks of %d)", n_blocks, block_size);
         return SL_EINVAL;
     }
     size_t per_block = backend_kv_block_bytes(mb, block_size);
     if ((size_t)n_blocks > SIZE_MAX / per_block) {
-        seterr(err, errlen, "kv_alloc: size overflow");
+        sl_seterr(err, errlen, "kv_alloc: size overflow");
         return SL_ENOMEM;
     }
     free(b->kv);
@@ -600,7 +591,7 @@ static int backend_kv_alloc(model_backend *mb, int n_blocks, int block_size, cha
     b->kv_blocks = 0;
     b->kv = zalloc((size_t)n_blocks * per_block);
     if (!b->kv) {
-        seterr(err, errlen, "kv_alloc: out of memory for %.2f GB",
+        sl_seterr(err, errlen, "kv_alloc: out of memory for %.2f GB",
                (double)n_blocks * per_block / 1e9);
         return SL_ENOMEM;
     }
@@ -615,18 +606,18 @@ static int backend_kv_alloc(model_backend *mb, int n_blocks, int block_size, cha
 static int check_step(struct cpu_backend *b, const struct step *s, char *err, size_t errlen)
 {
     if (!b->kv) {
-        seterr(err, errlen, "forward: KV memory not allocated (kv_alloc)");
+        sl_seterr(err, errlen, "forward: KV memory not allocated (kv_alloc)");
         return SL_EINVAL;
     }
     if (s->n_tokens <= 0 || s->n_tokens > b->max_tokens || s->n_seqs <= 0 ||
         s->n_seqs > b->max_seqs || !s->token_ids || !s->positions || !s->slots || !s->seqs) {
-        seterr(err, errlen, "forward: bad step (%d tokens of max %d, %d seqs of max %d)",
+        sl_seterr(err, errlen, "forward: bad step (%d tokens of max %d, %d seqs of max %d)",
                s->n_tokens, b->max_tokens, s->n_seqs, b->max_seqs);
         return SL_EINVAL;
     }
     for (int t = 0; t < s->n_tokens; t++) {
         if (s->token_ids[t] < 0 || s->token_ids[t] >= b->c.n_vocab) {
-            seterr(err, errlen, "forward: token %d: id %d out of range", t, s->token_ids[t]);
+            sl_seterr(err, errlen, "forward: token %d: id %d out of range", t, s->token_ids[t]);
             return SL_EINVAL;
         }
         b->tok_seq[t] = -1;
@@ -637,43 +628,43 @@ static int check_step(struct cpu_backend *b, const struct step *s, char *err, si
         if (q->query_len <= 0 || q->query_start < 0 || q->query_start > s->n_tokens - q->query_len ||
             q->context_len < q->query_len || q->context_len > b->max_ctx || !q->block_table ||
             q->n_blocks < 0 || (int64_t)q->n_blocks * bs < q->context_len) {
-            seterr(err, errlen, "forward: seq %d: bad query/context/block table", i);
+            sl_seterr(err, errlen, "forward: seq %d: bad query/context/block table", i);
             return SL_EINVAL;
         }
         int nb = (q->context_len + bs - 1) / bs;
         for (int j = 0; j < nb; j++)
             if (q->block_table[j] < 0 || q->block_table[j] >= b->kv_blocks) {
-                seterr(err, errlen, "forward: seq %d: block %d out of range", i, q->block_table[j]);
+                sl_seterr(err, errlen, "forward: seq %d: block %d out of range", i, q->block_table[j]);
                 return SL_EINVAL;
             }
         for (int t = q->query_start; t < q->query_start + q->query_len; t++) {
             int pos = s->positions[t];
             if (b->tok_seq[t] != -1) {
-                seterr(err, errlen, "forward: token %d belongs to two sequences", t);
+                sl_seterr(err, errlen, "forward: token %d belongs to two sequences", t);
                 return SL_EINVAL;
             }
             b->tok_seq[t] = i;
             if (pos < 0 || pos >= q->context_len) {
-                seterr(err, errlen, "forward: seq %d: position %d outside context %d", i, pos,
+                sl_seterr(err, errlen, "forward: seq %d: position %d outside context %d", i, pos,
                        q->context_len);
                 return SL_EINVAL;
             }
             int64_t slot = (int64_t)q->block_table[pos / bs] * bs + pos % bs;
             if (s->slots[t] != slot) {
-                seterr(err, errlen, "forward: token %d: slot %lld, block table says %lld", t,
+                sl_seterr(err, errlen, "forward: token %d: slot %lld, block table says %lld", t,
                        (long long)s->slots[t], (long long)slot);
                 return SL_EINVAL;
             }
         }
         if (q->want_sample && (!q->sampling || q->n_history < q->n_prompt || q->n_prompt < 0 ||
                                (q->n_history > 0 && !q->history))) {
-            seterr(err, errlen, "forward: seq %d: want_sample without sampling params/history", i);
+            sl_seterr(err, errlen, "forward: seq %d: want_sample without sampling params/history", i);
             return SL_EINVAL;
         }
     }
     for (int t = 0; t < s->n_tokens; t++)
         if (b->tok_seq[t] < 0) {
-            seterr(err, errlen, "forward: token %d belongs to no sequence", t);
+            sl_seterr(err, errlen, "forward: token %d belongs to no sequence", t);
             return SL_EINVAL;
         }
     return 0;
@@ -745,7 +736,7 @@ static int backend_forward(model_backend *mb, struct step *s, char *err, size_t 
 {
     struct cpu_backend *b = (struct cpu_backend *)mb;
     if (!s) {
-        seterr(err, errlen, "forward: no step");
+        sl_seterr(err, errlen, "forward: no step");
         return SL_EINVAL;
     }
     int rc = check_step(b, s, err, errlen);
@@ -832,7 +823,7 @@ static int backend_forward(model_backend *mb, struct step *s, char *err, size_t 
         }
     }
     if (bad >= 0) {
-        seterr(err, errlen, "forward: seq %d: bad sampling parameters", bad);
+        sl_seterr(err, errlen, "forward: seq %d: bad sampling parameters", bad);
         return SL_EINVAL;
     }
     return 0;

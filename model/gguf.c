@@ -58,15 +58,6 @@ struct gguf_file {
 
 /* ---- helpers ------------------------------------------------------------- */
 
-static void seterr(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || errlen == 0) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 static uint64_t hash_bytes(const void *p, uint64_t n)
 {
@@ -170,7 +161,7 @@ static uint64_t left(const struct rd *r) { return r->size - r->pos; }
 static int need(struct rd *r, uint64_t n, const char *what)
 {
     if (n > left(r)) {
-        seterr(r->err, r->errlen, "truncated GGUF: %s at byte %llu needs %llu bytes, %llu left", what,
+        sl_seterr(r->err, r->errlen, "truncated GGUF: %s at byte %llu needs %llu bytes, %llu left", what,
                (unsigned long long)r->pos, (unsigned long long)n, (unsigned long long)left(r));
         return SL_EFORMAT;
     }
@@ -198,7 +189,7 @@ static int rd_str(struct rd *r, struct gguf_str *out, const char *what)
     uint64_t len;
     if (rd_u64(r, &len, what)) return SL_EFORMAT;
     if (len > left(r)) {
-        seterr(r->err, r->errlen, "corrupt GGUF: %s at byte %llu has length %llu but only %llu bytes are left",
+        sl_seterr(r->err, r->errlen, "corrupt GGUF: %s at byte %llu has length %llu but only %llu bytes are left",
                what, (unsigned long long)(r->pos - 8), (unsigned long long)len,
                (unsigned long long)left(r));
         return SL_EFORMAT;
@@ -220,7 +211,7 @@ static int read_kv(struct rd *r, struct kv *kv, int64_t idx)
     if (rd_u32(r, &t, "metadata value type")) return SL_EFORMAT;
     int klen = kv->key.len > 200 ? 200 : (int)kv->key.len;
     if (t > GGUF_VT_FLOAT64) {
-        seterr(r->err, r->errlen, "corrupt GGUF: key '%.*s' has unknown value type %u", klen, kv->key.p, t);
+        sl_seterr(r->err, r->errlen, "corrupt GGUF: key '%.*s' has unknown value type %u", klen, kv->key.p, t);
         return SL_EFORMAT;
     }
     kv->type = (enum gguf_vtype)t;
@@ -236,11 +227,11 @@ static int read_kv(struct rd *r, struct kv *kv, int64_t idx)
     uint64_t n;
     if (rd_u32(r, &et, "array element type") || rd_u64(r, &n, "array length")) return SL_EFORMAT;
     if (et == GGUF_VT_ARRAY) {
-        seterr(r->err, r->errlen, "unsupported GGUF: key '%.*s' is a nested array", klen, kv->key.p);
+        sl_seterr(r->err, r->errlen, "unsupported GGUF: key '%.*s' is a nested array", klen, kv->key.p);
         return SL_EUNSUP;
     }
     if (et > GGUF_VT_FLOAT64) {
-        seterr(r->err, r->errlen, "corrupt GGUF: array '%.*s' has unknown element type %u", klen, kv->key.p, et);
+        sl_seterr(r->err, r->errlen, "corrupt GGUF: array '%.*s' has unknown element type %u", klen, kv->key.p, et);
         return SL_EFORMAT;
     }
     kv->arr.type = (enum gguf_vtype)et;
@@ -248,7 +239,7 @@ static int read_kv(struct rd *r, struct kv *kv, int64_t idx)
     if (et != GGUF_VT_STRING) {
         uint64_t sz;
         if (__builtin_mul_overflow(n, vtype_size(et), &sz) || sz > left(r)) {
-            seterr(r->err, r->errlen,
+            sl_seterr(r->err, r->errlen,
                    "corrupt GGUF: array '%.*s' of %llu %s values does not fit in the %llu bytes left", klen,
                    kv->key.p, (unsigned long long)n, vtype_name(et), (unsigned long long)left(r));
             return SL_EFORMAT;
@@ -259,13 +250,13 @@ static int read_kv(struct rd *r, struct kv *kv, int64_t idx)
     }
     /* Every string takes at least its 8-byte length: bound n before allocating. */
     if (n > left(r) / 8) {
-        seterr(r->err, r->errlen, "corrupt GGUF: string array '%.*s' claims %llu entries, more than fit in %llu bytes",
+        sl_seterr(r->err, r->errlen, "corrupt GGUF: string array '%.*s' claims %llu entries, more than fit in %llu bytes",
                klen, kv->key.p, (unsigned long long)n, (unsigned long long)left(r));
         return SL_EFORMAT;
     }
     struct gguf_str *idx_tab = malloc(sizeof *idx_tab * (n ? n : 1));
     if (!idx_tab) {
-        seterr(r->err, r->errlen, "out of memory indexing string array '%.*s' (%llu entries)", klen, kv->key.p,
+        sl_seterr(r->err, r->errlen, "out of memory indexing string array '%.*s' (%llu entries)", klen, kv->key.p,
                (unsigned long long)n);
         return SL_ENOMEM;
     }
@@ -283,7 +274,7 @@ static int read_tensor_info(struct rd *r, struct gguf_tensor *t, int64_t idx)
     int nlen = t->name.len > 200 ? 200 : (int)t->name.len;
     if (rd_u32(r, &t->ndim, "tensor ndim")) return SL_EFORMAT;
     if (t->ndim > GGUF_MAX_DIMS) {
-        seterr(r->err, r->errlen, "corrupt GGUF: tensor '%.*s' has %u dimensions (at most %d)", nlen, t->name.p,
+        sl_seterr(r->err, r->errlen, "corrupt GGUF: tensor '%.*s' has %u dimensions (at most %d)", nlen, t->name.p,
                t->ndim, GGUF_MAX_DIMS);
         return SL_EFORMAT;
     }
@@ -292,33 +283,33 @@ static int read_tensor_info(struct rd *r, struct gguf_tensor *t, int64_t idx)
         uint64_t v;
         if (rd_u64(r, &v, "tensor dimension")) return SL_EFORMAT;
         if (v > (uint64_t)INT64_MAX) {
-            seterr(r->err, r->errlen, "corrupt GGUF: tensor '%.*s' dimension %u is negative", nlen, t->name.p, d);
+            sl_seterr(r->err, r->errlen, "corrupt GGUF: tensor '%.*s' dimension %u is negative", nlen, t->name.p, d);
             return SL_EFORMAT;
         }
         t->ne[d] = (int64_t)v;
     }
     if (rd_u32(r, &t->type, "tensor type") || rd_u64(r, &t->offset, "tensor offset")) return SL_EFORMAT;
     if (!ttype_supported(t->type)) {
-        seterr(r->err, r->errlen, "unsupported tensor type %s (%u) for tensor '%.*s' (supported: F32, F16, BF16, "
+        sl_seterr(r->err, r->errlen, "unsupported tensor type %s (%u) for tensor '%.*s' (supported: F32, F16, BF16, "
                "Q8_0, Q4_0, Q4_1)", gguf_type_name(t->type), t->type, nlen, t->name.p);
         return SL_EUNSUP;
     }
     int64_t nel = 1;
     for (int d = 0; d < GGUF_MAX_DIMS; d++) {
         if (__builtin_mul_overflow(nel, t->ne[d], &nel)) {
-            seterr(r->err, r->errlen, "corrupt GGUF: tensor '%.*s' element count overflows", nlen, t->name.p);
+            sl_seterr(r->err, r->errlen, "corrupt GGUF: tensor '%.*s' element count overflows", nlen, t->name.p);
             return SL_EFORMAT;
         }
     }
     uint32_t blck = ttypes[t->type].blck;
     if (t->ne[0] % blck) {
-        seterr(r->err, r->errlen, "corrupt GGUF: tensor '%.*s' of type %s has ne[0]=%lld, not a multiple of the "
+        sl_seterr(r->err, r->errlen, "corrupt GGUF: tensor '%.*s' of type %s has ne[0]=%lld, not a multiple of the "
                "block size %u", nlen, t->name.p, gguf_type_name(t->type), (long long)t->ne[0], blck);
         return SL_EFORMAT;
     }
     t->nbytes = gguf_type_nbytes(t->type, nel);
     if (nel > 0 && t->nbytes == 0) {
-        seterr(r->err, r->errlen, "corrupt GGUF: tensor '%.*s' byte size overflows", nlen, t->name.p);
+        sl_seterr(r->err, r->errlen, "corrupt GGUF: tensor '%.*s' byte size overflows", nlen, t->name.p);
         return SL_EFORMAT;
     }
     return 0;
@@ -329,7 +320,7 @@ static int build_kv_hash(gguf_file *f, char *err, size_t errlen)
     f->kv_hcap = hash_cap((uint64_t)f->n_kv);
     f->kv_hash = malloc(sizeof *f->kv_hash * f->kv_hcap);
     if (!f->kv_hash) {
-        seterr(err, errlen, "out of memory indexing %lld GGUF keys", (long long)f->n_kv);
+        sl_seterr(err, errlen, "out of memory indexing %lld GGUF keys", (long long)f->n_kv);
         return SL_ENOMEM;
     }
     for (uint64_t i = 0; i < f->kv_hcap; i++) f->kv_hash[i] = -1;
@@ -338,7 +329,7 @@ static int build_kv_hash(gguf_file *f, char *err, size_t errlen)
         uint64_t h = hash_bytes(k.p, k.len) & (f->kv_hcap - 1);
         while (f->kv_hash[h] >= 0) {
             if (str_eq(f->kv[f->kv_hash[h]].key, k.p, k.len)) {
-                seterr(err, errlen, "corrupt GGUF: duplicate key '%.*s'", k.len > 200 ? 200 : (int)k.len, k.p);
+                sl_seterr(err, errlen, "corrupt GGUF: duplicate key '%.*s'", k.len > 200 ? 200 : (int)k.len, k.p);
                 return SL_EFORMAT;
             }
             h = (h + 1) & (f->kv_hcap - 1);
@@ -353,7 +344,7 @@ static int build_tensor_hash(gguf_file *f, char *err, size_t errlen)
     f->t_hcap = hash_cap((uint64_t)f->n_tensors);
     f->t_hash = malloc(sizeof *f->t_hash * f->t_hcap);
     if (!f->t_hash) {
-        seterr(err, errlen, "out of memory indexing %lld GGUF tensors", (long long)f->n_tensors);
+        sl_seterr(err, errlen, "out of memory indexing %lld GGUF tensors", (long long)f->n_tensors);
         return SL_ENOMEM;
     }
     for (uint64_t i = 0; i < f->t_hcap; i++) f->t_hash[i] = -1;
@@ -362,7 +353,7 @@ static int build_tensor_hash(gguf_file *f, char *err, size_t errlen)
         uint64_t h = hash_bytes(k.p, k.len) & (f->t_hcap - 1);
         while (f->t_hash[h] >= 0) {
             if (str_eq(f->tensors[f->t_hash[h]].name, k.p, k.len)) {
-                seterr(err, errlen, "corrupt GGUF: duplicate tensor '%.*s'", k.len > 200 ? 200 : (int)k.len, k.p);
+                sl_seterr(err, errlen, "corrupt GGUF: duplicate tensor '%.*s'", k.len > 200 ? 200 : (int)k.len, k.p);
                 return SL_EFORMAT;
             }
             h = (h + 1) & (f->t_hcap - 1);
@@ -380,13 +371,13 @@ static int read_alignment(gguf_file *f, char *err, size_t errlen)
     if (i < 0) return 0;
     uint32_t a;
     if (f->kv[i].type != GGUF_VT_UINT32) {
-        seterr(err, errlen, "corrupt GGUF: general.alignment has type %s, expected uint32",
+        sl_seterr(err, errlen, "corrupt GGUF: general.alignment has type %s, expected uint32",
                vtype_name(f->kv[i].type));
         return SL_EFORMAT;
     }
     memcpy(&a, f->kv[i].val, 4);
     if (a == 0 || (a & (a - 1))) {
-        seterr(err, errlen, "corrupt GGUF: general.alignment %u is not a power of two", a);
+        sl_seterr(err, errlen, "corrupt GGUF: general.alignment %u is not a power of two", a);
         return SL_EFORMAT;
     }
     f->alignment = a;
@@ -399,20 +390,20 @@ static int parse(gguf_file *f, char *err, size_t errlen)
     uint32_t magic, version;
     if (rd_u32(&r, &magic, "magic")) return SL_EFORMAT;
     if (memcmp(f->map, "GGUF", 4) != 0) {
-        seterr(err, errlen, "not a GGUF file (magic %02x %02x %02x %02x)", f->map[0], f->map[1], f->map[2],
+        sl_seterr(err, errlen, "not a GGUF file (magic %02x %02x %02x %02x)", f->map[0], f->map[1], f->map[2],
                f->map[3]);
         return SL_EFORMAT;
     }
     if (rd_u32(&r, &version, "version")) return SL_EFORMAT;
     if (version == 1) {
-        seterr(err, errlen, "GGUF v1 is not supported (only v2 and v3): convert the file with a newer llama.cpp");
+        sl_seterr(err, errlen, "GGUF v1 is not supported (only v2 and v3): convert the file with a newer llama.cpp");
         return SL_EUNSUP;
     }
     if (version != 2 && version != 3) {
         if ((version & 0xFFFF) == 0 && (version >> 16) != 0)
-            seterr(err, errlen, "big-endian GGUF files are not supported (version field 0x%08x)", version);
+            sl_seterr(err, errlen, "big-endian GGUF files are not supported (version field 0x%08x)", version);
         else
-            seterr(err, errlen, "unsupported GGUF version %u (only v2 and v3)", version);
+            sl_seterr(err, errlen, "unsupported GGUF version %u (only v2 and v3)", version);
         return SL_EUNSUP;
     }
     f->version = version;
@@ -421,19 +412,19 @@ static int parse(gguf_file *f, char *err, size_t errlen)
     /* A KV takes at least 8 (key length) + 4 (type) + 1 bytes, a tensor info
      * at least 8 + 4 + 4 + 8: bound both counts by the file before allocating. */
     if (n_kv > left(&r) / 13) {
-        seterr(err, errlen, "corrupt GGUF: %llu metadata entries cannot fit in a %llu-byte file",
+        sl_seterr(err, errlen, "corrupt GGUF: %llu metadata entries cannot fit in a %llu-byte file",
                (unsigned long long)n_kv, (unsigned long long)f->size);
         return SL_EFORMAT;
     }
     if (n_tensors > left(&r) / 24) {
-        seterr(err, errlen, "corrupt GGUF: %llu tensors cannot fit in a %llu-byte file",
+        sl_seterr(err, errlen, "corrupt GGUF: %llu tensors cannot fit in a %llu-byte file",
                (unsigned long long)n_tensors, (unsigned long long)f->size);
         return SL_EFORMAT;
     }
     f->kv = calloc(n_kv ? n_kv : 1, sizeof *f->kv);
     f->tensors = calloc(n_tensors ? n_tensors : 1, sizeof *f->tensors);
     if (!f->kv || !f->tensors) {
-        seterr(err, errlen, "out of memory reading GGUF header (%llu keys, %llu tensors)",
+        sl_seterr(err, errlen, "out of memory reading GGUF header (%llu keys, %llu tensors)",
                (unsigned long long)n_kv, (unsigned long long)n_tensors);
         return SL_ENOMEM;
     }
@@ -463,13 +454,13 @@ static int parse(gguf_file *f, char *err, size_t errlen)
         int nlen = t->name.len > 200 ? 200 : (int)t->name.len;
         uint64_t start, end;
         if (t->offset % a) {
-            seterr(err, errlen, "corrupt GGUF: tensor '%.*s' offset %llu is not a multiple of the alignment %u",
+            sl_seterr(err, errlen, "corrupt GGUF: tensor '%.*s' offset %llu is not a multiple of the alignment %u",
                    nlen, t->name.p, (unsigned long long)t->offset, f->alignment);
             return SL_EFORMAT;
         }
         if (__builtin_add_overflow(ds, t->offset, &start) || __builtin_add_overflow(start, t->nbytes, &end) ||
             end > f->size) {
-            seterr(err, errlen, "corrupt GGUF: tensor '%.*s' data (offset %llu, %llu bytes) extends past the end "
+            sl_seterr(err, errlen, "corrupt GGUF: tensor '%.*s' data (offset %llu, %llu bytes) extends past the end "
                    "of the %llu-byte file", nlen, t->name.p, (unsigned long long)t->offset,
                    (unsigned long long)t->nbytes, (unsigned long long)f->size);
             return SL_EFORMAT;
@@ -480,14 +471,14 @@ static int parse(gguf_file *f, char *err, size_t errlen)
     /* NUL-terminated copies of the names, so callers can hand them out as C strings. */
     f->names = malloc(names_len ? names_len : 1);
     if (!f->names) {
-        seterr(err, errlen, "out of memory copying tensor names");
+        sl_seterr(err, errlen, "out of memory copying tensor names");
         return SL_ENOMEM;
     }
     char *p = f->names;
     for (int64_t i = 0; i < f->n_tensors; i++) {
         struct gguf_tensor *t = &f->tensors[i];
         if (memchr(t->name.p, '\0', t->name.len)) {
-            seterr(err, errlen, "corrupt GGUF: tensor %lld has a NUL byte in its name", (long long)i);
+            sl_seterr(err, errlen, "corrupt GGUF: tensor %lld has a NUL byte in its name", (long long)i);
             return SL_EFORMAT;
         }
         memcpy(p, t->name.p, t->name.len);
@@ -505,31 +496,31 @@ gguf_file *gguf_open(const char *path, char *err, size_t errlen)
     if (err && errlen) err[0] = '\0';
     gguf_file *f = calloc(1, sizeof *f);
     if (!f) {
-        seterr(err, errlen, "out of memory opening %s", path);
+        sl_seterr(err, errlen, "out of memory opening %s", path);
         return NULL;
     }
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        seterr(err, errlen, "cannot open %s: %s", path, strerror(errno));
+        sl_seterr(err, errlen, "cannot open %s: %s", path, strerror(errno));
         goto fail_free;
     }
     struct stat st;
     if (fstat(fd, &st) != 0) {
-        seterr(err, errlen, "cannot stat %s: %s", path, strerror(errno));
+        sl_seterr(err, errlen, "cannot stat %s: %s", path, strerror(errno));
         goto fail_close;
     }
     if (!S_ISREG(st.st_mode)) {
-        seterr(err, errlen, "%s is not a regular file", path);
+        sl_seterr(err, errlen, "%s is not a regular file", path);
         goto fail_close;
     }
     if (st.st_size < 24) {
-        seterr(err, errlen, "%s: too small to be a GGUF file (%lld bytes)", path, (long long)st.st_size);
+        sl_seterr(err, errlen, "%s: too small to be a GGUF file (%lld bytes)", path, (long long)st.st_size);
         goto fail_close;
     }
     f->size = (uint64_t)st.st_size;
     void *m = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
     if (m == MAP_FAILED) {
-        seterr(err, errlen, "cannot mmap %s: %s", path, strerror(errno));
+        sl_seterr(err, errlen, "cannot mmap %s: %s", path, strerror(errno));
         goto fail_close;
     }
     f->map = m;
@@ -537,7 +528,7 @@ gguf_file *gguf_open(const char *path, char *err, size_t errlen)
     char msg[512];
     msg[0] = '\0';
     if (parse(f, msg, sizeof msg) != 0) {
-        seterr(err, errlen, "%s: %s", path, msg[0] ? msg : "invalid GGUF file");
+        sl_seterr(err, errlen, "%s: %s", path, msg[0] ? msg : "invalid GGUF file");
         gguf_close(f);
         return NULL;
     }

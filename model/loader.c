@@ -34,15 +34,6 @@ struct model {
     int n_names, cap_names;
 };
 
-static void seterr(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 const char *model_arch_name(enum model_arch a)
 {
@@ -130,19 +121,19 @@ static int get_tensor(model *m, const char *name, int64_t rows, int64_t cols, bo
 {
     int rc = find_tensor(m, name, t);
     if (rc < 0) {
-        seterr(err, errlen, rc == SL_ENOMEM ? "out of memory" : "tensor %s: unsupported dtype or rank",
+        sl_seterr(err, errlen, rc == SL_ENOMEM ? "out of memory" : "tensor %s: unsupported dtype or rank",
                name);
         return rc;
     }
     if (rc == 1) {
         if (optional) return 0;
-        seterr(err, errlen, "missing tensor %s", name);
+        sl_seterr(err, errlen, "missing tensor %s", name);
         return SL_EFORMAT;
     }
     bool ok = rows == 0 ? (t->ne[0] == cols && t->ne[1] == 1 && t->ne[2] == 1 && t->ne[3] == 1)
                         : (t->ne[0] == cols && t->ne[1] == rows && t->ne[2] == 1 && t->ne[3] == 1);
     if (!ok) {
-        seterr(err, errlen,
+        sl_seterr(err, errlen,
                "tensor %s has shape [%lld, %lld, %lld, %lld] (ne order), expected [%lld, %lld]", name,
                (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], (long long)t->ne[3],
                (long long)cols, (long long)(rows ? rows : 1));
@@ -158,7 +149,7 @@ static int check_config(const struct model_config *c, char *err, size_t errlen)
         c->rope_dim <= 0 || c->rope_dim > c->head_dim || c->rope_dim % 2 || !(c->norm_eps > 0) ||
         !(c->rope_theta > 0) || c->n_layer > 100000 || c->n_embd > (1 << 20) || c->n_ff > (1 << 22) ||
         c->n_head > 4096 || c->head_dim > 4096 || c->n_vocab > (1 << 24)) {
-        seterr(err, errlen,
+        sl_seterr(err, errlen,
                "bad model configuration (layers %d, embd %d, ff %d, heads %d/%d, head_dim %d, "
                "rope_dim %d, vocab %d)",
                c->n_layer, c->n_embd, c->n_ff, c->n_head, c->n_head_kv, c->head_dim, c->rope_dim,
@@ -168,7 +159,7 @@ static int check_config(const struct model_config *c, char *err, size_t errlen)
     if (c->rope_llama3_factor != 0.0f &&
         (!(c->rope_llama3_factor > 0) || !(c->rope_llama3_high_freq > c->rope_llama3_low_freq) ||
          !(c->rope_llama3_low_freq > 0) || c->rope_llama3_orig_ctx <= 0)) {
-        seterr(err, errlen, "bad llama3 rope scaling parameters");
+        sl_seterr(err, errlen, "bad llama3 rope scaling parameters");
         return SL_EFORMAT;
     }
     return 0;
@@ -224,7 +215,7 @@ static int load_weights(model *m, const struct names *nm, char *err, size_t errl
     }
     w->layers = calloc((size_t)c->n_layer, sizeof *w->layers);
     if (!w->layers) {
-        seterr(err, errlen, "out of memory");
+        sl_seterr(err, errlen, "out of memory");
         return SL_ENOMEM;
     }
     char name[256];
@@ -274,13 +265,13 @@ static int gguf_int(const gguf_file *f, const char *arch, const char *key, int64
     snprintf(k, sizeof k, "%s.%s", arch, key);
     if (gguf_get_i64(f, k, &v) != 0) {
         if (req) {
-            seterr(err, errlen, "GGUF key %s missing or not an integer", k);
+            sl_seterr(err, errlen, "GGUF key %s missing or not an integer", k);
             return SL_EFORMAT;
         }
         v = def;
     }
     if (v < 0 || v > (1LL << 30)) {
-        seterr(err, errlen, "GGUF key %s out of range (%lld)", k, (long long)v);
+        sl_seterr(err, errlen, "GGUF key %s out of range (%lld)", k, (long long)v);
         return SL_EFORMAT;
     }
     *out = (int)v;
@@ -303,13 +294,13 @@ static int load_gguf(model *m, const char *path, char *err, size_t errlen)
     struct model_config *c = &m->cfg;
     struct gguf_str s;
     if (gguf_get_str(f, "general.architecture", &s) != 0) {
-        seterr(err, errlen, "%s: no general.architecture", path);
+        sl_seterr(err, errlen, "%s: no general.architecture", path);
         return SL_EFORMAT;
     }
     char arch[64];
     snprintf(arch, sizeof arch, "%.*s", (int)(s.len < 63 ? s.len : 63), s.p);
     if (arch_from_name(s.p, s.len, &c->arch) != 0) {
-        seterr(err, errlen, "unsupported architecture '%s'", arch);
+        sl_seterr(err, errlen, "unsupported architecture '%s'", arch);
         return SL_EUNSUP;
     }
     int rc;
@@ -334,7 +325,7 @@ static int load_gguf(model *m, const char *path, char *err, size_t errlen)
     snprintf(k, sizeof k, "%s.rope.scaling.type", arch);
     if (gguf_get_str(f, k, &s) == 0 && !(s.len == 4 && memcmp(s.p, "none", 4) == 0) &&
         !(s.len == 6 && memcmp(s.p, "llama3", 6) == 0)) {
-        seterr(err, errlen, "unsupported rope scaling '%.*s'", (int)(s.len < 32 ? s.len : 32), s.p);
+        sl_seterr(err, errlen, "unsupported rope scaling '%.*s'", (int)(s.len < 32 ? s.len : 32), s.p);
         return SL_EUNSUP;
     }
     const struct gguf_tensor *te = gguf_find_tensor(f, "token_embd.weight");
@@ -382,11 +373,11 @@ static int jint(const json_doc *d, int obj, const char *key, int def, bool req, 
     int64_t v = def;
     if (i < 0 || json_is_null(d, i)) {
         if (req) {
-            seterr(err, errlen, "config.json: missing %s", key);
+            sl_seterr(err, errlen, "config.json: missing %s", key);
             return SL_EFORMAT;
         }
     } else if (json_i64(d, i, &v) != 0 || v < 0 || v > (1LL << 30)) {
-        seterr(err, errlen, "config.json: bad %s", key);
+        sl_seterr(err, errlen, "config.json: bad %s", key);
         return SL_EFORMAT;
     }
     *out = (int)v;
@@ -414,14 +405,14 @@ static int hf_config(model *m, const char *dir, char *err, size_t errlen)
     size_t len = 0;
     char *src = read_file(path, &len);
     if (!src) {
-        seterr(err, errlen, "%s: cannot read (%s)", path, strerror(errno));
+        sl_seterr(err, errlen, "%s: cannot read (%s)", path, strerror(errno));
         return SL_EIO;
     }
     json_doc d;
     char jerr[200];
     int rc = json_parse(&d, src, len, jerr, sizeof jerr);
     if (rc) {
-        seterr(err, errlen, "%s: %s", path, jerr);
+        sl_seterr(err, errlen, "%s: %s", path, jerr);
         free(src);
         return SL_EFORMAT;
     }
@@ -431,11 +422,11 @@ static int hf_config(model *m, const char *dir, char *err, size_t errlen)
     size_t n = 0;
     const char *s = mt >= 0 && json_is_str(&d, mt) ? json_raw(&d, mt, &n) : NULL;
     if (!s) {
-        seterr(err, errlen, "%s: no model_type", path);
+        sl_seterr(err, errlen, "%s: no model_type", path);
         goto out;
     }
     if (arch_from_name(s, n, &c->arch) != 0) {
-        seterr(err, errlen, "unsupported architecture '%.*s'", (int)(n < 64 ? n : 64), s);
+        sl_seterr(err, errlen, "unsupported architecture '%.*s'", (int)(n < 64 ? n : 64), s);
         rc = SL_EUNSUP;
         goto out;
     }
@@ -452,13 +443,13 @@ static int hf_config(model *m, const char *dir, char *err, size_t errlen)
     rc = SL_EUNSUP;
     int act = json_get(&d, 0, "hidden_act");
     if (act >= 0 && !json_str_eq(&d, act, "silu")) {
-        seterr(err, errlen, "unsupported hidden_act (only silu)");
+        sl_seterr(err, errlen, "unsupported hidden_act (only silu)");
         goto out;
     }
     if ((c->arch == MODEL_ARCH_LLAMA || c->arch == MODEL_ARCH_MISTRAL ||
          c->arch == MODEL_ARCH_QWEN3) &&
         (jbool(&d, 0, "attention_bias", false) || jbool(&d, 0, "mlp_bias", false))) {
-        seterr(err, errlen, "unsupported: attention_bias/mlp_bias in a %s checkpoint",
+        sl_seterr(err, errlen, "unsupported: attention_bias/mlp_bias in a %s checkpoint",
                model_arch_name(c->arch));
         goto out;
     }
@@ -479,14 +470,14 @@ static int hf_config(model *m, const char *dir, char *err, size_t errlen)
             c->rope_llama3_high_freq = jflt(&d, rs, "high_freq_factor", 4.0);
             c->rope_llama3_orig_ctx = (int)jflt(&d, rs, "original_max_position_embeddings", 8192);
             if (c->rope_llama3_factor <= 0) {
-                seterr(err, errlen, "config.json: llama3 rope scaling without factor");
+                sl_seterr(err, errlen, "config.json: llama3 rope scaling without factor");
                 rc = SL_EFORMAT;
                 goto out;
             }
         } else if (t >= 0 && !json_str_eq(&d, t, "default")) {
             size_t tn = 0;
             const char *ts = json_raw(&d, t, &tn);
-            seterr(err, errlen, "unsupported rope scaling '%.*s'", (int)(tn < 32 ? tn : 32),
+            sl_seterr(err, errlen, "unsupported rope scaling '%.*s'", (int)(tn < 32 ? tn : 32),
                    ts ? ts : "");
             goto out;
         }
@@ -606,28 +597,28 @@ static void prefault_progress(const model *m)
 model *model_load(const char *path, const struct model_load_opts *opts, char *err, size_t errlen)
 {
     if (!path) {
-        seterr(err, errlen, "no model path");
+        sl_seterr(err, errlen, "no model path");
         return NULL;
     }
     model *m = calloc(1, sizeof *m);
     if (!m) {
-        seterr(err, errlen, "out of memory");
+        sl_seterr(err, errlen, "out of memory");
         return NULL;
     }
     struct stat st;
     if (stat(path, &st) != 0) {
-        seterr(err, errlen, "%s: %s", path, strerror(errno));
+        sl_seterr(err, errlen, "%s: %s", path, strerror(errno));
         goto fail;
     }
     bool dir = S_ISDIR(st.st_mode);
     const char *lf = opts && opts->load_format ? opts->load_format : "auto";
     bool dummy = strcmp(lf, "dummy") == 0;
     if (!dummy && strcmp(lf, "auto") != 0) {
-        seterr(err, errlen, "unknown load format '%s' (expected auto or dummy)", lf);
+        sl_seterr(err, errlen, "unknown load format '%s' (expected auto or dummy)", lf);
         goto fail;
     }
     if (dummy && !dir) {
-        seterr(err, errlen, "--load-format dummy takes a directory holding a config.json");
+        sl_seterr(err, errlen, "--load-format dummy takes a directory holding a config.json");
         goto fail;
     }
     if ((dir ? load_hf(m, path, dummy, err, errlen) : load_gguf(m, path, err, errlen)) != 0) goto fail;
@@ -648,7 +639,7 @@ model *model_load(const char *path, const struct model_load_opts *opts, char *er
         }
     }
     if (!m->tok) {
-        seterr(err, errlen, "tokenizer (%s): %s", tp ? tp : path, terr);
+        sl_seterr(err, errlen, "tokenizer (%s): %s", tp ? tp : path, terr);
         goto fail;
     }
     if (opts && opts->progress) prefault_progress(m);

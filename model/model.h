@@ -38,6 +38,8 @@ enum sl_status {
         if (!(x)) sl_assert_fail(#x, __FILE__, __LINE__);                                \
     } while (0)
 void sl_assert_fail(const char *expr, const char *file, int line) __attribute__((noreturn));
+/* printf into a caller's error buffer (err may be NULL or errlen 0: nothing is written). */
+void sl_seterr(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* ---- tensors --------------------------------------------------------------- */
 

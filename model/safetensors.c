@@ -44,15 +44,6 @@ struct st_set {
 
 /* ---- helpers ------------------------------------------------------------- */
 
-static void seterr(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || errlen == 0) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 static uint64_t hash_str(const char *s)
 {
@@ -93,7 +84,7 @@ static int map_file(st_set *s, const char *path, char *err, size_t errlen)
         int cap = s->cap_files ? s->cap_files * 2 : 4;
         struct st_file *f = realloc(s->files, sizeof *f * (size_t)cap);
         if (!f) {
-            seterr(err, errlen, "out of memory opening %s", path);
+            sl_seterr(err, errlen, "out of memory opening %s", path);
             return SL_ENOMEM;
         }
         s->files = f;
@@ -103,29 +94,29 @@ static int map_file(st_set *s, const char *path, char *err, size_t errlen)
     memset(f, 0, sizeof *f);
     f->path = strdup(path);
     if (!f->path) {
-        seterr(err, errlen, "out of memory opening %s", path);
+        sl_seterr(err, errlen, "out of memory opening %s", path);
         return SL_ENOMEM;
     }
     int rc = SL_EIO;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        seterr(err, errlen, "cannot open %s: %s", path, strerror(errno));
+        sl_seterr(err, errlen, "cannot open %s: %s", path, strerror(errno));
         goto fail_path;
     }
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        seterr(err, errlen, "%s is not a regular file", path);
+        sl_seterr(err, errlen, "%s is not a regular file", path);
         goto fail_close;
     }
     f->size = (size_t)st.st_size;
     if (f->size < 8) {
-        seterr(err, errlen, "%s: too small to be a safetensors file (%zu bytes)", path, f->size);
+        sl_seterr(err, errlen, "%s: too small to be a safetensors file (%zu bytes)", path, f->size);
         rc = SL_EFORMAT;
         goto fail_close;
     }
     void *m = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
     if (m == MAP_FAILED) {
-        seterr(err, errlen, "cannot mmap %s: %s", path, strerror(errno));
+        sl_seterr(err, errlen, "cannot mmap %s: %s", path, strerror(errno));
         goto fail_close;
     }
     f->map = m;
@@ -149,7 +140,7 @@ static int push_tensor(st_set *s, char *err, size_t errlen)
     int *fo = realloc(s->file_of, sizeof *fo * (size_t)cap);
     if (fo) s->file_of = fo;
     if (!t || !fo) {
-        seterr(err, errlen, "out of memory reading safetensors headers");
+        sl_seterr(err, errlen, "out of memory reading safetensors headers");
         return SL_ENOMEM;
     }
     s->cap = cap;
@@ -162,12 +153,12 @@ static int read_entry(st_set *s, int fi, const json_doc *d, int v, char *name, u
 {
     const char *path = s->files[fi].path;
     if (!json_is_obj(d, v)) {
-        seterr(err, errlen, "%s: tensor '%s': entry is not an object", path, name);
+        sl_seterr(err, errlen, "%s: tensor '%s': entry is not an object", path, name);
         return SL_EFORMAT;
     }
     int jdt = json_get(d, v, "dtype"), jshape = json_get(d, v, "shape"), joff = json_get(d, v, "data_offsets");
     if (!json_is_str(d, jdt) || !json_is_arr(d, jshape) || !json_is_arr(d, joff) || json_size(d, joff) != 2) {
-        seterr(err, errlen, "%s: tensor '%s': needs \"dtype\" (string), \"shape\" (array) and \"data_offsets\" "
+        sl_seterr(err, errlen, "%s: tensor '%s': needs \"dtype\" (string), \"shape\" (array) and \"data_offsets\" "
                "([begin, end])", path, name);
         return SL_EFORMAT;
     }
@@ -177,13 +168,13 @@ static int read_entry(st_set *s, int fi, const json_doc *d, int v, char *name, u
     for (size_t j = 0; dl >= 0 && (size_t)dl < sizeof dts && j < sizeof dtypes / sizeof dtypes[0]; j++)
         if (strcmp(dts, dtypes[j].name) == 0) k = (int)j;
     if (k < 0) {
-        seterr(err, errlen, "%s: tensor '%s' has unsupported dtype %s (supported: F32, F16, BF16)", path, name,
+        sl_seterr(err, errlen, "%s: tensor '%s' has unsupported dtype %s (supported: F32, F16, BF16)", path, name,
                dl >= 0 && (size_t)dl < sizeof dts ? dts : "(invalid)");
         return SL_EUNSUP;
     }
     int ndim = json_size(d, jshape);
     if (ndim > 8) {
-        seterr(err, errlen, "%s: tensor '%s' has %d dimensions (at most 8)", path, name, ndim);
+        sl_seterr(err, errlen, "%s: tensor '%s' has %d dimensions (at most 8)", path, name, ndim);
         return SL_EFORMAT;
     }
     struct st_tensor t = {0};
@@ -193,29 +184,29 @@ static int read_entry(st_set *s, int fi, const json_doc *d, int v, char *name, u
     for (int i = 0; i < ndim; i++) {
         int64_t dim;
         if (json_i64(d, json_at(d, jshape, i), &dim) || dim < 0) {
-            seterr(err, errlen, "%s: tensor '%s': shape[%d] is not a non-negative integer", path, name, i);
+            sl_seterr(err, errlen, "%s: tensor '%s': shape[%d] is not a non-negative integer", path, name, i);
             return SL_EFORMAT;
         }
         t.shape[i] = dim;
         if (__builtin_mul_overflow(nel, (uint64_t)dim, &nel)) {
-            seterr(err, errlen, "%s: tensor '%s': element count overflows", path, name);
+            sl_seterr(err, errlen, "%s: tensor '%s': element count overflows", path, name);
             return SL_EFORMAT;
         }
     }
     int64_t begin, end;
     if (json_i64(d, json_at(d, joff, 0), &begin) || json_i64(d, json_at(d, joff, 1), &end) || begin < 0 ||
         end < begin) {
-        seterr(err, errlen, "%s: tensor '%s': data_offsets must be integers with 0 <= begin <= end", path, name);
+        sl_seterr(err, errlen, "%s: tensor '%s': data_offsets must be integers with 0 <= begin <= end", path, name);
         return SL_EFORMAT;
     }
     if ((uint64_t)end > data_len) {
-        seterr(err, errlen, "%s: tensor '%s': data_offsets [%lld, %lld] extend past the %llu-byte data section",
+        sl_seterr(err, errlen, "%s: tensor '%s': data_offsets [%lld, %lld] extend past the %llu-byte data section",
                path, name, (long long)begin, (long long)end, (unsigned long long)data_len);
         return SL_EFORMAT;
     }
     uint64_t want;
     if (__builtin_mul_overflow(nel, (uint64_t)dtypes[k].size, &want) || want != (uint64_t)(end - begin)) {
-        seterr(err, errlen, "%s: tensor '%s': shape needs %llu elements of %s but data_offsets hold %lld bytes",
+        sl_seterr(err, errlen, "%s: tensor '%s': shape needs %llu elements of %s but data_offsets hold %lld bytes",
                path, name, (unsigned long long)nel, dtypes[k].name, (long long)(end - begin));
         return SL_EFORMAT;
     }
@@ -244,7 +235,7 @@ static int read_header(st_set *s, int fi, char *err, size_t errlen)
     uint64_t n;
     memcpy(&n, f->map, 8);
     if (n > f->size - 8) {
-        seterr(err, errlen, "%s: header length %llu is larger than the %zu-byte file", f->path,
+        sl_seterr(err, errlen, "%s: header length %llu is larger than the %zu-byte file", f->path,
                (unsigned long long)n, f->size);
         return SL_EFORMAT;
     }
@@ -252,11 +243,11 @@ static int read_header(st_set *s, int fi, char *err, size_t errlen)
     char jerr[256];
     int rc = json_parse(&d, (const char *)f->map + 8, (size_t)n, jerr, sizeof jerr);
     if (rc) {
-        seterr(err, errlen, "%s: header: %s", f->path, jerr);
+        sl_seterr(err, errlen, "%s: header: %s", f->path, jerr);
         return rc == SL_ENOMEM ? rc : SL_EFORMAT;
     }
     if (!json_is_obj(&d, 0)) {
-        seterr(err, errlen, "%s: not a safetensors file (the header is not a JSON object)", f->path);
+        sl_seterr(err, errlen, "%s: not a safetensors file (the header is not a JSON object)", f->path);
         json_free(&d);
         return SL_EFORMAT;
     }
@@ -268,7 +259,7 @@ static int read_header(st_set *s, int fi, char *err, size_t errlen)
         size_t nl;
         char *name = json_strdup(&d, key, &nl);
         if (!name || nl != strlen(name)) {
-            seterr(err, errlen, "%s: tensor %d has an invalid name", f->path, m);
+            sl_seterr(err, errlen, "%s: tensor %d has an invalid name", f->path, m);
             free(name);
             rc = SL_EFORMAT;
             goto fail;
@@ -283,7 +274,7 @@ static int read_header(st_set *s, int fi, char *err, size_t errlen)
     if (cnt > 1) {
         struct st_tensor **ord = malloc(sizeof *ord * (size_t)cnt);
         if (!ord) {
-            seterr(err, errlen, "out of memory checking %s", f->path);
+            sl_seterr(err, errlen, "out of memory checking %s", f->path);
             rc = SL_ENOMEM;
             goto fail;
         }
@@ -292,7 +283,7 @@ static int read_header(st_set *s, int fi, char *err, size_t errlen)
         for (int i = 1; i < cnt; i++) {
             uint64_t prev_end = (uint64_t)(uintptr_t)ord[i - 1]->data + ord[i - 1]->nbytes;
             if (ord[i]->nbytes && ord[i - 1]->nbytes && (uint64_t)(uintptr_t)ord[i]->data < prev_end) {
-                seterr(err, errlen, "%s: tensors '%s' and '%s' overlap", f->path, ord[i - 1]->name, ord[i]->name);
+                sl_seterr(err, errlen, "%s: tensors '%s' and '%s' overlap", f->path, ord[i - 1]->name, ord[i]->name);
                 free(ord);
                 rc = SL_EFORMAT;
                 goto fail;
@@ -318,7 +309,7 @@ static int build_hash(st_set *s, char *err, size_t errlen)
     while (s->hcap < 2 * (size_t)s->n) s->hcap *= 2;
     s->hash = malloc(sizeof *s->hash * s->hcap);
     if (!s->hash) {
-        seterr(err, errlen, "out of memory indexing %d tensors", s->n);
+        sl_seterr(err, errlen, "out of memory indexing %d tensors", s->n);
         return SL_ENOMEM;
     }
     for (size_t i = 0; i < s->hcap; i++) s->hash[i] = -1;
@@ -326,7 +317,7 @@ static int build_hash(st_set *s, char *err, size_t errlen)
         size_t h = hash_str(s->t[i].name) & (s->hcap - 1);
         while (s->hash[h] >= 0) {
             if (strcmp(s->t[s->hash[h]].name, s->t[i].name) == 0) {
-                seterr(err, errlen, "tensor '%s' appears twice (%s and %s)", s->t[i].name,
+                sl_seterr(err, errlen, "tensor '%s' appears twice (%s and %s)", s->t[i].name,
                        s->files[s->file_of[s->hash[h]]].path, s->files[s->file_of[i]].path);
                 return SL_EFORMAT;
             }
@@ -349,7 +340,7 @@ st_set *st_open_file(const char *path, char *err, size_t errlen)
     if (err && errlen) err[0] = '\0';
     st_set *s = calloc(1, sizeof *s);
     if (!s) {
-        seterr(err, errlen, "out of memory opening %s", path);
+        sl_seterr(err, errlen, "out of memory opening %s", path);
         return NULL;
     }
     if (add_file(s, path, err, errlen) || build_hash(s, err, errlen)) {
@@ -363,22 +354,22 @@ static char *slurp(const char *path, size_t *len, char *err, size_t errlen)
 {
     FILE *fp = fopen(path, "rb");
     if (!fp) {
-        seterr(err, errlen, "cannot open %s: %s", path, strerror(errno));
+        sl_seterr(err, errlen, "cannot open %s: %s", path, strerror(errno));
         return NULL;
     }
     char *buf = NULL;
     long sz;
     if (fseek(fp, 0, SEEK_END) != 0 || (sz = ftell(fp)) < 0 || fseek(fp, 0, SEEK_SET) != 0) {
-        seterr(err, errlen, "cannot read %s", path);
+        sl_seterr(err, errlen, "cannot read %s", path);
         goto out;
     }
     buf = malloc((size_t)sz + 1);
     if (!buf) {
-        seterr(err, errlen, "out of memory reading %s (%ld bytes)", path, sz);
+        sl_seterr(err, errlen, "out of memory reading %s (%ld bytes)", path, sz);
         goto out;
     }
     if (fread(buf, 1, (size_t)sz, fp) != (size_t)sz) {
-        seterr(err, errlen, "cannot read %s", path);
+        sl_seterr(err, errlen, "cannot read %s", path);
         free(buf);
         buf = NULL;
         goto out;
@@ -401,7 +392,7 @@ static int open_index(st_set *s, const char *dir, const char *ipath, char *err, 
     char jerr[256];
     int rc = json_parse(&d, text, len, jerr, sizeof jerr);
     if (rc) {
-        seterr(err, errlen, "%s: %s", ipath, jerr);
+        sl_seterr(err, errlen, "%s: %s", ipath, jerr);
         free(text);
         return rc == SL_ENOMEM ? rc : SL_EFORMAT;
     }
@@ -411,14 +402,14 @@ static int open_index(st_set *s, const char *dir, const char *ipath, char *err, 
     int wm = json_get(&d, 0, "weight_map");
     int n_w = json_size(&d, wm);
     if (!json_is_obj(&d, wm)) {
-        seterr(err, errlen, "%s: no \"weight_map\" object", ipath);
+        sl_seterr(err, errlen, "%s: no \"weight_map\" object", ipath);
         rc = SL_EFORMAT;
         goto out;
     }
     shard_of = calloc((size_t)n_w + 1, sizeof *shard_of);
     shards = calloc((size_t)n_w + 1, sizeof *shards);
     if (!shard_of || !shards) {
-        seterr(err, errlen, "out of memory reading %s", ipath);
+        sl_seterr(err, errlen, "out of memory reading %s", ipath);
         rc = SL_ENOMEM;
         goto out;
     }
@@ -428,7 +419,7 @@ static int open_index(st_set *s, const char *dir, const char *ipath, char *err, 
         if (!fname || len != strlen(fname) || len == 0 || strchr(fname, '/') || strcmp(fname, "..") == 0) {
             char nm[128];
             json_str(&d, key, nm, sizeof nm);
-            seterr(err, errlen, "%s: tensor '%s' maps to an invalid shard file name", ipath, nm);
+            sl_seterr(err, errlen, "%s: tensor '%s' maps to an invalid shard file name", ipath, nm);
             free(fname);
             rc = SL_EFORMAT;
             goto out;
@@ -443,7 +434,7 @@ static int open_index(st_set *s, const char *dir, const char *ipath, char *err, 
     for (int j = 0; j < n_shards; j++) {
         char *p = path_join(dir, shards[j]);
         if (!p) {
-            seterr(err, errlen, "out of memory");
+            sl_seterr(err, errlen, "out of memory");
             rc = SL_ENOMEM;
         } else {
             rc = add_file(s, p, err, errlen);
@@ -456,13 +447,13 @@ static int open_index(st_set *s, const char *dir, const char *ipath, char *err, 
     for (int m = 0; m < n_w; m++, key = json_skip(&d, key + 1)) {
         char *name = json_strdup(&d, key, NULL);
         if (!name) {
-            seterr(err, errlen, "%s: weight_map entry %d has an invalid name", ipath, m);
+            sl_seterr(err, errlen, "%s: weight_map entry %d has an invalid name", ipath, m);
             rc = SL_EFORMAT;
             goto out;
         }
         const struct st_tensor *t = st_find(s, name);
         if (!t || s->file_of[t - s->t] != shard_of[m]) {
-            seterr(err, errlen, "%s: tensor '%s' is not in shard %s", ipath, name, shards[shard_of[m]]);
+            sl_seterr(err, errlen, "%s: tensor '%s' is not in shard %s", ipath, name, shards[shard_of[m]]);
             free(name);
             rc = SL_EFORMAT;
             goto out;
@@ -487,7 +478,7 @@ st_set *st_open_dir(const char *dir, char *err, size_t errlen)
     char *ipath = path_join(dir, "model.safetensors.index.json");
     char *spath = path_join(dir, "model.safetensors");
     if (!s || !ipath || !spath) {
-        seterr(err, errlen, "out of memory opening %s", dir);
+        sl_seterr(err, errlen, "out of memory opening %s", dir);
         goto fail;
     }
     if (access(ipath, F_OK) == 0) {
@@ -495,7 +486,7 @@ st_set *st_open_dir(const char *dir, char *err, size_t errlen)
     } else if (access(spath, F_OK) == 0) {
         if (add_file(s, spath, err, errlen) || build_hash(s, err, errlen)) goto fail;
     } else {
-        seterr(err, errlen, "%s: neither model.safetensors nor model.safetensors.index.json found", dir);
+        sl_seterr(err, errlen, "%s: neither model.safetensors nor model.safetensors.index.json found", dir);
         goto fail;
     }
     free(ipath);

@@ -1,4 +1,5 @@
 /* util.c - the small shared pieces of model.h: the assertion handler. */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -16,4 +17,13 @@ __attribute__((weak)) int model_cuda_describe(char *buf, size_t cap)
 {
     snprintf(buf, cap, "this build has no CUDA support");
     return -1;
+}
+
+void sl_seterr(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (!err || !errlen) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
 }
