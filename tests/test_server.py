@@ -112,6 +112,25 @@ def test_completions():
     assert streamed == r.choices[0].text
 
 
+def test_curl():
+    """The README's curl lines work as written (with the test server's key)."""
+    def curl(*args):
+        r = subprocess.run(["curl", "-sS", "-w", "\n%{http_code}", "-H", "Authorization: Bearer " + KEY] + list(args),
+                           capture_output=True, text=True, timeout=120)
+        body, code = r.stdout.rsplit("\n", 1)
+        return int(code), body
+    code, body = curl(f"http://127.0.0.1:{PORT}/v1/chat/completions", "-H", "Content-Type: application/json",
+                      "-d", json.dumps(CHAT))
+    assert code == 200 and "Paris" in json.loads(body)["choices"][0]["message"]["content"], body
+    code, body = curl("-N", f"http://127.0.0.1:{PORT}/v1/chat/completions", "-H", "Content-Type: application/json",
+                      "-d", json.dumps(dict(CHAT, stream=True)))
+    assert code == 200 and body.rstrip().endswith("data: [DONE]"), body
+    code, body = curl(f"http://127.0.0.1:{PORT}/v1/chat/completions", "-d", "{oops")
+    assert code == 400 and json.loads(body)["error"]["code"] == 400, body
+    code, body = curl(f"http://127.0.0.1:{PORT}/metrics")
+    assert code == 200 and "sluice:num_requests_running" in body
+
+
 def test_seed_reproducible():
     body = dict(CHAT, temperature=1.0, seed=1234, max_tokens=16)
     a = json.loads(request("POST", "/v1/chat/completions", body)[1])["choices"][0]["message"]["content"]
@@ -248,7 +267,7 @@ def main():
             except OSError:
                 pass
             time.sleep(0.1)
-        tests = [test_health_and_models, test_chat_nonstream_and_stream_agree, test_completions,
+        tests = [test_health_and_models, test_chat_nonstream_and_stream_agree, test_completions, test_curl,
                  test_seed_reproducible, test_prefix_cache_reported, test_tokenize_roundtrip,
                  test_errors_then_success, test_concurrent_streams_batched, test_disconnect_frees_blocks]
         for t in tests:
