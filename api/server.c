@@ -89,6 +89,26 @@ static void *load_main(void *arg)
     };
     s->be = model_backend_create(s->m, &bo, err, sizeof err);
     if (!s->be) goto fail;
+    if (!s->o.kv_cache_memory && !strcmp(s->be->ops->name, "cuda")) {
+        /* vLLM's meaning: the KV pool takes what is left of util x the GPU
+         * after weights and workspace (already allocated), less a margin for
+         * cuBLAS and graph memory */
+        size_t fr, tot;
+        if (model_cuda_mem_info(&fr, &tot) == 0) {
+            double used = (double)(tot - fr), margin = 512.0 * 1048576.0;
+            double budget = s->o.gpu_memory_utilization * (double)tot - used - margin;
+            if (budget < 1048576.0) {
+                snprintf(err, sizeof err,
+                         "--gpu-memory-utilization %.2f leaves no room for the KV cache: the GPU has %.1f GiB, "
+                         "weights and workspace already use %.1f GiB",
+                         s->o.gpu_memory_utilization, tot / 1073741824.0, used / 1073741824.0);
+                goto fail;
+            }
+            eo.kv_cache_bytes = (size_t)budget;
+            fprintf(stderr, "sluice serve: KV cache %.1f GiB (--gpu-memory-utilization %.2f of %.1f GiB; %.1f GiB in use)\n",
+                    budget / 1073741824.0, s->o.gpu_memory_utilization, tot / 1073741824.0, used / 1073741824.0);
+        }
+    }
     s->eng = sched_engine_create(s->be, &eo, err, sizeof err);
     if (!s->eng) goto fail;
     atomic_store(&s->state, SRV_READY);
@@ -455,7 +475,7 @@ int api_cmd_serve(int argc, char **argv)
         {"--enable-prompt-tokens-details", API_FLAG_BOOL, &o->enable_prompt_tokens_details,
          "usage.prompt_tokens_details.cached_tokens", NULL},
         {"--block-size", API_FLAG_INT, &o->block_size, "KV tokens per block (16)", NULL},
-        {"--kv-cache-memory", API_FLAG_STR, &o->kv_cache_memory, "KV pool size on the CPU, e.g. 2G (1G)", NULL},
+        {"--kv-cache-memory", API_FLAG_STR, &o->kv_cache_memory, "KV pool size, e.g. 2G (CPU: 1G; GPU: from --gpu-memory-utilization)", NULL},
         {"--gpu-memory-utilization", API_FLAG_FLOAT, &o->gpu_memory_utilization, "GPU memory fraction (0.9)", NULL},
         {"--tensor-parallel-size", API_FLAG_INT, &o->tensor_parallel_size, "GPUs per model (1)", NULL},
         {"--trust-remote-code", API_FLAG_BOOL, &trust_remote_code, "accepted for vLLM compatibility; no effect", NULL},

@@ -58,3 +58,9 @@ extern "C" int model_cuda_describe(char *buf, size_t cap)
     }
     return n;
 }
+
+extern "C" int model_cuda_mem_info(size_t *free_bytes, size_t *total_bytes)
+{
+    *free_bytes = *total_bytes = 0;
+    return cudaMemGetInfo(free_bytes, total_bytes) == cudaSuccess ? 0 : -1;
+}

@@ -27,3 +27,10 @@ void sl_seterr(char *err, size_t errlen, const char *fmt, ...)
     vsnprintf(err, errlen, fmt, ap);
     va_end(ap);
 }
+
+/* Stand-in for builds without cuda/ (which overrides it). */
+__attribute__((weak)) int model_cuda_mem_info(size_t *free_bytes, size_t *total_bytes)
+{
+    *free_bytes = *total_bytes = 0;
+    return -1;
+}
