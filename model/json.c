@@ -491,15 +491,54 @@ void json_buf_addf(struct json_buf *b, const char *fmt, ...)
     b->len += (size_t)n;
 }
 
+/* Length of the valid UTF-8 sequence at s[0..n), or 0 when it is not one
+ * (bad lead, missing continuation, overlong form, surrogate, > U+10FFFF). */
+static size_t utf8_valid_len(const unsigned char *s, size_t n)
+{
+    unsigned c = s[0];
+    size_t len;
+    unsigned min;
+    if (c < 0x80) return 1;
+    if (c >= 0xC2 && c <= 0xDF) len = 2, min = 0x80;
+    else if (c >= 0xE0 && c <= 0xEF) len = 3, min = 0x800;
+    else if (c >= 0xF0 && c <= 0xF4) len = 4, min = 0x10000;
+    else return 0;
+    if (n < len) return 0;
+    unsigned cp = c & (0x7F >> len);
+    for (size_t k = 1; k < len; k++) {
+        if ((s[k] & 0xC0) != 0x80) return 0;
+        cp = (cp << 6) | (s[k] & 0x3F);
+    }
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp < 0xE000)) return 0;
+    return len;
+}
+
+/* Always valid JSON and valid UTF-8: control characters are escaped and each
+ * byte that does not start a valid UTF-8 sequence becomes U+FFFD. */
 void json_buf_add_str(struct json_buf *b, const char *s, size_t n)
 {
+    const unsigned char *u = (const unsigned char *)s;
     json_buf_add(b, "\"", 1);
     size_t run = 0;
-    for (size_t j = 0; j < n; j++) {
-        unsigned char c = (unsigned char)s[j];
-        if (c >= 0x20 && c != '"' && c != '\\') continue;
+    for (size_t j = 0; j < n;) {
+        unsigned char c = u[j];
+        if (c >= 0x80) {
+            size_t len = utf8_valid_len(u + j, n - j);
+            if (len) {
+                j += len;
+                continue;
+            }
+            json_buf_add(b, s + run, j - run);
+            json_buf_add(b, "\xEF\xBF\xBD", 3);
+            run = ++j;
+            continue;
+        }
+        if (c >= 0x20 && c != '"' && c != '\\') {
+            j++;
+            continue;
+        }
         json_buf_add(b, s + run, j - run);
-        run = j + 1;
+        run = ++j;
         switch (c) {
         case '"': json_buf_add(b, "\\\"", 2); break;
         case '\\': json_buf_add(b, "\\\\", 2); break;

@@ -223,6 +223,28 @@ static void check_buf(void)
     CHECK(b.p == NULL && b.len == 0);
 }
 
+/* The writer always produces valid UTF-8: each byte that does not start a
+ * valid sequence becomes U+FFFD; valid sequences pass unchanged. */
+static void check_buf_utf8(void)
+{
+    static const struct { const char *in; const char *out; } cases[] = {
+        {"caf\xc3\xa9 \xe6\x9d\xb1 \xf0\x9f\x9a\x80", "\"caf\xc3\xa9 \xe6\x9d\xb1 \xf0\x9f\x9a\x80\""},
+        {"a\xff" "b", "\"a\xef\xbf\xbd" "b\""},                 /* invalid byte */
+        {"\xc3", "\"\xef\xbf\xbd\""},                        /* truncated sequence */
+        {"\xc0\xaf", "\"\xef\xbf\xbd\xef\xbf\xbd\""},       /* overlong '/' */
+        {"\xed\xa0\x80", "\"\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\""}, /* surrogate */
+        {"\xf4\x90\x80\x80", "\"\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\""}, /* > U+10FFFF */
+        {"x\x01\"", "\"x\\u0001\\\"\""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct json_buf b;
+        json_buf_init(&b);
+        json_buf_add_str(&b, cases[i].in, strlen(cases[i].in));
+        CHECKF(b.p && !strcmp(b.p, cases[i].out), "case %zu: got %s", i, b.p ? b.p : "(null)");
+        json_buf_free(&b);
+    }
+}
+
 int main(void)
 {
     RUN(check_basic);
@@ -231,5 +253,6 @@ int main(void)
     RUN(check_invalid);
     RUN(check_numbers);
     RUN(check_buf);
+    RUN(check_buf_utf8);
     return test_summary();
 }
