@@ -507,61 +507,14 @@ static int check_step(struct cuda_backend *b, const struct step *s, char *err, s
         sl_seterr(err, errlen, "forward: KV memory not allocated (kv_alloc)");
         return SL_EINVAL;
     }
-    if (s->n_tokens <= 0 || s->n_tokens > b->max_tokens || s->n_seqs <= 0 || s->n_seqs > b->max_seqs ||
-        !s->token_ids || !s->positions || !s->slots || !s->seqs) {
-        sl_seterr(err, errlen, "forward: bad step (%d tokens of max %d, %d seqs of max %d)", s->n_tokens,
-               b->max_tokens, s->n_seqs, b->max_seqs);
-        return SL_EINVAL;
-    }
-    for (int t = 0; t < s->n_tokens; t++) {
-        if (s->token_ids[t] < 0 || s->token_ids[t] >= b->c.n_vocab) {
-            sl_seterr(err, errlen, "forward: token %d: id %d out of range", t, s->token_ids[t]);
-            return SL_EINVAL;
-        }
-        b->tok_seq[t] = -1;
-    }
-    int bs = b->block_size;
-    for (int i = 0; i < s->n_seqs; i++) {
-        const struct step_seq *q = &s->seqs[i];
-        if (q->query_len <= 0 || q->query_start < 0 || q->query_start > s->n_tokens - q->query_len ||
-            q->context_len < q->query_len || q->context_len > b->max_ctx || !q->block_table || q->n_blocks < 0 ||
-            (int64_t)q->n_blocks * bs < q->context_len) {
-            sl_seterr(err, errlen, "forward: seq %d: bad query/context/block table", i);
-            return SL_EINVAL;
-        }
-        int nb = (q->context_len + bs - 1) / bs;
-        for (int j = 0; j < nb; j++)
-            if (q->block_table[j] < 0 || q->block_table[j] >= b->kv_blocks) {
-                sl_seterr(err, errlen, "forward: seq %d: block %d out of range", i, q->block_table[j]);
-                return SL_EINVAL;
-            }
-        for (int t = q->query_start; t < q->query_start + q->query_len; t++) {
-            int pos = s->positions[t];
-            if (b->tok_seq[t] != -1) {
-                sl_seterr(err, errlen, "forward: token %d belongs to two sequences", t);
-                return SL_EINVAL;
-            }
-            b->tok_seq[t] = i;
-            if (pos < 0 || pos >= q->context_len) {
-                sl_seterr(err, errlen, "forward: seq %d: position %d outside context %d", i, pos, q->context_len);
-                return SL_EINVAL;
-            }
-            int64_t slot = (int64_t)q->block_table[pos / bs] * bs + pos % bs;
-            if (s->slots[t] != slot) {
-                sl_seterr(err, errlen, "forward: token %d: slot %lld, block table says %lld", t,
-                       (long long)s->slots[t], (long long)slot);
-                return SL_EINVAL;
-            }
-        }
-        if (q->want_sample && (!q->sampling || q->n_history < q->n_prompt || q->n_prompt < 0 ||
-                               (q->n_history > 0 && !q->history) || !sampling_valid(q->sampling))) {
+    struct model_step_limits lim = {.n_vocab = b->c.n_vocab, .max_tokens = b->max_tokens, .max_seqs = b->max_seqs,
+                                    .max_ctx = b->max_ctx, .block_size = b->block_size, .kv_blocks = b->kv_blocks};
+    int rc = model_step_check(s, &lim, b->tok_seq, err, errlen);
+    if (rc) return rc;
+    /* the device sampler runs before the host could refuse bad parameters */
+    for (int i = 0; i < s->n_seqs; i++)
+        if (s->seqs[i].want_sample && !sampling_valid(s->seqs[i].sampling)) {
             sl_seterr(err, errlen, "forward: seq %d: bad sampling parameters", i);
-            return SL_EINVAL;
-        }
-    }
-    for (int t = 0; t < s->n_tokens; t++)
-        if (b->tok_seq[t] < 0) {
-            sl_seterr(err, errlen, "forward: token %d belongs to no sequence", t);
             return SL_EINVAL;
         }
     return 0;

@@ -36,3 +36,67 @@ void model_backend_destroy(model_backend *b)
 {
     if (b && b->ops && b->ops->destroy) b->ops->destroy(b);
 }
+
+int model_step_check(const struct step *s, const struct model_step_limits *lim, int *tok_seq, char *err,
+                     size_t errlen)
+{
+    if (s->n_tokens <= 0 || s->n_tokens > lim->max_tokens || s->n_seqs <= 0 ||
+        s->n_seqs > lim->max_seqs || !s->token_ids || !s->positions || !s->slots || !s->seqs) {
+        sl_seterr(err, errlen, "forward: bad step (%d tokens of max %d, %d seqs of max %d)",
+               s->n_tokens, lim->max_tokens, s->n_seqs, lim->max_seqs);
+        return SL_EINVAL;
+    }
+    for (int t = 0; t < s->n_tokens; t++) {
+        if (s->token_ids[t] < 0 || s->token_ids[t] >= lim->n_vocab) {
+            sl_seterr(err, errlen, "forward: token %d: id %d out of range", t, s->token_ids[t]);
+            return SL_EINVAL;
+        }
+        tok_seq[t] = -1;
+    }
+    int bs = lim->block_size;
+    for (int i = 0; i < s->n_seqs; i++) {
+        const struct step_seq *q = &s->seqs[i];
+        if (q->query_len <= 0 || q->query_start < 0 || q->query_start > s->n_tokens - q->query_len ||
+            q->context_len < q->query_len || q->context_len > lim->max_ctx || !q->block_table ||
+            q->n_blocks < 0 || (int64_t)q->n_blocks * bs < q->context_len) {
+            sl_seterr(err, errlen, "forward: seq %d: bad query/context/block table", i);
+            return SL_EINVAL;
+        }
+        int nb = (q->context_len + bs - 1) / bs;
+        for (int j = 0; j < nb; j++)
+            if (q->block_table[j] < 0 || q->block_table[j] >= lim->kv_blocks) {
+                sl_seterr(err, errlen, "forward: seq %d: block %d out of range", i, q->block_table[j]);
+                return SL_EINVAL;
+            }
+        for (int t = q->query_start; t < q->query_start + q->query_len; t++) {
+            int pos = s->positions[t];
+            if (tok_seq[t] != -1) {
+                sl_seterr(err, errlen, "forward: token %d belongs to two sequences", t);
+                return SL_EINVAL;
+            }
+            tok_seq[t] = i;
+            if (pos < 0 || pos >= q->context_len) {
+                sl_seterr(err, errlen, "forward: seq %d: position %d outside context %d", i, pos,
+                       q->context_len);
+                return SL_EINVAL;
+            }
+            int64_t slot = (int64_t)q->block_table[pos / bs] * bs + pos % bs;
+            if (s->slots[t] != slot) {
+                sl_seterr(err, errlen, "forward: token %d: slot %lld, block table says %lld", t,
+                       (long long)s->slots[t], (long long)slot);
+                return SL_EINVAL;
+            }
+        }
+        if (q->want_sample && (!q->sampling || q->n_history < q->n_prompt || q->n_prompt < 0 ||
+                               (q->n_history > 0 && !q->history))) {
+            sl_seterr(err, errlen, "forward: seq %d: want_sample without sampling parameters or history", i);
+            return SL_EINVAL;
+        }
+    }
+    for (int t = 0; t < s->n_tokens; t++)
+        if (tok_seq[t] < 0) {
+            sl_seterr(err, errlen, "forward: token %d belongs to no sequence", t);
+            return SL_EINVAL;
+        }
+    return 0;
+}

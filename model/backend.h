@@ -49,6 +49,21 @@ struct step {
 
 typedef struct model_backend model_backend;
 
+/* What a backend can take, for model_step_check. */
+struct model_step_limits {
+    int n_vocab, max_tokens, max_seqs, max_ctx, block_size, kv_blocks;
+};
+
+/* Checks a step against lim and the contract above: token ids inside the
+ * vocabulary, every token in exactly one sequence, positions inside their
+ * sequence's context, each slot equal to what the block table says, block
+ * indices inside the pool, history present where a sample is wanted.
+ * tok_seq (scratch of max_tokens ints) gets each token's sequence index.
+ * Returns 0, or SL_EINVAL with a message naming the token or sequence. Every
+ * backend calls it first, so a bad plan never reaches a kernel. */
+int model_step_check(const struct step *s, const struct model_step_limits *lim, int *tok_seq, char *err,
+                     size_t errlen);
+
 struct model_backend_opts {
     const char *device;         /* "cpu" or "cuda"; NULL = cuda when available, else cpu */
     int n_threads;              /* cpu: worker threads, 0 = all cores */
