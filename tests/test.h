@@ -52,6 +52,28 @@ static inline int test_summary(void)
     return t_fail != 0;
 }
 
+/* The whole file at path, NUL-terminated (free() it); its length in *len when
+ * len is not NULL. NULL when it cannot be read. */
+static inline char *test_slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)n + 1);
+    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
+        free(b);
+        b = NULL;
+    }
+    fclose(f);
+    if (b) {
+        b[n] = 0;
+        if (len) *len = (size_t)n;
+    }
+    return b;
+}
+
 /* Where the shared outside-reference data lives (../shared/testdata unless
  * SLUICE_TESTDATA says otherwise). */
 static inline const char *test_data_dir(void)

@@ -16,7 +16,6 @@ import json
 import os
 import random
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -24,23 +23,16 @@ import tempfile
 import time
 import traceback
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.environ.get("SLUICE_BIN", os.path.join(ROOT, "build", "sluice"))
-MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+sys.path.insert(0, os.path.dirname(__file__))
+import sluice_testlib as lib  # noqa: E402
+from sluice_testlib import BIN, free_port  # noqa: E402
+
 KEY = "sk-batch-test"
 NAME = "smol"
 MAX_LINES = 2000
 MAX_BYTES = 8 << 20
 TMP = tempfile.mkdtemp(prefix="sluice-test-batch-")
 TERMINAL = ("completed", "failed", "expired", "cancelled")
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 class Server:
@@ -50,28 +42,22 @@ class Server:
         self.name, self.data_dir, self.extra = name, data_dir, list(extra)
         self.port = free_port()
         self.proc = None
-        self.log = open(os.path.join(ROOT, "build", f"test_batch_{name}.log"), "a")
+        self.log = lib.log_file(f"test_batch_{name}.log", "a")
 
     @property
     def url(self):
         return f"http://127.0.0.1:{self.port}"
 
     def start(self):
-        self.proc = subprocess.Popen(
-            [BIN, "serve", MODEL, "--port", str(self.port), "--served-model-name", NAME, "--api-key", KEY,
+        self.proc = lib.start_server(
+            ["--port", str(self.port), "--served-model-name", NAME, "--api-key", KEY,
              "--max-model-len", "512", "--max-num-seqs", "16", "--kv-cache-memory", "256M", "--data-dir",
              self.data_dir, "--max-batch-file-lines", str(MAX_LINES), "--max-batch-file-bytes", str(MAX_BYTES),
-             "--allow-short-completion-windows", "--max-request-bytes", "65536"] + self.extra, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server {self.name} exited with {self.proc.returncode}")
-            try:
-                if request(self, "GET", "/health", key=None, timeout=5)[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.1)
+             "--allow-short-completion-windows", "--max-request-bytes", "65536"] + self.extra, stdout=self.log)
+        if lib.wait_healthy(self.port, self.proc):
+            return
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"server {self.name} exited with {self.proc.returncode}")
         raise RuntimeError("server did not become ready")
 
     def kill9(self):
@@ -79,13 +65,8 @@ class Server:
         self.proc.wait()
 
     def stop(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc:
+            lib.stop_server(self.proc, timeout=15)
 
     def client(self):
         from openai import OpenAI
@@ -112,12 +93,7 @@ def request(srv, method, path, body=None, key=KEY, raw=None, headers=None, timeo
 
 def metrics(srv):
     _, text = request(srv, "GET", "/metrics")
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            k, v = line.rsplit(" ", 1)
-            out[k] = float(v)
-    return out
+    return lib.parse_metrics(text)
 
 
 def chat_line(cid, content, max_tokens, url="/v1/chat/completions"):
@@ -521,15 +497,12 @@ def test_crash_safety(_):
 
 
 def main():
-    if not os.path.exists(BIN) or not os.path.exists(MODEL):
-        print("test_batch: build/sluice or the default model is missing")
-        print("0 passed, 1 failed")
+    if lib.missing_prereqs("test_batch"):
         return 1
     if not shutil.which("curl"):
         print("test_batch: curl is missing")
         print("0 passed, 1 failed")
         return 1
-    os.makedirs(os.path.join(ROOT, "build"), exist_ok=True)
     srv = Server("main", os.path.join(TMP, "data"))
     passed = failed = 0
     try:
@@ -537,22 +510,7 @@ def main():
         tests = [test_openai_flow, test_curl_flow_completions, test_cli, test_validation_failure, test_api_errors,
                  test_upload_large_and_delete, test_cancel_mid_run, test_expiry, test_coexistence,
                  test_listing_pagination, test_crash_safety]
-        only = sys.argv[1:]
-        for t in tests:
-            if only and t.__name__ not in only:
-                continue
-            try:
-                t0 = time.time()
-                t(srv)
-                passed += 1
-                print(f"ok   {t.__name__} ({time.time() - t0:.1f}s)", flush=True)
-            except Exception:
-                failed += 1
-                print(f"FAIL {t.__name__}", flush=True)
-                traceback.print_exc(file=sys.stdout)
-        if srv.proc.poll() is not None:
-            print("FAIL the server exited during the tests")
-            failed += 1
+        passed, failed = lib.run_tests(tests, srv, proc=srv.proc, only=sys.argv[1:])
     except Exception:
         failed += 1
         print("FAIL setup")
@@ -560,8 +518,7 @@ def main():
     finally:
         srv.stop()
         shutil.rmtree(TMP, ignore_errors=True)
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return lib.summary(passed, failed)
 
 
 if __name__ == "__main__":

@@ -12,30 +12,20 @@ import http.server
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import traceback
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.path.join(ROOT, "build", "sluice")
-MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+sys.path.insert(0, os.path.dirname(__file__))
+import sluice_testlib as lib  # noqa: E402
+from sluice_testlib import BIN, free_port  # noqa: E402
+
 NAME = "smol"
 KEY = "sk-bench"
 COLS = ["run", "cache", "pp tok/s", "tg tok/s", "e2e tok/s", "TTFT s", "total s", "p_tok", "c_tok"]
 TMP = tempfile.mkdtemp(prefix="sluice-test-bench-")
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
 
 PORT = free_port()
 
@@ -45,12 +35,7 @@ def metrics():
     c.request("GET", "/metrics")
     text = c.getresponse().read().decode()
     c.close()
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            k, v = line.rsplit(" ", 1)
-            out[k] = float(v)
-    return out
+    return lib.parse_metrics(text)
 
 
 def bench(*args, port=None, env=None, timeout=600):
@@ -305,61 +290,28 @@ def test_unreachable_server():
 
 
 def main():
-    if not os.path.exists(BIN) or not os.path.exists(MODEL):
-        print("test_bench: build/sluice or the default model is missing")
-        print("0 passed, 1 failed")
+    if lib.missing_prereqs("test_bench"):
         return 1
-    log = open(os.path.join(ROOT, "build", "test_bench.log"), "w")
-    proc = subprocess.Popen([BIN, "serve", MODEL, "--port", str(PORT), "--served-model-name", NAME, "--api-key", KEY,
+    log = lib.log_file("test_bench.log")
+    proc = lib.start_server(["--port", str(PORT), "--served-model-name", NAME, "--api-key", KEY,
                              "--max-model-len", "2048", "--enable-prompt-tokens-details", "--kv-cache-memory", "256M",
                              # one thread: no barrier stalls when other jobs share the cores
                              "--threads", "1"],
-                            stdout=log, stderr=subprocess.STDOUT)
-    passed = failed = 0
+                            stdout=log)
     try:
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            try:
-                c = http.client.HTTPConnection("127.0.0.1", PORT, timeout=5)
-                c.request("GET", "/health")
-                if c.getresponse().status == 200:
-                    break
-            except OSError:
-                pass
-            if proc.poll() is not None:
-                break
-            time.sleep(0.2)
+        lib.wait_healthy(PORT, proc)
         tests = [test_bad_flags, test_plot_needs_gnuplot, test_unreachable_server, test_fake_server_500,
                  test_fake_server_stream_ends_early, test_fake_server_without_tokenize, test_load_mode_seed_fixes_lengths,
                  test_table_real_server,
                  test_load_mode, test_too_long_for_server]
-        for t in tests:
-            try:
-                t0 = time.time()
-                t()
-                passed += 1
-                print(f"ok   {t.__name__} ({time.time() - t0:.1f}s)", flush=True)
-            except Exception:
-                failed += 1
-                print(f"FAIL {t.__name__}", flush=True)
-                traceback.print_exc(limit=3)
-            if proc.poll() is not None:
-                print("FAIL the server exited during the tests")
-                failed += 1
-                break
+        passed, failed = lib.run_tests(tests, proc=proc)
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        lib.stop_server(proc)
         log.close()
         shutil.rmtree(TMP, ignore_errors=True)
     if TABLE.get("stdout"):
         print(TABLE["stdout"], end="")
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return lib.summary(passed, failed)
 
 
 if __name__ == "__main__":

@@ -9,16 +9,11 @@ Prints one line per test and ends with "N passed, N failed".
 """
 import json
 import os
-import socket
-import subprocess
 import sys
-import time
-import traceback
-import urllib.request
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.path.join(ROOT, "build", "sluice")
-MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+sys.path.insert(0, os.path.dirname(__file__))
+import sluice_testlib as lib  # noqa: E402
+
 NAME = "smol"
 
 TOOLS = [{"type": "function", "function": {
@@ -84,41 +79,22 @@ def test_reasoning(c):
 
 
 def main():
-    if not os.path.exists(BIN) or not os.path.exists(MODEL):
-        print("0 passed, 1 failed")
+    if lib.missing_prereqs("test_chat_tools"):
         return 1
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    log = open(os.path.join(ROOT, "build", "test_chat_tools.log"), "w")
-    proc = subprocess.Popen([BIN, "serve", MODEL, "--port", str(port), "--served-model-name", NAME,
+    port = lib.free_port()
+    log = lib.log_file("test_chat_tools.log")
+    proc = lib.start_server(["--port", str(port), "--served-model-name", NAME,
                              "--reasoning-parser", "qwen3", "--enable-auto-tool-choice", "--tool-call-parser",
-                             "hermes", "--max-model-len", "2048", "--kv-cache-memory", "256M"], stdout=log, stderr=subprocess.STDOUT)
-    passed = failed = 0
+                             "hermes", "--max-model-len", "2048", "--kv-cache-memory", "256M"], stdout=log)
     try:
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            try:
-                if urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5).status == 200:
-                    break
-            except OSError:
-                time.sleep(0.2)
+        lib.wait_healthy(port, proc)
         c = client(port)
-        for t in [test_tool_call, test_tool_choice_none_keeps_text, test_reasoning]:
-            try:
-                t(c)
-                passed += 1
-                print(f"ok   {t.__name__}", flush=True)
-            except Exception:
-                failed += 1
-                print(f"FAIL {t.__name__}", flush=True)
-                traceback.print_exc(file=sys.stdout)
+        passed, failed = lib.run_tests([test_tool_call, test_tool_choice_none_keeps_text, test_reasoning], c,
+                                       proc=proc)
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+        lib.stop_server(proc, timeout=30)
+        log.close()
+    return lib.summary(passed, failed)
 
 
 if __name__ == "__main__":

@@ -24,129 +24,15 @@
 #include "model/backend.h"
 #include "model/json.h"
 #include "tests/test.h"
+#include "tests/golden.h"
 
-#define TOPK 20
-#define NGREEDY 64
 #define BLOCK 16
-#define MAXP 8
-
-struct prompt {
-    int n;              /* input ids */
-    int32_t *ids;       /* [n + NGREEDY]: ids then the golden greedy continuation */
-    int32_t *top_ids;   /* [n][TOPK] */
-    float *top_logits;  /* [n][TOPK] */
-    int n_greedy;
-};
-
-struct golden {
-    int np;
-    struct prompt p[MAXP];
-};
 
 static model *g_model;
 static model_backend *g_be;
 static struct golden g_gold;
 static int g_nv;
 static const char *g_name;
-
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        b = NULL;
-    }
-    fclose(f);
-    if (b) b[n] = 0, *len = (size_t)n;
-    return b;
-}
-
-static int read_ints(const json_doc *d, int arr, int32_t *out, int cap)
-{
-    int n = json_size(d, arr);
-    if (!json_is_arr(d, arr) || n > cap) return -1;
-    int i = arr + 1;
-    for (int k = 0; k < n; k++, i = json_skip(d, i)) {
-        int64_t v;
-        if (json_i64(d, i, &v) != 0) return -1;
-        out[k] = (int32_t)v;
-    }
-    return n;
-}
-
-static int read_floats(const json_doc *d, int arr, float *out, int cap)
-{
-    int n = json_size(d, arr);
-    if (!json_is_arr(d, arr) || n > cap) return -1;
-    int i = arr + 1;
-    for (int k = 0; k < n; k++, i = json_skip(d, i)) {
-        double v;
-        if (json_f64(d, i, &v) != 0) return -1;
-        out[k] = (float)v;
-    }
-    return n;
-}
-
-static void golden_free(struct golden *g)
-{
-    for (int i = 0; i < g->np; i++) {
-        free(g->p[i].ids);
-        free(g->p[i].top_ids);
-        free(g->p[i].top_logits);
-    }
-    memset(g, 0, sizeof *g);
-}
-
-static int golden_load(const char *path, struct golden *g)
-{
-    memset(g, 0, sizeof *g);
-    size_t len;
-    char *src = slurp(path, &len);
-    if (!src) return -1;
-    json_doc d;
-    char err[128];
-    int rc = -1;
-    if (json_parse(&d, src, len, err, sizeof err) != 0) {
-        printf("  %s: %s\n", path, err);
-        free(src);
-        return -1;
-    }
-    int ps = json_get(&d, 0, "prompts");
-    if (!json_is_arr(&d, ps)) goto out;
-    int e = ps + 1;
-    for (int k = 0; k < json_size(&d, ps) && k < MAXP; k++, e = json_skip(&d, e)) {
-        struct prompt *p = &g->p[g->np++];
-        int ids = json_get(&d, e, "ids"), ti = json_get(&d, e, "top_ids"),
-            tl = json_get(&d, e, "top_logits"), gr = json_get(&d, e, "greedy");
-        int n = json_size(&d, ids);
-        if (n <= 0 || json_size(&d, ti) != n || json_size(&d, tl) != n) goto out;
-        p->n = n;
-        p->ids = calloc((size_t)n + NGREEDY, sizeof *p->ids);
-        p->top_ids = calloc((size_t)n * TOPK, sizeof *p->top_ids);
-        p->top_logits = calloc((size_t)n * TOPK, sizeof *p->top_logits);
-        if (!p->ids || !p->top_ids || !p->top_logits) goto out;
-        if (read_ints(&d, ids, p->ids, n) != n) goto out;
-        p->n_greedy = read_ints(&d, gr, p->ids + n, NGREEDY);
-        if (p->n_greedy < 0) goto out;
-        int r = ti + 1, s = tl + 1;
-        for (int pos = 0; pos < n; pos++, r = json_skip(&d, r), s = json_skip(&d, s)) {
-            if (read_ints(&d, r, p->top_ids + pos * TOPK, TOPK) != TOPK ||
-                read_floats(&d, s, p->top_logits + pos * TOPK, TOPK) != TOPK)
-                goto out;
-        }
-    }
-    rc = 0;
-out:
-    if (rc) printf("  %s: malformed golden\n", path);
-    json_free(&d);
-    free(src);
-    return rc;
-}
 
 /* ---- driving the backend ------------------------------------------------------- */
 

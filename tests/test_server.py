@@ -12,26 +12,16 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.path.join(ROOT, "build", "sluice")
-MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+sys.path.insert(0, os.path.dirname(__file__))
+import sluice_testlib as lib  # noqa: E402
+
 KEY = "sk-test-key"
 NAME = "smol"
 MAX_LEN = 512
 MAX_BODY = 65536
 
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-PORT = free_port()
+PORT = lib.free_port()
 
 
 def request(method, path, body=None, key=KEY, raw=None, timeout=120):
@@ -49,12 +39,7 @@ def request(method, path, body=None, key=KEY, raw=None, timeout=120):
 
 def metrics():
     _, text = request("GET", "/metrics")
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            k, v = line.rsplit(" ", 1)
-            out[k] = float(v)
-    return out
+    return lib.parse_metrics(text)
 
 
 CHAT = {"model": NAME, "messages": [{"role": "user", "content": "What is the capital of France?"}],
@@ -245,52 +230,23 @@ def test_disconnect_frees_blocks():
 
 
 def main():
-    if not os.path.exists(BIN) or not os.path.exists(MODEL):
-        print("test_server: build/sluice or the default model is missing")
-        print("0 passed, 1 failed")
+    if lib.missing_prereqs("test_server"):
         return 1
-    log = open(os.path.join(ROOT, "build", "test_server.log"), "w")
-    proc = subprocess.Popen([BIN, "serve", MODEL, "--port", str(PORT), "--served-model-name", NAME,
-                             "--api-key", KEY, "--max-model-len", str(MAX_LEN), "--max-request-bytes",
-                             str(MAX_BODY), "--enable-prompt-tokens-details", "--max-num-seqs", "32",
-                             "--kv-cache-memory", "256M"], stdout=log, stderr=subprocess.STDOUT)
-    passed = failed = 0
+    log = lib.log_file("test_server.log")
+    proc = lib.start_server(["--port", str(PORT), "--served-model-name", NAME, "--api-key", KEY,
+                             "--max-model-len", str(MAX_LEN), "--max-request-bytes", str(MAX_BODY),
+                             "--enable-prompt-tokens-details", "--max-num-seqs", "32", "--kv-cache-memory", "256M"],
+                            stdout=log)
     try:
-        saw_503 = False
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            try:
-                st, _ = request("GET", "/health", key=None, timeout=5)
-                saw_503 |= st == 503
-                if st == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.1)
+        lib.wait_healthy(PORT, proc)
         tests = [test_health_and_models, test_chat_nonstream_and_stream_agree, test_completions, test_curl,
                  test_seed_reproducible, test_prefix_cache_reported, test_tokenize_roundtrip,
                  test_errors_then_success, test_concurrent_streams_batched, test_disconnect_frees_blocks]
-        for t in tests:
-            try:
-                t0 = time.time()
-                t()
-                passed += 1
-                print(f"ok   {t.__name__} ({time.time() - t0:.1f}s)", flush=True)
-            except Exception:
-                failed += 1
-                print(f"FAIL {t.__name__}", flush=True)
-                traceback.print_exc(file=sys.stdout)
-        if proc.poll() is not None:
-            print("FAIL the server exited during the tests")
-            failed += 1
+        passed, failed = lib.run_tests(tests, proc=proc)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+        lib.stop_server(proc)
+        log.close()
+    return lib.summary(passed, failed)
 
 
 if __name__ == "__main__":

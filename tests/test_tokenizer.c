@@ -26,24 +26,6 @@ static const char *const k_bpe_vocabs[] = {"gpt-2",        "starcoder", "refact"
 
 /* ---- helpers ---------------------------------------------------------------- */
 
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        b = NULL;
-    }
-    if (b) b[n] = 0;
-    if (len) *len = (size_t)n;
-    fclose(f);
-    return b;
-}
-
 struct vtest {
     int n;
     char *str[64];
@@ -70,9 +52,9 @@ static int vtest_load(const char *name, struct vtest *v)
     memset(v, 0, sizeof *v);
     snprintf(p, sizeof p, "%s/vocab/ggml-vocab-%s.gguf.inp", test_data_dir(), name);
     size_t len;
-    char *inp = slurp(p, &len);
+    char *inp = test_slurp(p, &len);
     snprintf(p, sizeof p, "%s/vocab/ggml-vocab-%s.gguf.out", test_data_dir(), name);
-    char *out = slurp(p, NULL);
+    char *out = test_slurp(p, NULL);
     if (!inp || !out) {
         free(inp);
         free(out);
@@ -231,7 +213,7 @@ struct golden {
 static int golden_load(struct golden *g)
 {
     memset(g, 0, sizeof *g);
-    char *buf = slurp(GOLDEN, NULL);
+    char *buf = test_slurp(GOLDEN, NULL);
     if (!buf) return -1;
     for (char *line = buf, *nl; *line && g->n < 64; line = nl + 1) {
         nl = strchr(line, '\n');

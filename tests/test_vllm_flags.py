@@ -8,23 +8,12 @@ Prints one line per test and ends with "N passed, N failed".
 import http.client
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
-import traceback
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.path.join(ROOT, "build", "sluice")
-MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+sys.path.insert(0, os.path.dirname(__file__))
+import sluice_testlib as lib  # noqa: E402
+from sluice_testlib import BIN, MODEL, free_port  # noqa: E402
 
 
 def chat(port, name):
@@ -43,25 +32,13 @@ def serve_and_chat(args, name):
     """Starts the server with args, waits for /health, chats, stops it; returns its stderr."""
     port = free_port()
     args = [a.replace("PORT", str(port)) for a in args]
-    proc = subprocess.Popen([BIN, "serve", MODEL] + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    proc = lib.start_server(args, stdout=subprocess.PIPE, text=True)
     try:
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            if proc.poll() is not None:
-                raise AssertionError("server exited: " + proc.stdout.read())
-            try:
-                c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-                c.request("GET", "/health")
-                if c.getresponse().status == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.1)
+        if not lib.wait_healthy(port, proc) and proc.poll() is not None:
+            raise AssertionError("server exited: " + proc.stdout.read())
         chat(port, name)
     finally:
-        proc.terminate()
-        out, _ = proc.communicate(timeout=30)
+        out = lib.stop_server(proc, timeout=30)
     return out
 
 
@@ -125,22 +102,11 @@ def test_impossible_max_model_len():
 
 
 def main():
-    if not os.path.exists(BIN) or not os.path.exists(MODEL):
-        print("0 passed, 1 failed")
+    if lib.missing_prereqs("test_vllm_flags"):
         return 1
-    passed = failed = 0
-    for t in [test_first_command_line, test_second_command_line, test_hf_override_applies,
-              test_malformed_json_flag, test_unknown_flag, test_impossible_max_model_len]:
-        try:
-            t()
-            passed += 1
-            print(f"ok   {t.__name__}", flush=True)
-        except Exception:
-            failed += 1
-            print(f"FAIL {t.__name__}", flush=True)
-            traceback.print_exc(file=sys.stdout)
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    passed, failed = lib.run_tests([test_first_command_line, test_second_command_line, test_hf_override_applies,
+                                    test_malformed_json_flag, test_unknown_flag, test_impossible_max_model_len])
+    return lib.summary(passed, failed)
 
 
 if __name__ == "__main__":

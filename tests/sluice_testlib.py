@@ -1,0 +1,127 @@
+"""Shared helpers of the Python integration tests (tests/test_*.py).
+
+Not a test itself: tools/run_tests.sh runs only tests/test_*.py. A test imports it with
+    sys.path.insert(0, os.path.dirname(__file__))
+    import sluice_testlib as lib
+"""
+import http.client
+import os
+import socket
+import subprocess
+import sys
+import time
+import traceback
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.environ.get("SLUICE_BIN", os.path.join(ROOT, "build", "sluice"))
+MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def missing_prereqs(name):
+    """True (after printing the reason and a failed summary) when build/sluice or the
+    default model is missing."""
+    if os.path.exists(BIN) and os.path.exists(MODEL):
+        return False
+    print(f"{name}: build/sluice or the default model is missing")
+    print("0 passed, 1 failed")
+    return True
+
+
+def log_file(name, mode="w"):
+    """build/NAME opened for a server's output."""
+    os.makedirs(os.path.join(ROOT, "build"), exist_ok=True)
+    return open(os.path.join(ROOT, "build", name), mode)
+
+
+def start_server(args, stdout, **popen_kw):
+    """`sluice serve MODEL args...`, stderr joined to stdout."""
+    return subprocess.Popen([BIN, "serve", MODEL] + list(args), stdout=stdout, stderr=subprocess.STDOUT,
+                            **popen_kw)
+
+
+def health(port, timeout=5):
+    """The status of GET /health (no API key needed); raises OSError when nothing answers."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        c.request("GET", "/health")
+        return c.getresponse().status
+    finally:
+        c.close()
+
+
+def wait_healthy(port, proc=None, timeout=120, interval=0.1):
+    """Waits until /health answers 200: True; False when proc exits first or time runs out."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc is not None and proc.poll() is not None:
+            return False
+        try:
+            if health(port) == 200:
+                return True
+        except OSError:
+            pass
+        time.sleep(interval)
+    return False
+
+
+def stop_server(proc, timeout=10):
+    """Terminates proc (killed if it does not exit within timeout); returns its
+    captured stdout when it was a pipe, else None."""
+    if proc.poll() is None:
+        proc.terminate()
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    return out
+
+
+def parse_metrics(text):
+    """The samples of a Prometheus /metrics text: {"name{labels}": value}."""
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            k, v = line.rsplit(" ", 1)
+            out[k] = float(v)
+    return out
+
+
+def run_tests(tests, *args, proc=None, only=None):
+    """Calls each test with args; prints "ok   name (time)" or "FAIL name" and the
+    traceback. When proc (the server under test) exits, that is one more failure
+    and the remaining tests are skipped. only: names to run (all when empty).
+    Returns (passed, failed)."""
+    passed = failed = 0
+    for t in tests:
+        if only and t.__name__ not in only:
+            continue
+        try:
+            t0 = time.time()
+            t(*args)
+            passed += 1
+            print(f"ok   {t.__name__} ({time.time() - t0:.1f}s)", flush=True)
+        except Exception:
+            failed += 1
+            print(f"FAIL {t.__name__}", flush=True)
+            traceback.print_exc(file=sys.stdout)
+            sys.stdout.flush()
+        if proc is not None and proc.poll() is not None:
+            print("FAIL the server exited during the tests", flush=True)
+            failed += 1
+            break
+    return passed, failed
+
+
+def summary(passed, failed):
+    """Prints the last line tools/run_tests.sh reads; returns the exit status."""
+    print(f"{passed} passed, {failed} failed", flush=True)
+    return 1 if failed else 0
