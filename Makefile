@@ -57,7 +57,7 @@ $(BUILD)/libsluice.a: $(LIB_OBJS)
 $(BUILD)/sluice: $(BUILD)/api/main.o $(CUDA_OBJS) $(BUILD)/libsluice.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
-$(BUILD)/tests/%: tests/%.c tests/test.h $(CUDA_OBJS) $(BUILD)/libsluice.a
+$(BUILD)/tests/%: tests/%.c tests/test.h tests/golden.h $(CUDA_OBJS) $(BUILD)/libsluice.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< $(CUDA_OBJS) $(BUILD)/libsluice.a -o $@ $(LDLIBS)
 
