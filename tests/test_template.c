@@ -20,26 +20,6 @@
 
 #define GOLDEN "tests/golden/templates"
 
-static char *read_all(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *p = malloc((size_t)n + 1);
-    if (p && fread(p, 1, (size_t)n, f) != (size_t)n) {
-        free(p);
-        p = NULL;
-    }
-    fclose(f);
-    if (p) {
-        p[n] = 0;
-        if (len) *len = (size_t)n;
-    }
-    return p;
-}
-
 /* Appends the members of the object at i (without braces) to b. */
 static void add_members(struct json_buf *b, const json_doc *d, int i)
 {
@@ -80,8 +60,8 @@ static void case_ctx(struct json_buf *b, const json_doc *d, int defaults, int c)
 static void test_golden(void)
 {
     size_t clen, elen;
-    char *conv = read_all(GOLDEN "/conversations.json", &clen);
-    char *exp = read_all(GOLDEN "/expected.json", &elen);
+    char *conv = test_slurp(GOLDEN "/conversations.json", &clen);
+    char *exp = test_slurp(GOLDEN "/expected.json", &elen);
     CHECK(conv && exp);
     if (!conv || !exp) goto done_files;
     json_doc cd, ed;
@@ -99,7 +79,7 @@ static void test_golden(void)
         json_str(&ed, p, name, sizeof name);
         snprintf(path, sizeof path, "%s/templates/%s", test_data_dir(), name);
         size_t slen;
-        char *src = read_all(path, &slen);
+        char *src = test_slurp(path, &slen);
         CHECKF(src != NULL, "cannot read %s", path);
         if (!src) continue;
         model_tmpl *t = model_tmpl_create(src, slen, err, sizeof err);
@@ -267,7 +247,7 @@ static void test_fuzz(void)
         char file[1200];
         snprintf(file, sizeof file, "%s/%s", path, names[k]);
         size_t len;
-        char *src = read_all(file, &len);
+        char *src = test_slurp(file, &len);
         CHECKF(src != NULL, "cannot read %s", file);
         if (!src) continue;
         char *buf = malloc(len + 64);
