@@ -706,6 +706,38 @@ static void list_tail(struct json_buf *out, const char *first, const char *last,
     json_buf_addf(out, ",\"has_more\":%s}", more ? "true" : "false");
 }
 
+/* Runs st (rows newest first, limit + 1 of them asked for) into an OpenAI
+ * list object: row() writes each object; the extra row only sets has_more.
+ * Finalizes st. Returns 0 or a negative status with err. */
+static int list_json(store *s, sqlite3_stmt *st, int limit, void (*row)(sqlite3_stmt *, struct json_buf *),
+                     const char *what, struct json_buf *out, char *err, size_t errlen)
+{
+    int rc = 0;
+    json_buf_add(out, "{\"object\":\"list\",\"data\":[", 25);
+    char first[STORE_ID_MAX] = "", last[STORE_ID_MAX] = "";
+    int n = 0, r;
+    bool more = false;
+    while ((r = sqlite3_step(st)) == SQLITE_ROW) {
+        if (n == limit) {
+            more = true;
+            break;
+        }
+        if (n) json_buf_add(out, ",", 1);
+        row(st, out);
+        if (!n) copy_id(first, col_text(st, 0));
+        copy_id(last, col_text(st, 0));
+        n++;
+    }
+    if (r != SQLITE_ROW && r != SQLITE_DONE) rc = db_fail(s, what, err, errlen);
+    sqlite3_finalize(st);
+    list_tail(out, n ? first : NULL, n ? last : NULL, more);
+    if (!rc && out->oom) {
+        set_err(err, errlen, "out of memory");
+        rc = SL_ENOMEM;
+    }
+    return rc;
+}
+
 /* The seq of `after` in table (files or batches), or INT64_MAX for none. */
 static int after_seq(store *s, const char *table, const char *after, int64_t *seq, char *err, size_t errlen)
 {
@@ -741,29 +773,7 @@ int store_file_list_json(store *s, const char *purpose, const char *after, int l
     sqlite3_bind_int64(st, 1, seq);
     sqlite3_bind_text(st, 2, purpose && *purpose ? purpose : NULL, -1, SQLITE_STATIC);
     sqlite3_bind_int(st, 3, limit + 1);
-    json_buf_add(out, "{\"object\":\"list\",\"data\":[", 25);
-    char first[STORE_ID_MAX] = "", last[STORE_ID_MAX] = "";
-    int n = 0, r;
-    bool more = false;
-    while ((r = sqlite3_step(st)) == SQLITE_ROW) {
-        if (n == limit) {
-            more = true;
-            break;
-        }
-        if (n) json_buf_add(out, ",", 1);
-        file_json(st, out);
-        if (!n) copy_id(first, col_text(st, 0));
-        copy_id(last, col_text(st, 0));
-        n++;
-    }
-    if (r != SQLITE_ROW && r != SQLITE_DONE) rc = db_fail(s, "list files", err, errlen);
-    sqlite3_finalize(st);
-    list_tail(out, n ? first : NULL, n ? last : NULL, more);
-    if (!rc && out->oom) {
-        set_err(err, errlen, "out of memory");
-        rc = SL_ENOMEM;
-    }
-    return rc;
+    return list_json(s, st, limit, file_json, "list files", out, err, errlen);
 }
 
 /* The absolute path of a file's content, malloc'ed, or NULL with an error. */
@@ -2001,27 +2011,5 @@ int store_batch_list_json(store *s, const char *after, int limit, struct json_bu
     if (!st) return STORE_EDB;
     sqlite3_bind_int64(st, 1, seq);
     sqlite3_bind_int(st, 2, limit + 1);
-    json_buf_add(out, "{\"object\":\"list\",\"data\":[", 25);
-    char first[STORE_ID_MAX] = "", last[STORE_ID_MAX] = "";
-    int n = 0, r;
-    bool more = false;
-    while ((r = sqlite3_step(st)) == SQLITE_ROW) {
-        if (n == limit) {
-            more = true;
-            break;
-        }
-        if (n) json_buf_add(out, ",", 1);
-        batch_json(st, out);
-        if (!n) copy_id(first, col_text(st, 0));
-        copy_id(last, col_text(st, 0));
-        n++;
-    }
-    if (r != SQLITE_ROW && r != SQLITE_DONE) rc = db_fail(s, "list batches", err, errlen);
-    sqlite3_finalize(st);
-    list_tail(out, n ? first : NULL, n ? last : NULL, more);
-    if (!rc && out->oom) {
-        set_err(err, errlen, "out of memory");
-        rc = SL_ENOMEM;
-    }
-    return rc;
+    return list_json(s, st, limit, batch_json, "list batches", out, err, errlen);
 }
