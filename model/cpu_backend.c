@@ -420,27 +420,7 @@ static void rope_tables(struct cpu_backend *b, const struct model_weights *w)
     const struct model_config *c = &b->c;
     int half = c->rope_dim / 2;
     double inv[4096];
-    for (int i = 0; i < half; i++) {
-        double f = pow((double)c->rope_theta, -2.0 * i / c->rope_dim);
-        if (c->rope_llama3_factor > 0) {
-            /* transformers' _compute_llama3_parameters */
-            double factor = c->rope_llama3_factor, lo = c->rope_llama3_low_freq,
-                   hi = c->rope_llama3_high_freq, old = c->rope_llama3_orig_ctx;
-            double wavelen = 2.0 * M_PI / f, lo_wl = old / lo, hi_wl = old / hi;
-            if (wavelen > lo_wl) {
-                f = f / factor;
-            } else if (wavelen >= hi_wl) {
-                double sm = (old / wavelen - lo) / (hi - lo);
-                f = (1.0 - sm) * f / factor + sm * f;
-            }
-        }
-        if (w->rope_freqs.data) {
-            float d;
-            model_tensor_to_f32(&w->rope_freqs, i, 1, &d);
-            f = f / d;
-        }
-        inv[i] = f;
-    }
+    model_rope_inv_freq(c, w, inv);
     for (int p = 0; p < b->max_ctx; p++)
         for (int i = 0; i < half; i++) {
             double a = (double)p * inv[i];

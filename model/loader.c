@@ -8,6 +8,7 @@
  * by the model (a name pool).
  */
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -667,3 +668,29 @@ const struct model_config *model_get_config(const model *m) { return &m->cfg; }
 const struct model_weights *model_get_weights(const model *m) { return &m->w; }
 const model_tok *model_get_tok(const model *m) { return m->tok; }
 const char *model_chat_template(const model *m) { return m->chat_template; }
+
+void model_rope_inv_freq(const struct model_config *c, const struct model_weights *w, double *inv)
+{
+    int half = c->rope_dim / 2;
+    for (int i = 0; i < half; i++) {
+        double f = pow((double)c->rope_theta, -2.0 * i / c->rope_dim);
+        if (c->rope_llama3_factor > 0) {
+            /* transformers' _compute_llama3_parameters */
+            double factor = c->rope_llama3_factor, lo = c->rope_llama3_low_freq, hi = c->rope_llama3_high_freq,
+                   old = c->rope_llama3_orig_ctx;
+            double wavelen = 2.0 * M_PI / f, lo_wl = old / lo, hi_wl = old / hi;
+            if (wavelen > lo_wl) {
+                f = f / factor;
+            } else if (wavelen >= hi_wl) {
+                double sm = (old / wavelen - lo) / (hi - lo);
+                f = (1.0 - sm) * f / factor + sm * f;
+            }
+        }
+        if (w && w->rope_freqs.data) {
+            float d;
+            model_tensor_to_f32(&w->rope_freqs, i, 1, &d);
+            f = f / d;
+        }
+        inv[i] = f;
+    }
+}

@@ -188,6 +188,10 @@ const model_tok *model_get_tok(const model *m);
 /* The chat template text from the checkpoint, or NULL. Borrowed. */
 const char *model_chat_template(const model *m);
 const char *model_arch_name(enum model_arch a);
+/* RoPE inverse frequencies, inv[rope_dim/2]: rope_theta, llama3 scaling and
+ * GGUF rope_freqs divisors applied (w may be NULL), as transformers computes
+ * them. Every backend builds its sin/cos tables from these. */
+void model_rope_inv_freq(const struct model_config *c, const struct model_weights *w, double *inv);
 
 /* Renders messages as ChatML (<|im_start|>role\ncontent<|im_end|>\n ... and,
  * with add_generation_prompt, "<|im_start|>assistant\n"), the format of the
