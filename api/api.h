@@ -28,6 +28,12 @@ struct api_flag {
 int api_parse_flags(int argc, char **argv, int first, const struct api_flag *flags,
                     const char **positional, int max_pos, char *err, size_t errlen);
 void api_print_flags(const struct api_flag *flags);
+/* api_parse_flags for a subcommand: on --help prints usage then the flag
+ * table, on a bad flag "sluice NAME: message", both to stderr. Returns the
+ * number of positionals, or -1 when the command should end now with
+ * *exit_code (0 after --help, 2 after an error). */
+int api_cmd_flags(const char *name, const char *usage, int argc, char **argv, int first, const struct api_flag *flags,
+                  const char **positional, int max_pos, int *exit_code);
 
 /* vLLM flags accepted for compatibility (api/compat.c); NULL/false = not given. */
 struct api_vllm_flags {

@@ -749,18 +749,14 @@ fail:
     return 1;
 }
 
-static void usage(const struct api_flag *flags)
-{
-    fprintf(stderr,
-            "usage: sluice batch COMMAND [flags]\n"
-            "  submit FILE.jsonl [--wait]  upload FILE, create a batch, print its id; --wait shows progress,\n"
-            "                              then writes FILE.output.jsonl (and FILE.errors.jsonl)\n"
-            "  status ID [--json]          a batch's status and request counts\n"
-            "  list [--limit N] [--after ID] [--all]\n"
-            "  cancel ID\n"
-            "  results ID -o FILE          download the output (and errors next to it)\n\n");
-    api_print_flags(flags);
-}
+static const char USAGE[] =
+    "usage: sluice batch COMMAND [flags]\n"
+    "  submit FILE.jsonl [--wait]  upload FILE, create a batch, print its id; --wait shows progress,\n"
+    "                              then writes FILE.output.jsonl (and FILE.errors.jsonl)\n"
+    "  status ID [--json]          a batch's status and request counts\n"
+    "  list [--limit N] [--after ID] [--all]\n"
+    "  cancel ID\n"
+    "  results ID -o FILE          download the output (and errors next to it)\n\n";
 
 int api_cmd_batch(int argc, char **argv)
 {
@@ -785,7 +781,8 @@ int api_cmd_batch(int argc, char **argv)
         {0},
     };
     if (argc < 3 || argv[2][0] == '-') {
-        usage(flags);
+        fputs(USAGE, stderr);
+        api_print_flags(flags);
         return argc < 3 ? 2 : (!strcmp(argv[2], "--help") || !strcmp(argv[2], "-h") ? 0 : 2);
     }
     const char *cmd = argv[2];
@@ -795,16 +792,10 @@ int api_cmd_batch(int argc, char **argv)
     av[argc] = NULL;
     char err[512];
     const char *pos[2];
-    int np = api_parse_flags(argc, av, 3, flags, pos, 2, err, sizeof err);
+    int flags_rc;
+    int np = api_cmd_flags("batch", USAGE, argc, av, 3, flags, pos, 2, &flags_rc);
     free(av);
-    if (np == -2) {
-        usage(flags);
-        return 0;
-    }
-    if (np < 0) {
-        fprintf(stderr, "sluice batch: %s\n", err);
-        return 2;
-    }
+    if (np < 0) return flags_rc;
     if (!key) key = getenv("SLUICE_API_KEY");
     if (!key) key = getenv("OPENAI_API_KEY");
     struct client c = {.api_key = key && *key ? key : NULL};

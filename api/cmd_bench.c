@@ -1360,21 +1360,14 @@ int api_cmd_bench(int argc, char **argv)
         {0},
     };
     char err[1024];
-    int np = api_parse_flags(argc, argv, 2, flags, NULL, 0, err, sizeof err);
-    if (np == -2) {
-        fprintf(stderr, "usage: sluice bench --url http://HOST:PORT [--model NAME] [--api-key K] [--prompt-tokens 14600]\n"
-                        "                    [--max-tokens 256] [--runs 5] [--concurrency N] [--csv F] [--json F] [--plot F.png]\n\n"
-                        "Streams /v1/chat/completions on any OpenAI-compatible server: a warm-up, --runs cache-bust\n"
-                        "runs (the first tokens differ per run), then --runs cache-hit runs (the last prompt again).\n"
-                        "Prints run, cache, pp tok/s, tg tok/s, e2e tok/s, TTFT s, total s, p_tok, c_tok (tab-separated)\n"
-                        "and the averages per cache kind. --concurrency N reports throughput and latency percentiles.\n\n");
-        api_print_flags(flags);
-        return 0;
-    }
-    if (np < 0) {
-        fprintf(stderr, "sluice bench: %s\n", err);
-        return 2;
-    }
+    int flags_rc;
+    int np = api_cmd_flags("bench", "usage: sluice bench --url http://HOST:PORT [--model NAME] [--api-key K] [--prompt-tokens 14600]\n"
+                      "                    [--max-tokens 256] [--runs 5] [--concurrency N] [--csv F] [--json F] [--plot F.png]\n\n"
+                      "Streams /v1/chat/completions on any OpenAI-compatible server: a warm-up, --runs cache-bust\n"
+                      "runs (the first tokens differ per run), then --runs cache-hit runs (the last prompt again).\n"
+                      "Prints run, cache, pp tok/s, tg tok/s, e2e tok/s, TTFT s, total s, p_tok, c_tok (tab-separated)\n"
+                      "and the averages per cache kind. --concurrency N reports throughput and latency percentiles.\n\n", argc, argv, 2, flags, NULL, 0, &flags_rc);
+    if (np < 0) return flags_rc;
     if (o.prompt_tokens < 16 || o.max_tokens < 1 || o.runs < 1 || o.runs > 10000 || o.concurrency < 0 ||
         o.concurrency > 4096 || o.num_prompts < 0 || timeout <= 0) {
         fprintf(stderr, "sluice bench: a flag is out of range (--prompt-tokens >= 16, --max-tokens >= 1, "

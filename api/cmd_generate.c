@@ -180,13 +180,10 @@ static char *read_line(FILE *f)
     return line;
 }
 
-static void usage(const struct api_flag *flags)
-{
-    fprintf(stderr, "usage: sluice generate --model PATH [--prompt TEXT] [--chat] [flags]\n"
-                    "  Generates text on one backend. --chat applies the model's chat template;\n"
-                    "  --chat without --prompt starts an interactive chat on stdin.\n\n");
-    api_print_flags(flags);
-}
+static const char USAGE[] =
+    "usage: sluice generate --model PATH [--prompt TEXT] [--chat] [flags]\n"
+    "  Generates text on one backend. --chat applies the model's chat template;\n"
+    "  --chat without --prompt starts an interactive chat on stdin.\n\n";
 
 int api_cmd_generate(int argc, char **argv)
 {
@@ -221,15 +218,9 @@ int api_cmd_generate(int argc, char **argv)
     };
     char err[512];
     const char *pos[1];
-    int np = api_parse_flags(argc, argv, 2, flags, pos, 1, err, sizeof err);
-    if (np == -2) {
-        usage(flags);
-        return 0;
-    }
-    if (np < 0) {
-        fprintf(stderr, "sluice generate: %s\n", err);
-        return 2;
-    }
+    int flags_rc;
+    int np = api_cmd_flags("generate", USAGE, argc, argv, 2, flags, pos, 1, &flags_rc);
+    if (np < 0) return flags_rc;
     if (np == 1 && !model_path) model_path = pos[0];
     if (!model_path) {
         fprintf(stderr, "sluice generate: --model is required (see --help)\n");

@@ -14,16 +14,9 @@ int api_cmd_info(int argc, char **argv)
     };
     char err[512];
     const char *pos[1];
-    int np = api_parse_flags(argc, argv, 2, flags, pos, 1, err, sizeof err);
-    if (np == -2) {
-        fprintf(stderr, "usage: sluice info [--model PATH]\n\n");
-        api_print_flags(flags);
-        return 0;
-    }
-    if (np < 0) {
-        fprintf(stderr, "sluice info: %s\n", err);
-        return 2;
-    }
+    int flags_rc;
+    int np = api_cmd_flags("info", "usage: sluice info [--model PATH]\n\n", argc, argv, 2, flags, pos, 1, &flags_rc);
+    if (np < 0) return flags_rc;
     if (np == 1 && !model_path) model_path = pos[0];
     char gpus[1024];
     int n_gpu = model_cuda_describe(gpus, sizeof gpus);

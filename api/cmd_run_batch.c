@@ -326,14 +326,11 @@ static int read_lines(struct batch *b, FILE *f)
     return ferror(f) ? -1 : 0;
 }
 
-static void usage(const struct api_flag *flags)
-{
-    fprintf(stderr, "usage: sluice run-batch --model PATH -i INPUT.jsonl -o OUTPUT.jsonl [flags]\n"
-                    "  Runs an OpenAI batch file (/v1/chat/completions, /v1/completions lines) through the\n"
-                    "  continuous-batching engine; writes one output line per input line, in input order.\n"
-                    "  -i/-o are short for --input/--output; '-' means stdin/stdout.\n\n");
-    api_print_flags(flags);
-}
+static const char USAGE[] =
+    "usage: sluice run-batch --model PATH -i INPUT.jsonl -o OUTPUT.jsonl [flags]\n"
+    "  Runs an OpenAI batch file (/v1/chat/completions, /v1/completions lines) through the\n"
+    "  continuous-batching engine; writes one output line per input line, in input order.\n"
+    "  -i/-o are short for --input/--output; '-' means stdin/stdout.\n\n";
 
 int api_cmd_run_batch(int argc, char **argv)
 {
@@ -372,16 +369,10 @@ int api_cmd_run_batch(int argc, char **argv)
     av[argc] = NULL;
     char err[512];
     const char *pos[1];
-    int np = api_parse_flags(argc, av, 2, flags, pos, 1, err, sizeof err);
+    int flags_rc;
+    int np = api_cmd_flags("run-batch", USAGE, argc, av, 2, flags, pos, 1, &flags_rc);
     free(av);
-    if (np == -2) {
-        usage(flags);
-        return 0;
-    }
-    if (np < 0) {
-        fprintf(stderr, "sluice run-batch: %s\n", err);
-        return 2;
-    }
+    if (np < 0) return flags_rc;
     if (np == 1 && !model_path) model_path = pos[0];
     if (!model_path || !in_path || !out_path) {
         fprintf(stderr, "sluice run-batch: --model, -i and -o are required (see --help)\n");

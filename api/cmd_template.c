@@ -81,17 +81,10 @@ int api_cmd_template(int argc, char **argv)
     };
     char err[512];
     const char *pos[1];
-    int np = api_parse_flags(argc, argv, 2, flags, pos, 1, err, sizeof err);
-    if (np == -2) {
-        fprintf(stderr, "usage: sluice template (--model M | --chat-template FILE) --messages FILE.json [flags]\n"
-                        "  Prints the prompt a chat renders to, exactly as the model's chat template writes it.\n\n");
-        api_print_flags(flags);
-        return 0;
-    }
-    if (np < 0) {
-        fprintf(stderr, "sluice template: %s\n", err);
-        return 2;
-    }
+    int flags_rc;
+    int np = api_cmd_flags("template", "usage: sluice template (--model M | --chat-template FILE) --messages FILE.json [flags]\n"
+                      "  Prints the prompt a chat renders to, exactly as the model's chat template writes it.\n\n", argc, argv, 2, flags, pos, 1, &flags_rc);
+    if (np < 0) return flags_rc;
     if (np == 1 && !model_path) model_path = pos[0];
     if ((!model_path && !tmpl_path) || !msgs_path) {
         fprintf(stderr, "sluice template: --messages and one of --model / --chat-template are required\n");

@@ -53,16 +53,9 @@ int api_cmd_tokenize(int argc, char **argv)
     };
     char err[512];
     const char *pos[1];
-    int np = api_parse_flags(argc, argv, 2, flags, pos, 1, err, sizeof err);
-    if (np == -2) {
-        fprintf(stderr, "usage: sluice tokenize --model PATH (--text TEXT | --ids '[1,2,3]')\n\n");
-        api_print_flags(flags);
-        return 0;
-    }
-    if (np < 0) {
-        fprintf(stderr, "sluice tokenize: %s\n", err);
-        return 2;
-    }
+    int flags_rc;
+    int np = api_cmd_flags("tokenize", "usage: sluice tokenize --model PATH (--text TEXT | --ids '[1,2,3]')\n\n", argc, argv, 2, flags, pos, 1, &flags_rc);
+    if (np < 0) return flags_rc;
     if (np == 1 && !model_path) model_path = pos[0];
     if (!model_path || (!text == !ids_json)) {
         fprintf(stderr, "sluice tokenize: needs --model and exactly one of --text / --ids\n");

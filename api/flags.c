@@ -94,3 +94,22 @@ void api_print_flags(const struct api_flag *flags)
         fprintf(stderr, "  %-34s %s\n", name, f->help);
     }
 }
+
+int api_cmd_flags(const char *name, const char *usage, int argc, char **argv, int first, const struct api_flag *flags,
+                  const char **positional, int max_pos, int *exit_code)
+{
+    char err[512];
+    int np = api_parse_flags(argc, argv, first, flags, positional, max_pos, err, sizeof err);
+    if (np == -2) {
+        fputs(usage, stderr);
+        api_print_flags(flags);
+        *exit_code = 0;
+        return -1;
+    }
+    if (np < 0) {
+        fprintf(stderr, "sluice %s: %s\n", name, err);
+        *exit_code = 2;
+        return -1;
+    }
+    return np;
+}

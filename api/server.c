@@ -432,14 +432,11 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 
 /* ---- the command ---- */
 
-static void usage(const struct api_flag *flags)
-{
-    fprintf(stderr, "usage: sluice serve [MODEL] [--model MODEL] [flags]\n"
-                    "  OpenAI-compatible server: /v1/chat/completions, /v1/completions, /v1/models,\n"
-                    "  /health, /metrics, /tokenize, /detokenize, /apply-template,\n"
-                    "  and the Batch API: /v1/files, /v1/batches. Flags are named as in vLLM.\n\n");
-    api_print_flags(flags);
-}
+static const char USAGE[] =
+    "usage: sluice serve [MODEL] [--model MODEL] [flags]\n"
+    "  OpenAI-compatible server: /v1/chat/completions, /v1/completions, /v1/models,\n"
+    "  /health, /metrics, /tokenize, /detokenize, /apply-template,\n"
+    "  and the Batch API: /v1/files, /v1/batches. Flags are named as in vLLM.\n\n";
 
 int api_cmd_serve(int argc, char **argv)
 {
@@ -513,15 +510,9 @@ int api_cmd_serve(int argc, char **argv)
     };
     char err[512];
     const char *pos[1];
-    int np = api_parse_flags(argc, argv, 2, flags, pos, 1, err, sizeof err);
-    if (np == -2) {
-        usage(flags);
-        return 0;
-    }
-    if (np < 0) {
-        fprintf(stderr, "sluice serve: %s\n", err);
-        return 2;
-    }
+    int flags_rc;
+    int np = api_cmd_flags("serve", USAGE, argc, argv, 2, flags, pos, 1, &flags_rc);
+    if (np < 0) return flags_rc;
     int rk = api_reasoning_lookup(chat_flags.reasoning_parser), tk = api_toolcall_lookup(chat_flags.tool_call_parser);
     if (rk < 0 || tk < 0) {
         fprintf(stderr, "sluice serve: unknown %s '%s' (known: %s)\n", rk < 0 ? "--reasoning-parser" : "--tool-call-parser",
