@@ -32,6 +32,8 @@ void api_print_flags(const struct api_flag *flags);
  * table, on a bad flag "sluice NAME: message", both to stderr. Returns the
  * number of positionals, or -1 when the command should end now with
  * *exit_code (0 after --help, 2 after an error). */
+/* A size such as 2G, 512M, 64KiB or 1073741824 in bytes; -1 when malformed. */
+long long api_parse_bytes(const char *s);
 int api_cmd_flags(const char *name, const char *usage, int argc, char **argv, int first, const struct api_flag *flags,
                   const char **positional, int max_pos, int *exit_code);
 

@@ -75,26 +75,6 @@ static void rand_hex(struct batch *b, char *out, int n)
 }
 
 /* Parses "2G", "512M", "1GiB", "1000000" into bytes; -1 when malformed. */
-static long long parse_bytes(const char *s)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (end == s || errno || v < 0) return -1;
-    long long mul = 1;
-    switch (toupper((unsigned char)*end)) {
-    case 'K': mul = 1LL << 10; end++; break;
-    case 'M': mul = 1LL << 20; end++; break;
-    case 'G': mul = 1LL << 30; end++; break;
-    case 'T': mul = 1LL << 40; end++; break;
-    default: break;
-    }
-    if (mul > 1 && (*end == 'i' || *end == 'I')) end++;
-    if (*end == 'B' || *end == 'b') end++;
-    if (*end) return -1;
-    return (long long)(v * (double)mul);
-}
-
 /* ---- output lines ------------------------------------------------------------------ */
 
 static void line_head(struct batch *b, struct json_buf *o, const struct line *l)
@@ -378,7 +358,7 @@ int api_cmd_run_batch(int argc, char **argv)
         fprintf(stderr, "sluice run-batch: --model, -i and -o are required (see --help)\n");
         return 2;
     }
-    long long kv_bytes = parse_bytes(kv_mem);
+    long long kv_bytes = api_parse_bytes(kv_mem);
     if (kv_bytes <= 0) {
         fprintf(stderr, "sluice run-batch: invalid --kv-cache-memory '%s' (e.g. 2G, 512M, 1073741824)\n", kv_mem);
         return 2;

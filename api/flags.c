@@ -1,5 +1,6 @@
 /* flags.c - table-driven command-line flags for every subcommand. */
 #include <errno.h>
+#include <ctype.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -112,4 +113,24 @@ int api_cmd_flags(const char *name, const char *usage, int argc, char **argv, in
         return -1;
     }
     return np;
+}
+
+long long api_parse_bytes(const char *s)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || errno || v < 0) return -1;
+    long long mul = 1;
+    switch (toupper((unsigned char)*end)) {
+    case 'K': mul = 1LL << 10; end++; break;
+    case 'M': mul = 1LL << 20; end++; break;
+    case 'G': mul = 1LL << 30; end++; break;
+    case 'T': mul = 1LL << 40; end++; break;
+    default: break;
+    }
+    if (mul > 1 && (*end == 'i' || *end == 'I')) end++;
+    if (*end == 'B' || *end == 'b') end++;
+    if (*end) return -1;
+    return (long long)(v * (double)mul);
 }

@@ -29,20 +29,6 @@ static struct {
     bool auto_tool_choice;
 } chat_flags;
 
-static size_t parse_bytes(const char *s, bool *ok)
-{
-    char *end;
-    double v = strtod(s, &end);
-    double mul = 1;
-    if (*end == 'K' || *end == 'k') mul = 1024.0, end++;
-    else if (*end == 'M' || *end == 'm') mul = 1048576.0, end++;
-    else if (*end == 'G' || *end == 'g') mul = 1073741824.0, end++;
-    if (*end == 'i' || *end == 'B') end++;
-    if (*end == 'B') end++;
-    *ok = end != s && *end == '\0' && v > 0;
-    return (size_t)(v * mul);
-}
-
 /* Engine thread -> api thread: safe because the base is made thread-aware. */
 static void wake(void *arg)
 {
@@ -72,9 +58,9 @@ static void *load_main(void *arg)
         .notify_arg = s,
     };
     if (s->o.kv_cache_memory) {
-        bool ok;
-        eo.kv_cache_bytes = parse_bytes(s->o.kv_cache_memory, &ok);
-        if (!ok) {
+        long long kv = api_parse_bytes(s->o.kv_cache_memory);
+        eo.kv_cache_bytes = kv > 0 ? (size_t)kv : 0;
+        if (kv <= 0) {
             snprintf(err, sizeof err, "invalid --kv-cache-memory '%s' (e.g. 2G, 512M)", s->o.kv_cache_memory);
             goto fail;
         }
