@@ -190,7 +190,7 @@ int api_cmd_generate(int argc, char **argv)
     const char *model_path = NULL, *prompt = NULL, *device = NULL, *load_format = NULL, *system = NULL, *tok_path = NULL;
     bool chat = false, ignore_eos = false, quiet = false;
     const char *chat_template = NULL;
-    long max_tokens = 256, seed = -1, top_k = 0, threads = 0, max_model_len = 8192;
+    long max_tokens = 256, seed = -1, top_k = 0, threads = 0, max_model_len = 8192, tp = 1;
     double temperature = 0.8, top_p = 0.95, min_p = 0.0, rep = 1.0, pres = 0.0, freq = 0.0;
     const struct api_flag flags[] = {
         {"--model", API_FLAG_STR, &model_path, "GGUF file or HF checkpoint directory", NULL},
@@ -211,6 +211,7 @@ int api_cmd_generate(int argc, char **argv)
         {"--ignore-eos", API_FLAG_BOOL, &ignore_eos, "do not stop at end-of-sequence tokens", NULL},
         {"--max-model-len", API_FLAG_INT, &max_model_len, "context length to allocate (8192)", NULL},
         {"--device", API_FLAG_STR, &device, "cpu or cuda (default: cuda when available)", NULL},
+        {"--tensor-parallel-size", API_FLAG_INT, &tp, "GPUs the model is split across (1)", NULL},
         {"--load-format", API_FLAG_STR, &load_format, "auto, or dummy: random weights from a config.json dir", NULL},
         {"--threads", API_FLAG_INT, &threads, "CPU threads, 0 = all cores", NULL},
         {"--quiet", API_FLAG_BOOL, &quiet, "no statistics line", NULL},
@@ -255,6 +256,7 @@ int api_cmd_generate(int argc, char **argv)
     struct model_backend_opts bo = {
         .device = device, .n_threads = (int)threads, .max_tokens_per_step = PREFILL_CHUNK,
         .max_seqs_per_step = 1, .max_ctx = g.max_ctx,
+        .tensor_parallel_size = (int)tp,
     };
     g.be = model_backend_create(g.m, &bo, err, sizeof err);
     if (!g.be) goto fail;

@@ -316,7 +316,7 @@ int api_cmd_run_batch(int argc, char **argv)
 {
     const char *chat_template = NULL, *model_path = NULL, *in_path = NULL, *out_path = NULL, *served = NULL, *kv_mem = "2G",
                *device = NULL, *load_format = NULL, *tok_path = NULL;
-    long max_num_seqs = 64, max_batched = 1024, max_model_len = 0, block_size = 16, threads = 0;
+    long max_num_seqs = 64, max_batched = 1024, max_model_len = 0, block_size = 16, threads = 0, tp = 1;
     double batch_share = 0.1;
     bool prefix = true, quiet = false, timings = false;
     const struct api_flag flags[] = {
@@ -335,6 +335,7 @@ int api_cmd_run_batch(int argc, char **argv)
         {"--kv-cache-memory", API_FLAG_STR, &kv_mem, "KV cache size, bytes with K/M/G suffix (2G)", NULL},
         {"--min-batch-share", API_FLAG_FLOAT, &batch_share, "budget share kept for batch work (0.1)", NULL},
         {"--device", API_FLAG_STR, &device, "cpu or cuda (default: cuda when available)", NULL},
+        {"--tensor-parallel-size", API_FLAG_INT, &tp, "GPUs the model is split across (1)", NULL},
         {"--load-format", API_FLAG_STR, &load_format, "auto, or dummy: random weights from a config.json dir", NULL},
         {"--threads", API_FLAG_INT, &threads, "CPU threads, 0 = all cores", NULL},
         {"--quiet", API_FLAG_BOOL, &quiet, "no progress on stderr", NULL},
@@ -416,6 +417,7 @@ int api_cmd_run_batch(int argc, char **argv)
     struct model_backend_opts bo = {
         .device = device, .n_threads = (int)threads, .max_tokens_per_step = eo.sched.max_num_batched_tokens,
         .max_seqs_per_step = eo.sched.max_num_seqs, .max_ctx = eo.sched.max_model_len,
+        .tensor_parallel_size = (int)tp,
     };
     be = model_backend_create(b.m, &bo, err, sizeof err);
     if (!be) goto fail_msg;

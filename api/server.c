@@ -72,6 +72,7 @@ static void *load_main(void *arg)
         .max_tokens_per_step = eo.sched.max_num_batched_tokens,
         .max_seqs_per_step = eo.sched.max_num_seqs,
         .max_ctx = eo.sched.max_model_len,
+        .tensor_parallel_size = (int)s->o.tensor_parallel_size,
     };
     s->be = model_backend_create(s->m, &bo, err, sizeof err);
     if (!s->be) goto fail;
@@ -131,6 +132,16 @@ static void on_wake(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
     (void)what;
+    struct server *s = arg;
+    char msg[600];
+    /* checked before draining: the failure events of batch requests are not
+     * recorded, so their lines stay queued in the store for the next start */
+    if (s->eng && sched_engine_fatal(s->eng, msg, sizeof msg)) {
+        fprintf(stderr, "sluice serve: %s; stopping (queued batch work resumes at the next start)\n", msg);
+        s->fatal = true;
+        event_base_loopbreak(s->base);
+        return;
+    }
     srv_drain_events(arg);
 }
 
@@ -535,9 +546,9 @@ int api_cmd_serve(int argc, char **argv)
         fprintf(stderr, "sluice serve: a flag is out of range (see --help)\n");
         return 2;
     }
-    if (o->tensor_parallel_size != 1) {
-        fprintf(stderr, "sluice serve: --tensor-parallel-size %ld needs the CUDA backend with NCCL (not built yet)\n",
-                o->tensor_parallel_size);
+    if (o->tensor_parallel_size > 1 && (o->device ? strcmp(o->device, "cuda") : !model_cuda_available())) {
+        fprintf(stderr, "sluice serve: --tensor-parallel-size %ld needs --device cuda and that many GPUs%s\n",
+                o->tensor_parallel_size, model_cuda_available() ? "" : " (this build or host has no GPU)");
         return 2;
     }
     s->model_name = o->served_model_name ? o->served_model_name : o->model;
@@ -581,7 +592,7 @@ int api_cmd_serve(int argc, char **argv)
     }
     pthread_detach(loader);
     event_base_dispatch(s->base);
-    int rc = atomic_load(&s->state) == SRV_FAILED ? 1 : 0;
+    int rc = atomic_load(&s->state) == SRV_FAILED || s->fatal ? 1 : 0;
     srv_batch_stop(s); /* before the engine: its rows are still in flight there */
     /* a loader still running owns s->m; only tear down what is complete */
     if (atomic_load(&s->state) == SRV_READY) {

@@ -88,6 +88,7 @@ struct server {
     struct event_base *base;
     struct evhttp *http;
     struct event *wake_ev;           /* engine -> api thread */
+    bool fatal;                      /* the backend failed for good: the loop stopped */
     struct event *ready_ev;          /* loader -> api thread */
     _Atomic int state;
     char load_error[512];

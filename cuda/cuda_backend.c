@@ -1,5 +1,5 @@
 /* cuda_backend.c - the GPU backend (model/backend.h, device "cuda") for the
- * Llama family on one NVIDIA GPU.
+ * Llama family on one GPU or, tensor parallel, across N GPUs of one host.
  *
  * Numerics: every weight matrix is converted to bf16 at creation (GGUF
  * Q4_0/Q4_1/Q8_0/F16 dequantized on the host with model_tensor_to_f32, then
@@ -8,34 +8,72 @@
  * bf16 in, f32 compute) and every reduction accumulates in f32. Fused Q|K|V
  * and gate|up matrices make one GEMM each.
  *
+ * Tensor parallelism (opts->tensor_parallel_size = N > 1, Megatron style):
+ * rank k runs on device k with its own stream, cuBLAS handle and NCCL
+ * communicator (ncclCommInitAll). Q|K|V and gate|up are split by output rows
+ * (rank k holds heads [k H/N, (k+1) H/N), KV heads likewise, FFN columns
+ * [k F/N, (k+1) F/N)); the output and down projections are split by input
+ * columns, each rank's f32 partial product is summed by an all-reduce and
+ * rounded to bf16 once, as the one-GPU path rounds its GEMM output. The
+ * embedding and the LM head are split by vocabulary: a rank gathers the
+ * embedding rows it holds (zeros elsewhere) and an all-reduce completes x; for
+ * the LM head each rank reduces its slice of every logit row to (max, sum,
+ * argmax), an all-gather shares those and every rank combines them in the
+ * same order, so all ranks agree on the greedy token. Rows sampled on the
+ * host copy each rank's slice into one pinned row. Head counts, KV heads and
+ * FFN width must divide by N (checked at creation). The scheduler and KV pool
+ * stay single: every rank receives the same step (one pinned input buffer)
+ * and holds its KV heads of every block.
+ *
+ * Threads: forward() runs rank 0 on the caller's thread and ranks 1..N-1 on
+ * their own threads (the crew), all executing the same plan; the caller
+ * returns when every rank's stream is done. A rank that fails (CUDA, cuBLAS
+ * or NCCL error) raises a flag; every rank waiting on its stream polls the
+ * flag and its communicator's async error, aborts its communicator (which
+ * ends collectives stuck waiting for the failed rank) and returns, so a
+ * failure never hangs: forward() returns SL_EDEVICE and sets base.fatal.
+ *
  * A step: the host packs the step's inputs (token ids, positions, slots,
  * block tables, attention work items, logit rows) into one pinned buffer at
- * fixed offsets and copies it in one transfer; the layers run on one stream;
- * the LM head runs for the rows that need logits only (f32 logits); the
- * greedy token and its logprob are computed on the device, and only they
- * come back. Rows that need more than greedy (temperature, penalties, top
- * logprobs) or raw logits (logits_out) copy their logit row back and are
- * sampled on the host by model_sample(): the same code and RNG stream as the
- * CPU backend, so a seeded request draws the same uniform numbers on both; its
- * token differs from the CPU's only where the logits themselves differ (bf16
- * weights) enough to move the draw across a candidate boundary.
+ * fixed offsets and each rank copies it in one transfer; the layers run on
+ * the rank's stream; the LM head runs for the rows that need logits only
+ * (f32 logits); the greedy token and its logprob are computed on the device,
+ * and only they come back. Rows that need more than greedy (temperature,
+ * penalties, top logprobs) or raw logits (logits_out) copy their logit row
+ * back and are sampled on the host by model_sample(): the same code and RNG
+ * stream as the CPU backend, so a seeded request draws the same uniform
+ * numbers on both; its token differs from the CPU's only where the logits
+ * themselves differ (bf16 weights) enough to move the draw across a candidate
+ * boundary.
  *
- * Decode-only steps (every sequence one token) run as a CUDA graph captured
- * once per batch-size bucket (1, 2, 4, ... max_seqs): the step is padded to
- * the bucket with tokens that write the backend's private pad block and are
- * never read. SLUICE_CUDA_GRAPHS=0 turns graphs off.
+ * Decode-only steps (every sequence one token) run as a CUDA graph (per rank,
+ * NCCL calls included) captured once per batch-size bucket (1, 2, 4, ...
+ * max_seqs): the step is padded to the bucket with tokens that write the
+ * backend's private pad block and are never read. SLUICE_CUDA_GRAPHS=0 turns
+ * graphs off.
  *
- * KV memory: per layer K then V, each [n_blocks + 1][block_size][n_kv_heads][head_dim]
- * bf16; the last block is the pad block.
+ * KV memory, per rank: per layer K then V, each
+ * [n_blocks + 1][block_size][n_kv_heads / N][head_dim] bf16; the last block
+ * is the pad block.
  *
  * Memory: weights, KV, activations for max_tokens_per_step tokens, logits for
  * max_seqs_per_step rows and the pinned staging buffers are allocated at
  * creation and kv_alloc; forward() allocates nothing.
+ *
+ * Testing aid: SLUICE_TP_FAULT=RANK:STEP makes rank RANK fail its STEP-th
+ * forward (counted from 1) before enqueueing anything, as a dead GPU would,
+ * while the other ranks wait in their collectives. Benchmark aid:
+ * SLUICE_TP_SKIP_COMM=1 leaves the collectives out (outputs are wrong), so
+ * the difference in step time is what they cost.
  */
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <math.h>
+#include <nccl.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,14 +82,15 @@
 #include "model/backend.h"
 
 #define NBUCKET 10
+#define MAX_TP 16
 
 struct clayer {
-    uint16_t *wqkv;     /* [(H + 2 KVH) D][E] bf16, device */
-    uint16_t *wo;       /* [E][H D] */
-    uint16_t *wgu;      /* [2F][E]: gate rows then up rows */
-    uint16_t *wdown;    /* [E][F] */
+    uint16_t *wqkv;     /* [(H + 2 KVH) D / N][E] bf16, device: this rank's q, k, v rows */
+    uint16_t *wo;       /* [E][H D / N]: this rank's columns */
+    uint16_t *wgu;      /* [2F / N][E]: this rank's gate rows then its up rows */
+    uint16_t *wdown;    /* [E][F / N] */
     float *attn_norm, *ffn_norm; /* [E] f32, device */
-    float *bqkv;        /* [(H + 2 KVH) D] or NULL */
+    float *bqkv;        /* [(H + 2 KVH) D / N] or NULL */
     float *q_norm, *k_norm; /* [D] or NULL */
 };
 
@@ -60,49 +99,94 @@ struct inlay {
     size_t slots, ids, pos, tok_part, tok_nsplit, rows, n_items, items, bt_off, bt, total;
 };
 
-struct cuda_backend {
-    struct model_backend base;
-    struct model_config c;
-    int max_tokens, max_seqs, max_ctx, n_sm;
+struct cuda_backend;
+
+/* One GPU's share of the model and its working memory. */
+struct rank {
+    struct cuda_backend *b;
+    int id, dev;
+    int v0, vn;                     /* vocabulary rows [v0, v0 + vn) of tok_embd / lm_head */
+    int H, KVH, F;                  /* this rank's heads, KV heads, FFN width */
     cudaStream_t st;
     cublasHandle_t blas;
     void *blas_ws;
+    ncclComm_t comm;                /* NULL when N == 1 or after an abort */
 
-    uint16_t *tok_embd, *lm_head;   /* [V][E] bf16 (the same when tied) */
+    uint16_t *tok_embd, *lm_head;   /* [vn][E] bf16 (the same when tied) */
     float *out_norm;                /* [E] */
     struct clayer *L;               /* [n_layer] */
     float *rope_cos, *rope_sin;     /* [max_ctx][rope_dim/2] */
-
     uint16_t *kv;                   /* see the file comment */
-    int kv_blocks, block_size;
     size_t kv_layer;                /* elements of one layer's K (or V) */
 
     /* activations, [max_tokens] rows unless said otherwise, device */
     float *x;                       /* [E] f32 residual */
-    uint16_t *xn, *qkv, *q, *att, *delta, *gu, *h; /* [E], [QKV], [Q], [Q], [E], [2F], [F] */
+    uint16_t *xn, *qkv, *q, *att, *delta, *gu, *h; /* [E], [QKV/N], [Q/N], [Q/N], [E], [2F/N], [F/N] */
+    float *deltaf;                  /* [E] f32 partial sums before the all-reduce (N > 1) */
     uint16_t *hfin;                 /* [max_seqs][E] */
-    float *logits;                  /* [max_seqs][V] */
+    float *logits;                  /* [max_seqs][vn] */
+    struct cuda_argmax_part *amp;   /* [max_seqs] this rank's reductions */
+    struct cuda_argmax_part *amp_all; /* [N][max_seqs] every rank's, after the all-gather */
     int32_t *tok;                   /* [max_seqs] */
     float *lp;                      /* [max_seqs] */
     float *part;                    /* attention split partials */
-    int part_rows;
+    uint8_t *din;                   /* device mirror of the backend's hin */
+    cudaGraphExec_t gexec[NBUCKET];
 
-    /* step inputs: pinned host and device mirrors at the same offsets */
+    pthread_t th;                   /* ranks >= 1 */
+    bool th_started;
+    long steps;                     /* forwards run, for SLUICE_TP_FAULT */
+    int rc;                         /* last job's result */
+    char err[512];
+};
+
+enum job { JOB_INIT, JOB_KV, JOB_FORWARD, JOB_EXIT };
+
+struct cuda_backend {
+    struct model_backend base;
+    struct model_config c;
+    const struct model_weights *w;
+    int tp;
+    int max_tokens, max_seqs, max_ctx, n_sm;
+    int kv_blocks, block_size;
+    struct rank *r;                 /* [tp] */
+
+    /* step inputs: one pinned (portable) host buffer every rank copies from */
     struct inlay lay;
-    uint8_t *hin, *din;
-    int max_items, bt_cap;
+    uint8_t *hin;
+    int max_items, bt_cap, part_rows;
     int32_t *hout_tok;              /* [max_seqs] pinned */
     float *hout_lp;                 /* [max_seqs] pinned */
     float *hlog;                    /* [max_seqs][V] pinned: rows sampled on the host */
+    bool *row_host;                 /* [max_seqs] row r's logits go to hlog */
     void *samp;                     /* model_sample scratch */
     int *row_seq, *tok_seq;         /* host scratch */
 
     bool graphs;                    /* SLUICE_CUDA_GRAPHS=0: off */
     bool gemv;                      /* our GEMV for <= CUDA_GEMV_MAX_T rows; SLUICE_CUDA_GEMV=0: cuBLAS */
     int bucket[NBUCKET], n_bucket;
-    cudaGraphExec_t gexec[NBUCKET];
-};
 
+    /* the current job's arguments (written by the caller before the crew starts) */
+    struct {
+        int kv_blocks, block_size;                  /* JOB_KV */
+        int Tp, R, n_items, gi;                     /* JOB_FORWARD */
+        bool decode;
+        size_t nbytes;
+    } job;
+
+    /* the crew: ranks 1 .. tp-1 wait for gen to change, run job, count left down */
+    pthread_mutex_t mu;
+    pthread_cond_t go, done;
+    atomic_uint gen;
+    atomic_int left;
+    enum job cur;
+    bool crew;                      /* mu/go/done initialized */
+    atomic_int failed;              /* a rank failed: the others abort their communicators */
+    char dead[600];                 /* why the backend stopped (base.fatal points here) */
+    bool skip_comm;                 /* SLUICE_TP_SKIP_COMM=1 (benchmarks only) */
+    int fault_rank;                 /* SLUICE_TP_FAULT */
+    long fault_step;
+};
 
 #define CK(call)                                                                                     \
     do {                                                                                             \
@@ -122,6 +206,15 @@ struct cuda_backend {
             goto fail;                                                                               \
         }                                                                                            \
     } while (0)
+#define NC(call)                                                                                     \
+    do {                                                                                             \
+        ncclResult_t n_ = (call);                                                                    \
+        if (n_ != ncclSuccess) {                                                                     \
+            sl_seterr(err, errlen, "%s failed: %s (%s, %s:%d)", #call, ncclGetErrorString(n_), __func__, \
+                   __FILE__, __LINE__);                                                              \
+            goto fail;                                                                               \
+        }                                                                                            \
+    } while (0)
 
 bool model_cuda_available(void)
 {
@@ -135,6 +228,8 @@ static size_t kv_block_bytes(model_backend *mb, int block_size);
 static int kv_alloc(model_backend *mb, int n_blocks, int block_size, char *err, size_t errlen);
 static int forward(model_backend *mb, struct step *s, char *err, size_t errlen);
 static void destroy(model_backend *mb);
+static int crew_run(struct cuda_backend *b, enum job job, char *err, size_t errlen);
+static int rank_wait(struct rank *k, char *err, size_t errlen);
 
 static const struct model_backend_ops cuda_ops = {
     .name = "cuda",
@@ -153,52 +248,54 @@ static uint16_t to_bf16(float f)
     return (uint16_t)(u >> 16);
 }
 
-#define STAGE_ELEMS ((size_t)16 << 20) /* bf16 elements per staging transfer (32 MB) */
+#define STAGE_ELEMS ((size_t)16 << 20) /* elements per staging transfer (32 MB of bf16) */
 
-/* Copies rows [0, rows) of t (each `cols` wide) as bf16 to dst (device).
- * stage: pinned [STAGE_ELEMS] bf16; tmp: host [STAGE_ELEMS] f32. */
-static int upload_bf16(const struct model_tensor *t, int64_t rows, int64_t cols, uint16_t *dst,
-                       uint16_t *stage, float *tmp, char *err, size_t errlen)
+/* Copies rows [r0, r0 + nr) x columns [c0, c0 + nc) of t, a matrix of `cols`
+ * columns, as bf16 [nr][nc] to dst (device). stage: pinned [STAGE_ELEMS]
+ * bf16; tmp: host [STAGE_ELEMS] f32. Quantized rows are dequantized whole,
+ * so blocks are never split. */
+static int upload_bf16(const struct model_tensor *t, int64_t cols, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
+                       uint16_t *dst, uint16_t *stage, float *tmp, char *err, size_t errlen)
 {
-    int64_t n = rows * cols, rows_per = (int64_t)(STAGE_ELEMS / (size_t)cols);
+    int64_t rows_per = (int64_t)(STAGE_ELEMS / (size_t)cols);
     if (rows_per < 1) {
         sl_seterr(err, errlen, "tensor %s: rows too long to stage", t->name ? t->name : "?");
         return SL_EUNSUP;
     }
-    for (int64_t r0 = 0; r0 < rows; r0 += rows_per) {
-        int64_t nr = rows - r0 < rows_per ? rows - r0 : rows_per, ne = nr * cols, first = r0 * cols;
+    for (int64_t a = 0; a < nr; a += rows_per) {
+        int64_t n = nr - a < rows_per ? nr - a : rows_per;
         if (t->dtype == MODEL_DT_BF16) {
-            const uint16_t *src = (const uint16_t *)t->data + first;
+            const uint16_t *src = (const uint16_t *)t->data;
 #pragma omp parallel for schedule(static)
-            for (int64_t i = 0; i < ne; i += 65536)
-                memcpy(stage + i, src + i, (size_t)(ne - i < 65536 ? ne - i : 65536) * 2);
+            for (int64_t r = 0; r < n; r++)
+                memcpy(stage + r * nc, src + (r0 + a + r) * cols + c0, (size_t)nc * 2);
         } else {
-            /* row-aligned pieces, so quantized blocks are never split */
 #pragma omp parallel for schedule(dynamic, 16)
-            for (int64_t r = 0; r < nr; r++) {
-                model_tensor_to_f32(t, first + r * cols, cols, tmp + r * cols);
-                for (int64_t i = 0; i < cols; i++) stage[r * cols + i] = to_bf16(tmp[r * cols + i]);
+            for (int64_t r = 0; r < n; r++) {
+                float *row = tmp + r * cols;
+                model_tensor_to_f32(t, (r0 + a + r) * cols, cols, row);
+                for (int64_t i = 0; i < nc; i++) stage[r * nc + i] = to_bf16(row[c0 + i]);
             }
         }
-        cudaError_t e = cudaMemcpy(dst + first, stage, (size_t)ne * 2, cudaMemcpyHostToDevice);
+        cudaError_t e = cudaMemcpy(dst + a * nc, stage, (size_t)(n * nc) * 2, cudaMemcpyHostToDevice);
         if (e != cudaSuccess) {
             sl_seterr(err, errlen, "upload %s: %s", t->name ? t->name : "?", cudaGetErrorString(e));
             return SL_EDEVICE;
         }
     }
-    (void)n;
     return 0;
 }
 
-static int upload_f32(const struct model_tensor *t, int64_t n, float *dst, char *err, size_t errlen)
+/* Copies elements [off, off + n) of t as f32 to dst (device). */
+static int upload_f32(const struct model_tensor *t, int64_t off, int64_t n, float *dst, char *err, size_t errlen)
 {
-    float *h = malloc((size_t)n * sizeof *h);
+    float *h = malloc((size_t)(off + n) * sizeof *h);
     if (!h) {
         sl_seterr(err, errlen, "out of host memory");
         return SL_ENOMEM;
     }
-    model_tensor_to_f32(t, 0, n, h);
-    cudaError_t e = cudaMemcpy(dst, h, (size_t)n * sizeof *h, cudaMemcpyHostToDevice);
+    model_tensor_to_f32(t, 0, off + n, h);
+    cudaError_t e = cudaMemcpy(dst, h + off, (size_t)n * sizeof *h, cudaMemcpyHostToDevice);
     free(h);
     if (e != cudaSuccess) {
         sl_seterr(err, errlen, "upload %s: %s", t->name ? t->name : "?", cudaGetErrorString(e));
@@ -219,8 +316,9 @@ static int dmalloc(void **p, size_t n, char *err, size_t errlen)
 }
 
 /* The RoPE tables, computed exactly as the CPU backend does (double, then f32). */
-static int rope_tables(struct cuda_backend *b, const struct model_weights *w, char *err, size_t errlen)
+static int rope_tables(struct rank *k, char *err, size_t errlen)
 {
+    const struct cuda_backend *b = k->b;
     const struct model_config *c = &b->c;
     int half = c->rope_dim / 2;
     double *inv = malloc((size_t)half * sizeof *inv);
@@ -230,7 +328,7 @@ static int rope_tables(struct cuda_backend *b, const struct model_weights *w, ch
         sl_seterr(err, errlen, "out of host memory");
         goto out;
     }
-    model_rope_inv_freq(c, w, inv);
+    model_rope_inv_freq(c, b->w, inv);
 #pragma omp parallel for schedule(static)
     for (int p = 0; p < b->max_ctx; p++)
         for (int i = 0; i < half; i++) {
@@ -239,12 +337,12 @@ static int rope_tables(struct cuda_backend *b, const struct model_weights *w, ch
             sn[(size_t)p * half + i] = (float)sin(a);
         }
     size_t bytes = (size_t)b->max_ctx * half * sizeof(float);
-    if ((rc = dmalloc((void **)&b->rope_cos, bytes, err, errlen)) ||
-        (rc = dmalloc((void **)&b->rope_sin, bytes, err, errlen)))
+    if ((rc = dmalloc((void **)&k->rope_cos, bytes, err, errlen)) ||
+        (rc = dmalloc((void **)&k->rope_sin, bytes, err, errlen)))
         goto out;
     rc = SL_EDEVICE;
-    if (cudaMemcpy(b->rope_cos, cs, bytes, cudaMemcpyHostToDevice) != cudaSuccess ||
-        cudaMemcpy(b->rope_sin, sn, bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
+    if (cudaMemcpy(k->rope_cos, cs, bytes, cudaMemcpyHostToDevice) != cudaSuccess ||
+        cudaMemcpy(k->rope_sin, sn, bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
         sl_seterr(err, errlen, "upload of the RoPE tables failed");
         goto out;
     }
@@ -256,6 +354,124 @@ out:
     return rc;
 }
 
+/* Rank k's part of creation, on its own thread: stream, cuBLAS, its shard
+ * of the weights, RoPE tables and activations. */
+static int rank_init(struct rank *k, char *err, size_t errlen)
+{
+    struct cuda_backend *b = k->b;
+    const struct model_config *c = &b->c;
+    const struct model_weights *w = b->w;
+    uint16_t *stage = NULL;
+    float *tmp = NULL;
+    int N = b->tp, id = k->id;
+    CK(cudaSetDevice(k->dev));
+    CK(cudaStreamCreateWithFlags(&k->st, cudaStreamNonBlocking));
+    CK(cuda_attention_prepare(c->head_dim));
+    CB(cublasCreate(&k->blas));
+    CB(cublasSetStream(k->blas, k->st));
+    /* a fixed workspace: cuBLAS then never allocates, inside graph capture too */
+    if (dmalloc(&k->blas_ws, (size_t)32 << 20, err, errlen)) goto fail;
+    CB(cublasSetWorkspace(k->blas, k->blas_ws, (size_t)32 << 20));
+
+    size_t E = c->n_embd, D = c->head_dim, H = c->n_head, KVH = c->n_head_kv, F = c->n_ff;
+    size_t Q = H * D, KV = KVH * D;
+    size_t Hl = H / N, KVl = KVH / N * D, Ql = Hl * D, Fl = F / N, QKVl = Ql + 2 * KVl;
+    k->H = (int)Hl, k->KVH = (int)(KVH / N), k->F = (int)Fl;
+    int64_t vper = (c->n_vocab + N - 1) / N;
+    k->v0 = (int)(vper * id);
+    k->vn = (int)(c->n_vocab - k->v0 < vper ? c->n_vocab - k->v0 : vper);
+    CK(cudaMallocHost((void **)&stage, STAGE_ELEMS * 2));
+    tmp = malloc(STAGE_ELEMS * sizeof *tmp);
+    k->L = calloc((size_t)c->n_layer, sizeof *k->L);
+    if (!tmp || !k->L) {
+        sl_seterr(err, errlen, "out of host memory");
+        goto fail;
+    }
+#define MAT(dst, t, cols, r0, nr, c0, nc)                                                           \
+    do {                                                                                           \
+        if (upload_bf16((t), (cols), (r0), (nr), (c0), (nc), (dst), stage, tmp, err, errlen)) goto fail; \
+    } while (0)
+#define VEC(dst, t, off, n)                                                                        \
+    do {                                                                                           \
+        if (dmalloc((void **)&(dst), (n) * sizeof(float), err, errlen) ||                          \
+            upload_f32((t), (int64_t)(off), (int64_t)(n), (dst), err, errlen))                     \
+            goto fail;                                                                             \
+    } while (0)
+    size_t vn = (size_t)k->vn, v0 = (size_t)k->v0;
+    if (dmalloc((void **)&k->tok_embd, vn * E * 2, err, errlen)) goto fail;
+    MAT(k->tok_embd, &w->tok_embd, E, v0, vn, 0, E);
+    if (c->tie_embeddings) {
+        k->lm_head = k->tok_embd;
+    } else {
+        if (dmalloc((void **)&k->lm_head, vn * E * 2, err, errlen)) goto fail;
+        MAT(k->lm_head, &w->lm_head, E, v0, vn, 0, E);
+    }
+    VEC(k->out_norm, &w->out_norm, 0, E);
+    for (int l = 0; l < c->n_layer; l++) {
+        const struct model_layer_weights *lw = &w->layers[l];
+        struct clayer *L = &k->L[l];
+        if (dmalloc((void **)&L->wqkv, QKVl * E * 2, err, errlen) || dmalloc((void **)&L->wo, E * Ql * 2, err, errlen) ||
+            dmalloc((void **)&L->wgu, 2 * Fl * E * 2, err, errlen) || dmalloc((void **)&L->wdown, E * Fl * 2, err, errlen))
+            goto fail;
+        MAT(L->wqkv, &lw->wq, E, id * Ql, Ql, 0, E);
+        MAT(L->wqkv + Ql * E, &lw->wk, E, id * KVl, KVl, 0, E);
+        MAT(L->wqkv + (Ql + KVl) * E, &lw->wv, E, id * KVl, KVl, 0, E);
+        MAT(L->wo, &lw->wo, Q, 0, E, id * Ql, Ql);
+        MAT(L->wgu, &lw->w_gate, E, id * Fl, Fl, 0, E);
+        MAT(L->wgu + Fl * E, &lw->w_up, E, id * Fl, Fl, 0, E);
+        MAT(L->wdown, &lw->w_down, F, 0, E, id * Fl, Fl);
+        VEC(L->attn_norm, &lw->attn_norm, 0, E);
+        VEC(L->ffn_norm, &lw->ffn_norm, 0, E);
+        if (c->qkv_bias) {
+            if (dmalloc((void **)&L->bqkv, QKVl * sizeof(float), err, errlen) ||
+                upload_f32(&lw->bq, (int64_t)(id * Ql), (int64_t)Ql, L->bqkv, err, errlen) ||
+                upload_f32(&lw->bk, (int64_t)(id * KVl), (int64_t)KVl, L->bqkv + Ql, err, errlen) ||
+                upload_f32(&lw->bv, (int64_t)(id * KVl), (int64_t)KVl, L->bqkv + Ql + KVl, err, errlen))
+                goto fail;
+        }
+        if (c->qk_norm) {
+            VEC(L->q_norm, &lw->q_norm, 0, D);
+            VEC(L->k_norm, &lw->k_norm, 0, D);
+        }
+    }
+#undef MAT
+#undef VEC
+    (void)KV;
+    cudaFreeHost(stage);
+    stage = NULL;
+    free(tmp);
+    tmp = NULL;
+    if (rope_tables(k, err, errlen)) goto fail;
+
+    size_t T = b->max_tokens, S = b->max_seqs;
+    if (dmalloc((void **)&k->x, T * E * 4, err, errlen) || dmalloc((void **)&k->xn, T * E * 2, err, errlen) ||
+        dmalloc((void **)&k->qkv, T * QKVl * 2, err, errlen) || dmalloc((void **)&k->q, T * Ql * 2, err, errlen) ||
+        dmalloc((void **)&k->att, T * Ql * 2, err, errlen) || dmalloc((void **)&k->delta, T * E * 2, err, errlen) ||
+        dmalloc((void **)&k->gu, T * 2 * Fl * 2, err, errlen) || dmalloc((void **)&k->h, T * Fl * 2, err, errlen) ||
+        dmalloc((void **)&k->hfin, S * E * 2, err, errlen) || dmalloc((void **)&k->logits, S * vn * 4, err, errlen) ||
+        dmalloc((void **)&k->tok, S * 4, err, errlen) || dmalloc((void **)&k->lp, S * 4, err, errlen) ||
+        dmalloc((void **)&k->part, (size_t)b->part_rows * k->KVH * CUDA_ATTN_MAXSPLIT * (D + 2) * 4, err, errlen))
+        goto fail;
+    if (N > 1 && (dmalloc((void **)&k->deltaf, T * E * 4, err, errlen) ||
+                  dmalloc((void **)&k->amp, S * sizeof *k->amp, err, errlen) ||
+                  dmalloc((void **)&k->amp_all, (size_t)N * S * sizeof *k->amp_all, err, errlen)))
+        goto fail;
+    if (N > 1) {
+        /* NCCL connects its peers on the first collective, which cannot
+         * happen inside a graph capture: one eager all-reduce and all-gather
+         * now (all ranks initialize concurrently) */
+        CK(cudaMemsetAsync(k->deltaf, 0, E * 4, k->st));
+        NC(ncclAllReduce(k->deltaf, k->deltaf, E, ncclFloat, ncclSum, k->comm, k->st));
+        NC(ncclAllGather(k->amp, k->amp_all, S * sizeof *k->amp / 4, ncclInt32, k->comm, k->st));
+        if (rank_wait(k, err, errlen)) goto fail;
+    }
+    return 0;
+fail:
+    if (stage) cudaFreeHost(stage);
+    free(tmp);
+    return SL_EDEVICE;
+}
+
 model_backend *model_cuda_backend_create(const model *m, const struct model_backend_opts *opts, char *err,
                                          size_t errlen)
 {
@@ -263,15 +479,25 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
         sl_seterr(err, errlen, "no model");
         return NULL;
     }
-    if (!model_cuda_available()) {
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev <= 0) {
         sl_seterr(err, errlen, "no CUDA device");
         return NULL;
     }
     const struct model_config *c = model_get_config(m);
-    const struct model_weights *w = model_get_weights(m);
+    int N = opts && opts->tensor_parallel_size > 1 ? opts->tensor_parallel_size : 1;
+    if (N > ndev || N > MAX_TP) {
+        sl_seterr(err, errlen, "--tensor-parallel-size %d: this host has %d GPU%s%s", N, ndev, ndev == 1 ? "" : "s",
+                  N > MAX_TP ? " (and at most 16 ranks are supported)" : "");
+        return NULL;
+    }
+    if (model_tp_check(c, N, err, errlen)) return NULL;
+    if (c->head_dim % 8 || c->head_dim > 256 || c->n_head / c->n_head_kv > CUDA_ATTN_ROWS) {
+        sl_seterr(err, errlen, "cuda: head_dim %d / %d heads per KV head unsupported (head_dim %% 8 == 0, <= 256; <= %d)",
+               c->head_dim, c->n_head / c->n_head_kv, CUDA_ATTN_ROWS);
+        return NULL;
+    }
     struct cuda_backend *b = calloc(1, sizeof *b);
-    uint16_t *stage = NULL;
-    float *tmp = NULL;
     if (!b) {
         sl_seterr(err, errlen, "out of memory");
         return NULL;
@@ -279,6 +505,14 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     b->base.ops = &cuda_ops;
     b->base.m = m;
     b->c = *c;
+    b->w = model_get_weights(m);
+    b->tp = N;
+    b->fault_rank = -1;
+    const char *fe = getenv("SLUICE_TP_FAULT");
+    if (fe && sscanf(fe, "%d:%ld", &b->fault_rank, &b->fault_step) != 2) b->fault_rank = -1;
+    fe = getenv("SLUICE_TP_SKIP_COMM");
+    b->skip_comm = N > 1 && fe && strcmp(fe, "1") == 0;
+    if (b->skip_comm) fprintf(stderr, "cuda: SLUICE_TP_SKIP_COMM=1: collectives left out, outputs are wrong\n");
     b->max_tokens = opts && opts->max_tokens_per_step > 0 ? opts->max_tokens_per_step : 2048;
     b->max_seqs = opts && opts->max_seqs_per_step > 0 ? opts->max_seqs_per_step : 256;
     if (b->max_seqs > b->max_tokens) b->max_seqs = b->max_tokens;
@@ -288,103 +522,37 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     b->graphs = !(ge && strcmp(ge, "0") == 0);
     ge = getenv("SLUICE_CUDA_GEMV");
     b->gemv = !(ge && strcmp(ge, "0") == 0);
-    if (c->head_dim % 8 || c->head_dim > 256 || c->n_head / c->n_head_kv > CUDA_ATTN_ROWS) {
-        sl_seterr(err, errlen, "cuda: head_dim %d / %d heads per KV head unsupported (head_dim %% 8 == 0, <= 256; <= %d)",
-               c->head_dim, c->n_head / c->n_head_kv, CUDA_ATTN_ROWS);
+    b->part_rows = (int)((b->max_tokens < 256 ? b->max_tokens : 256) * (c->n_head / c->n_head_kv));
+    b->r = calloc((size_t)N, sizeof *b->r);
+    if (!b->r) {
+        sl_seterr(err, errlen, "out of memory");
         goto fail;
     }
+    for (int i = 0; i < N; i++) b->r[i] = (struct rank){.b = b, .id = i, .dev = i};
     struct cudaDeviceProp prop;
     CK(cudaSetDevice(0));
     CK(cudaGetDeviceProperties(&prop, 0));
     b->n_sm = prop.multiProcessorCount;
-    CK(cudaStreamCreateWithFlags(&b->st, cudaStreamNonBlocking));
-    CK(cuda_attention_prepare(c->head_dim));
-    CB(cublasCreate(&b->blas));
-    CB(cublasSetStream(b->blas, b->st));
-    /* a fixed workspace: cuBLAS then never allocates, inside graph capture too */
-    if (dmalloc(&b->blas_ws, (size_t)32 << 20, err, errlen)) goto fail;
-    CB(cublasSetWorkspace(b->blas, b->blas_ws, (size_t)32 << 20));
+    if (N > 1) {
+        ncclComm_t comms[MAX_TP];
+        int devs[MAX_TP];
+        for (int i = 0; i < N; i++) devs[i] = i;
+        NC(ncclCommInitAll(comms, N, devs));
+        for (int i = 0; i < N; i++) b->r[i].comm = comms[i];
+        CK(cudaSetDevice(0));
+    }
+    if (crew_run(b, JOB_INIT, err, errlen)) goto fail;
+    CK(cudaSetDevice(0));
 
-    size_t E = c->n_embd, F = c->n_ff, D = c->head_dim, H = c->n_head, KVH = c->n_head_kv, V = c->n_vocab;
-    size_t Q = H * D, KV = KVH * D, QKV = Q + 2 * KV;
-    CK(cudaMallocHost((void **)&stage, STAGE_ELEMS * 2));
-    tmp = malloc(STAGE_ELEMS * sizeof *tmp);
-    b->L = calloc((size_t)c->n_layer, sizeof *b->L);
-    if (!tmp || !b->L) {
-        sl_seterr(err, errlen, "out of host memory");
-        goto fail;
-    }
-#define MAT(dst, t, rows, cols)                                                                    \
-    do {                                                                                           \
-        if (upload_bf16((t), (rows), (cols), (dst), stage, tmp, err, errlen)) goto fail;           \
-    } while (0)
-#define VEC(dst, t, n)                                                                             \
-    do {                                                                                           \
-        if (dmalloc((void **)&(dst), (n) * sizeof(float), err, errlen) ||                          \
-            upload_f32((t), (int64_t)(n), (dst), err, errlen))                                     \
-            goto fail;                                                                             \
-    } while (0)
-    if (dmalloc((void **)&b->tok_embd, V * E * 2, err, errlen)) goto fail;
-    MAT(b->tok_embd, &w->tok_embd, V, E);
-    if (c->tie_embeddings) {
-        b->lm_head = b->tok_embd;
-    } else {
-        if (dmalloc((void **)&b->lm_head, V * E * 2, err, errlen)) goto fail;
-        MAT(b->lm_head, &w->lm_head, V, E);
-    }
-    VEC(b->out_norm, &w->out_norm, E);
-    for (int l = 0; l < c->n_layer; l++) {
-        const struct model_layer_weights *lw = &w->layers[l];
-        struct clayer *L = &b->L[l];
-        if (dmalloc((void **)&L->wqkv, QKV * E * 2, err, errlen) || dmalloc((void **)&L->wo, E * Q * 2, err, errlen) ||
-            dmalloc((void **)&L->wgu, 2 * F * E * 2, err, errlen) || dmalloc((void **)&L->wdown, E * F * 2, err, errlen))
-            goto fail;
-        MAT(L->wqkv, &lw->wq, Q, E);
-        MAT(L->wqkv + Q * E, &lw->wk, KV, E);
-        MAT(L->wqkv + (Q + KV) * E, &lw->wv, KV, E);
-        MAT(L->wo, &lw->wo, E, Q);
-        MAT(L->wgu, &lw->w_gate, F, E);
-        MAT(L->wgu + F * E, &lw->w_up, F, E);
-        MAT(L->wdown, &lw->w_down, E, F);
-        VEC(L->attn_norm, &lw->attn_norm, E);
-        VEC(L->ffn_norm, &lw->ffn_norm, E);
-        if (c->qkv_bias) {
-            if (dmalloc((void **)&L->bqkv, QKV * sizeof(float), err, errlen) ||
-                upload_f32(&lw->bq, (int64_t)Q, L->bqkv, err, errlen) ||
-                upload_f32(&lw->bk, (int64_t)KV, L->bqkv + Q, err, errlen) ||
-                upload_f32(&lw->bv, (int64_t)KV, L->bqkv + Q + KV, err, errlen))
-                goto fail;
-        }
-        if (c->qk_norm) {
-            VEC(L->q_norm, &lw->q_norm, D);
-            VEC(L->k_norm, &lw->k_norm, D);
-        }
-    }
-#undef MAT
-#undef VEC
-    cudaFreeHost(stage);
-    stage = NULL;
-    free(tmp);
-    tmp = NULL;
-    if (rope_tables(b, w, err, errlen)) goto fail;
-
-    size_t T = b->max_tokens, S = b->max_seqs;
-    b->part_rows = (int)((T < 256 ? T : 256) * (H / KVH));
-    if (dmalloc((void **)&b->x, T * E * 4, err, errlen) || dmalloc((void **)&b->xn, T * E * 2, err, errlen) ||
-        dmalloc((void **)&b->qkv, T * QKV * 2, err, errlen) || dmalloc((void **)&b->q, T * Q * 2, err, errlen) ||
-        dmalloc((void **)&b->att, T * Q * 2, err, errlen) || dmalloc((void **)&b->delta, T * E * 2, err, errlen) ||
-        dmalloc((void **)&b->gu, T * 2 * F * 2, err, errlen) || dmalloc((void **)&b->h, T * F * 2, err, errlen) ||
-        dmalloc((void **)&b->hfin, S * E * 2, err, errlen) || dmalloc((void **)&b->logits, S * V * 4, err, errlen) ||
-        dmalloc((void **)&b->tok, S * 4, err, errlen) || dmalloc((void **)&b->lp, S * 4, err, errlen) ||
-        dmalloc((void **)&b->part, (size_t)b->part_rows * KVH * CUDA_ATTN_MAXSPLIT * (D + 2) * 4, err, errlen))
-        goto fail;
-    CK(cudaMallocHost((void **)&b->hout_tok, S * 4));
-    CK(cudaMallocHost((void **)&b->hout_lp, S * 4));
-    CK(cudaMallocHost((void **)&b->hlog, S * V * 4));
+    size_t S = b->max_seqs, T = b->max_tokens, V = c->n_vocab;
+    CK(cudaHostAlloc((void **)&b->hout_tok, S * 4, cudaHostAllocPortable));
+    CK(cudaHostAlloc((void **)&b->hout_lp, S * 4, cudaHostAllocPortable));
+    CK(cudaHostAlloc((void **)&b->hlog, S * V * 4, cudaHostAllocPortable));
     b->samp = malloc(model_sample_scratch_bytes(c->n_vocab));
     b->row_seq = malloc(S * sizeof *b->row_seq);
     b->tok_seq = malloc(T * sizeof *b->tok_seq);
-    if (!b->samp || !b->row_seq || !b->tok_seq) {
+    b->row_host = calloc(S, sizeof *b->row_host);
+    if (!b->samp || !b->row_seq || !b->tok_seq || !b->row_host) {
         sl_seterr(err, errlen, "out of host memory");
         goto fail;
     }
@@ -392,30 +560,52 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     if (b->n_bucket < NBUCKET && b->bucket[b->n_bucket - 1] != b->max_seqs) b->bucket[b->n_bucket++] = b->max_seqs;
     return &b->base;
 fail:
-    if (stage) cudaFreeHost(stage);
-    free(tmp);
     destroy(&b->base);
     return NULL;
 }
 
 /* ---- KV ------------------------------------------------------------------------ */
 
+/* Bytes of one block on each GPU (each rank holds n_kv_heads / N heads). */
 static size_t kv_block_bytes(model_backend *mb, int block_size)
 {
     struct cuda_backend *b = (struct cuda_backend *)mb;
-    return 2 * (size_t)b->c.n_layer * (size_t)block_size * b->c.n_head_kv * b->c.head_dim * 2;
+    return 2 * (size_t)b->c.n_layer * (size_t)block_size * (b->c.n_head_kv / b->tp) * b->c.head_dim * 2;
 }
 
-static void drop_graphs(struct cuda_backend *b)
+static void drop_graphs(struct rank *k)
 {
     for (int i = 0; i < NBUCKET; i++)
-        if (b->gexec[i]) {
-            cudaGraphExecDestroy(b->gexec[i]);
-            b->gexec[i] = NULL;
+        if (k->gexec[i]) {
+            cudaGraphExecDestroy(k->gexec[i]);
+            k->gexec[i] = NULL;
         }
 }
 
 static size_t al(size_t o) { return (o + 15) & ~(size_t)15; }
+
+static int rank_kv_alloc(struct rank *k, char *err, size_t errlen)
+{
+    struct cuda_backend *b = k->b;
+    int n_blocks = b->job.kv_blocks, block_size = b->job.block_size;
+    CK(cudaSetDevice(k->dev));
+    drop_graphs(k);
+    cudaFree(k->kv);
+    cudaFree(k->din);
+    k->kv = NULL, k->din = NULL;
+    size_t per_block = kv_block_bytes(&b->base, block_size);
+    /* one more block: the pad block that padded graph tokens write */
+    if (dmalloc((void **)&k->kv, (size_t)(n_blocks + 1) * per_block, err, errlen)) {
+        sl_seterr(err, errlen, "kv_alloc: out of GPU memory on GPU %d for %d blocks (%.2f GB)", k->dev, n_blocks,
+                  (double)(n_blocks + 1) * per_block / 1e9);
+        return SL_ENOMEM;
+    }
+    k->kv_layer = (size_t)(n_blocks + 1) * block_size * k->KVH * b->c.head_dim;
+    if (dmalloc((void **)&k->din, b->lay.total, err, errlen)) return SL_ENOMEM;
+    return 0;
+fail:
+    return SL_EDEVICE;
+}
 
 static int kv_alloc(model_backend *mb, int n_blocks, int block_size, char *err, size_t errlen)
 {
@@ -424,22 +614,12 @@ static int kv_alloc(model_backend *mb, int n_blocks, int block_size, char *err, 
         sl_seterr(err, errlen, "kv_alloc: bad size (%d blocks of %d)", n_blocks, block_size);
         return SL_EINVAL;
     }
-    drop_graphs(b);
-    cudaFree(b->kv);
-    cudaFree(b->din);
-    cudaFreeHost(b->hin);
-    b->kv = NULL, b->din = NULL, b->hin = NULL, b->kv_blocks = 0;
-    size_t per_block = kv_block_bytes(mb, block_size);
-    /* one more block: the pad block that padded graph tokens write */
-    if (dmalloc((void **)&b->kv, (size_t)(n_blocks + 1) * per_block, err, errlen)) {
-        sl_seterr(err, errlen, "kv_alloc: out of GPU memory for %d blocks (%.2f GB)", n_blocks,
-               (double)(n_blocks + 1) * per_block / 1e9);
-        return SL_ENOMEM;
+    if (b->base.fatal) {
+        sl_seterr(err, errlen, "%s", b->base.fatal);
+        return SL_EDEVICE;
     }
-    b->kv_blocks = n_blocks;
-    b->block_size = block_size;
-    b->kv_layer = (size_t)(n_blocks + 1) * block_size * b->c.n_head_kv * b->c.head_dim;
-
+    cudaFreeHost(b->hin);
+    b->hin = NULL, b->kv_blocks = 0;
     size_t T = b->max_tokens, S = b->max_seqs;
     b->max_items = (int)(T + S + 256 * CUDA_ATTN_MAXSPLIT);
     b->bt_cap = (int)(S * ((size_t)(b->max_ctx + block_size - 1) / block_size + 1));
@@ -456,12 +636,17 @@ static int kv_alloc(model_backend *mb, int n_blocks, int block_size, char *err, 
     y->bt_off = o, o = al(o + S * 4);
     y->bt = o, o = al(o + (size_t)b->bt_cap * 4);
     y->total = o;
-    cudaError_t e = cudaMallocHost((void **)&b->hin, o);
-    if (e == cudaSuccess) e = cudaMalloc((void **)&b->din, o);
+    cudaError_t e = cudaHostAlloc((void **)&b->hin, o, cudaHostAllocPortable);
     if (e != cudaSuccess) {
         sl_seterr(err, errlen, "kv_alloc: step buffers: %s", cudaGetErrorString(e));
         return SL_ENOMEM;
     }
+    b->job.kv_blocks = n_blocks;
+    b->job.block_size = block_size;
+    int rc = crew_run(b, JOB_KV, err, errlen);
+    if (rc) return rc;
+    b->kv_blocks = n_blocks;
+    b->block_size = block_size;
     return 0;
 }
 
@@ -484,7 +669,7 @@ static bool device_greedy(const struct step_seq *q)
 
 static int check_step(struct cuda_backend *b, const struct step *s, char *err, size_t errlen)
 {
-    if (!b->kv) {
+    if (!b->kv_blocks) {
         sl_seterr(err, errlen, "forward: KV memory not allocated (kv_alloc)");
         return SL_EINVAL;
     }
@@ -502,14 +687,14 @@ static int check_step(struct cuda_backend *b, const struct step *s, char *err, s
 }
 
 #define HIN(b, f, type) ((type *)((b)->hin + (b)->lay.f))
-#define DIN(b, f, type) ((type *)((b)->din + (b)->lay.f))
+#define DIN(k, f, type) ((type *)((k)->din + (k)->b->lay.f))
 
 /* Packs the step into hin. Tokens [n_tokens, Tp) and rows [R, Rp) are
  * padding (decode graphs). Returns the bytes of hin to copy, or 0 when the
  * step does not fit the buffers. *R gets the number of logit rows. */
 static size_t pack_step(struct cuda_backend *b, const struct step *s, int Tp, int *R)
 {
-    int T = s->n_tokens, bs = b->block_size, grp = b->c.n_head / b->c.n_head_kv, KVH = b->c.n_head_kv;
+    int T = s->n_tokens, bs = b->block_size, grp = b->c.n_head / b->c.n_head_kv, KVH = b->r[0].KVH;
     int qt = CUDA_ATTN_ROWS / grp;
     int64_t *slots = HIN(b, slots, int64_t);
     int32_t *ids = HIN(b, ids, int32_t), *pos = HIN(b, pos, int32_t), *tpart = HIN(b, tok_part, int32_t),
@@ -536,6 +721,7 @@ static size_t pack_step(struct cuda_backend *b, const struct step *s, int Tp, in
         tiles += (q->query_len + qt - 1) / qt;
         if (q->want_sample || q->logits_out) {
             b->row_seq[r] = i;
+            b->row_host[r] = q->logits_out || (q->want_sample && !device_greedy(q));
             rows[r++] = q->query_start + q->query_len - 1;
         }
     }
@@ -581,62 +767,269 @@ static size_t pack_step(struct cuda_backend *b, const struct step *s, int Tp, in
     return b->lay.bt + (size_t)nbt * 4;
 }
 
-static cublasStatus_t gemm(struct cuda_backend *b, const uint16_t *x, const uint16_t *W, void *y, bool yf32, int T,
-                           int in, int out)
+static cublasStatus_t gemm(struct rank *k, const uint16_t *x, const uint16_t *W, void *y, bool yf32, int T, int in,
+                           int out)
 {
     const float one = 1.0f, zero = 0.0f;
-    if (b->gemv && T <= CUDA_GEMV_MAX_T && in % 8 == 0)
-        return cuda_gemv(W, x, y, yf32, T, in, out, b->st) == cudaSuccess ? CUBLAS_STATUS_SUCCESS
+    if (k->b->gemv && T <= CUDA_GEMV_MAX_T && in % 8 == 0)
+        return cuda_gemv(W, x, y, yf32, T, in, out, k->st) == cudaSuccess ? CUBLAS_STATUS_SUCCESS
                                                                              : CUBLAS_STATUS_EXECUTION_FAILED;
-    return cublasGemmEx(b->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, T, in, &one, W, CUDA_R_16BF, in, x, CUDA_R_16BF, in,
+    return cublasGemmEx(k->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, T, in, &one, W, CUDA_R_16BF, in, x, CUDA_R_16BF, in,
                         &zero, y, yf32 ? CUDA_R_32F : CUDA_R_16BF, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 }
 
-/* Enqueues the whole forward pass for T tokens (some maybe padding), R logit
- * rows, and max_items attention items, up to the greedy tokens. */
-static int enqueue(struct cuda_backend *b, int T, int R, int max_items, bool decode, char *err, size_t errlen)
+/* A row-parallel projection: y = x W^T summed over the ranks, into delta
+ * (bf16, rounded once from the f32 sum). */
+static int proj_rows(struct rank *k, const uint16_t *x, const uint16_t *W, int T, int in, int E, char *err,
+                     size_t errlen)
 {
+    if (k->b->tp == 1) {
+        CB(gemm(k, x, W, k->delta, false, T, in, E));
+        return 0;
+    }
+    CB(gemm(k, x, W, k->deltaf, true, T, in, E));
+    if (!k->b->skip_comm)
+        NC(ncclAllReduce(k->deltaf, k->deltaf, (size_t)T * E, ncclFloat, ncclSum, k->comm, k->st));
+    CK(cuda_f32_to_bf16(k->deltaf, (size_t)T * E, k->delta, k->st));
+    return 0;
+fail:
+    return SL_EDEVICE;
+}
+
+/* Enqueues rank k's whole forward pass for T tokens (some maybe padding), R
+ * logit rows, and max_items attention items, up to the greedy tokens. */
+static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, char *err, size_t errlen)
+{
+    struct cuda_backend *b = k->b;
     const struct model_config *c = &b->c;
-    int E = c->n_embd, F = c->n_ff, H = c->n_head, KVH = c->n_head_kv, D = c->head_dim, V = c->n_vocab;
+    int E = c->n_embd, F = k->F, H = k->H, KVH = k->KVH, D = c->head_dim;
     int Q = H * D, QKV = Q + 2 * KVH * D;
-    cudaStream_t st = b->st;
-    CK(cuda_embed(b->tok_embd, DIN(b, ids, int32_t), T, E, b->x, st));
+    cudaStream_t st = k->st;
+    if (b->tp == 1) {
+        CK(cuda_embed(k->tok_embd, DIN(k, ids, int32_t), T, E, k->x, st));
+    } else {
+        CK(cuda_embed_shard(k->tok_embd, DIN(k, ids, int32_t), T, E, k->v0, k->vn, k->x, st));
+        if (!b->skip_comm) NC(ncclAllReduce(k->x, k->x, (size_t)T * E, ncclFloat, ncclSum, k->comm, st));
+    }
     for (int l = 0; l < c->n_layer; l++) {
-        const struct clayer *L = &b->L[l];
+        const struct clayer *L = &k->L[l];
         /* the previous layer's MLP output joins the residual here */
-        CK(cuda_add_rmsnorm(b->x, l ? b->delta : NULL, L->attn_norm, NULL, T, E, c->norm_eps, b->xn, st));
-        CB(gemm(b, b->xn, L->wqkv, b->qkv, false, T, E, QKV));
-        uint16_t *kc = b->kv + (size_t)(2 * l) * b->kv_layer, *vc = b->kv + (size_t)(2 * l + 1) * b->kv_layer;
+        CK(cuda_add_rmsnorm(k->x, l ? k->delta : NULL, L->attn_norm, NULL, T, E, c->norm_eps, k->xn, st));
+        CB(gemm(k, k->xn, L->wqkv, k->qkv, false, T, E, QKV));
+        uint16_t *kc = k->kv + (size_t)(2 * l) * k->kv_layer, *vc = k->kv + (size_t)(2 * l + 1) * k->kv_layer;
         struct cuda_rope_args ra = {
-            .qkv = b->qkv, .bias = L->bqkv, .q_norm = L->q_norm, .k_norm = L->k_norm, .cos = b->rope_cos,
-            .sin = b->rope_sin, .pos = DIN(b, pos, int32_t), .slots = DIN(b, slots, int64_t), .T = T, .H = H,
+            .qkv = k->qkv, .bias = L->bqkv, .q_norm = L->q_norm, .k_norm = L->k_norm, .cos = k->rope_cos,
+            .sin = k->rope_sin, .pos = DIN(k, pos, int32_t), .slots = DIN(k, slots, int64_t), .T = T, .H = H,
             .KVH = KVH, .D = D, .rope_dim = c->rope_dim, .neox = c->rope_type == MODEL_ROPE_NEOX,
-            .eps = c->norm_eps, .q = b->q, .kc = kc, .vc = vc,
+            .eps = c->norm_eps, .q = k->q, .kc = kc, .vc = vc,
         };
         CK(cuda_rope_kv(&ra, st));
         struct cuda_attn_args aa = {
-            .q = b->q, .kc = kc, .vc = vc, .pos = DIN(b, pos, int32_t), .bt = DIN(b, bt, int32_t),
-            .bt_off = DIN(b, bt_off, int32_t), .items = DIN(b, items, struct cuda_attn_item),
-            .n_items = DIN(b, n_items, int32_t), .max_items = max_items,
+            .q = k->q, .kc = kc, .vc = vc, .pos = DIN(k, pos, int32_t), .bt = DIN(k, bt, int32_t),
+            .bt_off = DIN(k, bt_off, int32_t), .items = DIN(k, items, struct cuda_attn_item),
+            .n_items = DIN(k, n_items, int32_t), .max_items = max_items,
             .max_rows = decode ? H / KVH : CUDA_ATTN_ROWS, .H = H, .KVH = KVH, .D = D,
-            .block_size = b->block_size, .scale = 1.0f / sqrtf((float)D), .part = b->part,
-            .tok_part = DIN(b, tok_part, int32_t), .tok_nsplit = DIN(b, tok_nsplit, int32_t), .T = T, .out = b->att,
+            .block_size = b->block_size, .scale = 1.0f / sqrtf((float)D), .part = k->part,
+            .tok_part = DIN(k, tok_part, int32_t), .tok_nsplit = DIN(k, tok_nsplit, int32_t), .T = T, .out = k->att,
         };
         CK(cuda_attention(&aa, st));
-        CB(gemm(b, b->att, L->wo, b->delta, false, T, Q, E));
-        CK(cuda_add_rmsnorm(b->x, b->delta, L->ffn_norm, NULL, T, E, c->norm_eps, b->xn, st));
-        CB(gemm(b, b->xn, L->wgu, b->gu, false, T, E, 2 * F));
-        CK(cuda_swiglu(b->gu, T, F, b->h, st));
-        CB(gemm(b, b->h, L->wdown, b->delta, false, T, F, E));
+        if (proj_rows(k, k->att, L->wo, T, Q, E, err, errlen)) goto fail;
+        CK(cuda_add_rmsnorm(k->x, k->delta, L->ffn_norm, NULL, T, E, c->norm_eps, k->xn, st));
+        CB(gemm(k, k->xn, L->wgu, k->gu, false, T, E, 2 * F));
+        CK(cuda_swiglu(k->gu, T, F, k->h, st));
+        if (proj_rows(k, k->h, L->wdown, T, F, E, err, errlen)) goto fail;
     }
     if (R > 0) {
-        CK(cuda_add_rmsnorm(b->x, b->delta, b->out_norm, DIN(b, rows, int32_t), R, E, c->norm_eps, b->hfin, st));
-        CB(gemm(b, b->hfin, b->lm_head, b->logits, true, R, E, V));
-        CK(cuda_argmax_lse(b->logits, R, V, b->tok, b->lp, st));
+        CK(cuda_add_rmsnorm(k->x, k->delta, k->out_norm, DIN(k, rows, int32_t), R, E, c->norm_eps, k->hfin, st));
+        CB(gemm(k, k->hfin, k->lm_head, k->logits, true, R, E, k->vn));
+        if (b->tp == 1) {
+            CK(cuda_argmax_lse(k->logits, R, k->vn, k->tok, k->lp, st));
+        } else {
+            CK(cuda_argmax_part(k->logits, R, k->vn, k->v0, k->amp, st));
+            if (!b->skip_comm)
+                NC(ncclAllGather(k->amp, k->amp_all, (size_t)R * sizeof *k->amp / 4, ncclInt32, k->comm, st));
+            CK(cuda_argmax_combine(k->amp_all, b->tp, R, k->tok, k->lp, st));
+        }
     }
     return 0;
 fail:
     return SL_EDEVICE;
+}
+
+/* Waits for rank k's stream. With N > 1 it polls, so that a failure of
+ * another rank (the flag) or of this rank's communicator (its async error)
+ * aborts the communicator instead of waiting forever in a collective. */
+static int rank_wait(struct rank *k, char *err, size_t errlen)
+{
+    struct cuda_backend *b = k->b;
+    if (b->tp == 1) {
+        CK(cudaStreamSynchronize(k->st));
+        return 0;
+    }
+    for (unsigned spin = 0;; spin++) {
+        cudaError_t e = cudaStreamQuery(k->st);
+        if (e == cudaSuccess) return 0;
+        if (e != cudaErrorNotReady) {
+            sl_seterr(err, errlen, "GPU %d: %s", k->dev, cudaGetErrorString(e));
+            return SL_EDEVICE;
+        }
+        ncclResult_t ar = ncclSuccess;
+        if (k->comm && ncclCommGetAsyncError(k->comm, &ar) == ncclSuccess && ar != ncclSuccess &&
+            ar != ncclInProgress) {
+            sl_seterr(err, errlen, "GPU %d: NCCL: %s", k->dev, ncclGetErrorString(ar));
+            return SL_EDEVICE;
+        }
+        if (atomic_load(&b->failed)) {
+            sl_seterr(err, errlen, "GPU %d: stopped because another rank failed", k->dev);
+            return SL_EDEVICE;
+        }
+        if (spin > 64) sched_yield();
+    }
+fail:
+    return SL_EDEVICE;
+}
+
+static int rank_forward(struct rank *k, char *err, size_t errlen)
+{
+    struct cuda_backend *b = k->b;
+    int Tp = b->job.Tp, R = b->job.R, gi = b->job.gi, V = b->c.n_vocab, rc;
+    CK(cudaSetDevice(k->dev));
+    k->steps++;
+    if (k->id == b->fault_rank && k->steps == b->fault_step) {
+        sl_seterr(err, errlen, "GPU %d: injected fault at step %ld (SLUICE_TP_FAULT)", k->dev, k->steps);
+        return SL_EDEVICE;
+    }
+    CK(cudaMemcpyAsync(k->din, b->hin, b->job.nbytes, cudaMemcpyHostToDevice, k->st));
+    if (gi >= 0) {
+        if (!k->gexec[gi]) {
+            cudaGraph_t g = NULL;
+            CK(cudaStreamBeginCapture(k->st, cudaStreamCaptureModeThreadLocal));
+            rc = enqueue(k, Tp, Tp, Tp * CUDA_ATTN_MAXSPLIT, true, err, errlen);
+            cudaError_t e = cudaStreamEndCapture(k->st, &g);
+            if (rc) {
+                if (g) cudaGraphDestroy(g);
+                return rc;
+            }
+            CK(e);
+            e = cudaGraphInstantiate(&k->gexec[gi], g, 0);
+            cudaGraphDestroy(g);
+            CK(e);
+        }
+        CK(cudaGraphLaunch(k->gexec[gi], k->st));
+    } else {
+        if ((rc = enqueue(k, Tp, R, b->job.n_items, b->job.decode, err, errlen))) return rc;
+    }
+    if (R > 0) {
+        if (k->id == 0) {
+            CK(cudaMemcpyAsync(b->hout_tok, k->tok, (size_t)R * 4, cudaMemcpyDeviceToHost, k->st));
+            CK(cudaMemcpyAsync(b->hout_lp, k->lp, (size_t)R * 4, cudaMemcpyDeviceToHost, k->st));
+        }
+        for (int r = 0; r < R; r++)
+            if (b->row_host[r])
+                CK(cudaMemcpyAsync(b->hlog + (size_t)r * V + k->v0, k->logits + (size_t)r * k->vn,
+                                   (size_t)k->vn * 4, cudaMemcpyDeviceToHost, k->st));
+    }
+    return rank_wait(k, err, errlen);
+fail:
+    return SL_EDEVICE;
+}
+
+/* Runs job on rank k (its device is made current). */
+static int run_job(struct rank *k, enum job job)
+{
+    char *err = k->err;
+    size_t errlen = sizeof k->err;
+    int rc = 0;
+    err[0] = 0;
+    switch (job) {
+    case JOB_INIT: rc = rank_init(k, err, errlen); break;
+    case JOB_KV: rc = rank_kv_alloc(k, err, errlen); break;
+    case JOB_FORWARD: rc = rank_forward(k, err, errlen); break;
+    case JOB_EXIT: break;
+    }
+    if (rc && k->b->tp > 1) {
+        atomic_store(&k->b->failed, 1);
+        /* ends this rank's collectives; peers stuck in theirs see the flag */
+        if (k->comm) ncclCommAbort(k->comm);
+        k->comm = NULL;
+    }
+    return rc;
+}
+
+/* ---- the crew ------------------------------------------------------------------ */
+
+static void *rank_main(void *arg)
+{
+    struct rank *k = arg;
+    struct cuda_backend *b = k->b;
+    unsigned seen = 0;
+    for (;;) {
+        /* spin a little first: decode steps follow each other within milliseconds */
+        for (int i = 0; i < 20000 && atomic_load(&b->gen) == seen; i++)
+            if (i > 200) sched_yield();
+        pthread_mutex_lock(&b->mu);
+        while (atomic_load(&b->gen) == seen) pthread_cond_wait(&b->go, &b->mu);
+        seen = atomic_load(&b->gen);
+        enum job job = b->cur;
+        pthread_mutex_unlock(&b->mu);
+        if (job == JOB_EXIT) return NULL;
+        k->rc = run_job(k, job);
+        if (atomic_fetch_sub(&b->left, 1) == 1) {
+            pthread_mutex_lock(&b->mu);
+            pthread_cond_broadcast(&b->done);
+            pthread_mutex_unlock(&b->mu);
+        }
+    }
+}
+
+static int crew_start(struct cuda_backend *b, char *err, size_t errlen)
+{
+    pthread_mutex_init(&b->mu, NULL);
+    pthread_cond_init(&b->go, NULL);
+    pthread_cond_init(&b->done, NULL);
+    b->crew = true;
+    for (int i = 1; i < b->tp; i++) {
+        if (pthread_create(&b->r[i].th, NULL, rank_main, &b->r[i])) {
+            sl_seterr(err, errlen, "cannot start the thread of GPU %d", i);
+            return SL_ENOMEM;
+        }
+        b->r[i].th_started = true;
+    }
+    return 0;
+}
+
+/* Runs job on every rank: rank 0 here, the others on their threads; returns
+ * the first failing rank's error (by rank order). */
+static int crew_run(struct cuda_backend *b, enum job job, char *err, size_t errlen)
+{
+    if (b->tp > 1 && !b->crew && crew_start(b, err, errlen)) return SL_ENOMEM;
+    if (b->tp > 1) {
+        pthread_mutex_lock(&b->mu);
+        b->cur = job;
+        atomic_store(&b->left, b->tp - 1);
+        atomic_fetch_add(&b->gen, 1);
+        pthread_cond_broadcast(&b->go);
+        pthread_mutex_unlock(&b->mu);
+    }
+    b->r[0].rc = run_job(&b->r[0], job);
+    if (b->tp > 1) {
+        for (int i = 0; i < 20000 && atomic_load(&b->left) > 0; i++)
+            if (i > 200) sched_yield();
+        pthread_mutex_lock(&b->mu);
+        while (atomic_load(&b->left) > 0) pthread_cond_wait(&b->done, &b->mu);
+        pthread_mutex_unlock(&b->mu);
+    }
+    /* the first rank that failed for itself, not one that stopped for a peer */
+    int first = -1;
+    for (int i = 0; i < b->tp; i++)
+        if (b->r[i].rc && (first < 0 || (strstr(b->r[first].err, "another rank") && !strstr(b->r[i].err, "another rank"))))
+            first = i;
+    if (first < 0) return 0;
+    if (b->tp > 1)
+        sl_seterr(err, errlen, "tensor-parallel rank %d: %s", first, b->r[first].err);
+    else
+        sl_seterr(err, errlen, "%s", b->r[first].err);
+    return b->r[first].rc;
 }
 
 static int forward(model_backend *mb, struct step *s, char *err, size_t errlen)
@@ -646,10 +1039,13 @@ static int forward(model_backend *mb, struct step *s, char *err, size_t errlen)
         sl_seterr(err, errlen, "forward: no step");
         return SL_EINVAL;
     }
+    if (b->base.fatal) {
+        sl_seterr(err, errlen, "%s", b->base.fatal);
+        return SL_EDEVICE;
+    }
     int rc = check_step(b, s, err, errlen);
     if (rc) return rc;
-    const struct model_config *c = &b->c;
-    int V = c->n_vocab;
+    int V = b->c.n_vocab;
     bool decode = s->n_tokens == s->n_seqs;
     int gi = -1;
     if (decode && b->graphs)
@@ -664,37 +1060,15 @@ static int forward(model_backend *mb, struct step *s, char *err, size_t errlen)
         sl_seterr(err, errlen, "forward: step exceeds the backend's buffers");
         return SL_EINVAL;
     }
-    CK(cudaMemcpyAsync(b->din, b->hin, nbytes, cudaMemcpyHostToDevice, b->st));
-    if (gi >= 0) {
-        if (!b->gexec[gi]) {
-            cudaGraph_t g = NULL;
-            CK(cudaStreamBeginCapture(b->st, cudaStreamCaptureModeThreadLocal));
-            rc = enqueue(b, Tp, Tp, Tp * CUDA_ATTN_MAXSPLIT, true, err, errlen);
-            cudaError_t e = cudaStreamEndCapture(b->st, &g);
-            if (rc) {
-                if (g) cudaGraphDestroy(g);
-                return rc;
-            }
-            CK(e);
-            e = cudaGraphInstantiate(&b->gexec[gi], g, 0);
-            cudaGraphDestroy(g);
-            CK(e);
-        }
-        CK(cudaGraphLaunch(b->gexec[gi], b->st));
-    } else {
-        if ((rc = enqueue(b, s->n_tokens, R, *HIN(b, n_items, int32_t), decode, err, errlen))) return rc;
+    b->job.Tp = Tp, b->job.R = R, b->job.gi = gi, b->job.decode = decode, b->job.nbytes = nbytes;
+    b->job.n_items = *HIN(b, n_items, int32_t);
+    if ((rc = crew_run(b, JOB_FORWARD, err, errlen))) {
+        /* a GPU that failed mid-step leaves its stream, its KV and (with N > 1)
+         * its communicators unusable: no later step can run */
+        snprintf(b->dead, sizeof b->dead, "the GPU backend stopped: %s", err);
+        b->base.fatal = b->dead;
+        return SL_EDEVICE;
     }
-    if (R > 0) {
-        CK(cudaMemcpyAsync(b->hout_tok, b->tok, (size_t)R * 4, cudaMemcpyDeviceToHost, b->st));
-        CK(cudaMemcpyAsync(b->hout_lp, b->lp, (size_t)R * 4, cudaMemcpyDeviceToHost, b->st));
-        for (int r = 0; r < R; r++) {
-            const struct step_seq *q = &s->seqs[b->row_seq[r]];
-            if (q->logits_out || (q->want_sample && !device_greedy(q)))
-                CK(cudaMemcpyAsync(b->hlog + (size_t)r * V, b->logits + (size_t)r * V, (size_t)V * 4,
-                                   cudaMemcpyDeviceToHost, b->st));
-        }
-    }
-    CK(cudaStreamSynchronize(b->st));
     for (int r = 0; r < R; r++) {
         struct step_seq *q = &s->seqs[b->row_seq[r]];
         float *lg = b->hlog + (size_t)r * V;
@@ -715,34 +1089,54 @@ static int forward(model_backend *mb, struct step *s, char *err, size_t errlen)
         }
     }
     return 0;
-fail:
-    return SL_EDEVICE;
 }
 
 /* ---- teardown ------------------------------------------------------------------ */
+
+static void rank_free(struct rank *k, const struct model_config *c)
+{
+    cudaSetDevice(k->dev);
+    if (k->st) cudaStreamSynchronize(k->st);
+    drop_graphs(k);
+    if (k->L) {
+        for (int l = 0; l < c->n_layer; l++) {
+            struct clayer *L = &k->L[l];
+            cudaFree(L->wqkv), cudaFree(L->wo), cudaFree(L->wgu), cudaFree(L->wdown);
+            cudaFree(L->attn_norm), cudaFree(L->ffn_norm), cudaFree(L->bqkv), cudaFree(L->q_norm), cudaFree(L->k_norm);
+        }
+        free(k->L);
+    }
+    if (k->lm_head != k->tok_embd) cudaFree(k->lm_head);
+    cudaFree(k->tok_embd), cudaFree(k->out_norm), cudaFree(k->rope_cos), cudaFree(k->rope_sin), cudaFree(k->kv);
+    cudaFree(k->x), cudaFree(k->xn), cudaFree(k->qkv), cudaFree(k->q), cudaFree(k->att), cudaFree(k->delta);
+    cudaFree(k->deltaf), cudaFree(k->gu), cudaFree(k->h), cudaFree(k->hfin), cudaFree(k->logits);
+    cudaFree(k->amp), cudaFree(k->amp_all), cudaFree(k->tok), cudaFree(k->lp), cudaFree(k->part);
+    cudaFree(k->din), cudaFree(k->blas_ws);
+    if (k->blas) cublasDestroy(k->blas);
+    if (k->comm) ncclCommDestroy(k->comm);
+    if (k->st) cudaStreamDestroy(k->st);
+}
 
 static void destroy(model_backend *mb)
 {
     struct cuda_backend *b = (struct cuda_backend *)mb;
     if (!b) return;
-    if (b->st) cudaStreamSynchronize(b->st);
-    drop_graphs(b);
-    if (b->L) {
-        for (int l = 0; l < b->c.n_layer; l++) {
-            struct clayer *L = &b->L[l];
-            cudaFree(L->wqkv), cudaFree(L->wo), cudaFree(L->wgu), cudaFree(L->wdown);
-            cudaFree(L->attn_norm), cudaFree(L->ffn_norm), cudaFree(L->bqkv), cudaFree(L->q_norm), cudaFree(L->k_norm);
-        }
-        free(b->L);
+    if (b->crew) {
+        pthread_mutex_lock(&b->mu);
+        b->cur = JOB_EXIT;
+        atomic_fetch_add(&b->gen, 1);
+        pthread_cond_broadcast(&b->go);
+        pthread_mutex_unlock(&b->mu);
+        for (int i = 1; i < b->tp; i++)
+            if (b->r[i].th_started) pthread_join(b->r[i].th, NULL);
+        pthread_mutex_destroy(&b->mu);
+        pthread_cond_destroy(&b->go);
+        pthread_cond_destroy(&b->done);
     }
-    if (b->lm_head != b->tok_embd) cudaFree(b->lm_head);
-    cudaFree(b->tok_embd), cudaFree(b->out_norm), cudaFree(b->rope_cos), cudaFree(b->rope_sin), cudaFree(b->kv);
-    cudaFree(b->x), cudaFree(b->xn), cudaFree(b->qkv), cudaFree(b->q), cudaFree(b->att), cudaFree(b->delta);
-    cudaFree(b->gu), cudaFree(b->h), cudaFree(b->hfin), cudaFree(b->logits), cudaFree(b->tok), cudaFree(b->lp);
-    cudaFree(b->part), cudaFree(b->din), cudaFree(b->blas_ws);
+    if (b->r)
+        for (int i = 0; i < b->tp; i++) rank_free(&b->r[i], &b->c);
+    free(b->r);
     cudaFreeHost(b->hin), cudaFreeHost(b->hout_tok), cudaFreeHost(b->hout_lp), cudaFreeHost(b->hlog);
-    free(b->samp), free(b->row_seq), free(b->tok_seq);
-    if (b->blas) cublasDestroy(b->blas);
-    if (b->st) cudaStreamDestroy(b->st);
+    free(b->samp), free(b->row_seq), free(b->tok_seq), free(b->row_host);
     free(b);
 }

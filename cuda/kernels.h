@@ -98,6 +98,30 @@ cudaError_t cuda_swiglu(const uint16_t *gu, int T, int F, uint16_t *h, cudaStrea
  * logprob[r] = logits[r][tok] - logsumexp(logits[r]). NaN rows give tok -1. */
 cudaError_t cuda_argmax_lse(const float *logits, int R, int V, int32_t *tok, float *logprob, cudaStream_t st);
 
+/* ---- tp.cu (tensor parallelism) ---- */
+/* x[t][:] = float(tab[ids[t] - v0][:]) when v0 <= ids[t] < v0 + vn, else 0:
+ * the rank holding rows [v0, v0 + vn) of the embedding; an all-reduce (sum)
+ * of x over the ranks gives the full gather. tab [vn][E] bf16, x [T][E] f32. */
+cudaError_t cuda_embed_shard(const uint16_t *tab, const int32_t *ids, int T, int E, int v0, int vn, float *x,
+                             cudaStream_t st);
+/* dst[i] = bf16(src[i]) for i < n (round to nearest even). */
+cudaError_t cuda_f32_to_bf16(const float *src, size_t n, uint16_t *dst, cudaStream_t st);
+/* A rank's reduction of one logit row over its vocabulary slice. */
+struct cuda_argmax_part {
+    float max;      /* largest logit of the slice */
+    float sum;      /* sum of exp(logit - max) over the slice */
+    int32_t id;     /* global id of the first max; -1: NaN or +inf in the slice; -2: all -inf */
+    int32_t pad;
+};
+/* part[r] for each row r < R of logits [R][vn] f32 (ids v0 .. v0 + vn - 1). */
+cudaError_t cuda_argmax_part(const float *logits, int R, int vn, int v0, struct cuda_argmax_part *part,
+                             cudaStream_t st);
+/* Combines parts [N][R] (rank-major, ranks in vocabulary order) into tok[r]
+ * (lowest id on ties; -1 when a slice had NaN/inf or every logit is -inf) and
+ * logprob[r] = max - logsumexp, as cuda_argmax_lse does on one rank. */
+cudaError_t cuda_argmax_combine(const struct cuda_argmax_part *parts, int N, int R, int32_t *tok, float *logprob,
+                                cudaStream_t st);
+
 #ifdef __cplusplus
 }
 #endif

@@ -26,10 +26,33 @@ model_backend *model_backend_create(const model *m, const struct model_backend_o
         return NULL;
     }
     if (!dev) dev = model_cuda_available() ? "cuda" : "cpu";
+    if (strcmp(dev, "cpu") == 0 && opts && opts->tensor_parallel_size > 1) {
+        if (err && errlen)
+            snprintf(err, errlen, "tensor parallelism (%d GPUs) needs the cuda device, not cpu%s",
+                     opts->tensor_parallel_size, model_cuda_available() ? "" : " (no GPU found)");
+        return NULL;
+    }
     if (strcmp(dev, "cpu") == 0) return model_cpu_backend_create(m, opts, err, errlen);
     if (strcmp(dev, "cuda") == 0) return model_cuda_backend_create(m, opts, err, errlen);
     if (err && errlen) snprintf(err, errlen, "unknown device '%s' (expected cpu or cuda)", dev);
     return NULL;
+}
+
+int model_tp_check(const struct model_config *c, int n, char *err, size_t errlen)
+{
+    if (n < 1) {
+        if (err && errlen) snprintf(err, errlen, "--tensor-parallel-size %d: must be at least 1", n);
+        return SL_EINVAL;
+    }
+    if (c->n_head % n || c->n_head_kv % n || c->n_ff % n) {
+        if (err && errlen)
+            snprintf(err, errlen,
+                     "--tensor-parallel-size %d does not divide the model: %d attention heads, %d KV heads and "
+                     "FFN width %d must each be a multiple of %d",
+                     n, c->n_head, c->n_head_kv, c->n_ff, n);
+        return SL_EUNSUP;
+    }
+    return 0;
 }
 
 void model_backend_destroy(model_backend *b)

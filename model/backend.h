@@ -70,6 +70,7 @@ struct model_backend_opts {
     int max_tokens_per_step;    /* largest step.n_tokens (sizes scratch); 0 = 2048 */
     int max_seqs_per_step;      /* largest step.n_seqs; 0 = 256 */
     int max_ctx;                /* longest context a sequence may reach; 0 = n_ctx_train */
+    int tensor_parallel_size;   /* cuda: GPUs the model is split across (devices 0 .. N-1); 0 = 1 */
 };
 
 struct model_backend_ops {
@@ -78,7 +79,9 @@ struct model_backend_ops {
     size_t (*kv_block_bytes)(model_backend *b, int block_size);
     /* (Re)allocates KV memory for n_blocks blocks of block_size tokens. */
     int (*kv_alloc)(model_backend *b, int n_blocks, int block_size, char *err, size_t errlen);
-    /* Runs one step. On error the KV contents of this step's slots are undefined. */
+    /* Runs one step. On error the KV contents of this step's slots are
+     * undefined; SL_EDEVICE with b->fatal set means the backend cannot run
+     * another step (a GPU or a tensor-parallel rank failed). */
     int (*forward)(model_backend *b, struct step *s, char *err, size_t errlen);
     void (*destroy)(model_backend *b);
 };
@@ -86,6 +89,8 @@ struct model_backend_ops {
 struct model_backend {
     const struct model_backend_ops *ops;
     const model *m;             /* borrowed; must outlive the backend */
+    const char *fatal;          /* NULL while healthy; set by the backend (owned by it) once
+                                   forward() can never succeed again: the engine then stops */
 };
 
 /* Creates the backend named by opts->device for m. Returns NULL with a
@@ -93,6 +98,12 @@ struct model_backend {
 model_backend *model_backend_create(const model *m, const struct model_backend_opts *opts, char *err,
                                     size_t errlen);
 void model_backend_destroy(model_backend *b);
+
+/* Whether c can be split over n tensor-parallel ranks: attention heads, KV
+ * heads and FFN width must each divide by n (each rank holds whole heads and
+ * the KV heads its query heads read). 0, or SL_EUNSUP/SL_EINVAL with a
+ * message naming the counts. */
+int model_tp_check(const struct model_config *c, int n, char *err, size_t errlen);
 
 /* The CPU reference backend (model/cpu_backend.c). */
 model_backend *model_cpu_backend_create(const model *m, const struct model_backend_opts *opts,

@@ -37,6 +37,7 @@ struct sched_engine {
     uint64_t next_id;
     struct sched_evbuf pending;
     bool dropped;              /* an event was dropped for lack of memory */
+    char fatal[600];           /* non-empty once the backend cannot run another step */
     struct sched_engine_stats stats;
     void (*notify)(void *arg);
     void *notify_arg;
@@ -241,7 +242,10 @@ static void *engine_main(void *arg)
 
         pthread_mutex_lock(&e->mu);
         n_before = e->pending.n;
+        if (rc && e->be->fatal && !e->fatal[0]) snprintf(e->fatal, sizeof e->fatal, "%s", e->be->fatal);
         if (n > 0) {
+            /* after a fatal error every later step fails at once too, so all
+             * requests drain with an error event and no consumer waits forever */
             if (rc) sched_fail_step(e->s, &st, err, emit_locked, e);
             else sched_complete_step(e->s, &st, emit_locked, e);
         }
@@ -266,6 +270,12 @@ int sched_engine_submit(sched_engine *e, const struct sched_request *r, uint64_t
     sched_req *q = sched_req_create(e->s, r, nid, err, errlen);
     if (!q) return SL_EINVAL;
     pthread_mutex_lock(&e->mu);
+    if (e->fatal[0]) {
+        snprintf(err, errlen, "%s", e->fatal);
+        pthread_mutex_unlock(&e->mu);
+        sched_req_free(q);
+        return SL_EDEVICE;
+    }
     if (e->n_in == e->cap_in) {
         int cap = e->cap_in ? 2 * e->cap_in : 64;
         sched_req **p = realloc(e->in, (size_t)cap * sizeof *p);
@@ -349,6 +359,15 @@ void sched_engine_get_stats(sched_engine *e, struct sched_engine_stats *st)
     pthread_mutex_lock(&e->mu);
     *st = e->stats;
     pthread_mutex_unlock(&e->mu);
+}
+
+bool sched_engine_fatal(sched_engine *e, char *msg, size_t msglen)
+{
+    pthread_mutex_lock(&e->mu);
+    bool f = e->fatal[0] != 0;
+    if (f && msg && msglen) snprintf(msg, msglen, "%s", e->fatal);
+    pthread_mutex_unlock(&e->mu);
+    return f;
 }
 
 /* ---- teardown ---------------------------------------------------------------------- */

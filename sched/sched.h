@@ -263,5 +263,10 @@ int sched_engine_poll(sched_engine *e, struct sched_evbuf *b);
 int sched_engine_wait(sched_engine *e, struct sched_evbuf *b, double timeout_s);
 /* A consistent snapshot of the counters, taken after the last step. */
 void sched_engine_get_stats(sched_engine *e, struct sched_engine_stats *st);
+/* Whether the backend failed for good (a GPU or tensor-parallel rank died):
+ * then every request in flight finishes with an error event, submit refuses
+ * new ones with SL_EDEVICE, and the caller should stop. The reason goes to
+ * msg. Thread-safe. */
+bool sched_engine_fatal(sched_engine *e, char *msg, size_t msglen);
 
 #endif

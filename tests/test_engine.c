@@ -1,9 +1,14 @@
 /* test_engine.c - the engine on the default model (CPU backend, greedy):
  * batched, chunked, cached and preempted runs give exactly the tokens of a
  * lone run; stop strings, refusal and abort. Small token counts throughout so
- * the whole file runs in about a minute on two cores. */
+ * the whole file runs in about a minute on two cores.
+ *
+ * The same suite runs on the GPU (make gpu-test): SLUICE_TEST_DEVICE=cuda,
+ * SLUICE_TEST_TP=N (tensor-parallel ranks), SLUICE_TEST_MODEL=path (a model
+ * whose heads divide by N). */
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "model/backend.h"
@@ -17,6 +22,8 @@
 #define MAX_GEN 16
 
 static char err[512];
+static const char *g_path = MODEL_PATH, *g_device = "cpu"; /* SLUICE_TEST_MODEL, SLUICE_TEST_DEVICE */
+static int g_tp = 1;                                        /* SLUICE_TEST_TP */
 static model *m;
 static model_backend *be;
 static int32_t text_ids[2048];
@@ -326,11 +333,11 @@ static void test_run_batch(void)
           "\"content\":[{\"type\":\"text\",\"text\":\"Hi\"}]}],\"max_completion_tokens\":4,\"temperature\":0}}\n",
           f);
     fclose(f);
-    char cmd[512];
+    char cmd[1024];
     snprintf(cmd, sizeof cmd,
-             "build/sluice run-batch --model " MODEL_PATH " --served-model-name smol -i %s -o %s --max-model-len 512 "
-             "--kv-cache-memory 64M --quiet",
-             in, out);
+             "build/sluice run-batch --model %s --served-model-name smol -i %s -o %s --max-model-len 512 "
+             "--kv-cache-memory 64M --quiet --device %s --tensor-parallel-size %d",
+             g_path, in, out, g_device, g_tp);
     CHECK(system(cmd) == 0);
     f = fopen(out, "r");
     CHECK(f != NULL);
@@ -386,13 +393,17 @@ static void test_run_batch(void)
 int main(void)
 {
     struct model_load_opts lo = {0};
-    m = model_load(MODEL_PATH, &lo, err, sizeof err);
+    if (getenv("SLUICE_TEST_MODEL")) g_path = getenv("SLUICE_TEST_MODEL");
+    if (getenv("SLUICE_TEST_DEVICE")) g_device = getenv("SLUICE_TEST_DEVICE");
+    if (getenv("SLUICE_TEST_TP")) g_tp = atoi(getenv("SLUICE_TEST_TP"));
+    m = model_load(g_path, &lo, err, sizeof err);
     if (!m) {
-        printf("cannot load %s: %s\n", MODEL_PATH, err);
+        printf("cannot load %s: %s\n", g_path, err);
         return 1;
     }
-    struct model_backend_opts bo = {.device = "cpu", .max_tokens_per_step = 1024, .max_seqs_per_step = 64,
-                                    .max_ctx = 512};
+    struct model_backend_opts bo = {.device = g_device, .max_tokens_per_step = 1024, .max_seqs_per_step = 64,
+                                    .max_ctx = 512, .tensor_parallel_size = g_tp};
+    printf("engine on %s, device %s, %d rank(s)\n", g_path, g_device, g_tp);
     be = model_backend_create(m, &bo, err, sizeof err);
     if (!be) {
         printf("backend: %s\n", err);

@@ -448,6 +448,38 @@ static void test_backend_select(void)
     model_free(m);
 }
 
+/* Tensor-parallel splits, checked without GPUs: the shapes our users run at
+ * 2, 4 and 8 ranks, and the ones that do not split. */
+static void test_tp_check(void)
+{
+    char err[256];
+    struct model_config llama8b = {.n_head = 32, .n_head_kv = 8, .n_ff = 14336};
+    struct model_config qwen72b = {.n_head = 64, .n_head_kv = 8, .n_ff = 29568};
+    struct model_config smollm2 = {.n_head = 9, .n_head_kv = 3, .n_ff = 1536};
+    struct model_config tinyq3 = {.n_head = 4, .n_head_kv = 2, .n_ff = 64};
+    for (int n = 1; n <= 8; n *= 2) {
+        CHECKF(model_tp_check(&llama8b, n, err, sizeof err) == 0, "llama 8B at %d: %s", n, err);
+        CHECKF(model_tp_check(&qwen72b, n, err, sizeof err) == 0, "qwen 72B at %d: %s", n, err);
+    }
+    CHECK(model_tp_check(&llama8b, 16, err, sizeof err) == SL_EUNSUP && strstr(err, "8 KV heads"));
+    CHECK(model_tp_check(&llama8b, 3, err, sizeof err) == SL_EUNSUP && strstr(err, "32 attention heads"));
+    CHECK(model_tp_check(&smollm2, 1, err, sizeof err) == 0);
+    CHECK(model_tp_check(&smollm2, 3, err, sizeof err) == 0);
+    CHECK(model_tp_check(&smollm2, 2, err, sizeof err) == SL_EUNSUP && strstr(err, "9 attention heads") &&
+          strstr(err, "multiple of 2"));
+    CHECK(model_tp_check(&tinyq3, 2, err, sizeof err) == 0);
+    CHECK(model_tp_check(&tinyq3, 4, err, sizeof err) == SL_EUNSUP && strstr(err, "2 KV heads"));
+    CHECK(model_tp_check(&tinyq3, 8, err, sizeof err) == SL_EUNSUP);
+    CHECK(model_tp_check(&tinyq3, 0, err, sizeof err) == SL_EINVAL);
+    /* the CPU backend refuses tensor parallelism with a message naming it */
+    model *m = model_load("tests/models/tiny-qwen3", NULL, err, sizeof err);
+    CHECKF(m != NULL, "%s", err);
+    if (!m) return;
+    struct model_backend_opts bo = {.device = "cpu", .tensor_parallel_size = 2};
+    CHECK(model_backend_create(m, &bo, err, sizeof err) == NULL && strstr(err, "tensor parallelism"));
+    model_free(m);
+}
+
 /* SLUICE_BENCH=1: prefill 500 tokens then decode 128, one sequence, on the
  * default model; prints tok/s (not a test). */
 static double now_s(void)
@@ -533,6 +565,7 @@ int main(void)
     if (stat("tests/models/tiny-llama/model.safetensors", &tst) == 0) {
         RUN(test_loader_errors);
         RUN(test_backend_select);
+        RUN(test_tp_check);
     } else {
         printf("note: tests/models/tiny-llama absent: loader error tests skipped\n");
     }

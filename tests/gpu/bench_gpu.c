@@ -2,6 +2,8 @@
  *
  *   build/tests/gpu/bench_gpu [config_dir] [tokenizer]
  *   (defaults: tools/configs/llama-3.1-8b, tests/models/tiny-qwen3)
+ *   SLUICE_TEST_TP=N: N tensor-parallel ranks; SLUICE_BENCH_SEQS=n: KV for n
+ *   sequences (256) and the largest decode batch.
  *
  * Drives the backend with hand-made steps (no scheduler): TTFT of one
  * 2048-token prompt, prefill throughput of a 16K-token step (8 x 2048),
@@ -92,14 +94,17 @@ int main(int argc, char **argv)
     }
     const struct model_config *c = model_get_config(m);
     g_V = c->n_vocab;
+    int tp = getenv("SLUICE_TEST_TP") ? atoi(getenv("SLUICE_TEST_TP")) : 1;
+    int nseq = getenv("SLUICE_BENCH_SEQS") ? atoi(getenv("SLUICE_BENCH_SEQS")) : 256;
+    if (tp < 1) tp = 1;
+    if (nseq < 8) nseq = 8;
     struct model_backend_opts bo = {.device = "cuda", .max_tokens_per_step = 16384, .max_seqs_per_step = 256,
-                                    .max_ctx = CTXB * BS};
+                                    .max_ctx = CTXB * BS, .tensor_parallel_size = tp};
     g_be = model_backend_create(m, &bo, err, sizeof err);
     if (!g_be) {
         fprintf(stderr, "backend: %s\n", err);
         return 1;
     }
-    int nseq = 256;
     if (g_be->ops->kv_alloc(g_be, nseq * CTXB, BS, err, sizeof err)) {
         fprintf(stderr, "kv: %s\n", err);
         return 1;
@@ -113,8 +118,10 @@ int main(int argc, char **argv)
         wbytes = 2 * (c->n_layer * (E * (Q + 2 * KV) + Q * E + 3 * E * F) + (size_t)c->n_vocab * E);
     }
     double flops_tok = (double)wbytes; /* 2 flops per bf16 weight (2 bytes) */
-    printf("shape %s: %d layers, embd %d, ff %d, heads %d/%d, vocab %d; weights read per step %.2f GB; load %.1f s\n",
-           cfg, c->n_layer, c->n_embd, c->n_ff, c->n_head, c->n_head_kv, c->n_vocab, wbytes / 1e9, now() - t0);
+    printf("shape %s: %d layers, embd %d, ff %d, heads %d/%d, vocab %d; weights read per step %.2f GB; load %.1f s; "
+           "tensor parallel %d\n",
+           cfg, c->n_layer, c->n_embd, c->n_ff, c->n_head, c->n_head_kv, c->n_vocab, wbytes / 1e9, now() - t0, tp);
+    wbytes /= (size_t)tp; /* each GPU reads its share: the floor below is per GPU */
 
     step(1, 0, 64); /* warm-up */
     double tt[5];
@@ -134,6 +141,7 @@ int main(int argc, char **argv)
     int bsz[] = {8, 64, 256};
     for (int k = 0; k < 3; k++) {
         int b = bsz[k];
+        if (b > nseq) break;
         step(b, 0, 1024 > 16384 / b ? 16384 / b : 1024);
         int ctx = 1024 > 16384 / b ? 16384 / b : 1024;
         double d = median_decode(b, ctx, 32);

@@ -18,6 +18,11 @@
  *  - seeded sampling (temperature, top-p, penalties, top logprobs) is done on
  *    the host from the GPU logits with the CPU's RNG stream: tokens equal the
  *    CPU backend's while the logits agree.
+ *
+ * Tensor parallelism: SLUICE_TEST_TP=N runs "the GPU" as N ranks (models whose
+ * heads do not divide by N are skipped with a note); SLUICE_TEST_REF=cuda
+ * makes the reference one GPU (TP=1) instead of the CPU backend, so every
+ * comparison above becomes TP=N versus TP=1.
  */
 #include <math.h>
 #include <stdio.h>
@@ -41,6 +46,7 @@ static int g_nv;
 static int32_t g_bt[MAXP][REGION];
 static struct model_sampling g_greedy;
 static int g_near_ties;
+static int g_tp = 1; /* SLUICE_TEST_TP */
 
 /* ---- driving a backend ---------------------------------------------------------- */
 
@@ -254,7 +260,7 @@ static void test_batched_eager(void)
     char err[256];
     setenv("SLUICE_CUDA_GRAPHS", "0", 1);
     struct model_backend_opts bo = {.device = "cuda", .max_tokens_per_step = 1024, .max_seqs_per_step = 512,
-                                    .max_ctx = REGION * BLOCK};
+                                    .max_ctx = REGION * BLOCK, .tensor_parallel_size = g_tp};
     model_backend *be = model_backend_create(g_model, &bo, err, sizeof err);
     unsetenv("SLUICE_CUDA_GRAPHS");
     CHECKF(be != NULL, "%s", err);
@@ -336,11 +342,20 @@ static void run_model(const char *name, const char *path, const char *golden, do
         return;
     }
     g_nv = model_get_config(g_model)->n_vocab;
-    struct model_backend_opts bo = {.device = "cpu", .max_tokens_per_step = 1024, .max_seqs_per_step = 512,
+    if (model_tp_check(model_get_config(g_model), g_tp, err, sizeof err)) {
+        printf("note: %s skipped at TP=%d: %s\n", name, g_tp, err);
+        model_free(g_model);
+        golden_free(&g_gold);
+        return;
+    }
+    const char *ref = getenv("SLUICE_TEST_REF") ? getenv("SLUICE_TEST_REF") : "cpu";
+    struct model_backend_opts bo = {.device = ref, .max_tokens_per_step = 1024, .max_seqs_per_step = 512,
                                     .max_ctx = REGION * BLOCK};
     g_cpu = model_backend_create(g_model, &bo, err, sizeof err);
     bo.device = "cuda";
+    bo.tensor_parallel_size = g_tp;
     g_gpu = model_backend_create(g_model, &bo, err, sizeof err);
+    printf("  GPU backend: %d rank%s; reference: %s\n", g_tp, g_tp > 1 ? "s" : "", ref);
     if (!g_cpu || !g_gpu || g_cpu->ops->kv_alloc(g_cpu, MAXP * REGION, BLOCK, err, sizeof err) ||
         g_gpu->ops->kv_alloc(g_gpu, MAXP * REGION, BLOCK, err, sizeof err)) {
         printf("  backends: %s\n", err);
@@ -368,8 +383,12 @@ int main(void)
         return 0;
     }
     model_sampling_default(&g_greedy);
+    if (getenv("SLUICE_TEST_TP")) g_tp = atoi(getenv("SLUICE_TEST_TP"));
+    if (g_tp < 1) g_tp = 1;
     /* tiny-qwen3's logits are ~3 with near-uniform spread: bf16 weights move them ~1e-2 relative */
     run_model("tiny-qwen3", "tests/models/tiny-qwen3", "tests/models/tiny-qwen3/golden.json", 3e-2, 3e-2);
+    run_model("tiny-llama", "tests/models/tiny-llama", "tests/models/tiny-llama/golden.json", 3e-2, 3e-2);
+    run_model("tiny-qwen2", "tests/models/tiny-qwen2", "tests/models/tiny-qwen2/golden.json", 3e-2, 3e-2);
     /* bf16 weights (rounded from Q4_1) and bf16 activations through 30 layers: ~3% of max|logit| */
     run_model("smollm2", "models/SmolLM2-135M-Instruct.Q4_1.gguf", "tests/golden/smollm2/golden.json", 4e-2, 4e-2);
     printf("near-ties (GPU greedy token != CPU argmax, CPU top-2 within %.0f%% of max |logit|): %d\n",

@@ -1,0 +1,134 @@
+/* tp.cu - the kernels tensor parallelism adds (kernels.h): the vocabulary-
+ * sharded embedding gather, the f32 -> bf16 conversion after an all-reduce,
+ * and the distributed argmax (each rank reduces its slice of the vocabulary
+ * to (max, sum of exp, argmax); after an all-gather every rank combines the
+ * same partials in the same order, so all ranks agree on the token). */
+#include "cuda/bf16.cuh"
+#include "cuda/kernels.h"
+
+static __global__ void embed_shard_kernel(const uint16_t *tab, const int32_t *ids, int E, int v0, int vn, float *x)
+{
+    int t = blockIdx.x, id = ids[t] - v0;
+    float *xr = x + (size_t)t * E;
+    if (id < 0 || id >= vn) {
+        for (int i = threadIdx.x; i < E; i += blockDim.x) xr[i] = 0.0f;
+        return;
+    }
+    const uint16_t *row = tab + (size_t)id * E;
+    for (int i = threadIdx.x; i < E; i += blockDim.x) xr[i] = bf2f(row[i]);
+}
+
+extern "C" cudaError_t cuda_embed_shard(const uint16_t *tab, const int32_t *ids, int T, int E, int v0, int vn,
+                                        float *x, cudaStream_t st)
+{
+    if (T <= 0) return cudaSuccess;
+    embed_shard_kernel<<<T, 256, 0, st>>>(tab, ids, E, v0, vn, x);
+    return cudaGetLastError();
+}
+
+static __global__ void f32_to_bf16_kernel(const float *src, size_t n, uint16_t *dst)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = f2bf(src[i]);
+}
+
+extern "C" cudaError_t cuda_f32_to_bf16(const float *src, size_t n, uint16_t *dst, cudaStream_t st)
+{
+    if (!n) return cudaSuccess;
+    size_t blocks = (n + 255) / 256;
+    f32_to_bf16_kernel<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, st>>>(src, n, dst);
+    return cudaGetLastError();
+}
+
+/* One block per row: (value desc, id asc) argmax, then the sum of exp below
+ * the slice's max. Ids are global (v0 + local). */
+static __global__ void argmax_part_kernel(const float *logits, int vn, int v0, struct cuda_argmax_part *part)
+{
+    __shared__ float shv[32];
+    __shared__ int shi[32];
+    __shared__ float sh[32];
+    const float *row = logits + (size_t)blockIdx.x * vn;
+    float best = -INFINITY;
+    int bi = 0x7fffffff;
+    bool nan = false;
+    for (int i = threadIdx.x; i < vn; i += blockDim.x) {
+        float v = row[i];
+        if (isnan(v)) nan = true;
+        if (v > best) best = v, bi = i;
+    }
+    for (int o = 16; o; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > best || (ov == best && oi < bi)) best = ov, bi = oi;
+    }
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if (lane == 0) shv[w] = best, shi[w] = bi;
+    __syncthreads();
+    if (w == 0) {
+        best = lane < nw ? shv[lane] : -INFINITY;
+        bi = lane < nw ? shi[lane] : 0x7fffffff;
+        for (int o = 16; o; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, best, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > best || (ov == best && oi < bi)) best = ov, bi = oi;
+        }
+        if (lane == 0) shv[0] = best, shi[0] = bi;
+    }
+    __syncthreads();
+    float mx = shv[0];
+    int am = shi[0];
+    float s = 0.0f;
+    if (mx > -INFINITY)
+        for (int i = threadIdx.x; i < vn; i += blockDim.x) s += __expf(row[i] - mx);
+    s = block_sum(s, sh);
+    int anynan = __syncthreads_or(nan);
+    if (threadIdx.x == 0) {
+        struct cuda_argmax_part p;
+        p.max = mx;
+        p.sum = s;
+        p.id = anynan || mx == INFINITY ? -1 : mx == -INFINITY ? -2 : v0 + am;
+        p.pad = 0;
+        part[blockIdx.x] = p;
+    }
+}
+
+extern "C" cudaError_t cuda_argmax_part(const float *logits, int R, int vn, int v0, struct cuda_argmax_part *part,
+                                        cudaStream_t st)
+{
+    if (R <= 0) return cudaSuccess;
+    argmax_part_kernel<<<R, 1024, 0, st>>>(logits, vn, v0, part);
+    return cudaGetLastError();
+}
+
+/* One thread per row; ranks are visited in vocabulary order, so the lowest
+ * id wins a tie between ranks as it does inside one. */
+static __global__ void argmax_combine_kernel(const struct cuda_argmax_part *parts, int N, int R, int32_t *tok,
+                                             float *logprob)
+{
+    int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= R) return;
+    float M = -INFINITY;
+    int id = -2;
+    bool bad = false;
+    for (int k = 0; k < N; k++) {
+        struct cuda_argmax_part p = parts[(size_t)k * R + r];
+        if (p.id == -1) bad = true;
+        if (p.id >= 0 && (id < 0 || p.max > M)) M = p.max, id = p.id;
+    }
+    float S = 0.0f;
+    for (int k = 0; k < N; k++) {
+        struct cuda_argmax_part p = parts[(size_t)k * R + r];
+        if (p.id >= 0) S += p.sum * __expf(p.max - M);
+    }
+    bad = bad || id < 0;
+    tok[r] = bad ? -1 : id;
+    logprob[r] = bad ? NAN : -logf(S);
+}
+
+extern "C" cudaError_t cuda_argmax_combine(const struct cuda_argmax_part *parts, int N, int R, int32_t *tok,
+                                           float *logprob, cudaStream_t st)
+{
+    if (R <= 0) return cudaSuccess;
+    argmax_combine_kernel<<<(R + 127) / 128, 128, 0, st>>>(parts, N, R, tok, logprob);
+    return cudaGetLastError();
+}
