@@ -1,18 +1,40 @@
 /* attn.cu - paged attention for mixed batches (kernels.h).
  *
  * Work comes as items (struct cuda_attn_item) built on the host per step:
- * a tile of consecutive query tokens of one sequence (CUDA_ATTN_ROWS query
- * rows = tokens x the heads of one KV group) against a range of its key
- * positions. A block (4 warps) stages the tile's queries in shared memory,
- * then walks the key range 32 positions at a time through the block table,
- * staging K and V as f32, with an online softmax per row (FlashAttention's
- * recurrence, on the SIMT cores). Prefill chunks get one item per tile over
- * their cached prefix plus their causal part; short steps over long contexts
- * (decode) split the key range over several items (split-K), whose partials
- * the combine kernel merges, so one long sequence still fills the GPU.
+ * a tile of consecutive query tokens of one sequence (query rows = tokens x
+ * the heads of one KV group) against a range of its key positions. Prefill
+ * chunks get one item per tile over their cached prefix plus their causal
+ * part; short steps over long contexts (decode) split the key range over
+ * several items (split-K), whose partials the combine kernel merges, so one
+ * long sequence still fills the GPU. Two kernels take the same items, and
+ * cuda_attention() picks by the step's max_rows:
  *
- * Shared memory: Q [4, 8 or 32 rows][D] + K, V [32][D + 1] f32 (padded: conflict-free
- * column reads); D <= 256.
+ *   max_rows <= CUDA_ATTN_ROWS (32): the SIMT kernel. A block (4 warps) stages
+ *     the tile's queries in shared memory, then walks the key range 32
+ *     positions at a time through the block table, staging K and V as f32,
+ *     with an online softmax per row (FlashAttention's recurrence, on the
+ *     CUDA cores). Any head_dim % 8 == 0 up to 256. Shared memory: Q [4, 8 or
+ *     32 rows][D] + K, V [32][D + 1] f32 (padded: conflict-free column reads).
+ *
+ *   CUDA_ATTN_ROWS < max_rows <= CUDA_ATTN_TC_ROWS (128): the tensor-core
+ *     kernel (FlashAttention-2 on mma.sync m16n8k16 bf16, f32 accumulate),
+ *     for prefill tiles; only where cuda_attention_tc_ok(D, grp) (D 64 or 128).
+ *     A block of 4 warps (max_rows <= 64) or 8 warps (<= 128) gives each warp
+ *     16 query rows; Q is loaded once into registers (A fragments). Keys go
+ *     64 at a time: K and V rows are gathered through the block table with
+ *     cp.async (16 bytes, zero-filled past the range) into bf16 shared memory
+ *     rows padded by 16 bytes (ldmatrix reads 8 rows at 16-byte-distinct
+ *     banks), double-buffered so the next tile's gather overlaps this tile's
+ *     math. S = Q K^T (ldmatrix for K), causal/range mask only on tiles that
+ *     need it, online softmax in f32 registers (exp2, scale folded in), P
+ *     rounded to bf16 as the A operand of O += P V (ldmatrix.trans for V).
+ *     A warp skips the math of key tiles entirely after its rows' positions.
+ *     Output as bf16 O / l, or the same f32 partials (max, sum, acc) as the
+ *     SIMT kernel when the item is split, so the combine kernel serves both.
+ *     Shared memory: 2 stages x (K, V) x [64][D + 8] bf16 (68 KB at D 128,
+ *     36 KB at D 64); Q is staged through the second stage before the loop.
+ *     Blocks take items last first: a prefill's last tiles see the most keys,
+ *     so starting them first shortens the tail.
  */
 #include "cuda/bf16.cuh"
 #include "cuda/kernels.h"
@@ -183,6 +205,255 @@ static __global__ void combine_kernel(struct cuda_attn_args a)
     }
 }
 
+
+/* ---- tensor-core kernel (prefill tiles) -------------------------------------- */
+
+#define TC_BN 64 /* keys per tile */
+
+static __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+/* 16 bytes global -> shared, L2 only; ok == false writes 16 zero bytes and reads nothing */
+static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool ok)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
+}
+static __device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+static __device__ __forceinline__ void cp_async_wait(void)
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+static __device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t r[4])
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+static __device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t r[4])
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+/* c += a (16x16 row-major bf16) * b (16x8 col-major bf16), f32 accumulate */
+static __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+static __device__ __forceinline__ float ex2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+/* lo in the low half: the lower column / key index of an mma fragment pair */
+static __device__ __forceinline__ uint32_t pack_bf2(float lo, float hi)
+{
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+/* Gathers keys [k0, k0 + TC_BN) of head group g into ks (K) and ks + TC_BN *
+ * (D + 8) (V), zeros past kv_hi (so masked keys multiply zeros, never stale
+ * NaNs). Every thread of the block issues its share; not yet committed. */
+template <int D, int NTHR>
+static __device__ __forceinline__ void tc_load_kv(const struct cuda_attn_args &a, const int32_t *bt, int g, int k0,
+                                                  int kv_hi, uint16_t *ks)
+{
+    constexpr int DP = D + 8, CH = D / 8;
+    static_assert(TC_BN * CH % NTHR == 0, "K/V chunks split evenly over the block");
+    uint16_t *vs = ks + TC_BN * DP;
+    int bs = a.block_size;
+#pragma unroll
+    for (int k = 0; k < TC_BN * CH / NTHR; k++) {
+        int i = threadIdx.x + k * NTHR, j = i / CH, c = i % CH, kp = k0 + j;
+        bool ok = kp < kv_hi;
+        size_t off = 0;
+        if (ok) {
+            int64_t slot = (int64_t)bt[kp / bs] * bs + kp % bs;
+            off = ((size_t)slot * a.KVH + g) * D + c * 8;
+        }
+        cp_async16(smem_u32(ks + j * DP + c * 8), a.kc + off, ok);
+        cp_async16(smem_u32(vs + j * DP + c * 8), a.vc + off, ok);
+    }
+}
+
+/* One item x one KV head group (blockIdx.y) per block; NW warps of 16 query
+ * rows each. Fragment layouts (PTX ISA, mma.m16n8k16): lane = 4 * gq + tq;
+ * A regs {(gq, 2tq..+1), (gq+8, 2tq..), (gq, 2tq+8..), (gq+8, 2tq+8..)} (row, k);
+ * B regs {(k 2tq..+1, n gq), (k 2tq+8.., n gq)}; C {(gq, 2tq), (gq, 2tq+1),
+ * (gq+8, 2tq), (gq+8, 2tq+1)}. So this lane owns query rows w*16 + gq and
+ * w*16 + gq + 8, keys 8nt + 2tq..+1 of S and columns 8dt + 2tq..+1 of O. */
+/* Blocks per SM the register budget aims at (ptxas -v, sm_90): 4 warps fit
+ * 3 blocks (168 registers at D 128, no real spills); 8 warps at D 128 need
+ * ~230 registers (a cap of 128 spills), so 1 block; 2 at D 64. */
+#define TC_MINB(D, NW) ((NW) == 4 ? 3 : (D) == 64 ? 2 : 1)
+template <int D, int NW>
+static __global__ void __launch_bounds__(32 * NW, TC_MINB(D, NW)) attn_tc_kernel(struct cuda_attn_args a)
+{
+    constexpr int NTHR = 32 * NW, BM = 16 * NW, DP = D + 8, CH = D / 8;
+    constexpr int NT = TC_BN / 8, KC = D / 16, DT = D / 8;
+    static_assert(BM <= 2 * TC_BN, "Q is staged in one K+V stage");
+    static_assert(D % 16 == 0 && BM * CH % NTHR == 0, "shape");
+    extern __shared__ __align__(16) uint16_t tsm[];
+    int n_items = *a.n_items, it = n_items - 1 - (int)blockIdx.x;
+    if (it < 0) return;
+    struct cuda_attn_item wi = a.items[it];
+    int g = blockIdx.y, grp = a.H / a.KVH;
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    int nrows = wi.nq * grp;
+    if (nrows <= 0 || nrows > BM) return; /* whole block: wi is uniform */
+    const int32_t *bt = a.bt + a.bt_off[wi.seq];
+    uint16_t *stg1 = tsm + 2 * TC_BN * DP; /* stage s at tsm + s * 2 * TC_BN * DP: K, then V */
+
+    /* Q -> stage 1 (rows past nrows zero), K/V tile 0 -> stage 0 */
+#pragma unroll
+    for (int k = 0; k < BM * CH / NTHR; k++) {
+        int i = threadIdx.x + k * NTHR, r = i / CH, c = i % CH;
+        bool ok = r < nrows;
+        const uint16_t *src = a.q;
+        if (ok) src = a.q + ((size_t)(wi.t0 + r / grp) * a.H + g * grp + r % grp) * D + c * 8;
+        cp_async16(smem_u32(stg1 + r * DP + c * 8), src, ok);
+    }
+    cp_async_commit();
+    int ntile = wi.kv_hi > wi.kv_lo ? (wi.kv_hi - wi.kv_lo + TC_BN - 1) / TC_BN : 0;
+    if (ntile > 0) tc_load_kv<D, NTHR>(a, bt, g, wi.kv_lo, wi.kv_hi, tsm);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    uint32_t qf[KC][4];
+    {
+        uint32_t qb = smem_u32(stg1 + (w * 16 + (lane & 15)) * DP + (lane >> 4) * 8);
+#pragma unroll
+        for (int kc = 0; kc < KC; kc++) ldsm_x4(qb + kc * 16 * 2, qf[kc]);
+    }
+    /* positions of this lane's two rows; rows past nrows borrow the last
+     * row's (their results are dropped), so they never force a mask */
+    int r0 = w * 16 + (lane >> 2), r1 = r0 + 8;
+    int p0 = a.pos[wi.t0 + min(r0, nrows - 1) / grp], p1 = a.pos[wi.t0 + min(r1, nrows - 1) / grp];
+    int wmax = __reduce_max_sync(0xffffffffu, max(p0, p1)), wmin = __reduce_min_sync(0xffffffffu, min(p0, p1));
+    if (w * 16 >= nrows) wmax = -1; /* no row of this warp is real: it only helps load */
+
+    float o[DT][4];
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f; /* m in log2 units */
+    const float sl2 = a.scale * 1.4426950408889634f;
+    /* per-lane ldmatrix offsets (elements) within a K or V tile */
+    const int kofs = ((lane & 7) + ((lane >> 4) << 3)) * DP + ((lane >> 3) & 1) * 8;
+    const int vofs = (lane & 15) * DP + (lane >> 4) * 8;
+    for (int ti = 0; ti < ntile; ti++) {
+        int k0 = wi.kv_lo + ti * TC_BN;
+        /* everyone is done with the other stage (last tile's math, or the Q staging) */
+        __syncthreads();
+        if (ti + 1 < ntile) tc_load_kv<D, NTHR>(a, bt, g, k0 + TC_BN, wi.kv_hi, (ti & 1) ? tsm : stg1);
+        cp_async_commit(); /* maybe empty: keeps "all but the newest group" = this tile */
+        cp_async_wait<1>();
+        __syncthreads();
+        if (k0 > wmax) continue; /* warp-uniform: the whole tile is after this warp's rows */
+        const uint32_t kb = smem_u32((ti & 1) ? stg1 : tsm), vb = kb + TC_BN * DP * 2;
+
+        float s[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+        for (int kc = 0; kc < KC; kc++)
+#pragma unroll
+            for (int np = 0; np < NT / 2; np++) {
+                uint32_t b[4];
+                ldsm_x4(kb + (kofs + np * 16 * DP + kc * 16) * 2, b);
+                mma_bf16(s[2 * np], qf[kc], b[0], b[1]);
+                mma_bf16(s[2 * np + 1], qf[kc], b[2], b[3]);
+            }
+        if (k0 + TC_BN > wi.kv_hi || k0 + TC_BN - 1 > wmin) { /* warp-uniform */
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int kp = k0 + nt * 8 + (lane & 3) * 2 + (e & 1);
+                    if (kp >= wi.kv_hi || kp > (e < 2 ? p0 : p1)) s[nt][e] = -INFINITY;
+                }
+        }
+        /* online softmax: a row lives in the 4 lanes of a quad */
+        float x0 = -INFINITY, x1 = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            x0 = fmaxf(x0, fmaxf(s[nt][0], s[nt][1]));
+            x1 = fmaxf(x1, fmaxf(s[nt][2], s[nt][3]));
+        }
+        x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 1));
+        x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 2));
+        x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 1));
+        x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 2));
+        float n0 = fmaxf(m0, x0 * sl2), n1 = fmaxf(m1, x1 * sl2);
+        /* a row that has seen nothing yet keeps p = 0 and its zeros, not NaN */
+        float u0 = n0 == -INFINITY ? 0.0f : n0, u1 = n1 == -INFINITY ? 0.0f : n1;
+        float c0 = ex2(m0 - u0), c1 = ex2(m1 - u1);
+        m0 = n0, m1 = n1;
+        l0 *= c0, l1 *= c1;
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++) o[dt][0] *= c0, o[dt][1] *= c0, o[dt][2] *= c1, o[dt][3] *= c1;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            s[nt][0] = ex2(fmaf(s[nt][0], sl2, -u0));
+            s[nt][1] = ex2(fmaf(s[nt][1], sl2, -u0));
+            s[nt][2] = ex2(fmaf(s[nt][2], sl2, -u1));
+            s[nt][3] = ex2(fmaf(s[nt][3], sl2, -u1));
+            l0 += s[nt][0] + s[nt][1];
+            l1 += s[nt][2] + s[nt][3];
+        }
+        /* O += P V: S's C fragments of key tiles 2kk, 2kk+1 are P's A fragment */
+#pragma unroll
+        for (int kk = 0; kk < NT / 2; kk++) {
+            uint32_t pa[4] = {pack_bf2(s[2 * kk][0], s[2 * kk][1]), pack_bf2(s[2 * kk][2], s[2 * kk][3]),
+                              pack_bf2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                              pack_bf2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+            for (int dp = 0; dp < DT / 2; dp++) {
+                uint32_t b[4];
+                ldsm_x4_t(vb + (vofs + kk * 16 * DP + dp * 16) * 2, b);
+                mma_bf16(o[2 * dp], pa, b[0], b[1]);
+                mma_bf16(o[2 * dp + 1], pa, b[2], b[3]);
+            }
+        }
+    }
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        int r = hf ? r1 : r0;
+        if (r >= nrows) continue;
+        int t = wi.t0 + r / grp, h = g * grp + r % grp, d0 = (lane & 3) * 2;
+        float l = hf ? l1 : l0, m = hf ? m1 : m0;
+        if (wi.nsplit <= 1) {
+            float inv = l > 0.0f ? 1.0f / l : 0.0f;
+            uint16_t *op = a.out + ((size_t)t * a.H + h) * D + d0;
+#pragma unroll
+            for (int dt = 0; dt < DT; dt++)
+                *(uint32_t *)(op + dt * 8) = pack_bf2(o[dt][2 * hf] * inv, o[dt][2 * hf + 1] * inv);
+        } else {
+            /* the SIMT kernel's partial: max in natural-log units, unnormalized acc */
+            float *pp = a.part + (((size_t)(wi.part + r) * a.KVH + g) * CUDA_ATTN_MAXSPLIT + wi.split) * (D + 2);
+            if ((lane & 3) == 0) pp[0] = m * 0.6931471805599453f, pp[1] = l;
+#pragma unroll
+            for (int dt = 0; dt < DT; dt++) pp[2 + dt * 8 + d0] = o[dt][2 * hf], pp[3 + dt * 8 + d0] = o[dt][2 * hf + 1];
+        }
+    }
+}
+
+/* 2 stages x (K, V) x [TC_BN][D + 8] bf16; the same for either block size */
+template <int D>
+static constexpr int tc_smem(void)
+{
+    return 4 * TC_BN * (D + 8) * 2;
+}
+
 template <int DPL>
 static cudaError_t set_smem(void)
 {
@@ -196,9 +467,27 @@ static cudaError_t set_smem(void)
     return e;
 }
 
+template <int D>
+static cudaError_t set_smem_tc(void)
+{
+    cudaError_t e = cudaFuncSetAttribute(attn_tc_kernel<D, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         tc_smem<D>());
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(attn_tc_kernel<D, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, tc_smem<D>());
+    return e;
+}
+
+extern "C" int cuda_attention_tc_ok(int D, int grp)
+{
+    return (D == 64 || D == 128) && grp >= 1 && grp <= CUDA_ATTN_TC_ROWS;
+}
+
 extern "C" cudaError_t cuda_attention_prepare(int D)
 {
-    return D <= 32 ? set_smem<1>() : D <= 64 ? set_smem<2>() : D <= 128 ? set_smem<4>() : set_smem<8>();
+    cudaError_t e = D <= 32 ? set_smem<1>() : D <= 64 ? set_smem<2>() : D <= 128 ? set_smem<4>() : set_smem<8>();
+    if (e == cudaSuccess && D == 64) e = set_smem_tc<64>();
+    if (e == cudaSuccess && D == 128) e = set_smem_tc<128>();
+    return e;
 }
 
 template <int DPL>
@@ -219,10 +508,30 @@ static cudaError_t launch(const struct cuda_attn_args *a, cudaStream_t st)
     return cudaGetLastError();
 }
 
+template <int D>
+static cudaError_t launch_tc(const struct cuda_attn_args *a, cudaStream_t st)
+{
+    dim3 grid(a->max_items, a->KVH);
+    if (a->max_rows <= 64)
+        attn_tc_kernel<D, 4><<<grid, 128, tc_smem<D>(), st>>>(*a);
+    else
+        attn_tc_kernel<D, 8><<<grid, 256, tc_smem<D>(), st>>>(*a);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    combine_kernel<<<dim3(a->T, (a->H + 3) / 4), 128, 0, st>>>(*a);
+    return cudaGetLastError();
+}
+
 extern "C" cudaError_t cuda_attention(const struct cuda_attn_args *a, cudaStream_t st)
 {
     if (a->max_items <= 0 || a->T <= 0) return cudaSuccess;
-    if (a->D % 8 || a->D > 256 || a->H % a->KVH || a->H / a->KVH > CUDA_ATTN_ROWS) return cudaErrorInvalidValue;
+    if (a->D % 8 || a->D > 256 || a->KVH <= 0 || a->H % a->KVH) return cudaErrorInvalidValue;
+    if (a->max_rows > CUDA_ATTN_ROWS) {
+        if (a->max_rows > CUDA_ATTN_TC_ROWS || !cuda_attention_tc_ok(a->D, a->H / a->KVH))
+            return cudaErrorInvalidValue;
+        return a->D == 64 ? launch_tc<64>(a, st) : launch_tc<128>(a, st);
+    }
+    if (a->H / a->KVH > CUDA_ATTN_ROWS) return cudaErrorInvalidValue;
     if (a->D <= 32) return launch<1>(a, st);
     if (a->D <= 64) return launch<2>(a, st);
     if (a->D <= 128) return launch<4>(a, st);

@@ -2,7 +2,7 @@
  *
  * One op family per .cu file: norm.cu (embedding gather, fused residual add +
  * RMSNorm), rope.cu (QKV bias, q/k RMSNorm, RoPE and the paged KV write, fused),
- * attn.cu (paged attention for mixed batches, split-K, and its combine),
+ * attn.cu (paged attention for mixed batches: SIMT and tensor-core kernels, split-K, and its combine),
  * gemv.cu (few-row GEMV for decode), act.cu (SwiGLU), sample.cu (argmax + log-sum-exp over logit rows).
  * Every pointer argument is device memory unless said otherwise; bf16 values
  * travel as uint16_t so this header stays plain C. Each launcher only
@@ -59,6 +59,18 @@ struct cuda_attn_item {
 };
 #define CUDA_ATTN_ROWS 32   /* query rows (tokens x heads of a group) per item */
 #define CUDA_ATTN_MAXSPLIT 32
+/* Tensor-core path (prefill). Where cuda_attention_tc_ok(D, H / KVH) and it
+ * is not turned off, a step that is not decode-only is packed with
+ * CUDA_ATTN_TC_ROWS / grp tokens per item (not CUDA_ATTN_ROWS / grp), and
+ * its args carry max_rows = CUDA_ATTN_TC_ROWS. Everything else about the
+ * items stays the same (split-K, kv ranges, partial rows). cuda_attention()
+ * runs the tensor-core kernel whenever max_rows > CUDA_ATTN_ROWS: with 4
+ * warps (64-row blocks) when max_rows <= 64, else 8 warps (128-row blocks).
+ * Decode-only steps keep max_rows = grp and the SIMT kernel. */
+#define CUDA_ATTN_TC_ROWS 128
+/* 1 when the tensor-core kernel supports head_dim D and grp = H / KVH heads
+ * per KV head (D 64 or 128, grp <= CUDA_ATTN_TC_ROWS). Pure; any thread. */
+int cuda_attention_tc_ok(int D, int grp);
 struct cuda_attn_args {
     const uint16_t *q;          /* [T][H][D] bf16 */
     const uint16_t *kc, *vc;    /* [n_slots][KVH][D] bf16 */
@@ -68,7 +80,8 @@ struct cuda_attn_args {
     const struct cuda_attn_item *items;
     const int32_t *n_items;     /* device scalar: items beyond it are no-ops */
     int max_items;              /* grid size (>= *n_items) */
-    int max_rows;               /* most query rows (nq * H / KVH) of any item, <= CUDA_ATTN_ROWS */
+    int max_rows;               /* >= query rows (nq * H / KVH) of every item; <= CUDA_ATTN_ROWS: SIMT kernel,
+                                 * <= CUDA_ATTN_TC_ROWS: tensor-core kernel (see above) */
     int H, KVH, D, block_size;
     float scale;
     float *part;                /* [n_part_rows][KVH][MAXSPLIT][D + 2] f32 partials */

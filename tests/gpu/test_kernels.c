@@ -269,17 +269,26 @@ static void test_rope_kv(void)
 
 /* Paged attention over a shuffled block pool: mixed steps of decode tokens,
  * prefill chunks over cached prefixes and long contexts, with and without
- * split-K, head_dim 64/128, GQA 1..8. */
+ * split-K, head_dim 64/128, GQA 1..8. Items are built the way pack_step
+ * builds them: `rows` query rows per item (CUDA_ATTN_ROWS for the SIMT
+ * kernel; 64 or 128 with max_rows = rows for the tensor-core kernel), split
+ * items over 32-aligned key chunks. scale_mul != 1 runs the kernel with a
+ * wrong softmax scale (to show the bounds catch it). Returns ||out - ref|| /
+ * ||ref|| and, in *rowmax, the worst |out - ref| of any element over the RMS
+ * of its (token, head) reference row; inf on a launch error or an unwritten
+ * (NaN) element. */
 struct aseq { int ctx, qlen; };
-static void attn_case(const char *name, int H, int KVH, int D, int bs, const struct aseq *sq, int ns, int nsplit)
+static double attn_run(const char *name, int H, int KVH, int D, int bs, const struct aseq *sq, int ns, int nsplit,
+                       int rows, float scale_mul, double *rowmax)
 {
-    int grp = H / KVH, qt = CUDA_ATTN_ROWS / grp;
+    int grp = H / KVH, qt = rows / grp;
     int T = 0, nblk = 1, maxrows = 0;
     for (int i = 0; i < ns; i++) {
         T += sq[i].qlen, nblk += (sq[i].ctx + bs - 1) / bs;
         int r = (sq[i].qlen < qt ? sq[i].qlen : qt) * grp;
         if (r > maxrows) maxrows = r;
     }
+    if (rows > CUDA_ATTN_ROWS) maxrows = rows; /* the host's rule for tensor-core steps */
     int nslots = nblk * bs;
     /* a shuffled pool of blocks; block 0 unused */
     int32_t *perm = malloc(nblk * 4), *bt = malloc(nblk * 4), *bt_off = malloc(ns * 4);
@@ -322,7 +331,7 @@ static void attn_case(const char *name, int H, int KVH, int D, int bs, const str
         .vc = dup_dev(vc, (size_t)nslots * KVH * D * 2), .pos = dup_dev(pos, T * 4), .bt = dup_dev(bt, nblk * 4),
         .bt_off = dup_dev(bt_off, ns * 4), .items = dup_dev(items, sizeof *items * nitems),
         .n_items = dup_dev(&nitems, 4), .max_items = nitems + 7, .max_rows = maxrows, .H = H, .KVH = KVH, .D = D, .block_size = bs,
-        .scale = 1.0f / sqrtf((float)D),
+        .scale = scale_mul / sqrtf((float)D),
         .part = poisoned((size_t)(part > 0 ? part : 1) * KVH * CUDA_ATTN_MAXSPLIT * (D + 2) * 4),
         .tok_part = dup_dev(tok_part, T * 4), .tok_nsplit = dup_dev(tok_ns, T * 4), .T = T,
         .out = poisoned((size_t)T * H * D * 2),
@@ -334,41 +343,84 @@ static void attn_case(const char *name, int H, int KVH, int D, int bs, const str
     uint16_t *out = malloc((size_t)T * H * D * 2);
     get(out, a.out, (size_t)T * H * D * 2);
     size_t n = (size_t)T * H * D;
-    double *ref = malloc(n * 8), *sc = malloc(sizeof(double) * 200000);
-    float *o = malloc(n * 4);
-    for (int tt = 0; tt < T; tt++) {
-        const int32_t *tb = bt + bt_off[tok_seq[tt]];
-        for (int h = 0; h < H; h++) {
-            int g = h / grp, np = pos[tt] + 1;
-            double mx = -1e300, sum = 0;
-            for (int p = 0; p < np; p++) {
-                size_t slot = (size_t)tb[p / bs] * bs + p % bs;
-                double s = 0;
-                for (int d = 0; d < D; d++)
-                    s += (double)fb(q[((size_t)tt * H + h) * D + d]) * fb(kc[(slot * KVH + g) * D + d]);
-                sc[p] = s / sqrt((double)D);
-                if (sc[p] > mx) mx = sc[p];
-            }
-            for (int p = 0; p < np; p++) sum += (sc[p] = exp(sc[p] - mx));
-            for (int d = 0; d < D; d++) {
-                double acc = 0;
+    double *ref = malloc(n * 8);
+    float *o = malloc(n * 4), *kf = malloc((size_t)nslots * KVH * D * 4), *vf = malloc((size_t)nslots * KVH * D * 4);
+    for (size_t i = 0; i < (size_t)nslots * KVH * D; i++) kf[i] = fb(kc[i]), vf[i] = fb(vc[i]);
+    for (size_t i = 0; i < n; i++) o[i] = fb(out[i]);
+    double worst = 0;
+#pragma omp parallel reduction(max : worst)
+    {
+        double *sc = malloc(sizeof(double) * 200000), acc[256];
+#pragma omp for schedule(dynamic, 1)
+        for (int tt = 0; tt < T; tt++) {
+            const int32_t *tb = bt + bt_off[tok_seq[tt]];
+            for (int h = 0; h < H; h++) {
+                int g = h / grp, np = pos[tt] + 1;
+                const uint16_t *qr = q + ((size_t)tt * H + h) * D;
+                double mx = -1e300, sum = 0;
                 for (int p = 0; p < np; p++) {
-                    size_t slot = (size_t)tb[p / bs] * bs + p % bs;
-                    acc += sc[p] * fb(vc[(slot * KVH + g) * D + d]);
+                    const float *kr = kf + (((size_t)tb[p / bs] * bs + p % bs) * KVH + g) * D;
+                    double s = 0;
+                    for (int d = 0; d < D; d++) s += (double)fb(qr[d]) * kr[d];
+                    sc[p] = s / sqrt((double)D);
+                    if (sc[p] > mx) mx = sc[p];
                 }
-                ref[((size_t)tt * H + h) * D + d] = acc / sum;
-                o[((size_t)tt * H + h) * D + d] = fb(out[((size_t)tt * H + h) * D + d]);
+                for (int d = 0; d < D; d++) acc[d] = 0;
+                for (int p = 0; p < np; p++) {
+                    double w = exp(sc[p] - mx);
+                    sum += w;
+                    const float *vr = vf + (((size_t)tb[p / bs] * bs + p % bs) * KVH + g) * D;
+                    for (int d = 0; d < D; d++) acc[d] += w * vr[d];
+                }
+                double *rr = ref + ((size_t)tt * H + h) * D, rms = 0, mxe = 0;
+                const float *orow = o + ((size_t)tt * H + h) * D;
+                for (int d = 0; d < D; d++) {
+                    rr[d] = acc[d] / sum;
+                    rms += rr[d] * rr[d];
+                    double ed = isnan(orow[d]) ? INFINITY : fabs(orow[d] - rr[d]);
+                    if (ed > mxe) mxe = ed;
+                }
+                rms = sqrt(rms / D);
+                mxe /= rms > 1e-3 ? rms : 1e-3;
+                if (mxe > worst) worst = mxe;
             }
         }
+        free(sc);
     }
     double err = nerr(o, ref, n);
-    CHECKF(err < 6e-3, "%s: err %.3g", name, err);
-    printf("  attention %-34s T=%4d H=%d/%d D=%d split=%d rows<=%d: err %.2e\n", name, T, H, KVH, D, nsplit, maxrows, err);
+    *rowmax = worst;
+    printf("  attention %-36s T=%4d H=%d/%d D=%d bs=%d split=%d rows %d (max %d)%s: err %.2e, row max %.2e\n", name, T, H,
+           KVH, D, bs, nsplit, rows, maxrows, scale_mul != 1.0f ? " bad scale" : "", err, worst);
     free(perm), free(bt), free(bt_off), free(kc), free(vc), free(q), free(pos), free(tok_part), free(tok_ns);
-    free(items), free(tok_seq), free(out), free(ref), free(sc), free(o);
+    free(items), free(tok_seq), free(out), free(ref), free(o), free(kf), free(vf);
     cudaFree((void *)a.q), cudaFree((void *)a.kc), cudaFree((void *)a.vc), cudaFree((void *)a.pos);
     cudaFree((void *)a.bt), cudaFree((void *)a.bt_off), cudaFree((void *)a.items), cudaFree((void *)a.n_items);
     cudaFree(a.part), cudaFree((void *)a.tok_part), cudaFree((void *)a.tok_nsplit), cudaFree(a.out);
+    return e == cudaSuccess ? err : INFINITY;
+}
+
+/* The SIMT kernel (f32 throughout, bf16 output): normalized error < 6e-3. */
+static void attn_case(const char *name, int H, int KVH, int D, int bs, const struct aseq *sq, int ns, int nsplit)
+{
+    double rowmax, err = attn_run(name, H, KVH, D, bs, sq, ns, nsplit, CUDA_ATTN_ROWS, 1.0f, &rowmax);
+    CHECKF(err < 6e-3, "%s: err %.3g", name, err);
+}
+
+/* The tensor-core kernel: Q, K, V are exact bf16 inputs (as in the
+ * reference), S and O accumulate in f32, but P is rounded to bf16 (relative
+ * error <= 2^-9 per weight) before P V, and O is rounded to bf16. Expected:
+ * normalized error ~2e-3 (about twice the SIMT kernel's); bounds: normalized
+ * error < 1e-2 and every element within 5e-2 of its row's RMS (outputs here
+ * are averages of V in [-1, 1], RMS ~0.02..0.6, so a row-relative bound holds
+ * short and long contexts to the same standard; a wrong key in a short row or
+ * a lost row fails it, and so does a softmax scale off by 25%: see below). */
+#define TC_ERR 1e-2
+#define TC_ROWMAX 5e-2
+static void attn_tc_case(const char *name, int H, int KVH, int D, int bs, const struct aseq *sq, int ns, int nsplit,
+                         int rows)
+{
+    double rowmax, err = attn_run(name, H, KVH, D, bs, sq, ns, nsplit, rows, 1.0f, &rowmax);
+    CHECKF(err < TC_ERR && rowmax < TC_ROWMAX, "%s (rows %d): err %.3g, row max %.3g", name, rows, err, rowmax);
 }
 
 static void test_attention(void)
@@ -388,6 +440,49 @@ static void test_attention(void)
     attn_case("GQA 8, tiny head_dim 16", 4, 2, 16, 16, gqa8, 2, 2);
 }
 
+/* The tensor-core kernel on prefill-shaped steps: whole prompts, chunks over
+ * a cached prefix (a chunk starting at a non-zero position), odd lengths,
+ * decode tokens riding along in a mixed step, block sizes 1/16/32, GQA 1, 3,
+ * 4, 8 at head_dim 64 and 128, both block shapes (64 and 128 rows), split-K. */
+static void test_attention_tc(void)
+{
+    CHECK(cuda_attention_tc_ok(64, 3) && cuda_attention_tc_ok(128, 8) && cuda_attention_tc_ok(128, 1));
+    CHECK(!cuda_attention_tc_ok(96, 4) && !cuda_attention_tc_ok(256, 8) && !cuda_attention_tc_ok(128, 0));
+    {
+        /* shapes it cannot take are refused before any launch */
+        struct cuda_attn_args bad = {.max_items = 1, .T = 1, .H = 8, .KVH = 2, .D = 96, .max_rows = 64};
+        CHECK(cuda_attention(&bad, 0) == cudaErrorInvalidValue);
+        bad.D = 128, bad.max_rows = CUDA_ATTN_TC_ROWS + 1;
+        CHECK(cuda_attention(&bad, 0) == cudaErrorInvalidValue);
+    }
+    struct aseq p2048[] = {{2048, 2048}};
+    attn_tc_case("prompt 2048, GQA 8", 8, 1, 128, 16, p2048, 1, 1, 128);
+    attn_tc_case("prompt 2048, smollm2 shape", 9, 3, 64, 16, p2048, 1, 1, 64);
+    /* chunks over cached prefixes, odd lengths, a decode token and a
+     * one-token chunk in the same step */
+    struct aseq chunks[] = {{1000, 300}, {77, 77}, {513, 1}, {4099, 129}, {64, 64}, {33, 17}, {200, 1}};
+    int rows[] = {64, 128};
+    for (int ri = 0; ri < 2; ri++) {
+        int R = rows[ri];
+        attn_tc_case("chunks, llama shape (GQA 4... 8)", 32, 8, 128, 16, chunks, 7, 1, R);
+        attn_tc_case("chunks, smollm2 shape (GQA 3)", 9, 3, 64, 32, chunks, 7, 1, R);
+        attn_tc_case("chunks, MHA, block 1", 4, 4, 64, 1, chunks, 7, 1, R);
+        attn_tc_case("chunks, MHA, head_dim 128, block 32", 2, 2, 128, 32, chunks, 7, 1, R);
+        attn_tc_case("chunks, GQA 4, block 32", 16, 4, 128, 32, chunks, 7, 1, R);
+        attn_tc_case("chunks, GQA 3, head_dim 128, block 1", 6, 2, 128, 1, chunks, 7, 1, R);
+        attn_tc_case("chunks, GQA 8, head_dim 64", 16, 2, 64, 16, chunks, 7, 1, R);
+        attn_tc_case("chunks, GQA 4, head_dim 64, block 1", 8, 2, 64, 1, chunks, 7, 1, R);
+    }
+    /* split-K over a long prefix (and empty splits for the short ones) */
+    struct aseq longp[] = {{5000, 100}, {300, 40}, {1, 1}};
+    attn_tc_case("chunks over a long prefix, split 3", 32, 8, 128, 16, longp, 3, 3, 128);
+    attn_tc_case("chunks over a long prefix, split 5", 9, 3, 64, 16, longp, 3, 5, 64);
+    attn_tc_case("chunks over a long prefix, split 32", 8, 8, 64, 32, longp, 3, 32, 128);
+    /* the bounds catch a wrong softmax scale */
+    double rowmax, err = attn_run("chunks, GQA 4 (must fail)", 16, 4, 128, 32, chunks, 7, 1, 128, 1.25f, &rowmax);
+    CHECKF(err > TC_ERR && rowmax > TC_ROWMAX, "a 25%% scale error passed: err %.3g, row max %.3g", err, rowmax);
+}
+
 int main(void)
 {
     int n = 0;
@@ -401,5 +496,6 @@ int main(void)
     RUN(test_argmax);
     RUN(test_rope_kv);
     RUN(test_attention);
+    RUN(test_attention_tc);
     return test_summary();
 }

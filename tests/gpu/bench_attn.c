@@ -1,0 +1,187 @@
+/* bench_attn.c - prefill attention at the Llama-3.1-8B shape (H 32, KVH 8,
+ * head_dim 128, block 16): the SIMT kernel (32-row items) against the
+ * tensor-core kernel (64- and 128-row items), on one 2048-token prompt and on
+ * a 16K-token context prefilled in 8 chunks of 2048 (each chunk attends to
+ * its cached prefix plus its causal part; the 8 steps' attention is timed
+ * together). Items are built as pack_step builds them (no split: the steps
+ * are long). Median of 20 runs (5 for the slow SIMT 16K case) after two
+ * warm-ups, CUDA events; TFLOP/s counts causal work only: 4 * H * D * sum
+ * over queries of the keys each sees.
+ * Also prints the largest difference between the two kernels' outputs on
+ * the prompt (bf16 P: expect ~1e-2 at most). Not a test. */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/kernels.h"
+
+enum { NH = 32, NKVH = 8, HD = 128, BS = 16, CHUNK = 2048 };
+
+static uint64_t g_rng = 88172645463325252ULL;
+static float frand(void) /* uniform in [-1, 1) */
+{
+    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
+    return (float)((g_rng >> 11) * 0x1.0p-53) * 2.0f - 1.0f;
+}
+static uint16_t bf(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+static float fb(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static int cmpf(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+static void *dalloc(size_t n)
+{
+    void *p;
+    if (cudaMalloc(&p, n) != cudaSuccess) {
+        printf("cudaMalloc %zu failed\n", n);
+        exit(1);
+    }
+    return p;
+}
+static void *dup_dev(const void *h, size_t n)
+{
+    void *d = dalloc(n);
+    cudaMemcpy(d, h, n, cudaMemcpyHostToDevice);
+    return d;
+}
+static uint16_t *rand_dev(size_t n, float amp)
+{
+    uint16_t *h = malloc(n * 2);
+    for (size_t i = 0; i < n; i++) h[i] = bf(amp * frand());
+    uint16_t *d = dup_dev(h, n * 2);
+    free(h);
+    return d;
+}
+
+/* The attention args of one step: the chunk of one sequence whose last
+ * query sits at position ctx - 1, qlen queries, `rows` rows per item. */
+static struct cuda_attn_args step_args(const uint16_t *q, const uint16_t *kc, const uint16_t *vc, const int32_t *dbt,
+                                       int ctx, int qlen, int rows, uint16_t *out, double *keys)
+{
+    int grp = NH / NKVH, qt = rows / grp, n = (qlen + qt - 1) / qt, zero = 0;
+    int32_t *pos = malloc(qlen * 4), *tp = malloc(qlen * 4);
+    struct cuda_attn_item *it = malloc(n * sizeof *it);
+    *keys = 0;
+    for (int t = 0; t < qlen; t++) pos[t] = ctx - qlen + t, tp[t] = -1, *keys += pos[t] + 1;
+    for (int k = 0; k < n; k++) {
+        int t0 = k * qt, nq = qlen - t0 < qt ? qlen - t0 : qt;
+        it[k] = (struct cuda_attn_item){0, t0, nq, 0, pos[t0 + nq - 1] + 1, 0, 1, 0};
+    }
+    struct cuda_attn_args a = {.q = q, .kc = kc, .vc = vc, .pos = dup_dev(pos, qlen * 4), .bt = dbt,
+                               .bt_off = dup_dev(&zero, 4), .items = dup_dev(it, n * sizeof *it),
+                               .n_items = dup_dev(&n, 4), .max_items = n, .max_rows = rows, .H = NH, .KVH = NKVH,
+                               .D = HD, .block_size = BS, .scale = 1.0f / sqrtf((float)HD), .part = NULL,
+                               .tok_part = dup_dev(tp, qlen * 4), .tok_nsplit = NULL, .T = qlen, .out = out};
+    a.tok_nsplit = a.tok_part; /* all -1: nothing is split */
+    free(pos), free(tp), free(it);
+    return a;
+}
+
+/* Median ms of reps runs of the n steps back to back. */
+static float time_steps(const struct cuda_attn_args *a, int n, int reps)
+{
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0), cudaEventCreate(&e1);
+    float t[64];
+    cudaError_t err = cudaSuccess;
+    for (int r = -2; r < reps; r++) {
+        cudaEventRecord(e0, 0);
+        for (int i = 0; i < n; i++)
+            if (cuda_attention(&a[i], 0) != cudaSuccess) err = cudaGetLastError();
+        cudaEventRecord(e1, 0);
+        cudaEventSynchronize(e1);
+        if (r >= 0) cudaEventElapsedTime(&t[r], e0, e1);
+    }
+    if (err == cudaSuccess) err = cudaGetLastError();
+    if (err != cudaSuccess) printf("  error: %s\n", cudaGetErrorString(err));
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    qsort(t, reps, sizeof(float), cmpf);
+    return t[reps / 2];
+}
+
+static void free_args(struct cuda_attn_args *a)
+{
+    cudaFree((void *)a->pos), cudaFree((void *)a->bt_off), cudaFree((void *)a->items), cudaFree((void *)a->n_items);
+    cudaFree((void *)a->tok_part);
+}
+
+int main(void)
+{
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+        printf("no GPU: skipped\n");
+        return 0;
+    }
+    if (!cuda_attention_tc_ok(HD, NH / NKVH)) printf("tensor-core kernel refuses the shape\n");
+    if (cuda_attention_prepare(HD) != cudaSuccess) printf("prepare failed\n");
+    const int nchunk = 8, ctx_max = nchunk * CHUNK, nb = ctx_max / BS;
+    /* the blocks of the context in shuffled order, as a pool hands them out */
+    int32_t *bt = malloc(nb * 4);
+    for (int i = 0; i < nb; i++) bt[i] = i;
+    for (int i = nb - 1; i > 0; i--) {
+        int j = (int)((frand() * 0.5f + 0.5f) * (i + 1)) % (i + 1), x = bt[i];
+        bt[i] = bt[j], bt[j] = x;
+    }
+    int32_t *dbt = dup_dev(bt, nb * 4);
+    size_t kvn = (size_t)ctx_max * NKVH * HD;
+    uint16_t *kc = rand_dev(kvn, 1.0f), *vc = rand_dev(kvn, 1.0f), *q = rand_dev((size_t)CHUNK * NH * HD, 2.0f);
+    uint16_t *out[3];
+    for (int v = 0; v < 3; v++) out[v] = dalloc((size_t)CHUNK * NH * HD * 2);
+    const char *vname[3] = {"SIMT, 32-row items", "tensor cores, 64-row items", "tensor cores, 128-row items"};
+    int vrows[3] = {CUDA_ATTN_ROWS, 64, 128};
+
+    printf("prefill attention, H=%d KVH=%d D=%d block %d\n", NH, NKVH, HD, BS);
+    for (int v = 0; v < 3; v++) {
+        double keys;
+        struct cuda_attn_args a = step_args(q, kc, vc, dbt, CHUNK, CHUNK, vrows[v], out[v], &keys);
+        float ms = time_steps(&a, 1, 20);
+        printf("  prompt 2048            %-30s %8.3f ms  %7.1f TFLOP/s\n", vname[v], ms,
+               4.0 * NH * HD * keys / (ms * 1e9));
+        free_args(&a);
+    }
+    {
+        size_t n = (size_t)CHUNK * NH * HD;
+        uint16_t *h[3];
+        for (int v = 0; v < 3; v++) h[v] = malloc(n * 2), cudaMemcpy(h[v], out[v], n * 2, cudaMemcpyDeviceToHost);
+        for (int v = 1; v < 3; v++) {
+            double mx = 0;
+            for (size_t i = 0; i < n; i++) {
+                double d = fabs((double)fb(h[v][i]) - fb(h[0][i]));
+                if (!(d <= mx)) mx = d; /* NaN sticks */
+            }
+            printf("  prompt 2048: max |%s - SIMT| = %.3g\n", vname[v], mx);
+        }
+        for (int v = 0; v < 3; v++) free(h[v]);
+    }
+    for (int v = 0; v < 3; v++) {
+        struct cuda_attn_args a[8];
+        double keys = 0, k;
+        for (int c = 0; c < nchunk; c++) {
+            a[c] = step_args(q, kc, vc, dbt, (c + 1) * CHUNK, CHUNK, vrows[v], out[v], &k);
+            keys += k;
+        }
+        float ms = time_steps(a, nchunk, v == 0 ? 5 : 20);
+        printf("  16K context, 8 chunks  %-30s %8.3f ms  %7.1f TFLOP/s\n", vname[v], ms,
+               4.0 * NH * HD * keys / (ms * 1e9));
+        for (int c = 0; c < nchunk; c++) free_args(&a[c]);
+    }
+    cudaFree(dbt), cudaFree(kc), cudaFree(vc), cudaFree(q);
+    for (int v = 0; v < 3; v++) cudaFree(out[v]);
+    free(bt);
+    return 0;
+}
