@@ -1,18 +1,96 @@
-/* gemv.cu - y = x W^T for a few rows of x (decode), bandwidth-bound
- * (kernels.h). cuBLAS's bf16 path for n <= 4 reads the weights at well under
- * the copy bandwidth; here each warp streams one weight row with 16-byte
- * loads (all of them in flight: the row is unrolled), dots it with every x
- * row (read through L1/L2, tiny), and reduces across the warp. */
+/* gemv.cu - y = x W^T for a few rows of x (decode), bandwidth-bound, and its
+ * decode fusions (kernels.h): the residual add in the epilogue, SwiGLU in the
+ * epilogue of the gate|up projection, RMSNorm in the prologue.
+ *
+ * Two kernels. The "warp" kernel (the first one, kept for small `in` and for
+ * comparison) streams one weight row per warp. The "block" kernel gives a
+ * block of 256 threads RB rows at once and splits K over all 256 threads:
+ * thread i takes 16-byte chunks i, i + 256, i + 512, ... of every row, so
+ * for in = 4096 the whole group (RB rows x 8 KB) is one batch of RB*2 loads
+ * per thread, all issued before the first use, and for in = 14336 (RB = 2)
+ * one batch of 7; the K split costs one cheap in-block reduction (a
+ * transposing butterfly, then 8 warp partials through shared memory). A
+ * block walks groups of rows g, g + grid, ...; the next group's loads are
+ * issued before the current one is reduced and written.
+ *
+ * Summation order: per output, thread i sums its chunks in K order (f32
+ * fma), the 32 lanes combine by the xor butterfly 16, 8, 4, 2, 1, then the 8
+ * warps in warp order. The order depends on nothing but `in`, so every block
+ * kernel variant and fusion gives bit-identical sums for the same W and x:
+ * the tests rely on that.
+ *
+ * Programmatic dependent launch (sm_90): every kernel here lets the next
+ * kernel launch as soon as all of its blocks are running
+ * (griddepcontrol.launch_dependents) and, when it was itself launched with
+ * the PDL attribute, issues its first weight loads before waiting for its
+ * predecessor (griddepcontrol.wait), reading nothing the predecessor may
+ * write before the wait. Every block waits, so completion of a kernel here
+ * still implies completion of everything before it in the stream.
+ *
+ * Variants, read once from the environment at the first call (or set by
+ * cuda_gemv_select() for benchmarks):
+ *   SLUICE_GEMV_VARIANT=0  "warp": cuda_gemv uses the warp kernel everywhere
+ *                          (the fusions, which it lacks, use "block")
+ *                      1  "block" (default): one group of rows per block
+ *                          (the norm-prologue kernels: at most 4 waves of
+ *                          blocks, so x is normalized once per block, not
+ *                          once per group)
+ *                      2  "persist": grid = one wave (occupancy x SMs)
+ *   SLUICE_PDL=0           launch without the PDL attribute (default: with it,
+ *                          on sm_90 and later)
+ */
+#include <stdlib.h>
+#include <string.h>
+
 #include "cuda/bf16.cuh"
 #include "cuda/kernels.h"
+#include "cuda/norm.cuh"
 
+#define BT 256 /* threads of the block kernel */
 #define GEMV_WARPS 8
 
-template <int NT, bool F32OUT>
-static __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_kernel(const uint16_t *__restrict__ W,
-                                                                      const uint16_t *__restrict__ x, void *y,
-                                                                      int in, int out)
+/* ---- programmatic dependent launch ---- */
+
+static __device__ __forceinline__ void pdl_trigger(void)
 {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void pdl_wait(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+/* weights: read once, never again in this kernel: keep them out of L1 */
+static __device__ __forceinline__ uint4 ld_stream(const uint4 *p)
+{
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+static __device__ __forceinline__ void unpack8(uint4 v, float *f)
+{
+    f[0] = __uint_as_float(v.x << 16), f[1] = __uint_as_float(v.x & 0xffff0000u);
+    f[2] = __uint_as_float(v.y << 16), f[3] = __uint_as_float(v.y & 0xffff0000u);
+    f[4] = __uint_as_float(v.z << 16), f[5] = __uint_as_float(v.z & 0xffff0000u);
+    f[6] = __uint_as_float(v.w << 16), f[7] = __uint_as_float(v.w & 0xffff0000u);
+}
+
+/* ---- the warp kernel: one row per warp ---- */
+
+template <int NT, bool F32OUT>
+static __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_warp_kernel(const uint16_t *__restrict__ W,
+                                                                           const uint16_t *__restrict__ x, void *y,
+                                                                           int in, int out)
+{
+    pdl_trigger();
+    pdl_wait();
     int lane = threadIdx.x & 31;
     int row = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
     if (row >= out) return;
@@ -48,23 +126,344 @@ static __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_kernel(const uint
     }
 }
 
-template <bool F32OUT>
-static cudaError_t launch(const uint16_t *W, const uint16_t *x, void *y, int T, int in, int out, cudaStream_t st)
+/* ---- the block kernel ---- */
+
+enum { EPI_BF16, EPI_F32, EPI_RESID, EPI_SWIGLU };
+
+struct gemv_params {
+    const uint16_t *W; /* [out][in], or [2F][in] for EPI_SWIGLU (gate rows, then up rows) */
+    const uint16_t *x; /* [NT][in] bf16 (NORM false) */
+    const float *xf;   /* [NT][in] f32 residual to normalize (NORM true) */
+    const float *nw;   /* [in] norm weight (NORM true) */
+    float eps;
+    void *y;           /* [NT][out]: bf16, f32, f32 to add to (EPI_RESID), bf16 h (EPI_SWIGLU) */
+    int in, out;       /* out: outputs per row of x (F for EPI_SWIGLU) */
+    int ngroups;       /* groups of RB rows (RB/2 gate/up pairs for EPI_SWIGLU) */
+};
+
+static __host__ __device__ constexpr int pow2ceil(int n) { return n <= 1 ? 1 : 2 * pow2ceil((n + 1) / 2); }
+static __host__ __device__ constexpr int log2i(int n) { return n <= 1 ? 0 : 1 + log2i(n / 2); }
+
+/* W row of slot r of group g, or -1 past the end */
+template <int RB, int EPI>
+static __device__ __forceinline__ int group_row(const gemv_params &p, int g, int r)
 {
-    dim3 grid((out + GEMV_WARPS - 1) / GEMV_WARPS);
+    if (EPI == EPI_SWIGLU) {
+        int j = g * (RB / 2) + (r % (RB / 2));
+        return j < p.out ? (r < RB / 2 ? j : p.out + j) : -1;
+    }
+    int row = g * RB + r;
+    return row < p.out ? row : -1;
+}
+
+template <int NT, int RB, int UK, int EPI, bool NORM>
+static __global__ void __launch_bounds__(BT, 2) gemv_block_kernel(const gemv_params p)
+{
+    constexpr int C = RB * NT, CP = pow2ceil(C), LOGC = log2i(CP);
+    static_assert(CP <= 32 && (EPI != EPI_SWIGLU || RB % 2 == 0), "bad block-kernel shape");
+    extern __shared__ uint4 xs4[]; /* NORM: the normalized x, [NT][in] bf16 */
+    __shared__ float red[2][BT / 32][CP];
+    __shared__ float nsh[32];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int n4 = p.in >> 3;
+    const uint4 *W4 = (const uint4 *)p.W;
+
+    pdl_trigger();
+    int g = blockIdx.x, kb = 0, par = 0;
+    uint4 wv[RB][UK];
+    int rows[RB];
+    auto load = [&]() {
+#pragma unroll
+        for (int r = 0; r < RB; r++) {
+            rows[r] = group_row<RB, EPI>(p, g, r);
+#pragma unroll
+            for (int u = 0; u < UK; u++) {
+                int idx = kb + u * BT + tid;
+                wv[r][u] = rows[r] >= 0 && idx < n4 ? ld_stream(W4 + (size_t)rows[r] * n4 + idx) : make_uint4(0, 0, 0, 0);
+            }
+        }
+    };
+    load();
+    pdl_wait(); /* from here on, x may be read */
+
+    if (NORM) {
+        /* the rows of x through cuda_add_rmsnorm's arithmetic (norm.cuh):
+         * nv <= 1024 virtual threads; virtual warp warp + 8k is this warp's
+         * k-th, its sum in ss[k]. The loops run over i0 outside and k inside
+         * so that a thread's loads (L2 hits) are independent of each other. */
+        uint16_t *xs = (uint16_t *)xs4;
+        const int nv = rms_threads(p.in), nvw = nv / 32;
+        for (int t = 0; t < NT; t++) {
+            const float *xr = p.xf + (size_t)t * p.in;
+            float ss[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 4
+            for (int i0 = 0; i0 < p.in; i0 += nv)
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    int vw = warp + 8 * k, i = i0 + vw * 32 + lane;
+                    if (vw < nvw && i < p.in) ss[k] = rms_acc(ss[k], xr[i]);
+                }
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                float s = warp_sum(ss[k]);
+                if (lane == 0 && warp + 8 * k < nvw) nsh[warp + 8 * k] = s;
+            }
+            __syncthreads();
+            float inv = rms_inv(warp_sum(lane < nvw ? nsh[lane] : 0.0f), p.in, p.eps);
+#pragma unroll 4
+            for (int i = tid; i < p.in; i += BT) xs[(size_t)t * p.in + i] = rms_out(p.nw[i], xr[i], inv);
+            __syncthreads(); /* xs complete; nsh free for the next row */
+        }
+    }
+
+    float acc[RB][NT];
+#pragma unroll
+    for (int r = 0; r < RB; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+
+    for (;;) {
+#pragma unroll
+        for (int u = 0; u < UK; u++) {
+            int idx = kb + u * BT + tid;
+            if (idx < n4) {
+                float xf[NT][8];
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    uint4 xv = NORM ? xs4[(size_t)t * n4 + idx] : __ldg((const uint4 *)p.x + (size_t)t * n4 + idx);
+                    unpack8(xv, xf[t]);
+                }
+#pragma unroll
+                for (int r = 0; r < RB; r++) {
+                    float wf[8];
+                    unpack8(wv[r][u], wf);
+#pragma unroll
+                    for (int t = 0; t < NT; t++)
+#pragma unroll
+                        for (int e = 0; e < 8; e++) acc[r][t] = __fmaf_rn(wf[e], xf[t][e], acc[r][t]);
+                }
+            }
+        }
+        const int gd = g;
+        kb += BT * UK;
+        const bool done = kb >= n4;
+        if (done) kb = 0, g += gridDim.x;
+        if (g < p.ngroups) load(); /* in flight while this group is reduced */
+        if (!done) continue;
+
+        /* reduce group gd: transposing butterfly, so each lane ends with one
+         * of the CP values summed over the warp (value lane >> (5 - LOGC)) */
+        float v[CP];
+#pragma unroll
+        for (int c = 0; c < CP; c++) v[c] = c < C ? acc[c / NT][c % NT] : 0.0f;
+#pragma unroll
+        for (int k = 0; k < LOGC; k++) {
+            const int s = CP >> (k + 1), o = 16 >> k;
+            const bool upper = lane & o;
+#pragma unroll
+            for (int i = 0; i < s; i++) {
+                float send = upper ? v[i] : v[i + s], keep = upper ? v[i + s] : v[i];
+                v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+            }
+        }
+#pragma unroll
+        for (int o = 16 >> LOGC; o; o >>= 1) v[0] += __shfl_xor_sync(0xffffffffu, v[0], o);
+        if ((lane & ((32 >> LOGC) - 1)) == 0) red[par][warp][lane >> (5 - LOGC)] = v[0];
+        __syncthreads(); /* red[par] is next written two groups on, after another barrier */
+        if (EPI == EPI_SWIGLU) {
+            if (tid < C / 2) {
+                float sg = 0.0f, su = 0.0f;
+#pragma unroll
+                for (int w = 0; w < BT / 32; w++) sg += red[par][w][tid], su += red[par][w][tid + C / 2];
+                int j = gd * (RB / 2) + tid / NT, t = tid % NT;
+                if (j < p.out) {
+                    /* as cuda_swiglu over the bf16 gate|up outputs */
+                    float a = bf2f(f2bf(sg)), b = bf2f(f2bf(su));
+                    ((uint16_t *)p.y)[(size_t)t * p.out + j] = f2bf(a / (1.0f + __expf(-a)) * b);
+                }
+            }
+        } else if (tid < C) {
+            float s = 0.0f;
+#pragma unroll
+            for (int w = 0; w < BT / 32; w++) s += red[par][w][tid];
+            int row = gd * RB + tid / NT, t = tid % NT;
+            if (row < p.out) {
+                size_t o = (size_t)t * p.out + row;
+                if (EPI == EPI_BF16) ((uint16_t *)p.y)[o] = f2bf(s);
+                if (EPI == EPI_F32) ((float *)p.y)[o] = s;
+                if (EPI == EPI_RESID) ((float *)p.y)[o] += bf2f(f2bf(s)); /* as x += delta of bf16(s) */
+            }
+        }
+        par ^= 1;
+        if (g >= p.ngroups) break;
+#pragma unroll
+        for (int r = 0; r < RB; r++)
+#pragma unroll
+            for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+    }
+}
+
+/* ---- launch ---- */
+
+static struct gemv_state {
+    int variant, nsm;
+    bool pdl;
+} G;
+
+static const gemv_state &state(void)
+{
+    static bool once = [] {
+        const char *v = getenv("SLUICE_GEMV_VARIANT"), *d = getenv("SLUICE_PDL");
+        G.variant = v && (*v == '0' || *v == '2') ? *v - '0' : 1;
+        int dev = 0, major = 0;
+        G.nsm = 132;
+        if (cudaGetDevice(&dev) == cudaSuccess) {
+            cudaDeviceGetAttribute(&G.nsm, cudaDevAttrMultiProcessorCount, dev);
+            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+        }
+        G.pdl = major >= 9 && !(d && strcmp(d, "0") == 0);
+        return true;
+    }();
+    (void)once;
+    return G;
+}
+
+extern "C" void cuda_gemv_select(int variant, int pdl)
+{
+    state();
+    if (variant >= 0 && variant <= 2) G.variant = variant;
+    if (pdl >= 0) {
+        int dev = 0, major = 0;
+        if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+        G.pdl = pdl && major >= 9;
+    }
+}
+
+template <typename... A>
+static cudaError_t launch_k(void (*k)(A...), int grid, int threads, size_t smem, cudaStream_t st, A... args)
+{
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(grid), cfg.blockDim = dim3(threads), cfg.dynamicSmemBytes = smem, cfg.stream = st;
+    cfg.attrs = at, cfg.numAttrs = state().pdl ? 1 : 0;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, k, args...);
+    cudaError_t l = cudaGetLastError(); /* clear what the launch recorded */
+    return e != cudaSuccess ? e : l;
+}
+
+template <bool F32OUT>
+static cudaError_t launch_warp(const uint16_t *W, const uint16_t *x, void *y, int T, int in, int out, cudaStream_t st)
+{
+    int grid = (out + GEMV_WARPS - 1) / GEMV_WARPS, th = 32 * GEMV_WARPS;
     switch (T) {
-    case 1: gemv_kernel<1, F32OUT><<<grid, 32 * GEMV_WARPS, 0, st>>>(W, x, y, in, out); break;
-    case 2: gemv_kernel<2, F32OUT><<<grid, 32 * GEMV_WARPS, 0, st>>>(W, x, y, in, out); break;
-    case 3: gemv_kernel<3, F32OUT><<<grid, 32 * GEMV_WARPS, 0, st>>>(W, x, y, in, out); break;
-    case 4: gemv_kernel<4, F32OUT><<<grid, 32 * GEMV_WARPS, 0, st>>>(W, x, y, in, out); break;
+    case 1: return launch_k(gemv_warp_kernel<1, F32OUT>, grid, th, 0, st, W, x, y, in, out);
+    case 2: return launch_k(gemv_warp_kernel<2, F32OUT>, grid, th, 0, st, W, x, y, in, out);
+    case 3: return launch_k(gemv_warp_kernel<3, F32OUT>, grid, th, 0, st, W, x, y, in, out);
+    case 4: return launch_k(gemv_warp_kernel<4, F32OUT>, grid, th, 0, st, W, x, y, in, out);
     default: return cudaErrorInvalidValue;
     }
-    return cudaGetLastError();
+}
+
+/* blocks resident per SM for one instantiation, asked once */
+template <int NT, int RB, int UK, int EPI, bool NORM>
+static int occupancy(size_t smem)
+{
+    static int occ = [&] {
+        int n = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_block_kernel<NT, RB, UK, EPI, NORM>, BT, smem) !=
+                cudaSuccess ||
+            n < 1)
+            n = 1;
+        return n;
+    }();
+    return occ;
+}
+
+template <int NT, int RB, int UK, int EPI, bool NORM>
+static cudaError_t launch_block1(gemv_params p, cudaStream_t st)
+{
+    int per = EPI == EPI_SWIGLU ? RB / 2 : RB;
+    p.ngroups = (p.out + per - 1) / per;
+    if (p.ngroups == 0) return cudaSuccess;
+    size_t smem = NORM ? (size_t)NT * p.in * 2 : 0;
+    int wave = occupancy<NT, RB, UK, EPI, NORM>(smem) * state().nsm, grid = p.ngroups;
+    if (state().variant == 2 && grid > wave) grid = wave;
+    if (NORM && grid > 4 * wave) grid = 4 * wave;
+    return launch_k(gemv_block_kernel<NT, RB, UK, EPI, NORM>, grid, BT, smem, st, p);
+}
+
+/* The shape of a group: in <= 4096 (512 chunks, 2 per thread): RB = 8 rows
+ * (4 at T >= 3, for registers); longer rows: RB = 2, up to 8 chunks per
+ * thread per batch (in = 14336: 7). */
+template <int EPI, bool NORM>
+static cudaError_t launch_block(const gemv_params &p, int T, cudaStream_t st)
+{
+    bool shortk = p.in <= 8 * 2 * BT;
+    switch (T * 2 + shortk) {
+    case 2: return launch_block1<1, 2, 8, EPI, NORM>(p, st);
+    case 3: return launch_block1<1, 8, 2, EPI, NORM>(p, st);
+    case 4: return launch_block1<2, 2, 8, EPI, NORM>(p, st);
+    case 5: return launch_block1<2, 8, 2, EPI, NORM>(p, st);
+    case 6: return launch_block1<3, 2, 8, EPI, NORM>(p, st);
+    case 7: return launch_block1<3, 4, 2, EPI, NORM>(p, st);
+    case 8: return launch_block1<4, 2, 8, EPI, NORM>(p, st);
+    case 9: return launch_block1<4, 4, 2, EPI, NORM>(p, st);
+    default: return cudaErrorInvalidValue;
+    }
+}
+
+static bool bad_shape(const void *W, const void *x, int T, int in, int out)
+{
+    return T < 1 || T > CUDA_GEMV_MAX_T || in <= 0 || in % 8 || out < 0 || ((uintptr_t)W | (uintptr_t)x) % 16;
 }
 
 extern "C" cudaError_t cuda_gemv(const uint16_t *W, const uint16_t *x, void *y, bool y_f32, int T, int in, int out,
                                  cudaStream_t st)
 {
-    if (T < 1 || T > CUDA_GEMV_MAX_T || in % 8 || ((uintptr_t)W | (uintptr_t)x) % 16) return cudaErrorInvalidValue;
-    return y_f32 ? launch<true>(W, x, y, T, in, out, st) : launch<false>(W, x, y, T, in, out, st);
+    if (bad_shape(W, x, T, in, out)) return cudaErrorInvalidValue;
+    if (out == 0) return cudaSuccess;
+    /* rows shorter than one chunk per thread leave most of a block idle */
+    if (state().variant == 0 || in < 8 * BT)
+        return y_f32 ? launch_warp<true>(W, x, y, T, in, out, st) : launch_warp<false>(W, x, y, T, in, out, st);
+    gemv_params p = {W, x, NULL, NULL, 0.0f, y, in, out, 0};
+    return y_f32 ? launch_block<EPI_F32, false>(p, T, st) : launch_block<EPI_BF16, false>(p, T, st);
+}
+
+extern "C" cudaError_t cuda_gemv_residual(const uint16_t *W, const uint16_t *x, float *xres, int T, int in, int out,
+                                          cudaStream_t st)
+{
+    if (bad_shape(W, x, T, in, out)) return cudaErrorInvalidValue;
+    gemv_params p = {W, x, NULL, NULL, 0.0f, xres, in, out, 0};
+    return launch_block<EPI_RESID, false>(p, T, st);
+}
+
+extern "C" cudaError_t cuda_gemv_swiglu(const uint16_t *Wgu, const uint16_t *x, uint16_t *h, int T, int in, int F,
+                                        cudaStream_t st)
+{
+    if (bad_shape(Wgu, x, T, in, F)) return cudaErrorInvalidValue;
+    gemv_params p = {Wgu, x, NULL, NULL, 0.0f, h, in, F, 0};
+    return launch_block<EPI_SWIGLU, false>(p, T, st);
+}
+
+static bool bad_norm(const void *W, const float *x, int T, int in)
+{
+    return bad_shape(W, NULL, T, in, 0) || (uintptr_t)x % 4 || (size_t)T * in * 2 > CUDA_GEMV_NORM_SMEM;
+}
+
+extern "C" cudaError_t cuda_gemv_rmsnorm(const uint16_t *W, const float *x, const float *nw, float eps, uint16_t *y,
+                                         int T, int in, int out, cudaStream_t st)
+{
+    if (bad_norm(W, x, T, in) || out < 0) return cudaErrorInvalidValue;
+    gemv_params p = {W, NULL, x, nw, eps, y, in, out, 0};
+    return launch_block<EPI_BF16, true>(p, T, st);
+}
+
+extern "C" cudaError_t cuda_gemv_rmsnorm_swiglu(const uint16_t *Wgu, const float *x, const float *nw, float eps,
+                                                uint16_t *h, int T, int in, int F, cudaStream_t st)
+{
+    if (bad_norm(Wgu, x, T, in) || F < 0) return cudaErrorInvalidValue;
+    gemv_params p = {Wgu, NULL, x, nw, eps, h, in, F, 0};
+    return launch_block<EPI_SWIGLU, true>(p, T, st);
 }

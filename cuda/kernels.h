@@ -96,11 +96,46 @@ cudaError_t cuda_attention(const struct cuda_attn_args *a, cudaStream_t st);
 cudaError_t cuda_attention_prepare(int D);
 
 /* ---- gemv.cu ---- */
+/* Few-row GEMVs for decode and their fusions. All: T <= CUDA_GEMV_MAX_T rows,
+ * W [rows][in] bf16, in % 8 == 0, W and bf16 x 16-byte aligned, f32
+ * accumulation; otherwise cudaErrorInvalidValue and nothing is launched.
+ * For in >= 2048 (and SLUICE_GEMV_VARIANT != 0) every launcher here sums
+ * each output in the same order, so a fusion gives bit for bit what the
+ * unfused kernels give on the same data.
+ * The kernels are launched with programmatic dependent launch on sm_90 (they
+ * read nothing written by earlier kernels before waiting for them); see
+ * gemv.cu for SLUICE_GEMV_VARIANT and SLUICE_PDL. */
 #define CUDA_GEMV_MAX_T 4
-/* y[t][o] = sum_i x[t][i] W[o][i] for t < T <= CUDA_GEMV_MAX_T: W [out][in] bf16,
- * x [T][in] bf16 (16-byte aligned, in % 8 == 0), y [T][out] bf16 or f32 (y_f32). */
+/* y[t][o] = sum_i x[t][i] W[o][i] for t < T: W [out][in] bf16, x [T][in]
+ * bf16, y [T][out] bf16 or f32 (y_f32). */
 cudaError_t cuda_gemv(const uint16_t *W, const uint16_t *x, void *y, bool y_f32, int T, int in, int out,
                       cudaStream_t st);
+/* The residual add in the epilogue: xres[t][o] += float(bf16(sum_i x[t][i] W[o][i])),
+ * exactly cuda_gemv to bf16 followed by cuda_add_rmsnorm's x += delta.
+ * W [out][in] bf16, x [T][in] bf16, xres [T][out] f32 (must not overlap x). */
+cudaError_t cuda_gemv_residual(const uint16_t *W, const uint16_t *x, float *xres, int T, int in, int out,
+                               cudaStream_t st);
+/* SwiGLU in the epilogue of the fused gate|up projection: with g, u the bf16
+ * of rows i and F + i of x W^T, h[t][i] = bf16(silu(g) * u), exactly
+ * cuda_gemv to gu [T][2F] then cuda_swiglu. Wgu [2F][in] bf16 (gate rows,
+ * then up rows), x [T][in] bf16, h [T][F] bf16. */
+cudaError_t cuda_gemv_swiglu(const uint16_t *Wgu, const uint16_t *x, uint16_t *h, int T, int in, int F,
+                             cudaStream_t st);
+/* RMSNorm in the prologue: y = bf16(xn W^T) with xn[t] = bf16(nw * x[t] / rms(x[t]))
+ * computed exactly as cuda_add_rmsnorm(x, NULL, nw, NULL, T, in, eps, xn)
+ * does (same bf16 values); x is only read. x [T][in] f32, nw [in] f32,
+ * W [out][in] bf16, y [T][out] bf16; T * in * 2 <= CUDA_GEMV_NORM_SMEM. */
+#define CUDA_GEMV_NORM_SMEM (48 * 1024)
+cudaError_t cuda_gemv_rmsnorm(const uint16_t *W, const float *x, const float *nw, float eps, uint16_t *y, int T,
+                              int in, int out, cudaStream_t st);
+/* Both: h = cuda_gemv_swiglu(Wgu, xn) with xn as in cuda_gemv_rmsnorm.
+ * x [T][in] f32, nw [in] f32, Wgu [2F][in] bf16, h [T][F] bf16. */
+cudaError_t cuda_gemv_rmsnorm_swiglu(const uint16_t *Wgu, const float *x, const float *nw, float eps, uint16_t *h,
+                                     int T, int in, int F, cudaStream_t st);
+/* For benchmarks and tests: variant 0 warp, 1 block, 2 persistent (-1 keeps
+ * it), pdl 0/1 (-1 keeps it), overriding the environment. Not thread-safe;
+ * call it outside graph capture, with no launch in flight on another thread. */
+void cuda_gemv_select(int variant, int pdl);
 
 /* ---- act.cu ---- */
 /* h[t][i] = bf16(silu(gu[t][i]) * gu[t][F + i]) for i < F; gu [T][2F], h [T][F] bf16. */

@@ -1,6 +1,7 @@
 /* norm.cu - embedding gather and the fused residual add + RMSNorm (kernels.h). */
 #include "cuda/bf16.cuh"
 #include "cuda/kernels.h"
+#include "cuda/norm.cuh"
 
 static __global__ void embed_kernel(const uint16_t *tab, const int32_t *ids, int E, float *x)
 {
@@ -9,8 +10,8 @@ static __global__ void embed_kernel(const uint16_t *tab, const int32_t *ids, int
     for (int i = threadIdx.x; i < E; i += blockDim.x) x[(size_t)t * E + i] = bf2f(row[i]);
 }
 
-/* One block per row; the row is read once into registers-by-stride, the sum
- * of squares in f32 (the CPU reference sums in double: a ~1e-7 difference). */
+/* One block of rms_threads(E) threads per row; the sum of squares in f32 in
+ * norm.cuh's order (the CPU reference sums in double: a ~1e-7 difference). */
 static __global__ void add_rmsnorm_kernel(float *x, const uint16_t *delta, const float *w,
                                           const int32_t *rows, int E, float eps, uint16_t *out)
 {
@@ -26,16 +27,16 @@ static __global__ void add_rmsnorm_kernel(float *x, const uint16_t *delta, const
             v += bf2f(dr[i]);
             if (!rows) xr[i] = v;
         }
-        ss += v * v;
+        ss = rms_acc(ss, v);
     }
     ss = block_sum(ss, sh);
-    float inv = rsqrtf(ss / (float)E + eps);
+    float inv = rms_inv(ss, E, eps);
     uint16_t *o = out + (size_t)r * E;
     for (int i = threadIdx.x; i < E; i += blockDim.x) {
         /* each thread reads back what it wrote itself: no barrier needed */
         float v = xr[i];
         if (dr && rows) v += bf2f(dr[i]);
-        o[i] = f2bf(w[i] * (v * inv));
+        o[i] = rms_out(w[i], v, inv);
     }
 }
 
@@ -57,7 +58,6 @@ extern "C" cudaError_t cuda_add_rmsnorm(float *x, const uint16_t *delta, const f
                                         int T, int E, float eps, uint16_t *out, cudaStream_t st)
 {
     if (T <= 0) return cudaSuccess;
-    int th = threads_for(E / 4 < 32 ? 32 : E / 4);
-    add_rmsnorm_kernel<<<T, th, 0, st>>>(x, delta, w, rows, E, eps, out);
+    add_rmsnorm_kernel<<<T, rms_threads(E), 0, st>>>(x, delta, w, rows, E, eps, out);
     return cudaGetLastError();
 }

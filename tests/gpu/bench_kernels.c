@@ -1,7 +1,9 @@
 /* bench_kernels.c - where a decode step's time goes: each cuda/ kernel and
  * the GEMMs at the Llama-3.1-8B decode shapes, timed alone with CUDA events
  * (median of 50 launches after warm-up; weights rotate over 8 copies so L2
- * never holds them). Not a test. */
+ * never holds them): every GEMV variant (warp, block, persist; see gemv.cu)
+ * and fusion per shape, then the GEMV part of a decode layer as a graph,
+ * today's kernels against the fused ones, with and without PDL. Not a test. */
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -19,7 +21,8 @@ static int cmpf(const void *a, const void *b)
 
 static cudaEvent_t e0, e1;
 static float times[REP];
-#define TIME(label, bytes, stmt)                                                                   \
+/* median time of stmt / div, and bytes / that time */
+#define TIME_DIV(label, bytes, div, stmt)                                                          \
     do {                                                                                           \
         for (int w_ = 0; w_ < 3; w_++) { int rep = w_; (void)rep; stmt; }                          \
         for (int rep = 0; rep < REP; rep++) {                                                      \
@@ -30,11 +33,12 @@ static float times[REP];
             cudaEventElapsedTime(&times[rep], e0, e1);                                             \
         }                                                                                          \
         qsort(times, REP, sizeof(float), cmpf);                                                    \
-        float us_ = times[REP / 2] * 1000;                                                         \
-        printf("%-44s %9.1f us  %7.0f GB/s\n", label, us_, (bytes) / (us_ * 1e3));                \
+        float us_ = times[REP / 2] * 1000 / (div);                                                 \
+        printf("%-60s %9.1f us  %7.0f GB/s\n", label, us_, (bytes) / (us_ * 1e3));                \
         cudaError_t ce_ = cudaGetLastError();                                                      \
         if (ce_ != cudaSuccess) printf("  error: %s\n", cudaGetErrorString(ce_));                  \
     } while (0)
+#define TIME(label, bytes, stmt) TIME_DIV(label, bytes, 1, stmt)
 
 static void *dalloc(size_t n)
 {
@@ -47,6 +51,57 @@ static void *dalloc(size_t n)
     return p;
 }
 
+static const char *const vname[] = {"warp", "block", "persist"};
+
+/* The GEMV part of one decode layer (no RoPE, no attention: qkv's first
+ * values stand in for attention's output), 8 layers with their own weights
+ * captured in one graph, as enqueue() runs it; prints us per layer.
+ * mode 0: today's kernels (add_rmsnorm, gemv, swiglu, separate);
+ * mode 1: the same sequence with the fused epilogue/prologue launchers. */
+static void bench_layers(int mode, int variant, int pdl, int T, uint16_t *const *wl, float *x, float *nw,
+                         uint16_t *xn, uint16_t *qkv, uint16_t *delta, uint16_t *gu, uint16_t *hh)
+{
+    const int E = 4096, F = 14336, QKV = 6144, NL = 8;
+    const size_t sq = (size_t)QKV * E, so = (size_t)E * E, sg = (size_t)2 * F * E;
+    cuda_gemv_select(variant, pdl);
+    cudaStream_t st;
+    cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t ge = NULL;
+    int bad = cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) != cudaSuccess;
+    for (int l = 0; l < NL && !bad; l++) {
+        const uint16_t *wq = wl[l], *wo = wq + sq, *wgu = wo + so, *wd = wgu + sg;
+        if (mode == 0) {
+            bad |= cuda_add_rmsnorm(x, delta, nw, NULL, T, E, 1e-5f, xn, st) != cudaSuccess;
+            bad |= cuda_gemv(wq, xn, qkv, false, T, E, QKV, st) != cudaSuccess;
+            bad |= cuda_gemv(wo, qkv, delta, false, T, E, E, st) != cudaSuccess;
+            bad |= cuda_add_rmsnorm(x, delta, nw, NULL, T, E, 1e-5f, xn, st) != cudaSuccess;
+            bad |= cuda_gemv(wgu, xn, gu, false, T, E, 2 * F, st) != cudaSuccess;
+            bad |= cuda_swiglu(gu, T, F, hh, st) != cudaSuccess;
+            bad |= cuda_gemv(wd, hh, delta, false, T, F, E, st) != cudaSuccess;
+        } else {
+            bad |= cuda_gemv_rmsnorm(wq, x, nw, 1e-5f, qkv, T, E, QKV, st) != cudaSuccess;
+            bad |= cuda_gemv_residual(wo, qkv, x, T, E, E, st) != cudaSuccess;
+            bad |= cuda_gemv_rmsnorm_swiglu(wgu, x, nw, 1e-5f, hh, T, E, F, st) != cudaSuccess;
+            bad |= cuda_gemv_residual(wd, hh, x, T, F, E, st) != cudaSuccess;
+        }
+    }
+    cudaStreamEndCapture(st, &g);
+    if (bad || !g || cudaGraphInstantiate(&ge, g, 0) != cudaSuccess) {
+        printf("layers %s: capture failed: %s\n", mode ? "fused" : "unfused", cudaGetErrorString(cudaGetLastError()));
+    } else {
+        char lab[96];
+        snprintf(lab, sizeof lab, "layer T=%d %-7s %-7s %s (per layer)", T, mode ? "fused" : "unfused",
+                 vname[variant], pdl ? "pdl" : "   ");
+        double bytes = (double)(sq + so + sg + (size_t)F * E) * 2;
+        TIME_DIV(lab, bytes, NL, cudaGraphLaunch(ge, 0));
+    }
+    if (ge) cudaGraphExecDestroy(ge);
+    if (g) cudaGraphDestroy(g);
+    cudaStreamDestroy(st);
+    cuda_gemv_select(1, 1);
+}
+
 int main(void)
 {
     cudaEventCreate(&e0), cudaEventCreate(&e1);
@@ -57,7 +112,8 @@ int main(void)
         {"qkv  4096 -> 6144", E, (H + 2 * KVH) * D}, {"o    4096 -> 4096", H * D, E},
         {"gate|up 4096 -> 28672", E, 2 * F}, {"down 14336 -> 4096", F, E}, {"lm_head 4096 -> 128256", E, V}};
     uint16_t *x = dalloc((size_t)4 * F * 2);
-    float *y = dalloc((size_t)4 * V * 4);
+    float *y = dalloc((size_t)4 * V * 4), *xr = dalloc((size_t)4 * E * 4), *nw = dalloc((size_t)E * 4);
+    cudaMemset(xr, 0, (size_t)4 * E * 4), cudaMemset(nw, 0, E * 4);
     for (int i = 0; i < 5; i++) {
         size_t wb = (size_t)m[i].in * m[i].out * 2;
         int nc = i == 4 ? 2 : 8;
@@ -65,21 +121,63 @@ int main(void)
         for (int c = 0; c < nc; c++) w[c] = dalloc(wb);
         char lab[96];
         for (int T = 1; T <= 4; T *= 4) {
-            snprintf(lab, sizeof lab, "gemv   T=%d %s", T, m[i].name);
-            TIME(lab, wb, cuda_gemv(w[rep % nc], x, y, i == 4, T, m[i].in, m[i].out, 0));
-            snprintf(lab, sizeof lab, "cublas T=%d %s", T, m[i].name);
+            for (int v = 0; v < 3; v++) {
+                cuda_gemv_select(v, 1);
+                snprintf(lab, sizeof lab, "gemv %-7s T=%d %s", vname[v], T, m[i].name);
+                TIME(lab, wb, cuda_gemv(w[rep % nc], x, y, i == 4, T, m[i].in, m[i].out, 0));
+            }
+            snprintf(lab, sizeof lab, "cublas       T=%d %s", T, m[i].name);
             const float one = 1, zero = 0;
             TIME(lab, wb,
                  cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m[i].out, T, m[i].in, &one, w[rep % nc], CUDA_R_16BF,
                               m[i].in, x, CUDA_R_16BF, m[i].in, &zero, y, i == 4 ? CUDA_R_32F : CUDA_R_16BF, m[i].out,
                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+            /* the fusions that apply to this shape, block and persistent */
+            for (int v = 1; v < 3; v++) {
+                cuda_gemv_select(v, 1);
+                if (i == 0) {
+                    snprintf(lab, sizeof lab, "gemv_rmsnorm %-7s T=%d %s", vname[v], T, m[i].name);
+                    TIME(lab, wb, cuda_gemv_rmsnorm(w[rep % nc], xr, nw, 1e-5f, (uint16_t *)y, T, E, m[i].out, 0));
+                }
+                if (i == 1 || i == 3) {
+                    snprintf(lab, sizeof lab, "gemv_residual %-7s T=%d %s", vname[v], T, m[i].name);
+                    TIME(lab, wb, cuda_gemv_residual(w[rep % nc], x, y, T, m[i].in, m[i].out, 0));
+                }
+                if (i == 2) {
+                    snprintf(lab, sizeof lab, "gemv_swiglu %-7s T=%d %s", vname[v], T, m[i].name);
+                    TIME(lab, wb, cuda_gemv_swiglu(w[rep % nc], x, (uint16_t *)y, T, E, F, 0));
+                    snprintf(lab, sizeof lab, "gemv_rmsnorm_swiglu %-7s T=%d %s", vname[v], T, m[i].name);
+                    TIME(lab, wb, cuda_gemv_rmsnorm_swiglu(w[rep % nc], xr, nw, 1e-5f, (uint16_t *)y, T, E, F, 0));
+                }
+            }
+            cuda_gemv_select(1, 1);
         }
         for (int c = 0; c < nc; c++) cudaFree(w[c]);
     }
+    /* the GEMV part of a decode layer, graph-captured: today vs new */
+    {
+        const size_t lw = ((size_t)6144 * E + (size_t)E * E + (size_t)2 * F * E + (size_t)F * E);
+        uint16_t *wl[8];
+        for (int l = 0; l < 8; l++) wl[l] = dalloc(lw * 2);
+        uint16_t *xn = dalloc((size_t)4 * E * 2), *qkv = dalloc((size_t)4 * 6144 * 2), *delta = dalloc((size_t)4 * E * 2),
+                 *gu = dalloc((size_t)4 * 2 * F * 2), *hh = dalloc((size_t)4 * F * 2);
+        float *lx = dalloc((size_t)4 * E * 4), *lnw = dalloc((size_t)E * 4);
+        cudaDeviceSynchronize();
+        printf("-- decode layer GEMV part (norm, qkv, o, norm, gate|up, swiglu, down), 8 layers in one graph --\n");
+        for (int T = 1; T <= 4; T *= 4) {
+            bench_layers(0, 0, 0, T, wl, lx, lnw, xn, qkv, delta, gu, hh); /* today */
+            bench_layers(0, 0, 1, T, wl, lx, lnw, xn, qkv, delta, gu, hh);
+            for (int v = 1; v < 3; v++)
+                for (int pdl = 0; pdl < 2; pdl++) {
+                    bench_layers(0, v, pdl, T, wl, lx, lnw, xn, qkv, delta, gu, hh);
+                    bench_layers(1, v, pdl, T, wl, lx, lnw, xn, qkv, delta, gu, hh);
+                }
+        }
+        for (int l = 0; l < 8; l++) cudaFree(wl[l]);
+        cudaFree(xn), cudaFree(qkv), cudaFree(delta), cudaFree(gu), cudaFree(hh), cudaFree(lx), cudaFree(lnw);
+    }
     /* the small kernels at T = 1 */
-    float *xr = dalloc((size_t)E * 4), *nw = dalloc((size_t)E * 4);
     uint16_t *xn = dalloc((size_t)E * 2), *gu = dalloc((size_t)2 * F * 2), *hh = dalloc((size_t)F * 2);
-    cudaMemset(xr, 0, E * 4), cudaMemset(nw, 0, E * 4);
     TIME("add_rmsnorm T=1 E=4096", (double)E * 8, cuda_add_rmsnorm(xr, xn, nw, NULL, 1, E, 1e-5f, xn, 0));
     TIME("swiglu T=1 F=14336", (double)F * 6, cuda_swiglu(gu, 1, F, hh, 0));
     int32_t *tok = dalloc(64);

@@ -141,34 +141,237 @@ static void test_swiglu(void)
     free(gu), free(h), free(ref), free(o), cudaFree(dgu), cudaFree(dh);
 }
 
+/* double-precision x W^T over bf16 inputs: ref [T][out] */
+static void ref_gemv(const uint16_t *w, const uint16_t *x, int T, int in, int out, double *ref)
+{
+    for (int t = 0; t < T; t++)
+        for (int r = 0; r < out; r++) {
+            double s = 0;
+            for (int i = 0; i < in; i++) s += (double)fb(w[(size_t)r * in + i]) * fb(x[(size_t)t * in + i]);
+            ref[(size_t)t * out + r] = s;
+        }
+}
+static uint16_t *rand_bf(size_t n, float scale)
+{
+    uint16_t *p = malloc(n * 2);
+    for (size_t i = 0; i < n; i++) p[i] = bf(scale * frand());
+    return p;
+}
+static const char *const gemv_variant_name[] = {"warp", "block", "persist"};
+
+/* every variant (warp, block, persistent; with and without PDL) against the
+ * double reference; the block variants against each other bit for bit */
 static void test_gemv(void)
 {
-    int shapes[][3] = {{1, 576, 1536}, {2, 4096, 1000}, {3, 8, 7}, {4, 14336, 64}};
+    int shapes[][3] = {{1, 576, 1536}, {2, 4096, 1000}, {3, 8, 7}, {4, 14336, 64}, {1, 4096, 777},
+                       {3, 14336, 129}, {4, 2048, 33}, {2, 20000, 17}, {1, 8192, 50}};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         int T = shapes[si][0], in = shapes[si][1], out = shapes[si][2];
-        uint16_t *w = malloc((size_t)out * in * 2), *x = malloc((size_t)T * in * 2), *y = malloc((size_t)T * out * 2);
-        for (size_t i = 0; i < (size_t)out * in; i++) w[i] = bf(frand());
-        for (size_t i = 0; i < (size_t)T * in; i++) x[i] = bf(frand());
+        size_t ny = (size_t)T * out;
+        uint16_t *w = rand_bf((size_t)out * in, 1), *x = rand_bf((size_t)T * in, 1), *y = malloc(ny * 2);
         uint16_t *dw = dup_dev(w, (size_t)out * in * 2), *dx = dup_dev(x, (size_t)T * in * 2);
-        uint16_t *dy = poisoned((size_t)T * out * 2);
-        float *dyf = poisoned((size_t)T * out * 4), *yf = malloc((size_t)T * out * 4), *o = malloc((size_t)T * out * 4);
-        CHECK(cuda_gemv(dw, dx, dy, false, T, in, out, 0) == cudaSuccess);
-        CHECK(cuda_gemv(dw, dx, dyf, true, T, in, out, 0) == cudaSuccess);
-        get(y, dy, (size_t)T * out * 2), get(yf, dyf, (size_t)T * out * 4);
-        double *ref = malloc((size_t)T * out * 8);
-        for (int t = 0; t < T; t++)
-            for (int r = 0; r < out; r++) {
-                double s = 0;
-                for (int i = 0; i < in; i++) s += (double)fb(w[(size_t)r * in + i]) * fb(x[(size_t)t * in + i]);
-                ref[(size_t)t * out + r] = s;
-                o[(size_t)t * out + r] = fb(y[(size_t)t * out + r]);
-            }
-        double e1 = nerr(o, ref, (size_t)T * out), e2 = nerr(yf, ref, (size_t)T * out);
-        CHECKF(e1 < 4e-3 && e2 < 1e-5, "gemv T=%d in=%d out=%d: err %.3g (bf16 out), %.3g (f32 out)", T, in, out, e1, e2);
-        printf("  gemv T=%d in=%d out=%d: err %.2e (bf16 out), %.2e (f32 out)\n", T, in, out, e1, e2);
-        free(w), free(x), free(y), free(yf), free(o), free(ref);
+        uint16_t *dy = poisoned(ny * 2), *y1 = malloc(ny * 2);
+        float *dyf = poisoned(ny * 4), *yf = malloc(ny * 4), *o = malloc(ny * 4), *yf1 = malloc(ny * 4);
+        double *ref = malloc(ny * 8);
+        ref_gemv(w, x, T, in, out, ref);
+        for (int v = 0; v < 4; v++) {
+            int variant = v < 3 ? v : 1, pdl = v < 3; /* the last pass: block without PDL */
+            cuda_gemv_select(variant, pdl);
+            cudaMemset(dy, 0xff, ny * 2), cudaMemset(dyf, 0xff, ny * 4);
+            CHECK(cuda_gemv(dw, dx, dy, false, T, in, out, 0) == cudaSuccess);
+            CHECK(cuda_gemv(dw, dx, dyf, true, T, in, out, 0) == cudaSuccess);
+            get(y, dy, ny * 2), get(yf, dyf, ny * 4);
+            for (size_t i = 0; i < ny; i++) o[i] = fb(y[i]);
+            double e1 = nerr(o, ref, ny), e2 = nerr(yf, ref, ny);
+            CHECKF(e1 < 4e-3 && e2 < 1e-5, "gemv %s%s T=%d in=%d out=%d: err %.3g (bf16 out), %.3g (f32 out)",
+                   gemv_variant_name[variant], pdl ? "" : " no-pdl", T, in, out, e1, e2);
+            if (v == 1) memcpy(y1, y, ny * 2), memcpy(yf1, yf, ny * 4);
+            if (v >= 2 && in >= 2048)
+                CHECKF(!memcmp(y, y1, ny * 2) && !memcmp(yf, yf1, ny * 4),
+                       "gemv %s%s T=%d in=%d out=%d: not bit-identical to block", gemv_variant_name[variant],
+                       pdl ? "" : " no-pdl", T, in, out);
+            if (v < 3)
+                printf("  gemv %-7s T=%d in=%d out=%d: err %.2e (bf16 out), %.2e (f32 out)\n",
+                       gemv_variant_name[variant], T, in, out, e1, e2);
+        }
+        cuda_gemv_select(1, 1);
+        free(w), free(x), free(y), free(yf), free(o), free(ref), free(y1), free(yf1);
         cudaFree(dw), cudaFree(dx), cudaFree(dy), cudaFree(dyf);
     }
+    /* bad shapes launch nothing */
+    CHECK(cuda_gemv(NULL, NULL, NULL, false, 5, 4096, 8, 0) == cudaErrorInvalidValue);
+    CHECK(cuda_gemv(NULL, NULL, NULL, false, 1, 4092, 8, 0) == cudaErrorInvalidValue);
+    CHECK(cuda_gemv_rmsnorm(NULL, NULL, NULL, 1e-5f, NULL, 4, 8192, 8, 0) == cudaErrorInvalidValue);
+}
+
+/* The decode fusions against the double reference (the rmsnorm ones through
+ * a double-precision norm of x), and, for in >= 2048, bit for bit against
+ * the unfused kernels they replace: add_rmsnorm, gemv, swiglu, x += delta. */
+static void test_gemv_fused(void)
+{
+    int shapes[][3] = {{1, 4096, 300}, {2, 2048, 1000}, {3, 4096, 77}, {4, 4096, 130}, {1, 14336, 40},
+                       {2, 576, 100}, {4, 64, 9}, {1, 6144, 5}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        int T = shapes[si][0], in = shapes[si][1], out = shapes[si][2], F = out;
+        bool exact = in >= 2048;
+        size_t nx = (size_t)T * in, ny = (size_t)T * out;
+        uint16_t *w = rand_bf((size_t)2 * F * in, 1), *x = rand_bf(nx, 1);
+        float *xr = malloc(nx * 4), *nw = malloc(in * 4), *xres = malloc(ny * 4);
+        for (size_t i = 0; i < nx; i++) xr[i] = 3 * frand();
+        for (int i = 0; i < in; i++) nw[i] = 1 + 0.5f * frand();
+        for (size_t i = 0; i < ny; i++) xres[i] = 2 * frand();
+        /* references: xn = rmsnorm(xr) in double, rounded to bf16 as the kernels do */
+        uint16_t *xn = malloc(nx * 2);
+        for (int t = 0; t < T; t++) {
+            double ss = 0;
+            for (int i = 0; i < in; i++) ss += (double)xr[(size_t)t * in + i] * xr[(size_t)t * in + i];
+            double r = 1 / sqrt(ss / in + 1e-5);
+            for (int i = 0; i < in; i++) xn[(size_t)t * in + i] = bf((float)(nw[i] * xr[(size_t)t * in + i] * r));
+        }
+        double *rgu = malloc((size_t)T * 2 * F * 8), *rnu = malloc((size_t)T * 2 * F * 8);
+        double *rres = malloc(ny * 8), *rsw = malloc(ny * 8), *rnsw = malloc(ny * 8), *rn = malloc(ny * 8);
+        ref_gemv(w, x, T, in, 2 * F, rgu);
+        ref_gemv(w, xn, T, in, 2 * F, rnu);
+        for (int t = 0; t < T; t++)
+            for (int j = 0; j < F; j++) {
+                size_t k = (size_t)t * F + j, kg = (size_t)t * 2 * F + j;
+                rres[k] = xres[k] + rgu[kg]; /* W's first `out` rows as the residual projection */
+                double g = rgu[kg], u = rgu[kg + F];
+                rsw[k] = g / (1 + exp(-g)) * u;
+                g = rnu[kg], u = rnu[kg + F];
+                rnsw[k] = g / (1 + exp(-g)) * u;
+                rn[k] = rnu[kg];
+            }
+        uint16_t *dw = dup_dev(w, (size_t)2 * F * in * 2), *dx = dup_dev(x, nx * 2);
+        float *dxr = dup_dev(xr, nx * 4), *dnw = dup_dev(nw, in * 4), *dres = dup_dev(NULL, ny * 4);
+        uint16_t *dy = poisoned(ny * 2), *dxn = poisoned(nx * 2), *dgu = poisoned((size_t)T * 2 * F * 2);
+        uint16_t *dh = poisoned(ny * 2);
+        float *dscr = dup_dev(xr, nx * 4); /* add_rmsnorm's x: it writes back x + 0 */
+        uint16_t *y = malloc(ny * 2), *u1 = malloc(ny * 2);
+        float *o = malloc(ny * 4), *res = malloc(ny * 4), *res1 = malloc(ny * 4);
+        for (int variant = 1; variant <= 2; variant++) {
+            cuda_gemv_select(variant, 1);
+            const char *vn = gemv_variant_name[variant];
+            /* residual */
+            cudaMemcpy(dres, xres, ny * 4, cudaMemcpyHostToDevice);
+            CHECK(cuda_gemv_residual(dw, dx, dres, T, in, out, 0) == cudaSuccess);
+            get(res, dres, ny * 4);
+            double e = nerr(res, rres, ny);
+            CHECKF(e < 4e-3, "gemv_residual %s T=%d in=%d out=%d: err %.3g", vn, T, in, out, e);
+            if (exact) {
+                CHECK(cuda_gemv(dw, dx, dy, false, T, in, out, 0) == cudaSuccess);
+                get(y, dy, ny * 2);
+                for (size_t i = 0; i < ny; i++) res1[i] = xres[i] + fb(y[i]);
+                CHECKF(!memcmp(res, res1, ny * 4), "gemv_residual %s T=%d in=%d: not x + bf16(gemv)", vn, T, in);
+            }
+            printf("  gemv_residual %-7s T=%d in=%d out=%d: err %.2e%s\n", vn, T, in, out, e, exact ? ", exact" : "");
+            /* swiglu */
+            cudaMemset(dh, 0xff, ny * 2);
+            CHECK(cuda_gemv_swiglu(dw, dx, dh, T, in, F, 0) == cudaSuccess);
+            get(y, dh, ny * 2);
+            for (size_t i = 0; i < ny; i++) o[i] = fb(y[i]);
+            e = nerr(o, rsw, ny);
+            CHECKF(e < 6e-3, "gemv_swiglu %s T=%d in=%d F=%d: err %.3g", vn, T, in, F, e);
+            if (exact) {
+                CHECK(cuda_gemv(dw, dx, dgu, false, T, in, 2 * F, 0) == cudaSuccess);
+                CHECK(cuda_swiglu(dgu, T, F, dh, 0) == cudaSuccess);
+                get(u1, dh, ny * 2);
+                CHECKF(!memcmp(y, u1, ny * 2), "gemv_swiglu %s T=%d in=%d: not swiglu(gemv)", vn, T, in);
+            }
+            printf("  gemv_swiglu   %-7s T=%d in=%d F=%d: err %.2e%s\n", vn, T, in, F, e, exact ? ", exact" : "");
+            /* rmsnorm prologue */
+            cudaMemset(dy, 0xff, ny * 2);
+            CHECK(cuda_gemv_rmsnorm(dw, dxr, dnw, 1e-5f, dy, T, in, out, 0) == cudaSuccess);
+            get(y, dy, ny * 2);
+            for (size_t i = 0; i < ny; i++) o[i] = fb(y[i]);
+            e = nerr(o, rn, ny);
+            CHECKF(e < 6e-3, "gemv_rmsnorm %s T=%d in=%d out=%d: err %.3g", vn, T, in, out, e);
+            if (exact) {
+                CHECK(cuda_add_rmsnorm(dscr, NULL, dnw, NULL, T, in, 1e-5f, dxn, 0) == cudaSuccess);
+                CHECK(cuda_gemv(dw, dxn, dy, false, T, in, out, 0) == cudaSuccess);
+                get(u1, dy, ny * 2);
+                CHECKF(!memcmp(y, u1, ny * 2), "gemv_rmsnorm %s T=%d in=%d: not gemv(add_rmsnorm)", vn, T, in);
+            }
+            printf("  gemv_rmsnorm  %-7s T=%d in=%d out=%d: err %.2e%s\n", vn, T, in, out, e, exact ? ", exact" : "");
+            /* both */
+            cudaMemset(dh, 0xff, ny * 2);
+            CHECK(cuda_gemv_rmsnorm_swiglu(dw, dxr, dnw, 1e-5f, dh, T, in, F, 0) == cudaSuccess);
+            get(y, dh, ny * 2);
+            for (size_t i = 0; i < ny; i++) o[i] = fb(y[i]);
+            e = nerr(o, rnsw, ny);
+            CHECKF(e < 8e-3, "gemv_rmsnorm_swiglu %s T=%d in=%d F=%d: err %.3g", vn, T, in, F, e);
+            if (exact) {
+                CHECK(cuda_add_rmsnorm(dscr, NULL, dnw, NULL, T, in, 1e-5f, dxn, 0) == cudaSuccess);
+                CHECK(cuda_gemv(dw, dxn, dgu, false, T, in, 2 * F, 0) == cudaSuccess);
+                CHECK(cuda_swiglu(dgu, T, F, dh, 0) == cudaSuccess);
+                get(u1, dh, ny * 2);
+                CHECKF(!memcmp(y, u1, ny * 2), "gemv_rmsnorm_swiglu %s T=%d in=%d: not the unfused chain", vn, T, in);
+            }
+            printf("  gemv_rmsnorm_swiglu %-7s T=%d in=%d F=%d: err %.2e%s\n", vn, T, in, F, e, exact ? ", exact" : "");
+        }
+        cuda_gemv_select(1, 1);
+        free(w), free(x), free(xr), free(nw), free(xres), free(xn), free(rgu), free(rnu), free(rres), free(rsw);
+        free(rnsw), free(rn), free(y), free(u1), free(o), free(res), free(res1);
+        cudaFree(dw), cudaFree(dx), cudaFree(dxr), cudaFree(dnw), cudaFree(dres), cudaFree(dy), cudaFree(dxn);
+        cudaFree(dgu), cudaFree(dh), cudaFree(dscr);
+    }
+}
+
+/* Four fused decode layers at a small Llama-like shape, as enqueue() would
+ * run them: eagerly without PDL, then captured in a graph with PDL and
+ * replayed; the residual must come out bit-identical (a PDL kernel that read
+ * its input before its predecessor finished would show here). */
+static void test_gemv_layers_graph(void)
+{
+    const int T = 2, E = 2048, F = 5632, QKV = 3072, L = 4;
+    size_t wl = (size_t)QKV * E + (size_t)E * E + (size_t)2 * F * E + (size_t)E * F;
+    uint16_t *w = rand_bf(wl * L, 0.05f);
+    float *x0 = malloc((size_t)T * E * 4), *nw = malloc(E * 4), *xa = malloc((size_t)T * E * 4),
+          *xb = malloc((size_t)T * E * 4);
+    for (int i = 0; i < T * E; i++) x0[i] = frand();
+    for (int i = 0; i < E; i++) nw[i] = 1 + 0.2f * frand();
+    uint16_t *dw = dup_dev(w, wl * L * 2), *dqkv = poisoned((size_t)T * QKV * 2), *dh = poisoned((size_t)T * F * 2);
+    float *dx = dup_dev(x0, (size_t)T * E * 4), *dnw = dup_dev(nw, E * 4);
+    cudaStream_t st;
+    cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+    cudaDeviceSynchronize(); /* the set-up above ran on the legacy stream */
+    for (int pass = 0; pass < 2; pass++) {
+        cuda_gemv_select(1, pass);
+        cudaMemcpyAsync(dx, x0, (size_t)T * E * 4, cudaMemcpyHostToDevice, st);
+        cudaGraph_t g = NULL;
+        cudaGraphExec_t ge = NULL;
+        if (pass) CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+        for (int l = 0; l < L; l++) {
+            const uint16_t *wq = dw + wl * l, *wo = wq + (size_t)QKV * E, *wgu = wo + (size_t)E * E,
+                           *wd = wgu + (size_t)2 * F * E;
+            CHECK(cuda_gemv_rmsnorm(wq, dx, dnw, 1e-5f, dqkv, T, E, QKV, st) == cudaSuccess);
+            /* the first T * E values of qkv stand in for attention's output */
+            CHECK(cuda_gemv_residual(wo, dqkv, dx, T, E, E, st) == cudaSuccess);
+            CHECK(cuda_gemv_rmsnorm_swiglu(wgu, dx, dnw, 1e-5f, dh, T, E, F, st) == cudaSuccess);
+            CHECK(cuda_gemv_residual(wd, dh, dx, T, F, E, st) == cudaSuccess);
+        }
+        if (pass) {
+            CHECK(cudaStreamEndCapture(st, &g) == cudaSuccess);
+            CHECK(g && cudaGraphInstantiate(&ge, g, 0) == cudaSuccess);
+            for (int rep = 0; rep < 3 && ge; rep++) { /* replays start from the same x */
+                cudaMemcpyAsync(dx, x0, (size_t)T * E * 4, cudaMemcpyHostToDevice, st);
+                CHECK(cudaGraphLaunch(ge, st) == cudaSuccess);
+            }
+        }
+        CHECK(cudaStreamSynchronize(st) == cudaSuccess);
+        get(pass ? xb : xa, dx, (size_t)T * E * 4);
+        if (ge) cudaGraphExecDestroy(ge);
+        if (g) cudaGraphDestroy(g);
+    }
+    double d = 0, n = 0;
+    for (int i = 0; i < T * E; i++) d += fabs(xa[i] - xb[i]), n += fabs(xa[i] - x0[i]);
+    CHECKF(!memcmp(xa, xb, (size_t)T * E * 4) && n > 0, "graph+PDL layers differ from eager: |diff| %.3g, |update| %.3g",
+           d, n);
+    printf("  %d fused layers, graph + PDL vs eager: %s\n", L, memcmp(xa, xb, (size_t)T * E * 4) ? "differ" : "identical");
+    cuda_gemv_select(1, 1);
+    cudaStreamDestroy(st);
+    free(w), free(x0), free(nw), free(xa), free(xb);
+    cudaFree(dw), cudaFree(dqkv), cudaFree(dh), cudaFree(dx), cudaFree(dnw);
 }
 
 static void test_argmax(void)
@@ -493,6 +696,8 @@ int main(void)
     RUN(test_embed_rmsnorm);
     RUN(test_swiglu);
     RUN(test_gemv);
+    RUN(test_gemv_fused);
+    RUN(test_gemv_layers_graph);
     RUN(test_argmax);
     RUN(test_rope_kv);
     RUN(test_attention);
