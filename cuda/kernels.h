@@ -3,12 +3,14 @@
  * One op family per .cu file: norm.cu (embedding gather, fused residual add +
  * RMSNorm), rope.cu (QKV bias, q/k RMSNorm, RoPE and the paged KV write, fused),
  * attn.cu (paged attention for mixed batches: SIMT and tensor-core kernels, split-K, and its combine),
- * gemv.cu (few-row GEMV for decode), act.cu (SwiGLU), sample.cu (argmax + log-sum-exp over logit rows).
+ * gemv.cu (few-row GEMV for decode, fused norm/SwiGLU/residual variants), act.cu (SwiGLU),
+ * sample.cu (argmax + log-sum-exp; the full sampler), tp.cu (what tensor parallelism adds).
  * Every pointer argument is device memory unless said otherwise; bf16 values
  * travel as uint16_t so this header stays plain C. Each launcher only
  * enqueues on `st` and returns the launch error (cudaSuccess when queued);
  * none allocates, so all of them can be captured in a CUDA graph.
- * Plain-C references of each live in tests/gpu/test_kernels.c.
+ * Plain-C references of each live in tests/gpu/test_kernels.c; cuda_sample's
+ * reference is model_sample itself (tests/gpu/test_sample.c).
  */
 #ifndef SLUICE_CUDA_KERNELS_H
 #define SLUICE_CUDA_KERNELS_H
@@ -145,6 +147,56 @@ cudaError_t cuda_swiglu(const uint16_t *gu, int T, int F, uint16_t *h, cudaStrea
 /* For each row r < R of logits [R][V] f32: tok[r] = argmax (lowest id on ties),
  * logprob[r] = logits[r][tok] - logsumexp(logits[r]). NaN rows give tok -1. */
 cudaError_t cuda_argmax_lse(const float *logits, int R, int V, int32_t *tok, float *logprob, cudaStream_t st);
+
+/* The whole of model_sample() (model/sampler.c) on the device, one block per
+ * row, so only token ids and logprobs come back. Same order of operations,
+ * same float arithmetic, the same (logit desc, id asc) candidate order; the
+ * sums the CPU makes in double are made in double here too (in another order
+ * where the CPU sums a whole row, so they may differ in the last bits: a
+ * choice can differ only where u or top_p falls within ~1e-15 of a boundary).
+ * Rows must hold parameters model_sample accepts (the host validates). */
+#define CUDA_SAMPLE_CAP 2048     /* most candidates sorted on the device per row */
+#define CUDA_SAMPLE_MAX_TOP 20   /* == MODEL_MAX_TOP_LOGPROBS */
+struct cuda_sample_row {         /* one logit row to sample, built by the host */
+    double u;                    /* model_rng_uniform(request rng), drawn only when temperature > 0 &&
+                                    top_k != 1, exactly as model_sample draws it; else unused */
+    float temperature, top_p, min_p;
+    float log_min_p;             /* logf(min_p) computed on the host (model_sample's limit, bit for bit);
+                                    unused when min_p == 0 */
+    float repetition_penalty, presence_penalty, frequency_penalty;
+    int32_t top_k, top_logprobs; /* top_logprobs 0..CUDA_SAMPLE_MAX_TOP */
+    int32_t pen_off, n_pen;      /* this row's penalty entries: pen[pen_off .. pen_off + n_pen) */
+};
+/* One distinct id of the row's history (prompt + generated ids); the repetition
+ * penalty applies to every listed id once, presence/frequency to those with
+ * count > 0. Ids must be distinct within a row and in [0, V). */
+struct cuda_sample_pen {
+    int32_t id;
+    int32_t count;               /* occurrences among the generated ids (not the prompt) */
+};
+struct cuda_sample_out {
+    int32_t token;               /* -1 unless status == 0 */
+    float logprob;               /* of token, before temperature (as model_sample) */
+    int32_t n_top;
+    int32_t status;              /* 0: done. 1: not finished here (more than CUDA_SAMPLE_CAP candidates
+                                    would need sorting, or top_k > CUDA_SAMPLE_CAP); the row's logits are
+                                    penalized: the host runs model_sample on them with the penalties off
+                                    and the rng as it was before u was drawn. -1: a NaN or +inf logit, or
+                                    all -inf (model_sample fails the same way); nothing else valid */
+    int32_t top_ids[CUDA_SAMPLE_MAX_TOP];
+    float top_logprobs[CUDA_SAMPLE_MAX_TOP];
+};
+/* Samples each row r < R of logits [R][V] f32, which are penalized in place
+ * as model_sample does (also for status 1 and -1 rows), into out[r]. rows [R],
+ * pen (NULL when no row has entries), out [R]: device memory. */
+cudaError_t cuda_sample(float *logits, int R, int V, const struct cuda_sample_row *rows,
+                        const struct cuda_sample_pen *pen, struct cuda_sample_out *out, cudaStream_t st);
+/* Host helper: writes the distinct ids of history (n_prompt prompt ids, then
+ * the generated ones, all in [0, V)) with their generated counts to pen and
+ * returns how many (<= n_history). mark [V] is host scratch that must be all
+ * zero and is left all zero. */
+int cuda_sample_pen_build(const int32_t *history, int n_prompt, int n_history, int32_t *mark,
+                          struct cuda_sample_pen *pen);
 
 /* ---- tp.cu (tensor parallelism) ---- */
 /* x[t][:] = float(tab[ids[t] - v0][:]) when v0 <= ids[t] < v0 + vn, else 0:

@@ -253,6 +253,10 @@ struct model_sampling {
 void model_sampling_default(struct model_sampling *s); /* greedy, everything off */
 /* Per-request RNG state; seeded once from sampling.seed. */
 uint64_t model_rng_seed(uint64_t seed);
+/* Advances *rng and returns a uniform in [0, 1) with 53 random bits: the one
+ * draw model_sample makes when temperature > 0 and top_k != 1 (a device
+ * sampler draws it on the host the same way). */
+double model_rng_uniform(uint64_t *rng);
 
 struct model_sample_out {
     int32_t token;

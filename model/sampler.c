@@ -49,8 +49,7 @@ uint64_t model_rng_seed(uint64_t seed)
     return rng_next(&s);
 }
 
-/* Uniform in [0, 1) with 53 random bits. */
-static double rng_uniform(uint64_t *s) { return (double)(rng_next(s) >> 11) * 0x1.0p-53; }
+double model_rng_uniform(uint64_t *s) { return (double)(rng_next(s) >> 11) * 0x1.0p-53; }
 
 size_t model_sample_scratch_bytes(int n_vocab)
 {
@@ -225,7 +224,7 @@ int model_sample(float *logits, int n_vocab, const struct model_sampling *s, con
         }
         double z = 0.0;
         for (int i = 0; i < n; i++) z += exp((double)c[i].logit - cmx);
-        double u = rng_uniform(rng) * z, cum = 0.0;
+        double u = model_rng_uniform(rng) * z, cum = 0.0;
         tok = c[n - 1].id;
         for (int i = 0; i < n; i++) {
             cum += exp((double)c[i].logit - cmx);
