@@ -96,7 +96,7 @@ struct clayer {
 
 /* Offsets (in bytes) of the per-step inputs inside hin/din. */
 struct inlay {
-    size_t slots, ids, pos, tok_part, tok_nsplit, rows, n_items, items, bt_off, bt, total;
+    size_t slots, ids, pos, tok_part, tok_nsplit, rows, n_items, items, bt_off, bt, srows, pen, total;
 };
 
 struct cuda_backend;
@@ -129,6 +129,7 @@ struct rank {
     struct cuda_argmax_part *amp_all; /* [N][max_seqs] every rank's, after the all-gather */
     int32_t *tok;                   /* [max_seqs] */
     float *lp;                      /* [max_seqs] */
+    struct cuda_sample_out *sout;   /* [max_seqs] device sampler results (rank 0, N == 1) */
     float *part;                    /* attention split partials */
     uint8_t *din;                   /* device mirror of the backend's hin */
     cudaGraphExec_t gexec[NBUCKET];
@@ -141,6 +142,7 @@ struct rank {
 };
 
 enum job { JOB_INIT, JOB_KV, JOB_FORWARD, JOB_EXIT };
+enum { ROW_GREEDY, ROW_SAMPLE, ROW_HOST }; /* who picks a logit row's token */
 
 struct cuda_backend {
     struct model_backend base;
@@ -158,12 +160,22 @@ struct cuda_backend {
     int32_t *hout_tok;              /* [max_seqs] pinned */
     float *hout_lp;                 /* [max_seqs] pinned */
     float *hlog;                    /* [max_seqs][V] pinned: rows sampled on the host */
-    bool *row_host;                 /* [max_seqs] row r's logits go to hlog */
+    bool *row_host;                 /* [max_seqs] row r's raw logits go to hlog (logits_out, host sampling) */
+    uint8_t *row_mode;              /* [max_seqs] ROW_GREEDY, ROW_SAMPLE (device sampler) or ROW_HOST */
+    uint64_t *rng_before;           /* [max_seqs] a ROW_SAMPLE row's RNG state before its draw */
+    struct cuda_sample_out *hsout;  /* [max_seqs] pinned */
+    int32_t *pen_mark;              /* [n_vocab] zeroed scratch for cuda_sample_pen_build */
+    int pen_cap;                    /* penalty entries the step buffer holds */
+    bool dev_sample;                /* sampling on the device (N == 1); SLUICE_CUDA_SAMPLE=0: on the host */
     void *samp;                     /* model_sample scratch */
     int *row_seq, *tok_seq;         /* host scratch */
 
     bool graphs;                    /* SLUICE_CUDA_GRAPHS=0: off */
     bool gemv;                      /* our GEMV for <= CUDA_GEMV_MAX_T rows; SLUICE_CUDA_GEMV=0: cuBLAS */
+    bool fused;                     /* decode steps (<= CUDA_GEMV_MAX_T tokens, one rank) through the fused
+                                       norm+GEMV, GEMV+SwiGLU and GEMV+residual kernels; SLUICE_CUDA_FUSED=0: off */
+    int tc_rows;                    /* rows per prefill attention item on the tensor cores (64 or 128), 0 = off:
+                                       SLUICE_CUDA_ATTN_TC=0|64|128 (128) */
     int bucket[NBUCKET], n_bucket;
 
     /* the current job's arguments (written by the caller before the crew starts) */
@@ -171,6 +183,8 @@ struct cuda_backend {
         int kv_blocks, block_size;                  /* JOB_KV */
         int Tp, R, n_items, gi;                     /* JOB_FORWARD */
         bool decode;
+        int max_rows;                               /* attention rows per item of this step */
+        int n_samp, n_pen;                          /* ROW_SAMPLE rows, their penalty entries */
         size_t nbytes;
     } job;
 
@@ -450,6 +464,7 @@ static int rank_init(struct rank *k, char *err, size_t errlen)
         dmalloc((void **)&k->gu, T * 2 * Fl * 2, err, errlen) || dmalloc((void **)&k->h, T * Fl * 2, err, errlen) ||
         dmalloc((void **)&k->hfin, S * E * 2, err, errlen) || dmalloc((void **)&k->logits, S * vn * 4, err, errlen) ||
         dmalloc((void **)&k->tok, S * 4, err, errlen) || dmalloc((void **)&k->lp, S * 4, err, errlen) ||
+        dmalloc((void **)&k->sout, S * sizeof *k->sout, err, errlen) ||
         dmalloc((void **)&k->part, (size_t)b->part_rows * k->KVH * CUDA_ATTN_MAXSPLIT * (D + 2) * 4, err, errlen))
         goto fail;
     if (N > 1 && (dmalloc((void **)&k->deltaf, T * E * 4, err, errlen) ||
@@ -522,6 +537,12 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     b->graphs = !(ge && strcmp(ge, "0") == 0);
     ge = getenv("SLUICE_CUDA_GEMV");
     b->gemv = !(ge && strcmp(ge, "0") == 0);
+    ge = getenv("SLUICE_CUDA_FUSED");
+    b->fused = b->gemv && N == 1 && !(ge && strcmp(ge, "0") == 0) && c->n_embd % 8 == 0 && c->n_ff % 8 == 0 &&
+               (c->n_head * c->head_dim) % 8 == 0 && (size_t)CUDA_GEMV_MAX_T * c->n_embd * 2 <= CUDA_GEMV_NORM_SMEM;
+    ge = getenv("SLUICE_CUDA_ATTN_TC");
+    b->tc_rows = ge && strcmp(ge, "0") == 0 ? 0 : ge && strcmp(ge, "64") == 0 ? 64 : CUDA_ATTN_TC_ROWS;
+    if (!cuda_attention_tc_ok(c->head_dim, c->n_head / c->n_head_kv)) b->tc_rows = 0;
     b->part_rows = (int)((b->max_tokens < 256 ? b->max_tokens : 256) * (c->n_head / c->n_head_kv));
     b->r = calloc((size_t)N, sizeof *b->r);
     if (!b->r) {
@@ -552,7 +573,13 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     b->row_seq = malloc(S * sizeof *b->row_seq);
     b->tok_seq = malloc(T * sizeof *b->tok_seq);
     b->row_host = calloc(S, sizeof *b->row_host);
-    if (!b->samp || !b->row_seq || !b->tok_seq || !b->row_host) {
+    b->row_mode = calloc(S, 1);
+    b->rng_before = calloc(S, sizeof *b->rng_before);
+    b->pen_mark = calloc(V, sizeof *b->pen_mark);
+    CK(cudaHostAlloc((void **)&b->hsout, S * sizeof *b->hsout, cudaHostAllocPortable));
+    ge = getenv("SLUICE_CUDA_SAMPLE");
+    b->dev_sample = N == 1 && !(ge && strcmp(ge, "0") == 0);
+    if (!b->samp || !b->row_seq || !b->tok_seq || !b->row_host || !b->row_mode || !b->rng_before || !b->pen_mark) {
         sl_seterr(err, errlen, "out of host memory");
         goto fail;
     }
@@ -635,6 +662,10 @@ static int kv_alloc(model_backend *mb, int n_blocks, int block_size, char *err, 
     y->items = o, o = al(o + (size_t)b->max_items * sizeof(struct cuda_attn_item));
     y->bt_off = o, o = al(o + S * 4);
     y->bt = o, o = al(o + (size_t)b->bt_cap * 4);
+    size_t pc = S * (size_t)b->max_ctx;
+    b->pen_cap = (int)(pc < 65536 ? 65536 : pc > (1u << 20) ? (1u << 20) : pc);
+    y->srows = o, o = al(o + S * sizeof(struct cuda_sample_row));
+    y->pen = o, o = al(o + (size_t)b->pen_cap * sizeof(struct cuda_sample_pen));
     y->total = o;
     cudaError_t e = cudaHostAlloc((void **)&b->hin, o, cudaHostAllocPortable);
     if (e != cudaSuccess) {
@@ -687,6 +718,47 @@ static int check_step(struct cuda_backend *b, const struct step *s, char *err, s
 }
 
 #define HIN(b, f, type) ((type *)((b)->hin + (b)->lay.f))
+
+/* The device sampler's inputs for the step's R logit rows (every row gets
+ * one; greedy rows are temperature 0): parameters, the uniform each
+ * ROW_SAMPLE row draws from its request's RNG exactly where model_sample
+ * would, and the penalty entries. A row whose entries do not fit goes to the
+ * host. Sets job.n_samp and job.n_pen. */
+static void pack_sampling(struct cuda_backend *b, const struct step *s, int R)
+{
+    struct cuda_sample_row *sr = HIN(b, srows, struct cuda_sample_row);
+    struct cuda_sample_pen *pen = HIN(b, pen, struct cuda_sample_pen);
+    int ns = 0, np = 0;
+    for (int r = 0; r < R; r++) {
+        sr[r] = (struct cuda_sample_row){.temperature = 0.0f, .top_p = 1.0f, .repetition_penalty = 1.0f};
+        if (b->row_mode[r] != ROW_SAMPLE) continue;
+        struct step_seq *q = &s->seqs[b->row_seq[r]];
+        const struct model_sampling *p = q->sampling;
+        bool pens = p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
+        if (pens && np + q->n_history > b->pen_cap) {
+            b->row_mode[r] = ROW_HOST;
+            b->row_host[r] = true;
+            continue;
+        }
+        struct cuda_sample_row *w = &sr[r];
+        *w = (struct cuda_sample_row){.temperature = p->temperature, .top_p = p->top_p, .min_p = p->min_p,
+                                      .log_min_p = p->min_p > 0.0f ? logf(p->min_p) : 0.0f,
+                                      .repetition_penalty = p->repetition_penalty,
+                                      .presence_penalty = p->presence_penalty,
+                                      .frequency_penalty = p->frequency_penalty, .top_k = p->top_k,
+                                      .top_logprobs = p->top_logprobs, .pen_off = np};
+        if (pens) {
+            w->n_pen = cuda_sample_pen_build(q->history, q->n_prompt, q->n_history, b->pen_mark, pen + np);
+            np += w->n_pen;
+        }
+        uint64_t dummy = 0, *rng = q->rng ? q->rng : &dummy;
+        b->rng_before[r] = *rng;
+        if (p->temperature > 0.0f && p->top_k != 1) w->u = model_rng_uniform(rng);
+        ns++;
+    }
+    b->job.n_samp = ns;
+    b->job.n_pen = np;
+}
 #define DIN(k, f, type) ((type *)((k)->din + (k)->b->lay.f))
 
 /* Packs the step into hin. Tokens [n_tokens, Tp) and rows [R, Rp) are
@@ -695,7 +767,11 @@ static int check_step(struct cuda_backend *b, const struct step *s, char *err, s
 static size_t pack_step(struct cuda_backend *b, const struct step *s, int Tp, int *R)
 {
     int T = s->n_tokens, bs = b->block_size, grp = b->c.n_head / b->c.n_head_kv, KVH = b->r[0].KVH;
-    int qt = CUDA_ATTN_ROWS / grp;
+    bool decode = s->n_tokens == s->n_seqs;
+    /* prefill on the tensor cores: bigger tiles; decode-only steps (and their
+     * graphs) keep the SIMT kernel with one token's heads per item */
+    b->job.max_rows = decode ? grp : b->tc_rows ? b->tc_rows : CUDA_ATTN_ROWS;
+    int qt = (decode || !b->tc_rows ? CUDA_ATTN_ROWS : b->tc_rows) / grp;
     int64_t *slots = HIN(b, slots, int64_t);
     int32_t *ids = HIN(b, ids, int32_t), *pos = HIN(b, pos, int32_t), *tpart = HIN(b, tok_part, int32_t),
             *tns = HIN(b, tok_nsplit, int32_t), *rows = HIN(b, rows, int32_t), *bt_off = HIN(b, bt_off, int32_t),
@@ -721,7 +797,9 @@ static size_t pack_step(struct cuda_backend *b, const struct step *s, int Tp, in
         tiles += (q->query_len + qt - 1) / qt;
         if (q->want_sample || q->logits_out) {
             b->row_seq[r] = i;
-            b->row_host[r] = q->logits_out || (q->want_sample && !device_greedy(q));
+            b->row_mode[r] = !q->want_sample || device_greedy(q) ? ROW_GREEDY
+                             : b->dev_sample && !q->logits_out ? ROW_SAMPLE : ROW_HOST;
+            b->row_host[r] = q->logits_out || b->row_mode[r] == ROW_HOST;
             rows[r++] = q->query_start + q->query_len - 1;
         }
     }
@@ -764,6 +842,7 @@ static size_t pack_step(struct cuda_backend *b, const struct step *s, int Tp, in
     }
     *HIN(b, n_items, int32_t) = n;
     for (int k = r; k < (Tp < b->max_seqs ? Tp : b->max_seqs); k++) rows[k] = k; /* graph padding rows */
+    pack_sampling(b, s, r);
     return b->lay.bt + (size_t)nbt * 4;
 }
 
@@ -811,11 +890,19 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
         CK(cuda_embed_shard(k->tok_embd, DIN(k, ids, int32_t), T, E, k->v0, k->vn, k->x, st));
         if (!b->skip_comm) NC(ncclAllReduce(k->x, k->x, (size_t)T * E, ncclFloat, ncclSum, k->comm, st));
     }
+    /* decode of a few tokens on one GPU: the norms ride in the GEMV prologues,
+     * SwiGLU and the residual adds in their epilogues (bit-identical to the
+     * unfused kernels); x then already holds every layer's output */
+    bool fz = b->fused && T <= CUDA_GEMV_MAX_T;
     for (int l = 0; l < c->n_layer; l++) {
         const struct clayer *L = &k->L[l];
         /* the previous layer's MLP output joins the residual here */
-        CK(cuda_add_rmsnorm(k->x, l ? k->delta : NULL, L->attn_norm, NULL, T, E, c->norm_eps, k->xn, st));
-        CB(gemm(k, k->xn, L->wqkv, k->qkv, false, T, E, QKV));
+        if (fz)
+            CK(cuda_gemv_rmsnorm(L->wqkv, k->x, L->attn_norm, c->norm_eps, k->qkv, T, E, QKV, st));
+        else {
+            CK(cuda_add_rmsnorm(k->x, l ? k->delta : NULL, L->attn_norm, NULL, T, E, c->norm_eps, k->xn, st));
+            CB(gemm(k, k->xn, L->wqkv, k->qkv, false, T, E, QKV));
+        }
         uint16_t *kc = k->kv + (size_t)(2 * l) * k->kv_layer, *vc = k->kv + (size_t)(2 * l + 1) * k->kv_layer;
         struct cuda_rope_args ra = {
             .qkv = k->qkv, .bias = L->bqkv, .q_norm = L->q_norm, .k_norm = L->k_norm, .cos = k->rope_cos,
@@ -828,11 +915,17 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
             .q = k->q, .kc = kc, .vc = vc, .pos = DIN(k, pos, int32_t), .bt = DIN(k, bt, int32_t),
             .bt_off = DIN(k, bt_off, int32_t), .items = DIN(k, items, struct cuda_attn_item),
             .n_items = DIN(k, n_items, int32_t), .max_items = max_items,
-            .max_rows = decode ? H / KVH : CUDA_ATTN_ROWS, .H = H, .KVH = KVH, .D = D,
+            .max_rows = decode ? H / KVH : b->job.max_rows, .H = H, .KVH = KVH, .D = D,
             .block_size = b->block_size, .scale = 1.0f / sqrtf((float)D), .part = k->part,
             .tok_part = DIN(k, tok_part, int32_t), .tok_nsplit = DIN(k, tok_nsplit, int32_t), .T = T, .out = k->att,
         };
         CK(cuda_attention(&aa, st));
+        if (fz) {
+            CK(cuda_gemv_residual(L->wo, k->att, k->x, T, Q, E, st));
+            CK(cuda_gemv_rmsnorm_swiglu(L->wgu, k->x, L->ffn_norm, c->norm_eps, k->h, T, E, F, st));
+            CK(cuda_gemv_residual(L->wdown, k->h, k->x, T, F, E, st));
+            continue;
+        }
         if (proj_rows(k, k->att, L->wo, T, Q, E, err, errlen)) goto fail;
         CK(cuda_add_rmsnorm(k->x, k->delta, L->ffn_norm, NULL, T, E, c->norm_eps, k->xn, st));
         CB(gemm(k, k->xn, L->wgu, k->gu, false, T, E, 2 * F));
@@ -840,7 +933,8 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
         if (proj_rows(k, k->h, L->wdown, T, F, E, err, errlen)) goto fail;
     }
     if (R > 0) {
-        CK(cuda_add_rmsnorm(k->x, k->delta, k->out_norm, DIN(k, rows, int32_t), R, E, c->norm_eps, k->hfin, st));
+        CK(cuda_add_rmsnorm(k->x, fz ? NULL : k->delta, k->out_norm, DIN(k, rows, int32_t), R, E, c->norm_eps,
+                            k->hfin, st));
         CB(gemm(k, k->hfin, k->lm_head, k->logits, true, R, E, k->vn));
         if (b->tp == 1) {
             CK(cuda_argmax_lse(k->logits, R, k->vn, k->tok, k->lp, st));
@@ -900,6 +994,13 @@ static int rank_forward(struct rank *k, char *err, size_t errlen)
         return SL_EDEVICE;
     }
     CK(cudaMemcpyAsync(k->din, b->hin, b->job.nbytes, cudaMemcpyHostToDevice, k->st));
+    if (b->job.n_samp) {
+        CK(cudaMemcpyAsync(k->din + b->lay.srows, b->hin + b->lay.srows, (size_t)R * sizeof(struct cuda_sample_row),
+                           cudaMemcpyHostToDevice, k->st));
+        if (b->job.n_pen)
+            CK(cudaMemcpyAsync(k->din + b->lay.pen, b->hin + b->lay.pen,
+                               (size_t)b->job.n_pen * sizeof(struct cuda_sample_pen), cudaMemcpyHostToDevice, k->st));
+    }
     if (gi >= 0) {
         if (!k->gexec[gi]) {
             cudaGraph_t g = NULL;
@@ -928,6 +1029,12 @@ static int rank_forward(struct rank *k, char *err, size_t errlen)
             if (b->row_host[r])
                 CK(cudaMemcpyAsync(b->hlog + (size_t)r * V + k->v0, k->logits + (size_t)r * k->vn,
                                    (size_t)k->vn * 4, cudaMemcpyDeviceToHost, k->st));
+        /* after the raw rows are copied: the sampler penalizes in place */
+        if (b->job.n_samp) {
+            CK(cuda_sample(k->logits, R, V, DIN(k, srows, struct cuda_sample_row),
+                           b->job.n_pen ? DIN(k, pen, struct cuda_sample_pen) : NULL, k->sout, k->st));
+            CK(cudaMemcpyAsync(b->hsout, k->sout, (size_t)R * sizeof *k->sout, cudaMemcpyDeviceToHost, k->st));
+        }
     }
     return rank_wait(k, err, errlen);
 fail:
@@ -1074,7 +1181,7 @@ static int forward(model_backend *mb, struct step *s, char *err, size_t errlen)
         float *lg = b->hlog + (size_t)r * V;
         if (q->logits_out) memcpy(q->logits_out, lg, (size_t)V * 4);
         if (!q->want_sample) continue;
-        if (device_greedy(q)) {
+        if (b->row_mode[r] == ROW_GREEDY) {
             if (b->hout_tok[r] < 0) {
                 sl_seterr(err, errlen, "forward: seq %d: logits are not finite", b->row_seq[r]);
                 return SL_EINVAL;
@@ -1082,8 +1189,40 @@ static int forward(model_backend *mb, struct step *s, char *err, size_t errlen)
             q->out.token = b->hout_tok[r];
             q->out.logprob = b->hout_lp[r];
             q->out.n_top = 0;
-        } else if (model_sample(lg, V, q->sampling, q->history, q->n_prompt, q->n_history, q->rng, b->samp,
-                                &q->out) != 0) {
+            continue;
+        }
+        if (b->row_mode[r] == ROW_SAMPLE) {
+            const struct cuda_sample_out *o = &b->hsout[r];
+            if (o->status == 0) {
+                q->out.token = o->token;
+                q->out.logprob = o->logprob;
+                q->out.n_top = o->n_top;
+                memcpy(q->out.top_ids, o->top_ids, sizeof q->out.top_ids);
+                memcpy(q->out.top_logprobs, o->top_logprobs, sizeof q->out.top_logprobs);
+                continue;
+            }
+            if (o->status < 0) {
+                sl_seterr(err, errlen, "forward: seq %d: logits are not finite", b->row_seq[r]);
+                return SL_EINVAL;
+            }
+            /* more candidates than the device sorts: the host finishes from the
+             * penalized row, with the RNG as it was before the draw */
+            struct rank *k0 = &b->r[0];
+            if (cudaMemcpy(lg, k0->logits + (size_t)r * k0->vn, (size_t)V * 4, cudaMemcpyDeviceToHost) !=
+                cudaSuccess) {
+                sl_seterr(err, errlen, "forward: copying a logit row back failed");
+                return SL_EDEVICE;
+            }
+            struct model_sampling p = *q->sampling;
+            p.repetition_penalty = 1.0f, p.presence_penalty = 0.0f, p.frequency_penalty = 0.0f;
+            if (q->rng) *q->rng = b->rng_before[r];
+            if (model_sample(lg, V, &p, NULL, 0, 0, q->rng, b->samp, &q->out) != 0) {
+                sl_seterr(err, errlen, "forward: seq %d: bad sampling parameters", b->row_seq[r]);
+                return SL_EINVAL;
+            }
+            continue;
+        }
+        if (model_sample(lg, V, q->sampling, q->history, q->n_prompt, q->n_history, q->rng, b->samp, &q->out) != 0) {
             sl_seterr(err, errlen, "forward: seq %d: bad sampling parameters", b->row_seq[r]);
             return SL_EINVAL;
         }
@@ -1110,7 +1249,7 @@ static void rank_free(struct rank *k, const struct model_config *c)
     cudaFree(k->tok_embd), cudaFree(k->out_norm), cudaFree(k->rope_cos), cudaFree(k->rope_sin), cudaFree(k->kv);
     cudaFree(k->x), cudaFree(k->xn), cudaFree(k->qkv), cudaFree(k->q), cudaFree(k->att), cudaFree(k->delta);
     cudaFree(k->deltaf), cudaFree(k->gu), cudaFree(k->h), cudaFree(k->hfin), cudaFree(k->logits);
-    cudaFree(k->amp), cudaFree(k->amp_all), cudaFree(k->tok), cudaFree(k->lp), cudaFree(k->part);
+    cudaFree(k->amp), cudaFree(k->amp_all), cudaFree(k->tok), cudaFree(k->lp), cudaFree(k->sout), cudaFree(k->part);
     cudaFree(k->din), cudaFree(k->blas_ws);
     if (k->blas) cublasDestroy(k->blas);
     if (k->comm) ncclCommDestroy(k->comm);
@@ -1137,6 +1276,8 @@ static void destroy(model_backend *mb)
         for (int i = 0; i < b->tp; i++) rank_free(&b->r[i], &b->c);
     free(b->r);
     cudaFreeHost(b->hin), cudaFreeHost(b->hout_tok), cudaFreeHost(b->hout_lp), cudaFreeHost(b->hlog);
-    free(b->samp), free(b->row_seq), free(b->tok_seq), free(b->row_host);
+    cudaFreeHost(b->hsout);
+    free(b->samp), free(b->row_seq), free(b->tok_seq), free(b->row_host), free(b->row_mode), free(b->rng_before);
+    free(b->pen_mark);
     free(b);
 }

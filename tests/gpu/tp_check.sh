@@ -21,10 +21,10 @@ run() { # name, timeout, command...
     printf '%-28s rc=%d  %5.1f s  %s\n' "$name" $rc "$(awk "BEGIN{print $(date +%s.%N) - $s}")" "$(tail -1 "$LOG/$name.log")"
     [ $rc -eq 0 ] || fails=$((fails + 1))
 }
-run e2e_tp${N}_vs_cpu 300 env SLUICE_TEST_TP=$N build/tests/gpu/test_gpu_e2e
-run e2e_tp${N}_vs_tp1 300 env SLUICE_TEST_TP=$N SLUICE_TEST_REF=cuda build/tests/gpu/test_gpu_e2e
-run engine_tp1_tinyq3 300 env SLUICE_TEST_DEVICE=cuda SLUICE_TEST_TP=1 SLUICE_TEST_MODEL=tests/models/tiny-qwen3 build/tests/test_engine
-run engine_tp${N}_tinyq3 300 env SLUICE_TEST_DEVICE=cuda SLUICE_TEST_TP=$N SLUICE_TEST_MODEL=tests/models/tiny-qwen3 build/tests/test_engine
+run e2e_tp${N}_vs_cpu 150 env SLUICE_TEST_TP=$N build/tests/gpu/test_gpu_e2e
+run e2e_tp${N}_vs_tp1 150 env SLUICE_TEST_TP=$N SLUICE_TEST_REF=cuda build/tests/gpu/test_gpu_e2e
+run engine_tp1_tinyq3 120 env SLUICE_TEST_DEVICE=cuda SLUICE_TEST_TP=1 SLUICE_TEST_MODEL=tests/models/tiny-qwen3 build/tests/test_engine
+run engine_tp${N}_tinyq3 120 env SLUICE_TEST_DEVICE=cuda SLUICE_TEST_TP=$N SLUICE_TEST_MODEL=tests/models/tiny-qwen3 build/tests/test_engine
 
 # 2. rank N-1 fails at its 3rd step while a chat is running
 PORT=18911
