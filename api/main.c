@@ -1,5 +1,6 @@
 /* main.c - the sluice command: dispatches to a subcommand. */
 #include <stdio.h>
+#include <unistd.h>
 #include <string.h>
 
 #include "api.h"
@@ -33,7 +34,14 @@ int main(int argc, char **argv)
         printf("sluice %s\n", SLUICE_VERSION);
         return 0;
     }
-    if (!strcmp(argv[1], "serve")) return api_cmd_serve(argc, argv);
+    if (!strcmp(argv[1], "serve")) {
+        int rc = api_cmd_serve(argc, argv);
+        if (rc == API_EXIT_NOW) { /* a GPU failed: its driver state may hang an orderly exit */
+            fflush(NULL);
+            _exit(1);
+        }
+        return rc;
+    }
     if (!strcmp(argv[1], "generate")) return api_cmd_generate(argc, argv);
     if (!strcmp(argv[1], "tokenize")) return api_cmd_tokenize(argc, argv);
     if (!strcmp(argv[1], "info")) return api_cmd_info(argc, argv);

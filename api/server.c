@@ -592,8 +592,9 @@ int api_cmd_serve(int argc, char **argv)
     }
     pthread_detach(loader);
     event_base_dispatch(s->base);
-    int rc = atomic_load(&s->state) == SRV_FAILED || s->fatal ? 1 : 0;
+    int rc = atomic_load(&s->state) == SRV_FAILED ? 1 : 0;
     srv_batch_stop(s); /* before the engine: its rows are still in flight there */
+    if (s->fatal) return API_EXIT_NOW; /* the store is closed; the GPUs are left to the process exit */
     /* a loader still running owns s->m; only tear down what is complete */
     if (atomic_load(&s->state) == SRV_READY) {
         sched_engine_destroy(s->eng);

@@ -1041,6 +1041,12 @@ fail:
     return SL_EDEVICE;
 }
 
+static void *abort_comm(void *comm)
+{
+    ncclCommAbort((ncclComm_t)comm);
+    return NULL;
+}
+
 /* Runs job on rank k (its device is made current). */
 static int run_job(struct rank *k, enum job job)
 {
@@ -1056,8 +1062,12 @@ static int run_job(struct rank *k, enum job job)
     }
     if (rc && k->b->tp > 1) {
         atomic_store(&k->b->failed, 1);
-        /* ends this rank's collectives; peers stuck in theirs see the flag */
-        if (k->comm) ncclCommAbort(k->comm);
+        fprintf(stderr, "cuda: GPU %d failed (%s); aborting its NCCL communicator\n", k->dev, err);
+        /* ends this rank's collectives; peers stuck in theirs see the flag.
+         * On its own thread: an abort that waits on a wedged GPU must not
+         * hold up the error reaching the engine */
+        pthread_t th;
+        if (k->comm && pthread_create(&th, NULL, abort_comm, k->comm) == 0) pthread_detach(th);
         k->comm = NULL;
     }
     return rc;
@@ -1272,7 +1282,9 @@ static void destroy(model_backend *mb)
         pthread_cond_destroy(&b->go);
         pthread_cond_destroy(&b->done);
     }
-    if (b->r)
+    /* after a failure the streams may never finish: leave the GPUs to the
+     * process exit rather than wait on them */
+    if (b->r && !b->base.fatal)
         for (int i = 0; i < b->tp; i++) rank_free(&b->r[i], &b->c);
     free(b->r);
     cudaFreeHost(b->hin), cudaFreeHost(b->hout_tok), cudaFreeHost(b->hout_lp), cudaFreeHost(b->hlog);

@@ -29,7 +29,7 @@ run engine_tp${N}_tinyq3 120 env SLUICE_TEST_DEVICE=cuda SLUICE_TEST_TP=$N SLUIC
 # 2. rank N-1 fails at its 3rd step while a chat is running
 PORT=18911
 s=$(date +%s.%N)
-SLUICE_TP_FAULT=$((N - 1)):3 timeout 120 build/sluice serve tests/models/tiny-qwen3 --port $PORT --tensor-parallel-size $N \
+SLUICE_TP_FAULT=$((N - 1)):3 timeout -k 5 60 build/sluice serve tests/models/tiny-qwen3 --port $PORT --tensor-parallel-size $N \
     --max-model-len 1024 >"$LOG/fault_server.log" 2>&1 &
 SP=$!
 python3 - $PORT >"$LOG/fault_client.log" 2>&1 <<'PY'
