@@ -69,12 +69,8 @@ test: $(BUILD)/sluice $(TEST_BINS) $(MODEL)
 	@bash tools/run_tests.sh $(TEST_BINS)
 
 ifeq ($(CUDA),1)
-gpu-test: $(BUILD)/sluice $(GPU_TEST_BINS) $(GPU_BENCH_BINS)
-	@set -e; p=0; f=0; for t in $(GPU_TEST_BINS); do \
-	  echo "== $$t"; out=$$($$t 2>&1) || true; echo "$$out"; \
-	  line=$$(echo "$$out" | grep -E '^[0-9]+ passed, [0-9]+ failed$$' | tail -n 1); \
-	  if [ -n "$$line" ]; then p=$$((p + $${line%% passed*})); ff=$${line#*, }; f=$$((f + $${ff%% failed})); \
-	  else f=$$((f + 1)); fi; done; echo "$$p passed, $$f failed"; [ $$f -eq 0 ]
+gpu-test: $(BUILD)/sluice $(GPU_TEST_BINS) $(GPU_BENCH_BINS) $(BUILD)/tests/test_engine
+	@BUILD=$(BUILD) bash tests/gpu/run_gpu_tests.sh
 else
 gpu-test:
 	@echo "gpu-test: this build has no CUDA (nvcc not found or CUDA=0)"; exit 1

@@ -34,17 +34,23 @@
  * failure never hangs: forward() returns SL_EDEVICE and sets base.fatal.
  *
  * A step: the host packs the step's inputs (token ids, positions, slots,
- * block tables, attention work items, logit rows) into one pinned buffer at
- * fixed offsets and each rank copies it in one transfer; the layers run on
- * the rank's stream; the LM head runs for the rows that need logits only
- * (f32 logits); the greedy token and its logprob are computed on the device,
- * and only they come back. Rows that need more than greedy (temperature,
- * penalties, top logprobs) or raw logits (logits_out) copy their logit row
- * back and are sampled on the host by model_sample(): the same code and RNG
- * stream as the CPU backend, so a seeded request draws the same uniform
- * numbers on both; its token differs from the CPU's only where the logits
- * themselves differ (bf16 weights) enough to move the draw across a candidate
- * boundary.
+ * block tables, attention work items, logit rows, sampling parameters) into
+ * one pinned buffer at fixed offsets and each rank copies it in one
+ * transfer; the layers run on the rank's stream; the LM head runs for the
+ * rows that need logits only (f32 logits). Tokens are chosen on the device
+ * and only they come back: greedy rows by argmax (cuda_argmax_lse, or the
+ * distributed argmax with N > 1); rows with temperature, top-k/p, min-p,
+ * penalties or top logprobs by the device sampler (cuda_sample, one GPU),
+ * which does what model_sample() does with the uniform number the host drew
+ * from the request's RNG where model_sample would draw it, so a seeded
+ * request follows the CPU backend's RNG stream; a row whose candidate set is
+ * too large to sort on the device is finished by model_sample on the host
+ * (exact, rare). With N > 1 such rows, and rows whose raw logits a test asks
+ * for (logits_out), copy their logit row (each rank its slice) to the host.
+ *
+ * Prefill attention runs on the tensor cores (items of up to 128 query rows;
+ * SLUICE_CUDA_ATTN_TC=0 gives the SIMT kernel back); decode-only steps keep
+ * the SIMT kernel with split-K.
  *
  * Decode-only steps (every sequence one token) run as a CUDA graph (per rank,
  * NCCL calls included) captured once per batch-size bucket (1, 2, 4, ...
@@ -173,7 +179,8 @@ struct cuda_backend {
     bool graphs;                    /* SLUICE_CUDA_GRAPHS=0: off */
     bool gemv;                      /* our GEMV for <= CUDA_GEMV_MAX_T rows; SLUICE_CUDA_GEMV=0: cuBLAS */
     bool fused;                     /* decode steps (<= CUDA_GEMV_MAX_T tokens, one rank) through the fused
-                                       norm+GEMV, GEMV+SwiGLU and GEMV+residual kernels; SLUICE_CUDA_FUSED=0: off */
+                                       norm+GEMV, GEMV+SwiGLU and GEMV+residual kernels: SLUICE_CUDA_FUSED=1
+                                       (off by default: no faster on the H200, see BENCHMARKS.md) */
     int tc_rows;                    /* rows per prefill attention item on the tensor cores (64 or 128), 0 = off:
                                        SLUICE_CUDA_ATTN_TC=0|64|128 (128) */
     int bucket[NBUCKET], n_bucket;
@@ -538,7 +545,7 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     ge = getenv("SLUICE_CUDA_GEMV");
     b->gemv = !(ge && strcmp(ge, "0") == 0);
     ge = getenv("SLUICE_CUDA_FUSED");
-    b->fused = b->gemv && N == 1 && !(ge && strcmp(ge, "0") == 0) && c->n_embd % 8 == 0 && c->n_ff % 8 == 0 &&
+    b->fused = b->gemv && N == 1 && ge && strcmp(ge, "1") == 0 && c->n_embd % 8 == 0 && c->n_ff % 8 == 0 &&
                (c->n_head * c->head_dim) % 8 == 0 && (size_t)CUDA_GEMV_MAX_T * c->n_embd * 2 <= CUDA_GEMV_NORM_SMEM;
     ge = getenv("SLUICE_CUDA_ATTN_TC");
     b->tc_rows = ge && strcmp(ge, "0") == 0 ? 0 : ge && strcmp(ge, "64") == 0 ? 64 : CUDA_ATTN_TC_ROWS;

@@ -31,13 +31,19 @@
  * cuda_gemv_select() for benchmarks):
  *   SLUICE_GEMV_VARIANT=0  "warp": cuda_gemv uses the warp kernel everywhere
  *                          (the fusions, which it lacks, use "block")
- *                      1  "block" (default): one group of rows per block
+ *                      1  "block": one group of rows per block
  *                          (the norm-prologue kernels: at most 4 waves of
  *                          blocks, so x is normalized once per block, not
  *                          once per group)
  *                      2  "persist": grid = one wave (occupancy x SMs)
- *   SLUICE_PDL=0           launch without the PDL attribute (default: with it,
- *                          on sm_90 and later)
+ *                      3  "auto" (default): warp for one row, persist for
+ *                          2-4 rows: what measured fastest on the H200
+ *                          (BENCHMARKS.md: a Llama-8B decode layer at T=1
+ *                          121 us warp vs 124 block; at T=4 148 us persist
+ *                          vs 177 warp)
+ *   SLUICE_PDL=1           launch with the PDL attribute on sm_90 and later
+ *                          (default off: it measured no faster in the
+ *                          decode graph, 120.8 vs 121.3 us per layer)
  */
 #include <stdlib.h>
 #include <string.h>
@@ -314,14 +320,14 @@ static const gemv_state &state(void)
 {
     static bool once = [] {
         const char *v = getenv("SLUICE_GEMV_VARIANT"), *d = getenv("SLUICE_PDL");
-        G.variant = v && (*v == '0' || *v == '2') ? *v - '0' : 1;
+        G.variant = v && *v >= '0' && *v <= '3' && !v[1] ? *v - '0' : 3;
         int dev = 0, major = 0;
         G.nsm = 132;
         if (cudaGetDevice(&dev) == cudaSuccess) {
             cudaDeviceGetAttribute(&G.nsm, cudaDevAttrMultiProcessorCount, dev);
             cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
         }
-        G.pdl = major >= 9 && !(d && strcmp(d, "0") == 0);
+        G.pdl = major >= 9 && d && strcmp(d, "1") == 0;
         return true;
     }();
     (void)once;
@@ -331,7 +337,7 @@ static const gemv_state &state(void)
 extern "C" void cuda_gemv_select(int variant, int pdl)
 {
     state();
-    if (variant >= 0 && variant <= 2) G.variant = variant;
+    if (variant >= 0 && variant <= 3) G.variant = variant;
     if (pdl >= 0) {
         int dev = 0, major = 0;
         if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
@@ -389,7 +395,7 @@ static cudaError_t launch_block1(gemv_params p, cudaStream_t st)
     if (p.ngroups == 0) return cudaSuccess;
     size_t smem = NORM ? (size_t)NT * p.in * 2 : 0;
     int wave = occupancy<NT, RB, UK, EPI, NORM>(smem) * state().nsm, grid = p.ngroups;
-    if (state().variant == 2 && grid > wave) grid = wave;
+    if ((state().variant == 2 || (state().variant == 3 && NT >= 2)) && grid > wave) grid = wave;
     if (NORM && grid > 4 * wave) grid = 4 * wave;
     return launch_k(gemv_block_kernel<NT, RB, UK, EPI, NORM>, grid, BT, smem, st, p);
 }
@@ -425,7 +431,7 @@ extern "C" cudaError_t cuda_gemv(const uint16_t *W, const uint16_t *x, void *y, 
     if (bad_shape(W, x, T, in, out)) return cudaErrorInvalidValue;
     if (out == 0) return cudaSuccess;
     /* rows shorter than one chunk per thread leave most of a block idle */
-    if (state().variant == 0 || in < 8 * BT)
+    if (state().variant == 0 || (state().variant == 3 && T == 1) || in < 8 * BT)
         return y_f32 ? launch_warp<true>(W, x, y, T, in, out, st) : launch_warp<false>(W, x, y, T, in, out, st);
     gemv_params p = {W, x, NULL, NULL, 0.0f, y, in, out, 0};
     return y_f32 ? launch_block<EPI_F32, false>(p, T, st) : launch_block<EPI_BF16, false>(p, T, st);

@@ -6,6 +6,7 @@
 #     tokens and 1000 output tokens (ignore_eos) on the Llama-3.1-8B shape with
 #     dummy weights; prints output tok/s.
 # Usage: tests/gpu/run_batch_gpu.sh [N] [outdir]
+#   RB_TP=2: the 8B run at --tensor-parallel-size 2; RB_SKIP_SMALL=1: skip part 1.
 set -u
 N=${1:-1000}
 OUT=${2:-/tmp/rb_gpu}
@@ -30,11 +31,11 @@ with open(f"{out}/big.jsonl", "w") as f:
                 "temperature": 0, "ignore_eos": True}
         f.write(json.dumps({"custom_id": f"b{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}) + "\n")
 PY
-for dev in cpu cuda; do
+for dev in $([ "${RB_SKIP_SMALL:-0}" = 1 ] || echo cpu cuda); do
     $S run-batch --model tests/models/tiny-qwen3 --served-model-name m -i "$OUT/small.jsonl" -o "$OUT/small_$dev.jsonl" \
         --device $dev --max-num-seqs 16 --quiet || echo "run-batch $dev failed"
 done
-python3 - "$OUT" <<'PY'
+[ "${RB_SKIP_SMALL:-0}" = 1 ] || python3 - "$OUT" <<'PY'
 import json, sys
 out = sys.argv[1]
 def load(p):
@@ -50,7 +51,7 @@ print(f"run-batch tiny-qwen3 greedy: {same} of {len(a)} completions identical on
 PY
 start=$(date +%s.%N)
 timeout ${RB_TIMEOUT:-3000} $S run-batch --model tools/configs/llama-3.1-8b --load-format dummy --tokenizer tests/models/tiny-qwen3 \
-    --served-model-name m -i "$OUT/big.jsonl" -o "$OUT/big_out.jsonl" --device cuda --max-num-seqs 256 \
+    --served-model-name m -i "$OUT/big.jsonl" -o "$OUT/big_out.jsonl" --device cuda --tensor-parallel-size ${RB_TP:-1} --max-num-seqs 256 \
     --max-num-batched-tokens 8192 --max-model-len 2304 --kv-cache-memory 80G --quiet || echo "run-batch 8B failed"
 end=$(date +%s.%N)
 python3 - "$OUT" "$start" "$end" <<'PY'
@@ -62,6 +63,6 @@ for line in open(f"{out}/big_out.jsonl"):
     u = ((o.get("response") or {}).get("body") or {}).get("usage") or {}
     pt += u.get("prompt_tokens", 0); ct += u.get("completion_tokens", 0); n += 1
 dt = t1 - t0
-print(f"run-batch Llama-3.1-8B shape (dummy, bf16): {n} requests, {pt} prompt + {ct} output tokens in {dt:.1f} s "
+print(f"run-batch Llama-3.1-8B shape (dummy, bf16, TP={__import__('os').environ.get('RB_TP', '1')}): {n} requests, {pt} prompt + {ct} output tokens in {dt:.1f} s "
       f"(load included): {ct/dt:.0f} output tok/s, {(pt+ct)/dt:.0f} total tok/s")
 PY

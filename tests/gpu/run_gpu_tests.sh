@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# run_gpu_tests.sh - what `make gpu-test` runs on a GPU host: every
+# tests/gpu/test_* binary, the engine suite (batch invariance, chunked
+# prefill, prefix reuse, preemption) on the CUDA backend, and with 2+ GPUs the
+# tensor-parallel runs (TP=2 vs CPU/HF, TP=2 vs TP=1, the engine at TP=2).
+# Ends with one line "N passed, N failed".
+set -u
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+B=${BUILD:-build}
+MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+runs=()
+for t in "$B"/tests/gpu/test_*; do runs+=("$t"); done
+if [ -f "$MODEL" ]; then runs+=("SLUICE_TEST_DEVICE=cuda $B/tests/test_engine")
+else runs+=("SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3 $B/tests/test_engine"); fi
+if [ "${ngpu:-0}" -ge 2 ]; then
+    runs+=("SLUICE_TEST_TP=2 $B/tests/gpu/test_gpu_e2e"
+           "SLUICE_TEST_TP=2 SLUICE_TEST_REF=cuda $B/tests/gpu/test_gpu_e2e"
+           "SLUICE_TEST_TP=2 SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3 $B/tests/test_engine")
+fi
+p=0 f=0
+for r in "${runs[@]}"; do
+    echo "== $r"
+    out=$(env $r 2>&1)
+    echo "$out"
+    line=$(echo "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed$' | tail -n 1)
+    if [ -n "$line" ]; then
+        p=$((p + ${line%% passed*})); ff=${line#*, }; f=$((f + ${ff%% failed}))
+    else
+        f=$((f + 1))
+    fi
+done
+echo "$p passed, $f failed"
+[ $f -eq 0 ]
