@@ -307,6 +307,60 @@ static void test_abort(void)
 }
 
 
+/* A backend that fails for good after `left` steps (a GPU or rank dying):
+ * every request in flight finishes with an error event (no consumer waits
+ * forever), the engine reports the failure and refuses new requests. */
+struct dying {
+    struct model_backend base;
+    model_backend *inner;
+    int left;
+};
+static size_t dying_block_bytes(model_backend *b, int bs)
+{
+    model_backend *in = ((struct dying *)b)->inner;
+    return in->ops->kv_block_bytes(in, bs);
+}
+static int dying_kv_alloc(model_backend *b, int n, int bs, char *e, size_t el)
+{
+    model_backend *in = ((struct dying *)b)->inner;
+    return in->ops->kv_alloc(in, n, bs, e, el);
+}
+static int dying_forward(model_backend *b, struct step *s, char *e, size_t el)
+{
+    struct dying *d = (struct dying *)b;
+    if (d->left-- <= 0) {
+        d->base.fatal = "GPU 1 fell off the bus (test)";
+        snprintf(e, el, "%s", d->base.fatal);
+        return SL_EDEVICE;
+    }
+    return d->inner->ops->forward(d->inner, s, e, el);
+}
+static void dying_destroy(model_backend *b) { (void)b; }
+
+static void test_backend_fatal(void)
+{
+    static const struct model_backend_ops ops = {.name = "dying", .kv_block_bytes = dying_block_bytes,
+                                                 .kv_alloc = dying_kv_alloc, .forward = dying_forward,
+                                                 .destroy = dying_destroy};
+    struct dying d = {.base = {.ops = &ops, .m = be->m}, .inner = be, .left = 3};
+    model_backend *real = be;
+    be = &d.base;
+    sched_engine *e = engine(4, 256, 256, 64, false);
+    be = real;
+    if (!e) return;
+    struct result res[4];
+    struct sched_request rq[4];
+    for (int i = 0; i < 4; i++) rq[i] = greedy(text_ids + 10 * i, 20 + i, 12);
+    CHECK(!sched_engine_fatal(e, NULL, 0));
+    run_all(e, rq, 4, res);
+    for (int i = 0; i < 4; i++) CHECKF(res[i].done && res[i].finish == SCHED_FINISH_ERROR, "request %d finish %d", i, res[i].finish);
+    char msg[128];
+    CHECK(sched_engine_fatal(e, msg, sizeof msg) && strstr(msg, "fell off the bus"));
+    struct sched_request r = greedy(text_ids, 10, 4);
+    CHECK(sched_engine_submit(e, &r, NULL, err, sizeof err) == SL_EDEVICE && strstr(err, "fell off the bus"));
+    sched_engine_destroy(e);
+}
+
 /* `sluice run-batch` end to end through the real binary: output in input
  * order, good lines answered, bad lines with error lines, the rest still run. */
 static void test_run_batch(void)
@@ -437,6 +491,7 @@ int main(void)
     RUN(test_preemption);
     RUN(test_stop_string_and_refusal);
     RUN(test_abort);
+    RUN(test_backend_fatal);
     RUN(test_run_batch);
     model_backend_destroy(be);
     model_free(m);
