@@ -42,4 +42,33 @@ static __device__ __forceinline__ float block_max(float v, float *sh)
     v = lane < nw ? sh[lane] : -INFINITY;
     return warp_max(v);
 }
+/* Argmax over the block in (value desc, id asc) order: each thread passes its
+ * own best (*v, *i) and every thread gets the block's back. shv, shi: 32
+ * entries of shared memory each. */
+static __device__ __forceinline__ void block_argmax(float *v, int *i, float *shv, int *shi)
+{
+    float best = *v;
+    int bi = *i;
+    for (int o = 16; o; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > best || (ov == best && oi < bi)) best = ov, bi = oi;
+    }
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if (lane == 0) shv[w] = best, shi[w] = bi;
+    __syncthreads();
+    if (w == 0) {
+        best = lane < nw ? shv[lane] : -INFINITY;
+        bi = lane < nw ? shi[lane] : 0x7fffffff;
+        for (int o = 16; o; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, best, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > best || (ov == best && oi < bi)) best = ov, bi = oi;
+        }
+        if (lane == 0) shv[0] = best, shi[0] = bi;
+    }
+    __syncthreads();
+    *v = shv[0];
+    *i = shi[0];
+}
 #endif

@@ -36,28 +36,9 @@ static __global__ void argmax_lse_kernel(const float *logits, int V, int32_t *to
         if (isnan(v)) nan = true;
         if (v > best) best = v, bi = i; /* ascending i per thread: first max kept */
     }
-    /* reduce (value desc, id asc) */
-    for (int o = 16; o; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (ov > best || (ov == best && oi < bi)) best = ov, bi = oi;
-    }
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    if (lane == 0) shv[w] = best, shi[w] = bi;
-    __syncthreads();
-    if (w == 0) {
-        best = lane < nw ? shv[lane] : -INFINITY;
-        bi = lane < nw ? shi[lane] : 0x7fffffff;
-        for (int o = 16; o; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, best, o);
-            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ov > best || (ov == best && oi < bi)) best = ov, bi = oi;
-        }
-        if (lane == 0) shv[0] = best, shi[0] = bi;
-    }
-    __syncthreads();
-    float mx = shv[0];
-    int am = shi[0];
+    block_argmax(&best, &bi, shv, shi);
+    float mx = best;
+    int am = bi;
     float s = 0.0f;
     for (int i = threadIdx.x; i < V; i += blockDim.x) s += __expf(row[i] - mx);
     s = block_sum(s, sh);

@@ -16,21 +16,11 @@
 #include <time.h>
 
 #include "model/backend.h"
+#include "tests/gpu/gpu_util.h"
 
 #define BS 16
 #define CTXB 160 /* blocks per sequence (2560 tokens) */
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-static int cmpd(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static model_backend *g_be;
 static int g_V;
@@ -59,12 +49,12 @@ static double step(int ns, int start, int len)
     }
     struct step st = {.n_tokens = T, .token_ids = ids, .positions = pos, .slots = slots, .n_seqs = ns, .seqs = sq};
     char err[256];
-    double t0 = now();
+    double t0 = now_s();
     if (g_be->ops->forward(g_be, &st, err, sizeof err)) {
         fprintf(stderr, "forward: %s\n", err);
         exit(1);
     }
-    double dt = now() - t0;
+    double dt = now_s() - t0;
     free(ids), free(pos), free(slots), free(sq);
     return dt;
 }
@@ -74,7 +64,7 @@ static double median_decode(int ns, int ctx, int n)
     double *t = malloc(n * sizeof *t);
     step(ns, ctx, 1); /* warm-up: graph capture for this bucket */
     for (int i = 0; i < n; i++) t[i] = step(ns, ctx + 1 + i, 1);
-    qsort(t, n, sizeof *t, cmpd);
+    qsort(t, n, sizeof *t, cmp_double);
     double m = t[n / 2];
     free(t);
     return m;
@@ -85,7 +75,7 @@ int main(int argc, char **argv)
     const char *cfg = argc > 1 ? argv[1] : "tools/configs/llama-3.1-8b";
     const char *tok = argc > 2 ? argv[2] : "tests/models/tiny-qwen3";
     char err[512];
-    double t0 = now();
+    double t0 = now_s();
     struct model_load_opts lo = {.tokenizer = tok, .load_format = "dummy"};
     model *m = model_load(cfg, &lo, err, sizeof err);
     if (!m) {
@@ -120,17 +110,17 @@ int main(int argc, char **argv)
     double flops_tok = (double)wbytes; /* 2 flops per bf16 weight (2 bytes) */
     printf("shape %s: %d layers, embd %d, ff %d, heads %d/%d, vocab %d; weights read per step %.2f GB; load %.1f s; "
            "tensor parallel %d\n",
-           cfg, c->n_layer, c->n_embd, c->n_ff, c->n_head, c->n_head_kv, c->n_vocab, wbytes / 1e9, now() - t0, tp);
+           cfg, c->n_layer, c->n_embd, c->n_ff, c->n_head, c->n_head_kv, c->n_vocab, wbytes / 1e9, now_s() - t0, tp);
     wbytes /= (size_t)tp; /* each GPU reads its share: the floor below is per GPU */
 
     step(1, 0, 64); /* warm-up */
     double tt[5];
     for (int i = 0; i < 5; i++) tt[i] = step(1, 0, 2048);
-    qsort(tt, 5, sizeof *tt, cmpd);
+    qsort(tt, 5, sizeof *tt, cmp_double);
     printf("prefill 1 x 2048: TTFT %.1f ms (%.0f tok/s, %.0f TFLOP/s on the GEMMs)\n", tt[2] * 1e3, 2048 / tt[2],
            flops_tok * 2048 / tt[2] / 1e12);
     for (int i = 0; i < 3; i++) tt[i] = step(8, 0, 2048);
-    qsort(tt, 3, sizeof *tt, cmpd);
+    qsort(tt, 3, sizeof *tt, cmp_double);
     printf("prefill 8 x 2048 (one 16384-token step): %.1f ms, %.0f tok/s (%.0f TFLOP/s on the GEMMs)\n",
            tt[1] * 1e3, 16384 / tt[1], flops_tok * 16384 / tt[1] / 1e12);
 

@@ -12,21 +12,12 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "tests/gpu/gpu_util.h"
+
 #define MAXG 8
 #define RUNS 20
 #define PER 64
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-static int cmpd(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 #define NCHECK(call)                                                                               \
     do {                                                                                           \
@@ -64,7 +55,7 @@ int main(int argc, char **argv)
         size_t e = sizes[si];
         double t[RUNS];
         for (int r = -2; r < RUNS; r++) {
-            double t0 = now();
+            double t0 = now_s();
             for (int k = 0; k < PER; k++) {
                 NCHECK(ncclGroupStart());
                 for (int i = 0; i < n; i++) NCHECK(ncclAllReduce(buf[i], buf[i], e, ncclFloat, ncclSum, comm[i], st[i]));
@@ -74,9 +65,9 @@ int main(int argc, char **argv)
                 cudaSetDevice(i);
                 cudaStreamSynchronize(st[i]);
             }
-            if (r >= 0) t[r] = (now() - t0) / PER;
+            if (r >= 0) t[r] = (now_s() - t0) / PER;
         }
-        qsort(t, RUNS, sizeof *t, cmpd);
+        qsort(t, RUNS, sizeof *t, cmp_double);
         double us = t[RUNS / 2] * 1e6, bytes = (double)e * 4;
         printf("%10zu floats (%8.0f KB): %8.1f us per all-reduce, bus bw %.1f GB/s\n", e, bytes / 1024, us,
                bytes * 2.0 * (n - 1) / n / (us * 1e3));

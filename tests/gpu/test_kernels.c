@@ -10,28 +10,9 @@
 #include <string.h>
 
 #include "cuda/kernels.h"
+#include "tests/gpu/gpu_util.h"
 #include "tests/test.h"
 
-static uint64_t g_rng = 88172645463325252ULL;
-static float frand(void) /* uniform in [-1, 1) */
-{
-    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
-    return (float)((g_rng >> 11) * 0x1.0p-53) * 2.0f - 1.0f;
-}
-static uint16_t bf(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-static float fb(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 static void *dup_dev(const void *h, size_t n)
 {
     void *d = NULL;
