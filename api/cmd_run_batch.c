@@ -1,8 +1,14 @@
 /* cmd_run_batch.c - `sluice run-batch`: the offline runner vLLM users know
  * (`vllm run-batch`). Reads OpenAI batch lines (custom_id, method, url, body)
- * for /v1/chat/completions and /v1/completions, runs them all through the
- * engine at once (batch priority), and writes one output line per input line,
- * in input order, as soon as the lines before it are done.
+ * for /v1/chat/completions and /v1/completions, runs them through the engine
+ * (batch priority), and writes one output line per input line, in input
+ * order, as soon as the lines before it are done.
+ *
+ * Memory stays bounded whatever the file's length: input is read as the
+ * engine has room (4 x --max-num-seqs requests in flight), into a ring of
+ * lines that holds at most the in-flight ones plus those done but waiting for
+ * an earlier line to be written, so a million-line file of long documents
+ * streams through.
  *
  * A line that is not a request (bad JSON, no custom_id, wrong method or url)
  * gets `"response": null, "error": {code, message}`; a request whose body the
@@ -43,9 +49,14 @@ struct batch {
     sched_engine *e;
     const char *served_name, *model_path;
     int max_model_len;
-    struct line *lines;
-    int n_lines, cap_lines;
-    int next_submit, next_write, in_flight, done, failed;
+    struct line *lines;          /* ring [cap_lines]: line i lives in lines[i % cap_lines] */
+    int cap_lines;
+    long n_read, next_submit, next_write; /* lines read, submitted, written (next_write <= next_submit <= n_read) */
+    FILE *in;
+    bool eof;
+    char *rbuf;                  /* getline buffer */
+    size_t rcap;
+    int in_flight, done, failed;
     FILE *out;
     uint64_t rng;
     long created;
@@ -254,10 +265,12 @@ static void on_event(struct batch *b, const struct sched_event *ev)
     line_release(l);
 }
 
+static struct line *slot(struct batch *b, long i) { return &b->lines[i % b->cap_lines]; }
+
 static int write_ready(struct batch *b)
 {
-    while (b->next_write < b->n_lines && b->lines[b->next_write].st == LINE_DONE) {
-        struct line *l = &b->lines[b->next_write++];
+    while (b->next_write < b->n_read && slot(b, b->next_write)->st == LINE_DONE) {
+        struct line *l = slot(b, b->next_write++);
         if (fputs(l->out, b->out) == EOF || fputc('\n', b->out) == EOF) return -1;
         free(l->out);
         l->out = NULL;
@@ -273,37 +286,34 @@ static void progress(struct batch *b, bool last)
     if (b->quiet || (!last && t - b->last_progress < 1.0)) return;
     b->last_progress = t;
     double el = t - b->t0;
-    fprintf(stderr, "\r[run-batch] %d/%d done, %d failed | %.1f gen tok/s | %ld prompt tok (%ld cached) | %.1f s   ",
-            b->done, b->n_lines, b->failed, el > 0 ? (double)b->gen_tokens / el : 0.0, b->prompt_tokens,
-            b->cached_tokens, el);
+    fprintf(stderr, "\r[run-batch] %d/%ld%s done, %d failed | %.1f gen tok/s | %ld prompt tok (%ld cached) | %.1f s   ",
+            b->done, b->n_read, b->eof ? "" : "+", b->failed, el > 0 ? (double)b->gen_tokens / el : 0.0,
+            b->prompt_tokens, b->cached_tokens, el);
     if (last) fputc('\n', stderr);
 }
 
-static int read_lines(struct batch *b, FILE *f)
+/* Reads the next non-blank input line into the ring. Returns 1 when a line
+ * was read, 0 at the end of the input or while the ring is full (every slot
+ * holds a line not yet written), -1 on a read error or out of memory. */
+static int read_line(struct batch *b)
 {
-    char *buf = NULL;
-    size_t cap = 0;
+    if (b->eof || b->n_read - b->next_write >= b->cap_lines) return 0;
     ssize_t n;
-    while ((n = getline(&buf, &cap, f)) >= 0) {
+    while ((n = getline(&b->rbuf, &b->rcap, b->in)) >= 0) {
+        char *buf = b->rbuf;
         while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r')) buf[--n] = '\0';
         bool blank = true;
         for (ssize_t i = 0; i < n && blank; i++) blank = isspace((unsigned char)buf[i]);
         if (blank) continue;
-        if (b->n_lines == b->cap_lines) {
-            int c = b->cap_lines ? 2 * b->cap_lines : 256;
-            struct line *p = realloc(b->lines, (size_t)c * sizeof *p);
-            if (!p) break;
-            b->lines = p;
-            b->cap_lines = c;
-        }
-        struct line *l = &b->lines[b->n_lines];
+        struct line *l = slot(b, b->n_read);
         memset(l, 0, sizeof *l);
         l->text = strdup(buf);
-        if (!l->text) break;
-        b->n_lines++;
+        if (!l->text) return -1;
+        b->n_read++;
+        return 1;
     }
-    free(buf);
-    return ferror(f) ? -1 : 0;
+    b->eof = true;
+    return ferror(b->in) ? -1 : 0;
 }
 
 static const char USAGE[] =
@@ -381,15 +391,17 @@ int api_cmd_run_batch(int argc, char **argv)
     b.rng = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
     b.created = (long)time(NULL);
     model_backend *be = NULL;
-    FILE *in = !strcmp(in_path, "-") ? stdin : fopen(in_path, "r");
-    if (!in) {
+    b.in = !strcmp(in_path, "-") ? stdin : fopen(in_path, "r");
+    if (!b.in) {
         fprintf(stderr, "sluice run-batch: cannot open %s: %s\n", in_path, strerror(errno));
         return 1;
     }
-    int rr = read_lines(&b, in);
-    if (in != stdin) fclose(in);
-    if (rr) {
-        fprintf(stderr, "sluice run-batch: cannot read %s\n", in_path);
+    /* in flight, plus as many done lines waiting behind a slow earlier one */
+    int max_in_flight = 4 * (int)max_num_seqs;
+    b.cap_lines = 2 * max_in_flight + 64;
+    b.lines = calloc((size_t)b.cap_lines, sizeof *b.lines);
+    if (!b.lines) {
+        fprintf(stderr, "sluice run-batch: out of memory\n");
         goto fail_lines;
     }
     b.out = !strcmp(out_path, "-") ? stdout : fopen(out_path, "w");
@@ -427,26 +439,43 @@ int api_cmd_run_batch(int argc, char **argv)
     if (!quiet) {
         struct sched_engine_stats st;
         sched_engine_get_stats(b.e, &st);
-        fprintf(stderr, "[run-batch] %d requests | KV cache %d blocks x %d tokens | max-num-seqs %d, "
+        fprintf(stderr, "[run-batch] reading %s | KV cache %d blocks x %d tokens | max-num-seqs %d, "
                         "max-num-batched-tokens %d, max-model-len %d, prefix caching %s\n",
-                b.n_lines, st.kv_blocks, st.block_size, eo.sched.max_num_seqs, eo.sched.max_num_batched_tokens,
+                in_path, st.kv_blocks, st.block_size, eo.sched.max_num_seqs, eo.sched.max_num_batched_tokens,
                 b.max_model_len, prefix ? "on" : "off");
     }
 
-    /* keep the engine fed without holding every prompt's tokens at once */
-    int max_in_flight = 4 * eo.sched.max_num_seqs;
     struct sched_evbuf evb;
     sched_evbuf_init(&evb);
     b.t0 = now_s();
     for (;;) {
-        while (b.next_submit < b.n_lines && b.in_flight < max_in_flight) prepare(&b, &b.lines[b.next_submit++]);
+        while (b.in_flight < max_in_flight) {
+            if (b.next_submit == b.n_read) {
+                int r = read_line(&b);
+                if (r < 0) {
+                    snprintf(err, sizeof err, "cannot read %s: %s", in_path, ferror(b.in) ? strerror(errno) : "out of memory");
+                    sched_evbuf_deinit(&evb);
+                    goto fail_msg;
+                }
+                if (r == 0) break;
+            }
+            prepare(&b, slot(&b, b.next_submit++));
+        }
         if (write_ready(&b)) {
             snprintf(err, sizeof err, "cannot write %s: %s", out_path, strerror(errno));
             sched_evbuf_deinit(&evb);
             goto fail_msg;
         }
         progress(&b, false);
-        if (b.in_flight == 0 && b.next_submit == b.n_lines) break;
+        if (b.in_flight == 0 && b.eof && b.next_submit == b.n_read) break;
+        /* a dead GPU: stop rather than answer every remaining line with an error */
+        if (sched_engine_fatal(b.e, err, sizeof err)) {
+            sched_evbuf_deinit(&evb);
+            fprintf(stderr, "\nsluice run-batch: %s; %ld lines written, rerun for the rest\n", err, b.next_write);
+            rc = 1;
+            goto done;
+        }
+        if (b.in_flight == 0) continue; /* lines that failed at once: the ring has room again */
         int k = sched_engine_wait(b.e, &evb, 1.0);
         for (int i = 0; i < k; i++) on_event(&b, &evb.ev[i]);
     }
@@ -456,9 +485,9 @@ int api_cmd_run_batch(int argc, char **argv)
         double el = now_s() - b.t0;
         struct sched_engine_stats st;
         sched_engine_get_stats(b.e, &st);
-        fprintf(stderr, "[run-batch] %d requests (%d failed) in %.2f s: %ld generated tokens (%.1f tok/s), "
+        fprintf(stderr, "[run-batch] %ld requests (%d failed) in %.2f s: %ld generated tokens (%.1f tok/s), "
                         "%ld prompt tokens (%ld cached), %llu steps, %llu preemptions\n",
-                b.n_lines, b.failed, el, b.gen_tokens, el > 0 ? (double)b.gen_tokens / el : 0.0, b.prompt_tokens,
+                b.n_read, b.failed, el, b.gen_tokens, el > 0 ? (double)b.gen_tokens / el : 0.0, b.prompt_tokens,
                 b.cached_tokens, (unsigned long long)st.sched.steps, (unsigned long long)st.sched.preemptions);
     }
     rc = 0;
@@ -473,11 +502,14 @@ done:
     model_free(b.m);
     if (b.out && b.out != stdout) fclose(b.out);
 fail_lines:
-    for (int i = 0; i < b.n_lines; i++) {
-        line_release(&b.lines[i]);
-        free(b.lines[i].custom_id);
-        free(b.lines[i].out);
+    for (long i = b.next_write; b.lines && i < b.n_read; i++) {
+        struct line *l = slot(&b, i);
+        line_release(l);
+        free(l->custom_id);
+        free(l->out);
     }
     free(b.lines);
+    free(b.rbuf);
+    if (b.in && b.in != stdin) fclose(b.in);
     return rc;
 }

@@ -307,6 +307,47 @@ static void test_abort(void)
 }
 
 
+/* run-batch streams its input through a ring of 2 x 4 x max-num-seqs + 64
+ * lines: 90 lines at --max-num-seqs 1 wrap the 72-line ring, and the output
+ * still has every line once, in input order (valid and invalid mixed). */
+static void test_run_batch_stream(void)
+{
+    const char *in = "build/tests/run_batch_stream_in.jsonl", *out = "build/tests/run_batch_stream_out.jsonl";
+    FILE *f = fopen(in, "w");
+    CHECK(f != NULL);
+    if (!f) return;
+    enum { NL = 90 };
+    for (int i = 0; i < NL; i++) {
+        if (i % 3 == 2)
+            fprintf(f, "{\"custom_id\":\"c%d\",\"method\":\"GET\"}\n", i);
+        else
+            fprintf(f, "{\"custom_id\":\"c%d\",\"method\":\"POST\",\"url\":\"/v1/completions\",\"body\":"
+                       "{\"prompt\":\"Number %d is\",\"max_tokens\":1,\"temperature\":0}}\n",
+                    i, i);
+    }
+    fclose(f);
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "build/sluice run-batch --model %s -i %s -o %s --max-num-seqs 1 --max-num-batched-tokens 64 "
+             "--max-model-len 256 --kv-cache-memory 32M --quiet --device %s --tensor-parallel-size %d",
+             g_path, in, out, g_device, g_tp);
+    CHECK(system(cmd) == 0);
+    f = fopen(out, "r");
+    CHECK(f != NULL);
+    if (!f) return;
+    char line[8192], want[64];
+    int k = 0, ok = 0;
+    while (fgets(line, sizeof line, f)) {
+        snprintf(want, sizeof want, "\"custom_id\":\"c%d\"", k);
+        bool bad = k % 3 == 2;
+        ok += strstr(line, want) && (bad ? strstr(line, "\"response\":null") != NULL
+                                         : strstr(line, "\"status_code\":200") != NULL);
+        k++;
+    }
+    fclose(f);
+    CHECKF(k == NL && ok == NL, "%d lines, %d as expected, of %d", k, ok, NL);
+}
+
 /* A backend that fails for good after `left` steps (a GPU or rank dying):
  * every request in flight finishes with an error event (no consumer waits
  * forever), the engine reports the failure and refuses new requests. */
@@ -493,6 +534,7 @@ int main(void)
     RUN(test_abort);
     RUN(test_backend_fatal);
     RUN(test_run_batch);
+    RUN(test_run_batch_stream);
     model_backend_destroy(be);
     model_free(m);
     return test_summary();
