@@ -682,6 +682,11 @@ static int kv_alloc(model_backend *mb, int n_blocks, int block_size, char *err, 
     b->job.kv_blocks = n_blocks;
     b->job.block_size = block_size;
     int rc = crew_run(b, JOB_KV, err, errlen);
+    if (rc && atomic_load(&b->failed)) {
+        /* the ranks aborted their communicators: nothing can run any more */
+        snprintf(b->dead, sizeof b->dead, "the GPU backend stopped: %s", err);
+        b->base.fatal = b->dead;
+    }
     if (rc) return rc;
     b->kv_blocks = n_blocks;
     b->block_size = block_size;
