@@ -33,13 +33,25 @@
 
 enum line_state { LINE_TODO, LINE_RUNNING, LINE_DONE };
 
+struct line;
+/* One choice of a line (a body with "n" > 1 has several): an engine request. */
+struct lchoice {
+    struct line *l;
+    int i;
+    uint64_t id;
+};
+
 struct line {
     char *text;                  /* the input line, owned until prepared */
     enum line_state st;
     char *custom_id;             /* owned, NULL when absent */
     struct api_oai_req req;
     int32_t *ids;                /* owned prompt ids */
-    struct api_oai_result res;
+    int n, n_done;               /* choices submitted, finished */
+    struct lchoice *ch;          /* owned [n] */
+    struct api_oai_result *res;  /* owned [n] */
+    bool bad;                    /* a choice failed: the line is answered with `err` */
+    char err[600];
     char *out;                   /* the rendered output line, owned until written */
 };
 
@@ -137,7 +149,7 @@ static void line_response(struct batch *b, struct line *l, int status, const str
     } else {
         char id[48];
         snprintf(id, sizeof id, "%s%s", l->req.kind == API_OAI_CHAT ? "chatcmpl-" : "cmpl-", cid);
-        api_oai_response_json(&o, &l->req, &l->res, id, b->created, b->served_name);
+        api_oai_response_json(&o, &l->req, l->res, id, b->created, b->served_name);
     }
     json_buf_add(&o, "},\"error\":null}", 15);
     set_out(l, &o);
@@ -151,7 +163,11 @@ static void line_release(struct line *l)
     api_oai_req_free(&l->req);
     free(l->ids);
     l->ids = NULL;
-    api_oai_result_free(&l->res);
+    for (int i = 0; l->res && i < l->n; i++) api_oai_result_free(&l->res[i]);
+    free(l->res);
+    l->res = NULL;
+    free(l->ch);
+    l->ch = NULL;
 }
 
 /* ---- submitting -------------------------------------------------------------------- */
@@ -162,7 +178,6 @@ static void prepare(struct batch *b, struct line *l)
     json_doc d;
     char err[512];
     struct api_oai_error e;
-    api_oai_result_init(&l->res);
     if (json_parse(&d, l->text, strlen(l->text), err, sizeof err)) {
         char msg[600];
         snprintf(msg, sizeof msg, "the line is not valid JSON: %s", err);
@@ -222,14 +237,39 @@ static void prepare(struct batch *b, struct line *l)
         goto done;
     }
     sr.priority = SCHED_PRIO_BATCH;
-    sr.user = l;
-    if (sched_engine_submit(b->e, &sr, NULL, err, sizeof err)) {
-        api_oai_errorf(&e, 400, NULL, "%s", err);
-        line_response(b, l, 400, &e);
+    int nc = l->req.n > 1 ? l->req.n : 1;
+    l->ch = calloc((size_t)nc, sizeof *l->ch);
+    l->res = calloc((size_t)nc, sizeof *l->res);
+    if (!l->ch || !l->res) {
+        api_oai_errorf(&e, 500, NULL, "out of memory");
+        line_response(b, l, 500, &e);
         goto done;
     }
+    for (int i = 0; i < nc; i++) {
+        l->ch[i] = (struct lchoice){.l = l, .i = i};
+        api_oai_result_init(&l->res[i]);
+    }
+    l->n = nc;
+    /* the choices share the prompt: after the first, its blocks come from the prefix cache */
+    for (int i = 0; i < nc; i++) {
+        api_oai_choice_sampling(&l->req, i, &sr.sampling);
+        sr.user = &l->ch[i];
+        if (sched_engine_submit(b->e, &sr, &l->ch[i].id, err, sizeof err)) {
+            if (i == 0) {
+                api_oai_errorf(&e, 400, NULL, "%s", err);
+                line_response(b, l, 400, &e);
+                goto done;
+            }
+            /* the choices already running come back as aborts; the line gets this error */
+            l->bad = true;
+            snprintf(l->err, sizeof l->err, "%s", err);
+            for (int k = 0; k < i; k++) sched_engine_abort(b->e, l->ch[k].id);
+            l->n = i;
+            break;
+        }
+    }
     l->st = LINE_RUNNING;
-    b->in_flight++;
+    b->in_flight += l->n;
     b->prompt_tokens += n;
 done:
     json_free(&d);
@@ -240,24 +280,30 @@ done:
 
 static void on_event(struct batch *b, const struct sched_event *ev)
 {
-    struct line *l = ev->user;
-    api_oai_result_add(&l->res, &l->req, b->tok, ev);
+    const struct lchoice *c = ev->user;
+    struct line *l = c->l;
+    api_oai_result_add(&l->res[c->i], &l->req, b->tok, ev);
     if (ev->kind == SCHED_EV_TOKEN) {
         b->gen_tokens++;
         return;
     }
     b->in_flight--;
-    b->cached_tokens += ev->usage.cached_tokens;
+    if (c->i == 0) b->cached_tokens += ev->usage.cached_tokens;
     if (b->timings) {
         const struct sched_usage *u = &ev->usage;
-        fprintf(stderr, "\n[timing] custom_id=%s prompt=%d cached=%d completion=%d queue=%.3fs ttft=%.3fs "
+        fprintf(stderr, "\n[timing] custom_id=%s choice=%d prompt=%d cached=%d completion=%d queue=%.3fs ttft=%.3fs "
                         "prefill=%.3fs total=%.3fs preemptions=%d\n",
-                l->custom_id ? l->custom_id : "-", u->prompt_tokens, u->cached_tokens, u->completion_tokens,
+                l->custom_id ? l->custom_id : "-", c->i, u->prompt_tokens, u->cached_tokens, u->completion_tokens,
                 u->queue_s, u->ttft_s, u->ttft_s >= 0 ? u->ttft_s - u->queue_s : -1.0, u->total_s, u->n_preemptions);
     }
-    if (ev->finish == SCHED_FINISH_ERROR || ev->finish == SCHED_FINISH_ABORT) {
+    if ((ev->finish == SCHED_FINISH_ERROR || ev->finish == SCHED_FINISH_ABORT) && !l->bad) {
+        l->bad = true;
+        snprintf(l->err, sizeof l->err, "the engine failed on this request: %s", ev->error[0] ? ev->error : "aborted");
+    }
+    if (++l->n_done < l->n) return;
+    if (l->bad) {
         struct api_oai_error e;
-        api_oai_errorf(&e, 500, NULL, "the engine failed on this request: %s", ev->error[0] ? ev->error : "aborted");
+        api_oai_errorf(&e, 500, NULL, "%s", l->err);
         line_response(b, l, 500, &e);
     } else {
         line_response(b, l, 200, NULL);

@@ -153,6 +153,12 @@ static int parse_stop(const json_doc *d, int obj, struct api_oai_req *r, struct 
     return 0;
 }
 
+void api_oai_choice_sampling(const struct api_oai_req *r, int i, struct model_sampling *out)
+{
+    *out = r->sampling;
+    if (i > 0) out->seed = r->sampling.seed + (uint64_t)i * 0x9e3779b97f4a7c15ULL;
+}
+
 static uint64_t random_seed(void)
 {
     static uint64_t counter;
@@ -212,10 +218,9 @@ int api_oai_parse_doc(const json_doc *d, int obj, enum api_oai_endpoint kind, co
     if ((rc = int_in(d, obj, "seed", INT64_MIN, INT64_MAX, &iv, e)) < 0) goto fail;
     r->seed_given = rc == 1;
     r->sampling.seed = rc ? (uint64_t)iv : random_seed();
-    if ((rc = int_in(d, obj, "n", 1, 1, &iv, e)) < 0) {
-        snprintf(e->message, sizeof e->message, "'n' must be 1: several choices per request are not supported yet");
-        goto fail;
-    }
+    r->n = 1;
+    if ((rc = int_in(d, obj, "n", 1, API_OAI_MAX_N, &iv, e)) < 0) goto fail;
+    if (rc) r->n = (int)iv;
     if ((rc = int_in(d, obj, "best_of", 1, 1, &iv, e)) < 0) {
         snprintf(e->message, sizeof e->message, "'best_of' must be 1: not supported yet");
         goto fail;
@@ -475,16 +480,11 @@ void api_oai_result_add(struct api_oai_result *res, const struct api_oai_req *r,
 
 static const char *buf_or_empty(const struct json_buf *b) { return b->p ? b->p : ""; }
 
-void api_oai_response_json(struct json_buf *b, const struct api_oai_req *r, const struct api_oai_result *res,
-                           const char *id, long created, const char *model_name)
+/* Appends choice i's object {"index":i, message|text, logprobs, finish_reason}. */
+static void choice_json(struct json_buf *b, const struct api_oai_req *r, const struct api_oai_result *res, int i)
 {
     bool chat = r->kind == API_OAI_CHAT, has_calls = false;
-    ADD_LIT(b, "{\"id\":");
-    json_buf_add_str(b, id, strlen(id));
-    json_buf_addf(b, ",\"object\":\"%s\",\"created\":%ld,\"model\":", chat ? "chat.completion" : "text_completion",
-                  created);
-    json_buf_add_str(b, model_name, strlen(model_name));
-    ADD_LIT(b, ",\"choices\":[{\"index\":0,");
+    json_buf_addf(b, "{\"index\":%d,", i);
     if (chat) {
         ADD_LIT(b, "\"message\":{\"role\":\"assistant\",\"content\":");
         int rk, tk;
@@ -529,10 +529,30 @@ void api_oai_response_json(struct json_buf *b, const struct api_oai_req *r, cons
                           buf_or_empty(&res->lp_off));
         else ADD_LIT(b, "null");
     }
-    const struct sched_usage *u = &res->usage;
+    json_buf_addf(b, ",\"finish_reason\":\"%s\"}",
+                  has_calls && res->finish == SCHED_FINISH_STOP ? "tool_calls" : sched_finish_name(res->finish));
+}
+
+void api_oai_response_json(struct json_buf *b, const struct api_oai_req *r, const struct api_oai_result *res,
+                           const char *id, long created, const char *model_name)
+{
+    bool chat = r->kind == API_OAI_CHAT;
+    int n = r->n > 1 ? r->n : 1;
+    ADD_LIT(b, "{\"id\":");
+    json_buf_add_str(b, id, strlen(id));
+    json_buf_addf(b, ",\"object\":\"%s\",\"created\":%ld,\"model\":", chat ? "chat.completion" : "text_completion",
+                  created);
+    json_buf_add_str(b, model_name, strlen(model_name));
+    ADD_LIT(b, ",\"choices\":[");
+    int completion = 0;
+    for (int i = 0; i < n; i++) {
+        if (i) ADD_LIT(b, ",");
+        choice_json(b, r, &res[i], i);
+        completion += res[i].usage.completion_tokens;
+    }
+    const struct sched_usage *u = &res[0].usage;
     json_buf_addf(b,
-                  ",\"finish_reason\":\"%s\"}],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,"
+                  "],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,"
                   "\"total_tokens\":%d,\"prompt_tokens_details\":{\"cached_tokens\":%d}}}",
-                  has_calls && res->finish == SCHED_FINISH_STOP ? "tool_calls" : sched_finish_name(res->finish),
-                  u->prompt_tokens, u->completion_tokens, u->prompt_tokens + u->completion_tokens, u->cached_tokens);
+                  u->prompt_tokens, completion, u->prompt_tokens + completion, u->cached_tokens);
 }

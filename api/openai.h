@@ -54,7 +54,9 @@ struct api_oai_req {
     int top_logprobs;           /* chat: top_logprobs; completions: the logprobs integer */
     bool stream;
     bool tools;                 /* chat: tools given and tool_choice is not "none" (tool-call parsing applies) */
+    int n;                      /* choices to generate (1..API_OAI_MAX_N), each its own engine request */
 };
+#define API_OAI_MAX_N 64
 
 /* Parses and validates body[0..len) for endpoint kind. served_model: when not
  * NULL, a "model" other than it is refused (404). On error returns a negative
@@ -79,7 +81,12 @@ int api_oai_tokenize(const struct api_oai_req *r, const model_tok *tok, int32_t 
 int api_oai_to_sched(const struct api_oai_req *r, const int32_t *ids, int n_ids, int max_model_len,
                      struct sched_request *out, struct api_oai_error *e);
 
-/* The output of one request, folded from its engine events. init/free. */
+/* The sampling of choice i (0 <= i < r->n) of r: the request's own for
+ * choice 0; the others draw from RNG streams derived from the seed (a
+ * seeded request stays reproducible choice by choice). */
+void api_oai_choice_sampling(const struct api_oai_req *r, int i, struct model_sampling *out);
+
+/* The output of one choice, folded from its engine events. init/free. */
 struct api_oai_result {
     struct json_buf text;       /* generated text (raw bytes) */
     struct json_buf lp;         /* chat: logprobs.content entries; completions: tokens */
@@ -100,7 +107,9 @@ void api_oai_result_add(struct api_oai_result *res, const struct api_oai_req *r,
                         const struct sched_event *ev);
 
 /* Appends the response body (chat.completion or text_completion object,
- * usage with prompt_tokens_details.cached_tokens) for a finished result. */
+ * usage with prompt_tokens_details.cached_tokens) for the finished results
+ * res[0 .. r->n) (choice i = res[i]; usage: the prompt once, the completions
+ * summed). */
 void api_oai_response_json(struct json_buf *b, const struct api_oai_req *r, const struct api_oai_result *res,
                            const char *id, long created, const char *model_name);
 /* Appends {"error": {...}}. */

@@ -62,8 +62,8 @@ struct srv_hist {
 };
 
 /* What an engine event's `user` points to starts with this tag, so
- * srv_drain_events can tell a chat request (struct pending, zeroed: CHAT)
- * from a batch row (server_batch.c). */
+ * srv_drain_events can tell a choice of a chat/completions request
+ * (server_complete.c) from a choice of a batch row (server_batch.c). */
 enum srv_user_kind { SRV_USER_CHAT = 0, SRV_USER_BATCH = 1 };
 
 /* One request waiting for engine events. */

@@ -81,14 +81,24 @@ struct call {
 
 /* One batch row in the engine. Created, listed and freed by the store thread;
  * between submit and its finish event the api thread folds events into res. */
-struct job {
+struct job;
+/* One choice of a row (a request with "n" > 1 has several): an engine request. */
+struct jchoice {
     enum srv_user_kind kind;       /* SRV_USER_BATCH; first (see server.h) */
+    struct job *j;
+    int i;
+};
+struct job {
     int64_t row_id;
     char batch_id[STORE_ID_MAX];
-    uint64_t eng_id;
+    int n;                         /* choices submitted */
+    int n_done;                    /* choices finished (api thread) */
+    struct jchoice *ch;            /* [n] */
+    uint64_t *eng_id;              /* [n] */
     bool aborted;                  /* sched_engine_abort() already asked */
+    char *fail;                    /* owned; a later choice could not be submitted: the row's error */
     struct api_oai_req r;
-    struct api_oai_result res;
+    struct api_oai_result *res;    /* [n] */
     struct job *prev, *next;       /* inflight list (store thread) */
     struct job *done_next;         /* done queue (under mu) */
 };
@@ -169,7 +179,11 @@ static void job_free(struct job *j)
 {
     if (!j) return;
     api_oai_req_free(&j->r);
-    api_oai_result_free(&j->res);
+    for (int i = 0; j->res && i < j->n; i++) api_oai_result_free(&j->res[i]);
+    free(j->res);
+    free(j->ch);
+    free(j->eng_id);
+    free(j->fail);
     free(j);
 }
 
@@ -251,11 +265,21 @@ static void flush_results(struct srv_batch *b)
 static void finish_job(struct srv_batch *b, struct job *j)
 {
     struct server *s = b->srv;
-    if (j->res.finish == SCHED_FINISH_ABORT) {
-        add_result(b, j->row_id, 0, NULL, "batch_cancelled", strdup("The batch was cancelled while this request ran."));
-    } else if (j->res.finish == SCHED_FINISH_ERROR) {
+    enum sched_finish worst = SCHED_FINISH_NONE;
+    const char *error = "";
+    for (int i = 0; i < j->n; i++) {
+        if (j->res[i].finish == SCHED_FINISH_ERROR) worst = SCHED_FINISH_ERROR, error = j->res[i].error;
+        else if (j->res[i].finish == SCHED_FINISH_ABORT && worst != SCHED_FINISH_ERROR) worst = SCHED_FINISH_ABORT;
+    }
+    if (j->fail) {
         struct api_oai_error e;
-        api_oai_errorf(&e, 500, NULL, "the engine failed on this request: %s", j->res.error);
+        api_oai_errorf(&e, 400, NULL, "%s", j->fail);
+        add_error_response(b, j->row_id, &e);
+    } else if (worst == SCHED_FINISH_ABORT) {
+        add_result(b, j->row_id, 0, NULL, "batch_cancelled", strdup("The batch was cancelled while this request ran."));
+    } else if (worst == SCHED_FINISH_ERROR) {
+        struct api_oai_error e;
+        api_oai_errorf(&e, 500, NULL, "the engine failed on this request: %s", error);
         e.type = "server_error";
         add_error_response(b, j->row_id, &e);
     } else {
@@ -264,7 +288,7 @@ static void finish_job(struct srv_batch *b, struct job *j)
         rand_hex(&b->rng, id + strlen(id), 24);
         struct json_buf body;
         json_buf_init(&body);
-        api_oai_response_json(&body, &j->r, &j->res, id, (long)time(NULL), s->model_name);
+        api_oai_response_json(&body, &j->r, j->res, id, (long)time(NULL), s->model_name);
         if (body.oom) json_buf_free(&body);
         else add_result(b, j->row_id, 200, body.p, NULL, NULL);
     }
@@ -302,10 +326,8 @@ static void submit_row(struct srv_batch *b, const struct store_row *row)
         api_oai_errorf(&e, 500, NULL, "out of memory");
         goto fail;
     }
-    j->kind = SRV_USER_BATCH;
     j->row_id = row->row_id;
     snprintf(j->batch_id, sizeof j->batch_id, "%s", row->batch_id);
-    api_oai_result_init(&j->res);
     char perr[256];
     if (json_parse(&d, row->body, row->body_len, perr, sizeof perr) || !json_is_obj(&d, 0)) {
         api_oai_errorf(&e, 400, "body", "the request body is not a JSON object");
@@ -326,13 +348,43 @@ static void submit_row(struct srv_batch *b, const struct store_row *row)
     struct sched_request sr;
     if (api_oai_to_sched(&j->r, ids, n, sched_engine_config(s->eng)->max_model_len, &sr, &e)) goto fail;
     sr.priority = SCHED_PRIO_BATCH;
-    sr.user = j;
+    int nc = j->r.n > 1 ? j->r.n : 1;
+    j->ch = calloc((size_t)nc, sizeof *j->ch);
+    j->eng_id = calloc((size_t)nc, sizeof *j->eng_id);
+    j->res = calloc((size_t)nc, sizeof *j->res);
+    if (!j->ch || !j->eng_id || !j->res) {
+        api_oai_errorf(&e, 500, NULL, "out of memory");
+        goto fail;
+    }
+    for (int i = 0; i < nc; i++) {
+        j->ch[i] = (struct jchoice){.kind = SRV_USER_BATCH, .j = j, .i = i};
+        api_oai_result_init(&j->res[i]);
+    }
+    j->n = nc;
     char err[256];
     /* from here on the api thread may see j's events: only store-thread
-     * fields (eng_id, the list links) are written below */
-    if (sched_engine_submit(s->eng, &sr, &j->eng_id, err, sizeof err)) {
-        api_oai_errorf(&e, 400, NULL, "%s", err);
-        goto fail;
+     * fields (eng_id, fail, the list links) are written below */
+    for (int i = 0; i < nc; i++) {
+        api_oai_choice_sampling(&j->r, i, &sr.sampling);
+        sr.user = &j->ch[i];
+        if (sched_engine_submit(s->eng, &sr, &j->eng_id[i], err, sizeof err)) {
+            api_oai_errorf(&e, 400, NULL, "%s", err);
+            if (i == 0) goto fail;
+            /* choices 0..i-1 run: they come back as aborts, the row as this error */
+            j->fail = strdup(err);
+            j->aborted = true;
+            for (int k = 0; k < i; k++) sched_engine_abort(s->eng, j->eng_id[k]);
+            /* the api thread counts finishes against n under mu; if all i
+             * already came back, the row is done now */
+            pthread_mutex_lock(&b->mu);
+            j->n = i;
+            if (j->n_done == j->n) {
+                j->done_next = b->done;
+                b->done = j;
+            }
+            pthread_mutex_unlock(&b->mu);
+            break;
+        }
     }
     inflight_add(b, j);
     free(ids);
@@ -402,7 +454,7 @@ static void abort_stale(struct srv_batch *b, const char *only)
         }
         if (live) continue;
         j->aborted = true;
-        sched_engine_abort(b->srv->eng, j->eng_id);
+        for (int i = 0; i < j->n; i++) sched_engine_abort(b->srv->eng, j->eng_id[i]);
     }
 }
 
@@ -510,13 +562,21 @@ static void *store_main(void *arg)
 void srv_batch_event(struct server *s, const struct sched_event *ev)
 {
     struct srv_batch *b = s->batch;
-    struct job *j = ev->user;
-    api_oai_result_add(&j->res, &j->r, model_get_tok(s->m), ev);
+    const struct jchoice *c = ev->user;
+    struct job *j = c->j;
+    api_oai_result_add(&j->res[c->i], &j->r, model_get_tok(s->m), ev);
     if (ev->kind != SCHED_EV_FINISH) return;
-    s->prompt_tokens_total += (uint64_t)ev->usage.prompt_tokens;
+    if (c->i == 0) {
+        s->prompt_tokens_total += (uint64_t)ev->usage.prompt_tokens;
+        s->cached_tokens_total += (uint64_t)ev->usage.cached_tokens;
+    }
     s->generation_tokens_total += (uint64_t)ev->usage.completion_tokens;
-    s->cached_tokens_total += (uint64_t)ev->usage.cached_tokens;
     pthread_mutex_lock(&b->mu);
+    bool last = ++j->n_done == j->n;
+    if (!last) {
+        pthread_mutex_unlock(&b->mu);
+        return;
+    }
     j->done_next = b->done;
     b->done = j;
     pthread_cond_signal(&b->cv);

@@ -2,10 +2,11 @@
  * thread: parse (api/openai.c), tokenize, submit to the engine, then turn
  * engine events into a final reply or server-sent-event chunks.
  *
- * A `pending` lives from submit until its finish event: the engine's events
- * carry it as `user`, so it is never freed while the engine may still name
- * it. A client that hangs up mid-request sets p->req to NULL and aborts the
- * request; the abort's finish event frees p.
+ * A request with n choices submits n engine requests; the engine's events
+ * carry the choice as `user`. The request lives from submit until the finish
+ * event of its last choice, so it is never freed while the engine may still
+ * name it. A client that hangs up mid-request sets req to NULL and aborts
+ * every choice still running; the last finish event frees the request.
  */
 #include <event2/buffer.h>
 #include <event2/http.h>
@@ -18,17 +19,33 @@
 #include "openai.h"
 #include "server.h"
 
-struct srv_req {
-    struct pending base;          /* metrics and bookkeeping */
-    struct api_oai_req r;
-    struct api_oai_result res;
-    struct evhttp_connection *con;
+struct srv_req;
+
+/* One choice: an engine request of its own. */
+struct choice {
+    enum srv_user_kind kind;      /* SRV_USER_CHAT; first (engine events name the choice, see server.h) */
+    struct srv_req *q;
+    int index;
+    uint64_t id;
+    bool done;
+    struct api_oai_result res;    /* non-streamed: the output so far */
     /* streamed chat with --reasoning-parser / --tool-call-parser: the text
      * goes through both parsers as it arrives */
     bool parse;
     struct api_reasoning rp;
     struct api_toolcall tp;
     int n_calls;
+};
+
+struct srv_req {
+    struct pending base;          /* metrics and bookkeeping */
+    struct api_oai_req r;
+    struct evhttp_connection *con;
+    int n, n_done;                /* choices submitted, finished */
+    bool failed;                  /* a choice ended in an engine error */
+    char error[160];
+    struct sched_usage usage;     /* the prompt's (first choice), completion tokens summed */
+    struct choice ch[];           /* [n] */
 };
 
 static void reply_oai_error(struct server *s, struct evhttp_request *req, const struct api_oai_error *e)
@@ -55,7 +72,8 @@ static void on_client_close(struct evhttp_connection *con, void *arg)
     if (!q->base.req) return;
     q->base.req = NULL;
     q->con = NULL;
-    sched_engine_abort(q->base.srv->eng, q->base.id);
+    for (int i = 0; i < q->n; i++)
+        if (!q->ch[i].done) sched_engine_abort(q->base.srv->eng, q->ch[i].id);
 }
 
 static void detach(struct srv_req *q)
@@ -65,11 +83,27 @@ static void detach(struct srv_req *q)
     q->base.req = NULL;
 }
 
+static struct srv_req *new_req(int n)
+{
+    struct srv_req *q = calloc(1, sizeof *q + (size_t)n * sizeof(struct choice));
+    if (!q) return NULL;
+    q->n = n;
+    for (int i = 0; i < n; i++) {
+        q->ch[i].kind = SRV_USER_CHAT;
+        q->ch[i].q = q;
+        q->ch[i].index = i;
+        api_oai_result_init(&q->ch[i].res);
+    }
+    return q;
+}
+
 static void free_req(struct srv_req *q)
 {
-    if (q->parse) api_toolcall_free(&q->tp);
+    for (int i = 0; i < q->n; i++) {
+        if (q->ch[i].parse) api_toolcall_free(&q->ch[i].tp);
+        api_oai_result_free(&q->ch[i].res);
+    }
     api_oai_req_free(&q->r);
-    api_oai_result_free(&q->res);
     free(q);
 }
 
@@ -101,6 +135,7 @@ static void chunk_head(struct json_buf *b, const struct srv_req *q, const char *
  * (chat with parsers; may be NULL), logprobs JSON (or NULL), finish reason
  * (or NULL). */
 struct delta {
+    int index;                    /* the choice */
     const char *text;
     size_t len;
     const struct json_buf *reasoning, *calls;
@@ -113,7 +148,7 @@ static void send_delta(struct server *s, struct srv_req *q, const struct delta *
     struct json_buf b;
     json_buf_init(&b);
     chunk_head(&b, q, s->model_name);
-    json_buf_lit(&b, "{\"index\":0,");
+    json_buf_addf(&b, "{\"index\":%d,", d->index);
     if (q->base.chat) {
         json_buf_lit(&b, "\"delta\":{");
         bool comma = false;
@@ -153,20 +188,21 @@ static void send_delta(struct server *s, struct srv_req *q, const struct delta *
     json_buf_free(&b);
 }
 
-/* Runs text through the reasoning then the tool-call parser (flush: the end
- * of the output) and sends what they released as one delta. */
-static void send_parsed(struct server *s, struct srv_req *q, const char *text, size_t len, const char *lp, bool flush)
+/* Runs choice c's text through the reasoning then the tool-call parser
+ * (flush: the end of the output) and sends what they released as one delta. */
+static void send_parsed(struct server *s, struct choice *c, const char *text, size_t len, const char *lp, bool flush)
 {
     struct json_buf rs, mid, content, calls;
     json_buf_init(&rs), json_buf_init(&mid), json_buf_init(&content), json_buf_init(&calls);
-    api_reasoning_feed(&q->rp, text, len, &rs, &mid);
-    if (flush) api_reasoning_flush(&q->rp, &rs, &mid);
-    api_toolcall_feed(&q->tp, mid.p ? mid.p : "", mid.len, &content, &calls);
-    if (flush) api_toolcall_flush(&q->tp, &content, &calls);
-    q->n_calls = q->tp.n_calls;
+    api_reasoning_feed(&c->rp, text, len, &rs, &mid);
+    if (flush) api_reasoning_flush(&c->rp, &rs, &mid);
+    api_toolcall_feed(&c->tp, mid.p ? mid.p : "", mid.len, &content, &calls);
+    if (flush) api_toolcall_flush(&c->tp, &content, &calls);
+    c->n_calls = c->tp.n_calls;
     if (content.len || rs.len || calls.len || lp) {
-        struct delta d = {.text = content.p ? content.p : "", .len = content.len, .reasoning = &rs, .calls = &calls, .lp = lp};
-        send_delta(s, q, &d);
+        struct delta d = {.index = c->index, .text = content.p ? content.p : "", .len = content.len, .reasoning = &rs,
+                          .calls = &calls, .lp = lp};
+        send_delta(s, c->q, &d);
     }
     json_buf_free(&rs), json_buf_free(&mid), json_buf_free(&content), json_buf_free(&calls);
 }
@@ -201,15 +237,17 @@ static char *event_logprobs(const struct srv_req *q, const model_tok *tok, const
     return b.p;
 }
 
-static void stream_event(struct server *s, struct srv_req *q, const struct sched_event *ev)
+/* Streams one event of choice c. */
+static void stream_event(struct server *s, struct choice *c, const struct sched_event *ev)
 {
+    struct srv_req *q = c->q;
     const model_tok *tok = model_get_tok(s->m);
     if (ev->kind == SCHED_EV_TOKEN) {
         char *lp = event_logprobs(q, tok, ev);
-        if (q->parse) {
-            send_parsed(s, q, ev->text, ev->text_len, lp, false);
+        if (c->parse) {
+            send_parsed(s, c, ev->text, ev->text_len, lp, false);
         } else if (ev->text_len || lp) {
-            struct delta d = {.text = ev->text, .len = ev->text_len, .lp = lp};
+            struct delta d = {.index = c->index, .text = ev->text, .len = ev->text_len, .lp = lp};
             send_delta(s, q, &d);
         }
         free(lp);
@@ -223,27 +261,33 @@ static void stream_event(struct server *s, struct srv_req *q, const struct sched
         api_oai_error_json(&b, &e);
         send_sse(q, &b);
         json_buf_free(&b);
-    } else {
-        if (q->parse) {
-            send_parsed(s, q, ev->text, ev->text_len, NULL, true);
-        } else if (ev->text_len) {
-            struct delta d = {.text = ev->text, .len = ev->text_len};
-            send_delta(s, q, &d);
-        }
-        const char *fin = sched_finish_name(ev->finish);
-        if (q->n_calls > 0 && ev->finish == SCHED_FINISH_STOP) fin = "tool_calls";
-        struct delta d = {.text = "", .finish = fin};
+        return;
+    }
+    if (q->failed) return; /* a sibling failed: its error ended the stream's content */
+    if (c->parse) {
+        send_parsed(s, c, ev->text, ev->text_len, NULL, true);
+    } else if (ev->text_len) {
+        struct delta d = {.index = c->index, .text = ev->text, .len = ev->text_len};
         send_delta(s, q, &d);
-        if (q->base.include_usage) {
-            struct json_buf b;
-            json_buf_init(&b);
-            chunk_head(&b, q, s->model_name);
-            json_buf_lit(&b, "],\"usage\":");
-            usage_json(&b, s, &ev->usage);
-            json_buf_lit(&b, "}");
-            send_sse(q, &b);
-            json_buf_free(&b);
-        }
+    }
+    const char *fin = sched_finish_name(ev->finish);
+    if (c->n_calls > 0 && ev->finish == SCHED_FINISH_STOP) fin = "tool_calls";
+    struct delta d = {.index = c->index, .text = "", .finish = fin};
+    send_delta(s, q, &d);
+}
+
+/* After the last choice: the usage chunk (include_usage) and [DONE]. */
+static void stream_end(struct server *s, struct srv_req *q)
+{
+    if (q->base.include_usage && !q->failed) {
+        struct json_buf b;
+        json_buf_init(&b);
+        chunk_head(&b, q, s->model_name);
+        json_buf_lit(&b, "],\"usage\":");
+        usage_json(&b, s, &q->usage);
+        json_buf_lit(&b, "}");
+        send_sse(q, &b);
+        json_buf_free(&b);
     }
     struct evbuffer *out = evbuffer_new();
     if (out) {
@@ -256,15 +300,38 @@ static void stream_event(struct server *s, struct srv_req *q, const struct sched
 
 /* ---- events ---- */
 
-static void finish_metrics(struct server *s, struct srv_req *q, const struct sched_event *ev)
+/* Once per request, when its last choice finished. */
+static void finish_metrics(struct server *s, struct srv_req *q)
 {
-    if (ev->finish == SCHED_FINISH_ERROR) s->n_requests_err++;
+    if (q->failed) s->n_requests_err++;
     else s->n_requests_ok++;
-    s->prompt_tokens_total += (uint64_t)ev->usage.prompt_tokens;
-    s->generation_tokens_total += (uint64_t)ev->usage.completion_tokens;
-    s->cached_tokens_total += (uint64_t)ev->usage.cached_tokens;
-    if (ev->usage.ttft_s >= 0) srv_hist_add(&s->ttft, ev->usage.ttft_s);
+    s->prompt_tokens_total += (uint64_t)q->usage.prompt_tokens;
+    s->generation_tokens_total += (uint64_t)q->usage.completion_tokens;
+    s->cached_tokens_total += (uint64_t)q->usage.cached_tokens;
+    if (q->usage.ttft_s >= 0) srv_hist_add(&s->ttft, q->usage.ttft_s);
     srv_hist_add(&s->e2e, srv_now() - q->base.t_submit);
+}
+
+/* Choice c finished with ev: folds its usage into the request's. */
+static void choice_finished(struct server *s, struct choice *c, const struct sched_event *ev)
+{
+    struct srv_req *q = c->q;
+    c->done = true;
+    if (q->n_done++ == 0) {
+        q->usage = ev->usage;
+        if (ev->usage.ttft_s < 0) q->usage.ttft_s = -1;
+    } else {
+        q->usage.completion_tokens += ev->usage.completion_tokens;
+        if (q->usage.ttft_s < 0 || (ev->usage.ttft_s >= 0 && ev->usage.ttft_s < q->usage.ttft_s))
+            q->usage.ttft_s = ev->usage.ttft_s;
+    }
+    if (ev->finish == SCHED_FINISH_ERROR && !q->failed) {
+        q->failed = true;
+        snprintf(q->error, sizeof q->error, "%s", ev->error);
+        /* the other choices cannot make the reply whole: stop them */
+        for (int i = 0; i < q->n; i++)
+            if (!q->ch[i].done) sched_engine_abort(s->eng, q->ch[i].id);
+    }
 }
 
 void srv_drain_events(struct server *s)
@@ -274,33 +341,45 @@ void srv_drain_events(struct server *s)
     const model_tok *tok = model_get_tok(s->m);
     for (int i = 0; i < n; i++) {
         const struct sched_event *ev = &s->evbuf.ev[i];
-        struct srv_req *q = ev->user;
-        if (!q) continue;
+        if (!ev->user) continue;
         if (*(const enum srv_user_kind *)ev->user == SRV_USER_BATCH) {
             srv_batch_event(s, ev);
             continue;
         }
+        struct choice *c = ev->user;
+        struct srv_req *q = c->q;
         if (ev->kind == SCHED_EV_TOKEN) {
             double t = srv_now();
             if (q->base.n_tokens++ > 0) srv_hist_add(&s->itl, t - q->base.t_last);
             q->base.t_last = t;
         }
         if (q->base.req) {
-            if (q->base.stream) stream_event(s, q, ev);
-            else api_oai_result_add(&q->res, &q->r, tok, ev);
+            if (q->base.stream) stream_event(s, c, ev);
+            else api_oai_result_add(&c->res, &q->r, tok, ev);
         }
         if (ev->kind != SCHED_EV_FINISH) continue;
-        finish_metrics(s, q, ev);
-        if (q->base.req && !q->base.stream) {
-            struct json_buf b;
-            json_buf_init(&b);
-            if (ev->finish == SCHED_FINISH_ERROR) {
-                srv_reply_error(q->base.req, 500, "server_error", NULL, "%s", ev->error);
+        choice_finished(s, c, ev);
+        if (q->n_done < q->n) continue;
+        finish_metrics(s, q);
+        if (q->base.req && q->base.stream) {
+            stream_end(s, q);
+        } else if (q->base.req) {
+            if (q->failed) {
+                srv_reply_error(q->base.req, 500, "server_error", NULL, "%s", q->error);
             } else {
-                api_oai_response_json(&b, &q->r, &q->res, q->base.rid, q->base.created, s->model_name);
-                srv_reply_json(q->base.req, 200, &b);
+                struct json_buf b;
+                json_buf_init(&b);
+                struct api_oai_result *res = malloc((size_t)q->n * sizeof *res);
+                if (res) {
+                    for (int k = 0; k < q->n; k++) res[k] = q->ch[k].res; /* borrowed: freed with q */
+                    api_oai_response_json(&b, &q->r, res, q->base.rid, q->base.created, s->model_name);
+                    srv_reply_json(q->base.req, 200, &b);
+                    free(res);
+                } else {
+                    srv_reply_error(q->base.req, 500, "server_error", NULL, "out of memory");
+                }
+                json_buf_free(&b);
             }
-            json_buf_free(&b);
         }
         detach(q);
         s->n_pending--;
@@ -321,27 +400,25 @@ void srv_handle_completions(struct server *s, struct evhttp_request *req, bool c
     struct api_oai_error e = {0};
     json_doc d = {0};
     int32_t *ids = NULL;
-    struct srv_req *q = calloc(1, sizeof *q);
-    if (!q) {
-        api_oai_errorf(&e, 500, NULL, "out of memory");
-        goto fail;
-    }
-    api_oai_result_init(&q->res);
+    struct srv_req *q = NULL;
+    struct api_oai_req r;
+    memset(&r, 0, sizeof r);
+    bool include_usage = false;
     char perr[256];
     if (json_parse(&d, body, len, perr, sizeof perr)) {
         api_oai_errorf(&e, 400, NULL, "request body is not valid JSON: %s", perr);
         goto fail;
     }
-    if (api_oai_parse_doc(&d, 0, chat ? API_OAI_CHAT : API_OAI_COMPLETIONS, s->model_name, &q->r, &e)) goto fail;
+    if (api_oai_parse_doc(&d, 0, chat ? API_OAI_CHAT : API_OAI_COMPLETIONS, s->model_name, &r, &e)) goto fail;
     /* what api_oai_parse_doc leaves to the transport: stream_options, priority */
     int so = json_get(&d, 0, "stream_options");
     if (so >= 0 && !json_is_null(&d, so)) {
         int iu = json_get(&d, so, "include_usage");
-        if (!json_is_obj(&d, so) || (iu >= 0 && json_bool(&d, iu, &q->base.include_usage))) {
+        if (!json_is_obj(&d, so) || (iu >= 0 && json_bool(&d, iu, &include_usage))) {
             api_oai_errorf(&e, 400, "stream_options", "'stream_options' must be an object with a boolean 'include_usage'");
             goto fail;
         }
-        if (!q->r.stream) {
+        if (!r.stream) {
             api_oai_errorf(&e, 400, "stream_options", "'stream_options' is only allowed when 'stream' is true");
             goto fail;
         }
@@ -356,23 +433,45 @@ void srv_handle_completions(struct server *s, struct evhttp_request *req, bool c
         }
         if (v > 0) prio = SCHED_PRIO_BATCH; /* vLLM: lower is sooner; > 0 yields to interactive work */
     }
-    int n = api_oai_tokenize(&q->r, model_get_tok(s->m), &ids, &e);
+    int n = api_oai_tokenize(&r, model_get_tok(s->m), &ids, &e);
     if (n < 0) goto fail;
     struct sched_request sr;
-    if (api_oai_to_sched(&q->r, ids, n, sched_engine_config(s->eng)->max_model_len, &sr, &e)) goto fail;
-    sr.priority = prio;
-    sr.user = q;
-    char err[256];
-    uint64_t id;
-    if (sched_engine_submit(s->eng, &sr, &id, err, sizeof err)) {
-        api_oai_errorf(&e, 400, NULL, "%s", err);
+    if (api_oai_to_sched(&r, ids, n, sched_engine_config(s->eng)->max_model_len, &sr, &e)) goto fail;
+    q = new_req(r.n > 1 ? r.n : 1);
+    if (!q) {
+        api_oai_errorf(&e, 500, NULL, "out of memory");
         goto fail;
+    }
+    q->r = r; /* q owns the parsed request from here */
+    memset(&r, 0, sizeof r);
+    q->base.include_usage = include_usage;
+    sr.priority = prio;
+    /* the choices share the prompt: after the first, its blocks come from the prefix cache */
+    for (int i = 0; i < q->n; i++) {
+        char err[256];
+        api_oai_choice_sampling(&q->r, i, &sr.sampling);
+        sr.user = &q->ch[i];
+        if (sched_engine_submit(s->eng, &sr, &q->ch[i].id, err, sizeof err)) {
+            api_oai_errorf(&e, 400, NULL, "%s", err);
+            if (i == 0) goto fail;
+            /* the choices already submitted finish as aborted and free q */
+            for (int k = 0; k < i; k++) sched_engine_abort(s->eng, q->ch[k].id);
+            q->n = i;
+            q->base.srv = s;
+            q->base.t_submit = srv_now();
+            s->n_pending++;
+            reply_oai_error(s, req, &e);
+            free(ids);
+            json_free(&d);
+            free(body);
+            return;
+        }
     }
     free(ids);
     ids = NULL;
     json_free(&d);
     free(body);
-    q->base.id = id;
+    q->base.id = q->ch[0].id;
     q->base.req = req;
     q->base.srv = s;
     q->base.chat = chat;
@@ -392,13 +491,16 @@ void srv_handle_completions(struct server *s, struct evhttp_request *req, bool c
             int rk, tk;
             api_chat_parsers(&rk, &tk);
             if (!q->r.tools) tk = API_TOOLS_NONE;
-            if (rk || tk) {
-                q->parse = true;
-                api_reasoning_init(&q->rp, rk);
-                api_toolcall_init(&q->tp, tk);
+            for (int i = 0; i < q->n; i++) {
+                struct choice *c = &q->ch[i];
+                if (rk || tk) {
+                    c->parse = true;
+                    api_reasoning_init(&c->rp, rk);
+                    api_toolcall_init(&c->tp, tk);
+                }
+                struct delta dl = {.index = i, .text = "", .role = true};
+                send_delta(s, q, &dl);
             }
-            struct delta d = {.text = "", .role = true};
-            send_delta(s, q, &d);
         }
     }
     return;
@@ -407,5 +509,6 @@ fail:
     free(ids);
     json_free(&d);
     free(body);
+    api_oai_req_free(&r);
     if (q) free_req(q);
 }

@@ -176,6 +176,24 @@ def test_openai_flow(srv):
     assert c.files.retrieve(b.output_file_id).purpose == "batch_output"
 
 
+def test_n_choices(srv):
+    """A row with n > 1 gets n choices, each equal to the same request sent to
+    /v1/chat/completions (same derived seeds)."""
+    c = srv.client()
+    body = {"model": NAME, "messages": [{"role": "user", "content": "Tell me a word."}], "max_tokens": 6,
+            "temperature": 1.0, "seed": 5, "n": 3}
+    lines = [{"custom_id": "n3", "method": "POST", "url": "/v1/chat/completions", "body": body},
+             chat_line("n1", "Say hello.", 4)]
+    b = wait_batch(c, submit(c, write_jsonl("n.jsonl", lines)).id)
+    assert b.status == "completed" and b.request_counts.completed == 2, b
+    out = read_lines(c, b.output_file_id)
+    got = [ch["message"]["content"] for ch in out[0]["response"]["body"]["choices"]]
+    assert [ch["index"] for ch in out[0]["response"]["body"]["choices"]] == [0, 1, 2], out[0]
+    r = c.chat.completions.create(**body)
+    assert [ch.message.content for ch in r.choices] == got, (r, got)
+    assert len(out[1]["response"]["body"]["choices"]) == 1
+
+
 def curl(*args):
     r = subprocess.run(["curl", "-sS", "-H", f"Authorization: Bearer {KEY}"] + list(args), capture_output=True,
                        text=True, timeout=120)
@@ -507,8 +525,8 @@ def main():
     passed = failed = 0
     try:
         srv.start()
-        tests = [test_openai_flow, test_curl_flow_completions, test_cli, test_validation_failure, test_api_errors,
-                 test_upload_large_and_delete, test_cancel_mid_run, test_expiry, test_coexistence,
+        tests = [test_openai_flow, test_n_choices, test_curl_flow_completions, test_cli, test_validation_failure,
+                 test_api_errors, test_upload_large_and_delete, test_cancel_mid_run, test_expiry, test_coexistence,
                  test_listing_pagination, test_crash_safety]
         passed, failed = lib.run_tests(tests, srv, proc=srv.proc, only=sys.argv[1:])
     except Exception:

@@ -309,7 +309,8 @@ static void test_abort(void)
 
 /* run-batch streams its input through a ring of 2 x 4 x max-num-seqs + 64
  * lines: 90 lines at --max-num-seqs 1 wrap the 72-line ring, and the output
- * still has every line once, in input order (valid and invalid mixed). */
+ * still has every line once, in input order (valid and invalid mixed; some
+ * with "n": 2, answered with two choices). */
 static void test_run_batch_stream(void)
 {
     const char *in = "build/tests/run_batch_stream_in.jsonl", *out = "build/tests/run_batch_stream_out.jsonl";
@@ -322,8 +323,8 @@ static void test_run_batch_stream(void)
             fprintf(f, "{\"custom_id\":\"c%d\",\"method\":\"GET\"}\n", i);
         else
             fprintf(f, "{\"custom_id\":\"c%d\",\"method\":\"POST\",\"url\":\"/v1/completions\",\"body\":"
-                       "{\"prompt\":\"Number %d is\",\"max_tokens\":1,\"temperature\":0}}\n",
-                    i, i);
+                       "{\"prompt\":\"Number %d is\",\"max_tokens\":1,\"temperature\":0,\"n\":%d}}\n",
+                    i, i, i % 5 == 0 ? 2 : 1);
     }
     fclose(f);
     char cmd[1024];
@@ -340,8 +341,10 @@ static void test_run_batch_stream(void)
     while (fgets(line, sizeof line, f)) {
         snprintf(want, sizeof want, "\"custom_id\":\"c%d\"", k);
         bool bad = k % 3 == 2;
+        /* every fifth line asks for two choices */
+        bool two = !bad && k % 5 == 0, has1 = strstr(line, "\"index\":1") != NULL;
         ok += strstr(line, want) && (bad ? strstr(line, "\"response\":null") != NULL
-                                         : strstr(line, "\"status_code\":200") != NULL);
+                                         : strstr(line, "\"status_code\":200") != NULL && two == has1);
         k++;
     }
     fclose(f);

@@ -229,6 +229,43 @@ def test_disconnect_frees_blocks():
     ok_request()
 
 
+def test_n_choices():
+    """n > 1: n choices from one prompt (distinct seeded streams, reproducible;
+    greedy ones identical), streamed with per-choice indexes, usage summed."""
+    from openai import OpenAI
+    client = OpenAI(base_url=f"http://127.0.0.1:{PORT}/v1", api_key=KEY)
+    body = dict(CHAT, n=3, temperature=1.0, seed=77, max_tokens=12)
+    r = client.chat.completions.create(**body)
+    assert [c.index for c in r.choices] == [0, 1, 2], r
+    texts = [c.message.content for c in r.choices]
+    assert len(set(texts)) > 1, texts
+    assert 3 <= r.usage.completion_tokens <= 36, r.usage  # summed over the choices
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    again = client.chat.completions.create(**body)
+    assert [c.message.content for c in again.choices] == texts
+    # choice 0 is the request as if n were 1
+    one = client.chat.completions.create(**dict(body, n=1))
+    assert one.choices[0].message.content == texts[0]
+    greedy = client.chat.completions.create(**dict(CHAT, n=2, temperature=0))
+    assert greedy.choices[0].message.content == greedy.choices[1].message.content
+    parts, finish, usage = {0: [], 1: []}, {}, None
+    for chunk in client.chat.completions.create(**dict(body, n=2), stream=True, stream_options={"include_usage": True}):
+        if chunk.usage:
+            usage = chunk.usage
+        for ch in chunk.choices:
+            if ch.delta.content:
+                parts[ch.index].append(ch.delta.content)
+            if ch.finish_reason:
+                finish[ch.index] = ch.finish_reason
+    assert ["".join(parts[0]), "".join(parts[1])] == texts[:2], (parts, texts)
+    assert set(finish) == {0, 1} and usage and usage.prompt_tokens == r.usage.prompt_tokens, (finish, usage)
+    assert 2 <= usage.completion_tokens <= 24, usage
+    c = client.completions.create(model=NAME, prompt="The capital of France is", max_tokens=3, n=2, temperature=0)
+    assert [x.index for x in c.choices] == [0, 1] and c.choices[0].text == c.choices[1].text
+    assert c.usage.completion_tokens == 6, c.usage
+    for bad in (0, 65):
+        expect_error(400, "POST", "/v1/chat/completions", dict(CHAT, n=bad), param="n")
+
 def main():
     if lib.missing_prereqs("test_server"):
         return 1
@@ -241,7 +278,8 @@ def main():
         lib.wait_healthy(PORT, proc)
         tests = [test_health_and_models, test_chat_nonstream_and_stream_agree, test_completions, test_curl,
                  test_seed_reproducible, test_prefix_cache_reported, test_tokenize_roundtrip,
-                 test_errors_then_success, test_concurrent_streams_batched, test_disconnect_frees_blocks]
+                 test_errors_then_success, test_concurrent_streams_batched, test_disconnect_frees_blocks,
+                 test_n_choices]
         passed, failed = lib.run_tests(tests, proc=proc)
     finally:
         lib.stop_server(proc)
