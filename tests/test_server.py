@@ -203,8 +203,8 @@ def test_concurrent_streams_batched():
 def test_disconnect_frees_blocks():
     socks = []
     body = json.dumps({"model": NAME, "messages": [{"role": "user", "content": "Tell me a long story."}],
-                       "max_tokens": 400, "temperature": 0, "ignore_eos": True, "stream": True}).encode()
-    for _ in range(4):
+                       "max_tokens": 400, "temperature": 0.8, "ignore_eos": True, "stream": True, "n": 2}).encode()
+    for _ in range(4):  # 4 streams of 2 choices each
         s = socket.create_connection(("127.0.0.1", PORT))
         s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                   b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: " + str(len(body)).encode() +
