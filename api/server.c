@@ -80,20 +80,29 @@ static void *load_main(void *arg)
         /* vLLM's meaning: the KV pool takes what is left of util x the GPU
          * after weights and workspace (already allocated), less a margin for
          * cuBLAS and graph memory */
-        size_t fr, tot;
-        if (model_cuda_mem_info(&fr, &tot) == 0) {
-            double used = (double)(tot - fr), margin = 512.0 * 1048576.0;
-            double budget = s->o.gpu_memory_utilization * (double)tot - used - margin;
+        /* with tensor parallelism every GPU holds its share of every block:
+         * the GPU with the least room sets the size */
+        int ngpu = s->o.tensor_parallel_size > 1 ? (int)s->o.tensor_parallel_size : 1, worst = -1;
+        double budget = 0, used = 0, total = 0, margin = 512.0 * 1048576.0;
+        for (int g = 0; g < ngpu; g++) {
+            size_t fr, tot;
+            if (model_cuda_mem_info(g, &fr, &tot)) continue;
+            double b = s->o.gpu_memory_utilization * (double)tot - (double)(tot - fr) - margin;
+            if (worst < 0 || b < budget) worst = g, budget = b, used = (double)(tot - fr), total = (double)tot;
+        }
+        if (worst >= 0) {
             if (budget < 1048576.0) {
                 snprintf(err, sizeof err,
-                         "--gpu-memory-utilization %.2f leaves no room for the KV cache: the GPU has %.1f GiB, "
+                         "--gpu-memory-utilization %.2f leaves no room for the KV cache: GPU %d has %.1f GiB, "
                          "weights and workspace already use %.1f GiB",
-                         s->o.gpu_memory_utilization, tot / 1073741824.0, used / 1073741824.0);
+                         s->o.gpu_memory_utilization, worst, total / 1073741824.0, used / 1073741824.0);
                 goto fail;
             }
             eo.kv_cache_bytes = (size_t)budget;
-            fprintf(stderr, "sluice serve: KV cache %.1f GiB (--gpu-memory-utilization %.2f of %.1f GiB; %.1f GiB in use)\n",
-                    budget / 1073741824.0, s->o.gpu_memory_utilization, tot / 1073741824.0, used / 1073741824.0);
+            fprintf(stderr,
+                    "sluice serve: KV cache %.1f GiB%s (--gpu-memory-utilization %.2f of %.1f GiB; %.1f GiB in use)\n",
+                    budget / 1073741824.0, ngpu > 1 ? " per GPU" : "", s->o.gpu_memory_utilization,
+                    total / 1073741824.0, used / 1073741824.0);
         }
     }
     s->eng = sched_engine_create(s->be, &eo, err, sizeof err);

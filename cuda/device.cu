@@ -59,8 +59,12 @@ extern "C" int model_cuda_describe(char *buf, size_t cap)
     return n;
 }
 
-extern "C" int model_cuda_mem_info(size_t *free_bytes, size_t *total_bytes)
+extern "C" int model_cuda_mem_info(int device, size_t *free_bytes, size_t *total_bytes)
 {
     *free_bytes = *total_bytes = 0;
-    return cudaMemGetInfo(free_bytes, total_bytes) == cudaSuccess ? 0 : -1;
+    int cur = 0;
+    if (cudaGetDevice(&cur) != cudaSuccess || cudaSetDevice(device) != cudaSuccess) return -1;
+    int rc = cudaMemGetInfo(free_bytes, total_bytes) == cudaSuccess ? 0 : -1;
+    cudaSetDevice(cur);
+    return rc;
 }

@@ -112,9 +112,9 @@ model_backend *model_cpu_backend_create(const model *m, const struct model_backe
  * into buf; returns the device count, 0 when none, or -1 when the build has
  * no CUDA (model/util.c holds the weak stand-in that cuda/ overrides). */
 int model_cuda_describe(char *buf, size_t cap);
-/* Free and total memory of the current GPU in bytes; 0, or -1 when this build
- * has no CUDA or no GPU answers (weak stand-in in model/util.c). */
-int model_cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
+/* Free and total memory of GPU `device` in bytes; 0, or -1 when this build
+ * has no CUDA or that GPU does not answer (weak stand-in in model/util.c). */
+int model_cuda_mem_info(int device, size_t *free_bytes, size_t *total_bytes);
 /* Whether this build has the CUDA backend and a GPU is present. */
 bool model_cuda_available(void);
 /* The CUDA backend (cuda/). model/backend.c holds weak stand-ins (false /

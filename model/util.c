@@ -29,8 +29,9 @@ void sl_seterr(char *err, size_t errlen, const char *fmt, ...)
 }
 
 /* Stand-in for builds without cuda/ (which overrides it). */
-__attribute__((weak)) int model_cuda_mem_info(size_t *free_bytes, size_t *total_bytes)
+__attribute__((weak)) int model_cuda_mem_info(int device, size_t *free_bytes, size_t *total_bytes)
 {
+    (void)device;
     *free_bytes = *total_bytes = 0;
     return -1;
 }
