@@ -121,6 +121,36 @@ static int parse_prompt(const json_doc *d, int obj, struct api_oai_req *r, struc
     return 0;
 }
 
+/* logit_bias: {"token id": bias in [-100, 100], ...} (OpenAI's shape). */
+static int parse_logit_bias(const json_doc *d, int obj, struct api_oai_req *r, struct api_oai_error *e)
+{
+    int lb = opt(d, obj, "logit_bias");
+    if (lb < 0) return 0;
+    if (!json_is_obj(d, lb))
+        return api_oai_errorf(e, 400, "logit_bias", "'logit_bias' must be an object mapping token ids to numbers");
+    int n = json_size(d, lb);
+    if (n > MODEL_MAX_LOGIT_BIAS)
+        return api_oai_errorf(e, 400, "logit_bias", "'logit_bias' has more than %d entries", MODEL_MAX_LOGIT_BIAS);
+    if (n == 0) return 0;
+    r->logit_bias = malloc((size_t)n * sizeof *r->logit_bias);
+    if (!r->logit_bias) return api_oai_errorf(e, 500, NULL, "out of memory");
+    for (int k = 0, p = lb + 1; k < n; k++, p = json_skip(d, p + 1)) {
+        char key[24], *end;
+        long klen = json_str(d, p, key, sizeof key);
+        long id = klen > 0 ? strtol(key, &end, 10) : -1;
+        if (klen <= 0 || klen >= (long)sizeof key || *end || id < 0 || id > INT32_MAX)
+            return api_oai_errorf(e, 400, "logit_bias", "'logit_bias' keys must be token ids (\"1234\"), got \"%.20s\"",
+                                  klen > 0 ? key : "");
+        double v;
+        if (!json_is_num(d, p + 1) || json_f64(d, p + 1, &v) || !(v >= -100.0 && v <= 100.0))
+            return api_oai_errorf(e, 400, "logit_bias", "'logit_bias' values must be numbers from -100 to 100");
+        r->logit_bias[k] = (struct model_logit_bias){.id = (int32_t)id, .bias = (float)v};
+    }
+    r->sampling.logit_bias = r->logit_bias;
+    r->sampling.n_logit_bias = n;
+    return 0;
+}
+
 static int parse_stop(const json_doc *d, int obj, struct api_oai_req *r, struct api_oai_error *e)
 {
     int s = opt(d, obj, "stop");
@@ -257,6 +287,7 @@ int api_oai_parse_doc(const json_doc *d, int obj, enum api_oai_endpoint kind, co
     }
     r->sampling.top_logprobs = r->logprobs ? r->top_logprobs : 0;
     if ((rc = parse_stop(d, obj, r, e)) < 0) goto fail;
+    if ((rc = parse_logit_bias(d, obj, r, e)) < 0) goto fail;
     return 0;
 
 fail:
@@ -285,6 +316,7 @@ void api_oai_req_free(struct api_oai_req *r)
     free(r->prompt_ids);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->stop_token_ids);
+    free(r->logit_bias);
     enum api_oai_endpoint kind = r->kind;
     memset(r, 0, sizeof *r);
     r->kind = kind;

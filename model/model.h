@@ -247,8 +247,17 @@ struct model_sampling {
     float frequency_penalty;  /* 0 = off; generated tokens only */
     uint64_t seed;            /* initial RNG state comes from this */
     int top_logprobs;         /* number of top alternatives to return, 0..MODEL_MAX_TOP_LOGPROBS */
+    const struct model_logit_bias *logit_bias; /* [n_logit_bias] borrowed (OpenAI logit_bias), or NULL */
+    int n_logit_bias;
 };
 #define MODEL_MAX_TOP_LOGPROBS 20
+#define MODEL_MAX_LOGIT_BIAS 1024
+/* Added to token id's logit before anything else (penalties, logprobs,
+ * choice): -100 bans a token in practice, +100 forces it. */
+struct model_logit_bias {
+    int32_t id;
+    float bias;
+};
 
 void model_sampling_default(struct model_sampling *s); /* greedy, everything off */
 /* Per-request RNG state; seeded once from sampling.seed. */

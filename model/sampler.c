@@ -1,7 +1,8 @@
 /* sampler.c - turning one row of logits into one token (model.h, "sampler").
  *
  * Order of operations, fixed so that results are reproducible:
- *   1. penalties on the raw logits, in place: repetition (HF: over the
+ *   0. logit_bias, added to the raw logits in place (OpenAI's logit_bias);
+ *   1. penalties on the biased logits, in place: repetition (HF: over the
  *      distinct ids of prompt + generated; logit > 0 -> /p, else *p), then
  *      presence and frequency (OpenAI: over generated ids only);
  *   2. log-softmax of those logits -> logprob of the chosen token and the
@@ -104,11 +105,18 @@ int model_sample(float *logits, int n_vocab, const struct model_sampling *s, con
         return SL_EINVAL;
     for (int i = 0; i < n_history; i++)
         if (history[i] < 0 || history[i] >= n_vocab) return SL_EINVAL;
+    if (s->n_logit_bias < 0 || (s->n_logit_bias > 0 && !s->logit_bias)) return SL_EINVAL;
+    for (int i = 0; i < s->n_logit_bias; i++)
+        if (s->logit_bias[i].id < 0 || s->logit_bias[i].id >= n_vocab || !isfinite(s->logit_bias[i].bias))
+            return SL_EINVAL;
 
     uint64_t local_rng = 0;
     if (!rng) rng = &local_rng;
     struct cand *c = scratch;
     int *count = (int *)(c + n_vocab);
+
+    /* 0. logit bias */
+    for (int i = 0; i < s->n_logit_bias; i++) logits[s->logit_bias[i].id] += s->logit_bias[i].bias;
 
     /* 1. penalties */
     if (s->repetition_penalty != 1.0f && n_history > 0) {

@@ -36,6 +36,7 @@ struct sched_req {
     int n_stop;
     size_t max_stop;
     int32_t *stop_ids;       /* [n_stop_ids] owned */
+    struct model_logit_bias *bias; /* [sp.n_logit_bias] owned; sp.logit_bias points here */
     int n_stop_ids;
     struct model_detok detok;
     char *hold;              /* [hold_cap] text held back: could start a stop string */
@@ -150,6 +151,7 @@ static void req_free(kv_pool *pool, sched_req *q)
     free(q->stop);
     free(q->stop_len);
     free(q->stop_ids);
+    free(q->bias);
     free(q->hold);
     free(q);
 }
@@ -208,6 +210,17 @@ sched_req *sched_req_create(const sched *s, const struct sched_request *r, uint6
                      n_vocab - 1);
             return NULL;
         }
+    if (sp->n_logit_bias < 0 || sp->n_logit_bias > MODEL_MAX_LOGIT_BIAS || (sp->n_logit_bias && !sp->logit_bias)) {
+        snprintf(err, errlen, "logit_bias has more than %d entries", MODEL_MAX_LOGIT_BIAS);
+        return NULL;
+    }
+    for (int i = 0; i < sp->n_logit_bias; i++)
+        if (sp->logit_bias[i].id < 0 || (n_vocab > 0 && sp->logit_bias[i].id >= n_vocab) ||
+            !isfinite(sp->logit_bias[i].bias)) {
+            snprintf(err, errlen, "logit_bias: token id %d is not in the vocabulary (0..%d)", sp->logit_bias[i].id,
+                     n_vocab - 1);
+            return NULL;
+        }
     for (int i = 0; i < r->n_stop; i++)
         if (!r->stop[i] || !r->stop[i][0] || strlen(r->stop[i]) > SCHED_MAX_STOP_LEN) {
             snprintf(err, errlen, "stop strings must be 1 to %d bytes long", SCHED_MAX_STOP_LEN);
@@ -227,6 +240,13 @@ sched_req *sched_req_create(const sched *s, const struct sched_request *r, uint6
     memcpy(q->tokens, r->prompt, (size_t)r->n_prompt * sizeof *q->tokens);
     q->n_tokens = r->n_prompt;
     q->sp = r->sampling;
+    q->sp.logit_bias = NULL;
+    if (sp->n_logit_bias > 0) {
+        q->bias = malloc((size_t)sp->n_logit_bias * sizeof *q->bias);
+        if (!q->bias) goto fail_req;
+        memcpy(q->bias, sp->logit_bias, (size_t)sp->n_logit_bias * sizeof *q->bias);
+        q->sp.logit_bias = q->bias;
+    }
     q->rng = model_rng_seed(r->sampling.seed);
     q->ignore_eos = r->ignore_eos;
     q->logprobs = r->logprobs || r->sampling.top_logprobs > 0;

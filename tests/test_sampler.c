@@ -225,6 +225,38 @@ static void test_frequencies(void)
     CHECKF(fabs(seen[0] / (double)n - 0.04 / z) < 0.01, "p0 %f", seen[0] / (double)n);
 }
 
+/* logit_bias: added to the raw logits first; the logprob is under the biased
+ * distribution; -100 bans, +100 forces; bad ids refused. */
+static void test_logit_bias(void)
+{
+    struct model_sampling s = params();
+    struct model_sample_out o;
+    float after[NV];
+    struct model_logit_bias b[2] = {{.id = 1, .bias = -100.0f}, {.id = 6, .bias = 5.5f}};
+    s.logit_bias = b, s.n_logit_bias = 2;
+    CHECK(sample(base, &s, NULL, 0, 0, NULL, &o, after) == 0);
+    /* 1 banned; 6 goes from -1.0 to 4.5, above 3 (id 3) */
+    CHECK(o.token == 6 && after[1] == 3.0f - 100.0f && after[6] == 4.5f && after[3] == 3.0f);
+    double z = 0;
+    for (int i = 0; i < NV; i++) z += exp((double)after[i] - 4.5);
+    CHECKF(fabs(o.logprob - (float)(-log(z))) < 1e-6, "logprob %g", o.logprob);
+    s.n_logit_bias = 1; /* only the ban: the tie goes to id 3 */
+    CHECK(sample(base, &s, NULL, 0, 0, NULL, &o, NULL) == 0 && o.token == 3);
+    /* temperature sampling never draws a banned token */
+    struct model_logit_bias ban[6] = {{0, -100}, {1, -100}, {2, -100}, {3, -100}, {4, -100}, {6, -100}};
+    s.logit_bias = ban, s.n_logit_bias = 6, s.temperature = 1.5f;
+    uint64_t rng = model_rng_seed(9);
+    for (int k = 0; k < 200; k++) {
+        CHECK(sample(base, &s, NULL, 0, 0, &rng, &o, NULL) == 0);
+        CHECKF(o.token == 5 || o.token == 7, "drew %d", o.token);
+    }
+    struct model_logit_bias bad = {.id = NV, .bias = 1.0f};
+    s.logit_bias = &bad, s.n_logit_bias = 1;
+    CHECK(sample(base, &s, NULL, 0, 0, NULL, &o, NULL) == SL_EINVAL);
+    bad = (struct model_logit_bias){.id = 2, .bias = NAN};
+    CHECK(sample(base, &s, NULL, 0, 0, NULL, &o, NULL) == SL_EINVAL);
+}
+
 static void test_bad_input(void)
 {
     struct model_sampling s = params();
@@ -252,6 +284,7 @@ int main(void)
     RUN(test_min_p_cut);
     RUN(test_repetition_penalty);
     RUN(test_presence_frequency);
+    RUN(test_logit_bias);
     RUN(test_top_logprobs);
     RUN(test_same_seed_same_sequence);
     RUN(test_frequencies);

@@ -266,6 +266,26 @@ def test_n_choices():
     for bad in (0, 65):
         expect_error(400, "POST", "/v1/chat/completions", dict(CHAT, n=bad), param="n")
 
+def test_logit_bias():
+    """logit_bias bans and forces tokens (greedy), through the openai client;
+    bad maps are a 400 naming the parameter."""
+    from openai import OpenAI
+    client = OpenAI(base_url=f"http://127.0.0.1:{PORT}/v1", api_key=KEY)
+    base = dict(model=NAME, prompt="The capital of France is", max_tokens=1, temperature=0)
+    first = client.completions.create(**base).choices[0].text
+    st, text = request("POST", "/tokenize", {"model": NAME, "prompt": first, "add_special_tokens": False})
+    ids = json.loads(text)["tokens"]
+    assert st == 200 and len(ids) == 1, (first, text)
+    banned = client.completions.create(**base, logit_bias={str(ids[0]): -100}).choices[0].text
+    assert banned != first, (banned, first)
+    st, text = request("POST", "/tokenize", {"model": NAME, "prompt": " Rome", "add_special_tokens": False})
+    rome = json.loads(text)["tokens"]
+    forced = client.completions.create(**dict(base, max_tokens=1), logit_bias={str(rome[0]): 100}).choices[0].text
+    st, text = request("POST", "/detokenize", {"model": NAME, "tokens": rome[:1]})
+    assert forced == json.loads(text)["prompt"], (forced, text)
+    for bad in ({"abc": 1}, {"5": 101}, {"5": "x"}, [1, 2], {"999999999": 5}):
+        expect_error(400, "POST", "/v1/completions", dict(base, logit_bias=bad))
+
 def main():
     if lib.missing_prereqs("test_server"):
         return 1
@@ -279,7 +299,7 @@ def main():
         tests = [test_health_and_models, test_chat_nonstream_and_stream_agree, test_completions, test_curl,
                  test_seed_reproducible, test_prefix_cache_reported, test_tokenize_roundtrip,
                  test_errors_then_success, test_concurrent_streams_batched, test_disconnect_frees_blocks,
-                 test_n_choices]
+                 test_n_choices, test_logit_bias]
         passed, failed = lib.run_tests(tests, proc=proc)
     finally:
         lib.stop_server(proc)
