@@ -255,6 +255,8 @@ int api_oai_parse_doc(const json_doc *d, int obj, enum api_oai_endpoint kind, co
         snprintf(e->message, sizeof e->message, "'best_of' must be 1: not supported yet");
         goto fail;
     }
+    if ((rc = int_in(d, obj, "min_tokens", 0, INT32_MAX, &iv, e)) < 0) goto fail;
+    if (rc) r->min_tokens = iv;
     if ((rc = bool_opt(d, obj, "ignore_eos", &r->ignore_eos, e)) < 0) goto fail;
     if ((rc = bool_opt(d, obj, "stream", &r->stream, e)) < 0) goto fail;
     if (kind == API_OAI_COMPLETIONS) {
@@ -381,6 +383,10 @@ int api_oai_to_sched(const struct api_oai_req *r, const int32_t *ids, int n_ids,
                               "(%d in the prompt, %ld in the completion). Please reduce the length of the prompt or "
                               "completion.",
                               max_model_len, (long)n_ids + max_tokens, n_ids, max_tokens);
+    if (r->min_tokens > max_tokens)
+        return api_oai_errorf(e, 400, "min_tokens", "'min_tokens' (%ld) must be at most 'max_tokens' (%ld)",
+                              r->min_tokens, max_tokens);
+    out->min_tokens = (int)r->min_tokens;
     out->prompt = ids;
     out->n_prompt = n_ids;
     out->sampling = r->sampling;

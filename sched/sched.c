@@ -37,6 +37,9 @@ struct sched_req {
     size_t max_stop;
     int32_t *stop_ids;       /* [n_stop_ids] owned */
     struct model_logit_bias *bias; /* [sp.n_logit_bias] owned; sp.logit_bias points here */
+    int min_tokens;
+    struct model_sampling sp_min;  /* sp while n_gen < min_tokens: stop ids banned through its logit_bias */
+    struct model_logit_bias *bias_min; /* owned: bias, then a ban per stop id */
     int n_stop_ids;
     struct model_detok detok;
     char *hold;              /* [hold_cap] text held back: could start a stop string */
@@ -152,6 +155,7 @@ static void req_free(kv_pool *pool, sched_req *q)
     free(q->stop_len);
     free(q->stop_ids);
     free(q->bias);
+    free(q->bias_min);
     free(q->hold);
     free(q);
 }
@@ -247,6 +251,24 @@ sched_req *sched_req_create(const sched *s, const struct sched_request *r, uint6
         memcpy(q->bias, sp->logit_bias, (size_t)sp->n_logit_bias * sizeof *q->bias);
         q->sp.logit_bias = q->bias;
     }
+    if (r->min_tokens < 0 || r->min_tokens > r->max_tokens) {
+        snprintf(err, errlen, "min_tokens must be from 0 to max_tokens (%d), got %d", r->max_tokens, r->min_tokens);
+        goto fail_einval;
+    }
+    q->min_tokens = r->min_tokens;
+    if (q->min_tokens > 0) {
+        int nb = sp->n_logit_bias, nm = r->ignore_eos ? 0 : s->n_model_stop;
+        q->bias_min = malloc((size_t)(nb + nm + r->n_stop_token_ids + 1) * sizeof *q->bias_min);
+        if (!q->bias_min) goto fail_req;
+        if (nb) memcpy(q->bias_min, sp->logit_bias, (size_t)nb * sizeof *q->bias_min);
+        /* -1e9, not -inf: every sampler keeps finite biases; exp() of it is 0 */
+        for (int i = 0; i < nm; i++) q->bias_min[nb++] = (struct model_logit_bias){s->model_stop[i], -1e9f};
+        for (int i = 0; i < r->n_stop_token_ids; i++)
+            q->bias_min[nb++] = (struct model_logit_bias){r->stop_token_ids[i], -1e9f};
+        q->sp_min = q->sp;
+        q->sp_min.logit_bias = q->bias_min;
+        q->sp_min.n_logit_bias = nb;
+    }
     q->rng = model_rng_seed(r->sampling.seed);
     q->ignore_eos = r->ignore_eos;
     q->logprobs = r->logprobs || r->sampling.top_logprobs > 0;
@@ -281,6 +303,9 @@ fail_req:
     req_free(NULL, q);
 fail_oom:
     snprintf(err, errlen, "out of memory queueing the request");
+    return NULL;
+fail_einval:
+    req_free(NULL, q);
     return NULL;
 }
 
@@ -411,7 +436,7 @@ static void add_to_step(sched *s, sched_req *q, int len, int *T)
     ss->block_table = q->kv.blocks;
     ss->n_blocks = q->kv.n_blocks;
     ss->want_sample = q->n_computed + len == q->n_tokens;
-    ss->sampling = &q->sp;
+    ss->sampling = q->n_gen < q->min_tokens ? &q->sp_min : &q->sp;
     ss->history = q->tokens;
     ss->n_prompt = q->n_prompt;
     ss->n_history = q->n_computed + len;

@@ -76,6 +76,9 @@ struct sched_request {
     int n_prompt;
     struct model_sampling sampling; /* top_logprobs > 0 also attaches alternatives */
     int max_tokens;                 /* >= 1: completion tokens at most */
+    int min_tokens;                 /* 0..max_tokens: before this many, the stop token ids (the model's
+                                       unless ignore_eos, and stop_token_ids) cannot be sampled (vLLM's
+                                       min_tokens; stop strings still apply) */
     bool ignore_eos;                /* do not stop at the model's stop token ids */
     const char *const *stop;        /* [n_stop] stop strings (not included in the text),
                                        1..SCHED_MAX_STOP_LEN bytes each */

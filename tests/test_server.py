@@ -286,6 +286,22 @@ def test_logit_bias():
     for bad in ({"abc": 1}, {"5": 101}, {"5": "x"}, [1, 2], {"999999999": 5}):
         expect_error(400, "POST", "/v1/completions", dict(base, logit_bias=bad))
 
+def test_min_tokens():
+    """min_tokens keeps the end-of-sequence token out until that many tokens
+    (greedy: the same text up to where it would have stopped)."""
+    body = {"model": NAME, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 100,
+            "temperature": 0}
+    st, text = request("POST", "/v1/chat/completions", body)
+    plain = json.loads(text)
+    n0 = plain["usage"]["completion_tokens"]
+    assert st == 200 and plain["choices"][0]["finish_reason"] == "stop" and n0 <= 80, plain
+    st, text = request("POST", "/v1/chat/completions", dict(body, min_tokens=n0 + 10))
+    longer = json.loads(text)
+    assert st == 200 and longer["usage"]["completion_tokens"] >= n0 + 10, longer
+    assert longer["choices"][0]["message"]["content"].startswith(plain["choices"][0]["message"]["content"])
+    expect_error(400, "POST", "/v1/chat/completions", dict(body, min_tokens=101), param="min_tokens")
+    expect_error(400, "POST", "/v1/chat/completions", dict(body, min_tokens=-1), param="min_tokens")
+
 def main():
     if lib.missing_prereqs("test_server"):
         return 1
@@ -299,7 +315,7 @@ def main():
         tests = [test_health_and_models, test_chat_nonstream_and_stream_agree, test_completions, test_curl,
                  test_seed_reproducible, test_prefix_cache_reported, test_tokenize_roundtrip,
                  test_errors_then_success, test_concurrent_streams_batched, test_disconnect_frees_blocks,
-                 test_n_choices, test_logit_bias]
+                 test_n_choices, test_logit_bias, test_min_tokens]
         passed, failed = lib.run_tests(tests, proc=proc)
     finally:
         lib.stop_server(proc)
