@@ -151,6 +151,25 @@ static int parse_logit_bias(const json_doc *d, int obj, struct api_oai_req *r, s
     return 0;
 }
 
+/* response_format: {"type": "text"} or {"type": "json_object"} (JSON mode). */
+static int parse_response_format(const json_doc *d, int obj, struct api_oai_req *r, struct api_oai_error *e)
+{
+    int rf = opt(d, obj, "response_format");
+    if (rf < 0) return 0;
+    int ty = json_is_obj(d, rf) ? json_get(d, rf, "type") : -1;
+    if (ty < 0 || !json_is_str(d, ty))
+        return api_oai_errorf(e, 400, "response_format", "'response_format' must be an object with a 'type'");
+    if (json_str_eq(d, ty, "text")) return 0;
+    if (json_str_eq(d, ty, "json_object")) {
+        r->json_object = true;
+        return 0;
+    }
+    if (json_str_eq(d, ty, "json_schema"))
+        return api_oai_errorf(e, 400, "response_format",
+                              "'response_format' json_schema is not supported yet; json_object (any JSON object) is");
+    return api_oai_errorf(e, 400, "response_format", "'response_format' type must be 'text' or 'json_object'");
+}
+
 static int parse_stop(const json_doc *d, int obj, struct api_oai_req *r, struct api_oai_error *e)
 {
     int s = opt(d, obj, "stop");
@@ -290,6 +309,7 @@ int api_oai_parse_doc(const json_doc *d, int obj, enum api_oai_endpoint kind, co
     r->sampling.top_logprobs = r->logprobs ? r->top_logprobs : 0;
     if ((rc = parse_stop(d, obj, r, e)) < 0) goto fail;
     if ((rc = parse_logit_bias(d, obj, r, e)) < 0) goto fail;
+    if ((rc = parse_response_format(d, obj, r, e)) < 0) goto fail;
     return 0;
 
 fail:
@@ -387,6 +407,7 @@ int api_oai_to_sched(const struct api_oai_req *r, const int32_t *ids, int n_ids,
         return api_oai_errorf(e, 400, "min_tokens", "'min_tokens' (%ld) must be at most 'max_tokens' (%ld)",
                               r->min_tokens, max_tokens);
     out->min_tokens = (int)r->min_tokens;
+    out->json_object = r->json_object;
     out->prompt = ids;
     out->n_prompt = n_ids;
     out->sampling = r->sampling;

@@ -45,7 +45,8 @@
  * from the request's RNG where model_sample would draw it, so a seeded
  * request follows the CPU backend's RNG stream; a row whose candidate set is
  * too large to sort on the device is finished by model_sample on the host
- * (exact, rare). With N > 1 such rows, rows with a logit_bias, and rows
+ * (exact, rare). With N > 1 such rows, rows with a logit_bias or a JSON-mode
+ * mask, and rows
  * whose raw logits a test asks for (logits_out), copy their logit row (each
  * rank its slice) to the host and model_sample() picks there.
  *
@@ -709,7 +710,7 @@ static bool device_greedy(const struct step_seq *q)
     const struct model_sampling *s = q->sampling;
     return !q->logits_out && (s->temperature == 0.0f || s->top_k == 1) && s->repetition_penalty == 1.0f &&
            s->presence_penalty == 0.0f && s->frequency_penalty == 0.0f && s->top_logprobs == 0 &&
-           s->n_logit_bias == 0;
+           s->n_logit_bias == 0 && !s->allow;
 }
 
 static int check_step(struct cuda_backend *b, const struct step *s, char *err, size_t errlen)
@@ -812,7 +813,9 @@ static size_t pack_step(struct cuda_backend *b, const struct step *s, int Tp, in
         if (q->want_sample || q->logits_out) {
             b->row_seq[r] = i;
             b->row_mode[r] = !q->want_sample || device_greedy(q) ? ROW_GREEDY
-                             : b->dev_sample && !q->logits_out && !q->sampling->n_logit_bias ? ROW_SAMPLE
+                             : b->dev_sample && !q->logits_out && !q->sampling->n_logit_bias &&
+                                       !q->sampling->allow
+                                   ? ROW_SAMPLE
                                                                                              : ROW_HOST;
             b->row_host[r] = q->logits_out || b->row_mode[r] == ROW_HOST;
             rows[r++] = q->query_start + q->query_len - 1;

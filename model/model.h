@@ -249,6 +249,9 @@ struct model_sampling {
     int top_logprobs;         /* number of top alternatives to return, 0..MODEL_MAX_TOP_LOGPROBS */
     const struct model_logit_bias *logit_bias; /* [n_logit_bias] borrowed (OpenAI logit_bias), or NULL */
     int n_logit_bias;
+    const uint8_t *allow;     /* [n_allow] borrowed: 0 = this id may not be sampled (JSON mode; ids >=
+                                 n_allow neither), or NULL: every id may */
+    int n_allow;
 };
 #define MODEL_MAX_TOP_LOGPROBS 20
 #define MODEL_MAX_LOGIT_BIAS 1024

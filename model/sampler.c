@@ -1,7 +1,8 @@
 /* sampler.c - turning one row of logits into one token (model.h, "sampler").
  *
  * Order of operations, fixed so that results are reproducible:
- *   0. logit_bias, added to the raw logits in place (OpenAI's logit_bias);
+ *   0. logit_bias, added to the raw logits in place (OpenAI's logit_bias),
+ *      and the allow mask (JSON mode): a disallowed id's logit becomes -inf;
  *   1. penalties on the biased logits, in place: repetition (HF: over the
  *      distinct ids of prompt + generated; logit > 0 -> /p, else *p), then
  *      presence and frequency (OpenAI: over generated ids only);
@@ -115,8 +116,11 @@ int model_sample(float *logits, int n_vocab, const struct model_sampling *s, con
     struct cand *c = scratch;
     int *count = (int *)(c + n_vocab);
 
-    /* 0. logit bias */
+    /* 0. logit bias, allow mask */
     for (int i = 0; i < s->n_logit_bias; i++) logits[s->logit_bias[i].id] += s->logit_bias[i].bias;
+    if (s->allow)
+        for (int i = 0; i < n_vocab; i++)
+            if (i >= s->n_allow || !s->allow[i]) logits[i] = -INFINITY;
 
     /* 1. penalties */
     if (s->repetition_penalty != 1.0f && n_history > 0) {

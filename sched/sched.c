@@ -40,6 +40,11 @@ struct sched_req {
     int min_tokens;
     struct model_sampling sp_min;  /* sp while n_gen < min_tokens: stop ids banned through its logit_bias */
     struct model_logit_bias *bias_min; /* owned: bias, then a ban per stop id */
+    bool json;                     /* JSON mode: guide decides what may be sampled */
+    struct sched_guide guide;      /* the output so far, as JSON */
+    uint8_t *allow;                /* [tokenizer vocab] owned: this step's mask (sp.allow) */
+    int32_t *gstop;                /* [n_gstop] owned: the ids that may end a complete object */
+    int n_gstop;
     int n_stop_ids;
     struct model_detok detok;
     char *hold;              /* [hold_cap] text held back: could start a stop string */
@@ -156,6 +161,8 @@ static void req_free(kv_pool *pool, sched_req *q)
     free(q->stop_ids);
     free(q->bias);
     free(q->bias_min);
+    free(q->allow);
+    free(q->gstop);
     free(q->hold);
     free(q);
 }
@@ -268,6 +275,21 @@ sched_req *sched_req_create(const sched *s, const struct sched_request *r, uint6
         q->sp_min = q->sp;
         q->sp_min.logit_bias = q->bias_min;
         q->sp_min.n_logit_bias = nb;
+    }
+    if (r->json_object) {
+        if (!s->tok || n_vocab <= 0) {
+            snprintf(err, errlen, "JSON mode needs the model's tokenizer");
+            goto fail_einval;
+        }
+        q->json = true;
+        sched_guide_init(&q->guide);
+        q->allow = malloc((size_t)n_vocab);
+        q->gstop = malloc((size_t)(s->n_model_stop + r->n_stop_token_ids + 1) * sizeof *q->gstop);
+        if (!q->allow || !q->gstop) goto fail_req;
+        for (int i = 0; i < s->n_model_stop; i++) q->gstop[q->n_gstop++] = s->model_stop[i];
+        for (int i = 0; i < r->n_stop_token_ids; i++) q->gstop[q->n_gstop++] = r->stop_token_ids[i];
+        q->sp.allow = q->sp_min.allow = q->allow;
+        q->sp.n_allow = q->sp_min.n_allow = n_vocab;
     }
     q->rng = model_rng_seed(r->sampling.seed);
     q->ignore_eos = r->ignore_eos;
@@ -437,6 +459,8 @@ static void add_to_step(sched *s, sched_req *q, int len, int *T)
     ss->n_blocks = q->kv.n_blocks;
     ss->want_sample = q->n_computed + len == q->n_tokens;
     ss->sampling = q->n_gen < q->min_tokens ? &q->sp_min : &q->sp;
+    if (q->json && ss->want_sample)
+        sched_guide_mask(&q->guide, s->tok, model_tok_n_vocab(s->tok), q->gstop, q->n_gstop, q->allow);
     ss->history = q->tokens;
     ss->n_prompt = q->n_prompt;
     ss->n_history = q->n_computed + len;
@@ -699,6 +723,12 @@ static void on_token(sched *s, sched_req *q, const struct model_sample_out *out,
     if (q->n_gen == 0) q->t_first = now;
     q->tokens[q->n_tokens++] = t;
     q->n_gen++;
+    if (q->json && !sched_guide_done(&q->guide)) {
+        /* the mask allowed t: its bytes continue the object (stop ids have none) */
+        size_t len = 0;
+        const char *b = model_tok_bytes(s->tok, t, &len);
+        for (size_t i = 0; b && i < len; i++) sched_guide_step(&q->guide, (uint8_t)b[i]);
+    }
 
     struct sched_event ev;
     memset(&ev, 0, sizeof ev);

@@ -87,6 +87,7 @@ struct sched_request {
     int n_stop_token_ids;
     bool logprobs;                  /* token events carry the sampled token's logprob */
     enum sched_priority priority;
+    bool json_object;               /* JSON mode: the output is one JSON object (sched_guide_*) */
     uint64_t cache_salt;            /* requests with different salts never share KV */
     void *user;                     /* returned in every event; not touched */
 };
@@ -271,5 +272,27 @@ void sched_engine_get_stats(sched_engine *e, struct sched_engine_stats *st);
  * new ones with SL_EDEVICE, and the caller should stop. The reason goes to
  * msg. Thread-safe. */
 bool sched_engine_fatal(sched_engine *e, char *msg, size_t msglen);
+
+/* ---- guide.c: JSON mode ------------------------------------------------------- */
+
+/* A byte-level JSON recognizer (RFC 8259) for constrained generation: the
+ * output must be one JSON object. Embedded in a request; copying it forks
+ * the state. */
+#define SCHED_GUIDE_MAX_DEPTH 32
+struct sched_guide {
+    int state, n, depth, n_ws;
+    bool key;
+    const char *lit;
+    uint8_t stack[SCHED_GUIDE_MAX_DEPTH];
+};
+void sched_guide_init(struct sched_guide *g);
+/* Feeds one byte; false (state undefined) when it cannot continue a JSON object. */
+bool sched_guide_step(struct sched_guide *g, uint8_t c);
+/* Whether the top-level object is complete. */
+bool sched_guide_done(const struct sched_guide *g);
+/* allow[t] = 1 for each token t < n_vocab whose bytes all continue g (normal
+ * tokens only); once g is done, only the stop ids are allowed. */
+void sched_guide_mask(const struct sched_guide *g, const model_tok *tok, int n_vocab, const int32_t *stop,
+                      int n_stop, uint8_t *allow);
 
 #endif

@@ -493,6 +493,52 @@ static void test_prefix_cache(void)
     kv_pool_destroy(p);
 }
 
+/* JSON mode's recognizer: RFC 8259 objects accepted byte by byte and marked
+ * done at the top-level '}'; everything else refused at the first bad byte. */
+static bool guide_accepts(const char *doc, bool *done)
+{
+    struct sched_guide g;
+    sched_guide_init(&g);
+    for (const char *p = doc; *p; p++)
+        if (!sched_guide_step(&g, (uint8_t)*p)) return false;
+    *done = sched_guide_done(&g);
+    return true;
+}
+
+static void test_json_guide(void)
+{
+    static const char *ok[] = {
+        "{}", " {\n}", "{\"a\": 1}", "{\"a\":[1,2.5e-3,-0,0.5E+7,{\"b\":null}],\"c\":\"x\\u00e9\\n\\\"\"}",
+        "{\"t\":true,\"f\":false,\"n\":null,\"e\":[],\"o\":{},\"s\":\"\\/\\b\\f\\r\\t\"}",
+        "{\"k\": \"caf\xc3\xa9 \xe6\x9d\xb1\"}", "{\"a\":[[[[1]]]]}", "{\"n\":10}", "{\"n\":-12.75e10 }",
+    };
+    for (unsigned i = 0; i < sizeof ok / sizeof *ok; i++) {
+        bool done = false;
+        CHECKF(guide_accepts(ok[i], &done) && done, "refused or incomplete: %s", ok[i]);
+    }
+    static const char *prefix[] = {"{", "{\"a\"", "{\"a\":", "{\"a\":[1,", "{\"a\":\"x\\u00", "{\"a\":12",
+                                   "{\"a\":tr"};
+    for (unsigned i = 0; i < sizeof prefix / sizeof *prefix; i++) {
+        bool done = true;
+        CHECKF(guide_accepts(prefix[i], &done) && !done, "prefix refused or done: %s", prefix[i]);
+    }
+    static const char *bad[] = {
+        "[]", "\"x\"", "1", "{\"a\" 1}", "{\"a\":01}", "{\"a\":1,}", "{\"a\":\"\x01\"}", "{\"a\":tru}",
+        "{\"a\":-}", "{\"a\":1.}", "{\"a\":1e}", "{a:1}", "{\"a\":\"\\x\"}", "{\"a\":\"\\u12g4\"}",
+        "{\"a\":1]", "{} ", "{}x", "{\"a\":[1}", "{,}", "{\"a\":.5}", "{\"a\":+1}",
+        "{                    \"a\":1}", /* more than 16 whitespace bytes in a row */
+    };
+    for (unsigned i = 0; i < sizeof bad / sizeof *bad; i++) {
+        bool done = false;
+        CHECKF(!guide_accepts(bad[i], &done), "accepted: %s", bad[i]);
+    }
+    /* depth limit */
+    char deep[128] = "{\"a\":";
+    for (int i = 0; i < SCHED_GUIDE_MAX_DEPTH; i++) strcat(deep, "[");
+    bool done;
+    CHECK(!guide_accepts(deep, &done));
+}
+
 int main(void)
 {
     RUN(test_step_composition);
@@ -505,5 +551,6 @@ int main(void)
     RUN(test_refusal);
     RUN(test_abort);
     RUN(test_prefix_cache);
+    RUN(test_json_guide);
     return test_summary();
 }
