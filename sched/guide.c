@@ -8,11 +8,13 @@
  * tokens are allowed. Whitespace between values is capped (GUIDE_MAX_WS bytes
  * in a row) so a model cannot stall in an endless run of newlines.
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "sched.h"
 
 #define GUIDE_MAX_WS 16
+#define GUIDE_CACHE 32
 
 enum {
     G_START,        /* before the top-level object: whitespace, then '{' */
@@ -213,21 +215,118 @@ bool sched_guide_step(struct sched_guide *g, uint8_t c)
     }
 }
 
-void sched_guide_mask(const struct sched_guide *g, const model_tok *tok, int n_vocab, const int32_t *stop,
-                      int n_stop, uint8_t *allow)
+struct sched_guide_vocab {
+    int n;
+    const char **b;  /* [n] borrowed from the tokenizer */
+    uint32_t *len;   /* [n] */
+    uint8_t *flag;   /* [n] V_NORMAL | V_PLAIN */
+    uint8_t *first;  /* [n] first byte (contiguous: the scan below reads it for every token) */
+    /* masks of recent states: generation revisits the same few (after a
+     * value at depth 1, inside a key, ...); round-robin replacement */
+    struct {
+        struct sched_guide key; /* canonical (see canon) */
+        uint8_t *mask;          /* [n] or NULL */
+    } cache[GUIDE_CACHE];
+    int next;
+};
+enum { V_NORMAL = 1, V_PLAIN = 2 }; /* a normal token; bytes that may sit inside a string as they are */
+
+struct sched_guide_vocab *sched_guide_vocab_create(const model_tok *tok)
 {
-    bool done = sched_guide_done(g);
-    for (int t = 0; t < n_vocab; t++) {
-        allow[t] = 0;
-        if (done) continue;
+    struct sched_guide_vocab *v = calloc(1, sizeof *v);
+    int n = tok ? model_tok_n_vocab(tok) : 0;
+    if (!v || n <= 0) goto fail;
+    v->n = n;
+    v->b = calloc((size_t)n, sizeof *v->b);
+    v->len = calloc((size_t)n, sizeof *v->len);
+    v->flag = calloc((size_t)n, 1);
+    v->first = calloc((size_t)n, 1);
+    if (!v->b || !v->len || !v->flag || !v->first) goto fail;
+    for (int t = 0; t < n; t++) {
         size_t len = 0;
-        const char *b = model_tok_bytes(tok, t, &len);
-        if (!b || !len || model_tok_attr(tok, t) != MODEL_TOK_NORMAL) continue;
+        v->b[t] = model_tok_bytes(tok, t, &len);
+        if (!v->b[t] || !len || model_tok_attr(tok, t) != MODEL_TOK_NORMAL) continue;
+        v->len[t] = (uint32_t)len;
+        v->first[t] = (uint8_t)v->b[t][0];
+        v->flag[t] = V_NORMAL | V_PLAIN;
+        for (size_t i = 0; i < len; i++) {
+            uint8_t c = (uint8_t)v->b[t][i];
+            if (c == '"' || c == '\\' || c < 0x20) v->flag[t] &= (uint8_t)~V_PLAIN;
+        }
+    }
+    return v;
+fail:
+    sched_guide_vocab_destroy(v);
+    return NULL;
+}
+
+void sched_guide_vocab_destroy(struct sched_guide_vocab *v)
+{
+    if (!v) return;
+    for (int i = 0; i < GUIDE_CACHE; i++) free(v->cache[i].mask);
+    free(v->b);
+    free(v->len);
+    free(v->flag);
+    free(v->first);
+    free(v);
+}
+
+/* g with everything that cannot matter zeroed, so equal states compare equal. */
+static struct sched_guide canon(const struct sched_guide *g)
+{
+    struct sched_guide k;
+    memset(&k, 0, sizeof k);
+    k.state = g->state, k.n = g->n, k.depth = g->depth, k.n_ws = g->n_ws, k.key = g->key, k.lit = g->lit;
+    memcpy(k.stack, g->stack, (size_t)g->depth);
+    return k;
+}
+
+static void compute_mask(const struct sched_guide *g, const struct sched_guide_vocab *v, uint8_t *allow)
+{
+    bool in_string = g->state == G_STRING;
+    /* most tokens fail on their first byte: decide those from a table; inside
+     * a string, plain tokens continue it whatever they hold */
+    bool first[256];
+    for (int c = 0; c < 256; c++) {
+        struct sched_guide x = *g;
+        first[c] = sched_guide_step(&x, (uint8_t)c);
+    }
+    for (int t = 0; t < v->n; t++) {
+        uint8_t f = v->flag[t];
+        allow[t] = 0;
+        if (!(f & V_NORMAL) || !first[v->first[t]]) continue;
+        if (in_string && (f & V_PLAIN)) {
+            allow[t] = 1;
+            continue;
+        }
         struct sched_guide c = *g;
-        size_t i = 0;
-        while (i < len && sched_guide_step(&c, (uint8_t)b[i])) i++;
+        uint32_t i = 0, len = v->len[t];
+        while (i < len && sched_guide_step(&c, (uint8_t)v->b[t][i])) i++;
         allow[t] = i == len;
     }
-    for (int i = 0; done && i < n_stop; i++)
-        if (stop[i] >= 0 && stop[i] < n_vocab) allow[stop[i]] = 1;
+}
+
+void sched_guide_mask(const struct sched_guide *g, struct sched_guide_vocab *v, const int32_t *stop, int n_stop,
+                      uint8_t *allow)
+{
+    if (sched_guide_done(g)) {
+        memset(allow, 0, (size_t)v->n);
+        for (int i = 0; i < n_stop; i++)
+            if (stop[i] >= 0 && stop[i] < v->n) allow[stop[i]] = 1;
+        return;
+    }
+    struct sched_guide k = canon(g);
+    for (int i = 0; i < GUIDE_CACHE; i++)
+        if (v->cache[i].mask && !memcmp(&v->cache[i].key, &k, sizeof k)) {
+            memcpy(allow, v->cache[i].mask, (size_t)v->n);
+            return;
+        }
+    compute_mask(g, v, allow);
+    int slot = v->next;
+    v->next = (v->next + 1) % GUIDE_CACHE;
+    if (!v->cache[slot].mask) v->cache[slot].mask = malloc((size_t)v->n);
+    if (v->cache[slot].mask) {
+        v->cache[slot].key = k;
+        memcpy(v->cache[slot].mask, allow, (size_t)v->n);
+    }
 }

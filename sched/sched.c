@@ -63,6 +63,7 @@ struct sched {
     struct sched_config cfg;
     kv_pool *pool;             /* borrowed */
     const model_tok *tok;      /* borrowed, may be NULL */
+    struct sched_guide_vocab *gvocab; /* owned: tok's vocabulary for JSON mode (NULL without tok) */
     int pool_blocks;
     bool prefix_cache;
     const int32_t *model_stop; /* borrowed from tok */
@@ -128,6 +129,7 @@ sched *sched_create(const struct sched_config *cfg, kv_pool *pool, const model_t
     s->pool_blocks = kv_pool_n_blocks(pool);
     s->prefix_cache = kv_pool_prefix_cache(pool);
     if (tok) s->n_model_stop = model_tok_stop_ids(tok, &s->model_stop);
+    if (tok) s->gvocab = sched_guide_vocab_create(tok); /* NULL (out of memory): JSON mode is refused */
     size_t T = (size_t)cfg->max_num_batched_tokens, S = (size_t)cfg->max_num_seqs;
     s->run = calloc(S, sizeof *s->run);
     s->tok_ids = malloc(T * sizeof *s->tok_ids);
@@ -277,8 +279,8 @@ sched_req *sched_req_create(const sched *s, const struct sched_request *r, uint6
         q->sp_min.n_logit_bias = nb;
     }
     if (r->json_object) {
-        if (!s->tok || n_vocab <= 0) {
-            snprintf(err, errlen, "JSON mode needs the model's tokenizer");
+        if (!s->tok || n_vocab <= 0 || !s->gvocab) {
+            snprintf(err, errlen, "JSON mode needs the model's tokenizer (and the memory to index it)");
             goto fail_einval;
         }
         q->json = true;
@@ -460,7 +462,7 @@ static void add_to_step(sched *s, sched_req *q, int len, int *T)
     ss->want_sample = q->n_computed + len == q->n_tokens;
     ss->sampling = q->n_gen < q->min_tokens ? &q->sp_min : &q->sp;
     if (q->json && ss->want_sample)
-        sched_guide_mask(&q->guide, s->tok, model_tok_n_vocab(s->tok), q->gstop, q->n_gstop, q->allow);
+        sched_guide_mask(&q->guide, s->gvocab, q->gstop, q->n_gstop, q->allow);
     ss->history = q->tokens;
     ss->n_prompt = q->n_prompt;
     ss->n_history = q->n_computed + len;
@@ -849,6 +851,7 @@ uint64_t sched_step_req_id(const sched *s, int i)
 void sched_destroy(sched *s)
 {
     if (!s) return;
+    sched_guide_vocab_destroy(s->gvocab);
     if (s->run)
         for (int i = 0; i < s->n_run; i++) req_free(s->pool, s->run[i]);
     for (int c = 0; c < SCHED_N_PRIO; c++) {

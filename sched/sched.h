@@ -290,9 +290,15 @@ void sched_guide_init(struct sched_guide *g);
 bool sched_guide_step(struct sched_guide *g, uint8_t c);
 /* Whether the top-level object is complete. */
 bool sched_guide_done(const struct sched_guide *g);
-/* allow[t] = 1 for each token t < n_vocab whose bytes all continue g (normal
- * tokens only); once g is done, only the stop ids are allowed. */
-void sched_guide_mask(const struct sched_guide *g, const model_tok *tok, int n_vocab, const int32_t *stop,
-                      int n_stop, uint8_t *allow);
+/* The tokenizer's vocabulary prepared for masking (bytes, kinds), built once
+ * per tokenizer; NULL when out of memory. tok must outlive it. */
+struct sched_guide_vocab *sched_guide_vocab_create(const model_tok *tok);
+void sched_guide_vocab_destroy(struct sched_guide_vocab *v);
+/* allow[t] = 1 for each token t of v whose bytes all continue g (normal
+ * tokens only); once g is done, only the stop ids are allowed. allow has
+ * model_tok_n_vocab entries. v caches the masks of recent states, so one
+ * thread at a time (the engine's). */
+void sched_guide_mask(const struct sched_guide *g, struct sched_guide_vocab *v, const int32_t *stop, int n_stop,
+                      uint8_t *allow);
 
 #endif
