@@ -151,7 +151,8 @@ static int parse_logit_bias(const json_doc *d, int obj, struct api_oai_req *r, s
     return 0;
 }
 
-/* response_format: {"type": "text"} or {"type": "json_object"} (JSON mode). */
+/* response_format: {"type": "text"}, {"type": "json_object"} (JSON mode) or
+ * {"type": "json_schema", "json_schema": {"schema": ...}} (schema mode). */
 static int parse_response_format(const json_doc *d, int obj, struct api_oai_req *r, struct api_oai_error *e)
 {
     int rf = opt(d, obj, "response_format");
@@ -160,14 +161,24 @@ static int parse_response_format(const json_doc *d, int obj, struct api_oai_req 
     if (ty < 0 || !json_is_str(d, ty))
         return api_oai_errorf(e, 400, "response_format", "'response_format' must be an object with a 'type'");
     if (json_str_eq(d, ty, "text")) return 0;
+    sched_schema_free(r->schema); /* a repeated key: the last one counts */
+    r->schema = NULL;
     if (json_str_eq(d, ty, "json_object")) {
         r->json_object = true;
         return 0;
     }
-    if (json_str_eq(d, ty, "json_schema"))
-        return api_oai_errorf(e, 400, "response_format",
-                              "'response_format' json_schema is not supported yet; json_object (any JSON object) is");
-    return api_oai_errorf(e, 400, "response_format", "'response_format' type must be 'text' or 'json_object'");
+    if (json_str_eq(d, ty, "json_schema")) {
+        int js = json_get(d, rf, "json_schema");
+        int sc = js >= 0 && json_is_obj(d, js) ? json_get(d, js, "schema") : -1;
+        if (sc < 0)
+            return api_oai_errorf(e, 400, "response_format", "'response_format.json_schema.schema' is required");
+        char err[256];
+        r->schema = sched_schema_compile(d, sc, err, sizeof err);
+        if (!r->schema) return api_oai_errorf(e, 400, "response_format", "'response_format' json_schema: %s", err);
+        return 0;
+    }
+    return api_oai_errorf(e, 400, "response_format",
+                          "'response_format' type must be 'text', 'json_object' or 'json_schema'");
 }
 
 static int parse_stop(const json_doc *d, int obj, struct api_oai_req *r, struct api_oai_error *e)
@@ -339,6 +350,7 @@ void api_oai_req_free(struct api_oai_req *r)
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->stop_token_ids);
     free(r->logit_bias);
+    sched_schema_free(r->schema);
     enum api_oai_endpoint kind = r->kind;
     memset(r, 0, sizeof *r);
     r->kind = kind;
@@ -408,6 +420,7 @@ int api_oai_to_sched(const struct api_oai_req *r, const int32_t *ids, int n_ids,
                               r->min_tokens, max_tokens);
     out->min_tokens = (int)r->min_tokens;
     out->json_object = r->json_object;
+    out->schema = r->schema;
     out->prompt = ids;
     out->n_prompt = n_ids;
     out->sampling = r->sampling;

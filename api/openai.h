@@ -57,6 +57,7 @@ struct api_oai_req {
     int n;                      /* choices to generate (1..API_OAI_MAX_N), each its own engine request */
     long min_tokens;            /* vLLM's min_tokens: no stop token id before this many (0: off) */
     bool json_object;           /* response_format {"type": "json_object"} */
+    struct sched_schema *schema; /* owned: response_format {"type": "json_schema"}, compiled */
     struct model_logit_bias *logit_bias; /* owned [sampling.n_logit_bias]; sampling.logit_bias points here */
 };
 #define API_OAI_MAX_N 64

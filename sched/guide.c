@@ -45,7 +45,7 @@ void sched_guide_init(struct sched_guide *g)
     g->state = G_START;
 }
 
-bool sched_guide_done(const struct sched_guide *g) { return g->state == G_DONE; }
+bool sched_guide_done(const struct sched_guide *g) { return g->schema ? g->done : g->state == G_DONE; }
 
 /* A value ended: back to the container. */
 static void value_end(struct sched_guide *g) { g->state = G_AFTER; }
@@ -95,6 +95,7 @@ static bool after(struct sched_guide *g, uint8_t c)
 
 bool sched_guide_step(struct sched_guide *g, uint8_t c)
 {
+    if (g->schema) return sched_schema_step(g, c);
     bool space = ws(c);
     switch (g->state) {
     case G_STRING: case G_ESC: case G_HEX: case G_NUM: case G_LIT: break;
@@ -277,13 +278,19 @@ static struct sched_guide canon(const struct sched_guide *g)
     struct sched_guide k;
     memset(&k, 0, sizeof k);
     k.state = g->state, k.n = g->n, k.depth = g->depth, k.n_ws = g->n_ws, k.key = g->key, k.lit = g->lit;
-    memcpy(k.stack, g->stack, (size_t)g->depth);
+    k.done = g->done, k.schema = g->schema, k.lit_first = g->lit_first, k.cand = g->cand;
+    if (g->schema) {
+        for (int i = 0; i < g->depth; i++) /* member by member: the padding stays zero for memcmp */
+            k.frame[i].node = g->frame[i].node, k.frame[i].idx = g->frame[i].idx, k.frame[i].phase = g->frame[i].phase;
+    } else {
+        memcpy(k.stack, g->stack, (size_t)g->depth);
+    }
     return k;
 }
 
 static void compute_mask(const struct sched_guide *g, const struct sched_guide_vocab *v, uint8_t *allow)
 {
-    bool in_string = g->state == G_STRING;
+    bool in_string = g->schema ? sched_schema_in_string(g) : g->state == G_STRING;
     /* most tokens fail on their first byte: decide those from a table; inside
      * a string, plain tokens continue it whatever they hold */
     bool first[256];

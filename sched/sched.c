@@ -41,6 +41,7 @@ struct sched_req {
     struct model_sampling sp_min;  /* sp while n_gen < min_tokens: stop ids banned through its logit_bias */
     struct model_logit_bias *bias_min; /* owned: bias, then a ban per stop id */
     bool json;                     /* JSON mode: guide decides what may be sampled */
+    struct sched_schema *schema;   /* owned copy of the request's schema (schema mode), or NULL */
     struct sched_guide guide;      /* the output so far, as JSON */
     uint8_t *allow;                /* [tokenizer vocab] owned: this step's mask (sp.allow) */
     int32_t *gstop;                /* [n_gstop] owned: the ids that may end a complete object */
@@ -165,6 +166,7 @@ static void req_free(kv_pool *pool, sched_req *q)
     free(q->bias_min);
     free(q->allow);
     free(q->gstop);
+    sched_schema_free(q->schema);
     free(q->hold);
     free(q);
 }
@@ -278,13 +280,19 @@ sched_req *sched_req_create(const sched *s, const struct sched_request *r, uint6
         q->sp_min.logit_bias = q->bias_min;
         q->sp_min.n_logit_bias = nb;
     }
-    if (r->json_object) {
+    if (r->json_object || r->schema) {
         if (!s->tok || n_vocab <= 0 || !s->gvocab) {
             snprintf(err, errlen, "JSON mode needs the model's tokenizer (and the memory to index it)");
             goto fail_einval;
         }
         q->json = true;
-        sched_guide_init(&q->guide);
+        if (r->schema) {
+            q->schema = sched_schema_copy(r->schema);
+            if (!q->schema) goto fail_req;
+            sched_guide_init_schema(&q->guide, q->schema);
+        } else {
+            sched_guide_init(&q->guide);
+        }
         q->allow = malloc((size_t)n_vocab);
         q->gstop = malloc((size_t)(s->n_model_stop + r->n_stop_token_ids + 1) * sizeof *q->gstop);
         if (!q->allow || !q->gstop) goto fail_req;

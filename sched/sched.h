@@ -52,6 +52,7 @@
 
 #include "kvpool/kvpool.h"
 #include "model/backend.h"
+#include "model/json.h"
 #include "model/model.h"
 
 /* ---- requests and events ---------------------------------------------------- */
@@ -88,6 +89,7 @@ struct sched_request {
     bool logprobs;                  /* token events carry the sampled token's logprob */
     enum sched_priority priority;
     bool json_object;               /* JSON mode: the output is one JSON object (sched_guide_*) */
+    const struct sched_schema *schema; /* schema mode (implies JSON): borrowed, copied at submit */
     uint64_t cache_salt;            /* requests with different salts never share KV */
     void *user;                     /* returned in every event; not touched */
 };
@@ -279,13 +281,35 @@ bool sched_engine_fatal(sched_engine *e, char *msg, size_t msglen);
  * output must be one JSON object. Embedded in a request; copying it forks
  * the state. */
 #define SCHED_GUIDE_MAX_DEPTH 32
+struct sched_schema; /* a compiled JSON schema (schema.c) */
+struct sched_guide_frame {
+    int16_t node, idx;
+    uint8_t phase;
+};
 struct sched_guide {
     int state, n, depth, n_ws;
-    bool key;
+    bool key, done;
     const char *lit;
-    uint8_t stack[SCHED_GUIDE_MAX_DEPTH];
+    uint8_t stack[SCHED_GUIDE_MAX_DEPTH];             /* JSON mode: open objects/arrays */
+    const struct sched_schema *schema;                /* schema mode (borrowed), or NULL */
+    int lit_first;                                    /* schema mode: literal matching */
+    uint64_t cand;
+    struct sched_guide_frame frame[SCHED_GUIDE_MAX_DEPTH]; /* schema mode: the nodes being written */
 };
+/* JSON mode: any one JSON object. */
 void sched_guide_init(struct sched_guide *g);
+/* Schema mode: one object that s describes (s must outlive g). */
+void sched_guide_init_schema(struct sched_guide *g, const struct sched_schema *s);
+
+/* Compiles the JSON schema at value s of d (OpenAI's response_format
+ * json_schema.schema; the subset schema.c lists). NULL with the unsupported
+ * keyword or the limit named in err. One allocation: copy/free below. */
+struct sched_schema *sched_schema_compile(const json_doc *d, int s, char *err, size_t errlen);
+struct sched_schema *sched_schema_copy(const struct sched_schema *s);
+void sched_schema_free(struct sched_schema *s);
+/* schema.c's side of sched_guide_step / the mask (internal to sched/) */
+bool sched_schema_step(struct sched_guide *g, uint8_t c);
+bool sched_schema_in_string(const struct sched_guide *g);
 /* Feeds one byte; false (state undefined) when it cannot continue a JSON object. */
 bool sched_guide_step(struct sched_guide *g, uint8_t c);
 /* Whether the top-level object is complete. */

@@ -539,6 +539,93 @@ static void test_json_guide(void)
     CHECK(!guide_accepts(deep, &done));
 }
 
+/* Schema mode: a compiled schema accepts exactly the objects it describes
+ * (every property, in order), refuses the rest, and refuses schemas outside
+ * the supported subset with the keyword named. */
+static struct sched_schema *schema_of(const char *text, char *err, size_t errlen)
+{
+    json_doc d;
+    if (json_parse(&d, text, strlen(text), err, errlen)) return NULL;
+    struct sched_schema *sc = sched_schema_compile(&d, 0, err, errlen);
+    json_free(&d);
+    return sc;
+}
+
+static int schema_accepts(const struct sched_schema *sc, const char *doc, bool *done)
+{
+    struct sched_guide g;
+    sched_guide_init_schema(&g, sc);
+    for (const char *p = doc; *p; p++)
+        if (!sched_guide_step(&g, (uint8_t)*p)) return (int)(p - doc); /* the refused byte */
+    *done = sched_guide_done(&g);
+    return -1;
+}
+
+static void test_json_schema_guide(void)
+{
+    char err[256];
+    struct sched_schema *sc = schema_of(
+        "{\"type\":\"object\",\"title\":\"x\",\"properties\":{\"name\":{\"type\":\"string\"},\"age\":{\"type\":\"integer\"},"
+        "\"score\":{\"type\":\"number\"},\"ok\":{\"type\":\"boolean\"},\"tags\":{\"type\":\"array\",\"items\":"
+        "{\"type\":\"string\"}},\"pet\":{\"type\":\"object\",\"properties\":{\"kind\":{\"enum\":[\"cat\",\"dog\"]},"
+        "\"n\":{\"type\":\"null\"}},\"required\":[\"kind\"]}},\"required\":[\"name\"],\"additionalProperties\":false}",
+        err, sizeof err);
+    CHECKF(sc != NULL, "%s", err);
+    if (!sc) return;
+    static const char *ok[] = {
+        "{\"name\":\"Al\",\"age\":3,\"score\":-1.5e2,\"ok\":true,\"tags\":[\"a\",\"b\"],\"pet\":{\"kind\":\"cat\",\"n\":null}}",
+        " { \"name\" : \"A\\\"l\\u00e9\" , \"age\" : -0 , \"score\" : 7 , \"ok\" : false , \"tags\" : [ ] , "
+        "\"pet\" : { \"kind\" : \"dog\" , \"n\" : null } }",
+    };
+    for (unsigned i = 0; i < sizeof ok / sizeof *ok; i++) {
+        bool done = false;
+        int at = schema_accepts(sc, ok[i], &done);
+        CHECKF(at < 0 && done, "refused at byte %d or incomplete: %s", at, ok[i]);
+    }
+    struct { const char *doc; const char *why; } bad[] = {
+        {"{\"age\":3}", "order"},
+        {"{\"name\":\"A\"}", "missing properties"},
+        {"{\"name\":\"A\",\"nick\":1}", "unknown property"},
+        {"{\"name\":\"A\",\"age\":3.5}", "integer"},
+        {"{\"name\":\"A\",\"age\":3,\"score\":1,\"ok\":true,\"tags\":[1]}", "item type"},
+        {"{\"name\":\"A\",\"age\":3,\"score\":1,\"ok\":\"true\"}", "boolean as string"},
+        {"{\"name\":\"A\",\"age\":3,\"score\":1,\"ok\":true,\"tags\":[],\"pet\":{\"kind\":\"cow\"", "enum"},
+        {"{\"name\":\"A\",\"age\":3,\"score\":1,\"ok\":true,\"tags\":[\"a\",],", "trailing comma"},
+        {"[", "root"},
+    };
+    for (unsigned i = 0; i < sizeof bad / sizeof *bad; i++) {
+        bool done = false;
+        CHECKF(schema_accepts(sc, bad[i].doc, &done) >= 0, "accepted (%s): %s", bad[i].why, bad[i].doc);
+    }
+    bool done = true;
+    CHECK(schema_accepts(sc, "{\"name\":\"Al\",\"age\":12", &done) < 0 && !done); /* a prefix */
+    struct sched_schema *two = schema_of("{\"type\":\"object\",\"properties\":{\"t\":{\"type\":\"array\","
+                                         "\"items\":{\"type\":\"integer\"},\"maxItems\":2}}}", err, sizeof err);
+    CHECKF(two != NULL, "%s", err);
+    CHECK(two && schema_accepts(two, "{\"t\":[1,2]}", &done) < 0 && done);
+    CHECK(two && schema_accepts(two, "{\"t\":[]}", &done) < 0 && done);
+    CHECK(two && schema_accepts(two, "{\"t\":[1,2,", &done) == 9); /* the third item's comma */
+    sched_schema_free(two);
+    struct sched_schema *cp = sched_schema_copy(sc);
+    CHECK(cp && schema_accepts(cp, ok[0], &done) < 0 && done);
+    sched_schema_free(cp);
+    sched_schema_free(sc);
+    static const struct { const char *schema, *says; } refused[] = {
+        {"{\"type\":\"object\"}", "properties"},
+        {"{\"anyOf\":[{\"type\":\"string\"}]}", "anyOf"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":[\"string\",\"null\"]}}}", "type"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"enum\":[1,2]}}}", "enum"},
+        {"{\"type\":\"string\"}", "top-level"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"x\"}}}", "pattern"},
+    };
+    for (unsigned i = 0; i < sizeof refused / sizeof *refused; i++) {
+        err[0] = 0;
+        struct sched_schema *r = schema_of(refused[i].schema, err, sizeof err);
+        CHECKF(r == NULL && strstr(err, refused[i].says), "%s -> '%s'", refused[i].schema, err);
+        sched_schema_free(r);
+    }
+}
+
 int main(void)
 {
     RUN(test_step_composition);
@@ -552,5 +639,6 @@ int main(void)
     RUN(test_abort);
     RUN(test_prefix_cache);
     RUN(test_json_guide);
+    RUN(test_json_schema_guide);
     return test_summary();
 }

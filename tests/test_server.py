@@ -304,7 +304,9 @@ def test_min_tokens():
 
 def test_json_mode():
     """response_format json_object: the reply parses as one JSON object
-    (greedy and sampled, chat and streamed); json_schema is refused clearly."""
+    (greedy and sampled, chat and streamed); json_schema: the object has the
+    schema's properties in order with their types; unsupported schemas are a
+    clear 400."""
     from openai import OpenAI
     client = OpenAI(base_url=f"http://127.0.0.1:{PORT}/v1", api_key=KEY)
     msgs = [{"role": "user", "content": "Describe a cat as JSON with the keys name, color and age."}]
@@ -323,9 +325,30 @@ def test_json_mode():
         model=NAME, messages=msgs, max_tokens=120, temperature=0, response_format={"type": "json_object"},
         stream=True) if c.choices)
     assert isinstance(json.loads(text), dict), text
-    expect_error(400, "POST", "/v1/chat/completions",
-                 {"model": NAME, "messages": msgs, "response_format": {"type": "json_schema", "json_schema": {}}},
-                 param="response_format")
+    # schema mode: every property, in order, with its type
+    schema = {"type": "object", "properties": {
+        "name": {"type": "string"}, "color": {"enum": ["black", "white", "orange", "grey"]},
+        "age": {"type": "integer"}, "indoor": {"type": "boolean"},
+        "toys": {"type": "array", "items": {"type": "string"}, "maxItems": 3}}, "required": ["name"],
+        "additionalProperties": False}
+    for extra in ({"temperature": 0}, {"temperature": 0.8, "seed": 4}):
+        r = client.chat.completions.create(model=NAME, messages=msgs, max_tokens=150, response_format={
+            "type": "json_schema", "json_schema": {"name": "cat", "schema": schema, "strict": True}}, **extra)
+        ch = r.choices[0]
+        if ch.finish_reason == "length" and extra["temperature"] > 0:
+            assert ch.message.content.startswith('{"name"') or ch.message.content.lstrip().startswith("{"), ch
+            continue
+        assert ch.finish_reason == "stop", ch
+        obj = json.loads(ch.message.content)
+        assert list(obj) == ["name", "color", "age", "indoor", "toys"], obj
+        assert isinstance(obj["name"], str) and obj["color"] in schema["properties"]["color"]["enum"], obj
+        assert isinstance(obj["age"], int) and isinstance(obj["indoor"], bool), obj
+        assert isinstance(obj["toys"], list) and len(obj["toys"]) <= 3, obj
+        assert all(isinstance(t, str) for t in obj["toys"]), obj
+    for bad in ({}, {"schema": {"type": "object"}}, {"schema": {"anyOf": []}}):
+        expect_error(400, "POST", "/v1/chat/completions",
+                     {"model": NAME, "messages": msgs, "response_format": {"type": "json_schema", "json_schema": bad}},
+                     param="response_format")
     expect_error(400, "POST", "/v1/chat/completions",
                  {"model": NAME, "messages": msgs, "response_format": "json"}, param="response_format")
 
