@@ -32,12 +32,36 @@ enum {
     G_DONE,         /* the top-level object closed */
 };
 
-/* number sub-states */
-enum { N_MINUS, N_ZERO, N_INT, N_DOT, N_FRAC, N_E, N_ESIGN, N_EXP };
 
 static bool ws(uint8_t c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 static bool digit(uint8_t c) { return c >= '0' && c <= '9'; }
 static bool hex(uint8_t c) { return digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
+
+int sched_json_num(int st, uint8_t c, bool integer)
+{
+    switch (st) {
+    case SCHED_NUM_START:
+        return c == '-' ? SCHED_NUM_MINUS : c == '0' ? SCHED_NUM_ZERO : (c >= '1' && c <= '9') ? SCHED_NUM_INT : -1;
+    case SCHED_NUM_MINUS: return c == '0' ? SCHED_NUM_ZERO : (c >= '1' && c <= '9') ? SCHED_NUM_INT : -1;
+    case SCHED_NUM_INT:
+        if (digit(c)) return SCHED_NUM_INT;
+        /* fall through */
+    case SCHED_NUM_ZERO:
+        if (integer) return -2;
+        return c == '.' ? SCHED_NUM_DOT : (c == 'e' || c == 'E') ? SCHED_NUM_E : -2;
+    case SCHED_NUM_DOT: return digit(c) ? SCHED_NUM_FRAC : -1;
+    case SCHED_NUM_FRAC: return digit(c) ? SCHED_NUM_FRAC : (c == 'e' || c == 'E') ? SCHED_NUM_E : -2;
+    case SCHED_NUM_E: return (c == '+' || c == '-') ? SCHED_NUM_ESIGN : digit(c) ? SCHED_NUM_EXP : -1;
+    case SCHED_NUM_ESIGN: return digit(c) ? SCHED_NUM_EXP : -1;
+    case SCHED_NUM_EXP: return digit(c) ? SCHED_NUM_EXP : -2;
+    default: return -1;
+    }
+}
+
+bool sched_json_num_complete(int st)
+{
+    return st == SCHED_NUM_ZERO || st == SCHED_NUM_INT || st == SCHED_NUM_FRAC || st == SCHED_NUM_EXP;
+}
 
 void sched_guide_init(struct sched_guide *g)
 {
@@ -63,14 +87,13 @@ static bool start_value(struct sched_guide *g, uint8_t c)
     case '{': g->state = G_KEY_OR_END; return push(g, '{');
     case '[': g->state = G_VALUE_OR_END; return push(g, '[');
     case '"': g->state = G_STRING, g->key = false; return true;
-    case '-': g->state = G_NUM, g->n = N_MINUS; return true;
-    case '0': g->state = G_NUM, g->n = N_ZERO; return true;
+    case '-': case '0': g->state = G_NUM, g->n = sched_json_num(SCHED_NUM_START, c, false); return true;
     case 't': g->state = G_LIT, g->lit = "true", g->n = 1; return true;
     case 'f': g->state = G_LIT, g->lit = "false", g->n = 1; return true;
     case 'n': g->state = G_LIT, g->lit = "null", g->n = 1; return true;
     default:
         if (c >= '1' && c <= '9') {
-            g->state = G_NUM, g->n = N_INT;
+            g->state = G_NUM, g->n = SCHED_NUM_INT;
             return true;
         }
         return false;
@@ -164,52 +187,19 @@ bool sched_guide_step(struct sched_guide *g, uint8_t c)
         if (c != (uint8_t)g->lit[g->n]) return false;
         if (!g->lit[++g->n]) value_end(g);
         return true;
-    case G_NUM:
-        switch (g->n) {
-        case N_MINUS:
-            if (c == '0') g->n = N_ZERO;
-            else if (c >= '1' && c <= '9') g->n = N_INT;
-            else return false;
+    case G_NUM: {
+        int st = sched_json_num(g->n, c, false);
+        if (st == -1 || (st == -2 && !sched_json_num_complete(g->n))) return false;
+        if (st >= 0) {
+            g->n = st;
             return true;
-        case N_INT:
-            if (digit(c)) return true;
-            /* fall through */
-        case N_ZERO:
-            if (c == '.') g->n = N_DOT;
-            else if (c == 'e' || c == 'E') g->n = N_E;
-            else break;
-            return true;
-        case N_DOT:
-            if (!digit(c)) return false;
-            g->n = N_FRAC;
-            return true;
-        case N_FRAC:
-            if (digit(c)) return true;
-            if (c == 'e' || c == 'E') {
-                g->n = N_E;
-                return true;
-            }
-            break;
-        case N_E:
-            if (c == '+' || c == '-') g->n = N_ESIGN;
-            else if (digit(c)) g->n = N_EXP;
-            else return false;
-            return true;
-        case N_ESIGN:
-            if (!digit(c)) return false;
-            g->n = N_EXP;
-            return true;
-        case N_EXP:
-            if (digit(c)) return true;
-            break;
-        default:
-            return false;
         }
         /* the number ended at a complete state: c belongs to what follows */
         value_end(g);
         g->n_ws = 0;
         if (space) return ++g->n_ws <= GUIDE_MAX_WS;
         return after(g, c);
+    }
     case G_DONE:
     default:
         return false;

@@ -307,6 +307,14 @@ void sched_guide_init_schema(struct sched_guide *g, const struct sched_schema *s
 struct sched_schema *sched_schema_compile(const json_doc *d, int s, char *err, size_t errlen);
 struct sched_schema *sched_schema_copy(const struct sched_schema *s);
 void sched_schema_free(struct sched_schema *s);
+/* The JSON number grammar both recognizers share (internal to sched/): the
+ * state after byte c from state st; -1 when c cannot continue the number,
+ * -2 when the number ended before c (st must then be complete). integer: no
+ * fraction, no exponent. Start from SCHED_NUM_START with the first byte. */
+enum { SCHED_NUM_START, SCHED_NUM_MINUS, SCHED_NUM_ZERO, SCHED_NUM_INT, SCHED_NUM_DOT, SCHED_NUM_FRAC,
+       SCHED_NUM_E, SCHED_NUM_ESIGN, SCHED_NUM_EXP };
+int sched_json_num(int st, uint8_t c, bool integer);
+bool sched_json_num_complete(int st);
 /* schema.c's side of sched_guide_step / the mask (internal to sched/) */
 bool sched_schema_step(struct sched_guide *g, uint8_t c);
 bool sched_schema_in_string(const struct sched_guide *g);

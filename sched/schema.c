@@ -270,8 +270,7 @@ enum { P_START, P_KEY, P_COLON, P_VALUE, P_AFTER, P_FIRST, P_BODY };
 enum { X_NONE, X_STRING, X_ESC, X_HEX, X_NUM, X_LIT };
 
 static bool is_ws(uint8_t c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
-static bool is_digit(uint8_t c) { return c >= '0' && c <= '9'; }
-static bool is_hex(uint8_t c) { return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
+static bool is_hex(uint8_t c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
 
 static bool push(struct sched_guide *g, int node, int phase)
 {
@@ -318,27 +317,6 @@ static bool lit_step(struct sched_guide *g, uint8_t c, bool *full)
     return true;
 }
 
-/* Number bytes: the same grammar as JSON mode's; integer: no fraction, no exponent. */
-enum { N_MINUS, N_ZERO, N_INT, N_DOT, N_FRAC, N_E, N_ESIGN, N_EXP };
-static int num_step(int st, uint8_t c, bool integer)
-{
-    switch (st) {
-    case N_MINUS: return c == '0' ? N_ZERO : (c >= '1' && c <= '9') ? N_INT : -1;
-    case N_INT:
-        if (is_digit(c)) return N_INT;
-        /* fall through */
-    case N_ZERO:
-        if (integer) return -2;
-        return c == '.' ? N_DOT : (c == 'e' || c == 'E') ? N_E : -2;
-    case N_DOT: return is_digit(c) ? N_FRAC : -1;
-    case N_FRAC: return is_digit(c) ? N_FRAC : (c == 'e' || c == 'E') ? N_E : -2;
-    case N_E: return (c == '+' || c == '-') ? N_ESIGN : is_digit(c) ? N_EXP : -1;
-    case N_ESIGN: return is_digit(c) ? N_EXP : -1;
-    case N_EXP: return is_digit(c) ? N_EXP : -2;
-    default: return -1;
-    }
-} /* -1: invalid; -2: the number ended before c */
-
 /* A value of node nd starts with c (whitespace already skipped). */
 static bool value_start(struct sched_guide *g, uint8_t c)
 {
@@ -360,9 +338,8 @@ static bool value_start(struct sched_guide *g, uint8_t c)
         return true;
     case K_NUMBER:
     case K_INTEGER: {
-        int st = num_step(N_MINUS, c, nd->kind == K_INTEGER);
-        if (c == '-') st = N_MINUS;
-        else if (st < 0) return false;
+        int st = sched_json_num(SCHED_NUM_START, c, nd->kind == K_INTEGER);
+        if (st < 0) return false;
         f->phase = P_BODY;
         g->state = X_NUM;
         g->n = st;
@@ -417,13 +394,13 @@ bool sched_schema_step(struct sched_guide *g, uint8_t c)
         if (--g->n == 0) g->state = X_STRING;
         return true;
     case X_NUM: {
-        int st = num_step(g->n, c, nd->kind == K_INTEGER);
+        int st = sched_json_num(g->n, c, nd->kind == K_INTEGER);
         if (st == -1) return false;
         if (st >= 0) {
             g->n = st;
             return true;
         }
-        if (g->n != N_ZERO && g->n != N_INT && g->n != N_FRAC && g->n != N_EXP) return false;
+        if (!sched_json_num_complete(g->n)) return false;
         complete(g); /* c belongs to the parent */
         return sched_schema_step(g, c);
     }
