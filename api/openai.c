@@ -85,11 +85,59 @@ static int bool_opt(const json_doc *d, int obj, const char *key, bool *out, stru
     return 1;
 }
 
+/* tool_choice naming a function, or "required" with one tool: the output is
+ * that function's arguments, generated under its parameters' schema (a
+ * parameterless function: {}), as vLLM does for named tool choice. */
+static int parse_forced_tool(const json_doc *d, int tools, int tc, struct api_oai_req *r, struct api_oai_error *e)
+{
+    int n = tools >= 0 && json_is_arr(d, tools) ? json_size(d, tools) : 0;
+    char name[256] = "";
+    if (json_is_str(d, tc)) {
+        if (!json_str_eq(d, tc, "required")) return 0;
+        if (n != 1)
+            return api_oai_errorf(e, 400, "tool_choice",
+                                  "tool_choice 'required' with %d tools is not supported yet: name the function "
+                                  "({\"type\": \"function\", \"function\": {\"name\": ...}})", n);
+    } else {
+        int fn = json_is_obj(d, tc) ? json_get(d, tc, "function") : -1;
+        int nm = fn >= 0 && json_is_obj(d, fn) ? json_get(d, fn, "name") : -1;
+        if (nm < 0 || !json_is_str(d, nm) || json_str(d, nm, name, sizeof name) <= 0 ||
+            json_str(d, nm, name, sizeof name) >= (long)sizeof name)
+            return api_oai_errorf(e, 400, "tool_choice",
+                                  "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+                                  "\"function\": {\"name\": ...}}");
+    }
+    for (int k = 0, p = tools + 1; k < n; k++, p = json_skip(d, p)) {
+        int fn = json_is_obj(d, p) ? json_get(d, p, "function") : -1;
+        int nm = fn >= 0 && json_is_obj(d, fn) ? json_get(d, fn, "name") : -1;
+        if (nm < 0 || !json_is_str(d, nm) || (name[0] && !json_str_eq(d, nm, name))) continue;
+        r->forced_tool = json_strdup(d, nm, NULL);
+        if (!r->forced_tool) return api_oai_errorf(e, 500, NULL, "out of memory");
+        int pa = json_get(d, fn, "parameters"), pr = pa >= 0 && json_is_obj(d, pa) ? json_get(d, pa, "properties") : -1;
+        if (pr < 0 || !json_is_obj(d, pr) || json_size(d, pr) == 0) {
+            r->schema = sched_schema_empty_object(); /* no parameters: the arguments are {} */
+            return r->schema ? 0 : api_oai_errorf(e, 500, NULL, "out of memory");
+        }
+        char err[256];
+        r->schema = sched_schema_compile(d, pa, err, sizeof err);
+        if (!r->schema)
+            return api_oai_errorf(e, 400, "tool_choice", "the parameters of '%s' cannot guide generation: %s",
+                                  r->forced_tool, err);
+        return 0;
+    }
+    return api_oai_errorf(e, 400, "tool_choice", "tool_choice names '%s', which is not in 'tools'", name);
+}
+
 static int parse_messages(const json_doc *d, int obj, struct api_oai_req *r, struct api_oai_error *e)
 {
     /* validation of messages/tools/kwargs and the render: api/chat.c */
     int t = opt(d, obj, "tools"), tc = opt(d, obj, "tool_choice");
     r->tools = t >= 0 && json_is_arr(d, t) && json_size(d, t) > 0 && !(tc >= 0 && json_str_eq(d, tc, "none"));
+    if (tc >= 0 && r->tools) {
+        int rc = parse_forced_tool(d, t, tc, r, e);
+        if (rc) return rc;
+        if (r->forced_tool) r->tools = false; /* the output is the arguments, not a call to parse */
+    }
     return api_chat_render(d, obj, &r->prompt_text, e);
 }
 
@@ -161,8 +209,8 @@ static int parse_response_format(const json_doc *d, int obj, struct api_oai_req 
     if (ty < 0 || !json_is_str(d, ty))
         return api_oai_errorf(e, 400, "response_format", "'response_format' must be an object with a 'type'");
     if (json_str_eq(d, ty, "text")) return 0;
-    sched_schema_free(r->schema); /* a repeated key: the last one counts */
-    r->schema = NULL;
+    if (r->forced_tool)
+        return api_oai_errorf(e, 400, "response_format", "'response_format' cannot be combined with a named tool_choice");
     if (json_str_eq(d, ty, "json_object")) {
         r->json_object = true;
         return 0;
@@ -351,6 +399,7 @@ void api_oai_req_free(struct api_oai_req *r)
     free(r->stop_token_ids);
     free(r->logit_bias);
     sched_schema_free(r->schema);
+    free(r->forced_tool);
     enum api_oai_endpoint kind = r->kind;
     memset(r, 0, sizeof *r);
     r->kind = kind;
@@ -553,11 +602,30 @@ void api_oai_result_add(struct api_oai_result *res, const struct api_oai_req *r,
 static const char *buf_or_empty(const struct json_buf *b) { return b->p ? b->p : ""; }
 
 /* Appends choice i's object {"index":i, message|text, logprobs, finish_reason}. */
-static void choice_json(struct json_buf *b, const struct api_oai_req *r, const struct api_oai_result *res, int i)
+void api_oai_forced_call_id(const char *response_id, int choice, char out[32])
+{
+    uint32_t h = 2166136261u;
+    for (const char *p = response_id; *p; p++) h = (h ^ (unsigned char)*p) * 16777619u;
+    snprintf(out, 32, "call_%08x%d", h, choice);
+}
+
+static void choice_json(struct json_buf *b, const struct api_oai_req *r, const struct api_oai_result *res, int i,
+                        const char *id)
 {
     bool chat = r->kind == API_OAI_CHAT, has_calls = false;
     json_buf_addf(b, "{\"index\":%d,", i);
-    if (chat) {
+    if (chat && r->forced_tool) {
+        char cid[32];
+        api_oai_forced_call_id(id, i, cid);
+        json_buf_addf(b, "\"message\":{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"%s\","
+                         "\"type\":\"function\",\"function\":{\"name\":", cid);
+        json_buf_add_str(b, r->forced_tool, strlen(r->forced_tool));
+        ADD_LIT(b, ",\"arguments\":");
+        json_buf_add_str(b, buf_or_empty(&res->text), res->text.len);
+        ADD_LIT(b, "}}]},\"logprobs\":");
+        if (r->logprobs) json_buf_addf(b, "{\"content\":[%s]}", buf_or_empty(&res->lp));
+        else ADD_LIT(b, "null");
+    } else if (chat) {
         ADD_LIT(b, "\"message\":{\"role\":\"assistant\",\"content\":");
         int rk, tk;
         api_chat_parsers(&rk, &tk);
@@ -619,7 +687,7 @@ void api_oai_response_json(struct json_buf *b, const struct api_oai_req *r, cons
     int completion = 0;
     for (int i = 0; i < n; i++) {
         if (i) ADD_LIT(b, ",");
-        choice_json(b, r, &res[i], i);
+        choice_json(b, r, &res[i], i, id);
         completion += res[i].usage.completion_tokens;
     }
     const struct sched_usage *u = &res[0].usage;

@@ -58,6 +58,8 @@ struct api_oai_req {
     long min_tokens;            /* vLLM's min_tokens: no stop token id before this many (0: off) */
     bool json_object;           /* response_format {"type": "json_object"} */
     struct sched_schema *schema; /* owned: response_format {"type": "json_schema"}, compiled */
+    char *forced_tool;          /* owned: tool_choice named a function (or "required" with one tool): the
+                                   output is that call's arguments, guided by its parameters' schema */
     struct model_logit_bias *logit_bias; /* owned [sampling.n_logit_bias]; sampling.logit_bias points here */
 };
 #define API_OAI_MAX_N 64
@@ -116,6 +118,10 @@ void api_oai_result_add(struct api_oai_result *res, const struct api_oai_req *r,
  * summed). */
 void api_oai_response_json(struct json_buf *b, const struct api_oai_req *r, const struct api_oai_result *res,
                            const char *id, long created, const char *model_name);
+/* The id of choice i's forced tool call (tool_choice named): "call_" and a
+ * hash of the response id, so streamed and whole replies agree. */
+void api_oai_forced_call_id(const char *response_id, int choice, char out[32]);
+
 /* Appends {"error": {...}}. */
 void api_oai_error_json(struct json_buf *b, const struct api_oai_error *e);
 /* Fills e (printf-style message). Returns SL_EINVAL for convenience. */

@@ -237,6 +237,19 @@ static char *event_logprobs(const struct srv_req *q, const model_tok *tok, const
     return b.p;
 }
 
+/* A named tool_choice: a piece of the forced call's arguments as a delta. */
+static void send_arguments(struct server *s, struct choice *c, const char *text, size_t len, const char *lp)
+{
+    struct json_buf calls;
+    json_buf_init(&calls);
+    json_buf_lit(&calls, "{\"index\":0,\"function\":{\"arguments\":");
+    json_buf_add_str(&calls, text, len);
+    json_buf_lit(&calls, "}}");
+    struct delta d = {.index = c->index, .text = "", .calls = &calls, .lp = lp};
+    send_delta(s, c->q, &d);
+    json_buf_free(&calls);
+}
+
 /* Streams one event of choice c. */
 static void stream_event(struct server *s, struct choice *c, const struct sched_event *ev)
 {
@@ -244,7 +257,10 @@ static void stream_event(struct server *s, struct choice *c, const struct sched_
     const model_tok *tok = model_get_tok(s->m);
     if (ev->kind == SCHED_EV_TOKEN) {
         char *lp = event_logprobs(q, tok, ev);
-        if (c->parse) {
+        if (q->r.forced_tool) {
+            /* a named tool_choice: the text is the call's arguments, streamed as they come */
+            if (ev->text_len || lp) send_arguments(s, c, ev->text, ev->text_len, lp);
+        } else if (c->parse) {
             send_parsed(s, c, ev->text, ev->text_len, lp, false);
         } else if (ev->text_len || lp) {
             struct delta d = {.index = c->index, .text = ev->text, .len = ev->text_len, .lp = lp};
@@ -264,7 +280,9 @@ static void stream_event(struct server *s, struct choice *c, const struct sched_
         return;
     }
     if (q->failed) return; /* a sibling failed: its error ended the stream's content */
-    if (c->parse) {
+    if (q->r.forced_tool) {
+        if (ev->text_len) send_arguments(s, c, ev->text, ev->text_len, NULL);
+    } else if (c->parse) {
         send_parsed(s, c, ev->text, ev->text_len, NULL, true);
     } else if (ev->text_len) {
         struct delta d = {.index = c->index, .text = ev->text, .len = ev->text_len};
@@ -500,6 +518,18 @@ void srv_handle_completions(struct server *s, struct evhttp_request *req, bool c
                 }
                 struct delta dl = {.index = i, .text = "", .role = true};
                 send_delta(s, q, &dl);
+                if (q->r.forced_tool) {
+                    char cid[32];
+                    api_oai_forced_call_id(q->base.rid, i, cid);
+                    struct json_buf calls;
+                    json_buf_init(&calls);
+                    json_buf_addf(&calls, "{\"index\":0,\"id\":\"%s\",\"type\":\"function\",\"function\":{\"name\":", cid);
+                    json_buf_add_str(&calls, q->r.forced_tool, strlen(q->r.forced_tool));
+                    json_buf_lit(&calls, ",\"arguments\":\"\"}}");
+                    struct delta dc = {.index = i, .text = "", .calls = &calls};
+                    send_delta(s, q, &dc);
+                    json_buf_free(&calls);
+                }
             }
         }
     }

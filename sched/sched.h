@@ -306,6 +306,8 @@ void sched_guide_init_schema(struct sched_guide *g, const struct sched_schema *s
  * keyword or the limit named in err. One allocation: copy/free below. */
 struct sched_schema *sched_schema_compile(const json_doc *d, int s, char *err, size_t errlen);
 struct sched_schema *sched_schema_copy(const struct sched_schema *s);
+/* The schema of {} and nothing else (a function without parameters). */
+struct sched_schema *sched_schema_empty_object(void);
 void sched_schema_free(struct sched_schema *s);
 /* The JSON number grammar both recognizers share (internal to sched/): the
  * state after byte c from state st; -1 when c cannot continue the number,

@@ -248,6 +248,19 @@ out:
     return sc;
 }
 
+struct sched_schema *sched_schema_empty_object(void)
+{
+    struct sched_schema *sc = calloc(1, sizeof *sc + sizeof(struct snode));
+    if (!sc) return NULL;
+    sc->bytes = sizeof *sc + sizeof(struct snode);
+    sc->n_nodes = 1;
+    sc->node = (struct snode *)(sc + 1);
+    sc->lit = (struct slit *)(sc->node + 1);
+    sc->byte = (char *)sc->lit;
+    sc->node[0] = (struct snode){.kind = K_OBJECT, .first = 0, .count = 0};
+    return sc;
+}
+
 struct sched_schema *sched_schema_copy(const struct sched_schema *s)
 {
     if (!s) return NULL;
@@ -325,7 +338,7 @@ static bool value_start(struct sched_guide *g, uint8_t c)
     switch (nd->kind) {
     case K_OBJECT:
         if (c != '{') return false;
-        f->phase = P_KEY, f->idx = 0;
+        f->phase = nd->count ? P_KEY : P_AFTER, f->idx = 0; /* no properties: only '}' follows */
         return true;
     case K_ARRAY:
         if (c != '[') return false;

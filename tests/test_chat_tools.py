@@ -65,6 +65,52 @@ def test_tool_choice_none_keeps_text(c):
     assert not ch.message.tool_calls and "<tool_call>" in ch.message.content, ch
 
 
+def test_named_tool_choice(c):
+    """tool_choice naming a function (or "required" with one tool): the reply is
+    that call, its arguments generated under the parameters' schema, whole and
+    streamed argument piece by piece; unknown names and unsupported schemas are
+    a 400 naming tool_choice."""
+    import openai
+    msgs = [{"role": "user", "content": "What is the weather like in Rome today?"}]
+    for choice in ({"type": "function", "function": {"name": "get_weather"}}, "required"):
+        r = c.chat.completions.create(model=NAME, messages=msgs, tools=TOOLS, tool_choice=choice, temperature=0,
+                                      max_tokens=40)
+        ch = r.choices[0]
+        assert ch.finish_reason == "stop" and ch.message.content is None, ch
+        (call,) = ch.message.tool_calls
+        args = json.loads(call.function.arguments)
+        assert call.function.name == "get_weather" and call.id.startswith("call_"), call
+        assert list(args) == ["city"] and isinstance(args["city"], str), args
+    pieces, ids, names = [], set(), set()
+    for chunk in c.chat.completions.create(model=NAME, messages=msgs, tools=TOOLS, temperature=0, max_tokens=40,
+                                           tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                                           stream=True):
+        for chc in chunk.choices:
+            assert not chc.delta.content, chc
+            for tc in chc.delta.tool_calls or []:
+                if tc.id:
+                    ids.add(tc.id)
+                if tc.function and tc.function.name:
+                    names.add(tc.function.name)
+                if tc.function and tc.function.arguments:
+                    pieces.append(tc.function.arguments)
+    assert names == {"get_weather"} and len(ids) == 1 and len(pieces) > 1, (names, ids, pieces)
+    assert json.loads("".join(pieces)) == args, pieces
+    two = TOOLS + [{"type": "function", "function": {"name": "get_time", "parameters": {}}}]
+    r = c.chat.completions.create(model=NAME, messages=msgs, tools=two, temperature=0, max_tokens=20,
+                                  tool_choice={"type": "function", "function": {"name": "get_time"}})
+    assert json.loads(r.choices[0].message.tool_calls[0].function.arguments) == {}, r
+    bad_schema = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"anyOf": [{"type": "string"}]}}}}}]
+    for tools, choice in ((TOOLS, {"type": "function", "function": {"name": "nope"}}), (two, "required"),
+                          (bad_schema, "required")):
+        try:
+            c.chat.completions.create(model=NAME, messages=msgs, tools=tools, tool_choice=choice, max_tokens=5)
+            raise AssertionError(f"accepted {choice}")
+        except openai.BadRequestError as e:
+            assert e.body["param"] == "tool_choice", e.body
+
+
 def test_reasoning(c):
     msgs = few_shot("You think first.", "Weather?", THINK)
     r = c.chat.completions.create(model=NAME, messages=msgs, temperature=0, max_tokens=30)
@@ -89,8 +135,8 @@ def main():
     try:
         lib.wait_healthy(port, proc)
         c = client(port)
-        passed, failed = lib.run_tests([test_tool_call, test_tool_choice_none_keeps_text, test_reasoning], c,
-                                       proc=proc)
+        passed, failed = lib.run_tests([test_tool_call, test_tool_choice_none_keeps_text, test_named_tool_choice,
+                                        test_reasoning], c, proc=proc)
     finally:
         lib.stop_server(proc, timeout=30)
         log.close()

@@ -606,6 +606,10 @@ static void test_json_schema_guide(void)
     CHECK(two && schema_accepts(two, "{\"t\":[]}", &done) < 0 && done);
     CHECK(two && schema_accepts(two, "{\"t\":[1,2,", &done) == 9); /* the third item's comma */
     sched_schema_free(two);
+    struct sched_schema *empty = sched_schema_empty_object();
+    CHECK(empty && schema_accepts(empty, "{ }", &done) < 0 && done);
+    CHECK(empty && schema_accepts(empty, "{\"a\":1}", &done) == 1);
+    sched_schema_free(empty);
     struct sched_schema *cp = sched_schema_copy(sc);
     CHECK(cp && schema_accepts(cp, ok[0], &done) < 0 && done);
     sched_schema_free(cp);
