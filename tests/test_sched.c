@@ -630,6 +630,60 @@ static void test_json_schema_guide(void)
     }
 }
 
+/* Random damage to a schema and to documents: compile and recognizer must
+ * refuse or accept, never crash or read out of bounds (run under ASan when
+ * in doubt). */
+static void test_guide_fuzz(void)
+{
+    const char *base =
+        "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"},\"b\":{\"type\":\"array\",\"items\":"
+        "{\"type\":\"object\",\"properties\":{\"c\":{\"enum\":[\"x\",\"y\",true,null]},\"d\":{\"type\":\"number\"}}},"
+        "\"maxItems\":3},\"e\":{\"type\":\"integer\"}}}";
+    const char *doc = "{\"a\":\"hi\\u0041\",\"b\":[{\"c\":\"x\",\"d\":-1.5e3},{\"c\":true,\"d\":0}],\"e\":42}";
+    size_t bl = strlen(base), dl = strlen(doc);
+    char buf[512], err[256];
+    uint64_t r = 12345;
+    int compiled = 0, accepted = 0;
+    for (int it = 0; it < 3000; it++) {
+        memcpy(buf, base, bl + 1);
+        int flips = 1 + (int)(r % 3);
+        for (int k = 0; k < flips; k++) {
+            r = r * 6364136223846793005ULL + 1442695040888963407ULL;
+            buf[(r >> 33) % bl] = (char)(32 + (r >> 20) % 95);
+        }
+        if (it % 7 == 0) buf[(r >> 40) % bl] = 0; /* truncated */
+        json_doc d;
+        if (json_parse(&d, buf, strlen(buf), err, sizeof err)) continue;
+        struct sched_schema *sc = sched_schema_compile(&d, 0, err, sizeof err);
+        json_free(&d);
+        if (!sc) continue;
+        compiled++;
+        for (int rep = 0; rep < 4; rep++) {
+            struct sched_guide g;
+            sched_guide_init_schema(&g, sc);
+            for (size_t i = 0; i < dl; i++) {
+                r = r * 6364136223846793005ULL + 1442695040888963407ULL;
+                uint8_t c = rep == 0 ? (uint8_t)doc[i] : (r >> 40) % 5 == 0 ? (uint8_t)(r >> 48) : (uint8_t)doc[i];
+                if (!sched_guide_step(&g, c)) break;
+            }
+            accepted += sched_guide_done(&g);
+        }
+        sched_schema_free(sc);
+    }
+    /* the undamaged document through JSON mode, with random bytes spliced in */
+    for (int it = 0; it < 3000; it++) {
+        struct sched_guide g;
+        sched_guide_init(&g);
+        for (size_t i = 0; i < dl; i++) {
+            r = r * 6364136223846793005ULL + 1442695040888963407ULL;
+            uint8_t c = (r >> 40) % 9 == 0 ? (uint8_t)(r >> 48) : (uint8_t)doc[i];
+            if (!sched_guide_step(&g, c)) break;
+        }
+    }
+    printf("  fuzz: %d damaged schemas compiled, %d documents accepted\n", compiled, accepted);
+    CHECK(compiled > 0);
+}
+
 int main(void)
 {
     RUN(test_step_composition);
@@ -644,5 +698,6 @@ int main(void)
     RUN(test_prefix_cache);
     RUN(test_json_guide);
     RUN(test_json_schema_guide);
+    RUN(test_guide_fuzz);
     return test_summary();
 }
