@@ -85,6 +85,53 @@ static int bool_opt(const json_doc *d, int obj, const char *key, bool *out, stru
     return 1;
 }
 
+/* tool_choice "required" with several tools: the output is a JSON array of
+ * one or more {"name": <a tool>, "parameters": <its arguments>}, guided by
+ * the union of the tools' schemas (vLLM's shape for required). */
+static int parse_required_list(const json_doc *d, int tools, struct api_oai_req *r, struct api_oai_error *e)
+{
+    struct json_buf sb;
+    json_buf_init(&sb);
+    json_buf_lit(&sb, "{\"type\":\"array\",\"minItems\":1,\"items\":{\"anyOf\":[");
+    int n = json_size(d, tools);
+    for (int k = 0, p = tools + 1; k < n; k++, p = json_skip(d, p)) {
+        int fn = json_is_obj(d, p) ? json_get(d, p, "function") : -1;
+        int nm = fn >= 0 && json_is_obj(d, fn) ? json_get(d, fn, "name") : -1;
+        if (nm < 0 || !json_is_str(d, nm)) {
+            json_buf_free(&sb);
+            return api_oai_errorf(e, 400, "tools", "every tool needs function.name");
+        }
+        size_t nl = 0;
+        const char *name = json_raw(d, nm, &nl);
+        int pa = json_get(d, fn, "parameters"), pr = pa >= 0 && json_is_obj(d, pa) ? json_get(d, pa, "properties") : -1;
+        json_buf_addf(&sb, "%s{\"type\":\"object\",\"properties\":{\"name\":{\"const\":", k ? "," : "");
+        json_buf_add(&sb, name - 1, nl + 2); /* the raw string, quotes included */
+        json_buf_lit(&sb, "},\"parameters\":");
+        if (pr < 0 || !json_is_obj(d, pr) || json_size(d, pr) == 0) {
+            json_buf_lit(&sb, "{\"type\":\"object\",\"properties\":{},\"additionalProperties\":false}");
+        } else {
+            size_t pl = 0;
+            const char *praw = json_raw(d, pa, &pl);
+            json_buf_add(&sb, praw, pl);
+        }
+        json_buf_lit(&sb, "}}");
+    }
+    json_buf_lit(&sb, "]}}");
+    json_doc sd;
+    char err[256];
+    int rc = 0;
+    if (sb.oom || json_parse(&sd, sb.p, sb.len, err, sizeof err)) {
+        rc = api_oai_errorf(e, 400, "tool_choice", "the tools' parameters do not form a schema");
+    } else {
+        r->schema = sched_schema_compile(&sd, 0, true, err, sizeof err);
+        json_free(&sd);
+        if (!r->schema) rc = api_oai_errorf(e, 400, "tool_choice", "tool_choice 'required': %s", err);
+        else r->forced_list = true;
+    }
+    json_buf_free(&sb);
+    return rc;
+}
+
 /* tool_choice naming a function, or "required" with one tool: the output is
  * that function's arguments, generated under its parameters' schema (a
  * parameterless function: {}), as vLLM does for named tool choice. */
@@ -94,10 +141,7 @@ static int parse_forced_tool(const json_doc *d, int tools, int tc, struct api_oa
     char name[256] = "";
     if (json_is_str(d, tc)) {
         if (!json_str_eq(d, tc, "required")) return 0;
-        if (n != 1)
-            return api_oai_errorf(e, 400, "tool_choice",
-                                  "tool_choice 'required' with %d tools is not supported yet: name the function "
-                                  "({\"type\": \"function\", \"function\": {\"name\": ...}})", n);
+        if (n > 1) return parse_required_list(d, tools, r, e);
     } else {
         int fn = json_is_obj(d, tc) ? json_get(d, tc, "function") : -1;
         int nm = fn >= 0 && json_is_obj(d, fn) ? json_get(d, fn, "name") : -1;
@@ -119,7 +163,7 @@ static int parse_forced_tool(const json_doc *d, int tools, int tc, struct api_oa
             return r->schema ? 0 : api_oai_errorf(e, 500, NULL, "out of memory");
         }
         char err[256];
-        r->schema = sched_schema_compile(d, pa, err, sizeof err);
+        r->schema = sched_schema_compile(d, pa, false, err, sizeof err);
         if (!r->schema)
             return api_oai_errorf(e, 400, "tool_choice", "the parameters of '%s' cannot guide generation: %s",
                                   r->forced_tool, err);
@@ -136,7 +180,7 @@ static int parse_messages(const json_doc *d, int obj, struct api_oai_req *r, str
     if (tc >= 0 && r->tools) {
         int rc = parse_forced_tool(d, t, tc, r, e);
         if (rc) return rc;
-        if (r->forced_tool) r->tools = false; /* the output is the arguments, not a call to parse */
+        if (r->forced_tool || r->forced_list) r->tools = false; /* the output is JSON, not a call to parse */
     }
     return api_chat_render(d, obj, &r->prompt_text, e);
 }
@@ -209,8 +253,9 @@ static int parse_response_format(const json_doc *d, int obj, struct api_oai_req 
     if (ty < 0 || !json_is_str(d, ty))
         return api_oai_errorf(e, 400, "response_format", "'response_format' must be an object with a 'type'");
     if (json_str_eq(d, ty, "text")) return 0;
-    if (r->forced_tool)
-        return api_oai_errorf(e, 400, "response_format", "'response_format' cannot be combined with a named tool_choice");
+    if (r->forced_tool || r->forced_list)
+        return api_oai_errorf(e, 400, "response_format",
+                              "'response_format' cannot be combined with a named or required tool_choice");
     if (json_str_eq(d, ty, "json_object")) {
         r->json_object = true;
         return 0;
@@ -221,7 +266,7 @@ static int parse_response_format(const json_doc *d, int obj, struct api_oai_req 
         if (sc < 0)
             return api_oai_errorf(e, 400, "response_format", "'response_format.json_schema.schema' is required");
         char err[256];
-        r->schema = sched_schema_compile(d, sc, err, sizeof err);
+        r->schema = sched_schema_compile(d, sc, false, err, sizeof err);
         if (!r->schema) return api_oai_errorf(e, 400, "response_format", "'response_format' json_schema: %s", err);
         return 0;
     }
@@ -609,12 +654,50 @@ void api_oai_forced_call_id(const char *response_id, int choice, char out[32])
     snprintf(out, 32, "call_%08x%d", h, choice);
 }
 
+int api_oai_list_calls(struct json_buf *b, const char *text, size_t len, const char *response_id, int choice,
+                       bool with_index)
+{
+    json_doc d;
+    char err[64];
+    if (!len || json_parse(&d, text, len, err, sizeof err)) return 0;
+    int n = 0;
+    if (json_is_arr(&d, 0)) {
+        for (int k = 0, p = 1; k < json_size(&d, 0); k++, p = json_skip(&d, p)) {
+            int nm = json_is_obj(&d, p) ? json_get(&d, p, "name") : -1, pa = nm >= 0 ? json_get(&d, p, "parameters") : -1;
+            if (nm < 0 || pa < 0 || !json_is_str(&d, nm)) continue;
+            size_t nl = 0, al = 0;
+            const char *name = json_raw(&d, nm, &nl), *args = json_raw(&d, pa, &al);
+            char cid[32];
+            api_oai_forced_call_id(response_id, choice * 1000 + n, cid);
+            if (n) json_buf_lit(b, ",");
+            json_buf_lit(b, "{");
+            if (with_index) json_buf_addf(b, "\"index\":%d,", n);
+            json_buf_addf(b, "\"id\":\"%s\",\"type\":\"function\",\"function\":{\"name\":", cid);
+            json_buf_add(b, name - 1, nl + 2);
+            json_buf_lit(b, ",\"arguments\":");
+            json_buf_add_str(b, args, al);
+            json_buf_lit(b, "}}");
+            n++;
+        }
+    }
+    json_free(&d);
+    return n;
+}
+
 static void choice_json(struct json_buf *b, const struct api_oai_req *r, const struct api_oai_result *res, int i,
                         const char *id)
 {
     bool chat = r->kind == API_OAI_CHAT, has_calls = false;
     json_buf_addf(b, "{\"index\":%d,", i);
-    if (chat && r->forced_tool) {
+    struct json_buf calls;
+    json_buf_init(&calls);
+    if (chat && r->forced_list && api_oai_list_calls(&calls, buf_or_empty(&res->text), res->text.len, id, i, false)) {
+        json_buf_addf(b, "\"message\":{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[%s]},\"logprobs\":",
+                      calls.p);
+        if (r->logprobs) json_buf_addf(b, "{\"content\":[%s]}", buf_or_empty(&res->lp));
+        else ADD_LIT(b, "null");
+        has_calls = true;
+    } else if (chat && r->forced_tool) {
         char cid[32];
         api_oai_forced_call_id(id, i, cid);
         json_buf_addf(b, "\"message\":{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"%s\","
@@ -669,6 +752,7 @@ static void choice_json(struct json_buf *b, const struct api_oai_req *r, const s
                           buf_or_empty(&res->lp_off));
         else ADD_LIT(b, "null");
     }
+    json_buf_free(&calls);
     json_buf_addf(b, ",\"finish_reason\":\"%s\"}",
                   has_calls && res->finish == SCHED_FINISH_STOP ? "tool_calls" : sched_finish_name(res->finish));
 }

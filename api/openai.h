@@ -60,6 +60,8 @@ struct api_oai_req {
     struct sched_schema *schema; /* owned: response_format {"type": "json_schema"}, compiled */
     char *forced_tool;          /* owned: tool_choice named a function (or "required" with one tool): the
                                    output is that call's arguments, guided by its parameters' schema */
+    bool forced_list;           /* tool_choice "required" with several tools: the output is a JSON array
+                                   of {"name", "parameters"} calls, guided by a union of the tools */
     struct model_logit_bias *logit_bias; /* owned [sampling.n_logit_bias]; sampling.logit_bias points here */
 };
 #define API_OAI_MAX_N 64
@@ -121,6 +123,13 @@ void api_oai_response_json(struct json_buf *b, const struct api_oai_req *r, cons
 /* The id of choice i's forced tool call (tool_choice named): "call_" and a
  * hash of the response id, so streamed and whole replies agree. */
 void api_oai_forced_call_id(const char *response_id, int choice, char out[32]);
+
+/* tool_choice "required" (several tools): appends the tool_calls array items
+ * (no brackets) for the generated JSON array text of choice i; with_index:
+ * as stream deltas carry them. Returns the number of calls, 0 when the text
+ * is not a complete array (a reply cut by max_tokens). */
+int api_oai_list_calls(struct json_buf *b, const char *text, size_t len, const char *response_id, int choice,
+                       bool with_index);
 
 /* Appends {"error": {...}}. */
 void api_oai_error_json(struct json_buf *b, const struct api_oai_error *e);

@@ -256,6 +256,7 @@ static void stream_event(struct server *s, struct choice *c, const struct sched_
     struct srv_req *q = c->q;
     const model_tok *tok = model_get_tok(s->m);
     if (ev->kind == SCHED_EV_TOKEN) {
+        if (q->r.forced_list) return; /* the calls go out whole at the finish */
         char *lp = event_logprobs(q, tok, ev);
         if (q->r.forced_tool) {
             /* a named tool_choice: the text is the call's arguments, streamed as they come */
@@ -280,6 +281,24 @@ static void stream_event(struct server *s, struct choice *c, const struct sched_
         return;
     }
     if (q->failed) return; /* a sibling failed: its error ended the stream's content */
+    if (q->r.forced_list) {
+        struct json_buf calls;
+        json_buf_init(&calls);
+        const struct api_oai_result *res = &c->res;
+        if (api_oai_list_calls(&calls, res->text.p ? res->text.p : "", res->text.len, q->base.rid, c->index, true)) {
+            struct delta d = {.index = c->index, .text = "", .calls = &calls};
+            send_delta(s, q, &d);
+            struct delta fin = {.index = c->index, .text = "", .finish = "tool_calls"};
+            send_delta(s, q, &fin);
+        } else { /* cut short: what was written, as content */
+            struct delta d = {.index = c->index, .text = res->text.p ? res->text.p : "", .len = res->text.len};
+            send_delta(s, q, &d);
+            struct delta fin = {.index = c->index, .text = "", .finish = sched_finish_name(ev->finish)};
+            send_delta(s, q, &fin);
+        }
+        json_buf_free(&calls);
+        return;
+    }
     if (q->r.forced_tool) {
         if (ev->text_len) send_arguments(s, c, ev->text, ev->text_len, NULL);
     } else if (c->parse) {
@@ -372,8 +391,9 @@ void srv_drain_events(struct server *s)
             q->base.t_last = t;
         }
         if (q->base.req) {
+            /* a streamed "required" tool_choice sends its calls whole at the end: it needs the text too */
+            if (!q->base.stream || q->r.forced_list) api_oai_result_add(&c->res, &q->r, tok, ev);
             if (q->base.stream) stream_event(s, c, ev);
-            else api_oai_result_add(&c->res, &q->r, tok, ev);
         }
         if (ev->kind != SCHED_EV_FINISH) continue;
         choice_finished(s, c, ev);

@@ -302,9 +302,10 @@ void sched_guide_init(struct sched_guide *g);
 void sched_guide_init_schema(struct sched_guide *g, const struct sched_schema *s);
 
 /* Compiles the JSON schema at value s of d (OpenAI's response_format
- * json_schema.schema; the subset schema.c lists). NULL with the unsupported
- * keyword or the limit named in err. One allocation: copy/free below. */
-struct sched_schema *sched_schema_compile(const json_doc *d, int s, char *err, size_t errlen);
+ * json_schema.schema; the subset schema.c lists). The root must be an object
+ * unless any_root. NULL with the unsupported keyword or the limit named in
+ * err. One allocation: copy/free below. */
+struct sched_schema *sched_schema_compile(const json_doc *d, int s, bool any_root, char *err, size_t errlen);
 struct sched_schema *sched_schema_copy(const struct sched_schema *s);
 /* The schema of {} and nothing else (a function without parameters). */
 struct sched_schema *sched_schema_empty_object(void);

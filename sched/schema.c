@@ -5,11 +5,15 @@
  *
  * Supported: "type" object (with "properties"; every property is written,
  * in the schema's order, as OpenAI's strict structured outputs require them
- * all), array ("items", "maxItems"), string, number, integer, boolean, null; "enum" and
- * "const" of strings, booleans and null. Anything else ("anyOf", "$ref",
- * "pattern", a list of types, numbers in an enum, an object without
- * properties, ...) is refused at compile time with the keyword named, never
- * silently loosened. Whitespace between tokens is allowed as in JSON mode.
+ * all), array ("items", "minItems", "maxItems"), string, number, integer,
+ * boolean, null; "enum" and "const" of strings, booleans and null; an object
+ * with no properties only with "additionalProperties": false (then exactly
+ * {}); "anyOf" of tagged objects: every alternative an object whose first
+ * property has the same key and a single const/enum value of its own (a
+ * tagged union, as tool-call schemas are). Anything else ("$ref", "pattern",
+ * a list of types, numbers in an enum, other unions, ...) is refused at
+ * compile time with the keyword named, never silently loosened. Whitespace
+ * between tokens is allowed as in JSON mode.
  *
  * The table is one allocation (nodes, properties, literals, then the bytes
  * of the literals), so a request copies it with one memcpy.
@@ -27,12 +31,15 @@
 #define MAX_ENUM 64
 #define MAX_WS 16
 
-enum { K_OBJECT, K_ARRAY, K_STRING, K_NUMBER, K_INTEGER, K_LITERAL };
+enum { K_OBJECT, K_ARRAY, K_STRING, K_NUMBER, K_INTEGER, K_LITERAL, K_UNION };
 
 struct snode {
     uint8_t kind;
     int16_t first, count; /* object: properties [first, first+count); array: first = item node,
-                             count = maxItems + 1 (0: no limit); literal: lits [first, first+count) */
+                             count = maxItems + 1 (0: no limit); literal: lits [first, first+count);
+                             union: lits [first, first+count) = each alternative's tag literal, its
+                             .node the alternative (an object whose first property is the tag) */
+    int16_t min;          /* array: minItems */
 };
 struct slit {
     int32_t off; /* into bytes */
@@ -97,8 +104,9 @@ static int add_lit(struct build *b, const json_doc *d, int i, int16_t node)
 }
 
 static const char *const IGNORED[] = {"title", "description", "$schema", "$id", "examples", "default", "strict",
-                                      "additionalProperties", "required", "minItems", "format", NULL};
-static const char *const KNOWN[] = {"type", "properties", "items", "enum", "const", "maxItems", NULL};
+                                      "additionalProperties", "required", "format", NULL};
+static const char *const KNOWN[] = {"type", "properties", "items", "enum", "const", "maxItems", "minItems", "anyOf",
+                                    NULL};
 
 static bool in_list(const json_doc *d, int key, const char *const *list)
 {
@@ -132,6 +140,49 @@ static int compile_node(struct build *b, const json_doc *d, int s, int depth)
     int me = b->n_nodes++;
     struct snode *nd = &b->node[me];
     int en = json_get(d, s, "enum"), cn = json_get(d, s, "const"), ty = json_get(d, s, "type");
+    int any = json_get(d, s, "anyOf");
+    if (any >= 0) {
+        int n = json_is_arr(d, any) ? json_size(d, any) : 0;
+        if (n < 1 || n > MAX_ENUM) {
+            snprintf(b->err, b->errlen, "'anyOf' must be an array of 1 to %d schemas", MAX_ENUM);
+            return -1;
+        }
+        int alt[MAX_ENUM];
+        for (int k = 0, p = any + 1; k < n; k++, p = json_skip(d, p))
+            if ((alt[k] = compile_node(b, d, p, depth + 1)) < 0) return -1;
+        /* a tagged union: objects whose first property shares the key and has one literal each */
+        const struct slit *key0 = NULL;
+        int first = b->n_lits;
+        for (int k = 0; k < n; k++) {
+            const struct snode *a = &b->node[alt[k]];
+            const struct snode *tag = a->kind == K_OBJECT && a->count > 0 ? &b->node[b->lit[a->first].node] : NULL;
+            const struct slit *key = tag ? &b->lit[a->first] : NULL;
+            if (!tag || tag->kind != K_LITERAL || tag->count != 1 ||
+                (key0 && (key->len != key0->len || memcmp(b->byte + key->off, b->byte + key0->off, (size_t)key->len)))) {
+                snprintf(b->err, b->errlen, "'anyOf' is supported for tagged objects only (each alternative an object "
+                                            "whose first property has the same key and one const value)");
+                return -1;
+            }
+            key0 = key;
+            if (b->n_lits >= MAX_LITS) {
+                snprintf(b->err, b->errlen, "the schema is too large");
+                return -1;
+            }
+            struct slit t = b->lit[tag->first];
+            for (int j = first; j < b->n_lits; j++)
+                if (b->lit[j].len == t.len && !memcmp(b->byte + b->lit[j].off, b->byte + t.off, (size_t)t.len)) {
+                    snprintf(b->err, b->errlen, "'anyOf' alternatives need distinct tags");
+                    return -1;
+                }
+            t.node = (int16_t)alt[k];
+            b->lit[b->n_lits++] = t;
+        }
+        nd = &b->node[me];
+        nd->kind = K_UNION;
+        nd->first = (int16_t)first;
+        nd->count = (int16_t)n;
+        return me;
+    }
     if (en >= 0 || cn >= 0) {
         nd->kind = K_LITERAL;
         nd->first = (int16_t)b->n_lits;
@@ -182,11 +233,30 @@ static int compile_node(struct build *b, const json_doc *d, int s, int depth)
             return -1;
         }
         nd->count = mx >= 0 ? (int16_t)(v + 1) : 0;
+        int mn = json_get(d, s, "minItems");
+        int64_t lo = 0;
+        if (mn >= 0 && (json_i64(d, mn, &lo) || lo < 0 || lo > 30000 || (mx >= 0 && lo > v))) {
+            snprintf(b->err, b->errlen, "'minItems' must be an integer from 0 to maxItems");
+            return -1;
+        }
+        nd->min = (int16_t)lo;
         int child = compile_node(b, d, it, depth + 1);
         if (child < 0) return -1;
         b->node[me].first = (int16_t)child;
     } else if (json_str_eq(d, ty, "object")) {
-        int pr = json_get(d, s, "properties");
+        int pr = json_get(d, s, "properties"), ap = json_get(d, s, "additionalProperties");
+        bool closed = false;
+        if (ap >= 0 && json_is_bool(d, ap)) {
+            bool v = true;
+            json_bool(d, ap, &v);
+            closed = !v;
+        }
+        if (closed && (pr < 0 || (json_is_obj(d, pr) && json_size(d, pr) == 0))) {
+            nd->kind = K_OBJECT; /* exactly {} */
+            nd->first = (int16_t)b->n_lits;
+            nd->count = 0;
+            return me;
+        }
         if (pr < 0 || !json_is_obj(d, pr) || json_size(d, pr) == 0) {
             snprintf(b->err, b->errlen, "an object schema needs non-empty 'properties' (free-form objects: use "
                                         "json_object)");
@@ -214,7 +284,7 @@ static int compile_node(struct build *b, const json_doc *d, int s, int depth)
     return me;
 }
 
-struct sched_schema *sched_schema_compile(const json_doc *d, int s, char *err, size_t errlen)
+struct sched_schema *sched_schema_compile(const json_doc *d, int s, bool any_root, char *err, size_t errlen)
 {
     struct build *b = calloc(1, sizeof *b);
     if (!b) {
@@ -224,7 +294,7 @@ struct sched_schema *sched_schema_compile(const json_doc *d, int s, char *err, s
     b->err = err, b->errlen = errlen;
     struct sched_schema *sc = NULL;
     if (compile_node(b, d, s, 0) < 0) goto out;
-    if (b->node[0].kind != K_OBJECT) {
+    if (!any_root && b->node[0].kind != K_OBJECT) {
         snprintf(err, errlen, "the top-level schema must be an object");
         goto out;
     }
@@ -330,6 +400,22 @@ static bool lit_step(struct sched_guide *g, uint8_t c, bool *full)
     return true;
 }
 
+/* A union's tag literal is complete: the frame becomes the alternative it
+ * names, with its first property (the tag) written. */
+static void pick(struct sched_guide *g)
+{
+    struct sched_guide_frame *f = &g->frame[g->depth - 1];
+    const struct sched_schema *s = g->schema;
+    g->state = X_NONE;
+    for (int k = 0; k < 64; k++)
+        if ((g->cand >> k & 1) && s->lit[g->lit_first + k].len == g->n) {
+            f->node = s->lit[g->lit_first + k].node;
+            break;
+        }
+    f->idx = 0;
+    f->phase = P_AFTER;
+}
+
 /* A value of node nd starts with c (whitespace already skipped). */
 static bool value_start(struct sched_guide *g, uint8_t c)
 {
@@ -337,6 +423,7 @@ static bool value_start(struct sched_guide *g, uint8_t c)
     const struct snode *nd = &g->schema->node[f->node];
     switch (nd->kind) {
     case K_OBJECT:
+    case K_UNION:
         if (c != '{') return false;
         f->phase = nd->count ? P_KEY : P_AFTER, f->idx = 0; /* no properties: only '}' follows */
         return true;
@@ -423,6 +510,7 @@ bool sched_schema_step(struct sched_guide *g, uint8_t c)
         if (full) {
             g->state = X_NONE;
             if (f->phase == P_KEY) f->phase = P_COLON; /* a key: the object frame goes on */
+            else if (nd->kind == K_UNION) pick(g);
             else complete(g);
         }
         return true;
@@ -437,7 +525,8 @@ bool sched_schema_step(struct sched_guide *g, uint8_t c)
         return value_start(g, c);
     case P_KEY: { /* the key's first byte (its '"'): match the whole key as a literal */
         bool full;
-        lit_start(g, nd->first + f->idx, 1);
+        /* a union's key is the tag's, which every alternative shares */
+        lit_start(g, nd->kind == K_UNION ? s->node[s->lit[nd->first].node].first : nd->first + f->idx, 1);
         return lit_step(g, c, &full);
     }
     case P_COLON:
@@ -445,11 +534,19 @@ bool sched_schema_step(struct sched_guide *g, uint8_t c)
         f->phase = P_VALUE;
         return true;
     case P_VALUE: {
+        if (nd->kind == K_UNION) { /* the tag's value decides the alternative */
+            bool full;
+            lit_start(g, nd->first, nd->count);
+            if (!lit_step(g, c, &full)) return false;
+            if (full) pick(g);
+            return true;
+        }
         int child = nd->kind == K_OBJECT ? s->lit[nd->first + f->idx].node : nd->first;
         return push(g, child, P_START) && value_start(g, c);
     }
     case P_FIRST: /* array: a value or ']' */
         if (c == ']') {
+            if (nd->min > 0) return false; /* minItems */
             complete(g);
             return true;
         }
@@ -464,7 +561,7 @@ bool sched_schema_step(struct sched_guide *g, uint8_t c)
                 f->phase = P_VALUE;
                 return true;
             }
-            if (c != ']') return false;
+            if (c != ']' || f->idx + 1 < nd->min) return false;
             complete(g);
             return true;
         }

@@ -68,8 +68,9 @@ def test_tool_choice_none_keeps_text(c):
 def test_named_tool_choice(c):
     """tool_choice naming a function (or "required" with one tool): the reply is
     that call, its arguments generated under the parameters' schema, whole and
-    streamed argument piece by piece; unknown names and unsupported schemas are
-    a 400 naming tool_choice."""
+    streamed argument piece by piece; "required" with several tools: calls of
+    listed tools only; unknown names and unsupported schemas are a 400 naming
+    tool_choice."""
     import openai
     msgs = [{"role": "user", "content": "What is the weather like in Rome today?"}]
     for choice in ({"type": "function", "function": {"name": "get_weather"}}, "required"):
@@ -100,10 +101,34 @@ def test_named_tool_choice(c):
     r = c.chat.completions.create(model=NAME, messages=msgs, tools=two, temperature=0, max_tokens=20,
                                   tool_choice={"type": "function", "function": {"name": "get_time"}})
     assert json.loads(r.choices[0].message.tool_calls[0].function.arguments) == {}, r
+    # "required" with several tools: one or more calls, each of a listed tool, arguments under its schema
+    for stream in (False, True):
+        if not stream:
+            r = c.chat.completions.create(model=NAME, messages=msgs, tools=two, tool_choice="required",
+                                          temperature=0, max_tokens=60)
+            ch = r.choices[0]
+            calls, finish = ch.message.tool_calls, ch.finish_reason
+            assert ch.message.content is None, ch
+        else:
+            calls, finish = [], None
+            for chunk in c.chat.completions.create(model=NAME, messages=msgs, tools=two, tool_choice="required",
+                                                   temperature=0, max_tokens=60, stream=True):
+                for chc in chunk.choices:
+                    calls += chc.delta.tool_calls or []
+                    finish = chc.finish_reason or finish
+        assert finish == "tool_calls" and len(calls) >= 1, (finish, calls)
+        for call in calls:
+            args = json.loads(call.function.arguments)
+            assert call.function.name in ("get_weather", "get_time") and call.id.startswith("call_"), call
+            assert list(args) == (["city"] if call.function.name == "get_weather" else []), args
+        if not stream:
+            whole = [(x.function.name, x.function.arguments) for x in calls]
+        else:
+            assert [(x.function.name, x.function.arguments) for x in calls] == whole
     bad_schema = [{"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"x": {"anyOf": [{"type": "string"}]}}}}}]
-    for tools, choice in ((TOOLS, {"type": "function", "function": {"name": "nope"}}), (two, "required"),
-                          (bad_schema, "required")):
+    for tools, choice in ((TOOLS, {"type": "function", "function": {"name": "nope"}}), (bad_schema, "required"),
+                          (bad_schema + two, "required")):
         try:
             c.chat.completions.create(model=NAME, messages=msgs, tools=tools, tool_choice=choice, max_tokens=5)
             raise AssertionError(f"accepted {choice}")

@@ -546,7 +546,7 @@ static struct sched_schema *schema_of(const char *text, char *err, size_t errlen
 {
     json_doc d;
     if (json_parse(&d, text, strlen(text), err, errlen)) return NULL;
-    struct sched_schema *sc = sched_schema_compile(&d, 0, err, errlen);
+    struct sched_schema *sc = sched_schema_compile(&d, 0, false, err, errlen);
     json_free(&d);
     return sc;
 }
@@ -606,6 +606,27 @@ static void test_json_schema_guide(void)
     CHECK(two && schema_accepts(two, "{\"t\":[]}", &done) < 0 && done);
     CHECK(two && schema_accepts(two, "{\"t\":[1,2,", &done) == 9); /* the third item's comma */
     sched_schema_free(two);
+    /* a tagged union inside an array with minItems (the shape of "required" tool calls) */
+    json_doc ud;
+    const char *us = "{\"type\":\"array\",\"minItems\":1,\"items\":{\"anyOf\":["
+                     "{\"type\":\"object\",\"properties\":{\"name\":{\"const\":\"a\"},\"p\":{\"type\":\"integer\"}}},"
+                     "{\"type\":\"object\",\"properties\":{\"name\":{\"const\":\"b\"},\"p\":{\"type\":\"object\","
+                     "\"properties\":{},\"additionalProperties\":false}}}]}}";
+    CHECK(json_parse(&ud, us, strlen(us), err, sizeof err) == 0);
+    struct sched_schema *un = sched_schema_compile(&ud, 0, true, err, sizeof err);
+    CHECKF(un != NULL, "%s", err);
+    struct sched_schema *root_obj = sched_schema_compile(&ud, 0, false, err, sizeof err); /* users: object roots */
+    CHECK(root_obj == NULL && strstr(err, "top-level"));
+    json_free(&ud);
+    if (un) {
+        CHECK(schema_accepts(un, "[{\"name\":\"a\",\"p\":3},{\"name\":\"b\",\"p\":{}}]", &done) < 0 && done);
+        CHECK(schema_accepts(un, "[ { \"name\" : \"b\" , \"p\" : { } } ]", &done) < 0 && done);
+        CHECK(schema_accepts(un, "[]", &done) == 1);                              /* minItems */
+        CHECK(schema_accepts(un, "[{\"name\":\"c\"", &done) == 10);            /* not a tag */
+        CHECK(schema_accepts(un, "[{\"name\":\"b\",\"p\":3", &done) == 17);  /* b's p is {} */
+        CHECK(schema_accepts(un, "[{\"name\":\"a\",\"p\":{", &done) == 17);  /* a's p is an integer */
+    }
+    sched_schema_free(un);
     struct sched_schema *empty = sched_schema_empty_object();
     CHECK(empty && schema_accepts(empty, "{ }", &done) < 0 && done);
     CHECK(empty && schema_accepts(empty, "{\"a\":1}", &done) == 1);
@@ -654,7 +675,7 @@ static void test_guide_fuzz(void)
         if (it % 7 == 0) buf[(r >> 40) % bl] = 0; /* truncated */
         json_doc d;
         if (json_parse(&d, buf, strlen(buf), err, sizeof err)) continue;
-        struct sched_schema *sc = sched_schema_compile(&d, 0, err, sizeof err);
+        struct sched_schema *sc = sched_schema_compile(&d, 0, false, err, sizeof err);
         json_free(&d);
         if (!sc) continue;
         compiled++;
