@@ -131,6 +131,16 @@ void api_oai_forced_call_id(const char *response_id, int choice, char out[32]);
 int api_oai_list_calls(struct json_buf *b, const char *text, size_t len, const char *response_id, int choice,
                        bool with_index);
 
+/* ---- responses.c: POST /v1/responses over chat completions ---- */
+/* Translates a Responses API body into the chat-completions body it means
+ * (appended to chat). 0, or a negative status with e naming the field. */
+int api_resp_to_chat(const char *body, size_t len, struct json_buf *chat, struct api_oai_error *e);
+/* Appends a Response object: status "in_progress" (no output, no usage),
+ * "completed" or "incomplete" (finish says why) with the text as one
+ * output_text message. rid: the request's id without prefix. */
+void api_resp_json(struct json_buf *b, const char *rid, long created, const char *model, const char *status,
+                   const char *text, size_t len, const struct sched_usage *u, enum sched_finish finish);
+
 /* Appends {"error": {...}}. */
 void api_oai_error_json(struct json_buf *b, const struct api_oai_error *e);
 /* Fills e (printf-style message). Returns SL_EINVAL for convenience. */

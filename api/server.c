@@ -397,7 +397,7 @@ static void route(struct evhttp_request *req, void *arg)
         {"/health", false, false}, {"/ping", false, false}, {"/metrics", false, false},
         {"/v1/models", false, true}, {"/tokenize", true, false}, {"/detokenize", true, false},
         {"/v1/chat/completions", true, true}, {"/v1/completions", true, true},
-        {"/apply-template", true, false},
+        {"/apply-template", true, false}, {"/v1/responses", true, true},
     };
     int r = -1;
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
@@ -425,6 +425,7 @@ static void route(struct evhttp_request *req, void *arg)
     case 6: if (ready_or_503(s, req)) srv_handle_completions(s, req, true); break;
     case 7: if (ready_or_503(s, req)) srv_handle_completions(s, req, false); break;
     case 8: handle_apply_template(s, req); break;
+    case 9: if (ready_or_503(s, req)) srv_handle_responses(s, req); break;
     }
 }
 
@@ -440,7 +441,7 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 
 static const char USAGE[] =
     "usage: sluice serve [MODEL] [--model MODEL] [flags]\n"
-    "  OpenAI-compatible server: /v1/chat/completions, /v1/completions, /v1/models,\n"
+    "  OpenAI-compatible server: /v1/chat/completions, /v1/completions, /v1/responses, /v1/models,\n"
     "  /health, /metrics, /tokenize, /detokenize, /apply-template,\n"
     "  and the Batch API: /v1/files, /v1/batches. Flags are named as in vLLM.\n\n";
 

@@ -121,6 +121,8 @@ extern const double srv_hist_bounds[SRV_HIST_BUCKETS];
 
 /* ---- server_complete.c: /v1/chat/completions, /v1/completions ---- */
 void srv_handle_completions(struct server *s, struct evhttp_request *req, bool chat);
+/* POST /v1/responses (OpenAI's Responses API, translated to chat: api/responses.c). */
+void srv_handle_responses(struct server *s, struct evhttp_request *req);
 /* Drains engine events into replies (api thread, on wake_ev). */
 void srv_drain_events(struct server *s);
 

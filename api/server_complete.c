@@ -43,6 +43,8 @@ struct srv_req {
     struct evhttp_connection *con;
     int n, n_done;                /* choices submitted, finished */
     bool failed;                  /* a choice ended in an engine error */
+    bool responses;               /* POST /v1/responses: Response objects and its stream events */
+    int seq;                      /* /v1/responses stream: the next event's sequence_number */
     char error[160];
     struct sched_usage usage;     /* the prompt's (first choice), completion tokens summed */
     struct choice ch[];           /* [n] */
@@ -237,6 +239,75 @@ static char *event_logprobs(const struct srv_req *q, const model_tok *tok, const
     return b.p;
 }
 
+/* /v1/responses streaming: one event ("event:" and "data:" lines). fields:
+ * the JSON members after "type" and "sequence_number", without braces. */
+static void send_resp_event(struct srv_req *q, const char *type, const struct json_buf *fields)
+{
+    struct evbuffer *out = evbuffer_new();
+    if (!out) return;
+    evbuffer_add_printf(out, "event: %s\ndata: {\"type\":\"%s\",\"sequence_number\":%d", type, type, q->seq++);
+    if (fields && fields->len) {
+        evbuffer_add(out, ",", 1);
+        evbuffer_add(out, fields->p, fields->len);
+    }
+    evbuffer_add(out, "}\n\n", 3);
+    evhttp_send_reply_chunk(q->base.req, out);
+    evbuffer_free(out);
+}
+
+/* The response object as an event member: "response": {...}. */
+static void resp_event(struct server *s, struct srv_req *q, const char *type, const char *status)
+{
+    struct json_buf f;
+    json_buf_init(&f);
+    const struct api_oai_result *res = &q->ch[0].res;
+    json_buf_lit(&f, "\"response\":");
+    api_resp_json(&f, q->base.rid, q->base.created, s->model_name, status, res->text.p ? res->text.p : "",
+                  res->text.len, &q->usage, res->finish);
+    send_resp_event(q, type, &f);
+    json_buf_free(&f);
+}
+
+/* The events around the text: item and part added (start) or done (end). */
+static void resp_frame_events(struct srv_req *q, bool start)
+{
+    const struct api_oai_result *res = &q->ch[0].res;
+    const char *st = start ? "in_progress" : "completed";
+    struct json_buf f;
+    json_buf_init(&f);
+    if (!start) {
+        json_buf_addf(&f, "\"item_id\":\"msg_%s\",\"output_index\":0,\"content_index\":0,\"text\":", q->base.rid);
+        json_buf_add_str(&f, res->text.p ? res->text.p : "", res->text.len);
+        send_resp_event(q, "response.output_text.done", &f);
+        f.len = 0;
+    }
+    json_buf_addf(&f, "\"item_id\":\"msg_%s\",\"output_index\":0,\"content_index\":0,\"part\":{\"type\":"
+                      "\"output_text\",\"text\":", q->base.rid);
+    if (start) json_buf_lit(&f, "\"\"");
+    else json_buf_add_str(&f, res->text.p ? res->text.p : "", res->text.len);
+    json_buf_lit(&f, ",\"annotations\":[]}");
+    struct json_buf item;
+    json_buf_init(&item);
+    json_buf_addf(&item, "\"output_index\":0,\"item\":{\"type\":\"message\",\"id\":\"msg_%s\",\"status\":\"%s\","
+                         "\"role\":\"assistant\",\"content\":[",
+                  q->base.rid, st);
+    if (!start) {
+        json_buf_lit(&item, "{\"type\":\"output_text\",\"text\":");
+        json_buf_add_str(&item, res->text.p ? res->text.p : "", res->text.len);
+        json_buf_lit(&item, ",\"annotations\":[]}");
+    }
+    json_buf_lit(&item, "]}");
+    if (start) {
+        send_resp_event(q, "response.output_item.added", &item);
+        send_resp_event(q, "response.content_part.added", &f);
+    } else {
+        send_resp_event(q, "response.content_part.done", &f);
+        send_resp_event(q, "response.output_item.done", &item);
+    }
+    json_buf_free(&f);
+    json_buf_free(&item);
+}
+
 /* A named tool_choice: a piece of the forced call's arguments as a delta. */
 static void send_arguments(struct server *s, struct choice *c, const char *text, size_t len, const char *lp)
 {
@@ -255,6 +326,31 @@ static void stream_event(struct server *s, struct choice *c, const struct sched_
 {
     struct srv_req *q = c->q;
     const model_tok *tok = model_get_tok(s->m);
+    if (q->responses) {
+        if (ev->kind == SCHED_EV_TOKEN && ev->text_len) {
+            struct json_buf f;
+            json_buf_init(&f);
+            json_buf_addf(&f, "\"item_id\":\"msg_%s\",\"output_index\":0,\"content_index\":0,\"delta\":", q->base.rid);
+            json_buf_add_str(&f, ev->text, ev->text_len);
+            send_resp_event(q, "response.output_text.delta", &f);
+            json_buf_free(&f);
+        } else if (ev->kind != SCHED_EV_TOKEN && ev->finish == SCHED_FINISH_ERROR) {
+            struct json_buf f;
+            json_buf_init(&f);
+            json_buf_lit(&f, "\"code\":\"server_error\",\"message\":");
+            json_buf_add_str(&f, ev->error, strlen(ev->error));
+            send_resp_event(q, "error", &f);
+            json_buf_free(&f);
+        } else if (ev->kind != SCHED_EV_TOKEN && ev->text_len) { /* text held back by a stop check */
+            struct json_buf f;
+            json_buf_init(&f);
+            json_buf_addf(&f, "\"item_id\":\"msg_%s\",\"output_index\":0,\"content_index\":0,\"delta\":", q->base.rid);
+            json_buf_add_str(&f, ev->text, ev->text_len);
+            send_resp_event(q, "response.output_text.delta", &f);
+            json_buf_free(&f);
+        }
+        return;
+    }
     if (ev->kind == SCHED_EV_TOKEN) {
         if (q->r.forced_list) return; /* the calls go out whole at the finish */
         char *lp = event_logprobs(q, tok, ev);
@@ -316,6 +412,15 @@ static void stream_event(struct server *s, struct choice *c, const struct sched_
 /* After the last choice: the usage chunk (include_usage) and [DONE]. */
 static void stream_end(struct server *s, struct srv_req *q)
 {
+    if (q->responses) {
+        if (!q->failed) {
+            resp_frame_events(q, false);
+            bool cut = q->ch[0].res.finish == SCHED_FINISH_LENGTH;
+            resp_event(s, q, cut ? "response.incomplete" : "response.completed", cut ? "incomplete" : "completed");
+        }
+        evhttp_send_reply_end(q->base.req);
+        return;
+    }
     if (q->base.include_usage && !q->failed) {
         struct json_buf b;
         json_buf_init(&b);
@@ -392,7 +497,7 @@ void srv_drain_events(struct server *s)
         }
         if (q->base.req) {
             /* a streamed "required" tool_choice sends its calls whole at the end: it needs the text too */
-            if (!q->base.stream || q->r.forced_list) api_oai_result_add(&c->res, &q->r, tok, ev);
+            if (!q->base.stream || q->r.forced_list || q->responses) api_oai_result_add(&c->res, &q->r, tok, ev);
             if (q->base.stream) stream_event(s, c, ev);
         }
         if (ev->kind != SCHED_EV_FINISH) continue;
@@ -408,7 +513,14 @@ void srv_drain_events(struct server *s)
                 struct json_buf b;
                 json_buf_init(&b);
                 struct api_oai_result *res = malloc((size_t)q->n * sizeof *res);
-                if (res) {
+                if (res && q->responses) {
+                    const struct api_oai_result *r0 = &q->ch[0].res;
+                    api_resp_json(&b, q->base.rid, q->base.created, s->model_name,
+                                  r0->finish == SCHED_FINISH_LENGTH ? "incomplete" : "completed",
+                                  r0->text.p ? r0->text.p : "", r0->text.len, &q->usage, r0->finish);
+                    srv_reply_json(q->base.req, 200, &b);
+                    free(res);
+                } else if (res) {
                     for (int k = 0; k < q->n; k++) res[k] = q->ch[k].res; /* borrowed: freed with q */
                     api_oai_response_json(&b, &q->r, res, q->base.rid, q->base.created, s->model_name);
                     srv_reply_json(q->base.req, 200, &b);
@@ -427,6 +539,8 @@ void srv_drain_events(struct server *s)
 
 /* ---- the handler ---- */
 
+static void handle(struct server *s, struct evhttp_request *req, char *body, size_t len, bool chat, bool responses);
+
 void srv_handle_completions(struct server *s, struct evhttp_request *req, bool chat)
 {
     size_t len;
@@ -435,6 +549,34 @@ void srv_handle_completions(struct server *s, struct evhttp_request *req, bool c
         s->n_requests_err++;
         return;
     }
+    handle(s, req, body, len, chat, false);
+}
+
+void srv_handle_responses(struct server *s, struct evhttp_request *req)
+{
+    size_t len;
+    char *body = srv_read_body(req, s->o.max_body_bytes, &len);
+    if (!body) {
+        s->n_requests_err++;
+        return;
+    }
+    struct json_buf chat;
+    json_buf_init(&chat);
+    struct api_oai_error e = {0};
+    int rc = api_resp_to_chat(body, len, &chat, &e);
+    free(body);
+    if (rc) {
+        json_buf_free(&chat);
+        reply_oai_error(s, req, &e);
+        return;
+    }
+    handle(s, req, chat.p, chat.len, true, true); /* takes the buffer */
+}
+
+/* Parses body (owned: freed here), submits its choices and answers or starts
+ * the stream. responses: the request came through /v1/responses. */
+static void handle(struct server *s, struct evhttp_request *req, char *body, size_t len, bool chat, bool responses)
+{
     struct api_oai_error e = {0};
     json_doc d = {0};
     int32_t *ids = NULL;
@@ -482,6 +624,7 @@ void srv_handle_completions(struct server *s, struct evhttp_request *req, bool c
     }
     q->r = r; /* q owns the parsed request from here */
     memset(&r, 0, sizeof r);
+    q->responses = responses;
     q->base.include_usage = include_usage;
     sr.priority = prio;
     /* the choices share the prompt: after the first, its blocks come from the prefix cache */
@@ -525,7 +668,11 @@ void srv_handle_completions(struct server *s, struct evhttp_request *req, bool c
         evhttp_add_header(h, "Content-Type", "text/event-stream");
         evhttp_add_header(h, "Cache-Control", "no-cache");
         evhttp_send_reply_start(req, 200, "OK");
-        if (chat) {
+        if (responses) {
+            resp_event(s, q, "response.created", "in_progress");
+            resp_event(s, q, "response.in_progress", "in_progress");
+            resp_frame_events(q, true);
+        } else if (chat) {
             int rk, tk;
             api_chat_parsers(&rk, &tk);
             if (!q->r.tools) tk = API_TOOLS_NONE;

@@ -352,6 +352,49 @@ def test_json_mode():
     expect_error(400, "POST", "/v1/chat/completions",
                  {"model": NAME, "messages": msgs, "response_format": "json"}, param="response_format")
 
+def test_responses_api():
+    """POST /v1/responses through the openai client: the same text as chat,
+    streamed events in order with the deltas adding up to the final text,
+    max_output_tokens -> incomplete, structured output, clear 400s."""
+    from openai import OpenAI, BadRequestError
+    client = OpenAI(base_url=f"http://127.0.0.1:{PORT}/v1", api_key=KEY)
+    q = "What is the capital of France?"
+    r = client.responses.create(model=NAME, input=q, max_output_tokens=16, temperature=0)
+    chat = client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": q}], max_tokens=16,
+                                          temperature=0)
+    assert r.object == "response" and r.status == "completed" and r.id.startswith("resp_"), r
+    assert r.output_text == chat.choices[0].message.content and "Paris" in r.output_text, (r.output_text, chat)
+    assert r.usage.input_tokens == chat.usage.prompt_tokens and r.usage.output_tokens == chat.usage.completion_tokens
+    cut = client.responses.create(model=NAME, instructions="Answer at length.",
+                                  input=[{"role": "user", "content": [{"type": "input_text", "text": q}]}],
+                                  max_output_tokens=3, temperature=0)
+    assert cut.status == "incomplete" and cut.incomplete_details.reason == "max_output_tokens", cut
+    types, text, final = [], "", None
+    for ev in client.responses.create(model=NAME, input=q, max_output_tokens=16, temperature=0, stream=True):
+        types.append(ev.type)
+        if ev.type == "response.output_text.delta":
+            text += ev.delta
+        if ev.type == "response.completed":
+            final = ev.response
+    assert types[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"], types
+    assert types[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                          "response.completed"], types
+    assert text == r.output_text and final.output_text == text, (text, final)
+    j = client.responses.create(model=NAME, input="Describe a cat as JSON.", max_output_tokens=80, temperature=0,
+                                text={"format": {"type": "json_schema", "name": "cat", "schema": {
+                                    "type": "object", "properties": {"name": {"type": "string"},
+                                                                     "age": {"type": "integer"}}}}})
+    obj = json.loads(j.output_text)
+    assert list(obj) == ["name", "age"] and isinstance(obj["age"], int), obj
+    for bad in ({"input": "x", "tools": [{"type": "function", "name": "f"}]}, {"input": 5},
+                {"input": "x", "previous_response_id": "resp_1"}, {"input": [{"type": "function_call"}]}):
+        try:
+            client.responses.create(model=NAME, **bad)
+            raise AssertionError(f"accepted {bad}")
+        except BadRequestError as e:
+            assert e.status_code == 400, e
+
 def main():
     if lib.missing_prereqs("test_server"):
         return 1
@@ -365,7 +408,7 @@ def main():
         tests = [test_health_and_models, test_chat_nonstream_and_stream_agree, test_completions, test_curl,
                  test_seed_reproducible, test_prefix_cache_reported, test_tokenize_roundtrip,
                  test_errors_then_success, test_concurrent_streams_batched, test_disconnect_frees_blocks,
-                 test_n_choices, test_logit_bias, test_min_tokens, test_json_mode]
+                 test_n_choices, test_logit_bias, test_min_tokens, test_json_mode, test_responses_api]
         passed, failed = lib.run_tests(tests, proc=proc)
     finally:
         lib.stop_server(proc)

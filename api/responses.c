@@ -1,0 +1,174 @@
+/* responses.c - OpenAI's Responses API (POST /v1/responses) on top of chat
+ * completions (openai.h): a request body is translated into the chat body
+ * it means, and a finished chat result is written back as a Response object.
+ * The streaming events are written by server_complete.c with the helpers
+ * here.
+ *
+ * Supported: model, input (a string, or message items whose content is a
+ * string or input_text/output_text parts), instructions, max_output_tokens,
+ * temperature, top_p, seed, stream, text.format (text, json_object,
+ * json_schema), metadata/store/user/truncation/reasoning (accepted, no
+ * effect: responses are not stored). Refused with a 400 naming the field:
+ * tools, previous_response_id, and input items other than messages.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "openai.h"
+
+static void copy_raw(struct json_buf *o, const json_doc *d, int i)
+{
+    size_t n = 0;
+    const char *p = json_raw(d, i, &n);
+    if (json_is_str(d, i)) {
+        json_buf_add(o, p - 1, n + 2); /* keep the quotes and the escapes as sent */
+    } else {
+        json_buf_add(o, p, n);
+    }
+}
+
+/* One input message's content: a string, or parts -> chat text parts. */
+static int add_content(struct json_buf *o, const json_doc *d, int c, struct api_oai_error *e)
+{
+    if (json_is_str(d, c)) {
+        copy_raw(o, d, c);
+        return 0;
+    }
+    if (!json_is_arr(d, c)) return api_oai_errorf(e, 400, "input", "a message's 'content' must be a string or parts");
+    json_buf_lit(o, "[");
+    for (int k = 0, p = c + 1; k < json_size(d, c); k++, p = json_skip(d, p)) {
+        int ty = json_is_obj(d, p) ? json_get(d, p, "type") : -1, tx = ty >= 0 ? json_get(d, p, "text") : -1;
+        if (ty < 0 || tx < 0 || !json_is_str(d, tx) ||
+            !(json_str_eq(d, ty, "input_text") || json_str_eq(d, ty, "output_text") || json_str_eq(d, ty, "text")))
+            return api_oai_errorf(e, 400, "input", "only text content parts (input_text, output_text) are supported");
+        json_buf_addf(o, "%s{\"type\":\"text\",\"text\":", k ? "," : "");
+        copy_raw(o, d, tx);
+        json_buf_lit(o, "}");
+    }
+    json_buf_lit(o, "]");
+    return 0;
+}
+
+int api_resp_to_chat(const char *body, size_t len, struct json_buf *chat, struct api_oai_error *e)
+{
+    json_doc d;
+    char perr[256];
+    if (json_parse(&d, body, len, perr, sizeof perr))
+        return api_oai_errorf(e, 400, NULL, "request body is not valid JSON: %s", perr);
+    int rc = 0;
+    if (!json_is_obj(&d, 0)) {
+        rc = api_oai_errorf(e, 400, NULL, "the request body must be a JSON object");
+        goto out;
+    }
+    static const char *const refused[] = {"tools", "previous_response_id", "prompt", NULL};
+    for (int i = 0; refused[i]; i++) {
+        int v = json_get(&d, 0, refused[i]);
+        if (v >= 0 && !json_is_null(&d, v) && !(json_is_arr(&d, v) && json_size(&d, v) == 0)) {
+            rc = api_oai_errorf(e, 400, refused[i], "'%s' is not supported on /v1/responses yet%s", refused[i],
+                                !strcmp(refused[i], "previous_response_id") ? " (responses are not stored)" : "");
+            goto out;
+        }
+    }
+    json_buf_lit(chat, "{\"messages\":[");
+    bool any = false;
+    int ins = json_get(&d, 0, "instructions");
+    if (ins >= 0 && !json_is_null(&d, ins)) {
+        if (!json_is_str(&d, ins)) {
+            rc = api_oai_errorf(e, 400, "instructions", "'instructions' must be a string");
+            goto out;
+        }
+        json_buf_lit(chat, "{\"role\":\"system\",\"content\":");
+        copy_raw(chat, &d, ins);
+        json_buf_lit(chat, "}");
+        any = true;
+    }
+    int in = json_get(&d, 0, "input");
+    if (in < 0 || json_is_null(&d, in)) {
+        rc = api_oai_errorf(e, 400, "input", "'input' is required");
+        goto out;
+    }
+    if (json_is_str(&d, in)) {
+        json_buf_addf(chat, "%s{\"role\":\"user\",\"content\":", any ? "," : "");
+        copy_raw(chat, &d, in);
+        json_buf_lit(chat, "}");
+    } else if (json_is_arr(&d, in) && json_size(&d, in) > 0) {
+        for (int k = 0, p = in + 1; k < json_size(&d, in); k++, p = json_skip(&d, p)) {
+            int ty = json_is_obj(&d, p) ? json_get(&d, p, "type") : -1;
+            int role = json_is_obj(&d, p) ? json_get(&d, p, "role") : -1, c = role >= 0 ? json_get(&d, p, "content") : -1;
+            if ((ty >= 0 && !json_str_eq(&d, ty, "message")) || role < 0 || !json_is_str(&d, role) || c < 0) {
+                rc = api_oai_errorf(e, 400, "input", "input item %d: only messages (role, content) are supported", k);
+                goto out;
+            }
+            json_buf_addf(chat, "%s{\"role\":", any || k ? "," : "");
+            bool dev = json_str_eq(&d, role, "developer");
+            if (dev) json_buf_lit(chat, "\"system\"");
+            else copy_raw(chat, &d, role);
+            json_buf_lit(chat, ",\"content\":");
+            if ((rc = add_content(chat, &d, c, e))) goto out;
+            json_buf_lit(chat, "}");
+        }
+    } else {
+        rc = api_oai_errorf(e, 400, "input", "'input' must be a string or a non-empty array of messages");
+        goto out;
+    }
+    json_buf_lit(chat, "]");
+    static const char *const same[] = {"model", "temperature", "top_p", "seed", "stream", "top_logprobs", NULL};
+    for (int i = 0; same[i]; i++) {
+        int v = json_get(&d, 0, same[i]);
+        if (v < 0) continue;
+        json_buf_addf(chat, ",\"%s\":", same[i]);
+        copy_raw(chat, &d, v);
+    }
+    int mo = json_get(&d, 0, "max_output_tokens");
+    if (mo >= 0) {
+        json_buf_lit(chat, ",\"max_tokens\":");
+        copy_raw(chat, &d, mo);
+    }
+    int tx = json_get(&d, 0, "text"), fm = tx >= 0 && json_is_obj(&d, tx) ? json_get(&d, tx, "format") : -1;
+    if (fm >= 0 && json_is_obj(&d, fm)) {
+        int ty = json_get(&d, fm, "type"), sc = json_get(&d, fm, "schema");
+        if (ty >= 0 && json_str_eq(&d, ty, "json_schema")) {
+            json_buf_lit(chat, ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"schema\":");
+            if (sc >= 0) copy_raw(chat, &d, sc);
+            else json_buf_lit(chat, "null");
+            json_buf_lit(chat, "}}");
+        } else if (ty >= 0) {
+            json_buf_lit(chat, ",\"response_format\":");
+            copy_raw(chat, &d, fm);
+        }
+    }
+    json_buf_lit(chat, "}");
+    if (chat->oom) rc = api_oai_errorf(e, 500, NULL, "out of memory");
+out:
+    json_free(&d);
+    return rc;
+}
+
+void api_resp_json(struct json_buf *b, const char *rid, long created, const char *model, const char *status,
+                   const char *text, size_t len, const struct sched_usage *u, enum sched_finish finish)
+{
+    bool done = !strcmp(status, "completed") || !strcmp(status, "incomplete");
+    json_buf_addf(b, "{\"id\":\"resp_%s\",\"object\":\"response\",\"created_at\":%ld,\"status\":\"%s\",\"model\":", rid,
+                  created, status);
+    json_buf_add_str(b, model, strlen(model));
+    json_buf_lit(b, ",\"incomplete_details\":");
+    if (!strcmp(status, "incomplete"))
+        json_buf_addf(b, "{\"reason\":\"%s\"}", finish == SCHED_FINISH_LENGTH ? "max_output_tokens" : "content_filter");
+    else
+        json_buf_lit(b, "null");
+    json_buf_lit(b, ",\"error\":null,\"output\":[");
+    if (done) {
+        json_buf_addf(b, "{\"type\":\"message\",\"id\":\"msg_%s\",\"status\":\"%s\",\"role\":\"assistant\",\"content\":"
+                         "[{\"type\":\"output_text\",\"text\":",
+                      rid, status);
+        json_buf_add_str(b, text, len);
+        json_buf_lit(b, ",\"annotations\":[]}]}");
+    }
+    json_buf_lit(b, "],\"parallel_tool_calls\":true,\"tool_choice\":\"auto\",\"tools\":[],\"usage\":");
+    if (done && u)
+        json_buf_addf(b, "{\"input_tokens\":%d,\"input_tokens_details\":{\"cached_tokens\":%d},\"output_tokens\":%d,"
+                         "\"output_tokens_details\":{\"reasoning_tokens\":0},\"total_tokens\":%d}}",
+                      u->prompt_tokens, u->cached_tokens, u->completion_tokens, u->prompt_tokens + u->completion_tokens);
+    else
+        json_buf_lit(b, "null}");
+}
