@@ -307,9 +307,13 @@ void sched_guide_mask(const struct sched_guide *g, struct sched_guide_vocab *v, 
                       uint8_t *allow)
 {
     if (sched_guide_done(g)) {
+        int n = 0;
         memset(allow, 0, (size_t)v->n);
         for (int i = 0; i < n_stop; i++)
-            if (stop[i] >= 0 && stop[i] < v->n) allow[stop[i]] = 1;
+            if (stop[i] >= 0 && stop[i] < v->n) allow[stop[i]] = 1, n++;
+        /* a tokenizer without stop ids: nothing can end the reply, so nothing is held back
+         * (an all-zero mask would fail the whole step) */
+        if (!n) memset(allow, 1, (size_t)v->n);
         return;
     }
     struct sched_guide k = canon(g);
