@@ -141,6 +141,11 @@ int api_resp_to_chat(const char *body, size_t len, struct json_buf *chat, struct
 void api_resp_json(struct json_buf *b, const char *rid, long created, const char *model, const char *status,
                    const char *text, size_t len, const struct sched_usage *u, enum sched_finish finish);
 
+/* Appends the Response object for a finished chat.completion reply (its JSON
+ * text): content -> a message item, tool_calls -> function_call items. */
+void api_resp_from_chat(struct json_buf *b, const char *chat_json, size_t len, const char *rid, long created,
+                        const char *model);
+
 /* Appends {"error": {...}}. */
 void api_oai_error_json(struct json_buf *b, const struct api_oai_error *e);
 /* Fills e (printf-style message). Returns SL_EINVAL for convenience. */

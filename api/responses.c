@@ -4,12 +4,15 @@
  * The streaming events are written by server_complete.c with the helpers
  * here.
  *
- * Supported: model, input (a string, or message items whose content is a
- * string or input_text/output_text parts), instructions, max_output_tokens,
- * temperature, top_p, seed, stream, text.format (text, json_object,
- * json_schema), metadata/store/user/truncation/reasoning (accepted, no
- * effect: responses are not stored). Refused with a 400 naming the field:
- * tools, previous_response_id, and input items other than messages.
+ * Supported: model, input (a string, or items: messages whose content is a
+ * string or input_text/output_text parts, function_call and
+ * function_call_output), instructions, max_output_tokens, temperature,
+ * top_p, seed, stream, text.format (text, json_object, json_schema), tools
+ * (function tools) and tool_choice, metadata/store/user/truncation/reasoning
+ * (accepted, no effect: responses are not stored). Refused with a 400 naming
+ * the field: previous_response_id, non-function tools, other input items.
+ * The reply is built from the chat reply (api_resp_from_chat): its content
+ * becomes a message item, its tool calls function_call items.
  */
 #include <stdio.h>
 #include <string.h>
@@ -60,7 +63,7 @@ int api_resp_to_chat(const char *body, size_t len, struct json_buf *chat, struct
         rc = api_oai_errorf(e, 400, NULL, "the request body must be a JSON object");
         goto out;
     }
-    static const char *const refused[] = {"tools", "previous_response_id", "prompt", NULL};
+    static const char *const refused[] = {"previous_response_id", "prompt", NULL};
     for (int i = 0; refused[i]; i++) {
         int v = json_get(&d, 0, refused[i]);
         if (v >= 0 && !json_is_null(&d, v) && !(json_is_arr(&d, v) && json_size(&d, v) == 0)) {
@@ -94,9 +97,40 @@ int api_resp_to_chat(const char *body, size_t len, struct json_buf *chat, struct
     } else if (json_is_arr(&d, in) && json_size(&d, in) > 0) {
         for (int k = 0, p = in + 1; k < json_size(&d, in); k++, p = json_skip(&d, p)) {
             int ty = json_is_obj(&d, p) ? json_get(&d, p, "type") : -1;
+            if (ty >= 0 && json_str_eq(&d, ty, "function_call")) {
+                int ci = json_get(&d, p, "call_id"), nm = json_get(&d, p, "name"), ar = json_get(&d, p, "arguments");
+                if (ci < 0 || nm < 0 || ar < 0 || !json_is_str(&d, ci) || !json_is_str(&d, nm) || !json_is_str(&d, ar)) {
+                    rc = api_oai_errorf(e, 400, "input", "input item %d: a function_call needs call_id, name, arguments", k);
+                    goto out;
+                }
+                /* content "", not null: templates without tool support still render the turn */
+                json_buf_addf(chat, "%s{\"role\":\"assistant\",\"content\":\"\",\"tool_calls\":[{\"id\":",
+                              any || k ? "," : "");
+                copy_raw(chat, &d, ci);
+                json_buf_lit(chat, ",\"type\":\"function\",\"function\":{\"name\":");
+                copy_raw(chat, &d, nm);
+                json_buf_lit(chat, ",\"arguments\":");
+                copy_raw(chat, &d, ar);
+                json_buf_lit(chat, "}}]}");
+                continue;
+            }
+            if (ty >= 0 && json_str_eq(&d, ty, "function_call_output")) {
+                int ci = json_get(&d, p, "call_id"), ou = json_get(&d, p, "output");
+                if (ci < 0 || ou < 0 || !json_is_str(&d, ci) || !json_is_str(&d, ou)) {
+                    rc = api_oai_errorf(e, 400, "input", "input item %d: a function_call_output needs call_id, output", k);
+                    goto out;
+                }
+                json_buf_addf(chat, "%s{\"role\":\"tool\",\"tool_call_id\":", any || k ? "," : "");
+                copy_raw(chat, &d, ci);
+                json_buf_lit(chat, ",\"content\":");
+                copy_raw(chat, &d, ou);
+                json_buf_lit(chat, "}");
+                continue;
+            }
             int role = json_is_obj(&d, p) ? json_get(&d, p, "role") : -1, c = role >= 0 ? json_get(&d, p, "content") : -1;
             if ((ty >= 0 && !json_str_eq(&d, ty, "message")) || role < 0 || !json_is_str(&d, role) || c < 0) {
-                rc = api_oai_errorf(e, 400, "input", "input item %d: only messages (role, content) are supported", k);
+                rc = api_oai_errorf(e, 400, "input",
+                                    "input item %d: only messages, function_call and function_call_output are supported", k);
                 goto out;
             }
             json_buf_addf(chat, "%s{\"role\":", any || k ? "," : "");
@@ -123,6 +157,40 @@ int api_resp_to_chat(const char *body, size_t len, struct json_buf *chat, struct
     if (mo >= 0) {
         json_buf_lit(chat, ",\"max_tokens\":");
         copy_raw(chat, &d, mo);
+    }
+    int tl = json_get(&d, 0, "tools");
+    if (tl >= 0 && json_is_arr(&d, tl) && json_size(&d, tl) > 0) {
+        json_buf_lit(chat, ",\"tools\":[");
+        for (int k = 0, p = tl + 1; k < json_size(&d, tl); k++, p = json_skip(&d, p)) {
+            int ty = json_is_obj(&d, p) ? json_get(&d, p, "type") : -1, nm = ty >= 0 ? json_get(&d, p, "name") : -1;
+            if (ty < 0 || !json_str_eq(&d, ty, "function") || nm < 0 || !json_is_str(&d, nm)) {
+                rc = api_oai_errorf(e, 400, "tools", "tool %d: only function tools (type, name, parameters) are supported", k);
+                goto out;
+            }
+            json_buf_addf(chat, "%s{\"type\":\"function\",\"function\":{\"name\":", k ? "," : "");
+            copy_raw(chat, &d, nm);
+            static const char *const keys[] = {"description", "parameters", NULL};
+            for (int i = 0; keys[i]; i++) {
+                int v = json_get(&d, p, keys[i]);
+                if (v < 0 || json_is_null(&d, v)) continue;
+                json_buf_addf(chat, ",\"%s\":", keys[i]);
+                copy_raw(chat, &d, v);
+            }
+            json_buf_lit(chat, "}}");
+        }
+        json_buf_lit(chat, "]");
+    }
+    int tc = json_get(&d, 0, "tool_choice");
+    if (tc >= 0 && !json_is_null(&d, tc)) {
+        json_buf_lit(chat, ",\"tool_choice\":");
+        int nm = json_is_obj(&d, tc) ? json_get(&d, tc, "name") : -1;
+        if (nm >= 0 && json_is_str(&d, nm)) { /* {"type": "function", "name": X} */
+            json_buf_lit(chat, "{\"type\":\"function\",\"function\":{\"name\":");
+            copy_raw(chat, &d, nm);
+            json_buf_lit(chat, "}}");
+        } else {
+            copy_raw(chat, &d, tc);
+        }
     }
     int tx = json_get(&d, 0, "text"), fm = tx >= 0 && json_is_obj(&d, tx) ? json_get(&d, tx, "format") : -1;
     if (fm >= 0 && json_is_obj(&d, fm)) {
@@ -171,4 +239,60 @@ void api_resp_json(struct json_buf *b, const char *rid, long created, const char
                       u->prompt_tokens, u->cached_tokens, u->completion_tokens, u->prompt_tokens + u->completion_tokens);
     else
         json_buf_lit(b, "null}");
+}
+
+void api_resp_from_chat(struct json_buf *b, const char *chat_json, size_t len, const char *rid, long created,
+                        const char *model)
+{
+    json_doc d;
+    char err[64];
+    if (json_parse(&d, chat_json, len, err, sizeof err) || !json_is_obj(&d, 0)) {
+        api_resp_json(b, rid, created, model, "failed", "", 0, NULL, SCHED_FINISH_ERROR);
+        return;
+    }
+    int ch = json_get(&d, 0, "choices"), c0 = ch >= 0 ? json_at(&d, ch, 0) : -1;
+    int msg = c0 >= 0 ? json_get(&d, c0, "message") : -1, fin = c0 >= 0 ? json_get(&d, c0, "finish_reason") : -1;
+    int content = msg >= 0 ? json_get(&d, msg, "content") : -1, calls = msg >= 0 ? json_get(&d, msg, "tool_calls") : -1;
+    int us = json_get(&d, 0, "usage");
+    bool cut = fin >= 0 && json_str_eq(&d, fin, "length");
+    json_buf_addf(b, "{\"id\":\"resp_%s\",\"object\":\"response\",\"created_at\":%ld,\"status\":\"%s\",\"model\":", rid,
+                  created, cut ? "incomplete" : "completed");
+    json_buf_add_str(b, model, strlen(model));
+    json_buf_lit(b, ",\"incomplete_details\":");
+    if (cut) json_buf_lit(b, "{\"reason\":\"max_output_tokens\"}");
+    else json_buf_lit(b, "null");
+    json_buf_lit(b, ",\"error\":null,\"output\":[");
+    bool comma = false;
+    if (content >= 0 && json_is_str(&d, content)) {
+        json_buf_addf(b, "{\"type\":\"message\",\"id\":\"msg_%s\",\"status\":\"%s\",\"role\":\"assistant\",\"content\":"
+                         "[{\"type\":\"output_text\",\"text\":",
+                      rid, cut ? "incomplete" : "completed");
+        copy_raw(b, &d, content);
+        json_buf_lit(b, ",\"annotations\":[]}]}");
+        comma = true;
+    }
+    for (int k = 0; calls >= 0 && json_is_arr(&d, calls) && k < json_size(&d, calls); k++) {
+        int tc = json_at(&d, calls, k), id = json_get(&d, tc, "id"), fn = json_get(&d, tc, "function");
+        int nm = fn >= 0 ? json_get(&d, fn, "name") : -1, ar = fn >= 0 ? json_get(&d, fn, "arguments") : -1;
+        if (id < 0 || nm < 0 || ar < 0) continue;
+        json_buf_addf(b, "%s{\"type\":\"function_call\",\"id\":\"fc_%s_%d\",\"call_id\":", comma ? "," : "", rid, k);
+        copy_raw(b, &d, id);
+        json_buf_lit(b, ",\"name\":");
+        copy_raw(b, &d, nm);
+        json_buf_lit(b, ",\"arguments\":");
+        copy_raw(b, &d, ar);
+        json_buf_lit(b, ",\"status\":\"completed\"}");
+        comma = true;
+    }
+    json_buf_lit(b, "],\"parallel_tool_calls\":true,\"tool_choice\":\"auto\",\"tools\":[],\"usage\":");
+    int pt = us >= 0 ? json_get(&d, us, "prompt_tokens") : -1, ct = us >= 0 ? json_get(&d, us, "completion_tokens") : -1;
+    int pd = us >= 0 ? json_get(&d, us, "prompt_tokens_details") : -1, cc = pd >= 0 ? json_get(&d, pd, "cached_tokens") : -1;
+    int64_t p = 0, c = 0, cached = 0;
+    if (pt >= 0) json_i64(&d, pt, &p);
+    if (ct >= 0) json_i64(&d, ct, &c);
+    if (cc >= 0) json_i64(&d, cc, &cached);
+    json_buf_addf(b, "{\"input_tokens\":%lld,\"input_tokens_details\":{\"cached_tokens\":%lld},\"output_tokens\":%lld,"
+                     "\"output_tokens_details\":{\"reasoning_tokens\":0},\"total_tokens\":%lld}}",
+                  (long long)p, (long long)cached, (long long)c, (long long)(p + c));
+    json_free(&d);
 }

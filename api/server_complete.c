@@ -255,6 +255,20 @@ static void send_resp_event(struct srv_req *q, const char *type, const struct js
     evbuffer_free(out);
 }
 
+/* Whether a /v1/responses request may call tools: then its text is not
+ * streamed as it comes (it may be a call), the items go out at the end. */
+static bool resp_tools(const struct srv_req *q) { return q->r.tools || q->r.forced_tool || q->r.forced_list; }
+
+/* The finished Response object, built from the chat reply it was run as. */
+static void resp_final(struct server *s, struct srv_req *q, struct json_buf *out)
+{
+    struct json_buf chat;
+    json_buf_init(&chat);
+    api_oai_response_json(&chat, &q->r, &q->ch[0].res, q->base.rid, q->base.created, s->model_name);
+    api_resp_from_chat(out, chat.p ? chat.p : "", chat.len, q->base.rid, q->base.created, s->model_name);
+    json_buf_free(&chat);
+}
+
 /* The response object as an event member: "response": {...}. */
 static void resp_event(struct server *s, struct srv_req *q, const char *type, const char *status)
 {
@@ -327,6 +341,7 @@ static void stream_event(struct server *s, struct choice *c, const struct sched_
     struct srv_req *q = c->q;
     const model_tok *tok = model_get_tok(s->m);
     if (q->responses) {
+        if (resp_tools(q) && ev->finish != SCHED_FINISH_ERROR) return; /* the items go out at the end */
         if (ev->kind == SCHED_EV_TOKEN && ev->text_len) {
             struct json_buf f;
             json_buf_init(&f);
@@ -414,9 +429,53 @@ static void stream_end(struct server *s, struct srv_req *q)
 {
     if (q->responses) {
         if (!q->failed) {
-            resp_frame_events(q, false);
+            struct json_buf r, f;
+            json_buf_init(&r), json_buf_init(&f);
+            resp_final(s, q, &r);
+            if (resp_tools(q)) {
+                /* each output item (a message, function calls) whole */
+                json_doc d;
+                char err[64];
+                if (r.p && !json_parse(&d, r.p, r.len, err, sizeof err)) {
+                    int out = json_get(&d, 0, "output");
+                    for (int k = 0; out >= 0 && k < json_size(&d, out); k++) {
+                        size_t n = 0;
+                        int it = json_at(&d, out, k);
+                        const char *raw = json_raw(&d, it, &n);
+                        int ty = json_get(&d, it, "type"), ar = json_get(&d, it, "arguments");
+                        f.len = 0;
+                        json_buf_addf(&f, "\"output_index\":%d,\"item\":", k);
+                        json_buf_add(&f, raw, n);
+                        send_resp_event(q, "response.output_item.added", &f);
+                        if (ty >= 0 && json_str_eq(&d, ty, "function_call") && ar >= 0) {
+                            size_t an = 0;
+                            const char *araw = json_raw(&d, ar, &an);
+                            int id = json_get(&d, it, "id");
+                            size_t in = 0;
+                            const char *iraw = id >= 0 ? json_raw(&d, id, &in) : "";
+                            struct json_buf a;
+                            json_buf_init(&a);
+                            json_buf_lit(&a, "\"item_id\":\"");
+                            json_buf_add(&a, iraw, in);
+                            json_buf_addf(&a, "\",\"output_index\":%d,\"arguments\":\"", k);
+                            json_buf_add(&a, araw, an);
+                            json_buf_lit(&a, "\"");
+                            send_resp_event(q, "response.function_call_arguments.done", &a);
+                            json_buf_free(&a);
+                        }
+                        send_resp_event(q, "response.output_item.done", &f);
+                    }
+                    json_free(&d);
+                }
+            } else {
+                resp_frame_events(q, false);
+            }
             bool cut = q->ch[0].res.finish == SCHED_FINISH_LENGTH;
-            resp_event(s, q, cut ? "response.incomplete" : "response.completed", cut ? "incomplete" : "completed");
+            f.len = 0;
+            json_buf_lit(&f, "\"response\":");
+            json_buf_add(&f, r.p ? r.p : "{}", r.p ? r.len : 2);
+            send_resp_event(q, cut ? "response.incomplete" : "response.completed", &f);
+            json_buf_free(&r), json_buf_free(&f);
         }
         evhttp_send_reply_end(q->base.req);
         return;
@@ -514,10 +573,7 @@ void srv_drain_events(struct server *s)
                 json_buf_init(&b);
                 struct api_oai_result *res = malloc((size_t)q->n * sizeof *res);
                 if (res && q->responses) {
-                    const struct api_oai_result *r0 = &q->ch[0].res;
-                    api_resp_json(&b, q->base.rid, q->base.created, s->model_name,
-                                  r0->finish == SCHED_FINISH_LENGTH ? "incomplete" : "completed",
-                                  r0->text.p ? r0->text.p : "", r0->text.len, &q->usage, r0->finish);
+                    resp_final(s, q, &b);
                     srv_reply_json(q->base.req, 200, &b);
                     free(res);
                 } else if (res) {
@@ -671,7 +727,7 @@ static void handle(struct server *s, struct evhttp_request *req, char *body, siz
         if (responses) {
             resp_event(s, q, "response.created", "in_progress");
             resp_event(s, q, "response.in_progress", "in_progress");
-            resp_frame_events(q, true);
+            if (!resp_tools(q)) resp_frame_events(q, true);
         } else if (chat) {
             int rk, tk;
             api_chat_parsers(&rk, &tk);

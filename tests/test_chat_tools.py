@@ -136,6 +136,36 @@ def test_named_tool_choice(c):
             assert e.body["param"] == "tool_choice", e.body
 
 
+def test_responses_tools(c):
+    """The Responses API with function tools: a call comes back as a
+    function_call item (auto via the hermes parser, and a named tool_choice),
+    whole and streamed; the call and its output go back in as input items."""
+    rtools = [{"type": "function", "name": "get_weather", "description": "Get the weather in a city",
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+    msgs = few_shot("You call tools.", "Weather in Paris?", CALL)
+    r = c.responses.create(model=NAME, input=msgs, tools=rtools, temperature=0, max_output_tokens=40)
+    (call,) = [o for o in r.output if o.type == "function_call"]
+    assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Paris"} and call.call_id, r.output
+    forced = c.responses.create(model=NAME, input="What is the weather like in Rome today?", tools=rtools,
+                                tool_choice={"type": "function", "name": "get_weather"}, temperature=0,
+                                max_output_tokens=40)
+    (fc,) = forced.output
+    assert fc.type == "function_call" and list(json.loads(fc.arguments)) == ["city"], forced.output
+    types, final = [], None
+    for ev in c.responses.create(model=NAME, input=msgs, tools=rtools, temperature=0, max_output_tokens=40,
+                                 stream=True):
+        types.append(ev.type)
+        if ev.type == "response.completed":
+            final = ev.response
+    assert "response.function_call_arguments.done" in types and "response.output_text.delta" not in types, types
+    assert [o.type for o in final.output] == ["function_call"] and final.output[0].arguments == call.arguments
+    follow = msgs + [{"type": "function_call", "call_id": call.call_id, "name": "get_weather",
+                      "arguments": call.arguments},
+                     {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 24 C"}]
+    r2 = c.responses.create(model=NAME, input=follow, tools=rtools, temperature=0, max_output_tokens=20)
+    assert r2.status in ("completed", "incomplete") and r2.output, r2
+
+
 def test_reasoning(c):
     msgs = few_shot("You think first.", "Weather?", THINK)
     r = c.chat.completions.create(model=NAME, messages=msgs, temperature=0, max_tokens=30)
@@ -161,7 +191,7 @@ def main():
         lib.wait_healthy(port, proc)
         c = client(port)
         passed, failed = lib.run_tests([test_tool_call, test_tool_choice_none_keeps_text, test_named_tool_choice,
-                                        test_reasoning], c, proc=proc)
+                                        test_responses_tools, test_reasoning], c, proc=proc)
     finally:
         lib.stop_server(proc, timeout=30)
         log.close()
