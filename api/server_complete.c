@@ -716,6 +716,10 @@ static void handle(struct server *s, struct evhttp_request *req, char *body, siz
     q->base.created = (long)time(NULL);
     q->base.t_submit = srv_now();
     make_id(q->base.rid, sizeof q->base.rid, chat);
+    if (responses) { /* resp_<hex>, msg_<hex>: no "chatcmpl-" inside */
+        size_t pre = strlen("chatcmpl-");
+        memmove(q->base.rid, q->base.rid + pre, strlen(q->base.rid) - pre + 1);
+    }
     s->n_pending++;
     q->con = evhttp_request_get_connection(req);
     if (q->con) evhttp_connection_set_closecb(q->con, on_client_close, q);
