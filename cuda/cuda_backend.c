@@ -697,13 +697,6 @@ static int kv_alloc(model_backend *mb, int n_blocks, int block_size, char *err, 
 
 /* ---- forward ------------------------------------------------------------------- */
 
-static bool sampling_valid(const struct model_sampling *s)
-{
-    return s->temperature >= 0.0f && s->top_p > 0.0f && s->top_p <= 1.0f && s->min_p >= 0.0f &&
-           s->min_p <= 1.0f && s->repetition_penalty > 0.0f && isfinite(s->presence_penalty) &&
-           isfinite(s->frequency_penalty) && s->top_logprobs >= 0 && s->top_logprobs <= MODEL_MAX_TOP_LOGPROBS;
-}
-
 /* Greedy with nothing that needs the whole distribution: the device answers. */
 static bool device_greedy(const struct step_seq *q)
 {
@@ -721,15 +714,8 @@ static int check_step(struct cuda_backend *b, const struct step *s, char *err, s
     }
     struct model_step_limits lim = {.n_vocab = b->c.n_vocab, .max_tokens = b->max_tokens, .max_seqs = b->max_seqs,
                                     .max_ctx = b->max_ctx, .block_size = b->block_size, .kv_blocks = b->kv_blocks};
-    int rc = model_step_check(s, &lim, b->tok_seq, err, errlen);
-    if (rc) return rc;
-    /* the device sampler runs before the host could refuse bad parameters */
-    for (int i = 0; i < s->n_seqs; i++)
-        if (s->seqs[i].want_sample && !sampling_valid(s->seqs[i].sampling)) {
-            sl_seterr(err, errlen, "forward: seq %d: bad sampling parameters", i);
-            return SL_EINVAL;
-        }
-    return 0;
+    /* sampling parameters included: the device sampler runs before the host could refuse them */
+    return model_step_check(s, &lim, b->tok_seq, err, errlen);
 }
 
 #define HIN(b, f, type) ((type *)((b)->hin + (b)->lay.f))
@@ -1210,11 +1196,7 @@ static int forward(model_backend *mb, struct step *s, char *err, size_t errlen)
         if (q->logits_out) memcpy(q->logits_out, lg, (size_t)V * 4);
         if (!q->want_sample) continue;
         if (b->row_mode[r] == ROW_GREEDY) {
-            if (b->hout_tok[r] < 0) {
-                sl_seterr(err, errlen, "forward: seq %d: logits are not finite", b->row_seq[r]);
-                return SL_EINVAL;
-            }
-            q->out.token = b->hout_tok[r];
+            q->out.token = b->hout_tok[r]; /* -1: this row's logits are not finite (backend.h) */
             q->out.logprob = b->hout_lp[r];
             q->out.n_top = 0;
             continue;
@@ -1230,8 +1212,8 @@ static int forward(model_backend *mb, struct step *s, char *err, size_t errlen)
                 continue;
             }
             if (o->status < 0) {
-                sl_seterr(err, errlen, "forward: seq %d: logits are not finite", b->row_seq[r]);
-                return SL_EINVAL;
+                q->out.token = -1, q->out.n_top = 0;
+                continue;
             }
             /* more candidates than the device sorts: the host finishes from the
              * penalized row, with the RNG as it was before the draw */
@@ -1244,16 +1226,11 @@ static int forward(model_backend *mb, struct step *s, char *err, size_t errlen)
             struct model_sampling p = *q->sampling;
             p.repetition_penalty = 1.0f, p.presence_penalty = 0.0f, p.frequency_penalty = 0.0f;
             if (q->rng) *q->rng = b->rng_before[r];
-            if (model_sample(lg, V, &p, NULL, 0, 0, q->rng, b->samp, &q->out) != 0) {
-                sl_seterr(err, errlen, "forward: seq %d: bad sampling parameters", b->row_seq[r]);
-                return SL_EINVAL;
-            }
+            if (model_sample(lg, V, &p, NULL, 0, 0, q->rng, b->samp, &q->out) != 0) q->out.token = -1, q->out.n_top = 0;
             continue;
         }
-        if (model_sample(lg, V, q->sampling, q->history, q->n_prompt, q->n_history, q->rng, b->samp, &q->out) != 0) {
-            sl_seterr(err, errlen, "forward: seq %d: bad sampling parameters", b->row_seq[r]);
-            return SL_EINVAL;
-        }
+        if (model_sample(lg, V, q->sampling, q->history, q->n_prompt, q->n_history, q->rng, b->samp, &q->out) != 0)
+            q->out.token = -1, q->out.n_top = 0;
     }
     return 0;
 }

@@ -1,5 +1,6 @@
 /* backend.c - picking a backend by name (model/backend.h), and the weak
  * stand-ins for the CUDA backend that cuda/ overrides when built with nvcc. */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -113,6 +114,15 @@ int model_step_check(const struct step *s, const struct model_step_limits *lim, 
         if (q->want_sample && (!q->sampling || q->n_history < q->n_prompt || q->n_prompt < 0 ||
                                (q->n_history > 0 && !q->history))) {
             sl_seterr(err, errlen, "forward: seq %d: want_sample without sampling parameters or history", i);
+            return SL_EINVAL;
+        }
+        const struct model_sampling *sp = q->sampling;
+        if (q->want_sample &&
+            !(sp->temperature >= 0.0f && sp->top_p > 0.0f && sp->top_p <= 1.0f && sp->min_p >= 0.0f &&
+              sp->min_p <= 1.0f && sp->repetition_penalty > 0.0f && isfinite(sp->presence_penalty) &&
+              isfinite(sp->frequency_penalty) && sp->top_logprobs >= 0 && sp->top_logprobs <= MODEL_MAX_TOP_LOGPROBS &&
+              sp->n_logit_bias >= 0 && (sp->n_logit_bias == 0 || sp->logit_bias))) {
+            sl_seterr(err, errlen, "forward: seq %d: bad sampling parameters", i);
             return SL_EINVAL;
         }
     }

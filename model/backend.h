@@ -34,7 +34,9 @@ struct step_seq {
     uint64_t *rng;          /* per-request RNG state, advanced by sampling */
     float *logits_out;      /* optional [n_vocab] host buffer: raw logits of the last
                                query token (tests); NULL in serving */
-    /* out (valid when want_sample) */
+    /* out (valid when want_sample): out.token is -1 when this sequence alone
+     * could not be sampled (its logits are not finite, or its allow mask
+     * left nothing); the step itself still succeeds */
     struct model_sample_out out;
 };
 

@@ -794,7 +794,11 @@ void sched_complete_step(sched *s, struct step *st, sched_emit_fn emit, void *ar
         q->in_step = false;
         q->n_computed += ss->query_len;
         if (s->prefix_cache) kv_seq_commit(s->pool, &q->kv, q->tokens, q->n_computed);
-        if (ss->want_sample) on_token(s, q, &ss->out, now, emit, arg);
+        if (ss->want_sample && ss->out.token < 0) /* this request alone: the others go on */
+            finish(s, q, SCHED_FINISH_ERROR, NULL, 0, "could not sample a token: the logits of this request are not finite",
+                   emit, arg);
+        else if (ss->want_sample)
+            on_token(s, q, &ss->out, now, emit, arg);
     }
     s->n_step_seqs = 0;
     sweep(s);

@@ -405,6 +405,42 @@ static void test_backend_fatal(void)
     sched_engine_destroy(e);
 }
 
+/* A row that cannot be sampled (out.token -1: its logits not finite) ends
+ * that request with an error; the requests beside it in the same steps
+ * finish as they would alone. */
+static int32_t g_poison; /* first prompt token of the request whose rows fail */
+static int poisoning_forward(model_backend *b, struct step *s, char *e, size_t el)
+{
+    model_backend *in = ((struct dying *)b)->inner;
+    int rc = in->ops->forward(in, s, e, el);
+    for (int i = 0; !rc && i < s->n_seqs; i++)
+        if (s->seqs[i].want_sample && s->seqs[i].history[0] == g_poison) s->seqs[i].out.token = -1;
+    return rc;
+}
+
+static void test_row_failure_isolated(void)
+{
+    static const struct model_backend_ops ops = {.name = "poisoning", .kv_block_bytes = dying_block_bytes,
+                                                 .kv_alloc = dying_kv_alloc, .forward = poisoning_forward,
+                                                 .destroy = dying_destroy};
+    struct dying d = {.base = {.ops = &ops, .m = be->m}, .inner = be};
+    model_backend *real = be;
+    be = &d.base;
+    sched_engine *e = engine(4, 256, 256, 64, false);
+    be = real;
+    if (!e) return;
+    struct result res[3];
+    struct sched_request rq[3] = {reqs[0], reqs[1], reqs[2]};
+    g_poison = rq[1].prompt[0];
+    CHECK(rq[0].prompt[0] != g_poison && rq[2].prompt[0] != g_poison);
+    run_all(e, rq, 3, res);
+    CHECK(res[1].done && res[1].finish == SCHED_FINISH_ERROR && res[1].n == 0);
+    CHECK(same(&res[0], &alone[0]) && res[0].finish == SCHED_FINISH_LENGTH);
+    CHECK(same(&res[2], &alone[2]) && res[2].finish == SCHED_FINISH_LENGTH);
+    CHECK(!sched_engine_fatal(e, NULL, 0));
+    sched_engine_destroy(e);
+}
+
 /* `sluice run-batch` end to end through the real binary: output in input
  * order, good lines answered, bad lines with error lines, the rest still run. */
 static void test_run_batch(void)
@@ -536,6 +572,7 @@ int main(void)
     RUN(test_stop_string_and_refusal);
     RUN(test_abort);
     RUN(test_backend_fatal);
+    RUN(test_row_failure_isolated);
     RUN(test_run_batch);
     RUN(test_run_batch_stream);
     model_backend_destroy(be);
