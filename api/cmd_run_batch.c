@@ -226,6 +226,11 @@ static void prepare(struct batch *b, struct line *l)
         line_response(b, l, 400, &e);
         goto done;
     }
+    if (l->req.n_prompts) {
+        api_oai_errorf(&e, 400, "prompt", "a batch line takes one prompt, not a list: one line per prompt");
+        line_response(b, l, 400, &e);
+        goto done;
+    }
     int n = api_oai_tokenize(&l->req, b->tok, &l->ids, &e);
     if (n < 0) {
         line_response(b, l, e.status, &e);

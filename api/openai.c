@@ -197,6 +197,18 @@ static int parse_prompt(const json_doc *d, int obj, struct api_oai_req *r, struc
     }
     if (!json_is_arr(d, p) || json_size(d, p) == 0)
         return api_oai_errorf(e, 400, "prompt", "'prompt' must be a string or a non-empty array of token ids");
+    if (json_is_str(d, p + 1)) { /* a list of prompts */
+        int n = json_size(d, p);
+        if (n > API_OAI_MAX_N) return api_oai_errorf(e, 400, "prompt", "at most %d prompts per request", API_OAI_MAX_N);
+        r->prompts = calloc((size_t)n, sizeof *r->prompts);
+        if (!r->prompts) return api_oai_errorf(e, 500, NULL, "out of memory");
+        for (int k = 0, q = p + 1; k < n; k++, q = json_skip(d, q)) {
+            if (!json_is_str(d, q) || !(r->prompts[k] = json_strdup(d, q, NULL)))
+                return api_oai_errorf(e, 400, "prompt", "'prompt' lists must hold only strings");
+            r->n_prompts = k + 1;
+        }
+        return 0;
+    }
     int n = json_size(d, p);
     r->prompt_ids = malloc((size_t)n * sizeof *r->prompt_ids);
     if (!r->prompt_ids) return api_oai_errorf(e, 500, NULL, "out of memory");
@@ -204,9 +216,7 @@ static int parse_prompt(const json_doc *d, int obj, struct api_oai_req *r, struc
         int64_t v;
         if (!json_is_num(d, q) || json_i64(d, q, &v) || v < 0 || v > INT32_MAX)
             return api_oai_errorf(e, 400, "prompt",
-                                  json_is_str(d, q) ? "batched prompts (a list of strings) are not supported: send "
-                                                      "one prompt per request"
-                                                    : "'prompt' must be a string or an array of token ids");
+                                  "'prompt' must be a string, a list of strings or an array of token ids");
         r->prompt_ids[k] = (int32_t)v;
     }
     r->n_prompt_ids = n;
@@ -304,6 +314,20 @@ static int parse_stop(const json_doc *d, int obj, struct api_oai_req *r, struct 
         }
     }
     return 0;
+}
+
+int api_oai_n_choices(const struct api_oai_req *r)
+{
+    return (r->n_prompts > 0 ? r->n_prompts : 1) * (r->n > 1 ? r->n : 1);
+}
+
+int api_oai_tokenize_prompt(const struct api_oai_req *r, int p, const model_tok *tok, int32_t **ids,
+                            struct api_oai_error *e)
+{
+    struct api_oai_req one = *r; /* borrowed fields only: nothing here is freed */
+    one.prompt_text = r->prompts[p];
+    one.prompt_ids = NULL, one.n_prompt_ids = 0;
+    return api_oai_tokenize(&one, tok, ids, e);
 }
 
 void api_oai_choice_sampling(const struct api_oai_req *r, int i, struct model_sampling *out)
@@ -445,6 +469,8 @@ void api_oai_req_free(struct api_oai_req *r)
     free(r->logit_bias);
     sched_schema_free(r->schema);
     free(r->forced_tool);
+    for (int i = 0; i < r->n_prompts; i++) free(r->prompts[i]);
+    free(r->prompts);
     enum api_oai_endpoint kind = r->kind;
     memset(r, 0, sizeof *r);
     r->kind = kind;
@@ -761,22 +787,22 @@ void api_oai_response_json(struct json_buf *b, const struct api_oai_req *r, cons
                            const char *id, long created, const char *model_name)
 {
     bool chat = r->kind == API_OAI_CHAT;
-    int n = r->n > 1 ? r->n : 1;
+    int n = api_oai_n_choices(r), per = r->n > 1 ? r->n : 1;
     ADD_LIT(b, "{\"id\":");
     json_buf_add_str(b, id, strlen(id));
     json_buf_addf(b, ",\"object\":\"%s\",\"created\":%ld,\"model\":", chat ? "chat.completion" : "text_completion",
                   created);
     json_buf_add_str(b, model_name, strlen(model_name));
     ADD_LIT(b, ",\"choices\":[");
-    int completion = 0;
+    int completion = 0, prompt = 0, cached = 0;
     for (int i = 0; i < n; i++) {
         if (i) ADD_LIT(b, ",");
         choice_json(b, r, &res[i], i, id);
         completion += res[i].usage.completion_tokens;
+        if (i % per == 0) prompt += res[i].usage.prompt_tokens, cached += res[i].usage.cached_tokens;
     }
-    const struct sched_usage *u = &res[0].usage;
     json_buf_addf(b,
                   "],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,"
                   "\"total_tokens\":%d,\"prompt_tokens_details\":{\"cached_tokens\":%d}}}",
-                  u->prompt_tokens, completion, u->prompt_tokens + completion, u->cached_tokens);
+                  prompt, completion, prompt + completion, cached);
 }

@@ -55,6 +55,9 @@ struct api_oai_req {
     bool stream;
     bool tools;                 /* chat: tools given and tool_choice is not "none" (tool-call parsing applies) */
     int n;                      /* choices to generate (1..API_OAI_MAX_N), each its own engine request */
+    char **prompts;             /* owned [n_prompts]: completions given a list of prompts (prompt_text
+                                   NULL); prompt p's choices are p*n .. p*n + n-1 */
+    int n_prompts;
     long min_tokens;            /* vLLM's min_tokens: no stop token id before this many (0: off) */
     bool json_object;           /* response_format {"type": "json_object"} */
     struct sched_schema *schema; /* owned: response_format {"type": "json_schema"}, compiled */
@@ -89,6 +92,12 @@ int api_oai_tokenize(const struct api_oai_req *r, const model_tok *tok, int32_t 
 int api_oai_to_sched(const struct api_oai_req *r, const int32_t *ids, int n_ids, int max_model_len,
                      struct sched_request *out, struct api_oai_error *e);
 
+/* Choices in the reply: n for each prompt. */
+int api_oai_n_choices(const struct api_oai_req *r);
+/* Tokenizes prompt p of a list of prompts (r->n_prompts > 0) as api_oai_tokenize does. */
+int api_oai_tokenize_prompt(const struct api_oai_req *r, int p, const model_tok *tok, int32_t **ids,
+                            struct api_oai_error *e);
+
 /* The sampling of choice i (0 <= i < r->n) of r: the request's own for
  * choice 0; the others draw from RNG streams derived from the seed (a
  * seeded request stays reproducible choice by choice). */
@@ -116,8 +125,8 @@ void api_oai_result_add(struct api_oai_result *res, const struct api_oai_req *r,
 
 /* Appends the response body (chat.completion or text_completion object,
  * usage with prompt_tokens_details.cached_tokens) for the finished results
- * res[0 .. r->n) (choice i = res[i]; usage: the prompt once, the completions
- * summed). */
+ * res[0 .. api_oai_n_choices(r)) (choice i = res[i]; usage: each prompt
+ * once, the completions summed). */
 void api_oai_response_json(struct json_buf *b, const struct api_oai_req *r, const struct api_oai_result *res,
                            const char *id, long created, const char *model_name);
 /* The id of choice i's forced tool call (tool_choice named): "call_" and a

@@ -343,6 +343,10 @@ static void submit_row(struct srv_batch *b, const struct store_row *row)
         api_oai_errorf(&e, 400, "stream", "'stream' is not supported in a batch");
         goto fail;
     }
+    if (j->r.n_prompts) {
+        api_oai_errorf(&e, 400, "prompt", "a batch line takes one prompt, not a list: one line per prompt");
+        goto fail;
+    }
     int n = api_oai_tokenize(&j->r, model_get_tok(s->m), &ids, &e);
     if (n < 0) goto fail;
     struct sched_request sr;

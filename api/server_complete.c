@@ -518,14 +518,15 @@ static void choice_finished(struct server *s, struct choice *c, const struct sch
 {
     struct srv_req *q = c->q;
     c->done = true;
-    if (q->n_done++ == 0) {
-        q->usage = ev->usage;
-        if (ev->usage.ttft_s < 0) q->usage.ttft_s = -1;
-    } else {
-        q->usage.completion_tokens += ev->usage.completion_tokens;
-        if (q->usage.ttft_s < 0 || (ev->usage.ttft_s >= 0 && ev->usage.ttft_s < q->usage.ttft_s))
-            q->usage.ttft_s = ev->usage.ttft_s;
+    if (q->n_done++ == 0) q->usage.ttft_s = -1;
+    /* completions summed; each prompt counted once (its first choice) */
+    q->usage.completion_tokens += ev->usage.completion_tokens;
+    if (c->index % (q->r.n > 1 ? q->r.n : 1) == 0) {
+        q->usage.prompt_tokens += ev->usage.prompt_tokens;
+        q->usage.cached_tokens += ev->usage.cached_tokens;
     }
+    if (q->usage.ttft_s < 0 || (ev->usage.ttft_s >= 0 && ev->usage.ttft_s < q->usage.ttft_s))
+        q->usage.ttft_s = ev->usage.ttft_s;
     if (ev->finish == SCHED_FINISH_ERROR && !q->failed) {
         q->failed = true;
         snprintf(q->error, sizeof q->error, "%s", ev->error);
@@ -669,11 +670,7 @@ static void handle(struct server *s, struct evhttp_request *req, char *body, siz
         }
         if (v > 0) prio = SCHED_PRIO_BATCH; /* vLLM: lower is sooner; > 0 yields to interactive work */
     }
-    int n = api_oai_tokenize(&r, model_get_tok(s->m), &ids, &e);
-    if (n < 0) goto fail;
-    struct sched_request sr;
-    if (api_oai_to_sched(&r, ids, n, sched_engine_config(s->eng)->max_model_len, &sr, &e)) goto fail;
-    q = new_req(r.n > 1 ? r.n : 1);
+    q = new_req(api_oai_n_choices(&r));
     if (!q) {
         api_oai_errorf(&e, 500, NULL, "out of memory");
         goto fail;
@@ -682,27 +679,40 @@ static void handle(struct server *s, struct evhttp_request *req, char *body, siz
     memset(&r, 0, sizeof r);
     q->responses = responses;
     q->base.include_usage = include_usage;
-    sr.priority = prio;
-    /* the choices share the prompt: after the first, its blocks come from the prefix cache */
-    for (int i = 0; i < q->n; i++) {
-        char err[256];
-        api_oai_choice_sampling(&q->r, i, &sr.sampling);
-        sr.user = &q->ch[i];
-        if (sched_engine_submit(s->eng, &sr, &q->ch[i].id, err, sizeof err)) {
-            api_oai_errorf(&e, 400, NULL, "%s", err);
-            if (i == 0) goto fail;
-            /* the choices already submitted finish as aborted and free q */
-            for (int k = 0; k < i; k++) sched_engine_abort(s->eng, q->ch[k].id);
-            q->n = i;
-            q->base.srv = s;
-            q->base.t_submit = srv_now();
-            s->n_pending++;
-            reply_oai_error(s, req, &e);
-            free(ids);
-            json_free(&d);
-            free(body);
-            return;
+    /* each prompt's choices share it: after the first, its blocks come from the prefix cache */
+    int per = q->r.n > 1 ? q->r.n : 1, np = q->r.n_prompts > 0 ? q->r.n_prompts : 1, submitted = 0;
+    const model_tok *tok = model_get_tok(s->m);
+    for (int p = 0; p < np; p++) {
+        int n = q->r.n_prompts ? api_oai_tokenize_prompt(&q->r, p, tok, &ids, &e) : api_oai_tokenize(&q->r, tok, &ids, &e);
+        struct sched_request sr;
+        if (n < 0 || api_oai_to_sched(&q->r, ids, n, sched_engine_config(s->eng)->max_model_len, &sr, &e)) break;
+        sr.priority = prio;
+        for (int i = 0; i < per; i++) {
+            char err[256];
+            api_oai_choice_sampling(&q->r, i, &sr.sampling);
+            sr.user = &q->ch[p * per + i];
+            if (sched_engine_submit(s->eng, &sr, &q->ch[p * per + i].id, err, sizeof err)) {
+                api_oai_errorf(&e, 400, NULL, "%s", err);
+                break;
+            }
+            submitted++;
         }
+        free(ids);
+        ids = NULL;
+        if (submitted < (p + 1) * per) break;
+    }
+    if (submitted < q->n) {
+        if (submitted == 0) goto fail;
+        /* the choices already submitted finish as aborted and free q */
+        for (int k = 0; k < submitted; k++) sched_engine_abort(s->eng, q->ch[k].id);
+        q->n = submitted;
+        q->base.srv = s;
+        q->base.t_submit = srv_now();
+        s->n_pending++;
+        reply_oai_error(s, req, &e);
+        json_free(&d);
+        free(body);
+        return;
     }
     free(ids);
     ids = NULL;

@@ -396,6 +396,28 @@ def test_responses_api():
         except BadRequestError as e:
             assert e.status_code == 400, e
 
+def test_prompt_list():
+    """completions with a list of prompts: n choices per prompt, in order
+    (prompt p's choices at p*n ..), each equal to that prompt alone; usage
+    counts every prompt once."""
+    from openai import OpenAI
+    client = OpenAI(base_url=f"http://127.0.0.1:{PORT}/v1", api_key=KEY)
+    prompts = ["The capital of France is", "One, two, three,", "The color of the sky is"]
+    r = client.completions.create(model=NAME, prompt=prompts, max_tokens=4, temperature=0, n=2)
+    assert [c.index for c in r.choices] == list(range(6)), r
+    alone = [client.completions.create(model=NAME, prompt=p, max_tokens=4, temperature=0) for p in prompts]
+    for p, a in enumerate(alone):
+        assert r.choices[2 * p].text == r.choices[2 * p + 1].text == a.choices[0].text, (p, r.choices, a)
+    assert r.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone), r.usage
+    assert r.usage.completion_tokens == sum(2 * a.usage.completion_tokens for a in alone), r.usage
+    streamed = {}
+    for chunk in client.completions.create(model=NAME, prompt=prompts[:2], max_tokens=4, temperature=0, stream=True):
+        for ch in chunk.choices:
+            streamed[ch.index] = streamed.get(ch.index, "") + ch.text
+    assert streamed == {0: alone[0].choices[0].text, 1: alone[1].choices[0].text}, streamed
+    expect_error(400, "POST", "/v1/completions", {"model": NAME, "prompt": ["a", 5]}, param="prompt")
+    expect_error(400, "POST", "/v1/completions", {"model": NAME, "prompt": ["ok", "x" * 3000], "max_tokens": 4})
+
 def main():
     if lib.missing_prereqs("test_server"):
         return 1
@@ -409,7 +431,7 @@ def main():
         tests = [test_health_and_models, test_chat_nonstream_and_stream_agree, test_completions, test_curl,
                  test_seed_reproducible, test_prefix_cache_reported, test_tokenize_roundtrip,
                  test_errors_then_success, test_concurrent_streams_batched, test_disconnect_frees_blocks,
-                 test_n_choices, test_logit_bias, test_min_tokens, test_json_mode, test_responses_api]
+                 test_n_choices, test_logit_bias, test_min_tokens, test_json_mode, test_responses_api, test_prompt_list]
         passed, failed = lib.run_tests(tests, proc=proc)
     finally:
         lib.stop_server(proc)
