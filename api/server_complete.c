@@ -342,28 +342,18 @@ static void stream_event(struct server *s, struct choice *c, const struct sched_
     const model_tok *tok = model_get_tok(s->m);
     if (q->responses) {
         if (resp_tools(q) && ev->finish != SCHED_FINISH_ERROR) return; /* the items go out at the end */
-        if (ev->kind == SCHED_EV_TOKEN && ev->text_len) {
-            struct json_buf f;
-            json_buf_init(&f);
-            json_buf_addf(&f, "\"item_id\":\"msg_%s\",\"output_index\":0,\"content_index\":0,\"delta\":", q->base.rid);
-            json_buf_add_str(&f, ev->text, ev->text_len);
-            send_resp_event(q, "response.output_text.delta", &f);
-            json_buf_free(&f);
-        } else if (ev->kind != SCHED_EV_TOKEN && ev->finish == SCHED_FINISH_ERROR) {
-            struct json_buf f;
-            json_buf_init(&f);
+        struct json_buf f;
+        json_buf_init(&f);
+        if (ev->kind != SCHED_EV_TOKEN && ev->finish == SCHED_FINISH_ERROR) {
             json_buf_lit(&f, "\"code\":\"server_error\",\"message\":");
             json_buf_add_str(&f, ev->error, strlen(ev->error));
             send_resp_event(q, "error", &f);
-            json_buf_free(&f);
-        } else if (ev->kind != SCHED_EV_TOKEN && ev->text_len) { /* text held back by a stop check */
-            struct json_buf f;
-            json_buf_init(&f);
+        } else if (ev->text_len) { /* a token's text, or text a stop check held back until the finish */
             json_buf_addf(&f, "\"item_id\":\"msg_%s\",\"output_index\":0,\"content_index\":0,\"delta\":", q->base.rid);
             json_buf_add_str(&f, ev->text, ev->text_len);
             send_resp_event(q, "response.output_text.delta", &f);
-            json_buf_free(&f);
         }
+        json_buf_free(&f);
         return;
     }
     if (ev->kind == SCHED_EV_TOKEN) {
