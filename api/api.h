@@ -51,6 +51,7 @@ int api_vllm_compat(const struct api_vllm_flags *f, char *err, size_t errlen);
 int api_cmd_serve(int argc, char **argv);
 /* api_cmd_serve's status after the backend failed for good (store closed):
  * main exits at once, without an orderly GPU teardown that could hang. */
+#define SLUICE_VERSION "0.1.0"
 #define API_EXIT_NOW 3
 int api_cmd_generate(int argc, char **argv);
 int api_cmd_tokenize(int argc, char **argv);

@@ -5,7 +5,6 @@
 
 #include "api.h"
 
-#define SLUICE_VERSION "0.1.0"
 
 static void usage(void)
 {

@@ -173,16 +173,23 @@ static void handle_health(struct server *s, struct evhttp_request *req)
     json_buf_free(&b);
 }
 
-static void handle_models(struct server *s, struct evhttp_request *req)
+/* GET /v1/models (id NULL: the list) or /v1/models/{id} (the one model, or 404). */
+static void handle_models(struct server *s, struct evhttp_request *req, const char *id)
 {
+    if (id && strcmp(id, s->model_name)) {
+        srv_reply_error(req, 404, "invalid_request_error", "model", "The model `%s` does not exist.", id);
+        return;
+    }
     struct json_buf b;
     json_buf_init(&b);
     int max_len = s->eng ? sched_engine_config(s->eng)->max_model_len : (int)s->o.max_model_len;
-    json_buf_lit(&b, "{\"object\":\"list\",\"data\":[{\"id\":");
+    if (!id) json_buf_lit(&b, "{\"object\":\"list\",\"data\":[");
+    json_buf_lit(&b, "{\"id\":");
     json_buf_add_str(&b, s->model_name, strlen(s->model_name));
     json_buf_addf(&b, ",\"object\":\"model\",\"created\":%ld,\"owned_by\":\"sluice\",\"root\":", (long)time(NULL));
     json_buf_add_str(&b, s->o.model, strlen(s->o.model));
-    json_buf_addf(&b, ",\"parent\":null,\"max_model_len\":%d}]}", max_len);
+    json_buf_addf(&b, ",\"parent\":null,\"max_model_len\":%d}", max_len);
+    if (!id) json_buf_lit(&b, "]}");
     srv_reply_json(req, 200, &b);
     json_buf_free(&b);
 }
@@ -393,11 +400,24 @@ static void route(struct evhttp_request *req, void *arg)
         else srv_handle_batch_api(s, req, path);
         return;
     }
+    if (!strncmp(path, "/v1/models/", 11) && path[11]) { /* client.models.retrieve(id) */
+        if (!get) {
+            evhttp_add_header(evhttp_request_get_output_headers(req), "Allow", "GET");
+            srv_reply_error(req, 405, "invalid_request_error", NULL, "method not allowed on %s (use GET)", path);
+        } else if (!srv_auth_ok(s, req)) {
+            srv_reply_error(req, 401, "invalid_request_error", NULL, "invalid or missing API key");
+        } else {
+            char *id = evhttp_uridecode(path + 11, 0, NULL);
+            handle_models(s, req, id ? id : path + 11);
+            free(id);
+        }
+        return;
+    }
     static const struct { const char *path; bool post, v1; } routes[] = {
         {"/health", false, false}, {"/ping", false, false}, {"/metrics", false, false},
         {"/v1/models", false, true}, {"/tokenize", true, false}, {"/detokenize", true, false},
         {"/v1/chat/completions", true, true}, {"/v1/completions", true, true},
-        {"/apply-template", true, false}, {"/v1/responses", true, true},
+        {"/apply-template", true, false}, {"/v1/responses", true, true}, {"/version", false, false},
     };
     int r = -1;
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
@@ -419,13 +439,21 @@ static void route(struct evhttp_request *req, void *arg)
     switch (r) {
     case 0: case 1: handle_health(s, req); break;
     case 2: handle_metrics(s, req); break;
-    case 3: handle_models(s, req); break;
+    case 3: handle_models(s, req, NULL); break;
     case 4: handle_tokenize(s, req); break;
     case 5: handle_detokenize(s, req); break;
     case 6: if (ready_or_503(s, req)) srv_handle_completions(s, req, true); break;
     case 7: if (ready_or_503(s, req)) srv_handle_completions(s, req, false); break;
     case 8: handle_apply_template(s, req); break;
     case 9: if (ready_or_503(s, req)) srv_handle_responses(s, req); break;
+    case 10: {
+        struct json_buf b;
+        json_buf_init(&b);
+        json_buf_lit(&b, "{\"version\":\"" SLUICE_VERSION "\"}");
+        srv_reply_json(req, 200, &b);
+        json_buf_free(&b);
+        break;
+    }
     }
 }
 

@@ -59,6 +59,17 @@ def test_health_and_models():
     client = OpenAI(base_url=f"http://127.0.0.1:{PORT}/v1", api_key=KEY)
     models = client.models.list()
     assert [m.id for m in models.data] == [NAME]
+    m = client.models.retrieve(NAME)
+    assert m.id == NAME and m.object == "model", m
+    import openai
+    try:
+        client.models.retrieve("no-such-model")
+        raise AssertionError("retrieved a model that is not served")
+    except openai.NotFoundError as e:
+        assert e.body["param"] == "model", e.body
+    st, text = request("GET", "/version", key=None)
+    assert st == 200 and json.loads(text)["version"], text
+    assert request("GET", f"/v1/models/{NAME}", key=None)[0] == 401  # the API key guards it like /v1/models
 
 
 def test_chat_nonstream_and_stream_agree():
