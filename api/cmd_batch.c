@@ -576,7 +576,8 @@ static void guess_endpoint(const char *path, char *out, size_t cap)
         if (strspn(line, " \t\r\n") == (size_t)n) continue;
         if (!json_parse(&d, line, (size_t)n, e, sizeof e)) {
             int u = json_is_obj(&d, 0) ? json_get(&d, 0, "url") : -1;
-            if (u >= 0 && (json_str_eq(&d, u, "/v1/completions") || json_str_eq(&d, u, "/v1/chat/completions")))
+            if (u >= 0 && (json_str_eq(&d, u, "/v1/completions") || json_str_eq(&d, u, "/v1/chat/completions") ||
+                           json_str_eq(&d, u, "/v1/responses")))
                 json_str(&d, u, out, cap);
             json_free(&d);
         }

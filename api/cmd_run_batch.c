@@ -1,6 +1,6 @@
 /* cmd_run_batch.c - `sluice run-batch`: the offline runner vLLM users know
  * (`vllm run-batch`). Reads OpenAI batch lines (custom_id, method, url, body)
- * for /v1/chat/completions and /v1/completions, runs them through the engine
+ * for /v1/chat/completions, /v1/completions and /v1/responses, runs them through the engine
  * (batch priority), and writes one output line per input line, in input
  * order, as soon as the lines before it are done.
  *
@@ -51,6 +51,7 @@ struct line {
     struct lchoice *ch;          /* owned [n] */
     struct api_oai_result *res;  /* owned [n] */
     bool bad;                    /* a choice failed: the line is answered with `err` */
+    bool responses;              /* a /v1/responses line: the body is a Response object */
     char err[600];
     char *out;                   /* the rendered output line, owned until written */
 };
@@ -149,7 +150,15 @@ static void line_response(struct batch *b, struct line *l, int status, const str
     } else {
         char id[48];
         snprintf(id, sizeof id, "%s%s", l->req.kind == API_OAI_CHAT ? "chatcmpl-" : "cmpl-", cid);
-        api_oai_response_json(&o, &l->req, l->res, id, b->created, b->served_name);
+        if (l->responses) {
+            struct json_buf chat;
+            json_buf_init(&chat);
+            api_oai_response_json(&chat, &l->req, l->res, id, b->created, b->served_name);
+            api_resp_from_chat(&o, chat.p ? chat.p : "", chat.len, cid, b->created, b->served_name);
+            json_buf_free(&chat);
+        } else {
+            api_oai_response_json(&o, &l->req, l->res, id, b->created, b->served_name);
+        }
     }
     json_buf_add(&o, "},\"error\":null}", 15);
     set_out(l, &o);
@@ -175,7 +184,10 @@ static void line_release(struct line *l)
 /* Parses line l and submits it; on any error renders its output line. */
 static void prepare(struct batch *b, struct line *l)
 {
-    json_doc d;
+    json_doc d, d2;
+    bool have_d2 = false;
+    struct json_buf chat; /* a /v1/responses line: its chat body (d2 borrows it) */
+    json_buf_init(&chat);
     char err[512];
     struct api_oai_error e;
     if (json_parse(&d, l->text, strlen(l->text), err, sizeof err)) {
@@ -204,15 +216,31 @@ static void prepare(struct batch *b, struct line *l)
     }
     if (url >= 0 && json_str_eq(&d, url, "/v1/chat/completions")) kind = API_OAI_CHAT;
     else if (url >= 0 && json_str_eq(&d, url, "/v1/completions")) kind = API_OAI_COMPLETIONS;
+    else if (url >= 0 && json_str_eq(&d, url, "/v1/responses")) l->responses = true;
     else {
-        line_error(b, l, "invalid_url", "'url' must be \"/v1/chat/completions\" or \"/v1/completions\"");
+        line_error(b, l, "invalid_url",
+                   "'url' must be \"/v1/chat/completions\", \"/v1/completions\" or \"/v1/responses\"");
         goto done;
     }
     if (body < 0 || !json_is_obj(&d, body)) {
         line_error(b, l, "invalid_request", "'body' is required and must be an object");
         goto done;
     }
-    if (api_oai_parse_doc(&d, body, kind, NULL, &l->req, &e)) {
+    if (l->responses) { /* the Responses body as the chat body it means */
+        size_t bl = 0;
+        const char *raw = json_raw(&d, body, &bl);
+        if (api_resp_to_chat(raw, bl, &chat, &e)) {
+            line_response(b, l, e.status, &e);
+            goto done;
+        }
+        if (json_parse(&d2, chat.p, chat.len, err, sizeof err)) {
+            api_oai_errorf(&e, 500, NULL, "internal: the translated body does not parse");
+            line_response(b, l, 500, &e);
+            goto done;
+        }
+        have_d2 = true;
+    }
+    if (api_oai_parse_doc(l->responses ? &d2 : &d, l->responses ? 0 : body, kind, NULL, &l->req, &e)) {
         line_response(b, l, e.status, &e);
         goto done;
     }
@@ -278,6 +306,8 @@ static void prepare(struct batch *b, struct line *l)
     b->prompt_tokens += n;
 done:
     json_free(&d);
+    if (have_d2) json_free(&d2);
+    json_buf_free(&chat);
     free(l->text);
     l->text = NULL;
     if (l->st == LINE_DONE) line_release(l);
@@ -369,7 +399,7 @@ static int read_line(struct batch *b)
 
 static const char USAGE[] =
     "usage: sluice run-batch --model PATH -i INPUT.jsonl -o OUTPUT.jsonl [flags]\n"
-    "  Runs an OpenAI batch file (/v1/chat/completions, /v1/completions lines) through the\n"
+    "  Runs an OpenAI batch file (/v1/chat/completions, /v1/completions, /v1/responses lines) through the\n"
     "  continuous-batching engine; writes one output line per input line, in input order.\n"
     "  -i/-o are short for --input/--output; '-' means stdin/stdout.\n\n";
 

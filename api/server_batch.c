@@ -96,6 +96,7 @@ struct job {
     struct jchoice *ch;            /* [n] */
     uint64_t *eng_id;              /* [n] */
     bool aborted;                  /* sched_engine_abort() already asked */
+    bool responses;                /* a /v1/responses row: the result is a Response object */
     char *fail;                    /* owned; a later choice could not be submitted: the row's error */
     struct api_oai_req r;
     struct api_oai_result *res;    /* [n] */
@@ -289,6 +290,13 @@ static void finish_job(struct srv_batch *b, struct job *j)
         struct json_buf body;
         json_buf_init(&body);
         api_oai_response_json(&body, &j->r, j->res, id, (long)time(NULL), s->model_name);
+        if (j->responses && !body.oom) { /* the Response object the chat reply means */
+            struct json_buf resp;
+            json_buf_init(&resp);
+            api_resp_from_chat(&resp, body.p, body.len, id + strlen("chatcmpl-"), (long)time(NULL), s->model_name);
+            json_buf_free(&body);
+            body = resp;
+        }
         if (body.oom) json_buf_free(&body);
         else add_result(b, j->row_id, 200, body.p, NULL, NULL);
     }
@@ -321,6 +329,8 @@ static void submit_row(struct srv_batch *b, const struct store_row *row)
     struct api_oai_error e = {0};
     json_doc d = {0};
     int32_t *ids = NULL;
+    struct json_buf chat; /* a /v1/responses row: its chat body */
+    json_buf_init(&chat);
     struct job *j = calloc(1, sizeof *j);
     if (!j) {
         api_oai_errorf(&e, 500, NULL, "out of memory");
@@ -329,7 +339,15 @@ static void submit_row(struct srv_batch *b, const struct store_row *row)
     j->row_id = row->row_id;
     snprintf(j->batch_id, sizeof j->batch_id, "%s", row->batch_id);
     char perr[256];
-    if (json_parse(&d, row->body, row->body_len, perr, sizeof perr) || !json_is_obj(&d, 0)) {
+    const char *body = row->body;
+    size_t body_len = row->body_len;
+    j->responses = !strcmp(row->url, "/v1/responses");
+    if (j->responses) { /* the Responses body as the chat body it means */
+        if (api_resp_to_chat(row->body, row->body_len, &chat, &e)) goto fail;
+        body = chat.p, body_len = chat.len;
+    }
+    int pr = json_parse(&d, body, body_len, perr, sizeof perr); /* d borrows the text: chat lives until d goes */
+    if (pr || !json_is_obj(&d, 0)) {
         api_oai_errorf(&e, 400, "body", "the request body is not a JSON object");
         goto fail;
     }
@@ -393,12 +411,14 @@ static void submit_row(struct srv_batch *b, const struct store_row *row)
     inflight_add(b, j);
     free(ids);
     json_free(&d);
+    json_buf_free(&chat);
     return;
 fail:
     if (!e.type) e.type = e.status >= 500 ? "server_error" : "invalid_request_error";
     add_error_response(b, row->row_id, &e);
     free(ids);
     json_free(&d);
+    json_buf_free(&chat);
     job_free(j);
 }
 

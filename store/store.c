@@ -1171,8 +1171,9 @@ int store_batch_create(store *s, const char *input_file_id, const char *endpoint
         set_err(err, errlen, "input_file_id is required");
         return SL_EINVAL;
     }
-    if (!endpoint || (strcmp(endpoint, "/v1/chat/completions") && strcmp(endpoint, "/v1/completions"))) {
-        set_err(err, errlen, "endpoint must be '/v1/chat/completions' or '/v1/completions', not '%s'",
+    if (!endpoint ||
+        (strcmp(endpoint, "/v1/chat/completions") && strcmp(endpoint, "/v1/completions") && strcmp(endpoint, "/v1/responses"))) {
+        set_err(err, errlen, "endpoint must be '/v1/chat/completions', '/v1/completions' or '/v1/responses', not '%s'",
                 endpoint ? endpoint : "");
         return SL_EINVAL;
     }

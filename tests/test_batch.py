@@ -194,6 +194,26 @@ def test_n_choices(srv):
     assert len(out[1]["response"]["body"]["choices"]) == 1
 
 
+def test_responses_batch(srv):
+    """A batch on /v1/responses: each result body is a Response object with
+    the text /v1/responses gives for the same request."""
+    c = srv.client()
+    bodies = [{"model": NAME, "input": "What is the capital of France?", "max_output_tokens": 8, "temperature": 0},
+              {"model": NAME, "instructions": "Answer briefly.", "input": [{"role": "user", "content": "Say hi."}],
+               "max_output_tokens": 6, "temperature": 0}]
+    lines = [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/responses", "body": bd} for i, bd in enumerate(bodies)]
+    lines.append({"custom_id": "bad", "method": "POST", "url": "/v1/responses", "body": {"model": NAME, "input": 5}})
+    b = wait_batch(c, submit(c, write_jsonl("resp.jsonl", lines), endpoint="/v1/responses").id)
+    assert b.status == "completed" and b.request_counts.completed == 2 and b.request_counts.failed == 1, b
+    out = read_lines(c, b.output_file_id)
+    for o, bd in zip(out, bodies):
+        body = o["response"]["body"]
+        assert body["object"] == "response" and body["id"].startswith("resp_"), body
+        direct = c.responses.create(**bd)
+        assert body["output"][0]["content"][0]["text"] == direct.output_text, (body, direct)
+    err = read_lines(c, b.error_file_id)
+    assert err[0]["custom_id"] == "bad" and err[0]["response"]["status_code"] == 400, err
+
 def curl(*args):
     r = subprocess.run(["curl", "-sS", "-H", f"Authorization: Bearer {KEY}"] + list(args), capture_output=True,
                        text=True, timeout=120)
@@ -525,7 +545,7 @@ def main():
     passed = failed = 0
     try:
         srv.start()
-        tests = [test_openai_flow, test_n_choices, test_curl_flow_completions, test_cli, test_validation_failure,
+        tests = [test_openai_flow, test_n_choices, test_responses_batch, test_curl_flow_completions, test_cli, test_validation_failure,
                  test_api_errors, test_upload_large_and_delete, test_cancel_mid_run, test_expiry, test_coexistence,
                  test_listing_pagination, test_crash_safety]
         passed, failed = lib.run_tests(tests, srv, proc=srv.proc, only=sys.argv[1:])
