@@ -4,6 +4,7 @@
 #   make run        serve the default model on 127.0.0.1:8000
 #   make model      fetch the default model into models/
 #   make gpu-test   GPU tests (run on a GPU host)
+#   make bench      benchmarks (CPU here; the GPU ones too on a GPU host)
 
 CC       ?= gcc
 NVCC     ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
@@ -75,6 +76,22 @@ else
 gpu-test:
 	@echo "gpu-test: this build has no CUDA (nvcc not found or CUDA=0)"; exit 1
 endif
+
+# Benchmarks (numbers go to BENCHMARKS.md with the machine they ran on): the
+# CPU forward pass on the default model and JSON mode's vocabulary mask; on a
+# GPU host also the Llama-3.1-8B shape (dummy weights) through the backend.
+$(BUILD)/json_mask_bench: tools/bench/json_mask_bench.c $(CUDA_OBJS) $(BUILD)/libsluice.a
+	$(CC) $(CFLAGS) $< $(CUDA_OBJS) $(BUILD)/libsluice.a -o $@ $(LDLIBS)
+
+BENCH_DEPS := $(BUILD)/sluice $(BUILD)/tests/test_forward $(BUILD)/json_mask_bench $(MODEL)
+ifeq ($(CUDA),1)
+BENCH_DEPS += $(GPU_BENCH_BINS)
+endif
+bench: $(BENCH_DEPS)
+	SLUICE_BENCH=1 $(BUILD)/tests/test_forward
+	$(BUILD)/json_mask_bench
+	@if [ -x $(BUILD)/tests/gpu/bench_gpu ] && nvidia-smi -L >/dev/null 2>&1; then \
+	  NCCL_NVLS_ENABLE=0 $(BUILD)/tests/gpu/bench_gpu; else echo "bench: no GPU here, GPU benchmarks skipped"; fi
 
 # Serves the default model on 127.0.0.1:8000 (the server prints a curl line to try).
 run: $(BUILD)/sluice $(MODEL)
