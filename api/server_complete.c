@@ -28,7 +28,6 @@ struct choice {
     int index;
     uint64_t id;
     bool done;
-    struct api_oai_result res;    /* non-streamed: the output so far */
     /* streamed chat with --reasoning-parser / --tool-call-parser: the text
      * goes through both parsers as it arrives */
     bool parse;
@@ -47,6 +46,8 @@ struct srv_req {
     int seq;                      /* /v1/responses stream: the next event's sequence_number */
     char error[160];
     struct sched_usage usage;     /* the prompt's (first choice), completion tokens summed */
+    struct api_oai_result *res;   /* [n] owned: choice i's output so far (non-streamed, and streams that
+                                     need the whole text: required tool_choice, /v1/responses) */
     struct choice ch[];           /* [n] */
 };
 
@@ -88,13 +89,17 @@ static void detach(struct srv_req *q)
 static struct srv_req *new_req(int n)
 {
     struct srv_req *q = calloc(1, sizeof *q + (size_t)n * sizeof(struct choice));
-    if (!q) return NULL;
+    if (q) q->res = calloc((size_t)n, sizeof *q->res);
+    if (!q || !q->res) {
+        free(q);
+        return NULL;
+    }
     q->n = n;
     for (int i = 0; i < n; i++) {
         q->ch[i].kind = SRV_USER_CHAT;
         q->ch[i].q = q;
         q->ch[i].index = i;
-        api_oai_result_init(&q->ch[i].res);
+        api_oai_result_init(&q->res[i]);
     }
     return q;
 }
@@ -103,9 +108,10 @@ static void free_req(struct srv_req *q)
 {
     for (int i = 0; i < q->n; i++) {
         if (q->ch[i].parse) api_toolcall_free(&q->ch[i].tp);
-        api_oai_result_free(&q->ch[i].res);
+        api_oai_result_free(&q->res[i]);
     }
     api_oai_req_free(&q->r);
+    free(q->res);
     free(q);
 }
 
@@ -264,7 +270,7 @@ static void resp_final(struct server *s, struct srv_req *q, struct json_buf *out
 {
     struct json_buf chat;
     json_buf_init(&chat);
-    api_oai_response_json(&chat, &q->r, &q->ch[0].res, q->base.rid, q->base.created, s->model_name);
+    api_oai_response_json(&chat, &q->r, &q->res[0], q->base.rid, q->base.created, s->model_name);
     api_resp_from_chat(out, chat.p ? chat.p : "", chat.len, q->base.rid, q->base.created, s->model_name);
     json_buf_free(&chat);
 }
@@ -274,7 +280,7 @@ static void resp_event(struct server *s, struct srv_req *q, const char *type, co
 {
     struct json_buf f;
     json_buf_init(&f);
-    const struct api_oai_result *res = &q->ch[0].res;
+    const struct api_oai_result *res = &q->res[0];
     json_buf_lit(&f, "\"response\":");
     api_resp_json(&f, q->base.rid, q->base.created, s->model_name, status, res->text.p ? res->text.p : "",
                   res->text.len, &q->usage, res->finish);
@@ -285,7 +291,7 @@ static void resp_event(struct server *s, struct srv_req *q, const char *type, co
 /* The events around the text: item and part added (start) or done (end). */
 static void resp_frame_events(struct srv_req *q, bool start)
 {
-    const struct api_oai_result *res = &q->ch[0].res;
+    const struct api_oai_result *res = &q->res[0];
     const char *st = start ? "in_progress" : "completed";
     struct json_buf f;
     json_buf_init(&f);
@@ -385,7 +391,7 @@ static void stream_event(struct server *s, struct choice *c, const struct sched_
     if (q->r.forced_list) {
         struct json_buf calls;
         json_buf_init(&calls);
-        const struct api_oai_result *res = &c->res;
+        const struct api_oai_result *res = &q->res[c->index];
         if (api_oai_list_calls(&calls, res->text.p ? res->text.p : "", res->text.len, q->base.rid, c->index, true)) {
             struct delta d = {.index = c->index, .text = "", .calls = &calls};
             send_delta(s, q, &d);
@@ -460,7 +466,7 @@ static void stream_end(struct server *s, struct srv_req *q)
             } else {
                 resp_frame_events(q, false);
             }
-            bool cut = q->ch[0].res.finish == SCHED_FINISH_LENGTH;
+            bool cut = q->res[0].finish == SCHED_FINISH_LENGTH;
             f.len = 0;
             json_buf_lit(&f, "\"response\":");
             json_buf_add(&f, r.p ? r.p : "{}", r.p ? r.len : 2);
@@ -547,7 +553,7 @@ void srv_drain_events(struct server *s)
         }
         if (q->base.req) {
             /* a streamed "required" tool_choice sends its calls whole at the end: it needs the text too */
-            if (!q->base.stream || q->r.forced_list || q->responses) api_oai_result_add(&c->res, &q->r, tok, ev);
+            if (!q->base.stream || q->r.forced_list || q->responses) api_oai_result_add(&q->res[c->index], &q->r, tok, ev);
             if (q->base.stream) stream_event(s, c, ev);
         }
         if (ev->kind != SCHED_EV_FINISH) continue;
@@ -562,19 +568,9 @@ void srv_drain_events(struct server *s)
             } else {
                 struct json_buf b;
                 json_buf_init(&b);
-                struct api_oai_result *res = malloc((size_t)q->n * sizeof *res);
-                if (res && q->responses) {
-                    resp_final(s, q, &b);
-                    srv_reply_json(q->base.req, 200, &b);
-                    free(res);
-                } else if (res) {
-                    for (int k = 0; k < q->n; k++) res[k] = q->ch[k].res; /* borrowed: freed with q */
-                    api_oai_response_json(&b, &q->r, res, q->base.rid, q->base.created, s->model_name);
-                    srv_reply_json(q->base.req, 200, &b);
-                    free(res);
-                } else {
-                    srv_reply_error(q->base.req, 500, "server_error", NULL, "out of memory");
-                }
+                if (q->responses) resp_final(s, q, &b);
+                else api_oai_response_json(&b, &q->r, q->res, q->base.rid, q->base.created, s->model_name);
+                srv_reply_json(q->base.req, 200, &b);
                 json_buf_free(&b);
             }
         }

@@ -24,9 +24,7 @@ enum {
     G_COLON,        /* after a key */
     G_VALUE_OR_END, /* just after '[': a value or ']' */
     G_AFTER,        /* after a value: ',' or the closing bracket of the container */
-    G_STRING,       /* inside a string (key or value) */
-    G_ESC,          /* after a backslash */
-    G_HEX,          /* inside \uXXXX: hex left in n */
+    G_STRING,       /* inside a string (key or value): sched_json_str's state in n */
     G_NUM,          /* inside a number: sub-state in n */
     G_LIT,          /* inside true/false/null: lit[n] is the next byte */
     G_DONE,         /* the top-level object closed */
@@ -36,6 +34,25 @@ enum {
 static bool ws(uint8_t c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 static bool digit(uint8_t c) { return c >= '0' && c <= '9'; }
 static bool hex(uint8_t c) { return digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
+
+int sched_json_str(int st, uint8_t c)
+{
+    switch (st) {
+    case SCHED_STR_BODY:
+        if (c == '"') return SCHED_STR_END;
+        if (c == '\\') return SCHED_STR_ESC;
+        return c >= 0x20 ? SCHED_STR_BODY : -1; /* control characters must be escaped */
+    case SCHED_STR_ESC:
+        if (c == 'u') return SCHED_STR_HEX1;
+        return c && strchr("\"\\/bfnrt", c) ? SCHED_STR_BODY : -1;
+    case SCHED_STR_HEX1: case SCHED_STR_HEX2: case SCHED_STR_HEX3:
+        return hex(c) ? st + 1 : -1;
+    case SCHED_STR_HEX4:
+        return hex(c) ? SCHED_STR_BODY : -1;
+    default:
+        return -1;
+    }
+}
 
 int sched_json_num(int st, uint8_t c, bool integer)
 {
@@ -86,7 +103,7 @@ static bool start_value(struct sched_guide *g, uint8_t c)
     switch (c) {
     case '{': g->state = G_KEY_OR_END; return push(g, '{');
     case '[': g->state = G_VALUE_OR_END; return push(g, '[');
-    case '"': g->state = G_STRING, g->key = false; return true;
+    case '"': g->state = G_STRING, g->key = false, g->n = SCHED_STR_BODY; return true;
     case '-': case '0': g->state = G_NUM, g->n = sched_json_num(SCHED_NUM_START, c, false); return true;
     case 't': g->state = G_LIT, g->lit = "true", g->n = 1; return true;
     case 'f': g->state = G_LIT, g->lit = "false", g->n = 1; return true;
@@ -121,7 +138,7 @@ bool sched_guide_step(struct sched_guide *g, uint8_t c)
     if (g->schema) return sched_schema_step(g, c);
     bool space = ws(c);
     switch (g->state) {
-    case G_STRING: case G_ESC: case G_HEX: case G_NUM: case G_LIT: break;
+    case G_STRING: case G_NUM: case G_LIT: break;
     default:
         if (space) {
             if (g->state == G_DONE || ++g->n_ws > GUIDE_MAX_WS) return false;
@@ -152,7 +169,7 @@ bool sched_guide_step(struct sched_guide *g, uint8_t c)
         /* fall through */
     case G_KEY:
         if (c != '"') return false;
-        g->state = G_STRING, g->key = true;
+        g->state = G_STRING, g->key = true, g->n = SCHED_STR_BODY;
         return true;
     case G_COLON:
         if (c != ':') return false;
@@ -160,29 +177,14 @@ bool sched_guide_step(struct sched_guide *g, uint8_t c)
         return true;
     case G_AFTER:
         return after(g, c);
-    case G_STRING:
-        if (c == '"') {
-            if (g->key) g->state = G_COLON;
-            else value_end(g);
-            return true;
-        }
-        if (c == '\\') {
-            g->state = G_ESC;
-            return true;
-        }
-        return c >= 0x20; /* control characters must be escaped */
-    case G_ESC:
-        if (c == 'u') {
-            g->state = G_HEX, g->n = 4;
-            return true;
-        }
-        if (!strchr("\"\\/bfnrt", c) || !c) return false;
-        g->state = G_STRING;
+    case G_STRING: {
+        int st = sched_json_str(g->n, c);
+        if (st < 0) return false;
+        if (st != SCHED_STR_END) g->n = st;
+        else if (g->key) g->state = G_COLON;
+        else value_end(g);
         return true;
-    case G_HEX:
-        if (!hex(c)) return false;
-        if (--g->n == 0) g->state = G_STRING;
-        return true;
+    }
     case G_LIT:
         if (c != (uint8_t)g->lit[g->n]) return false;
         if (!g->lit[++g->n]) value_end(g);
@@ -280,7 +282,7 @@ static struct sched_guide canon(const struct sched_guide *g)
 
 static void compute_mask(const struct sched_guide *g, const struct sched_guide_vocab *v, uint8_t *allow)
 {
-    bool in_string = g->schema ? sched_schema_in_string(g) : g->state == G_STRING;
+    bool in_string = g->schema ? sched_schema_in_string(g) : g->state == G_STRING && g->n == SCHED_STR_BODY;
     /* most tokens fail on their first byte: decide those from a table; inside
      * a string, plain tokens continue it whatever they hold */
     bool first[256];

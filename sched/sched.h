@@ -318,6 +318,11 @@ enum { SCHED_NUM_START, SCHED_NUM_MINUS, SCHED_NUM_ZERO, SCHED_NUM_INT, SCHED_NU
        SCHED_NUM_E, SCHED_NUM_ESIGN, SCHED_NUM_EXP };
 int sched_json_num(int st, uint8_t c, bool integer);
 bool sched_json_num_complete(int st);
+/* The inside of a JSON string (after its opening quote), shared the same
+ * way: the state after byte c from st; -1 when c cannot continue the string,
+ * SCHED_STR_END when c is its closing quote. */
+enum { SCHED_STR_BODY, SCHED_STR_ESC, SCHED_STR_HEX1, SCHED_STR_HEX2, SCHED_STR_HEX3, SCHED_STR_HEX4, SCHED_STR_END };
+int sched_json_str(int st, uint8_t c);
 /* schema.c's side of sched_guide_step / the mask (internal to sched/) */
 bool sched_schema_step(struct sched_guide *g, uint8_t c);
 bool sched_schema_in_string(const struct sched_guide *g);

@@ -350,10 +350,9 @@ void sched_schema_free(struct sched_schema *s) { free(s); }
 /* frame phases */
 enum { P_START, P_KEY, P_COLON, P_VALUE, P_AFTER, P_FIRST, P_BODY };
 /* primitive sub-states in g->state (0 = none) */
-enum { X_NONE, X_STRING, X_ESC, X_HEX, X_NUM, X_LIT };
+enum { X_NONE, X_STRING, X_NUM, X_LIT }; /* X_STRING: sched_json_str's state in n */
 
 static bool is_ws(uint8_t c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
-static bool is_hex(uint8_t c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
 
 static bool push(struct sched_guide *g, int node, int phase)
 {
@@ -435,6 +434,7 @@ static bool value_start(struct sched_guide *g, uint8_t c)
         if (c != '"') return false;
         f->phase = P_BODY;
         g->state = X_STRING;
+        g->n = SCHED_STR_BODY;
         return true;
     case K_NUMBER:
     case K_INTEGER: {
@@ -464,7 +464,7 @@ void sched_guide_init_schema(struct sched_guide *g, const struct sched_schema *s
     push(g, 0, P_START);
 }
 
-bool sched_schema_in_string(const struct sched_guide *g) { return g->state == X_STRING; }
+bool sched_schema_in_string(const struct sched_guide *g) { return g->state == X_STRING && g->n == SCHED_STR_BODY; }
 
 bool sched_schema_step(struct sched_guide *g, uint8_t c)
 {
@@ -474,25 +474,13 @@ bool sched_schema_step(struct sched_guide *g, uint8_t c)
     const struct snode *nd = &s->node[f->node];
     /* inside a primitive: strings, numbers, literals (keys too) */
     switch (g->state) {
-    case X_STRING:
-        if (c == '"') {
-            complete(g);
-            return true;
-        }
-        if (c == '\\') g->state = X_ESC;
-        return c >= 0x20;
-    case X_ESC:
-        if (c == 'u') {
-            g->state = X_HEX, g->n = 4;
-            return true;
-        }
-        if (!c || !strchr("\"\\/bfnrt", c)) return false;
-        g->state = X_STRING;
+    case X_STRING: {
+        int st = sched_json_str(g->n, c);
+        if (st < 0) return false;
+        if (st == SCHED_STR_END) complete(g);
+        else g->n = st;
         return true;
-    case X_HEX:
-        if (!is_hex(c)) return false;
-        if (--g->n == 0) g->state = X_STRING;
-        return true;
+    }
     case X_NUM: {
         int st = sched_json_num(g->n, c, nd->kind == K_INTEGER);
         if (st == -1) return false;
