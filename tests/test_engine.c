@@ -1,7 +1,9 @@
 /* test_engine.c - the engine on the default model (CPU backend, greedy):
  * batched, chunked, cached and preempted runs give exactly the tokens of a
- * lone run; stop strings, refusal and abort. Small token counts throughout so
- * the whole file runs in about a minute on two cores.
+ * lone run; stop strings, refusal and abort; the request features (logit_bias,
+ * min_tokens, JSON and schema mode, seeded sampling) on whatever backend runs
+ * the suite. Small token counts throughout so the whole file runs in about a
+ * minute on two cores.
  *
  * The same suite runs on the GPU (make gpu-test): SLUICE_TEST_DEVICE=cuda,
  * SLUICE_TEST_TP=N (tensor-parallel ranks), SLUICE_TEST_MODEL=path (a model
@@ -19,7 +21,7 @@
 
 #define MODEL_PATH "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 #define MAX_REQ 40
-#define MAX_GEN 16
+#define MAX_GEN 64
 
 static char err[512];
 static const char *g_path = MODEL_PATH, *g_device = "cpu"; /* SLUICE_TEST_MODEL, SLUICE_TEST_DEVICE */
@@ -306,6 +308,197 @@ static void test_abort(void)
     sched_engine_destroy(e);
 }
 
+/* ---- request features: what the HTTP tests cover on the CPU, here at the
+ * engine so that the GPU run covers them too ---- */
+
+static bool is_stop_id(int32_t t)
+{
+    const int32_t *ids;
+    int n = model_tok_stop_ids(model_get_tok(m), &ids);
+    for (int i = 0; i < n; i++)
+        if (ids[i] == t) return true;
+    return false;
+}
+
+static bool in_result(const struct result *r, int32_t t)
+{
+    for (int i = 0; i < r->n; i++)
+        if (r->tok[i] == t) return true;
+    return false;
+}
+
+/* A normal, non-stop token of the text that r never generated (the one a
+ * +100 bias then forces). */
+static int32_t other_token(const struct result *r)
+{
+    const model_tok *tok = model_get_tok(m);
+    for (int i = 0; i < n_text_ids; i++) {
+        int32_t t = text_ids[i];
+        if (!in_result(r, t) && !is_stop_id(t) && model_tok_attr(tok, t) == MODEL_TOK_NORMAL) return t;
+    }
+    return -1;
+}
+
+/* Checks r's output against a copy of the fresh recognizer g0: the generated
+ * bytes (decoded by the tokenizer; a final stop token has none) and the
+ * streamed text are never refused, and an output that ended at a stop token
+ * is one complete object. */
+static void check_json(const char *what, const struct result *r, const struct sched_guide *g0)
+{
+    char buf[4096];
+    bool stopped = r->finish == SCHED_FINISH_STOP;
+    CHECKF(r->done && r->n > 0 && r->n <= MAX_GEN && (stopped || r->finish == SCHED_FINISH_LENGTH),
+           "%s: finish %s, %d tokens", what, sched_finish_name(r->finish), r->n);
+    if (r->n <= 0) return;
+    CHECKF(!stopped || is_stop_id(r->tok[r->n - 1]), "%s: stopped on %d", what, r->tok[r->n - 1]);
+    long len = model_tok_decode(model_get_tok(m), r->tok, r->n - stopped, false, buf, sizeof buf - 1);
+    CHECK(len > 0 && (size_t)len < sizeof buf);
+    if (len <= 0 || (size_t)len >= sizeof buf) return;
+    buf[len] = '\0';
+    struct sched_guide g = *g0;
+    long at = -1;
+    for (long i = 0; i < len && at < 0; i++)
+        if (!sched_guide_step(&g, (uint8_t)buf[i])) at = i;
+    CHECKF(at < 0, "%s: byte %ld refused in '%s'", what, at, buf);
+    CHECKF(at >= 0 || !stopped || sched_guide_done(&g), "%s: stopped before the object closed: '%s'", what, buf);
+    g = *g0;
+    bool ok = true;
+    for (size_t i = 0; i < r->text_len && ok; i++) ok = sched_guide_step(&g, (uint8_t)r->text[i]);
+    CHECKF(ok && (!stopped || sched_guide_done(&g)), "%s: streamed text '%s'", what, r->text);
+    for (long i = 0; i < len; i++)
+        if (buf[i] == '\n' || buf[i] == '\r' || buf[i] == '\t') buf[i] = ' ';
+    printf("  %s: %s after %d tokens: %.80s\n", what, sched_finish_name(r->finish), r->n, buf);
+}
+
+static void test_request_features(void)
+{
+    sched_engine *e = engine(8, 256, 512, 64, false);
+    if (!e) return;
+    const model_tok *tok = model_get_tok(m);
+    const int32_t *p = reqs[3].prompt;
+    int np = reqs[3].n_prompt;
+
+    /* logit_bias: -100 bans the greedy first token, +100 forces another one */
+    struct result base, res[4];
+    struct sched_request r = greedy(p, np, 4);
+    run_one(e, &r, &base);
+    int32_t t0 = base.tok[0], u = other_token(&base);
+    CHECK(base.n == 4 && u >= 0 && u != t0);
+    struct model_logit_bias ban = {t0, -100.0f}, force = {u, 100.0f};
+    struct sched_request rb[2] = {r, r};
+    rb[0].sampling.logit_bias = &ban;
+    rb[0].sampling.n_logit_bias = 1;
+    rb[1].sampling.logit_bias = &force;
+    rb[1].sampling.n_logit_bias = 1;
+    run_all(e, rb, 2, res);
+    CHECKF(res[0].n == 4 && res[0].tok[0] != t0, "banned %d came first", t0);
+    CHECK(res[1].n == 4);
+    for (int i = 0; i < res[1].n; i++) CHECKF(res[1].tok[i] == u, "token %d is %d, forced %d", i, res[1].tok[i], u);
+
+    /* min_tokens: a stop id biased +100 ends the output at once, unless
+     * min_tokens holds it back for that many tokens; once with the model's
+     * stop ids, once with a request's stop_token_ids (honoured with ignore_eos) */
+    const int32_t *stop_ids;
+    int n_stop = model_tok_stop_ids(tok, &stop_ids);
+    struct model_logit_bias eos_bias[8], u_bias = {u, 100.0f};
+    int nb = 0;
+    for (int i = 0; i < n_stop && nb < 8; i++) eos_bias[nb++] = (struct model_logit_bias){stop_ids[i], 100.0f};
+    CHECKF(nb > 0, "the model has no stop ids");
+    struct sched_request rm[4];
+    for (int i = 0; i < 4; i++) {
+        rm[i] = greedy(p, np, 8);
+        rm[i].min_tokens = i % 2 ? 3 : 0;
+        if (i < 2) {
+            rm[i].ignore_eos = false;
+            rm[i].sampling.logit_bias = eos_bias;
+            rm[i].sampling.n_logit_bias = nb;
+        } else {
+            rm[i].stop_token_ids = &u;
+            rm[i].n_stop_token_ids = 1;
+            rm[i].sampling.logit_bias = &u_bias;
+            rm[i].sampling.n_logit_bias = 1;
+        }
+    }
+    run_all(e, rm, 4, res);
+    for (int i = 0; i < 4; i++) {
+        int want = rm[i].min_tokens + 1;
+        int32_t last = res[i].n > 0 ? res[i].tok[res[i].n - 1] : -1;
+        CHECKF(res[i].finish == SCHED_FINISH_STOP && res[i].n == want && res[i].usage.completion_tokens == want,
+               "min_tokens %d (%s): %s after %d tokens", rm[i].min_tokens, i < 2 ? "eos" : "stop_token_ids",
+               sched_finish_name(res[i].finish), res[i].n);
+        CHECK(i < 2 ? is_stop_id(last) : last == u);
+        for (int k = 0; k + 1 < res[i].n; k++)
+            CHECKF(i < 2 ? !is_stop_id(res[i].tok[k]) : res[i].tok[k] != u, "request %d: stop id %d at %d", i,
+                   res[i].tok[k], k);
+    }
+
+    /* JSON and schema mode, greedy and sampled, in one batch, next to a plain
+     * request whose output the recognizer must refuse (so the check can fail) */
+    const char *roles[1] = {"user"};
+    const char *msgs[1] = {"Describe a cat as a JSON object with the keys \"name\" and \"ok\"."};
+    char chat[512];
+    model_chatml_render(roles, msgs, 1, true, chat, sizeof chat);
+    int32_t jp[256];
+    int njp = model_tok_encode(tok, chat, strlen(chat), false, true, jp, 256);
+    CHECK(njp > 0 && njp <= 256);
+    const char *schema_text = "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},"
+                              "\"ok\":{\"type\":\"boolean\"}},\"required\":[\"name\",\"ok\"]}";
+    json_doc d;
+    CHECKF(json_parse(&d, schema_text, strlen(schema_text), err, sizeof err) == 0, "%s", err);
+    struct sched_schema *sc = sched_schema_compile(&d, 0, false, err, sizeof err);
+    json_free(&d);
+    CHECKF(sc != NULL, "%s", err);
+    if (njp > 0 && njp <= 256 && sc) {
+        enum { JGEN = 48 };
+        struct sched_request rj[5];
+        struct result jr[5];
+        for (int i = 0; i < 4; i++) {
+            rj[i] = greedy(jp, njp, JGEN);
+            rj[i].ignore_eos = false;
+            rj[i].json_object = i < 2;
+            rj[i].schema = i < 2 ? NULL : sc;
+            if (i % 2) {
+                rj[i].sampling.temperature = 1.0f;
+                rj[i].sampling.seed = 7 + (uint64_t)i;
+            }
+        }
+        rj[4] = greedy(p, np, 8);
+        run_all(e, rj, 5, jr);
+        struct sched_guide gj, gs;
+        sched_guide_init(&gj);
+        sched_guide_init_schema(&gs, sc);
+        check_json("json greedy", &jr[0], &gj);
+        check_json("json sampled", &jr[1], &gj);
+        check_json("schema greedy", &jr[2], &gs);
+        check_json("schema sampled", &jr[3], &gs);
+        struct sched_guide g = gj;
+        bool refused = false;
+        for (size_t i = 0; i < jr[4].text_len && !refused; i++) refused = !sched_guide_step(&g, (uint8_t)jr[4].text[i]);
+        CHECKF(refused, "unconstrained text passes as JSON: '%s'", jr[4].text);
+    }
+    sched_schema_free(sc);
+
+    /* seeded sampling: the same tokens twice alone, and in a batch beside
+     * itself, a greedy request and another seed */
+    struct sched_request rs = greedy(p, np, 12);
+    rs.sampling.temperature = 0.8f;
+    rs.sampling.top_p = 0.9f;
+    rs.sampling.top_k = 20;
+    rs.sampling.seed = 1234;
+    struct result s1, s2;
+    run_one(e, &rs, &s1);
+    run_one(e, &rs, &s2);
+    CHECK(s1.n == 12 && same(&s1, &s2));
+    struct sched_request rsb[4] = {reqs[0], rs, rs, rs};
+    rsb[3].sampling.seed = 99;
+    rsb[3].prompt = reqs[5].prompt;
+    rsb[3].n_prompt = reqs[5].n_prompt;
+    run_all(e, rsb, 4, res);
+    CHECKF(same(&res[1], &s1) && same(&res[2], &s1), "seeded request differs batched");
+    CHECK(res[0].n == GEN && res[3].n == 12);
+    sched_engine_destroy(e);
+}
+
 
 /* run-batch streams its input through a ring of 2 x 4 x max-num-seqs + 64
  * lines: 90 lines at --max-num-seqs 1 wrap the 72-line ring, and the output
@@ -571,6 +764,7 @@ int main(void)
     RUN(test_preemption);
     RUN(test_stop_string_and_refusal);
     RUN(test_abort);
+    RUN(test_request_features);
     RUN(test_backend_fatal);
     RUN(test_row_failure_isolated);
     RUN(test_run_batch);
