@@ -6,8 +6,12 @@
  * chunks get one item per tile over their cached prefix plus their causal
  * part; short steps over long contexts (decode) split the key range over
  * several items (split-K), whose partials the combine kernel merges, so one
- * long sequence still fills the GPU. Two kernels take the same items, and
- * cuda_attention() picks by the step's max_rows:
+ * long sequence still fills the GPU. Three kernels take the same items, and
+ * cuda_attention() picks by the step's max_rows (and split tickets):
+ *
+ *   decode-only steps whose args carry split tickets (cnt), max_rows == grp
+ *     <= 8, D 64 or 128: the decode kernel (below, before the tensor-core
+ *     one), which merges its own splits: no combine launch.
  *
  *   max_rows <= CUDA_ATTN_ROWS (32): the SIMT kernel. A block (4 warps) stages
  *     the tile's queries in shared memory, then walks the key range 32
@@ -205,6 +209,200 @@ static __global__ void combine_kernel(struct cuda_attn_args a)
     }
 }
 
+
+/* ---- decode kernel ------------------------------------------------------------
+ *
+ * Decode-only steps (one query token per item, its grp <= 8 heads; D 64 or
+ * 128) where args carry split tickets (cnt). A block of DEC_NW warps takes one
+ * item: each warp walks its own 32-key tiles of the item's range (tile w,
+ * w + DEC_NW, ...) with no block barrier inside the loop. A tile's key rows
+ * (lane = key, 16-byte chunks) and value rows (lane = DPL dims of every key)
+ * are all requested before the first is used: one memory round trip per
+ * tile. Scores with q broadcast from shared memory, an online softmax per
+ * warp in the exp2 domain (the lanes keep partial sums; one warp sum at the
+ * end), then P V with the weights passed round the warp.
+ * The warps' states merge in shared memory in warp order. A split item
+ * stores (max, sum, acc) partials (log2 domain) and takes a ticket; the last
+ * of the token's splits to finish merges all of them in split order and
+ * writes the output, then resets the ticket to 0: no combine launch, and the
+ * result does not depend on which split finished last. */
+#define DEC_NW 4
+template <int D, int GM>
+static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cuda_attn_args a)
+{
+    constexpr int DPL = D / 32, NC = D / 8;
+    __shared__ float Qs[GM][D];
+    __shared__ float Wm[DEC_NW][GM], Wl[DEC_NW][GM];
+    __shared__ float Wa[DEC_NW][GM][D];
+    __shared__ int last;
+    int it = blockIdx.x;
+    if (it >= *a.n_items) return;
+    struct cuda_attn_item wi = a.items[it];
+    int g = blockIdx.y, grp = a.H / a.KVH, bs = a.block_size, KVH = a.KVH;
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, t = wi.t0;
+    const int32_t *bt = a.bt + a.bt_off[wi.seq];
+    const float qscale = a.scale * 1.4426950408889634f; /* log2(e): exp2 below */
+    for (int i = threadIdx.x; i < GM * D; i += blockDim.x) {
+        int r = i / D, d = i % D;
+        Qs[r][d] = r < grp ? bf2f(a.q[((size_t)t * a.H + g * grp + r) * D + d]) * qscale : 0.0f;
+    }
+    __syncthreads();
+    int hi = wi.kv_hi < a.pos[t] + 1 ? wi.kv_hi : a.pos[t] + 1;
+    float m[GM], l[GM], acc[GM][DPL];
+#pragma unroll
+    for (int r = 0; r < GM; r++) {
+        m[r] = -INFINITY, l[r] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) acc[r][i] = 0.0f;
+    }
+    for (int k0 = wi.kv_lo + 32 * w; k0 < hi; k0 += 32 * DEC_NW) {
+        int kp = k0 + lane;
+        bool ok = kp < hi;
+        int slot = ok ? bt[kp / bs] * bs + kp % bs : -1;
+        /* the tile's keys and values, every load issued before the first
+         * use: lane = key for K (its 16-byte chunks), lane = DPL dims of
+         * every key for V (slots passed round the warp) */
+        uint4 kr[NC];
+        const uint4 *src = (const uint4 *)(a.kc + ((size_t)(ok ? slot : 0) * KVH + g) * D);
+#pragma unroll
+        for (int c = 0; c < NC; c++) kr[c] = ok ? src[c] : make_uint4(0, 0, 0, 0);
+        uint32_t vr[32][DPL / 2];
+#pragma unroll
+        for (int j = 0; j < 32; j++) {
+            int sj = __shfl_sync(0xffffffffu, slot, j);
+            const uint16_t *vsrc = a.vc + ((size_t)(sj < 0 ? 0 : sj) * KVH + g) * D + lane * DPL;
+            if constexpr (DPL == 4) {
+                uint2 v2 = sj >= 0 ? *(const uint2 *)vsrc : make_uint2(0, 0);
+                vr[j][0] = v2.x, vr[j][1] = v2.y;
+            } else {
+                vr[j][0] = sj >= 0 ? *(const uint32_t *)vsrc : 0u;
+            }
+        }
+        float s[GM];
+#pragma unroll
+        for (int r = 0; r < GM; r++) s[r] = 0.0f;
+#pragma unroll
+        for (int c = 0; c < NC; c++) {
+            const uint16_t *kh = (const uint16_t *)&kr[c];
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                float kf = bf2f(kh[e]);
+#pragma unroll
+                for (int r = 0; r < GM; r++) s[r] += Qs[r][c * 8 + e] * kf;
+            }
+        }
+        float p[GM];
+#pragma unroll
+        for (int r = 0; r < GM; r++) {
+            if (r >= grp) {
+                p[r] = 0.0f;
+                continue;
+            }
+            float mn = fmaxf(m[r], warp_max(ok ? s[r] : -INFINITY)); /* finite: lane 0's key is in range */
+            p[r] = ok ? exp2f(s[r] - mn) : 0.0f;
+            float corr = exp2f(m[r] - mn);
+            l[r] = l[r] * corr + p[r];
+            m[r] = mn;
+#pragma unroll
+            for (int i = 0; i < DPL; i++) acc[r][i] *= corr;
+        }
+#pragma unroll
+        for (int j = 0; j < 32; j++) {
+            float vf[DPL];
+#pragma unroll
+            for (int i = 0; i < DPL / 2; i++) {
+                vf[2 * i] = __uint_as_float(vr[j][i] << 16);
+                vf[2 * i + 1] = __uint_as_float(vr[j][i] & 0xffff0000u);
+            }
+#pragma unroll
+            for (int r = 0; r < GM; r++) {
+                if (r >= grp) continue;
+                float pj = __shfl_sync(0xffffffffu, p[r], j);
+#pragma unroll
+                for (int i = 0; i < DPL; i++) acc[r][i] += pj * vf[i];
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < GM; r++) {
+        float ls = warp_sum(l[r]);
+        if (lane == 0) Wm[w][r] = m[r], Wl[w][r] = ls;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) Wa[w][r][lane * DPL + i] = acc[r][i];
+    }
+    __syncthreads();
+    bool split = wi.nsplit > 1;
+    for (int i = threadIdx.x; i < grp * D; i += blockDim.x) {
+        int r = i / D, d = i % D;
+        float M = -INFINITY, L = 0.0f, A = 0.0f;
+#pragma unroll
+        for (int v = 0; v < DEC_NW; v++) M = fmaxf(M, Wm[v][r]);
+        if (M > -INFINITY) {
+#pragma unroll
+            for (int v = 0; v < DEC_NW; v++) {
+                float e = exp2f(Wm[v][r] - M);
+                L += Wl[v][r] * e, A += Wa[v][r][d] * e;
+            }
+        }
+        if (!split) {
+            a.out[((size_t)t * a.H + g * grp + r) * D + d] = f2bf(L > 0.0f ? A / L : 0.0f);
+        } else {
+            float *pp = a.part + (((size_t)(wi.part + r) * KVH + g) * CUDA_ATTN_MAXSPLIT + wi.split) * (D + 2);
+            if (d == 0) pp[0] = M, pp[1] = L;
+            pp[2 + d] = A;
+        }
+    }
+    if (!split) return;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(&a.cnt[t * KVH + g], 1) == wi.nsplit - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    /* the merge: every split's (max, sum) in one round of loads, the weights
+     * per row, then each output's accumulators (independent loads) */
+    __shared__ float Sw[GM][CUDA_ATTN_MAXSPLIT], Sl[GM][CUDA_ATTN_MAXSPLIT], Sinv[GM];
+    int ns = wi.nsplit;
+    const float *pbase = a.part + ((size_t)wi.part * KVH + g) * CUDA_ATTN_MAXSPLIT * (D + 2);
+    const size_t prow = (size_t)KVH * CUDA_ATTN_MAXSPLIT * (D + 2); /* from one part row to the next */
+    for (int i = threadIdx.x; i < grp * ns; i += blockDim.x) {
+        int r = i / ns, k = i % ns;
+        Sw[r][k] = __ldcg(pbase + r * prow + k * (D + 2));
+        Sl[r][k] = __ldcg(pbase + r * prow + k * (D + 2) + 1);
+    }
+    __syncthreads();
+    if (threadIdx.x < grp) {
+        int r = threadIdx.x;
+        float M = -INFINITY, L = 0.0f;
+        for (int k = 0; k < ns; k++) M = fmaxf(M, Sw[r][k]);
+        for (int k = 0; k < ns; k++) {
+            float e = Sw[r][k] == -INFINITY ? 0.0f : exp2f(Sw[r][k] - M);
+            Sw[r][k] = e, L += Sl[r][k] * e;
+        }
+        Sinv[r] = L > 0.0f ? 1.0f / L : 0.0f;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < grp * D; i += blockDim.x) {
+        int r = i / D, d = i % D;
+        const float *pp = pbase + r * prow + 2 + d;
+        float A = 0.0f;
+#pragma unroll 8
+        for (int k = 0; k < ns; k++) A += __ldcg(pp + k * (D + 2)) * Sw[r][k];
+        a.out[((size_t)t * a.H + g * grp + r) * D + d] = f2bf(A * Sinv[r]);
+    }
+    if (threadIdx.x == 0) a.cnt[t * KVH + g] = 0;
+}
+
+template <int D>
+static cudaError_t launch_dec(const struct cuda_attn_args *a, cudaStream_t st)
+{
+    dim3 grid(a->max_items, a->KVH);
+    if (a->H / a->KVH <= 4)
+        attn_dec_kernel<D, 4><<<grid, 32 * DEC_NW, 0, st>>>(*a);
+    else
+        attn_dec_kernel<D, 8><<<grid, 32 * DEC_NW, 0, st>>>(*a);
+    return cudaGetLastError();
+}
 
 /* ---- tensor-core kernel (prefill tiles) -------------------------------------- */
 
@@ -532,6 +730,8 @@ extern "C" cudaError_t cuda_attention(const struct cuda_attn_args *a, cudaStream
         return a->D == 64 ? launch_tc<64>(a, st) : launch_tc<128>(a, st);
     }
     if (a->H / a->KVH > CUDA_ATTN_ROWS) return cudaErrorInvalidValue;
+    if (a->cnt && a->max_rows == a->H / a->KVH && a->H / a->KVH <= 8 && (a->D == 64 || a->D == 128))
+        return a->D == 64 ? launch_dec<64>(a, st) : launch_dec<128>(a, st);
     if (a->D <= 32) return launch<1>(a, st);
     if (a->D <= 64) return launch<2>(a, st);
     if (a->D <= 128) return launch<4>(a, st);

@@ -51,8 +51,10 @@
  * rank its slice) to the host and model_sample() picks there.
  *
  * Prefill attention runs on the tensor cores (items of up to 128 query rows;
- * SLUICE_CUDA_ATTN_TC=0 gives the SIMT kernel back); decode-only steps keep
- * the SIMT kernel with split-K.
+ * SLUICE_CUDA_ATTN_TC=0 gives the SIMT kernel back); decode-only steps take
+ * the decode kernel (attn.cu: split-K whose last split merges the others, so
+ * no combine launch; SLUICE_CUDA_ATTN_DEC=0 gives the SIMT kernel and its
+ * combine back).
  *
  * Decode-only steps (every sequence one token) run as a CUDA graph (per rank,
  * NCCL calls included) captured once per batch-size bucket (1, 2, 4, ...
@@ -110,6 +112,9 @@ struct inlay {
 struct cuda_backend;
 
 /* One GPU's share of the model and its working memory. */
+/* decode steps of up to this many tokens use the decode attention kernel */
+#define CUDA_DEC_ATTN_MAX_T 1000000
+
 struct rank {
     struct cuda_backend *b;
     int id, dev;
@@ -133,12 +138,13 @@ struct rank {
     float *deltaf;                  /* [E] f32 partial sums before the all-reduce (N > 1) */
     uint16_t *hfin;                 /* [max_seqs][E] */
     float *logits;                  /* [max_seqs][vn] */
-    struct cuda_argmax_part *amp;   /* [max_seqs] this rank's reductions */
+    struct cuda_argmax_part *amp;   /* [CUDA_ARGMAX_SLICES][max_seqs]: the argmax's partial reductions */
     struct cuda_argmax_part *amp_all; /* [N][max_seqs] every rank's, after the all-gather */
     int32_t *tok;                   /* [max_seqs] */
     float *lp;                      /* [max_seqs] */
     struct cuda_sample_out *sout;   /* [max_seqs] device sampler results (rank 0, N == 1) */
     float *part;                    /* attention split partials */
+    int32_t *cnt;                   /* [max_tokens][KVH] the decode attention's split tickets (zero at rest) */
     uint8_t *din;                   /* device mirror of the backend's hin */
     cudaGraphExec_t gexec[NBUCKET];
 
@@ -185,6 +191,8 @@ struct cuda_backend {
                                        (off by default: no faster on the H200, see BENCHMARKS.md) */
     int tc_rows;                    /* rows per prefill attention item on the tensor cores (64 or 128), 0 = off:
                                        SLUICE_CUDA_ATTN_TC=0|64|128 (128) */
+    int dec_attn;                   /* decode-only steps of up to this many tokens take the decode attention
+                                       kernel (SLUICE_CUDA_ATTN_DEC=N; 0: the SIMT kernel and its combine) */
     int bucket[NBUCKET], n_bucket;
 
     /* the current job's arguments (written by the caller before the crew starts) */
@@ -476,8 +484,11 @@ static int rank_init(struct rank *k, char *err, size_t errlen)
         dmalloc((void **)&k->sout, S * sizeof *k->sout, err, errlen) ||
         dmalloc((void **)&k->part, (size_t)b->part_rows * k->KVH * CUDA_ATTN_MAXSPLIT * (D + 2) * 4, err, errlen))
         goto fail;
+    if (dmalloc((void **)&k->amp, CUDA_ARGMAX_SLICES * S * sizeof *k->amp, err, errlen) ||
+        dmalloc((void **)&k->cnt, T * k->KVH * 4, err, errlen))
+        goto fail;
+    CK(cudaMemset(k->cnt, 0, T * k->KVH * 4));
     if (N > 1 && (dmalloc((void **)&k->deltaf, T * E * 4, err, errlen) ||
-                  dmalloc((void **)&k->amp, S * sizeof *k->amp, err, errlen) ||
                   dmalloc((void **)&k->amp_all, (size_t)N * S * sizeof *k->amp_all, err, errlen)))
         goto fail;
     if (N > 1) {
@@ -549,6 +560,8 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     ge = getenv("SLUICE_CUDA_FUSED");
     b->fused = b->gemv && N == 1 && ge && strcmp(ge, "1") == 0 && c->n_embd % 8 == 0 && c->n_ff % 8 == 0 &&
                (c->n_head * c->head_dim) % 8 == 0 && (size_t)CUDA_GEMV_MAX_T * c->n_embd * 2 <= CUDA_GEMV_NORM_SMEM;
+    ge = getenv("SLUICE_CUDA_ATTN_DEC");
+    b->dec_attn = ge && *ge ? atoi(ge) : CUDA_DEC_ATTN_MAX_T;
     ge = getenv("SLUICE_CUDA_ATTN_TC");
     b->tc_rows = ge && strcmp(ge, "0") == 0 ? 0 : ge && strcmp(ge, "64") == 0 ? 64 : CUDA_ATTN_TC_ROWS;
     if (!cuda_attention_tc_ok(c->head_dim, c->n_head / c->n_head_kv)) b->tc_rows = 0;
@@ -812,7 +825,9 @@ static size_t pack_step(struct cuda_backend *b, const struct step *s, int Tp, in
      * would leave the GPU idle */
     bool split_ok = Tp <= 256;
     int units = tiles * KVH, want = units >= 2 * b->n_sm ? 1 : (2 * b->n_sm + units - 1) / units;
-    int n = 0, part = 0;
+    /* keys per split at least: the decode kernel's 4 warps take 32 each */
+    bool dk = decode && Tp <= b->dec_attn;
+    int n = 0, part = 0, kmin = dk ? 128 : 64, kround = dk ? 128 : 32;
     for (int i = 0; i < s->n_seqs; i++) {
         const struct step_seq *q = &s->seqs[i];
         for (int t0 = q->query_start; t0 < q->query_start + q->query_len; t0 += qt) {
@@ -822,13 +837,14 @@ static size_t pack_step(struct cuda_backend *b, const struct step *s, int Tp, in
                 if (pos[t] + 1 > kv_hi) kv_hi = pos[t] + 1;
             int ns = 1;
             if (split_ok && want > 1) {
-                ns = (kv_hi + 63) / 64; /* short items: a block's latency is per 32-key tile */
+                /* short items: a block's latency is per 32-key tile (per warp in the decode kernel) */
+                ns = (kv_hi + kmin - 1) / kmin;
                 if (ns > want) ns = want;
                 if (ns > CUDA_ATTN_MAXSPLIT) ns = CUDA_ATTN_MAXSPLIT;
                 if (part + nq * grp > b->part_rows) ns = 1;
                 if (ns < 1) ns = 1;
             }
-            int chunk = ((kv_hi + ns - 1) / ns + 31) / 32 * 32;
+            int chunk = ((kv_hi + ns - 1) / ns + kround - 1) / kround * kround;
             if (n + ns > b->max_items) return 0;
             for (int k = 0; k < ns; k++) {
                 int lo = k * chunk, hi = lo + chunk < kv_hi ? lo + chunk : kv_hi;
@@ -922,6 +938,7 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
             .max_rows = decode ? H / KVH : b->job.max_rows, .H = H, .KVH = KVH, .D = D,
             .block_size = b->block_size, .scale = 1.0f / sqrtf((float)D), .part = k->part,
             .tok_part = DIN(k, tok_part, int32_t), .tok_nsplit = DIN(k, tok_nsplit, int32_t), .T = T, .out = k->att,
+            .cnt = decode && T <= b->dec_attn ? k->cnt : NULL,
         };
         CK(cuda_attention(&aa, st));
         if (fz) {
@@ -941,7 +958,7 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
                             k->hfin, st));
         CB(gemm(k, k->hfin, k->lm_head, k->logits, true, R, E, k->vn));
         if (b->tp == 1) {
-            CK(cuda_argmax_lse(k->logits, R, k->vn, k->tok, k->lp, st));
+            CK(cuda_argmax_lse(k->logits, R, k->vn, k->amp, k->tok, k->lp, st));
         } else {
             CK(cuda_argmax_part(k->logits, R, k->vn, k->v0, k->amp, st));
             if (!b->skip_comm)
@@ -1255,6 +1272,7 @@ static void rank_free(struct rank *k, const struct model_config *c)
     cudaFree(k->x), cudaFree(k->xn), cudaFree(k->qkv), cudaFree(k->q), cudaFree(k->att), cudaFree(k->delta);
     cudaFree(k->deltaf), cudaFree(k->gu), cudaFree(k->h), cudaFree(k->hfin), cudaFree(k->logits);
     cudaFree(k->amp), cudaFree(k->amp_all), cudaFree(k->tok), cudaFree(k->lp), cudaFree(k->sout), cudaFree(k->part);
+    cudaFree(k->cnt);
     cudaFree(k->din), cudaFree(k->blas_ws);
     if (k->blas) cublasDestroy(k->blas);
     if (k->comm) ncclCommDestroy(k->comm);

@@ -91,6 +91,9 @@ struct cuda_attn_args {
     const int32_t *tok_nsplit;  /* [T] */
     int T;
     uint16_t *out;              /* [T][H][D] bf16 */
+    int32_t *cnt;               /* [T][KVH] split tickets, all 0 between launches (the decode kernel leaves them
+                                 * 0), or NULL: with it, decode-only steps (max_rows == H / KVH <= 8, D 64 or
+                                 * 128) take the decode kernel, which merges its own splits (attn.cu) */
 };
 cudaError_t cuda_attention(const struct cuda_attn_args *a, cudaStream_t st);
 /* Raises the kernel's shared-memory limit for head_dim D; call once before
@@ -145,8 +148,14 @@ cudaError_t cuda_swiglu(const uint16_t *gu, int T, int F, uint16_t *h, cudaStrea
 
 /* ---- sample.cu ---- */
 /* For each row r < R of logits [R][V] f32: tok[r] = argmax (lowest id on ties),
- * logprob[r] = logits[r][tok] - logsumexp(logits[r]). NaN rows give tok -1. */
-cudaError_t cuda_argmax_lse(const float *logits, int R, int V, int32_t *tok, float *logprob, cudaStream_t st);
+ * logprob[r] = logits[r][tok] - logsumexp(logits[r]). NaN rows give tok -1.
+ * Each row is split into up to CUDA_ARGMAX_SLICES slices reduced by their own
+ * blocks (tp.cu's cuda_argmax_part), then combined in slice order
+ * (cuda_argmax_combine): scratch holds CUDA_ARGMAX_SLICES * R parts. */
+#define CUDA_ARGMAX_SLICES 32
+struct cuda_argmax_part;
+cudaError_t cuda_argmax_lse(const float *logits, int R, int V, struct cuda_argmax_part *scratch, int32_t *tok,
+                            float *logprob, cudaStream_t st);
 
 /* The whole of model_sample() (model/sampler.c) on the device, one block per
  * row, so only token ids and logprobs come back. Same order of operations,
@@ -216,6 +225,10 @@ struct cuda_argmax_part {
 /* part[r] for each row r < R of logits [R][vn] f32 (ids v0 .. v0 + vn - 1). */
 cudaError_t cuda_argmax_part(const float *logits, int R, int vn, int v0, struct cuda_argmax_part *part,
                              cudaStream_t st);
+/* The same with each row cut into ns slices of ceil(vn / ns) logits: parts
+ * [ns][R] (slice-major), to combine with N = ns. */
+cudaError_t cuda_argmax_slices(const float *logits, int R, int vn, int v0, int ns, struct cuda_argmax_part *part,
+                               cudaStream_t st);
 /* Combines parts [N][R] (rank-major, ranks in vocabulary order) into tok[r]
  * (lowest id on ties; -1 when a slice had NaN/inf or every logit is -inf) and
  * logprob[r] = max - logsumexp, as cuda_argmax_lse does on one rank. */

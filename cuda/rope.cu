@@ -2,7 +2,9 @@
  * (kernels.h): per head, add the QKV bias (qwen2), RMSNorm q and k over
  * head_dim (qwen3), rotate q and k (NORM: adjacent pairs; NEOX: halves; the
  * cos/sin tables carry llama3 scaling), then write q out and k, v into their
- * paged KV slots. One block per token, one warp per head. */
+ * paged KV slots. Blocks of ROPE_WARPS warps, one warp per head: grid (T,
+ * heads / ROPE_WARPS), so a decode step's 48 heads run on 6 SMs at once, not
+ * one after another on one. */
 #include "cuda/bf16.cuh"
 #include "cuda/kernels.h"
 
@@ -18,7 +20,7 @@ static __global__ void rope_kv_kernel(struct cuda_rope_args a)
     const float *cs = a.cos + (size_t)p * half, *sn = a.sin + (size_t)p * half;
     int64_t slot = a.slots[t];
     float *v = buf[w];
-    for (int h = w; h < nh; h += ROPE_WARPS) {
+    for (int h = blockIdx.y * ROPE_WARPS + w; h < nh; h += gridDim.y * ROPE_WARPS) {
         const uint16_t *src = a.qkv + ((size_t)t * nh + h) * D;
         const float *bias = a.bias ? a.bias + (size_t)h * D : NULL;
         float ss = 0.0f;
@@ -62,6 +64,7 @@ extern "C" cudaError_t cuda_rope_kv(const struct cuda_rope_args *a, cudaStream_t
 {
     if (a->T <= 0) return cudaSuccess;
     if (a->D > ROPE_MAXD || a->rope_dim > a->D) return cudaErrorInvalidValue;
-    rope_kv_kernel<<<a->T, 32 * ROPE_WARPS, 0, st>>>(*a);
+    int nh = a->H + 2 * a->KVH;
+    rope_kv_kernel<<<dim3(a->T, (nh + ROPE_WARPS - 1) / ROPE_WARPS), 32 * ROPE_WARPS, 0, st>>>(*a);
     return cudaGetLastError();
 }

@@ -1,6 +1,7 @@
 /* sample.cu - sampling on the device (kernels.h).
  *
- * cuda_argmax_lse: greedy token and its log-probability, nothing else.
+ * cuda_argmax_lse: greedy token and its log-probability, nothing else (the
+ * row split into slices, tp.cu's partial reductions, combined in order).
  * cuda_sample: model_sample() (model/sampler.c, the specification) for rows
  * whose uniform u the host drew from the request's RNG. One 1024-thread block
  * per row. The candidate sets are found without sorting the row: a bisection
@@ -22,40 +23,15 @@
 #include "cuda/bf16.cuh"
 #include "cuda/kernels.h"
 
-static __global__ void argmax_lse_kernel(const float *logits, int V, int32_t *tok, float *logprob)
-{
-    __shared__ float shv[32];
-    __shared__ int shi[32];
-    __shared__ float sh[32];
-    const float *row = logits + (size_t)blockIdx.x * V;
-    float best = -INFINITY;
-    int bi = 0x7fffffff;
-    bool nan = false;
-    for (int i = threadIdx.x; i < V; i += blockDim.x) {
-        float v = row[i];
-        if (isnan(v)) nan = true;
-        if (v > best) best = v, bi = i; /* ascending i per thread: first max kept */
-    }
-    block_argmax(&best, &bi, shv, shi);
-    float mx = best;
-    int am = bi;
-    float s = 0.0f;
-    for (int i = threadIdx.x; i < V; i += blockDim.x) s += __expf(row[i] - mx);
-    s = block_sum(s, sh);
-    int anynan = __syncthreads_or(nan);
-    if (threadIdx.x == 0) {
-        bool bad = anynan || !isfinite(mx);
-        tok[blockIdx.x] = bad ? -1 : am;
-        logprob[blockIdx.x] = bad ? NAN : -logf(s);
-    }
-}
-
-extern "C" cudaError_t cuda_argmax_lse(const float *logits, int R, int V, int32_t *tok, float *logprob,
-                                       cudaStream_t st)
+extern "C" cudaError_t cuda_argmax_lse(const float *logits, int R, int V, struct cuda_argmax_part *scratch,
+                                       int32_t *tok, float *logprob, cudaStream_t st)
 {
     if (R <= 0) return cudaSuccess;
-    argmax_lse_kernel<<<R, 1024, 0, st>>>(logits, V, tok, logprob);
-    return cudaGetLastError();
+    /* slices of at least 4096 logits: one 512-thread block reads 8 each */
+    int ns = (V + 4095) / 4096;
+    if (ns > CUDA_ARGMAX_SLICES) ns = CUDA_ARGMAX_SLICES;
+    cudaError_t e = cuda_argmax_slices(logits, R, V, 0, ns, scratch, st);
+    return e != cudaSuccess ? e : cuda_argmax_combine(scratch, ns, R, tok, logprob, st);
 }
 
 /* ---- cuda_sample ----------------------------------------------------------- */

@@ -40,18 +40,21 @@ extern "C" cudaError_t cuda_f32_to_bf16(const float *src, size_t n, uint16_t *ds
     return cudaGetLastError();
 }
 
-/* One block per row: (value desc, id asc) argmax, then the sum of exp below
- * the slice's max. Ids are global (v0 + local). */
-static __global__ void argmax_part_kernel(const float *logits, int vn, int v0, struct cuda_argmax_part *part)
+/* One block per (row, slice of `chunk` logits): (value desc, id asc) argmax,
+ * then the sum of exp below the slice's max. Ids are global (v0 + local);
+ * part is slice-major ([slice][row]), so slices combine like ranks. */
+static __global__ void argmax_part_kernel(const float *logits, int vn, int v0, int chunk,
+                                          struct cuda_argmax_part *part)
 {
     __shared__ float shv[32];
     __shared__ int shi[32];
     __shared__ float sh[32];
     const float *row = logits + (size_t)blockIdx.x * vn;
+    int lo = blockIdx.y * chunk, hi = lo + chunk < vn ? lo + chunk : vn;
     float best = -INFINITY;
     int bi = 0x7fffffff;
     bool nan = false;
-    for (int i = threadIdx.x; i < vn; i += blockDim.x) {
+    for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
         float v = row[i];
         if (isnan(v)) nan = true;
         if (v > best) best = v, bi = i;
@@ -61,7 +64,7 @@ static __global__ void argmax_part_kernel(const float *logits, int vn, int v0, s
     int am = bi;
     float s = 0.0f;
     if (mx > -INFINITY)
-        for (int i = threadIdx.x; i < vn; i += blockDim.x) s += __expf(row[i] - mx);
+        for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) s += __expf(row[i] - mx);
     s = block_sum(s, sh);
     int anynan = __syncthreads_or(nan);
     if (threadIdx.x == 0) {
@@ -70,15 +73,23 @@ static __global__ void argmax_part_kernel(const float *logits, int vn, int v0, s
         p.sum = s;
         p.id = anynan || mx == INFINITY ? -1 : mx == -INFINITY ? -2 : v0 + am;
         p.pad = 0;
-        part[blockIdx.x] = p;
+        part[(size_t)blockIdx.y * gridDim.x + blockIdx.x] = p;
     }
 }
 
 extern "C" cudaError_t cuda_argmax_part(const float *logits, int R, int vn, int v0, struct cuda_argmax_part *part,
                                         cudaStream_t st)
 {
+    return cuda_argmax_slices(logits, R, vn, v0, 1, part, st);
+}
+
+extern "C" cudaError_t cuda_argmax_slices(const float *logits, int R, int vn, int v0, int ns,
+                                          struct cuda_argmax_part *part, cudaStream_t st)
+{
     if (R <= 0) return cudaSuccess;
-    argmax_part_kernel<<<R, 1024, 0, st>>>(logits, vn, v0, part);
+    if (ns < 1 || ns > vn) return cudaErrorInvalidValue;
+    int chunk = (vn + ns - 1) / ns;
+    argmax_part_kernel<<<dim3(R, ns), ns > 1 ? 512 : 1024, 0, st>>>(logits, vn, v0, chunk, part);
     return cudaGetLastError();
 }
 

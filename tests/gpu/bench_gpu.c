@@ -3,7 +3,10 @@
  *   build/tests/gpu/bench_gpu [config_dir] [tokenizer]
  *   (defaults: tools/configs/llama-3.1-8b, tests/models/tiny-qwen3)
  *   SLUICE_TEST_TP=N: N tensor-parallel ranks; SLUICE_BENCH_SEQS=n: KV for n
- *   sequences (256) and the largest decode batch.
+ *   sequences (256) and the largest decode batch; SLUICE_BENCH_ONLY=decode:
+ *   batch-1 decode alone; SLUICE_BENCH_PROFILE=1: after the timed decode
+ *   steps, two more inside cudaProfilerStart/Stop (for
+ *   `ncu --profile-from-start off`).
  *
  * Drives the backend with hand-made steps (no scheduler): TTFT of one
  * 2048-token prompt, prefill throughput of a 16K-token step (8 x 2048),
@@ -14,6 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include <cuda_profiler_api.h>
 
 #include "model/backend.h"
 #include "tests/gpu/gpu_util.h"
@@ -113,7 +118,10 @@ int main(int argc, char **argv)
            cfg, c->n_layer, c->n_embd, c->n_ff, c->n_head, c->n_head_kv, c->n_vocab, wbytes / 1e9, now_s() - t0, tp);
     wbytes /= (size_t)tp; /* each GPU reads its share: the floor below is per GPU */
 
+    const char *only = getenv("SLUICE_BENCH_ONLY");
+    bool decode_only = only && strcmp(only, "decode") == 0;
     step(1, 0, 64); /* warm-up */
+    if (decode_only) goto decode;
     double tt[5];
     for (int i = 0; i < 5; i++) tt[i] = step(1, 0, 2048);
     qsort(tt, 5, sizeof *tt, cmp_double);
@@ -124,10 +132,17 @@ int main(int argc, char **argv)
     printf("prefill 8 x 2048 (one 16384-token step): %.1f ms, %.0f tok/s (%.0f TFLOP/s on the GEMMs)\n",
            tt[1] * 1e3, 16384 / tt[1], flops_tok * 16384 / tt[1] / 1e12);
 
+decode:
     step(1, 0, 1024);
     double d1 = median_decode(1, 1024, 128);
     printf("decode batch 1 @ 1K ctx: %.3f ms/step = %.1f tok/s; floor %.1f tok/s at 4.3 TB/s (%.0f%%)\n", d1 * 1e3,
            1 / d1, 4.3e12 / wbytes, 100 * (1 / d1) / (4.3e12 / wbytes));
+    if (getenv("SLUICE_BENCH_PROFILE")) {
+        cudaProfilerStart();
+        step(1, 1200, 1), step(1, 1201, 1);
+        cudaProfilerStop();
+    }
+    if (decode_only) goto done;
     int bsz[] = {8, 64, 256};
     for (int k = 0; k < 3; k++) {
         int b = bsz[k];
@@ -137,6 +152,7 @@ int main(int argc, char **argv)
         double d = median_decode(b, ctx, 32);
         printf("decode batch %d @ %d ctx: %.3f ms/step = %.0f tok/s\n", b, ctx, d * 1e3, b / d);
     }
+done:
     model_backend_destroy(g_be);
     model_free(m);
     return 0;

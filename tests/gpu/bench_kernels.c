@@ -183,7 +183,8 @@ int main(void)
     int32_t *tok = dalloc(64);
     float *logits = dalloc((size_t)V * 4);
     cudaMemset(logits, 0, (size_t)V * 4);
-    TIME("argmax_lse R=1 V=128256", (double)V * 4, cuda_argmax_lse(logits, 1, V, tok, (float *)(tok + 4), 0));
+    struct cuda_argmax_part *scr = dalloc(CUDA_ARGMAX_SLICES * sizeof *scr);
+    TIME("argmax_lse R=1 V=128256", (double)V * 4, cuda_argmax_lse(logits, 1, V, scr, tok, (float *)(tok + 4), 0));
     /* decode attention: 1 sequence, ctx 1024 and 32768, block 16 */
     for (int ctx = 1024; ctx <= 32768; ctx *= 32) {
         int bs = 16, nb = ctx / bs, ns = ctx / 64 < CUDA_ATTN_MAXSPLIT ? ctx / 64 : CUDA_ATTN_MAXSPLIT;
@@ -212,6 +213,18 @@ int main(void)
         char lab[96];
         snprintf(lab, sizeof lab, "attention decode ctx %d (%d splits)", ctx, ns);
         TIME(lab, 2.0 * kvb, cuda_attention(&a, 0));
+        /* the decode kernel: splits of at least 128 keys, merged by the last */
+        int ns2 = ctx / 128 < CUDA_ATTN_MAXSPLIT ? ctx / 128 : CUDA_ATTN_MAXSPLIT, chunk2 = (ctx / ns2 + 127) / 128 * 128;
+        for (int k = 0; k < ns2; k++)
+            it[k] = (struct cuda_attn_item){0, 0, 1, k * chunk2, (k + 1) * chunk2 < ctx ? (k + 1) * chunk2 : ctx, k,
+                                            ns2, 0};
+        cudaMemcpy(dit, it, sizeof it, cudaMemcpyHostToDevice), cudaMemcpy(dn, &ns2, 4, cudaMemcpyHostToDevice);
+        cudaMemcpy(dns, &ns2, 4, cudaMemcpyHostToDevice);
+        a.cnt = dalloc((size_t)KVH * 4), a.max_items = ns2;
+        cudaMemset(a.cnt, 0, (size_t)KVH * 4);
+        snprintf(lab, sizeof lab, "attention decode ctx %d, decode kernel (%d splits)", ctx, ns2);
+        TIME(lab, 2.0 * kvb, cuda_attention(&a, 0));
+        cudaFree(a.cnt);
         cudaFree(kc), cudaFree(vc), cudaFree(q), cudaFree(out), cudaFree(dbt), cudaFree(part);
         free(bt);
     }

@@ -362,10 +362,13 @@ static void test_argmax(void)
     for (int i = 0; i < R * V; i++) lg[i] = 10 * frand();
     lg[2 * V + 100] = 50, lg[2 * V + 7] = 50; /* a tie: the lower id wins */
     lg[4 * V + V - 1] = 60;                    /* the last id */
+    lg[3 * V + 40000] = 55, lg[3 * V + 5000] = 55; /* a tie across slices: the lower id wins */
     float *dl = dup_dev(lg, (size_t)R * V * 4), *dlp = poisoned(R * 4);
     int32_t *dt = poisoned(R * 4), tok[8];
     float lp[8];
-    CHECK(cuda_argmax_lse(dl, R, V, dt, dlp, 0) == cudaSuccess);
+    struct cuda_argmax_part *scr = NULL;
+    CHECK(cudaMalloc((void **)&scr, (size_t)CUDA_ARGMAX_SLICES * R * sizeof *scr) == cudaSuccess);
+    CHECK(cuda_argmax_lse(dl, R, V, scr, dt, dlp, 0) == cudaSuccess);
     get(tok, dt, R * 4), get(lp, dlp, R * 4);
     for (int r = 0; r < R; r++) {
         int best = 0;
@@ -376,8 +379,8 @@ static void test_argmax(void)
         CHECKF(tok[r] == best, "row %d: argmax %d, ref %d", r, tok[r], best);
         CHECKF(fabs(lp[r] + log(s)) < 1e-4 * (1 + log(s)), "row %d: logprob %g, ref %g", r, lp[r], -log(s));
     }
-    CHECK(tok[2] == 7 && tok[4] == V - 1);
-    free(lg), cudaFree(dl), cudaFree(dlp), cudaFree(dt);
+    CHECK(tok[2] == 7 && tok[3] == 5000 && tok[4] == V - 1);
+    free(lg), cudaFree(dl), cudaFree(dlp), cudaFree(dt), cudaFree(scr);
 }
 
 /* RoPE + qk-norm + bias + KV write, both layouts, partial rotary. */
@@ -462,6 +465,8 @@ static void test_rope_kv(void)
  * of its (token, head) reference row; inf on a launch error or an unwritten
  * (NaN) element. */
 struct aseq { int ctx, qlen; };
+static bool g_dec; /* give attn_run's args split tickets: decode-only steps take the decode kernel */
+
 static double attn_run(const char *name, int H, int KVH, int D, int bs, const struct aseq *sq, int ns, int nsplit,
                        int rows, float scale_mul, double *rowmax)
 {
@@ -520,12 +525,30 @@ static double attn_run(const char *name, int H, int KVH, int D, int bs, const st
         .tok_part = dup_dev(tok_part, T * 4), .tok_nsplit = dup_dev(tok_ns, T * 4), .T = T,
         .out = poisoned((size_t)T * H * D * 2),
     };
+    if (g_dec) {
+        CHECK(cudaMalloc((void **)&a.cnt, (size_t)T * KVH * 4) == cudaSuccess);
+        CHECK(cudaMemset(a.cnt, 0, (size_t)T * KVH * 4) == cudaSuccess);
+    }
     CHECK(cuda_attention_prepare(D) == cudaSuccess);
     cudaError_t e = cuda_attention(&a, 0);
+    if (e == cudaSuccess && a.cnt) {
+        /* again over a poisoned output: the first launch must have left its
+         * split tickets ready for the next */
+        cudaMemsetAsync(a.out, 0xff, (size_t)T * H * D * 2, 0);
+        e = cuda_attention(&a, 0);
+    }
     if (e == cudaSuccess) e = cudaDeviceSynchronize();
     CHECKF(e == cudaSuccess, "%s: %s", name, cudaGetErrorString(e));
     uint16_t *out = malloc((size_t)T * H * D * 2);
     get(out, a.out, (size_t)T * H * D * 2);
+    if (a.cnt) {
+        /* the last split of each token resets its ticket for the next launch */
+        int32_t *cnt = malloc((size_t)T * KVH * 4), bad = 0;
+        get(cnt, a.cnt, (size_t)T * KVH * 4);
+        for (int i = 0; i < T * KVH; i++) bad += cnt[i] != 0;
+        CHECKF(!bad, "%s: %d split tickets left non-zero", name, bad);
+        free(cnt), cudaFree(a.cnt);
+    }
     size_t n = (size_t)T * H * D;
     double *ref = malloc(n * 8);
     float *o = malloc(n * 4), *kf = malloc((size_t)nslots * KVH * D * 4), *vf = malloc((size_t)nslots * KVH * D * 4);
@@ -624,6 +647,34 @@ static void test_attention(void)
     attn_case("GQA 8, tiny head_dim 16", 4, 2, 16, 16, gqa8, 2, 2);
 }
 
+/* The decode kernel (args with split tickets, every item one token): the
+ * shapes it takes (D 64/128, 1..8 heads per KV head), splits of every size
+ * (one key, empty ones, 32 over a long context), batches of sequences, block
+ * sizes 1/16/32; a step launched twice (tickets reset by the first launch).
+ * Shapes it does not take (D 256, mixed steps) still run, on the SIMT kernel. */
+static void test_attention_decode(void)
+{
+    g_dec = true;
+    struct aseq decode[] = {{1025, 1}, {7, 1}, {100000, 1}, {129, 1}, {128, 1}, {1, 1}};
+    attn_case("dec: llama shape, split 16", 32, 8, 128, 16, decode, 6, 16);
+    attn_case("dec: llama shape, split 32", 32, 8, 128, 16, decode, 6, 32);
+    attn_case("dec: llama shape, no split", 32, 8, 128, 32, decode, 6, 1);
+    attn_case("dec: smollm2 shape, split 5", 9, 3, 64, 16, decode, 6, 5);
+    attn_case("dec: MHA, block 1, split 3", 4, 4, 64, 1, decode, 6, 3);
+    attn_case("dec: GQA 8, split 2", 16, 2, 128, 16, decode, 6, 2);
+    attn_case("dec: GQA 5, head_dim 64, split 7", 10, 2, 64, 32, decode, 6, 7);
+    struct aseq batch[64];
+    for (int i = 0; i < 64; i++) batch[i] = (struct aseq){1 + (i * 977) % 3000, 1};
+    attn_case("dec: 64 sequences, split 4", 32, 8, 128, 16, batch, 64, 4);
+    attn_case("dec: 64 sequences, no split", 8, 8, 64, 16, batch, 64, 1);
+    struct aseq one[] = {{1, 1}};
+    attn_case("dec: one token, split 3 (empty splits)", 16, 2, 64, 16, one, 1, 3);
+    struct aseq gqa8[] = {{500, 77}, {64, 1}};
+    attn_case("dec: mixed step (SIMT kernel)", 16, 2, 128, 16, gqa8, 2, 2);
+    attn_case("dec: head_dim 256 (SIMT kernel)", 16, 2, 256, 16, decode, 6, 4);
+    g_dec = false;
+}
+
 /* The tensor-core kernel on prefill-shaped steps: whole prompts, chunks over
  * a cached prefix (a chunk starting at a non-zero position), odd lengths,
  * decode tokens riding along in a mixed step, block sizes 1/16/32, GQA 1, 3,
@@ -682,6 +733,7 @@ int main(void)
     RUN(test_argmax);
     RUN(test_rope_kv);
     RUN(test_attention);
+    RUN(test_attention_decode);
     RUN(test_attention_tc);
     return test_summary();
 }
