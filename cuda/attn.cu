@@ -42,6 +42,7 @@
  */
 #include "cuda/bf16.cuh"
 #include "cuda/kernels.h"
+#include "cuda/rope.cuh"
 
 #define KT 32
 #define WARPS 4
@@ -242,9 +243,28 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, t = wi.t0;
     const int32_t *bt = a.bt + a.bt_off[wi.seq];
     const float qscale = a.scale * 1.4426950408889634f; /* log2(e): exp2 below */
-    for (int i = threadIdx.x; i < GM * D; i += blockDim.x) {
-        int r = i / D, d = i % D;
-        Qs[r][d] = r < grp ? bf2f(a.q[((size_t)t * a.H + g * grp + r) * D + d]) * qscale : 0.0f;
+    if (a.rope.qkv) {
+        /* RoPE folded in: this block's q heads from the raw projection, and
+         * the split that holds the token's position writes its K and V
+         * (before any warp of this block reads them; no other block does) */
+        __shared__ float Rv[DEC_NW][D];
+        __shared__ uint16_t Qb[GM][D];
+        for (int r = w; r < grp; r += DEC_NW) rope_head(a.rope, t, g * grp + r, Rv[w], Qb[r]);
+        int p = a.pos[t];
+        if (p >= wi.kv_lo && p < wi.kv_hi && w < 2) {
+            size_t off = ((size_t)a.rope.slots[t] * KVH + g) * D;
+            rope_head(a.rope, t, a.H + w * KVH + g, Rv[w], (w ? a.rope.vc : a.rope.kc) + off);
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < GM * D; i += blockDim.x) {
+            int r = i / D, d = i % D;
+            Qs[r][d] = r < grp ? bf2f(Qb[r][d]) * qscale : 0.0f;
+        }
+    } else {
+        for (int i = threadIdx.x; i < GM * D; i += blockDim.x) {
+            int r = i / D, d = i % D;
+            Qs[r][d] = r < grp ? bf2f(a.q[((size_t)t * a.H + g * grp + r) * D + d]) * qscale : 0.0f;
+        }
     }
     __syncthreads();
     int hi = wi.kv_hi < a.pos[t] + 1 ? wi.kv_hi : a.pos[t] + 1;
@@ -720,18 +740,23 @@ static cudaError_t launch_tc(const struct cuda_attn_args *a, cudaStream_t st)
     return cudaGetLastError();
 }
 
+extern "C" int cuda_attention_dec_ok(int D, int grp) { return (D == 64 || D == 128) && grp >= 1 && grp <= 8; }
+
 extern "C" cudaError_t cuda_attention(const struct cuda_attn_args *a, cudaStream_t st)
 {
     if (a->max_items <= 0 || a->T <= 0) return cudaSuccess;
     if (a->D % 8 || a->D > 256 || a->KVH <= 0 || a->H % a->KVH) return cudaErrorInvalidValue;
+    bool dec = a->cnt && a->max_rows == a->H / a->KVH && cuda_attention_dec_ok(a->D, a->H / a->KVH);
+    if (a->rope.qkv && (!dec || a->rope.D != a->D || a->rope.rope_dim > a->D || a->rope.H != a->H ||
+                        a->rope.KVH != a->KVH || a->rope.kc != a->kc || a->rope.vc != a->vc))
+        return cudaErrorInvalidValue; /* only the decode kernel folds RoPE in */
+    if (dec) return a->D == 64 ? launch_dec<64>(a, st) : launch_dec<128>(a, st);
     if (a->max_rows > CUDA_ATTN_ROWS) {
         if (a->max_rows > CUDA_ATTN_TC_ROWS || !cuda_attention_tc_ok(a->D, a->H / a->KVH))
             return cudaErrorInvalidValue;
         return a->D == 64 ? launch_tc<64>(a, st) : launch_tc<128>(a, st);
     }
     if (a->H / a->KVH > CUDA_ATTN_ROWS) return cudaErrorInvalidValue;
-    if (a->cnt && a->max_rows == a->H / a->KVH && a->H / a->KVH <= 8 && (a->D == 64 || a->D == 128))
-        return a->D == 64 ? launch_dec<64>(a, st) : launch_dec<128>(a, st);
     if (a->D <= 32) return launch<1>(a, st);
     if (a->D <= 64) return launch<2>(a, st);
     if (a->D <= 128) return launch<4>(a, st);

@@ -930,7 +930,9 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
             .KVH = KVH, .D = D, .rope_dim = c->rope_dim, .neox = c->rope_type == MODEL_ROPE_NEOX,
             .eps = c->norm_eps, .q = k->q, .kc = kc, .vc = vc,
         };
-        CK(cuda_rope_kv(&ra, st));
+        /* decode steps on the decode kernel fold RoPE and the KV write in */
+        bool dk = decode && T <= b->dec_attn && cuda_attention_dec_ok(D, H / KVH);
+        if (!dk) CK(cuda_rope_kv(&ra, st));
         struct cuda_attn_args aa = {
             .q = k->q, .kc = kc, .vc = vc, .pos = DIN(k, pos, int32_t), .bt = DIN(k, bt, int32_t),
             .bt_off = DIN(k, bt_off, int32_t), .items = DIN(k, items, struct cuda_attn_item),
@@ -938,7 +940,7 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
             .max_rows = decode ? H / KVH : b->job.max_rows, .H = H, .KVH = KVH, .D = D,
             .block_size = b->block_size, .scale = 1.0f / sqrtf((float)D), .part = k->part,
             .tok_part = DIN(k, tok_part, int32_t), .tok_nsplit = DIN(k, tok_nsplit, int32_t), .T = T, .out = k->att,
-            .cnt = decode && T <= b->dec_attn ? k->cnt : NULL,
+            .cnt = dk ? k->cnt : NULL, .rope = dk ? ra : (struct cuda_rope_args){0},
         };
         CK(cuda_attention(&aa, st));
         if (fz) {
@@ -949,8 +951,13 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
         }
         if (proj_rows(k, k->att, L->wo, T, Q, E, err, errlen)) goto fail;
         CK(cuda_add_rmsnorm(k->x, k->delta, L->ffn_norm, NULL, T, E, c->norm_eps, k->xn, st));
-        CB(gemm(k, k->xn, L->wgu, k->gu, false, T, E, 2 * F));
-        CK(cuda_swiglu(k->gu, T, F, k->h, st));
+        if (b->gemv && T <= CUDA_GEMV_MAX_T && E % 8 == 0) {
+            /* SwiGLU in the GEMV's epilogue: bit for bit the two kernels below */
+            CK(cuda_gemv_swiglu(L->wgu, k->xn, k->h, T, E, F, st));
+        } else {
+            CB(gemm(k, k->xn, L->wgu, k->gu, false, T, E, 2 * F));
+            CK(cuda_swiglu(k->gu, T, F, k->h, st));
+        }
         if (proj_rows(k, k->h, L->wdown, T, F, E, err, errlen)) goto fail;
     }
     if (R > 0) {

@@ -132,6 +132,54 @@ static __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_warp_kernel(const
     }
 }
 
+/* The same for the gate|up projection with SwiGLU in the epilogue: warp j
+ * streams gate row j and up row F + j side by side, each summed exactly as
+ * the warp kernel sums it, and writes h[j] = silu(g) * u from the two sums
+ * rounded to bf16, as cuda_swiglu does over cuda_gemv's output. */
+template <int NT>
+static __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_warp_swiglu_kernel(const uint16_t *__restrict__ W,
+                                                                                  const uint16_t *__restrict__ x,
+                                                                                  uint16_t *h, int in, int F)
+{
+    pdl_trigger();
+    pdl_wait();
+    int lane = threadIdx.x & 31;
+    int j = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+    if (j >= F) return;
+    const uint4 *wg = (const uint4 *)(W + (size_t)j * in), *wu = (const uint4 *)(W + (size_t)(F + j) * in);
+    int n4 = in / 8;
+    float ag[NT], au[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) ag[t] = 0.0f, au[t] = 0.0f;
+#pragma unroll 2
+    for (int i = lane; i < n4; i += 32) {
+        uint4 gv = __ldcs(wg + i), uv = __ldcs(wu + i);
+        const uint16_t *gh = (const uint16_t *)&gv, *uh = (const uint16_t *)&uv;
+        float gf[8], uf[8];
+#pragma unroll
+        for (int e = 0; e < 8; e++) gf[e] = bf2f(gh[e]), uf[e] = bf2f(uh[e]);
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            uint4 xv = __ldg((const uint4 *)(x + (size_t)t * in) + i);
+            const uint16_t *xh = (const uint16_t *)&xv;
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                float xe = bf2f(xh[e]);
+                ag[t] += gf[e] * xe;
+                au[t] += uf[e] * xe;
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        float g = warp_sum(ag[t]), u = warp_sum(au[t]);
+        if (lane == 0) {
+            g = bf2f(f2bf(g)), u = bf2f(f2bf(u));
+            h[(size_t)t * F + j] = f2bf(g / (1.0f + __expf(-g)) * u);
+        }
+    }
+}
+
 /* ---- the block kernel ---- */
 
 enum { EPI_BF16, EPI_F32, EPI_RESID, EPI_SWIGLU };
@@ -425,13 +473,16 @@ static bool bad_shape(const void *W, const void *x, int T, int in, int out)
     return T < 1 || T > CUDA_GEMV_MAX_T || in <= 0 || in % 8 || out < 0 || ((uintptr_t)W | (uintptr_t)x) % 16;
 }
 
+/* the warp kernels: variant "warp", "auto" for one row, and rows shorter
+ * than one chunk per thread of a block (they would leave most of it idle) */
+static bool use_warp(int T, int in) { return state().variant == 0 || (state().variant == 3 && T == 1) || in < 8 * BT; }
+
 extern "C" cudaError_t cuda_gemv(const uint16_t *W, const uint16_t *x, void *y, bool y_f32, int T, int in, int out,
                                  cudaStream_t st)
 {
     if (bad_shape(W, x, T, in, out)) return cudaErrorInvalidValue;
     if (out == 0) return cudaSuccess;
-    /* rows shorter than one chunk per thread leave most of a block idle */
-    if (state().variant == 0 || (state().variant == 3 && T == 1) || in < 8 * BT)
+    if (use_warp(T, in))
         return y_f32 ? launch_warp<true>(W, x, y, T, in, out, st) : launch_warp<false>(W, x, y, T, in, out, st);
     gemv_params p = {W, x, NULL, NULL, 0.0f, y, in, out, 0};
     return y_f32 ? launch_block<EPI_F32, false>(p, T, st) : launch_block<EPI_BF16, false>(p, T, st);
@@ -449,6 +500,16 @@ extern "C" cudaError_t cuda_gemv_swiglu(const uint16_t *Wgu, const uint16_t *x, 
                                         cudaStream_t st)
 {
     if (bad_shape(Wgu, x, T, in, F)) return cudaErrorInvalidValue;
+    if (F == 0) return cudaSuccess;
+    if (use_warp(T, in)) {
+        int grid = (F + GEMV_WARPS - 1) / GEMV_WARPS, th = 32 * GEMV_WARPS;
+        switch (T) {
+        case 1: return launch_k(gemv_warp_swiglu_kernel<1>, grid, th, 0, st, Wgu, x, h, in, F);
+        case 2: return launch_k(gemv_warp_swiglu_kernel<2>, grid, th, 0, st, Wgu, x, h, in, F);
+        case 3: return launch_k(gemv_warp_swiglu_kernel<3>, grid, th, 0, st, Wgu, x, h, in, F);
+        default: return launch_k(gemv_warp_swiglu_kernel<4>, grid, th, 0, st, Wgu, x, h, in, F);
+        }
+    }
     gemv_params p = {Wgu, x, NULL, NULL, 0.0f, h, in, F, 0};
     return launch_block<EPI_SWIGLU, false>(p, T, st);
 }

@@ -92,9 +92,14 @@ struct cuda_attn_args {
     int T;
     uint16_t *out;              /* [T][H][D] bf16 */
     int32_t *cnt;               /* [T][KVH] split tickets, all 0 between launches (the decode kernel leaves them
-                                 * 0), or NULL: with it, decode-only steps (max_rows == H / KVH <= 8, D 64 or
-                                 * 128) take the decode kernel, which merges its own splits (attn.cu) */
+                                 * 0), or NULL: with it, decode-only steps (max_rows == H / KVH and
+                                 * cuda_attention_dec_ok) take the decode kernel, which merges its own splits */
+    struct cuda_rope_args rope; /* decode kernel only: with rope.qkv set, the kernel does cuda_rope_kv's work
+                                 * for its tokens (q from rope.qkv, not q; each token's K and V written to its
+                                 * slot by the split that holds its position), so cuda_rope_kv is not run */
 };
+/* 1 when the decode kernel takes head_dim D with grp heads per KV head. */
+int cuda_attention_dec_ok(int D, int grp);
 cudaError_t cuda_attention(const struct cuda_attn_args *a, cudaStream_t st);
 /* Raises the kernel's shared-memory limit for head_dim D; call once before
  * any graph capture. */
@@ -106,7 +111,9 @@ cudaError_t cuda_attention_prepare(int D);
  * accumulation; otherwise cudaErrorInvalidValue and nothing is launched.
  * For in >= 2048 (and SLUICE_GEMV_VARIANT != 0) every launcher here sums
  * each output in the same order, so a fusion gives bit for bit what the
- * unfused kernels give on the same data.
+ * unfused kernels give on the same data. cuda_gemv_swiglu always sums as
+ * cuda_gemv does for the same T and in (the warp kernel's order where
+ * cuda_gemv takes the warp kernel), so it is exact in every variant.
  * The kernels are launched with programmatic dependent launch on sm_90 (they
  * read nothing written by earlier kernels before waiting for them); see
  * gemv.cu for SLUICE_GEMV_VARIANT and SLUICE_PDL. */

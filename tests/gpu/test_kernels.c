@@ -138,7 +138,7 @@ static uint16_t *rand_bf(size_t n, float scale)
     for (size_t i = 0; i < n; i++) p[i] = bf(scale * frand());
     return p;
 }
-static const char *const gemv_variant_name[] = {"warp", "block", "persist"};
+static const char *const gemv_variant_name[] = {"warp", "block", "persist", "auto"};
 
 /* every variant (warp, block, persistent; with and without PDL) against the
  * double reference; the block variants against each other bit for bit */
@@ -289,6 +289,23 @@ static void test_gemv_fused(void)
                 CHECKF(!memcmp(y, u1, ny * 2), "gemv_rmsnorm_swiglu %s T=%d in=%d: not the unfused chain", vn, T, in);
             }
             printf("  gemv_rmsnorm_swiglu %-7s T=%d in=%d F=%d: err %.2e%s\n", vn, T, in, F, e, exact ? ", exact" : "");
+        }
+        /* the warp variants ("warp", and "auto" at T = 1): SwiGLU in the
+         * warp kernel's epilogue, exact whatever in is */
+        for (int variant = 0; variant <= 3; variant += 3) {
+            cuda_gemv_select(variant, 0);
+            cudaMemset(dh, 0xff, ny * 2);
+            CHECK(cuda_gemv_swiglu(dw, dx, dh, T, in, F, 0) == cudaSuccess);
+            get(y, dh, ny * 2);
+            for (size_t i = 0; i < ny; i++) o[i] = fb(y[i]);
+            double e = nerr(o, rsw, ny);
+            CHECKF(e < 6e-3, "gemv_swiglu %s T=%d in=%d F=%d: err %.3g", gemv_variant_name[variant], T, in, F, e);
+            CHECK(cuda_gemv(dw, dx, dgu, false, T, in, 2 * F, 0) == cudaSuccess);
+            CHECK(cuda_swiglu(dgu, T, F, dh, 0) == cudaSuccess);
+            get(u1, dh, ny * 2);
+            CHECKF(!memcmp(y, u1, ny * 2), "gemv_swiglu %s T=%d in=%d: not swiglu(gemv)", gemv_variant_name[variant],
+                   T, in);
+            printf("  gemv_swiglu   %-7s T=%d in=%d F=%d: err %.2e, exact\n", gemv_variant_name[variant], T, in, F, e);
         }
         cuda_gemv_select(1, 1);
         free(w), free(x), free(xr), free(nw), free(xres), free(xn), free(rgu), free(rnu), free(rres), free(rsw);
@@ -675,6 +692,123 @@ static void test_attention_decode(void)
     g_dec = false;
 }
 
+/* RoPE folded into the decode kernel (args.rope) against the unfused chain,
+ * cuda_rope_kv then the same kernel reading q: the attention output and the
+ * whole KV cache afterwards bit for bit equal. Llama (adjacent pairs), qwen2
+ * (QKV bias, halves), qwen3 (q/k RMSNorm), a partial rotary dimension; split
+ * and unsplit; a 100-token batch. */
+static void rope_fold_case(const char *name, int H, int KVH, int D, int bs, int rope_dim, bool neox, bool bias,
+                           bool qkn, int ns, int nsplit)
+{
+    int grp = H / KVH, nh = H + 2 * KVH, half = rope_dim / 2, T = ns, maxctx = 0;
+    int *ctx = malloc(ns * sizeof *ctx), nblk = 1;
+    for (int i = 0; i < ns; i++) {
+        ctx[i] = 1 + (i * 1543 + 77) % 2500;
+        if (i == 0) ctx[i] = 1;
+        nblk += (ctx[i] + bs - 1) / bs;
+        if (ctx[i] > maxctx) maxctx = ctx[i];
+    }
+    int nslots = nblk * bs;
+    int32_t *bt = malloc(nblk * 4), *bt_off = malloc(ns * 4), *pos = malloc(T * 4), *tok_part = malloc(T * 4),
+            *tok_ns = malloc(T * 4);
+    int64_t *slots = malloc(T * 8);
+    struct cuda_attn_item *items = malloc(sizeof *items * T * CUDA_ATTN_MAXSPLIT);
+    int nb = 0, nitems = 0, part = 0;
+    for (int i = 0; i < ns; i++) {
+        bt_off[i] = nb;
+        for (int j = 0; j < (ctx[i] + bs - 1) / bs; j++) bt[nb + j] = 1 + nb + j; /* block 0 unused */
+        pos[i] = ctx[i] - 1;
+        slots[i] = (int64_t)bt[nb + pos[i] / bs] * bs + pos[i] % bs;
+        nb += (ctx[i] + bs - 1) / bs;
+        int chunk = ((ctx[i] + nsplit - 1) / nsplit + 127) / 128 * 128;
+        tok_part[i] = nsplit > 1 ? part : -1, tok_ns[i] = nsplit > 1 ? nsplit : 0;
+        for (int k = 0; k < nsplit; k++) {
+            int lo = k * chunk, hi = lo + chunk < ctx[i] ? lo + chunk : ctx[i];
+            items[nitems++] = (struct cuda_attn_item){i, i, 1, lo, hi, k, nsplit, part};
+        }
+        if (nsplit > 1) part += grp;
+    }
+    size_t nkv = (size_t)nslots * KVH * D, nq = (size_t)T * nh * D;
+    uint16_t *kc = rand_bf(nkv, 1), *vc = rand_bf(nkv, 1), *qkv = rand_bf(nq, 2);
+    float *bsv = malloc((size_t)nh * D * 4), *qn = malloc(D * 4), *kn = malloc(D * 4);
+    float *cs = malloc((size_t)maxctx * half * 4), *sn = malloc((size_t)maxctx * half * 4);
+    for (int i = 0; i < nh * D; i++) bsv[i] = 0.3f * frand();
+    for (int i = 0; i < D; i++) qn[i] = 1 + 0.3f * frand(), kn[i] = 1 + 0.3f * frand();
+    for (int p = 0; p < maxctx; p++)
+        for (int i = 0; i < half; i++) {
+            double f = p * pow(10000.0, -2.0 * i / rope_dim);
+            cs[(size_t)p * half + i] = (float)cos(f), sn[(size_t)p * half + i] = (float)sin(f);
+        }
+    struct cuda_rope_args ra = {
+        .qkv = dup_dev(qkv, nq * 2), .bias = bias ? dup_dev(bsv, (size_t)nh * D * 4) : NULL,
+        .q_norm = qkn ? dup_dev(qn, D * 4) : NULL, .k_norm = qkn ? dup_dev(kn, D * 4) : NULL,
+        .cos = dup_dev(cs, (size_t)maxctx * half * 4), .sin = dup_dev(sn, (size_t)maxctx * half * 4),
+        .pos = dup_dev(pos, T * 4), .slots = dup_dev(slots, T * 8), .T = T, .H = H, .KVH = KVH, .D = D,
+        .rope_dim = rope_dim, .neox = neox, .eps = 1e-6f, .q = poisoned((size_t)T * H * D * 2),
+    };
+    uint16_t *out[2], *kv[2][2];
+    struct cuda_attn_args a = {
+        .q = ra.q, .pos = ra.pos, .bt = dup_dev(bt, nb * 4), .bt_off = dup_dev(bt_off, ns * 4),
+        .items = dup_dev(items, sizeof *items * nitems), .n_items = dup_dev(&nitems, 4), .max_items = nitems + 3,
+        .max_rows = grp, .H = H, .KVH = KVH, .D = D, .block_size = bs, .scale = 1.0f / sqrtf((float)D),
+        .part = poisoned((size_t)(part > 0 ? part : 1) * KVH * CUDA_ATTN_MAXSPLIT * (D + 2) * 4),
+        .tok_part = dup_dev(tok_part, T * 4), .tok_nsplit = dup_dev(tok_ns, T * 4), .T = T,
+    };
+    CHECK(cudaMalloc((void **)&a.cnt, (size_t)T * KVH * 4) == cudaSuccess);
+    cudaMemset(a.cnt, 0, (size_t)T * KVH * 4);
+    for (int f = 0; f < 2; f++) {
+        kv[f][0] = dup_dev(kc, nkv * 2), kv[f][1] = dup_dev(vc, nkv * 2);
+        out[f] = poisoned((size_t)T * H * D * 2);
+        struct cuda_rope_args r = ra;
+        r.kc = kv[f][0], r.vc = kv[f][1];
+        struct cuda_attn_args b = a;
+        b.kc = kv[f][0], b.vc = kv[f][1], b.out = out[f];
+        if (f == 0)
+            CHECK(cuda_rope_kv(&r, 0) == cudaSuccess);
+        else
+            b.rope = r;
+        CHECK(cuda_attention(&b, 0) == cudaSuccess);
+    }
+    CHECK(cudaDeviceSynchronize() == cudaSuccess);
+    size_t no = (size_t)T * H * D;
+    uint16_t *o0 = malloc(no * 2), *o1 = malloc(no * 2), *k0 = malloc(nkv * 2), *k1 = malloc(nkv * 2);
+    get(o0, out[0], no * 2), get(o1, out[1], no * 2);
+    int nan = 0;
+    for (size_t i = 0; i < no; i++) nan += (o0[i] & 0x7f80) == 0x7f80;
+    CHECKF(!nan, "%s: %d outputs not finite", name, nan);
+    CHECKF(!memcmp(o0, o1, no * 2), "%s: attention output differs from rope_kv + attention", name);
+    for (int c = 0; c < 2; c++) {
+        get(k0, kv[0][c], nkv * 2), get(k1, kv[1][c], nkv * 2);
+        CHECKF(!memcmp(k0, k1, nkv * 2), "%s: %s cache differs from rope_kv's", name, c ? "V" : "K");
+        CHECKF(memcmp(k0, c ? vc : kc, nkv * 2), "%s: rope_kv wrote nothing to the %s cache", name, c ? "V" : "K");
+    }
+    printf("  rope folded %-30s T=%3d H=%d/%d D=%d rope %d%s%s%s split %d: identical\n", name, T, H, KVH, D, rope_dim,
+           neox ? " neox" : "", bias ? " bias" : "", qkn ? " qk-norm" : "", nsplit);
+    free(ctx), free(bt), free(bt_off), free(pos), free(tok_part), free(tok_ns), free(slots), free(items), free(kc);
+    free(vc), free(qkv), free(bsv), free(qn), free(kn), free(cs), free(sn), free(o0), free(o1), free(k0), free(k1);
+    cudaFree((void *)ra.qkv), cudaFree((void *)ra.bias), cudaFree((void *)ra.q_norm), cudaFree((void *)ra.k_norm);
+    cudaFree((void *)ra.cos), cudaFree((void *)ra.sin), cudaFree((void *)ra.pos), cudaFree((void *)ra.slots);
+    cudaFree(ra.q), cudaFree((void *)a.bt), cudaFree((void *)a.bt_off), cudaFree((void *)a.items);
+    cudaFree((void *)a.n_items), cudaFree(a.part), cudaFree((void *)a.tok_part), cudaFree((void *)a.tok_nsplit);
+    cudaFree(a.cnt);
+    for (int f = 0; f < 2; f++) cudaFree(out[f]), cudaFree(kv[f][0]), cudaFree(kv[f][1]);
+}
+
+static void test_attention_rope_fold(void)
+{
+    rope_fold_case("llama", 32, 8, 128, 16, 128, false, false, false, 3, 1);
+    rope_fold_case("llama, split 8", 32, 8, 128, 16, 128, false, false, false, 3, 8);
+    rope_fold_case("qwen2 (bias, neox)", 14, 2, 64, 16, 64, true, true, false, 5, 3);
+    rope_fold_case("qwen3 (q/k norm)", 16, 8, 128, 32, 128, true, false, true, 4, 5);
+    rope_fold_case("smollm2 shape", 9, 3, 64, 16, 64, false, false, false, 100, 2);
+    rope_fold_case("partial rotary", 8, 2, 128, 1, 64, true, true, true, 6, 4);
+    /* shapes the decode kernel does not take are refused, not run unfused */
+    struct cuda_attn_args bad = {.max_items = 1, .T = 1, .H = 8, .KVH = 2, .D = 256, .max_rows = 4};
+    int32_t one = 1;
+    bad.cnt = &one, bad.rope.qkv = (const uint16_t *)&one;
+    CHECK(cuda_attention(&bad, 0) == cudaErrorInvalidValue);
+}
+
 /* The tensor-core kernel on prefill-shaped steps: whole prompts, chunks over
  * a cached prefix (a chunk starting at a non-zero position), odd lengths,
  * decode tokens riding along in a mixed step, block sizes 1/16/32, GQA 1, 3,
@@ -734,6 +868,7 @@ int main(void)
     RUN(test_rope_kv);
     RUN(test_attention);
     RUN(test_attention_decode);
+    RUN(test_attention_rope_fold);
     RUN(test_attention_tc);
     return test_summary();
 }
