@@ -5,13 +5,7 @@
 # suite on CUDA (TP 1 and, with 2 GPUs, TP 2), bench_kernels, bench_gpu with
 # the decode attention kernel and without (SLUICE_CUDA_ATTN_DEC=0), and
 # run-batch throughput (RB=N requests). Logs under $1; a summary on stdout.
-set -u
-L=${1:-/tmp/decode_run}
-mkdir -p "$L"
-export NCCL_NVLS_ENABLE=0
-ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
-t() { local n=$1 s=$2; shift 2; local a=$(date +%s); timeout -k 5 "$s" "$@" >"$L/$n.log" 2>&1; local rc=$?;
-      echo "$n rc=$rc $(( $(date +%s) - a ))s: $(grep -E 'passed, [0-9]+ failed|ERROR SUMMARY|RACECHECK SUMMARY|^FAIL' "$L/$n.log" | tail -3 | tr '\n' ' ')"; }
+. "$(dirname "$0")/run_lib.sh"
 nvidia-smi -L
 t kernels 120 build/tests/gpu/test_kernels
 grep -E "FAIL|failed:" "$L/kernels.log" | head -20

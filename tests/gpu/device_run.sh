@@ -5,12 +5,7 @@
 #   sampler, end to end vs CPU/HF at TP=1, tensor parallelism (tp_check.sh);
 #   speed: attention kernels, Llama-3.1-8B shape at TP=1/TP=2 (and TP=2 without
 #   collectives), a Qwen2.5-72B shape at TP=2.
-set -u
-L=${1:-/tmp/device_run}
-mkdir -p "$L"
-export NCCL_NVLS_ENABLE=0
-t() { local n=$1 s=$2; shift 2; local a=$(date +%s); timeout "$s" "$@" >"$L/$n.log" 2>&1; local rc=$?;
-      echo "$n rc=$rc $(( $(date +%s) - a ))s: $(grep -E 'passed, [0-9]+ failed' "$L/$n.log" | tail -1)"; }
+. "$(dirname "$0")/run_lib.sh"
 nvidia-smi -L
 t kernels 150 build/tests/gpu/test_kernels
 t sample 90 build/tests/gpu/test_sample

@@ -1,14 +1,9 @@
 #!/usr/bin/env bash
 # profile_run.sh - compute-sanitizer on the kernel tests and a per-kernel
 # profile (ncu) of batch-1 decode on the Llama-3.1-8B shape. Logs under $1.
-set -u
-L=${1:-/tmp/profile_run}
-mkdir -p "$L"
-export NCCL_NVLS_ENABLE=0
 CS=${CS:-compute-sanitizer}
 NCU=${NCU:-ncu}
-t() { local n=$1 s=$2; shift 2; local a=$(date +%s); timeout -k 5 "$s" "$@" >"$L/$n.log" 2>&1; local rc=$?;
-      echo "$n rc=$rc $(( $(date +%s) - a ))s: $(grep -E 'passed, [0-9]+ failed|ERROR SUMMARY|RACECHECK SUMMARY' "$L/$n.log" | tail -2 | tr '\n' ' ')"; }
+. "$(dirname "$0")/run_lib.sh"
 nvidia-smi -L
 [ -n "${SKIP_SAN:-}" ] || {
 t memcheck_kernels 200 $CS --tool memcheck --leak-check no build/tests/gpu/test_kernels

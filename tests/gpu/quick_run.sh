@@ -2,13 +2,7 @@
 # quick_run.sh - a short device call after a kernel change: the kernel tests
 # (memcheck and racecheck on the tests named by $ONLY), end to end vs CPU/HF,
 # the engine suite on CUDA (TP 2 too with 2 GPUs), and batch-1/batched decode.
-set -u
-L=${1:-/tmp/quick_run}
-mkdir -p "$L"
-export NCCL_NVLS_ENABLE=0
-ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
-t() { local n=$1 s=$2; shift 2; local a=$(date +%s); timeout -k 5 "$s" "$@" >"$L/$n.log" 2>&1; local rc=$?;
-      echo "$n rc=$rc $(( $(date +%s) - a ))s: $(grep -E 'passed, [0-9]+ failed|ERROR SUMMARY|RACECHECK SUMMARY|^FAIL' "$L/$n.log" | tail -3 | tr '\n' ' ')"; }
+. "$(dirname "$0")/run_lib.sh"
 t kernels 90 build/tests/gpu/test_kernels
 grep -E "FAIL|failed:|rope folded" "$L/kernels.log" | head -20
 t e2e_tp1 60 build/tests/gpu/test_gpu_e2e
