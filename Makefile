@@ -80,16 +80,17 @@ endif
 # Benchmarks (numbers go to BENCHMARKS.md with the machine they ran on): the
 # CPU forward pass on the default model and JSON mode's vocabulary mask; on a
 # GPU host also the Llama-3.1-8B shape (dummy weights) through the backend.
-$(BUILD)/json_mask_bench: tools/bench/json_mask_bench.c $(CUDA_OBJS) $(BUILD)/libsluice.a
+$(BUILD)/json_mask_bench $(BUILD)/engine_bench: $(BUILD)/%: tools/bench/%.c $(CUDA_OBJS) $(BUILD)/libsluice.a
 	$(CC) $(CFLAGS) $< $(CUDA_OBJS) $(BUILD)/libsluice.a -o $@ $(LDLIBS)
 
-BENCH_DEPS := $(BUILD)/sluice $(BUILD)/tests/test_forward $(BUILD)/json_mask_bench $(MODEL)
+BENCH_DEPS := $(BUILD)/sluice $(BUILD)/tests/test_forward $(BUILD)/json_mask_bench $(BUILD)/engine_bench $(MODEL)
 ifeq ($(CUDA),1)
 BENCH_DEPS += $(GPU_BENCH_BINS)
 endif
 bench: $(BENCH_DEPS)
 	SLUICE_BENCH=1 $(BUILD)/tests/test_forward
 	$(BUILD)/json_mask_bench
+	$(BUILD)/engine_bench
 	@if [ -x $(BUILD)/tests/gpu/bench_gpu ] && nvidia-smi -L >/dev/null 2>&1; then \
 	  NCCL_NVLS_ENABLE=0 $(BUILD)/tests/gpu/bench_gpu; else echo "bench: no GPU here, GPU benchmarks skipped"; fi
 
