@@ -34,6 +34,19 @@ void api_print_flags(const struct api_flag *flags);
  * *exit_code (0 after --help, 2 after an error). */
 /* A size such as 2G, 512M, 64KiB or 1073741824 in bytes; -1 when malformed. */
 long long api_parse_bytes(const char *s);
+/* The KV cache budget of the GPU backend from --gpu-memory-utilization util
+ * (vLLM's meaning): util x the memory of the GPU with the least room (of
+ * GPUs 0 .. tp-1), less what weights and workspace already use, less a 512
+ * MiB margin. Call after the backend exists. 0: *bytes set and, unless who
+ * is NULL, one line on stderr ("sluice WHO: KV cache ..."); -1: nothing left
+ * (message in err);
+ * 1: no GPU answered (the caller keeps its default). */
+int api_gpu_kv_bytes(int tp, double util, const char *who, size_t *bytes, char *err, size_t errlen);
+/* vLLM's engine sizes for where the model will run, filling only values left
+ * 0: on GPUs (device "cuda", or NULL with a GPU present) 256 sequences and
+ * 8192 tokens per step, on the CPU 64 and 1024; a default is lowered or
+ * raised so that it never contradicts the other value when that was given. */
+void api_engine_defaults(const char *device, long *max_num_seqs, long *max_num_batched_tokens);
 int api_cmd_flags(const char *name, const char *usage, int argc, char **argv, int first, const struct api_flag *flags,
                   const char **positional, int max_pos, int *exit_code);
 

@@ -405,10 +405,10 @@ static const char USAGE[] =
 
 int api_cmd_run_batch(int argc, char **argv)
 {
-    const char *chat_template = NULL, *model_path = NULL, *in_path = NULL, *out_path = NULL, *served = NULL, *kv_mem = "2G",
+    const char *chat_template = NULL, *model_path = NULL, *in_path = NULL, *out_path = NULL, *served = NULL, *kv_mem = NULL,
                *device = NULL, *load_format = NULL, *tok_path = NULL;
-    long max_num_seqs = 64, max_batched = 1024, max_model_len = 0, block_size = 16, threads = 0, tp = 1;
-    double batch_share = 0.1;
+    long max_num_seqs = 0, max_batched = 0, max_model_len = 0, block_size = 16, threads = 0, tp = 1;
+    double batch_share = 0.1, gpu_util = 0.9;
     bool prefix = true, quiet = false, timings = false;
     const struct api_flag flags[] = {
         {"--model", API_FLAG_STR, &model_path, "GGUF file or HF checkpoint directory", NULL},
@@ -417,13 +417,15 @@ int api_cmd_run_batch(int argc, char **argv)
         {"--output", API_FLAG_STR, &out_path, "output JSONL file (-o)", NULL},
         {"--served-model-name", API_FLAG_STR, &served, "the model name requests use and responses report (--model)", NULL},
         {"--chat-template", API_FLAG_STR, &chat_template, "Jinja chat template file (or text) instead of the model's own", NULL},
-        {"--max-num-seqs", API_FLAG_INT, &max_num_seqs, "sequences running at once (64)", NULL},
-        {"--max-num-batched-tokens", API_FLAG_INT, &max_batched, "tokens per step (1024)", NULL},
+        {"--max-num-seqs", API_FLAG_INT, &max_num_seqs, "sequences running at once (GPU 256, CPU 64)", NULL},
+        {"--max-num-batched-tokens", API_FLAG_INT, &max_batched, "tokens per step (GPU 8192, CPU 1024)", NULL},
         {"--max-model-len", API_FLAG_INT, &max_model_len, "prompt + completion tokens at most (the model's, <= 8192)", NULL},
         {"--enable-prefix-caching", API_FLAG_BOOL, &prefix, "reuse the KV of shared prompt prefixes (on)",
          "--no-enable-prefix-caching"},
         {"--block-size", API_FLAG_INT, &block_size, "KV block size in tokens (16)", NULL},
-        {"--kv-cache-memory", API_FLAG_STR, &kv_mem, "KV cache size, bytes with K/M/G suffix (2G)", NULL},
+        {"--kv-cache-memory", API_FLAG_STR, &kv_mem,
+         "KV cache size, bytes with K/M/G suffix (CPU: 2G; GPU: from --gpu-memory-utilization)", NULL},
+        {"--gpu-memory-utilization", API_FLAG_FLOAT, &gpu_util, "GPU memory fraction for weights + KV (0.9)", NULL},
         {"--min-batch-share", API_FLAG_FLOAT, &batch_share, "budget share kept for batch work (0.1)", NULL},
         {"--device", API_FLAG_STR, &device, "cpu or cuda (default: cuda when available)", NULL},
         {"--tensor-parallel-size", API_FLAG_INT, &tp, "GPUs the model is split across (1)", NULL},
@@ -450,15 +452,17 @@ int api_cmd_run_batch(int argc, char **argv)
         fprintf(stderr, "sluice run-batch: --model, -i and -o are required (see --help)\n");
         return 2;
     }
-    long long kv_bytes = api_parse_bytes(kv_mem);
+    if (max_num_seqs >= 0 && max_batched >= 0) api_engine_defaults(device, &max_num_seqs, &max_batched);
+    long long kv_bytes = api_parse_bytes(kv_mem ? kv_mem : "2G");
     if (kv_bytes <= 0) {
         fprintf(stderr, "sluice run-batch: invalid --kv-cache-memory '%s' (e.g. 2G, 512M, 1073741824)\n", kv_mem);
         return 2;
     }
     if (max_num_seqs < 1 || max_batched < max_num_seqs || block_size < 1 || block_size > 1024 || max_model_len < 0 ||
-        batch_share < 0 || batch_share > 1 || max_batched > 1 << 20 || max_num_seqs > 1 << 16) {
+        batch_share < 0 || batch_share > 1 || max_batched > 1 << 20 || max_num_seqs > 1 << 16 || !(gpu_util > 0) ||
+        gpu_util > 1) {
         fprintf(stderr, "sluice run-batch: need --max-num-seqs >= 1, --max-num-batched-tokens >= --max-num-seqs, "
-                        "--block-size 1..1024, --min-batch-share 0..1\n");
+                        "--block-size 1..1024, --min-batch-share 0..1, --gpu-memory-utilization in (0, 1]\n");
         return 2;
     }
 
@@ -514,6 +518,10 @@ int api_cmd_run_batch(int argc, char **argv)
     };
     be = model_backend_create(b.m, &bo, err, sizeof err);
     if (!be) goto fail_msg;
+    /* on the GPU the KV cache takes what --gpu-memory-utilization leaves, as in serve */
+    if (!kv_mem && !strcmp(be->ops->name, "cuda") &&
+        api_gpu_kv_bytes((int)tp, gpu_util, quiet ? NULL : "run-batch", &eo.kv_cache_bytes, err, sizeof err) < 0)
+        goto fail_msg;
     b.e = sched_engine_create(be, &eo, err, sizeof err);
     if (!b.e) goto fail_msg;
     b.max_model_len = sched_engine_config(b.e)->max_model_len;

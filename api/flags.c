@@ -1,4 +1,6 @@
-/* flags.c - table-driven command-line flags for every subcommand. */
+/* flags.c - table-driven command-line flags for every subcommand, and the
+ * sizes the flags give (bytes, the GPU KV budget) that serve and run-batch
+ * share. */
 #include <errno.h>
 #include <ctype.h>
 #include <math.h>
@@ -7,6 +9,7 @@
 #include <string.h>
 
 #include "api.h"
+#include "model/backend.h"
 
 static int set_value(const struct api_flag *f, const char *v, char *err, size_t errlen)
 {
@@ -133,4 +136,45 @@ long long api_parse_bytes(const char *s)
     if (*end == 'B' || *end == 'b') end++;
     if (*end) return -1;
     return (long long)(v * (double)mul);
+}
+
+int api_gpu_kv_bytes(int tp, double util, const char *who, size_t *bytes, char *err, size_t errlen)
+{
+    /* vLLM's meaning: the KV pool takes what is left of util x the GPU after
+     * weights and workspace (already allocated), less a margin for cuBLAS and
+     * graph memory; with tensor parallelism every GPU holds its share of
+     * every block, so the GPU with the least room sets the size */
+    int ngpu = tp > 1 ? tp : 1, worst = -1;
+    double budget = 0, used = 0, total = 0, margin = 512.0 * 1048576.0;
+    for (int g = 0; g < ngpu; g++) {
+        size_t fr, tot;
+        if (model_cuda_mem_info(g, &fr, &tot)) continue;
+        double b = util * (double)tot - (double)(tot - fr) - margin;
+        if (worst < 0 || b < budget) worst = g, budget = b, used = (double)(tot - fr), total = (double)tot;
+    }
+    if (worst < 0) return 1;
+    if (budget < 1048576.0) {
+        snprintf(err, errlen,
+                 "--gpu-memory-utilization %.2f leaves no room for the KV cache: GPU %d has %.1f GiB, "
+                 "weights and workspace already use %.1f GiB",
+                 util, worst, total / 1073741824.0, used / 1073741824.0);
+        return -1;
+    }
+    *bytes = (size_t)budget;
+    if (who)
+        fprintf(stderr, "sluice %s: KV cache %.1f GiB%s (--gpu-memory-utilization %.2f of %.1f GiB; %.1f GiB in use)\n",
+                who, budget / 1073741824.0, ngpu > 1 ? " per GPU" : "", util, total / 1073741824.0,
+                used / 1073741824.0);
+    return 0;
+}
+
+void api_engine_defaults(const char *device, long *max_num_seqs, long *max_num_batched_tokens)
+{
+    bool gpu = device ? !strcmp(device, "cuda") : model_cuda_available();
+    bool ds = *max_num_seqs == 0, db = *max_num_batched_tokens == 0;
+    if (ds) *max_num_seqs = gpu ? 256 : 64;
+    if (db) *max_num_batched_tokens = gpu ? 8192 : 1024;
+    /* a default never contradicts what was given */
+    if (ds && !db && *max_num_seqs > *max_num_batched_tokens) *max_num_seqs = *max_num_batched_tokens;
+    if (db && !ds && *max_num_batched_tokens < *max_num_seqs) *max_num_batched_tokens = *max_num_seqs;
 }

@@ -76,35 +76,10 @@ static void *load_main(void *arg)
     };
     s->be = model_backend_create(s->m, &bo, err, sizeof err);
     if (!s->be) goto fail;
-    if (!s->o.kv_cache_memory && !strcmp(s->be->ops->name, "cuda")) {
-        /* vLLM's meaning: the KV pool takes what is left of util x the GPU
-         * after weights and workspace (already allocated), less a margin for
-         * cuBLAS and graph memory */
-        /* with tensor parallelism every GPU holds its share of every block:
-         * the GPU with the least room sets the size */
-        int ngpu = s->o.tensor_parallel_size > 1 ? (int)s->o.tensor_parallel_size : 1, worst = -1;
-        double budget = 0, used = 0, total = 0, margin = 512.0 * 1048576.0;
-        for (int g = 0; g < ngpu; g++) {
-            size_t fr, tot;
-            if (model_cuda_mem_info(g, &fr, &tot)) continue;
-            double b = s->o.gpu_memory_utilization * (double)tot - (double)(tot - fr) - margin;
-            if (worst < 0 || b < budget) worst = g, budget = b, used = (double)(tot - fr), total = (double)tot;
-        }
-        if (worst >= 0) {
-            if (budget < 1048576.0) {
-                snprintf(err, sizeof err,
-                         "--gpu-memory-utilization %.2f leaves no room for the KV cache: GPU %d has %.1f GiB, "
-                         "weights and workspace already use %.1f GiB",
-                         s->o.gpu_memory_utilization, worst, total / 1073741824.0, used / 1073741824.0);
-                goto fail;
-            }
-            eo.kv_cache_bytes = (size_t)budget;
-            fprintf(stderr,
-                    "sluice serve: KV cache %.1f GiB%s (--gpu-memory-utilization %.2f of %.1f GiB; %.1f GiB in use)\n",
-                    budget / 1073741824.0, ngpu > 1 ? " per GPU" : "", s->o.gpu_memory_utilization,
-                    total / 1073741824.0, used / 1073741824.0);
-        }
-    }
+    if (!s->o.kv_cache_memory && !strcmp(s->be->ops->name, "cuda") &&
+        api_gpu_kv_bytes((int)s->o.tensor_parallel_size, s->o.gpu_memory_utilization, "serve", &eo.kv_cache_bytes,
+                         err, sizeof err) < 0)
+        goto fail;
     s->eng = sched_engine_create(s->be, &eo, err, sizeof err);
     if (!s->eng) goto fail;
     atomic_store(&s->state, SRV_READY);
@@ -500,8 +475,9 @@ int api_cmd_serve(int argc, char **argv)
         {"--port", API_FLAG_INT, &o->port, "port (8000)", NULL},
         {"--api-key", API_FLAG_STR, &o->api_key, "require 'Authorization: Bearer KEY' on /v1/*", NULL},
         {"--max-model-len", API_FLAG_INT, &o->max_model_len, "prompt + completion tokens at most", NULL},
-        {"--max-num-seqs", API_FLAG_INT, &o->max_num_seqs, "sequences running at once", NULL},
-        {"--max-num-batched-tokens", API_FLAG_INT, &o->max_num_batched_tokens, "tokens per engine step", NULL},
+        {"--max-num-seqs", API_FLAG_INT, &o->max_num_seqs, "sequences running at once (GPU 256, CPU 64)", NULL},
+        {"--max-num-batched-tokens", API_FLAG_INT, &o->max_num_batched_tokens,
+         "tokens per engine step (GPU 8192, CPU 1024)", NULL},
         {"--enable-prefix-caching", API_FLAG_BOOL, &o->enable_prefix_caching, "reuse KV of repeated prefixes (on)",
          "--no-enable-prefix-caching"},
         {"--enable-prompt-tokens-details", API_FLAG_BOOL, &o->enable_prompt_tokens_details,
@@ -576,6 +552,8 @@ int api_cmd_serve(int argc, char **argv)
         return 2;
     }
     o->hf_overrides = vf.hf_overrides;
+    if (o->max_num_seqs >= 0 && o->max_num_batched_tokens >= 0)
+        api_engine_defaults(o->device, &o->max_num_seqs, &o->max_num_batched_tokens);
     if (o->port <= 0 || o->port > 65535 || o->max_model_len < 0 || o->max_num_seqs < 0 ||
         o->max_num_batched_tokens < 0 || o->block_size < 0 || o->tensor_parallel_size < 1 ||
         o->gpu_memory_utilization <= 0 || o->gpu_memory_utilization > 1 || o->max_body_bytes < 1024 ||

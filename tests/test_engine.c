@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include "model/backend.h"
 #include "model/json.h"
@@ -663,9 +664,17 @@ static void test_run_batch(void)
     char cmd[1024];
     snprintf(cmd, sizeof cmd,
              "build/sluice run-batch --model %s --served-model-name smol -i %s -o %s --max-model-len 512 "
-             "--kv-cache-memory 64M --quiet --device %s --tensor-parallel-size %d",
+             "--kv-cache-memory 64M --quiet --device %s --tensor-parallel-size %d --gpu-memory-utilization 0.85",
              g_path, in, out, g_device, g_tp);
     CHECK(system(cmd) == 0);
+    {
+        /* vLLM's --gpu-memory-utilization: a fraction in (0, 1], else a usage error */
+        char bad[1024];
+        snprintf(bad, sizeof bad, "build/sluice run-batch --model %s -i %s -o %s.bad --gpu-memory-utilization 1.5 "
+                                  "2>/dev/null", g_path, in, out);
+        int st = system(bad);
+        CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == 2, "--gpu-memory-utilization 1.5: status %d", st);
+    }
     f = fopen(out, "r");
     CHECK(f != NULL);
     if (!f) return;
