@@ -53,8 +53,10 @@
  * Prefill attention runs on the tensor cores (items of up to 128 query rows;
  * SLUICE_CUDA_ATTN_TC=0 gives the SIMT kernel back); decode-only steps take
  * the decode kernel (attn.cu: split-K whose last split merges the others, so
- * no combine launch; SLUICE_CUDA_ATTN_DEC=0 gives the SIMT kernel and its
- * combine back).
+ * no combine launch; RoPE and the KV write folded in, so no RoPE launch
+ * either; SLUICE_CUDA_ATTN_DEC=0 gives the RoPE kernel, the SIMT kernel and
+ * its combine back). With the GEMVs, SwiGLU rides in the gate|up GEMV's
+ * epilogue.
  *
  * Decode-only steps (every sequence one token) run as a CUDA graph (per rank,
  * NCCL calls included) captured once per batch-size bucket (1, 2, 4, ...
@@ -111,10 +113,10 @@ struct inlay {
 
 struct cuda_backend;
 
-/* One GPU's share of the model and its working memory. */
 /* decode steps of up to this many tokens use the decode attention kernel */
 #define CUDA_DEC_ATTN_MAX_T 1000000
 
+/* One GPU's share of the model and its working memory. */
 struct rank {
     struct cuda_backend *b;
     int id, dev;
