@@ -8,13 +8,14 @@
  * tokens are allowed. Whitespace between values is capped (GUIDE_MAX_WS bytes
  * in a row) so a model cannot stall in an endless run of newlines.
  */
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "sched.h"
 
 #define GUIDE_MAX_WS 16
-#define GUIDE_CACHE 32
+#define GUIDE_CACHE 128
 
 enum {
     G_START,        /* before the top-level object: whitespace, then '{' */
@@ -215,12 +216,16 @@ struct sched_guide_vocab {
     uint8_t *flag;   /* [n] V_NORMAL | V_PLAIN */
     uint8_t *first;  /* [n] first byte (contiguous: the scan below reads it for every token) */
     /* masks of recent states: generation revisits the same few (after a
-     * value at depth 1, inside a key, ...); round-robin replacement */
+     * value at depth 1, inside a key, ...); round-robin replacement that
+     * skips the masks handed out since the last epoch (they are in use) */
     struct {
         struct sched_guide key; /* canonical (see canon) */
+        uint64_t hash;          /* of key: most lookups compare this alone */
+        uint64_t epoch;         /* last handed out in this epoch */
         uint8_t *mask;          /* [n] or NULL */
     } cache[GUIDE_CACHE];
     int next;
+    uint64_t epoch;
 };
 enum { V_NORMAL = 1, V_PLAIN = 2 }; /* a normal token; bytes that may sit inside a string as they are */
 
@@ -280,15 +285,24 @@ static struct sched_guide canon(const struct sched_guide *g)
     return k;
 }
 
+/* *d = *s for stepping: the frames in use only (schema mode; none in JSON
+ * mode). The scan below copies the state once per candidate token. */
+static inline void guide_copy(struct sched_guide *d, const struct sched_guide *s)
+{
+    memcpy(d, s, offsetof(struct sched_guide, frame));
+    if (s->schema) memcpy(d->frame, s->frame, (size_t)s->depth * sizeof *s->frame);
+}
+
 static void compute_mask(const struct sched_guide *g, const struct sched_guide_vocab *v, uint8_t *allow)
 {
     bool in_string = g->schema ? sched_schema_in_string(g) : g->state == G_STRING && g->n == SCHED_STR_BODY;
     /* most tokens fail on their first byte: decide those from a table; inside
      * a string, plain tokens continue it whatever they hold */
     bool first[256];
-    for (int c = 0; c < 256; c++) {
-        struct sched_guide x = *g;
-        first[c] = sched_guide_step(&x, (uint8_t)c);
+    struct sched_guide x, c;
+    for (int b = 0; b < 256; b++) {
+        guide_copy(&x, g);
+        first[b] = sched_guide_step(&x, (uint8_t)b);
     }
     for (int t = 0; t < v->n; t++) {
         uint8_t f = v->flag[t];
@@ -298,16 +312,30 @@ static void compute_mask(const struct sched_guide *g, const struct sched_guide_v
             allow[t] = 1;
             continue;
         }
-        struct sched_guide c = *g;
+        guide_copy(&c, g);
         uint32_t i = 0, len = v->len[t];
         while (i < len && sched_guide_step(&c, (uint8_t)v->b[t][i])) i++;
         allow[t] = i == len;
     }
 }
 
-void sched_guide_mask(const struct sched_guide *g, struct sched_guide_vocab *v, const int32_t *stop, int n_stop,
-                      uint8_t *allow)
+/* FNV-1a over the canonical state's bytes (canon zeroes what does not count) */
+static uint64_t key_hash(const struct sched_guide *k)
 {
+    const uint8_t *p = (const uint8_t *)k;
+    size_t n = sizeof *k;
+    if (!k->schema) n = offsetof(struct sched_guide, frame); /* JSON mode: no frames */
+    uint64_t h = 1469598103934665603ULL;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ULL;
+    return h;
+}
+
+void sched_guide_vocab_epoch(struct sched_guide_vocab *v) { v->epoch++; }
+
+const uint8_t *sched_guide_mask_ref(const struct sched_guide *g, struct sched_guide_vocab *v, const int32_t *stop,
+                                    int n_stop, uint8_t *own)
+{
+    uint8_t *allow = own;
     if (sched_guide_done(g)) {
         int n = 0;
         memset(allow, 0, (size_t)v->n);
@@ -316,20 +344,32 @@ void sched_guide_mask(const struct sched_guide *g, struct sched_guide_vocab *v, 
         /* a tokenizer without stop ids: nothing can end the reply, so nothing is held back
          * (an all-zero mask would fail the whole step) */
         if (!n) memset(allow, 1, (size_t)v->n);
-        return;
+        return own;
     }
     struct sched_guide k = canon(g);
+    uint64_t h = key_hash(&k);
     for (int i = 0; i < GUIDE_CACHE; i++)
-        if (v->cache[i].mask && !memcmp(&v->cache[i].key, &k, sizeof k)) {
-            memcpy(allow, v->cache[i].mask, (size_t)v->n);
-            return;
+        if (v->cache[i].mask && v->cache[i].hash == h && !memcmp(&v->cache[i].key, &k, sizeof k)) {
+            v->cache[i].epoch = v->epoch;
+            return v->cache[i].mask;
         }
-    compute_mask(g, v, allow);
-    int slot = v->next;
-    v->next = (v->next + 1) % GUIDE_CACHE;
-    if (!v->cache[slot].mask) v->cache[slot].mask = malloc((size_t)v->n);
-    if (v->cache[slot].mask) {
-        v->cache[slot].key = k;
-        memcpy(v->cache[slot].mask, allow, (size_t)v->n);
+    compute_mask(g, v, own);
+    for (int j = 0; j < GUIDE_CACHE; j++) {
+        int slot = (v->next + j) % GUIDE_CACHE;
+        if (v->cache[slot].mask && v->cache[slot].epoch == v->epoch) continue; /* handed out: in use */
+        if (!v->cache[slot].mask) v->cache[slot].mask = malloc((size_t)v->n);
+        if (!v->cache[slot].mask) break;
+        v->cache[slot].key = k, v->cache[slot].hash = h, v->cache[slot].epoch = 0;
+        memcpy(v->cache[slot].mask, own, (size_t)v->n);
+        v->next = (slot + 1) % GUIDE_CACHE;
+        break;
     }
+    return own;
+}
+
+void sched_guide_mask(const struct sched_guide *g, struct sched_guide_vocab *v, const int32_t *stop, int n_stop,
+                      uint8_t *allow)
+{
+    const uint8_t *m = sched_guide_mask_ref(g, v, stop, n_stop, allow);
+    if (m != allow) memcpy(allow, m, (size_t)v->n);
 }

@@ -43,7 +43,8 @@ struct sched_req {
     bool json;                     /* JSON mode: guide decides what may be sampled */
     struct sched_schema *schema;   /* owned copy of the request's schema (schema mode), or NULL */
     struct sched_guide guide;      /* the output so far, as JSON */
-    uint8_t *allow;                /* [tokenizer vocab] owned: this step's mask (sp.allow) */
+    uint8_t *allow;                /* [tokenizer vocab] owned: this step's mask when not a cached one (sp.allow
+                                      points at whichever it is) */
     int32_t *gstop;                /* [n_gstop] owned: the ids that may end a complete object */
     int n_gstop;
     int n_stop_ids;
@@ -470,7 +471,7 @@ static void add_to_step(sched *s, sched_req *q, int len, int *T)
     ss->want_sample = q->n_computed + len == q->n_tokens;
     ss->sampling = q->n_gen < q->min_tokens ? &q->sp_min : &q->sp;
     if (q->json && ss->want_sample)
-        sched_guide_mask(&q->guide, s->gvocab, q->gstop, q->n_gstop, q->allow);
+        q->sp.allow = q->sp_min.allow = sched_guide_mask_ref(&q->guide, s->gvocab, q->gstop, q->n_gstop, q->allow);
     ss->history = q->tokens;
     ss->n_prompt = q->n_prompt;
     ss->n_history = q->n_computed + len;
@@ -572,6 +573,7 @@ int sched_plan_step(sched *s, struct step *st)
     int T = 0;
     s->n_step_seqs = 0;
     for (int i = 0; i < s->n_run; i++) s->run[i]->in_step = false;
+    if (s->gvocab) sched_guide_vocab_epoch(s->gvocab); /* the last step's JSON masks are free again */
 
     /* 0. slots for waiting interactive requests; the victims wait at the front
      * of the batch queue and are not readmitted in this step (that would only

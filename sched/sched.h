@@ -340,5 +340,12 @@ void sched_guide_vocab_destroy(struct sched_guide_vocab *v);
  * thread at a time (the engine's). */
 void sched_guide_mask(const struct sched_guide *g, struct sched_guide_vocab *v, const int32_t *stop, int n_stop,
                       uint8_t *allow);
+/* The same mask without the copy: v's cached mask for g's state when there
+ * is one, else computed into own (n_vocab bytes). A cached mask handed out
+ * stays unchanged until the next sched_guide_vocab_epoch() (the engine
+ * starts one per step), so every row of a step can point into the cache. */
+const uint8_t *sched_guide_mask_ref(const struct sched_guide *g, struct sched_guide_vocab *v, const int32_t *stop,
+                                    int n_stop, uint8_t *own);
+void sched_guide_vocab_epoch(struct sched_guide_vocab *v);
 
 #endif

@@ -371,6 +371,57 @@ static void check_json(const char *what, const struct result *r, const struct sc
     printf("  %s: %s after %d tokens: %.80s\n", what, sched_finish_name(r->finish), r->n, buf);
 }
 
+/* JSON mode's mask cache as the engine uses it: a step's rows point into the
+ * cache (sched_guide_mask_ref), so a mask handed out must survive every miss
+ * of the same step (epoch), even more distinct states than the cache holds;
+ * every mask, cached or computed, equals one computed from scratch. */
+static void guide_at(struct sched_guide *g, const char *prefix, int depth, int ws)
+{
+    sched_guide_init(g);
+    for (const char *p = prefix; *p; p++) CHECK(sched_guide_step(g, (uint8_t)*p));
+    for (int i = 0; i < depth; i++) CHECK(sched_guide_step(g, '['));
+    for (int i = 0; i < ws; i++) CHECK(sched_guide_step(g, ' '));
+}
+
+static void test_json_mask_cache(void)
+{
+    const model_tok *tok = model_get_tok(m);
+    int n = model_tok_n_vocab(tok);
+    struct sched_guide_vocab *v = sched_guide_vocab_create(tok), *fresh = sched_guide_vocab_create(tok);
+    uint8_t *own = malloc((size_t)n), *own2 = malloc((size_t)n), *want = malloc((size_t)n), *got = malloc((size_t)n);
+    CHECK(v && fresh && own && own2 && want && got);
+    if (!v || !fresh || !own || !own2 || !want || !got) goto out;
+    struct sched_guide a, g;
+    guide_at(&a, "{\"a\":", 0, 0);
+    sched_guide_mask(&a, fresh, NULL, 0, want);
+    sched_guide_vocab_epoch(v);
+    const uint8_t *pa = sched_guide_mask_ref(&a, v, NULL, 0, own);
+    CHECK(pa == own && !memcmp(pa, want, (size_t)n)); /* computed: into own */
+    const uint8_t *pa2 = sched_guide_mask_ref(&a, v, NULL, 0, own2);
+    CHECK(pa2 != own2 && !memcmp(pa2, want, (size_t)n)); /* seen: the cached copy */
+    int states = 0, bad = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int d = 0; d <= 20; d++)
+            for (int w = 0; w <= 10; w++) {
+                if (!d && !w) continue;
+                guide_at(&g, "{\"a\":", d, w);
+                const uint8_t *p = sched_guide_mask_ref(&g, v, NULL, 0, got);
+                sched_guide_mask(&g, fresh, NULL, 0, own2);
+                bad += memcmp(p, own2, (size_t)n) != 0;
+                states += pass == 0;
+            }
+        /* the step's first mask was not replaced by the misses after it */
+        if (pass == 0) CHECKF(!memcmp(pa2, want, (size_t)n), "a mask in use was overwritten by %d misses", states);
+        sched_guide_vocab_epoch(v);
+    }
+    CHECKF(!bad, "%d of %d masks differ from masks computed from scratch", bad, 2 * states);
+    CHECK(states > 128);
+out:
+    sched_guide_vocab_destroy(v);
+    sched_guide_vocab_destroy(fresh);
+    free(own), free(own2), free(want), free(got);
+}
+
 static void test_request_features(void)
 {
     sched_engine *e = engine(8, 256, 512, 64, false);
@@ -774,6 +825,7 @@ int main(void)
     RUN(test_stop_string_and_refusal);
     RUN(test_abort);
     RUN(test_request_features);
+    RUN(test_json_mask_cache);
     RUN(test_backend_fatal);
     RUN(test_row_failure_isolated);
     RUN(test_run_batch);
