@@ -23,6 +23,7 @@
 struct cand {
     float logit;
     int32_t id;
+    double e; /* step 3: exp(logit - max), computed once per candidate and reused */
 };
 
 void model_sampling_default(struct model_sampling *s)
@@ -157,13 +158,14 @@ int model_sample(float *logits, int n_vocab, const struct model_sampling *s, con
     }
     if (!isfinite(mx)) return SL_EINVAL; /* all -inf, or +inf: nothing sensible to sample */
     double sum = 0.0;
-    for (int i = 0; i < n_vocab; i++) sum += exp((double)logits[i] - (double)mx);
+    for (int i = 0; i < n_vocab; i++) /* exp(-inf) adds exactly 0: masked ids cost a compare */
+        if (logits[i] > -INFINITY) sum += exp((double)logits[i] - (double)mx);
     double lse = (double)mx + log(sum);
 
     out->n_top = 0;
     if (s->top_logprobs > 0) {
         int k = s->top_logprobs < n_vocab ? s->top_logprobs : n_vocab;
-        for (int i = 0; i < n_vocab; i++) c[i] = (struct cand){logits[i], i};
+        for (int i = 0; i < n_vocab; i++) c[i] = (struct cand){logits[i], i, 0.0};
         top_k_sorted(c, n_vocab, k);
         for (int i = 0; i < k; i++) {
             out->top_ids[i] = c[i].id;
@@ -177,9 +179,12 @@ int model_sample(float *logits, int n_vocab, const struct model_sampling *s, con
     if (s->temperature > 0.0f && s->top_k != 1) {
         float inv_t = 1.0f / s->temperature;
         int n = 0;
-        for (int i = 0; i < n_vocab; i++)
-            if (logits[i] > -INFINITY) c[n++] = (struct cand){logits[i] * inv_t, i};
         float cmx = mx * inv_t;
+        for (int i = 0; i < n_vocab; i++)
+            if (logits[i] > -INFINITY) {
+                float l = logits[i] * inv_t;
+                c[n++] = (struct cand){l, i, exp((double)l - cmx)};
+            }
         bool sorted = false;
         if (s->top_k > 0 && s->top_k < n) {
             top_k_sorted(c, n, s->top_k);
@@ -188,7 +193,7 @@ int model_sample(float *logits, int n_vocab, const struct model_sampling *s, con
         }
         if (s->top_p < 1.0f) {
             double z = 0.0;
-            for (int i = 0; i < n; i++) z += exp((double)c[i].logit - cmx);
+            for (int i = 0; i < n; i++) z += c[i].e;
             if (!sorted) {
                 /* The nucleus is a prefix of the sorted order. Sort only the
                  * candidates above a threshold when they already hold top_p of
@@ -198,7 +203,7 @@ int model_sample(float *logits, int n_vocab, const struct model_sampling *s, con
                     double mass = 0.0;
                     double cut = thr <= 1e-30 ? -1.0 : thr;
                     for (int i = 0; i < n; i++) {
-                        double p = exp((double)c[i].logit - cmx) / z;
+                        double p = c[i].e / z;
                         if (p >= cut) {
                             struct cand t = c[m];
                             c[m] = c[i];
@@ -218,7 +223,7 @@ int model_sample(float *logits, int n_vocab, const struct model_sampling *s, con
             double cum = 0.0;
             int keep = n;
             for (int i = 0; i < n; i++) {
-                cum += exp((double)c[i].logit - cmx) / z;
+                cum += c[i].e / z;
                 if (cum >= s->top_p) {
                     keep = i + 1;
                     break;
@@ -235,11 +240,11 @@ int model_sample(float *logits, int n_vocab, const struct model_sampling *s, con
             n = m;
         }
         double z = 0.0;
-        for (int i = 0; i < n; i++) z += exp((double)c[i].logit - cmx);
+        for (int i = 0; i < n; i++) z += c[i].e;
         double u = model_rng_uniform(rng) * z, cum = 0.0;
         tok = c[n - 1].id;
         for (int i = 0; i < n; i++) {
-            cum += exp((double)c[i].logit - cmx);
+            cum += c[i].e;
             if (u < cum) {
                 tok = c[i].id;
                 break;
