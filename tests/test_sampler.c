@@ -6,7 +6,7 @@
 #include "tests/test.h"
 
 #define NV 8
-static unsigned char scratch[NV * 16];
+static double scratch[NV * 4]; /* doubles: the sampler's candidates hold one */
 
 static struct model_sampling params(void)
 {

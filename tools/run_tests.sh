@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs each test binary (and tests/*.py integration tests, when present), sums
 # the "N passed, N failed" line each prints, and prints the total as the last
-# line. A test that crashes or prints no summary counts as one failure.
+# line. A test that crashes or prints no summary counts as one failure, and so
+# does one whose summary disagrees with its own lines (FAIL lines, or more ok
+# lines than it says passed: a test that wrote over the counters).
 set -u
 cd "$(dirname "$0")/.."
 pass=0 fail=0
@@ -18,6 +20,10 @@ run_one() {
         p=0; f=1
     fi
     if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
+    local nfail nok
+    nfail=$(grep -c '^FAIL ' "$log"); nok=$(grep -c '^ok ' "$log")
+    if [ "$nfail" -gt "$f" ]; then f=$nfail; fi
+    if [ "$nok" -gt "$p" ]; then p=$nok; [ "$f" -eq 0 ] && f=1; fi
     pass=$((pass + p)); fail=$((fail + f))
     if [ "$f" -ne 0 ]; then
         echo "== $name: FAILED (exit $rc)"; grep -v '^ok ' "$log" | tail -n 40
