@@ -780,6 +780,13 @@ static void pack_sampling(struct cuda_backend *b, const struct step *s, int R)
 /* Packs the step into hin. Tokens [n_tokens, Tp) and rows [R, Rp) are
  * padding (decode graphs). Returns the bytes of hin to copy, or 0 when the
  * step does not fit the buffers. *R gets the number of logit rows. */
+/* Whether a step of T (padded) tokens runs on the decode attention kernel
+ * (which also does RoPE and the KV write): one answer for packing and launch. */
+static bool dec_kernel(const struct cuda_backend *b, bool decode, int T)
+{
+    return decode && T <= b->dec_attn && cuda_attention_dec_ok(b->c.head_dim, b->c.n_head / b->c.n_head_kv);
+}
+
 static size_t pack_step(struct cuda_backend *b, const struct step *s, int Tp, int *R)
 {
     int T = s->n_tokens, bs = b->block_size, grp = b->c.n_head / b->c.n_head_kv, KVH = b->r[0].KVH;
@@ -828,7 +835,7 @@ static size_t pack_step(struct cuda_backend *b, const struct step *s, int Tp, in
     bool split_ok = Tp <= 256;
     int units = tiles * KVH, want = units >= 2 * b->n_sm ? 1 : (2 * b->n_sm + units - 1) / units;
     /* keys per split at least: the decode kernel's 4 warps take 32 each */
-    bool dk = decode && Tp <= b->dec_attn;
+    bool dk = dec_kernel(b, decode, Tp);
     int n = 0, part = 0, kmin = dk ? 128 : 64, kround = dk ? 128 : 32;
     for (int i = 0; i < s->n_seqs; i++) {
         const struct step_seq *q = &s->seqs[i];
@@ -933,7 +940,7 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
             .eps = c->norm_eps, .q = k->q, .kc = kc, .vc = vc,
         };
         /* decode steps on the decode kernel fold RoPE and the KV write in */
-        bool dk = decode && T <= b->dec_attn && cuda_attention_dec_ok(D, H / KVH);
+        bool dk = dec_kernel(b, decode, T);
         if (!dk) CK(cuda_rope_kv(&ra, st));
         struct cuda_attn_args aa = {
             .q = k->q, .kc = kc, .vc = vc, .pos = DIN(k, pos, int32_t), .bt = DIN(k, bt, int32_t),

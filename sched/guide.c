@@ -92,6 +92,14 @@ bool sched_guide_done(const struct sched_guide *g) { return g->schema ? g->done 
 /* A value ended: back to the container. */
 static void value_end(struct sched_guide *g) { g->state = G_AFTER; }
 
+/* The open object or array closed: done at the outermost, else a value ended. */
+static bool pop(struct sched_guide *g)
+{
+    g->depth--;
+    g->state = g->depth == 0 ? G_DONE : G_AFTER;
+    return true;
+}
+
 static bool push(struct sched_guide *g, uint8_t kind)
 {
     if (g->depth >= SCHED_GUIDE_MAX_DEPTH) return false;
@@ -126,11 +134,7 @@ static bool after(struct sched_guide *g, uint8_t c)
         g->state = top == '{' ? G_KEY : G_VALUE;
         return true;
     }
-    if ((c == '}' && top == '{') || (c == ']' && top == '[')) {
-        g->depth--;
-        g->state = g->depth == 0 ? G_DONE : G_AFTER;
-        return true;
-    }
+    if ((c == '}' && top == '{') || (c == ']' && top == '[')) return pop(g);
     return false;
 }
 
@@ -155,18 +159,10 @@ bool sched_guide_step(struct sched_guide *g, uint8_t c)
     case G_VALUE:
         return start_value(g, c);
     case G_VALUE_OR_END:
-        if (c == ']') {
-            g->depth--;
-            g->state = g->depth == 0 ? G_DONE : G_AFTER;
-            return true;
-        }
+        if (c == ']') return pop(g);
         return start_value(g, c);
     case G_KEY_OR_END:
-        if (c == '}') {
-            g->depth--;
-            g->state = g->depth == 0 ? G_DONE : G_AFTER;
-            return true;
-        }
+        if (c == '}') return pop(g);
         /* fall through */
     case G_KEY:
         if (c != '"') return false;
