@@ -43,6 +43,7 @@
 #include "cuda/bf16.cuh"
 #include "cuda/kernels.h"
 #include "cuda/rope.cuh"
+#include "cuda/pdl.cuh"
 
 #define KT 32
 #define WARPS 4
@@ -236,6 +237,8 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
     __shared__ float Wm[DEC_NW][GM], Wl[DEC_NW][GM];
     __shared__ float Wa[DEC_NW][GM][D];
     __shared__ int last;
+    pdl_trigger(); /* a PDL launch (pdl.cuh): the next kernel may start loading weights */
+    pdl_wait();
     int it = blockIdx.x;
     if (it >= *a.n_items) return;
     struct cuda_attn_item wi = a.items[it];
@@ -417,11 +420,8 @@ template <int D>
 static cudaError_t launch_dec(const struct cuda_attn_args *a, cudaStream_t st)
 {
     dim3 grid(a->max_items, a->KVH);
-    if (a->H / a->KVH <= 4)
-        attn_dec_kernel<D, 4><<<grid, 32 * DEC_NW, 0, st>>>(*a);
-    else
-        attn_dec_kernel<D, 8><<<grid, 32 * DEC_NW, 0, st>>>(*a);
-    return cudaGetLastError();
+    return pdl_launch(a->H / a->KVH <= 4 ? attn_dec_kernel<D, 4> : attn_dec_kernel<D, 8>, grid, dim3(32 * DEC_NW), 0,
+                      st, *a);
 }
 
 /* ---- tensor-core kernel (prefill tiles) -------------------------------------- */

@@ -51,24 +51,10 @@
 #include "cuda/bf16.cuh"
 #include "cuda/kernels.h"
 #include "cuda/norm.cuh"
+#include "cuda/pdl.cuh"
 
 #define BT 256 /* threads of the block kernel */
 #define GEMV_WARPS 8
-
-/* ---- programmatic dependent launch ---- */
-
-static __device__ __forceinline__ void pdl_trigger(void)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-static __device__ __forceinline__ void pdl_wait(void)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
 
 /* weights: read once, never again in this kernel: keep them out of L1 */
 static __device__ __forceinline__ uint4 ld_stream(const uint4 *p)
@@ -90,94 +76,127 @@ static __device__ __forceinline__ void unpack8(uint4 v, float *f)
 
 /* ---- the warp kernel: one row per warp ---- */
 
-template <int NT, bool F32OUT>
+/* Lane l of a warp takes 16-byte chunks l, l + 32, l + 64, ... of its row(s)
+ * and sums them in that order, CH chunks per row requested at a time (the
+ * first CH before waiting for the previous kernel: weights only), the next
+ * CH requested before the current ones are used. Any CH sums in the same
+ * order, so every CH gives the same bits. */
+template <int CH, int NR>
+struct wchunks {
+    uint4 v[NR][CH];
+    __device__ __forceinline__ void load(const uint4 *const *w, int i0, int lane, int n4)
+    {
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+#pragma unroll
+            for (int u = 0; u < CH; u++) {
+                int i = i0 + u * 32 + lane;
+                v[r][u] = i < n4 ? __ldcs(w[r] + i) : make_uint4(0, 0, 0, 0);
+            }
+    }
+};
+
+/* acc[r][t] += the CH chunks from i0 of rows r times x[t] */
+template <int CH, int NR, int NT>
+static __device__ __forceinline__ void wdot(const wchunks<CH, NR> &c, const uint16_t *__restrict__ x, int in, int i0,
+                                            int lane, float (&acc)[NR][NT])
+{
+    const int n4 = in / 8;
+#pragma unroll
+    for (int u = 0; u < CH; u++) {
+        int i = i0 + u * 32 + lane;
+        if (i >= n4) break;
+        float wf[NR][8];
+#pragma unroll
+        for (int r = 0; r < NR; r++) unpack8(c.v[r][u], wf[r]);
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float xf[8];
+            unpack8(__ldg((const uint4 *)(x + (size_t)t * in) + i), xf);
+#pragma unroll
+            for (int r = 0; r < NR; r++)
+#pragma unroll
+                for (int e = 0; e < 8; e++) acc[r][t] += wf[r][e] * xf[e];
+        }
+    }
+}
+
+/* the rows' sums over in, for the NR rows w[0..NR) of one warp */
+template <int CH, int NR, int NT>
+static __device__ __forceinline__ void wrows(const uint4 *const *w, const uint16_t *__restrict__ x, int in, int lane,
+                                             float (&acc)[NR][NT])
+{
+    const int n4 = in / 8;
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+    wchunks<CH, NR> cur, nxt;
+    cur.load(w, 0, lane, n4);
+    pdl_wait(); /* from here on, x may be read */
+    for (int i0 = 0;; i0 += 32 * CH) {
+        bool more = i0 + 32 * CH < n4;
+        if (more) nxt.load(w, i0 + 32 * CH, lane, n4);
+        wdot<CH, NR, NT>(cur, x, in, i0, lane, acc);
+        if (!more) break;
+        cur = nxt;
+    }
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = warp_sum(acc[r][t]);
+}
+
+template <int NT, bool F32OUT, int CH>
 static __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_warp_kernel(const uint16_t *__restrict__ W,
                                                                            const uint16_t *__restrict__ x, void *y,
                                                                            int in, int out)
 {
     pdl_trigger();
-    pdl_wait();
     int lane = threadIdx.x & 31;
     int row = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
-    if (row >= out) return;
-    const uint4 *w4 = (const uint4 *)(W + (size_t)row * in);
-    int n4 = in / 8;
-    float acc[NT];
-#pragma unroll
-    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
-#pragma unroll 4
-    for (int i = lane; i < n4; i += 32) {
-        uint4 wv = __ldcs(w4 + i); /* streamed once: keep it out of the way of x in L1 */
-        const uint16_t *wh = (const uint16_t *)&wv;
-        float wf[8];
-#pragma unroll
-        for (int e = 0; e < 8; e++) wf[e] = bf2f(wh[e]);
+    if (row >= out) {
+        pdl_wait();
+        return;
+    }
+    const uint4 *w[1] = {(const uint4 *)(W + (size_t)row * in)};
+    float acc[1][NT];
+    wrows<CH, 1, NT>(w, x, in, lane, acc);
+    if (lane == 0)
 #pragma unroll
         for (int t = 0; t < NT; t++) {
-            uint4 xv = __ldg((const uint4 *)(x + (size_t)t * in) + i);
-            const uint16_t *xh = (const uint16_t *)&xv;
-#pragma unroll
-            for (int e = 0; e < 8; e++) acc[t] += wf[e] * bf2f(xh[e]);
-        }
-    }
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        float s = warp_sum(acc[t]);
-        if (lane == 0) {
             if (F32OUT)
-                ((float *)y)[(size_t)t * out + row] = s;
+                ((float *)y)[(size_t)t * out + row] = acc[0][t];
             else
-                ((uint16_t *)y)[(size_t)t * out + row] = f2bf(s);
+                ((uint16_t *)y)[(size_t)t * out + row] = f2bf(acc[0][t]);
         }
-    }
 }
 
 /* The same for the gate|up projection with SwiGLU in the epilogue: warp j
  * streams gate row j and up row F + j side by side, each summed exactly as
  * the warp kernel sums it, and writes h[j] = silu(g) * u from the two sums
  * rounded to bf16, as cuda_swiglu does over cuda_gemv's output. */
-template <int NT>
+template <int NT, int CH>
 static __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_warp_swiglu_kernel(const uint16_t *__restrict__ W,
                                                                                   const uint16_t *__restrict__ x,
                                                                                   uint16_t *h, int in, int F)
 {
     pdl_trigger();
-    pdl_wait();
     int lane = threadIdx.x & 31;
     int j = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
-    if (j >= F) return;
-    const uint4 *wg = (const uint4 *)(W + (size_t)j * in), *wu = (const uint4 *)(W + (size_t)(F + j) * in);
-    int n4 = in / 8;
-    float ag[NT], au[NT];
-#pragma unroll
-    for (int t = 0; t < NT; t++) ag[t] = 0.0f, au[t] = 0.0f;
-#pragma unroll 2
-    for (int i = lane; i < n4; i += 32) {
-        uint4 gv = __ldcs(wg + i), uv = __ldcs(wu + i);
-        const uint16_t *gh = (const uint16_t *)&gv, *uh = (const uint16_t *)&uv;
-        float gf[8], uf[8];
-#pragma unroll
-        for (int e = 0; e < 8; e++) gf[e] = bf2f(gh[e]), uf[e] = bf2f(uh[e]);
+    if (j >= F) {
+        pdl_wait();
+        return;
+    }
+    const uint4 *w[2] = {(const uint4 *)(W + (size_t)j * in), (const uint4 *)(W + (size_t)(F + j) * in)};
+    float acc[2][NT];
+    wrows<CH, 2, NT>(w, x, in, lane, acc);
+    if (lane == 0)
 #pragma unroll
         for (int t = 0; t < NT; t++) {
-            uint4 xv = __ldg((const uint4 *)(x + (size_t)t * in) + i);
-            const uint16_t *xh = (const uint16_t *)&xv;
-#pragma unroll
-            for (int e = 0; e < 8; e++) {
-                float xe = bf2f(xh[e]);
-                ag[t] += gf[e] * xe;
-                au[t] += uf[e] * xe;
-            }
-        }
-    }
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        float g = warp_sum(ag[t]), u = warp_sum(au[t]);
-        if (lane == 0) {
-            g = bf2f(f2bf(g)), u = bf2f(f2bf(u));
+            float g = bf2f(f2bf(acc[0][t])), u = bf2f(f2bf(acc[1][t]));
             h[(size_t)t * F + j] = f2bf(g / (1.0f + __expf(-g)) * u);
         }
-    }
 }
 
 /* ---- the block kernel ---- */
@@ -360,63 +379,86 @@ static __global__ void __launch_bounds__(BT, 2) gemv_block_kernel(const gemv_par
 /* ---- launch ---- */
 
 static struct gemv_state {
-    int variant, nsm;
+    int variant, nsm, ch;
     bool pdl;
 } G;
+
+static int sm_major(void)
+{
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    return major;
+}
 
 static const gemv_state &state(void)
 {
     static bool once = [] {
-        const char *v = getenv("SLUICE_GEMV_VARIANT"), *d = getenv("SLUICE_PDL");
+        const char *v = getenv("SLUICE_GEMV_VARIANT"), *d = getenv("SLUICE_PDL"), *c = getenv("SLUICE_GEMV_CH");
         G.variant = v && *v >= '0' && *v <= '3' && !v[1] ? *v - '0' : 3;
-        int dev = 0, major = 0;
+        G.ch = c && (!strcmp(c, "8") || !strcmp(c, "16")) ? atoi(c) : 4;
+        int dev = 0;
         G.nsm = 132;
-        if (cudaGetDevice(&dev) == cudaSuccess) {
-            cudaDeviceGetAttribute(&G.nsm, cudaDevAttrMultiProcessorCount, dev);
-            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-        }
-        G.pdl = major >= 9 && d && strcmp(d, "1") == 0;
+        if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&G.nsm, cudaDevAttrMultiProcessorCount, dev);
+        G.pdl = sm_major() >= 9 && d && strcmp(d, "1") == 0;
         return true;
     }();
     (void)once;
     return G;
 }
 
-extern "C" void cuda_gemv_select(int variant, int pdl)
+bool cuda_pdl_on(void) { return state().pdl; }
+
+extern "C" void cuda_gemv_select(int variant, int pdl, int ch)
 {
     state();
     if (variant >= 0 && variant <= 3) G.variant = variant;
-    if (pdl >= 0) {
-        int dev = 0, major = 0;
-        if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-        G.pdl = pdl && major >= 9;
-    }
+    if (pdl >= 0) G.pdl = pdl && sm_major() >= 9;
+    if (ch == 4 || ch == 8 || ch == 16) G.ch = ch;
 }
 
 template <typename... A>
 static cudaError_t launch_k(void (*k)(A...), int grid, int threads, size_t smem, cudaStream_t st, A... args)
 {
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(grid), cfg.blockDim = dim3(threads), cfg.dynamicSmemBytes = smem, cfg.stream = st;
-    cfg.attrs = at, cfg.numAttrs = state().pdl ? 1 : 0;
-    cudaError_t e = cudaLaunchKernelEx(&cfg, k, args...);
-    cudaError_t l = cudaGetLastError(); /* clear what the launch recorded */
-    return e != cudaSuccess ? e : l;
+    return pdl_launch(k, dim3(grid), dim3(threads), smem, st, args...);
+}
+
+/* chunks per lane in flight in the warp kernels: G.ch for rows of <= 4096
+ * (SLUICE_GEMV_CH=4|8|16), 4 for longer ones */
+static int warp_ch(int in) { return in <= 4096 ? state().ch : 4; }
+
+template <bool F32OUT, int CH>
+static cudaError_t launch_warp1(const uint16_t *W, const uint16_t *x, void *y, int T, int in, int out, cudaStream_t st)
+{
+    int grid = (out + GEMV_WARPS - 1) / GEMV_WARPS, th = 32 * GEMV_WARPS;
+    switch (T) {
+    case 1: return launch_k(gemv_warp_kernel<1, F32OUT, CH>, grid, th, 0, st, W, x, y, in, out);
+    case 2: return launch_k(gemv_warp_kernel<2, F32OUT, CH>, grid, th, 0, st, W, x, y, in, out);
+    case 3: return launch_k(gemv_warp_kernel<3, F32OUT, CH>, grid, th, 0, st, W, x, y, in, out);
+    case 4: return launch_k(gemv_warp_kernel<4, F32OUT, CH>, grid, th, 0, st, W, x, y, in, out);
+    default: return cudaErrorInvalidValue;
+    }
 }
 
 template <bool F32OUT>
 static cudaError_t launch_warp(const uint16_t *W, const uint16_t *x, void *y, int T, int in, int out, cudaStream_t st)
 {
-    int grid = (out + GEMV_WARPS - 1) / GEMV_WARPS, th = 32 * GEMV_WARPS;
+    switch (warp_ch(in)) {
+    case 16: return launch_warp1<F32OUT, 16>(W, x, y, T, in, out, st);
+    case 8: return launch_warp1<F32OUT, 8>(W, x, y, T, in, out, st);
+    default: return launch_warp1<F32OUT, 4>(W, x, y, T, in, out, st);
+    }
+}
+
+template <int CH>
+static cudaError_t launch_warp_swiglu(const uint16_t *Wgu, const uint16_t *x, uint16_t *h, int T, int in, int F,
+                                      cudaStream_t st)
+{
+    int grid = (F + GEMV_WARPS - 1) / GEMV_WARPS, th = 32 * GEMV_WARPS;
     switch (T) {
-    case 1: return launch_k(gemv_warp_kernel<1, F32OUT>, grid, th, 0, st, W, x, y, in, out);
-    case 2: return launch_k(gemv_warp_kernel<2, F32OUT>, grid, th, 0, st, W, x, y, in, out);
-    case 3: return launch_k(gemv_warp_kernel<3, F32OUT>, grid, th, 0, st, W, x, y, in, out);
-    case 4: return launch_k(gemv_warp_kernel<4, F32OUT>, grid, th, 0, st, W, x, y, in, out);
-    default: return cudaErrorInvalidValue;
+    case 1: return launch_k(gemv_warp_swiglu_kernel<1, CH>, grid, th, 0, st, Wgu, x, h, in, F);
+    case 2: return launch_k(gemv_warp_swiglu_kernel<2, CH>, grid, th, 0, st, Wgu, x, h, in, F);
+    case 3: return launch_k(gemv_warp_swiglu_kernel<3, CH>, grid, th, 0, st, Wgu, x, h, in, F);
+    default: return launch_k(gemv_warp_swiglu_kernel<4, CH>, grid, th, 0, st, Wgu, x, h, in, F);
     }
 }
 
@@ -501,15 +543,10 @@ extern "C" cudaError_t cuda_gemv_swiglu(const uint16_t *Wgu, const uint16_t *x, 
 {
     if (bad_shape(Wgu, x, T, in, F)) return cudaErrorInvalidValue;
     if (F == 0) return cudaSuccess;
-    if (use_warp(T, in)) {
-        int grid = (F + GEMV_WARPS - 1) / GEMV_WARPS, th = 32 * GEMV_WARPS;
-        switch (T) {
-        case 1: return launch_k(gemv_warp_swiglu_kernel<1>, grid, th, 0, st, Wgu, x, h, in, F);
-        case 2: return launch_k(gemv_warp_swiglu_kernel<2>, grid, th, 0, st, Wgu, x, h, in, F);
-        case 3: return launch_k(gemv_warp_swiglu_kernel<3>, grid, th, 0, st, Wgu, x, h, in, F);
-        default: return launch_k(gemv_warp_swiglu_kernel<4>, grid, th, 0, st, Wgu, x, h, in, F);
-        }
-    }
+    if (use_warp(T, in))
+        /* two rows per warp: at most 8 chunks of each in flight */
+        return warp_ch(in) >= 8 ? launch_warp_swiglu<8>(Wgu, x, h, T, in, F, st)
+                                : launch_warp_swiglu<4>(Wgu, x, h, T, in, F, st);
     gemv_params p = {Wgu, x, NULL, NULL, 0.0f, h, in, F, 0};
     return launch_block<EPI_SWIGLU, false>(p, T, st);
 }

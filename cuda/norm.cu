@@ -2,6 +2,7 @@
 #include "cuda/bf16.cuh"
 #include "cuda/kernels.h"
 #include "cuda/norm.cuh"
+#include "cuda/pdl.cuh"
 
 static __global__ void embed_kernel(const uint16_t *tab, const int32_t *ids, int E, float *x)
 {
@@ -10,12 +11,14 @@ static __global__ void embed_kernel(const uint16_t *tab, const int32_t *ids, int
     for (int i = threadIdx.x; i < E; i += blockDim.x) x[(size_t)t * E + i] = bf2f(row[i]);
 }
 
-/* One block of rms_threads(E) threads per row; the sum of squares in f32 in
+/* One block of rms_threads(E) threads per row (a PDL launch: pdl.cuh); the sum of squares in f32 in
  * norm.cuh's order (the CPU reference sums in double: a ~1e-7 difference). */
 static __global__ void add_rmsnorm_kernel(float *x, const uint16_t *delta, const float *w,
                                           const int32_t *rows, int E, float eps, uint16_t *out)
 {
     __shared__ float sh[32];
+    pdl_trigger();
+    pdl_wait();
     int r = blockIdx.x;
     int t = rows ? rows[r] : r;
     float *xr = x + (size_t)t * E;
@@ -58,6 +61,5 @@ extern "C" cudaError_t cuda_add_rmsnorm(float *x, const uint16_t *delta, const f
                                         int T, int E, float eps, uint16_t *out, cudaStream_t st)
 {
     if (T <= 0) return cudaSuccess;
-    add_rmsnorm_kernel<<<T, rms_threads(E), 0, st>>>(x, delta, w, rows, E, eps, out);
-    return cudaGetLastError();
+    return pdl_launch(add_rmsnorm_kernel, dim3(T), dim3(rms_threads(E)), 0, st, x, delta, w, rows, E, eps, out);
 }

@@ -63,7 +63,7 @@ static void bench_layers(int mode, int variant, int pdl, int T, uint16_t *const 
 {
     const int E = 4096, F = 14336, QKV = 6144, NL = 8;
     const size_t sq = (size_t)QKV * E, so = (size_t)E * E, sg = (size_t)2 * F * E;
-    cuda_gemv_select(variant, pdl);
+    cuda_gemv_select(variant, pdl, -1);
     cudaStream_t st;
     cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
     cudaGraph_t g = NULL;
@@ -99,7 +99,7 @@ static void bench_layers(int mode, int variant, int pdl, int T, uint16_t *const 
     if (ge) cudaGraphExecDestroy(ge);
     if (g) cudaGraphDestroy(g);
     cudaStreamDestroy(st);
-    cuda_gemv_select(1, 1);
+    cuda_gemv_select(1, 1, -1);
 }
 
 int main(void)
@@ -122,7 +122,7 @@ int main(void)
         char lab[96];
         for (int T = 1; T <= 4; T *= 4) {
             for (int v = 0; v < 3; v++) {
-                cuda_gemv_select(v, 1);
+                cuda_gemv_select(v, 1, -1);
                 snprintf(lab, sizeof lab, "gemv %-7s T=%d %s", vname[v], T, m[i].name);
                 TIME(lab, wb, cuda_gemv(w[rep % nc], x, y, i == 4, T, m[i].in, m[i].out, 0));
             }
@@ -134,7 +134,7 @@ int main(void)
                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
             /* the fusions that apply to this shape, block and persistent */
             for (int v = 1; v < 3; v++) {
-                cuda_gemv_select(v, 1);
+                cuda_gemv_select(v, 1, -1);
                 if (i == 0) {
                     snprintf(lab, sizeof lab, "gemv_rmsnorm %-7s T=%d %s", vname[v], T, m[i].name);
                     TIME(lab, wb, cuda_gemv_rmsnorm(w[rep % nc], xr, nw, 1e-5f, (uint16_t *)y, T, E, m[i].out, 0));
@@ -150,7 +150,7 @@ int main(void)
                     TIME(lab, wb, cuda_gemv_rmsnorm_swiglu(w[rep % nc], xr, nw, 1e-5f, (uint16_t *)y, T, E, F, 0));
                 }
             }
-            cuda_gemv_select(1, 1);
+            cuda_gemv_select(1, 1, -1);
         }
         for (int c = 0; c < nc; c++) cudaFree(w[c]);
     }

@@ -151,13 +151,14 @@ static void test_gemv(void)
         size_t ny = (size_t)T * out;
         uint16_t *w = rand_bf((size_t)out * in, 1), *x = rand_bf((size_t)T * in, 1), *y = malloc(ny * 2);
         uint16_t *dw = dup_dev(w, (size_t)out * in * 2), *dx = dup_dev(x, (size_t)T * in * 2);
-        uint16_t *dy = poisoned(ny * 2), *y1 = malloc(ny * 2);
+        uint16_t *dy = poisoned(ny * 2), *y1 = malloc(ny * 2), *y0 = malloc(ny * 2);
         float *dyf = poisoned(ny * 4), *yf = malloc(ny * 4), *o = malloc(ny * 4), *yf1 = malloc(ny * 4);
+        float *yf0 = malloc(ny * 4);
         double *ref = malloc(ny * 8);
         ref_gemv(w, x, T, in, out, ref);
         for (int v = 0; v < 4; v++) {
             int variant = v < 3 ? v : 1, pdl = v < 3; /* the last pass: block without PDL */
-            cuda_gemv_select(variant, pdl);
+            cuda_gemv_select(variant, pdl, -1);
             cudaMemset(dy, 0xff, ny * 2), cudaMemset(dyf, 0xff, ny * 4);
             CHECK(cuda_gemv(dw, dx, dy, false, T, in, out, 0) == cudaSuccess);
             CHECK(cuda_gemv(dw, dx, dyf, true, T, in, out, 0) == cudaSuccess);
@@ -174,9 +175,21 @@ static void test_gemv(void)
             if (v < 3)
                 printf("  gemv %-7s T=%d in=%d out=%d: err %.2e (bf16 out), %.2e (f32 out)\n",
                        gemv_variant_name[variant], T, in, out, e1, e2);
+            if (v == 0) memcpy(y0, y, ny * 2), memcpy(yf0, yf, ny * 4);
         }
-        cuda_gemv_select(1, 1);
-        free(w), free(x), free(y), free(yf), free(o), free(ref), free(y1), free(yf1);
+        /* the warp kernel with 8 and 16 chunks per lane in flight: the sums
+         * of 4, bit for bit */
+        for (int ch = 8; ch <= 16; ch *= 2) {
+            cuda_gemv_select(0, 1, ch);
+            cudaMemset(dy, 0xff, ny * 2), cudaMemset(dyf, 0xff, ny * 4);
+            CHECK(cuda_gemv(dw, dx, dy, false, T, in, out, 0) == cudaSuccess);
+            CHECK(cuda_gemv(dw, dx, dyf, true, T, in, out, 0) == cudaSuccess);
+            get(y, dy, ny * 2), get(yf, dyf, ny * 4);
+            CHECKF(!memcmp(y, y0, ny * 2) && !memcmp(yf, yf0, ny * 4),
+                   "gemv warp, %d chunks in flight, T=%d in=%d out=%d: not bit-identical to 4", ch, T, in, out);
+        }
+        cuda_gemv_select(1, 1, 4);
+        free(w), free(x), free(y), free(yf), free(o), free(ref), free(y1), free(yf1), free(y0), free(yf0);
         cudaFree(dw), cudaFree(dx), cudaFree(dy), cudaFree(dyf);
     }
     /* bad shapes launch nothing */
@@ -237,7 +250,7 @@ static void test_gemv_fused(void)
         for (int vi = 0; vi < 4; vi++) {
             int variant = variants[vi];
             bool warpv = variant == 0 || variant == 3, exact_sw = exact || warpv;
-            cuda_gemv_select(variant, !warpv);
+            cuda_gemv_select(variant, variant != 0, variant == 3 ? 16 : 4); /* "auto": 8 chunks in flight */
             const char *vn = gemv_variant_name[variant];
             double e;
             /* swiglu */
@@ -298,7 +311,7 @@ static void test_gemv_fused(void)
             }
             printf("  gemv_rmsnorm_swiglu %-7s T=%d in=%d F=%d: err %.2e%s\n", vn, T, in, F, e, exact ? ", exact" : "");
         }
-        cuda_gemv_select(1, 1);
+        cuda_gemv_select(1, 1, -1);
         free(w), free(x), free(xr), free(nw), free(xres), free(xn), free(rgu), free(rnu), free(rres), free(rsw);
         free(rnsw), free(rn), free(y), free(u1), free(o), free(res), free(res1);
         cudaFree(dw), cudaFree(dx), cudaFree(dxr), cudaFree(dnw), cudaFree(dres), cudaFree(dy), cudaFree(dxn);
@@ -325,7 +338,7 @@ static void test_gemv_layers_graph(void)
     cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
     cudaDeviceSynchronize(); /* the set-up above ran on the legacy stream */
     for (int pass = 0; pass < 2; pass++) {
-        cuda_gemv_select(1, pass);
+        cuda_gemv_select(1, pass, -1);
         cudaMemcpyAsync(dx, x0, (size_t)T * E * 4, cudaMemcpyHostToDevice, st);
         cudaGraph_t g = NULL;
         cudaGraphExec_t ge = NULL;
@@ -357,7 +370,7 @@ static void test_gemv_layers_graph(void)
     CHECKF(!memcmp(xa, xb, (size_t)T * E * 4) && n > 0, "graph+PDL layers differ from eager: |diff| %.3g, |update| %.3g",
            d, n);
     printf("  %d fused layers, graph + PDL vs eager: %s\n", L, memcmp(xa, xb, (size_t)T * E * 4) ? "differ" : "identical");
-    cuda_gemv_select(1, 1);
+    cuda_gemv_select(1, 1, -1);
     cudaStreamDestroy(st);
     free(w), free(x0), free(nw), free(xa), free(xb);
     cudaFree(dw), cudaFree(dqkv), cudaFree(dh), cudaFree(dx), cudaFree(dnw);

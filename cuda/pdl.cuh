@@ -1,0 +1,50 @@
+/* pdl.cuh - programmatic dependent launch (sm_90), shared by the decode-path
+ * kernels (gemv.cu, norm.cu, attn.cu; internal to cuda/).
+ *
+ * A kernel launched with the PDL attribute may start while its predecessor in
+ * the stream still runs, as soon as every block of the predecessor has
+ * called pdl_trigger() (or exited). Until its own pdl_wait() returns it may
+ * read only what no earlier kernel of the step writes (weights, the step's
+ * uploaded inputs); pdl_wait() returns when the predecessor has completed
+ * and its writes are visible. Every thread of every block calls pdl_wait()
+ * before it exits, so completion of a kernel still implies completion of
+ * everything before it in the stream (a chain of early launches stays
+ * ordered). Off (plain launches) unless SLUICE_PDL says otherwise; see
+ * gemv.cu. */
+#ifndef SLUICE_CUDA_PDL_CUH
+#define SLUICE_CUDA_PDL_CUH
+
+#include <cuda_runtime.h>
+
+static __device__ __forceinline__ void pdl_trigger(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void pdl_wait(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+/* whether launches carry the PDL attribute (gemv.cu: SLUICE_PDL, sm_90+) */
+bool cuda_pdl_on(void);
+
+/* k<<<grid, block, smem, st>>>(args...), with the PDL attribute when on */
+template <typename... A, typename... B>
+static cudaError_t pdl_launch(void (*k)(A...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, B... args)
+{
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = st;
+    cfg.attrs = at, cfg.numAttrs = cuda_pdl_on() ? 1 : 0;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, k, ((A)args)...);
+    cudaError_t l = cudaGetLastError(); /* clear what the launch recorded */
+    return e != cudaSuccess ? e : l;
+}
+
+#endif
