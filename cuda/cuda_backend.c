@@ -193,6 +193,8 @@ struct cuda_backend {
                                        (off by default: no faster on the H200, see BENCHMARKS.md) */
     int tc_rows;                    /* rows per prefill attention item on the tensor cores (64 or 128), 0 = off:
                                        SLUICE_CUDA_ATTN_TC=0|64|128 (128) */
+    unsigned ablate;                /* ABL_* kernels left out of every step (SLUICE_CUDA_ABLATE, benchmarks
+                                       only: the outputs are wrong) */
     int dec_attn;                   /* decode-only steps of up to this many tokens take the decode attention
                                        kernel (SLUICE_CUDA_ATTN_DEC=N; 0: the SIMT kernel and its combine) */
     int bucket[NBUCKET], n_bucket;
@@ -387,6 +389,24 @@ out:
     return rc;
 }
 
+/* SLUICE_CUDA_ABLATE=attn,norm,qkv,o,gu,down,head: kernels to leave out of
+ * every step, to measure what each costs inside the decode graph (the step
+ * time without it). Benchmarks only: the outputs are wrong. */
+enum { ABL_ATTN = 1, ABL_NORM = 2, ABL_QKV = 4, ABL_O = 8, ABL_GU = 16, ABL_DOWN = 32, ABL_HEAD = 64 };
+static unsigned ablate_parse(const char *s)
+{
+    static const char *const names[] = {"attn", "norm", "qkv", "o", "gu", "down", "head"};
+    unsigned m = 0;
+    while (s && *s) {
+        size_t n = strcspn(s, ",");
+        for (int i = 0; i < 7; i++)
+            if (strlen(names[i]) == n && !strncmp(s, names[i], n)) m |= 1u << i;
+        s += n + (s[n] == ',');
+    }
+    return m;
+}
+
+
 /* Rank k's part of creation, on its own thread: stream, cuBLAS, its shard
  * of the weights, RoPE tables and activations. */
 static int rank_init(struct rank *k, char *err, size_t errlen)
@@ -562,6 +582,9 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     ge = getenv("SLUICE_CUDA_FUSED");
     b->fused = b->gemv && N == 1 && ge && strcmp(ge, "1") == 0 && c->n_embd % 8 == 0 && c->n_ff % 8 == 0 &&
                (c->n_head * c->head_dim) % 8 == 0 && (size_t)CUDA_GEMV_MAX_T * c->n_embd * 2 <= CUDA_GEMV_NORM_SMEM;
+    ge = getenv("SLUICE_CUDA_ABLATE");
+    b->ablate = ablate_parse(ge);
+    if (b->ablate) fprintf(stderr, "cuda: SLUICE_CUDA_ABLATE=%s: kernels left out, outputs are wrong\n", ge);
     ge = getenv("SLUICE_CUDA_ATTN_DEC");
     b->dec_attn = ge && *ge ? atoi(ge) : CUDA_DEC_ATTN_MAX_T;
     ge = getenv("SLUICE_CUDA_ATTN_TC");
@@ -926,11 +949,13 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
     for (int l = 0; l < c->n_layer; l++) {
         const struct clayer *L = &k->L[l];
         /* the previous layer's MLP output joins the residual here */
-        if (fz)
-            CK(cuda_gemv_rmsnorm(L->wqkv, k->x, L->attn_norm, c->norm_eps, k->qkv, T, E, QKV, st));
-        else {
-            CK(cuda_add_rmsnorm(k->x, l ? k->delta : NULL, L->attn_norm, NULL, T, E, c->norm_eps, k->xn, st));
-            CB(gemm(k, k->xn, L->wqkv, k->qkv, false, T, E, QKV));
+        unsigned ab = b->ablate;
+        if (fz) {
+            if (!(ab & ABL_QKV)) CK(cuda_gemv_rmsnorm(L->wqkv, k->x, L->attn_norm, c->norm_eps, k->qkv, T, E, QKV, st));
+        } else {
+            if (!(ab & ABL_NORM))
+                CK(cuda_add_rmsnorm(k->x, l ? k->delta : NULL, L->attn_norm, NULL, T, E, c->norm_eps, k->xn, st));
+            if (!(ab & ABL_QKV)) CB(gemm(k, k->xn, L->wqkv, k->qkv, false, T, E, QKV));
         }
         uint16_t *kc = k->kv + (size_t)(2 * l) * k->kv_layer, *vc = k->kv + (size_t)(2 * l + 1) * k->kv_layer;
         struct cuda_rope_args ra = {
@@ -941,7 +966,7 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
         };
         /* decode steps on the decode kernel fold RoPE and the KV write in */
         bool dk = dec_kernel(b, decode, T);
-        if (!dk) CK(cuda_rope_kv(&ra, st));
+        if (!dk && !(ab & ABL_ATTN)) CK(cuda_rope_kv(&ra, st));
         struct cuda_attn_args aa = {
             .q = k->q, .kc = kc, .vc = vc, .pos = DIN(k, pos, int32_t), .bt = DIN(k, bt, int32_t),
             .bt_off = DIN(k, bt_off, int32_t), .items = DIN(k, items, struct cuda_attn_item),
@@ -951,28 +976,31 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
             .tok_part = DIN(k, tok_part, int32_t), .tok_nsplit = DIN(k, tok_nsplit, int32_t), .T = T, .out = k->att,
             .cnt = dk ? k->cnt : NULL, .rope = dk ? ra : (struct cuda_rope_args){0},
         };
-        CK(cuda_attention(&aa, st));
+        if (!(ab & ABL_ATTN)) CK(cuda_attention(&aa, st));
         if (fz) {
-            CK(cuda_gemv_residual(L->wo, k->att, k->x, T, Q, E, st));
-            CK(cuda_gemv_rmsnorm_swiglu(L->wgu, k->x, L->ffn_norm, c->norm_eps, k->h, T, E, F, st));
-            CK(cuda_gemv_residual(L->wdown, k->h, k->x, T, F, E, st));
+            if (!(ab & ABL_O)) CK(cuda_gemv_residual(L->wo, k->att, k->x, T, Q, E, st));
+            if (!(ab & ABL_GU))
+                CK(cuda_gemv_rmsnorm_swiglu(L->wgu, k->x, L->ffn_norm, c->norm_eps, k->h, T, E, F, st));
+            if (!(ab & ABL_DOWN)) CK(cuda_gemv_residual(L->wdown, k->h, k->x, T, F, E, st));
             continue;
         }
-        if (proj_rows(k, k->att, L->wo, T, Q, E, err, errlen)) goto fail;
-        CK(cuda_add_rmsnorm(k->x, k->delta, L->ffn_norm, NULL, T, E, c->norm_eps, k->xn, st));
-        if (b->gemv && T <= CUDA_GEMV_MAX_T && E % 8 == 0) {
+        if (!(ab & ABL_O) && proj_rows(k, k->att, L->wo, T, Q, E, err, errlen)) goto fail;
+        if (!(ab & ABL_NORM))
+            CK(cuda_add_rmsnorm(k->x, k->delta, L->ffn_norm, NULL, T, E, c->norm_eps, k->xn, st));
+        if (ab & ABL_GU) {
+        } else if (b->gemv && T <= CUDA_GEMV_MAX_T && E % 8 == 0) {
             /* SwiGLU in the GEMV's epilogue: bit for bit the two kernels below */
             CK(cuda_gemv_swiglu(L->wgu, k->xn, k->h, T, E, F, st));
         } else {
             CB(gemm(k, k->xn, L->wgu, k->gu, false, T, E, 2 * F));
             CK(cuda_swiglu(k->gu, T, F, k->h, st));
         }
-        if (proj_rows(k, k->h, L->wdown, T, F, E, err, errlen)) goto fail;
+        if (!(ab & ABL_DOWN) && proj_rows(k, k->h, L->wdown, T, F, E, err, errlen)) goto fail;
     }
     if (R > 0) {
         CK(cuda_add_rmsnorm(k->x, fz ? NULL : k->delta, k->out_norm, DIN(k, rows, int32_t), R, E, c->norm_eps,
                             k->hfin, st));
-        CB(gemm(k, k->hfin, k->lm_head, k->logits, true, R, E, k->vn));
+        if (!(b->ablate & ABL_HEAD)) CB(gemm(k, k->hfin, k->lm_head, k->logits, true, R, E, k->vn));
         if (b->tp == 1) {
             CK(cuda_argmax_lse(k->logits, R, k->vn, k->amp, k->tok, k->lp, st));
         } else {
