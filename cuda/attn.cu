@@ -40,6 +40,9 @@
  *     Blocks take items last first: a prefill's last tiles see the most keys,
  *     so starting them first shortens the tail.
  */
+#include <stdlib.h>
+#include <string.h>
+
 #include "cuda/bf16.cuh"
 #include "cuda/kernels.h"
 #include "cuda/rope.cuh"
@@ -212,6 +215,57 @@ static __global__ void combine_kernel(struct cuda_attn_args a)
 }
 
 
+/* ---- tensor-core helpers (the decode and prefill kernels) ---- */
+
+#define TC_BN 64 /* keys per tile */
+
+static __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+/* 16 bytes global -> shared, L2 only; ok == false writes 16 zero bytes and reads nothing */
+static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool ok)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
+}
+static __device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+static __device__ __forceinline__ void cp_async_wait(void)
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+static __device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t r[4])
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+static __device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t r[4])
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+/* c += a (16x16 row-major bf16) * b (16x8 col-major bf16), f32 accumulate */
+static __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+static __device__ __forceinline__ float ex2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+/* lo in the low half: the lower column / key index of an mma fragment pair */
+static __device__ __forceinline__ uint32_t pack_bf2(float lo, float hi)
+{
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
 /* ---- decode kernel ------------------------------------------------------------
  *
  * Decode-only steps (one query token per item, its grp <= 8 heads; D 64 or
@@ -229,129 +283,260 @@ static __global__ void combine_kernel(struct cuda_attn_args a)
  * writes the output, then resets the ticket to 0: no combine launch, and the
  * result does not depend on which split finished last. */
 #define DEC_NW 4
+/* Keys per warp tile of the tensor-core variant, and its shared memory: per
+ * warp a K and a V stage [DEC_BN][D + 8] bf16, the warps' states Wa
+ * [DEC_NW][GM][D] f32, q [16][D + 8] bf16 (rows past grp zero). */
+#define DEC_BN 32
 template <int D, int GM>
+static constexpr size_t dec_tc_smem(void)
+{
+    return (size_t)DEC_NW * 2 * DEC_BN * (D + 8) * 2 + (size_t)DEC_NW * GM * D * 4 + (size_t)16 * (D + 8) * 2;
+}
+
+/* One warp's keys [k0, k0 + DEC_BN) of head group g into its K stage ks and
+ * V stage ks + DEC_BN * (D + 8), zeros past hi; committed, not waited for. */
+template <int D>
+static __device__ __forceinline__ void dec_load_kv(const struct cuda_attn_args &a, const int32_t *bt, int g, int k0,
+                                                   int hi, uint16_t *ks)
+{
+    constexpr int DP = D + 8, CH = D / 8;
+    int lane = threadIdx.x & 31, bs = a.block_size, kp = k0 + lane;
+    long long slot = kp < hi ? (long long)bt[kp / bs] * bs + kp % bs : -1;
+#pragma unroll
+    for (int u = 0; u < DEC_BN * CH / 32; u++) {
+        int i = u * 32 + lane, j = i / CH, c = i % CH;
+        long long sj = __shfl_sync(0xffffffffu, slot, j);
+        size_t off = sj >= 0 ? ((size_t)sj * a.KVH + g) * D + c * 8 : 0;
+        cp_async16(smem_u32(ks + j * DP + c * 8), a.kc + off, sj >= 0);
+        cp_async16(smem_u32(ks + (DEC_BN + j) * DP + c * 8), a.vc + off, sj >= 0);
+    }
+    cp_async_commit();
+}
+
+template <int D, int GM, bool TC>
 static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cuda_attn_args a)
 {
-    constexpr int DPL = D / 32, NC = D / 8;
-    __shared__ float Qs[GM][D];
+    constexpr int DPL = D / 32, NC = D / 8, DP = D + 8;
     __shared__ float Wm[DEC_NW][GM], Wl[DEC_NW][GM];
-    __shared__ float Wa[DEC_NW][GM][D];
     __shared__ int last;
+    extern __shared__ __align__(16) uint16_t dsm[]; /* TC: dec_tc_smem's layout */
     pdl_trigger(); /* a PDL launch (pdl.cuh): the next kernel may start loading weights */
     pdl_wait();
     int it = blockIdx.x;
     if (it >= *a.n_items) return;
     struct cuda_attn_item wi = a.items[it];
-    int g = blockIdx.y, grp = a.H / a.KVH, bs = a.block_size, KVH = a.KVH;
+    int g = blockIdx.y, grp = a.H / a.KVH, KVH = a.KVH;
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, t = wi.t0;
     const int32_t *bt = a.bt + a.bt_off[wi.seq];
     const float qscale = a.scale * 1.4426950408889634f; /* log2(e): exp2 below */
+    uint16_t *stage = dsm + (size_t)w * 2 * DEC_BN * DP;
+    float(*Wa)[GM][D];
+    if constexpr (TC) {
+        Wa = (float(*)[GM][D])(dsm + DEC_NW * 2 * DEC_BN * DP);
+    } else {
+        __shared__ float Wa_s[DEC_NW][GM][D];
+        Wa = Wa_s;
+    }
+    int hi = wi.kv_hi < a.pos[t] + 1 ? wi.kv_hi : a.pos[t] + 1;
+    /* TC: the first tile's keys are requested before q is ready (they hold
+     * no new token: the warp that has it loads after the KV write below) */
+    int p = a.pos[t];
+    bool own = a.rope.qkv && p >= wi.kv_lo && p < wi.kv_hi; /* this split writes the token's K and V */
+    if (TC && !own && wi.kv_lo + DEC_BN * w < hi) dec_load_kv<D>(a, bt, g, wi.kv_lo + DEC_BN * w, hi, stage);
+    /* q of this block's heads: from the raw projection through RoPE when
+     * it is folded in (and the split that holds the token's position writes
+     * its K and V, before any warp of this block reads them; no other block
+     * does), else from a.q */
+    __shared__ uint16_t Qb[GM][D];
     if (a.rope.qkv) {
-        /* RoPE folded in: this block's q heads from the raw projection, and
-         * the split that holds the token's position writes its K and V
-         * (before any warp of this block reads them; no other block does) */
         __shared__ float Rv[DEC_NW][D];
-        __shared__ uint16_t Qb[GM][D];
         for (int r = w; r < grp; r += DEC_NW) rope_head(a.rope, t, g * grp + r, Rv[w], Qb[r]);
-        int p = a.pos[t];
-        if (p >= wi.kv_lo && p < wi.kv_hi && w < 2) {
+        if (own && w < 2) {
             size_t off = ((size_t)a.rope.slots[t] * KVH + g) * D;
             rope_head(a.rope, t, a.H + w * KVH + g, Rv[w], (w ? a.rope.vc : a.rope.kc) + off);
         }
-        __syncthreads();
+    } else {
+        for (int i = threadIdx.x; i < grp * D; i += blockDim.x)
+            Qb[i / D][i % D] = a.q[((size_t)t * a.H + g * grp + i / D) * D + i % D];
+    }
+    __syncthreads();
+    if constexpr (!TC) {
+        __shared__ float Qs[GM][D];
         for (int i = threadIdx.x; i < GM * D; i += blockDim.x) {
             int r = i / D, d = i % D;
             Qs[r][d] = r < grp ? bf2f(Qb[r][d]) * qscale : 0.0f;
         }
-    } else {
-        for (int i = threadIdx.x; i < GM * D; i += blockDim.x) {
-            int r = i / D, d = i % D;
-            Qs[r][d] = r < grp ? bf2f(a.q[((size_t)t * a.H + g * grp + r) * D + d]) * qscale : 0.0f;
-        }
-    }
-    __syncthreads();
-    int hi = wi.kv_hi < a.pos[t] + 1 ? wi.kv_hi : a.pos[t] + 1;
-    float m[GM], l[GM], acc[GM][DPL];
-#pragma unroll
-    for (int r = 0; r < GM; r++) {
-        m[r] = -INFINITY, l[r] = 0.0f;
-#pragma unroll
-        for (int i = 0; i < DPL; i++) acc[r][i] = 0.0f;
-    }
-    for (int k0 = wi.kv_lo + 32 * w; k0 < hi; k0 += 32 * DEC_NW) {
-        int kp = k0 + lane;
-        bool ok = kp < hi;
-        int slot = ok ? bt[kp / bs] * bs + kp % bs : -1;
-        /* the tile's keys and values, every load issued before the first
-         * use: lane = key for K (its 16-byte chunks), lane = DPL dims of
-         * every key for V (slots passed round the warp) */
-        uint4 kr[NC];
-        const uint4 *src = (const uint4 *)(a.kc + ((size_t)(ok ? slot : 0) * KVH + g) * D);
-#pragma unroll
-        for (int c = 0; c < NC; c++) kr[c] = ok ? src[c] : make_uint4(0, 0, 0, 0);
-        uint32_t vr[32][DPL / 2];
-#pragma unroll
-        for (int j = 0; j < 32; j++) {
-            int sj = __shfl_sync(0xffffffffu, slot, j);
-            const uint16_t *vsrc = a.vc + ((size_t)(sj < 0 ? 0 : sj) * KVH + g) * D + lane * DPL;
-            if constexpr (DPL == 4) {
-                uint2 v2 = sj >= 0 ? *(const uint2 *)vsrc : make_uint2(0, 0);
-                vr[j][0] = v2.x, vr[j][1] = v2.y;
-            } else {
-                vr[j][0] = sj >= 0 ? *(const uint32_t *)vsrc : 0u;
-            }
-        }
-        float s[GM];
-#pragma unroll
-        for (int r = 0; r < GM; r++) s[r] = 0.0f;
-#pragma unroll
-        for (int c = 0; c < NC; c++) {
-            const uint16_t *kh = (const uint16_t *)&kr[c];
-#pragma unroll
-            for (int e = 0; e < 8; e++) {
-                float kf = bf2f(kh[e]);
-#pragma unroll
-                for (int r = 0; r < GM; r++) s[r] += Qs[r][c * 8 + e] * kf;
-            }
-        }
-        float p[GM];
+        __syncthreads();
+        float m[GM], l[GM], acc[GM][DPL];
 #pragma unroll
         for (int r = 0; r < GM; r++) {
-            if (r >= grp) {
-                p[r] = 0.0f;
-                continue;
-            }
-            float mn = fmaxf(m[r], warp_max(ok ? s[r] : -INFINITY)); /* finite: lane 0's key is in range */
-            p[r] = ok ? exp2f(s[r] - mn) : 0.0f;
-            float corr = exp2f(m[r] - mn);
-            l[r] = l[r] * corr + p[r];
-            m[r] = mn;
+            m[r] = -INFINITY, l[r] = 0.0f;
 #pragma unroll
-            for (int i = 0; i < DPL; i++) acc[r][i] *= corr;
+            for (int i = 0; i < DPL; i++) acc[r][i] = 0.0f;
         }
+        for (int k0 = wi.kv_lo + 32 * w; k0 < hi; k0 += 32 * DEC_NW) {
+            int kp = k0 + lane, bs = a.block_size;
+            bool ok = kp < hi;
+            int slot = ok ? bt[kp / bs] * bs + kp % bs : -1;
+            /* the tile's keys and values, every load issued before the first
+             * use: lane = key for K (its 16-byte chunks), lane = DPL dims of
+             * every key for V (slots passed round the warp) */
+            uint4 kr[NC];
+            const uint4 *src = (const uint4 *)(a.kc + ((size_t)(ok ? slot : 0) * KVH + g) * D);
 #pragma unroll
-        for (int j = 0; j < 32; j++) {
-            float vf[DPL];
+            for (int c = 0; c < NC; c++) kr[c] = ok ? src[c] : make_uint4(0, 0, 0, 0);
+            uint32_t vr[32][DPL / 2];
 #pragma unroll
-            for (int i = 0; i < DPL / 2; i++) {
-                vf[2 * i] = __uint_as_float(vr[j][i] << 16);
-                vf[2 * i + 1] = __uint_as_float(vr[j][i] & 0xffff0000u);
+            for (int j = 0; j < 32; j++) {
+                int sj = __shfl_sync(0xffffffffu, slot, j);
+                const uint16_t *vsrc = a.vc + ((size_t)(sj < 0 ? 0 : sj) * KVH + g) * D + lane * DPL;
+                if constexpr (DPL == 4) {
+                    uint2 v2 = sj >= 0 ? *(const uint2 *)vsrc : make_uint2(0, 0);
+                    vr[j][0] = v2.x, vr[j][1] = v2.y;
+                } else {
+                    vr[j][0] = sj >= 0 ? *(const uint32_t *)vsrc : 0u;
+                }
             }
+            float s[GM];
+#pragma unroll
+            for (int r = 0; r < GM; r++) s[r] = 0.0f;
+#pragma unroll
+            for (int c = 0; c < NC; c++) {
+                const uint16_t *kh = (const uint16_t *)&kr[c];
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    float kf = bf2f(kh[e]);
+#pragma unroll
+                    for (int r = 0; r < GM; r++) s[r] += Qs[r][c * 8 + e] * kf;
+                }
+            }
+            float p[GM];
 #pragma unroll
             for (int r = 0; r < GM; r++) {
-                if (r >= grp) continue;
-                float pj = __shfl_sync(0xffffffffu, p[r], j);
+                if (r >= grp) {
+                    p[r] = 0.0f;
+                    continue;
+                }
+                float mn = fmaxf(m[r], warp_max(ok ? s[r] : -INFINITY)); /* finite: lane 0's key is in range */
+                p[r] = ok ? exp2f(s[r] - mn) : 0.0f;
+                float corr = exp2f(m[r] - mn);
+                l[r] = l[r] * corr + p[r];
+                m[r] = mn;
 #pragma unroll
-                for (int i = 0; i < DPL; i++) acc[r][i] += pj * vf[i];
+                for (int i = 0; i < DPL; i++) acc[r][i] *= corr;
+            }
+#pragma unroll
+            for (int j = 0; j < 32; j++) {
+                float vf[DPL];
+#pragma unroll
+                for (int i = 0; i < DPL / 2; i++) {
+                    vf[2 * i] = __uint_as_float(vr[j][i] << 16);
+                    vf[2 * i + 1] = __uint_as_float(vr[j][i] & 0xffff0000u);
+                }
+#pragma unroll
+                for (int r = 0; r < GM; r++) {
+                    if (r >= grp) continue;
+                    float pj = __shfl_sync(0xffffffffu, p[r], j);
+#pragma unroll
+                    for (int i = 0; i < DPL; i++) acc[r][i] += pj * vf[i];
+                }
             }
         }
-    }
 #pragma unroll
-    for (int r = 0; r < GM; r++) {
-        float ls = warp_sum(l[r]);
-        if (lane == 0) Wm[w][r] = m[r], Wl[w][r] = ls;
+        for (int r = 0; r < GM; r++) {
+            float ls = warp_sum(l[r]);
+            if (lane == 0) Wm[w][r] = m[r], Wl[w][r] = ls;
 #pragma unroll
-        for (int i = 0; i < DPL; i++) Wa[w][r][lane * DPL + i] = acc[r][i];
+            for (int i = 0; i < DPL; i++) Wa[w][r][lane * DPL + i] = acc[r][i];
+        }
+    } else {
+        /* tensor cores (mma.m16n8k16, the fragment layouts of the prefill
+         * kernel below): S^T = q K^T with the heads as the 16 rows (rows past
+         * grp zero), P in bf16, O += P V; lane 4 gq + tq owns head gq */
+        uint16_t *Qt = dsm + DEC_NW * 2 * DEC_BN * DP + DEC_NW * GM * D * 2;
+        for (int i = threadIdx.x; i < 16 * D; i += blockDim.x) {
+            int r = i / D, d = i % D;
+            Qt[r * DP + d] = r < grp ? Qb[r][d] : 0;
+        }
+        __syncthreads();
+        constexpr int KC = D / 16, DT = D / 8, NT = DEC_BN / 8;
+        uint32_t qf[KC][4];
+        {
+            uint32_t qb = smem_u32(Qt + (lane & 15) * DP + (lane >> 4) * 8);
+#pragma unroll
+            for (int kc = 0; kc < KC; kc++) ldsm_x4(qb + kc * 16 * 2, qf[kc]);
+        }
+        float o[DT][4];
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+        float m0 = -INFINITY, l0 = 0.0f;
+        const int kofs = ((lane & 7) + ((lane >> 4) << 3)) * DP + ((lane >> 3) & 1) * 8;
+        const int vofs = (lane & 15) * DP + (lane >> 4) * 8;
+        const uint32_t kb = smem_u32(stage), vb = kb + DEC_BN * DP * 2;
+        bool first = !own;
+        for (int k0 = wi.kv_lo + DEC_BN * w; k0 < hi; k0 += DEC_BN * DEC_NW) {
+            if (!first) dec_load_kv<D>(a, bt, g, k0, hi, stage);
+            first = false;
+            cp_async_wait<0>();
+            __syncwarp();
+            float s[NT][4];
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+            for (int kc = 0; kc < KC; kc++)
+#pragma unroll
+                for (int np = 0; np < NT / 2; np++) {
+                    uint32_t b[4];
+                    ldsm_x4(kb + (kofs + np * 16 * DP + kc * 16) * 2, b);
+                    mma_bf16(s[2 * np], qf[kc], b[0], b[1]);
+                    mma_bf16(s[2 * np + 1], qf[kc], b[2], b[3]);
+                }
+            /* keys past hi (zeros in the stage) out; rows gq + 8 are zero rows */
+            float x0 = -INFINITY;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    int kp = k0 + nt * 8 + (lane & 3) * 2 + e;
+                    s[nt][e] = kp < hi ? s[nt][e] * qscale : -INFINITY;
+                    x0 = fmaxf(x0, s[nt][e]);
+                }
+            x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 1));
+            x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 2));
+            float n0 = fmaxf(m0, x0); /* finite: key k0 < hi */
+            float c0 = exp2f(m0 - n0);
+            m0 = n0;
+            l0 *= c0;
+#pragma unroll
+            for (int dt = 0; dt < DT; dt++) o[dt][0] *= c0, o[dt][1] *= c0;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                s[nt][0] = exp2f(s[nt][0] - n0), s[nt][1] = exp2f(s[nt][1] - n0);
+                s[nt][2] = s[nt][3] = 0.0f;
+                l0 += s[nt][0] + s[nt][1];
+            }
+#pragma unroll
+            for (int kk = 0; kk < NT / 2; kk++) {
+                uint32_t pa[4] = {pack_bf2(s[2 * kk][0], s[2 * kk][1]), 0u, pack_bf2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                  0u};
+#pragma unroll
+                for (int dp = 0; dp < DT / 2; dp++) {
+                    uint32_t b[4];
+                    ldsm_x4_t(vb + (vofs + kk * 16 * DP + dp * 16) * 2, b);
+                    mma_bf16(o[2 * dp], pa, b[0], b[1]);
+                    mma_bf16(o[2 * dp + 1], pa, b[2], b[3]);
+                }
+            }
+            __syncwarp(); /* the stage is read: the next tile may overwrite it */
+        }
+        l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+        l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+        int r = lane >> 2, d0 = (lane & 3) * 2;
+        if (r < GM) {
+            if ((lane & 3) == 0) Wm[w][r] = m0, Wl[w][r] = l0;
+#pragma unroll
+            for (int dt = 0; dt < DT; dt++) Wa[w][r][dt * 8 + d0] = o[dt][0], Wa[w][r][dt * 8 + d0 + 1] = o[dt][1];
+        }
     }
     __syncthreads();
     bool split = wi.nsplit > 1;
@@ -416,64 +601,16 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
     if (threadIdx.x == 0) a.cnt[t * KVH + g] = 0;
 }
 
-template <int D>
+template <int D, bool TC>
 static cudaError_t launch_dec(const struct cuda_attn_args *a, cudaStream_t st)
 {
-    dim3 grid(a->max_items, a->KVH);
-    return pdl_launch(a->H / a->KVH <= 4 ? attn_dec_kernel<D, 4> : attn_dec_kernel<D, 8>, grid, dim3(32 * DEC_NW), 0,
-                      st, *a);
+    dim3 grid(a->max_items, a->KVH), blk(32 * DEC_NW);
+    bool g4 = a->H / a->KVH <= 4;
+    size_t sm = !TC ? 0 : g4 ? dec_tc_smem<D, 4>() : dec_tc_smem<D, 8>();
+    return pdl_launch(g4 ? attn_dec_kernel<D, 4, TC> : attn_dec_kernel<D, 8, TC>, grid, blk, sm, st, *a);
 }
 
 /* ---- tensor-core kernel (prefill tiles) -------------------------------------- */
-
-#define TC_BN 64 /* keys per tile */
-
-static __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-/* 16 bytes global -> shared, L2 only; ok == false writes 16 zero bytes and reads nothing */
-static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool ok)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
-}
-static __device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-static __device__ __forceinline__ void cp_async_wait(void)
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-static __device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t r[4])
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr)
-                 : "memory");
-}
-static __device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t r[4])
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr)
-                 : "memory");
-}
-/* c += a (16x16 row-major bf16) * b (16x8 col-major bf16), f32 accumulate */
-static __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
-{
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-static __device__ __forceinline__ float ex2(float x)
-{
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-/* lo in the low half: the lower column / key index of an mma fragment pair */
-static __device__ __forceinline__ uint32_t pack_bf2(float lo, float hi)
-{
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&v);
-}
 
 /* Gathers keys [k0, k0 + TC_BN) of head group g into ks (K) and ks + TC_BN *
  * (D + 8) (V), zeros past kv_hi (so masked keys multiply zeros, never stale
@@ -695,6 +832,17 @@ static cudaError_t set_smem_tc(void)
     return e;
 }
 
+template <int D>
+static cudaError_t set_smem_dec(void)
+{
+    cudaError_t e = cudaFuncSetAttribute(attn_dec_kernel<D, 4, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)dec_tc_smem<D, 4>());
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(attn_dec_kernel<D, 8, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)dec_tc_smem<D, 8>());
+    return e;
+}
+
 extern "C" int cuda_attention_tc_ok(int D, int grp)
 {
     return (D == 64 || D == 128) && grp >= 1 && grp <= CUDA_ATTN_TC_ROWS;
@@ -705,6 +853,8 @@ extern "C" cudaError_t cuda_attention_prepare(int D)
     cudaError_t e = D <= 32 ? set_smem<1>() : D <= 64 ? set_smem<2>() : D <= 128 ? set_smem<4>() : set_smem<8>();
     if (e == cudaSuccess && D == 64) e = set_smem_tc<64>();
     if (e == cudaSuccess && D == 128) e = set_smem_tc<128>();
+    if (e == cudaSuccess && D == 64) e = set_smem_dec<64>();
+    if (e == cudaSuccess && D == 128) e = set_smem_dec<128>();
     return e;
 }
 
@@ -742,6 +892,19 @@ static cudaError_t launch_tc(const struct cuda_attn_args *a, cudaStream_t st)
 
 extern "C" int cuda_attention_dec_ok(int D, int grp) { return (D == 64 || D == 128) && grp >= 1 && grp <= 8; }
 
+/* the decode kernel's tile math: 1 tensor cores (default), 0 SIMT;
+ * SLUICE_CUDA_ATTN_DEC_TC=0|1, read at the first call */
+static int dec_tc = -1;
+static bool dec_use_tc(void)
+{
+    if (dec_tc < 0) {
+        const char *e = getenv("SLUICE_CUDA_ATTN_DEC_TC");
+        dec_tc = !(e && strcmp(e, "0") == 0);
+    }
+    return dec_tc;
+}
+extern "C" void cuda_attention_dec_select(int tc) { dec_tc = tc ? 1 : 0; }
+
 extern "C" cudaError_t cuda_attention(const struct cuda_attn_args *a, cudaStream_t st)
 {
     if (a->max_items <= 0 || a->T <= 0) return cudaSuccess;
@@ -750,7 +913,8 @@ extern "C" cudaError_t cuda_attention(const struct cuda_attn_args *a, cudaStream
     if (a->rope.qkv && (!dec || a->rope.D != a->D || a->rope.rope_dim > a->D || a->rope.H != a->H ||
                         a->rope.KVH != a->KVH || a->rope.kc != a->kc || a->rope.vc != a->vc))
         return cudaErrorInvalidValue; /* only the decode kernel folds RoPE in */
-    if (dec) return a->D == 64 ? launch_dec<64>(a, st) : launch_dec<128>(a, st);
+    if (dec && dec_use_tc()) return a->D == 64 ? launch_dec<64, true>(a, st) : launch_dec<128, true>(a, st);
+    if (dec) return a->D == 64 ? launch_dec<64, false>(a, st) : launch_dec<128, false>(a, st);
     if (a->max_rows > CUDA_ATTN_ROWS) {
         if (a->max_rows > CUDA_ATTN_TC_ROWS || !cuda_attention_tc_ok(a->D, a->H / a->KVH))
             return cudaErrorInvalidValue;

@@ -19,8 +19,8 @@
  * kernel variant and fusion gives bit-identical sums for the same W and x:
  * the tests rely on that.
  *
- * Programmatic dependent launch (sm_90): every kernel here lets the next
- * kernel launch as soon as all of its blocks are running
+ * Programmatic dependent launch (sm_90, pdl.cuh): every kernel here lets the
+ * next kernel launch as soon as all of its blocks are running
  * (griddepcontrol.launch_dependents) and, when it was itself launched with
  * the PDL attribute, issues its first weight loads before waiting for its
  * predecessor (griddepcontrol.wait), reading nothing the predecessor may
@@ -41,9 +41,14 @@
  *                          (BENCHMARKS.md: a Llama-8B decode layer at T=1
  *                          121 us warp vs 124 block; at T=4 148 us persist
  *                          vs 177 warp)
- *   SLUICE_PDL=1           launch with the PDL attribute on sm_90 and later
- *                          (default off: it measured no faster in the
- *                          decode graph, 120.8 vs 121.3 us per layer)
+ *   SLUICE_PDL=0           plain launches; by default the kernels here,
+ *                          cuda_add_rmsnorm and the decode attention kernel
+ *                          are launched with the PDL attribute on sm_90 and
+ *                          later (pdl.cuh): batch-1 decode of the Llama-8B
+ *                          shape 202.1 -> 207.0 tok/s (BENCHMARKS.md)
+ *   SLUICE_GEMV_CH=4|8|16  16-byte chunks per lane in flight in the warp
+ *                          kernels for rows of <= 4096 (default 4; 8 and 16
+ *                          measured slower: fewer resident warps)
  */
 #include <stdlib.h>
 #include <string.h>
@@ -399,7 +404,7 @@ static const gemv_state &state(void)
         int dev = 0;
         G.nsm = 132;
         if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&G.nsm, cudaDevAttrMultiProcessorCount, dev);
-        G.pdl = sm_major() >= 9 && d && strcmp(d, "1") == 0;
+        G.pdl = sm_major() >= 9 && !(d && strcmp(d, "0") == 0);
         return true;
     }();
     (void)once;

@@ -100,6 +100,10 @@ struct cuda_attn_args {
 };
 /* 1 when the decode kernel takes head_dim D with grp heads per KV head. */
 int cuda_attention_dec_ok(int D, int grp);
+/* For benchmarks and tests: the decode kernel's tile math on the tensor
+ * cores (tc 1, the default; SLUICE_CUDA_ATTN_DEC_TC=0 in the environment)
+ * or in SIMT (tc 0). Call it outside graph capture. */
+void cuda_attention_dec_select(int tc);
 cudaError_t cuda_attention(const struct cuda_attn_args *a, cudaStream_t st);
 /* Raises the kernel's shared-memory limit for head_dim D; call once before
  * any graph capture. */
@@ -116,7 +120,7 @@ cudaError_t cuda_attention_prepare(int D);
  * cuda_gemv takes the warp kernel), so it is exact in every variant.
  * The kernels are launched with programmatic dependent launch on sm_90 (they
  * read nothing written by earlier kernels before waiting for them); see
- * gemv.cu for SLUICE_GEMV_VARIANT and SLUICE_PDL. */
+ * gemv.cu for SLUICE_GEMV_VARIANT, SLUICE_GEMV_CH and SLUICE_PDL. */
 #define CUDA_GEMV_MAX_T 4
 /* y[t][o] = sum_i x[t][i] W[o][i] for t < T: W [out][in] bf16, x [T][in]
  * bf16, y [T][out] bf16 or f32 (y_f32). */

@@ -9,8 +9,7 @@
  * and its writes are visible. Every thread of every block calls pdl_wait()
  * before it exits, so completion of a kernel still implies completion of
  * everything before it in the stream (a chain of early launches stays
- * ordered). Off (plain launches) unless SLUICE_PDL says otherwise; see
- * gemv.cu. */
+ * ordered). On for sm_90 and later unless SLUICE_PDL=0; see gemv.cu. */
 #ifndef SLUICE_CUDA_PDL_CUH
 #define SLUICE_CUDA_PDL_CUH
 
