@@ -79,6 +79,55 @@ static __device__ __forceinline__ void unpack8(uint4 v, float *f)
     f[6] = __uint_as_float(v.w << 16), f[7] = __uint_as_float(v.w & 0xffff0000u);
 }
 
+enum { EPI_BF16, EPI_F32, EPI_RESID, EPI_SWIGLU };
+
+struct gemv_params {
+    const uint16_t *W; /* [out][in], or [2F][in] for EPI_SWIGLU (gate rows, then up rows) */
+    const uint16_t *x; /* [NT][in] bf16 (NORM false) */
+    const float *xf;   /* [NT][in] f32 residual to normalize (NORM true) */
+    const float *nw;   /* [in] norm weight (NORM true) */
+    float eps;
+    void *y;           /* [NT][out]: bf16, f32, f32 to add to (EPI_RESID), bf16 h (EPI_SWIGLU) */
+    int in, out;       /* out: outputs per row of x (F for EPI_SWIGLU) */
+    int ngroups;       /* groups of RB rows (RB/2 gate/up pairs for EPI_SWIGLU) */
+};
+
+static __host__ __device__ constexpr int pow2ceil(int n) { return n <= 1 ? 1 : 2 * pow2ceil((n + 1) / 2); }
+static __host__ __device__ constexpr int log2i(int n) { return n <= 1 ? 0 : 1 + log2i(n / 2); }
+
+/* The rows of x through cuda_add_rmsnorm's arithmetic (norm.cuh) into xs
+ * [NT][in] bf16 (shared memory), by a block of 256 threads: nv <= 1024
+ * virtual threads; virtual warp warp + 8k is this warp's k-th, its sum in
+ * ss[k]. The loops run over i0 outside and k inside so that a thread's loads
+ * (L2 hits) are independent of each other. Ends with a barrier. */
+template <int NT>
+static __device__ __forceinline__ void norm_rows(const gemv_params &p, uint16_t *xs, float *nsh)
+{
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int nv = rms_threads(p.in), nvw = nv / 32;
+    for (int t = 0; t < NT; t++) {
+        const float *xr = p.xf + (size_t)t * p.in;
+        float ss[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 4
+        for (int i0 = 0; i0 < p.in; i0 += nv)
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                int vw = warp + 8 * k, i = i0 + vw * 32 + lane;
+                if (vw < nvw && i < p.in) ss[k] = rms_acc(ss[k], xr[i]);
+            }
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            float s = warp_sum(ss[k]);
+            if (lane == 0 && warp + 8 * k < nvw) nsh[warp + 8 * k] = s;
+        }
+        __syncthreads();
+        float inv = rms_inv(warp_sum(lane < nvw ? nsh[lane] : 0.0f), p.in, p.eps);
+#pragma unroll 4
+        for (int i = tid; i < p.in; i += BT) xs[(size_t)t * p.in + i] = rms_out(p.nw[i], xr[i], inv);
+        __syncthreads(); /* xs complete; nsh free for the next row */
+    }
+}
+
 /* ---- the warp kernel: one row per warp ---- */
 
 /* Lane l of a warp takes 16-byte chunks l, l + 32, l + 64, ... of its row(s)
@@ -101,12 +150,12 @@ struct wchunks {
     }
 };
 
-/* acc[r][t] += the CH chunks from i0 of rows r times x[t] */
-template <int CH, int NR, int NT>
-static __device__ __forceinline__ void wdot(const wchunks<CH, NR> &c, const uint16_t *__restrict__ x, int in, int i0,
-                                            int lane, float (&acc)[NR][NT])
+/* acc[r][t] += the CH chunks from i0 of rows r times x[t] (x4: [NT][n4]
+ * chunks, in shared memory when SMEM) */
+template <int CH, int NR, int NT, bool SMEM>
+static __device__ __forceinline__ void wdot(const wchunks<CH, NR> &c, const uint4 *x4, int n4, int i0, int lane,
+                                            float (&acc)[NR][NT])
 {
-    const int n4 = in / 8;
 #pragma unroll
     for (int u = 0; u < CH; u++) {
         int i = i0 + u * 32 + lane;
@@ -117,7 +166,7 @@ static __device__ __forceinline__ void wdot(const wchunks<CH, NR> &c, const uint
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             float xf[8];
-            unpack8(__ldg((const uint4 *)(x + (size_t)t * in) + i), xf);
+            unpack8(SMEM ? x4[(size_t)t * n4 + i] : __ldg(x4 + (size_t)t * n4 + i), xf);
 #pragma unroll
             for (int r = 0; r < NR; r++)
 #pragma unroll
@@ -126,23 +175,39 @@ static __device__ __forceinline__ void wdot(const wchunks<CH, NR> &c, const uint
     }
 }
 
-/* the rows' sums over in, for the NR rows w[0..NR) of one warp */
-template <int CH, int NR, int NT>
-static __device__ __forceinline__ void wrows(const uint4 *const *w, const uint16_t *__restrict__ x, int in, int lane,
-                                             float (&acc)[NR][NT])
+/* Warp j of the grid: output row j (EPI_SWIGLU: gate row j and up row
+ * out + j side by side, each summed exactly as a lone row, and h[j] =
+ * silu(g) * u from the two sums rounded to bf16, as cuda_swiglu over
+ * cuda_gemv's output). NORM: x normalized by the whole block first
+ * (norm_rows, cuda_add_rmsnorm's bits) into shared memory. Epilogues as in
+ * the block kernel. */
+template <int NT, int EPI, bool NORM, int CH>
+static __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_warp_kernel(const gemv_params p)
 {
-    const int n4 = in / 8;
+    constexpr int NR = EPI == EPI_SWIGLU ? 2 : 1;
+    extern __shared__ uint4 xs4[]; /* NORM: the normalized x, [NT][in] bf16 */
+    __shared__ float nsh[32];
+    pdl_trigger();
+    const int lane = threadIdx.x & 31, j = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5), n4 = p.in / 8;
+    const bool live = j < p.out;
+    const uint4 *w[NR];
+#pragma unroll
+    for (int r = 0; r < NR; r++) w[r] = (const uint4 *)(p.W + (size_t)(r * p.out + (live ? j : 0)) * p.in);
+    wchunks<CH, NR> cur, nxt;
+    if (live) cur.load(w, 0, lane, n4);
+    pdl_wait(); /* from here on, x may be read */
+    if (NORM) norm_rows<NT>(p, (uint16_t *)xs4, nsh);
+    if (!live) return;
+    const uint4 *x4 = NORM ? xs4 : (const uint4 *)p.x;
+    float acc[NR][NT];
 #pragma unroll
     for (int r = 0; r < NR; r++)
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
-    wchunks<CH, NR> cur, nxt;
-    cur.load(w, 0, lane, n4);
-    pdl_wait(); /* from here on, x may be read */
     for (int i0 = 0;; i0 += 32 * CH) {
         bool more = i0 + 32 * CH < n4;
         if (more) nxt.load(w, i0 + 32 * CH, lane, n4);
-        wdot<CH, NR, NT>(cur, x, in, i0, lane, acc);
+        wdot<CH, NR, NT, NORM>(cur, x4, n4, i0, lane, acc);
         if (!more) break;
         cur = nxt;
     }
@@ -150,77 +215,21 @@ static __device__ __forceinline__ void wrows(const uint4 *const *w, const uint16
     for (int r = 0; r < NR; r++)
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = warp_sum(acc[r][t]);
-}
-
-template <int NT, bool F32OUT, int CH>
-static __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_warp_kernel(const uint16_t *__restrict__ W,
-                                                                           const uint16_t *__restrict__ x, void *y,
-                                                                           int in, int out)
-{
-    pdl_trigger();
-    int lane = threadIdx.x & 31;
-    int row = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
-    if (row >= out) {
-        pdl_wait();
-        return;
-    }
-    const uint4 *w[1] = {(const uint4 *)(W + (size_t)row * in)};
-    float acc[1][NT];
-    wrows<CH, 1, NT>(w, x, in, lane, acc);
-    if (lane == 0)
+    if (lane) return;
 #pragma unroll
-        for (int t = 0; t < NT; t++) {
-            if (F32OUT)
-                ((float *)y)[(size_t)t * out + row] = acc[0][t];
-            else
-                ((uint16_t *)y)[(size_t)t * out + row] = f2bf(acc[0][t]);
+    for (int t = 0; t < NT; t++) {
+        size_t o = (size_t)t * p.out + j;
+        if (EPI == EPI_BF16) ((uint16_t *)p.y)[o] = f2bf(acc[0][t]);
+        if (EPI == EPI_F32) ((float *)p.y)[o] = acc[0][t];
+        if (EPI == EPI_RESID) ((float *)p.y)[o] += bf2f(f2bf(acc[0][t])); /* as x += delta of bf16(s) */
+        if (EPI == EPI_SWIGLU) {
+            float g = bf2f(f2bf(acc[0][t])), u = bf2f(f2bf(acc[NR - 1][t]));
+            ((uint16_t *)p.y)[o] = f2bf(g / (1.0f + __expf(-g)) * u);
         }
-}
-
-/* The same for the gate|up projection with SwiGLU in the epilogue: warp j
- * streams gate row j and up row F + j side by side, each summed exactly as
- * the warp kernel sums it, and writes h[j] = silu(g) * u from the two sums
- * rounded to bf16, as cuda_swiglu does over cuda_gemv's output. */
-template <int NT, int CH>
-static __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_warp_swiglu_kernel(const uint16_t *__restrict__ W,
-                                                                                  const uint16_t *__restrict__ x,
-                                                                                  uint16_t *h, int in, int F)
-{
-    pdl_trigger();
-    int lane = threadIdx.x & 31;
-    int j = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
-    if (j >= F) {
-        pdl_wait();
-        return;
     }
-    const uint4 *w[2] = {(const uint4 *)(W + (size_t)j * in), (const uint4 *)(W + (size_t)(F + j) * in)};
-    float acc[2][NT];
-    wrows<CH, 2, NT>(w, x, in, lane, acc);
-    if (lane == 0)
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            float g = bf2f(f2bf(acc[0][t])), u = bf2f(f2bf(acc[1][t]));
-            h[(size_t)t * F + j] = f2bf(g / (1.0f + __expf(-g)) * u);
-        }
 }
 
 /* ---- the block kernel ---- */
-
-enum { EPI_BF16, EPI_F32, EPI_RESID, EPI_SWIGLU };
-
-struct gemv_params {
-    const uint16_t *W; /* [out][in], or [2F][in] for EPI_SWIGLU (gate rows, then up rows) */
-    const uint16_t *x; /* [NT][in] bf16 (NORM false) */
-    const float *xf;   /* [NT][in] f32 residual to normalize (NORM true) */
-    const float *nw;   /* [in] norm weight (NORM true) */
-    float eps;
-    void *y;           /* [NT][out]: bf16, f32, f32 to add to (EPI_RESID), bf16 h (EPI_SWIGLU) */
-    int in, out;       /* out: outputs per row of x (F for EPI_SWIGLU) */
-    int ngroups;       /* groups of RB rows (RB/2 gate/up pairs for EPI_SWIGLU) */
-};
-
-static __host__ __device__ constexpr int pow2ceil(int n) { return n <= 1 ? 1 : 2 * pow2ceil((n + 1) / 2); }
-static __host__ __device__ constexpr int log2i(int n) { return n <= 1 ? 0 : 1 + log2i(n / 2); }
 
 /* W row of slot r of group g, or -1 past the end */
 template <int RB, int EPI>
@@ -264,35 +273,7 @@ static __global__ void __launch_bounds__(BT, 2) gemv_block_kernel(const gemv_par
     load();
     pdl_wait(); /* from here on, x may be read */
 
-    if (NORM) {
-        /* the rows of x through cuda_add_rmsnorm's arithmetic (norm.cuh):
-         * nv <= 1024 virtual threads; virtual warp warp + 8k is this warp's
-         * k-th, its sum in ss[k]. The loops run over i0 outside and k inside
-         * so that a thread's loads (L2 hits) are independent of each other. */
-        uint16_t *xs = (uint16_t *)xs4;
-        const int nv = rms_threads(p.in), nvw = nv / 32;
-        for (int t = 0; t < NT; t++) {
-            const float *xr = p.xf + (size_t)t * p.in;
-            float ss[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll 4
-            for (int i0 = 0; i0 < p.in; i0 += nv)
-#pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    int vw = warp + 8 * k, i = i0 + vw * 32 + lane;
-                    if (vw < nvw && i < p.in) ss[k] = rms_acc(ss[k], xr[i]);
-                }
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                float s = warp_sum(ss[k]);
-                if (lane == 0 && warp + 8 * k < nvw) nsh[warp + 8 * k] = s;
-            }
-            __syncthreads();
-            float inv = rms_inv(warp_sum(lane < nvw ? nsh[lane] : 0.0f), p.in, p.eps);
-#pragma unroll 4
-            for (int i = tid; i < p.in; i += BT) xs[(size_t)t * p.in + i] = rms_out(p.nw[i], xr[i], inv);
-            __syncthreads(); /* xs complete; nsh free for the next row */
-        }
-    }
+    if (NORM) norm_rows<NT>(p, (uint16_t *)xs4, nsh);
 
     float acc[RB][NT];
 #pragma unroll
@@ -431,40 +412,30 @@ static cudaError_t launch_k(void (*k)(A...), int grid, int threads, size_t smem,
  * (SLUICE_GEMV_CH=4|8|16), 4 for longer ones */
 static int warp_ch(int in) { return in <= 4096 ? state().ch : 4; }
 
-template <bool F32OUT, int CH>
-static cudaError_t launch_warp1(const uint16_t *W, const uint16_t *x, void *y, int T, int in, int out, cudaStream_t st)
+template <int EPI, bool NORM, int CH>
+static cudaError_t launch_warp1(const gemv_params &p, int T, cudaStream_t st)
 {
-    int grid = (out + GEMV_WARPS - 1) / GEMV_WARPS, th = 32 * GEMV_WARPS;
+    int grid = (p.out + GEMV_WARPS - 1) / GEMV_WARPS, th = 32 * GEMV_WARPS;
+    size_t smem = NORM ? (size_t)T * p.in * 2 : 0;
     switch (T) {
-    case 1: return launch_k(gemv_warp_kernel<1, F32OUT, CH>, grid, th, 0, st, W, x, y, in, out);
-    case 2: return launch_k(gemv_warp_kernel<2, F32OUT, CH>, grid, th, 0, st, W, x, y, in, out);
-    case 3: return launch_k(gemv_warp_kernel<3, F32OUT, CH>, grid, th, 0, st, W, x, y, in, out);
-    case 4: return launch_k(gemv_warp_kernel<4, F32OUT, CH>, grid, th, 0, st, W, x, y, in, out);
+    case 1: return launch_k(gemv_warp_kernel<1, EPI, NORM, CH>, grid, th, smem, st, p);
+    case 2: return launch_k(gemv_warp_kernel<2, EPI, NORM, CH>, grid, th, smem, st, p);
+    case 3: return launch_k(gemv_warp_kernel<3, EPI, NORM, CH>, grid, th, smem, st, p);
+    case 4: return launch_k(gemv_warp_kernel<4, EPI, NORM, CH>, grid, th, smem, st, p);
     default: return cudaErrorInvalidValue;
     }
 }
 
-template <bool F32OUT>
-static cudaError_t launch_warp(const uint16_t *W, const uint16_t *x, void *y, int T, int in, int out, cudaStream_t st)
+/* chunks in flight: warp_ch(in) per row (two rows per warp for SwiGLU: at
+ * most 8 of each) */
+template <int EPI, bool NORM>
+static cudaError_t launch_warp(const gemv_params &p, int T, cudaStream_t st)
 {
-    switch (warp_ch(in)) {
-    case 16: return launch_warp1<F32OUT, 16>(W, x, y, T, in, out, st);
-    case 8: return launch_warp1<F32OUT, 8>(W, x, y, T, in, out, st);
-    default: return launch_warp1<F32OUT, 4>(W, x, y, T, in, out, st);
-    }
-}
-
-template <int CH>
-static cudaError_t launch_warp_swiglu(const uint16_t *Wgu, const uint16_t *x, uint16_t *h, int T, int in, int F,
-                                      cudaStream_t st)
-{
-    int grid = (F + GEMV_WARPS - 1) / GEMV_WARPS, th = 32 * GEMV_WARPS;
-    switch (T) {
-    case 1: return launch_k(gemv_warp_swiglu_kernel<1, CH>, grid, th, 0, st, Wgu, x, h, in, F);
-    case 2: return launch_k(gemv_warp_swiglu_kernel<2, CH>, grid, th, 0, st, Wgu, x, h, in, F);
-    case 3: return launch_k(gemv_warp_swiglu_kernel<3, CH>, grid, th, 0, st, Wgu, x, h, in, F);
-    default: return launch_k(gemv_warp_swiglu_kernel<4, CH>, grid, th, 0, st, Wgu, x, h, in, F);
-    }
+    if (p.out == 0) return cudaSuccess;
+    int ch = warp_ch(p.in);
+    if constexpr (EPI != EPI_SWIGLU)
+        if (ch == 16) return launch_warp1<EPI, NORM, 16>(p, T, st);
+    return ch >= 8 ? launch_warp1<EPI, NORM, 8>(p, T, st) : launch_warp1<EPI, NORM, 4>(p, T, st);
 }
 
 /* blocks resident per SM for one instantiation, asked once */
@@ -524,15 +495,21 @@ static bool bad_shape(const void *W, const void *x, int T, int in, int out)
  * than one chunk per thread of a block (they would leave most of it idle) */
 static bool use_warp(int T, int in) { return state().variant == 0 || (state().variant == 3 && T == 1) || in < 8 * BT; }
 
+/* every launcher: the warp or the block kernel by use_warp, so that for the
+ * same T and in all of them sum each output in the same order */
+template <int EPI, bool NORM>
+static cudaError_t launch(const gemv_params &p, int T, cudaStream_t st)
+{
+    if (p.out == 0) return cudaSuccess;
+    return use_warp(T, p.in) ? launch_warp<EPI, NORM>(p, T, st) : launch_block<EPI, NORM>(p, T, st);
+}
+
 extern "C" cudaError_t cuda_gemv(const uint16_t *W, const uint16_t *x, void *y, bool y_f32, int T, int in, int out,
                                  cudaStream_t st)
 {
     if (bad_shape(W, x, T, in, out)) return cudaErrorInvalidValue;
-    if (out == 0) return cudaSuccess;
-    if (use_warp(T, in))
-        return y_f32 ? launch_warp<true>(W, x, y, T, in, out, st) : launch_warp<false>(W, x, y, T, in, out, st);
     gemv_params p = {W, x, NULL, NULL, 0.0f, y, in, out, 0};
-    return y_f32 ? launch_block<EPI_F32, false>(p, T, st) : launch_block<EPI_BF16, false>(p, T, st);
+    return y_f32 ? launch<EPI_F32, false>(p, T, st) : launch<EPI_BF16, false>(p, T, st);
 }
 
 extern "C" cudaError_t cuda_gemv_residual(const uint16_t *W, const uint16_t *x, float *xres, int T, int in, int out,
@@ -540,20 +517,15 @@ extern "C" cudaError_t cuda_gemv_residual(const uint16_t *W, const uint16_t *x, 
 {
     if (bad_shape(W, x, T, in, out)) return cudaErrorInvalidValue;
     gemv_params p = {W, x, NULL, NULL, 0.0f, xres, in, out, 0};
-    return launch_block<EPI_RESID, false>(p, T, st);
+    return launch<EPI_RESID, false>(p, T, st);
 }
 
 extern "C" cudaError_t cuda_gemv_swiglu(const uint16_t *Wgu, const uint16_t *x, uint16_t *h, int T, int in, int F,
                                         cudaStream_t st)
 {
     if (bad_shape(Wgu, x, T, in, F)) return cudaErrorInvalidValue;
-    if (F == 0) return cudaSuccess;
-    if (use_warp(T, in))
-        /* two rows per warp: at most 8 chunks of each in flight */
-        return warp_ch(in) >= 8 ? launch_warp_swiglu<8>(Wgu, x, h, T, in, F, st)
-                                : launch_warp_swiglu<4>(Wgu, x, h, T, in, F, st);
     gemv_params p = {Wgu, x, NULL, NULL, 0.0f, h, in, F, 0};
-    return launch_block<EPI_SWIGLU, false>(p, T, st);
+    return launch<EPI_SWIGLU, false>(p, T, st);
 }
 
 static bool bad_norm(const void *W, const float *x, int T, int in)
@@ -566,7 +538,7 @@ extern "C" cudaError_t cuda_gemv_rmsnorm(const uint16_t *W, const float *x, cons
 {
     if (bad_norm(W, x, T, in) || out < 0) return cudaErrorInvalidValue;
     gemv_params p = {W, NULL, x, nw, eps, y, in, out, 0};
-    return launch_block<EPI_BF16, true>(p, T, st);
+    return launch<EPI_BF16, true>(p, T, st);
 }
 
 extern "C" cudaError_t cuda_gemv_rmsnorm_swiglu(const uint16_t *Wgu, const float *x, const float *nw, float eps,
@@ -574,5 +546,5 @@ extern "C" cudaError_t cuda_gemv_rmsnorm_swiglu(const uint16_t *Wgu, const float
 {
     if (bad_norm(Wgu, x, T, in) || F < 0) return cudaErrorInvalidValue;
     gemv_params p = {Wgu, NULL, x, nw, eps, h, in, F, 0};
-    return launch_block<EPI_SWIGLU, true>(p, T, st);
+    return launch<EPI_SWIGLU, true>(p, T, st);
 }

@@ -199,15 +199,16 @@ static void test_gemv(void)
 }
 
 /* The decode fusions against the double reference (the rmsnorm ones through
- * a double-precision norm of x), and, for in >= 2048, bit for bit against
- * the unfused kernels they replace: add_rmsnorm, gemv, swiglu, x += delta. */
+ * a double-precision norm of x), and bit for bit against the unfused kernels
+ * they replace (add_rmsnorm, gemv, swiglu, x += delta) in every variant:
+ * warp and block kernels, for the same T and in, sum in the same order. */
 static void test_gemv_fused(void)
 {
     int shapes[][3] = {{1, 4096, 300}, {2, 2048, 1000}, {3, 4096, 77}, {4, 4096, 130}, {1, 14336, 40},
                        {2, 576, 100}, {4, 64, 9}, {1, 6144, 5}};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         int T = shapes[si][0], in = shapes[si][1], out = shapes[si][2], F = out;
-        bool exact = in >= 2048;
+        const bool exact = true;
         size_t nx = (size_t)T * in, ny = (size_t)T * out;
         uint16_t *w = rand_bf((size_t)2 * F * in, 1), *x = rand_bf(nx, 1);
         float *xr = malloc(nx * 4), *nw = malloc(in * 4), *xres = malloc(ny * 4);
@@ -243,13 +244,9 @@ static void test_gemv_fused(void)
         float *dscr = dup_dev(xr, nx * 4); /* add_rmsnorm's x: it writes back x + 0 */
         uint16_t *y = malloc(ny * 2), *u1 = malloc(ny * 2);
         float *o = malloc(ny * 4), *res = malloc(ny * 4), *res1 = malloc(ny * 4);
-        /* the block variants take every check; the warp variants ("warp",
-         * and "auto" at T = 1) only SwiGLU, whose warp-kernel epilogue is
-         * exact whatever in is */
         static const int variants[] = {1, 2, 0, 3};
         for (int vi = 0; vi < 4; vi++) {
             int variant = variants[vi];
-            bool warpv = variant == 0 || variant == 3, exact_sw = exact || warpv;
             cuda_gemv_select(variant, variant != 0, variant == 3 ? 16 : 4); /* "auto": 8 chunks in flight */
             const char *vn = gemv_variant_name[variant];
             double e;
@@ -260,14 +257,13 @@ static void test_gemv_fused(void)
             for (size_t i = 0; i < ny; i++) o[i] = fb(y[i]);
             e = nerr(o, rsw, ny);
             CHECKF(e < 6e-3, "gemv_swiglu %s T=%d in=%d F=%d: err %.3g", vn, T, in, F, e);
-            if (exact_sw) {
+            if (exact) {
                 CHECK(cuda_gemv(dw, dx, dgu, false, T, in, 2 * F, 0) == cudaSuccess);
                 CHECK(cuda_swiglu(dgu, T, F, dh, 0) == cudaSuccess);
                 get(u1, dh, ny * 2);
                 CHECKF(!memcmp(y, u1, ny * 2), "gemv_swiglu %s T=%d in=%d: not swiglu(gemv)", vn, T, in);
             }
-            printf("  gemv_swiglu   %-7s T=%d in=%d F=%d: err %.2e%s\n", vn, T, in, F, e, exact_sw ? ", exact" : "");
-            if (warpv) continue;
+            printf("  gemv_swiglu   %-7s T=%d in=%d F=%d: err %.2e%s\n", vn, T, in, F, e, exact ? ", exact" : "");
             /* residual */
             cudaMemcpy(dres, xres, ny * 4, cudaMemcpyHostToDevice);
             CHECK(cuda_gemv_residual(dw, dx, dres, T, in, out, 0) == cudaSuccess);
@@ -337,12 +333,13 @@ static void test_gemv_layers_graph(void)
     cudaStream_t st;
     cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
     cudaDeviceSynchronize(); /* the set-up above ran on the legacy stream */
-    for (int pass = 0; pass < 2; pass++) {
-        cuda_gemv_select(1, pass, -1);
+    for (int pass = 0; pass < 4; pass++) {
+        /* block kernels, then warp kernels: eager without PDL, graph with */
+        cuda_gemv_select(pass < 2 ? 1 : 0, pass & 1, -1);
         cudaMemcpyAsync(dx, x0, (size_t)T * E * 4, cudaMemcpyHostToDevice, st);
         cudaGraph_t g = NULL;
         cudaGraphExec_t ge = NULL;
-        if (pass) CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+        if (pass & 1) CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
         for (int l = 0; l < L; l++) {
             const uint16_t *wq = dw + wl * l, *wo = wq + (size_t)QKV * E, *wgu = wo + (size_t)E * E,
                            *wd = wgu + (size_t)2 * F * E;
@@ -352,7 +349,7 @@ static void test_gemv_layers_graph(void)
             CHECK(cuda_gemv_rmsnorm_swiglu(wgu, dx, dnw, 1e-5f, dh, T, E, F, st) == cudaSuccess);
             CHECK(cuda_gemv_residual(wd, dh, dx, T, F, E, st) == cudaSuccess);
         }
-        if (pass) {
+        if (pass & 1) {
             CHECK(cudaStreamEndCapture(st, &g) == cudaSuccess);
             CHECK(g && cudaGraphInstantiate(&ge, g, 0) == cudaSuccess);
             for (int rep = 0; rep < 3 && ge; rep++) { /* replays start from the same x */
@@ -361,15 +358,18 @@ static void test_gemv_layers_graph(void)
             }
         }
         CHECK(cudaStreamSynchronize(st) == cudaSuccess);
-        get(pass ? xb : xa, dx, (size_t)T * E * 4);
+        get(pass & 1 ? xb : xa, dx, (size_t)T * E * 4);
         if (ge) cudaGraphExecDestroy(ge);
         if (g) cudaGraphDestroy(g);
+        if (!(pass & 1)) continue;
+        double d = 0, n = 0;
+        for (int i = 0; i < T * E; i++) d += fabs(xa[i] - xb[i]), n += fabs(xa[i] - x0[i]);
+        const char *vn = pass < 2 ? "block" : "warp";
+        CHECKF(!memcmp(xa, xb, (size_t)T * E * 4) && n > 0,
+               "%s: graph+PDL layers differ from eager: |diff| %.3g, |update| %.3g", vn, d, n);
+        printf("  %d fused layers (%s kernels), graph + PDL vs eager: %s\n", L, vn,
+               memcmp(xa, xb, (size_t)T * E * 4) ? "differ" : "identical");
     }
-    double d = 0, n = 0;
-    for (int i = 0; i < T * E; i++) d += fabs(xa[i] - xb[i]), n += fabs(xa[i] - x0[i]);
-    CHECKF(!memcmp(xa, xb, (size_t)T * E * 4) && n > 0, "graph+PDL layers differ from eager: |diff| %.3g, |update| %.3g",
-           d, n);
-    printf("  %d fused layers, graph + PDL vs eager: %s\n", L, memcmp(xa, xb, (size_t)T * E * 4) ? "differ" : "identical");
     cuda_gemv_select(1, 1, -1);
     cudaStreamDestroy(st);
     free(w), free(x0), free(nw), free(xa), free(xb);
