@@ -892,18 +892,21 @@ static cudaError_t launch_tc(const struct cuda_attn_args *a, cudaStream_t st)
 
 extern "C" int cuda_attention_dec_ok(int D, int grp) { return (D == 64 || D == 128) && grp >= 1 && grp <= 8; }
 
-/* the decode kernel's tile math: 1 tensor cores (default), 0 SIMT;
- * SLUICE_CUDA_ATTN_DEC_TC=0|1, read at the first call */
-static int dec_tc = -1;
-static bool dec_use_tc(void)
+/* The decode kernel's tile math: SLUICE_CUDA_ATTN_DEC_TC=1 tensor cores,
+ * 0 SIMT, unset: SIMT for a one-token step, tensor cores for more, which is
+ * what measured fastest on the H200 (Llama-8B shape, BENCHMARKS.md: batch 1
+ * 206.9 SIMT vs 203.0 tok/s; batch 8 / 64 / 256: 1246 / 8245 / 19185 SIMT vs
+ * 1463 / 10202 / 21694 tok/s). Read at the first call. */
+static int dec_tc = -2;
+static bool dec_use_tc(int T)
 {
-    if (dec_tc < 0) {
+    if (dec_tc == -2) {
         const char *e = getenv("SLUICE_CUDA_ATTN_DEC_TC");
-        dec_tc = !(e && strcmp(e, "0") == 0);
+        dec_tc = e && strcmp(e, "0") == 0 ? 0 : e && strcmp(e, "1") == 0 ? 1 : -1;
     }
-    return dec_tc;
+    return dec_tc < 0 ? T > 1 : dec_tc;
 }
-extern "C" void cuda_attention_dec_select(int tc) { dec_tc = tc ? 1 : 0; }
+extern "C" void cuda_attention_dec_select(int tc) { dec_tc = tc < 0 ? -1 : tc ? 1 : 0; }
 
 extern "C" cudaError_t cuda_attention(const struct cuda_attn_args *a, cudaStream_t st)
 {
@@ -913,7 +916,7 @@ extern "C" cudaError_t cuda_attention(const struct cuda_attn_args *a, cudaStream
     if (a->rope.qkv && (!dec || a->rope.D != a->D || a->rope.rope_dim > a->D || a->rope.H != a->H ||
                         a->rope.KVH != a->KVH || a->rope.kc != a->kc || a->rope.vc != a->vc))
         return cudaErrorInvalidValue; /* only the decode kernel folds RoPE in */
-    if (dec && dec_use_tc()) return a->D == 64 ? launch_dec<64, true>(a, st) : launch_dec<128, true>(a, st);
+    if (dec && dec_use_tc(a->T)) return a->D == 64 ? launch_dec<64, true>(a, st) : launch_dec<128, true>(a, st);
     if (dec) return a->D == 64 ? launch_dec<64, false>(a, st) : launch_dec<128, false>(a, st);
     if (a->max_rows > CUDA_ATTN_ROWS) {
         if (a->max_rows > CUDA_ATTN_TC_ROWS || !cuda_attention_tc_ok(a->D, a->H / a->KVH))

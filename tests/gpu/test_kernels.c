@@ -682,6 +682,7 @@ static void test_attention_decode(void)
         printf("  decode kernel on %s\n", tc ? "the tensor cores" : "SIMT");
         attention_decode_cases();
     }
+    cuda_attention_dec_select(-1);
     g_dec = false;
 }
 
@@ -816,6 +817,7 @@ static void test_attention_rope_fold(void)
         printf("  decode kernel on %s\n", tc ? "the tensor cores" : "SIMT");
         rope_fold_cases();
     }
+    cuda_attention_dec_select(-1);
 }
 
 static void rope_fold_cases(void)
