@@ -717,6 +717,7 @@ static void rope_fold_case(const char *name, int H, int KVH, int D, int bs, int 
 {
     int grp = H / KVH, nh = H + 2 * KVH, half = rope_dim / 2, T = ns, maxctx = 0;
     int *ctx = malloc(ns * sizeof *ctx), nblk = 1;
+    CHECK(cuda_attention_prepare(D) == cudaSuccess); /* as the backend does at load */
     for (int i = 0; i < ns; i++) {
         ctx[i] = 1 + (i * 1543 + 77) % 2500;
         if (i == 0) ctx[i] = 1;
