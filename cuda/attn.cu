@@ -281,7 +281,12 @@ static __device__ __forceinline__ uint32_t pack_bf2(float lo, float hi)
  * stores (max, sum, acc) partials (log2 domain) and takes a ticket; the last
  * of the token's splits to finish merges all of them in split order and
  * writes the output, then resets the ticket to 0: no combine launch, and the
- * result does not depend on which split finished last. */
+ * result does not depend on which split finished last.
+ * The tile math runs on the tensor cores by default (TC: each warp copies its
+ * 32-key K and V tile into its own shared-memory stage with cp.async, then
+ * S^T = q K^T and O += P V by mma.m16n8k16 with the group's heads as the
+ * rows, P rounded to bf16 as in the prefill kernel); the SIMT math above is
+ * kept for SLUICE_CUDA_ATTN_DEC_TC=0. Both write the same partials. */
 #define DEC_NW 4
 /* Keys per warp tile of the tensor-core variant, and its shared memory: per
  * warp a K and a V stage [DEC_BN][D + 8] bf16, the warps' states Wa
@@ -320,8 +325,6 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
     __shared__ float Wm[DEC_NW][GM], Wl[DEC_NW][GM];
     __shared__ int last;
     extern __shared__ __align__(16) uint16_t dsm[]; /* TC: dec_tc_smem's layout */
-    pdl_trigger(); /* a PDL launch (pdl.cuh): the next kernel may start loading weights */
-    pdl_wait();
     int it = blockIdx.x;
     if (it >= *a.n_items) return;
     struct cuda_attn_item wi = a.items[it];
@@ -607,7 +610,10 @@ static cudaError_t launch_dec(const struct cuda_attn_args *a, cudaStream_t st)
     dim3 grid(a->max_items, a->KVH), blk(32 * DEC_NW);
     bool g4 = a->H / a->KVH <= 4;
     size_t sm = !TC ? 0 : g4 ? dec_tc_smem<D, 4>() : dec_tc_smem<D, 8>();
-    return pdl_launch(g4 ? attn_dec_kernel<D, 4, TC> : attn_dec_kernel<D, 8, TC>, grid, blk, sm, st, *a);
+    /* a plain launch, and no early trigger for the next kernel: letting the
+     * o projection's GEMV start loading weights while this kernel runs
+     * measured slower (BENCHMARKS.md: batch-1 decode 207.3 vs 217.5 tok/s) */
+    return pdl_launch_as(false, g4 ? attn_dec_kernel<D, 4, TC> : attn_dec_kernel<D, 8, TC>, grid, blk, sm, st, *a);
 }
 
 /* ---- tensor-core kernel (prefill tiles) -------------------------------------- */
@@ -892,19 +898,19 @@ static cudaError_t launch_tc(const struct cuda_attn_args *a, cudaStream_t st)
 
 extern "C" int cuda_attention_dec_ok(int D, int grp) { return (D == 64 || D == 128) && grp >= 1 && grp <= 8; }
 
-/* The decode kernel's tile math: SLUICE_CUDA_ATTN_DEC_TC=1 tensor cores,
- * 0 SIMT, unset: SIMT for a one-token step, tensor cores for more, which is
- * what measured fastest on the H200 (Llama-8B shape, BENCHMARKS.md: batch 1
- * 206.9 SIMT vs 203.0 tok/s; batch 8 / 64 / 256: 1246 / 8245 / 19185 SIMT vs
- * 1463 / 10202 / 21694 tok/s). Read at the first call. */
-static int dec_tc = -2;
-static bool dec_use_tc(int T)
+/* The decode kernel's tile math: tensor cores unless
+ * SLUICE_CUDA_ATTN_DEC_TC=0 (SIMT). Llama-8B shape on the H200
+ * (BENCHMARKS.md): batch 1 / 8 / 64 / 256 at 217.5 / 1478 / 10260 / 23493
+ * tok/s on the tensor cores against 206.4 / 1246 / 8245 / 19185 in SIMT.
+ * Read at the first call. */
+static int dec_tc = -1;
+static bool dec_use_tc(void)
 {
-    if (dec_tc == -2) {
+    if (dec_tc < 0) {
         const char *e = getenv("SLUICE_CUDA_ATTN_DEC_TC");
-        dec_tc = e && strcmp(e, "0") == 0 ? 0 : e && strcmp(e, "1") == 0 ? 1 : -1;
+        dec_tc = !(e && strcmp(e, "0") == 0);
     }
-    return dec_tc < 0 ? T > 1 : dec_tc;
+    return dec_tc;
 }
 extern "C" void cuda_attention_dec_select(int tc) { dec_tc = tc < 0 ? -1 : tc ? 1 : 0; }
 
@@ -916,7 +922,7 @@ extern "C" cudaError_t cuda_attention(const struct cuda_attn_args *a, cudaStream
     if (a->rope.qkv && (!dec || a->rope.D != a->D || a->rope.rope_dim > a->D || a->rope.H != a->H ||
                         a->rope.KVH != a->KVH || a->rope.kc != a->kc || a->rope.vc != a->vc))
         return cudaErrorInvalidValue; /* only the decode kernel folds RoPE in */
-    if (dec && dec_use_tc(a->T)) return a->D == 64 ? launch_dec<64, true>(a, st) : launch_dec<128, true>(a, st);
+    if (dec && dec_use_tc()) return a->D == 64 ? launch_dec<64, true>(a, st) : launch_dec<128, true>(a, st);
     if (dec) return a->D == 64 ? launch_dec<64, false>(a, st) : launch_dec<128, false>(a, st);
     if (a->max_rows > CUDA_ATTN_ROWS) {
         if (a->max_rows > CUDA_ATTN_TC_ROWS || !cuda_attention_tc_ok(a->D, a->H / a->KVH))

@@ -189,12 +189,15 @@ struct cuda_backend {
     bool graphs;                    /* SLUICE_CUDA_GRAPHS=0: off */
     bool gemv;                      /* our GEMV for <= CUDA_GEMV_MAX_T rows; SLUICE_CUDA_GEMV=0: cuBLAS */
     bool fused;                     /* decode steps (<= CUDA_GEMV_MAX_T tokens, one rank) through the fused
-                                       norm+GEMV, GEMV+SwiGLU and GEMV+residual kernels: SLUICE_CUDA_FUSED=1
-                                       (off by default: no faster on the H200, see BENCHMARKS.md) */
+                                       norm+GEMV, GEMV+SwiGLU and GEMV+residual kernels; SLUICE_CUDA_FUSED=0:
+                                       off (on the warp kernels they measured 217.5 -> 221.5 tok/s at batch 1,
+                                       BENCHMARKS.md) */
     int tc_rows;                    /* rows per prefill attention item on the tensor cores (64 or 128), 0 = off:
                                        SLUICE_CUDA_ATTN_TC=0|64|128 (128) */
     unsigned ablate;                /* ABL_* kernels left out of every step (SLUICE_CUDA_ABLATE, benchmarks
                                        only: the outputs are wrong) */
+    int dec_kmin;                   /* keys per split at least in the decode kernel: SLUICE_CUDA_DEC_KMIN
+                                       (128, a multiple of 128) */
     int dec_attn;                   /* decode-only steps of up to this many tokens take the decode attention
                                        kernel (SLUICE_CUDA_ATTN_DEC=N; 0: the SIMT kernel and its combine) */
     int bucket[NBUCKET], n_bucket;
@@ -580,11 +583,13 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     ge = getenv("SLUICE_CUDA_GEMV");
     b->gemv = !(ge && strcmp(ge, "0") == 0);
     ge = getenv("SLUICE_CUDA_FUSED");
-    b->fused = b->gemv && N == 1 && ge && strcmp(ge, "1") == 0 && c->n_embd % 8 == 0 && c->n_ff % 8 == 0 &&
+    b->fused = b->gemv && N == 1 && !(ge && strcmp(ge, "0") == 0) && c->n_embd % 8 == 0 && c->n_ff % 8 == 0 &&
                (c->n_head * c->head_dim) % 8 == 0 && (size_t)CUDA_GEMV_MAX_T * c->n_embd * 2 <= CUDA_GEMV_NORM_SMEM;
     ge = getenv("SLUICE_CUDA_ABLATE");
     b->ablate = ablate_parse(ge);
     if (b->ablate) fprintf(stderr, "cuda: SLUICE_CUDA_ABLATE=%s: kernels left out, outputs are wrong\n", ge);
+    ge = getenv("SLUICE_CUDA_DEC_KMIN");
+    b->dec_kmin = ge && atoi(ge) >= 128 ? atoi(ge) / 128 * 128 : 128;
     ge = getenv("SLUICE_CUDA_ATTN_DEC");
     b->dec_attn = ge && *ge ? atoi(ge) : CUDA_DEC_ATTN_MAX_T;
     ge = getenv("SLUICE_CUDA_ATTN_TC");
@@ -859,7 +864,7 @@ static size_t pack_step(struct cuda_backend *b, const struct step *s, int Tp, in
     int units = tiles * KVH, want = units >= 2 * b->n_sm ? 1 : (2 * b->n_sm + units - 1) / units;
     /* keys per split at least: the decode kernel's 4 warps take 32 each */
     bool dk = dec_kernel(b, decode, Tp);
-    int n = 0, part = 0, kmin = dk ? 128 : 64, kround = dk ? 128 : 32;
+    int n = 0, part = 0, kmin = dk ? b->dec_kmin : 64, kround = dk ? 128 : 32;
     for (int i = 0; i < s->n_seqs; i++) {
         const struct step_seq *q = &s->seqs[i];
         for (int t0 = q->query_start; t0 < q->query_start + q->query_len; t0 += qt) {

@@ -101,9 +101,9 @@ struct cuda_attn_args {
 /* 1 when the decode kernel takes head_dim D with grp heads per KV head. */
 int cuda_attention_dec_ok(int D, int grp);
 /* For benchmarks and tests: the decode kernel's tile math on the tensor
- * cores (tc 1), in SIMT (tc 0), or by the step's size (tc -1, the default:
- * SIMT for one token, tensor cores for more; SLUICE_CUDA_ATTN_DEC_TC=0|1 in
- * the environment). Call it outside graph capture. */
+ * cores (tc 1, the default) or in SIMT (tc 0; SLUICE_CUDA_ATTN_DEC_TC=0 in
+ * the environment); tc -1 rereads the environment. Call it outside graph
+ * capture. */
 void cuda_attention_dec_select(int tc);
 cudaError_t cuda_attention(const struct cuda_attn_args *a, cudaStream_t st);
 /* Raises the kernel's shared-memory limit for head_dim D; call once before

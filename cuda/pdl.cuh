@@ -9,7 +9,9 @@
  * and its writes are visible. Every thread of every block calls pdl_wait()
  * before it exits, so completion of a kernel still implies completion of
  * everything before it in the stream (a chain of early launches stays
- * ordered). On for sm_90 and later unless SLUICE_PDL=0; see gemv.cu. */
+ * ordered). On for sm_90 and later unless SLUICE_PDL=0; see gemv.cu. The
+ * decode attention kernel is launched plainly and lets nothing start early
+ * (attn.cu says why). */
 #ifndef SLUICE_CUDA_PDL_CUH
 #define SLUICE_CUDA_PDL_CUH
 
@@ -31,19 +33,27 @@ static __device__ __forceinline__ void pdl_wait(void)
 /* whether launches carry the PDL attribute (gemv.cu: SLUICE_PDL, sm_90+) */
 bool cuda_pdl_on(void);
 
-/* k<<<grid, block, smem, st>>>(args...), with the PDL attribute when on */
+/* k<<<grid, block, smem, st>>>(args...), with the PDL attribute when on and
+ * attr (a kernel launched without it still lets its successor start early
+ * when it calls pdl_trigger()) */
 template <typename... A, typename... B>
-static cudaError_t pdl_launch(void (*k)(A...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, B... args)
+static cudaError_t pdl_launch_as(bool attr, void (*k)(A...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                                 B... args)
 {
     cudaLaunchAttribute at[1];
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[0].val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = st;
-    cfg.attrs = at, cfg.numAttrs = cuda_pdl_on() ? 1 : 0;
+    cfg.attrs = at, cfg.numAttrs = attr && cuda_pdl_on() ? 1 : 0;
     cudaError_t e = cudaLaunchKernelEx(&cfg, k, ((A)args)...);
     cudaError_t l = cudaGetLastError(); /* clear what the launch recorded */
     return e != cudaSuccess ? e : l;
+}
+template <typename... A, typename... B>
+static cudaError_t pdl_launch(void (*k)(A...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, B... args)
+{
+    return pdl_launch_as(true, k, grid, block, smem, st, args...);
 }
 
 #endif
