@@ -572,6 +572,9 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     if (fe && sscanf(fe, "%d:%ld", &b->fault_rank, &b->fault_step) != 2) b->fault_rank = -1;
     fe = getenv("SLUICE_TP_SKIP_COMM");
     b->skip_comm = N > 1 && fe && strcmp(fe, "1") == 0;
+    /* programmatic dependent launch has been measured and verified on one
+     * GPU only: with N > 1 the kernels are launched plainly */
+    if (N > 1) cuda_gemv_select(-1, 0, -1);
     if (b->skip_comm) fprintf(stderr, "cuda: SLUICE_TP_SKIP_COMM=1: collectives left out, outputs are wrong\n");
     b->max_tokens = opts && opts->max_tokens_per_step > 0 ? opts->max_tokens_per_step : 2048;
     b->max_seqs = opts && opts->max_seqs_per_step > 0 ? opts->max_seqs_per_step : 256;

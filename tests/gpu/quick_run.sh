@@ -11,8 +11,7 @@ grep -E "FAIL|failed:" "$L/e2e_tp1.log" "$L/engine_tp1.log" | head
 t bench_gpu 60 build/tests/gpu/bench_gpu; grep -E "decode|prefill" "$L/bench_gpu.log"
 t dec_off 30 env SLUICE_CUDA_ATTN_DEC=0 SLUICE_BENCH_ONLY=decode build/tests/gpu/bench_gpu; grep -E "decode" "$L/dec_off.log"
 t dec_simt 60 env SLUICE_CUDA_ATTN_DEC_TC=0 build/tests/gpu/bench_gpu; grep -E "decode" "$L/dec_simt.log"
-t dec_fused 30 env SLUICE_CUDA_FUSED=1 SLUICE_BENCH_ONLY=decode build/tests/gpu/bench_gpu; grep -E "decode" "$L/dec_fused.log"
-t dec_fused_simt 30 env SLUICE_CUDA_FUSED=1 SLUICE_CUDA_ATTN_DEC_TC=0 SLUICE_BENCH_ONLY=decode build/tests/gpu/bench_gpu; grep -E "decode" "$L/dec_fused_simt.log"
+t dec_unfused 30 env SLUICE_CUDA_FUSED=0 SLUICE_BENCH_ONLY=decode build/tests/gpu/bench_gpu; grep -E "decode" "$L/dec_unfused.log"
 if [ "${ngpu:-0}" -ge 2 ]; then
   t engine_tp2 60 env SLUICE_TEST_TP=2 SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3 build/tests/test_engine
   t e2e_tp2_vs_tp1 60 env SLUICE_TEST_TP=2 SLUICE_TEST_REF=cuda build/tests/gpu/test_gpu_e2e
