@@ -266,6 +266,46 @@ static __device__ __forceinline__ uint32_t pack_bf2(float lo, float hi)
     return *reinterpret_cast<uint32_t *>(&v);
 }
 
+/* S = Q K^T for a tile of 8 NT keys staged at kb ([keys][DP] bf16), Q's A
+ * fragments qf over KC 16-dim chunks; kofs: this lane's ldmatrix offset */
+template <int NT, int KC, int DP>
+static __device__ __forceinline__ void tile_scores(float (&s)[NT][4], const uint32_t (&qf)[KC][4], uint32_t kb,
+                                                   int kofs)
+{
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+    for (int kc = 0; kc < KC; kc++)
+#pragma unroll
+        for (int np = 0; np < NT / 2; np++) {
+            uint32_t b[4];
+            ldsm_x4(kb + (kofs + np * 16 * DP + kc * 16) * 2, b);
+            mma_bf16(s[2 * np], qf[kc], b[0], b[1]);
+            mma_bf16(s[2 * np + 1], qf[kc], b[2], b[3]);
+        }
+}
+
+/* O += P V for the tile's V staged at vb: S's C fragments of key tiles 2kk,
+ * 2kk + 1 (now P) are P's A fragment (LO: rows 8-15 are zero rows, their P
+ * is 0); vofs: this lane's ldmatrix offset */
+template <int NT, int DT, int DP, bool LO>
+static __device__ __forceinline__ void tile_pv(float (&o)[DT][4], const float (&s)[NT][4], uint32_t vb, int vofs)
+{
+#pragma unroll
+    for (int kk = 0; kk < NT / 2; kk++) {
+        uint32_t pa[4] = {pack_bf2(s[2 * kk][0], s[2 * kk][1]), LO ? 0u : pack_bf2(s[2 * kk][2], s[2 * kk][3]),
+                          pack_bf2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                          LO ? 0u : pack_bf2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+        for (int dp = 0; dp < DT / 2; dp++) {
+            uint32_t b[4];
+            ldsm_x4_t(vb + (vofs + kk * 16 * DP + dp * 16) * 2, b);
+            mma_bf16(o[2 * dp], pa, b[0], b[1]);
+            mma_bf16(o[2 * dp + 1], pa, b[2], b[3]);
+        }
+    }
+}
+
 /* ---- decode kernel ------------------------------------------------------------
  *
  * Decode-only steps (one query token per item, its grp <= 8 heads; D 64 or
@@ -483,17 +523,7 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
             cp_async_wait<0>();
             __syncwarp();
             float s[NT][4];
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-#pragma unroll
-            for (int kc = 0; kc < KC; kc++)
-#pragma unroll
-                for (int np = 0; np < NT / 2; np++) {
-                    uint32_t b[4];
-                    ldsm_x4(kb + (kofs + np * 16 * DP + kc * 16) * 2, b);
-                    mma_bf16(s[2 * np], qf[kc], b[0], b[1]);
-                    mma_bf16(s[2 * np + 1], qf[kc], b[2], b[3]);
-                }
+            tile_scores<NT, KC, DP>(s, qf, kb, kofs);
             /* keys past hi (zeros in the stage) out; rows gq + 8 are zero rows */
             float x0 = -INFINITY;
 #pragma unroll
@@ -518,18 +548,7 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
                 s[nt][2] = s[nt][3] = 0.0f;
                 l0 += s[nt][0] + s[nt][1];
             }
-#pragma unroll
-            for (int kk = 0; kk < NT / 2; kk++) {
-                uint32_t pa[4] = {pack_bf2(s[2 * kk][0], s[2 * kk][1]), 0u, pack_bf2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                  0u};
-#pragma unroll
-                for (int dp = 0; dp < DT / 2; dp++) {
-                    uint32_t b[4];
-                    ldsm_x4_t(vb + (vofs + kk * 16 * DP + dp * 16) * 2, b);
-                    mma_bf16(o[2 * dp], pa, b[0], b[1]);
-                    mma_bf16(o[2 * dp + 1], pa, b[2], b[3]);
-                }
-            }
+            tile_pv<NT, DT, DP, true>(o, s, vb, vofs);
             __syncwarp(); /* the stage is read: the next tile may overwrite it */
         }
         l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
@@ -719,17 +738,7 @@ static __global__ void __launch_bounds__(32 * NW, TC_MINB(D, NW)) attn_tc_kernel
         const uint32_t kb = smem_u32((ti & 1) ? stg1 : tsm), vb = kb + TC_BN * DP * 2;
 
         float s[NT][4];
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-#pragma unroll
-        for (int kc = 0; kc < KC; kc++)
-#pragma unroll
-            for (int np = 0; np < NT / 2; np++) {
-                uint32_t b[4];
-                ldsm_x4(kb + (kofs + np * 16 * DP + kc * 16) * 2, b);
-                mma_bf16(s[2 * np], qf[kc], b[0], b[1]);
-                mma_bf16(s[2 * np + 1], qf[kc], b[2], b[3]);
-            }
+        tile_scores<NT, KC, DP>(s, qf, kb, kofs);
         if (k0 + TC_BN > wi.kv_hi || k0 + TC_BN - 1 > wmin) { /* warp-uniform */
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
@@ -767,20 +776,7 @@ static __global__ void __launch_bounds__(32 * NW, TC_MINB(D, NW)) attn_tc_kernel
             l0 += s[nt][0] + s[nt][1];
             l1 += s[nt][2] + s[nt][3];
         }
-        /* O += P V: S's C fragments of key tiles 2kk, 2kk+1 are P's A fragment */
-#pragma unroll
-        for (int kk = 0; kk < NT / 2; kk++) {
-            uint32_t pa[4] = {pack_bf2(s[2 * kk][0], s[2 * kk][1]), pack_bf2(s[2 * kk][2], s[2 * kk][3]),
-                              pack_bf2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              pack_bf2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-            for (int dp = 0; dp < DT / 2; dp++) {
-                uint32_t b[4];
-                ldsm_x4_t(vb + (vofs + kk * 16 * DP + dp * 16) * 2, b);
-                mma_bf16(o[2 * dp], pa, b[0], b[1]);
-                mma_bf16(o[2 * dp + 1], pa, b[2], b[3]);
-            }
-        }
+        tile_pv<NT, DT, DP, false>(o, s, vb, vofs);
     }
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
