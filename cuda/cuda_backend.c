@@ -188,7 +188,7 @@ struct cuda_backend {
 
     bool graphs;                    /* SLUICE_CUDA_GRAPHS=0: off */
     bool gemv;                      /* our GEMV for <= CUDA_GEMV_MAX_T rows; SLUICE_CUDA_GEMV=0: cuBLAS */
-    bool fused;                     /* decode steps (<= CUDA_GEMV_MAX_T tokens, one rank) through the fused
+    bool fused;                     /* one-token decode steps (one rank) through the fused
                                        norm+GEMV, GEMV+SwiGLU and GEMV+residual kernels; SLUICE_CUDA_FUSED=0:
                                        off (on the warp kernels they measured 217.5 -> 221.5 tok/s at batch 1,
                                        BENCHMARKS.md) */
@@ -950,10 +950,13 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
         CK(cuda_embed_shard(k->tok_embd, DIN(k, ids, int32_t), T, E, k->v0, k->vn, k->x, st));
         if (!b->skip_comm) NC(ncclAllReduce(k->x, k->x, (size_t)T * E, ncclFloat, ncclSum, k->comm, st));
     }
-    /* decode of a few tokens on one GPU: the norms ride in the GEMV prologues,
+    /* decode of one token on one GPU: the norms ride in the GEMV prologues,
      * SwiGLU and the residual adds in their epilogues (bit-identical to the
-     * unfused kernels); x then already holds every layer's output */
-    bool fz = b->fused && T <= CUDA_GEMV_MAX_T;
+     * unfused kernels); x then already holds every layer's output. Only at
+     * T = 1, where the GEMVs are warp kernels: at 2-4 tokens the fused
+     * (block) kernels measured slower than the unfused persistent ones
+     * (BENCHMARKS.md, 164.4 vs 148.4 us per layer at T = 4) */
+    bool fz = b->fused && T == 1;
     for (int l = 0; l < c->n_layer; l++) {
         const struct clayer *L = &k->L[l];
         /* the previous layer's MLP output joins the residual here */
