@@ -409,7 +409,6 @@ static unsigned ablate_parse(const char *s)
     return m;
 }
 
-
 /* Rank k's part of creation, on its own thread: stream, cuBLAS, its shard
  * of the weights, RoPE tables and activations. */
 static int rank_init(struct rank *k, char *err, size_t errlen)

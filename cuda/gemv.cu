@@ -2,8 +2,10 @@
  * decode fusions (kernels.h): the residual add in the epilogue, SwiGLU in the
  * epilogue of the gate|up projection, RMSNorm in the prologue.
  *
- * Two kernels. The "warp" kernel (the first one, kept for small `in` and for
- * comparison) streams one weight row per warp. The "block" kernel gives a
+ * Two kernels, each with every epilogue and the norm prologue. The "warp"
+ * kernel streams one weight row per warp (two for SwiGLU: gate and up); it
+ * is the one-token decode kernel and the one for short rows. The "block"
+ * kernel gives a
  * block of 256 threads RB rows at once and splits K over all 256 threads:
  * thread i takes 16-byte chunks i, i + 256, i + 512, ... of every row, so
  * for in = 4096 the whole group (RB rows x 8 KB) is one batch of RB*2 loads
@@ -16,8 +18,12 @@
  * Summation order: per output, thread i sums its chunks in K order (f32
  * fma), the 32 lanes combine by the xor butterfly 16, 8, 4, 2, 1, then the 8
  * warps in warp order. The order depends on nothing but `in`, so every block
- * kernel variant and fusion gives bit-identical sums for the same W and x:
- * the tests rely on that.
+ * kernel variant and fusion gives bit-identical sums for the same W and x;
+ * in the warp kernel lane l sums chunks l, l + 32, ... in K order and the
+ * lanes combine by the same butterfly, whatever the epilogue. Every
+ * launcher picks between the two kernels by the same rule (use_warp), so a
+ * fusion is bit for bit the unfused kernels it replaces: the tests rely on
+ * that.
  *
  * Programmatic dependent launch (sm_90, pdl.cuh): every kernel here lets the
  * next kernel launch as soon as all of its blocks are running
