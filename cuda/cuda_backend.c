@@ -572,8 +572,10 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     fe = getenv("SLUICE_TP_SKIP_COMM");
     b->skip_comm = N > 1 && fe && strcmp(fe, "1") == 0;
     /* programmatic dependent launch has been measured and verified on one
-     * GPU only: with N > 1 the kernels are launched plainly */
-    if (N > 1) cuda_gemv_select(-1, 0, -1);
+     * GPU only: with N > 1 the kernels are launched plainly unless
+     * SLUICE_PDL=1 asks for it */
+    fe = getenv("SLUICE_PDL");
+    if (N > 1 && !(fe && strcmp(fe, "1") == 0)) cuda_gemv_select(-1, 0, -1);
     if (b->skip_comm) fprintf(stderr, "cuda: SLUICE_TP_SKIP_COMM=1: collectives left out, outputs are wrong\n");
     b->max_tokens = opts && opts->max_tokens_per_step > 0 ? opts->max_tokens_per_step : 2048;
     b->max_seqs = opts && opts->max_seqs_per_step > 0 ? opts->max_seqs_per_step : 256;
