@@ -383,8 +383,8 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
     int hi = wi.kv_hi < a.pos[t] + 1 ? wi.kv_hi : a.pos[t] + 1;
     /* TC: the first tile's keys are requested before q is ready (they hold
      * no new token: the warp that has it loads after the KV write below) */
-    int p = a.pos[t];
-    bool own = a.rope.qkv && p >= wi.kv_lo && p < wi.kv_hi; /* this split writes the token's K and V */
+    int tpos = a.pos[t];
+    bool own = a.rope.qkv && tpos >= wi.kv_lo && tpos < wi.kv_hi; /* this split writes the token's K and V */
     if (TC && !own && wi.kv_lo + DEC_BN * w < hi) dec_load_kv<D>(a, bt, g, wi.kv_lo + DEC_BN * w, hi, stage);
     /* q of this block's heads: from the raw projection through RoPE when
      * it is folded in (and the split that holds the token's position writes

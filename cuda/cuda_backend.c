@@ -999,11 +999,11 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
         if (!(ab & ABL_O) && proj_rows(k, k->att, L->wo, T, Q, E, err, errlen)) goto fail;
         if (!(ab & ABL_NORM))
             CK(cuda_add_rmsnorm(k->x, k->delta, L->ffn_norm, NULL, T, E, c->norm_eps, k->xn, st));
-        if (ab & ABL_GU) {
-        } else if (b->gemv && T <= CUDA_GEMV_MAX_T && E % 8 == 0) {
+        bool gu_gemv = b->gemv && T <= CUDA_GEMV_MAX_T && E % 8 == 0;
+        if (!(ab & ABL_GU) && gu_gemv) {
             /* SwiGLU in the GEMV's epilogue: bit for bit the two kernels below */
             CK(cuda_gemv_swiglu(L->wgu, k->xn, k->h, T, E, F, st));
-        } else {
+        } else if (!(ab & ABL_GU)) {
             CB(gemm(k, k->xn, L->wgu, k->gu, false, T, E, 2 * F));
             CK(cuda_swiglu(k->gu, T, F, k->h, st));
         }

@@ -437,7 +437,6 @@ static cudaError_t launch_warp1(const gemv_params &p, int T, cudaStream_t st)
 template <int EPI, bool NORM>
 static cudaError_t launch_warp(const gemv_params &p, int T, cudaStream_t st)
 {
-    if (p.out == 0) return cudaSuccess;
     int ch = warp_ch(p.in);
     if constexpr (EPI != EPI_SWIGLU)
         if (ch == 16) return launch_warp1<EPI, NORM, 16>(p, T, st);

@@ -673,19 +673,6 @@ static void test_attention(void)
  * (one key, empty ones, 32 over a long context), batches of sequences, block
  * sizes 1/16/32; a step launched twice (tickets reset by the first launch).
  * Shapes it does not take (D 256, mixed steps) still run, on the SIMT kernel. */
-static void attention_decode_cases(void);
-static void test_attention_decode(void)
-{
-    g_dec = true;
-    for (int tc = 1; tc >= 0; tc--) {
-        cuda_attention_dec_select(tc);
-        printf("  decode kernel on %s\n", tc ? "the tensor cores" : "SIMT");
-        attention_decode_cases();
-    }
-    cuda_attention_dec_select(-1);
-    g_dec = false;
-}
-
 static void attention_decode_cases(void)
 {
     struct aseq decode[] = {{1025, 1}, {7, 1}, {100000, 1}, {129, 1}, {128, 1}, {1, 1}};
@@ -705,6 +692,24 @@ static void attention_decode_cases(void)
     struct aseq gqa8[] = {{500, 77}, {64, 1}};
     attn_case("dec: mixed step (SIMT kernel)", 16, 2, 128, 16, gqa8, 2, 2);
     attn_case("dec: head_dim 256 (SIMT kernel)", 16, 2, 256, 16, decode, 6, 4);
+}
+
+/* cases() with the decode kernel's tile math on the tensor cores, then in SIMT */
+static void both_decode_maths(void (*cases)(void))
+{
+    for (int tc = 1; tc >= 0; tc--) {
+        cuda_attention_dec_select(tc);
+        printf("  decode kernel on %s\n", tc ? "the tensor cores" : "SIMT");
+        cases();
+    }
+    cuda_attention_dec_select(-1);
+}
+
+static void test_attention_decode(void)
+{
+    g_dec = true;
+    both_decode_maths(attention_decode_cases);
+    g_dec = false;
 }
 
 /* RoPE folded into the decode kernel (args.rope) against the unfused chain,
@@ -810,17 +815,6 @@ static void rope_fold_case(const char *name, int H, int KVH, int D, int bs, int 
     for (int f = 0; f < 2; f++) cudaFree(out[f]), cudaFree(kv[f][0]), cudaFree(kv[f][1]);
 }
 
-static void rope_fold_cases(void);
-static void test_attention_rope_fold(void)
-{
-    for (int tc = 1; tc >= 0; tc--) {
-        cuda_attention_dec_select(tc);
-        printf("  decode kernel on %s\n", tc ? "the tensor cores" : "SIMT");
-        rope_fold_cases();
-    }
-    cuda_attention_dec_select(-1);
-}
-
 static void rope_fold_cases(void)
 {
     rope_fold_case("llama", 32, 8, 128, 16, 128, false, false, false, 3, 1);
@@ -835,6 +829,8 @@ static void rope_fold_cases(void)
     bad.cnt = &one, bad.rope.qkv = (const uint16_t *)&one;
     CHECK(cuda_attention(&bad, 0) == cudaErrorInvalidValue);
 }
+
+static void test_attention_rope_fold(void) { both_decode_maths(rope_fold_cases); }
 
 /* The tensor-core kernel on prefill-shaped steps: whole prompts, chunks over
  * a cached prefix (a chunk starting at a non-zero position), odd lengths,
