@@ -53,7 +53,7 @@ int api_cmd_flags(const char *name, const char *usage, int argc, char **argv, in
 /* vLLM flags accepted for compatibility (api/compat.c); NULL/false = not given. */
 struct api_vllm_flags {
     const char *compilation_config, *speculative_config, *hf_overrides;
-    const char *kv_cache_dtype, *dtype, *swap_space, *seed;
+    const char *dtype, *swap_space, *seed;
     const char *uvicorn_log_level, *max_logprobs;
     bool enforce_eager, disable_log_requests, disable_log_stats, disable_uvicorn_access_log;
 };

@@ -406,7 +406,7 @@ static const char USAGE[] =
 int api_cmd_run_batch(int argc, char **argv)
 {
     const char *chat_template = NULL, *model_path = NULL, *in_path = NULL, *out_path = NULL, *served = NULL, *kv_mem = NULL,
-               *device = NULL, *load_format = NULL, *tok_path = NULL;
+               *device = NULL, *load_format = NULL, *tok_path = NULL, *kv_dtype = NULL;
     long max_num_seqs = 0, max_batched = 0, max_model_len = 0, block_size = 16, threads = 0, tp = 1;
     double batch_share = 0.1, gpu_util = 0.9;
     bool prefix = true, quiet = false, timings = false;
@@ -426,6 +426,7 @@ int api_cmd_run_batch(int argc, char **argv)
         {"--kv-cache-memory", API_FLAG_STR, &kv_mem,
          "KV cache size, bytes with K/M/G suffix (CPU: 2G; GPU: from --gpu-memory-utilization)", NULL},
         {"--gpu-memory-utilization", API_FLAG_FLOAT, &gpu_util, "GPU memory fraction for weights + KV (0.9)", NULL},
+        {"--kv-cache-dtype", API_FLAG_STR, &kv_dtype, "auto, or fp8 (= fp8_e4m3; GPU): half the KV bytes", NULL},
         {"--min-batch-share", API_FLAG_FLOAT, &batch_share, "budget share kept for batch work (0.1)", NULL},
         {"--device", API_FLAG_STR, &device, "cpu or cuda (default: cuda when available)", NULL},
         {"--tensor-parallel-size", API_FLAG_INT, &tp, "GPUs the model is split across (1)", NULL},
@@ -463,6 +464,12 @@ int api_cmd_run_batch(int argc, char **argv)
         gpu_util > 1) {
         fprintf(stderr, "sluice run-batch: need --max-num-seqs >= 1, --max-num-batched-tokens >= --max-num-seqs, "
                         "--block-size 1..1024, --min-batch-share 0..1, --gpu-memory-utilization in (0, 1]\n");
+        return 2;
+    }
+    struct model_backend_opts bo = {.kv_cache_dtype = kv_dtype};
+    bool kv8;
+    if (model_kv_dtype(&bo, device ? device : model_cuda_available() ? "cuda" : "cpu", &kv8, err, sizeof err)) {
+        fprintf(stderr, "sluice run-batch: %s\n", err);
         return 2;
     }
 
@@ -511,10 +518,10 @@ int api_cmd_run_batch(int argc, char **argv)
     eo.kv_cache_bytes = (size_t)kv_bytes;
     eo.enable_prefix_caching = prefix;
     sched_engine_defaults(b.m, &eo);
-    struct model_backend_opts bo = {
+    bo = (struct model_backend_opts){
         .device = device, .n_threads = (int)threads, .max_tokens_per_step = eo.sched.max_num_batched_tokens,
         .max_seqs_per_step = eo.sched.max_num_seqs, .max_ctx = eo.sched.max_model_len,
-        .tensor_parallel_size = (int)tp,
+        .tensor_parallel_size = (int)tp, .kv_cache_dtype = kv_dtype,
     };
     be = model_backend_create(b.m, &bo, err, sizeof err);
     if (!be) goto fail_msg;

@@ -79,8 +79,6 @@ int api_vllm_compat(const struct api_vllm_flags *f, char *err, size_t errlen)
         if (parse_json_flag("--hf-overrides", f->hf_overrides, &d, err, errlen)) return -1;
         json_free(&d); /* applied by the loader, which reports keys it cannot apply */
     }
-    if (f->kv_cache_dtype && strcmp(f->kv_cache_dtype, "auto"))
-        note("--kv-cache-dtype", f->kv_cache_dtype, "the KV cache is stored in the model dtype (bf16 on GPU, f32 on CPU)");
     if (f->dtype && strcmp(f->dtype, "auto") && strcmp(f->dtype, "bfloat16"))
         note("--dtype", f->dtype, "weights and activations are bf16 on GPU and f32 on CPU");
     if (f->swap_space) note("--swap-space", f->swap_space, "preempted sequences are recomputed, never swapped to host memory");

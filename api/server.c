@@ -73,6 +73,7 @@ static void *load_main(void *arg)
         .max_seqs_per_step = eo.sched.max_num_seqs,
         .max_ctx = eo.sched.max_model_len,
         .tensor_parallel_size = (int)s->o.tensor_parallel_size,
+        .kv_cache_dtype = s->o.kv_cache_dtype,
     };
     s->be = model_backend_create(s->m, &bo, err, sizeof err);
     if (!s->be) goto fail;
@@ -492,7 +493,7 @@ int api_cmd_serve(int argc, char **argv)
         {"--hf-overrides", API_FLAG_STR, &vf.hf_overrides, "JSON applied to the model config (vLLM)", NULL},
         {"--compilation-config", API_FLAG_STR, &vf.compilation_config, "JSON; cudagraph_mode honoured as far as it can be", NULL},
         {"--speculative-config", API_FLAG_STR, &vf.speculative_config, "JSON; accepted, reported as not implemented", NULL},
-        {"--kv-cache-dtype", API_FLAG_STR, &vf.kv_cache_dtype, "auto (others reported and ignored)", NULL},
+        {"--kv-cache-dtype", API_FLAG_STR, &o->kv_cache_dtype, "auto, or fp8 (= fp8_e4m3; GPU): half the KV bytes", NULL},
         {"--dtype", API_FLAG_STR, &vf.dtype, "auto/bfloat16 (others reported and ignored)", NULL},
         {"--swap-space", API_FLAG_STR, &vf.swap_space, "accepted; preemption recomputes instead", NULL},
         {"--seed", API_FLAG_STR, &vf.seed, "accepted; requests carry their own seeds", NULL},
@@ -565,6 +566,12 @@ int api_cmd_serve(int argc, char **argv)
     if (o->tensor_parallel_size > 1 && (o->device ? strcmp(o->device, "cuda") : !model_cuda_available())) {
         fprintf(stderr, "sluice serve: --tensor-parallel-size %ld needs --device cuda and that many GPUs%s\n",
                 o->tensor_parallel_size, model_cuda_available() ? "" : " (this build or host has no GPU)");
+        return 2;
+    }
+    bool kv8;
+    struct model_backend_opts kvo = {.kv_cache_dtype = o->kv_cache_dtype};
+    if (model_kv_dtype(&kvo, o->device ? o->device : model_cuda_available() ? "cuda" : "cpu", &kv8, err, sizeof err)) {
+        fprintf(stderr, "sluice serve: %s\n", err);
         return 2;
     }
     s->model_name = o->served_model_name ? o->served_model_name : o->model;

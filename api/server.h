@@ -44,6 +44,7 @@ struct server_opts {
     double gpu_memory_utilization;
     long tensor_parallel_size;
     const char *kv_cache_memory;
+    const char *kv_cache_dtype; /* auto, fp8, fp8_e4m3 (model_kv_dtype) */
     const char *device;
     long threads;
     long max_body_bytes;        /* JSON request bodies */

@@ -53,7 +53,7 @@
 /* RPW: query rows per warp, so an item holds at most WARPS * RPW rows: 8 for
  * prefill tiles (32 rows), 1 or 2 for decode (one token's group of heads),
  * so a decode item computes no dead rows. */
-template <int DPL, int RPW>
+template <int DPL, int RPW, bool KV8>
 static __global__ void __launch_bounds__(32 * WARPS) attn_kernel(struct cuda_attn_args a)
 {
     extern __shared__ float smem[];
@@ -102,10 +102,16 @@ static __global__ void __launch_bounds__(32 * WARPS) attn_kernel(struct cuda_att
             if (kp < wi.kv_hi) {
                 int64_t slot = (int64_t)bt[kp / bs] * bs + kp % bs;
                 size_t off = ((size_t)slot * a.KVH + g) * D + c * 8;
-                uint4 kr = *(const uint4 *)(a.kc + off), vr = *(const uint4 *)(a.vc + off);
-                const uint16_t *kh = (const uint16_t *)&kr, *vh = (const uint16_t *)&vr;
+                if constexpr (KV8) {
+                    e4m3x8_to_f(*(const uint2 *)((const uint8_t *)a.kc + off), kf);
+                    e4m3x8_to_f(*(const uint2 *)((const uint8_t *)a.vc + off), vf);
+                } else {
+                    uint4 kr = *(const uint4 *)((const uint16_t *)a.kc + off);
+                    uint4 vr = *(const uint4 *)((const uint16_t *)a.vc + off);
+                    const uint16_t *kh = (const uint16_t *)&kr, *vh = (const uint16_t *)&vr;
 #pragma unroll
-                for (int e = 0; e < 8; e++) kf[e] = bf2f(kh[e]), vf[e] = bf2f(vh[e]);
+                    for (int e = 0; e < 8; e++) kf[e] = bf2f(kh[e]), vf[e] = bf2f(vh[e]);
+                }
             } else {
 #pragma unroll
                 for (int e = 0; e < 8; e++) kf[e] = 0.0f, vf[e] = 0.0f;
@@ -266,6 +272,52 @@ static __device__ __forceinline__ uint32_t pack_bf2(float lo, float hi)
     return *reinterpret_cast<uint32_t *>(&v);
 }
 
+/* fp8 KV (args.kv8): a tile's K and V rows (ROWS of them: K rows, then V
+ * rows) arrive by cp.async as D bytes each at byte kv8_off of their stage,
+ * past the bf16 rows [ROWS][D + 8] the math reads, and are widened into those
+ * rows in place, in row order. A bf16 row r ends at byte 2r(D + 8) + 2D,
+ * never past the first fp8 byte of row r + 1 (kv8_off + (r + 1) D), so
+ * widening any leading run of chunks overwrites only bytes already read. */
+template <int D, int ROWS>
+static __host__ __device__ constexpr int kv8_off(void)
+{
+    return ROWS * (D + 8) * 2 - ROWS * D;
+}
+/* The widening, by NTHR threads: a warp (its lanes; BLOCK false) or the
+ * whole block. In rounds: every thread reads its chunks of the round, all
+ * synchronize, then write them as bf16; ends synchronized. */
+template <int D, int ROWS, int NTHR, bool BLOCK>
+static __device__ __forceinline__ void kv8_widen(uint16_t *stage)
+{
+    constexpr int CPR = D / 16, PER = ROWS * CPR / NTHR, RC = PER < 4 ? PER : 4;
+    static_assert(ROWS * CPR % NTHR == 0 && PER % RC == 0, "chunks split evenly");
+    const uint8_t *src = (const uint8_t *)stage + kv8_off<D, ROWS>();
+    const int tid = BLOCK ? threadIdx.x : threadIdx.x & 31;
+#pragma unroll
+    for (int r0 = 0; r0 < PER; r0 += RC) {
+        uint4 v[RC];
+#pragma unroll
+        for (int k = 0; k < RC; k++) v[k] = *(const uint4 *)(src + (size_t)((r0 + k) * NTHR + tid) * 16);
+        if (BLOCK)
+            __syncthreads();
+        else
+            __syncwarp();
+#pragma unroll
+        for (int k = 0; k < RC; k++) {
+            int c = (r0 + k) * NTHR + tid, row = c / CPR, col = c % CPR * 16;
+            const uint16_t *h = (const uint16_t *)&v[k];
+            uint4 lo = make_uint4(e4m3x2_to_bf2(h[0]), e4m3x2_to_bf2(h[1]), e4m3x2_to_bf2(h[2]), e4m3x2_to_bf2(h[3]));
+            uint4 hi = make_uint4(e4m3x2_to_bf2(h[4]), e4m3x2_to_bf2(h[5]), e4m3x2_to_bf2(h[6]), e4m3x2_to_bf2(h[7]));
+            *(uint4 *)(stage + row * (D + 8) + col) = lo;
+            *(uint4 *)(stage + row * (D + 8) + col + 8) = hi;
+        }
+        if (BLOCK)
+            __syncthreads();
+        else
+            __syncwarp();
+    }
+}
+
 /* S = Q K^T for a tile of 8 NT keys staged at kb ([keys][DP] bf16), Q's A
  * fragments qf over KC 16-dim chunks; kofs: this lane's ldmatrix offset */
 template <int NT, int KC, int DP>
@@ -340,27 +392,33 @@ static constexpr size_t dec_tc_smem(void)
 
 /* One warp's keys [k0, k0 + DEC_BN) of head group g into its K stage ks and
  * V stage ks + DEC_BN * (D + 8), zeros past hi; committed, not waited for. */
-template <int D>
+template <int D, bool KV8>
 static __device__ __forceinline__ void dec_load_kv(const struct cuda_attn_args &a, const int32_t *bt, int g, int k0,
                                                    int hi, uint16_t *ks)
 {
-    constexpr int DP = D + 8, CH = D / 8;
+    /* 16-byte chunks: 8 bf16 elements into the rows [DEC_BN][D + 8], or 16
+     * fp8 ones into the packed rows [DEC_BN][D] at kv8_off (EPC: elements
+     * per chunk, RS, ES: elements per staged row, bytes per element) */
+    constexpr int EPC = KV8 ? 16 : 8, CH = D / EPC, RS = KV8 ? D : D + 8, ES = KV8 ? 1 : 2;
+    uint8_t *st = (uint8_t *)ks + (KV8 ? kv8_off<D, 2 * DEC_BN>() : 0);
+    const uint8_t *kc = (const uint8_t *)a.kc, *vc = (const uint8_t *)a.vc;
     int lane = threadIdx.x & 31, bs = a.block_size, kp = k0 + lane;
     long long slot = kp < hi ? (long long)bt[kp / bs] * bs + kp % bs : -1;
 #pragma unroll
     for (int u = 0; u < DEC_BN * CH / 32; u++) {
         int i = u * 32 + lane, j = i / CH, c = i % CH;
         long long sj = __shfl_sync(0xffffffffu, slot, j);
-        size_t off = sj >= 0 ? ((size_t)sj * a.KVH + g) * D + c * 8 : 0;
-        cp_async16(smem_u32(ks + j * DP + c * 8), a.kc + off, sj >= 0);
-        cp_async16(smem_u32(ks + (DEC_BN + j) * DP + c * 8), a.vc + off, sj >= 0);
+        size_t off = sj >= 0 ? (((size_t)sj * a.KVH + g) * D + c * EPC) * ES : 0;
+        cp_async16(smem_u32(st + (j * RS + c * EPC) * ES), kc + off, sj >= 0);
+        cp_async16(smem_u32(st + ((DEC_BN + j) * RS + c * EPC) * ES), vc + off, sj >= 0);
     }
     cp_async_commit();
 }
 
-template <int D, int GM, bool TC>
+template <int D, int GM, bool TC, bool KV8>
 static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cuda_attn_args a)
 {
+    static_assert(TC || !KV8, "the fp8 KV cache takes the tensor-core math");
     constexpr int DPL = D / 32, NC = D / 8, DP = D + 8;
     __shared__ float Wm[DEC_NW][GM], Wl[DEC_NW][GM];
     __shared__ int last;
@@ -385,7 +443,7 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
      * no new token: the warp that has it loads after the KV write below) */
     int tpos = a.pos[t];
     bool own = a.rope.qkv && tpos >= wi.kv_lo && tpos < wi.kv_hi; /* this split writes the token's K and V */
-    if (TC && !own && wi.kv_lo + DEC_BN * w < hi) dec_load_kv<D>(a, bt, g, wi.kv_lo + DEC_BN * w, hi, stage);
+    if (TC && !own && wi.kv_lo + DEC_BN * w < hi) dec_load_kv<D, KV8>(a, bt, g, wi.kv_lo + DEC_BN * w, hi, stage);
     /* q of this block's heads: from the raw projection through RoPE when
      * it is folded in (and the split that holds the token's position writes
      * its K and V, before any warp of this block reads them; no other block
@@ -393,10 +451,10 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
     __shared__ uint16_t Qb[GM][D];
     if (a.rope.qkv) {
         __shared__ float Rv[DEC_NW][D];
-        for (int r = w; r < grp; r += DEC_NW) rope_head(a.rope, t, g * grp + r, Rv[w], Qb[r]);
+        for (int r = w; r < grp; r += DEC_NW) rope_head(a.rope, t, g * grp + r, Rv[w], Qb[r], false);
         if (own && w < 2) {
-            size_t off = ((size_t)a.rope.slots[t] * KVH + g) * D;
-            rope_head(a.rope, t, a.H + w * KVH + g, Rv[w], (w ? a.rope.vc : a.rope.kc) + off);
+            size_t off = ((size_t)a.rope.slots[t] * KVH + g) * D * (KV8 ? 1 : 2);
+            rope_head(a.rope, t, a.H + w * KVH + g, Rv[w], (char *)(w ? a.rope.vc : a.rope.kc) + off, KV8);
         }
     } else {
         for (int i = threadIdx.x; i < grp * D; i += blockDim.x)
@@ -425,14 +483,14 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
              * use: lane = key for K (its 16-byte chunks), lane = DPL dims of
              * every key for V (slots passed round the warp) */
             uint4 kr[NC];
-            const uint4 *src = (const uint4 *)(a.kc + ((size_t)(ok ? slot : 0) * KVH + g) * D);
+            const uint4 *src = (const uint4 *)((const uint16_t *)a.kc + ((size_t)(ok ? slot : 0) * KVH + g) * D);
 #pragma unroll
             for (int c = 0; c < NC; c++) kr[c] = ok ? src[c] : make_uint4(0, 0, 0, 0);
             uint32_t vr[32][DPL / 2];
 #pragma unroll
             for (int j = 0; j < 32; j++) {
                 int sj = __shfl_sync(0xffffffffu, slot, j);
-                const uint16_t *vsrc = a.vc + ((size_t)(sj < 0 ? 0 : sj) * KVH + g) * D + lane * DPL;
+                const uint16_t *vsrc = (const uint16_t *)a.vc + ((size_t)(sj < 0 ? 0 : sj) * KVH + g) * D + lane * DPL;
                 if constexpr (DPL == 4) {
                     uint2 v2 = sj >= 0 ? *(const uint2 *)vsrc : make_uint2(0, 0);
                     vr[j][0] = v2.x, vr[j][1] = v2.y;
@@ -518,10 +576,11 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
         const uint32_t kb = smem_u32(stage), vb = kb + DEC_BN * DP * 2;
         bool first = !own;
         for (int k0 = wi.kv_lo + DEC_BN * w; k0 < hi; k0 += DEC_BN * DEC_NW) {
-            if (!first) dec_load_kv<D>(a, bt, g, k0, hi, stage);
+            if (!first) dec_load_kv<D, KV8>(a, bt, g, k0, hi, stage);
             first = false;
             cp_async_wait<0>();
             __syncwarp();
+            if constexpr (KV8) kv8_widen<D, 2 * DEC_BN, 32, false>(stage);
             float s[NT][4];
             tile_scores<NT, KC, DP>(s, qf, kb, kofs);
             /* keys past hi (zeros in the stage) out; rows gq + 8 are zero rows */
@@ -623,7 +682,7 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
     if (threadIdx.x == 0) a.cnt[t * KVH + g] = 0;
 }
 
-template <int D, bool TC>
+template <int D, bool TC, bool KV8>
 static cudaError_t launch_dec(const struct cuda_attn_args *a, cudaStream_t st)
 {
     dim3 grid(a->max_items, a->KVH), blk(32 * DEC_NW);
@@ -632,7 +691,8 @@ static cudaError_t launch_dec(const struct cuda_attn_args *a, cudaStream_t st)
     /* a plain launch, and no early trigger for the next kernel: letting the
      * o projection's GEMV start loading weights while this kernel runs
      * measured slower (BENCHMARKS.md: batch-1 decode 207.3 vs 217.5 tok/s) */
-    return pdl_launch_as(false, g4 ? attn_dec_kernel<D, 4, TC> : attn_dec_kernel<D, 8, TC>, grid, blk, sm, st, *a);
+    return pdl_launch_as(false, g4 ? attn_dec_kernel<D, 4, TC, KV8> : attn_dec_kernel<D, 8, TC, KV8>, grid, blk, sm, st,
+                         *a);
 }
 
 /* ---- tensor-core kernel (prefill tiles) -------------------------------------- */
@@ -640,13 +700,15 @@ static cudaError_t launch_dec(const struct cuda_attn_args *a, cudaStream_t st)
 /* Gathers keys [k0, k0 + TC_BN) of head group g into ks (K) and ks + TC_BN *
  * (D + 8) (V), zeros past kv_hi (so masked keys multiply zeros, never stale
  * NaNs). Every thread of the block issues its share; not yet committed. */
-template <int D, int NTHR>
+template <int D, int NTHR, bool KV8>
 static __device__ __forceinline__ void tc_load_kv(const struct cuda_attn_args &a, const int32_t *bt, int g, int k0,
                                                   int kv_hi, uint16_t *ks)
 {
-    constexpr int DP = D + 8, CH = D / 8;
+    /* chunks and staged rows as in dec_load_kv (fp8: packed rows at kv8_off) */
+    constexpr int EPC = KV8 ? 16 : 8, CH = D / EPC, RS = KV8 ? D : D + 8, ES = KV8 ? 1 : 2;
     static_assert(TC_BN * CH % NTHR == 0, "K/V chunks split evenly over the block");
-    uint16_t *vs = ks + TC_BN * DP;
+    uint8_t *st = (uint8_t *)ks + (KV8 ? kv8_off<D, 2 * TC_BN>() : 0);
+    const uint8_t *kc = (const uint8_t *)a.kc, *vc = (const uint8_t *)a.vc;
     int bs = a.block_size;
 #pragma unroll
     for (int k = 0; k < TC_BN * CH / NTHR; k++) {
@@ -655,10 +717,10 @@ static __device__ __forceinline__ void tc_load_kv(const struct cuda_attn_args &a
         size_t off = 0;
         if (ok) {
             int64_t slot = (int64_t)bt[kp / bs] * bs + kp % bs;
-            off = ((size_t)slot * a.KVH + g) * D + c * 8;
+            off = (((size_t)slot * a.KVH + g) * D + c * EPC) * ES;
         }
-        cp_async16(smem_u32(ks + j * DP + c * 8), a.kc + off, ok);
-        cp_async16(smem_u32(vs + j * DP + c * 8), a.vc + off, ok);
+        cp_async16(smem_u32(st + (j * RS + c * EPC) * ES), kc + off, ok);
+        cp_async16(smem_u32(st + ((TC_BN + j) * RS + c * EPC) * ES), vc + off, ok);
     }
 }
 
@@ -672,7 +734,7 @@ static __device__ __forceinline__ void tc_load_kv(const struct cuda_attn_args &a
  * 3 blocks (168 registers at D 128, no real spills); 8 warps at D 128 need
  * ~230 registers (a cap of 128 spills), so 1 block; 2 at D 64. */
 #define TC_MINB(D, NW) ((NW) == 4 ? 3 : (D) == 64 ? 2 : 1)
-template <int D, int NW>
+template <int D, int NW, bool KV8>
 static __global__ void __launch_bounds__(32 * NW, TC_MINB(D, NW)) attn_tc_kernel(struct cuda_attn_args a)
 {
     constexpr int NTHR = 32 * NW, BM = 16 * NW, DP = D + 8, CH = D / 8;
@@ -701,7 +763,7 @@ static __global__ void __launch_bounds__(32 * NW, TC_MINB(D, NW)) attn_tc_kernel
     }
     cp_async_commit();
     int ntile = wi.kv_hi > wi.kv_lo ? (wi.kv_hi - wi.kv_lo + TC_BN - 1) / TC_BN : 0;
-    if (ntile > 0) tc_load_kv<D, NTHR>(a, bt, g, wi.kv_lo, wi.kv_hi, tsm);
+    if (ntile > 0) tc_load_kv<D, NTHR, KV8>(a, bt, g, wi.kv_lo, wi.kv_hi, tsm);
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
@@ -730,10 +792,11 @@ static __global__ void __launch_bounds__(32 * NW, TC_MINB(D, NW)) attn_tc_kernel
         int k0 = wi.kv_lo + ti * TC_BN;
         /* everyone is done with the other stage (last tile's math, or the Q staging) */
         __syncthreads();
-        if (ti + 1 < ntile) tc_load_kv<D, NTHR>(a, bt, g, k0 + TC_BN, wi.kv_hi, (ti & 1) ? tsm : stg1);
+        if (ti + 1 < ntile) tc_load_kv<D, NTHR, KV8>(a, bt, g, k0 + TC_BN, wi.kv_hi, (ti & 1) ? tsm : stg1);
         cp_async_commit(); /* maybe empty: keeps "all but the newest group" = this tile */
         cp_async_wait<1>();
         __syncthreads();
+        if constexpr (KV8) kv8_widen<D, 2 * TC_BN, NTHR, true>((ti & 1) ? stg1 : tsm);
         if (k0 > wmax) continue; /* warp-uniform: the whole tile is after this warp's rows */
         const uint32_t kb = smem_u32((ti & 1) ? stg1 : tsm), vb = kb + TC_BN * DP * 2;
 
@@ -811,38 +874,36 @@ static constexpr int tc_smem(void)
     return 4 * TC_BN * (D + 8) * 2;
 }
 
-template <int DPL>
-static cudaError_t set_smem(void)
+/* raises k's dynamic shared-memory limit to bytes (a no-op at <= 48 KB) */
+template <typename K>
+static cudaError_t smem_limit(K k, int bytes, cudaError_t e)
+{
+    if (e != cudaSuccess || bytes <= 48 * 1024) return e;
+    return cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+}
+
+template <int DPL, bool KV8>
+static cudaError_t set_smem(cudaError_t e)
 {
     int need = (CUDA_ATTN_ROWS * 32 * DPL + 2 * KT * (32 * DPL + 1)) * (int)sizeof(float);
-    if (need <= 48 * 1024) return cudaSuccess;
-    cudaError_t e = cudaFuncSetAttribute(attn_kernel<DPL, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, need);
-    if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(attn_kernel<DPL, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, need);
-    if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(attn_kernel<DPL, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, need);
-    return e;
+    e = smem_limit(attn_kernel<DPL, 1, KV8>, need, e);
+    e = smem_limit(attn_kernel<DPL, 2, KV8>, need, e);
+    return smem_limit(attn_kernel<DPL, 8, KV8>, need, e);
 }
 
-template <int D>
-static cudaError_t set_smem_tc(void)
+template <int D, bool KV8>
+static cudaError_t set_smem_tc(cudaError_t e)
 {
-    cudaError_t e = cudaFuncSetAttribute(attn_tc_kernel<D, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         tc_smem<D>());
-    if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(attn_tc_kernel<D, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, tc_smem<D>());
-    return e;
+    e = smem_limit(attn_tc_kernel<D, 4, KV8>, tc_smem<D>(), e);
+    e = smem_limit(attn_tc_kernel<D, 8, KV8>, tc_smem<D>(), e);
+    e = smem_limit(attn_dec_kernel<D, 4, true, KV8>, (int)dec_tc_smem<D, 4>(), e);
+    return smem_limit(attn_dec_kernel<D, 8, true, KV8>, (int)dec_tc_smem<D, 8>(), e);
 }
 
-template <int D>
-static cudaError_t set_smem_dec(void)
+template <int DPL>
+static cudaError_t set_smem_both(void)
 {
-    cudaError_t e = cudaFuncSetAttribute(attn_dec_kernel<D, 4, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)dec_tc_smem<D, 4>());
-    if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(attn_dec_kernel<D, 8, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)dec_tc_smem<D, 8>());
-    return e;
+    return set_smem<DPL, true>(set_smem<DPL, false>(cudaSuccess));
 }
 
 extern "C" int cuda_attention_tc_ok(int D, int grp)
@@ -852,40 +913,41 @@ extern "C" int cuda_attention_tc_ok(int D, int grp)
 
 extern "C" cudaError_t cuda_attention_prepare(int D)
 {
-    cudaError_t e = D <= 32 ? set_smem<1>() : D <= 64 ? set_smem<2>() : D <= 128 ? set_smem<4>() : set_smem<8>();
-    if (e == cudaSuccess && D == 64) e = set_smem_tc<64>();
-    if (e == cudaSuccess && D == 128) e = set_smem_tc<128>();
-    if (e == cudaSuccess && D == 64) e = set_smem_dec<64>();
-    if (e == cudaSuccess && D == 128) e = set_smem_dec<128>();
+    cudaError_t e = D <= 32    ? set_smem_both<1>()
+                    : D <= 64  ? set_smem_both<2>()
+                    : D <= 128 ? set_smem_both<4>()
+                               : set_smem_both<8>();
+    if (D == 64) e = set_smem_tc<64, true>(set_smem_tc<64, false>(e));
+    if (D == 128) e = set_smem_tc<128, true>(set_smem_tc<128, false>(e));
     return e;
 }
 
-template <int DPL>
+template <int DPL, bool KV8>
 static cudaError_t launch(const struct cuda_attn_args *a, cudaStream_t st)
 {
     int qrows = a->max_rows <= WARPS ? WARPS : a->max_rows <= 2 * WARPS ? 2 * WARPS : CUDA_ATTN_ROWS;
     size_t sm = (size_t)(qrows * a->D + 2 * KT * (a->D + 1)) * sizeof(float);
     dim3 grid(a->max_items, a->KVH);
     if (a->max_rows <= WARPS)
-        attn_kernel<DPL, 1><<<grid, 32 * WARPS, sm, st>>>(*a);
+        attn_kernel<DPL, 1, KV8><<<grid, 32 * WARPS, sm, st>>>(*a);
     else if (a->max_rows <= 2 * WARPS)
-        attn_kernel<DPL, 2><<<grid, 32 * WARPS, sm, st>>>(*a);
+        attn_kernel<DPL, 2, KV8><<<grid, 32 * WARPS, sm, st>>>(*a);
     else
-        attn_kernel<DPL, 8><<<grid, 32 * WARPS, sm, st>>>(*a);
+        attn_kernel<DPL, 8, KV8><<<grid, 32 * WARPS, sm, st>>>(*a);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
     combine_kernel<<<dim3(a->T, (a->H + 3) / 4), 128, 0, st>>>(*a);
     return cudaGetLastError();
 }
 
-template <int D>
+template <int D, bool KV8>
 static cudaError_t launch_tc(const struct cuda_attn_args *a, cudaStream_t st)
 {
     dim3 grid(a->max_items, a->KVH);
     if (a->max_rows <= 64)
-        attn_tc_kernel<D, 4><<<grid, 128, tc_smem<D>(), st>>>(*a);
+        attn_tc_kernel<D, 4, KV8><<<grid, 128, tc_smem<D>(), st>>>(*a);
     else
-        attn_tc_kernel<D, 8><<<grid, 256, tc_smem<D>(), st>>>(*a);
+        attn_tc_kernel<D, 8, KV8><<<grid, 256, tc_smem<D>(), st>>>(*a);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
     combine_kernel<<<dim3(a->T, (a->H + 3) / 4), 128, 0, st>>>(*a);
@@ -910,24 +972,32 @@ static bool dec_use_tc(void)
 }
 extern "C" void cuda_attention_dec_select(int tc) { dec_tc = tc < 0 ? -1 : tc ? 1 : 0; }
 
+/* the kernel for a's step (cuda_attention, below) */
+template <bool KV8>
+static cudaError_t attention(const struct cuda_attn_args *a, bool dec, cudaStream_t st)
+{
+    if (dec && (KV8 || dec_use_tc())) return a->D == 64 ? launch_dec<64, true, KV8>(a, st) : launch_dec<128, true, KV8>(a, st);
+    if (dec) return a->D == 64 ? launch_dec<64, false, false>(a, st) : launch_dec<128, false, false>(a, st);
+    if (a->max_rows > CUDA_ATTN_ROWS) {
+        if (a->max_rows > CUDA_ATTN_TC_ROWS || !cuda_attention_tc_ok(a->D, a->H / a->KVH))
+            return cudaErrorInvalidValue;
+        return a->D == 64 ? launch_tc<64, KV8>(a, st) : launch_tc<128, KV8>(a, st);
+    }
+    if (a->H / a->KVH > CUDA_ATTN_ROWS) return cudaErrorInvalidValue;
+    if (a->D <= 32) return launch<1, KV8>(a, st);
+    if (a->D <= 64) return launch<2, KV8>(a, st);
+    if (a->D <= 128) return launch<4, KV8>(a, st);
+    return launch<8, KV8>(a, st);
+}
+
 extern "C" cudaError_t cuda_attention(const struct cuda_attn_args *a, cudaStream_t st)
 {
     if (a->max_items <= 0 || a->T <= 0) return cudaSuccess;
     if (a->D % 8 || a->D > 256 || a->KVH <= 0 || a->H % a->KVH) return cudaErrorInvalidValue;
     bool dec = a->cnt && a->max_rows == a->H / a->KVH && cuda_attention_dec_ok(a->D, a->H / a->KVH);
     if (a->rope.qkv && (!dec || a->rope.D != a->D || a->rope.rope_dim > a->D || a->rope.H != a->H ||
-                        a->rope.KVH != a->KVH || a->rope.kc != a->kc || a->rope.vc != a->vc))
+                        a->rope.KVH != a->KVH || a->rope.kc != a->kc || a->rope.vc != a->vc ||
+                        a->rope.kv8 != a->kv8))
         return cudaErrorInvalidValue; /* only the decode kernel folds RoPE in */
-    if (dec && dec_use_tc()) return a->D == 64 ? launch_dec<64, true>(a, st) : launch_dec<128, true>(a, st);
-    if (dec) return a->D == 64 ? launch_dec<64, false>(a, st) : launch_dec<128, false>(a, st);
-    if (a->max_rows > CUDA_ATTN_ROWS) {
-        if (a->max_rows > CUDA_ATTN_TC_ROWS || !cuda_attention_tc_ok(a->D, a->H / a->KVH))
-            return cudaErrorInvalidValue;
-        return a->D == 64 ? launch_tc<64>(a, st) : launch_tc<128>(a, st);
-    }
-    if (a->H / a->KVH > CUDA_ATTN_ROWS) return cudaErrorInvalidValue;
-    if (a->D <= 32) return launch<1>(a, st);
-    if (a->D <= 64) return launch<2>(a, st);
-    if (a->D <= 128) return launch<4>(a, st);
-    return launch<8>(a, st);
+    return a->kv8 ? attention<true>(a, dec, st) : attention<false>(a, dec, st);
 }

@@ -3,6 +3,8 @@
 #define SLUICE_CUDA_BF16_CUH
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <stdint.h>
 
 static __device__ __forceinline__ float bf2f(uint16_t v) { return __uint_as_float((uint32_t)v << 16); }
@@ -10,6 +12,34 @@ static __device__ __forceinline__ uint16_t f2bf(float f)
 {
     __nv_bfloat16 b = __float2bfloat16_rn(f);
     return *(uint16_t *)&b;
+}
+/* fp8 e4m3 KV cache (scale 1): f -> e4m3, rounded to nearest even, saturated
+ * to +-448; two e4m3 (the first in the low byte) -> f32 or packed bf16x2,
+ * exact (every e4m3 value is a bf16 value) */
+static __device__ __forceinline__ uint8_t f2e4m3(float f)
+{
+    return (uint8_t)__nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E4M3);
+}
+static __device__ __forceinline__ float2 e4m3x2_to_f2(uint16_t v)
+{
+    __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)v, __NV_E4M3);
+    return __half22float2(*(const __half2 *)&h);
+}
+static __device__ __forceinline__ uint32_t e4m3x2_to_bf2(uint16_t v)
+{
+    float2 f = e4m3x2_to_f2(v);
+    __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
+    return *(const uint32_t *)&b;
+}
+/* 8 e4m3 (bytes in order) -> 8 f32 */
+static __device__ __forceinline__ void e4m3x8_to_f(uint2 v, float *f)
+{
+    const uint16_t *h = (const uint16_t *)&v;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 p = e4m3x2_to_f2(h[i]);
+        f[2 * i] = p.x, f[2 * i + 1] = p.y;
+    }
 }
 static __device__ __forceinline__ float warp_sum(float v)
 {

@@ -65,8 +65,10 @@
  * graphs off.
  *
  * KV memory, per rank: per layer K then V, each
- * [n_blocks + 1][block_size][n_kv_heads / N][head_dim] bf16; the last block
- * is the pad block.
+ * [n_blocks + 1][block_size][n_kv_heads / N][head_dim] bf16, or fp8 e4m3
+ * (--kv-cache-dtype fp8: half the bytes per token, so twice the tokens in the
+ * same memory; written by RoPE's KV write, widened to bf16 exactly by every
+ * attention kernel as it loads); the last block is the pad block.
  *
  * Memory: weights, KV, activations for max_tokens_per_step tokens, logits for
  * max_seqs_per_step rows and the pinned staging buffers are allocated at
@@ -82,6 +84,7 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <nccl.h>
+#include <omp.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdarg.h>
@@ -131,7 +134,7 @@ struct rank {
     float *out_norm;                /* [E] */
     struct clayer *L;               /* [n_layer] */
     float *rope_cos, *rope_sin;     /* [max_ctx][rope_dim/2] */
-    uint16_t *kv;                   /* see the file comment */
+    uint16_t *kv;                   /* see the file comment (bf16, or fp8 e4m3 bytes when b->kv8) */
     size_t kv_layer;                /* elements of one layer's K (or V) */
 
     /* activations, [max_tokens] rows unless said otherwise, device */
@@ -183,7 +186,11 @@ struct cuda_backend {
     int32_t *pen_mark;              /* [n_vocab] zeroed scratch for cuda_sample_pen_build */
     int pen_cap;                    /* penalty entries the step buffer holds */
     bool dev_sample;                /* sampling on the device (N == 1); SLUICE_CUDA_SAMPLE=0: on the host */
-    void *samp;                     /* model_sample scratch */
+    bool kv8;                       /* fp8 e4m3 KV cache (--kv-cache-dtype fp8) */
+    void *samp;                     /* model_sample scratch, samp_bytes per host thread */
+    size_t samp_bytes;
+    int nt;                         /* host threads sampling rows (OpenMP) */
+    int *host_rows;                 /* [max_seqs] rows model_sample picks this step */
     int *row_seq, *tok_seq;         /* host scratch */
 
     bool graphs;                    /* SLUICE_CUDA_GRAPHS=0: off */
@@ -566,6 +573,10 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     b->c = *c;
     b->w = model_get_weights(m);
     b->tp = N;
+    if (model_kv_dtype(opts, "cuda", &b->kv8, err, errlen)) {
+        free(b);
+        return NULL;
+    }
     b->fault_rank = -1;
     const char *fe = getenv("SLUICE_TP_FAULT");
     if (fe && sscanf(fe, "%d:%ld", &b->fault_rank, &b->fault_step) != 2) b->fault_rank = -1;
@@ -625,7 +636,10 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     CK(cudaHostAlloc((void **)&b->hout_tok, S * 4, cudaHostAllocPortable));
     CK(cudaHostAlloc((void **)&b->hout_lp, S * 4, cudaHostAllocPortable));
     CK(cudaHostAlloc((void **)&b->hlog, S * V * 4, cudaHostAllocPortable));
-    b->samp = malloc(model_sample_scratch_bytes(c->n_vocab));
+    b->nt = omp_get_max_threads();
+    b->samp_bytes = (model_sample_scratch_bytes(c->n_vocab) + 63) & ~(size_t)63;
+    b->samp = malloc(b->samp_bytes * (size_t)b->nt);
+    b->host_rows = malloc(S * sizeof *b->host_rows);
     b->row_seq = malloc(S * sizeof *b->row_seq);
     b->tok_seq = malloc(T * sizeof *b->tok_seq);
     b->row_host = calloc(S, sizeof *b->row_host);
@@ -635,7 +649,8 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     CK(cudaHostAlloc((void **)&b->hsout, S * sizeof *b->hsout, cudaHostAllocPortable));
     ge = getenv("SLUICE_CUDA_SAMPLE");
     b->dev_sample = N == 1 && !(ge && strcmp(ge, "0") == 0);
-    if (!b->samp || !b->row_seq || !b->tok_seq || !b->row_host || !b->row_mode || !b->rng_before || !b->pen_mark) {
+    if (!b->samp || !b->host_rows || !b->row_seq || !b->tok_seq || !b->row_host || !b->row_mode || !b->rng_before ||
+        !b->pen_mark) {
         sl_seterr(err, errlen, "out of host memory");
         goto fail;
     }
@@ -653,7 +668,7 @@ fail:
 static size_t kv_block_bytes(model_backend *mb, int block_size)
 {
     struct cuda_backend *b = (struct cuda_backend *)mb;
-    return 2 * (size_t)b->c.n_layer * (size_t)block_size * (b->c.n_head_kv / b->tp) * b->c.head_dim * 2;
+    return 2 * (size_t)b->c.n_layer * (size_t)block_size * (b->c.n_head_kv / b->tp) * b->c.head_dim * (b->kv8 ? 1 : 2);
 }
 
 static void drop_graphs(struct rank *k)
@@ -969,18 +984,19 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
                 CK(cuda_add_rmsnorm(k->x, l ? k->delta : NULL, L->attn_norm, NULL, T, E, c->norm_eps, k->xn, st));
             if (!(ab & ABL_QKV)) CB(gemm(k, k->xn, L->wqkv, k->qkv, false, T, E, QKV));
         }
-        uint16_t *kc = k->kv + (size_t)(2 * l) * k->kv_layer, *vc = k->kv + (size_t)(2 * l + 1) * k->kv_layer;
+        size_t es = b->kv8 ? 1 : 2; /* bytes per KV element */
+        char *kc = (char *)k->kv + (size_t)(2 * l) * k->kv_layer * es, *vc = kc + k->kv_layer * es;
         struct cuda_rope_args ra = {
             .qkv = k->qkv, .bias = L->bqkv, .q_norm = L->q_norm, .k_norm = L->k_norm, .cos = k->rope_cos,
             .sin = k->rope_sin, .pos = DIN(k, pos, int32_t), .slots = DIN(k, slots, int64_t), .T = T, .H = H,
             .KVH = KVH, .D = D, .rope_dim = c->rope_dim, .neox = c->rope_type == MODEL_ROPE_NEOX,
-            .eps = c->norm_eps, .q = k->q, .kc = kc, .vc = vc,
+            .eps = c->norm_eps, .q = k->q, .kc = kc, .vc = vc, .kv8 = b->kv8,
         };
         /* decode steps on the decode kernel fold RoPE and the KV write in */
         bool dk = dec_kernel(b, decode, T);
         if (!dk && !(ab & ABL_ATTN)) CK(cuda_rope_kv(&ra, st));
         struct cuda_attn_args aa = {
-            .q = k->q, .kc = kc, .vc = vc, .pos = DIN(k, pos, int32_t), .bt = DIN(k, bt, int32_t),
+            .q = k->q, .kc = kc, .vc = vc, .kv8 = b->kv8, .pos = DIN(k, pos, int32_t), .bt = DIN(k, bt, int32_t),
             .bt_off = DIN(k, bt_off, int32_t), .items = DIN(k, items, struct cuda_attn_item),
             .n_items = DIN(k, n_items, int32_t), .max_items = max_items,
             .max_rows = decode ? H / KVH : b->job.max_rows, .H = H, .KVH = KVH, .D = D,
@@ -1263,6 +1279,7 @@ static int forward(model_backend *mb, struct step *s, char *err, size_t errlen)
         b->base.fatal = b->dead;
         return SL_EDEVICE;
     }
+    int nh = 0; /* rows model_sample picks: after this loop, in parallel */
     for (int r = 0; r < R; r++) {
         struct step_seq *q = &s->seqs[b->row_seq[r]];
         float *lg = b->hlog + (size_t)r * V;
@@ -1296,14 +1313,27 @@ static int forward(model_backend *mb, struct step *s, char *err, size_t errlen)
                 sl_seterr(err, errlen, "forward: copying a logit row back failed");
                 return SL_EDEVICE;
             }
+            if (q->rng) *q->rng = b->rng_before[r];
+        }
+        b->host_rows[nh++] = r;
+    }
+    /* sequences sample independently (each its own RNG): in parallel, as the
+     * CPU backend does (JSON-mode rows are masked here) */
+#pragma omp parallel for schedule(dynamic, 1) num_threads(b->nt) if (nh > 1)
+    for (int i = 0; i < nh; i++) {
+        int r = b->host_rows[i];
+        struct step_seq *q = &s->seqs[b->row_seq[r]];
+        void *scr = (char *)b->samp + (size_t)omp_get_thread_num() * b->samp_bytes;
+        int rc;
+        if (b->row_mode[r] == ROW_SAMPLE) { /* the device applied the penalties */
             struct model_sampling p = *q->sampling;
             p.repetition_penalty = 1.0f, p.presence_penalty = 0.0f, p.frequency_penalty = 0.0f;
-            if (q->rng) *q->rng = b->rng_before[r];
-            if (model_sample(lg, V, &p, NULL, 0, 0, q->rng, b->samp, &q->out) != 0) q->out.token = -1, q->out.n_top = 0;
-            continue;
+            rc = model_sample(b->hlog + (size_t)r * V, V, &p, NULL, 0, 0, q->rng, scr, &q->out);
+        } else {
+            rc = model_sample(b->hlog + (size_t)r * V, V, q->sampling, q->history, q->n_prompt, q->n_history, q->rng,
+                              scr, &q->out);
         }
-        if (model_sample(lg, V, q->sampling, q->history, q->n_prompt, q->n_history, q->rng, b->samp, &q->out) != 0)
-            q->out.token = -1, q->out.n_top = 0;
+        if (rc != 0) q->out.token = -1, q->out.n_top = 0;
     }
     return 0;
 }
@@ -1358,7 +1388,7 @@ static void destroy(model_backend *mb)
     free(b->r);
     cudaFreeHost(b->hin), cudaFreeHost(b->hout_tok), cudaFreeHost(b->hout_lp), cudaFreeHost(b->hlog);
     cudaFreeHost(b->hsout);
-    free(b->samp), free(b->row_seq), free(b->tok_seq), free(b->row_host), free(b->row_mode), free(b->rng_before);
+    free(b->samp), free(b->host_rows), free(b->row_seq), free(b->tok_seq), free(b->row_host), free(b->row_mode), free(b->rng_before);
     free(b->pen_mark);
     free(b);
 }

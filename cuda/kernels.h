@@ -45,7 +45,9 @@ struct cuda_rope_args {
     bool neox;
     float eps;
     uint16_t *q;            /* out [T][H][D] bf16 */
-    uint16_t *kc, *vc;      /* KV cache of the layer: [n_slots][KVH][D] bf16 */
+    void *kc, *vc;          /* KV cache of the layer: [n_slots][KVH][D] bf16, or fp8 e4m3 when kv8 */
+    bool kv8;               /* the KV cache holds fp8 e4m3 (scale 1: the value rounded to nearest, saturated
+                             * to +-448), not bf16 */
 };
 cudaError_t cuda_rope_kv(const struct cuda_rope_args *a, cudaStream_t st);
 
@@ -75,7 +77,10 @@ struct cuda_attn_item {
 int cuda_attention_tc_ok(int D, int grp);
 struct cuda_attn_args {
     const uint16_t *q;          /* [T][H][D] bf16 */
-    const uint16_t *kc, *vc;    /* [n_slots][KVH][D] bf16 */
+    const void *kc, *vc;        /* [n_slots][KVH][D] bf16, or fp8 e4m3 when kv8 */
+    bool kv8;                   /* fp8 e4m3 KV cache: every kernel widens K and V to bf16 on load (exact) and
+                                 * computes as with a bf16 cache; the decode kernel then always uses its
+                                 * tensor-core math */
     const int32_t *pos;         /* [T] */
     const int32_t *bt;          /* flat block tables */
     const int32_t *bt_off;      /* [n_seqs] offset of each sequence's table in bt */

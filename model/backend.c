@@ -27,6 +27,8 @@ model_backend *model_backend_create(const model *m, const struct model_backend_o
         return NULL;
     }
     if (!dev) dev = model_cuda_available() ? "cuda" : "cpu";
+    bool fp8;
+    if (model_kv_dtype(opts, dev, &fp8, err, errlen)) return NULL;
     if (strcmp(dev, "cpu") == 0 && opts && opts->tensor_parallel_size > 1) {
         if (err && errlen)
             snprintf(err, errlen, "tensor parallelism (%d GPUs) needs the cuda device, not cpu%s",
@@ -37,6 +39,28 @@ model_backend *model_backend_create(const model *m, const struct model_backend_o
     if (strcmp(dev, "cuda") == 0) return model_cuda_backend_create(m, opts, err, errlen);
     if (err && errlen) snprintf(err, errlen, "unknown device '%s' (expected cpu or cuda)", dev);
     return NULL;
+}
+
+int model_kv_dtype(const struct model_backend_opts *opts, const char *device, bool *fp8, char *err, size_t errlen)
+{
+    const char *d = opts ? opts->kv_cache_dtype : NULL;
+    *fp8 = false;
+    if (!d || !strcmp(d, "auto")) return 0;
+    if (!strcmp(d, "fp8") || !strcmp(d, "fp8_e4m3")) {
+        if (device && strcmp(device, "cuda")) {
+            if (err && errlen)
+                snprintf(err, errlen, "--kv-cache-dtype %s needs the cuda device (the CPU backend keeps its KV cache in f32)",
+                         d);
+            return SL_EUNSUP;
+        }
+        *fp8 = true;
+        return 0;
+    }
+    if (err && errlen)
+        snprintf(err, errlen, "--kv-cache-dtype %s: %s", d,
+                 !strcmp(d, "fp8_e5m2") ? "not supported (use fp8 or fp8_e4m3)"
+                                        : "unknown (expected auto, fp8 or fp8_e4m3)");
+    return !strcmp(d, "fp8_e5m2") ? SL_EUNSUP : SL_EINVAL;
 }
 
 int model_tp_check(const struct model_config *c, int n, char *err, size_t errlen)

@@ -73,7 +73,14 @@ struct model_backend_opts {
     int max_seqs_per_step;      /* largest step.n_seqs; 0 = 256 */
     int max_ctx;                /* longest context a sequence may reach; 0 = n_ctx_train */
     int tensor_parallel_size;   /* cuda: GPUs the model is split across (devices 0 .. N-1); 0 = 1 */
+    const char *kv_cache_dtype; /* vLLM's --kv-cache-dtype: NULL or "auto" = the compute dtype (bf16 on GPU, f32 on
+                                 * CPU); "fp8" or "fp8_e4m3" (cuda only) = fp8 e4m3 with scale 1, half the bytes */
 };
+
+/* Whether opts ask for an fp8 KV cache: 0 (*fp8 set), or SL_EINVAL /
+ * SL_EUNSUP with a message for a dtype that is unknown, not supported
+ * (fp8_e5m2) or not on this device. */
+int model_kv_dtype(const struct model_backend_opts *opts, const char *device, bool *fp8, char *err, size_t errlen);
 
 struct model_backend_ops {
     const char *name;

@@ -7,7 +7,7 @@
  *
  * The same suite runs on the GPU (make gpu-test): SLUICE_TEST_DEVICE=cuda,
  * SLUICE_TEST_TP=N (tensor-parallel ranks), SLUICE_TEST_MODEL=path (a model
- * whose heads divide by N). */
+ * whose heads divide by N), SLUICE_TEST_KV=fp8 (the fp8 KV cache). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -789,8 +789,10 @@ int main(void)
         return 1;
     }
     struct model_backend_opts bo = {.device = g_device, .max_tokens_per_step = 1024, .max_seqs_per_step = 64,
-                                    .max_ctx = 512, .tensor_parallel_size = g_tp};
-    printf("engine on %s, device %s, %d rank(s)\n", g_path, g_device, g_tp);
+                                    .max_ctx = 512, .tensor_parallel_size = g_tp,
+                                    .kv_cache_dtype = getenv("SLUICE_TEST_KV")};
+    printf("engine on %s, device %s, %d rank(s)%s%s\n", g_path, g_device, g_tp, bo.kv_cache_dtype ? ", KV cache " : "",
+           bo.kv_cache_dtype ? bo.kv_cache_dtype : "");
     be = model_backend_create(m, &bo, err, sizeof err);
     if (!be) {
         printf("backend: %s\n", err);

@@ -6,7 +6,11 @@
  *   sequences (256) and the largest decode batch; SLUICE_BENCH_ONLY=decode:
  *   batch-1 decode alone; SLUICE_BENCH_PROFILE=1: after the timed decode
  *   steps, two more inside cudaProfilerStart/Stop (for
- *   `ncu --profile-from-start off`).
+ *   `ncu --profile-from-start off`); SLUICE_BENCH_PROFILE=prefill: after
+ *   the timed prefill, one more 16K-token step inside them, then stop;
+ *   SLUICE_BENCH_DECODE=BxC[,BxC...]: after batch-1 decode, decode of B
+ *   sequences at context C each instead of the fixed batches;
+ *   SLUICE_BENCH_KV=fp8: the fp8 KV cache (--kv-cache-dtype).
  *
  * Drives the backend with hand-made steps (no scheduler): TTFT of one
  * 2048-token prompt, prefill throughput of a 16K-token step (8 x 2048),
@@ -94,7 +98,8 @@ int main(int argc, char **argv)
     if (tp < 1) tp = 1;
     if (nseq < 8) nseq = 8;
     struct model_backend_opts bo = {.device = "cuda", .max_tokens_per_step = 16384, .max_seqs_per_step = 256,
-                                    .max_ctx = CTXB * BS, .tensor_parallel_size = tp};
+                                    .max_ctx = CTXB * BS, .tensor_parallel_size = tp,
+                                    .kv_cache_dtype = getenv("SLUICE_BENCH_KV")};
     g_be = model_backend_create(m, &bo, err, sizeof err);
     if (!g_be) {
         fprintf(stderr, "backend: %s\n", err);
@@ -118,7 +123,7 @@ int main(int argc, char **argv)
            cfg, c->n_layer, c->n_embd, c->n_ff, c->n_head, c->n_head_kv, c->n_vocab, wbytes / 1e9, now_s() - t0, tp);
     wbytes /= (size_t)tp; /* each GPU reads its share: the floor below is per GPU */
 
-    const char *only = getenv("SLUICE_BENCH_ONLY");
+    const char *only = getenv("SLUICE_BENCH_ONLY"), *prof = getenv("SLUICE_BENCH_PROFILE");
     bool decode_only = only && strcmp(only, "decode") == 0;
     step(1, 0, 64); /* warm-up */
     if (decode_only) goto decode;
@@ -131,16 +136,36 @@ int main(int argc, char **argv)
     qsort(tt, 3, sizeof *tt, cmp_double);
     printf("prefill 8 x 2048 (one 16384-token step): %.1f ms, %.0f tok/s (%.0f TFLOP/s on the GEMMs)\n",
            tt[1] * 1e3, 16384 / tt[1], flops_tok * 16384 / tt[1] / 1e12);
+    if (prof && strcmp(prof, "prefill") == 0) { /* one 16384-token step for ncu, then stop */
+        cudaProfilerStart();
+        step(8, 0, 2048);
+        cudaProfilerStop();
+        goto done;
+    }
 
 decode:
     step(1, 0, 1024);
     double d1 = median_decode(1, 1024, 128);
     printf("decode batch 1 @ 1K ctx: %.3f ms/step = %.1f tok/s; floor %.1f tok/s at 4.3 TB/s (%.0f%%)\n", d1 * 1e3,
            1 / d1, 4.3e12 / wbytes, 100 * (1 / d1) / (4.3e12 / wbytes));
-    if (getenv("SLUICE_BENCH_PROFILE")) {
+    if (prof && strcmp(prof, "prefill") != 0) {
         cudaProfilerStart();
         step(1, 1200, 1), step(1, 1201, 1);
         cudaProfilerStop();
+    }
+    if (getenv("SLUICE_BENCH_DECODE")) { /* "BxC,...": batch B at context C (KV unwritten: timing only) */
+        for (const char *q = getenv("SLUICE_BENCH_DECODE"); *q;) {
+            int b = 0, ctx = 0, n = 0;
+            if (sscanf(q, "%dx%d%n", &b, &ctx, &n) != 2 || b < 1 || b > nseq || ctx < 1 || ctx + 40 > CTXB * BS) {
+                fprintf(stderr, "SLUICE_BENCH_DECODE: expected BxC with B <= %d, C <= %d\n", nseq, CTXB * BS - 40);
+                return 1;
+            }
+            double d = median_decode(b, ctx, 32);
+            printf("decode batch %d @ %d ctx: %.3f ms/step = %.0f tok/s\n", b, ctx, d * 1e3, b / d);
+            q += n;
+            if (*q == ',') q++;
+        }
+        goto done;
     }
     if (decode_only) goto done;
     int bsz[] = {8, 64, 256};

@@ -18,21 +18,7 @@ for v in base "SLUICE_CUDA_FUSED=1" "SLUICE_PDL=1" "SLUICE_CUDA_FUSED=1 SLUICE_P
 done
 t ncu_step 180 $NCU --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv \
   env SLUICE_BENCH_ONLY=decode SLUICE_BENCH_PROFILE=1 build/tests/gpu/bench_gpu
-python3 - "$L/ncu_step.log" <<'PY' | tee "$L/ncu_summary.txt"
-import csv, sys, collections
-rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
-h = rows[0]; rows = rows[1:]
-ki, vi, ui = h.index("Kernel Name"), h.index("Metric Value"), h.index("Metric Unit")
-tot = collections.OrderedDict(); cnt = collections.Counter()
-for r in rows:
-    v = float(r[vi].replace(",", "")); u = r[ui]
-    v = v / 1e3 if u == "nsecond" else v if u == "usecond" else v * 1e3
-    k = r[ki][:60]; tot[k] = tot.get(k, 0) + v; cnt[k] += 1
-s = sum(tot.values())
-print("kernels %d, sum of durations %.1f us over 2 steps (%.1f us per step)" % (sum(cnt.values()), s, s / 2))
-for k, v in sorted(tot.items(), key=lambda x: -x[1]):
-    print("%8.1f us/step %5d launches/step  %s" % (v / 2, cnt[k] // 2, k))
-PY
+python3 tests/gpu/ncu_sum.py "$L/ncu_step.log" 2 | tee "$L/ncu_summary.txt"
 t ncu_gemv 180 $NCU --clock-control none --profile-from-start off -k regex:"gemv|attn|combine|rope|rmsnorm|swiglu|argmax" --launch-count 14 \
   --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__grid_size,launch__block_size,launch__registers_per_thread \
   env SLUICE_BENCH_ONLY=decode SLUICE_BENCH_PROFILE=1 build/tests/gpu/bench_gpu

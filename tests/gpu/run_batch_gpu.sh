@@ -6,7 +6,8 @@
 #     tokens and 1000 output tokens (ignore_eos) on the Llama-3.1-8B shape with
 #     dummy weights; prints output tok/s.
 # Usage: tests/gpu/run_batch_gpu.sh [N] [outdir]
-#   RB_TP=2: the 8B run at --tensor-parallel-size 2; RB_SKIP_SMALL=1: skip part 1.
+#   RB_TP=2: the 8B run at --tensor-parallel-size 2; RB_SKIP_SMALL=1: skip part 1;
+#   RB_FLAGS: more run-batch flags for the 8B run (e.g. --kv-cache-dtype fp8).
 set -u
 N=${1:-1000}
 OUT=${2:-/tmp/rb_gpu}
@@ -52,7 +53,7 @@ PY
 start=$(date +%s.%N)
 timeout ${RB_TIMEOUT:-3000} $S run-batch --model tools/configs/llama-3.1-8b --load-format dummy --tokenizer tests/models/tiny-qwen3 \
     --served-model-name m -i "$OUT/big.jsonl" -o "$OUT/big_out.jsonl" --device cuda --tensor-parallel-size ${RB_TP:-1} --max-num-seqs 256 \
-    --max-num-batched-tokens 8192 --max-model-len 2304 --kv-cache-memory 80G --quiet || echo "run-batch 8B failed"
+    --max-num-batched-tokens 8192 --max-model-len 2304 --kv-cache-memory 80G --quiet ${RB_FLAGS:-} || echo "run-batch 8B failed"
 end=$(date +%s.%N)
 python3 - "$OUT" "$start" "$end" <<'PY'
 import json, sys
@@ -63,6 +64,6 @@ for line in open(f"{out}/big_out.jsonl"):
     u = ((o.get("response") or {}).get("body") or {}).get("usage") or {}
     pt += u.get("prompt_tokens", 0); ct += u.get("completion_tokens", 0); n += 1
 dt = t1 - t0
-print(f"run-batch Llama-3.1-8B shape (dummy, bf16, TP={__import__('os').environ.get('RB_TP', '1')}): {n} requests, {pt} prompt + {ct} output tokens in {dt:.1f} s "
+print(f"run-batch Llama-3.1-8B shape (dummy, bf16, TP={__import__('os').environ.get('RB_TP', '1')} {__import__('os').environ.get('RB_FLAGS', '')}): {n} requests, {pt} prompt + {ct} output tokens in {dt:.1f} s "
       f"(load included): {ct/dt:.0f} output tok/s, {(pt+ct)/dt:.0f} total tok/s")
 PY

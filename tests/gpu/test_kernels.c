@@ -47,7 +47,7 @@ static double nerr(const float *a, const double *b, size_t n)
 
 static void test_embed_rmsnorm(void)
 {
-    int shapes[][2] = {{1, 64}, {7, 576}, {33, 4096}, {5, 1000}};
+    int shapes[][2] = {{1, 64}, {7, 576}, {33, 4096}, {5, 1000}, {3, 10000}};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         int T = shapes[si][0], E = shapes[si][1], V = 50;
         uint16_t *tab = malloc((size_t)V * E * 2), *delta = malloc((size_t)T * E * 2);
@@ -100,26 +100,28 @@ static void test_embed_rmsnorm(void)
     }
 }
 
+/* F % 8 == 0 takes the 16-byte kernel, any other F the one-element kernel */
 static void test_swiglu(void)
 {
-    int T = 13, F = 1111;
-    uint16_t *gu = malloc((size_t)T * 2 * F * 2), *h = malloc((size_t)T * F * 2);
-    for (int i = 0; i < T * 2 * F; i++) gu[i] = bf(4 * frand());
-    uint16_t *dgu = dup_dev(gu, (size_t)T * 2 * F * 2), *dh = poisoned((size_t)T * F * 2);
-    CHECK(cuda_swiglu(dgu, T, F, dh, 0) == cudaSuccess);
-    get(h, dh, (size_t)T * F * 2);
-    double *ref = malloc((size_t)T * F * 8);
-    float *o = malloc((size_t)T * F * 4);
-    for (int t = 0; t < T; t++)
-        for (int j = 0; j < F; j++) {
-            double g = fb(gu[(size_t)t * 2 * F + j]), u = fb(gu[(size_t)t * 2 * F + F + j]);
-            ref[(size_t)t * F + j] = g / (1 + exp(-g)) * u;
-            o[(size_t)t * F + j] = fb(h[(size_t)t * F + j]);
-        }
-    double e = nerr(o, ref, (size_t)T * F);
-    CHECKF(e < 4e-3, "swiglu err %.3g", e);
-    printf("  swiglu T=%d F=%d: err %.2e\n", T, F, e);
-    free(gu), free(h), free(ref), free(o), cudaFree(dgu), cudaFree(dh);
+    for (int F = 1111, T = 13; F <= 1112; F++, T += 4) {
+        uint16_t *gu = malloc((size_t)T * 2 * F * 2), *h = malloc((size_t)T * F * 2);
+        for (int i = 0; i < T * 2 * F; i++) gu[i] = bf(4 * frand());
+        uint16_t *dgu = dup_dev(gu, (size_t)T * 2 * F * 2), *dh = poisoned((size_t)T * F * 2);
+        CHECK(cuda_swiglu(dgu, T, F, dh, 0) == cudaSuccess);
+        get(h, dh, (size_t)T * F * 2);
+        double *ref = malloc((size_t)T * F * 8);
+        float *o = malloc((size_t)T * F * 4);
+        for (int t = 0; t < T; t++)
+            for (int j = 0; j < F; j++) {
+                double g = fb(gu[(size_t)t * 2 * F + j]), u = fb(gu[(size_t)t * 2 * F + F + j]);
+                ref[(size_t)t * F + j] = g / (1 + exp(-g)) * u;
+                o[(size_t)t * F + j] = fb(h[(size_t)t * F + j]);
+            }
+        double e = nerr(o, ref, (size_t)T * F);
+        CHECKF(e < 4e-3, "swiglu err %.3g", e);
+        printf("  swiglu T=%d F=%d: err %.2e\n", T, F, e);
+        free(gu), free(h), free(ref), free(o), cudaFree(dgu), cudaFree(dh);
+    }
 }
 
 /* double-precision x W^T over bf16 inputs: ref [T][out] */
@@ -404,12 +406,43 @@ static void test_argmax(void)
     free(lg), cudaFree(dl), cudaFree(dlp), cudaFree(dt), cudaFree(scr);
 }
 
-/* RoPE + qk-norm + bias + KV write, both layouts, partial rotary. */
+/* The fp8 KV cache (args.kv8): g_kv8 runs the attention and RoPE tests
+ * below on it. kvs: bytes per KV element. e4m3: the value of an fp8 e4m3
+ * byte (1 sign, 4 exponent bits biased by 7, 3 mantissa bits; exponent 0:
+ * subnormal, 2^-6 * m / 8; 0x7f, 0xff: NaN). rand_kv: n random KV elements,
+ * bf16 in [-1, 1], or e4m3 of every exponent up to 2^0 (subnormals, zeros,
+ * both signs). kv_val: element i of a host KV array as f32. */
+static bool g_kv8;
+static size_t kvs(void) { return g_kv8 ? 1 : 2; }
+static float e4m3(uint8_t b)
+{
+    int e = (b >> 3) & 15, m = b & 7;
+    if (e == 15 && m == 7) return NAN;
+    float v = e ? ldexpf(1.0f + m / 8.0f, e - 7) : ldexpf(m / 8.0f, -6);
+    return b & 0x80 ? -v : v;
+}
+static void *rand_kv(size_t n)
+{
+    if (!g_kv8) return rand_bf(n, 1);
+    uint8_t *p = malloc(n);
+    for (size_t i = 0; i < n; i++) {
+        unsigned r = (unsigned)((frand() * 0.5f + 0.5f) * 65535);
+        p[i] = (uint8_t)((r & 0x80) | (((r >> 8) % 8) << 3) | (r & 7));
+    }
+    return p;
+}
+static float kv_val(const void *kv, size_t i) { return g_kv8 ? e4m3(((const uint8_t *)kv)[i]) : fb(((const uint16_t *)kv)[i]); }
+
+/* RoPE + qk-norm + bias + KV write, both layouts, partial rotary; bf16 and
+ * fp8 KV caches (fp8: every K and V value within half an e4m3 step of the
+ * reference, 2^-4 relative or 2^-10 for subnormals). */
 static void test_rope_kv(void)
 {
-    for (int variant = 0; variant < 3; variant++) {
-        int T = 9, H = 6, KVH = 2, D = variant == 2 ? 128 : 64, rd = variant == 1 ? 32 : D, half = rd / 2;
-        bool neox = variant != 0, qkn = variant == 1, bias = variant == 2;
+    for (int variant = 0; variant < 6; variant++) {
+        int v = variant % 3;
+        g_kv8 = variant >= 3;
+        int T = 9, H = 6, KVH = 2, D = v == 2 ? 128 : 64, rd = v == 1 ? 32 : D, half = rd / 2;
+        bool neox = v != 0, qkn = v == 1, bias = v == 2;
         int NH = H + 2 * KVH, maxctx = 4096, nslots = 64;
         uint16_t *qkv = malloc((size_t)T * NH * D * 2);
         for (int i = 0; i < T * NH * D; i++) qkv[i] = bf(frand());
@@ -431,13 +464,15 @@ static void test_rope_kv(void)
             .cos = dup_dev(cs, (size_t)maxctx * half * 4), .sin = dup_dev(sn, (size_t)maxctx * half * 4),
             .pos = dup_dev(pos, sizeof pos), .slots = dup_dev(slots, sizeof slots), .T = T, .H = H, .KVH = KVH,
             .D = D, .rope_dim = rd, .neox = neox, .eps = 1e-6f, .q = poisoned((size_t)T * H * D * 2),
-            .kc = poisoned((size_t)nslots * KVH * D * 2), .vc = poisoned((size_t)nslots * KVH * D * 2),
+            .kc = poisoned((size_t)nslots * KVH * D * kvs()), .vc = poisoned((size_t)nslots * KVH * D * kvs()),
+            .kv8 = g_kv8,
         };
         CHECK(cuda_rope_kv(&a, 0) == cudaSuccess);
-        uint16_t *q = malloc((size_t)T * H * D * 2), *kc = malloc((size_t)nslots * KVH * D * 2),
-                 *vc = malloc((size_t)nslots * KVH * D * 2);
-        get(q, a.q, (size_t)T * H * D * 2), get(kc, a.kc, (size_t)nslots * KVH * D * 2),
-            get(vc, a.vc, (size_t)nslots * KVH * D * 2);
+        uint16_t *q = malloc((size_t)T * H * D * 2);
+        void *kc = malloc((size_t)nslots * KVH * D * kvs()), *vc = malloc((size_t)nslots * KVH * D * kvs());
+        get(q, a.q, (size_t)T * H * D * 2), get(kc, a.kc, (size_t)nslots * KVH * D * kvs()),
+            get(vc, a.vc, (size_t)nslots * KVH * D * kvs());
+        int far = 0; /* fp8 values more than half a step from the reference */
         size_t n = (size_t)T * NH * D, k = 0;
         double *ref = malloc(n * 8);
         float *o = malloc(n * 4);
@@ -459,20 +494,28 @@ static void test_rope_kv(void)
                         double x0 = v[i0], x1 = v[i1];
                         v[i0] = x0 * c - x1 * s, v[i1] = x0 * s + x1 * c;
                     }
-                const uint16_t *got = kind == 0 ? q + ((size_t)t * H + h) * D
-                                    : kind == 1 ? kc + ((size_t)slots[t] * KVH + h - H) * D
-                                                : vc + ((size_t)slots[t] * KVH + h - H - KVH) * D;
-                for (int d = 0; d < D; d++, k++) ref[k] = v[d], o[k] = fb(got[d]);
+                for (int d = 0; d < D; d++, k++) {
+                    ref[k] = v[d];
+                    if (kind == 0) {
+                        o[k] = fb(q[((size_t)t * H + h) * D + d]);
+                        continue;
+                    }
+                    size_t at = ((size_t)slots[t] * KVH + h - H - (kind == 2 ? KVH : 0)) * D + d;
+                    o[k] = kv_val(kind == 1 ? kc : vc, at);
+                    far += g_kv8 && !(fabs(o[k] - v[d]) <= fmax(fabs(v[d]) / 16, 1.0 / 1024));
+                }
             }
         double e = nerr(o, ref, n);
-        CHECKF(e < 4e-3, "rope variant %d: err %.3g", variant, e);
-        printf("  rope_kv %s%s%s D=%d rope_dim=%d: err %.2e\n", neox ? "neox" : "norm", qkn ? "+qknorm" : "",
-               bias ? "+bias" : "", D, rd, e);
+        CHECKF(e < (g_kv8 ? 4e-2 : 4e-3) && !far, "rope variant %d%s: err %.3g, %d fp8 values off", v,
+               g_kv8 ? " (fp8 KV)" : "", e, far);
+        printf("  rope_kv %s%s%s D=%d rope_dim=%d%s: err %.2e\n", neox ? "neox" : "norm", qkn ? "+qknorm" : "",
+               bias ? "+bias" : "", D, rd, g_kv8 ? ", fp8 KV" : "", e);
         free(qkv), free(b), free(qn), free(kn), free(cs), free(sn), free(q), free(kc), free(vc), free(ref), free(o);
         cudaFree((void *)a.qkv), cudaFree((void *)a.bias), cudaFree((void *)a.q_norm), cudaFree((void *)a.k_norm);
         cudaFree((void *)a.cos), cudaFree((void *)a.sin), cudaFree((void *)a.pos), cudaFree((void *)a.slots);
         cudaFree(a.q), cudaFree(a.kc), cudaFree(a.vc);
     }
+    g_kv8 = false;
 }
 
 /* Paged attention over a shuffled block pool: mixed steps of decode tokens,
@@ -508,9 +551,9 @@ static double attn_run(const char *name, int H, int KVH, int D, int bs, const st
         int t = perm[i];
         perm[i] = perm[j], perm[j] = t;
     }
-    uint16_t *kc = malloc((size_t)nslots * KVH * D * 2), *vc = malloc((size_t)nslots * KVH * D * 2),
-             *q = malloc((size_t)T * H * D * 2);
-    for (size_t i = 0; i < (size_t)nslots * KVH * D; i++) kc[i] = bf(frand()), vc[i] = bf(frand());
+    size_t nkv = (size_t)nslots * KVH * D;
+    void *kc = rand_kv(nkv), *vc = rand_kv(nkv);
+    uint16_t *q = malloc((size_t)T * H * D * 2);
     for (size_t i = 0; i < (size_t)T * H * D; i++) q[i] = bf(2 * frand());
     int32_t *pos = malloc(T * 4), *tok_part = malloc(T * 4), *tok_ns = malloc(T * 4);
     int nb = 0, u = 1, t = 0, nitems = 0, part = 0;
@@ -537,8 +580,8 @@ static double attn_run(const char *name, int H, int KVH, int D, int bs, const st
         }
     }
     struct cuda_attn_args a = {
-        .q = dup_dev(q, (size_t)T * H * D * 2), .kc = dup_dev(kc, (size_t)nslots * KVH * D * 2),
-        .vc = dup_dev(vc, (size_t)nslots * KVH * D * 2), .pos = dup_dev(pos, T * 4), .bt = dup_dev(bt, nblk * 4),
+        .q = dup_dev(q, (size_t)T * H * D * 2), .kc = dup_dev(kc, nkv * kvs()), .vc = dup_dev(vc, nkv * kvs()),
+        .kv8 = g_kv8, .pos = dup_dev(pos, T * 4), .bt = dup_dev(bt, nblk * 4),
         .bt_off = dup_dev(bt_off, ns * 4), .items = dup_dev(items, sizeof *items * nitems),
         .n_items = dup_dev(&nitems, 4), .max_items = nitems + 7, .max_rows = maxrows, .H = H, .KVH = KVH, .D = D, .block_size = bs,
         .scale = scale_mul / sqrtf((float)D),
@@ -573,7 +616,7 @@ static double attn_run(const char *name, int H, int KVH, int D, int bs, const st
     size_t n = (size_t)T * H * D;
     double *ref = malloc(n * 8);
     float *o = malloc(n * 4), *kf = malloc((size_t)nslots * KVH * D * 4), *vf = malloc((size_t)nslots * KVH * D * 4);
-    for (size_t i = 0; i < (size_t)nslots * KVH * D; i++) kf[i] = fb(kc[i]), vf[i] = fb(vc[i]);
+    for (size_t i = 0; i < nkv; i++) kf[i] = kv_val(kc, i), vf[i] = kv_val(vc, i);
     for (size_t i = 0; i < n; i++) o[i] = fb(out[i]);
     double worst = 0;
 #pragma omp parallel reduction(max : worst)
@@ -617,8 +660,9 @@ static double attn_run(const char *name, int H, int KVH, int D, int bs, const st
     }
     double err = nerr(o, ref, n);
     *rowmax = worst;
-    printf("  attention %-36s T=%4d H=%d/%d D=%d bs=%d split=%d rows %d (max %d)%s: err %.2e, row max %.2e\n", name, T, H,
-           KVH, D, bs, nsplit, rows, maxrows, scale_mul != 1.0f ? " bad scale" : "", err, worst);
+    printf("  attention %-36s T=%4d H=%d/%d D=%d bs=%d split=%d rows %d (max %d)%s%s: err %.2e, row max %.2e\n", name, T,
+           H, KVH, D, bs, nsplit, rows, maxrows, scale_mul != 1.0f ? " bad scale" : "", g_kv8 ? " fp8 KV" : "", err,
+           worst);
     free(perm), free(bt), free(bt_off), free(kc), free(vc), free(q), free(pos), free(tok_part), free(tok_ns);
     free(items), free(tok_seq), free(out), free(ref), free(o), free(kf), free(vf);
     cudaFree((void *)a.q), cudaFree((void *)a.kc), cudaFree((void *)a.vc), cudaFree((void *)a.pos);
@@ -750,7 +794,8 @@ static void rope_fold_case(const char *name, int H, int KVH, int D, int bs, int 
         if (nsplit > 1) part += grp;
     }
     size_t nkv = (size_t)nslots * KVH * D, nq = (size_t)T * nh * D;
-    uint16_t *kc = rand_bf(nkv, 1), *vc = rand_bf(nkv, 1), *qkv = rand_bf(nq, 2);
+    void *kc = rand_kv(nkv), *vc = rand_kv(nkv);
+    uint16_t *qkv = rand_bf(nq, 2);
     float *bsv = malloc((size_t)nh * D * 4), *qn = malloc(D * 4), *kn = malloc(D * 4);
     float *cs = malloc((size_t)maxctx * half * 4), *sn = malloc((size_t)maxctx * half * 4);
     for (int i = 0; i < nh * D; i++) bsv[i] = 0.3f * frand();
@@ -765,20 +810,21 @@ static void rope_fold_case(const char *name, int H, int KVH, int D, int bs, int 
         .q_norm = qkn ? dup_dev(qn, D * 4) : NULL, .k_norm = qkn ? dup_dev(kn, D * 4) : NULL,
         .cos = dup_dev(cs, (size_t)maxctx * half * 4), .sin = dup_dev(sn, (size_t)maxctx * half * 4),
         .pos = dup_dev(pos, T * 4), .slots = dup_dev(slots, T * 8), .T = T, .H = H, .KVH = KVH, .D = D,
-        .rope_dim = rope_dim, .neox = neox, .eps = 1e-6f, .q = poisoned((size_t)T * H * D * 2),
+        .rope_dim = rope_dim, .neox = neox, .eps = 1e-6f, .q = poisoned((size_t)T * H * D * 2), .kv8 = g_kv8,
     };
-    uint16_t *out[2], *kv[2][2];
+    uint16_t *out[2];
+    void *kv[2][2];
     struct cuda_attn_args a = {
         .q = ra.q, .pos = ra.pos, .bt = dup_dev(bt, nb * 4), .bt_off = dup_dev(bt_off, ns * 4),
         .items = dup_dev(items, sizeof *items * nitems), .n_items = dup_dev(&nitems, 4), .max_items = nitems + 3,
         .max_rows = grp, .H = H, .KVH = KVH, .D = D, .block_size = bs, .scale = 1.0f / sqrtf((float)D),
         .part = poisoned((size_t)(part > 0 ? part : 1) * KVH * CUDA_ATTN_MAXSPLIT * (D + 2) * 4),
-        .tok_part = dup_dev(tok_part, T * 4), .tok_nsplit = dup_dev(tok_ns, T * 4), .T = T,
+        .tok_part = dup_dev(tok_part, T * 4), .tok_nsplit = dup_dev(tok_ns, T * 4), .T = T, .kv8 = g_kv8,
     };
     CHECK(cudaMalloc((void **)&a.cnt, (size_t)T * KVH * 4) == cudaSuccess);
     cudaMemset(a.cnt, 0, (size_t)T * KVH * 4);
     for (int f = 0; f < 2; f++) {
-        kv[f][0] = dup_dev(kc, nkv * 2), kv[f][1] = dup_dev(vc, nkv * 2);
+        kv[f][0] = dup_dev(kc, nkv * kvs()), kv[f][1] = dup_dev(vc, nkv * kvs());
         out[f] = poisoned((size_t)T * H * D * 2);
         struct cuda_rope_args r = ra;
         r.kc = kv[f][0], r.vc = kv[f][1];
@@ -792,19 +838,20 @@ static void rope_fold_case(const char *name, int H, int KVH, int D, int bs, int 
     }
     CHECK(cudaDeviceSynchronize() == cudaSuccess);
     size_t no = (size_t)T * H * D;
-    uint16_t *o0 = malloc(no * 2), *o1 = malloc(no * 2), *k0 = malloc(nkv * 2), *k1 = malloc(nkv * 2);
+    uint16_t *o0 = malloc(no * 2), *o1 = malloc(no * 2);
+    void *k0 = malloc(nkv * kvs()), *k1 = malloc(nkv * kvs());
     get(o0, out[0], no * 2), get(o1, out[1], no * 2);
     int nan = 0;
     for (size_t i = 0; i < no; i++) nan += (o0[i] & 0x7f80) == 0x7f80;
     CHECKF(!nan, "%s: %d outputs not finite", name, nan);
     CHECKF(!memcmp(o0, o1, no * 2), "%s: attention output differs from rope_kv + attention", name);
     for (int c = 0; c < 2; c++) {
-        get(k0, kv[0][c], nkv * 2), get(k1, kv[1][c], nkv * 2);
-        CHECKF(!memcmp(k0, k1, nkv * 2), "%s: %s cache differs from rope_kv's", name, c ? "V" : "K");
-        CHECKF(memcmp(k0, c ? vc : kc, nkv * 2), "%s: rope_kv wrote nothing to the %s cache", name, c ? "V" : "K");
+        get(k0, kv[0][c], nkv * kvs()), get(k1, kv[1][c], nkv * kvs());
+        CHECKF(!memcmp(k0, k1, nkv * kvs()), "%s: %s cache differs from rope_kv's", name, c ? "V" : "K");
+        CHECKF(memcmp(k0, c ? vc : kc, nkv * kvs()), "%s: rope_kv wrote nothing to the %s cache", name, c ? "V" : "K");
     }
-    printf("  rope folded %-30s T=%3d H=%d/%d D=%d rope %d%s%s%s split %d: identical\n", name, T, H, KVH, D, rope_dim,
-           neox ? " neox" : "", bias ? " bias" : "", qkn ? " qk-norm" : "", nsplit);
+    printf("  rope folded %-30s T=%3d H=%d/%d D=%d rope %d%s%s%s%s split %d: identical\n", name, T, H, KVH, D,
+           rope_dim, neox ? " neox" : "", bias ? " bias" : "", qkn ? " qk-norm" : "", g_kv8 ? " fp8 KV" : "", nsplit);
     free(ctx), free(bt), free(bt_off), free(pos), free(tok_part), free(tok_ns), free(slots), free(items), free(kc);
     free(vc), free(qkv), free(bsv), free(qn), free(kn), free(cs), free(sn), free(o0), free(o1), free(k0), free(k1);
     cudaFree((void *)ra.qkv), cudaFree((void *)ra.bias), cudaFree((void *)ra.q_norm), cudaFree((void *)ra.k_norm);
@@ -875,6 +922,22 @@ static void test_attention_tc(void)
     CHECKF(err > TC_ERR && rowmax > TC_ROWMAX, "a 25%% scale error passed: err %.3g, row max %.3g", err, rowmax);
 }
 
+/* The fp8 KV cache through every attention kernel: the SIMT kernel (head_dim
+ * 256, and the mixed cases), the decode kernel (tensor-core math whichever is
+ * selected: the fp8 cache always takes it), RoPE folded into it (bit for bit
+ * as rope_kv then attention, both writing fp8), and the tensor-core prefill
+ * kernel. The reference reads the same fp8 values, which every kernel widens
+ * exactly, so the bounds are the bf16 cache's. */
+static void test_attention_kv8(void)
+{
+    g_kv8 = true;
+    test_attention();
+    test_attention_decode();
+    test_attention_rope_fold();
+    test_attention_tc();
+    g_kv8 = false;
+}
+
 int main(void)
 {
     int n = 0;
@@ -893,5 +956,6 @@ int main(void)
     RUN(test_attention_decode);
     RUN(test_attention_rope_fold);
     RUN(test_attention_tc);
+    RUN(test_attention_kv8);
     return test_summary();
 }
