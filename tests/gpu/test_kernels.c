@@ -933,7 +933,17 @@ static void test_attention_kv8(void)
     g_kv8 = true;
     test_attention();
     test_attention_decode();
+    g_kv8 = false;
+}
+static void test_rope_fold_kv8(void)
+{
+    g_kv8 = true;
     test_attention_rope_fold();
+    g_kv8 = false;
+}
+static void test_attention_tc_kv8(void)
+{
+    g_kv8 = true;
     test_attention_tc();
     g_kv8 = false;
 }
@@ -957,5 +967,7 @@ int main(void)
     RUN(test_attention_rope_fold);
     RUN(test_attention_tc);
     RUN(test_attention_kv8);
+    RUN(test_rope_fold_kv8);
+    RUN(test_attention_tc_kv8);
     return test_summary();
 }

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# kv8_run.sh - one device call for the fp8 KV cache: the kernel tests (all of
+# them, fp8 included; memcheck and racecheck on the fp8 attention tests), the
+# device sampler, end to end vs CPU/HF (bf16 cache), the engine suite on CUDA
+# with the bf16 and the fp8 cache; decode of the Llama-3.1-8B shape at long
+# contexts and prefill with each cache; and, with RB=N, the run-batch
+# throughput run with each. Logs under $1; a summary on stdout.
+. "$(dirname "$0")/run_lib.sh"
+nvidia-smi -L
+t kernels 150 build/tests/gpu/test_kernels
+grep -E "FAIL|failed:" "$L/kernels.log" | head -20
+t sample 60 build/tests/gpu/test_sample
+t e2e_tp1 90 build/tests/gpu/test_gpu_e2e
+t engine_tp1 90 env SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3 build/tests/test_engine
+t engine_kv8 90 env SLUICE_TEST_KV=fp8 SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3 build/tests/test_engine
+grep -E "FAIL|failed:" "$L/e2e_tp1.log" "$L/engine_tp1.log" "$L/engine_kv8.log" | head
+D=${DECODES:-256x1536,256x512,64x2048}
+for kv in auto fp8; do
+  t bench_$kv 120 env SLUICE_BENCH_KV=$kv SLUICE_BENCH_DECODE=$D build/tests/gpu/bench_gpu
+  echo "  [KV $kv] $(grep -E '^(decode|prefill)' "$L/bench_$kv.log" | sed -E 's/; floor.*//; s/ \(.*GEMMs\)//' | tr '\n' '|')"
+done
+t memcheck_kv8 150 env SLUICE_TEST_ONLY=kv8 compute-sanitizer --tool memcheck build/tests/gpu/test_kernels
+t racecheck_fold_kv8 90 env SLUICE_TEST_ONLY=fold_kv8 compute-sanitizer --tool racecheck build/tests/gpu/test_kernels
+t racecheck_tc_kv8 150 env SLUICE_TEST_ONLY=tc_kv8 compute-sanitizer --tool racecheck build/tests/gpu/test_kernels
+if [ -n "${RB:-}" ]; then
+  for kv in fp8 auto; do
+    a=$(date +%s); RB_FLAGS="--kv-cache-dtype $kv" RB_SKIP_SMALL=1 timeout -k 5 200 bash tests/gpu/run_batch_gpu.sh "$RB" "$L/rb_$kv" > "$L/rb_$kv.log" 2>&1
+    echo "run-batch $RB KV $kv rc=$? $(( $(date +%s) - a ))s"; tail -1 "$L/rb_$kv.log"
+  done
+fi
