@@ -358,6 +358,64 @@ static __device__ __forceinline__ void tile_pv(float (&o)[DT][4], const float (&
     }
 }
 
+/* The fp8 decode tile (dec_tile<D, true>): e4m3 rows of RSB bytes read
+ * straight into f16 mma fragments (e4m3 -> f16 is exact; q and P are f16
+ * here, the accumulators f32). */
+static __device__ __forceinline__ void mma_f16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+static __device__ __forceinline__ uint32_t e4m3x2_to_h2(uint16_t v)
+{
+    __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)v, __NV_E4M3);
+    return (uint32_t)h.x | (uint32_t)h.y << 16;
+}
+static __device__ __forceinline__ uint32_t pack_h2(float lo, float hi)
+{
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+/* S = q K^T over the tile's K rows at ks: B fragment (dims 2tq.., key gq) is
+ * two adjacent bytes of key row gq */
+template <int NT, int KC, int RSB>
+static __device__ __forceinline__ void tile_scores8(float (&s)[NT][4], const uint32_t (&qf)[KC][4], const uint8_t *ks)
+{
+    const int lane = threadIdx.x & 31;
+    const uint8_t *kr = ks + (lane >> 2) * RSB + (lane & 3) * 2;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+        for (int kc = 0; kc < KC; kc++) {
+            const uint8_t *p = kr + nt * 8 * RSB + kc * 16;
+            mma_f16(s[nt], qf[kc], e4m3x2_to_h2(*(const uint16_t *)p), e4m3x2_to_h2(*(const uint16_t *)(p + 8)));
+        }
+    }
+}
+/* O += P V over the tile's V rows at vs: B fragment (keys 2tq, 2tq + 1, dim
+ * gq) is one byte of each of two key rows; P's A fragment as in tile_pv
+ * (rows 8-15 zero) */
+template <int NT, int DT, int RSB>
+static __device__ __forceinline__ void tile_pv8(float (&o)[DT][4], const float (&s)[NT][4], const uint8_t *vs)
+{
+    const int lane = threadIdx.x & 31;
+    const uint8_t *vr = vs + (lane & 3) * 2 * RSB + (lane >> 2);
+#pragma unroll
+    for (int kk = 0; kk < NT / 2; kk++) {
+        uint32_t pa[4] = {pack_h2(s[2 * kk][0], s[2 * kk][1]), 0u, pack_h2(s[2 * kk + 1][0], s[2 * kk + 1][1]), 0u};
+        const uint8_t *p = vr + kk * 16 * RSB;
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++) {
+            const uint8_t *q = p + dt * 8;
+            uint16_t b0 = (uint16_t)(q[0] | q[RSB] << 8), b1 = (uint16_t)(q[8 * RSB] | q[9 * RSB] << 8);
+            mma_f16(o[dt], pa, e4m3x2_to_h2(b0), e4m3x2_to_h2(b1));
+        }
+    }
+}
+
 /* ---- decode kernel ------------------------------------------------------------
  *
  * Decode-only steps (one query token per item, its grp <= 8 heads; D 64 or
@@ -380,37 +438,49 @@ static __device__ __forceinline__ void tile_pv(float (&o)[DT][4], const float (&
  * rows, P rounded to bf16 as in the prefill kernel); the SIMT math above is
  * kept for SLUICE_CUDA_ATTN_DEC_TC=0. Both write the same partials. */
 #define DEC_NW 4
-/* Keys per warp tile of the tensor-core variant, and its shared memory: per
- * warp a K and a V stage [DEC_BN][D + 8] bf16, the warps' states Wa
- * [DEC_NW][GM][D] f32, q [16][D + 8] bf16 (rows past grp zero). */
-#define DEC_BN 32
-template <int D, int GM>
+/* The tensor-core variant's warp tile: BN keys; a warp stages its tile's K
+ * rows then V rows, RSB bytes each: [BN][D + 8] bf16 (ldmatrix reads it), or
+ * with the fp8 cache 64 keys of [D + 16] bytes, the same stage size for twice
+ * the keys (so a warp has as many bytes in flight as with bf16), read
+ * straight into f16 mma fragments (no widening pass, no second stage: the
+ * decode kernel is bound by the bytes its warps have in flight). Shared
+ * memory: DEC_NW stages, the warps' states Wa [DEC_NW][GM][D] f32, q [16][D +
+ * 8] (bf16, f16 with fp8; rows past grp zero). */
+template <int D, bool KV8>
+struct dec_tile {
+    static constexpr int BN = KV8 ? 64 : 32, RSB = KV8 ? D + 16 : (D + 8) * 2, SB = 2 * BN * RSB;
+};
+template <int D, int GM, bool KV8>
 static constexpr size_t dec_tc_smem(void)
 {
-    return (size_t)DEC_NW * 2 * DEC_BN * (D + 8) * 2 + (size_t)DEC_NW * GM * D * 4 + (size_t)16 * (D + 8) * 2;
+    return (size_t)DEC_NW * dec_tile<D, KV8>::SB + (size_t)DEC_NW * GM * D * 4 + (size_t)16 * (D + 8) * 2;
 }
 
-/* One warp's keys [k0, k0 + DEC_BN) of head group g into its K stage ks and
- * V stage ks + DEC_BN * (D + 8), zeros past hi; committed, not waited for. */
+/* One warp's keys [k0, k0 + BN) of head group g into its stage st (K rows,
+ * then V rows, as dec_tile says), zeros past hi; committed, not waited for.
+ * Lane l looks up the slots of keys k0 + l, k0 + 32 + l, ... */
 template <int D, bool KV8>
 static __device__ __forceinline__ void dec_load_kv(const struct cuda_attn_args &a, const int32_t *bt, int g, int k0,
-                                                   int hi, uint16_t *ks)
+                                                   int hi, uint8_t *st)
 {
-    /* 16-byte chunks: 8 bf16 elements into the rows [DEC_BN][D + 8], or 16
-     * fp8 ones into the packed rows [DEC_BN][D] at kv8_off (EPC: elements
-     * per chunk, RS, ES: elements per staged row, bytes per element) */
-    constexpr int EPC = KV8 ? 16 : 8, CH = D / EPC, RS = KV8 ? D : D + 8, ES = KV8 ? 1 : 2;
-    uint8_t *st = (uint8_t *)ks + (KV8 ? kv8_off<D, 2 * DEC_BN>() : 0);
+    using TL = dec_tile<D, KV8>;
+    constexpr int ES = KV8 ? 1 : 2, CH = D * ES / 16, NS = TL::BN / 32; /* 16-byte chunks per row, slots per lane */
+    static_assert(32 % CH == 0, "a round of chunks stays within one slot group");
     const uint8_t *kc = (const uint8_t *)a.kc, *vc = (const uint8_t *)a.vc;
-    int lane = threadIdx.x & 31, bs = a.block_size, kp = k0 + lane;
-    long long slot = kp < hi ? (long long)bt[kp / bs] * bs + kp % bs : -1;
+    int lane = threadIdx.x & 31, bs = a.block_size;
+    long long slot[NS];
 #pragma unroll
-    for (int u = 0; u < DEC_BN * CH / 32; u++) {
+    for (int k = 0; k < NS; k++) {
+        int kp = k0 + 32 * k + lane;
+        slot[k] = kp < hi ? (long long)bt[kp / bs] * bs + kp % bs : -1;
+    }
+#pragma unroll
+    for (int u = 0; u < TL::BN * CH / 32; u++) {
         int i = u * 32 + lane, j = i / CH, c = i % CH;
-        long long sj = __shfl_sync(0xffffffffu, slot, j);
-        size_t off = sj >= 0 ? (((size_t)sj * a.KVH + g) * D + c * EPC) * ES : 0;
-        cp_async16(smem_u32(st + (j * RS + c * EPC) * ES), kc + off, sj >= 0);
-        cp_async16(smem_u32(st + ((DEC_BN + j) * RS + c * EPC) * ES), vc + off, sj >= 0);
+        long long sj = __shfl_sync(0xffffffffu, slot[u * 32 / CH / 32], j & 31);
+        size_t off = sj >= 0 ? ((size_t)sj * a.KVH + g) * D * ES + c * 16 : 0;
+        cp_async16(smem_u32(st + j * TL::RSB + c * 16), kc + off, sj >= 0);
+        cp_async16(smem_u32(st + (TL::BN + j) * TL::RSB + c * 16), vc + off, sj >= 0);
     }
     cp_async_commit();
 }
@@ -430,10 +500,11 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, t = wi.t0;
     const int32_t *bt = a.bt + a.bt_off[wi.seq];
     const float qscale = a.scale * 1.4426950408889634f; /* log2(e): exp2 below */
-    uint16_t *stage = dsm + (size_t)w * 2 * DEC_BN * DP;
+    using TL = dec_tile<D, KV8>;
+    uint8_t *stage = (uint8_t *)dsm + (size_t)w * TL::SB;
     float(*Wa)[GM][D];
     if constexpr (TC) {
-        Wa = (float(*)[GM][D])(dsm + DEC_NW * 2 * DEC_BN * DP);
+        Wa = (float(*)[GM][D])((uint8_t *)dsm + DEC_NW * TL::SB);
     } else {
         __shared__ float Wa_s[DEC_NW][GM][D];
         Wa = Wa_s;
@@ -443,7 +514,7 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
      * no new token: the warp that has it loads after the KV write below) */
     int tpos = a.pos[t];
     bool own = a.rope.qkv && tpos >= wi.kv_lo && tpos < wi.kv_hi; /* this split writes the token's K and V */
-    if (TC && !own && wi.kv_lo + DEC_BN * w < hi) dec_load_kv<D, KV8>(a, bt, g, wi.kv_lo + DEC_BN * w, hi, stage);
+    if (TC && !own && wi.kv_lo + TL::BN * w < hi) dec_load_kv<D, KV8>(a, bt, g, wi.kv_lo + TL::BN * w, hi, stage);
     /* q of this block's heads: from the raw projection through RoPE when
      * it is folded in (and the split that holds the token's position writes
      * its K and V, before any warp of this block reads them; no other block
@@ -553,14 +624,20 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
     } else {
         /* tensor cores (mma.m16n8k16, the fragment layouts of the prefill
          * kernel below): S^T = q K^T with the heads as the 16 rows (rows past
-         * grp zero), P in bf16, O += P V; lane 4 gq + tq owns head gq */
-        uint16_t *Qt = dsm + DEC_NW * 2 * DEC_BN * DP + DEC_NW * GM * D * 2;
+         * grp zero), P in bf16 (f16 with fp8 K and V), O += P V; lane 4 gq +
+         * tq owns head gq */
+        uint16_t *Qt = (uint16_t *)((uint8_t *)dsm + DEC_NW * TL::SB + DEC_NW * GM * D * 4);
         for (int i = threadIdx.x; i < 16 * D; i += blockDim.x) {
             int r = i / D, d = i % D;
-            Qt[r * DP + d] = r < grp ? Qb[r][d] : 0;
+            uint16_t v = r < grp ? Qb[r][d] : 0;
+            if constexpr (KV8) {
+                __half h = __float2half_rn(bf2f(v));
+                v = *(const uint16_t *)&h;
+            }
+            Qt[r * DP + d] = v;
         }
         __syncthreads();
-        constexpr int KC = D / 16, DT = D / 8, NT = DEC_BN / 8;
+        constexpr int KC = D / 16, DT = D / 8, NT = TL::BN / 8;
         uint32_t qf[KC][4];
         {
             uint32_t qb = smem_u32(Qt + (lane & 15) * DP + (lane >> 4) * 8);
@@ -573,16 +650,18 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
         float m0 = -INFINITY, l0 = 0.0f;
         const int kofs = ((lane & 7) + ((lane >> 4) << 3)) * DP + ((lane >> 3) & 1) * 8;
         const int vofs = (lane & 15) * DP + (lane >> 4) * 8;
-        const uint32_t kb = smem_u32(stage), vb = kb + DEC_BN * DP * 2;
+        const uint32_t kb = smem_u32(stage), vb = kb + TL::BN * TL::RSB;
         bool first = !own;
-        for (int k0 = wi.kv_lo + DEC_BN * w; k0 < hi; k0 += DEC_BN * DEC_NW) {
+        for (int k0 = wi.kv_lo + TL::BN * w; k0 < hi; k0 += TL::BN * DEC_NW) {
             if (!first) dec_load_kv<D, KV8>(a, bt, g, k0, hi, stage);
             first = false;
             cp_async_wait<0>();
             __syncwarp();
-            if constexpr (KV8) kv8_widen<D, 2 * DEC_BN, 32, false>(stage);
             float s[NT][4];
-            tile_scores<NT, KC, DP>(s, qf, kb, kofs);
+            if constexpr (KV8)
+                tile_scores8<NT, KC, TL::RSB>(s, qf, stage);
+            else
+                tile_scores<NT, KC, DP>(s, qf, kb, kofs);
             /* keys past hi (zeros in the stage) out; rows gq + 8 are zero rows */
             float x0 = -INFINITY;
 #pragma unroll
@@ -607,7 +686,10 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
                 s[nt][2] = s[nt][3] = 0.0f;
                 l0 += s[nt][0] + s[nt][1];
             }
-            tile_pv<NT, DT, DP, true>(o, s, vb, vofs);
+            if constexpr (KV8)
+                tile_pv8<NT, DT, TL::RSB>(o, s, stage + TL::BN * TL::RSB);
+            else
+                tile_pv<NT, DT, DP, true>(o, s, vb, vofs);
             __syncwarp(); /* the stage is read: the next tile may overwrite it */
         }
         l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
@@ -687,7 +769,7 @@ static cudaError_t launch_dec(const struct cuda_attn_args *a, cudaStream_t st)
 {
     dim3 grid(a->max_items, a->KVH), blk(32 * DEC_NW);
     bool g4 = a->H / a->KVH <= 4;
-    size_t sm = !TC ? 0 : g4 ? dec_tc_smem<D, 4>() : dec_tc_smem<D, 8>();
+    size_t sm = !TC ? 0 : g4 ? dec_tc_smem<D, 4, KV8>() : dec_tc_smem<D, 8, KV8>();
     /* a plain launch, and no early trigger for the next kernel: letting the
      * o projection's GEMV start loading weights while this kernel runs
      * measured slower (BENCHMARKS.md: batch-1 decode 207.3 vs 217.5 tok/s) */
@@ -874,11 +956,12 @@ static constexpr int tc_smem(void)
     return 4 * TC_BN * (D + 8) * 2;
 }
 
-/* raises k's dynamic shared-memory limit to bytes (a no-op at <= 48 KB) */
+/* raises k's dynamic shared-memory limit to bytes (set whatever the size:
+ * static shared memory counts against the default 48 KB too) */
 template <typename K>
 static cudaError_t smem_limit(K k, int bytes, cudaError_t e)
 {
-    if (e != cudaSuccess || bytes <= 48 * 1024) return e;
+    if (e != cudaSuccess) return e;
     return cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
 }
 
@@ -896,8 +979,8 @@ static cudaError_t set_smem_tc(cudaError_t e)
 {
     e = smem_limit(attn_tc_kernel<D, 4, KV8>, tc_smem<D>(), e);
     e = smem_limit(attn_tc_kernel<D, 8, KV8>, tc_smem<D>(), e);
-    e = smem_limit(attn_dec_kernel<D, 4, true, KV8>, (int)dec_tc_smem<D, 4>(), e);
-    return smem_limit(attn_dec_kernel<D, 8, true, KV8>, (int)dec_tc_smem<D, 8>(), e);
+    e = smem_limit(attn_dec_kernel<D, 4, true, KV8>, (int)dec_tc_smem<D, 4, KV8>(), e);
+    return smem_limit(attn_dec_kernel<D, 8, true, KV8>, (int)dec_tc_smem<D, 8, KV8>(), e);
 }
 
 template <int DPL>

@@ -7,7 +7,7 @@
 # throughput run with each. Logs under $1; a summary on stdout.
 . "$(dirname "$0")/run_lib.sh"
 nvidia-smi -L
-t kernels 150 build/tests/gpu/test_kernels
+t kernels 240 build/tests/gpu/test_kernels
 grep -E "FAIL|failed:" "$L/kernels.log" | head -20
 t sample 60 build/tests/gpu/test_sample
 t e2e_tp1 90 build/tests/gpu/test_gpu_e2e
@@ -19,11 +19,13 @@ for kv in auto fp8; do
   t bench_$kv 120 env SLUICE_BENCH_KV=$kv SLUICE_BENCH_DECODE=$D build/tests/gpu/bench_gpu
   echo "  [KV $kv] $(grep -E '^(decode|prefill)' "$L/bench_$kv.log" | sed -E 's/; floor.*//; s/ \(.*GEMMs\)//' | tr '\n' '|')"
 done
-t memcheck_kv8 150 env SLUICE_TEST_ONLY=kv8 compute-sanitizer --tool memcheck build/tests/gpu/test_kernels
+t memcheck_kv8 150 env SLUICE_TEST_ONLY=attention_kv8 compute-sanitizer --tool memcheck build/tests/gpu/test_kernels
+t memcheck_fold_kv8 60 env SLUICE_TEST_ONLY=fold_kv8 compute-sanitizer --tool memcheck build/tests/gpu/test_kernels
 t racecheck_fold_kv8 90 env SLUICE_TEST_ONLY=fold_kv8 compute-sanitizer --tool racecheck build/tests/gpu/test_kernels
-t racecheck_tc_kv8 150 env SLUICE_TEST_ONLY=tc_kv8 compute-sanitizer --tool racecheck build/tests/gpu/test_kernels
-if [ -n "${RB:-}" ]; then
-  for kv in fp8 auto; do
+[ -n "${TC_RACE:-}" ] && t racecheck_tc_kv8 150 env SLUICE_TEST_ONLY=tc_kv8 compute-sanitizer --tool racecheck build/tests/gpu/test_kernels
+# the throughput runs only when the kernels pass
+if [ -n "${RB:-}" ] && grep -q '^[0-9]* passed, 0 failed' "$L/kernels.log"; then
+  for kv in ${RB_KV:-fp8 auto}; do
     a=$(date +%s); RB_FLAGS="--kv-cache-dtype $kv" RB_SKIP_SMALL=1 timeout -k 5 200 bash tests/gpu/run_batch_gpu.sh "$RB" "$L/rb_$kv" > "$L/rb_$kv.log" 2>&1
     echo "run-batch $RB KV $kv rc=$? $(( $(date +%s) - a ))s"; tail -1 "$L/rb_$kv.log"
   done
