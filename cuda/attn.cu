@@ -440,15 +440,15 @@ static __device__ __forceinline__ void tile_pv8(float (&o)[DT][4], const float (
 #define DEC_NW 4
 /* The tensor-core variant's warp tile: BN keys; a warp stages its tile's K
  * rows then V rows, RSB bytes each: [BN][D + 8] bf16 (ldmatrix reads it), or
- * with the fp8 cache 64 keys of [D + 16] bytes, the same stage size for twice
- * the keys (so a warp has as many bytes in flight as with bf16), read
- * straight into f16 mma fragments (no widening pass, no second stage: the
- * decode kernel is bound by the bytes its warps have in flight). Shared
- * memory: DEC_NW stages, the warps' states Wa [DEC_NW][GM][D] f32, q [16][D +
- * 8] (bf16, f16 with fp8; rows past grp zero). */
+ * with the fp8 cache [D + 16] bytes read straight into f16 mma fragments (no
+ * widening pass), in two stages per warp (the same bytes as one bf16 stage):
+ * the next tile is requested before this one is used, so a warp keeps a tile
+ * in flight while it computes. SB: a warp's stages. Shared memory: DEC_NW x
+ * SB, the warps' states Wa [DEC_NW][GM][D] f32, q [16][D + 8] (bf16, f16 with
+ * fp8; rows past grp zero). */
 template <int D, bool KV8>
 struct dec_tile {
-    static constexpr int BN = KV8 ? 64 : 32, RSB = KV8 ? D + 16 : (D + 8) * 2, SB = 2 * BN * RSB;
+    static constexpr int BN = 32, RSB = KV8 ? D + 16 : (D + 8) * 2, NST = KV8 ? 2 : 1, SB = NST * 2 * BN * RSB;
 };
 template <int D, int GM, bool KV8>
 static constexpr size_t dec_tc_smem(void)
@@ -651,15 +651,21 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
         const int kofs = ((lane & 7) + ((lane >> 4) << 3)) * DP + ((lane >> 3) & 1) * 8;
         const int vofs = (lane & 15) * DP + (lane >> 4) * 8;
         const uint32_t kb = smem_u32(stage), vb = kb + TL::BN * TL::RSB;
-        bool first = !own;
+        bool first = !own; /* this tile is requested already */
+        int cur = 0;       /* its stage */
         for (int k0 = wi.kv_lo + TL::BN * w; k0 < hi; k0 += TL::BN * DEC_NW) {
-            if (!first) dec_load_kv<D, KV8>(a, bt, g, k0, hi, stage);
-            first = false;
-            cp_async_wait<0>();
+            uint8_t *st = stage + cur * 2 * TL::BN * TL::RSB;
+            if (!first) dec_load_kv<D, KV8>(a, bt, g, k0, hi, st);
+            bool pre = TL::NST == 2 && k0 + TL::BN * DEC_NW < hi; /* the next tile, into the other stage */
+            if (pre) dec_load_kv<D, KV8>(a, bt, g, k0 + TL::BN * DEC_NW, hi, stage + (cur ^ 1) * 2 * TL::BN * TL::RSB);
+            if (pre)
+                cp_async_wait<1>();
+            else
+                cp_async_wait<0>();
             __syncwarp();
             float s[NT][4];
             if constexpr (KV8)
-                tile_scores8<NT, KC, TL::RSB>(s, qf, stage);
+                tile_scores8<NT, KC, TL::RSB>(s, qf, st);
             else
                 tile_scores<NT, KC, DP>(s, qf, kb, kofs);
             /* keys past hi (zeros in the stage) out; rows gq + 8 are zero rows */
@@ -687,10 +693,12 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
                 l0 += s[nt][0] + s[nt][1];
             }
             if constexpr (KV8)
-                tile_pv8<NT, DT, TL::RSB>(o, s, stage + TL::BN * TL::RSB);
+                tile_pv8<NT, DT, TL::RSB>(o, s, st + TL::BN * TL::RSB);
             else
                 tile_pv<NT, DT, DP, true>(o, s, vb, vofs);
             __syncwarp(); /* the stage is read: the next tile may overwrite it */
+            first = pre;
+            cur ^= TL::NST - 1;
         }
         l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
         l0 += __shfl_xor_sync(0xffffffffu, l0, 2);

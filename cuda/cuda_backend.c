@@ -881,11 +881,9 @@ static size_t pack_step(struct cuda_backend *b, const struct step *s, int Tp, in
      * would leave the GPU idle */
     bool split_ok = Tp <= 256;
     int units = tiles * KVH, want = units >= 2 * b->n_sm ? 1 : (2 * b->n_sm + units - 1) / units;
-    /* keys per split at least: the decode kernel's 4 warps take 32 each (64
-     * with the fp8 cache) */
+    /* keys per split at least: the decode kernel's 4 warps take 32 each */
     bool dk = dec_kernel(b, decode, Tp);
-    int kv8 = b->kv8 ? 2 : 1;
-    int n = 0, part = 0, kmin = dk ? b->dec_kmin * kv8 : 64, kround = dk ? 128 * kv8 : 32;
+    int n = 0, part = 0, kmin = dk ? b->dec_kmin : 64, kround = dk ? 128 : 32;
     for (int i = 0; i < s->n_seqs; i++) {
         const struct step_seq *q = &s->seqs[i];
         for (int t0 = q->query_start; t0 < q->query_start + q->query_len; t0 += qt) {
