@@ -39,6 +39,15 @@
  *     36 KB at D 64); Q is staged through the second stage before the loop.
  *     Blocks take items last first: a prefill's last tiles see the most keys,
  *     so starting them first shortens the tail.
+ *
+ * The fp8 KV cache (args.kv8, --kv-cache-dtype fp8): K and V are e4m3 bytes
+ * (scale 1), every value of which is exactly a bf16 and an f16 value, so each
+ * kernel computes as it does over a bf16 cache of the same values. The SIMT
+ * kernel widens 8 bytes at a time as it stages K and V. The prefill kernel's
+ * cp.async copies land packed at the end of each stage and are widened to
+ * the bf16 rows in place (kv8_widen). The decode kernel always takes its
+ * tensor-core math there and reads the e4m3 rows straight into f16 mma
+ * fragments, two stages per warp (dec_tile).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -436,7 +445,8 @@ static __device__ __forceinline__ void tile_pv8(float (&o)[DT][4], const float (
  * 32-key K and V tile into its own shared-memory stage with cp.async, then
  * S^T = q K^T and O += P V by mma.m16n8k16 with the group's heads as the
  * rows, P rounded to bf16 as in the prefill kernel); the SIMT math above is
- * kept for SLUICE_CUDA_ATTN_DEC_TC=0. Both write the same partials. */
+ * kept for SLUICE_CUDA_ATTN_DEC_TC=0 (bf16 cache only). Both write the same
+ * partials. */
 #define DEC_NW 4
 /* The tensor-core variant's warp tile: BN keys; a warp stages its tile's K
  * rows then V rows, RSB bytes each: [BN][D + 8] bf16 (ldmatrix reads it), or

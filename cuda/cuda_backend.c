@@ -582,9 +582,9 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     if (fe && sscanf(fe, "%d:%ld", &b->fault_rank, &b->fault_step) != 2) b->fault_rank = -1;
     fe = getenv("SLUICE_TP_SKIP_COMM");
     b->skip_comm = N > 1 && fe && strcmp(fe, "1") == 0;
-    /* programmatic dependent launch has been measured and verified on one
-     * GPU only: with N > 1 the kernels are launched plainly unless
-     * SLUICE_PDL=1 asks for it */
+    /* programmatic dependent launch: with N > 1 the kernels are launched
+     * plainly unless SLUICE_PDL=1 asks for it (correct there, but no faster:
+     * TP=2 batch-1 decode 288.3 vs 288.2 tok/s, BENCHMARKS.md) */
     fe = getenv("SLUICE_PDL");
     if (N > 1 && !(fe && strcmp(fe, "1") == 0)) cuda_gemv_select(-1, 0, -1);
     if (b->skip_comm) fprintf(stderr, "cuda: SLUICE_TP_SKIP_COMM=1: collectives left out, outputs are wrong\n");

@@ -719,12 +719,18 @@ static void test_run_batch(void)
              g_path, in, out, g_device, g_tp);
     CHECK(system(cmd) == 0);
     {
-        /* vLLM's --gpu-memory-utilization: a fraction in (0, 1], else a usage error */
-        char bad[1024];
-        snprintf(bad, sizeof bad, "build/sluice run-batch --model %s -i %s -o %s.bad --gpu-memory-utilization 1.5 "
-                                  "2>/dev/null", g_path, in, out);
-        int st = system(bad);
-        CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == 2, "--gpu-memory-utilization 1.5: status %d", st);
+        /* usage errors, before the model loads: vLLM's --gpu-memory-utilization
+         * is a fraction in (0, 1]; --kv-cache-dtype fp8 needs the GPU, and
+         * fp8_e5m2 or an unknown dtype is refused */
+        const char *flags[] = {"--gpu-memory-utilization 1.5", "--kv-cache-dtype fp8 --device cpu",
+                               "--kv-cache-dtype fp8_e5m2", "--kv-cache-dtype bf8"};
+        for (int i = 0; i < 4; i++) {
+            char bad[1024];
+            snprintf(bad, sizeof bad, "build/sluice run-batch --model %s -i %s -o %s.bad %s 2>/dev/null", g_path, in, out,
+                     flags[i]);
+            int st = system(bad);
+            CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == 2, "%s: status %d", flags[i], st);
+        }
     }
     f = fopen(out, "r");
     CHECK(f != NULL);

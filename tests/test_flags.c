@@ -1,11 +1,12 @@
 /* test_flags.c - the command-line layer's shared pieces (api/flags.c): flag
- * tables, sizes with suffixes, and the engine sizes that depend on where the
- * model runs. */
+ * tables, sizes with suffixes, the engine sizes that depend on where the
+ * model runs, and --kv-cache-dtype (model_kv_dtype). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "api/api.h"
+#include "model/backend.h"
 #include "test.h"
 
 static void test_parse_bytes(void)
@@ -67,10 +68,38 @@ static void test_flag_table(void)
     CHECK(api_parse_flags(4, badv, 2, flags, pos, 2, err, sizeof err) == -1 && strstr(err, "--n"));
 }
 
+/* vLLM's --kv-cache-dtype: auto (or none) is the compute dtype; fp8 and
+ * fp8_e4m3 are the fp8 cache, on the GPU only; fp8_e5m2 and anything else are
+ * refused with a message naming the value */
+static void test_kv_cache_dtype(void)
+{
+    struct {
+        const char *dtype, *device;
+        int rc;
+        bool fp8;
+    } cases[] = {
+        {NULL, "cpu", 0, false},         {"auto", "cuda", 0, false},       {"fp8", "cuda", 0, true},
+        {"fp8_e4m3", "cuda", 0, true},   {"fp8", "cpu", SL_EUNSUP, false}, {"fp8_e5m2", "cuda", SL_EUNSUP, false},
+        {"bf8", "cuda", SL_EINVAL, false}, {"", "cuda", SL_EINVAL, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct model_backend_opts o = {.kv_cache_dtype = cases[i].dtype};
+        bool fp8 = !cases[i].fp8;
+        char err[256] = "";
+        int rc = model_kv_dtype(&o, cases[i].device, &fp8, err, sizeof err);
+        CHECKF(rc == cases[i].rc && fp8 == cases[i].fp8, "%s on %s: rc %d, fp8 %d (%s)",
+               cases[i].dtype ? cases[i].dtype : "(none)", cases[i].device, rc, fp8, err);
+        if (rc) CHECKF(strstr(err, cases[i].dtype) != NULL, "message '%s' does not name the value", err);
+    }
+    bool fp8 = true;
+    CHECK(model_kv_dtype(NULL, "cuda", &fp8, NULL, 0) == 0 && !fp8);
+}
+
 int main(void)
 {
     RUN(test_parse_bytes);
     RUN(test_engine_defaults);
     RUN(test_flag_table);
+    RUN(test_kv_cache_dtype);
     return test_summary();
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # run_gpu_tests.sh - what `make gpu-test` runs on a GPU host: every
 # tests/gpu/test_* binary, the engine suite (batch invariance, chunked
-# prefill, prefix reuse, preemption) on the CUDA backend, and with 2+ GPUs the
+# prefill, prefix reuse, preemption) on the CUDA backend (again with the fp8
+# KV cache), and with 2+ GPUs the
 # tensor-parallel runs (TP=2 vs CPU/HF, TP=2 vs TP=1, the engine at TP=2).
 # Ends with one line "N passed, N failed".
 set -u
@@ -13,6 +14,7 @@ runs=()
 for t in "$B"/tests/gpu/test_*; do runs+=("$t"); done
 if [ -f "$MODEL" ]; then runs+=("SLUICE_TEST_DEVICE=cuda $B/tests/test_engine")
 else runs+=("SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3 $B/tests/test_engine"); fi
+runs+=("SLUICE_TEST_KV=fp8 SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3 $B/tests/test_engine")
 if [ "${ngpu:-0}" -ge 2 ]; then
     runs+=("SLUICE_TEST_TP=2 $B/tests/gpu/test_gpu_e2e"
            "SLUICE_TEST_TP=2 SLUICE_TEST_REF=cuda $B/tests/gpu/test_gpu_e2e"
