@@ -377,11 +377,6 @@ static __device__ __forceinline__ void mma_f16(float c[4], const uint32_t a[4], 
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-static __device__ __forceinline__ uint32_t e4m3x2_to_h2(uint16_t v)
-{
-    __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)v, __NV_E4M3);
-    return (uint32_t)h.x | (uint32_t)h.y << 16;
-}
 static __device__ __forceinline__ uint32_t pack_h2(float lo, float hi)
 {
     __half2 v = __floats2half2_rn(lo, hi);

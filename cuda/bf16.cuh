@@ -14,11 +14,16 @@ static __device__ __forceinline__ uint16_t f2bf(float f)
     return *(uint16_t *)&b;
 }
 /* fp8 e4m3 KV cache (scale 1): f -> e4m3, rounded to nearest even, saturated
- * to +-448; two e4m3 (the first in the low byte) -> f32 or packed bf16x2,
- * exact (every e4m3 value is a bf16 value) */
+ * to +-448; two e4m3 (the first in the low byte) -> packed f16x2, f32 or
+ * packed bf16x2, exact (every e4m3 value is an f16 and a bf16 value) */
 static __device__ __forceinline__ uint8_t f2e4m3(float f)
 {
     return (uint8_t)__nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E4M3);
+}
+static __device__ __forceinline__ uint32_t e4m3x2_to_h2(uint16_t v) /* packed f16x2 */
+{
+    __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)v, __NV_E4M3);
+    return (uint32_t)h.x | (uint32_t)h.y << 16;
 }
 static __device__ __forceinline__ float2 e4m3x2_to_f2(uint16_t v)
 {

@@ -7,13 +7,7 @@
 # throughput run with each. Logs under $1; a summary on stdout.
 . "$(dirname "$0")/run_lib.sh"
 nvidia-smi -L
-t kernels 240 build/tests/gpu/test_kernels
-grep -E "FAIL|failed:" "$L/kernels.log" | head -20
-t sample 60 build/tests/gpu/test_sample
-t e2e_tp1 90 build/tests/gpu/test_gpu_e2e
-t engine_tp1 90 env SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3 build/tests/test_engine
-t engine_kv8 90 env SLUICE_TEST_KV=fp8 SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3 build/tests/test_engine
-grep -E "FAIL|failed:" "$L/e2e_tp1.log" "$L/engine_tp1.log" "$L/engine_kv8.log" | head
+core_tests 240
 D=${DECODES:-256x1536,256x512,64x2048}
 for kv in auto fp8; do
   t bench_$kv 120 env SLUICE_BENCH_KV=$kv SLUICE_BENCH_DECODE=$D build/tests/gpu/bench_gpu

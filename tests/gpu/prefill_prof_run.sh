@@ -8,12 +8,7 @@
 # one 16384-token prefill step of the Llama-3.1-8B shape. Logs under $1.
 . "$(dirname "$0")/run_lib.sh"
 nvidia-smi -L
-t kernels 120 build/tests/gpu/test_kernels
-grep -E "FAIL|failed:" "$L/kernels.log" | head -20
-t sample 60 build/tests/gpu/test_sample
-t e2e_tp1 90 build/tests/gpu/test_gpu_e2e
-t engine_tp1 90 env SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3 build/tests/test_engine
-grep -E "FAIL|failed:" "$L/e2e_tp1.log" "$L/engine_tp1.log" | head
+core_tests 240
 t bench_gpu 90 build/tests/gpu/bench_gpu; grep -E "decode|prefill" "$L/bench_gpu.log"
 D=${DECODES:-256x1536,256x512,64x2048}
 t dec_long 120 env SLUICE_BENCH_DECODE=$D SLUICE_BENCH_ONLY=decode build/tests/gpu/bench_gpu; grep -E "decode" "$L/dec_long.log"

@@ -1,8 +1,9 @@
 # run_lib.sh - sourced by the device scripts (device_run, decode_run,
-# profile_run, quick_run): the log folder L ($1 of the script), NCCL without
-# NVLink SHARP, the GPU count ngpu, and
+# profile_run, quick_run, prefill_prof_run, kv8_run, ...): the log folder L
+# ($1 of the script), NCCL without NVLink SHARP, the GPU count ngpu, and
 #   t NAME SECONDS CMD...   CMD under a timeout, its output in $L/NAME.log,
 #                           one line: exit status, seconds, the result lines
+#   core_tests SECONDS      the one-GPU correctness runs (below)
 set -u
 L=${1:-/tmp/$(basename "$0" .sh)}
 mkdir -p "$L"
@@ -15,4 +16,18 @@ t() {
     timeout -k 5 "$s" "$@" >"$L/$n.log" 2>&1
     local rc=$?
     echo "$n rc=$rc $(($(date +%s) - a))s: $(grep -E 'passed, [0-9]+ failed|ERROR SUMMARY|RACECHECK SUMMARY|^FAIL' "$L/$n.log" | tail -3 | tr '\n' ' ')"
+}
+
+# core_tests KERNEL_SECS: the correctness part of a call on one GPU: the
+# kernel tests, the device sampler, end to end vs CPU/HF, the engine suite on
+# CUDA with the bf16 and the fp8 KV cache; failures listed
+core_tests() {
+    t kernels "$1" build/tests/gpu/test_kernels
+    grep -E "FAIL|failed:" "$L/kernels.log" | head -20
+    t sample 60 build/tests/gpu/test_sample
+    t e2e_tp1 90 build/tests/gpu/test_gpu_e2e
+    local e="env SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3"
+    t engine_tp1 90 $e build/tests/test_engine
+    t engine_kv8 90 $e SLUICE_TEST_KV=fp8 build/tests/test_engine
+    grep -E "FAIL|failed:" "$L/e2e_tp1.log" "$L/engine_tp1.log" "$L/engine_kv8.log" | head
 }
