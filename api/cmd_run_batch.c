@@ -535,10 +535,10 @@ int api_cmd_run_batch(int argc, char **argv)
     if (!quiet) {
         struct sched_engine_stats st;
         sched_engine_get_stats(b.e, &st);
-        fprintf(stderr, "[run-batch] reading %s | KV cache %d blocks x %d tokens | max-num-seqs %d, "
+        fprintf(stderr, "[run-batch] reading %s | KV cache %d blocks x %d tokens%s | max-num-seqs %d, "
                         "max-num-batched-tokens %d, max-model-len %d, prefix caching %s\n",
-                in_path, st.kv_blocks, st.block_size, eo.sched.max_num_seqs, eo.sched.max_num_batched_tokens,
-                b.max_model_len, prefix ? "on" : "off");
+                in_path, st.kv_blocks, st.block_size, kv8 ? " (fp8)" : "", eo.sched.max_num_seqs,
+                eo.sched.max_num_batched_tokens, b.max_model_len, prefix ? "on" : "off");
     }
 
     struct sched_evbuf evb;

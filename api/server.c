@@ -106,11 +106,12 @@ static void on_ready(evutil_socket_t fd, short what, void *arg)
     const struct sched_config *c = sched_engine_config(s->eng);
     fprintf(stderr,
             "sluice serve: %s ready on http://%s:%ld (backend %s, max-model-len %d, max-num-seqs %d, "
-            "max-num-batched-tokens %d)\n"
+            "max-num-batched-tokens %d%s%s)\n"
             "try: curl http://%s:%ld/v1/chat/completions -H 'Content-Type: application/json' "
             "-d '{\"model\":\"%s\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello!\"}]}'\n",
             s->model_name, s->o.host, s->o.port, s->be->ops->name, c->max_model_len, c->max_num_seqs,
-            c->max_num_batched_tokens, s->o.host, s->o.port, s->model_name);
+            c->max_num_batched_tokens, s->o.kv_cache_dtype ? ", kv-cache-dtype " : "",
+            s->o.kv_cache_dtype ? s->o.kv_cache_dtype : "", s->o.host, s->o.port, s->model_name);
 }
 
 static void on_wake(evutil_socket_t fd, short what, void *arg)
