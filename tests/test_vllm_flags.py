@@ -101,11 +101,21 @@ def test_impossible_max_model_len():
     assert "largest --max-model-len that fits is" in err, err
 
 
+def test_kv_cache_dtype():
+    """fp8 (vLLM's spelling, or fp8_e4m3) is the GPU's fp8 KV cache: refused at
+    start-up on the CPU, as are fp8_e5m2 and unknown values, before loading"""
+    for value, words in [("fp8", "needs the cuda device"), ("fp8_e4m3", "needs the cuda device"),
+                         ("fp8_e5m2", "not supported"), ("int4", "unknown")]:
+        err = run_fail(["--device", "cpu", "--kv-cache-dtype", value])
+        assert "--kv-cache-dtype " + value in err and words in err, err
+
+
 def main():
     if lib.missing_prereqs("test_vllm_flags"):
         return 1
     passed, failed = lib.run_tests([test_first_command_line, test_second_command_line, test_hf_override_applies,
-                                    test_malformed_json_flag, test_unknown_flag, test_impossible_max_model_len])
+                                    test_malformed_json_flag, test_unknown_flag, test_impossible_max_model_len,
+                                    test_kv_cache_dtype])
     return lib.summary(passed, failed)
 
 
