@@ -2,7 +2,9 @@
  * block tables, and the exact prefix cache.
  *
  * The pool hands out block *indices*; the backend owns the memory they index
- * (model/backend.h: per layer K and V as [n_blocks][block_size][n_kv_heads][head_dim]).
+ * (model/backend.h: per layer K and V as [n_blocks][block_size][n_kv_heads][head_dim];
+ * elements f32 on the CPU, bf16 on the GPU, or fp8 e4m3 with --kv-cache-dtype
+ * fp8: the backend's kv_block_bytes says how many bytes a block takes).
  * A token at position p of a sequence lives in slot
  *     table[p / block_size] * block_size + p % block_size.
  *
