@@ -466,9 +466,8 @@ int api_cmd_run_batch(int argc, char **argv)
                         "--block-size 1..1024, --min-batch-share 0..1, --gpu-memory-utilization in (0, 1]\n");
         return 2;
     }
-    struct model_backend_opts bo = {.kv_cache_dtype = kv_dtype};
     bool kv8;
-    if (model_kv_dtype(&bo, device ? device : model_cuda_available() ? "cuda" : "cpu", &kv8, err, sizeof err)) {
+    if (model_kv_dtype(&(struct model_backend_opts){.kv_cache_dtype = kv_dtype}, device, &kv8, err, sizeof err)) {
         fprintf(stderr, "sluice run-batch: %s\n", err);
         return 2;
     }
@@ -518,7 +517,7 @@ int api_cmd_run_batch(int argc, char **argv)
     eo.kv_cache_bytes = (size_t)kv_bytes;
     eo.enable_prefix_caching = prefix;
     sched_engine_defaults(b.m, &eo);
-    bo = (struct model_backend_opts){
+    struct model_backend_opts bo = {
         .device = device, .n_threads = (int)threads, .max_tokens_per_step = eo.sched.max_num_batched_tokens,
         .max_seqs_per_step = eo.sched.max_num_seqs, .max_ctx = eo.sched.max_model_len,
         .tensor_parallel_size = (int)tp, .kv_cache_dtype = kv_dtype,

@@ -570,8 +570,8 @@ int api_cmd_serve(int argc, char **argv)
         return 2;
     }
     bool kv8;
-    struct model_backend_opts kvo = {.kv_cache_dtype = o->kv_cache_dtype};
-    if (model_kv_dtype(&kvo, o->device ? o->device : model_cuda_available() ? "cuda" : "cpu", &kv8, err, sizeof err)) {
+    if (model_kv_dtype(&(struct model_backend_opts){.kv_cache_dtype = o->kv_cache_dtype}, o->device, &kv8, err,
+                       sizeof err)) {
         fprintf(stderr, "sluice serve: %s\n", err);
         return 2;
     }

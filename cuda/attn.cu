@@ -281,7 +281,7 @@ static __device__ __forceinline__ uint32_t pack_bf2(float lo, float hi)
     return *reinterpret_cast<uint32_t *>(&v);
 }
 
-/* fp8 KV (args.kv8): a tile's K and V rows (ROWS of them: K rows, then V
+/* fp8 KV (args.kv8) in the prefill kernel: a tile's K and V rows (ROWS: K rows, then V
  * rows) arrive by cp.async as D bytes each at byte kv8_off of their stage,
  * past the bf16 rows [ROWS][D + 8] the math reads, and are widened into those
  * rows in place, in row order. A bf16 row r ends at byte 2r(D + 8) + 2D,
@@ -292,25 +292,22 @@ static __host__ __device__ constexpr int kv8_off(void)
 {
     return ROWS * (D + 8) * 2 - ROWS * D;
 }
-/* The widening, by NTHR threads: a warp (its lanes; BLOCK false) or the
- * whole block. In rounds: every thread reads its chunks of the round, all
- * synchronize, then write them as bf16; ends synchronized. */
-template <int D, int ROWS, int NTHR, bool BLOCK>
+/* The widening, by the block's NTHR threads, in rounds: every thread reads
+ * its chunks of the round, all synchronize, then write them as bf16; ends
+ * synchronized. */
+template <int D, int ROWS, int NTHR>
 static __device__ __forceinline__ void kv8_widen(uint16_t *stage)
 {
     constexpr int CPR = D / 16, PER = ROWS * CPR / NTHR, RC = PER < 4 ? PER : 4;
     static_assert(ROWS * CPR % NTHR == 0 && PER % RC == 0, "chunks split evenly");
     const uint8_t *src = (const uint8_t *)stage + kv8_off<D, ROWS>();
-    const int tid = BLOCK ? threadIdx.x : threadIdx.x & 31;
+    const int tid = threadIdx.x;
 #pragma unroll
     for (int r0 = 0; r0 < PER; r0 += RC) {
         uint4 v[RC];
 #pragma unroll
         for (int k = 0; k < RC; k++) v[k] = *(const uint4 *)(src + (size_t)((r0 + k) * NTHR + tid) * 16);
-        if (BLOCK)
-            __syncthreads();
-        else
-            __syncwarp();
+        __syncthreads();
 #pragma unroll
         for (int k = 0; k < RC; k++) {
             int c = (r0 + k) * NTHR + tid, row = c / CPR, col = c % CPR * 16;
@@ -320,10 +317,7 @@ static __device__ __forceinline__ void kv8_widen(uint16_t *stage)
             *(uint4 *)(stage + row * (D + 8) + col) = lo;
             *(uint4 *)(stage + row * (D + 8) + col + 8) = hi;
         }
-        if (BLOCK)
-            __syncthreads();
-        else
-            __syncwarp();
+        __syncthreads();
     }
 }
 
@@ -891,7 +885,7 @@ static __global__ void __launch_bounds__(32 * NW, TC_MINB(D, NW)) attn_tc_kernel
         cp_async_commit(); /* maybe empty: keeps "all but the newest group" = this tile */
         cp_async_wait<1>();
         __syncthreads();
-        if constexpr (KV8) kv8_widen<D, 2 * TC_BN, NTHR, true>((ti & 1) ? stg1 : tsm);
+        if constexpr (KV8) kv8_widen<D, 2 * TC_BN, NTHR>((ti & 1) ? stg1 : tsm);
         if (k0 > wmax) continue; /* warp-uniform: the whole tile is after this warp's rows */
         const uint32_t kb = smem_u32((ti & 1) ? stg1 : tsm), vb = kb + TC_BN * DP * 2;
 

@@ -46,8 +46,9 @@ int model_kv_dtype(const struct model_backend_opts *opts, const char *device, bo
     const char *d = opts ? opts->kv_cache_dtype : NULL;
     *fp8 = false;
     if (!d || !strcmp(d, "auto")) return 0;
+    if (!device) device = model_cuda_available() ? "cuda" : "cpu";
     if (!strcmp(d, "fp8") || !strcmp(d, "fp8_e4m3")) {
-        if (device && strcmp(device, "cuda")) {
+        if (strcmp(device, "cuda")) {
             if (err && errlen)
                 snprintf(err, errlen, "--kv-cache-dtype %s needs the cuda device (the CPU backend keeps its KV cache in f32)",
                          d);

@@ -77,9 +77,10 @@ struct model_backend_opts {
                                  * CPU); "fp8" or "fp8_e4m3" (cuda only) = fp8 e4m3 with scale 1, half the bytes */
 };
 
-/* Whether opts ask for an fp8 KV cache: 0 (*fp8 set), or SL_EINVAL /
- * SL_EUNSUP with a message for a dtype that is unknown, not supported
- * (fp8_e5m2) or not on this device. */
+/* Whether opts ask for an fp8 KV cache on device (NULL: the default device,
+ * as model_backend_create picks it): 0 (*fp8 set), or SL_EINVAL / SL_EUNSUP
+ * with a message for a dtype that is unknown, not supported (fp8_e5m2) or not
+ * on this device. */
 int model_kv_dtype(const struct model_backend_opts *opts, const char *device, bool *fp8, char *err, size_t errlen);
 
 struct model_backend_ops {
