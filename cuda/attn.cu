@@ -518,7 +518,7 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
      * it is folded in (and the split that holds the token's position writes
      * its K and V, before any warp of this block reads them; no other block
      * does), else from a.q */
-    __shared__ uint16_t Qb[GM][D];
+    __shared__ __align__(16) uint16_t Qb[GM][D]; /* rope_head writes 8 bytes per lane */
     if (a.rope.qkv) {
         __shared__ float Rv[DEC_NW][D];
         for (int r = w; r < grp; r += DEC_NW) rope_head(a.rope, t, g * grp + r, Rv[w], Qb[r], false);

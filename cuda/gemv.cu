@@ -553,3 +553,41 @@ extern "C" cudaError_t cuda_gemv_rmsnorm_swiglu(const uint16_t *Wgu, const float
     gemv_params p = {Wgu, NULL, x, nw, eps, h, in, F, 0};
     return launch<EPI_SWIGLU, true>(p, T, st);
 }
+
+/* ---- L2 prefetch ---- */
+
+/* bulk (sm_90): one cp.async.bulk.prefetch of up to PF_CHUNK bytes per
+ * thread; else one prefetch.global.L2 per 128-byte line. Nothing waits for
+ * the data: the kernel ends as soon as the requests are issued. */
+#define PF_CHUNK 32768
+static __global__ void l2_prefetch_kernel(const char *p, size_t bytes, bool bulk)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, n = (size_t)gridDim.x * blockDim.x;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (bulk) {
+        for (size_t o = i * PF_CHUNK; o < bytes; o += n * PF_CHUNK) {
+            uint32_t len = (uint32_t)(bytes - o < PF_CHUNK ? bytes - o : PF_CHUNK) & ~15u;
+            if (len) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + o), "r"(len) : "memory");
+        }
+        return;
+    }
+#endif
+    (void)bulk;
+    for (size_t o = i * 128; o < bytes; o += n * 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o) : "memory");
+}
+
+extern "C" cudaError_t cuda_l2_prefetch(const void *p, size_t bytes, cudaStream_t st)
+{
+    static int bulk = -1;
+    if (bulk < 0) {
+        const char *e = getenv("SLUICE_L2_PF_BULK");
+        bulk = sm_major() >= 9 && !(e && strcmp(e, "0") == 0);
+    }
+    if (!bytes) return cudaSuccess;
+    if ((uintptr_t)p % 16) return cudaErrorInvalidValue;
+    size_t units = bulk ? (bytes + PF_CHUNK - 1) / PF_CHUNK : (bytes + 127) / 128 / 4;
+    int blocks = (int)((units + 127) / 128);
+    if (blocks > 2 * state().nsm) blocks = 2 * state().nsm;
+    l2_prefetch_kernel<<<blocks < 1 ? 1 : blocks, 128, 0, st>>>((const char *)p, bytes, bulk != 0);
+    return cudaGetLastError();
+}

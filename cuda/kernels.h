@@ -29,7 +29,10 @@ cudaError_t cuda_embed(const uint16_t *tab, const int32_t *ids, int T, int E, fl
 /* Fused residual add + RMSNorm over rows of E:
  *   rows == NULL: for t < T: x[t] += delta[t] (delta may be NULL); out[t] = bf16(w * x[t] / rms(x[t]))
  *   rows != NULL: for r < T: v = x[rows[r]] (+ delta[rows[r]]), not stored; out[r] = bf16(w * v / rms(v))
- * x [*][E] f32, delta [*][E] bf16, w [E] f32, out [T][E] bf16. */
+ * x [*][E] f32, delta [*][E] bf16, w [E] f32, out [T][E] bf16. Up to
+ * CUDA_GEMV_MAX_T rows the sum of squares runs in norm.cuh's order (the fused
+ * GEMV prologue's bits); larger steps without rows, E a multiple of 1024,
+ * take a kernel that sums in another order. */
 cudaError_t cuda_add_rmsnorm(float *x, const uint16_t *delta, const float *w, const int32_t *rows, int T,
                              int E, float eps, uint16_t *out, cudaStream_t st);
 
@@ -160,6 +163,13 @@ cudaError_t cuda_gemv_rmsnorm_swiglu(const uint16_t *Wgu, const float *x, const 
  * environment. Not thread-safe;
  * call it outside graph capture, with no launch in flight on another thread. */
 void cuda_gemv_select(int variant, int pdl, int ch);
+
+/* Asks the L2 cache to fetch [p, p + bytes) (p 16-byte aligned) and returns
+ * without waiting: a small decode step prefetches the o projection's weights
+ * on a side stream while attention, bound by its chain of dependent steps,
+ * leaves DRAM idle (cuda_backend.c). sm_90: cp.async.bulk.prefetch.L2
+ * (SLUICE_L2_PF_BULK=0: per line, as on sm_89). */
+cudaError_t cuda_l2_prefetch(const void *p, size_t bytes, cudaStream_t st);
 
 /* ---- act.cu ---- */
 /* h[t][i] = bf16(silu(gu[t][i]) * gu[t][F + i]) for i < F; gu [T][2F], h [T][F] bf16. */

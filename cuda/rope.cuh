@@ -19,13 +19,95 @@ static __device__ __forceinline__ void rope_put(void *dst, int i, float x, bool 
         ((uint16_t *)dst)[i] = f2bf(x);
 }
 
+/* rope_head for D = 32 V with the whole head rotated (Llama, Qwen: D 128;
+ * SmolLM2: D 64): lane l holds elements [lV, lV + V) in registers, so a head
+ * is one V-element load and one store per lane, no shared memory. NORM
+ * pairs (2i, 2i + 1) sit in one lane; a NEOX pair (i, i + D/2) in lanes l
+ * and l ^ 16. Same arithmetic per element as the general path; the q/k
+ * norm's sum of squares runs in this layout's order. */
+template <int V>
+static __device__ __forceinline__ void rope_head_vec(const struct cuda_rope_args &a, int t, int h, void *dst, bool f8)
+{
+    constexpr int D = 32 * V, half = D / 2;
+    const int lane = threadIdx.x & 31, nh = a.H + 2 * a.KVH, e0 = lane * V;
+    const uint16_t *src = a.qkv + ((size_t)t * nh + h) * D + e0;
+    float x[V];
+    if constexpr (V == 4) {
+        uint2 u = *(const uint2 *)src;
+        x[0] = bf2f((uint16_t)u.x), x[1] = bf2f((uint16_t)(u.x >> 16));
+        x[2] = bf2f((uint16_t)u.y), x[3] = bf2f((uint16_t)(u.y >> 16));
+    } else {
+        uint32_t u = *(const uint32_t *)src;
+        x[0] = bf2f((uint16_t)u), x[1] = bf2f((uint16_t)(u >> 16));
+    }
+    if (a.bias)
+#pragma unroll
+        for (int j = 0; j < V; j++) x[j] += a.bias[(size_t)h * D + e0 + j];
+    bool isq = h < a.H, isk = !isq && h < a.H + a.KVH;
+    const float *nw = isq ? a.q_norm : isk ? a.k_norm : NULL;
+    if (nw) {
+        float ss = 0.0f;
+#pragma unroll
+        for (int j = 0; j < V; j++) ss += x[j] * x[j];
+        float inv = rsqrtf(warp_sum(ss) / (float)D + a.eps);
+#pragma unroll
+        for (int j = 0; j < V; j++) x[j] = nw[e0 + j] * (x[j] * inv);
+    }
+    float y[V];
+    if (isq || isk) {
+        const float *cs = a.cos + (size_t)a.pos[t] * half, *sn = a.sin + (size_t)a.pos[t] * half;
+        if (a.neox) {
+            bool lo = lane < 16;
+#pragma unroll
+            for (int j = 0; j < V; j++) {
+                float pr = __shfl_xor_sync(0xffffffffu, x[j], 16);
+                int i = (lane & 15) * V + j;
+                y[j] = lo ? x[j] * cs[i] - pr * sn[i] : pr * sn[i] + x[j] * cs[i];
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < V; j += 2) {
+                int i = (e0 + j) / 2;
+                y[j] = x[j] * cs[i] - x[j + 1] * sn[i];
+                y[j + 1] = x[j] * sn[i] + x[j + 1] * cs[i];
+            }
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < V; j++) y[j] = x[j];
+    }
+    if (f8) {
+        uint32_t u = 0;
+#pragma unroll
+        for (int j = 0; j < V; j++) u |= (uint32_t)f2e4m3(y[j]) << (8 * j);
+        if constexpr (V == 4)
+            ((uint32_t *)dst)[lane] = u;
+        else
+            ((uint16_t *)dst)[lane] = (uint16_t)u;
+    } else {
+        uint32_t u0 = f2bf(y[0]) | (uint32_t)f2bf(y[1]) << 16;
+        if constexpr (V == 4)
+            ((uint2 *)dst)[lane] = make_uint2(u0, f2bf(y[2]) | (uint32_t)f2bf(y[3]) << 16);
+        else
+            ((uint32_t *)dst)[lane] = u0;
+    }
+}
+
 /* One warp: head h (q heads, then k heads, then v heads) of token t: add the
  * QKV bias, RMSNorm q and k over head_dim, rotate q and k, write to dst [D]:
  * bf16, or fp8 e4m3 when f8 (K and V heads into the fp8 cache). v: the
- * warp's scratch of D floats (shared memory). */
+ * warp's scratch of D floats (shared memory; unused by rope_head_vec). dst
+ * 8-byte aligned. */
 static __device__ __forceinline__ void rope_head(const struct cuda_rope_args &a, int t, int h, float *v, void *dst,
                                                  bool f8)
 {
+    if (a.rope_dim == a.D && (a.D == 128 || a.D == 64)) {
+        if (a.D == 128)
+            rope_head_vec<4>(a, t, h, dst, f8);
+        else
+            rope_head_vec<2>(a, t, h, dst, f8);
+        return;
+    }
     int lane = threadIdx.x & 31, D = a.D, nh = a.H + 2 * a.KVH, half = a.rope_dim / 2;
     int p = a.pos[t];
     const float *cs = a.cos + (size_t)p * half, *sn = a.sin + (size_t)p * half;

@@ -4,7 +4,7 @@
  *   (defaults: tools/configs/llama-3.1-8b, tests/models/tiny-qwen3)
  *   SLUICE_TEST_TP=N: N tensor-parallel ranks; SLUICE_BENCH_SEQS=n: KV for n
  *   sequences (256) and the largest decode batch; SLUICE_BENCH_ONLY=decode:
- *   batch-1 decode alone; SLUICE_BENCH_PROFILE=1: after the timed decode
+ *   batch-1 decode alone (=prefill: the prefill timings alone); SLUICE_BENCH_PROFILE=1: after the timed decode
  *   steps, two more inside cudaProfilerStart/Stop (for
  *   `ncu --profile-from-start off`); SLUICE_BENCH_PROFILE=prefill: after
  *   the timed prefill, one more 16K-token step inside them, then stop;
@@ -136,6 +136,7 @@ int main(int argc, char **argv)
     qsort(tt, 3, sizeof *tt, cmp_double);
     printf("prefill 8 x 2048 (one 16384-token step): %.1f ms, %.0f tok/s (%.0f TFLOP/s on the GEMMs)\n",
            tt[1] * 1e3, 16384 / tt[1], flops_tok * 16384 / tt[1] / 1e12);
+    if (only && strcmp(only, "prefill") == 0) goto done;
     if (prof && strcmp(prof, "prefill") == 0) { /* one 16384-token step for ncu, then stop */
         cudaProfilerStart();
         step(8, 0, 2048);

@@ -47,7 +47,8 @@ static double nerr(const float *a, const double *b, size_t n)
 
 static void test_embed_rmsnorm(void)
 {
-    int shapes[][2] = {{1, 64}, {7, 576}, {33, 4096}, {5, 1000}, {3, 10000}};
+    /* E a multiple of 1024 and T > CUDA_GEMV_MAX_T: the wide kernel */
+    int shapes[][2] = {{1, 64}, {7, 576}, {33, 4096}, {5, 1000}, {3, 10000}, {6, 3072}, {4, 2048}, {40, 8192}};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         int T = shapes[si][0], E = shapes[si][1], V = 50;
         uint16_t *tab = malloc((size_t)V * E * 2), *delta = malloc((size_t)T * E * 2);
@@ -438,11 +439,13 @@ static float kv_val(const void *kv, size_t i) { return g_kv8 ? e4m3(((const uint
  * reference, 2^-4 relative or 2^-10 for subnormals). */
 static void test_rope_kv(void)
 {
-    for (int variant = 0; variant < 6; variant++) {
-        int v = variant % 3;
-        g_kv8 = variant >= 3;
-        int T = 9, H = 6, KVH = 2, D = v == 2 ? 128 : 64, rd = v == 1 ? 32 : D, half = rd / 2;
-        bool neox = v != 0, qkn = v == 1, bias = v == 2;
+    /* v 0: norm D 64; 1: neox + qk-norm, partial rotary (the general path);
+     * 2: neox + bias D 128; 3: norm + qk-norm + bias D 128 */
+    for (int variant = 0; variant < 8; variant++) {
+        int v = variant % 4;
+        g_kv8 = variant >= 4;
+        int T = 9, H = 6, KVH = 2, D = v >= 2 ? 128 : 64, rd = v == 1 ? 32 : D, half = rd / 2;
+        bool neox = v == 1 || v == 2, qkn = v == 1 || v == 3, bias = v >= 2;
         int NH = H + 2 * KVH, maxctx = 4096, nslots = 64;
         uint16_t *qkv = malloc((size_t)T * NH * D * 2);
         for (int i = 0; i < T * NH * D; i++) qkv[i] = bf(frand());
