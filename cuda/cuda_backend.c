@@ -126,8 +126,6 @@ struct rank {
     int v0, vn;                     /* vocabulary rows [v0, v0 + vn) of tok_embd / lm_head */
     int H, KVH, F;                  /* this rank's heads, KV heads, FFN width */
     cudaStream_t st;
-    cudaStream_t side;              /* L2 prefetches of small decode steps (pf_bytes) */
-    cudaEvent_t ev_fork, ev_join;
     cublasHandle_t blas;
     void *blas_ws;
     ncclComm_t comm;                /* NULL when N == 1 or after an abort */
@@ -209,9 +207,6 @@ struct cuda_backend {
                                        (128, a multiple of 128) */
     int dec_attn;                   /* decode-only steps of up to this many tokens take the decode attention
                                        kernel (SLUICE_CUDA_ATTN_DEC=N; 0: the SIMT kernel and its combine) */
-    size_t pf_o, pf_gu;             /* bytes of each layer's o (gate|up) weights prefetched into L2 during a
-                                       small decode step's attention (SLUICE_L2_PF=O_MB,GU_MB; 0: off) */
-    int pf_max_t;                   /* ... for decode steps of up to this many tokens (SLUICE_L2_PF_MAXT) */
     int bucket[NBUCKET], n_bucket;
 
     /* the current job's arguments (written by the caller before the crew starts) */
@@ -433,9 +428,6 @@ static int rank_init(struct rank *k, char *err, size_t errlen)
     int N = b->tp, id = k->id;
     CK(cudaSetDevice(k->dev));
     CK(cudaStreamCreateWithFlags(&k->st, cudaStreamNonBlocking));
-    CK(cudaStreamCreateWithFlags(&k->side, cudaStreamNonBlocking));
-    CK(cudaEventCreateWithFlags(&k->ev_fork, cudaEventDisableTiming));
-    CK(cudaEventCreateWithFlags(&k->ev_join, cudaEventDisableTiming));
     CK(cuda_attention_prepare(c->head_dim));
     CB(cublasCreate(&k->blas));
     CB(cublasSetStream(k->blas, k->st));
@@ -618,16 +610,6 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     ge = getenv("SLUICE_CUDA_ATTN_TC");
     b->tc_rows = ge && strcmp(ge, "0") == 0 ? 0 : ge && strcmp(ge, "64") == 0 ? 64 : CUDA_ATTN_TC_ROWS;
     if (!cuda_attention_tc_ok(c->head_dim, c->n_head / c->n_head_kv)) b->tc_rows = 0;
-    ge = getenv("SLUICE_L2_PF");
-    b->pf_o = (size_t)-1, b->pf_gu = 0;
-    if (ge && *ge) {
-        double o = 0, gu = 0;
-        int n = sscanf(ge, "%lf,%lf", &o, &gu);
-        b->pf_o = n >= 1 && o > 0 ? (size_t)(o * 1048576.0) : 0;
-        b->pf_gu = n >= 2 && gu > 0 ? (size_t)(gu * 1048576.0) : 0;
-    }
-    ge = getenv("SLUICE_L2_PF_MAXT");
-    b->pf_max_t = ge && *ge ? atoi(ge) : 4;
     b->part_rows = (int)((b->max_tokens < 256 ? b->max_tokens : 256) * (c->n_head / c->n_head_kv));
     b->r = calloc((size_t)N, sizeof *b->r);
     if (!b->r) {
@@ -969,29 +951,6 @@ fail:
     return SL_EDEVICE;
 }
 
-/* A small decode step's attention is a chain of dependent steps that leaves
- * DRAM mostly idle (about 12 us per layer at batch 1, BENCHMARKS.md): once
- * the QKV projection is done, a side stream asks L2 for the o projection's
- * weights (and, with SLUICE_L2_PF's second figure, the first rows of gate
- * and up), so the GEMVs after attention read them from L2. Nothing waits for
- * the prefetch but the end of the step. */
-static int prefetch_layer(struct rank *k, const struct clayer *L, int E, int Q, int F, char *err, size_t errlen)
-{
-    struct cuda_backend *b = k->b;
-    size_t o = (size_t)E * Q * 2, gu = (size_t)F * E * 2; /* bytes of wo, of each half of wgu */
-    CK(cudaEventRecord(k->ev_fork, k->st));
-    CK(cudaStreamWaitEvent(k->side, k->ev_fork, 0));
-    CK(cuda_l2_prefetch(L->wo, b->pf_o < o ? b->pf_o : o, k->side));
-    if (b->pf_gu) {
-        size_t h = b->pf_gu / 2 < gu ? b->pf_gu / 2 / 16 * 16 : gu;
-        CK(cuda_l2_prefetch(L->wgu, h, k->side));
-        CK(cuda_l2_prefetch(L->wgu + (size_t)F * E, h, k->side));
-    }
-    return 0;
-fail:
-    return SL_EDEVICE;
-}
-
 /* Enqueues rank k's whole forward pass for T tokens (some maybe padding), R
  * logit rows, and max_items attention items, up to the greedy tokens. */
 static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, char *err, size_t errlen)
@@ -1014,7 +973,6 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
      * (block) kernels measured slower than the unfused persistent ones
      * (BENCHMARKS.md, 164.4 vs 148.4 us per layer at T = 4) */
     bool fz = b->fused && T == 1;
-    bool pf = decode && T <= b->pf_max_t && (b->pf_o || b->pf_gu) && !b->ablate;
     for (int l = 0; l < c->n_layer; l++) {
         const struct clayer *L = &k->L[l];
         /* the previous layer's MLP output joins the residual here */
@@ -1026,7 +984,6 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
                 CK(cuda_add_rmsnorm(k->x, l ? k->delta : NULL, L->attn_norm, NULL, T, E, c->norm_eps, k->xn, st));
             if (!(ab & ABL_QKV)) CB(gemm(k, k->xn, L->wqkv, k->qkv, false, T, E, QKV));
         }
-        if (pf && prefetch_layer(k, L, E, Q, F, err, errlen)) goto fail;
         size_t es = b->kv8 ? 1 : 2; /* bytes per KV element */
         char *kc = (char *)k->kv + (size_t)(2 * l) * k->kv_layer * es, *vc = kc + k->kv_layer * es;
         struct cuda_rope_args ra = {
@@ -1067,10 +1024,6 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
             CK(cuda_swiglu(k->gu, T, F, k->h, st));
         }
         if (!(ab & ABL_DOWN) && proj_rows(k, k->h, L->wdown, T, F, E, err, errlen)) goto fail;
-    }
-    if (pf) { /* the prefetches rejoin the step (a graph capture ends with every fork joined) */
-        CK(cudaEventRecord(k->ev_join, k->side));
-        CK(cudaStreamWaitEvent(st, k->ev_join, 0));
     }
     if (R > 0) {
         CK(cuda_add_rmsnorm(k->x, fz ? NULL : k->delta, k->out_norm, DIN(k, rows, int32_t), R, E, c->norm_eps,
@@ -1409,9 +1362,6 @@ static void rank_free(struct rank *k, const struct model_config *c)
     cudaFree(k->din), cudaFree(k->blas_ws);
     if (k->blas) cublasDestroy(k->blas);
     if (k->comm) ncclCommDestroy(k->comm);
-    if (k->ev_fork) cudaEventDestroy(k->ev_fork);
-    if (k->ev_join) cudaEventDestroy(k->ev_join);
-    if (k->side) cudaStreamDestroy(k->side);
     if (k->st) cudaStreamDestroy(k->st);
 }
 

@@ -164,13 +164,6 @@ cudaError_t cuda_gemv_rmsnorm_swiglu(const uint16_t *Wgu, const float *x, const 
  * call it outside graph capture, with no launch in flight on another thread. */
 void cuda_gemv_select(int variant, int pdl, int ch);
 
-/* Asks the L2 cache to fetch [p, p + bytes) (p 16-byte aligned) and returns
- * without waiting: a small decode step prefetches the o projection's weights
- * on a side stream while attention, bound by its chain of dependent steps,
- * leaves DRAM idle (cuda_backend.c). sm_90: cp.async.bulk.prefetch.L2
- * (SLUICE_L2_PF_BULK=0: per line, as on sm_89). */
-cudaError_t cuda_l2_prefetch(const void *p, size_t bytes, cudaStream_t st);
-
 /* ---- act.cu ---- */
 /* h[t][i] = bf16(silu(gu[t][i]) * gu[t][F + i]) for i < F; gu [T][2F], h [T][F] bf16. */
 cudaError_t cuda_swiglu(const uint16_t *gu, int T, int F, uint16_t *h, cudaStream_t st);
