@@ -20,18 +20,17 @@ static __device__ __forceinline__ void rope_put(void *dst, int i, float x, bool 
 }
 
 /* rope_head for D = 32 V with the whole head rotated (Llama, Qwen: D 128;
- * SmolLM2: D 64): lane l holds elements [lV, lV + V) in registers, so a head
- * is one V-element load and one store per lane, no shared memory. NORM
+ * SmolLM2: D 64), as rope_vec_load then rope_vec_finish: lane l holds
+ * elements [lV, lV + V) in registers, so a head is one V-element load and
+ * one store per lane, no shared memory. NORM
  * pairs (2i, 2i + 1) sit in one lane; a NEOX pair (i, i + D/2) in lanes l
  * and l ^ 16. Same arithmetic per element as the general path; the q/k
  * norm's sum of squares runs in this layout's order. */
 template <int V>
-static __device__ __forceinline__ void rope_head_vec(const struct cuda_rope_args &a, int t, int h, void *dst, bool f8)
+static __device__ __forceinline__ void rope_vec_load(const struct cuda_rope_args &a, int t, int h, float (&x)[V])
 {
-    constexpr int D = 32 * V, half = D / 2;
-    const int lane = threadIdx.x & 31, nh = a.H + 2 * a.KVH, e0 = lane * V;
-    const uint16_t *src = a.qkv + ((size_t)t * nh + h) * D + e0;
-    float x[V];
+    const int nh = a.H + 2 * a.KVH, e0 = (threadIdx.x & 31) * V;
+    const uint16_t *src = a.qkv + ((size_t)t * nh + h) * (32 * V) + e0;
     if constexpr (V == 4) {
         uint2 u = *(const uint2 *)src;
         x[0] = bf2f((uint16_t)u.x), x[1] = bf2f((uint16_t)(u.x >> 16));
@@ -40,6 +39,14 @@ static __device__ __forceinline__ void rope_head_vec(const struct cuda_rope_args
         uint32_t u = *(const uint32_t *)src;
         x[0] = bf2f((uint16_t)u), x[1] = bf2f((uint16_t)(u >> 16));
     }
+}
+/* the rest of rope_head_vec for the head rope_vec_load read into x, at position p */
+template <int V>
+static __device__ __forceinline__ void rope_vec_finish(const struct cuda_rope_args &a, int h, int p, float (&x)[V],
+                                                       void *dst, bool f8)
+{
+    constexpr int D = 32 * V, half = D / 2;
+    const int lane = threadIdx.x & 31, e0 = lane * V;
     if (a.bias)
 #pragma unroll
         for (int j = 0; j < V; j++) x[j] += a.bias[(size_t)h * D + e0 + j];
@@ -55,7 +62,7 @@ static __device__ __forceinline__ void rope_head_vec(const struct cuda_rope_args
     }
     float y[V];
     if (isq || isk) {
-        const float *cs = a.cos + (size_t)a.pos[t] * half, *sn = a.sin + (size_t)a.pos[t] * half;
+        const float *cs = a.cos + (size_t)p * half, *sn = a.sin + (size_t)p * half;
         if (a.neox) {
             bool lo = lane < 16;
 #pragma unroll
@@ -91,6 +98,14 @@ static __device__ __forceinline__ void rope_head_vec(const struct cuda_rope_args
         else
             ((uint32_t *)dst)[lane] = u0;
     }
+}
+
+template <int V>
+static __device__ __forceinline__ void rope_head_vec(const struct cuda_rope_args &a, int t, int h, void *dst, bool f8)
+{
+    float x[V];
+    rope_vec_load<V>(a, t, h, x);
+    rope_vec_finish<V>(a, h, a.pos[t], x, dst, f8);
 }
 
 /* One warp: head h (q heads, then k heads, then v heads) of token t: add the
