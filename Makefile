@@ -47,7 +47,7 @@ $(BUILD)/%.o: %.c $(wildcard */*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/%.o: %.cu $(wildcard cuda/*.h model/*.h)
+$(BUILD)/%.o: %.cu $(wildcard cuda/*.h cuda/*.cuh model/*.h)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
