@@ -376,39 +376,84 @@ static __device__ __forceinline__ uint32_t pack_h2(float lo, float hi)
     __half2 v = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<uint32_t *>(&v);
 }
-/* S = q K^T over the tile's K rows at ks: B fragment (dims 2tq.., key gq) is
- * two adjacent bytes of key row gq */
+/* The fp8 tiles are read in a permuted order, so that each lane's bytes of a
+ * K or V row are contiguous (a 16-byte shared-memory load or two per row,
+ * not one load per byte pair): in S = q K^T, reduction index kk of chunk kc
+ * is dim dec8_kdim(kc, kk) (q's A fragments use the same order, dec8_qfrag),
+ * and in O += P V, column n of output tile dt is dim n DT + dt
+ * (dec8_col). Sums over dims then run in another order than the bf16
+ * tile's; every product is the same. */
+static __host__ __device__ constexpr int dec8_kdim(int KC, int kc, int kk)
+{
+    return kk % 8 / 2 * 4 * KC + kc * 4 + kk / 8 * 2 + kk % 2;
+}
+static __host__ __device__ constexpr int dec8_col(int DT, int dt, int n) { return n * DT + dt; }
+/* N bytes at p (16-byte aligned) as N / 4 words */
+template <int N>
+static __device__ __forceinline__ void lds_words(const uint8_t *p, uint32_t (&w)[N / 4])
+{
+    if constexpr (N % 16 == 0) {
+#pragma unroll
+        for (int i = 0; i < N / 16; i++) {
+            uint4 v = ((const uint4 *)p)[i];
+            w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+        }
+    } else {
+        static_assert(N == 8, "8 or a multiple of 16 bytes");
+        uint2 v = *(const uint2 *)p;
+        w[0] = v.x, w[1] = v.y;
+    }
+}
+/* q's A fragments in dec8_kdim's order from Qt [16][DP] (f16) */
+template <int KC, int DP>
+static __device__ __forceinline__ void dec8_qfrag(uint32_t (&qf)[KC][4], const uint16_t *Qt)
+{
+    const int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (int kc = 0; kc < KC; kc++) {
+        const uint16_t *r0 = Qt + gq * DP + dec8_kdim(KC, kc, 2 * tq), *r1 = r0 + 8 * DP;
+        qf[kc][0] = *(const uint32_t *)r0, qf[kc][1] = *(const uint32_t *)r1;
+        qf[kc][2] = *(const uint32_t *)(r0 + 2), qf[kc][3] = *(const uint32_t *)(r1 + 2);
+    }
+}
+/* S = q K^T over the tile's K rows at ks: lane (gq, tq) reads 4 KC bytes of
+ * key row gq at dec8_kdim(KC, 0, 2tq); word kc holds the B fragment's two
+ * pairs */
 template <int NT, int KC, int RSB>
 static __device__ __forceinline__ void tile_scores8(float (&s)[NT][4], const uint32_t (&qf)[KC][4], const uint8_t *ks)
 {
     const int lane = threadIdx.x & 31;
-    const uint8_t *kr = ks + (lane >> 2) * RSB + (lane & 3) * 2;
+    const uint8_t *kr = ks + (lane >> 2) * RSB + dec8_kdim(KC, 0, 2 * (lane & 3));
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) {
+        uint32_t w[KC];
+        lds_words<4 * KC>(kr + nt * 8 * RSB, w);
         s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
 #pragma unroll
-        for (int kc = 0; kc < KC; kc++) {
-            const uint8_t *p = kr + nt * 8 * RSB + kc * 16;
-            mma_f16(s[nt], qf[kc], e4m3x2_to_h2(*(const uint16_t *)p), e4m3x2_to_h2(*(const uint16_t *)(p + 8)));
-        }
+        for (int kc = 0; kc < KC; kc++)
+            mma_f16(s[nt], qf[kc], e4m3x2_to_h2((uint16_t)w[kc]), e4m3x2_to_h2((uint16_t)(w[kc] >> 16)));
     }
 }
-/* O += P V over the tile's V rows at vs: B fragment (keys 2tq, 2tq + 1, dim
- * gq) is one byte of each of two key rows; P's A fragment as in tile_pv
- * (rows 8-15 zero) */
+/* O += P V over the tile's V rows at vs: lane (gq, tq) reads DT bytes at
+ * dim gq DT of key rows 2tq, 2tq + 1, 2tq + 8, 2tq + 9; byte dt of two rows
+ * is one B fragment pair; P's A fragment as in tile_pv (rows 8-15 zero) */
 template <int NT, int DT, int RSB>
 static __device__ __forceinline__ void tile_pv8(float (&o)[DT][4], const float (&s)[NT][4], const uint8_t *vs)
 {
     const int lane = threadIdx.x & 31;
-    const uint8_t *vr = vs + (lane & 3) * 2 * RSB + (lane >> 2);
+    const uint8_t *vr = vs + (lane & 3) * 2 * RSB + dec8_col(DT, 0, lane >> 2);
 #pragma unroll
     for (int kk = 0; kk < NT / 2; kk++) {
         uint32_t pa[4] = {pack_h2(s[2 * kk][0], s[2 * kk][1]), 0u, pack_h2(s[2 * kk + 1][0], s[2 * kk + 1][1]), 0u};
         const uint8_t *p = vr + kk * 16 * RSB;
+        uint32_t r0[DT / 4], r1[DT / 4], r8[DT / 4], r9[DT / 4];
+        lds_words<DT>(p, r0), lds_words<DT>(p + RSB, r1), lds_words<DT>(p + 8 * RSB, r8);
+        lds_words<DT>(p + 9 * RSB, r9);
 #pragma unroll
         for (int dt = 0; dt < DT; dt++) {
-            const uint8_t *q = p + dt * 8;
-            uint16_t b0 = (uint16_t)(q[0] | q[RSB] << 8), b1 = (uint16_t)(q[8 * RSB] | q[9 * RSB] << 8);
+            const unsigned sel = (dt % 4) | (dt % 4 + 4) << 4;
+            uint16_t b0 = (uint16_t)__byte_perm(r0[dt / 4], r1[dt / 4], sel);
+            uint16_t b1 = (uint16_t)__byte_perm(r8[dt / 4], r9[dt / 4], sel);
             mma_f16(o[dt], pa, e4m3x2_to_h2(b0), e4m3x2_to_h2(b1));
         }
     }
@@ -638,7 +683,9 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
         __syncthreads();
         constexpr int KC = D / 16, DT = D / 8, NT = TL::BN / 8;
         uint32_t qf[KC][4];
-        {
+        if constexpr (KV8) {
+            dec8_qfrag<KC, DP>(qf, Qt);
+        } else {
             uint32_t qb = smem_u32(Qt + (lane & 15) * DP + (lane >> 4) * 8);
 #pragma unroll
             for (int kc = 0; kc < KC; kc++) ldsm_x4(qb + kc * 16 * 2, qf[kc]);
@@ -705,7 +752,11 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
         if (r < GM) {
             if ((lane & 3) == 0) Wm[w][r] = m0, Wl[w][r] = l0;
 #pragma unroll
-            for (int dt = 0; dt < DT; dt++) Wa[w][r][dt * 8 + d0] = o[dt][0], Wa[w][r][dt * 8 + d0 + 1] = o[dt][1];
+            for (int dt = 0; dt < DT; dt++) {
+                /* fp8: tile_pv8's column order */
+                int c0 = KV8 ? dec8_col(DT, dt, d0) : dt * 8 + d0, c1 = KV8 ? dec8_col(DT, dt, d0 + 1) : c0 + 1;
+                Wa[w][r][c0] = o[dt][0], Wa[w][r][c1] = o[dt][1];
+            }
         }
     }
     __syncthreads();

@@ -4,7 +4,8 @@
  *   (defaults: tools/configs/llama-3.1-8b, tests/models/tiny-qwen3)
  *   SLUICE_TEST_TP=N: N tensor-parallel ranks; SLUICE_BENCH_SEQS=n: KV for n
  *   sequences (256) and the largest decode batch; SLUICE_BENCH_ONLY=decode:
- *   batch-1 decode alone (=prefill: the prefill timings alone); SLUICE_BENCH_PROFILE=1: after the timed decode
+ *   batch-1 decode alone (=prefill: the prefill timings alone; =batches:
+ *   SLUICE_BENCH_DECODE's batches alone); SLUICE_BENCH_PROFILE=1: after the timed decode
  *   steps, two more inside cudaProfilerStart/Stop (for
  *   `ncu --profile-from-start off`); SLUICE_BENCH_PROFILE=prefill: after
  *   the timed prefill, one more 16K-token step inside them, then stop;
@@ -124,7 +125,7 @@ int main(int argc, char **argv)
     wbytes /= (size_t)tp; /* each GPU reads its share: the floor below is per GPU */
 
     const char *only = getenv("SLUICE_BENCH_ONLY"), *prof = getenv("SLUICE_BENCH_PROFILE");
-    bool decode_only = only && strcmp(only, "decode") == 0;
+    bool decode_only = only && (strcmp(only, "decode") == 0 || strcmp(only, "batches") == 0);
     step(1, 0, 64); /* warm-up */
     if (decode_only) goto decode;
     double tt[5];
@@ -145,6 +146,7 @@ int main(int argc, char **argv)
     }
 
 decode:
+    if (only && strcmp(only, "batches") == 0) goto batches;
     step(1, 0, 1024);
     double d1 = median_decode(1, 1024, 128);
     printf("decode batch 1 @ 1K ctx: %.3f ms/step = %.1f tok/s; floor %.1f tok/s at 4.3 TB/s (%.0f%%)\n", d1 * 1e3,
@@ -154,6 +156,7 @@ decode:
         step(1, 1200, 1), step(1, 1201, 1);
         cudaProfilerStop();
     }
+batches:
     if (getenv("SLUICE_BENCH_DECODE")) { /* "BxC,...": batch B at context C (KV unwritten: timing only) */
         for (const char *q = getenv("SLUICE_BENCH_DECODE"); *q;) {
             int b = 0, ctx = 0, n = 0;
