@@ -404,30 +404,40 @@ static __device__ __forceinline__ void lds_words(const uint8_t *p, uint32_t (&w)
         w[0] = v.x, w[1] = v.y;
     }
 }
-/* q's A fragments in dec8_kdim's order from Qt [16][DP] (f16) */
-template <int KC, int DP>
-static __device__ __forceinline__ void dec8_qfrag(uint32_t (&qf)[KC][4], const uint16_t *Qt)
+/* q's A fragments (f16) in dec8_kdim's order from the bf16 rows q [grp][D]
+ * (heads as rows; rows past grp, and rows 8-15, zero) */
+template <int KC>
+static __device__ __forceinline__ void dec8_qfrag(uint32_t (&qf)[KC][4], const uint16_t *q, int grp)
 {
     const int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
 #pragma unroll
     for (int kc = 0; kc < KC; kc++) {
-        const uint16_t *r0 = Qt + gq * DP + dec8_kdim(KC, kc, 2 * tq), *r1 = r0 + 8 * DP;
-        qf[kc][0] = *(const uint32_t *)r0, qf[kc][1] = *(const uint32_t *)r1;
-        qf[kc][2] = *(const uint32_t *)(r0 + 2), qf[kc][3] = *(const uint32_t *)(r1 + 2);
+        const uint16_t *r = q + gq * 16 * KC + dec8_kdim(KC, kc, 2 * tq);
+        bool ok = gq < grp;
+        qf[kc][0] = ok ? pack_h2(bf2f(r[0]), bf2f(r[1])) : 0u;
+        qf[kc][2] = ok ? pack_h2(bf2f(r[2]), bf2f(r[3])) : 0u;
+        qf[kc][1] = qf[kc][3] = 0u;
     }
 }
 /* S = q K^T over the tile's K rows at ks: lane (gq, tq) reads 4 KC bytes of
  * key row gq at dec8_kdim(KC, 0, 2tq); word kc holds the B fragment's two
  * pairs */
-template <int NT, int KC, int RSB>
+template <int NT, int KC, int RSB, bool SW>
 static __device__ __forceinline__ void tile_scores8(float (&s)[NT][4], const uint32_t (&qf)[KC][4], const uint8_t *ks)
 {
-    const int lane = threadIdx.x & 31;
-    const uint8_t *kr = ks + (lane >> 2) * RSB + dec8_kdim(KC, 0, 2 * (lane & 3));
+    const int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+    const uint8_t *kr = ks + gq * RSB + (SW ? 0 : dec8_kdim(KC, 0, 2 * tq));
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) {
         uint32_t w[KC];
-        lds_words<4 * KC>(kr + nt * 8 * RSB, w);
+        if constexpr (SW) { /* D 128: chunks 2tq and 2tq + 1 of key row 8 nt + gq, swizzled by gq */
+            static_assert(KC == 8, "SW is D 128");
+            uint4 u0 = *(const uint4 *)(kr + nt * 8 * RSB + ((2 * tq) ^ gq) * 16),
+                  u1 = *(const uint4 *)(kr + nt * 8 * RSB + ((2 * tq + 1) ^ gq) * 16);
+            w[0] = u0.x, w[1] = u0.y, w[2] = u0.z, w[3] = u0.w, w[4] = u1.x, w[5] = u1.y, w[6] = u1.z, w[7] = u1.w;
+        } else {
+            lds_words<4 * KC>(kr + nt * 8 * RSB, w);
+        }
         s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
 #pragma unroll
         for (int kc = 0; kc < KC; kc++)
@@ -437,18 +447,20 @@ static __device__ __forceinline__ void tile_scores8(float (&s)[NT][4], const uin
 /* O += P V over the tile's V rows at vs: lane (gq, tq) reads DT bytes at
  * dim gq DT of key rows 2tq, 2tq + 1, 2tq + 8, 2tq + 9; byte dt of two rows
  * is one B fragment pair; P's A fragment as in tile_pv (rows 8-15 zero) */
-template <int NT, int DT, int RSB>
+template <int NT, int DT, int RSB, bool SW>
 static __device__ __forceinline__ void tile_pv8(float (&o)[DT][4], const float (&s)[NT][4], const uint8_t *vs)
 {
-    const int lane = threadIdx.x & 31;
-    const uint8_t *vr = vs + (lane & 3) * 2 * RSB + dec8_col(DT, 0, lane >> 2);
+    const int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+    /* SW (D 128): the lane's chunk gq of rows 2tq (+8) and 2tq + 1 (+9), swizzled by those rows */
+    const uint8_t *vr = vs + tq * 2 * RSB + (SW ? 0 : dec8_col(DT, 0, gq));
+    const int s0 = SW ? (gq ^ (2 * tq)) * 16 : 0, s1 = SW ? (gq ^ (2 * tq + 1)) * 16 : 0;
 #pragma unroll
     for (int kk = 0; kk < NT / 2; kk++) {
         uint32_t pa[4] = {pack_h2(s[2 * kk][0], s[2 * kk][1]), 0u, pack_h2(s[2 * kk + 1][0], s[2 * kk + 1][1]), 0u};
         const uint8_t *p = vr + kk * 16 * RSB;
         uint32_t r0[DT / 4], r1[DT / 4], r8[DT / 4], r9[DT / 4];
-        lds_words<DT>(p, r0), lds_words<DT>(p + RSB, r1), lds_words<DT>(p + 8 * RSB, r8);
-        lds_words<DT>(p + 9 * RSB, r9);
+        lds_words<DT>(p + s0, r0), lds_words<DT>(p + RSB + s1, r1), lds_words<DT>(p + 8 * RSB + s0, r8);
+        lds_words<DT>(p + 9 * RSB + s1, r9);
 #pragma unroll
         for (int dt = 0; dt < DT; dt++) {
             const unsigned sel = (dt % 4) | (dt % 4 + 4) << 4;
@@ -488,15 +500,22 @@ static __device__ __forceinline__ void tile_pv8(float (&o)[DT][4], const float (
  * widening pass), in two stages per warp (the same bytes as one bf16 stage):
  * the next tile is requested before this one is used, so a warp keeps a tile
  * in flight while it computes. SB: a warp's stages. Shared memory: DEC_NW x
- * SB, the warps' states Wa [DEC_NW][GM][D] f32, q [16][D + 8] (bf16, f16 with
- * fp8; rows past grp zero). */
+ * SB, the warps' states Wa [DEC_NW][GM][D] f32, q [16][D + 8] (bf16; rows
+ * past grp zero). With fp8 each warp's state goes into its own stages once
+ * its last tile is read, and q's fragments come straight from Qb, so a block
+ * needs only the stages; at D 128 the rows carry no padding either (SW:
+ * 16-byte chunk c of row j sits at chunk c ^ (j & 7), so the fragment loads
+ * below meet no bank conflicts): 64 KB a block, three blocks an SM, not two. */
 template <int D, bool KV8>
 struct dec_tile {
-    static constexpr int BN = 32, RSB = KV8 ? D + 16 : (D + 8) * 2, NST = KV8 ? 2 : 1, SB = NST * 2 * BN * RSB;
+    static constexpr bool SW = KV8 && D == 128;
+    static constexpr int BN = 32, RSB = KV8 ? (SW ? D : D + 16) : (D + 8) * 2, NST = KV8 ? 2 : 1,
+                         SB = NST * 2 * BN * RSB;
 };
 template <int D, int GM, bool KV8>
 static constexpr size_t dec_tc_smem(void)
 {
+    if (KV8) return (size_t)DEC_NW * dec_tile<D, KV8>::SB;
     return (size_t)DEC_NW * dec_tile<D, KV8>::SB + (size_t)DEC_NW * GM * D * 4 + (size_t)16 * (D + 8) * 2;
 }
 
@@ -523,8 +542,9 @@ static __device__ __forceinline__ void dec_load_kv(const struct cuda_attn_args &
         int i = u * 32 + lane, j = i / CH, c = i % CH;
         long long sj = __shfl_sync(0xffffffffu, slot[u * 32 / CH / 32], j & 31);
         size_t off = sj >= 0 ? ((size_t)sj * a.KVH + g) * D * ES + c * 16 : 0;
-        cp_async16(smem_u32(st + j * TL::RSB + c * 16), kc + off, sj >= 0);
-        cp_async16(smem_u32(st + (TL::BN + j) * TL::RSB + c * 16), vc + off, sj >= 0);
+        int cs = TL::SW ? c ^ (j & 7) : c; /* (TL::BN + j) & 7 == j & 7 */
+        cp_async16(smem_u32(st + j * TL::RSB + cs * 16), kc + off, sj >= 0);
+        cp_async16(smem_u32(st + (TL::BN + j) * TL::RSB + cs * 16), vc + off, sj >= 0);
     }
     cp_async_commit();
 }
@@ -546,12 +566,16 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
     const float qscale = a.scale * 1.4426950408889634f; /* log2(e): exp2 below */
     using TL = dec_tile<D, KV8>;
     uint8_t *stage = (uint8_t *)dsm + (size_t)w * TL::SB;
-    float(*Wa)[GM][D];
-    if constexpr (TC) {
-        Wa = (float(*)[GM][D])((uint8_t *)dsm + DEC_NW * TL::SB);
+    /* the warps' states: warp v's [GM][D] at Wa + v * WS (fp8: in its own stages) */
+    constexpr int WS = KV8 ? TL::SB / 4 : GM * D;
+    float *Wa;
+    if constexpr (KV8) {
+        Wa = (float *)dsm;
+    } else if constexpr (TC) {
+        Wa = (float *)((uint8_t *)dsm + DEC_NW * TL::SB);
     } else {
         __shared__ float Wa_s[DEC_NW][GM][D];
-        Wa = Wa_s;
+        Wa = &Wa_s[0][0][0];
     }
     int hi = wi.kv_hi < a.pos[t] + 1 ? wi.kv_hi : a.pos[t] + 1;
     /* TC: the first tile's keys are requested before q is ready (they hold
@@ -663,29 +687,24 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
             float ls = warp_sum(l[r]);
             if (lane == 0) Wm[w][r] = m[r], Wl[w][r] = ls;
 #pragma unroll
-            for (int i = 0; i < DPL; i++) Wa[w][r][lane * DPL + i] = acc[r][i];
+            for (int i = 0; i < DPL; i++) Wa[w * WS + r * D + lane * DPL + i] = acc[r][i];
         }
     } else {
         /* tensor cores (mma.m16n8k16, the fragment layouts of the prefill
          * kernel below): S^T = q K^T with the heads as the 16 rows (rows past
          * grp zero), P in bf16 (f16 with fp8 K and V), O += P V; lane 4 gq +
          * tq owns head gq */
-        uint16_t *Qt = (uint16_t *)((uint8_t *)dsm + DEC_NW * TL::SB + DEC_NW * GM * D * 4);
-        for (int i = threadIdx.x; i < 16 * D; i += blockDim.x) {
-            int r = i / D, d = i % D;
-            uint16_t v = r < grp ? Qb[r][d] : 0;
-            if constexpr (KV8) {
-                __half h = __float2half_rn(bf2f(v));
-                v = *(const uint16_t *)&h;
-            }
-            Qt[r * DP + d] = v;
-        }
-        __syncthreads();
         constexpr int KC = D / 16, DT = D / 8, NT = TL::BN / 8;
         uint32_t qf[KC][4];
         if constexpr (KV8) {
-            dec8_qfrag<KC, DP>(qf, Qt);
+            dec8_qfrag<KC>(qf, &Qb[0][0], grp);
         } else {
+            uint16_t *Qt = (uint16_t *)((uint8_t *)dsm + DEC_NW * TL::SB + DEC_NW * GM * D * 4);
+            for (int i = threadIdx.x; i < 16 * D; i += blockDim.x) {
+                int r = i / D, d = i % D;
+                Qt[r * DP + d] = r < grp ? Qb[r][d] : 0;
+            }
+            __syncthreads();
             uint32_t qb = smem_u32(Qt + (lane & 15) * DP + (lane >> 4) * 8);
 #pragma unroll
             for (int kc = 0; kc < KC; kc++) ldsm_x4(qb + kc * 16 * 2, qf[kc]);
@@ -711,7 +730,7 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
             __syncwarp();
             float s[NT][4];
             if constexpr (KV8)
-                tile_scores8<NT, KC, TL::RSB>(s, qf, st);
+                tile_scores8<NT, KC, TL::RSB, TL::SW>(s, qf, st);
             else
                 tile_scores<NT, KC, DP>(s, qf, kb, kofs);
             /* keys past hi (zeros in the stage) out; rows gq + 8 are zero rows */
@@ -739,7 +758,7 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
                 l0 += s[nt][0] + s[nt][1];
             }
             if constexpr (KV8)
-                tile_pv8<NT, DT, TL::RSB>(o, s, st + TL::BN * TL::RSB);
+                tile_pv8<NT, DT, TL::RSB, TL::SW>(o, s, st + TL::BN * TL::RSB);
             else
                 tile_pv<NT, DT, DP, true>(o, s, vb, vofs);
             __syncwarp(); /* the stage is read: the next tile may overwrite it */
@@ -755,7 +774,7 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
             for (int dt = 0; dt < DT; dt++) {
                 /* fp8: tile_pv8's column order */
                 int c0 = KV8 ? dec8_col(DT, dt, d0) : dt * 8 + d0, c1 = KV8 ? dec8_col(DT, dt, d0 + 1) : c0 + 1;
-                Wa[w][r][c0] = o[dt][0], Wa[w][r][c1] = o[dt][1];
+                Wa[w * WS + r * D + c0] = o[dt][0], Wa[w * WS + r * D + c1] = o[dt][1];
             }
         }
     }
@@ -770,7 +789,7 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
 #pragma unroll
             for (int v = 0; v < DEC_NW; v++) {
                 float e = exp2f(Wm[v][r] - M);
-                L += Wl[v][r] * e, A += Wa[v][r][d] * e;
+                L += Wl[v][r] * e, A += Wa[v * WS + r * D + d] * e;
             }
         }
         if (!split) {
