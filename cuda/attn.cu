@@ -404,18 +404,24 @@ static __device__ __forceinline__ void lds_words(const uint8_t *p, uint32_t (&w)
         w[0] = v.x, w[1] = v.y;
     }
 }
-/* q's A fragments (f16) in dec8_kdim's order from the bf16 rows q [grp][D]
- * (heads as rows; rows past grp, and rows 8-15, zero) */
-template <int KC>
-static __device__ __forceinline__ void dec8_qfrag(uint32_t (&qf)[KC][4], const uint16_t *q, int grp)
+/* The decode kernel's q A fragments from the bf16 rows q [grp][D] (heads as
+ * rows; rows past grp, and rows 8-15, zero): bf16 in mma order, or (KV8) f16
+ * in dec8_kdim's order */
+template <int KC, bool KV8>
+static __device__ __forceinline__ void dec_qfrag(uint32_t (&qf)[KC][4], const uint16_t *q, int grp)
 {
     const int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+    const bool ok = gq < grp;
 #pragma unroll
     for (int kc = 0; kc < KC; kc++) {
-        const uint16_t *r = q + gq * 16 * KC + dec8_kdim(KC, kc, 2 * tq);
-        bool ok = gq < grp;
-        qf[kc][0] = ok ? pack_h2(bf2f(r[0]), bf2f(r[1])) : 0u;
-        qf[kc][2] = ok ? pack_h2(bf2f(r[2]), bf2f(r[3])) : 0u;
+        const uint16_t *r = q + gq * 16 * KC + (KV8 ? dec8_kdim(KC, kc, 2 * tq) : kc * 16 + 2 * tq);
+        if constexpr (KV8) {
+            qf[kc][0] = ok ? pack_h2(bf2f(r[0]), bf2f(r[1])) : 0u;
+            qf[kc][2] = ok ? pack_h2(bf2f(r[2]), bf2f(r[3])) : 0u;
+        } else {
+            qf[kc][0] = ok ? *(const uint32_t *)r : 0u;
+            qf[kc][2] = ok ? *(const uint32_t *)(r + 8) : 0u;
+        }
         qf[kc][1] = qf[kc][3] = 0u;
     }
 }
@@ -499,13 +505,12 @@ static __device__ __forceinline__ void tile_pv8(float (&o)[DT][4], const float (
  * with the fp8 cache [D + 16] bytes read straight into f16 mma fragments (no
  * widening pass), in two stages per warp (the same bytes as one bf16 stage):
  * the next tile is requested before this one is used, so a warp keeps a tile
- * in flight while it computes. SB: a warp's stages. Shared memory: DEC_NW x
- * SB, the warps' states Wa [DEC_NW][GM][D] f32, q [16][D + 8] (bf16; rows
- * past grp zero). With fp8 each warp's state goes into its own stages once
- * its last tile is read, and q's fragments come straight from Qb, so a block
- * needs only the stages; at D 128 the rows carry no padding either (SW:
- * 16-byte chunk c of row j sits at chunk c ^ (j & 7), so the fragment loads
- * below meet no bank conflicts): 64 KB a block, three blocks an SM, not two. */
+ * in flight while it computes. SB: a warp's stages. Each warp's state goes
+ * into its own stages once its last tile is read, and q's fragments come
+ * straight from Qb, so a block's dynamic shared memory is DEC_NW x SB alone
+ * (three blocks an SM at D 128, not two). fp8 rows at D 128 carry no
+ * padding (SW: 16-byte chunk c of row j sits at chunk c ^ (j & 7), so the
+ * fragment loads below meet no bank conflicts). */
 template <int D, bool KV8>
 struct dec_tile {
     static constexpr bool SW = KV8 && D == 128;
@@ -515,8 +520,8 @@ struct dec_tile {
 template <int D, int GM, bool KV8>
 static constexpr size_t dec_tc_smem(void)
 {
-    if (KV8) return (size_t)DEC_NW * dec_tile<D, KV8>::SB;
-    return (size_t)DEC_NW * dec_tile<D, KV8>::SB + (size_t)DEC_NW * GM * D * 4 + (size_t)16 * (D + 8) * 2;
+    static_assert(GM * D * 4 <= dec_tile<D, KV8>::SB, "a warp's state fits its stages");
+    return (size_t)DEC_NW * dec_tile<D, KV8>::SB;
 }
 
 /* One warp's keys [k0, k0 + BN) of head group g into its stage st (K rows,
@@ -566,13 +571,11 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
     const float qscale = a.scale * 1.4426950408889634f; /* log2(e): exp2 below */
     using TL = dec_tile<D, KV8>;
     uint8_t *stage = (uint8_t *)dsm + (size_t)w * TL::SB;
-    /* the warps' states: warp v's [GM][D] at Wa + v * WS (fp8: in its own stages) */
-    constexpr int WS = KV8 ? TL::SB / 4 : GM * D;
+    /* the warps' states: warp v's [GM][D] at Wa + v * WS (TC: in its own stages) */
+    constexpr int WS = TC ? TL::SB / 4 : GM * D;
     float *Wa;
-    if constexpr (KV8) {
+    if constexpr (TC) {
         Wa = (float *)dsm;
-    } else if constexpr (TC) {
-        Wa = (float *)((uint8_t *)dsm + DEC_NW * TL::SB);
     } else {
         __shared__ float Wa_s[DEC_NW][GM][D];
         Wa = &Wa_s[0][0][0];
@@ -696,19 +699,7 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
          * tq owns head gq */
         constexpr int KC = D / 16, DT = D / 8, NT = TL::BN / 8;
         uint32_t qf[KC][4];
-        if constexpr (KV8) {
-            dec8_qfrag<KC>(qf, &Qb[0][0], grp);
-        } else {
-            uint16_t *Qt = (uint16_t *)((uint8_t *)dsm + DEC_NW * TL::SB + DEC_NW * GM * D * 4);
-            for (int i = threadIdx.x; i < 16 * D; i += blockDim.x) {
-                int r = i / D, d = i % D;
-                Qt[r * DP + d] = r < grp ? Qb[r][d] : 0;
-            }
-            __syncthreads();
-            uint32_t qb = smem_u32(Qt + (lane & 15) * DP + (lane >> 4) * 8);
-#pragma unroll
-            for (int kc = 0; kc < KC; kc++) ldsm_x4(qb + kc * 16 * 2, qf[kc]);
-        }
+        dec_qfrag<KC, KV8>(qf, &Qb[0][0], grp);
         float o[DT][4];
 #pragma unroll
         for (int dt = 0; dt < DT; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
