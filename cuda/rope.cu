@@ -3,8 +3,10 @@
  * head_dim (qwen3), rotate q and k (NORM: adjacent pairs; NEOX: halves; the
  * cos/sin tables carry llama3 scaling), then write q out and k, v into their
  * paged KV slots (bf16, or fp8 e4m3 with an fp8 cache). Blocks of ROPE_WARPS
- * warps, one warp per head: grid (T, heads / ROPE_WARPS), so a decode step's
- * 48 heads run on 6 SMs at once, not one after another on one. */
+ * warps over one token's heads: ROPE_HPW heads per warp on the register path
+ * (D 64 or 128, whole heads rotated: rope.cuh's rope_head_vec), one head per
+ * warp otherwise. Decode steps on the decode attention kernel fold this in
+ * and do not launch it. */
 #include "cuda/rope.cuh"
 
 #define ROPE_WARPS 8
