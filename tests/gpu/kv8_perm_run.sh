@@ -7,17 +7,7 @@
 # (bench_gemm) with the SM clock sampled. Logs under $1.
 . "$(dirname "$0")/run_lib.sh"
 nvidia-smi -L
-K=build/tests/gpu/test_kernels
-t k_kv8 180 env SLUICE_TEST_ONLY=kv8 $K
-t k_dec 180 env SLUICE_TEST_ONLY=attention_decode $K
-grep -E "FAIL|failed:" "$L/k_kv8.log" "$L/k_dec.log" | head
-t memcheck_kv8 240 env SLUICE_TEST_ONLY=rope_fold_kv8 compute-sanitizer --tool memcheck $K
-t racecheck_kv8 240 env SLUICE_TEST_ONLY=rope_fold_kv8 compute-sanitizer --tool racecheck $K
-t e2e_tp1 90 build/tests/gpu/test_gpu_e2e
-e="env SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3"
-t engine_tp1 90 $e build/tests/test_engine
-t engine_kv8 90 $e SLUICE_TEST_KV=fp8 build/tests/test_engine
-grep -E "FAIL|failed:" "$L/e2e_tp1.log" "$L/engine_tp1.log" "$L/engine_kv8.log" | head
+dec_tests rope_fold_kv8
 B=build/tests/gpu/bench_gpu
 t dec_fp8 120 env SLUICE_BENCH_KV=fp8 SLUICE_BENCH_ONLY=decode SLUICE_BENCH_DECODE=256x1536,64x2048 $B; grep -E "decode" "$L/dec_fp8.log"
 t dec_bf16 120 env SLUICE_BENCH_ONLY=decode SLUICE_BENCH_DECODE=256x1536,64x2048 $B; grep -E "decode" "$L/dec_bf16.log"

@@ -4,6 +4,11 @@
 #   t NAME SECONDS CMD...   CMD under a timeout, its output in $L/NAME.log,
 #                           one line: exit status, seconds, the result lines
 #   core_tests SECONDS      the one-GPU correctness runs (below)
+#   e2e_tests               their end-to-end part
+#   dec_tests FOLD          after a decode-kernel change: its tests (bf16 and
+#                           fp8), memcheck + racecheck on the RoPE-fold tests
+#                           named FOLD, the sampler, e2e, the engine suite
+#                           with each cache
 set -u
 L=${1:-/tmp/$(basename "$0" .sh)}
 mkdir -p "$L"
@@ -18,16 +23,31 @@ t() {
     echo "$n rc=$rc $(($(date +%s) - a))s: $(grep -E 'passed, [0-9]+ failed|ERROR SUMMARY|RACECHECK SUMMARY|^FAIL' "$L/$n.log" | tail -3 | tr '\n' ' ')"
 }
 
-# core_tests KERNEL_SECS: the correctness part of a call on one GPU: the
-# kernel tests, the device sampler, end to end vs CPU/HF, the engine suite on
+# e2e_tests: the device sampler, end to end vs CPU/HF, the engine suite on
 # CUDA with the bf16 and the fp8 KV cache; failures listed
-core_tests() {
-    t kernels "$1" build/tests/gpu/test_kernels
-    grep -E "FAIL|failed:" "$L/kernels.log" | head -20
+e2e_tests() {
     t sample 60 build/tests/gpu/test_sample
     t e2e_tp1 90 build/tests/gpu/test_gpu_e2e
     local e="env SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3"
     t engine_tp1 90 $e build/tests/test_engine
     t engine_kv8 90 $e SLUICE_TEST_KV=fp8 build/tests/test_engine
     grep -E "FAIL|failed:" "$L/e2e_tp1.log" "$L/engine_tp1.log" "$L/engine_kv8.log" | head
+}
+
+# core_tests KERNEL_SECS: the correctness part of a call on one GPU: the
+# kernel tests, then e2e_tests
+core_tests() {
+    t kernels "$1" build/tests/gpu/test_kernels
+    grep -E "FAIL|failed:" "$L/kernels.log" | head -20
+    e2e_tests
+}
+
+dec_tests() {
+    local K=build/tests/gpu/test_kernels
+    t k_dec 180 env SLUICE_TEST_ONLY=attention_decode $K
+    t k_kv8 180 env SLUICE_TEST_ONLY=kv8 $K
+    grep -E "FAIL|failed:" "$L/k_dec.log" "$L/k_kv8.log" | head
+    t memcheck_fold 240 env SLUICE_TEST_ONLY="$1" compute-sanitizer --tool memcheck $K
+    t racecheck_fold 240 env SLUICE_TEST_ONLY="$1" compute-sanitizer --tool racecheck $K
+    e2e_tests
 }
