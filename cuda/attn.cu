@@ -502,8 +502,9 @@ static __device__ __forceinline__ void tile_pv8(float (&o)[DT][4], const float (
 #define DEC_NW 4
 /* The tensor-core variant's warp tile: BN keys; a warp stages its tile's K
  * rows then V rows, RSB bytes each: [BN][D + 8] bf16 (ldmatrix reads it), or
- * with the fp8 cache [D + 16] bytes read straight into f16 mma fragments (no
- * widening pass), in two stages per warp (the same bytes as one bf16 stage):
+ * with the fp8 cache [D + 16] bytes ([D] at D 128, SW below) read straight
+ * into f16 mma fragments (no widening pass), in two stages per warp (at most
+ * the bytes of one bf16 stage):
  * the next tile is requested before this one is used, so a warp keeps a tile
  * in flight while it computes. SB: a warp's stages. Each warp's state goes
  * into its own stages once its last tile is read, and q's fragments come

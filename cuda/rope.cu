@@ -56,7 +56,7 @@ extern "C" cudaError_t cuda_rope_kv(const struct cuda_rope_args *a, cudaStream_t
     if (a->T <= 0) return cudaSuccess;
     if (a->D > ROPE_MAXD || a->rope_dim > a->D) return cudaErrorInvalidValue;
     int nh = a->H + 2 * a->KVH;
-    if (a->rope_dim == a->D && (a->D == 128 || a->D == 64)) { /* rope_head's register path */
+    if (ROPE_VEC_OK(a->D, a->rope_dim)) { /* rope_head's register path */
         dim3 grid(a->T, (nh + ROPE_WARPS * ROPE_HPW - 1) / (ROPE_WARPS * ROPE_HPW));
         if (a->D == 128)
             rope_kv_vec_kernel<4><<<grid, 32 * ROPE_WARPS, 0, st>>>(*a);

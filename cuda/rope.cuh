@@ -22,10 +22,12 @@ static __device__ __forceinline__ void rope_put(void *dst, int i, float x, bool 
 /* rope_head for D = 32 V with the whole head rotated (Llama, Qwen: D 128;
  * SmolLM2: D 64), as rope_vec_load then rope_vec_finish: lane l holds
  * elements [lV, lV + V) in registers, so a head is one V-element load and
- * one store per lane, no shared memory. NORM
- * pairs (2i, 2i + 1) sit in one lane; a NEOX pair (i, i + D/2) in lanes l
- * and l ^ 16. Same arithmetic per element as the general path; the q/k
- * norm's sum of squares runs in this layout's order. */
+ * one store per lane, no shared memory. NORM pairs (2i, 2i + 1) sit in one
+ * lane; a NEOX pair (i, i + D/2) in lanes l and l ^ 16. Same arithmetic per
+ * element as the general path; the q/k norm's sum of squares runs in this
+ * layout's order. ROPE_VEC_OK: the shapes it takes (rope.cu's kernel picks
+ * by it too). */
+#define ROPE_VEC_OK(D, rope_dim) ((rope_dim) == (D) && ((D) == 128 || (D) == 64))
 template <int V>
 static __device__ __forceinline__ void rope_vec_load(const struct cuda_rope_args &a, int t, int h, float (&x)[V])
 {
@@ -116,7 +118,7 @@ static __device__ __forceinline__ void rope_head_vec(const struct cuda_rope_args
 static __device__ __forceinline__ void rope_head(const struct cuda_rope_args &a, int t, int h, float *v, void *dst,
                                                  bool f8)
 {
-    if (a.rope_dim == a.D && (a.D == 128 || a.D == 64)) {
+    if (ROPE_VEC_OK(a.D, a.rope_dim)) {
         if (a.D == 128)
             rope_head_vec<4>(a, t, h, dst, f8);
         else
