@@ -56,6 +56,7 @@
 #include "cuda/kernels.h"
 #include "cuda/rope.cuh"
 #include "cuda/pdl.cuh"
+#include "cuda/tile.cuh"
 
 #define KT 32
 #define WARPS 4
@@ -234,18 +235,6 @@ static __global__ void combine_kernel(struct cuda_attn_args a)
 
 #define TC_BN 64 /* keys per tile */
 
-static __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-/* 16 bytes global -> shared, L2 only; ok == false writes 16 zero bytes and reads nothing */
-static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool ok)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
-}
-static __device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-static __device__ __forceinline__ void cp_async_wait(void)
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 static __device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t r[4])
 {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -268,19 +257,6 @@ static __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4],
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-static __device__ __forceinline__ float ex2(float x)
-{
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-/* lo in the low half: the lower column / key index of an mma fragment pair */
-static __device__ __forceinline__ uint32_t pack_bf2(float lo, float hi)
-{
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&v);
-}
-
 /* fp8 KV (args.kv8) in the prefill kernel: a tile's K and V rows (ROWS: K rows, then V
  * rows) arrive by cp.async as D bytes each at byte kv8_off of their stage,
  * past the bf16 rows [ROWS][D + 8] the math reads, and are widened into those
@@ -1071,6 +1047,7 @@ extern "C" cudaError_t cuda_attention_prepare(int D)
                                : set_smem_both<8>();
     if (D == 64) e = set_smem_tc<64, true>(set_smem_tc<64, false>(e));
     if (D == 128) e = set_smem_tc<128, true>(set_smem_tc<128, false>(e));
+    if (D == 128 && e == cudaSuccess) e = cuda_attention_wg_prepare();
     return e;
 }
 
@@ -1096,11 +1073,14 @@ template <int D, bool KV8>
 static cudaError_t launch_tc(const struct cuda_attn_args *a, cudaStream_t st)
 {
     dim3 grid(a->max_items, a->KVH);
-    if (a->max_rows <= 64)
+    cudaError_t e = cudaSuccess;
+    if (cuda_attention_wg_ok(a))
+        e = cuda_attention_wg(a, st);
+    else if (a->max_rows <= 64)
         attn_tc_kernel<D, 4, KV8><<<grid, 128, tc_smem<D>(), st>>>(*a);
     else
         attn_tc_kernel<D, 8, KV8><<<grid, 256, tc_smem<D>(), st>>>(*a);
-    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) e = cudaGetLastError();
     if (e != cudaSuccess) return e;
     combine_kernel<<<dim3(a->T, (a->H + 3) / 4), 128, 0, st>>>(*a);
     return cudaGetLastError();

@@ -117,6 +117,15 @@ cudaError_t cuda_attention(const struct cuda_attn_args *a, cudaStream_t st);
 /* Raises the kernel's shared-memory limit for head_dim D; call once before
  * any graph capture. */
 cudaError_t cuda_attention_prepare(int D);
+/* attn_wg.cu: the tensor-core path's 128-row items at head_dim 128 with the
+ * bf16 cache run on Hopper's warpgroup MMA on compute capability 9.0
+ * (cuda_attention picks it; SLUICE_CUDA_ATTN_WG=0 keeps attn.cu's kernel).
+ * _select: on 1 / off 0 for tests and benchmarks (-1 rereads the
+ * environment); call it outside graph capture. */
+int cuda_attention_wg_ok(const struct cuda_attn_args *a);
+void cuda_attention_wg_select(int on);
+cudaError_t cuda_attention_wg_prepare(void);
+cudaError_t cuda_attention_wg(const struct cuda_attn_args *a, cudaStream_t st);
 
 /* ---- gemv.cu ---- */
 /* Few-row GEMVs for decode and their fusions. All: T <= CUDA_GEMV_MAX_T rows,

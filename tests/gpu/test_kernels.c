@@ -663,9 +663,9 @@ static double attn_run(const char *name, int H, int KVH, int D, int bs, const st
     }
     double err = nerr(o, ref, n);
     *rowmax = worst;
-    printf("  attention %-36s T=%4d H=%d/%d D=%d bs=%d split=%d rows %d (max %d)%s%s: err %.2e, row max %.2e\n", name, T,
-           H, KVH, D, bs, nsplit, rows, maxrows, scale_mul != 1.0f ? " bad scale" : "", g_kv8 ? " fp8 KV" : "", err,
-           worst);
+    printf("  attention %-36s T=%4d H=%d/%d D=%d bs=%d split=%d rows %d (max %d)%s%s%s: err %.2e, row max %.2e\n", name,
+           T, H, KVH, D, bs, nsplit, rows, maxrows, scale_mul != 1.0f ? " bad scale" : "", g_kv8 ? " fp8 KV" : "",
+           !a.cnt && cuda_attention_wg_ok(&a) ? " wgmma" : "", err, worst);
     free(perm), free(bt), free(bt_off), free(kc), free(vc), free(q), free(pos), free(tok_part), free(tok_ns);
     free(items), free(tok_seq), free(out), free(ref), free(o), free(kf), free(vf);
     cudaFree((void *)a.q), cudaFree((void *)a.kc), cudaFree((void *)a.vc), cudaFree((void *)a.pos);
@@ -944,6 +944,14 @@ static void test_rope_fold_kv8(void)
     test_attention_rope_fold();
     g_kv8 = false;
 }
+/* where the warpgroup-MMA kernel (attn_wg.cu) takes the 128-row items, the
+ * same cases on attn.cu's tensor-core kernel */
+static void test_attention_tc_nowg(void)
+{
+    cuda_attention_wg_select(0);
+    test_attention_tc();
+    cuda_attention_wg_select(-1);
+}
 static void test_attention_tc_kv8(void)
 {
     g_kv8 = true;
@@ -969,6 +977,7 @@ int main(void)
     RUN(test_attention_decode);
     RUN(test_attention_rope_fold);
     RUN(test_attention_tc);
+    RUN(test_attention_tc_nowg);
     RUN(test_attention_kv8);
     RUN(test_rope_fold_kv8);
     RUN(test_attention_tc_kv8);

@@ -1,0 +1,290 @@
+/* attn_wg.cu - prefill attention on Hopper's warpgroup MMA (wgmma, sm_90a),
+ * for the tensor-core path's 128-row items at head_dim 128 with the bf16 KV
+ * cache (attn.cu picks it; the other shapes, the fp8 cache and sm_89 keep
+ * attn_tc_kernel). The same items, masks, online softmax and outputs as
+ * attn_tc_kernel (attn.cu); only the tile math differs.
+ *
+ * A block of two warpgroups takes one item x one KV head group: warpgroup
+ * wg owns query rows 64 wg .. 64 wg + 63 (rows = tokens x the group's heads,
+ * as in attn.cu). Q stays in shared memory for the whole item; keys go 128
+ * at a time, K and V gathered through the block table by cp.async into two
+ * stages (the next tile's gather overlaps this tile's math). Per tile and
+ * warpgroup: S = Q K^T by eight wgmma.m64n128k16 with both operands in
+ * shared memory (K-major), the online softmax on S's accumulators, then
+ * O += P V by eight wgmma.m64n128k16 with P from registers (S's accumulator
+ * layout is, per warp, mma.m16n8k16's A fragment layout, so P needs no
+ * shuffle) and V in shared memory read N-major (transposed).
+ *
+ * Shared memory: every tile (Q [128 rows], K and V [128 keys], x D 128 bf16)
+ * is stored as two 64-dim halves of 128-byte rows with the 128-byte swizzle
+ * (16-byte chunk c of row r at chunk c ^ (r & 7)), from a 1024-byte aligned
+ * base: wgmma's canonical layout, described by matrix descriptors (start
+ * address, LBO, SBO in 16-byte units, swizzle mode 1 = 128B). K-major (Q, K):
+ * 8-row groups 1024 bytes apart (SBO), the k16 slice at +32 bytes within a
+ * row. N-major (V): 64-dim halves WG_HALF bytes apart (LBO), 8-key groups
+ * 1024 bytes apart (SBO). 32 KB Q + 2 stages x 64 KB K/V + 1 KB of alignment
+ * slack: one block an SM. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/bf16.cuh"
+#include "cuda/kernels.h"
+#include "cuda/tile.cuh"
+
+#define WG_BM 128  /* query rows per block: two warpgroups of 64 */
+#define WG_BN 128  /* keys per tile */
+#define WG_THR 256
+#define WG_HALF (WG_BN * 128) /* bytes of one 64-dim half of a 128-row tile */
+#define WG_TILE (2 * WG_HALF) /* one Q, K or V tile */
+#define WG_SMEM (1024 + WG_TILE + 4 * WG_TILE)
+static_assert(WG_BM == WG_BN, "Q and K/V tiles share one layout");
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define WG_ARCH 1
+#endif
+
+#ifdef WG_ARCH
+/* byte offset of 16-byte chunk c (0..15 along D 128) of row r in a tile */
+static __device__ __forceinline__ uint32_t sw128(int r, int c)
+{
+    return (uint32_t)((c >> 3) * WG_HALF + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+static __device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_t sbo)
+{
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)((lbo >> 4) & 0x3FFF) << 16 |
+           (uint64_t)((sbo >> 4) & 0x3FFF) << 32 | 1ull << 62;
+}
+
+static __device__ __forceinline__ void wg_fence(void) { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+static __device__ __forceinline__ void wg_commit(void)
+{
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+static __device__ __forceinline__ void wg_wait0(void) { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+/* keeps the compiler from touching accumulators across an async wgmma */
+static __device__ __forceinline__ void acc_fence(float (&d)[64])
+{
+#pragma unroll
+    for (int i = 0; i < 64; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+/* d (+)= A B, A and B in shared memory, both K-major */
+static __device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t da, uint64_t db)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(da), "l"(db));
+}
+/* d += A B, A (4 registers: the mma.m16n8k16 A fragment of this warp's 16
+ * rows) from registers, B in shared memory N-major */
+static __device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t db)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+
+/* keys [k0, k0 + WG_BN) of head group g into the K tile at ks and the V tile
+ * at ks + WG_TILE, zeros past kv_hi; not committed */
+static __device__ __forceinline__ void wg_load_kv(const struct cuda_attn_args &a, const int32_t *bt, int g, int k0,
+                                                  int kv_hi, uint32_t ks)
+{
+    const uint16_t *kc = (const uint16_t *)a.kc, *vc = (const uint16_t *)a.vc;
+    int bs = a.block_size;
+#pragma unroll
+    for (int k = 0; k < WG_BN * 16 / WG_THR; k++) {
+        int i = threadIdx.x + k * WG_THR, j = i >> 4, c = i & 15, kp = k0 + j;
+        bool ok = kp < kv_hi;
+        size_t off = 0;
+        if (ok) off = (((size_t)bt[kp / bs] * bs + kp % bs) * a.KVH + g) * 128 + c * 8;
+        cp_async16(ks + sw128(j, c), kc + off, ok);
+        cp_async16(ks + WG_TILE + sw128(j, c), vc + off, ok);
+    }
+}
+#endif
+
+static __global__ void __launch_bounds__(WG_THR, 1) attn_wg_kernel(struct cuda_attn_args a)
+{
+#ifdef WG_ARCH
+    constexpr int D = 128, NT = WG_BN / 8, DT = D / 8;
+    extern __shared__ __align__(16) uint8_t wsm[];
+    __shared__ int gmax[WG_THR / 32], gmin[WG_THR / 32];
+    int n_items = *a.n_items, it = n_items - 1 - (int)blockIdx.x;
+    if (it < 0) return;
+    struct cuda_attn_item wi = a.items[it];
+    int g = blockIdx.y, grp = a.H / a.KVH;
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, wg = w >> 2;
+    int nrows = wi.nq * grp;
+    if (nrows <= 0 || nrows > WG_BM) return; /* whole block: wi is uniform */
+    const int32_t *bt = a.bt + a.bt_off[wi.seq];
+    const uint32_t qs = (smem_u32(wsm) + 1023u) & ~1023u, kv0 = qs + WG_TILE; /* stage s: kv0 + 2 s WG_TILE */
+
+    for (int i = threadIdx.x; i < WG_BM * 16; i += WG_THR) {
+        int r = i >> 4, c = i & 15;
+        bool ok = r < nrows;
+        const uint16_t *src = a.q;
+        if (ok) src = a.q + ((size_t)(wi.t0 + r / grp) * a.H + g * grp + r % grp) * D + c * 8;
+        cp_async16(qs + sw128(r, c), src, ok);
+    }
+    int ntile = wi.kv_hi > wi.kv_lo ? (wi.kv_hi - wi.kv_lo + WG_BN - 1) / WG_BN : 0;
+    if (ntile > 0) wg_load_kv(a, bt, g, wi.kv_lo, wi.kv_hi, kv0);
+    cp_async_commit();
+
+    /* this lane's two rows (the accumulator layout: warp w & 3 of the
+     * warpgroup holds its rows 16 (w & 3) .. + 15); rows past nrows borrow
+     * the last row's position (their results are dropped) */
+    int r0 = w * 16 + (lane >> 2), r1 = r0 + 8;
+    int p0 = a.pos[wi.t0 + min(r0, nrows - 1) / grp], p1 = a.pos[wi.t0 + min(r1, nrows - 1) / grp];
+    int wmax = __reduce_max_sync(0xffffffffu, max(p0, p1)), wmin = __reduce_min_sync(0xffffffffu, min(p0, p1));
+    if (lane == 0) gmax[w] = wmax, gmin[w] = wmin;
+
+    float o[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) o[i] = 0.0f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f; /* m in log2 units */
+    const float sl2 = a.scale * 1.4426950408889634f;
+    cp_async_wait<0>();
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* cp.async writes -> wgmma reads */
+    __syncthreads();
+    int gx = -1, gn = 0x7fffffff; /* the warpgroup's largest and smallest row positions */
+    if (wg * 64 < nrows)
+        for (int v = 4 * wg; v < 4 * wg + 4; v++) gx = max(gx, gmax[v]), gn = min(gn, gmin[v]);
+
+    for (int ti = 0; ti < ntile; ti++) {
+        int k0 = wi.kv_lo + ti * WG_BN;
+        const uint32_t kb = kv0 + (ti & 1) * 2 * WG_TILE, vb = kb + WG_TILE;
+        if (ti > 0) {
+            cp_async_wait<0>();
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            __syncthreads(); /* tile ti is in; every warpgroup is done with tile ti - 1 */
+        }
+        if (ti + 1 < ntile) wg_load_kv(a, bt, g, k0 + WG_BN, wi.kv_hi, kv0 + ((ti + 1) & 1) * 2 * WG_TILE);
+        cp_async_commit();
+        if (k0 > gx) continue; /* warpgroup-uniform: the whole tile is after this warpgroup's rows */
+
+        float s[64];
+#pragma unroll
+        for (int i = 0; i < 64; i++) s[i] = 0.0f;
+        acc_fence(s);
+        wg_fence();
+#pragma unroll
+        for (int kc = 0; kc < D / 16; kc++) {
+            uint32_t off = (kc >> 2) * WG_HALF + (kc & 3) * 32;
+            wgmma_ss(s, wg_desc(qs + off + wg * 64 * 128, 16, 1024), wg_desc(kb + off, 16, 1024));
+        }
+        wg_commit();
+        wg_wait0();
+        acc_fence(s);
+        if (k0 + WG_BN > wi.kv_hi || k0 + WG_BN - 1 > gn) { /* warpgroup-uniform */
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int kp = k0 + nt * 8 + (lane & 3) * 2 + (e & 1);
+                    if (kp >= wi.kv_hi || kp > (e < 2 ? p0 : p1)) s[nt * 4 + e] = -INFINITY;
+                }
+        }
+        /* online softmax: a row lives in the 4 lanes of a quad */
+        float x0 = -INFINITY, x1 = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            x0 = fmaxf(x0, fmaxf(s[nt * 4], s[nt * 4 + 1]));
+            x1 = fmaxf(x1, fmaxf(s[nt * 4 + 2], s[nt * 4 + 3]));
+        }
+        x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 1));
+        x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 2));
+        x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 1));
+        x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 2));
+        float n0 = fmaxf(m0, x0 * sl2), n1 = fmaxf(m1, x1 * sl2);
+        /* a row that has seen nothing yet keeps p = 0 and its zeros, not NaN */
+        float u0 = n0 == -INFINITY ? 0.0f : n0, u1 = n1 == -INFINITY ? 0.0f : n1;
+        float c0 = ex2(m0 - u0), c1 = ex2(m1 - u1);
+        m0 = n0, m1 = n1;
+        l0 *= c0, l1 *= c1;
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++) o[dt * 4] *= c0, o[dt * 4 + 1] *= c0, o[dt * 4 + 2] *= c1, o[dt * 4 + 3] *= c1;
+        uint32_t pa[NT / 2][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            float e0 = ex2(fmaf(s[nt * 4], sl2, -u0)), e1 = ex2(fmaf(s[nt * 4 + 1], sl2, -u0));
+            float e2 = ex2(fmaf(s[nt * 4 + 2], sl2, -u1)), e3 = ex2(fmaf(s[nt * 4 + 3], sl2, -u1));
+            l0 += e0 + e1, l1 += e2 + e3;
+            /* keys 16 kk + 2tq.. (nt = 2 kk) and 16 kk + 8 + 2tq.. (nt = 2 kk + 1) */
+            pa[nt / 2][(nt & 1) * 2] = pack_bf2(e0, e1);
+            pa[nt / 2][(nt & 1) * 2 + 1] = pack_bf2(e2, e3);
+        }
+        acc_fence(o);
+#pragma unroll
+        for (int kk = 0; kk < NT / 2; kk++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) asm volatile("" : "+r"(pa[kk][j])::"memory");
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < NT / 2; kk++) wgmma_rs(o, pa[kk], wg_desc(vb + kk * 16 * 128, WG_HALF, 1024));
+        wg_commit();
+        wg_wait0();
+        acc_fence(o);
+    }
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        int r = hf ? r1 : r0;
+        if (r >= nrows) continue;
+        int t = wi.t0 + r / grp, h = g * grp + r % grp, d0 = (lane & 3) * 2;
+        float l = hf ? l1 : l0, m = hf ? m1 : m0;
+        if (wi.nsplit <= 1) {
+            float inv = l > 0.0f ? 1.0f / l : 0.0f;
+            uint16_t *op = a.out + ((size_t)t * a.H + h) * D + d0;
+#pragma unroll
+            for (int dt = 0; dt < DT; dt++)
+                *(uint32_t *)(op + dt * 8) = pack_bf2(o[dt * 4 + 2 * hf] * inv, o[dt * 4 + 2 * hf + 1] * inv);
+        } else {
+            /* the SIMT kernel's partial: max in natural-log units, unnormalized acc */
+            float *pp = a.part + (((size_t)(wi.part + r) * a.KVH + g) * CUDA_ATTN_MAXSPLIT + wi.split) * (D + 2);
+            if ((lane & 3) == 0) pp[0] = m * 0.6931471805599453f, pp[1] = l;
+#pragma unroll
+            for (int dt = 0; dt < DT; dt++)
+                pp[2 + dt * 8 + d0] = o[dt * 4 + 2 * hf], pp[3 + dt * 8 + d0] = o[dt * 4 + 2 * hf + 1];
+        }
+    }
+#endif
+}
+
+/* whether this device runs the kernel (compute capability 9.0: the sm_90a
+ * code) unless SLUICE_CUDA_ATTN_WG=0; read once, or set by
+ * cuda_attention_wg_select */
+static int wg_on = -1;
+static bool wg_device(void)
+{
+    int dev = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return false;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    return major == 9 && minor == 0;
+}
+extern "C" void cuda_attention_wg_select(int on)
+{
+    const char *e = getenv("SLUICE_CUDA_ATTN_WG");
+    wg_on = on >= 0 ? on && wg_device() : !(e && strcmp(e, "0") == 0) && wg_device();
+}
+
+extern "C" int cuda_attention_wg_ok(const struct cuda_attn_args *a)
+{
+    if (wg_on < 0) cuda_attention_wg_select(-1);
+    return wg_on && !a->kv8 && a->D == 128 && a->max_rows > 64 && a->max_rows <= WG_BM;
+}
+
+extern "C" cudaError_t cuda_attention_wg_prepare(void)
+{
+    cudaError_t e = cudaFuncSetAttribute(attn_wg_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM);
+    return e == cudaErrorInvalidDeviceFunction ? cudaSuccess : e; /* no sm_90a code for this device */
+}
+
+extern "C" cudaError_t cuda_attention_wg(const struct cuda_attn_args *a, cudaStream_t st)
+{
+    attn_wg_kernel<<<dim3(a->max_items, a->KVH), WG_THR, WG_SMEM, st>>>(*a);
+    return cudaGetLastError();
+}
