@@ -7,13 +7,15 @@
  * A block of two warpgroups takes one item x one KV head group: warpgroup
  * wg owns query rows 64 wg .. 64 wg + 63 (rows = tokens x the group's heads,
  * as in attn.cu). Q stays in shared memory for the whole item; keys go 128
- * at a time, K and V gathered through the block table by cp.async into two
+ * at a time, K and V gathered through the block table by cp.async into three
  * stages (the next tile's gather overlaps this tile's math). Per tile and
  * warpgroup: S = Q K^T by eight wgmma.m64n128k16 with both operands in
  * shared memory (K-major), the online softmax on S's accumulators, then
  * O += P V by eight wgmma.m64n128k16 with P from registers (S's accumulator
  * layout is, per warp, mma.m16n8k16's A fragment layout, so P needs no
- * shuffle) and V in shared memory read N-major (transposed).
+ * shuffle) and V in shared memory read N-major (transposed). A tile's
+ * S = Q K^T is issued with the previous tile's P V, so the softmax runs
+ * while the tensor cores finish that.
  *
  * Shared memory: every tile (Q [128 rows], K and V [128 keys], x D 128 bf16)
  * is stored as two 64-dim halves of 128-byte rows with the 128-byte swizzle
@@ -22,8 +24,8 @@
  * address, LBO, SBO in 16-byte units, swizzle mode 1 = 128B). K-major (Q, K):
  * 8-row groups 1024 bytes apart (SBO), the k16 slice at +32 bytes within a
  * row. N-major (V): 64-dim halves WG_HALF bytes apart (LBO), 8-key groups
- * 1024 bytes apart (SBO). 32 KB Q + 2 stages x 64 KB K/V + 1 KB of alignment
- * slack: one block an SM. */
+ * 1024 bytes apart (SBO). 32 KB Q + 3 stages x 64 KB K/V + 1 KB of alignment
+ * slack (225 KB): one block an SM. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,10 +35,10 @@
 
 #define WG_BM 128  /* query rows per block: two warpgroups of 64 */
 #define WG_BN 128  /* keys per tile */
-#define WG_THR 256
+#define WG_THR 384 /* a producer warpgroup and two consumers */
 #define WG_HALF (WG_BN * 128) /* bytes of one 64-dim half of a 128-row tile */
 #define WG_TILE (2 * WG_HALF) /* one Q, K or V tile */
-#define WG_SMEM (1024 + WG_TILE + 4 * WG_TILE)
+#define WG_SMEM (1024 + WG_TILE + 6 * WG_TILE)
 static_assert(WG_BM == WG_BN, "Q and K/V tiles share one layout");
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -61,7 +63,11 @@ static __device__ __forceinline__ void wg_commit(void)
 {
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
-static __device__ __forceinline__ void wg_wait0(void) { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+template <int N>
+static __device__ __forceinline__ void wg_wait(void)
+{
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
 /* keeps the compiler from touching accumulators across an async wgmma */
 static __device__ __forceinline__ void acc_fence(float (&d)[64])
 {
@@ -84,40 +90,78 @@ static __device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t (
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
 
+/* ---- mbarriers (shared memory, CTA scope) ---- */
+static __device__ __forceinline__ void mbar_init(uint32_t bar, int count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+static __device__ __forceinline__ void mbar_arrive(uint32_t bar)
+{
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+/* arrives once every cp.async this thread issued so far has landed */
+static __device__ __forceinline__ void mbar_arrive_cp_async(uint32_t bar)
+{
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+/* waits for the completion of the barrier's phase with this parity */
+static __device__ __forceinline__ void mbar_wait(uint32_t bar, int parity)
+{
+    asm volatile("{\n.reg .pred p;\nWAIT_%=:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra WAIT_%=;\n}\n" ::"r"(bar),
+                 "r"(parity)
+                 : "memory");
+}
+
 /* keys [k0, k0 + WG_BN) of head group g into the K tile at ks and the V tile
- * at ks + WG_TILE, zeros past kv_hi; not committed */
+ * at ks + WG_TILE, zeros past kv_hi, by the 128 threads of the producer
+ * warpgroup (tp: 0..127): thread tp takes 16-byte chunk tp & 15 of keys
+ * tp / 16, tp / 16 + 8, ... */
 static __device__ __forceinline__ void wg_load_kv(const struct cuda_attn_args &a, const int32_t *bt, int g, int k0,
-                                                  int kv_hi, uint32_t ks)
+                                                  int kv_hi, uint32_t ks, int tp)
 {
     const uint16_t *kc = (const uint16_t *)a.kc, *vc = (const uint16_t *)a.vc;
-    int bs = a.block_size;
-#pragma unroll
-    for (int k = 0; k < WG_BN * 16 / WG_THR; k++) {
-        int i = threadIdx.x + k * WG_THR, j = i >> 4, c = i & 15, kp = k0 + j;
+    int bs = a.block_size, sh = __ffs(bs) - 1, c = tp & 15;
+    bool p2 = (bs & (bs - 1)) == 0; /* the usual block sizes: no division */
+#pragma unroll 4
+    for (int j = tp >> 4; j < WG_BN; j += 8) {
+        int kp = k0 + j;
         bool ok = kp < kv_hi;
         size_t off = 0;
-        if (ok) off = (((size_t)bt[kp / bs] * bs + kp % bs) * a.KVH + g) * 128 + c * 8;
+        if (ok) {
+            int pg = p2 ? kp >> sh : kp / bs, in = p2 ? kp & (bs - 1) : kp % bs;
+            off = (((size_t)bt[pg] * bs + in) * a.KVH + g) * 128 + c * 8;
+        }
         cp_async16(ks + sw128(j, c), kc + off, ok);
         cp_async16(ks + WG_TILE + sw128(j, c), vc + off, ok);
     }
 }
 #endif
 
+/* Warpgroup 0 gathers K/V tiles (the producer, its registers handed to the
+ * others by setmaxnreg), warpgroups 1 and 2 compute (the consumers). Stage s
+ * has two barriers: full[s] (the producer's 128 threads arrive as their
+ * copies land) and empty[s] (the consumers' 256 threads arrive once they are
+ * done with the stage's K and V), so the producer runs up to two tiles ahead
+ * and neither consumer waits for the other. */
 static __global__ void __launch_bounds__(WG_THR, 1) attn_wg_kernel(struct cuda_attn_args a)
 {
 #ifdef WG_ARCH
     constexpr int D = 128, NT = WG_BN / 8, DT = D / 8;
     extern __shared__ __align__(16) uint8_t wsm[];
-    __shared__ int gmax[WG_THR / 32], gmin[WG_THR / 32];
+    __shared__ int gmax[8], gmin[8];
+    __shared__ __align__(8) uint64_t bars[6]; /* full[3], empty[3] */
     int n_items = *a.n_items, it = n_items - 1 - (int)blockIdx.x;
     if (it < 0) return;
     struct cuda_attn_item wi = a.items[it];
     int g = blockIdx.y, grp = a.H / a.KVH;
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, wg = w >> 2;
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, wg = w / 4 - 1; /* consumer warpgroup, -1: producer */
     int nrows = wi.nq * grp;
     if (nrows <= 0 || nrows > WG_BM) return; /* whole block: wi is uniform */
     const int32_t *bt = a.bt + a.bt_off[wi.seq];
     const uint32_t qs = (smem_u32(wsm) + 1023u) & ~1023u, kv0 = qs + WG_TILE; /* stage s: kv0 + 2 s WG_TILE */
+    const uint32_t full = smem_u32(bars), empty = full + 24;
+    if (threadIdx.x == 0)
+        for (int i = 0; i < 3; i++) mbar_init(full + 8 * i, 128), mbar_init(empty + 8 * i, 256);
 
     for (int i = threadIdx.x; i < WG_BM * 16; i += WG_THR) {
         int r = i >> 4, c = i & 15;
@@ -126,93 +170,145 @@ static __global__ void __launch_bounds__(WG_THR, 1) attn_wg_kernel(struct cuda_a
         if (ok) src = a.q + ((size_t)(wi.t0 + r / grp) * a.H + g * grp + r % grp) * D + c * 8;
         cp_async16(qs + sw128(r, c), src, ok);
     }
-    int ntile = wi.kv_hi > wi.kv_lo ? (wi.kv_hi - wi.kv_lo + WG_BN - 1) / WG_BN : 0;
-    if (ntile > 0) wg_load_kv(a, bt, g, wi.kv_lo, wi.kv_hi, kv0);
     cp_async_commit();
+    int ntile = wi.kv_hi > wi.kv_lo ? (wi.kv_hi - wi.kv_lo + WG_BN - 1) / WG_BN : 0;
 
-    /* this lane's two rows (the accumulator layout: warp w & 3 of the
+    /* a consumer lane's two rows (the accumulator layout: warp w & 3 of the
      * warpgroup holds its rows 16 (w & 3) .. + 15); rows past nrows borrow
      * the last row's position (their results are dropped) */
-    int r0 = w * 16 + (lane >> 2), r1 = r0 + 8;
-    int p0 = a.pos[wi.t0 + min(r0, nrows - 1) / grp], p1 = a.pos[wi.t0 + min(r1, nrows - 1) / grp];
-    int wmax = __reduce_max_sync(0xffffffffu, max(p0, p1)), wmin = __reduce_min_sync(0xffffffffu, min(p0, p1));
-    if (lane == 0) gmax[w] = wmax, gmin[w] = wmin;
+    int r0 = (w - 4) * 16 + (lane >> 2), r1 = r0 + 8;
+    int p0 = 0, p1 = 0;
+    if (wg >= 0) {
+        p0 = a.pos[wi.t0 + min(r0, nrows - 1) / grp], p1 = a.pos[wi.t0 + min(r1, nrows - 1) / grp];
+        int wmax = __reduce_max_sync(0xffffffffu, max(p0, p1)), wmin = __reduce_min_sync(0xffffffffu, min(p0, p1));
+        if (lane == 0) gmax[w - 4] = wmax, gmin[w - 4] = wmin;
+    }
+    cp_async_wait<0>();
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* cp.async writes -> wgmma reads */
+    __syncthreads(); /* Q, the barriers and gmax/gmin are ready */
 
+    if (wg < 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        int tp = threadIdx.x;
+        for (int ti = 0; ti < ntile; ti++) {
+            int st = ti % 3;
+            if (ti >= 3) mbar_wait(empty + 8 * st, (ti / 3 - 1) & 1); /* the consumers are done with tile ti - 3 */
+            wg_load_kv(a, bt, g, wi.kv_lo + ti * WG_BN, wi.kv_hi, kv0 + st * 2 * WG_TILE, tp);
+            mbar_arrive_cp_async(full + 8 * st);
+        }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+
+    int gx = -1, gn = 0x7fffffff; /* the warpgroup's largest and smallest row positions */
+    if (wg * 64 < nrows)
+        for (int v = 4 * wg; v < 4 * wg + 4; v++) gx = max(gx, gmax[v]), gn = min(gn, gmin[v]);
     float o[64];
 #pragma unroll
     for (int i = 0; i < 64; i++) o[i] = 0.0f;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f; /* m in log2 units */
     const float sl2 = a.scale * 1.4426950408889634f;
-    cp_async_wait<0>();
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* cp.async writes -> wgmma reads */
-    __syncthreads();
-    int gx = -1, gn = 0x7fffffff; /* the warpgroup's largest and smallest row positions */
-    if (wg * 64 < nrows)
-        for (int v = 4 * wg; v < 4 * wg + 4; v++) gx = max(gx, gmax[v]), gn = min(gn, gmin[v]);
 
+    /* Tile t: S_t = Q K_t is issued together with O += P_{t-1} V_{t-1}, so
+     * the softmax of tile t runs while the tensor cores still work on the
+     * previous tile's P V; P_t is packed once that has finished (its
+     * registers are P V's operand until then), and the stage of tile t - 1
+     * is handed back. */
+    uint32_t pa[NT / 2][4] = {};
+    bool prev = false; /* pa holds P_{t-1}, whose P V is still to be issued */
     for (int ti = 0; ti < ntile; ti++) {
-        int k0 = wi.kv_lo + ti * WG_BN;
-        const uint32_t kb = kv0 + (ti & 1) * 2 * WG_TILE, vb = kb + WG_TILE;
-        if (ti > 0) {
-            cp_async_wait<0>();
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-            __syncthreads(); /* tile ti is in; every warpgroup is done with tile ti - 1 */
-        }
-        if (ti + 1 < ntile) wg_load_kv(a, bt, g, k0 + WG_BN, wi.kv_hi, kv0 + ((ti + 1) & 1) * 2 * WG_TILE);
-        cp_async_commit();
-        if (k0 > gx) continue; /* warpgroup-uniform: the whole tile is after this warpgroup's rows */
-
+        int k0 = wi.kv_lo + ti * WG_BN, st = ti % 3;
+        const uint32_t kb = kv0 + st * 2 * WG_TILE, vprev = kv0 + ((ti + 2) % 3) * 2 * WG_TILE + WG_TILE;
+        bool act = k0 <= gx; /* warpgroup-uniform: else the tile is after all of this warpgroup's rows */
         float s[64];
+        /* every consumer waits for every tile, used or not: so none hands
+         * back a stage (empty) more than once in a phase */
+        mbar_wait(full + 8 * st, (ti / 3) & 1);
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        if (act || prev) {
 #pragma unroll
-        for (int i = 0; i < 64; i++) s[i] = 0.0f;
-        acc_fence(s);
-        wg_fence();
+            for (int i = 0; i < 64; i++) s[i] = 0.0f;
+            acc_fence(s);
+            acc_fence(o);
 #pragma unroll
-        for (int kc = 0; kc < D / 16; kc++) {
-            uint32_t off = (kc >> 2) * WG_HALF + (kc & 3) * 32;
-            wgmma_ss(s, wg_desc(qs + off + wg * 64 * 128, 16, 1024), wg_desc(kb + off, 16, 1024));
-        }
-        wg_commit();
-        wg_wait0();
-        acc_fence(s);
-        if (k0 + WG_BN > wi.kv_hi || k0 + WG_BN - 1 > gn) { /* warpgroup-uniform */
+            for (int kk = 0; kk < NT / 2; kk++)
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++)
+                for (int j = 0; j < 4; j++) asm volatile("" : "+r"(pa[kk][j])::"memory");
+            wg_fence();
+            if (act) {
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int kp = k0 + nt * 8 + (lane & 3) * 2 + (e & 1);
-                    if (kp >= wi.kv_hi || kp > (e < 2 ? p0 : p1)) s[nt * 4 + e] = -INFINITY;
+                for (int kc = 0; kc < D / 16; kc++) {
+                    uint32_t off = (kc >> 2) * WG_HALF + (kc & 3) * 32;
+                    wgmma_ss(s, wg_desc(qs + off + wg * 64 * 128, 16, 1024), wg_desc(kb + off, 16, 1024));
                 }
-        }
-        /* online softmax: a row lives in the 4 lanes of a quad */
-        float x0 = -INFINITY, x1 = -INFINITY;
+                wg_commit();
+            }
+            if (prev) {
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            x0 = fmaxf(x0, fmaxf(s[nt * 4], s[nt * 4 + 1]));
-            x1 = fmaxf(x1, fmaxf(s[nt * 4 + 2], s[nt * 4 + 3]));
+                for (int kk = 0; kk < NT / 2; kk++) wgmma_rs(o, pa[kk], wg_desc(vprev + kk * 16 * 128, WG_HALF, 1024));
+                wg_commit();
+            }
         }
-        x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 1));
-        x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 2));
-        x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 1));
-        x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 2));
-        float n0 = fmaxf(m0, x0 * sl2), n1 = fmaxf(m1, x1 * sl2);
-        /* a row that has seen nothing yet keeps p = 0 and its zeros, not NaN */
-        float u0 = n0 == -INFINITY ? 0.0f : n0, u1 = n1 == -INFINITY ? 0.0f : n1;
-        float c0 = ex2(m0 - u0), c1 = ex2(m1 - u1);
-        m0 = n0, m1 = n1;
-        l0 *= c0, l1 *= c1;
+        float c0 = 1.0f, c1 = 1.0f;
+        if (act) {
+            if (prev)
+                wg_wait<1>(); /* S_t: committed first */
+            else
+                wg_wait<0>();
+            acc_fence(s);
+            if (k0 + WG_BN > wi.kv_hi || k0 + WG_BN - 1 > gn) { /* warpgroup-uniform */
 #pragma unroll
-        for (int dt = 0; dt < DT; dt++) o[dt * 4] *= c0, o[dt * 4 + 1] *= c0, o[dt * 4 + 2] *= c1, o[dt * 4 + 3] *= c1;
-        uint32_t pa[NT / 2][4];
+                for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            float e0 = ex2(fmaf(s[nt * 4], sl2, -u0)), e1 = ex2(fmaf(s[nt * 4 + 1], sl2, -u0));
-            float e2 = ex2(fmaf(s[nt * 4 + 2], sl2, -u1)), e3 = ex2(fmaf(s[nt * 4 + 3], sl2, -u1));
-            l0 += e0 + e1, l1 += e2 + e3;
-            /* keys 16 kk + 2tq.. (nt = 2 kk) and 16 kk + 8 + 2tq.. (nt = 2 kk + 1) */
-            pa[nt / 2][(nt & 1) * 2] = pack_bf2(e0, e1);
-            pa[nt / 2][(nt & 1) * 2 + 1] = pack_bf2(e2, e3);
+                    for (int e = 0; e < 4; e++) {
+                        int kp = k0 + nt * 8 + (lane & 3) * 2 + (e & 1);
+                        if (kp >= wi.kv_hi || kp > (e < 2 ? p0 : p1)) s[nt * 4 + e] = -INFINITY;
+                    }
+            }
+            /* online softmax: a row lives in the 4 lanes of a quad */
+            float x0 = -INFINITY, x1 = -INFINITY;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                x0 = fmaxf(x0, fmaxf(s[nt * 4], s[nt * 4 + 1]));
+                x1 = fmaxf(x1, fmaxf(s[nt * 4 + 2], s[nt * 4 + 3]));
+            }
+            x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 1));
+            x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 2));
+            x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 1));
+            x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 2));
+            float n0 = fmaxf(m0, x0 * sl2), n1 = fmaxf(m1, x1 * sl2);
+            /* a row that has seen nothing yet keeps p = 0 and its zeros, not NaN */
+            float u0 = n0 == -INFINITY ? 0.0f : n0, u1 = n1 == -INFINITY ? 0.0f : n1;
+            c0 = ex2(m0 - u0), c1 = ex2(m1 - u1);
+            m0 = n0, m1 = n1;
+            l0 *= c0, l1 *= c1;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                s[nt * 4] = ex2(fmaf(s[nt * 4], sl2, -u0)), s[nt * 4 + 1] = ex2(fmaf(s[nt * 4 + 1], sl2, -u0));
+                s[nt * 4 + 2] = ex2(fmaf(s[nt * 4 + 2], sl2, -u1)), s[nt * 4 + 3] = ex2(fmaf(s[nt * 4 + 3], sl2, -u1));
+                l0 += s[nt * 4] + s[nt * 4 + 1], l1 += s[nt * 4 + 2] + s[nt * 4 + 3];
+            }
         }
+        if (prev) {
+            wg_wait<0>(); /* P_{t-1} V_{t-1}: o and pa are free */
+            acc_fence(o);
+        }
+        /* done with tile t - 1's stage (its K since S_{t-1}, its V now) */
+        if (ti > 0) mbar_arrive(empty + 8 * ((ti + 2) % 3));
+        if (act) {
+#pragma unroll
+            for (int dt = 0; dt < DT; dt++) o[dt * 4] *= c0, o[dt * 4 + 1] *= c0, o[dt * 4 + 2] *= c1, o[dt * 4 + 3] *= c1;
+            /* keys 16 kk + 2tq.. (nt = 2 kk) and 16 kk + 8 + 2tq.. (nt = 2 kk + 1): P's A fragments */
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                pa[nt / 2][(nt & 1) * 2] = pack_bf2(s[nt * 4], s[nt * 4 + 1]);
+                pa[nt / 2][(nt & 1) * 2 + 1] = pack_bf2(s[nt * 4 + 2], s[nt * 4 + 3]);
+            }
+        }
+        prev = act;
+    }
+    if (prev) {
+        const uint32_t vlast = kv0 + ((ntile - 1) % 3) * 2 * WG_TILE + WG_TILE;
         acc_fence(o);
 #pragma unroll
         for (int kk = 0; kk < NT / 2; kk++)
@@ -220,9 +316,9 @@ static __global__ void __launch_bounds__(WG_THR, 1) attn_wg_kernel(struct cuda_a
             for (int j = 0; j < 4; j++) asm volatile("" : "+r"(pa[kk][j])::"memory");
         wg_fence();
 #pragma unroll
-        for (int kk = 0; kk < NT / 2; kk++) wgmma_rs(o, pa[kk], wg_desc(vb + kk * 16 * 128, WG_HALF, 1024));
+        for (int kk = 0; kk < NT / 2; kk++) wgmma_rs(o, pa[kk], wg_desc(vlast + kk * 16 * 128, WG_HALF, 1024));
         wg_commit();
-        wg_wait0();
+        wg_wait<0>();
         acc_fence(o);
     }
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
