@@ -74,12 +74,13 @@ static __device__ __forceinline__ void acc_fence(float (&d)[64])
 #pragma unroll
     for (int i = 0; i < 64; i++) asm volatile("" : "+f"(d[i])::"memory");
 }
-/* d (+)= A B, A and B in shared memory, both K-major */
+/* d = A B (ACC 0) or d += A B (ACC 1), A and B in shared memory, both K-major */
+template <int ACC>
 static __device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t da, uint64_t db)
 {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\nwgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                 : "l"(da), "l"(db));
+                 : "l"(da), "l"(db), "n"(ACC));
 }
 /* d += A B, A (4 registers: the mma.m16n8k16 A fragment of this warp's 16
  * rows) from registers, B in shared memory N-major */
@@ -148,7 +149,7 @@ static __global__ void __launch_bounds__(WG_THR, 1) attn_wg_kernel(struct cuda_a
 #ifdef WG_ARCH
     constexpr int D = 128, NT = WG_BN / 8, DT = D / 8;
     extern __shared__ __align__(16) uint8_t wsm[];
-    __shared__ int gmax[8], gmin[8];
+    __shared__ int gmin[8]; /* each consumer warp's smallest row position */
     __shared__ __align__(8) uint64_t bars[6]; /* full[3], empty[3] */
     int n_items = *a.n_items, it = n_items - 1 - (int)blockIdx.x;
     if (it < 0) return;
@@ -162,30 +163,8 @@ static __global__ void __launch_bounds__(WG_THR, 1) attn_wg_kernel(struct cuda_a
     const uint32_t full = smem_u32(bars), empty = full + 24;
     if (threadIdx.x == 0)
         for (int i = 0; i < 3; i++) mbar_init(full + 8 * i, 128), mbar_init(empty + 8 * i, 256);
-
-    for (int i = threadIdx.x; i < WG_BM * 16; i += WG_THR) {
-        int r = i >> 4, c = i & 15;
-        bool ok = r < nrows;
-        const uint16_t *src = a.q;
-        if (ok) src = a.q + ((size_t)(wi.t0 + r / grp) * a.H + g * grp + r % grp) * D + c * 8;
-        cp_async16(qs + sw128(r, c), src, ok);
-    }
-    cp_async_commit();
+    __syncthreads(); /* the barriers are ready */
     int ntile = wi.kv_hi > wi.kv_lo ? (wi.kv_hi - wi.kv_lo + WG_BN - 1) / WG_BN : 0;
-
-    /* a consumer lane's two rows (the accumulator layout: warp w & 3 of the
-     * warpgroup holds its rows 16 (w & 3) .. + 15); rows past nrows borrow
-     * the last row's position (their results are dropped) */
-    int r0 = (w - 4) * 16 + (lane >> 2), r1 = r0 + 8;
-    int p0 = 0, p1 = 0;
-    if (wg >= 0) {
-        p0 = a.pos[wi.t0 + min(r0, nrows - 1) / grp], p1 = a.pos[wi.t0 + min(r1, nrows - 1) / grp];
-        int wmax = __reduce_max_sync(0xffffffffu, max(p0, p1)), wmin = __reduce_min_sync(0xffffffffu, min(p0, p1));
-        if (lane == 0) gmax[w - 4] = wmax, gmin[w - 4] = wmin;
-    }
-    cp_async_wait<0>();
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* cp.async writes -> wgmma reads */
-    __syncthreads(); /* Q, the barriers and gmax/gmin are ready */
 
     if (wg < 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
@@ -198,116 +177,146 @@ static __global__ void __launch_bounds__(WG_THR, 1) attn_wg_kernel(struct cuda_a
         }
         return;
     }
+
+    /* the consumers: Q (while the producer gathers the first tiles), then
+     * this lane's two rows (the accumulator layout: warp w & 3 of the
+     * warpgroup holds its rows 16 (w & 3) .. + 15); rows past nrows borrow
+     * the last row's position (their results are dropped) */
+    for (int i = threadIdx.x - 128; i < WG_BM * 16; i += 256) {
+        int r = i >> 4, c = i & 15;
+        bool ok = r < nrows;
+        const uint16_t *src = a.q;
+        if (ok) src = a.q + ((size_t)(wi.t0 + r / grp) * a.H + g * grp + r % grp) * D + c * 8;
+        cp_async16(qs + sw128(r, c), src, ok);
+    }
+    cp_async_commit();
+    int r0 = (w - 4) * 16 + (lane >> 2), r1 = r0 + 8;
+    int p0 = a.pos[wi.t0 + min(r0, nrows - 1) / grp], p1 = a.pos[wi.t0 + min(r1, nrows - 1) / grp];
+    int wmin = __reduce_min_sync(0xffffffffu, min(p0, p1));
+    if (lane == 0) gmin[w - 4] = wmin;
+    cp_async_wait<0>();
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* cp.async writes -> wgmma reads */
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");             /* the consumers: Q and gmin are ready */
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
 
-    int gx = -1, gn = 0x7fffffff; /* the warpgroup's largest and smallest row positions */
-    if (wg * 64 < nrows)
-        for (int v = 4 * wg; v < 4 * wg + 4; v++) gx = max(gx, gmax[v]), gn = min(gn, gmin[v]);
+    /* ptxas keeps wgmma asynchronous only on paths it can prove uniform
+     * across the warpgroup: control values pass through a warp broadcast,
+     * and no branch decides whether a tile's MMAs run (a tile after all of
+     * this warpgroup's rows is fully masked and adds nothing) */
+    ntile = __shfl_sync(0xffffffffu, ntile, 0);
+    const int cw = __shfl_sync(0xffffffffu, wg, 0);
+    const bool live = __shfl_sync(0xffffffffu, cw * 64 < nrows ? 1 : 0, 0);
+    int gn = 0x7fffffff; /* the warpgroup's smallest row position */
+    for (int v = 4 * cw; v < 4 * cw + 4; v++) gn = min(gn, gmin[v]);
     float o[64];
 #pragma unroll
     for (int i = 0; i < 64; i++) o[i] = 0.0f;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f; /* m in log2 units */
     const float sl2 = a.scale * 1.4426950408889634f;
+    uint32_t pa[NT / 2][4];
+    float s[64];
 
-    /* Tile t: S_t = Q K_t is issued together with O += P_{t-1} V_{t-1}, so
-     * the softmax of tile t runs while the tensor cores still work on the
-     * previous tile's P V; P_t is packed once that has finished (its
-     * registers are P V's operand until then), and the stage of tile t - 1
-     * is handed back. */
-    uint32_t pa[NT / 2][4] = {};
-    bool prev = false; /* pa holds P_{t-1}, whose P V is still to be issued */
-    for (int ti = 0; ti < ntile; ti++) {
-        int k0 = wi.kv_lo + ti * WG_BN, st = ti % 3;
-        const uint32_t kb = kv0 + st * 2 * WG_TILE, vprev = kv0 + ((ti + 2) % 3) * 2 * WG_TILE + WG_TILE;
-        bool act = k0 <= gx; /* warpgroup-uniform: else the tile is after all of this warpgroup's rows */
-        float s[64];
-        /* every consumer waits for every tile, used or not: so none hands
-         * back a stage (empty) more than once in a phase */
-        mbar_wait(full + 8 * st, (ti / 3) & 1);
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        if (act || prev) {
-#pragma unroll
-            for (int i = 0; i < 64; i++) s[i] = 0.0f;
-            acc_fence(s);
+    /* S_t = Q K_t into s, then its mask and online softmax: s becomes the
+     * unnormalized P_t, c0/c1 the factors the accumulators take */
+    auto scores = [&](int ti, float &c0, float &c1, bool overlap) {
+        const int k0 = wi.kv_lo + ti * WG_BN;
+        const uint32_t kb = kv0 + (ti % 3) * 2 * WG_TILE;
+        if (overlap) { /* O += P_{t-1} V_{t-1} too, committed after S_t */
+            const uint32_t vprev = kv0 + ((ti + 2) % 3) * 2 * WG_TILE + WG_TILE;
             acc_fence(o);
 #pragma unroll
             for (int kk = 0; kk < NT / 2; kk++)
 #pragma unroll
                 for (int j = 0; j < 4; j++) asm volatile("" : "+r"(pa[kk][j])::"memory");
             wg_fence();
-            if (act) {
+            wgmma_ss<0>(s, wg_desc(qs + cw * 64 * 128, 16, 1024), wg_desc(kb, 16, 1024));
 #pragma unroll
-                for (int kc = 0; kc < D / 16; kc++) {
-                    uint32_t off = (kc >> 2) * WG_HALF + (kc & 3) * 32;
-                    wgmma_ss(s, wg_desc(qs + off + wg * 64 * 128, 16, 1024), wg_desc(kb + off, 16, 1024));
+            for (int kc = 1; kc < D / 16; kc++) {
+                uint32_t off = (kc >> 2) * WG_HALF + (kc & 3) * 32;
+                wgmma_ss<1>(s, wg_desc(qs + off + cw * 64 * 128, 16, 1024), wg_desc(kb + off, 16, 1024));
+            }
+            wg_commit();
+#pragma unroll
+            for (int kk = 0; kk < NT / 2; kk++) wgmma_rs(o, pa[kk], wg_desc(vprev + kk * 16 * 128, WG_HALF, 1024));
+            wg_commit();
+            wg_wait<1>(); /* S_t */
+        } else {
+            wg_fence();
+            wgmma_ss<0>(s, wg_desc(qs + cw * 64 * 128, 16, 1024), wg_desc(kb, 16, 1024));
+#pragma unroll
+            for (int kc = 1; kc < D / 16; kc++) {
+                uint32_t off = (kc >> 2) * WG_HALF + (kc & 3) * 32;
+                wgmma_ss<1>(s, wg_desc(qs + off + cw * 64 * 128, 16, 1024), wg_desc(kb + off, 16, 1024));
+            }
+            wg_commit();
+            wg_wait<0>();
+        }
+        acc_fence(s);
+        if (k0 + WG_BN > wi.kv_hi || k0 + WG_BN - 1 > gn) {
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int kp = k0 + nt * 8 + (lane & 3) * 2 + (e & 1);
+                    if (kp >= wi.kv_hi || kp > (e < 2 ? p0 : p1)) s[nt * 4 + e] = -INFINITY;
                 }
-                wg_commit();
-            }
-            if (prev) {
-#pragma unroll
-                for (int kk = 0; kk < NT / 2; kk++) wgmma_rs(o, pa[kk], wg_desc(vprev + kk * 16 * 128, WG_HALF, 1024));
-                wg_commit();
-            }
         }
-        float c0 = 1.0f, c1 = 1.0f;
-        if (act) {
-            if (prev)
-                wg_wait<1>(); /* S_t: committed first */
-            else
-                wg_wait<0>();
-            acc_fence(s);
-            if (k0 + WG_BN > wi.kv_hi || k0 + WG_BN - 1 > gn) { /* warpgroup-uniform */
+        /* online softmax: a row lives in the 4 lanes of a quad */
+        float x0 = -INFINITY, x1 = -INFINITY;
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        int kp = k0 + nt * 8 + (lane & 3) * 2 + (e & 1);
-                        if (kp >= wi.kv_hi || kp > (e < 2 ? p0 : p1)) s[nt * 4 + e] = -INFINITY;
-                    }
-            }
-            /* online softmax: a row lives in the 4 lanes of a quad */
-            float x0 = -INFINITY, x1 = -INFINITY;
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                x0 = fmaxf(x0, fmaxf(s[nt * 4], s[nt * 4 + 1]));
-                x1 = fmaxf(x1, fmaxf(s[nt * 4 + 2], s[nt * 4 + 3]));
-            }
-            x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 1));
-            x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 2));
-            x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 1));
-            x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 2));
-            float n0 = fmaxf(m0, x0 * sl2), n1 = fmaxf(m1, x1 * sl2);
-            /* a row that has seen nothing yet keeps p = 0 and its zeros, not NaN */
-            float u0 = n0 == -INFINITY ? 0.0f : n0, u1 = n1 == -INFINITY ? 0.0f : n1;
-            c0 = ex2(m0 - u0), c1 = ex2(m1 - u1);
-            m0 = n0, m1 = n1;
-            l0 *= c0, l1 *= c1;
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                s[nt * 4] = ex2(fmaf(s[nt * 4], sl2, -u0)), s[nt * 4 + 1] = ex2(fmaf(s[nt * 4 + 1], sl2, -u0));
-                s[nt * 4 + 2] = ex2(fmaf(s[nt * 4 + 2], sl2, -u1)), s[nt * 4 + 3] = ex2(fmaf(s[nt * 4 + 3], sl2, -u1));
-                l0 += s[nt * 4] + s[nt * 4 + 1], l1 += s[nt * 4 + 2] + s[nt * 4 + 3];
-            }
+        for (int nt = 0; nt < NT; nt++) {
+            x0 = fmaxf(x0, fmaxf(s[nt * 4], s[nt * 4 + 1]));
+            x1 = fmaxf(x1, fmaxf(s[nt * 4 + 2], s[nt * 4 + 3]));
         }
-        if (prev) {
+        x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 1));
+        x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 2));
+        x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 1));
+        x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 2));
+        float n0 = fmaxf(m0, x0 * sl2), n1 = fmaxf(m1, x1 * sl2);
+        /* a row that has seen nothing yet keeps p = 0 and its zeros, not NaN */
+        float u0 = n0 == -INFINITY ? 0.0f : n0, u1 = n1 == -INFINITY ? 0.0f : n1;
+        c0 = ex2(m0 - u0), c1 = ex2(m1 - u1);
+        m0 = n0, m1 = n1;
+        l0 *= c0, l1 *= c1;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            s[nt * 4] = ex2(fmaf(s[nt * 4], sl2, -u0)), s[nt * 4 + 1] = ex2(fmaf(s[nt * 4 + 1], sl2, -u0));
+            s[nt * 4 + 2] = ex2(fmaf(s[nt * 4 + 2], sl2, -u1)), s[nt * 4 + 3] = ex2(fmaf(s[nt * 4 + 3], sl2, -u1));
+            l0 += s[nt * 4] + s[nt * 4 + 1], l1 += s[nt * 4 + 2] + s[nt * 4 + 3];
+        }
+    };
+    /* o *= c, and s (P) packed into P V's A fragments: keys 16 kk + 2tq..
+     * (nt = 2 kk) and 16 kk + 8 + 2tq.. (nt = 2 kk + 1) */
+    auto rescale_pack = [&](float c0, float c1) {
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++) o[dt * 4] *= c0, o[dt * 4 + 1] *= c0, o[dt * 4 + 2] *= c1, o[dt * 4 + 3] *= c1;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            pa[nt / 2][(nt & 1) * 2] = pack_bf2(s[nt * 4], s[nt * 4 + 1]);
+            pa[nt / 2][(nt & 1) * 2 + 1] = pack_bf2(s[nt * 4 + 2], s[nt * 4 + 3]);
+        }
+    };
+
+    if (live && ntile > 0) {
+        /* Tile t: S_t = Q K_t is issued together with O += P_{t-1} V_{t-1},
+         * so the softmax of tile t runs while the tensor cores still work on
+         * the previous tile's P V; P_t is packed once that has finished (its
+         * registers are P V's operand until then), and the stage of tile
+         * t - 1 is handed back. */
+        float c0, c1;
+        mbar_wait(full, 0);
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        scores(0, c0, c1, false);
+        rescale_pack(c0, c1);
+        for (int ti = 1; ti < ntile; ti++) {
+            mbar_wait(full + 8 * (ti % 3), (ti / 3) & 1);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            scores(ti, c0, c1, true);
             wg_wait<0>(); /* P_{t-1} V_{t-1}: o and pa are free */
             acc_fence(o);
+            mbar_arrive(empty + 8 * ((ti + 2) % 3)); /* done with tile t - 1's stage */
+            rescale_pack(c0, c1);
         }
-        /* done with tile t - 1's stage (its K since S_{t-1}, its V now) */
-        if (ti > 0) mbar_arrive(empty + 8 * ((ti + 2) % 3));
-        if (act) {
-#pragma unroll
-            for (int dt = 0; dt < DT; dt++) o[dt * 4] *= c0, o[dt * 4 + 1] *= c0, o[dt * 4 + 2] *= c1, o[dt * 4 + 3] *= c1;
-            /* keys 16 kk + 2tq.. (nt = 2 kk) and 16 kk + 8 + 2tq.. (nt = 2 kk + 1): P's A fragments */
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                pa[nt / 2][(nt & 1) * 2] = pack_bf2(s[nt * 4], s[nt * 4 + 1]);
-                pa[nt / 2][(nt & 1) * 2 + 1] = pack_bf2(s[nt * 4 + 2], s[nt * 4 + 3]);
-            }
-        }
-        prev = act;
-    }
-    if (prev) {
         const uint32_t vlast = kv0 + ((ntile - 1) % 3) * 2 * WG_TILE + WG_TILE;
         acc_fence(o);
 #pragma unroll
@@ -320,6 +329,13 @@ static __global__ void __launch_bounds__(WG_THR, 1) attn_wg_kernel(struct cuda_a
         wg_commit();
         wg_wait<0>();
         acc_fence(o);
+    } else {
+        /* no row of this warpgroup is real: it only keeps the stages' count
+         * (a wait for every tile, so it hands none back twice in a phase) */
+        for (int ti = 0; ti < ntile; ti++) {
+            mbar_wait(full + 8 * (ti % 3), (ti / 3) & 1);
+            if (ti > 0) mbar_arrive(empty + 8 * ((ti + 2) % 3));
+        }
     }
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
