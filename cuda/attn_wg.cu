@@ -26,6 +26,8 @@
  * row. N-major (V): 64-dim halves WG_HALF bytes apart (LBO), 8-key groups
  * 1024 bytes apart (SBO). 32 KB Q + 3 stages x 64 KB K/V + 1 KB of alignment
  * slack (225 KB): one block an SM. */
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -113,6 +115,22 @@ static __device__ __forceinline__ void mbar_wait(uint32_t bar, int parity)
                  : "memory");
 }
 
+/* the barrier expects bytes more of transfers, and this arrival */
+static __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes)
+{
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(bar), "r"(bytes)
+                 : "memory");
+}
+/* the tensor map's box at (c0, c1, c2) into shared memory at dst (the
+ * 128-byte swizzle), counted on the barrier */
+static __device__ __forceinline__ void tma_load3(uint32_t dst, const CUtensorMap *m, int c0, int c1, int c2, uint32_t bar)
+{
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, "
+                 "%4}], [%5];\n" ::"r"(dst),
+                 "l"((uint64_t)m), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+                 : "memory");
+}
+
 /* keys [k0, k0 + WG_BN) of head group g into the K tile at ks and the V tile
  * at ks + WG_TILE, zeros past kv_hi, by the 128 threads of the producer
  * warpgroup (tp: 0..127): thread tp takes 16-byte chunk tp & 15 of keys
@@ -144,7 +162,9 @@ static __device__ __forceinline__ void wg_load_kv(const struct cuda_attn_args &a
  * copies land) and empty[s] (the consumers' 256 threads arrive once they are
  * done with the stage's K and V), so the producer runs up to two tiles ahead
  * and neither consumer waits for the other. */
-static __global__ void __launch_bounds__(WG_THR, 1) attn_wg_kernel(struct cuda_attn_args a)
+static __global__ void __launch_bounds__(WG_THR, 1)
+    attn_wg_kernel(struct cuda_attn_args a, const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
+                   int tma)
 {
 #ifdef WG_ARCH
     constexpr int D = 128, NT = WG_BN / 8, DT = D / 8;
@@ -161,19 +181,39 @@ static __global__ void __launch_bounds__(WG_THR, 1) attn_wg_kernel(struct cuda_a
     const int32_t *bt = a.bt + a.bt_off[wi.seq];
     const uint32_t qs = (smem_u32(wsm) + 1023u) & ~1023u, kv0 = qs + WG_TILE; /* stage s: kv0 + 2 s WG_TILE */
     const uint32_t full = smem_u32(bars), empty = full + 24;
+    /* the bulk tensor copies take whole 16-key groups of the cache: with
+     * blocks of a multiple of 16 keys and an item starting on one */
+    tma = tma && (wi.kv_lo & 15) == 0;
     if (threadIdx.x == 0)
-        for (int i = 0; i < 3; i++) mbar_init(full + 8 * i, 128), mbar_init(empty + 8 * i, 256);
+        for (int i = 0; i < 3; i++) mbar_init(full + 8 * i, tma ? 1 : 128), mbar_init(empty + 8 * i, 256);
     __syncthreads(); /* the barriers are ready */
     int ntile = wi.kv_hi > wi.kv_lo ? (wi.kv_hi - wi.kv_lo + WG_BN - 1) / WG_BN : 0;
 
     if (wg < 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
         int tp = threadIdx.x;
+        if (tma && tp > 0) return;
         for (int ti = 0; ti < ntile; ti++) {
-            int st = ti % 3;
+            int st = ti % 3, k0 = wi.kv_lo + ti * WG_BN;
+            uint32_t ks = kv0 + st * 2 * WG_TILE;
             if (ti >= 3) mbar_wait(empty + 8 * st, (ti / 3 - 1) & 1); /* the consumers are done with tile ti - 3 */
-            wg_load_kv(a, bt, g, wi.kv_lo + ti * WG_BN, wi.kv_hi, kv0 + st * 2 * WG_TILE, tp);
-            mbar_arrive_cp_async(full + 8 * st);
+            if (!tma) {
+                wg_load_kv(a, bt, g, k0, wi.kv_hi, ks, tp);
+                mbar_arrive_cp_async(full + 8 * st);
+                continue;
+            }
+            /* one thread: the tile's 16-key groups that hold a key below
+             * kv_hi, each as two 64-dim halves of K and of V (2 KB each) */
+            int ng = min(WG_BN / 16, (wi.kv_hi - k0 + 15) / 16), bs = a.block_size;
+            mbar_expect_tx(full + 8 * st, ng * 8192);
+            for (int gi = 0; gi < ng; gi++) {
+                int kp = k0 + 16 * gi, slot = bt[kp / bs] * bs + kp % bs;
+                uint32_t d = ks + gi * 16 * 128;
+                tma_load3(d, &tk, 0, g, slot, full + 8 * st);
+                tma_load3(d + WG_HALF, &tk, 64, g, slot, full + 8 * st);
+                tma_load3(d + WG_TILE, &tv, 0, g, slot, full + 8 * st);
+                tma_load3(d + WG_TILE + WG_HALF, &tv, 64, g, slot, full + 8 * st);
+            }
         }
         return;
     }
@@ -297,6 +337,25 @@ static __global__ void __launch_bounds__(WG_THR, 1) attn_wg_kernel(struct cuda_a
         }
     };
 
+    /* waits for tile t; the bulk copies bring whole 16-key groups and none
+     * past the group that holds kv_hi, so the V rows from kv_hi on (stale
+     * or never written: maybe not finite) are zeroed before P V reads them
+     * (their P is 0, but 0 x NaN is not); K's are masked by assignment */
+    auto ready = [&](int ti) {
+        mbar_wait(full + 8 * (ti % 3), (ti / 3) & 1);
+        int k0 = wi.kv_lo + ti * WG_BN;
+        if (tma && k0 + WG_BN > wi.kv_hi) { /* block-uniform: both consumers are here */
+            uint32_t vs = kv0 + (ti % 3) * 2 * WG_TILE + WG_TILE;
+            for (int i = (wi.kv_hi - k0) * 16 + (int)threadIdx.x - 128; i < WG_BN * 16; i += 256)
+                asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(vs + sw128(i >> 4, i & 15)), "r"(0)
+                             : "memory");
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* generic writes -> wgmma reads */
+            asm volatile("bar.sync 2, 256;\n" ::: "memory");
+        } else {
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        }
+    };
+
     if (live && ntile > 0) {
         /* Tile t: S_t = Q K_t is issued together with O += P_{t-1} V_{t-1},
          * so the softmax of tile t runs while the tensor cores still work on
@@ -304,13 +363,11 @@ static __global__ void __launch_bounds__(WG_THR, 1) attn_wg_kernel(struct cuda_a
          * registers are P V's operand until then), and the stage of tile
          * t - 1 is handed back. */
         float c0, c1;
-        mbar_wait(full, 0);
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        ready(0);
         scores(0, c0, c1, false);
         rescale_pack(c0, c1);
         for (int ti = 1; ti < ntile; ti++) {
-            mbar_wait(full + 8 * (ti % 3), (ti / 3) & 1);
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            ready(ti);
             scores(ti, c0, c1, true);
             wg_wait<0>(); /* P_{t-1} V_{t-1}: o and pa are free */
             acc_fence(o);
@@ -333,7 +390,7 @@ static __global__ void __launch_bounds__(WG_THR, 1) attn_wg_kernel(struct cuda_a
         /* no row of this warpgroup is real: it only keeps the stages' count
          * (a wait for every tile, so it hands none back twice in a phase) */
         for (int ti = 0; ti < ntile; ti++) {
-            mbar_wait(full + 8 * (ti % 3), (ti / 3) & 1);
+            ready(ti);
             if (ti > 0) mbar_arrive(empty + 8 * ((ti + 2) % 3));
         }
     }
@@ -395,8 +452,39 @@ extern "C" cudaError_t cuda_attention_wg_prepare(void)
     return e == cudaErrorInvalidDeviceFunction ? cudaSuccess : e; /* no sm_90a code for this device */
 }
 
+/* The cache [slots][KVH][128] bf16 as a 3-d tensor for the bulk tensor
+ * copies: boxes of 64 dims x 1 head x 16 slots (2 KB, 128-byte swizzle).
+ * The slot count is a bound the kernel never reaches (it reads only slots
+ * of the block table). cuTensorMapEncodeTiled comes from the driver through
+ * the runtime (no -lcuda); SLUICE_CUDA_ATTN_TMA=0 keeps the cp.async
+ * gather. false where either is missing. */
+static PFN_cuTensorMapEncodeTiled_v12000 tm_encode;
+static int tm_state = -1;
+static bool tm_make(CUtensorMap *m, const void *base, int KVH)
+{
+    if (tm_state < 0) {
+        const char *e = getenv("SLUICE_CUDA_ATTN_TMA");
+        cudaDriverEntryPointQueryResult q;
+        void *fn = NULL;
+        tm_state = !(e && strcmp(e, "0") == 0) &&
+                   cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) ==
+                       cudaSuccess &&
+                   q == cudaDriverEntryPointSuccess && fn;
+        tm_encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
+    }
+    if (!tm_state || ((uintptr_t)base & 15)) return false;
+    cuuint64_t dims[3] = {128, (cuuint64_t)KVH, 1ull << 31}, strides[2] = {256, (cuuint64_t)KVH * 256};
+    cuuint32_t box[3] = {64, 1, 16}, es[3] = {1, 1, 1};
+    return tm_encode(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, (void *)base, dims, strides, box, es,
+                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 extern "C" cudaError_t cuda_attention_wg(const struct cuda_attn_args *a, cudaStream_t st)
 {
-    attn_wg_kernel<<<dim3(a->max_items, a->KVH), WG_THR, WG_SMEM, st>>>(*a);
+    alignas(64) CUtensorMap tk, tv;
+    memset(&tk, 0, sizeof tk), memset(&tv, 0, sizeof tv);
+    int tma = a->block_size % 16 == 0 && tm_make(&tk, a->kc, a->KVH) && tm_make(&tv, a->vc, a->KVH);
+    attn_wg_kernel<<<dim3(a->max_items, a->KVH), WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma);
     return cudaGetLastError();
 }

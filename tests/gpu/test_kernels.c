@@ -582,6 +582,18 @@ static double attn_run(const char *name, int H, int KVH, int D, int bs, const st
             }
         }
     }
+    /* the slots of each sequence's last block past its context hold NaN:
+     * no kernel may let them into an output (0 x NaN is NaN) */
+    for (int i = 0; i < ns; i++)
+        for (int p = sq[i].ctx; p < (sq[i].ctx + bs - 1) / bs * bs; p++) {
+            size_t o = ((size_t)bt[bt_off[i] + p / bs] * bs + p % bs) * KVH * D;
+            for (size_t e = 0; e < (size_t)KVH * D; e++) {
+                if (g_kv8)
+                    ((uint8_t *)kc)[o + e] = ((uint8_t *)vc)[o + e] = 0x7f;
+                else
+                    ((uint16_t *)kc)[o + e] = ((uint16_t *)vc)[o + e] = 0x7fc0;
+            }
+        }
     struct cuda_attn_args a = {
         .q = dup_dev(q, (size_t)T * H * D * 2), .kc = dup_dev(kc, nkv * kvs()), .vc = dup_dev(vc, nkv * kvs()),
         .kv8 = g_kv8, .pos = dup_dev(pos, T * 4), .bt = dup_dev(bt, nblk * 4),
