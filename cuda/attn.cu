@@ -38,7 +38,9 @@
  *     Shared memory: 2 stages x (K, V) x [64][D + 8] bf16 (68 KB at D 128,
  *     36 KB at D 64); Q is staged through the second stage before the loop.
  *     Blocks take items last first: a prefill's last tiles see the most keys,
- *     so starting them first shortens the tail.
+ *     so starting them first shortens the tail. On compute capability 9.0
+ *     the 128-row items at D 128 with the bf16 cache go to attn_wg.cu's
+ *     kernel instead (warpgroup MMA, bulk tensor copies).
  *
  * The fp8 KV cache (args.kv8, --kv-cache-dtype fp8): K and V are e4m3 bytes
  * (scale 1), every value of which is exactly a bf16 and an f16 value, so each

@@ -2,30 +2,41 @@
  * for the tensor-core path's 128-row items at head_dim 128 with the bf16 KV
  * cache (attn.cu picks it; the other shapes, the fp8 cache and sm_89 keep
  * attn_tc_kernel). The same items, masks, online softmax and outputs as
- * attn_tc_kernel (attn.cu); only the tile math differs.
+ * attn_tc_kernel (attn.cu); the tile math and the gather differ.
  *
- * A block of two warpgroups takes one item x one KV head group: warpgroup
- * wg owns query rows 64 wg .. 64 wg + 63 (rows = tokens x the group's heads,
- * as in attn.cu). Q stays in shared memory for the whole item; keys go 128
- * at a time, K and V gathered through the block table by cp.async into three
- * stages (the next tile's gather overlaps this tile's math). Per tile and
- * warpgroup: S = Q K^T by eight wgmma.m64n128k16 with both operands in
+ * A block takes one item x one KV head group with three warpgroups
+ * (FlashAttention-3's warp specialization). Warpgroup 0, the producer,
+ * gathers K and V 128 keys at a time into three shared-memory stages and
+ * gives most of its registers to the others (setmaxnreg). Where the cache
+ * blocks hold a multiple of 16 keys, one of its threads does it with bulk
+ * tensor copies (TMA: a 3-d tensor map per cache, [slots][KVH][128], boxes of
+ * 16 slots x 64 dims, which land in the layout below); otherwise its 128
+ * threads gather 16-byte chunks by cp.async (zeros past kv_hi). Warpgroups 1
+ * and 2, the consumers, own query rows 0..63 and 64..127 (rows = tokens x
+ * the group's heads, as in attn.cu) with Q in shared memory for the whole
+ * item. Per tile: S = Q K^T by eight wgmma.m64n128k16 with both operands in
  * shared memory (K-major), the online softmax on S's accumulators, then
  * O += P V by eight wgmma.m64n128k16 with P from registers (S's accumulator
  * layout is, per warp, mma.m16n8k16's A fragment layout, so P needs no
- * shuffle) and V in shared memory read N-major (transposed). A tile's
- * S = Q K^T is issued with the previous tile's P V, so the softmax runs
- * while the tensor cores finish that.
+ * shuffle) and V read N-major (transposed). A tile's S is issued with the
+ * previous tile's P V, so the softmax runs while the tensor cores finish
+ * that. Stage s has two mbarriers: full[s] (the copies have landed) and
+ * empty[s] (both consumers are done with its K and V), so the producer runs
+ * up to two tiles ahead and the consumers never wait for each other.
  *
  * Shared memory: every tile (Q [128 rows], K and V [128 keys], x D 128 bf16)
  * is stored as two 64-dim halves of 128-byte rows with the 128-byte swizzle
  * (16-byte chunk c of row r at chunk c ^ (r & 7)), from a 1024-byte aligned
  * base: wgmma's canonical layout, described by matrix descriptors (start
- * address, LBO, SBO in 16-byte units, swizzle mode 1 = 128B). K-major (Q, K):
- * 8-row groups 1024 bytes apart (SBO), the k16 slice at +32 bytes within a
- * row. N-major (V): 64-dim halves WG_HALF bytes apart (LBO), 8-key groups
- * 1024 bytes apart (SBO). 32 KB Q + 3 stages x 64 KB K/V + 1 KB of alignment
- * slack (225 KB): one block an SM. */
+ * address, LBO, SBO in 16-byte units, swizzle mode 1 = 128B), and TMA's
+ * SWIZZLE_128B. K-major (Q, K): 8-row groups 1024 bytes apart (SBO), the
+ * k16 slice at +32 bytes within a row. N-major (V): 64-dim halves WG_HALF
+ * bytes apart (LBO), 8-key groups 1024 bytes apart (SBO). 32 KB Q + 3
+ * stages x 64 KB K/V + 1 KB of alignment slack (225 KB): one block an SM.
+ *
+ * bench_attn on an H200 (BENCHMARKS.md): a 16K context in 8 chunks at 425
+ * TFLOP/s (attn_tc_kernel 212; 329 with the cp.async gather), a 2048-token
+ * prompt at 255 (150). */
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <stdlib.h>
@@ -156,12 +167,8 @@ static __device__ __forceinline__ void wg_load_kv(const struct cuda_attn_args &a
 }
 #endif
 
-/* Warpgroup 0 gathers K/V tiles (the producer, its registers handed to the
- * others by setmaxnreg), warpgroups 1 and 2 compute (the consumers). Stage s
- * has two barriers: full[s] (the producer's 128 threads arrive as their
- * copies land) and empty[s] (the consumers' 256 threads arrive once they are
- * done with the stage's K and V), so the producer runs up to two tiles ahead
- * and neither consumer waits for the other. */
+/* The kernel (see the top of the file); tma: the bulk tensor copies with
+ * the maps tk and tv, else the cp.async gather. */
 static __global__ void __launch_bounds__(WG_THR, 1)
     attn_wg_kernel(struct cuda_attn_args a, const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
                    int tma)
