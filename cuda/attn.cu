@@ -947,16 +947,8 @@ static __global__ void __launch_bounds__(32 * NW, TC_MINB(D, NW)) attn_tc_kernel
             x0 = fmaxf(x0, fmaxf(s[nt][0], s[nt][1]));
             x1 = fmaxf(x1, fmaxf(s[nt][2], s[nt][3]));
         }
-        x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 1));
-        x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 2));
-        x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 1));
-        x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 2));
-        float n0 = fmaxf(m0, x0 * sl2), n1 = fmaxf(m1, x1 * sl2);
-        /* a row that has seen nothing yet keeps p = 0 and its zeros, not NaN */
-        float u0 = n0 == -INFINITY ? 0.0f : n0, u1 = n1 == -INFINITY ? 0.0f : n1;
-        float c0 = ex2(m0 - u0), c1 = ex2(m1 - u1);
-        m0 = n0, m1 = n1;
-        l0 *= c0, l1 *= c1;
+        float u0, u1, c0, c1;
+        softmax_step(x0, x1, sl2, m0, m1, l0, l1, u0, u1, c0, c1);
 #pragma unroll
         for (int dt = 0; dt < DT; dt++) o[dt][0] *= c0, o[dt][1] *= c0, o[dt][2] *= c1, o[dt][3] *= c1;
 #pragma unroll
@@ -970,30 +962,7 @@ static __global__ void __launch_bounds__(32 * NW, TC_MINB(D, NW)) attn_tc_kernel
         }
         tile_pv<NT, DT, DP, false>(o, s, vb, vofs);
     }
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-#pragma unroll
-    for (int hf = 0; hf < 2; hf++) {
-        int r = hf ? r1 : r0;
-        if (r >= nrows) continue;
-        int t = wi.t0 + r / grp, h = g * grp + r % grp, d0 = (lane & 3) * 2;
-        float l = hf ? l1 : l0, m = hf ? m1 : m0;
-        if (wi.nsplit <= 1) {
-            float inv = l > 0.0f ? 1.0f / l : 0.0f;
-            uint16_t *op = a.out + ((size_t)t * a.H + h) * D + d0;
-#pragma unroll
-            for (int dt = 0; dt < DT; dt++)
-                *(uint32_t *)(op + dt * 8) = pack_bf2(o[dt][2 * hf] * inv, o[dt][2 * hf + 1] * inv);
-        } else {
-            /* the SIMT kernel's partial: max in natural-log units, unnormalized acc */
-            float *pp = a.part + (((size_t)(wi.part + r) * a.KVH + g) * CUDA_ATTN_MAXSPLIT + wi.split) * (D + 2);
-            if ((lane & 3) == 0) pp[0] = m * 0.6931471805599453f, pp[1] = l;
-#pragma unroll
-            for (int dt = 0; dt < DT; dt++) pp[2 + dt * 8 + d0] = o[dt][2 * hf], pp[3 + dt * 8 + d0] = o[dt][2 * hf + 1];
-        }
-    }
+    tc_store_rows<D>(a, wi, g, grp, nrows, r0, l0, l1, m0, m1, [&](int dt, int e) { return o[dt][e]; });
 }
 
 /* 2 stages x (K, V) x [TC_BN][D + 8] bf16; the same for either block size */

@@ -263,6 +263,31 @@ static __global__ void __launch_bounds__(WG_THR, 1)
     uint32_t pa[NT / 2][4];
     float s[64];
 
+    /* the MMAs, each group committed: S = Q K^T for the K tile at kb (the
+     * first k16 slice overwrites s), O += P V for the V tile at vb; before
+     * issuing, the operand registers others wrote are fenced */
+    auto issue_s = [&](uint32_t kb) {
+        wgmma_ss<0>(s, wg_desc(qs + cw * 64 * 128, 16, 1024), wg_desc(kb, 16, 1024));
+#pragma unroll
+        for (int kc = 1; kc < D / 16; kc++) {
+            uint32_t off = (kc >> 2) * WG_HALF + (kc & 3) * 32;
+            wgmma_ss<1>(s, wg_desc(qs + off + cw * 64 * 128, 16, 1024), wg_desc(kb + off, 16, 1024));
+        }
+        wg_commit();
+    };
+    auto issue_pv = [&](uint32_t vb) {
+#pragma unroll
+        for (int kk = 0; kk < NT / 2; kk++) wgmma_rs(o, pa[kk], wg_desc(vb + kk * 16 * 128, WG_HALF, 1024));
+        wg_commit();
+    };
+    auto fence_pv = [&]() {
+        acc_fence(o);
+#pragma unroll
+        for (int kk = 0; kk < NT / 2; kk++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) asm volatile("" : "+r"(pa[kk][j])::"memory");
+    };
+
     /* S_t = Q K_t into s, then its mask and online softmax: s becomes the
      * unnormalized P_t, c0/c1 the factors the accumulators take */
     auto scores = [&](int ti, float &c0, float &c1, bool overlap) {
@@ -270,32 +295,14 @@ static __global__ void __launch_bounds__(WG_THR, 1)
         const uint32_t kb = kv0 + (ti % 3) * 2 * WG_TILE;
         if (overlap) { /* O += P_{t-1} V_{t-1} too, committed after S_t */
             const uint32_t vprev = kv0 + ((ti + 2) % 3) * 2 * WG_TILE + WG_TILE;
-            acc_fence(o);
-#pragma unroll
-            for (int kk = 0; kk < NT / 2; kk++)
-#pragma unroll
-                for (int j = 0; j < 4; j++) asm volatile("" : "+r"(pa[kk][j])::"memory");
+            fence_pv();
             wg_fence();
-            wgmma_ss<0>(s, wg_desc(qs + cw * 64 * 128, 16, 1024), wg_desc(kb, 16, 1024));
-#pragma unroll
-            for (int kc = 1; kc < D / 16; kc++) {
-                uint32_t off = (kc >> 2) * WG_HALF + (kc & 3) * 32;
-                wgmma_ss<1>(s, wg_desc(qs + off + cw * 64 * 128, 16, 1024), wg_desc(kb + off, 16, 1024));
-            }
-            wg_commit();
-#pragma unroll
-            for (int kk = 0; kk < NT / 2; kk++) wgmma_rs(o, pa[kk], wg_desc(vprev + kk * 16 * 128, WG_HALF, 1024));
-            wg_commit();
+            issue_s(kb);
+            issue_pv(vprev);
             wg_wait<1>(); /* S_t */
         } else {
             wg_fence();
-            wgmma_ss<0>(s, wg_desc(qs + cw * 64 * 128, 16, 1024), wg_desc(kb, 16, 1024));
-#pragma unroll
-            for (int kc = 1; kc < D / 16; kc++) {
-                uint32_t off = (kc >> 2) * WG_HALF + (kc & 3) * 32;
-                wgmma_ss<1>(s, wg_desc(qs + off + cw * 64 * 128, 16, 1024), wg_desc(kb + off, 16, 1024));
-            }
-            wg_commit();
+            issue_s(kb);
             wg_wait<0>();
         }
         acc_fence(s);
@@ -315,16 +322,8 @@ static __global__ void __launch_bounds__(WG_THR, 1)
             x0 = fmaxf(x0, fmaxf(s[nt * 4], s[nt * 4 + 1]));
             x1 = fmaxf(x1, fmaxf(s[nt * 4 + 2], s[nt * 4 + 3]));
         }
-        x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 1));
-        x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 2));
-        x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 1));
-        x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 2));
-        float n0 = fmaxf(m0, x0 * sl2), n1 = fmaxf(m1, x1 * sl2);
-        /* a row that has seen nothing yet keeps p = 0 and its zeros, not NaN */
-        float u0 = n0 == -INFINITY ? 0.0f : n0, u1 = n1 == -INFINITY ? 0.0f : n1;
-        c0 = ex2(m0 - u0), c1 = ex2(m1 - u1);
-        m0 = n0, m1 = n1;
-        l0 *= c0, l1 *= c1;
+        float u0, u1;
+        softmax_step(x0, x1, sl2, m0, m1, l0, l1, u0, u1, c0, c1);
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
             s[nt * 4] = ex2(fmaf(s[nt * 4], sl2, -u0)), s[nt * 4 + 1] = ex2(fmaf(s[nt * 4 + 1], sl2, -u0));
@@ -382,15 +381,9 @@ static __global__ void __launch_bounds__(WG_THR, 1)
             rescale_pack(c0, c1);
         }
         const uint32_t vlast = kv0 + ((ntile - 1) % 3) * 2 * WG_TILE + WG_TILE;
-        acc_fence(o);
-#pragma unroll
-        for (int kk = 0; kk < NT / 2; kk++)
-#pragma unroll
-            for (int j = 0; j < 4; j++) asm volatile("" : "+r"(pa[kk][j])::"memory");
+        fence_pv();
         wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < NT / 2; kk++) wgmma_rs(o, pa[kk], wg_desc(vlast + kk * 16 * 128, WG_HALF, 1024));
-        wg_commit();
+        issue_pv(vlast);
         wg_wait<0>();
         acc_fence(o);
     } else {
@@ -401,31 +394,7 @@ static __global__ void __launch_bounds__(WG_THR, 1)
             if (ti > 0) mbar_arrive(empty + 8 * ((ti + 2) % 3));
         }
     }
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-#pragma unroll
-    for (int hf = 0; hf < 2; hf++) {
-        int r = hf ? r1 : r0;
-        if (r >= nrows) continue;
-        int t = wi.t0 + r / grp, h = g * grp + r % grp, d0 = (lane & 3) * 2;
-        float l = hf ? l1 : l0, m = hf ? m1 : m0;
-        if (wi.nsplit <= 1) {
-            float inv = l > 0.0f ? 1.0f / l : 0.0f;
-            uint16_t *op = a.out + ((size_t)t * a.H + h) * D + d0;
-#pragma unroll
-            for (int dt = 0; dt < DT; dt++)
-                *(uint32_t *)(op + dt * 8) = pack_bf2(o[dt * 4 + 2 * hf] * inv, o[dt * 4 + 2 * hf + 1] * inv);
-        } else {
-            /* the SIMT kernel's partial: max in natural-log units, unnormalized acc */
-            float *pp = a.part + (((size_t)(wi.part + r) * a.KVH + g) * CUDA_ATTN_MAXSPLIT + wi.split) * (D + 2);
-            if ((lane & 3) == 0) pp[0] = m * 0.6931471805599453f, pp[1] = l;
-#pragma unroll
-            for (int dt = 0; dt < DT; dt++)
-                pp[2 + dt * 8 + d0] = o[dt * 4 + 2 * hf], pp[3 + dt * 8 + d0] = o[dt * 4 + 2 * hf + 1];
-        }
-    }
+    tc_store_rows<D>(a, wi, g, grp, nrows, r0, l0, l1, m0, m1, [&](int dt, int e) { return o[dt * 4 + e]; });
 #endif
 }
 

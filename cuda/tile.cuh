@@ -6,6 +6,8 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+#include "cuda/kernels.h"
+
 static __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 /* 16 bytes global -> shared, L2 only; ok == false writes 16 zero bytes and reads nothing */
 static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool ok)
@@ -29,6 +31,65 @@ static __device__ __forceinline__ uint32_t pack_bf2(float lo, float hi)
 {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<uint32_t *>(&v);
+}
+
+/* One step of the online softmax for this lane's two query rows of a
+ * prefill tile: x0, x1 are their largest scores among the lane's columns
+ * (a row lives in the 4 lanes of a quad); the running maxima m0, m1 (log2
+ * units; scores scale by sl2) move on, the row sums l0, l1 take the factors
+ * c0, c1 (the accumulators must too), and u0, u1 are what to subtract from
+ * the scaled scores before exp2 (0, not -inf, for a row that has seen
+ * nothing yet: its p stay 0 and its zeros, not NaN). */
+static __device__ __forceinline__ void softmax_step(float x0, float x1, float sl2, float &m0, float &m1, float &l0,
+                                                    float &l1, float &u0, float &u1, float &c0, float &c1)
+{
+    x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 1));
+    x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 2));
+    x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 1));
+    x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 2));
+    float n0 = fmaxf(m0, x0 * sl2), n1 = fmaxf(m1, x1 * sl2);
+    u0 = n0 == -INFINITY ? 0.0f : n0, u1 = n1 == -INFINITY ? 0.0f : n1;
+    c0 = ex2(m0 - u0), c1 = ex2(m1 - u1);
+    m0 = n0, m1 = n1;
+    l0 *= c0, l1 *= c1;
+}
+
+/* The end of a prefill tile kernel (attn_tc_kernel, attn_wg_kernel) for
+ * this lane's two query rows r0 and r0 + 8 of item wi: the row sums l0, l1
+ * summed over the lane's quad, then O / l as bf16, or the SIMT kernel's
+ * partial for a split item (max in natural-log units, unnormalized acc).
+ * oa(dt, e): the lane's O accumulator e (an mma C fragment's order) of
+ * columns 8 dt + 2 (lane & 3) .. + 1; rows from nrows on are dropped. */
+template <int D, typename OA>
+static __device__ __forceinline__ void tc_store_rows(const struct cuda_attn_args &a, const struct cuda_attn_item &wi,
+                                                     int g, int grp, int nrows, int r0, float l0, float l1, float m0,
+                                                     float m1, OA oa)
+{
+    constexpr int DT = D / 8;
+    const int lane = threadIdx.x & 31;
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        int r = r0 + 8 * hf;
+        if (r >= nrows) continue;
+        int t = wi.t0 + r / grp, h = g * grp + r % grp, d0 = (lane & 3) * 2;
+        float l = hf ? l1 : l0, m = hf ? m1 : m0;
+        if (wi.nsplit <= 1) {
+            float inv = l > 0.0f ? 1.0f / l : 0.0f;
+            uint16_t *op = a.out + ((size_t)t * a.H + h) * D + d0;
+#pragma unroll
+            for (int dt = 0; dt < DT; dt++)
+                *(uint32_t *)(op + dt * 8) = pack_bf2(oa(dt, 2 * hf) * inv, oa(dt, 2 * hf + 1) * inv);
+        } else {
+            float *pp = a.part + (((size_t)(wi.part + r) * a.KVH + g) * CUDA_ATTN_MAXSPLIT + wi.split) * (D + 2);
+            if ((lane & 3) == 0) pp[0] = m * 0.6931471805599453f, pp[1] = l;
+#pragma unroll
+            for (int dt = 0; dt < DT; dt++) pp[2 + dt * 8 + d0] = oa(dt, 2 * hf), pp[3 + dt * 8 + d0] = oa(dt, 2 * hf + 1);
+        }
+    }
 }
 
 #endif
