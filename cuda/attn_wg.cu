@@ -434,21 +434,21 @@ extern "C" cudaError_t cuda_attention_wg_prepare(void)
  * of the block table). cuTensorMapEncodeTiled comes from the driver through
  * the runtime (no -lcuda); SLUICE_CUDA_ATTN_TMA=0 keeps the cp.async
  * gather. false where either is missing. */
-static PFN_cuTensorMapEncodeTiled_v12000 tm_encode;
-static int tm_state = -1;
 static bool tm_make(CUtensorMap *m, const void *base, int KVH)
 {
-    if (tm_state < 0) {
+    /* once, thread-safe (every tensor-parallel rank's thread calls it) */
+    static const PFN_cuTensorMapEncodeTiled_v12000 tm_encode = [] {
         const char *e = getenv("SLUICE_CUDA_ATTN_TMA");
         cudaDriverEntryPointQueryResult q;
         void *fn = NULL;
-        tm_state = !(e && strcmp(e, "0") == 0) &&
-                   cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) ==
-                       cudaSuccess &&
-                   q == cudaDriverEntryPointSuccess && fn;
-        tm_encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
-    }
-    if (!tm_state || ((uintptr_t)base & 15)) return false;
+        if ((e && strcmp(e, "0") == 0) ||
+            cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) !=
+                cudaSuccess ||
+            q != cudaDriverEntryPointSuccess)
+            fn = NULL;
+        return (PFN_cuTensorMapEncodeTiled_v12000)fn;
+    }();
+    if (!tm_encode || ((uintptr_t)base & 15)) return false;
     cuuint64_t dims[3] = {128, (cuuint64_t)KVH, 1ull << 31}, strides[2] = {256, (cuuint64_t)KVH * 256};
     cuuint32_t box[3] = {64, 1, 16}, es[3] = {1, 1, 1};
     return tm_encode(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, (void *)base, dims, strides, box, es,
