@@ -8,21 +8,24 @@
  * (FlashAttention-3's warp specialization). Warpgroup 0, the producer,
  * gathers K and V 128 keys at a time into three shared-memory stages and
  * gives most of its registers to the others (setmaxnreg). Where the cache
- * blocks hold a multiple of 16 keys, one of its threads does it with bulk
+ * blocks hold a multiple of 16 keys, one of its warps does it with bulk
  * tensor copies (TMA: a 3-d tensor map per cache, [slots][KVH][128], boxes of
- * 16 slots x 64 dims, which land in the layout below); otherwise its 128
- * threads gather 16-byte chunks by cp.async (zeros past kv_hi). Warpgroups 1
- * and 2, the consumers, own query rows 0..63 and 64..127 (rows = tokens x
- * the group's heads, as in attn.cu) with Q in shared memory for the whole
- * item. Per tile: S = Q K^T by eight wgmma.m64n128k16 with both operands in
- * shared memory (K-major), the online softmax on S's accumulators, then
- * O += P V by eight wgmma.m64n128k16 with P from registers (S's accumulator
- * layout is, per warp, mma.m16n8k16's A fragment layout, so P needs no
- * shuffle) and V read N-major (transposed). A tile's S is issued with the
- * previous tile's P V, so the softmax runs while the tensor cores finish
- * that. Stage s has two mbarriers: full[s] (the copies have landed) and
- * empty[s] (both consumers are done with its K and V), so the producer runs
- * up to two tiles ahead and the consumers never wait for each other.
+ * 16 slots x 64 dims, which land in the layout below), lane i copying the
+ * tile's 16-key group i, so the block-table lookups run in parallel;
+ * otherwise its 128 threads gather 16-byte chunks by cp.async (zeros past
+ * kv_hi). Warpgroups 1 and 2, the consumers, own query rows 0..63 and
+ * 64..127 (rows = tokens x the group's heads, as in attn.cu) with Q in
+ * shared memory for the whole item. Per tile: S = Q K^T by eight
+ * wgmma.m64n128k16 with both operands in shared memory (K-major), the online
+ * softmax on S's accumulators, then O += P V by eight wgmma.m64n128k16 with
+ * P from registers (S's accumulator layout is, per warp, mma.m16n8k16's A
+ * fragment layout, so P needs no shuffle) and V read N-major (transposed). A
+ * tile's S is issued with the previous tile's P V, so the softmax runs while
+ * the tensor cores finish that, and the two consumers take turns issuing
+ * (ping-pong), so one's softmax also runs under the other's MMAs. Stage s
+ * has two mbarriers: full[s] (the copies have landed) and empty[s] (the
+ * consumers' eight warps are done with its K and V), so the producer runs up
+ * to two tiles ahead.
  *
  * Shared memory: every tile (Q [128 rows], K and V [128 keys], x D 128 bf16)
  * is stored as two 64-dim halves of 128-byte rows with the 128-byte swizzle
@@ -34,9 +37,9 @@
  * bytes apart (LBO), 8-key groups 1024 bytes apart (SBO). 32 KB Q + 3
  * stages x 64 KB K/V + 1 KB of alignment slack (225 KB): one block an SM.
  *
- * bench_attn on an H200 (BENCHMARKS.md): a 16K context in 8 chunks at 425
- * TFLOP/s (attn_tc_kernel 212; 329 with the cp.async gather), a 2048-token
- * prompt at 255 (150). */
+ * bench_attn on an H200 (BENCHMARKS.md): a 16K context in 8 chunks at
+ * 530-540 TFLOP/s (attn_tc_kernel 212; 329 with the cp.async gather), a
+ * 2048-token prompt at 305-310 (150), 8 such prompts in one step at 370. */
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <stdlib.h>
@@ -165,10 +168,26 @@ static __device__ __forceinline__ void wg_load_kv(const struct cuda_attn_args &a
         cp_async16(ks + WG_TILE + sw128(j, c), vc + off, ok);
     }
 }
+
+/* The consumers take turns at the tensor cores (PP, FlashAttention-3's
+ * ping-pong; SLUICE_CUDA_ATTN_PP=0 turns it off): a warpgroup issues a
+ * tile's MMAs only after the other has issued its own, so one's softmax runs
+ * while the other's MMAs do. Named barrier 3 + c is consumer c's turn: it
+ * waits there (bar.sync, its 128 threads) until the other has passed it the
+ * turn (bar.arrive, the other's 128 threads). */
+static __device__ __forceinline__ void turn_wait(int cw)
+{
+    asm volatile("bar.sync %0, 256;\n" ::"r"(3 + cw) : "memory");
+}
+static __device__ __forceinline__ void turn_pass(int cw)
+{
+    asm volatile("bar.arrive %0, 256;\n" ::"r"(4 - cw) : "memory");
+}
 #endif
 
 /* The kernel (see the top of the file); tma: the bulk tensor copies with
  * the maps tk and tv, else the cp.async gather. */
+template <bool PP>
 static __global__ void __launch_bounds__(WG_THR, 1)
     attn_wg_kernel(struct cuda_attn_args a, const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
                    int tma)
@@ -192,14 +211,14 @@ static __global__ void __launch_bounds__(WG_THR, 1)
      * blocks of a multiple of 16 keys and an item starting on one */
     tma = tma && (wi.kv_lo & 15) == 0;
     if (threadIdx.x == 0)
-        for (int i = 0; i < 3; i++) mbar_init(full + 8 * i, tma ? 1 : 128), mbar_init(empty + 8 * i, 256);
+        for (int i = 0; i < 3; i++) mbar_init(full + 8 * i, tma ? 1 : 128), mbar_init(empty + 8 * i, 8);
     __syncthreads(); /* the barriers are ready */
     int ntile = wi.kv_hi > wi.kv_lo ? (wi.kv_hi - wi.kv_lo + WG_BN - 1) / WG_BN : 0;
 
     if (wg < 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
         int tp = threadIdx.x;
-        if (tma && tp > 0) return;
+        if (tma && tp >= 32) return;
         for (int ti = 0; ti < ntile; ti++) {
             int st = ti % 3, k0 = wi.kv_lo + ti * WG_BN;
             uint32_t ks = kv0 + st * 2 * WG_TILE;
@@ -209,13 +228,15 @@ static __global__ void __launch_bounds__(WG_THR, 1)
                 mbar_arrive_cp_async(full + 8 * st);
                 continue;
             }
-            /* one thread: the tile's 16-key groups that hold a key below
-             * kv_hi, each as two 64-dim halves of K and of V (2 KB each) */
+            /* one warp: lane i copies the tile's 16-key group i if it holds
+             * a key below kv_hi, as two 64-dim halves of K and of V (2 KB
+             * each); the lanes look their blocks up in parallel */
             int ng = min(WG_BN / 16, (wi.kv_hi - k0 + 15) / 16), bs = a.block_size;
-            mbar_expect_tx(full + 8 * st, ng * 8192);
-            for (int gi = 0; gi < ng; gi++) {
-                int kp = k0 + 16 * gi, slot = bt[kp / bs] * bs + kp % bs;
-                uint32_t d = ks + gi * 16 * 128;
+            if (tp == 0) mbar_expect_tx(full + 8 * st, ng * 8192);
+            __syncwarp();
+            if (tp < ng) {
+                int kp = k0 + 16 * tp, slot = bt[kp / bs] * bs + kp % bs;
+                uint32_t d = ks + tp * 16 * 128;
                 tma_load3(d, &tk, 0, g, slot, full + 8 * st);
                 tma_load3(d + WG_HALF, &tk, 64, g, slot, full + 8 * st);
                 tma_load3(d + WG_TILE, &tv, 0, g, slot, full + 8 * st);
@@ -255,6 +276,7 @@ static __global__ void __launch_bounds__(WG_THR, 1)
     const bool live = __shfl_sync(0xffffffffu, cw * 64 < nrows ? 1 : 0, 0);
     int gn = 0x7fffffff; /* the warpgroup's smallest row position */
     for (int v = 4 * cw; v < 4 * cw + 4; v++) gn = min(gn, gmin[v]);
+    if (PP && cw == 0 && ntile > 0) turn_pass(1); /* warpgroup 0 has the first turn */
     float o[64];
 #pragma unroll
     for (int i = 0; i < 64; i++) o[i] = 0.0f;
@@ -296,13 +318,17 @@ static __global__ void __launch_bounds__(WG_THR, 1)
         if (overlap) { /* O += P_{t-1} V_{t-1} too, committed after S_t */
             const uint32_t vprev = kv0 + ((ti + 2) % 3) * 2 * WG_TILE + WG_TILE;
             fence_pv();
+            if (PP) turn_wait(cw);
             wg_fence();
             issue_s(kb);
             issue_pv(vprev);
+            if (PP) turn_pass(cw);
             wg_wait<1>(); /* S_t */
         } else {
+            if (PP) turn_wait(cw);
             wg_fence();
             issue_s(kb);
+            if (PP) turn_pass(cw);
             wg_wait<0>();
         }
         acc_fence(s);
@@ -357,8 +383,8 @@ static __global__ void __launch_bounds__(WG_THR, 1)
                              : "memory");
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* generic writes -> wgmma reads */
             asm volatile("bar.sync 2, 256;\n" ::: "memory");
-        } else {
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        } else if (!tma) {
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* cp.async writes -> wgmma reads */
         }
     };
 
@@ -377,13 +403,15 @@ static __global__ void __launch_bounds__(WG_THR, 1)
             scores(ti, c0, c1, true);
             wg_wait<0>(); /* P_{t-1} V_{t-1}: o and pa are free */
             acc_fence(o);
-            mbar_arrive(empty + 8 * ((ti + 2) % 3)); /* done with tile t - 1's stage */
+            if (lane == 0) mbar_arrive(empty + 8 * ((ti + 2) % 3)); /* this warp is done with tile t - 1's stage */
             rescale_pack(c0, c1);
         }
         const uint32_t vlast = kv0 + ((ntile - 1) % 3) * 2 * WG_TILE + WG_TILE;
         fence_pv();
+        if (PP) turn_wait(cw);
         wg_fence();
         issue_pv(vlast);
+        if (PP && cw == 0) turn_pass(cw); /* the last turn: warpgroup 1's pass would have no taker */
         wg_wait<0>();
         acc_fence(o);
     } else {
@@ -391,7 +419,12 @@ static __global__ void __launch_bounds__(WG_THR, 1)
          * (a wait for every tile, so it hands none back twice in a phase) */
         for (int ti = 0; ti < ntile; ti++) {
             ready(ti);
-            if (ti > 0) mbar_arrive(empty + 8 * ((ti + 2) % 3));
+            if (PP) turn_wait(cw), turn_pass(cw);
+            if (ti > 0 && lane == 0) mbar_arrive(empty + 8 * ((ti + 2) % 3));
+        }
+        if (PP && ntile > 0) { /* and the turn of the last P V */
+            turn_wait(cw);
+            if (cw == 0) turn_pass(cw);
         }
     }
     tc_store_rows<D>(a, wi, g, grp, nrows, r0, l0, l1, m0, m1, [&](int dt, int e) { return o[dt * 4 + e]; });
@@ -424,7 +457,9 @@ extern "C" int cuda_attention_wg_ok(const struct cuda_attn_args *a)
 
 extern "C" cudaError_t cuda_attention_wg_prepare(void)
 {
-    cudaError_t e = cudaFuncSetAttribute(attn_wg_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM);
+    cudaError_t e = cudaFuncSetAttribute(attn_wg_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(attn_wg_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM);
     return e == cudaErrorInvalidDeviceFunction ? cudaSuccess : e; /* no sm_90a code for this device */
 }
 
@@ -461,6 +496,13 @@ extern "C" cudaError_t cuda_attention_wg(const struct cuda_attn_args *a, cudaStr
     alignas(64) CUtensorMap tk, tv;
     memset(&tk, 0, sizeof tk), memset(&tv, 0, sizeof tv);
     int tma = a->block_size % 16 == 0 && tm_make(&tk, a->kc, a->KVH) && tm_make(&tv, a->vc, a->KVH);
-    attn_wg_kernel<<<dim3(a->max_items, a->KVH), WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma);
+    static const bool pp = [] {
+        const char *e = getenv("SLUICE_CUDA_ATTN_PP");
+        return !(e && strcmp(e, "0") == 0);
+    }();
+    if (pp)
+        attn_wg_kernel<true><<<dim3(a->max_items, a->KVH), WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma);
+    else
+        attn_wg_kernel<false><<<dim3(a->max_items, a->KVH), WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma);
     return cudaGetLastError();
 }

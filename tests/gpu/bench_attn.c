@@ -3,7 +3,8 @@
  * tensor-core kernel (64- and 128-row items), on one 2048-token prompt and on
  * a 16K-token context prefilled in 8 chunks of 2048 (each chunk attends to
  * its cached prefix plus its causal part; the 8 steps' attention is timed
- * together). Items are built as pack_step builds them (no split: the steps
+ * together), and on 8 prompts of 2048 in one step (a prefill step of
+ * bench_gpu). Items are built as pack_step builds them (no split: the steps
  * are long). Median of 20 runs (5 for the slow SIMT 16K case) after two
  * warm-ups, CUDA events; TFLOP/s counts causal work only: 4 * H * D * sum
  * over queries of the keys each sees.
@@ -73,6 +74,33 @@ static struct cuda_attn_args step_args(const uint16_t *q, const uint16_t *kc, co
     return a;
 }
 
+/* The attention args of a prefill step of nseq prompts of CHUNK tokens
+ * each (sequence s on blocks s * CHUNK / BS ..), `rows` rows per item. */
+static struct cuda_attn_args batch_args(const uint16_t *q, const uint16_t *kc, const uint16_t *vc, const int32_t *dbt,
+                                        int nseq, int rows, uint16_t *out, double *keys)
+{
+    int grp = NH / NKVH, qt = rows / grp, per = (CHUNK + qt - 1) / qt, n = nseq * per, T = nseq * CHUNK;
+    int32_t *pos = malloc(T * 4), *tp = malloc(T * 4), *off = malloc(nseq * 4);
+    struct cuda_attn_item *it = malloc(n * sizeof *it);
+    *keys = 0;
+    for (int t = 0; t < T; t++) pos[t] = t % CHUNK, tp[t] = -1, *keys += pos[t] + 1;
+    for (int s = 0; s < nseq; s++) {
+        off[s] = s * (CHUNK / BS);
+        for (int k = 0; k < per; k++) {
+            int t0 = k * qt, nq = CHUNK - t0 < qt ? CHUNK - t0 : qt;
+            it[s * per + k] = (struct cuda_attn_item){s, s * CHUNK + t0, nq, 0, t0 + nq, 0, 1, 0};
+        }
+    }
+    struct cuda_attn_args a = {.q = q, .kc = kc, .vc = vc, .pos = dup_dev(pos, T * 4), .bt = dbt,
+                               .bt_off = dup_dev(off, nseq * 4), .items = dup_dev(it, n * sizeof *it),
+                               .n_items = dup_dev(&n, 4), .max_items = n, .max_rows = rows, .H = NH, .KVH = NKVH,
+                               .D = HD, .block_size = BS, .scale = 1.0f / sqrtf((float)HD), .part = NULL,
+                               .tok_part = dup_dev(tp, T * 4), .tok_nsplit = NULL, .T = T, .out = out};
+    a.tok_nsplit = a.tok_part;
+    free(pos), free(tp), free(off), free(it);
+    return a;
+}
+
 /* Median ms of reps runs of the n steps back to back. */
 static float time_steps(const struct cuda_attn_args *a, int n, int reps)
 {
@@ -120,9 +148,9 @@ int main(void)
     }
     int32_t *dbt = dup_dev(bt, nb * 4);
     size_t kvn = (size_t)ctx_max * NKVH * HD;
-    uint16_t *kc = rand_dev(kvn, 1.0f), *vc = rand_dev(kvn, 1.0f), *q = rand_dev((size_t)CHUNK * NH * HD, 2.0f);
+    uint16_t *kc = rand_dev(kvn, 1.0f), *vc = rand_dev(kvn, 1.0f), *q = rand_dev((size_t)ctx_max * NH * HD, 2.0f);
     uint16_t *out[3];
-    for (int v = 0; v < 3; v++) out[v] = dalloc((size_t)CHUNK * NH * HD * 2);
+    for (int v = 0; v < 3; v++) out[v] = dalloc((size_t)ctx_max * NH * HD * 2);
     const char *vname[3] = {"SIMT, 32-row items", "tensor cores, 64-row items", "tensor cores, 128-row items"};
     int vrows[3] = {CUDA_ATTN_ROWS, 64, 128};
 
@@ -160,6 +188,14 @@ int main(void)
         printf("  16K context, 8 chunks  %-30s %8.3f ms  %7.1f TFLOP/s\n", vname[v], ms,
                4.0 * NH * HD * keys / (ms * 1e9));
         for (int c = 0; c < nchunk; c++) free_args(&a[c]);
+    }
+    for (int v = 1; v < 3; v++) { /* SIMT is too slow to matter here */
+        double keys;
+        struct cuda_attn_args a = batch_args(q, kc, vc, dbt, nchunk, vrows[v], out[v], &keys);
+        float ms = time_steps(&a, 1, 20);
+        printf("  8 prompts of 2048      %-30s %8.3f ms  %7.1f TFLOP/s\n", vname[v], ms,
+               4.0 * NH * HD * keys / (ms * 1e9));
+        free_args(&a);
     }
     cudaFree(dbt), cudaFree(kc), cudaFree(vc), cudaFree(q);
     for (int v = 0; v < 3; v++) cudaFree(out[v]);
