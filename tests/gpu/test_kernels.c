@@ -533,6 +533,7 @@ static void test_rope_kv(void)
  * (NaN) element. */
 struct aseq { int ctx, qlen; };
 static bool g_dec; /* give attn_run's args split tickets: decode-only steps take the decode kernel */
+static int g_kround = 32; /* attn_run: split points on multiples of this many keys */
 
 static double attn_run(const char *name, int H, int KVH, int D, int bs, const struct aseq *sq, int ns, int nsplit,
                        int rows, float scale_mul, double *rowmax)
@@ -571,7 +572,7 @@ static double attn_run(const char *name, int H, int KVH, int D, int bs, const st
         for (int t0 = t0s; t0 < t; t0 += qt) {
             int nq = t - t0 < qt ? t - t0 : qt, hi = pos[t0 + nq - 1] + 1;
             int nsp = nsplit < 1 ? 1 : nsplit;
-            int chunk = ((hi + nsp - 1) / nsp + 31) / 32 * 32;
+            int chunk = ((hi + nsp - 1) / nsp + g_kround - 1) / g_kround * g_kround;
             for (int k = 0; k < nsp; k++) {
                 int lo = k * chunk, h2 = lo + chunk < hi ? lo + chunk : hi;
                 items[nitems++] = (struct cuda_attn_item){i, t0, nq, lo, h2, k, nsp, part};
@@ -956,6 +957,18 @@ static void test_rope_fold_kv8(void)
     test_attention_rope_fold();
     g_kv8 = false;
 }
+/* split points on multiples of 8 keys, not of 32 as the backend packs
+ * them: the warpgroup kernel's bulk tensor copies take whole 16-key groups,
+ * so its items that start off a 16-key boundary gather by cp.async */
+static void test_attention_tc_kround8(void)
+{
+    g_kround = 8;
+    struct aseq longp[] = {{5000, 100}, {300, 40}, {1, 1}, {700, 33}};
+    attn_tc_case("split 3 on 8-key bounds", 32, 8, 128, 16, longp, 4, 3, 128);
+    attn_tc_case("split 5 on 8-key bounds, block 32", 16, 4, 128, 32, longp, 4, 5, 128);
+    attn_tc_case("split 5 on 8-key bounds, head_dim 64", 16, 4, 64, 16, longp, 4, 5, 128);
+    g_kround = 32;
+}
 /* where the warpgroup-MMA kernel (attn_wg.cu) takes the 128-row items, the
  * same cases on attn.cu's tensor-core kernel */
 static void test_attention_tc_nowg(void)
@@ -990,6 +1003,7 @@ int main(void)
     RUN(test_attention_rope_fold);
     RUN(test_attention_tc);
     RUN(test_attention_tc_nowg);
+    RUN(test_attention_tc_kround8);
     RUN(test_attention_kv8);
     RUN(test_rope_fold_kv8);
     RUN(test_attention_tc_kv8);
