@@ -120,7 +120,8 @@ cudaError_t cuda_attention_prepare(int D);
 /* attn_wg.cu: the tensor-core path's 128-row items at head_dim 128 with the
  * bf16 cache run on Hopper's warpgroup MMA on compute capability 9.0
  * (cuda_attention picks it; SLUICE_CUDA_ATTN_WG=0 keeps attn.cu's kernel;
- * SLUICE_CUDA_ATTN_TMA=0 gathers K/V by cp.async, not bulk tensor copies).
+ * SLUICE_CUDA_ATTN_TMA=0 gathers K/V by cp.async, not bulk tensor copies;
+ * SLUICE_CUDA_ATTN_PP=0: its consumer warpgroups do not take turns).
  * _select: on 1 / off 0 for tests and benchmarks (-1 rereads the
  * environment); call it outside graph capture. */
 int cuda_attention_wg_ok(const struct cuda_attn_args *a);
