@@ -204,7 +204,7 @@ struct cuda_backend {
     unsigned ablate;                /* ABL_* kernels left out of every step (SLUICE_CUDA_ABLATE, benchmarks
                                        only: the outputs are wrong) */
     int dec_kmin;                   /* keys per split at least in the decode kernel: SLUICE_CUDA_DEC_KMIN
-                                       (128, a multiple of 128) */
+                                       (128; a multiple of 32) */
     int dec_attn;                   /* decode-only steps of up to this many tokens take the decode attention
                                        kernel (SLUICE_CUDA_ATTN_DEC=N; 0: the SIMT kernel and its combine) */
     int bucket[NBUCKET], n_bucket;
@@ -604,7 +604,7 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     b->ablate = ablate_parse(ge);
     if (b->ablate) fprintf(stderr, "cuda: SLUICE_CUDA_ABLATE=%s: kernels left out, outputs are wrong\n", ge);
     ge = getenv("SLUICE_CUDA_DEC_KMIN");
-    b->dec_kmin = ge && atoi(ge) >= 128 ? atoi(ge) / 128 * 128 : 128;
+    b->dec_kmin = ge && atoi(ge) >= 32 ? atoi(ge) / 32 * 32 : 128;
     ge = getenv("SLUICE_CUDA_ATTN_DEC");
     b->dec_attn = ge && *ge ? atoi(ge) : CUDA_DEC_ATTN_MAX_T;
     ge = getenv("SLUICE_CUDA_ATTN_TC");
@@ -883,7 +883,7 @@ static size_t pack_step(struct cuda_backend *b, const struct step *s, int Tp, in
     int units = tiles * KVH, want = units >= 2 * b->n_sm ? 1 : (2 * b->n_sm + units - 1) / units;
     /* keys per split at least: the decode kernel's 4 warps take 32 each */
     bool dk = dec_kernel(b, decode, Tp);
-    int n = 0, part = 0, kmin = dk ? b->dec_kmin : 64, kround = dk ? 128 : 32;
+    int n = 0, part = 0, kmin = dk ? b->dec_kmin : 64, kround = dk && b->dec_kmin % 128 == 0 ? 128 : 32;
     for (int i = 0; i < s->n_seqs; i++) {
         const struct step_seq *q = &s->seqs[i];
         for (int t0 = q->query_start; t0 < q->query_start + q->query_len; t0 += qt) {

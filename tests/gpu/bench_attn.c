@@ -4,8 +4,8 @@
  * a 16K-token context prefilled in 8 chunks of 2048 (each chunk attends to
  * its cached prefix plus its causal part; the 8 steps' attention is timed
  * together), and on 8 prompts of 2048 in one step (a prefill step of
- * bench_gpu). Items are built as pack_step builds them (no split: the steps
- * are long). Median of 20 runs (5 for the slow SIMT 16K case) after two
+ * bench_gpu), also with the step's RoPE + KV write before it. Items are built as pack_step
+ * builds them (no split: the steps are long). Median of 20 runs (5 for the slow SIMT 16K case) after two
  * warm-ups, CUDA events; TFLOP/s counts causal work only: 4 * H * D * sum
  * over queries of the keys each sees.
  * Also prints the largest difference between the two kernels' outputs on
@@ -123,6 +123,28 @@ static float time_steps(const struct cuda_attn_args *a, int n, int reps)
     return t[reps / 2];
 }
 
+/* Median ms of reps runs of RoPE (cuda_rope_kv) then, with attn, attention */
+static float time_rope_attn(struct cuda_rope_args r, struct cuda_attn_args a, bool attn, int reps)
+{
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0), cudaEventCreate(&e1);
+    float t[64];
+    cudaError_t err = cudaSuccess;
+    for (int i = -2; i < reps; i++) {
+        cudaEventRecord(e0, 0);
+        if (cuda_rope_kv(&r, 0) != cudaSuccess || (attn && cuda_attention(&a, 0) != cudaSuccess))
+            err = cudaGetLastError();
+        cudaEventRecord(e1, 0);
+        cudaEventSynchronize(e1);
+        if (i >= 0) cudaEventElapsedTime(&t[i], e0, e1);
+    }
+    if (err == cudaSuccess) err = cudaGetLastError();
+    if (err != cudaSuccess) printf("  error: %s\n", cudaGetErrorString(err));
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    qsort(t, reps, sizeof(float), cmpf);
+    return t[reps / 2];
+}
+
 static void free_args(struct cuda_attn_args *a)
 {
     cudaFree((void *)a->pos), cudaFree((void *)a->bt_off), cudaFree((void *)a->items), cudaFree((void *)a->n_items);
@@ -195,6 +217,36 @@ int main(void)
         float ms = time_steps(&a, 1, 20);
         printf("  8 prompts of 2048      %-30s %8.3f ms  %7.1f TFLOP/s\n", vname[v], ms,
                4.0 * NH * HD * keys / (ms * 1e9));
+        free_args(&a);
+    }
+    {
+        /* a prefill step's RoPE + KV write, then its attention, 8 prompts
+         * of 2048 (Llama-3 RoPE tables, the tokens' slots in the shuffled
+         * blocks); bytes: q and k read and written, v read and written */
+        double keys;
+        int T = nchunk * CHUNK, half = HD / 2;
+        struct cuda_attn_args a = batch_args(q, kc, vc, dbt, nchunk, 128, out[2], &keys);
+        float *cs = malloc((size_t)CHUNK * half * 4), *sn = malloc((size_t)CHUNK * half * 4);
+        for (int p = 0; p < CHUNK; p++)
+            for (int i = 0; i < half; i++) {
+                double f = p * pow(500000.0, -2.0 * i / HD);
+                cs[p * half + i] = (float)cos(f), sn[p * half + i] = (float)sin(f);
+            }
+        int64_t *slots = malloc((size_t)T * 8);
+        for (int t = 0; t < T; t++) {
+            int s = t / CHUNK, p = t % CHUNK;
+            slots[t] = (int64_t)bt[s * (CHUNK / BS) + p / BS] * BS + p % BS;
+        }
+        uint16_t *qkv = rand_dev((size_t)T * (NH + 2 * NKVH) * HD, 2.0f);
+        struct cuda_rope_args r = {.qkv = qkv, .cos = dup_dev(cs, (size_t)CHUNK * half * 4),
+                                   .sin = dup_dev(sn, (size_t)CHUNK * half * 4), .pos = a.pos,
+                                   .slots = dup_dev(slots, (size_t)T * 8), .T = T, .H = NH, .KVH = NKVH, .D = HD,
+                                   .rope_dim = HD, .eps = 1e-5f, .q = q, .kc = kc, .vc = vc};
+        float ms = time_rope_attn(r, a, true, 20), rms = time_rope_attn(r, a, false, 20);
+        printf("  8 prompts of 2048      RoPE + KV write, then attention    %8.3f ms (RoPE + KV write %.3f ms, %.0f GB/s)\n",
+               ms, rms, (double)T * (2 * NH + 4 * NKVH) * HD * 2 / (rms * 1e6));
+        free(cs), free(sn), free(slots);
+        cudaFree(qkv), cudaFree((void *)r.cos), cudaFree((void *)r.sin), cudaFree((void *)r.slots);
         free_args(&a);
     }
     cudaFree(dbt), cudaFree(kc), cudaFree(vc), cudaFree(q);
