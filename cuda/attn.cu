@@ -69,16 +69,15 @@ template <int DPL, int RPW, bool KV8>
 static __global__ void __launch_bounds__(32 * WARPS) attn_kernel(struct cuda_attn_args a)
 {
     extern __shared__ float smem[];
-    int it = blockIdx.x;
-    if (it >= *a.n_items) return;
-    struct cuda_attn_item wi = a.items[it];
+    struct cuda_attn_item wi;
+    if (!attn_item(a, false, wi)) return;
     int g = blockIdx.y, D = a.D, grp = a.H / a.KVH, bs = a.block_size;
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     int nrows = wi.nq * grp;
     /* Q holds only the rows this instance can have: decode blocks stay small,
      * so more of them fit on an SM */
     float *Qs = smem, *Ks = Qs + WARPS * RPW * D, *Vs = Ks + KT * (D + 1);
-    const int32_t *bt = a.bt + a.bt_off[wi.seq];
+    const int32_t *bt = a.bt + wi.bt0;
 
     for (int i = threadIdx.x; i < WARPS * RPW * D; i += blockDim.x) {
         int r = i / D, d = i % D;
@@ -541,12 +540,11 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
     __shared__ float Wm[DEC_NW][GM], Wl[DEC_NW][GM];
     __shared__ int last;
     extern __shared__ __align__(16) uint16_t dsm[]; /* TC: dec_tc_smem's layout */
-    int it = blockIdx.x;
-    if (it >= *a.n_items) return;
-    struct cuda_attn_item wi = a.items[it];
+    struct cuda_attn_item wi;
+    if (!attn_item(a, false, wi)) return;
     int g = blockIdx.y, grp = a.H / a.KVH, KVH = a.KVH;
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, t = wi.t0;
-    const int32_t *bt = a.bt + a.bt_off[wi.seq];
+    const int32_t *bt = a.bt + wi.bt0;
     const float qscale = a.scale * 1.4426950408889634f; /* log2(e): exp2 below */
     using TL = dec_tile<D, KV8>;
     uint8_t *stage = (uint8_t *)dsm + (size_t)w * TL::SB;
@@ -871,14 +869,13 @@ static __global__ void __launch_bounds__(32 * NW, TC_MINB(D, NW)) attn_tc_kernel
     static_assert(BM <= 2 * TC_BN, "Q is staged in one K+V stage");
     static_assert(D % 16 == 0 && BM * CH % NTHR == 0, "shape");
     extern __shared__ __align__(16) uint16_t tsm[];
-    int n_items = *a.n_items, it = n_items - 1 - (int)blockIdx.x;
-    if (it < 0) return;
-    struct cuda_attn_item wi = a.items[it];
+    struct cuda_attn_item wi;
+    if (!attn_item(a, true, wi)) return;
     int g = blockIdx.y, grp = a.H / a.KVH;
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     int nrows = wi.nq * grp;
     if (nrows <= 0 || nrows > BM) return; /* whole block: wi is uniform */
-    const int32_t *bt = a.bt + a.bt_off[wi.seq];
+    const int32_t *bt = a.bt + wi.bt0;
     uint16_t *stg1 = tsm + 2 * TC_BN * DP; /* stage s at tsm + s * 2 * TC_BN * DP: K, then V */
 
     /* Q -> stage 1 (rows past nrows zero), K/V tile 0 -> stage 0 */

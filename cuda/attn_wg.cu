@@ -197,14 +197,13 @@ static __global__ void __launch_bounds__(WG_THR, 1)
     extern __shared__ __align__(16) uint8_t wsm[];
     __shared__ int gmin[8]; /* each consumer warp's smallest row position */
     __shared__ __align__(8) uint64_t bars[6]; /* full[3], empty[3] */
-    int n_items = *a.n_items, it = n_items - 1 - (int)blockIdx.x;
-    if (it < 0) return;
-    struct cuda_attn_item wi = a.items[it];
+    struct cuda_attn_item wi;
+    if (!attn_item(a, true, wi)) return;
     int g = blockIdx.y, grp = a.H / a.KVH;
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, wg = w / 4 - 1; /* consumer warpgroup, -1: producer */
     int nrows = wi.nq * grp;
     if (nrows <= 0 || nrows > WG_BM) return; /* whole block: wi is uniform */
-    const int32_t *bt = a.bt + a.bt_off[wi.seq];
+    const int32_t *bt = a.bt + wi.bt0;
     const uint32_t qs = (smem_u32(wsm) + 1023u) & ~1023u, kv0 = qs + WG_TILE; /* stage s: kv0 + 2 s WG_TILE */
     const uint32_t full = smem_u32(bars), empty = full + 24;
     /* the bulk tensor copies take whole 16-key groups of the cache: with

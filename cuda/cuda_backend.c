@@ -111,7 +111,7 @@ struct clayer {
 
 /* Offsets (in bytes) of the per-step inputs inside hin/din. */
 struct inlay {
-    size_t slots, ids, pos, tok_part, tok_nsplit, rows, n_items, items, bt_off, bt, srows, pen, total;
+    size_t slots, ids, pos, tok_part, tok_nsplit, rows, n_items, items, bt, srows, pen, total;
 };
 
 struct cuda_backend;
@@ -731,7 +731,6 @@ static int kv_alloc(model_backend *mb, int n_blocks, int block_size, char *err, 
     y->rows = o, o = al(o + S * 4);
     y->n_items = o, o = al(o + 4);
     y->items = o, o = al(o + (size_t)b->max_items * sizeof(struct cuda_attn_item));
-    y->bt_off = o, o = al(o + S * 4);
     y->bt = o, o = al(o + (size_t)b->bt_cap * 4);
     size_t pc = S * (size_t)b->max_ctx;
     b->pen_cap = (int)(pc < 65536 ? 65536 : pc > (1u << 20) ? (1u << 20) : pc);
@@ -844,8 +843,7 @@ static size_t pack_step(struct cuda_backend *b, const struct step *s, int Tp, in
     int qt = (decode || !b->tc_rows ? CUDA_ATTN_ROWS : b->tc_rows) / grp;
     int64_t *slots = HIN(b, slots, int64_t);
     int32_t *ids = HIN(b, ids, int32_t), *pos = HIN(b, pos, int32_t), *tpart = HIN(b, tok_part, int32_t),
-            *tns = HIN(b, tok_nsplit, int32_t), *rows = HIN(b, rows, int32_t), *bt_off = HIN(b, bt_off, int32_t),
-            *bt = HIN(b, bt, int32_t);
+            *tns = HIN(b, tok_nsplit, int32_t), *rows = HIN(b, rows, int32_t), *bt = HIN(b, bt, int32_t);
     struct cuda_attn_item *items = HIN(b, items, struct cuda_attn_item);
     int64_t pad_slot = (int64_t)b->kv_blocks * bs;
     for (int t = 0; t < Tp; t++) {
@@ -861,7 +859,6 @@ static size_t pack_step(struct cuda_backend *b, const struct step *s, int Tp, in
         const struct step_seq *q = &s->seqs[i];
         int nb = (q->context_len + bs - 1) / bs;
         if (nbt + nb > b->bt_cap) return 0;
-        bt_off[i] = nbt;
         memcpy(bt + nbt, q->block_table, (size_t)nb * 4);
         nbt += nb;
         tiles += (q->query_len + qt - 1) / qt;
@@ -884,7 +881,7 @@ static size_t pack_step(struct cuda_backend *b, const struct step *s, int Tp, in
     /* keys per split at least: the decode kernel's 4 warps take 32 each */
     bool dk = dec_kernel(b, decode, Tp);
     int n = 0, part = 0, kmin = dk ? b->dec_kmin : 64, kround = dk && b->dec_kmin % 128 == 0 ? 128 : 32;
-    for (int i = 0; i < s->n_seqs; i++) {
+    for (int i = 0, bt0 = 0; i < s->n_seqs; bt0 += (s->seqs[i].context_len + bs - 1) / bs, i++) {
         const struct step_seq *q = &s->seqs[i];
         for (int t0 = q->query_start; t0 < q->query_start + q->query_len; t0 += qt) {
             int nq = q->query_start + q->query_len - t0 < qt ? q->query_start + q->query_len - t0 : qt;
@@ -904,7 +901,7 @@ static size_t pack_step(struct cuda_backend *b, const struct step *s, int Tp, in
             if (n + ns > b->max_items) return 0;
             for (int k = 0; k < ns; k++) {
                 int lo = k * chunk, hi = lo + chunk < kv_hi ? lo + chunk : kv_hi;
-                items[n++] = (struct cuda_attn_item){.seq = i, .t0 = t0, .nq = nq, .kv_lo = lo, .kv_hi = hi,
+                items[n++] = (struct cuda_attn_item){.bt0 = bt0, .t0 = t0, .nq = nq, .kv_lo = lo, .kv_hi = hi,
                                                      .split = k, .nsplit = ns, .part = part};
             }
             if (ns > 1) {
@@ -997,7 +994,7 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
         if (!dk && !(ab & ABL_ATTN)) CK(cuda_rope_kv(&ra, st));
         struct cuda_attn_args aa = {
             .q = k->q, .kc = kc, .vc = vc, .kv8 = b->kv8, .pos = DIN(k, pos, int32_t), .bt = DIN(k, bt, int32_t),
-            .bt_off = DIN(k, bt_off, int32_t), .items = DIN(k, items, struct cuda_attn_item),
+            .items = DIN(k, items, struct cuda_attn_item),
             .n_items = DIN(k, n_items, int32_t), .max_items = max_items,
             .max_rows = decode ? H / KVH : b->job.max_rows, .H = H, .KVH = KVH, .D = D,
             .block_size = b->block_size, .scale = 1.0f / sqrtf((float)D), .part = k->part,

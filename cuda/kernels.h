@@ -57,12 +57,13 @@ cudaError_t cuda_rope_kv(const struct cuda_rope_args *a, cudaStream_t st);
 /* ---- attn.cu ---- */
 /* One unit of attention work: query tokens t0 .. t0+nq-1 (one sequence,
  * consecutive in the step) against key positions [kv_lo, kv_hi) of that
- * sequence, for one KV head group (grid.y). Causal: a query at position p
- * sees keys <= p. nsplit > 1: this item is split `split` of nsplit of its
- * tile and writes a partial (max, sum, acc) row at part + row; otherwise it
- * writes the output directly. */
+ * sequence, for one KV head group (grid.y); the sequence's block table
+ * starts at bt + bt0. Causal: a query at position p sees keys <= p.
+ * nsplit > 1: this item is split `split` of nsplit of its tile and writes a
+ * partial (max, sum, acc) row at part + row; otherwise it writes the output
+ * directly. */
 struct cuda_attn_item {
-    int32_t seq, t0, nq, kv_lo, kv_hi, split, nsplit, part;
+    int32_t bt0, t0, nq, kv_lo, kv_hi, split, nsplit, part;
 };
 #define CUDA_ATTN_ROWS 32   /* query rows (tokens x heads of a group) per item */
 #define CUDA_ATTN_MAXSPLIT 32
@@ -85,9 +86,8 @@ struct cuda_attn_args {
                                  * computes as with a bf16 cache; the decode kernel then always uses its
                                  * tensor-core math */
     const int32_t *pos;         /* [T] */
-    const int32_t *bt;          /* flat block tables */
-    const int32_t *bt_off;      /* [n_seqs] offset of each sequence's table in bt */
-    const struct cuda_attn_item *items;
+    const int32_t *bt;          /* flat block tables (an item's at bt + bt0) */
+    const struct cuda_attn_item *items; /* [max_items]: a block reads its item while n_items is on its way */
     const int32_t *n_items;     /* device scalar: items beyond it are no-ops */
     int max_items;              /* grid size (>= *n_items) */
     int max_rows;               /* >= query rows (nq * H / KVH) of every item; <= CUDA_ATTN_ROWS: SIMT kernel,

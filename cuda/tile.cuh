@@ -9,6 +9,21 @@
 #include "cuda/kernels.h"
 
 static __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+/* This block's item into wi: item blockIdx.x, or with rev the
+ * blockIdx.x-th from the last (longest first in a prefill step); false past
+ * *n_items. items holds max_items = gridDim.x entries, so the item is
+ * loaded together with n_items, not after it (prefill steps launch exactly
+ * n_items blocks: the guess from the last holds). */
+static __device__ __forceinline__ bool attn_item(const struct cuda_attn_args &a, bool rev, struct cuda_attn_item &wi)
+{
+    const int bx = (int)blockIdx.x, guess = rev ? (int)gridDim.x - 1 - bx : bx;
+    wi = a.items[guess];
+    const int n = *a.n_items, it = rev ? n - 1 - bx : bx;
+    if (it < 0 || it >= n) return false;
+    if (it != guess) wi = a.items[it];
+    return true;
+}
 /* 16 bytes global -> shared, L2 only; ok == false writes 16 zero bytes and reads nothing */
 static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool ok)
 {

@@ -55,7 +55,7 @@ static uint16_t *rand_dev(size_t n, float amp)
 static struct cuda_attn_args step_args(const uint16_t *q, const uint16_t *kc, const uint16_t *vc, const int32_t *dbt,
                                        int ctx, int qlen, int rows, uint16_t *out, double *keys)
 {
-    int grp = NH / NKVH, qt = rows / grp, n = (qlen + qt - 1) / qt, zero = 0;
+    int grp = NH / NKVH, qt = rows / grp, n = (qlen + qt - 1) / qt;
     int32_t *pos = malloc(qlen * 4), *tp = malloc(qlen * 4);
     struct cuda_attn_item *it = malloc(n * sizeof *it);
     *keys = 0;
@@ -65,7 +65,7 @@ static struct cuda_attn_args step_args(const uint16_t *q, const uint16_t *kc, co
         it[k] = (struct cuda_attn_item){0, t0, nq, 0, pos[t0 + nq - 1] + 1, 0, 1, 0};
     }
     struct cuda_attn_args a = {.q = q, .kc = kc, .vc = vc, .pos = dup_dev(pos, qlen * 4), .bt = dbt,
-                               .bt_off = dup_dev(&zero, 4), .items = dup_dev(it, n * sizeof *it),
+                               .items = dup_dev(it, n * sizeof *it),
                                .n_items = dup_dev(&n, 4), .max_items = n, .max_rows = rows, .H = NH, .KVH = NKVH,
                                .D = HD, .block_size = BS, .scale = 1.0f / sqrtf((float)HD), .part = NULL,
                                .tok_part = dup_dev(tp, qlen * 4), .tok_nsplit = NULL, .T = qlen, .out = out};
@@ -80,24 +80,23 @@ static struct cuda_attn_args batch_args(const uint16_t *q, const uint16_t *kc, c
                                         int nseq, int rows, uint16_t *out, double *keys)
 {
     int grp = NH / NKVH, qt = rows / grp, per = (CHUNK + qt - 1) / qt, n = nseq * per, T = nseq * CHUNK;
-    int32_t *pos = malloc(T * 4), *tp = malloc(T * 4), *off = malloc(nseq * 4);
+    int32_t *pos = malloc(T * 4), *tp = malloc(T * 4);
     struct cuda_attn_item *it = malloc(n * sizeof *it);
     *keys = 0;
     for (int t = 0; t < T; t++) pos[t] = t % CHUNK, tp[t] = -1, *keys += pos[t] + 1;
     for (int s = 0; s < nseq; s++) {
-        off[s] = s * (CHUNK / BS);
         for (int k = 0; k < per; k++) {
             int t0 = k * qt, nq = CHUNK - t0 < qt ? CHUNK - t0 : qt;
-            it[s * per + k] = (struct cuda_attn_item){s, s * CHUNK + t0, nq, 0, t0 + nq, 0, 1, 0};
+            it[s * per + k] = (struct cuda_attn_item){s * (CHUNK / BS), s * CHUNK + t0, nq, 0, t0 + nq, 0, 1, 0};
         }
     }
     struct cuda_attn_args a = {.q = q, .kc = kc, .vc = vc, .pos = dup_dev(pos, T * 4), .bt = dbt,
-                               .bt_off = dup_dev(off, nseq * 4), .items = dup_dev(it, n * sizeof *it),
+                               .items = dup_dev(it, n * sizeof *it),
                                .n_items = dup_dev(&n, 4), .max_items = n, .max_rows = rows, .H = NH, .KVH = NKVH,
                                .D = HD, .block_size = BS, .scale = 1.0f / sqrtf((float)HD), .part = NULL,
                                .tok_part = dup_dev(tp, T * 4), .tok_nsplit = NULL, .T = T, .out = out};
     a.tok_nsplit = a.tok_part;
-    free(pos), free(tp), free(off), free(it);
+    free(pos), free(tp), free(it);
     return a;
 }
 
@@ -147,7 +146,7 @@ static float time_rope_attn(struct cuda_rope_args r, struct cuda_attn_args a, bo
 
 static void free_args(struct cuda_attn_args *a)
 {
-    cudaFree((void *)a->pos), cudaFree((void *)a->bt_off), cudaFree((void *)a->items), cudaFree((void *)a->n_items);
+    cudaFree((void *)a->pos), cudaFree((void *)a->items), cudaFree((void *)a->n_items);
     cudaFree((void *)a->tok_part);
 }
 

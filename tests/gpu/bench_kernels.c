@@ -191,21 +191,21 @@ int main(void)
         size_t kvb = (size_t)ctx * KVH * D * 2;
         uint16_t *kc = dalloc(kvb), *vc = dalloc(kvb), *q = dalloc((size_t)H * D * 2), *out = dalloc((size_t)H * D * 2);
         cudaMemset(kc, 0, kvb), cudaMemset(vc, 0, kvb);
-        int32_t *bt = malloc(nb * 4), pos = ctx - 1, zero = 0, tp = 0;
+        int32_t *bt = malloc(nb * 4), pos = ctx - 1, tp = 0;
         for (int i = 0; i < nb; i++) bt[i] = i;
         struct cuda_attn_item it[CUDA_ATTN_MAXSPLIT];
         int chunk = (ctx / ns + 31) / 32 * 32;
         for (int k = 0; k < ns; k++)
             it[k] = (struct cuda_attn_item){0, 0, 1, k * chunk, (k + 1) * chunk < ctx ? (k + 1) * chunk : ctx, k, ns, 0};
-        int32_t *dbt = dalloc(nb * 4), *dpos = dalloc(4), *doff = dalloc(4), *dn = dalloc(4), *dtp = dalloc(4),
+        int32_t *dbt = dalloc(nb * 4), *dpos = dalloc(4), *dn = dalloc(4), *dtp = dalloc(4),
                 *dns = dalloc(4);
         struct cuda_attn_item *dit = dalloc(sizeof it);
         cudaMemcpy(dbt, bt, nb * 4, cudaMemcpyHostToDevice), cudaMemcpy(dpos, &pos, 4, cudaMemcpyHostToDevice);
-        cudaMemcpy(doff, &zero, 4, cudaMemcpyHostToDevice), cudaMemcpy(dn, &ns, 4, cudaMemcpyHostToDevice);
+        cudaMemcpy(dn, &ns, 4, cudaMemcpyHostToDevice);
         cudaMemcpy(dtp, &tp, 4, cudaMemcpyHostToDevice), cudaMemcpy(dns, &ns, 4, cudaMemcpyHostToDevice);
         cudaMemcpy(dit, it, sizeof it, cudaMemcpyHostToDevice);
         float *part = dalloc((size_t)4 * KVH * CUDA_ATTN_MAXSPLIT * (D + 2) * 4);
-        struct cuda_attn_args a = {.q = q, .kc = kc, .vc = vc, .pos = dpos, .bt = dbt, .bt_off = doff, .items = dit,
+        struct cuda_attn_args a = {.q = q, .kc = kc, .vc = vc, .pos = dpos, .bt = dbt, .items = dit,
                                    .n_items = dn, .max_items = ns, .max_rows = 4, .H = H, .KVH = KVH, .D = D,
                                    .block_size = bs, .scale = 0.088f, .part = part, .tok_part = dtp,
                                    .tok_nsplit = dns, .T = 1, .out = out};
@@ -235,18 +235,18 @@ int main(void)
         uint16_t *kc = dalloc(kvb), *vc = dalloc(kvb), *q = dalloc((size_t)ctx * H * D * 2),
                  *out = dalloc((size_t)ctx * H * D * 2);
         cudaMemset(kc, 0, kvb), cudaMemset(vc, 0, kvb), cudaMemset(q, 0, (size_t)ctx * H * D * 2);
-        int32_t *bt = malloc(nb * 4), *pos = malloc(ctx * 4), *tp = malloc(ctx * 4), zero = 0;
+        int32_t *bt = malloc(nb * 4), *pos = malloc(ctx * 4), *tp = malloc(ctx * 4);
         for (int i = 0; i < nb; i++) bt[i] = i;
         for (int i = 0; i < ctx; i++) pos[i] = i, tp[i] = -1;
         struct cuda_attn_item *it = malloc(n * sizeof *it);
         for (int k = 0; k < n; k++) it[k] = (struct cuda_attn_item){0, k * qt, qt, 0, (k + 1) * qt, 0, 1, 0};
-        int32_t *dbt = dalloc(nb * 4), *dpos = dalloc(ctx * 4), *doff = dalloc(4), *dn = dalloc(4),
+        int32_t *dbt = dalloc(nb * 4), *dpos = dalloc(ctx * 4), *dn = dalloc(4),
                 *dtp = dalloc(ctx * 4);
         struct cuda_attn_item *dit = dalloc(n * sizeof *it);
         cudaMemcpy(dbt, bt, nb * 4, cudaMemcpyHostToDevice), cudaMemcpy(dpos, pos, ctx * 4, cudaMemcpyHostToDevice);
-        cudaMemcpy(doff, &zero, 4, cudaMemcpyHostToDevice), cudaMemcpy(dn, &n, 4, cudaMemcpyHostToDevice);
+        cudaMemcpy(dn, &n, 4, cudaMemcpyHostToDevice);
         cudaMemcpy(dtp, tp, ctx * 4, cudaMemcpyHostToDevice), cudaMemcpy(dit, it, n * sizeof *it, cudaMemcpyHostToDevice);
-        struct cuda_attn_args a = {.q = q, .kc = kc, .vc = vc, .pos = dpos, .bt = dbt, .bt_off = doff, .items = dit,
+        struct cuda_attn_args a = {.q = q, .kc = kc, .vc = vc, .pos = dpos, .bt = dbt, .items = dit,
                                    .n_items = dn, .max_items = n, .max_rows = CUDA_ATTN_ROWS, .H = H, .KVH = KVH,
                                    .D = D, .block_size = bs, .scale = 0.088f, .part = NULL, .tok_part = dtp,
                                    .tok_nsplit = dtp, .T = ctx, .out = out};

@@ -532,6 +532,15 @@ static void test_rope_kv(void)
  * of its (token, head) reference row; inf on a launch error or an unwritten
  * (NaN) element. */
 struct aseq { int ctx, qlen; };
+/* n items on the device in a buffer of max (the grid size; the kernels
+ * read a block's item before they know n): the rest zero */
+static struct cuda_attn_item *items_dev(const struct cuda_attn_item *it, int n, int max)
+{
+    struct cuda_attn_item *d = dup_dev(NULL, sizeof *it * max);
+    cudaMemset(d, 0, sizeof *it * max);
+    cudaMemcpy(d, it, sizeof *it * n, cudaMemcpyHostToDevice);
+    return d;
+}
 static bool g_dec; /* give attn_run's args split tickets: decode-only steps take the decode kernel */
 static int g_kround = 32; /* attn_run: split points on multiples of this many keys */
 
@@ -575,7 +584,7 @@ static double attn_run(const char *name, int H, int KVH, int D, int bs, const st
             int chunk = ((hi + nsp - 1) / nsp + g_kround - 1) / g_kround * g_kround;
             for (int k = 0; k < nsp; k++) {
                 int lo = k * chunk, h2 = lo + chunk < hi ? lo + chunk : hi;
-                items[nitems++] = (struct cuda_attn_item){i, t0, nq, lo, h2, k, nsp, part};
+                items[nitems++] = (struct cuda_attn_item){bt_off[i], t0, nq, lo, h2, k, nsp, part};
             }
             if (nsp > 1) {
                 for (int tt = t0; tt < t0 + nq; tt++) tok_part[tt] = part + (tt - t0) * grp, tok_ns[tt] = nsp;
@@ -598,8 +607,7 @@ static double attn_run(const char *name, int H, int KVH, int D, int bs, const st
     struct cuda_attn_args a = {
         .q = dup_dev(q, (size_t)T * H * D * 2), .kc = dup_dev(kc, nkv * kvs()), .vc = dup_dev(vc, nkv * kvs()),
         .kv8 = g_kv8, .pos = dup_dev(pos, T * 4), .bt = dup_dev(bt, nblk * 4),
-        .bt_off = dup_dev(bt_off, ns * 4), .items = dup_dev(items, sizeof *items * nitems),
-        .n_items = dup_dev(&nitems, 4), .max_items = nitems + 7, .max_rows = maxrows, .H = H, .KVH = KVH, .D = D, .block_size = bs,
+        .items = items_dev(items, nitems, nitems + 7), .n_items = dup_dev(&nitems, 4), .max_items = nitems + 7, .max_rows = maxrows, .H = H, .KVH = KVH, .D = D, .block_size = bs,
         .scale = scale_mul / sqrtf((float)D),
         .part = poisoned((size_t)(part > 0 ? part : 1) * KVH * CUDA_ATTN_MAXSPLIT * (D + 2) * 4),
         .tok_part = dup_dev(tok_part, T * 4), .tok_nsplit = dup_dev(tok_ns, T * 4), .T = T,
@@ -682,7 +690,7 @@ static double attn_run(const char *name, int H, int KVH, int D, int bs, const st
     free(perm), free(bt), free(bt_off), free(kc), free(vc), free(q), free(pos), free(tok_part), free(tok_ns);
     free(items), free(tok_seq), free(out), free(ref), free(o), free(kf), free(vf);
     cudaFree((void *)a.q), cudaFree((void *)a.kc), cudaFree((void *)a.vc), cudaFree((void *)a.pos);
-    cudaFree((void *)a.bt), cudaFree((void *)a.bt_off), cudaFree((void *)a.items), cudaFree((void *)a.n_items);
+    cudaFree((void *)a.bt), cudaFree((void *)a.items), cudaFree((void *)a.n_items);
     cudaFree(a.part), cudaFree((void *)a.tok_part), cudaFree((void *)a.tok_nsplit), cudaFree(a.out);
     return e == cudaSuccess ? err : INFINITY;
 }
@@ -805,7 +813,7 @@ static void rope_fold_case(const char *name, int H, int KVH, int D, int bs, int 
         tok_part[i] = nsplit > 1 ? part : -1, tok_ns[i] = nsplit > 1 ? nsplit : 0;
         for (int k = 0; k < nsplit; k++) {
             int lo = k * chunk, hi = lo + chunk < ctx[i] ? lo + chunk : ctx[i];
-            items[nitems++] = (struct cuda_attn_item){i, i, 1, lo, hi, k, nsplit, part};
+            items[nitems++] = (struct cuda_attn_item){bt_off[i], i, 1, lo, hi, k, nsplit, part};
         }
         if (nsplit > 1) part += grp;
     }
@@ -831,8 +839,8 @@ static void rope_fold_case(const char *name, int H, int KVH, int D, int bs, int 
     uint16_t *out[2];
     void *kv[2][2];
     struct cuda_attn_args a = {
-        .q = ra.q, .pos = ra.pos, .bt = dup_dev(bt, nb * 4), .bt_off = dup_dev(bt_off, ns * 4),
-        .items = dup_dev(items, sizeof *items * nitems), .n_items = dup_dev(&nitems, 4), .max_items = nitems + 3,
+        .q = ra.q, .pos = ra.pos, .bt = dup_dev(bt, nb * 4), .items = items_dev(items, nitems, nitems + 3),
+        .n_items = dup_dev(&nitems, 4), .max_items = nitems + 3,
         .max_rows = grp, .H = H, .KVH = KVH, .D = D, .block_size = bs, .scale = 1.0f / sqrtf((float)D),
         .part = poisoned((size_t)(part > 0 ? part : 1) * KVH * CUDA_ATTN_MAXSPLIT * (D + 2) * 4),
         .tok_part = dup_dev(tok_part, T * 4), .tok_nsplit = dup_dev(tok_ns, T * 4), .T = T, .kv8 = g_kv8,
@@ -872,7 +880,7 @@ static void rope_fold_case(const char *name, int H, int KVH, int D, int bs, int 
     free(vc), free(qkv), free(bsv), free(qn), free(kn), free(cs), free(sn), free(o0), free(o1), free(k0), free(k1);
     cudaFree((void *)ra.qkv), cudaFree((void *)ra.bias), cudaFree((void *)ra.q_norm), cudaFree((void *)ra.k_norm);
     cudaFree((void *)ra.cos), cudaFree((void *)ra.sin), cudaFree((void *)ra.pos), cudaFree((void *)ra.slots);
-    cudaFree(ra.q), cudaFree((void *)a.bt), cudaFree((void *)a.bt_off), cudaFree((void *)a.items);
+    cudaFree(ra.q), cudaFree((void *)a.bt), cudaFree((void *)a.items);
     cudaFree((void *)a.n_items), cudaFree(a.part), cudaFree((void *)a.tok_part), cudaFree((void *)a.tok_nsplit);
     cudaFree(a.cnt);
     for (int f = 0; f < 2; f++) cudaFree(out[f]), cudaFree(kv[f][0]), cudaFree(kv[f][1]);
