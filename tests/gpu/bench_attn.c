@@ -100,30 +100,9 @@ static struct cuda_attn_args batch_args(const uint16_t *q, const uint16_t *kc, c
     return a;
 }
 
-/* Median ms of reps runs of the n steps back to back. */
-static float time_steps(const struct cuda_attn_args *a, int n, int reps)
-{
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0), cudaEventCreate(&e1);
-    float t[64];
-    cudaError_t err = cudaSuccess;
-    for (int r = -2; r < reps; r++) {
-        cudaEventRecord(e0, 0);
-        for (int i = 0; i < n; i++)
-            if (cuda_attention(&a[i], 0) != cudaSuccess) err = cudaGetLastError();
-        cudaEventRecord(e1, 0);
-        cudaEventSynchronize(e1);
-        if (r >= 0) cudaEventElapsedTime(&t[r], e0, e1);
-    }
-    if (err == cudaSuccess) err = cudaGetLastError();
-    if (err != cudaSuccess) printf("  error: %s\n", cudaGetErrorString(err));
-    cudaEventDestroy(e0), cudaEventDestroy(e1);
-    qsort(t, reps, sizeof(float), cmpf);
-    return t[reps / 2];
-}
-
-/* Median ms of reps runs of RoPE (cuda_rope_kv) then, with attn, attention */
-static float time_rope_attn(struct cuda_rope_args r, struct cuda_attn_args a, bool attn, int reps)
+/* Median ms of reps runs of the RoPE + KV write r (when not NULL), then the
+ * n steps' attention back to back */
+static float time_steps(const struct cuda_rope_args *r, const struct cuda_attn_args *a, int n, int reps)
 {
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0), cudaEventCreate(&e1);
@@ -131,8 +110,9 @@ static float time_rope_attn(struct cuda_rope_args r, struct cuda_attn_args a, bo
     cudaError_t err = cudaSuccess;
     for (int i = -2; i < reps; i++) {
         cudaEventRecord(e0, 0);
-        if (cuda_rope_kv(&r, 0) != cudaSuccess || (attn && cuda_attention(&a, 0) != cudaSuccess))
-            err = cudaGetLastError();
+        if (r && cuda_rope_kv(r, 0) != cudaSuccess) err = cudaGetLastError();
+        for (int k = 0; k < n; k++)
+            if (cuda_attention(&a[k], 0) != cudaSuccess) err = cudaGetLastError();
         cudaEventRecord(e1, 0);
         cudaEventSynchronize(e1);
         if (i >= 0) cudaEventElapsedTime(&t[i], e0, e1);
@@ -179,7 +159,7 @@ int main(void)
     for (int v = 0; v < 3; v++) {
         double keys;
         struct cuda_attn_args a = step_args(q, kc, vc, dbt, CHUNK, CHUNK, vrows[v], out[v], &keys);
-        float ms = time_steps(&a, 1, 20);
+        float ms = time_steps(NULL, &a, 1, 20);
         printf("  prompt 2048            %-30s %8.3f ms  %7.1f TFLOP/s\n", vname[v], ms,
                4.0 * NH * HD * keys / (ms * 1e9));
         free_args(&a);
@@ -205,7 +185,7 @@ int main(void)
             a[c] = step_args(q, kc, vc, dbt, (c + 1) * CHUNK, CHUNK, vrows[v], out[v], &k);
             keys += k;
         }
-        float ms = time_steps(a, nchunk, v == 0 ? 5 : 20);
+        float ms = time_steps(NULL, a, nchunk, v == 0 ? 5 : 20);
         printf("  16K context, 8 chunks  %-30s %8.3f ms  %7.1f TFLOP/s\n", vname[v], ms,
                4.0 * NH * HD * keys / (ms * 1e9));
         for (int c = 0; c < nchunk; c++) free_args(&a[c]);
@@ -213,7 +193,7 @@ int main(void)
     for (int v = 1; v < 3; v++) { /* SIMT is too slow to matter here */
         double keys;
         struct cuda_attn_args a = batch_args(q, kc, vc, dbt, nchunk, vrows[v], out[v], &keys);
-        float ms = time_steps(&a, 1, 20);
+        float ms = time_steps(NULL, &a, 1, 20);
         printf("  8 prompts of 2048      %-30s %8.3f ms  %7.1f TFLOP/s\n", vname[v], ms,
                4.0 * NH * HD * keys / (ms * 1e9));
         free_args(&a);
@@ -241,7 +221,7 @@ int main(void)
                                    .sin = dup_dev(sn, (size_t)CHUNK * half * 4), .pos = a.pos,
                                    .slots = dup_dev(slots, (size_t)T * 8), .T = T, .H = NH, .KVH = NKVH, .D = HD,
                                    .rope_dim = HD, .eps = 1e-5f, .q = q, .kc = kc, .vc = vc};
-        float ms = time_rope_attn(r, a, true, 20), rms = time_rope_attn(r, a, false, 20);
+        float ms = time_steps(&r, &a, 1, 20), rms = time_steps(&r, &a, 0, 20);
         printf("  8 prompts of 2048      RoPE + KV write, then attention    %8.3f ms (RoPE + KV write %.3f ms, %.0f GB/s)\n",
                ms, rms, (double)T * (2 * NH + 4 * NKVH) * HD * 2 / (rms * 1e6));
         free(cs), free(sn), free(slots);
