@@ -719,7 +719,10 @@ static int kv_alloc(model_backend *mb, int n_blocks, int block_size, char *err, 
     cudaFreeHost(b->hin);
     b->hin = NULL, b->kv_blocks = 0;
     size_t T = b->max_tokens, S = b->max_seqs;
-    b->max_items = (int)(T + S + 256 * CUDA_ATTN_MAXSPLIT);
+    /* items: a step's (splits only in steps of <= 256 tokens), and at least
+     * the grid of every decode graph (Tp * MAXSPLIT, Tp <= S): the kernels
+     * read a block's item before they know n_items */
+    b->max_items = (int)(T + S + (S > 256 ? S : 256) * CUDA_ATTN_MAXSPLIT);
     b->bt_cap = (int)(S * ((size_t)(b->max_ctx + block_size - 1) / block_size + 1));
     struct inlay *y = &b->lay;
     size_t o = 0;
