@@ -10,13 +10,22 @@
  * each GEMM shape in turn, its k-th candidate (the others on candidate 0),
  * on random data under the same sustained load, with each candidate's tile,
  * stages, cluster shape and split-K: whether another algorithm runs faster
- * under the power cap than the one picked for short bursts. Not a test. */
+ * under the power cap than the one picked for short bursts.
+ * SLUICE_BENCH_OVERLAP=1 adds the question whether a step split in two
+ * halves on two streams would hide the memory-bound kernels under the
+ * other half's GEMMs at the power cap: the chain of a layer without
+ * attention (RMSNorm, qkv, o, RMSNorm, gate|up, SwiGLU, down) for 32 layers,
+ * as one 16384-token stream; as two 8192-token halves one after the other;
+ * and as the two halves on two streams at once, the second starting half a
+ * layer later. Not a test. */
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+
+#include "cuda/kernels.h"
 
 /* n bf16 uniform in [-1, 1) at device p (through a host buffer) */
 static void fill(uint16_t *p, size_t n, uint32_t seed)
@@ -126,6 +135,116 @@ static void lt_sweep(const uint16_t *const *w, const uint16_t *x, uint16_t *y, c
     cublasLtDestroy(lt);
 }
 
+/* one stream's buffers and cuBLAS handle for the layer chain of T tokens */
+struct chain {
+    cublasHandle_t h;
+    cudaStream_t st;
+    float *x;                       /* [T][E] residual */
+    uint16_t *xn, *qkv, *att, *gu, *hh, *delta;
+    float *nw;
+    int T;
+};
+
+static void chain_init(struct chain *c, int T, int E, int F, int QKV)
+{
+    c->T = T;
+    cublasCreate(&c->h);
+    cudaStreamCreateWithFlags(&c->st, cudaStreamNonBlocking);
+    cublasSetStream(c->h, c->st);
+    c->x = dalloc((size_t)T * E * 4), c->nw = dalloc((size_t)E * 4);
+    c->xn = dalloc((size_t)T * E * 2), c->qkv = dalloc((size_t)T * QKV * 2), c->att = dalloc((size_t)T * E * 2);
+    c->gu = dalloc((size_t)T * 2 * F * 2), c->hh = dalloc((size_t)T * F * 2), c->delta = dalloc((size_t)T * E * 2);
+    fill(c->xn, (size_t)T * E, 5u), fill(c->att, (size_t)T * E, 6u), fill(c->hh, (size_t)T * F, 7u);
+    fill(c->delta, (size_t)T * E, 8u);
+    cudaMemset(c->x, 0, (size_t)T * E * 4);
+    float *one = malloc((size_t)E * 4);
+    for (int i = 0; i < E; i++) one[i] = 1.0f;
+    cudaMemcpy(c->nw, one, (size_t)E * 4, cudaMemcpyHostToDevice);
+    free(one);
+}
+
+static void gemm_on(struct chain *c, const uint16_t *w, const uint16_t *x, uint16_t *y, int in, int out)
+{
+    const float one = 1, zero = 0;
+    cublasGemmEx(c->h, CUBLAS_OP_T, CUBLAS_OP_N, out, c->T, in, &one, w, CUDA_R_16BF, in, x, CUDA_R_16BF, in, &zero,
+                 y, CUDA_R_16BF, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+}
+
+/* half (0: the attention half, 1: the MLP half) of one layer of the chain */
+static void chain_half(struct chain *c, uint16_t *const *w, int half, int E, int F, int QKV)
+{
+    if (half == 0) {
+        cuda_add_rmsnorm(c->x, c->delta, c->nw, NULL, c->T, E, 1e-5f, c->xn, c->st);
+        gemm_on(c, w[0], c->xn, c->qkv, E, QKV);
+        gemm_on(c, w[1], c->att, c->delta, E, E);
+    } else {
+        cuda_add_rmsnorm(c->x, c->delta, c->nw, NULL, c->T, E, 1e-5f, c->xn, c->st);
+        gemm_on(c, w[2], c->xn, c->gu, E, 2 * F);
+        cuda_swiglu(c->gu, c->T, F, c->hh, c->st);
+        gemm_on(c, w[3], c->hh, c->delta, F, E);
+    }
+}
+
+/* ms per 32 layers (median of 3 after a warm-up) of: mode 0, chain a
+ * alone; 1, a then b on a's stream order (b after a, layer by layer);
+ * 2, a and b on their streams at once, b half a layer behind */
+static float chain_time(struct chain *a, struct chain *b, uint16_t *const *w, int mode, int L, int E, int F, int QKV)
+{
+    cudaEvent_t e0, e1, go, *ev = malloc(sizeof *ev * 2 * L);
+    cudaEventCreate(&e0), cudaEventCreate(&e1), cudaEventCreate(&go);
+    for (int i = 0; i < 2 * L; i++) cudaEventCreateWithFlags(&ev[i], cudaEventDisableTiming);
+    float t[4];
+    for (int r = 0; r < 4; r++) {
+        cudaDeviceSynchronize();
+        cudaEventRecord(e0, a->st);
+        if (mode == 2) cudaStreamWaitEvent(b->st, e0, 0);
+        for (int l = 0; l < L; l++)
+            for (int hf = 0; hf < 2; hf++) {
+                chain_half(a, w, hf, E, F, QKV);
+                if (mode == 1) {
+                    chain_half(b, w, hf, E, F, QKV); /* b's stream waits on a's below */
+                } else if (mode == 2) {
+                    /* b's half hf of layer l once a has issued half hf + 1 */
+                    cudaEventRecord(ev[2 * l + hf], a->st);
+                }
+                if (mode == 2 && (l > 0 || hf > 0)) {
+                    int k = 2 * l + hf - 1;
+                    cudaStreamWaitEvent(b->st, ev[k], 0);
+                    chain_half(b, w, k & 1, E, F, QKV);
+                }
+            }
+        if (mode == 2) {
+            cudaStreamWaitEvent(b->st, ev[2 * L - 1], 0);
+            chain_half(b, w, 1, E, F, QKV);
+            cudaEventRecord(go, b->st);
+            cudaStreamWaitEvent(a->st, go, 0);
+        }
+        cudaEventRecord(e1, a->st);
+        cudaEventSynchronize(e1);
+        cudaEventElapsedTime(&t[r], e0, e1);
+    }
+    for (int i = 0; i < 2 * L; i++) cudaEventDestroy(ev[i]);
+    cudaEventDestroy(e0), cudaEventDestroy(e1), cudaEventDestroy(go), free(ev);
+    float x = t[1], y = t[2], z = t[3]; /* the median of the three after the warm-up */
+    return x > y ? (y > z ? y : x > z ? z : x) : (x > z ? x : y > z ? z : y);
+}
+
+static void overlap(uint16_t *const *w, int T, int E, int F, int QKV, int L)
+{
+    struct chain full, ha, hb;
+    chain_init(&full, T, E, F, QKV), chain_init(&ha, T / 2, E, F, QKV), chain_init(&hb, T / 2, E, F, QKV);
+    /* "in turn": b's handle and kernels on a's stream for mode 1 */
+    for (int r = 0; r < 2; r++) {
+        float one = chain_time(&full, NULL, w, 0, L, E, F, QKV);
+        cublasSetStream(hb.h, ha.st), hb.st = ha.st;
+        float seq = chain_time(&ha, &hb, w, 1, L, E, F, QKV);
+        cudaStreamCreateWithFlags(&hb.st, cudaStreamNonBlocking), cublasSetStream(hb.h, hb.st);
+        float two = chain_time(&ha, &hb, w, 2, L, E, F, QKV);
+        printf("overlap, layer chain without attention, %d tokens x 32 layers: one stream %.1f ms; two halves in "
+               "turn %.1f ms; two halves on two streams %.1f ms\n", T, one, seq, two);
+    }
+}
+
 int main(void)
 {
     const int T = 16384, E = 4096, F = 14336, QKV = 6144, L = 32;
@@ -183,6 +302,8 @@ int main(void)
         printf("gate|up alone, %s activations: best of 20 %.3f ms, %.0f TFLOP/s\n", data ? "zero" : "random", best,
                2.0 * T * g[2].in * g[2].out / (best * 1e-3) / 1e12);
     }
+    const char *ov = getenv("SLUICE_BENCH_OVERLAP");
+    if (ov && *ov == '1') overlap(w, T, E, F, QKV, L);
     const char *lt = getenv("SLUICE_BENCH_LT");
     if (lt && *lt == '1') {
         fill(x, (size_t)T * F, 99u);
