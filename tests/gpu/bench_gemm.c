@@ -202,7 +202,7 @@ static float chain_time(struct chain *a, struct chain *b, uint16_t *const *w, in
             for (int hf = 0; hf < 2; hf++) {
                 chain_half(a, w, hf, E, F, QKV);
                 if (mode == 1) {
-                    chain_half(b, w, hf, E, F, QKV); /* b's stream waits on a's below */
+                    chain_half(b, w, hf, E, F, QKV); /* on a's stream (overlap() sets it): after a's half */
                 } else if (mode == 2) {
                     /* b's half hf of layer l once a has issued half hf + 1 */
                     cudaEventRecord(ev[2 * l + hf], a->st);

@@ -607,7 +607,8 @@ static double attn_run(const char *name, int H, int KVH, int D, int bs, const st
     struct cuda_attn_args a = {
         .q = dup_dev(q, (size_t)T * H * D * 2), .kc = dup_dev(kc, nkv * kvs()), .vc = dup_dev(vc, nkv * kvs()),
         .kv8 = g_kv8, .pos = dup_dev(pos, T * 4), .bt = dup_dev(bt, nblk * 4),
-        .items = items_dev(items, nitems, nitems + 7), .n_items = dup_dev(&nitems, 4), .max_items = nitems + 7, .max_rows = maxrows, .H = H, .KVH = KVH, .D = D, .block_size = bs,
+        .items = items_dev(items, nitems, nitems + 7), .n_items = dup_dev(&nitems, 4), .max_items = nitems + 7,
+        .max_rows = maxrows, .H = H, .KVH = KVH, .D = D, .block_size = bs,
         .scale = scale_mul / sqrtf((float)D),
         .part = poisoned((size_t)(part > 0 ? part : 1) * KVH * CUDA_ATTN_MAXSPLIT * (D + 2) * 4),
         .tok_part = dup_dev(tok_part, T * 4), .tok_nsplit = dup_dev(tok_ns, T * 4), .T = T,
