@@ -150,8 +150,6 @@ struct rank {
     struct cuda_sample_out *sout;   /* [max_seqs] device sampler results (rank 0, N == 1) */
     float *part;                    /* attention split partials */
     int32_t *cnt;                   /* [max_tokens][KVH] the decode attention's split tickets (zero at rest) */
-    struct cuda_mega_layer *mlay;   /* [n_layer] device: the layers for cuda_mega (b->mega) */
-    unsigned *mbar;                 /* cuda_mega's grid barrier counter */
     uint8_t *din;                   /* device mirror of the backend's hin */
     cudaGraphExec_t gexec[NBUCKET];
 
@@ -205,10 +203,6 @@ struct cuda_backend {
                                        SLUICE_CUDA_ATTN_TC=0|64|128 (128) */
     unsigned ablate;                /* ABL_* kernels left out of every step (SLUICE_CUDA_ABLATE, benchmarks
                                        only: the outputs are wrong) */
-    bool mega;                      /* one-token decode steps (one rank) through cuda_mega, every layer in one
-                                       persistent kernel: SLUICE_CUDA_MEGA=1 (off by default) */
-    int mega_ahead, mega_dbg;       /* its ring slots issued past the current phase (SLUICE_MEGA_AHEAD; 0: the
-                                       whole ring), SLUICE_MEGA_DBG (benchmarks only) */
     int dec_kmin;                   /* keys per split at least in the decode kernel: SLUICE_CUDA_DEC_KMIN
                                        (128; a multiple of 32) */
     int dec_attn;                   /* decode-only steps of up to this many tokens take the decode attention
@@ -525,29 +519,6 @@ static int rank_init(struct rank *k, char *err, size_t errlen)
         dmalloc((void **)&k->cnt, T * k->KVH * 4, err, errlen))
         goto fail;
     CK(cudaMemset(k->cnt, 0, T * k->KVH * 4));
-    if (b->mega) {
-        struct cuda_mega_layer *ml = calloc((size_t)c->n_layer, sizeof *ml);
-        if (!ml) {
-            sl_seterr(err, errlen, "out of memory");
-            goto fail;
-        }
-        for (int l = 0; l < c->n_layer; l++) {
-            const struct clayer *L = &k->L[l];
-            ml[l] = (struct cuda_mega_layer){.wqkv = L->wqkv, .wo = L->wo, .wgu = L->wgu, .wdown = L->wdown,
-                                             .attn_norm = L->attn_norm, .ffn_norm = L->ffn_norm, .bqkv = L->bqkv,
-                                             .q_norm = L->q_norm, .k_norm = L->k_norm};
-        }
-        cudaError_t e = cudaSuccess;
-        if (dmalloc((void **)&k->mlay, (size_t)c->n_layer * sizeof *ml, err, errlen) ||
-            dmalloc((void **)&k->mbar, sizeof *k->mbar, err, errlen) ||
-            (e = cudaMemcpy(k->mlay, ml, (size_t)c->n_layer * sizeof *ml, cudaMemcpyHostToDevice)) != cudaSuccess) {
-            free(ml);
-            if (e != cudaSuccess) sl_seterr(err, errlen, "mega layers: %s", cudaGetErrorString(e));
-            goto fail;
-        }
-        free(ml);
-        CK(cuda_mega_prepare());
-    }
     if (N > 1 && (dmalloc((void **)&k->deltaf, T * E * 4, err, errlen) ||
                   dmalloc((void **)&k->amp_all, (size_t)N * S * sizeof *k->amp_all, err, errlen)))
         goto fail;
@@ -629,15 +600,6 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     ge = getenv("SLUICE_CUDA_FUSED");
     b->fused = b->gemv && N == 1 && !(ge && strcmp(ge, "0") == 0) && c->n_embd % 8 == 0 && c->n_ff % 8 == 0 &&
                (c->n_head * c->head_dim) % 8 == 0 && (size_t)CUDA_GEMV_MAX_T * c->n_embd * 2 <= CUDA_GEMV_NORM_SMEM;
-    ge = getenv("SLUICE_CUDA_MEGA");
-    b->mega = b->fused && ge && strcmp(ge, "1") == 0 &&
-              cuda_mega_ok(c->n_embd, c->n_head, c->n_head_kv, c->head_dim, c->rope_dim, c->n_ff, b->kv8);
-    b->mega_ahead = getenv("SLUICE_MEGA_AHEAD") ? atoi(getenv("SLUICE_MEGA_AHEAD")) : 0;
-    b->mega_dbg = getenv("SLUICE_MEGA_DBG") ? atoi(getenv("SLUICE_MEGA_DBG")) : 0;
-    if (ge && strcmp(ge, "1") == 0)
-        fprintf(stderr, "cuda: SLUICE_CUDA_MEGA=1: %s\n",
-                b->mega ? "one-token decode steps run every layer in one kernel (cuda_mega)"
-                        : "not taken (one GPU, sm_90, head_dim 128, a bf16 cache and widths of 1024s needed)");
     ge = getenv("SLUICE_CUDA_ABLATE");
     b->ablate = ablate_parse(ge);
     if (b->ablate) fprintf(stderr, "cuda: SLUICE_CUDA_ABLATE=%s: kernels left out, outputs are wrong\n", ge);
@@ -1011,20 +973,7 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
      * (block) kernels measured slower than the unfused persistent ones
      * (BENCHMARKS.md, 164.4 vs 148.4 us per layer at T = 4) */
     bool fz = b->fused && T == 1;
-    if (fz && b->mega) {
-        /* every layer in one persistent kernel (cuda_mega); x then holds the
-         * last layer's output, as after the fused kernels */
-        struct cuda_mega_args ma = {
-            .L = k->mlay, .n_layer = c->n_layer, .E = E, .H = H, .KVH = KVH, .D = D, .F = F,
-            .neox = c->rope_type == MODEL_ROPE_NEOX, .eps = c->norm_eps, .scale = 1.0f / sqrtf((float)D), .x = k->x,
-            .qkv = k->qkv, .att = k->att, .h = k->h, .part = k->part, .kv = k->kv, .kv_layer = k->kv_layer,
-            .cos = k->rope_cos, .sin = k->rope_sin, .pos = DIN(k, pos, int32_t), .slots = DIN(k, slots, int64_t),
-            .bt = DIN(k, bt, int32_t), .block_size = b->block_size, .bar = k->mbar,
-            .skip_attn = (b->ablate & ABL_ATTN) != 0, .ahead = b->mega_ahead, .dbg = b->mega_dbg,
-        };
-        CK(cuda_mega(&ma, st));
-    }
-    for (int l = 0; l < (fz && b->mega ? 0 : c->n_layer); l++) {
+    for (int l = 0; l < c->n_layer; l++) {
         const struct clayer *L = &k->L[l];
         /* the previous layer's MLP output joins the residual here */
         unsigned ab = b->ablate;
@@ -1409,7 +1358,7 @@ static void rank_free(struct rank *k, const struct model_config *c)
     cudaFree(k->x), cudaFree(k->xn), cudaFree(k->qkv), cudaFree(k->q), cudaFree(k->att), cudaFree(k->delta);
     cudaFree(k->deltaf), cudaFree(k->gu), cudaFree(k->h), cudaFree(k->hfin), cudaFree(k->logits);
     cudaFree(k->amp), cudaFree(k->amp_all), cudaFree(k->tok), cudaFree(k->lp), cudaFree(k->sout), cudaFree(k->part);
-    cudaFree(k->cnt), cudaFree(k->mlay), cudaFree(k->mbar);
+    cudaFree(k->cnt);
     cudaFree(k->din), cudaFree(k->blas_ws);
     if (k->blas) cublasDestroy(k->blas);
     if (k->comm) ncclCommDestroy(k->comm);

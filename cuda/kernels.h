@@ -175,52 +175,6 @@ cudaError_t cuda_gemv_rmsnorm_swiglu(const uint16_t *Wgu, const float *x, const 
  * call it outside graph capture, with no launch in flight on another thread. */
 void cuda_gemv_select(int variant, int pdl, int ch);
 
-/* ---- mega.cu ---- */
-/* Every layer of a one-token decode step (one sequence, one GPU) in one
- * persistent kernel: one block per SM, grid barriers between the phases,
- * and a warp per block streaming the block's share of the weights through
- * shared memory ahead of the compute (mega.cu says how). Each GEMV output is
- * bit for bit the fused one-token kernels' (cuda_gemv_rmsnorm,
- * cuda_gemv_residual, cuda_gemv_rmsnorm_swiglu); attention is its own f32
- * flash-decoding over the paged cache, RoPE and the KV write as
- * cuda_rope_kv's. In: x (the embedding) [E] f32; out: x after the last layer
- * (the final norm is the caller's). */
-struct cuda_mega_layer {
-    const uint16_t *wqkv, *wo, *wgu, *wdown; /* as the backend holds them (one rank) */
-    const float *attn_norm, *ffn_norm;
-    const float *bqkv, *q_norm, *k_norm;     /* or NULL */
-};
-struct cuda_mega_args {
-    const struct cuda_mega_layer *L;  /* [n_layer], device memory */
-    int n_layer, E, H, KVH, D, F;
-    bool neox;
-    float eps, scale;                 /* RMSNorm eps; attention scale */
-    float *x;                         /* [E] f32 residual */
-    uint16_t *qkv, *att, *h;          /* [(H + 2 KVH) D], [H D], [F] bf16 scratch */
-    float *part;                      /* >= H * CUDA_ATTN_MAXSPLIT * (D + 2) floats */
-    uint16_t *kv;                     /* layer l's K at kv + 2 l kv_layer, V after it: [n_slots][KVH][D] bf16 */
-    size_t kv_layer;
-    const float *cos, *sin;           /* [max_ctx][D / 2] */
-    const int32_t *pos;               /* [1] device */
-    const int64_t *slots;             /* [1] device: the new token's KV slot */
-    const int32_t *bt;                /* the sequence's block table, device */
-    int block_size;
-    unsigned *bar;                    /* one counter, device; cuda_mega zeroes it first (a memset node) */
-    int skip_attn;                    /* benchmarks only (SLUICE_CUDA_ABLATE=attn): no attention, outputs wrong */
-    int ahead;                        /* ring slots the producer may issue past the phase the compute is in
-                                         (0: the whole ring) */
-    int dbg;                          /* benchmarks only, outputs wrong: 1 no grid barriers, 4 no norms or
-                                         vector loads */
-    int xv_bytes;                     /* set by cuda_mega */
-};
-/* 1 when cuda_mega takes the shape on this device: sm_90+, head_dim 128 with
- * RoPE over the whole head, 1/2/4/8 query heads per KV head, a bf16 cache,
- * E, H D and F multiples of 1024. */
-int cuda_mega_ok(int E, int H, int KVH, int D, int rope_dim, int F, bool kv8);
-cudaError_t cuda_mega(const struct cuda_mega_args *a, cudaStream_t st);
-/* Raises the kernel's shared-memory limit; call once per device before any graph capture. */
-cudaError_t cuda_mega_prepare(void);
-
 /* ---- act.cu ---- */
 /* h[t][i] = bf16(silu(gu[t][i]) * gu[t][F + i]) for i < F; gu [T][2F], h [T][F] bf16. */
 cudaError_t cuda_swiglu(const uint16_t *gu, int T, int F, uint16_t *h, cudaStream_t st);
