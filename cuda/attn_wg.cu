@@ -47,7 +47,6 @@
 
 #include "cuda/bf16.cuh"
 #include "cuda/kernels.h"
-#include "cuda/mbar.cuh"
 #include "cuda/tile.cuh"
 
 #define WG_BM 128  /* query rows per block: two warpgroups of 64 */
@@ -108,6 +107,34 @@ static __device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t (
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
 
+/* ---- mbarriers (shared memory, CTA scope) ---- */
+static __device__ __forceinline__ void mbar_init(uint32_t bar, int count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+static __device__ __forceinline__ void mbar_arrive(uint32_t bar)
+{
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+/* arrives once every cp.async this thread issued so far has landed */
+static __device__ __forceinline__ void mbar_arrive_cp_async(uint32_t bar)
+{
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+/* waits for the completion of the barrier's phase with this parity */
+static __device__ __forceinline__ void mbar_wait(uint32_t bar, int parity)
+{
+    asm volatile("{\n.reg .pred p;\nWAIT_%=:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra WAIT_%=;\n}\n" ::"r"(bar),
+                 "r"(parity)
+                 : "memory");
+}
+
+/* the barrier expects bytes more of transfers, and this arrival */
+static __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes)
+{
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(bar), "r"(bytes)
+                 : "memory");
+}
 /* the tensor map's box at (c0, c1, c2) into shared memory at dst (the
  * 128-byte swizzle), counted on the barrier */
 static __device__ __forceinline__ void tma_load3(uint32_t dst, const CUtensorMap *m, int c0, int c1, int c2, uint32_t bar)

@@ -46,15 +46,6 @@ static __device__ __forceinline__ void e4m3x8_to_f(uint2 v, float *f)
         f[2 * i] = p.x, f[2 * i + 1] = p.y;
     }
 }
-/* the 8 bf16 of v as floats, in memory order */
-static __device__ __forceinline__ void unpack8(uint4 v, float *f)
-{
-    f[0] = __uint_as_float(v.x << 16), f[1] = __uint_as_float(v.x & 0xffff0000u);
-    f[2] = __uint_as_float(v.y << 16), f[3] = __uint_as_float(v.y & 0xffff0000u);
-    f[4] = __uint_as_float(v.z << 16), f[5] = __uint_as_float(v.z & 0xffff0000u);
-    f[6] = __uint_as_float(v.w << 16), f[7] = __uint_as_float(v.w & 0xffff0000u);
-}
-
 static __device__ __forceinline__ float warp_sum(float v)
 {
     for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

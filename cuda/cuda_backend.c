@@ -203,8 +203,6 @@ struct cuda_backend {
                                        SLUICE_CUDA_ATTN_TC=0|64|128 (128) */
     unsigned ablate;                /* ABL_* kernels left out of every step (SLUICE_CUDA_ABLATE, benchmarks
                                        only: the outputs are wrong) */
-    unsigned gemv_tma;              /* one-token fused GEMVs on cuda_gemv_tma: bit 1 qkv, 2 o, 4 gate|up, 8
-                                       down (SLUICE_CUDA_GEMV_TMA, 0 by default) */
     int dec_kmin;                   /* keys per split at least in the decode kernel: SLUICE_CUDA_DEC_KMIN
                                        (128; a multiple of 32) */
     int dec_attn;                   /* decode-only steps of up to this many tokens take the decode attention
@@ -521,7 +519,6 @@ static int rank_init(struct rank *k, char *err, size_t errlen)
         dmalloc((void **)&k->cnt, T * k->KVH * 4, err, errlen))
         goto fail;
     CK(cudaMemset(k->cnt, 0, T * k->KVH * 4));
-    if (b->gemv_tma) CK(cuda_gemv_tma_prepare());
     if (N > 1 && (dmalloc((void **)&k->deltaf, T * E * 4, err, errlen) ||
                   dmalloc((void **)&k->amp_all, (size_t)N * S * sizeof *k->amp_all, err, errlen)))
         goto fail;
@@ -603,13 +600,6 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     ge = getenv("SLUICE_CUDA_FUSED");
     b->fused = b->gemv && N == 1 && !(ge && strcmp(ge, "0") == 0) && c->n_embd % 8 == 0 && c->n_ff % 8 == 0 &&
                (c->n_head * c->head_dim) % 8 == 0 && (size_t)CUDA_GEMV_MAX_T * c->n_embd * 2 <= CUDA_GEMV_NORM_SMEM;
-    ge = getenv("SLUICE_CUDA_GEMV_TMA");
-    b->gemv_tma = b->fused && ge ? (unsigned)atoi(ge) & 15u : 0;
-    if (b->gemv_tma && !(cuda_gemv_tma_ok(c->n_embd) && cuda_gemv_tma_ok(c->n_head * c->head_dim) &&
-                         cuda_gemv_tma_ok(c->n_ff) && c->n_embd <= 8192)) {
-        fprintf(stderr, "cuda: SLUICE_CUDA_GEMV_TMA: not taken (sm_90 and widths of 1024s needed)\n");
-        b->gemv_tma = 0;
-    }
     ge = getenv("SLUICE_CUDA_ABLATE");
     b->ablate = ablate_parse(ge);
     if (b->ablate) fprintf(stderr, "cuda: SLUICE_CUDA_ABLATE=%s: kernels left out, outputs are wrong\n", ge);
@@ -987,10 +977,7 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
         const struct clayer *L = &k->L[l];
         /* the previous layer's MLP output joins the residual here */
         unsigned ab = b->ablate;
-        unsigned gt = fz ? b->gemv_tma : 0;
-        if (fz && !(ab & ABL_QKV) && (gt & 1)) {
-            CK(cuda_gemv_tma(CUDA_GT_BF16, L->wqkv, NULL, k->x, L->attn_norm, c->norm_eps, k->qkv, E, QKV, st));
-        } else if (fz) {
+        if (fz) {
             if (!(ab & ABL_QKV)) CK(cuda_gemv_rmsnorm(L->wqkv, k->x, L->attn_norm, c->norm_eps, k->qkv, T, E, QKV, st));
         } else {
             if (!(ab & ABL_NORM))
@@ -1019,18 +1006,10 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
         };
         if (!(ab & ABL_ATTN)) CK(cuda_attention(&aa, st));
         if (fz) {
-            if (!(ab & ABL_O) && (gt & 2))
-                CK(cuda_gemv_tma(CUDA_GT_RESID, L->wo, k->att, NULL, NULL, 0, k->x, Q, E, st));
-            else if (!(ab & ABL_O))
-                CK(cuda_gemv_residual(L->wo, k->att, k->x, T, Q, E, st));
-            if (!(ab & ABL_GU) && (gt & 4))
-                CK(cuda_gemv_tma(CUDA_GT_SWIGLU, L->wgu, NULL, k->x, L->ffn_norm, c->norm_eps, k->h, E, F, st));
-            else if (!(ab & ABL_GU))
+            if (!(ab & ABL_O)) CK(cuda_gemv_residual(L->wo, k->att, k->x, T, Q, E, st));
+            if (!(ab & ABL_GU))
                 CK(cuda_gemv_rmsnorm_swiglu(L->wgu, k->x, L->ffn_norm, c->norm_eps, k->h, T, E, F, st));
-            if (!(ab & ABL_DOWN) && (gt & 8))
-                CK(cuda_gemv_tma(CUDA_GT_RESID, L->wdown, k->h, NULL, NULL, 0, k->x, F, E, st));
-            else if (!(ab & ABL_DOWN))
-                CK(cuda_gemv_residual(L->wdown, k->h, k->x, T, F, E, st));
+            if (!(ab & ABL_DOWN)) CK(cuda_gemv_residual(L->wdown, k->h, k->x, T, F, E, st));
             continue;
         }
         if (!(ab & ABL_O) && proj_rows(k, k->att, L->wo, T, Q, E, err, errlen)) goto fail;

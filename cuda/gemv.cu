@@ -77,6 +77,14 @@ static __device__ __forceinline__ uint4 ld_stream(const uint4 *p)
     return v;
 }
 
+static __device__ __forceinline__ void unpack8(uint4 v, float *f)
+{
+    f[0] = __uint_as_float(v.x << 16), f[1] = __uint_as_float(v.x & 0xffff0000u);
+    f[2] = __uint_as_float(v.y << 16), f[3] = __uint_as_float(v.y & 0xffff0000u);
+    f[4] = __uint_as_float(v.z << 16), f[5] = __uint_as_float(v.z & 0xffff0000u);
+    f[6] = __uint_as_float(v.w << 16), f[7] = __uint_as_float(v.w & 0xffff0000u);
+}
+
 enum { EPI_BF16, EPI_F32, EPI_RESID, EPI_SWIGLU };
 
 struct gemv_params {
@@ -92,6 +100,39 @@ struct gemv_params {
 
 static __host__ __device__ constexpr int pow2ceil(int n) { return n <= 1 ? 1 : 2 * pow2ceil((n + 1) / 2); }
 static __host__ __device__ constexpr int log2i(int n) { return n <= 1 ? 0 : 1 + log2i(n / 2); }
+
+/* The rows of x through cuda_add_rmsnorm's arithmetic (norm.cuh) into xs
+ * [NT][in] bf16 (shared memory), by a block of 256 threads: nv <= 1024
+ * virtual threads; virtual warp warp + 8k is this warp's k-th, its sum in
+ * ss[k]. The loops run over i0 outside and k inside so that a thread's loads
+ * (L2 hits) are independent of each other. Ends with a barrier. */
+template <int NT>
+static __device__ __forceinline__ void norm_rows(const gemv_params &p, uint16_t *xs, float *nsh)
+{
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int nv = rms_threads(p.in), nvw = nv / 32;
+    for (int t = 0; t < NT; t++) {
+        const float *xr = p.xf + (size_t)t * p.in;
+        float ss[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 4
+        for (int i0 = 0; i0 < p.in; i0 += nv)
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                int vw = warp + 8 * k, i = i0 + vw * 32 + lane;
+                if (vw < nvw && i < p.in) ss[k] = rms_acc(ss[k], xr[i]);
+            }
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            float s = warp_sum(ss[k]);
+            if (lane == 0 && warp + 8 * k < nvw) nsh[warp + 8 * k] = s;
+        }
+        __syncthreads();
+        float inv = rms_inv(warp_sum(lane < nvw ? nsh[lane] : 0.0f), p.in, p.eps);
+#pragma unroll 4
+        for (int i = tid; i < p.in; i += BT) xs[(size_t)t * p.in + i] = rms_out(p.nw[i], xr[i], inv);
+        __syncthreads(); /* xs complete; nsh free for the next row */
+    }
+}
 
 /* ---- the warp kernel: one row per warp ---- */
 
@@ -144,7 +185,7 @@ static __device__ __forceinline__ void wdot(const wchunks<CH, NR> &c, const uint
  * out + j side by side, each summed exactly as a lone row, and h[j] =
  * silu(g) * u from the two sums rounded to bf16, as cuda_swiglu over
  * cuda_gemv's output). NORM: x normalized by the whole block first
- * (rms_rows256, cuda_add_rmsnorm's bits) into shared memory. Epilogues as in
+ * (norm_rows, cuda_add_rmsnorm's bits) into shared memory. Epilogues as in
  * the block kernel. */
 template <int NT, int EPI, bool NORM, int CH>
 static __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_warp_kernel(const gemv_params p)
@@ -161,7 +202,7 @@ static __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_warp_kernel(const
     wchunks<CH, NR> cur, nxt;
     if (live) cur.load(w, 0, lane, n4);
     pdl_wait(); /* from here on, x may be read */
-    if (NORM) rms_rows256<NT>(p.xf, p.nw, p.eps, p.in, (uint16_t *)xs4, nsh, sync_block{}, ld_plain{});
+    if (NORM) norm_rows<NT>(p, (uint16_t *)xs4, nsh);
     if (!live) return;
     const uint4 *x4 = NORM ? xs4 : (const uint4 *)p.x;
     float acc[NR][NT];
@@ -238,7 +279,7 @@ static __global__ void __launch_bounds__(BT, 2) gemv_block_kernel(const gemv_par
     load();
     pdl_wait(); /* from here on, x may be read */
 
-    if (NORM) rms_rows256<NT>(p.xf, p.nw, p.eps, p.in, (uint16_t *)xs4, nsh, sync_block{}, ld_plain{});
+    if (NORM) norm_rows<NT>(p, (uint16_t *)xs4, nsh);
 
     float acc[RB][NT];
 #pragma unroll

@@ -175,23 +175,6 @@ cudaError_t cuda_gemv_rmsnorm_swiglu(const uint16_t *Wgu, const float *x, const 
  * call it outside graph capture, with no launch in flight on another thread. */
 void cuda_gemv_select(int variant, int pdl, int ch);
 
-/* ---- gemv_tma.cu ---- */
-/* One-token GEMVs with W streamed through shared memory by bulk copies, one
- * block per SM (gemv_tma.cu says why): y = x W^T for one row of x, x bf16
- * [in], or, with x NULL, x the RMSNorm of xf [in] f32 with weight nw (as
- * cuda_gemv_rmsnorm). epi CUDA_GT_BF16: y [out] bf16; CUDA_GT_RESID: y [out]
- * f32 += bf16 of the sum (as cuda_gemv_residual); CUDA_GT_SWIGLU: W [2 out]
- * [in] gate rows then up rows, y [out] bf16 = silu(g) u (as
- * cuda_gemv_swiglu). Bit for bit the T = 1 kernels of gemv.cu. Launched with
- * programmatic dependent launch (pdl.cuh). cudaErrorInvalidValue where
- * !cuda_gemv_tma_ok(in) (or in > 8192 with the norm). */
-enum { CUDA_GT_BF16, CUDA_GT_RESID, CUDA_GT_SWIGLU };
-int cuda_gemv_tma_ok(int in); /* sm_90, in a multiple of 1024 up to 16384 */
-cudaError_t cuda_gemv_tma(int epi, const uint16_t *W, const uint16_t *x, const float *xf, const float *nw, float eps,
-                          void *y, int in, int out, cudaStream_t st);
-/* Raises the kernels' shared-memory limit; call once per device before any graph capture. */
-cudaError_t cuda_gemv_tma_prepare(void);
-
 /* ---- act.cu ---- */
 /* h[t][i] = bf16(silu(gu[t][i]) * gu[t][F + i]) for i < F; gu [T][2F], h [T][F] bf16. */
 cudaError_t cuda_swiglu(const uint16_t *gu, int T, int F, uint16_t *h, cudaStream_t st);

@@ -322,77 +322,6 @@ static void test_gemv_fused(void)
  * run them: eagerly without PDL, then captured in a graph with PDL and
  * replayed; the residual must come out bit-identical (a PDL kernel that read
  * its input before its predecessor finished would show here). */
-/* cuda_gemv_tma against the T = 1 kernels of gemv.cu, bit for bit, for each
- * epilogue with and without the norm prologue (the default variant, whose
- * one-row kernel is the warp kernel), and the bf16 output against the
- * double reference; the decode shapes of Llama-8B and odd ones (rows not a
- * multiple of 8 per block, fewer rows than SMs) */
-static void test_gemv_tma(void)
-{
-    if (!cuda_gemv_tma_ok(1024)) {
-        printf("  note: cuda_gemv_tma needs sm_90: skipped\n");
-        return;
-    }
-    int shapes[][2] = {{4096, 6144}, {4096, 4096}, {14336, 4096}, {4096, 14336}, {1024, 77}, {2048, 1000}, {3072, 5}};
-    CHECK(cuda_gemv_tma_prepare() == cudaSuccess);
-    cuda_gemv_select(3, 1, 4);
-    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
-        int in = shapes[si][0], out = shapes[si][1];
-        uint16_t *w = rand_bf((size_t)2 * out * in, 1), *x = rand_bf(in, 1);
-        float *xr = malloc(in * 4), *nw = malloc(in * 4), *res = malloc(out * 4);
-        for (int i = 0; i < in; i++) xr[i] = 3 * frand(), nw[i] = 1 + 0.5f * frand();
-        for (int i = 0; i < out; i++) res[i] = 2 * frand();
-        uint16_t *dw = dup_dev(w, (size_t)2 * out * in * 2), *dx = dup_dev(x, in * 2);
-        float *dxr = dup_dev(xr, in * 4), *dnw = dup_dev(nw, in * 4);
-        uint16_t *da = poisoned(out * 2), *db = poisoned(out * 2);
-        float *dra = dup_dev(res, out * 4), *drb = dup_dev(res, out * 4);
-        uint16_t *ya = malloc(out * 2), *yb = malloc(out * 2);
-        float *fa = malloc(out * 4), *fbuf = malloc(out * 4);
-        for (int norm = 0; norm < 2; norm++) {
-            if (norm && in > 8192) continue;
-            const uint16_t *tx = norm ? NULL : dx;
-            const float *txf = norm ? dxr : NULL, *tnw = norm ? dnw : NULL;
-            /* bf16 out */
-            CHECK(cuda_gemv_tma(CUDA_GT_BF16, dw, tx, txf, tnw, 1e-5f, da, in, out, 0) == cudaSuccess);
-            if (norm)
-                CHECK(cuda_gemv_rmsnorm(dw, dxr, dnw, 1e-5f, db, 1, in, out, 0) == cudaSuccess);
-            else
-                CHECK(cuda_gemv(dw, dx, db, false, 1, in, out, 0) == cudaSuccess);
-            get(ya, da, out * 2), get(yb, db, out * 2);
-            CHECKF(!memcmp(ya, yb, out * 2), "gemv_tma bf16 norm=%d in=%d out=%d: not the warp kernel's bits", norm,
-                   in, out);
-            if (!norm) {
-                double *ref = malloc(out * 8);
-                ref_gemv(w, x, 1, in, out, ref);
-                for (int i = 0; i < out; i++) fa[i] = fb(ya[i]);
-                double e = nerr(fa, ref, out);
-                CHECKF(e < 6e-3, "gemv_tma in=%d out=%d: err %.3g", in, out, e);
-                free(ref);
-            }
-            /* SwiGLU */
-            cudaMemset(da, 0xff, out * 2), cudaMemset(db, 0xff, out * 2);
-            CHECK(cuda_gemv_tma(CUDA_GT_SWIGLU, dw, tx, txf, tnw, 1e-5f, da, in, out, 0) == cudaSuccess);
-            if (norm)
-                CHECK(cuda_gemv_rmsnorm_swiglu(dw, dxr, dnw, 1e-5f, db, 1, in, out, 0) == cudaSuccess);
-            else
-                CHECK(cuda_gemv_swiglu(dw, dx, db, 1, in, out, 0) == cudaSuccess);
-            get(ya, da, out * 2), get(yb, db, out * 2);
-            CHECKF(!memcmp(ya, yb, out * 2), "gemv_tma swiglu norm=%d in=%d out=%d: not the warp kernel's bits",
-                   norm, in, out);
-        }
-        /* residual (bf16 x only, as the o and down projections) */
-        CHECK(cuda_gemv_tma(CUDA_GT_RESID, dw, dx, NULL, NULL, 0, dra, in, out, 0) == cudaSuccess);
-        CHECK(cuda_gemv_residual(dw, dx, drb, 1, in, out, 0) == cudaSuccess);
-        get(fa, dra, out * 4), get(fbuf, drb, out * 4);
-        CHECKF(!memcmp(fa, fbuf, out * 4), "gemv_tma residual in=%d out=%d: not the warp kernel's bits", in, out);
-        CHECK(cudaDeviceSynchronize() == cudaSuccess);
-        cudaFree(dw), cudaFree(dx), cudaFree(dxr), cudaFree(dnw), cudaFree(da), cudaFree(db), cudaFree(dra),
-            cudaFree(drb);
-        free(w), free(x), free(xr), free(nw), free(res), free(ya), free(yb), free(fa), free(fbuf);
-    }
-    cuda_gemv_select(-1, -1, -1);
-}
-
 static void test_gemv_layers_graph(void)
 {
     const int T = 2, E = 2048, F = 5632, QKV = 3072, L = 4;
@@ -1076,7 +1005,6 @@ int main(void)
     RUN(test_gemv);
     RUN(test_gemv_fused);
     RUN(test_gemv_layers_graph);
-    RUN(test_gemv_tma);
     RUN(test_argmax);
     RUN(test_rope_kv);
     RUN(test_attention);
