@@ -836,6 +836,9 @@ static bool dec_kernel(const struct cuda_backend *b, bool decode, int T)
     return decode && T <= b->dec_attn && cuda_attention_dec_ok(b->c.head_dim, b->c.n_head / b->c.n_head_kv);
 }
 
+/* blocks of a sequence's table that the step reads (its share of the flat bt) */
+static int seq_blocks(const struct step_seq *q, int bs) { return (q->context_len + bs - 1) / bs; }
+
 static size_t pack_step(struct cuda_backend *b, const struct step *s, int Tp, int *R)
 {
     int T = s->n_tokens, bs = b->block_size, grp = b->c.n_head / b->c.n_head_kv, KVH = b->r[0].KVH;
@@ -860,7 +863,7 @@ static size_t pack_step(struct cuda_backend *b, const struct step *s, int Tp, in
     int nbt = 0, r = 0, tiles = 0;
     for (int i = 0; i < s->n_seqs; i++) {
         const struct step_seq *q = &s->seqs[i];
-        int nb = (q->context_len + bs - 1) / bs;
+        int nb = seq_blocks(q, bs);
         if (nbt + nb > b->bt_cap) return 0;
         memcpy(bt + nbt, q->block_table, (size_t)nb * 4);
         nbt += nb;
@@ -884,7 +887,7 @@ static size_t pack_step(struct cuda_backend *b, const struct step *s, int Tp, in
     /* keys per split at least: the decode kernel's 4 warps take 32 each */
     bool dk = dec_kernel(b, decode, Tp);
     int n = 0, part = 0, kmin = dk ? b->dec_kmin : 64, kround = dk && b->dec_kmin % 128 == 0 ? 128 : 32;
-    for (int i = 0, bt0 = 0; i < s->n_seqs; bt0 += (s->seqs[i].context_len + bs - 1) / bs, i++) {
+    for (int i = 0, bt0 = 0; i < s->n_seqs; bt0 += seq_blocks(&s->seqs[i], bs), i++) {
         const struct step_seq *q = &s->seqs[i];
         for (int t0 = q->query_start; t0 < q->query_start + q->query_len; t0 += qt) {
             int nq = q->query_start + q->query_len - t0 < qt ? q->query_start + q->query_len - t0 : qt;
