@@ -36,12 +36,27 @@ cudaError_t cuda_embed(const uint16_t *tab, const int32_t *ids, int T, int E, fl
 cudaError_t cuda_add_rmsnorm(float *x, const uint16_t *delta, const float *w, const int32_t *rows, int T,
                              int E, float eps, uint16_t *out, cudaStream_t st);
 
+/* The residual in bf16 (steps on cuBLAS at TP=1; cuda_backend.c says when):
+ * cuda_embed_bf16 is cuda_embed into bf16 x [T][E] (the table's bits).
+ * cuda_rmsnorm_bf16: for r < T, v = x[rows ? rows[r] : r] (bf16 [*][E]),
+ * inv = 1/rms(v) in f32; out[r] = bf16(w * (v * inv)) when out != NULL (w [E]
+ * f32), rs[r] = inv when rs != NULL (f32 [T]: the scale a folded norm leaves
+ * to the projection's consumers, cuda_rope_args.rs and cuda_swiglu's rs).
+ * cuda_scale_cols: W[r][c] = bf16(W[r][c] * g[c]) for W [rows][cols] bf16:
+ * a norm's weight folded into the projection after it (at load). */
+cudaError_t cuda_embed_bf16(const uint16_t *tab, const int32_t *ids, int T, int E, uint16_t *x, cudaStream_t st);
+cudaError_t cuda_rmsnorm_bf16(const uint16_t *x, const float *w, const int32_t *rows, int T, int E, float eps,
+                              uint16_t *out, float *rs, cudaStream_t st);
+cudaError_t cuda_scale_cols(uint16_t *W, size_t rows, int cols, const float *g, cudaStream_t st);
+
 /* ---- rope.cu ---- */
 struct cuda_rope_args {
     const uint16_t *qkv;    /* [T][(H + 2*KVH) * D] bf16: q heads, k heads, v heads */
     const float *bias;      /* [(H + 2*KVH) * D] or NULL (qwen2) */
     const float *q_norm, *k_norm; /* [D] or NULL (qwen3) */
     const float *cos, *sin; /* [max_ctx][rope_dim/2] */
+    const float *rs;        /* [T] or NULL: token t's projection is scaled by rs[t] before the bias (the folded
+                             * RMSNorm's 1/rms, cuda_rmsnorm_bf16) */
     const int32_t *pos;     /* [T] */
     const int64_t *slots;   /* [T] KV slot of each token */
     int T, H, KVH, D, rope_dim;
@@ -176,8 +191,9 @@ cudaError_t cuda_gemv_rmsnorm_swiglu(const uint16_t *Wgu, const float *x, const 
 void cuda_gemv_select(int variant, int pdl, int ch);
 
 /* ---- act.cu ---- */
-/* h[t][i] = bf16(silu(gu[t][i]) * gu[t][F + i]) for i < F; gu [T][2F], h [T][F] bf16. */
-cudaError_t cuda_swiglu(const uint16_t *gu, int T, int F, uint16_t *h, cudaStream_t st);
+/* h[t][i] = bf16(silu(g) * u) for i < F, g = gu[t][i] * s, u = gu[t][F + i] * s, s = rs ? rs[t] : 1
+ * (the folded RMSNorm's scale, cuda_rmsnorm_bf16); gu [T][2F], h [T][F] bf16. */
+cudaError_t cuda_swiglu(const uint16_t *gu, const float *rs, int T, int F, uint16_t *h, cudaStream_t st);
 
 /* ---- sample.cu ---- */
 /* For each row r < R of logits [R][V] f32: tok[r] = argmax (lowest id on ties),

@@ -180,7 +180,7 @@ static void chain_half(struct chain *c, uint16_t *const *w, int half, int E, int
     } else {
         cuda_add_rmsnorm(c->x, c->delta, c->nw, NULL, c->T, E, 1e-5f, c->xn, c->st);
         gemm_on(c, w[2], c->xn, c->gu, E, 2 * F);
-        cuda_swiglu(c->gu, c->T, F, c->hh, c->st);
+        cuda_swiglu(c->gu, NULL, c->T, F, c->hh, c->st);
         gemm_on(c, w[3], c->hh, c->delta, F, E);
     }
 }

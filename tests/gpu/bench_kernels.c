@@ -77,7 +77,7 @@ static void bench_layers(int mode, int variant, int pdl, int T, uint16_t *const 
             bad |= cuda_gemv(wo, qkv, delta, false, T, E, E, st) != cudaSuccess;
             bad |= cuda_add_rmsnorm(x, delta, nw, NULL, T, E, 1e-5f, xn, st) != cudaSuccess;
             bad |= cuda_gemv(wgu, xn, gu, false, T, E, 2 * F, st) != cudaSuccess;
-            bad |= cuda_swiglu(gu, T, F, hh, st) != cudaSuccess;
+            bad |= cuda_swiglu(gu, NULL, T, F, hh, st) != cudaSuccess;
             bad |= cuda_gemv(wd, hh, delta, false, T, F, E, st) != cudaSuccess;
         } else {
             bad |= cuda_gemv_rmsnorm(wq, x, nw, 1e-5f, qkv, T, E, QKV, st) != cudaSuccess;
@@ -179,7 +179,7 @@ int main(void)
     /* the small kernels at T = 1 */
     uint16_t *xn = dalloc((size_t)E * 2), *gu = dalloc((size_t)2 * F * 2), *hh = dalloc((size_t)F * 2);
     TIME("add_rmsnorm T=1 E=4096", (double)E * 8, cuda_add_rmsnorm(xr, xn, nw, NULL, 1, E, 1e-5f, xn, 0));
-    TIME("swiglu T=1 F=14336", (double)F * 6, cuda_swiglu(gu, 1, F, hh, 0));
+    TIME("swiglu T=1 F=14336", (double)F * 6, cuda_swiglu(gu, NULL, 1, F, hh, 0));
     int32_t *tok = dalloc(64);
     float *logits = dalloc((size_t)V * 4);
     cudaMemset(logits, 0, (size_t)V * 4);

@@ -101,27 +101,99 @@ static void test_embed_rmsnorm(void)
     }
 }
 
-/* F % 8 == 0 takes the 16-byte kernel, any other F the one-element kernel */
+/* The bf16 residual's kernels: cuda_embed_bf16 (the table's bits),
+ * cuda_rmsnorm_bf16 (normalized rows and/or each row's 1/rms; gathered
+ * rows; E a multiple of 1024 takes the wide kernel) and cuda_scale_cols
+ * (bit for bit bf16(W * g) rounded as the C side rounds). */
+static void test_rmsnorm_bf16(void)
+{
+    int shapes[][2] = {{1, 64}, {7, 576}, {33, 4096}, {5, 1000}, {6, 3072}, {40, 8192}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        int T = shapes[si][0], E = shapes[si][1], V = 50;
+        uint16_t *tab = malloc((size_t)V * E * 2), *x = malloc((size_t)T * E * 2), *out = malloc((size_t)T * E * 2);
+        int32_t ids[64], rows[64];
+        float *w = malloc(E * 4), *o = malloc((size_t)T * E * 4), rs[64];
+        for (int i = 0; i < V * E; i++) tab[i] = bf(3 * frand());
+        for (int i = 0; i < E; i++) w[i] = 1.0f + 0.5f * frand();
+        for (int t = 0; t < T; t++) ids[t] = (t * 7 + 3) % V, rows[t] = T - 1 - t;
+        uint16_t *dtab = dup_dev(tab, (size_t)V * E * 2), *dx = poisoned((size_t)T * E * 2);
+        uint16_t *dout = poisoned((size_t)T * E * 2);
+        int32_t *dids = dup_dev(ids, sizeof ids), *drows = dup_dev(rows, sizeof rows);
+        float *dw = dup_dev(w, E * 4), *drs = poisoned(64 * 4);
+        CHECK(cuda_embed_bf16(dtab, dids, T, E, dx, 0) == cudaSuccess);
+        get(x, dx, (size_t)T * E * 2);
+        int diff = 0;
+        for (int t = 0; t < T; t++) diff += memcmp(x + (size_t)t * E, tab + (size_t)ids[t] * E, (size_t)E * 2) != 0;
+        CHECKF(diff == 0, "T=%d E=%d: embed_bf16 differs in %d rows", T, E, diff);
+        double *ref = malloc((size_t)T * E * 8), rref[64];
+        for (int t = 0; t < T; t++) {
+            double ss = 0;
+            for (int i = 0; i < E; i++) ss += (double)fb(x[(size_t)t * E + i]) * fb(x[(size_t)t * E + i]);
+            rref[t] = 1.0 / sqrt(ss / E + 1e-5);
+        }
+        for (int pass = 0; pass < 3; pass++) {
+            /* 0: out and rs; 1: gathered rows, out only; 2: rs only */
+            cudaMemset(dout, 0xff, (size_t)T * E * 2), cudaMemset(drs, 0xff, 64 * 4);
+            CHECK(cuda_rmsnorm_bf16(dx, dw, pass == 1 ? drows : NULL, T, E, 1e-5f, pass == 2 ? NULL : dout,
+                                    pass == 1 ? NULL : drs, 0) == cudaSuccess);
+            get(out, dout, (size_t)T * E * 2), get(rs, drs, 64 * 4);
+            double rerr = 0;
+            for (int r = 0; r < T; r++) {
+                int t = pass == 1 ? rows[r] : r;
+                for (int i = 0; i < E; i++) {
+                    ref[(size_t)r * E + i] = w[i] * fb(x[(size_t)t * E + i]) * rref[t];
+                    o[(size_t)r * E + i] = fb(out[(size_t)r * E + i]);
+                }
+                if (pass != 1) rerr = fmax(rerr, isnan(rs[r]) ? INFINITY : fabs(rs[r] - rref[t]) / rref[t]);
+            }
+            double e = pass == 2 ? 0 : nerr(o, ref, (size_t)T * E);
+            CHECKF(e < 4e-3 && rerr < 1e-5, "T=%d E=%d pass %d: norm err %.3g, 1/rms err %.3g", T, E, pass, e, rerr);
+            if (pass == 2) {
+                int touched = 0; /* out must stay unwritten */
+                for (size_t i = 0; i < (size_t)T * E; i++) touched += out[i] != 0xffff;
+                CHECKF(touched == 0, "T=%d E=%d: rs only wrote %d outputs", T, E, touched);
+            }
+            if (pass == 0) printf("  embed_bf16+rmsnorm_bf16 T=%d E=%d: err %.2e, 1/rms %.2e\n", T, E, e, rerr);
+        }
+        /* the fold: rows of E columns scaled by w */
+        CHECK(cuda_scale_cols(dtab, V, E, dw, 0) == cudaSuccess);
+        uint16_t *sc = malloc((size_t)V * E * 2);
+        get(sc, dtab, (size_t)V * E * 2);
+        size_t bad = 0;
+        for (size_t i = 0; i < (size_t)V * E; i++) bad += sc[i] != bf(fb(tab[i]) * w[i % E]);
+        CHECKF(bad == 0, "E=%d: scale_cols differs in %zu of %zu", E, bad, (size_t)V * E);
+        free(tab), free(x), free(out), free(w), free(o), free(ref), free(sc);
+        cudaFree(dtab), cudaFree(dx), cudaFree(dout), cudaFree(dids), cudaFree(drows), cudaFree(dw), cudaFree(drs);
+    }
+}
+
+/* F % 8 == 0 takes the 16-byte kernel, any other F the one-element kernel;
+ * each with and without the folded norm's per-token scale */
 static void test_swiglu(void)
 {
-    for (int F = 1111, T = 13; F <= 1112; F++, T += 4) {
+    for (int run = 0; run < 4; run++) {
+        int F = 1111 + run % 2, T = 13 + 4 * (run % 2);
+        bool scaled = run >= 2;
         uint16_t *gu = malloc((size_t)T * 2 * F * 2), *h = malloc((size_t)T * F * 2);
+        float rs[32];
         for (int i = 0; i < T * 2 * F; i++) gu[i] = bf(4 * frand());
+        for (int t = 0; t < T; t++) rs[t] = scaled ? 0.25f + 1.5f * (frand() + 1) : 1.0f;
         uint16_t *dgu = dup_dev(gu, (size_t)T * 2 * F * 2), *dh = poisoned((size_t)T * F * 2);
-        CHECK(cuda_swiglu(dgu, T, F, dh, 0) == cudaSuccess);
+        float *drs = scaled ? dup_dev(rs, sizeof rs) : NULL;
+        CHECK(cuda_swiglu(dgu, drs, T, F, dh, 0) == cudaSuccess);
         get(h, dh, (size_t)T * F * 2);
         double *ref = malloc((size_t)T * F * 8);
         float *o = malloc((size_t)T * F * 4);
         for (int t = 0; t < T; t++)
             for (int j = 0; j < F; j++) {
-                double g = fb(gu[(size_t)t * 2 * F + j]), u = fb(gu[(size_t)t * 2 * F + F + j]);
+                double g = fb(gu[(size_t)t * 2 * F + j]) * rs[t], u = fb(gu[(size_t)t * 2 * F + F + j]) * rs[t];
                 ref[(size_t)t * F + j] = g / (1 + exp(-g)) * u;
                 o[(size_t)t * F + j] = fb(h[(size_t)t * F + j]);
             }
         double e = nerr(o, ref, (size_t)T * F);
         CHECKF(e < 4e-3, "swiglu err %.3g", e);
-        printf("  swiglu T=%d F=%d: err %.2e\n", T, F, e);
-        free(gu), free(h), free(ref), free(o), cudaFree(dgu), cudaFree(dh);
+        printf("  swiglu T=%d F=%d%s: err %.2e\n", T, F, scaled ? " scaled" : "", e);
+        free(gu), free(h), free(ref), free(o), cudaFree(dgu), cudaFree(dh), cudaFree(drs);
     }
 }
 
@@ -262,7 +334,7 @@ static void test_gemv_fused(void)
             CHECKF(e < 6e-3, "gemv_swiglu %s T=%d in=%d F=%d: err %.3g", vn, T, in, F, e);
             if (exact) {
                 CHECK(cuda_gemv(dw, dx, dgu, false, T, in, 2 * F, 0) == cudaSuccess);
-                CHECK(cuda_swiglu(dgu, T, F, dh, 0) == cudaSuccess);
+                CHECK(cuda_swiglu(dgu, NULL, T, F, dh, 0) == cudaSuccess);
                 get(u1, dh, ny * 2);
                 CHECKF(!memcmp(y, u1, ny * 2), "gemv_swiglu %s T=%d in=%d: not swiglu(gemv)", vn, T, in);
             }
@@ -304,7 +376,7 @@ static void test_gemv_fused(void)
             if (exact) {
                 CHECK(cuda_add_rmsnorm(dscr, NULL, dnw, NULL, T, in, 1e-5f, dxn, 0) == cudaSuccess);
                 CHECK(cuda_gemv(dw, dxn, dgu, false, T, in, 2 * F, 0) == cudaSuccess);
-                CHECK(cuda_swiglu(dgu, T, F, dh, 0) == cudaSuccess);
+                CHECK(cuda_swiglu(dgu, NULL, T, F, dh, 0) == cudaSuccess);
                 get(u1, dh, ny * 2);
                 CHECKF(!memcmp(y, u1, ny * 2), "gemv_rmsnorm_swiglu %s T=%d in=%d: not the unfused chain", vn, T, in);
             }
@@ -446,6 +518,9 @@ static void test_rope_kv(void)
         g_kv8 = variant >= 4;
         int T = 9, H = 6, KVH = 2, D = v >= 2 ? 128 : 64, rd = v == 1 ? 32 : D, half = rd / 2;
         bool neox = v == 1 || v == 2, qkn = v == 1 || v == 3, bias = v >= 2;
+        bool scaled = variant % 4 != 0; /* the folded norm's per-token scale (cuda_rope_args.rs) */
+        float rs[16];
+        for (int t = 0; t < 16; t++) rs[t] = scaled ? 0.25f + 1.5f * (frand() + 1) : 1.0f;
         int NH = H + 2 * KVH, maxctx = 4096, nslots = 64;
         uint16_t *qkv = malloc((size_t)T * NH * D * 2);
         for (int i = 0; i < T * NH * D; i++) qkv[i] = bf(frand());
@@ -465,6 +540,7 @@ static void test_rope_kv(void)
             .qkv = dup_dev(qkv, (size_t)T * NH * D * 2), .bias = bias ? dup_dev(b, NH * D * 4) : NULL,
             .q_norm = qkn ? dup_dev(qn, D * 4) : NULL, .k_norm = qkn ? dup_dev(kn, D * 4) : NULL,
             .cos = dup_dev(cs, (size_t)maxctx * half * 4), .sin = dup_dev(sn, (size_t)maxctx * half * 4),
+            .rs = scaled ? dup_dev(rs, sizeof rs) : NULL,
             .pos = dup_dev(pos, sizeof pos), .slots = dup_dev(slots, sizeof slots), .T = T, .H = H, .KVH = KVH,
             .D = D, .rope_dim = rd, .neox = neox, .eps = 1e-6f, .q = poisoned((size_t)T * H * D * 2),
             .kc = poisoned((size_t)nslots * KVH * D * kvs()), .vc = poisoned((size_t)nslots * KVH * D * kvs()),
@@ -482,7 +558,8 @@ static void test_rope_kv(void)
         for (int t = 0; t < T; t++)
             for (int h = 0; h < NH; h++) {
                 double v[256];
-                for (int d = 0; d < D; d++) v[d] = fb(qkv[((size_t)t * NH + h) * D + d]) + (bias ? b[h * D + d] : 0);
+                for (int d = 0; d < D; d++)
+                    v[d] = (double)fb(qkv[((size_t)t * NH + h) * D + d]) * rs[t] + (bias ? b[h * D + d] : 0);
                 int kind = h < H ? 0 : h < H + KVH ? 1 : 2;
                 if (qkn && kind < 2) {
                     double ss = 0;
@@ -511,11 +588,12 @@ static void test_rope_kv(void)
         double e = nerr(o, ref, n);
         CHECKF(e < (g_kv8 ? 4e-2 : 4e-3) && !far, "rope variant %d%s: err %.3g, %d fp8 values off", v,
                g_kv8 ? " (fp8 KV)" : "", e, far);
-        printf("  rope_kv %s%s%s D=%d rope_dim=%d%s: err %.2e\n", neox ? "neox" : "norm", qkn ? "+qknorm" : "",
-               bias ? "+bias" : "", D, rd, g_kv8 ? ", fp8 KV" : "", e);
+        printf("  rope_kv %s%s%s%s D=%d rope_dim=%d%s: err %.2e\n", neox ? "neox" : "norm", qkn ? "+qknorm" : "",
+               bias ? "+bias" : "", scaled ? "+scale" : "", D, rd, g_kv8 ? ", fp8 KV" : "", e);
         free(qkv), free(b), free(qn), free(kn), free(cs), free(sn), free(q), free(kc), free(vc), free(ref), free(o);
         cudaFree((void *)a.qkv), cudaFree((void *)a.bias), cudaFree((void *)a.q_norm), cudaFree((void *)a.k_norm);
         cudaFree((void *)a.cos), cudaFree((void *)a.sin), cudaFree((void *)a.pos), cudaFree((void *)a.slots);
+        cudaFree((void *)a.rs);
         cudaFree(a.q), cudaFree(a.kc), cudaFree(a.vc);
     }
     g_kv8 = false;
@@ -1001,6 +1079,7 @@ int main(void)
         return 0;
     }
     RUN(test_embed_rmsnorm);
+    RUN(test_rmsnorm_bf16);
     RUN(test_swiglu);
     RUN(test_gemv);
     RUN(test_gemv_fused);
