@@ -7,39 +7,37 @@
 #include "cuda/bf16.cuh"
 #include "cuda/kernels.h"
 
-/* r: the folded norm's scale of the token (1: none, exact) */
-static __device__ __forceinline__ uint16_t swiglu1(uint16_t g16, uint16_t u16, float r)
+static __device__ __forceinline__ uint16_t swiglu1(uint16_t g16, uint16_t u16)
 {
-    float g = bf2f(g16) * r, u = bf2f(u16) * r;
+    float g = bf2f(g16), u = bf2f(u16);
     return f2bf(g / (1.0f + __expf(-g)) * u);
 }
 
-static __global__ void swiglu_kernel(const uint16_t *gu, const float *rs, int T, int F, uint16_t *h)
+static __global__ void swiglu_kernel(const uint16_t *gu, int T, int F, uint16_t *h)
 {
     size_t n = (size_t)T * F;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         size_t t = i / F, j = i % F;
-        h[i] = swiglu1(gu[t * 2 * F + j], gu[t * 2 * F + F + j], rs ? rs[t] : 1.0f);
+        h[i] = swiglu1(gu[t * 2 * F + j], gu[t * 2 * F + F + j]);
     }
 }
 
 /* F8 = F / 8: 16-byte chunks of a row of h */
-static __global__ void swiglu8_kernel(const uint4 *gu, const float *rs, int T, int F8, uint4 *h)
+static __global__ void swiglu8_kernel(const uint4 *gu, int T, int F8, uint4 *h)
 {
     size_t n = (size_t)T * F8;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         size_t t = i / F8, j = i % F8;
-        float r = rs ? rs[t] : 1.0f;
         uint4 g = __ldcs(gu + t * 2 * F8 + j), u = __ldcs(gu + t * 2 * F8 + F8 + j), o;
         const uint16_t *gh = (const uint16_t *)&g, *uh = (const uint16_t *)&u;
         uint16_t *oh = (uint16_t *)&o;
 #pragma unroll
-        for (int e = 0; e < 8; e++) oh[e] = swiglu1(gh[e], uh[e], r);
+        for (int e = 0; e < 8; e++) oh[e] = swiglu1(gh[e], uh[e]);
         h[i] = o;
     }
 }
 
-extern "C" cudaError_t cuda_swiglu(const uint16_t *gu, const float *rs, int T, int F, uint16_t *h, cudaStream_t st)
+extern "C" cudaError_t cuda_swiglu(const uint16_t *gu, int T, int F, uint16_t *h, cudaStream_t st)
 {
     bool vec = F % 8 == 0 && ((uintptr_t)gu | (uintptr_t)h) % 16 == 0;
     size_t n = (size_t)T * F / (vec ? 8 : 1);
@@ -47,8 +45,8 @@ extern "C" cudaError_t cuda_swiglu(const uint16_t *gu, const float *rs, int T, i
     size_t blocks = (n + 255) / 256;
     if (blocks > 132 * 16) blocks = 132 * 16;
     if (vec)
-        swiglu8_kernel<<<(unsigned)blocks, 256, 0, st>>>((const uint4 *)gu, rs, T, F / 8, (uint4 *)h);
+        swiglu8_kernel<<<(unsigned)blocks, 256, 0, st>>>((const uint4 *)gu, T, F / 8, (uint4 *)h);
     else
-        swiglu_kernel<<<(unsigned)blocks, 256, 0, st>>>(gu, rs, T, F, h);
+        swiglu_kernel<<<(unsigned)blocks, 256, 0, st>>>(gu, T, F, h);
     return cudaGetLastError();
 }

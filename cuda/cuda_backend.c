@@ -4,9 +4,12 @@
  * Numerics: every weight matrix is converted to bf16 at creation (GGUF
  * Q4_0/Q4_1/Q8_0/F16 dequantized on the host with model_tensor_to_f32, then
  * rounded to nearest even); norm weights and biases stay f32. Activations
- * between kernels are bf16, the residual stream is f32, every GEMM (cuBLAS,
- * bf16 in, f32 compute) and every reduction accumulates in f32. Fused Q|K|V
- * and gate|up matrices make one GEMM each.
+ * between kernels are bf16, every GEMM (cuBLAS, bf16 in, f32 compute) and
+ * every reduction accumulates in f32. The residual stream is f32 in steps on
+ * our GEMVs (decode of up to CUDA_GEMV_MAX_T tokens) and with N > 1; in the
+ * other steps (prefill, large decode batches) it is bf16, as in HF
+ * transformers and vLLM, and cuBLAS adds each projection into it in its
+ * epilogue. Fused Q|K|V and gate|up matrices make one GEMM each.
  *
  * Tensor parallelism (opts->tensor_parallel_size = N > 1, Megatron style):
  * rank k runs on device k with its own stream, cuBLAS handle and NCCL
@@ -138,10 +141,11 @@ struct rank {
     size_t kv_layer;                /* elements of one layer's K (or V) */
 
     /* activations, [max_tokens] rows unless said otherwise, device */
-    float *x;                       /* [E] f32 residual */
-    uint16_t *xn, *qkv, *q, *att, *delta, *gu, *h; /* [E], [QKV/N], [Q/N], [Q/N], [E], [2F/N], [F/N] */
+    uint16_t *xb;                   /* [E] the bf16 residual (N == 1) */
+    float *x;                       /* [E] the f32 residual (N > 1) */
+    uint16_t *xn, *qkv, *q, *att, *gu, *h; /* [E], [QKV/N], [Q/N], [Q/N], [2F/N], [F/N] */
+    uint16_t *delta;                /* [E] a projection's all-reduced output, to add to x (N > 1) */
     float *deltaf;                  /* [E] f32 partial sums before the all-reduce (N > 1) */
-    float *rs;                      /* one float a token: its 1/rms of the residual (b->resid == 2) */
     uint16_t *hfin;                 /* [max_seqs][E] */
     float *logits;                  /* [max_seqs][vn] */
     struct cuda_argmax_part *amp;   /* [CUDA_ARGMAX_SLICES][max_seqs]: the argmax's partial reductions */
@@ -202,11 +206,6 @@ struct cuda_backend {
                                        BENCHMARKS.md) */
     int tc_rows;                    /* rows per prefill attention item on the tensor cores (64 or 128), 0 = off:
                                        SLUICE_CUDA_ATTN_TC=0|64|128 (128) */
-    int resid;                      /* steps on cuBLAS at TP=1 (blas_resid): 0 the f32 residual as in decode;
-                                       1 the residual in bf16 (delta's buffer), added in the o and down
-                                       GEMMs' epilogues, then RMSNorm from it; 2 as 1, with the norm weights
-                                       folded into wqkv/wgu at load and the 1/rms scale left to RoPE and
-                                       SwiGLU (no normalized copy). SLUICE_CUDA_RESID=0|1|2 */
     unsigned ablate;                /* ABL_* kernels left out of every step (SLUICE_CUDA_ABLATE, benchmarks
                                        only: the outputs are wrong) */
     int dec_kmin;                   /* keys per split at least in the decode kernel: SLUICE_CUDA_DEC_KMIN
@@ -490,16 +489,6 @@ static int rank_init(struct rank *k, char *err, size_t errlen)
         MAT(L->wdown, &lw->w_down, F, 0, E, id * Fl, Fl);
         VEC(L->attn_norm, &lw->attn_norm, 0, E);
         VEC(L->ffn_norm, &lw->ffn_norm, 0, E);
-        if (b->resid == 2) {
-            /* the norm weights move into the projections they feed; the norms
-             * that remain (decode, TP) then scale by ones */
-            CK(cuda_scale_cols(L->wqkv, QKVl, (int)E, L->attn_norm, k->st));
-            CK(cuda_scale_cols(L->wgu, 2 * Fl, (int)E, L->ffn_norm, k->st));
-            CK(cudaStreamSynchronize(k->st));
-            for (size_t i = 0; i < E; i++) tmp[i] = 1.0f;
-            CK(cudaMemcpy(L->attn_norm, tmp, E * sizeof(float), cudaMemcpyHostToDevice));
-            CK(cudaMemcpy(L->ffn_norm, tmp, E * sizeof(float), cudaMemcpyHostToDevice));
-        }
         if (c->qkv_bias) {
             if (dmalloc((void **)&L->bqkv, QKVl * sizeof(float), err, errlen) ||
                 upload_f32(&lw->bq, (int64_t)(id * Ql), (int64_t)Ql, L->bqkv, err, errlen) ||
@@ -522,13 +511,15 @@ static int rank_init(struct rank *k, char *err, size_t errlen)
     if (rope_tables(k, err, errlen)) goto fail;
 
     size_t T = b->max_tokens, S = b->max_seqs;
-    if (dmalloc((void **)&k->x, T * E * 4, err, errlen) || dmalloc((void **)&k->xn, T * E * 2, err, errlen) ||
+    if ((N == 1 ? dmalloc((void **)&k->xb, T * E * 2, err, errlen)
+                : dmalloc((void **)&k->x, T * E * 4, err, errlen) || dmalloc((void **)&k->delta, T * E * 2, err, errlen)) ||
+        dmalloc((void **)&k->xn, T * E * 2, err, errlen) ||
         dmalloc((void **)&k->qkv, T * QKVl * 2, err, errlen) || dmalloc((void **)&k->q, T * Ql * 2, err, errlen) ||
-        dmalloc((void **)&k->att, T * Ql * 2, err, errlen) || dmalloc((void **)&k->delta, T * E * 2, err, errlen) ||
+        dmalloc((void **)&k->att, T * Ql * 2, err, errlen) ||
         dmalloc((void **)&k->gu, T * 2 * Fl * 2, err, errlen) || dmalloc((void **)&k->h, T * Fl * 2, err, errlen) ||
         dmalloc((void **)&k->hfin, S * E * 2, err, errlen) || dmalloc((void **)&k->logits, S * vn * 4, err, errlen) ||
         dmalloc((void **)&k->tok, S * 4, err, errlen) || dmalloc((void **)&k->lp, S * 4, err, errlen) ||
-        dmalloc((void **)&k->sout, S * sizeof *k->sout, err, errlen) || dmalloc((void **)&k->rs, T * 4, err, errlen) ||
+        dmalloc((void **)&k->sout, S * sizeof *k->sout, err, errlen) ||
         dmalloc((void **)&k->part, (size_t)b->part_rows * k->KVH * CUDA_ATTN_MAXSPLIT * (D + 2) * 4, err, errlen))
         goto fail;
     if (dmalloc((void **)&k->amp, CUDA_ARGMAX_SLICES * S * sizeof *k->amp, err, errlen) ||
@@ -616,9 +607,6 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     ge = getenv("SLUICE_CUDA_FUSED");
     b->fused = b->gemv && N == 1 && !(ge && strcmp(ge, "0") == 0) && c->n_embd % 8 == 0 && c->n_ff % 8 == 0 &&
                (c->n_head * c->head_dim) % 8 == 0 && (size_t)CUDA_GEMV_MAX_T * c->n_embd * 2 <= CUDA_GEMV_NORM_SMEM;
-    ge = getenv("SLUICE_CUDA_RESID");
-    b->resid = ge && *ge ? atoi(ge) : 0;
-    if (b->resid < 0 || b->resid > 2) b->resid = 0;
     ge = getenv("SLUICE_CUDA_ABLATE");
     b->ablate = ablate_parse(ge);
     if (b->ablate) fprintf(stderr, "cuda: SLUICE_CUDA_ABLATE=%s: kernels left out, outputs are wrong\n", ge);
@@ -955,25 +943,28 @@ static cublasStatus_t gemm(struct rank *k, const uint16_t *x, const uint16_t *W,
                         &zero, y, yf32 ? CUDA_R_32F : CUDA_R_16BF, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 }
 
-/* y += x W^T into the bf16 residual y [T][out]: the residual add in
- * cuBLAS's epilogue (beta 1), the sum rounded to bf16 once. */
-static cublasStatus_t gemm_acc(struct rank *k, const uint16_t *x, const uint16_t *W, uint16_t *y, int T, int in,
-                               int out)
+/* The bf16 residual (N == 1) += x W^T, the f32 sum added and rounded once:
+ * in our GEMV's epilogue where gemm() takes the GEMV, else in cuBLAS's
+ * (beta 1). */
+static int proj_acc(struct rank *k, const uint16_t *x, const uint16_t *W, int T, int in, int out, char *err,
+                    size_t errlen)
 {
     const float one = 1.0f;
-    return cublasGemmEx(k->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, T, in, &one, W, CUDA_R_16BF, in, x, CUDA_R_16BF, in,
-                        &one, y, CUDA_R_16BF, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (k->b->gemv && T <= CUDA_GEMV_MAX_T && in % 8 == 0)
+        CK(cuda_gemv_residual(W, x, k->xb, T, in, out, k->st));
+    else
+        CB(cublasGemmEx(k->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, T, in, &one, W, CUDA_R_16BF, in, x, CUDA_R_16BF, in,
+                        &one, k->xb, CUDA_R_16BF, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return 0;
+fail:
+    return SL_EDEVICE;
 }
 
-/* A row-parallel projection: y = x W^T summed over the ranks, into delta
- * (bf16, rounded once from the f32 sum). */
+/* A row-parallel projection (N > 1): y = x W^T summed over the ranks, into
+ * delta (bf16, rounded once from the f32 sum). */
 static int proj_rows(struct rank *k, const uint16_t *x, const uint16_t *W, int T, int in, int E, char *err,
                      size_t errlen)
 {
-    if (k->b->tp == 1) {
-        CB(gemm(k, x, W, k->delta, false, T, in, E));
-        return 0;
-    }
     CB(gemm(k, x, W, k->deltaf, true, T, in, E));
     if (!k->b->skip_comm)
         NC(ncclAllReduce(k->deltaf, k->deltaf, (size_t)T * E, ncclFloat, ncclSum, k->comm, k->st));
@@ -992,40 +983,36 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
     int E = c->n_embd, F = k->F, H = k->H, KVH = k->KVH, D = c->head_dim;
     int Q = H * D, QKV = Q + 2 * KVH * D;
     cudaStream_t st = k->st;
-    /* the bf16 residual (b->resid): only where every GEMM of the step is
-     * cuBLAS's, which adds it in its epilogue; xb is delta's buffer, which
-     * this path does not otherwise use. rs2: the folded norm's scale. */
-    bool bx = b->resid && b->tp == 1 && !(b->gemv && T <= CUDA_GEMV_MAX_T);
-    uint16_t *xb = k->delta, *xin = b->resid == 2 ? xb : k->xn;
-    float *rs2 = bx && b->resid == 2 ? k->rs : NULL;
-    uint16_t *xn2 = b->resid == 1 ? k->xn : NULL;
+    /* one GPU: the residual in bf16 (xb), as in HF transformers and vLLM;
+     * the o and down projections add into it in their epilogues (proj_acc),
+     * so an RMSNorm reads 2 bytes an element and writes 2, where the f32
+     * residual's add + norm moved 12 (a 16K-token prefill step 381.5-381.8
+     * against 387.3-388.4 ms, BENCHMARKS.md). With N > 1 the f32 residual x
+     * takes each all-reduced projection in the next norm. */
+    bool bx = b->tp == 1;
+    uint16_t *xb = k->xb;
     if (bx) {
         CK(cuda_embed_bf16(k->tok_embd, DIN(k, ids, int32_t), T, E, xb, st));
-    } else if (b->tp == 1) {
-        CK(cuda_embed(k->tok_embd, DIN(k, ids, int32_t), T, E, k->x, st));
     } else {
         CK(cuda_embed_shard(k->tok_embd, DIN(k, ids, int32_t), T, E, k->v0, k->vn, k->x, st));
         if (!b->skip_comm) NC(ncclAllReduce(k->x, k->x, (size_t)T * E, ncclFloat, ncclSum, k->comm, st));
     }
     /* decode of one token on one GPU: the norms ride in the GEMV prologues,
      * SwiGLU and the residual adds in their epilogues (bit-identical to the
-     * unfused kernels); x then already holds every layer's output. Only at
+     * unfused kernels). Only at
      * T = 1, where the GEMVs are warp kernels: at 2-4 tokens the fused
      * (block) kernels measured slower than the unfused persistent ones
      * (BENCHMARKS.md, 164.4 vs 148.4 us per layer at T = 4) */
     bool fz = b->fused && T == 1;
     for (int l = 0; l < c->n_layer; l++) {
         const struct clayer *L = &k->L[l];
-        /* the previous layer's MLP output joins the residual here */
         unsigned ab = b->ablate;
         if (fz) {
-            if (!(ab & ABL_QKV)) CK(cuda_gemv_rmsnorm(L->wqkv, k->x, L->attn_norm, c->norm_eps, k->qkv, T, E, QKV, st));
-        } else if (bx) {
-            if (!(ab & ABL_NORM))
-                CK(cuda_rmsnorm_bf16(xb, L->attn_norm, NULL, T, E, c->norm_eps, xn2, rs2, st));
-            if (!(ab & ABL_QKV)) CB(gemm(k, xin, L->wqkv, k->qkv, false, T, E, QKV));
+            if (!(ab & ABL_QKV)) CK(cuda_gemv_rmsnorm(L->wqkv, xb, L->attn_norm, c->norm_eps, k->qkv, T, E, QKV, st));
         } else {
-            if (!(ab & ABL_NORM))
+            if (!(ab & ABL_NORM) && bx) CK(cuda_rmsnorm_bf16(xb, L->attn_norm, NULL, T, E, c->norm_eps, k->xn, st));
+            /* N > 1: the previous layer's MLP output joins the residual here */
+            if (!(ab & ABL_NORM) && !bx)
                 CK(cuda_add_rmsnorm(k->x, l ? k->delta : NULL, L->attn_norm, NULL, T, E, c->norm_eps, k->xn, st));
             if (!(ab & ABL_QKV)) CB(gemm(k, k->xn, L->wqkv, k->qkv, false, T, E, QKV));
         }
@@ -1033,7 +1020,7 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
         char *kc = (char *)k->kv + (size_t)(2 * l) * k->kv_layer * es, *vc = kc + k->kv_layer * es;
         struct cuda_rope_args ra = {
             .qkv = k->qkv, .bias = L->bqkv, .q_norm = L->q_norm, .k_norm = L->k_norm, .cos = k->rope_cos,
-            .sin = k->rope_sin, .rs = rs2, .pos = DIN(k, pos, int32_t), .slots = DIN(k, slots, int64_t), .T = T, .H = H,
+            .sin = k->rope_sin, .pos = DIN(k, pos, int32_t), .slots = DIN(k, slots, int64_t), .T = T, .H = H,
             .KVH = KVH, .D = D, .rope_dim = c->rope_dim, .neox = c->rope_type == MODEL_ROPE_NEOX,
             .eps = c->norm_eps, .q = k->q, .kc = kc, .vc = vc, .kv8 = b->kv8,
         };
@@ -1050,43 +1037,31 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
             .cnt = dk ? k->cnt : NULL, .rope = dk ? ra : (struct cuda_rope_args){0},
         };
         if (!(ab & ABL_ATTN)) CK(cuda_attention(&aa, st));
+        if (bx && !(ab & ABL_O) && proj_acc(k, k->att, L->wo, T, Q, E, err, errlen)) goto fail;
+        if (!bx && !(ab & ABL_O) && proj_rows(k, k->att, L->wo, T, Q, E, err, errlen)) goto fail;
         if (fz) {
-            if (!(ab & ABL_O)) CK(cuda_gemv_residual(L->wo, k->att, k->x, T, Q, E, st));
-            if (!(ab & ABL_GU))
-                CK(cuda_gemv_rmsnorm_swiglu(L->wgu, k->x, L->ffn_norm, c->norm_eps, k->h, T, E, F, st));
-            if (!(ab & ABL_DOWN)) CK(cuda_gemv_residual(L->wdown, k->h, k->x, T, F, E, st));
-            continue;
-        }
-        if (bx) {
-            if (!(ab & ABL_O)) CB(gemm_acc(k, k->att, L->wo, xb, T, Q, E));
-            if (!(ab & ABL_NORM))
-                CK(cuda_rmsnorm_bf16(xb, L->ffn_norm, NULL, T, E, c->norm_eps, xn2, rs2, st));
-            if (!(ab & ABL_GU)) {
-                CB(gemm(k, xin, L->wgu, k->gu, false, T, E, 2 * F));
-                CK(cuda_swiglu(k->gu, rs2, T, F, k->h, st));
+            if (!(ab & ABL_GU)) CK(cuda_gemv_rmsnorm_swiglu(L->wgu, xb, L->ffn_norm, c->norm_eps, k->h, T, E, F, st));
+        } else {
+            if (!(ab & ABL_NORM) && bx) CK(cuda_rmsnorm_bf16(xb, L->ffn_norm, NULL, T, E, c->norm_eps, k->xn, st));
+            if (!(ab & ABL_NORM) && !bx)
+                CK(cuda_add_rmsnorm(k->x, k->delta, L->ffn_norm, NULL, T, E, c->norm_eps, k->xn, st));
+            bool gu_gemv = b->gemv && T <= CUDA_GEMV_MAX_T && E % 8 == 0;
+            if (!(ab & ABL_GU) && gu_gemv) {
+                /* SwiGLU in the GEMV's epilogue: bit for bit the two kernels below */
+                CK(cuda_gemv_swiglu(L->wgu, k->xn, k->h, T, E, F, st));
+            } else if (!(ab & ABL_GU)) {
+                CB(gemm(k, k->xn, L->wgu, k->gu, false, T, E, 2 * F));
+                CK(cuda_swiglu(k->gu, T, F, k->h, st));
             }
-            if (!(ab & ABL_DOWN)) CB(gemm_acc(k, k->h, L->wdown, xb, T, F, E));
-            continue;
         }
-        if (!(ab & ABL_O) && proj_rows(k, k->att, L->wo, T, Q, E, err, errlen)) goto fail;
-        if (!(ab & ABL_NORM))
-            CK(cuda_add_rmsnorm(k->x, k->delta, L->ffn_norm, NULL, T, E, c->norm_eps, k->xn, st));
-        bool gu_gemv = b->gemv && T <= CUDA_GEMV_MAX_T && E % 8 == 0;
-        if (!(ab & ABL_GU) && gu_gemv) {
-            /* SwiGLU in the GEMV's epilogue: bit for bit the two kernels below */
-            CK(cuda_gemv_swiglu(L->wgu, k->xn, k->h, T, E, F, st));
-        } else if (!(ab & ABL_GU)) {
-            CB(gemm(k, k->xn, L->wgu, k->gu, false, T, E, 2 * F));
-            CK(cuda_swiglu(k->gu, NULL, T, F, k->h, st));
-        }
-        if (!(ab & ABL_DOWN) && proj_rows(k, k->h, L->wdown, T, F, E, err, errlen)) goto fail;
+        if (bx && !(ab & ABL_DOWN) && proj_acc(k, k->h, L->wdown, T, F, E, err, errlen)) goto fail;
+        if (!bx && !(ab & ABL_DOWN) && proj_rows(k, k->h, L->wdown, T, F, E, err, errlen)) goto fail;
     }
     if (R > 0) {
         if (bx)
-            CK(cuda_rmsnorm_bf16(xb, k->out_norm, DIN(k, rows, int32_t), R, E, c->norm_eps, k->hfin, NULL, st));
+            CK(cuda_rmsnorm_bf16(xb, k->out_norm, DIN(k, rows, int32_t), R, E, c->norm_eps, k->hfin, st));
         else
-            CK(cuda_add_rmsnorm(k->x, fz ? NULL : k->delta, k->out_norm, DIN(k, rows, int32_t), R, E, c->norm_eps,
-                                k->hfin, st));
+            CK(cuda_add_rmsnorm(k->x, k->delta, k->out_norm, DIN(k, rows, int32_t), R, E, c->norm_eps, k->hfin, st));
         if (!(b->ablate & ABL_HEAD)) CB(gemm(k, k->hfin, k->lm_head, k->logits, true, R, E, k->vn));
         if (b->tp == 1) {
             CK(cuda_argmax_lse(k->logits, R, k->vn, k->amp, k->tok, k->lp, st));
@@ -1414,7 +1389,7 @@ static void rank_free(struct rank *k, const struct model_config *c)
     }
     if (k->lm_head != k->tok_embd) cudaFree(k->lm_head);
     cudaFree(k->tok_embd), cudaFree(k->out_norm), cudaFree(k->rope_cos), cudaFree(k->rope_sin), cudaFree(k->kv);
-    cudaFree(k->x), cudaFree(k->xn), cudaFree(k->qkv), cudaFree(k->q), cudaFree(k->att), cudaFree(k->delta), cudaFree(k->rs);
+    cudaFree(k->xb), cudaFree(k->x), cudaFree(k->xn), cudaFree(k->qkv), cudaFree(k->q), cudaFree(k->att), cudaFree(k->delta);
     cudaFree(k->deltaf), cudaFree(k->gu), cudaFree(k->h), cudaFree(k->hfin), cudaFree(k->logits);
     cudaFree(k->amp), cudaFree(k->amp_all), cudaFree(k->tok), cudaFree(k->lp), cudaFree(k->sout), cudaFree(k->part);
     cudaFree(k->cnt);

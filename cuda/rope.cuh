@@ -41,11 +41,6 @@ static __device__ __forceinline__ void rope_vec_load(const struct cuda_rope_args
         uint32_t u = *(const uint32_t *)src;
         x[0] = bf2f((uint16_t)u), x[1] = bf2f((uint16_t)(u >> 16));
     }
-    if (a.rs) {
-        float r = a.rs[t];
-#pragma unroll
-        for (int j = 0; j < V; j++) x[j] *= r;
-    }
 }
 /* the rest of rope_head_vec for the head rope_vec_load read into x, at position p */
 template <int V>
@@ -116,8 +111,7 @@ static __device__ __forceinline__ void rope_head_vec(const struct cuda_rope_args
 }
 
 /* One warp: head h (q heads, then k heads, then v heads) of token t: add the
- * QKV bias (after the folded norm's scale a.rs, when set), RMSNorm q and k
- * over head_dim, rotate q and k, write to dst [D]:
+ * QKV bias, RMSNorm q and k over head_dim, rotate q and k, write to dst [D]:
  * bf16, or fp8 e4m3 when f8 (K and V heads into the fp8 cache). v: the
  * warp's scratch of D floats (shared memory; unused by rope_head_vec). dst
  * 8-byte aligned. */
@@ -136,9 +130,9 @@ static __device__ __forceinline__ void rope_head(const struct cuda_rope_args &a,
     const float *cs = a.cos + (size_t)p * half, *sn = a.sin + (size_t)p * half;
     const uint16_t *src = a.qkv + ((size_t)t * nh + h) * D;
     const float *bias = a.bias ? a.bias + (size_t)h * D : NULL;
-    float ss = 0.0f, r = a.rs ? a.rs[t] : 1.0f;
+    float ss = 0.0f;
     for (int d = lane; d < D; d += 32) {
-        float x = bf2f(src[d]) * r;
+        float x = bf2f(src[d]);
         if (bias) x += bias[d];
         v[d] = x;
         ss += x * x;

@@ -1,22 +1,25 @@
 #!/usr/bin/env bash
-# resid_run.sh - the residual in bf16 (SLUICE_CUDA_RESID, eleventh round):
-# the kernel tests, end to end vs CPU/HF and the engine suite on CUDA under
-# each mode, then the prefill step under modes 0/1/2, alternating, REPS rounds.
-#   tests/gpu/resid_run.sh LOGDIR [REPS]
+# resid_run.sh - the bf16 residual (eleventh round): make gpu-test,
+# memcheck on the GEMV and RMSNorm kernel tests, then bench_gpu (prefill,
+# batch-1 and batched decode) of this build against OTHER's bench_gpu (the
+# build before), alternating, REPS rounds; the issue's 1000-request run-batch
+# when RB=1.
+#   tests/gpu/resid_run.sh LOGDIR OTHER_BENCH_GPU [REPS]
 . "$(dirname "$0")/run_lib.sh"
-t kernels 150 build/tests/gpu/test_kernels
-grep -E "FAIL|failed:|bf16|scale" "$L/kernels.log" | head -30
-for r in 0 1 2; do
-    t e2e_r$r 90 env SLUICE_CUDA_RESID=$r build/tests/gpu/test_gpu_e2e
-    grep -E "FAIL|failed:|logits vs|near-ties \(" "$L/e2e_r$r.log" | head -40
-done
-for r in 1 2; do
-    t engine_r$r 90 env SLUICE_CUDA_RESID=$r SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3 build/tests/test_engine
-    grep -E "FAIL|failed:" "$L/engine_r$r.log" | head
-done
-for i in $(seq "${2:-2}"); do
-    for r in 0 1 2; do
-        t pf_${r}_$i 60 env SLUICE_CUDA_RESID=$r SLUICE_BENCH_ONLY=prefill build/tests/gpu/bench_gpu
-        grep -E "^prefill" "$L/pf_${r}_$i.log" | sed "s/^/  resid $r: /"
+OTHER=$2
+t gputest 300 env BUILD=build bash tests/gpu/run_gpu_tests.sh
+grep -E "^== |^FAIL|passed, [0-9]+ failed$|failed:" "$L/gputest.log" | head -40
+t memcheck 150 env SLUICE_TEST_ONLY=gemv_fused compute-sanitizer --tool memcheck build/tests/gpu/test_kernels
+t memcheck2 60 env SLUICE_TEST_ONLY=rmsnorm compute-sanitizer --tool memcheck build/tests/gpu/test_kernels
+t racecheck 150 env SLUICE_TEST_ONLY=gemv_layers compute-sanitizer --tool racecheck build/tests/gpu/test_kernels
+for i in $(seq "${3:-2}"); do
+    for b in other new; do
+        bin=build/tests/gpu/bench_gpu; [ $b = other ] && bin=$OTHER
+        t bench_${b}_$i 60 $bin
+        grep -E "^prefill|^decode" "$L/bench_${b}_$i.log" | sed "s/^/  $b: /"
     done
 done
+if [ "${RB:-0}" = 1 ]; then
+    a=$(date +%s); RB_SKIP_SMALL=1 timeout -k 5 150 bash tests/gpu/run_batch_gpu.sh 1000 "$L/rb" > "$L/rb.log" 2>&1
+    echo "run-batch 1000 rc=$? $(( $(date +%s) - a ))s"; tail -3 "$L/rb.log"
+fi
