@@ -4,12 +4,9 @@
  * Numerics: every weight matrix is converted to bf16 at creation (GGUF
  * Q4_0/Q4_1/Q8_0/F16 dequantized on the host with model_tensor_to_f32, then
  * rounded to nearest even); norm weights and biases stay f32. Activations
- * between kernels are bf16, every GEMM (cuBLAS, bf16 in, f32 compute) and
- * every reduction accumulates in f32. The residual stream is f32 in steps on
- * our GEMVs (decode of up to CUDA_GEMV_MAX_T tokens) and with N > 1; in the
- * other steps (prefill, large decode batches) it is bf16, as in HF
- * transformers and vLLM, and cuBLAS adds each projection into it in its
- * epilogue. Fused Q|K|V and gate|up matrices make one GEMM each.
+ * between kernels are bf16, the residual stream is f32, every GEMM (cuBLAS,
+ * bf16 in, f32 compute) and every reduction accumulates in f32. Fused Q|K|V
+ * and gate|up matrices make one GEMM each.
  *
  * Tensor parallelism (opts->tensor_parallel_size = N > 1, Megatron style):
  * rank k runs on device k with its own stream, cuBLAS handle and NCCL
@@ -141,10 +138,8 @@ struct rank {
     size_t kv_layer;                /* elements of one layer's K (or V) */
 
     /* activations, [max_tokens] rows unless said otherwise, device */
-    uint16_t *xb;                   /* [E] the bf16 residual (N == 1) */
-    float *x;                       /* [E] the f32 residual (N > 1) */
-    uint16_t *xn, *qkv, *q, *att, *gu, *h; /* [E], [QKV/N], [Q/N], [Q/N], [2F/N], [F/N] */
-    uint16_t *delta;                /* [E] a projection's all-reduced output, to add to x (N > 1) */
+    float *x;                       /* [E] f32 residual */
+    uint16_t *xn, *qkv, *q, *att, *delta, *gu, *h; /* [E], [QKV/N], [Q/N], [Q/N], [E], [2F/N], [F/N] */
     float *deltaf;                  /* [E] f32 partial sums before the all-reduce (N > 1) */
     uint16_t *hfin;                 /* [max_seqs][E] */
     float *logits;                  /* [max_seqs][vn] */
@@ -511,11 +506,9 @@ static int rank_init(struct rank *k, char *err, size_t errlen)
     if (rope_tables(k, err, errlen)) goto fail;
 
     size_t T = b->max_tokens, S = b->max_seqs;
-    if ((N == 1 ? dmalloc((void **)&k->xb, T * E * 2, err, errlen)
-                : dmalloc((void **)&k->x, T * E * 4, err, errlen) || dmalloc((void **)&k->delta, T * E * 2, err, errlen)) ||
-        dmalloc((void **)&k->xn, T * E * 2, err, errlen) ||
+    if (dmalloc((void **)&k->x, T * E * 4, err, errlen) || dmalloc((void **)&k->xn, T * E * 2, err, errlen) ||
         dmalloc((void **)&k->qkv, T * QKVl * 2, err, errlen) || dmalloc((void **)&k->q, T * Ql * 2, err, errlen) ||
-        dmalloc((void **)&k->att, T * Ql * 2, err, errlen) ||
+        dmalloc((void **)&k->att, T * Ql * 2, err, errlen) || dmalloc((void **)&k->delta, T * E * 2, err, errlen) ||
         dmalloc((void **)&k->gu, T * 2 * Fl * 2, err, errlen) || dmalloc((void **)&k->h, T * Fl * 2, err, errlen) ||
         dmalloc((void **)&k->hfin, S * E * 2, err, errlen) || dmalloc((void **)&k->logits, S * vn * 4, err, errlen) ||
         dmalloc((void **)&k->tok, S * 4, err, errlen) || dmalloc((void **)&k->lp, S * 4, err, errlen) ||
@@ -943,28 +936,15 @@ static cublasStatus_t gemm(struct rank *k, const uint16_t *x, const uint16_t *W,
                         &zero, y, yf32 ? CUDA_R_32F : CUDA_R_16BF, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 }
 
-/* The bf16 residual (N == 1) += x W^T, the f32 sum added and rounded once:
- * in our GEMV's epilogue where gemm() takes the GEMV, else in cuBLAS's
- * (beta 1). */
-static int proj_acc(struct rank *k, const uint16_t *x, const uint16_t *W, int T, int in, int out, char *err,
-                    size_t errlen)
-{
-    const float one = 1.0f;
-    if (k->b->gemv && T <= CUDA_GEMV_MAX_T && in % 8 == 0)
-        CK(cuda_gemv_residual(W, x, k->xb, T, in, out, k->st));
-    else
-        CB(cublasGemmEx(k->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, T, in, &one, W, CUDA_R_16BF, in, x, CUDA_R_16BF, in,
-                        &one, k->xb, CUDA_R_16BF, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    return 0;
-fail:
-    return SL_EDEVICE;
-}
-
-/* A row-parallel projection (N > 1): y = x W^T summed over the ranks, into
- * delta (bf16, rounded once from the f32 sum). */
+/* A row-parallel projection: y = x W^T summed over the ranks, into delta
+ * (bf16, rounded once from the f32 sum). */
 static int proj_rows(struct rank *k, const uint16_t *x, const uint16_t *W, int T, int in, int E, char *err,
                      size_t errlen)
 {
+    if (k->b->tp == 1) {
+        CB(gemm(k, x, W, k->delta, false, T, in, E));
+        return 0;
+    }
     CB(gemm(k, x, W, k->deltaf, true, T, in, E));
     if (!k->b->skip_comm)
         NC(ncclAllReduce(k->deltaf, k->deltaf, (size_t)T * E, ncclFloat, ncclSum, k->comm, k->st));
@@ -983,36 +963,27 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
     int E = c->n_embd, F = k->F, H = k->H, KVH = k->KVH, D = c->head_dim;
     int Q = H * D, QKV = Q + 2 * KVH * D;
     cudaStream_t st = k->st;
-    /* one GPU: the residual in bf16 (xb), as in HF transformers and vLLM;
-     * the o and down projections add into it in their epilogues (proj_acc),
-     * so an RMSNorm reads 2 bytes an element and writes 2, where the f32
-     * residual's add + norm moved 12 (a 16K-token prefill step 381.5-381.8
-     * against 387.3-388.4 ms, BENCHMARKS.md). With N > 1 the f32 residual x
-     * takes each all-reduced projection in the next norm. */
-    bool bx = b->tp == 1;
-    uint16_t *xb = k->xb;
-    if (bx) {
-        CK(cuda_embed_bf16(k->tok_embd, DIN(k, ids, int32_t), T, E, xb, st));
+    if (b->tp == 1) {
+        CK(cuda_embed(k->tok_embd, DIN(k, ids, int32_t), T, E, k->x, st));
     } else {
         CK(cuda_embed_shard(k->tok_embd, DIN(k, ids, int32_t), T, E, k->v0, k->vn, k->x, st));
         if (!b->skip_comm) NC(ncclAllReduce(k->x, k->x, (size_t)T * E, ncclFloat, ncclSum, k->comm, st));
     }
     /* decode of one token on one GPU: the norms ride in the GEMV prologues,
      * SwiGLU and the residual adds in their epilogues (bit-identical to the
-     * unfused kernels). Only at
+     * unfused kernels); x then already holds every layer's output. Only at
      * T = 1, where the GEMVs are warp kernels: at 2-4 tokens the fused
      * (block) kernels measured slower than the unfused persistent ones
      * (BENCHMARKS.md, 164.4 vs 148.4 us per layer at T = 4) */
     bool fz = b->fused && T == 1;
     for (int l = 0; l < c->n_layer; l++) {
         const struct clayer *L = &k->L[l];
+        /* the previous layer's MLP output joins the residual here */
         unsigned ab = b->ablate;
         if (fz) {
-            if (!(ab & ABL_QKV)) CK(cuda_gemv_rmsnorm(L->wqkv, xb, L->attn_norm, c->norm_eps, k->qkv, T, E, QKV, st));
+            if (!(ab & ABL_QKV)) CK(cuda_gemv_rmsnorm(L->wqkv, k->x, L->attn_norm, c->norm_eps, k->qkv, T, E, QKV, st));
         } else {
-            if (!(ab & ABL_NORM) && bx) CK(cuda_rmsnorm_bf16(xb, L->attn_norm, NULL, T, E, c->norm_eps, k->xn, st));
-            /* N > 1: the previous layer's MLP output joins the residual here */
-            if (!(ab & ABL_NORM) && !bx)
+            if (!(ab & ABL_NORM))
                 CK(cuda_add_rmsnorm(k->x, l ? k->delta : NULL, L->attn_norm, NULL, T, E, c->norm_eps, k->xn, st));
             if (!(ab & ABL_QKV)) CB(gemm(k, k->xn, L->wqkv, k->qkv, false, T, E, QKV));
         }
@@ -1037,31 +1008,29 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
             .cnt = dk ? k->cnt : NULL, .rope = dk ? ra : (struct cuda_rope_args){0},
         };
         if (!(ab & ABL_ATTN)) CK(cuda_attention(&aa, st));
-        if (bx && !(ab & ABL_O) && proj_acc(k, k->att, L->wo, T, Q, E, err, errlen)) goto fail;
-        if (!bx && !(ab & ABL_O) && proj_rows(k, k->att, L->wo, T, Q, E, err, errlen)) goto fail;
         if (fz) {
-            if (!(ab & ABL_GU)) CK(cuda_gemv_rmsnorm_swiglu(L->wgu, xb, L->ffn_norm, c->norm_eps, k->h, T, E, F, st));
-        } else {
-            if (!(ab & ABL_NORM) && bx) CK(cuda_rmsnorm_bf16(xb, L->ffn_norm, NULL, T, E, c->norm_eps, k->xn, st));
-            if (!(ab & ABL_NORM) && !bx)
-                CK(cuda_add_rmsnorm(k->x, k->delta, L->ffn_norm, NULL, T, E, c->norm_eps, k->xn, st));
-            bool gu_gemv = b->gemv && T <= CUDA_GEMV_MAX_T && E % 8 == 0;
-            if (!(ab & ABL_GU) && gu_gemv) {
-                /* SwiGLU in the GEMV's epilogue: bit for bit the two kernels below */
-                CK(cuda_gemv_swiglu(L->wgu, k->xn, k->h, T, E, F, st));
-            } else if (!(ab & ABL_GU)) {
-                CB(gemm(k, k->xn, L->wgu, k->gu, false, T, E, 2 * F));
-                CK(cuda_swiglu(k->gu, T, F, k->h, st));
-            }
+            if (!(ab & ABL_O)) CK(cuda_gemv_residual(L->wo, k->att, k->x, T, Q, E, st));
+            if (!(ab & ABL_GU))
+                CK(cuda_gemv_rmsnorm_swiglu(L->wgu, k->x, L->ffn_norm, c->norm_eps, k->h, T, E, F, st));
+            if (!(ab & ABL_DOWN)) CK(cuda_gemv_residual(L->wdown, k->h, k->x, T, F, E, st));
+            continue;
         }
-        if (bx && !(ab & ABL_DOWN) && proj_acc(k, k->h, L->wdown, T, F, E, err, errlen)) goto fail;
-        if (!bx && !(ab & ABL_DOWN) && proj_rows(k, k->h, L->wdown, T, F, E, err, errlen)) goto fail;
+        if (!(ab & ABL_O) && proj_rows(k, k->att, L->wo, T, Q, E, err, errlen)) goto fail;
+        if (!(ab & ABL_NORM))
+            CK(cuda_add_rmsnorm(k->x, k->delta, L->ffn_norm, NULL, T, E, c->norm_eps, k->xn, st));
+        bool gu_gemv = b->gemv && T <= CUDA_GEMV_MAX_T && E % 8 == 0;
+        if (!(ab & ABL_GU) && gu_gemv) {
+            /* SwiGLU in the GEMV's epilogue: bit for bit the two kernels below */
+            CK(cuda_gemv_swiglu(L->wgu, k->xn, k->h, T, E, F, st));
+        } else if (!(ab & ABL_GU)) {
+            CB(gemm(k, k->xn, L->wgu, k->gu, false, T, E, 2 * F));
+            CK(cuda_swiglu(k->gu, T, F, k->h, st));
+        }
+        if (!(ab & ABL_DOWN) && proj_rows(k, k->h, L->wdown, T, F, E, err, errlen)) goto fail;
     }
     if (R > 0) {
-        if (bx)
-            CK(cuda_rmsnorm_bf16(xb, k->out_norm, DIN(k, rows, int32_t), R, E, c->norm_eps, k->hfin, st));
-        else
-            CK(cuda_add_rmsnorm(k->x, k->delta, k->out_norm, DIN(k, rows, int32_t), R, E, c->norm_eps, k->hfin, st));
+        CK(cuda_add_rmsnorm(k->x, fz ? NULL : k->delta, k->out_norm, DIN(k, rows, int32_t), R, E, c->norm_eps,
+                            k->hfin, st));
         if (!(b->ablate & ABL_HEAD)) CB(gemm(k, k->hfin, k->lm_head, k->logits, true, R, E, k->vn));
         if (b->tp == 1) {
             CK(cuda_argmax_lse(k->logits, R, k->vn, k->amp, k->tok, k->lp, st));
@@ -1389,7 +1358,7 @@ static void rank_free(struct rank *k, const struct model_config *c)
     }
     if (k->lm_head != k->tok_embd) cudaFree(k->lm_head);
     cudaFree(k->tok_embd), cudaFree(k->out_norm), cudaFree(k->rope_cos), cudaFree(k->rope_sin), cudaFree(k->kv);
-    cudaFree(k->xb), cudaFree(k->x), cudaFree(k->xn), cudaFree(k->qkv), cudaFree(k->q), cudaFree(k->att), cudaFree(k->delta);
+    cudaFree(k->x), cudaFree(k->xn), cudaFree(k->qkv), cudaFree(k->q), cudaFree(k->att), cudaFree(k->delta);
     cudaFree(k->deltaf), cudaFree(k->gu), cudaFree(k->h), cudaFree(k->hfin), cudaFree(k->logits);
     cudaFree(k->amp), cudaFree(k->amp_all), cudaFree(k->tok), cudaFree(k->lp), cudaFree(k->sout), cudaFree(k->part);
     cudaFree(k->cnt);

@@ -87,17 +87,13 @@ static __device__ __forceinline__ void unpack8(uint4 v, float *f)
 
 enum { EPI_BF16, EPI_F32, EPI_RESID, EPI_SWIGLU };
 
-/* EPI_RESID: the bf16 residual plus the f32 sum, rounded once (as cuBLAS's
- * epilogue with beta 1 rounds the GEMM steps' residual, cuda_backend.c) */
-static __device__ __forceinline__ void resid_add(uint16_t *x, float s) { *x = f2bf(bf2f(*x) + s); }
-
 struct gemv_params {
     const uint16_t *W; /* [out][in], or [2F][in] for EPI_SWIGLU (gate rows, then up rows) */
     const uint16_t *x; /* [NT][in] bf16 (NORM false) */
-    const uint16_t *xr; /* [NT][in] bf16 residual to normalize (NORM true) */
+    const float *xf;   /* [NT][in] f32 residual to normalize (NORM true) */
     const float *nw;   /* [in] norm weight (NORM true) */
     float eps;
-    void *y;           /* [NT][out]: bf16, f32, the bf16 residual to add to (EPI_RESID), bf16 h (EPI_SWIGLU) */
+    void *y;           /* [NT][out]: bf16, f32, f32 to add to (EPI_RESID), bf16 h (EPI_SWIGLU) */
     int in, out;       /* out: outputs per row of x (F for EPI_SWIGLU) */
     int ngroups;       /* groups of RB rows (RB/2 gate/up pairs for EPI_SWIGLU) */
 };
@@ -116,14 +112,14 @@ static __device__ __forceinline__ void norm_rows(const gemv_params &p, uint16_t 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int nv = rms_threads(p.in), nvw = nv / 32;
     for (int t = 0; t < NT; t++) {
-        const uint16_t *xr = p.xr + (size_t)t * p.in;
+        const float *xr = p.xf + (size_t)t * p.in;
         float ss[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll 4
         for (int i0 = 0; i0 < p.in; i0 += nv)
 #pragma unroll
             for (int k = 0; k < 4; k++) {
                 int vw = warp + 8 * k, i = i0 + vw * 32 + lane;
-                if (vw < nvw && i < p.in) ss[k] = rms_acc(ss[k], bf2f(xr[i]));
+                if (vw < nvw && i < p.in) ss[k] = rms_acc(ss[k], xr[i]);
             }
 #pragma unroll
         for (int k = 0; k < 4; k++) {
@@ -133,7 +129,7 @@ static __device__ __forceinline__ void norm_rows(const gemv_params &p, uint16_t 
         __syncthreads();
         float inv = rms_inv(warp_sum(lane < nvw ? nsh[lane] : 0.0f), p.in, p.eps);
 #pragma unroll 4
-        for (int i = tid; i < p.in; i += BT) xs[(size_t)t * p.in + i] = rms_out(p.nw[i], bf2f(xr[i]), inv);
+        for (int i = tid; i < p.in; i += BT) xs[(size_t)t * p.in + i] = rms_out(p.nw[i], xr[i], inv);
         __syncthreads(); /* xs complete; nsh free for the next row */
     }
 }
@@ -231,7 +227,7 @@ static __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_warp_kernel(const
         size_t o = (size_t)t * p.out + j;
         if (EPI == EPI_BF16) ((uint16_t *)p.y)[o] = f2bf(acc[0][t]);
         if (EPI == EPI_F32) ((float *)p.y)[o] = acc[0][t];
-        if (EPI == EPI_RESID) resid_add((uint16_t *)p.y + o, acc[0][t]);
+        if (EPI == EPI_RESID) ((float *)p.y)[o] += bf2f(f2bf(acc[0][t])); /* as x += delta of bf16(s) */
         if (EPI == EPI_SWIGLU) {
             float g = bf2f(f2bf(acc[0][t])), u = bf2f(f2bf(acc[NR - 1][t]));
             ((uint16_t *)p.y)[o] = f2bf(g / (1.0f + __expf(-g)) * u);
@@ -360,7 +356,7 @@ static __global__ void __launch_bounds__(BT, 2) gemv_block_kernel(const gemv_par
                 size_t o = (size_t)t * p.out + row;
                 if (EPI == EPI_BF16) ((uint16_t *)p.y)[o] = f2bf(s);
                 if (EPI == EPI_F32) ((float *)p.y)[o] = s;
-                if (EPI == EPI_RESID) resid_add((uint16_t *)p.y + o, s);
+                if (EPI == EPI_RESID) ((float *)p.y)[o] += bf2f(f2bf(s)); /* as x += delta of bf16(s) */
             }
         }
         par ^= 1;
@@ -521,8 +517,8 @@ extern "C" cudaError_t cuda_gemv(const uint16_t *W, const uint16_t *x, void *y, 
     return y_f32 ? launch<EPI_F32, false>(p, T, st) : launch<EPI_BF16, false>(p, T, st);
 }
 
-extern "C" cudaError_t cuda_gemv_residual(const uint16_t *W, const uint16_t *x, uint16_t *xres, int T, int in,
-                                          int out, cudaStream_t st)
+extern "C" cudaError_t cuda_gemv_residual(const uint16_t *W, const uint16_t *x, float *xres, int T, int in, int out,
+                                          cudaStream_t st)
 {
     if (bad_shape(W, x, T, in, out)) return cudaErrorInvalidValue;
     gemv_params p = {W, x, NULL, NULL, 0.0f, xres, in, out, 0};
@@ -537,12 +533,12 @@ extern "C" cudaError_t cuda_gemv_swiglu(const uint16_t *Wgu, const uint16_t *x, 
     return launch<EPI_SWIGLU, false>(p, T, st);
 }
 
-static bool bad_norm(const void *W, const uint16_t *x, int T, int in)
+static bool bad_norm(const void *W, const float *x, int T, int in)
 {
-    return bad_shape(W, NULL, T, in, 0) || (uintptr_t)x % 2 || (size_t)T * in * 2 > CUDA_GEMV_NORM_SMEM;
+    return bad_shape(W, NULL, T, in, 0) || (uintptr_t)x % 4 || (size_t)T * in * 2 > CUDA_GEMV_NORM_SMEM;
 }
 
-extern "C" cudaError_t cuda_gemv_rmsnorm(const uint16_t *W, const uint16_t *x, const float *nw, float eps, uint16_t *y,
+extern "C" cudaError_t cuda_gemv_rmsnorm(const uint16_t *W, const float *x, const float *nw, float eps, uint16_t *y,
                                          int T, int in, int out, cudaStream_t st)
 {
     if (bad_norm(W, x, T, in) || out < 0) return cudaErrorInvalidValue;
@@ -550,7 +546,7 @@ extern "C" cudaError_t cuda_gemv_rmsnorm(const uint16_t *W, const uint16_t *x, c
     return launch<EPI_BF16, true>(p, T, st);
 }
 
-extern "C" cudaError_t cuda_gemv_rmsnorm_swiglu(const uint16_t *Wgu, const uint16_t *x, const float *nw, float eps,
+extern "C" cudaError_t cuda_gemv_rmsnorm_swiglu(const uint16_t *Wgu, const float *x, const float *nw, float eps,
                                                 uint16_t *h, int T, int in, int F, cudaStream_t st)
 {
     if (bad_norm(Wgu, x, T, in) || F < 0) return cudaErrorInvalidValue;

@@ -24,6 +24,8 @@ extern "C" {
 #endif
 
 /* ---- norm.cu ---- */
+/* x[t][:] = float(tab[ids[t]][:]) for t < T; tab [n_vocab][E] bf16, x [T][E] f32. */
+cudaError_t cuda_embed(const uint16_t *tab, const int32_t *ids, int T, int E, float *x, cudaStream_t st);
 /* Fused residual add + RMSNorm over rows of E:
  *   rows == NULL: for t < T: x[t] += delta[t] (delta may be NULL); out[t] = bf16(w * x[t] / rms(x[t]))
  *   rows != NULL: for r < T: v = x[rows[r]] (+ delta[rows[r]]), not stored; out[r] = bf16(w * v / rms(v))
@@ -33,17 +35,6 @@ extern "C" {
  * take a kernel that sums in another order. */
 cudaError_t cuda_add_rmsnorm(float *x, const uint16_t *delta, const float *w, const int32_t *rows, int T,
                              int E, float eps, uint16_t *out, cudaStream_t st);
-
-/* The bf16 residual (one GPU; cuda_backend.c): cuda_embed_bf16: x[t][:] =
- * tab[ids[t]][:] for t < T, tab [n_vocab][E] bf16, x [T][E] bf16 (the
- * table's bits). cuda_rmsnorm_bf16: for r < T, v =
- * x[rows ? rows[r] : r] (bf16 [*][E]): out[r] = bf16(w * (v / rms(v))), w [E]
- * f32, out [T][E] bf16. Up to CUDA_GEMV_MAX_T rows, or with E not a multiple
- * of 1024, the sum of squares runs in norm.cuh's order (the fused GEMV
- * prologue's bits); otherwise in another. */
-cudaError_t cuda_embed_bf16(const uint16_t *tab, const int32_t *ids, int T, int E, uint16_t *x, cudaStream_t st);
-cudaError_t cuda_rmsnorm_bf16(const uint16_t *x, const float *w, const int32_t *rows, int T, int E, float eps,
-                              uint16_t *out, cudaStream_t st);
 
 /* ---- rope.cu ---- */
 struct cuda_rope_args {
@@ -155,11 +146,10 @@ cudaError_t cuda_attention_wg(const struct cuda_attn_args *a, cudaStream_t st);
  * bf16, y [T][out] bf16 or f32 (y_f32). */
 cudaError_t cuda_gemv(const uint16_t *W, const uint16_t *x, void *y, bool y_f32, int T, int in, int out,
                       cudaStream_t st);
-/* The residual add in the epilogue: xres[t][o] = bf16(xres[t][o] + s) with s
- * = sum_i x[t][i] W[o][i] in f32, exactly cuda_gemv's f32 output s added and
- * rounded once. W [out][in] bf16, x [T][in] bf16, xres [T][out] the bf16
- * residual (must not overlap x). */
-cudaError_t cuda_gemv_residual(const uint16_t *W, const uint16_t *x, uint16_t *xres, int T, int in, int out,
+/* The residual add in the epilogue: xres[t][o] += float(bf16(sum_i x[t][i] W[o][i])),
+ * exactly cuda_gemv to bf16 followed by cuda_add_rmsnorm's x += delta.
+ * W [out][in] bf16, x [T][in] bf16, xres [T][out] f32 (must not overlap x). */
+cudaError_t cuda_gemv_residual(const uint16_t *W, const uint16_t *x, float *xres, int T, int in, int out,
                                cudaStream_t st);
 /* SwiGLU in the epilogue of the fused gate|up projection: with g, u the bf16
  * of rows i and F + i of x W^T, h[t][i] = bf16(silu(g) * u), exactly
@@ -168,15 +158,15 @@ cudaError_t cuda_gemv_residual(const uint16_t *W, const uint16_t *x, uint16_t *x
 cudaError_t cuda_gemv_swiglu(const uint16_t *Wgu, const uint16_t *x, uint16_t *h, int T, int in, int F,
                              cudaStream_t st);
 /* RMSNorm in the prologue: y = bf16(xn W^T) with xn[t] = bf16(nw * x[t] / rms(x[t]))
- * computed exactly as cuda_rmsnorm_bf16(x, nw, NULL, T, in, eps, xn) does
- * (same bf16 values); x is only read. x [T][in] the bf16 residual, nw [in] f32,
+ * computed exactly as cuda_add_rmsnorm(x, NULL, nw, NULL, T, in, eps, xn)
+ * does (same bf16 values); x is only read. x [T][in] f32, nw [in] f32,
  * W [out][in] bf16, y [T][out] bf16; T * in * 2 <= CUDA_GEMV_NORM_SMEM. */
 #define CUDA_GEMV_NORM_SMEM (48 * 1024)
-cudaError_t cuda_gemv_rmsnorm(const uint16_t *W, const uint16_t *x, const float *nw, float eps, uint16_t *y, int T,
+cudaError_t cuda_gemv_rmsnorm(const uint16_t *W, const float *x, const float *nw, float eps, uint16_t *y, int T,
                               int in, int out, cudaStream_t st);
 /* Both: h = cuda_gemv_swiglu(Wgu, xn) with xn as in cuda_gemv_rmsnorm.
  * x [T][in] f32, nw [in] f32, Wgu [2F][in] bf16, h [T][F] bf16. */
-cudaError_t cuda_gemv_rmsnorm_swiglu(const uint16_t *Wgu, const uint16_t *x, const float *nw, float eps, uint16_t *h,
+cudaError_t cuda_gemv_rmsnorm_swiglu(const uint16_t *Wgu, const float *x, const float *nw, float eps, uint16_t *h,
                                      int T, int in, int F, cudaStream_t st);
 /* For benchmarks and tests: variant 0 warp, 1 block, 2 persistent (-1 keeps
  * it), pdl 0/1 (-1 keeps it), ch 4/8/16 chunks per lane in flight in the

@@ -1,5 +1,4 @@
-/* norm.cu - embedding gather and RMSNorm: the fused residual add + RMSNorm of
- * the f32 residual (tensor parallel), RMSNorm of the bf16 one (kernels.h). */
+/* norm.cu - embedding gather and the fused residual add + RMSNorm (kernels.h). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -7,6 +6,13 @@
 #include "cuda/kernels.h"
 #include "cuda/norm.cuh"
 #include "cuda/pdl.cuh"
+
+static __global__ void embed_kernel(const uint16_t *tab, const int32_t *ids, int E, float *x)
+{
+    int t = blockIdx.x;
+    const uint16_t *row = tab + (size_t)ids[t] * E;
+    for (int i = threadIdx.x; i < E; i += blockDim.x) x[(size_t)t * E + i] = bf2f(row[i]);
+}
 
 /* One block of rms_threads(E) threads per row (a PDL launch: pdl.cuh); the sum of squares in f32 in
  * norm.cuh's order (the CPU reference sums in double: a ~1e-7 difference). */
@@ -84,69 +90,18 @@ static __global__ void __launch_bounds__(WIDE_THREADS) add_rmsnorm_wide_kernel(f
     }
 }
 
-/* The bf16 residual (kernels.h, cuda_rmsnorm_bf16): row r of x (rows[r] when
- * rows) normalized into out[r]. Steps of more than CUDA_GEMV_MAX_T rows, E a
- * multiple of 1024: 256 threads, each NV 4-element chunks loaded at once;
- * otherwise rms_threads(E) threads striding the row, in norm.cuh's order. */
-template <int NV>
-static __global__ void __launch_bounds__(WIDE_THREADS) rmsnorm_bf16_wide_kernel(const uint16_t *x, const float *w,
-                                                                               const int32_t *rows, int E, float eps,
-                                                                               uint16_t *out)
-{
-    __shared__ float sh[32];
-    pdl_trigger();
-    pdl_wait();
-    const int tid = threadIdx.x, r = blockIdx.x, t = rows ? rows[r] : r;
-    const uint2 *xr = (const uint2 *)(x + (size_t)t * E);
-    uint2 u[NV];
-#pragma unroll
-    for (int c = 0; c < NV; c++) u[c] = xr[c * WIDE_THREADS + tid];
-    float ss = 0.0f;
-#pragma unroll
-    for (int c = 0; c < NV; c++) {
-        float a = bf2f((uint16_t)u[c].x), b = bf2f((uint16_t)(u[c].x >> 16));
-        float d = bf2f((uint16_t)u[c].y), e = bf2f((uint16_t)(u[c].y >> 16));
-        ss = rms_acc(rms_acc(rms_acc(rms_acc(ss, a), b), d), e);
-    }
-    float inv = rms_inv(block_sum(ss, sh), E, eps);
-    const float4 *w4 = (const float4 *)w;
-    uint2 *o = (uint2 *)(out + (size_t)r * E);
-#pragma unroll
-    for (int c = 0; c < NV; c++) {
-        float4 g = w4[c * WIDE_THREADS + tid];
-        float a = bf2f((uint16_t)u[c].x), b = bf2f((uint16_t)(u[c].x >> 16));
-        float d = bf2f((uint16_t)u[c].y), e = bf2f((uint16_t)(u[c].y >> 16));
-        o[c * WIDE_THREADS + tid] = make_uint2(rms_out(g.x, a, inv) | (uint32_t)rms_out(g.y, b, inv) << 16,
-                                               rms_out(g.z, d, inv) | (uint32_t)rms_out(g.w, e, inv) << 16);
-    }
-}
-
-static __global__ void rmsnorm_bf16_kernel(const uint16_t *x, const float *w, const int32_t *rows, int E, float eps,
-                                           uint16_t *out)
-{
-    __shared__ float sh[32];
-    pdl_trigger();
-    pdl_wait();
-    const int r = blockIdx.x, t = rows ? rows[r] : r;
-    const uint16_t *xr = x + (size_t)t * E;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < E; i += blockDim.x) ss = rms_acc(ss, bf2f(xr[i]));
-    float inv = rms_inv(block_sum(ss, sh), E, eps);
-    for (int i = threadIdx.x; i < E; i += blockDim.x) out[(size_t)r * E + i] = rms_out(w[i], bf2f(xr[i]), inv);
-}
-
-static __global__ void embed_bf16_kernel(const uint16_t *tab, const int32_t *ids, int E, uint16_t *x)
-{
-    int t = blockIdx.x;
-    const uint16_t *row = tab + (size_t)ids[t] * E;
-    for (int i = threadIdx.x; i < E; i += blockDim.x) x[(size_t)t * E + i] = row[i];
-}
-
 static int threads_for(int n)
 {
     int t = 32;
     while (t < n && t < 1024) t *= 2;
     return t;
+}
+
+extern "C" cudaError_t cuda_embed(const uint16_t *tab, const int32_t *ids, int T, int E, float *x, cudaStream_t st)
+{
+    if (T <= 0) return cudaSuccess;
+    embed_kernel<<<T, threads_for(E > 1024 ? 1024 : E), 0, st>>>(tab, ids, E, x);
+    return cudaGetLastError();
 }
 
 /* SLUICE_CUDA_NORM_WIDE=0: every step on add_rmsnorm_kernel (for comparison) */
@@ -172,31 +127,4 @@ extern "C" cudaError_t cuda_add_rmsnorm(float *x, const uint16_t *delta, const f
         }
     }
     return pdl_launch(add_rmsnorm_kernel, dim3(T), dim3(rms_threads(E)), 0, st, x, delta, w, rows, E, eps, out);
-}
-
-extern "C" cudaError_t cuda_embed_bf16(const uint16_t *tab, const int32_t *ids, int T, int E, uint16_t *x,
-                                       cudaStream_t st)
-{
-    if (T <= 0) return cudaSuccess;
-    embed_bf16_kernel<<<T, threads_for(E > 1024 ? 1024 : E), 0, st>>>(tab, ids, E, x);
-    return cudaGetLastError();
-}
-
-extern "C" cudaError_t cuda_rmsnorm_bf16(const uint16_t *x, const float *w, const int32_t *rows, int T, int E,
-                                         float eps, uint16_t *out, cudaStream_t st)
-{
-    if (T <= 0) return cudaSuccess;
-    if (T > CUDA_GEMV_MAX_T && E % 1024 == 0 && ((uintptr_t)x | (uintptr_t)out) % 8 == 0) {
-        dim3 g(T), b(WIDE_THREADS);
-        switch (E / 1024) {
-        case 1: return pdl_launch(rmsnorm_bf16_wide_kernel<1>, g, b, 0, st, x, w, rows, E, eps, out);
-        case 2: return pdl_launch(rmsnorm_bf16_wide_kernel<2>, g, b, 0, st, x, w, rows, E, eps, out);
-        case 3: return pdl_launch(rmsnorm_bf16_wide_kernel<3>, g, b, 0, st, x, w, rows, E, eps, out);
-        case 4: return pdl_launch(rmsnorm_bf16_wide_kernel<4>, g, b, 0, st, x, w, rows, E, eps, out);
-        case 5: return pdl_launch(rmsnorm_bf16_wide_kernel<5>, g, b, 0, st, x, w, rows, E, eps, out);
-        case 6: return pdl_launch(rmsnorm_bf16_wide_kernel<6>, g, b, 0, st, x, w, rows, E, eps, out);
-        case 8: return pdl_launch(rmsnorm_bf16_wide_kernel<8>, g, b, 0, st, x, w, rows, E, eps, out);
-        }
-    }
-    return pdl_launch(rmsnorm_bf16_kernel, dim3(T), dim3(rms_threads(E)), 0, st, x, w, rows, E, eps, out);
 }

@@ -139,8 +139,8 @@ static void lt_sweep(const uint16_t *const *w, const uint16_t *x, uint16_t *y, c
 struct chain {
     cublasHandle_t h;
     cudaStream_t st;
-    uint16_t *x;                    /* [T][E] the bf16 residual */
-    uint16_t *xn, *qkv, *att, *gu, *hh;
+    float *x;                       /* [T][E] residual */
+    uint16_t *xn, *qkv, *att, *gu, *hh, *delta;
     float *nw;
     int T;
 };
@@ -151,22 +151,22 @@ static void chain_init(struct chain *c, int T, int E, int F, int QKV)
     cublasCreate(&c->h);
     cudaStreamCreateWithFlags(&c->st, cudaStreamNonBlocking);
     cublasSetStream(c->h, c->st);
-    c->x = dalloc((size_t)T * E * 2), c->nw = dalloc((size_t)E * 4);
+    c->x = dalloc((size_t)T * E * 4), c->nw = dalloc((size_t)E * 4);
     c->xn = dalloc((size_t)T * E * 2), c->qkv = dalloc((size_t)T * QKV * 2), c->att = dalloc((size_t)T * E * 2);
-    c->gu = dalloc((size_t)T * 2 * F * 2), c->hh = dalloc((size_t)T * F * 2);
+    c->gu = dalloc((size_t)T * 2 * F * 2), c->hh = dalloc((size_t)T * F * 2), c->delta = dalloc((size_t)T * E * 2);
     fill(c->xn, (size_t)T * E, 5u), fill(c->att, (size_t)T * E, 6u), fill(c->hh, (size_t)T * F, 7u);
-    fill(c->x, (size_t)T * E, 8u);
+    fill(c->delta, (size_t)T * E, 8u);
+    cudaMemset(c->x, 0, (size_t)T * E * 4);
     float *one = malloc((size_t)E * 4);
     for (int i = 0; i < E; i++) one[i] = 1.0f;
     cudaMemcpy(c->nw, one, (size_t)E * 4, cudaMemcpyHostToDevice);
     free(one);
 }
 
-/* y = x w^T, or y += x w^T (acc: the residual add in the epilogue, as the backend does) */
-static void gemm_on(struct chain *c, const uint16_t *w, const uint16_t *x, uint16_t *y, int in, int out, bool acc)
+static void gemm_on(struct chain *c, const uint16_t *w, const uint16_t *x, uint16_t *y, int in, int out)
 {
-    const float one = 1, beta = acc ? 1.0f : 0.0f;
-    cublasGemmEx(c->h, CUBLAS_OP_T, CUBLAS_OP_N, out, c->T, in, &one, w, CUDA_R_16BF, in, x, CUDA_R_16BF, in, &beta,
+    const float one = 1, zero = 0;
+    cublasGemmEx(c->h, CUBLAS_OP_T, CUBLAS_OP_N, out, c->T, in, &one, w, CUDA_R_16BF, in, x, CUDA_R_16BF, in, &zero,
                  y, CUDA_R_16BF, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 }
 
@@ -174,14 +174,14 @@ static void gemm_on(struct chain *c, const uint16_t *w, const uint16_t *x, uint1
 static void chain_half(struct chain *c, uint16_t *const *w, int half, int E, int F, int QKV)
 {
     if (half == 0) {
-        cuda_rmsnorm_bf16(c->x, c->nw, NULL, c->T, E, 1e-5f, c->xn, c->st);
-        gemm_on(c, w[0], c->xn, c->qkv, E, QKV, false);
-        gemm_on(c, w[1], c->att, c->x, E, E, true);
+        cuda_add_rmsnorm(c->x, c->delta, c->nw, NULL, c->T, E, 1e-5f, c->xn, c->st);
+        gemm_on(c, w[0], c->xn, c->qkv, E, QKV);
+        gemm_on(c, w[1], c->att, c->delta, E, E);
     } else {
-        cuda_rmsnorm_bf16(c->x, c->nw, NULL, c->T, E, 1e-5f, c->xn, c->st);
-        gemm_on(c, w[2], c->xn, c->gu, E, 2 * F, false);
+        cuda_add_rmsnorm(c->x, c->delta, c->nw, NULL, c->T, E, 1e-5f, c->xn, c->st);
+        gemm_on(c, w[2], c->xn, c->gu, E, 2 * F);
         cuda_swiglu(c->gu, c->T, F, c->hh, c->st);
-        gemm_on(c, w[3], c->hh, c->x, F, E, true);
+        gemm_on(c, w[3], c->hh, c->delta, F, E);
     }
 }
 

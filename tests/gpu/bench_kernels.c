@@ -58,8 +58,8 @@ static const char *const vname[] = {"warp", "block", "persist"};
  * captured in one graph, as enqueue() runs it; prints us per layer.
  * mode 0: today's kernels (add_rmsnorm, gemv, swiglu, separate);
  * mode 1: the same sequence with the fused epilogue/prologue launchers. */
-static void bench_layers(int mode, int variant, int pdl, int T, uint16_t *const *wl, uint16_t *x, float *nw,
-                         uint16_t *xn, uint16_t *qkv, uint16_t *gu, uint16_t *hh)
+static void bench_layers(int mode, int variant, int pdl, int T, uint16_t *const *wl, float *x, float *nw,
+                         uint16_t *xn, uint16_t *qkv, uint16_t *delta, uint16_t *gu, uint16_t *hh)
 {
     const int E = 4096, F = 14336, QKV = 6144, NL = 8;
     const size_t sq = (size_t)QKV * E, so = (size_t)E * E, sg = (size_t)2 * F * E;
@@ -72,13 +72,13 @@ static void bench_layers(int mode, int variant, int pdl, int T, uint16_t *const 
     for (int l = 0; l < NL && !bad; l++) {
         const uint16_t *wq = wl[l], *wo = wq + sq, *wgu = wo + so, *wd = wgu + sg;
         if (mode == 0) {
-            bad |= cuda_rmsnorm_bf16(x, nw, NULL, T, E, 1e-5f, xn, st) != cudaSuccess;
+            bad |= cuda_add_rmsnorm(x, delta, nw, NULL, T, E, 1e-5f, xn, st) != cudaSuccess;
             bad |= cuda_gemv(wq, xn, qkv, false, T, E, QKV, st) != cudaSuccess;
-            bad |= cuda_gemv_residual(wo, qkv, x, T, E, E, st) != cudaSuccess;
-            bad |= cuda_rmsnorm_bf16(x, nw, NULL, T, E, 1e-5f, xn, st) != cudaSuccess;
+            bad |= cuda_gemv(wo, qkv, delta, false, T, E, E, st) != cudaSuccess;
+            bad |= cuda_add_rmsnorm(x, delta, nw, NULL, T, E, 1e-5f, xn, st) != cudaSuccess;
             bad |= cuda_gemv(wgu, xn, gu, false, T, E, 2 * F, st) != cudaSuccess;
             bad |= cuda_swiglu(gu, T, F, hh, st) != cudaSuccess;
-            bad |= cuda_gemv_residual(wd, hh, x, T, F, E, st) != cudaSuccess;
+            bad |= cuda_gemv(wd, hh, delta, false, T, F, E, st) != cudaSuccess;
         } else {
             bad |= cuda_gemv_rmsnorm(wq, x, nw, 1e-5f, qkv, T, E, QKV, st) != cudaSuccess;
             bad |= cuda_gemv_residual(wo, qkv, x, T, E, E, st) != cudaSuccess;
@@ -112,9 +112,8 @@ int main(void)
         {"qkv  4096 -> 6144", E, (H + 2 * KVH) * D}, {"o    4096 -> 4096", H * D, E},
         {"gate|up 4096 -> 28672", E, 2 * F}, {"down 14336 -> 4096", F, E}, {"lm_head 4096 -> 128256", E, V}};
     uint16_t *x = dalloc((size_t)4 * F * 2);
-    uint16_t *xr = dalloc((size_t)4 * E * 2); /* the bf16 residual */
-    float *y = dalloc((size_t)4 * V * 4), *nw = dalloc((size_t)E * 4);
-    cudaMemset(xr, 0, (size_t)4 * E * 2), cudaMemset(nw, 0, E * 4);
+    float *y = dalloc((size_t)4 * V * 4), *xr = dalloc((size_t)4 * E * 4), *nw = dalloc((size_t)E * 4);
+    cudaMemset(xr, 0, (size_t)4 * E * 4), cudaMemset(nw, 0, E * 4);
     for (int i = 0; i < 5; i++) {
         size_t wb = (size_t)m[i].in * m[i].out * 2;
         int nc = i == 4 ? 2 : 8;
@@ -142,7 +141,7 @@ int main(void)
                 }
                 if (i == 1 || i == 3) {
                     snprintf(lab, sizeof lab, "gemv_residual %-7s T=%d %s", vname[v], T, m[i].name);
-                    TIME(lab, wb, cuda_gemv_residual(w[rep % nc], x, (uint16_t *)y, T, m[i].in, m[i].out, 0));
+                    TIME(lab, wb, cuda_gemv_residual(w[rep % nc], x, y, T, m[i].in, m[i].out, 0));
                 }
                 if (i == 2) {
                     snprintf(lab, sizeof lab, "gemv_swiglu %-7s T=%d %s", vname[v], T, m[i].name);
@@ -160,26 +159,26 @@ int main(void)
         const size_t lw = ((size_t)6144 * E + (size_t)E * E + (size_t)2 * F * E + (size_t)F * E);
         uint16_t *wl[8];
         for (int l = 0; l < 8; l++) wl[l] = dalloc(lw * 2);
-        uint16_t *xn = dalloc((size_t)4 * E * 2), *qkv = dalloc((size_t)4 * 6144 * 2), *lx = dalloc((size_t)4 * E * 2),
+        uint16_t *xn = dalloc((size_t)4 * E * 2), *qkv = dalloc((size_t)4 * 6144 * 2), *delta = dalloc((size_t)4 * E * 2),
                  *gu = dalloc((size_t)4 * 2 * F * 2), *hh = dalloc((size_t)4 * F * 2);
-        float *lnw = dalloc((size_t)E * 4);
+        float *lx = dalloc((size_t)4 * E * 4), *lnw = dalloc((size_t)E * 4);
         cudaDeviceSynchronize();
         printf("-- decode layer GEMV part (norm, qkv, o, norm, gate|up, swiglu, down), 8 layers in one graph --\n");
         for (int T = 1; T <= 4; T *= 4) {
-            bench_layers(0, 0, 0, T, wl, lx, lnw, xn, qkv, gu, hh); /* today */
-            bench_layers(0, 0, 1, T, wl, lx, lnw, xn, qkv, gu, hh);
+            bench_layers(0, 0, 0, T, wl, lx, lnw, xn, qkv, delta, gu, hh); /* today */
+            bench_layers(0, 0, 1, T, wl, lx, lnw, xn, qkv, delta, gu, hh);
             for (int v = 1; v < 3; v++)
                 for (int pdl = 0; pdl < 2; pdl++) {
-                    bench_layers(0, v, pdl, T, wl, lx, lnw, xn, qkv, gu, hh);
-                    bench_layers(1, v, pdl, T, wl, lx, lnw, xn, qkv, gu, hh);
+                    bench_layers(0, v, pdl, T, wl, lx, lnw, xn, qkv, delta, gu, hh);
+                    bench_layers(1, v, pdl, T, wl, lx, lnw, xn, qkv, delta, gu, hh);
                 }
         }
         for (int l = 0; l < 8; l++) cudaFree(wl[l]);
-        cudaFree(xn), cudaFree(qkv), cudaFree(gu), cudaFree(hh), cudaFree(lx), cudaFree(lnw);
+        cudaFree(xn), cudaFree(qkv), cudaFree(delta), cudaFree(gu), cudaFree(hh), cudaFree(lx), cudaFree(lnw);
     }
     /* the small kernels at T = 1 */
     uint16_t *xn = dalloc((size_t)E * 2), *gu = dalloc((size_t)2 * F * 2), *hh = dalloc((size_t)F * 2);
-    TIME("rmsnorm_bf16 T=1 E=4096", (double)E * 4, cuda_rmsnorm_bf16(xr, nw, NULL, 1, E, 1e-5f, xn, 0));
+    TIME("add_rmsnorm T=1 E=4096", (double)E * 8, cuda_add_rmsnorm(xr, xn, nw, NULL, 1, E, 1e-5f, xn, 0));
     TIME("swiglu T=1 F=14336", (double)F * 6, cuda_swiglu(gu, 1, F, hh, 0));
     int32_t *tok = dalloc(64);
     float *logits = dalloc((size_t)V * 4);

@@ -62,9 +62,7 @@ static void test_embed_rmsnorm(void)
         int32_t *dids = dup_dev(ids, sizeof ids);
         float *dw = dup_dev(w, E * 4), *dx = poisoned((size_t)T * E * 4);
         uint16_t *dout = poisoned((size_t)T * E * 2);
-        for (int t = 0; t < T; t++) /* x: embedding rows (the f32 residual of tensor parallelism) */
-            for (int i = 0; i < E; i++) x[(size_t)t * E + i] = fb(tab[(size_t)ids[t] * E + i]);
-        cudaMemcpy(dx, x, (size_t)T * E * 4, cudaMemcpyHostToDevice);
+        CHECK(cuda_embed(dtab, dids, T, E, dx, 0) == cudaSuccess);
         CHECK(cuda_add_rmsnorm(dx, ddelta, dw, NULL, T, E, 1e-5f, dout, 0) == cudaSuccess);
         uint16_t *out = malloc((size_t)T * E * 2);
         get(out, dout, (size_t)T * E * 2);
@@ -97,58 +95,9 @@ static void test_embed_rmsnorm(void)
         for (int r = 0; r < T; r++) memcpy(ref2 + (size_t)r * E, ref + (size_t)rows[r] * E, (size_t)E * 8);
         e1 = nerr(o, ref2, (size_t)T * E);
         CHECKF(e1 < 4e-3, "T=%d E=%d: gathered norm err %.3g", T, E, e1);
-        printf("  add_rmsnorm T=%d E=%d: err %.2e\n", T, E, e1);
+        printf("  embed+add_rmsnorm T=%d E=%d: err %.2e\n", T, E, e1);
         free(tab), free(delta), free(w), free(x), free(out), free(ref), free(refx), free(o), free(ref2);
         cudaFree(dtab), cudaFree(ddelta), cudaFree(dids), cudaFree(dw), cudaFree(dx), cudaFree(dout), cudaFree(drows);
-    }
-}
-
-/* The bf16 residual's kernels: cuda_embed_bf16 (the table's bits) and
- * cuda_rmsnorm_bf16 (rows in order and gathered; E a multiple of 1024 takes
- * the wide kernel). */
-static void test_rmsnorm_bf16(void)
-{
-    int shapes[][2] = {{1, 64}, {7, 576}, {33, 4096}, {5, 1000}, {6, 3072}, {40, 8192}};
-    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
-        int T = shapes[si][0], E = shapes[si][1], V = 50;
-        uint16_t *tab = malloc((size_t)V * E * 2), *x = malloc((size_t)T * E * 2), *out = malloc((size_t)T * E * 2);
-        int32_t ids[64], rows[64];
-        float *w = malloc(E * 4), *o = malloc((size_t)T * E * 4);
-        for (int i = 0; i < V * E; i++) tab[i] = bf(3 * frand());
-        for (int i = 0; i < E; i++) w[i] = 1.0f + 0.5f * frand();
-        for (int t = 0; t < T; t++) ids[t] = (t * 7 + 3) % V, rows[t] = T - 1 - t;
-        uint16_t *dtab = dup_dev(tab, (size_t)V * E * 2), *dx = poisoned((size_t)T * E * 2);
-        uint16_t *dout = poisoned((size_t)T * E * 2);
-        int32_t *dids = dup_dev(ids, sizeof ids), *drows = dup_dev(rows, sizeof rows);
-        float *dw = dup_dev(w, E * 4);
-        CHECK(cuda_embed_bf16(dtab, dids, T, E, dx, 0) == cudaSuccess);
-        get(x, dx, (size_t)T * E * 2);
-        int diff = 0;
-        for (int t = 0; t < T; t++) diff += memcmp(x + (size_t)t * E, tab + (size_t)ids[t] * E, (size_t)E * 2) != 0;
-        CHECKF(diff == 0, "T=%d E=%d: embed_bf16 differs in %d rows", T, E, diff);
-        double *ref = malloc((size_t)T * E * 8), rref[64];
-        for (int t = 0; t < T; t++) {
-            double ss = 0;
-            for (int i = 0; i < E; i++) ss += (double)fb(x[(size_t)t * E + i]) * fb(x[(size_t)t * E + i]);
-            rref[t] = 1.0 / sqrt(ss / E + 1e-5);
-        }
-        for (int pass = 0; pass < 2; pass++) { /* 1: the gathered form (final norm), rows reversed */
-            cudaMemset(dout, 0xff, (size_t)T * E * 2);
-            CHECK(cuda_rmsnorm_bf16(dx, dw, pass ? drows : NULL, T, E, 1e-5f, dout, 0) == cudaSuccess);
-            get(out, dout, (size_t)T * E * 2);
-            for (int r = 0; r < T; r++) {
-                int t = pass ? rows[r] : r;
-                for (int i = 0; i < E; i++) {
-                    ref[(size_t)r * E + i] = w[i] * fb(x[(size_t)t * E + i]) * rref[t];
-                    o[(size_t)r * E + i] = fb(out[(size_t)r * E + i]);
-                }
-            }
-            double e = nerr(o, ref, (size_t)T * E);
-            CHECKF(e < 4e-3, "T=%d E=%d%s: norm err %.3g", T, E, pass ? " gathered" : "", e);
-            printf("  embed_bf16+rmsnorm_bf16%s T=%d E=%d: err %.2e\n", pass ? " gathered" : "", T, E, e);
-        }
-        free(tab), free(x), free(out), free(w), free(o), free(ref);
-        cudaFree(dtab), cudaFree(dx), cudaFree(dout), cudaFree(dids), cudaFree(drows), cudaFree(dw);
     }
 }
 
@@ -265,17 +214,17 @@ static void test_gemv_fused(void)
         const bool exact = true;
         size_t nx = (size_t)T * in, ny = (size_t)T * out;
         uint16_t *w = rand_bf((size_t)2 * F * in, 1), *x = rand_bf(nx, 1);
-        /* xr: the bf16 residual to normalize; xres: the one to add to */
-        uint16_t *xr = rand_bf(nx, 3), *xres = rand_bf(ny, 2);
-        float *nw = malloc(in * 4);
+        float *xr = malloc(nx * 4), *nw = malloc(in * 4), *xres = malloc(ny * 4);
+        for (size_t i = 0; i < nx; i++) xr[i] = 3 * frand();
         for (int i = 0; i < in; i++) nw[i] = 1 + 0.5f * frand();
+        for (size_t i = 0; i < ny; i++) xres[i] = 2 * frand();
         /* references: xn = rmsnorm(xr) in double, rounded to bf16 as the kernels do */
         uint16_t *xn = malloc(nx * 2);
         for (int t = 0; t < T; t++) {
             double ss = 0;
-            for (int i = 0; i < in; i++) ss += (double)fb(xr[(size_t)t * in + i]) * fb(xr[(size_t)t * in + i]);
+            for (int i = 0; i < in; i++) ss += (double)xr[(size_t)t * in + i] * xr[(size_t)t * in + i];
             double r = 1 / sqrt(ss / in + 1e-5);
-            for (int i = 0; i < in; i++) xn[(size_t)t * in + i] = bf((float)(nw[i] * fb(xr[(size_t)t * in + i]) * r));
+            for (int i = 0; i < in; i++) xn[(size_t)t * in + i] = bf((float)(nw[i] * xr[(size_t)t * in + i] * r));
         }
         double *rgu = malloc((size_t)T * 2 * F * 8), *rnu = malloc((size_t)T * 2 * F * 8);
         double *rres = malloc(ny * 8), *rsw = malloc(ny * 8), *rnsw = malloc(ny * 8), *rn = malloc(ny * 8);
@@ -284,7 +233,7 @@ static void test_gemv_fused(void)
         for (int t = 0; t < T; t++)
             for (int j = 0; j < F; j++) {
                 size_t k = (size_t)t * F + j, kg = (size_t)t * 2 * F + j;
-                rres[k] = fb(xres[k]) + rgu[kg]; /* W's first `out` rows as the residual projection */
+                rres[k] = xres[k] + rgu[kg]; /* W's first `out` rows as the residual projection */
                 double g = rgu[kg], u = rgu[kg + F];
                 rsw[k] = g / (1 + exp(-g)) * u;
                 g = rnu[kg], u = rnu[kg + F];
@@ -292,12 +241,12 @@ static void test_gemv_fused(void)
                 rn[k] = rnu[kg];
             }
         uint16_t *dw = dup_dev(w, (size_t)2 * F * in * 2), *dx = dup_dev(x, nx * 2);
-        uint16_t *dxr = dup_dev(xr, nx * 2), *dres = dup_dev(NULL, ny * 2);
-        float *dnw = dup_dev(nw, in * 4), *dsum = poisoned(ny * 4);
+        float *dxr = dup_dev(xr, nx * 4), *dnw = dup_dev(nw, in * 4), *dres = dup_dev(NULL, ny * 4);
         uint16_t *dy = poisoned(ny * 2), *dxn = poisoned(nx * 2), *dgu = poisoned((size_t)T * 2 * F * 2);
         uint16_t *dh = poisoned(ny * 2);
-        uint16_t *y = malloc(ny * 2), *u1 = malloc(ny * 2), *res = malloc(ny * 2), *res1 = malloc(ny * 2);
-        float *o = malloc(ny * 4), *sum = malloc(ny * 4);
+        float *dscr = dup_dev(xr, nx * 4); /* add_rmsnorm's x: it writes back x + 0 */
+        uint16_t *y = malloc(ny * 2), *u1 = malloc(ny * 2);
+        float *o = malloc(ny * 4), *res = malloc(ny * 4), *res1 = malloc(ny * 4);
         static const int variants[] = {1, 2, 0, 3};
         for (int vi = 0; vi < 4; vi++) {
             int variant = variants[vi];
@@ -319,17 +268,16 @@ static void test_gemv_fused(void)
             }
             printf("  gemv_swiglu   %-7s T=%d in=%d F=%d: err %.2e%s\n", vn, T, in, F, e, exact ? ", exact" : "");
             /* residual */
-            cudaMemcpy(dres, xres, ny * 2, cudaMemcpyHostToDevice);
+            cudaMemcpy(dres, xres, ny * 4, cudaMemcpyHostToDevice);
             CHECK(cuda_gemv_residual(dw, dx, dres, T, in, out, 0) == cudaSuccess);
-            get(res, dres, ny * 2);
-            for (size_t i = 0; i < ny; i++) o[i] = fb(res[i]);
-            e = nerr(o, rres, ny);
+            get(res, dres, ny * 4);
+            e = nerr(res, rres, ny);
             CHECKF(e < 4e-3, "gemv_residual %s T=%d in=%d out=%d: err %.3g", vn, T, in, out, e);
-            if (exact) { /* bf16(x + the f32 sum), rounded once */
-                CHECK(cuda_gemv(dw, dx, dsum, true, T, in, out, 0) == cudaSuccess);
-                get(sum, dsum, ny * 4);
-                for (size_t i = 0; i < ny; i++) res1[i] = bf(fb(xres[i]) + sum[i]);
-                CHECKF(!memcmp(res, res1, ny * 2), "gemv_residual %s T=%d in=%d: not bf16(x + gemv)", vn, T, in);
+            if (exact) {
+                CHECK(cuda_gemv(dw, dx, dy, false, T, in, out, 0) == cudaSuccess);
+                get(y, dy, ny * 2);
+                for (size_t i = 0; i < ny; i++) res1[i] = xres[i] + fb(y[i]);
+                CHECKF(!memcmp(res, res1, ny * 4), "gemv_residual %s T=%d in=%d: not x + bf16(gemv)", vn, T, in);
             }
             printf("  gemv_residual %-7s T=%d in=%d out=%d: err %.2e%s\n", vn, T, in, out, e, exact ? ", exact" : "");
             /* rmsnorm prologue */
@@ -340,10 +288,10 @@ static void test_gemv_fused(void)
             e = nerr(o, rn, ny);
             CHECKF(e < 6e-3, "gemv_rmsnorm %s T=%d in=%d out=%d: err %.3g", vn, T, in, out, e);
             if (exact) {
-                CHECK(cuda_rmsnorm_bf16(dxr, dnw, NULL, T, in, 1e-5f, dxn, 0) == cudaSuccess);
+                CHECK(cuda_add_rmsnorm(dscr, NULL, dnw, NULL, T, in, 1e-5f, dxn, 0) == cudaSuccess);
                 CHECK(cuda_gemv(dw, dxn, dy, false, T, in, out, 0) == cudaSuccess);
                 get(u1, dy, ny * 2);
-                CHECKF(!memcmp(y, u1, ny * 2), "gemv_rmsnorm %s T=%d in=%d: not gemv(rmsnorm_bf16)", vn, T, in);
+                CHECKF(!memcmp(y, u1, ny * 2), "gemv_rmsnorm %s T=%d in=%d: not gemv(add_rmsnorm)", vn, T, in);
             }
             printf("  gemv_rmsnorm  %-7s T=%d in=%d out=%d: err %.2e%s\n", vn, T, in, out, e, exact ? ", exact" : "");
             /* both */
@@ -354,7 +302,7 @@ static void test_gemv_fused(void)
             e = nerr(o, rnsw, ny);
             CHECKF(e < 8e-3, "gemv_rmsnorm_swiglu %s T=%d in=%d F=%d: err %.3g", vn, T, in, F, e);
             if (exact) {
-                CHECK(cuda_rmsnorm_bf16(dxr, dnw, NULL, T, in, 1e-5f, dxn, 0) == cudaSuccess);
+                CHECK(cuda_add_rmsnorm(dscr, NULL, dnw, NULL, T, in, 1e-5f, dxn, 0) == cudaSuccess);
                 CHECK(cuda_gemv(dw, dxn, dgu, false, T, in, 2 * F, 0) == cudaSuccess);
                 CHECK(cuda_swiglu(dgu, T, F, dh, 0) == cudaSuccess);
                 get(u1, dh, ny * 2);
@@ -364,9 +312,9 @@ static void test_gemv_fused(void)
         }
         cuda_gemv_select(1, 1, -1);
         free(w), free(x), free(xr), free(nw), free(xres), free(xn), free(rgu), free(rnu), free(rres), free(rsw);
-        free(rnsw), free(rn), free(y), free(u1), free(o), free(res), free(res1), free(sum);
+        free(rnsw), free(rn), free(y), free(u1), free(o), free(res), free(res1);
         cudaFree(dw), cudaFree(dx), cudaFree(dxr), cudaFree(dnw), cudaFree(dres), cudaFree(dy), cudaFree(dxn);
-        cudaFree(dgu), cudaFree(dh), cudaFree(dsum);
+        cudaFree(dgu), cudaFree(dh), cudaFree(dscr);
     }
 }
 
@@ -379,20 +327,19 @@ static void test_gemv_layers_graph(void)
     const int T = 2, E = 2048, F = 5632, QKV = 3072, L = 4;
     size_t wl = (size_t)QKV * E + (size_t)E * E + (size_t)2 * F * E + (size_t)E * F;
     uint16_t *w = rand_bf(wl * L, 0.05f);
-    size_t xbytes = (size_t)T * E * 2; /* the bf16 residual */
-    uint16_t *x0 = rand_bf((size_t)T * E, 1), *xa = malloc(xbytes), *xb = malloc(xbytes);
-    float *nw = malloc(E * 4);
+    float *x0 = malloc((size_t)T * E * 4), *nw = malloc(E * 4), *xa = malloc((size_t)T * E * 4),
+          *xb = malloc((size_t)T * E * 4);
+    for (int i = 0; i < T * E; i++) x0[i] = frand();
     for (int i = 0; i < E; i++) nw[i] = 1 + 0.2f * frand();
     uint16_t *dw = dup_dev(w, wl * L * 2), *dqkv = poisoned((size_t)T * QKV * 2), *dh = poisoned((size_t)T * F * 2);
-    uint16_t *dx = dup_dev(x0, xbytes);
-    float *dnw = dup_dev(nw, E * 4);
+    float *dx = dup_dev(x0, (size_t)T * E * 4), *dnw = dup_dev(nw, E * 4);
     cudaStream_t st;
     cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
     cudaDeviceSynchronize(); /* the set-up above ran on the legacy stream */
     for (int pass = 0; pass < 4; pass++) {
         /* block kernels, then warp kernels: eager without PDL, graph with */
         cuda_gemv_select(pass < 2 ? 1 : 0, pass & 1, -1);
-        cudaMemcpyAsync(dx, x0, xbytes, cudaMemcpyHostToDevice, st);
+        cudaMemcpyAsync(dx, x0, (size_t)T * E * 4, cudaMemcpyHostToDevice, st);
         cudaGraph_t g = NULL;
         cudaGraphExec_t ge = NULL;
         if (pass & 1) CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
@@ -409,22 +356,22 @@ static void test_gemv_layers_graph(void)
             CHECK(cudaStreamEndCapture(st, &g) == cudaSuccess);
             CHECK(g && cudaGraphInstantiate(&ge, g, 0) == cudaSuccess);
             for (int rep = 0; rep < 3 && ge; rep++) { /* replays start from the same x */
-                cudaMemcpyAsync(dx, x0, xbytes, cudaMemcpyHostToDevice, st);
+                cudaMemcpyAsync(dx, x0, (size_t)T * E * 4, cudaMemcpyHostToDevice, st);
                 CHECK(cudaGraphLaunch(ge, st) == cudaSuccess);
             }
         }
         CHECK(cudaStreamSynchronize(st) == cudaSuccess);
-        get(pass & 1 ? xb : xa, dx, xbytes);
+        get(pass & 1 ? xb : xa, dx, (size_t)T * E * 4);
         if (ge) cudaGraphExecDestroy(ge);
         if (g) cudaGraphDestroy(g);
         if (!(pass & 1)) continue;
         double d = 0, n = 0;
-        for (int i = 0; i < T * E; i++) d += fabs(fb(xa[i]) - fb(xb[i])), n += fabs(fb(xa[i]) - fb(x0[i]));
+        for (int i = 0; i < T * E; i++) d += fabs(xa[i] - xb[i]), n += fabs(xa[i] - x0[i]);
         const char *vn = pass < 2 ? "block" : "warp";
-        CHECKF(!memcmp(xa, xb, xbytes) && n > 0,
+        CHECKF(!memcmp(xa, xb, (size_t)T * E * 4) && n > 0,
                "%s: graph+PDL layers differ from eager: |diff| %.3g, |update| %.3g", vn, d, n);
         printf("  %d fused layers (%s kernels), graph + PDL vs eager: %s\n", L, vn,
-               memcmp(xa, xb, xbytes) ? "differ" : "identical");
+               memcmp(xa, xb, (size_t)T * E * 4) ? "differ" : "identical");
     }
     cuda_gemv_select(1, 1, -1);
     cudaStreamDestroy(st);
@@ -1054,7 +1001,6 @@ int main(void)
         return 0;
     }
     RUN(test_embed_rmsnorm);
-    RUN(test_rmsnorm_bf16);
     RUN(test_swiglu);
     RUN(test_gemv);
     RUN(test_gemv_fused);
