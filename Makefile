@@ -50,7 +50,7 @@ $(BUILD)/%.o: %.c $(wildcard */*.h)
 # attn_wg.cu's warpgroup MMA needs the arch-specific sm_90a target
 comma := ,
 NVFLAGS_WG ?= $(subst arch=compute_90$(comma)code=sm_90,arch=compute_90a$(comma)code=sm_90a,$(NVFLAGS))
-$(BUILD)/cuda/attn_wg.o: NVFLAGS := $(NVFLAGS_WG)
+$(BUILD)/cuda/attn_wg.o $(BUILD)/cuda/gemm_wg.o: NVFLAGS := $(NVFLAGS_WG)
 
 $(BUILD)/%.o: %.cu $(wildcard cuda/*.h cuda/*.cuh model/*.h)
 	@mkdir -p $(dir $@)

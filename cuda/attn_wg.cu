@@ -40,14 +40,13 @@
  * bench_attn on an H200 (BENCHMARKS.md): a 16K context in 8 chunks at
  * 537-574 TFLOP/s (attn_tc_kernel 212; 329 with the cp.async gather), a
  * 2048-token prompt at 311-313 (150), 8 such prompts in one step at 372-375. */
-#include <cuda.h>
-#include <cudaTypedefs.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cuda/bf16.cuh"
 #include "cuda/kernels.h"
 #include "cuda/tile.cuh"
+#include "cuda/wgmma.cuh"
 
 #define WG_BM 128  /* query rows per block: two warpgroups of 64 */
 #define WG_BN 128  /* keys per tile */
@@ -57,10 +56,6 @@
 #define WG_SMEM (1024 + WG_TILE + 6 * WG_TILE)
 static_assert(WG_BM == WG_BN, "Q and K/V tiles share one layout");
 
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define WG_ARCH 1
-#endif
-
 #ifdef WG_ARCH
 /* byte offset of 16-byte chunk c (0..15 along D 128) of row r in a tile */
 static __device__ __forceinline__ uint32_t sw128(int r, int c)
@@ -68,22 +63,6 @@ static __device__ __forceinline__ uint32_t sw128(int r, int c)
     return (uint32_t)((c >> 3) * WG_HALF + r * 128 + (((c & 7) ^ (r & 7)) << 4));
 }
 
-static __device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_t sbo)
-{
-    return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)((lbo >> 4) & 0x3FFF) << 16 |
-           (uint64_t)((sbo >> 4) & 0x3FFF) << 32 | 1ull << 62;
-}
-
-static __device__ __forceinline__ void wg_fence(void) { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-static __device__ __forceinline__ void wg_commit(void)
-{
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-template <int N>
-static __device__ __forceinline__ void wg_wait(void)
-{
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
 /* keeps the compiler from touching accumulators across an async wgmma */
 static __device__ __forceinline__ void acc_fence(float (&d)[64])
 {
@@ -105,44 +84,6 @@ static __device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t (
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
-}
-
-/* ---- mbarriers (shared memory, CTA scope) ---- */
-static __device__ __forceinline__ void mbar_init(uint32_t bar, int count)
-{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-static __device__ __forceinline__ void mbar_arrive(uint32_t bar)
-{
-    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
-}
-/* arrives once every cp.async this thread issued so far has landed */
-static __device__ __forceinline__ void mbar_arrive_cp_async(uint32_t bar)
-{
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-/* waits for the completion of the barrier's phase with this parity */
-static __device__ __forceinline__ void mbar_wait(uint32_t bar, int parity)
-{
-    asm volatile("{\n.reg .pred p;\nWAIT_%=:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra WAIT_%=;\n}\n" ::"r"(bar),
-                 "r"(parity)
-                 : "memory");
-}
-
-/* the barrier expects bytes more of transfers, and this arrival */
-static __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes)
-{
-    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(bar), "r"(bytes)
-                 : "memory");
-}
-/* the tensor map's box at (c0, c1, c2) into shared memory at dst (the
- * 128-byte swizzle), counted on the barrier */
-static __device__ __forceinline__ void tma_load3(uint32_t dst, const CUtensorMap *m, int c0, int c1, int c2, uint32_t bar)
-{
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, "
-                 "%4}], [%5];\n" ::"r"(dst),
-                 "l"((uint64_t)m), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
-                 : "memory");
 }
 
 /* keys [k0, k0 + WG_BN) of head group g into the K tile at ks and the V tile
@@ -472,18 +413,11 @@ extern "C" cudaError_t cuda_attention_wg_prepare(void)
  * gather. false where either is missing. */
 static bool tm_make(CUtensorMap *m, const void *base, int KVH)
 {
-    /* once, thread-safe (every tensor-parallel rank's thread calls it) */
-    static const PFN_cuTensorMapEncodeTiled_v12000 tm_encode = [] {
+    static const bool off = [] {
         const char *e = getenv("SLUICE_CUDA_ATTN_TMA");
-        cudaDriverEntryPointQueryResult q;
-        void *fn = NULL;
-        if ((e && strcmp(e, "0") == 0) ||
-            cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) !=
-                cudaSuccess ||
-            q != cudaDriverEntryPointSuccess)
-            fn = NULL;
-        return (PFN_cuTensorMapEncodeTiled_v12000)fn;
+        return e && strcmp(e, "0") == 0;
     }();
+    PFN_cuTensorMapEncodeTiled_v12000 tm_encode = off ? NULL : wg_tm_encoder();
     if (!tm_encode || ((uintptr_t)base & 15)) return false;
     cuuint64_t dims[3] = {128, (cuuint64_t)KVH, 1ull << 31}, strides[2] = {256, (cuuint64_t)KVH * 256};
     cuuint32_t box[3] = {64, 1, 16}, es[3] = {1, 1, 1};

@@ -429,6 +429,7 @@ static int rank_init(struct rank *k, char *err, size_t errlen)
     CK(cudaSetDevice(k->dev));
     CK(cudaStreamCreateWithFlags(&k->st, cudaStreamNonBlocking));
     CK(cuda_attention_prepare(c->head_dim));
+    CK(cuda_gemm_wg_prepare());
     CB(cublasCreate(&k->blas));
     CB(cublasSetStream(k->blas, k->st));
     /* a fixed workspace: cuBLAS then never allocates, inside graph capture too */
@@ -1022,6 +1023,9 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
         if (!(ab & ABL_GU) && gu_gemv) {
             /* SwiGLU in the GEMV's epilogue: bit for bit the two kernels below */
             CK(cuda_gemv_swiglu(L->wgu, k->xn, k->h, T, E, F, st));
+        } else if (!(ab & ABL_GU) && cuda_gemm_wg_ok(T, E, 2 * F)) {
+            /* sm_90: SwiGLU in the warpgroup GEMM's epilogue, gate|up never stored */
+            CK(cuda_gemm_wg_swiglu(L->wgu, k->xn, k->h, T, E, F, st));
         } else if (!(ab & ABL_GU)) {
             CB(gemm(k, k->xn, L->wgu, k->gu, false, T, E, 2 * F));
             CK(cuda_swiglu(k->gu, T, F, k->h, st));

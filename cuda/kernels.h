@@ -175,6 +175,28 @@ cudaError_t cuda_gemv_rmsnorm_swiglu(const uint16_t *Wgu, const float *x, const 
  * call it outside graph capture, with no launch in flight on another thread. */
 void cuda_gemv_select(int variant, int pdl, int ch);
 
+/* ---- gemm_wg.cu ---- */
+/* Prefill GEMMs on Hopper's warpgroup MMA (compute capability 9.0 only),
+ * f32 accumulation in one fixed order per output whatever T. ok: this
+ * device runs them (unless SLUICE_CUDA_GEMM_WG=0) for these sizes (in a
+ * multiple of 8, out and 2F of 16; outputs 16-byte aligned); otherwise the launchers return cudaErrorInvalidValue
+ * and launch nothing. prepare: once per device before the first launch.
+ * select: 1/0 forces on/off (where the device can), -1 the environment;
+ * not thread-safe, for tests and benchmarks. */
+int cuda_gemm_wg_ok(int T, int in, int out);
+cudaError_t cuda_gemm_wg_prepare(void);
+void cuda_gemm_wg_select(int on);
+/* CTA pairs that fit on this device at once (0: single CTAs only) */
+int cuda_gemm_wg_pairs(void);
+/* y = bf16(x W^T): W [out][in] bf16, x [T][in] bf16, y [T][out] bf16 */
+cudaError_t cuda_gemm_wg(const uint16_t *W, const uint16_t *x, uint16_t *y, int T, int in, int out,
+                         cudaStream_t st);
+/* h[t][j] = bf16(silu(g) * u) with g, u the bf16 of rows j and F + j of
+ * x Wgu^T: what cuda_swiglu makes of that product (the product's own sums
+ * are this kernel's, not cuBLAS's). Wgu [2F][in] bf16, x [T][in], h [T][F]. */
+cudaError_t cuda_gemm_wg_swiglu(const uint16_t *Wgu, const uint16_t *x, uint16_t *h, int T, int in, int F,
+                                cudaStream_t st);
+
 /* ---- act.cu ---- */
 /* h[t][i] = bf16(silu(gu[t][i]) * gu[t][F + i]) for i < F; gu [T][2F], h [T][F] bf16. */
 cudaError_t cuda_swiglu(const uint16_t *gu, int T, int F, uint16_t *h, cudaStream_t st);

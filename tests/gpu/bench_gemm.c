@@ -17,7 +17,13 @@
  * attention (RMSNorm, qkv, o, RMSNorm, gate|up, SwiGLU, down) for 32 layers,
  * as one 16384-token stream; as two 8192-token halves one after the other;
  * and as the two halves on two streams at once, the second starting half a
- * layer later. Not a test. */
+ * layer later.
+ * SLUICE_BENCH_WG=1 adds the warpgroup GEMMs (gemm_wg.cu, sm_90 only)
+ * under the same sustained load, in alternating rounds: the four cuBLAS
+ * GEMMs with cuda_swiglu after gate|up (what a prefill step runs); the same
+ * with gate|up and SwiGLU in one warpgroup kernel; all four on the
+ * warpgroup kernels; and the four plain GEMMs on them (against the cuBLAS
+ * figure above). Not a test. */
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -245,6 +251,121 @@ static void overlap(uint16_t *const *w, int T, int E, int F, int QKV, int L)
     }
 }
 
+/* ms per 32 layers (3 rounds after a warm-up) of mode 0: cuBLAS x 4 +
+ * cuda_swiglu; 1: cuBLAS qkv, o, down + cuda_gemm_wg_swiglu; 2: the
+ * warpgroup kernels for all four, SwiGLU fused; 3: the four plain GEMMs on
+ * the warpgroup kernel */
+static float wg_chain(cublasHandle_t h, uint16_t *const *w, const uint16_t *x, uint16_t *y, uint16_t *hb, int mode,
+                      int T, int L, const int (*g)[2], int F)
+{
+    const float one = 1, zero = 0;
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0), cudaEventCreate(&e1);
+    float ms = 0;
+    int bad = 0;
+    for (int warm = 0; warm < 2; warm++) {
+        cudaEventRecord(e0, 0);
+        for (int r = 0; r < (warm ? 3 : 1); r++)
+            for (int l = 0; l < L; l++)
+                for (int i = 0; i < 4; i++) {
+                    int in = g[i][0], out = g[i][1];
+                    if (i == 2 && (mode == 1 || mode == 2)) {
+                        bad |= cuda_gemm_wg_swiglu(w[i], x, hb, T, in, F, 0) != cudaSuccess;
+                    } else if (mode >= 2) {
+                        bad |= cuda_gemm_wg(w[i], x, y, T, in, out, 0) != cudaSuccess;
+                    } else {
+                        cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, out, T, in, &one, w[i], CUDA_R_16BF, in, x,
+                                     CUDA_R_16BF, in, &zero, y, CUDA_R_16BF, out, CUBLAS_COMPUTE_32F,
+                                     CUBLAS_GEMM_DEFAULT);
+                        if (i == 2) bad |= cuda_swiglu(y, T, F, hb, 0) != cudaSuccess;
+                    }
+                }
+        cudaEventRecord(e1, 0);
+        cudaEventSynchronize(e1);
+        cudaEventElapsedTime(&ms, e0, e1);
+    }
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    return bad ? -1 : ms / 3;
+}
+
+static void wg_compare(cublasHandle_t h, uint16_t *const *w, const uint16_t *x, uint16_t *y, int T, int L,
+                       const int (*g)[2], double flop)
+{
+    static const char *const name[] = {"cuBLAS x4 + swiglu kernel", "cuBLAS x3 + wg gate|up+SwiGLU",
+                                       "wg x4, SwiGLU fused", "wg x4 plain"};
+    int F = g[2][1] / 2;
+    cuda_gemm_wg_prepare();
+    if (!cuda_gemm_wg_ok(T, g[0][0], g[0][1])) {
+        printf("wg: no sm_90 device, skipped\n");
+        return;
+    }
+    uint16_t *hb = dalloc((size_t)T * F * 2);
+    printf("wg: %d CTA pairs at once\n", cuda_gemm_wg_pairs());
+    for (int round = 0; round < 2; round++)
+        for (int mode = 0; mode < 4; mode++)
+            for (int cl = 2; cl >= (mode ? 1 : 2); cl--) {
+                setenv("SLUICE_CUDA_GEMM_CL", cl == 2 ? "2" : "1", 1);
+                cuda_gemm_wg_select(-1);
+                float ms = wg_chain(h, w, x, y, hb, mode, T, L, g, F);
+                printf("wg round %d, %s%s: %.1f ms per 32 layers, %.0f TFLOP/s\n", round, name[mode],
+                       mode == 0 ? "" : cl == 2 ? " (CTA pairs)" : " (single CTAs)", ms, L * flop / (ms * 1e-3) / 1e12);
+            }
+    /* gate|up alone, best of 20: cuBLAS, the plain warpgroup kernel, fused */
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0), cudaEventCreate(&e1);
+    const float one = 1, zero = 0;
+    for (int k = 0; k < 6; k++) {
+        setenv("SLUICE_CUDA_GEMM_CL", k == 1 || k == 3 || k == 5 ? "2" : "1", 1);
+        setenv("SLUICE_CUDA_GEMM_MC", k == 5 ? "0" : "1", 1);
+        cuda_gemm_wg_select(-1);
+        float best = 1e9f;
+        for (int r = 0; r < 20; r++) {
+            cudaEventRecord(e0, 0);
+            if (k == 0)
+                cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, g[2][1], T, g[2][0], &one, w[2], CUDA_R_16BF, g[2][0], x,
+                             CUDA_R_16BF, g[2][0], &zero, y, CUDA_R_16BF, g[2][1], CUBLAS_COMPUTE_32F,
+                             CUBLAS_GEMM_DEFAULT);
+            else if (k <= 2 || k == 5)
+                cuda_gemm_wg(w[2], x, y, T, g[2][0], g[2][1], 0);
+            else
+                cuda_gemm_wg_swiglu(w[2], x, hb, T, g[2][0], F, 0);
+            cudaEventRecord(e1, 0);
+            cudaEventSynchronize(e1);
+            float ms = 0;
+            cudaEventElapsedTime(&ms, e0, e1);
+            best = ms < best ? ms : best;
+        }
+        static const char *const kn[] = {"cuBLAS", "wg plain, CTA pairs", "wg plain, single CTAs",
+                                         "wg + SwiGLU, CTA pairs", "wg + SwiGLU, single CTAs",
+                                         "wg plain, CTA pairs without multicast"};
+        printf("wg gate|up alone (%s): best of 20 %.3f ms, %.0f TFLOP/s\n", kn[k], best,
+               2.0 * T * g[2][0] * g[2][1] / (best * 1e-3) / 1e12);
+    }
+    /* the fused gate|up alone by the size of the tile groups (pairs) */
+    unsetenv("SLUICE_CUDA_GEMM_CL"), unsetenv("SLUICE_CUDA_GEMM_MC");
+    static const char *const groups[] = {"4", "8", "16", "32", "64", "128"};
+    for (int k = 0; k < 6; k++) {
+        setenv("SLUICE_CUDA_GEMM_GROUP", groups[k], 1);
+        cuda_gemm_wg_select(-1);
+        float best = 1e9f;
+        for (int r = 0; r < 20; r++) {
+            cudaEventRecord(e0, 0);
+            cuda_gemm_wg_swiglu(w[2], x, hb, T, g[2][0], F, 0);
+            cudaEventRecord(e1, 0);
+            cudaEventSynchronize(e1);
+            float ms = 0;
+            cudaEventElapsedTime(&ms, e0, e1);
+            best = ms < best ? ms : best;
+        }
+        printf("wg gate|up + SwiGLU alone, groups of %s row slices: best of 20 %.3f ms, %.0f TFLOP/s\n", groups[k],
+               best, 2.0 * T * g[2][0] * g[2][1] / (best * 1e-3) / 1e12);
+    }
+    unsetenv("SLUICE_CUDA_GEMM_GROUP");
+    cuda_gemm_wg_select(-1);
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    cudaFree(hb);
+}
+
 int main(void)
 {
     const int T = 16384, E = 4096, F = 14336, QKV = 6144, L = 32;
@@ -304,6 +425,13 @@ int main(void)
     }
     const char *ov = getenv("SLUICE_BENCH_OVERLAP");
     if (ov && *ov == '1') overlap(w, T, E, F, QKV, L);
+    const char *wg = getenv("SLUICE_BENCH_WG");
+    if (wg && *wg == '1') {
+        fill(x, (size_t)T * F, 99u);
+        int gi[4][2];
+        for (int i = 0; i < 4; i++) gi[i][0] = g[i].in, gi[i][1] = g[i].out;
+        wg_compare(h, w, x, y, T, L, (const int (*)[2])gi, flop);
+    }
     const char *lt = getenv("SLUICE_BENCH_LT");
     if (lt && *lt == '1') {
         fill(x, (size_t)T * F, 99u);

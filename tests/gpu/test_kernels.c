@@ -201,6 +201,81 @@ static void test_gemv(void)
     CHECK(cuda_gemv_rmsnorm(NULL, NULL, NULL, 1e-5f, NULL, 4, 8192, 8, 0) == cudaErrorInvalidValue);
 }
 
+/* The warpgroup GEMMs (sm_90 only) against the double reference, at sizes
+ * that leave partial tiles along T, `in` and the output, and with more tiles
+ * than SMs (the persistent loop, a partial group of row slices), in CTA
+ * pairs and single: the two bit for bit. SwiGLU in the epilogue: bit for
+ * bit the plain kernel's product followed by cuda_swiglu. A row's output:
+ * bit for bit the same in a 5-row call. */
+static void test_gemm_wg(void)
+{
+    cudaError_t pe = cuda_gemm_wg_prepare();
+    if (!cuda_gemm_wg_ok(1, 16, 16)) {
+        printf("  no sm_90 device (or SLUICE_CUDA_GEMM_WG=0): skipped\n");
+        CHECK(pe == cudaSuccess);
+        return;
+    }
+    CHECK(pe == cudaSuccess);
+    /* T, in, out; out = 2F for the SwiGLU pass */
+    int shapes[][3] = {{1, 64, 16}, {200, 200, 528}, {77, 136, 400}, {1100, 256, 4096}, {2100, 128, 2048},
+                       {130, 4096, 768}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        int T = shapes[si][0], in = shapes[si][1], out = shapes[si][2], F = out / 2;
+        size_t ny = (size_t)T * out, nh = (size_t)T * F;
+        uint16_t *w = rand_bf((size_t)out * in, 1), *x = rand_bf((size_t)T * in, 1), *y = malloc(ny * 2);
+        uint16_t *h = malloc(nh * 2), *h2 = malloc(nh * 2), *y5 = malloc((size_t)5 * out * 2);
+        uint16_t *ypair = malloc(ny * 2), *hpair = malloc(nh * 2);
+        uint16_t *dw = dup_dev(w, (size_t)out * in * 2), *dx = dup_dev(x, (size_t)T * in * 2);
+        uint16_t *dy = poisoned(ny * 2), *dh = poisoned(nh * 2), *dh2 = poisoned(nh * 2);
+        float *o = malloc(ny * 4);
+        double *ref = malloc(ny * 8), *href = malloc(nh * 8);
+        ref_gemv(w, x, T, in, out, ref);
+        for (int t = 0; t < T; t++)
+            for (int j = 0; j < F; j++) {
+                double g = ref[(size_t)t * out + j], u = ref[(size_t)t * out + F + j];
+                href[(size_t)t * F + j] = g / (1 + exp(-g)) * u;
+            }
+        for (int cl = 2; cl >= 1; cl--) {
+            setenv("SLUICE_CUDA_GEMM_CL", cl == 2 ? "2" : "1", 1);
+            cuda_gemm_wg_select(-1);
+            cudaMemset(dy, 0xff, ny * 2), cudaMemset(dh, 0xff, nh * 2), cudaMemset(dh2, 0xff, nh * 2);
+            CHECK(cuda_gemm_wg(dw, dx, dy, T, in, out, 0) == cudaSuccess);
+            CHECK(cuda_gemm_wg_swiglu(dw, dx, dh, T, in, F, 0) == cudaSuccess);
+            CHECK(cuda_swiglu(dy, T, F, dh2, 0) == cudaSuccess);
+            get(y, dy, ny * 2), get(h, dh, nh * 2), get(h2, dh2, nh * 2);
+            for (size_t i = 0; i < ny; i++) o[i] = fb(y[i]);
+            double e1 = nerr(o, ref, ny);
+            for (size_t i = 0; i < nh; i++) o[i] = fb(h[i]);
+            double e2 = nerr(o, href, nh);
+            CHECKF(e1 < 4e-3 && e2 < 6e-3, "gemm_wg x%d T=%d in=%d out=%d: err %.3g, swiglu err %.3g", cl, T, in,
+                   out, e1, e2);
+            CHECKF(!memcmp(h, h2, nh * 2), "gemm_wg x%d T=%d in=%d F=%d: SwiGLU epilogue not bit-identical to the "
+                   "kernels", cl, T, in, F);
+            if (cl == 2) {
+                memcpy(ypair, y, ny * 2), memcpy(hpair, h, nh * 2);
+            } else {
+                CHECKF(!memcmp(y, ypair, ny * 2) && !memcmp(h, hpair, nh * 2),
+                       "gemm_wg T=%d in=%d out=%d: pairs and single CTAs differ", T, in, out);
+            }
+            /* rows T - 5 .. T - 1 alone */
+            int r0 = T >= 5 ? T - 5 : 0, n5 = T - r0;
+            cudaMemset(dy, 0xff, ny * 2);
+            CHECK(cuda_gemm_wg(dw, dx + (size_t)r0 * in, dy, n5, in, out, 0) == cudaSuccess);
+            get(y5, dy, (size_t)n5 * out * 2);
+            CHECKF(!memcmp(y5, y + (size_t)r0 * out, (size_t)n5 * out * 2),
+                   "gemm_wg x%d T=%d in=%d out=%d: rows differ in a %d-row call", cl, T, in, out, n5);
+            printf("  gemm_wg x%d T=%d in=%d out=%d: err %.2e, swiglu err %.2e\n", cl, T, in, out, e1, e2);
+        }
+        unsetenv("SLUICE_CUDA_GEMM_CL");
+        cuda_gemm_wg_select(-1);
+        free(w), free(x), free(y), free(h), free(h2), free(y5), free(o), free(ref), free(href), free(ypair);
+        free(hpair), cudaFree(dw), cudaFree(dx), cudaFree(dy), cudaFree(dh), cudaFree(dh2);
+    }
+    /* bad shapes launch nothing */
+    CHECK(cuda_gemm_wg(NULL, NULL, NULL, 4, 100, 64, 0) == cudaErrorInvalidValue);
+    CHECK(cuda_gemm_wg_swiglu(NULL, NULL, NULL, 4, 64, 13, 0) == cudaErrorInvalidValue);
+}
+
 /* The decode fusions against the double reference (the rmsnorm ones through
  * a double-precision norm of x), and bit for bit against the unfused kernels
  * they replace (add_rmsnorm, gemv, swiglu, x += delta) in every variant:
@@ -1004,6 +1079,7 @@ int main(void)
     RUN(test_swiglu);
     RUN(test_gemv);
     RUN(test_gemv_fused);
+    RUN(test_gemm_wg);
     RUN(test_gemv_layers_graph);
     RUN(test_argmax);
     RUN(test_rope_kv);

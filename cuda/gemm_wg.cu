@@ -1,0 +1,386 @@
+/* gemm_wg.cu - prefill GEMMs on Hopper's warpgroup MMA (wgmma, sm_90a) with
+ * SwiGLU in the epilogue: h[t][j] = bf16(silu(g) u), g and u the bf16 of
+ * rows j and F + j of x Wgu^T, so the gate|up product never goes to memory
+ * (cuBLAS writes it, 2F values a token, and cuda_swiglu reads it back: 1.4
+ * GB a layer at 16384 tokens of the Llama-8B shape). The plain product
+ * y = bf16(x W^T) runs on the same kernel, for comparing it with cuBLAS.
+ *
+ * A persistent kernel, one block per SM, three warpgroups: one thread of
+ * warpgroup 0 (the producer, 40 registers by setmaxnreg) streams tiles by
+ * bulk tensor copies (TMA, the 128-byte swizzle) into GM_ST stages, each a
+ * 128-row slice of x and a 256-row slice of W, 64 of `in` wide, with full /
+ * empty mbarriers; warpgroups 1 and 2 (the consumers) each multiply 64 rows
+ * of x by the 256 rows of W, four wgmma.m64n256k16 a stage, accumulating in
+ * f32 registers (128 a thread). With SwiGLU, a tile's 256 W rows are 128
+ * gate rows and the 128 up rows that pair with them, so each thread holds
+ * both halves of its outputs (column c and c + 128 of the accumulator
+ * layout); the 128 x 128 outputs go through a shared-memory tile to two
+ * bulk tensor stores, which run on under the next tile's MMAs. Every output sums over `in` in one fixed order whatever T and the
+ * tile position, so a row's result does not depend on the batch it is in.
+ * Tiles go in groups of GM_GROUP row slices: the 132 tiles in flight share
+ * about 16 MB of x and 16 MB of W, which stay in L2. The producer runs on
+ * into the next tile while the consumers store outputs.
+ *
+ * Shared memory: a stage is x's 128 rows then W's 256 rows, 128 bytes each
+ * (64 bf16 of `in`), the 16-byte chunk c of row r at c ^ (r & 7), from a
+ * 1024-byte aligned base: the layout TMA's SWIZZLE_128B writes and a
+ * K-major wgmma descriptor (SBO 1024) reads; the k16 slice kk at +32 kk. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/bf16.cuh"
+#include "cuda/kernels.h"
+#include "cuda/tile.cuh"
+#include "cuda/wgmma.cuh"
+
+#define GM_BM 128 /* rows of x per tile: two consumer warpgroups of 64 */
+#define GM_BN 256 /* rows of W per tile */
+#define GM_BK 64  /* `in` per stage: one 128-byte swizzled row */
+#define GM_ST 4   /* stages */
+#define GM_A (GM_BM * 128)
+#define GM_STAGE (GM_A + GM_BN * 128)
+#define GM_OUT (128 * 128 * 2) /* SwiGLU's output tile, staged for the bulk store */
+#define GM_SMEM (1024 + GM_ST * GM_STAGE + GM_OUT)
+#define GM_THR 384
+#define GM_GROUP 16 /* row slices of x per group of tiles */
+
+#ifdef WG_ARCH
+static __device__ __forceinline__ void wgmma256(float (&d)[128], uint64_t da, uint64_t db, int acc)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\nwgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+                 : "l"(da), "l"(db), "r"(acc));
+}
+
+static __device__ __forceinline__ void acc_fence(float (&d)[128])
+{
+#pragma unroll
+    for (int i = 0; i < 128; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+/* the box at (c0, c1) into shared memory at dst in every CTA of the cluster
+ * (mask 0b11), each counted on its own barrier at bar's offset */
+static __device__ __forceinline__ void tma_load2_mc(uint32_t dst, const CUtensorMap *m, int c0, int c1, uint32_t bar)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster "
+                 "[%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+                 "l"((uint64_t)m), "r"(c0), "r"(c1), "r"(bar), "h"((uint16_t)3)
+                 : "memory");
+}
+/* an arrival on the barrier at the same offset in CTA rank of the cluster
+ * (CTA-scope release, as for a local arrival: a cluster-scope release per
+ * stage measured 30% slower) */
+static __device__ __forceinline__ void mbar_arrive_remote(uint32_t bar, int rank)
+{
+    asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+                 "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
+                 "r"(rank)
+                 : "memory");
+}
+/* shared memory at src into the tensor map's box at (c0, c1); the parts
+ * outside the tensor are not written */
+static __device__ __forceinline__ void tma_store2(const CUtensorMap *m, int c0, int c1, uint32_t src)
+{
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"((uint64_t)m),
+                 "r"(c0), "r"(c1), "r"(src)
+                 : "memory");
+}
+static __device__ __forceinline__ void cluster_sync(void)
+{
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+static __device__ __forceinline__ int cluster_reg(int which)
+{
+    int v;
+    if (which == 0)
+        asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(v));
+    else if (which == 1)
+        asm volatile("mov.u32 %0, %%clusterid.x;\n" : "=r"(v));
+    else
+        asm volatile("mov.u32 %0, %%nclusterid.x;\n" : "=r"(v));
+    return v;
+}
+#endif
+
+struct gm_args {
+    int T, in, out, F; /* out: the plain product's columns; F: SwiGLU's (0: plain) */
+    int nm, nn;        /* tiles along T (rounded up to whole clusters) and along the output */
+    int mc;            /* pairs: W by multicast (else each CTA copies all of it; for measuring) */
+    int group;         /* row slices per group of tiles (a multiple of 2) */
+    uint16_t *y;
+};
+
+#ifdef WG_ARCH
+/* cluster tile t -> (its first row slice m, column slice n): groups of
+ * GM_GROUP row slices, the clusters' row slices fastest within a group */
+template <int CL>
+static __device__ __forceinline__ void gm_tile(const gm_args &a, int t, int &m, int &n)
+{
+    const int G = a.group / CL, nmc = a.nm / CL;
+    int per = G * a.nn, g = t / per, in = t % per, gm = min(G, nmc - g * G);
+    m = (g * G + in % gm) * CL, n = in / gm;
+}
+#endif
+
+/* CL: CTAs per cluster (1 or 2). With 2, the pair takes adjacent row slices
+ * of x and the same W rows: each CTA's producer copies its own x slice and
+ * one 128-row half of W into both CTAs (TMA multicast), so L2 serves W
+ * once per pair; a stage is free once both CTAs' consumers are done with it
+ * (each consumer warp arrives at both CTAs' empty barriers). */
+template <bool SWIGLU, int CL>
+static __global__ void __launch_bounds__(GM_THR, 1)
+    gemm_wg_kernel(const __grid_constant__ CUtensorMap tx, const __grid_constant__ CUtensorMap tw,
+                   const __grid_constant__ CUtensorMap th, gm_args a)
+{
+#ifdef WG_ARCH
+    extern __shared__ __align__(16) uint8_t gsm[];
+    __shared__ __align__(8) uint64_t bars[2 * GM_ST]; /* full[GM_ST], empty[GM_ST] */
+    const uint32_t s0 = (smem_u32(gsm) + 1023u) & ~1023u, full = smem_u32(bars), empty = full + 8 * GM_ST;
+    const uint32_t so = s0 + GM_ST * GM_STAGE; /* the staging tile */
+    const int ntile = a.nm / CL * a.nn, nk = (a.in + GM_BK - 1) / GM_BK;
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int rank = CL > 1 ? cluster_reg(0) : 0, c0 = CL > 1 ? cluster_reg(1) : blockIdx.x,
+              ncl = CL > 1 ? cluster_reg(2) : gridDim.x;
+    if (threadIdx.x == 0)
+        for (int i = 0; i < GM_ST; i++) mbar_init(full + 8 * i, 1), mbar_init(empty + 8 * i, 8 * CL);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    if (CL > 1)
+        cluster_sync(); /* the peer's barriers are ready before any copy or arrival reaches them */
+    else
+        __syncthreads();
+
+    if (w < 4) { /* the producer */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        if (threadIdx.x != 0) return;
+        int it = 0;
+        for (int t = c0; t < ntile; t += ncl) {
+            int m, n;
+            gm_tile<CL>(a, t, m, n);
+            m += rank;
+            /* W's two 128-row halves: rows n 256.. or gate rows n 128.. and their up rows */
+            int r0 = SWIGLU ? n * 128 : n * GM_BN, r1 = SWIGLU ? a.F + n * 128 : r0 + 128;
+            for (int kb = 0; kb < nk; kb++, it++) {
+                int s = it % GM_ST;
+                uint32_t st = s0 + s * GM_STAGE, fb = full + 8 * s;
+                if (it >= GM_ST) mbar_wait(empty + 8 * s, (it / GM_ST - 1) & 1);
+                mbar_expect_tx(fb, GM_STAGE);
+                tma_load2(st, &tx, kb * GM_BK, m * GM_BM, fb);
+                if (CL > 1 && a.mc) {
+                    tma_load2_mc(st + GM_A + rank * 128 * 128, &tw, kb * GM_BK, rank ? r1 : r0, fb);
+                } else {
+                    tma_load2(st + GM_A, &tw, kb * GM_BK, r0, fb);
+                    tma_load2(st + GM_A + 128 * 128, &tw, kb * GM_BK, r1, fb);
+                }
+            }
+        }
+        return;
+    }
+
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    const int cw = __shfl_sync(0xffffffffu, w / 4 - 1, 0); /* consumer warpgroup 0 or 1 */
+    const int row_in = (w & 3) * 16 + (lane >> 2), col_in = (lane & 3) * 2;
+    /* this warp is done with stage s: here and, in a pair, at the peer */
+    auto release = [&](int s) {
+        if (lane == 0) {
+            mbar_arrive(empty + 8 * s);
+            if (CL > 1) mbar_arrive_remote(empty + 8 * s, rank ^ 1);
+        }
+    };
+    float d[128];
+    int it = 0;
+    for (int t = c0; t < ntile; t += ncl) {
+        int m, n;
+        gm_tile<CL>(a, t, m, n);
+        m += rank;
+        for (int kb = 0; kb < nk; kb++, it++) {
+            int s = it % GM_ST;
+            uint32_t st = s0 + s * GM_STAGE;
+            mbar_wait(full + 8 * s, (it / GM_ST) & 1);
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < GM_BK / 16; kk++)
+                wgmma256(d, wg_desc(st + cw * 64 * 128 + kk * 32, 16, 1024), wg_desc(st + GM_A + kk * 32, 16, 1024),
+                         kb > 0 || kk > 0);
+            wg_commit();
+            wg_wait<1>(); /* the previous stage's MMAs are done: hand it back */
+            acc_fence(d);
+            if (kb > 0) release((it + GM_ST - 1) % GM_ST);
+        }
+        wg_wait<0>();
+        acc_fence(d);
+        release((it + GM_ST - 1) % GM_ST);
+
+        /* the epilogue: accumulator j * 4 + e holds row row_in + 8 (e >> 1),
+         * column 8 j + col_in + (e & 1) of this warpgroup's 64 x 256 */
+        if (SWIGLU) {
+            /* into the staging tile (two 64-column halves of 128-byte
+             * rows, swizzled as TMA reads them: no bank conflicts), then one
+             * thread stores it by two bulk copies, which run on while the
+             * consumers start the next tile; the previous tile's copies must
+             * have read the staging tile before it is written again */
+            if (threadIdx.x == 128) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+            asm volatile("bar.sync 1, 256;\n" ::: "memory");
+            const int ro = cw * 64 + row_in;
+#pragma unroll
+            for (int j = 0; j < 16; j++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    int r = ro + 8 * h;
+                    float g0 = bf2f(f2bf(d[4 * j + 2 * h])), g1 = bf2f(f2bf(d[4 * j + 2 * h + 1]));
+                    float u0 = bf2f(f2bf(d[4 * (j + 16) + 2 * h])), u1 = bf2f(f2bf(d[4 * (j + 16) + 2 * h + 1]));
+                    uint32_t v = (uint32_t)f2bf(g0 / (1.0f + __expf(-g0)) * u0) |
+                                 (uint32_t)f2bf(g1 / (1.0f + __expf(-g1)) * u1) << 16;
+                    uint32_t at = so + (j >> 3) * (128 * 128) + r * 128 + (((j & 7) ^ (r & 7)) << 4) + (lane & 3) * 4;
+                    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(at), "r"(v) : "memory");
+                }
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* generic writes -> the bulk copy */
+            asm volatile("bar.sync 1, 256;\n" ::: "memory");
+            if (threadIdx.x == 128) {
+                tma_store2(&th, n * 128, m * GM_BM, so);
+                tma_store2(&th, n * 128 + 64, m * GM_BM, so + 128 * 128);
+                asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+            }
+        } else {
+            const int rb = m * GM_BM + cw * 64 + row_in, cb = n * GM_BN + col_in;
+#pragma unroll
+            for (int j = 0; j < 32; j++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    int r = rb + 8 * h, c = cb + 8 * j;
+                    if (r >= a.T || c >= a.out) continue;
+                    uint32_t v = (uint32_t)f2bf(d[4 * j + 2 * h]) | (uint32_t)f2bf(d[4 * j + 2 * h + 1]) << 16;
+                    *(uint32_t *)(a.y + (size_t)r * a.out + c) = v; /* out even: c + 1 < out too */
+                }
+        }
+    }
+    if (SWIGLU && threadIdx.x == 128) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+    if (CL > 1) cluster_sync(); /* the peer's last arrivals and copies have reached this CTA */
+#endif
+}
+
+/* whether this device runs the kernel (compute capability 9.0: the sm_90a
+ * code) unless SLUICE_CUDA_GEMM_WG=0, and the cluster size
+ * (SLUICE_CUDA_GEMM_CL=1: no pairs); read once, or set by
+ * cuda_gemm_wg_select */
+static int gm_on = -1, gm_cl = 2, gm_mc = 1, gm_group = GM_GROUP;
+extern "C" void cuda_gemm_wg_select(int on)
+{
+    const char *e = getenv("SLUICE_CUDA_GEMM_WG"), *cl = getenv("SLUICE_CUDA_GEMM_CL");
+    int dev = 0, major = 0, minor = 0;
+    bool sm90 = cudaGetDevice(&dev) == cudaSuccess &&
+                cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+                major == 9 && minor == 0;
+    gm_on = sm90 && (on >= 0 ? on : !(e && strcmp(e, "0") == 0)) && wg_tm_encoder();
+    gm_cl = cl && strcmp(cl, "1") == 0 ? 1 : 2;
+    const char *mc = getenv("SLUICE_CUDA_GEMM_MC");
+    gm_mc = !(mc && strcmp(mc, "0") == 0);
+    const char *gr = getenv("SLUICE_CUDA_GEMM_GROUP");
+    gm_group = gr && atoi(gr) >= 2 ? atoi(gr) & ~1 : GM_GROUP;
+}
+
+extern "C" int cuda_gemm_wg_ok(int T, int in, int out)
+{
+    if (gm_on < 0) cuda_gemm_wg_select(-1);
+    return gm_on && T > 0 && in > 0 && in % 8 == 0 && out > 0 && out % 16 == 0;
+}
+
+/* per device (prepare fills it on each rank's device): SMs, and how many
+ * CTA pairs fit at once (0: none, or not prepared: single CTAs) */
+#define GM_MAXDEV 64
+static int gm_nsm[GM_MAXDEV], gm_npair[GM_MAXDEV];
+
+template <bool SWIGLU, int CL>
+static cudaError_t gm_attr(void)
+{
+    return cudaFuncSetAttribute(gemm_wg_kernel<SWIGLU, CL>, cudaFuncAttributeMaxDynamicSharedMemorySize, GM_SMEM);
+}
+
+extern "C" cudaError_t cuda_gemm_wg_prepare(void)
+{
+    cudaError_t e = gm_attr<true, 1>();
+    if (e == cudaErrorInvalidDeviceFunction) return cudaSuccess; /* no sm_90a code for this device */
+    if (e == cudaSuccess) e = gm_attr<false, 1>();
+    if (e == cudaSuccess) e = gm_attr<true, 2>();
+    if (e == cudaSuccess) e = gm_attr<false, 2>();
+    int dev = 0;
+    if (e == cudaSuccess) e = cudaGetDevice(&dev);
+    if (e != cudaSuccess || dev >= GM_MAXDEV) return e;
+    if ((e = cudaDeviceGetAttribute(&gm_nsm[dev], cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) return e;
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeClusterDimension, at[0].val.clusterDim.x = 2, at[0].val.clusterDim.y = 1,
+    at[0].val.clusterDim.z = 1;
+    cfg.gridDim = dim3(2 * (gm_nsm[dev] / 2)), cfg.blockDim = dim3(GM_THR), cfg.dynamicSmemBytes = GM_SMEM;
+    cfg.attrs = at, cfg.numAttrs = 1;
+    int n = 0;
+    if (cudaOccupancyMaxActiveClusters(&n, gemm_wg_kernel<true, 2>, &cfg) != cudaSuccess) n = 0, cudaGetLastError();
+    gm_npair[dev] = n;
+    return cudaSuccess;
+}
+
+/* a row-major [rows][in] bf16 matrix as a 2-d tensor, boxes of 64 x 128
+ * rows (16 KB, the 128-byte swizzle); rows past the end and `in` past the
+ * row read as zeros */
+static bool gm_map(CUtensorMap *m, const uint16_t *base, int rows, int in)
+{
+    PFN_cuTensorMapEncodeTiled_v12000 enc = wg_tm_encoder();
+    if (!enc || ((uintptr_t)base & 15)) return false;
+    cuuint64_t dims[2] = {(cuuint64_t)in, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)in * 2};
+    cuuint32_t box[2] = {GM_BK, 128}, es[2] = {1, 1};
+    return enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)base, dims, strides, box, es,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+extern "C" int cuda_gemm_wg_pairs(void)
+{
+    int dev = 0;
+    return cudaGetDevice(&dev) == cudaSuccess && dev < GM_MAXDEV ? gm_npair[dev] : 0;
+}
+
+template <bool SWIGLU>
+static cudaError_t gm_go(const CUtensorMap &tx, const CUtensorMap &tw, const CUtensorMap &th, gm_args a, int dev,
+                         cudaStream_t st)
+{
+    if (gm_cl == 2 && gm_npair[dev] > 0) {
+        a.nm += a.nm & 1;
+        int ntile = a.nm / 2 * a.nn, np = ntile < gm_npair[dev] ? ntile : gm_npair[dev];
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeClusterDimension, at[0].val.clusterDim.x = 2, at[0].val.clusterDim.y = 1,
+        at[0].val.clusterDim.z = 1;
+        cfg.gridDim = dim3(2 * np), cfg.blockDim = dim3(GM_THR), cfg.dynamicSmemBytes = GM_SMEM, cfg.stream = st;
+        cfg.attrs = at, cfg.numAttrs = 1;
+        return cudaLaunchKernelEx(&cfg, gemm_wg_kernel<SWIGLU, 2>, tx, tw, th, a);
+    }
+    int ntile = a.nm * a.nn, grid = ntile < gm_nsm[dev] ? ntile : gm_nsm[dev];
+    gemm_wg_kernel<SWIGLU, 1><<<grid, GM_THR, GM_SMEM, st>>>(tx, tw, th, a);
+    return cudaGetLastError();
+}
+
+static cudaError_t gm_launch(const uint16_t *W, int wrows, const uint16_t *x, uint16_t *y, int T, int in, int out,
+                             int F, cudaStream_t st)
+{
+    int dev = 0;
+    if (!cuda_gemm_wg_ok(T, in, F ? 2 * F : out) || ((uintptr_t)y & 15) || cudaGetDevice(&dev) ||
+        dev >= GM_MAXDEV || !gm_nsm[dev])
+        return cudaErrorInvalidValue;
+    alignas(64) CUtensorMap tx, tw, th;
+    memset(&tx, 0, sizeof tx), memset(&tw, 0, sizeof tw), memset(&th, 0, sizeof th);
+    if (!gm_map(&tx, x, T, in) || !gm_map(&tw, W, wrows, in) || (F && !gm_map(&th, y, T, F)))
+        return cudaErrorInvalidValue;
+    gm_args a = {T, in, out, F, (T + GM_BM - 1) / GM_BM, F ? (F + 127) / 128 : (out + GM_BN - 1) / GM_BN, gm_mc, gm_group, y};
+    return F ? gm_go<true>(tx, tw, th, a, dev, st) : gm_go<false>(tx, tw, th, a, dev, st);
+}
+
+extern "C" cudaError_t cuda_gemm_wg_swiglu(const uint16_t *Wgu, const uint16_t *x, uint16_t *h, int T, int in, int F,
+                                           cudaStream_t st)
+{
+    return gm_launch(Wgu, 2 * F, x, h, T, in, 0, F, st);
+}
+
+extern "C" cudaError_t cuda_gemm_wg(const uint16_t *W, const uint16_t *x, uint16_t *y, int T, int in, int out,
+                                    cudaStream_t st)
+{
+    return gm_launch(W, out, x, y, T, in, out, 0, st);
+}
