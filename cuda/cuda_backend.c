@@ -199,6 +199,8 @@ struct cuda_backend {
                                        norm+GEMV, GEMV+SwiGLU and GEMV+residual kernels; SLUICE_CUDA_FUSED=0:
                                        off (on the warp kernels they measured 217.5 -> 221.5 tok/s at batch 1,
                                        BENCHMARKS.md) */
+    int wg_min_t;                   /* gate|up with SwiGLU fused on the warpgroup GEMM (sm_90) from this many
+                                       tokens a step: CUDA_GEMM_WG_MIN_T, or SLUICE_CUDA_GEMM_WG_MIN_T (tests) */
     int tc_rows;                    /* rows per prefill attention item on the tensor cores (64 or 128), 0 = off:
                                        SLUICE_CUDA_ATTN_TC=0|64|128 (128) */
     unsigned ablate;                /* ABL_* kernels left out of every step (SLUICE_CUDA_ABLATE, benchmarks
@@ -601,6 +603,8 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     ge = getenv("SLUICE_CUDA_FUSED");
     b->fused = b->gemv && N == 1 && !(ge && strcmp(ge, "0") == 0) && c->n_embd % 8 == 0 && c->n_ff % 8 == 0 &&
                (c->n_head * c->head_dim) % 8 == 0 && (size_t)CUDA_GEMV_MAX_T * c->n_embd * 2 <= CUDA_GEMV_NORM_SMEM;
+    ge = getenv("SLUICE_CUDA_GEMM_WG_MIN_T");
+    b->wg_min_t = ge && atoi(ge) > 0 ? atoi(ge) : CUDA_GEMM_WG_MIN_T;
     ge = getenv("SLUICE_CUDA_ABLATE");
     b->ablate = ablate_parse(ge);
     if (b->ablate) fprintf(stderr, "cuda: SLUICE_CUDA_ABLATE=%s: kernels left out, outputs are wrong\n", ge);
@@ -1023,7 +1027,7 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
         if (!(ab & ABL_GU) && gu_gemv) {
             /* SwiGLU in the GEMV's epilogue: bit for bit the two kernels below */
             CK(cuda_gemv_swiglu(L->wgu, k->xn, k->h, T, E, F, st));
-        } else if (!(ab & ABL_GU) && cuda_gemm_wg_ok(T, E, 2 * F)) {
+        } else if (!(ab & ABL_GU) && T >= b->wg_min_t && cuda_gemm_wg_ok(T, E, 2 * F)) {
             /* sm_90: SwiGLU in the warpgroup GEMM's epilogue, gate|up never stored */
             CK(cuda_gemm_wg_swiglu(L->wgu, k->xn, k->h, T, E, F, st));
         } else if (!(ab & ABL_GU)) {

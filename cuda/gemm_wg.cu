@@ -15,11 +15,17 @@
  * gate rows and the 128 up rows that pair with them, so each thread holds
  * both halves of its outputs (column c and c + 128 of the accumulator
  * layout); the 128 x 128 outputs go through a shared-memory tile to two
- * bulk tensor stores, which run on under the next tile's MMAs. Every output sums over `in` in one fixed order whatever T and the
- * tile position, so a row's result does not depend on the batch it is in.
- * Tiles go in groups of GM_GROUP row slices: the 132 tiles in flight share
- * about 16 MB of x and 16 MB of W, which stay in L2. The producer runs on
- * into the next tile while the consumers store outputs.
+ * bulk tensor stores, which run on under the next tile's MMAs. Every output
+ * sums over `in` in one fixed order whatever T and the tile position, so a
+ * row's result does not depend on the batch it is in. Tiles go in groups
+ * of GM_GROUP row slices: the 132 tiles in flight share about 16 MB of x
+ * and 16 MB of W, which stay in L2. The producer runs on into the next
+ * tile while the consumers store outputs.
+ *
+ * On an H200 (BENCHMARKS.md, twelfth round) the plain product runs ~7%
+ * slower than cuBLAS (ncu: the tensor pipe 84% busy against cuBLAS's 96%),
+ * so only the fused gate|up is used: a 16K-token prefill step gains ~2%.
+ * CTA pairs sharing W by TMA multicast were tried and were no faster.
  *
  * Shared memory: a stage is x's 128 rows then W's 256 rows, 128 bytes each
  * (64 bf16 of `in`), the 16-byte chunk c of row r at c ^ (r & 7), from a
@@ -57,25 +63,6 @@ static __device__ __forceinline__ void acc_fence(float (&d)[128])
 #pragma unroll
     for (int i = 0; i < 128; i++) asm volatile("" : "+f"(d[i])::"memory");
 }
-/* the box at (c0, c1) into shared memory at dst in every CTA of the cluster
- * (mask 0b11), each counted on its own barrier at bar's offset */
-static __device__ __forceinline__ void tma_load2_mc(uint32_t dst, const CUtensorMap *m, int c0, int c1, uint32_t bar)
-{
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster "
-                 "[%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
-                 "l"((uint64_t)m), "r"(c0), "r"(c1), "r"(bar), "h"((uint16_t)3)
-                 : "memory");
-}
-/* an arrival on the barrier at the same offset in CTA rank of the cluster
- * (CTA-scope release, as for a local arrival: a cluster-scope release per
- * stage measured 30% slower) */
-static __device__ __forceinline__ void mbar_arrive_remote(uint32_t bar, int rank)
-{
-    asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-                 "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
-                 "r"(rank)
-                 : "memory");
-}
 /* shared memory at src into the tensor map's box at (c0, c1); the parts
  * outside the tensor are not written */
 static __device__ __forceinline__ void tma_store2(const CUtensorMap *m, int c0, int c1, uint32_t src)
@@ -84,49 +71,25 @@ static __device__ __forceinline__ void tma_store2(const CUtensorMap *m, int c0, 
                  "r"(c0), "r"(c1), "r"(src)
                  : "memory");
 }
-static __device__ __forceinline__ void cluster_sync(void)
-{
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-static __device__ __forceinline__ int cluster_reg(int which)
-{
-    int v;
-    if (which == 0)
-        asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(v));
-    else if (which == 1)
-        asm volatile("mov.u32 %0, %%clusterid.x;\n" : "=r"(v));
-    else
-        asm volatile("mov.u32 %0, %%nclusterid.x;\n" : "=r"(v));
-    return v;
-}
 #endif
 
 struct gm_args {
     int T, in, out, F; /* out: the plain product's columns; F: SwiGLU's (0: plain) */
-    int nm, nn;        /* tiles along T (rounded up to whole clusters) and along the output */
-    int mc;            /* pairs: W by multicast (else each CTA copies all of it; for measuring) */
-    int group;         /* row slices per group of tiles (a multiple of 2) */
+    int nm, nn;        /* tiles along T and along the output */
     uint16_t *y;
 };
 
 #ifdef WG_ARCH
-/* cluster tile t -> (its first row slice m, column slice n): groups of
- * GM_GROUP row slices, the clusters' row slices fastest within a group */
-template <int CL>
+/* tile t -> (row slice m, column slice n): groups of GM_GROUP row slices,
+ * row slices fastest within a group */
 static __device__ __forceinline__ void gm_tile(const gm_args &a, int t, int &m, int &n)
 {
-    const int G = a.group / CL, nmc = a.nm / CL;
-    int per = G * a.nn, g = t / per, in = t % per, gm = min(G, nmc - g * G);
-    m = (g * G + in % gm) * CL, n = in / gm;
+    int per = GM_GROUP * a.nn, g = t / per, in = t % per, gm = min(GM_GROUP, a.nm - g * GM_GROUP);
+    m = g * GM_GROUP + in % gm, n = in / gm;
 }
 #endif
 
-/* CL: CTAs per cluster (1 or 2). With 2, the pair takes adjacent row slices
- * of x and the same W rows: each CTA's producer copies its own x slice and
- * one 128-row half of W into both CTAs (TMA multicast), so L2 serves W
- * once per pair; a stage is free once both CTAs' consumers are done with it
- * (each consumer warp arrives at both CTAs' empty barriers). */
-template <bool SWIGLU, int CL>
+template <bool SWIGLU>
 static __global__ void __launch_bounds__(GM_THR, 1)
     gemm_wg_kernel(const __grid_constant__ CUtensorMap tx, const __grid_constant__ CUtensorMap tw,
                    const __grid_constant__ CUtensorMap th, gm_args a)
@@ -136,26 +99,19 @@ static __global__ void __launch_bounds__(GM_THR, 1)
     __shared__ __align__(8) uint64_t bars[2 * GM_ST]; /* full[GM_ST], empty[GM_ST] */
     const uint32_t s0 = (smem_u32(gsm) + 1023u) & ~1023u, full = smem_u32(bars), empty = full + 8 * GM_ST;
     const uint32_t so = s0 + GM_ST * GM_STAGE; /* the staging tile */
-    const int ntile = a.nm / CL * a.nn, nk = (a.in + GM_BK - 1) / GM_BK;
+    const int ntile = a.nm * a.nn, nk = (a.in + GM_BK - 1) / GM_BK;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int rank = CL > 1 ? cluster_reg(0) : 0, c0 = CL > 1 ? cluster_reg(1) : blockIdx.x,
-              ncl = CL > 1 ? cluster_reg(2) : gridDim.x;
     if (threadIdx.x == 0)
-        for (int i = 0; i < GM_ST; i++) mbar_init(full + 8 * i, 1), mbar_init(empty + 8 * i, 8 * CL);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    if (CL > 1)
-        cluster_sync(); /* the peer's barriers are ready before any copy or arrival reaches them */
-    else
-        __syncthreads();
+        for (int i = 0; i < GM_ST; i++) mbar_init(full + 8 * i, 1), mbar_init(empty + 8 * i, 8);
+    __syncthreads();
 
     if (w < 4) { /* the producer */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
         if (threadIdx.x != 0) return;
         int it = 0;
-        for (int t = c0; t < ntile; t += ncl) {
+        for (int t = blockIdx.x; t < ntile; t += gridDim.x) {
             int m, n;
-            gm_tile<CL>(a, t, m, n);
-            m += rank;
+            gm_tile(a, t, m, n);
             /* W's two 128-row halves: rows n 256.. or gate rows n 128.. and their up rows */
             int r0 = SWIGLU ? n * 128 : n * GM_BN, r1 = SWIGLU ? a.F + n * 128 : r0 + 128;
             for (int kb = 0; kb < nk; kb++, it++) {
@@ -164,12 +120,8 @@ static __global__ void __launch_bounds__(GM_THR, 1)
                 if (it >= GM_ST) mbar_wait(empty + 8 * s, (it / GM_ST - 1) & 1);
                 mbar_expect_tx(fb, GM_STAGE);
                 tma_load2(st, &tx, kb * GM_BK, m * GM_BM, fb);
-                if (CL > 1 && a.mc) {
-                    tma_load2_mc(st + GM_A + rank * 128 * 128, &tw, kb * GM_BK, rank ? r1 : r0, fb);
-                } else {
-                    tma_load2(st + GM_A, &tw, kb * GM_BK, r0, fb);
-                    tma_load2(st + GM_A + 128 * 128, &tw, kb * GM_BK, r1, fb);
-                }
+                tma_load2(st + GM_A, &tw, kb * GM_BK, r0, fb);
+                tma_load2(st + GM_A + 128 * 128, &tw, kb * GM_BK, r1, fb);
             }
         }
         return;
@@ -178,19 +130,14 @@ static __global__ void __launch_bounds__(GM_THR, 1)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     const int cw = __shfl_sync(0xffffffffu, w / 4 - 1, 0); /* consumer warpgroup 0 or 1 */
     const int row_in = (w & 3) * 16 + (lane >> 2), col_in = (lane & 3) * 2;
-    /* this warp is done with stage s: here and, in a pair, at the peer */
-    auto release = [&](int s) {
-        if (lane == 0) {
-            mbar_arrive(empty + 8 * s);
-            if (CL > 1) mbar_arrive_remote(empty + 8 * s, rank ^ 1);
-        }
+    auto release = [&](int s) { /* this warp is done with stage s */
+        if (lane == 0) mbar_arrive(empty + 8 * s);
     };
     float d[128];
     int it = 0;
-    for (int t = c0; t < ntile; t += ncl) {
+    for (int t = blockIdx.x; t < ntile; t += gridDim.x) {
         int m, n;
-        gm_tile<CL>(a, t, m, n);
-        m += rank;
+        gm_tile(a, t, m, n);
         for (int kb = 0; kb < nk; kb++, it++) {
             int s = it % GM_ST;
             uint32_t st = s0 + s * GM_STAGE;
@@ -253,29 +200,22 @@ static __global__ void __launch_bounds__(GM_THR, 1)
         }
     }
     if (SWIGLU && threadIdx.x == 128) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-    if (CL > 1) cluster_sync(); /* the peer's last arrivals and copies have reached this CTA */
 #endif
 }
 
 /* whether this device runs the kernel (compute capability 9.0: the sm_90a
- * code) unless SLUICE_CUDA_GEMM_WG=0, and the cluster size
- * (SLUICE_CUDA_GEMM_CL=1: no pairs); read once, or set by
+ * code) unless SLUICE_CUDA_GEMM_WG=0; read once, or set by
  * cuda_gemm_wg_select */
-static int gm_on = -1, gm_cl = 2, gm_mc = 1, gm_group = GM_GROUP;
+static int gm_on = -1;
 extern "C" void cuda_gemm_wg_select(int on)
 {
-    const char *e = getenv("SLUICE_CUDA_GEMM_WG"), *cl = getenv("SLUICE_CUDA_GEMM_CL");
+    const char *e = getenv("SLUICE_CUDA_GEMM_WG");
     int dev = 0, major = 0, minor = 0;
     bool sm90 = cudaGetDevice(&dev) == cudaSuccess &&
                 cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
                 cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
                 major == 9 && minor == 0;
     gm_on = sm90 && (on >= 0 ? on : !(e && strcmp(e, "0") == 0)) && wg_tm_encoder();
-    gm_cl = cl && strcmp(cl, "1") == 0 ? 1 : 2;
-    const char *mc = getenv("SLUICE_CUDA_GEMM_MC");
-    gm_mc = !(mc && strcmp(mc, "0") == 0);
-    const char *gr = getenv("SLUICE_CUDA_GEMM_GROUP");
-    gm_group = gr && atoi(gr) >= 2 ? atoi(gr) & ~1 : GM_GROUP;
 }
 
 extern "C" int cuda_gemm_wg_ok(int T, int in, int out)
@@ -284,38 +224,20 @@ extern "C" int cuda_gemm_wg_ok(int T, int in, int out)
     return gm_on && T > 0 && in > 0 && in % 8 == 0 && out > 0 && out % 16 == 0;
 }
 
-/* per device (prepare fills it on each rank's device): SMs, and how many
- * CTA pairs fit at once (0: none, or not prepared: single CTAs) */
+/* SMs per device (prepare fills it in on each rank's device) */
 #define GM_MAXDEV 64
-static int gm_nsm[GM_MAXDEV], gm_npair[GM_MAXDEV];
-
-template <bool SWIGLU, int CL>
-static cudaError_t gm_attr(void)
-{
-    return cudaFuncSetAttribute(gemm_wg_kernel<SWIGLU, CL>, cudaFuncAttributeMaxDynamicSharedMemorySize, GM_SMEM);
-}
+static int gm_nsm[GM_MAXDEV];
 
 extern "C" cudaError_t cuda_gemm_wg_prepare(void)
 {
-    cudaError_t e = gm_attr<true, 1>();
+    cudaError_t e = cudaFuncSetAttribute(gemm_wg_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, GM_SMEM);
     if (e == cudaErrorInvalidDeviceFunction) return cudaSuccess; /* no sm_90a code for this device */
-    if (e == cudaSuccess) e = gm_attr<false, 1>();
-    if (e == cudaSuccess) e = gm_attr<true, 2>();
-    if (e == cudaSuccess) e = gm_attr<false, 2>();
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(gemm_wg_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, GM_SMEM);
     int dev = 0;
     if (e == cudaSuccess) e = cudaGetDevice(&dev);
-    if (e != cudaSuccess || dev >= GM_MAXDEV) return e;
-    if ((e = cudaDeviceGetAttribute(&gm_nsm[dev], cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) return e;
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeClusterDimension, at[0].val.clusterDim.x = 2, at[0].val.clusterDim.y = 1,
-    at[0].val.clusterDim.z = 1;
-    cfg.gridDim = dim3(2 * (gm_nsm[dev] / 2)), cfg.blockDim = dim3(GM_THR), cfg.dynamicSmemBytes = GM_SMEM;
-    cfg.attrs = at, cfg.numAttrs = 1;
-    int n = 0;
-    if (cudaOccupancyMaxActiveClusters(&n, gemm_wg_kernel<true, 2>, &cfg) != cudaSuccess) n = 0, cudaGetLastError();
-    gm_npair[dev] = n;
-    return cudaSuccess;
+    if (e == cudaSuccess && dev < GM_MAXDEV) e = cudaDeviceGetAttribute(&gm_nsm[dev], cudaDevAttrMultiProcessorCount, dev);
+    return e;
 }
 
 /* a row-major [rows][in] bf16 matrix as a 2-d tensor, boxes of 64 x 128
@@ -332,32 +254,6 @@ static bool gm_map(CUtensorMap *m, const uint16_t *base, int rows, int in)
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-extern "C" int cuda_gemm_wg_pairs(void)
-{
-    int dev = 0;
-    return cudaGetDevice(&dev) == cudaSuccess && dev < GM_MAXDEV ? gm_npair[dev] : 0;
-}
-
-template <bool SWIGLU>
-static cudaError_t gm_go(const CUtensorMap &tx, const CUtensorMap &tw, const CUtensorMap &th, gm_args a, int dev,
-                         cudaStream_t st)
-{
-    if (gm_cl == 2 && gm_npair[dev] > 0) {
-        a.nm += a.nm & 1;
-        int ntile = a.nm / 2 * a.nn, np = ntile < gm_npair[dev] ? ntile : gm_npair[dev];
-        cudaLaunchConfig_t cfg = {};
-        cudaLaunchAttribute at[1];
-        at[0].id = cudaLaunchAttributeClusterDimension, at[0].val.clusterDim.x = 2, at[0].val.clusterDim.y = 1,
-        at[0].val.clusterDim.z = 1;
-        cfg.gridDim = dim3(2 * np), cfg.blockDim = dim3(GM_THR), cfg.dynamicSmemBytes = GM_SMEM, cfg.stream = st;
-        cfg.attrs = at, cfg.numAttrs = 1;
-        return cudaLaunchKernelEx(&cfg, gemm_wg_kernel<SWIGLU, 2>, tx, tw, th, a);
-    }
-    int ntile = a.nm * a.nn, grid = ntile < gm_nsm[dev] ? ntile : gm_nsm[dev];
-    gemm_wg_kernel<SWIGLU, 1><<<grid, GM_THR, GM_SMEM, st>>>(tx, tw, th, a);
-    return cudaGetLastError();
-}
-
 static cudaError_t gm_launch(const uint16_t *W, int wrows, const uint16_t *x, uint16_t *y, int T, int in, int out,
                              int F, cudaStream_t st)
 {
@@ -369,8 +265,13 @@ static cudaError_t gm_launch(const uint16_t *W, int wrows, const uint16_t *x, ui
     memset(&tx, 0, sizeof tx), memset(&tw, 0, sizeof tw), memset(&th, 0, sizeof th);
     if (!gm_map(&tx, x, T, in) || !gm_map(&tw, W, wrows, in) || (F && !gm_map(&th, y, T, F)))
         return cudaErrorInvalidValue;
-    gm_args a = {T, in, out, F, (T + GM_BM - 1) / GM_BM, F ? (F + 127) / 128 : (out + GM_BN - 1) / GM_BN, gm_mc, gm_group, y};
-    return F ? gm_go<true>(tx, tw, th, a, dev, st) : gm_go<false>(tx, tw, th, a, dev, st);
+    gm_args a = {T, in, out, F, (T + GM_BM - 1) / GM_BM, F ? (F + 127) / 128 : (out + GM_BN - 1) / GM_BN, y};
+    int ntile = a.nm * a.nn, grid = ntile < gm_nsm[dev] ? ntile : gm_nsm[dev];
+    if (F)
+        gemm_wg_kernel<true><<<grid, GM_THR, GM_SMEM, st>>>(tx, tw, th, a);
+    else
+        gemm_wg_kernel<false><<<grid, GM_THR, GM_SMEM, st>>>(tx, tw, th, a);
+    return cudaGetLastError();
 }
 
 extern "C" cudaError_t cuda_gemm_wg_swiglu(const uint16_t *Wgu, const uint16_t *x, uint16_t *h, int T, int in, int F,

@@ -179,15 +179,18 @@ void cuda_gemv_select(int variant, int pdl, int ch);
 /* Prefill GEMMs on Hopper's warpgroup MMA (compute capability 9.0 only),
  * f32 accumulation in one fixed order per output whatever T. ok: this
  * device runs them (unless SLUICE_CUDA_GEMM_WG=0) for these sizes (in a
- * multiple of 8, out and 2F of 16; outputs 16-byte aligned); otherwise the launchers return cudaErrorInvalidValue
+ * multiple of 8, out and 2F of 16; outputs 16-byte aligned); otherwise the
+ * launchers return cudaErrorInvalidValue
  * and launch nothing. prepare: once per device before the first launch.
  * select: 1/0 forces on/off (where the device can), -1 the environment;
  * not thread-safe, for tests and benchmarks. */
 int cuda_gemm_wg_ok(int T, int in, int out);
+/* the backend's gate|up takes cuda_gemm_wg_swiglu from this many tokens a
+ * step: below, cuBLAS + cuda_swiglu measured faster (decode batch 8: 5.13
+ * against 5.93 ms a step; 64: 5.79 against 6.07), at 256 the same */
+#define CUDA_GEMM_WG_MIN_T 256
 cudaError_t cuda_gemm_wg_prepare(void);
 void cuda_gemm_wg_select(int on);
-/* CTA pairs that fit on this device at once (0: single CTAs only) */
-int cuda_gemm_wg_pairs(void);
 /* y = bf16(x W^T): W [out][in] bf16, x [T][in] bf16, y [T][out] bf16 */
 cudaError_t cuda_gemm_wg(const uint16_t *W, const uint16_t *x, uint16_t *y, int T, int in, int out,
                          cudaStream_t st);

@@ -300,24 +300,17 @@ static void wg_compare(cublasHandle_t h, uint16_t *const *w, const uint16_t *x, 
         return;
     }
     uint16_t *hb = dalloc((size_t)T * F * 2);
-    printf("wg: %d CTA pairs at once\n", cuda_gemm_wg_pairs());
     for (int round = 0; round < 2; round++)
-        for (int mode = 0; mode < 4; mode++)
-            for (int cl = 2; cl >= (mode ? 1 : 2); cl--) {
-                setenv("SLUICE_CUDA_GEMM_CL", cl == 2 ? "2" : "1", 1);
-                cuda_gemm_wg_select(-1);
-                float ms = wg_chain(h, w, x, y, hb, mode, T, L, g, F);
-                printf("wg round %d, %s%s: %.1f ms per 32 layers, %.0f TFLOP/s\n", round, name[mode],
-                       mode == 0 ? "" : cl == 2 ? " (CTA pairs)" : " (single CTAs)", ms, L * flop / (ms * 1e-3) / 1e12);
-            }
+        for (int mode = 0; mode < 4; mode++) {
+            float ms = wg_chain(h, w, x, y, hb, mode, T, L, g, F);
+            printf("wg round %d, %s: %.1f ms per 32 layers, %.0f TFLOP/s\n", round, name[mode], ms,
+                   L * flop / (ms * 1e-3) / 1e12);
+        }
     /* gate|up alone, best of 20: cuBLAS, the plain warpgroup kernel, fused */
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0), cudaEventCreate(&e1);
     const float one = 1, zero = 0;
-    for (int k = 0; k < 6; k++) {
-        setenv("SLUICE_CUDA_GEMM_CL", k == 1 || k == 3 || k == 5 ? "2" : "1", 1);
-        setenv("SLUICE_CUDA_GEMM_MC", k == 5 ? "0" : "1", 1);
-        cuda_gemm_wg_select(-1);
+    for (int k = 0; k < 3; k++) {
         float best = 1e9f;
         for (int r = 0; r < 20; r++) {
             cudaEventRecord(e0, 0);
@@ -325,7 +318,7 @@ static void wg_compare(cublasHandle_t h, uint16_t *const *w, const uint16_t *x, 
                 cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, g[2][1], T, g[2][0], &one, w[2], CUDA_R_16BF, g[2][0], x,
                              CUDA_R_16BF, g[2][0], &zero, y, CUDA_R_16BF, g[2][1], CUBLAS_COMPUTE_32F,
                              CUBLAS_GEMM_DEFAULT);
-            else if (k <= 2 || k == 5)
+            else if (k == 1)
                 cuda_gemm_wg(w[2], x, y, T, g[2][0], g[2][1], 0);
             else
                 cuda_gemm_wg_swiglu(w[2], x, hb, T, g[2][0], F, 0);
@@ -335,33 +328,10 @@ static void wg_compare(cublasHandle_t h, uint16_t *const *w, const uint16_t *x, 
             cudaEventElapsedTime(&ms, e0, e1);
             best = ms < best ? ms : best;
         }
-        static const char *const kn[] = {"cuBLAS", "wg plain, CTA pairs", "wg plain, single CTAs",
-                                         "wg + SwiGLU, CTA pairs", "wg + SwiGLU, single CTAs",
-                                         "wg plain, CTA pairs without multicast"};
-        printf("wg gate|up alone (%s): best of 20 %.3f ms, %.0f TFLOP/s\n", kn[k], best,
+        printf("wg gate|up alone (%s): best of 20 %.3f ms, %.0f TFLOP/s\n",
+               k == 0 ? "cuBLAS" : k == 1 ? "wg plain" : "wg + SwiGLU", best,
                2.0 * T * g[2][0] * g[2][1] / (best * 1e-3) / 1e12);
     }
-    /* the fused gate|up alone by the size of the tile groups (pairs) */
-    unsetenv("SLUICE_CUDA_GEMM_CL"), unsetenv("SLUICE_CUDA_GEMM_MC");
-    static const char *const groups[] = {"4", "8", "16", "32", "64", "128"};
-    for (int k = 0; k < 6; k++) {
-        setenv("SLUICE_CUDA_GEMM_GROUP", groups[k], 1);
-        cuda_gemm_wg_select(-1);
-        float best = 1e9f;
-        for (int r = 0; r < 20; r++) {
-            cudaEventRecord(e0, 0);
-            cuda_gemm_wg_swiglu(w[2], x, hb, T, g[2][0], F, 0);
-            cudaEventRecord(e1, 0);
-            cudaEventSynchronize(e1);
-            float ms = 0;
-            cudaEventElapsedTime(&ms, e0, e1);
-            best = ms < best ? ms : best;
-        }
-        printf("wg gate|up + SwiGLU alone, groups of %s row slices: best of 20 %.3f ms, %.0f TFLOP/s\n", groups[k],
-               best, 2.0 * T * g[2][0] * g[2][1] / (best * 1e-3) / 1e12);
-    }
-    unsetenv("SLUICE_CUDA_GEMM_GROUP");
-    cuda_gemm_wg_select(-1);
     cudaEventDestroy(e0), cudaEventDestroy(e1);
     cudaFree(hb);
 }

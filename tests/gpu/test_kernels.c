@@ -203,9 +203,9 @@ static void test_gemv(void)
 
 /* The warpgroup GEMMs (sm_90 only) against the double reference, at sizes
  * that leave partial tiles along T, `in` and the output, and with more tiles
- * than SMs (the persistent loop, a partial group of row slices), in CTA
- * pairs and single: the two bit for bit. SwiGLU in the epilogue: bit for
- * bit the plain kernel's product followed by cuda_swiglu. A row's output:
+ * than SMs (the persistent loop, a partial group of row slices). SwiGLU in
+ * the epilogue: bit for bit the plain kernel's product followed by
+ * cuda_swiglu. A row's output:
  * bit for bit the same in a 5-row call. */
 static void test_gemm_wg(void)
 {
@@ -224,7 +224,6 @@ static void test_gemm_wg(void)
         size_t ny = (size_t)T * out, nh = (size_t)T * F;
         uint16_t *w = rand_bf((size_t)out * in, 1), *x = rand_bf((size_t)T * in, 1), *y = malloc(ny * 2);
         uint16_t *h = malloc(nh * 2), *h2 = malloc(nh * 2), *y5 = malloc((size_t)5 * out * 2);
-        uint16_t *ypair = malloc(ny * 2), *hpair = malloc(nh * 2);
         uint16_t *dw = dup_dev(w, (size_t)out * in * 2), *dx = dup_dev(x, (size_t)T * in * 2);
         uint16_t *dy = poisoned(ny * 2), *dh = poisoned(nh * 2), *dh2 = poisoned(nh * 2);
         float *o = malloc(ny * 4);
@@ -235,41 +234,28 @@ static void test_gemm_wg(void)
                 double g = ref[(size_t)t * out + j], u = ref[(size_t)t * out + F + j];
                 href[(size_t)t * F + j] = g / (1 + exp(-g)) * u;
             }
-        for (int cl = 2; cl >= 1; cl--) {
-            setenv("SLUICE_CUDA_GEMM_CL", cl == 2 ? "2" : "1", 1);
-            cuda_gemm_wg_select(-1);
-            cudaMemset(dy, 0xff, ny * 2), cudaMemset(dh, 0xff, nh * 2), cudaMemset(dh2, 0xff, nh * 2);
-            CHECK(cuda_gemm_wg(dw, dx, dy, T, in, out, 0) == cudaSuccess);
-            CHECK(cuda_gemm_wg_swiglu(dw, dx, dh, T, in, F, 0) == cudaSuccess);
-            CHECK(cuda_swiglu(dy, T, F, dh2, 0) == cudaSuccess);
-            get(y, dy, ny * 2), get(h, dh, nh * 2), get(h2, dh2, nh * 2);
-            for (size_t i = 0; i < ny; i++) o[i] = fb(y[i]);
-            double e1 = nerr(o, ref, ny);
-            for (size_t i = 0; i < nh; i++) o[i] = fb(h[i]);
-            double e2 = nerr(o, href, nh);
-            CHECKF(e1 < 4e-3 && e2 < 6e-3, "gemm_wg x%d T=%d in=%d out=%d: err %.3g, swiglu err %.3g", cl, T, in,
-                   out, e1, e2);
-            CHECKF(!memcmp(h, h2, nh * 2), "gemm_wg x%d T=%d in=%d F=%d: SwiGLU epilogue not bit-identical to the "
-                   "kernels", cl, T, in, F);
-            if (cl == 2) {
-                memcpy(ypair, y, ny * 2), memcpy(hpair, h, nh * 2);
-            } else {
-                CHECKF(!memcmp(y, ypair, ny * 2) && !memcmp(h, hpair, nh * 2),
-                       "gemm_wg T=%d in=%d out=%d: pairs and single CTAs differ", T, in, out);
-            }
-            /* rows T - 5 .. T - 1 alone */
-            int r0 = T >= 5 ? T - 5 : 0, n5 = T - r0;
-            cudaMemset(dy, 0xff, ny * 2);
-            CHECK(cuda_gemm_wg(dw, dx + (size_t)r0 * in, dy, n5, in, out, 0) == cudaSuccess);
-            get(y5, dy, (size_t)n5 * out * 2);
-            CHECKF(!memcmp(y5, y + (size_t)r0 * out, (size_t)n5 * out * 2),
-                   "gemm_wg x%d T=%d in=%d out=%d: rows differ in a %d-row call", cl, T, in, out, n5);
-            printf("  gemm_wg x%d T=%d in=%d out=%d: err %.2e, swiglu err %.2e\n", cl, T, in, out, e1, e2);
-        }
-        unsetenv("SLUICE_CUDA_GEMM_CL");
-        cuda_gemm_wg_select(-1);
-        free(w), free(x), free(y), free(h), free(h2), free(y5), free(o), free(ref), free(href), free(ypair);
-        free(hpair), cudaFree(dw), cudaFree(dx), cudaFree(dy), cudaFree(dh), cudaFree(dh2);
+        CHECK(cuda_gemm_wg(dw, dx, dy, T, in, out, 0) == cudaSuccess);
+        CHECK(cuda_gemm_wg_swiglu(dw, dx, dh, T, in, F, 0) == cudaSuccess);
+        CHECK(cuda_swiglu(dy, T, F, dh2, 0) == cudaSuccess);
+        get(y, dy, ny * 2), get(h, dh, nh * 2), get(h2, dh2, nh * 2);
+        for (size_t i = 0; i < ny; i++) o[i] = fb(y[i]);
+        double e1 = nerr(o, ref, ny);
+        for (size_t i = 0; i < nh; i++) o[i] = fb(h[i]);
+        double e2 = nerr(o, href, nh);
+        CHECKF(e1 < 4e-3 && e2 < 6e-3, "gemm_wg T=%d in=%d out=%d: err %.3g, swiglu err %.3g", T, in, out, e1,
+               e2);
+        CHECKF(!memcmp(h, h2, nh * 2), "gemm_wg T=%d in=%d F=%d: SwiGLU epilogue not bit-identical to the kernels",
+               T, in, F);
+        /* rows T - 5 .. T - 1 alone */
+        int r0 = T >= 5 ? T - 5 : 0, n5 = T - r0;
+        cudaMemset(dy, 0xff, ny * 2);
+        CHECK(cuda_gemm_wg(dw, dx + (size_t)r0 * in, dy, n5, in, out, 0) == cudaSuccess);
+        get(y5, dy, (size_t)n5 * out * 2);
+        CHECKF(!memcmp(y5, y + (size_t)r0 * out, (size_t)n5 * out * 2),
+               "gemm_wg T=%d in=%d out=%d: rows differ in a %d-row call", T, in, out, n5);
+        printf("  gemm_wg T=%d in=%d out=%d: err %.2e, swiglu err %.2e\n", T, in, out, e1, e2);
+        free(w), free(x), free(y), free(h), free(h2), free(y5), free(o), free(ref), free(href);
+        cudaFree(dw), cudaFree(dx), cudaFree(dy), cudaFree(dh), cudaFree(dh2);
     }
     /* bad shapes launch nothing */
     CHECK(cuda_gemm_wg(NULL, NULL, NULL, 4, 100, 64, 0) == cudaErrorInvalidValue);
