@@ -7,12 +7,6 @@
 #include "cuda/bf16.cuh"
 #include "cuda/kernels.h"
 
-static __device__ __forceinline__ uint16_t swiglu1(uint16_t g16, uint16_t u16)
-{
-    float g = bf2f(g16), u = bf2f(u16);
-    return f2bf(g / (1.0f + __expf(-g)) * u);
-}
-
 static __global__ void swiglu_kernel(const uint16_t *gu, int T, int F, uint16_t *h)
 {
     size_t n = (size_t)T * F;

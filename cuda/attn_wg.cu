@@ -377,18 +377,10 @@ static __global__ void __launch_bounds__(WG_THR, 1)
  * code) unless SLUICE_CUDA_ATTN_WG=0; read once, or set by
  * cuda_attention_wg_select */
 static int wg_on = -1;
-static bool wg_device(void)
-{
-    int dev = 0, major = 0, minor = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) return false;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-    return major == 9 && minor == 0;
-}
 extern "C" void cuda_attention_wg_select(int on)
 {
     const char *e = getenv("SLUICE_CUDA_ATTN_WG");
-    wg_on = on >= 0 ? on && wg_device() : !(e && strcmp(e, "0") == 0) && wg_device();
+    wg_on = on >= 0 ? on && wg_sm90() : !(e && strcmp(e, "0") == 0) && wg_sm90();
 }
 
 extern "C" int cuda_attention_wg_ok(const struct cuda_attn_args *a)

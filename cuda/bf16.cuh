@@ -13,6 +13,13 @@ static __device__ __forceinline__ uint16_t f2bf(float f)
     __nv_bfloat16 b = __float2bfloat16_rn(f);
     return *(uint16_t *)&b;
 }
+/* SwiGLU of one bf16 gate/up pair: bf16(silu(g) * u); every SwiGLU kernel
+ * and epilogue (act.cu, gemv.cu, gemm_wg.cu) computes it so, bit for bit */
+static __device__ __forceinline__ uint16_t swiglu1(uint16_t g16, uint16_t u16)
+{
+    float g = bf2f(g16), u = bf2f(u16);
+    return f2bf(g / (1.0f + __expf(-g)) * u);
+}
 /* fp8 e4m3 KV cache (scale 1): f -> e4m3, rounded to nearest even, saturated
  * to +-448; two e4m3 (the first in the low byte) -> packed f16x2, f32 or
  * packed bf16x2, exact (every e4m3 value is an f16 and a bf16 value) */

@@ -172,10 +172,9 @@ static __global__ void __launch_bounds__(GM_THR, 1)
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     int r = ro + 8 * h;
-                    float g0 = bf2f(f2bf(d[4 * j + 2 * h])), g1 = bf2f(f2bf(d[4 * j + 2 * h + 1]));
-                    float u0 = bf2f(f2bf(d[4 * (j + 16) + 2 * h])), u1 = bf2f(f2bf(d[4 * (j + 16) + 2 * h + 1]));
-                    uint32_t v = (uint32_t)f2bf(g0 / (1.0f + __expf(-g0)) * u0) |
-                                 (uint32_t)f2bf(g1 / (1.0f + __expf(-g1)) * u1) << 16;
+                    const float *g = d + 4 * j + 2 * h, *u = g + 64; /* column c and c + 128 */
+                    uint32_t v = (uint32_t)swiglu1(f2bf(g[0]), f2bf(u[0])) |
+                                 (uint32_t)swiglu1(f2bf(g[1]), f2bf(u[1])) << 16;
                     uint32_t at = so + (j >> 3) * (128 * 128) + r * 128 + (((j & 7) ^ (r & 7)) << 4) + (lane & 3) * 4;
                     asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(at), "r"(v) : "memory");
                 }
@@ -210,12 +209,7 @@ static int gm_on = -1;
 extern "C" void cuda_gemm_wg_select(int on)
 {
     const char *e = getenv("SLUICE_CUDA_GEMM_WG");
-    int dev = 0, major = 0, minor = 0;
-    bool sm90 = cudaGetDevice(&dev) == cudaSuccess &&
-                cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-                cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
-                major == 9 && minor == 0;
-    gm_on = sm90 && (on >= 0 ? on : !(e && strcmp(e, "0") == 0)) && wg_tm_encoder();
+    gm_on = wg_sm90() && (on >= 0 ? on : !(e && strcmp(e, "0") == 0)) && wg_tm_encoder();
 }
 
 extern "C" int cuda_gemm_wg_ok(int T, int in, int out)

@@ -228,10 +228,7 @@ static __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_warp_kernel(const
         if (EPI == EPI_BF16) ((uint16_t *)p.y)[o] = f2bf(acc[0][t]);
         if (EPI == EPI_F32) ((float *)p.y)[o] = acc[0][t];
         if (EPI == EPI_RESID) ((float *)p.y)[o] += bf2f(f2bf(acc[0][t])); /* as x += delta of bf16(s) */
-        if (EPI == EPI_SWIGLU) {
-            float g = bf2f(f2bf(acc[0][t])), u = bf2f(f2bf(acc[NR - 1][t]));
-            ((uint16_t *)p.y)[o] = f2bf(g / (1.0f + __expf(-g)) * u);
-        }
+        if (EPI == EPI_SWIGLU) ((uint16_t *)p.y)[o] = swiglu1(f2bf(acc[0][t]), f2bf(acc[NR - 1][t]));
     }
 }
 

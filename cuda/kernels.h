@@ -180,8 +180,8 @@ void cuda_gemv_select(int variant, int pdl, int ch);
  * f32 accumulation in one fixed order per output whatever T. ok: this
  * device runs them (unless SLUICE_CUDA_GEMM_WG=0) for these sizes (in a
  * multiple of 8, out and 2F of 16; outputs 16-byte aligned); otherwise the
- * launchers return cudaErrorInvalidValue
- * and launch nothing. prepare: once per device before the first launch.
+ * launchers return cudaErrorInvalidValue and launch nothing. prepare: once
+ * per device before the first launch.
  * select: 1/0 forces on/off (where the device can), -1 the environment;
  * not thread-safe, for tests and benchmarks. */
 int cuda_gemm_wg_ok(int T, int in, int out);

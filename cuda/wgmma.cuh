@@ -81,6 +81,16 @@ static __device__ __forceinline__ void tma_load2(uint32_t dst, const CUtensorMap
 }
 #endif
 
+/* whether the current device runs the sm_90a code (compute capability 9.0) */
+static inline bool wg_sm90(void)
+{
+    int dev = 0, major = 0, minor = 0;
+    return cudaGetDevice(&dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess && major == 9 &&
+           minor == 0;
+}
+
 /* cuTensorMapEncodeTiled from the driver through the runtime (no -lcuda),
  * looked up once (thread-safe); NULL where the driver lacks it */
 static inline PFN_cuTensorMapEncodeTiled_v12000 wg_tm_encoder(void)
