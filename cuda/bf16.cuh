@@ -14,11 +14,13 @@ static __device__ __forceinline__ uint16_t f2bf(float f)
     return *(uint16_t *)&b;
 }
 /* SwiGLU of one bf16 gate/up pair: bf16(silu(g) * u); every SwiGLU kernel
- * and epilogue (act.cu, gemv.cu, gemm_wg.cu) computes it so, bit for bit */
+ * and epilogue (act.cu, gemv.cu, gemm_wg.cu) computes it so, bit for bit.
+ * The approximate division (2 ulp; 0 where 1 + e^-g passes 2^126, g < -87,
+ * where silu(g) rounds to a bf16 denormal at most) keeps it short. */
 static __device__ __forceinline__ uint16_t swiglu1(uint16_t g16, uint16_t u16)
 {
     float g = bf2f(g16), u = bf2f(u16);
-    return f2bf(g / (1.0f + __expf(-g)) * u);
+    return f2bf(__fdividef(g, 1.0f + __expf(-g)) * u);
 }
 /* fp8 e4m3 KV cache (scale 1): f -> e4m3, rounded to nearest even, saturated
  * to +-448; two e4m3 (the first in the low byte) -> packed f16x2, f32 or

@@ -201,6 +201,8 @@ struct cuda_backend {
                                        BENCHMARKS.md) */
     int wg_min_t;                   /* gate|up with SwiGLU fused on the warpgroup GEMM (sm_90) from this many
                                        tokens a step: CUDA_GEMM_WG_MIN_T, or SLUICE_CUDA_GEMM_WG_MIN_T (tests) */
+    bool wg_all;                    /* the other bf16 GEMMs (qkv, o, down) on it too from as many tokens:
+                                       SLUICE_CUDA_GEMM_WG_ALL=0|1 */
     int tc_rows;                    /* rows per prefill attention item on the tensor cores (64 or 128), 0 = off:
                                        SLUICE_CUDA_ATTN_TC=0|64|128 (128) */
     unsigned ablate;                /* ABL_* kernels left out of every step (SLUICE_CUDA_ABLATE, benchmarks
@@ -605,6 +607,8 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
                (c->n_head * c->head_dim) % 8 == 0 && (size_t)CUDA_GEMV_MAX_T * c->n_embd * 2 <= CUDA_GEMV_NORM_SMEM;
     ge = getenv("SLUICE_CUDA_GEMM_WG_MIN_T");
     b->wg_min_t = ge && atoi(ge) > 0 ? atoi(ge) : CUDA_GEMM_WG_MIN_T;
+    ge = getenv("SLUICE_CUDA_GEMM_WG_ALL");
+    b->wg_all = ge && strcmp(ge, "1") == 0;
     ge = getenv("SLUICE_CUDA_ABLATE");
     b->ablate = ablate_parse(ge);
     if (b->ablate) fprintf(stderr, "cuda: SLUICE_CUDA_ABLATE=%s: kernels left out, outputs are wrong\n", ge);
@@ -937,6 +941,9 @@ static cublasStatus_t gemm(struct rank *k, const uint16_t *x, const uint16_t *W,
     if (k->b->gemv && T <= CUDA_GEMV_MAX_T && in % 8 == 0)
         return cuda_gemv(W, x, y, yf32, T, in, out, k->st) == cudaSuccess ? CUBLAS_STATUS_SUCCESS
                                                                              : CUBLAS_STATUS_EXECUTION_FAILED;
+    if (k->b->wg_all && !yf32 && T >= k->b->wg_min_t && cuda_gemm_wg_ok(T, in, out))
+        return cuda_gemm_wg(W, x, y, T, in, out, k->st) == cudaSuccess ? CUBLAS_STATUS_SUCCESS
+                                                                        : CUBLAS_STATUS_EXECUTION_FAILED;
     return cublasGemmEx(k->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, T, in, &one, W, CUDA_R_16BF, in, x, CUDA_R_16BF, in,
                         &zero, y, yf32 ? CUDA_R_32F : CUDA_R_16BF, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 }

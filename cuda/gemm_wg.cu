@@ -42,11 +42,11 @@
 #define GM_BM 128 /* rows of x per tile: two consumer warpgroups of 64 */
 #define GM_BN 256 /* rows of W per tile */
 #define GM_BK 64  /* `in` per stage: one 128-byte swizzled row */
-#define GM_ST 4   /* stages */
+#define GM_ST 3   /* stages */
 #define GM_A (GM_BM * 128)
 #define GM_STAGE (GM_A + GM_BN * 128)
-#define GM_OUT (128 * 128 * 2) /* SwiGLU's output tile, staged for the bulk store */
-#define GM_SMEM (1024 + GM_ST * GM_STAGE + GM_OUT)
+#define GM_BOX (128 * 128) /* a 128 x 64 box of bf16 outputs: four a tile */
+#define GM_SMEM (1024 + GM_ST * GM_STAGE + 4 * GM_BOX)
 #define GM_THR 384
 #define GM_GROUP 16 /* row slices of x per group of tiles */
 
@@ -73,10 +73,30 @@ static __device__ __forceinline__ void tma_store2(const CUtensorMap *m, int c0, 
 }
 #endif
 
+/* Named barriers between the consumers (256 threads) and the epilogue
+ * warps (96): GM_STAGED, a tile's outputs are in shared memory (the
+ * consumers arrive, the epilogue waits); GM_SFREE, the epilogue is done
+ * with them (it arrives, the consumers wait). GM_EPI syncs the epilogue. */
+#define GM_EPI 2
+#define GM_STAGED 3
+#define GM_SFREE 4
+#ifdef WG_ARCH
+static __device__ __forceinline__ void gm_bar(int id, bool wait)
+{
+    if (wait)
+        asm volatile("bar.sync %0, 352;\n" ::"r"(id) : "memory");
+    else
+        asm volatile("bar.arrive %0, 352;\n" ::"r"(id) : "memory");
+}
+#endif
+
 struct gm_args {
     int T, in, out, F; /* out: the plain product's columns; F: SwiGLU's (0: plain) */
     int nm, nn;        /* tiles along T and along the output */
     uint16_t *y;
+    int grp; /* row slices per group of tiles: GM_GROUP, or SLUICE_GEMM_WG_GROUP (benchmarks) */
+    int abl; /* benchmarks only (SLUICE_GEMM_WG_ABLATE, outputs wrong): 1 no epilogue, 2 loads only the first
+                stages and the MMAs reuse them (the epilogue writes into them), 3 both */
 };
 
 #ifdef WG_ARCH
@@ -84,64 +104,115 @@ struct gm_args {
  * row slices fastest within a group */
 static __device__ __forceinline__ void gm_tile(const gm_args &a, int t, int &m, int &n)
 {
-    int per = GM_GROUP * a.nn, g = t / per, in = t % per, gm = min(GM_GROUP, a.nm - g * GM_GROUP);
-    m = g * GM_GROUP + in % gm, n = in / gm;
+    int per = a.grp * a.nn, g = t / per, in = t % per, gm = min(a.grp, a.nm - g * a.grp);
+    m = g * a.grp + in % gm, n = in / gm;
 }
 #endif
 
 template <bool SWIGLU>
 static __global__ void __launch_bounds__(GM_THR, 1)
     gemm_wg_kernel(const __grid_constant__ CUtensorMap tx, const __grid_constant__ CUtensorMap tw,
-                   const __grid_constant__ CUtensorMap th, gm_args a)
+                   const __grid_constant__ CUtensorMap ty, gm_args a)
 {
 #ifdef WG_ARCH
     extern __shared__ __align__(16) uint8_t gsm[];
     __shared__ __align__(8) uint64_t bars[2 * GM_ST]; /* full[GM_ST], empty[GM_ST] */
     const uint32_t s0 = (smem_u32(gsm) + 1023u) & ~1023u, full = smem_u32(bars), empty = full + 8 * GM_ST;
-    const uint32_t so = s0 + GM_ST * GM_STAGE; /* the staging tile */
+    const uint32_t so = s0 + GM_ST * GM_STAGE; /* the four output boxes */
     const int ntile = a.nm * a.nn, nk = (a.in + GM_BK - 1) / GM_BK;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (threadIdx.x == 0)
         for (int i = 0; i < GM_ST; i++) mbar_init(full + 8 * i, 1), mbar_init(empty + 8 * i, 8);
     __syncthreads();
 
-    if (w < 4) { /* the producer */
+    if (w < 4) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-        if (threadIdx.x != 0) return;
-        int it = 0;
-        for (int t = blockIdx.x; t < ntile; t += gridDim.x) {
+        if (w == 0) { /* the producer */
+            if (lane != 0) return;
+            int it = 0;
+            for (int t = blockIdx.x; t < ntile; t += gridDim.x) {
+                int m, n;
+                gm_tile(a, t, m, n);
+                /* W's two 128-row halves: rows n 256.. or gate rows n 128.. and their up rows */
+                int r0 = SWIGLU ? n * 128 : n * GM_BN, r1 = SWIGLU ? a.F + n * 128 : r0 + 128;
+                for (int kb = 0; kb < nk; kb++, it++) {
+                    int s = it % GM_ST;
+                    uint32_t st = s0 + s * GM_STAGE, fb = full + 8 * s;
+                    if ((a.abl & 2) && it >= GM_ST) return;
+                    if (it >= GM_ST) mbar_wait(empty + 8 * s, (it / GM_ST - 1) & 1);
+                    mbar_expect_tx(fb, GM_STAGE);
+                    tma_load2(st, &tx, kb * GM_BK, m * GM_BM, fb);
+                    tma_load2(st + GM_A, &tw, kb * GM_BK, r0, fb);
+                    tma_load2(st + GM_A + 128 * 128, &tw, kb * GM_BK, r1, fb);
+                }
+            }
+            return;
+        }
+        /* the epilogue: warps 1-3 take each tile's outputs from the four
+         * boxes (with SwiGLU, of the gate and up halves, in place into the
+         * gate half), one thread stores them by bulk tensor copies and hands
+         * the boxes back to the consumers once the copies have read them;
+         * all of this runs under the consumers' MMAs of the next tile */
+        if (a.abl & 1) return;
+        const int te = threadIdx.x - 32; /* 0..95 */
+        int ti = 0;
+        for (int t = blockIdx.x; t < ntile; t += gridDim.x, ti++) {
             int m, n;
             gm_tile(a, t, m, n);
-            /* W's two 128-row halves: rows n 256.. or gate rows n 128.. and their up rows */
-            int r0 = SWIGLU ? n * 128 : n * GM_BN, r1 = SWIGLU ? a.F + n * 128 : r0 + 128;
-            for (int kb = 0; kb < nk; kb++, it++) {
-                int s = it % GM_ST;
-                uint32_t st = s0 + s * GM_STAGE, fb = full + 8 * s;
-                if (it >= GM_ST) mbar_wait(empty + 8 * s, (it / GM_ST - 1) & 1);
-                mbar_expect_tx(fb, GM_STAGE);
-                tma_load2(st, &tx, kb * GM_BK, m * GM_BM, fb);
-                tma_load2(st + GM_A, &tw, kb * GM_BK, r0, fb);
-                tma_load2(st + GM_A + 128 * 128, &tw, kb * GM_BK, r1, fb);
+            gm_bar(GM_STAGED, true);
+            if (SWIGLU) {
+                /* the four boxes share one layout: chunk i of the gate half
+                 * (boxes 0, 1) pairs with chunk i of the up half (2, 3) */
+                for (int i = te; i < 2 * GM_BOX / 16; i += 96) {
+                    uint32_t ga = so + i * 16, ua = ga + 2 * GM_BOX;
+                    uint32_t v[4], u[4];
+                    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                                 : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
+                                 : "r"(ga));
+                    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                                 : "=r"(u[0]), "=r"(u[1]), "=r"(u[2]), "=r"(u[3])
+                                 : "r"(ua));
+#pragma unroll
+                    for (int j = 0; j < 4; j++)
+                        v[j] = (uint32_t)swiglu1((uint16_t)v[j], (uint16_t)u[j]) |
+                               (uint32_t)swiglu1((uint16_t)(v[j] >> 16), (uint16_t)(u[j] >> 16)) << 16;
+                    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(ga), "r"(v[0]), "r"(v[1]),
+                                 "r"(v[2]), "r"(v[3])
+                                 : "memory");
+                }
+                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* generic writes -> the bulk copy */
             }
+            asm volatile("bar.sync %0, 96;\n" ::"n"(GM_EPI) : "memory");
+            if (te == 0) {
+                if (SWIGLU) {
+                    tma_store2(&ty, n * 128, m * GM_BM, so);
+                    tma_store2(&ty, n * 128 + 64, m * GM_BM, so + GM_BOX);
+                } else {
+                    for (int q = 0; q < 4; q++)
+                        tma_store2(&ty, n * GM_BN + 64 * q, m * GM_BM, so + q * GM_BOX);
+                }
+                asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+                asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+            }
+            gm_bar(GM_SFREE, false);
         }
+        if (te == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
         return;
     }
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     const int cw = __shfl_sync(0xffffffffu, w / 4 - 1, 0); /* consumer warpgroup 0 or 1 */
-    const int row_in = (w & 3) * 16 + (lane >> 2), col_in = (lane & 3) * 2;
+    const int row_in = (w & 3) * 16 + (lane >> 2), col_in = (lane & 3) * 4; /* bytes */
     auto release = [&](int s) { /* this warp is done with stage s */
         if (lane == 0) mbar_arrive(empty + 8 * s);
     };
     float d[128];
-    int it = 0;
-    for (int t = blockIdx.x; t < ntile; t += gridDim.x) {
-        int m, n;
-        gm_tile(a, t, m, n);
+    int it = 0, ti = 0;
+    for (int t = blockIdx.x; t < ntile; t += gridDim.x, ti++) {
         for (int kb = 0; kb < nk; kb++, it++) {
             int s = it % GM_ST;
             uint32_t st = s0 + s * GM_STAGE;
-            mbar_wait(full + 8 * s, (it / GM_ST) & 1);
+            if (!(a.abl & 2) || it < GM_ST) mbar_wait(full + 8 * s, (it / GM_ST) & 1);
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < GM_BK / 16; kk++)
@@ -150,55 +221,34 @@ static __global__ void __launch_bounds__(GM_THR, 1)
             wg_commit();
             wg_wait<1>(); /* the previous stage's MMAs are done: hand it back */
             acc_fence(d);
-            if (kb > 0) release((it + GM_ST - 1) % GM_ST);
+            if (kb > 0 && !(a.abl & 2)) release((it + GM_ST - 1) % GM_ST);
         }
         wg_wait<0>();
         acc_fence(d);
-        release((it + GM_ST - 1) % GM_ST);
+        if (!(a.abl & 2)) release((it + GM_ST - 1) % GM_ST);
+        if (a.abl & 1) continue;
 
-        /* the epilogue: accumulator j * 4 + e holds row row_in + 8 (e >> 1),
-         * column 8 j + col_in + (e & 1) of this warpgroup's 64 x 256 */
-        if (SWIGLU) {
-            /* into the staging tile (two 64-column halves of 128-byte
-             * rows, swizzled as TMA reads them: no bank conflicts), then one
-             * thread stores it by two bulk copies, which run on while the
-             * consumers start the next tile; the previous tile's copies must
-             * have read the staging tile before it is written again */
-            if (threadIdx.x == 128) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-            asm volatile("bar.sync 1, 256;\n" ::: "memory");
-            const int ro = cw * 64 + row_in;
+        /* the outputs, rounded to bf16, into the four boxes once the
+         * previous tile's stores have read them: accumulator j * 4 + e holds
+         * row row_in + 8 (e >> 1), column 8 j + 2 (lane & 3) + (e & 1) of
+         * this warpgroup's 64 x 256; column c goes to box c / 64 (128-byte
+         * rows, swizzled as the bulk copies read them: no bank conflicts).
+         * With SwiGLU, columns 0..127 are the gate half, 128.. the up half. */
+        if (ti > 0) gm_bar(GM_SFREE, true);
+        const int ro = cw * 64 + row_in;
 #pragma unroll
-            for (int j = 0; j < 16; j++)
+        for (int j = 0; j < 32; j++)
 #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    int r = ro + 8 * h;
-                    const float *g = d + 4 * j + 2 * h, *u = g + 64; /* column c and c + 128 */
-                    uint32_t v = (uint32_t)swiglu1(f2bf(g[0]), f2bf(u[0])) |
-                                 (uint32_t)swiglu1(f2bf(g[1]), f2bf(u[1])) << 16;
-                    uint32_t at = so + (j >> 3) * (128 * 128) + r * 128 + (((j & 7) ^ (r & 7)) << 4) + (lane & 3) * 4;
-                    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(at), "r"(v) : "memory");
-                }
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* generic writes -> the bulk copy */
-            asm volatile("bar.sync 1, 256;\n" ::: "memory");
-            if (threadIdx.x == 128) {
-                tma_store2(&th, n * 128, m * GM_BM, so);
-                tma_store2(&th, n * 128 + 64, m * GM_BM, so + 128 * 128);
-                asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+            for (int h = 0; h < 2; h++) {
+                int r = ro + 8 * h;
+                uint32_t v = (uint32_t)f2bf(d[4 * j + 2 * h]) | (uint32_t)f2bf(d[4 * j + 2 * h + 1]) << 16;
+                uint32_t at = so + (j >> 3) * GM_BOX + r * 128 + (((j & 7) ^ (r & 7)) << 4) + col_in;
+                asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(at), "r"(v) : "memory");
             }
-        } else {
-            const int rb = m * GM_BM + cw * 64 + row_in, cb = n * GM_BN + col_in;
-#pragma unroll
-            for (int j = 0; j < 32; j++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    int r = rb + 8 * h, c = cb + 8 * j;
-                    if (r >= a.T || c >= a.out) continue;
-                    uint32_t v = (uint32_t)f2bf(d[4 * j + 2 * h]) | (uint32_t)f2bf(d[4 * j + 2 * h + 1]) << 16;
-                    *(uint32_t *)(a.y + (size_t)r * a.out + c) = v; /* out even: c + 1 < out too */
-                }
-        }
+        if (!SWIGLU) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* -> the bulk store */
+        gm_bar(GM_STAGED, false);
     }
-    if (SWIGLU && threadIdx.x == 128) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+    if (ti > 0 && !(a.abl & 1)) gm_bar(GM_SFREE, true); /* the last tile's, so no barrier is left half done */
 #endif
 }
 
@@ -257,9 +307,17 @@ static cudaError_t gm_launch(const uint16_t *W, int wrows, const uint16_t *x, ui
         return cudaErrorInvalidValue;
     alignas(64) CUtensorMap tx, tw, th;
     memset(&tx, 0, sizeof tx), memset(&tw, 0, sizeof tw), memset(&th, 0, sizeof th);
-    if (!gm_map(&tx, x, T, in) || !gm_map(&tw, W, wrows, in) || (F && !gm_map(&th, y, T, F)))
+    if (!gm_map(&tx, x, T, in) || !gm_map(&tw, W, wrows, in) || !gm_map(&th, y, T, F ? F : out))
         return cudaErrorInvalidValue;
-    gm_args a = {T, in, out, F, (T + GM_BM - 1) / GM_BM, F ? (F + 127) / 128 : (out + GM_BN - 1) / GM_BN, y};
+    static const int abl = [] {
+        const char *e = getenv("SLUICE_GEMM_WG_ABLATE");
+        return e ? atoi(e) & 3 : 0;
+    }();
+    static const int grp = [] {
+        const char *e = getenv("SLUICE_GEMM_WG_GROUP");
+        return e && atoi(e) > 0 ? atoi(e) : GM_GROUP;
+    }();
+    gm_args a = {T, in, out, F, (T + GM_BM - 1) / GM_BM, F ? (F + 127) / 128 : (out + GM_BN - 1) / GM_BN, y, grp, abl};
     int ntile = a.nm * a.nn, grid = ntile < gm_nsm[dev] ? ntile : gm_nsm[dev];
     if (F)
         gemm_wg_kernel<true><<<grid, GM_THR, GM_SMEM, st>>>(tx, tw, th, a);

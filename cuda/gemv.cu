@@ -340,8 +340,7 @@ static __global__ void __launch_bounds__(BT, 2) gemv_block_kernel(const gemv_par
                 int j = gd * (RB / 2) + tid / NT, t = tid % NT;
                 if (j < p.out) {
                     /* as cuda_swiglu over the bf16 gate|up outputs */
-                    float a = bf2f(f2bf(sg)), b = bf2f(f2bf(su));
-                    ((uint16_t *)p.y)[(size_t)t * p.out + j] = f2bf(a / (1.0f + __expf(-a)) * b);
+                    ((uint16_t *)p.y)[(size_t)t * p.out + j] = swiglu1(f2bf(sg), f2bf(su));
                 }
             }
         } else if (tid < C) {

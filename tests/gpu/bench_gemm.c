@@ -19,6 +19,7 @@
  * and as the two halves on two streams at once, the second starting half a
  * layer later.
  * SLUICE_BENCH_WG=1 adds the warpgroup GEMMs (gemm_wg.cu, sm_90 only)
+ * (2: gate|up alone and sustained only)
  * under the same sustained load, in alternating rounds: the four cuBLAS
  * GEMMs with cuda_swiglu after gate|up (what a prefill step runs); the same
  * with gate|up and SwiGLU in one warpgroup kernel; all four on the
@@ -300,7 +301,8 @@ static void wg_compare(cublasHandle_t h, uint16_t *const *w, const uint16_t *x, 
         return;
     }
     uint16_t *hb = dalloc((size_t)T * F * 2);
-    for (int round = 0; round < 2; round++)
+    const char *only = getenv("SLUICE_BENCH_WG");
+    for (int round = 0; round < 2 && !(only && *only == '2'); round++)
         for (int mode = 0; mode < 4; mode++) {
             float ms = wg_chain(h, w, x, y, hb, mode, T, L, g, F);
             printf("wg round %d, %s: %.1f ms per 32 layers, %.0f TFLOP/s\n", round, name[mode], ms,
@@ -332,6 +334,29 @@ static void wg_compare(cublasHandle_t h, uint16_t *const *w, const uint16_t *x, 
                k == 0 ? "cuBLAS" : k == 1 ? "wg plain" : "wg + SwiGLU", best,
                2.0 * T * g[2][0] * g[2][1] / (best * 1e-3) / 1e12);
     }
+    /* gate|up sustained: 64 back to back after as many to warm up, twice */
+    for (int k = 0; k < 3; k++)
+        for (int r = 0; r < 3; r++) {
+            if (r > 0) cudaEventRecord(e0, 0);
+            for (int i = 0; i < 64; i++) {
+                if (k == 0)
+                    cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, g[2][1], T, g[2][0], &one, w[2], CUDA_R_16BF, g[2][0],
+                                 x, CUDA_R_16BF, g[2][0], &zero, y, CUDA_R_16BF, g[2][1], CUBLAS_COMPUTE_32F,
+                                 CUBLAS_GEMM_DEFAULT);
+                else if (k == 1)
+                    cuda_gemm_wg(w[2], x, y, T, g[2][0], g[2][1], 0);
+                else
+                    cuda_gemm_wg_swiglu(w[2], x, hb, T, g[2][0], F, 0);
+            }
+            if (r == 0) continue;
+            cudaEventRecord(e1, 0);
+            cudaEventSynchronize(e1);
+            float ms = 0;
+            cudaEventElapsedTime(&ms, e0, e1);
+            printf("wg gate|up sustained (%s): %.3f ms each, %.0f TFLOP/s\n",
+                   k == 0 ? "cuBLAS" : k == 1 ? "wg plain" : "wg + SwiGLU", ms / 64,
+                   2.0 * T * g[2][0] * g[2][1] * 64 / (ms * 1e-3) / 1e12);
+        }
     cudaEventDestroy(e0), cudaEventDestroy(e1);
     cudaFree(hb);
 }
@@ -355,7 +380,8 @@ int main(void)
     const float one = 1, zero = 0;
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0), cudaEventCreate(&e1);
-    for (int data = 0; data < 2; data++) {
+    const char *wg = getenv("SLUICE_BENCH_WG");
+    for (int data = 0; data < 2 && !(wg && *wg == '2'); data++) {
         if (data == 0)
             fill(x, (size_t)T * F, 99u);
         else
@@ -395,8 +421,7 @@ int main(void)
     }
     const char *ov = getenv("SLUICE_BENCH_OVERLAP");
     if (ov && *ov == '1') overlap(w, T, E, F, QKV, L);
-    const char *wg = getenv("SLUICE_BENCH_WG");
-    if (wg && *wg == '1') {
+    if (wg && (*wg == '1' || *wg == '2')) {
         fill(x, (size_t)T * F, 99u);
         int gi[4][2];
         for (int i = 0; i < 4; i++) gi[i][0] = g[i].in, gi[i][1] = g[i].out;
