@@ -94,6 +94,7 @@ struct gm_args {
     int T, in, out, F; /* out: the plain product's columns; F: SwiGLU's (0: plain) */
     int nm, nn;        /* tiles along T and along the output */
     uint16_t *y;
+    float *x; /* GM_RESID: the f32 residual [T][out] */
     int grp; /* row slices per group of tiles: GM_GROUP, or SLUICE_GEMM_WG_GROUP (benchmarks) */
     int abl; /* benchmarks only (SLUICE_GEMM_WG_ABLATE, outputs wrong): 1 no epilogue, 2 loads only the first
                 stages and the MMAs reuse them (the epilogue writes into them), 3 both */
@@ -109,12 +110,18 @@ static __device__ __forceinline__ void gm_tile(const gm_args &a, int t, int &m, 
 }
 #endif
 
-template <bool SWIGLU>
+/* the epilogues: y = bf16(x W^T); SwiGLU; x += bf16(a W^T) into an f32 residual */
+#define GM_PLAIN 0
+#define GM_SWIGLU 1
+#define GM_RESID 2
+
+template <int EPI>
 static __global__ void __launch_bounds__(GM_THR, 1)
     gemm_wg_kernel(const __grid_constant__ CUtensorMap tx, const __grid_constant__ CUtensorMap tw,
                    const __grid_constant__ CUtensorMap ty, gm_args a)
 {
 #ifdef WG_ARCH
+    constexpr bool SWIGLU = EPI == GM_SWIGLU;
     extern __shared__ __align__(16) uint8_t gsm[];
     __shared__ __align__(8) uint64_t bars[2 * GM_ST]; /* full[GM_ST], empty[GM_ST] */
     const uint32_t s0 = (smem_u32(gsm) + 1023u) & ~1023u, full = smem_u32(bars), empty = full + 8 * GM_ST;
@@ -126,7 +133,7 @@ static __global__ void __launch_bounds__(GM_THR, 1)
     __syncthreads();
 
     if (w < 4) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
         if (w == 0) { /* the producer */
             if (lane != 0) return;
             int it = 0;
@@ -182,8 +189,40 @@ static __global__ void __launch_bounds__(GM_THR, 1)
                 }
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* generic writes -> the bulk copy */
             }
+            if (EPI == GM_RESID) {
+                /* x[row][col..col + 7] += the box chunk's 8 values, two
+                 * chunks at a time (their loads in flight together);
+                 * storage chunk p of box q holds row p / 8, columns 8 of
+                 * (p & 7) ^ (row & 7) */
+                for (int p0 = te; p0 < 4 * GM_BOX / 16; p0 += 2 * 96) {
+                    float4 xv[2][2];
+                    uint4 dv[2];
+                    float *xp[2];
+#pragma unroll
+                    for (int u = 0; u < 2; u++) {
+                        int p = p0 + 96 * u, q = p >> 10, r = (p >> 3) & 127, c = (p & 7) ^ (r & 7);
+                        int row = m * GM_BM + r, col = n * GM_BN + q * 64 + c * 8;
+                        xp[u] = p < 4 * GM_BOX / 16 && row < a.T && col < a.out ? a.x + (size_t)row * a.out + col : NULL;
+                        if (!xp[u]) continue;
+                        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                                     : "=r"(dv[u].x), "=r"(dv[u].y), "=r"(dv[u].z), "=r"(dv[u].w)
+                                     : "r"(so + p * 16));
+                        xv[u][0] = ((const float4 *)xp[u])[0], xv[u][1] = ((const float4 *)xp[u])[1];
+                    }
+#pragma unroll
+                    for (int u = 0; u < 2; u++) {
+                        if (!xp[u]) continue;
+                        float4 &lo = xv[u][0], &hi = xv[u][1];
+                        lo.x += bf2f((uint16_t)dv[u].x), lo.y += bf2f((uint16_t)(dv[u].x >> 16));
+                        lo.z += bf2f((uint16_t)dv[u].y), lo.w += bf2f((uint16_t)(dv[u].y >> 16));
+                        hi.x += bf2f((uint16_t)dv[u].z), hi.y += bf2f((uint16_t)(dv[u].z >> 16));
+                        hi.z += bf2f((uint16_t)dv[u].w), hi.w += bf2f((uint16_t)(dv[u].w >> 16));
+                        ((float4 *)xp[u])[0] = lo, ((float4 *)xp[u])[1] = hi;
+                    }
+                }
+            }
             asm volatile("bar.sync %0, 96;\n" ::"n"(GM_EPI) : "memory");
-            if (te == 0) {
+            if (EPI != GM_RESID && te == 0) {
                 if (SWIGLU) {
                     tma_store2(&ty, n * 128, m * GM_BM, so);
                     tma_store2(&ty, n * 128 + 64, m * GM_BM, so + GM_BOX);
@@ -196,11 +235,11 @@ static __global__ void __launch_bounds__(GM_THR, 1)
             }
             gm_bar(GM_SFREE, false);
         }
-        if (te == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+        if (EPI != GM_RESID && te == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
         return;
     }
 
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
     const int cw = __shfl_sync(0xffffffffu, w / 4 - 1, 0); /* consumer warpgroup 0 or 1 */
     const int row_in = (w & 3) * 16 + (lane >> 2), col_in = (lane & 3) * 4; /* bytes */
     auto release = [&](int s) { /* this warp is done with stage s */
@@ -245,7 +284,7 @@ static __global__ void __launch_bounds__(GM_THR, 1)
                 uint32_t at = so + (j >> 3) * GM_BOX + r * 128 + (((j & 7) ^ (r & 7)) << 4) + col_in;
                 asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(at), "r"(v) : "memory");
             }
-        if (!SWIGLU) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* -> the bulk store */
+        if (EPI == GM_PLAIN) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* -> the bulk store */
         gm_bar(GM_STAGED, false);
     }
     if (ti > 0 && !(a.abl & 1)) gm_bar(GM_SFREE, true); /* the last tile's, so no barrier is left half done */
@@ -274,10 +313,13 @@ static int gm_nsm[GM_MAXDEV];
 
 extern "C" cudaError_t cuda_gemm_wg_prepare(void)
 {
-    cudaError_t e = cudaFuncSetAttribute(gemm_wg_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, GM_SMEM);
+    cudaError_t e = cudaFuncSetAttribute(gemm_wg_kernel<GM_SWIGLU>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         GM_SMEM);
     if (e == cudaErrorInvalidDeviceFunction) return cudaSuccess; /* no sm_90a code for this device */
     if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(gemm_wg_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, GM_SMEM);
+        e = cudaFuncSetAttribute(gemm_wg_kernel<GM_PLAIN>, cudaFuncAttributeMaxDynamicSharedMemorySize, GM_SMEM);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(gemm_wg_kernel<GM_RESID>, cudaFuncAttributeMaxDynamicSharedMemorySize, GM_SMEM);
     int dev = 0;
     if (e == cudaSuccess) e = cudaGetDevice(&dev);
     if (e == cudaSuccess && dev < GM_MAXDEV) e = cudaDeviceGetAttribute(&gm_nsm[dev], cudaDevAttrMultiProcessorCount, dev);
@@ -298,16 +340,16 @@ static bool gm_map(CUtensorMap *m, const uint16_t *base, int rows, int in)
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-static cudaError_t gm_launch(const uint16_t *W, int wrows, const uint16_t *x, uint16_t *y, int T, int in, int out,
-                             int F, cudaStream_t st)
+static cudaError_t gm_launch(const uint16_t *W, int wrows, const uint16_t *x, uint16_t *y, float *xr, int T, int in,
+                             int out, int F, cudaStream_t st)
 {
     int dev = 0;
-    if (!cuda_gemm_wg_ok(T, in, F ? 2 * F : out) || ((uintptr_t)y & 15) || cudaGetDevice(&dev) ||
-        dev >= GM_MAXDEV || !gm_nsm[dev])
+    if (!cuda_gemm_wg_ok(T, in, F ? 2 * F : out) || ((uintptr_t)y & 15) || ((uintptr_t)xr & 15) ||
+        cudaGetDevice(&dev) || dev >= GM_MAXDEV || !gm_nsm[dev])
         return cudaErrorInvalidValue;
     alignas(64) CUtensorMap tx, tw, th;
     memset(&tx, 0, sizeof tx), memset(&tw, 0, sizeof tw), memset(&th, 0, sizeof th);
-    if (!gm_map(&tx, x, T, in) || !gm_map(&tw, W, wrows, in) || !gm_map(&th, y, T, F ? F : out))
+    if (!gm_map(&tx, x, T, in) || !gm_map(&tw, W, wrows, in) || (y && !gm_map(&th, y, T, F ? F : out)))
         return cudaErrorInvalidValue;
     static const int abl = [] {
         const char *e = getenv("SLUICE_GEMM_WG_ABLATE");
@@ -317,23 +359,32 @@ static cudaError_t gm_launch(const uint16_t *W, int wrows, const uint16_t *x, ui
         const char *e = getenv("SLUICE_GEMM_WG_GROUP");
         return e && atoi(e) > 0 ? atoi(e) : GM_GROUP;
     }();
-    gm_args a = {T, in, out, F, (T + GM_BM - 1) / GM_BM, F ? (F + 127) / 128 : (out + GM_BN - 1) / GM_BN, y, grp, abl};
+    gm_args a = {T, in, out, F, (T + GM_BM - 1) / GM_BM, F ? (F + 127) / 128 : (out + GM_BN - 1) / GM_BN, y, xr,
+                 grp, abl};
     int ntile = a.nm * a.nn, grid = ntile < gm_nsm[dev] ? ntile : gm_nsm[dev];
     if (F)
-        gemm_wg_kernel<true><<<grid, GM_THR, GM_SMEM, st>>>(tx, tw, th, a);
+        gemm_wg_kernel<GM_SWIGLU><<<grid, GM_THR, GM_SMEM, st>>>(tx, tw, th, a);
+    else if (xr)
+        gemm_wg_kernel<GM_RESID><<<grid, GM_THR, GM_SMEM, st>>>(tx, tw, th, a);
     else
-        gemm_wg_kernel<false><<<grid, GM_THR, GM_SMEM, st>>>(tx, tw, th, a);
+        gemm_wg_kernel<GM_PLAIN><<<grid, GM_THR, GM_SMEM, st>>>(tx, tw, th, a);
     return cudaGetLastError();
 }
 
 extern "C" cudaError_t cuda_gemm_wg_swiglu(const uint16_t *Wgu, const uint16_t *x, uint16_t *h, int T, int in, int F,
                                            cudaStream_t st)
 {
-    return gm_launch(Wgu, 2 * F, x, h, T, in, 0, F, st);
+    return h ? gm_launch(Wgu, 2 * F, x, h, NULL, T, in, 0, F, st) : cudaErrorInvalidValue;
 }
 
 extern "C" cudaError_t cuda_gemm_wg(const uint16_t *W, const uint16_t *x, uint16_t *y, int T, int in, int out,
                                     cudaStream_t st)
 {
-    return gm_launch(W, out, x, y, T, in, out, 0, st);
+    return y ? gm_launch(W, out, x, y, NULL, T, in, out, 0, st) : cudaErrorInvalidValue;
+}
+
+extern "C" cudaError_t cuda_gemm_wg_residual(const uint16_t *W, const uint16_t *a, float *x, int T, int in, int out,
+                                             cudaStream_t st)
+{
+    return x ? gm_launch(W, out, a, NULL, x, T, in, out, 0, st) : cudaErrorInvalidValue;
 }
