@@ -141,7 +141,6 @@ struct rank {
     float *x;                       /* [E] f32 residual */
     uint16_t *xn, *qkv, *q, *att, *delta, *gu, *h; /* [E], [QKV/N], [Q/N], [Q/N], [E], [2F/N], [F/N] */
     float *deltaf;                  /* [E] f32 partial sums before the all-reduce (N > 1) */
-    bool added;                     /* the last row-parallel projection went into x itself, not delta */
     uint16_t *hfin;                 /* [max_seqs][E] */
     float *logits;                  /* [max_seqs][vn] */
     struct cuda_argmax_part *amp;   /* [CUDA_ARGMAX_SLICES][max_seqs]: the argmax's partial reductions */
@@ -202,9 +201,6 @@ struct cuda_backend {
                                        BENCHMARKS.md) */
     int wg_min_t;                   /* gate|up with SwiGLU fused on the warpgroup GEMM (sm_90) from this many
                                        tokens a step: CUDA_GEMM_WG_MIN_T, or SLUICE_CUDA_GEMM_WG_MIN_T (tests) */
-    int wg_all;                     /* the other bf16 GEMMs (qkv, o, down) on it too from as many tokens:
-                                       SLUICE_CUDA_GEMM_WG_ALL=1, and 2: o and down add into the residual
-                                       in its epilogue (one GPU); 0 (default): cuBLAS */
     int tc_rows;                    /* rows per prefill attention item on the tensor cores (64 or 128), 0 = off:
                                        SLUICE_CUDA_ATTN_TC=0|64|128 (128) */
     unsigned ablate;                /* ABL_* kernels left out of every step (SLUICE_CUDA_ABLATE, benchmarks
@@ -609,8 +605,6 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
                (c->n_head * c->head_dim) % 8 == 0 && (size_t)CUDA_GEMV_MAX_T * c->n_embd * 2 <= CUDA_GEMV_NORM_SMEM;
     ge = getenv("SLUICE_CUDA_GEMM_WG_MIN_T");
     b->wg_min_t = ge && atoi(ge) > 0 ? atoi(ge) : CUDA_GEMM_WG_MIN_T;
-    ge = getenv("SLUICE_CUDA_GEMM_WG_ALL");
-    b->wg_all = ge ? atoi(ge) : 0;
     ge = getenv("SLUICE_CUDA_ABLATE");
     b->ablate = ablate_parse(ge);
     if (b->ablate) fprintf(stderr, "cuda: SLUICE_CUDA_ABLATE=%s: kernels left out, outputs are wrong\n", ge);
@@ -943,9 +937,6 @@ static cublasStatus_t gemm(struct rank *k, const uint16_t *x, const uint16_t *W,
     if (k->b->gemv && T <= CUDA_GEMV_MAX_T && in % 8 == 0)
         return cuda_gemv(W, x, y, yf32, T, in, out, k->st) == cudaSuccess ? CUBLAS_STATUS_SUCCESS
                                                                              : CUBLAS_STATUS_EXECUTION_FAILED;
-    if (k->b->wg_all && !yf32 && T >= k->b->wg_min_t && cuda_gemm_wg_ok(T, in, out))
-        return cuda_gemm_wg(W, x, y, T, in, out, k->st) == cudaSuccess ? CUBLAS_STATUS_SUCCESS
-                                                                        : CUBLAS_STATUS_EXECUTION_FAILED;
     return cublasGemmEx(k->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, T, in, &one, W, CUDA_R_16BF, in, x, CUDA_R_16BF, in,
                         &zero, y, yf32 ? CUDA_R_32F : CUDA_R_16BF, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 }
@@ -955,12 +946,6 @@ static cublasStatus_t gemm(struct rank *k, const uint16_t *x, const uint16_t *W,
 static int proj_rows(struct rank *k, const uint16_t *x, const uint16_t *W, int T, int in, int E, char *err,
                      size_t errlen)
 {
-    k->added = false;
-    if (k->b->tp == 1 && k->b->wg_all == 2 && T >= k->b->wg_min_t && cuda_gemm_wg_ok(T, in, E)) {
-        CK(cuda_gemm_wg_residual(W, x, k->x, T, in, E, k->st));
-        k->added = true; /* what the next cuda_add_rmsnorm would add */
-        return 0;
-    }
     if (k->b->tp == 1) {
         CB(gemm(k, x, W, k->delta, false, T, in, E));
         return 0;
@@ -996,7 +981,6 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
      * (block) kernels measured slower than the unfused persistent ones
      * (BENCHMARKS.md, 164.4 vs 148.4 us per layer at T = 4) */
     bool fz = b->fused && T == 1;
-    k->added = false;
     for (int l = 0; l < c->n_layer; l++) {
         const struct clayer *L = &k->L[l];
         /* the previous layer's MLP output joins the residual here */
@@ -1005,8 +989,7 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
             if (!(ab & ABL_QKV)) CK(cuda_gemv_rmsnorm(L->wqkv, k->x, L->attn_norm, c->norm_eps, k->qkv, T, E, QKV, st));
         } else {
             if (!(ab & ABL_NORM))
-                CK(cuda_add_rmsnorm(k->x, l && !k->added ? k->delta : NULL, L->attn_norm, NULL, T, E, c->norm_eps,
-                                    k->xn, st));
+                CK(cuda_add_rmsnorm(k->x, l ? k->delta : NULL, L->attn_norm, NULL, T, E, c->norm_eps, k->xn, st));
             if (!(ab & ABL_QKV)) CB(gemm(k, k->xn, L->wqkv, k->qkv, false, T, E, QKV));
         }
         size_t es = b->kv8 ? 1 : 2; /* bytes per KV element */
@@ -1039,7 +1022,7 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
         }
         if (!(ab & ABL_O) && proj_rows(k, k->att, L->wo, T, Q, E, err, errlen)) goto fail;
         if (!(ab & ABL_NORM))
-            CK(cuda_add_rmsnorm(k->x, k->added ? NULL : k->delta, L->ffn_norm, NULL, T, E, c->norm_eps, k->xn, st));
+            CK(cuda_add_rmsnorm(k->x, k->delta, L->ffn_norm, NULL, T, E, c->norm_eps, k->xn, st));
         bool gu_gemv = b->gemv && T <= CUDA_GEMV_MAX_T && E % 8 == 0;
         if (!(ab & ABL_GU) && gu_gemv) {
             /* SwiGLU in the GEMV's epilogue: bit for bit the two kernels below */
@@ -1054,7 +1037,7 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
         if (!(ab & ABL_DOWN) && proj_rows(k, k->h, L->wdown, T, F, E, err, errlen)) goto fail;
     }
     if (R > 0) {
-        CK(cuda_add_rmsnorm(k->x, fz || k->added ? NULL : k->delta, k->out_norm, DIN(k, rows, int32_t), R, E, c->norm_eps,
+        CK(cuda_add_rmsnorm(k->x, fz ? NULL : k->delta, k->out_norm, DIN(k, rows, int32_t), R, E, c->norm_eps,
                             k->hfin, st));
         if (!(b->ablate & ABL_HEAD)) CB(gemm(k, k->hfin, k->lm_head, k->logits, true, R, E, k->vn));
         if (b->tp == 1) {

@@ -5,32 +5,42 @@
  * GB a layer at 16384 tokens of the Llama-8B shape). The plain product
  * y = bf16(x W^T) runs on the same kernel, for comparing it with cuBLAS.
  *
- * A persistent kernel, one block per SM, three warpgroups: one thread of
- * warpgroup 0 (the producer, 40 registers by setmaxnreg) streams tiles by
- * bulk tensor copies (TMA, the 128-byte swizzle) into GM_ST stages, each a
- * 128-row slice of x and a 256-row slice of W, 64 of `in` wide, with full /
- * empty mbarriers; warpgroups 1 and 2 (the consumers) each multiply 64 rows
- * of x by the 256 rows of W, four wgmma.m64n256k16 a stage, accumulating in
- * f32 registers (128 a thread). With SwiGLU, a tile's 256 W rows are 128
- * gate rows and the 128 up rows that pair with them, so each thread holds
- * both halves of its outputs (column c and c + 128 of the accumulator
- * layout); the 128 x 128 outputs go through a shared-memory tile to two
- * bulk tensor stores, which run on under the next tile's MMAs. Every output
- * sums over `in` in one fixed order whatever T and the tile position, so a
- * row's result does not depend on the batch it is in. Tiles go in groups
- * of GM_GROUP row slices: the 132 tiles in flight share about 16 MB of x
- * and 16 MB of W, which stay in L2. The producer runs on into the next
- * tile while the consumers store outputs.
+ * A persistent kernel, one block per SM, three warpgroups:
+ * - one thread of warpgroup 0 (the producer) streams tiles by bulk tensor
+ *   copies (TMA, the 128-byte swizzle) into GM_ST stages, each a 128-row
+ *   slice of x and a 256-row slice of W, 64 of `in` wide, with full / empty
+ *   mbarriers;
+ * - warpgroups 1 and 2 (the consumers, 232 registers by setmaxnreg) each
+ *   multiply 64 rows of x by the 256 rows of W, four wgmma.m64n256k16 a
+ *   stage, accumulating in f32 registers (128 a thread). With SwiGLU, a
+ *   tile's 256 W rows are 128 gate rows and the 128 up rows that pair with
+ *   them. At the end of a tile they only round the accumulators to bf16
+ *   into four staging boxes (128 rows x 64 columns each) and go on to the
+ *   next tile;
+ * - warps 1-3 of warpgroup 0 (the epilogue, 40 registers) apply SwiGLU to
+ *   the boxes in place and one of them stores the outputs by bulk tensor
+ *   copies, all under the consumers' MMAs of the next tile. Two named
+ *   barriers hand the boxes back and forth (GM_STAGED, GM_SFREE).
+ * Every output sums over `in` in one fixed order whatever T and the tile
+ * position, so a row's result does not depend on the batch it is in. Tiles
+ * go in groups of GM_GROUP row slices: the 132 tiles in flight share about
+ * 16 MB of x and 16 MB of W, which stay in L2.
  *
- * On an H200 (BENCHMARKS.md, twelfth round) the plain product runs ~7%
- * slower than cuBLAS (ncu: the tensor pipe 84% busy against cuBLAS's 96%),
- * so only the fused gate|up is used: a 16K-token prefill step gains ~2%.
- * CTA pairs sharing W by TMA multicast were tried and were no faster.
+ * On an H200 (BENCHMARKS.md, thirteenth round), sustained at the power cap,
+ * gate|up with SwiGLU runs as fast as cuBLAS's product alone, so the
+ * SwiGLU kernel's pass is saved: a 16K-token prefill step gains 2-3%.
+ * Tried and dropped: CTA pairs sharing W by TMA multicast (twelfth round);
+ * four stages with the consumers applying SwiGLU (their epilogue cost ~11%
+ * of the tile); four stages with three of the boxes in the tile's last
+ * stage (the producer stalls on it); qkv, o and down on this kernel, also
+ * with the residual added in its epilogue (no faster than cuBLAS there).
  *
  * Shared memory: a stage is x's 128 rows then W's 256 rows, 128 bytes each
  * (64 bf16 of `in`), the 16-byte chunk c of row r at c ^ (r & 7), from a
  * 1024-byte aligned base: the layout TMA's SWIZZLE_128B writes and a
- * K-major wgmma descriptor (SBO 1024) reads; the k16 slice kk at +32 kk. */
+ * K-major wgmma descriptor (SBO 1024) reads; the k16 slice kk at +32 kk.
+ * The boxes after the stages use the same layout (as TMA's stores read it).
+ * 1 KB + 3 x 48 KB + 64 KB: one block an SM. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -94,7 +104,6 @@ struct gm_args {
     int T, in, out, F; /* out: the plain product's columns; F: SwiGLU's (0: plain) */
     int nm, nn;        /* tiles along T and along the output */
     uint16_t *y;
-    float *x; /* GM_RESID: the f32 residual [T][out] */
     int grp; /* row slices per group of tiles: GM_GROUP, or SLUICE_GEMM_WG_GROUP (benchmarks) */
     int abl; /* benchmarks only (SLUICE_GEMM_WG_ABLATE, outputs wrong): 1 no epilogue, 2 loads only the first
                 stages and the MMAs reuse them (the epilogue writes into them), 3 both */
@@ -110,18 +119,12 @@ static __device__ __forceinline__ void gm_tile(const gm_args &a, int t, int &m, 
 }
 #endif
 
-/* the epilogues: y = bf16(x W^T); SwiGLU; x += bf16(a W^T) into an f32 residual */
-#define GM_PLAIN 0
-#define GM_SWIGLU 1
-#define GM_RESID 2
-
-template <int EPI>
+template <bool SWIGLU>
 static __global__ void __launch_bounds__(GM_THR, 1)
     gemm_wg_kernel(const __grid_constant__ CUtensorMap tx, const __grid_constant__ CUtensorMap tw,
                    const __grid_constant__ CUtensorMap ty, gm_args a)
 {
 #ifdef WG_ARCH
-    constexpr bool SWIGLU = EPI == GM_SWIGLU;
     extern __shared__ __align__(16) uint8_t gsm[];
     __shared__ __align__(8) uint64_t bars[2 * GM_ST]; /* full[GM_ST], empty[GM_ST] */
     const uint32_t s0 = (smem_u32(gsm) + 1023u) & ~1023u, full = smem_u32(bars), empty = full + 8 * GM_ST;
@@ -133,7 +136,7 @@ static __global__ void __launch_bounds__(GM_THR, 1)
     __syncthreads();
 
     if (w < 4) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
         if (w == 0) { /* the producer */
             if (lane != 0) return;
             int it = 0;
@@ -189,40 +192,8 @@ static __global__ void __launch_bounds__(GM_THR, 1)
                 }
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* generic writes -> the bulk copy */
             }
-            if (EPI == GM_RESID) {
-                /* x[row][col..col + 7] += the box chunk's 8 values, two
-                 * chunks at a time (their loads in flight together);
-                 * storage chunk p of box q holds row p / 8, columns 8 of
-                 * (p & 7) ^ (row & 7) */
-                for (int p0 = te; p0 < 4 * GM_BOX / 16; p0 += 2 * 96) {
-                    float4 xv[2][2];
-                    uint4 dv[2];
-                    float *xp[2];
-#pragma unroll
-                    for (int u = 0; u < 2; u++) {
-                        int p = p0 + 96 * u, q = p >> 10, r = (p >> 3) & 127, c = (p & 7) ^ (r & 7);
-                        int row = m * GM_BM + r, col = n * GM_BN + q * 64 + c * 8;
-                        xp[u] = p < 4 * GM_BOX / 16 && row < a.T && col < a.out ? a.x + (size_t)row * a.out + col : NULL;
-                        if (!xp[u]) continue;
-                        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                                     : "=r"(dv[u].x), "=r"(dv[u].y), "=r"(dv[u].z), "=r"(dv[u].w)
-                                     : "r"(so + p * 16));
-                        xv[u][0] = ((const float4 *)xp[u])[0], xv[u][1] = ((const float4 *)xp[u])[1];
-                    }
-#pragma unroll
-                    for (int u = 0; u < 2; u++) {
-                        if (!xp[u]) continue;
-                        float4 &lo = xv[u][0], &hi = xv[u][1];
-                        lo.x += bf2f((uint16_t)dv[u].x), lo.y += bf2f((uint16_t)(dv[u].x >> 16));
-                        lo.z += bf2f((uint16_t)dv[u].y), lo.w += bf2f((uint16_t)(dv[u].y >> 16));
-                        hi.x += bf2f((uint16_t)dv[u].z), hi.y += bf2f((uint16_t)(dv[u].z >> 16));
-                        hi.z += bf2f((uint16_t)dv[u].w), hi.w += bf2f((uint16_t)(dv[u].w >> 16));
-                        ((float4 *)xp[u])[0] = lo, ((float4 *)xp[u])[1] = hi;
-                    }
-                }
-            }
             asm volatile("bar.sync %0, 96;\n" ::"n"(GM_EPI) : "memory");
-            if (EPI != GM_RESID && te == 0) {
+            if (te == 0) {
                 if (SWIGLU) {
                     tma_store2(&ty, n * 128, m * GM_BM, so);
                     tma_store2(&ty, n * 128 + 64, m * GM_BM, so + GM_BOX);
@@ -235,11 +206,11 @@ static __global__ void __launch_bounds__(GM_THR, 1)
             }
             gm_bar(GM_SFREE, false);
         }
-        if (EPI != GM_RESID && te == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+        if (te == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
         return;
     }
 
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     const int cw = __shfl_sync(0xffffffffu, w / 4 - 1, 0); /* consumer warpgroup 0 or 1 */
     const int row_in = (w & 3) * 16 + (lane >> 2), col_in = (lane & 3) * 4; /* bytes */
     auto release = [&](int s) { /* this warp is done with stage s */
@@ -284,7 +255,7 @@ static __global__ void __launch_bounds__(GM_THR, 1)
                 uint32_t at = so + (j >> 3) * GM_BOX + r * 128 + (((j & 7) ^ (r & 7)) << 4) + col_in;
                 asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(at), "r"(v) : "memory");
             }
-        if (EPI == GM_PLAIN) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* -> the bulk store */
+        if (!SWIGLU) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* -> the bulk store */
         gm_bar(GM_STAGED, false);
     }
     if (ti > 0 && !(a.abl & 1)) gm_bar(GM_SFREE, true); /* the last tile's, so no barrier is left half done */
@@ -313,13 +284,10 @@ static int gm_nsm[GM_MAXDEV];
 
 extern "C" cudaError_t cuda_gemm_wg_prepare(void)
 {
-    cudaError_t e = cudaFuncSetAttribute(gemm_wg_kernel<GM_SWIGLU>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         GM_SMEM);
+    cudaError_t e = cudaFuncSetAttribute(gemm_wg_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, GM_SMEM);
     if (e == cudaErrorInvalidDeviceFunction) return cudaSuccess; /* no sm_90a code for this device */
     if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(gemm_wg_kernel<GM_PLAIN>, cudaFuncAttributeMaxDynamicSharedMemorySize, GM_SMEM);
-    if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(gemm_wg_kernel<GM_RESID>, cudaFuncAttributeMaxDynamicSharedMemorySize, GM_SMEM);
+        e = cudaFuncSetAttribute(gemm_wg_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, GM_SMEM);
     int dev = 0;
     if (e == cudaSuccess) e = cudaGetDevice(&dev);
     if (e == cudaSuccess && dev < GM_MAXDEV) e = cudaDeviceGetAttribute(&gm_nsm[dev], cudaDevAttrMultiProcessorCount, dev);
@@ -340,16 +308,16 @@ static bool gm_map(CUtensorMap *m, const uint16_t *base, int rows, int in)
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-static cudaError_t gm_launch(const uint16_t *W, int wrows, const uint16_t *x, uint16_t *y, float *xr, int T, int in,
-                             int out, int F, cudaStream_t st)
+static cudaError_t gm_launch(const uint16_t *W, int wrows, const uint16_t *x, uint16_t *y, int T, int in, int out,
+                             int F, cudaStream_t st)
 {
     int dev = 0;
-    if (!cuda_gemm_wg_ok(T, in, F ? 2 * F : out) || ((uintptr_t)y & 15) || ((uintptr_t)xr & 15) ||
-        cudaGetDevice(&dev) || dev >= GM_MAXDEV || !gm_nsm[dev])
+    if (!cuda_gemm_wg_ok(T, in, F ? 2 * F : out) || ((uintptr_t)y & 15) || cudaGetDevice(&dev) ||
+        dev >= GM_MAXDEV || !gm_nsm[dev])
         return cudaErrorInvalidValue;
     alignas(64) CUtensorMap tx, tw, th;
     memset(&tx, 0, sizeof tx), memset(&tw, 0, sizeof tw), memset(&th, 0, sizeof th);
-    if (!gm_map(&tx, x, T, in) || !gm_map(&tw, W, wrows, in) || (y && !gm_map(&th, y, T, F ? F : out)))
+    if (!gm_map(&tx, x, T, in) || !gm_map(&tw, W, wrows, in) || !gm_map(&th, y, T, F ? F : out))
         return cudaErrorInvalidValue;
     static const int abl = [] {
         const char *e = getenv("SLUICE_GEMM_WG_ABLATE");
@@ -359,32 +327,23 @@ static cudaError_t gm_launch(const uint16_t *W, int wrows, const uint16_t *x, ui
         const char *e = getenv("SLUICE_GEMM_WG_GROUP");
         return e && atoi(e) > 0 ? atoi(e) : GM_GROUP;
     }();
-    gm_args a = {T, in, out, F, (T + GM_BM - 1) / GM_BM, F ? (F + 127) / 128 : (out + GM_BN - 1) / GM_BN, y, xr,
-                 grp, abl};
+    gm_args a = {T, in, out, F, (T + GM_BM - 1) / GM_BM, F ? (F + 127) / 128 : (out + GM_BN - 1) / GM_BN, y, grp, abl};
     int ntile = a.nm * a.nn, grid = ntile < gm_nsm[dev] ? ntile : gm_nsm[dev];
     if (F)
-        gemm_wg_kernel<GM_SWIGLU><<<grid, GM_THR, GM_SMEM, st>>>(tx, tw, th, a);
-    else if (xr)
-        gemm_wg_kernel<GM_RESID><<<grid, GM_THR, GM_SMEM, st>>>(tx, tw, th, a);
+        gemm_wg_kernel<true><<<grid, GM_THR, GM_SMEM, st>>>(tx, tw, th, a);
     else
-        gemm_wg_kernel<GM_PLAIN><<<grid, GM_THR, GM_SMEM, st>>>(tx, tw, th, a);
+        gemm_wg_kernel<false><<<grid, GM_THR, GM_SMEM, st>>>(tx, tw, th, a);
     return cudaGetLastError();
 }
 
 extern "C" cudaError_t cuda_gemm_wg_swiglu(const uint16_t *Wgu, const uint16_t *x, uint16_t *h, int T, int in, int F,
                                            cudaStream_t st)
 {
-    return h ? gm_launch(Wgu, 2 * F, x, h, NULL, T, in, 0, F, st) : cudaErrorInvalidValue;
+    return gm_launch(Wgu, 2 * F, x, h, T, in, 0, F, st);
 }
 
 extern "C" cudaError_t cuda_gemm_wg(const uint16_t *W, const uint16_t *x, uint16_t *y, int T, int in, int out,
                                     cudaStream_t st)
 {
-    return y ? gm_launch(W, out, x, y, NULL, T, in, out, 0, st) : cudaErrorInvalidValue;
-}
-
-extern "C" cudaError_t cuda_gemm_wg_residual(const uint16_t *W, const uint16_t *a, float *x, int T, int in, int out,
-                                             cudaStream_t st)
-{
-    return x ? gm_launch(W, out, a, NULL, x, T, in, out, 0, st) : cudaErrorInvalidValue;
+    return gm_launch(W, out, x, y, T, in, out, 0, st);
 }

@@ -199,11 +199,6 @@ cudaError_t cuda_gemm_wg(const uint16_t *W, const uint16_t *x, uint16_t *y, int 
  * are this kernel's, not cuBLAS's). Wgu [2F][in] bf16, x [T][in], h [T][F]. */
 cudaError_t cuda_gemm_wg_swiglu(const uint16_t *Wgu, const uint16_t *x, uint16_t *h, int T, int in, int F,
                                 cudaStream_t st);
-/* x[t][o] += bf16(a W^T)[t][o] in f32: the product rounded to bf16 joins the
- * residual as cuda_add_rmsnorm adds a delta. W [out][in] bf16, a [T][in]
- * bf16, x [T][out] f32 (16-byte aligned). */
-cudaError_t cuda_gemm_wg_residual(const uint16_t *W, const uint16_t *a, float *x, int T, int in, int out,
-                                  cudaStream_t st);
 
 /* ---- act.cu ---- */
 /* h[t][i] = bf16(silu(gu[t][i]) * gu[t][F + i]) for i < F; gu [T][2F], h [T][F] bf16. */

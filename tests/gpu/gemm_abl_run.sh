@@ -6,10 +6,9 @@
 # MMAs on the first stages without further loads, 3 both, timing only;
 # GROUP=N row slices a group), CHAIN=1: bench_gemm's 32-layer chains
 # (SLUICE_BENCH_WG=1), then PREFILL (default 2) rounds of the prefill step
-# with cuBLAS + the SwiGLU kernel (off), the fused gate|up (gu) and every
-# bf16 GEMM on the kernel (all1: SLUICE_CUDA_GEMM_WG_ALL=1; all2: =2, o and
-# down adding into the residual). E2E=1 then runs end to end and the engine
-# suite with all2 on every step of 5+ tokens.
+# with cuBLAS + the SwiGLU kernel (off) and the fused gate|up (gu). E2E=1
+# then runs end to end and the engine suite with the kernel on every step
+# of 5+ tokens.
 . "$(dirname "$0")/run_lib.sh"
 t kernels 120 env SLUICE_TEST_ONLY=gemm_wg build/tests/gpu/test_kernels
 grep -E "FAIL|skipped|CHECK" "$L/kernels.log" | head -5
@@ -30,15 +29,15 @@ if [ -n "${CHAIN:-}" ]; then
   grep -E "^wg" "$L/chain.log"
 fi
 for r in $(seq "${PREFILL:-2}"); do
-  for m in off gu all1 all2; do
+  for m in off gu; do
     t "prefill_${m}_$r" 60 env SLUICE_CUDA_GEMM_WG=$([ $m = off ] && echo 0 || echo 1) \
-      SLUICE_CUDA_GEMM_WG_ALL=$(echo $m | tr -dc 0-9) SLUICE_BENCH_ONLY=prefill build/tests/gpu/bench_gpu
+      SLUICE_BENCH_ONLY=prefill build/tests/gpu/bench_gpu
     echo "  $m: $(grep -E 'prefill' "$L/prefill_${m}_$r.log" | sed 's/ ([0-9]* TFLOP[^)]*)//;s/prefill //' | tr '\n' ' ')"
   done
 done
 if [ -n "${E2E:-}" ]; then
-  t e2e_all 150 env SLUICE_CUDA_GEMM_WG_ALL=2 SLUICE_CUDA_GEMM_WG_MIN_T=1 build/tests/gpu/test_gpu_e2e
-  t engine_all 150 env SLUICE_CUDA_GEMM_WG_ALL=2 SLUICE_CUDA_GEMM_WG_MIN_T=1 SLUICE_TEST_DEVICE=cuda \
+  t e2e_all 150 env SLUICE_CUDA_GEMM_WG_MIN_T=1 build/tests/gpu/test_gpu_e2e
+  t engine_all 150 env SLUICE_CUDA_GEMM_WG_MIN_T=1 SLUICE_TEST_DEVICE=cuda \
     SLUICE_TEST_MODEL=tests/models/tiny-qwen3 build/tests/test_engine
   grep -hE "FAIL|near-ties \(" "$L"/e2e_all.log "$L"/engine_all.log | head
 fi

@@ -3,7 +3,8 @@
 # tests/gpu/test_* binary, the engine suite (batch invariance, chunked
 # prefill, prefix reuse, preemption) on the CUDA backend (again with the fp8
 # KV cache), and with 2+ GPUs the
-# tensor-parallel runs (TP=2 vs CPU/HF, TP=2 vs TP=1, the engine at TP=2).
+# tensor-parallel runs (TP=2 vs CPU/HF, TP=2 vs TP=1, the engine at TP=2,
+# and the first and last again with the fused gate|up on every step).
 # Ends with one line "N passed, N failed".
 set -u
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
@@ -22,7 +23,9 @@ runs+=("SLUICE_CUDA_GEMM_WG_MIN_T=1 $B/tests/gpu/test_gpu_e2e"
 if [ "${ngpu:-0}" -ge 2 ]; then
     runs+=("SLUICE_TEST_TP=2 $B/tests/gpu/test_gpu_e2e"
            "SLUICE_TEST_TP=2 SLUICE_TEST_REF=cuda $B/tests/gpu/test_gpu_e2e"
-           "SLUICE_TEST_TP=2 SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3 $B/tests/test_engine")
+           "SLUICE_TEST_TP=2 SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3 $B/tests/test_engine"
+           "SLUICE_TEST_TP=2 SLUICE_CUDA_GEMM_WG_MIN_T=1 $B/tests/gpu/test_gpu_e2e"
+           "SLUICE_TEST_TP=2 SLUICE_CUDA_GEMM_WG_MIN_T=1 SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3 $B/tests/test_engine")
 fi
 p=0 f=0
 for r in "${runs[@]}"; do
