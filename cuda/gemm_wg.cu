@@ -106,7 +106,7 @@ struct gm_args {
     uint16_t *y;
     int grp; /* row slices per group of tiles: GM_GROUP, or SLUICE_GEMM_WG_GROUP (benchmarks) */
     int abl; /* benchmarks only (SLUICE_GEMM_WG_ABLATE, outputs wrong): 1 no epilogue, 2 loads only the first
-                stages and the MMAs reuse them (the epilogue writes into them), 3 both */
+                stages and the MMAs reuse them, 3 both */
 };
 
 #ifdef WG_ARCH
