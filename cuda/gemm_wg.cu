@@ -83,41 +83,6 @@ static __device__ __forceinline__ void tma_store2(const CUtensorMap *m, int c0, 
 }
 #endif
 
-#ifdef WG_ARCH
-/* the box at (c0, c1) into shared memory at dst in both CTAs of the pair
- * (mask 0b11), each counted on its own barrier at bar's offset */
-static __device__ __forceinline__ void tma_load2_mc(uint32_t dst, const CUtensorMap *m, int c0, int c1, uint32_t bar)
-{
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster "
-                 "[%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
-                 "l"((uint64_t)m), "r"(c0), "r"(c1), "r"(bar), "h"((uint16_t)3)
-                 : "memory");
-}
-/* an arrival on the barrier at the same offset in CTA rank of the cluster */
-static __device__ __forceinline__ void mbar_arrive_remote(uint32_t bar, int rank)
-{
-    asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-                 "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
-                 "r"(rank)
-                 : "memory");
-}
-static __device__ __forceinline__ void cluster_sync(void)
-{
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-static __device__ __forceinline__ int cluster_reg(int which)
-{
-    int v;
-    if (which == 0)
-        asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(v));
-    else if (which == 1)
-        asm volatile("mov.u32 %0, %%clusterid.x;\n" : "=r"(v));
-    else
-        asm volatile("mov.u32 %0, %%nclusterid.x;\n" : "=r"(v));
-    return v;
-}
-#endif
-
 /* Named barriers between the consumers (256 threads) and the epilogue
  * warps (96): GM_STAGED, a tile's outputs are in shared memory (the
  * consumers arrive, the epilogue waits); GM_SFREE, the epilogue is done
@@ -147,16 +112,14 @@ struct gm_args {
 #ifdef WG_ARCH
 /* tile t -> (row slice m, column slice n): groups of GM_GROUP row slices,
  * row slices fastest within a group */
-template <int CL>
 static __device__ __forceinline__ void gm_tile(const gm_args &a, int t, int &m, int &n)
 {
-    const int G = a.grp / CL, nmc = a.nm / CL;
-    int per = G * a.nn, g = t / per, in = t % per, gm = min(G, nmc - g * G);
-    m = (g * G + in % gm) * CL, n = in / gm;
+    int per = a.grp * a.nn, g = t / per, in = t % per, gm = min(a.grp, a.nm - g * a.grp);
+    m = g * a.grp + in % gm, n = in / gm;
 }
 #endif
 
-template <bool SWIGLU, int CL>
+template <bool SWIGLU>
 static __global__ void __launch_bounds__(GM_THR, 1)
     gemm_wg_kernel(const __grid_constant__ CUtensorMap tx, const __grid_constant__ CUtensorMap tw,
                    const __grid_constant__ CUtensorMap ty, gm_args a)
@@ -166,28 +129,20 @@ static __global__ void __launch_bounds__(GM_THR, 1)
     __shared__ __align__(8) uint64_t bars[2 * GM_ST]; /* full[GM_ST], empty[GM_ST] */
     const uint32_t s0 = (smem_u32(gsm) + 1023u) & ~1023u, full = smem_u32(bars), empty = full + 8 * GM_ST;
     const uint32_t so = s0 + GM_ST * GM_STAGE; /* the four output boxes */
-    const int ntile = a.nm / CL * a.nn, nk = (a.in + GM_BK - 1) / GM_BK;
+    const int ntile = a.nm * a.nn, nk = (a.in + GM_BK - 1) / GM_BK;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int rank = CL > 1 ? cluster_reg(0) : 0, c0 = CL > 1 ? cluster_reg(1) : blockIdx.x,
-              ncl = CL > 1 ? cluster_reg(2) : gridDim.x;
     if (threadIdx.x == 0)
-        for (int i = 0; i < GM_ST; i++) mbar_init(full + 8 * i, 1), mbar_init(empty + 8 * i, 8 * CL);
-    if (CL > 1) {
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-        cluster_sync(); /* the peer's barriers are ready before any copy or arrival reaches them */
-    } else {
-        __syncthreads();
-    }
+        for (int i = 0; i < GM_ST; i++) mbar_init(full + 8 * i, 1), mbar_init(empty + 8 * i, 8);
+    __syncthreads();
 
     if (w < 4) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
         if (w == 0) { /* the producer */
             if (lane != 0) return;
             int it = 0;
-            for (int t = c0; t < ntile; t += ncl) {
+            for (int t = blockIdx.x; t < ntile; t += gridDim.x) {
                 int m, n;
-                gm_tile<CL>(a, t, m, n);
-                m += rank;
+                gm_tile(a, t, m, n);
                 /* W's two 128-row halves: rows n 256.. or gate rows n 128.. and their up rows */
                 int r0 = SWIGLU ? n * 128 : n * GM_BN, r1 = SWIGLU ? a.F + n * 128 : r0 + 128;
                 for (int kb = 0; kb < nk; kb++, it++) {
@@ -197,12 +152,8 @@ static __global__ void __launch_bounds__(GM_THR, 1)
                     if (it >= GM_ST) mbar_wait(empty + 8 * s, (it / GM_ST - 1) & 1);
                     mbar_expect_tx(fb, GM_STAGE);
                     tma_load2(st, &tx, kb * GM_BK, m * GM_BM, fb);
-                    if (CL > 1) { /* one half of W into both CTAs */
-                        tma_load2_mc(st + GM_A + rank * 128 * 128, &tw, kb * GM_BK, rank ? r1 : r0, fb);
-                    } else {
-                        tma_load2(st + GM_A, &tw, kb * GM_BK, r0, fb);
-                        tma_load2(st + GM_A + 128 * 128, &tw, kb * GM_BK, r1, fb);
-                    }
+                    tma_load2(st + GM_A, &tw, kb * GM_BK, r0, fb);
+                    tma_load2(st + GM_A + 128 * 128, &tw, kb * GM_BK, r1, fb);
                 }
             }
             return;
@@ -215,10 +166,9 @@ static __global__ void __launch_bounds__(GM_THR, 1)
         if (a.abl & 1) return;
         const int te = threadIdx.x - 32; /* 0..95 */
         int ti = 0;
-        for (int t = c0; t < ntile; t += ncl, ti++) {
+        for (int t = blockIdx.x; t < ntile; t += gridDim.x, ti++) {
             int m, n;
-            gm_tile<CL>(a, t, m, n);
-            m += rank;
+            gm_tile(a, t, m, n);
             gm_bar(GM_STAGED, true);
             if (SWIGLU) {
                 /* the four boxes share one layout: chunk i of the gate half
@@ -263,15 +213,12 @@ static __global__ void __launch_bounds__(GM_THR, 1)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     const int cw = __shfl_sync(0xffffffffu, w / 4 - 1, 0); /* consumer warpgroup 0 or 1 */
     const int row_in = (w & 3) * 16 + (lane >> 2), col_in = (lane & 3) * 4; /* bytes */
-    auto release = [&](int s) { /* this warp is done with stage s: here and, in a pair, at the peer */
-        if (lane == 0) {
-            mbar_arrive(empty + 8 * s);
-            if (CL > 1) mbar_arrive_remote(empty + 8 * s, rank ^ 1);
-        }
+    auto release = [&](int s) { /* this warp is done with stage s */
+        if (lane == 0) mbar_arrive(empty + 8 * s);
     };
     float d[128];
     int it = 0, ti = 0;
-    for (int t = c0; t < ntile; t += ncl, ti++) {
+    for (int t = blockIdx.x; t < ntile; t += gridDim.x, ti++) {
         for (int kb = 0; kb < nk; kb++, it++) {
             int s = it % GM_ST;
             uint32_t st = s0 + s * GM_STAGE;
@@ -312,7 +259,6 @@ static __global__ void __launch_bounds__(GM_THR, 1)
         gm_bar(GM_STAGED, false);
     }
     if (ti > 0 && !(a.abl & 1)) gm_bar(GM_SFREE, true); /* the last tile's, so no barrier is left half done */
-    if (CL > 1) cluster_sync(); /* the peer's last arrivals and copies have reached this CTA */
 #endif
 }
 
@@ -338,15 +284,10 @@ static int gm_nsm[GM_MAXDEV];
 
 extern "C" cudaError_t cuda_gemm_wg_prepare(void)
 {
-    cudaError_t e =
-        cudaFuncSetAttribute(gemm_wg_kernel<true, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, GM_SMEM);
+    cudaError_t e = cudaFuncSetAttribute(gemm_wg_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, GM_SMEM);
     if (e == cudaErrorInvalidDeviceFunction) return cudaSuccess; /* no sm_90a code for this device */
     if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(gemm_wg_kernel<false, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, GM_SMEM);
-    if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(gemm_wg_kernel<true, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, GM_SMEM);
-    if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(gemm_wg_kernel<false, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, GM_SMEM);
+        e = cudaFuncSetAttribute(gemm_wg_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, GM_SMEM);
     int dev = 0;
     if (e == cudaSuccess) e = cudaGetDevice(&dev);
     if (e == cudaSuccess && dev < GM_MAXDEV) e = cudaDeviceGetAttribute(&gm_nsm[dev], cudaDevAttrMultiProcessorCount, dev);
@@ -386,31 +327,13 @@ static cudaError_t gm_launch(const uint16_t *W, int wrows, const uint16_t *x, ui
         const char *e = getenv("SLUICE_GEMM_WG_GROUP");
         return e && atoi(e) > 0 ? atoi(e) : GM_GROUP;
     }();
-    static const int pair = [] {
-        const char *e = getenv("SLUICE_GEMM_WG_PAIR");
-        return e && *e == '1';
-    }();
-    const int CL = pair ? 2 : 1, nm = (T + GM_BM - 1) / GM_BM;
-    gm_args a = {T, in, out, F, (nm + CL - 1) / CL * CL, F ? (F + 127) / 128 : (out + GM_BN - 1) / GM_BN, y,
-                 (grp + CL - 1) / CL * CL, abl};
-    int ntile = a.nm / CL * a.nn, grid = ntile < gm_nsm[dev] / CL ? ntile : gm_nsm[dev] / CL;
-    if (CL == 1) {
-        if (F)
-            gemm_wg_kernel<true, 1><<<grid, GM_THR, GM_SMEM, st>>>(tx, tw, th, a);
-        else
-            gemm_wg_kernel<false, 1><<<grid, GM_THR, GM_SMEM, st>>>(tx, tw, th, a);
-        return cudaGetLastError();
-    }
-    /* CTA pairs (SLUICE_GEMM_WG_PAIR=1, for measuring): adjacent row slices
-     * of x share W's tile, each CTA copying one half of it into both */
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeClusterDimension, at[0].val.clusterDim.x = 2, at[0].val.clusterDim.y = 1,
-    at[0].val.clusterDim.z = 1;
-    cfg.gridDim = dim3(2 * grid), cfg.blockDim = dim3(GM_THR), cfg.dynamicSmemBytes = GM_SMEM, cfg.stream = st;
-    cfg.attrs = at, cfg.numAttrs = 1;
-    return F ? cudaLaunchKernelEx(&cfg, gemm_wg_kernel<true, 2>, tx, tw, th, a)
-             : cudaLaunchKernelEx(&cfg, gemm_wg_kernel<false, 2>, tx, tw, th, a);
+    gm_args a = {T, in, out, F, (T + GM_BM - 1) / GM_BM, F ? (F + 127) / 128 : (out + GM_BN - 1) / GM_BN, y, grp, abl};
+    int ntile = a.nm * a.nn, grid = ntile < gm_nsm[dev] ? ntile : gm_nsm[dev];
+    if (F)
+        gemm_wg_kernel<true><<<grid, GM_THR, GM_SMEM, st>>>(tx, tw, th, a);
+    else
+        gemm_wg_kernel<false><<<grid, GM_THR, GM_SMEM, st>>>(tx, tw, th, a);
+    return cudaGetLastError();
 }
 
 extern "C" cudaError_t cuda_gemm_wg_swiglu(const uint16_t *Wgu, const uint16_t *x, uint16_t *h, int T, int in, int F,

@@ -7,16 +7,12 @@
 # GROUP=N row slices a group), CHAIN=1: bench_gemm's 32-layer chains
 # (SLUICE_BENCH_WG=1), then PREFILL (default 2) rounds of the prefill step
 # of MODES (default "off gu"): cuBLAS + the SwiGLU kernel (off), the fused
-# gate|up (gu), the same on CTA pairs (pair: SLUICE_GEMM_WG_PAIR=1). E2E=1
+# gate|up (gu). E2E=1
 # then runs end to end and the engine suite with the kernel on every step
 # of 5+ tokens.
 . "$(dirname "$0")/run_lib.sh"
 t kernels 120 env SLUICE_TEST_ONLY=gemm_wg build/tests/gpu/test_kernels
 grep -E "FAIL|skipped|CHECK" "$L/kernels.log" | head -5
-if [ -n "${PAIRTEST:-}" ]; then
-  t kernels_pair 120 env SLUICE_GEMM_WG_PAIR=1 SLUICE_TEST_ONLY=gemm_wg build/tests/gpu/test_kernels
-  grep -E "FAIL|skipped|CHECK" "$L/kernels_pair.log" | head -5
-fi
 if [ -n "${RACE:-}" ]; then
   t racecheck 240 env SLUICE_TEST_ONLY=gemm_wg compute-sanitizer --tool racecheck build/tests/gpu/test_kernels
   grep -m6 -E "CHECK|FAIL|Race reported|Error" "$L/racecheck.log" | cut -c1-220
@@ -36,7 +32,7 @@ fi
 for r in $(seq "${PREFILL:-2}"); do
   for m in ${MODES:-off gu}; do
     t "prefill_${m}_$r" 60 env SLUICE_CUDA_GEMM_WG=$([ $m = off ] && echo 0 || echo 1) \
-      SLUICE_GEMM_WG_PAIR=$([ $m = pair ] && echo 1 || echo 0) SLUICE_BENCH_ONLY=prefill build/tests/gpu/bench_gpu
+      SLUICE_BENCH_ONLY=prefill build/tests/gpu/bench_gpu
     echo "  $m: $(grep -E 'prefill' "$L/prefill_${m}_$r.log" | sed 's/ ([0-9]* TFLOP[^)]*)//;s/prefill //' | tr '\n' ' ')"
   done
 done
