@@ -186,10 +186,10 @@ void cuda_gemv_select(int variant, int pdl, int ch);
  * not thread-safe, for tests and benchmarks. */
 int cuda_gemm_wg_ok(int T, int in, int out);
 /* the backend's gate|up takes cuda_gemm_wg_swiglu from this many tokens a
- * step: below, cuBLAS + cuda_swiglu measured faster (twelfth round's
- * kernel, decode batch 8: 5.13 against 5.93 ms a step; 64: 5.79 against
- * 6.07), at 256 the same (thirteenth round's: 9.51 against 9.54) */
-#define CUDA_GEMM_WG_MIN_T 256
+ * step: below, cuBLAS + cuda_swiglu measured faster (thirteenth round,
+ * decode steps: 32 tokens 6.27 against 6.59 ms, 64 the same, 128 7.04
+ * against 6.91) */
+#define CUDA_GEMM_WG_MIN_T 128
 cudaError_t cuda_gemm_wg_prepare(void);
 void cuda_gemm_wg_select(int on);
 /* y = bf16(x W^T): W [out][in] bf16, x [T][in] bf16, y [T][out] bf16 */

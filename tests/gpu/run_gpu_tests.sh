@@ -16,7 +16,7 @@ for t in "$B"/tests/gpu/test_*; do runs+=("$t"); done
 if [ -f "$MODEL" ]; then runs+=("SLUICE_TEST_DEVICE=cuda $B/tests/test_engine")
 else runs+=("SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3 $B/tests/test_engine"); fi
 runs+=("SLUICE_TEST_KV=fp8 SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3 $B/tests/test_engine")
-# the fused gate|up GEMM (sm_90) serves steps of 256+ tokens: once more
+# the fused gate|up GEMM (sm_90) serves steps of 128+ tokens: once more
 # with it on every step of 5+ tokens, end to end and in the engine suite
 runs+=("SLUICE_CUDA_GEMM_WG_MIN_T=1 $B/tests/gpu/test_gpu_e2e"
        "SLUICE_CUDA_GEMM_WG_MIN_T=1 SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3 $B/tests/test_engine")
