@@ -63,12 +63,6 @@ static __device__ __forceinline__ uint32_t sw128(int r, int c)
     return (uint32_t)((c >> 3) * WG_HALF + r * 128 + (((c & 7) ^ (r & 7)) << 4));
 }
 
-/* keeps the compiler from touching accumulators across an async wgmma */
-static __device__ __forceinline__ void acc_fence(float (&d)[64])
-{
-#pragma unroll
-    for (int i = 0; i < 64; i++) asm volatile("" : "+f"(d[i])::"memory");
-}
 /* d = A B (ACC 0) or d += A B (ACC 1), A and B in shared memory, both K-major */
 template <int ACC>
 static __device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t da, uint64_t db)

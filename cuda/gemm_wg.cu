@@ -68,11 +68,6 @@ static __device__ __forceinline__ void wgmma256(float (&d)[128], uint64_t da, ui
                  : "l"(da), "l"(db), "r"(acc));
 }
 
-static __device__ __forceinline__ void acc_fence(float (&d)[128])
-{
-#pragma unroll
-    for (int i = 0; i < 128; i++) asm volatile("" : "+f"(d[i])::"memory");
-}
 /* shared memory at src into the tensor map's box at (c0, c1); the parts
  * outside the tensor are not written */
 static __device__ __forceinline__ void tma_store2(const CUtensorMap *m, int c0, int c1, uint32_t src)

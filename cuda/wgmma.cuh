@@ -22,6 +22,13 @@ static __device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, 
            (uint64_t)((sbo >> 4) & 0x3FFF) << 32 | 1ull << 62;
 }
 
+/* keeps the compiler from touching accumulators across an async wgmma */
+template <int N>
+static __device__ __forceinline__ void acc_fence(float (&d)[N])
+{
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
 static __device__ __forceinline__ void wg_fence(void) { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 static __device__ __forceinline__ void wg_commit(void)
 {

@@ -289,6 +289,21 @@ static float wg_chain(cublasHandle_t h, uint16_t *const *w, const uint16_t *x, u
     return bad ? -1 : ms / 3;
 }
 
+/* one gate|up GEMM (in -> 2F): k 0 cuBLAS into y, 1 the plain warpgroup
+ * kernel into y, 2 the warpgroup kernel with SwiGLU into hb */
+static void gu_launch(cublasHandle_t h, int k, const uint16_t *w, const uint16_t *x, uint16_t *y, uint16_t *hb, int T,
+                      int in, int F)
+{
+    const float one = 1, zero = 0;
+    if (k == 0)
+        cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, 2 * F, T, in, &one, w, CUDA_R_16BF, in, x, CUDA_R_16BF, in, &zero, y,
+                     CUDA_R_16BF, 2 * F, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    else if (k == 1)
+        cuda_gemm_wg(w, x, y, T, in, 2 * F, 0);
+    else
+        cuda_gemm_wg_swiglu(w, x, hb, T, in, F, 0);
+}
+
 static void wg_compare(cublasHandle_t h, uint16_t *const *w, const uint16_t *x, uint16_t *y, int T, int L,
                        const int (*g)[2], double flop)
 {
@@ -308,54 +323,37 @@ static void wg_compare(cublasHandle_t h, uint16_t *const *w, const uint16_t *x, 
             printf("wg round %d, %s: %.1f ms per 32 layers, %.0f TFLOP/s\n", round, name[mode], ms,
                    L * flop / (ms * 1e-3) / 1e12);
         }
-    /* gate|up alone, best of 20: cuBLAS, the plain warpgroup kernel, fused */
+    /* gate|up alone, best of 20, then sustained (64 back to back after as
+     * many to warm up, twice): cuBLAS, the plain warpgroup kernel, fused */
+    static const char *const gu_name[] = {"cuBLAS", "wg plain", "wg + SwiGLU"};
+    const double gu_flop = 2.0 * T * g[2][0] * g[2][1];
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0), cudaEventCreate(&e1);
-    const float one = 1, zero = 0;
     for (int k = 0; k < 3; k++) {
         float best = 1e9f;
         for (int r = 0; r < 20; r++) {
             cudaEventRecord(e0, 0);
-            if (k == 0)
-                cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, g[2][1], T, g[2][0], &one, w[2], CUDA_R_16BF, g[2][0], x,
-                             CUDA_R_16BF, g[2][0], &zero, y, CUDA_R_16BF, g[2][1], CUBLAS_COMPUTE_32F,
-                             CUBLAS_GEMM_DEFAULT);
-            else if (k == 1)
-                cuda_gemm_wg(w[2], x, y, T, g[2][0], g[2][1], 0);
-            else
-                cuda_gemm_wg_swiglu(w[2], x, hb, T, g[2][0], F, 0);
+            gu_launch(h, k, w[2], x, y, hb, T, g[2][0], F);
             cudaEventRecord(e1, 0);
             cudaEventSynchronize(e1);
             float ms = 0;
             cudaEventElapsedTime(&ms, e0, e1);
             best = ms < best ? ms : best;
         }
-        printf("wg gate|up alone (%s): best of 20 %.3f ms, %.0f TFLOP/s\n",
-               k == 0 ? "cuBLAS" : k == 1 ? "wg plain" : "wg + SwiGLU", best,
-               2.0 * T * g[2][0] * g[2][1] / (best * 1e-3) / 1e12);
+        printf("wg gate|up alone (%s): best of 20 %.3f ms, %.0f TFLOP/s\n", gu_name[k], best,
+               gu_flop / (best * 1e-3) / 1e12);
     }
-    /* gate|up sustained: 64 back to back after as many to warm up, twice */
     for (int k = 0; k < 3; k++)
         for (int r = 0; r < 3; r++) {
             if (r > 0) cudaEventRecord(e0, 0);
-            for (int i = 0; i < 64; i++) {
-                if (k == 0)
-                    cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, g[2][1], T, g[2][0], &one, w[2], CUDA_R_16BF, g[2][0],
-                                 x, CUDA_R_16BF, g[2][0], &zero, y, CUDA_R_16BF, g[2][1], CUBLAS_COMPUTE_32F,
-                                 CUBLAS_GEMM_DEFAULT);
-                else if (k == 1)
-                    cuda_gemm_wg(w[2], x, y, T, g[2][0], g[2][1], 0);
-                else
-                    cuda_gemm_wg_swiglu(w[2], x, hb, T, g[2][0], F, 0);
-            }
+            for (int i = 0; i < 64; i++) gu_launch(h, k, w[2], x, y, hb, T, g[2][0], F);
             if (r == 0) continue;
             cudaEventRecord(e1, 0);
             cudaEventSynchronize(e1);
             float ms = 0;
             cudaEventElapsedTime(&ms, e0, e1);
-            printf("wg gate|up sustained (%s): %.3f ms each, %.0f TFLOP/s\n",
-                   k == 0 ? "cuBLAS" : k == 1 ? "wg plain" : "wg + SwiGLU", ms / 64,
-                   2.0 * T * g[2][0] * g[2][1] * 64 / (ms * 1e-3) / 1e12);
+            printf("wg gate|up sustained (%s): %.3f ms each, %.0f TFLOP/s\n", gu_name[k], ms / 64,
+                   gu_flop * 64 / (ms * 1e-3) / 1e12);
         }
     cudaEventDestroy(e0), cudaEventDestroy(e1);
     cudaFree(hb);

@@ -205,8 +205,7 @@ static void test_gemv(void)
  * that leave partial tiles along T, `in` and the output, and with more tiles
  * than SMs (the persistent loop, a partial group of row slices). SwiGLU in
  * the epilogue: bit for bit the plain kernel's product followed by
- * cuda_swiglu. A row's output:
- * bit for bit the same in a 5-row call. */
+ * cuda_swiglu. A row's output: bit for bit the same in a 5-row call. */
 static void test_gemm_wg(void)
 {
     cudaError_t pe = cuda_gemm_wg_prepare();
