@@ -141,7 +141,6 @@ struct rank {
     float *x;                       /* [E] f32 residual */
     uint16_t *xn, *qkv, *q, *att, *delta, *gu, *h; /* [E], [QKV/N], [Q/N], [Q/N], [E], [2F/N], [F/N] */
     float *deltaf;                  /* [E] f32 partial sums before the all-reduce (N > 1) */
-    float *npart;                   /* [(E + 255) / 256] f32 sums of squares for the split RMSNorm (N == 1) */
     uint16_t *hfin;                 /* [max_seqs][E] */
     float *logits;                  /* [max_seqs][vn] */
     struct cuda_argmax_part *amp;   /* [CUDA_ARGMAX_SLICES][max_seqs]: the argmax's partial reductions */
@@ -202,9 +201,6 @@ struct cuda_backend {
                                        BENCHMARKS.md) */
     int wg_min_t;                   /* gate|up with SwiGLU fused on the warpgroup GEMM (sm_90) from this many
                                        tokens a step: CUDA_GEMM_WG_MIN_T, or SLUICE_CUDA_GEMM_WG_MIN_T (tests) */
-    bool norm_split;                /* on those steps, one rank: the o projection on the warpgroup GEMM adds
-                                       into the residual and starts the MLP's RMSNorm, gate|up finishes it
-                                       (no norm kernel); SLUICE_CUDA_NORM_SPLIT=0: off */
     int tc_rows;                    /* rows per prefill attention item on the tensor cores (64 or 128), 0 = off:
                                        SLUICE_CUDA_ATTN_TC=0|64|128 (128) */
     unsigned ablate;                /* ABL_* kernels left out of every step (SLUICE_CUDA_ABLATE, benchmarks
@@ -526,7 +522,6 @@ static int rank_init(struct rank *k, char *err, size_t errlen)
         dmalloc((void **)&k->cnt, T * k->KVH * 4, err, errlen))
         goto fail;
     CK(cudaMemset(k->cnt, 0, T * k->KVH * 4));
-    if (b->norm_split && dmalloc((void **)&k->npart, T * ((E + 255) / 256) * 4, err, errlen)) goto fail;
     if (N > 1 && (dmalloc((void **)&k->deltaf, T * E * 4, err, errlen) ||
                   dmalloc((void **)&k->amp_all, (size_t)N * S * sizeof *k->amp_all, err, errlen)))
         goto fail;
@@ -610,8 +605,6 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
                (c->n_head * c->head_dim) % 8 == 0 && (size_t)CUDA_GEMV_MAX_T * c->n_embd * 2 <= CUDA_GEMV_NORM_SMEM;
     ge = getenv("SLUICE_CUDA_GEMM_WG_MIN_T");
     b->wg_min_t = ge && atoi(ge) > 0 ? atoi(ge) : CUDA_GEMM_WG_MIN_T;
-    ge = getenv("SLUICE_CUDA_NORM_SPLIT");
-    b->norm_split = N == 1 && !(ge && strcmp(ge, "0") == 0);
     ge = getenv("SLUICE_CUDA_ABLATE");
     b->ablate = ablate_parse(ge);
     if (b->ablate) fprintf(stderr, "cuda: SLUICE_CUDA_ABLATE=%s: kernels left out, outputs are wrong\n", ge);
@@ -1027,19 +1020,10 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
             if (!(ab & ABL_DOWN)) CK(cuda_gemv_residual(L->wdown, k->h, k->x, T, F, E, st));
             continue;
         }
-        bool gu_gemv = b->gemv && T <= CUDA_GEMV_MAX_T && E % 8 == 0;
-        if (b->norm_split && !ab && !gu_gemv && T >= b->wg_min_t && cuda_gemm_wg_ok(T, Q, E) &&
-            cuda_gemm_wg_ok(T, E, 2 * F)) {
-            /* sm_90, one rank: x += o, x ffn_norm and its sums of squares in
-             * the o GEMM's epilogue; the row scale and SwiGLU in gate|up's */
-            CK(cuda_gemm_wg_residual_norm(L->wo, k->att, k->x, L->ffn_norm, k->xn, k->npart, T, Q, E, st));
-            CK(cuda_gemm_wg_swiglu_rms(L->wgu, k->xn, k->npart, c->norm_eps, k->h, T, E, F, st));
-            if (proj_rows(k, k->h, L->wdown, T, F, E, err, errlen)) goto fail;
-            continue;
-        }
         if (!(ab & ABL_O) && proj_rows(k, k->att, L->wo, T, Q, E, err, errlen)) goto fail;
         if (!(ab & ABL_NORM))
             CK(cuda_add_rmsnorm(k->x, k->delta, L->ffn_norm, NULL, T, E, c->norm_eps, k->xn, st));
+        bool gu_gemv = b->gemv && T <= CUDA_GEMV_MAX_T && E % 8 == 0;
         if (!(ab & ABL_GU) && gu_gemv) {
             /* SwiGLU in the GEMV's epilogue: bit for bit the two kernels below */
             CK(cuda_gemv_swiglu(L->wgu, k->xn, k->h, T, E, F, st));
@@ -1382,7 +1366,7 @@ static void rank_free(struct rank *k, const struct model_config *c)
     }
     if (k->lm_head != k->tok_embd) cudaFree(k->lm_head);
     cudaFree(k->tok_embd), cudaFree(k->out_norm), cudaFree(k->rope_cos), cudaFree(k->rope_sin), cudaFree(k->kv);
-    cudaFree(k->x), cudaFree(k->npart), cudaFree(k->xn), cudaFree(k->qkv), cudaFree(k->q), cudaFree(k->att), cudaFree(k->delta);
+    cudaFree(k->x), cudaFree(k->xn), cudaFree(k->qkv), cudaFree(k->q), cudaFree(k->att), cudaFree(k->delta);
     cudaFree(k->deltaf), cudaFree(k->gu), cudaFree(k->h), cudaFree(k->hfin), cudaFree(k->logits);
     cudaFree(k->amp), cudaFree(k->amp_all), cudaFree(k->tok), cudaFree(k->lp), cudaFree(k->sout), cudaFree(k->part);
     cudaFree(k->cnt);

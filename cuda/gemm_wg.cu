@@ -33,7 +33,10 @@
  * four stages with the consumers applying SwiGLU (their epilogue cost ~11%
  * of the tile); four stages with three of the boxes in the tile's last
  * stage (the producer stalls on it); qkv, o and down on this kernel, also
- * with the residual added in its epilogue (no faster than cuBLAS there).
+ * with the residual added in its epilogue (no faster than cuBLAS there);
+ * the MLP's RMSNorm split between o's epilogue (x += o, x w, sums of
+ * squares) and gate|up's (the row scale), with no norm kernel (fourteenth
+ * round: the epilogue's f32 traffic cost what the norm kernel did).
  *
  * Shared memory: a stage is x's 128 rows then W's 256 rows, 128 bytes each
  * (64 bf16 of `in`), the 16-byte chunk c of row r at c ^ (r & 7), from a
@@ -46,7 +49,6 @@
 
 #include "cuda/bf16.cuh"
 #include "cuda/kernels.h"
-#include "cuda/norm.cuh"
 #include "cuda/tile.cuh"
 #include "cuda/wgmma.cuh"
 
@@ -100,10 +102,6 @@ struct gm_args {
     int T, in, out, F; /* out: the plain product's columns; F: SwiGLU's (0: plain) */
     int nm, nn;        /* tiles along T and along the output */
     uint16_t *y;
-    float *x;          /* GM_RESID: the f32 residual [T][out] */
-    const float *w;    /* GM_RESID: the next RMSNorm's weights [out] */
-    float *part;       /* GM_RESID: written, [T][nn]; RS: read, [T][(in + 255) / 256] */
-    float eps;         /* RS: the RMSNorm's epsilon */
     int grp; /* row slices per group of tiles: GM_GROUP, or SLUICE_GEMM_WG_GROUP (benchmarks) */
     int abl; /* benchmarks only (SLUICE_GEMM_WG_ABLATE, outputs wrong): 1 no epilogue, 2 loads only the first
                 stages and the MMAs reuse them, 3 both */
@@ -119,29 +117,14 @@ static __device__ __forceinline__ void gm_tile(const gm_args &a, int t, int &m, 
 }
 #endif
 
-/* The epilogues (EPI): the plain product y = bf16(x W^T); SwiGLU; or
- * GM_RESID, the residual add and the first half of the next RMSNorm: the
- * f32 residual x += bf16(a W^T), then y = bf16(x w) (w the norm's weights)
- * and, per row and 256-column tile n, part[t][n] = the sum of squares of
- * the tile's x, in one fixed order. RS: the consumers scale each row by
- * the second half, rsqrt(sum_n part[t][n] / in + eps), before rounding. So
- * an RMSNorm between GM_RESID and an RS product costs no pass of its own. */
-#define GM_PLAIN 0
-#define GM_SWIGLU 1
-#define GM_RESID 2
-
-template <int EPI, bool RS>
+template <bool SWIGLU>
 static __global__ void __launch_bounds__(GM_THR, 1)
     gemm_wg_kernel(const __grid_constant__ CUtensorMap tx, const __grid_constant__ CUtensorMap tw,
                    const __grid_constant__ CUtensorMap ty, gm_args a)
 {
 #ifdef WG_ARCH
-    constexpr bool SWIGLU = EPI == GM_SWIGLU;
     extern __shared__ __align__(16) uint8_t gsm[];
     __shared__ __align__(8) uint64_t bars[2 * GM_ST]; /* full[GM_ST], empty[GM_ST] */
-    __shared__ float rsm[GM_BM];                      /* RS: the tile's row scales */
-    __shared__ float psm[4][GM_BM];                   /* GM_RESID: sums of squares of 64 columns */
-    __shared__ __align__(16) float wsm[GM_BN];        /* GM_RESID: the tile's columns of w */
     const uint32_t s0 = (smem_u32(gsm) + 1023u) & ~1023u, full = smem_u32(bars), empty = full + 8 * GM_ST;
     const uint32_t so = s0 + GM_ST * GM_STAGE; /* the four output boxes */
     const int ntile = a.nm * a.nn, nk = (a.in + GM_BK - 1) / GM_BK;
@@ -151,10 +134,10 @@ static __global__ void __launch_bounds__(GM_THR, 1)
     __syncthreads();
 
     if (w < 4) {
-        /* 168 registers a thread at launch: the consumers' 216 must come out
-         * of what warpgroup 0 gives back, 128 (168 - 64) >= 256 (216 - 168),
-         * or setmaxnreg.inc waits for ever */
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 136;\n" ::: "memory");
+        /* 168 registers a thread at launch: what the consumers take (232)
+         * must come out of what warpgroup 0 gives back, 256 (232 - 168) <=
+         * 128 (168 - 40), or their setmaxnreg.inc waits for ever */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
         if (w == 0) { /* the producer */
             if (lane != 0) return;
             int it = 0;
@@ -183,38 +166,10 @@ static __global__ void __launch_bounds__(GM_THR, 1)
          * all of this runs under the consumers' MMAs of the next tile */
         if (a.abl & 1) return;
         const int te = threadIdx.x - 32; /* 0..95 */
-        /* RS: tile t's row scales into rsm, summing each row's parts in order */
-        auto scales = [&](int t) {
-            int m, n, np = (a.in + 255) / 256;
-            gm_tile(a, t, m, n);
-            for (int r = te; r < GM_BM; r += 96) {
-                int row = m * GM_BM + r;
-                float ss = 0.0f;
-                if (row < a.T)
-                    for (int j = 0; j < np; j++) ss += a.part[(size_t)row * np + j];
-                rsm[r] = rsqrtf(ss / (float)a.in + a.eps);
-            }
-        };
-        if (RS) { /* the first tile's, before its outputs: the consumers wait for GM_SFREE there too */
-            scales(blockIdx.x);
-            gm_bar(GM_SFREE, false);
-        }
         int ti = 0;
         for (int t = blockIdx.x; t < ntile; t += gridDim.x, ti++) {
             int m, n;
             gm_tile(a, t, m, n);
-            if (EPI == GM_RESID) { /* the tile's w; its x into L2 while its MMAs run, so the loads below hit */
-                if (te < GM_BN / 4)
-                    ((float4 *)wsm)[te] = n * GM_BN + 4 * te < a.out ? ((const float4 *)(a.w + n * GM_BN))[te]
-                                                                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                for (int r = te; r < GM_BM; r += 96) {
-                    int row = m * GM_BM + r, c0 = n * GM_BN;
-                    if (row < a.T && c0 < a.out)
-                        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(a.x + (size_t)row * a.out + c0),
-                                     "r"(min(GM_BN, a.out - c0) * 4)
-                                     : "memory");
-                }
-            }
             gm_bar(GM_STAGED, true);
             if (SWIGLU) {
                 /* the four boxes share one layout: chunk i of the gate half
@@ -238,58 +193,7 @@ static __global__ void __launch_bounds__(GM_THR, 1)
                 }
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* generic writes -> the bulk copy */
             }
-            if (EPI == GM_RESID) {
-                /* 64 columns of a row at a time (p: row p & 127, box p >> 7),
-                 * their 16 loads of x in flight together: x += the box's
-                 * bf16, x stored, x w rounded into the box in place, the sum
-                 * of squares of the 64 into psm[box][row] */
-                for (int p = te; p < 4 * GM_BM; p += 96) {
-                    const int r = p & 127, q = p >> 7, row = m * GM_BM + r, col = n * GM_BN + q * 64;
-                    float ss = 0.0f;
-                    if (row < a.T && col < a.out) {
-                        float4 *xp = (float4 *)(a.x + (size_t)row * a.out + col);
-                        float4 xv[16];
-#pragma unroll
-                        for (int c = 0; c < 16; c++)
-                            if (col + 4 * c < a.out) xv[c] = xp[c];
-#pragma unroll
-                        for (int c = 0; c < 8; c++) {
-                            if (col + 8 * c >= a.out) break; /* out is a multiple of 16 */
-                            uint32_t at = so + q * GM_BOX + r * 128 + ((c ^ (r & 7)) << 4), v[4];
-                            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                                         : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
-                                         : "r"(at));
-                            float4 &lo = xv[2 * c], &hi = xv[2 * c + 1];
-                            lo.x += bf2f((uint16_t)v[0]), lo.y += bf2f((uint16_t)(v[0] >> 16));
-                            lo.z += bf2f((uint16_t)v[1]), lo.w += bf2f((uint16_t)(v[1] >> 16));
-                            hi.x += bf2f((uint16_t)v[2]), hi.y += bf2f((uint16_t)(v[2] >> 16));
-                            hi.z += bf2f((uint16_t)v[3]), hi.w += bf2f((uint16_t)(v[3] >> 16));
-                            xp[2 * c] = lo, xp[2 * c + 1] = hi;
-                            const float *g = wsm + q * 64 + c * 8;
-                            ss = rms_acc(rms_acc(rms_acc(rms_acc(ss, lo.x), lo.y), lo.z), lo.w);
-                            ss = rms_acc(rms_acc(rms_acc(rms_acc(ss, hi.x), hi.y), hi.z), hi.w);
-                            v[0] = (uint32_t)f2bf(lo.x * g[0]) | (uint32_t)f2bf(lo.y * g[1]) << 16;
-                            v[1] = (uint32_t)f2bf(lo.z * g[2]) | (uint32_t)f2bf(lo.w * g[3]) << 16;
-                            v[2] = (uint32_t)f2bf(hi.x * g[4]) | (uint32_t)f2bf(hi.y * g[5]) << 16;
-                            v[3] = (uint32_t)f2bf(hi.z * g[6]) | (uint32_t)f2bf(hi.w * g[7]) << 16;
-                            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(at), "r"(v[0]), "r"(v[1]),
-                                         "r"(v[2]), "r"(v[3])
-                                         : "memory");
-                        }
-                    }
-                    psm[q][r] = ss;
-                }
-                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* generic writes -> the bulk copy */
-            }
             asm volatile("bar.sync %0, 96;\n" ::"n"(GM_EPI) : "memory");
-            if (EPI == GM_RESID)
-                for (int r = te; r < GM_BM; r += 96) {
-                    int row = m * GM_BM + r;
-                    float ss = 0.0f;
-#pragma unroll
-                    for (int j = 0; j < 4; j++) ss += psm[j][r];
-                    if (row < a.T) a.part[(size_t)row * a.nn + n] = ss;
-                }
             if (te == 0) {
                 if (SWIGLU) {
                     tma_store2(&ty, n * 128, m * GM_BM, so);
@@ -301,15 +205,13 @@ static __global__ void __launch_bounds__(GM_THR, 1)
                 asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
                 asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
             }
-            /* the consumers have read rsm for tile t (they arrived at GM_STAGED after) */
-            if (RS && t + (int)gridDim.x < ntile) scales(t + gridDim.x);
             gm_bar(GM_SFREE, false);
         }
         if (te == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
         return;
     }
 
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n" ::: "memory");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     const int cw = __shfl_sync(0xffffffffu, w / 4 - 1, 0); /* consumer warpgroup 0 or 1 */
     const int row_in = (w & 3) * 16 + (lane >> 2), col_in = (lane & 3) * 4; /* bytes */
     auto release = [&](int s) { /* this warp is done with stage s */
@@ -343,22 +245,18 @@ static __global__ void __launch_bounds__(GM_THR, 1)
          * this warpgroup's 64 x 256; column c goes to box c / 64 (128-byte
          * rows, swizzled as the bulk copies read them: no bank conflicts).
          * With SwiGLU, columns 0..127 are the gate half, 128.. the up half. */
-        if (RS || ti > 0) gm_bar(GM_SFREE, true);
+        if (ti > 0) gm_bar(GM_SFREE, true);
         const int ro = cw * 64 + row_in;
-        float sc[2] = {1.0f, 1.0f};
-        if (RS) sc[0] = rsm[ro], sc[1] = rsm[ro + 8];
 #pragma unroll
         for (int j = 0; j < 32; j++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 int r = ro + 8 * h;
-                float d0 = d[4 * j + 2 * h], d1 = d[4 * j + 2 * h + 1];
-                if (RS) d0 *= sc[h], d1 *= sc[h];
-                uint32_t v = (uint32_t)f2bf(d0) | (uint32_t)f2bf(d1) << 16;
+                uint32_t v = (uint32_t)f2bf(d[4 * j + 2 * h]) | (uint32_t)f2bf(d[4 * j + 2 * h + 1]) << 16;
                 uint32_t at = so + (j >> 3) * GM_BOX + r * 128 + (((j & 7) ^ (r & 7)) << 4) + col_in;
                 asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(at), "r"(v) : "memory");
             }
-        if (EPI == GM_PLAIN) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* -> the bulk store */
+        if (!SWIGLU) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* -> the bulk store */
         gm_bar(GM_STAGED, false);
     }
     if (ti > 0 && !(a.abl & 1)) gm_bar(GM_SFREE, true); /* the last tile's, so no barrier is left half done */
@@ -385,17 +283,12 @@ extern "C" int cuda_gemm_wg_ok(int T, int in, int out)
 #define GM_MAXDEV 64
 static int gm_nsm[GM_MAXDEV];
 
-/* every instance the launcher picks: EPI x RS */
-#define GM_KERNELS(X) X(GM_PLAIN, false) X(GM_SWIGLU, false) X(GM_SWIGLU, true) X(GM_RESID, false)
-
 extern "C" cudaError_t cuda_gemm_wg_prepare(void)
 {
-    cudaError_t e = cudaSuccess;
-#define GM_ATTR(E, R) \
-    if (e == cudaSuccess) e = cudaFuncSetAttribute(gemm_wg_kernel<E, R>, cudaFuncAttributeMaxDynamicSharedMemorySize, GM_SMEM);
-    GM_KERNELS(GM_ATTR)
-#undef GM_ATTR
+    cudaError_t e = cudaFuncSetAttribute(gemm_wg_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, GM_SMEM);
     if (e == cudaErrorInvalidDeviceFunction) return cudaSuccess; /* no sm_90a code for this device */
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(gemm_wg_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, GM_SMEM);
     int dev = 0;
     if (e == cudaSuccess) e = cudaGetDevice(&dev);
     if (e == cudaSuccess && dev < GM_MAXDEV) e = cudaDeviceGetAttribute(&gm_nsm[dev], cudaDevAttrMultiProcessorCount, dev);
@@ -416,13 +309,11 @@ static bool gm_map(CUtensorMap *m, const uint16_t *base, int rows, int in)
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-/* y [T][out or F] bf16 (GM_RESID: x w); a.x, a.w, a.part, a.eps as gm_args
- * says, the rest filled in here */
-static cudaError_t gm_launch(int epi, bool rs, const uint16_t *W, int wrows, const uint16_t *x, uint16_t *y, int T,
-                             int in, int out, int F, gm_args a, cudaStream_t st)
+static cudaError_t gm_launch(const uint16_t *W, int wrows, const uint16_t *x, uint16_t *y, int T, int in, int out,
+                             int F, cudaStream_t st)
 {
     int dev = 0;
-    if (!cuda_gemm_wg_ok(T, in, F ? 2 * F : out) || !y || ((uintptr_t)y & 15) || cudaGetDevice(&dev) ||
+    if (!cuda_gemm_wg_ok(T, in, F ? 2 * F : out) || ((uintptr_t)y & 15) || cudaGetDevice(&dev) ||
         dev >= GM_MAXDEV || !gm_nsm[dev])
         return cudaErrorInvalidValue;
     alignas(64) CUtensorMap tx, tw, th;
@@ -437,42 +328,23 @@ static cudaError_t gm_launch(int epi, bool rs, const uint16_t *W, int wrows, con
         const char *e = getenv("SLUICE_GEMM_WG_GROUP");
         return e && atoi(e) > 0 ? atoi(e) : GM_GROUP;
     }();
-    a.T = T, a.in = in, a.out = out, a.F = F, a.nm = (T + GM_BM - 1) / GM_BM;
-    a.nn = F ? (F + 127) / 128 : (out + GM_BN - 1) / GM_BN, a.y = y, a.grp = grp, a.abl = abl;
+    gm_args a = {T, in, out, F, (T + GM_BM - 1) / GM_BM, F ? (F + 127) / 128 : (out + GM_BN - 1) / GM_BN, y, grp, abl};
     int ntile = a.nm * a.nn, grid = ntile < gm_nsm[dev] ? ntile : gm_nsm[dev];
-#define GM_GO(E, R) \
-    if (epi == E && rs == R) gemm_wg_kernel<E, R><<<grid, GM_THR, GM_SMEM, st>>>(tx, tw, th, a);
-    GM_KERNELS(GM_GO)
-#undef GM_GO
+    if (F)
+        gemm_wg_kernel<true><<<grid, GM_THR, GM_SMEM, st>>>(tx, tw, th, a);
+    else
+        gemm_wg_kernel<false><<<grid, GM_THR, GM_SMEM, st>>>(tx, tw, th, a);
     return cudaGetLastError();
 }
 
 extern "C" cudaError_t cuda_gemm_wg_swiglu(const uint16_t *Wgu, const uint16_t *x, uint16_t *h, int T, int in, int F,
                                            cudaStream_t st)
 {
-    return gm_launch(GM_SWIGLU, false, Wgu, 2 * F, x, h, T, in, 0, F, gm_args{}, st);
+    return gm_launch(Wgu, 2 * F, x, h, T, in, 0, F, st);
 }
 
 extern "C" cudaError_t cuda_gemm_wg(const uint16_t *W, const uint16_t *x, uint16_t *y, int T, int in, int out,
                                     cudaStream_t st)
 {
-    return gm_launch(GM_PLAIN, false, W, out, x, y, T, in, out, 0, gm_args{}, st);
-}
-
-extern "C" cudaError_t cuda_gemm_wg_residual_norm(const uint16_t *W, const uint16_t *a, float *x, const float *w,
-                                                  uint16_t *xw, float *part, int T, int in, int out, cudaStream_t st)
-{
-    if (!x || !w || !part || ((uintptr_t)x & 15) || ((uintptr_t)w & 15)) return cudaErrorInvalidValue;
-    gm_args ga{};
-    ga.x = x, ga.w = w, ga.part = part;
-    return gm_launch(GM_RESID, false, W, out, a, xw, T, in, out, 0, ga, st);
-}
-
-extern "C" cudaError_t cuda_gemm_wg_swiglu_rms(const uint16_t *Wgu, const uint16_t *xw, const float *part, float eps,
-                                               uint16_t *h, int T, int in, int F, cudaStream_t st)
-{
-    if (!part) return cudaErrorInvalidValue;
-    gm_args ga{};
-    ga.part = (float *)part, ga.eps = eps;
-    return gm_launch(GM_SWIGLU, true, Wgu, 2 * F, xw, h, T, in, 0, F, ga, st);
+    return gm_launch(W, out, x, y, T, in, out, 0, st);
 }

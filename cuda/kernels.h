@@ -200,21 +200,6 @@ cudaError_t cuda_gemm_wg(const uint16_t *W, const uint16_t *x, uint16_t *y, int 
  * are this kernel's, not cuBLAS's). Wgu [2F][in] bf16, x [T][in], h [T][F]. */
 cudaError_t cuda_gemm_wg_swiglu(const uint16_t *Wgu, const uint16_t *x, uint16_t *h, int T, int in, int F,
                                 cudaStream_t st);
-/* The residual add and an RMSNorm split across two products, so the norm
- * needs no pass of its own (prefill, one GPU):
- * - residual_norm: x[t][c] += bf16 of (a W^T)[t][c] (what cuda_add_rmsnorm's
- *   x += delta does with cuBLAS's bf16 product), then xw[t][c] = bf16(x[t][c]
- *   w[c]) and part[t][n] = the sum of squares of x[t][256 n .. 256 n + 255]
- *   in one fixed order. W [out][in], a [T][in] bf16; x [T][out] f32; w [out]
- *   f32 (the norm's weights; x and w 16-byte aligned); xw [T][out] bf16;
- *   part [T][(out + 255) / 256] f32.
- * - swiglu_rms: cuda_gemm_wg_swiglu of xw with each row's product scaled by
- *   rsqrt(sum_n part[t][n] / in + eps) before rounding: RMSNorm's output
- *   times Wgu, with the row scale taken after the sum instead of before. */
-cudaError_t cuda_gemm_wg_residual_norm(const uint16_t *W, const uint16_t *a, float *x, const float *w, uint16_t *xw,
-                                       float *part, int T, int in, int out, cudaStream_t st);
-cudaError_t cuda_gemm_wg_swiglu_rms(const uint16_t *Wgu, const uint16_t *xw, const float *part, float eps,
-                                    uint16_t *h, int T, int in, int F, cudaStream_t st);
 
 /* ---- act.cu ---- */
 /* h[t][i] = bf16(silu(gu[t][i]) * gu[t][F + i]) for i < F; gu [T][2F], h [T][F] bf16. */

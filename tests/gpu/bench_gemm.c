@@ -24,8 +24,7 @@
  * GEMMs with cuda_swiglu after gate|up (what a prefill step runs); the same
  * with gate|up and SwiGLU in one warpgroup kernel; all four on the
  * warpgroup kernels; and the four plain GEMMs on them (against the cuBLAS
- * figure above). (3: the RMSNorm split across the o and gate|up warpgroup
- * GEMMs, by parts.) Not a test. */
+ * figure above). Not a test. */
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -360,57 +359,6 @@ static void wg_compare(cublasHandle_t h, uint16_t *const *w, const uint16_t *x, 
     cudaFree(hb);
 }
 
-/* SLUICE_BENCH_WG=3: the RMSNorm split across the o and gate|up warpgroup
- * GEMMs, by parts and as the chain it replaces, each sustained (64 back to
- * back after as many to warm up), ms per launch */
-static void norm_launch(cublasHandle_t h, int k, const uint16_t *wo, const uint16_t *wgu, const uint16_t *att,
-                        float *x, const float *nw, uint16_t *xn, uint16_t *delta, float *part, uint16_t *hb, int T,
-                        int E, int F)
-{
-    const float one = 1, zero = 0;
-    if (k == 0 || k == 6)
-        cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, E, T, E, &one, wo, CUDA_R_16BF, E, att, CUDA_R_16BF, E, &zero, delta,
-                     CUDA_R_16BF, E, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    if (k == 1) cuda_gemm_wg(wo, att, delta, T, E, E, 0);
-    if (k == 2 || k == 7) cuda_gemm_wg_residual_norm(wo, att, x, nw, xn, part, T, E, E, 0);
-    if (k == 3 || k == 6) cuda_add_rmsnorm(x, delta, nw, NULL, T, E, 1e-5f, xn, 0);
-    if (k == 4 || k == 6) cuda_gemm_wg_swiglu(wgu, xn, hb, T, E, F, 0);
-    if (k == 5 || k == 7) cuda_gemm_wg_swiglu_rms(wgu, xn, part, 1e-5f, hb, T, E, F, 0);
-}
-
-static void norm_compare(cublasHandle_t h, uint16_t *const *w, const uint16_t *att, int T, int E, int F)
-{
-    static const char *const name[] = {"o cuBLAS", "o wg plain", "o wg residual_norm", "add_rmsnorm",
-                                       "gate|up wg SwiGLU", "gate|up wg swiglu_rms", "chain: cuBLAS o, norm, gate|up",
-                                       "chain: split norm"};
-    cuda_gemm_wg_prepare();
-    float *x = dalloc((size_t)T * E * 4), *nw = dalloc((size_t)E * 4), *part = dalloc((size_t)T * 16 * 4);
-    uint16_t *xn = dalloc((size_t)T * E * 2), *delta = dalloc((size_t)T * E * 2), *hb = dalloc((size_t)T * F * 2);
-    cudaMemset(x, 0, (size_t)T * E * 4), cudaMemset(part, 0, (size_t)T * 16 * 4);
-    fill(xn, (size_t)T * E, 3u);
-    float *one = malloc((size_t)E * 4);
-    for (int i = 0; i < E; i++) one[i] = 1.0f;
-    cudaMemcpy(nw, one, (size_t)E * 4, cudaMemcpyHostToDevice);
-    free(one);
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0), cudaEventCreate(&e1);
-    for (int round = 0; round < 2; round++)
-        for (int k = 0; k < 8; k++) {
-            for (int r = 0; r < 2; r++) {
-                if (r > 0) cudaEventRecord(e0, 0);
-                for (int i = 0; i < 64; i++) norm_launch(h, k, w[1], w[2], att, x, nw, xn, delta, part, hb, T, E, F);
-                if (r == 0) continue;
-                cudaEventRecord(e1, 0);
-                cudaEventSynchronize(e1);
-                float ms = 0;
-                cudaEventElapsedTime(&ms, e0, e1);
-                printf("norm round %d, %s: %.3f ms each\n", round, name[k], ms / 64);
-            }
-        }
-    cudaEventDestroy(e0), cudaEventDestroy(e1);
-    cudaFree(x), cudaFree(nw), cudaFree(part), cudaFree(xn), cudaFree(delta), cudaFree(hb);
-}
-
 int main(void)
 {
     const int T = 16384, E = 4096, F = 14336, QKV = 6144, L = 32;
@@ -471,10 +419,6 @@ int main(void)
     }
     const char *ov = getenv("SLUICE_BENCH_OVERLAP");
     if (ov && *ov == '1') overlap(w, T, E, F, QKV, L);
-    if (wg && *wg == '3') {
-        fill(x, (size_t)T * F, 99u);
-        norm_compare(h, w, x, T, E, F);
-    }
     if (wg && (*wg == '1' || *wg == '2')) {
         fill(x, (size_t)T * F, 99u);
         int gi[4][2];

@@ -261,112 +261,6 @@ static void test_gemm_wg(void)
     CHECK(cuda_gemm_wg_swiglu(NULL, NULL, NULL, 4, 64, 13, 0) == cudaErrorInvalidValue);
 }
 
-/* The RMSNorm split across two warpgroup GEMMs (sm_90 only) against the
- * path it replaces: cuda_gemm_wg (o) -> cuda_add_rmsnorm -> cuda_gemm_wg_swiglu.
- * The residual x afterwards and x w are bit for bit what that path's x and
- * x w are (the same bf16 product added); the parts are each tile's sum of
- * squares (double reference); the SwiGLU outputs, where the row scale comes
- * after the sum, within bf16 rounding of the double reference and of the
- * unfused path; a row's outputs do not depend on the rows beside it. */
-static void test_gemm_wg_norm(void)
-{
-    cudaError_t pe = cuda_gemm_wg_prepare();
-    if (!cuda_gemm_wg_ok(1, 16, 16)) {
-        printf("  no sm_90 device (or SLUICE_CUDA_GEMM_WG=0): skipped\n");
-        CHECK(pe == cudaSuccess);
-        return;
-    }
-    /* T, in (the o product's), E (a multiple of 16), F */
-    int shapes[][4] = {{5, 64, 64, 128}, {77, 136, 544, 264}, {300, 256, 576, 1536}, {260, 512, 4096, 512}};
-    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
-        int T = shapes[si][0], in = shapes[si][1], E = shapes[si][2], F = shapes[si][3], np = (E + 255) / 256;
-        size_t nx = (size_t)T * E, nh = (size_t)T * F;
-        uint16_t *wo = rand_bf((size_t)E * in, 1), *a = rand_bf((size_t)T * in, 1), *wgu = rand_bf((size_t)2 * F * E, 1);
-        float *x0 = malloc(nx * 4), *w = malloc(E * 4), *x1 = malloc(nx * 4), *x2 = malloc(nx * 4);
-        float *part = malloc((size_t)T * np * 4), *o = malloc(nh * 4);
-        uint16_t *xw = malloc(nx * 2), *delta = malloc(nx * 2), *h = malloc(nh * 2), *h2 = malloc(nh * 2),
-                 *h5 = malloc((size_t)5 * F * 2);
-        for (size_t i = 0; i < nx; i++) x0[i] = 4.0f * frand();
-        for (int i = 0; i < E; i++) w[i] = 1.0f + 0.5f * frand();
-        uint16_t *dwo = dup_dev(wo, (size_t)E * in * 2), *da = dup_dev(a, (size_t)T * in * 2),
-                 *dwgu = dup_dev(wgu, (size_t)2 * F * E * 2);
-        float *dx1 = dup_dev(x0, nx * 4), *dx2 = dup_dev(x0, nx * 4), *dw = dup_dev(w, E * 4);
-        float *dpart = poisoned((size_t)T * np * 4);
-        uint16_t *dxw = poisoned(nx * 2), *ddelta = poisoned(nx * 2), *dxn = poisoned(nx * 2), *dh = poisoned(nh * 2),
-                 *dh2 = poisoned(nh * 2);
-        /* fused */
-        CHECK(cuda_gemm_wg_residual_norm(dwo, da, dx1, dw, dxw, dpart, T, in, E, 0) == cudaSuccess);
-        CHECK(cuda_gemm_wg_swiglu_rms(dwgu, dxw, dpart, 1e-5f, dh, T, E, F, 0) == cudaSuccess);
-        /* unfused */
-        CHECK(cuda_gemm_wg(dwo, da, ddelta, T, in, E, 0) == cudaSuccess);
-        CHECK(cuda_add_rmsnorm(dx2, ddelta, dw, NULL, T, E, 1e-5f, dxn, 0) == cudaSuccess);
-        CHECK(cuda_gemm_wg_swiglu(dwgu, dxn, dh2, T, E, F, 0) == cudaSuccess);
-        get(x1, dx1, nx * 4), get(x2, dx2, nx * 4), get(xw, dxw, nx * 2), get(delta, ddelta, nx * 2);
-        get(part, dpart, (size_t)T * np * 4), get(h, dh, nh * 2), get(h2, dh2, nh * 2);
-        CHECKF(!memcmp(x1, x2, nx * 4), "gemm_wg_norm T=%d E=%d: residual differs from x += delta", T, E);
-        int bad_xw = 0;
-        double perr = 0;
-        for (int t = 0; t < T; t++) {
-            double ss = 0;
-            for (int c = 0; c < E; c++) {
-                float xv = x0[(size_t)t * E + c] + fb(delta[(size_t)t * E + c]);
-                bad_xw += xw[(size_t)t * E + c] != bf(xv * w[c]);
-                ss += (double)xv * xv;
-                if ((c + 1) % 256 == 0 || c == E - 1) {
-                    double got = part[(size_t)t * np + c / 256], e = fabs(got - ss) / (ss > 0 ? ss : 1);
-                    if (!(e <= perr)) perr = e; /* NaN -> NaN */
-                    ss = 0;
-                }
-            }
-        }
-        CHECKF(bad_xw == 0, "gemm_wg_norm T=%d E=%d: %d values of x w differ", T, E, bad_xw);
-        CHECKF(perr < 1e-5, "gemm_wg_norm T=%d E=%d: part err %.3g", T, E, perr);
-        /* the SwiGLU of the normalized rows in double, from the kernel's x
-         * (unrounded: each path rounds its input to bf16 its own way) */
-        double *gu = malloc((size_t)T * 2 * F * 8), *href = malloc(nh * 8), *xn = malloc(nx * 8);
-        for (int t = 0; t < T; t++) {
-            double ss = 0;
-            for (int c = 0; c < E; c++) ss += (double)x1[(size_t)t * E + c] * x1[(size_t)t * E + c];
-            double inv = 1.0 / sqrt(ss / E + 1e-5);
-            for (int c = 0; c < E; c++) xn[(size_t)t * E + c] = x1[(size_t)t * E + c] * inv * w[c];
-        }
-        for (int t = 0; t < T; t++)
-            for (int r = 0; r < 2 * F; r++) {
-                double acc = 0;
-                for (int c = 0; c < E; c++) acc += (double)fb(wgu[(size_t)r * E + c]) * xn[(size_t)t * E + c];
-                gu[(size_t)t * 2 * F + r] = acc;
-            }
-        for (int t = 0; t < T; t++)
-            for (int j = 0; j < F; j++) {
-                double g = gu[(size_t)t * 2 * F + j], u = gu[(size_t)t * 2 * F + F + j];
-                href[(size_t)t * F + j] = g / (1 + exp(-g)) * u;
-            }
-        for (size_t i = 0; i < nh; i++) o[i] = fb(h[i]);
-        double e1 = nerr(o, href, nh);
-        for (size_t i = 0; i < nh; i++) o[i] = fb(h2[i]);
-        double e2 = nerr(o, href, nh);
-        CHECKF(e1 < 8e-3 && e2 < 8e-3, "gemm_wg_norm T=%d E=%d F=%d: swiglu_rms err %.3g (unfused %.3g)", T, E, F, e1,
-               e2);
-        /* rows T - 5 .. T - 1 alone */
-        int r0 = T >= 5 ? T - 5 : 0, n5 = T - r0;
-        cudaMemset(dh, 0xff, nh * 2);
-        CHECK(cuda_gemm_wg_swiglu_rms(dwgu, dxw + (size_t)r0 * E, dpart + (size_t)r0 * np, 1e-5f, dh, n5, E, F, 0) ==
-              cudaSuccess);
-        get(h5, dh, (size_t)n5 * F * 2);
-        CHECKF(!memcmp(h5, h + (size_t)r0 * F, (size_t)n5 * F * 2), "gemm_wg_norm T=%d: rows differ in a %d-row call",
-               T, n5);
-        printf("  gemm_wg_norm T=%d in=%d E=%d F=%d: swiglu err %.2e (unfused %.2e), part err %.1e\n", T, in, E, F, e1,
-               e2, perr);
-        free(wo), free(a), free(wgu), free(x0), free(w), free(x1), free(x2), free(part), free(o), free(xw), free(delta);
-        free(h), free(h2), free(h5), free(gu), free(href), free(xn);
-        cudaFree(dwo), cudaFree(da), cudaFree(dwgu), cudaFree(dx1), cudaFree(dx2), cudaFree(dw), cudaFree(dpart);
-        cudaFree(dxw), cudaFree(ddelta), cudaFree(dxn), cudaFree(dh), cudaFree(dh2);
-    }
-    /* no residual, weights or parts: nothing launched */
-    CHECK(cuda_gemm_wg_residual_norm(NULL, NULL, NULL, NULL, NULL, NULL, 4, 64, 48, 0) == cudaErrorInvalidValue);
-    CHECK(cuda_gemm_wg_swiglu_rms(NULL, NULL, NULL, 1e-5f, NULL, 4, 64, 16, 0) == cudaErrorInvalidValue);
-}
-
 /* The decode fusions against the double reference (the rmsnorm ones through
  * a double-precision norm of x), and bit for bit against the unfused kernels
  * they replace (add_rmsnorm, gemv, swiglu, x += delta) in every variant:
@@ -1171,7 +1065,6 @@ int main(void)
     RUN(test_gemv);
     RUN(test_gemv_fused);
     RUN(test_gemm_wg);
-    RUN(test_gemm_wg_norm);
     RUN(test_gemv_layers_graph);
     RUN(test_argmax);
     RUN(test_rope_kv);
