@@ -19,8 +19,8 @@
  * and as the two halves on two streams at once, the second starting half a
  * layer later.
  * SLUICE_BENCH_WG=1 adds the warpgroup GEMMs (gemm_wg.cu, sm_90 only)
- * (2: gate|up alone and sustained only)
- * under the same sustained load, in alternating rounds: the four cuBLAS
+ * under the same sustained load, in alternating rounds (=2: only gate|up
+ * alone and sustained, below): the four cuBLAS
  * GEMMs with cuda_swiglu after gate|up (what a prefill step runs); the same
  * with gate|up and SwiGLU in one warpgroup kernel; all four on the
  * warpgroup kernels; and the four plain GEMMs on them (against the cuBLAS
@@ -170,11 +170,17 @@ static void chain_init(struct chain *c, int T, int E, int F, int QKV)
     free(one);
 }
 
-static void gemm_on(struct chain *c, const uint16_t *w, const uint16_t *x, uint16_t *y, int in, int out)
+/* y = bf16(x W^T) by cuBLAS, as cuda_backend.c calls it: W [out][in], x [T][in] */
+static void blas_gemm(cublasHandle_t h, const uint16_t *w, const uint16_t *x, uint16_t *y, int T, int in, int out)
 {
     const float one = 1, zero = 0;
-    cublasGemmEx(c->h, CUBLAS_OP_T, CUBLAS_OP_N, out, c->T, in, &one, w, CUDA_R_16BF, in, x, CUDA_R_16BF, in, &zero,
-                 y, CUDA_R_16BF, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, out, T, in, &one, w, CUDA_R_16BF, in, x, CUDA_R_16BF, in, &zero, y,
+                 CUDA_R_16BF, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+}
+
+static void gemm_on(struct chain *c, const uint16_t *w, const uint16_t *x, uint16_t *y, int in, int out)
+{
+    blas_gemm(c->h, w, x, y, c->T, in, out);
 }
 
 /* half (0: the attention half, 1: the MLP half) of one layer of the chain */
@@ -259,7 +265,6 @@ static void overlap(uint16_t *const *w, int T, int E, int F, int QKV, int L)
 static float wg_chain(cublasHandle_t h, uint16_t *const *w, const uint16_t *x, uint16_t *y, uint16_t *hb, int mode,
                       int T, int L, const int (*g)[2], int F)
 {
-    const float one = 1, zero = 0;
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0), cudaEventCreate(&e1);
     float ms = 0;
@@ -275,9 +280,7 @@ static float wg_chain(cublasHandle_t h, uint16_t *const *w, const uint16_t *x, u
                     } else if (mode >= 2) {
                         bad |= cuda_gemm_wg(w[i], x, y, T, in, out, 0) != cudaSuccess;
                     } else {
-                        cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, out, T, in, &one, w[i], CUDA_R_16BF, in, x,
-                                     CUDA_R_16BF, in, &zero, y, CUDA_R_16BF, out, CUBLAS_COMPUTE_32F,
-                                     CUBLAS_GEMM_DEFAULT);
+                        blas_gemm(h, w[i], x, y, T, in, out);
                         if (i == 2) bad |= cuda_swiglu(y, T, F, hb, 0) != cudaSuccess;
                     }
                 }
@@ -294,10 +297,8 @@ static float wg_chain(cublasHandle_t h, uint16_t *const *w, const uint16_t *x, u
 static void gu_launch(cublasHandle_t h, int k, const uint16_t *w, const uint16_t *x, uint16_t *y, uint16_t *hb, int T,
                       int in, int F)
 {
-    const float one = 1, zero = 0;
     if (k == 0)
-        cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, 2 * F, T, in, &one, w, CUDA_R_16BF, in, x, CUDA_R_16BF, in, &zero, y,
-                     CUDA_R_16BF, 2 * F, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        blas_gemm(h, w, x, y, T, in, 2 * F);
     else if (k == 1)
         cuda_gemm_wg(w, x, y, T, in, 2 * F, 0);
     else
@@ -375,7 +376,6 @@ int main(void)
         fill(w[i], (size_t)g[i].in * g[i].out, 17u * (i + 1));
         flop += 2.0 * T * g[i].in * g[i].out;
     }
-    const float one = 1, zero = 0;
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0), cudaEventCreate(&e1);
     const char *wg = getenv("SLUICE_BENCH_WG");
@@ -389,9 +389,7 @@ int main(void)
             for (int r = 0; r < (warm ? 3 : 1); r++)
                 for (int l = 0; l < L; l++)
                     for (int i = 0; i < 4; i++)
-                        cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, g[i].out, T, g[i].in, &one, w[i], CUDA_R_16BF,
-                                     g[i].in, x, CUDA_R_16BF, g[i].in, &zero, y, CUDA_R_16BF, g[i].out,
-                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+                        blas_gemm(h, w[i], x, y, T, g[i].in, g[i].out);
             cudaEventRecord(e1, 0);
             cudaEventSynchronize(e1);
             float ms = 0;
@@ -405,9 +403,7 @@ int main(void)
         float t[20];
         for (int r = 0; r < 20; r++) {
             cudaEventRecord(e0, 0);
-            cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, g[2].out, T, g[2].in, &one, w[2], CUDA_R_16BF, g[2].in, x,
-                         CUDA_R_16BF, g[2].in, &zero, y, CUDA_R_16BF, g[2].out, CUBLAS_COMPUTE_32F,
-                         CUBLAS_GEMM_DEFAULT);
+            blas_gemm(h, w[2], x, y, T, g[2].in, g[2].out);
             cudaEventRecord(e1, 0);
             cudaEventSynchronize(e1);
             cudaEventElapsedTime(&t[r], e0, e1);
