@@ -201,9 +201,6 @@ struct cuda_backend {
                                        BENCHMARKS.md) */
     int wg_min_t;                   /* gate|up with SwiGLU fused on the warpgroup GEMM (sm_90) from this many
                                        tokens a step: CUDA_GEMM_WG_MIN_T, or SLUICE_CUDA_GEMM_WG_MIN_T (tests) */
-    bool wg_rope;                   /* from wg_min_t tokens too, QKV with RoPE and the KV write in the
-                                       warpgroup GEMM's epilogue (cuda_gemm_wg_rope); SLUICE_CUDA_GEMM_WG_ROPE=0:
-                                       cuBLAS + cuda_rope_kv */
     int tc_rows;                    /* rows per prefill attention item on the tensor cores (64 or 128), 0 = off:
                                        SLUICE_CUDA_ATTN_TC=0|64|128 (128) */
     unsigned ablate;                /* ABL_* kernels left out of every step (SLUICE_CUDA_ABLATE, benchmarks
@@ -608,8 +605,6 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
                (c->n_head * c->head_dim) % 8 == 0 && (size_t)CUDA_GEMV_MAX_T * c->n_embd * 2 <= CUDA_GEMV_NORM_SMEM;
     ge = getenv("SLUICE_CUDA_GEMM_WG_MIN_T");
     b->wg_min_t = ge && atoi(ge) > 0 ? atoi(ge) : CUDA_GEMM_WG_MIN_T;
-    ge = getenv("SLUICE_CUDA_GEMM_WG_ROPE");
-    b->wg_rope = !(ge && strcmp(ge, "0") == 0);
     ge = getenv("SLUICE_CUDA_ABLATE");
     b->ablate = ablate_parse(ge);
     if (b->ablate) fprintf(stderr, "cuda: SLUICE_CUDA_ABLATE=%s: kernels left out, outputs are wrong\n", ge);
@@ -990,6 +985,13 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
         const struct clayer *L = &k->L[l];
         /* the previous layer's MLP output joins the residual here */
         unsigned ab = b->ablate;
+        if (fz) {
+            if (!(ab & ABL_QKV)) CK(cuda_gemv_rmsnorm(L->wqkv, k->x, L->attn_norm, c->norm_eps, k->qkv, T, E, QKV, st));
+        } else {
+            if (!(ab & ABL_NORM))
+                CK(cuda_add_rmsnorm(k->x, l ? k->delta : NULL, L->attn_norm, NULL, T, E, c->norm_eps, k->xn, st));
+            if (!(ab & ABL_QKV)) CB(gemm(k, k->xn, L->wqkv, k->qkv, false, T, E, QKV));
+        }
         size_t es = b->kv8 ? 1 : 2; /* bytes per KV element */
         char *kc = (char *)k->kv + (size_t)(2 * l) * k->kv_layer * es, *vc = kc + k->kv_layer * es;
         struct cuda_rope_args ra = {
@@ -998,21 +1000,9 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
             .KVH = KVH, .D = D, .rope_dim = c->rope_dim, .neox = c->rope_type == MODEL_ROPE_NEOX,
             .eps = c->norm_eps, .q = k->q, .kc = kc, .vc = vc, .kv8 = b->kv8,
         };
-        /* decode steps on the decode kernel fold RoPE and the KV write into
-         * attention; large steps on sm_90 into the QKV GEMM's epilogue */
+        /* decode steps on the decode kernel fold RoPE and the KV write in */
         bool dk = dec_kernel(b, decode, T);
-        bool wr = !fz && !dk && b->wg_rope && T >= b->wg_min_t && cuda_gemm_wg_rope_ok(&ra, E);
-        if (fz) {
-            if (!(ab & ABL_QKV)) CK(cuda_gemv_rmsnorm(L->wqkv, k->x, L->attn_norm, c->norm_eps, k->qkv, T, E, QKV, st));
-        } else {
-            if (!(ab & ABL_NORM))
-                CK(cuda_add_rmsnorm(k->x, l ? k->delta : NULL, L->attn_norm, NULL, T, E, c->norm_eps, k->xn, st));
-            if (!(ab & ABL_QKV) && wr)
-                CK(cuda_gemm_wg_rope(L->wqkv, k->xn, &ra, E, st));
-            else if (!(ab & ABL_QKV))
-                CB(gemm(k, k->xn, L->wqkv, k->qkv, false, T, E, QKV));
-        }
-        if (!dk && !wr && !(ab & ABL_ATTN)) CK(cuda_rope_kv(&ra, st));
+        if (!dk && !(ab & ABL_ATTN)) CK(cuda_rope_kv(&ra, st));
         struct cuda_attn_args aa = {
             .q = k->q, .kc = kc, .vc = vc, .kv8 = b->kv8, .pos = DIN(k, pos, int32_t), .bt = DIN(k, bt, int32_t),
             .items = DIN(k, items, struct cuda_attn_item),

@@ -49,7 +49,6 @@
 
 #include "cuda/bf16.cuh"
 #include "cuda/kernels.h"
-#include "cuda/rope.cuh"
 #include "cuda/tile.cuh"
 #include "cuda/wgmma.cuh"
 
@@ -105,9 +104,7 @@ struct gm_args {
     uint16_t *y;
     int grp; /* row slices per group of tiles: GM_GROUP, or SLUICE_GEMM_WG_GROUP (benchmarks) */
     int abl; /* benchmarks only (SLUICE_GEMM_WG_ABLATE, outputs wrong): 1 no epilogue, 2 loads only the first
-                stages and the MMAs reuse them, 3 both; GM_ROPE: 4 the stores into shared
-                memory, 8 no cos/sin loads, 16 no RoPE (the boxes only read) */
-    struct cuda_rope_args rope; /* GM_ROPE: the outputs are the QKV projection, rows rope.T */
+                stages and the MMAs reuse them, 3 both */
 };
 
 #ifdef WG_ARCH
@@ -120,111 +117,12 @@ static __device__ __forceinline__ void gm_tile(const gm_args &a, int t, int &m, 
 }
 #endif
 
-#ifdef WG_ARCH
-/* GM_ROPE's epilogue for tile (m, n), the ti-th of this block: its rows'
- * positions and KV slots into shared memory (two buffers by ti's parity:
- * a warp may still read the previous tile's), then, once the consumers
- * have staged the tile, each epilogue warp takes whole rows (every head
- * of the row that the tile holds: 256 / D of them), one lane V elements of
- * a head as rope_vec_load would read them from the QKV product, and
- * finishes them as cuda_rope_kv does (rope.cuh), writing q and the KV cache
- * directly: the product itself never goes to memory. A row's cos and sin
- * rows come through a ring of GM_RING rows per warp in shared memory
- * (cp.async), requested GM_RING - 1 rows ahead: loaded in the loop, their
- * L2 round trip made the epilogue slower than the tile's MMAs. te: 0..95. */
-#define GM_RING 8
-template <int V>
-static __device__ __forceinline__ void gm_rope_rows(const gm_args &a, int m, int n, int te, uint32_t so,
-                                                    const int32_t *P, const int64_t *S, float (*ring)[GM_RING][2][64])
-{
-    constexpr int D = 32 * V, HPT = GM_BN / D, half = D / 2;
-    const struct cuda_rope_args &r = a.rope;
-    const int lane = te & 31, ew = te >> 5, nh = r.H + 2 * r.KVH;
-    const int nrow = min(GM_BM, r.T - m * GM_BM); /* rows of the tile in the step */
-    /* row k of this warp's (ew + 3 k): lanes 0..half/4-1 copy 16 bytes of its
-     * cos row, the next half/4 lanes of its sin row; one group per row */
-    auto request = [&](int k) {
-        int row = ew + 3 * k, c = lane % (half / 4), tab = lane / (half / 4);
-        if (row < nrow && tab < 2 && !(a.abl & 8)) {
-            const float *src = (tab ? r.sin : r.cos) + (size_t)P[row] * half + 4 * c;
-            cp_async16(smem_u32(&ring[ew][k % GM_RING][tab][4 * c]), src, true);
-        }
-        cp_async_commit();
-    };
-#pragma unroll
-    for (int k = 0; k < GM_RING - 1; k++) request(k);
-    for (int k = 0; ew + 3 * k < nrow; k++) {
-        int row = ew + 3 * k, t = m * GM_BM + row;
-        request(k + GM_RING - 1);
-        cp_async_wait<GM_RING - 1>();
-        __syncwarp();
-        float cs[V], sn[V];
-        rope_vec_cs_row<V, true>(ring[ew][k % GM_RING][0], ring[ew][k % GM_RING][1], r.neox, cs, sn);
-        int64_t slot = S[row];
-#pragma unroll 1
-        for (int hh = 0; hh < HPT; hh++) {
-            int h = n * HPT + hh;
-            if (h >= nh) break;
-            /* column c of the tile: box c / 64, chunk (c % 64) / 8 swizzled by the row */
-            int c = hh * D + lane * V, cb = c % 64;
-            uint32_t at = so + (c / 64) * GM_BOX + row * 128 + ((((cb >> 3) ^ (row & 7))) << 4) + (cb & 7) * 2;
-            float x[V];
-            if constexpr (V == 4) {
-                uint32_t u0, u1;
-                asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(u0), "=r"(u1) : "r"(at));
-                x[0] = bf2f((uint16_t)u0), x[1] = bf2f((uint16_t)(u0 >> 16));
-                x[2] = bf2f((uint16_t)u1), x[3] = bf2f((uint16_t)(u1 >> 16));
-            } else {
-                uint32_t u0;
-                asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(u0) : "r"(at));
-                x[0] = bf2f((uint16_t)u0), x[1] = bf2f((uint16_t)(u0 >> 16));
-            }
-            if (a.abl & 16) continue;
-            /* ablation 4 stores into a ring slot that a copy may be filling */
-            void *dst = (a.abl & 4) ? (void *)ring[ew][(k + GM_RING / 2) % GM_RING][0] : rope_dst(r, t, slot, h);
-            rope_vec_apply<V>(r, h, x, cs, sn, dst, h >= r.H && r.kv8);
-        }
-        __syncwarp(); /* the slot is read: request(k + GM_RING) may refill it */
-    }
-    cp_async_wait<0>();
-}
-
-static __device__ __forceinline__ void gm_rope_tile(const gm_args &a, int m, int n, int ti, int te, uint32_t so)
-{
-    __shared__ int32_t P[2][GM_BM];
-    __shared__ int64_t S[2][GM_BM];
-    __shared__ __align__(16) float ring[3][GM_RING][2][64]; /* warp, slot, cos / sin, half <= 64 */
-    const int b = ti & 1;
-    for (int row = te; row < GM_BM; row += 96) {
-        int t = m * GM_BM + row;
-        P[b][row] = t < a.rope.T ? a.rope.pos[t] : 0;
-        S[b][row] = t < a.rope.T ? a.rope.slots[t] : 0;
-    }
-    asm volatile("bar.sync %0, 96;\n" ::"n"(GM_EPI) : "memory");
-    gm_bar(GM_STAGED, true);
-    if (a.rope.D == 128)
-        gm_rope_rows<4>(a, m, n, te, so, P[b], S[b], ring);
-    else
-        gm_rope_rows<2>(a, m, n, te, so, P[b], S[b], ring);
-    /* the boxes are read (every epilogue warp, as the other modes hand
-     * them back: racecheck reported the consumers' next writes against
-     * these reads when each warp arrived on its own) */
-    asm volatile("bar.sync %0, 96;\n" ::"n"(GM_EPI) : "memory");
-    gm_bar(GM_SFREE, false);
-}
-#endif
-
-/* what the epilogue makes of a tile: the product, SwiGLU of its halves, or
- * q, k, v through RoPE into q and the KV cache */
-enum { GM_PLAIN, GM_SWIGLU, GM_ROPE };
-
-template <int MODE>
+template <bool SWIGLU>
 static __global__ void __launch_bounds__(GM_THR, 1)
     gemm_wg_kernel(const __grid_constant__ CUtensorMap tx, const __grid_constant__ CUtensorMap tw,
                    const __grid_constant__ CUtensorMap ty, gm_args a)
 {
 #ifdef WG_ARCH
-    constexpr bool SWIGLU = MODE == GM_SWIGLU;
     extern __shared__ __align__(16) uint8_t gsm[];
     __shared__ __align__(8) uint64_t bars[2 * GM_ST]; /* full[GM_ST], empty[GM_ST] */
     const uint32_t s0 = (smem_u32(gsm) + 1023u) & ~1023u, full = smem_u32(bars), empty = full + 8 * GM_ST;
@@ -239,10 +137,7 @@ static __global__ void __launch_bounds__(GM_THR, 1)
         /* 168 registers a thread at launch: what the consumers take (232)
          * must come out of what warpgroup 0 gives back, 256 (232 - 168) <=
          * 128 (168 - 40), or their setmaxnreg.inc waits for ever */
-        if constexpr (MODE == GM_ROPE) /* RoPE's epilogue spills below 72 (ptxas -v); 256 (216 - 168) <= 128 (168 - 72) */
-            asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-        else
-            asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
         if (w == 0) { /* the producer */
             if (lane != 0) return;
             int it = 0;
@@ -275,10 +170,6 @@ static __global__ void __launch_bounds__(GM_THR, 1)
         for (int t = blockIdx.x; t < ntile; t += gridDim.x, ti++) {
             int m, n;
             gm_tile(a, t, m, n);
-            if constexpr (MODE == GM_ROPE) {
-                gm_rope_tile(a, m, n, ti, te, so);
-                continue;
-            }
             gm_bar(GM_STAGED, true);
             if (SWIGLU) {
                 /* the four boxes share one layout: chunk i of the gate half
@@ -320,10 +211,7 @@ static __global__ void __launch_bounds__(GM_THR, 1)
         return;
     }
 
-    if constexpr (MODE == GM_ROPE)
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-    else
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     const int cw = __shfl_sync(0xffffffffu, w / 4 - 1, 0); /* consumer warpgroup 0 or 1 */
     const int row_in = (w & 3) * 16 + (lane >> 2), col_in = (lane & 3) * 4; /* bytes */
     auto release = [&](int s) { /* this warp is done with stage s */
@@ -397,13 +285,10 @@ static int gm_nsm[GM_MAXDEV];
 
 extern "C" cudaError_t cuda_gemm_wg_prepare(void)
 {
-    cudaError_t e = cudaFuncSetAttribute(gemm_wg_kernel<GM_SWIGLU>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         GM_SMEM);
+    cudaError_t e = cudaFuncSetAttribute(gemm_wg_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, GM_SMEM);
     if (e == cudaErrorInvalidDeviceFunction) return cudaSuccess; /* no sm_90a code for this device */
     if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(gemm_wg_kernel<GM_PLAIN>, cudaFuncAttributeMaxDynamicSharedMemorySize, GM_SMEM);
-    if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(gemm_wg_kernel<GM_ROPE>, cudaFuncAttributeMaxDynamicSharedMemorySize, GM_SMEM);
+        e = cudaFuncSetAttribute(gemm_wg_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, GM_SMEM);
     int dev = 0;
     if (e == cudaSuccess) e = cudaGetDevice(&dev);
     if (e == cudaSuccess && dev < GM_MAXDEV) e = cudaDeviceGetAttribute(&gm_nsm[dev], cudaDevAttrMultiProcessorCount, dev);
@@ -424,9 +309,8 @@ static bool gm_map(CUtensorMap *m, const uint16_t *base, int rows, int in)
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-/* rope: GM_ROPE's outputs (y unused, out = the QKV width) */
 static cudaError_t gm_launch(const uint16_t *W, int wrows, const uint16_t *x, uint16_t *y, int T, int in, int out,
-                             int F, const struct cuda_rope_args *rope, cudaStream_t st)
+                             int F, cudaStream_t st)
 {
     int dev = 0;
     if (!cuda_gemm_wg_ok(T, in, F ? 2 * F : out) || ((uintptr_t)y & 15) || cudaGetDevice(&dev) ||
@@ -434,52 +318,33 @@ static cudaError_t gm_launch(const uint16_t *W, int wrows, const uint16_t *x, ui
         return cudaErrorInvalidValue;
     alignas(64) CUtensorMap tx, tw, th;
     memset(&tx, 0, sizeof tx), memset(&tw, 0, sizeof tw), memset(&th, 0, sizeof th);
-    if (!gm_map(&tx, x, T, in) || !gm_map(&tw, W, wrows, in) || (!rope && !gm_map(&th, y, T, F ? F : out)))
+    if (!gm_map(&tx, x, T, in) || !gm_map(&tw, W, wrows, in) || !gm_map(&th, y, T, F ? F : out))
         return cudaErrorInvalidValue;
     static const int abl = [] {
         const char *e = getenv("SLUICE_GEMM_WG_ABLATE");
-        return e ? atoi(e) & 31 : 0;
+        return e ? atoi(e) & 3 : 0;
     }();
     static const int grp = [] {
         const char *e = getenv("SLUICE_GEMM_WG_GROUP");
         return e && atoi(e) > 0 ? atoi(e) : GM_GROUP;
     }();
-    gm_args a = {T,   in,  out, F, (T + GM_BM - 1) / GM_BM, F ? (F + 127) / 128 : (out + GM_BN - 1) / GM_BN,
-                 y,   grp, abl, {}};
+    gm_args a = {T, in, out, F, (T + GM_BM - 1) / GM_BM, F ? (F + 127) / 128 : (out + GM_BN - 1) / GM_BN, y, grp, abl};
     int ntile = a.nm * a.nn, grid = ntile < gm_nsm[dev] ? ntile : gm_nsm[dev];
-    if (rope) {
-        a.rope = *rope;
-        gemm_wg_kernel<GM_ROPE><<<grid, GM_THR, GM_SMEM, st>>>(tx, tw, tx, a);
-    } else if (F) {
-        gemm_wg_kernel<GM_SWIGLU><<<grid, GM_THR, GM_SMEM, st>>>(tx, tw, th, a);
-    } else {
-        gemm_wg_kernel<GM_PLAIN><<<grid, GM_THR, GM_SMEM, st>>>(tx, tw, th, a);
-    }
+    if (F)
+        gemm_wg_kernel<true><<<grid, GM_THR, GM_SMEM, st>>>(tx, tw, th, a);
+    else
+        gemm_wg_kernel<false><<<grid, GM_THR, GM_SMEM, st>>>(tx, tw, th, a);
     return cudaGetLastError();
 }
 
 extern "C" cudaError_t cuda_gemm_wg_swiglu(const uint16_t *Wgu, const uint16_t *x, uint16_t *h, int T, int in, int F,
                                            cudaStream_t st)
 {
-    return gm_launch(Wgu, 2 * F, x, h, T, in, 0, F, NULL, st);
+    return gm_launch(Wgu, 2 * F, x, h, T, in, 0, F, st);
 }
 
 extern "C" cudaError_t cuda_gemm_wg(const uint16_t *W, const uint16_t *x, uint16_t *y, int T, int in, int out,
                                     cudaStream_t st)
 {
-    return gm_launch(W, out, x, y, T, in, out, 0, NULL, st);
-}
-
-extern "C" int cuda_gemm_wg_rope_ok(const struct cuda_rope_args *r, int in)
-{
-    int out = (r->H + 2 * r->KVH) * r->D;
-    return cuda_gemm_wg_ok(r->T, in, out) && ROPE_VEC_OK(r->D, r->rope_dim);
-}
-
-extern "C" cudaError_t cuda_gemm_wg_rope(const uint16_t *Wqkv, const uint16_t *x, const struct cuda_rope_args *r,
-                                         int in, cudaStream_t st)
-{
-    if (!cuda_gemm_wg_rope_ok(r, in)) return cudaErrorInvalidValue;
-    int out = (r->H + 2 * r->KVH) * r->D;
-    return gm_launch(Wqkv, out, x, NULL, r->T, in, out, 0, r, st);
+    return gm_launch(W, out, x, y, T, in, out, 0, st);
 }

@@ -200,15 +200,6 @@ cudaError_t cuda_gemm_wg(const uint16_t *W, const uint16_t *x, uint16_t *y, int 
  * are this kernel's, not cuBLAS's). Wgu [2F][in] bf16, x [T][in], h [T][F]. */
 cudaError_t cuda_gemm_wg_swiglu(const uint16_t *Wgu, const uint16_t *x, uint16_t *h, int T, int in, int F,
                                 cudaStream_t st);
-/* The QKV projection with cuda_rope_kv's work in the epilogue: q, k, v =
- * bf16(x Wqkv^T) (Wqkv [(H + 2 KVH) D][in], x [r->T][in]), then bias, q/k
- * norm, RoPE and the writes to r->q and the KV cache, bit for bit what
- * cuda_rope_kv makes of cuda_gemm_wg's product (r->qkv is not read). _ok:
- * this device and these sizes take it (head_dim 64 or 128, whole heads
- * rotated). */
-int cuda_gemm_wg_rope_ok(const struct cuda_rope_args *r, int in);
-cudaError_t cuda_gemm_wg_rope(const uint16_t *Wqkv, const uint16_t *x, const struct cuda_rope_args *r, int in,
-                              cudaStream_t st);
 
 /* ---- act.cu ---- */
 /* h[t][i] = bf16(silu(gu[t][i]) * gu[t][F + i]) for i < F; gu [T][2F], h [T][F] bf16. */

@@ -11,6 +11,15 @@
 
 #define ROPE_WARPS 8
 
+/* where head h of token t (KV slot slot) goes: q, or its row of the KV cache */
+static __device__ __forceinline__ void *rope_dst(const struct cuda_rope_args &a, int t, int64_t slot, int h)
+{
+    size_t es = a.kv8 ? 1 : 2; /* bytes per KV element */
+    if (h < a.H) return a.q + ((size_t)t * a.H + h) * a.D;
+    if (h < a.H + a.KVH) return (char *)a.kc + ((size_t)slot * a.KVH + (h - a.H)) * a.D * es;
+    return (char *)a.vc + ((size_t)slot * a.KVH + (h - a.H - a.KVH)) * a.D * es;
+}
+
 static __global__ void rope_kv_kernel(struct cuda_rope_args a)
 {
     __shared__ float buf[ROPE_WARPS][ROPE_MAXD];

@@ -42,56 +42,12 @@ static __device__ __forceinline__ void rope_vec_load(const struct cuda_rope_args
         x[0] = bf2f((uint16_t)u), x[1] = bf2f((uint16_t)(u >> 16));
     }
 }
-/* the cos and sin values lane (threadIdx.x & 31) multiplies its V
- * elements by, from the tables' rows c and s of a position (global memory
- * through the read-only path, or shared memory when SH), element j's at
- * [j] (NORM: pair j / 2's, so each twice), by vector loads */
-template <int V, bool SH>
-static __device__ __forceinline__ void rope_vec_cs_row(const float *c, const float *s, bool neox, float (&cs)[V],
-                                                       float (&sn)[V])
-{
-    const int lane = threadIdx.x & 31;
-    auto ld4 = [](const float *p) { return SH ? *(const float4 *)p : __ldg((const float4 *)p); };
-    auto ld2 = [](const float *p) { return SH ? *(const float2 *)p : __ldg((const float2 *)p); };
-    if (neox) { /* elements (lane & 15) V + j */
-        const int i = (lane & 15) * V;
-        if constexpr (V == 4) {
-            float4 c4 = ld4(c + i), s4 = ld4(s + i);
-            cs[0] = c4.x, cs[1] = c4.y, cs[2] = c4.z, cs[3] = c4.w;
-            sn[0] = s4.x, sn[1] = s4.y, sn[2] = s4.z, sn[3] = s4.w;
-        } else {
-            float2 c2 = ld2(c + i), s2 = ld2(s + i);
-            cs[0] = c2.x, cs[1] = c2.y, sn[0] = s2.x, sn[1] = s2.y;
-        }
-    } else { /* pairs lane V / 2 + j / 2 */
-        const int i = lane * V / 2;
-        if constexpr (V == 4) {
-            float2 c2 = ld2(c + i), s2 = ld2(s + i);
-            cs[0] = cs[1] = c2.x, cs[2] = cs[3] = c2.y;
-            sn[0] = sn[1] = s2.x, sn[2] = sn[3] = s2.y;
-        } else {
-            cs[0] = cs[1] = SH ? c[i] : __ldg(c + i), sn[0] = sn[1] = SH ? s[i] : __ldg(s + i);
-        }
-    }
-}
-/* the same from the tables at position p */
+/* the rest of rope_head_vec for the head rope_vec_load read into x, at position p */
 template <int V>
-static __device__ __forceinline__ void rope_vec_cs(const struct cuda_rope_args &a, int p, float (&cs)[V],
-                                                   float (&sn)[V])
+static __device__ __forceinline__ void rope_vec_finish(const struct cuda_rope_args &a, int h, int p, float (&x)[V],
+                                                       void *dst, bool f8)
 {
-    constexpr int half = 16 * V;
-    rope_vec_cs_row<V, false>(a.cos + (size_t)p * half, a.sin + (size_t)p * half, a.neox, cs, sn);
-}
-
-/* the rest of rope_head_vec for head h, its elements in x (as rope_vec_load
- * reads them), with rope_vec_cs's values for its position: bias, q/k norm,
- * rotation, the store to dst */
-template <int V>
-static __device__ __forceinline__ void rope_vec_apply(const struct cuda_rope_args &a, int h, float (&x)[V],
-                                                      const float (&cs)[V], const float (&sn)[V], void *dst,
-                                                      bool f8)
-{
-    constexpr int D = 32 * V;
+    constexpr int D = 32 * V, half = D / 2;
     const int lane = threadIdx.x & 31, e0 = lane * V;
     if (a.bias)
 #pragma unroll
@@ -108,18 +64,21 @@ static __device__ __forceinline__ void rope_vec_apply(const struct cuda_rope_arg
     }
     float y[V];
     if (isq || isk) {
+        const float *cs = a.cos + (size_t)p * half, *sn = a.sin + (size_t)p * half;
         if (a.neox) {
             bool lo = lane < 16;
 #pragma unroll
             for (int j = 0; j < V; j++) {
                 float pr = __shfl_xor_sync(0xffffffffu, x[j], 16);
-                y[j] = lo ? x[j] * cs[j] - pr * sn[j] : pr * sn[j] + x[j] * cs[j];
+                int i = (lane & 15) * V + j;
+                y[j] = lo ? x[j] * cs[i] - pr * sn[i] : pr * sn[i] + x[j] * cs[i];
             }
         } else {
 #pragma unroll
             for (int j = 0; j < V; j += 2) {
-                y[j] = x[j] * cs[j] - x[j + 1] * sn[j];
-                y[j + 1] = x[j] * sn[j] + x[j + 1] * cs[j];
+                int i = (e0 + j) / 2;
+                y[j] = x[j] * cs[i] - x[j + 1] * sn[i];
+                y[j + 1] = x[j] * sn[i] + x[j + 1] * cs[i];
             }
         }
     } else {
@@ -141,25 +100,6 @@ static __device__ __forceinline__ void rope_vec_apply(const struct cuda_rope_arg
         else
             ((uint32_t *)dst)[lane] = u0;
     }
-}
-
-/* the rest of rope_head_vec for the head rope_vec_load read into x, at position p */
-template <int V>
-static __device__ __forceinline__ void rope_vec_finish(const struct cuda_rope_args &a, int h, int p, float (&x)[V],
-                                                       void *dst, bool f8)
-{
-    float cs[V], sn[V];
-    rope_vec_cs<V>(a, p, cs, sn);
-    rope_vec_apply<V>(a, h, x, cs, sn, dst, f8);
-}
-
-/* where head h of token t (KV slot slot) goes: q, or its row of the KV cache */
-static __device__ __forceinline__ void *rope_dst(const struct cuda_rope_args &a, int t, int64_t slot, int h)
-{
-    size_t es = a.kv8 ? 1 : 2; /* bytes per KV element */
-    if (h < a.H) return a.q + ((size_t)t * a.H + h) * a.D;
-    if (h < a.H + a.KVH) return (char *)a.kc + ((size_t)slot * a.KVH + (h - a.H)) * a.D * es;
-    return (char *)a.vc + ((size_t)slot * a.KVH + (h - a.H - a.KVH)) * a.D * es;
 }
 
 template <int V>

@@ -24,17 +24,10 @@
  * GEMMs with cuda_swiglu after gate|up (what a prefill step runs); the same
  * with gate|up and SwiGLU in one warpgroup kernel; all four on the
  * warpgroup kernels; and the four plain GEMMs on them (against the cuBLAS
- * figure above). SLUICE_BENCH_WG=3: the QKV projection with RoPE and the
- * KV write (8 prompts of 2048 tokens), sustained (64 back to back, twice
- * after a warm-up): cuBLAS + cuda_rope_kv (what a prefill step ran before
- * the fifteenth round), the plain warpgroup kernel + cuda_rope_kv, the
- * fused cuda_gemm_wg_rope, and each GEMM and the RoPE kernel alone.
- * Not a test. */
+ * figure above). Not a test. */
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
-#include <math.h>
-#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -367,61 +360,6 @@ static void wg_compare(cublasHandle_t h, uint16_t *const *w, const uint16_t *x, 
     cudaFree(hb);
 }
 
-/* SLUICE_BENCH_WG=3 (above) */
-static void rope_compare(cublasHandle_t h, const uint16_t *w, const uint16_t *x, int T, int E, int H, int KVH, int D)
-{
-    const int half = D / 2, ctx = 2048, QKV = (H + 2 * KVH) * D;
-    cuda_gemm_wg_prepare();
-    float *cs = malloc((size_t)ctx * half * 4), *sn = malloc((size_t)ctx * half * 4);
-    for (int p = 0; p < ctx; p++)
-        for (int i = 0; i < half; i++) {
-            double a = p * pow(500000.0, -2.0 * i / D);
-            cs[(size_t)p * half + i] = (float)cos(a), sn[(size_t)p * half + i] = (float)sin(a);
-        }
-    int32_t *pos = malloc((size_t)T * 4);
-    int64_t *slots = malloc((size_t)T * 8);
-    for (int t = 0; t < T; t++) pos[t] = t % ctx, slots[t] = t;
-    struct cuda_rope_args r = {
-        .qkv = dalloc((size_t)T * QKV * 2), .cos = dalloc((size_t)ctx * half * 4),
-        .sin = dalloc((size_t)ctx * half * 4), .pos = dalloc((size_t)T * 4), .slots = dalloc((size_t)T * 8),
-        .T = T, .H = H, .KVH = KVH, .D = D, .rope_dim = D, .neox = true, .eps = 1e-5f,
-        .q = dalloc((size_t)T * H * D * 2), .kc = dalloc((size_t)T * KVH * D * 2),
-        .vc = dalloc((size_t)T * KVH * D * 2),
-    };
-    cudaMemcpy((void *)r.cos, cs, (size_t)ctx * half * 4, cudaMemcpyHostToDevice);
-    cudaMemcpy((void *)r.sin, sn, (size_t)ctx * half * 4, cudaMemcpyHostToDevice);
-    cudaMemcpy((void *)r.pos, pos, (size_t)T * 4, cudaMemcpyHostToDevice);
-    cudaMemcpy((void *)r.slots, slots, (size_t)T * 8, cudaMemcpyHostToDevice);
-    if (!cuda_gemm_wg_rope_ok(&r, E)) {
-        printf("wg rope: no sm_90 device, skipped\n");
-        return;
-    }
-    static const char *const name[] = {"cuBLAS + rope kernel", "wg plain + rope kernel", "wg + RoPE fused",
-                                       "cuBLAS alone",         "wg plain alone",         "rope kernel alone"};
-    uint16_t *y = (uint16_t *)r.qkv;
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0), cudaEventCreate(&e1);
-    for (int round = 0; round < 2; round++)
-        for (int k = 0; k < 6; k++)
-            for (int rep = 0; rep < 3; rep++) {
-                if (rep > 0) cudaEventRecord(e0, 0);
-                for (int i = 0; i < 64; i++) {
-                    if (k == 0 || k == 3) blas_gemm(h, w, x, y, T, E, QKV);
-                    if (k == 1 || k == 4) cuda_gemm_wg(w, x, y, T, E, QKV, 0);
-                    if (k == 2) cuda_gemm_wg_rope(w, x, &r, E, 0);
-                    if (k <= 1 || k == 5) cuda_rope_kv(&r, 0);
-                }
-                if (rep == 0) continue;
-                cudaEventRecord(e1, 0);
-                cudaEventSynchronize(e1);
-                float ms = 0;
-                cudaEventElapsedTime(&ms, e0, e1);
-                printf("qkv round %d (%s): %.3f ms each\n", round, name[k], ms / 64);
-            }
-    cudaEventDestroy(e0), cudaEventDestroy(e1);
-    free(cs), free(sn), free(pos), free(slots);
-}
-
 int main(void)
 {
     const int T = 16384, E = 4096, F = 14336, QKV = 6144, L = 32;
@@ -441,7 +379,7 @@ int main(void)
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0), cudaEventCreate(&e1);
     const char *wg = getenv("SLUICE_BENCH_WG");
-    for (int data = 0; data < 2 && !(wg && (*wg == '2' || *wg == '3')); data++) {
+    for (int data = 0; data < 2 && !(wg && *wg == '2'); data++) {
         if (data == 0)
             fill(x, (size_t)T * F, 99u);
         else
@@ -482,10 +420,6 @@ int main(void)
         int gi[4][2];
         for (int i = 0; i < 4; i++) gi[i][0] = g[i].in, gi[i][1] = g[i].out;
         wg_compare(h, w, x, y, T, L, (const int (*)[2])gi, flop);
-    }
-    if (wg && *wg == '3') {
-        fill(x, (size_t)T * F, 99u);
-        rope_compare(h, w[0], x, T, E, 32, 8, 128);
     }
     const char *lt = getenv("SLUICE_BENCH_LT");
     if (lt && *lt == '1') {

@@ -581,82 +581,6 @@ static void test_rope_kv(void)
     g_kv8 = false;
 }
 
-/* The QKV projection with RoPE and the KV write in the warpgroup GEMM's
- * epilogue (sm_90 only): bit for bit cuda_gemm_wg's product through
- * cuda_rope_kv, q and the whole KV cache (the slots no token writes stay
- * poisoned in both), for both layouts, head_dim 64 (a partial last column
- * tile) and 128, bias and q/k norms, both caches, partial row tiles and
- * more tiles than SMs (the persistent loop). */
-static void test_gemm_wg_rope(void)
-{
-    cudaError_t pe = cuda_gemm_wg_prepare();
-    if (!cuda_gemm_wg_ok(1, 16, 16)) {
-        printf("  no sm_90 device (or SLUICE_CUDA_GEMM_WG=0): skipped\n");
-        CHECK(pe == cudaSuccess);
-        return;
-    }
-    CHECK(pe == cudaSuccess);
-    /* T, in, H, KVH, D, neox, q/k norm + bias, fp8 cache */
-    int cases[][8] = {{300, 256, 8, 2, 128, 1, 0, 0}, {300, 256, 8, 2, 128, 0, 0, 0}, {77, 192, 9, 3, 64, 0, 0, 0},
-                      {200, 128, 6, 2, 128, 1, 1, 0}, {130, 128, 9, 3, 64, 1, 1, 1}, {4000, 64, 8, 2, 128, 1, 0, 1}};
-    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
-        int T = cases[ci][0], in = cases[ci][1], H = cases[ci][2], KVH = cases[ci][3], D = cases[ci][4];
-        bool neox = cases[ci][5], qkb = cases[ci][6];
-        g_kv8 = cases[ci][7];
-        int NH = H + 2 * KVH, out = NH * D, half = D / 2, maxctx = 8192, nslots = T + 37;
-        uint16_t *w = rand_bf((size_t)out * in, 1), *x = rand_bf((size_t)T * in, 1);
-        float *b = malloc((size_t)out * 4), *qn = malloc(D * 4), *kn = malloc(D * 4);
-        for (int i = 0; i < out; i++) b[i] = frand();
-        for (int i = 0; i < D; i++) qn[i] = 1 + 0.3f * frand(), kn[i] = 1 + 0.3f * frand();
-        float *cs = malloc((size_t)maxctx * half * 4), *sn = malloc((size_t)maxctx * half * 4);
-        for (int p = 0; p < maxctx; p++)
-            for (int i = 0; i < half; i++) {
-                double a = p * pow(500000.0, -2.0 * i / D);
-                cs[(size_t)p * half + i] = (float)cos(a), sn[(size_t)p * half + i] = (float)sin(a);
-            }
-        int32_t *pos = malloc((size_t)T * 4);
-        int64_t *slots = malloc((size_t)T * 8);
-        for (int t = 0; t < T; t++) pos[t] = (t * 397 + 11) % maxctx, slots[t] = ((int64_t)t * 7 + 5) % nslots;
-        size_t nq = (size_t)T * H * D * 2, nkv = (size_t)nslots * KVH * D * kvs();
-        struct cuda_rope_args a = {
-            .qkv = poisoned((size_t)T * out * 2), .bias = qkb ? dup_dev(b, (size_t)out * 4) : NULL,
-            .q_norm = qkb ? dup_dev(qn, D * 4) : NULL, .k_norm = qkb ? dup_dev(kn, D * 4) : NULL,
-            .cos = dup_dev(cs, (size_t)maxctx * half * 4), .sin = dup_dev(sn, (size_t)maxctx * half * 4),
-            .pos = dup_dev(pos, (size_t)T * 4), .slots = dup_dev(slots, (size_t)T * 8), .T = T, .H = H,
-            .KVH = KVH, .D = D, .rope_dim = D, .neox = neox, .eps = 1e-6f, .q = poisoned(nq), .kc = poisoned(nkv),
-            .vc = poisoned(nkv), .kv8 = g_kv8,
-        };
-        struct cuda_rope_args f = a;
-        f.q = poisoned(nq), f.kc = poisoned(nkv), f.vc = poisoned(nkv);
-        uint16_t *dw = dup_dev(w, (size_t)out * in * 2), *dx = dup_dev(x, (size_t)T * in * 2);
-        CHECK(cuda_gemm_wg_rope_ok(&f, in));
-        CHECK(cuda_gemm_wg(dw, dx, (uint16_t *)a.qkv, T, in, out, 0) == cudaSuccess);
-        CHECK(cuda_rope_kv(&a, 0) == cudaSuccess);
-        CHECK(cuda_gemm_wg_rope(dw, dx, &f, in, 0) == cudaSuccess);
-        void *h1 = malloc(nq + 2 * nkv), *h2 = malloc(nq + 2 * nkv);
-        get(h1, a.q, nq), get((char *)h1 + nq, a.kc, nkv), get((char *)h1 + nq + nkv, a.vc, nkv);
-        get(h2, f.q, nq), get((char *)h2 + nq, f.kc, nkv), get((char *)h2 + nq + nkv, f.vc, nkv);
-        int bad = memcmp(h1, h2, nq) != 0, badk = memcmp((char *)h1 + nq, (char *)h2 + nq, 2 * nkv) != 0;
-        /* the reference wrote every q element: no NaN left */
-        int nan = 0;
-        for (size_t i = 0; i < nq / 2; i++) nan += isnan(fb(((uint16_t *)h1)[i]));
-        CHECKF(!bad && !badk && !nan, "gemm_wg_rope T=%d in=%d H=%d KVH=%d D=%d %s%s%s: q %s, KV %s, %d NaN", T,
-               in, H, KVH, D, neox ? "neox" : "norm", qkb ? "+qknorm+bias" : "", g_kv8 ? ", fp8 KV" : "",
-               bad ? "differs" : "same", badk ? "differs" : "same", nan);
-        printf("  gemm_wg_rope T=%d in=%d H=%d KVH=%d D=%d %s%s%s: bit-identical\n", T, in, H, KVH, D,
-               neox ? "neox" : "norm", qkb ? "+qknorm+bias" : "", g_kv8 ? ", fp8 KV" : "");
-        free(w), free(x), free(b), free(qn), free(kn), free(cs), free(sn), free(pos), free(slots), free(h1), free(h2);
-        cudaFree((void *)a.qkv), cudaFree((void *)a.bias), cudaFree((void *)a.q_norm), cudaFree((void *)a.k_norm);
-        cudaFree((void *)a.cos), cudaFree((void *)a.sin), cudaFree((void *)a.pos), cudaFree((void *)a.slots);
-        cudaFree(a.q), cudaFree(a.kc), cudaFree(a.vc), cudaFree(f.q), cudaFree(f.kc), cudaFree(f.vc);
-        cudaFree(dw), cudaFree(dx);
-    }
-    g_kv8 = false;
-    /* partial rotary dims are not taken */
-    struct cuda_rope_args r = {.T = 4, .H = 2, .KVH = 1, .D = 128, .rope_dim = 64};
-    CHECK(!cuda_gemm_wg_rope_ok(&r, 64) && cuda_gemm_wg_rope(NULL, NULL, &r, 64, 0) == cudaErrorInvalidValue);
-}
-
 /* Paged attention over a shuffled block pool: mixed steps of decode tokens,
  * prefill chunks over cached prefixes and long contexts, with and without
  * split-K, head_dim 64/128, GQA 1..8. Items are built the way pack_step
@@ -1144,7 +1068,6 @@ int main(void)
     RUN(test_gemv_layers_graph);
     RUN(test_argmax);
     RUN(test_rope_kv);
-    RUN(test_gemm_wg_rope);
     RUN(test_attention);
     RUN(test_attention_decode);
     RUN(test_attention_rope_fold);
