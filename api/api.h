@@ -58,8 +58,10 @@ struct api_vllm_flags {
     bool enforce_eager, disable_log_requests, disable_log_stats, disable_uvicorn_access_log;
 };
 /* Validates the JSON-valued flags (-1 with a message naming the flag when
- * malformed) and prints one line per part sluice ignores, saying why. */
-int api_vllm_compat(const struct api_vllm_flags *f, char *err, size_t errlen);
+ * malformed) and prints one line per part sluice ignores, saying why.
+ * *eager: whether CUDA graphs are off (--enforce-eager, or
+ * --compilation-config's cudagraph_mode NONE). */
+int api_vllm_compat(const struct api_vllm_flags *f, bool *eager, char *err, size_t errlen);
 
 int api_cmd_serve(int argc, char **argv);
 /* api_cmd_serve's status after the backend failed for good (store closed):

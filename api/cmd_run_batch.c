@@ -409,7 +409,7 @@ int api_cmd_run_batch(int argc, char **argv)
                *device = NULL, *load_format = NULL, *tok_path = NULL, *kv_dtype = NULL;
     long max_num_seqs = 0, max_batched = 0, max_model_len = 0, block_size = 16, threads = 0, tp = 1;
     double batch_share = 0.1, gpu_util = 0.9;
-    bool prefix = true, quiet = false, timings = false;
+    bool prefix = true, quiet = false, timings = false, eager = false;
     const struct api_flag flags[] = {
         {"--model", API_FLAG_STR, &model_path, "GGUF file or HF checkpoint directory", NULL},
         {"--tokenizer", API_FLAG_STR, &tok_path, "take the tokenizer from another model", NULL},
@@ -427,6 +427,7 @@ int api_cmd_run_batch(int argc, char **argv)
          "KV cache size, bytes with K/M/G suffix (CPU: 2G; GPU: from --gpu-memory-utilization)", NULL},
         {"--gpu-memory-utilization", API_FLAG_FLOAT, &gpu_util, "GPU memory fraction for weights + KV (0.9)", NULL},
         {"--kv-cache-dtype", API_FLAG_STR, &kv_dtype, "auto, or fp8 (= fp8_e4m3; GPU): half the KV bytes", NULL},
+        {"--enforce-eager", API_FLAG_BOOL, &eager, "no CUDA graphs: decode steps launch kernels one by one (slower)", NULL},
         {"--min-batch-share", API_FLAG_FLOAT, &batch_share, "budget share kept for batch work (0.1)", NULL},
         {"--device", API_FLAG_STR, &device, "cpu or cuda (default: cuda when available)", NULL},
         {"--tensor-parallel-size", API_FLAG_INT, &tp, "GPUs the model is split across (1)", NULL},
@@ -520,7 +521,7 @@ int api_cmd_run_batch(int argc, char **argv)
     struct model_backend_opts bo = {
         .device = device, .n_threads = (int)threads, .max_tokens_per_step = eo.sched.max_num_batched_tokens,
         .max_seqs_per_step = eo.sched.max_num_seqs, .max_ctx = eo.sched.max_model_len,
-        .tensor_parallel_size = (int)tp, .kv_cache_dtype = kv_dtype,
+        .tensor_parallel_size = (int)tp, .kv_cache_dtype = kv_dtype, .enforce_eager = eager,
     };
     be = model_backend_create(b.m, &bo, err, sizeof err);
     if (!be) goto fail_msg;

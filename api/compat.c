@@ -28,7 +28,8 @@ static int parse_json_flag(const char *flag, const char *v, json_doc *d, char *e
     return 0;
 }
 
-static int compilation_config(const char *v, char *err, size_t errlen)
+/* *none: cudagraph_mode is "NONE" */
+static int compilation_config(const char *v, bool *none, char *err, size_t errlen)
 {
     json_doc d;
     if (parse_json_flag("--compilation-config", v, &d, err, errlen)) return -1;
@@ -38,6 +39,7 @@ static int compilation_config(const char *v, char *err, size_t errlen)
         json_str(&d, i, key, sizeof key);
         if (json_is_str(&d, i + 1)) json_str(&d, i + 1, val, sizeof val);
         if (!strcmp(key, "cudagraph_mode")) {
+            if (!strcmp(val, "NONE")) *none = true;
             if (!strcmp(val, "FULL_DECODE_ONLY") || !strcmp(val, "NONE")) continue;
             char what[160];
             snprintf(what, sizeof what, "cudagraph_mode %s", val);
@@ -70,9 +72,10 @@ static int speculative_config(const char *v, char *err, size_t errlen)
     return 0;
 }
 
-int api_vllm_compat(const struct api_vllm_flags *f, char *err, size_t errlen)
+int api_vllm_compat(const struct api_vllm_flags *f, bool *eager, char *err, size_t errlen)
 {
-    if (f->compilation_config && compilation_config(f->compilation_config, err, errlen)) return -1;
+    *eager = f->enforce_eager;
+    if (f->compilation_config && compilation_config(f->compilation_config, eager, err, errlen)) return -1;
     if (f->speculative_config && speculative_config(f->speculative_config, err, errlen)) return -1;
     if (f->hf_overrides) {
         json_doc d;
@@ -83,6 +86,5 @@ int api_vllm_compat(const struct api_vllm_flags *f, char *err, size_t errlen)
         note("--dtype", f->dtype, "weights and activations are bf16 on GPU and f32 on CPU");
     if (f->swap_space) note("--swap-space", f->swap_space, "preempted sequences are recomputed, never swapped to host memory");
     if (f->seed) note("--seed", f->seed, "each request samples from its own seed (the request's 'seed', else a random one)");
-    if (f->enforce_eager) note("--enforce-eager", "the flag", "CUDA graphs stay off only where the backend has none");
     return 0;
 }

@@ -74,6 +74,7 @@ static void *load_main(void *arg)
         .max_ctx = eo.sched.max_model_len,
         .tensor_parallel_size = (int)s->o.tensor_parallel_size,
         .kv_cache_dtype = s->o.kv_cache_dtype,
+        .enforce_eager = s->o.enforce_eager,
     };
     s->be = model_backend_create(s->m, &bo, err, sizeof err);
     if (!s->be) goto fail;
@@ -106,12 +107,14 @@ static void on_ready(evutil_socket_t fd, short what, void *arg)
     const struct sched_config *c = sched_engine_config(s->eng);
     fprintf(stderr,
             "sluice serve: %s ready on http://%s:%ld (backend %s, max-model-len %d, max-num-seqs %d, "
-            "max-num-batched-tokens %d%s%s)\n"
+            "max-num-batched-tokens %d%s%s%s)\n"
             "try: curl http://%s:%ld/v1/chat/completions -H 'Content-Type: application/json' "
             "-d '{\"model\":\"%s\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello!\"}]}'\n",
             s->model_name, s->o.host, s->o.port, s->be->ops->name, c->max_model_len, c->max_num_seqs,
             c->max_num_batched_tokens, s->o.kv_cache_dtype ? ", kv-cache-dtype " : "",
-            s->o.kv_cache_dtype ? s->o.kv_cache_dtype : "", s->o.host, s->o.port, s->model_name);
+            s->o.kv_cache_dtype ? s->o.kv_cache_dtype : "",
+            s->o.enforce_eager && !strcmp(s->be->ops->name, "cuda") ? ", enforce-eager: no CUDA graphs" : "", s->o.host,
+            s->o.port, s->model_name);
 }
 
 static void on_wake(evutil_socket_t fd, short what, void *arg)
@@ -492,7 +495,7 @@ int api_cmd_serve(int argc, char **argv)
         {"--device", API_FLAG_STR, &o->device, "cpu or cuda (default: cuda when available)", NULL},
         {"--threads", API_FLAG_INT, &o->threads, "CPU threads, 0 = all cores", NULL},
         {"--hf-overrides", API_FLAG_STR, &vf.hf_overrides, "JSON applied to the model config (vLLM)", NULL},
-        {"--compilation-config", API_FLAG_STR, &vf.compilation_config, "JSON; cudagraph_mode honoured as far as it can be", NULL},
+        {"--compilation-config", API_FLAG_STR, &vf.compilation_config, "JSON; cudagraph_mode FULL_DECODE_ONLY (what sluice does) or NONE (= --enforce-eager)", NULL},
         {"--speculative-config", API_FLAG_STR, &vf.speculative_config, "JSON; accepted, reported as not implemented", NULL},
         {"--kv-cache-dtype", API_FLAG_STR, &o->kv_cache_dtype, "auto, or fp8 (= fp8_e4m3; GPU): half the KV bytes", NULL},
         {"--dtype", API_FLAG_STR, &vf.dtype, "auto/bfloat16 (others reported and ignored)", NULL},
@@ -500,7 +503,7 @@ int api_cmd_serve(int argc, char **argv)
         {"--seed", API_FLAG_STR, &vf.seed, "accepted; requests carry their own seeds", NULL},
         {"--max-logprobs", API_FLAG_STR, &vf.max_logprobs, "accepted; at most 20 top logprobs", NULL},
         {"--uvicorn-log-level", API_FLAG_STR, &vf.uvicorn_log_level, "accepted; no effect", NULL},
-        {"--enforce-eager", API_FLAG_BOOL, &vf.enforce_eager, "accepted", NULL},
+        {"--enforce-eager", API_FLAG_BOOL, &vf.enforce_eager, "no CUDA graphs: decode steps launch kernels one by one (slower)", NULL},
         {"--disable-log-requests", API_FLAG_BOOL, &vf.disable_log_requests, "accepted; requests are not logged", NULL},
         {"--disable-log-stats", API_FLAG_BOOL, &vf.disable_log_stats, "accepted; no effect", NULL},
         {"--disable-uvicorn-access-log", API_FLAG_BOOL, &vf.disable_uvicorn_access_log, "accepted; no effect", NULL},
@@ -549,7 +552,7 @@ int api_cmd_serve(int argc, char **argv)
         fprintf(stderr, "sluice serve: no model (sluice serve MODEL, or --model MODEL)\n");
         return 2;
     }
-    if (api_vllm_compat(&vf, err, sizeof err)) {
+    if (api_vllm_compat(&vf, &o->enforce_eager, err, sizeof err)) {
         fprintf(stderr, "sluice serve: %s\n", err);
         return 2;
     }

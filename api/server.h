@@ -45,6 +45,7 @@ struct server_opts {
     long tensor_parallel_size;
     const char *kv_cache_memory;
     const char *kv_cache_dtype; /* auto, fp8, fp8_e4m3 (model_kv_dtype) */
+    bool enforce_eager;         /* no CUDA graphs (--enforce-eager or cudagraph_mode NONE) */
     const char *device;
     long threads;
     long max_body_bytes;        /* JSON request bodies */

@@ -75,6 +75,8 @@ struct model_backend_opts {
     int tensor_parallel_size;   /* cuda: GPUs the model is split across (devices 0 .. N-1); 0 = 1 */
     const char *kv_cache_dtype; /* vLLM's --kv-cache-dtype: NULL or "auto" = the compute dtype (bf16 on GPU, f32 on
                                  * CPU); "fp8" or "fp8_e4m3" (cuda only) = fp8 e4m3 with scale 1, half the bytes */
+    bool enforce_eager;         /* cuda: no CUDA graphs, every step's kernels launched one by one (vLLM's
+                                 * --enforce-eager); the CPU backend has none anyway */
 };
 
 /* Whether opts ask for an fp8 KV cache on device (NULL: the default device,

@@ -78,6 +78,16 @@ def test_second_command_line():
     assert "FULL_DECODE_ONLY" not in out  # honoured, so not reported
 
 
+def test_enforce_eager_honoured():
+    # vLLM's switch for CUDA graphs: honoured (the CUDA backend captures
+    # none), so neither spelling is reported as ignored; the CPU backend has
+    # no graphs, so its ready line does not mention it
+    out = serve_and_chat(["--port", "PORT", "--enforce-eager",
+                          "--compilation-config", '{"cudagraph_mode": "NONE"}'], MODEL)
+    assert not [l for l in out.splitlines() if " ignored: " in l], out
+    assert "enforce-eager" not in out, out
+
+
 def test_hf_override_applies():
     port = free_port()
     out = serve_and_chat(["--port", "PORT", "--hf-overrides", '{"max_position_embeddings": 1024}'], MODEL)
@@ -113,7 +123,8 @@ def test_kv_cache_dtype():
 def main():
     if lib.missing_prereqs("test_vllm_flags"):
         return 1
-    passed, failed = lib.run_tests([test_first_command_line, test_second_command_line, test_hf_override_applies,
+    passed, failed = lib.run_tests([test_first_command_line, test_second_command_line, test_enforce_eager_honoured,
+                                    test_hf_override_applies,
                                     test_malformed_json_flag, test_unknown_flag, test_impossible_max_model_len,
                                     test_kv_cache_dtype])
     return lib.summary(passed, failed)
