@@ -540,6 +540,15 @@ struct enc {
     size_t n_heap, cap_heap;
     char *word;               /* byte-level spelling of a piece (ignore_merges) */
     size_t cap_word;
+    /* Pieces already BPE'd in this call and their ids (a piece's ids depend
+     * on its bytes alone, and a document repeats its words): open
+     * addressing over slots, ids in cids from id0. capture: emit() also
+     * appends to cids (while a new piece is BPE'd). */
+    struct piece_ent { const char *s; uint32_t len, id0, nid; } *pc;
+    size_t n_pc, cap_pc;      /* cap_pc: 0 or a power of two */
+    int32_t *cids;
+    size_t n_cids, cap_cids;
+    bool capture, oom;
 };
 
 static int emit(struct enc *e, int32_t id)
@@ -547,6 +556,15 @@ static int emit(struct enc *e, int32_t id)
     if (e->n >= INT_MAX) return SL_ERANGE;
     if (e->n < e->cap) e->ids[e->n] = id;
     e->n++;
+    if (e->capture) {
+        if (e->n_cids == e->cap_cids) {
+            size_t nc = e->cap_cids ? 2 * e->cap_cids : 1024;
+            int32_t *q = realloc(e->cids, nc * sizeof *q);
+            if (!q) return SL_ENOMEM;
+            e->cids = q, e->cap_cids = nc;
+        }
+        e->cids[e->n_cids++] = id;
+    }
     return 0;
 }
 
@@ -668,6 +686,53 @@ static int bpe_piece(struct enc *e, const unsigned char *w, size_t n)
     return 0;
 }
 
+/* Doubles the piece cache (or makes its first 1024 slots). */
+static int pc_grow(struct enc *e)
+{
+    size_t nc = e->cap_pc ? 2 * e->cap_pc : 1024;
+    struct piece_ent *t = calloc(nc, sizeof *t);
+    if (!t) return SL_ENOMEM;
+    for (size_t i = 0; i < e->cap_pc; i++) {
+        if (!e->pc[i].s) continue;
+        size_t j = fnv1a(e->pc[i].s, e->pc[i].len) & (nc - 1);
+        while (t[j].s) j = (j + 1) & (nc - 1);
+        t[j] = e->pc[i];
+    }
+    free(e->pc);
+    e->pc = t, e->cap_pc = nc;
+    return 0;
+}
+
+/* Emits the ids of piece s[0..n): from the cache when this call has seen
+ * the same bytes, else by bpe_piece, remembered. Single bytes go straight
+ * to bpe_piece (one lookup). Without memory for the cache it still BPEs. */
+static int piece_ids(struct enc *e, const char *s, size_t n)
+{
+    if (n < 2 || n > UINT32_MAX || e->oom) return bpe_piece(e, (const unsigned char *)s, n);
+    if (2 * (e->n_pc + 1) > e->cap_pc && pc_grow(e)) {
+        e->oom = true;
+        return bpe_piece(e, (const unsigned char *)s, n);
+    }
+    size_t j = fnv1a(s, n) & (e->cap_pc - 1);
+    for (; e->pc[j].s; j = (j + 1) & (e->cap_pc - 1)) {
+        struct piece_ent *p = &e->pc[j];
+        if (p->len != n || memcmp(p->s, s, n)) continue;
+        for (uint32_t i = 0; i < p->nid; i++) {
+            int rc = emit(e, e->cids[p->id0 + i]);
+            if (rc) return rc;
+        }
+        return 0;
+    }
+    size_t id0 = e->n_cids;
+    e->capture = true;
+    int rc = bpe_piece(e, (const unsigned char *)s, n);
+    e->capture = false;
+    if (rc || e->n_cids > UINT32_MAX) return rc ? rc : SL_ERANGE;
+    e->pc[j] = (struct piece_ent){s, (uint32_t)n, (uint32_t)id0, (uint32_t)(e->n_cids - id0)};
+    e->n_pc++;
+    return 0;
+}
+
 /* Pre-tokenizes text[0..len) (no special tokens in it) and BPEs each piece. */
 static int encode_span(struct enc *e, const char *text, size_t len)
 {
@@ -704,7 +769,7 @@ static int encode_span(struct enc *e, const char *text, size_t len)
         }
     }
     for (size_t k = 0; k < e->nb; k++) {
-        int rc = bpe_piece(e, (const unsigned char *)text + e->pb[k].off, e->pb[k].len);
+        int rc = piece_ids(e, text + e->pb[k].off, e->pb[k].len);
         if (rc) return rc;
     }
     return 0;
@@ -754,6 +819,8 @@ out:
     free(e.sym_next);
     free(e.heap);
     free(e.word);
+    free(e.pc);
+    free(e.cids);
     return rc ? rc : (int)e.n;
 }
 

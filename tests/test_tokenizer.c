@@ -767,6 +767,24 @@ static void test_speed(void)
     free(s);
 }
 
+/* Repeated pieces within one call come from the encoder's piece cache: a
+ * text twice in one call (each copy ends in a newline piece, so the cut
+ * falls between pieces) must give exactly its ids twice. */
+static void test_repeat(void)
+{
+    if (!g_smol) return;
+    const char *one = "Tokenizers cache words: the the THE tokenizer's tokens, d\u00e9j\u00e0 vu 1234 "
+                      "\xe4\xbd\xa0\xe5\xa5\xbd \xf0\x9f\x98\x80\xf0\x9f\x98\x80 cache cache.\n";
+    size_t n1 = strlen(one);
+    char *two = malloc(2 * n1 + 1);
+    memcpy(two, one, n1), memcpy(two + n1, one, n1 + 1);
+    int32_t *a, *b;
+    int na = enc(g_smol, one, n1, false, true, &a), nb = enc(g_smol, two, 2 * n1, false, true, &b);
+    CHECKF(na > 0 && nb == 2 * na && !memcmp(b, a, na * sizeof *a) && !memcmp(b + na, a, na * sizeof *a),
+           "one copy %d ids, two copies %d", na, nb);
+    free(a), free(b), free(two);
+}
+
 struct thr {
     const model_tok *t;
     const char *s;
@@ -832,6 +850,7 @@ int main(void)
     RUN(test_special);
     RUN(test_errors);
     RUN(test_speed);
+    RUN(test_repeat);
     RUN(test_threads);
     RUN(test_chatml);
     model_tok_free(g_smol);
