@@ -597,7 +597,7 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     b->max_ctx = opts && opts->max_ctx > 0 ? opts->max_ctx : c->n_ctx_train;
     if (b->max_ctx <= 0) b->max_ctx = 4096;
     const char *ge = getenv("SLUICE_CUDA_GRAPHS");
-    b->graphs = !opts->enforce_eager && !(ge && strcmp(ge, "0") == 0);
+    b->graphs = !(opts && opts->enforce_eager) && !(ge && strcmp(ge, "0") == 0);
     ge = getenv("SLUICE_CUDA_GEMV");
     b->gemv = !(ge && strcmp(ge, "0") == 0);
     ge = getenv("SLUICE_CUDA_FUSED");
