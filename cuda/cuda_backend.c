@@ -199,6 +199,7 @@ struct cuda_backend {
                                        norm+GEMV, GEMV+SwiGLU and GEMV+residual kernels; SLUICE_CUDA_FUSED=0:
                                        off (on the warp kernels they measured 217.5 -> 221.5 tok/s at batch 1,
                                        BENCHMARKS.md) */
+    bool warmup, warmed;            /* run warmup() after the first kv_alloc (SLUICE_CUDA_WARMUP=0: no); done */
     int wg_min_t;                   /* gate|up with SwiGLU fused on the warpgroup GEMM (sm_90) from this many
                                        tokens a step: CUDA_GEMM_WG_MIN_T, or SLUICE_CUDA_GEMM_WG_MIN_T (tests) */
     int tc_rows;                    /* rows per prefill attention item on the tensor cores (64 or 128), 0 = off:
@@ -274,6 +275,7 @@ bool model_cuda_available(void)
 static size_t kv_block_bytes(model_backend *mb, int block_size);
 static int kv_alloc(model_backend *mb, int n_blocks, int block_size, char *err, size_t errlen);
 static int forward(model_backend *mb, struct step *s, char *err, size_t errlen);
+static int warmup(struct cuda_backend *b, char *err, size_t errlen);
 static void destroy(model_backend *mb);
 static int crew_run(struct cuda_backend *b, enum job job, char *err, size_t errlen);
 static int rank_wait(struct rank *k, char *err, size_t errlen);
@@ -603,6 +605,8 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     ge = getenv("SLUICE_CUDA_FUSED");
     b->fused = b->gemv && N == 1 && !(ge && strcmp(ge, "0") == 0) && c->n_embd % 8 == 0 && c->n_ff % 8 == 0 &&
                (c->n_head * c->head_dim) % 8 == 0 && (size_t)CUDA_GEMV_MAX_T * c->n_embd * 2 <= CUDA_GEMV_NORM_SMEM;
+    ge = getenv("SLUICE_CUDA_WARMUP");
+    b->warmup = !(ge && strcmp(ge, "0") == 0);
     ge = getenv("SLUICE_CUDA_GEMM_WG_MIN_T");
     b->wg_min_t = ge && atoi(ge) > 0 ? atoi(ge) : CUDA_GEMM_WG_MIN_T;
     ge = getenv("SLUICE_CUDA_ABLATE");
@@ -761,7 +765,78 @@ static int kv_alloc(model_backend *mb, int n_blocks, int block_size, char *err, 
     if (rc) return rc;
     b->kv_blocks = n_blocks;
     b->block_size = block_size;
+    if (!b->warmed && b->warmup) {
+        b->warmed = true;
+        if ((rc = warmup(b, err, errlen))) return rc;
+        for (int i = 0; i < b->tp; i++) b->r[i].steps = 0; /* SLUICE_TP_FAULT counts serving's steps */
+    }
     return 0;
+}
+
+/* One step of ns sequences of len tokens each at positions start.., sequence
+ * k over blocks bt0 + k * nbk .. (consecutive); the last token of each
+ * sampled with *sp (random token ids: what they are does not matter). */
+static int warm_step(struct cuda_backend *b, int ns, int nbk, int start, int len, const struct model_sampling *sp,
+                     char *err, size_t errlen)
+{
+    int T = ns * len, bs = b->block_size, rc = SL_ENOMEM;
+    int32_t *ids = malloc((size_t)T * 4), *pos = malloc((size_t)T * 4), *bt = malloc((size_t)ns * nbk * 4);
+    int64_t *slots = malloc((size_t)T * 8);
+    uint64_t *rng = calloc((size_t)ns, sizeof *rng);
+    struct step_seq *sq = calloc((size_t)ns, sizeof *sq);
+    if (ids && pos && bt && slots && rng && sq) {
+        for (int k = 0, t = 0; k < ns; k++) {
+            for (int j = 0; j < nbk; j++) bt[k * nbk + j] = k * nbk + j;
+            rng[k] = 0x9E3779B97F4A7C15ull + (uint64_t)k;
+            sq[k] = (struct step_seq){.query_start = t, .query_len = len, .context_len = start + len,
+                                      .block_table = bt + (size_t)k * nbk, .n_blocks = nbk, .want_sample = true,
+                                      .sampling = sp, .rng = &rng[k]};
+            for (int i = 0; i < len; i++, t++) {
+                int p = start + i;
+                ids[t] = (int32_t)(((uint64_t)t * 2654435761u) % (uint64_t)b->c.n_vocab);
+                pos[t] = p;
+                slots[t] = (int64_t)bt[k * nbk + p / bs] * bs + p % bs;
+            }
+        }
+        struct step st = {.n_tokens = T, .token_ids = ids, .positions = pos, .slots = slots, .n_seqs = ns, .seqs = sq};
+        rc = forward(&b->base, &st, err, errlen);
+    } else {
+        sl_seterr(err, errlen, "warm-up: out of host memory");
+    }
+    free(ids), free(pos), free(bt), free(slots), free(rng), free(sq);
+    return rc;
+}
+
+/* After the first kv_alloc: runs the kinds of step serving will, so that a
+ * first request does not pay for what happens once (the kernels' lazy
+ * loading, cuBLAS's first calls, each decode bucket's graph capture): a
+ * prefill of up to 512 tokens, an 8-token chunk over it (split attention,
+ * sampled), and a decode step at every graph bucket the pool's blocks can
+ * hold. It writes only KV blocks the engine has not handed out yet.
+ * SLUICE_CUDA_WARMUP=0 skips it (BENCHMARKS.md: the first prefix-cache hit
+ * after start took 25-35 ms in the engine against 6.2 later). */
+static int warmup(struct cuda_backend *b, char *err, size_t errlen)
+{
+    int bs = b->block_size;
+    int P = b->max_tokens < 512 ? b->max_tokens : 512;
+    if (P > b->max_ctx - 8) P = b->max_ctx - 8;
+    int nbk = (P + 8 + bs - 1) / bs;
+    if (P < 1 || nbk > b->kv_blocks) return 0;
+    struct model_sampling greedy, samp;
+    model_sampling_default(&greedy);
+    samp = greedy;
+    samp.temperature = 1.0f, samp.top_p = 0.9f, samp.seed = 1;
+    int rc = warm_step(b, 1, nbk, 0, P, &greedy, err, errlen);
+    if (!rc) rc = warm_step(b, 1, nbk, P, 8, &samp, err, errlen);
+    for (int i = 0; !rc && i < b->n_bucket; i++)
+        if (b->bucket[i] <= b->kv_blocks && b->bucket[i] <= b->max_tokens)
+            rc = warm_step(b, b->bucket[i], 1, 0, 1, &greedy, err, errlen);
+    if (rc) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", err);
+        sl_seterr(err, errlen, "warm-up: %s", why);
+    }
+    return rc;
 }
 
 /* ---- forward ------------------------------------------------------------------- */
