@@ -199,7 +199,8 @@ struct cuda_backend {
                                        norm+GEMV, GEMV+SwiGLU and GEMV+residual kernels; SLUICE_CUDA_FUSED=0:
                                        off (on the warp kernels they measured 217.5 -> 221.5 tok/s at batch 1,
                                        BENCHMARKS.md) */
-    bool warmup, warmed;            /* run warmup() after the first kv_alloc (SLUICE_CUDA_WARMUP=0: no); done */
+    bool warmup, warmed, warming;   /* run warmup() after the first kv_alloc (SLUICE_CUDA_WARMUP=0: no); done;
+                                       running */
     int wg_min_t;                   /* gate|up with SwiGLU fused on the warpgroup GEMM (sm_90) from this many
                                        tokens a step: CUDA_GEMM_WG_MIN_T, or SLUICE_CUDA_GEMM_WG_MIN_T (tests) */
     int tc_rows;                    /* rows per prefill attention item on the tensor cores (64 or 128), 0 = off:
@@ -767,8 +768,10 @@ static int kv_alloc(model_backend *mb, int n_blocks, int block_size, char *err, 
     b->block_size = block_size;
     if (!b->warmed && b->warmup) {
         b->warmed = true;
-        if ((rc = warmup(b, err, errlen))) return rc;
-        for (int i = 0; i < b->tp; i++) b->r[i].steps = 0; /* SLUICE_TP_FAULT counts serving's steps */
+        b->warming = true; /* SLUICE_TP_FAULT counts serving's steps only */
+        rc = warmup(b, err, errlen);
+        b->warming = false;
+        if (rc) return rc;
     }
     return 0;
 }
@@ -1167,8 +1170,8 @@ static int rank_forward(struct rank *k, char *err, size_t errlen)
     struct cuda_backend *b = k->b;
     int Tp = b->job.Tp, R = b->job.R, gi = b->job.gi, V = b->c.n_vocab, rc;
     CK(cudaSetDevice(k->dev));
-    k->steps++;
-    if (k->id == b->fault_rank && k->steps == b->fault_step) {
+    if (!b->warming) k->steps++;
+    if (!b->warming && k->id == b->fault_rank && k->steps == b->fault_step) {
         sl_seterr(err, errlen, "GPU %d: injected fault at step %ld (SLUICE_TP_FAULT)", k->dev, k->steps);
         return SL_EDEVICE;
     }

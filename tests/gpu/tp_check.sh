@@ -6,7 +6,7 @@
 #  2. a rank failure (SLUICE_TP_FAULT) while serving: the server must stop
 #     with a message within seconds, never hang;
 #  3. all-reduce latency (bench_nccl).
-# Usage: tests/gpu/tp_check.sh [N] [logdir]
+# Usage: tests/gpu/tp_check.sh [N] [logdir]   (FAULT_ONLY=1: part 2 alone)
 set -u
 N=${1:-2}
 LOG=${2:-/tmp/tp_check}
@@ -21,10 +21,12 @@ run() { # name, timeout, command...
     printf '%-28s rc=%d  %5.1f s  %s\n' "$name" $rc "$(awk "BEGIN{print $(date +%s.%N) - $s}")" "$(tail -1 "$LOG/$name.log")"
     [ $rc -eq 0 ] || fails=$((fails + 1))
 }
+if [ "${FAULT_ONLY:-0}" != 1 ]; then
 run e2e_tp${N}_vs_cpu 150 env SLUICE_TEST_TP=$N build/tests/gpu/test_gpu_e2e
 run e2e_tp${N}_vs_tp1 150 env SLUICE_TEST_TP=$N SLUICE_TEST_REF=cuda build/tests/gpu/test_gpu_e2e
 run engine_tp1_tinyq3 120 env SLUICE_TEST_DEVICE=cuda SLUICE_TEST_TP=1 SLUICE_TEST_MODEL=tests/models/tiny-qwen3 build/tests/test_engine
 run engine_tp${N}_tinyq3 120 env SLUICE_TEST_DEVICE=cuda SLUICE_TEST_TP=$N SLUICE_TEST_MODEL=tests/models/tiny-qwen3 build/tests/test_engine
+fi
 
 # 2. rank N-1 fails at its 3rd step while a chat is running
 PORT=18911
@@ -57,7 +59,9 @@ echo "fault injection (rank $((N - 1)) at step 3): server exit $rc after $el s: 
 echo "  client: $(tail -1 "$LOG/fault_client.log")"
 if [ $rc -eq 124 ] || [ -z "$msg" ]; then echo "  FAIL: the server hung or gave no message"; fails=$((fails + 1)); fi
 
+if [ "${FAULT_ONLY:-0}" != 1 ]; then
 run bench_nccl 120 build/tests/gpu/bench_nccl $N
 cat "$LOG/bench_nccl.log"
+fi
 echo "tp_check: $fails failed"
 [ $fails -eq 0 ]
