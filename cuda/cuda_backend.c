@@ -819,7 +819,7 @@ static int warm_step(struct cuda_backend *b, int ns, int nbk, int start, int len
  * step the configuration refuses only ends it early (with a line on
  * stderr); a failed GPU fails kv_alloc.
  * SLUICE_CUDA_WARMUP=0 skips it (BENCHMARKS.md: the first prefix-cache hit
- * after start took 25-35 ms in the engine against 6.2 later). */
+ * after start took 25-37 ms in the engine without it, 7.7 with it, 6.2 later). */
 static int warmup(struct cuda_backend *b, char *err, size_t errlen)
 {
     int bs = b->block_size, C = b->max_tokens < 8 ? b->max_tokens : 8; /* the chunk's tokens */
