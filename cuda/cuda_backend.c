@@ -199,7 +199,7 @@ struct cuda_backend {
                                        norm+GEMV, GEMV+SwiGLU and GEMV+residual kernels; SLUICE_CUDA_FUSED=0:
                                        off (on the warp kernels they measured 217.5 -> 221.5 tok/s at batch 1,
                                        BENCHMARKS.md) */
-    bool warmup, warmed, warming;   /* run warmup() after the first kv_alloc (SLUICE_CUDA_WARMUP=0: no); done;
+    bool warmup, warming;           /* warmup() still to run at the next kv_alloc (SLUICE_CUDA_WARMUP=0: never);
                                        running */
     int wg_min_t;                   /* gate|up with SwiGLU fused on the warpgroup GEMM (sm_90) from this many
                                        tokens a step: CUDA_GEMM_WG_MIN_T, or SLUICE_CUDA_GEMM_WG_MIN_T (tests) */
@@ -766,8 +766,8 @@ static int kv_alloc(model_backend *mb, int n_blocks, int block_size, char *err, 
     if (rc) return rc;
     b->kv_blocks = n_blocks;
     b->block_size = block_size;
-    if (!b->warmed && b->warmup) {
-        b->warmed = true;
+    if (b->warmup) {
+        b->warmup = false;
         b->warming = true; /* SLUICE_TP_FAULT counts serving's steps only */
         rc = warmup(b, err, errlen);
         b->warming = false;
@@ -777,7 +777,7 @@ static int kv_alloc(model_backend *mb, int n_blocks, int block_size, char *err, 
 }
 
 /* One step of ns sequences of len tokens each at positions start.., sequence
- * k over blocks bt0 + k * nbk .. (consecutive); the last token of each
+ * k over blocks k * nbk .. (k + 1) * nbk - 1; the last token of each
  * sampled with *sp (random token ids: what they are does not matter). */
 static int warm_step(struct cuda_backend *b, int ns, int nbk, int start, int len, const struct model_sampling *sp,
                      char *err, size_t errlen)
@@ -1176,8 +1176,7 @@ static int rank_forward(struct rank *k, char *err, size_t errlen)
     struct cuda_backend *b = k->b;
     int Tp = b->job.Tp, R = b->job.R, gi = b->job.gi, V = b->c.n_vocab, rc;
     CK(cudaSetDevice(k->dev));
-    if (!b->warming) k->steps++;
-    if (!b->warming && k->id == b->fault_rank && k->steps == b->fault_step) {
+    if (!b->warming && ++k->steps == b->fault_step && k->id == b->fault_rank) {
         sl_seterr(err, errlen, "GPU %d: injected fault at step %ld (SLUICE_TP_FAULT)", k->dev, k->steps);
         return SL_EDEVICE;
     }
