@@ -7,13 +7,22 @@
  * event of its last choice, so it is never freed while the engine may still
  * name it. A client that hangs up mid-request sets req to NULL and aborts
  * every choice still running; the last finish event frees the request.
+ * evhttp reads nothing from a connection between a request and its reply,
+ * so a hang-up would only show when a reply is written: an unstreamed
+ * request, or a stream still in prefill, would run to its end for nobody.
+ * A watcher on the socket (EV_CLOSED where the backend has it, else a peek
+ * on EV_READ) sees the hang-up at once.
  */
+#include <errno.h>
 #include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 
 #include "openai.h"
@@ -40,6 +49,7 @@ struct srv_req {
     struct pending base;          /* metrics and bookkeeping */
     struct api_oai_req r;
     struct evhttp_connection *con;
+    struct event *hangup;         /* the socket watcher (top of the file); NULL once detached */
     int n, n_done;                /* choices submitted, finished */
     bool failed;                  /* a choice ended in an engine error */
     bool responses;               /* POST /v1/responses: Response objects and its stream events */
@@ -68,19 +78,67 @@ static void make_id(char *out, size_t cap, bool chat)
              (unsigned long long)(counter & 0xffff));
 }
 
-static void on_client_close(struct evhttp_connection *con, void *arg)
+/* The client is gone: every choice still running is aborted; their finish
+ * events free q. */
+static void client_gone(struct srv_req *q)
 {
-    (void)con;
-    struct srv_req *q = arg;
-    if (!q->base.req) return;
     q->base.req = NULL;
     q->con = NULL;
     for (int i = 0; i < q->n; i++)
         if (!q->ch[i].done) sched_engine_abort(q->base.srv->eng, q->ch[i].id);
 }
 
+static void unwatch(struct srv_req *q)
+{
+    if (q->hangup) event_free(q->hangup);
+    q->hangup = NULL;
+}
+
+/* evhttp closes the connection (a failed write, a timeout): it frees req. */
+static void on_client_close(struct evhttp_connection *con, void *arg)
+{
+    (void)con;
+    struct srv_req *q = arg;
+    if (!q->base.req) return;
+    unwatch(q);
+    client_gone(q);
+}
+
+/* The watcher: EV_CLOSED, or EV_READ with bytes to peek at. Bytes mean the
+ * client pipelined its next request (rare): stop watching, evhttp reads them
+ * after the reply. */
+static void on_hangup(evutil_socket_t fd, short what, void *arg)
+{
+    struct srv_req *q = arg;
+    if (!q->base.req) return;
+    if (!(what & EV_CLOSED)) {
+        char c;
+        ssize_t r = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (r > 0 || (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))) {
+            unwatch(q);
+            return;
+        }
+    }
+    struct evhttp_connection *con = q->con;
+    unwatch(q);
+    evhttp_connection_set_closecb(con, NULL, NULL);
+    client_gone(q);
+    evhttp_connection_free(con); /* frees the request too; nothing names it any more */
+}
+
+static void watch(struct server *s, struct srv_req *q)
+{
+    struct bufferevent *bev = q->con ? evhttp_connection_get_bufferevent(q->con) : NULL;
+    evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
+    if (fd < 0) return;
+    bool early = event_base_get_features(s->base) & EV_FEATURE_EARLY_CLOSE;
+    q->hangup = event_new(s->base, fd, early ? EV_CLOSED : EV_READ, on_hangup, q);
+    if (q->hangup && event_add(q->hangup, NULL)) unwatch(q);
+}
+
 static void detach(struct srv_req *q)
 {
+    unwatch(q);
     if (q->con) evhttp_connection_set_closecb(q->con, NULL, NULL);
     q->con = NULL;
     q->base.req = NULL;
@@ -719,6 +777,7 @@ static void handle(struct server *s, struct evhttp_request *req, char *body, siz
     s->n_pending++;
     q->con = evhttp_request_get_connection(req);
     if (q->con) evhttp_connection_set_closecb(q->con, on_client_close, q);
+    watch(s, q);
     if (q->base.stream) {
         struct evkeyvalq *h = evhttp_request_get_output_headers(req);
         evhttp_add_header(h, "Content-Type", "text/event-stream");

@@ -240,6 +240,32 @@ def test_disconnect_frees_blocks():
     ok_request()
 
 
+def test_disconnect_unstreamed():
+    """A client that hangs up on an unstreamed request (nothing is written to
+    it until the reply) stops the request at once, not at max_tokens."""
+    body = json.dumps({"model": NAME, "messages": [{"role": "user", "content": "Tell me a long story."}],
+                       "max_tokens": 400, "temperature": 0.8, "ignore_eos": True}).encode()
+    s = socket.create_connection(("127.0.0.1", PORT))
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: " + str(len(body)).encode() +
+              b"\r\n\r\n" + body)
+    deadline = time.time() + 30
+    while metrics()["sluice:num_requests_running"] < 1 and time.time() < deadline:
+        time.sleep(0.05)
+    before = metrics()
+    assert before["sluice:num_requests_running"] == 1, before
+    s.close()
+    deadline = time.time() + 10
+    while metrics()["sluice:num_requests_running"] > 0 and time.time() < deadline:
+        time.sleep(0.05)
+    m = metrics()
+    assert m["sluice:num_requests_running"] == 0 and m["sluice:kv_blocks_used"] == 0, m
+    # stopped early: far fewer than the 400 tokens it asked for
+    made = m["sluice:decode_tokens_total"] - before["sluice:decode_tokens_total"]
+    assert made < 300, made
+    ok_request()
+
+
 def test_n_choices():
     """n > 1: n choices from one prompt (distinct seeded streams, reproducible;
     greedy ones identical), streamed with per-choice indexes, usage summed."""
@@ -442,6 +468,7 @@ def main():
         tests = [test_health_and_models, test_chat_nonstream_and_stream_agree, test_completions, test_curl,
                  test_seed_reproducible, test_prefix_cache_reported, test_tokenize_roundtrip,
                  test_errors_then_success, test_concurrent_streams_batched, test_disconnect_frees_blocks,
+                 test_disconnect_unstreamed,
                  test_n_choices, test_logit_bias, test_min_tokens, test_json_mode, test_responses_api, test_prompt_list]
         passed, failed = lib.run_tests(tests, proc=proc)
     finally:
