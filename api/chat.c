@@ -154,8 +154,12 @@ static int add_content(struct json_buf *b, const json_doc *d, int c, int k, stru
 {
     char param[64];
     snprintf(param, sizeof param, "messages[%d].content", k);
-    if (json_is_str(d, c) || json_is_null(d, c)) {
+    if (json_is_str(d, c)) {
         add_raw(b, d, c);
+        return 0;
+    }
+    if (json_is_null(d, c)) { /* an assistant turn of tool calls alone: the templates see "", as in vLLM */
+        ADD_LIT(b, "\"\"");
         return 0;
     }
     if (!json_is_arr(d, c)) return api_oai_errorf(e, 400, param, "'%s' must be a string or an array of content parts", param);
@@ -257,6 +261,7 @@ int api_chat_context(const json_doc *d, int obj, struct json_buf *ctx, struct ap
         if (k) ADD_LIT(ctx, ",");
         ADD_LIT(ctx, "{");
         int nm = json_size(d, p);
+        if (json_get(d, p, "content") < 0) ADD_LIT(ctx, "\"content\":\"\"" ","); /* no content: "" too */
         for (int j = 0, q = p + 1; j < nm; j++, q = json_skip(d, q + 1)) {
             if (j) ADD_LIT(ctx, ",");
             add_raw(ctx, d, q);

@@ -182,6 +182,11 @@ static int parse_messages(const json_doc *d, int obj, struct api_oai_req *r, str
         if (rc) return rc;
         if (r->forced_tool || r->forced_list) r->tools = false; /* the output is JSON, not a call to parse */
     }
+    int rk, tk;
+    api_chat_parsers(&rk, &tk);
+    if (r->tools && !tk) /* vLLM's words: clients look for them to fall back to tools in the prompt */
+        return api_oai_errorf(e, 400, "tool_choice",
+                              "\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set");
     return api_chat_render(d, obj, &r->prompt_text, e);
 }
 

@@ -266,6 +266,36 @@ def test_disconnect_unstreamed():
     ok_request()
 
 
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+
+def test_tools_without_parser():
+    """No --tool-call-parser: tools with tool_choice "auto" (given or implied)
+    are refused with vLLM's message; "none" and a named function still run."""
+    for extra in ({}, {"tool_choice": "auto"}):
+        st, text = request("POST", "/v1/chat/completions", dict(CHAT, tools=TOOLS, **extra))
+        assert st == 400, (st, text)
+        assert "--enable-auto-tool-choice" in json.loads(text)["error"]["message"], text
+    st, text = request("POST", "/v1/chat/completions", dict(CHAT, tools=TOOLS, tool_choice="none"))
+    assert st == 200, (st, text)
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    st, text = request("POST", "/v1/chat/completions", dict(CHAT, tools=TOOLS, tool_choice=named, max_tokens=24))
+    assert st == 200 and json.loads(text)["choices"][0]["message"]["tool_calls"], (st, text)
+
+
+def test_tool_round_trip_null_content():
+    """The OpenAI client sends an assistant turn of tool calls back with
+    "content": null (or none at all): it renders as "", as in vLLM."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}
+    for turn in ({"role": "assistant", "content": None, "tool_calls": [call]},
+                 {"role": "assistant", "tool_calls": [call]}, {"role": "assistant", "content": None}):
+        msgs = [{"role": "user", "content": "Weather in Paris?"}, turn,
+                {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}]
+        st, text = request("POST", "/v1/chat/completions", dict(CHAT, messages=msgs, max_tokens=4))
+        assert st == 200, (turn, st, text)
+
+
 def test_n_choices():
     """n > 1: n choices from one prompt (distinct seeded streams, reproducible;
     greedy ones identical), streamed with per-choice indexes, usage summed."""
@@ -468,7 +498,7 @@ def main():
         tests = [test_health_and_models, test_chat_nonstream_and_stream_agree, test_completions, test_curl,
                  test_seed_reproducible, test_prefix_cache_reported, test_tokenize_roundtrip,
                  test_errors_then_success, test_concurrent_streams_batched, test_disconnect_frees_blocks,
-                 test_disconnect_unstreamed,
+                 test_disconnect_unstreamed, test_tools_without_parser, test_tool_round_trip_null_content,
                  test_n_choices, test_logit_bias, test_min_tokens, test_json_mode, test_responses_api, test_prompt_list]
         passed, failed = lib.run_tests(tests, proc=proc)
     finally:
