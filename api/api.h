@@ -8,18 +8,26 @@
 #ifndef SLUICE_API_H
 #define SLUICE_API_H
 
+#include <limits.h>
 #include <stdbool.h>
 #include <stddef.h>
 
-enum api_flag_kind { API_FLAG_STR, API_FLAG_INT, API_FLAG_FLOAT, API_FLAG_BOOL };
+/* API_FLAG_HUMAN_INT is vLLM's human_readable_int (api_parse_human_int),
+ * for token counts such as --max-model-len 32k. */
+enum api_flag_kind { API_FLAG_STR, API_FLAG_INT, API_FLAG_FLOAT, API_FLAG_BOOL, API_FLAG_HUMAN_INT };
 
 struct api_flag {
     const char *name;          /* "--max-tokens" */
     enum api_flag_kind kind;
-    void *dst;                 /* const char **, long *, double *, or bool * */
+    void *dst;                 /* const char **, long * (INT, HUMAN_INT), double *, or bool * */
     const char *help;
     const char *neg;           /* optional "--no-..." name that sets a bool false */
 };
+
+/* No integer flag ever parses to this value, so a long preset to it before
+ * parsing tells "not given" from any value given, 0 included. (A double
+ * preset to NAN does the same: a FLOAT flag is always finite.) */
+#define API_FLAG_UNSET LONG_MIN
 
 /* Parses argv[first..argc) against flags (terminated by a zeroed entry).
  * Non-flag arguments go to positional[] (at most max_pos; more is an error).
@@ -32,6 +40,25 @@ void api_print_flags(const struct api_flag *flags);
  * table, on a bad flag "sluice NAME: message", both to stderr. Returns the
  * number of positionals, or -1 when the command should end now with
  * *exit_code (0 after --help, 2 after an error). */
+int api_cmd_flags(const char *name, const char *usage, int argc, char **argv, int first, const struct api_flag *flags,
+                  const char **positional, int max_pos, int *exit_code);
+/* vLLM's human_readable_int: a plain integer, or a number with one suffix:
+ * k m g t are powers of 10 and take decimals ("25.6k" = 25600; a fraction
+ * left below 1 is dropped, as vLLM's int() does), K M G T powers of 2 and
+ * take none ("32K" = 32768). 0 with *out set; -1 with the reason in err (not
+ * naming a flag) when malformed or outside the range of an int. */
+int api_parse_human_int(const char *s, long *out, char *err, size_t errlen);
+/* Range checks after parsing, naming the flag as the user gave it: 0 when
+ * lo <= v <= hi (or v is API_FLAG_UNSET / NAN: not given), else -1 with
+ * "--port 99999 is out of range (1..65535)" in err. hi LONG_MAX or INFINITY:
+ * no upper bound; lo_open: lo itself is out of range too. */
+int api_flag_long_range(const char *flag, long v, long lo, long hi, char *err, size_t errlen);
+int api_flag_double_range(const char *flag, double v, double lo, bool lo_open, double hi, char *err, size_t errlen);
+/* The one-line notice (as api_vllm_compat's) that --gpu-memory-utilization
+ * has no effect: given (util not NAN) while the model runs on the CPU
+ * (device "cpu", or NULL without a GPU), or with --kv-cache-memory (which
+ * sets the KV cache size instead). WHO: "serve", "run-batch". */
+void api_gpu_util_note(const char *who, const char *device, double util, const char *kv_cache_memory);
 /* A size such as 2G, 512M, 64KiB or 1073741824 in bytes; -1 when malformed. */
 long long api_parse_bytes(const char *s);
 /* The KV cache budget of the GPU backend from --gpu-memory-utilization util
@@ -47,8 +74,6 @@ int api_gpu_kv_bytes(int tp, double util, const char *who, size_t *bytes, char *
  * 8192 tokens per step, on the CPU 64 and 1024; a default is lowered or
  * raised so that it never contradicts the other value when that was given. */
 void api_engine_defaults(const char *device, long *max_num_seqs, long *max_num_batched_tokens);
-int api_cmd_flags(const char *name, const char *usage, int argc, char **argv, int first, const struct api_flag *flags,
-                  const char **positional, int max_pos, int *exit_code);
 
 /* vLLM flags accepted for compatibility (api/compat.c); NULL/false = not given. */
 struct api_vllm_flags {

@@ -6,6 +6,7 @@
  * mode without --prompt it keeps the conversation's tokens in the KV cache and
  * only prefills what each new turn adds.
  */
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -209,7 +210,7 @@ int api_cmd_generate(int argc, char **argv)
         {"--frequency-penalty", API_FLAG_FLOAT, &freq, "0 = off (0)", NULL},
         {"--seed", API_FLAG_INT, &seed, "RNG seed; same seed, same output (random)", NULL},
         {"--ignore-eos", API_FLAG_BOOL, &ignore_eos, "do not stop at end-of-sequence tokens", NULL},
-        {"--max-model-len", API_FLAG_INT, &max_model_len, "context length to allocate (8192)", NULL},
+        {"--max-model-len", API_FLAG_HUMAN_INT, &max_model_len, "context length to allocate, e.g. 8k or 8K (8192)", NULL},
         {"--device", API_FLAG_STR, &device, "cpu or cuda (default: cuda when available)", NULL},
         {"--tensor-parallel-size", API_FLAG_INT, &tp, "GPUs the model is split across (1)", NULL},
         {"--load-format", API_FLAG_STR, &load_format, "auto, or dummy: random weights from a config.json dir", NULL},
@@ -231,9 +232,15 @@ int api_cmd_generate(int argc, char **argv)
         fprintf(stderr, "sluice generate: --prompt is required without --chat\n");
         return 2;
     }
-    if (max_tokens < 0 || temperature < 0 || top_p <= 0 || top_p > 1 || min_p < 0 || min_p > 1 || rep <= 0 ||
-        max_model_len < 16) {
-        fprintf(stderr, "sluice generate: a sampling flag is out of range (see --help)\n");
+    if (api_flag_long_range("--max-tokens", max_tokens, 0, LONG_MAX, err, sizeof err) ||
+        api_flag_double_range("--temperature", temperature, 0, false, INFINITY, err, sizeof err) ||
+        api_flag_double_range("--top-p", top_p, 0, true, 1, err, sizeof err) ||
+        api_flag_double_range("--min-p", min_p, 0, false, 1, err, sizeof err) ||
+        api_flag_double_range("--repetition-penalty", rep, 0, true, INFINITY, err, sizeof err) ||
+        api_flag_long_range("--max-model-len", max_model_len, 16, LONG_MAX, err, sizeof err) ||
+        api_flag_long_range("--tensor-parallel-size", tp, 1, LONG_MAX, err, sizeof err) ||
+        api_flag_long_range("--threads", threads, 0, INT_MAX, err, sizeof err)) {
+        fprintf(stderr, "sluice generate: %s\n", err);
         return 2;
     }
 

@@ -17,6 +17,7 @@
  */
 #include <ctype.h>
 #include <errno.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -407,8 +408,10 @@ int api_cmd_run_batch(int argc, char **argv)
 {
     const char *chat_template = NULL, *model_path = NULL, *in_path = NULL, *out_path = NULL, *served = NULL, *kv_mem = NULL,
                *device = NULL, *load_format = NULL, *tok_path = NULL, *kv_dtype = NULL;
-    long max_num_seqs = 0, max_batched = 0, max_model_len = 0, block_size = 16, threads = 0, tp = 1;
-    double batch_share = 0.1, gpu_util = 0.9;
+    /* not given: vLLM's sizes for the device, the model's length, 0.9 */
+    long max_num_seqs = API_FLAG_UNSET, max_batched = API_FLAG_UNSET, max_model_len = API_FLAG_UNSET;
+    long block_size = 16, threads = 0, tp = 1;
+    double batch_share = 0.1, gpu_util = NAN;
     bool prefix = true, quiet = false, timings = false, eager = false;
     const struct api_flag flags[] = {
         {"--model", API_FLAG_STR, &model_path, "GGUF file or HF checkpoint directory", NULL},
@@ -418,8 +421,9 @@ int api_cmd_run_batch(int argc, char **argv)
         {"--served-model-name", API_FLAG_STR, &served, "the model name requests use and responses report (--model)", NULL},
         {"--chat-template", API_FLAG_STR, &chat_template, "Jinja chat template file (or text) instead of the model's own", NULL},
         {"--max-num-seqs", API_FLAG_INT, &max_num_seqs, "sequences running at once (GPU 256, CPU 64)", NULL},
-        {"--max-num-batched-tokens", API_FLAG_INT, &max_batched, "tokens per step (GPU 8192, CPU 1024)", NULL},
-        {"--max-model-len", API_FLAG_INT, &max_model_len, "prompt + completion tokens at most (the model's, <= 8192)", NULL},
+        {"--max-num-batched-tokens", API_FLAG_HUMAN_INT, &max_batched, "tokens per step, e.g. 8k (GPU 8192, CPU 1024)", NULL},
+        {"--max-model-len", API_FLAG_HUMAN_INT, &max_model_len,
+         "prompt + completion tokens at most, e.g. 32k (32000) or 32K (32768); the model's, <= 8192", NULL},
         {"--enable-prefix-caching", API_FLAG_BOOL, &prefix, "reuse the KV of shared prompt prefixes (on)",
          "--no-enable-prefix-caching"},
         {"--block-size", API_FLAG_INT, &block_size, "KV block size in tokens (16)", NULL},
@@ -454,19 +458,36 @@ int api_cmd_run_batch(int argc, char **argv)
         fprintf(stderr, "sluice run-batch: --model, -i and -o are required (see --help)\n");
         return 2;
     }
-    if (max_num_seqs >= 0 && max_batched >= 0) api_engine_defaults(device, &max_num_seqs, &max_batched);
     long long kv_bytes = api_parse_bytes(kv_mem ? kv_mem : "2G");
     if (kv_bytes <= 0) {
         fprintf(stderr, "sluice run-batch: invalid --kv-cache-memory '%s' (e.g. 2G, 512M, 1073741824)\n", kv_mem);
         return 2;
     }
-    if (max_num_seqs < 1 || max_batched < max_num_seqs || block_size < 1 || block_size > 1024 || max_model_len < 0 ||
-        batch_share < 0 || batch_share > 1 || max_batched > 1 << 20 || max_num_seqs > 1 << 16 || !(gpu_util > 0) ||
-        gpu_util > 1) {
-        fprintf(stderr, "sluice run-batch: need --max-num-seqs >= 1, --max-num-batched-tokens >= --max-num-seqs, "
-                        "--block-size 1..1024, --min-batch-share 0..1, --gpu-memory-utilization in (0, 1]\n");
+    /* each message names the flag, its value and what it may be; a value
+     * given as 0 is refused as vLLM refuses it, not read as "the default" */
+    if (api_flag_long_range("--max-num-seqs", max_num_seqs, 1, 1 << 16, err, sizeof err) ||
+        api_flag_long_range("--max-num-batched-tokens", max_batched, 1, 1 << 20, err, sizeof err) ||
+        api_flag_long_range("--max-model-len", max_model_len, 1, LONG_MAX, err, sizeof err) ||
+        api_flag_long_range("--block-size", block_size, 1, 1024, err, sizeof err) ||
+        api_flag_long_range("--tensor-parallel-size", tp, 1, LONG_MAX, err, sizeof err) ||
+        api_flag_long_range("--threads", threads, 0, INT_MAX, err, sizeof err) ||
+        api_flag_double_range("--min-batch-share", batch_share, 0, false, 1, err, sizeof err) ||
+        api_flag_double_range("--gpu-memory-utilization", gpu_util, 0, true, 1, err, sizeof err)) {
+        fprintf(stderr, "sluice run-batch: %s\n", err);
         return 2;
     }
+    if (max_model_len == API_FLAG_UNSET) max_model_len = 0;
+    if (max_num_seqs == API_FLAG_UNSET) max_num_seqs = 0;
+    if (max_batched == API_FLAG_UNSET) max_batched = 0;
+    api_engine_defaults(device, &max_num_seqs, &max_batched);
+    if (max_batched < max_num_seqs) { /* both given: the defaults bend to a given value */
+        fprintf(stderr, "sluice run-batch: --max-num-batched-tokens %ld is less than --max-num-seqs %ld "
+                        "(a step must hold one token of every running sequence)\n",
+                max_batched, max_num_seqs);
+        return 2;
+    }
+    api_gpu_util_note("run-batch", device, gpu_util, kv_mem);
+    if (isnan(gpu_util)) gpu_util = 0.9;
     bool kv8;
     if (model_kv_dtype(&(struct model_backend_opts){.kv_cache_dtype = kv_dtype}, device, &kv8, err, sizeof err)) {
         fprintf(stderr, "sluice run-batch: %s\n", err);

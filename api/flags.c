@@ -3,6 +3,7 @@
  * share. */
 #include <errno.h>
 #include <ctype.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,9 +22,15 @@ static int set_value(const struct api_flag *f, const char *v, char *err, size_t 
         return 0;
     case API_FLAG_INT: {
         long x = strtol(v, &end, 10);
-        if (!*v || *end || errno) break;
+        if (!*v || *end || errno || x == API_FLAG_UNSET) break;
         *(long *)f->dst = x;
         return 0;
+    }
+    case API_FLAG_HUMAN_INT: {
+        char why[200];
+        if (api_parse_human_int(v, (long *)f->dst, why, sizeof why) == 0) return 0;
+        snprintf(err, errlen, "invalid value '%s' for %s: %s", v, f->name, why);
+        return -1;
     }
     case API_FLAG_FLOAT: {
         double x = strtod(v, &end);
@@ -91,7 +98,7 @@ void api_print_flags(const struct api_flag *flags)
 {
     for (const struct api_flag *f = flags; f->name; f++) {
         char name[96];
-        const char *arg = f->kind == API_FLAG_STR ? " S" : f->kind == API_FLAG_INT ? " N"
+        const char *arg = f->kind == API_FLAG_STR ? " S" : f->kind == API_FLAG_INT || f->kind == API_FLAG_HUMAN_INT ? " N"
                         : f->kind == API_FLAG_FLOAT ? " X" : "";
         if (f->neg) snprintf(name, sizeof name, "%s, %s", f->name, f->neg);
         else snprintf(name, sizeof name, "%s%s", f->name, arg);
@@ -116,6 +123,119 @@ int api_cmd_flags(const char *name, const char *usage, int argc, char **argv, in
         return -1;
     }
     return np;
+}
+
+int api_parse_human_int(const char *s, long *out, char *err, size_t errlen)
+{
+    const char *p = s, *end = s + strlen(s), *q;
+    while (p < end && isspace((unsigned char)*p)) p++;
+    while (end > p && isspace((unsigned char)end[-1])) end--;
+    if (p == end) goto malformed;
+    long long x = 0;
+    if (!strchr("kmgtKMGT", end[-1])) {
+        /* a plain integer, as Python's int() reads it: a sign is allowed
+         * here, and the range checks refuse what the flag cannot take */
+        const char *digits = p + (*p == '+' || *p == '-');
+        if (digits == end) goto malformed;
+        for (q = digits; q < end; q++)
+            if (!isdigit((unsigned char)*q)) goto malformed;
+        for (q = digits; q < end; q++)
+            if ((x = x * 10 + (*q - '0')) > INT_MAX + 1LL) goto range;
+        if (*p == '-') x = -x;
+        if (x > INT_MAX) goto range;
+        *out = (long)x;
+        return 0;
+    }
+    /* NUMBER[.DIGITS]SUFFIX: vLLM's (\d+(?:\.\d+)?)([kKmMgGtT]) */
+    char suffix = *--end;
+    const char *frac = NULL;
+    for (q = p; q < end && isdigit((unsigned char)*q); q++)
+        ;
+    if (q == p) goto malformed;
+    if (q < end && *q == '.') {
+        frac = ++q;
+        while (q < end && isdigit((unsigned char)*q)) q++;
+        if (q == frac) goto malformed;
+    }
+    if (q != end) goto malformed;
+    if (frac && isupper((unsigned char)suffix)) {
+        snprintf(err, errlen,
+                 "decimals are only allowed with the lowercase decimal suffixes k, m, g, t "
+                 "(K, M, G, T are powers of 2): did you mean %.*s%c?",
+                 (int)(end - p), p, tolower((unsigned char)suffix));
+        return -1;
+    }
+    long long mult = 1;
+    switch (suffix) {
+    case 'k': mult = 1000LL; break;
+    case 'm': mult = 1000000LL; break;
+    case 'g': mult = 1000000000LL; break;
+    case 't': mult = 1000000000000LL; break;
+    case 'K': mult = 1LL << 10; break;
+    case 'M': mult = 1LL << 20; break;
+    case 'G': mult = 1LL << 30; break;
+    case 'T': mult = 1LL << 40; break;
+    }
+    for (q = p; q < end && *q != '.'; q++)
+        if ((x = x * 10 + (*q - '0')) > INT_MAX) goto range;
+    if (x > INT_MAX / mult) goto range;
+    x *= mult;
+    /* the fraction in integers, to the suffix's digits: 1.005k is 1005 (a
+     * double makes it 1004.99...); digits below 1 are dropped, as vLLM's
+     * int() drops them */
+    for (long long scale = mult; frac && frac < end && scale > 1; frac++) {
+        scale /= 10;
+        x += (*frac - '0') * scale;
+    }
+    if (x > INT_MAX) goto range;
+    *out = (long)x;
+    return 0;
+malformed:
+    snprintf(err, errlen, "expected an integer, e.g. 4096, 32k (= 32000) or 32K (= 32768)");
+    return -1;
+range:
+    snprintf(err, errlen, "out of range (at most %d)", INT_MAX);
+    return -1;
+}
+
+static int range_error(const char *flag, const char *value, const char *range, char *err, size_t errlen)
+{
+    snprintf(err, errlen, "%s %s is out of range (%s)", flag, value, range);
+    return -1;
+}
+
+int api_flag_long_range(const char *flag, long v, long lo, long hi, char *err, size_t errlen)
+{
+    if (v == API_FLAG_UNSET || (v >= lo && v <= hi)) return 0;
+    char value[32], range[64];
+    snprintf(value, sizeof value, "%ld", v);
+    if (hi == LONG_MAX) snprintf(range, sizeof range, "at least %ld", lo);
+    else snprintf(range, sizeof range, "%ld..%ld", lo, hi);
+    return range_error(flag, value, range, err, errlen);
+}
+
+int api_flag_double_range(const char *flag, double v, double lo, bool lo_open, double hi, char *err, size_t errlen)
+{
+    if (isnan(v) || ((lo_open ? v > lo : v >= lo) && v <= hi)) return 0;
+    char value[32], range[64];
+    snprintf(value, sizeof value, "%g", v);
+    if (lo_open && isinf(hi)) snprintf(range, sizeof range, "above %g", lo);
+    else if (lo_open) snprintf(range, sizeof range, "above %g, at most %g", lo, hi);
+    else if (isinf(hi)) snprintf(range, sizeof range, "at least %g", lo);
+    else snprintf(range, sizeof range, "%g..%g", lo, hi);
+    return range_error(flag, value, range, err, errlen);
+}
+
+void api_gpu_util_note(const char *who, const char *device, double util, const char *kv_cache_memory)
+{
+    if (isnan(util)) return;
+    bool cpu = device ? !strcmp(device, "cpu") : !model_cuda_available();
+    if (cpu)
+        fprintf(stderr, "sluice %s: --gpu-memory-utilization: %g ignored: the model runs on the CPU, "
+                        "where --kv-cache-memory sets the KV cache size\n", who, util);
+    else if (kv_cache_memory)
+        fprintf(stderr, "sluice %s: --gpu-memory-utilization: %g ignored: --kv-cache-memory %s sets the KV cache size\n",
+                who, util, kv_cache_memory);
 }
 
 long long api_parse_bytes(const char *s)

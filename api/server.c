@@ -10,12 +10,17 @@
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 #include <event2/thread.h>
+#include <math.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "api.h"
 #include "openai.h"
@@ -94,6 +99,16 @@ fail:
     return NULL;
 }
 
+/* host as a URL spells it: an IPv6 address in brackets; for the example a
+ * client can paste (connect), a wildcard address becomes 127.0.0.1 */
+static const char *url_host(const char *host, bool connect, char *buf, size_t len)
+{
+    if (connect && (!strcmp(host, "0.0.0.0") || !strcmp(host, "::") || !*host)) return "127.0.0.1";
+    if (!strchr(host, ':')) return host;
+    snprintf(buf, len, "[%s]", host);
+    return buf;
+}
+
 static void on_ready(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
@@ -105,16 +120,19 @@ static void on_ready(evutil_socket_t fd, short what, void *arg)
         return;
     }
     const struct sched_config *c = sched_engine_config(s->eng);
+    char h1[300], h2[300];
+    /* the key itself stays out of logs: the example names where it goes */
     fprintf(stderr,
             "sluice serve: %s ready on http://%s:%ld (backend %s, max-model-len %d, max-num-seqs %d, "
             "max-num-batched-tokens %d%s%s%s)\n"
-            "try: curl http://%s:%ld/v1/chat/completions -H 'Content-Type: application/json' "
+            "try: curl http://%s:%ld/v1/chat/completions -H 'Content-Type: application/json'%s "
             "-d '{\"model\":\"%s\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello!\"}]}'\n",
-            s->model_name, s->o.host, s->o.port, s->be->ops->name, c->max_model_len, c->max_num_seqs,
-            c->max_num_batched_tokens, s->o.kv_cache_dtype ? ", kv-cache-dtype " : "",
+            s->model_name, url_host(s->o.host, false, h1, sizeof h1), s->o.port, s->be->ops->name, c->max_model_len,
+            c->max_num_seqs, c->max_num_batched_tokens, s->o.kv_cache_dtype ? ", kv-cache-dtype " : "",
             s->o.kv_cache_dtype ? s->o.kv_cache_dtype : "",
-            s->o.enforce_eager && !strcmp(s->be->ops->name, "cuda") ? ", enforce-eager: no CUDA graphs" : "", s->o.host,
-            s->o.port, s->model_name);
+            s->o.enforce_eager && !strcmp(s->be->ops->name, "cuda") ? ", enforce-eager: no CUDA graphs" : "",
+            url_host(s->o.host, true, h2, sizeof h2), s->o.port,
+            s->o.api_key && *s->o.api_key ? " -H \"Authorization: Bearer $SLUICE_API_KEY\"" : "", s->model_name);
 }
 
 static void on_wake(evutil_socket_t fd, short what, void *arg)
@@ -447,6 +465,55 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 
 /* ---- the command ---- */
 
+/* A listening socket on host:port, for evhttp_accept_socket. Made here
+ * rather than by evhttp_bind_socket so that a failure says why: libevent's
+ * leaves no errno when the address does not resolve. An address that looks
+ * numeric is never sent to DNS. Returns the socket, or -1 with the reason in
+ * err. */
+static evutil_socket_t listen_on(const char *host, long port, char *err, size_t errlen)
+{
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE | AI_NUMERICSERV | AI_NUMERICHOST};
+    struct addrinfo *res = NULL;
+    char service[16];
+    snprintf(service, sizeof service, "%ld", port);
+    int rc = getaddrinfo(host, service, &hints, &res);
+    if (rc == EAI_NONAME && *host && strspn(host, "0123456789.") != strlen(host) && !strchr(host, ':')) {
+        hints.ai_flags &= ~AI_NUMERICHOST; /* a host name: resolve it */
+        rc = getaddrinfo(host, service, &hints, &res);
+        if (rc) {
+            snprintf(err, errlen, "the host name does not resolve (%s)",
+                     rc == EAI_SYSTEM ? strerror(errno) : gai_strerror(rc));
+            return -1;
+        }
+    } else if (rc) {
+        snprintf(err, errlen, "not a valid IPv4 or IPv6 address (--host)");
+        return -1;
+    }
+    int fd = -1, e = 0;
+    for (struct addrinfo *a = res; a && fd < 0; a = a->ai_next) {
+        fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+        if (fd < 0) {
+            e = errno;
+            continue;
+        }
+        int on = 1; /* as evhttp_bind_socket: a restart need not wait out TIME_WAIT */
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
+        if (bind(fd, a->ai_addr, a->ai_addrlen) || listen(fd, 128)) {
+            e = errno;
+            close(fd);
+            fd = -1;
+        }
+    }
+    freeaddrinfo(res);
+    if (fd < 0)
+        snprintf(err, errlen, "%s%s", strerror(e),
+                 e == EADDRINUSE      ? " (another process listens on this port: pick another --port)"
+                 : e == EADDRNOTAVAIL ? " (--host must be an address of this machine, or 0.0.0.0 for all)"
+                 : e == EACCES        ? " (ports below 1024 need privileges)"
+                                      : "");
+    return fd;
+}
+
 static const char USAGE[] =
     "usage: sluice serve [MODEL] [--model MODEL] [flags]\n"
     "  OpenAI-compatible server: /v1/chat/completions, /v1/completions, /v1/responses, /v1/models,\n"
@@ -462,7 +529,10 @@ int api_cmd_serve(int argc, char **argv)
     o->host = "127.0.0.1";
     o->port = 8000;
     o->enable_prefix_caching = true;
-    o->gpu_memory_utilization = 0.9;
+    /* not given: the model's length, vLLM's sizes for the device, 0.9 */
+    o->max_model_len = o->max_num_seqs = o->max_num_batched_tokens = API_FLAG_UNSET;
+    o->gpu_memory_utilization = NAN;
+    o->block_size = 16;
     o->tensor_parallel_size = 1;
     o->max_body_bytes = 32L << 20;
     o->min_batch_share = 0.1;
@@ -479,17 +549,18 @@ int api_cmd_serve(int argc, char **argv)
         {"--host", API_FLAG_STR, &o->host, "address to listen on (127.0.0.1)", NULL},
         {"--port", API_FLAG_INT, &o->port, "port (8000)", NULL},
         {"--api-key", API_FLAG_STR, &o->api_key, "require 'Authorization: Bearer KEY' on /v1/*", NULL},
-        {"--max-model-len", API_FLAG_INT, &o->max_model_len, "prompt + completion tokens at most", NULL},
+        {"--max-model-len", API_FLAG_HUMAN_INT, &o->max_model_len,
+         "prompt + completion tokens at most, e.g. 32k (32000) or 32K (32768)", NULL},
         {"--max-num-seqs", API_FLAG_INT, &o->max_num_seqs, "sequences running at once (GPU 256, CPU 64)", NULL},
-        {"--max-num-batched-tokens", API_FLAG_INT, &o->max_num_batched_tokens,
-         "tokens per engine step (GPU 8192, CPU 1024)", NULL},
+        {"--max-num-batched-tokens", API_FLAG_HUMAN_INT, &o->max_num_batched_tokens,
+         "tokens per engine step, e.g. 8k (GPU 8192, CPU 1024)", NULL},
         {"--enable-prefix-caching", API_FLAG_BOOL, &o->enable_prefix_caching, "reuse KV of repeated prefixes (on)",
          "--no-enable-prefix-caching"},
         {"--enable-prompt-tokens-details", API_FLAG_BOOL, &o->enable_prompt_tokens_details,
          "usage.prompt_tokens_details.cached_tokens", NULL},
         {"--block-size", API_FLAG_INT, &o->block_size, "KV tokens per block (16)", NULL},
         {"--kv-cache-memory", API_FLAG_STR, &o->kv_cache_memory, "KV pool size, e.g. 2G (CPU: 1G; GPU: from --gpu-memory-utilization)", NULL},
-        {"--gpu-memory-utilization", API_FLAG_FLOAT, &o->gpu_memory_utilization, "GPU memory fraction (0.9)", NULL},
+        {"--gpu-memory-utilization", API_FLAG_FLOAT, &o->gpu_memory_utilization, "GPU memory fraction (0.9; no effect on the CPU)", NULL},
         {"--tensor-parallel-size", API_FLAG_INT, &o->tensor_parallel_size, "GPUs per model (1)", NULL},
         {"--trust-remote-code", API_FLAG_BOOL, &trust_remote_code, "accepted for vLLM compatibility; no effect", NULL},
         {"--device", API_FLAG_STR, &o->device, "cpu or cuda (default: cuda when available)", NULL},
@@ -557,16 +628,39 @@ int api_cmd_serve(int argc, char **argv)
         return 2;
     }
     o->hf_overrides = vf.hf_overrides;
-    if (o->max_num_seqs >= 0 && o->max_num_batched_tokens >= 0)
-        api_engine_defaults(o->device, &o->max_num_seqs, &o->max_num_batched_tokens);
-    if (o->port <= 0 || o->port > 65535 || o->max_model_len < 0 || o->max_num_seqs < 0 ||
-        o->max_num_batched_tokens < 0 || o->block_size < 0 || o->tensor_parallel_size < 1 ||
-        o->gpu_memory_utilization <= 0 || o->gpu_memory_utilization > 1 || o->max_body_bytes < 1024 ||
-        o->min_batch_share < 0 || o->min_batch_share > 1 || o->max_batch_file_lines < 1 ||
-        o->max_batch_file_bytes < 1) {
-        fprintf(stderr, "sluice serve: a flag is out of range (see --help)\n");
+    /* each message names the flag, its value and what it may be; a value
+     * given as 0 is refused as vLLM refuses it, not read as "the default" */
+    if (api_flag_long_range("--port", o->port, 1, 65535, err, sizeof err) ||
+        api_flag_long_range("--max-model-len", o->max_model_len, 1, INT_MAX, err, sizeof err) ||
+        api_flag_long_range("--max-num-seqs", o->max_num_seqs, 1, INT_MAX, err, sizeof err) ||
+        api_flag_long_range("--max-num-batched-tokens", o->max_num_batched_tokens, 1, INT_MAX, err, sizeof err) ||
+        api_flag_long_range("--block-size", o->block_size, 1, 1024, err, sizeof err) ||
+        api_flag_long_range("--tensor-parallel-size", o->tensor_parallel_size, 1, LONG_MAX, err, sizeof err) ||
+        api_flag_long_range("--threads", o->threads, 0, INT_MAX, err, sizeof err) ||
+        api_flag_double_range("--gpu-memory-utilization", o->gpu_memory_utilization, 0, true, 1, err, sizeof err) ||
+        api_flag_long_range("--max-request-bytes", o->max_body_bytes, 1024, LONG_MAX, err, sizeof err) ||
+        api_flag_double_range("--min-batch-share", o->min_batch_share, 0, false, 1, err, sizeof err) ||
+        api_flag_long_range("--max-batch-file-lines", o->max_batch_file_lines, 1, LONG_MAX, err, sizeof err) ||
+        api_flag_long_range("--max-batch-file-bytes", o->max_batch_file_bytes, 1, LONG_MAX, err, sizeof err)) {
+        fprintf(stderr, "sluice serve: %s\n", err);
         return 2;
     }
+    if (o->kv_cache_memory && api_parse_bytes(o->kv_cache_memory) <= 0) {
+        fprintf(stderr, "sluice serve: invalid --kv-cache-memory '%s' (e.g. 2G, 512M)\n", o->kv_cache_memory);
+        return 2;
+    }
+    if (o->max_model_len == API_FLAG_UNSET) o->max_model_len = 0;
+    if (o->max_num_seqs == API_FLAG_UNSET) o->max_num_seqs = 0;
+    if (o->max_num_batched_tokens == API_FLAG_UNSET) o->max_num_batched_tokens = 0;
+    api_engine_defaults(o->device, &o->max_num_seqs, &o->max_num_batched_tokens);
+    if (o->max_num_batched_tokens < o->max_num_seqs) { /* both given: the defaults bend to a given value */
+        fprintf(stderr, "sluice serve: --max-num-batched-tokens %ld is less than --max-num-seqs %ld "
+                        "(a step must hold one token of every running sequence)\n",
+                o->max_num_batched_tokens, o->max_num_seqs);
+        return 2;
+    }
+    api_gpu_util_note("serve", o->device, o->gpu_memory_utilization, o->kv_cache_memory);
+    if (isnan(o->gpu_memory_utilization)) o->gpu_memory_utilization = 0.9;
     if (o->tensor_parallel_size > 1 && (o->device ? strcmp(o->device, "cuda") : !model_cuda_available())) {
         fprintf(stderr, "sluice serve: --tensor-parallel-size %ld needs --device cuda and that many GPUs%s\n",
                 o->tensor_parallel_size, model_cuda_available() ? "" : " (this build or host has no GPU)");
@@ -596,8 +690,15 @@ int api_cmd_serve(int argc, char **argv)
     long cap = o->max_batch_file_bytes + (1L << 20);
     evhttp_set_max_body_size(s->http, cap > o->max_body_bytes + 1024 ? cap : o->max_body_bytes + 1024);
     evhttp_set_gencb(s->http, route, s);
-    if (evhttp_bind_socket(s->http, o->host, (ev_uint16_t)o->port)) {
-        fprintf(stderr, "sluice serve: cannot listen on %s:%ld: %s\n", o->host, o->port, strerror(errno));
+    char hb[300];
+    evutil_socket_t lfd = listen_on(o->host, o->port, err, sizeof err);
+    if (lfd < 0 || evhttp_accept_socket(s->http, lfd)) {
+        if (lfd >= 0) {
+            close(lfd);
+            snprintf(err, sizeof err, "libevent cannot accept on the socket");
+        }
+        fprintf(stderr, "sluice serve: cannot listen on %s:%ld: %s\n", url_host(o->host, false, hb, sizeof hb),
+                o->port, err);
         return 1;
     }
     if (srv_batch_start(s, err, sizeof err)) { /* after the bind: a second server must not recover our rows */
@@ -611,7 +712,8 @@ int api_cmd_serve(int argc, char **argv)
     event_add(sigint, NULL);
     event_add(sigterm, NULL);
     sched_evbuf_init(&s->evbuf);
-    fprintf(stderr, "sluice serve: listening on http://%s:%ld, loading %s\n", o->host, o->port, o->model);
+    fprintf(stderr, "sluice serve: listening on http://%s:%ld, loading %s\n", url_host(o->host, false, hb, sizeof hb),
+            o->port, o->model);
     pthread_t loader;
     if (pthread_create(&loader, NULL, load_main, s)) {
         fprintf(stderr, "sluice serve: cannot start the loader thread\n");

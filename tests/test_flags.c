@@ -1,6 +1,9 @@
 /* test_flags.c - the command-line layer's shared pieces (api/flags.c): flag
  * tables, sizes with suffixes, the engine sizes that depend on where the
- * model runs, and --kv-cache-dtype (model_kv_dtype). */
+ * model runs, vLLM's human-readable integers, range messages that name the
+ * flag, and --kv-cache-dtype (model_kv_dtype). */
+#include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +21,80 @@ static void test_parse_bytes(void)
     CHECK(api_parse_bytes("1073741824") == 1073741824LL);
     CHECK(api_parse_bytes("") == -1 && api_parse_bytes("G") == -1 && api_parse_bytes("-1G") == -1);
     CHECK(api_parse_bytes("2X") == -1 && api_parse_bytes("2GG") == -1);
+}
+
+/* vLLM's human_readable_int: k m g t decimal (with decimals), K M G T
+ * binary (without), plain integers as int() reads them, int range only */
+static void test_human_int(void)
+{
+    struct {
+        const char *s;
+        long want;
+    } ok[] = {
+        {"4096", 4096},        {"32k", 32000},     {"25.6k", 25600},      {"32K", 32768},   {"1m", 1000000},
+        {"1M", 1048576},       {"2g", 2000000000}, {"1G", 1073741824},    {"0.002t", 2000000000},
+        {"1.005k", 1005},      {"1.2345k", 1234},  {" 8k ", 8000},        {"-5", -5},       {"+7", 7},
+        {"0", 0},              {"2147483647", INT_MAX}, {"-2147483648", INT_MIN}, {"2.147483647g", INT_MAX},
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        long v = -1;
+        char err[256] = "";
+        int rc = api_parse_human_int(ok[i].s, &v, err, sizeof err);
+        CHECKF(rc == 0 && v == ok[i].want, "'%s': rc %d, %ld (want %ld) %s", ok[i].s, rc, v, ok[i].want, err);
+    }
+    struct {
+        const char *s, *words;
+    } bad[] = {
+        {"1.5K", "did you mean 1.5k?"},   {"2.0G", "did you mean 2.0g?"}, {"", "expected an integer"},
+        {"k", "expected an integer"},     {"1.k", "expected an integer"}, {".5k", "expected an integer"},
+        {"1kk", "expected an integer"},   {"1x", "expected an integer"},  {"1.5", "expected an integer"},
+        {"-1k", "expected an integer"},   {"1 k", "expected an integer"}, {"2147483648", "out of range"},
+        {"-2147483649", "out of range"},  {"3g", "out of range"},         {"2T", "out of range"},
+        {"2.147483648g", "out of range"}, {"99999999999999999999999", "out of range"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        long v = 42;
+        char err[256] = "";
+        int rc = api_parse_human_int(bad[i].s, &v, err, sizeof err);
+        CHECKF(rc == -1 && v == 42 && strstr(err, bad[i].words), "'%s': rc %d, %ld, '%s'", bad[i].s, rc, v, err);
+    }
+    /* through a flag table: the message names the flag and the value */
+    long n = API_FLAG_UNSET;
+    const struct api_flag flags[] = {{"--max-model-len", API_FLAG_HUMAN_INT, &n, "", NULL}, {0}};
+    char *argv[] = {"sluice", "cmd", "--max-model-len=32k", NULL};
+    char *badv[] = {"sluice", "cmd", "--max-model-len", "1.5K", NULL};
+    const char *pos[1];
+    char err[256];
+    CHECK(api_parse_flags(3, argv, 2, flags, pos, 1, err, sizeof err) == 0 && n == 32000);
+    CHECK(api_parse_flags(4, badv, 2, flags, pos, 1, err, sizeof err) == -1);
+    CHECKF(strstr(err, "--max-model-len") && strstr(err, "'1.5K'") && strstr(err, "decimal"), "%s", err);
+}
+
+/* range messages name the flag, the value and the range; values left unset
+ * (API_FLAG_UNSET, NAN) pass, and no integer flag parses to API_FLAG_UNSET */
+static void test_flag_ranges(void)
+{
+    char err[256] = "";
+    CHECK(api_flag_long_range("--port", 8000, 1, 65535, err, sizeof err) == 0);
+    CHECK(api_flag_long_range("--port", 99999, 1, 65535, err, sizeof err) == -1);
+    CHECKF(!strcmp(err, "--port 99999 is out of range (1..65535)"), "%s", err);
+    CHECK(api_flag_long_range("--max-num-seqs", 0, 1, LONG_MAX, err, sizeof err) == -1);
+    CHECKF(!strcmp(err, "--max-num-seqs 0 is out of range (at least 1)"), "%s", err);
+    CHECK(api_flag_long_range("--max-num-seqs", API_FLAG_UNSET, 1, LONG_MAX, err, sizeof err) == 0);
+    CHECK(api_flag_double_range("--gpu-memory-utilization", 1.5, 0, true, 1, err, sizeof err) == -1);
+    CHECKF(!strcmp(err, "--gpu-memory-utilization 1.5 is out of range (above 0, at most 1)"), "%s", err);
+    CHECK(api_flag_double_range("--gpu-memory-utilization", 0, 0, true, 1, err, sizeof err) == -1);
+    CHECK(api_flag_double_range("--gpu-memory-utilization", 1, 0, true, 1, err, sizeof err) == 0);
+    CHECK(api_flag_double_range("--gpu-memory-utilization", NAN, 0, true, 1, err, sizeof err) == 0);
+    CHECK(api_flag_double_range("--min-p", -0.5, 0, false, 1, err, sizeof err) == -1);
+    CHECKF(!strcmp(err, "--min-p -0.5 is out of range (0..1)"), "%s", err);
+    CHECK(api_flag_double_range("--temperature", -1, 0, false, INFINITY, err, sizeof err) == -1);
+    CHECKF(!strcmp(err, "--temperature -1 is out of range (at least 0)"), "%s", err);
+    long n = 5;
+    const struct api_flag flags[] = {{"--n", API_FLAG_INT, &n, "", NULL}, {0}};
+    char *argv[] = {"sluice", "cmd", "--n", "-9223372036854775808", NULL};
+    const char *pos[1];
+    CHECK(api_parse_flags(4, argv, 2, flags, pos, 1, err, sizeof err) == -1 && n == 5);
 }
 
 /* vLLM's GPU sizes on "cuda", ours on "cpu"; given values are kept, and a
@@ -100,6 +177,8 @@ int main(void)
     RUN(test_parse_bytes);
     RUN(test_engine_defaults);
     RUN(test_flag_table);
+    RUN(test_human_int);
+    RUN(test_flag_ranges);
     RUN(test_kv_cache_dtype);
     return test_summary();
 }

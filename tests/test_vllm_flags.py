@@ -8,6 +8,7 @@ Prints one line per test and ends with "N passed, N failed".
 import http.client
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -42,9 +43,23 @@ def serve_and_chat(args, name):
     return out
 
 
-def run_fail(args):
-    p = subprocess.run([BIN, "serve", MODEL] + args, capture_output=True, text=True, timeout=120)
-    assert p.returncode != 0, p
+def serve_ready(args):
+    """Starts the server with args, waits for /health, stops it; returns its stderr."""
+    port = free_port()
+    args = [a.replace("PORT", str(port)) for a in args]
+    proc = lib.start_server(args, stdout=subprocess.PIPE, text=True)
+    try:
+        if not lib.wait_healthy(port, proc) and proc.poll() is not None:
+            raise AssertionError("server exited: " + proc.stdout.read())
+    finally:
+        out = lib.stop_server(proc, timeout=30)
+    return out
+
+
+def run_fail(args, cmd="serve", rc=None):
+    argv = [BIN, cmd, MODEL] if cmd == "serve" else [BIN, cmd, "--model", MODEL]
+    p = subprocess.run(argv + args, capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 if rc is None else p.returncode == rc, (p.returncode, p.stderr)
     return p.stderr
 
 
@@ -120,13 +135,102 @@ def test_kv_cache_dtype():
         assert "--kv-cache-dtype " + value in err and words in err, err
 
 
+def test_human_readable_ints():
+    """vLLM's human_readable_int for the token counts: k m g t decimal (with
+    decimals), K M G T binary (without), int range only"""
+    out = serve_ready(["--port", "PORT", "--max-model-len", "1.5k", "--max-num-batched-tokens", "1K"])
+    assert "max-model-len 1500," in out and "max-num-batched-tokens 1024)" in out, out
+    for cmd, extra in [("serve", []), ("run-batch", ["-i", "in.jsonl", "-o", "out.jsonl"]),
+                       ("generate", ["--prompt", "hi"])]:
+        err = run_fail(extra + ["--max-model-len", "1.5K"], cmd, rc=2)
+        assert "'1.5K' for --max-model-len" in err and "decimals are only allowed with the lowercase" in err \
+            and "did you mean 1.5k?" in err, err
+    err = run_fail(["--max-num-batched-tokens", "3g"], rc=2)
+    assert "'3g' for --max-num-batched-tokens" in err and "out of range (at most 2147483647)" in err, err
+    err = run_fail(["--max-model-len", "32x"], rc=2)
+    assert "'32x' for --max-model-len" in err and "32k" in err, err
+    help_text = subprocess.run([BIN, "serve", "--help"], capture_output=True, text=True).stderr
+    assert any("--max-model-len" in l and "32k" in l for l in help_text.splitlines()), help_text
+
+
+def test_range_errors_name_the_flag():
+    """every range check at start-up names the flag, its value and the range;
+    0 for the engine sizes is refused (as in vLLM), not read as the default"""
+    serve = [(["--port", "99999"], "--port 99999 is out of range (1..65535)"),
+             (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization 1.5 is out of range (above 0, at most 1)"),
+             (["--max-num-seqs", "0"], "--max-num-seqs 0 is out of range (1.."),
+             (["--max-num-seqs", "-4"], "--max-num-seqs -4 is out of range (1.."),
+             (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens 0 is out of range (1.."),
+             (["--max-model-len", "0"], "--max-model-len 0 is out of range"),
+             (["--block-size", "0"], "--block-size 0 is out of range (1..1024)"),
+             (["--min-batch-share", "2"], "--min-batch-share 2 is out of range (0..1)"),
+             (["--tensor-parallel-size", "0"], "--tensor-parallel-size 0 is out of range (at least 1)"),
+             (["--max-num-seqs", "64", "--max-num-batched-tokens", "32"],
+              "--max-num-batched-tokens 32 is less than --max-num-seqs 64")]
+    for args, words in serve:
+        err = run_fail(args, rc=2)
+        assert words in err and "see --help" not in err, (args, err)
+    io = ["-i", "in.jsonl", "-o", "out.jsonl"]
+    for args, words in [(["--max-num-seqs", "0"], "--max-num-seqs 0 is out of range (1..65536)"),
+                        (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens 0 is out of range (1..1048576)"),
+                        (["--gpu-memory-utilization", "0"], "--gpu-memory-utilization 0 is out of range"),
+                        (["--max-num-seqs", "8", "--max-num-batched-tokens", "4"],
+                         "--max-num-batched-tokens 4 is less than --max-num-seqs 8")]:
+        err = run_fail(io + args, "run-batch", rc=2)
+        assert words in err, (args, err)
+    for args, words in [(["--top-p", "0"], "--top-p 0 is out of range (above 0, at most 1)"),
+                        (["--temperature", "-1"], "--temperature -1 is out of range (at least 0)"),
+                        (["--max-model-len", "8"], "--max-model-len 8 is out of range (at least 16)")]:
+        err = run_fail(["--prompt", "hi"] + args, "generate", rc=2)
+        assert words in err and "sampling flag" not in err, (args, err)
+
+
+def test_listen_errors_say_why():
+    """no stale errno ("Success"): a bad address, a name that does not
+    resolve and a port in use each say what is wrong"""
+    err = run_fail(["--host", "256.1.1.1", "--port", str(free_port())], rc=1)
+    assert "cannot listen on 256.1.1.1:" in err and "not a valid IPv4 or IPv6 address" in err, err
+    assert "Success" not in err, err
+    err = run_fail(["--host", "no-such-host.invalid", "--port", str(free_port())], rc=1)
+    assert "no-such-host.invalid" in err and "does not resolve" in err and "Success" not in err, err
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        err = run_fail(["--port", str(port)], rc=1)
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in err, err
+
+
+def test_ready_line_example():
+    """the ready line's curl example reaches the server (127.0.0.1 for a
+    wildcard host) and, with --api-key, says where the key goes without
+    printing it; --gpu-memory-utilization on the CPU is reported as ignored"""
+    key = "s3cret-key-not-to-print"
+    out = serve_ready(["--port", "PORT", "--host", "0.0.0.0", "--api-key", key, "--device", "cpu",
+                       "--gpu-memory-utilization", "0.5"])
+    ready = [l for l in out.splitlines() if " ready on " in l]
+    tries = [l for l in out.splitlines() if l.startswith("try: curl ")]
+    assert len(ready) == 1 and "http://0.0.0.0:" in ready[0], out
+    assert len(tries) == 1 and "curl http://127.0.0.1:" in tries[0], out
+    assert "-H \"Authorization: Bearer $SLUICE_API_KEY\"" in tries[0], out
+    assert key not in out, out
+    notes = [l for l in out.splitlines() if "--gpu-memory-utilization" in l and " ignored: " in l]
+    assert len(notes) == 1 and "0.5 ignored" in notes[0] and "CPU" in notes[0], out
+    # without a key, no Authorization header; without the flag, no notice
+    out = serve_ready(["--port", "PORT", "--device", "cpu"])
+    tries = [l for l in out.splitlines() if l.startswith("try: curl ")]
+    assert len(tries) == 1 and "curl http://127.0.0.1:" in tries[0] and "Authorization" not in tries[0], out
+    assert "--gpu-memory-utilization" not in out, out
+
+
 def main():
     if lib.missing_prereqs("test_vllm_flags"):
         return 1
     passed, failed = lib.run_tests([test_first_command_line, test_second_command_line, test_enforce_eager_honoured,
                                     test_hf_override_applies,
                                     test_malformed_json_flag, test_unknown_flag, test_impossible_max_model_len,
-                                    test_kv_cache_dtype])
+                                    test_kv_cache_dtype, test_human_readable_ints, test_range_errors_name_the_flag,
+                                    test_listen_errors_say_why, test_ready_line_example])
     return lib.summary(passed, failed)
 
 
