@@ -522,6 +522,19 @@ int api_oai_tokenize(const struct api_oai_req *r, const model_tok *tok, int32_t 
     }
 }
 
+int api_oai_check_length(const struct api_oai_req *r, int p, const model_tok *tok, int max_model_len,
+                         struct api_oai_error *e)
+{
+    const char *text = p >= 0 ? r->prompts[p] : r->prompt_text;
+    size_t len = text ? strlen(text) : 0, mb = (size_t)model_tok_max_bytes(tok);
+    if (r->prompt_ids || mb == 0 || len <= (size_t)max_model_len * mb) return 0;
+    return api_oai_errorf(e, 400, r->kind == API_OAI_CHAT ? "messages" : "prompt",
+                          "This model's maximum context length is %d tokens. However, your prompt has at least %zu "
+                          "tokens (%zu bytes of text, at most %zu bytes a token). Please reduce the length of the "
+                          "prompt.",
+                          max_model_len, (len + mb - 1) / mb, len, mb);
+}
+
 int api_oai_to_sched(const struct api_oai_req *r, const int32_t *ids, int n_ids, int max_model_len,
                      struct sched_request *out, struct api_oai_error *e)
 {
@@ -659,18 +672,19 @@ void api_oai_result_add(struct api_oai_result *res, const struct api_oai_req *r,
         add_token_str(&res->lp, tok, o->token);
         json_buf_addf(&res->lp_vals, "%s%.6g", sep, lp_value(o->logprob));
         json_buf_addf(&res->lp_off, "%s%zu", sep, before);
+        /* the sampled token first, then the top ones without it: up to
+         * logprobs + 1 entries, as the legacy API and vLLM give */
         json_buf_add(&res->lp_top, sep, strlen(sep));
-        if (o->n_top == 0) {
-            ADD_LIT(&res->lp_top, "null");
-        } else {
-            ADD_LIT(&res->lp_top, "{");
-            for (int i = 0; i < o->n_top; i++) {
-                if (i) ADD_LIT(&res->lp_top, ",");
-                add_token_str(&res->lp_top, tok, o->top_ids[i]);
-                json_buf_addf(&res->lp_top, ":%.6g", lp_value(o->top_logprobs[i]));
-            }
-            ADD_LIT(&res->lp_top, "}");
+        ADD_LIT(&res->lp_top, "{");
+        add_token_str(&res->lp_top, tok, o->token);
+        json_buf_addf(&res->lp_top, ":%.6g", lp_value(o->logprob));
+        for (int i = 0; i < o->n_top; i++) {
+            if (o->top_ids[i] == o->token) continue;
+            ADD_LIT(&res->lp_top, ",");
+            add_token_str(&res->lp_top, tok, o->top_ids[i]);
+            json_buf_addf(&res->lp_top, ":%.6g", lp_value(o->top_logprobs[i]));
         }
+        ADD_LIT(&res->lp_top, "}");
     }
     res->n_lp++;
 }

@@ -85,6 +85,14 @@ void api_oai_req_free(struct api_oai_req *r);
 int api_oai_tokenize(const struct api_oai_req *r, const model_tok *tok, int32_t **ids,
                      struct api_oai_error *e);
 
+/* Before tokenizing: a 400 like api_oai_to_sched's when the prompt's text
+ * (prompt p of a list, or -1: the prompt) is so long that its tokens cannot
+ * fit max_model_len, whatever they are (model_tok_max_bytes). A long text
+ * costs seconds to tokenize; this costs nothing. Returns 0 or a negative
+ * status with *e filled. */
+int api_oai_check_length(const struct api_oai_req *r, int p, const model_tok *tok, int max_model_len,
+                         struct api_oai_error *e);
+
 /* Fills a sched_request from r and its tokenized prompt (borrowed by *out:
  * ids, stop strings). max_tokens defaults to what is left of max_model_len
  * (chat) or 16 (completions); a prompt that leaves no room is a 400 naming

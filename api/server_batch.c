@@ -365,10 +365,12 @@ static void submit_row(struct srv_batch *b, const struct store_row *row)
         api_oai_errorf(&e, 400, "prompt", "a batch line takes one prompt, not a list: one line per prompt");
         goto fail;
     }
+    int mml = sched_engine_config(s->eng)->max_model_len;
+    if (api_oai_check_length(&j->r, -1, model_get_tok(s->m), mml, &e)) goto fail;
     int n = api_oai_tokenize(&j->r, model_get_tok(s->m), &ids, &e);
     if (n < 0) goto fail;
     struct sched_request sr;
-    if (api_oai_to_sched(&j->r, ids, n, sched_engine_config(s->eng)->max_model_len, &sr, &e)) goto fail;
+    if (api_oai_to_sched(&j->r, ids, n, mml, &sr, &e)) goto fail;
     sr.priority = SCHED_PRIO_BATCH;
     int nc = j->r.n > 1 ? j->r.n : 1;
     j->ch = calloc((size_t)nc, sizeof *j->ch);

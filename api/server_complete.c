@@ -726,10 +726,12 @@ static void handle(struct server *s, struct evhttp_request *req, char *body, siz
     /* each prompt's choices share it: after the first, its blocks come from the prefix cache */
     int per = q->r.n > 1 ? q->r.n : 1, np = q->r.n_prompts > 0 ? q->r.n_prompts : 1, submitted = 0;
     const model_tok *tok = model_get_tok(s->m);
+    int mml = sched_engine_config(s->eng)->max_model_len;
     for (int p = 0; p < np; p++) {
+        if (api_oai_check_length(&q->r, q->r.n_prompts ? p : -1, tok, mml, &e)) break;
         int n = q->r.n_prompts ? api_oai_tokenize_prompt(&q->r, p, tok, &ids, &e) : api_oai_tokenize(&q->r, tok, &ids, &e);
         struct sched_request sr;
-        if (n < 0 || api_oai_to_sched(&q->r, ids, n, sched_engine_config(s->eng)->max_model_len, &sr, &e)) break;
+        if (n < 0 || api_oai_to_sched(&q->r, ids, n, mml, &sr, &e)) break;
         sr.priority = prio;
         for (int i = 0; i < per; i++) {
             char err[256];

@@ -136,6 +136,10 @@ long model_tok_decode(const model_tok *t, const int32_t *ids, int n, bool skip_s
                       size_t cap);
 
 int model_tok_n_vocab(const model_tok *t);
+/* The most bytes of text one token stands for: a text of len bytes encodes
+ * to at least len / model_tok_max_bytes() tokens (no normalizer here
+ * shortens text), a bound known before tokenizing. */
+int model_tok_max_bytes(const model_tok *t);
 int32_t model_tok_bos(const model_tok *t);       /* -1 if none */
 int32_t model_tok_eos(const model_tok *t);       /* -1 if none */
 /* Token ids that end generation: eos plus eot/eom and generation_config eos ids. */

@@ -79,6 +79,7 @@ struct model_tok {
 
     int32_t bos, eos, eot, eom, unk, pad;
     bool add_bos;
+    int max_bytes;           /* the most text one token can stand for (model_tok_max_bytes) */
     int32_t *stop;           /* eos, eot, eom, extra ids, end-of-turn control tokens */
     int n_stop, cap_stop;
 };

@@ -499,6 +499,9 @@ int tok_finish(model_tok *t, char *err, size_t errlen)
             t->spec[t->n_spec++] = id;
     }
     if (spec_sort(t, t->spec, t->n_spec)) goto fail_oom;
+    t->max_bytes = 4; /* an unknown character as one UNK token */
+    for (int32_t id = 0; id < t->n_vocab; id++)
+        if (t->bytes_n[id] > (uint32_t)t->max_bytes) t->max_bytes = (int)t->bytes_n[id];
     for (int b = 0, k = 0; b <= 256; b++) {
         while (k < t->n_spec && (unsigned char)t->text[t->text_off[t->spec[k]]] < b) k++;
         t->spec_start[b] = k;
@@ -844,6 +847,7 @@ long model_tok_decode(const model_tok *t, const int32_t *ids, int n, bool skip_s
 }
 
 int model_tok_n_vocab(const model_tok *t) { return t ? t->n_vocab : 0; }
+int model_tok_max_bytes(const model_tok *t) { return t ? t->max_bytes : 0; }
 int32_t model_tok_bos(const model_tok *t) { return t ? t->bos : -1; }
 int32_t model_tok_eos(const model_tok *t) { return t ? t->eos : -1; }
 

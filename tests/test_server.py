@@ -103,6 +103,15 @@ def test_completions():
     assert r.choices[0].text.startswith(" Paris"), r.choices[0].text
     assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 4
     assert len(r.choices[0].logprobs.tokens) == 4 and len(r.choices[0].logprobs.top_logprobs[0]) == 2
+    # sampled, not greedy: each step's top_logprobs holds the sampled token (first) besides the top 1
+    rs = client.completions.create(model=NAME, prompt="Once upon a time", max_tokens=16, temperature=1.5, seed=3,
+                                   logprobs=1)
+    lp = rs.choices[0].logprobs
+    off_top = 0
+    for tok, val, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert list(top)[0] == tok and abs(top[tok] - val) < 1e-4 and 1 <= len(top) <= 2, (tok, val, top)
+        off_top += len(top) == 2
+    assert off_top > 0, lp  # this seed samples below the top token at least once
     streamed = "".join(c.choices[0].text for c in client.completions.create(
         model=NAME, prompt="The capital of France is", max_tokens=4, temperature=0, stream=True) if c.choices)
     assert streamed == r.choices[0].text
@@ -294,6 +303,20 @@ def test_tool_round_trip_null_content():
                 {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}]
         st, text = request("POST", "/v1/chat/completions", dict(CHAT, messages=msgs, max_tokens=4))
         assert st == 200, (turn, st, text)
+
+
+def test_long_text_refused_before_tokenizing():
+    """A text longer than max-model-len tokens could ever cover is refused
+    without tokenizing it (one token is at most 81 bytes of SmolLM2's text);
+    a shorter one that still does not fit is refused after, by its count."""
+    for kind, body in (("chat", dict(CHAT, messages=[{"role": "user", "content": "x" * 50000}])),
+                       ("completions", {"model": NAME, "prompt": "x" * 50000, "max_tokens": 4})):
+        st, text = request("POST", "/v1/" + ("chat/completions" if kind == "chat" else "completions"), body)
+        assert st == 400 and "at least" in json.loads(text)["error"]["message"], (kind, st, text)
+    st, text = request("POST", "/v1/completions", {"model": NAME, "prompt": "x" * 30000, "max_tokens": 4})
+    msg = json.loads(text)["error"]["message"]
+    assert st == 400 and "at least" not in msg and "maximum context length" in msg, (st, text)
+    ok_request()
 
 
 def test_n_choices():
@@ -499,6 +522,7 @@ def main():
                  test_seed_reproducible, test_prefix_cache_reported, test_tokenize_roundtrip,
                  test_errors_then_success, test_concurrent_streams_batched, test_disconnect_frees_blocks,
                  test_disconnect_unstreamed, test_tools_without_parser, test_tool_round_trip_null_content,
+                 test_long_text_refused_before_tokenizing,
                  test_n_choices, test_logit_bias, test_min_tokens, test_json_mode, test_responses_api, test_prompt_list]
         passed, failed = lib.run_tests(tests, proc=proc)
     finally:

@@ -785,6 +785,36 @@ static void test_repeat(void)
     free(a), free(b), free(two);
 }
 
+/* model_tok_max_bytes bounds what one token stands for: no id decodes to
+ * more (and one decodes to exactly that, or the UNK floor of 4), so every
+ * suite string has at least len / max tokens: the server refuses too-long
+ * texts by it before tokenizing. */
+static void test_max_bytes(void)
+{
+    for (size_t v = 0; v <= sizeof k_bpe_vocabs / sizeof k_bpe_vocabs[0]; v++) {
+        const char *name = v < sizeof k_bpe_vocabs / sizeof k_bpe_vocabs[0] ? k_bpe_vocabs[v] : NULL;
+        model_tok *own = name ? open_vocab(name) : NULL;
+        const model_tok *t = name ? own : g_smol;
+        if (!t) continue;
+        int mb = model_tok_max_bytes(t), most = 0;
+        char buf[1024];
+        for (int32_t id = 0; id < model_tok_n_vocab(t); id++) {
+            long n = model_tok_decode(t, &id, 1, false, buf, sizeof buf);
+            if (n > most) most = (int)n;
+        }
+        CHECKF(mb >= 4 && most <= mb && (most == mb || mb == 4), "%s: max_bytes %d, longest token %d bytes",
+               name ? name : "smollm2", mb, most);
+        struct vtest vt;
+        if (name && vtest_load(name, &vt) == 0) {
+            for (int i = 0; i < vt.n; i++)
+                CHECKF((size_t)vt.n_ids[i] * (size_t)mb >= vt.len[i], "%s: string %d: %zu bytes in %d ids", name, i,
+                       vt.len[i], vt.n_ids[i]);
+            vtest_free(&vt);
+        }
+        model_tok_free(own);
+    }
+}
+
 struct thr {
     const model_tok *t;
     const char *s;
@@ -851,6 +881,7 @@ int main(void)
     RUN(test_errors);
     RUN(test_speed);
     RUN(test_repeat);
+    RUN(test_max_bytes);
     RUN(test_threads);
     RUN(test_chatml);
     model_tok_free(g_smol);
