@@ -14,12 +14,21 @@
 
 /* API_FLAG_HUMAN_INT is vLLM's human_readable_int (api_parse_human_int),
  * for token counts such as --max-model-len 32k. */
-enum api_flag_kind { API_FLAG_STR, API_FLAG_INT, API_FLAG_FLOAT, API_FLAG_BOOL, API_FLAG_HUMAN_INT };
+/* API_FLAG_STRS takes one or more values (argparse's nargs="+"): the
+ * arguments after the flag up to the next one that starts with '-', at most
+ * API_FLAG_MAX_STRS (vLLM's --served-model-name a b). */
+enum api_flag_kind { API_FLAG_STR, API_FLAG_INT, API_FLAG_FLOAT, API_FLAG_BOOL, API_FLAG_HUMAN_INT, API_FLAG_STRS };
+
+#define API_FLAG_MAX_STRS 8
+struct api_flag_strs {
+    int n;
+    const char *v[API_FLAG_MAX_STRS + 1]; /* v[n] is NULL */
+};
 
 struct api_flag {
     const char *name;          /* "--max-tokens" */
     enum api_flag_kind kind;
-    void *dst;                 /* const char **, long * (INT, HUMAN_INT), double *, or bool * */
+    void *dst;                 /* const char **, long * (INT, HUMAN_INT), double *, bool *, or struct api_flag_strs * */
     const char *help;
     const char *neg;           /* optional "--no-..." name that sets a bool false */
 };

@@ -43,6 +43,8 @@ static int set_value(const struct api_flag *f, const char *v, char *err, size_t 
         else if (!strcmp(v, "false") || !strcmp(v, "0")) *(bool *)f->dst = false;
         else break;
         return 0;
+    case API_FLAG_STRS: /* api_parse_flags takes its values */
+        break;
     }
     snprintf(err, errlen, "invalid value '%s' for %s (expected %s)", v, f->name,
              f->kind == API_FLAG_INT ? "an integer" : f->kind == API_FLAG_FLOAT ? "a number" : "true or false");
@@ -89,6 +91,20 @@ int api_parse_flags(int argc, char **argv, int first, const struct api_flag *fla
             snprintf(err, errlen, "%s needs a value", f->name);
             return -1;
         }
+        if (f->kind == API_FLAG_STRS) {
+            struct api_flag_strs *l = f->dst;
+            l->n = 0;
+            l->v[l->n++] = v;
+            while (!eq && i + 1 < argc && argv[i + 1][0] != '-') {
+                if (l->n == API_FLAG_MAX_STRS) {
+                    snprintf(err, errlen, "%s takes at most %d values", f->name, API_FLAG_MAX_STRS);
+                    return -1;
+                }
+                l->v[l->n++] = argv[++i];
+            }
+            l->v[l->n] = NULL;
+            continue;
+        }
         if (set_value(f, v, err, errlen)) return -1;
     }
     return npos;
@@ -98,7 +114,8 @@ void api_print_flags(const struct api_flag *flags)
 {
     for (const struct api_flag *f = flags; f->name; f++) {
         char name[96];
-        const char *arg = f->kind == API_FLAG_STR ? " S" : f->kind == API_FLAG_INT || f->kind == API_FLAG_HUMAN_INT ? " N"
+        const char *arg = f->kind == API_FLAG_STR ? " S" : f->kind == API_FLAG_STRS ? " S [S ...]"
+                        : f->kind == API_FLAG_INT || f->kind == API_FLAG_HUMAN_INT ? " N"
                         : f->kind == API_FLAG_FLOAT ? " X" : "";
         if (f->neg) snprintf(name, sizeof name, "%s, %s", f->name, f->neg);
         else snprintf(name, sizeof name, "%s%s", f->name, arg);

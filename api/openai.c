@@ -350,7 +350,14 @@ static uint64_t random_seed(void)
            (__atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED) * 0x9E3779B97F4A7C15ULL);
 }
 
-int api_oai_parse_doc(const json_doc *d, int obj, enum api_oai_endpoint kind, const char *served_model,
+bool api_oai_model_known(const char *const *names, const char *model)
+{
+    for (; names && *names; names++)
+        if (!strcmp(*names, model)) return true;
+    return false;
+}
+
+int api_oai_parse_doc(const json_doc *d, int obj, enum api_oai_endpoint kind, const char *const *served,
                       struct api_oai_req *r, struct api_oai_error *e)
 {
     memset(r, 0, sizeof *r);
@@ -370,7 +377,7 @@ int api_oai_parse_doc(const json_doc *d, int obj, enum api_oai_endpoint kind, co
             rc = api_oai_errorf(e, 400, "model", "'model' must be a string");
             goto fail;
         }
-        if (served_model && strcmp(r->model, served_model)) {
+        if (served && !api_oai_model_known(served, r->model)) {
             rc = api_oai_errorf(e, 404, "model", "The model `%s` does not exist.", r->model);
             goto fail;
         }
@@ -450,7 +457,7 @@ fail:
     return rc < 0 ? rc : SL_EINVAL;
 }
 
-int api_oai_parse(const char *body, size_t len, enum api_oai_endpoint kind, const char *served_model,
+int api_oai_parse(const char *body, size_t len, enum api_oai_endpoint kind, const char *const *served,
                   struct api_oai_req *r, struct api_oai_error *e)
 {
     memset(r, 0, sizeof *r);
@@ -458,7 +465,7 @@ int api_oai_parse(const char *body, size_t len, enum api_oai_endpoint kind, cons
     char err[256];
     if (json_parse(&d, body, len, err, sizeof err))
         return api_oai_errorf(e, 400, NULL, "the request body is not valid JSON: %s", err);
-    int rc = api_oai_parse_doc(&d, 0, kind, served_model, r, e);
+    int rc = api_oai_parse_doc(&d, 0, kind, served, r, e);
     json_free(&d);
     return rc;
 }

@@ -69,14 +69,17 @@ struct api_oai_req {
 };
 #define API_OAI_MAX_N 64
 
-/* Parses and validates body[0..len) for endpoint kind. served_model: when not
- * NULL, a "model" other than it is refused (404). On error returns a negative
- * sl_status, fills *e and leaves *r freed (api_oai_req_free is still safe). */
-int api_oai_parse(const char *body, size_t len, enum api_oai_endpoint kind, const char *served_model,
+/* Parses and validates body[0..len) for endpoint kind. served: when not
+ * NULL, the names a "model" may give (NULL-terminated); any other is refused
+ * (404). On error returns a negative sl_status, fills *e and leaves *r freed
+ * (api_oai_req_free is still safe). */
+int api_oai_parse(const char *body, size_t len, enum api_oai_endpoint kind, const char *const *served,
                   struct api_oai_req *r, struct api_oai_error *e);
 /* Same, on an already parsed document whose value obj is the body. */
-int api_oai_parse_doc(const json_doc *d, int obj, enum api_oai_endpoint kind, const char *served_model,
+int api_oai_parse_doc(const json_doc *d, int obj, enum api_oai_endpoint kind, const char *const *served,
                       struct api_oai_req *r, struct api_oai_error *e);
+/* model is one of names (NULL-terminated; NULL: none). */
+bool api_oai_model_known(const char *const *names, const char *model);
 void api_oai_req_free(struct api_oai_req *r);
 
 /* Tokenizes the prompt into a new malloc'ed array (*ids, caller frees; BOS

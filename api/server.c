@@ -174,7 +174,7 @@ static void handle_health(struct server *s, struct evhttp_request *req)
 /* GET /v1/models (id NULL: the list) or /v1/models/{id} (the one model, or 404). */
 static void handle_models(struct server *s, struct evhttp_request *req, const char *id)
 {
-    if (id && strcmp(id, s->model_name)) {
+    if (id && !api_oai_model_known(s->model_names, id)) {
         srv_reply_error(req, 404, "invalid_request_error", "model", "The model `%s` does not exist.", id);
         return;
     }
@@ -182,11 +182,16 @@ static void handle_models(struct server *s, struct evhttp_request *req, const ch
     json_buf_init(&b);
     int max_len = s->eng ? sched_engine_config(s->eng)->max_model_len : (int)s->o.max_model_len;
     if (!id) json_buf_lit(&b, "{\"object\":\"list\",\"data\":[");
-    json_buf_lit(&b, "{\"id\":");
-    json_buf_add_str(&b, s->model_name, strlen(s->model_name));
-    json_buf_addf(&b, ",\"object\":\"model\",\"created\":%ld,\"owned_by\":\"sluice\",\"root\":", (long)time(NULL));
-    json_buf_add_str(&b, s->o.model, strlen(s->o.model));
-    json_buf_addf(&b, ",\"parent\":null,\"max_model_len\":%d}", max_len);
+    for (int i = 0; s->model_names[i]; i++) { /* the list: every served name, as vLLM */
+        const char *name = id ? id : s->model_names[i];
+        if (i) json_buf_lit(&b, ",");
+        json_buf_lit(&b, "{\"id\":");
+        json_buf_add_str(&b, name, strlen(name));
+        json_buf_addf(&b, ",\"object\":\"model\",\"created\":%ld,\"owned_by\":\"sluice\",\"root\":", (long)time(NULL));
+        json_buf_add_str(&b, s->o.model, strlen(s->o.model));
+        json_buf_addf(&b, ",\"parent\":null,\"max_model_len\":%d}", max_len);
+        if (id) break;
+    }
     if (!id) json_buf_lit(&b, "]}");
     srv_reply_json(req, 200, &b);
     json_buf_free(&b);
@@ -307,7 +312,7 @@ static void handle_tokenize(struct server *s, struct evhttp_request *req)
         srv_reply_error(req, 400, "invalid_request_error", "add_special_tokens", "'add_special_tokens' must be a boolean");
         goto out;
     }
-    if (api_oai_parse_doc(&d, 0, chat ? API_OAI_CHAT : API_OAI_COMPLETIONS, s->model_name, &r, &e)) {
+    if (api_oai_parse_doc(&d, 0, chat ? API_OAI_CHAT : API_OAI_COMPLETIONS, s->model_names, &r, &e)) {
         srv_reply_error(req, e.status, e.type ? e.type : "invalid_request_error", e.param[0] ? e.param : NULL, "%s",
                         e.message);
         goto out;
@@ -543,7 +548,8 @@ int api_cmd_serve(int argc, char **argv)
     struct api_vllm_flags vf = {0};
     const struct api_flag flags[] = {
         {"--model", API_FLAG_STR, &o->model, "GGUF file or HF checkpoint directory (or positional)", NULL},
-        {"--served-model-name", API_FLAG_STR, &o->served_model_name, "name clients use (default: the path)", NULL},
+        {"--served-model-name", API_FLAG_STRS, &o->served_model_names,
+         "names clients use, any of them (default: the path); replies carry the first", NULL},
         {"--tokenizer", API_FLAG_STR, &o->tokenizer, "take the tokenizer from another model", NULL},
         {"--load-format", API_FLAG_STR, &o->load_format, "auto, or dummy: random weights from config.json", NULL},
         {"--host", API_FLAG_STR, &o->host, "address to listen on (127.0.0.1)", NULL},
@@ -672,7 +678,12 @@ int api_cmd_serve(int argc, char **argv)
         fprintf(stderr, "sluice serve: %s\n", err);
         return 2;
     }
-    s->model_name = o->served_model_name ? o->served_model_name : o->model;
+    if (o->served_model_names.n == 0) {
+        o->served_model_names.v[0] = o->model;
+        o->served_model_names.n = 1;
+    }
+    s->model_names = o->served_model_names.v;
+    s->model_name = s->model_names[0];
     signal(SIGPIPE, SIG_IGN);
     evthread_use_pthreads();
     s->base = event_base_new();

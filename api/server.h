@@ -19,6 +19,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "api/api.h"
 #include "model/backend.h"
 #include "model/json.h"
 #include "model/model.h"
@@ -28,7 +29,7 @@ enum server_state { SRV_LOADING, SRV_READY, SRV_FAILED };
 
 struct server_opts {
     const char *model;
-    const char *served_model_name;
+    struct api_flag_strs served_model_names; /* --served-model-name a [b ...]: clients may use any */
     const char *tokenizer;
     const char *hf_overrides;   /* JSON, applied by the loader */
     const char *load_format;    /* "auto" or "dummy" (random weights from config.json) */
@@ -97,7 +98,8 @@ struct server {
     model *m;
     model_backend *be;
     sched_engine *eng;
-    const char *model_name;          /* served name */
+    const char *model_name;          /* served name: the first of model_names, in every reply */
+    const char *const *model_names;  /* NULL-terminated: the names a request may give */
     struct sched_evbuf evbuf;
     struct pending *table[1024];     /* by id, chained */
     int n_pending;

@@ -353,7 +353,7 @@ static void submit_row(struct srv_batch *b, const struct store_row *row)
     }
     enum api_oai_endpoint kind = strcmp(row->url, "/v1/completions") ? API_OAI_CHAT : API_OAI_COMPLETIONS;
     if (api_oai_parse_doc(&d, 0, kind, NULL, &j->r, &e)) goto fail;
-    if (j->r.model && strcmp(j->r.model, s->model_name) && strcmp(j->r.model, s->o.model)) {
+    if (j->r.model && !api_oai_model_known(s->model_names, j->r.model) && strcmp(j->r.model, s->o.model)) {
         api_oai_errorf(&e, 404, "model", "The model `%s` does not exist.", j->r.model);
         goto fail;
     }

@@ -690,7 +690,7 @@ static void handle(struct server *s, struct evhttp_request *req, char *body, siz
         api_oai_errorf(&e, 400, NULL, "request body is not valid JSON: %s", perr);
         goto fail;
     }
-    if (api_oai_parse_doc(&d, 0, chat ? API_OAI_CHAT : API_OAI_COMPLETIONS, s->model_name, &r, &e)) goto fail;
+    if (api_oai_parse_doc(&d, 0, chat ? API_OAI_CHAT : API_OAI_COMPLETIONS, s->model_names, &r, &e)) goto fail;
     /* what api_oai_parse_doc leaves to the transport: stream_options, priority */
     int so = json_get(&d, 0, "stream_options");
     if (so >= 0 && !json_is_null(&d, so)) {

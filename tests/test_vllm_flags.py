@@ -223,6 +223,40 @@ def test_ready_line_example():
     assert "--gpu-memory-utilization" not in out, out
 
 
+def test_several_served_names():
+    """--served-model-name a b: requests may name either, /v1/models lists
+    both, replies carry the first (as vLLM); another name is a 404."""
+    port = free_port()
+    proc = lib.start_server(["--port", str(port), "--served-model-name", "smol", "my-alias", "--max-model-len", "512"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        if not lib.wait_healthy(port, proc) and proc.poll() is not None:
+            raise AssertionError("server exited: " + proc.stdout.read())
+        assert chat(port, "smol")["model"] == "smol"
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        c.request("POST", "/v1/chat/completions", json.dumps({
+            "model": "my-alias", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 2}),
+            {"Content-Type": "application/json"})
+        r = c.getresponse()
+        body = json.loads(r.read())
+        assert r.status == 200 and body["model"] == "smol", body
+        for path, want in (("/v1/models", 200), ("/v1/models/my-alias", 200), ("/v1/models/other", 404)):
+            c.request("GET", path)
+            r = c.getresponse()
+            data = json.loads(r.read())
+            assert r.status == want, (path, r.status, data)
+            if path == "/v1/models":
+                assert [m["id"] for m in data["data"]] == ["smol", "my-alias"], data
+        c.request("POST", "/v1/chat/completions", json.dumps({
+            "model": "other", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 2}),
+            {"Content-Type": "application/json"})
+        r = c.getresponse()
+        assert r.status == 404, r.read()
+        r.read()
+    finally:
+        lib.stop_server(proc, timeout=30)
+
+
 def main():
     if lib.missing_prereqs("test_vllm_flags"):
         return 1
@@ -230,7 +264,8 @@ def main():
                                     test_hf_override_applies,
                                     test_malformed_json_flag, test_unknown_flag, test_impossible_max_model_len,
                                     test_kv_cache_dtype, test_human_readable_ints, test_range_errors_name_the_flag,
-                                    test_listen_errors_say_why, test_ready_line_example])
+                                    test_listen_errors_say_why, test_ready_line_example,
+                                    test_several_served_names])
     return lib.summary(passed, failed)
 
 
