@@ -115,12 +115,14 @@ sched *sched_create(const struct sched_config *cfg, kv_pool *pool, const model_t
         return NULL;
     }
     if (cfg->max_num_seqs < 1 || cfg->max_num_batched_tokens < cfg->max_num_seqs || cfg->max_model_len < 1 ||
-        cfg->block_size != kv_pool_block_size(pool) || !(cfg->min_batch_share >= 0.0f && cfg->min_batch_share <= 1.0f)) {
+        cfg->block_size != kv_pool_block_size(pool) || !(cfg->min_batch_share >= 0.0f && cfg->min_batch_share <= 1.0f) ||
+        cfg->chat_step_tokens < 0) {
         snprintf(err, errlen,
                  "bad scheduler limits: max_num_seqs %d (>= 1), max_num_batched_tokens %d (>= max_num_seqs), "
-                 "max_model_len %d (>= 1), block_size %d (the pool's is %d), min_batch_share %g (0..1)",
+                 "max_model_len %d (>= 1), block_size %d (the pool's is %d), min_batch_share %g (0..1), "
+                 "chat_step_tokens %d (>= 0)",
                  cfg->max_num_seqs, cfg->max_num_batched_tokens, cfg->max_model_len, cfg->block_size,
-                 kv_pool_block_size(pool), (double)cfg->min_batch_share);
+                 kv_pool_block_size(pool), (double)cfg->min_batch_share, cfg->chat_step_tokens);
         return NULL;
     }
     sched *s = calloc(1, sizeof *s);
@@ -599,12 +601,23 @@ int sched_plan_step(sched *s, struct step *st)
         if (q->prio == SCHED_PRIO_BATCH) batch_used++;
     }
 
+    /* while chat is on, batch prefill fills the step only to chat_step_tokens
+     * (or its reserve) */
+    bool chat_on = s->wait[SCHED_PRIO_INTERACTIVE].n > 0;
+    for (int i = 0; i < s->n_run && !chat_on; i++) chat_on = s->run[i]->prio == SCHED_PRIO_INTERACTIVE;
+
     /* 2./3. per class: partial prefills, then admissions */
     for (int c = 0; c < SCHED_N_PRIO; c++) {
         int keep = c == SCHED_PRIO_INTERACTIVE && reserve > batch_used ? reserve - batch_used : 0;
+        int limit = budget;
+        if (c == SCHED_PRIO_BATCH && chat_on && s->cfg.chat_step_tokens > 0) {
+            int floor = T + (reserve > batch_used ? reserve - batch_used : 0);
+            limit = s->cfg.chat_step_tokens > floor ? s->cfg.chat_step_tokens : floor;
+            if (limit > budget) limit = budget;
+        }
         for (int i = 0; i < s->n_run; i++) {
             sched_req *q = s->run[i];
-            int avail = budget - T - keep;
+            int avail = limit - T - keep;
             if (avail <= 0) break;
             if ((int)q->prio != c || q->in_step || is_decode(q)) continue;
             int len = q->n_tokens - q->n_computed;
@@ -616,7 +629,7 @@ int sched_plan_step(sched *s, struct step *st)
             add_to_step(s, q, len, &T);
         }
         while (s->wait[c].head && s->n_run < s->cfg.max_num_seqs && !(c == SCHED_PRIO_BATCH && bumped)) {
-            int avail = budget - T - keep;
+            int avail = limit - T - keep;
             if (avail <= 0) break;
             if (admit(s, s->wait[c].head, avail, &T) == 0) break;
         }

@@ -175,6 +175,52 @@ static void test_min_batch_share(void)
     kv_pool_destroy(p);
 }
 
+/* While chat runs or waits, batch prefill fills a step only to
+ * chat_step_tokens, but never below its min_batch_share reserve; without
+ * chat (or with 0) the whole budget. */
+static void test_chat_step_tokens(void)
+{
+    kv_pool *p = kv_pool_create(256, 16, false, err, sizeof err);
+    int32_t big[300];
+    for (int i = 0; i < 300; i++) big[i] = i;
+    struct sched_request rc = req(big, 4, 8, SCHED_PRIO_INTERACTIVE), rb = req(big + 50, 200, 4, SCHED_PRIO_BATCH);
+    struct step st;
+    for (int cap = 0; cap <= 24; cap += 24) {
+        struct sched_config c = {.block_size = 16, .max_num_seqs = 8, .max_num_batched_tokens = 64,
+                                 .max_model_len = 512, .min_batch_share = 0.125f, .chat_step_tokens = cap};
+        sched *s = sched_create(&c, p, NULL, err, sizeof err);
+        submit(s, &rc, 1);
+        submit(s, &rb, 2);
+        /* the chat's 4 prompt tokens, then batch prefill up to 24 (or 64) */
+        int n = sched_plan_step(s, &st);
+        CHECKF(n == (cap ? 24 : 64) && st.n_seqs == 2 && st.seqs[0].query_len == 4, "cap %d: step %d", cap, n);
+        fake_forward(&st, 16);
+        sched_complete_step(s, &st, collect, NULL);
+        /* the chat's decode, batch prefill to the cap again */
+        n = sched_plan_step(s, &st);
+        CHECKF(n == (cap ? 24 : 64), "cap %d: second step %d", cap, n);
+        fake_forward(&st, 16);
+        sched_complete_step(s, &st, collect, NULL);
+        sched_destroy(s);
+    }
+    /* no chat: the whole budget */
+    struct sched_config c = {.block_size = 16, .max_num_seqs = 8, .max_num_batched_tokens = 64, .max_model_len = 512,
+                             .min_batch_share = 0.125f, .chat_step_tokens = 24};
+    sched *s = sched_create(&c, p, NULL, err, sizeof err);
+    submit(s, &rb, 2);
+    CHECK(sched_plan_step(s, &st) == 64);
+    sched_destroy(s);
+    /* a chat prompt past the cap: batch still gets its reserve (8 of 64) */
+    c.chat_step_tokens = 4;
+    s = sched_create(&c, p, NULL, err, sizeof err);
+    struct sched_request rc40 = req(big, 40, 8, SCHED_PRIO_INTERACTIVE);
+    submit(s, &rc40, 1);
+    submit(s, &rb, 2);
+    CHECK(sched_plan_step(s, &st) == 48 && st.n_seqs == 2 && st.seqs[0].query_len == 40 && st.seqs[1].query_len == 8);
+    sched_destroy(s);
+    kv_pool_destroy(p);
+}
+
 /* Runs everything to completion; returns the number of steps. */
 static int drain(sched *s, kv_pool *p, int bs)
 {
@@ -710,6 +756,7 @@ int main(void)
     RUN(test_step_composition);
     RUN(test_priority);
     RUN(test_min_batch_share);
+    RUN(test_chat_step_tokens);
     RUN(test_preemption);
     RUN(test_interactive_takes_slot);
     RUN(test_interactive_never_preempts_interactive);

@@ -92,6 +92,7 @@ t0 = time.time()
 while time.time() - t0 < 120:
     m = metrics()
     if m.get("sluice:num_requests_running", 0) >= want_running: break
+    if json.loads(req("GET", f"/v1/batches/{bid}")[1])["status"] in ("completed", "failed"): break
     time.sleep(0.5)
 print(f"engine running {m.get('sluice:num_requests_running', 0):.0f} sequences after {time.time()-t0:.1f} s")
 m0, b0, t1 = metrics(), json.loads(req("GET", f"/v1/batches/{bid}")[1])["request_counts"]["completed"], time.time()
