@@ -69,6 +69,7 @@ def chat(seed):
 def chats(tag, base):
     res = [chat(base + k) for k in range(nchat)]
     tt = sorted(r[0] * 1e3 for r in res); it = [r[1] * 1e3 for r in res]
+    print(f"{tag}: TTFT ms in order: {[round(r[0] * 1e3) for r in res]}")
     print(f"{tag}: {nchat} chats, TTFT median {statistics.median(tt):.1f} ms, max {tt[-1]:.1f} ms; "
           f"between chunks median {statistics.median(it):.2f} ms, max {max(it):.2f} ms; chunks {[r[2] for r in res][:4]}...")
 chats("idle", 1000)
@@ -99,9 +100,14 @@ m0, b0, t1 = metrics(), json.loads(req("GET", f"/v1/batches/{bid}")[1])["request
 chats("beside the batch", 2000)
 m1, t2 = metrics(), time.time()
 b1 = json.loads(req("GET", f"/v1/batches/{bid}")[1])["request_counts"]["completed"]
-dec = m1.get("sluice:decode_tokens_total", 0) - m0.get("sluice:decode_tokens_total", 0)
+d = lambda k: m1.get("sluice:" + k, 0) - m0.get("sluice:" + k, 0)
+dec, steps = d("decode_tokens_total"), d("engine_steps_total")
+ttft_n = d("time_to_first_token_seconds_count")
 print(f"during the chats ({t2-t1:.1f} s): {m1.get('sluice:num_requests_running', 0):.0f} running, "
-      f"{dec/(t2-t1):.0f} decode tok/s, batch lines done {b0} -> {b1}")
+      f"{dec/(t2-t1):.0f} decode tok/s, {d('prefill_tokens_computed_total')/(t2-t1):.0f} prefill tok/s, "
+      f"batch lines done {b0} -> {b1}; {steps:.0f} steps, {(t2-t1)/max(steps,1)*1e3:.1f} ms each; "
+      f"server TTFT mean {d('time_to_first_token_seconds_sum')/max(ttft_n,1)*1e3:.1f} ms over {ttft_n:.0f}; "
+      f"preemptions {d('num_preemptions_total'):.0f}")
 st, out = req("POST", f"/v1/batches/{bid}/cancel")
 print("cancel:", st, json.loads(out).get("status"))
 PY

@@ -6,9 +6,10 @@
 # steps carry batch prefill).
 . "$(dirname "$0")/run_lib.sh"
 nvidia-smi -L
-for cfg in "1000 0" "1000 2048" "3000 0" "3000 2048"; do
-  set -- $cfg
+for cfg in ${CFGS:-1000:0 1000:2048 3000:0 3000:2048}; do
+  set -- ${cfg/:/ }
   echo "== batch prompts ~$1 tokens, --chat-step-tokens $2"
   BP=$1 BO=${BO:-128} R=${R:-100} LIMIT=200 SERVE_FLAGS="--chat-step-tokens $2" \
       "$(dirname "$0")/chat_beside_batch_run.sh" "$L/cbb_$1_$2" 2>&1 | grep -E "idle|beside|during|running|rc="
+  rm -rf "$L/cbb_$1_$2/data"
 done
