@@ -243,6 +243,8 @@ static void handle_metrics(struct server *s, struct evhttp_request *req)
     hist_out(o, "sluice:time_to_first_token_seconds", "Time to first token.", &s->ttft);
     hist_out(o, "sluice:inter_token_latency_seconds", "Time between streamed tokens.", &s->itl);
     hist_out(o, "sluice:e2e_request_latency_seconds", "Request latency.", &s->e2e);
+    hist_out(o, "sluice:request_queue_time_seconds", "Time a request waited before the engine first admitted it.",
+             &s->queue);
     evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "text/plain; version=0.0.4");
     evhttp_send_reply(req, 200, "OK", o);
     evbuffer_free(o);

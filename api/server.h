@@ -107,7 +107,7 @@ struct server {
     /* metrics (api thread) */
     uint64_t n_requests_ok, n_requests_err, prompt_tokens_total, generation_tokens_total;
     uint64_t cached_tokens_total;
-    struct srv_hist ttft, itl, e2e;
+    struct srv_hist ttft, itl, e2e, queue; /* queue: submit -> admitted (vLLM's request_queue_time) */
     struct srv_batch *batch;         /* files, batches, store thread (server_batch.c) */
 };
 

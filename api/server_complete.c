@@ -564,6 +564,7 @@ static void finish_metrics(struct server *s, struct srv_req *q)
     s->generation_tokens_total += (uint64_t)q->usage.completion_tokens;
     s->cached_tokens_total += (uint64_t)q->usage.cached_tokens;
     if (q->usage.ttft_s >= 0) srv_hist_add(&s->ttft, q->usage.ttft_s);
+    srv_hist_add(&s->queue, q->usage.queue_s);
     srv_hist_add(&s->e2e, srv_now() - q->base.t_submit);
 }
 
@@ -581,6 +582,7 @@ static void choice_finished(struct server *s, struct choice *c, const struct sch
     }
     if (q->usage.ttft_s < 0 || (ev->usage.ttft_s >= 0 && ev->usage.ttft_s < q->usage.ttft_s))
         q->usage.ttft_s = ev->usage.ttft_s;
+    if (q->n_done == 1 || ev->usage.queue_s < q->usage.queue_s) q->usage.queue_s = ev->usage.queue_s;
     if (ev->finish == SCHED_FINISH_ERROR && !q->failed) {
         q->failed = true;
         snprintf(q->error, sizeof q->error, "%s", ev->error);

@@ -107,6 +107,7 @@ print(f"during the chats ({t2-t1:.1f} s): {m1.get('sluice:num_requests_running',
       f"{dec/(t2-t1):.0f} decode tok/s, {d('prefill_tokens_computed_total')/(t2-t1):.0f} prefill tok/s, "
       f"batch lines done {b0} -> {b1}; {steps:.0f} steps, {(t2-t1)/max(steps,1)*1e3:.1f} ms each; "
       f"server TTFT mean {d('time_to_first_token_seconds_sum')/max(ttft_n,1)*1e3:.1f} ms over {ttft_n:.0f}; "
+      f"queue time mean {d('request_queue_time_seconds_sum')/max(d('request_queue_time_seconds_count'),1)*1e3:.1f} ms; "
       f"preemptions {d('num_preemptions_total'):.0f}")
 st, out = req("POST", f"/v1/batches/{bid}/cancel")
 print("cancel:", st, json.loads(out).get("status"))
