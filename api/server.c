@@ -57,7 +57,7 @@ static void *load_main(void *arg)
             .max_num_batched_tokens = (int)s->o.max_num_batched_tokens,
             .max_model_len = (int)s->o.max_model_len,
             .min_batch_share = (float)s->o.min_batch_share,
-            .chat_step_tokens = (int)s->o.chat_step_tokens,
+            .batch_step_tokens = (int)s->o.batch_step_tokens,
         },
         .enable_prefix_caching = s->o.enable_prefix_caching,
         .notify = wake,
@@ -544,7 +544,7 @@ int api_cmd_serve(int argc, char **argv)
     o->tensor_parallel_size = 1;
     o->max_body_bytes = 32L << 20;
     o->min_batch_share = 0.1;
-    o->chat_step_tokens = 2048;
+    o->batch_step_tokens = 2048;
     o->data_dir = "./sluice-data";
     o->max_batch_file_lines = 50000;
     o->max_batch_file_bytes = 200L * 1000 * 1000;
@@ -590,8 +590,8 @@ int api_cmd_serve(int argc, char **argv)
         {"--disable-uvicorn-access-log", API_FLAG_BOOL, &vf.disable_uvicorn_access_log, "accepted; no effect", NULL},
         {"--max-request-bytes", API_FLAG_INT, &o->max_body_bytes, "largest JSON request body (32 MiB)", NULL},
         {"--min-batch-share", API_FLAG_FLOAT, &o->min_batch_share, "step budget share kept for batch work (0.1)", NULL},
-        {"--chat-step-tokens", API_FLAG_HUMAN_INT, &o->chat_step_tokens,
-         "while chat runs, batch prefill fills a step only this far (2048; 0: the whole budget)", NULL},
+        {"--batch-step-tokens", API_FLAG_HUMAN_INT, &o->batch_step_tokens,
+         "batch prefill fills a step only this far, so chat waits at most a short step (2048; 0: the whole budget)", NULL},
         {"--data-dir", API_FLAG_STR, &o->data_dir, "batch store: files, batches, results (./sluice-data)", NULL},
         {"--max-batch-file-lines", API_FLAG_INT, &o->max_batch_file_lines, "requests per batch file (50000)", NULL},
         {"--max-batch-file-bytes", API_FLAG_INT, &o->max_batch_file_bytes, "bytes per batch file (200 MB)", NULL},
@@ -652,7 +652,7 @@ int api_cmd_serve(int argc, char **argv)
         api_flag_double_range("--gpu-memory-utilization", o->gpu_memory_utilization, 0, true, 1, err, sizeof err) ||
         api_flag_long_range("--max-request-bytes", o->max_body_bytes, 1024, LONG_MAX, err, sizeof err) ||
         api_flag_double_range("--min-batch-share", o->min_batch_share, 0, false, 1, err, sizeof err) ||
-        api_flag_long_range("--chat-step-tokens", o->chat_step_tokens, 0, INT_MAX, err, sizeof err) ||
+        api_flag_long_range("--batch-step-tokens", o->batch_step_tokens, 0, INT_MAX, err, sizeof err) ||
         api_flag_long_range("--max-batch-file-lines", o->max_batch_file_lines, 1, LONG_MAX, err, sizeof err) ||
         api_flag_long_range("--max-batch-file-bytes", o->max_batch_file_bytes, 1, LONG_MAX, err, sizeof err)) {
         fprintf(stderr, "sluice serve: %s\n", err);

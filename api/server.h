@@ -51,7 +51,7 @@ struct server_opts {
     long threads;
     long max_body_bytes;        /* JSON request bodies */
     double min_batch_share;
-    long chat_step_tokens;      /* sched_config.chat_step_tokens */
+    long batch_step_tokens;      /* sched_config.batch_step_tokens */
     const char *data_dir;       /* the batch store (server_batch.c) */
     long max_batch_file_lines, max_batch_file_bytes;
     bool allow_short_windows;   /* test only: completion windows like "3s" */

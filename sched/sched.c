@@ -116,13 +116,13 @@ sched *sched_create(const struct sched_config *cfg, kv_pool *pool, const model_t
     }
     if (cfg->max_num_seqs < 1 || cfg->max_num_batched_tokens < cfg->max_num_seqs || cfg->max_model_len < 1 ||
         cfg->block_size != kv_pool_block_size(pool) || !(cfg->min_batch_share >= 0.0f && cfg->min_batch_share <= 1.0f) ||
-        cfg->chat_step_tokens < 0) {
+        cfg->batch_step_tokens < 0) {
         snprintf(err, errlen,
                  "bad scheduler limits: max_num_seqs %d (>= 1), max_num_batched_tokens %d (>= max_num_seqs), "
                  "max_model_len %d (>= 1), block_size %d (the pool's is %d), min_batch_share %g (0..1), "
-                 "chat_step_tokens %d (>= 0)",
+                 "batch_step_tokens %d (>= 0)",
                  cfg->max_num_seqs, cfg->max_num_batched_tokens, cfg->max_model_len, cfg->block_size,
-                 kv_pool_block_size(pool), (double)cfg->min_batch_share, cfg->chat_step_tokens);
+                 kv_pool_block_size(pool), (double)cfg->min_batch_share, cfg->batch_step_tokens);
         return NULL;
     }
     sched *s = calloc(1, sizeof *s);
@@ -601,18 +601,13 @@ int sched_plan_step(sched *s, struct step *st)
         if (q->prio == SCHED_PRIO_BATCH) batch_used++;
     }
 
-    /* while chat is on, batch prefill fills the step only to chat_step_tokens
-     * (or its reserve) */
-    bool chat_on = s->wait[SCHED_PRIO_INTERACTIVE].n > 0;
-    for (int i = 0; i < s->n_run && !chat_on; i++) chat_on = s->run[i]->prio == SCHED_PRIO_INTERACTIVE;
-
     /* 2./3. per class: partial prefills, then admissions */
     for (int c = 0; c < SCHED_N_PRIO; c++) {
         int keep = c == SCHED_PRIO_INTERACTIVE && reserve > batch_used ? reserve - batch_used : 0;
         int limit = budget;
-        if (c == SCHED_PRIO_BATCH && chat_on && s->cfg.chat_step_tokens > 0) {
+        if (c == SCHED_PRIO_BATCH && s->cfg.batch_step_tokens > 0) { /* batch prefill stops there (or at its reserve) */
             int floor = T + (reserve > batch_used ? reserve - batch_used : 0);
-            limit = s->cfg.chat_step_tokens > floor ? s->cfg.chat_step_tokens : floor;
+            limit = s->cfg.batch_step_tokens > floor ? s->cfg.batch_step_tokens : floor;
             if (limit > budget) limit = budget;
         }
         for (int i = 0; i < s->n_run; i++) {

@@ -23,11 +23,11 @@
  * within max_num_batched_tokens tokens and max_num_seqs running sequences; a
  * prompt longer than what is left of the budget is split across steps
  * (chunked prefill). When batch work waits, min_batch_share of the budget is
- * kept from interactive prefills so batch never starves. While interactive
- * work runs or waits, batch prefill stops adding tokens once the step holds
- * chat_step_tokens (beyond its min_batch_share): every step is the next
- * token of each chat, so a chat beside long batch prompts is not paced by
- * full-budget prefill steps.
+ * kept from interactive prefills so batch never starves. Batch prefill stops
+ * adding tokens once the step holds batch_step_tokens (beyond its
+ * min_batch_share): every step is the next token of each chat, and a chat
+ * that arrives waits for the step in flight, so steps of long batch prompts
+ * stay short (interactive prefill may still fill the whole budget).
  *
  * Preemption (blocks released, the request requeued at the front of its
  * class, counted in sched_stats.preemptions and its usage.n_preemptions):
@@ -140,7 +140,7 @@ struct sched_config {
     int max_num_batched_tokens;  /* tokens per step (>= max_num_seqs) */
     int max_model_len;           /* prompt + completion tokens at most */
     float min_batch_share;       /* 0..1: budget share kept for batch work when it waits */
-    int chat_step_tokens;        /* > 0: batch prefill fills a step only this far while chat is on; 0: off */
+    int batch_step_tokens;       /* > 0: batch prefill fills a step only this far; 0: the whole budget */
 };
 
 typedef struct sched sched;

@@ -175,10 +175,10 @@ static void test_min_batch_share(void)
     kv_pool_destroy(p);
 }
 
-/* While chat runs or waits, batch prefill fills a step only to
- * chat_step_tokens, but never below its min_batch_share reserve; without
- * chat (or with 0) the whole budget. */
-static void test_chat_step_tokens(void)
+/* Batch prefill fills a step only to batch_step_tokens (0: the whole
+ * budget), never below its min_batch_share reserve; interactive prefill is
+ * not held to it. */
+static void test_batch_step_tokens(void)
 {
     kv_pool *p = kv_pool_create(256, 16, false, err, sizeof err);
     int32_t big[300];
@@ -187,7 +187,7 @@ static void test_chat_step_tokens(void)
     struct step st;
     for (int cap = 0; cap <= 24; cap += 24) {
         struct sched_config c = {.block_size = 16, .max_num_seqs = 8, .max_num_batched_tokens = 64,
-                                 .max_model_len = 512, .min_batch_share = 0.125f, .chat_step_tokens = cap};
+                                 .max_model_len = 512, .min_batch_share = 0.125f, .batch_step_tokens = cap};
         sched *s = sched_create(&c, p, NULL, err, sizeof err);
         submit(s, &rc, 1);
         submit(s, &rb, 2);
@@ -202,17 +202,16 @@ static void test_chat_step_tokens(void)
         fake_forward(&st, 16);
         sched_complete_step(s, &st, collect, NULL);
         sched_destroy(s);
+        /* batch alone: the same */
+        s = sched_create(&c, p, NULL, err, sizeof err);
+        submit(s, &rb, 2);
+        CHECKF((n = sched_plan_step(s, &st)) == (cap ? 24 : 64), "cap %d, batch alone: step %d", cap, n);
+        sched_destroy(s);
     }
-    /* no chat: the whole budget */
+    /* a chat prompt past the cap runs whole; batch still gets its reserve (8 of 64) */
     struct sched_config c = {.block_size = 16, .max_num_seqs = 8, .max_num_batched_tokens = 64, .max_model_len = 512,
-                             .min_batch_share = 0.125f, .chat_step_tokens = 24};
+                             .min_batch_share = 0.125f, .batch_step_tokens = 4};
     sched *s = sched_create(&c, p, NULL, err, sizeof err);
-    submit(s, &rb, 2);
-    CHECK(sched_plan_step(s, &st) == 64);
-    sched_destroy(s);
-    /* a chat prompt past the cap: batch still gets its reserve (8 of 64) */
-    c.chat_step_tokens = 4;
-    s = sched_create(&c, p, NULL, err, sizeof err);
     struct sched_request rc40 = req(big, 40, 8, SCHED_PRIO_INTERACTIVE);
     submit(s, &rc40, 1);
     submit(s, &rb, 2);
@@ -756,7 +755,7 @@ int main(void)
     RUN(test_step_composition);
     RUN(test_priority);
     RUN(test_min_batch_share);
-    RUN(test_chat_step_tokens);
+    RUN(test_batch_step_tokens);
     RUN(test_preemption);
     RUN(test_interactive_takes_slot);
     RUN(test_interactive_never_preempts_interactive);
