@@ -29,15 +29,17 @@ def chat(port, name):
     return body
 
 
-def serve_and_chat(args, name):
-    """Starts the server with args, waits for /health, chats, stops it; returns its stderr."""
+def serve_and_chat(args, name=None):
+    """Starts the server with args, waits for /health, chats as name (none:
+    no chat), stops it; returns its stderr."""
     port = free_port()
     args = [a.replace("PORT", str(port)) for a in args]
     proc = lib.start_server(args, stdout=subprocess.PIPE, text=True)
     try:
         if not lib.wait_healthy(port, proc) and proc.poll() is not None:
             raise AssertionError("server exited: " + proc.stdout.read())
-        chat(port, name)
+        if name:
+            chat(port, name)
     finally:
         out = lib.stop_server(proc, timeout=30)
     return out
@@ -45,15 +47,7 @@ def serve_and_chat(args, name):
 
 def serve_ready(args):
     """Starts the server with args, waits for /health, stops it; returns its stderr."""
-    port = free_port()
-    args = [a.replace("PORT", str(port)) for a in args]
-    proc = lib.start_server(args, stdout=subprocess.PIPE, text=True)
-    try:
-        if not lib.wait_healthy(port, proc) and proc.poll() is not None:
-            raise AssertionError("server exited: " + proc.stdout.read())
-    finally:
-        out = lib.stop_server(proc, timeout=30)
-    return out
+    return serve_and_chat(args)
 
 
 def run_fail(args, cmd="serve", rc=None):
