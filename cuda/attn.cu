@@ -39,15 +39,16 @@
  *     36 KB at D 64); Q is staged through the second stage before the loop.
  *     Blocks take items last first: a prefill's last tiles see the most keys,
  *     so starting them first shortens the tail. On compute capability 9.0
- *     the 128-row items at D 128 with the bf16 cache go to attn_wg.cu's
- *     kernel instead (warpgroup MMA, bulk tensor copies).
+ *     the 128-row items at D 128 go to attn_wg.cu's kernel instead
+ *     (warpgroup MMA, bulk tensor copies; with the fp8 cache too).
  *
  * The fp8 KV cache (args.kv8, --kv-cache-dtype fp8): K and V are e4m3 bytes
  * (scale 1), every value of which is exactly a bf16 and an f16 value, so each
  * kernel computes as it does over a bf16 cache of the same values. The SIMT
  * kernel widens 8 bytes at a time as it stages K and V. The prefill kernel's
  * cp.async copies land packed at the end of each stage and are widened to
- * the bf16 rows in place (kv8_widen). The decode kernel always takes its
+ * the bf16 rows in place (kv8_widen); attn_wg.cu's kernel widens its stages
+ * to f16 and runs f16 MMAs. The decode kernel always takes its
  * tensor-core math there and reads the e4m3 rows straight into f16 mma
  * fragments, two stages per warp (dec_tile).
  */
@@ -347,11 +348,6 @@ static __device__ __forceinline__ void mma_f16(float c[4], const uint32_t a[4], 
         "{%0, %1, %2, %3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-static __device__ __forceinline__ uint32_t pack_h2(float lo, float hi)
-{
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&v);
 }
 /* The fp8 tiles are read in a permuted order, so that each lane's bytes of a
  * K or V row are contiguous (a 16-byte shared-memory load or two per row,

@@ -63,21 +63,39 @@ static __device__ __forceinline__ uint32_t sw128(int r, int c)
     return (uint32_t)((c >> 3) * WG_HALF + r * 128 + (((c & 7) ^ (r & 7)) << 4));
 }
 
+/* the 64 f32 accumulators of a wgmma.m64n128k16 as asm operands %0..%63 */
+#define WG_D64 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}"
+#define WG_ACC64(d) "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
 /* d = A B (ACC 0) or d += A B (ACC 1), A and B in shared memory, both K-major */
-template <int ACC>
+template <int ACC, bool F16>
 static __device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t da, uint64_t db)
 {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\nwgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                 : "l"(da), "l"(db), "n"(ACC));
+    if constexpr (F16)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\nwgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " WG_D64
+                     ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+                     : WG_ACC64(d)
+                     : "l"(da), "l"(db), "n"(ACC));
+    else
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\nwgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " WG_D64
+                     ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+                     : WG_ACC64(d)
+                     : "l"(da), "l"(db), "n"(ACC));
 }
 /* d += A B, A (4 registers: the mma.m16n8k16 A fragment of this warp's 16
  * rows) from registers, B in shared memory N-major */
+template <bool F16>
 static __device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t db)
 {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+    if constexpr (F16)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " WG_D64
+                     ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                     : WG_ACC64(d)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+    else
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " WG_D64
+                     ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                     : WG_ACC64(d)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
 
 /* keys [k0, k0 + WG_BN) of head group g into the K tile at ks and the V tile
@@ -104,6 +122,72 @@ static __device__ __forceinline__ void wg_load_kv(const struct cuda_attn_args &a
     }
 }
 
+/* The fp8 cache (KV8): a tile's e4m3 rows are staged where the upper 64-dim
+ * half of its tile goes (row r's 128 bytes at WG_HALF + 128 r: exactly
+ * where row r's f16 dims 64..127 land) and widened in place to f16 in the
+ * layout above. The cp.async gather of them (zeros past kv_hi), by the
+ * producer warpgroup's 128 threads: thread tp takes 16-byte chunk tp & 7 of
+ * keys tp / 8, tp / 8 + 16, ... */
+static __device__ __forceinline__ void wg_load_kv8(const struct cuda_attn_args &a, const int32_t *bt, int g, int k0,
+                                                   int kv_hi, uint32_t ks, int tp)
+{
+    const uint8_t *kc = (const uint8_t *)a.kc, *vc = (const uint8_t *)a.vc;
+    int bs = a.block_size, c = tp & 7;
+#pragma unroll 4
+    for (int j = tp >> 3; j < WG_BN; j += 16) {
+        int kp = k0 + j;
+        bool ok = kp < kv_hi;
+        size_t off = ok ? (((size_t)bt[kp / bs] * bs + kp % bs) * a.KVH + g) * 128 + c * 16 : 0;
+        cp_async16(ks + WG_HALF + j * 128 + c * 16, kc + off, ok);
+        cp_async16(ks + WG_TILE + WG_HALF + j * 128 + c * 16, vc + off, ok);
+    }
+}
+/* 16 staged e4m3 (chunk j of row r of the tile at tb) -> f16 chunks 2j and
+ * 2j + 1 of that row (exact) */
+static __device__ __forceinline__ void wg_widen_chunk(uint32_t tb, int r, int j, uint4 v)
+{
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(tb + sw128(r, 2 * j)),
+                 "r"(e4m3x2_to_h2((uint16_t)v.x)), "r"(e4m3x2_to_h2((uint16_t)(v.x >> 16))),
+                 "r"(e4m3x2_to_h2((uint16_t)v.y)), "r"(e4m3x2_to_h2((uint16_t)(v.y >> 16)))
+                 : "memory");
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(tb + sw128(r, 2 * j + 1)),
+                 "r"(e4m3x2_to_h2((uint16_t)v.z)), "r"(e4m3x2_to_h2((uint16_t)(v.z >> 16))),
+                 "r"(e4m3x2_to_h2((uint16_t)v.w)), "r"(e4m3x2_to_h2((uint16_t)(v.w >> 16)))
+                 : "memory");
+}
+/* The widening of a stage (K rows 0..127 at ks, V rows 128..255 at ks +
+ * WG_TILE) by NW warps (t: 0 .. 32 NW - 1). A warp takes two groups of 4
+ * rows at a time, 8 lanes a row, and reads all of them before it writes, so
+ * each row's staged bytes are read before its upper half overwrites them;
+ * no two warps share a row. */
+template <int NW>
+static __device__ __forceinline__ void wg_widen(uint32_t ks, int t)
+{
+    constexpr int NG = 2 * WG_BN / 4; /* groups of 4 rows */
+    const int lane = t & 31, j = lane & 7;
+    for (int q = t >> 5; q < NG; q += 2 * NW) {
+        const int qb = q + NW;
+        const bool two = qb < NG;
+        int ra = 4 * q + (lane >> 3), rb = 4 * qb + (lane >> 3);
+        const uint32_t ta = ks + (ra >= WG_BN ? WG_TILE : 0), tb = ks + (rb >= WG_BN ? WG_TILE : 0);
+        ra &= WG_BN - 1, rb &= WG_BN - 1;
+        uint4 va, vb = make_uint4(0, 0, 0, 0);
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(va.x), "=r"(va.y), "=r"(va.z), "=r"(va.w)
+                     : "r"(ta + WG_HALF + ra * 128 + j * 16)
+                     : "memory");
+        if (two)
+            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(vb.x), "=r"(vb.y), "=r"(vb.z), "=r"(vb.w)
+                         : "r"(tb + WG_HALF + rb * 128 + j * 16)
+                         : "memory");
+        __syncwarp();
+        wg_widen_chunk(ta, ra, j, va);
+        if (two) wg_widen_chunk(tb, rb, j, vb);
+        __syncwarp();
+    }
+}
+
 /* The consumers take turns at the tensor cores (PP, FlashAttention-3's
  * ping-pong; SLUICE_CUDA_ATTN_PP=0 turns it off): a warpgroup issues a
  * tile's MMAs only after the other has issued its own, so one's softmax runs
@@ -122,7 +206,7 @@ static __device__ __forceinline__ void turn_pass(int cw)
 
 /* The kernel (see the top of the file); tma: the bulk tensor copies with
  * the maps tk and tv, else the cp.async gather. */
-template <bool PP>
+template <bool PP, bool KV8>
 static __global__ void __launch_bounds__(WG_THR, 1)
     attn_wg_kernel(struct cuda_attn_args a, const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
                    int tma)
@@ -131,7 +215,7 @@ static __global__ void __launch_bounds__(WG_THR, 1)
     constexpr int D = 128, NT = WG_BN / 8, DT = D / 8;
     extern __shared__ __align__(16) uint8_t wsm[];
     __shared__ int gmin[8]; /* each consumer warp's smallest row position */
-    __shared__ __align__(8) uint64_t bars[6]; /* full[3], empty[3] */
+    __shared__ __align__(8) uint64_t bars[9]; /* full[3], empty[3], loaded[3] (KV8 with bulk copies) */
     struct cuda_attn_item wi;
     if (!attn_item(a, true, wi)) return;
     int g = blockIdx.y, grp = a.H / a.KVH;
@@ -140,23 +224,47 @@ static __global__ void __launch_bounds__(WG_THR, 1)
     if (nrows <= 0 || nrows > WG_BM) return; /* whole block: wi is uniform */
     const int32_t *bt = a.bt + wi.bt0;
     const uint32_t qs = (smem_u32(wsm) + 1023u) & ~1023u, kv0 = qs + WG_TILE; /* stage s: kv0 + 2 s WG_TILE */
-    const uint32_t full = smem_u32(bars), empty = full + 24;
+    const uint32_t full = smem_u32(bars), empty = full + 24, loaded = full + 48;
     /* the bulk tensor copies take whole 16-key groups of the cache: with
      * blocks of a multiple of 16 keys and an item starting on one */
     tma = tma && (wi.kv_lo & 15) == 0;
+    /* full[s]: the copies have landed (bf16), or the stage is widened
+     * (KV8: by the producer's 3 other warps after the copies, or by all 4
+     * after their cp.async) */
     if (threadIdx.x == 0)
-        for (int i = 0; i < 3; i++) mbar_init(full + 8 * i, tma ? 1 : 128), mbar_init(empty + 8 * i, 8);
+        for (int i = 0; i < 3; i++)
+            mbar_init(full + 8 * i, tma ? (KV8 ? 96 : 1) : 128), mbar_init(empty + 8 * i, 8), mbar_init(loaded + 8 * i, 1);
     __syncthreads(); /* the barriers are ready */
     int ntile = wi.kv_hi > wi.kv_lo ? (wi.kv_hi - wi.kv_lo + WG_BN - 1) / WG_BN : 0;
 
     if (wg < 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
         int tp = threadIdx.x;
+        if (KV8 && tma && tp >= 32) { /* warps 1-3 widen each stage once its copies land */
+            for (int ti = 0; ti < ntile; ti++) {
+                int st = ti % 3;
+                mbar_wait(loaded + 8 * st, (ti / 3) & 1);
+                wg_widen<3>(kv0 + st * 2 * WG_TILE, tp - 32);
+                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* generic writes -> wgmma reads */
+                mbar_arrive(full + 8 * st);
+            }
+            return;
+        }
         if (tma && tp >= 32) return;
         for (int ti = 0; ti < ntile; ti++) {
             int st = ti % 3, k0 = wi.kv_lo + ti * WG_BN;
             uint32_t ks = kv0 + st * 2 * WG_TILE;
             if (ti >= 3) mbar_wait(empty + 8 * st, (ti / 3 - 1) & 1); /* the consumers are done with tile ti - 3 */
+            if (!tma && KV8) { /* gather, wait for every thread's bytes, widen */
+                wg_load_kv8(a, bt, g, k0, wi.kv_hi, ks, tp);
+                cp_async_commit();
+                cp_async_wait<0>();
+                asm volatile("bar.sync 5, 128;\n" ::: "memory");
+                wg_widen<4>(ks, tp);
+                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                mbar_arrive(full + 8 * st);
+                continue;
+            }
             if (!tma) {
                 wg_load_kv(a, bt, g, k0, wi.kv_hi, ks, tp);
                 mbar_arrive_cp_async(full + 8 * st);
@@ -166,9 +274,14 @@ static __global__ void __launch_bounds__(WG_THR, 1)
              * a key below kv_hi, as two 64-dim halves of K and of V (2 KB
              * each); the lanes look their blocks up in parallel */
             int ng = min(WG_BN / 16, (wi.kv_hi - k0 + 15) / 16), bs = a.block_size;
-            if (tp == 0) mbar_expect_tx(full + 8 * st, ng * 8192);
+            if (tp == 0) mbar_expect_tx(KV8 ? loaded + 8 * st : full + 8 * st, ng * (KV8 ? 4096 : 8192));
             __syncwarp();
-            if (tp < ng) {
+            if (KV8 && tp < ng) { /* the group's e4m3 rows of K and of V (2 KB each) into the staging halves */
+                int kp = k0 + 16 * tp, slot = bt[kp / bs] * bs + kp % bs;
+                uint32_t d = ks + WG_HALF + tp * 16 * 128;
+                tma_load3(d, &tk, 0, g, slot, loaded + 8 * st);
+                tma_load3(d + WG_TILE, &tv, 0, g, slot, loaded + 8 * st);
+            } else if (tp < ng) {
                 int kp = k0 + 16 * tp, slot = bt[kp / bs] * bs + kp % bs;
                 uint32_t d = ks + tp * 16 * 128;
                 tma_load3(d, &tk, 0, g, slot, full + 8 * st);
@@ -197,6 +310,19 @@ static __global__ void __launch_bounds__(WG_THR, 1)
     int wmin = __reduce_min_sync(0xffffffffu, min(p0, p1));
     if (lane == 0) gmin[w - 4] = wmin;
     cp_async_wait<0>();
+    if (KV8) /* the MMAs run in f16: each thread converts the Q chunks it copied (q is well inside f16's range) */
+        for (int i = threadIdx.x - 128; i < WG_BM * 16; i += 256) {
+            uint32_t ad = qs + sw128(i >> 4, i & 15), v[4];
+            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
+                         : "r"(ad)
+                         : "memory");
+#pragma unroll
+            for (int k = 0; k < 4; k++) v[k] = pack_h2(__uint_as_float(v[k] << 16), __uint_as_float(v[k] & 0xffff0000u));
+            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(ad), "r"(v[0]), "r"(v[1]), "r"(v[2]),
+                         "r"(v[3])
+                         : "memory");
+        }
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* cp.async writes -> wgmma reads */
     asm volatile("bar.sync 1, 256;\n" ::: "memory");             /* the consumers: Q and gmin are ready */
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
@@ -223,17 +349,17 @@ static __global__ void __launch_bounds__(WG_THR, 1)
      * first k16 slice overwrites s), O += P V for the V tile at vb; before
      * issuing, the operand registers others wrote are fenced */
     auto issue_s = [&](uint32_t kb) {
-        wgmma_ss<0>(s, wg_desc(qs + cw * 64 * 128, 16, 1024), wg_desc(kb, 16, 1024));
+        wgmma_ss<0, KV8>(s, wg_desc(qs + cw * 64 * 128, 16, 1024), wg_desc(kb, 16, 1024));
 #pragma unroll
         for (int kc = 1; kc < D / 16; kc++) {
             uint32_t off = (kc >> 2) * WG_HALF + (kc & 3) * 32;
-            wgmma_ss<1>(s, wg_desc(qs + off + cw * 64 * 128, 16, 1024), wg_desc(kb + off, 16, 1024));
+            wgmma_ss<1, KV8>(s, wg_desc(qs + off + cw * 64 * 128, 16, 1024), wg_desc(kb + off, 16, 1024));
         }
         wg_commit();
     };
     auto issue_pv = [&](uint32_t vb) {
 #pragma unroll
-        for (int kk = 0; kk < NT / 2; kk++) wgmma_rs(o, pa[kk], wg_desc(vb + kk * 16 * 128, WG_HALF, 1024));
+        for (int kk = 0; kk < NT / 2; kk++) wgmma_rs<KV8>(o, pa[kk], wg_desc(vb + kk * 16 * 128, WG_HALF, 1024));
         wg_commit();
     };
     auto fence_pv = [&]() {
@@ -300,8 +426,9 @@ static __global__ void __launch_bounds__(WG_THR, 1)
                 o[dt * 4] *= c0, o[dt * 4 + 1] *= c0, o[dt * 4 + 2] *= c1, o[dt * 4 + 3] *= c1;
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
-            pa[nt / 2][(nt & 1) * 2] = pack_bf2(s[nt * 4], s[nt * 4 + 1]);
-            pa[nt / 2][(nt & 1) * 2 + 1] = pack_bf2(s[nt * 4 + 2], s[nt * 4 + 3]);
+            pa[nt / 2][(nt & 1) * 2] = KV8 ? pack_h2(s[nt * 4], s[nt * 4 + 1]) : pack_bf2(s[nt * 4], s[nt * 4 + 1]);
+            pa[nt / 2][(nt & 1) * 2 + 1] =
+                KV8 ? pack_h2(s[nt * 4 + 2], s[nt * 4 + 3]) : pack_bf2(s[nt * 4 + 2], s[nt * 4 + 3]);
         }
     };
 
@@ -380,24 +507,28 @@ extern "C" void cuda_attention_wg_select(int on)
 extern "C" int cuda_attention_wg_ok(const struct cuda_attn_args *a)
 {
     if (wg_on < 0) cuda_attention_wg_select(-1);
-    return wg_on && !a->kv8 && a->D == 128 && a->max_rows > 64 && a->max_rows <= WG_BM;
+    return wg_on && a->D == 128 && a->max_rows > 64 && a->max_rows <= WG_BM;
 }
 
 extern "C" cudaError_t cuda_attention_wg_prepare(void)
 {
-    cudaError_t e = cudaFuncSetAttribute(attn_wg_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM);
-    if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(attn_wg_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM);
+    const void *k[] = {(const void *)attn_wg_kernel<true, false>, (const void *)attn_wg_kernel<false, false>,
+                       (const void *)attn_wg_kernel<true, true>, (const void *)attn_wg_kernel<false, true>};
+    cudaError_t e = cudaSuccess;
+    for (int i = 0; i < 4 && e == cudaSuccess; i++)
+        e = cudaFuncSetAttribute(k[i], cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM);
     return e == cudaErrorInvalidDeviceFunction ? cudaSuccess : e; /* no sm_90a code for this device */
 }
 
 /* The cache [slots][KVH][128] bf16 as a 3-d tensor for the bulk tensor
- * copies: boxes of 64 dims x 1 head x 16 slots (2 KB, 128-byte swizzle).
+ * copies: boxes of 64 dims x 1 head x 16 slots (2 KB, 128-byte swizzle);
+ * the fp8 cache (kv8) as bytes: boxes of 128 dims x 1 x 16 (2 KB, no
+ * swizzle: 16 rows of 128 bytes, the staging layout).
  * The slot count is a bound the kernel never reaches (it reads only slots
  * of the block table). cuTensorMapEncodeTiled comes from the driver through
  * the runtime (no -lcuda); SLUICE_CUDA_ATTN_TMA=0 keeps the cp.async
  * gather. false where either is missing. */
-static bool tm_make(CUtensorMap *m, const void *base, int KVH)
+static bool tm_make(CUtensorMap *m, const void *base, int KVH, bool kv8)
 {
     static const bool off = [] {
         const char *e = getenv("SLUICE_CUDA_ATTN_TMA");
@@ -405,10 +536,12 @@ static bool tm_make(CUtensorMap *m, const void *base, int KVH)
     }();
     PFN_cuTensorMapEncodeTiled_v12000 tm_encode = off ? NULL : wg_tm_encoder();
     if (!tm_encode || ((uintptr_t)base & 15)) return false;
-    cuuint64_t dims[3] = {128, (cuuint64_t)KVH, 1ull << 31}, strides[2] = {256, (cuuint64_t)KVH * 256};
-    cuuint32_t box[3] = {64, 1, 16}, es[3] = {1, 1, 1};
-    return tm_encode(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, (void *)base, dims, strides, box, es,
-                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+    cuuint64_t row = kv8 ? 128 : 256;
+    cuuint64_t dims[3] = {128, (cuuint64_t)KVH, 1ull << 31}, strides[2] = {row, (cuuint64_t)KVH * row};
+    cuuint32_t box[3] = {kv8 ? 128u : 64u, 1, 16}, es[3] = {1, 1, 1};
+    return tm_encode(m, kv8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, (void *)base, dims,
+                     strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                     kv8 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
@@ -416,14 +549,19 @@ extern "C" cudaError_t cuda_attention_wg(const struct cuda_attn_args *a, cudaStr
 {
     alignas(64) CUtensorMap tk, tv;
     memset(&tk, 0, sizeof tk), memset(&tv, 0, sizeof tv);
-    int tma = a->block_size % 16 == 0 && tm_make(&tk, a->kc, a->KVH) && tm_make(&tv, a->vc, a->KVH);
+    int tma = a->block_size % 16 == 0 && tm_make(&tk, a->kc, a->KVH, a->kv8) && tm_make(&tv, a->vc, a->KVH, a->kv8);
     static const bool pp = [] {
         const char *e = getenv("SLUICE_CUDA_ATTN_PP");
         return !(e && strcmp(e, "0") == 0);
     }();
-    if (pp)
-        attn_wg_kernel<true><<<dim3(a->max_items, a->KVH), WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma);
+    dim3 grid(a->max_items, a->KVH);
+    if (a->kv8 && pp)
+        attn_wg_kernel<true, true><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma);
+    else if (a->kv8)
+        attn_wg_kernel<false, true><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma);
+    else if (pp)
+        attn_wg_kernel<true, false><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma);
     else
-        attn_wg_kernel<false><<<dim3(a->max_items, a->KVH), WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma);
+        attn_wg_kernel<false, false><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma);
     return cudaGetLastError();
 }

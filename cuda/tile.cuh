@@ -4,6 +4,7 @@
 #define SLUICE_CUDA_TILE_CUH
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <stdint.h>
 
 #include "cuda/kernels.h"
@@ -45,6 +46,11 @@ static __device__ __forceinline__ float ex2(float x)
 static __device__ __forceinline__ uint32_t pack_bf2(float lo, float hi)
 {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+static __device__ __forceinline__ uint32_t pack_h2(float lo, float hi)
+{
+    __half2 v = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<uint32_t *>(&v);
 }
 

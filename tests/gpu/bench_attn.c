@@ -9,7 +9,8 @@
  * warm-ups, CUDA events; TFLOP/s counts causal work only: 4 * H * D * sum
  * over queries of the keys each sees.
  * Also prints the largest difference between the two kernels' outputs on
- * the prompt (bf16 P: expect ~1e-2 at most). Not a test. */
+ * the prompt (bf16 P: expect ~1e-2 at most). SLUICE_BENCH_KV=fp8: the fp8
+ * e4m3 cache (random finite values) instead of bf16. Not a test. */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
@@ -41,6 +42,20 @@ static void *dup_dev(const void *h, size_t n)
     cudaMemcpy(d, h, n, cudaMemcpyHostToDevice);
     return d;
 }
+static bool g_kv8; /* SLUICE_BENCH_KV=fp8 */
+/* n random e4m3 bytes of magnitude below 1 (exponent field 0..6), as the
+ * bf16 cache's values */
+static void *rand_dev8(size_t n)
+{
+    uint8_t *h = malloc(n);
+    for (size_t i = 0; i < n; i++) {
+        unsigned r = (unsigned)((frand() * 0.5f + 0.5f) * 65535.0f);
+        h[i] = (uint8_t)((r & 0x80) | (r >> 8) % 7 << 3 | (r & 7));
+    }
+    void *d = dup_dev(h, n);
+    free(h);
+    return d;
+}
 static uint16_t *rand_dev(size_t n, float amp)
 {
     uint16_t *h = malloc(n * 2);
@@ -64,7 +79,7 @@ static struct cuda_attn_args step_args(const uint16_t *q, const uint16_t *kc, co
         int t0 = k * qt, nq = qlen - t0 < qt ? qlen - t0 : qt;
         it[k] = (struct cuda_attn_item){0, t0, nq, 0, pos[t0 + nq - 1] + 1, 0, 1, 0};
     }
-    struct cuda_attn_args a = {.q = q, .kc = kc, .vc = vc, .pos = dup_dev(pos, qlen * 4), .bt = dbt,
+    struct cuda_attn_args a = {.q = q, .kc = kc, .vc = vc, .kv8 = g_kv8, .pos = dup_dev(pos, qlen * 4), .bt = dbt,
                                .items = dup_dev(it, n * sizeof *it),
                                .n_items = dup_dev(&n, 4), .max_items = n, .max_rows = rows, .H = NH, .KVH = NKVH,
                                .D = HD, .block_size = BS, .scale = 1.0f / sqrtf((float)HD), .part = NULL,
@@ -90,7 +105,7 @@ static struct cuda_attn_args batch_args(const uint16_t *q, const uint16_t *kc, c
             it[s * per + k] = (struct cuda_attn_item){s * (CHUNK / BS), s * CHUNK + t0, nq, 0, t0 + nq, 0, 1, 0};
         }
     }
-    struct cuda_attn_args a = {.q = q, .kc = kc, .vc = vc, .pos = dup_dev(pos, T * 4), .bt = dbt,
+    struct cuda_attn_args a = {.q = q, .kc = kc, .vc = vc, .kv8 = g_kv8, .pos = dup_dev(pos, T * 4), .bt = dbt,
                                .items = dup_dev(it, n * sizeof *it),
                                .n_items = dup_dev(&n, 4), .max_items = n, .max_rows = rows, .H = NH, .KVH = NKVH,
                                .D = HD, .block_size = BS, .scale = 1.0f / sqrtf((float)HD), .part = NULL,
@@ -149,13 +164,15 @@ int main(void)
     }
     int32_t *dbt = dup_dev(bt, nb * 4);
     size_t kvn = (size_t)ctx_max * NKVH * HD;
-    uint16_t *kc = rand_dev(kvn, 1.0f), *vc = rand_dev(kvn, 1.0f), *q = rand_dev((size_t)ctx_max * NH * HD, 2.0f);
+    g_kv8 = getenv("SLUICE_BENCH_KV") && strncmp(getenv("SLUICE_BENCH_KV"), "fp8", 3) == 0;
+    uint16_t *kc = g_kv8 ? rand_dev8(kvn) : rand_dev(kvn, 1.0f), *vc = g_kv8 ? rand_dev8(kvn) : rand_dev(kvn, 1.0f);
+    uint16_t *q = rand_dev((size_t)ctx_max * NH * HD, 2.0f);
     uint16_t *out[3];
     for (int v = 0; v < 3; v++) out[v] = dalloc((size_t)ctx_max * NH * HD * 2);
     const char *vname[3] = {"SIMT, 32-row items", "tensor cores, 64-row items", "tensor cores, 128-row items"};
     int vrows[3] = {CUDA_ATTN_ROWS, 64, 128};
 
-    printf("prefill attention, H=%d KVH=%d D=%d block %d\n", NH, NKVH, HD, BS);
+    printf("prefill attention, H=%d KVH=%d D=%d block %d, %s cache\n", NH, NKVH, HD, BS, g_kv8 ? "fp8" : "bf16");
     for (int v = 0; v < 3; v++) {
         double keys;
         struct cuda_attn_args a = step_args(q, kc, vc, dbt, CHUNK, CHUNK, vrows[v], out[v], &keys);
@@ -220,7 +237,7 @@ int main(void)
         struct cuda_rope_args r = {.qkv = qkv, .cos = dup_dev(cs, (size_t)CHUNK * half * 4),
                                    .sin = dup_dev(sn, (size_t)CHUNK * half * 4), .pos = a.pos,
                                    .slots = dup_dev(slots, (size_t)T * 8), .T = T, .H = NH, .KVH = NKVH, .D = HD,
-                                   .rope_dim = HD, .eps = 1e-5f, .q = q, .kc = kc, .vc = vc};
+                                   .rope_dim = HD, .eps = 1e-5f, .q = q, .kc = kc, .vc = vc, .kv8 = g_kv8};
         float ms = time_steps(&r, &a, 1, 20), rms = time_steps(&r, &a, 0, 20);
         printf("  8 prompts of 2048      RoPE + KV write, then attention    %8.3f ms (RoPE + KV write %.3f ms, %.0f GB/s)\n",
                ms, rms, (double)T * (2 * NH + 4 * NKVH) * HD * 2 / (rms * 1e6));

@@ -11,7 +11,12 @@
  *   the timed prefill, one more 16K-token step inside them, then stop;
  *   SLUICE_BENCH_DECODE=BxC[,BxC...]: after batch-1 decode, decode of B
  *   sequences at context C each instead of the fixed batches;
- *   SLUICE_BENCH_KV=fp8: the fp8 KV cache (--kv-cache-dtype).
+ *   SLUICE_BENCH_KV=fp8: the fp8 KV cache (--kv-cache-dtype);
+ *   SLUICE_BENCH_LONG=N: one sequence of N tokens instead of everything above:
+ *   its prompt prefilled in chunks of SLUICE_BENCH_CHUNK tokens (8192, serve's
+ *   --max-num-batched-tokens) as the scheduler runs them (TTFT, each chunk's
+ *   time), then batch-1 decode over that written cache at contexts up to N,
+ *   each against its floor (weights + the context's KV at 4.3 TB/s).
  *
  * Drives the backend with hand-made steps (no scheduler): TTFT of one
  * 2048-token prompt, prefill throughput of a 16K-token step (8 x 2048),
@@ -29,7 +34,7 @@
 #include "tests/gpu/gpu_util.h"
 
 #define BS 16
-#define CTXB 160 /* blocks per sequence (2560 tokens) */
+static int CTXB = 160; /* blocks per sequence (2560 tokens; SLUICE_BENCH_LONG sets more) */
 
 
 static model_backend *g_be;
@@ -80,6 +85,38 @@ static double median_decode(int ns, int ctx, int n)
     return m;
 }
 
+
+/* SLUICE_BENCH_LONG: one long sequence, chunked prefill then decode (see the header). */
+static void bench_long(int n, size_t wbytes, size_t kv_tok)
+{
+    int chunk = getenv("SLUICE_BENCH_CHUNK") ? atoi(getenv("SLUICE_BENCH_CHUNK")) : 8192;
+    if (chunk < 1 || chunk > 16384) chunk = 8192;
+    double total = 0, first = 0, last = 0;
+    int n_chunks = 0;
+    for (int start = 0; start < n; start += chunk) {
+        int len = n - start < chunk ? n - start : chunk;
+        double t = step(1, start, len);
+        if (!n_chunks) first = t;
+        last = t;
+        total += t;
+        n_chunks++;
+    }
+    printf("long prompt %d tokens in %d chunks of %d: TTFT %.3f s = %.0f tok/s; first chunk %.1f ms (%.0f tok/s), "
+           "last %.1f ms (%.0f tok/s, over %d cached)\n",
+           n, n_chunks, chunk, total, n / total, first * 1e3, (n < chunk ? n : chunk) / first, last * 1e3,
+           (n - (n_chunks - 1) * chunk) / last, (n_chunks - 1) * chunk);
+    int ctxs[] = {1024, 8192, 32768, 65536, 131072, 262144, 524288};
+    for (int i = 0; i < (int)(sizeof ctxs / sizeof *ctxs); i++) {
+        int c = ctxs[i] < n - 40 ? ctxs[i] : n - 40;
+        if (c < 1 || (i && ctxs[i - 1] >= n - 40)) break;
+        double d = median_decode(1, c, 32);
+        double floor_s = (double)(wbytes + (size_t)c * kv_tok) / 4.3e12;
+        printf("long decode batch 1 @ %d ctx: %.3f ms/step = %.1f tok/s; floor %.3f ms (weights + %.2f GB of KV) = "
+               "%.1f tok/s (%.0f%%)\n",
+               c, d * 1e3, 1 / d, floor_s * 1e3, (double)c * kv_tok / 1e9, 1 / floor_s, 100 * floor_s / d);
+    }
+}
+
 int main(int argc, char **argv)
 {
     const char *cfg = argc > 1 ? argv[1] : "tools/configs/llama-3.1-8b";
@@ -98,6 +135,12 @@ int main(int argc, char **argv)
     int nseq = getenv("SLUICE_BENCH_SEQS") ? atoi(getenv("SLUICE_BENCH_SEQS")) : 256;
     if (tp < 1) tp = 1;
     if (nseq < 8) nseq = 8;
+    int long_n = getenv("SLUICE_BENCH_LONG") ? atoi(getenv("SLUICE_BENCH_LONG")) : 0;
+    if (long_n > 0) { /* one sequence: its blocks, every one of them */
+        if (long_n < 2048) long_n = 2048;
+        nseq = 1;
+        CTXB = (long_n + BS - 1) / BS + 1;
+    }
     struct model_backend_opts bo = {.device = "cuda", .max_tokens_per_step = 16384, .max_seqs_per_step = 256,
                                     .max_ctx = CTXB * BS, .tensor_parallel_size = tp,
                                     .kv_cache_dtype = getenv("SLUICE_BENCH_KV")};
@@ -124,6 +167,13 @@ int main(int argc, char **argv)
            cfg, c->n_layer, c->n_embd, c->n_ff, c->n_head, c->n_head_kv, c->n_vocab, wbytes / 1e9, now_s() - t0, tp);
     wbytes /= (size_t)tp; /* each GPU reads its share: the floor below is per GPU */
 
+    if (long_n > 0) {
+        size_t kv_tok = (size_t)c->n_layer * 2 * c->n_head_kv * c->head_dim / (size_t)tp *
+                        (getenv("SLUICE_BENCH_KV") && strncmp(getenv("SLUICE_BENCH_KV"), "fp8", 3) == 0 ? 1 : 2);
+        step(1, 0, 64); /* warm-up */
+        bench_long(long_n, wbytes, kv_tok);
+        goto done;
+    }
     const char *only = getenv("SLUICE_BENCH_ONLY"), *prof = getenv("SLUICE_BENCH_PROFILE");
     bool decode_only = only && (strcmp(only, "decode") == 0 || strcmp(only, "batches") == 0);
     step(1, 0, 64); /* warm-up */

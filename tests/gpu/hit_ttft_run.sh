@@ -5,7 +5,8 @@
 # times (hits), each streamed; per request the client's TTFT and the
 # server's (the sluice:time_to_first_token_seconds sum before and after:
 # the engine's submit -> first token), plus a /tokenize of the same prompt
-# (the host's tokenizer time, round trip). Extra serve flags: $SERVE_FLAGS.
+# (the host's tokenizer time, round trip). Extra serve flags: $SERVE_FLAGS;
+# P prompt tokens (14600; past the corpus it repeats), N hits (6), MAXLEN.
 . "$(dirname "$0")/run_lib.sh"
 PORT=${PORT:-8123}
 # MODEL_ARGS: another model (a dry run on the CPU: "models/... --device cpu")
@@ -13,7 +14,7 @@ build/sluice serve ${MODEL_ARGS:-tools/configs/llama-3.1-8b-vocab49k --load-form
     --device cuda --kv-cache-memory 40G} --served-model-name llama8b --port "$PORT" --max-model-len ${MAXLEN:-16384} \
     --max-num-batched-tokens 8192 ${SERVE_FLAGS:-} >"$L/server.log" 2>&1 &
 srv=$!
-timeout -k 5 200 python3 - "$PORT" "${N:-6}" "${P:-14600}" <<'PY'
+timeout -k 5 ${TIMEOUT:-200} python3 - "$PORT" "${N:-6}" "${P:-14600}" <<'PY'
 import http.client, json, sys, time
 port, n, ptok = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 for i in range(400):
@@ -35,6 +36,9 @@ def metric(name):
     return float("nan")
 words = open("tools/bench/corpus/python-reference.txt").read().split()
 text = " ".join(words)
+count = lambda t: json.load(post("/tokenize", {"model": "llama8b", "messages": [{"role": "user", "content": t}]}))["count"]
+while count(text) < ptok:  # a longer prompt than the corpus: the corpus again
+    text = text + "\n\n" + text
 while True:
     r = json.load(post("/tokenize", {"model": "llama8b", "messages": [{"role": "user", "content": text}]}))
     if r["count"] <= ptok: break

@@ -1046,10 +1046,16 @@ static void test_attention_tc_nowg(void)
     test_attention_tc();
     cuda_attention_wg_select(-1);
 }
+/* the fp8 cache on the prefill kernels: on compute capability 9.0 the
+ * warpgroup kernel's 128-row items (bulk copies of e4m3 rows widened to f16
+ * in shared memory, f16 MMAs), its cp.async gather (items off a 16-key
+ * boundary), and attn.cu's tensor-core kernel for all of them, as sm_89 runs */
 static void test_attention_tc_kv8(void)
 {
     g_kv8 = true;
     test_attention_tc();
+    test_attention_tc_kround8();
+    test_attention_tc_nowg();
     g_kv8 = false;
 }
 

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# wg8_run.sh LOGDIR - the fp8 KV cache on the warpgroup prefill attention
+# kernel (attn_wg.cu): the prefill attention tests with the fp8 cache (the
+# warpgroup kernel, its cp.async gather, attn.cu's kernel) and the bf16
+# ones (all of test_kernels), with SAN=1 only memcheck and racecheck on the fp8 ones; bench_attn per cache, the
+# engine suite with the fp8 cache, bench_gpu's prefill per cache, and the
+# long-context run (long_ctx_run.sh's bench_gpu part) per cache.
+. "$(dirname "$0")/run_lib.sh"
+K=build/tests/gpu/test_kernels
+if [ "${SAN:-0}" = 1 ]; then
+    t memcheck_kv8 500 env SLUICE_TEST_ONLY=attention_tc_kv8 compute-sanitizer --tool memcheck $K
+    t racecheck_kv8 500 env SLUICE_TEST_ONLY=attention_tc_kv8 compute-sanitizer --tool racecheck $K
+    exit 0
+fi
+t kernels 400 $K
+grep -E "FAIL|failed:" "$L/kernels.log" | head
+echo "fp8 cases on the warpgroup kernel: $(grep -cE "fp8 KV wgmma" "$L/kernels.log")"
+t bench_attn_bf16 120 build/tests/gpu/bench_attn
+t bench_attn_fp8 120 env SLUICE_BENCH_KV=fp8 build/tests/gpu/bench_attn
+grep -E "128-row|RoPE" "$L/bench_attn_bf16.log" "$L/bench_attn_fp8.log"
+t prefill_bf16 120 env SLUICE_BENCH_ONLY=prefill build/tests/gpu/bench_gpu
+t prefill_fp8 120 env SLUICE_BENCH_ONLY=prefill SLUICE_BENCH_KV=fp8 build/tests/gpu/bench_gpu
+grep -h "^prefill" "$L/prefill_bf16.log" "$L/prefill_fp8.log"
+t long_fp8 240 env SLUICE_BENCH_LONG=${LONG:-131072} SLUICE_BENCH_KV=fp8 build/tests/gpu/bench_gpu
+grep -E "^long prompt" "$L/long_fp8.log"
+t engine_kv8 120 env SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3 SLUICE_TEST_KV=fp8 build/tests/test_engine
