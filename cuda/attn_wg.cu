@@ -209,7 +209,7 @@ static __device__ __forceinline__ void turn_pass(int cw)
 template <bool PP, bool KV8>
 static __global__ void __launch_bounds__(WG_THR, 1)
     attn_wg_kernel(struct cuda_attn_args a, const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
-                   int tma)
+                   int tma, int a8_skip)
 {
 #ifdef WG_ARCH
     constexpr int D = 128, NT = WG_BN / 8, DT = D / 8;
@@ -244,7 +244,7 @@ static __global__ void __launch_bounds__(WG_THR, 1)
             for (int ti = 0; ti < ntile; ti++) {
                 int st = ti % 3;
                 mbar_wait(loaded + 8 * st, (ti / 3) & 1);
-                wg_widen<3>(kv0 + st * 2 * WG_TILE, tp - 32);
+                if (!a8_skip) wg_widen<3>(kv0 + st * 2 * WG_TILE, tp - 32);
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* generic writes -> wgmma reads */
                 mbar_arrive(full + 8 * st);
             }
@@ -554,14 +554,20 @@ extern "C" cudaError_t cuda_attention_wg(const struct cuda_attn_args *a, cudaStr
         const char *e = getenv("SLUICE_CUDA_ATTN_PP");
         return !(e && strcmp(e, "0") == 0);
     }();
+    /* SLUICE_CUDA_ATTN_WG8_ABLATE=1 (benchmarks only, outputs wrong): the
+     * fp8 stages the bulk copies bring are not widened */
+    static const int skip8 = [] {
+        const char *e = getenv("SLUICE_CUDA_ATTN_WG8_ABLATE");
+        return e && strcmp(e, "1") == 0;
+    }();
     dim3 grid(a->max_items, a->KVH);
     if (a->kv8 && pp)
-        attn_wg_kernel<true, true><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma);
+        attn_wg_kernel<true, true><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma, skip8);
     else if (a->kv8)
-        attn_wg_kernel<false, true><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma);
+        attn_wg_kernel<false, true><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma, skip8);
     else if (pp)
-        attn_wg_kernel<true, false><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma);
+        attn_wg_kernel<true, false><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma, skip8);
     else
-        attn_wg_kernel<false, false><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma);
+        attn_wg_kernel<false, false><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma, skip8);
     return cudaGetLastError();
 }

@@ -1059,6 +1059,22 @@ static void test_attention_tc_kv8(void)
     g_kv8 = false;
 }
 
+/* a few small fp8 cases on the warpgroup kernel, for racecheck (the
+ * in-place widening): bulk copies at blocks 16 and 32, the cp.async gather
+ * at block 1 and off 16-key bounds */
+static void test_attention_wg8_small(void)
+{
+    g_kv8 = true;
+    struct aseq chunks[] = {{300, 130}, {77, 77}, {33, 17}, {200, 1}};
+    attn_tc_case("fp8, chunks, GQA 4", 16, 4, 128, 16, chunks, 4, 1, 128);
+    attn_tc_case("fp8, chunks, MHA, block 32", 2, 2, 128, 32, chunks, 4, 1, 128);
+    attn_tc_case("fp8, chunks, GQA 3, block 1", 6, 2, 128, 1, chunks, 4, 1, 128);
+    g_kround = 8;
+    attn_tc_case("fp8, split 3 on 8-key bounds", 16, 4, 128, 16, chunks, 4, 3, 128);
+    g_kround = 32;
+    g_kv8 = false;
+}
+
 int main(void)
 {
     int n = 0;
@@ -1083,5 +1099,6 @@ int main(void)
     RUN(test_attention_kv8);
     RUN(test_rope_fold_kv8);
     RUN(test_attention_tc_kv8);
+    RUN(test_attention_wg8_small);
     return test_summary();
 }
