@@ -142,17 +142,33 @@ static __device__ __forceinline__ void wg_load_kv8(const struct cuda_attn_args &
         cp_async16(ks + WG_TILE + WG_HALF + j * 128 + c * 16, vc + off, ok);
     }
 }
+/* Two e4m3 (bytes 2k and 2k + 1 of w) -> packed f16x2, exact. ALU: by
+ * integer ops on the ALU pipes instead of the conversion unit: the byte's
+ * 7 magnitude bits placed at f16 bits 13..7 read as the value times 2^-8
+ * (subnormals too: both formats' subnormals scale the same way), so one
+ * f16 multiply by 256 finishes it; NaN (0x7f) becomes 480, which only
+ * unused rows hold. */
+template <bool ALU, int K>
+static __device__ __forceinline__ uint32_t e4m3_pair(uint32_t w)
+{
+    if constexpr (!ALU) return e4m3x2_to_h2((uint16_t)(w >> 16 * K));
+    constexpr uint32_t sel = K ? 0x3424u : 0x1404u; /* bytes 2K, 2K + 1 -> bits 15..8, 31..24 */
+    uint32_t x = __byte_perm(w & 0x7f7f7f7fu, 0, sel) >> 1 | __byte_perm(w & 0x80808080u, 0, sel);
+    __half2 h = __hmul2(*reinterpret_cast<const __half2 *>(&x), __float2half2_rn(256.0f));
+    return *reinterpret_cast<const uint32_t *>(&h);
+}
 /* 16 staged e4m3 (chunk j of row r of the tile at tb) -> f16 chunks 2j and
  * 2j + 1 of that row (exact) */
+template <bool ALU>
 static __device__ __forceinline__ void wg_widen_chunk(uint32_t tb, int r, int j, uint4 v)
 {
     asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(tb + sw128(r, 2 * j)),
-                 "r"(e4m3x2_to_h2((uint16_t)v.x)), "r"(e4m3x2_to_h2((uint16_t)(v.x >> 16))),
-                 "r"(e4m3x2_to_h2((uint16_t)v.y)), "r"(e4m3x2_to_h2((uint16_t)(v.y >> 16)))
+                 "r"(e4m3_pair<ALU, 0>(v.x)), "r"(e4m3_pair<ALU, 1>(v.x)), "r"(e4m3_pair<ALU, 0>(v.y)),
+                 "r"(e4m3_pair<ALU, 1>(v.y))
                  : "memory");
     asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(tb + sw128(r, 2 * j + 1)),
-                 "r"(e4m3x2_to_h2((uint16_t)v.z)), "r"(e4m3x2_to_h2((uint16_t)(v.z >> 16))),
-                 "r"(e4m3x2_to_h2((uint16_t)v.w)), "r"(e4m3x2_to_h2((uint16_t)(v.w >> 16)))
+                 "r"(e4m3_pair<ALU, 0>(v.z)), "r"(e4m3_pair<ALU, 1>(v.z)), "r"(e4m3_pair<ALU, 0>(v.w)),
+                 "r"(e4m3_pair<ALU, 1>(v.w))
                  : "memory");
 }
 /* The widening of a stage (K rows 0..127 at ks, V rows 128..255 at ks +
@@ -160,7 +176,7 @@ static __device__ __forceinline__ void wg_widen_chunk(uint32_t tb, int r, int j,
  * rows at a time, 8 lanes a row, and reads all of them before it writes, so
  * each row's staged bytes are read before its upper half overwrites them;
  * no two warps share a row. */
-template <int NW>
+template <int NW, bool ALU>
 static __device__ __forceinline__ void wg_widen(uint32_t ks, int t)
 {
     constexpr int NG = 2 * WG_BN / 4; /* groups of 4 rows */
@@ -182,8 +198,8 @@ static __device__ __forceinline__ void wg_widen(uint32_t ks, int t)
                          : "r"(tb + WG_HALF + rb * 128 + j * 16)
                          : "memory");
         __syncwarp();
-        wg_widen_chunk(ta, ra, j, va);
-        if (two) wg_widen_chunk(tb, rb, j, vb);
+        wg_widen_chunk<ALU>(ta, ra, j, va);
+        if (two) wg_widen_chunk<ALU>(tb, rb, j, vb);
         __syncwarp();
     }
 }
@@ -209,7 +225,7 @@ static __device__ __forceinline__ void turn_pass(int cw)
 template <bool PP, bool KV8>
 static __global__ void __launch_bounds__(WG_THR, 1)
     attn_wg_kernel(struct cuda_attn_args a, const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
-                   int tma, int a8_skip)
+                   int tma, int a8_cvt)
 {
 #ifdef WG_ARCH
     constexpr int D = 128, NT = WG_BN / 8, DT = D / 8;
@@ -244,7 +260,10 @@ static __global__ void __launch_bounds__(WG_THR, 1)
             for (int ti = 0; ti < ntile; ti++) {
                 int st = ti % 3;
                 mbar_wait(loaded + 8 * st, (ti / 3) & 1);
-                if (!a8_skip) wg_widen<3>(kv0 + st * 2 * WG_TILE, tp - 32);
+                if (a8_cvt == 1)
+                    wg_widen<3, true>(kv0 + st * 2 * WG_TILE, tp - 32);
+                else if (a8_cvt == 0)
+                    wg_widen<3, false>(kv0 + st * 2 * WG_TILE, tp - 32);
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* generic writes -> wgmma reads */
                 mbar_arrive(full + 8 * st);
             }
@@ -260,7 +279,10 @@ static __global__ void __launch_bounds__(WG_THR, 1)
                 cp_async_commit();
                 cp_async_wait<0>();
                 asm volatile("bar.sync 5, 128;\n" ::: "memory");
-                wg_widen<4>(ks, tp);
+                if (a8_cvt == 1)
+                    wg_widen<4, true>(ks, tp);
+                else
+                    wg_widen<4, false>(ks, tp);
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
                 mbar_arrive(full + 8 * st);
                 continue;
@@ -554,20 +576,21 @@ extern "C" cudaError_t cuda_attention_wg(const struct cuda_attn_args *a, cudaStr
         const char *e = getenv("SLUICE_CUDA_ATTN_PP");
         return !(e && strcmp(e, "0") == 0);
     }();
-    /* SLUICE_CUDA_ATTN_WG8_ABLATE=1 (benchmarks only, outputs wrong): the
-     * fp8 stages the bulk copies bring are not widened */
-    static const int skip8 = [] {
-        const char *e = getenv("SLUICE_CUDA_ATTN_WG8_ABLATE");
-        return e && strcmp(e, "1") == 0;
+    /* how the fp8 stages are widened: 1 on the ALU pipes (e4m3_pair), 0 by
+     * the conversion instruction (SLUICE_CUDA_ATTN_WG8_CVT=0|1); 2: not at
+     * all (SLUICE_CUDA_ATTN_WG8_ABLATE=1, benchmarks only, outputs wrong) */
+    static const int cvt8 = [] {
+        const char *e = getenv("SLUICE_CUDA_ATTN_WG8_ABLATE"), *c = getenv("SLUICE_CUDA_ATTN_WG8_CVT");
+        return e && strcmp(e, "1") == 0 ? 2 : c && strcmp(c, "0") == 0 ? 0 : 1;
     }();
     dim3 grid(a->max_items, a->KVH);
     if (a->kv8 && pp)
-        attn_wg_kernel<true, true><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma, skip8);
+        attn_wg_kernel<true, true><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma, cvt8);
     else if (a->kv8)
-        attn_wg_kernel<false, true><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma, skip8);
+        attn_wg_kernel<false, true><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma, cvt8);
     else if (pp)
-        attn_wg_kernel<true, false><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma, skip8);
+        attn_wg_kernel<true, false><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma, cvt8);
     else
-        attn_wg_kernel<false, false><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma, skip8);
+        attn_wg_kernel<false, false><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma, cvt8);
     return cudaGetLastError();
 }

@@ -5,8 +5,9 @@
 # ones (all of test_kernels), with SAN=1 only memcheck and racecheck on the fp8 ones; bench_attn per cache, the
 # engine suite with the fp8 cache, bench_gpu's prefill per cache, and the
 # long-context run (long_ctx_run.sh's bench_gpu part) per cache. QUICK=1:
-# the fp8 tests, bench_attn (fp8 also with SLUICE_CUDA_ATTN_WG8_ABLATE=1),
-# the long prompt.
+# the fp8 tests (with each widening), bench_attn (fp8 with each widening,
+# with SLUICE_CUDA_ATTN_WG8_ABLATE=1, on attn.cu's kernel), the long
+# prompt, bench_gpu's prefill per cache.
 . "$(dirname "$0")/run_lib.sh"
 K=build/tests/gpu/test_kernels
 if [ "${SAN:-0}" = 1 ]; then
@@ -20,6 +21,8 @@ if [ "${SAN:-0}" = 1 ]; then
 fi
 if [ "${QUICK:-0}" = 1 ]; then # the fp8 tests, bench_attn with and without the widening, the long prompt
     t k_tc_kv8 300 env SLUICE_TEST_ONLY=attention_tc_kv8 $K
+    t k_tc_kv8_cvt0 300 env SLUICE_CUDA_ATTN_WG8_CVT=0 SLUICE_TEST_ONLY=attention_tc_kv8 $K
+    t bench_attn_fp8_cvt0 120 env SLUICE_BENCH_KV=fp8 SLUICE_CUDA_ATTN_WG8_CVT=0 build/tests/gpu/bench_attn
     t bench_attn_bf16 120 build/tests/gpu/bench_attn
     t bench_attn_fp8 120 env SLUICE_BENCH_KV=fp8 build/tests/gpu/bench_attn
     t bench_attn_fp8_abl 120 env SLUICE_BENCH_KV=fp8 SLUICE_CUDA_ATTN_WG8_ABLATE=1 build/tests/gpu/bench_attn
@@ -27,6 +30,10 @@ if [ "${QUICK:-0}" = 1 ]; then # the fp8 tests, bench_attn with and without the 
     grep -E "128-row" "$L"/bench_attn_*.log
     t long_fp8 240 env SLUICE_BENCH_LONG=${LONG:-131072} SLUICE_BENCH_KV=fp8 build/tests/gpu/bench_gpu
     grep -E "^long prompt" "$L/long_fp8.log"
+    for kv in auto fp8; do
+        t prefill_$kv 120 env SLUICE_BENCH_ONLY=prefill SLUICE_BENCH_KV=$kv build/tests/gpu/bench_gpu
+        grep -h "^prefill" "$L/prefill_$kv.log"
+    done
     exit 0
 fi
 t kernels 400 $K
