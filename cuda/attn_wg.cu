@@ -142,33 +142,17 @@ static __device__ __forceinline__ void wg_load_kv8(const struct cuda_attn_args &
         cp_async16(ks + WG_TILE + WG_HALF + j * 128 + c * 16, vc + off, ok);
     }
 }
-/* Two e4m3 (bytes 2k and 2k + 1 of w) -> packed f16x2, exact. ALU: by
- * integer ops on the ALU pipes instead of the conversion unit: the byte's
- * 7 magnitude bits placed at f16 bits 13..7 read as the value times 2^-8
- * (subnormals too: both formats' subnormals scale the same way), so one
- * f16 multiply by 256 finishes it; NaN (0x7f) becomes 480, which only
- * unused rows hold. */
-template <bool ALU, int K>
-static __device__ __forceinline__ uint32_t e4m3_pair(uint32_t w)
-{
-    if constexpr (!ALU) return e4m3x2_to_h2((uint16_t)(w >> 16 * K));
-    constexpr uint32_t sel = K ? 0x3424u : 0x1404u; /* bytes 2K, 2K + 1 -> bits 15..8, 31..24 */
-    uint32_t x = __byte_perm(w & 0x7f7f7f7fu, 0, sel) >> 1 | __byte_perm(w & 0x80808080u, 0, sel);
-    __half2 h = __hmul2(*reinterpret_cast<const __half2 *>(&x), __float2half2_rn(256.0f));
-    return *reinterpret_cast<const uint32_t *>(&h);
-}
 /* 16 staged e4m3 (chunk j of row r of the tile at tb) -> f16 chunks 2j and
  * 2j + 1 of that row (exact) */
-template <bool ALU>
 static __device__ __forceinline__ void wg_widen_chunk(uint32_t tb, int r, int j, uint4 v)
 {
     asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(tb + sw128(r, 2 * j)),
-                 "r"(e4m3_pair<ALU, 0>(v.x)), "r"(e4m3_pair<ALU, 1>(v.x)), "r"(e4m3_pair<ALU, 0>(v.y)),
-                 "r"(e4m3_pair<ALU, 1>(v.y))
+                 "r"(e4m3x2_to_h2((uint16_t)v.x)), "r"(e4m3x2_to_h2((uint16_t)(v.x >> 16))),
+                 "r"(e4m3x2_to_h2((uint16_t)v.y)), "r"(e4m3x2_to_h2((uint16_t)(v.y >> 16)))
                  : "memory");
     asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(tb + sw128(r, 2 * j + 1)),
-                 "r"(e4m3_pair<ALU, 0>(v.z)), "r"(e4m3_pair<ALU, 1>(v.z)), "r"(e4m3_pair<ALU, 0>(v.w)),
-                 "r"(e4m3_pair<ALU, 1>(v.w))
+                 "r"(e4m3x2_to_h2((uint16_t)v.z)), "r"(e4m3x2_to_h2((uint16_t)(v.z >> 16))),
+                 "r"(e4m3x2_to_h2((uint16_t)v.w)), "r"(e4m3x2_to_h2((uint16_t)(v.w >> 16)))
                  : "memory");
 }
 /* The widening of a stage (K rows 0..127 at ks, V rows 128..255 at ks +
@@ -176,8 +160,8 @@ static __device__ __forceinline__ void wg_widen_chunk(uint32_t tb, int r, int j,
  * rows at a time, 8 lanes a row, and reads all of them before it writes, so
  * each row's staged bytes are read before its upper half overwrites them;
  * no two warps share a row. */
-template <int NW, bool ALU>
-static __device__ __forceinline__ void wg_widen(uint32_t ks, int t)
+template <int NW>
+static __device__ __forceinline__ void wg_widen_v0(uint32_t ks, int t)
 {
     constexpr int NG = 2 * WG_BN / 4; /* groups of 4 rows */
     const int lane = t & 31, j = lane & 7;
@@ -198,11 +182,72 @@ static __device__ __forceinline__ void wg_widen(uint32_t ks, int t)
                          : "r"(tb + WG_HALF + rb * 128 + j * 16)
                          : "memory");
         __syncwarp();
-        wg_widen_chunk<ALU>(ta, ra, j, va);
-        if (two) wg_widen_chunk<ALU>(tb, rb, j, vb);
+        wg_widen_chunk(ta, ra, j, va);
+        if (two) wg_widen_chunk(tb, rb, j, vb);
         __syncwarp();
     }
 }
+
+/* The same widening with fewer instructions a chunk. A warp's groups q =
+ * w, w + 2 NW, ... and q + NW keep their parity, so each lane's row keeps
+ * its residue mod 8 in either sequence and the swizzled offsets of its two
+ * output chunks are loop invariants; a row of either tile sits at ks + 128 r
+ * (+ 16 KB for V, rows 128..255). The four e4m3 of a word go to two f16x2
+ * through the register's 16-bit halves. */
+static __device__ __forceinline__ void e4m3x4_to_h4(uint32_t w, uint32_t &lo, uint32_t &hi)
+{
+    asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\ncvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+        : "=r"(lo), "=r"(hi)
+        : "r"(w));
+}
+/* v's 16 e4m3 as f16 at d (chunk 2j) and d ^ 16 (chunk 2j + 1: the
+ * swizzle puts it next to 2j's) */
+static __device__ __forceinline__ void wg_widen_st(uint32_t d, uint4 v)
+{
+    uint32_t h[4];
+    e4m3x4_to_h4(v.x, h[0], h[1]), e4m3x4_to_h4(v.y, h[2], h[3]);
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(d), "r"(h[0]), "r"(h[1]), "r"(h[2]), "r"(h[3])
+                 : "memory");
+    e4m3x4_to_h4(v.z, h[0], h[1]), e4m3x4_to_h4(v.w, h[2], h[3]);
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(d ^ 16u), "r"(h[0]), "r"(h[1]), "r"(h[2]), "r"(h[3])
+                 : "memory");
+}
+template <int NW>
+static __device__ __forceinline__ void wg_widen(uint32_t ks, int t)
+{
+    constexpr int NG = 2 * WG_BN / 4; /* groups of 4 rows */
+    static_assert(NW % 2 == 1 || NW == 4, "the second sequence's parity");
+    const int lane = t & 31, j = lane & 7, w = t >> 5, ro = lane >> 3;
+    /* chunk 2j's offset in a row of the first sequence; the second
+     * sequence's rows differ by 4 mod 8 when NW is odd (offset ^ 64) */
+    const uint32_t a0 = (uint32_t)((j >> 2) * WG_HALF + (((2 * j & 7) ^ ((4 * (w & 1) + ro) & 7)) << 4));
+    const uint32_t b0 = NW % 2 ? a0 ^ 64u : a0;
+    for (int q = w; q < NG; q += 2 * NW) {
+        const int qb = q + NW, ra = 4 * q + ro, rb = 4 * qb + ro;
+        const bool two = qb < NG;
+        const uint32_t ba = ks + ra * 128 + (ra >= WG_BN ? WG_TILE - WG_BN * 128 : 0);
+        const uint32_t bb = ks + rb * 128 + (rb >= WG_BN ? WG_TILE - WG_BN * 128 : 0);
+        uint4 va, vb = make_uint4(0, 0, 0, 0);
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(va.x), "=r"(va.y), "=r"(va.z), "=r"(va.w)
+                     : "r"(ba + WG_HALF + j * 16)
+                     : "memory");
+        if (two)
+            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(vb.x), "=r"(vb.y), "=r"(vb.z), "=r"(vb.w)
+                         : "r"(bb + WG_HALF + j * 16)
+                         : "memory");
+        __syncwarp(); /* the warp's rows are read: their upper halves may be overwritten */
+        wg_widen_st(ba + a0, va);
+        if (two) wg_widen_st(bb + b0, vb);
+    }
+}
+
+#ifdef SLUICE_WG8_V0 /* a comparison build: the first widening */
+#define WG_WIDEN wg_widen_v0
+#else
+#define WG_WIDEN wg_widen
+#endif
 
 /* The consumers take turns at the tensor cores (PP, FlashAttention-3's
  * ping-pong; SLUICE_CUDA_ATTN_PP=0 turns it off): a warpgroup issues a
@@ -225,7 +270,7 @@ static __device__ __forceinline__ void turn_pass(int cw)
 template <bool PP, bool KV8>
 static __global__ void __launch_bounds__(WG_THR, 1)
     attn_wg_kernel(struct cuda_attn_args a, const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
-                   int tma, int a8_cvt)
+                   int tma, int a8_skip)
 {
 #ifdef WG_ARCH
     constexpr int D = 128, NT = WG_BN / 8, DT = D / 8;
@@ -260,10 +305,7 @@ static __global__ void __launch_bounds__(WG_THR, 1)
             for (int ti = 0; ti < ntile; ti++) {
                 int st = ti % 3;
                 mbar_wait(loaded + 8 * st, (ti / 3) & 1);
-                if (a8_cvt == 1)
-                    wg_widen<3, true>(kv0 + st * 2 * WG_TILE, tp - 32);
-                else if (a8_cvt == 0)
-                    wg_widen<3, false>(kv0 + st * 2 * WG_TILE, tp - 32);
+                if (!a8_skip) WG_WIDEN<3>(kv0 + st * 2 * WG_TILE, tp - 32);
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* generic writes -> wgmma reads */
                 mbar_arrive(full + 8 * st);
             }
@@ -279,10 +321,7 @@ static __global__ void __launch_bounds__(WG_THR, 1)
                 cp_async_commit();
                 cp_async_wait<0>();
                 asm volatile("bar.sync 5, 128;\n" ::: "memory");
-                if (a8_cvt == 1)
-                    wg_widen<4, true>(ks, tp);
-                else
-                    wg_widen<4, false>(ks, tp);
+                WG_WIDEN<4>(ks, tp);
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
                 mbar_arrive(full + 8 * st);
                 continue;
@@ -576,21 +615,20 @@ extern "C" cudaError_t cuda_attention_wg(const struct cuda_attn_args *a, cudaStr
         const char *e = getenv("SLUICE_CUDA_ATTN_PP");
         return !(e && strcmp(e, "0") == 0);
     }();
-    /* how the fp8 stages are widened: 1 on the ALU pipes (e4m3_pair), 0 by
-     * the conversion instruction (SLUICE_CUDA_ATTN_WG8_CVT=0|1); 2: not at
-     * all (SLUICE_CUDA_ATTN_WG8_ABLATE=1, benchmarks only, outputs wrong) */
-    static const int cvt8 = [] {
-        const char *e = getenv("SLUICE_CUDA_ATTN_WG8_ABLATE"), *c = getenv("SLUICE_CUDA_ATTN_WG8_CVT");
-        return e && strcmp(e, "1") == 0 ? 2 : c && strcmp(c, "0") == 0 ? 0 : 1;
+    /* SLUICE_CUDA_ATTN_WG8_ABLATE=1 (benchmarks only, outputs wrong): the
+     * fp8 stages the bulk copies bring are not widened */
+    static const int skip8 = [] {
+        const char *e = getenv("SLUICE_CUDA_ATTN_WG8_ABLATE");
+        return e && strcmp(e, "1") == 0;
     }();
     dim3 grid(a->max_items, a->KVH);
     if (a->kv8 && pp)
-        attn_wg_kernel<true, true><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma, cvt8);
+        attn_wg_kernel<true, true><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma, skip8);
     else if (a->kv8)
-        attn_wg_kernel<false, true><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma, cvt8);
+        attn_wg_kernel<false, true><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma, skip8);
     else if (pp)
-        attn_wg_kernel<true, false><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma, cvt8);
+        attn_wg_kernel<true, false><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma, skip8);
     else
-        attn_wg_kernel<false, false><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma, cvt8);
+        attn_wg_kernel<false, false><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma, skip8);
     return cudaGetLastError();
 }
