@@ -1,8 +1,8 @@
 /* attn_wg.cu - prefill attention on Hopper's warpgroup MMA (wgmma, sm_90a),
- * for the tensor-core path's 128-row items at head_dim 128 with the bf16 KV
- * cache (attn.cu picks it; the other shapes, the fp8 cache and sm_89 keep
- * attn_tc_kernel). The same items, masks, online softmax and outputs as
- * attn_tc_kernel (attn.cu); the tile math and the gather differ.
+ * for the tensor-core path's 128-row items at head_dim 128, with either KV
+ * cache (attn.cu picks it; the other shapes and sm_89 keep attn_tc_kernel).
+ * The same items, masks, online softmax and outputs as attn_tc_kernel
+ * (attn.cu); the tile math and the gather differ.
  *
  * A block takes one item x one KV head group with three warpgroups
  * (FlashAttention-3's warp specialization). Warpgroup 0, the producer,
@@ -36,6 +36,19 @@
  * k16 slice at +32 bytes within a row. N-major (V): 64-dim halves WG_HALF
  * bytes apart (LBO), 8-key groups 1024 bytes apart (SBO). 32 KB Q + 3
  * stages x 64 KB K/V + 1 KB of alignment slack (225 KB): one block an SM.
+ *
+ * The fp8 cache (KV8; e4m3, scale 1): the bulk copies bring a tile's e4m3
+ * rows (boxes of 16 slots x 128 bytes, no swizzle) into the upper halves of
+ * its K and V tiles, counted on a third barrier, loaded[s]; the producer's
+ * three other warps widen them in place to f16 in the layout above
+ * (wg_widen; every e4m3 value is an f16 value) and arrive on full[s]. The
+ * MMAs then run in f16: Q is converted once per item (q is well inside
+ * f16's range) and P packed to f16. Without bulk copies the producer's four
+ * warps gather by cp.async, then widen. bench_attn (fp8): 16K in 8 chunks
+ * 455 TFLOP/s, 8 prompts 327, one prompt 265, against 547 / 363 / 308 with
+ * bf16 on the same host and 210 / 182 / 151 on attn_tc_kernel; without the
+ * widening (SLUICE_CUDA_ATTN_WG8_ABLATE=1, outputs wrong) it runs at 586 /
+ * 381 / 325: the widening is what fp8 costs here.
  *
  * bench_attn on an H200 (BENCHMARKS.md): a 16K context in 8 chunks at
  * 537-574 TFLOP/s (attn_tc_kernel 212; 329 with the cp.async gather), a
@@ -142,58 +155,15 @@ static __device__ __forceinline__ void wg_load_kv8(const struct cuda_attn_args &
         cp_async16(ks + WG_TILE + WG_HALF + j * 128 + c * 16, vc + off, ok);
     }
 }
-/* 16 staged e4m3 (chunk j of row r of the tile at tb) -> f16 chunks 2j and
- * 2j + 1 of that row (exact) */
-static __device__ __forceinline__ void wg_widen_chunk(uint32_t tb, int r, int j, uint4 v)
-{
-    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(tb + sw128(r, 2 * j)),
-                 "r"(e4m3x2_to_h2((uint16_t)v.x)), "r"(e4m3x2_to_h2((uint16_t)(v.x >> 16))),
-                 "r"(e4m3x2_to_h2((uint16_t)v.y)), "r"(e4m3x2_to_h2((uint16_t)(v.y >> 16)))
-                 : "memory");
-    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(tb + sw128(r, 2 * j + 1)),
-                 "r"(e4m3x2_to_h2((uint16_t)v.z)), "r"(e4m3x2_to_h2((uint16_t)(v.z >> 16))),
-                 "r"(e4m3x2_to_h2((uint16_t)v.w)), "r"(e4m3x2_to_h2((uint16_t)(v.w >> 16)))
-                 : "memory");
-}
 /* The widening of a stage (K rows 0..127 at ks, V rows 128..255 at ks +
- * WG_TILE) by NW warps (t: 0 .. 32 NW - 1). A warp takes two groups of 4
- * rows at a time, 8 lanes a row, and reads all of them before it writes, so
- * each row's staged bytes are read before its upper half overwrites them;
- * no two warps share a row. */
-template <int NW>
-static __device__ __forceinline__ void wg_widen_v0(uint32_t ks, int t)
-{
-    constexpr int NG = 2 * WG_BN / 4; /* groups of 4 rows */
-    const int lane = t & 31, j = lane & 7;
-    for (int q = t >> 5; q < NG; q += 2 * NW) {
-        const int qb = q + NW;
-        const bool two = qb < NG;
-        int ra = 4 * q + (lane >> 3), rb = 4 * qb + (lane >> 3);
-        const uint32_t ta = ks + (ra >= WG_BN ? WG_TILE : 0), tb = ks + (rb >= WG_BN ? WG_TILE : 0);
-        ra &= WG_BN - 1, rb &= WG_BN - 1;
-        uint4 va, vb = make_uint4(0, 0, 0, 0);
-        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(va.x), "=r"(va.y), "=r"(va.z), "=r"(va.w)
-                     : "r"(ta + WG_HALF + ra * 128 + j * 16)
-                     : "memory");
-        if (two)
-            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                         : "=r"(vb.x), "=r"(vb.y), "=r"(vb.z), "=r"(vb.w)
-                         : "r"(tb + WG_HALF + rb * 128 + j * 16)
-                         : "memory");
-        __syncwarp();
-        wg_widen_chunk(ta, ra, j, va);
-        if (two) wg_widen_chunk(tb, rb, j, vb);
-        __syncwarp();
-    }
-}
-
-/* The same widening with fewer instructions a chunk. A warp's groups q =
- * w, w + 2 NW, ... and q + NW keep their parity, so each lane's row keeps
- * its residue mod 8 in either sequence and the swizzled offsets of its two
- * output chunks are loop invariants; a row of either tile sits at ks + 128 r
- * (+ 16 KB for V, rows 128..255). The four e4m3 of a word go to two f16x2
- * through the register's 16-bit halves. */
+ * WG_TILE; a row of either at ks + 128 r, + 16 KB for V) by NW warps (t:
+ * 0 .. 32 NW - 1). A warp takes two groups of 4 rows at a time, 8 lanes a
+ * row, and reads all of them before it writes, so each row's staged bytes
+ * are read before its upper half overwrites them; no two warps share a row.
+ * A warp's groups q = w, w + 2 NW, ... and q + NW keep their parity, so a
+ * lane's row keeps its residue mod 8 in either sequence and the swizzled
+ * offsets of its output chunks are loop invariants. The four e4m3 of a word
+ * become two f16x2 through the register's 16-bit halves. */
 static __device__ __forceinline__ void e4m3x4_to_h4(uint32_t w, uint32_t &lo, uint32_t &hi)
 {
     asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\ncvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
@@ -242,12 +212,6 @@ static __device__ __forceinline__ void wg_widen(uint32_t ks, int t)
         if (two) wg_widen_st(bb + b0, vb);
     }
 }
-
-#ifdef SLUICE_WG8_V0 /* a comparison build: the first widening */
-#define WG_WIDEN wg_widen_v0
-#else
-#define WG_WIDEN wg_widen
-#endif
 
 /* The consumers take turns at the tensor cores (PP, FlashAttention-3's
  * ping-pong; SLUICE_CUDA_ATTN_PP=0 turns it off): a warpgroup issues a
@@ -305,7 +269,7 @@ static __global__ void __launch_bounds__(WG_THR, 1)
             for (int ti = 0; ti < ntile; ti++) {
                 int st = ti % 3;
                 mbar_wait(loaded + 8 * st, (ti / 3) & 1);
-                if (!a8_skip) WG_WIDEN<3>(kv0 + st * 2 * WG_TILE, tp - 32);
+                if (!a8_skip) wg_widen<3>(kv0 + st * 2 * WG_TILE, tp - 32);
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* generic writes -> wgmma reads */
                 mbar_arrive(full + 8 * st);
             }
@@ -321,7 +285,7 @@ static __global__ void __launch_bounds__(WG_THR, 1)
                 cp_async_commit();
                 cp_async_wait<0>();
                 asm volatile("bar.sync 5, 128;\n" ::: "memory");
-                WG_WIDEN<4>(ks, tp);
+                wg_widen<4>(ks, tp);
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
                 mbar_arrive(full + 8 * st);
                 continue;
