@@ -561,6 +561,7 @@ int main(void)
     run_model("tiny-llama", "tests/models/tiny-llama", "tests/models/tiny-llama/golden.json");
     run_model("tiny-qwen2", "tests/models/tiny-qwen2", "tests/models/tiny-qwen2/golden.json");
     run_model("tiny-qwen3", "tests/models/tiny-qwen3", "tests/models/tiny-qwen3/golden.json");
+    run_model("tiny-qwen3-d128", "tests/models/tiny-qwen3-d128", "tests/models/tiny-qwen3-d128/golden.json");
     struct stat tst;
     if (stat("tests/models/tiny-llama/model.safetensors", &tst) == 0) {
         RUN(test_loader_errors);

@@ -389,6 +389,9 @@ int main(void)
     run_model("tiny-qwen3", "tests/models/tiny-qwen3", "tests/models/tiny-qwen3/golden.json", 3e-2, 3e-2);
     run_model("tiny-llama", "tests/models/tiny-llama", "tests/models/tiny-llama/golden.json", 3e-2, 3e-2);
     run_model("tiny-qwen2", "tests/models/tiny-qwen2", "tests/models/tiny-qwen2/golden.json", 3e-2, 3e-2);
+    /* head_dim 128, 4 query heads per KV head: the warpgroup prefill attention */
+    run_model("tiny-qwen3-d128", "tests/models/tiny-qwen3-d128", "tests/models/tiny-qwen3-d128/golden.json", 3e-2,
+              3e-2);
     /* bf16 weights (rounded from Q4_1) and bf16 activations through 30 layers: ~3% of max|logit| */
     run_model("smollm2", "models/SmolLM2-135M-Instruct.Q4_1.gguf", "tests/golden/smollm2/golden.json", 4e-2, 4e-2);
     printf("near-ties (GPU greedy token != CPU argmax, CPU top-2 within %.0f%% of max |logit|): %d\n",
