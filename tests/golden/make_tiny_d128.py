@@ -43,3 +43,4 @@ tok.save_pretrained(path)
 m2 = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 with open(os.path.join(path, "golden.json"), "w") as fh:
     json.dump(golden(m2, tok, "tiny-qwen3-d128", PROMPTS), fh)
+# in git, tokenizer.json is a link to tiny-llama's (the same file)

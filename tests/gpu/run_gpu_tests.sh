@@ -2,7 +2,8 @@
 # run_gpu_tests.sh - what `make gpu-test` runs on a GPU host: every
 # tests/gpu/test_* binary, the engine suite (batch invariance, chunked
 # prefill, prefix reuse, preemption) on the CUDA backend (again with the fp8
-# KV cache), and with 2+ GPUs the
+# KV cache; tiny-qwen3 and tiny-qwen3-d128, whose head_dim 128 takes the
+# warpgroup prefill attention), and with 2+ GPUs the
 # tensor-parallel runs (TP=2 vs CPU/HF, TP=2 vs TP=1, the engine at TP=2,
 # and the first and last again with the fused gate|up on every step).
 # Ends with one line "N passed, N failed".
@@ -16,6 +17,9 @@ for t in "$B"/tests/gpu/test_*; do runs+=("$t"); done
 if [ -f "$MODEL" ]; then runs+=("SLUICE_TEST_DEVICE=cuda $B/tests/test_engine")
 else runs+=("SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3 $B/tests/test_engine"); fi
 runs+=("SLUICE_TEST_KV=fp8 SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3 $B/tests/test_engine")
+# head_dim 128 (the warpgroup prefill attention on sm_90), with each KV cache
+runs+=("SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3-d128 $B/tests/test_engine"
+       "SLUICE_TEST_KV=fp8 SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3-d128 $B/tests/test_engine")
 # the fused gate|up GEMM (sm_90) serves steps of 128+ tokens: once more
 # with it on every step of 5+ tokens, end to end and in the engine suite
 runs+=("SLUICE_CUDA_GEMM_WG_MIN_T=1 $B/tests/gpu/test_gpu_e2e"
