@@ -155,15 +155,7 @@ static __device__ __forceinline__ void wg_load_kv8(const struct cuda_attn_args &
         cp_async16(ks + WG_TILE + WG_HALF + j * 128 + c * 16, vc + off, ok);
     }
 }
-/* The widening of a stage (K rows 0..127 at ks, V rows 128..255 at ks +
- * WG_TILE; a row of either at ks + 128 r, + 16 KB for V) by NW warps (t:
- * 0 .. 32 NW - 1). A warp takes two groups of 4 rows at a time, 8 lanes a
- * row, and reads all of them before it writes, so each row's staged bytes
- * are read before its upper half overwrites them; no two warps share a row.
- * A warp's groups q = w, w + 2 NW, ... and q + NW keep their parity, so a
- * lane's row keeps its residue mod 8 in either sequence and the swizzled
- * offsets of its output chunks are loop invariants. The four e4m3 of a word
- * become two f16x2 through the register's 16-bit halves. */
+/* the four e4m3 of w as two f16x2, through the register's 16-bit halves */
 static __device__ __forceinline__ void e4m3x4_to_h4(uint32_t w, uint32_t &lo, uint32_t &hi)
 {
     asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\ncvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
@@ -182,6 +174,14 @@ static __device__ __forceinline__ void wg_widen_st(uint32_t d, uint4 v)
     asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(d ^ 16u), "r"(h[0]), "r"(h[1]), "r"(h[2]), "r"(h[3])
                  : "memory");
 }
+/* The widening of a stage (K rows 0..127 at ks, V rows 128..255 at ks +
+ * WG_TILE; a row of either at ks + 128 r, + 16 KB for V) by NW warps (t:
+ * 0 .. 32 NW - 1). A warp takes two groups of 4 rows at a time, 8 lanes a
+ * row, and reads all of them before it writes, so each row's staged bytes
+ * are read before its upper half overwrites them; no two warps share a row.
+ * A warp's groups q = w, w + 2 NW, ... and q + NW keep their parity, so a
+ * lane's row keeps its residue mod 8 in either sequence and the swizzled
+ * offsets of its output chunks are loop invariants. */
 template <int NW>
 static __device__ __forceinline__ void wg_widen(uint32_t ks, int t)
 {

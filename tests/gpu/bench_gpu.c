@@ -34,12 +34,12 @@
 #include "tests/gpu/gpu_util.h"
 
 #define BS 16
-static int CTXB = 160; /* blocks per sequence (2560 tokens; SLUICE_BENCH_LONG sets more) */
+static int g_ctxb = 160; /* blocks per sequence (2560 tokens; SLUICE_BENCH_LONG sets more) */
 
 
 static model_backend *g_be;
 static int g_V;
-static int32_t *g_bt; /* [seq][CTXB] */
+static int32_t *g_bt; /* [seq][g_ctxb] */
 static struct model_sampling g_s;
 
 /* One step: ns sequences, each len tokens at positions start..start+len-1. */
@@ -52,7 +52,7 @@ static double step(int ns, int start, int len)
     static uint64_t r = 1;
     for (int k = 0, t = 0; k < ns; k++) {
         sq[k] = (struct step_seq){.query_start = t, .query_len = len, .context_len = start + len,
-                                  .block_table = g_bt + (size_t)k * CTXB, .n_blocks = CTXB, .want_sample = true,
+                                  .block_table = g_bt + (size_t)k * g_ctxb, .n_blocks = g_ctxb, .want_sample = true,
                                   .sampling = &g_s, .n_prompt = 0, .n_history = 0};
         for (int j = 0; j < len; j++, t++) {
             int p = start + j;
@@ -139,22 +139,22 @@ int main(int argc, char **argv)
     if (long_n > 0) { /* one sequence: its blocks, every one of them */
         if (long_n < 2048) long_n = 2048;
         nseq = 1;
-        CTXB = (long_n + BS - 1) / BS + 1;
+        g_ctxb = (long_n + BS - 1) / BS + 1;
     }
     struct model_backend_opts bo = {.device = "cuda", .max_tokens_per_step = 16384, .max_seqs_per_step = 256,
-                                    .max_ctx = CTXB * BS, .tensor_parallel_size = tp,
+                                    .max_ctx = g_ctxb * BS, .tensor_parallel_size = tp,
                                     .kv_cache_dtype = getenv("SLUICE_BENCH_KV")};
     g_be = model_backend_create(m, &bo, err, sizeof err);
     if (!g_be) {
         fprintf(stderr, "backend: %s\n", err);
         return 1;
     }
-    if (g_be->ops->kv_alloc(g_be, nseq * CTXB, BS, err, sizeof err)) {
+    if (g_be->ops->kv_alloc(g_be, nseq * g_ctxb, BS, err, sizeof err)) {
         fprintf(stderr, "kv: %s\n", err);
         return 1;
     }
-    g_bt = malloc((size_t)nseq * CTXB * 4);
-    for (int i = 0; i < nseq * CTXB; i++) g_bt[i] = (int32_t)((i * 7919L) % (nseq * CTXB)); /* scattered */
+    g_bt = malloc((size_t)nseq * g_ctxb * 4);
+    for (int i = 0; i < nseq * g_ctxb; i++) g_bt[i] = (int32_t)((i * 7919L) % (nseq * g_ctxb)); /* scattered */
     model_sampling_default(&g_s);
     size_t wbytes = 0;
     {
@@ -210,8 +210,8 @@ batches:
     if (getenv("SLUICE_BENCH_DECODE")) { /* "BxC,...": batch B at context C (KV unwritten: timing only) */
         for (const char *q = getenv("SLUICE_BENCH_DECODE"); *q;) {
             int b = 0, ctx = 0, n = 0;
-            if (sscanf(q, "%dx%d%n", &b, &ctx, &n) != 2 || b < 1 || b > nseq || ctx < 1 || ctx + 40 > CTXB * BS) {
-                fprintf(stderr, "SLUICE_BENCH_DECODE: expected BxC with B <= %d, C <= %d\n", nseq, CTXB * BS - 40);
+            if (sscanf(q, "%dx%d%n", &b, &ctx, &n) != 2 || b < 1 || b > nseq || ctx < 1 || ctx + 40 > g_ctxb * BS) {
+                fprintf(stderr, "SLUICE_BENCH_DECODE: expected BxC with B <= %d, C <= %d\n", nseq, g_ctxb * BS - 40);
                 return 1;
             }
             double d = median_decode(b, ctx, 32);
