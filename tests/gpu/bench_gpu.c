@@ -168,8 +168,9 @@ int main(int argc, char **argv)
     wbytes /= (size_t)tp; /* each GPU reads its share: the floor below is per GPU */
 
     if (long_n > 0) {
-        size_t kv_tok = (size_t)c->n_layer * 2 * c->n_head_kv * c->head_dim / (size_t)tp *
-                        (getenv("SLUICE_BENCH_KV") && strncmp(getenv("SLUICE_BENCH_KV"), "fp8", 3) == 0 ? 1 : 2);
+        bool kv8 = false; /* as the backend read SLUICE_BENCH_KV (it accepted it above) */
+        model_kv_dtype(&bo, "cuda", &kv8, err, sizeof err);
+        size_t kv_tok = (size_t)c->n_layer * 2 * c->n_head_kv * c->head_dim / (size_t)tp * (kv8 ? 1 : 2);
         step(1, 0, 64); /* warm-up */
         bench_long(long_n, wbytes, kv_tok);
         goto done;
