@@ -41,6 +41,17 @@ static void wake(void *arg)
     event_active(s->wake_ev, EV_READ, 0);
 }
 
+/* What --batch-step-tokens weighs a prefill (query, key) pair at: the
+ * model's FLOP ratio, or SLUICE_BATCH_PAIR_COST (a benchmark switch; 0
+ * caps batch steps by tokens alone, as before the weighing). */
+static double batch_pair_cost(const struct model_config *c)
+{
+    const char *e = getenv("SLUICE_BATCH_PAIR_COST");
+    char *end;
+    double k = e && *e ? strtod(e, &end) : -1.0;
+    return e && *e && *end == '\0' && k >= 0.0 ? k : model_attn_pair_cost(c);
+}
+
 static void *load_main(void *arg)
 {
     struct server *s = arg;
@@ -58,6 +69,7 @@ static void *load_main(void *arg)
             .max_model_len = (int)s->o.max_model_len,
             .min_batch_share = (float)s->o.min_batch_share,
             .batch_step_tokens = (int)s->o.batch_step_tokens,
+            .attn_pair_cost = batch_pair_cost(model_get_config(s->m)),
         },
         .enable_prefix_caching = s->o.enable_prefix_caching,
         .notify = wake,
@@ -591,7 +603,9 @@ int api_cmd_serve(int argc, char **argv)
         {"--max-request-bytes", API_FLAG_INT, &o->max_body_bytes, "largest JSON request body (32 MiB)", NULL},
         {"--min-batch-share", API_FLAG_FLOAT, &o->min_batch_share, "step budget share kept for batch work (0.1)", NULL},
         {"--batch-step-tokens", API_FLAG_HUMAN_INT, &o->batch_step_tokens,
-         "batch prefill fills a step only this far, so chat waits at most a short step (2048; 0: the whole budget)", NULL},
+         "batch prefill fills a step only this far, in tokens weighed by the keys they attend to, so chat waits "
+         "at most a short step (2048; 0: the whole budget)",
+         NULL},
         {"--data-dir", API_FLAG_STR, &o->data_dir, "batch store: files, batches, results (./sluice-data)", NULL},
         {"--max-batch-file-lines", API_FLAG_INT, &o->max_batch_file_lines, "requests per batch file (50000)", NULL},
         {"--max-batch-file-bytes", API_FLAG_INT, &o->max_batch_file_bytes, "bytes per batch file (200 MB)", NULL},

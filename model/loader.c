@@ -669,6 +669,16 @@ const struct model_weights *model_get_weights(const model *m) { return &m->w; }
 const model_tok *model_get_tok(const model *m) { return m->tok; }
 const char *model_chat_template(const model *m) { return m->chat_template; }
 
+double model_attn_pair_cost(const struct model_config *c)
+{
+    /* per layer: QK^T and PV are 2 * head_dim multiply-adds per query head
+     * and key; the projections Q|K|V, O and gate|up|down are one
+     * multiply-add per weight per token */
+    double q = (double)c->n_head * c->head_dim, kv = (double)c->n_head_kv * c->head_dim, e = c->n_embd;
+    double proj = e * (q + 2.0 * kv) + q * e + 3.0 * e * c->n_ff;
+    return proj > 0 ? 2.0 * q / proj : 0.0;
+}
+
 void model_rope_inv_freq(const struct model_config *c, const struct model_weights *w, double *inv)
 {
     int half = c->rope_dim / 2;

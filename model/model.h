@@ -192,6 +192,11 @@ const model_tok *model_get_tok(const model *m);
 /* The chat template text from the checkpoint, or NULL. Borrowed. */
 const char *model_chat_template(const model *m);
 const char *model_arch_name(enum model_arch a);
+/* What one (query, key) pair of attention costs, in tokens of the layer's
+ * projections (GEMM multiply-adds): 2 n_head head_dim / (per-token weights of
+ * Q|K|V, O and the MLP). Llama-3.1-8B: 3.8e-5, so a token attending to 100K
+ * keys costs 4.8 tokens. The scheduler weighs prefill chunks by it. */
+double model_attn_pair_cost(const struct model_config *c);
 /* RoPE inverse frequencies, inv[rope_dim/2]: rope_theta, llama3 scaling and
  * GGUF rope_freqs divisors applied (w may be NULL), as transformers computes
  * them. Every backend builds its sin/cos tables from these. */

@@ -7,6 +7,7 @@
  * list per class. Everything here runs on the engine thread, except
  * sched_req_create, which reads only the immutable configuration.
  */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -81,6 +82,7 @@ struct sched {
     struct step_seq *seqs;     /* [max_num_seqs] */
     sched_req **step_req;      /* [max_num_seqs] */
     int n_step_seqs;
+    double step_cost;          /* the step's tokens, weighed (chunk_cost) */
     char piece[PIECE_CAP];
     char *text;                /* [text_cap] text released by one token */
     size_t text_cap;
@@ -116,13 +118,14 @@ sched *sched_create(const struct sched_config *cfg, kv_pool *pool, const model_t
     }
     if (cfg->max_num_seqs < 1 || cfg->max_num_batched_tokens < cfg->max_num_seqs || cfg->max_model_len < 1 ||
         cfg->block_size != kv_pool_block_size(pool) || !(cfg->min_batch_share >= 0.0f && cfg->min_batch_share <= 1.0f) ||
-        cfg->batch_step_tokens < 0) {
+        cfg->batch_step_tokens < 0 || !(cfg->attn_pair_cost >= 0.0)) {
         snprintf(err, errlen,
                  "bad scheduler limits: max_num_seqs %d (>= 1), max_num_batched_tokens %d (>= max_num_seqs), "
                  "max_model_len %d (>= 1), block_size %d (the pool's is %d), min_batch_share %g (0..1), "
-                 "batch_step_tokens %d (>= 0)",
+                 "batch_step_tokens %d (>= 0), attn_pair_cost %g (>= 0)",
                  cfg->max_num_seqs, cfg->max_num_batched_tokens, cfg->max_model_len, cfg->block_size,
-                 kv_pool_block_size(pool), (double)cfg->min_batch_share, cfg->batch_step_tokens);
+                 kv_pool_block_size(pool), (double)cfg->min_batch_share, cfg->batch_step_tokens,
+                 cfg->attn_pair_cost);
         return NULL;
     }
     sched *s = calloc(1, sizeof *s);
@@ -454,6 +457,27 @@ static bool is_decode(const sched_req *q)
     return q->n_tokens > q->n_prompt && q->n_computed == q->n_tokens - 1;
 }
 
+/* What len tokens from position n0 cost, in tokens: each one plus
+ * attn_pair_cost for every key it attends to (positions 0 .. its own). */
+static double chunk_cost(const sched *s, int n0, int len)
+{
+    return len + s->cfg.attn_pair_cost * ((double)len * n0 + (double)len * (len + 1) / 2.0);
+}
+
+/* The most tokens from position n0 that cost at most left (chunk_cost). */
+static int chunk_fit(const sched *s, int n0, double left)
+{
+    double k = s->cfg.attn_pair_cost;
+    if (left < 1.0) return 0;
+    if (k <= 0.0) return left >= INT_MAX ? INT_MAX : (int)left;
+    /* k/2 len^2 + (1 + k n0 + k/2) len <= left */
+    double b = 1.0 + k * n0 + k / 2.0, x = (-b + sqrt(b * b + 2.0 * k * left)) / k;
+    int len = x >= INT_MAX ? INT_MAX - 1 : (int)x;
+    while (len > 0 && chunk_cost(s, n0, len) > left) len--; /* rounding */
+    while (len < INT_MAX - 1 && chunk_cost(s, n0, len + 1) <= left) len++;
+    return len;
+}
+
 static void add_to_step(sched *s, sched_req *q, int len, int *T)
 {
     int bs = s->cfg.block_size, t0 = *T;
@@ -481,13 +505,14 @@ static void add_to_step(sched *s, sched_req *q, int len, int *T)
     s->step_req[s->n_step_seqs++] = q;
     q->in_step = true;
     *T = t0 + len;
+    s->step_cost += chunk_cost(s, q->n_computed, len);
     if (is_decode(q)) s->stats.decode_tokens++;
     else s->stats.prompt_tokens_computed += (uint64_t)len;
 }
 
 /* Tries to admit the head of a waiting queue with at most avail tokens.
  * Returns the tokens planned, 0 when it could not be admitted (out of blocks). */
-static int admit(sched *s, sched_req *q, int avail, int *T)
+static int admit(sched *s, sched_req *q, int avail, double cost_left, bool one, int *T)
 {
     if (q->kv.n_blocks == 0) {
         int cached = s->prefix_cache ? kv_seq_match_prefix(s->pool, &q->kv, q->tokens, q->n_tokens) : 0;
@@ -495,9 +520,13 @@ static int admit(sched *s, sched_req *q, int avail, int *T)
     }
     int len = q->n_tokens - q->n_computed;
     if (len > avail) len = avail;
-    while (kv_seq_reserve(s->pool, &q->kv, q->n_computed + len) != 0) {
+    if (cost_left >= 0.0) { /* a capped batch step: the chunk after the cached prefix must fit its cost */
+        int fit = chunk_fit(s, q->n_computed, cost_left);
+        if (len > fit) len = fit > 0 || !one ? fit : 1;
+    }
+    while (len <= 0 || kv_seq_reserve(s->pool, &q->kv, q->n_computed + len) != 0) {
         /* an interactive request may push batch work out; nothing else preempts to admit */
-        sched_req *v = q->prio == SCHED_PRIO_INTERACTIVE ? pick_victim(s, SCHED_PRIO_BATCH) : NULL;
+        sched_req *v = len > 0 && q->prio == SCHED_PRIO_INTERACTIVE ? pick_victim(s, SCHED_PRIO_BATCH) : NULL;
         if (!v) {
             kv_seq_release(s->pool, &q->kv);
             q->n_computed = 0;
@@ -574,6 +603,7 @@ int sched_plan_step(sched *s, struct step *st)
     const int budget = s->cfg.max_num_batched_tokens;
     int T = 0;
     s->n_step_seqs = 0;
+    s->step_cost = 0.0;
     for (int i = 0; i < s->n_run; i++) s->run[i]->in_step = false;
     if (s->gvocab) sched_guide_vocab_epoch(s->gvocab); /* the last step's JSON masks are free again */
 
@@ -604,29 +634,41 @@ int sched_plan_step(sched *s, struct step *st)
     /* 2./3. per class: partial prefills, then admissions */
     for (int c = 0; c < SCHED_N_PRIO; c++) {
         int keep = c == SCHED_PRIO_INTERACTIVE && reserve > batch_used ? reserve - batch_used : 0;
-        int limit = budget;
-        if (c == SCHED_PRIO_BATCH && s->cfg.batch_step_tokens > 0) { /* batch prefill stops there (or at its reserve) */
-            int floor = T + (reserve > batch_used ? reserve - batch_used : 0);
+        /* batch prefill stops at batch_step_tokens of cost (or its reserve's
+         * worth beyond what the step holds); < 0: no cap */
+        double limit = -1.0;
+        if (c == SCHED_PRIO_BATCH && s->cfg.batch_step_tokens > 0) {
+            double floor = s->step_cost + (reserve > batch_used ? reserve - batch_used : 0);
             limit = s->cfg.batch_step_tokens > floor ? s->cfg.batch_step_tokens : floor;
-            if (limit > budget) limit = budget;
         }
+        /* a token deep enough into a prompt may cost more than the cap: batch
+         * still moves by one when the step would be empty, or when it waits
+         * (its reserve) and has nothing in the step yet */
+        bool one = T == 0 || (reserve > 0 && batch_used == 0);
         for (int i = 0; i < s->n_run; i++) {
             sched_req *q = s->run[i];
-            int avail = limit - T - keep;
-            if (avail <= 0) break;
+            int avail = budget - T - keep;
+            if (avail <= 0 || (limit >= 0.0 && limit - s->step_cost < 1.0 && !one)) break;
             if ((int)q->prio != c || q->in_step || is_decode(q)) continue;
             int len = q->n_tokens - q->n_computed;
             if (len > avail) len = avail;
+            if (limit >= 0.0) {
+                int fit = chunk_fit(s, q->n_computed, limit - s->step_cost);
+                if (len > fit) len = fit > 0 || !one ? fit : 1;
+                if (len <= 0) continue;
+            }
             if (!reserve_running(s, q, q->n_computed + len)) {
                 i--;
                 continue;
             }
             add_to_step(s, q, len, &T);
+            one = false;
         }
         while (s->wait[c].head && s->n_run < s->cfg.max_num_seqs && !(c == SCHED_PRIO_BATCH && bumped)) {
-            int avail = limit - T - keep;
-            if (avail <= 0) break;
-            if (admit(s, s->wait[c].head, avail, &T) == 0) break;
+            int avail = budget - T - keep;
+            if (avail <= 0 || (limit >= 0.0 && limit - s->step_cost < 1.0 && !one)) break;
+            if (admit(s, s->wait[c].head, avail, limit >= 0.0 ? limit - s->step_cost : -1.0, one, &T) == 0) break;
+            one = false;
         }
     }
 

@@ -27,7 +27,11 @@
  * adding tokens once the step holds batch_step_tokens (beyond its
  * min_batch_share): every step is the next token of each chat, and a chat
  * that arrives waits for the step in flight, so steps of long batch prompts
- * stay short (interactive prefill may still fill the whole budget).
+ * stay short (interactive prefill may still fill the whole budget). A step
+ * is weighed there by its cost, not its length: a token counts 1 plus
+ * attn_pair_cost per key it attends to (prefix and its own chunk), so a
+ * chunk deep into a long document is shorter and the step takes about as
+ * long as batch_step_tokens tokens of a short prompt.
  *
  * Preemption (blocks released, the request requeued at the front of its
  * class, counted in sched_stats.preemptions and its usage.n_preemptions):
@@ -140,7 +144,10 @@ struct sched_config {
     int max_num_batched_tokens;  /* tokens per step (>= max_num_seqs) */
     int max_model_len;           /* prompt + completion tokens at most */
     float min_batch_share;       /* 0..1: budget share kept for batch work when it waits */
-    int batch_step_tokens;       /* > 0: batch prefill fills a step only this far; 0: the whole budget */
+    int batch_step_tokens;       /* > 0: batch prefill fills a step only this far (in tokens weighed
+                                    by attn_pair_cost); 0: the whole budget */
+    double attn_pair_cost;       /* a prefill (query, key) pair in tokens (model_attn_pair_cost);
+                                    0: batch_step_tokens counts tokens alone */
 };
 
 typedef struct sched sched;

@@ -220,6 +220,144 @@ static void test_batch_step_tokens(void)
     kv_pool_destroy(p);
 }
 
+static int drain(sched *s, kv_pool *p, int bs);
+
+/* A chunk's cost by brute force: the token at position p costs 1 plus
+ * k for each of its p + 1 keys. */
+static double brute_cost(double k, int n0, int len)
+{
+    double c = 0.0;
+    for (int p = n0; p < n0 + len; p++) c += 1.0 + k * (p + 1);
+    return c;
+}
+
+/* The longest chunk from n0 (at most max) that costs at most left. */
+static int brute_fit(double k, int n0, double left, int max)
+{
+    int n = 0;
+    while (n < max && brute_cost(k, n0, n + 1) <= left) n++;
+    return n;
+}
+
+/* With attn_pair_cost, batch_step_tokens caps a step's cost: chunks deep
+ * into a prompt are shorter; a cached prefix counts; batch still moves one
+ * token a step when a single token costs more than the cap. */
+static void test_batch_step_cost(void)
+{
+    enum { N = 1000 };
+    static int32_t big[N + 16];
+    for (int i = 0; i < N + 16; i++) big[i] = i % 997;
+    struct step st;
+    /* batch alone: every chunk is the longest that fits 64 */
+    {
+        kv_pool *p = kv_pool_create(128, 16, false, err, sizeof err);
+        struct sched_config c = {.block_size = 16, .max_num_seqs = 4, .max_num_batched_tokens = 256,
+                                 .max_model_len = 2048, .min_batch_share = 0.125f, .batch_step_tokens = 64,
+                                 .attn_pair_cost = 0.01};
+        sched *s = sched_create(&c, p, NULL, err, sizeof err);
+        struct sched_request rb = req(big, N, 2, SCHED_PRIO_BATCH);
+        submit(s, &rb, 1);
+        int done = 0, steps = 0, first = 0, last = 0;
+        while (done < N && steps < N) {
+            int want = brute_fit(0.01, done, 64.0, N - done), n = sched_plan_step(s, &st);
+            CHECKF(n == want && st.n_seqs == 1, "at %d: chunk %d, want %d", done, n, want);
+            if (n != want || n <= 0) break;
+            if (!steps) first = n;
+            last = n;
+            fake_forward(&st, 16);
+            sched_complete_step(s, &st, collect, NULL);
+            done += n;
+            steps++;
+        }
+        CHECKF(done == N && first == 50 && last < 10, "done %d, first chunk %d, last %d", done, first, last);
+        sched_destroy(s);
+        kv_pool_destroy(p);
+    }
+    /* a chat's prompt counts against the cap: batch gets what is left */
+    {
+        kv_pool *p = kv_pool_create(128, 16, false, err, sizeof err);
+        struct sched_config c = {.block_size = 16, .max_num_seqs = 4, .max_num_batched_tokens = 256,
+                                 .max_model_len = 2048, .min_batch_share = 0.0f, .batch_step_tokens = 64,
+                                 .attn_pair_cost = 0.01};
+        sched *s = sched_create(&c, p, NULL, err, sizeof err);
+        struct sched_request rb = req(big, 600, 2, SCHED_PRIO_BATCH), rc = req(big + 700, 30, 4, SCHED_PRIO_INTERACTIVE);
+        submit(s, &rb, 1);
+        int done = 0;
+        while (done < 400) {
+            int n = sched_plan_step(s, &st);
+            CHECK(n > 0);
+            if (n <= 0) break;
+            fake_forward(&st, 16);
+            sched_complete_step(s, &st, collect, NULL);
+            done += n;
+        }
+        submit(s, &rc, 2);
+        int n = sched_plan_step(s, &st), want = brute_fit(0.01, done, 64.0 - brute_cost(0.01, 0, 30), 600 - done);
+        CHECKF(n == 30 + want && want > 0 && st.n_seqs == 2, "at %d beside a 30-token chat: step %d, want 30 + %d",
+               done, n, want);
+        sched_destroy(s);
+        kv_pool_destroy(p);
+    }
+    /* the prompt again plus 16 tokens: admitted after its cached prefix,
+     * whose keys its chunk pays for */
+    {
+        kv_pool *p = kv_pool_create(256, 16, true, err, sizeof err);
+        struct sched_config c = {.block_size = 16, .max_num_seqs = 4, .max_num_batched_tokens = 2048,
+                                 .max_model_len = 2048, .min_batch_share = 0.0f, .batch_step_tokens = 0};
+        sched *s = sched_create(&c, p, NULL, err, sizeof err);
+        struct sched_request ra = req(big, N, 1, SCHED_PRIO_BATCH), rb = req(big, N + 16, 1, SCHED_PRIO_BATCH);
+        submit(s, &ra, 1);
+        drain(s, p, 16);
+        sched_destroy(s);
+        c.batch_step_tokens = 64;
+        c.attn_pair_cost = 0.004;
+        s = sched_create(&c, p, NULL, err, sizeof err);
+        submit(s, &rb, 2);
+        int n = sched_plan_step(s, &st);
+        int n0 = st.n_seqs == 1 ? st.seqs[0].context_len - st.seqs[0].query_len : -1;
+        int want = brute_fit(0.004, n0, 64.0, N + 16 - n0);
+        CHECKF(n0 >= N - 16 && n == want && want < N + 16 - n0, "cached %d, chunk %d, want %d", n0, n, want);
+        sched_destroy(s);
+        kv_pool_destroy(p);
+    }
+    /* one token costs more than the cap: batch moves a token a step, within
+     * its reserve (8 of 64) and at least one, alone and beside a chat */
+    {
+        kv_pool *p = kv_pool_create(64, 16, false, err, sizeof err);
+        struct sched_config c = {.block_size = 16, .max_num_seqs = 4, .max_num_batched_tokens = 64,
+                                 .max_model_len = 512, .min_batch_share = 0.125f, .batch_step_tokens = 4,
+                                 .attn_pair_cost = 1.0};
+        sched *s = sched_create(&c, p, NULL, err, sizeof err);
+        struct sched_request rb = req(big, 40, 2, SCHED_PRIO_BATCH), rc = req(big + 100, 4, 8, SCHED_PRIO_INTERACTIVE);
+        submit(s, &rb, 1);
+        /* 2 tokens at 0 (cost 5), then 1 a step; from 7 on one costs 9 */
+        for (int done = 0, i = 0; i < 9; i++) {
+            int want = brute_fit(1.0, done, 8.0, 40), n = sched_plan_step(s, &st);
+            want = want > 0 ? want : 1;
+            CHECKF(n == want, "alone, at %d: chunk %d, want %d", done, n, want);
+            fake_forward(&st, 16);
+            sched_complete_step(s, &st, collect, NULL);
+            done += n;
+        }
+        submit(s, &rc, 2);
+        /* the chat's prompt (cost 4 + 10), then batch's reserve of 8 at
+         * position 10: one token (cost 12) */
+        int n = sched_plan_step(s, &st);
+        CHECKF(n == 5 && st.n_seqs == 2 && st.seqs[0].query_len == 4, "beside the chat: step %d", n);
+        fake_forward(&st, 16);
+        sched_complete_step(s, &st, collect, NULL);
+        /* the chat's decodes, and batch's one token */
+        for (int i = 0; i < 5; i++) {
+            n = sched_plan_step(s, &st);
+            CHECKF(n == 2 && st.n_seqs == 2, "beside the chat's decode, batch at %d: step %d", 11 + i, n);
+            fake_forward(&st, 16);
+            sched_complete_step(s, &st, collect, NULL);
+        }
+        sched_destroy(s);
+        kv_pool_destroy(p);
+    }
+}
+
 /* Runs everything to completion; returns the number of steps. */
 static int drain(sched *s, kv_pool *p, int bs)
 {
@@ -756,6 +894,7 @@ int main(void)
     RUN(test_priority);
     RUN(test_min_batch_share);
     RUN(test_batch_step_tokens);
+    RUN(test_batch_step_cost);
     RUN(test_preemption);
     RUN(test_interactive_takes_slot);
     RUN(test_interactive_never_preempts_interactive);
