@@ -6,19 +6,21 @@
 #   2. a batch of B lines (~BP prompt tokens each, BO out, ignore_eos)
 #      uploaded through /v1/files and started through /v1/batches;
 #   3. once the engine runs at least R batch sequences, C chats again, then
-#      the batch's progress and the decode rate, and the batch is cancelled.
+#      the batch's progress and the decode rate, and the batch is cancelled
+#      (WAIT=1: waited for, its time and prefill rate printed).
 # Per chat: the client's time to the first token with text and the mean
 # time between later chunks. MODEL_ARGS: another model (a dry run on the
-# CPU: "tests/models/tiny-qwen3 --device cpu").
+# CPU: "tests/models/tiny-qwen3 --device cpu"). Prompts longer than the
+# corpus wrap around it (long documents: BP=100000 with MAXLEN=131072).
 . "$(dirname "$0")/run_lib.sh"
 PORT=${PORT:-8124}
 build/sluice serve ${MODEL_ARGS:-tools/configs/llama-3.1-8b-vocab49k --load-format dummy --tokenizer tests/models/tiny-qwen3 \
     --device cuda --kv-cache-memory 60G} --served-model-name m --port "$PORT" --max-model-len ${MAXLEN:-4096} \
     --max-num-seqs ${SEQS:-256} --max-num-batched-tokens 8192 --data-dir "$L/data" ${SERVE_FLAGS:-} >"$L/server.log" 2>&1 &
 srv=$!
-timeout -k 5 ${LIMIT:-400} python3 - "$srv" "$PORT" "${C:-12}" "${P:-500}" "${B:-2000}" "${BP:-1000}" "${BO:-256}" "${R:-128}" <<'PY'
+timeout -k 5 ${LIMIT:-400} python3 - "$srv" "$PORT" "${C:-12}" "${P:-500}" "${B:-2000}" "${BP:-1000}" "${BO:-256}" "${R:-128}" "${WAIT:-0}" <<'PY'
 import http.client, json, os, random, statistics, sys, time, uuid
-srv, port, nchat, ptok, nb, bptok, bout, want_running = (int(x) for x in sys.argv[1:])
+srv, port, nchat, ptok, nb, bptok, bout, want_running, wait = (int(x) for x in sys.argv[1:])
 for i in range(600):
     try:
         os.kill(srv, 0)
@@ -45,8 +47,12 @@ def metrics():
 words = open("tools/bench/corpus/python-reference.txt").read().split()
 def text_of(ntok, seed):
     rnd = random.Random(seed)
-    start = rnd.randrange(len(words) - 4 * ntok)
-    return f"Document {seed}: " + " ".join(words[start:start + int(ntok * 0.75)])  # ~1.3 tokens a word
+    n = int(ntok * 0.75)  # ~1.3 tokens a word
+    if 4 * ntok < len(words):
+        start = rnd.randrange(len(words) - 4 * ntok)
+        return f"Document {seed}: " + " ".join(words[start:start + n])
+    start = rnd.randrange(len(words))
+    return f"Document {seed}: " + " ".join(words[(start + i) % len(words)] for i in range(n))
 def chat(seed):
     body = {"model": "m", "messages": [{"role": "user", "content": text_of(ptok, seed)}],
             "max_tokens": 64, "stream": True, "temperature": 0, "ignore_eos": True}
@@ -90,6 +96,7 @@ st, out = req("POST", "/v1/batches", json.dumps({"input_file_id": fid, "endpoint
 bid = json.loads(out)["id"]
 print(f"batch {bid}: {nb} lines of ~{bptok} prompt tokens, {bout} out; {len(data)/1e6:.1f} MB")
 t0 = time.time()
+mb = metrics()
 while time.time() - t0 < 120:
     m = metrics()
     if m.get("sluice:num_requests_running", 0) >= want_running: break
@@ -109,8 +116,17 @@ print(f"during the chats ({t2-t1:.1f} s): {m1.get('sluice:num_requests_running',
       f"server TTFT mean {d('time_to_first_token_seconds_sum')/max(ttft_n,1)*1e3:.1f} ms over {ttft_n:.0f}; "
       f"queue time mean {d('request_queue_time_seconds_sum')/max(d('request_queue_time_seconds_count'),1)*1e3:.1f} ms; "
       f"preemptions {d('num_preemptions_total'):.0f}")
-st, out = req("POST", f"/v1/batches/{bid}/cancel")
-print("cancel:", st, json.loads(out).get("status"))
+if wait:
+    while json.loads(req("GET", f"/v1/batches/{bid}")[1])["status"] not in ("completed", "failed", "expired"):
+        time.sleep(0.25)
+    m2, t3 = metrics(), time.time()
+    bt = json.loads(req("GET", f"/v1/batches/{bid}")[1])
+    pre = m2.get("sluice:prefill_tokens_computed_total", 0) - mb.get("sluice:prefill_tokens_computed_total", 0)
+    print(f"batch {bt['status']} {bt['request_counts']} in {t3-t0:.1f} s: {pre/(t3-t0):.0f} prefill tok/s overall "
+          f"({pre:.0f} tokens, chats' included)")
+else:
+    st, out = req("POST", f"/v1/batches/{bid}/cancel")
+    print("cancel:", st, json.loads(out).get("status"))
 PY
 echo "client rc=$?"
 kill "$srv" 2>/dev/null; wait "$srv"
