@@ -197,7 +197,8 @@ static __global__ void __launch_bounds__(32 * WARPS) attn_kernel(struct cuda_att
                 if (d < D) a.out[((size_t)t * a.H + h) * D + d] = f2bf(acc[k][i] * inv);
             }
         } else {
-            float *pp = a.part + (((size_t)(wi.part + r) * a.KVH + g) * CUDA_ATTN_MAXSPLIT + wi.split) * (D + 2);
+            int ps = a.pstride > 0 ? a.pstride : CUDA_ATTN_MAXSPLIT;
+            float *pp = a.part + (((size_t)(wi.part + r) * a.KVH + g) * ps + wi.split) * (D + 2);
             if (lane == 0) pp[0] = m[k], pp[1] = l[k];
 #pragma unroll
             for (int i = 0; i < DPL; i++) {
@@ -216,8 +217,8 @@ static __global__ void combine_kernel(struct cuda_attn_args a)
     int t = blockIdx.x, lane = threadIdx.x & 31, h = blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5);
     int base = a.tok_part[t], ns = a.tok_nsplit[t];
     if (base < 0 || ns <= 1 || h >= a.H) return;
-    int grp = a.H / a.KVH, D = a.D;
-    const float *pp = a.part + ((size_t)(base + h % grp) * a.KVH + h / grp) * CUDA_ATTN_MAXSPLIT * (D + 2);
+    int grp = a.H / a.KVH, D = a.D, ps = a.pstride > 0 ? a.pstride : CUDA_ATTN_MAXSPLIT;
+    const float *pp = a.part + ((size_t)(base + h % grp) * a.KVH + h / grp) * ps * (D + 2);
     float ms = lane < ns ? pp[lane * (D + 2)] : -INFINITY;
     float ls = lane < ns ? pp[lane * (D + 2) + 1] : 0.0f;
     float M = warp_max(ms);
@@ -1091,6 +1092,8 @@ extern "C" cudaError_t cuda_attention(const struct cuda_attn_args *a, cudaStream
     if (a->max_items <= 0 || a->T <= 0) return cudaSuccess;
     if (a->D % 8 || a->D > 256 || a->KVH <= 0 || a->H % a->KVH) return cudaErrorInvalidValue;
     bool dec = a->cnt && a->max_rows == a->H / a->KVH && cuda_attention_dec_ok(a->D, a->H / a->KVH);
+    if (a->pstride < 0 || a->pstride > CUDA_ATTN_MAXSPLIT || (dec && a->pstride && a->pstride != CUDA_ATTN_MAXSPLIT))
+        return cudaErrorInvalidValue; /* the decode kernel's partials are strided by MAXSPLIT */
     if (a->rope.qkv && (!dec || a->rope.D != a->D || a->rope.rope_dim > a->D || a->rope.H != a->H ||
                         a->rope.KVH != a->KVH || a->rope.kc != a->kc || a->rope.vc != a->vc ||
                         a->rope.kv8 != a->kv8))

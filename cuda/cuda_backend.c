@@ -163,6 +163,8 @@ struct rank {
 enum job { JOB_INIT, JOB_KV, JOB_FORWARD, JOB_EXIT };
 enum { ROW_GREEDY, ROW_SAMPLE, ROW_HOST }; /* who picks a logit row's token */
 
+#define LONG_SPLIT_KEYS 4096 /* long_splits (below) */
+
 struct cuda_backend {
     struct model_backend base;
     struct model_config c;
@@ -211,6 +213,8 @@ struct cuda_backend {
                                        (128; a multiple of 32) */
     int dec_attn;                   /* decode-only steps of up to this many tokens take the decode attention
                                        kernel (SLUICE_CUDA_ATTN_DEC=N; 0: the SIMT kernel and its combine) */
+    int long_keys;                  /* long_splits' tiles: from this many keys (LONG_SPLIT_KEYS;
+                                       SLUICE_CUDA_LONG_SPLIT_KEYS for tests, 0: never split) */
     int bucket[NBUCKET], n_bucket;
 
     /* the current job's arguments (written by the caller before the crew starts) */
@@ -219,6 +223,7 @@ struct cuda_backend {
         int Tp, R, n_items, gi;                     /* JOB_FORWARD */
         bool decode;
         int max_rows;                               /* attention rows per item of this step */
+        int pstride;                                /* its split partials' stride (0: MAXSPLIT) */
         int n_samp, n_pen;                          /* ROW_SAMPLE rows, their penalty entries */
         size_t nbytes;
     } job;
@@ -617,6 +622,8 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     b->dec_kmin = ge && atoi(ge) >= 32 ? atoi(ge) / 32 * 32 : 128;
     ge = getenv("SLUICE_CUDA_ATTN_DEC");
     b->dec_attn = ge && *ge ? atoi(ge) : CUDA_DEC_ATTN_MAX_T;
+    ge = getenv("SLUICE_CUDA_LONG_SPLIT_KEYS");
+    b->long_keys = ge && *ge ? atoi(ge) : LONG_SPLIT_KEYS;
     ge = getenv("SLUICE_CUDA_ATTN_TC");
     b->tc_rows = ge && strcmp(ge, "0") == 0 ? 0 : ge && strcmp(ge, "64") == 0 ? 64 : CUDA_ATTN_TC_ROWS;
     if (!cuda_attention_tc_ok(c->head_dim, c->n_head / c->n_head_kv)) b->tc_rows = 0;
@@ -928,6 +935,35 @@ static bool dec_kernel(const struct cuda_backend *b, bool decode, int T)
 /* blocks of a sequence's table that the step reads (its share of the flat bt) */
 static int seq_blocks(const struct step_seq *q, int bs) { return (q->context_len + bs - 1) / bs; }
 
+/* A prefill step's tiles that attend to at least b->long_keys keys ("long"
+ * tiles: a chunk deep into a long document) take many times the others'
+ * time, and when they are few they leave SMs idle in their last wave (a
+ * chunk of 430 tokens at 100K context: 14 tiles x 8 KV heads = 112 blocks
+ * on 132 SMs). long_splits picks how many parts (1-8) to split each long
+ * tile's keys into: the count whose blocks fill their waves best, by at
+ * least 3% over fewer, each part >= long_keys / 2 keys. */
+static int long_splits(const struct cuda_backend *b, const struct step *s, int qt, int KVH)
+{
+    int n = 0, kmin = INT32_MAX;
+    if (b->long_keys <= 0) return 1;
+    for (int i = 0; i < s->n_seqs; i++) {
+        const struct step_seq *q = &s->seqs[i];
+        int p0 = q->context_len - q->query_len; /* positions of the sequence's step tokens: p0 .. context_len - 1 */
+        for (int t0 = 0; t0 < q->query_len; t0 += qt) {
+            int hi = p0 + (t0 + qt < q->query_len ? t0 + qt : q->query_len); /* the tile's last key + 1 */
+            if (hi >= b->long_keys) n++, kmin = hi < kmin ? hi : kmin;
+        }
+    }
+    int u = n * KVH, best = 1;
+    if (!u || u >= 3 * b->n_sm) return 1;
+    double fill = (double)u / ((u + b->n_sm - 1) / b->n_sm * b->n_sm);
+    for (int k = 2; k <= 8 && kmin / k >= b->long_keys / 2; k++) {
+        double f = (double)u * k / ((u * k + b->n_sm - 1) / b->n_sm * b->n_sm);
+        if (f > fill * 1.03) fill = f, best = k;
+    }
+    return best;
+}
+
 static size_t pack_step(struct cuda_backend *b, const struct step *s, int Tp, int *R)
 {
     int T = s->n_tokens, bs = b->block_size, grp = b->c.n_head / b->c.n_head_kv, KVH = b->r[0].KVH;
@@ -973,6 +1009,11 @@ static size_t pack_step(struct cuda_backend *b, const struct step *s, int Tp, in
      * would leave the GPU idle */
     bool split_ok = Tp <= 256;
     int units = tiles * KVH, want = units >= 2 * b->n_sm ? 1 : (2 * b->n_sm + units - 1) / units;
+    /* longer prefill steps: split the tiles that reach far back (a chunk deep
+     * into a long document) when that fills the SMs' waves better */
+    int lns = !split_ok && !decode && b->tc_rows ? long_splits(b, s, qt, KVH) : 1, ps = lns > 1 ? lns : 0;
+    b->job.pstride = ps;
+    int part_cap = b->part_rows * (CUDA_ATTN_MAXSPLIT / (ps ? ps : CUDA_ATTN_MAXSPLIT)); /* rows at stride ps */
     /* keys per split at least: the decode kernel's 4 warps take 32 each */
     bool dk = dec_kernel(b, decode, Tp);
     int n = 0, part = 0, kmin = dk ? b->dec_kmin : 64, kround = dk && b->dec_kmin % 128 == 0 ? 128 : 32;
@@ -992,7 +1033,10 @@ static size_t pack_step(struct cuda_backend *b, const struct step *s, int Tp, in
                 if (part + nq * grp > b->part_rows) ns = 1;
                 if (ns < 1) ns = 1;
             }
-            int chunk = ((kv_hi + ns - 1) / ns + kround - 1) / kround * kround;
+            int kr = kround;
+            if (lns > 1 && kv_hi >= b->long_keys && part + nq * grp <= part_cap)
+                ns = lns, kr = 128; /* whole 128-key tiles of the warpgroup kernel */
+            int chunk = ((kv_hi + ns - 1) / ns + kr - 1) / kr * kr;
             if (n + ns > b->max_items) return 0;
             for (int k = 0; k < ns; k++) {
                 int lo = k * chunk, hi = lo + chunk < kv_hi ? lo + chunk : kv_hi;
@@ -1093,6 +1137,7 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
             .n_items = DIN(k, n_items, int32_t), .max_items = max_items,
             .max_rows = decode ? H / KVH : b->job.max_rows, .H = H, .KVH = KVH, .D = D,
             .block_size = b->block_size, .scale = 1.0f / sqrtf((float)D), .part = k->part,
+            .pstride = decode ? 0 : b->job.pstride,
             .tok_part = DIN(k, tok_part, int32_t), .tok_nsplit = DIN(k, tok_nsplit, int32_t), .T = T, .out = k->att,
             .cnt = dk ? k->cnt : NULL, .rope = dk ? ra : (struct cuda_rope_args){0},
         };

@@ -94,7 +94,9 @@ struct cuda_attn_args {
                                  * <= CUDA_ATTN_TC_ROWS: tensor-core kernel (see above) */
     int H, KVH, D, block_size;
     float scale;
-    float *part;                /* [n_part_rows][KVH][MAXSPLIT][D + 2] f32 partials */
+    float *part;                /* [n_part_rows][KVH][pstride][D + 2] f32 partials */
+    int pstride;                /* splits per (part row, KV head) in part, >= every item's nsplit; 0:
+                                 * CUDA_ATTN_MAXSPLIT (the decode kernel takes only that) */
     const int32_t *tok_part;    /* [T] part row of the token's first head, -1 if not split */
     const int32_t *tok_nsplit;  /* [T] */
     int T;

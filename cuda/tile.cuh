@@ -105,7 +105,8 @@ static __device__ __forceinline__ void tc_store_rows(const struct cuda_attn_args
             for (int dt = 0; dt < DT; dt++)
                 *(uint32_t *)(op + dt * 8) = pack_bf2(oa(dt, 2 * hf) * inv, oa(dt, 2 * hf + 1) * inv);
         } else {
-            float *pp = a.part + (((size_t)(wi.part + r) * a.KVH + g) * CUDA_ATTN_MAXSPLIT + wi.split) * (D + 2);
+            int ps = a.pstride > 0 ? a.pstride : CUDA_ATTN_MAXSPLIT;
+            float *pp = a.part + (((size_t)(wi.part + r) * a.KVH + g) * ps + wi.split) * (D + 2);
             if ((lane & 3) == 0) pp[0] = m * 0.6931471805599453f, pp[1] = l;
 #pragma unroll
             for (int dt = 0; dt < DT; dt++) pp[2 + dt * 8 + d0] = oa(dt, 2 * hf), pp[3 + dt * 8 + d0] = oa(dt, 2 * hf + 1);

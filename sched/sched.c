@@ -118,14 +118,14 @@ sched *sched_create(const struct sched_config *cfg, kv_pool *pool, const model_t
     }
     if (cfg->max_num_seqs < 1 || cfg->max_num_batched_tokens < cfg->max_num_seqs || cfg->max_model_len < 1 ||
         cfg->block_size != kv_pool_block_size(pool) || !(cfg->min_batch_share >= 0.0f && cfg->min_batch_share <= 1.0f) ||
-        cfg->batch_step_tokens < 0 || !(cfg->attn_pair_cost >= 0.0)) {
+        cfg->batch_step_tokens < 0 || !(cfg->attn_pair_cost >= 0.0) || cfg->step_granule < 0) {
         snprintf(err, errlen,
                  "bad scheduler limits: max_num_seqs %d (>= 1), max_num_batched_tokens %d (>= max_num_seqs), "
                  "max_model_len %d (>= 1), block_size %d (the pool's is %d), min_batch_share %g (0..1), "
-                 "batch_step_tokens %d (>= 0), attn_pair_cost %g (>= 0)",
+                 "batch_step_tokens %d (>= 0), attn_pair_cost %g (>= 0), step_granule %d (>= 0)",
                  cfg->max_num_seqs, cfg->max_num_batched_tokens, cfg->max_model_len, cfg->block_size,
                  kv_pool_block_size(pool), (double)cfg->min_batch_share, cfg->batch_step_tokens,
-                 cfg->attn_pair_cost);
+                 cfg->attn_pair_cost, cfg->step_granule);
         return NULL;
     }
     sched *s = calloc(1, sizeof *s);
@@ -478,6 +478,19 @@ static int chunk_fit(const sched *s, int n0, double left)
     return len;
 }
 
+/* A batch chunk of at most len tokens from n0 in a step that holds T tokens
+ * and has left of its cost cap: the longest that fits, at least one when
+ * one; when the cap cut it, cut back so that the step ends on a multiple of
+ * step_granule tokens (if some of the chunk is left). */
+static int capped_len(const sched *s, int n0, int len, double left, bool one, int T)
+{
+    int fit = chunk_fit(s, n0, left), g = s->cfg.step_granule;
+    if (len <= fit) return len;
+    if (fit <= 0) return one ? 1 : 0;
+    if (g > 1 && (T + fit) / g * g > T) fit = (T + fit) / g * g - T;
+    return fit;
+}
+
 static void add_to_step(sched *s, sched_req *q, int len, int *T)
 {
     int bs = s->cfg.block_size, t0 = *T;
@@ -520,10 +533,8 @@ static int admit(sched *s, sched_req *q, int avail, double cost_left, bool one, 
     }
     int len = q->n_tokens - q->n_computed;
     if (len > avail) len = avail;
-    if (cost_left >= 0.0) { /* a capped batch step: the chunk after the cached prefix must fit its cost */
-        int fit = chunk_fit(s, q->n_computed, cost_left);
-        if (len > fit) len = fit > 0 || !one ? fit : 1;
-    }
+    if (cost_left >= 0.0) /* a capped batch step: the chunk after the cached prefix must fit its cost */
+        len = capped_len(s, q->n_computed, len, cost_left, one, *T);
     while (len <= 0 || kv_seq_reserve(s->pool, &q->kv, q->n_computed + len) != 0) {
         /* an interactive request may push batch work out; nothing else preempts to admit */
         sched_req *v = len > 0 && q->prio == SCHED_PRIO_INTERACTIVE ? pick_victim(s, SCHED_PRIO_BATCH) : NULL;
@@ -652,11 +663,8 @@ int sched_plan_step(sched *s, struct step *st)
             if ((int)q->prio != c || q->in_step || is_decode(q)) continue;
             int len = q->n_tokens - q->n_computed;
             if (len > avail) len = avail;
-            if (limit >= 0.0) {
-                int fit = chunk_fit(s, q->n_computed, limit - s->step_cost);
-                if (len > fit) len = fit > 0 || !one ? fit : 1;
-                if (len <= 0) continue;
-            }
+            if (limit >= 0.0 && (len = capped_len(s, q->n_computed, len, limit - s->step_cost, one, T)) <= 0)
+                continue;
             if (!reserve_running(s, q, q->n_computed + len)) {
                 i--;
                 continue;

@@ -31,7 +31,9 @@
  * is weighed there by its cost, not its length: a token counts 1 plus
  * attn_pair_cost per key it attends to (prefix and its own chunk), so a
  * chunk deep into a long document is shorter and the step takes about as
- * long as batch_step_tokens tokens of a short prompt.
+ * long as batch_step_tokens tokens of a short prompt; such a chunk is cut
+ * back to end the step on a multiple of step_granule tokens (the GPU's GEMMs
+ * work in tiles of 128 tokens).
  *
  * Preemption (blocks released, the request requeued at the front of its
  * class, counted in sched_stats.preemptions and its usage.n_preemptions):
@@ -148,6 +150,8 @@ struct sched_config {
                                     by attn_pair_cost); 0: the whole budget */
     double attn_pair_cost;       /* a prefill (query, key) pair in tokens (model_attn_pair_cost);
                                     0: batch_step_tokens counts tokens alone */
+    int step_granule;            /* > 1: a batch chunk that batch_step_tokens cuts is cut back so the
+                                    step holds a multiple of this many tokens (GEMM tiles) */
 };
 
 typedef struct sched sched;

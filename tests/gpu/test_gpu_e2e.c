@@ -321,6 +321,56 @@ static void test_bad_steps(void)
     CHECK(g_gpu->ops->forward(g_gpu, &st, err, sizeof err) == SL_EINVAL);
 }
 
+/* A prompt of 1100 (arbitrary) tokens in two steps, 800 then 300 over the
+ * 800, with every tile past 64 keys "long" (SLUICE_CUDA_LONG_SPLIT_KEYS=64
+ * when the GPU backend is made): on the tensor-core prefill kernels its
+ * keys are split, partials at the step's own stride (cuda_backend.c
+ * long_splits). Each step's last logits vs the reference backend's, blocks
+ * out of order. */
+static void test_long_chunks(void)
+{
+    enum { N = 1100, C1 = 800, NB = (N + BLOCK - 1) / BLOCK };
+    char err[256];
+    const char *ref = getenv("SLUICE_TEST_REF") ? getenv("SLUICE_TEST_REF") : "cpu";
+    struct model_backend_opts bo = {.device = ref, .max_tokens_per_step = 1024, .max_seqs_per_step = 8,
+                                    .max_ctx = NB * BLOCK};
+    model_backend *be[2] = {model_backend_create(g_model, &bo, err, sizeof err), NULL};
+    setenv("SLUICE_CUDA_LONG_SPLIT_KEYS", "64", 1);
+    bo.device = "cuda", bo.tensor_parallel_size = g_tp;
+    if (be[0]) be[1] = model_backend_create(g_model, &bo, err, sizeof err);
+    unsetenv("SLUICE_CUDA_LONG_SPLIT_KEYS");
+    int32_t *ids = malloc(N * 4), *pos = malloc(N * 4), bt[NB];
+    int64_t *slots = malloc(N * 8);
+    float *lg[2] = {malloc((size_t)g_nv * 4), malloc((size_t)g_nv * 4)};
+    bool ok = be[0] && be[1];
+    for (int i = 0; i < 2 && ok; i++) ok = be[i]->ops->kv_alloc(be[i], NB, BLOCK, err, sizeof err) == 0;
+    CHECKF(ok, "backends: %s", err);
+    for (int j = 0; j < NB; j++) bt[j] = NB - 1 - j;
+    for (int p = 0; p < N && ok; p++) {
+        ids[p] = (int32_t)(((uint32_t)p * 2654435761u >> 7) % (uint32_t)g_nv);
+        pos[p] = p;
+        slots[p] = (int64_t)bt[p / BLOCK] * BLOCK + p % BLOCK;
+    }
+    for (int k = 0; k < 2 && ok; k++) {
+        int t0 = k ? C1 : 0, len = k ? N - C1 : C1;
+        for (int i = 0; i < 2 && ok; i++) {
+            struct step_seq sq = {.query_start = 0, .query_len = len, .context_len = t0 + len, .block_table = bt,
+                                  .n_blocks = NB, .logits_out = lg[i]};
+            struct step st = {.n_tokens = len, .token_ids = ids + t0, .positions = pos + t0, .slots = slots + t0,
+                              .n_seqs = 1, .seqs = &sq};
+            ok = be[i]->ops->forward(be[i], &st, err, sizeof err) == 0;
+            CHECKF(ok, "step %d on %s: %s", k, be[i]->ops->name, err);
+        }
+        if (!ok) break;
+        double e = rel_inf(lg[1], lg[0], g_nv);
+        printf("  tokens %d..%d over %d cached: last logits vs %s %.3g\n", t0, t0 + len - 1, t0, ref, e);
+        CHECKF(e <= g_tol_cpu, "step %d: %.3g", k, e);
+    }
+    model_backend_destroy(be[1]);
+    model_backend_destroy(be[0]);
+    free(ids), free(pos), free(slots), free(lg[0]), free(lg[1]);
+}
+
 static void run_model(const char *name, const char *path, const char *golden, double tol_hf, double tol_cpu)
 {
     struct stat st;
@@ -369,6 +419,7 @@ static void run_model(const char *name, const char *path, const char *golden, do
         RUN(test_batched_eager);
         RUN(test_sampling);
         RUN(test_bad_steps);
+        RUN(test_long_chunks);
     }
     model_backend_destroy(g_gpu);
     model_backend_destroy(g_cpu);

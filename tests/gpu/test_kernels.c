@@ -603,6 +603,7 @@ static struct cuda_attn_item *items_dev(const struct cuda_attn_item *it, int n, 
 }
 static bool g_dec; /* give attn_run's args split tickets: decode-only steps take the decode kernel */
 static int g_kround = 32; /* attn_run: split points on multiples of this many keys */
+static bool g_pstride; /* attn_run: partials strided by nsplit (the buffer sized to it), not MAXSPLIT */
 
 static double attn_run(const char *name, int H, int KVH, int D, int bs, const struct aseq *sq, int ns, int nsplit,
                        int rows, float scale_mul, double *rowmax)
@@ -670,7 +671,8 @@ static double attn_run(const char *name, int H, int KVH, int D, int bs, const st
         .items = items_dev(items, nitems, nitems + 7), .n_items = dup_dev(&nitems, 4), .max_items = nitems + 7,
         .max_rows = maxrows, .H = H, .KVH = KVH, .D = D, .block_size = bs,
         .scale = scale_mul / sqrtf((float)D),
-        .part = poisoned((size_t)(part > 0 ? part : 1) * KVH * CUDA_ATTN_MAXSPLIT * (D + 2) * 4),
+        .part = poisoned((size_t)(part > 0 ? part : 1) * KVH * (g_pstride ? nsplit : CUDA_ATTN_MAXSPLIT) * (D + 2) * 4),
+        .pstride = g_pstride ? nsplit : 0,
         .tok_part = dup_dev(tok_part, T * 4), .tok_nsplit = dup_dev(tok_ns, T * 4), .T = T,
         .out = poisoned((size_t)T * H * D * 2),
     };
@@ -1059,6 +1061,33 @@ static void test_attention_tc_kv8(void)
     g_kv8 = false;
 }
 
+/* split partials at a stride of nsplit, not MAXSPLIT (prefill steps' long
+ * tiles, cuda_backend.c long_splits), in a buffer of exactly that size: the
+ * SIMT kernel, the warpgroup kernel and attn.cu's tensor-core kernel (64
+ * and 128 rows), both caches; the decode kernel refuses any stride but
+ * MAXSPLIT */
+static void test_attention_pstride(void)
+{
+    g_pstride = true;
+    struct aseq longp[] = {{5000, 100}, {300, 40}, {1, 1}, {9000, 300}};
+    for (int kv8 = 0; kv8 < 2; kv8++) {
+        g_kv8 = kv8;
+        printf("  %s cache\n", kv8 ? "fp8" : "bf16");
+        attn_case("pstride 5, SIMT", 32, 8, 128, 16, longp, 4, 5);
+        attn_tc_case("pstride 3", 32, 8, 128, 16, longp, 4, 3, 128);
+        attn_tc_case("pstride 8, GQA 4, block 32", 16, 4, 128, 32, longp, 4, 8, 128);
+        attn_tc_case("pstride 2, head_dim 64", 9, 3, 64, 16, longp, 4, 2, 64);
+        cuda_attention_wg_select(0);
+        attn_tc_case("pstride 3, attn.cu's kernel", 32, 8, 128, 16, longp, 4, 3, 128);
+        cuda_attention_wg_select(-1);
+    }
+    g_kv8 = false;
+    g_pstride = false;
+    struct cuda_attn_args dec = {.max_items = 1, .T = 1, .H = 8, .KVH = 2, .D = 128, .max_rows = 4, .pstride = 4,
+                                 .cnt = (int32_t *)16};
+    CHECK(cuda_attention(&dec, 0) == cudaErrorInvalidValue);
+}
+
 /* a few small fp8 cases on the warpgroup kernel, for racecheck (the
  * in-place widening): bulk copies at blocks 16 and 32, the cp.async gather
  * at block 1 and off 16-key bounds */
@@ -1100,5 +1129,6 @@ int main(void)
     RUN(test_rope_fold_kv8);
     RUN(test_attention_tc_kv8);
     RUN(test_attention_wg8_small);
+    RUN(test_attention_pstride);
     return test_summary();
 }
