@@ -70,7 +70,7 @@ static void *load_main(void *arg)
             .min_batch_share = (float)s->o.min_batch_share,
             .batch_step_tokens = (int)s->o.batch_step_tokens,
             .attn_pair_cost = batch_pair_cost(model_get_config(s->m)),
-            .step_granule = 128, /* cuBLAS's and gemm_wg's token tiles; the CPU's GEMMs do not mind */
+            .step_granule = 512, /* the GPU's GEMM tiles and waves (BENCHMARKS.md); the CPU's do not mind */
         },
         .enable_prefix_caching = s->o.enable_prefix_caching,
         .notify = wake,
