@@ -480,16 +480,17 @@ static int chunk_fit(const sched *s, int n0, double left)
 
 /* A batch chunk of at most len tokens from n0 in a step that holds T tokens
  * and has left of its cost cap: the longest that fits, at least one when
- * one; when the cap cut it, cut back so that the step ends on a multiple of
- * step_granule tokens, or of a quarter of it below one granule (if some of
- * the chunk is left). */
+ * one; when the cap cut it, moved so that the step ends on the nearest
+ * multiple of step_granule tokens, or of a quarter of it below one granule
+ * (the cap is a target: it may be passed by half a granule). */
 static int capped_len(const sched *s, int n0, int len, double left, bool one, int T)
 {
     int fit = chunk_fit(s, n0, left), g = s->cfg.step_granule;
     if (len <= fit) return len;
     if (fit <= 0) return one ? 1 : 0;
     if (g > 1 && T + fit < g) g /= 4;
-    if (g > 1 && (T + fit) / g * g > T) fit = (T + fit) / g * g - T;
+    int end = g > 1 ? (T + fit + g / 2) / g * g : 0;
+    if (end > T) fit = end - T < len ? end - T : len;
     return fit;
 }
 

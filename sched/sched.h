@@ -31,10 +31,10 @@
  * is weighed there by its cost, not its length: a token counts 1 plus
  * attn_pair_cost per key it attends to (prefix and its own chunk), so a
  * chunk deep into a long document is shorter and the step takes about as
- * long as batch_step_tokens tokens of a short prompt; such a chunk is cut
- * back to end the step on a multiple of step_granule tokens (steps of 700
- * tokens ran at 70% of the rate of 512 or 2048 on an H200: the GEMMs' tiles
- * and waves).
+ * long as batch_step_tokens tokens of a short prompt; such a chunk is moved
+ * to end the step on the nearest multiple of step_granule tokens (a 64K
+ * prompt in steps of 640 or 700 tokens took 7-17% longer than in steps of
+ * 512 on an H200: the GEMMs' tiles and waves).
  *
  * Preemption (blocks released, the request requeued at the front of its
  * class, counted in sched_stats.preemptions and its usage.n_preemptions):
@@ -151,9 +151,9 @@ struct sched_config {
                                     by attn_pair_cost); 0: the whole budget */
     double attn_pair_cost;       /* a prefill (query, key) pair in tokens (model_attn_pair_cost);
                                     0: batch_step_tokens counts tokens alone */
-    int step_granule;            /* > 1: a batch chunk that batch_step_tokens cuts is cut back so the
-                                    step holds a multiple of this many tokens, or below that of a
-                                    quarter of it (the GPU's GEMM waves) */
+    int step_granule;            /* > 1: a batch chunk that batch_step_tokens cuts is moved so that the
+                                    step holds the nearest multiple of this many tokens, or below that
+                                    of a quarter of it (the GPU's GEMM waves) */
 };
 
 typedef struct sched sched;
