@@ -478,16 +478,25 @@ static int chunk_fit(const sched *s, int n0, double left)
     return len;
 }
 
-/* A batch chunk of at most len tokens from n0 in a step that holds T tokens
- * and has left of its cost cap: the longest that fits, at least one when
- * one; when the cap cut it, moved so that the step ends on the nearest
- * multiple of step_granule tokens, or of a quarter of it below one granule
- * (the cap is a target: it may be passed by half a granule). */
-static int capped_len(const sched *s, int n0, int len, double left, bool one, int T)
+/* Batch prefill's cap in a step (sched_plan_step): the cost left, a token
+ * even past it (one), and the granule its cut chunks end the step on (0:
+ * none, where the reserve rather than batch_step_tokens set the cap). */
+struct step_cap {
+    double left;
+    bool one;
+    int granule;
+};
+
+/* A batch chunk of at most len tokens from n0 in a step that holds T tokens:
+ * the longest that fits c's cost, at least one when c->one; when the cost
+ * cut it, moved so that the step ends on the nearest multiple of
+ * c->granule tokens, or of a quarter of it below one granule (the cap is a
+ * target: it may be passed by half a granule). */
+static int capped_len(const sched *s, const struct step_cap *c, int n0, int len, int T)
 {
-    int fit = chunk_fit(s, n0, left), g = s->cfg.step_granule;
+    int fit = chunk_fit(s, n0, c->left), g = c->granule;
     if (len <= fit) return len;
-    if (fit <= 0) return one ? 1 : 0;
+    if (fit <= 0) return c->one ? 1 : 0;
     if (g > 1 && T + fit < g) g /= 4;
     int end = g > 1 ? (T + fit + g / 2) / g * g : 0;
     if (end > T) fit = end - T < len ? end - T : len;
@@ -526,9 +535,10 @@ static void add_to_step(sched *s, sched_req *q, int len, int *T)
     else s->stats.prompt_tokens_computed += (uint64_t)len;
 }
 
-/* Tries to admit the head of a waiting queue with at most avail tokens.
- * Returns the tokens planned, 0 when it could not be admitted (out of blocks). */
-static int admit(sched *s, sched_req *q, int avail, double cost_left, bool one, int *T)
+/* Tries to admit the head of a waiting queue with at most avail tokens (and
+ * within cap, if not NULL). Returns the tokens planned, 0 when it could not
+ * be admitted (out of blocks, or nothing fits the cap). */
+static int admit(sched *s, sched_req *q, int avail, const struct step_cap *cap, int *T)
 {
     if (q->kv.n_blocks == 0) {
         int cached = s->prefix_cache ? kv_seq_match_prefix(s->pool, &q->kv, q->tokens, q->n_tokens) : 0;
@@ -536,8 +546,8 @@ static int admit(sched *s, sched_req *q, int avail, double cost_left, bool one, 
     }
     int len = q->n_tokens - q->n_computed;
     if (len > avail) len = avail;
-    if (cost_left >= 0.0) /* a capped batch step: the chunk after the cached prefix must fit its cost */
-        len = capped_len(s, q->n_computed, len, cost_left, one, *T);
+    if (cap) /* the chunk after the cached prefix must fit the cap */
+        len = capped_len(s, cap, q->n_computed, len, *T);
     while (len <= 0 || kv_seq_reserve(s->pool, &q->kv, q->n_computed + len) != 0) {
         /* an interactive request may push batch work out; nothing else preempts to admit */
         sched_req *v = len > 0 && q->prio == SCHED_PRIO_INTERACTIVE ? pick_victim(s, SCHED_PRIO_BATCH) : NULL;
@@ -649,37 +659,38 @@ int sched_plan_step(sched *s, struct step *st)
     for (int c = 0; c < SCHED_N_PRIO; c++) {
         int keep = c == SCHED_PRIO_INTERACTIVE && reserve > batch_used ? reserve - batch_used : 0;
         /* batch prefill stops at batch_step_tokens of cost (or its reserve's
-         * worth beyond what the step holds); < 0: no cap */
-        double limit = -1.0;
-        if (c == SCHED_PRIO_BATCH && s->cfg.batch_step_tokens > 0) {
-            double floor = s->step_cost + (reserve > batch_used ? reserve - batch_used : 0);
-            limit = s->cfg.batch_step_tokens > floor ? s->cfg.batch_step_tokens : floor;
-        }
-        /* a token deep enough into a prompt may cost more than the cap: batch
-         * still moves by one when the step would be empty, or when it waits
-         * (its reserve) and has nothing in the step yet */
-        bool one = T == 0 || (reserve > 0 && batch_used == 0);
+         * worth beyond what the step holds). A token deep enough into a
+         * prompt may cost more than that: batch still moves by one when the
+         * step would be empty, or when it waits (its reserve) and has nothing
+         * in the step yet. */
+        bool capped = c == SCHED_PRIO_BATCH && s->cfg.batch_step_tokens > 0;
+        double limit = s->cfg.batch_step_tokens;
+        double floor = s->step_cost + (reserve > batch_used ? reserve - batch_used : 0);
+        struct step_cap cap = {.one = T == 0 || (reserve > 0 && batch_used == 0),
+                               .granule = limit >= floor ? s->cfg.step_granule : 0};
+        if (floor > limit) limit = floor;
         for (int i = 0; i < s->n_run; i++) {
             sched_req *q = s->run[i];
             int avail = budget - T - keep;
-            if (avail <= 0 || (limit >= 0.0 && limit - s->step_cost < 1.0 && !one)) break;
+            cap.left = limit - s->step_cost;
+            if (avail <= 0 || (capped && cap.left < 1.0 && !cap.one)) break;
             if ((int)q->prio != c || q->in_step || is_decode(q)) continue;
             int len = q->n_tokens - q->n_computed;
             if (len > avail) len = avail;
-            if (limit >= 0.0 && (len = capped_len(s, q->n_computed, len, limit - s->step_cost, one, T)) <= 0)
-                continue;
+            if (capped && (len = capped_len(s, &cap, q->n_computed, len, T)) <= 0) continue;
             if (!reserve_running(s, q, q->n_computed + len)) {
                 i--;
                 continue;
             }
             add_to_step(s, q, len, &T);
-            one = false;
+            cap.one = false;
         }
         while (s->wait[c].head && s->n_run < s->cfg.max_num_seqs && !(c == SCHED_PRIO_BATCH && bumped)) {
             int avail = budget - T - keep;
-            if (avail <= 0 || (limit >= 0.0 && limit - s->step_cost < 1.0 && !one)) break;
-            if (admit(s, s->wait[c].head, avail, limit >= 0.0 ? limit - s->step_cost : -1.0, one, &T) == 0) break;
-            one = false;
+            cap.left = limit - s->step_cost;
+            if (avail <= 0 || (capped && cap.left < 1.0 && !cap.one)) break;
+            if (admit(s, s->wait[c].head, avail, capped ? &cap : NULL, &T) == 0) break;
+            cap.one = false;
         }
     }
 

@@ -217,6 +217,15 @@ static void test_batch_step_tokens(void)
     submit(s, &rb, 2);
     CHECK(sched_plan_step(s, &st) == 48 && st.n_seqs == 2 && st.seqs[0].query_len == 40 && st.seqs[1].query_len == 8);
     sched_destroy(s);
+    /* the reserve is not moved to a step_granule (a 37-token chat: 45, not 48) */
+    c.step_granule = 16;
+    s = sched_create(&c, p, NULL, err, sizeof err);
+    struct sched_request rc37 = req(big, 37, 8, SCHED_PRIO_INTERACTIVE);
+    submit(s, &rc37, 1);
+    submit(s, &rb, 2);
+    int n = sched_plan_step(s, &st);
+    CHECKF(n == 45 && st.n_seqs == 2 && st.seqs[1].query_len == 8, "reserve beside a 37-token chat: step %d", n);
+    sched_destroy(s);
     kv_pool_destroy(p);
 }
 
@@ -311,7 +320,8 @@ static void test_batch_step_cost(void)
                                  .max_model_len = 2048, .min_batch_share = 0.0f, .batch_step_tokens = 64,
                                  .attn_pair_cost = 0.01};
         sched *s = sched_create(&c, p, NULL, err, sizeof err);
-        struct sched_request rb = req(big, 600, 2, SCHED_PRIO_BATCH), rc = req(big + 700, 30, 4, SCHED_PRIO_INTERACTIVE);
+        struct sched_request rb = req(big, 600, 2, SCHED_PRIO_BATCH);
+        struct sched_request rc = req(big + 700, 30, 4, SCHED_PRIO_INTERACTIVE);
         submit(s, &rb, 1);
         int done = 0;
         while (done < 400) {
