@@ -57,11 +57,22 @@ def health(port, timeout=5):
         c.close()
 
 
+def _exited(proc):
+    """Whether proc (a Popen, or the pid of a server started elsewhere) has ended."""
+    if isinstance(proc, int):
+        try:
+            os.kill(proc, 0)
+            return False
+        except OSError:
+            return True
+    return proc.poll() is not None
+
+
 def wait_healthy(port, proc=None, timeout=120, interval=0.1):
-    """Waits until /health answers 200: True; False when proc exits first or time runs out."""
+    """Waits until /health answers 200: True; False when proc (a Popen or a pid) exits first or time runs out."""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        if proc is not None and proc.poll() is not None:
+        if proc is not None and _exited(proc):
             return False
         try:
             if health(port) == 200:

@@ -230,6 +230,19 @@ static void test_batch_step_tokens(void)
 }
 
 static int drain(sched *s, kv_pool *p, int bs);
+static int one_step(sched *s, struct step *st, int bs);
+
+/* A scheduler for the weighed cap's tests: 4 sequences, 2048 tokens of
+ * context, blocks of 16. */
+static sched *mk_cost(kv_pool *p, int budget, float share, int cap, double k, int granule)
+{
+    struct sched_config c = {.block_size = 16, .max_num_seqs = 4, .max_num_batched_tokens = budget,
+                             .max_model_len = 2048, .min_batch_share = share, .batch_step_tokens = cap,
+                             .attn_pair_cost = k, .step_granule = granule};
+    sched *s = sched_create(&c, p, NULL, err, sizeof err);
+    CHECKF(s != NULL, "%s", err);
+    return s;
+}
 
 /* A chunk's cost by brute force: the token at position p costs 1 plus
  * k for each of its p + 1 keys. */
@@ -260,21 +273,16 @@ static void test_batch_step_cost(void)
     /* batch alone: every chunk is the longest that fits 64 */
     {
         kv_pool *p = kv_pool_create(128, 16, false, err, sizeof err);
-        struct sched_config c = {.block_size = 16, .max_num_seqs = 4, .max_num_batched_tokens = 256,
-                                 .max_model_len = 2048, .min_batch_share = 0.125f, .batch_step_tokens = 64,
-                                 .attn_pair_cost = 0.01};
-        sched *s = sched_create(&c, p, NULL, err, sizeof err);
+        sched *s = mk_cost(p, 256, 0.125f, 64, 0.01, 0);
         struct sched_request rb = req(big, N, 2, SCHED_PRIO_BATCH);
         submit(s, &rb, 1);
         int done = 0, steps = 0, first = 0, last = 0;
         while (done < N && steps < N) {
-            int want = brute_fit(0.01, done, 64.0, N - done), n = sched_plan_step(s, &st);
+            int want = brute_fit(0.01, done, 64.0, N - done), n = one_step(s, &st, 16);
             CHECKF(n == want && st.n_seqs == 1, "at %d: chunk %d, want %d", done, n, want);
             if (n != want || n <= 0) break;
             if (!steps) first = n;
             last = n;
-            fake_forward(&st, 16);
-            sched_complete_step(s, &st, collect, NULL);
             done += n;
             steps++;
         }
@@ -286,24 +294,19 @@ static void test_batch_step_cost(void)
      * multiple of 16, of 4 below 16 */
     {
         kv_pool *p = kv_pool_create(128, 16, false, err, sizeof err);
-        struct sched_config c = {.block_size = 16, .max_num_seqs = 4, .max_num_batched_tokens = 256,
-                                 .max_model_len = 2048, .min_batch_share = 0.0f, .batch_step_tokens = 64,
-                                 .attn_pair_cost = 0.01, .step_granule = 16};
-        sched *s = sched_create(&c, p, NULL, err, sizeof err);
+        sched *s = mk_cost(p, 256, 0.0f, 64, 0.01, 16);
         struct sched_request rb = req(big, 600, 2, SCHED_PRIO_BATCH);
         submit(s, &rb, 1);
         int done = 0, steps = 0;
         bool quarter = false;
         while (done < 600 && steps < 600) {
-            int want = brute_fit(0.01, done, 64.0, 600 - done), n = sched_plan_step(s, &st);
+            int want = brute_fit(0.01, done, 64.0, 600 - done), n = one_step(s, &st, 16);
             if (want < 600 - done) {
                 int g = want >= 16 ? 16 : 4, end = (want + g / 2) / g * g;
                 want = end == 0 ? want : end < 600 - done ? end : 600 - done;
             }
             CHECKF(n == want, "granule 16, at %d: chunk %d, want %d", done, n, want);
             if (n != want || n <= 0) break;
-            fake_forward(&st, 16);
-            sched_complete_step(s, &st, collect, NULL);
             quarter |= n < 16 && done + n < 600;
             done += n;
             steps++;
@@ -316,20 +319,15 @@ static void test_batch_step_cost(void)
     /* a chat's prompt counts against the cap: batch gets what is left */
     {
         kv_pool *p = kv_pool_create(128, 16, false, err, sizeof err);
-        struct sched_config c = {.block_size = 16, .max_num_seqs = 4, .max_num_batched_tokens = 256,
-                                 .max_model_len = 2048, .min_batch_share = 0.0f, .batch_step_tokens = 64,
-                                 .attn_pair_cost = 0.01};
-        sched *s = sched_create(&c, p, NULL, err, sizeof err);
+        sched *s = mk_cost(p, 256, 0.0f, 64, 0.01, 0);
         struct sched_request rb = req(big, 600, 2, SCHED_PRIO_BATCH);
         struct sched_request rc = req(big + 700, 30, 4, SCHED_PRIO_INTERACTIVE);
         submit(s, &rb, 1);
         int done = 0;
         while (done < 400) {
-            int n = sched_plan_step(s, &st);
+            int n = one_step(s, &st, 16);
             CHECK(n > 0);
             if (n <= 0) break;
-            fake_forward(&st, 16);
-            sched_complete_step(s, &st, collect, NULL);
             done += n;
         }
         submit(s, &rc, 2);
@@ -343,16 +341,12 @@ static void test_batch_step_cost(void)
      * whose keys its chunk pays for */
     {
         kv_pool *p = kv_pool_create(256, 16, true, err, sizeof err);
-        struct sched_config c = {.block_size = 16, .max_num_seqs = 4, .max_num_batched_tokens = 2048,
-                                 .max_model_len = 2048, .min_batch_share = 0.0f, .batch_step_tokens = 0};
-        sched *s = sched_create(&c, p, NULL, err, sizeof err);
+        sched *s = mk_cost(p, 2048, 0.0f, 0, 0.0, 0);
         struct sched_request ra = req(big, N, 1, SCHED_PRIO_BATCH), rb = req(big, N + 16, 1, SCHED_PRIO_BATCH);
         submit(s, &ra, 1);
         drain(s, p, 16);
         sched_destroy(s);
-        c.batch_step_tokens = 64;
-        c.attn_pair_cost = 0.004;
-        s = sched_create(&c, p, NULL, err, sizeof err);
+        s = mk_cost(p, 2048, 0.0f, 64, 0.004, 0);
         submit(s, &rb, 2);
         int n = sched_plan_step(s, &st);
         int n0 = st.n_seqs == 1 ? st.seqs[0].context_len - st.seqs[0].query_len : -1;
@@ -365,34 +359,25 @@ static void test_batch_step_cost(void)
      * its reserve (8 of 64) and at least one, alone and beside a chat */
     {
         kv_pool *p = kv_pool_create(64, 16, false, err, sizeof err);
-        struct sched_config c = {.block_size = 16, .max_num_seqs = 4, .max_num_batched_tokens = 64,
-                                 .max_model_len = 512, .min_batch_share = 0.125f, .batch_step_tokens = 4,
-                                 .attn_pair_cost = 1.0};
-        sched *s = sched_create(&c, p, NULL, err, sizeof err);
+        sched *s = mk_cost(p, 64, 0.125f, 4, 1.0, 0);
         struct sched_request rb = req(big, 40, 2, SCHED_PRIO_BATCH), rc = req(big + 100, 4, 8, SCHED_PRIO_INTERACTIVE);
         submit(s, &rb, 1);
         /* 2 tokens at 0 (cost 5), then 1 a step; from 7 on one costs 9 */
         for (int done = 0, i = 0; i < 9; i++) {
-            int want = brute_fit(1.0, done, 8.0, 40), n = sched_plan_step(s, &st);
+            int want = brute_fit(1.0, done, 8.0, 40), n = one_step(s, &st, 16);
             want = want > 0 ? want : 1;
             CHECKF(n == want, "alone, at %d: chunk %d, want %d", done, n, want);
-            fake_forward(&st, 16);
-            sched_complete_step(s, &st, collect, NULL);
             done += n;
         }
         submit(s, &rc, 2);
         /* the chat's prompt (cost 4 + 10), then batch's reserve of 8 at
          * position 10: one token (cost 12) */
-        int n = sched_plan_step(s, &st);
+        int n = one_step(s, &st, 16);
         CHECKF(n == 5 && st.n_seqs == 2 && st.seqs[0].query_len == 4, "beside the chat: step %d", n);
-        fake_forward(&st, 16);
-        sched_complete_step(s, &st, collect, NULL);
         /* the chat's decodes, and batch's one token */
         for (int i = 0; i < 5; i++) {
-            n = sched_plan_step(s, &st);
+            n = one_step(s, &st, 16);
             CHECKF(n == 2 && st.n_seqs == 2, "beside the chat's decode, batch at %d: step %d", 11 + i, n);
-            fake_forward(&st, 16);
-            sched_complete_step(s, &st, collect, NULL);
         }
         sched_destroy(s);
         kv_pool_destroy(p);

@@ -19,19 +19,14 @@ build/sluice serve ${MODEL_ARGS:-tools/configs/llama-3.1-8b-vocab49k --load-form
     --max-num-seqs ${SEQS:-256} --max-num-batched-tokens 8192 --data-dir "$L/data" ${SERVE_FLAGS:-} >"$L/server.log" 2>&1 &
 srv=$!
 timeout -k 5 ${LIMIT:-400} python3 - "$srv" "$PORT" "${C:-12}" "${P:-500}" "${B:-2000}" "${BP:-1000}" "${BO:-256}" "${R:-128}" "${WAIT:-0}" <<'PY'
-import http.client, json, os, random, statistics, sys, time, uuid
+import http.client, json, random, statistics, sys, time, uuid
+sys.path.insert(0, "tests")
+import sluice_testlib as lib
 srv, port, nchat, ptok, nb, bptok, bout, want_running, wait = (int(x) for x in sys.argv[1:])
-for i in range(600):
-    try:
-        os.kill(srv, 0)
-    except OSError:
-        sys.exit("the server exited")
-    try:
-        c = http.client.HTTPConnection("127.0.0.1", port, timeout=5); c.request("GET", "/health")
-        if c.getresponse().status == 200: break
-    except Exception: pass
-    time.sleep(0.5)
-print(f"server up after ~{i/2:.0f} s")
+t_up = time.time()
+if not lib.wait_healthy(port, srv, timeout=300, interval=0.5):
+    sys.exit("the server exited, or did not answer /health in 300 s")
+print(f"server up after ~{time.time() - t_up:.0f} s")
 def req(method, path, body=None, headers=None):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     c.request(method, path, body, headers or {"Content-Type": "application/json"})

@@ -16,14 +16,13 @@ build/sluice serve ${MODEL_ARGS:-tools/configs/llama-3.1-8b-vocab49k --load-form
 srv=$!
 timeout -k 5 ${TIMEOUT:-200} python3 - "$PORT" "${N:-6}" "${P:-14600}" <<'PY'
 import http.client, json, sys, time
+sys.path.insert(0, "tests")
+import sluice_testlib as lib
 port, n, ptok = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-for i in range(400):
-    try:
-        c = http.client.HTTPConnection("127.0.0.1", port, timeout=5); c.request("GET", "/health")
-        if c.getresponse().status == 200: break
-    except Exception: pass
-    time.sleep(0.5)
-print(f"server up after ~{i/2:.0f} s")
+t_up = time.time()
+if not lib.wait_healthy(port, timeout=200, interval=0.5):
+    sys.exit("the server did not answer /health in 200 s")
+print(f"server up after ~{time.time() - t_up:.0f} s")
 def post(path, body):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     c.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
