@@ -41,15 +41,23 @@ static void wake(void *arg)
     event_active(s->wake_ev, EV_READ, 0);
 }
 
-/* What --batch-step-tokens weighs a prefill (query, key) pair at: the
- * model's FLOP ratio, or SLUICE_BATCH_PAIR_COST (a benchmark switch; 0
- * caps batch steps by tokens alone, as before the weighing). */
-static double batch_pair_cost(const struct model_config *c)
+/* What a step's budget and --batch-step-tokens weigh a prefill (query,
+ * key) pair at: the model's FLOP ratio, or SLUICE_BATCH_PAIR_COST (a
+ * benchmark switch; 0 counts tokens alone, as before the weighing). */
+static double step_pair_cost(const struct model_config *c)
 {
     const char *e = getenv("SLUICE_BATCH_PAIR_COST");
     char *end;
     double k = e && *e ? strtod(e, &end) : -1.0;
     return e && *e && *end == '\0' && k >= 0.0 ? k : model_attn_pair_cost(c);
+}
+
+/* Whether the step budget weighs prefill by its cost (sched_config); off
+ * with SLUICE_WEIGH_BUDGET=0, a benchmark switch. */
+static bool weigh_budget(void)
+{
+    const char *e = getenv("SLUICE_WEIGH_BUDGET");
+    return !(e && strcmp(e, "0") == 0);
 }
 
 static void *load_main(void *arg)
@@ -69,8 +77,9 @@ static void *load_main(void *arg)
             .max_model_len = (int)s->o.max_model_len,
             .min_batch_share = (float)s->o.min_batch_share,
             .batch_step_tokens = (int)s->o.batch_step_tokens,
-            .attn_pair_cost = batch_pair_cost(model_get_config(s->m)),
+            .attn_pair_cost = step_pair_cost(model_get_config(s->m)),
             .step_granule = 512, /* the GPU's GEMM tiles and waves (BENCHMARKS.md); the CPU's do not mind */
+            .weigh_budget = weigh_budget(),
         },
         .enable_prefix_caching = s->o.enable_prefix_caching,
         .notify = wake,

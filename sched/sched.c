@@ -81,6 +81,7 @@ struct sched {
     int64_t *slots;            /* [max_num_batched_tokens] */
     struct step_seq *seqs;     /* [max_num_seqs] */
     sched_req **step_req;      /* [max_num_seqs] */
+    sched_req **order;         /* [max_num_seqs] a class's running prefills, in the order served */
     int n_step_seqs;
     double step_cost;          /* the step's tokens, weighed (chunk_cost) */
     char piece[PIECE_CAP];
@@ -144,9 +145,10 @@ sched *sched_create(const struct sched_config *cfg, kv_pool *pool, const model_t
     s->slots = malloc(T * sizeof *s->slots);
     s->seqs = calloc(S, sizeof *s->seqs);
     s->step_req = calloc(S, sizeof *s->step_req);
+    s->order = calloc(S, sizeof *s->order);
     s->text_cap = 4096;
     s->text = malloc(s->text_cap);
-    if (!s->run || !s->tok_ids || !s->pos || !s->slots || !s->seqs || !s->step_req || !s->text)
+    if (!s->run || !s->tok_ids || !s->pos || !s->slots || !s->seqs || !s->step_req || !s->order || !s->text)
         goto fail_scratch;
     return s;
 
@@ -478,16 +480,50 @@ static int chunk_fit(const sched *s, int n0, double left)
     return len;
 }
 
-/* Batch prefill's cap in a step (sched_plan_step): the cost left, a token
- * even past it (one), and the granule its cut chunks end the step on (0:
- * none, where the reserve rather than batch_step_tokens set the cap). */
+/* A class's prefill cap in a step (sched_plan_step): whether it holds, the
+ * cost the step may reach, the cost left, a token even past it (one), and
+ * the granule its cut chunks end the step on (0: none, where the reserve
+ * rather than a cap set the limit). */
 struct step_cap {
-    double left;
+    bool on;
+    double limit, left;
     bool one;
     int granule;
 };
 
-/* A batch chunk of at most len tokens from n0 in a step that holds T tokens:
+/* Class c's cap in a step that holds T tokens. With weigh_budget, the
+ * budget (less keep, what interactive leaves to batch) counts decodes as a
+ * token each and prefill tokens by their cost, for both classes; an
+ * interactive prompt still moves by a token a step when one costs more than
+ * that. Batch also stops at batch_step_tokens of cost (the whole step's, at
+ * least its reserve beyond what the step holds); a token deep enough into a
+ * prompt may cost more than that: batch still moves by one when the step
+ * would be empty, or when it waits (its reserve) and has nothing in the
+ * step yet. */
+static struct step_cap class_cap(const sched *s, int c, int T, int reserve, int batch_used, int keep)
+{
+    const struct sched_config *cf = &s->cfg;
+    bool weigh = cf->weigh_budget && cf->attn_pair_cost > 0.0;
+    double budget = s->step_cost + (cf->max_num_batched_tokens - keep - T);
+    struct step_cap cap = {.on = weigh, .limit = budget, .one = T == 0, .granule = cf->step_granule};
+    if (c == SCHED_PRIO_INTERACTIVE) {
+        cap.one = true;
+        return cap;
+    }
+    if (cf->batch_step_tokens > 0) {
+        cap.on = true;
+        if (!weigh || cf->batch_step_tokens < budget) cap.limit = cf->batch_step_tokens;
+    }
+    double floor = s->step_cost + (reserve > batch_used ? reserve - batch_used : 0);
+    if (floor > cap.limit) {
+        cap.limit = floor;
+        cap.granule = 0;
+    }
+    cap.one = cap.one || (reserve > 0 && batch_used == 0);
+    return cap;
+}
+
+/* A chunk of at most len tokens from n0 in a step that holds T tokens:
  * the longest that fits c's cost, at least one when c->one; when the cost
  * cut it, moved so that the step ends on the nearest multiple of
  * c->granule tokens, or of a quarter of it below one granule (the cap is a
@@ -568,6 +604,41 @@ static int admit(sched *s, sched_req *q, int avail, const struct step_cap *cap, 
     run_insert(s, q);
     add_to_step(s, q, len, T);
     return len;
+}
+
+static int prompt_left(const sched_req *q) { return q->n_tokens - q->n_computed; }
+
+/* Puts class c's running prefills into s->order in the order the step
+ * serves them: interactive, fewest tokens left first (a chat that arrives
+ * beside a long prompt is not held behind its prefill); batch, in admission
+ * order. Returns how many. */
+static int prefill_order(sched *s, int c)
+{
+    int n = 0;
+    for (int i = 0; i < s->n_run; i++) {
+        sched_req *q = s->run[i];
+        if ((int)q->prio != c || q->in_step || is_decode(q)) continue;
+        int j = n++;
+        while (c == SCHED_PRIO_INTERACTIVE && j > 0 && prompt_left(s->order[j - 1]) > prompt_left(q)) {
+            s->order[j] = s->order[j - 1];
+            j--;
+        }
+        s->order[j] = q;
+    }
+    return n;
+}
+
+/* What the waiting interactive prompts that could start this step need (by
+ * their tokens), at most max: the running interactive prefills leave them
+ * that much of the step. */
+static int waiting_room(const sched *s, int max)
+{
+    int room = 0, slots = s->cfg.max_num_seqs - s->n_run;
+    for (const sched_req *q = s->wait[SCHED_PRIO_INTERACTIVE].head; q && slots > 0 && room < max; q = q->next) {
+        room += prompt_left(q);
+        slots--;
+    }
+    return room < max ? room : max;
 }
 
 /* Frees sequence slots for interactive requests that would otherwise wait for
@@ -658,38 +729,28 @@ int sched_plan_step(sched *s, struct step *st)
     /* 2./3. per class: partial prefills, then admissions */
     for (int c = 0; c < SCHED_N_PRIO; c++) {
         int keep = c == SCHED_PRIO_INTERACTIVE && reserve > batch_used ? reserve - batch_used : 0;
-        /* batch prefill stops at batch_step_tokens of cost (or its reserve's
-         * worth beyond what the step holds). A token deep enough into a
-         * prompt may cost more than that: batch still moves by one when the
-         * step would be empty, or when it waits (its reserve) and has nothing
-         * in the step yet. */
-        bool capped = c == SCHED_PRIO_BATCH && s->cfg.batch_step_tokens > 0;
-        double limit = s->cfg.batch_step_tokens;
-        double floor = s->step_cost + (reserve > batch_used ? reserve - batch_used : 0);
-        struct step_cap cap = {.one = T == 0 || (reserve > 0 && batch_used == 0),
-                               .granule = limit >= floor ? s->cfg.step_granule : 0};
-        if (floor > limit) limit = floor;
-        for (int i = 0; i < s->n_run; i++) {
-            sched_req *q = s->run[i];
-            int avail = budget - T - keep;
-            cap.left = limit - s->step_cost;
-            if (avail <= 0 || (capped && cap.left < 1.0 && !cap.one)) break;
-            if ((int)q->prio != c || q->in_step || is_decode(q)) continue;
-            int len = q->n_tokens - q->n_computed;
+        struct step_cap cap = class_cap(s, c, T, reserve, batch_used, keep);
+        /* running prefills first, leaving room for interactive prompts that
+         * wait (up to half the budget) */
+        int room = c == SCHED_PRIO_INTERACTIVE ? waiting_room(s, budget / 2) : 0;
+        for (int i = 0, n = prefill_order(s, c); i < n; i++) {
+            sched_req *q = s->order[i];
+            int avail = budget - T - keep - room;
+            cap.left = cap.limit - room - s->step_cost;
+            if (avail <= 0 || (cap.on && cap.left < 1.0 && !cap.one)) break;
+            if (!q->running) continue; /* preempted for an earlier one's blocks */
+            int len = prompt_left(q);
             if (len > avail) len = avail;
-            if (capped && (len = capped_len(s, &cap, q->n_computed, len, T)) <= 0) continue;
-            if (!reserve_running(s, q, q->n_computed + len)) {
-                i--;
-                continue;
-            }
+            if (cap.on && (len = capped_len(s, &cap, q->n_computed, len, T)) <= 0) continue;
+            if (!reserve_running(s, q, q->n_computed + len)) continue;
             add_to_step(s, q, len, &T);
             cap.one = false;
         }
         while (s->wait[c].head && s->n_run < s->cfg.max_num_seqs && !(c == SCHED_PRIO_BATCH && bumped)) {
             int avail = budget - T - keep;
-            cap.left = limit - s->step_cost;
-            if (avail <= 0 || (capped && cap.left < 1.0 && !cap.one)) break;
-            if (admit(s, s->wait[c].head, avail, capped ? &cap : NULL, &T) == 0) break;
+            cap.left = cap.limit - s->step_cost;
+            if (avail <= 0 || (cap.on && cap.left < 1.0 && !cap.one)) break;
+            if (admit(s, s->wait[c].head, avail, cap.on ? &cap : NULL, &T) == 0) break;
             cap.one = false;
         }
     }
@@ -954,6 +1015,7 @@ void sched_destroy(sched *s)
     free(s->slots);
     free(s->seqs);
     free(s->step_req);
+    free(s->order);
     free(s->text);
     free(s);
 }

@@ -27,14 +27,17 @@
  * adding tokens once the step holds batch_step_tokens (beyond its
  * min_batch_share): every step is the next token of each chat, and a chat
  * that arrives waits for the step in flight, so steps of long batch prompts
- * stay short (interactive prefill may still fill the whole budget). A step
- * is weighed there by its cost, not its length: a token counts 1 plus
- * attn_pair_cost per key it attends to (prefix and its own chunk), so a
- * chunk deep into a long document is shorter and the step takes about as
- * long as batch_step_tokens tokens of a short prompt; such a chunk is moved
- * to end the step on the nearest multiple of step_granule tokens (a 64K
- * prompt in steps of 640 or 700 tokens took 7-17% longer than in steps of
- * 512 on an H200: the GEMMs' tiles and waves).
+ * stay short. A step is weighed there by its cost, not its length: a token
+ * counts 1 plus attn_pair_cost per key it attends to (prefix and its own
+ * chunk), so a chunk deep into a long document is shorter and the step
+ * takes about as long as batch_step_tokens tokens of a short prompt; such a
+ * chunk is moved to end the step on the nearest multiple of step_granule
+ * tokens (a 64K prompt in steps of 640 or 700 tokens took 7-17% longer than
+ * in steps of 512 on an H200: the GEMMs' tiles and waves). With
+ * weigh_budget the whole budget is weighed in the same way: an interactive
+ * prompt deep into a long context (or batch, without batch_step_tokens)
+ * moves by the cost of max_num_batched_tokens fresh tokens a step, so the
+ * other chats' next tokens do not wait for one long step.
  *
  * Preemption (blocks released, the request requeued at the front of its
  * class, counted in sched_stats.preemptions and its usage.n_preemptions):
@@ -151,9 +154,12 @@ struct sched_config {
                                     by attn_pair_cost); 0: the whole budget */
     double attn_pair_cost;       /* a prefill (query, key) pair in tokens (model_attn_pair_cost);
                                     0: batch_step_tokens counts tokens alone */
-    int step_granule;            /* > 1: a batch chunk that batch_step_tokens cuts is moved so that the
-                                    step holds the nearest multiple of this many tokens, or below that
-                                    of a quarter of it (the GPU's GEMM waves) */
+    int step_granule;            /* > 1: a chunk that a weighed cap cuts is moved so that the step
+                                    holds the nearest multiple of this many tokens, or below that of a
+                                    quarter of it (the GPU's GEMM waves) */
+    bool weigh_budget;           /* with attn_pair_cost: max_num_batched_tokens caps every prefill by
+                                    its cost too (interactive prompts deep into long contexts move in
+                                    shorter chunks), not by its tokens alone */
 };
 
 typedef struct sched sched;

@@ -234,11 +234,11 @@ static int one_step(sched *s, struct step *st, int bs);
 
 /* A scheduler for the weighed cap's tests: 4 sequences, 2048 tokens of
  * context, blocks of 16. */
-static sched *mk_cost(kv_pool *p, int budget, float share, int cap, double k, int granule)
+static sched *mk_cost(kv_pool *p, int budget, float share, int cap, double k, int granule, bool weigh)
 {
     struct sched_config c = {.block_size = 16, .max_num_seqs = 4, .max_num_batched_tokens = budget,
                              .max_model_len = 2048, .min_batch_share = share, .batch_step_tokens = cap,
-                             .attn_pair_cost = k, .step_granule = granule};
+                             .attn_pair_cost = k, .step_granule = granule, .weigh_budget = weigh};
     sched *s = sched_create(&c, p, NULL, err, sizeof err);
     CHECKF(s != NULL, "%s", err);
     return s;
@@ -273,7 +273,7 @@ static void test_batch_step_cost(void)
     /* batch alone: every chunk is the longest that fits 64 */
     {
         kv_pool *p = kv_pool_create(128, 16, false, err, sizeof err);
-        sched *s = mk_cost(p, 256, 0.125f, 64, 0.01, 0);
+        sched *s = mk_cost(p, 256, 0.125f, 64, 0.01, 0, false);
         struct sched_request rb = req(big, N, 2, SCHED_PRIO_BATCH);
         submit(s, &rb, 1);
         int done = 0, steps = 0, first = 0, last = 0;
@@ -294,7 +294,7 @@ static void test_batch_step_cost(void)
      * multiple of 16, of 4 below 16 */
     {
         kv_pool *p = kv_pool_create(128, 16, false, err, sizeof err);
-        sched *s = mk_cost(p, 256, 0.0f, 64, 0.01, 16);
+        sched *s = mk_cost(p, 256, 0.0f, 64, 0.01, 16, false);
         struct sched_request rb = req(big, 600, 2, SCHED_PRIO_BATCH);
         submit(s, &rb, 1);
         int done = 0, steps = 0;
@@ -319,7 +319,7 @@ static void test_batch_step_cost(void)
     /* a chat's prompt counts against the cap: batch gets what is left */
     {
         kv_pool *p = kv_pool_create(128, 16, false, err, sizeof err);
-        sched *s = mk_cost(p, 256, 0.0f, 64, 0.01, 0);
+        sched *s = mk_cost(p, 256, 0.0f, 64, 0.01, 0, false);
         struct sched_request rb = req(big, 600, 2, SCHED_PRIO_BATCH);
         struct sched_request rc = req(big + 700, 30, 4, SCHED_PRIO_INTERACTIVE);
         submit(s, &rb, 1);
@@ -341,12 +341,12 @@ static void test_batch_step_cost(void)
      * whose keys its chunk pays for */
     {
         kv_pool *p = kv_pool_create(256, 16, true, err, sizeof err);
-        sched *s = mk_cost(p, 2048, 0.0f, 0, 0.0, 0);
+        sched *s = mk_cost(p, 2048, 0.0f, 0, 0.0, 0, false);
         struct sched_request ra = req(big, N, 1, SCHED_PRIO_BATCH), rb = req(big, N + 16, 1, SCHED_PRIO_BATCH);
         submit(s, &ra, 1);
         drain(s, p, 16);
         sched_destroy(s);
-        s = mk_cost(p, 2048, 0.0f, 64, 0.004, 0);
+        s = mk_cost(p, 2048, 0.0f, 64, 0.004, 0, false);
         submit(s, &rb, 2);
         int n = sched_plan_step(s, &st);
         int n0 = st.n_seqs == 1 ? st.seqs[0].context_len - st.seqs[0].query_len : -1;
@@ -359,7 +359,7 @@ static void test_batch_step_cost(void)
      * its reserve (8 of 64) and at least one, alone and beside a chat */
     {
         kv_pool *p = kv_pool_create(64, 16, false, err, sizeof err);
-        sched *s = mk_cost(p, 64, 0.125f, 4, 1.0, 0);
+        sched *s = mk_cost(p, 64, 0.125f, 4, 1.0, 0, false);
         struct sched_request rb = req(big, 40, 2, SCHED_PRIO_BATCH), rc = req(big + 100, 4, 8, SCHED_PRIO_INTERACTIVE);
         submit(s, &rb, 1);
         /* 2 tokens at 0 (cost 5), then 1 a step; from 7 on one costs 9 */
@@ -382,6 +382,104 @@ static void test_batch_step_cost(void)
         sched_destroy(s);
         kv_pool_destroy(p);
     }
+}
+
+/* With weigh_budget, max_num_batched_tokens caps every prefill by its cost
+ * too (decodes count a token each): an interactive prompt, and batch
+ * without batch_step_tokens, moves by the longest chunk that fits; an
+ * interactive prompt moves by at least a token a step. Without it, by the
+ * budget's tokens. */
+static void test_budget_cost(void)
+{
+    static int32_t big[1000];
+    for (int i = 0; i < 1000; i++) big[i] = i % 997;
+    struct step st;
+    for (int c = 0; c < SCHED_N_PRIO; c++) {
+        for (int weigh = 0; weigh <= 1; weigh++) {
+            kv_pool *p = kv_pool_create(128, 16, false, err, sizeof err);
+            sched *s = mk_cost(p, 64, 0.0f, 0, 0.01, 0, weigh);
+            struct sched_request r = req(big, 600, 20, (enum sched_priority)c);
+            submit(s, &r, 1);
+            int done = 0, steps = 0;
+            while (done < 600 && steps < 600) {
+                int want = weigh ? brute_fit(0.01, done, 64.0, 600 - done) : 600 - done < 64 ? 600 - done : 64;
+                int n = one_step(s, &st, 16);
+                CHECKF(n == want, "class %d, weigh %d, at %d: chunk %d, want %d", c, weigh, done, n, want);
+                if (n != want || n <= 0) break;
+                done += n;
+                steps++;
+            }
+            CHECKF(done == 600 && steps == (weigh ? 40 : 10), "class %d, weigh %d: %d tokens in %d steps", c, weigh,
+                   done, steps);
+            /* a chat decoding at 600 beside a new prompt: the decode counts 1, its chunk fits 63 */
+            struct sched_request r2 = req(big + 100, 300, 2, SCHED_PRIO_INTERACTIVE);
+            submit(s, &r2, 2);
+            int n = sched_plan_step(s, &st), want = weigh ? brute_fit(0.01, 0, 63.0, 300) : 63;
+            CHECKF(n == 1 + want && st.n_seqs == 2, "class %d, weigh %d, beside a decode: step %d, want 1 + %d", c,
+                   weigh, n, want);
+            sched_destroy(s);
+            kv_pool_destroy(p);
+        }
+    }
+    /* a token costs more than the budget: a chat's prompt still moves by one
+     * a step, alone and beside a decode (whose 1 + 5.. it does not pay) */
+    kv_pool *p = kv_pool_create(64, 16, false, err, sizeof err);
+    sched *s = mk_cost(p, 8, 0.0f, 0, 1.0, 0, true);
+    struct sched_request rd = req(big + 100, 4, 30, SCHED_PRIO_INTERACTIVE), rc = req(big, 40, 8, SCHED_PRIO_INTERACTIVE);
+    submit(s, &rd, 1);
+    for (int done = 0; done < 4;) {
+        int want = brute_fit(1.0, done, 8.0, 4 - done), n = one_step(s, &st, 16);
+        want = want > 0 ? want : 1;
+        CHECKF(n == want, "alone, at %d: chunk %d, want %d", done, n, want);
+        if (n != want) break;
+        done += n;
+    }
+    submit(s, &rc, 2);
+    for (int done = 0, i = 0; i < 9; i++) {
+        int want = brute_fit(1.0, done, 7.0, 40), n = one_step(s, &st, 16);
+        want = want > 0 ? want : 1;
+        CHECKF(n == 1 + want && st.n_seqs == 2, "beside a decode, at %d: step %d, want 1 + %d", done, n, want);
+        done += want;
+    }
+    sched_destroy(s);
+    kv_pool_destroy(p);
+}
+
+/* Interactive prompts that arrive beside a long one's prefill start in the
+ * next step: the running prefill leaves the waiting ones room (up to half
+ * the budget), and running prefills go fewest tokens left first. */
+static void test_interactive_room(void)
+{
+    static int32_t big[1000];
+    for (int i = 0; i < 1000; i++) big[i] = i % 997;
+    kv_pool *p = kv_pool_create(128, 16, false, err, sizeof err);
+    sched *s = mk(p, 4, 64, 1024, 0.0f);
+    struct sched_request rl = req(big, 600, 2, SCHED_PRIO_INTERACTIVE), r10 = req(big + 600, 10, 8, SCHED_PRIO_INTERACTIVE),
+                         r100 = req(big + 700, 100, 2, SCHED_PRIO_INTERACTIVE);
+    struct step st;
+    submit(s, &rl, 1);
+    CHECK(one_step(s, &st, 16) == 64);
+    /* a 10-token chat: the long prompt leaves it 10 */
+    submit(s, &r10, 2);
+    int n = one_step(s, &st, 16);
+    CHECKF(n == 64 && st.n_seqs == 2 && st.seqs[0].query_len == 54 && st.seqs[1].query_len == 10,
+           "beside a 10-token chat: step %d, %d seqs, %d + %d", n, st.n_seqs, st.seqs[0].query_len,
+           st.n_seqs > 1 ? st.seqs[1].query_len : -1);
+    /* a 100-token chat: room for half the budget; the 10-token chat decodes */
+    submit(s, &r100, 3);
+    n = one_step(s, &st, 16);
+    CHECKF(n == 64 && st.n_seqs == 3 && st.seqs[1].query_len == 31 && st.seqs[2].query_len == 32,
+           "beside a 100-token chat: step %d, %d seqs, long %d, chat %d", n, st.n_seqs, st.seqs[1].query_len,
+           st.n_seqs > 2 ? st.seqs[2].query_len : -1);
+    /* the chat's 68 left go before the long prompt's 465, then the rest */
+    n = one_step(s, &st, 16);
+    CHECKF(n == 64 && st.n_seqs == 2 && st.seqs[1].query_len == 63 && st.seqs[1].context_len == 95,
+           "then: step %d, %d seqs, %d tokens to %d", n, st.n_seqs, st.seqs[1].query_len, st.seqs[1].context_len);
+    n = one_step(s, &st, 16);
+    CHECKF(n == 64 && st.n_seqs == 3 && st.seqs[1].query_len == 5 && st.seqs[2].query_len == 58,
+           "and: step %d, %d seqs, %d + %d", n, st.n_seqs, st.seqs[1].query_len, st.n_seqs > 2 ? st.seqs[2].query_len : -1);
+    sched_destroy(s);
+    kv_pool_destroy(p);
 }
 
 /* Runs everything to completion; returns the number of steps. */
@@ -921,6 +1019,8 @@ int main(void)
     RUN(test_min_batch_share);
     RUN(test_batch_step_tokens);
     RUN(test_batch_step_cost);
+    RUN(test_budget_cost);
+    RUN(test_interactive_room);
     RUN(test_preemption);
     RUN(test_interactive_takes_slot);
     RUN(test_interactive_never_preempts_interactive);

@@ -19,8 +19,9 @@ build/sluice serve ${MODEL_ARGS:-tools/configs/llama-3.1-8b-vocab49k --load-form
     --max-num-seqs ${SEQS:-256} --max-num-batched-tokens 8192 --data-dir "$L/data" ${SERVE_FLAGS:-} >"$L/server.log" 2>&1 &
 srv=$!
 timeout -k 5 ${LIMIT:-400} python3 - "$srv" "$PORT" "${C:-12}" "${P:-500}" "${B:-2000}" "${BP:-1000}" "${BO:-256}" "${R:-128}" "${WAIT:-0}" <<'PY'
-import http.client, json, random, statistics, sys, time, uuid
+import http.client, json, statistics, sys, time, uuid
 sys.path.insert(0, "tests")
+sys.path.insert(0, "tests/gpu")
 import sluice_testlib as lib
 srv, port, nchat, ptok, nb, bptok, bout, want_running, wait = (int(x) for x in sys.argv[1:])
 t_up = time.time()
@@ -39,33 +40,11 @@ def metrics():
             k, v = line.rsplit(" ", 1)
             out[k] = float(v)
     return out
-words = open("tools/bench/corpus/python-reference.txt").read().split()
-def text_of(ntok, seed):
-    rnd = random.Random(seed)
-    n = int(ntok * 0.75)  # ~1.3 tokens a word
-    if 4 * ntok < len(words):
-        start = rnd.randrange(len(words) - 4 * ntok)
-        return f"Document {seed}: " + " ".join(words[start:start + n])
-    start = rnd.randrange(len(words))
-    return f"Document {seed}: " + " ".join(words[(start + i) % len(words)] for i in range(n))
+from chatload import text_of, stream_chat
 def chat(seed):
-    body = {"model": "m", "messages": [{"role": "user", "content": text_of(ptok, seed)}],
-            "max_tokens": 64, "stream": True, "temperature": 0, "ignore_eos": True}
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    t0 = time.perf_counter()
-    c.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
-    resp = c.getresponse()
-    ttft, times = None, []
-    while True:
-        line = resp.readline()
-        if not line: break
-        if not line.startswith(b"data: {"): continue
-        ch = json.loads(line[6:]).get("choices") or [{}]
-        if (ch[0].get("delta") or {}).get("content"):
-            t = time.perf_counter() - t0
-            if ttft is None: ttft = t
-            times.append(t)
-    itl = (times[-1] - times[0]) / max(len(times) - 1, 1)
+    t0, times = stream_chat(port, text_of(ptok, seed), 64, time.perf_counter)
+    ttft = times[0] - t0 if times else float("inf")
+    itl = (times[-1] - times[0]) / max(len(times) - 1, 1) if times else float("nan")
     return ttft, itl, len(times)
 def chats(tag, base):
     res = [chat(base + k) for k in range(nchat)]
