@@ -2,7 +2,9 @@
 # long_prompt_chat_run.sh LOGDIR - chats beside a long *interactive* prompt,
 # one GPU (Llama-3.1-8B shape, dummy weights, --max-model-len 131072), with
 # the step budget weighed by attention (the default) and by tokens alone
-# (SLUICE_WEIGH_BUDGET=0), a server each (WEIGHS="1 0"):
+# (SLUICE_WEIGH_BUDGET=0), a server each: CONFIGS lists BINARY:WEIGH
+# ("build/sluice:1 build/sluice:0"; e.g. also a build of the tree before a
+# change):
 #   1. a chat of ~LP prompt tokens alone (4 out): its time to first token;
 #   2. the same length again (another document), and C chats of ~P tokens
 #      (64 out) started 0.5 s apart from 0.5 s after it: their TTFT and the
@@ -11,12 +13,14 @@
 # "tests/models/tiny-qwen3 --device cpu", with small LP and MAXLEN).
 . "$(dirname "$0")/run_lib.sh"
 PORT=${PORT:-8126}
-for w in ${WEIGHS:-1 0}; do
-  echo "== SLUICE_WEIGH_BUDGET=$w"
-  SLUICE_WEIGH_BUDGET=$w build/sluice serve ${MODEL_ARGS:-tools/configs/llama-3.1-8b-vocab49k --load-format dummy \
+for cfg in ${CONFIGS:-build/sluice:1 build/sluice:0}; do
+  b=${cfg%%:*} w=${cfg##*:}
+  echo "== $b, SLUICE_WEIGH_BUDGET=$w"
+  n=$(basename "$b")_$w
+  SLUICE_WEIGH_BUDGET=$w $b serve ${MODEL_ARGS:-tools/configs/llama-3.1-8b-vocab49k --load-format dummy \
       --tokenizer tests/models/tiny-qwen3 --device cuda --kv-cache-memory 60G} --served-model-name m --port "$PORT" \
-      --max-model-len ${MAXLEN:-131072} --max-num-batched-tokens ${BUDGET:-8192} --data-dir "$L/data_$w" \
-      >"$L/server_$w.log" 2>&1 &
+      --max-model-len ${MAXLEN:-131072} --max-num-batched-tokens ${BUDGET:-8192} --data-dir "$L/data_$n" \
+      >"$L/server_$n.log" 2>&1 &
   srv=$!
   timeout -k 5 ${LIMIT:-240} python3 - "$srv" "$PORT" "${LP:-100000}" "${C:-6}" "${P:-500}" <<'PY'
 import statistics, sys, threading, time
@@ -68,6 +72,6 @@ if gaps:
 PY
   echo "client rc=$?"
   kill "$srv" 2>/dev/null; wait "$srv"
-  grep -E "ready|rror" "$L/server_$w.log" | head -3
-  rm -rf "$L/data_$w"
+  grep -E "ready|rror" "$L/server_$n.log" | head -3
+  rm -rf "$L/data_$n"
 done
