@@ -438,15 +438,16 @@ static void run_model(const char *name, const char *path, const char *golden, do
     golden_free(&g_gold);
 }
 
-/* Random weights (--load-format dummy) in tiny-qwen3-d128's shape with
- * overrides (over): test_long_chunks alone (no HF reference), e.g. with 2
- * KV heads so that TP=2 reaches the split long tiles of head_dim 128. */
-static void run_dummy(const char *name, const char *over, double tol_cpu)
+/* Random weights (--load-format dummy) from the config.json in dir, with
+ * tiny-qwen3-d128's tokenizer: test_long_chunks alone (no HF reference).
+ * dummy-d128-kv2 is tiny-qwen3-d128 with 2 KV heads, so that TP=2 reaches
+ * the split long tiles of head_dim 128. */
+static void run_dummy(const char *name, const char *dir, int n_head_kv, double tol_cpu)
 {
     char err[512];
-    struct model_load_opts lo = {.load_format = "dummy", .hf_overrides = over};
-    g_model = model_load("tests/models/tiny-qwen3-d128", &lo, err, sizeof err);
-    printf("%s (dummy weights, %s)\n", name, over);
+    struct model_load_opts lo = {.load_format = "dummy", .tokenizer = "tests/models/tiny-qwen3-d128"};
+    g_model = model_load(dir, &lo, err, sizeof err);
+    printf("%s (dummy weights)\n", name);
     if (!g_model) {
         printf("  load: %s\n", err);
         t_fail++;
@@ -454,6 +455,8 @@ static void run_dummy(const char *name, const char *over, double tol_cpu)
     }
     g_nv = model_get_config(g_model)->n_vocab;
     g_tol_cpu = tol_cpu;
+    CHECKF(model_get_config(g_model)->n_head_kv == n_head_kv, "%s: %d KV heads, want %d", name,
+           model_get_config(g_model)->n_head_kv, n_head_kv);
     if (model_tp_check(model_get_config(g_model), g_tp, err, sizeof err))
         printf("note: %s skipped at TP=%d: %s\n", name, g_tp, err);
     else
@@ -477,7 +480,7 @@ int main(void)
     /* head_dim 128, 4 query heads per KV head: the warpgroup prefill attention */
     run_model("tiny-qwen3-d128", "tests/models/tiny-qwen3-d128", "tests/models/tiny-qwen3-d128/golden.json", 3e-2,
               3e-2);
-    run_dummy("dummy-d128-kv2", "{\"num_key_value_heads\": 2}", 3e-2);
+    run_dummy("dummy-d128-kv2", "tests/models/dummy-d128-kv2", 2, 3e-2);
     /* bf16 weights (rounded from Q4_1) and bf16 activations through 30 layers: ~3% of max|logit| */
     run_model("smollm2", "models/SmolLM2-135M-Instruct.Q4_1.gguf", "tests/golden/smollm2/golden.json", 4e-2, 4e-2);
     printf("near-ties (GPU greedy token != CPU argmax, CPU top-2 within %.0f%% of max |logit|): %d\n",
