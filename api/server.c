@@ -52,11 +52,11 @@ static double step_pair_cost(const struct model_config *c)
     return e && *e && *end == '\0' && k >= 0.0 ? k : model_attn_pair_cost(c);
 }
 
-/* Whether the step budget weighs prefill by its cost (sched_config); off
- * with SLUICE_WEIGH_BUDGET=0, a benchmark switch. */
-static bool weigh_budget(void)
+/* A scheduler rule that is on unless the environment variable name is "0"
+ * (benchmark switches: SLUICE_WEIGH_BUDGET, SLUICE_YIELD_LONG_PREFILL). */
+static bool rule_on(const char *name)
 {
-    const char *e = getenv("SLUICE_WEIGH_BUDGET");
+    const char *e = getenv(name);
     return !(e && strcmp(e, "0") == 0);
 }
 
@@ -79,7 +79,8 @@ static void *load_main(void *arg)
             .batch_step_tokens = (int)s->o.batch_step_tokens,
             .attn_pair_cost = step_pair_cost(model_get_config(s->m)),
             .step_granule = 512, /* the GPU's GEMM tiles and waves (BENCHMARKS.md); the CPU's do not mind */
-            .weigh_budget = weigh_budget(),
+            .weigh_budget = rule_on("SLUICE_WEIGH_BUDGET"),
+            .yield_long_prefill = rule_on("SLUICE_YIELD_LONG_PREFILL"),
         },
         .enable_prefix_caching = s->o.enable_prefix_caching,
         .notify = wake,

@@ -628,6 +628,24 @@ static int prefill_order(sched *s, int c)
     return n;
 }
 
+/* The cap of interactive prompt q in a step: cap, except that with
+ * yield_long_prefill, while other chats are in the step or wait (others),
+ * a prompt with more than batch_step_tokens left fills the step only to
+ * batch_step_tokens of cost, leaving room for the waiting ones, but moves
+ * by at least half of that: the chats' steps stay as short as beside batch
+ * work, and the long prompt still moves however many chats there are. */
+static struct step_cap chat_cap(const sched *s, const struct step_cap *cap, const sched_req *q, bool others, int room)
+{
+    int bst = s->cfg.batch_step_tokens;
+    if (!s->cfg.yield_long_prefill || !others || bst <= 0 || prompt_left(q) <= bst) return *cap;
+    struct step_cap y = *cap;
+    double left = bst - room - s->step_cost;
+    if (left < bst / 2.0) left = bst / 2.0;
+    if (!y.on || left < y.left) y.left = left;
+    y.on = true;
+    return y;
+}
+
 /* What the waiting interactive prompts that could start this step need (by
  * their tokens), at most max: the running interactive prefills leave them
  * that much of the step. */
@@ -712,7 +730,7 @@ int sched_plan_step(sched *s, struct step *st)
     for (int i = 0; i < s->n_run && !batch_waits; i++)
         batch_waits = s->run[i]->prio == SCHED_PRIO_BATCH && !is_decode(s->run[i]);
     int reserve = batch_waits ? (int)ceilf(s->cfg.min_batch_share * (float)budget) : 0;
-    int batch_used = 0;
+    int batch_used = 0, chats = 0; /* batch decodes; interactive sequences in the step, long prompts aside */
 
     /* 1. decodes, every class */
     for (int i = 0; i < s->n_run && T < budget; i++) {
@@ -724,6 +742,7 @@ int sched_plan_step(sched *s, struct step *st)
         }
         add_to_step(s, q, 1, &T);
         if (q->prio == SCHED_PRIO_BATCH) batch_used++;
+        else chats++;
     }
 
     /* 2./3. per class: partial prefills, then admissions */
@@ -739,19 +758,26 @@ int sched_plan_step(sched *s, struct step *st)
             cap.left = cap.limit - room - s->step_cost;
             if (avail <= 0 || (cap.on && cap.left < 1.0 && !cap.one)) break;
             if (!q->running) continue; /* preempted for an earlier one's blocks */
+            struct step_cap qc = c == SCHED_PRIO_INTERACTIVE ? chat_cap(s, &cap, q, chats > 0 || room > 0, room) : cap;
             int len = prompt_left(q);
+            bool chat = c == SCHED_PRIO_INTERACTIVE && len <= s->cfg.batch_step_tokens;
             if (len > avail) len = avail;
-            if (cap.on && (len = capped_len(s, &cap, q->n_computed, len, T)) <= 0) continue;
+            if (qc.on && (len = capped_len(s, &qc, q->n_computed, len, T)) <= 0) continue;
             if (!reserve_running(s, q, q->n_computed + len)) continue;
             add_to_step(s, q, len, &T);
             cap.one = false;
+            chats += chat;
         }
         while (s->wait[c].head && s->n_run < s->cfg.max_num_seqs && !(c == SCHED_PRIO_BATCH && bumped)) {
             int avail = budget - T - keep;
             cap.left = cap.limit - s->step_cost;
             if (avail <= 0 || (cap.on && cap.left < 1.0 && !cap.one)) break;
-            if (admit(s, s->wait[c].head, avail, cap.on ? &cap : NULL, &T) == 0) break;
+            sched_req *q = s->wait[c].head;
+            struct step_cap qc = c == SCHED_PRIO_INTERACTIVE ? chat_cap(s, &cap, q, chats > 0, 0) : cap;
+            bool chat = c == SCHED_PRIO_INTERACTIVE && prompt_left(q) <= s->cfg.batch_step_tokens;
+            if (admit(s, q, avail, qc.on ? &qc : NULL, &T) == 0) break;
             cap.one = false;
+            chats += chat;
         }
     }
 

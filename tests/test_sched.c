@@ -482,6 +482,42 @@ static void test_interactive_room(void)
     kv_pool_destroy(p);
 }
 
+/* yield_long_prefill: while other chats are in the step or wait, an
+ * interactive prompt with more than batch_step_tokens (16) left fills the
+ * step only that far, leaving the waiting chats room, but by at least 8;
+ * alone it takes the whole budget. Without the flag, the budget. */
+static void test_chat_yield(void)
+{
+    static int32_t big[1000];
+    for (int i = 0; i < 1000; i++) big[i] = i % 997;
+    for (int yield = 0; yield <= 1; yield++) {
+        kv_pool *p = kv_pool_create(128, 16, false, err, sizeof err);
+        struct sched_config c = {.block_size = 16, .max_num_seqs = 4, .max_num_batched_tokens = 64,
+                                 .max_model_len = 1024, .batch_step_tokens = 16, .yield_long_prefill = yield};
+        sched *s = sched_create(&c, p, NULL, err, sizeof err);
+        struct sched_request rl = req(big, 600, 2, SCHED_PRIO_INTERACTIVE), r4 = req(big + 600, 4, 8, SCHED_PRIO_INTERACTIVE),
+                             r12 = req(big + 700, 12, 2, SCHED_PRIO_INTERACTIVE);
+        struct step st;
+        submit(s, &rl, 1);
+        CHECK(one_step(s, &st, 16) == 64);
+        /* a 4-token chat waits: the long prompt fills to 16 less its 4 */
+        submit(s, &r4, 2);
+        int n = one_step(s, &st, 16);
+        CHECKF(n == (yield ? 16 : 64) && st.n_seqs == 2 && st.seqs[1].query_len == 4, "yield %d, a chat waits: step %d",
+               yield, n);
+        /* the chat decodes: 16 less its token */
+        n = one_step(s, &st, 16);
+        CHECKF(n == (yield ? 16 : 64) && st.n_seqs == 2, "yield %d, a chat decodes: step %d", yield, n);
+        /* a 12-token chat waits beside the decode: the long prompt still moves by 8 */
+        submit(s, &r12, 3);
+        n = one_step(s, &st, 16);
+        CHECKF(n == (yield ? 21 : 64) && st.n_seqs == 3 && st.seqs[1].query_len == (yield ? 8 : 51),
+               "yield %d, a chat decodes and one waits: step %d, long %d", yield, n, st.seqs[1].query_len);
+        sched_destroy(s);
+        kv_pool_destroy(p);
+    }
+}
+
 /* Runs everything to completion; returns the number of steps. */
 static int drain(sched *s, kv_pool *p, int bs)
 {
@@ -1021,6 +1057,7 @@ int main(void)
     RUN(test_batch_step_cost);
     RUN(test_budget_cost);
     RUN(test_interactive_room);
+    RUN(test_chat_yield);
     RUN(test_preemption);
     RUN(test_interactive_takes_slot);
     RUN(test_interactive_never_preempts_interactive);

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # long_prompt_chat_run.sh LOGDIR - chats beside a long *interactive* prompt,
-# one GPU (Llama-3.1-8B shape, dummy weights, --max-model-len 131072), with
-# the step budget weighed by attention (the default) and by tokens alone
-# (SLUICE_WEIGH_BUDGET=0), a server each: CONFIGS lists BINARY:WEIGH
-# ("build/sluice:1 build/sluice:0"; e.g. also a build of the tree before a
-# change):
+# one GPU (Llama-3.1-8B shape, dummy weights, --max-model-len 131072), a
+# server for each of CONFIGS: BINARY[:VAR=V[,VAR=V...]], the environment of
+# the server (default "build/sluice build/sluice:SLUICE_YIELD_LONG_PREFILL=0
+# build/sluice:SLUICE_WEIGH_BUDGET=0,SLUICE_YIELD_LONG_PREFILL=0": the
+# scheduler's rules on, the long prompt not yielding to chats, nor the budget
+# weighed by attention; e.g. also a build of the tree before a change):
 #   1. a chat of ~LP prompt tokens alone (4 out): its time to first token;
 #   2. the same length again (another document), and C chats of ~P tokens
 #      (64 out) started 0.5 s apart from 0.5 s after it: their TTFT and the
@@ -13,11 +14,14 @@
 # "tests/models/tiny-qwen3 --device cpu", with small LP and MAXLEN).
 . "$(dirname "$0")/run_lib.sh"
 PORT=${PORT:-8126}
-for cfg in ${CONFIGS:-build/sluice:1 build/sluice:0}; do
-  b=${cfg%%:*} w=${cfg##*:}
-  echo "== $b, SLUICE_WEIGH_BUDGET=$w"
-  n=$(basename "$b")_$w
-  SLUICE_WEIGH_BUDGET=$w $b serve ${MODEL_ARGS:-tools/configs/llama-3.1-8b-vocab49k --load-format dummy \
+k=0
+for cfg in ${CONFIGS:-build/sluice build/sluice:SLUICE_YIELD_LONG_PREFILL=0 \
+    build/sluice:SLUICE_WEIGH_BUDGET=0,SLUICE_YIELD_LONG_PREFILL=0}; do
+  b=${cfg%%:*} e=""
+  case $cfg in *:*) e=$(echo "${cfg#*:}" | tr , ' ') ;; esac
+  k=$((k + 1)) n=$(basename "$b")_$k
+  echo "== $b $e"
+  env $e $b serve ${MODEL_ARGS:-tools/configs/llama-3.1-8b-vocab49k --load-format dummy \
       --tokenizer tests/models/tiny-qwen3 --device cuda --kv-cache-memory 60G} --served-model-name m --port "$PORT" \
       --max-model-len ${MAXLEN:-131072} --max-num-batched-tokens ${BUDGET:-8192} --data-dir "$L/data_$n" \
       >"$L/server_$n.log" 2>&1 &
