@@ -23,8 +23,11 @@
  * Interactive prefills go fewest prompt tokens left first, and leave the
  * interactive prompts that wait room for their tokens (up to half the
  * budget), so a chat that arrives beside a long prompt's prefill starts in
- * the next step instead of after it (on an H200, 6.5 s -> 0.4-0.7 s beside
- * a 100K-token prompt: BENCHMARKS.md, nineteenth round). All of it
+ * the next step instead of after it; with yield_long_prefill, while other
+ * chats run or wait, a prompt with more than batch_step_tokens left fills
+ * a step only that far (by at least half of it), so their steps stay short
+ * (on an H200 beside a 112K-token prompt, chats' TTFT 6.4 s -> 73 ms median
+ * and 44 ms between tokens: BENCHMARKS.md, nineteenth round). All of it
  * within max_num_batched_tokens tokens and max_num_seqs running sequences; a
  * prompt longer than what is left of the budget is split across steps
  * (chunked prefill). When batch work waits, min_batch_share of the budget is
