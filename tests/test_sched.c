@@ -518,6 +518,93 @@ static void test_chat_yield(void)
     }
 }
 
+/* counts finish events (test_plan_fuzz) */
+static void count_finish(void *arg, const struct sched_event *ev)
+{
+    if (ev->kind == SCHED_EV_FINISH) ++*(int *)arg;
+}
+
+/* Random configurations (budget, sequences, pool, shares, weighed caps,
+ * granules, the rules on and off) and random arrivals of both classes:
+ * every step plans at least one token within the budget and max_num_seqs,
+ * the pool stays consistent, and every request finishes (nothing starves,
+ * whatever the caps). */
+static int fuzz_rand(uint32_t *st, int n)
+{
+    *st = *st * 1664525u + 1013904223u;
+    return (int)((*st >> 8) % (uint32_t)n);
+}
+
+static void test_plan_fuzz(void)
+{
+    static int32_t big[1200];
+    for (int i = 0; i < 1200; i++) big[i] = (i * 7919) % 997;
+    uint32_t rs = 12345;
+#define RND(n) fuzz_rand(&rs, (n))
+    static const double ks[] = {0.0, 0.001, 0.05, 1.0};
+    static const int bsts[] = {0, 8, 16, 32}, grans[] = {0, 8, 16};
+    static const float shares[] = {0.0f, 0.125f, 0.25f};
+    for (int round = 0; round < 150; round++) {
+        int budget = 16 + RND(113);
+        int seqs = 1 + RND(6);
+        if (budget < seqs) budget = seqs;
+        int blocks = 16 + RND(49);
+        kv_pool *p = kv_pool_create(blocks, 16, RND(2), err, sizeof err);
+        struct sched_config c = {.block_size = 16, .max_num_seqs = seqs, .max_num_batched_tokens = budget,
+                                 .max_model_len = 256};
+        c.min_batch_share = shares[RND(3)];
+        c.batch_step_tokens = bsts[RND(4)];
+        c.attn_pair_cost = ks[RND(4)];
+        c.step_granule = grans[RND(3)];
+        c.weigh_budget = RND(2);
+        c.yield_long_prefill = RND(2);
+        sched *s = sched_create(&c, p, NULL, err, sizeof err);
+        CHECKF(s != NULL, "%s", err);
+        if (!s) {
+            kv_pool_destroy(p);
+            continue;
+        }
+        enum { NR = 12 };
+        struct sched_request r[NR];
+        int arrive[NR], submitted = 0, finished = 0, steps = 0;
+        for (int i = 0; i < NR; i++) {
+            int len = 1 + RND(200);
+            int off = RND(1000);
+            int max_tokens = 1 + RND(8);
+            enum sched_priority prio = RND(2) ? SCHED_PRIO_INTERACTIVE : SCHED_PRIO_BATCH;
+            r[i] = req(big + off, len, max_tokens, prio);
+            arrive[i] = RND(40);
+        }
+        struct step st;
+        bool ok = true;
+        while (ok && steps < 4000 && (submitted < NR || sched_has_work(s))) {
+            for (int i = 0; i < NR; i++)
+                if (arrive[i] == steps) submit(s, &r[i], (uint64_t)i + 1), submitted++;
+            if (!sched_has_work(s)) {
+                steps++;
+                continue;
+            }
+            int n = sched_plan_step(s, &st);
+            ok = n > 0 && n <= budget && st.n_seqs <= seqs;
+            CHECKF(ok, "round %d (budget %d, seqs %d, bst %d, k %g, granule %d, weigh %d, yield %d), step %d: %d tokens, "
+                   "%d seqs", round, budget, seqs, c.batch_step_tokens, c.attn_pair_cost, c.step_granule,
+                   c.weigh_budget, c.yield_long_prefill, steps, n, st.n_seqs);
+            if (!ok) break;
+            fake_forward(&st, 16);
+            sched_complete_step(s, &st, count_finish, &finished);
+            ok = kv_debug_check(p, err, sizeof err) == 0;
+            CHECKF(ok, "round %d, step %d: %s", round, steps, err);
+            steps++;
+        }
+        CHECKF(finished == NR, "round %d (budget %d, seqs %d, bst %d, k %g, weigh %d, yield %d): %d of %d finished in %d "
+               "steps", round, budget, seqs, c.batch_step_tokens, c.attn_pair_cost, c.weigh_budget,
+               c.yield_long_prefill, finished, NR, steps);
+        sched_destroy(s);
+        kv_pool_destroy(p);
+    }
+#undef RND
+}
+
 /* Runs everything to completion; returns the number of steps. */
 static int drain(sched *s, kv_pool *p, int bs)
 {
@@ -1058,6 +1145,7 @@ int main(void)
     RUN(test_budget_cost);
     RUN(test_interactive_room);
     RUN(test_chat_yield);
+    RUN(test_plan_fuzz);
     RUN(test_preemption);
     RUN(test_interactive_takes_slot);
     RUN(test_interactive_never_preempts_interactive);
