@@ -89,7 +89,9 @@ struct api_vllm_flags {
     const char *compilation_config, *speculative_config, *hf_overrides;
     const char *dtype, *swap_space, *seed;
     const char *uvicorn_log_level, *max_logprobs;
+    const char *max_num_partial_prefills, *max_long_partial_prefills, *scheduling_policy;
     bool enforce_eager, disable_log_requests, disable_log_stats, disable_uvicorn_access_log;
+    bool enable_chunked_prefill; /* set it true before parsing: false = --no-enable-chunked-prefill */
 };
 /* Validates the JSON-valued flags (-1 with a message naming the flag when
  * malformed) and prints one line per part sluice ignores, saying why.

@@ -86,5 +86,21 @@ int api_vllm_compat(const struct api_vllm_flags *f, bool *eager, char *err, size
         note("--dtype", f->dtype, "weights and activations are bf16 on GPU and f32 on CPU");
     if (f->swap_space) note("--swap-space", f->swap_space, "preempted sequences are recomputed, never swapped to host memory");
     if (f->seed) note("--seed", f->seed, "each request samples from its own seed (the request's 'seed', else a random one)");
+    if (f->scheduling_policy && strcmp(f->scheduling_policy, "fcfs") && strcmp(f->scheduling_policy, "priority")) {
+        snprintf(err, errlen, "--scheduling-policy '%s' is not one of fcfs, priority", f->scheduling_policy);
+        return -1;
+    }
+    if (f->scheduling_policy && !strcmp(f->scheduling_policy, "priority"))
+        note("--scheduling-policy", "priority",
+             "sluice has two classes either way: a request's priority > 0 (and Batch API work) yields to the rest, "
+             "first come first served within each");
+    if (!f->enable_chunked_prefill)
+        note("--no-enable-chunked-prefill", "off", "sluice always splits prompts longer than a step's budget");
+    if (f->max_num_partial_prefills)
+        note("--max-num-partial-prefills", f->max_num_partial_prefills,
+             "any number of prompts share a step; --long-prefill-token-threshold caps each one's chunk");
+    if (f->max_long_partial_prefills)
+        note("--max-long-partial-prefills", f->max_long_partial_prefills,
+             "any number of prompts share a step; --long-prefill-token-threshold caps each one's chunk");
     return 0;
 }

@@ -77,6 +77,7 @@ static void *load_main(void *arg)
             .max_model_len = (int)s->o.max_model_len,
             .min_batch_share = (float)s->o.min_batch_share,
             .batch_step_tokens = (int)s->o.batch_step_tokens,
+            .long_prefill_token_threshold = (int)s->o.long_prefill_token_threshold,
             .attn_pair_cost = step_pair_cost(model_get_config(s->m)),
             .step_granule = 512, /* the GPU's GEMM tiles and waves (BENCHMARKS.md); the CPU's do not mind */
             .weigh_budget = rule_on("SLUICE_WEIGH_BUDGET"),
@@ -572,7 +573,7 @@ int api_cmd_serve(int argc, char **argv)
     o->max_batch_file_lines = 50000;
     o->max_batch_file_bytes = 200L * 1000 * 1000;
     bool trust_remote_code = false;
-    struct api_vllm_flags vf = {0};
+    struct api_vllm_flags vf = {.enable_chunked_prefill = true};
     const struct api_flag flags[] = {
         {"--model", API_FLAG_STR, &o->model, "GGUF file or HF checkpoint directory (or positional)", NULL},
         {"--served-model-name", API_FLAG_STRS, &o->served_model_names,
@@ -617,6 +618,14 @@ int api_cmd_serve(int argc, char **argv)
          "batch prefill fills a step only this far, in tokens weighed by the keys they attend to, so chat waits "
          "at most a short step (2048; 0: the whole budget)",
          NULL},
+        {"--long-prefill-token-threshold", API_FLAG_HUMAN_INT, &o->long_prefill_token_threshold,
+         "a prompt moves by at most this many tokens a step (vLLM; 0: no cap)", NULL},
+        {"--enable-chunked-prefill", API_FLAG_BOOL, &vf.enable_chunked_prefill, "accepted; prefill is always chunked",
+         "--no-enable-chunked-prefill"},
+        {"--max-num-partial-prefills", API_FLAG_STR, &vf.max_num_partial_prefills, "accepted; no limit", NULL},
+        {"--max-long-partial-prefills", API_FLAG_STR, &vf.max_long_partial_prefills, "accepted; no limit", NULL},
+        {"--scheduling-policy", API_FLAG_STR, &vf.scheduling_policy,
+         "fcfs or priority: requests' priority > 0 yields to the rest either way", NULL},
         {"--data-dir", API_FLAG_STR, &o->data_dir, "batch store: files, batches, results (./sluice-data)", NULL},
         {"--max-batch-file-lines", API_FLAG_INT, &o->max_batch_file_lines, "requests per batch file (50000)", NULL},
         {"--max-batch-file-bytes", API_FLAG_INT, &o->max_batch_file_bytes, "bytes per batch file (200 MB)", NULL},
@@ -678,6 +687,8 @@ int api_cmd_serve(int argc, char **argv)
         api_flag_long_range("--max-request-bytes", o->max_body_bytes, 1024, LONG_MAX, err, sizeof err) ||
         api_flag_double_range("--min-batch-share", o->min_batch_share, 0, false, 1, err, sizeof err) ||
         api_flag_long_range("--batch-step-tokens", o->batch_step_tokens, 0, INT_MAX, err, sizeof err) ||
+        api_flag_long_range("--long-prefill-token-threshold", o->long_prefill_token_threshold, 0, INT_MAX, err,
+                            sizeof err) ||
         api_flag_long_range("--max-batch-file-lines", o->max_batch_file_lines, 1, LONG_MAX, err, sizeof err) ||
         api_flag_long_range("--max-batch-file-bytes", o->max_batch_file_bytes, 1, LONG_MAX, err, sizeof err)) {
         fprintf(stderr, "sluice serve: %s\n", err);

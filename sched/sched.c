@@ -119,14 +119,16 @@ sched *sched_create(const struct sched_config *cfg, kv_pool *pool, const model_t
     }
     if (cfg->max_num_seqs < 1 || cfg->max_num_batched_tokens < cfg->max_num_seqs || cfg->max_model_len < 1 ||
         cfg->block_size != kv_pool_block_size(pool) || !(cfg->min_batch_share >= 0.0f && cfg->min_batch_share <= 1.0f) ||
-        cfg->batch_step_tokens < 0 || !(cfg->attn_pair_cost >= 0.0) || cfg->step_granule < 0) {
+        cfg->batch_step_tokens < 0 || !(cfg->attn_pair_cost >= 0.0) || cfg->step_granule < 0 ||
+        cfg->long_prefill_token_threshold < 0) {
         snprintf(err, errlen,
                  "bad scheduler limits: max_num_seqs %d (>= 1), max_num_batched_tokens %d (>= max_num_seqs), "
                  "max_model_len %d (>= 1), block_size %d (the pool's is %d), min_batch_share %g (0..1), "
-                 "batch_step_tokens %d (>= 0), attn_pair_cost %g (>= 0), step_granule %d (>= 0)",
+                 "batch_step_tokens %d (>= 0), attn_pair_cost %g (>= 0), step_granule %d (>= 0), "
+                 "long_prefill_token_threshold %d (>= 0)",
                  cfg->max_num_seqs, cfg->max_num_batched_tokens, cfg->max_model_len, cfg->block_size,
                  kv_pool_block_size(pool), (double)cfg->min_batch_share, cfg->batch_step_tokens,
-                 cfg->attn_pair_cost, cfg->step_granule);
+                 cfg->attn_pair_cost, cfg->step_granule, cfg->long_prefill_token_threshold);
         return NULL;
     }
     sched *s = calloc(1, sizeof *s);
@@ -539,6 +541,17 @@ static int capped_len(const sched *s, const struct step_cap *c, int n0, int len,
     return fit;
 }
 
+static int prompt_left(const sched_req *q) { return q->n_tokens - q->n_computed; }
+
+/* q's next chunk before any cost cap: what is left of its prompt, at most
+ * avail tokens and long_prefill_token_threshold. */
+static int chunk_max(const sched *s, const sched_req *q, int avail)
+{
+    int len = prompt_left(q), thr = s->cfg.long_prefill_token_threshold;
+    if (len > avail) len = avail;
+    return thr > 0 && len > thr ? thr : len;
+}
+
 static void add_to_step(sched *s, sched_req *q, int len, int *T)
 {
     int bs = s->cfg.block_size, t0 = *T;
@@ -580,8 +593,7 @@ static int admit(sched *s, sched_req *q, int avail, const struct step_cap *cap, 
         int cached = s->prefix_cache ? kv_seq_match_prefix(s->pool, &q->kv, q->tokens, q->n_tokens) : 0;
         q->n_computed = cached;
     }
-    int len = q->n_tokens - q->n_computed;
-    if (len > avail) len = avail;
+    int len = chunk_max(s, q, avail);
     if (cap) /* the chunk after the cached prefix must fit the cap */
         len = capped_len(s, cap, q->n_computed, len, *T);
     while (len <= 0 || kv_seq_reserve(s->pool, &q->kv, q->n_computed + len) != 0) {
@@ -605,8 +617,6 @@ static int admit(sched *s, sched_req *q, int avail, const struct step_cap *cap, 
     add_to_step(s, q, len, T);
     return len;
 }
-
-static int prompt_left(const sched_req *q) { return q->n_tokens - q->n_computed; }
 
 /* Puts class c's running prefills into s->order in the order the step
  * serves them: interactive, fewest tokens left first (a chat that arrives
@@ -759,9 +769,8 @@ int sched_plan_step(sched *s, struct step *st)
             if (avail <= 0 || (cap.on && cap.left < 1.0 && !cap.one)) break;
             if (!q->running) continue; /* preempted for an earlier one's blocks */
             struct step_cap qc = c == SCHED_PRIO_INTERACTIVE ? chat_cap(s, &cap, q, chats > 0 || room > 0, room) : cap;
-            int len = prompt_left(q);
-            bool chat = c == SCHED_PRIO_INTERACTIVE && len <= s->cfg.batch_step_tokens;
-            if (len > avail) len = avail;
+            bool chat = c == SCHED_PRIO_INTERACTIVE && prompt_left(q) <= s->cfg.batch_step_tokens;
+            int len = chunk_max(s, q, avail);
             if (qc.on && (len = capped_len(s, &qc, q->n_computed, len, T)) <= 0) continue;
             if (!reserve_running(s, q, q->n_computed + len)) continue;
             add_to_step(s, q, len, &T);

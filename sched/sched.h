@@ -168,6 +168,8 @@ struct sched_config {
     bool weigh_budget;           /* with attn_pair_cost: max_num_batched_tokens caps every prefill by
                                     its cost too (interactive prompts deep into long contexts move in
                                     shorter chunks), not by its tokens alone */
+    int long_prefill_token_threshold; /* > 0: a prefill moves by at most this many tokens a step (vLLM's
+                                    --long-prefill-token-threshold); 0: no such cap */
     bool yield_long_prefill;     /* with batch_step_tokens: while other chats are in the step or wait,
                                     an interactive prompt with more than batch_step_tokens left fills
                                     the step only that far (by at least half of it) */

@@ -518,6 +518,35 @@ static void test_chat_yield(void)
     }
 }
 
+/* long_prefill_token_threshold (vLLM's flag): every prefill, of either
+ * class, running or admitted, moves by at most that many tokens a step. */
+static void test_long_prefill_threshold(void)
+{
+    static int32_t big[200];
+    for (int i = 0; i < 200; i++) big[i] = i;
+    kv_pool *p = kv_pool_create(64, 16, false, err, sizeof err);
+    struct sched_config c = {.block_size = 16, .max_num_seqs = 4, .max_num_batched_tokens = 64, .max_model_len = 256,
+                             .long_prefill_token_threshold = 10};
+    sched *s = sched_create(&c, p, NULL, err, sizeof err);
+    struct sched_request a = req(big, 25, 2, SCHED_PRIO_INTERACTIVE), b = req(big + 50, 6, 2, SCHED_PRIO_INTERACTIVE),
+                         d = req(big + 100, 30, 2, SCHED_PRIO_BATCH);
+    submit(s, &a, 1);
+    submit(s, &b, 2);
+    submit(s, &d, 3);
+    struct step st;
+    int n = one_step(s, &st, 16);
+    CHECKF(n == 26 && st.n_seqs == 3 && st.seqs[0].query_len == 10 && st.seqs[1].query_len == 6 &&
+               st.seqs[2].query_len == 10, "first step: %d tokens in %d seqs", n, st.n_seqs);
+    /* b decodes; a and d move by 10 again (b's decode first, then a, then d) */
+    n = one_step(s, &st, 16);
+    CHECKF(n == 21 && st.n_seqs == 3 && st.seqs[1].query_len == 10 && st.seqs[2].query_len == 10,
+           "second step: %d tokens in %d seqs", n, st.n_seqs);
+    sched_destroy(s);
+    c.long_prefill_token_threshold = -1;
+    CHECK(sched_create(&c, p, NULL, err, sizeof err) == NULL && strstr(err, "long_prefill_token_threshold -1"));
+    kv_pool_destroy(p);
+}
+
 /* counts finish events (test_plan_fuzz) */
 static void count_finish(void *arg, const struct sched_event *ev)
 {
@@ -558,6 +587,7 @@ static void test_plan_fuzz(void)
         c.step_granule = grans[RND(3)];
         c.weigh_budget = RND(2);
         c.yield_long_prefill = RND(2);
+        c.long_prefill_token_threshold = (int[]){0, 0, 7, 40}[RND(4)];
         sched *s = sched_create(&c, p, NULL, err, sizeof err);
         CHECKF(s != NULL, "%s", err);
         if (!s) {
@@ -1145,6 +1175,7 @@ int main(void)
     RUN(test_budget_cost);
     RUN(test_interactive_room);
     RUN(test_chat_yield);
+    RUN(test_long_prefill_threshold);
     RUN(test_plan_fuzz);
     RUN(test_preemption);
     RUN(test_interactive_takes_slot);

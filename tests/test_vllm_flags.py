@@ -103,6 +103,29 @@ def test_hf_override_applies():
     assert "max-model-len 1024" in out, out  # the override lowered the model's context
 
 
+def test_scheduler_flags():
+    """vLLM's scheduler flags: --long-prefill-token-threshold is honoured (a
+    prompt's chunk per step), the others are accepted and each reported
+    where sluice differs; an unknown policy is refused"""
+    out = serve_and_chat(["--port", "PORT", "--long-prefill-token-threshold", "64", "--enable-chunked-prefill",
+                          "--max-num-partial-prefills", "2", "--max-long-partial-prefills", "1",
+                          "--scheduling-policy", "priority"], MODEL)
+    lines = [l for l in out.splitlines() if " ignored: " in l]
+    for flag in ("--max-num-partial-prefills", "--max-long-partial-prefills", "--scheduling-policy"):
+        assert any(flag in l for l in lines), (flag, out)
+    assert not any(l.startswith(("sluice serve: --long-prefill", "sluice serve: --enable-chunked",
+                                 "sluice serve: --no-enable-chunked")) for l in lines), out
+    out = serve_and_chat(["--port", "PORT", "--no-enable-chunked-prefill", "--scheduling-policy", "fcfs"], MODEL)
+    lines = [l for l in out.splitlines() if " ignored: " in l]
+    assert len(lines) == 1 and "--no-enable-chunked-prefill" in lines[0], out
+    err = run_fail(["--scheduling-policy", "lifo"], rc=2)
+    assert "--scheduling-policy 'lifo' is not one of fcfs, priority" in err, err
+    err = run_fail(["--long-prefill-token-threshold", "-1"], rc=2)
+    assert "--long-prefill-token-threshold -1 is out of range (0.." in err, err
+    err = run_fail(["-i", "in.jsonl", "-o", "out.jsonl", "--long-prefill-token-threshold", "-1"], "run-batch", rc=2)
+    assert "--long-prefill-token-threshold -1 is out of range (0.." in err, err
+
+
 def test_malformed_json_flag():
     err = run_fail(["--compilation-config", "{cudagraph_mode: FULL"])
     assert "--compilation-config" in err and "JSON" in err, err
@@ -256,7 +279,7 @@ def main():
         return 1
     passed, failed = lib.run_tests([test_first_command_line, test_second_command_line, test_enforce_eager_honoured,
                                     test_hf_override_applies,
-                                    test_malformed_json_flag, test_unknown_flag, test_impossible_max_model_len,
+                                    test_scheduler_flags, test_malformed_json_flag, test_unknown_flag, test_impossible_max_model_len,
                                     test_kv_cache_dtype, test_human_readable_ints, test_range_errors_name_the_flag,
                                     test_listen_errors_say_why, test_ready_line_example,
                                     test_several_served_names])
