@@ -384,6 +384,29 @@ static void test_batch_step_cost(void)
     }
 }
 
+/* 1000 prompt ids, 0..996 then 0..2, for the budget tests. */
+static const int32_t *ramp(void)
+{
+    static int32_t ids[1000];
+    for (int i = 0; i < 1000; i++) ids[i] = i % 997;
+    return ids;
+}
+
+/* A scheduler over p with a long interactive prompt (600 tokens of ramp())
+ * that has run its first step of 64: budget 64, 4 sequences; yield and
+ * batch_step_tokens 16 when yield. */
+static sched *long_prompt_started(kv_pool *p, bool yield, struct sched_request *rl)
+{
+    struct sched_config c = {.block_size = 16, .max_num_seqs = 4, .max_num_batched_tokens = 64, .max_model_len = 1024,
+                             .batch_step_tokens = yield ? 16 : 0, .yield_long_prefill = yield};
+    sched *s = sched_create(&c, p, NULL, err, sizeof err);
+    struct step st;
+    *rl = req(ramp(), 600, 2, SCHED_PRIO_INTERACTIVE);
+    submit(s, rl, 1);
+    CHECK(one_step(s, &st, 16) == 64);
+    return s;
+}
+
 /* With weigh_budget, max_num_batched_tokens caps every prefill by its cost
  * too (decodes count a token each): an interactive prompt, and batch
  * without batch_step_tokens, moves by the longest chunk that fits; an
@@ -391,8 +414,7 @@ static void test_batch_step_cost(void)
  * budget's tokens. */
 static void test_budget_cost(void)
 {
-    static int32_t big[1000];
-    for (int i = 0; i < 1000; i++) big[i] = i % 997;
+    const int32_t *big = ramp();
     struct step st;
     for (int c = 0; c < SCHED_N_PRIO; c++) {
         for (int weigh = 0; weigh <= 1; weigh++) {
@@ -450,15 +472,12 @@ static void test_budget_cost(void)
  * the budget), and running prefills go fewest tokens left first. */
 static void test_interactive_room(void)
 {
-    static int32_t big[1000];
-    for (int i = 0; i < 1000; i++) big[i] = i % 997;
+    const int32_t *big = ramp();
     kv_pool *p = kv_pool_create(128, 16, false, err, sizeof err);
-    sched *s = mk(p, 4, 64, 1024, 0.0f);
-    struct sched_request rl = req(big, 600, 2, SCHED_PRIO_INTERACTIVE), r10 = req(big + 600, 10, 8, SCHED_PRIO_INTERACTIVE),
-                         r100 = req(big + 700, 100, 2, SCHED_PRIO_INTERACTIVE);
+    struct sched_request rl, r10 = req(big + 600, 10, 8, SCHED_PRIO_INTERACTIVE),
+                             r100 = req(big + 700, 100, 2, SCHED_PRIO_INTERACTIVE);
+    sched *s = long_prompt_started(p, false, &rl);
     struct step st;
-    submit(s, &rl, 1);
-    CHECK(one_step(s, &st, 16) == 64);
     /* a 10-token chat: the long prompt leaves it 10 */
     submit(s, &r10, 2);
     int n = one_step(s, &st, 16);
@@ -488,18 +507,13 @@ static void test_interactive_room(void)
  * alone it takes the whole budget. Without the flag, the budget. */
 static void test_chat_yield(void)
 {
-    static int32_t big[1000];
-    for (int i = 0; i < 1000; i++) big[i] = i % 997;
+    const int32_t *big = ramp();
     for (int yield = 0; yield <= 1; yield++) {
         kv_pool *p = kv_pool_create(128, 16, false, err, sizeof err);
-        struct sched_config c = {.block_size = 16, .max_num_seqs = 4, .max_num_batched_tokens = 64,
-                                 .max_model_len = 1024, .batch_step_tokens = 16, .yield_long_prefill = yield};
-        sched *s = sched_create(&c, p, NULL, err, sizeof err);
-        struct sched_request rl = req(big, 600, 2, SCHED_PRIO_INTERACTIVE), r4 = req(big + 600, 4, 8, SCHED_PRIO_INTERACTIVE),
-                             r12 = req(big + 700, 12, 2, SCHED_PRIO_INTERACTIVE);
+        struct sched_request rl, r4 = req(big + 600, 4, 8, SCHED_PRIO_INTERACTIVE),
+                                 r12 = req(big + 700, 12, 2, SCHED_PRIO_INTERACTIVE);
+        sched *s = long_prompt_started(p, yield, &rl);
         struct step st;
-        submit(s, &rl, 1);
-        CHECK(one_step(s, &st, 16) == 64);
         /* a 4-token chat waits: the long prompt fills to 16 less its 4 */
         submit(s, &r4, 2);
         int n = one_step(s, &st, 16);
