@@ -213,7 +213,6 @@ struct cuda_backend {
                                        (128; a multiple of 32) */
     int dec_attn;                   /* decode-only steps of up to this many tokens take the decode attention
                                        kernel (SLUICE_CUDA_ATTN_DEC=N; 0: the SIMT kernel and its combine) */
-    bool lpt;                       /* prefill items longest first (SLUICE_CUDA_ATTN_LPT=0: step order) */
     int long_keys;                  /* long_splits' tiles: from this many keys (LONG_SPLIT_KEYS;
                                        SLUICE_CUDA_LONG_SPLIT_KEYS for tests, 0: never split) */
     int bucket[NBUCKET], n_bucket;
@@ -625,8 +624,6 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     b->dec_attn = ge && *ge ? atoi(ge) : CUDA_DEC_ATTN_MAX_T;
     ge = getenv("SLUICE_CUDA_LONG_SPLIT_KEYS");
     b->long_keys = ge && *ge ? atoi(ge) : LONG_SPLIT_KEYS;
-    ge = getenv("SLUICE_CUDA_ATTN_LPT");
-    b->lpt = !(ge && strcmp(ge, "0") == 0);
     ge = getenv("SLUICE_CUDA_ATTN_TC");
     b->tc_rows = ge && strcmp(ge, "0") == 0 ? 0 : ge && strcmp(ge, "64") == 0 ? 64 : CUDA_ATTN_TC_ROWS;
     if (!cuda_attention_tc_ok(c->head_dim, c->n_head / c->n_head_kv)) b->tc_rows = 0;
@@ -938,17 +935,6 @@ static bool dec_kernel(const struct cuda_backend *b, bool decode, int T)
 /* blocks of a sequence's table that the step reads (its share of the flat bt) */
 static int seq_blocks(const struct step_seq *q, int bs) { return (q->context_len + bs - 1) / bs; }
 
-/* qsort order of attention items: more keys first, then step order (each
- * item writes its own rows or partials, so the order changes no value) */
-static int item_longer(const void *pa, const void *pb)
-{
-    const struct cuda_attn_item *a = pa, *b = pb;
-    int ka = a->kv_hi - a->kv_lo, kb = b->kv_hi - b->kv_lo;
-    if (ka != kb) return ka > kb ? -1 : 1;
-    if (a->t0 != b->t0) return a->t0 < b->t0 ? -1 : 1;
-    return a->split < b->split ? -1 : a->split > b->split;
-}
-
 /* A prefill step's tiles that attend to at least b->long_keys keys ("long"
  * tiles: a chunk deep into a long document) take many times the others'
  * time, and when they are few they leave SMs idle in their last wave (a
@@ -1066,9 +1052,6 @@ static size_t pack_step(struct cuda_backend *b, const struct step *s, int Tp, in
             }
         }
     }
-    /* blocks start in item order: the longest first leave short ones for the
-     * last wave (a step of whole prompts ends on their longest tiles) */
-    if (b->lpt && !decode) qsort(items, (size_t)n, sizeof *items, item_longer);
     *HIN(b, n_items, int32_t) = n;
     for (int k = r; k < (Tp < b->max_seqs ? Tp : b->max_seqs); k++) rows[k] = k; /* graph padding rows */
     pack_sampling(b, s, r);
