@@ -53,7 +53,8 @@ static double step_pair_cost(const struct model_config *c)
 }
 
 /* A scheduler rule that is on unless the environment variable name is "0"
- * (benchmark switches: SLUICE_WEIGH_BUDGET, SLUICE_YIELD_LONG_PREFILL). */
+ * (benchmark switches: SLUICE_WEIGH_BUDGET, SLUICE_YIELD_LONG_PREFILL,
+ * SLUICE_BATCH_YIELD). */
 static bool rule_on(const char *name)
 {
     const char *e = getenv(name);
@@ -82,6 +83,7 @@ static void *load_main(void *arg)
             .step_granule = 512, /* the GPU's GEMM tiles and waves (BENCHMARKS.md); the CPU's do not mind */
             .weigh_budget = rule_on("SLUICE_WEIGH_BUDGET"),
             .yield_long_prefill = rule_on("SLUICE_YIELD_LONG_PREFILL"),
+            .batch_yield = rule_on("SLUICE_BATCH_YIELD"),
         },
         .enable_prefix_caching = s->o.enable_prefix_caching,
         .notify = wake,

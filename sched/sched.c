@@ -493,7 +493,8 @@ struct step_cap {
     int granule;
 };
 
-/* Class c's cap in a step that holds T tokens. With weigh_budget, the
+/* Class c's cap in a step that holds T tokens (chat_prompt: and the last
+ * chunk of an interactive prompt). With weigh_budget, the
  * budget (less keep, what interactive leaves to batch) counts decodes as a
  * token each and prefill tokens by their cost, for both classes; an
  * interactive prompt still moves by a token a step when one costs more than
@@ -501,8 +502,10 @@ struct step_cap {
  * least its reserve beyond what the step holds); a token deep enough into a
  * prompt may cost more than that: batch still moves by one when the step
  * would be empty, or when it waits (its reserve) and has nothing in the
- * step yet. */
-static struct step_cap class_cap(const sched *s, int c, int T, int reserve, int batch_used, int keep)
+ * step yet. With batch_yield, a step that ends a chat's prompt holds batch
+ * prefill to its reserve: that chat's first token comes with the step. */
+static struct step_cap class_cap(const sched *s, int c, int T, int reserve, int batch_used, int keep,
+                                  bool chat_prompt)
 {
     const struct sched_config *cf = &s->cfg;
     bool weigh = cf->weigh_budget && cf->attn_pair_cost > 0.0;
@@ -517,7 +520,8 @@ static struct step_cap class_cap(const sched *s, int c, int T, int reserve, int 
         if (!weigh || cf->batch_step_tokens < budget) cap.limit = cf->batch_step_tokens;
     }
     double floor = s->step_cost + (reserve > batch_used ? reserve - batch_used : 0);
-    if (floor > cap.limit) {
+    if (floor > cap.limit || (chat_prompt && cf->batch_yield)) {
+        cap.on = true;
         cap.limit = floor;
         cap.granule = 0;
     }
@@ -741,6 +745,7 @@ int sched_plan_step(sched *s, struct step *st)
         batch_waits = s->run[i]->prio == SCHED_PRIO_BATCH && !is_decode(s->run[i]);
     int reserve = batch_waits ? (int)ceilf(s->cfg.min_batch_share * (float)budget) : 0;
     int batch_used = 0, chats = 0; /* batch decodes; interactive sequences in the step, long prompts aside */
+    bool chat_prompt = false;      /* the step holds a chat prompt's last chunk */
 
     /* 1. decodes, every class */
     for (int i = 0; i < s->n_run && T < budget; i++) {
@@ -758,7 +763,7 @@ int sched_plan_step(sched *s, struct step *st)
     /* 2./3. per class: partial prefills, then admissions */
     for (int c = 0; c < SCHED_N_PRIO; c++) {
         int keep = c == SCHED_PRIO_INTERACTIVE && reserve > batch_used ? reserve - batch_used : 0;
-        struct step_cap cap = class_cap(s, c, T, reserve, batch_used, keep);
+        struct step_cap cap = class_cap(s, c, T, reserve, batch_used, keep, chat_prompt);
         /* running prefills first, leaving room for interactive prompts that
          * wait (up to half the budget) */
         int room = c == SCHED_PRIO_INTERACTIVE ? waiting_room(s, budget / 2) : 0;
@@ -776,6 +781,7 @@ int sched_plan_step(sched *s, struct step *st)
             add_to_step(s, q, len, &T);
             cap.one = false;
             chats += chat;
+            chat_prompt |= c == SCHED_PRIO_INTERACTIVE && len == prompt_left(q);
         }
         while (s->wait[c].head && s->n_run < s->cfg.max_num_seqs && !(c == SCHED_PRIO_BATCH && bumped)) {
             int avail = budget - T - keep;
@@ -784,9 +790,11 @@ int sched_plan_step(sched *s, struct step *st)
             sched_req *q = s->wait[c].head;
             struct step_cap qc = c == SCHED_PRIO_INTERACTIVE ? chat_cap(s, &cap, q, chats > 0, 0) : cap;
             bool chat = c == SCHED_PRIO_INTERACTIVE && prompt_left(q) <= s->cfg.batch_step_tokens;
-            if (admit(s, q, avail, qc.on ? &qc : NULL, &T) == 0) break;
+            int len = admit(s, q, avail, qc.on ? &qc : NULL, &T);
+            if (len == 0) break;
             cap.one = false;
             chats += chat;
+            chat_prompt |= c == SCHED_PRIO_INTERACTIVE && len == prompt_left(q);
         }
     }
 

@@ -170,6 +170,8 @@ struct sched_config {
                                     shorter chunks), not by its tokens alone */
     int long_prefill_token_threshold; /* > 0: a prefill moves by at most this many tokens a step (vLLM's
                                     --long-prefill-token-threshold); 0: no such cap */
+    bool batch_yield;            /* a step that ends a chat's prompt (its first token comes with it)
+                                    holds batch prefill to min_batch_share of the budget */
     bool yield_long_prefill;     /* with batch_step_tokens: while other chats are in the step or wait,
                                     an interactive prompt with more than batch_step_tokens left fills
                                     the step only that far (by at least half of it) */

@@ -229,8 +229,38 @@ static void test_batch_step_tokens(void)
     kv_pool_destroy(p);
 }
 
-static int drain(sched *s, kv_pool *p, int bs);
 static int one_step(sched *s, struct step *st, int bs);
+
+/* batch_yield: a step that ends a chat's prompt holds batch prefill to its
+ * reserve (8 of 64); the chat's decodes do not. Without it, batch_step_tokens
+ * (24). */
+static void test_batch_yield(void)
+{
+    kv_pool *p = kv_pool_create(256, 16, false, err, sizeof err);
+    int32_t big[300];
+    for (int i = 0; i < 300; i++) big[i] = i;
+    for (int yield = 0; yield <= 1; yield++) {
+        struct sched_config c = {.block_size = 16, .max_num_seqs = 8, .max_num_batched_tokens = 64,
+                                 .max_model_len = 512, .min_batch_share = 0.125f, .batch_step_tokens = 24,
+                                 .batch_yield = yield};
+        sched *s = sched_create(&c, p, NULL, err, sizeof err);
+        struct sched_request rc = req(big, 4, 8, SCHED_PRIO_INTERACTIVE), rb = req(big + 50, 200, 4, SCHED_PRIO_BATCH);
+        submit(s, &rb, 2);
+        struct step st;
+        CHECK(one_step(s, &st, 16) == 24);
+        submit(s, &rc, 1);
+        int n = one_step(s, &st, 16);
+        CHECKF(n == (yield ? 12 : 24) && st.n_seqs == 2 && st.seqs[0].query_len == 4, "yield %d, the chat's prompt: %d",
+               yield, n);
+        n = one_step(s, &st, 16);
+        CHECKF(n == 24 && st.n_seqs == 2, "yield %d, the chat's decode: %d", yield, n);
+        sched_destroy(s);
+    }
+    kv_pool_destroy(p);
+}
+
+static int drain(sched *s, kv_pool *p, int bs);
+
 
 /* A scheduler for the weighed cap's tests: 4 sequences, 2048 tokens of
  * context, blocks of 16. */
@@ -601,6 +631,7 @@ static void test_plan_fuzz(void)
         c.step_granule = grans[RND(3)];
         c.weigh_budget = RND(2);
         c.yield_long_prefill = RND(2);
+        c.batch_yield = RND(2);
         c.long_prefill_token_threshold = (int[]){0, 0, 7, 40}[RND(4)];
         sched *s = sched_create(&c, p, NULL, err, sizeof err);
         CHECKF(s != NULL, "%s", err);
@@ -1186,6 +1217,7 @@ int main(void)
     RUN(test_min_batch_share);
     RUN(test_batch_step_tokens);
     RUN(test_batch_step_cost);
+    RUN(test_batch_yield);
     RUN(test_budget_cost);
     RUN(test_interactive_room);
     RUN(test_chat_yield);
