@@ -96,11 +96,8 @@ int api_vllm_compat(const struct api_vllm_flags *f, bool *eager, char *err, size
              "first come first served within each");
     if (!f->enable_chunked_prefill)
         note("--no-enable-chunked-prefill", "off", "sluice always splits prompts longer than a step's budget");
-    if (f->max_num_partial_prefills)
-        note("--max-num-partial-prefills", f->max_num_partial_prefills,
-             "any number of prompts share a step; --long-prefill-token-threshold caps each one's chunk");
-    if (f->max_long_partial_prefills)
-        note("--max-long-partial-prefills", f->max_long_partial_prefills,
-             "any number of prompts share a step; --long-prefill-token-threshold caps each one's chunk");
+    const char *partial = "any number of prompts share a step; --long-prefill-token-threshold caps each one's chunk";
+    if (f->max_num_partial_prefills) note("--max-num-partial-prefills", f->max_num_partial_prefills, partial);
+    if (f->max_long_partial_prefills) note("--max-long-partial-prefills", f->max_long_partial_prefills, partial);
     return 0;
 }
