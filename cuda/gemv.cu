@@ -55,12 +55,6 @@
  *   SLUICE_GEMV_CH=4|8|16  16-byte chunks per lane in flight in the warp
  *                          kernels for rows of <= 4096 (default 4; 8 and 16
  *                          measured slower: fewer resident warps)
- *   SLUICE_GEMV_RPW=N      rows per warp at most in the warp kernels (default
- *                          1), SLUICE_GEMV_RPWN=N for those with the norm
- *                          prologue (default: RPW): fewer blocks, so x is
- *                          normalized fewer times
- *   SLUICE_GEMV_PRE=1      the norm-prologue warp kernels request their second
- *                          batch of weight chunks before the norm
  */
 #include <stdlib.h>
 #include <string.h>
@@ -102,7 +96,6 @@ struct gemv_params {
     void *y;           /* [NT][out]: bf16, f32, f32 to add to (EPI_RESID), bf16 h (EPI_SWIGLU) */
     int in, out;       /* out: outputs per row of x (F for EPI_SWIGLU) */
     int ngroups;       /* groups of RB rows (RB/2 gate/up pairs for EPI_SWIGLU) */
-    int rpw, pre;      /* the warp kernel: rows per warp at most, the norm's early batch */
 };
 
 static __host__ __device__ constexpr int pow2ceil(int n) { return n <= 1 ? 1 : 2 * pow2ceil((n + 1) / 2); }
@@ -188,16 +181,12 @@ static __device__ __forceinline__ void wdot(const wchunks<CH, NR> &c, const uint
     }
 }
 
-/* Warp j of the grid: output rows j, j + W, ... (W the grid's warps; RPW
- * rows at most, SLUICE_GEMV_RPW), one after another as one stream of
- * chunks, the next row's first chunks requested before the current row is
- * summed (EPI_SWIGLU: gate row j and up row out + j side by side, each
- * summed exactly as a lone row, and h[j] = silu(g) * u from the two sums
- * rounded to bf16, as cuda_swiglu over cuda_gemv's output). Every row is
- * summed in the same order whatever RPW. NORM: x normalized by the whole
- * block first (norm_rows, cuda_add_rmsnorm's bits) into shared memory; with
- * PRE (SLUICE_GEMV_PRE=1) the second batch of chunks is requested before
- * the norm. Epilogues as in the block kernel. */
+/* Warp j of the grid: output row j (EPI_SWIGLU: gate row j and up row
+ * out + j side by side, each summed exactly as a lone row, and h[j] =
+ * silu(g) * u from the two sums rounded to bf16, as cuda_swiglu over
+ * cuda_gemv's output). NORM: x normalized by the whole block first
+ * (norm_rows, cuda_add_rmsnorm's bits) into shared memory. Epilogues as in
+ * the block kernel. */
 template <int NT, int EPI, bool NORM, int CH>
 static __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_warp_kernel(const gemv_params p)
 {
@@ -205,66 +194,41 @@ static __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_warp_kernel(const
     extern __shared__ uint4 xs4[]; /* NORM: the normalized x, [NT][in] bf16 */
     __shared__ float nsh[32];
     pdl_trigger();
-    const int lane = threadIdx.x & 31, n4 = p.in / 8, nw = gridDim.x * GEMV_WARPS;
-    const int j0 = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
-    /* this warp's rows, and its chunk batches: G per row */
-    const int nrow = j0 < p.out ? min(p.rpw, (p.out - 1 - j0) / nw + 1) : 0;
-    const int G = (n4 + 32 * CH - 1) / (32 * CH), S = nrow * G;
-    auto rows = [&](int k, const uint4 *(&w)[NR]) {
+    const int lane = threadIdx.x & 31, j = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5), n4 = p.in / 8;
+    const bool live = j < p.out;
+    const uint4 *w[NR];
 #pragma unroll
-        for (int r = 0; r < NR; r++) w[r] = (const uint4 *)(p.W + (size_t)(r * p.out + j0 + k * nw) * p.in);
-    };
-    const uint4 *w[NR], *wn[NR];
+    for (int r = 0; r < NR; r++) w[r] = (const uint4 *)(p.W + (size_t)(r * p.out + (live ? j : 0)) * p.in);
     wchunks<CH, NR> cur, nxt;
-    rows(0, w);
-    if (S > 0) cur.load(w, 0, lane, n4);
+    if (live) cur.load(w, 0, lane, n4);
     pdl_wait(); /* from here on, x may be read */
-    /* batch s: row s / G, chunks from (s % G) 32 CH; wn: batch s + 1's row */
-    auto next = [&](int s) {
-        if (s + 1 >= S) return;
-        if ((s + 1) % G == 0) rows((s + 1) / G, wn);
-        else
-#pragma unroll
-            for (int r = 0; r < NR; r++) wn[r] = w[r];
-        nxt.load(wn, (s + 1) % G * 32 * CH, lane, n4);
-    };
-    const bool pre = NORM && p.pre;
-    if (pre) next(0);
     if (NORM) norm_rows<NT>(p, (uint16_t *)xs4, nsh);
-    if (S == 0) return;
+    if (!live) return;
     const uint4 *x4 = NORM ? xs4 : (const uint4 *)p.x;
     float acc[NR][NT];
 #pragma unroll
     for (int r = 0; r < NR; r++)
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
-    for (int s = 0;; s++) {
-        if (!(pre && s == 0)) next(s);
-        wdot<CH, NR, NT, NORM>(cur, x4, n4, s % G * 32 * CH, lane, acc);
-        if (s % G == G - 1) { /* row s / G is summed */
-            const int j = j0 + s / G * nw;
-#pragma unroll
-            for (int r = 0; r < NR; r++)
-#pragma unroll
-                for (int t = 0; t < NT; t++) acc[r][t] = warp_sum(acc[r][t]);
-            if (lane == 0)
-#pragma unroll
-                for (int t = 0; t < NT; t++) {
-                    size_t o = (size_t)t * p.out + j;
-                    if (EPI == EPI_BF16) ((uint16_t *)p.y)[o] = f2bf(acc[0][t]);
-                    if (EPI == EPI_F32) ((float *)p.y)[o] = acc[0][t];
-                    if (EPI == EPI_RESID) ((float *)p.y)[o] += bf2f(f2bf(acc[0][t])); /* as x += delta of bf16(s) */
-                    if (EPI == EPI_SWIGLU) ((uint16_t *)p.y)[o] = swiglu1(f2bf(acc[0][t]), f2bf(acc[NR - 1][t]));
-                }
-#pragma unroll
-            for (int r = 0; r < NR; r++)
-#pragma unroll
-                for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
-        }
-        if (s + 1 >= S) break;
+    for (int i0 = 0;; i0 += 32 * CH) {
+        bool more = i0 + 32 * CH < n4;
+        if (more) nxt.load(w, i0 + 32 * CH, lane, n4);
+        wdot<CH, NR, NT, NORM>(cur, x4, n4, i0, lane, acc);
+        if (!more) break;
         cur = nxt;
+    }
 #pragma unroll
-        for (int r = 0; r < NR; r++) w[r] = wn[r];
+    for (int r = 0; r < NR; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = warp_sum(acc[r][t]);
+    if (lane) return;
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        size_t o = (size_t)t * p.out + j;
+        if (EPI == EPI_BF16) ((uint16_t *)p.y)[o] = f2bf(acc[0][t]);
+        if (EPI == EPI_F32) ((float *)p.y)[o] = acc[0][t];
+        if (EPI == EPI_RESID) ((float *)p.y)[o] += bf2f(f2bf(acc[0][t])); /* as x += delta of bf16(s) */
+        if (EPI == EPI_SWIGLU) ((uint16_t *)p.y)[o] = swiglu1(f2bf(acc[0][t]), f2bf(acc[NR - 1][t]));
     }
 }
 
@@ -404,7 +368,6 @@ static __global__ void __launch_bounds__(BT, 2) gemv_block_kernel(const gemv_par
 
 static struct gemv_state {
     int variant, nsm, ch;
-    int rpw, rpw_norm, pre; /* the warp kernel's rows per warp (plain, norm prologue); PRE */
     bool pdl;
 } G;
 
@@ -425,10 +388,6 @@ static const gemv_state &state(void)
         G.nsm = 132;
         if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&G.nsm, cudaDevAttrMultiProcessorCount, dev);
         G.pdl = sm_major() >= 9 && !(d && strcmp(d, "0") == 0);
-        const char *r = getenv("SLUICE_GEMV_RPW"), *rn = getenv("SLUICE_GEMV_RPWN"), *e = getenv("SLUICE_GEMV_PRE");
-        G.rpw = r && atoi(r) >= 1 && atoi(r) <= 64 ? atoi(r) : 1;
-        G.rpw_norm = rn && atoi(rn) >= 1 && atoi(rn) <= 64 ? atoi(rn) : G.rpw;
-        G.pre = e && strcmp(e, "1") == 0;
         return true;
     }();
     (void)once;
@@ -456,10 +415,9 @@ static cudaError_t launch_k(void (*k)(A...), int grid, int threads, size_t smem,
 static int warp_ch(int in) { return in <= 4096 ? state().ch : 4; }
 
 template <int EPI, bool NORM, int CH>
-static cudaError_t launch_warp1(gemv_params p, int T, cudaStream_t st)
+static cudaError_t launch_warp1(const gemv_params &p, int T, cudaStream_t st)
 {
-    p.rpw = NORM ? state().rpw_norm : state().rpw, p.pre = state().pre;
-    int grid = (p.out + GEMV_WARPS * p.rpw - 1) / (GEMV_WARPS * p.rpw), th = 32 * GEMV_WARPS;
+    int grid = (p.out + GEMV_WARPS - 1) / GEMV_WARPS, th = 32 * GEMV_WARPS;
     size_t smem = NORM ? (size_t)T * p.in * 2 : 0;
     switch (T) {
     case 1: return launch_k(gemv_warp_kernel<1, EPI, NORM, CH>, grid, th, smem, st, p);
@@ -551,7 +509,7 @@ extern "C" cudaError_t cuda_gemv(const uint16_t *W, const uint16_t *x, void *y, 
                                  cudaStream_t st)
 {
     if (bad_shape(W, x, T, in, out)) return cudaErrorInvalidValue;
-    gemv_params p = {W, x, NULL, NULL, 0.0f, y, in, out, 0, 1, 0};
+    gemv_params p = {W, x, NULL, NULL, 0.0f, y, in, out, 0};
     return y_f32 ? launch<EPI_F32, false>(p, T, st) : launch<EPI_BF16, false>(p, T, st);
 }
 
@@ -559,7 +517,7 @@ extern "C" cudaError_t cuda_gemv_residual(const uint16_t *W, const uint16_t *x, 
                                           cudaStream_t st)
 {
     if (bad_shape(W, x, T, in, out)) return cudaErrorInvalidValue;
-    gemv_params p = {W, x, NULL, NULL, 0.0f, xres, in, out, 0, 1, 0};
+    gemv_params p = {W, x, NULL, NULL, 0.0f, xres, in, out, 0};
     return launch<EPI_RESID, false>(p, T, st);
 }
 
@@ -567,7 +525,7 @@ extern "C" cudaError_t cuda_gemv_swiglu(const uint16_t *Wgu, const uint16_t *x, 
                                         cudaStream_t st)
 {
     if (bad_shape(Wgu, x, T, in, F)) return cudaErrorInvalidValue;
-    gemv_params p = {Wgu, x, NULL, NULL, 0.0f, h, in, F, 0, 1, 0};
+    gemv_params p = {Wgu, x, NULL, NULL, 0.0f, h, in, F, 0};
     return launch<EPI_SWIGLU, false>(p, T, st);
 }
 
@@ -580,7 +538,7 @@ extern "C" cudaError_t cuda_gemv_rmsnorm(const uint16_t *W, const float *x, cons
                                          int T, int in, int out, cudaStream_t st)
 {
     if (bad_norm(W, x, T, in) || out < 0) return cudaErrorInvalidValue;
-    gemv_params p = {W, NULL, x, nw, eps, y, in, out, 0, 1, 0};
+    gemv_params p = {W, NULL, x, nw, eps, y, in, out, 0};
     return launch<EPI_BF16, true>(p, T, st);
 }
 
@@ -588,6 +546,6 @@ extern "C" cudaError_t cuda_gemv_rmsnorm_swiglu(const uint16_t *Wgu, const float
                                                 uint16_t *h, int T, int in, int F, cudaStream_t st)
 {
     if (bad_norm(Wgu, x, T, in) || F < 0) return cudaErrorInvalidValue;
-    gemv_params p = {Wgu, NULL, x, nw, eps, h, in, F, 0, 1, 0};
+    gemv_params p = {Wgu, NULL, x, nw, eps, h, in, F, 0};
     return launch<EPI_SWIGLU, true>(p, T, st);
 }
