@@ -187,8 +187,8 @@ static __device__ __forceinline__ void wdot(const wchunks<CH, NR> &c, const uint
  * cuda_gemv's output). NORM: x normalized by the whole block first
  * (norm_rows, cuda_add_rmsnorm's bits) into shared memory. Epilogues as in
  * the block kernel. */
-template <int NT, int EPI, bool NORM, int CH, int MINB = 1>
-static __global__ void __launch_bounds__(32 * GEMV_WARPS, MINB) gemv_warp_kernel(const gemv_params p)
+template <int NT, int EPI, bool NORM, int CH>
+static __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_warp_kernel(const gemv_params p)
 {
     constexpr int NR = EPI == EPI_SWIGLU ? 2 : 1;
     extern __shared__ uint4 xs4[]; /* NORM: the normalized x, [NT][in] bf16 */
@@ -368,7 +368,6 @@ static __global__ void __launch_bounds__(BT, 2) gemv_block_kernel(const gemv_par
 
 static struct gemv_state {
     int variant, nsm, ch;
-    int minb, minb_swiglu; /* one-row warp kernels: blocks an SM at least (launch bounds), 0: as compiled */
     bool pdl;
 } G;
 
@@ -389,8 +388,6 @@ static const gemv_state &state(void)
         G.nsm = 132;
         if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&G.nsm, cudaDevAttrMultiProcessorCount, dev);
         G.pdl = sm_major() >= 9 && !(d && strcmp(d, "0") == 0);
-        const char *m = getenv("SLUICE_GEMV_MINB"), *ms = getenv("SLUICE_GEMV_MINBS");
-        G.minb = m ? atoi(m) : 0, G.minb_swiglu = ms ? atoi(ms) : 0;
         return true;
     }();
     (void)once;
@@ -422,17 +419,6 @@ static cudaError_t launch_warp1(const gemv_params &p, int T, cudaStream_t st)
 {
     int grid = (p.out + GEMV_WARPS - 1) / GEMV_WARPS, th = 32 * GEMV_WARPS;
     size_t smem = NORM ? (size_t)T * p.in * 2 : 0;
-    if (T == 1 && CH == 4) {
-        int mb = EPI == EPI_SWIGLU ? state().minb_swiglu : state().minb;
-        switch (mb) {
-        case 3: return launch_k(gemv_warp_kernel<1, EPI, NORM, CH, 3>, grid, th, smem, st, p);
-        case 4: return launch_k(gemv_warp_kernel<1, EPI, NORM, CH, 4>, grid, th, smem, st, p);
-        case 5: return launch_k(gemv_warp_kernel<1, EPI, NORM, CH, 5>, grid, th, smem, st, p);
-        case 6: return launch_k(gemv_warp_kernel<1, EPI, NORM, CH, 6>, grid, th, smem, st, p);
-        case 8: return launch_k(gemv_warp_kernel<1, EPI, NORM, CH, 8>, grid, th, smem, st, p);
-        default: break;
-        }
-    }
     switch (T) {
     case 1: return launch_k(gemv_warp_kernel<1, EPI, NORM, CH>, grid, th, smem, st, p);
     case 2: return launch_k(gemv_warp_kernel<2, EPI, NORM, CH>, grid, th, smem, st, p);
