@@ -197,6 +197,7 @@ struct cuda_backend {
 
     bool graphs;                    /* SLUICE_CUDA_GRAPHS=0: off */
     bool gemv;                      /* our GEMV for <= CUDA_GEMV_MAX_T rows; SLUICE_CUDA_GEMV=0: cuBLAS */
+    int fused_t;                    /* with fused: steps of at most this many tokens (SLUICE_CUDA_FUSED_T) */
     bool fused;                     /* one-token decode steps (one rank) through the fused
                                        norm+GEMV, GEMV+SwiGLU and GEMV+residual kernels; SLUICE_CUDA_FUSED=0:
                                        off (on the warp kernels they measured 217.5 -> 221.5 tok/s at batch 1,
@@ -611,6 +612,8 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     ge = getenv("SLUICE_CUDA_FUSED");
     b->fused = b->gemv && N == 1 && !(ge && strcmp(ge, "0") == 0) && c->n_embd % 8 == 0 && c->n_ff % 8 == 0 &&
                (c->n_head * c->head_dim) % 8 == 0 && (size_t)CUDA_GEMV_MAX_T * c->n_embd * 2 <= CUDA_GEMV_NORM_SMEM;
+    ge = getenv("SLUICE_CUDA_FUSED_T");
+    b->fused_t = ge && atoi(ge) >= 1 && atoi(ge) <= CUDA_GEMV_MAX_T ? atoi(ge) : 1;
     ge = getenv("SLUICE_CUDA_WARMUP");
     b->warmup = !(ge && strcmp(ge, "0") == 0);
     ge = getenv("SLUICE_CUDA_GEMM_WG_MIN_T");
@@ -1105,10 +1108,11 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
     /* decode of one token on one GPU: the norms ride in the GEMV prologues,
      * SwiGLU and the residual adds in their epilogues (bit-identical to the
      * unfused kernels); x then already holds every layer's output. Only at
-     * T = 1, where the GEMVs are warp kernels: at 2-4 tokens the fused
-     * (block) kernels measured slower than the unfused persistent ones
-     * (BENCHMARKS.md, 164.4 vs 148.4 us per layer at T = 4) */
-    bool fz = b->fused && T == 1;
+     * T = 1, where the GEMVs are warp kernels, unless SLUICE_CUDA_FUSED_T
+     * says more: at 2-4 tokens the fused kernels measured slower than the
+     * unfused ones (BENCHMARKS.md: block kernels 164.4 vs 148.4 us per layer
+     * at T = 4; tensor-core kernels, twentieth round, 603 vs 838 tok/s) */
+    bool fz = b->fused && T <= b->fused_t;
     for (int l = 0; l < c->n_layer; l++) {
         const struct clayer *L = &k->L[l];
         /* the previous layer's MLP output joins the residual here */

@@ -42,11 +42,12 @@
  *                          blocks, so x is normalized once per block, not
  *                          once per group)
  *                      2  "persist": grid = one wave (occupancy x SMs)
- *                      3  "auto" (default): warp for one row, persist for
+ *                      3  "auto" (default): warp for one row, mma for
  *                          2-4 rows: what measured fastest on the H200
- *                          (BENCHMARKS.md: a Llama-8B decode layer at T=1
- *                          121 us warp vs 124 block; at T=4 148 us persist
- *                          vs 177 warp)
+ *                          (BENCHMARKS.md, twentieth round: Llama-8B decode
+ *                          at batch 1 223.3 tok/s warp vs 204.6 mma; at
+ *                          batch 4 713 persist vs 830 mma)
+ *                      4  "mma": the tensor-core kernel everywhere
  *   SLUICE_PDL=0           plain launches; by default the kernels here,
  *                          cuda_add_rmsnorm and the decode attention kernel
  *                          are launched with the PDL attribute on sm_90 and
@@ -102,34 +103,40 @@ static __host__ __device__ constexpr int pow2ceil(int n) { return n <= 1 ? 1 : 2
 static __host__ __device__ constexpr int log2i(int n) { return n <= 1 ? 0 : 1 + log2i(n / 2); }
 
 /* The rows of x through cuda_add_rmsnorm's arithmetic (norm.cuh) into xs
- * [NT][in] bf16 (shared memory), by a block of 256 threads: nv <= 1024
- * virtual threads; virtual warp warp + 8k is this warp's k-th, its sum in
- * ss[k]. The loops run over i0 outside and k inside so that a thread's loads
- * (L2 hits) are independent of each other. Ends with a barrier. */
+ * [NT][in] bf16 (shared memory), by the first 256 threads of the block (the
+ * others only pass its barriers): nv <= 1024 virtual threads; virtual warp
+ * warp + 8k is this warp's k-th, its sum in ss[k]. The loops run over i0
+ * outside and k inside so that a thread's loads (L2 hits) are independent
+ * of each other. Ends with a barrier. */
 template <int NT>
 static __device__ __forceinline__ void norm_rows(const gemv_params &p, uint16_t *xs, float *nsh)
 {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int nv = rms_threads(p.in), nvw = nv / 32;
+    const bool act = tid < BT;
     for (int t = 0; t < NT; t++) {
         const float *xr = p.xf + (size_t)t * p.in;
-        float ss[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (act) {
+            float ss[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll 4
-        for (int i0 = 0; i0 < p.in; i0 += nv)
+            for (int i0 = 0; i0 < p.in; i0 += nv)
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    int vw = warp + 8 * k, i = i0 + vw * 32 + lane;
+                    if (vw < nvw && i < p.in) ss[k] = rms_acc(ss[k], xr[i]);
+                }
 #pragma unroll
             for (int k = 0; k < 4; k++) {
-                int vw = warp + 8 * k, i = i0 + vw * 32 + lane;
-                if (vw < nvw && i < p.in) ss[k] = rms_acc(ss[k], xr[i]);
+                float s = warp_sum(ss[k]);
+                if (lane == 0 && warp + 8 * k < nvw) nsh[warp + 8 * k] = s;
             }
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            float s = warp_sum(ss[k]);
-            if (lane == 0 && warp + 8 * k < nvw) nsh[warp + 8 * k] = s;
         }
         __syncthreads();
-        float inv = rms_inv(warp_sum(lane < nvw ? nsh[lane] : 0.0f), p.in, p.eps);
+        if (act) {
+            float inv = rms_inv(warp_sum(lane < nvw ? nsh[lane] : 0.0f), p.in, p.eps);
 #pragma unroll 4
-        for (int i = tid; i < p.in; i += BT) xs[(size_t)t * p.in + i] = rms_out(p.nw[i], xr[i], inv);
+            for (int i = tid; i < p.in; i += BT) xs[(size_t)t * p.in + i] = rms_out(p.nw[i], xr[i], inv);
+        }
         __syncthreads(); /* xs complete; nsh free for the next row */
     }
 }
@@ -364,6 +371,128 @@ static __global__ void __launch_bounds__(BT, 2) gemv_block_kernel(const gemv_par
     }
 }
 
+/* ---- the tensor-core kernel (variant "mma") ---- */
+
+/* A block of MW warps takes 16 rows (16 gate and 16 up rows for SwiGLU)
+ * and every row of x (up to 8; NT <= 4 here), and its warps split K: warp w
+ * takes the groups of 32 columns w, w + MW, ... One group is two
+ * mma.m16n8k16 (bf16 in, f32 accumulate) with no unpacking: lane l (rows
+ * r = l / 4 and r + 8, quad position q = l % 4) loads the 16 bytes of
+ * columns 8q .. 8q + 7 of each of its two rows, and the MMAs' k slots are a
+ * fixed permutation of those columns: the first MMA takes columns 8q .. 8q
+ * + 3 (slots 2q, 2q + 1 and 2q + 8, 2q + 9: A registers .x and .y of the
+ * two rows), the second 8q + 4 .. 8q + 7 (.z and .w). The lanes of column
+ * (token) t = l / 4 < NT load x's same 16 bytes for B; the other columns
+ * are zero. U groups are requested at a time, the next U before the
+ * current ones are used; the first U before waiting for the previous
+ * kernel (weights only). The warps' accumulators are summed in warp order
+ * through shared memory. So the sums' order depends only on in, and not on
+ * T or the other rows: every fusion is bit for bit the unfused kernels.
+ * MW = 16 warps a block (SLUICE_GEMV_MMA_W=8: 8), UU = 2 groups in flight
+ * for a row (SLUICE_GEMV_MMA_U=4: 4; SwiGLU's two rows share them): with
+ * 64 registers, 2048 threads an SM. The norm prologue runs on the first 256
+ * threads. Against the persistent block kernel at 2-4 rows of x, this does
+ * no unpacking and no shuffles, and its cost does not grow with T. */
+static __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                                       uint32_t a3, uint32_t b0, uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+template <int U, int NR>
+struct mchunks {
+    uint4 v[U][NR][2];
+};
+
+template <int NT, int EPI, bool NORM, int UU, int MW>
+static __global__ void __launch_bounds__(32 * MW, UU == 2 ? 1024 / (32 * MW) : 1) gemv_mma_kernel(const gemv_params p)
+{
+    constexpr int NR = EPI == EPI_SWIGLU ? 2 : 1, U = UU / NR;
+    static_assert(MW >= 8 && U >= 1, "norm_rows needs 256 threads");
+    extern __shared__ uint4 xs4[]; /* NORM: the normalized x, [NT][in] bf16 */
+    __shared__ float nsh[32];
+    __shared__ float4 red[MW][NR][32];
+    pdl_trigger();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, rq = lane >> 2, q = lane & 3;
+    const int n4 = p.in / 8, ng = (n4 + 3) / 4, row0 = blockIdx.x * 16;
+    const int K = ((ng + MW - 1) / MW + U - 1) / U; /* steps of U groups, the same for every warp */
+    const uint4 *w[NR][2];
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int row = min(row0 + rq + 8 * h, p.out - 1);
+            w[r][h] = (const uint4 *)(p.W + (size_t)(r * p.out + row) * p.in) + q;
+        }
+    auto load = [&](mchunks<U, NR> &b, int s) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int g = warp + MW * (s * U + u);
+            bool ok = g * 4 + q < n4;
+#pragma unroll
+            for (int r = 0; r < NR; r++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) b.v[u][r][h] = ok ? __ldcs(w[r][h] + g * 4) : make_uint4(0, 0, 0, 0);
+        }
+    };
+    mchunks<U, NR> cur, nxt;
+    load(cur, 0);
+    pdl_wait(); /* from here on, x may be read */
+    if (NORM) norm_rows<NT>(p, (uint16_t *)xs4, nsh);
+    const uint4 *x4 = NORM ? xs4 : (const uint4 *)p.x;
+    float acc[NR][4];
+#pragma unroll
+    for (int r = 0; r < NR; r++) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = 0.0f;
+    for (int s = 0; s < K; s++) {
+        if (s + 1 < K) load(nxt, s + 1);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int i = (warp + MW * (s * U + u)) * 4 + q;
+            uint4 xv = make_uint4(0, 0, 0, 0);
+            if (rq < NT && i < n4) xv = NORM ? x4[(size_t)rq * n4 + i] : __ldg(x4 + (size_t)rq * n4 + i);
+#pragma unroll
+            for (int r = 0; r < NR; r++) {
+                const uint4 &a = cur.v[u][r][0], &b = cur.v[u][r][1];
+                mma_bf16_16816(acc[r], a.x, b.x, a.y, b.y, xv.x, xv.y);
+                mma_bf16_16816(acc[r], a.z, b.z, a.w, b.w, xv.z, xv.w);
+            }
+        }
+        cur = nxt;
+    }
+#pragma unroll
+    for (int r = 0; r < NR; r++) red[warp][r][lane] = make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+    __syncthreads();
+    if (warp) return;
+    /* lane: rows row0 + rq (.x, .y) and row0 + rq + 8 (.z, .w), tokens 2q and 2q + 1 */
+    float4 sm[NR];
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+        sm[r] = red[0][r][lane];
+#pragma unroll
+        for (int v = 1; v < MW; v++) {
+            float4 o = red[v][r][lane];
+            sm[r].x += o.x, sm[r].y += o.y, sm[r].z += o.z, sm[r].w += o.w;
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            int j = row0 + rq + 8 * h, t = 2 * q + e;
+            if (j >= p.out || t >= NT) continue;
+            float a0 = h ? (e ? sm[0].w : sm[0].z) : (e ? sm[0].y : sm[0].x);
+            float a1 = h ? (e ? sm[NR - 1].w : sm[NR - 1].z) : (e ? sm[NR - 1].y : sm[NR - 1].x);
+            size_t o = (size_t)t * p.out + j;
+            if (EPI == EPI_BF16) ((uint16_t *)p.y)[o] = f2bf(a0);
+            if (EPI == EPI_F32) ((float *)p.y)[o] = a0;
+            if (EPI == EPI_RESID) ((float *)p.y)[o] += bf2f(f2bf(a0)); /* as x += delta of bf16(s) */
+            if (EPI == EPI_SWIGLU) ((uint16_t *)p.y)[o] = swiglu1(f2bf(a0), f2bf(a1));
+        }
+}
+
 /* ---- launch ---- */
 
 static struct gemv_state {
@@ -382,7 +511,7 @@ static const gemv_state &state(void)
 {
     static bool once = [] {
         const char *v = getenv("SLUICE_GEMV_VARIANT"), *d = getenv("SLUICE_PDL"), *c = getenv("SLUICE_GEMV_CH");
-        G.variant = v && *v >= '0' && *v <= '3' && !v[1] ? *v - '0' : 3;
+        G.variant = v && *v >= '0' && *v <= '4' && !v[1] ? *v - '0' : 3;
         G.ch = c && (!strcmp(c, "8") || !strcmp(c, "16")) ? atoi(c) : 4;
         int dev = 0;
         G.nsm = 132;
@@ -399,7 +528,7 @@ bool cuda_pdl_on(void) { return state().pdl; }
 extern "C" void cuda_gemv_select(int variant, int pdl, int ch)
 {
     state();
-    if (variant >= 0 && variant <= 3) G.variant = variant;
+    if (variant >= 0 && variant <= 4) G.variant = variant;
     if (pdl >= 0) G.pdl = pdl && sm_major() >= 9;
     if (ch == 4 || ch == 8 || ch == 16) G.ch = ch;
 }
@@ -437,6 +566,46 @@ static cudaError_t launch_warp(const gemv_params &p, int T, cudaStream_t st)
     if constexpr (EPI != EPI_SWIGLU)
         if (ch == 16) return launch_warp1<EPI, NORM, 16>(p, T, st);
     return ch >= 8 ? launch_warp1<EPI, NORM, 8>(p, T, st) : launch_warp1<EPI, NORM, 4>(p, T, st);
+}
+
+/* the kernel at T rows, its dynamic shared memory allowed up to
+ * CUDA_GEMV_NORM_SMEM on top of its static reduction buffer (once) */
+template <int NT, int EPI, bool NORM, int UU, int MW>
+static cudaError_t launch_mma_t(const gemv_params &p, int grid, size_t smem, cudaStream_t st)
+{
+    static const cudaError_t set =
+        NORM ? cudaFuncSetAttribute(gemv_mma_kernel<NT, EPI, NORM, UU, MW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    CUDA_GEMV_NORM_SMEM)
+             : cudaSuccess;
+    if (set != cudaSuccess) return set;
+    return launch_k(gemv_mma_kernel<NT, EPI, NORM, UU, MW>, grid, 32 * MW, smem, st, p);
+}
+template <int EPI, bool NORM, int UU, int MW>
+static cudaError_t launch_mma1(const gemv_params &p, int T, cudaStream_t st)
+{
+    int grid = (p.out + 15) / 16;
+    size_t smem = NORM ? (size_t)T * p.in * 2 : 0;
+    switch (T) {
+    case 1: return launch_mma_t<1, EPI, NORM, UU, MW>(p, grid, smem, st);
+    case 2: return launch_mma_t<2, EPI, NORM, UU, MW>(p, grid, smem, st);
+    case 3: return launch_mma_t<3, EPI, NORM, UU, MW>(p, grid, smem, st);
+    case 4: return launch_mma_t<4, EPI, NORM, UU, MW>(p, grid, smem, st);
+    default: return cudaErrorInvalidValue;
+    }
+}
+template <int EPI, bool NORM>
+static cudaError_t launch_mma(const gemv_params &p, int T, cudaStream_t st)
+{
+    static const int uu = [] {
+        const char *e = getenv("SLUICE_GEMV_MMA_U");
+        return e && (!strcmp(e, "2") || !strcmp(e, "4")) ? atoi(e) : 2;
+    }();
+    static const int mw = [] {
+        const char *e = getenv("SLUICE_GEMV_MMA_W");
+        return e && !strcmp(e, "8") ? 8 : 16;
+    }();
+    if (mw == 8) return uu == 4 ? launch_mma1<EPI, NORM, 4, 8>(p, T, st) : launch_mma1<EPI, NORM, 2, 8>(p, T, st);
+    return uu == 4 ? launch_mma1<EPI, NORM, 4, 16>(p, T, st) : launch_mma1<EPI, NORM, 2, 16>(p, T, st);
 }
 
 /* blocks resident per SM for one instantiation, asked once */
@@ -495,13 +664,17 @@ static bool bad_shape(const void *W, const void *x, int T, int in, int out)
 /* the warp kernels: variant "warp", "auto" for one row, and rows shorter
  * than one chunk per thread of a block (they would leave most of it idle) */
 static bool use_warp(int T, int in) { return state().variant == 0 || (state().variant == 3 && T == 1) || in < 8 * BT; }
+/* the tensor-core kernel: variant "mma", and "auto" for 2-4 rows (any in) */
+static bool use_mma(int T) { return state().variant == 4 || (state().variant == 3 && T >= 2); }
 
-/* every launcher: the warp or the block kernel by use_warp, so that for the
+/* every launcher: the tensor-core, warp or block kernel by use_mma and
+ * use_warp, so that for the
  * same T and in all of them sum each output in the same order */
 template <int EPI, bool NORM>
 static cudaError_t launch(const gemv_params &p, int T, cudaStream_t st)
 {
     if (p.out == 0) return cudaSuccess;
+    if (use_mma(T)) return launch_mma<EPI, NORM>(p, T, st);
     return use_warp(T, p.in) ? launch_warp<EPI, NORM>(p, T, st) : launch_block<EPI, NORM>(p, T, st);
 }
 

@@ -141,7 +141,7 @@ static uint16_t *rand_bf(size_t n, float scale)
     for (size_t i = 0; i < n; i++) p[i] = bf(scale * frand());
     return p;
 }
-static const char *const gemv_variant_name[] = {"warp", "block", "persist", "auto"};
+static const char *const gemv_variant_name[] = {"warp", "block", "persist", "auto", "mma"};
 
 /* every variant (warp, block, persistent; with and without PDL) against the
  * double reference; the block variants against each other bit for bit */
@@ -159,8 +159,8 @@ static void test_gemv(void)
         float *yf0 = malloc(ny * 4);
         double *ref = malloc(ny * 8);
         ref_gemv(w, x, T, in, out, ref);
-        for (int v = 0; v < 4; v++) {
-            int variant = v < 3 ? v : 1, pdl = v < 3; /* the last pass: block without PDL */
+        for (int v = 0; v < 5; v++) {
+            int variant = v < 3 ? v : v == 3 ? 1 : 4, pdl = v != 3; /* pass 3: block without PDL */
             cuda_gemv_select(variant, pdl, -1);
             cudaMemset(dy, 0xff, ny * 2), cudaMemset(dyf, 0xff, ny * 4);
             CHECK(cuda_gemv(dw, dx, dy, false, T, in, out, 0) == cudaSuccess);
@@ -171,11 +171,11 @@ static void test_gemv(void)
             CHECKF(e1 < 4e-3 && e2 < 1e-5, "gemv %s%s T=%d in=%d out=%d: err %.3g (bf16 out), %.3g (f32 out)",
                    gemv_variant_name[variant], pdl ? "" : " no-pdl", T, in, out, e1, e2);
             if (v == 1) memcpy(y1, y, ny * 2), memcpy(yf1, yf, ny * 4);
-            if (v >= 2 && in >= 2048)
+            if (v >= 2 && v <= 3 && in >= 2048)
                 CHECKF(!memcmp(y, y1, ny * 2) && !memcmp(yf, yf1, ny * 4),
                        "gemv %s%s T=%d in=%d out=%d: not bit-identical to block", gemv_variant_name[variant],
                        pdl ? "" : " no-pdl", T, in, out);
-            if (v < 3)
+            if (v != 3)
                 printf("  gemv %-7s T=%d in=%d out=%d: err %.2e (bf16 out), %.2e (f32 out)\n",
                        gemv_variant_name[variant], T, in, out, e1, e2);
             if (v == 0) memcpy(y0, y, ny * 2), memcpy(yf0, yf, ny * 4);
@@ -307,8 +307,8 @@ static void test_gemv_fused(void)
         float *dscr = dup_dev(xr, nx * 4); /* add_rmsnorm's x: it writes back x + 0 */
         uint16_t *y = malloc(ny * 2), *u1 = malloc(ny * 2);
         float *o = malloc(ny * 4), *res = malloc(ny * 4), *res1 = malloc(ny * 4);
-        static const int variants[] = {1, 2, 0, 3};
-        for (int vi = 0; vi < 4; vi++) {
+        static const int variants[] = {1, 2, 0, 3, 4};
+        for (int vi = 0; vi < 5; vi++) {
             int variant = variants[vi];
             cuda_gemv_select(variant, variant != 0, variant == 3 ? 16 : 4); /* "auto": 8 chunks in flight */
             const char *vn = gemv_variant_name[variant];
@@ -396,9 +396,9 @@ static void test_gemv_layers_graph(void)
     cudaStream_t st;
     cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
     cudaDeviceSynchronize(); /* the set-up above ran on the legacy stream */
-    for (int pass = 0; pass < 4; pass++) {
-        /* block kernels, then warp kernels: eager without PDL, graph with */
-        cuda_gemv_select(pass < 2 ? 1 : 0, pass & 1, -1);
+    for (int pass = 0; pass < 6; pass++) {
+        /* block kernels, warp kernels, tensor-core kernels: eager without PDL, graph with */
+        cuda_gemv_select(pass < 2 ? 1 : pass < 4 ? 0 : 4, pass & 1, -1);
         cudaMemcpyAsync(dx, x0, (size_t)T * E * 4, cudaMemcpyHostToDevice, st);
         cudaGraph_t g = NULL;
         cudaGraphExec_t ge = NULL;
@@ -427,7 +427,7 @@ static void test_gemv_layers_graph(void)
         if (!(pass & 1)) continue;
         double d = 0, n = 0;
         for (int i = 0; i < T * E; i++) d += fabs(xa[i] - xb[i]), n += fabs(xa[i] - x0[i]);
-        const char *vn = pass < 2 ? "block" : "warp";
+        const char *vn = pass < 2 ? "block" : pass < 4 ? "warp" : "mma";
         CHECKF(!memcmp(xa, xb, (size_t)T * E * 4) && n > 0,
                "%s: graph+PDL layers differ from eager: |diff| %.3g, |update| %.3g", vn, d, n);
         printf("  %d fused layers (%s kernels), graph + PDL vs eager: %s\n", L, vn,
