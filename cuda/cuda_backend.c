@@ -196,7 +196,7 @@ struct cuda_backend {
     int *row_seq, *tok_seq;         /* host scratch */
 
     bool graphs;                    /* SLUICE_CUDA_GRAPHS=0: off */
-    bool gemv;                      /* our GEMV for <= CUDA_GEMV_MAX_T rows; SLUICE_CUDA_GEMV=0: cuBLAS */
+    bool gemv;                      /* our GEMV for <= CUDA_GEMV_MMA_MAX_T rows; SLUICE_CUDA_GEMV=0: cuBLAS */
     int fused_t;                    /* with fused: steps of at most this many tokens (SLUICE_CUDA_FUSED_T) */
     bool fused;                     /* one-token decode steps (one rank) through the fused
                                        norm+GEMV, GEMV+SwiGLU and GEMV+residual kernels; SLUICE_CUDA_FUSED=0:
@@ -1065,7 +1065,7 @@ static cublasStatus_t gemm(struct rank *k, const uint16_t *x, const uint16_t *W,
                            int out)
 {
     const float one = 1.0f, zero = 0.0f;
-    if (k->b->gemv && T <= CUDA_GEMV_MAX_T && in % 8 == 0)
+    if (k->b->gemv && T <= CUDA_GEMV_MMA_MAX_T && in % 8 == 0)
         return cuda_gemv(W, x, y, yf32, T, in, out, k->st) == cudaSuccess ? CUBLAS_STATUS_SUCCESS
                                                                              : CUBLAS_STATUS_EXECUTION_FAILED;
     return cublasGemmEx(k->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, T, in, &one, W, CUDA_R_16BF, in, x, CUDA_R_16BF, in,
@@ -1156,7 +1156,7 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
         if (!(ab & ABL_O) && proj_rows(k, k->att, L->wo, T, Q, E, err, errlen)) goto fail;
         if (!(ab & ABL_NORM))
             CK(cuda_add_rmsnorm(k->x, k->delta, L->ffn_norm, NULL, T, E, c->norm_eps, k->xn, st));
-        bool gu_gemv = b->gemv && T <= CUDA_GEMV_MAX_T && E % 8 == 0;
+        bool gu_gemv = b->gemv && T <= CUDA_GEMV_MMA_MAX_T && E % 8 == 0;
         if (!(ab & ABL_GU) && gu_gemv) {
             /* SwiGLU in the GEMV's epilogue: bit for bit the two kernels below */
             CK(cuda_gemv_swiglu(L->wgu, k->xn, k->h, T, E, F, st));

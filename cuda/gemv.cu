@@ -2,7 +2,7 @@
  * decode fusions (kernels.h): the residual add in the epilogue, SwiGLU in the
  * epilogue of the gate|up projection, RMSNorm in the prologue.
  *
- * Two kernels, each with every epilogue and the norm prologue. The "warp"
+ * Three kernels, each with every epilogue and the norm prologue. The "warp"
  * kernel streams one weight row per warp (two for SwiGLU: gate and up); it
  * is the one-token decode kernel and the one for short rows. The "block"
  * kernel gives a
@@ -13,7 +13,9 @@
  * one batch of 7; the K split costs one cheap in-block reduction (a
  * transposing butterfly, then 8 warp partials through shared memory). A
  * block walks groups of rows g, g + grid, ...; the next group's loads are
- * issued before the current one is reduced and written.
+ * issued before the current one is reduced and written. The "mma" kernel
+ * (below) runs 16 rows at a time through the tensor cores, with the rows
+ * of x as the MMA's columns; it is the one for 2-8 rows of x.
  *
  * Summation order: per output, thread i sums its chunks in K order (f32
  * fma), the 32 lanes combine by the xor butterfly 16, 8, 4, 2, 1, then the 8
@@ -43,11 +45,12 @@
  *                          once per group)
  *                      2  "persist": grid = one wave (occupancy x SMs)
  *                      3  "auto" (default): warp for one row, mma for
- *                          2-4 rows: what measured fastest on the H200
+ *                          2-8 rows: what measured fastest on the H200
  *                          (BENCHMARKS.md, twentieth round: Llama-8B decode
  *                          at batch 1 223.3 tok/s warp vs 204.6 mma; at
- *                          batch 4 713 persist vs 830 mma)
+ *                          batch 4 711 persist vs 838 mma)
  *                      4  "mma": the tensor-core kernel everywhere
+ *                          (every variant takes it for 5-8 rows)
  *   SLUICE_PDL=0           plain launches; by default the kernels here,
  *                          cuda_add_rmsnorm and the decode attention kernel
  *                          are launched with the PDL attribute on sm_90 and
@@ -388,11 +391,15 @@ static __global__ void __launch_bounds__(BT, 2) gemv_block_kernel(const gemv_par
  * kernel (weights only). The warps' accumulators are summed in warp order
  * through shared memory. So the sums' order depends only on in, and not on
  * T or the other rows: every fusion is bit for bit the unfused kernels.
- * MW = 16 warps a block (SLUICE_GEMV_MMA_W=8: 8), UU = 2 groups in flight
- * for a row (SLUICE_GEMV_MMA_U=4: 4; SwiGLU's two rows share them): with
- * 64 registers, 2048 threads an SM. The norm prologue runs on the first 256
- * threads. Against the persistent block kernel at 2-4 rows of x, this does
- * no unpacking and no shuffles, and its cost does not grow with T. */
+ * MW = 16 warps a block, UU = 2 groups in flight for a row (SwiGLU's two
+ * rows share them): with 64 registers, 2048 threads an SM (8 warps, or 4
+ * groups, measured slower: BENCHMARKS.md, twentieth round). The norm
+ * prologue runs on the first 256 threads. Against the persistent block
+ * kernel at 2-4 rows of x, this does no unpacking and no shuffles, and its
+ * cost hardly grows with T: it takes up to 8 rows (the B operand's 8
+ * columns), where the other kernels take 4. */
+#define MW 16
+#define UU 2
 static __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                                        uint32_t a3, uint32_t b0, uint32_t b1)
 {
@@ -407,11 +414,11 @@ struct mchunks {
     uint4 v[U][NR][2];
 };
 
-template <int NT, int EPI, bool NORM, int UU, int MW>
-static __global__ void __launch_bounds__(32 * MW, UU == 2 ? 1024 / (32 * MW) : 1) gemv_mma_kernel(const gemv_params p)
+template <int NT, int EPI, bool NORM>
+static __global__ void __launch_bounds__(32 * MW, 1024 / (32 * MW)) gemv_mma_kernel(const gemv_params p)
 {
     constexpr int NR = EPI == EPI_SWIGLU ? 2 : 1, U = UU / NR;
-    static_assert(MW >= 8 && U >= 1, "norm_rows needs 256 threads");
+    static_assert(MW >= 8 && U >= 1 && NT <= 8, "norm_rows needs 256 threads; B has 8 columns");
     extern __shared__ uint4 xs4[]; /* NORM: the normalized x, [NT][in] bf16 */
     __shared__ float nsh[32];
     __shared__ float4 red[MW][NR][32];
@@ -570,42 +577,32 @@ static cudaError_t launch_warp(const gemv_params &p, int T, cudaStream_t st)
 
 /* the kernel at T rows, its dynamic shared memory allowed up to
  * CUDA_GEMV_NORM_SMEM on top of its static reduction buffer (once) */
-template <int NT, int EPI, bool NORM, int UU, int MW>
+template <int NT, int EPI, bool NORM>
 static cudaError_t launch_mma_t(const gemv_params &p, int grid, size_t smem, cudaStream_t st)
 {
     static const cudaError_t set =
-        NORM ? cudaFuncSetAttribute(gemv_mma_kernel<NT, EPI, NORM, UU, MW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        NORM ? cudaFuncSetAttribute(gemv_mma_kernel<NT, EPI, NORM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     CUDA_GEMV_NORM_SMEM)
              : cudaSuccess;
     if (set != cudaSuccess) return set;
-    return launch_k(gemv_mma_kernel<NT, EPI, NORM, UU, MW>, grid, 32 * MW, smem, st, p);
-}
-template <int EPI, bool NORM, int UU, int MW>
-static cudaError_t launch_mma1(const gemv_params &p, int T, cudaStream_t st)
-{
-    int grid = (p.out + 15) / 16;
-    size_t smem = NORM ? (size_t)T * p.in * 2 : 0;
-    switch (T) {
-    case 1: return launch_mma_t<1, EPI, NORM, UU, MW>(p, grid, smem, st);
-    case 2: return launch_mma_t<2, EPI, NORM, UU, MW>(p, grid, smem, st);
-    case 3: return launch_mma_t<3, EPI, NORM, UU, MW>(p, grid, smem, st);
-    case 4: return launch_mma_t<4, EPI, NORM, UU, MW>(p, grid, smem, st);
-    default: return cudaErrorInvalidValue;
-    }
+    return launch_k(gemv_mma_kernel<NT, EPI, NORM>, grid, 32 * MW, smem, st, p);
 }
 template <int EPI, bool NORM>
 static cudaError_t launch_mma(const gemv_params &p, int T, cudaStream_t st)
 {
-    static const int uu = [] {
-        const char *e = getenv("SLUICE_GEMV_MMA_U");
-        return e && (!strcmp(e, "2") || !strcmp(e, "4")) ? atoi(e) : 2;
-    }();
-    static const int mw = [] {
-        const char *e = getenv("SLUICE_GEMV_MMA_W");
-        return e && !strcmp(e, "8") ? 8 : 16;
-    }();
-    if (mw == 8) return uu == 4 ? launch_mma1<EPI, NORM, 4, 8>(p, T, st) : launch_mma1<EPI, NORM, 2, 8>(p, T, st);
-    return uu == 4 ? launch_mma1<EPI, NORM, 4, 16>(p, T, st) : launch_mma1<EPI, NORM, 2, 16>(p, T, st);
+    int grid = (p.out + 15) / 16;
+    size_t smem = NORM ? (size_t)T * p.in * 2 : 0;
+    switch (T) {
+    case 1: return launch_mma_t<1, EPI, NORM>(p, grid, smem, st);
+    case 2: return launch_mma_t<2, EPI, NORM>(p, grid, smem, st);
+    case 3: return launch_mma_t<3, EPI, NORM>(p, grid, smem, st);
+    case 4: return launch_mma_t<4, EPI, NORM>(p, grid, smem, st);
+    case 5: return launch_mma_t<5, EPI, NORM>(p, grid, smem, st);
+    case 6: return launch_mma_t<6, EPI, NORM>(p, grid, smem, st);
+    case 7: return launch_mma_t<7, EPI, NORM>(p, grid, smem, st);
+    case 8: return launch_mma_t<8, EPI, NORM>(p, grid, smem, st);
+    default: return cudaErrorInvalidValue;
+    }
 }
 
 /* blocks resident per SM for one instantiation, asked once */
@@ -658,14 +655,15 @@ static cudaError_t launch_block(const gemv_params &p, int T, cudaStream_t st)
 
 static bool bad_shape(const void *W, const void *x, int T, int in, int out)
 {
-    return T < 1 || T > CUDA_GEMV_MAX_T || in <= 0 || in % 8 || out < 0 || ((uintptr_t)W | (uintptr_t)x) % 16;
+    return T < 1 || T > CUDA_GEMV_MMA_MAX_T || in <= 0 || in % 8 || out < 0 || ((uintptr_t)W | (uintptr_t)x) % 16;
 }
 
 /* the warp kernels: variant "warp", "auto" for one row, and rows shorter
  * than one chunk per thread of a block (they would leave most of it idle) */
 static bool use_warp(int T, int in) { return state().variant == 0 || (state().variant == 3 && T == 1) || in < 8 * BT; }
-/* the tensor-core kernel: variant "mma", and "auto" for 2-4 rows (any in) */
-static bool use_mma(int T) { return state().variant == 4 || (state().variant == 3 && T >= 2); }
+/* the tensor-core kernel: variant "mma", "auto" for 2 rows and more (any
+ * in), and every variant past CUDA_GEMV_MAX_T rows */
+static bool use_mma(int T) { return state().variant == 4 || (state().variant == 3 && T >= 2) || T > CUDA_GEMV_MAX_T; }
 
 /* every launcher: the tensor-core, warp or block kernel by use_mma and
  * use_warp, so that for the

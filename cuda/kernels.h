@@ -132,8 +132,9 @@ cudaError_t cuda_attention_wg_prepare(void);
 cudaError_t cuda_attention_wg(const struct cuda_attn_args *a, cudaStream_t st);
 
 /* ---- gemv.cu ---- */
-/* Few-row GEMVs for decode and their fusions. All: T <= CUDA_GEMV_MAX_T rows,
- * W [rows][in] bf16, in % 8 == 0, W and bf16 x 16-byte aligned, f32
+/* Few-row GEMVs for decode and their fusions. All: T <= CUDA_GEMV_MMA_MAX_T
+ * rows (past CUDA_GEMV_MAX_T, every variant takes the tensor-core kernel;
+ * the norm launchers within CUDA_GEMV_NORM_SMEM), W [rows][in] bf16, in % 8 == 0, W and bf16 x 16-byte aligned, f32
  * accumulation; otherwise cudaErrorInvalidValue and nothing is launched.
  * For in >= 2048 (and SLUICE_GEMV_VARIANT != 0) every launcher here sums
  * each output in the same order, so a fusion gives bit for bit what the
@@ -144,6 +145,7 @@ cudaError_t cuda_attention_wg(const struct cuda_attn_args *a, cudaStream_t st);
  * read nothing written by earlier kernels before waiting for them); see
  * gemv.cu for SLUICE_GEMV_VARIANT, SLUICE_GEMV_CH and SLUICE_PDL. */
 #define CUDA_GEMV_MAX_T 4
+#define CUDA_GEMV_MMA_MAX_T 8
 /* y[t][o] = sum_i x[t][i] W[o][i] for t < T: W [out][in] bf16, x [T][in]
  * bf16, y [T][out] bf16 or f32 (y_f32). */
 cudaError_t cuda_gemv(const uint16_t *W, const uint16_t *x, void *y, bool y_f32, int T, int in, int out,
