@@ -89,7 +89,7 @@ struct api_vllm_flags {
     const char *compilation_config, *speculative_config, *hf_overrides;
     const char *dtype, *swap_space, *seed;
     const char *uvicorn_log_level, *max_logprobs;
-    const char *max_num_partial_prefills, *max_long_partial_prefills, *scheduling_policy;
+    const char *scheduling_policy;
     bool enforce_eager, disable_log_requests, disable_log_stats, disable_uvicorn_access_log;
     bool enable_chunked_prefill; /* set it true before parsing: false = --no-enable-chunked-prefill */
 };
@@ -98,6 +98,9 @@ struct api_vllm_flags {
  * *eager: whether CUDA graphs are off (--enforce-eager, or
  * --compilation-config's cudagraph_mode NONE). */
 int api_vllm_compat(const struct api_vllm_flags *f, bool *eager, char *err, size_t errlen);
+/* --max-num-partial-prefills N (>= 1) and --max-long-partial-prefills M (1..N),
+ * as vLLM checks them: 0, or -1 with a message naming the flag. */
+int api_partial_prefill_flags(long n, long m, char *err, size_t errlen);
 
 int api_cmd_serve(int argc, char **argv);
 /* api_cmd_serve's status after the backend failed for good (store closed):

@@ -410,7 +410,7 @@ int api_cmd_run_batch(int argc, char **argv)
                *device = NULL, *load_format = NULL, *tok_path = NULL, *kv_dtype = NULL;
     /* not given: vLLM's sizes for the device, the model's length, 0.9 */
     long max_num_seqs = API_FLAG_UNSET, max_batched = API_FLAG_UNSET, max_model_len = API_FLAG_UNSET;
-    long block_size = 16, threads = 0, tp = 1, long_prefill = 0;
+    long block_size = 16, threads = 0, tp = 1, long_prefill = 0, partial = 1, long_partial = 1;
     double batch_share = 0.1, gpu_util = NAN;
     bool prefix = true, quiet = false, timings = false, eager = false;
     const struct api_flag flags[] = {
@@ -435,6 +435,10 @@ int api_cmd_run_batch(int argc, char **argv)
         {"--min-batch-share", API_FLAG_FLOAT, &batch_share, "budget share kept for batch work (0.1)", NULL},
         {"--long-prefill-token-threshold", API_FLAG_HUMAN_INT, &long_prefill,
          "a prompt moves by at most this many tokens a step (vLLM; 0: no cap)", NULL},
+        {"--max-num-partial-prefills", API_FLAG_INT, &partial,
+         "> 1: at most this many prompts move in a step (vLLM; 1: any number)", NULL},
+        {"--max-long-partial-prefills", API_FLAG_INT, &long_partial,
+         "with the above: at most this many of them long; shorter prompts pass waiting long ones (1)", NULL},
         {"--device", API_FLAG_STR, &device, "cpu or cuda (default: cuda when available)", NULL},
         {"--tensor-parallel-size", API_FLAG_INT, &tp, "GPUs the model is split across (1)", NULL},
         {"--load-format", API_FLAG_STR, &load_format, "auto, or dummy: random weights from a config.json dir", NULL},
@@ -475,6 +479,7 @@ int api_cmd_run_batch(int argc, char **argv)
         api_flag_long_range("--threads", threads, 0, INT_MAX, err, sizeof err) ||
         api_flag_double_range("--min-batch-share", batch_share, 0, false, 1, err, sizeof err) ||
         api_flag_long_range("--long-prefill-token-threshold", long_prefill, 0, INT_MAX, err, sizeof err) ||
+        api_partial_prefill_flags(partial, long_partial, err, sizeof err) ||
         api_flag_double_range("--gpu-memory-utilization", gpu_util, 0, true, 1, err, sizeof err)) {
         fprintf(stderr, "sluice run-batch: %s\n", err);
         return 2;
@@ -540,6 +545,8 @@ int api_cmd_run_batch(int argc, char **argv)
     eo.sched.max_model_len = (int)max_model_len;
     eo.sched.min_batch_share = (float)batch_share;
     eo.sched.long_prefill_token_threshold = (int)long_prefill;
+    eo.sched.max_num_partial_prefills = (int)partial;
+    eo.sched.max_long_partial_prefills = (int)long_partial;
     eo.kv_cache_bytes = (size_t)kv_bytes;
     eo.enable_prefix_caching = prefix;
     sched_engine_defaults(b.m, &eo);

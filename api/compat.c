@@ -1,6 +1,7 @@
 /* compat.c - vLLM flags that sluice accepts but implements partly or not at
  * all. Each ignored part is reported at start-up in one line saying what and
  * why; a malformed JSON value is an error naming the flag. */
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -96,8 +97,17 @@ int api_vllm_compat(const struct api_vllm_flags *f, bool *eager, char *err, size
              "first come first served within each");
     if (!f->enable_chunked_prefill)
         note("--no-enable-chunked-prefill", "off", "sluice always splits prompts longer than a step's budget");
-    const char *partial = "any number of prompts share a step; --long-prefill-token-threshold caps each one's chunk";
-    if (f->max_num_partial_prefills) note("--max-num-partial-prefills", f->max_num_partial_prefills, partial);
-    if (f->max_long_partial_prefills) note("--max-long-partial-prefills", f->max_long_partial_prefills, partial);
+    return 0;
+}
+
+int api_partial_prefill_flags(long n, long m, char *err, size_t errlen)
+{
+    if (api_flag_long_range("--max-num-partial-prefills", n, 1, INT_MAX, err, errlen) ||
+        api_flag_long_range("--max-long-partial-prefills", m, 1, INT_MAX, err, errlen))
+        return -1;
+    if (m > n) {
+        snprintf(err, errlen, "--max-long-partial-prefills %ld is more than --max-num-partial-prefills %ld", m, n);
+        return -1;
+    }
     return 0;
 }

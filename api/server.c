@@ -79,6 +79,8 @@ static void *load_main(void *arg)
             .min_batch_share = (float)s->o.min_batch_share,
             .batch_step_tokens = (int)s->o.batch_step_tokens,
             .long_prefill_token_threshold = (int)s->o.long_prefill_token_threshold,
+            .max_num_partial_prefills = (int)s->o.max_num_partial_prefills,
+            .max_long_partial_prefills = (int)s->o.max_long_partial_prefills,
             .attn_pair_cost = step_pair_cost(model_get_config(s->m)),
             .step_granule = 512, /* the GPU's GEMM tiles and waves (BENCHMARKS.md); the CPU's do not mind */
             .weigh_budget = rule_on("SLUICE_WEIGH_BUDGET"),
@@ -571,6 +573,7 @@ int api_cmd_serve(int argc, char **argv)
     o->max_body_bytes = 32L << 20;
     o->min_batch_share = 0.1;
     o->batch_step_tokens = 2048;
+    o->max_num_partial_prefills = o->max_long_partial_prefills = 1;
     o->data_dir = "./sluice-data";
     o->max_batch_file_lines = 50000;
     o->max_batch_file_bytes = 200L * 1000 * 1000;
@@ -624,8 +627,12 @@ int api_cmd_serve(int argc, char **argv)
          "a prompt moves by at most this many tokens a step (vLLM; 0: no cap)", NULL},
         {"--enable-chunked-prefill", API_FLAG_BOOL, &vf.enable_chunked_prefill, "accepted; prefill is always chunked",
          "--no-enable-chunked-prefill"},
-        {"--max-num-partial-prefills", API_FLAG_STR, &vf.max_num_partial_prefills, "accepted; no limit", NULL},
-        {"--max-long-partial-prefills", API_FLAG_STR, &vf.max_long_partial_prefills, "accepted; no limit", NULL},
+        {"--max-num-partial-prefills", API_FLAG_INT, &o->max_num_partial_prefills,
+         "> 1: at most this many prompts of a class move in a step (vLLM; 1: any number)", NULL},
+        {"--max-long-partial-prefills", API_FLAG_INT, &o->max_long_partial_prefills,
+         "with the above: at most this many of them long (over --long-prefill-token-threshold, else 4% of "
+         "--max-model-len); shorter prompts pass waiting long ones (1)",
+         NULL},
         {"--scheduling-policy", API_FLAG_STR, &vf.scheduling_policy,
          "fcfs or priority: requests' priority > 0 yields to the rest either way", NULL},
         {"--data-dir", API_FLAG_STR, &o->data_dir, "batch store: files, batches, results (./sluice-data)", NULL},
@@ -692,7 +699,8 @@ int api_cmd_serve(int argc, char **argv)
         api_flag_long_range("--long-prefill-token-threshold", o->long_prefill_token_threshold, 0, INT_MAX, err,
                             sizeof err) ||
         api_flag_long_range("--max-batch-file-lines", o->max_batch_file_lines, 1, LONG_MAX, err, sizeof err) ||
-        api_flag_long_range("--max-batch-file-bytes", o->max_batch_file_bytes, 1, LONG_MAX, err, sizeof err)) {
+        api_flag_long_range("--max-batch-file-bytes", o->max_batch_file_bytes, 1, LONG_MAX, err, sizeof err) ||
+        api_partial_prefill_flags(o->max_num_partial_prefills, o->max_long_partial_prefills, err, sizeof err)) {
         fprintf(stderr, "sluice serve: %s\n", err);
         return 2;
     }

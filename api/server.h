@@ -53,6 +53,7 @@ struct server_opts {
     double min_batch_share;
     long batch_step_tokens;      /* sched_config.batch_step_tokens */
     long long_prefill_token_threshold; /* sched_config's: a prefill's tokens per step at most (0: any) */
+    long max_num_partial_prefills, max_long_partial_prefills; /* sched_config's (1, 1: no limit) */
     const char *data_dir;       /* the batch store (server_batch.c) */
     long max_batch_file_lines, max_batch_file_bytes;
     bool allow_short_windows;   /* test only: completion windows like "3s" */

@@ -120,15 +120,19 @@ sched *sched_create(const struct sched_config *cfg, kv_pool *pool, const model_t
     if (cfg->max_num_seqs < 1 || cfg->max_num_batched_tokens < cfg->max_num_seqs || cfg->max_model_len < 1 ||
         cfg->block_size != kv_pool_block_size(pool) || !(cfg->min_batch_share >= 0.0f && cfg->min_batch_share <= 1.0f) ||
         cfg->batch_step_tokens < 0 || !(cfg->attn_pair_cost >= 0.0) || cfg->step_granule < 0 ||
-        cfg->long_prefill_token_threshold < 0) {
+        cfg->long_prefill_token_threshold < 0 || cfg->max_num_partial_prefills < 0 ||
+        (cfg->max_num_partial_prefills > 1 &&
+         (cfg->max_long_partial_prefills < 1 || cfg->max_long_partial_prefills > cfg->max_num_partial_prefills))) {
         snprintf(err, errlen,
                  "bad scheduler limits: max_num_seqs %d (>= 1), max_num_batched_tokens %d (>= max_num_seqs), "
                  "max_model_len %d (>= 1), block_size %d (the pool's is %d), min_batch_share %g (0..1), "
                  "batch_step_tokens %d (>= 0), attn_pair_cost %g (>= 0), step_granule %d (>= 0), "
-                 "long_prefill_token_threshold %d (>= 0)",
+                 "long_prefill_token_threshold %d (>= 0), max_num_partial_prefills %d (>= 0), "
+                 "max_long_partial_prefills %d (1..max_num_partial_prefills)",
                  cfg->max_num_seqs, cfg->max_num_batched_tokens, cfg->max_model_len, cfg->block_size,
                  kv_pool_block_size(pool), (double)cfg->min_batch_share, cfg->batch_step_tokens,
-                 cfg->attn_pair_cost, cfg->step_granule, cfg->long_prefill_token_threshold);
+                 cfg->attn_pair_cost, cfg->step_granule, cfg->long_prefill_token_threshold,
+                 cfg->max_num_partial_prefills, cfg->max_long_partial_prefills);
         return NULL;
     }
     sched *s = calloc(1, sizeof *s);
@@ -556,6 +560,21 @@ static int chunk_max(const sched *s, const sched_req *q, int avail)
     return thr > 0 && len > thr ? thr : len;
 }
 
+/* The partial-prefill limits (max_num_partial_prefills > 1): whether q's
+ * prompt is long, and whether a class that already moves npf prompts, nlong
+ * of them long, in this step may move q's too. */
+static bool long_prompt(const sched *s, const sched_req *q)
+{
+    int thr = s->cfg.long_prefill_token_threshold;
+    if (thr <= 0) thr = (int)(s->cfg.max_model_len * 0.04);
+    return prompt_left(q) > thr;
+}
+static bool prefill_fits(const sched *s, bool lg, int npf, int nlong)
+{
+    int n = s->cfg.max_num_partial_prefills;
+    return n <= 1 || (npf < n && !(lg && nlong >= s->cfg.max_long_partial_prefills));
+}
+
 static void add_to_step(sched *s, sched_req *q, int len, int *T)
 {
     int bs = s->cfg.block_size, t0 = *T;
@@ -661,14 +680,19 @@ static struct step_cap chat_cap(const sched *s, const struct step_cap *cap, cons
 }
 
 /* What the waiting interactive prompts that could start this step need (by
- * their tokens), at most max: the running interactive prefills leave them
- * that much of the step. */
+ * their tokens, within the slots and the partial-prefill limits), at most
+ * max: the running interactive prefills leave them that much of the step. */
 static int waiting_room(const sched *s, int max)
 {
-    int room = 0, slots = s->cfg.max_num_seqs - s->n_run;
+    int room = 0, slots = s->cfg.max_num_seqs - s->n_run, npf = 0, nlong = 0;
+    for (int i = 0; i < s->n_run; i++) /* the partial-prefill limits count the running prompts too */
+        if (s->run[i]->prio == SCHED_PRIO_INTERACTIVE && !is_decode(s->run[i]))
+            npf++, nlong += long_prompt(s, s->run[i]);
     for (const sched_req *q = s->wait[SCHED_PRIO_INTERACTIVE].head; q && slots > 0 && room < max; q = q->next) {
+        bool lg = long_prompt(s, q);
+        if (!prefill_fits(s, lg, npf, nlong)) continue;
         room += prompt_left(q);
-        slots--;
+        slots--, npf++, nlong += lg;
     }
     return room < max ? room : max;
 }
@@ -767,12 +791,15 @@ int sched_plan_step(sched *s, struct step *st)
         /* running prefills first, leaving room for interactive prompts that
          * wait (up to half the budget) */
         int room = c == SCHED_PRIO_INTERACTIVE ? waiting_room(s, budget / 2) : 0;
+        int npf = 0, nlong = 0; /* this class's prompts in the step, and the long ones among them */
         for (int i = 0, n = prefill_order(s, c); i < n; i++) {
             sched_req *q = s->order[i];
             int avail = budget - T - keep - room;
             cap.left = cap.limit - room - s->step_cost;
             if (avail <= 0 || (cap.on && cap.left < 1.0 && !cap.one)) break;
             if (!q->running) continue; /* preempted for an earlier one's blocks */
+            bool lg = long_prompt(s, q);
+            if (!prefill_fits(s, lg, npf, nlong)) continue;
             struct step_cap qc = c == SCHED_PRIO_INTERACTIVE ? chat_cap(s, &cap, q, chats > 0 || room > 0, room) : cap;
             bool chat = c == SCHED_PRIO_INTERACTIVE && prompt_left(q) <= s->cfg.batch_step_tokens;
             int len = chunk_max(s, q, avail);
@@ -781,19 +808,30 @@ int sched_plan_step(sched *s, struct step *st)
             add_to_step(s, q, len, &T);
             cap.one = false;
             chats += chat;
+            npf++, nlong += lg;
             chat_prompt |= c == SCHED_PRIO_INTERACTIVE && len == prompt_left(q);
         }
-        while (s->wait[c].head && s->n_run < s->cfg.max_num_seqs && !(c == SCHED_PRIO_BATCH && bumped)) {
+        /* admissions in queue order; a long prompt the limits hold back
+         * keeps its place, and the shorter ones behind it may start */
+        for (sched_req *q = s->wait[c].head, *next; q && s->n_run < s->cfg.max_num_seqs &&
+                                                     !(c == SCHED_PRIO_BATCH && bumped);
+             q = next) {
             int avail = budget - T - keep;
             cap.left = cap.limit - s->step_cost;
             if (avail <= 0 || (cap.on && cap.left < 1.0 && !cap.one)) break;
-            sched_req *q = s->wait[c].head;
+            next = q->next;
+            bool lg = long_prompt(s, q);
+            if (!prefill_fits(s, lg, npf, nlong)) {
+                if (prefill_fits(s, false, npf, nlong)) continue; /* only the long limit holds */
+                break;
+            }
             struct step_cap qc = c == SCHED_PRIO_INTERACTIVE ? chat_cap(s, &cap, q, chats > 0, 0) : cap;
             bool chat = c == SCHED_PRIO_INTERACTIVE && prompt_left(q) <= s->cfg.batch_step_tokens;
             int len = admit(s, q, avail, qc.on ? &qc : NULL, &T);
             if (len == 0) break;
             cap.one = false;
             chats += chat;
+            npf++, nlong += lg;
             chat_prompt |= c == SCHED_PRIO_INTERACTIVE && len == prompt_left(q);
         }
     }

@@ -32,7 +32,10 @@
  * min_batch_share, so that chat's first token comes sooner. All of it
  * within max_num_batched_tokens tokens and max_num_seqs running sequences; a
  * prompt longer than what is left of the budget is split across steps
- * (chunked prefill). When batch work waits, min_batch_share of the budget is
+ * (chunked prefill). With max_num_partial_prefills N > 1 (vLLM's limits on
+ * concurrent partial prefills), at most N prompts of a class move in a step,
+ * at most max_long_partial_prefills of them long, and a waiting long prompt
+ * is passed over (it keeps its place) for the shorter prompts behind it. When batch work waits, min_batch_share of the budget is
  * kept from interactive prefills so batch never starves. Batch prefill stops
  * adding tokens once the step holds batch_step_tokens (beyond its
  * min_batch_share): every step is the next token of each chat, and a chat
@@ -172,6 +175,12 @@ struct sched_config {
                                     shorter chunks), not by its tokens alone */
     int long_prefill_token_threshold; /* > 0: a prefill moves by at most this many tokens a step (vLLM's
                                     --long-prefill-token-threshold); 0: no such cap */
+    int max_num_partial_prefills; /* > 1: at most this many prompts of a class move in a step (vLLM's
+                                    --max-num-partial-prefills; 0 or 1: any number, as vLLM at 1) */
+    int max_long_partial_prefills; /* with max_num_partial_prefills > 1: at most this many of them long
+                                    (>= 1; long: more tokens left than long_prefill_token_threshold, or
+                                    than 4% of max_model_len without it); the waiting long prompts are
+                                    passed over for the shorter ones behind them */
     bool batch_yield;            /* a step that ends a chat's prompt (its first token comes with it)
                                     holds batch prefill to min_batch_share of the budget */
     bool yield_long_prefill;     /* with batch_step_tokens: while other chats are in the step or wait,

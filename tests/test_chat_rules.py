@@ -6,7 +6,9 @@ prompt's prefill takes many steps:
     first token before the long prompt does (room for waiting prompts,
     fewest tokens left first);
   - --long-prefill-token-threshold N (vLLM's flag): a prompt moves by at
-    most N tokens a step, so it takes at least len / N steps.
+    most N tokens a step, so it takes at least len / N steps;
+  - --max-num-partial-prefills / --max-long-partial-prefills (vLLM's): a
+    second long prompt waits for the first, and a short chat passes it.
 
 Prints one line per test and ends with "N passed, N failed".
 """
@@ -113,13 +115,52 @@ def test_long_prefill_threshold(srv_thr):
     assert steps >= (n + 15) // 16, (steps, n)  # 16 tokens a step at most, not the budget's 64
 
 
+def test_partial_prefills(srv_pp):
+    """--max-num-partial-prefills 2 --max-long-partial-prefills 1 (threshold
+    48): a second long chat waits while the first one's prompt runs, and a
+    short chat behind it starts and finishes first"""
+    srv = srv_pp
+    text_a, text_b = long_text(1400, "a"), long_text(400, "b")
+    n_a = srv.prompt_tokens(text_a)
+    assert n_a > 20 * 48, n_a
+    res = {}
+    p0 = srv.metric("prefill_tokens_computed_total")
+    ta = threading.Thread(target=first_token_time, args=(srv, text_a, 2, res, "a"))
+    ta.start()
+    deadline = time.monotonic() + 120
+    while srv.metric("prefill_tokens_computed_total") - p0 < 2 * 48 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    tb = threading.Thread(target=first_token_time, args=(srv, text_b, 2, res, "b"))
+    tb.start()
+    while srv.metric("num_requests_waiting") < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    s0 = srv.metric("engine_steps_total")
+    while srv.metric("engine_steps_total") < s0 + 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    waiting, running = srv.metric("num_requests_waiting"), srv.metric("num_requests_running")
+    done = srv.metric("prefill_tokens_computed_total") - p0
+    assert done < n_a - 8 * 48, (done, n_a)  # a's prompt is still running
+    assert waiting == 1 and running == 1, (waiting, running)  # b waits: one long prompt at a time
+    first_token_time(srv, "Say hello.", 2, res, "c")
+    waiting = srv.metric("num_requests_waiting")
+    ta.join()
+    tb.join()
+    assert waiting == 1, waiting  # c started and finished while b still waited
+    (t_a, _, s_a), (t_b, _, s_b), (t_c, _, s_c) = res["a"], res["b"], res["c"]
+    assert s_a == s_b == s_c == 200, res
+    assert t_c < t_a < t_b, res
+
+
 def main():
     if lib.missing_prereqs("test_chat_rules"):
         return 1
     passed = failed = 0
     for extra, log_name, tests in [([], "test_chat_rules.log", [test_chat_beside_long_prompt]),
                                    (["--long-prefill-token-threshold", "16"], "test_chat_rules_thr.log",
-                                    [test_long_prefill_threshold])]:
+                                    [test_long_prefill_threshold]),
+                                   (["--long-prefill-token-threshold", "48", "--max-num-partial-prefills", "2",
+                                     "--max-long-partial-prefills", "1"], "test_chat_rules_pp.log",
+                                    [test_partial_prefills])]:
         try:
             srv = Server(extra, log_name)
         except RuntimeError as e:

@@ -230,6 +230,7 @@ static void test_batch_step_tokens(void)
 }
 
 static int one_step(sched *s, struct step *st, int bs);
+static bool in_step(uint64_t id);
 
 /* batch_yield: a step that ends a chat's prompt holds batch prefill to its
  * reserve (8 of 64); the chat's decodes do not. Without it, batch_step_tokens
@@ -591,6 +592,55 @@ static void test_long_prefill_threshold(void)
     kv_pool_destroy(p);
 }
 
+/* vLLM's limits on concurrent partial prefills: with 2 prompts a step, 1
+ * of them long, a second long prompt waits in its place while the short
+ * ones behind it start; at the default (1) any number move; bad limits are
+ * refused. The threshold (20) both defines long and caps a chunk. */
+static void test_partial_prefills(void)
+{
+    static int32_t big[200];
+    for (int i = 0; i < 200; i++) big[i] = i;
+    for (int prio = 0; prio < SCHED_N_PRIO; prio++)
+        for (int lim = 1; lim <= 2; lim++) {
+            kv_pool *p = kv_pool_create(64, 16, false, err, sizeof err);
+            struct sched_config c = {.block_size = 16, .max_num_seqs = 8, .max_num_batched_tokens = 64,
+                                     .max_model_len = 256, .long_prefill_token_threshold = 20,
+                                     .max_num_partial_prefills = lim, .max_long_partial_prefills = 1};
+            sched *s = sched_create(&c, p, NULL, err, sizeof err);
+            CHECKF(s != NULL, "%s", err);
+            struct sched_request a = req(big, 100, 2, prio), b = req(big + 100, 40, 2, prio),
+                                 cc = req(big + 150, 8, 2, prio), d = req(big + 170, 6, 2, prio);
+            submit(s, &a, 1), submit(s, &b, 2), submit(s, &cc, 3), submit(s, &d, 4);
+            struct step st;
+            int n = one_step(s, &st, 16);
+            if (lim == 1)
+                CHECKF(n == 54 && in_step(1) && in_step(2) && in_step(3) && in_step(4),
+                       "prio %d, no limit: first step %d tokens", prio, n);
+            else
+                CHECKF(n == 28 && in_step(1) && !in_step(2) && in_step(3) && !in_step(4),
+                       "prio %d, 2 prompts (1 long): first step %d tokens, b %d d %d", prio, n, in_step(2), in_step(4));
+            if (lim == 2) {
+                /* c decodes, a moves, d passes the waiting b */
+                n = one_step(s, &st, 16);
+                CHECKF(n == 27 && in_step(1) && !in_step(2) && in_step(3) && in_step(4), "prio %d: second step %d tokens",
+                       prio, n);
+                int steps = 2;
+                while (!in_step(2) && steps < 20) one_step(s, &st, 16), steps++;
+                CHECKF(steps == 5, "prio %d: b started in step %d (a's prompt takes 5)", prio, steps);
+            }
+            CHECK(drain(s, p, 16) > 0 && !sched_has_work(s));
+            sched_destroy(s);
+            kv_pool_destroy(p);
+        }
+    kv_pool *p = kv_pool_create(64, 16, false, err, sizeof err);
+    struct sched_config c = {.block_size = 16, .max_num_seqs = 8, .max_num_batched_tokens = 64, .max_model_len = 256,
+                             .max_num_partial_prefills = 2, .max_long_partial_prefills = 3};
+    CHECK(sched_create(&c, p, NULL, err, sizeof err) == NULL && strstr(err, "max_long_partial_prefills 3"));
+    c.max_long_partial_prefills = 0;
+    CHECK(sched_create(&c, p, NULL, err, sizeof err) == NULL && strstr(err, "max_long_partial_prefills 0"));
+    kv_pool_destroy(p);
+}
+
 /* counts finish events (test_plan_fuzz) */
 static void count_finish(void *arg, const struct sched_event *ev)
 {
@@ -633,6 +683,8 @@ static void test_plan_fuzz(void)
         c.yield_long_prefill = RND(2);
         c.batch_yield = RND(2);
         c.long_prefill_token_threshold = (int[]){0, 0, 7, 40}[RND(4)];
+        c.max_num_partial_prefills = RND(4);
+        c.max_long_partial_prefills = 1 + RND(c.max_num_partial_prefills > 1 ? c.max_num_partial_prefills : 1);
         sched *s = sched_create(&c, p, NULL, err, sizeof err);
         CHECKF(s != NULL, "%s", err);
         if (!s) {
@@ -1222,6 +1274,7 @@ int main(void)
     RUN(test_interactive_room);
     RUN(test_chat_yield);
     RUN(test_long_prefill_threshold);
+    RUN(test_partial_prefills);
     RUN(test_plan_fuzz);
     RUN(test_preemption);
     RUN(test_interactive_takes_slot);
