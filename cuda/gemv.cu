@@ -67,7 +67,6 @@
 #include "cuda/kernels.h"
 #include "cuda/norm.cuh"
 #include "cuda/pdl.cuh"
-#include "cuda/tile.cuh"
 
 #define BT 256 /* threads of the block kernel */
 #define GEMV_WARPS 8
@@ -227,91 +226,6 @@ static __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_warp_kernel(const
         wdot<CH, NR, NT, NORM>(cur, x4, n4, i0, lane, acc);
         if (!more) break;
         cur = nxt;
-    }
-#pragma unroll
-    for (int r = 0; r < NR; r++)
-#pragma unroll
-        for (int t = 0; t < NT; t++) acc[r][t] = warp_sum(acc[r][t]);
-    if (lane) return;
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        size_t o = (size_t)t * p.out + j;
-        if (EPI == EPI_BF16) ((uint16_t *)p.y)[o] = f2bf(acc[0][t]);
-        if (EPI == EPI_F32) ((float *)p.y)[o] = acc[0][t];
-        if (EPI == EPI_RESID) ((float *)p.y)[o] += bf2f(f2bf(acc[0][t])); /* as x += delta of bf16(s) */
-        if (EPI == EPI_SWIGLU) ((uint16_t *)p.y)[o] = swiglu1(f2bf(acc[0][t]), f2bf(acc[NR - 1][t]));
-    }
-}
-
-/* ---- the ring kernel (variant "ring"): the warp kernel's rows and sums,
- * its weights streamed through a ring in shared memory by cp.async ---- */
-
-/* Warp j: output row j, as gemv_warp_kernel, summed in the same order (lane
- * l: chunks l, l + 32, ... in K order; then the butterfly), so the outputs
- * are the warp kernel's bit for bit. Each warp keeps S chunk columns of its
- * row(s) (S x 512 bytes a row) in flight in its own slots of shared memory
- * instead of 4 in registers; a lane only ever reads the 16 bytes it copied,
- * so its own cp.async.wait_group is all the synchronization. The first S
- * are requested before waiting for the previous kernel. */
-template <int NT, int EPI, bool NORM, int S>
-static __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_ring_kernel(const gemv_params p)
-{
-    constexpr int NR = EPI == EPI_SWIGLU ? 2 : 1;
-    extern __shared__ uint4 dsm[]; /* NORM: the normalized x [NT][in] bf16; then the warps' rings */
-    __shared__ float nsh[32];
-    pdl_trigger();
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, j = blockIdx.x * GEMV_WARPS + warp, n4 = p.in / 8;
-    const int nk = (n4 + 31) / 32;
-    const bool live = j < p.out;
-    uint4 *xs4 = dsm;
-    const uint32_t ring = smem_u32(dsm + (NORM ? (size_t)NT * n4 : 0) + (size_t)warp * S * NR * 32 + lane);
-    const uint4 *w[NR];
-#pragma unroll
-    for (int r = 0; r < NR; r++) w[r] = (const uint4 *)(p.W + (size_t)(r * p.out + (live ? j : 0)) * p.in) + lane;
-    auto issue = [&](int k) { /* chunk column k into slot k % S; an empty group past the end */
-        if (live && k < nk)
-#pragma unroll
-            for (int r = 0; r < NR; r++)
-                cp_async16(ring + (uint32_t)(((k % S) * NR + r) * 32 * 16), w[r] + (size_t)k * 32,
-                           k * 32 + lane < n4);
-        cp_async_commit();
-    };
-#pragma unroll 1
-    for (int k = 0; k < S; k++) issue(k);
-    pdl_wait(); /* from here on, x may be read */
-    if (NORM) norm_rows<NT>(p, (uint16_t *)xs4, nsh);
-    if (!live) return;
-    const uint4 *x4 = NORM ? xs4 : (const uint4 *)p.x;
-    float acc[NR][NT];
-#pragma unroll
-    for (int r = 0; r < NR; r++)
-#pragma unroll
-        for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
-    for (int k = 0; k < nk; k++) {
-        cp_async_wait<S - 1>(); /* this lane's copies of column k have landed */
-        const int i = k * 32 + lane;
-        if (i < n4) {
-            float wf[NR][8];
-#pragma unroll
-            for (int r = 0; r < NR; r++) {
-                uint4 v;
-                asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                             : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                             : "r"(ring + (uint32_t)(((k % S) * NR + r) * 32 * 16))
-                             : "memory");
-                unpack8(v, wf[r]);
-            }
-#pragma unroll
-            for (int t = 0; t < NT; t++) {
-                float xf[8];
-                unpack8(NORM ? x4[(size_t)t * n4 + i] : __ldg(x4 + (size_t)t * n4 + i), xf);
-#pragma unroll
-                for (int r = 0; r < NR; r++)
-#pragma unroll
-                    for (int e = 0; e < 8; e++) acc[r][t] += wf[r][e] * xf[e];
-            }
-        }
-        issue(k + S); /* into the slot just read: this lane's own 16 bytes */
     }
 #pragma unroll
     for (int r = 0; r < NR; r++)
@@ -604,7 +518,7 @@ static const gemv_state &state(void)
 {
     static bool once = [] {
         const char *v = getenv("SLUICE_GEMV_VARIANT"), *d = getenv("SLUICE_PDL"), *c = getenv("SLUICE_GEMV_CH");
-        G.variant = v && *v >= '0' && *v <= '5' && !v[1] ? *v - '0' : 3;
+        G.variant = v && *v >= '0' && *v <= '4' && !v[1] ? *v - '0' : 3;
         G.ch = c && (!strcmp(c, "8") || !strcmp(c, "16")) ? atoi(c) : 4;
         int dev = 0;
         G.nsm = 132;
@@ -621,7 +535,7 @@ bool cuda_pdl_on(void) { return state().pdl; }
 extern "C" void cuda_gemv_select(int variant, int pdl, int ch)
 {
     state();
-    if (variant >= 0 && variant <= 5) G.variant = variant;
+    if (variant >= 0 && variant <= 4) G.variant = variant;
     if (pdl >= 0) G.pdl = pdl && sm_major() >= 9;
     if (ch == 4 || ch == 8 || ch == 16) G.ch = ch;
 }
@@ -659,46 +573,6 @@ static cudaError_t launch_warp(const gemv_params &p, int T, cudaStream_t st)
     if constexpr (EPI != EPI_SWIGLU)
         if (ch == 16) return launch_warp1<EPI, NORM, 16>(p, T, st);
     return ch >= 8 ? launch_warp1<EPI, NORM, 8>(p, T, st) : launch_warp1<EPI, NORM, 4>(p, T, st);
-}
-
-template <int NT, int EPI, bool NORM, int S>
-static cudaError_t launch_ring_t(const gemv_params &p, cudaStream_t st)
-{
-    constexpr int NR = EPI == EPI_SWIGLU ? 2 : 1;
-    size_t smem = (NORM ? (size_t)NT * p.in * 2 : 0) + (size_t)GEMV_WARPS * S * NR * 32 * 16;
-    static const cudaError_t set = cudaFuncSetAttribute(gemv_ring_kernel<NT, EPI, NORM, S>,
-                                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                        (int)(CUDA_GEMV_NORM_SMEM + GEMV_WARPS * S * NR * 32 * 16));
-    if (set != cudaSuccess) return set;
-    return launch_k(gemv_ring_kernel<NT, EPI, NORM, S>, (p.out + GEMV_WARPS - 1) / GEMV_WARPS, 32 * GEMV_WARPS, smem,
-                    st, p);
-}
-template <int EPI, bool NORM, int S>
-static cudaError_t launch_ring1(const gemv_params &p, int T, cudaStream_t st)
-{
-    switch (T) {
-    case 1: return launch_ring_t<1, EPI, NORM, S>(p, st);
-    case 2: return launch_ring_t<2, EPI, NORM, S>(p, st);
-    case 3: return launch_ring_t<3, EPI, NORM, S>(p, st);
-    case 4: return launch_ring_t<4, EPI, NORM, S>(p, st);
-    default: return cudaErrorInvalidValue;
-    }
-}
-/* SLUICE_GEMV_RING=4|8|16|32: chunk columns in flight a warp (16) */
-template <int EPI, bool NORM>
-static cudaError_t launch_ring(const gemv_params &p, int T, cudaStream_t st)
-{
-    static const int depth = [] {
-        const char *e = getenv("SLUICE_GEMV_RING");
-        int v = e ? atoi(e) : 16;
-        return v == 4 || v == 8 || v == 32 ? v : 16;
-    }();
-    switch (depth) {
-    case 4: return launch_ring1<EPI, NORM, 4>(p, T, st);
-    case 8: return launch_ring1<EPI, NORM, 8>(p, T, st);
-    case 32: return launch_ring1<EPI, NORM, 32>(p, T, st);
-    default: return launch_ring1<EPI, NORM, 16>(p, T, st);
-    }
 }
 
 /* the kernel at T rows, its dynamic shared memory allowed up to
@@ -789,10 +663,7 @@ static bool bad_shape(const void *W, const void *x, int T, int in, int out)
 static bool use_warp(int T, int in) { return state().variant == 0 || (state().variant == 3 && T == 1) || in < 8 * BT; }
 /* the tensor-core kernel: variant "mma", "auto" for 2 rows and more (any
  * in), and every variant past CUDA_GEMV_MAX_T rows */
-static bool use_mma(int T)
-{
-    return state().variant == 4 || ((state().variant == 3 || state().variant == 5) && T >= 2) || T > CUDA_GEMV_MAX_T;
-}
+static bool use_mma(int T) { return state().variant == 4 || (state().variant == 3 && T >= 2) || T > CUDA_GEMV_MAX_T; }
 
 /* every launcher: the tensor-core, warp or block kernel by use_mma and
  * use_warp, so that for the
@@ -802,7 +673,6 @@ static cudaError_t launch(const gemv_params &p, int T, cudaStream_t st)
 {
     if (p.out == 0) return cudaSuccess;
     if (use_mma(T)) return launch_mma<EPI, NORM>(p, T, st);
-    if (state().variant == 5) return launch_ring<EPI, NORM>(p, T, st);
     return use_warp(T, p.in) ? launch_warp<EPI, NORM>(p, T, st) : launch_block<EPI, NORM>(p, T, st);
 }
 
