@@ -5,7 +5,7 @@
 # in a graph with PDL), memcheck and racecheck on them; end to end and the
 # engine suite with each cache, and the engine suite with the fused GEMVs at
 # 2-4 tokens too (SLUICE_CUDA_FUSED_T=4); then bench_gpu's batch-1 decode
-# and decode batches of 2-8 at 1K context for the previous build
+# and decode batches of 2-8 (or DECODE's) at 1K context for the previous build
 # (build/tests/gpu/bench_gpu_prev, if present), this one, and this one with
 # SLUICE_CUDA_FUSED_T=4 (FUSED4=1), alternating, ROUNDS times (default 2);
 # with GPUTEST=1 first what make gpu-test runs.
@@ -30,7 +30,7 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
     b=$B; envs=()
     [ $c = prev ] && { [ -x ${B}_prev ] || continue; b=${B}_prev; }
     [ $c = fused4 ] && envs=(SLUICE_CUDA_FUSED_T=4)
-    timeout -k 5 120 env SLUICE_BENCH_ONLY=decode SLUICE_BENCH_DECODE=2x1024,3x1024,4x1024,5x1024,6x1024,7x1024,8x1024 "${envs[@]}" $b > "$L/dec_${c}_$r.log" 2>&1
+    timeout -k 5 120 env SLUICE_BENCH_ONLY=decode SLUICE_BENCH_DECODE=${DECODE:-2x1024,3x1024,4x1024,5x1024,6x1024,7x1024,8x1024} "${envs[@]}" $b > "$L/dec_${c}_$r.log" 2>&1
     echo "$c round $r rc=$?: $(grep -E 'decode batch' "$L/dec_${c}_$r.log" | sed -e 's/ ctx//' -e 's/; floor.*//' | tr '\n' ' ')"
   done
 done
