@@ -417,11 +417,11 @@ struct mchunks {
 template <int NT, int EPI, bool NORM>
 static __global__ void __launch_bounds__(32 * MW, 1024 / (32 * MW)) gemv_mma_kernel(const gemv_params p)
 {
-    constexpr int NR = EPI == EPI_SWIGLU ? 2 : 1, U = UU / NR, NTL = (NT + 7) / 8; /* B tiles of 8 rows of x */
-    static_assert(MW >= 8 && U >= 1 && NTL <= 2, "norm_rows needs 256 threads");
+    constexpr int NR = EPI == EPI_SWIGLU ? 2 : 1, U = UU / NR;
+    static_assert(MW >= 8 && U >= 1 && NT <= 8, "norm_rows needs 256 threads; B has 8 columns");
     extern __shared__ uint4 xs4[]; /* NORM: the normalized x, [NT][in] bf16 */
     __shared__ float nsh[32];
-    __shared__ float4 red[MW][NR * NTL][32];
+    __shared__ float4 red[MW][NR][32];
     pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, rq = lane >> 2, q = lane & 3;
     const int n4 = p.in / 8, ng = (n4 + 3) / 4, row0 = blockIdx.x * 16;
@@ -450,37 +450,33 @@ static __global__ void __launch_bounds__(32 * MW, 1024 / (32 * MW)) gemv_mma_ker
     pdl_wait(); /* from here on, x may be read */
     if (NORM) norm_rows<NT>(p, (uint16_t *)xs4, nsh);
     const uint4 *x4 = NORM ? xs4 : (const uint4 *)p.x;
-    float acc[NR * NTL][4]; /* [r * NTL + tile] */
+    float acc[NR][4];
 #pragma unroll
-    for (int r = 0; r < NR * NTL; r++) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = 0.0f;
+    for (int r = 0; r < NR; r++) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = 0.0f;
     for (int s = 0; s < K; s++) {
         if (s + 1 < K) load(nxt, s + 1);
 #pragma unroll
         for (int u = 0; u < U; u++) {
             int i = (warp + MW * (s * U + u)) * 4 + q;
+            uint4 xv = make_uint4(0, 0, 0, 0);
+            if (rq < NT && i < n4) xv = NORM ? x4[(size_t)rq * n4 + i] : __ldg(x4 + (size_t)rq * n4 + i);
 #pragma unroll
-            for (int tl = 0; tl < NTL; tl++) {
-                const int t = 8 * tl + rq;
-                uint4 xv = make_uint4(0, 0, 0, 0);
-                if (t < NT && i < n4) xv = NORM ? x4[(size_t)t * n4 + i] : __ldg(x4 + (size_t)t * n4 + i);
-#pragma unroll
-                for (int r = 0; r < NR; r++) {
-                    const uint4 &a = cur.v[u][r][0], &b = cur.v[u][r][1];
-                    mma_bf16_16816(acc[r * NTL + tl], a.x, b.x, a.y, b.y, xv.x, xv.y);
-                    mma_bf16_16816(acc[r * NTL + tl], a.z, b.z, a.w, b.w, xv.z, xv.w);
-                }
+            for (int r = 0; r < NR; r++) {
+                const uint4 &a = cur.v[u][r][0], &b = cur.v[u][r][1];
+                mma_bf16_16816(acc[r], a.x, b.x, a.y, b.y, xv.x, xv.y);
+                mma_bf16_16816(acc[r], a.z, b.z, a.w, b.w, xv.z, xv.w);
             }
         }
         cur = nxt;
     }
 #pragma unroll
-    for (int r = 0; r < NR * NTL; r++) red[warp][r][lane] = make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+    for (int r = 0; r < NR; r++) red[warp][r][lane] = make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
     __syncthreads();
     if (warp) return;
-    /* lane: rows row0 + rq (.x, .y) and row0 + rq + 8 (.z, .w), tokens 8 tile + 2q and + 1 */
-    float4 sm[NR * NTL];
+    /* lane: rows row0 + rq (.x, .y) and row0 + rq + 8 (.z, .w), tokens 2q and 2q + 1 */
+    float4 sm[NR];
 #pragma unroll
-    for (int r = 0; r < NR * NTL; r++) {
+    for (int r = 0; r < NR; r++) {
         sm[r] = red[0][r][lane];
 #pragma unroll
         for (int v = 1; v < MW; v++) {
@@ -489,16 +485,13 @@ static __global__ void __launch_bounds__(32 * MW, 1024 / (32 * MW)) gemv_mma_ker
         }
     }
 #pragma unroll
-    for (int tl = 0; tl < NTL; tl++)
-#pragma unroll
     for (int h = 0; h < 2; h++)
 #pragma unroll
         for (int e = 0; e < 2; e++) {
-            int j = row0 + rq + 8 * h, t = 8 * tl + 2 * q + e;
+            int j = row0 + rq + 8 * h, t = 2 * q + e;
             if (j >= p.out || t >= NT) continue;
-            const float4 &g = sm[tl], &u = sm[(NR - 1) * NTL + tl];
-            float a0 = h ? (e ? g.w : g.z) : (e ? g.y : g.x);
-            float a1 = h ? (e ? u.w : u.z) : (e ? u.y : u.x);
+            float a0 = h ? (e ? sm[0].w : sm[0].z) : (e ? sm[0].y : sm[0].x);
+            float a1 = h ? (e ? sm[NR - 1].w : sm[NR - 1].z) : (e ? sm[NR - 1].y : sm[NR - 1].x);
             size_t o = (size_t)t * p.out + j;
             if (EPI == EPI_BF16) ((uint16_t *)p.y)[o] = f2bf(a0);
             if (EPI == EPI_F32) ((float *)p.y)[o] = a0;
@@ -608,14 +601,6 @@ static cudaError_t launch_mma(const gemv_params &p, int T, cudaStream_t st)
     case 6: return launch_mma_t<6, EPI, NORM>(p, grid, smem, st);
     case 7: return launch_mma_t<7, EPI, NORM>(p, grid, smem, st);
     case 8: return launch_mma_t<8, EPI, NORM>(p, grid, smem, st);
-    case 9: return launch_mma_t<9, EPI, NORM>(p, grid, smem, st);
-    case 10: return launch_mma_t<10, EPI, NORM>(p, grid, smem, st);
-    case 11: return launch_mma_t<11, EPI, NORM>(p, grid, smem, st);
-    case 12: return launch_mma_t<12, EPI, NORM>(p, grid, smem, st);
-    case 13: return launch_mma_t<13, EPI, NORM>(p, grid, smem, st);
-    case 14: return launch_mma_t<14, EPI, NORM>(p, grid, smem, st);
-    case 15: return launch_mma_t<15, EPI, NORM>(p, grid, smem, st);
-    case 16: return launch_mma_t<16, EPI, NORM>(p, grid, smem, st);
     default: return cudaErrorInvalidValue;
     }
 }

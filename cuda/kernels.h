@@ -145,7 +145,7 @@ cudaError_t cuda_attention_wg(const struct cuda_attn_args *a, cudaStream_t st);
  * read nothing written by earlier kernels before waiting for them); see
  * gemv.cu for SLUICE_GEMV_VARIANT, SLUICE_GEMV_CH and SLUICE_PDL. */
 #define CUDA_GEMV_MAX_T 4
-#define CUDA_GEMV_MMA_MAX_T 16
+#define CUDA_GEMV_MMA_MAX_T 8
 /* y[t][o] = sum_i x[t][i] W[o][i] for t < T: W [out][in] bf16, x [T][in]
  * bf16, y [T][out] bf16 or f32 (y_f32). */
 cudaError_t cuda_gemv(const uint16_t *W, const uint16_t *x, void *y, bool y_f32, int T, int in, int out,
