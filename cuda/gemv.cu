@@ -377,7 +377,7 @@ static __global__ void __launch_bounds__(BT, 2) gemv_block_kernel(const gemv_par
 /* ---- the tensor-core kernel (variant "mma") ---- */
 
 /* A block of MW warps takes 16 rows (16 gate and 16 up rows for SwiGLU)
- * and every row of x (up to 8; NT <= 4 here), and its warps split K: warp w
+ * and every row of x (up to 8), and its warps split K: warp w
  * takes the groups of 32 columns w, w + MW, ... One group is two
  * mma.m16n8k16 (bf16 in, f32 accumulate) with no unpacking: lane l (rows
  * r = l / 4 and r + 8, quad position q = l % 4) loads the 16 bytes of
