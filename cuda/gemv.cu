@@ -45,9 +45,12 @@
  *                          once per group)
  *                      2  "persist": grid = one wave (occupancy x SMs)
  *                      3  "auto" (default): warp for one row, mma for
- *                          2-8 rows: what measured fastest on the H200
- *                          (BENCHMARKS.md, twentieth round: Llama-8B decode
- *                          at batch 1 223.3 tok/s warp vs 204.6 mma; at
+ *                          2-8 rows and for one row of in >= 12288
+ *                          (SLUICE_GEMV_MMA_MIN_IN=N moves that): what
+ *                          measured fastest on the H200 (BENCHMARKS.md,
+ *                          twentieth round: Llama-8B decode at batch 1
+ *                          223.3 tok/s warp vs 204.6 mma, 222.6 vs 225.0
+ *                          with the down projection, in 14336, on mma; at
  *                          batch 4 711 persist vs 838 mma)
  *                      4  "mma": the tensor-core kernel everywhere
  *                          (every variant takes it for 5-8 rows)
@@ -60,6 +63,7 @@
  *                          kernels for rows of <= 4096 (default 4; 8 and 16
  *                          measured slower: fewer resident warps)
  */
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -662,8 +666,16 @@ static bool bad_shape(const void *W, const void *x, int T, int in, int out)
  * than one chunk per thread of a block (they would leave most of it idle) */
 static bool use_warp(int T, int in) { return state().variant == 0 || (state().variant == 3 && T == 1) || in < 8 * BT; }
 /* the tensor-core kernel: variant "mma", "auto" for 2 rows and more (any
- * in), and every variant past CUDA_GEMV_MAX_T rows */
-static bool use_mma(int T) { return state().variant == 4 || (state().variant == 3 && T >= 2) || T > CUDA_GEMV_MAX_T; }
+ * in) and for one row of 12288 columns or more, and every variant past
+ * CUDA_GEMV_MAX_T rows */
+static bool use_mma(int T, int in)
+{
+    static const int min_in = [] { /* SLUICE_GEMV_MMA_MIN_IN=N: "auto" takes it at one row for in >= N */
+        const char *e = getenv("SLUICE_GEMV_MMA_MIN_IN");
+        return e && atoi(e) > 0 ? atoi(e) : 12288;
+    }();
+    return state().variant == 4 || (state().variant == 3 && (T >= 2 || in >= min_in)) || T > CUDA_GEMV_MAX_T;
+}
 
 /* every launcher: the tensor-core, warp or block kernel by use_mma and
  * use_warp, so that for the
@@ -672,7 +684,7 @@ template <int EPI, bool NORM>
 static cudaError_t launch(const gemv_params &p, int T, cudaStream_t st)
 {
     if (p.out == 0) return cudaSuccess;
-    if (use_mma(T)) return launch_mma<EPI, NORM>(p, T, st);
+    if (use_mma(T, p.in)) return launch_mma<EPI, NORM>(p, T, st);
     return use_warp(T, p.in) ? launch_warp<EPI, NORM>(p, T, st) : launch_block<EPI, NORM>(p, T, st);
 }
 
