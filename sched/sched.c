@@ -575,6 +575,15 @@ static bool prefill_fits(const sched *s, bool lg, int npf, int nlong)
     return n <= 1 || (npf < n && !(lg && nlong >= s->cfg.max_long_partial_prefills));
 }
 
+/* class c's running prompts (not yet decoding), and the long ones among
+ * them: what the partial-prefill limits count before anything is admitted */
+static void running_prefills(const sched *s, int c, int *npf, int *nlong)
+{
+    *npf = *nlong = 0;
+    for (int i = 0; i < s->n_run; i++)
+        if ((int)s->run[i]->prio == c && !is_decode(s->run[i])) ++*npf, *nlong += long_prompt(s, s->run[i]);
+}
+
 static void add_to_step(sched *s, sched_req *q, int len, int *T)
 {
     int bs = s->cfg.block_size, t0 = *T;
@@ -684,10 +693,8 @@ static struct step_cap chat_cap(const sched *s, const struct step_cap *cap, cons
  * max: the running interactive prefills leave them that much of the step. */
 static int waiting_room(const sched *s, int max)
 {
-    int room = 0, slots = s->cfg.max_num_seqs - s->n_run, npf = 0, nlong = 0;
-    for (int i = 0; i < s->n_run; i++) /* the partial-prefill limits count the running prompts too */
-        if (s->run[i]->prio == SCHED_PRIO_INTERACTIVE && !is_decode(s->run[i]))
-            npf++, nlong += long_prompt(s, s->run[i]);
+    int room = 0, slots = s->cfg.max_num_seqs - s->n_run, npf, nlong;
+    running_prefills(s, SCHED_PRIO_INTERACTIVE, &npf, &nlong);
     for (const sched_req *q = s->wait[SCHED_PRIO_INTERACTIVE].head; q && slots > 0 && room < max; q = q->next) {
         bool lg = long_prompt(s, q);
         if (!prefill_fits(s, lg, npf, nlong)) continue;
@@ -702,7 +709,9 @@ static int waiting_room(const sched *s, int max)
  * tail-most: most recently admitted) per waiting interactive request that this
  * step's budget can still start. Runs before anything is planned, so the
  * victims' slots and decode tokens go to interactive admissions in this same
- * step. Interactive is never preempted here. share: the tokens min_batch_share
+ * step, and that the partial-prefill limits let start (a slot for one they
+ * hold back would only be taken back by batch). Interactive is never
+ * preempted here. share: the tokens min_batch_share
  * keeps for batch (batch waits once anything is preempted). Returns how many
  * sequences were preempted. */
 static int make_room(sched *s, int budget, int share)
@@ -723,8 +732,15 @@ static int make_room(sched *s, int budget, int share)
             used += q->n_tokens - q->n_computed;
         }
     }
-    int n = 0;
+    int n = 0, npf, nlong;
+    running_prefills(s, SCHED_PRIO_INTERACTIVE, &npf, &nlong);
     for (const sched_req *q = w->head; q; q = q->next) {
+        /* one the partial-prefill limits hold back would not start: no slot for it */
+        bool lg = long_prompt(s, q);
+        if (!prefill_fits(s, lg, npf, nlong)) {
+            if (prefill_fits(s, false, npf, nlong)) continue;
+            break;
+        }
         int u = used, bd = batch_dec;
         sched_req *v = NULL;
         if (free_slots == 0) {
@@ -745,6 +761,7 @@ static int make_room(sched *s, int budget, int share)
         }
         used = u + q->n_tokens;
         batch_dec = bd;
+        npf++, nlong += lg;
     }
     return n;
 }

@@ -632,6 +632,40 @@ static void test_partial_prefills(void)
             sched_destroy(s);
             kv_pool_destroy(p);
         }
+    /* every slot taken (two batch decodes, one long chat prompt): a second
+     * long chat that the limits hold back takes no batch sequence's slot
+     * (it could not start; batch would only take the slot back) until the
+     * first one's prompt is short */
+    {
+        kv_pool *p = kv_pool_create(64, 16, false, err, sizeof err);
+        struct sched_config c = {.block_size = 16, .max_num_seqs = 3, .max_num_batched_tokens = 64,
+                                 .max_model_len = 256, .long_prefill_token_threshold = 20,
+                                 .max_num_partial_prefills = 2, .max_long_partial_prefills = 1};
+        sched *s = sched_create(&c, p, NULL, err, sizeof err);
+        struct sched_request b1 = req(big, 4, 40, SCHED_PRIO_BATCH), b2 = req(big + 10, 4, 40, SCHED_PRIO_BATCH),
+                             a = req(big + 20, 100, 2, SCHED_PRIO_INTERACTIVE),
+                             b = req(big + 130, 60, 2, SCHED_PRIO_INTERACTIVE);
+        submit(s, &b1, 1), submit(s, &b2, 2);
+        struct step st;
+        one_step(s, &st, 16);
+        submit(s, &a, 3);
+        one_step(s, &st, 16);
+        submit(s, &b, 4);
+        struct sched_stats ss;
+        int steps = 0;
+        for (; steps < 3; steps++) one_step(s, &st, 16); /* a: 40, 60, 80 of 100 tokens */
+        sched_get_stats(s, &ss);
+        CHECKF(ss.preemptions == 0 && !in_step(4), "a held-back long chat: %llu preemptions, in step %d",
+               (unsigned long long)ss.preemptions, in_step(4));
+        /* a's last 20 tokens are not long: b starts beside them, in a batch sequence's slot */
+        one_step(s, &st, 16);
+        sched_get_stats(s, &ss);
+        CHECKF(in_step(3) && in_step(4) && ss.preemptions == 1, "the second long chat: started %d, %llu preemptions",
+               in_step(4), (unsigned long long)ss.preemptions);
+        CHECK(drain(s, p, 16) > 0 && !sched_has_work(s));
+        sched_destroy(s);
+        kv_pool_destroy(p);
+    }
     kv_pool *p = kv_pool_create(64, 16, false, err, sizeof err);
     struct sched_config c = {.block_size = 16, .max_num_seqs = 8, .max_num_batched_tokens = 64, .max_model_len = 256,
                              .max_num_partial_prefills = 2, .max_long_partial_prefills = 3};
