@@ -436,7 +436,7 @@ int api_cmd_run_batch(int argc, char **argv)
         {"--long-prefill-token-threshold", API_FLAG_HUMAN_INT, &long_prefill,
          "a prompt moves by at most this many tokens a step (vLLM; 0: no cap)", NULL},
         {"--max-num-partial-prefills", API_FLAG_INT, &partial,
-         "> 1: at most this many prompts move in a step (vLLM; 1: any number)", NULL},
+         "> 1: at most this many prompts move in a step, sharing the budget (vLLM; 1: any number)", NULL},
         {"--max-long-partial-prefills", API_FLAG_INT, &long_partial,
          "with the above: at most this many of them long; shorter prompts pass waiting long ones (1)", NULL},
         {"--device", API_FLAG_STR, &device, "cpu or cuda (default: cuda when available)", NULL},

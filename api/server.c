@@ -628,7 +628,7 @@ int api_cmd_serve(int argc, char **argv)
         {"--enable-chunked-prefill", API_FLAG_BOOL, &vf.enable_chunked_prefill, "accepted; prefill is always chunked",
          "--no-enable-chunked-prefill"},
         {"--max-num-partial-prefills", API_FLAG_INT, &o->max_num_partial_prefills,
-         "> 1: at most this many prompts of a class move in a step (vLLM; 1: any number)", NULL},
+         "> 1: at most this many prompts of a class move in a step, sharing the budget (vLLM; 1: any number)", NULL},
         {"--max-long-partial-prefills", API_FLAG_INT, &o->max_long_partial_prefills,
          "with the above: at most this many of them long (over --long-prefill-token-threshold, else 4% of "
          "--max-model-len); shorter prompts pass waiting long ones (1)",

@@ -584,6 +584,25 @@ static void running_prefills(const sched *s, int c, int *npf, int *nlong)
         if ((int)s->run[i]->prio == c && !is_decode(s->run[i])) ++*npf, *nlong += long_prompt(s, s->run[i]);
 }
 
+/* With the partial-prefill limits (max_num_partial_prefills N > 1), the
+ * prompts of class c that may move in this step share what is left of the
+ * budget (left tokens) evenly, as vLLM's V0 scheduler split it: at most N
+ * of them, the running ones and the waiting ones the limits and the free
+ * slots let start. Returns a prompt's chunk at most (INT_MAX: no limits). */
+static int prefill_slice(const sched *s, int c, int left)
+{
+    if (s->cfg.max_num_partial_prefills <= 1) return INT_MAX;
+    int npf, nlong, slots = s->cfg.max_num_seqs - s->n_run;
+    running_prefills(s, c, &npf, &nlong);
+    for (const sched_req *q = s->wait[c].head; q && slots > 0 && npf < s->cfg.max_num_partial_prefills; q = q->next) {
+        bool lg = long_prompt(s, q);
+        if (!prefill_fits(s, lg, npf, nlong)) continue;
+        slots--, npf++, nlong += lg;
+    }
+    if (npf > s->cfg.max_num_partial_prefills) npf = s->cfg.max_num_partial_prefills;
+    return npf > 1 && left > npf ? left / npf : left;
+}
+
 static void add_to_step(sched *s, sched_req *q, int len, int *T)
 {
     int bs = s->cfg.block_size, t0 = *T;
@@ -809,9 +828,11 @@ int sched_plan_step(sched *s, struct step *st)
          * wait (up to half the budget) */
         int room = c == SCHED_PRIO_INTERACTIVE ? waiting_room(s, budget / 2) : 0;
         int npf = 0, nlong = 0; /* this class's prompts in the step, and the long ones among them */
+        const int slice = prefill_slice(s, c, budget - T - keep);
         for (int i = 0, n = prefill_order(s, c); i < n; i++) {
             sched_req *q = s->order[i];
             int avail = budget - T - keep - room;
+            if (avail > slice) avail = slice;
             cap.left = cap.limit - room - s->step_cost;
             if (avail <= 0 || (cap.on && cap.left < 1.0 && !cap.one)) break;
             if (!q->running) continue; /* preempted for an earlier one's blocks */
@@ -836,6 +857,7 @@ int sched_plan_step(sched *s, struct step *st)
             int avail = budget - T - keep;
             cap.left = cap.limit - s->step_cost;
             if (avail <= 0 || (cap.on && cap.left < 1.0 && !cap.one)) break;
+            if (avail > slice) avail = slice;
             next = q->next;
             bool lg = long_prompt(s, q);
             if (!prefill_fits(s, lg, npf, nlong)) {

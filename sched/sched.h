@@ -34,8 +34,9 @@
  * prompt longer than what is left of the budget is split across steps
  * (chunked prefill). With max_num_partial_prefills N > 1 (vLLM's limits on
  * concurrent partial prefills), at most N prompts of a class move in a step,
- * at most max_long_partial_prefills of them long, and a waiting long prompt
- * is passed over (it keeps its place) for the shorter prompts behind it. When batch work waits, min_batch_share of the budget is
+ * sharing what is left of the budget evenly, at most
+ * max_long_partial_prefills of them long, and a waiting long prompt is
+ * passed over (it keeps its place) for the shorter prompts behind it. When batch work waits, min_batch_share of the budget is
  * kept from interactive prefills so batch never starves. Batch prefill stops
  * adding tokens once the step holds batch_step_tokens (beyond its
  * min_batch_share): every step is the next token of each chat, and a chat

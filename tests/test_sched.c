@@ -632,6 +632,26 @@ static void test_partial_prefills(void)
             sched_destroy(s);
             kv_pool_destroy(p);
         }
+    /* the budget shared: a long prompt and a short one behind it move
+     * together, 32 + 8 of 64 tokens; once alone, the long one takes it all
+     * (no threshold: long is more than 4% of max_model_len, 10 tokens) */
+    {
+        kv_pool *p = kv_pool_create(64, 16, false, err, sizeof err);
+        struct sched_config c = {.block_size = 16, .max_num_seqs = 8, .max_num_batched_tokens = 64,
+                                 .max_model_len = 256, .max_num_partial_prefills = 2, .max_long_partial_prefills = 1};
+        sched *s = sched_create(&c, p, NULL, err, sizeof err);
+        struct sched_request a = req(big, 200, 2, SCHED_PRIO_BATCH), cc = req(big + 150, 8, 2, SCHED_PRIO_BATCH);
+        submit(s, &a, 1), submit(s, &cc, 2);
+        struct step st;
+        int n = one_step(s, &st, 16);
+        CHECKF(n == 40 && st.n_seqs == 2 && st.seqs[0].query_len == 32 && st.seqs[1].query_len == 8,
+               "shared step: %d tokens in %d seqs", n, st.n_seqs);
+        n = one_step(s, &st, 16);
+        CHECKF(n == 64 && st.n_seqs == 2 && st.seqs[1].query_len == 63, "alone: %d tokens", n);
+        CHECK(drain(s, p, 16) > 0 && !sched_has_work(s));
+        sched_destroy(s);
+        kv_pool_destroy(p);
+    }
     /* every slot taken (two batch decodes, one long chat prompt): a second
      * long chat that the limits hold back takes no batch sequence's slot
      * (it could not start; batch would only take the slot back) until the
