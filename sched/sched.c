@@ -562,17 +562,20 @@ static int chunk_max(const sched *s, const sched_req *q, int avail)
 
 /* The partial-prefill limits (max_num_partial_prefills > 1): whether q's
  * prompt is long, and whether a class that already moves npf prompts, nlong
- * of them long, in this step may move q's too. */
+ * of them long, in this step may move one more: 1 yes, 0 not this one (the
+ * long limit holds; a shorter one may), -1 none more. */
 static bool long_prompt(const sched *s, const sched_req *q)
 {
     int thr = s->cfg.long_prefill_token_threshold;
     if (thr <= 0) thr = (int)(s->cfg.max_model_len * 0.04);
     return prompt_left(q) > thr;
 }
-static bool prefill_fits(const sched *s, bool lg, int npf, int nlong)
+static int prefill_fits(const sched *s, bool lg, int npf, int nlong)
 {
     int n = s->cfg.max_num_partial_prefills;
-    return n <= 1 || (npf < n && !(lg && nlong >= s->cfg.max_long_partial_prefills));
+    if (n <= 1) return 1;
+    if (npf >= n) return -1;
+    return lg && nlong >= s->cfg.max_long_partial_prefills ? 0 : 1;
 }
 
 /* class c's running prompts (not yet decoding), and the long ones among
@@ -594,9 +597,11 @@ static int prefill_slice(const sched *s, int c, int left)
     if (s->cfg.max_num_partial_prefills <= 1) return INT_MAX;
     int npf, nlong, slots = s->cfg.max_num_seqs - s->n_run;
     running_prefills(s, c, &npf, &nlong);
-    for (const sched_req *q = s->wait[c].head; q && slots > 0 && npf < s->cfg.max_num_partial_prefills; q = q->next) {
+    for (const sched_req *q = s->wait[c].head; q && slots > 0; q = q->next) {
         bool lg = long_prompt(s, q);
-        if (!prefill_fits(s, lg, npf, nlong)) continue;
+        int f = prefill_fits(s, lg, npf, nlong);
+        if (f < 0) break;
+        if (f == 0) continue;
         slots--, npf++, nlong += lg;
     }
     if (npf > s->cfg.max_num_partial_prefills) npf = s->cfg.max_num_partial_prefills;
@@ -716,7 +721,9 @@ static int waiting_room(const sched *s, int max)
     running_prefills(s, SCHED_PRIO_INTERACTIVE, &npf, &nlong);
     for (const sched_req *q = s->wait[SCHED_PRIO_INTERACTIVE].head; q && slots > 0 && room < max; q = q->next) {
         bool lg = long_prompt(s, q);
-        if (!prefill_fits(s, lg, npf, nlong)) continue;
+        int f = prefill_fits(s, lg, npf, nlong);
+        if (f < 0) break;
+        if (f == 0) continue;
         room += prompt_left(q);
         slots--, npf++, nlong += lg;
     }
@@ -756,10 +763,9 @@ static int make_room(sched *s, int budget, int share)
     for (const sched_req *q = w->head; q; q = q->next) {
         /* one the partial-prefill limits hold back would not start: no slot for it */
         bool lg = long_prompt(s, q);
-        if (!prefill_fits(s, lg, npf, nlong)) {
-            if (prefill_fits(s, false, npf, nlong)) continue;
-            break;
-        }
+        int f = prefill_fits(s, lg, npf, nlong);
+        if (f < 0) break;
+        if (f == 0) continue;
         int u = used, bd = batch_dec;
         sched_req *v = NULL;
         if (free_slots == 0) {
@@ -837,7 +843,7 @@ int sched_plan_step(sched *s, struct step *st)
             if (avail <= 0 || (cap.on && cap.left < 1.0 && !cap.one)) break;
             if (!q->running) continue; /* preempted for an earlier one's blocks */
             bool lg = long_prompt(s, q);
-            if (!prefill_fits(s, lg, npf, nlong)) continue;
+            if (prefill_fits(s, lg, npf, nlong) <= 0) continue;
             struct step_cap qc = c == SCHED_PRIO_INTERACTIVE ? chat_cap(s, &cap, q, chats > 0 || room > 0, room) : cap;
             bool chat = c == SCHED_PRIO_INTERACTIVE && prompt_left(q) <= s->cfg.batch_step_tokens;
             int len = chunk_max(s, q, avail);
@@ -860,10 +866,9 @@ int sched_plan_step(sched *s, struct step *st)
             if (avail > slice) avail = slice;
             next = q->next;
             bool lg = long_prompt(s, q);
-            if (!prefill_fits(s, lg, npf, nlong)) {
-                if (prefill_fits(s, false, npf, nlong)) continue; /* only the long limit holds */
-                break;
-            }
+            int f = prefill_fits(s, lg, npf, nlong);
+            if (f < 0) break;
+            if (f == 0) continue; /* only the long limit holds */
             struct step_cap qc = c == SCHED_PRIO_INTERACTIVE ? chat_cap(s, &cap, q, chats > 0, 0) : cap;
             bool chat = c == SCHED_PRIO_INTERACTIVE && prompt_left(q) <= s->cfg.batch_step_tokens;
             int len = admit(s, q, avail, qc.on ? &qc : NULL, &T);
