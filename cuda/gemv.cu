@@ -54,8 +54,6 @@
  *                          batch 4 711 persist vs 838 mma)
  *                      4  "mma": the tensor-core kernel everywhere
  *                          (every variant takes it for 5-8 rows)
- *                      5  "warptc": "auto", but the one-row warp
- *                          kernels sum through the tensor cores (wdot_tc)
  *   SLUICE_PDL=0           plain launches; by default the kernels here,
  *                          cuda_add_rmsnorm and the decode attention kernel
  *                          are launched with the PDL attribute on sm_90 and
@@ -152,16 +150,6 @@ static __device__ __forceinline__ void norm_rows(const gemv_params &p, uint16_t 
 
 /* ---- the warp kernel: one row per warp ---- */
 
-static __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                                       uint32_t a3, uint32_t b0, uint32_t b1)
-{
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-
 /* Lane l of a warp takes 16-byte chunks l, l + 32, l + 64, ... of its row(s)
  * and sums them in that order, CH chunks per row requested at a time (the
  * first CH before waiting for the previous kernel: weights only), the next
@@ -207,41 +195,16 @@ static __device__ __forceinline__ void wdot(const wchunks<CH, NR> &c, const uint
     }
 }
 
-/* The same chunks through the tensor cores (one row of x): lane l = 4g + q
- * holds 8 columns of its row; the first four are the A row g, the last four
- * the A row g + 8 of an m16n8k16 MMA, and x's matching columns are B's
- * column g (two MMAs: columns 0-3 of each lane's chunk, then 4-7). Only the
- * diagonal D[g][g] of the first and D[g + 8][g] of the second are used:
- * each sums the 16 products of the four lanes of group g. */
-template <int CH, int NR, bool SMEM>
-static __device__ __forceinline__ void wdot_tc(const wchunks<CH, NR> &c, const uint4 *x4, int n4, int i0, int lane,
-                                               float (&d1)[NR][4], float (&d2)[NR][4])
-{
-#pragma unroll
-    for (int u = 0; u < CH; u++) {
-        if (i0 + u * 32 >= n4) break; /* warp-uniform: the MMAs need every lane */
-        int i = i0 + u * 32 + lane;
-        uint4 xv = i < n4 ? (SMEM ? x4[i] : __ldg(x4 + i)) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-        for (int r = 0; r < NR; r++) {
-            const uint4 &a = c.v[r][u];
-            mma_bf16_16816(d1[r], a.x, a.z, a.y, a.w, xv.x, xv.y);
-            mma_bf16_16816(d2[r], a.x, a.z, a.y, a.w, xv.z, xv.w);
-        }
-    }
-}
-
 /* Warp j of the grid: output row j (EPI_SWIGLU: gate row j and up row
  * out + j side by side, each summed exactly as a lone row, and h[j] =
  * silu(g) * u from the two sums rounded to bf16, as cuda_swiglu over
  * cuda_gemv's output). NORM: x normalized by the whole block first
  * (norm_rows, cuda_add_rmsnorm's bits) into shared memory. Epilogues as in
  * the block kernel. */
-template <int NT, int EPI, bool NORM, int CH, bool TC>
+template <int NT, int EPI, bool NORM, int CH>
 static __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_warp_kernel(const gemv_params p)
 {
     constexpr int NR = EPI == EPI_SWIGLU ? 2 : 1;
-    static_assert(!TC || NT == 1, "tensor-core sums: one row of x");
     extern __shared__ uint4 xs4[]; /* NORM: the normalized x, [NT][in] bf16 */
     __shared__ float nsh[32];
     pdl_trigger();
@@ -261,26 +224,12 @@ static __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_warp_kernel(const
     for (int r = 0; r < NR; r++)
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
-    if constexpr (TC) {
-        float d1[NR][4] = {}, d2[NR][4] = {};
-        for (int i0 = 0;; i0 += 32 * CH) {
-            bool more = i0 + 32 * CH < n4;
-            if (more) nxt.load(w, i0 + 32 * CH, lane, n4);
-            wdot_tc<CH, NR, NORM>(cur, x4, n4, i0, lane, d1, d2);
-            if (!more) break;
-            cur = nxt;
-        }
-        const int g = lane >> 2, e = g & 1;
-#pragma unroll
-        for (int r = 0; r < NR; r++) acc[r][0] = (lane & 3) != g >> 1 ? 0.0f : e ? d1[r][1] + d2[r][3] : d1[r][0] + d2[r][2];
-    } else {
-        for (int i0 = 0;; i0 += 32 * CH) {
-            bool more = i0 + 32 * CH < n4;
-            if (more) nxt.load(w, i0 + 32 * CH, lane, n4);
-            wdot<CH, NR, NT, NORM>(cur, x4, n4, i0, lane, acc);
-            if (!more) break;
-            cur = nxt;
-        }
+    for (int i0 = 0;; i0 += 32 * CH) {
+        bool more = i0 + 32 * CH < n4;
+        if (more) nxt.load(w, i0 + 32 * CH, lane, n4);
+        wdot<CH, NR, NT, NORM>(cur, x4, n4, i0, lane, acc);
+        if (!more) break;
+        cur = nxt;
     }
 #pragma unroll
     for (int r = 0; r < NR; r++)
@@ -455,6 +404,15 @@ static __global__ void __launch_bounds__(BT, 2) gemv_block_kernel(const gemv_par
  * columns), where the other kernels take 4. */
 #define MW 16
 #define UU 2
+static __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                                       uint32_t a3, uint32_t b0, uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
 template <int U, int NR>
 struct mchunks {
     uint4 v[U][NR][2];
@@ -564,7 +522,7 @@ static const gemv_state &state(void)
 {
     static bool once = [] {
         const char *v = getenv("SLUICE_GEMV_VARIANT"), *d = getenv("SLUICE_PDL"), *c = getenv("SLUICE_GEMV_CH");
-        G.variant = v && *v >= '0' && *v <= '5' && !v[1] ? *v - '0' : 3;
+        G.variant = v && *v >= '0' && *v <= '4' && !v[1] ? *v - '0' : 3;
         G.ch = c && (!strcmp(c, "8") || !strcmp(c, "16")) ? atoi(c) : 4;
         int dev = 0;
         G.nsm = 132;
@@ -581,7 +539,7 @@ bool cuda_pdl_on(void) { return state().pdl; }
 extern "C" void cuda_gemv_select(int variant, int pdl, int ch)
 {
     state();
-    if (variant >= 0 && variant <= 5) G.variant = variant;
+    if (variant >= 0 && variant <= 4) G.variant = variant;
     if (pdl >= 0) G.pdl = pdl && sm_major() >= 9;
     if (ch == 4 || ch == 8 || ch == 16) G.ch = ch;
 }
@@ -601,13 +559,11 @@ static cudaError_t launch_warp1(const gemv_params &p, int T, cudaStream_t st)
 {
     int grid = (p.out + GEMV_WARPS - 1) / GEMV_WARPS, th = 32 * GEMV_WARPS;
     size_t smem = NORM ? (size_t)T * p.in * 2 : 0;
-    if (T == 1 && state().variant == 5)
-        return launch_k(gemv_warp_kernel<1, EPI, NORM, CH, true>, grid, th, smem, st, p);
     switch (T) {
-    case 1: return launch_k(gemv_warp_kernel<1, EPI, NORM, CH, false>, grid, th, smem, st, p);
-    case 2: return launch_k(gemv_warp_kernel<2, EPI, NORM, CH, false>, grid, th, smem, st, p);
-    case 3: return launch_k(gemv_warp_kernel<3, EPI, NORM, CH, false>, grid, th, smem, st, p);
-    case 4: return launch_k(gemv_warp_kernel<4, EPI, NORM, CH, false>, grid, th, smem, st, p);
+    case 1: return launch_k(gemv_warp_kernel<1, EPI, NORM, CH>, grid, th, smem, st, p);
+    case 2: return launch_k(gemv_warp_kernel<2, EPI, NORM, CH>, grid, th, smem, st, p);
+    case 3: return launch_k(gemv_warp_kernel<3, EPI, NORM, CH>, grid, th, smem, st, p);
+    case 4: return launch_k(gemv_warp_kernel<4, EPI, NORM, CH>, grid, th, smem, st, p);
     default: return cudaErrorInvalidValue;
     }
 }
@@ -708,11 +664,7 @@ static bool bad_shape(const void *W, const void *x, int T, int in, int out)
 
 /* the warp kernels: variant "warp", "auto" for one row, and rows shorter
  * than one chunk per thread of a block (they would leave most of it idle) */
-static bool use_warp(int T, int in)
-{
-    int v = state().variant;
-    return v == 0 || ((v == 3 || v == 5) && T == 1) || in < 8 * BT;
-}
+static bool use_warp(int T, int in) { return state().variant == 0 || (state().variant == 3 && T == 1) || in < 8 * BT; }
 /* the tensor-core kernel: variant "mma", "auto" for 2 rows and more (any
  * in) and for one row of 12288 columns or more, and every variant past
  * CUDA_GEMV_MAX_T rows */
@@ -722,8 +674,7 @@ static bool use_mma(int T, int in)
         const char *e = getenv("SLUICE_GEMV_MMA_MIN_IN");
         return e && atoi(e) > 0 ? atoi(e) : 12288;
     }();
-    int v = state().variant;
-    return v == 4 || ((v == 3 || v == 5) && (T >= 2 || in >= min_in)) || T > CUDA_GEMV_MAX_T;
+    return state().variant == 4 || (state().variant == 3 && (T >= 2 || in >= min_in)) || T > CUDA_GEMV_MAX_T;
 }
 
 /* every launcher: the tensor-core, warp or block kernel by use_mma and

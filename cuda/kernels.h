@@ -173,8 +173,7 @@ cudaError_t cuda_gemv_rmsnorm(const uint16_t *W, const float *x, const float *nw
 cudaError_t cuda_gemv_rmsnorm_swiglu(const uint16_t *Wgu, const float *x, const float *nw, float eps, uint16_t *h,
                                      int T, int in, int F, cudaStream_t st);
 /* For benchmarks and tests: variant 0 warp, 1 block, 2 persistent, 3 auto,
- * 4 tensor-core, 5 auto with tensor-core sums in the one-row warp kernels
- * (-1 keeps it), pdl 0/1 (-1 keeps it), ch 4/8/16 chunks per
+ * 4 tensor-core (-1 keeps it), pdl 0/1 (-1 keeps it), ch 4/8/16 chunks per
  * lane in flight in the warp kernels for rows of <= 4096 (other values keep
  * it), overriding the environment. Not thread-safe;
  * call it outside graph capture, with no launch in flight on another thread. */
