@@ -14,7 +14,12 @@
  * (rank k holds heads [k H/N, (k+1) H/N), KV heads likewise, FFN columns
  * [k F/N, (k+1) F/N)); the output and down projections are split by input
  * columns, each rank's f32 partial product is summed by an all-reduce and
- * rounded to bf16 once, as the one-GPU path rounds its GEMM output. The
+ * rounded to bf16 once, as the one-GPU path rounds its GEMM output. Small
+ * all-reduces (decode steps: up to SLUICE_TP_PEER_AR_MAX bytes, 1 MiB) run
+ * as one kernel over peer memory (tp.cu, cuda_peer_allreduce: every rank
+ * reads every rank's partial over NVLink/PCIe and sums in rank order, the
+ * bf16 rounding in the same pass) when every pair of GPUs has peer access;
+ * larger ones, and all of them with SLUICE_TP_PEER_AR=0, through NCCL. The
  * embedding and the LM head are split by vocabulary: a rank gathers the
  * embedding rows it holds (zeros elsewhere) and an all-reduce completes x; for
  * the LM head each rank reduces its slice of every logit row to (max, sum,
@@ -32,6 +37,8 @@
  * flag and its communicator's async error, aborts its communicator (which
  * ends collectives stuck waiting for the failed rank) and returns, so a
  * failure never hangs: forward() returns SL_EDEVICE and sets base.fatal.
+ * The failing rank also sets the peer all-reduce's abort flag (pinned host
+ * memory every GPU reads), which ends its kernels' waits.
  *
  * A step: the host packs the step's inputs (token ids, positions, slots,
  * block tables, attention work items, logit rows, sampling parameters) into
@@ -141,6 +148,9 @@ struct rank {
     float *x;                       /* [E] f32 residual */
     uint16_t *xn, *qkv, *q, *att, *delta, *gu, *h; /* [E], [QKV/N], [Q/N], [Q/N], [E], [2F/N], [F/N] */
     float *deltaf;                  /* [E] f32 partial sums before the all-reduce (N > 1) */
+    float *pbuf[3];                 /* the peer all-reduce's inputs, [peer_elems] f32 each (b->peer): the
+                                       o projection's, the down projection's, the embedding's */
+    unsigned *pflags, *pepoch;      /* its flags and call counters (kernels.h) */
     uint16_t *hfin;                 /* [max_seqs][E] */
     float *logits;                  /* [max_seqs][vn] */
     struct cuda_argmax_part *amp;   /* [CUDA_ARGMAX_SLICES][max_seqs]: the argmax's partial reductions */
@@ -239,6 +249,10 @@ struct cuda_backend {
     atomic_int failed;              /* a rank failed: the others abort their communicators */
     char dead[600];                 /* why the backend stopped (base.fatal points here) */
     bool skip_comm;                 /* SLUICE_TP_SKIP_COMM=1 (benchmarks only) */
+    bool peer;                      /* all-reduces of up to peer_elems floats by cuda_peer_allreduce (N > 1,
+                                       peer access between every pair; SLUICE_TP_PEER_AR=0: NCCL always) */
+    size_t peer_elems;              /* SLUICE_TP_PEER_AR_MAX bytes / 4, at most max_tokens x E */
+    int *peer_abort;                /* pinned, mapped: set when a rank fails, ends the kernel's waits */
     int fault_rank;                 /* SLUICE_TP_FAULT */
     long fault_step;
 };
@@ -534,6 +548,22 @@ static int rank_init(struct rank *k, char *err, size_t errlen)
     if (N > 1 && (dmalloc((void **)&k->deltaf, T * E * 4, err, errlen) ||
                   dmalloc((void **)&k->amp_all, (size_t)N * S * sizeof *k->amp_all, err, errlen)))
         goto fail;
+    if (b->peer) {
+        for (int p = 0; p < N; p++) {
+            if (p == k->id) continue;
+            cudaError_t e = cudaDeviceEnablePeerAccess(b->r[p].dev, 0);
+            if (e == cudaErrorPeerAccessAlreadyEnabled) cudaGetLastError();
+            else CK(e);
+        }
+        size_t fb = (size_t)CUDA_PEER_BLOCKS * CUDA_PEER_MAX * 4;
+        for (int i = 0; i < 3; i++)
+            if (dmalloc((void **)&k->pbuf[i], b->peer_elems * 4, err, errlen)) goto fail;
+        if (dmalloc((void **)&k->pflags, fb, err, errlen) ||
+            dmalloc((void **)&k->pepoch, CUDA_PEER_BLOCKS * 4, err, errlen))
+            goto fail;
+        CK(cudaMemset(k->pflags, 0, fb));
+        CK(cudaMemset(k->pepoch, 0, CUDA_PEER_BLOCKS * 4));
+    }
     if (N > 1) {
         /* NCCL connects its peers on the first collective, which cannot
          * happen inside a graph capture: one eager all-reduce and all-gather
@@ -547,6 +577,31 @@ static int rank_init(struct rank *k, char *err, size_t errlen)
 fail:
     if (stage) cudaFreeHost(stage);
     free(tmp);
+    return SL_EDEVICE;
+}
+
+/* Decides b->peer (before the ranks initialize: they enable peer access and
+ * allocate the buffers): N <= CUDA_PEER_MAX ranks with peer access between
+ * every pair, and SLUICE_TP_PEER_AR not "0". The abort flag lives in pinned
+ * host memory mapped into every device. */
+static int peer_setup(struct cuda_backend *b, char *err, size_t errlen)
+{
+    const char *e = getenv("SLUICE_TP_PEER_AR"), *mx = getenv("SLUICE_TP_PEER_AR_MAX");
+    b->peer = b->tp <= CUDA_PEER_MAX && !(e && strcmp(e, "0") == 0);
+    for (int i = 0; i < b->tp && b->peer; i++)
+        for (int j = 0; j < b->tp && b->peer; j++) {
+            int ok = 0;
+            if (i != j && (cudaDeviceCanAccessPeer(&ok, b->r[i].dev, b->r[j].dev) != cudaSuccess || !ok))
+                b->peer = false;
+        }
+    if (!b->peer) return 0;
+    size_t bytes = mx && atol(mx) > 0 ? (size_t)atol(mx) : (size_t)1 << 20;
+    b->peer_elems = bytes / 4;
+    if (b->peer_elems > (size_t)b->max_tokens * b->c.n_embd) b->peer_elems = (size_t)b->max_tokens * b->c.n_embd;
+    CK(cudaHostAlloc((void **)&b->peer_abort, sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable));
+    *b->peer_abort = 0;
+    return 0;
+fail:
     return SL_EDEVICE;
 }
 
@@ -637,6 +692,7 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
         goto fail;
     }
     for (int i = 0; i < N; i++) b->r[i] = (struct rank){.b = b, .id = i, .dev = i};
+    if (N > 1 && peer_setup(b, err, errlen)) goto fail;
     struct cudaDeviceProp prop;
     CK(cudaSetDevice(0));
     CK(cudaGetDeviceProperties(&prop, 0));
@@ -1072,19 +1128,42 @@ static cublasStatus_t gemm(struct rank *k, const uint16_t *x, const uint16_t *W,
                         &zero, y, yf32 ? CUDA_R_32F : CUDA_R_16BF, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 }
 
+/* Whether an all-reduce of n floats goes through cuda_peer_allreduce. Every
+ * all-reduce of a step has n = T E, so a step takes one path for all of
+ * them. */
+static bool use_peer(const struct cuda_backend *b, size_t n) { return b->peer && !b->skip_comm && n <= b->peer_elems; }
+
+/* cuda_peer_allreduce's arguments for rank k's input buffer i. Buffers:
+ * 0 for the o projection, 1 for down, 2 for the embedding, so consecutive
+ * all-reduces (..., o, down, next step's embedding, o, ...) never share a
+ * buffer, as the kernel's contract asks. */
+static struct cuda_peer_ar peer_args(const struct rank *k, int i)
+{
+    const struct cuda_backend *b = k->b;
+    struct cuda_peer_ar a = {.epoch = k->pepoch, .abort = b->peer_abort, .n_ranks = b->tp, .rank = k->id};
+    for (int p = 0; p < b->tp; p++) a.src[p] = b->r[p].pbuf[i], a.flags[p] = b->r[p].pflags;
+    return a;
+}
+
 /* A row-parallel projection: y = x W^T summed over the ranks, into delta
- * (bf16, rounded once from the f32 sum). */
-static int proj_rows(struct rank *k, const uint16_t *x, const uint16_t *W, int T, int in, int E, char *err,
+ * (bf16, rounded once from the f32 sum). buf: its peer all-reduce buffer. */
+static int proj_rows(struct rank *k, const uint16_t *x, const uint16_t *W, int T, int in, int E, int buf, char *err,
                      size_t errlen)
 {
+    size_t n = (size_t)T * E;
     if (k->b->tp == 1) {
         CB(gemm(k, x, W, k->delta, false, T, in, E));
         return 0;
     }
+    if (use_peer(k->b, n)) {
+        CB(gemm(k, x, W, k->pbuf[buf], true, T, in, E));
+        struct cuda_peer_ar a = peer_args(k, buf);
+        CK(cuda_peer_allreduce(&a, n, k->delta, NULL, k->st));
+        return 0;
+    }
     CB(gemm(k, x, W, k->deltaf, true, T, in, E));
-    if (!k->b->skip_comm)
-        NC(ncclAllReduce(k->deltaf, k->deltaf, (size_t)T * E, ncclFloat, ncclSum, k->comm, k->st));
-    CK(cuda_f32_to_bf16(k->deltaf, (size_t)T * E, k->delta, k->st));
+    if (!k->b->skip_comm) NC(ncclAllReduce(k->deltaf, k->deltaf, n, ncclFloat, ncclSum, k->comm, k->st));
+    CK(cuda_f32_to_bf16(k->deltaf, n, k->delta, k->st));
     return 0;
 fail:
     return SL_EDEVICE;
@@ -1102,8 +1181,14 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
     if (b->tp == 1) {
         CK(cuda_embed(k->tok_embd, DIN(k, ids, int32_t), T, E, k->x, st));
     } else {
-        CK(cuda_embed_shard(k->tok_embd, DIN(k, ids, int32_t), T, E, k->v0, k->vn, k->x, st));
-        if (!b->skip_comm) NC(ncclAllReduce(k->x, k->x, (size_t)T * E, ncclFloat, ncclSum, k->comm, st));
+        if (use_peer(b, (size_t)T * E)) {
+            CK(cuda_embed_shard(k->tok_embd, DIN(k, ids, int32_t), T, E, k->v0, k->vn, k->pbuf[2], st));
+            struct cuda_peer_ar a = peer_args(k, 2);
+            CK(cuda_peer_allreduce(&a, (size_t)T * E, NULL, k->x, st));
+        } else {
+            CK(cuda_embed_shard(k->tok_embd, DIN(k, ids, int32_t), T, E, k->v0, k->vn, k->x, st));
+            if (!b->skip_comm) NC(ncclAllReduce(k->x, k->x, (size_t)T * E, ncclFloat, ncclSum, k->comm, st));
+        }
     }
     /* decode of one token on one GPU: the norms ride in the GEMV prologues,
      * SwiGLU and the residual adds in their epilogues (bit-identical to the
@@ -1153,7 +1238,7 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
             if (!(ab & ABL_DOWN)) CK(cuda_gemv_residual(L->wdown, k->h, k->x, T, F, E, st));
             continue;
         }
-        if (!(ab & ABL_O) && proj_rows(k, k->att, L->wo, T, Q, E, err, errlen)) goto fail;
+        if (!(ab & ABL_O) && proj_rows(k, k->att, L->wo, T, Q, E, 0, err, errlen)) goto fail;
         if (!(ab & ABL_NORM))
             CK(cuda_add_rmsnorm(k->x, k->delta, L->ffn_norm, NULL, T, E, c->norm_eps, k->xn, st));
         bool gu_gemv = b->gemv && T <= CUDA_GEMV_MMA_MAX_T && E % 8 == 0;
@@ -1167,7 +1252,7 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
             CB(gemm(k, k->xn, L->wgu, k->gu, false, T, E, 2 * F));
             CK(cuda_swiglu(k->gu, T, F, k->h, st));
         }
-        if (!(ab & ABL_DOWN) && proj_rows(k, k->h, L->wdown, T, F, E, err, errlen)) goto fail;
+        if (!(ab & ABL_DOWN) && proj_rows(k, k->h, L->wdown, T, F, E, 1, err, errlen)) goto fail;
     }
     if (R > 0) {
         CK(cuda_add_rmsnorm(k->x, fz ? NULL : k->delta, k->out_norm, DIN(k, rows, int32_t), R, E, c->norm_eps,
@@ -1298,6 +1383,7 @@ static int run_job(struct rank *k, enum job job)
     }
     if (rc && k->b->tp > 1) {
         atomic_store(&k->b->failed, 1);
+        if (k->b->peer_abort) *(volatile int *)k->b->peer_abort = 1; /* ends the peer all-reduce's waits */
         fprintf(stderr, "cuda: GPU %d failed (%s); aborting its NCCL communicator\n", k->dev, err);
         /* ends this rank's collectives; peers stuck in theirs see the flag.
          * On its own thread: an abort that waits on a wedged GPU must not
@@ -1501,7 +1587,8 @@ static void rank_free(struct rank *k, const struct model_config *c)
     cudaFree(k->x), cudaFree(k->xn), cudaFree(k->qkv), cudaFree(k->q), cudaFree(k->att), cudaFree(k->delta);
     cudaFree(k->deltaf), cudaFree(k->gu), cudaFree(k->h), cudaFree(k->hfin), cudaFree(k->logits);
     cudaFree(k->amp), cudaFree(k->amp_all), cudaFree(k->tok), cudaFree(k->lp), cudaFree(k->sout), cudaFree(k->part);
-    cudaFree(k->cnt);
+    cudaFree(k->cnt), cudaFree(k->pbuf[0]), cudaFree(k->pbuf[1]), cudaFree(k->pbuf[2]), cudaFree(k->pflags);
+    cudaFree(k->pepoch);
     cudaFree(k->din), cudaFree(k->blas_ws);
     if (k->blas) cublasDestroy(k->blas);
     if (k->comm) ncclCommDestroy(k->comm);
@@ -1530,7 +1617,7 @@ static void destroy(model_backend *mb)
         for (int i = 0; i < b->tp; i++) rank_free(&b->r[i], &b->c);
     free(b->r);
     cudaFreeHost(b->hin), cudaFreeHost(b->hout_tok), cudaFreeHost(b->hout_lp), cudaFreeHost(b->hlog);
-    cudaFreeHost(b->hsout);
+    cudaFreeHost(b->hsout), cudaFreeHost(b->peer_abort);
     free(b->samp), free(b->host_rows), free(b->row_seq), free(b->tok_seq), free(b->row_host), free(b->row_mode), free(b->rng_before);
     free(b->pen_mark);
     free(b);

@@ -278,6 +278,31 @@ cudaError_t cuda_embed_shard(const uint16_t *tab, const int32_t *ids, int T, int
                              cudaStream_t st);
 /* dst[i] = bf16(src[i]) for i < n (round to nearest even). */
 cudaError_t cuda_f32_to_bf16(const float *src, size_t n, uint16_t *dst, cudaStream_t st);
+/* The one-shot all-reduce over peer memory (all ranks in one process, peer
+ * access enabled between every pair): each rank's kernel signals the others
+ * through flags in their memory, waits for theirs, then reads every rank's
+ * f32 buffer and sums them in rank order (so every rank computes the same
+ * bits), writing bf16 (rounded once) or f32. One launch replaces an NCCL
+ * all-reduce and the conversion after it.
+ * Contract (the caller's): every rank makes the same calls with the same n,
+ * in the same order; the kernel before this one on each rank's stream wrote
+ * that rank's src; and consecutive calls use different src buffers, so a
+ * rank never overwrites a buffer a slower peer may still be reading (that
+ * peer has started the call after, so it has finished this one). A nonzero
+ * *abort (host memory mapped into the device) ends every wait: the outputs
+ * are then wrong, for a backend that is stopping. */
+#define CUDA_PEER_MAX 8     /* ranks */
+#define CUDA_PEER_BLOCKS 64 /* blocks of one call at most: per-block flags */
+struct cuda_peer_ar {
+    const float *src[CUDA_PEER_MAX]; /* every rank's input for this call, [n] f32 */
+    unsigned *flags[CUDA_PEER_MAX];  /* every rank's flags, [CUDA_PEER_BLOCKS][CUDA_PEER_MAX], zeroed at start */
+    unsigned *epoch;                 /* this rank's call counters, [CUDA_PEER_BLOCKS], zeroed at start */
+    const volatile int *abort;
+    int n_ranks, rank;
+};
+/* out_bf16 [n] or out_f32 [n] (the other NULL) = the sum over the ranks of src */
+cudaError_t cuda_peer_allreduce(const struct cuda_peer_ar *a, size_t n, uint16_t *out_bf16, float *out_f32,
+                                cudaStream_t st);
 /* A rank's reduction of one logit row over its vocabulary slice. */
 struct cuda_argmax_part {
     float max;      /* largest logit of the slice */

@@ -40,6 +40,88 @@ extern "C" cudaError_t cuda_f32_to_bf16(const float *src, size_t n, uint16_t *ds
     return cudaGetLastError();
 }
 
+/* ---- the one-shot all-reduce over peer memory (kernels.h) ---- */
+
+static __device__ __forceinline__ void st_release_sys(unsigned *p, unsigned v)
+{
+    asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+static __device__ __forceinline__ unsigned ld_acquire_sys(const unsigned *p)
+{
+    unsigned v;
+    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+/* Block b's thread 0 counts this call (epoch[b]), tells every peer that this
+ * rank's src is complete (flags[p][b][rank] = e: the kernel before this one
+ * wrote it), and waits until every peer's flags[rank][b][p] has reached e.
+ * A peer is never more than one call ahead (it would need this rank's
+ * next signal), so "reached" is a wrap-safe difference. Then the block sums
+ * its share of the elements over the ranks in rank order, bypassing L1. */
+static __global__ void peer_ar_kernel(const cuda_peer_ar a, size_t n, uint16_t *ob, float *of)
+{
+    __shared__ int quit;
+    const int b = blockIdx.x;
+    if (threadIdx.x == 0) {
+        unsigned e = a.epoch[b] + 1;
+        a.epoch[b] = e;
+        for (int p = 0; p < a.n_ranks; p++)
+            if (p != a.rank) st_release_sys(a.flags[p] + b * CUDA_PEER_MAX + a.rank, e);
+        int q = 0;
+        for (int p = 0; p < a.n_ranks && !q; p++)
+            if (p != a.rank)
+                for (unsigned spin = 1; (int)(ld_acquire_sys(a.flags[a.rank] + b * CUDA_PEER_MAX + p) - e) < 0; spin++)
+                    if (!(spin & 1023) && *a.abort) { /* host memory: a bus round trip, so not every spin */
+                        q = 1;
+                        break;
+                    }
+        quit = q;
+    }
+    __syncthreads();
+    if (quit) return;
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    if (n % 4 == 0) {
+        for (size_t i = (size_t)b * blockDim.x + threadIdx.x; i < n / 4; i += stride) {
+            float4 s = __ldcg((const float4 *)a.src[0] + i);
+            for (int r = 1; r < a.n_ranks; r++) {
+                float4 v = __ldcg((const float4 *)a.src[r] + i);
+                s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
+            }
+            if (of) {
+                ((float4 *)of)[i] = s;
+            } else {
+                uint2 o;
+                o.x = (uint32_t)f2bf(s.x) | (uint32_t)f2bf(s.y) << 16;
+                o.y = (uint32_t)f2bf(s.z) | (uint32_t)f2bf(s.w) << 16;
+                ((uint2 *)ob)[i] = o;
+            }
+        }
+        return;
+    }
+    for (size_t i = (size_t)b * blockDim.x + threadIdx.x; i < n; i += stride) {
+        float s = __ldcg(a.src[0] + i);
+        for (int r = 1; r < a.n_ranks; r++) s += __ldcg(a.src[r] + i);
+        if (of)
+            of[i] = s;
+        else
+            ob[i] = f2bf(s);
+    }
+}
+
+extern "C" cudaError_t cuda_peer_allreduce(const struct cuda_peer_ar *a, size_t n, uint16_t *out_bf16,
+                                           float *out_f32, cudaStream_t st)
+{
+    if (a->n_ranks < 1 || a->n_ranks > CUDA_PEER_MAX || a->rank < 0 || a->rank >= a->n_ranks ||
+        !out_bf16 == !out_f32)
+        return cudaErrorInvalidValue;
+    if (!n) return cudaSuccess;
+    size_t units = n % 4 == 0 ? n / 4 : n, blocks = (units + 255) / 256;
+    if (blocks > CUDA_PEER_BLOCKS) blocks = CUDA_PEER_BLOCKS;
+    peer_ar_kernel<<<(unsigned)blocks, 256, 0, st>>>(*a, n, out_bf16, out_f32);
+    return cudaGetLastError();
+}
+
 /* One block per (row, slice of `chunk` logits): (value desc, id asc) argmax,
  * then the sum of exp below the slice's max. Ids are global (v0 + local);
  * part is slice-major ([slice][row]), so slices combine like ranks. */

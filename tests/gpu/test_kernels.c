@@ -1108,6 +1108,114 @@ static void test_attention_wg8_small(void)
     g_kv8 = false;
 }
 
+/* The peer all-reduce (tp.cu), its ranks on streams of their own: on
+ * different GPUs when there are enough (peer access), else all on GPU 0,
+ * where the ranks' kernels run side by side and wait for each other. Every
+ * rank's output must be bit for bit the host's f32 sum in rank order (bf16:
+ * that sum rounded), for the vector and the scalar path and more elements
+ * than a call's blocks cover, over 12 calls through 3 rotating buffers (the
+ * per-block counters advance alike on every rank). Then a kernel whose peer
+ * never comes must still be waiting, and end when the abort flag is set. */
+static void test_peer_allreduce(void)
+{
+    int ngpu = 0;
+    cudaGetDeviceCount(&ngpu);
+    int *abort_flag = NULL;
+    CHECK(cudaHostAlloc((void **)&abort_flag, sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable) ==
+          cudaSuccess);
+    *abort_flag = 0;
+    const size_t sizes[] = {4096, 4099, 70000, 1};
+    for (int N = 1; N <= 3; N++)
+        for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+            size_t n = sizes[si];
+            int dev[3];
+            cudaStream_t st[3];
+            float *buf[3][3], *of[3], *h[3], *got = malloc(n * 4), *ref = malloc(n * 4);
+            uint16_t *ob[3], *gotb = malloc(n * 2);
+            unsigned *flags[3], *epoch[3];
+            for (int r = 0; r < N; r++) {
+                dev[r] = ngpu >= N ? r : 0;
+                cudaSetDevice(dev[r]);
+                for (int p = 0; p < N; p++)
+                    if (ngpu >= N && p != r && cudaDeviceEnablePeerAccess(p, 0) != cudaSuccess) cudaGetLastError();
+                CHECK(cudaStreamCreateWithFlags(&st[r], cudaStreamNonBlocking) == cudaSuccess);
+                for (int i = 0; i < 3; i++) buf[r][i] = dup_dev(NULL, n * 4);
+                of[r] = poisoned(n * 4), ob[r] = poisoned(n * 2);
+                flags[r] = dup_dev(NULL, CUDA_PEER_BLOCKS * CUDA_PEER_MAX * 4);
+                epoch[r] = dup_dev(NULL, CUDA_PEER_BLOCKS * 4);
+                cudaMemset(flags[r], 0, CUDA_PEER_BLOCKS * CUDA_PEER_MAX * 4), cudaMemset(epoch[r], 0, CUDA_PEER_BLOCKS * 4);
+                h[r] = malloc(n * 4);
+            }
+            int bad = 0;
+            for (int c = 0; c < 12 && !bad; c++) {
+                int i = c % 3;
+                bool f32 = c % 2 == 0;
+                for (int r = 0; r < N; r++) {
+                    for (size_t j = 0; j < n; j++) h[r][j] = frand() * (j % 7 == 0 ? 1000.0f : 1.0f);
+                    cudaSetDevice(dev[r]);
+                    cudaMemcpy(buf[r][i], h[r], n * 4, cudaMemcpyHostToDevice);
+                    cudaDeviceSynchronize();
+                }
+                for (size_t j = 0; j < n; j++) {
+                    float s = h[0][j];
+                    for (int r = 1; r < N; r++) s += h[r][j];
+                    ref[j] = s;
+                }
+                for (int r = 0; r < N; r++) {
+                    struct cuda_peer_ar a = {.epoch = epoch[r], .abort = abort_flag, .n_ranks = N, .rank = r};
+                    for (int p = 0; p < N; p++) a.src[p] = buf[p][i], a.flags[p] = flags[p];
+                    cudaSetDevice(dev[r]);
+                    CHECK(cuda_peer_allreduce(&a, n, f32 ? NULL : ob[r], f32 ? of[r] : NULL, st[r]) == cudaSuccess);
+                }
+                for (int r = 0; r < N; r++) {
+                    cudaSetDevice(dev[r]);
+                    CHECK(cudaStreamSynchronize(st[r]) == cudaSuccess);
+                    if (f32) {
+                        get(got, of[r], n * 4);
+                        bad += memcmp(got, ref, n * 4) != 0;
+                    } else {
+                        get(gotb, ob[r], n * 2);
+                        for (size_t j = 0; j < n; j++) bad += gotb[j] != bf(ref[j]);
+                    }
+                }
+                CHECKF(!bad, "peer all-reduce N=%d n=%zu call %d (%s): %d outputs differ from the rank-order sum", N,
+                       n, c, f32 ? "f32" : "bf16", bad);
+            }
+            printf("  peer all-reduce N=%d (%s) n=%zu: 12 calls, %s\n", N, ngpu >= N && N > 1 ? "GPUs" : "one GPU", n,
+                   bad ? "FAILED" : "exact");
+            /* a lone rank waits until the abort flag ends it */
+            if (N == 2 && si == 0) {
+                struct cuda_peer_ar a = {.epoch = epoch[0], .abort = abort_flag, .n_ranks = N, .rank = 0};
+                for (int p = 0; p < N; p++) a.src[p] = buf[p][0], a.flags[p] = flags[p];
+                cudaSetDevice(dev[0]);
+                CHECK(cuda_peer_allreduce(&a, n, NULL, of[0], st[0]) == cudaSuccess);
+                struct timespec ts = {0, 50 * 1000 * 1000};
+                nanosleep(&ts, NULL);
+                CHECKF(cudaStreamQuery(st[0]) == cudaErrorNotReady, "peer all-reduce: a lone rank did not wait");
+                *(volatile int *)abort_flag = 1;
+                double t0 = now_s();
+                CHECK(cudaStreamSynchronize(st[0]) == cudaSuccess);
+                printf("  peer all-reduce: a lone rank waited, ended %.1f ms after the abort flag\n",
+                       (now_s() - t0) * 1e3);
+                *abort_flag = 0;
+            }
+            for (int r = 0; r < N; r++) {
+                cudaSetDevice(dev[r]);
+                cudaStreamDestroy(st[r]);
+                for (int i = 0; i < 3; i++) cudaFree(buf[r][i]);
+                cudaFree(of[r]), cudaFree(ob[r]), cudaFree(flags[r]), cudaFree(epoch[r]), free(h[r]);
+            }
+            free(got), free(ref), free(gotb);
+            cudaSetDevice(0);
+        }
+    /* bad arguments launch nothing */
+    struct cuda_peer_ar a = {.n_ranks = CUDA_PEER_MAX + 1};
+    CHECK(cuda_peer_allreduce(&a, 4, NULL, (float *)abort_flag, 0) == cudaErrorInvalidValue);
+    a.n_ranks = 1;
+    CHECK(cuda_peer_allreduce(&a, 4, NULL, NULL, 0) == cudaErrorInvalidValue);
+    cudaFreeHost(abort_flag);
+}
+
 int main(void)
 {
     int n = 0;
@@ -1122,6 +1230,7 @@ int main(void)
     RUN(test_gemm_wg);
     RUN(test_gemv_layers_graph);
     RUN(test_argmax);
+    RUN(test_peer_allreduce);
     RUN(test_rope_kv);
     RUN(test_attention);
     RUN(test_attention_decode);
