@@ -208,8 +208,9 @@ struct cuda_backend {
     bool graphs;                    /* SLUICE_CUDA_GRAPHS=0: off */
     bool gemv;                      /* our GEMV for <= CUDA_GEMV_MMA_MAX_T rows; SLUICE_CUDA_GEMV=0: cuBLAS */
     int fused_t;                    /* with fused: steps of at most this many tokens (SLUICE_CUDA_FUSED_T) */
-    bool fused;                     /* one-token decode steps (one rank) through the fused
-                                       norm+GEMV, GEMV+SwiGLU and GEMV+residual kernels; SLUICE_CUDA_FUSED=0:
+    bool fused;                     /* one-token decode steps through the fused norm+GEMV,
+                                       GEMV+SwiGLU and GEMV+residual kernels (N > 1: the residual add in the
+                                       peer all-reduce, when it is taken); SLUICE_CUDA_FUSED=0:
                                        off (on the warp kernels they measured 217.5 -> 221.5 tok/s at batch 1,
                                        BENCHMARKS.md) */
     bool warmup, warming;           /* warmup() still to run at the next kv_alloc (SLUICE_CUDA_WARMUP=0: never);
@@ -549,11 +550,15 @@ static int rank_init(struct rank *k, char *err, size_t errlen)
                   dmalloc((void **)&k->amp_all, (size_t)N * S * sizeof *k->amp_all, err, errlen)))
         goto fail;
     if (b->peer) {
+        /* once per pair and process (a later backend finds it on) */
+        static _Atomic uint32_t peer_on[MAX_TP];
         for (int p = 0; p < N; p++) {
-            if (p == k->id) continue;
+            uint32_t bit = 1u << b->r[p].dev;
+            if (p == k->id || (atomic_load(&peer_on[k->dev]) & bit)) continue;
             cudaError_t e = cudaDeviceEnablePeerAccess(b->r[p].dev, 0);
             if (e == cudaErrorPeerAccessAlreadyEnabled) cudaGetLastError();
             else CK(e);
+            atomic_fetch_or(&peer_on[k->dev], bit);
         }
         size_t fb = (size_t)CUDA_PEER_BLOCKS * CUDA_PEER_MAX * 4;
         for (int i = 0; i < 3; i++)
@@ -665,7 +670,7 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     ge = getenv("SLUICE_CUDA_GEMV");
     b->gemv = !(ge && strcmp(ge, "0") == 0);
     ge = getenv("SLUICE_CUDA_FUSED");
-    b->fused = b->gemv && N == 1 && !(ge && strcmp(ge, "0") == 0) && c->n_embd % 8 == 0 && c->n_ff % 8 == 0 &&
+    b->fused = b->gemv && !(ge && strcmp(ge, "0") == 0) && c->n_embd % 8 == 0 && c->n_ff % 8 == 0 &&
                (c->n_head * c->head_dim) % 8 == 0 && (size_t)CUDA_GEMV_MAX_T * c->n_embd * 2 <= CUDA_GEMV_NORM_SMEM;
     ge = getenv("SLUICE_CUDA_FUSED_T");
     b->fused_t = ge && atoi(ge) >= 1 && atoi(ge) <= CUDA_GEMV_MAX_T ? atoi(ge) : 1;
@@ -1158,12 +1163,30 @@ static int proj_rows(struct rank *k, const uint16_t *x, const uint16_t *W, int T
     if (use_peer(k->b, n)) {
         CB(gemm(k, x, W, k->pbuf[buf], true, T, in, E));
         struct cuda_peer_ar a = peer_args(k, buf);
-        CK(cuda_peer_allreduce(&a, n, k->delta, NULL, k->st));
+        CK(cuda_peer_allreduce(&a, n, k->delta, NULL, false, k->st));
         return 0;
     }
     CB(gemm(k, x, W, k->deltaf, true, T, in, E));
     if (!k->b->skip_comm) NC(ncclAllReduce(k->deltaf, k->deltaf, n, ncclFloat, ncclSum, k->comm, k->st));
     CK(cuda_f32_to_bf16(k->deltaf, n, k->delta, k->st));
+    return 0;
+fail:
+    return SL_EDEVICE;
+}
+
+/* The same projection added into the residual x (the fused path): x +=
+ * bf16(y), on one GPU in the GEMV's epilogue, with N > 1 in the peer
+ * all-reduce (only taken when use_peer). */
+static int proj_resid(struct rank *k, const uint16_t *x, const uint16_t *W, int T, int in, int E, int buf, char *err,
+                      size_t errlen)
+{
+    if (k->b->tp == 1) {
+        CK(cuda_gemv_residual(W, x, k->x, T, in, E, k->st));
+        return 0;
+    }
+    CB(gemm(k, x, W, k->pbuf[buf], true, T, in, E));
+    struct cuda_peer_ar a = peer_args(k, buf);
+    CK(cuda_peer_allreduce(&a, (size_t)T * E, NULL, k->x, true, k->st));
     return 0;
 fail:
     return SL_EDEVICE;
@@ -1184,7 +1207,7 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
         if (use_peer(b, (size_t)T * E)) {
             CK(cuda_embed_shard(k->tok_embd, DIN(k, ids, int32_t), T, E, k->v0, k->vn, k->pbuf[2], st));
             struct cuda_peer_ar a = peer_args(k, 2);
-            CK(cuda_peer_allreduce(&a, (size_t)T * E, NULL, k->x, st));
+            CK(cuda_peer_allreduce(&a, (size_t)T * E, NULL, k->x, false, st));
         } else {
             CK(cuda_embed_shard(k->tok_embd, DIN(k, ids, int32_t), T, E, k->v0, k->vn, k->x, st));
             if (!b->skip_comm) NC(ncclAllReduce(k->x, k->x, (size_t)T * E, ncclFloat, ncclSum, k->comm, st));
@@ -1196,8 +1219,10 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
      * T = 1, where the GEMVs are warp kernels, unless SLUICE_CUDA_FUSED_T
      * says more: at 2-4 tokens the fused kernels measured slower than the
      * unfused ones (BENCHMARKS.md: block kernels 164.4 vs 148.4 us per layer
-     * at T = 4; tensor-core kernels, twentieth round, 603 vs 838 tok/s) */
-    bool fz = b->fused && T <= b->fused_t;
+     * at T = 4; tensor-core kernels, twentieth round, 603 vs 838 tok/s).
+     * With N > 1 only when the all-reduces go through the peer kernel,
+     * which adds them into x */
+    bool fz = b->fused && T <= b->fused_t && (b->tp == 1 || use_peer(b, (size_t)T * E));
     for (int l = 0; l < c->n_layer; l++) {
         const struct clayer *L = &k->L[l];
         /* the previous layer's MLP output joins the residual here */
@@ -1232,10 +1257,10 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
         };
         if (!(ab & ABL_ATTN)) CK(cuda_attention(&aa, st));
         if (fz) {
-            if (!(ab & ABL_O)) CK(cuda_gemv_residual(L->wo, k->att, k->x, T, Q, E, st));
+            if (!(ab & ABL_O) && proj_resid(k, k->att, L->wo, T, Q, E, 0, err, errlen)) goto fail;
             if (!(ab & ABL_GU))
                 CK(cuda_gemv_rmsnorm_swiglu(L->wgu, k->x, L->ffn_norm, c->norm_eps, k->h, T, E, F, st));
-            if (!(ab & ABL_DOWN)) CK(cuda_gemv_residual(L->wdown, k->h, k->x, T, F, E, st));
+            if (!(ab & ABL_DOWN) && proj_resid(k, k->h, L->wdown, T, F, E, 1, err, errlen)) goto fail;
             continue;
         }
         if (!(ab & ABL_O) && proj_rows(k, k->att, L->wo, T, Q, E, 0, err, errlen)) goto fail;

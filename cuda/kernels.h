@@ -300,8 +300,10 @@ struct cuda_peer_ar {
     const volatile int *abort;
     int n_ranks, rank;
 };
-/* out_bf16 [n] or out_f32 [n] (the other NULL) = the sum over the ranks of src */
-cudaError_t cuda_peer_allreduce(const struct cuda_peer_ar *a, size_t n, uint16_t *out_bf16, float *out_f32,
+/* out_bf16 [n] or out_f32 [n] (the other NULL) = the sum over the ranks of
+ * src; with add, out_f32 += the sum rounded to bf16 (as a residual x += a
+ * bf16 delta: cuda_add_rmsnorm's addition, bit for bit) */
+cudaError_t cuda_peer_allreduce(const struct cuda_peer_ar *a, size_t n, uint16_t *out_bf16, float *out_f32, bool add,
                                 cudaStream_t st);
 /* A rank's reduction of one logit row over its vocabulary slice. */
 struct cuda_argmax_part {

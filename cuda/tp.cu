@@ -59,7 +59,7 @@ static __device__ __forceinline__ unsigned ld_acquire_sys(const unsigned *p)
  * A peer is never more than one call ahead (it would need this rank's
  * next signal), so "reached" is a wrap-safe difference. Then the block sums
  * its share of the elements over the ranks in rank order, bypassing L1. */
-static __global__ void peer_ar_kernel(const cuda_peer_ar a, size_t n, uint16_t *ob, float *of)
+static __global__ void peer_ar_kernel(const cuda_peer_ar a, size_t n, uint16_t *ob, float *of, bool add)
 {
     __shared__ int quit;
     const int b = blockIdx.x;
@@ -88,7 +88,10 @@ static __global__ void peer_ar_kernel(const cuda_peer_ar a, size_t n, uint16_t *
                 float4 v = __ldcg((const float4 *)a.src[r] + i);
                 s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
             }
-            if (of) {
+            if (add) {
+                float4 &x = ((float4 *)of)[i];
+                x.x += bf2f(f2bf(s.x)), x.y += bf2f(f2bf(s.y)), x.z += bf2f(f2bf(s.z)), x.w += bf2f(f2bf(s.w));
+            } else if (of) {
                 ((float4 *)of)[i] = s;
             } else {
                 uint2 o;
@@ -102,7 +105,9 @@ static __global__ void peer_ar_kernel(const cuda_peer_ar a, size_t n, uint16_t *
     for (size_t i = (size_t)b * blockDim.x + threadIdx.x; i < n; i += stride) {
         float s = __ldcg(a.src[0] + i);
         for (int r = 1; r < a.n_ranks; r++) s += __ldcg(a.src[r] + i);
-        if (of)
+        if (add)
+            of[i] += bf2f(f2bf(s));
+        else if (of)
             of[i] = s;
         else
             ob[i] = f2bf(s);
@@ -110,15 +115,15 @@ static __global__ void peer_ar_kernel(const cuda_peer_ar a, size_t n, uint16_t *
 }
 
 extern "C" cudaError_t cuda_peer_allreduce(const struct cuda_peer_ar *a, size_t n, uint16_t *out_bf16,
-                                           float *out_f32, cudaStream_t st)
+                                           float *out_f32, bool add, cudaStream_t st)
 {
     if (a->n_ranks < 1 || a->n_ranks > CUDA_PEER_MAX || a->rank < 0 || a->rank >= a->n_ranks ||
-        !out_bf16 == !out_f32)
+        !out_bf16 == !out_f32 || (add && !out_f32))
         return cudaErrorInvalidValue;
     if (!n) return cudaSuccess;
     size_t units = n % 4 == 0 ? n / 4 : n, blocks = (units + 255) / 256;
     if (blocks > CUDA_PEER_BLOCKS) blocks = CUDA_PEER_BLOCKS;
-    peer_ar_kernel<<<(unsigned)blocks, 256, 0, st>>>(*a, n, out_bf16, out_f32);
+    peer_ar_kernel<<<(unsigned)blocks, 256, 0, st>>>(*a, n, out_bf16, out_f32, add);
     return cudaGetLastError();
 }
 

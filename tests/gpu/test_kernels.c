@@ -1113,7 +1113,8 @@ static void test_attention_wg8_small(void)
  * where the ranks' kernels run side by side and wait for each other. Every
  * rank's output must be bit for bit the host's f32 sum in rank order (bf16:
  * that sum rounded), for the vector and the scalar path and more elements
- * than a call's blocks cover, over 12 calls through 3 rotating buffers (the
+ * than a call's blocks cover, and the residual add (f32 += the rounded
+ * sum), over 12 calls through 3 rotating buffers (the
  * per-block counters advance alike on every rank). Then a kernel whose peer
  * never comes must still be waiting, and end when the abort flag is set. */
 static void test_peer_allreduce(void)
@@ -1124,6 +1125,25 @@ static void test_peer_allreduce(void)
     CHECK(cudaHostAlloc((void **)&abort_flag, sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable) ==
           cudaSuccess);
     *abort_flag = 0;
+    /* once: the ranks below use GPUs 0..N-1 when there are N with peer
+     * access between them all (ngpu is cut to that count), else GPU 0 */
+    int np = ngpu < 3 ? ngpu : 3;
+    for (int r = 0; r < np; r++)
+        for (int p = 0; p < np; p++) {
+            int ok = 0;
+            if (p == r) continue;
+            if (cudaDeviceCanAccessPeer(&ok, r, p) != cudaSuccess || !ok) {
+                np = r > p ? r : p; /* GPUs 0 .. max(r, p) - 1 at most */
+                break;
+            }
+        }
+    for (int r = 0; r < np; r++)
+        for (int p = 0; p < np; p++) {
+            cudaSetDevice(r);
+            if (p != r) CHECK(cudaDeviceEnablePeerAccess(p, 0) == cudaSuccess);
+        }
+    ngpu = np;
+    cudaSetDevice(0);
     const size_t sizes[] = {4096, 4099, 70000, 1};
     for (int N = 1; N <= 3; N++)
         for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
@@ -1136,8 +1156,6 @@ static void test_peer_allreduce(void)
             for (int r = 0; r < N; r++) {
                 dev[r] = ngpu >= N ? r : 0;
                 cudaSetDevice(dev[r]);
-                for (int p = 0; p < N; p++)
-                    if (ngpu >= N && p != r && cudaDeviceEnablePeerAccess(p, 0) != cudaSuccess) cudaGetLastError();
                 CHECK(cudaStreamCreateWithFlags(&st[r], cudaStreamNonBlocking) == cudaSuccess);
                 for (int i = 0; i < 3; i++) buf[r][i] = dup_dev(NULL, n * 4);
                 of[r] = poisoned(n * 4), ob[r] = poisoned(n * 2);
@@ -1147,9 +1165,10 @@ static void test_peer_allreduce(void)
                 h[r] = malloc(n * 4);
             }
             int bad = 0;
+            float *x0 = malloc(n * 4);
             for (int c = 0; c < 12 && !bad; c++) {
-                int i = c % 3;
-                bool f32 = c % 2 == 0;
+                int i = c * 2 % 3, mode = c % 3; /* buffers 0 2 1 0 ...; outputs f32, bf16, f32 += bf16 */
+                bool f32 = mode != 1, add = mode == 2;
                 for (int r = 0; r < N; r++) {
                     for (size_t j = 0; j < n; j++) h[r][j] = frand() * (j % 7 == 0 ? 1000.0f : 1.0f);
                     cudaSetDevice(dev[r]);
@@ -1160,12 +1179,18 @@ static void test_peer_allreduce(void)
                     float s = h[0][j];
                     for (int r = 1; r < N; r++) s += h[r][j];
                     ref[j] = s;
+                    if (add) x0[j] = 10 * frand(), ref[j] = x0[j] + fb(bf(s));
+                }
+                for (int r = 0; r < N && add; r++) {
+                    cudaSetDevice(dev[r]);
+                    cudaMemcpy(of[r], x0, n * 4, cudaMemcpyHostToDevice);
                 }
                 for (int r = 0; r < N; r++) {
                     struct cuda_peer_ar a = {.epoch = epoch[r], .abort = abort_flag, .n_ranks = N, .rank = r};
                     for (int p = 0; p < N; p++) a.src[p] = buf[p][i], a.flags[p] = flags[p];
                     cudaSetDevice(dev[r]);
-                    CHECK(cuda_peer_allreduce(&a, n, f32 ? NULL : ob[r], f32 ? of[r] : NULL, st[r]) == cudaSuccess);
+                    CHECK(cuda_peer_allreduce(&a, n, f32 ? NULL : ob[r], f32 ? of[r] : NULL, add, st[r]) ==
+                          cudaSuccess);
                 }
                 for (int r = 0; r < N; r++) {
                     cudaSetDevice(dev[r]);
@@ -1179,8 +1204,9 @@ static void test_peer_allreduce(void)
                     }
                 }
                 CHECKF(!bad, "peer all-reduce N=%d n=%zu call %d (%s): %d outputs differ from the rank-order sum", N,
-                       n, c, f32 ? "f32" : "bf16", bad);
+                       n, c, add ? "f32 +=" : f32 ? "f32" : "bf16", bad);
             }
+            free(x0);
             printf("  peer all-reduce N=%d (%s) n=%zu: 12 calls, %s\n", N, ngpu >= N && N > 1 ? "GPUs" : "one GPU", n,
                    bad ? "FAILED" : "exact");
             /* a lone rank waits until the abort flag ends it */
@@ -1188,7 +1214,7 @@ static void test_peer_allreduce(void)
                 struct cuda_peer_ar a = {.epoch = epoch[0], .abort = abort_flag, .n_ranks = N, .rank = 0};
                 for (int p = 0; p < N; p++) a.src[p] = buf[p][0], a.flags[p] = flags[p];
                 cudaSetDevice(dev[0]);
-                CHECK(cuda_peer_allreduce(&a, n, NULL, of[0], st[0]) == cudaSuccess);
+                CHECK(cuda_peer_allreduce(&a, n, NULL, of[0], false, st[0]) == cudaSuccess);
                 struct timespec ts = {0, 50 * 1000 * 1000};
                 nanosleep(&ts, NULL);
                 CHECKF(cudaStreamQuery(st[0]) == cudaErrorNotReady, "peer all-reduce: a lone rank did not wait");
@@ -1210,9 +1236,10 @@ static void test_peer_allreduce(void)
         }
     /* bad arguments launch nothing */
     struct cuda_peer_ar a = {.n_ranks = CUDA_PEER_MAX + 1};
-    CHECK(cuda_peer_allreduce(&a, 4, NULL, (float *)abort_flag, 0) == cudaErrorInvalidValue);
+    CHECK(cuda_peer_allreduce(&a, 4, NULL, (float *)abort_flag, false, 0) == cudaErrorInvalidValue);
     a.n_ranks = 1;
-    CHECK(cuda_peer_allreduce(&a, 4, NULL, NULL, 0) == cudaErrorInvalidValue);
+    CHECK(cuda_peer_allreduce(&a, 4, NULL, NULL, false, 0) == cudaErrorInvalidValue);
+    CHECK(cuda_peer_allreduce(&a, 4, (uint16_t *)abort_flag, NULL, true, 0) == cudaErrorInvalidValue);
     cudaFreeHost(abort_flag);
 }
 
