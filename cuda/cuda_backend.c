@@ -15,7 +15,7 @@
  * [k F/N, (k+1) F/N)); the output and down projections are split by input
  * columns, each rank's f32 partial product is summed by an all-reduce and
  * rounded to bf16 once, as the one-GPU path rounds its GEMM output. Small
- * all-reduces (decode steps: up to SLUICE_TP_PEER_AR_MAX bytes, 1 MiB) run
+ * all-reduces (decode steps: up to SLUICE_TP_PEER_AR_MAX bytes, 8 MiB) run
  * as one kernel over peer memory (tp.cu, cuda_peer_allreduce: every rank
  * reads every rank's partial over NVLink/PCIe and sums in rank order, the
  * bf16 rounding in the same pass) when every pair of GPUs has peer access;
@@ -252,7 +252,7 @@ struct cuda_backend {
     bool skip_comm;                 /* SLUICE_TP_SKIP_COMM=1 (benchmarks only) */
     bool peer;                      /* all-reduces of up to peer_elems floats by cuda_peer_allreduce (N > 1,
                                        peer access between every pair; SLUICE_TP_PEER_AR=0: NCCL always) */
-    size_t peer_elems;              /* SLUICE_TP_PEER_AR_MAX bytes / 4, at most max_tokens x E */
+    size_t peer_elems;              /* SLUICE_TP_PEER_AR_MAX bytes (8 MiB) / 4, at most max_tokens x E */
     int *peer_abort;                /* pinned, mapped: set when a rank fails, ends the kernel's waits */
     int fault_rank;                 /* SLUICE_TP_FAULT */
     long fault_step;
@@ -600,7 +600,7 @@ static int peer_setup(struct cuda_backend *b, char *err, size_t errlen)
                 b->peer = false;
         }
     if (!b->peer) return 0;
-    size_t bytes = mx && atol(mx) > 0 ? (size_t)atol(mx) : (size_t)1 << 20;
+    size_t bytes = mx && atol(mx) > 0 ? (size_t)atol(mx) : (size_t)8 << 20;
     b->peer_elems = bytes / 4;
     if (b->peer_elems > (size_t)b->max_tokens * b->c.n_embd) b->peer_elems = (size_t)b->max_tokens * b->c.n_embd;
     CK(cudaHostAlloc((void **)&b->peer_abort, sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable));
@@ -654,11 +654,6 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     if (fe && sscanf(fe, "%d:%ld", &b->fault_rank, &b->fault_step) != 2) b->fault_rank = -1;
     fe = getenv("SLUICE_TP_SKIP_COMM");
     b->skip_comm = N > 1 && fe && strcmp(fe, "1") == 0;
-    /* programmatic dependent launch: with N > 1 the kernels are launched
-     * plainly unless SLUICE_PDL=1 asks for it (correct there, but no faster:
-     * TP=2 batch-1 decode 288.3 vs 288.2 tok/s, BENCHMARKS.md) */
-    fe = getenv("SLUICE_PDL");
-    if (N > 1 && !(fe && strcmp(fe, "1") == 0)) cuda_gemv_select(-1, 0, -1);
     if (b->skip_comm) fprintf(stderr, "cuda: SLUICE_TP_SKIP_COMM=1: collectives left out, outputs are wrong\n");
     b->max_tokens = opts && opts->max_tokens_per_step > 0 ? opts->max_tokens_per_step : 2048;
     b->max_seqs = opts && opts->max_seqs_per_step > 0 ? opts->max_seqs_per_step : 256;
@@ -698,6 +693,13 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     }
     for (int i = 0; i < N; i++) b->r[i] = (struct rank){.b = b, .id = i, .dev = i};
     if (N > 1 && peer_setup(b, err, errlen)) goto fail;
+    /* programmatic dependent launch: with N > 1 on only with the peer
+     * all-reduce, which lets the GEMV after it start loading weights (TP=2
+     * batch-1 decode 326 -> 339 tok/s; with NCCL's kernels between them it
+     * was no faster, 288.3 vs 288.2, BENCHMARKS.md); SLUICE_PDL=1 forces it
+     * on, 0 off */
+    fe = getenv("SLUICE_PDL");
+    if (N > 1 && !b->peer && !(fe && strcmp(fe, "1") == 0)) cuda_gemv_select(-1, 0, -1);
     struct cudaDeviceProp prop;
     CK(cudaSetDevice(0));
     CK(cudaGetDeviceProperties(&prop, 0));

@@ -5,6 +5,7 @@
  * same partials in the same order, so all ranks agree on the token). */
 #include "cuda/bf16.cuh"
 #include "cuda/kernels.h"
+#include "cuda/pdl.cuh"
 
 static __global__ void embed_shard_kernel(const uint16_t *tab, const int32_t *ids, int E, int v0, int vn, float *x)
 {
@@ -63,6 +64,7 @@ static __global__ void peer_ar_kernel(const cuda_peer_ar a, size_t n, uint16_t *
 {
     __shared__ int quit;
     const int b = blockIdx.x;
+    pdl_trigger(); /* with SLUICE_PDL=1, the next GEMV may load weights while this waits */
     if (threadIdx.x == 0) {
         unsigned e = a.epoch[b] + 1;
         a.epoch[b] = e;

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# final21_run.sh LOGDIR - the twenty-first round's tree on two H200s: make
+# gpu-test (the TP=2 suites on the peer all-reduce, the fused path and PDL,
+# all now the defaults), the rank-failure check, then decode: TP=2 batches
+# 1-256 with this build and NCCL's path (SLUICE_TP_PEER_AR=0), alternating,
+# twice, and one GPU at batch 1.
+. "$(dirname "$0")/run_lib.sh"
+nvidia-smi -L
+a=$(date +%s)
+BUILD=build timeout -k 5 ${GPU_TEST_SECS:-330} tests/gpu/run_gpu_tests.sh >"$L/gpu_test.log" 2>&1
+echo "gpu-test rc=$? $(($(date +%s) - a))s: $(tail -1 "$L/gpu_test.log")"
+grep -E "^== |FAIL|failed:" "$L/gpu_test.log" | grep -vE "^== .*passed" | grep -B1 -E "FAIL|failed:" | head -30
+FAULT_ONLY=1 timeout -k 5 90 tests/gpu/tp_check.sh 2 "$L/fault" 2>&1 | tail -4
+bench() { # name, env...
+  local n=$1; shift
+  timeout -k 5 150 env "$@" SLUICE_BENCH_ONLY=decode build/tests/gpu/bench_gpu > "$L/$n.log" 2>&1
+  echo "$n rc=$?: $(grep -E 'decode batch' "$L/$n.log" | sed -e 's/ ctx//' -e 's/; floor.*//' | tr '\n' ' ')"
+}
+D=2x1024,4x1024,8x1024,64x1024,128x1024,256x1024
+for r in 1 2; do
+  bench tp2_nccl_$r SLUICE_TP_PEER_AR=0 SLUICE_TEST_TP=2 SLUICE_BENCH_DECODE=$D
+  bench tp2_$r SLUICE_TEST_TP=2 SLUICE_BENCH_DECODE=$D
+done
+bench tp1 SLUICE_TEST_TP=1
