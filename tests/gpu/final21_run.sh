@@ -3,7 +3,8 @@
 # gpu-test (the TP=2 suites on the peer all-reduce, the fused path and PDL,
 # all now the defaults), the rank-failure check, then decode: TP=2 batches
 # 1-256 with this build and NCCL's path (SLUICE_TP_PEER_AR=0), alternating,
-# twice, and one GPU at batch 1.
+# twice, and one GPU at batch 1; TP=2 prefill with the peer kernel up to
+# 64 MiB against NCCL.
 . "$(dirname "$0")/run_lib.sh"
 nvidia-smi -L
 a=$(date +%s)
@@ -22,3 +23,11 @@ for r in 1 2; do
   bench tp2_$r SLUICE_TEST_TP=2 SLUICE_BENCH_DECODE=$D
 done
 bench tp1 SLUICE_TEST_TP=1
+# prefill at TP=2: the 2048-token prompt's 32 MiB all-reduces on the peer
+# kernel (limit 64 MiB) against NCCL (the default limit); the 16K step stays on NCCL
+for r in 1 2; do
+  timeout -k 5 150 env SLUICE_TEST_TP=2 SLUICE_BENCH_ONLY=prefill build/tests/gpu/bench_gpu > "$L/pf_nccl_$r.log" 2>&1
+  echo "prefill nccl $r: $(grep -E '^prefill' "$L/pf_nccl_$r.log" | tr '\n' ' ')"
+  timeout -k 5 150 env SLUICE_TEST_TP=2 SLUICE_TP_PEER_AR_MAX=67108864 SLUICE_BENCH_ONLY=prefill build/tests/gpu/bench_gpu > "$L/pf_peer_$r.log" 2>&1
+  echo "prefill peer $r: $(grep -E '^prefill' "$L/pf_peer_$r.log" | tr '\n' ' ')"
+done
