@@ -1215,15 +1215,15 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
             if (!b->skip_comm) NC(ncclAllReduce(k->x, k->x, (size_t)T * E, ncclFloat, ncclSum, k->comm, st));
         }
     }
-    /* decode of one token on one GPU: the norms ride in the GEMV prologues,
+    /* decode of one token: the norms ride in the GEMV prologues,
      * SwiGLU and the residual adds in their epilogues (bit-identical to the
      * unfused kernels); x then already holds every layer's output. Only at
      * T = 1, where the GEMVs are warp kernels, unless SLUICE_CUDA_FUSED_T
      * says more: at 2-4 tokens the fused kernels measured slower than the
      * unfused ones (BENCHMARKS.md: block kernels 164.4 vs 148.4 us per layer
      * at T = 4; tensor-core kernels, twentieth round, 603 vs 838 tok/s).
-     * With N > 1 only when the all-reduces go through the peer kernel,
-     * which adds them into x */
+     * With N > 1 only when the all-reduces go through the peer kernel: the
+     * residual adds are then in it, after the sums */
     bool fz = b->fused && T <= b->fused_t && (b->tp == 1 || use_peer(b, (size_t)T * E));
     for (int l = 0; l < c->n_layer; l++) {
         const struct clayer *L = &k->L[l];
