@@ -15,7 +15,7 @@
  * [k F/N, (k+1) F/N)); the output and down projections are split by input
  * columns, each rank's f32 partial product is summed by an all-reduce and
  * rounded to bf16 once, as the one-GPU path rounds its GEMM output. Small
- * all-reduces (decode steps: up to SLUICE_TP_PEER_AR_MAX bytes, 8 MiB) run
+ * all-reduces (decode steps: up to SLUICE_TP_PEER_AR_MAX bytes, 8 MiB / (N - 1)) run
  * as one kernel over peer memory (tp.cu, cuda_peer_allreduce: every rank
  * reads every rank's partial over NVLink/PCIe and sums in rank order, the
  * bf16 rounding in the same pass) when every pair of GPUs has peer access;
@@ -252,7 +252,7 @@ struct cuda_backend {
     bool skip_comm;                 /* SLUICE_TP_SKIP_COMM=1 (benchmarks only) */
     bool peer;                      /* all-reduces of up to peer_elems floats by cuda_peer_allreduce (N > 1,
                                        peer access between every pair; SLUICE_TP_PEER_AR=0: NCCL always) */
-    size_t peer_elems;              /* SLUICE_TP_PEER_AR_MAX bytes (8 MiB) / 4, at most max_tokens x E */
+    size_t peer_elems;              /* SLUICE_TP_PEER_AR_MAX bytes (8 MiB / (N - 1)) / 4, at most max_tokens x E */
     int *peer_abort;                /* pinned, mapped: set when a rank fails, ends the kernel's waits */
     int fault_rank;                 /* SLUICE_TP_FAULT */
     long fault_step;
@@ -600,7 +600,10 @@ static int peer_setup(struct cuda_backend *b, char *err, size_t errlen)
                 b->peer = false;
         }
     if (!b->peer) return 0;
-    size_t bytes = mx && atol(mx) > 0 ? (size_t)atol(mx) : (size_t)8 << 20;
+    /* each rank reads N - 1 peers' buffers, a ring all-reduce moves about
+     * twice one buffer: the default shrinks with N (8 MiB measured at N = 2
+     * only, BENCHMARKS.md twenty-first round) */
+    size_t bytes = mx && atol(mx) > 0 ? (size_t)atol(mx) : ((size_t)8 << 20) / (size_t)(b->tp - 1);
     b->peer_elems = bytes / 4;
     if (b->peer_elems > (size_t)b->max_tokens * b->c.n_embd) b->peer_elems = (size_t)b->max_tokens * b->c.n_embd;
     CK(cudaHostAlloc((void **)&b->peer_abort, sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable));
