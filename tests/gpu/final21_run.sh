@@ -4,7 +4,7 @@
 # all now the defaults), the rank-failure check, then decode: TP=2 batches
 # 1-256 with this build and NCCL's path (SLUICE_TP_PEER_AR=0), alternating,
 # twice, and one GPU at batch 1; TP=2 prefill with the peer kernel up to
-# 64 MiB against NCCL.
+# 64 MiB against NCCL; served chats at TP=2 on both paths.
 . "$(dirname "$0")/run_lib.sh"
 nvidia-smi -L
 a=$(date +%s)
@@ -25,9 +25,14 @@ done
 bench tp1 SLUICE_TEST_TP=1
 # prefill at TP=2: the 2048-token prompt's 32 MiB all-reduces on the peer
 # kernel (limit 64 MiB) against NCCL (the default limit); the 16K step stays on NCCL
-for r in 1 2; do
+for r in 1; do
   timeout -k 5 150 env SLUICE_TEST_TP=2 SLUICE_BENCH_ONLY=prefill build/tests/gpu/bench_gpu > "$L/pf_nccl_$r.log" 2>&1
   echo "prefill nccl $r: $(grep -E '^prefill' "$L/pf_nccl_$r.log" | tr '\n' ' ')"
   timeout -k 5 150 env SLUICE_TEST_TP=2 SLUICE_TP_PEER_AR_MAX=67108864 SLUICE_BENCH_ONLY=prefill build/tests/gpu/bench_gpu > "$L/pf_peer_$r.log" 2>&1
   echo "prefill peer $r: $(grep -E '^prefill' "$L/pf_peer_$r.log" | tr '\n' ' ')"
 done
+# served at TP=2: 1 and 4 streamed chats, NCCL's path (as before this
+# round: plain launches, no peer kernel) against the default
+CONFIGS="build/sluice:SLUICE_TP_PEER_AR=0 build/sluice" NS="1 4" LIMIT=150 \
+  MODEL_ARGS="tools/configs/llama-3.1-8b-vocab49k --load-format dummy --tokenizer tests/models/tiny-qwen3 --device cuda --kv-cache-memory 20G --tensor-parallel-size 2" \
+  timeout -k 5 200 tests/gpu/small_batch_chat_run.sh "$L/served" 2>&1 | tail -12
