@@ -529,11 +529,9 @@ static __device__ __forceinline__ void dec_load_kv(const struct cuda_attn_args &
     cp_async_commit();
 }
 
-__device__ int g_dec_trigger; /* experiment: SLUICE_DEC_TRIGGER=1 lets the next kernel launch at once */
 template <int D, int GM, bool TC, bool KV8>
 static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cuda_attn_args a)
 {
-    if (g_dec_trigger) pdl_trigger();
     static_assert(TC || !KV8, "the fp8 KV cache takes the tensor-core math");
     constexpr int DPL = D / 32, NC = D / 8, DP = D + 8;
     __shared__ float Wm[DEC_NW][GM], Wl[DEC_NW][GM];
@@ -814,13 +812,6 @@ static cudaError_t launch_dec(const struct cuda_attn_args *a, cudaStream_t st)
     dim3 grid(a->max_items, a->KVH), blk(32 * DEC_NW);
     bool g4 = a->H / a->KVH <= 4;
     size_t sm = !TC ? 0 : g4 ? dec_tc_smem<D, 4, KV8>() : dec_tc_smem<D, 8, KV8>();
-    static const bool trig = [] {
-        const char *e = getenv("SLUICE_DEC_TRIGGER");
-        int one = 1;
-        if (e && !strcmp(e, "1")) cudaMemcpyToSymbol(g_dec_trigger, &one, sizeof one);
-        return true;
-    }();
-    (void)trig;
     /* a plain launch, and no early trigger for the next kernel: letting the
      * o projection's GEMV start loading weights while this kernel runs
      * measured slower (BENCHMARKS.md: batch-1 decode 207.3 vs 217.5 tok/s) */

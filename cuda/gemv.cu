@@ -104,7 +104,6 @@ struct gemv_params {
     void *y;           /* [NT][out]: bf16, f32, f32 to add to (EPI_RESID), bf16 h (EPI_SWIGLU) */
     int in, out;       /* out: outputs per row of x (F for EPI_SWIGLU) */
     int ngroups;       /* groups of RB rows (RB/2 gate/up pairs for EPI_SWIGLU) */
-    int late;          /* experiment (SLUICE_GEMV_LATE=1, EPI_RESID warp kernels): no loads before the wait */
 };
 
 static __host__ __device__ constexpr int pow2ceil(int n) { return n <= 1 ? 1 : 2 * pow2ceil((n + 1) / 2); }
@@ -215,9 +214,8 @@ static __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_warp_kernel(const
 #pragma unroll
     for (int r = 0; r < NR; r++) w[r] = (const uint4 *)(p.W + (size_t)(r * p.out + (live ? j : 0)) * p.in);
     wchunks<CH, NR> cur, nxt;
-    if (live && !p.late) cur.load(w, 0, lane, n4);
+    if (live) cur.load(w, 0, lane, n4);
     pdl_wait(); /* from here on, x may be read */
-    if (live && p.late) cur.load(w, 0, lane, n4);
     if (NORM) norm_rows<NT>(p, (uint16_t *)xs4, nsh);
     if (!live) return;
     const uint4 *x4 = NORM ? xs4 : (const uint4 *)p.x;
@@ -694,7 +692,7 @@ extern "C" cudaError_t cuda_gemv(const uint16_t *W, const uint16_t *x, void *y, 
                                  cudaStream_t st)
 {
     if (bad_shape(W, x, T, in, out)) return cudaErrorInvalidValue;
-    gemv_params p = {W, x, NULL, NULL, 0.0f, y, in, out, 0, 0};
+    gemv_params p = {W, x, NULL, NULL, 0.0f, y, in, out, 0};
     return y_f32 ? launch<EPI_F32, false>(p, T, st) : launch<EPI_BF16, false>(p, T, st);
 }
 
@@ -702,11 +700,7 @@ extern "C" cudaError_t cuda_gemv_residual(const uint16_t *W, const uint16_t *x, 
                                           cudaStream_t st)
 {
     if (bad_shape(W, x, T, in, out)) return cudaErrorInvalidValue;
-    static const int late = [] {
-        const char *e = getenv("SLUICE_GEMV_LATE");
-        return e && !strcmp(e, "1") ? 1 : 0;
-    }();
-    gemv_params p = {W, x, NULL, NULL, 0.0f, xres, in, out, 0, late};
+    gemv_params p = {W, x, NULL, NULL, 0.0f, xres, in, out, 0};
     return launch<EPI_RESID, false>(p, T, st);
 }
 
@@ -714,7 +708,7 @@ extern "C" cudaError_t cuda_gemv_swiglu(const uint16_t *Wgu, const uint16_t *x, 
                                         cudaStream_t st)
 {
     if (bad_shape(Wgu, x, T, in, F)) return cudaErrorInvalidValue;
-    gemv_params p = {Wgu, x, NULL, NULL, 0.0f, h, in, F, 0, 0};
+    gemv_params p = {Wgu, x, NULL, NULL, 0.0f, h, in, F, 0};
     return launch<EPI_SWIGLU, false>(p, T, st);
 }
 
@@ -727,7 +721,7 @@ extern "C" cudaError_t cuda_gemv_rmsnorm(const uint16_t *W, const float *x, cons
                                          int T, int in, int out, cudaStream_t st)
 {
     if (bad_norm(W, x, T, in) || out < 0) return cudaErrorInvalidValue;
-    gemv_params p = {W, NULL, x, nw, eps, y, in, out, 0, 0};
+    gemv_params p = {W, NULL, x, nw, eps, y, in, out, 0};
     return launch<EPI_BF16, true>(p, T, st);
 }
 
@@ -735,6 +729,6 @@ extern "C" cudaError_t cuda_gemv_rmsnorm_swiglu(const uint16_t *Wgu, const float
                                                 uint16_t *h, int T, int in, int F, cudaStream_t st)
 {
     if (bad_norm(Wgu, x, T, in) || F < 0) return cudaErrorInvalidValue;
-    gemv_params p = {Wgu, NULL, x, nw, eps, h, in, F, 0, 0};
+    gemv_params p = {Wgu, NULL, x, nw, eps, h, in, F, 0};
     return launch<EPI_SWIGLU, true>(p, T, st);
 }
