@@ -3,6 +3,8 @@
  * (E = 4096: 16 KB; 8192: 32 KB), a decode batch's, and a prefill chunk's.
  * Ranks in one thread with ncclGroupStart/End; 64 back-to-back all-reduces
  * (two per layer of a 32-layer model) per timed run, median of 20 runs.
+ * Then the same for the backend's peer all-reduce kernel (cuda_peer_allreduce,
+ * bf16 out, two buffers taken in turn) when every pair has peer access.
  *
  *   build/tests/gpu/bench_nccl [n_gpus]   (NCCL_NVLS_ENABLE=0 on our hosts)
  */
@@ -12,6 +14,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "cuda/kernels.h"
 #include "tests/gpu/gpu_util.h"
 
 #define MAXG 8
@@ -73,5 +76,58 @@ int main(int argc, char **argv)
                bytes * 2.0 * (n - 1) / n / (us * 1e3));
     }
     for (int i = 0; i < n; i++) ncclCommDestroy(comm[i]);
+
+    /* the peer kernel: buf[i] and a second buffer per rank, taken in turn */
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++) {
+            int ok = 0;
+            if (i != j && (cudaDeviceCanAccessPeer(&ok, i, j) != cudaSuccess || !ok)) {
+                printf("no peer access between GPUs %d and %d: the peer kernel is not timed\n", i, j);
+                return 0;
+            }
+        }
+    float *buf2[MAXG];
+    uint16_t *out[MAXG];
+    unsigned *flags[MAXG], *epoch[MAXG];
+    int *abort_flag = NULL;
+    if (cudaHostAlloc((void **)&abort_flag, sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess)
+        return 1;
+    *abort_flag = 0;
+    size_t fb = (size_t)CUDA_PEER_BLOCKS * CUDA_PEER_MAX * 4;
+    for (int i = 0; i < n; i++) {
+        cudaSetDevice(i);
+        for (int j = 0; j < n; j++)
+            if (j != i && cudaDeviceEnablePeerAccess(j, 0) != cudaSuccess) return 1;
+        if (cudaMalloc((void **)&buf2[i], maxe * 4) != cudaSuccess || cudaMalloc((void **)&out[i], maxe * 2) ||
+            cudaMalloc((void **)&flags[i], fb) || cudaMalloc((void **)&epoch[i], CUDA_PEER_BLOCKS * 4))
+            return 1;
+        cudaMemset(buf2[i], 0, maxe * 4), cudaMemset(flags[i], 0, fb), cudaMemset(epoch[i], 0, CUDA_PEER_BLOCKS * 4);
+        cudaDeviceSynchronize();
+    }
+    printf("%d GPUs, the peer all-reduce kernel (f32 in, bf16 out), %d back to back per run, median of %d runs\n", n,
+           PER, RUNS);
+    for (unsigned si = 0; si < sizeof sizes / sizeof *sizes; si++) {
+        size_t e = sizes[si];
+        double t[RUNS];
+        for (int r = -2; r < RUNS; r++) {
+            double t0 = now_s();
+            for (int k = 0; k < PER; k++)
+                for (int i = 0; i < n; i++) {
+                    struct cuda_peer_ar a = {.epoch = epoch[i], .abort = abort_flag, .n_ranks = n, .rank = i};
+                    for (int j = 0; j < n; j++) a.src[j] = k % 2 ? buf2[j] : buf[j], a.flags[j] = flags[j];
+                    cudaSetDevice(i);
+                    if (cuda_peer_allreduce(&a, e, out[i], NULL, false, st[i]) != cudaSuccess) return 1;
+                }
+            for (int i = 0; i < n; i++) {
+                cudaSetDevice(i);
+                cudaStreamSynchronize(st[i]);
+            }
+            if (r >= 0) t[r] = (now_s() - t0) / PER;
+        }
+        qsort(t, RUNS, sizeof *t, cmp_double);
+        double us = t[RUNS / 2] * 1e6, bytes = (double)e * 4;
+        printf("%10zu floats (%8.0f KB): %8.1f us per all-reduce, %.1f GB/s read from peers per rank\n", e,
+               bytes / 1024, us, bytes * (n - 1) / (us * 1e3));
+    }
     return 0;
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # final21_run.sh LOGDIR - the twenty-first round's tree on two H200s: make
 # gpu-test (the TP=2 suites on the peer all-reduce, the fused path and PDL,
-# all now the defaults), the rank-failure check, then decode: TP=2 batches
+# all now the defaults), the rank-failure check, all-reduce latency (NCCL and
+# the peer kernel, bench_nccl), then decode: TP=2 batches
 # 1-256 with this build and NCCL's path (SLUICE_TP_PEER_AR=0), alternating,
 # twice, and one GPU at batch 1; TP=2 prefill with the peer kernel up to
 # 64 MiB against NCCL; served chats at TP=2 on both paths.
@@ -12,6 +13,7 @@ BUILD=build timeout -k 5 ${GPU_TEST_SECS:-330} tests/gpu/run_gpu_tests.sh >"$L/g
 echo "gpu-test rc=$? $(($(date +%s) - a))s: $(tail -1 "$L/gpu_test.log")"
 grep -E "^== |FAIL|failed:" "$L/gpu_test.log" | grep -vE "^== .*passed" | grep -B1 -E "FAIL|failed:" | head -30
 FAULT_ONLY=1 timeout -k 5 90 tests/gpu/tp_check.sh 2 "$L/fault" 2>&1 | tail -4
+timeout -k 5 120 build/tests/gpu/bench_nccl 2 2>&1 | tee "$L/bench_nccl.log"
 bench() { # name, env...
   local n=$1; shift
   timeout -k 5 150 env "$@" SLUICE_BENCH_ONLY=decode build/tests/gpu/bench_gpu > "$L/$n.log" 2>&1
