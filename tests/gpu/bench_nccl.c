@@ -96,11 +96,20 @@ int main(int argc, char **argv)
     size_t fb = (size_t)CUDA_PEER_BLOCKS * CUDA_PEER_MAX * 4;
     for (int i = 0; i < n; i++) {
         cudaSetDevice(i);
-        for (int j = 0; j < n; j++)
-            if (j != i && cudaDeviceEnablePeerAccess(j, 0) != cudaSuccess) return 1;
+        for (int j = 0; j < n; j++) {
+            cudaError_t e = j == i ? cudaSuccess : cudaDeviceEnablePeerAccess(j, 0);
+            if (e == cudaErrorPeerAccessAlreadyEnabled) /* NCCL's P2P transport turned it on */
+                cudaGetLastError();
+            else if (e != cudaSuccess) {
+                printf("peer access %d -> %d: %s\n", i, j, cudaGetErrorString(e));
+                return 1;
+            }
+        }
         if (cudaMalloc((void **)&buf2[i], maxe * 4) != cudaSuccess || cudaMalloc((void **)&out[i], maxe * 2) ||
-            cudaMalloc((void **)&flags[i], fb) || cudaMalloc((void **)&epoch[i], CUDA_PEER_BLOCKS * 4))
+            cudaMalloc((void **)&flags[i], fb) || cudaMalloc((void **)&epoch[i], CUDA_PEER_BLOCKS * 4)) {
+            printf("out of device memory\n");
             return 1;
+        }
         cudaMemset(buf2[i], 0, maxe * 4), cudaMemset(flags[i], 0, fb), cudaMemset(epoch[i], 0, CUDA_PEER_BLOCKS * 4);
         cudaDeviceSynchronize();
     }
@@ -116,7 +125,10 @@ int main(int argc, char **argv)
                     struct cuda_peer_ar a = {.epoch = epoch[i], .abort = abort_flag, .n_ranks = n, .rank = i};
                     for (int j = 0; j < n; j++) a.src[j] = k % 2 ? buf2[j] : buf[j], a.flags[j] = flags[j];
                     cudaSetDevice(i);
-                    if (cuda_peer_allreduce(&a, e, out[i], NULL, false, st[i]) != cudaSuccess) return 1;
+                    if (cuda_peer_allreduce(&a, e, out[i], NULL, false, st[i]) != cudaSuccess) {
+                        printf("cuda_peer_allreduce failed\n");
+                        return 1;
+                    }
                 }
             for (int i = 0; i < n; i++) {
                 cudaSetDevice(i);
