@@ -282,15 +282,18 @@ cudaError_t cuda_f32_to_bf16(const float *src, size_t n, uint16_t *dst, cudaStre
  * access enabled between every pair): each rank's kernel signals the others
  * through flags in their memory, waits for theirs, then reads every rank's
  * f32 buffer and sums them in rank order (so every rank computes the same
- * bits), writing bf16 (rounded once) or f32. One launch replaces an NCCL
- * all-reduce and the conversion after it.
+ * bits), writing bf16 (rounded once), f32, or adding into an f32 residual.
+ * One launch replaces an NCCL all-reduce and the conversion after it. It is
+ * launched plainly (it starts once its predecessor has completed) and lets
+ * a PDL-launched successor start at once.
  * Contract (the caller's): every rank makes the same calls with the same n,
  * in the same order; the kernel before this one on each rank's stream wrote
  * that rank's src; and consecutive calls use different src buffers, so a
  * rank never overwrites a buffer a slower peer may still be reading (that
- * peer has started the call after, so it has finished this one). A nonzero
- * *abort (host memory mapped into the device) ends every wait: the outputs
- * are then wrong, for a backend that is stopping. */
+ * peer has started the call after, so it has finished this one). Buffers
+ * 16-byte aligned (cudaMalloc's). A nonzero *abort (host memory mapped into
+ * the device) ends every wait: the outputs are then wrong, for a backend
+ * that is stopping. */
 #define CUDA_PEER_MAX 8     /* ranks */
 #define CUDA_PEER_BLOCKS 64 /* blocks of one call at most: per-block flags */
 struct cuda_peer_ar {

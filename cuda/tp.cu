@@ -1,6 +1,7 @@
 /* tp.cu - the kernels tensor parallelism adds (kernels.h): the vocabulary-
- * sharded embedding gather, the f32 -> bf16 conversion after an all-reduce,
- * and the distributed argmax (each rank reduces its slice of the vocabulary
+ * sharded embedding gather, the f32 -> bf16 conversion after an NCCL
+ * all-reduce, the one-shot all-reduce over peer memory that replaces both
+ * for decode-sized sums, and the distributed argmax (each rank reduces its slice of the vocabulary
  * to (max, sum of exp, argmax); after an all-gather every rank combines the
  * same partials in the same order, so all ranks agree on the token). */
 #include "cuda/bf16.cuh"
@@ -64,7 +65,7 @@ static __global__ void peer_ar_kernel(const cuda_peer_ar a, size_t n, uint16_t *
 {
     __shared__ int quit;
     const int b = blockIdx.x;
-    pdl_trigger(); /* with SLUICE_PDL=1, the next GEMV may load weights while this waits */
+    pdl_trigger(); /* with PDL on, the next GEMV may load weights while this waits */
     if (threadIdx.x == 0) {
         unsigned e = a.epoch[b] + 1;
         a.epoch[b] = e;
