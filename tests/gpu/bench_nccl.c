@@ -31,6 +31,21 @@
         }                                                                                          \
     } while (0)
 
+static void sync_all(int n, cudaStream_t *st)
+{
+    for (int i = 0; i < n; i++) {
+        cudaSetDevice(i);
+        cudaStreamSynchronize(st[i]);
+    }
+}
+
+/* the median of RUNS times in seconds, in microseconds (sorts t) */
+static double median_us(double *t)
+{
+    qsort(t, RUNS, sizeof *t, cmp_double);
+    return t[RUNS / 2] * 1e6;
+}
+
 int main(int argc, char **argv)
 {
     int n = 0;
@@ -64,14 +79,10 @@ int main(int argc, char **argv)
                 for (int i = 0; i < n; i++) NCHECK(ncclAllReduce(buf[i], buf[i], e, ncclFloat, ncclSum, comm[i], st[i]));
                 NCHECK(ncclGroupEnd());
             }
-            for (int i = 0; i < n; i++) {
-                cudaSetDevice(i);
-                cudaStreamSynchronize(st[i]);
-            }
+            sync_all(n, st);
             if (r >= 0) t[r] = (now_s() - t0) / PER;
         }
-        qsort(t, RUNS, sizeof *t, cmp_double);
-        double us = t[RUNS / 2] * 1e6, bytes = (double)e * 4;
+        double us = median_us(t), bytes = (double)e * 4;
         printf("%10zu floats (%8.0f KB): %8.1f us per all-reduce, bus bw %.1f GB/s\n", e, bytes / 1024, us,
                bytes * 2.0 * (n - 1) / n / (us * 1e3));
     }
@@ -130,14 +141,10 @@ int main(int argc, char **argv)
                         return 1;
                     }
                 }
-            for (int i = 0; i < n; i++) {
-                cudaSetDevice(i);
-                cudaStreamSynchronize(st[i]);
-            }
+            sync_all(n, st);
             if (r >= 0) t[r] = (now_s() - t0) / PER;
         }
-        qsort(t, RUNS, sizeof *t, cmp_double);
-        double us = t[RUNS / 2] * 1e6, bytes = (double)e * 4;
+        double us = median_us(t), bytes = (double)e * 4;
         printf("%10zu floats (%8.0f KB): %8.1f us per all-reduce, %.1f GB/s read from peers per rank\n", e,
                bytes / 1024, us, bytes * (n - 1) / (us * 1e3));
     }
