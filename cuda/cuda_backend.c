@@ -1155,43 +1155,29 @@ static struct cuda_peer_ar peer_args(const struct rank *k, int i)
     return a;
 }
 
-/* A row-parallel projection: y = x W^T summed over the ranks, into delta
- * (bf16, rounded once from the f32 sum). buf: its peer all-reduce buffer. */
-static int proj_rows(struct rank *k, const uint16_t *x, const uint16_t *W, int T, int in, int E, int buf, char *err,
-                     size_t errlen)
+/* A row-parallel projection: y = x W^T summed over the ranks, rounded to
+ * bf16 once from the f32 sum, into delta, or with resid (the fused path)
+ * added into the residual x: on one GPU in the GEMV's epilogue, with N > 1
+ * in the peer all-reduce (the fused path runs only when use_peer). buf: its
+ * peer all-reduce buffer. */
+static int proj_rows(struct rank *k, const uint16_t *x, const uint16_t *W, int T, int in, int E, int buf, bool resid,
+                     char *err, size_t errlen)
 {
     size_t n = (size_t)T * E;
     if (k->b->tp == 1) {
-        CB(gemm(k, x, W, k->delta, false, T, in, E));
+        if (resid) CK(cuda_gemv_residual(W, x, k->x, T, in, E, k->st));
+        else CB(gemm(k, x, W, k->delta, false, T, in, E));
         return 0;
     }
     if (use_peer(k->b, n)) {
         CB(gemm(k, x, W, k->pbuf[buf], true, T, in, E));
         struct cuda_peer_ar a = peer_args(k, buf);
-        CK(cuda_peer_allreduce(&a, n, k->delta, NULL, false, k->st));
+        CK(cuda_peer_allreduce(&a, n, resid ? NULL : k->delta, resid ? k->x : NULL, resid, k->st));
         return 0;
     }
     CB(gemm(k, x, W, k->deltaf, true, T, in, E));
     if (!k->b->skip_comm) NC(ncclAllReduce(k->deltaf, k->deltaf, n, ncclFloat, ncclSum, k->comm, k->st));
     CK(cuda_f32_to_bf16(k->deltaf, n, k->delta, k->st));
-    return 0;
-fail:
-    return SL_EDEVICE;
-}
-
-/* The same projection added into the residual x (the fused path): x +=
- * bf16(y), on one GPU in the GEMV's epilogue, with N > 1 in the peer
- * all-reduce (only taken when use_peer). */
-static int proj_resid(struct rank *k, const uint16_t *x, const uint16_t *W, int T, int in, int E, int buf, char *err,
-                      size_t errlen)
-{
-    if (k->b->tp == 1) {
-        CK(cuda_gemv_residual(W, x, k->x, T, in, E, k->st));
-        return 0;
-    }
-    CB(gemm(k, x, W, k->pbuf[buf], true, T, in, E));
-    struct cuda_peer_ar a = peer_args(k, buf);
-    CK(cuda_peer_allreduce(&a, (size_t)T * E, NULL, k->x, true, k->st));
     return 0;
 fail:
     return SL_EDEVICE;
@@ -1209,13 +1195,13 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
     if (b->tp == 1) {
         CK(cuda_embed(k->tok_embd, DIN(k, ids, int32_t), T, E, k->x, st));
     } else {
-        if (use_peer(b, (size_t)T * E)) {
-            CK(cuda_embed_shard(k->tok_embd, DIN(k, ids, int32_t), T, E, k->v0, k->vn, k->pbuf[2], st));
+        bool pr = use_peer(b, (size_t)T * E);
+        CK(cuda_embed_shard(k->tok_embd, DIN(k, ids, int32_t), T, E, k->v0, k->vn, pr ? k->pbuf[2] : k->x, st));
+        if (pr) {
             struct cuda_peer_ar a = peer_args(k, 2);
             CK(cuda_peer_allreduce(&a, (size_t)T * E, NULL, k->x, false, st));
-        } else {
-            CK(cuda_embed_shard(k->tok_embd, DIN(k, ids, int32_t), T, E, k->v0, k->vn, k->x, st));
-            if (!b->skip_comm) NC(ncclAllReduce(k->x, k->x, (size_t)T * E, ncclFloat, ncclSum, k->comm, st));
+        } else if (!b->skip_comm) {
+            NC(ncclAllReduce(k->x, k->x, (size_t)T * E, ncclFloat, ncclSum, k->comm, st));
         }
     }
     /* decode of one token: the norms ride in the GEMV prologues,
@@ -1262,13 +1248,13 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
         };
         if (!(ab & ABL_ATTN)) CK(cuda_attention(&aa, st));
         if (fz) {
-            if (!(ab & ABL_O) && proj_resid(k, k->att, L->wo, T, Q, E, 0, err, errlen)) goto fail;
+            if (!(ab & ABL_O) && proj_rows(k, k->att, L->wo, T, Q, E, 0, true, err, errlen)) goto fail;
             if (!(ab & ABL_GU))
                 CK(cuda_gemv_rmsnorm_swiglu(L->wgu, k->x, L->ffn_norm, c->norm_eps, k->h, T, E, F, st));
-            if (!(ab & ABL_DOWN) && proj_resid(k, k->h, L->wdown, T, F, E, 1, err, errlen)) goto fail;
+            if (!(ab & ABL_DOWN) && proj_rows(k, k->h, L->wdown, T, F, E, 1, true, err, errlen)) goto fail;
             continue;
         }
-        if (!(ab & ABL_O) && proj_rows(k, k->att, L->wo, T, Q, E, 0, err, errlen)) goto fail;
+        if (!(ab & ABL_O) && proj_rows(k, k->att, L->wo, T, Q, E, 0, false, err, errlen)) goto fail;
         if (!(ab & ABL_NORM))
             CK(cuda_add_rmsnorm(k->x, k->delta, L->ffn_norm, NULL, T, E, c->norm_eps, k->xn, st));
         bool gu_gemv = b->gemv && T <= CUDA_GEMV_MMA_MAX_T && E % 8 == 0;
@@ -1282,7 +1268,7 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
             CB(gemm(k, k->xn, L->wgu, k->gu, false, T, E, 2 * F));
             CK(cuda_swiglu(k->gu, T, F, k->h, st));
         }
-        if (!(ab & ABL_DOWN) && proj_rows(k, k->h, L->wdown, T, F, E, 1, err, errlen)) goto fail;
+        if (!(ab & ABL_DOWN) && proj_rows(k, k->h, L->wdown, T, F, E, 1, false, err, errlen)) goto fail;
     }
     if (R > 0) {
         CK(cuda_add_rmsnorm(k->x, fz ? NULL : k->delta, k->out_norm, DIN(k, rows, int32_t), R, E, c->norm_eps,

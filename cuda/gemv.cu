@@ -106,6 +106,17 @@ struct gemv_params {
     int ngroups;       /* groups of RB rows (RB/2 gate/up pairs for EPI_SWIGLU) */
 };
 
+/* Output o of a GEMV from its sum a (and, for EPI_SWIGLU, the up row's sum
+ * u): every kernel's epilogue */
+template <int EPI>
+static __device__ __forceinline__ void gemv_store(const gemv_params &p, size_t o, float a, float u)
+{
+    if (EPI == EPI_BF16) ((uint16_t *)p.y)[o] = f2bf(a);
+    if (EPI == EPI_F32) ((float *)p.y)[o] = a;
+    if (EPI == EPI_RESID) ((float *)p.y)[o] += bf2f(f2bf(a)); /* as x += delta of bf16(s) */
+    if (EPI == EPI_SWIGLU) ((uint16_t *)p.y)[o] = swiglu1(f2bf(a), f2bf(u));
+}
+
 static __host__ __device__ constexpr int pow2ceil(int n) { return n <= 1 ? 1 : 2 * pow2ceil((n + 1) / 2); }
 static __host__ __device__ constexpr int log2i(int n) { return n <= 1 ? 0 : 1 + log2i(n / 2); }
 
@@ -237,13 +248,7 @@ static __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_warp_kernel(const
         for (int t = 0; t < NT; t++) acc[r][t] = warp_sum(acc[r][t]);
     if (lane) return;
 #pragma unroll
-    for (int t = 0; t < NT; t++) {
-        size_t o = (size_t)t * p.out + j;
-        if (EPI == EPI_BF16) ((uint16_t *)p.y)[o] = f2bf(acc[0][t]);
-        if (EPI == EPI_F32) ((float *)p.y)[o] = acc[0][t];
-        if (EPI == EPI_RESID) ((float *)p.y)[o] += bf2f(f2bf(acc[0][t])); /* as x += delta of bf16(s) */
-        if (EPI == EPI_SWIGLU) ((uint16_t *)p.y)[o] = swiglu1(f2bf(acc[0][t]), f2bf(acc[NR - 1][t]));
-    }
+    for (int t = 0; t < NT; t++) gemv_store<EPI>(p, (size_t)t * p.out + j, acc[0][t], acc[NR - 1][t]);
 }
 
 /* ---- the block kernel ---- */
@@ -352,22 +357,14 @@ static __global__ void __launch_bounds__(BT, 2) gemv_block_kernel(const gemv_par
 #pragma unroll
                 for (int w = 0; w < BT / 32; w++) sg += red[par][w][tid], su += red[par][w][tid + C / 2];
                 int j = gd * (RB / 2) + tid / NT, t = tid % NT;
-                if (j < p.out) {
-                    /* as cuda_swiglu over the bf16 gate|up outputs */
-                    ((uint16_t *)p.y)[(size_t)t * p.out + j] = swiglu1(f2bf(sg), f2bf(su));
-                }
+                if (j < p.out) gemv_store<EPI>(p, (size_t)t * p.out + j, sg, su); /* as cuda_swiglu over gate|up */
             }
         } else if (tid < C) {
             float s = 0.0f;
 #pragma unroll
             for (int w = 0; w < BT / 32; w++) s += red[par][w][tid];
             int row = gd * RB + tid / NT, t = tid % NT;
-            if (row < p.out) {
-                size_t o = (size_t)t * p.out + row;
-                if (EPI == EPI_BF16) ((uint16_t *)p.y)[o] = f2bf(s);
-                if (EPI == EPI_F32) ((float *)p.y)[o] = s;
-                if (EPI == EPI_RESID) ((float *)p.y)[o] += bf2f(f2bf(s)); /* as x += delta of bf16(s) */
-            }
+            if (row < p.out) gemv_store<EPI>(p, (size_t)t * p.out + row, s, s);
         }
         par ^= 1;
         if (g >= p.ngroups) break;
@@ -496,11 +493,7 @@ static __global__ void __launch_bounds__(32 * MW, 1024 / (32 * MW)) gemv_mma_ker
             if (j >= p.out || t >= NT) continue;
             float a0 = h ? (e ? sm[0].w : sm[0].z) : (e ? sm[0].y : sm[0].x);
             float a1 = h ? (e ? sm[NR - 1].w : sm[NR - 1].z) : (e ? sm[NR - 1].y : sm[NR - 1].x);
-            size_t o = (size_t)t * p.out + j;
-            if (EPI == EPI_BF16) ((uint16_t *)p.y)[o] = f2bf(a0);
-            if (EPI == EPI_F32) ((float *)p.y)[o] = a0;
-            if (EPI == EPI_RESID) ((float *)p.y)[o] += bf2f(f2bf(a0)); /* as x += delta of bf16(s) */
-            if (EPI == EPI_SWIGLU) ((uint16_t *)p.y)[o] = swiglu1(f2bf(a0), f2bf(a1));
+            gemv_store<EPI>(p, (size_t)t * p.out + j, a0, a1);
         }
 }
 
