@@ -57,6 +57,7 @@
 
 #include "cuda/bf16.cuh"
 #include "cuda/kernels.h"
+#include "cuda/l2pf.cuh"
 #include "cuda/rope.cuh"
 #include "cuda/pdl.cuh"
 #include "cuda/tile.cuh"
@@ -538,7 +539,11 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
     __shared__ int last;
     extern __shared__ __align__(16) uint16_t dsm[]; /* TC: dec_tc_smem's layout */
     struct cuda_attn_item wi;
-    if (!attn_item(a, false, wi)) return;
+    const unsigned pfp = blockIdx.y * gridDim.x + blockIdx.x, pfn = gridDim.x * gridDim.y;
+    if (!attn_item(a, false, wi)) {
+        if (threadIdx.x == 0 && a.l2pf_bytes) l2_prefetch_share(a.l2pf, a.l2pf_bytes, pfp, pfn);
+        return;
+    }
     int g = blockIdx.y, grp = a.H / a.KVH, KVH = a.KVH;
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, t = wi.t0;
     const int32_t *bt = a.bt + wi.bt0;
@@ -560,6 +565,7 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
     int tpos = a.pos[t];
     bool own = a.rope.qkv && tpos >= wi.kv_lo && tpos < wi.kv_hi; /* this split writes the token's K and V */
     if (TC && !own && wi.kv_lo + TL::BN * w < hi) dec_load_kv<D, KV8>(a, bt, g, wi.kv_lo + TL::BN * w, hi, stage);
+    if (threadIdx.x == 0 && a.l2pf_bytes) l2_prefetch_share(a.l2pf, a.l2pf_bytes, pfp, pfn);
     /* q of this block's heads: from the raw projection through RoPE when
      * it is folded in (and the split that holds the token's position writes
      * its K and V, before any warp of this block reads them; no other block

@@ -207,6 +207,7 @@ struct cuda_backend {
 
     bool graphs;                    /* SLUICE_CUDA_GRAPHS=0: off */
     bool gemv;                      /* our GEMV for <= CUDA_GEMV_MMA_MAX_T rows; SLUICE_CUDA_GEMV=0: cuBLAS */
+    size_t l2pf_o, l2pf;            /* experiment: SLUICE_CUDA_L2PF_O / SLUICE_CUDA_L2PF (MB) */
     int fused_t;                    /* with fused: steps of at most this many tokens (SLUICE_CUDA_FUSED_T) */
     bool fused;                     /* one-token decode steps through the fused norm+GEMV,
                                        GEMV+SwiGLU and GEMV+residual kernels (N > 1: the residual add in the
@@ -672,6 +673,10 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
                (c->n_head * c->head_dim) % 8 == 0 && (size_t)CUDA_GEMV_MAX_T * c->n_embd * 2 <= CUDA_GEMV_NORM_SMEM;
     ge = getenv("SLUICE_CUDA_FUSED_T");
     b->fused_t = ge && atoi(ge) >= 1 && atoi(ge) <= CUDA_GEMV_MAX_T ? atoi(ge) : 1;
+    ge = getenv("SLUICE_CUDA_L2PF_O");
+    b->l2pf_o = ge ? (size_t)(atof(ge) * 1048576) & ~(size_t)255 : 0;
+    ge = getenv("SLUICE_CUDA_L2PF");
+    b->l2pf = ge ? (size_t)(atof(ge) * 1048576) & ~(size_t)255 : 0;
     ge = getenv("SLUICE_CUDA_WARMUP");
     b->warmup = !(ge && strcmp(ge, "0") == 0);
     ge = getenv("SLUICE_CUDA_GEMM_WG_MIN_T");
@@ -1155,6 +1160,8 @@ static struct cuda_peer_ar peer_args(const struct rank *k, int i)
     return a;
 }
 
+static size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
+
 /* A row-parallel projection: y = x W^T summed over the ranks, rounded to
  * bf16 once from the f32 sum, into delta, or with resid (the fused path)
  * added into the residual x: on one GPU in the GEMV's epilogue, with N > 1
@@ -1219,6 +1226,7 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
         /* the previous layer's MLP output joins the residual here */
         unsigned ab = b->ablate;
         if (fz) {
+            if (b->l2pf) cuda_gemv_l2_next(L->wo, min_sz(b->l2pf, (size_t)Q * E * 2));
             if (!(ab & ABL_QKV)) CK(cuda_gemv_rmsnorm(L->wqkv, k->x, L->attn_norm, c->norm_eps, k->qkv, T, E, QKV, st));
         } else {
             if (!(ab & ABL_NORM))
@@ -1245,12 +1253,17 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
             .pstride = decode ? 0 : b->job.pstride,
             .tok_part = DIN(k, tok_part, int32_t), .tok_nsplit = DIN(k, tok_nsplit, int32_t), .T = T, .out = k->att,
             .cnt = dk ? k->cnt : NULL, .rope = dk ? ra : (struct cuda_rope_args){0},
+            .l2pf = fz ? L->wo : NULL, .l2pf_bytes = fz ? min_sz(b->l2pf_o, (size_t)Q * E * 2) : 0,
         };
         if (!(ab & ABL_ATTN)) CK(cuda_attention(&aa, st));
         if (fz) {
+            if (b->l2pf) cuda_gemv_l2_next(L->wgu, min_sz(b->l2pf, (size_t)2 * F * E * 2));
             if (!(ab & ABL_O) && proj_rows(k, k->att, L->wo, T, Q, E, 0, true, err, errlen)) goto fail;
+            if (b->l2pf) cuda_gemv_l2_next(L->wdown, min_sz(b->l2pf, (size_t)F * E * 2));
             if (!(ab & ABL_GU))
                 CK(cuda_gemv_rmsnorm_swiglu(L->wgu, k->x, L->ffn_norm, c->norm_eps, k->h, T, E, F, st));
+            const void *nx = l + 1 < c->n_layer ? (const void *)k->L[l + 1].wqkv : (const void *)k->lm_head;
+            if (b->l2pf) cuda_gemv_l2_next(nx, min_sz(b->l2pf, (size_t)QKV * E * 2));
             if (!(ab & ABL_DOWN) && proj_rows(k, k->h, L->wdown, T, F, E, 1, true, err, errlen)) goto fail;
             continue;
         }

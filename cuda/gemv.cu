@@ -69,6 +69,7 @@
 
 #include "cuda/bf16.cuh"
 #include "cuda/kernels.h"
+#include "cuda/l2pf.cuh"
 #include "cuda/norm.cuh"
 #include "cuda/pdl.cuh"
 
@@ -104,6 +105,8 @@ struct gemv_params {
     void *y;           /* [NT][out]: bf16, f32, f32 to add to (EPI_RESID), bf16 h (EPI_SWIGLU) */
     int in, out;       /* out: outputs per row of x (F for EPI_SWIGLU) */
     int ngroups;       /* groups of RB rows (RB/2 gate/up pairs for EPI_SWIGLU) */
+    const void *pf;    /* experiment: bytes the warps ask L2 for once done (the next kernel's weights) */
+    size_t pf_bytes;
 };
 
 /* Output o of a GEMV from its sum a (and, for EPI_SWIGLU, the up row's sum
@@ -247,6 +250,7 @@ static __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_warp_kernel(const
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = warp_sum(acc[r][t]);
     if (lane) return;
+    if (p.pf_bytes) l2_prefetch_share(p.pf, p.pf_bytes, j, p.out);
 #pragma unroll
     for (int t = 0; t < NT; t++) gemv_store<EPI>(p, (size_t)t * p.out + j, acc[0][t], acc[NR - 1][t]);
 }
@@ -473,6 +477,7 @@ static __global__ void __launch_bounds__(32 * MW, 1024 / (32 * MW)) gemv_mma_ker
 #pragma unroll
     for (int r = 0; r < NR; r++) red[warp][r][lane] = make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
     __syncthreads();
+    if (threadIdx.x == 32 && p.pf_bytes) l2_prefetch_share(p.pf, p.pf_bytes, blockIdx.x, gridDim.x);
     if (warp) return;
     /* lane: rows row0 + rq (.x, .y) and row0 + rq + 8 (.z, .w), tokens 2q and 2q + 1 */
     float4 sm[NR];
@@ -673,9 +678,15 @@ static bool use_mma(int T, int in)
 /* every launcher: the tensor-core, warp or block kernel by use_mma and
  * use_warp, so that for the
  * same T and in all of them sum each output in the same order */
+static const void *pf_next;
+static size_t pf_next_bytes;
+extern "C" void cuda_gemv_l2_next(const void *p, size_t bytes) { pf_next = p, pf_next_bytes = bytes; }
+
 template <int EPI, bool NORM>
-static cudaError_t launch(const gemv_params &p, int T, cudaStream_t st)
+static cudaError_t launch(gemv_params p, int T, cudaStream_t st)
 {
+    p.pf = pf_next, p.pf_bytes = pf_next_bytes;
+    pf_next = NULL, pf_next_bytes = 0;
     if (p.out == 0) return cudaSuccess;
     if (use_mma(T, p.in)) return launch_mma<EPI, NORM>(p, T, st);
     return use_warp(T, p.in) ? launch_warp<EPI, NORM>(p, T, st) : launch_block<EPI, NORM>(p, T, st);
@@ -685,7 +696,7 @@ extern "C" cudaError_t cuda_gemv(const uint16_t *W, const uint16_t *x, void *y, 
                                  cudaStream_t st)
 {
     if (bad_shape(W, x, T, in, out)) return cudaErrorInvalidValue;
-    gemv_params p = {W, x, NULL, NULL, 0.0f, y, in, out, 0};
+    gemv_params p = {W, x, NULL, NULL, 0.0f, y, in, out, 0, NULL, 0};
     return y_f32 ? launch<EPI_F32, false>(p, T, st) : launch<EPI_BF16, false>(p, T, st);
 }
 
@@ -693,7 +704,7 @@ extern "C" cudaError_t cuda_gemv_residual(const uint16_t *W, const uint16_t *x, 
                                           cudaStream_t st)
 {
     if (bad_shape(W, x, T, in, out)) return cudaErrorInvalidValue;
-    gemv_params p = {W, x, NULL, NULL, 0.0f, xres, in, out, 0};
+    gemv_params p = {W, x, NULL, NULL, 0.0f, xres, in, out, 0, NULL, 0};
     return launch<EPI_RESID, false>(p, T, st);
 }
 
@@ -701,7 +712,7 @@ extern "C" cudaError_t cuda_gemv_swiglu(const uint16_t *Wgu, const uint16_t *x, 
                                         cudaStream_t st)
 {
     if (bad_shape(Wgu, x, T, in, F)) return cudaErrorInvalidValue;
-    gemv_params p = {Wgu, x, NULL, NULL, 0.0f, h, in, F, 0};
+    gemv_params p = {Wgu, x, NULL, NULL, 0.0f, h, in, F, 0, NULL, 0};
     return launch<EPI_SWIGLU, false>(p, T, st);
 }
 
@@ -714,7 +725,7 @@ extern "C" cudaError_t cuda_gemv_rmsnorm(const uint16_t *W, const float *x, cons
                                          int T, int in, int out, cudaStream_t st)
 {
     if (bad_norm(W, x, T, in) || out < 0) return cudaErrorInvalidValue;
-    gemv_params p = {W, NULL, x, nw, eps, y, in, out, 0};
+    gemv_params p = {W, NULL, x, nw, eps, y, in, out, 0, NULL, 0};
     return launch<EPI_BF16, true>(p, T, st);
 }
 
@@ -722,6 +733,6 @@ extern "C" cudaError_t cuda_gemv_rmsnorm_swiglu(const uint16_t *Wgu, const float
                                                 uint16_t *h, int T, int in, int F, cudaStream_t st)
 {
     if (bad_norm(Wgu, x, T, in) || F < 0) return cudaErrorInvalidValue;
-    gemv_params p = {Wgu, NULL, x, nw, eps, h, in, F, 0};
+    gemv_params p = {Wgu, NULL, x, nw, eps, h, in, F, 0, NULL, 0};
     return launch<EPI_SWIGLU, true>(p, T, st);
 }

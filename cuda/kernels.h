@@ -107,6 +107,8 @@ struct cuda_attn_args {
     struct cuda_rope_args rope; /* decode kernel only: with rope.qkv set, the kernel does cuda_rope_kv's work
                                  * for its tokens (q from rope.qkv, not q; each token's K and V written to its
                                  * slot by the split that holds its position), so cuda_rope_kv is not run */
+    const void *l2pf;           /* experiment (decode kernel): bytes its blocks ask L2 for (the o weights) */
+    size_t l2pf_bytes;
 };
 /* 1 when the decode kernel takes head_dim D with grp heads per KV head. */
 int cuda_attention_dec_ok(int D, int grp);
@@ -178,6 +180,8 @@ cudaError_t cuda_gemv_rmsnorm_swiglu(const uint16_t *Wgu, const float *x, const 
  * it), overriding the environment. Not thread-safe;
  * call it outside graph capture, with no launch in flight on another thread. */
 void cuda_gemv_select(int variant, int pdl, int ch);
+/* experiment: the next cuda_gemv* launch asks L2 for [p, p + bytes) as its warps finish */
+void cuda_gemv_l2_next(const void *p, size_t bytes);
 
 /* ---- gemm_wg.cu ---- */
 /* Prefill GEMMs on Hopper's warpgroup MMA (compute capability 9.0 only),
