@@ -182,6 +182,8 @@ cudaError_t cuda_gemv_rmsnorm_swiglu(const uint16_t *Wgu, const float *x, const 
 void cuda_gemv_select(int variant, int pdl, int ch);
 /* experiment: the next cuda_gemv* launch asks L2 for [p, p + bytes) as its warps finish */
 void cuda_gemv_l2_next(const void *p, size_t bytes);
+/* experiment (device.cu): asks L2 for [p, p + bytes) from `blocks` blocks */
+cudaError_t cuda_l2_prefetch(const void *p, size_t bytes, int blocks, cudaStream_t st);
 
 /* ---- gemm_wg.cu ---- */
 /* Prefill GEMMs on Hopper's warpgroup MMA (compute capability 9.0 only),
