@@ -61,6 +61,7 @@
 #include "cuda/rope.cuh"
 #include "cuda/pdl.cuh"
 #include "cuda/tile.cuh"
+#include "cuda/trace.cuh"
 
 #define KT 32
 #define WARPS 4
@@ -538,6 +539,14 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
     __shared__ float Wm[DEC_NW][GM], Wl[DEC_NW][GM];
     __shared__ int last;
     extern __shared__ __align__(16) uint16_t dsm[]; /* TC: dec_tc_smem's layout */
+    struct tr_end {
+        unsigned long long *tr;
+        __device__ ~tr_end()
+        {
+            if (threadIdx.x == 0 && tr) tr[((size_t)blockIdx.y * gridDim.x + blockIdx.x) * TR_STRIDE + 2] = tr_now();
+        }
+    } tre{a.tr};
+    if (threadIdx.x == 0 && a.tr) a.tr[((size_t)blockIdx.y * gridDim.x + blockIdx.x) * TR_STRIDE] = tr_now();
     struct cuda_attn_item wi;
     const unsigned pfp = blockIdx.y * gridDim.x + blockIdx.x, pfn = gridDim.x * gridDim.y;
     if (!attn_item(a, false, wi)) {
@@ -568,6 +577,7 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
     if (TC && !own && wi.kv_lo + TL::BN * w < hi) dec_load_kv<D, KV8>(a, bt, g, wi.kv_lo + TL::BN * w, hi, stage);
     if (threadIdx.x == 0 && a.l2pf_bytes) l2_prefetch_share(a.l2pf, a.l2pf_bytes, pfp, pfn);
     pdl_wait(); /* experiment: launched early (SLUICE_CUDA_ATTN_PDL=1), q and the KV write wait for the qkv GEMV */
+    if (threadIdx.x == 0 && a.tr) a.tr[((size_t)blockIdx.y * gridDim.x + blockIdx.x) * TR_STRIDE + 1] = tr_now();
     /* q of this block's heads: from the raw projection through RoPE when
      * it is folded in (and the split that holds the token's position writes
      * its K and V, before any warp of this block reads them; no other block

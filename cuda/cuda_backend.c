@@ -166,6 +166,9 @@ struct rank {
     pthread_t th;                   /* ranks >= 1 */
     bool th_started;
     long steps;                     /* forwards run, for SLUICE_TP_FAULT */
+    unsigned long long *trace;      /* experiment: SLUICE_CUDA_TRACE's regions (TR_SLOTS x TR_MAXB x 18) */
+    int tr_n;                       /* regions handed out by the last one-token capture */
+    char tr_name[256][8];
     int rc;                         /* last job's result */
     char err[512];
 };
@@ -257,6 +260,7 @@ struct cuda_backend {
     int *peer_abort;                /* pinned, mapped: set when a rank fails, ends the kernel's waits */
     int fault_rank;                 /* SLUICE_TP_FAULT */
     long fault_step;
+    long trace_step;                /* experiment: SLUICE_CUDA_TRACE=N dumps step N's kernel timeline */
 };
 
 #define CK(call)                                                                                     \
@@ -677,6 +681,8 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     b->l2pf_o = ge ? (size_t)(atof(ge) * 1048576) & ~(size_t)255 : 0;
     ge = getenv("SLUICE_CUDA_L2PF");
     b->l2pf = ge ? (size_t)(atof(ge) * 1048576) & ~(size_t)255 : 0;
+    ge = getenv("SLUICE_CUDA_TRACE");
+    b->trace_step = ge ? atol(ge) : 0;
     ge = getenv("SLUICE_CUDA_WARMUP");
     b->warmup = !(ge && strcmp(ge, "0") == 0);
     ge = getenv("SLUICE_CUDA_GEMM_WG_MIN_T");
@@ -1162,6 +1168,76 @@ static struct cuda_peer_ar peer_args(const struct rank *k, int i)
 
 static size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
 
+#define TR_SLOTS 256
+#define TR_MAXB 4096
+#define TR_STRIDE 18
+/* experiment: the next traced kernel's region (NULL when not tracing) */
+static unsigned long long *tr_slot(struct rank *k, const char *name)
+{
+    if (!k->trace || k->tr_n >= TR_SLOTS) return NULL;
+    snprintf(k->tr_name[k->tr_n], sizeof k->tr_name[0], "%s", name);
+    return k->trace + (size_t)k->tr_n++ * TR_MAXB * TR_STRIDE;
+}
+
+static int tr_cmp(const void *a, const void *b)
+{
+    unsigned long long x = *(const unsigned long long *)a, y = *(const unsigned long long *)b;
+    return (x > y) - (x < y);
+}
+
+/* experiment: prints the traced step's timeline (us from its first block) */
+static void tr_dump(struct rank *k)
+{
+    size_t per = (size_t)TR_MAXB * TR_STRIDE, n = (size_t)k->tr_n * per;
+    unsigned long long *h = malloc(n * 8), *ends = malloc((size_t)TR_MAXB * 16 * 8);
+    if (!h || !ends || cudaMemcpy(h, k->trace, n * 8, cudaMemcpyDeviceToHost) != cudaSuccess) {
+        free(h), free(ends);
+        return;
+    }
+    unsigned long long t0 = ~0ull;
+    for (size_t i = 0; i < n; i += TR_STRIDE)
+        if (h[i] && h[i] < t0) t0 = h[i];
+    double prev_end = 0, sum[8][4] = {{0}};
+    int cnt[8] = {0};
+    const char *kinds[] = {"qkv", "attn", "o", "gu", "down"};
+    for (int s = 0; s < k->tr_n; s++) {
+        unsigned long long *r = h + (size_t)s * per, smin = ~0ull, smax = 0, wmin = ~0ull, wmax = 0;
+        int nb = 0, ne = 0;
+        for (int bl = 0; bl < TR_MAXB; bl++) {
+            unsigned long long *q = r + (size_t)bl * TR_STRIDE;
+            if (!q[0]) continue;
+            nb++;
+            if (q[0] < smin) smin = q[0];
+            if (q[0] > smax) smax = q[0];
+            if (q[1] && q[1] < wmin) wmin = q[1];
+            if (q[1] > wmax) wmax = q[1];
+            for (int w = 2; w < TR_STRIDE; w++)
+                if (q[w]) ends[ne++] = q[w];
+        }
+        if (!nb || !ne) continue;
+        qsort(ends, (size_t)ne, 8, tr_cmp);
+        double S0 = (smin - t0) / 1e3, S1 = (smax - t0) / 1e3, W0 = wmin == ~0ull ? S0 : (wmin - t0) / 1e3,
+               W1 = (wmax ? wmax - t0 : smax - t0) / 1e3, E50 = (ends[ne / 2] - t0) / 1e3,
+               E90 = (ends[ne * 9 / 10] - t0) / 1e3, E1 = (ends[ne - 1] - t0) / 1e3;
+        fprintf(stderr,
+                "trace %3d %-5s blocks %4d start %8.2f..%8.2f wait %8.2f..%8.2f end p50 %8.2f p90 %8.2f max %8.2f | "
+                "release-prev %5.2f run %6.2f tail(p90->max) %5.2f\n",
+                s, k->tr_name[s], nb, S0, S1, W0, W1, E50, E90, E1, W0 - prev_end, E1 - W0, E1 - E90);
+        for (int c = 0; c < 5; c++)
+            if (!strcmp(k->tr_name[s], kinds[c]) && s >= 5 && s < k->tr_n - 5) {
+                sum[c][0] += W0 - prev_end, sum[c][1] += E1 - W0, sum[c][2] += E1 - E90, sum[c][3] += W0 - S0;
+                cnt[c]++;
+            }
+        prev_end = E1;
+    }
+    for (int c = 0; c < 5; c++)
+        if (cnt[c])
+            fprintf(stderr, "trace mean %-5s (%d layers): release after the previous kernel's last block %5.2f us, "
+                    "run %6.2f us, tail p90->max %5.2f us, first block resident before release %5.2f us\n",
+                    kinds[c], cnt[c], sum[c][0] / cnt[c], sum[c][1] / cnt[c], sum[c][2] / cnt[c], sum[c][3] / cnt[c]);
+    free(h), free(ends);
+}
+
 /* A row-parallel projection: y = x W^T summed over the ranks, rounded to
  * bf16 once from the f32 sum, into delta, or with resid (the fused path)
  * added into the residual x: on one GPU in the GEMV's epilogue, with N > 1
@@ -1221,12 +1297,15 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
      * With N > 1 only when the all-reduces go through the peer kernel: the
      * residual adds are then in it, after the sums */
     bool fz = b->fused && T <= b->fused_t && (b->tp == 1 || use_peer(b, (size_t)T * E));
+    bool trc = fz && T == 1 && k->trace;
+    if (trc) k->tr_n = 0;
     for (int l = 0; l < c->n_layer; l++) {
         const struct clayer *L = &k->L[l];
         /* the previous layer's MLP output joins the residual here */
         unsigned ab = b->ablate;
         if (fz) {
             if (b->l2pf) cuda_gemv_l2_next(L->wo, min_sz(b->l2pf, (size_t)Q * E * 2));
+            if (trc) cuda_gemv_trace_next(tr_slot(k, "qkv"));
             if (!(ab & ABL_QKV)) CK(cuda_gemv_rmsnorm(L->wqkv, k->x, L->attn_norm, c->norm_eps, k->qkv, T, E, QKV, st));
         } else {
             if (!(ab & ABL_NORM))
@@ -1254,16 +1333,20 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
             .tok_part = DIN(k, tok_part, int32_t), .tok_nsplit = DIN(k, tok_nsplit, int32_t), .T = T, .out = k->att,
             .cnt = dk ? k->cnt : NULL, .rope = dk ? ra : (struct cuda_rope_args){0},
             .l2pf = fz ? L->wo : NULL, .l2pf_bytes = fz ? min_sz(b->l2pf_o, (size_t)Q * E * 2) : 0,
+            .tr = trc && !(ab & ABL_ATTN) ? tr_slot(k, "attn") : NULL,
         };
         if (!(ab & ABL_ATTN)) CK(cuda_attention(&aa, st));
         if (fz) {
             if (b->l2pf) cuda_gemv_l2_next(L->wgu, min_sz(b->l2pf, (size_t)2 * F * E * 2));
+            if (trc) cuda_gemv_trace_next(tr_slot(k, "o"));
             if (!(ab & ABL_O) && proj_rows(k, k->att, L->wo, T, Q, E, 0, true, err, errlen)) goto fail;
             if (b->l2pf) cuda_gemv_l2_next(L->wdown, min_sz(b->l2pf, (size_t)F * E * 2));
+            if (trc) cuda_gemv_trace_next(tr_slot(k, "gu"));
             if (!(ab & ABL_GU))
                 CK(cuda_gemv_rmsnorm_swiglu(L->wgu, k->x, L->ffn_norm, c->norm_eps, k->h, T, E, F, st));
             const void *nx = l + 1 < c->n_layer ? (const void *)k->L[l + 1].wqkv : (const void *)k->lm_head;
             if (b->l2pf) cuda_gemv_l2_next(nx, min_sz(b->l2pf, (size_t)QKV * E * 2));
+            if (trc) cuda_gemv_trace_next(tr_slot(k, "down"));
             if (!(ab & ABL_DOWN) && proj_rows(k, k->h, L->wdown, T, F, E, 1, true, err, errlen)) goto fail;
             continue;
         }
@@ -1343,6 +1426,12 @@ static int rank_forward(struct rank *k, char *err, size_t errlen)
         sl_seterr(err, errlen, "GPU %d: injected fault at step %ld (SLUICE_TP_FAULT)", k->dev, k->steps);
         return SL_EDEVICE;
     }
+    if (b->trace_step && !k->trace && k->id == 0) {
+        if (cudaMalloc((void **)&k->trace, (size_t)TR_SLOTS * TR_MAXB * TR_STRIDE * 8) != cudaSuccess) k->trace = NULL;
+        else fprintf(stderr, "cuda: SLUICE_CUDA_TRACE=%ld: one-token steps traced (experiment)\n", b->trace_step);
+    }
+    bool dump = k->trace && k->steps == b->trace_step && Tp == 1;
+    if (dump) CK(cudaMemsetAsync(k->trace, 0, (size_t)TR_SLOTS * TR_MAXB * TR_STRIDE * 8, k->st));
     CK(cudaMemcpyAsync(k->din, b->hin, b->job.nbytes, cudaMemcpyHostToDevice, k->st));
     if (b->job.n_samp) {
         CK(cudaMemcpyAsync(k->din + b->lay.srows, b->hin + b->lay.srows, (size_t)R * sizeof(struct cuda_sample_row),
@@ -1386,7 +1475,9 @@ static int rank_forward(struct rank *k, char *err, size_t errlen)
             CK(cudaMemcpyAsync(b->hsout, k->sout, (size_t)R * sizeof *k->sout, cudaMemcpyDeviceToHost, k->st));
         }
     }
-    return rank_wait(k, err, errlen);
+    rc = rank_wait(k, err, errlen);
+    if (!rc && dump) tr_dump(k);
+    return rc;
 fail:
     return SL_EDEVICE;
 }

@@ -72,6 +72,7 @@
 #include "cuda/l2pf.cuh"
 #include "cuda/norm.cuh"
 #include "cuda/pdl.cuh"
+#include "cuda/trace.cuh"
 
 #define BT 256 /* threads of the block kernel */
 #define GEMV_WARPS 8
@@ -107,6 +108,7 @@ struct gemv_params {
     int ngroups;       /* groups of RB rows (RB/2 gate/up pairs for EPI_SWIGLU) */
     const void *pf;    /* experiment: bytes the warps ask L2 for once done (the next kernel's weights) */
     size_t pf_bytes;
+    unsigned long long *tr; /* experiment: trace.cuh's region, or NULL */
 };
 
 /* Output o of a GEMV from its sum a (and, for EPI_SWIGLU, the up row's sum
@@ -227,11 +229,16 @@ static __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_warp_kernel(const
     const uint4 *w[NR];
 #pragma unroll
     for (int r = 0; r < NR; r++) w[r] = (const uint4 *)(p.W + (size_t)(r * p.out + (live ? j : 0)) * p.in);
+    if (threadIdx.x == 0) tr_mark(p.tr, 0);
     wchunks<CH, NR> cur, nxt;
     if (live) cur.load(w, 0, lane, n4);
     pdl_wait(); /* from here on, x may be read */
+    if (threadIdx.x == 0) tr_mark(p.tr, 1);
     if (NORM) norm_rows<NT>(p, (uint16_t *)xs4, nsh);
-    if (!live) return;
+    if (!live) {
+        if (lane == 0) tr_mark(p.tr, 2 + (threadIdx.x >> 5));
+        return;
+    }
     const uint4 *x4 = NORM ? xs4 : (const uint4 *)p.x;
     float acc[NR][NT];
 #pragma unroll
@@ -253,6 +260,7 @@ static __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_warp_kernel(const
     if (p.pf_bytes) l2_prefetch_share(p.pf, p.pf_bytes, j, p.out);
 #pragma unroll
     for (int t = 0; t < NT; t++) gemv_store<EPI>(p, (size_t)t * p.out + j, acc[0][t], acc[NR - 1][t]);
+    tr_mark(p.tr, 2 + (threadIdx.x >> 5));
 }
 
 /* ---- the block kernel ---- */
@@ -450,9 +458,11 @@ static __global__ void __launch_bounds__(32 * MW, 1024 / (32 * MW)) gemv_mma_ker
                 for (int h = 0; h < 2; h++) b.v[u][r][h] = ok ? __ldcs(w[r][h] + g * 4) : make_uint4(0, 0, 0, 0);
         }
     };
+    if (threadIdx.x == 0) tr_mark(p.tr, 0);
     mchunks<U, NR> cur, nxt;
     load(cur, 0);
     pdl_wait(); /* from here on, x may be read */
+    if (threadIdx.x == 0) tr_mark(p.tr, 1);
     if (NORM) norm_rows<NT>(p, (uint16_t *)xs4, nsh);
     const uint4 *x4 = NORM ? xs4 : (const uint4 *)p.x;
     float acc[NR][4];
@@ -500,6 +510,7 @@ static __global__ void __launch_bounds__(32 * MW, 1024 / (32 * MW)) gemv_mma_ker
             float a1 = h ? (e ? sm[NR - 1].w : sm[NR - 1].z) : (e ? sm[NR - 1].y : sm[NR - 1].x);
             gemv_store<EPI>(p, (size_t)t * p.out + j, a0, a1);
         }
+    if (lane == 0) tr_mark(p.tr, 2);
 }
 
 /* ---- launch ---- */
@@ -681,12 +692,14 @@ static bool use_mma(int T, int in)
 static const void *pf_next;
 static size_t pf_next_bytes;
 extern "C" void cuda_gemv_l2_next(const void *p, size_t bytes) { pf_next = p, pf_next_bytes = bytes; }
+static unsigned long long *tr_next;
+extern "C" void cuda_gemv_trace_next(unsigned long long *tr) { tr_next = tr; }
 
 template <int EPI, bool NORM>
 static cudaError_t launch(gemv_params p, int T, cudaStream_t st)
 {
-    p.pf = pf_next, p.pf_bytes = pf_next_bytes;
-    pf_next = NULL, pf_next_bytes = 0;
+    p.pf = pf_next, p.pf_bytes = pf_next_bytes, p.tr = tr_next;
+    pf_next = NULL, pf_next_bytes = 0, tr_next = NULL;
     if (p.out == 0) return cudaSuccess;
     if (use_mma(T, p.in)) return launch_mma<EPI, NORM>(p, T, st);
     return use_warp(T, p.in) ? launch_warp<EPI, NORM>(p, T, st) : launch_block<EPI, NORM>(p, T, st);
@@ -696,7 +709,7 @@ extern "C" cudaError_t cuda_gemv(const uint16_t *W, const uint16_t *x, void *y, 
                                  cudaStream_t st)
 {
     if (bad_shape(W, x, T, in, out)) return cudaErrorInvalidValue;
-    gemv_params p = {W, x, NULL, NULL, 0.0f, y, in, out, 0, NULL, 0};
+    gemv_params p = {W, x, NULL, NULL, 0.0f, y, in, out, 0, NULL, 0, NULL};
     return y_f32 ? launch<EPI_F32, false>(p, T, st) : launch<EPI_BF16, false>(p, T, st);
 }
 
@@ -704,7 +717,7 @@ extern "C" cudaError_t cuda_gemv_residual(const uint16_t *W, const uint16_t *x, 
                                           cudaStream_t st)
 {
     if (bad_shape(W, x, T, in, out)) return cudaErrorInvalidValue;
-    gemv_params p = {W, x, NULL, NULL, 0.0f, xres, in, out, 0, NULL, 0};
+    gemv_params p = {W, x, NULL, NULL, 0.0f, xres, in, out, 0, NULL, 0, NULL};
     return launch<EPI_RESID, false>(p, T, st);
 }
 
@@ -712,7 +725,7 @@ extern "C" cudaError_t cuda_gemv_swiglu(const uint16_t *Wgu, const uint16_t *x, 
                                         cudaStream_t st)
 {
     if (bad_shape(Wgu, x, T, in, F)) return cudaErrorInvalidValue;
-    gemv_params p = {Wgu, x, NULL, NULL, 0.0f, h, in, F, 0, NULL, 0};
+    gemv_params p = {Wgu, x, NULL, NULL, 0.0f, h, in, F, 0, NULL, 0, NULL};
     return launch<EPI_SWIGLU, false>(p, T, st);
 }
 
@@ -725,7 +738,7 @@ extern "C" cudaError_t cuda_gemv_rmsnorm(const uint16_t *W, const float *x, cons
                                          int T, int in, int out, cudaStream_t st)
 {
     if (bad_norm(W, x, T, in) || out < 0) return cudaErrorInvalidValue;
-    gemv_params p = {W, NULL, x, nw, eps, y, in, out, 0, NULL, 0};
+    gemv_params p = {W, NULL, x, nw, eps, y, in, out, 0, NULL, 0, NULL};
     return launch<EPI_BF16, true>(p, T, st);
 }
 
@@ -733,6 +746,6 @@ extern "C" cudaError_t cuda_gemv_rmsnorm_swiglu(const uint16_t *Wgu, const float
                                                 uint16_t *h, int T, int in, int F, cudaStream_t st)
 {
     if (bad_norm(Wgu, x, T, in) || F < 0) return cudaErrorInvalidValue;
-    gemv_params p = {Wgu, NULL, x, nw, eps, h, in, F, 0, NULL, 0};
+    gemv_params p = {Wgu, NULL, x, nw, eps, h, in, F, 0, NULL, 0, NULL};
     return launch<EPI_SWIGLU, true>(p, T, st);
 }

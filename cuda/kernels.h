@@ -109,6 +109,7 @@ struct cuda_attn_args {
                                  * slot by the split that holds its position), so cuda_rope_kv is not run */
     const void *l2pf;           /* experiment (decode kernel): bytes its blocks ask L2 for (the o weights) */
     size_t l2pf_bytes;
+    unsigned long long *tr;     /* experiment (decode kernel): trace.cuh's region, or NULL */
 };
 /* 1 when the decode kernel takes head_dim D with grp heads per KV head. */
 int cuda_attention_dec_ok(int D, int grp);
@@ -182,6 +183,8 @@ cudaError_t cuda_gemv_rmsnorm_swiglu(const uint16_t *Wgu, const float *x, const 
 void cuda_gemv_select(int variant, int pdl, int ch);
 /* experiment: the next cuda_gemv* launch asks L2 for [p, p + bytes) as its warps finish */
 void cuda_gemv_l2_next(const void *p, size_t bytes);
+/* experiment: the next cuda_gemv* launch writes trace.cuh's timestamps into tr */
+void cuda_gemv_trace_next(unsigned long long *tr);
 /* experiment (device.cu): asks L2 for [p, p + bytes) from `blocks` blocks */
 cudaError_t cuda_l2_prefetch(const void *p, size_t bytes, int blocks, cudaStream_t st);
 
