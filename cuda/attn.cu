@@ -789,6 +789,7 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
     if (threadIdx.x == 0) last = atomicAdd(&a.cnt[t * KVH + g], 1) == wi.nsplit - 1;
     __syncthreads();
     if (!last) return;
+    if (a.trig) pdl_trigger(); /* experiment (SLUICE_CUDA_ATTN_TRIG=1): the o GEMV may start loading weights */
     __threadfence();
     /* the merge: every split's (max, sum) in one round of loads, the weights
      * per row, then each output's accumulators (independent loads) */
@@ -834,8 +835,11 @@ static cudaError_t launch_dec(const struct cuda_attn_args *a, cudaStream_t st)
      * o projection's GEMV start loading weights while this kernel runs
      * measured slower (BENCHMARKS.md: batch-1 decode 207.3 vs 217.5 tok/s) */
     static const bool early = getenv("SLUICE_CUDA_ATTN_PDL") && atoi(getenv("SLUICE_CUDA_ATTN_PDL")) == 1;
+    static const bool trig = getenv("SLUICE_CUDA_ATTN_TRIG") && atoi(getenv("SLUICE_CUDA_ATTN_TRIG")) == 1;
+    struct cuda_attn_args b = *a;
+    b.trig = trig;
     return pdl_launch_as(early, g4 ? attn_dec_kernel<D, 4, TC, KV8> : attn_dec_kernel<D, 8, TC, KV8>, grid, blk, sm, st,
-                         *a);
+                         b);
 }
 
 /* ---- tensor-core kernel (prefill tiles) -------------------------------------- */

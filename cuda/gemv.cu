@@ -72,6 +72,7 @@
 #include "cuda/l2pf.cuh"
 #include "cuda/norm.cuh"
 #include "cuda/pdl.cuh"
+#include "cuda/tile.cuh"
 #include "cuda/trace.cuh"
 
 #define BT 256 /* threads of the block kernel */
@@ -217,11 +218,11 @@ static __device__ __forceinline__ void wdot(const wchunks<CH, NR> &c, const uint
  * cuda_gemv's output). NORM: x normalized by the whole block first
  * (norm_rows, cuda_add_rmsnorm's bits) into shared memory. Epilogues as in
  * the block kernel. */
-template <int NT, int EPI, bool NORM, int CH>
+template <int NT, int EPI, bool NORM, int CH, int PRE = 0>
 static __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_warp_kernel(const gemv_params p)
 {
     constexpr int NR = EPI == EPI_SWIGLU ? 2 : 1;
-    extern __shared__ uint4 xs4[]; /* NORM: the normalized x, [NT][in] bf16 */
+    extern __shared__ uint4 xs4[]; /* NORM: the normalized x, [NT][in] bf16; then PRE: the warps' batches 1..PRE */
     __shared__ float nsh[32];
     pdl_trigger();
     const int lane = threadIdx.x & 31, j = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5), n4 = p.in / 8;
@@ -232,9 +233,27 @@ static __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_warp_kernel(const
     if (threadIdx.x == 0) tr_mark(p.tr, 0);
     wchunks<CH, NR> cur, nxt;
     if (live) cur.load(w, 0, lane, n4);
+    /* experiment (SLUICE_GEMV_PRE): batches 1..PRE into shared memory before the wait */
+    uint4 *pre = xs4 + (NORM ? NT * p.in / 8 : 0) + (threadIdx.x >> 5) * (NR * PRE * CH * 32);
+    if (PRE && live) {
+#pragma unroll
+        for (int b = 1; b <= PRE; b++)
+#pragma unroll
+            for (int r = 0; r < NR; r++)
+#pragma unroll
+                for (int u = 0; u < CH; u++) {
+                    int i = b * 32 * CH + u * 32 + lane;
+                    cp_async16(smem_u32(pre + ((r * PRE + b - 1) * CH + u) * 32 + lane), w[r] + (i < n4 ? i : 0), i < n4);
+                }
+        cp_async_commit();
+    }
     pdl_wait(); /* from here on, x may be read */
     if (threadIdx.x == 0) tr_mark(p.tr, 1);
     if (NORM) norm_rows<NT>(p, (uint16_t *)xs4, nsh);
+    if (PRE) {
+        cp_async_wait<0>();
+        __syncwarp();
+    }
     if (!live) {
         if (lane == 0) tr_mark(p.tr, 2 + (threadIdx.x >> 5));
         return;
@@ -245,9 +264,16 @@ static __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_warp_kernel(const
     for (int r = 0; r < NR; r++)
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
-    for (int i0 = 0;; i0 += 32 * CH) {
+    for (int i0 = 0, bi = 0;; i0 += 32 * CH, bi++) {
         bool more = i0 + 32 * CH < n4;
-        if (more) nxt.load(w, i0 + 32 * CH, lane, n4);
+        if (more && bi < PRE) {
+#pragma unroll
+            for (int r = 0; r < NR; r++)
+#pragma unroll
+                for (int u = 0; u < CH; u++) nxt.v[r][u] = pre[((r * PRE + bi) * CH + u) * 32 + lane];
+        } else if (more) {
+            nxt.load(w, i0 + 32 * CH, lane, n4);
+        }
         wdot<CH, NR, NT, NORM>(cur, x4, n4, i0, lane, acc);
         if (!more) break;
         cur = nxt;
@@ -563,11 +589,34 @@ static cudaError_t launch_k(void (*k)(A...), int grid, int threads, size_t smem,
  * (SLUICE_GEMV_CH=4|8|16), 4 for longer ones */
 static int warp_ch(int in) { return in <= 4096 ? state().ch : 4; }
 
+static int pre_env(void)
+{
+    static int v = getenv("SLUICE_GEMV_PRE") ? atoi(getenv("SLUICE_GEMV_PRE")) : 0;
+    return v;
+}
+
+template <int EPI, bool NORM, int PRE>
+static cudaError_t launch_pre(const gemv_params &p, int grid, int th, size_t smem, cudaStream_t st)
+{
+    constexpr int NR = EPI == EPI_SWIGLU ? 2 : 1;
+    smem += (size_t)GEMV_WARPS * NR * PRE * 4 * 32 * 16;
+    static const cudaError_t set = cudaFuncSetAttribute(gemv_warp_kernel<1, EPI, NORM, 4, PRE>,
+                                                        cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
+    if (set != cudaSuccess) return set;
+    return launch_k(gemv_warp_kernel<1, EPI, NORM, 4, PRE>, grid, th, smem, st, p);
+}
+
 template <int EPI, bool NORM, int CH>
 static cudaError_t launch_warp1(const gemv_params &p, int T, cudaStream_t st)
 {
     int grid = (p.out + GEMV_WARPS - 1) / GEMV_WARPS, th = 32 * GEMV_WARPS;
     size_t smem = NORM ? (size_t)T * p.in * 2 : 0;
+    if (CH == 4 && T == 1 && p.in <= 4096 && pre_env() > 0) {
+        int pr = pre_env() * 128 >= p.in / 8 ? (p.in / 8 + 127) / 128 - 1 : pre_env(); /* batches past the first */
+        if (pr == 1) return launch_pre<EPI, NORM, 1>(p, grid, th, smem, st);
+        if (pr == 2) return launch_pre<EPI, NORM, 2>(p, grid, th, smem, st);
+        if (pr >= 3) return launch_pre<EPI, NORM, 3>(p, grid, th, smem, st);
+    }
     switch (T) {
     case 1: return launch_k(gemv_warp_kernel<1, EPI, NORM, CH>, grid, th, smem, st, p);
     case 2: return launch_k(gemv_warp_kernel<2, EPI, NORM, CH>, grid, th, smem, st, p);

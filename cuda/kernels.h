@@ -110,6 +110,7 @@ struct cuda_attn_args {
     const void *l2pf;           /* experiment (decode kernel): bytes its blocks ask L2 for (the o weights) */
     size_t l2pf_bytes;
     unsigned long long *tr;     /* experiment (decode kernel): trace.cuh's region, or NULL */
+    bool trig;                  /* experiment (set by the launcher): the merging block lets the next kernel start */
 };
 /* 1 when the decode kernel takes head_dim D with grp heads per KV head. */
 int cuda_attention_dec_ok(int D, int grp);
