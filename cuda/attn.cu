@@ -531,6 +531,36 @@ static __device__ __forceinline__ void dec_load_kv(const struct cuda_attn_args &
     cp_async_commit();
 }
 
+static __host__ __device__ constexpr int clu_smem(int GM, int D) { return GM * D; }
+
+/* thread-block clusters (sm_90): the whole block arrives at / waits on the
+ * cluster's barrier; a shared-memory address of this block mapped to the
+ * same variable in block `rank` of the cluster, and a load through it */
+static __device__ __forceinline__ void cluster_arrive(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void cluster_wait(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ float ld_cluster(const float *p, unsigned rank)
+{
+    float v = 0.0f;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    uint32_t a = smem_u32(p), r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(r) : "memory");
+#else
+    (void)p, (void)rank;
+#endif
+    return v;
+}
+
 template <int D, int GM, bool TC, bool KV8>
 static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cuda_attn_args a)
 {
@@ -551,6 +581,16 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
     const unsigned pfp = blockIdx.y * gridDim.x + blockIdx.x, pfn = gridDim.x * gridDim.y;
     if (!attn_item(a, false, wi)) {
         if (threadIdx.x == 0 && a.l2pf_bytes) l2_prefetch_share(a.l2pf, a.l2pf_bytes, pfp, pfn);
+        pdl_wait();
+        return;
+    }
+    /* clusters: a split of a token with 1 < nsplit <= CUDA_ATTN_CLUSTER is
+     * block `split` of a cluster of its own, the rest of the cluster padding
+     * (split >= nsplit: it only keeps the barriers); nsplit 0: an item that
+     * aligns the next token's cluster, with no barrier */
+    const bool clu = a.cluster && wi.nsplit > 1 && wi.nsplit <= CUDA_ATTN_CLUSTER;
+    if (wi.nsplit == 0 || wi.split >= wi.nsplit) {
+        if (clu) cluster_arrive(), cluster_wait(), cluster_arrive(), cluster_wait();
         pdl_wait();
         return;
     }
@@ -763,6 +803,7 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
     }
     __syncthreads();
     bool split = wi.nsplit > 1;
+    __shared__ float Cm[GM], Cl[GM], Ca[clu_smem(GM, D)]; /* clusters: this split's (max, sum, acc) */
     for (int i = threadIdx.x; i < grp * D; i += blockDim.x) {
         int r = i / D, d = i % D;
         float M = -INFINITY, L = 0.0f, A = 0.0f;
@@ -777,6 +818,9 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
         }
         if (!split) {
             a.out[((size_t)t * a.H + g * grp + r) * D + d] = f2bf(L > 0.0f ? A / L : 0.0f);
+        } else if (clu) {
+            if (d == 0) Cm[r] = M, Cl[r] = L;
+            Ca[i] = A;
         } else {
             float *pp = a.part + (((size_t)(wi.part + r) * KVH + g) * CUDA_ATTN_MAXSPLIT + wi.split) * (D + 2);
             if (d == 0) pp[0] = M, pp[1] = L;
@@ -784,6 +828,55 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
         }
     }
     if (!split) return;
+    __shared__ float Sw[GM][CUDA_ATTN_MAXSPLIT], Sl[GM][CUDA_ATTN_MAXSPLIT], Sinv[GM];
+    if (clu) {
+        /* the cluster's barrier instead of tickets: split 0 reads every
+         * split's state from its block's shared memory and merges as the
+         * ticket path below does (the same order, the same bits); the other
+         * blocks stay until it has read them */
+        int ns = wi.nsplit;
+        cluster_arrive();
+        cluster_wait();
+        if (wi.split == 0) {
+            if (a.trig) pdl_trigger();
+            for (int i = threadIdx.x; i < grp * ns; i += blockDim.x) {
+                int r = i / ns, k = i % ns;
+                Sw[r][k] = ld_cluster(&Cm[r], k), Sl[r][k] = ld_cluster(&Cl[r], k);
+            }
+            __syncthreads();
+            if (threadIdx.x < grp) {
+                int r = threadIdx.x;
+                float M = -INFINITY, L = 0.0f;
+                for (int k = 0; k < ns; k++) M = fmaxf(M, Sw[r][k]);
+                for (int k = 0; k < ns; k++) {
+                    float e = Sw[r][k] == -INFINITY ? 0.0f : exp2f(Sw[r][k] - M);
+                    Sw[r][k] = e, L += Sl[r][k] * e;
+                }
+                Sinv[r] = L > 0.0f ? 1.0f / L : 0.0f;
+            }
+            __syncthreads();
+            constexpr int PT = (clu_smem(GM, D) + 32 * DEC_NW - 1) / (32 * DEC_NW);
+            float acc[PT];
+#pragma unroll
+            for (int u = 0; u < PT; u++) {
+                int i = threadIdx.x + u * 32 * DEC_NW;
+                acc[u] = 0.0f;
+                if (i < grp * D)
+                    for (int k = 0; k < ns; k++) acc[u] += ld_cluster(&Ca[i], k) * Sw[i / D][k];
+            }
+            cluster_arrive(); /* every remote read is done */
+#pragma unroll
+            for (int u = 0; u < PT; u++) {
+                int i = threadIdx.x + u * 32 * DEC_NW;
+                if (i < grp * D) a.out[((size_t)t * a.H + g * grp + i / D) * D + i % D] = f2bf(acc[u] * Sinv[i / D]);
+            }
+            cluster_wait();
+        } else {
+            cluster_arrive();
+            cluster_wait();
+        }
+        return;
+    }
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) last = atomicAdd(&a.cnt[t * KVH + g], 1) == wi.nsplit - 1;
@@ -793,7 +886,6 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
     __threadfence();
     /* the merge: every split's (max, sum) in one round of loads, the weights
      * per row, then each output's accumulators (independent loads) */
-    __shared__ float Sw[GM][CUDA_ATTN_MAXSPLIT], Sl[GM][CUDA_ATTN_MAXSPLIT], Sinv[GM];
     int ns = wi.nsplit;
     const float *pbase = a.part + ((size_t)wi.part * KVH + g) * CUDA_ATTN_MAXSPLIT * (D + 2);
     const size_t prow = (size_t)KVH * CUDA_ATTN_MAXSPLIT * (D + 2); /* from one part row to the next */
@@ -838,8 +930,21 @@ static cudaError_t launch_dec(const struct cuda_attn_args *a, cudaStream_t st)
     static const bool trig = getenv("SLUICE_CUDA_ATTN_TRIG") && atoi(getenv("SLUICE_CUDA_ATTN_TRIG")) == 1;
     struct cuda_attn_args b = *a;
     b.trig = trig;
-    return pdl_launch_as(early, g4 ? attn_dec_kernel<D, 4, TC, KV8> : attn_dec_kernel<D, 8, TC, KV8>, grid, blk, sm, st,
-                         b);
+    if (!a->cluster)
+        return pdl_launch_as(early, g4 ? attn_dec_kernel<D, 4, TC, KV8> : attn_dec_kernel<D, 8, TC, KV8>, grid, blk,
+                             sm, st, b);
+    if (a->max_items % CUDA_ATTN_CLUSTER) return cudaErrorInvalidValue;
+    cudaLaunchAttribute at[2];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = CUDA_ATTN_CLUSTER, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[1].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid, cfg.blockDim = blk, cfg.dynamicSmemBytes = sm, cfg.stream = st;
+    cfg.attrs = at, cfg.numAttrs = early && cuda_pdl_on() ? 2 : 1;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, g4 ? attn_dec_kernel<D, 4, TC, KV8> : attn_dec_kernel<D, 8, TC, KV8>, b);
+    cudaError_t l = cudaGetLastError();
+    return e != cudaSuccess ? e : l;
 }
 
 /* ---- tensor-core kernel (prefill tiles) -------------------------------------- */

@@ -260,7 +260,8 @@ struct cuda_backend {
     int *peer_abort;                /* pinned, mapped: set when a rank fails, ends the kernel's waits */
     int fault_rank;                 /* SLUICE_TP_FAULT */
     long fault_step;
-    long trace_step;                /* experiment: SLUICE_CUDA_TRACE=N dumps step N's kernel timeline */
+    long trace_step;
+    bool dec_cluster;               /* decode attention in clusters (sm_90; SLUICE_CUDA_DEC_CLUSTER=0: tickets) */                /* experiment: SLUICE_CUDA_TRACE=N dumps step N's kernel timeline */
 };
 
 #define CK(call)                                                                                     \
@@ -681,6 +682,8 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     b->l2pf_o = ge ? (size_t)(atof(ge) * 1048576) & ~(size_t)255 : 0;
     ge = getenv("SLUICE_CUDA_L2PF");
     b->l2pf = ge ? (size_t)(atof(ge) * 1048576) & ~(size_t)255 : 0;
+    ge = getenv("SLUICE_CUDA_DEC_CLUSTER");
+    b->dec_cluster = ge && strcmp(ge, "1") == 0; /* experiment: off unless asked */
     ge = getenv("SLUICE_CUDA_TRACE");
     b->trace_step = ge ? atol(ge) : 0;
     ge = getenv("SLUICE_CUDA_WARMUP");
@@ -1117,9 +1120,14 @@ static size_t pack_step(struct cuda_backend *b, const struct step *s, int Tp, in
             if (lns > 1 && kv_hi >= b->long_keys && part + nq * grp <= part_cap)
                 ns = lns, kr = 128; /* whole 128-key tiles of the warpgroup kernel */
             int chunk = ((kv_hi + ns - 1) / ns + kr - 1) / kr * kr;
-            if (n + ns > b->max_items) return 0;
-            for (int k = 0; k < ns; k++) {
+            /* clusters: the token's splits fill one whole aligned cluster */
+            bool clu = dk && b->dec_cluster && ns > 1 && ns <= CUDA_ATTN_CLUSTER;
+            int pad = clu ? (CUDA_ATTN_CLUSTER - n % CUDA_ATTN_CLUSTER) % CUDA_ATTN_CLUSTER : 0;
+            if (n + pad + (clu ? CUDA_ATTN_CLUSTER : ns) > b->max_items) return 0;
+            while (pad-- > 0) items[n++] = (struct cuda_attn_item){.nsplit = 0};
+            for (int k = 0; k < (clu ? CUDA_ATTN_CLUSTER : ns); k++) {
                 int lo = k * chunk, hi = lo + chunk < kv_hi ? lo + chunk : kv_hi;
+                if (k >= ns) lo = hi = 0; /* padding: no keys, no KV write */
                 items[n++] = (struct cuda_attn_item){.bt0 = bt0, .t0 = t0, .nq = nq, .kv_lo = lo, .kv_hi = hi,
                                                      .split = k, .nsplit = ns, .part = part};
             }
@@ -1132,6 +1140,11 @@ static size_t pack_step(struct cuda_backend *b, const struct step *s, int Tp, in
             }
         }
     }
+    if (dk && b->dec_cluster) /* a whole number of clusters (the eager launch's grid) */
+        while (n % CUDA_ATTN_CLUSTER) {
+            if (n >= b->max_items) return 0;
+            items[n++] = (struct cuda_attn_item){.nsplit = 0};
+        }
     *HIN(b, n_items, int32_t) = n;
     for (int k = r; k < (Tp < b->max_seqs ? Tp : b->max_seqs); k++) rows[k] = k; /* graph padding rows */
     pack_sampling(b, s, r);
@@ -1334,6 +1347,7 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
             .cnt = dk ? k->cnt : NULL, .rope = dk ? ra : (struct cuda_rope_args){0},
             .l2pf = fz ? L->wo : NULL, .l2pf_bytes = fz ? min_sz(b->l2pf_o, (size_t)Q * E * 2) : 0,
             .tr = trc && !(ab & ABL_ATTN) ? tr_slot(k, "attn") : NULL,
+            .cluster = dk && b->dec_cluster,
         };
         if (!(ab & ABL_ATTN)) CK(cuda_attention(&aa, st));
         if (fz) {

@@ -67,6 +67,7 @@ struct cuda_attn_item {
 };
 #define CUDA_ATTN_ROWS 32   /* query rows (tokens x heads of a group) per item */
 #define CUDA_ATTN_MAXSPLIT 32
+#define CUDA_ATTN_CLUSTER 8
 /* Tensor-core path (prefill). Where cuda_attention_tc_ok(D, H / KVH) and it
  * is not turned off, a step that is not decode-only is packed with
  * CUDA_ATTN_TC_ROWS / grp tokens per item (not CUDA_ATTN_ROWS / grp), and
@@ -111,6 +112,10 @@ struct cuda_attn_args {
     size_t l2pf_bytes;
     unsigned long long *tr;     /* experiment (decode kernel): trace.cuh's region, or NULL */
     bool trig;                  /* experiment (set by the launcher): the merging block lets the next kernel start */
+    bool cluster;               /* decode kernel, sm_90: launched in clusters of CUDA_ATTN_CLUSTER blocks (max_items a
+                                 * multiple); a token with 1 < nsplit <= CUDA_ATTN_CLUSTER has its splits merged
+                                 * through shared memory, its items aligned to a cluster and padded to a whole
+                                 * one (split >= nsplit); items with nsplit 0 only align */
 };
 /* 1 when the decode kernel takes head_dim D with grp heads per KV head. */
 int cuda_attention_dec_ok(int D, int grp);
