@@ -506,7 +506,7 @@ static constexpr size_t dec_tc_smem(void)
  * Lane l looks up the slots of keys k0 + l, k0 + 32 + l, ... */
 template <int D, bool KV8>
 static __device__ __forceinline__ void dec_load_kv(const struct cuda_attn_args &a, const int32_t *bt, int g, int k0,
-                                                   int hi, uint8_t *st)
+                                                   int hi, uint8_t *st, int skip = -1)
 {
     using TL = dec_tile<D, KV8>;
     constexpr int ES = KV8 ? 1 : 2, CH = D * ES / 16, NS = TL::BN / 32; /* 16-byte chunks per row, slots per lane */
@@ -517,7 +517,7 @@ static __device__ __forceinline__ void dec_load_kv(const struct cuda_attn_args &
 #pragma unroll
     for (int k = 0; k < NS; k++) {
         int kp = k0 + 32 * k + lane;
-        slot[k] = kp < hi ? (long long)bt[kp / bs] * bs + kp % bs : -1;
+        slot[k] = kp == skip ? -2 : kp < hi ? (long long)bt[kp / bs] * bs + kp % bs : -1;
     }
 #pragma unroll
     for (int u = 0; u < TL::BN * CH / 32; u++) {
@@ -525,6 +525,7 @@ static __device__ __forceinline__ void dec_load_kv(const struct cuda_attn_args &
         long long sj = __shfl_sync(0xffffffffu, slot[u * 32 / CH / 32], j & 31);
         size_t off = sj >= 0 ? ((size_t)sj * a.KVH + g) * D * ES + c * 16 : 0;
         int cs = TL::SW ? c ^ (j & 7) : c; /* (TL::BN + j) & 7 == j & 7 */
+        if (sj == -2) continue; /* skip: the caller writes this row */
         cp_async16(smem_u32(st + j * TL::RSB + cs * 16), kc + off, sj >= 0);
         cp_async16(smem_u32(st + (TL::BN + j) * TL::RSB + cs * 16), vc + off, sj >= 0);
     }
@@ -571,11 +572,12 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
     extern __shared__ __align__(16) uint16_t dsm[]; /* TC: dec_tc_smem's layout */
     struct tr_end {
         unsigned long long *tr;
+        int i; /* 2: no item or a split, 3: the split that writes K and V, 4: the merging block */
         __device__ ~tr_end()
         {
-            if (threadIdx.x == 0 && tr) tr[((size_t)blockIdx.y * gridDim.x + blockIdx.x) * TR_STRIDE + 2] = tr_now();
+            if (threadIdx.x == 0 && tr) tr[((size_t)blockIdx.y * gridDim.x + blockIdx.x) * TR_STRIDE + i] = tr_now();
         }
-    } tre{a.tr};
+    } tre{a.tr, 2};
     if (threadIdx.x == 0 && a.tr) a.tr[((size_t)blockIdx.y * gridDim.x + blockIdx.x) * TR_STRIDE] = tr_now();
     struct cuda_attn_item wi;
     const unsigned pfp = blockIdx.y * gridDim.x + blockIdx.x, pfn = gridDim.x * gridDim.y;
@@ -614,7 +616,14 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
      * no new token: the warp that has it loads after the KV write below) */
     int tpos = a.pos[t];
     bool own = a.rope.qkv && tpos >= wi.kv_lo && tpos < wi.kv_hi; /* this split writes the token's K and V */
-    if (TC && !own && wi.kv_lo + TL::BN * w < hi) dec_load_kv<D, KV8>(a, bt, g, wi.kv_lo + TL::BN * w, hi, stage);
+    /* experiment (SLUICE_CUDA_DEC_EARLY=1, unswizzled stages): the split
+     * that writes the token's K and V requests its first tiles now too,
+     * without the token's row, which RoPE below writes into the stage as
+     * well as into the cache */
+    const bool early = TC && !TL::SW && a.early && own;
+    const int wp = (tpos - wi.kv_lo) / TL::BN; /* early: the warp whose first tile holds the token, if < DEC_NW */
+    if (TC && (!own || early) && wi.kv_lo + TL::BN * w < hi)
+        dec_load_kv<D, KV8>(a, bt, g, wi.kv_lo + TL::BN * w, hi, stage, early ? tpos : -1);
     if (threadIdx.x == 0 && a.l2pf_bytes) l2_prefetch_share(a.l2pf, a.l2pf_bytes, pfp, pfn);
     pdl_wait(); /* experiment: launched early (SLUICE_CUDA_ATTN_PDL=1), q and the KV write wait for the qkv GEMV */
     if (threadIdx.x == 0 && a.tr) a.tr[((size_t)blockIdx.y * gridDim.x + blockIdx.x) * TR_STRIDE + 1] = tr_now();
@@ -629,6 +638,11 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
         if (own && w < 2) {
             size_t off = ((size_t)a.rope.slots[t] * KVH + g) * D * (KV8 ? 1 : 2);
             rope_head(a.rope, t, a.H + w * KVH + g, Rv[w], (char *)(w ? a.rope.vc : a.rope.kc) + off, KV8);
+            if (early && wp < DEC_NW) {
+                int j = tpos - wi.kv_lo - TL::BN * wp;
+                rope_head(a.rope, t, a.H + w * KVH + g, Rv[w],
+                          (uint8_t *)dsm + (size_t)wp * TL::SB + (size_t)(w ? TL::BN + j : j) * TL::RSB, KV8);
+            }
         }
     } else {
         for (int i = threadIdx.x; i < grp * D; i += blockDim.x)
@@ -739,7 +753,7 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
         const int kofs = ((lane & 7) + ((lane >> 4) << 3)) * DP + ((lane >> 3) & 1) * 8;
         const int vofs = (lane & 15) * DP + (lane >> 4) * 8;
         const uint32_t kb = smem_u32(stage), vb = kb + TL::BN * TL::RSB;
-        bool first = !own; /* this tile is requested already */
+        bool first = !own || early; /* this tile is requested already */
         int cur = 0;       /* its stage */
         for (int k0 = wi.kv_lo + TL::BN * w; k0 < hi; k0 += TL::BN * DEC_NW) {
             uint8_t *st = stage + cur * 2 * TL::BN * TL::RSB;
@@ -827,6 +841,7 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
             pp[2 + d] = A;
         }
     }
+    if (own && threadIdx.x == 0 && a.tr) a.tr[((size_t)blockIdx.y * gridDim.x + blockIdx.x) * TR_STRIDE + 3] = tr_now();
     if (!split) return;
     __shared__ float Sw[GM][CUDA_ATTN_MAXSPLIT], Sl[GM][CUDA_ATTN_MAXSPLIT], Sinv[GM];
     if (clu) {
@@ -838,6 +853,7 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
         cluster_arrive();
         cluster_wait();
         if (wi.split == 0) {
+            tre.i = 4;
             if (a.trig) pdl_trigger();
             for (int i = threadIdx.x; i < grp * ns; i += blockDim.x) {
                 int r = i / ns, k = i % ns;
@@ -882,6 +898,7 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
     if (threadIdx.x == 0) last = atomicAdd(&a.cnt[t * KVH + g], 1) == wi.nsplit - 1;
     __syncthreads();
     if (!last) return;
+    tre.i = 4;
     if (a.trig) pdl_trigger(); /* experiment (SLUICE_CUDA_ATTN_TRIG=1): the o GEMV may start loading weights */
     __threadfence();
     /* the merge: every split's (max, sum) in one round of loads, the weights
@@ -930,6 +947,8 @@ static cudaError_t launch_dec(const struct cuda_attn_args *a, cudaStream_t st)
     static const bool trig = getenv("SLUICE_CUDA_ATTN_TRIG") && atoi(getenv("SLUICE_CUDA_ATTN_TRIG")) == 1;
     struct cuda_attn_args b = *a;
     b.trig = trig;
+    static const bool early_kv = getenv("SLUICE_CUDA_DEC_EARLY") && atoi(getenv("SLUICE_CUDA_DEC_EARLY")) == 1;
+    b.early = early_kv;
     if (!a->cluster)
         return pdl_launch_as(early, g4 ? attn_dec_kernel<D, 4, TC, KV8> : attn_dec_kernel<D, 8, TC, KV8>, grid, blk,
                              sm, st, b);

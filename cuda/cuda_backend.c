@@ -1210,7 +1210,7 @@ static void tr_dump(struct rank *k)
     unsigned long long t0 = ~0ull;
     for (size_t i = 0; i < n; i += TR_STRIDE)
         if (h[i] && h[i] < t0) t0 = h[i];
-    double prev_end = 0, sum[8][4] = {{0}};
+    double prev_end = 0, sum[8][4] = {{0}}; /* [5..7]: attention's roles */
     int cnt[8] = {0};
     const char *kinds[] = {"qkv", "attn", "o", "gu", "down"};
     for (int s = 0; s < k->tr_n; s++) {
@@ -1236,6 +1236,15 @@ static void tr_dump(struct rank *k)
                 "trace %3d %-5s blocks %4d start %8.2f..%8.2f wait %8.2f..%8.2f end p50 %8.2f p90 %8.2f max %8.2f | "
                 "release-prev %5.2f run %6.2f tail(p90->max) %5.2f\n",
                 s, k->tr_name[s], nb, S0, S1, W0, W1, E50, E90, E1, W0 - prev_end, E1 - W0, E1 - E90);
+        if (!strcmp(k->tr_name[s], "attn") && s >= 5 && s < k->tr_n - 5) {
+            /* attention's blocks by role: end of the last split, of the split that writes K and V, of the merge */
+            for (int i = 2; i <= 4; i++) {
+                unsigned long long mx = 0;
+                for (int bl = 0; bl < TR_MAXB; bl++)
+                    if (r[(size_t)bl * TR_STRIDE + i] > mx) mx = r[(size_t)bl * TR_STRIDE + i];
+                if (mx) sum[5 + i - 2][0] += (mx - t0) / 1e3 - W0, sum[5 + i - 2][1] += 1;
+            }
+        }
         for (int c = 0; c < 5; c++)
             if (!strcmp(k->tr_name[s], kinds[c]) && s >= 5 && s < k->tr_n - 5) {
                 sum[c][0] += W0 - prev_end, sum[c][1] += E1 - W0, sum[c][2] += E1 - E90, sum[c][3] += W0 - S0;
@@ -1248,6 +1257,11 @@ static void tr_dump(struct rank *k)
             fprintf(stderr, "trace mean %-5s (%d layers): release after the previous kernel's last block %5.2f us, "
                     "run %6.2f us, tail p90->max %5.2f us, first block resident before release %5.2f us\n",
                     kinds[c], cnt[c], sum[c][0] / cnt[c], sum[c][1] / cnt[c], sum[c][2] / cnt[c], sum[c][3] / cnt[c]);
+    for (int i = 0; i < 3; i++)
+        if (sum[5 + i][1] > 0)
+            fprintf(stderr, "trace mean attn: %s ends %5.2f us after the first release\n",
+                    (const char *[]){"the last other split", "the split writing K and V", "the merge"}[i],
+                    sum[5 + i][0] / sum[5 + i][1]);
     free(h), free(ends);
 }
 

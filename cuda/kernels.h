@@ -112,6 +112,7 @@ struct cuda_attn_args {
     size_t l2pf_bytes;
     unsigned long long *tr;     /* experiment (decode kernel): trace.cuh's region, or NULL */
     bool trig;                  /* experiment (set by the launcher): the merging block lets the next kernel start */
+    bool early;                 /* experiment (set by the launcher, SLUICE_CUDA_DEC_EARLY=1) */
     bool cluster;               /* decode kernel, sm_90: launched in clusters of CUDA_ATTN_CLUSTER blocks (max_items a
                                  * multiple); a token with 1 < nsplit <= CUDA_ATTN_CLUSTER has its splits merged
                                  * through shared memory, its items aligned to a cluster and padded to a whole
