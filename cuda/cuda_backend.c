@@ -1236,6 +1236,15 @@ static void tr_dump(struct rank *k)
                 "trace %3d %-5s blocks %4d start %8.2f..%8.2f wait %8.2f..%8.2f end p50 %8.2f p90 %8.2f max %8.2f | "
                 "release-prev %5.2f run %6.2f tail(p90->max) %5.2f\n",
                 s, k->tr_name[s], nb, S0, S1, W0, W1, E50, E90, E1, W0 - prev_end, E1 - W0, E1 - E90);
+        if (!strcmp(k->tr_name[s], "attn") && s == 81)
+            for (int bl = 0; bl < TR_MAXB; bl++) {
+                unsigned long long *q = r + (size_t)bl * TR_STRIDE;
+                if (!q[0] || !(q[1] || q[3] || q[4])) continue;
+                double rel[5];
+                for (int i = 0; i < 5; i++) rel[i] = q[i] ? (q[i] - t0) / 1e3 - W0 : -1;
+                fprintf(stderr, "trace attn block %4d: start %6.2f first-tile %6.2f end %6.2f split-done(own) %6.2f merge-end %6.2f\n",
+                        bl, rel[0], rel[1], rel[2], rel[3], rel[4]);
+            }
         if (!strcmp(k->tr_name[s], "attn") && s >= 5 && s < k->tr_n - 5) {
             /* attention's blocks by role: end of the last split, of the split that writes K and V, of the merge */
             for (int i = 2; i <= 4; i++) {
