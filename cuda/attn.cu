@@ -893,14 +893,19 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
         }
         return;
     }
-    __threadfence();
+    /* the ticket: the block's partials ordered before it by the barrier
+     * and thread 0's fence (cooperative groups' grid sync does the same);
+     * the last block's thread 0 fences again before its barrier */
     __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(&a.cnt[t * KVH + g], 1) == wi.nsplit - 1;
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(&a.cnt[t * KVH + g], 1) == wi.nsplit - 1;
+        if (last) __threadfence();
+    }
     __syncthreads();
     if (!last) return;
     tre.i = 4;
     if (a.trig) pdl_trigger(); /* experiment (SLUICE_CUDA_ATTN_TRIG=1): the o GEMV may start loading weights */
-    __threadfence();
     /* the merge: every split's (max, sum) in one round of loads, the weights
      * per row, then each output's accumulators (independent loads) */
     int ns = wi.nsplit;
@@ -953,6 +958,11 @@ static cudaError_t launch_dec(const struct cuda_attn_args *a, cudaStream_t st)
         return pdl_launch_as(early, g4 ? attn_dec_kernel<D, 4, TC, KV8> : attn_dec_kernel<D, 8, TC, KV8>, grid, blk,
                              sm, st, b);
     if (a->max_items % CUDA_ATTN_CLUSTER) return cudaErrorInvalidValue;
+    static const cudaError_t np4 =
+        cudaFuncSetAttribute(attn_dec_kernel<D, 4, TC, KV8>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    static const cudaError_t np8 =
+        cudaFuncSetAttribute(attn_dec_kernel<D, 8, TC, KV8>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    if (np4 != cudaSuccess || np8 != cudaSuccess) return np4 != cudaSuccess ? np4 : np8;
     cudaLaunchAttribute at[2];
     at[0].id = cudaLaunchAttributeClusterDimension;
     at[0].val.clusterDim.x = CUDA_ATTN_CLUSTER, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;

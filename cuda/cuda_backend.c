@@ -261,7 +261,7 @@ struct cuda_backend {
     int fault_rank;                 /* SLUICE_TP_FAULT */
     long fault_step;
     long trace_step;
-    bool dec_cluster;               /* decode attention in clusters (sm_90; SLUICE_CUDA_DEC_CLUSTER=0: tickets) */                /* experiment: SLUICE_CUDA_TRACE=N dumps step N's kernel timeline */
+    int dec_cluster;                /* experiment: decode steps of at most this many tokens in clusters (sm_90) */                /* experiment: SLUICE_CUDA_TRACE=N dumps step N's kernel timeline */
 };
 
 #define CK(call)                                                                                     \
@@ -683,7 +683,7 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     ge = getenv("SLUICE_CUDA_L2PF");
     b->l2pf = ge ? (size_t)(atof(ge) * 1048576) & ~(size_t)255 : 0;
     ge = getenv("SLUICE_CUDA_DEC_CLUSTER");
-    b->dec_cluster = ge && strcmp(ge, "1") == 0; /* experiment: off unless asked */
+    b->dec_cluster = ge ? atoi(ge) : 0; /* experiment: off unless asked */
     ge = getenv("SLUICE_CUDA_TRACE");
     b->trace_step = ge ? atol(ge) : 0;
     ge = getenv("SLUICE_CUDA_WARMUP");
@@ -1121,7 +1121,7 @@ static size_t pack_step(struct cuda_backend *b, const struct step *s, int Tp, in
                 ns = lns, kr = 128; /* whole 128-key tiles of the warpgroup kernel */
             int chunk = ((kv_hi + ns - 1) / ns + kr - 1) / kr * kr;
             /* clusters: the token's splits fill one whole aligned cluster */
-            bool clu = dk && b->dec_cluster && ns > 1 && ns <= CUDA_ATTN_CLUSTER;
+            bool clu = dk && Tp <= b->dec_cluster && ns > 1 && ns <= CUDA_ATTN_CLUSTER;
             int pad = clu ? (CUDA_ATTN_CLUSTER - n % CUDA_ATTN_CLUSTER) % CUDA_ATTN_CLUSTER : 0;
             if (n + pad + (clu ? CUDA_ATTN_CLUSTER : ns) > b->max_items) return 0;
             while (pad-- > 0) items[n++] = (struct cuda_attn_item){.nsplit = 0};
@@ -1140,7 +1140,7 @@ static size_t pack_step(struct cuda_backend *b, const struct step *s, int Tp, in
             }
         }
     }
-    if (dk && b->dec_cluster) /* a whole number of clusters (the eager launch's grid) */
+    if (dk && Tp <= b->dec_cluster) /* a whole number of clusters (the eager launch's grid) */
         while (n % CUDA_ATTN_CLUSTER) {
             if (n >= b->max_items) return 0;
             items[n++] = (struct cuda_attn_item){.nsplit = 0};
@@ -1370,7 +1370,7 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
             .cnt = dk ? k->cnt : NULL, .rope = dk ? ra : (struct cuda_rope_args){0},
             .l2pf = fz ? L->wo : NULL, .l2pf_bytes = fz ? min_sz(b->l2pf_o, (size_t)Q * E * 2) : 0,
             .tr = trc && !(ab & ABL_ATTN) ? tr_slot(k, "attn") : NULL,
-            .cluster = dk && b->dec_cluster,
+            .cluster = dk && T <= b->dec_cluster,
         };
         if (!(ab & ABL_ATTN)) CK(cuda_attention(&aa, st));
         if (fz) {

@@ -67,7 +67,7 @@ struct cuda_attn_item {
 };
 #define CUDA_ATTN_ROWS 32   /* query rows (tokens x heads of a group) per item */
 #define CUDA_ATTN_MAXSPLIT 32
-#define CUDA_ATTN_CLUSTER 8
+#define CUDA_ATTN_CLUSTER 16 /* non-portable size: sm_90 allows it when asked */
 /* Tensor-core path (prefill). Where cuda_attention_tc_ok(D, H / KVH) and it
  * is not turned off, a step that is not decode-only is packed with
  * CUDA_ATTN_TC_ROWS / grp tokens per item (not CUDA_ATTN_ROWS / grp), and
