@@ -549,17 +549,16 @@ static __device__ __forceinline__ void cluster_wait(void)
     asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 #endif
 }
-static __device__ __forceinline__ float ld_cluster(const float *p, unsigned rank)
+static __device__ __forceinline__ const float *cluster_map(const float *p, unsigned rank)
 {
-    float v = 0.0f;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    uint32_t a = smem_u32(p), r;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(r) : "memory");
+    uint64_t r;
+    asm("mapa.u64 %0, %1, %2;" : "=l"(r) : "l"(p), "r"(rank));
+    return (const float *)r;
 #else
-    (void)p, (void)rank;
+    (void)rank;
+    return p;
 #endif
-    return v;
 }
 
 template <int D, int GM, bool TC, bool KV8>
@@ -857,7 +856,7 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
             if (a.trig) pdl_trigger();
             for (int i = threadIdx.x; i < grp * ns; i += blockDim.x) {
                 int r = i / ns, k = i % ns;
-                Sw[r][k] = ld_cluster(&Cm[r], k), Sl[r][k] = ld_cluster(&Cl[r], k);
+                Sw[r][k] = *cluster_map(&Cm[r], k), Sl[r][k] = *cluster_map(&Cl[r], k);
             }
             __syncthreads();
             if (threadIdx.x < grp) {
@@ -872,13 +871,20 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
             }
             __syncthreads();
             constexpr int PT = (clu_smem(GM, D) + 32 * DEC_NW - 1) / (32 * DEC_NW);
-            float acc[PT];
+            float acc[PT], v[PT][CUDA_ATTN_CLUSTER];
+#pragma unroll
+            for (int u = 0; u < PT; u++) { /* every remote load issued before the first use */
+                int i = threadIdx.x + u * 32 * DEC_NW;
+#pragma unroll
+                for (int k = 0; k < CUDA_ATTN_CLUSTER; k++) v[u][k] = i < grp * D && k < ns ? *cluster_map(&Ca[i], k) : 0.0f;
+            }
 #pragma unroll
             for (int u = 0; u < PT; u++) {
                 int i = threadIdx.x + u * 32 * DEC_NW;
                 acc[u] = 0.0f;
-                if (i < grp * D)
-                    for (int k = 0; k < ns; k++) acc[u] += ld_cluster(&Ca[i], k) * Sw[i / D][k];
+#pragma unroll
+                for (int k = 0; k < CUDA_ATTN_CLUSTER; k++)
+                    if (i < grp * D && k < ns) acc[u] += v[u][k] * Sw[i / D][k];
             }
             cluster_arrive(); /* every remote read is done */
 #pragma unroll

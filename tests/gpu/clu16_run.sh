@@ -14,7 +14,7 @@ t engine_clu 120 env SLUICE_CUDA_DEC_KMIN=32 SLUICE_CUDA_DEC_CLUSTER=8 SLUICE_TE
 t engine_tick8 120 env SLUICE_TEST_KV=fp8 SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3 build/tests/test_engine
 unset SLUICE_CUDA_DEC_EARLY
 grep -E "FAIL|failed:" $L/k_dec.log $L/e2e_clu.log $L/engine_clu.log | head
-CONFIGS=${CONFIGS:-"base EARLY=1 EARLY=1,CLU=1 EARLY=1,CLU=8"}
+CONFIGS=${CONFIGS:-"EARLY=1 EARLY=1,CLU=1 EARLY=1,CLU=4"}
 envs() { local c=$1 e=(); [ "$c" = base ] && return; for kv in ${c//,/ }; do case $kv in TRIG=*) e+=(SLUICE_CUDA_ATTN_TRIG=${kv#*=});; CLU=*) e+=(SLUICE_CUDA_DEC_CLUSTER=${kv#*=});; EARLY=*) e+=(SLUICE_CUDA_DEC_EARLY=${kv#*=});; esac; done; echo "${e[@]}"; }
 for r in ${ROUNDS:-1 2}; do
   for c in $CONFIGS; do
