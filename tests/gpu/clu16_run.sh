@@ -6,8 +6,8 @@
 . "$(dirname "$0")/run_lib.sh"
 nvidia-smi -L
 export SLUICE_CUDA_DEC_EARLY=1
-t k_dec 180 env SLUICE_TEST_ONLY=attention_decode build/tests/gpu/test_kernels
-t k_fold 180 env SLUICE_TEST_ONLY=rope_fold build/tests/gpu/test_kernels
+[ -n "${KTESTS:-}" ] && t k_dec 180 env SLUICE_TEST_ONLY=attention_decode build/tests/gpu/test_kernels
+[ -n "${KTESTS:-}" ] && t k_fold 180 env SLUICE_TEST_ONLY=rope_fold build/tests/gpu/test_kernels
 t e2e_clu 120 env SLUICE_CUDA_DEC_KMIN=32 SLUICE_CUDA_DEC_CLUSTER=8 build/tests/gpu/test_gpu_e2e
 t memcheck_e2e 300 env SLUICE_CUDA_DEC_KMIN=32 SLUICE_CUDA_DEC_CLUSTER=8 compute-sanitizer --tool memcheck build/tests/gpu/test_gpu_e2e
 t engine_clu 120 env SLUICE_CUDA_DEC_KMIN=32 SLUICE_CUDA_DEC_CLUSTER=8 SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3 build/tests/test_engine
