@@ -57,11 +57,9 @@
 
 #include "cuda/bf16.cuh"
 #include "cuda/kernels.h"
-#include "cuda/l2pf.cuh"
 #include "cuda/rope.cuh"
 #include "cuda/pdl.cuh"
 #include "cuda/tile.cuh"
-#include "cuda/trace.cuh"
 
 #define KT 32
 #define WARPS 4
@@ -502,7 +500,8 @@ static constexpr size_t dec_tc_smem(void)
 }
 
 /* One warp's keys [k0, k0 + BN) of head group g into its stage st (K rows,
- * then V rows, as dec_tile says), zeros past hi; committed, not waited for.
+ * then V rows, as dec_tile says), zeros past hi, key `skip`'s rows not
+ * requested at all (the caller writes them); committed, not waited for.
  * Lane l looks up the slots of keys k0 + l, k0 + 32 + l, ... */
 template <int D, bool KV8>
 static __device__ __forceinline__ void dec_load_kv(const struct cuda_attn_args &a, const int32_t *bt, int g, int k0,
@@ -525,40 +524,11 @@ static __device__ __forceinline__ void dec_load_kv(const struct cuda_attn_args &
         long long sj = __shfl_sync(0xffffffffu, slot[u * 32 / CH / 32], j & 31);
         size_t off = sj >= 0 ? ((size_t)sj * a.KVH + g) * D * ES + c * 16 : 0;
         int cs = TL::SW ? c ^ (j & 7) : c; /* (TL::BN + j) & 7 == j & 7 */
-        if (sj == -2) continue; /* skip: the caller writes this row */
+        if (sj == -2) continue; /* key skip: left to the caller */
         cp_async16(smem_u32(st + j * TL::RSB + cs * 16), kc + off, sj >= 0);
         cp_async16(smem_u32(st + (TL::BN + j) * TL::RSB + cs * 16), vc + off, sj >= 0);
     }
     cp_async_commit();
-}
-
-static __host__ __device__ constexpr int clu_smem(int GM, int D) { return GM * D; }
-
-/* thread-block clusters (sm_90): the whole block arrives at / waits on the
- * cluster's barrier; a shared-memory address of this block mapped to the
- * same variable in block `rank` of the cluster, and a load through it */
-static __device__ __forceinline__ void cluster_arrive(void)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-#endif
-}
-static __device__ __forceinline__ void cluster_wait(void)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-#endif
-}
-static __device__ __forceinline__ const float *cluster_map(const float *p, unsigned rank)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    uint64_t r;
-    asm("mapa.u64 %0, %1, %2;" : "=l"(r) : "l"(p), "r"(rank));
-    return (const float *)r;
-#else
-    (void)rank;
-    return p;
-#endif
 }
 
 template <int D, int GM, bool TC, bool KV8>
@@ -569,32 +539,8 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
     __shared__ float Wm[DEC_NW][GM], Wl[DEC_NW][GM];
     __shared__ int last;
     extern __shared__ __align__(16) uint16_t dsm[]; /* TC: dec_tc_smem's layout */
-    struct tr_end {
-        unsigned long long *tr;
-        int i; /* 2: no item or a split, 3: the split that writes K and V, 4: the merging block */
-        __device__ ~tr_end()
-        {
-            if (threadIdx.x == 0 && tr) tr[((size_t)blockIdx.y * gridDim.x + blockIdx.x) * TR_STRIDE + i] = tr_now();
-        }
-    } tre{a.tr, 2};
-    if (threadIdx.x == 0 && a.tr) a.tr[((size_t)blockIdx.y * gridDim.x + blockIdx.x) * TR_STRIDE] = tr_now();
     struct cuda_attn_item wi;
-    const unsigned pfp = blockIdx.y * gridDim.x + blockIdx.x, pfn = gridDim.x * gridDim.y;
-    if (!attn_item(a, false, wi)) {
-        if (threadIdx.x == 0 && a.l2pf_bytes) l2_prefetch_share(a.l2pf, a.l2pf_bytes, pfp, pfn);
-        pdl_wait();
-        return;
-    }
-    /* clusters: a split of a token with 1 < nsplit <= CUDA_ATTN_CLUSTER is
-     * block `split` of a cluster of its own, the rest of the cluster padding
-     * (split >= nsplit: it only keeps the barriers); nsplit 0: an item that
-     * aligns the next token's cluster, with no barrier */
-    const bool clu = a.cluster && wi.nsplit > 1 && wi.nsplit <= CUDA_ATTN_CLUSTER;
-    if (wi.nsplit == 0 || wi.split >= wi.nsplit) {
-        if (clu) cluster_arrive(), cluster_wait(), cluster_arrive(), cluster_wait();
-        pdl_wait();
-        return;
-    }
+    if (!attn_item(a, false, wi)) return;
     int g = blockIdx.y, grp = a.H / a.KVH, KVH = a.KVH;
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, t = wi.t0;
     const int32_t *bt = a.bt + wi.bt0;
@@ -611,21 +557,19 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
         Wa = &Wa_s[0][0][0];
     }
     int hi = wi.kv_hi < a.pos[t] + 1 ? wi.kv_hi : a.pos[t] + 1;
-    /* TC: the first tile's keys are requested before q is ready (they hold
-     * no new token: the warp that has it loads after the KV write below) */
+    /* TC: every warp's first tile is requested before q is ready. In the
+     * split that writes the token's K and V (own) the token's row is left
+     * out: RoPE below writes it into the stage as well as into the cache
+     * (unswizzled stages; with the swizzled fp8 stages own's warps load
+     * after the KV write). The split holding the token was the last to
+     * finish: batch-1 decode 220.4-220.7 -> 222.4-222.8 tok/s (BENCHMARKS.md,
+     * twenty-second round). */
     int tpos = a.pos[t];
     bool own = a.rope.qkv && tpos >= wi.kv_lo && tpos < wi.kv_hi; /* this split writes the token's K and V */
-    /* experiment (SLUICE_CUDA_DEC_EARLY=1, unswizzled stages): the split
-     * that writes the token's K and V requests its first tiles now too,
-     * without the token's row, which RoPE below writes into the stage as
-     * well as into the cache */
-    const bool early = TC && !TL::SW && a.early && own;
-    const int wp = (tpos - wi.kv_lo) / TL::BN; /* early: the warp whose first tile holds the token, if < DEC_NW */
-    if (TC && (!own || early) && wi.kv_lo + TL::BN * w < hi)
-        dec_load_kv<D, KV8>(a, bt, g, wi.kv_lo + TL::BN * w, hi, stage, early ? tpos : -1);
-    if (threadIdx.x == 0 && a.l2pf_bytes) l2_prefetch_share(a.l2pf, a.l2pf_bytes, pfp, pfn);
-    pdl_wait(); /* experiment: launched early (SLUICE_CUDA_ATTN_PDL=1), q and the KV write wait for the qkv GEMV */
-    if (threadIdx.x == 0 && a.tr) a.tr[((size_t)blockIdx.y * gridDim.x + blockIdx.x) * TR_STRIDE + 1] = tr_now();
+    const bool early = TC && (!own || !TL::SW);
+    const int wp = (tpos - wi.kv_lo) / TL::BN; /* own: the warp whose first tile holds the token, if < DEC_NW */
+    if (early && wi.kv_lo + TL::BN * w < hi)
+        dec_load_kv<D, KV8>(a, bt, g, wi.kv_lo + TL::BN * w, hi, stage, own ? tpos : -1);
     /* q of this block's heads: from the raw projection through RoPE when
      * it is folded in (and the split that holds the token's position writes
      * its K and V, before any warp of this block reads them; no other block
@@ -637,7 +581,7 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
         if (own && w < 2) {
             size_t off = ((size_t)a.rope.slots[t] * KVH + g) * D * (KV8 ? 1 : 2);
             rope_head(a.rope, t, a.H + w * KVH + g, Rv[w], (char *)(w ? a.rope.vc : a.rope.kc) + off, KV8);
-            if (early && wp < DEC_NW) {
+            if (early && wp < DEC_NW) { /* and into warp wp's stage, row j of K (warp 0) or V (warp 1) */
                 int j = tpos - wi.kv_lo - TL::BN * wp;
                 rope_head(a.rope, t, a.H + w * KVH + g, Rv[w],
                           (uint8_t *)dsm + (size_t)wp * TL::SB + (size_t)(w ? TL::BN + j : j) * TL::RSB, KV8);
@@ -752,7 +696,7 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
         const int kofs = ((lane & 7) + ((lane >> 4) << 3)) * DP + ((lane >> 3) & 1) * 8;
         const int vofs = (lane & 15) * DP + (lane >> 4) * 8;
         const uint32_t kb = smem_u32(stage), vb = kb + TL::BN * TL::RSB;
-        bool first = !own || early; /* this tile is requested already */
+        bool first = early; /* this tile is requested already */
         int cur = 0;       /* its stage */
         for (int k0 = wi.kv_lo + TL::BN * w; k0 < hi; k0 += TL::BN * DEC_NW) {
             uint8_t *st = stage + cur * 2 * TL::BN * TL::RSB;
@@ -816,7 +760,6 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
     }
     __syncthreads();
     bool split = wi.nsplit > 1;
-    __shared__ float Cm[GM], Cl[GM], Ca[clu_smem(GM, D)]; /* clusters: this split's (max, sum, acc) */
     for (int i = threadIdx.x; i < grp * D; i += blockDim.x) {
         int r = i / D, d = i % D;
         float M = -INFINITY, L = 0.0f, A = 0.0f;
@@ -831,77 +774,16 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
         }
         if (!split) {
             a.out[((size_t)t * a.H + g * grp + r) * D + d] = f2bf(L > 0.0f ? A / L : 0.0f);
-        } else if (clu) {
-            if (d == 0) Cm[r] = M, Cl[r] = L;
-            Ca[i] = A;
         } else {
             float *pp = a.part + (((size_t)(wi.part + r) * KVH + g) * CUDA_ATTN_MAXSPLIT + wi.split) * (D + 2);
             if (d == 0) pp[0] = M, pp[1] = L;
             pp[2 + d] = A;
         }
     }
-    if (own && threadIdx.x == 0 && a.tr) a.tr[((size_t)blockIdx.y * gridDim.x + blockIdx.x) * TR_STRIDE + 3] = tr_now();
     if (!split) return;
-    __shared__ float Sw[GM][CUDA_ATTN_MAXSPLIT], Sl[GM][CUDA_ATTN_MAXSPLIT], Sinv[GM];
-    if (clu) {
-        /* the cluster's barrier instead of tickets: split 0 reads every
-         * split's state from its block's shared memory and merges as the
-         * ticket path below does (the same order, the same bits); the other
-         * blocks stay until it has read them */
-        int ns = wi.nsplit;
-        cluster_arrive();
-        cluster_wait();
-        if (wi.split == 0) {
-            tre.i = 4;
-            if (a.trig) pdl_trigger();
-            for (int i = threadIdx.x; i < grp * ns; i += blockDim.x) {
-                int r = i / ns, k = i % ns;
-                Sw[r][k] = *cluster_map(&Cm[r], k), Sl[r][k] = *cluster_map(&Cl[r], k);
-            }
-            __syncthreads();
-            if (threadIdx.x < grp) {
-                int r = threadIdx.x;
-                float M = -INFINITY, L = 0.0f;
-                for (int k = 0; k < ns; k++) M = fmaxf(M, Sw[r][k]);
-                for (int k = 0; k < ns; k++) {
-                    float e = Sw[r][k] == -INFINITY ? 0.0f : exp2f(Sw[r][k] - M);
-                    Sw[r][k] = e, L += Sl[r][k] * e;
-                }
-                Sinv[r] = L > 0.0f ? 1.0f / L : 0.0f;
-            }
-            __syncthreads();
-            constexpr int PT = (clu_smem(GM, D) + 32 * DEC_NW - 1) / (32 * DEC_NW);
-            float acc[PT], v[PT][CUDA_ATTN_CLUSTER];
-#pragma unroll
-            for (int u = 0; u < PT; u++) { /* every remote load issued before the first use */
-                int i = threadIdx.x + u * 32 * DEC_NW;
-#pragma unroll
-                for (int k = 0; k < CUDA_ATTN_CLUSTER; k++) v[u][k] = i < grp * D && k < ns ? *cluster_map(&Ca[i], k) : 0.0f;
-            }
-#pragma unroll
-            for (int u = 0; u < PT; u++) {
-                int i = threadIdx.x + u * 32 * DEC_NW;
-                acc[u] = 0.0f;
-#pragma unroll
-                for (int k = 0; k < CUDA_ATTN_CLUSTER; k++)
-                    if (i < grp * D && k < ns) acc[u] += v[u][k] * Sw[i / D][k];
-            }
-            cluster_arrive(); /* every remote read is done */
-#pragma unroll
-            for (int u = 0; u < PT; u++) {
-                int i = threadIdx.x + u * 32 * DEC_NW;
-                if (i < grp * D) a.out[((size_t)t * a.H + g * grp + i / D) * D + i % D] = f2bf(acc[u] * Sinv[i / D]);
-            }
-            cluster_wait();
-        } else {
-            cluster_arrive();
-            cluster_wait();
-        }
-        return;
-    }
-    /* the ticket: the block's partials ordered before it by the barrier
-     * and thread 0's fence (cooperative groups' grid sync does the same);
-     * the last block's thread 0 fences again before its barrier */
+    /* the ticket: the block's partials are ordered before it by the barrier
+     * and thread 0's fence, and the last block's thread 0 fences again
+     * before its barrier (the pattern of cooperative groups' grid sync) */
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence();
@@ -910,10 +792,9 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
     }
     __syncthreads();
     if (!last) return;
-    tre.i = 4;
-    if (a.trig) pdl_trigger(); /* experiment (SLUICE_CUDA_ATTN_TRIG=1): the o GEMV may start loading weights */
     /* the merge: every split's (max, sum) in one round of loads, the weights
      * per row, then each output's accumulators (independent loads) */
+    __shared__ float Sw[GM][CUDA_ATTN_MAXSPLIT], Sl[GM][CUDA_ATTN_MAXSPLIT], Sinv[GM];
     int ns = wi.nsplit;
     const float *pbase = a.part + ((size_t)wi.part * KVH + g) * CUDA_ATTN_MAXSPLIT * (D + 2);
     const size_t prow = (size_t)KVH * CUDA_ATTN_MAXSPLIT * (D + 2); /* from one part row to the next */
@@ -954,32 +835,8 @@ static cudaError_t launch_dec(const struct cuda_attn_args *a, cudaStream_t st)
     /* a plain launch, and no early trigger for the next kernel: letting the
      * o projection's GEMV start loading weights while this kernel runs
      * measured slower (BENCHMARKS.md: batch-1 decode 207.3 vs 217.5 tok/s) */
-    static const bool early = getenv("SLUICE_CUDA_ATTN_PDL") && atoi(getenv("SLUICE_CUDA_ATTN_PDL")) == 1;
-    static const bool trig = getenv("SLUICE_CUDA_ATTN_TRIG") && atoi(getenv("SLUICE_CUDA_ATTN_TRIG")) == 1;
-    struct cuda_attn_args b = *a;
-    b.trig = trig;
-    static const bool early_kv = getenv("SLUICE_CUDA_DEC_EARLY") && atoi(getenv("SLUICE_CUDA_DEC_EARLY")) == 1;
-    b.early = early_kv;
-    if (!a->cluster)
-        return pdl_launch_as(early, g4 ? attn_dec_kernel<D, 4, TC, KV8> : attn_dec_kernel<D, 8, TC, KV8>, grid, blk,
-                             sm, st, b);
-    if (a->max_items % CUDA_ATTN_CLUSTER) return cudaErrorInvalidValue;
-    static const cudaError_t np4 =
-        cudaFuncSetAttribute(attn_dec_kernel<D, 4, TC, KV8>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-    static const cudaError_t np8 =
-        cudaFuncSetAttribute(attn_dec_kernel<D, 8, TC, KV8>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-    if (np4 != cudaSuccess || np8 != cudaSuccess) return np4 != cudaSuccess ? np4 : np8;
-    cudaLaunchAttribute at[2];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = CUDA_ATTN_CLUSTER, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
-    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[1].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid, cfg.blockDim = blk, cfg.dynamicSmemBytes = sm, cfg.stream = st;
-    cfg.attrs = at, cfg.numAttrs = early && cuda_pdl_on() ? 2 : 1;
-    cudaError_t e = cudaLaunchKernelEx(&cfg, g4 ? attn_dec_kernel<D, 4, TC, KV8> : attn_dec_kernel<D, 8, TC, KV8>, b);
-    cudaError_t l = cudaGetLastError();
-    return e != cudaSuccess ? e : l;
+    return pdl_launch_as(false, g4 ? attn_dec_kernel<D, 4, TC, KV8> : attn_dec_kernel<D, 8, TC, KV8>, grid, blk, sm, st,
+                         *a);
 }
 
 /* ---- tensor-core kernel (prefill tiles) -------------------------------------- */

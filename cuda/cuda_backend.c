@@ -166,9 +166,6 @@ struct rank {
     pthread_t th;                   /* ranks >= 1 */
     bool th_started;
     long steps;                     /* forwards run, for SLUICE_TP_FAULT */
-    unsigned long long *trace;      /* experiment: SLUICE_CUDA_TRACE's regions (TR_SLOTS x TR_MAXB x 18) */
-    int tr_n;                       /* regions handed out by the last one-token capture */
-    char tr_name[256][8];
     int rc;                         /* last job's result */
     char err[512];
 };
@@ -210,7 +207,6 @@ struct cuda_backend {
 
     bool graphs;                    /* SLUICE_CUDA_GRAPHS=0: off */
     bool gemv;                      /* our GEMV for <= CUDA_GEMV_MMA_MAX_T rows; SLUICE_CUDA_GEMV=0: cuBLAS */
-    size_t l2pf_o, l2pf;            /* experiment: SLUICE_CUDA_L2PF_O / SLUICE_CUDA_L2PF (MB) */
     int fused_t;                    /* with fused: steps of at most this many tokens (SLUICE_CUDA_FUSED_T) */
     bool fused;                     /* one-token decode steps through the fused norm+GEMV,
                                        GEMV+SwiGLU and GEMV+residual kernels (N > 1: the residual add in the
@@ -260,8 +256,6 @@ struct cuda_backend {
     int *peer_abort;                /* pinned, mapped: set when a rank fails, ends the kernel's waits */
     int fault_rank;                 /* SLUICE_TP_FAULT */
     long fault_step;
-    long trace_step;
-    int dec_cluster;                /* experiment: decode steps of at most this many tokens in clusters (sm_90) */                /* experiment: SLUICE_CUDA_TRACE=N dumps step N's kernel timeline */
 };
 
 #define CK(call)                                                                                     \
@@ -678,14 +672,6 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
                (c->n_head * c->head_dim) % 8 == 0 && (size_t)CUDA_GEMV_MAX_T * c->n_embd * 2 <= CUDA_GEMV_NORM_SMEM;
     ge = getenv("SLUICE_CUDA_FUSED_T");
     b->fused_t = ge && atoi(ge) >= 1 && atoi(ge) <= CUDA_GEMV_MAX_T ? atoi(ge) : 1;
-    ge = getenv("SLUICE_CUDA_L2PF_O");
-    b->l2pf_o = ge ? (size_t)(atof(ge) * 1048576) & ~(size_t)255 : 0;
-    ge = getenv("SLUICE_CUDA_L2PF");
-    b->l2pf = ge ? (size_t)(atof(ge) * 1048576) & ~(size_t)255 : 0;
-    ge = getenv("SLUICE_CUDA_DEC_CLUSTER");
-    b->dec_cluster = ge ? atoi(ge) : 0; /* experiment: off unless asked */
-    ge = getenv("SLUICE_CUDA_TRACE");
-    b->trace_step = ge ? atol(ge) : 0;
     ge = getenv("SLUICE_CUDA_WARMUP");
     b->warmup = !(ge && strcmp(ge, "0") == 0);
     ge = getenv("SLUICE_CUDA_GEMM_WG_MIN_T");
@@ -1120,14 +1106,9 @@ static size_t pack_step(struct cuda_backend *b, const struct step *s, int Tp, in
             if (lns > 1 && kv_hi >= b->long_keys && part + nq * grp <= part_cap)
                 ns = lns, kr = 128; /* whole 128-key tiles of the warpgroup kernel */
             int chunk = ((kv_hi + ns - 1) / ns + kr - 1) / kr * kr;
-            /* clusters: the token's splits fill one whole aligned cluster */
-            bool clu = dk && Tp <= b->dec_cluster && ns > 1 && ns <= CUDA_ATTN_CLUSTER;
-            int pad = clu ? (CUDA_ATTN_CLUSTER - n % CUDA_ATTN_CLUSTER) % CUDA_ATTN_CLUSTER : 0;
-            if (n + pad + (clu ? CUDA_ATTN_CLUSTER : ns) > b->max_items) return 0;
-            while (pad-- > 0) items[n++] = (struct cuda_attn_item){.nsplit = 0};
-            for (int k = 0; k < (clu ? CUDA_ATTN_CLUSTER : ns); k++) {
+            if (n + ns > b->max_items) return 0;
+            for (int k = 0; k < ns; k++) {
                 int lo = k * chunk, hi = lo + chunk < kv_hi ? lo + chunk : kv_hi;
-                if (k >= ns) lo = hi = 0; /* padding: no keys, no KV write */
                 items[n++] = (struct cuda_attn_item){.bt0 = bt0, .t0 = t0, .nq = nq, .kv_lo = lo, .kv_hi = hi,
                                                      .split = k, .nsplit = ns, .part = part};
             }
@@ -1140,11 +1121,6 @@ static size_t pack_step(struct cuda_backend *b, const struct step *s, int Tp, in
             }
         }
     }
-    if (dk && Tp <= b->dec_cluster) /* a whole number of clusters (the eager launch's grid) */
-        while (n % CUDA_ATTN_CLUSTER) {
-            if (n >= b->max_items) return 0;
-            items[n++] = (struct cuda_attn_item){.nsplit = 0};
-        }
     *HIN(b, n_items, int32_t) = n;
     for (int k = r; k < (Tp < b->max_seqs ? Tp : b->max_seqs); k++) rows[k] = k; /* graph padding rows */
     pack_sampling(b, s, r);
@@ -1177,101 +1153,6 @@ static struct cuda_peer_ar peer_args(const struct rank *k, int i)
     struct cuda_peer_ar a = {.epoch = k->pepoch, .abort = b->peer_abort, .n_ranks = b->tp, .rank = k->id};
     for (int p = 0; p < b->tp; p++) a.src[p] = b->r[p].pbuf[i], a.flags[p] = b->r[p].pflags;
     return a;
-}
-
-static size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
-
-#define TR_SLOTS 256
-#define TR_MAXB 4096
-#define TR_STRIDE 18
-/* experiment: the next traced kernel's region (NULL when not tracing) */
-static unsigned long long *tr_slot(struct rank *k, const char *name)
-{
-    if (!k->trace || k->tr_n >= TR_SLOTS) return NULL;
-    snprintf(k->tr_name[k->tr_n], sizeof k->tr_name[0], "%s", name);
-    return k->trace + (size_t)k->tr_n++ * TR_MAXB * TR_STRIDE;
-}
-
-static int tr_cmp(const void *a, const void *b)
-{
-    unsigned long long x = *(const unsigned long long *)a, y = *(const unsigned long long *)b;
-    return (x > y) - (x < y);
-}
-
-/* experiment: prints the traced step's timeline (us from its first block) */
-static void tr_dump(struct rank *k)
-{
-    size_t per = (size_t)TR_MAXB * TR_STRIDE, n = (size_t)k->tr_n * per;
-    unsigned long long *h = malloc(n * 8), *ends = malloc((size_t)TR_MAXB * 16 * 8);
-    if (!h || !ends || cudaMemcpy(h, k->trace, n * 8, cudaMemcpyDeviceToHost) != cudaSuccess) {
-        free(h), free(ends);
-        return;
-    }
-    unsigned long long t0 = ~0ull;
-    for (size_t i = 0; i < n; i += TR_STRIDE)
-        if (h[i] && h[i] < t0) t0 = h[i];
-    double prev_end = 0, sum[8][4] = {{0}}; /* [5..7]: attention's roles */
-    int cnt[8] = {0};
-    const char *kinds[] = {"qkv", "attn", "o", "gu", "down"};
-    for (int s = 0; s < k->tr_n; s++) {
-        unsigned long long *r = h + (size_t)s * per, smin = ~0ull, smax = 0, wmin = ~0ull, wmax = 0;
-        int nb = 0, ne = 0;
-        for (int bl = 0; bl < TR_MAXB; bl++) {
-            unsigned long long *q = r + (size_t)bl * TR_STRIDE;
-            if (!q[0]) continue;
-            nb++;
-            if (q[0] < smin) smin = q[0];
-            if (q[0] > smax) smax = q[0];
-            if (q[1] && q[1] < wmin) wmin = q[1];
-            if (q[1] > wmax) wmax = q[1];
-            for (int w = 2; w < TR_STRIDE; w++)
-                if (q[w]) ends[ne++] = q[w];
-        }
-        if (!nb || !ne) continue;
-        qsort(ends, (size_t)ne, 8, tr_cmp);
-        double S0 = (smin - t0) / 1e3, S1 = (smax - t0) / 1e3, W0 = wmin == ~0ull ? S0 : (wmin - t0) / 1e3,
-               W1 = (wmax ? wmax - t0 : smax - t0) / 1e3, E50 = (ends[ne / 2] - t0) / 1e3,
-               E90 = (ends[ne * 9 / 10] - t0) / 1e3, E1 = (ends[ne - 1] - t0) / 1e3;
-        fprintf(stderr,
-                "trace %3d %-5s blocks %4d start %8.2f..%8.2f wait %8.2f..%8.2f end p50 %8.2f p90 %8.2f max %8.2f | "
-                "release-prev %5.2f run %6.2f tail(p90->max) %5.2f\n",
-                s, k->tr_name[s], nb, S0, S1, W0, W1, E50, E90, E1, W0 - prev_end, E1 - W0, E1 - E90);
-        if (!strcmp(k->tr_name[s], "attn") && s == 81)
-            for (int bl = 0; bl < TR_MAXB; bl++) {
-                unsigned long long *q = r + (size_t)bl * TR_STRIDE;
-                if (!q[0] || !(q[1] || q[3] || q[4])) continue;
-                double rel[5];
-                for (int i = 0; i < 5; i++) rel[i] = q[i] ? (q[i] - t0) / 1e3 - W0 : -1;
-                fprintf(stderr, "trace attn block %4d: start %6.2f first-tile %6.2f end %6.2f split-done(own) %6.2f merge-end %6.2f\n",
-                        bl, rel[0], rel[1], rel[2], rel[3], rel[4]);
-            }
-        if (!strcmp(k->tr_name[s], "attn") && s >= 5 && s < k->tr_n - 5) {
-            /* attention's blocks by role: end of the last split, of the split that writes K and V, of the merge */
-            for (int i = 2; i <= 4; i++) {
-                unsigned long long mx = 0;
-                for (int bl = 0; bl < TR_MAXB; bl++)
-                    if (r[(size_t)bl * TR_STRIDE + i] > mx) mx = r[(size_t)bl * TR_STRIDE + i];
-                if (mx) sum[5 + i - 2][0] += (mx - t0) / 1e3 - W0, sum[5 + i - 2][1] += 1;
-            }
-        }
-        for (int c = 0; c < 5; c++)
-            if (!strcmp(k->tr_name[s], kinds[c]) && s >= 5 && s < k->tr_n - 5) {
-                sum[c][0] += W0 - prev_end, sum[c][1] += E1 - W0, sum[c][2] += E1 - E90, sum[c][3] += W0 - S0;
-                cnt[c]++;
-            }
-        prev_end = E1;
-    }
-    for (int c = 0; c < 5; c++)
-        if (cnt[c])
-            fprintf(stderr, "trace mean %-5s (%d layers): release after the previous kernel's last block %5.2f us, "
-                    "run %6.2f us, tail p90->max %5.2f us, first block resident before release %5.2f us\n",
-                    kinds[c], cnt[c], sum[c][0] / cnt[c], sum[c][1] / cnt[c], sum[c][2] / cnt[c], sum[c][3] / cnt[c]);
-    for (int i = 0; i < 3; i++)
-        if (sum[5 + i][1] > 0)
-            fprintf(stderr, "trace mean attn: %s ends %5.2f us after the first release\n",
-                    (const char *[]){"the last other split", "the split writing K and V", "the merge"}[i],
-                    sum[5 + i][0] / sum[5 + i][1]);
-    free(h), free(ends);
 }
 
 /* A row-parallel projection: y = x W^T summed over the ranks, rounded to
@@ -1333,15 +1214,11 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
      * With N > 1 only when the all-reduces go through the peer kernel: the
      * residual adds are then in it, after the sums */
     bool fz = b->fused && T <= b->fused_t && (b->tp == 1 || use_peer(b, (size_t)T * E));
-    bool trc = fz && T == 1 && k->trace;
-    if (trc) k->tr_n = 0;
     for (int l = 0; l < c->n_layer; l++) {
         const struct clayer *L = &k->L[l];
         /* the previous layer's MLP output joins the residual here */
         unsigned ab = b->ablate;
         if (fz) {
-            if (b->l2pf) cuda_gemv_l2_next(L->wo, min_sz(b->l2pf, (size_t)Q * E * 2));
-            if (trc) cuda_gemv_trace_next(tr_slot(k, "qkv"));
             if (!(ab & ABL_QKV)) CK(cuda_gemv_rmsnorm(L->wqkv, k->x, L->attn_norm, c->norm_eps, k->qkv, T, E, QKV, st));
         } else {
             if (!(ab & ABL_NORM))
@@ -1368,22 +1245,12 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
             .pstride = decode ? 0 : b->job.pstride,
             .tok_part = DIN(k, tok_part, int32_t), .tok_nsplit = DIN(k, tok_nsplit, int32_t), .T = T, .out = k->att,
             .cnt = dk ? k->cnt : NULL, .rope = dk ? ra : (struct cuda_rope_args){0},
-            .l2pf = fz ? L->wo : NULL, .l2pf_bytes = fz ? min_sz(b->l2pf_o, (size_t)Q * E * 2) : 0,
-            .tr = trc && !(ab & ABL_ATTN) ? tr_slot(k, "attn") : NULL,
-            .cluster = dk && T <= b->dec_cluster,
         };
         if (!(ab & ABL_ATTN)) CK(cuda_attention(&aa, st));
         if (fz) {
-            if (b->l2pf) cuda_gemv_l2_next(L->wgu, min_sz(b->l2pf, (size_t)2 * F * E * 2));
-            if (trc) cuda_gemv_trace_next(tr_slot(k, "o"));
             if (!(ab & ABL_O) && proj_rows(k, k->att, L->wo, T, Q, E, 0, true, err, errlen)) goto fail;
-            if (b->l2pf) cuda_gemv_l2_next(L->wdown, min_sz(b->l2pf, (size_t)F * E * 2));
-            if (trc) cuda_gemv_trace_next(tr_slot(k, "gu"));
             if (!(ab & ABL_GU))
                 CK(cuda_gemv_rmsnorm_swiglu(L->wgu, k->x, L->ffn_norm, c->norm_eps, k->h, T, E, F, st));
-            const void *nx = l + 1 < c->n_layer ? (const void *)k->L[l + 1].wqkv : (const void *)k->lm_head;
-            if (b->l2pf) cuda_gemv_l2_next(nx, min_sz(b->l2pf, (size_t)QKV * E * 2));
-            if (trc) cuda_gemv_trace_next(tr_slot(k, "down"));
             if (!(ab & ABL_DOWN) && proj_rows(k, k->h, L->wdown, T, F, E, 1, true, err, errlen)) goto fail;
             continue;
         }
@@ -1463,12 +1330,6 @@ static int rank_forward(struct rank *k, char *err, size_t errlen)
         sl_seterr(err, errlen, "GPU %d: injected fault at step %ld (SLUICE_TP_FAULT)", k->dev, k->steps);
         return SL_EDEVICE;
     }
-    if (b->trace_step && !k->trace && k->id == 0) {
-        if (cudaMalloc((void **)&k->trace, (size_t)TR_SLOTS * TR_MAXB * TR_STRIDE * 8) != cudaSuccess) k->trace = NULL;
-        else fprintf(stderr, "cuda: SLUICE_CUDA_TRACE=%ld: one-token steps traced (experiment)\n", b->trace_step);
-    }
-    bool dump = k->trace && k->steps == b->trace_step && Tp == 1;
-    if (dump) CK(cudaMemsetAsync(k->trace, 0, (size_t)TR_SLOTS * TR_MAXB * TR_STRIDE * 8, k->st));
     CK(cudaMemcpyAsync(k->din, b->hin, b->job.nbytes, cudaMemcpyHostToDevice, k->st));
     if (b->job.n_samp) {
         CK(cudaMemcpyAsync(k->din + b->lay.srows, b->hin + b->lay.srows, (size_t)R * sizeof(struct cuda_sample_row),
@@ -1512,9 +1373,7 @@ static int rank_forward(struct rank *k, char *err, size_t errlen)
             CK(cudaMemcpyAsync(b->hsout, k->sout, (size_t)R * sizeof *k->sout, cudaMemcpyDeviceToHost, k->st));
         }
     }
-    rc = rank_wait(k, err, errlen);
-    if (!rc && dump) tr_dump(k);
-    return rc;
+    return rank_wait(k, err, errlen);
 fail:
     return SL_EDEVICE;
 }

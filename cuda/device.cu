@@ -68,15 +68,3 @@ extern "C" int model_cuda_mem_info(int device, size_t *free_bytes, size_t *total
     cudaSetDevice(cur);
     return rc;
 }
-
-/* experiment: L2 prefetch of [p, p + bytes) by `blocks` one-thread blocks */
-#include "cuda/l2pf.cuh"
-static __global__ void l2pf_kernel(const void *p, size_t bytes)
-{
-    l2_prefetch_share(p, bytes, blockIdx.x, gridDim.x);
-}
-extern "C" cudaError_t cuda_l2_prefetch(const void *p, size_t bytes, int blocks, cudaStream_t st)
-{
-    l2pf_kernel<<<blocks, 32, 0, st>>>(p, bytes);
-    return cudaGetLastError();
-}

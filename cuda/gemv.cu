@@ -69,11 +69,8 @@
 
 #include "cuda/bf16.cuh"
 #include "cuda/kernels.h"
-#include "cuda/l2pf.cuh"
 #include "cuda/norm.cuh"
 #include "cuda/pdl.cuh"
-#include "cuda/tile.cuh"
-#include "cuda/trace.cuh"
 
 #define BT 256 /* threads of the block kernel */
 #define GEMV_WARPS 8
@@ -107,9 +104,6 @@ struct gemv_params {
     void *y;           /* [NT][out]: bf16, f32, f32 to add to (EPI_RESID), bf16 h (EPI_SWIGLU) */
     int in, out;       /* out: outputs per row of x (F for EPI_SWIGLU) */
     int ngroups;       /* groups of RB rows (RB/2 gate/up pairs for EPI_SWIGLU) */
-    const void *pf;    /* experiment: bytes the warps ask L2 for once done (the next kernel's weights) */
-    size_t pf_bytes;
-    unsigned long long *tr; /* experiment: trace.cuh's region, or NULL */
 };
 
 /* Output o of a GEMV from its sum a (and, for EPI_SWIGLU, the up row's sum
@@ -218,11 +212,11 @@ static __device__ __forceinline__ void wdot(const wchunks<CH, NR> &c, const uint
  * cuda_gemv's output). NORM: x normalized by the whole block first
  * (norm_rows, cuda_add_rmsnorm's bits) into shared memory. Epilogues as in
  * the block kernel. */
-template <int NT, int EPI, bool NORM, int CH, int PRE = 0>
+template <int NT, int EPI, bool NORM, int CH>
 static __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_warp_kernel(const gemv_params p)
 {
     constexpr int NR = EPI == EPI_SWIGLU ? 2 : 1;
-    extern __shared__ uint4 xs4[]; /* NORM: the normalized x, [NT][in] bf16; then PRE: the warps' batches 1..PRE */
+    extern __shared__ uint4 xs4[]; /* NORM: the normalized x, [NT][in] bf16 */
     __shared__ float nsh[32];
     pdl_trigger();
     const int lane = threadIdx.x & 31, j = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5), n4 = p.in / 8;
@@ -230,50 +224,20 @@ static __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_warp_kernel(const
     const uint4 *w[NR];
 #pragma unroll
     for (int r = 0; r < NR; r++) w[r] = (const uint4 *)(p.W + (size_t)(r * p.out + (live ? j : 0)) * p.in);
-    if (threadIdx.x == 0) tr_mark(p.tr, 0);
     wchunks<CH, NR> cur, nxt;
     if (live) cur.load(w, 0, lane, n4);
-    /* experiment (SLUICE_GEMV_PRE): batches 1..PRE into shared memory before the wait */
-    uint4 *pre = xs4 + (NORM ? NT * p.in / 8 : 0) + (threadIdx.x >> 5) * (NR * PRE * CH * 32);
-    if (PRE && live) {
-#pragma unroll
-        for (int b = 1; b <= PRE; b++)
-#pragma unroll
-            for (int r = 0; r < NR; r++)
-#pragma unroll
-                for (int u = 0; u < CH; u++) {
-                    int i = b * 32 * CH + u * 32 + lane;
-                    cp_async16(smem_u32(pre + ((r * PRE + b - 1) * CH + u) * 32 + lane), w[r] + (i < n4 ? i : 0), i < n4);
-                }
-        cp_async_commit();
-    }
     pdl_wait(); /* from here on, x may be read */
-    if (threadIdx.x == 0) tr_mark(p.tr, 1);
     if (NORM) norm_rows<NT>(p, (uint16_t *)xs4, nsh);
-    if (PRE) {
-        cp_async_wait<0>();
-        __syncwarp();
-    }
-    if (!live) {
-        if (lane == 0) tr_mark(p.tr, 2 + (threadIdx.x >> 5));
-        return;
-    }
+    if (!live) return;
     const uint4 *x4 = NORM ? xs4 : (const uint4 *)p.x;
     float acc[NR][NT];
 #pragma unroll
     for (int r = 0; r < NR; r++)
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
-    for (int i0 = 0, bi = 0;; i0 += 32 * CH, bi++) {
+    for (int i0 = 0;; i0 += 32 * CH) {
         bool more = i0 + 32 * CH < n4;
-        if (more && bi < PRE) {
-#pragma unroll
-            for (int r = 0; r < NR; r++)
-#pragma unroll
-                for (int u = 0; u < CH; u++) nxt.v[r][u] = pre[((r * PRE + bi) * CH + u) * 32 + lane];
-        } else if (more) {
-            nxt.load(w, i0 + 32 * CH, lane, n4);
-        }
+        if (more) nxt.load(w, i0 + 32 * CH, lane, n4);
         wdot<CH, NR, NT, NORM>(cur, x4, n4, i0, lane, acc);
         if (!more) break;
         cur = nxt;
@@ -283,10 +247,8 @@ static __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_warp_kernel(const
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = warp_sum(acc[r][t]);
     if (lane) return;
-    if (p.pf_bytes) l2_prefetch_share(p.pf, p.pf_bytes, j, p.out);
 #pragma unroll
     for (int t = 0; t < NT; t++) gemv_store<EPI>(p, (size_t)t * p.out + j, acc[0][t], acc[NR - 1][t]);
-    tr_mark(p.tr, 2 + (threadIdx.x >> 5));
 }
 
 /* ---- the block kernel ---- */
@@ -484,11 +446,9 @@ static __global__ void __launch_bounds__(32 * MW, 1024 / (32 * MW)) gemv_mma_ker
                 for (int h = 0; h < 2; h++) b.v[u][r][h] = ok ? __ldcs(w[r][h] + g * 4) : make_uint4(0, 0, 0, 0);
         }
     };
-    if (threadIdx.x == 0) tr_mark(p.tr, 0);
     mchunks<U, NR> cur, nxt;
     load(cur, 0);
     pdl_wait(); /* from here on, x may be read */
-    if (threadIdx.x == 0) tr_mark(p.tr, 1);
     if (NORM) norm_rows<NT>(p, (uint16_t *)xs4, nsh);
     const uint4 *x4 = NORM ? xs4 : (const uint4 *)p.x;
     float acc[NR][4];
@@ -513,7 +473,6 @@ static __global__ void __launch_bounds__(32 * MW, 1024 / (32 * MW)) gemv_mma_ker
 #pragma unroll
     for (int r = 0; r < NR; r++) red[warp][r][lane] = make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
     __syncthreads();
-    if (threadIdx.x == 32 && p.pf_bytes) l2_prefetch_share(p.pf, p.pf_bytes, blockIdx.x, gridDim.x);
     if (warp) return;
     /* lane: rows row0 + rq (.x, .y) and row0 + rq + 8 (.z, .w), tokens 2q and 2q + 1 */
     float4 sm[NR];
@@ -536,7 +495,6 @@ static __global__ void __launch_bounds__(32 * MW, 1024 / (32 * MW)) gemv_mma_ker
             float a1 = h ? (e ? sm[NR - 1].w : sm[NR - 1].z) : (e ? sm[NR - 1].y : sm[NR - 1].x);
             gemv_store<EPI>(p, (size_t)t * p.out + j, a0, a1);
         }
-    if (lane == 0) tr_mark(p.tr, 2);
 }
 
 /* ---- launch ---- */
@@ -589,34 +547,11 @@ static cudaError_t launch_k(void (*k)(A...), int grid, int threads, size_t smem,
  * (SLUICE_GEMV_CH=4|8|16), 4 for longer ones */
 static int warp_ch(int in) { return in <= 4096 ? state().ch : 4; }
 
-static int pre_env(void)
-{
-    static int v = getenv("SLUICE_GEMV_PRE") ? atoi(getenv("SLUICE_GEMV_PRE")) : 0;
-    return v;
-}
-
-template <int EPI, bool NORM, int PRE>
-static cudaError_t launch_pre(const gemv_params &p, int grid, int th, size_t smem, cudaStream_t st)
-{
-    constexpr int NR = EPI == EPI_SWIGLU ? 2 : 1;
-    smem += (size_t)GEMV_WARPS * NR * PRE * 4 * 32 * 16;
-    static const cudaError_t set = cudaFuncSetAttribute(gemv_warp_kernel<1, EPI, NORM, 4, PRE>,
-                                                        cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
-    if (set != cudaSuccess) return set;
-    return launch_k(gemv_warp_kernel<1, EPI, NORM, 4, PRE>, grid, th, smem, st, p);
-}
-
 template <int EPI, bool NORM, int CH>
 static cudaError_t launch_warp1(const gemv_params &p, int T, cudaStream_t st)
 {
     int grid = (p.out + GEMV_WARPS - 1) / GEMV_WARPS, th = 32 * GEMV_WARPS;
     size_t smem = NORM ? (size_t)T * p.in * 2 : 0;
-    if (CH == 4 && T == 1 && p.in <= 4096 && pre_env() > 0) {
-        int pr = pre_env() * 128 >= p.in / 8 ? (p.in / 8 + 127) / 128 - 1 : pre_env(); /* batches past the first */
-        if (pr == 1) return launch_pre<EPI, NORM, 1>(p, grid, th, smem, st);
-        if (pr == 2) return launch_pre<EPI, NORM, 2>(p, grid, th, smem, st);
-        if (pr >= 3) return launch_pre<EPI, NORM, 3>(p, grid, th, smem, st);
-    }
     switch (T) {
     case 1: return launch_k(gemv_warp_kernel<1, EPI, NORM, CH>, grid, th, smem, st, p);
     case 2: return launch_k(gemv_warp_kernel<2, EPI, NORM, CH>, grid, th, smem, st, p);
@@ -738,17 +673,9 @@ static bool use_mma(int T, int in)
 /* every launcher: the tensor-core, warp or block kernel by use_mma and
  * use_warp, so that for the
  * same T and in all of them sum each output in the same order */
-static const void *pf_next;
-static size_t pf_next_bytes;
-extern "C" void cuda_gemv_l2_next(const void *p, size_t bytes) { pf_next = p, pf_next_bytes = bytes; }
-static unsigned long long *tr_next;
-extern "C" void cuda_gemv_trace_next(unsigned long long *tr) { tr_next = tr; }
-
 template <int EPI, bool NORM>
-static cudaError_t launch(gemv_params p, int T, cudaStream_t st)
+static cudaError_t launch(const gemv_params &p, int T, cudaStream_t st)
 {
-    p.pf = pf_next, p.pf_bytes = pf_next_bytes, p.tr = tr_next;
-    pf_next = NULL, pf_next_bytes = 0, tr_next = NULL;
     if (p.out == 0) return cudaSuccess;
     if (use_mma(T, p.in)) return launch_mma<EPI, NORM>(p, T, st);
     return use_warp(T, p.in) ? launch_warp<EPI, NORM>(p, T, st) : launch_block<EPI, NORM>(p, T, st);
@@ -758,7 +685,7 @@ extern "C" cudaError_t cuda_gemv(const uint16_t *W, const uint16_t *x, void *y, 
                                  cudaStream_t st)
 {
     if (bad_shape(W, x, T, in, out)) return cudaErrorInvalidValue;
-    gemv_params p = {W, x, NULL, NULL, 0.0f, y, in, out, 0, NULL, 0, NULL};
+    gemv_params p = {W, x, NULL, NULL, 0.0f, y, in, out, 0};
     return y_f32 ? launch<EPI_F32, false>(p, T, st) : launch<EPI_BF16, false>(p, T, st);
 }
 
@@ -766,7 +693,7 @@ extern "C" cudaError_t cuda_gemv_residual(const uint16_t *W, const uint16_t *x, 
                                           cudaStream_t st)
 {
     if (bad_shape(W, x, T, in, out)) return cudaErrorInvalidValue;
-    gemv_params p = {W, x, NULL, NULL, 0.0f, xres, in, out, 0, NULL, 0, NULL};
+    gemv_params p = {W, x, NULL, NULL, 0.0f, xres, in, out, 0};
     return launch<EPI_RESID, false>(p, T, st);
 }
 
@@ -774,7 +701,7 @@ extern "C" cudaError_t cuda_gemv_swiglu(const uint16_t *Wgu, const uint16_t *x, 
                                         cudaStream_t st)
 {
     if (bad_shape(Wgu, x, T, in, F)) return cudaErrorInvalidValue;
-    gemv_params p = {Wgu, x, NULL, NULL, 0.0f, h, in, F, 0, NULL, 0, NULL};
+    gemv_params p = {Wgu, x, NULL, NULL, 0.0f, h, in, F, 0};
     return launch<EPI_SWIGLU, false>(p, T, st);
 }
 
@@ -787,7 +714,7 @@ extern "C" cudaError_t cuda_gemv_rmsnorm(const uint16_t *W, const float *x, cons
                                          int T, int in, int out, cudaStream_t st)
 {
     if (bad_norm(W, x, T, in) || out < 0) return cudaErrorInvalidValue;
-    gemv_params p = {W, NULL, x, nw, eps, y, in, out, 0, NULL, 0, NULL};
+    gemv_params p = {W, NULL, x, nw, eps, y, in, out, 0};
     return launch<EPI_BF16, true>(p, T, st);
 }
 
@@ -795,6 +722,6 @@ extern "C" cudaError_t cuda_gemv_rmsnorm_swiglu(const uint16_t *Wgu, const float
                                                 uint16_t *h, int T, int in, int F, cudaStream_t st)
 {
     if (bad_norm(Wgu, x, T, in) || F < 0) return cudaErrorInvalidValue;
-    gemv_params p = {Wgu, NULL, x, nw, eps, h, in, F, 0, NULL, 0, NULL};
+    gemv_params p = {Wgu, NULL, x, nw, eps, h, in, F, 0};
     return launch<EPI_SWIGLU, true>(p, T, st);
 }

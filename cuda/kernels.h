@@ -67,7 +67,6 @@ struct cuda_attn_item {
 };
 #define CUDA_ATTN_ROWS 32   /* query rows (tokens x heads of a group) per item */
 #define CUDA_ATTN_MAXSPLIT 32
-#define CUDA_ATTN_CLUSTER 16 /* non-portable size: sm_90 allows it when asked */
 /* Tensor-core path (prefill). Where cuda_attention_tc_ok(D, H / KVH) and it
  * is not turned off, a step that is not decode-only is packed with
  * CUDA_ATTN_TC_ROWS / grp tokens per item (not CUDA_ATTN_ROWS / grp), and
@@ -108,15 +107,6 @@ struct cuda_attn_args {
     struct cuda_rope_args rope; /* decode kernel only: with rope.qkv set, the kernel does cuda_rope_kv's work
                                  * for its tokens (q from rope.qkv, not q; each token's K and V written to its
                                  * slot by the split that holds its position), so cuda_rope_kv is not run */
-    const void *l2pf;           /* experiment (decode kernel): bytes its blocks ask L2 for (the o weights) */
-    size_t l2pf_bytes;
-    unsigned long long *tr;     /* experiment (decode kernel): trace.cuh's region, or NULL */
-    bool trig;                  /* experiment (set by the launcher): the merging block lets the next kernel start */
-    bool early;                 /* experiment (set by the launcher, SLUICE_CUDA_DEC_EARLY=1) */
-    bool cluster;               /* decode kernel, sm_90: launched in clusters of CUDA_ATTN_CLUSTER blocks (max_items a
-                                 * multiple); a token with 1 < nsplit <= CUDA_ATTN_CLUSTER has its splits merged
-                                 * through shared memory, its items aligned to a cluster and padded to a whole
-                                 * one (split >= nsplit); items with nsplit 0 only align */
 };
 /* 1 when the decode kernel takes head_dim D with grp heads per KV head. */
 int cuda_attention_dec_ok(int D, int grp);
@@ -188,12 +178,6 @@ cudaError_t cuda_gemv_rmsnorm_swiglu(const uint16_t *Wgu, const float *x, const 
  * it), overriding the environment. Not thread-safe;
  * call it outside graph capture, with no launch in flight on another thread. */
 void cuda_gemv_select(int variant, int pdl, int ch);
-/* experiment: the next cuda_gemv* launch asks L2 for [p, p + bytes) as its warps finish */
-void cuda_gemv_l2_next(const void *p, size_t bytes);
-/* experiment: the next cuda_gemv* launch writes trace.cuh's timestamps into tr */
-void cuda_gemv_trace_next(unsigned long long *tr);
-/* experiment (device.cu): asks L2 for [p, p + bytes) from `blocks` blocks */
-cudaError_t cuda_l2_prefetch(const void *p, size_t bytes, int blocks, cudaStream_t st);
 
 /* ---- gemm_wg.cu ---- */
 /* Prefill GEMMs on Hopper's warpgroup MMA (compute capability 9.0 only),

@@ -102,56 +102,9 @@ static void bench_layers(int mode, int variant, int pdl, int T, uint16_t *const 
     cuda_gemv_select(1, 1, -1);
 }
 
-/* experiment (SLUICE_BENCH_L2=1): does a bulk L2 prefetch make the o
- * GEMV's weights L2 hits? Each run: L2 flushed by reading 512 MB, then
- * P MB of W asked of L2 (and waited for), then the GEMV timed alone. */
-static void bench_l2(void)
-{
-    const int E = 4096;
-    size_t big = (size_t)512 << 20;
-    uint16_t *flush = dalloc(big), *x = dalloc((size_t)E * 2);
-    float *y = dalloc((size_t)E * 4);
-    int rows[] = {4096, 2048, 1024};
-    for (int ri = 0; ri < 3; ri++) {
-        int out = rows[ri];
-        size_t wb = (size_t)out * E * 2;
-        uint16_t *w = dalloc(wb);
-        for (int pm = -8; pm <= 40; pm += 8) {
-            size_t pb = pm < 0 ? 0 : (size_t)pm << 20;
-            if (pb > wb) break;
-            for (int blocks = 132; blocks <= 1056; blocks *= 8) {
-                float t[REP];
-                for (int rep = 0; rep < REP; rep++) {
-                    cudaMemcpyAsync(flush + big / 4, flush, big / 2, cudaMemcpyDeviceToDevice, 0);
-                    if (pb) cuda_l2_prefetch(w, pb, blocks, 0);
-                    if (pm < 0) cuda_gemv(w, x, y, true, 1, E, out, 0); /* the same GEMV just before */
-                    cudaDeviceSynchronize();
-                    cudaEventRecord(e0, 0);
-                    cuda_gemv(w, x, y, true, 1, E, out, 0);
-                    cudaEventRecord(e1, 0);
-                    cudaEventSynchronize(e1);
-                    cudaEventElapsedTime(&t[rep], e0, e1);
-                }
-                qsort(t, REP, sizeof(float), cmpf);
-                float us = t[REP / 2] * 1000;
-                printf("l2: W %2zu MB, %2d MB prefetched (-8: W read just before) by %4d blocks: gemv %6.1f us  %5.0f GB/s\n", wb >> 20, pm, blocks,
-                       us, wb / (us * 1e3));
-                if (!pb) break;
-            }
-        }
-        cudaFree(w);
-    }
-    cudaError_t ce = cudaGetLastError();
-    if (ce != cudaSuccess) printf("error: %s\n", cudaGetErrorString(ce));
-}
-
 int main(void)
 {
     cudaEventCreate(&e0), cudaEventCreate(&e1);
-    if (getenv("SLUICE_BENCH_L2")) {
-        bench_l2();
-        return 0;
-    }
     cublasHandle_t h;
     cublasCreate(&h);
     const int E = 4096, F = 14336, H = 32, KVH = 8, D = 128, V = 128256;
