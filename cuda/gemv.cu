@@ -212,10 +212,11 @@ static __device__ __forceinline__ void wdot(const wchunks<CH, NR> &c, const uint
  * cuda_gemv's output). NORM: x normalized by the whole block first
  * (norm_rows, cuda_add_rmsnorm's bits) into shared memory. Epilogues as in
  * the block kernel. */
-template <int NT, int EPI, bool NORM, int CH>
-static __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_warp_kernel(const gemv_params p)
+template <int NT, int EPI, bool NORM, int CH, bool PAIR = false>
+static __global__ void __launch_bounds__(32 * GEMV_WARPS, PAIR ? 3 : 1) gemv_warp_kernel(const gemv_params p)
 {
-    constexpr int NR = EPI == EPI_SWIGLU ? 2 : 1;
+    /* experiment (SLUICE_GEMV_PAIR=1): PAIR, rows j and p.out + j per warp, each summed as a lone row */
+    constexpr int NR = EPI == EPI_SWIGLU || PAIR ? 2 : 1;
     extern __shared__ uint4 xs4[]; /* NORM: the normalized x, [NT][in] bf16 */
     __shared__ float nsh[32];
     pdl_trigger();
@@ -248,7 +249,14 @@ static __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_warp_kernel(const
         for (int t = 0; t < NT; t++) acc[r][t] = warp_sum(acc[r][t]);
     if (lane) return;
 #pragma unroll
-    for (int t = 0; t < NT; t++) gemv_store<EPI>(p, (size_t)t * p.out + j, acc[0][t], acc[NR - 1][t]);
+    for (int t = 0; t < NT; t++) {
+        if constexpr (PAIR) {
+            gemv_store<EPI>(p, (size_t)t * 2 * p.out + j, acc[0][t], 0.0f);
+            gemv_store<EPI>(p, (size_t)t * 2 * p.out + p.out + j, acc[1][t], 0.0f);
+        } else {
+            gemv_store<EPI>(p, (size_t)t * p.out + j, acc[0][t], acc[NR - 1][t]);
+        }
+    }
 }
 
 /* ---- the block kernel ---- */
@@ -552,6 +560,14 @@ static cudaError_t launch_warp1(const gemv_params &p, int T, cudaStream_t st)
 {
     int grid = (p.out + GEMV_WARPS - 1) / GEMV_WARPS, th = 32 * GEMV_WARPS;
     size_t smem = NORM ? (size_t)T * p.in * 2 : 0;
+    static const bool pair = getenv("SLUICE_GEMV_PAIR") && atoi(getenv("SLUICE_GEMV_PAIR")) == 1;
+    if constexpr (EPI == EPI_BF16 && NORM && CH == 4)
+        if (pair && T == 1 && p.out % 2 == 0) {
+            gemv_params q = p;
+            q.out = p.out / 2;
+            return launch_k(gemv_warp_kernel<1, EPI, NORM, CH, true>, (q.out + GEMV_WARPS - 1) / GEMV_WARPS, th,
+                            smem, st, q);
+        }
     switch (T) {
     case 1: return launch_k(gemv_warp_kernel<1, EPI, NORM, CH>, grid, th, smem, st, p);
     case 2: return launch_k(gemv_warp_kernel<2, EPI, NORM, CH>, grid, th, smem, st, p);
