@@ -62,6 +62,12 @@
  *   SLUICE_GEMV_CH=4|8|16  16-byte chunks per lane in flight in the warp
  *                          kernels for rows of <= 4096 (default 4; 8 and 16
  *                          measured slower: fewer resident warps)
+ *   SLUICE_GEMV_PAIR=0     the one-token norm GEMV (qkv) one row a warp; by
+ *                          default two (rows j and out/2 + j, each summed as
+ *                          a lone row, so the bits are the same), 3 blocks an
+ *                          SM, so Llama-8B's 6144 rows run in one wave:
+ *                          batch-1 decode 225.7-226.0 -> 227.8-228.3 tok/s
+ *                          (BENCHMARKS.md, twenty-second round)
  */
 #include <limits.h>
 #include <stdlib.h>
@@ -215,7 +221,7 @@ static __device__ __forceinline__ void wdot(const wchunks<CH, NR> &c, const uint
 template <int NT, int EPI, bool NORM, int CH, bool PAIR = false>
 static __global__ void __launch_bounds__(32 * GEMV_WARPS, PAIR ? 3 : 1) gemv_warp_kernel(const gemv_params p)
 {
-    /* experiment (SLUICE_GEMV_PAIR=1): PAIR, rows j and p.out + j per warp, each summed as a lone row */
+    /* PAIR: rows j and p.out + j per warp (outputs 2 p.out), each summed as a lone row */
     constexpr int NR = EPI == EPI_SWIGLU || PAIR ? 2 : 1;
     extern __shared__ uint4 xs4[]; /* NORM: the normalized x, [NT][in] bf16 */
     __shared__ float nsh[32];
@@ -509,7 +515,7 @@ static __global__ void __launch_bounds__(32 * MW, 1024 / (32 * MW)) gemv_mma_ker
 
 static struct gemv_state {
     int variant, nsm, ch;
-    bool pdl;
+    bool pdl, pair;
 } G;
 
 static int sm_major(void)
@@ -529,6 +535,8 @@ static const gemv_state &state(void)
         G.nsm = 132;
         if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&G.nsm, cudaDevAttrMultiProcessorCount, dev);
         G.pdl = sm_major() >= 9 && !(d && strcmp(d, "0") == 0);
+        const char *pr = getenv("SLUICE_GEMV_PAIR");
+        G.pair = !(pr && strcmp(pr, "0") == 0);
         return true;
     }();
     (void)once;
@@ -560,9 +568,10 @@ static cudaError_t launch_warp1(const gemv_params &p, int T, cudaStream_t st)
 {
     int grid = (p.out + GEMV_WARPS - 1) / GEMV_WARPS, th = 32 * GEMV_WARPS;
     size_t smem = NORM ? (size_t)T * p.in * 2 : 0;
-    static const bool pair = getenv("SLUICE_GEMV_PAIR") && atoi(getenv("SLUICE_GEMV_PAIR")) == 1;
+    /* the one-token norm GEMV (qkv) two rows a warp, 3 blocks an SM: its
+     * 6144 rows (Llama-8B) in one wave instead of 1.45 (SLUICE_GEMV_PAIR) */
     if constexpr (EPI == EPI_BF16 && NORM && CH == 4)
-        if (pair && T == 1 && p.out % 2 == 0) {
+        if (state().pair && T == 1 && p.out % 2 == 0) {
             gemv_params q = p;
             q.out = p.out / 2;
             return launch_k(gemv_warp_kernel<1, EPI, NORM, CH, true>, (q.out + GEMV_WARPS - 1) / GEMV_WARPS, th,

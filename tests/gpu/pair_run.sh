@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # pair_run.sh LOGDIR - experiment: the one-token qkv GEMV (norm prologue)
 # with two rows per warp, 3 blocks an SM, so its 6144 rows run in one wave
-# (SLUICE_GEMV_PAIR=1). GEMV tests, e2e and the engine suite with it, then
+# (SLUICE_GEMV_PAIR=1, the default since; 0: one row a warp). GEMV tests,
+# e2e and the engine suite with it, then
 # batch-1 decode alternating.
 . "$(dirname "$0")/run_lib.sh"
 nvidia-smi -L
