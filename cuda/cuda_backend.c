@@ -160,6 +160,7 @@ struct rank {
     struct cuda_sample_out *sout;   /* [max_seqs] device sampler results (rank 0, N == 1) */
     float *part;                    /* attention split partials */
     int32_t *cnt;                   /* [max_tokens][KVH] the decode attention's split tickets (zero at rest) */
+    uint32_t *hw;                   /* [F] cuda_gemv_mlp's tagged h (one token) */
     uint8_t *din;                   /* device mirror of the backend's hin */
     cudaGraphExec_t gexec[NBUCKET];
 
@@ -543,9 +544,11 @@ static int rank_init(struct rank *k, char *err, size_t errlen)
         dmalloc((void **)&k->part, (size_t)b->part_rows * k->KVH * CUDA_ATTN_MAXSPLIT * (D + 2) * 4, err, errlen))
         goto fail;
     if (dmalloc((void **)&k->amp, CUDA_ARGMAX_SLICES * S * sizeof *k->amp, err, errlen) ||
-        dmalloc((void **)&k->cnt, T * k->KVH * 4, err, errlen))
+        dmalloc((void **)&k->cnt, T * k->KVH * 4, err, errlen) ||
+        dmalloc((void **)&k->hw, Fl * sizeof *k->hw, err, errlen))
         goto fail;
     CK(cudaMemset(k->cnt, 0, T * k->KVH * 4));
+    CK(cudaMemset(k->hw, 0, Fl * sizeof *k->hw));
     if (N > 1 && (dmalloc((void **)&k->deltaf, T * E * 4, err, errlen) ||
                   dmalloc((void **)&k->amp_all, (size_t)N * S * sizeof *k->amp_all, err, errlen)))
         goto fail;
@@ -1249,6 +1252,12 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
         if (!(ab & ABL_ATTN)) CK(cuda_attention(&aa, st));
         if (fz) {
             if (!(ab & ABL_O) && proj_rows(k, k->att, L->wo, T, Q, E, 0, true, err, errlen)) goto fail;
+            if (b->tp == 1 && c->n_layer >= 2 && !(ab & (ABL_GU | ABL_DOWN))) {
+                /* one GPU: the down GEMV reads h as gate/up stores it, tagged
+                 * with the layer (consecutive calls differ) */
+                CK(cuda_gemv_mlp(L->wgu, L->wdown, k->x, L->ffn_norm, c->norm_eps, k->h, T, E, F, k->hw, l + 1, st));
+                continue;
+            }
             if (!(ab & ABL_GU))
                 CK(cuda_gemv_rmsnorm_swiglu(L->wgu, k->x, L->ffn_norm, c->norm_eps, k->h, T, E, F, st));
             if (!(ab & ABL_DOWN) && proj_rows(k, k->h, L->wdown, T, F, E, 1, true, err, errlen)) goto fail;
@@ -1604,7 +1613,7 @@ static void rank_free(struct rank *k, const struct model_config *c)
     cudaFree(k->deltaf), cudaFree(k->gu), cudaFree(k->h), cudaFree(k->hfin), cudaFree(k->logits);
     cudaFree(k->amp), cudaFree(k->amp_all), cudaFree(k->tok), cudaFree(k->lp), cudaFree(k->sout), cudaFree(k->part);
     cudaFree(k->cnt), cudaFree(k->pbuf[0]), cudaFree(k->pbuf[1]), cudaFree(k->pbuf[2]), cudaFree(k->pflags);
-    cudaFree(k->pepoch);
+    cudaFree(k->pepoch), cudaFree(k->hw);
     cudaFree(k->din), cudaFree(k->blas_ws);
     if (k->blas) cublasDestroy(k->blas);
     if (k->comm) ncclCommDestroy(k->comm);

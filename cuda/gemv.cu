@@ -35,6 +35,18 @@
  * write before the wait. Every block waits, so completion of a kernel here
  * still implies completion of everything before it in the stream.
  *
+ * The decode MLP (cuda_gemv_mlp, one token): the down GEMV need not wait for
+ * the whole gate/up GEMV. That one stores h[j] as a 32-bit word, tag << 16
+ * | bf16, with the call's tag; the down GEMV (the tensor-core kernel, its
+ * weights requested first as always) is launched early by PDL and reads
+ * the words of each step's 1024 columns until they carry the tag. It waits
+ * for its predecessor only before its epilogue. A word is stored and read
+ * whole, so no counter and no fence are needed (a counter with a fence
+ * per warp cost 12 us a layer: BENCHMARKS.md, twenty-third round). The
+ * down GEMV's blocks become resident as the gate/up GEMV's last wave
+ * drains, so they fill its tail. The sums are those of the two plain
+ * launches, bit for bit.
+ *
  * Variants, read once from the environment at the first call (or set by
  * cuda_gemv_select() for benchmarks):
  *   SLUICE_GEMV_VARIANT=0  "warp": cuda_gemv uses the warp kernel everywhere
@@ -68,6 +80,7 @@
  *                          SM, so Llama-8B's 6144 rows run in one wave:
  *                          batch-1 decode 225.7-226.0 -> 227.8-228.3 tok/s
  *                          (BENCHMARKS.md, twenty-second round)
+ *   SLUICE_GEMV_TAGGED=0   cuda_gemv_mlp as the two plain launches (above)
  */
 #include <limits.h>
 #include <stdlib.h>
@@ -80,6 +93,8 @@
 
 #define BT 256 /* threads of the block kernel */
 #define GEMV_WARPS 8
+#define MW 16 /* warps of the tensor-core kernel (below) */
+#define UU 2  /* its groups of 32 columns in flight per row */
 
 /* weights: read once, never again in this kernel: keep them out of L1 */
 static __device__ __forceinline__ uint4 ld_stream(const uint4 *p)
@@ -110,6 +125,8 @@ struct gemv_params {
     void *y;           /* [NT][out]: bf16, f32, f32 to add to (EPI_RESID), bf16 h (EPI_SWIGLU) */
     int in, out;       /* out: outputs per row of x (F for EPI_SWIGLU) */
     int ngroups;       /* groups of RB rows (RB/2 gate/up pairs for EPI_SWIGLU) */
+    uint32_t *hw;      /* cuda_gemv_mlp (TAGGED kernels): [F] h as tag << 16 | bf16 */
+    uint32_t tag;      /* this call's tag (1 ... 65535) */
 };
 
 /* Output o of a GEMV from its sum a (and, for EPI_SWIGLU, the up row's sum
@@ -167,6 +184,44 @@ static __device__ __forceinline__ void norm_rows(const gemv_params &p, uint16_t 
 
 /* ---- the warp kernel: one row per warp ---- */
 
+/* cuda_gemv_mlp (TAGGED): the gate/up GEMV stores each h[j] as one 32-bit
+ * word, the call's tag in the high half and the bf16 in the low half, and
+ * the down GEMV, started early, reads each word until it carries the tag.
+ * One word is stored and loaded whole (single-copy atomic), so a word with
+ * the tag carries this call's value: no counter, no fence. */
+static __device__ __forceinline__ void st_relaxed(uint32_t *p, uint32_t v)
+{
+    asm volatile("st.relaxed.gpu.global.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+static __device__ __forceinline__ uint32_t ld_relaxed(const uint32_t *p)
+{
+    uint32_t v;
+    asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+/* The tensor-core kernel's B fragment for one group of 32 columns of x (h)
+ * from the tagged words: lane l loaded word c0 + l earlier (w). Lanes load
+ * again where the tag is missing until the whole warp has it; then lane q
+ * < 4 gets columns 8q ... 8q + 7 as 8 bf16 (two from each even lane) */
+static __device__ __forceinline__ uint4 tagged_group(uint32_t w, const uint32_t *hw, int c0, int in, uint32_t tag)
+{
+    const int lane = threadIdx.x & 31, c = c0 + lane;
+    bool ok = c >= in || w >> 16 == tag;
+    while (!__all_sync(0xffffffffu, ok))
+        if (!ok) {
+            __nanosleep(32);
+            w = ld_relaxed(hw + c);
+            ok = w >> 16 == tag;
+        }
+    uint32_t v = c < in ? w & 0xffffu : 0u;
+    uint32_t pair = v | __shfl_down_sync(0xffffffffu, v, 1) << 16; /* even lanes: columns lane, lane + 1 */
+    const int src = 8 * (lane & 3);
+    uint4 x;
+    x.x = __shfl_sync(0xffffffffu, pair, src), x.y = __shfl_sync(0xffffffffu, pair, src + 2);
+    x.z = __shfl_sync(0xffffffffu, pair, src + 4), x.w = __shfl_sync(0xffffffffu, pair, src + 6);
+    return x;
+}
+
 /* Lane l of a warp takes 16-byte chunks l, l + 32, l + 64, ... of its row(s)
  * and sums them in that order, CH chunks per row requested at a time (the
  * first CH before waiting for the previous kernel: weights only), the next
@@ -218,7 +273,7 @@ static __device__ __forceinline__ void wdot(const wchunks<CH, NR> &c, const uint
  * cuda_gemv's output). NORM: x normalized by the whole block first
  * (norm_rows, cuda_add_rmsnorm's bits) into shared memory. Epilogues as in
  * the block kernel. */
-template <int NT, int EPI, bool NORM, int CH, bool PAIR = false>
+template <int NT, int EPI, bool NORM, int CH, bool PAIR = false, bool TAGGED = false>
 static __global__ void __launch_bounds__(32 * GEMV_WARPS, PAIR ? 3 : 1) gemv_warp_kernel(const gemv_params p)
 {
     /* PAIR: rows j and p.out + j per warp (outputs 2 p.out), each summed as a lone row */
@@ -256,7 +311,9 @@ static __global__ void __launch_bounds__(32 * GEMV_WARPS, PAIR ? 3 : 1) gemv_war
     if (lane) return;
 #pragma unroll
     for (int t = 0; t < NT; t++) {
-        if constexpr (PAIR) {
+        if constexpr (TAGGED) { /* cuda_gemv_mlp: one token, EPI_SWIGLU */
+            st_relaxed(p.hw + j, p.tag << 16 | swiglu1(f2bf(acc[0][t]), f2bf(acc[NR - 1][t])));
+        } else if constexpr (PAIR) {
             gemv_store<EPI>(p, (size_t)t * 2 * p.out + j, acc[0][t], 0.0f);
             gemv_store<EPI>(p, (size_t)t * 2 * p.out + p.out + j, acc[1][t], 0.0f);
         } else {
@@ -413,8 +470,6 @@ static __global__ void __launch_bounds__(BT, 2) gemv_block_kernel(const gemv_par
  * kernel at 2-4 rows of x, this does no unpacking and no shuffles, and its
  * cost hardly grows with T: it takes up to 8 rows (the B operand's 8
  * columns), where the other kernels take 4. */
-#define MW 16
-#define UU 2
 static __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                                        uint32_t a3, uint32_t b0, uint32_t b1)
 {
@@ -429,7 +484,7 @@ struct mchunks {
     uint4 v[U][NR][2];
 };
 
-template <int NT, int EPI, bool NORM>
+template <int NT, int EPI, bool NORM, bool TAGGED = false>
 static __global__ void __launch_bounds__(32 * MW, 1024 / (32 * MW)) gemv_mma_kernel(const gemv_params p)
 {
     constexpr int NR = EPI == EPI_SWIGLU ? 2 : 1, U = UU / NR;
@@ -462,19 +517,36 @@ static __global__ void __launch_bounds__(32 * MW, 1024 / (32 * MW)) gemv_mma_ker
     };
     mchunks<U, NR> cur, nxt;
     load(cur, 0);
-    pdl_wait(); /* from here on, x may be read */
+    if (!TAGGED) pdl_wait(); /* from here on, x may be read (TAGGED: each word once it carries the tag) */
     if (NORM) norm_rows<NT>(p, (uint16_t *)xs4, nsh);
     const uint4 *x4 = NORM ? xs4 : (const uint4 *)p.x;
     float acc[NR][4];
 #pragma unroll
     for (int r = 0; r < NR; r++) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = 0.0f;
+    /* TAGGED (one token): the words of x (h) a step ahead, like the weights */
+    uint32_t xc[U], xn[U]; /* lane l: word 32 g + l of group g */
+    auto xload = [&](uint32_t (&b)[U], int s) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int c = 32 * (warp + MW * (s * U + u)) + lane;
+            if (c < p.in) b[u] = ld_relaxed(p.hw + c);
+        }
+    };
+    if constexpr (TAGGED) xload(xc, 0);
     for (int s = 0; s < K; s++) {
         if (s + 1 < K) load(nxt, s + 1);
+        if constexpr (TAGGED)
+            if (s + 1 < K) xload(xn, s + 1);
 #pragma unroll
         for (int u = 0; u < U; u++) {
             int i = (warp + MW * (s * U + u)) * 4 + q;
             uint4 xv = make_uint4(0, 0, 0, 0);
-            if (rq < NT && i < n4) xv = NORM ? x4[(size_t)rq * n4 + i] : __ldg(x4 + (size_t)rq * n4 + i);
+            if constexpr (TAGGED) { /* one token: lanes 0-3 */
+                uint4 g = tagged_group(xc[u], p.hw, 32 * (warp + MW * (s * U + u)), p.in, p.tag);
+                if (rq == 0) xv = g;
+            } else if (rq < NT && i < n4) {
+                xv = NORM ? x4[(size_t)rq * n4 + i] : __ldg(x4 + (size_t)rq * n4 + i);
+            }
 #pragma unroll
             for (int r = 0; r < NR; r++) {
                 const uint4 &a = cur.v[u][r][0], &b = cur.v[u][r][1];
@@ -483,11 +555,15 @@ static __global__ void __launch_bounds__(32 * MW, 1024 / (32 * MW)) gemv_mma_ker
             }
         }
         cur = nxt;
+        if constexpr (TAGGED)
+#pragma unroll
+            for (int u = 0; u < U; u++) xc[u] = xn[u];
     }
 #pragma unroll
     for (int r = 0; r < NR; r++) red[warp][r][lane] = make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
     __syncthreads();
     if (warp) return;
+    if constexpr (TAGGED) pdl_wait(); /* a kernel's completion still implies its predecessors' */
     /* lane: rows row0 + rq (.x, .y) and row0 + rq + 8 (.z, .w), tokens 2q and 2q + 1 */
     float4 sm[NR];
 #pragma unroll
@@ -710,7 +786,7 @@ extern "C" cudaError_t cuda_gemv(const uint16_t *W, const uint16_t *x, void *y, 
                                  cudaStream_t st)
 {
     if (bad_shape(W, x, T, in, out)) return cudaErrorInvalidValue;
-    gemv_params p = {W, x, NULL, NULL, 0.0f, y, in, out, 0};
+    gemv_params p = {W, x, NULL, NULL, 0.0f, y, in, out, 0, NULL, 0};
     return y_f32 ? launch<EPI_F32, false>(p, T, st) : launch<EPI_BF16, false>(p, T, st);
 }
 
@@ -718,7 +794,7 @@ extern "C" cudaError_t cuda_gemv_residual(const uint16_t *W, const uint16_t *x, 
                                           cudaStream_t st)
 {
     if (bad_shape(W, x, T, in, out)) return cudaErrorInvalidValue;
-    gemv_params p = {W, x, NULL, NULL, 0.0f, xres, in, out, 0};
+    gemv_params p = {W, x, NULL, NULL, 0.0f, xres, in, out, 0, NULL, 0};
     return launch<EPI_RESID, false>(p, T, st);
 }
 
@@ -726,7 +802,7 @@ extern "C" cudaError_t cuda_gemv_swiglu(const uint16_t *Wgu, const uint16_t *x, 
                                         cudaStream_t st)
 {
     if (bad_shape(Wgu, x, T, in, F)) return cudaErrorInvalidValue;
-    gemv_params p = {Wgu, x, NULL, NULL, 0.0f, h, in, F, 0};
+    gemv_params p = {Wgu, x, NULL, NULL, 0.0f, h, in, F, 0, NULL, 0};
     return launch<EPI_SWIGLU, false>(p, T, st);
 }
 
@@ -739,7 +815,7 @@ extern "C" cudaError_t cuda_gemv_rmsnorm(const uint16_t *W, const float *x, cons
                                          int T, int in, int out, cudaStream_t st)
 {
     if (bad_norm(W, x, T, in) || out < 0) return cudaErrorInvalidValue;
-    gemv_params p = {W, NULL, x, nw, eps, y, in, out, 0};
+    gemv_params p = {W, NULL, x, nw, eps, y, in, out, 0, NULL, 0};
     return launch<EPI_BF16, true>(p, T, st);
 }
 
@@ -747,6 +823,41 @@ extern "C" cudaError_t cuda_gemv_rmsnorm_swiglu(const uint16_t *Wgu, const float
                                                 uint16_t *h, int T, int in, int F, cudaStream_t st)
 {
     if (bad_norm(Wgu, x, T, in) || F < 0) return cudaErrorInvalidValue;
-    gemv_params p = {Wgu, NULL, x, nw, eps, h, in, F, 0};
+    gemv_params p = {Wgu, NULL, x, nw, eps, h, in, F, 0, NULL, 0};
     return launch<EPI_SWIGLU, true>(p, T, st);
+}
+
+/* the gate/up GEMV storing tagged words, then the down GEMV reading them
+ * as they come (cuda_gemv_mlp) */
+static cudaError_t launch_mlp_tagged(const uint16_t *Wgu, const uint16_t *Wd, float *x, const float *nw, float eps,
+                                     int E, int F, uint32_t *hw, int tag, cudaStream_t st)
+{
+    gemv_params gu = {Wgu, NULL, x, nw, eps, NULL, E, F, 0, hw, (uint32_t)tag};
+    gemv_params dn = {Wd, NULL, NULL, NULL, 0.0f, x, F, E, 0, hw, (uint32_t)tag};
+    cudaError_t e = launch_k(gemv_warp_kernel<1, EPI_SWIGLU, true, 4, false, true>, F / GEMV_WARPS,
+                             32 * GEMV_WARPS, (size_t)E * 2, st, gu);
+    return e != cudaSuccess ? e : launch_k(gemv_mma_kernel<1, EPI_RESID, false, true>, (E + 15) / 16, 32 * MW, 0, st, dn);
+}
+
+/* whether cuda_gemv_mlp overlaps the two GEMVs: one token, the warp kernel
+ * (4 chunks in flight) for gate/up, the tensor-core kernel for down, and
+ * not SLUICE_GEMV_TAGGED=0 */
+extern "C" bool cuda_gemv_mlp_tagged(int T, int E, int F)
+{
+    static const bool on = [] {
+        const char *e = getenv("SLUICE_GEMV_TAGGED");
+        return !(e && strcmp(e, "0") == 0);
+    }();
+    return on && T == 1 && state().variant == 3 && use_warp(1, E) && !use_mma(1, E) && warp_ch(E) == 4 &&
+           use_mma(1, F) && F % GEMV_WARPS == 0;
+}
+
+extern "C" cudaError_t cuda_gemv_mlp(const uint16_t *Wgu, const uint16_t *Wd, float *x, const float *nw, float eps,
+                                     uint16_t *h, int T, int E, int F, uint32_t *hw, int tag, cudaStream_t st)
+{
+    if (bad_norm(Wgu, x, T, E) || bad_shape(Wd, h, T, F, E) || F < 0) return cudaErrorInvalidValue;
+    if (hw && tag > 0 && tag < 65536 && (uintptr_t)hw % 16 == 0 && cuda_gemv_mlp_tagged(T, E, F))
+        return launch_mlp_tagged(Wgu, Wd, x, nw, eps, E, F, hw, tag, st);
+    cudaError_t e = cuda_gemv_rmsnorm_swiglu(Wgu, x, nw, eps, h, T, E, F, st);
+    return e != cudaSuccess ? e : cuda_gemv_residual(Wd, h, x, T, F, E, st);
 }

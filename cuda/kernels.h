@@ -172,6 +172,19 @@ cudaError_t cuda_gemv_rmsnorm(const uint16_t *W, const float *x, const float *nw
  * x [T][in] f32, nw [in] f32, Wgu [2F][in] bf16, h [T][F] bf16. */
 cudaError_t cuda_gemv_rmsnorm_swiglu(const uint16_t *Wgu, const float *x, const float *nw, float eps, uint16_t *h,
                                      int T, int in, int F, cudaStream_t st);
+/* A decode layer's MLP at once: cuda_gemv_rmsnorm_swiglu(Wgu, x, nw, eps,
+ * h), then cuda_gemv_residual(Wd, h, x), bit for bit. Where it can (one
+ * token and gemv.cu's default kernels: cuda_gemv_mlp_tagged) the down GEMV
+ * starts while the gate/up GEMV still runs and reads each value of h as
+ * soon as it is stored: h goes to hw [F] instead (tag << 16 | bf16), and
+ * each down warp waits for words carrying this call's tag. So a call's tag
+ * (1 ... 65535) must differ from the one hw was last written with (a
+ * decoder passes its layer number + 1: two layers or more). hw: 16-byte
+ * aligned, zero at first; NULL gives the two plain launches. Wd [E][F]. */
+cudaError_t cuda_gemv_mlp(const uint16_t *Wgu, const uint16_t *Wd, float *x, const float *nw, float eps, uint16_t *h,
+                          int T, int E, int F, uint32_t *hw, int tag, cudaStream_t st);
+/* whether cuda_gemv_mlp overlaps its two GEMVs at this shape (given hw) */
+bool cuda_gemv_mlp_tagged(int T, int E, int F);
 /* For benchmarks and tests: variant 0 warp, 1 block, 2 persistent, 3 auto,
  * 4 tensor-core (-1 keeps it), pdl 0/1 (-1 keeps it), ch 4/8/16 chunks per
  * lane in flight in the warp kernels for rows of <= 4096 (other values keep

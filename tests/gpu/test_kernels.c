@@ -443,6 +443,85 @@ static void test_gemv_layers_graph(void)
     cudaFree(dw), cudaFree(dqkv), cudaFree(dh), cudaFree(dx), cudaFree(dnw);
 }
 
+/* cuda_gemv_mlp: the down GEMV reads h as the gate/up GEMV stores it (tagged
+ * words). Against the two plain launches (eager, PDL off): a few layers
+ * (tags 1, 2, ...) eagerly with PDL, then captured in a graph with PDL and
+ * replayed, must give x and h bit for bit. Shapes: Llama-8B's (E 4096, F
+ * 14336), a narrow one, and one the tagged path does not take (F 1536:
+ * below the tensor-core kernel's 12288). */
+static void test_gemv_mlp(void)
+{
+    static const struct { int E, F, L; bool tagged; } cases[] = {
+        {4096, 14336, 2, true}, {512, 12288, 4, true}, {256, 1536, 2, false}};
+    cudaStream_t st;
+    cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+        const int E = cases[ci].E, F = cases[ci].F, L = cases[ci].L;
+        size_t wl = (size_t)2 * F * E + (size_t)E * F; /* one layer: gate|up, then down */
+        uint16_t *w = rand_bf(wl * 2, 0.05f);   /* two layers' weights, taken in turn */
+        float *x0 = malloc((size_t)E * 4), *nw = malloc(E * 4), *xr = malloc((size_t)E * 4), *xo = malloc(E * 4);
+        uint16_t *hr = malloc((size_t)F * 2), *ho = malloc((size_t)F * 2);
+        uint32_t *hwo = malloc((size_t)F * 4);
+        for (int i = 0; i < E; i++) x0[i] = frand(), nw[i] = 1 + 0.2f * frand();
+        uint16_t *dw = dup_dev(w, wl * 2 * 2), *dh = poisoned((size_t)F * 2);
+        float *dx = dup_dev(x0, (size_t)E * 4), *dnw = dup_dev(nw, E * 4);
+        uint32_t *dhw = dup_dev(NULL, (size_t)F * 4);
+        cudaMemset(dhw, 0, (size_t)F * 4);
+        cudaDeviceSynchronize(); /* the set-up above ran on the legacy stream */
+        for (int pass = 0; pass < 3; pass++) {
+            /* 0: the plain launches without PDL; 1: cuda_gemv_mlp eager with PDL; 2: graph with PDL */
+            cuda_gemv_select(3, pass > 0, 4);
+            bool tagged = cuda_gemv_mlp_tagged(1, E, F);
+            if (pass == 1)
+                CHECKF(tagged == cases[ci].tagged, "E=%d F=%d: tagged %d, expected %d", E, F, tagged,
+                       cases[ci].tagged);
+            cudaMemcpyAsync(dx, x0, (size_t)E * 4, cudaMemcpyHostToDevice, st);
+            cudaGraph_t g = NULL;
+            cudaGraphExec_t ge = NULL;
+            if (pass == 2) CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+            for (int l = 0; l < L; l++) {
+                const uint16_t *wgu = dw + wl * (l % 2), *wd = wgu + (size_t)2 * F * E;
+                if (pass == 0) {
+                    CHECK(cuda_gemv_rmsnorm_swiglu(wgu, dx, dnw, 1e-5f, dh, 1, E, F, st) == cudaSuccess);
+                    CHECK(cuda_gemv_residual(wd, dh, dx, 1, F, E, st) == cudaSuccess);
+                } else {
+                    CHECK(cuda_gemv_mlp(wgu, wd, dx, dnw, 1e-5f, dh, 1, E, F, dhw, l + 1, st) == cudaSuccess);
+                }
+            }
+            if (pass == 2) {
+                CHECK(cudaStreamEndCapture(st, &g) == cudaSuccess);
+                CHECK(g && cudaGraphInstantiate(&ge, g, 0) == cudaSuccess);
+                for (int rep = 0; rep < 3 && ge; rep++) { /* replays start from the same x */
+                    cudaMemcpyAsync(dx, x0, (size_t)E * 4, cudaMemcpyHostToDevice, st);
+                    CHECK(cudaGraphLaunch(ge, st) == cudaSuccess);
+                }
+            }
+            CHECK(cudaStreamSynchronize(st) == cudaSuccess);
+            get(pass ? xo : xr, dx, (size_t)E * 4);
+            get(pass ? ho : hr, dh, (size_t)F * 2);
+            if (ge) cudaGraphExecDestroy(ge);
+            if (g) cudaGraphDestroy(g);
+            if (!pass) continue;
+            bool tag_ok = true;
+            if (tagged) { /* h is in the tagged words, with the last layer's tag */
+                get(hwo, dhw, (size_t)F * 4);
+                for (int i = 0; i < F; i++) tag_ok &= hwo[i] >> 16 == (uint32_t)L, ho[i] = hwo[i] & 0xffff;
+            }
+            double d = 0, n = 0;
+            for (int i = 0; i < E; i++) d += fabs(xo[i] - xr[i]), n += fabs(xr[i] - x0[i]);
+            bool same = !memcmp(xo, xr, (size_t)E * 4) && !memcmp(ho, hr, (size_t)F * 2);
+            CHECKF(same && tag_ok && n > 0, "E=%d F=%d %s: not the two plain launches: |diff| %.3g, |update| %.3g%s",
+                   E, F, pass == 1 ? "eager" : "graph", d, n, tag_ok ? "" : ", tags wrong");
+            printf("  mlp E=%d F=%d x%d (%s) %s + PDL vs the plain launches: %s\n", E, F, L,
+                   tagged ? "tagged" : "plain", pass == 1 ? "eager" : "graph", same ? "identical" : "differ");
+        }
+        free(w), free(x0), free(nw), free(xr), free(xo), free(hr), free(ho), free(hwo);
+        cudaFree(dw), cudaFree(dh), cudaFree(dx), cudaFree(dnw), cudaFree(dhw);
+    }
+    cuda_gemv_select(1, 1, -1);
+    cudaStreamDestroy(st);
+}
+
 static void test_argmax(void)
 {
     int R = 5, V = 49157;
@@ -1256,6 +1335,7 @@ int main(void)
     RUN(test_gemv_fused);
     RUN(test_gemm_wg);
     RUN(test_gemv_layers_graph);
+    RUN(test_gemv_mlp);
     RUN(test_argmax);
     RUN(test_peer_allreduce);
     RUN(test_rope_kv);
