@@ -273,8 +273,8 @@ static __device__ __forceinline__ void wdot(const wchunks<CH, NR> &c, const uint
  * cuda_gemv's output). NORM: x normalized by the whole block first
  * (norm_rows, cuda_add_rmsnorm's bits) into shared memory. Epilogues as in
  * the block kernel. */
-template <int NT, int EPI, bool NORM, int CH, bool PAIR = false, bool TAGGED = false>
-static __global__ void __launch_bounds__(32 * GEMV_WARPS, PAIR ? 3 : 1) gemv_warp_kernel(const gemv_params p)
+template <int NT, int EPI, bool NORM, int CH, bool PAIR = false, bool TAGGED = false, int OCC = 1>
+static __global__ void __launch_bounds__(32 * GEMV_WARPS, PAIR ? 3 : OCC) gemv_warp_kernel(const gemv_params p)
 {
     /* PAIR: rows j and p.out + j per warp (outputs 2 p.out), each summed as a lone row */
     constexpr int NR = EPI == EPI_SWIGLU || PAIR ? 2 : 1;
@@ -834,8 +834,11 @@ static cudaError_t launch_mlp_tagged(const uint16_t *Wgu, const uint16_t *Wd, fl
 {
     gemv_params gu = {Wgu, NULL, x, nw, eps, NULL, E, F, 0, hw, (uint32_t)tag};
     gemv_params dn = {Wd, NULL, NULL, NULL, 0.0f, x, F, E, 0, hw, (uint32_t)tag};
-    cudaError_t e = launch_k(gemv_warp_kernel<1, EPI_SWIGLU, true, 4, false, true>, F / GEMV_WARPS,
-                             32 * GEMV_WARPS, (size_t)E * 2, st, gu);
+    static const bool gu3 = getenv("SLUICE_GEMV_GU3") && atoi(getenv("SLUICE_GEMV_GU3")); /* experiment */
+    cudaError_t e = gu3 ? launch_k(gemv_warp_kernel<1, EPI_SWIGLU, true, 4, false, true, 3>, F / GEMV_WARPS,
+                                   32 * GEMV_WARPS, (size_t)E * 2, st, gu)
+                        : launch_k(gemv_warp_kernel<1, EPI_SWIGLU, true, 4, false, true>, F / GEMV_WARPS,
+                                   32 * GEMV_WARPS, (size_t)E * 2, st, gu);
     return e != cudaSuccess ? e : launch_k(gemv_mma_kernel<1, EPI_RESID, false, true>, (E + 15) / 16, 32 * MW, 0, st, dn);
 }
 
