@@ -273,18 +273,15 @@ static __device__ __forceinline__ void wdot(const wchunks<CH, NR> &c, const uint
  * cuda_gemv's output). NORM: x normalized by the whole block first
  * (norm_rows, cuda_add_rmsnorm's bits) into shared memory. Epilogues as in
  * the block kernel. */
-template <int NT, int EPI, bool NORM, int CH, bool PAIR = false, bool TAGGED = false, int OCC = 1, int ROWS = 1>
-static __global__ void __launch_bounds__(32 * GEMV_WARPS, PAIR ? 3 : OCC) gemv_warp_kernel(const gemv_params p)
+template <int NT, int EPI, bool NORM, int CH, bool PAIR = false, bool TAGGED = false>
+static __global__ void __launch_bounds__(32 * GEMV_WARPS, PAIR ? 3 : 1) gemv_warp_kernel(const gemv_params p)
 {
     /* PAIR: rows j and p.out + j per warp (outputs 2 p.out), each summed as a lone row */
     constexpr int NR = EPI == EPI_SWIGLU || PAIR ? 2 : 1;
     extern __shared__ uint4 xs4[]; /* NORM: the normalized x, [NT][in] bf16 */
     __shared__ float nsh[32];
     pdl_trigger();
-    const int lane = threadIdx.x & 31, n4 = p.in / 8;
-    /* ROWS: the block's GEMV_WARPS * ROWS rows, GEMV_WARPS at a time */
-    auto row = [&](int k) { return (int)blockIdx.x * GEMV_WARPS * ROWS + k * GEMV_WARPS + (int)(threadIdx.x >> 5); };
-    int j = row(0);
+    const int lane = threadIdx.x & 31, j = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5), n4 = p.in / 8;
     const bool live = j < p.out;
     const uint4 *w[NR];
 #pragma unroll
@@ -295,45 +292,33 @@ static __global__ void __launch_bounds__(32 * GEMV_WARPS, PAIR ? 3 : OCC) gemv_w
     if (NORM) norm_rows<NT>(p, (uint16_t *)xs4, nsh);
     if (!live) return;
     const uint4 *x4 = NORM ? xs4 : (const uint4 *)p.x;
-    for (int k = 0;; k++) {
-        const int jn = row(k + 1);
-        const bool next = k + 1 < ROWS && jn < p.out; /* the next row's first chunks come with this one's last */
-        const uint4 *wn[NR];
+    float acc[NR][NT];
 #pragma unroll
-        for (int r = 0; r < NR; r++) wn[r] = (const uint4 *)(p.W + (size_t)(r * p.out + (next ? jn : 0)) * p.in);
-        float acc[NR][NT];
+    for (int r = 0; r < NR; r++)
 #pragma unroll
-        for (int r = 0; r < NR; r++)
+        for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+    for (int i0 = 0;; i0 += 32 * CH) {
+        bool more = i0 + 32 * CH < n4;
+        if (more) nxt.load(w, i0 + 32 * CH, lane, n4);
+        wdot<CH, NR, NT, NORM>(cur, x4, n4, i0, lane, acc);
+        if (!more) break;
+        cur = nxt;
+    }
 #pragma unroll
-            for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
-        for (int i0 = 0;; i0 += 32 * CH) {
-            bool more = i0 + 32 * CH < n4;
-            if (more) nxt.load(w, i0 + 32 * CH, lane, n4);
-            else if (next) nxt.load(wn, 0, lane, n4);
-            wdot<CH, NR, NT, NORM>(cur, x4, n4, i0, lane, acc);
-            if (!more) break;
-            cur = nxt;
+    for (int r = 0; r < NR; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = warp_sum(acc[r][t]);
+    if (lane) return;
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        if constexpr (TAGGED) { /* cuda_gemv_mlp: one token, EPI_SWIGLU */
+            st_relaxed(p.hw + j, p.tag << 16 | swiglu1(f2bf(acc[0][t]), f2bf(acc[NR - 1][t])));
+        } else if constexpr (PAIR) {
+            gemv_store<EPI>(p, (size_t)t * 2 * p.out + j, acc[0][t], 0.0f);
+            gemv_store<EPI>(p, (size_t)t * 2 * p.out + p.out + j, acc[1][t], 0.0f);
+        } else {
+            gemv_store<EPI>(p, (size_t)t * p.out + j, acc[0][t], acc[NR - 1][t]);
         }
-#pragma unroll
-        for (int r = 0; r < NR; r++)
-#pragma unroll
-            for (int t = 0; t < NT; t++) acc[r][t] = warp_sum(acc[r][t]);
-        if (lane == 0)
-#pragma unroll
-            for (int t = 0; t < NT; t++) {
-                if constexpr (TAGGED) { /* cuda_gemv_mlp: one token, EPI_SWIGLU */
-                    st_relaxed(p.hw + j, p.tag << 16 | swiglu1(f2bf(acc[0][t]), f2bf(acc[NR - 1][t])));
-                } else if constexpr (PAIR) {
-                    gemv_store<EPI>(p, (size_t)t * 2 * p.out + j, acc[0][t], 0.0f);
-                    gemv_store<EPI>(p, (size_t)t * 2 * p.out + p.out + j, acc[1][t], 0.0f);
-                } else {
-                    gemv_store<EPI>(p, (size_t)t * p.out + j, acc[0][t], acc[NR - 1][t]);
-                }
-            }
-        if (!next) return;
-        cur = nxt, j = jn;
-#pragma unroll
-        for (int r = 0; r < NR; r++) w[r] = wn[r];
     }
 }
 
@@ -849,13 +834,8 @@ static cudaError_t launch_mlp_tagged(const uint16_t *Wgu, const uint16_t *Wd, fl
 {
     gemv_params gu = {Wgu, NULL, x, nw, eps, NULL, E, F, 0, hw, (uint32_t)tag};
     gemv_params dn = {Wd, NULL, NULL, NULL, 0.0f, x, F, E, 0, hw, (uint32_t)tag};
-    static const int gr = getenv("SLUICE_GEMV_GUROWS") ? atoi(getenv("SLUICE_GEMV_GUROWS")) : 1; /* experiment */
-    cudaError_t e = gr == 2   ? launch_k(gemv_warp_kernel<1, EPI_SWIGLU, true, 4, false, true, 1, 2>,
-                                         (F + 2 * GEMV_WARPS - 1) / (2 * GEMV_WARPS), 32 * GEMV_WARPS, (size_t)E * 2, st, gu)
-                    : gr == 4 ? launch_k(gemv_warp_kernel<1, EPI_SWIGLU, true, 4, false, true, 1, 4>,
-                                         (F + 4 * GEMV_WARPS - 1) / (4 * GEMV_WARPS), 32 * GEMV_WARPS, (size_t)E * 2, st, gu)
-                              : launch_k(gemv_warp_kernel<1, EPI_SWIGLU, true, 4, false, true>, F / GEMV_WARPS,
-                                         32 * GEMV_WARPS, (size_t)E * 2, st, gu);
+    cudaError_t e = launch_k(gemv_warp_kernel<1, EPI_SWIGLU, true, 4, false, true>, F / GEMV_WARPS,
+                             32 * GEMV_WARPS, (size_t)E * 2, st, gu);
     return e != cudaSuccess ? e : launch_k(gemv_mma_kernel<1, EPI_RESID, false, true>, (E + 15) / 16, 32 * MW, 0, st, dn);
 }
 
