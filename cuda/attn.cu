@@ -540,7 +540,10 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
     __shared__ int last;
     extern __shared__ __align__(16) uint16_t dsm[]; /* TC: dec_tc_smem's layout */
     struct cuda_attn_item wi;
-    if (!attn_item(a, false, wi)) return;
+    if (!attn_item(a, false, wi)) {
+        pdl_wait();
+        return;
+    }
     int g = blockIdx.y, grp = a.H / a.KVH, KVH = a.KVH;
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, t = wi.t0;
     const int32_t *bt = a.bt + wi.bt0;
@@ -570,6 +573,7 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
     const int wp = (tpos - wi.kv_lo) / TL::BN; /* own: the warp whose first tile holds the token, if < DEC_NW */
     if (early && wi.kv_lo + TL::BN * w < hi)
         dec_load_kv<D, KV8>(a, bt, g, wi.kv_lo + TL::BN * w, hi, stage, own ? tpos : -1);
+    pdl_wait(); /* experiment: launched early (SLUICE_CUDA_ATTN_PDL=1), q and the KV write wait for the qkv GEMV */
     /* q of this block's heads: from the raw projection through RoPE when
      * it is folded in (and the split that holds the token's position writes
      * its K and V, before any warp of this block reads them; no other block
@@ -835,7 +839,8 @@ static cudaError_t launch_dec(const struct cuda_attn_args *a, cudaStream_t st)
     /* a plain launch, and no early trigger for the next kernel: letting the
      * o projection's GEMV start loading weights while this kernel runs
      * measured slower (BENCHMARKS.md: batch-1 decode 207.3 vs 217.5 tok/s) */
-    return pdl_launch_as(false, g4 ? attn_dec_kernel<D, 4, TC, KV8> : attn_dec_kernel<D, 8, TC, KV8>, grid, blk, sm, st,
+    static const bool early = getenv("SLUICE_CUDA_ATTN_PDL") && atoi(getenv("SLUICE_CUDA_ATTN_PDL")) == 1;
+    return pdl_launch_as(early, g4 ? attn_dec_kernel<D, 4, TC, KV8> : attn_dec_kernel<D, 8, TC, KV8>, grid, blk, sm, st,
                          *a);
 }
 
