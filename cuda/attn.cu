@@ -573,7 +573,7 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
     const int wp = (tpos - wi.kv_lo) / TL::BN; /* own: the warp whose first tile holds the token, if < DEC_NW */
     if (early && wi.kv_lo + TL::BN * w < hi)
         dec_load_kv<D, KV8>(a, bt, g, wi.kv_lo + TL::BN * w, hi, stage, own ? tpos : -1);
-    pdl_wait(); /* experiment: launched early (SLUICE_CUDA_ATTN_PDL=1), q and the KV write wait for the qkv GEMV */
+    pdl_wait(); /* launched early (PDL): q and the KV write wait for the qkv GEMV; the tiles above did not */
     /* q of this block's heads: from the raw projection through RoPE when
      * it is folded in (and the split that holds the token's position writes
      * its K and V, before any warp of this block reads them; no other block
@@ -836,10 +836,17 @@ static cudaError_t launch_dec(const struct cuda_attn_args *a, cudaStream_t st)
     dim3 grid(a->max_items, a->KVH), blk(32 * DEC_NW);
     bool g4 = a->H / a->KVH <= 4;
     size_t sm = !TC ? 0 : g4 ? dec_tc_smem<D, 4, KV8>() : dec_tc_smem<D, 8, KV8>();
-    /* a plain launch, and no early trigger for the next kernel: letting the
-     * o projection's GEMV start loading weights while this kernel runs
+    /* launched early by PDL (its blocks request their first K/V tiles while
+     * the qkv GEMV finishes; SLUICE_CUDA_ATTN_PDL=0: a plain launch): batch-1
+     * decode 227.9-228.0 -> 231.4 tok/s once the qkv GEMV ran in one wave
+     * (BENCHMARKS.md, twenty-third round; before, 1.45 waves, it did not
+     * pay). No early trigger for the next kernel: letting the o
+     * projection's GEMV start loading weights while this kernel runs
      * measured slower (BENCHMARKS.md: batch-1 decode 207.3 vs 217.5 tok/s) */
-    static const bool early = getenv("SLUICE_CUDA_ATTN_PDL") && atoi(getenv("SLUICE_CUDA_ATTN_PDL")) == 1;
+    static const bool early = [] {
+        const char *e = getenv("SLUICE_CUDA_ATTN_PDL");
+        return !(e && strcmp(e, "0") == 0);
+    }();
     return pdl_launch_as(early, g4 ? attn_dec_kernel<D, 4, TC, KV8> : attn_dec_kernel<D, 8, TC, KV8>, grid, blk, sm, st,
                          *a);
 }

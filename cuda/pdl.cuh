@@ -10,8 +10,8 @@
  * before it exits, so completion of a kernel still implies completion of
  * everything before it in the stream (a chain of early launches stays
  * ordered). On for sm_90 and later unless SLUICE_PDL=0; see gemv.cu. The
- * decode attention kernel is launched plainly and lets nothing start early
- * (attn.cu says why). */
+ * decode attention kernel is launched early too (its first K/V tiles
+ * before the wait) but lets nothing start early (attn.cu says why). */
 #ifndef SLUICE_CUDA_PDL_CUH
 #define SLUICE_CUDA_PDL_CUH
 
