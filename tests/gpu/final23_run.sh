@@ -6,20 +6,10 @@
 # bench_gpu (TTFT, the 16K prefill step).
 . "$(dirname "$0")/run_lib.sh"
 nvidia-smi -L
-BUILD=build timeout 420 tests/gpu/run_gpu_tests.sh > "$L/gpu_test.log" 2>&1
-echo "gpu-test rc=$?: $(tail -1 "$L/gpu_test.log")"
-grep -E "FAIL|failed:" "$L/gpu_test.log" | head
+gpu_test
 K=build/tests/gpu/test_kernels
 t memcheck_mlp 120 env SLUICE_TEST_ONLY=gemv_mlp compute-sanitizer --tool memcheck $K
 t racecheck_mlp 120 env SLUICE_TEST_ONLY=gemv_mlp compute-sanitizer --tool racecheck $K
 t memcheck_e2e_tagged 240 env SLUICE_GEMV_MMA_MIN_IN=1536 compute-sanitizer --tool memcheck build/tests/gpu/test_gpu_e2e
-for r in 1 2 3; do
-  for v in 0 1; do
-    timeout -k 5 120 env SLUICE_BENCH_ONLY=decode SLUICE_GEMV_TAGGED=$v build/tests/gpu/bench_gpu > "$L/dec1_${v}_$r.log" 2>&1
-    echo "tagged=$v round $r rc=$?: $(grep -E '^decode batch 1 ' "$L/dec1_${v}_$r.log")"
-  done
-done
-timeout -k 5 150 env SLUICE_BENCH_ONLY=decode SLUICE_BENCH_DECODE=2x1024,4x1024,8x1024,64x1024,256x1024 build/tests/gpu/bench_gpu > "$L/dec.log" 2>&1
-echo "decode rc=$?: $(grep -E '^decode batch' "$L/dec.log" | sed 's/ ctx//; s/floor.*//; s/ms.step = //' | tr '\n' ' ')"
-timeout -k 5 200 build/tests/gpu/bench_gpu > "$L/bench.log" 2>&1
-echo "bench_gpu rc=$?:"; grep -E "prefill|TTFT|decode batch 1 " "$L/bench.log"
+ab_b1 SLUICE_GEMV_TAGGED 3 0 1
+batches_bench 1

@@ -13,10 +13,5 @@ t memcheck_mlp 300 env SLUICE_TEST_ONLY=gemv_mlp compute-sanitizer --tool memche
 t e2e_tagged 120 env SLUICE_GEMV_MMA_MIN_IN=1536 build/tests/gpu/test_gpu_e2e
 t e2e_plain 120 env SLUICE_GEMV_MMA_MIN_IN=1536 SLUICE_GEMV_TAGGED=0 build/tests/gpu/test_gpu_e2e
 grep -E "FAIL|failed:" "$L/e2e_tagged.log" | head
-for r in 1 2; do
-  for v in 0 1; do
-    timeout -k 5 120 env SLUICE_BENCH_ONLY=decode SLUICE_GEMV_TAGGED=$v build/tests/gpu/bench_gpu > "$L/dec_${v}_$r.log" 2>&1
-    echo "tagged=$v round $r rc=$?: $(grep -E '^decode batch 1 ' "$L/dec_${v}_$r.log")"
-  done
-done
+ab_b1 SLUICE_GEMV_TAGGED 2 0 1
 e2e_tests

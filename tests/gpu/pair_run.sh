@@ -11,9 +11,4 @@ t gemv_pair 240 env SLUICE_TEST_ONLY=gemv build/tests/gpu/test_kernels
 t e2e_pair 120 build/tests/gpu/test_gpu_e2e
 t engine_pair 120 env SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3 build/tests/test_engine
 unset SLUICE_GEMV_PAIR
-for r in 1 2; do
-  for v in 0 1; do
-    timeout -k 5 120 env SLUICE_BENCH_ONLY=decode SLUICE_GEMV_PAIR=$v build/tests/gpu/bench_gpu > "$L/dec_${v}_$r.log" 2>&1
-    echo "pair=$v round $r rc=$?: $(grep -E '^decode batch 1 ' "$L/dec_${v}_$r.log")"
-  done
-done
+ab_b1 SLUICE_GEMV_PAIR 2 0 1

@@ -9,6 +9,11 @@
 #                           fp8), memcheck + racecheck on the RoPE-fold tests
 #                           named FOLD, the sampler, e2e, the engine suite
 #                           with each cache
+#   gpu_test                make gpu-test's runner: its last line, failures
+#   ab_b1 VAR ROUNDS V...   batch-1 decode with VAR=V for each V in turn,
+#                           ROUNDS times
+#   batches_bench ROUNDS    decode at batches 1-8, 64, 256 (ROUNDS times),
+#                           then bench_gpu (TTFT, the 16K prefill step)
 set -u
 L=${1:-/tmp/$(basename "$0" .sh)}
 mkdir -p "$L"
@@ -50,4 +55,33 @@ dec_tests() {
     t memcheck_fold 240 env SLUICE_TEST_ONLY="$1" compute-sanitizer --tool memcheck $K
     t racecheck_fold 240 env SLUICE_TEST_ONLY="$1" compute-sanitizer --tool racecheck $K
     e2e_tests
+}
+
+gpu_test() {
+    BUILD=build timeout 420 tests/gpu/run_gpu_tests.sh >"$L/gpu_test.log" 2>&1
+    echo "gpu-test rc=$?: $(tail -1 "$L/gpu_test.log")"
+    grep -E "FAIL|failed:" "$L/gpu_test.log" | head
+}
+
+batches_bench() {
+    local r
+    for r in $(seq "$1"); do
+        timeout -k 5 150 env SLUICE_BENCH_ONLY=decode SLUICE_BENCH_DECODE=2x1024,4x1024,8x1024,64x1024,256x1024 \
+            build/tests/gpu/bench_gpu >"$L/dec_$r.log" 2>&1
+        echo "decode round $r rc=$?: $(grep -E '^decode batch' "$L/dec_$r.log" | sed 's/ ctx//; s/floor.*//; s/ms.step = //' | tr '\n' ' ')"
+    done
+    timeout -k 5 200 build/tests/gpu/bench_gpu >"$L/bench.log" 2>&1
+    echo "bench_gpu rc=$?:"
+    grep -E "prefill|TTFT|decode batch 1 " "$L/bench.log"
+}
+
+ab_b1() {
+    local var=$1 n=$2 r v
+    shift 2
+    for r in $(seq "$n"); do
+        for v in "$@"; do
+            timeout -k 5 120 env "$var=$v" SLUICE_BENCH_ONLY=decode build/tests/gpu/bench_gpu >"$L/b1_${var}_${v}_$r.log" 2>&1
+            echo "$var=$v round $r rc=$?: $(grep -E '^decode batch 1 ' "$L/b1_${var}_${v}_$r.log")"
+        done
+    done
 }
