@@ -1195,6 +1195,7 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
     int E = c->n_embd, F = k->F, H = k->H, KVH = k->KVH, D = c->head_dim;
     int Q = H * D, QKV = Q + 2 * KVH * D;
     cudaStream_t st = k->st;
+    enum cudaStreamCaptureStatus cs;
     if (b->tp == 1) {
         CK(cuda_embed(k->tok_embd, DIN(k, ids, int32_t), T, E, k->x, st));
     } else {
@@ -1294,6 +1295,11 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
     }
     return 0;
 fail:
+    /* a step cut short may leave the tagged h with a tag the next step's
+     * first layers use again (cuda_gemv_mlp): clear it (a captured step
+     * ran nothing) */
+    if (cudaStreamIsCapturing(st, &cs) == cudaSuccess && cs == cudaStreamCaptureStatusNone)
+        cudaMemsetAsync(k->hw, 0, (size_t)k->F * sizeof *k->hw, st);
     return SL_EDEVICE;
 }
 

@@ -856,7 +856,7 @@ extern "C" cudaError_t cuda_gemv_mlp(const uint16_t *Wgu, const uint16_t *Wd, fl
                                      uint16_t *h, int T, int E, int F, uint32_t *hw, int tag, cudaStream_t st)
 {
     if (bad_norm(Wgu, x, T, E) || bad_shape(Wd, h, T, F, E) || F < 0) return cudaErrorInvalidValue;
-    if (hw && tag > 0 && tag < 65536 && (uintptr_t)hw % 16 == 0 && cuda_gemv_mlp_tagged(T, E, F))
+    if (hw && tag > 0 && tag < 65536 && (uintptr_t)hw % 4 == 0 && cuda_gemv_mlp_tagged(T, E, F))
         return launch_mlp_tagged(Wgu, Wd, x, nw, eps, E, F, hw, tag, st);
     cudaError_t e = cuda_gemv_rmsnorm_swiglu(Wgu, x, nw, eps, h, T, E, F, st);
     return e != cudaSuccess ? e : cuda_gemv_residual(Wd, h, x, T, F, E, st);

@@ -179,8 +179,9 @@ cudaError_t cuda_gemv_rmsnorm_swiglu(const uint16_t *Wgu, const float *x, const 
  * soon as it is stored: h goes to hw [F] instead (tag << 16 | bf16), and
  * each down warp waits for words carrying this call's tag. So a call's tag
  * (1 ... 65535) must differ from the one hw was last written with (a
- * decoder passes its layer number + 1: two layers or more). hw: 16-byte
- * aligned, zero at first; NULL gives the two plain launches. Wd [E][F]. */
+ * decoder passes its layer number + 1: two layers or more, and clears hw
+ * after a step cut short). hw: zero at first; NULL gives the two plain
+ * launches. Wd [E][F]. */
 cudaError_t cuda_gemv_mlp(const uint16_t *Wgu, const uint16_t *Wd, float *x, const float *nw, float eps, uint16_t *h,
                           int T, int E, int F, uint32_t *hw, int tag, cudaStream_t st);
 /* whether cuda_gemv_mlp overlaps its two GEMVs at this shape (given hw) */
