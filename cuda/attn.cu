@@ -693,7 +693,7 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
     pdl_wait(); /* launched early (PDL): q and the KV write wait for the qkv GEMV; the tiles above did not */
     /* tagged partials: the first of a token's splits to get its ticket
      * merges them (it is running, so every split it waits for gets an SM
-     * in time); the ticket comes back while q is made */
+     * in time); the ticket comes back while the tiles are worked */
     const bool split = wi.nsplit > 1, tagged = split && a.tpart;
     int tk = 1;
     if (tagged && threadIdx.x == 0) tk = atomicAdd(&a.cnt[t * KVH + g], 1);
@@ -718,7 +718,6 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
         for (int i = threadIdx.x; i < grp * D; i += blockDim.x)
             Qb[i / D][i % D] = a.q[((size_t)t * a.H + g * grp + i / D) * D + i % D];
     }
-    if (tagged && threadIdx.x == 0) last = tk == 0;
     __syncthreads();
     if constexpr (!TC) {
         __shared__ float Qs[GM][D];
@@ -886,6 +885,7 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
             }
         }
     }
+    if (tagged && threadIdx.x == 0) last = tk == 0; /* its ticket, taken before q */
     __syncthreads();
     /* tagged: word (item, KV head, row, j) at ((item * KVH + g) * grp + row) * (D + 2) + j */
     uint64_t *tw = tagged ? a.tpart + ((size_t)blockIdx.x * KVH + g) * grp * (D + 2) : NULL;
