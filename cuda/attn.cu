@@ -53,7 +53,6 @@
  * fragments, two stages per warp (dec_tile).
  */
 #include <stdlib.h>
-#include <type_traits>
 #include <string.h>
 
 #include "cuda/bf16.cuh"
@@ -532,122 +531,6 @@ static __device__ __forceinline__ void dec_load_kv(const struct cuda_attn_args &
     cp_async_commit();
 }
 
-/* Tagged partials (args.tpart): word = tag << 32 | the f32's bits, stored
- * and loaded whole (64 bits, single-copy atomic), so a word with this
- * call's tag carries this call's value: no fence, no ticket at the end. */
-static __device__ __forceinline__ void st_tagged(uint64_t *p, uint32_t tag, float v)
-{
-    asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(p), "l"((uint64_t)tag << 32 | __float_as_uint(v))
-                 : "memory");
-}
-static __device__ __forceinline__ uint64_t ld_tagged(const uint64_t *p)
-{
-    uint64_t v;
-    asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
-#ifndef DEC_MERGE_KC
-#define DEC_MERGE_KC 36 /* a merging thread's accumulators in flight, over its outputs (KC below) */
-#endif
-
-/* Partial k of row r (max, sum, then D accumulators): f32 at pf + r * rs +
- * k * ks (after the ticket), or tagged words at pw + the same offset */
-struct dec_parts {
-    const float *pf;
-    const uint64_t *pw;
-    size_t rs, ks;
-    uint32_t tag;
-};
-
-/* A token's splits merged by one block into out (its group's first head):
- * every split's (max, sum) first, the weights per row, then each output's
- * accumulators, in split order, so the result is the same whichever block
- * merges and whichever path brings the partials. A thread's loads of
- * accumulators are independent, KC splits' worth at a time, so with ns <=
- * KC the accumulators take one round trip after the (max, sum) phase. TAG:
- * the merging block may be the first of its splits to get here: each
- * (max, sum) pair is read until it carries the tag, then the accumulators
- * (each read again until it does; a split's are stored with its pairs). */
-template <int D, int GM, bool TAG>
-static __device__ __forceinline__ void dec_merge(const dec_parts &pp, int ns, int grp, uint16_t *out,
-                                                 float (&Sw)[GM][CUDA_ATTN_MAXSPLIT],
-                                                 float (&Sl)[GM][CUDA_ATTN_MAXSPLIT], float (&Sinv)[GM])
-{
-    constexpr int NB = 32 * DEC_NW, NO = (GM * D + NB - 1) / NB, KC = DEC_MERGE_KC / NO < 16 ? DEC_MERGE_KC / NO : 16;
-    using W = typename std::conditional<TAG, uint64_t, float>::type;
-    const int tid = threadIdx.x, n = grp * D;
-    auto at = [&](int r, int k, int j) { return (size_t)r * pp.rs + (size_t)k * pp.ks + j; };
-    auto load = [&](size_t o) -> W {
-        if constexpr (TAG)
-            return ld_tagged(pp.pw + o);
-        else
-            return __ldcg(pp.pf + o);
-    };
-    auto stale = [&](W w) -> bool {
-        if constexpr (TAG)
-            return (uint32_t)(w >> 32) != pp.tag;
-        else
-            return false;
-    };
-    auto val = [&](W w) -> float {
-        if constexpr (TAG)
-            return __uint_as_float((uint32_t)w);
-        else
-            return w;
-    };
-    for (int i = tid; i < grp * ns; i += NB) {
-        int r = i / ns, k = i % ns;
-        W m = load(at(r, k, 0)), l = load(at(r, k, 1));
-        while (stale(m) || stale(l)) {
-            __nanosleep(64);
-            m = load(at(r, k, 0)), l = load(at(r, k, 1));
-        }
-        Sw[r][k] = val(m), Sl[r][k] = val(l);
-    }
-    __syncthreads();
-    if (tid < grp) {
-        int r = tid;
-        float M = -INFINITY, L = 0.0f;
-        for (int k = 0; k < ns; k++) M = fmaxf(M, Sw[r][k]);
-        for (int k = 0; k < ns; k++) {
-            float e = Sw[r][k] == -INFINITY ? 0.0f : exp2f(Sw[r][k] - M);
-            Sw[r][k] = e, L += Sl[r][k] * e;
-        }
-        Sinv[r] = L > 0.0f ? 1.0f / L : 0.0f;
-    }
-    __syncthreads();
-    float A[NO];
-#pragma unroll
-    for (int j = 0; j < NO; j++) A[j] = 0.0f;
-    for (int k0 = 0; k0 < ns; k0 += KC) {
-        W v[NO][KC];
-#pragma unroll
-        for (int j = 0; j < NO; j++)
-#pragma unroll
-            for (int c = 0; c < KC; c++)
-                if (tid + j * NB < n && k0 + c < ns) v[j][c] = load(at((tid + j * NB) / D, k0 + c, 2 + (tid + j * NB) % D));
-#pragma unroll
-        for (int j = 0; j < NO; j++)
-#pragma unroll
-            for (int c = 0; c < KC; c++) {
-                int i = tid + j * NB, k = k0 + c;
-                if (i < n && k < ns) {
-                    W w = v[j][c];
-                    while (stale(w)) { /* rare: the (max, sum) pairs came first */
-                        __nanosleep(64);
-                        w = load(at(i / D, k, 2 + i % D));
-                    }
-                    A[j] += val(w) * Sw[i / D][k];
-                }
-            }
-    }
-#pragma unroll
-    for (int j = 0; j < NO; j++) {
-        int i = tid + j * NB;
-        if (i < n) out[i] = f2bf(A[j] * Sinv[i / D]);
-    }
-}
-
 template <int D, int GM, bool TC, bool KV8>
 static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cuda_attn_args a)
 {
@@ -691,12 +574,6 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
     if (early && wi.kv_lo + TL::BN * w < hi)
         dec_load_kv<D, KV8>(a, bt, g, wi.kv_lo + TL::BN * w, hi, stage, own ? tpos : -1);
     pdl_wait(); /* launched early (PDL): q and the KV write wait for the qkv GEMV; the tiles above did not */
-    /* tagged partials: the first of a token's splits to get its ticket
-     * merges them (it is running, so every split it waits for gets an SM
-     * in time); the ticket comes back while the tiles are worked */
-    const bool split = wi.nsplit > 1, tagged = split && a.tpart;
-    int tk = 1;
-    if (tagged && threadIdx.x == 0) tk = atomicAdd(&a.cnt[t * KVH + g], 1);
     /* q of this block's heads: from the raw projection through RoPE when
      * it is folded in (and the split that holds the token's position writes
      * its K and V, before any warp of this block reads them; no other block
@@ -885,14 +762,8 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
             }
         }
     }
-    if (tagged && threadIdx.x == 0) last = tk == 0; /* its ticket, taken before q */
     __syncthreads();
-    /* tagged: word (item, KV head, row, j) at ((item * KVH + g) * grp + row) * (D + 2) + j */
-    uint64_t *tw = tagged ? a.tpart + ((size_t)blockIdx.x * KVH + g) * grp * (D + 2) : NULL;
-    float *pf = split ? a.part + ((size_t)wi.part * KVH + g) * CUDA_ATTN_MAXSPLIT * (D + 2) +
-                            (size_t)wi.split * (D + 2)
-                      : NULL;
-    const size_t prow = (size_t)KVH * CUDA_ATTN_MAXSPLIT * (D + 2); /* from one part row to the next */
+    bool split = wi.nsplit > 1;
     for (int i = threadIdx.x; i < grp * D; i += blockDim.x) {
         int r = i / D, d = i % D;
         float M = -INFINITY, L = 0.0f, A = 0.0f;
@@ -907,27 +778,13 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
         }
         if (!split) {
             a.out[((size_t)t * a.H + g * grp + r) * D + d] = f2bf(L > 0.0f ? A / L : 0.0f);
-        } else if (tagged) {
-            uint64_t *pw = tw + (size_t)r * (D + 2);
-            if (d == 0) st_tagged(pw, a.tag, M), st_tagged(pw + 1, a.tag, L);
-            st_tagged(pw + 2 + d, a.tag, A);
         } else {
-            float *pp = pf + r * prow;
+            float *pp = a.part + (((size_t)(wi.part + r) * KVH + g) * CUDA_ATTN_MAXSPLIT + wi.split) * (D + 2);
             if (d == 0) pp[0] = M, pp[1] = L;
             pp[2 + d] = A;
         }
     }
     if (!split) return;
-    uint16_t *out = a.out + ((size_t)t * a.H + g * grp) * D;
-    __shared__ float Sw[GM][CUDA_ATTN_MAXSPLIT], Sl[GM][CUDA_ATTN_MAXSPLIT], Sinv[GM];
-    if (tagged) {
-        if (!last) return;
-        /* this token's items are consecutive, split 0 first */
-        const size_t ks = (size_t)KVH * grp * (D + 2);
-        dec_merge<D, GM, true>({NULL, tw - (size_t)wi.split * ks, D + 2, ks, a.tag}, wi.nsplit, grp, out, Sw, Sl, Sinv);
-        if (threadIdx.x == 0) atomicSub(&a.cnt[t * KVH + g], wi.nsplit); /* every split took one: back to 0 */
-        return;
-    }
     /* the ticket: the block's partials are ordered before it by the barrier
      * and thread 0's fence, and the last block's thread 0 fences again
      * before its barrier (the pattern of cooperative groups' grid sync) */
@@ -939,7 +796,37 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
     }
     __syncthreads();
     if (!last) return;
-    dec_merge<D, GM, false>({pf - (size_t)wi.split * (D + 2), NULL, prow, D + 2, 0}, wi.nsplit, grp, out, Sw, Sl, Sinv);
+    /* the merge: every split's (max, sum) in one round of loads, the weights
+     * per row, then each output's accumulators (independent loads) */
+    __shared__ float Sw[GM][CUDA_ATTN_MAXSPLIT], Sl[GM][CUDA_ATTN_MAXSPLIT], Sinv[GM];
+    int ns = wi.nsplit;
+    const float *pbase = a.part + ((size_t)wi.part * KVH + g) * CUDA_ATTN_MAXSPLIT * (D + 2);
+    const size_t prow = (size_t)KVH * CUDA_ATTN_MAXSPLIT * (D + 2); /* from one part row to the next */
+    for (int i = threadIdx.x; i < grp * ns; i += blockDim.x) {
+        int r = i / ns, k = i % ns;
+        Sw[r][k] = __ldcg(pbase + r * prow + k * (D + 2));
+        Sl[r][k] = __ldcg(pbase + r * prow + k * (D + 2) + 1);
+    }
+    __syncthreads();
+    if (threadIdx.x < grp) {
+        int r = threadIdx.x;
+        float M = -INFINITY, L = 0.0f;
+        for (int k = 0; k < ns; k++) M = fmaxf(M, Sw[r][k]);
+        for (int k = 0; k < ns; k++) {
+            float e = Sw[r][k] == -INFINITY ? 0.0f : exp2f(Sw[r][k] - M);
+            Sw[r][k] = e, L += Sl[r][k] * e;
+        }
+        Sinv[r] = L > 0.0f ? 1.0f / L : 0.0f;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < grp * D; i += blockDim.x) {
+        int r = i / D, d = i % D;
+        const float *pp = pbase + r * prow + 2 + d;
+        float A = 0.0f;
+#pragma unroll 8
+        for (int k = 0; k < ns; k++) A += __ldcg(pp + k * (D + 2)) * Sw[r][k];
+        a.out[((size_t)t * a.H + g * grp + r) * D + d] = f2bf(A * Sinv[r]);
+    }
     if (threadIdx.x == 0) a.cnt[t * KVH + g] = 0;
 }
 

@@ -161,8 +161,6 @@ struct rank {
     float *part;                    /* attention split partials */
     int32_t *cnt;                   /* [max_tokens][KVH] the decode attention's split tickets (zero at rest) */
     uint32_t *hw;                   /* [F] cuda_gemv_mlp's tagged h (one token) */
-    uint64_t *tpart;                /* [tag_items][KVH][grp][D + 2] the decode attention's tagged split
-                                       partials (zero at start), or NULL */
     uint8_t *din;                   /* device mirror of the backend's hin */
     cudaGraphExec_t gexec[NBUCKET];
 
@@ -228,9 +226,6 @@ struct cuda_backend {
                                        (128; a multiple of 32) */
     int dec_attn;                   /* decode-only steps of up to this many tokens take the decode attention
                                        kernel (SLUICE_CUDA_ATTN_DEC=N; 0: the SIMT kernel and its combine) */
-    int tag_items;                  /* the decode kernel's splits merge through tagged words (args.tpart) for
-                                       items below this (those above are not split); 0: through the tickets
-                                       (SLUICE_CUDA_DEC_TAGS=0, or one layer: its tags would repeat) */
     int long_keys;                  /* long_splits' tiles: from this many keys (LONG_SPLIT_KEYS;
                                        SLUICE_CUDA_LONG_SPLIT_KEYS for tests, 0: never split) */
     int bucket[NBUCKET], n_bucket;
@@ -554,11 +549,6 @@ static int rank_init(struct rank *k, char *err, size_t errlen)
         goto fail;
     CK(cudaMemset(k->cnt, 0, T * k->KVH * 4));
     CK(cudaMemset(k->hw, 0, Fl * sizeof *k->hw));
-    size_t tpn = (size_t)b->tag_items * k->KVH * (c->n_head / c->n_head_kv) * (D + 2);
-    if (tpn) {
-        if (dmalloc((void **)&k->tpart, tpn * sizeof *k->tpart, err, errlen)) goto fail;
-        CK(cudaMemset(k->tpart, 0, tpn * sizeof *k->tpart));
-    }
     if (N > 1 && (dmalloc((void **)&k->deltaf, T * E * 4, err, errlen) ||
                   dmalloc((void **)&k->amp_all, (size_t)N * S * sizeof *k->amp_all, err, errlen)))
         goto fail;
@@ -720,10 +710,6 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     CK(cudaSetDevice(0));
     CK(cudaGetDeviceProperties(&prop, 0));
     b->n_sm = prop.multiProcessorCount;
-    /* a decode step splits only while its tokens x KV heads < 2 x SMs, and
-     * then into at most 2 x SMs / that many parts: fewer than 4 x SMs items */
-    fe = getenv("SLUICE_CUDA_DEC_TAGS");
-    b->tag_items = c->n_layer >= 2 && !(fe && strcmp(fe, "0") == 0) ? 4 * b->n_sm : 0;
     if (N > 1) {
         ncclComm_t comms[MAX_TP];
         int devs[MAX_TP];
@@ -1117,7 +1103,6 @@ static size_t pack_step(struct cuda_backend *b, const struct step *s, int Tp, in
                 if (ns > want) ns = want;
                 if (ns > CUDA_ATTN_MAXSPLIT) ns = CUDA_ATTN_MAXSPLIT;
                 if (part + nq * grp > b->part_rows) ns = 1;
-                if (dk && b->tag_items && n + ns > b->tag_items) ns = 1; /* k->tpart's items */
                 if (ns < 1) ns = 1;
             }
             int kr = kround;
@@ -1263,8 +1248,7 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
             .block_size = b->block_size, .scale = 1.0f / sqrtf((float)D), .part = k->part,
             .pstride = decode ? 0 : b->job.pstride,
             .tok_part = DIN(k, tok_part, int32_t), .tok_nsplit = DIN(k, tok_nsplit, int32_t), .T = T, .out = k->att,
-            .cnt = dk ? k->cnt : NULL, .tpart = dk ? k->tpart : NULL, .tag = (uint32_t)l + 1,
-            .rope = dk ? ra : (struct cuda_rope_args){0},
+            .cnt = dk ? k->cnt : NULL, .rope = dk ? ra : (struct cuda_rope_args){0},
         };
         if (!(ab & ABL_ATTN)) CK(cuda_attention(&aa, st));
         if (fz) {
@@ -1311,15 +1295,11 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
     }
     return 0;
 fail:
-    /* a step cut short may leave the tagged h and split partials with a
-     * tag the next step's first layers use again (cuda_gemv_mlp, the
-     * decode attention): clear them (a captured step ran nothing) */
-    if (cudaStreamIsCapturing(st, &cs) == cudaSuccess && cs == cudaStreamCaptureStatusNone) {
+    /* a step cut short may leave the tagged h with a tag the next step's
+     * first layers use again (cuda_gemv_mlp): clear it (a captured step
+     * ran nothing) */
+    if (cudaStreamIsCapturing(st, &cs) == cudaSuccess && cs == cudaStreamCaptureStatusNone)
         cudaMemsetAsync(k->hw, 0, (size_t)k->F * sizeof *k->hw, st);
-        if (k->tpart)
-            cudaMemsetAsync(k->tpart, 0,
-                            (size_t)b->tag_items * k->KVH * (c->n_head / c->n_head_kv) * (c->head_dim + 2) * 8, st);
-    }
     return SL_EDEVICE;
 }
 
@@ -1639,7 +1619,7 @@ static void rank_free(struct rank *k, const struct model_config *c)
     cudaFree(k->deltaf), cudaFree(k->gu), cudaFree(k->h), cudaFree(k->hfin), cudaFree(k->logits);
     cudaFree(k->amp), cudaFree(k->amp_all), cudaFree(k->tok), cudaFree(k->lp), cudaFree(k->sout), cudaFree(k->part);
     cudaFree(k->cnt), cudaFree(k->pbuf[0]), cudaFree(k->pbuf[1]), cudaFree(k->pbuf[2]), cudaFree(k->pflags);
-    cudaFree(k->pepoch), cudaFree(k->hw), cudaFree(k->tpart);
+    cudaFree(k->pepoch), cudaFree(k->hw);
     cudaFree(k->din), cudaFree(k->blas_ws);
     if (k->blas) cublasDestroy(k->blas);
     if (k->comm) ncclCommDestroy(k->comm);

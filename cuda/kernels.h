@@ -104,14 +104,6 @@ struct cuda_attn_args {
     int32_t *cnt;               /* [T][KVH] split tickets, all 0 between launches (the decode kernel leaves them
                                  * 0), or NULL: with it, decode-only steps (max_rows == H / KVH and
                                  * cuda_attention_dec_ok) take the decode kernel, which merges its own splits */
-    uint64_t *tpart;            /* decode kernel only, or NULL: split partials as tagged words, [items][KVH][grp]
-                                 * [D + 2] (item n's at n * KVH * grp * (D + 2)), merged by the first of a
-                                 * token's splits as their words arrive (no fence, no ticket at the end; the
-                                 * split tickets pick the merging block). A word is tag << 32 | the f32's
-                                 * bits: a word from an earlier launch must not carry this launch's tag (the
-                                 * backend tags each layer's launch l + 1, so the words a launch finds are
-                                 * the previous layer's, or the last layer's of an earlier step). */
-    uint32_t tag;               /* with tpart: this launch's tag, not 0 */
     struct cuda_rope_args rope; /* decode kernel only: with rope.qkv set, the kernel does cuda_rope_kv's work
                                  * for its tokens (q from rope.qkv, not q; each token's K and V written to its
                                  * slot by the split that holds its position), so cuda_rope_kv is not run */

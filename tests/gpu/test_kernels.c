@@ -685,32 +685,6 @@ static struct cuda_attn_item *items_dev(const struct cuda_attn_item *it, int n, 
     return d;
 }
 static bool g_dec; /* give attn_run's args split tickets: decode-only steps take the decode kernel */
-
-/* The decode kernel's splits merged through tagged words (args.tpart) must
- * give what the ticket merge gave (out, n outputs), bit for bit: the words
- * first hold NaN under the previous tag, then a second launch (the next
- * tag) finds the first one's words */
-static void tagged_run(const char *name, struct cuda_attn_args *a, size_t n, const uint16_t *out)
-{
-    size_t nw = (size_t)a->max_items * a->KVH * (a->H / a->KVH) * (a->D + 2);
-    uint64_t *w = malloc(nw * 8);
-    for (size_t i = 0; i < nw; i++) w[i] = (uint64_t)4 << 32 | 0x7fc00000u;
-    struct cuda_attn_args b = *a;
-    b.tpart = dup_dev(w, nw * 8);
-    uint16_t *o = malloc(n * 2);
-    for (uint32_t tag = 5; tag <= 6; tag++) {
-        b.tag = tag;
-        cudaMemset(b.out, 0xff, n * 2);
-        cudaError_t e = cuda_attention(&b, 0);
-        if (e == cudaSuccess) e = cudaDeviceSynchronize();
-        CHECKF(e == cudaSuccess, "%s, tagged: %s", name, cudaGetErrorString(e));
-        get(o, b.out, n * 2);
-        size_t bad = 0;
-        for (size_t i = 0; i < n; i++) bad += o[i] != out[i];
-        CHECKF(!bad, "%s, tagged (tag %u): %zu of %zu outputs differ from the ticket merge", name, tag, bad, n);
-    }
-    free(w), free(o), cudaFree(b.tpart);
-}
 static int g_kround = 32; /* attn_run: split points on multiples of this many keys */
 static bool g_pstride; /* attn_run: partials strided by nsplit (the buffer sized to it), not MAXSPLIT */
 
@@ -801,7 +775,6 @@ static double attn_run(const char *name, int H, int KVH, int D, int bs, const st
     CHECKF(e == cudaSuccess, "%s: %s", name, cudaGetErrorString(e));
     uint16_t *out = malloc((size_t)T * H * D * 2);
     get(out, a.out, (size_t)T * H * D * 2);
-    if (a.cnt && e == cudaSuccess) tagged_run(name, &a, T * H * D, out);
     if (a.cnt) {
         /* the last split of each token resets its ticket for the next launch */
         int32_t *cnt = malloc((size_t)T * KVH * 4), bad = 0;
@@ -1009,8 +982,8 @@ static void rope_fold_case(const char *name, int H, int KVH, int D, int bs, int 
         .pos = dup_dev(pos, T * 4), .slots = dup_dev(slots, T * 8), .T = T, .H = H, .KVH = KVH, .D = D,
         .rope_dim = rope_dim, .neox = neox, .eps = 1e-6f, .q = poisoned((size_t)T * H * D * 2), .kv8 = g_kv8,
     };
-    uint16_t *out[3];
-    void *kv[3][2];
+    uint16_t *out[2];
+    void *kv[2][2];
     struct cuda_attn_args a = {
         .q = ra.q, .pos = ra.pos, .bt = dup_dev(bt, nb * 4), .items = items_dev(items, nitems, nitems + 3),
         .n_items = dup_dev(&nitems, 4), .max_items = nitems + 3,
@@ -1020,11 +993,7 @@ static void rope_fold_case(const char *name, int H, int KVH, int D, int bs, int 
     };
     CHECK(cudaMalloc((void **)&a.cnt, (size_t)T * KVH * 4) == cudaSuccess);
     cudaMemset(a.cnt, 0, (size_t)T * KVH * 4);
-    /* f 2: folded, the splits merged through tagged words */
-    size_t ntw = (size_t)(nitems + 3) * KVH * grp * (D + 2);
-    uint64_t *tw = dup_dev(NULL, ntw * 8);
-    cudaMemset(tw, 0, ntw * 8);
-    for (int f = 0; f < 3; f++) {
+    for (int f = 0; f < 2; f++) {
         kv[f][0] = dup_dev(kc, nkv * kvs()), kv[f][1] = dup_dev(vc, nkv * kvs());
         out[f] = poisoned((size_t)T * H * D * 2);
         struct cuda_rope_args r = ra;
@@ -1035,16 +1004,13 @@ static void rope_fold_case(const char *name, int H, int KVH, int D, int bs, int 
             CHECK(cuda_rope_kv(&r, 0) == cudaSuccess);
         else
             b.rope = r;
-        if (f == 2) b.tpart = tw, b.tag = 1;
         CHECK(cuda_attention(&b, 0) == cudaSuccess);
     }
     CHECK(cudaDeviceSynchronize() == cudaSuccess);
     size_t no = (size_t)T * H * D;
     uint16_t *o0 = malloc(no * 2), *o1 = malloc(no * 2);
     void *k0 = malloc(nkv * kvs()), *k1 = malloc(nkv * kvs());
-    get(o0, out[0], no * 2), get(o1, out[2], no * 2);
-    CHECKF(!memcmp(o0, o1, no * 2), "%s: with tagged partials the output differs from rope_kv + attention", name);
-    get(o1, out[1], no * 2);
+    get(o0, out[0], no * 2), get(o1, out[1], no * 2);
     int nan = 0;
     for (size_t i = 0; i < no; i++) nan += (o0[i] & 0x7f80) == 0x7f80;
     CHECKF(!nan, "%s: %d outputs not finite", name, nan);
@@ -1062,8 +1028,8 @@ static void rope_fold_case(const char *name, int H, int KVH, int D, int bs, int 
     cudaFree((void *)ra.cos), cudaFree((void *)ra.sin), cudaFree((void *)ra.pos), cudaFree((void *)ra.slots);
     cudaFree(ra.q), cudaFree((void *)a.bt), cudaFree((void *)a.items);
     cudaFree((void *)a.n_items), cudaFree(a.part), cudaFree((void *)a.tok_part), cudaFree((void *)a.tok_nsplit);
-    cudaFree(a.cnt), cudaFree(tw);
-    for (int f = 0; f < 3; f++) cudaFree(out[f]), cudaFree(kv[f][0]), cudaFree(kv[f][1]);
+    cudaFree(a.cnt);
+    for (int f = 0; f < 2; f++) cudaFree(out[f]), cudaFree(kv[f][0]), cudaFree(kv[f][1]);
 }
 
 static void rope_fold_cases(void)
