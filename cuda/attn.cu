@@ -532,7 +532,7 @@ static __device__ __forceinline__ void dec_load_kv(const struct cuda_attn_args &
 }
 
 template <int D, int GM, bool TC, bool KV8>
-static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cuda_attn_args a)
+static __device__ __forceinline__ void attn_dec_body(const struct cuda_attn_args &a)
 {
     static_assert(TC || !KV8, "the fp8 KV cache takes the tensor-core math");
     constexpr int DPL = D / 32, NC = D / 8, DP = D + 8;
@@ -830,6 +830,33 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
     if (threadIdx.x == 0) a.cnt[t * KVH + g] = 0;
 }
 
+template <int D, int GM, bool TC, bool KV8>
+static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cuda_attn_args a)
+{
+    attn_dec_body<D, GM, TC, KV8>(a);
+}
+/* The same held to 3 blocks an SM (at most 168 registers; the plain build
+ * takes ~171 at D 128 on the tensor cores, so 2 blocks an SM). For steps of
+ * more blocks than fit 2 an SM (a.dec_wide): decode at 1K context, batch 8
+ * 1564-1565 -> 1611-1617 tok/s, batch 4 830-832 -> 840-842; but batch 1
+ * 231.7-233.0 -> 229.9-230.0 (BENCHMARKS.md, twenty-fourth round) */
+template <int D, int GM, bool TC, bool KV8>
+static __global__ void __launch_bounds__(32 * DEC_NW, 3) attn_dec_kernel3(struct cuda_attn_args a)
+{
+    attn_dec_body<D, GM, TC, KV8>(a);
+}
+
+/* The kernel for args a: GM 4 or 8 and, for a.dec_wide at D 128 on the
+ * tensor cores, the build held to 3 blocks an SM */
+template <int D, bool TC, bool KV8>
+static void (*dec_kernel_for(const struct cuda_attn_args *a))(struct cuda_attn_args)
+{
+    bool g4 = a->H / a->KVH <= 4;
+    if constexpr (TC && D == 128)
+        if (a->dec_wide) return g4 ? attn_dec_kernel3<D, 4, TC, KV8> : attn_dec_kernel3<D, 8, TC, KV8>;
+    return g4 ? attn_dec_kernel<D, 4, TC, KV8> : attn_dec_kernel<D, 8, TC, KV8>;
+}
+
 template <int D, bool TC, bool KV8>
 static cudaError_t launch_dec(const struct cuda_attn_args *a, cudaStream_t st)
 {
@@ -847,8 +874,7 @@ static cudaError_t launch_dec(const struct cuda_attn_args *a, cudaStream_t st)
         const char *e = getenv("SLUICE_CUDA_ATTN_PDL");
         return !(e && strcmp(e, "0") == 0);
     }();
-    return pdl_launch_as(early, g4 ? attn_dec_kernel<D, 4, TC, KV8> : attn_dec_kernel<D, 8, TC, KV8>, grid, blk, sm, st,
-                         *a);
+    return pdl_launch_as(early, dec_kernel_for<D, TC, KV8>(a), grid, blk, sm, st, *a);
 }
 
 /* ---- tensor-core kernel (prefill tiles) -------------------------------------- */
@@ -1022,7 +1048,12 @@ static cudaError_t set_smem_tc(cudaError_t e)
     e = smem_limit(attn_tc_kernel<D, 4, KV8>, tc_smem<D>(), e);
     e = smem_limit(attn_tc_kernel<D, 8, KV8>, tc_smem<D>(), e);
     e = smem_limit(attn_dec_kernel<D, 4, true, KV8>, (int)dec_tc_smem<D, 4, KV8>(), e);
-    return smem_limit(attn_dec_kernel<D, 8, true, KV8>, (int)dec_tc_smem<D, 8, KV8>(), e);
+    e = smem_limit(attn_dec_kernel<D, 8, true, KV8>, (int)dec_tc_smem<D, 8, KV8>(), e);
+    if constexpr (D == 128) {
+        e = smem_limit(attn_dec_kernel3<D, 4, true, KV8>, (int)dec_tc_smem<D, 4, KV8>(), e);
+        e = smem_limit(attn_dec_kernel3<D, 8, true, KV8>, (int)dec_tc_smem<D, 8, KV8>(), e);
+    }
+    return e;
 }
 
 template <int DPL>

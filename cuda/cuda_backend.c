@@ -226,6 +226,8 @@ struct cuda_backend {
                                        (128; a multiple of 32) */
     int dec_attn;                   /* decode-only steps of up to this many tokens take the decode attention
                                        kernel (SLUICE_CUDA_ATTN_DEC=N; 0: the SIMT kernel and its combine) */
+    int dec_wide_t;                 /* decode steps of at least this many tokens (padded) take its build at 3
+                                       blocks an SM (args.dec_wide): SLUICE_CUDA_DEC_WIDE_T=N (4; 0: never) */
     int long_keys;                  /* long_splits' tiles: from this many keys (LONG_SPLIT_KEYS;
                                        SLUICE_CUDA_LONG_SPLIT_KEYS for tests, 0: never split) */
     int bucket[NBUCKET], n_bucket;
@@ -686,6 +688,8 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     b->dec_kmin = ge && atoi(ge) >= 32 ? atoi(ge) / 32 * 32 : 128;
     ge = getenv("SLUICE_CUDA_ATTN_DEC");
     b->dec_attn = ge && *ge ? atoi(ge) : CUDA_DEC_ATTN_MAX_T;
+    ge = getenv("SLUICE_CUDA_DEC_WIDE_T");
+    b->dec_wide_t = ge && *ge ? atoi(ge) : 4;
     ge = getenv("SLUICE_CUDA_LONG_SPLIT_KEYS");
     b->long_keys = ge && *ge ? atoi(ge) : LONG_SPLIT_KEYS;
     ge = getenv("SLUICE_CUDA_ATTN_TC");
@@ -1248,7 +1252,8 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
             .block_size = b->block_size, .scale = 1.0f / sqrtf((float)D), .part = k->part,
             .pstride = decode ? 0 : b->job.pstride,
             .tok_part = DIN(k, tok_part, int32_t), .tok_nsplit = DIN(k, tok_nsplit, int32_t), .T = T, .out = k->att,
-            .cnt = dk ? k->cnt : NULL, .rope = dk ? ra : (struct cuda_rope_args){0},
+            .cnt = dk ? k->cnt : NULL, .dec_wide = b->dec_wide_t > 0 && T >= b->dec_wide_t,
+            .rope = dk ? ra : (struct cuda_rope_args){0},
         };
         if (!(ab & ABL_ATTN)) CK(cuda_attention(&aa, st));
         if (fz) {

@@ -104,6 +104,9 @@ struct cuda_attn_args {
     int32_t *cnt;               /* [T][KVH] split tickets, all 0 between launches (the decode kernel leaves them
                                  * 0), or NULL: with it, decode-only steps (max_rows == H / KVH and
                                  * cuda_attention_dec_ok) take the decode kernel, which merges its own splits */
+    bool dec_wide;              /* decode kernel at head_dim 128 on the tensor cores: the build held to 3
+                                 * blocks an SM (fewer registers; for steps of more blocks than 2 an SM:
+                                 * see attn.cu) */
     struct cuda_rope_args rope; /* decode kernel only: with rope.qkv set, the kernel does cuda_rope_kv's work
                                  * for its tokens (q from rope.qkv, not q; each token's K and V written to its
                                  * slot by the split that holds its position), so cuda_rope_kv is not run */
