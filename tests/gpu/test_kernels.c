@@ -685,6 +685,7 @@ static struct cuda_attn_item *items_dev(const struct cuda_attn_item *it, int n, 
     return d;
 }
 static bool g_dec; /* give attn_run's args split tickets: decode-only steps take the decode kernel */
+static bool g_wide; /* rope_fold_case: args.dec_wide */
 static int g_kround = 32; /* attn_run: split points on multiples of this many keys */
 static bool g_pstride; /* attn_run: partials strided by nsplit (the buffer sized to it), not MAXSPLIT */
 
@@ -1014,7 +1015,7 @@ static void rope_fold_case(const char *name, int H, int KVH, int D, int bs, int 
         struct cuda_rope_args r = ra;
         r.kc = kv[f][0], r.vc = kv[f][1];
         struct cuda_attn_args b = a;
-        b.kc = kv[f][0], b.vc = kv[f][1], b.out = out[f];
+        b.kc = kv[f][0], b.vc = kv[f][1], b.out = out[f], b.dec_wide = g_wide;
         if (f == 0)
             CHECK(cuda_rope_kv(&r, 0) == cudaSuccess);
         else
@@ -1062,7 +1063,14 @@ static void rope_fold_cases(void)
     CHECK(cuda_attention(&bad, 0) == cudaErrorInvalidValue);
 }
 
-static void test_attention_rope_fold(void) { both_decode_maths(rope_fold_cases); }
+static void test_attention_rope_fold(void)
+{
+    both_decode_maths(rope_fold_cases);
+    g_wide = true; /* the decode kernel's build at 3 blocks an SM */
+    printf("  decode kernel at 3 blocks an SM (dec_wide)\n");
+    rope_fold_cases();
+    g_wide = false;
+}
 
 /* The tensor-core kernel on prefill-shaped steps: whole prompts, chunks over
  * a cached prefix (a chunk starting at a non-zero position), odd lengths,
