@@ -836,10 +836,11 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
     attn_dec_body<D, GM, TC, KV8>(a);
 }
 /* The same held to 3 blocks an SM (at most 168 registers; the plain build
- * takes ~171 at D 128 on the tensor cores, so 2 blocks an SM). For steps of
- * more blocks than fit 2 an SM (a.dec_wide): decode at 1K context, batch 8
- * 1564-1565 -> 1611-1617 tok/s, batch 4 830-832 -> 840-842; but batch 1
- * 231.7-233.0 -> 229.9-230.0 (BENCHMARKS.md, twenty-fourth round) */
+ * takes 169-171 at D 128 with the bf16 cache, so 2 blocks an SM, and runs
+ * each block faster). For steps of more blocks than fit 2 an SM
+ * (a.dec_wide): decode at 1K context, batch 4 / 8 / 16 / 256 +1.3 / +3.3 /
+ * +4.1 / +11.6%; but batch 1 -1.3% and batch 2 -0.7% (BENCHMARKS.md,
+ * twenty-fourth round) */
 template <int D, int GM, bool TC, bool KV8>
 static __global__ void __launch_bounds__(32 * DEC_NW, 3) attn_dec_kernel3(struct cuda_attn_args a)
 {

@@ -1252,6 +1252,9 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
             .block_size = b->block_size, .scale = 1.0f / sqrtf((float)D), .part = k->part,
             .pstride = decode ? 0 : b->job.pstride,
             .tok_part = DIN(k, tok_part, int32_t), .tok_nsplit = DIN(k, tok_nsplit, int32_t), .T = T, .out = k->att,
+            /* pack_step splits a decode step's items until they fill ~2 blocks
+             * an SM, so from 4 tokens at 1K context its blocks outnumber what
+             * 2 an SM hold: there the decode kernel's 3-blocks-an-SM build */
             .cnt = dk ? k->cnt : NULL, .dec_wide = b->dec_wide_t > 0 && T >= b->dec_wide_t,
             .rope = dk ? ra : (struct cuda_rope_args){0},
         };
