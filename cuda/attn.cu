@@ -847,17 +847,6 @@ static __global__ void __launch_bounds__(32 * DEC_NW, 3) attn_dec_kernel3(struct
     attn_dec_body<D, GM, TC, KV8>(a);
 }
 
-template <int D, int GM, bool TC, bool KV8>
-static __global__ void __launch_bounds__(32 * DEC_NW, 1) attn_dec_kernel1(struct cuda_attn_args a)
-{
-    attn_dec_body<D, GM, TC, KV8>(a);
-}
-template <int D, int GM, bool TC, bool KV8>
-static __global__ void __launch_bounds__(32 * DEC_NW, 2) attn_dec_kernel2(struct cuda_attn_args a)
-{
-    attn_dec_body<D, GM, TC, KV8>(a);
-}
-
 /* The kernel for args a: GM 4 or 8 and, for a.dec_wide at D 128 on the
  * tensor cores, the build held to 3 blocks an SM */
 template <int D, bool TC, bool KV8>
@@ -866,14 +855,6 @@ static void (*dec_kernel_for(const struct cuda_attn_args *a))(struct cuda_attn_a
     bool g4 = a->H / a->KVH <= 4;
     if constexpr (TC && D == 128)
         if (a->dec_wide) return g4 ? attn_dec_kernel3<D, 4, TC, KV8> : attn_dec_kernel3<D, 8, TC, KV8>;
-    static const int lb = [] {
-        const char *e = getenv("SLUICE_CUDA_DEC_LB");
-        return e ? atoi(e) : 0;
-    }();
-    if constexpr (TC && D == 128) {
-        if (lb == 1) return g4 ? attn_dec_kernel1<D, 4, TC, KV8> : attn_dec_kernel1<D, 8, TC, KV8>;
-        if (lb == 2) return g4 ? attn_dec_kernel2<D, 4, TC, KV8> : attn_dec_kernel2<D, 8, TC, KV8>;
-    }
     return g4 ? attn_dec_kernel<D, 4, TC, KV8> : attn_dec_kernel<D, 8, TC, KV8>;
 }
 
@@ -1072,10 +1053,6 @@ static cudaError_t set_smem_tc(cudaError_t e)
     if constexpr (D == 128) {
         e = smem_limit(attn_dec_kernel3<D, 4, true, KV8>, (int)dec_tc_smem<D, 4, KV8>(), e);
         e = smem_limit(attn_dec_kernel3<D, 8, true, KV8>, (int)dec_tc_smem<D, 8, KV8>(), e);
-        e = smem_limit(attn_dec_kernel1<D, 4, true, KV8>, (int)dec_tc_smem<D, 4, KV8>(), e);
-        e = smem_limit(attn_dec_kernel1<D, 8, true, KV8>, (int)dec_tc_smem<D, 8, KV8>(), e);
-        e = smem_limit(attn_dec_kernel2<D, 4, true, KV8>, (int)dec_tc_smem<D, 4, KV8>(), e);
-        e = smem_limit(attn_dec_kernel2<D, 8, true, KV8>, (int)dec_tc_smem<D, 8, KV8>(), e);
     }
     return e;
 }
