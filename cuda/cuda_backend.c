@@ -227,7 +227,8 @@ struct cuda_backend {
     int dec_attn;                   /* decode-only steps of up to this many tokens take the decode attention
                                        kernel (SLUICE_CUDA_ATTN_DEC=N; 0: the SIMT kernel and its combine) */
     int dec_wide_t;                 /* decode steps of at least this many tokens (padded) take its build at 3
-                                       blocks an SM (args.dec_wide): SLUICE_CUDA_DEC_WIDE_T=N (4; 0: never) */
+                                       blocks an SM (args.dec_wide): SLUICE_CUDA_DEC_WIDE_T=N (0: never); -1:
+                                       those of 32 or more token x KV head pairs a GPU (4 tokens at 8) */
     int long_keys;                  /* long_splits' tiles: from this many keys (LONG_SPLIT_KEYS;
                                        SLUICE_CUDA_LONG_SPLIT_KEYS for tests, 0: never split) */
     int bucket[NBUCKET], n_bucket;
@@ -689,7 +690,7 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     ge = getenv("SLUICE_CUDA_ATTN_DEC");
     b->dec_attn = ge && *ge ? atoi(ge) : CUDA_DEC_ATTN_MAX_T;
     ge = getenv("SLUICE_CUDA_DEC_WIDE_T");
-    b->dec_wide_t = ge && *ge ? atoi(ge) : 4;
+    b->dec_wide_t = ge && *ge ? atoi(ge) : -1;
     ge = getenv("SLUICE_CUDA_LONG_SPLIT_KEYS");
     b->long_keys = ge && *ge ? atoi(ge) : LONG_SPLIT_KEYS;
     ge = getenv("SLUICE_CUDA_ATTN_TC");
@@ -1253,9 +1254,11 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
             .pstride = decode ? 0 : b->job.pstride,
             .tok_part = DIN(k, tok_part, int32_t), .tok_nsplit = DIN(k, tok_nsplit, int32_t), .T = T, .out = k->att,
             /* pack_step splits a decode step's items until they fill ~2 blocks
-             * an SM, so from 4 tokens at 1K context its blocks outnumber what
-             * 2 an SM hold: there the decode kernel's 3-blocks-an-SM build */
-            .cnt = dk ? k->cnt : NULL, .dec_wide = b->dec_wide_t > 0 && T >= b->dec_wide_t,
+             * an SM, so from 32 token x KV head pairs (4 tokens of Llama-8B on
+             * one GPU) at 1K context its blocks outnumber what 2 an SM hold:
+             * there the decode kernel's 3-blocks-an-SM build */
+            .cnt = dk ? k->cnt : NULL,
+            .dec_wide = b->dec_wide_t < 0 ? T * KVH >= 32 : b->dec_wide_t > 0 && T >= b->dec_wide_t,
             .rope = dk ? ra : (struct cuda_rope_args){0},
         };
         if (!(ab & ABL_ATTN)) CK(cuda_attention(&aa, st));
