@@ -90,7 +90,6 @@
 #include "cuda/kernels.h"
 #include "cuda/norm.cuh"
 #include "cuda/pdl.cuh"
-#include "cuda/tile.cuh"
 
 #define BT 256 /* threads of the block kernel */
 #define GEMV_WARPS 8
@@ -128,7 +127,6 @@ struct gemv_params {
     int ngroups;       /* groups of RB rows (RB/2 gate/up pairs for EPI_SWIGLU) */
     uint32_t *hw;      /* cuda_gemv_mlp (TAGGED kernels): [F] h as tag << 16 | bf16 */
     uint32_t tag;      /* this call's tag (1 ... 65535) */
-    int nwsm;          /* NORM: nw staged in shared memory after xs (norm_stage) */
 };
 
 /* Output o of a GEMV from its sum a (and, for EPI_SWIGLU, the up row's sum
@@ -144,19 +142,6 @@ static __device__ __forceinline__ void gemv_store(const gemv_params &p, size_t o
 
 static __host__ __device__ constexpr int pow2ceil(int n) { return n <= 1 ? 1 : 2 * pow2ceil((n + 1) / 2); }
 static __host__ __device__ constexpr int log2i(int n) { return n <= 1 ? 0 : 1 + log2i(n / 2); }
-
-/* NORM with p.nwsm: the norm weights ([in] f32) into shared memory after
- * xs ([NT][in] bf16), requested before pdl_wait (they are weights, no
- * kernel of the step writes them), so norm_rows' second pass reads them
- * there and not in four L2 round trips */
-template <int NT>
-static __device__ __forceinline__ void norm_stage(const gemv_params &p, uint4 *xs4)
-{
-    if (!p.nwsm || threadIdx.x >= BT) return;
-    float *dst = (float *)((uint16_t *)xs4 + (size_t)NT * p.in);
-    for (int i = threadIdx.x * 4; i < p.in; i += BT * 4) cp_async16(smem_u32(dst + i), p.nw + i, true);
-    cp_async_commit();
-}
 
 /* The rows of x through cuda_add_rmsnorm's arithmetic (norm.cuh) into xs
  * [NT][in] bf16 (shared memory), by the first 256 threads of the block (the
@@ -187,14 +172,11 @@ static __device__ __forceinline__ void norm_rows(const gemv_params &p, uint16_t 
                 if (lane == 0 && warp + 8 * k < nvw) nsh[warp + 8 * k] = s;
             }
         }
-        if (t == 0 && p.nwsm) cp_async_wait<0>(); /* norm_stage's weights, shared by the barrier */
         __syncthreads();
         if (act) {
             float inv = rms_inv(warp_sum(lane < nvw ? nsh[lane] : 0.0f), p.in, p.eps);
-            const float *nws = (const float *)(xs + (size_t)NT * p.in);
 #pragma unroll 4
-            for (int i = tid; i < p.in; i += BT)
-                xs[(size_t)t * p.in + i] = rms_out(p.nwsm ? nws[i] : p.nw[i], xr[i], inv);
+            for (int i = tid; i < p.in; i += BT) xs[(size_t)t * p.in + i] = rms_out(p.nw[i], xr[i], inv);
         }
         __syncthreads(); /* xs complete; nsh free for the next row */
     }
@@ -306,7 +288,6 @@ static __global__ void __launch_bounds__(32 * GEMV_WARPS, PAIR ? 3 : 1) gemv_war
     for (int r = 0; r < NR; r++) w[r] = (const uint4 *)(p.W + (size_t)(r * p.out + (live ? j : 0)) * p.in);
     wchunks<CH, NR> cur, nxt;
     if (live) cur.load(w, 0, lane, n4);
-    if (NORM) norm_stage<NT>(p, xs4);
     pdl_wait(); /* from here on, x may be read */
     if (NORM) norm_rows<NT>(p, (uint16_t *)xs4, nsh);
     if (!live) return;
@@ -383,7 +364,6 @@ static __global__ void __launch_bounds__(BT, 2) gemv_block_kernel(const gemv_par
         }
     };
     load();
-    if (NORM) norm_stage<NT>(p, xs4);
     pdl_wait(); /* from here on, x may be read */
 
     if (NORM) norm_rows<NT>(p, (uint16_t *)xs4, nsh);
@@ -537,7 +517,6 @@ static __global__ void __launch_bounds__(32 * MW, 1024 / (32 * MW)) gemv_mma_ker
     };
     mchunks<U, NR> cur, nxt;
     load(cur, 0);
-    if (NORM) norm_stage<NT>(p, xs4);
     if (!TAGGED) pdl_wait(); /* from here on, x may be read (TAGGED: each word once it carries the tag) */
     if (NORM) norm_rows<NT>(p, (uint16_t *)xs4, nsh);
     const uint4 *x4 = NORM ? xs4 : (const uint4 *)p.x;
@@ -612,7 +591,7 @@ static __global__ void __launch_bounds__(32 * MW, 1024 / (32 * MW)) gemv_mma_ker
 
 static struct gemv_state {
     int variant, nsm, ch;
-    bool pdl, pair, nwsm;
+    bool pdl, pair;
 } G;
 
 static int sm_major(void)
@@ -634,8 +613,6 @@ static const gemv_state &state(void)
         G.pdl = sm_major() >= 9 && !(d && strcmp(d, "0") == 0);
         const char *pr = getenv("SLUICE_GEMV_PAIR");
         G.pair = !(pr && strcmp(pr, "0") == 0);
-        const char *nw = getenv("SLUICE_GEMV_NWSM");
-        G.nwsm = !(nw && strcmp(nw, "0") == 0);
         return true;
     }();
     (void)once;
@@ -662,15 +639,11 @@ static cudaError_t launch_k(void (*k)(A...), int grid, int threads, size_t smem,
  * (SLUICE_GEMV_CH=4|8|16), 4 for longer ones */
 static int warp_ch(int in) { return in <= 4096 ? state().ch : 4; }
 
-/* a norm kernel's dynamic shared memory: xs, and the staged norm weights
- * when p.nwsm (norm_stage) */
-static size_t norm_smem(const gemv_params &p, int T) { return (size_t)T * p.in * 2 + (p.nwsm ? (size_t)p.in * 4 : 0); }
-
 template <int EPI, bool NORM, int CH>
 static cudaError_t launch_warp1(const gemv_params &p, int T, cudaStream_t st)
 {
     int grid = (p.out + GEMV_WARPS - 1) / GEMV_WARPS, th = 32 * GEMV_WARPS;
-    size_t smem = NORM ? norm_smem(p, T) : 0;
+    size_t smem = NORM ? (size_t)T * p.in * 2 : 0;
     /* the one-token norm GEMV (qkv) two rows a warp, 3 blocks an SM: its
      * 6144 rows (Llama-8B) in one wave instead of 1.45 (SLUICE_GEMV_PAIR) */
     if constexpr (EPI == EPI_BF16 && NORM && CH == 4)
@@ -716,7 +689,7 @@ template <int EPI, bool NORM>
 static cudaError_t launch_mma(const gemv_params &p, int T, cudaStream_t st)
 {
     int grid = (p.out + 15) / 16;
-    size_t smem = NORM ? norm_smem(p, T) : 0;
+    size_t smem = NORM ? (size_t)T * p.in * 2 : 0;
     switch (T) {
     case 1: return launch_mma_t<1, EPI, NORM>(p, grid, smem, st);
     case 2: return launch_mma_t<2, EPI, NORM>(p, grid, smem, st);
@@ -751,7 +724,7 @@ static cudaError_t launch_block1(gemv_params p, cudaStream_t st)
     int per = EPI == EPI_SWIGLU ? RB / 2 : RB;
     p.ngroups = (p.out + per - 1) / per;
     if (p.ngroups == 0) return cudaSuccess;
-    size_t smem = NORM ? norm_smem(p, NT) : 0;
+    size_t smem = NORM ? (size_t)NT * p.in * 2 : 0;
     int wave = occupancy<NT, RB, UK, EPI, NORM>(smem) * state().nsm, grid = p.ngroups;
     if ((state().variant == 2 || (state().variant == 3 && NT >= 2)) && grid > wave) grid = wave;
     if (NORM && grid > 4 * wave) grid = 4 * wave;
@@ -802,12 +775,9 @@ static bool use_mma(int T, int in)
  * use_warp, so that for the
  * same T and in all of them sum each output in the same order */
 template <int EPI, bool NORM>
-static cudaError_t launch(gemv_params p, int T, cudaStream_t st)
+static cudaError_t launch(const gemv_params &p, int T, cudaStream_t st)
 {
     if (p.out == 0) return cudaSuccess;
-    /* the norm weights staged in shared memory (SLUICE_GEMV_NWSM=0: read in the second pass) */
-    p.nwsm = NORM && state().nwsm && (uintptr_t)p.nw % 16 == 0 &&
-             (size_t)T * p.in * 2 + (size_t)p.in * 4 <= CUDA_GEMV_NORM_SMEM;
     if (use_mma(T, p.in)) return launch_mma<EPI, NORM>(p, T, st);
     return use_warp(T, p.in) ? launch_warp<EPI, NORM>(p, T, st) : launch_block<EPI, NORM>(p, T, st);
 }
@@ -816,7 +786,7 @@ extern "C" cudaError_t cuda_gemv(const uint16_t *W, const uint16_t *x, void *y, 
                                  cudaStream_t st)
 {
     if (bad_shape(W, x, T, in, out)) return cudaErrorInvalidValue;
-    gemv_params p = {W, x, NULL, NULL, 0.0f, y, in, out, 0, NULL, 0, 0};
+    gemv_params p = {W, x, NULL, NULL, 0.0f, y, in, out, 0, NULL, 0};
     return y_f32 ? launch<EPI_F32, false>(p, T, st) : launch<EPI_BF16, false>(p, T, st);
 }
 
@@ -824,7 +794,7 @@ extern "C" cudaError_t cuda_gemv_residual(const uint16_t *W, const uint16_t *x, 
                                           cudaStream_t st)
 {
     if (bad_shape(W, x, T, in, out)) return cudaErrorInvalidValue;
-    gemv_params p = {W, x, NULL, NULL, 0.0f, xres, in, out, 0, NULL, 0, 0};
+    gemv_params p = {W, x, NULL, NULL, 0.0f, xres, in, out, 0, NULL, 0};
     return launch<EPI_RESID, false>(p, T, st);
 }
 
@@ -832,7 +802,7 @@ extern "C" cudaError_t cuda_gemv_swiglu(const uint16_t *Wgu, const uint16_t *x, 
                                         cudaStream_t st)
 {
     if (bad_shape(Wgu, x, T, in, F)) return cudaErrorInvalidValue;
-    gemv_params p = {Wgu, x, NULL, NULL, 0.0f, h, in, F, 0, NULL, 0, 0};
+    gemv_params p = {Wgu, x, NULL, NULL, 0.0f, h, in, F, 0, NULL, 0};
     return launch<EPI_SWIGLU, false>(p, T, st);
 }
 
@@ -845,7 +815,7 @@ extern "C" cudaError_t cuda_gemv_rmsnorm(const uint16_t *W, const float *x, cons
                                          int T, int in, int out, cudaStream_t st)
 {
     if (bad_norm(W, x, T, in) || out < 0) return cudaErrorInvalidValue;
-    gemv_params p = {W, NULL, x, nw, eps, y, in, out, 0, NULL, 0, 0};
+    gemv_params p = {W, NULL, x, nw, eps, y, in, out, 0, NULL, 0};
     return launch<EPI_BF16, true>(p, T, st);
 }
 
@@ -853,7 +823,7 @@ extern "C" cudaError_t cuda_gemv_rmsnorm_swiglu(const uint16_t *Wgu, const float
                                                 uint16_t *h, int T, int in, int F, cudaStream_t st)
 {
     if (bad_norm(Wgu, x, T, in) || F < 0) return cudaErrorInvalidValue;
-    gemv_params p = {Wgu, NULL, x, nw, eps, h, in, F, 0, NULL, 0, 0};
+    gemv_params p = {Wgu, NULL, x, nw, eps, h, in, F, 0, NULL, 0};
     return launch<EPI_SWIGLU, true>(p, T, st);
 }
 
@@ -862,11 +832,10 @@ extern "C" cudaError_t cuda_gemv_rmsnorm_swiglu(const uint16_t *Wgu, const float
 static cudaError_t launch_mlp_tagged(const uint16_t *Wgu, const uint16_t *Wd, float *x, const float *nw, float eps,
                                      int E, int F, uint32_t *hw, int tag, cudaStream_t st)
 {
-    gemv_params gu = {Wgu, NULL, x, nw, eps, NULL, E, F, 0, hw, (uint32_t)tag, 0};
-    gemv_params dn = {Wd, NULL, NULL, NULL, 0.0f, x, F, E, 0, hw, (uint32_t)tag, 0};
-    gu.nwsm = state().nwsm && (uintptr_t)nw % 16 == 0 && (size_t)E * 6 <= CUDA_GEMV_NORM_SMEM;
+    gemv_params gu = {Wgu, NULL, x, nw, eps, NULL, E, F, 0, hw, (uint32_t)tag};
+    gemv_params dn = {Wd, NULL, NULL, NULL, 0.0f, x, F, E, 0, hw, (uint32_t)tag};
     cudaError_t e = launch_k(gemv_warp_kernel<1, EPI_SWIGLU, true, 4, false, true>, F / GEMV_WARPS,
-                             32 * GEMV_WARPS, norm_smem(gu, 1), st, gu);
+                             32 * GEMV_WARPS, (size_t)E * 2, st, gu);
     return e != cudaSuccess ? e : launch_k(gemv_mma_kernel<1, EPI_RESID, false, true>, (E + 15) / 16, 32 * MW, 0, st, dn);
 }
 
