@@ -131,6 +131,7 @@ struct gemv_params {
     uint32_t tag;      /* this call's tag (1 ... 65535) */
     unsigned long long *tr; /* experiment: trace.cuh's region, or NULL */
     int nwsm;          /* NORM: nw staged in shared memory after xs (norm_stage) */
+    int nwb;           /* experiment: only blocks below nwb stage (0: all) */
 };
 
 /* Output o of a GEMV from its sum a (and, for EPI_SWIGLU, the up row's sum
@@ -154,7 +155,7 @@ static __host__ __device__ constexpr int log2i(int n) { return n <= 1 ? 0 : 1 + 
 template <int NT>
 static __device__ __forceinline__ void norm_stage(const gemv_params &p, uint4 *xs4)
 {
-    if (!p.nwsm || threadIdx.x >= BT) return;
+    if (!p.nwsm || threadIdx.x >= BT || (p.nwb && (int)blockIdx.x >= p.nwb)) return;
     float *dst = (float *)((uint16_t *)xs4 + (size_t)NT * p.in);
     if (p.nwsm == 1) /* through L1: the next blocks on this SM find them there */
         for (int i = threadIdx.x * 4; i < p.in; i += BT * 4)
@@ -193,14 +194,15 @@ static __device__ __forceinline__ void norm_rows(const gemv_params &p, uint16_t 
                 if (lane == 0 && warp + 8 * k < nvw) nsh[warp + 8 * k] = s;
             }
         }
-        if (t == 0 && p.nwsm) cp_async_wait<0>(); /* norm_stage's weights, shared by the barrier */
+        const bool stg = p.nwsm && !(p.nwb && (int)blockIdx.x >= p.nwb);
+        if (t == 0 && stg) cp_async_wait<0>(); /* norm_stage's weights, shared by the barrier */
         __syncthreads();
         if (act) {
             float inv = rms_inv(warp_sum(lane < nvw ? nsh[lane] : 0.0f), p.in, p.eps);
             const float *nws = (const float *)(xs + (size_t)NT * p.in);
 #pragma unroll 4
             for (int i = tid; i < p.in; i += BT)
-                xs[(size_t)t * p.in + i] = rms_out(p.nwsm ? nws[i] : p.nw[i], xr[i], inv);
+                xs[(size_t)t * p.in + i] = rms_out(stg ? nws[i] : p.nw[i], xr[i], inv);
         }
         __syncthreads(); /* xs complete; nsh free for the next row */
     }
@@ -703,7 +705,7 @@ static cudaError_t launch_warp1(const gemv_params &p, int T, cudaStream_t st)
         if (state().pair && T == 1 && p.out % 2 == 0) {
             gemv_params q = p;
             q.out = p.out / 2;
-            if (state().nwsm == 2 && nw_fits(p.nw, 1, p.in)) q.nwsm = 1;
+            if ((state().nwsm == 2 || state().nwsm == 4) && nw_fits(p.nw, 1, p.in)) q.nwsm = 1;
             return launch_k(gemv_warp_kernel<1, EPI, NORM, CH, true>, (q.out + GEMV_WARPS - 1) / GEMV_WARPS, th,
                             norm_smem(q, 1), st, q);
         }
@@ -846,7 +848,7 @@ extern "C" cudaError_t cuda_gemv(const uint16_t *W, const uint16_t *x, void *y, 
                                  cudaStream_t st)
 {
     if (bad_shape(W, x, T, in, out)) return cudaErrorInvalidValue;
-    gemv_params p = {W, x, NULL, NULL, 0.0f, y, in, out, 0, NULL, 0, NULL, 0};
+    gemv_params p = {W, x, NULL, NULL, 0.0f, y, in, out, 0, NULL, 0, NULL, 0, 0};
     return y_f32 ? launch<EPI_F32, false>(p, T, st) : launch<EPI_BF16, false>(p, T, st);
 }
 
@@ -854,7 +856,7 @@ extern "C" cudaError_t cuda_gemv_residual(const uint16_t *W, const uint16_t *x, 
                                           cudaStream_t st)
 {
     if (bad_shape(W, x, T, in, out)) return cudaErrorInvalidValue;
-    gemv_params p = {W, x, NULL, NULL, 0.0f, xres, in, out, 0, NULL, 0, NULL, 0};
+    gemv_params p = {W, x, NULL, NULL, 0.0f, xres, in, out, 0, NULL, 0, NULL, 0, 0};
     return launch<EPI_RESID, false>(p, T, st);
 }
 
@@ -862,7 +864,7 @@ extern "C" cudaError_t cuda_gemv_swiglu(const uint16_t *Wgu, const uint16_t *x, 
                                         cudaStream_t st)
 {
     if (bad_shape(Wgu, x, T, in, F)) return cudaErrorInvalidValue;
-    gemv_params p = {Wgu, x, NULL, NULL, 0.0f, h, in, F, 0, NULL, 0, NULL, 0};
+    gemv_params p = {Wgu, x, NULL, NULL, 0.0f, h, in, F, 0, NULL, 0, NULL, 0, 0};
     return launch<EPI_SWIGLU, false>(p, T, st);
 }
 
@@ -875,7 +877,7 @@ extern "C" cudaError_t cuda_gemv_rmsnorm(const uint16_t *W, const float *x, cons
                                          int T, int in, int out, cudaStream_t st)
 {
     if (bad_norm(W, x, T, in) || out < 0) return cudaErrorInvalidValue;
-    gemv_params p = {W, NULL, x, nw, eps, y, in, out, 0, NULL, 0, NULL, 0};
+    gemv_params p = {W, NULL, x, nw, eps, y, in, out, 0, NULL, 0, NULL, 0, 0};
     return launch<EPI_BF16, true>(p, T, st);
 }
 
@@ -883,7 +885,7 @@ extern "C" cudaError_t cuda_gemv_rmsnorm_swiglu(const uint16_t *Wgu, const float
                                                 uint16_t *h, int T, int in, int F, cudaStream_t st)
 {
     if (bad_norm(Wgu, x, T, in) || F < 0) return cudaErrorInvalidValue;
-    gemv_params p = {Wgu, NULL, x, nw, eps, h, in, F, 0, NULL, 0, NULL, 0};
+    gemv_params p = {Wgu, NULL, x, nw, eps, h, in, F, 0, NULL, 0, NULL, 0, 0};
     return launch<EPI_SWIGLU, true>(p, T, st);
 }
 
@@ -892,10 +894,14 @@ extern "C" cudaError_t cuda_gemv_rmsnorm_swiglu(const uint16_t *Wgu, const float
 static cudaError_t launch_mlp_tagged(const uint16_t *Wgu, const uint16_t *Wd, float *x, const float *nw, float eps,
                                      int E, int F, uint32_t *hw, int tag, cudaStream_t st)
 {
-    gemv_params gu = {Wgu, NULL, x, nw, eps, NULL, E, F, 0, hw, (uint32_t)tag, NULL, 0};
-    gemv_params dn = {Wd, NULL, NULL, NULL, 0.0f, x, F, E, 0, hw, (uint32_t)tag, NULL, 0};
+    gemv_params gu = {Wgu, NULL, x, nw, eps, NULL, E, F, 0, hw, (uint32_t)tag, NULL, 0, 0};
+    gemv_params dn = {Wd, NULL, NULL, NULL, 0.0f, x, F, E, 0, hw, (uint32_t)tag, NULL, 0, 0};
     gu.tr = tr_next, dn.tr = tr_next2, tr_next = tr_next2 = NULL;
-    gu.nwsm = nw_fits(nw, 1, E) ? (state().nwsm == 1 ? 1 : state().nwsm == 3 ? 2 : 0) : 0;
+    gu.nwsm = nw_fits(nw, 1, E) ? (state().nwsm == 1 || state().nwsm == 4 ? 1 : state().nwsm == 3 ? 2 : 0) : 0;
+    if (state().nwsm == 4) {
+        const char *e = getenv("SLUICE_GEMV_NWB");
+        gu.nwb = e ? atoi(e) : 2 * state().nsm; /* the first wave */
+    }
     cudaError_t e = state().pre2 ? launch_k(gemv_warp_kernel<1, EPI_SWIGLU, true, 4, false, true, true>, F / GEMV_WARPS,
                                             32 * GEMV_WARPS, norm_smem(gu, 1), st, gu)
                                  : launch_k(gemv_warp_kernel<1, EPI_SWIGLU, true, 4, false, true>, F / GEMV_WARPS,
