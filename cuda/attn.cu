@@ -60,7 +60,6 @@
 #include "cuda/rope.cuh"
 #include "cuda/pdl.cuh"
 #include "cuda/tile.cuh"
-#include "cuda/trace.cuh"
 
 #define KT 32
 #define WARPS 4
@@ -541,7 +540,6 @@ static __device__ __forceinline__ void attn_dec_body(const struct cuda_attn_args
     __shared__ int last;
     extern __shared__ __align__(16) uint16_t dsm[]; /* TC: dec_tc_smem's layout */
     struct cuda_attn_item wi;
-    if (threadIdx.x == 0) tr_mark(a.tr, 0);
     if (!attn_item(a, false, wi)) {
         pdl_wait();
         return;
@@ -576,7 +574,6 @@ static __device__ __forceinline__ void attn_dec_body(const struct cuda_attn_args
     if (early && wi.kv_lo + TL::BN * w < hi)
         dec_load_kv<D, KV8>(a, bt, g, wi.kv_lo + TL::BN * w, hi, stage, own ? tpos : -1);
     pdl_wait(); /* launched early (PDL): q and the KV write wait for the qkv GEMV; the tiles above did not */
-    if (threadIdx.x == 0) tr_mark(a.tr, 1);
     /* q of this block's heads: from the raw projection through RoPE when
      * it is folded in (and the split that holds the token's position writes
      * its K and V, before any warp of this block reads them; no other block
@@ -599,7 +596,6 @@ static __device__ __forceinline__ void attn_dec_body(const struct cuda_attn_args
             Qb[i / D][i % D] = a.q[((size_t)t * a.H + g * grp + i / D) * D + i % D];
     }
     __syncthreads();
-    if (threadIdx.x == 0) tr_mark(a.tr, 2);
     if constexpr (!TC) {
         __shared__ float Qs[GM][D];
         for (int i = threadIdx.x; i < GM * D; i += blockDim.x) {
@@ -788,10 +784,7 @@ static __device__ __forceinline__ void attn_dec_body(const struct cuda_attn_args
             pp[2 + d] = A;
         }
     }
-    if (!split) {
-        if (threadIdx.x == 0) tr_mark(a.tr, 4);
-        return;
-    }
+    if (!split) return;
     /* the ticket: the block's partials are ordered before it by the barrier
      * and thread 0's fence, and the last block's thread 0 fences again
      * before its barrier (the pattern of cooperative groups' grid sync) */
@@ -802,7 +795,6 @@ static __device__ __forceinline__ void attn_dec_body(const struct cuda_attn_args
         if (last) __threadfence();
     }
     __syncthreads();
-    if (threadIdx.x == 0) tr_mark(a.tr, 3);
     if (!last) return;
     /* the merge: every split's (max, sum) in one round of loads, the weights
      * per row, then each output's accumulators (independent loads) */
@@ -836,7 +828,6 @@ static __device__ __forceinline__ void attn_dec_body(const struct cuda_attn_args
         a.out[((size_t)t * a.H + g * grp + r) * D + d] = f2bf(A * Sinv[r]);
     }
     if (threadIdx.x == 0) a.cnt[t * KVH + g] = 0;
-    if (threadIdx.x == 0) tr_mark(a.tr, 4);
 }
 
 template <int D, int GM, bool TC, bool KV8>

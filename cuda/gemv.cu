@@ -81,6 +81,11 @@
  *                          batch-1 decode 225.7-226.0 -> 227.8-228.3 tok/s
  *                          (BENCHMARKS.md, twenty-second round)
  *   SLUICE_GEMV_TAGGED=0   cuda_gemv_mlp as the two plain launches (above)
+ *   SLUICE_GEMV_NWSM=0     the qkv pair kernel reads its norm weights in
+ *                          norm_rows' second pass; by default it stages them
+ *                          in shared memory before the wait (norm_stage):
+ *                          batch-1 decode 229.3-229.7 -> 231.2-232.6 tok/s
+ *                          (BENCHMARKS.md, twenty-fifth round)
  */
 #include <limits.h>
 #include <stdlib.h>
@@ -90,7 +95,6 @@
 #include "cuda/kernels.h"
 #include "cuda/norm.cuh"
 #include "cuda/pdl.cuh"
-#include "cuda/trace.cuh"
 #include "cuda/tile.cuh"
 
 #define BT 256 /* threads of the block kernel */
@@ -129,9 +133,7 @@ struct gemv_params {
     int ngroups;       /* groups of RB rows (RB/2 gate/up pairs for EPI_SWIGLU) */
     uint32_t *hw;      /* cuda_gemv_mlp (TAGGED kernels): [F] h as tag << 16 | bf16 */
     uint32_t tag;      /* this call's tag (1 ... 65535) */
-    unsigned long long *tr; /* experiment: trace.cuh's region, or NULL */
-    int nwsm;          /* NORM: nw staged in shared memory after xs (norm_stage) */
-    int nwb;           /* experiment: only blocks below nwb stage (0: all) */
+    bool nwsm;         /* NORM, the pair kernel: nw staged in shared memory after xs (norm_stage) */
 };
 
 /* Output o of a GEMV from its sum a (and, for EPI_SWIGLU, the up row's sum
@@ -149,19 +151,20 @@ static __host__ __device__ constexpr int pow2ceil(int n) { return n <= 1 ? 1 : 2
 static __host__ __device__ constexpr int log2i(int n) { return n <= 1 ? 0 : 1 + log2i(n / 2); }
 
 /* NORM with p.nwsm: the norm weights ([in] f32) into shared memory after
- * xs ([NT][in] bf16), requested before pdl_wait (they are weights, no
- * kernel of the step writes them), so norm_rows' second pass reads them
- * there and not in four L2 round trips */
+ * xs ([NT][in] bf16), requested before pdl_wait (weights: no kernel of the
+ * step writes them), so that norm_rows' second pass finds them there. In
+ * the one-wave qkv pair kernel every block otherwise waits in that pass on
+ * L2 round trips for them, all its blocks at once, on the step's critical
+ * path: its prologue took 4.2-4.3 us, now 2.9-3.3 (the twenty-fifth round's
+ * trace). Not in the many-wave gate/up GEMV, whose later blocks find the
+ * weights in L1 (staging slowed it there) */
 template <int NT>
 static __device__ __forceinline__ void norm_stage(const gemv_params &p, uint4 *xs4)
 {
-    if (!p.nwsm || threadIdx.x >= BT || (p.nwb && (int)blockIdx.x >= p.nwb)) return;
+    if (!p.nwsm || threadIdx.x >= BT) return;
     float *dst = (float *)((uint16_t *)xs4 + (size_t)NT * p.in);
-    if (p.nwsm == 1) /* through L1: the next blocks on this SM find them there */
-        for (int i = threadIdx.x * 4; i < p.in; i += BT * 4)
-            asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst + i)), "l"(p.nw + i) : "memory");
-    else
-        for (int i = threadIdx.x * 4; i < p.in; i += BT * 4) cp_async16(smem_u32(dst + i), p.nw + i, true);
+    for (int i = threadIdx.x * 4; i < p.in; i += BT * 4)
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst + i)), "l"(p.nw + i) : "memory");
     cp_async_commit();
 }
 
@@ -170,8 +173,9 @@ static __device__ __forceinline__ void norm_stage(const gemv_params &p, uint4 *x
  * others only pass its barriers): nv <= 1024 virtual threads; virtual warp
  * warp + 8k is this warp's k-th, its sum in ss[k]. The loops run over i0
  * outside and k inside so that a thread's loads (L2 hits) are independent
- * of each other. Ends with a barrier. */
-template <int NT>
+ * of each other. STG: the norm weights may come from norm_stage (p.nwsm).
+ * Ends with a barrier. */
+template <int NT, bool STG = false>
 static __device__ __forceinline__ void norm_rows(const gemv_params &p, uint16_t *xs, float *nsh)
 {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -194,15 +198,14 @@ static __device__ __forceinline__ void norm_rows(const gemv_params &p, uint16_t 
                 if (lane == 0 && warp + 8 * k < nvw) nsh[warp + 8 * k] = s;
             }
         }
-        const bool stg = p.nwsm && !(p.nwb && (int)blockIdx.x >= p.nwb);
-        if (t == 0 && stg) cp_async_wait<0>(); /* norm_stage's weights, shared by the barrier */
+        const bool stg = STG && p.nwsm;
+        if (stg && t == 0) cp_async_wait<0>(); /* norm_stage's weights, shared by the barrier */
         __syncthreads();
         if (act) {
             float inv = rms_inv(warp_sum(lane < nvw ? nsh[lane] : 0.0f), p.in, p.eps);
-            const float *nws = (const float *)(xs + (size_t)NT * p.in);
+            const float *nw = stg ? (const float *)(xs + (size_t)NT * p.in) : p.nw;
 #pragma unroll 4
-            for (int i = tid; i < p.in; i += BT)
-                xs[(size_t)t * p.in + i] = rms_out(stg ? nws[i] : p.nw[i], xr[i], inv);
+            for (int i = tid; i < p.in; i += BT) xs[(size_t)t * p.in + i] = rms_out(nw[i], xr[i], inv);
         }
         __syncthreads(); /* xs complete; nsh free for the next row */
     }
@@ -299,7 +302,7 @@ static __device__ __forceinline__ void wdot(const wchunks<CH, NR> &c, const uint
  * cuda_gemv's output). NORM: x normalized by the whole block first
  * (norm_rows, cuda_add_rmsnorm's bits) into shared memory. Epilogues as in
  * the block kernel. */
-template <int NT, int EPI, bool NORM, int CH, bool PAIR = false, bool TAGGED = false, bool PRE2 = false>
+template <int NT, int EPI, bool NORM, int CH, bool PAIR = false, bool TAGGED = false>
 static __global__ void __launch_bounds__(32 * GEMV_WARPS, PAIR ? 3 : 1) gemv_warp_kernel(const gemv_params p)
 {
     /* PAIR: rows j and p.out + j per warp (outputs 2 p.out), each summed as a lone row */
@@ -312,19 +315,12 @@ static __global__ void __launch_bounds__(32 * GEMV_WARPS, PAIR ? 3 : 1) gemv_war
     const uint4 *w[NR];
 #pragma unroll
     for (int r = 0; r < NR; r++) w[r] = (const uint4 *)(p.W + (size_t)(r * p.out + (live ? j : 0)) * p.in);
-    if (threadIdx.x == 0) tr_mark(p.tr, 0);
     wchunks<CH, NR> cur, nxt;
     if (live) cur.load(w, 0, lane, n4);
-    if (PRE2 && live) nxt.load(w, 32 * CH, lane, n4); /* experiment: the second batch before the wait too */
-    if (NORM) norm_stage<NT>(p, xs4);
+    if (NORM && PAIR) norm_stage<NT>(p, xs4);
     pdl_wait(); /* from here on, x may be read */
-    if (threadIdx.x == 0) tr_mark(p.tr, 1);
-    if (NORM) norm_rows<NT>(p, (uint16_t *)xs4, nsh);
-    if (threadIdx.x == 0) tr_mark(p.tr, 2);
-    if (!live) {
-        if (lane == 0) tr_mark(p.tr, 4 + (threadIdx.x >> 5));
-        return;
-    }
+    if (NORM) norm_rows<NT, PAIR>(p, (uint16_t *)xs4, nsh);
+    if (!live) return;
     const uint4 *x4 = NORM ? xs4 : (const uint4 *)p.x;
     float acc[NR][NT];
 #pragma unroll
@@ -333,7 +329,7 @@ static __global__ void __launch_bounds__(32 * GEMV_WARPS, PAIR ? 3 : 1) gemv_war
         for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
     for (int i0 = 0;; i0 += 32 * CH) {
         bool more = i0 + 32 * CH < n4;
-        if (more && !(PRE2 && i0 == 0)) nxt.load(w, i0 + 32 * CH, lane, n4);
+        if (more) nxt.load(w, i0 + 32 * CH, lane, n4);
         wdot<CH, NR, NT, NORM>(cur, x4, n4, i0, lane, acc);
         if (!more) break;
         cur = nxt;
@@ -343,7 +339,6 @@ static __global__ void __launch_bounds__(32 * GEMV_WARPS, PAIR ? 3 : 1) gemv_war
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = warp_sum(acc[r][t]);
     if (lane) return;
-    tr_mark(p.tr, 3 + 1 + (threadIdx.x >> 5)); /* sums done (the store follows) */
 #pragma unroll
     for (int t = 0; t < NT; t++) {
         if constexpr (TAGGED) { /* cuda_gemv_mlp: one token, EPI_SWIGLU */
@@ -399,7 +394,6 @@ static __global__ void __launch_bounds__(BT, 2) gemv_block_kernel(const gemv_par
         }
     };
     load();
-    if (NORM) norm_stage<NT>(p, xs4);
     pdl_wait(); /* from here on, x may be read */
 
     if (NORM) norm_rows<NT>(p, (uint16_t *)xs4, nsh);
@@ -551,12 +545,9 @@ static __global__ void __launch_bounds__(32 * MW, 1024 / (32 * MW)) gemv_mma_ker
                 for (int h = 0; h < 2; h++) b.v[u][r][h] = ok ? __ldcs(w[r][h] + g * 4) : make_uint4(0, 0, 0, 0);
         }
     };
-    if (threadIdx.x == 0) tr_mark(p.tr, 0);
     mchunks<U, NR> cur, nxt;
     load(cur, 0);
-    if (NORM) norm_stage<NT>(p, xs4);
     if (!TAGGED) pdl_wait(); /* from here on, x may be read (TAGGED: each word once it carries the tag) */
-    if (threadIdx.x == 0 && !TAGGED) tr_mark(p.tr, 1);
     if (NORM) norm_rows<NT>(p, (uint16_t *)xs4, nsh);
     const uint4 *x4 = NORM ? xs4 : (const uint4 *)p.x;
     float acc[NR][4];
@@ -600,11 +591,9 @@ static __global__ void __launch_bounds__(32 * MW, 1024 / (32 * MW)) gemv_mma_ker
     }
 #pragma unroll
     for (int r = 0; r < NR; r++) red[warp][r][lane] = make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
-    if (lane == 0) tr_mark(p.tr, 4 + warp);
     __syncthreads();
     if (warp) return;
     if constexpr (TAGGED) pdl_wait(); /* a kernel's completion still implies its predecessors' */
-    if (TAGGED && lane == 0) tr_mark(p.tr, 1);
     /* lane: rows row0 + rq (.x, .y) and row0 + rq + 8 (.z, .w), tokens 2q and 2q + 1 */
     float4 sm[NR];
 #pragma unroll
@@ -632,8 +621,7 @@ static __global__ void __launch_bounds__(32 * MW, 1024 / (32 * MW)) gemv_mma_ker
 
 static struct gemv_state {
     int variant, nsm, ch;
-    bool pdl, pair, pre2;
-    int nwsm;
+    bool pdl, pair, nwsm;
 } G;
 
 static int sm_major(void)
@@ -656,9 +644,7 @@ static const gemv_state &state(void)
         const char *pr = getenv("SLUICE_GEMV_PAIR");
         G.pair = !(pr && strcmp(pr, "0") == 0);
         const char *nw = getenv("SLUICE_GEMV_NWSM");
-        const char *p2 = getenv("SLUICE_GEMV_PRE2");
-        G.pre2 = p2 && strcmp(p2, "1") == 0; /* experiment: the tagged gate/up GEMV's second batch before the wait */
-        G.nwsm = nw ? atoi(nw) : 0; /* experiment: 1 all (cp.async.ca), 2 the qkv pair kernel only (.ca), 3 all (.cg) */
+        G.nwsm = !(nw && strcmp(nw, "0") == 0);
         return true;
     }();
     (void)once;
@@ -685,29 +671,21 @@ static cudaError_t launch_k(void (*k)(A...), int grid, int threads, size_t smem,
  * (SLUICE_GEMV_CH=4|8|16), 4 for longer ones */
 static int warp_ch(int in) { return in <= 4096 ? state().ch : 4; }
 
-static bool nw_fits(const float *nw, int T, int in)
-{
-    return (uintptr_t)nw % 16 == 0 && (size_t)T * in * 2 + (size_t)in * 4 + 4096 <= CUDA_GEMV_NORM_SMEM;
-}
-
-/* a norm kernel's dynamic shared memory: xs, and the staged norm weights
- * when p.nwsm (norm_stage) */
-static size_t norm_smem(const gemv_params &p, int T) { return (size_t)T * p.in * 2 + (p.nwsm ? (size_t)p.in * 4 : 0); }
-
 template <int EPI, bool NORM, int CH>
 static cudaError_t launch_warp1(const gemv_params &p, int T, cudaStream_t st)
 {
     int grid = (p.out + GEMV_WARPS - 1) / GEMV_WARPS, th = 32 * GEMV_WARPS;
-    size_t smem = NORM ? norm_smem(p, T) : 0;
+    size_t smem = NORM ? (size_t)T * p.in * 2 : 0;
     /* the one-token norm GEMV (qkv) two rows a warp, 3 blocks an SM: its
      * 6144 rows (Llama-8B) in one wave instead of 1.45 (SLUICE_GEMV_PAIR) */
     if constexpr (EPI == EPI_BF16 && NORM && CH == 4)
         if (state().pair && T == 1 && p.out % 2 == 0) {
             gemv_params q = p;
             q.out = p.out / 2;
-            if ((state().nwsm == 2 || state().nwsm == 4) && nw_fits(p.nw, 1, p.in)) q.nwsm = 1;
+            /* its norm weights staged in shared memory (norm_stage) where they fit */
+            q.nwsm = state().nwsm && (uintptr_t)p.nw % 16 == 0 && (size_t)p.in * 6 + 1024 <= CUDA_GEMV_NORM_SMEM;
             return launch_k(gemv_warp_kernel<1, EPI, NORM, CH, true>, (q.out + GEMV_WARPS - 1) / GEMV_WARPS, th,
-                            norm_smem(q, 1), st, q);
+                            smem + (q.nwsm ? (size_t)p.in * 4 : 0), st, q);
         }
     switch (T) {
     case 1: return launch_k(gemv_warp_kernel<1, EPI, NORM, CH>, grid, th, smem, st, p);
@@ -745,7 +723,7 @@ template <int EPI, bool NORM>
 static cudaError_t launch_mma(const gemv_params &p, int T, cudaStream_t st)
 {
     int grid = (p.out + 15) / 16;
-    size_t smem = NORM ? norm_smem(p, T) : 0;
+    size_t smem = NORM ? (size_t)T * p.in * 2 : 0;
     switch (T) {
     case 1: return launch_mma_t<1, EPI, NORM>(p, grid, smem, st);
     case 2: return launch_mma_t<2, EPI, NORM>(p, grid, smem, st);
@@ -780,7 +758,7 @@ static cudaError_t launch_block1(gemv_params p, cudaStream_t st)
     int per = EPI == EPI_SWIGLU ? RB / 2 : RB;
     p.ngroups = (p.out + per - 1) / per;
     if (p.ngroups == 0) return cudaSuccess;
-    size_t smem = NORM ? norm_smem(p, NT) : 0;
+    size_t smem = NORM ? (size_t)NT * p.in * 2 : 0;
     int wave = occupancy<NT, RB, UK, EPI, NORM>(smem) * state().nsm, grid = p.ngroups;
     if ((state().variant == 2 || (state().variant == 3 && NT >= 2)) && grid > wave) grid = wave;
     if (NORM && grid > 4 * wave) grid = 4 * wave;
@@ -830,16 +808,10 @@ static bool use_mma(int T, int in)
 /* every launcher: the tensor-core, warp or block kernel by use_mma and
  * use_warp, so that for the
  * same T and in all of them sum each output in the same order */
-static unsigned long long *tr_next, *tr_next2;
-extern "C" void cuda_gemv_trace_next(unsigned long long *tr, unsigned long long *tr2) { tr_next = tr, tr_next2 = tr2; }
-
 template <int EPI, bool NORM>
-static cudaError_t launch(gemv_params p, int T, cudaStream_t st)
+static cudaError_t launch(const gemv_params &p, int T, cudaStream_t st)
 {
-    p.tr = tr_next, tr_next = NULL;
     if (p.out == 0) return cudaSuccess;
-    /* the norm weights staged in shared memory (SLUICE_GEMV_NWSM=0: read in the second pass) */
-    p.nwsm = NORM && nw_fits(p.nw, T, p.in) ? (state().nwsm == 1 ? 1 : state().nwsm == 3 ? 2 : 0) : 0;
     if (use_mma(T, p.in)) return launch_mma<EPI, NORM>(p, T, st);
     return use_warp(T, p.in) ? launch_warp<EPI, NORM>(p, T, st) : launch_block<EPI, NORM>(p, T, st);
 }
@@ -848,7 +820,7 @@ extern "C" cudaError_t cuda_gemv(const uint16_t *W, const uint16_t *x, void *y, 
                                  cudaStream_t st)
 {
     if (bad_shape(W, x, T, in, out)) return cudaErrorInvalidValue;
-    gemv_params p = {W, x, NULL, NULL, 0.0f, y, in, out, 0, NULL, 0, NULL, 0, 0};
+    gemv_params p = {W, x, NULL, NULL, 0.0f, y, in, out, 0, NULL, 0, false};
     return y_f32 ? launch<EPI_F32, false>(p, T, st) : launch<EPI_BF16, false>(p, T, st);
 }
 
@@ -856,7 +828,7 @@ extern "C" cudaError_t cuda_gemv_residual(const uint16_t *W, const uint16_t *x, 
                                           cudaStream_t st)
 {
     if (bad_shape(W, x, T, in, out)) return cudaErrorInvalidValue;
-    gemv_params p = {W, x, NULL, NULL, 0.0f, xres, in, out, 0, NULL, 0, NULL, 0, 0};
+    gemv_params p = {W, x, NULL, NULL, 0.0f, xres, in, out, 0, NULL, 0, false};
     return launch<EPI_RESID, false>(p, T, st);
 }
 
@@ -864,7 +836,7 @@ extern "C" cudaError_t cuda_gemv_swiglu(const uint16_t *Wgu, const uint16_t *x, 
                                         cudaStream_t st)
 {
     if (bad_shape(Wgu, x, T, in, F)) return cudaErrorInvalidValue;
-    gemv_params p = {Wgu, x, NULL, NULL, 0.0f, h, in, F, 0, NULL, 0, NULL, 0, 0};
+    gemv_params p = {Wgu, x, NULL, NULL, 0.0f, h, in, F, 0, NULL, 0, false};
     return launch<EPI_SWIGLU, false>(p, T, st);
 }
 
@@ -877,7 +849,7 @@ extern "C" cudaError_t cuda_gemv_rmsnorm(const uint16_t *W, const float *x, cons
                                          int T, int in, int out, cudaStream_t st)
 {
     if (bad_norm(W, x, T, in) || out < 0) return cudaErrorInvalidValue;
-    gemv_params p = {W, NULL, x, nw, eps, y, in, out, 0, NULL, 0, NULL, 0, 0};
+    gemv_params p = {W, NULL, x, nw, eps, y, in, out, 0, NULL, 0, false};
     return launch<EPI_BF16, true>(p, T, st);
 }
 
@@ -885,7 +857,7 @@ extern "C" cudaError_t cuda_gemv_rmsnorm_swiglu(const uint16_t *Wgu, const float
                                                 uint16_t *h, int T, int in, int F, cudaStream_t st)
 {
     if (bad_norm(Wgu, x, T, in) || F < 0) return cudaErrorInvalidValue;
-    gemv_params p = {Wgu, NULL, x, nw, eps, h, in, F, 0, NULL, 0, NULL, 0, 0};
+    gemv_params p = {Wgu, NULL, x, nw, eps, h, in, F, 0, NULL, 0, false};
     return launch<EPI_SWIGLU, true>(p, T, st);
 }
 
@@ -894,18 +866,10 @@ extern "C" cudaError_t cuda_gemv_rmsnorm_swiglu(const uint16_t *Wgu, const float
 static cudaError_t launch_mlp_tagged(const uint16_t *Wgu, const uint16_t *Wd, float *x, const float *nw, float eps,
                                      int E, int F, uint32_t *hw, int tag, cudaStream_t st)
 {
-    gemv_params gu = {Wgu, NULL, x, nw, eps, NULL, E, F, 0, hw, (uint32_t)tag, NULL, 0, 0};
-    gemv_params dn = {Wd, NULL, NULL, NULL, 0.0f, x, F, E, 0, hw, (uint32_t)tag, NULL, 0, 0};
-    gu.tr = tr_next, dn.tr = tr_next2, tr_next = tr_next2 = NULL;
-    gu.nwsm = nw_fits(nw, 1, E) ? (state().nwsm == 1 || state().nwsm == 4 ? 1 : state().nwsm == 3 ? 2 : 0) : 0;
-    if (state().nwsm == 4) {
-        const char *e = getenv("SLUICE_GEMV_NWB");
-        gu.nwb = e ? atoi(e) : 2 * state().nsm; /* the first wave */
-    }
-    cudaError_t e = state().pre2 ? launch_k(gemv_warp_kernel<1, EPI_SWIGLU, true, 4, false, true, true>, F / GEMV_WARPS,
-                                            32 * GEMV_WARPS, norm_smem(gu, 1), st, gu)
-                                 : launch_k(gemv_warp_kernel<1, EPI_SWIGLU, true, 4, false, true>, F / GEMV_WARPS,
-                                            32 * GEMV_WARPS, norm_smem(gu, 1), st, gu);
+    gemv_params gu = {Wgu, NULL, x, nw, eps, NULL, E, F, 0, hw, (uint32_t)tag, false};
+    gemv_params dn = {Wd, NULL, NULL, NULL, 0.0f, x, F, E, 0, hw, (uint32_t)tag, false};
+    cudaError_t e = launch_k(gemv_warp_kernel<1, EPI_SWIGLU, true, 4, false, true>, F / GEMV_WARPS,
+                             32 * GEMV_WARPS, (size_t)E * 2, st, gu);
     return e != cudaSuccess ? e : launch_k(gemv_mma_kernel<1, EPI_RESID, false, true>, (E + 15) / 16, 32 * MW, 0, st, dn);
 }
 
