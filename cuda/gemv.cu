@@ -185,13 +185,24 @@ static __device__ __forceinline__ void norm_rows(const gemv_params &p, uint16_t 
         const float *xr = p.xf + (size_t)t * p.in;
         if (act) {
             float ss[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll 4
-            for (int i0 = 0; i0 < p.in; i0 += nv)
+            /* four steps of nv at a time, every load issued before the first
+             * use (the plain loop's loads went out one or two at a time, each
+             * waited for: ~8 L2 round trips in the prologue); 0 past the row,
+             * and fma(0, 0, s) == s, so the sums are the same */
+            for (int i0 = 0; i0 < p.in; i0 += 4 * nv) {
+                float v[4][4];
 #pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    int vw = warp + 8 * k, i = i0 + vw * 32 + lane;
-                    if (vw < nvw && i < p.in) ss[k] = rms_acc(ss[k], xr[i]);
-                }
+                for (int q = 0; q < 4; q++)
+#pragma unroll
+                    for (int k = 0; k < 4; k++) {
+                        int vw = warp + 8 * k, i = i0 + q * nv + vw * 32 + lane;
+                        v[q][k] = vw < nvw && i < p.in ? xr[i] : 0.0f;
+                    }
+#pragma unroll
+                for (int q = 0; q < 4; q++)
+#pragma unroll
+                    for (int k = 0; k < 4; k++) ss[k] = rms_acc(ss[k], v[q][k]);
+            }
 #pragma unroll
             for (int k = 0; k < 4; k++) {
                 float s = warp_sum(ss[k]);
