@@ -183,6 +183,7 @@ static __device__ __forceinline__ void norm_rows(const gemv_params &p, uint16_t 
     const bool act = tid < BT;
     for (int t = 0; t < NT; t++) {
         const float *xr = p.xf + (size_t)t * p.in;
+        float v[4][4]; /* this thread's values of the row's last (with in <= 4 nv: only) four steps */
         if (act) {
             float ss[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             /* four steps of nv at a time, every load issued before the first
@@ -190,7 +191,6 @@ static __device__ __forceinline__ void norm_rows(const gemv_params &p, uint16_t 
              * waited for: ~8 L2 round trips in the prologue); 0 past the row,
              * and fma(0, 0, s) == s, so the sums are the same */
             for (int i0 = 0; i0 < p.in; i0 += 4 * nv) {
-                float v[4][4];
 #pragma unroll
                 for (int q = 0; q < 4; q++)
 #pragma unroll
@@ -215,8 +215,26 @@ static __device__ __forceinline__ void norm_rows(const gemv_params &p, uint16_t 
         if (act) {
             float inv = rms_inv(warp_sum(lane < nvw ? nsh[lane] : 0.0f), p.in, p.eps);
             const float *nw = stg ? (const float *)(xs + (size_t)NT * p.in) : p.nw;
+            if (p.in <= 4 * nv) { /* the row's values are still in v: only the weights are read */
+                float wv[4][4];
+#pragma unroll
+                for (int q = 0; q < 4; q++)
+#pragma unroll
+                    for (int k = 0; k < 4; k++) {
+                        int vw = warp + 8 * k, i = q * nv + vw * 32 + lane;
+                        wv[q][k] = vw < nvw && i < p.in ? nw[i] : 0.0f;
+                    }
+#pragma unroll
+                for (int q = 0; q < 4; q++)
+#pragma unroll
+                    for (int k = 0; k < 4; k++) {
+                        int vw = warp + 8 * k, i = q * nv + vw * 32 + lane;
+                        if (vw < nvw && i < p.in) xs[(size_t)t * p.in + i] = rms_out(wv[q][k], v[q][k], inv);
+                    }
+            } else {
 #pragma unroll 4
-            for (int i = tid; i < p.in; i += BT) xs[(size_t)t * p.in + i] = rms_out(nw[i], xr[i], inv);
+                for (int i = tid; i < p.in; i += BT) xs[(size_t)t * p.in + i] = rms_out(nw[i], xr[i], inv);
+            }
         }
         __syncthreads(); /* xs complete; nsh free for the next row */
     }
@@ -313,7 +331,7 @@ static __device__ __forceinline__ void wdot(const wchunks<CH, NR> &c, const uint
  * cuda_gemv's output). NORM: x normalized by the whole block first
  * (norm_rows, cuda_add_rmsnorm's bits) into shared memory. Epilogues as in
  * the block kernel. */
-template <int NT, int EPI, bool NORM, int CH, bool PAIR = false, bool TAGGED = false>
+template <int NT, int EPI, bool NORM, int CH, bool PAIR = false, bool TAGGED = false, bool XS = false>
 static __global__ void __launch_bounds__(32 * GEMV_WARPS, PAIR ? 3 : 1) gemv_warp_kernel(const gemv_params p)
 {
     /* PAIR: rows j and p.out + j per warp (outputs 2 p.out), each summed as a lone row */
@@ -331,8 +349,14 @@ static __global__ void __launch_bounds__(32 * GEMV_WARPS, PAIR ? 3 : 1) gemv_war
     if (NORM && PAIR) norm_stage<NT>(p, xs4);
     pdl_wait(); /* from here on, x may be read */
     if (NORM) norm_rows<NT, PAIR>(p, (uint16_t *)xs4, nsh);
+    if constexpr (XS && !NORM) { /* experiment: x into shared memory, all of it in one round trip */
+        for (int i = threadIdx.x; i < NT * n4; i += 32 * GEMV_WARPS) cp_async16(smem_u32(xs4 + i), (const uint4 *)p.x + i, true);
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+    }
     if (!live) return;
-    const uint4 *x4 = NORM ? xs4 : (const uint4 *)p.x;
+    const uint4 *x4 = NORM || XS ? xs4 : (const uint4 *)p.x;
     float acc[NR][NT];
 #pragma unroll
     for (int r = 0; r < NR; r++)
@@ -341,7 +365,7 @@ static __global__ void __launch_bounds__(32 * GEMV_WARPS, PAIR ? 3 : 1) gemv_war
     for (int i0 = 0;; i0 += 32 * CH) {
         bool more = i0 + 32 * CH < n4;
         if (more) nxt.load(w, i0 + 32 * CH, lane, n4);
-        wdot<CH, NR, NT, NORM>(cur, x4, n4, i0, lane, acc);
+        wdot<CH, NR, NT, NORM || XS>(cur, x4, n4, i0, lane, acc);
         if (!more) break;
         cur = nxt;
     }
@@ -632,7 +656,7 @@ static __global__ void __launch_bounds__(32 * MW, 1024 / (32 * MW)) gemv_mma_ker
 
 static struct gemv_state {
     int variant, nsm, ch;
-    bool pdl, pair, nwsm;
+    bool pdl, pair, nwsm, xs;
 } G;
 
 static int sm_major(void)
@@ -656,6 +680,8 @@ static const gemv_state &state(void)
         G.pair = !(pr && strcmp(pr, "0") == 0);
         const char *nw = getenv("SLUICE_GEMV_NWSM");
         G.nwsm = !(nw && strcmp(nw, "0") == 0);
+        const char *xs = getenv("SLUICE_GEMV_XS");
+        G.xs = xs && strcmp(xs, "1") == 0; /* experiment */
         return true;
     }();
     (void)once;
@@ -697,6 +723,17 @@ static cudaError_t launch_warp1(const gemv_params &p, int T, cudaStream_t st)
             q.nwsm = state().nwsm && (uintptr_t)p.nw % 16 == 0 && (size_t)p.in * 6 + 1024 <= CUDA_GEMV_NORM_SMEM;
             return launch_k(gemv_warp_kernel<1, EPI, NORM, CH, true>, (q.out + GEMV_WARPS - 1) / GEMV_WARPS, th,
                             smem + (q.nwsm ? (size_t)p.in * 4 : 0), st, q);
+        }
+    if constexpr (!NORM)
+        if (state().xs && (size_t)T * p.in * 2 <= 32768) {
+            smem = (size_t)T * p.in * 2;
+            switch (T) {
+            case 1: return launch_k(gemv_warp_kernel<1, EPI, NORM, CH, false, false, true>, grid, th, smem, st, p);
+            case 2: return launch_k(gemv_warp_kernel<2, EPI, NORM, CH, false, false, true>, grid, th, smem, st, p);
+            case 3: return launch_k(gemv_warp_kernel<3, EPI, NORM, CH, false, false, true>, grid, th, smem, st, p);
+            case 4: return launch_k(gemv_warp_kernel<4, EPI, NORM, CH, false, false, true>, grid, th, smem, st, p);
+            default: return cudaErrorInvalidValue;
+            }
         }
     switch (T) {
     case 1: return launch_k(gemv_warp_kernel<1, EPI, NORM, CH>, grid, th, smem, st, p);
