@@ -15,11 +15,13 @@ b1() { # NAME BIN ENV...
 for r in 1 2 3; do
     [ -x build/old_bench_gpu ] && b1 old_$r build/old_bench_gpu X=1
     b1 new_$r build/tests/gpu/bench_gpu X=1
+    b1 xs_$r build/tests/gpu/bench_gpu SLUICE_GEMV_XS=1
 done
-b1 new_pair0 build/tests/gpu/bench_gpu SLUICE_GEMV_PAIR=0
+t k_gemv_xs 120 env SLUICE_TEST_ONLY=gemv SLUICE_GEMV_XS=1 $K
 t k_gemv 120 env SLUICE_TEST_ONLY=gemv $K
 t k_gemv_nwsm0 120 env SLUICE_TEST_ONLY=gemv SLUICE_GEMV_NWSM=0 $K
 grep -E "FAIL|failed:" "$L/k_gemv.log" "$L/k_gemv_nwsm0.log" | head
-t memcheck_gemv 240 env SLUICE_TEST_ONLY=gemv_fused compute-sanitizer --tool memcheck $K
+t memcheck_gemv 240 env SLUICE_GEMV_XS=1 SLUICE_TEST_ONLY=gemv compute-sanitizer --tool memcheck $K
 t racecheck_gemv 240 env SLUICE_TEST_ONLY=gemv_fused compute-sanitizer --tool racecheck $K
 e2e_tests
+t e2e_xs 90 env SLUICE_GEMV_XS=1 build/tests/gpu/test_gpu_e2e
