@@ -356,6 +356,13 @@ static __global__ void __launch_bounds__(32 * GEMV_WARPS, PAIR ? 3 : 1) gemv_war
         __syncthreads();
     }
     if (!live) return;
+    /* EPI_RESID: the residual's values, read now (after the wait: the step's
+     * earlier kernels are done with it) and not in the epilogue's round trip */
+    float xres[NT];
+    if constexpr (EPI == EPI_RESID)
+        if (lane == 0)
+#pragma unroll
+            for (int t = 0; t < NT; t++) xres[t] = ((const float *)p.y)[(size_t)t * p.out + j];
     const uint4 *x4 = NORM || XS ? xs4 : (const uint4 *)p.x;
     float acc[NR][NT];
 #pragma unroll
@@ -382,7 +389,10 @@ static __global__ void __launch_bounds__(32 * GEMV_WARPS, PAIR ? 3 : 1) gemv_war
             gemv_store<EPI>(p, (size_t)t * 2 * p.out + j, acc[0][t], 0.0f);
             gemv_store<EPI>(p, (size_t)t * 2 * p.out + p.out + j, acc[1][t], 0.0f);
         } else {
-            gemv_store<EPI>(p, (size_t)t * p.out + j, acc[0][t], acc[NR - 1][t]);
+            if constexpr (EPI == EPI_RESID)
+                ((float *)p.y)[(size_t)t * p.out + j] = xres[t] + bf2f(f2bf(acc[0][t])); /* gemv_store's sum */
+            else
+                gemv_store<EPI>(p, (size_t)t * p.out + j, acc[0][t], acc[NR - 1][t]);
         }
     }
 }
