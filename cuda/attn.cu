@@ -802,6 +802,19 @@ static __device__ __forceinline__ void attn_dec_body(const struct cuda_attn_args
     int ns = wi.nsplit;
     const float *pbase = a.part + ((size_t)wi.part * KVH + g) * CUDA_ATTN_MAXSPLIT * (D + 2);
     const size_t prow = (size_t)KVH * CUDA_ATTN_MAXSPLIT * (D + 2); /* from one part row to the next */
+    /* experiment: with at most KR splits, this thread's accumulators are
+     * requested first, with the (max, sum) pairs: one round of loads */
+    constexpr int NO = (GM * D + 32 * DEC_NW - 1) / (32 * DEC_NW), KR = 64 / NO;
+    const bool reg = ns <= KR;
+    float pa[NO][KR];
+    if (reg)
+#pragma unroll
+        for (int m = 0; m < NO; m++) {
+            int i = threadIdx.x + m * 32 * DEC_NW, r = i / D, d = i % D;
+#pragma unroll
+            for (int k = 0; k < KR; k++)
+                pa[m][k] = i < grp * D && k < ns ? __ldcg(pbase + r * prow + 2 + d + k * (D + 2)) : 0.0f;
+        }
     for (int i = threadIdx.x; i < grp * ns; i += blockDim.x) {
         int r = i / ns, k = i % ns;
         Sw[r][k] = __ldcg(pbase + r * prow + k * (D + 2));
@@ -819,6 +832,18 @@ static __device__ __forceinline__ void attn_dec_body(const struct cuda_attn_args
         Sinv[r] = L > 0.0f ? 1.0f / L : 0.0f;
     }
     __syncthreads();
+    if (reg) {
+#pragma unroll
+        for (int m = 0; m < NO; m++) {
+            int i = threadIdx.x + m * 32 * DEC_NW, r = i / D, d = i % D;
+            if (i >= grp * D) continue;
+            float A = 0.0f;
+#pragma unroll
+            for (int k = 0; k < KR; k++)
+                if (k < ns) A += pa[m][k] * Sw[r][k];
+            a.out[((size_t)t * a.H + g * grp + r) * D + d] = f2bf(A * Sinv[r]);
+        }
+    } else
     for (int i = threadIdx.x; i < grp * D; i += blockDim.x) {
         int r = i / D, d = i % D;
         const float *pp = pbase + r * prow + 2 + d;
