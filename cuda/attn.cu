@@ -531,7 +531,7 @@ static __device__ __forceinline__ void dec_load_kv(const struct cuda_attn_args &
     cp_async_commit();
 }
 
-template <int D, int GM, bool TC, bool KV8>
+template <int D, int GM, bool TC, bool KV8, bool MREG = false>
 static __device__ __forceinline__ void attn_dec_body(const struct cuda_attn_args &a)
 {
     static_assert(TC || !KV8, "the fp8 KV cache takes the tensor-core math");
@@ -802,10 +802,14 @@ static __device__ __forceinline__ void attn_dec_body(const struct cuda_attn_args
     int ns = wi.nsplit;
     const float *pbase = a.part + ((size_t)wi.part * KVH + g) * CUDA_ATTN_MAXSPLIT * (D + 2);
     const size_t prow = (size_t)KVH * CUDA_ATTN_MAXSPLIT * (D + 2); /* from one part row to the next */
-    /* experiment: with at most KR splits, this thread's accumulators are
-     * requested first, with the (max, sum) pairs: one round of loads */
+    /* MREG, at most KR splits: this thread's accumulators are requested
+     * first, with the (max, sum) pairs, into registers: one round of loads,
+     * not two. Only in the 3-blocks-an-SM build: decode at 1K context, batch
+     * 8 1582-1587 -> 1609-1614 tok/s, batch 64 +0.6%; in the plain build
+     * ptxas then gives the kernel 156 registers, not 169, and batch 1 lost
+     * 0.5% (BENCHMARKS.md, twenty-fifth round) */
     constexpr int NO = (GM * D + 32 * DEC_NW - 1) / (32 * DEC_NW), KR = 64 / NO;
-    const bool reg = ns <= KR;
+    const bool reg = MREG && ns <= KR;
     float pa[NO][KR];
     if (reg)
 #pragma unroll
@@ -869,7 +873,7 @@ static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cud
 template <int D, int GM, bool TC, bool KV8>
 static __global__ void __launch_bounds__(32 * DEC_NW, 3) attn_dec_kernel3(struct cuda_attn_args a)
 {
-    attn_dec_body<D, GM, TC, KV8>(a);
+    attn_dec_body<D, GM, TC, KV8, true>(a);
 }
 
 /* The kernel for args a: GM 4 or 8 and, for a.dec_wide at D 128 on the

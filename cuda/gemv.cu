@@ -81,6 +81,13 @@
  *                          batch-1 decode 225.7-226.0 -> 227.8-228.3 tok/s
  *                          (BENCHMARKS.md, twenty-second round)
  *   SLUICE_GEMV_TAGGED=0   cuda_gemv_mlp as the two plain launches (above)
+ *   SLUICE_GEMV_XS=0       the warp kernels without the norm prologue (o,
+ *                          the LM head) read x from global memory chunk by
+ *                          chunk, each load waited for before the next (the
+ *                          first touch on an SM an L2 round trip); by default
+ *                          the block copies x (T x in <= 16K elements) into
+ *                          shared memory first, in one round trip: batch-1
+ *                          decode +0.3% (BENCHMARKS.md, twenty-fifth round)
  *   SLUICE_GEMV_NWSM=0     the qkv pair kernel reads its norm weights in
  *                          norm_rows' second pass; by default it stages them
  *                          in shared memory before the wait (norm_stage):
@@ -187,9 +194,11 @@ static __device__ __forceinline__ void norm_rows(const gemv_params &p, uint16_t 
         if (act) {
             float ss[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             /* four steps of nv at a time, every load issued before the first
-             * use (the plain loop's loads went out one or two at a time, each
-             * waited for: ~8 L2 round trips in the prologue); 0 past the row,
-             * and fma(0, 0, s) == s, so the sums are the same */
+             * use: from the plain loop ptxas issued the loads one or two at
+             * a time, each waited for, ~8 L2 round trips in every block's
+             * prologue (batch-1 decode 233 -> 238 tok/s with this;
+             * BENCHMARKS.md, twenty-fifth round). 0 past the row, and
+             * fma(0, 0, s) == s, so the sums are the same */
             for (int i0 = 0; i0 < p.in; i0 += 4 * nv) {
 #pragma unroll
                 for (int q = 0; q < 4; q++)
@@ -215,7 +224,7 @@ static __device__ __forceinline__ void norm_rows(const gemv_params &p, uint16_t 
         if (act) {
             float inv = rms_inv(warp_sum(lane < nvw ? nsh[lane] : 0.0f), p.in, p.eps);
             const float *nw = stg ? (const float *)(xs + (size_t)NT * p.in) : p.nw;
-            if (p.in <= 4 * nv) { /* the row's values are still in v: only the weights are read */
+            if (p.in <= 4 * nv) { /* the row's values are still in v: only the weights are read (+0.6%) */
                 float wv[4][4];
 #pragma unroll
                 for (int q = 0; q < 4; q++)
@@ -329,8 +338,8 @@ static __device__ __forceinline__ void wdot(const wchunks<CH, NR> &c, const uint
  * out + j side by side, each summed exactly as a lone row, and h[j] =
  * silu(g) * u from the two sums rounded to bf16, as cuda_swiglu over
  * cuda_gemv's output). NORM: x normalized by the whole block first
- * (norm_rows, cuda_add_rmsnorm's bits) into shared memory. Epilogues as in
- * the block kernel. */
+ * (norm_rows, cuda_add_rmsnorm's bits) into shared memory; XS: x copied
+ * into shared memory as it is. Epilogues as in the block kernel. */
 template <int NT, int EPI, bool NORM, int CH, bool PAIR = false, bool TAGGED = false, bool XS = false>
 static __global__ void __launch_bounds__(32 * GEMV_WARPS, PAIR ? 3 : 1) gemv_warp_kernel(const gemv_params p)
 {
@@ -349,20 +358,13 @@ static __global__ void __launch_bounds__(32 * GEMV_WARPS, PAIR ? 3 : 1) gemv_war
     if (NORM && PAIR) norm_stage<NT>(p, xs4);
     pdl_wait(); /* from here on, x may be read */
     if (NORM) norm_rows<NT, PAIR>(p, (uint16_t *)xs4, nsh);
-    if constexpr (XS && !NORM) { /* experiment: x into shared memory, all of it in one round trip */
+    if constexpr (XS && !NORM) { /* x into shared memory (SLUICE_GEMV_XS), all of it in one round trip */
         for (int i = threadIdx.x; i < NT * n4; i += 32 * GEMV_WARPS) cp_async16(smem_u32(xs4 + i), (const uint4 *)p.x + i, true);
         cp_async_commit();
         cp_async_wait<0>();
         __syncthreads();
     }
     if (!live) return;
-    /* EPI_RESID: the residual's values, read now (after the wait: the step's
-     * earlier kernels are done with it) and not in the epilogue's round trip */
-    float xres[NT];
-    if constexpr (EPI == EPI_RESID)
-        if (lane == 0)
-#pragma unroll
-            for (int t = 0; t < NT; t++) xres[t] = ((const float *)p.y)[(size_t)t * p.out + j];
     const uint4 *x4 = NORM || XS ? xs4 : (const uint4 *)p.x;
     float acc[NR][NT];
 #pragma unroll
@@ -389,10 +391,7 @@ static __global__ void __launch_bounds__(32 * GEMV_WARPS, PAIR ? 3 : 1) gemv_war
             gemv_store<EPI>(p, (size_t)t * 2 * p.out + j, acc[0][t], 0.0f);
             gemv_store<EPI>(p, (size_t)t * 2 * p.out + p.out + j, acc[1][t], 0.0f);
         } else {
-            if constexpr (EPI == EPI_RESID)
-                ((float *)p.y)[(size_t)t * p.out + j] = xres[t] + bf2f(f2bf(acc[0][t])); /* gemv_store's sum */
-            else
-                gemv_store<EPI>(p, (size_t)t * p.out + j, acc[0][t], acc[NR - 1][t]);
+            gemv_store<EPI>(p, (size_t)t * p.out + j, acc[0][t], acc[NR - 1][t]);
         }
     }
 }
@@ -691,7 +690,7 @@ static const gemv_state &state(void)
         const char *nw = getenv("SLUICE_GEMV_NWSM");
         G.nwsm = !(nw && strcmp(nw, "0") == 0);
         const char *xs = getenv("SLUICE_GEMV_XS");
-        G.xs = xs && strcmp(xs, "1") == 0; /* experiment */
+        G.xs = !(xs && strcmp(xs, "0") == 0);
         return true;
     }();
     (void)once;
