@@ -819,10 +819,29 @@ static __device__ __forceinline__ void attn_dec_body(const struct cuda_attn_args
             for (int k = 0; k < KR; k++)
                 pa[m][k] = i < grp * D && k < ns ? __ldcg(pbase + r * prow + 2 + d + k * (D + 2)) : 0.0f;
         }
-    for (int i = threadIdx.x; i < grp * ns; i += blockDim.x) {
-        int r = i / ns, k = i % ns;
-        Sw[r][k] = __ldcg(pbase + r * prow + k * (D + 2));
-        Sl[r][k] = __ldcg(pbase + r * prow + k * (D + 2) + 1);
+    /* experiment (MSM): the plain build copies every partial it merges into
+     * its stages (free now) by cp.async (L2 only), in one round */
+    const int pst = (ns * (D + 2) + 3) & ~3; /* floats per row r in the copy */
+    const bool msm = TC && !MREG && (size_t)grp * pst * 4 <= (size_t)DEC_NW * dec_tile<D, KV8>::SB && a.dec_msm;
+    const float *ps = (const float *)dsm;
+    if (msm) {
+        for (int i = threadIdx.x; i < grp * (pst / 4); i += blockDim.x) {
+            int r = i / (pst / 4), c = i % (pst / 4);
+            cp_async16(smem_u32(dsm + (size_t)(r * pst + 4 * c) * 2), pbase + r * prow + 4 * c, true);
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+        for (int i = threadIdx.x; i < grp * ns; i += blockDim.x) {
+            int r = i / ns, k = i % ns;
+            Sw[r][k] = ps[r * pst + k * (D + 2)], Sl[r][k] = ps[r * pst + k * (D + 2) + 1];
+        }
+    } else {
+        for (int i = threadIdx.x; i < grp * ns; i += blockDim.x) {
+            int r = i / ns, k = i % ns;
+            Sw[r][k] = __ldcg(pbase + r * prow + k * (D + 2));
+            Sl[r][k] = __ldcg(pbase + r * prow + k * (D + 2) + 1);
+        }
     }
     __syncthreads();
     if (threadIdx.x < grp) {
@@ -845,6 +864,15 @@ static __device__ __forceinline__ void attn_dec_body(const struct cuda_attn_args
 #pragma unroll
             for (int k = 0; k < KR; k++)
                 if (k < ns) A += pa[m][k] * Sw[r][k];
+            a.out[((size_t)t * a.H + g * grp + r) * D + d] = f2bf(A * Sinv[r]);
+        }
+    } else if (msm) {
+        for (int i = threadIdx.x; i < grp * D; i += blockDim.x) {
+            int r = i / D, d = i % D;
+            const float *pp = ps + r * pst + 2 + d;
+            float A = 0.0f;
+#pragma unroll 8
+            for (int k = 0; k < ns; k++) A += pp[k * (D + 2)] * Sw[r][k];
             a.out[((size_t)t * a.H + g * grp + r) * D + d] = f2bf(A * Sinv[r]);
         }
     } else
@@ -904,7 +932,13 @@ static cudaError_t launch_dec(const struct cuda_attn_args *a, cudaStream_t st)
         const char *e = getenv("SLUICE_CUDA_ATTN_PDL");
         return !(e && strcmp(e, "0") == 0);
     }();
-    return pdl_launch_as(early, dec_kernel_for<D, TC, KV8>(a), grid, blk, sm, st, *a);
+    static const bool msm = [] { /* experiment */
+        const char *e = getenv("SLUICE_CUDA_DEC_MSM");
+        return e && strcmp(e, "1") == 0;
+    }();
+    struct cuda_attn_args b = *a;
+    b.dec_msm = msm;
+    return pdl_launch_as(early, dec_kernel_for<D, TC, KV8>(a), grid, blk, sm, st, b);
 }
 
 /* ---- tensor-core kernel (prefill tiles) -------------------------------------- */

@@ -107,6 +107,7 @@ struct cuda_attn_args {
     bool dec_wide;              /* decode kernel at head_dim 128 on the tensor cores: the build held to 3
                                  * blocks an SM (fewer registers; for steps of more blocks than 2 an SM:
                                  * see attn.cu) */
+    bool dec_msm;               /* experiment: the plain decode build merges from a shared-memory copy */
     struct cuda_rope_args rope; /* decode kernel only: with rope.qkv set, the kernel does cuda_rope_kv's work
                                  * for its tokens (q from rope.qkv, not q; each token's K and V written to its
                                  * slot by the split that holds its position), so cuda_rope_kv is not run */
