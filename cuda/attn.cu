@@ -819,8 +819,11 @@ static __device__ __forceinline__ void attn_dec_body(const struct cuda_attn_args
             for (int k = 0; k < KR; k++)
                 pa[m][k] = i < grp * D && k < ns ? __ldcg(pbase + r * prow + 2 + d + k * (D + 2)) : 0.0f;
         }
-    /* experiment (MSM): the plain build copies every partial it merges into
-     * its stages (free now) by cp.async (L2 only), in one round */
+    /* the plain build (a.dec_msm, SLUICE_CUDA_DEC_MSM=0 turns it off): the
+     * partials it merges copied into its stages (free now) by cp.async (L2
+     * only), one round of loads where the pairs' and the accumulators' took
+     * two; registers stay as they were (169), unlike MREG's: batch-1 decode
+     * 241.8-242.6 -> 242.6-242.9 tok/s (BENCHMARKS.md, twenty-fifth round) */
     const int pst = (ns * (D + 2) + 3) & ~3; /* floats per row r in the copy */
     const bool msm = TC && !MREG && (size_t)grp * pst * 4 <= (size_t)DEC_NW * dec_tile<D, KV8>::SB && a.dec_msm;
     const float *ps = (const float *)dsm;
@@ -932,9 +935,9 @@ static cudaError_t launch_dec(const struct cuda_attn_args *a, cudaStream_t st)
         const char *e = getenv("SLUICE_CUDA_ATTN_PDL");
         return !(e && strcmp(e, "0") == 0);
     }();
-    static const bool msm = [] { /* experiment */
+    static const bool msm = [] { /* the plain build's merge from shared memory (attn_dec_body) */
         const char *e = getenv("SLUICE_CUDA_DEC_MSM");
-        return e && strcmp(e, "1") == 0;
+        return !(e && strcmp(e, "0") == 0);
     }();
     struct cuda_attn_args b = *a;
     b.dec_msm = msm;

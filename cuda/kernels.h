@@ -107,7 +107,8 @@ struct cuda_attn_args {
     bool dec_wide;              /* decode kernel at head_dim 128 on the tensor cores: the build held to 3
                                  * blocks an SM (fewer registers; for steps of more blocks than 2 an SM:
                                  * see attn.cu) */
-    bool dec_msm;               /* experiment: the plain decode build merges from a shared-memory copy */
+    bool dec_msm;               /* internal, set by cuda_attention: the decode kernel's plain build merges its
+                                 * splits from a shared-memory copy of their partials */
     struct cuda_rope_args rope; /* decode kernel only: with rope.qkv set, the kernel does cuda_rope_kv's work
                                  * for its tokens (q from rope.qkv, not q; each token's K and V written to its
                                  * slot by the split that holds its position), so cuda_rope_kv is not run */
