@@ -717,6 +717,20 @@ static cudaError_t launch_k(void (*k)(A...), int grid, int threads, size_t smem,
  * (SLUICE_GEMV_CH=4|8|16), 4 for longer ones */
 static int warp_ch(int in) { return in <= 4096 ? state().ch : 4; }
 
+/* the warp kernel at T rows */
+template <int EPI, bool NORM, int CH, bool XS>
+static cudaError_t launch_warp_t(const gemv_params &p, int T, int grid, size_t smem, cudaStream_t st)
+{
+    const int th = 32 * GEMV_WARPS;
+    switch (T) {
+    case 1: return launch_k(gemv_warp_kernel<1, EPI, NORM, CH, false, false, XS>, grid, th, smem, st, p);
+    case 2: return launch_k(gemv_warp_kernel<2, EPI, NORM, CH, false, false, XS>, grid, th, smem, st, p);
+    case 3: return launch_k(gemv_warp_kernel<3, EPI, NORM, CH, false, false, XS>, grid, th, smem, st, p);
+    case 4: return launch_k(gemv_warp_kernel<4, EPI, NORM, CH, false, false, XS>, grid, th, smem, st, p);
+    default: return cudaErrorInvalidValue;
+    }
+}
+
 template <int EPI, bool NORM, int CH>
 static cudaError_t launch_warp1(const gemv_params &p, int T, cudaStream_t st)
 {
@@ -734,23 +748,9 @@ static cudaError_t launch_warp1(const gemv_params &p, int T, cudaStream_t st)
                             smem + (q.nwsm ? (size_t)p.in * 4 : 0), st, q);
         }
     if constexpr (!NORM)
-        if (state().xs && (size_t)T * p.in * 2 <= 32768) {
-            smem = (size_t)T * p.in * 2;
-            switch (T) {
-            case 1: return launch_k(gemv_warp_kernel<1, EPI, NORM, CH, false, false, true>, grid, th, smem, st, p);
-            case 2: return launch_k(gemv_warp_kernel<2, EPI, NORM, CH, false, false, true>, grid, th, smem, st, p);
-            case 3: return launch_k(gemv_warp_kernel<3, EPI, NORM, CH, false, false, true>, grid, th, smem, st, p);
-            case 4: return launch_k(gemv_warp_kernel<4, EPI, NORM, CH, false, false, true>, grid, th, smem, st, p);
-            default: return cudaErrorInvalidValue;
-            }
-        }
-    switch (T) {
-    case 1: return launch_k(gemv_warp_kernel<1, EPI, NORM, CH>, grid, th, smem, st, p);
-    case 2: return launch_k(gemv_warp_kernel<2, EPI, NORM, CH>, grid, th, smem, st, p);
-    case 3: return launch_k(gemv_warp_kernel<3, EPI, NORM, CH>, grid, th, smem, st, p);
-    case 4: return launch_k(gemv_warp_kernel<4, EPI, NORM, CH>, grid, th, smem, st, p);
-    default: return cudaErrorInvalidValue;
-    }
+        if (state().xs && (size_t)T * p.in * 2 <= 32768) /* x into shared memory (XS) */
+            return launch_warp_t<EPI, NORM, CH, true>(p, T, grid, (size_t)T * p.in * 2, st);
+    return launch_warp_t<EPI, NORM, CH, false>(p, T, grid, smem, st);
 }
 
 /* chunks in flight: warp_ch(in) per row (two rows per warp for SwiGLU: at
