@@ -42,12 +42,30 @@ static __device__ __forceinline__ void rope_vec_load(const struct cuda_rope_args
         x[0] = bf2f((uint16_t)u), x[1] = bf2f((uint16_t)(u >> 16));
     }
 }
-/* the rest of rope_head_vec for the head rope_vec_load read into x, at position p */
+/* lane's cos and sin at position p for rope_vec_finish_cs (the tables:
+ * no kernel of a step writes them) */
 template <int V>
-static __device__ __forceinline__ void rope_vec_finish(const struct cuda_rope_args &a, int h, int p, float (&x)[V],
-                                                       void *dst, bool f8)
+struct rope_cs {
+    float c[V], s[V];
+};
+template <int V>
+static __device__ __forceinline__ void rope_vec_cs(const struct cuda_rope_args &a, int p, rope_cs<V> &r)
 {
-    constexpr int D = 32 * V, half = D / 2;
+    constexpr int half = 16 * V;
+    const int lane = threadIdx.x & 31, e0 = lane * V;
+    const float *cs = a.cos + (size_t)p * half, *sn = a.sin + (size_t)p * half;
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        int i = a.neox ? (lane & 15) * V + j : (e0 + (j & ~1)) / 2;
+        r.c[j] = cs[i], r.s[j] = sn[i];
+    }
+}
+/* rope_vec_finish with the cos and sin from rope_vec_cs */
+template <int V>
+static __device__ __forceinline__ void rope_vec_finish_cs(const struct cuda_rope_args &a, int h, float (&x)[V],
+                                                          const rope_cs<V> &r, void *dst, bool f8)
+{
+    constexpr int D = 32 * V;
     const int lane = threadIdx.x & 31, e0 = lane * V;
     if (a.bias)
 #pragma unroll
@@ -64,21 +82,18 @@ static __device__ __forceinline__ void rope_vec_finish(const struct cuda_rope_ar
     }
     float y[V];
     if (isq || isk) {
-        const float *cs = a.cos + (size_t)p * half, *sn = a.sin + (size_t)p * half;
         if (a.neox) {
             bool lo = lane < 16;
 #pragma unroll
             for (int j = 0; j < V; j++) {
                 float pr = __shfl_xor_sync(0xffffffffu, x[j], 16);
-                int i = (lane & 15) * V + j;
-                y[j] = lo ? x[j] * cs[i] - pr * sn[i] : pr * sn[i] + x[j] * cs[i];
+                y[j] = lo ? x[j] * r.c[j] - pr * r.s[j] : pr * r.s[j] + x[j] * r.c[j];
             }
         } else {
 #pragma unroll
             for (int j = 0; j < V; j += 2) {
-                int i = (e0 + j) / 2;
-                y[j] = x[j] * cs[i] - x[j + 1] * sn[i];
-                y[j + 1] = x[j] * sn[i] + x[j + 1] * cs[i];
+                y[j] = x[j] * r.c[j] - x[j + 1] * r.s[j];
+                y[j + 1] = x[j] * r.s[j] + x[j + 1] * r.c[j];
             }
         }
     } else {
@@ -100,6 +115,16 @@ static __device__ __forceinline__ void rope_vec_finish(const struct cuda_rope_ar
         else
             ((uint32_t *)dst)[lane] = u0;
     }
+}
+
+/* the rest of rope_head_vec for the head rope_vec_load read into x, at position p */
+template <int V>
+static __device__ __forceinline__ void rope_vec_finish(const struct cuda_rope_args &a, int h, int p, float (&x)[V],
+                                                       void *dst, bool f8)
+{
+    rope_cs<V> r;
+    rope_vec_cs<V>(a, p, r);
+    rope_vec_finish_cs<V>(a, h, x, r, dst, f8);
 }
 
 template <int V>
