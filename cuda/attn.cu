@@ -60,7 +60,6 @@
 #include "cuda/rope.cuh"
 #include "cuda/pdl.cuh"
 #include "cuda/tile.cuh"
-#include "cuda/trace.cuh"
 
 #define KT 32
 #define WARPS 4
@@ -541,9 +540,14 @@ static __device__ __forceinline__ void attn_dec_body(const struct cuda_attn_args
     __shared__ int last;
     extern __shared__ __align__(16) uint16_t dsm[]; /* TC: dec_tc_smem's layout */
     struct cuda_attn_item wi;
-    if (threadIdx.x == 0) tr_mark(a.tr, 0);
     if (!attn_item(a, false, wi)) {
-        if (!(a.dec_x & 2) || (blockIdx.x == 0 && blockIdx.y == 0)) pdl_wait();
+        /* an idle block (the grid is sized for the graph's longest step)
+         * leaves at once: waiting, it held an SM slot that a working block
+         * of the next head needed while the qkv GEMV still ran. Block (0,
+         * 0) works whenever any does; it waits anyway, so that this
+         * kernel's completion implies its predecessors' even with no item
+         * (BENCHMARKS.md, twenty-sixth round) */
+        if (blockIdx.x == 0 && blockIdx.y == 0) pdl_wait();
         return;
     }
     int g = blockIdx.y, grp = a.H / a.KVH, KVH = a.KVH;
@@ -575,12 +579,14 @@ static __device__ __forceinline__ void attn_dec_body(const struct cuda_attn_args
     const int wp = (tpos - wi.kv_lo) / TL::BN; /* own: the warp whose first tile holds the token, if < DEC_NW */
     if (early && wi.kv_lo + TL::BN * w < hi)
         dec_load_kv<D, KV8>(a, bt, g, wi.kv_lo + TL::BN * w, hi, stage, own ? tpos : -1);
+    /* RoPE's cos and sin at the token's position (tables no kernel
+     * writes) before the wait: the q path after it is then one round trip,
+     * not two (batch-1 decode +0.3%, BENCHMARKS.md, twenty-sixth round) */
     constexpr int RV = D / 32;
     rope_cs<RV> rcs;
-    const bool rvec = (D == 128 || D == 64) && a.rope.qkv && (a.dec_x & 1) && ROPE_VEC_OK(a.rope.D, a.rope.rope_dim);
+    const bool rvec = (D == 128 || D == 64) && a.rope.qkv && ROPE_VEC_OK(a.rope.D, a.rope.rope_dim);
     if (rvec) rope_vec_cs<RV>(a.rope, tpos, rcs);
     pdl_wait(); /* launched early (PDL): q and the KV write wait for the qkv GEMV; the tiles above did not */
-    if (threadIdx.x == 0) tr_mark(a.tr, 1);
     /* q of this block's heads: from the raw projection through RoPE when
      * it is folded in (and the split that holds the token's position writes
      * its K and V, before any warp of this block reads them; no other block
@@ -592,7 +598,7 @@ static __device__ __forceinline__ void attn_dec_body(const struct cuda_attn_args
             rope_vec_load<RV>(a.rope, t, g * grp + r, x);
             rope_vec_finish_cs<RV>(a.rope, g * grp + r, x, rcs, Qb[r], false);
         }
-        if (own && w < 2) {
+        if (own && w < 2) { /* as below: K (warp 0) or V (warp 1) into the cache, and into the stage */
             int h = a.H + w * KVH + g;
             float x[RV];
             rope_vec_load<RV>(a.rope, t, h, x);
@@ -624,7 +630,6 @@ static __device__ __forceinline__ void attn_dec_body(const struct cuda_attn_args
             Qb[i / D][i % D] = a.q[((size_t)t * a.H + g * grp + i / D) * D + i % D];
     }
     __syncthreads();
-    if (threadIdx.x == 0) tr_mark(a.tr, 2);
     if constexpr (!TC) {
         __shared__ float Qs[GM][D];
         for (int i = threadIdx.x; i < GM * D; i += blockDim.x) {
@@ -780,7 +785,6 @@ static __device__ __forceinline__ void attn_dec_body(const struct cuda_attn_args
         }
         l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
         l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-        if (threadIdx.x == 0) tr_mark(a.tr, 16);
         int r = lane >> 2, d0 = (lane & 3) * 2;
         if (r < GM) {
             if ((lane & 3) == 0) Wm[w][r] = m0, Wl[w][r] = l0;
@@ -814,11 +818,7 @@ static __device__ __forceinline__ void attn_dec_body(const struct cuda_attn_args
             pp[2 + d] = A;
         }
     }
-    if (!split) {
-        if (threadIdx.x == 0) tr_mark(a.tr, 4);
-        return;
-    }
-    if (threadIdx.x == 0) tr_mark(a.tr, 17);
+    if (!split) return;
     /* the ticket: the block's partials are ordered before it by the barrier
      * and thread 0's fence, and the last block's thread 0 fences again
      * before its barrier (the pattern of cooperative groups' grid sync) */
@@ -829,12 +829,10 @@ static __device__ __forceinline__ void attn_dec_body(const struct cuda_attn_args
         if (last) __threadfence();
     }
     __syncthreads();
-    if (threadIdx.x == 0) tr_mark(a.tr, 3);
     if (!last) return;
-    if (a.dec_x & 4) pdl_trigger();
-    /* the merge: every split's (max, sum) in one round of loads, the weights
-     * per row, then each output's accumulators (independent loads) */
-    __shared__ float Sw[GM][CUDA_ATTN_MAXSPLIT], Sl[GM][CUDA_ATTN_MAXSPLIT], Sinv[GM];
+    /* the merge: every split's (max, sum), the weights per row, then each
+     * output's accumulators (independent loads) */
+    __shared__ float Sw[GM][CUDA_ATTN_MAXSPLIT], Sinv[GM];
     int ns = wi.nsplit;
     const float *pbase = a.part + ((size_t)wi.part * KVH + g) * CUDA_ATTN_MAXSPLIT * (D + 2);
     const size_t prow = (size_t)KVH * CUDA_ATTN_MAXSPLIT * (D + 2); /* from one part row to the next */
@@ -871,46 +869,24 @@ static __device__ __forceinline__ void attn_dec_body(const struct cuda_attn_args
         cp_async_commit();
         cp_async_wait<0>();
         __syncthreads();
-        if (threadIdx.x == 0) tr_mark(a.tr, 18);
-        if (a.dec_x & 8) pdl_trigger();
-        if (!(a.dec_x & 16))
-        for (int i = threadIdx.x; i < grp * ns; i += blockDim.x) {
-            int r = i / ns, k = i % ns;
-            Sw[r][k] = ps[r * pst + k * (D + 2)], Sl[r][k] = ps[r * pst + k * (D + 2) + 1];
-        }
-    } else if (!(a.dec_x & 16)) {
-        for (int i = threadIdx.x; i < grp * ns; i += blockDim.x) {
-            int r = i / ns, k = i % ns;
-            Sw[r][k] = __ldcg(pbase + r * prow + k * (D + 2));
-            Sl[r][k] = __ldcg(pbase + r * prow + k * (D + 2) + 1);
-        }
     }
-    if (a.dec_x & 16) { /* experiment: each row's split weights by one warp, lane k split k (ns <= 32) */
-        for (int r = w; r < grp; r += DEC_NW) {
-            const bool ok = lane < ns;
-            float m = -INFINITY, l = 0.0f;
-            if (ok && msm)
-                m = ps[r * pst + lane * (D + 2)], l = ps[r * pst + lane * (D + 2) + 1];
-            else if (ok)
-                m = __ldcg(pbase + r * prow + lane * (D + 2)), l = __ldcg(pbase + r * prow + lane * (D + 2) + 1);
-            float M = warp_max(m);
-            float e = m == -INFINITY ? 0.0f : exp2f(m - M);
-            float L = warp_sum(l * e);
-            if (ok) Sw[r][lane] = e;
-            if (lane == 0) Sinv[r] = L > 0.0f ? 1.0f / L : 0.0f;
-        }
-    } else {
-    __syncthreads();
-    if (threadIdx.x < grp) {
-        int r = threadIdx.x;
-        float M = -INFINITY, L = 0.0f;
-        for (int k = 0; k < ns; k++) M = fmaxf(M, Sw[r][k]);
-        for (int k = 0; k < ns; k++) {
-            float e = Sw[r][k] == -INFINITY ? 0.0f : exp2f(Sw[r][k] - M);
-            Sw[r][k] = e, L += Sl[r][k] * e;
-        }
-        Sinv[r] = L > 0.0f ? 1.0f / L : 0.0f;
-    }
+    /* each row's split weights by one warp, lane k for split k (ns <=
+     * CUDA_ATTN_MAXSPLIT = 32), by shuffles: one barrier, not two, and no
+     * serial loop over the splits (batch-1 decode +0.3%, batch 8 +0.5%;
+     * BENCHMARKS.md, twenty-sixth round) */
+    static_assert(CUDA_ATTN_MAXSPLIT <= 32, "a lane per split");
+    for (int r = w; r < grp; r += DEC_NW) {
+        const bool ok = lane < ns;
+        float m = -INFINITY, l = 0.0f;
+        if (ok && msm)
+            m = ps[r * pst + lane * (D + 2)], l = ps[r * pst + lane * (D + 2) + 1];
+        else if (ok)
+            m = __ldcg(pbase + r * prow + lane * (D + 2)), l = __ldcg(pbase + r * prow + lane * (D + 2) + 1);
+        float M = warp_max(m);
+        float e = m == -INFINITY ? 0.0f : exp2f(m - M);
+        float L = warp_sum(l * e);
+        if (ok) Sw[r][lane] = e;
+        if (lane == 0) Sinv[r] = L > 0.0f ? 1.0f / L : 0.0f;
     }
     __syncthreads();
     if (reg) {
@@ -943,7 +919,6 @@ static __device__ __forceinline__ void attn_dec_body(const struct cuda_attn_args
         a.out[((size_t)t * a.H + g * grp + r) * D + d] = f2bf(A * Sinv[r]);
     }
     if (threadIdx.x == 0) a.cnt[t * KVH + g] = 0;
-    if (threadIdx.x == 0) tr_mark(a.tr, 4);
 }
 
 template <int D, int GM, bool TC, bool KV8>
@@ -995,13 +970,8 @@ static cudaError_t launch_dec(const struct cuda_attn_args *a, cudaStream_t st)
         const char *e = getenv("SLUICE_CUDA_DEC_MSM");
         return !(e && strcmp(e, "0") == 0);
     }();
-    static const int dx = [] { /* experiment: cuda_attn_args.dec_x */
-        const char *e = getenv("SLUICE_CUDA_DEC_X");
-        return e ? atoi(e) : 19;
-    }();
     struct cuda_attn_args b = *a;
     b.dec_msm = msm;
-    b.dec_x = dx;
     return pdl_launch_as(early, dec_kernel_for<D, TC, KV8>(a), grid, blk, sm, st, b);
 }
 

@@ -167,9 +167,6 @@ struct rank {
     pthread_t th;                   /* ranks >= 1 */
     bool th_started;
     long steps;                     /* forwards run, for SLUICE_TP_FAULT */
-    unsigned long long *trace;      /* experiment: SLUICE_CUDA_TRACE's regions (TR_SLOTS x TR_MAXB x TR_STRIDE) */
-    int tr_n;                       /* regions handed out by the last one-token capture */
-    char tr_name[256][8];
     int rc;                         /* last job's result */
     char err[512];
 };
@@ -263,7 +260,6 @@ struct cuda_backend {
     int *peer_abort;                /* pinned, mapped: set when a rank fails, ends the kernel's waits */
     int fault_rank;                 /* SLUICE_TP_FAULT */
     long fault_step;
-    long trace_step;                /* experiment: SLUICE_CUDA_TRACE=N dumps step N's kernel timeline */
 };
 
 #define CK(call)                                                                                     \
@@ -682,8 +678,6 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
                (c->n_head * c->head_dim) % 8 == 0 && (size_t)CUDA_GEMV_MAX_T * c->n_embd * 2 <= CUDA_GEMV_NORM_SMEM;
     ge = getenv("SLUICE_CUDA_FUSED_T");
     b->fused_t = ge && atoi(ge) >= 1 && atoi(ge) <= CUDA_GEMV_MAX_T ? atoi(ge) : 1;
-    ge = getenv("SLUICE_CUDA_TRACE");
-    b->trace_step = ge ? atol(ge) : 0;
     ge = getenv("SLUICE_CUDA_WARMUP");
     b->warmup = !(ge && strcmp(ge, "0") == 0);
     ge = getenv("SLUICE_CUDA_GEMM_WG_MIN_T");
@@ -1199,96 +1193,6 @@ fail:
 
 /* Enqueues rank k's whole forward pass for T tokens (some maybe padding), R
  * logit rows, and max_items attention items, up to the greedy tokens. */
-#define TR_SLOTS 256
-#define TR_MAXB 4096
-#define TR_STRIDE 20
-/* experiment: the next traced kernel's region (NULL when not tracing) */
-static unsigned long long *tr_slot(struct rank *k, bool on, const char *name)
-{
-    if (!on || !k->trace || k->tr_n >= TR_SLOTS) return NULL;
-    snprintf(k->tr_name[k->tr_n], sizeof k->tr_name[0], "%s", name);
-    return k->trace + (size_t)k->tr_n++ * TR_MAXB * TR_STRIDE;
-}
-
-static int tr_cmp(const void *a, const void *b)
-{
-    unsigned long long x = *(const unsigned long long *)a, y = *(const unsigned long long *)b;
-    return (x > y) - (x < y);
-}
-
-/* experiment: the traced step's timeline. Per kernel, from the previous
- * kernel's last stamp (E): its first block's entry, the first and last
- * release (wait returned), mark 2 (norm done / q ready) and mark 3
- * (ticket taken) first and last, the ends at p50 / p90 / max; averaged
- * over layers 2-30 by kernel kind */
-static void tr_dump(struct rank *k)
-{
-    size_t per = (size_t)TR_MAXB * TR_STRIDE, n = (size_t)k->tr_n * per;
-    unsigned long long *h = malloc(n * 8), *ends = malloc((size_t)TR_MAXB * TR_STRIDE * 8);
-    if (!h || !ends || cudaMemcpy(h, k->trace, n * 8, cudaMemcpyDeviceToHost) != cudaSuccess) {
-        free(h), free(ends);
-        return;
-    }
-    const char *kinds[] = {"qkv", "attn", "o", "gu", "down"};
-    enum { NF = 18 };
-    const char *fn[NF] = {"entry0", "rel0", "rel1", "m2_0", "m2_1", "m3_0", "m3_1", "p50", "p90", "end", "blocks", "entry1",
-                          "tiles0", "tiles1", "parts0", "parts1", "mload0", "mload1"};
-    double sum[5][NF] = {{0}}, prev = -1;
-    int cnt[5] = {0};
-    for (int s = 0; s < k->tr_n; s++) {
-        unsigned long long *r = h + (size_t)s * per, mn[4], mx[4];
-        unsigned long long xmn[3], xmx[3]; /* attention: marks 16-18 */
-        for (int i = 0; i < 4; i++) mn[i] = ~0ull, mx[i] = 0;
-        for (int i = 0; i < 3; i++) xmn[i] = ~0ull, xmx[i] = 0;
-        int nb = 0, ne = 0;
-        for (int bl = 0; bl < TR_MAXB; bl++) {
-            unsigned long long *q = r + (size_t)bl * TR_STRIDE;
-            if (!q[0]) continue;
-            nb++;
-            for (int i = 0; i < 4; i++)
-                if (q[i]) {
-                    if (q[i] < mn[i]) mn[i] = q[i];
-                    if (q[i] > mx[i]) mx[i] = q[i];
-                }
-            for (int i = 16; i < 19; i++)
-                if (q[i]) {
-                    if (q[i] < xmn[i - 16]) xmn[i - 16] = q[i];
-                    if (q[i] > xmx[i - 16]) xmx[i - 16] = q[i];
-                }
-            unsigned long long e = 0;
-            for (int w = 2; w < 16; w++)
-                if (w >= 4 && q[w]) ends[ne++] = q[w];
-                else if (q[w] > e) e = q[w];
-            if (strcmp(k->tr_name[s], "attn") == 0 && e) ends[ne++] = e; /* attention: the block's last mark */
-        }
-        if (!nb || !ne) continue;
-        qsort(ends, (size_t)ne, 8, tr_cmp);
-        unsigned long long base = prev < 0 ? mn[0] : (unsigned long long)prev;
-#define RL(v) ((v) == ~0ull || (v) == 0 ? -1.0 : ((double)(long long)((v) - base)) / 1e3)
-        double f[NF] = {RL(mn[0]), RL(mn[1]), RL(mx[1]), RL(mn[2]), RL(mx[2]), RL(mn[3]), RL(mx[3]),
-                        RL(ends[ne / 2]), RL(ends[ne * 9 / 10]), RL(ends[ne - 1]), nb, RL(mx[0]),
-                        RL(xmn[0]), RL(xmx[0]), RL(xmn[1]), RL(xmx[1]), RL(xmn[2]), RL(xmx[2])};
-#undef RL
-        if (s < 12 || s >= k->tr_n - 8)
-            fprintf(stderr, "trace %3d %-5s b %4d entry %6.2f..%6.2f rel %6.2f..%6.2f m2 %6.2f..%6.2f m3 %6.2f..%6.2f "
-                    "end p50 %6.2f p90 %6.2f max %6.2f\n", s, k->tr_name[s], nb, f[0], f[11], f[1], f[2], f[3], f[4],
-                    f[5], f[6], f[7], f[8], f[9]);
-        for (int c = 0; c < 5; c++)
-            if (!strcmp(k->tr_name[s], kinds[c]) && s >= 5 && s < k->tr_n - 8 && prev >= 0) {
-                for (int i = 0; i < NF; i++) sum[c][i] += f[i];
-                cnt[c]++;
-            }
-        prev = (double)ends[ne - 1];
-    }
-    for (int c = 0; c < 5; c++)
-        if (cnt[c]) {
-            fprintf(stderr, "trace mean %-5s (%d):", kinds[c], cnt[c]);
-            for (int i = 0; i < NF; i++) fprintf(stderr, " %s %.2f", fn[i], sum[c][i] / cnt[c]);
-            fprintf(stderr, "\n");
-        }
-    free(h), free(ends);
-}
-
 static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, char *err, size_t errlen)
 {
     struct cuda_backend *b = k->b;
@@ -1319,14 +1223,11 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
      * With N > 1 only when the all-reduces go through the peer kernel: the
      * residual adds are then in it, after the sums */
     bool fz = b->fused && T <= b->fused_t && (b->tp == 1 || use_peer(b, (size_t)T * E));
-    bool trc = fz && T == 1 && k->trace;
-    if (trc) k->tr_n = 0;
     for (int l = 0; l < c->n_layer; l++) {
         const struct clayer *L = &k->L[l];
         /* the previous layer's MLP output joins the residual here */
         unsigned ab = b->ablate;
         if (fz) {
-            cuda_gemv_trace_next(tr_slot(k, trc && !(ab & ABL_QKV), "qkv"), NULL);
             if (!(ab & ABL_QKV)) CK(cuda_gemv_rmsnorm(L->wqkv, k->x, L->attn_norm, c->norm_eps, k->qkv, T, E, QKV, st));
         } else {
             if (!(ab & ABL_NORM))
@@ -1359,17 +1260,13 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
             .cnt = dk ? k->cnt : NULL,
             .dec_wide = b->dec_wide_t < 0 ? T * KVH >= 32 : b->dec_wide_t > 0 && T >= b->dec_wide_t,
             .rope = dk ? ra : (struct cuda_rope_args){0},
-            .tr = tr_slot(k, trc && !(ab & ABL_ATTN), "attn"),
         };
         if (!(ab & ABL_ATTN)) CK(cuda_attention(&aa, st));
         if (fz) {
-            cuda_gemv_trace_next(tr_slot(k, trc && !(ab & ABL_O), "o"), NULL);
             if (!(ab & ABL_O) && proj_rows(k, k->att, L->wo, T, Q, E, 0, true, err, errlen)) goto fail;
             if (b->tp == 1 && c->n_layer >= 2 && !(ab & (ABL_GU | ABL_DOWN))) {
                 /* one GPU: the down GEMV reads h as gate/up stores it, tagged
                  * with the layer (consecutive calls differ) */
-                unsigned long long *tg = tr_slot(k, trc, "gu");
-                cuda_gemv_trace_next(tg, tr_slot(k, trc, "down"));
                 CK(cuda_gemv_mlp(L->wgu, L->wdown, k->x, L->ffn_norm, c->norm_eps, k->h, T, E, F, k->hw, l + 1, st));
                 continue;
             }
@@ -1459,12 +1356,6 @@ static int rank_forward(struct rank *k, char *err, size_t errlen)
         sl_seterr(err, errlen, "GPU %d: injected fault at step %ld (SLUICE_TP_FAULT)", k->dev, k->steps);
         return SL_EDEVICE;
     }
-    if (b->trace_step && !k->trace && k->id == 0) {
-        if (cudaMalloc((void **)&k->trace, (size_t)TR_SLOTS * TR_MAXB * TR_STRIDE * 8) != cudaSuccess) k->trace = NULL;
-        else fprintf(stderr, "cuda: SLUICE_CUDA_TRACE=%ld: one-token steps traced (experiment)\n", b->trace_step);
-    }
-    bool dump = k->trace && k->steps == b->trace_step && Tp == 1;
-    if (dump) CK(cudaMemsetAsync(k->trace, 0, (size_t)TR_SLOTS * TR_MAXB * TR_STRIDE * 8, k->st));
     CK(cudaMemcpyAsync(k->din, b->hin, b->job.nbytes, cudaMemcpyHostToDevice, k->st));
     if (b->job.n_samp) {
         CK(cudaMemcpyAsync(k->din + b->lay.srows, b->hin + b->lay.srows, (size_t)R * sizeof(struct cuda_sample_row),
@@ -1508,9 +1399,7 @@ static int rank_forward(struct rank *k, char *err, size_t errlen)
             CK(cudaMemcpyAsync(b->hsout, k->sout, (size_t)R * sizeof *k->sout, cudaMemcpyDeviceToHost, k->st));
         }
     }
-    rc = rank_wait(k, err, errlen);
-    if (!rc && dump) tr_dump(k);
-    return rc;
+    return rank_wait(k, err, errlen);
 fail:
     return SL_EDEVICE;
 }

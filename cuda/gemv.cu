@@ -103,7 +103,6 @@
 #include "cuda/norm.cuh"
 #include "cuda/pdl.cuh"
 #include "cuda/tile.cuh"
-#include "cuda/trace.cuh"
 
 #define BT 256 /* threads of the block kernel */
 #define GEMV_WARPS 8
@@ -142,7 +141,6 @@ struct gemv_params {
     uint32_t *hw;      /* cuda_gemv_mlp (TAGGED kernels): [F] h as tag << 16 | bf16 */
     uint32_t tag;      /* this call's tag (1 ... 65535) */
     bool nwsm;         /* NORM, the pair kernel: nw staged in shared memory after xs (norm_stage) */
-    unsigned long long *tr; /* experiment: trace.cuh's region, or NULL */
 };
 
 /* Output o of a GEMV from its sum a (and, for EPI_SWIGLU, the up row's sum
@@ -355,12 +353,10 @@ static __global__ void __launch_bounds__(32 * GEMV_WARPS, PAIR ? 3 : 1) gemv_war
     const uint4 *w[NR];
 #pragma unroll
     for (int r = 0; r < NR; r++) w[r] = (const uint4 *)(p.W + (size_t)(r * p.out + (live ? j : 0)) * p.in);
-    if (threadIdx.x == 0) tr_mark(p.tr, 0);
     wchunks<CH, NR> cur, nxt;
     if (live) cur.load(w, 0, lane, n4);
     if (NORM && PAIR) norm_stage<NT>(p, xs4);
     pdl_wait(); /* from here on, x may be read */
-    if (threadIdx.x == 0) tr_mark(p.tr, 1);
     if (NORM) norm_rows<NT, PAIR>(p, (uint16_t *)xs4, nsh);
     if constexpr (XS && !NORM) { /* x into shared memory (SLUICE_GEMV_XS), all of it in one round trip */
         for (int i = threadIdx.x; i < NT * n4; i += 32 * GEMV_WARPS) cp_async16(smem_u32(xs4 + i), (const uint4 *)p.x + i, true);
@@ -368,11 +364,7 @@ static __global__ void __launch_bounds__(32 * GEMV_WARPS, PAIR ? 3 : 1) gemv_war
         cp_async_wait<0>();
         __syncthreads();
     }
-    if (threadIdx.x == 0) tr_mark(p.tr, 2);
-    if (!live) {
-        if (lane == 0) tr_mark(p.tr, 4 + (threadIdx.x >> 5));
-        return;
-    }
+    if (!live) return;
     const uint4 *x4 = NORM || XS ? xs4 : (const uint4 *)p.x;
     float acc[NR][NT];
 #pragma unroll
@@ -391,7 +383,6 @@ static __global__ void __launch_bounds__(32 * GEMV_WARPS, PAIR ? 3 : 1) gemv_war
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = warp_sum(acc[r][t]);
     if (lane) return;
-    tr_mark(p.tr, 3 + 1 + (threadIdx.x >> 5)); /* sums done (the store follows) */
 #pragma unroll
     for (int t = 0; t < NT; t++) {
         if constexpr (TAGGED) { /* cuda_gemv_mlp: one token, EPI_SWIGLU */
@@ -598,11 +589,9 @@ static __global__ void __launch_bounds__(32 * MW, 1024 / (32 * MW)) gemv_mma_ker
                 for (int h = 0; h < 2; h++) b.v[u][r][h] = ok ? __ldcs(w[r][h] + g * 4) : make_uint4(0, 0, 0, 0);
         }
     };
-    if (threadIdx.x == 0) tr_mark(p.tr, 0);
     mchunks<U, NR> cur, nxt;
     load(cur, 0);
     if (!TAGGED) pdl_wait(); /* from here on, x may be read (TAGGED: each word once it carries the tag) */
-    if (threadIdx.x == 0 && !TAGGED) tr_mark(p.tr, 1);
     if (NORM) norm_rows<NT>(p, (uint16_t *)xs4, nsh);
     const uint4 *x4 = NORM ? xs4 : (const uint4 *)p.x;
     float acc[NR][4];
@@ -646,11 +635,9 @@ static __global__ void __launch_bounds__(32 * MW, 1024 / (32 * MW)) gemv_mma_ker
     }
 #pragma unroll
     for (int r = 0; r < NR; r++) red[warp][r][lane] = make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
-    if (lane == 0) tr_mark(p.tr, 4 + warp);
     __syncthreads();
     if (warp) return;
     if constexpr (TAGGED) pdl_wait(); /* a kernel's completion still implies its predecessors' */
-    if (TAGGED && lane == 0) tr_mark(p.tr, 1);
     /* lane: rows row0 + rq (.x, .y) and row0 + rq + 8 (.z, .w), tokens 2q and 2q + 1 */
     float4 sm[NR];
 #pragma unroll
@@ -878,13 +865,9 @@ static bool use_mma(int T, int in)
 /* every launcher: the tensor-core, warp or block kernel by use_mma and
  * use_warp, so that for the
  * same T and in all of them sum each output in the same order */
-static unsigned long long *tr_next, *tr_next2;
-extern "C" void cuda_gemv_trace_next(unsigned long long *tr, unsigned long long *tr2) { tr_next = tr, tr_next2 = tr2; }
-
 template <int EPI, bool NORM>
-static cudaError_t launch(gemv_params p, int T, cudaStream_t st)
+static cudaError_t launch(const gemv_params &p, int T, cudaStream_t st)
 {
-    p.tr = tr_next, tr_next = NULL;
     if (p.out == 0) return cudaSuccess;
     if (use_mma(T, p.in)) return launch_mma<EPI, NORM>(p, T, st);
     return use_warp(T, p.in) ? launch_warp<EPI, NORM>(p, T, st) : launch_block<EPI, NORM>(p, T, st);
@@ -894,7 +877,7 @@ extern "C" cudaError_t cuda_gemv(const uint16_t *W, const uint16_t *x, void *y, 
                                  cudaStream_t st)
 {
     if (bad_shape(W, x, T, in, out)) return cudaErrorInvalidValue;
-    gemv_params p = {W, x, NULL, NULL, 0.0f, y, in, out, 0, NULL, 0, false, NULL};
+    gemv_params p = {W, x, NULL, NULL, 0.0f, y, in, out, 0, NULL, 0, false};
     return y_f32 ? launch<EPI_F32, false>(p, T, st) : launch<EPI_BF16, false>(p, T, st);
 }
 
@@ -902,7 +885,7 @@ extern "C" cudaError_t cuda_gemv_residual(const uint16_t *W, const uint16_t *x, 
                                           cudaStream_t st)
 {
     if (bad_shape(W, x, T, in, out)) return cudaErrorInvalidValue;
-    gemv_params p = {W, x, NULL, NULL, 0.0f, xres, in, out, 0, NULL, 0, false, NULL};
+    gemv_params p = {W, x, NULL, NULL, 0.0f, xres, in, out, 0, NULL, 0, false};
     return launch<EPI_RESID, false>(p, T, st);
 }
 
@@ -910,7 +893,7 @@ extern "C" cudaError_t cuda_gemv_swiglu(const uint16_t *Wgu, const uint16_t *x, 
                                         cudaStream_t st)
 {
     if (bad_shape(Wgu, x, T, in, F)) return cudaErrorInvalidValue;
-    gemv_params p = {Wgu, x, NULL, NULL, 0.0f, h, in, F, 0, NULL, 0, false, NULL};
+    gemv_params p = {Wgu, x, NULL, NULL, 0.0f, h, in, F, 0, NULL, 0, false};
     return launch<EPI_SWIGLU, false>(p, T, st);
 }
 
@@ -923,7 +906,7 @@ extern "C" cudaError_t cuda_gemv_rmsnorm(const uint16_t *W, const float *x, cons
                                          int T, int in, int out, cudaStream_t st)
 {
     if (bad_norm(W, x, T, in) || out < 0) return cudaErrorInvalidValue;
-    gemv_params p = {W, NULL, x, nw, eps, y, in, out, 0, NULL, 0, false, NULL};
+    gemv_params p = {W, NULL, x, nw, eps, y, in, out, 0, NULL, 0, false};
     return launch<EPI_BF16, true>(p, T, st);
 }
 
@@ -931,7 +914,7 @@ extern "C" cudaError_t cuda_gemv_rmsnorm_swiglu(const uint16_t *Wgu, const float
                                                 uint16_t *h, int T, int in, int F, cudaStream_t st)
 {
     if (bad_norm(Wgu, x, T, in) || F < 0) return cudaErrorInvalidValue;
-    gemv_params p = {Wgu, NULL, x, nw, eps, h, in, F, 0, NULL, 0, false, NULL};
+    gemv_params p = {Wgu, NULL, x, nw, eps, h, in, F, 0, NULL, 0, false};
     return launch<EPI_SWIGLU, true>(p, T, st);
 }
 
@@ -940,9 +923,8 @@ extern "C" cudaError_t cuda_gemv_rmsnorm_swiglu(const uint16_t *Wgu, const float
 static cudaError_t launch_mlp_tagged(const uint16_t *Wgu, const uint16_t *Wd, float *x, const float *nw, float eps,
                                      int E, int F, uint32_t *hw, int tag, cudaStream_t st)
 {
-    gemv_params gu = {Wgu, NULL, x, nw, eps, NULL, E, F, 0, hw, (uint32_t)tag, false, NULL};
-    gemv_params dn = {Wd, NULL, NULL, NULL, 0.0f, x, F, E, 0, hw, (uint32_t)tag, false, NULL};
-    gu.tr = tr_next, dn.tr = tr_next2, tr_next = tr_next2 = NULL;
+    gemv_params gu = {Wgu, NULL, x, nw, eps, NULL, E, F, 0, hw, (uint32_t)tag, false};
+    gemv_params dn = {Wd, NULL, NULL, NULL, 0.0f, x, F, E, 0, hw, (uint32_t)tag, false};
     cudaError_t e = launch_k(gemv_warp_kernel<1, EPI_SWIGLU, true, 4, false, true>, F / GEMV_WARPS,
                              32 * GEMV_WARPS, (size_t)E * 2, st, gu);
     return e != cudaSuccess ? e : launch_k(gemv_mma_kernel<1, EPI_RESID, false, true>, (E + 15) / 16, 32 * MW, 0, st, dn);

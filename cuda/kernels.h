@@ -109,9 +109,6 @@ struct cuda_attn_args {
                                  * see attn.cu) */
     bool dec_msm;               /* internal, set by cuda_attention: the decode kernel's plain build merges its
                                  * splits from a shared-memory copy of their partials */
-    int dec_x;                  /* experiment: 1 RoPE's cos/sin before the wait, 2 idle blocks exit at once,
-                                 * 4 / 8 the merging block triggers the next kernel before / after its loads */
-    unsigned long long *tr;     /* experiment: trace.cuh's region, or NULL (decode kernel) */
     struct cuda_rope_args rope; /* decode kernel only: with rope.qkv set, the kernel does cuda_rope_kv's work
                                  * for its tokens (q from rope.qkv, not q; each token's K and V written to its
                                  * slot by the split that holds its position), so cuda_rope_kv is not run */
@@ -140,8 +137,6 @@ cudaError_t cuda_attention_wg_prepare(void);
 cudaError_t cuda_attention_wg(const struct cuda_attn_args *a, cudaStream_t st);
 
 /* ---- gemv.cu ---- */
-/* experiment: the next GEMV launch (and cuda_gemv_mlp's down GEMV: tr2) writes trace.cuh's stamps there */
-void cuda_gemv_trace_next(unsigned long long *tr, unsigned long long *tr2);
 /* Few-row GEMVs for decode and their fusions. All: T <= CUDA_GEMV_MMA_MAX_T
  * rows (past CUDA_GEMV_MAX_T, every variant takes the tensor-core kernel;
  * the norm launchers within CUDA_GEMV_NORM_SMEM), W [rows][in] bf16, in % 8 == 0, W and bf16 x 16-byte aligned, f32

@@ -6,10 +6,11 @@
  * called pdl_trigger() (or exited). Until its own pdl_wait() returns it may
  * read only what no earlier kernel of the step writes (weights, the step's
  * uploaded inputs); pdl_wait() returns when the predecessor has completed
- * and its writes are visible. Every thread of every block calls pdl_wait()
- * before it exits, so completion of a kernel still implies completion of
- * everything before it in the stream (a chain of early launches stays
- * ordered). On for sm_90 and later unless SLUICE_PDL=0; see gemv.cu. The
+ * and its writes are visible. Every thread of every block that works calls
+ * pdl_wait() before it exits (the decode attention's idle blocks leave at
+ * once; its block (0, 0) always waits), so completion of a kernel still
+ * implies completion of everything before it in the stream (a chain of
+ * early launches stays ordered). On for sm_90 and later unless SLUICE_PDL=0; see gemv.cu. The
  * decode attention kernel is launched early too (its first K/V tiles
  * before the wait) but lets nothing start early (attn.cu says why). */
 #ifndef SLUICE_CUDA_PDL_CUH
