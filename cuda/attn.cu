@@ -542,12 +542,14 @@ static __device__ __forceinline__ void attn_dec_body(const struct cuda_attn_args
     struct cuda_attn_item wi;
     if (!attn_item(a, false, wi)) {
         /* an idle block (the grid is sized for the graph's longest step)
-         * leaves at once: waiting, it held an SM slot that a working block
-         * of the next head needed while the qkv GEMV still ran. Block (0,
-         * 0) works whenever any does; it waits anyway, so that this
-         * kernel's completion implies its predecessors' even with no item
-         * (BENCHMARKS.md, twenty-sixth round) */
-        if (blockIdx.x == 0 && blockIdx.y == 0) pdl_wait();
+         * of the plain build leaves at once: waiting, it held an SM slot
+         * that a working block of the next head needed while the qkv GEMV
+         * still ran. Block (0, 0) works whenever any does; it waits anyway,
+         * so that this kernel's completion implies its predecessors' even
+         * with no item. Not in the 3-blocks-an-SM build (MREG), where batch
+         * 64 lost 1.1% with this and the early cos/sin below (BENCHMARKS.md,
+         * twenty-sixth round) */
+        if (MREG || (blockIdx.x == 0 && blockIdx.y == 0)) pdl_wait();
         return;
     }
     int g = blockIdx.y, grp = a.H / a.KVH, KVH = a.KVH;
@@ -581,10 +583,11 @@ static __device__ __forceinline__ void attn_dec_body(const struct cuda_attn_args
         dec_load_kv<D, KV8>(a, bt, g, wi.kv_lo + TL::BN * w, hi, stage, own ? tpos : -1);
     /* RoPE's cos and sin at the token's position (tables no kernel
      * writes) before the wait: the q path after it is then one round trip,
-     * not two (batch-1 decode +0.3%, BENCHMARKS.md, twenty-sixth round) */
+     * not two (batch-1 decode +0.3%, BENCHMARKS.md, twenty-sixth round).
+     * The plain build only, as the idle blocks' exit above */
     constexpr int RV = D / 32;
     rope_cs<RV> rcs;
-    const bool rvec = (D == 128 || D == 64) && a.rope.qkv && ROPE_VEC_OK(a.rope.D, a.rope.rope_dim);
+    const bool rvec = !MREG && (D == 128 || D == 64) && a.rope.qkv && ROPE_VEC_OK(a.rope.D, a.rope.rope_dim);
     if (rvec) rope_vec_cs<RV>(a.rope, tpos, rcs);
     pdl_wait(); /* launched early (PDL): q and the KV write wait for the qkv GEMV; the tiles above did not */
     /* q of this block's heads: from the raw projection through RoPE when

@@ -7,8 +7,8 @@
  * read only what no earlier kernel of the step writes (weights, the step's
  * uploaded inputs); pdl_wait() returns when the predecessor has completed
  * and its writes are visible. Every thread of every block that works calls
- * pdl_wait() before it exits (the decode attention's idle blocks leave at
- * once; its block (0, 0) always waits), so completion of a kernel still
+ * pdl_wait() before it exits (the plain decode attention build's idle
+ * blocks leave at once; its block (0, 0) always waits), so completion of a kernel still
  * implies completion of everything before it in the stream (a chain of
  * early launches stays ordered). On for sm_90 and later unless SLUICE_PDL=0; see gemv.cu. The
  * decode attention kernel is launched early too (its first K/V tiles
