@@ -8,11 +8,12 @@
  * uploaded inputs); pdl_wait() returns when the predecessor has completed
  * and its writes are visible. Every thread of every block that works calls
  * pdl_wait() before it exits (the plain decode attention build's idle
- * blocks leave at once; its block (0, 0) always waits), so completion of a kernel still
- * implies completion of everything before it in the stream (a chain of
- * early launches stays ordered). On for sm_90 and later unless SLUICE_PDL=0; see gemv.cu. The
- * decode attention kernel is launched early too (its first K/V tiles
- * before the wait) but lets nothing start early (attn.cu says why). */
+ * blocks leave at once; its block (0, 0) always waits), so completion of a
+ * kernel still implies completion of everything before it in the stream (a
+ * chain of early launches stays ordered). On for sm_90 and later unless
+ * SLUICE_PDL=0; see gemv.cu. The decode attention kernel is launched early
+ * too (its first K/V tiles before the wait) but lets nothing start early
+ * (attn.cu says why). */
 #ifndef SLUICE_CUDA_PDL_CUH
 #define SLUICE_CUDA_PDL_CUH
 

@@ -122,8 +122,8 @@ template <int V>
 static __device__ __forceinline__ void rope_vec_finish(const struct cuda_rope_args &a, int h, int p, float (&x)[V],
                                                        void *dst, bool f8)
 {
-    rope_cs<V> r;
-    rope_vec_cs<V>(a, p, r);
+    rope_cs<V> r = {};
+    if (h < a.H + a.KVH) rope_vec_cs<V>(a, p, r); /* q and k heads only: v is not rotated */
     rope_vec_finish_cs<V>(a, h, x, r, dst, f8);
 }
 
