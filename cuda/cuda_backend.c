@@ -116,9 +116,11 @@ struct clayer {
     float *q_norm, *k_norm; /* [D] or NULL */
 };
 
-/* Offsets (in bytes) of the per-step inputs inside hin/din. */
+/* Offsets (in bytes) of the per-step inputs inside hin/din; max_items:
+ * the attention items the items region holds. */
 struct inlay {
     size_t slots, ids, pos, tok_part, tok_nsplit, rows, n_items, items, bt, srows, pen, total;
+    int max_items;
 };
 
 struct cuda_backend;
@@ -186,9 +188,10 @@ struct cuda_backend {
     struct rank *r;                 /* [tp] */
 
     /* step inputs: one pinned (portable) host buffer every rank copies from */
-    struct inlay lay;
+    struct inlay lay;               /* the current step's (step_lay) */
+    struct inlay lay_full;          /* for steps of up to max_tokens tokens */
     uint8_t *hin;
-    int max_items, bt_cap, part_rows;
+    int bt_cap, part_rows;
     int32_t *hout_tok;              /* [max_seqs] pinned */
     float *hout_lp;                 /* [max_seqs] pinned */
     float *hlog;                    /* [max_seqs][V] pinned: rows sampled on the host */
@@ -799,6 +802,41 @@ fail:
     return SL_EDEVICE;
 }
 
+/* The offsets of the regions a step fills, for steps of up to T tokens
+ * and items attention items (y's srows, pen and total are left alone);
+ * returns the end of the block tables (bt_cap entries). A step fills the
+ * start of each region, so it copies the prefix of hin up to its last
+ * block-table entry. */
+static size_t lay_steps(struct inlay *y, size_t T, size_t S, size_t items, int bt_cap)
+{
+    size_t o = 0;
+    y->slots = o, o = al(o + T * 8);
+    y->ids = o, o = al(o + T * 4);
+    y->pos = o, o = al(o + T * 4);
+    y->tok_part = o, o = al(o + T * 4);
+    y->tok_nsplit = o, o = al(o + T * 4);
+    y->rows = o, o = al(o + S * 4);
+    y->n_items = o, o = al(o + 4);
+    y->items = o, o = al(o + items * sizeof(struct cuda_attn_item));
+    y->max_items = (int)items;
+    y->bt = o, o = al(o + (size_t)bt_cap * 4);
+    return o;
+}
+
+/* The layout a step packs into: a decode graph's (Tp tokens, the Tp *
+ * MAXSPLIT items its attention grid reads) has the regions sized for Tp, so
+ * a batch-1 step copies a few KB, where the full layout (sized for
+ * max_tokens) puts ~1 MB before the block tables at 16K tokens a step. Its
+ * regions end before the full layout's block tables end, inside din. */
+static struct inlay step_lay(const struct cuda_backend *b, int gi, int Tp)
+{
+    struct inlay y = b->lay_full;
+    size_t items = (size_t)Tp * CUDA_ATTN_MAXSPLIT;
+    if (gi >= 0 && items <= (size_t)y.max_items && Tp <= b->max_tokens)
+        lay_steps(&y, (size_t)Tp, b->max_seqs, items, b->bt_cap);
+    return y;
+}
+
 static int kv_alloc(model_backend *mb, int n_blocks, int block_size, char *err, size_t errlen)
 {
     struct cuda_backend *b = (struct cuda_backend *)mb;
@@ -816,24 +854,15 @@ static int kv_alloc(model_backend *mb, int n_blocks, int block_size, char *err, 
     /* items: a step's (splits only in steps of <= 256 tokens), and at least
      * the grid of every decode graph (Tp * MAXSPLIT, Tp <= S): the kernels
      * read a block's item before they know n_items */
-    b->max_items = (int)(T + S + (S > 256 ? S : 256) * CUDA_ATTN_MAXSPLIT);
     b->bt_cap = (int)(S * ((size_t)(b->max_ctx + block_size - 1) / block_size + 1));
-    struct inlay *y = &b->lay;
-    size_t o = 0;
-    y->slots = o, o = al(o + T * 8);
-    y->ids = o, o = al(o + T * 4);
-    y->pos = o, o = al(o + T * 4);
-    y->tok_part = o, o = al(o + T * 4);
-    y->tok_nsplit = o, o = al(o + T * 4);
-    y->rows = o, o = al(o + S * 4);
-    y->n_items = o, o = al(o + 4);
-    y->items = o, o = al(o + (size_t)b->max_items * sizeof(struct cuda_attn_item));
-    y->bt = o, o = al(o + (size_t)b->bt_cap * 4);
+    struct inlay *y = &b->lay_full;
+    size_t o = lay_steps(y, T, S, T + S + (S > 256 ? S : 256) * CUDA_ATTN_MAXSPLIT, b->bt_cap);
     size_t pc = S * (size_t)b->max_ctx;
     b->pen_cap = (int)(pc < 65536 ? 65536 : pc > (1u << 20) ? (1u << 20) : pc);
     y->srows = o, o = al(o + S * sizeof(struct cuda_sample_row));
     y->pen = o, o = al(o + (size_t)b->pen_cap * sizeof(struct cuda_sample_pen));
     y->total = o;
+    b->lay = *y;
     cudaError_t e = cudaHostAlloc((void **)&b->hin, o, cudaHostAllocPortable);
     if (e != cudaSuccess) {
         sl_seterr(err, errlen, "kv_alloc: step buffers: %s", cudaGetErrorString(e));
@@ -1114,7 +1143,7 @@ static size_t pack_step(struct cuda_backend *b, const struct step *s, int Tp, in
             if (lns > 1 && kv_hi >= b->long_keys && part + nq * grp <= part_cap)
                 ns = lns, kr = 128; /* whole 128-key tiles of the warpgroup kernel */
             int chunk = ((kv_hi + ns - 1) / ns + kr - 1) / kr * kr;
-            if (n + ns > b->max_items) return 0;
+            if (n + ns > b->lay.max_items) return 0;
             for (int k = 0; k < ns; k++) {
                 int lo = k * chunk, hi = lo + chunk < kv_hi ? lo + chunk : kv_hi;
                 items[n++] = (struct cuda_attn_item){.bt0 = bt0, .t0 = t0, .nq = nq, .kv_lo = lo, .kv_hi = hi,
@@ -1536,6 +1565,7 @@ static int forward(model_backend *mb, struct step *s, char *err, size_t errlen)
                 break;
             }
     int Tp = gi >= 0 ? b->bucket[gi] : s->n_tokens, R = 0;
+    b->lay = step_lay(b, gi, Tp);
     size_t nbytes = pack_step(b, s, Tp, &R);
     if (!nbytes) {
         sl_seterr(err, errlen, "forward: step exceeds the backend's buffers");
