@@ -157,9 +157,10 @@ struct rank {
     float *logits;                  /* [max_seqs][vn] */
     struct cuda_argmax_part *amp;   /* [CUDA_ARGMAX_SLICES][max_seqs]: the argmax's partial reductions */
     struct cuda_argmax_part *amp_all; /* [N][max_seqs] every rank's, after the all-gather */
-    int32_t *tok;                   /* [max_seqs] */
-    float *lp;                      /* [max_seqs] */
+    int32_t *tok;                   /* [max_seqs] greedy tokens */
+    float *lp;                      /* [max_seqs] their logprobs */
     struct cuda_sample_out *sout;   /* [max_seqs] device sampler results (rank 0, N == 1) */
+                                    /* (rank 0's three: b->hout, mapped host memory) */
     float *part;                    /* attention split partials */
     int32_t *cnt;                   /* [max_tokens][KVH] the decode attention's split tickets (zero at rest) */
     uint32_t *hw;                   /* [F] cuda_gemv_mlp's tagged h (one token) */
@@ -192,13 +193,17 @@ struct cuda_backend {
     struct inlay lay_full;          /* for steps of up to max_tokens tokens */
     uint8_t *hin;
     int bt_cap, part_rows;
-    int32_t *hout_tok;              /* [max_seqs] pinned */
-    float *hout_lp;                 /* [max_seqs] pinned */
+    /* a step's results: greedy tokens, their logprobs, the device sampler's
+     * rows, in one block of mapped host memory that rank 0's kernels write
+     * (a decode step ends with its last kernel, not with copies back) */
+    uint8_t *hout, *dout;           /* the block; its device address */
+    int32_t *hout_tok;              /* [max_seqs] in hout */
+    float *hout_lp;                 /* [max_seqs] in hout */
     float *hlog;                    /* [max_seqs][V] pinned: rows sampled on the host */
     bool *row_host;                 /* [max_seqs] row r's raw logits go to hlog (logits_out, host sampling) */
     uint8_t *row_mode;              /* [max_seqs] ROW_GREEDY, ROW_SAMPLE (device sampler) or ROW_HOST */
     uint64_t *rng_before;           /* [max_seqs] a ROW_SAMPLE row's RNG state before its draw */
-    struct cuda_sample_out *hsout;  /* [max_seqs] pinned */
+    struct cuda_sample_out *hsout;  /* [max_seqs] in hout */
     int32_t *pen_mark;              /* [n_vocab] zeroed scratch for cuda_sample_pen_build */
     int pen_cap;                    /* penalty entries the step buffer holds */
     bool dev_sample;                /* sampling on the device (N == 1); SLUICE_CUDA_SAMPLE=0: on the host */
@@ -545,10 +550,15 @@ static int rank_init(struct rank *k, char *err, size_t errlen)
         dmalloc((void **)&k->att, T * Ql * 2, err, errlen) || dmalloc((void **)&k->delta, T * E * 2, err, errlen) ||
         dmalloc((void **)&k->gu, T * 2 * Fl * 2, err, errlen) || dmalloc((void **)&k->h, T * Fl * 2, err, errlen) ||
         dmalloc((void **)&k->hfin, S * E * 2, err, errlen) || dmalloc((void **)&k->logits, S * vn * 4, err, errlen) ||
-        dmalloc((void **)&k->tok, S * 4, err, errlen) || dmalloc((void **)&k->lp, S * 4, err, errlen) ||
-        dmalloc((void **)&k->sout, S * sizeof *k->sout, err, errlen) ||
         dmalloc((void **)&k->part, (size_t)b->part_rows * k->KVH * CUDA_ATTN_MAXSPLIT * (D + 2) * 4, err, errlen))
         goto fail;
+    if (k->id == 0) {
+        k->tok = (int32_t *)b->dout, k->lp = (float *)(b->dout + S * 4);
+        k->sout = (struct cuda_sample_out *)(b->dout + S * 8);
+    } else if (dmalloc((void **)&k->tok, S * 4, err, errlen) || dmalloc((void **)&k->lp, S * 4, err, errlen) ||
+               dmalloc((void **)&k->sout, S * sizeof *k->sout, err, errlen)) {
+        goto fail;
+    }
     if (dmalloc((void **)&k->amp, CUDA_ARGMAX_SLICES * S * sizeof *k->amp, err, errlen) ||
         dmalloc((void **)&k->cnt, T * k->KVH * 4, err, errlen) ||
         dmalloc((void **)&k->hw, Fl * sizeof *k->hw, err, errlen))
@@ -726,12 +736,14 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
         for (int i = 0; i < N; i++) b->r[i].comm = comms[i];
         CK(cudaSetDevice(0));
     }
+    size_t S = b->max_seqs, T = b->max_tokens, V = c->n_vocab;
+    CK(cudaHostAlloc((void **)&b->hout, S * (8 + sizeof *b->hsout), cudaHostAllocMapped | cudaHostAllocPortable));
+    CK(cudaHostGetDevicePointer((void **)&b->dout, b->hout, 0));
+    b->hout_tok = (int32_t *)b->hout, b->hout_lp = (float *)(b->hout + S * 4);
+    b->hsout = (struct cuda_sample_out *)(b->hout + S * 8);
     if (crew_run(b, JOB_INIT, err, errlen)) goto fail;
     CK(cudaSetDevice(0));
 
-    size_t S = b->max_seqs, T = b->max_tokens, V = c->n_vocab;
-    CK(cudaHostAlloc((void **)&b->hout_tok, S * 4, cudaHostAllocPortable));
-    CK(cudaHostAlloc((void **)&b->hout_lp, S * 4, cudaHostAllocPortable));
     CK(cudaHostAlloc((void **)&b->hlog, S * V * 4, cudaHostAllocPortable));
     b->nt = omp_get_max_threads();
     b->samp_bytes = (model_sample_scratch_bytes(c->n_vocab) + 63) & ~(size_t)63;
@@ -743,7 +755,6 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     b->row_mode = calloc(S, 1);
     b->rng_before = calloc(S, sizeof *b->rng_before);
     b->pen_mark = calloc(V, sizeof *b->pen_mark);
-    CK(cudaHostAlloc((void **)&b->hsout, S * sizeof *b->hsout, cudaHostAllocPortable));
     ge = getenv("SLUICE_CUDA_SAMPLE");
     b->dev_sample = N == 1 && !(ge && strcmp(ge, "0") == 0);
     if (!b->samp || !b->host_rows || !b->row_seq || !b->tok_seq || !b->row_host || !b->row_mode || !b->rng_before ||
@@ -1413,10 +1424,6 @@ static int rank_forward(struct rank *k, char *err, size_t errlen)
         if ((rc = enqueue(k, Tp, R, b->job.n_items, b->job.decode, err, errlen))) return rc;
     }
     if (R > 0) {
-        if (k->id == 0) {
-            CK(cudaMemcpyAsync(b->hout_tok, k->tok, (size_t)R * 4, cudaMemcpyDeviceToHost, k->st));
-            CK(cudaMemcpyAsync(b->hout_lp, k->lp, (size_t)R * 4, cudaMemcpyDeviceToHost, k->st));
-        }
         for (int r = 0; r < R; r++)
             if (b->row_host[r])
                 CK(cudaMemcpyAsync(b->hlog + (size_t)r * V + k->v0, k->logits + (size_t)r * k->vn,
@@ -1425,7 +1432,6 @@ static int rank_forward(struct rank *k, char *err, size_t errlen)
         if (b->job.n_samp) {
             CK(cuda_sample(k->logits, R, V, DIN(k, srows, struct cuda_sample_row),
                            b->job.n_pen ? DIN(k, pen, struct cuda_sample_pen) : NULL, k->sout, k->st));
-            CK(cudaMemcpyAsync(b->hsout, k->sout, (size_t)R * sizeof *k->sout, cudaMemcpyDeviceToHost, k->st));
         }
     }
     return rank_wait(k, err, errlen);
@@ -1658,7 +1664,8 @@ static void rank_free(struct rank *k, const struct model_config *c)
     cudaFree(k->tok_embd), cudaFree(k->out_norm), cudaFree(k->rope_cos), cudaFree(k->rope_sin), cudaFree(k->kv);
     cudaFree(k->x), cudaFree(k->xn), cudaFree(k->qkv), cudaFree(k->q), cudaFree(k->att), cudaFree(k->delta);
     cudaFree(k->deltaf), cudaFree(k->gu), cudaFree(k->h), cudaFree(k->hfin), cudaFree(k->logits);
-    cudaFree(k->amp), cudaFree(k->amp_all), cudaFree(k->tok), cudaFree(k->lp), cudaFree(k->sout), cudaFree(k->part);
+    if (k->id) cudaFree(k->tok), cudaFree(k->lp), cudaFree(k->sout);
+    cudaFree(k->amp), cudaFree(k->amp_all), cudaFree(k->part);
     cudaFree(k->cnt), cudaFree(k->pbuf[0]), cudaFree(k->pbuf[1]), cudaFree(k->pbuf[2]), cudaFree(k->pflags);
     cudaFree(k->pepoch), cudaFree(k->hw);
     cudaFree(k->din), cudaFree(k->blas_ws);
@@ -1688,8 +1695,7 @@ static void destroy(model_backend *mb)
     if (b->r && !b->base.fatal)
         for (int i = 0; i < b->tp; i++) rank_free(&b->r[i], &b->c);
     free(b->r);
-    cudaFreeHost(b->hin), cudaFreeHost(b->hout_tok), cudaFreeHost(b->hout_lp), cudaFreeHost(b->hlog);
-    cudaFreeHost(b->hsout), cudaFreeHost(b->peer_abort);
+    cudaFreeHost(b->hin), cudaFreeHost(b->hout), cudaFreeHost(b->hlog), cudaFreeHost(b->peer_abort);
     free(b->samp), free(b->host_rows), free(b->row_seq), free(b->tok_seq), free(b->row_host), free(b->row_mode), free(b->rng_before);
     free(b->pen_mark);
     free(b);
