@@ -44,17 +44,3 @@ extern "C" cudaError_t cuda_swiglu(const uint16_t *gu, int T, int F, uint16_t *h
         swiglu_kernel<<<(unsigned)blocks, 256, 0, st>>>(gu, T, F, h);
     return cudaGetLastError();
 }
-
-/* experiment (SLUICE_X_FETCH): a decode graph's inputs fetched from mapped
- * host memory by its first kernel instead of a copy before the graph */
-static __global__ void x_fetch_kernel(uint4 *dst, const uint4 *src, const volatile int *n16)
-{
-    int n = *n16;
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) dst[i] = __ldcv(src + i);
-}
-
-extern "C" cudaError_t cuda_x_fetch(void *dst, const void *src, const int *n16, cudaStream_t st)
-{
-    x_fetch_kernel<<<8, 256, 0, st>>>((uint4 *)dst, (const uint4 *)src, (const volatile int *)n16);
-    return cudaGetLastError();
-}

@@ -197,8 +197,6 @@ struct cuda_backend {
      * rows, in one block of mapped host memory that rank 0's kernels write
      * (a decode step ends with its last kernel, not with copies back) */
     uint8_t *hout, *dout;           /* the block; its device address */
-    int x_fetch, *xnb, *dxnb;       /* experiment: SLUICE_X_FETCH */
-    uint8_t *dhin;
     int32_t *hout_tok;              /* [max_seqs] in hout */
     float *hout_lp;                 /* [max_seqs] in hout */
     float *hlog;                    /* [max_seqs][V] pinned: rows sampled on the host */
@@ -742,10 +740,6 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     CK(cudaHostAlloc((void **)&b->hout, S * (8 + sizeof *b->hsout), cudaHostAllocMapped | cudaHostAllocPortable));
     CK(cudaHostGetDevicePointer((void **)&b->dout, b->hout, 0));
     b->hout_tok = (int32_t *)b->hout, b->hout_lp = (float *)(b->hout + S * 4);
-    b->x_fetch = getenv("SLUICE_X_FETCH") ? atoi(getenv("SLUICE_X_FETCH")) : 0;
-    CK(cudaHostAlloc((void **)&b->xnb, 64, cudaHostAllocMapped | cudaHostAllocPortable));
-    CK(cudaHostGetDevicePointer((void **)&b->dxnb, b->xnb, 0));
-    if (b->x_fetch) fprintf(stderr, "cuda: SLUICE_X_FETCH: decode graphs fetch their inputs\n");
     b->hsout = (struct cuda_sample_out *)(b->hout + S * 8);
     if (crew_run(b, JOB_INIT, err, errlen)) goto fail;
     CK(cudaSetDevice(0));
@@ -824,8 +818,6 @@ fail:
  * returns the end of the block tables (bt_cap entries). A step fills the
  * start of each region, so it copies the prefix of hin up to its last
  * block-table entry. */
-cudaError_t cuda_x_fetch(void *dst, const void *src, const int *n16, cudaStream_t st);
-
 static size_t lay_steps(struct inlay *y, size_t T, size_t S, size_t items, int bt_cap)
 {
     size_t o = 0;
@@ -882,8 +874,7 @@ static int kv_alloc(model_backend *mb, int n_blocks, int block_size, char *err, 
     y->pen = o, o = al(o + (size_t)b->pen_cap * sizeof(struct cuda_sample_pen));
     y->total = o;
     b->lay = *y;
-    cudaError_t e = cudaHostAlloc((void **)&b->hin, o, cudaHostAllocPortable | cudaHostAllocMapped);
-    if (e == cudaSuccess) e = cudaHostGetDevicePointer((void **)&b->dhin, b->hin, 0);
+    cudaError_t e = cudaHostAlloc((void **)&b->hin, o, cudaHostAllocPortable);
     if (e != cudaSuccess) {
         sl_seterr(err, errlen, "kv_alloc: step buffers: %s", cudaGetErrorString(e));
         return SL_ENOMEM;
@@ -1405,10 +1396,7 @@ static int rank_forward(struct rank *k, char *err, size_t errlen)
         sl_seterr(err, errlen, "GPU %d: injected fault at step %ld (SLUICE_TP_FAULT)", k->dev, k->steps);
         return SL_EDEVICE;
     }
-    if (gi >= 0 && b->x_fetch)
-        *b->xnb = (int)((b->job.nbytes + 15) / 16);
-    else
-        CK(cudaMemcpyAsync(k->din, b->hin, b->job.nbytes, cudaMemcpyHostToDevice, k->st));
+    CK(cudaMemcpyAsync(k->din, b->hin, b->job.nbytes, cudaMemcpyHostToDevice, k->st));
     if (b->job.n_samp) {
         CK(cudaMemcpyAsync(k->din + b->lay.srows, b->hin + b->lay.srows, (size_t)R * sizeof(struct cuda_sample_row),
                            cudaMemcpyHostToDevice, k->st));
@@ -1420,7 +1408,6 @@ static int rank_forward(struct rank *k, char *err, size_t errlen)
         if (!k->gexec[gi]) {
             cudaGraph_t g = NULL;
             CK(cudaStreamBeginCapture(k->st, cudaStreamCaptureModeThreadLocal));
-            if (b->x_fetch) CK(cuda_x_fetch(k->din, b->dhin, b->dxnb, k->st));
             rc = enqueue(k, Tp, Tp, Tp * CUDA_ATTN_MAXSPLIT, true, err, errlen);
             cudaError_t e = cudaStreamEndCapture(k->st, &g);
             if (rc) {
