@@ -40,6 +40,7 @@ struct result {
     bool done;
     struct sched_usage usage;
     enum sched_finish finish;
+    struct model_sample_out first; /* the first token's sample (with logprobs) */
 };
 
 static int n_notify;
@@ -99,6 +100,7 @@ static void collect(sched_engine *e, struct result *res, int n)
                 r->text[r->text_len] = '\0';
             }
             if (ev->kind == SCHED_EV_TOKEN) {
+                if (r->n == 0 && ev->has_logprobs) r->first = ev->sample;
                 if (r->n < MAX_GEN) r->tok[r->n++] = ev->token;
             } else {
                 r->done = true;
@@ -136,6 +138,51 @@ static bool same(const struct result *a, const struct result *b)
     return a->n == b->n && !memcmp(a->tok, b->tok, sizeof a->tok[0] * (size_t)a->n);
 }
 
+/* On the GPU, GEMM tiling and kernel choice change with the step's shape, so
+ * a batched (chunked, preempted, cached) run may round differently from a
+ * lone one (DESIGN.md, "Batch invariance"): a greedy divergence is allowed
+ * there only at a near-tie. At the first differing token the lone run's
+ * prefix is run again alone for one token with its top-2 logprobs: the two
+ * tokens must be those two, within NEAR_TIE_NATS of each other (a top-2
+ * logprob gap is the top-2 logit gap; test_gpu_e2e's bound, 2% of max
+ * |logit|, is ~0.36 at SmolLM2's logit scale). On the CPU: exact. */
+#define NEAR_TIE_NATS 0.3f
+static int n_near_ties;
+
+static struct sched_request greedy(const int32_t *p, int n, int max_tokens);
+static sched_engine *engine(int seqs, int budget, int max_len, int kv_blocks, bool cache);
+static void run_one(sched_engine *e, const struct sched_request *rq, struct result *res);
+
+static bool match(const struct sched_request *rq, const struct result *ref, const struct result *got)
+{
+    if (same(ref, got)) return true;
+    if (!strcmp(g_device, "cpu") || ref->n != got->n) return false;
+    int j = 0;
+    while (ref->tok[j] == got->tok[j]) j++;
+    int32_t ids[1024];
+    if (rq->n_prompt + j > (int)(sizeof ids / sizeof ids[0])) return false;
+    memcpy(ids, rq->prompt, sizeof ids[0] * (size_t)rq->n_prompt);
+    memcpy(ids + rq->n_prompt, ref->tok, sizeof ids[0] * (size_t)j);
+    struct sched_request p = greedy(ids, rq->n_prompt + j, 1);
+    p.logprobs = true;
+    p.sampling.top_logprobs = 2;
+    sched_engine *e = engine(4, 1024, 1024, 128, false);
+    if (!e) return false;
+    struct result r;
+    run_one(e, &p, &r);
+    sched_engine_destroy(e);
+    const struct model_sample_out *o = &r.first;
+    bool tie = o->n_top >= 2 && o->top_logprobs[0] - o->top_logprobs[1] < NEAR_TIE_NATS &&
+               ((o->top_ids[0] == ref->tok[j] && o->top_ids[1] == got->tok[j]) ||
+                (o->top_ids[1] == ref->tok[j] && o->top_ids[0] == got->tok[j]));
+    printf("  token %d: %d alone, %d here; alone's top-2 %d %d, logprobs %.4f %.4f: %s\n", j, ref->tok[j],
+           got->tok[j], o->n_top >= 2 ? o->top_ids[0] : -1, o->n_top >= 2 ? o->top_ids[1] : -1,
+           o->n_top >= 2 ? o->top_logprobs[0] : 0.0, o->n_top >= 2 ? o->top_logprobs[1] : 0.0,
+           tie ? "near-tie" : "NOT a near-tie");
+    n_near_ties += tie;
+    return tie;
+}
+
 /* ---- the requests: slices of one tokenized text, mixed lengths ---- */
 
 enum { N_REQ = 32, GEN = 4 };
@@ -168,7 +215,7 @@ static void test_batch_invariance(void)
     if (!e) return;
     struct result res[N_REQ];
     run_all(e, reqs, N_REQ, res);
-    for (int i = 0; i < N_REQ; i++) CHECKF(same(&res[i], &alone[i]), "request %d differs batched", i);
+    for (int i = 0; i < N_REQ; i++) CHECKF(match(&reqs[i], &alone[i], &res[i]), "request %d differs batched", i);
     struct sched_engine_stats st;
     sched_engine_get_stats(e, &st);
     CHECKF(st.sched.steps < N_REQ * GEN, "%llu steps: not batched", (unsigned long long)st.sched.steps);
@@ -185,7 +232,7 @@ static void test_chunked_prefill(void)
     struct sched_request rq[3];
     for (int i = 0; i < 3; i++) rq[i] = reqs[idx[i]];
     run_all(e, rq, 3, res);
-    for (int i = 0; i < 3; i++) CHECKF(same(&res[i], &alone[idx[i]]), "request %d differs chunked", idx[i]);
+    for (int i = 0; i < 3; i++) CHECKF(match(&rq[i], &alone[idx[i]], &res[i]), "request %d differs chunked", idx[i]);
     struct sched_engine_stats st;
     sched_engine_get_stats(e, &st);
     int total = 0;
@@ -220,7 +267,7 @@ static void test_prefix_reuse(void)
     CHECKF(s1.sched.prompt_tokens_computed - s0.sched.prompt_tokens_computed ==
                (uint64_t)(rb.n_prompt - rb_res.usage.cached_tokens),
            "computed %llu", (unsigned long long)(s1.sched.prompt_tokens_computed - s0.sched.prompt_tokens_computed));
-    CHECK(same(&rb_res, &off_b));
+    CHECK(match(&rb, &off_b, &rb_res));
     CHECK(s1.kv.hit_tokens > 0);
     sched_engine_destroy(e);
 }
@@ -246,7 +293,7 @@ static void test_preemption(void)
     int counted = 0;
     for (int i = 0; i < NP; i++) {
         CHECK(res[i].finish == SCHED_FINISH_LENGTH && res[i].n == PGEN);
-        CHECKF(same(&res[i], &solo[i]), "request %d differs after preemption", i);
+        CHECKF(match(&rq[i], &solo[i], &res[i]), "request %d differs after preemption", i);
         counted += res[i].usage.n_preemptions;
     }
     CHECK((uint64_t)counted == st.sched.preemptions);
@@ -840,5 +887,8 @@ int main(void)
     RUN(test_run_batch_stream);
     model_backend_destroy(be);
     model_free(m);
+    if (strcmp(g_device, "cpu"))
+        printf("near-ties (a batched, chunked, cached or preempted run's greedy token != the lone run's, top-2 within "
+               "%.2f nats): %d\n", NEAR_TIE_NATS, n_near_ties);
     return test_summary();
 }
