@@ -9,14 +9,7 @@
 # and e2e (rank 0's kernels write mapped host memory).
 . "$(dirname "$0")/run_lib.sh"
 nvidia-smi -L
-M=models/SmolLM2-135M-Instruct.Q4_1.gguf
-if [ -f /tmp/keep/pa ] && [ -f "${2:-}" ]; then
-    mkdir -p models
-    cat /tmp/keep/pa "$2" | python3 -c "import lzma,sys; sys.stdout.buffer.write(lzma.decompress(sys.stdin.buffer.read()))" > $M
-    echo "model: $(sha256sum $M | cut -c1-16) (want b179c9523d0e6a0f)"
-else
-    echo "model: a part is missing, SmolLM2 skipped"
-fi
+default_model "${2:-}"
 gpu_test
 grep -A12 "^smollm2" "$L/gpu_test.log" | head -40
 grep -E "near-ties" "$L/gpu_test.log" | head -4
