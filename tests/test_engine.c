@@ -149,10 +149,6 @@ static bool same(const struct result *a, const struct result *b)
 #define NEAR_TIE_NATS 0.3f
 static int n_near_ties;
 
-static struct sched_request greedy(const int32_t *p, int n, int max_tokens);
-static sched_engine *engine(int seqs, int budget, int max_len, int kv_blocks, bool cache);
-static void run_one(sched_engine *e, const struct sched_request *rq, struct result *res);
-
 static bool match(const struct sched_request *rq, const struct result *ref, const struct result *got)
 {
     if (same(ref, got)) return true;
@@ -172,12 +168,15 @@ static bool match(const struct sched_request *rq, const struct result *ref, cons
     run_one(e, &p, &r);
     sched_engine_destroy(e);
     const struct model_sample_out *o = &r.first;
-    bool tie = o->n_top >= 2 && o->top_logprobs[0] - o->top_logprobs[1] < NEAR_TIE_NATS &&
+    if (o->n_top < 2) {
+        printf("  token %d: %d alone, %d here; no top-2 logprobs from the lone run\n", j, ref->tok[j], got->tok[j]);
+        return false;
+    }
+    bool tie = o->top_logprobs[0] - o->top_logprobs[1] < NEAR_TIE_NATS &&
                ((o->top_ids[0] == ref->tok[j] && o->top_ids[1] == got->tok[j]) ||
                 (o->top_ids[1] == ref->tok[j] && o->top_ids[0] == got->tok[j]));
     printf("  token %d: %d alone, %d here; alone's top-2 %d %d, logprobs %.4f %.4f: %s\n", j, ref->tok[j],
-           got->tok[j], o->n_top >= 2 ? o->top_ids[0] : -1, o->n_top >= 2 ? o->top_ids[1] : -1,
-           o->n_top >= 2 ? o->top_logprobs[0] : 0.0, o->n_top >= 2 ? o->top_logprobs[1] : 0.0,
+           got->tok[j], o->top_ids[0], o->top_ids[1], o->top_logprobs[0], o->top_logprobs[1],
            tie ? "near-tie" : "NOT a near-tie");
     n_near_ties += tie;
     return tie;

@@ -13,12 +13,6 @@ default_model "${2:-}"
 gpu_test
 grep -A12 "^smollm2" "$L/gpu_test.log" | head -40
 grep -E "near-ties" "$L/gpu_test.log" | head -4
-D="SLUICE_BENCH_ONLY=decode SLUICE_BENCH_DECODE=1x1024,1x1024,8x1024,64x1024,256x1024"
-for r in 1 2; do
-  for b in old_bench_gpu tests/gpu/bench_gpu; do
-    timeout -k 5 90 env $D build/$b >"$L/d_$(basename $b)_$r.log" 2>&1
-    echo "$b rc=$?: $(grep -E '^decode batch' "$L/d_$(basename $b)_$r.log" | sed 's/ ctx//; s/floor.*//; s/ms.step = //; s/decode batch/b/' | tr '\n' ' ')"
-  done
-done
+builds_decode 2 old_bench_gpu tests/gpu/bench_gpu
 t memcheck_sample 120 compute-sanitizer --tool memcheck build/tests/gpu/test_sample
 t memcheck_e2e 150 compute-sanitizer --tool memcheck build/tests/gpu/test_gpu_e2e

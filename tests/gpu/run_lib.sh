@@ -16,6 +16,8 @@
 #                           carries with the tracked tree) rebuilt from two
 #                           xz parts: /tmp/keep/pa, left by the call before
 #                           on the same warm host, and PART2 (this call's)
+#   builds_decode ROUNDS B...  decode at batches 1, 1, 8, 64, 256 with each
+#                           bench binary B (under build/) in turn, ROUNDS times
 #   batches_bench ROUNDS    decode at batches 1-8, 64, 256 (ROUNDS times),
 #                           then bench_gpu (TTFT, the 16K prefill step)
 set -u
@@ -76,6 +78,18 @@ default_model() {
     else
         echo "model: a part is missing, SmolLM2 skipped"
     fi
+}
+
+builds_decode() {
+    local n=$1 r b
+    shift
+    local D="SLUICE_BENCH_ONLY=decode SLUICE_BENCH_DECODE=1x1024,1x1024,8x1024,64x1024,256x1024"
+    for r in $(seq "$n"); do
+        for b in "$@"; do
+            timeout -k 5 90 env $D build/$b >"$L/d_$(basename $b)_$r.log" 2>&1
+            echo "$b rc=$?: $(grep -E '^decode batch' "$L/d_$(basename $b)_$r.log" | sed 's/ ctx//; s/floor.*//; s/ms.step = //; s/decode batch/b/' | tr '\n' ' ')"
+        done
+    done
 }
 
 batches_bench() {
