@@ -1255,7 +1255,9 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
     }
     /* decode of one token: the norms ride in the GEMV prologues,
      * SwiGLU and the residual adds in their epilogues (bit-identical to the
-     * unfused kernels); x then already holds every layer's output. Only at
+     * unfused kernels, but for the norm's scale, which the one-token GEMVs
+     * apply to their sums: kernels.h, SLUICE_GEMV_LATE); x then already
+     * holds every layer's output. Only at
      * T = 1, where the GEMVs are warp kernels, unless SLUICE_CUDA_FUSED_T
      * says more: at 2-4 tokens the fused kernels measured slower than the
      * unfused ones (BENCHMARKS.md: block kernels 164.4 vs 148.4 us per layer

@@ -93,6 +93,12 @@
  *                          in shared memory before the wait (norm_stage):
  *                          batch-1 decode 229.3-229.7 -> 231.2-232.6 tok/s
  *                          (BENCHMARKS.md, twenty-fifth round)
+ *   SLUICE_GEMV_LATE=0     the one-row norm GEMVs (qkv, gate/up) apply the
+ *                          norm's scale to x before the GEMV, bit for bit
+ *                          the unfused chain; by default they scale the sums
+ *                          (norm_rows_late), one barrier and the reduction
+ *                          off the prologue (BENCHMARKS.md, twenty-eighth
+ *                          round)
  */
 #include <limits.h>
 #include <stdlib.h>
@@ -249,6 +255,99 @@ static __device__ __forceinline__ void norm_rows(const gemv_params &p, uint16_t 
     }
 }
 
+/* LATE (one row of x, SLUICE_GEMV_LATE): the prologue without its second
+ * barrier. xs = bf16(w * x), not bf16(w * (x * inv)); the kernel scales its
+ * sums by inv at the end (norm_late_inv), so the GEMV loop starts as soon as
+ * xs is in shared memory and the sum of squares' reduction runs after it.
+ * The sum of squares is norm_rows' (same order, same inv bits); the outputs
+ * differ from the unfused chain by where one bf16 rounding falls (HF's
+ * RMSNorm rounds x * inv, then multiplies by w). STG: the weights of this
+ * thread's own values staged by norm_stage_late (4-byte copies, visible to
+ * the thread after its own wait: no barrier). Ends with a barrier; nsh then
+ * holds the virtual warps' sums. */
+static __device__ __forceinline__ bool late_stageable(int in) { return in <= 4 * rms_threads(in); }
+
+static __device__ __forceinline__ void norm_stage_late(const gemv_params &p, uint16_t *xs)
+{
+    if (!p.nwsm || threadIdx.x >= BT || !late_stageable(p.in)) return;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nv = rms_threads(p.in), nvw = nv / 32;
+    float *dst = (float *)(xs + p.in);
+#pragma unroll
+    for (int q = 0; q < 4; q++)
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            int vw = warp + 8 * k, i = q * nv + vw * 32 + lane;
+            if (vw < nvw && i < p.in)
+                asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_u32(dst + i)), "l"(p.nw + i)
+                             : "memory");
+        }
+    cp_async_commit();
+}
+
+template <bool STG>
+static __device__ __forceinline__ void norm_rows_late(const gemv_params &p, uint16_t *xs, float *nsh)
+{
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int nv = rms_threads(p.in), nvw = nv / 32;
+    if (tid < BT) {
+        const float *xr = p.xf;
+        float ss[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (late_stageable(p.in)) { /* one round of loads: x, and w beside it */
+            const bool stg = STG && p.nwsm;
+            const float *nw = stg ? (const float *)(xs + p.in) : p.nw;
+            if (stg) cp_async_wait<0>();
+            float v[4][4], wv[4][4];
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    int vw = warp + 8 * k, i = q * nv + vw * 32 + lane;
+                    bool ok = vw < nvw && i < p.in;
+                    v[q][k] = ok ? xr[i] : 0.0f;
+                    wv[q][k] = ok ? nw[i] : 0.0f;
+                }
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    ss[k] = rms_acc(ss[k], v[q][k]);
+                    int vw = warp + 8 * k, i = q * nv + vw * 32 + lane;
+                    if (vw < nvw && i < p.in) xs[i] = f2bf(wv[q][k] * v[q][k]);
+                }
+        } else { /* norm_rows' loop for the sums, then w * x */
+            for (int i0 = 0; i0 < p.in; i0 += 4 * nv) {
+                float v[4][4];
+#pragma unroll
+                for (int q = 0; q < 4; q++)
+#pragma unroll
+                    for (int k = 0; k < 4; k++) {
+                        int vw = warp + 8 * k, i = i0 + q * nv + vw * 32 + lane;
+                        v[q][k] = vw < nvw && i < p.in ? xr[i] : 0.0f;
+                    }
+#pragma unroll
+                for (int q = 0; q < 4; q++)
+#pragma unroll
+                    for (int k = 0; k < 4; k++) ss[k] = rms_acc(ss[k], v[q][k]);
+            }
+#pragma unroll 4
+            for (int i = tid; i < p.in; i += BT) xs[i] = f2bf(p.nw[i] * xr[i]);
+        }
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            float s = warp_sum(ss[k]);
+            if (lane == 0 && warp + 8 * k < nvw) nsh[warp + 8 * k] = s;
+        }
+    }
+    __syncthreads(); /* xs and nsh complete */
+}
+
+/* LATE: inv from norm_rows_late's sums, as norm_rows computes it (any warp) */
+static __device__ __forceinline__ float norm_late_inv(const gemv_params &p, const float *nsh)
+{
+    const int lane = threadIdx.x & 31, nvw = rms_threads(p.in) / 32;
+    return rms_inv(warp_sum(lane < nvw ? nsh[lane] : 0.0f), p.in, p.eps);
+}
+
 /* ---- the warp kernel: one row per warp ---- */
 
 /* cuda_gemv_mlp (TAGGED): the gate/up GEMV stores each h[j] as one 32-bit
@@ -340,9 +439,11 @@ static __device__ __forceinline__ void wdot(const wchunks<CH, NR> &c, const uint
  * cuda_gemv's output). NORM: x normalized by the whole block first
  * (norm_rows, cuda_add_rmsnorm's bits) into shared memory; XS: x copied
  * into shared memory as it is. Epilogues as in the block kernel. */
-template <int NT, int EPI, bool NORM, int CH, bool PAIR = false, bool TAGGED = false, bool XS = false>
+template <int NT, int EPI, bool NORM, int CH, bool PAIR = false, bool TAGGED = false, bool XS = false,
+          bool LATE = false>
 static __global__ void __launch_bounds__(32 * GEMV_WARPS, PAIR ? 3 : 1) gemv_warp_kernel(const gemv_params p)
 {
+    static_assert(!LATE || (NORM && NT == 1), "LATE: the one-row norm prologue");
     /* PAIR: rows j and p.out + j per warp (outputs 2 p.out), each summed as a lone row */
     constexpr int NR = EPI == EPI_SWIGLU || PAIR ? 2 : 1;
     extern __shared__ uint4 xs4[]; /* NORM: the normalized x, [NT][in] bf16 */
@@ -355,9 +456,11 @@ static __global__ void __launch_bounds__(32 * GEMV_WARPS, PAIR ? 3 : 1) gemv_war
     for (int r = 0; r < NR; r++) w[r] = (const uint4 *)(p.W + (size_t)(r * p.out + (live ? j : 0)) * p.in);
     wchunks<CH, NR> cur, nxt;
     if (live) cur.load(w, 0, lane, n4);
-    if (NORM && PAIR) norm_stage<NT>(p, xs4);
+    if constexpr (NORM && PAIR && LATE) norm_stage_late(p, (uint16_t *)xs4);
+    else if constexpr (NORM && PAIR) norm_stage<NT>(p, xs4);
     pdl_wait(); /* from here on, x may be read */
-    if (NORM) norm_rows<NT, PAIR>(p, (uint16_t *)xs4, nsh);
+    if constexpr (LATE) norm_rows_late<PAIR>(p, (uint16_t *)xs4, nsh);
+    else if constexpr (NORM) norm_rows<NT, PAIR>(p, (uint16_t *)xs4, nsh);
     if constexpr (XS && !NORM) { /* x into shared memory (SLUICE_GEMV_XS), all of it in one round trip */
         for (int i = threadIdx.x; i < NT * n4; i += 32 * GEMV_WARPS) cp_async16(smem_u32(xs4 + i), (const uint4 *)p.x + i, true);
         cp_async_commit();
@@ -382,6 +485,11 @@ static __global__ void __launch_bounds__(32 * GEMV_WARPS, PAIR ? 3 : 1) gemv_war
     for (int r = 0; r < NR; r++)
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = warp_sum(acc[r][t]);
+    if constexpr (LATE) {
+        const float inv = norm_late_inv(p, nsh);
+#pragma unroll
+        for (int r = 0; r < NR; r++) acc[r][0] *= inv;
+    }
     if (lane) return;
 #pragma unroll
     for (int t = 0; t < NT; t++) {
@@ -665,7 +773,7 @@ static __global__ void __launch_bounds__(32 * MW, 1024 / (32 * MW)) gemv_mma_ker
 
 static struct gemv_state {
     int variant, nsm, ch;
-    bool pdl, pair, nwsm, xs;
+    bool pdl, pair, nwsm, xs, late;
 } G;
 
 static int sm_major(void)
@@ -691,6 +799,8 @@ static const gemv_state &state(void)
         G.nwsm = !(nw && strcmp(nw, "0") == 0);
         const char *xs = getenv("SLUICE_GEMV_XS");
         G.xs = !(xs && strcmp(xs, "0") == 0);
+        const char *lt = getenv("SLUICE_GEMV_LATE");
+        G.late = !(lt && strcmp(lt, "0") == 0);
         return true;
     }();
     (void)once;
@@ -705,6 +815,13 @@ extern "C" void cuda_gemv_select(int variant, int pdl, int ch)
     if (variant >= 0 && variant <= 4) G.variant = variant;
     if (pdl >= 0) G.pdl = pdl && sm_major() >= 9;
     if (ch == 4 || ch == 8 || ch == 16) G.ch = ch;
+}
+
+extern "C" void cuda_gemv_late(int on)
+{
+    state();
+    const char *lt = getenv("SLUICE_GEMV_LATE");
+    G.late = on < 0 ? !(lt && strcmp(lt, "0") == 0) : on != 0;
 }
 
 template <typename... A>
@@ -722,6 +839,9 @@ template <int EPI, bool NORM, int CH, bool XS>
 static cudaError_t launch_warp_t(const gemv_params &p, int T, int grid, size_t smem, cudaStream_t st)
 {
     const int th = 32 * GEMV_WARPS;
+    if constexpr (NORM)
+        if (T == 1 && state().late) /* the norm's scale on the sums (norm_rows_late) */
+            return launch_k(gemv_warp_kernel<1, EPI, NORM, CH, false, false, XS, true>, grid, th, smem, st, p);
     switch (T) {
     case 1: return launch_k(gemv_warp_kernel<1, EPI, NORM, CH, false, false, XS>, grid, th, smem, st, p);
     case 2: return launch_k(gemv_warp_kernel<2, EPI, NORM, CH, false, false, XS>, grid, th, smem, st, p);
@@ -744,8 +864,10 @@ static cudaError_t launch_warp1(const gemv_params &p, int T, cudaStream_t st)
             q.out = p.out / 2;
             /* its norm weights staged in shared memory (norm_stage) where they fit */
             q.nwsm = state().nwsm && (uintptr_t)p.nw % 16 == 0 && (size_t)p.in * 6 + 1024 <= CUDA_GEMV_NORM_SMEM;
-            return launch_k(gemv_warp_kernel<1, EPI, NORM, CH, true>, (q.out + GEMV_WARPS - 1) / GEMV_WARPS, th,
-                            smem + (q.nwsm ? (size_t)p.in * 4 : 0), st, q);
+            const int g = (q.out + GEMV_WARPS - 1) / GEMV_WARPS;
+            const size_t sm = smem + (q.nwsm ? (size_t)p.in * 4 : 0);
+            if (state().late) return launch_k(gemv_warp_kernel<1, EPI, NORM, CH, true, false, false, true>, g, th, sm, st, q);
+            return launch_k(gemv_warp_kernel<1, EPI, NORM, CH, true>, g, th, sm, st, q);
         }
     if constexpr (!NORM)
         if (state().xs && (size_t)T * p.in * 2 <= 32768) /* x into shared memory (XS) */
@@ -925,8 +1047,10 @@ static cudaError_t launch_mlp_tagged(const uint16_t *Wgu, const uint16_t *Wd, fl
 {
     gemv_params gu = {Wgu, NULL, x, nw, eps, NULL, E, F, 0, hw, (uint32_t)tag, false};
     gemv_params dn = {Wd, NULL, NULL, NULL, 0.0f, x, F, E, 0, hw, (uint32_t)tag, false};
-    cudaError_t e = launch_k(gemv_warp_kernel<1, EPI_SWIGLU, true, 4, false, true>, F / GEMV_WARPS,
-                             32 * GEMV_WARPS, (size_t)E * 2, st, gu);
+    cudaError_t e = state().late ? launch_k(gemv_warp_kernel<1, EPI_SWIGLU, true, 4, false, true, false, true>,
+                                            F / GEMV_WARPS, 32 * GEMV_WARPS, (size_t)E * 2, st, gu)
+                                 : launch_k(gemv_warp_kernel<1, EPI_SWIGLU, true, 4, false, true>, F / GEMV_WARPS,
+                                            32 * GEMV_WARPS, (size_t)E * 2, st, gu);
     return e != cudaSuccess ? e : launch_k(gemv_mma_kernel<1, EPI_RESID, false, true>, (E + 15) / 16, 32 * MW, 0, st, dn);
 }
 

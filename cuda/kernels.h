@@ -168,7 +168,12 @@ cudaError_t cuda_gemv_swiglu(const uint16_t *Wgu, const uint16_t *x, uint16_t *h
                              cudaStream_t st);
 /* RMSNorm in the prologue: y = bf16(xn W^T) with xn[t] = bf16(nw * x[t] / rms(x[t]))
  * computed exactly as cuda_add_rmsnorm(x, NULL, nw, NULL, T, in, eps, xn)
- * does (same bf16 values); x is only read. x [T][in] f32, nw [in] f32,
+ * does (same bf16 values); x is only read. Except at one row with the warp
+ * kernel (the batch-1 decode path) unless SLUICE_GEMV_LATE=0 or
+ * cuda_gemv_late(0): there y = bf16(inv(x[t]) * (bf16(nw * x[t]) W^T)), the
+ * norm's scale applied to the sums (same inv; gemv.cu, norm_rows_late), so
+ * the bits differ from the unfused chain's by one rounding's place. The
+ * same holds for the two calls below. x [T][in] f32, nw [in] f32,
  * W [out][in] bf16, y [T][out] bf16; T * in * 2 <= CUDA_GEMV_NORM_SMEM. */
 #define CUDA_GEMV_NORM_SMEM (48 * 1024)
 cudaError_t cuda_gemv_rmsnorm(const uint16_t *W, const float *x, const float *nw, float eps, uint16_t *y, int T,
@@ -197,6 +202,9 @@ bool cuda_gemv_mlp_tagged(int T, int E, int F);
  * it), overriding the environment. Not thread-safe;
  * call it outside graph capture, with no launch in flight on another thread. */
 void cuda_gemv_select(int variant, int pdl, int ch);
+/* For tests: the one-row norm prologue's late scale (above) on (1), off (0)
+ * or as SLUICE_GEMV_LATE says (-1); the same conditions as cuda_gemv_select */
+void cuda_gemv_late(int on);
 
 /* ---- gemm_wg.cu ---- */
 /* Prefill GEMMs on Hopper's warpgroup MMA (compute capability 9.0 only),

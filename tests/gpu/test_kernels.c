@@ -315,6 +315,7 @@ static void test_gemv_fused(void)
         for (int vi = 0; vi < 5; vi++) {
             int variant = variants[vi];
             cuda_gemv_select(variant, variant != 0, variant == 3 ? 16 : 4); /* "auto": 8 chunks in flight */
+            cuda_gemv_late(0); /* the norm's scale on x: bit for bit the unfused chain (late: below) */
             const char *vn = gemv_variant_name[variant];
             double e;
             /* swiglu */
@@ -373,7 +374,39 @@ static void test_gemv_fused(void)
                 CHECKF(!memcmp(y, u1, ny * 2), "gemv_rmsnorm_swiglu %s T=%d in=%d: not the unfused chain", vn, T, in);
             }
             printf("  gemv_rmsnorm_swiglu %-7s T=%d in=%d F=%d: err %.2e%s\n", vn, T, in, F, e, nexact ? ", exact" : "");
+            if (T == 1) { /* the late scale (gemv.cu, norm_rows_late): close to the reference and to the chain */
+                cuda_gemv_late(1);
+                cudaMemset(dy, 0xff, ny * 2);
+                CHECK(cuda_gemv_rmsnorm(dw, dxr, dnw, 1e-5f, dy, T, in, out, 0) == cudaSuccess);
+                get(y, dy, ny * 2);
+                for (size_t i = 0; i < ny; i++) o[i] = fb(y[i]);
+                double el = nerr(o, rn, ny);
+                CHECK(cuda_add_rmsnorm(dscr, NULL, dnw, NULL, T, in, 1e-5f, dxn, 0) == cudaSuccess);
+                CHECK(cuda_gemv(dw, dxn, dy, false, T, in, out, 0) == cudaSuccess);
+                get(u1, dy, ny * 2);
+                double *rc = malloc((size_t)2 * F * 8);
+                for (size_t i = 0; i < ny; i++) rc[i] = fb(u1[i]);
+                double ec = nerr(o, rc, ny);
+                CHECKF(el < 6e-3 && ec < 4e-3, "gemv_rmsnorm late %s in=%d out=%d: err %.3g, vs the chain %.3g", vn, in,
+                       out, el, ec);
+                cudaMemset(dh, 0xff, ny * 2);
+                CHECK(cuda_gemv_rmsnorm_swiglu(dw, dxr, dnw, 1e-5f, dh, T, in, F, 0) == cudaSuccess);
+                get(y, dh, ny * 2);
+                for (size_t i = 0; i < ny; i++) o[i] = fb(y[i]);
+                double sl = nerr(o, rnsw, ny);
+                CHECK(cuda_gemv(dw, dxn, dgu, false, T, in, 2 * F, 0) == cudaSuccess);
+                CHECK(cuda_swiglu(dgu, T, F, dh, 0) == cudaSuccess);
+                get(u1, dh, ny * 2);
+                for (size_t i = 0; i < ny; i++) rc[i] = fb(u1[i]);
+                double sc = nerr(o, rc, ny);
+                CHECKF(sl < 8e-3 && sc < 6e-3, "gemv_rmsnorm_swiglu late %s in=%d F=%d: err %.3g, vs the chain %.3g", vn,
+                       in, F, sl, sc);
+                printf("  late scale    %-7s T=1 in=%d out=%d: norm err %.2e (chain %.2e), swiglu %.2e (chain %.2e)\n", vn,
+                       in, out, el, ec, sl, sc);
+                free(rc);
+            }
         }
+        cuda_gemv_late(-1);
         cuda_gemv_select(1, 1, -1);
         free(w), free(x), free(xr), free(nw), free(xres), free(xn), free(rgu), free(rnu), free(rres), free(rsw);
         free(rnsw), free(rn), free(y), free(u1), free(o), free(res), free(res1);
