@@ -374,36 +374,47 @@ static void test_gemv_fused(void)
                 CHECKF(!memcmp(y, u1, ny * 2), "gemv_rmsnorm_swiglu %s T=%d in=%d: not the unfused chain", vn, T, in);
             }
             printf("  gemv_rmsnorm_swiglu %-7s T=%d in=%d F=%d: err %.2e%s\n", vn, T, in, F, e, nexact ? ", exact" : "");
-            if (T == 1) { /* the late scale (gemv.cu, norm_rows_late): close to the reference and to the chain */
+            if (T == 1) {
+                /* the late scale (gemv.cu, norm_rows_late): y = inv * (bf16(nw * x) W^T). Against its own
+                 * reference (x rounded where the kernel rounds it, the rest in double) with the chain's
+                 * tolerances, and against the chain, which rounds x * inv instead (a looser bound: the
+                 * two round the inputs independently) */
                 cuda_gemv_late(1);
+                double ss = 0, *rl = malloc((size_t)2 * F * 8), *rc = malloc((size_t)2 * F * 8);
+                for (int i = 0; i < in; i++) ss += (double)xr[i] * xr[i];
+                double r = 1 / sqrt(ss / in + 1e-5);
+                uint16_t *xl = malloc((size_t)in * 2);
+                for (int i = 0; i < in; i++) xl[i] = bf(nw[i] * xr[i]);
+                ref_gemv(w, xl, 1, in, 2 * F, rl);
+                for (int j = 0; j < 2 * F; j++) rl[j] *= r;
                 cudaMemset(dy, 0xff, ny * 2);
                 CHECK(cuda_gemv_rmsnorm(dw, dxr, dnw, 1e-5f, dy, T, in, out, 0) == cudaSuccess);
                 get(y, dy, ny * 2);
                 for (size_t i = 0; i < ny; i++) o[i] = fb(y[i]);
-                double el = nerr(o, rn, ny);
+                double el = nerr(o, rl, ny);
                 CHECK(cuda_add_rmsnorm(dscr, NULL, dnw, NULL, T, in, 1e-5f, dxn, 0) == cudaSuccess);
                 CHECK(cuda_gemv(dw, dxn, dy, false, T, in, out, 0) == cudaSuccess);
                 get(u1, dy, ny * 2);
-                double *rc = malloc((size_t)2 * F * 8);
                 for (size_t i = 0; i < ny; i++) rc[i] = fb(u1[i]);
                 double ec = nerr(o, rc, ny);
-                CHECKF(el < 6e-3 && ec < 4e-3, "gemv_rmsnorm late %s in=%d out=%d: err %.3g, vs the chain %.3g", vn, in,
+                CHECKF(el < 6e-3 && ec < 2e-2, "gemv_rmsnorm late %s in=%d out=%d: err %.3g, vs the chain %.3g", vn, in,
                        out, el, ec);
+                for (int j = 0; j < F; j++) rl[j] = rl[j] / (1 + exp(-rl[j])) * rl[F + j];
                 cudaMemset(dh, 0xff, ny * 2);
                 CHECK(cuda_gemv_rmsnorm_swiglu(dw, dxr, dnw, 1e-5f, dh, T, in, F, 0) == cudaSuccess);
                 get(y, dh, ny * 2);
                 for (size_t i = 0; i < ny; i++) o[i] = fb(y[i]);
-                double sl = nerr(o, rnsw, ny);
+                double sl = nerr(o, rl, ny);
                 CHECK(cuda_gemv(dw, dxn, dgu, false, T, in, 2 * F, 0) == cudaSuccess);
                 CHECK(cuda_swiglu(dgu, T, F, dh, 0) == cudaSuccess);
                 get(u1, dh, ny * 2);
                 for (size_t i = 0; i < ny; i++) rc[i] = fb(u1[i]);
                 double sc = nerr(o, rc, ny);
-                CHECKF(sl < 8e-3 && sc < 6e-3, "gemv_rmsnorm_swiglu late %s in=%d F=%d: err %.3g, vs the chain %.3g", vn,
+                CHECKF(sl < 8e-3 && sc < 3e-2, "gemv_rmsnorm_swiglu late %s in=%d F=%d: err %.3g, vs the chain %.3g", vn,
                        in, F, sl, sc);
-                printf("  late scale    %-7s T=1 in=%d out=%d: norm err %.2e (chain %.2e), swiglu %.2e (chain %.2e)\n", vn,
-                       in, out, el, ec, sl, sc);
-                free(rc);
+                printf("  late scale    %-7s T=1 in=%d out=%d: norm err %.2e (vs the chain %.2e), swiglu %.2e (%.2e)\n",
+                       vn, in, out, el, ec, sl, sc);
+                free(rl), free(rc), free(xl);
             }
         }
         cuda_gemv_late(-1);
