@@ -99,6 +99,12 @@
  *                          (norm_rows_late), one barrier and the reduction
  *                          off the prologue (BENCHMARKS.md, twenty-eighth
  *                          round)
+ *   SLUICE_GEMV_GU_PERSIST=0  cuda_gemv_mlp's tagged gate/up GEMV one block
+ *                          per 8 rows (7 waves for Llama-8B); by default one
+ *                          wave of blocks whose warps take rows j, j + S, ...
+ *                          (the next row's first chunks requested with the
+ *                          current row's last), x normalized once a block:
+ *                          batch-1 decode +1.1% (twenty-eighth round)
  */
 #include <limits.h>
 #include <stdlib.h>
@@ -440,9 +446,11 @@ static __device__ __forceinline__ void wdot(const wchunks<CH, NR> &c, const uint
  * (norm_rows, cuda_add_rmsnorm's bits) into shared memory; XS: x copied
  * into shared memory as it is. Epilogues as in the block kernel. */
 template <int NT, int EPI, bool NORM, int CH, bool PAIR = false, bool TAGGED = false, bool XS = false,
-          bool LATE = false>
+          bool LATE = false, bool PERSIST = false>
 static __global__ void __launch_bounds__(32 * GEMV_WARPS, PAIR ? 3 : 1) gemv_warp_kernel(const gemv_params p)
 {
+    /* PERSIST: warp j takes rows j, j + S, j + 2S, ... (S the grid's warps), the
+     * next row's first chunks requested with the last ones of the current */
     static_assert(!LATE || (NORM && NT == 1), "LATE: the one-row norm prologue");
     /* PAIR: rows j and p.out + j per warp (outputs 2 p.out), each summed as a lone row */
     constexpr int NR = EPI == EPI_SWIGLU || PAIR ? 2 : 1;
@@ -469,38 +477,53 @@ static __global__ void __launch_bounds__(32 * GEMV_WARPS, PAIR ? 3 : 1) gemv_war
     }
     if (!live) return;
     const uint4 *x4 = NORM || XS ? xs4 : (const uint4 *)p.x;
-    float acc[NR][NT];
+    float inv = 1.0f;
+    for (int jr = j;;) {
+        const int jn = PERSIST ? jr + (int)gridDim.x * GEMV_WARPS : p.out;
+        const bool next = PERSIST && jn < p.out;
+        const uint4 *wn[NR];
 #pragma unroll
-    for (int r = 0; r < NR; r++)
+        for (int r = 0; r < NR; r++) wn[r] = (const uint4 *)(p.W + (size_t)(r * p.out + (next ? jn : jr)) * p.in);
+        float acc[NR][NT];
 #pragma unroll
-        for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
-    for (int i0 = 0;; i0 += 32 * CH) {
-        bool more = i0 + 32 * CH < n4;
-        if (more) nxt.load(w, i0 + 32 * CH, lane, n4);
-        wdot<CH, NR, NT, NORM || XS>(cur, x4, n4, i0, lane, acc);
-        if (!more) break;
-        cur = nxt;
-    }
+        for (int r = 0; r < NR; r++)
 #pragma unroll
-    for (int r = 0; r < NR; r++)
-#pragma unroll
-        for (int t = 0; t < NT; t++) acc[r][t] = warp_sum(acc[r][t]);
-    if constexpr (LATE) {
-        const float inv = norm_late_inv(p, nsh);
-#pragma unroll
-        for (int r = 0; r < NR; r++) acc[r][0] *= inv;
-    }
-    if (lane) return;
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        if constexpr (TAGGED) { /* cuda_gemv_mlp: one token, EPI_SWIGLU */
-            st_relaxed(p.hw + j, p.tag << 16 | swiglu1(f2bf(acc[0][t]), f2bf(acc[NR - 1][t])));
-        } else if constexpr (PAIR) {
-            gemv_store<EPI>(p, (size_t)t * 2 * p.out + j, acc[0][t], 0.0f);
-            gemv_store<EPI>(p, (size_t)t * 2 * p.out + p.out + j, acc[1][t], 0.0f);
-        } else {
-            gemv_store<EPI>(p, (size_t)t * p.out + j, acc[0][t], acc[NR - 1][t]);
+            for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+        for (int i0 = 0;; i0 += 32 * CH) {
+            bool more = i0 + 32 * CH < n4;
+            if (more) nxt.load(w, i0 + 32 * CH, lane, n4);
+            else if (next) nxt.load(wn, 0, lane, n4);
+            wdot<CH, NR, NT, NORM || XS>(cur, x4, n4, i0, lane, acc);
+            if (!more) break;
+            cur = nxt;
         }
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+#pragma unroll
+            for (int t = 0; t < NT; t++) acc[r][t] = warp_sum(acc[r][t]);
+        if constexpr (LATE) {
+            if (jr == j) inv = norm_late_inv(p, nsh);
+#pragma unroll
+            for (int r = 0; r < NR; r++) acc[r][0] *= inv;
+        }
+        if (lane == 0) {
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                if constexpr (TAGGED) { /* cuda_gemv_mlp: one token, EPI_SWIGLU */
+                    st_relaxed(p.hw + jr, p.tag << 16 | swiglu1(f2bf(acc[0][t]), f2bf(acc[NR - 1][t])));
+                } else if constexpr (PAIR) {
+                    gemv_store<EPI>(p, (size_t)t * 2 * p.out + jr, acc[0][t], 0.0f);
+                    gemv_store<EPI>(p, (size_t)t * 2 * p.out + p.out + jr, acc[1][t], 0.0f);
+                } else {
+                    gemv_store<EPI>(p, (size_t)t * p.out + jr, acc[0][t], acc[NR - 1][t]);
+                }
+            }
+        }
+        if (!next) return;
+        jr = jn;
+        cur = nxt;
+#pragma unroll
+        for (int r = 0; r < NR; r++) w[r] = wn[r];
     }
 }
 
@@ -773,7 +796,7 @@ static __global__ void __launch_bounds__(32 * MW, 1024 / (32 * MW)) gemv_mma_ker
 
 static struct gemv_state {
     int variant, nsm, ch;
-    bool pdl, pair, nwsm, xs, late;
+    bool pdl, pair, nwsm, xs, late, persist;
 } G;
 
 static int sm_major(void)
@@ -801,6 +824,8 @@ static const gemv_state &state(void)
         G.xs = !(xs && strcmp(xs, "0") == 0);
         const char *lt = getenv("SLUICE_GEMV_LATE");
         G.late = !(lt && strcmp(lt, "0") == 0);
+        const char *pe = getenv("SLUICE_GEMV_GU_PERSIST");
+        G.persist = !(pe && strcmp(pe, "0") == 0);
         return true;
     }();
     (void)once;
@@ -822,6 +847,21 @@ extern "C" void cuda_gemv_late(int on)
     state();
     const char *lt = getenv("SLUICE_GEMV_LATE");
     G.late = on < 0 ? !(lt && strcmp(lt, "0") == 0) : on != 0;
+}
+
+extern "C" void cuda_gemv_persist(int on)
+{
+    state();
+    const char *pe = getenv("SLUICE_GEMV_GU_PERSIST");
+    G.persist = on < 0 ? !(pe && strcmp(pe, "0") == 0) : on != 0;
+}
+
+/* blocks of a kernel resident per SM, asked once per kernel */
+template <typename K>
+static int resident(K k, int threads, size_t smem)
+{
+    int n = 0;
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, threads, smem) == cudaSuccess && n > 0 ? n : 1;
 }
 
 template <typename... A>
@@ -1047,7 +1087,16 @@ static cudaError_t launch_mlp_tagged(const uint16_t *Wgu, const uint16_t *Wd, fl
 {
     gemv_params gu = {Wgu, NULL, x, nw, eps, NULL, E, F, 0, hw, (uint32_t)tag, false};
     gemv_params dn = {Wd, NULL, NULL, NULL, 0.0f, x, F, E, 0, hw, (uint32_t)tag, false};
-    cudaError_t e = state().late ? launch_k(gemv_warp_kernel<1, EPI_SWIGLU, true, 4, false, true, false, true>,
+    /* the gate/up GEMV on one wave of blocks (SLUICE_GEMV_GU_PERSIST): each
+     * block normalizes x once, not once per 8 rows, and its warps go from
+     * row to row without a gap (batch-1 decode +1.1%: BENCHMARKS.md,
+     * twenty-eighth round) */
+    static const auto kp = gemv_warp_kernel<1, EPI_SWIGLU, true, 4, false, true, false, true, true>;
+    static const int per_sm = resident(kp, 32 * GEMV_WARPS, (size_t)E * 2);
+    const int pg = per_sm * state().nsm;
+    cudaError_t e = state().late && state().persist && pg < F / GEMV_WARPS
+                        ? launch_k(kp, pg, 32 * GEMV_WARPS, (size_t)E * 2, st, gu)
+                    : state().late ? launch_k(gemv_warp_kernel<1, EPI_SWIGLU, true, 4, false, true, false, true>,
                                             F / GEMV_WARPS, 32 * GEMV_WARPS, (size_t)E * 2, st, gu)
                                  : launch_k(gemv_warp_kernel<1, EPI_SWIGLU, true, 4, false, true>, F / GEMV_WARPS,
                                             32 * GEMV_WARPS, (size_t)E * 2, st, gu);

@@ -205,6 +205,10 @@ void cuda_gemv_select(int variant, int pdl, int ch);
 /* For tests: the one-row norm prologue's late scale (above) on (1), off (0)
  * or as SLUICE_GEMV_LATE says (-1); the same conditions as cuda_gemv_select */
 void cuda_gemv_late(int on);
+/* For tests: cuda_gemv_mlp's tagged gate/up GEMV on one wave of blocks (1),
+ * one block per 8 rows (0), or as SLUICE_GEMV_GU_PERSIST says (-1); the
+ * sums are the same either way */
+void cuda_gemv_persist(int on);
 
 /* ---- gemm_wg.cu ---- */
 /* Prefill GEMMs on Hopper's warpgroup MMA (compute capability 9.0 only),

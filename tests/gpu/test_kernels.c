@@ -512,17 +512,19 @@ static void test_gemv_mlp(void)
         uint32_t *dhw = dup_dev(NULL, (size_t)F * 4);
         cudaMemset(dhw, 0, (size_t)F * 4);
         cudaDeviceSynchronize(); /* the set-up above ran on the legacy stream */
-        for (int pass = 0; pass < 3; pass++) {
-            /* 0: the plain launches without PDL; 1: cuda_gemv_mlp eager with PDL; 2: graph with PDL */
+        for (int pass = 0; pass < 5; pass++) {
+            /* 0: the plain launches without PDL; 1: cuda_gemv_mlp eager with PDL; 2: graph with PDL;
+             * 3, 4: the same with the gate/up GEMV one block per 8 rows instead of one wave of blocks */
             cuda_gemv_select(3, pass > 0, 4);
+            cuda_gemv_persist(pass < 3);
             bool tagged = cuda_gemv_mlp_tagged(1, E, F);
-            if (pass == 1)
+            if (pass == 1 || pass == 3)
                 CHECKF(tagged == cases[ci].tagged, "E=%d F=%d: tagged %d, expected %d", E, F, tagged,
                        cases[ci].tagged);
             cudaMemcpyAsync(dx, x0, (size_t)E * 4, cudaMemcpyHostToDevice, st);
             cudaGraph_t g = NULL;
             cudaGraphExec_t ge = NULL;
-            if (pass == 2) CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+            if (pass % 2 == 0 && pass) CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
             for (int l = 0; l < L; l++) {
                 const uint16_t *wgu = dw + wl * (l % 2), *wd = wgu + (size_t)2 * F * E;
                 if (pass == 0) {
@@ -532,7 +534,7 @@ static void test_gemv_mlp(void)
                     CHECK(cuda_gemv_mlp(wgu, wd, dx, dnw, 1e-5f, dh, 1, E, F, dhw, l + 1, st) == cudaSuccess);
                 }
             }
-            if (pass == 2) {
+            if (pass % 2 == 0 && pass) {
                 CHECK(cudaStreamEndCapture(st, &g) == cudaSuccess);
                 CHECK(g && cudaGraphInstantiate(&ge, g, 0) == cudaSuccess);
                 for (int rep = 0; rep < 3 && ge; rep++) { /* replays start from the same x */
@@ -554,14 +556,16 @@ static void test_gemv_mlp(void)
             double d = 0, n = 0;
             for (int i = 0; i < E; i++) d += fabs(xo[i] - xr[i]), n += fabs(xr[i] - x0[i]);
             bool same = !memcmp(xo, xr, (size_t)E * 4) && !memcmp(ho, hr, (size_t)F * 2);
-            CHECKF(same && tag_ok && n > 0, "E=%d F=%d %s: not the two plain launches: |diff| %.3g, |update| %.3g%s",
-                   E, F, pass == 1 ? "eager" : "graph", d, n, tag_ok ? "" : ", tags wrong");
-            printf("  mlp E=%d F=%d x%d (%s) %s + PDL vs the plain launches: %s\n", E, F, L,
-                   tagged ? "tagged" : "plain", pass == 1 ? "eager" : "graph", same ? "identical" : "differ");
+            const char *how = pass % 2 ? "eager" : "graph", *grid = pass < 3 ? "one wave" : "a block per 8 rows";
+            CHECKF(same && tag_ok && n > 0, "E=%d F=%d %s, %s: not the two plain launches: |diff| %.3g, |update| %.3g%s",
+                   E, F, how, grid, d, n, tag_ok ? "" : ", tags wrong");
+            printf("  mlp E=%d F=%d x%d (%s) %s + PDL, %s, vs the plain launches: %s\n", E, F, L,
+                   tagged ? "tagged" : "plain", how, grid, same ? "identical" : "differ");
         }
         free(w), free(x0), free(nw), free(xr), free(xo), free(hr), free(ho), free(hwo);
         cudaFree(dw), cudaFree(dh), cudaFree(dx), cudaFree(dnw), cudaFree(dhw);
     }
+    cuda_gemv_persist(-1);
     cuda_gemv_select(1, 1, -1);
     cudaStreamDestroy(st);
 }
