@@ -156,12 +156,16 @@ int main(int argc, char **argv)
     g_bt = malloc((size_t)nseq * g_ctxb * 4);
     for (int i = 0; i < nseq * g_ctxb; i++) g_bt[i] = (int32_t)((i * 7919L) % (nseq * g_ctxb)); /* scattered */
     model_sampling_default(&g_s);
-    size_t wbytes = 0;
+    size_t wbytes = 0, lbytes = 0, hbytes = 0; /* all, the layers', the LM head's */
     {
         size_t E = c->n_embd, F = c->n_ff, Q = (size_t)c->n_head * c->head_dim, KV = (size_t)c->n_head_kv * c->head_dim;
-        wbytes = 2 * (c->n_layer * (E * (Q + 2 * KV) + Q * E + 3 * E * F) + (size_t)c->n_vocab * E);
+        lbytes = 2 * c->n_layer * (E * (Q + 2 * KV) + Q * E + 3 * E * F);
+        hbytes = 2 * (size_t)c->n_vocab * E;
+        wbytes = lbytes + hbytes;
     }
-    double flops_tok = (double)wbytes; /* 2 flops per bf16 weight (2 bytes) */
+    /* a prefill step's GEMM flops: 2 a bf16 weight (2 bytes) for every token
+     * through the layers, the LM head for each sequence's last token only */
+#define PREFILL_FLOPS(ntok, nseq) ((double)lbytes * (ntok) + (double)hbytes * (nseq))
     printf("shape %s: %d layers, embd %d, ff %d, heads %d/%d, vocab %d; weights read per step %.2f GB; load %.1f s; "
            "tensor parallel %d\n",
            cfg, c->n_layer, c->n_embd, c->n_ff, c->n_head, c->n_head_kv, c->n_vocab, wbytes / 1e9, now_s() - t0, tp);
@@ -183,11 +187,11 @@ int main(int argc, char **argv)
     for (int i = 0; i < 5; i++) tt[i] = step(1, 0, 2048);
     qsort(tt, 5, sizeof *tt, cmp_double);
     printf("prefill 1 x 2048: TTFT %.1f ms (%.0f tok/s, %.0f TFLOP/s on the GEMMs)\n", tt[2] * 1e3, 2048 / tt[2],
-           flops_tok * 2048 / tt[2] / 1e12);
+           PREFILL_FLOPS(2048, 1) / tt[2] / 1e12);
     for (int i = 0; i < 3; i++) tt[i] = step(8, 0, 2048);
     qsort(tt, 3, sizeof *tt, cmp_double);
     printf("prefill 8 x 2048 (one 16384-token step): %.1f ms, %.0f tok/s (%.0f TFLOP/s on the GEMMs)\n",
-           tt[1] * 1e3, 16384 / tt[1], flops_tok * 16384 / tt[1] / 1e12);
+           tt[1] * 1e3, 16384 / tt[1], PREFILL_FLOPS(16384, 8) / tt[1] / 1e12);
     if (only && strcmp(only, "prefill") == 0) goto done;
     if (prof && strcmp(prof, "prefill") == 0) { /* one 16384-token step for ncu, then stop */
         cudaProfilerStart();
