@@ -1092,6 +1092,11 @@ static cudaError_t launch_mlp_tagged(const uint16_t *Wgu, const uint16_t *Wd, fl
      * row to row without a gap (batch-1 decode +1.1%: BENCHMARKS.md,
      * twenty-eighth round) */
     static const auto kp = gemv_warp_kernel<1, EPI_SWIGLU, true, 4, false, true, false, true, true>;
+    /* asked once, at the first call's E: registers bind it (2 an SM on sm_89
+     * and sm_90) for any E the prologue takes (E * 2 <= CUDA_GEMV_NORM_SMEM);
+     * a smaller grid would still be right, only slower. (Asked at the 48 KB
+     * bound the query fails, the static shared memory on top, and 1 an SM
+     * ran batch-1 decode at 221 tok/s) */
     static const int per_sm = resident(kp, 32 * GEMV_WARPS, (size_t)E * 2);
     const int pg = per_sm * state().nsm;
     cudaError_t e = state().late && state().persist && pg < F / GEMV_WARPS
