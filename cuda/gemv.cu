@@ -806,26 +806,28 @@ static int sm_major(void)
     return major;
 }
 
+/* a switch that is on unless the environment sets it to "0" */
+static bool env_on(const char *name)
+{
+    const char *e = getenv(name);
+    return !(e && strcmp(e, "0") == 0);
+}
+
 static const gemv_state &state(void)
 {
     static bool once = [] {
-        const char *v = getenv("SLUICE_GEMV_VARIANT"), *d = getenv("SLUICE_PDL"), *c = getenv("SLUICE_GEMV_CH");
+        const char *v = getenv("SLUICE_GEMV_VARIANT"), *c = getenv("SLUICE_GEMV_CH");
         G.variant = v && *v >= '0' && *v <= '4' && !v[1] ? *v - '0' : 3;
         G.ch = c && (!strcmp(c, "8") || !strcmp(c, "16")) ? atoi(c) : 4;
         int dev = 0;
         G.nsm = 132;
         if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&G.nsm, cudaDevAttrMultiProcessorCount, dev);
-        G.pdl = sm_major() >= 9 && !(d && strcmp(d, "0") == 0);
-        const char *pr = getenv("SLUICE_GEMV_PAIR");
-        G.pair = !(pr && strcmp(pr, "0") == 0);
-        const char *nw = getenv("SLUICE_GEMV_NWSM");
-        G.nwsm = !(nw && strcmp(nw, "0") == 0);
-        const char *xs = getenv("SLUICE_GEMV_XS");
-        G.xs = !(xs && strcmp(xs, "0") == 0);
-        const char *lt = getenv("SLUICE_GEMV_LATE");
-        G.late = !(lt && strcmp(lt, "0") == 0);
-        const char *pe = getenv("SLUICE_GEMV_GU_PERSIST");
-        G.persist = !(pe && strcmp(pe, "0") == 0);
+        G.pdl = sm_major() >= 9 && env_on("SLUICE_PDL");
+        G.pair = env_on("SLUICE_GEMV_PAIR");
+        G.nwsm = env_on("SLUICE_GEMV_NWSM");
+        G.xs = env_on("SLUICE_GEMV_XS");
+        G.late = env_on("SLUICE_GEMV_LATE");
+        G.persist = env_on("SLUICE_GEMV_GU_PERSIST");
         return true;
     }();
     (void)once;
@@ -845,15 +847,13 @@ extern "C" void cuda_gemv_select(int variant, int pdl, int ch)
 extern "C" void cuda_gemv_late(int on)
 {
     state();
-    const char *lt = getenv("SLUICE_GEMV_LATE");
-    G.late = on < 0 ? !(lt && strcmp(lt, "0") == 0) : on != 0;
+    G.late = on < 0 ? env_on("SLUICE_GEMV_LATE") : on != 0;
 }
 
 extern "C" void cuda_gemv_persist(int on)
 {
     state();
-    const char *pe = getenv("SLUICE_GEMV_GU_PERSIST");
-    G.persist = on < 0 ? !(pe && strcmp(pe, "0") == 0) : on != 0;
+    G.persist = on < 0 ? env_on("SLUICE_GEMV_GU_PERSIST") : on != 0;
 }
 
 /* blocks of a kernel resident per SM, asked once per kernel */
@@ -1098,13 +1098,15 @@ static cudaError_t launch_mlp_tagged(const uint16_t *Wgu, const uint16_t *Wd, fl
      * bound the query fails, the static shared memory on top, and 1 an SM
      * ran batch-1 decode at 221 tok/s) */
     static const int per_sm = resident(kp, 32 * GEMV_WARPS, (size_t)E * 2);
-    const int pg = per_sm * state().nsm;
-    cudaError_t e = state().late && state().persist && pg < F / GEMV_WARPS
-                        ? launch_k(kp, pg, 32 * GEMV_WARPS, (size_t)E * 2, st, gu)
-                    : state().late ? launch_k(gemv_warp_kernel<1, EPI_SWIGLU, true, 4, false, true, false, true>,
-                                            F / GEMV_WARPS, 32 * GEMV_WARPS, (size_t)E * 2, st, gu)
-                                 : launch_k(gemv_warp_kernel<1, EPI_SWIGLU, true, 4, false, true>, F / GEMV_WARPS,
-                                            32 * GEMV_WARPS, (size_t)E * 2, st, gu);
+    const int th = 32 * GEMV_WARPS, rows = F / GEMV_WARPS, pg = per_sm * state().nsm;
+    const size_t sm = (size_t)E * 2;
+    cudaError_t e;
+    if (state().late && state().persist && pg < rows)
+        e = launch_k(kp, pg, th, sm, st, gu);
+    else if (state().late)
+        e = launch_k(gemv_warp_kernel<1, EPI_SWIGLU, true, 4, false, true, false, true>, rows, th, sm, st, gu);
+    else
+        e = launch_k(gemv_warp_kernel<1, EPI_SWIGLU, true, 4, false, true>, rows, th, sm, st, gu);
     return e != cudaSuccess ? e : launch_k(gemv_mma_kernel<1, EPI_RESID, false, true>, (E + 15) / 16, 32 * MW, 0, st, dn);
 }
 
@@ -1113,10 +1115,7 @@ static cudaError_t launch_mlp_tagged(const uint16_t *Wgu, const uint16_t *Wd, fl
  * not SLUICE_GEMV_TAGGED=0 */
 extern "C" bool cuda_gemv_mlp_tagged(int T, int E, int F)
 {
-    static const bool on = [] {
-        const char *e = getenv("SLUICE_GEMV_TAGGED");
-        return !(e && strcmp(e, "0") == 0);
-    }();
+    static const bool on = env_on("SLUICE_GEMV_TAGGED");
     return on && T == 1 && state().variant == 3 && use_warp(1, E) && !use_mma(1, E) && warp_ch(E) == 4 &&
            use_mma(1, F) && F % GEMV_WARPS == 0;
 }
