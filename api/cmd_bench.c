@@ -857,11 +857,23 @@ static void print_table(FILE *f, char sep, const struct row *rows, int n)
     }
 }
 
+/* v with 3 more decimals than the table's column, and at least 7
+ * significant digits (a cache hit's TTFT of 1.76 ms keeps 0.001760xyz, so
+ * the rates still follow from the seconds) */
 static void json_num(struct json_buf *b, const char *key, double v, int prec)
 {
-    if (isnan(v)) json_buf_addf(b, "\"%s\":null", key);
-    else if (prec < 0 && v == floor(v)) json_buf_addf(b, "\"%s\":%.0f", key, v);
-    else json_buf_addf(b, "\"%s\":%.*f", key, prec < 0 ? 2 : prec + 3, v);
+    if (isnan(v)) {
+        json_buf_addf(b, "\"%s\":null", key);
+    } else if (prec < 0 && v == floor(v)) {
+        json_buf_addf(b, "\"%s\":%.0f", key, v);
+    } else {
+        int d = prec < 0 ? 2 : prec + 3;
+        if (v != 0 && isfinite(v)) {
+            int sig = 6 - (int)floor(log10(fabs(v)));
+            if (sig > d) d = sig < 12 ? sig : 12;
+        }
+        json_buf_addf(b, "\"%s\":%.*f", key, d, v);
+    }
 }
 
 static void json_vals(struct json_buf *b, const double v[7])

@@ -6,6 +6,7 @@ Not a test itself: tools/run_tests.sh runs only tests/test_*.py. A test imports 
 """
 import http.client
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -130,6 +131,71 @@ def run_tests(tests, *args, proc=None, only=None):
             failed += 1
             break
     return passed, failed
+
+
+# DESIGN.md, "Batch invariance": on the CPU a request's greedy tokens do not
+# depend on what else ran in its steps; on the GPU, GEMM tiling and kernel
+# choice change with the step's shape, so two runs may part at a near-tie of
+# the top-2 logprobs (the bound tests/test_engine.c uses)
+NEAR_TIE_NATS = 0.3
+
+
+def backend_in(text):
+    """The backend ("cpu", "cuda") the last "ready" line of a server's output
+    names; None when there is none."""
+    m = re.findall(r" ready on \S+ \(backend (\w+),", text or "")
+    return m[-1] if m else None
+
+
+def log_backend(name):
+    """backend_in() of build/NAME, a server's log."""
+    try:
+        with open(os.path.join(ROOT, "build", name), errors="replace") as f:
+            return backend_in(f.read())
+    except OSError:
+        return None
+
+
+def _get(o, k):
+    return o.get(k) if isinstance(o, dict) else getattr(o, k, None)
+
+
+def token_logprobs(logprobs):
+    """A choice's logprobs (a dict, an openai object, or a list of their
+    content entries, e.g. gathered from stream chunks) as [(token, [(token,
+    logprob) of its top_logprobs])]."""
+    if logprobs is None:
+        return []
+    content = logprobs if isinstance(logprobs, list) else _get(logprobs, "content")
+    return [(_get(t, "token"), [(_get(x, "token"), _get(x, "logprob")) for x in (_get(t, "top_logprobs") or [])])
+            for t in content or []]
+
+
+def greedy_agree(a_text, a_lp, b_text, b_lp, backend, prefix=False):
+    """Whether two greedy runs of one request agree: the same text (with
+    prefix, b's starts with a's). On the CPU nothing else passes. On another
+    backend a first differing token also passes where it is a near-tie: in
+    either run's top-2 logprobs there (a_lp, b_lp: token_logprobs' input,
+    requested with top_logprobs >= 2) the two tokens, within NEAR_TIE_NATS.
+    Returns (ok, why); why names a near-tie, to be reported."""
+    if b_text.startswith(a_text) if prefix else a_text == b_text:
+        return True, ""
+    if backend in (None, "cpu"):
+        return False, f"{a_text!r} vs {b_text!r} (backend {backend}: exact)"
+    a, b = token_logprobs(a_lp), token_logprobs(b_lp)
+    j = 0
+    while j < len(a) and j < len(b) and a[j][0] == b[j][0]:
+        j += 1
+    if j == len(a) or j == len(b):
+        return False, f"{a_text!r} vs {b_text!r}: no differing token in the logprobs ({len(a)} / {len(b)} tokens)"
+    ta, tb = a[j][0], b[j][0]
+    for run in (a, b):
+        top = run[j][1][:2]
+        if len(top) == 2 and {top[0][0], top[1][0]} == {ta, tb} and abs(top[0][1] - top[1][1]) < NEAR_TIE_NATS:
+            return True, (f"near-tie at token {j}: {ta!r} vs {tb!r}, top-2 logprobs {top[0][1]:.4f} {top[1][1]:.4f} "
+                          f"(backend {backend})")
+    return False, f"token {j}: {ta!r} vs {tb!r} is not a near-tie (top-2 {a[j][1][:2]} / {b[j][1][:2]}): " \
+                  f"{a_text!r} vs {b_text!r}"
 
 
 def summary(passed, failed):

@@ -89,12 +89,20 @@ def test_second_command_line():
 
 def test_enforce_eager_honoured():
     # vLLM's switch for CUDA graphs: honoured (the CUDA backend captures
-    # none), so neither spelling is reported as ignored; the CPU backend has
-    # no graphs, so its ready line does not mention it
+    # none, and its ready line says so), so neither spelling is reported as
+    # ignored; the CPU backend has no graphs, so its ready line does not
+    # mention it
     out = serve_and_chat(["--port", "PORT", "--enforce-eager",
                           "--compilation-config", '{"cudagraph_mode": "NONE"}'], MODEL)
     assert not [l for l in out.splitlines() if " ignored: " in l], out
-    assert "enforce-eager" not in out, out
+    backend = lib.backend_in(out)
+    assert backend, out
+    if backend == "cuda":
+        assert "enforce-eager: no CUDA graphs" in out, out
+    else:
+        assert "enforce-eager" not in out, out
+    if backend == "cuda":  # without the flags the graphs are on
+        assert "enforce-eager" not in serve_ready(["--port", "PORT"])
 
 
 def test_hf_override_applies():

@@ -5,7 +5,9 @@
 # KV cache; tiny-qwen3 and tiny-qwen3-d128, whose head_dim 128 takes the
 # warpgroup prefill attention), and with 2+ GPUs the
 # tensor-parallel runs (TP=2 vs CPU/HF, TP=2 vs TP=1, the engine at TP=2,
-# and the first and last again with the fused gate|up on every step).
+# and the first and last again with the fused gate|up on every step), and
+# with the default model the Python integration tests (server, Batch API,
+# flags) against servers on the GPU.
 # Ends with one line "N passed, N failed".
 set -u
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
@@ -30,6 +32,22 @@ if [ "${ngpu:-0}" -ge 2 ]; then
            "SLUICE_TEST_TP=2 SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3 $B/tests/test_engine"
            "SLUICE_TEST_TP=2 SLUICE_CUDA_GEMM_WG_MIN_T=1 $B/tests/gpu/test_gpu_e2e"
            "SLUICE_TEST_TP=2 SLUICE_CUDA_GEMM_WG_MIN_T=1 SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3 $B/tests/test_engine")
+fi
+# the HTTP server, the Batch API's queue and the vLLM flags served on this
+# GPU (the default device where one is present): the Python integration
+# tests with the default model, when it and the openai client are here
+# (test_chat_rules pins --device cpu and stays out); then one check that
+# every server they logged ran on the cuda backend
+py_logs="build/test_server.log build/test_batch_*.log build/test_chat_tools.log build/test_bench.log"
+if [ -f "$MODEL" ] && python3 -c 'import openai' 2>/dev/null; then
+    rm -f $py_logs
+    for py in tests/test_*.py; do
+        case $py in *test_chat_rules.py) continue ;; esac
+        runs+=("SLUICE_BIN=$B/sluice PYTHONUNBUFFERED=1 python3 $py")
+    done
+    runs+=("bash tests/gpu/backend_check.sh cuda $py_logs")
+else
+    echo "== the Python integration tests: skipped (no default model or no openai module)"
 fi
 p=0 f=0
 for r in "${runs[@]}"; do

@@ -64,7 +64,7 @@ dec_tests() {
 }
 
 gpu_test() {
-    BUILD=build timeout 420 tests/gpu/run_gpu_tests.sh >"$L/gpu_test.log" 2>&1
+    BUILD=build timeout "${GPU_TEST_SECS:-420}" tests/gpu/run_gpu_tests.sh >"$L/gpu_test.log" 2>&1
     echo "gpu-test rc=$?: $(tail -1 "$L/gpu_test.log")"
     grep -E "FAIL|failed:" "$L/gpu_test.log" | head
 }
