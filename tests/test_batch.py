@@ -159,8 +159,8 @@ def test_openai_flow(srv):
     prompts = ["What is the capital of France?", "Name a color.", "Count to three.", "Say hello.",
                "What is 2+2?", "Name an animal."]
     lines = [chat_line(f"req-{i}", p, 6 + i % 3) for i, p in enumerate(prompts)]
-    for l in lines:  # the top-2 logprobs judge a divergence on the GPU (lib.greedy_agree)
-        l["body"].update(logprobs=True, top_logprobs=2)
+    for l in lines:  # the top logprobs judge a divergence on the GPU (lib.greedy_agree)
+        l["body"].update(logprobs=True, top_logprobs=lib.TOP_LOGPROBS)
     path = write_jsonl("flow.jsonl", lines)
     f = c.files.create(file=open(path, "rb"), purpose="batch")
     assert f.object == "file" and f.purpose == "batch" and f.bytes == os.path.getsize(path), f
@@ -520,10 +520,10 @@ def test_crash_safety(_):
     try:
         srv.start()
         c = srv.client()
-        n = srv.fast(160, 600)
-        lines = [chat_line(f"cr{i:03d}", f"Item {i}: give one word.", srv.fast(2, 8) + i % 2) for i in range(n)]
-        for l in lines:  # the top-2 logprobs judge a divergence on the GPU (lib.greedy_agree)
-            l["body"].update(logprobs=True, top_logprobs=2)
+        n = srv.fast(160, 1500)
+        lines = [chat_line(f"cr{i:04d}", f"Item {i}: give one word.", srv.fast(2, 24) + i % 2) for i in range(n)]
+        for l in lines:  # the top logprobs judge a divergence on the GPU (lib.greedy_agree)
+            l["body"].update(logprobs=True, top_logprobs=lib.TOP_LOGPROBS)
         path = write_jsonl("crash.jsonl", lines)
         clean = wait_batch(c, submit(c, path).id, timeout=300)
         assert clean.status == "completed" and clean.request_counts.completed == n, clean

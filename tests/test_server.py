@@ -195,7 +195,7 @@ def stream_chat(i, results):
         from openai import OpenAI
         client = OpenAI(base_url=f"http://127.0.0.1:{PORT}/v1", api_key=KEY, max_retries=0, timeout=300)
         body = {"model": NAME, "messages": [{"role": "user", "content": f"Count to {i % 7 + 2}."}],
-                "max_tokens": 8, "temperature": 0, "logprobs": True, "top_logprobs": 2}
+                "max_tokens": 8, "temperature": 0, "logprobs": True, "top_logprobs": lib.TOP_LOGPROBS}
         text, lp = "", []
         for c in client.chat.completions.create(**body, stream=True):
             if c.choices:
@@ -388,7 +388,7 @@ def test_min_tokens():
     """min_tokens keeps the end-of-sequence token out until that many tokens
     (greedy: the same text up to where it would have stopped)."""
     body = {"model": NAME, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 100,
-            "temperature": 0, "logprobs": True, "top_logprobs": 2}
+            "temperature": 0, "logprobs": True, "top_logprobs": lib.TOP_LOGPROBS}
     st, text = request("POST", "/v1/chat/completions", body)
     plain = json.loads(text)
     n0 = plain["usage"]["completion_tokens"]
