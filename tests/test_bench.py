@@ -233,8 +233,10 @@ def fake_server(mode):
 
 def test_fake_server_without_tokenize():
     srv = fake_server("ok")
+    js = os.path.join(TMP, "fake.json")
     try:
-        r = bench("--prompt-tokens", "3000", "--max-tokens", "5", "--runs", "2", port=srv.server_address[1])
+        r = bench("--prompt-tokens", "3000", "--max-tokens", "5", "--runs", "2", "--json", js,
+                  port=srv.server_address[1])
     finally:
         srv.shutdown()
     assert r.returncode == 0, r.stderr
@@ -243,6 +245,13 @@ def test_fake_server_without_tokenize():
     for x in rows:
         assert abs(num(x[7]) - 3000) <= 60, x  # sized from the warm-ups' usage
         assert num(x[8]) == 5, x
+    # the fake server's first token comes within ~2 ms: the JSON's seconds
+    # keep 7 significant digits, so the rates still follow from them
+    with open(js) as f:
+        for jr in json.load(f)["rows"]:
+            assert 0 < jr["ttft_s"] < 0.1, jr
+            assert close(jr["pp_tok_s"], jr["p_tok"] / jr["ttft_s"], rel=1e-5, abs_=0), jr
+            assert close(jr["e2e_tok_s"], jr["c_tok"] / jr["total_s"], rel=1e-5, abs_=0), jr
 
 
 def test_load_mode_seed_fixes_lengths():
