@@ -7,7 +7,8 @@
 # tensor-parallel runs (TP=2 vs CPU/HF, TP=2 vs TP=1, the engine at TP=2,
 # and the first and last again with the fused gate|up on every step), and
 # with the default model the Python integration tests (server, Batch API,
-# flags) against servers on the GPU.
+# flags) against servers on the GPU (with 2+ GPUs the server and Batch API
+# ones again at TP=2).
 # Ends with one line "N passed, N failed".
 set -u
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
@@ -46,6 +47,10 @@ if [ -f "$MODEL" ] && python3 -c 'import openai' 2>/dev/null; then
         runs+=("SLUICE_BIN=$B/sluice PYTHONUNBUFFERED=1 python3 $py")
     done
     runs+=("bash tests/gpu/backend_check.sh cuda $py_logs")
+    if [ "${ngpu:-0}" -ge 2 ]; then # the server and the Batch API at TP=2 (their logs: the check above has read them)
+        runs+=("SLUICE_TEST_SERVE_ARGS=--tensor-parallel-size=2 SLUICE_BIN=$B/sluice PYTHONUNBUFFERED=1 python3 tests/test_server.py"
+               "SLUICE_TEST_SERVE_ARGS=--tensor-parallel-size=2 SLUICE_BIN=$B/sluice PYTHONUNBUFFERED=1 python3 tests/test_batch.py")
+    fi
 else
     echo "== the Python integration tests: skipped (no default model or no openai module)"
 fi
