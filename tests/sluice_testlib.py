@@ -203,6 +203,14 @@ def greedy_agree(a_text, a_lp, b_text, b_lp, backend, prefix=False):
                   f"{a_text!r} vs {b_text!r}"
 
 
+def expect_greedy_agree(a_text, a_lp, b_text, b_lp, backend, prefix=False):
+    """greedy_agree, asserted; a near-tie it let pass is printed."""
+    same, why = greedy_agree(a_text, a_lp, b_text, b_lp, backend, prefix)
+    assert same, why
+    if why:
+        print("     " + why, flush=True)
+
+
 def summary(passed, failed):
     """Prints the last line tools/run_tests.sh reads; returns the exit status."""
     print(f"{passed} passed, {failed} failed", flush=True)

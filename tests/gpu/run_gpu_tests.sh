@@ -8,7 +8,7 @@
 # and the first and last again with the fused gate|up on every step), and
 # with the default model the Python integration tests (server, Batch API,
 # flags) against servers on the GPU (with 2+ GPUs the server and Batch API
-# ones again at TP=2).
+# ones again at TP=2; PY_ONLY=1: the Python ones alone).
 # Ends with one line "N passed, N failed".
 set -u
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
@@ -40,6 +40,7 @@ fi
 # (test_chat_rules pins --device cpu and stays out); then one check that
 # every server they logged ran on the cuda backend
 py_logs="build/test_server.log build/test_batch_*.log build/test_chat_tools.log build/test_bench.log"
+if [ -n "${PY_ONLY:-}" ]; then runs=(); fi # PY_ONLY=1: these alone
 if [ -f "$MODEL" ] && python3 -c 'import openai' 2>/dev/null; then
     rm -f $py_logs
     for py in tests/test_*.py; do

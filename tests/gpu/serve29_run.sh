@@ -5,8 +5,9 @@
 # integration tests (server, Batch API, flags) run against servers on the
 # GPU, with the kernel, e2e and engine suites. The model is left in
 # /tmp/keep/model.gguf for a next call on the same warm host. BENCH=1: then
-# bench_gpu (TTFT, the 16K prefill step, batch-1 decode). PY_ONLY=1: only
-# the Python suites and the backend check.
+# bench_gpu (TTFT, the 16K prefill step, batch-1 decode). PY_ONLY=1
+# (passed on to run_gpu_tests.sh): only the Python suites and the backend
+# check.
 . "$(dirname "$0")/run_lib.sh"
 nvidia-smi -L
 if [ -d .whl ]; then
@@ -16,18 +17,9 @@ fi
 python3 -c 'import openai; print("openai", openai.__version__)'
 default_model "$2"
 cp models/SmolLM2-135M-Instruct.Q4_1.gguf /tmp/keep/model.gguf 2>/dev/null
-if [ -n "${PY_ONLY:-}" ]; then # the Python integration suites alone, as make gpu-test runs them
-    rm -f build/test_server.log build/test_batch_*.log build/test_chat_tools.log build/test_bench.log
-    for py in test_server test_batch test_chat_tools test_bench test_vllm_flags; do
-        t "$py" 300 env SLUICE_BIN=build/sluice PYTHONUNBUFFERED=1 python3 tests/$py.py
-    done
-    t backends 30 bash tests/gpu/backend_check.sh cuda build/test_server.log build/test_batch_*.log \
-        build/test_chat_tools.log build/test_bench.log
-    grep -h "near-tie at\|kill -9\|chat TTFT\|^FAIL" "$L"/test_*.log
-    exit 0
-fi
 GPU_TEST_SECS=${GPU_TEST_SECS:-540} gpu_test
 awk '/^== /{r=substr($0,4,110)} /^[0-9]+ passed, [0-9]+ failed$/{print $0 "  <- " r}' "$L/gpu_test.log"
+grep -h "near-tie at\|kill -9\|chat TTFT" "$L/gpu_test.log"
 if [ -n "${BENCH:-}" ]; then
     timeout -k 5 200 build/tests/gpu/bench_gpu >"$L/bench.log" 2>&1
     echo "bench_gpu rc=$?:"; grep -E "prefill|TTFT|decode batch 1 " "$L/bench.log"
