@@ -5,6 +5,7 @@ Not a test itself: tools/run_tests.sh runs only tests/test_*.py. A test imports 
     import sluice_testlib as lib
 """
 import http.client
+import math
 import os
 import re
 import socket
@@ -206,6 +207,87 @@ def greedy_agree(a_text, a_lp, b_text, b_lp, backend, prefix=False):
 def expect_greedy_agree(a_text, a_lp, b_text, b_lp, backend, prefix=False):
     """greedy_agree, asserted; a near-tie it let pass is printed."""
     same, why = greedy_agree(a_text, a_lp, b_text, b_lp, backend, prefix)
+    assert same, why
+    if why:
+        print("     " + why, flush=True)
+
+
+M64 = (1 << 64) - 1
+GOLDEN = 0x9e3779b97f4a7c15
+
+
+def _splitmix(state):
+    state = (state + GOLDEN) & M64
+    z = ((state ^ (state >> 30)) * 0xbf58476d1ce4e5b9) & M64
+    z = ((z ^ (z >> 27)) * 0x94d049bb133111eb) & M64
+    return state, z ^ (z >> 31)
+
+
+def seeded_draws(seed, choice=0):
+    """The uniform draws, one a sampled token, of choice `choice` of a request
+    with `seed`: api/openai.c's derived seed (seed + choice x the golden
+    gamma), then model_rng_seed and model_rng_uniform (model/sampler.c)."""
+    _, state = _splitmix(((seed + choice * GOLDEN) & M64) ^ 0x5851f42d4c957f2d)
+    while True:
+        state, z = _splitmix(state)
+        yield (z >> 11) * 2.0 ** -53
+
+
+def draw_pick(u, top, temperature, slack):
+    """The token model_sample's draw u picks from top ([(token, logprob)]:
+    a step's top_k candidates, best first), and whether u lies within slack
+    of a boundary of their cumulative mass (then either side may be it)."""
+    e = [math.exp((lp - top[0][1]) / temperature) for _, lp in top]
+    z, cum, pick, near = sum(e), 0.0, top[-1][0], False
+    for (tok, _), x in zip(top, e):
+        near |= abs(u * z - cum) < slack * z
+        cum += x
+        if u * z < cum:
+            return tok, near or abs(u * z - cum) < slack * z
+    return pick, near
+
+
+DRAW_SLACK = 1e-4  # of the mass: logprobs carry 6 significant digits
+
+
+def sampled_agree(a_text, a_lp, b_text, b_lp, backend, seed, temperature, top_k, choice=0):
+    """Whether two seeded runs of one request (temperature, top_k <= their
+    top_logprobs; no top_p, min_p or penalties) agree: the same text. On the
+    CPU nothing else passes. On another backend a first differing token j
+    also passes where the draw explains it: the seed's j-th draw picks each
+    run's own token from that run's top_k logprobs at j (so it lies between
+    the two runs' boundaries), and the logprobs of the tokens both list
+    differ by less than NEAR_TIE_NATS. Returns (ok, why); why names such a
+    split, to be reported."""
+    if a_text == b_text:
+        return True, ""
+    if backend in (None, "cpu"):
+        return False, f"{a_text!r} vs {b_text!r} (backend {backend}: exact)"
+    a, b = token_logprobs(a_lp), token_logprobs(b_lp)
+    j = 0
+    while j < len(a) and j < len(b) and a[j][0] == b[j][0]:
+        j += 1
+    if j == len(a) or j == len(b):
+        return False, f"{a_text!r} vs {b_text!r}: no differing token in the logprobs ({len(a)} / {len(b)} tokens)"
+    draws = seeded_draws(seed, choice)
+    for _ in range(j):
+        next(draws)
+    u, ta, tb = next(draws), a[j][0], b[j][0]
+    ka, kb = a[j][1][:top_k], b[j][1][:top_k]
+    if len(ka) < top_k or len(kb) < top_k:
+        return False, f"token {j}: {len(ka)} / {len(kb)} top logprobs, top_k {top_k} needs as many"
+    (pa, _), (pb, _) = draw_pick(u, ka, temperature, DRAW_SLACK), draw_pick(u, kb, temperature, DRAW_SLACK)
+    lb = dict(kb)
+    gap = max([abs(lp - lb[t]) for t, lp in ka if t in lb] or [math.inf])
+    what = f"token {j}: {ta!r} vs {tb!r}, draw {u:.4f} picks {pa!r} / {pb!r} (top {ka} / {kb})"
+    if pa == ta and pb == tb and gap < NEAR_TIE_NATS:
+        return True, f"sampled split at {what}, logprobs within {gap:.4f} (backend {backend})"
+    return False, f"not a split the draw explains at {what}: {a_text!r} vs {b_text!r}"
+
+
+def expect_sampled_agree(a_text, a_lp, b_text, b_lp, backend, seed, temperature, top_k, choice=0):
+    """sampled_agree, asserted; a tie it let pass is printed."""
+    same, why = sampled_agree(a_text, a_lp, b_text, b_lp, backend, seed, temperature, top_k, choice)
     assert same, why
     if why:
         print("     " + why, flush=True)

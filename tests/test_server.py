@@ -137,11 +137,34 @@ def test_curl():
     assert code == 200 and "sluice:num_requests_running" in body
 
 
+# seeded requests that a GPU run may judge by lib.sampled_agree: top_k within
+# the top logprobs they return
+SEEDED = dict(top_k=lib.TOP_LOGPROBS, logprobs=True, top_logprobs=lib.TOP_LOGPROBS)
+
+
 def test_seed_reproducible():
-    body = dict(CHAT, temperature=1.0, seed=1234, max_tokens=16)
-    a = json.loads(request("POST", "/v1/chat/completions", body)[1])["choices"][0]["message"]["content"]
-    b = json.loads(request("POST", "/v1/chat/completions", body)[1])["choices"][0]["message"]["content"]
-    assert a == b
+    """The same seeded request twice gives the same text (the second run's
+    prompt comes from the prefix cache)."""
+    body = dict(CHAT, temperature=1.0, seed=1234, max_tokens=16, **SEEDED)
+    a, b = (json.loads(request("POST", "/v1/chat/completions", body)[1])["choices"][0] for _ in range(2))
+    lib.expect_sampled_agree(a["message"]["content"], a["logprobs"], b["message"]["content"], b["logprobs"],
+                             BACKEND, 1234, 1.0, lib.TOP_LOGPROBS)
+
+
+def test_seeded_draws_follow_the_sampler():
+    """Each token of a seeded top-k request is the one model_sample's draw
+    picks from that step's top-k logprobs (lib.seeded_draws: the request's
+    RNG, and choice 1's derived seed), up to the 6 digits logprobs carry."""
+    T, k, seed = 0.8, lib.TOP_LOGPROBS, 4321
+    body = dict(CHAT, temperature=T, seed=seed, max_tokens=16, n=2, **SEEDED)
+    r = json.loads(request("POST", "/v1/chat/completions", body)[1])
+    for ch in r["choices"]:
+        draws = lib.seeded_draws(seed, ch["index"])
+        for j, (tok, top) in enumerate(lib.token_logprobs(ch["logprobs"])):
+            assert len(top) == k, top
+            u = next(draws)
+            pick, near = lib.draw_pick(u, top, T, lib.DRAW_SLACK)
+            assert pick == tok or near, (ch["index"], j, tok, pick, u, top)
 
 
 def test_prefix_cache_reported():
@@ -330,30 +353,39 @@ def test_n_choices():
     greedy ones identical), streamed with per-choice indexes, usage summed."""
     from openai import OpenAI
     client = OpenAI(base_url=f"http://127.0.0.1:{PORT}/v1", api_key=KEY)
-    body = dict(CHAT, n=3, temperature=1.0, seed=77, max_tokens=12)
+    body = dict(CHAT, n=3, temperature=1.0, seed=77, max_tokens=12, logprobs=True, top_logprobs=lib.TOP_LOGPROBS,
+                extra_body={"top_k": lib.TOP_LOGPROBS})
+
+    def agree(got, want):  # seeded choices: lib.sampled_agree's (text, logprobs) pairs
+        for i, ((gt, gl), (wt, wl)) in enumerate(zip(got, want)):
+            lib.expect_sampled_agree(gt, gl, wt, wl, BACKEND, 77, 1.0, lib.TOP_LOGPROBS, choice=i)
+        assert len(got) == len(want), (got, want)
     r = client.chat.completions.create(**body)
     assert [c.index for c in r.choices] == [0, 1, 2], r
     texts = [c.message.content for c in r.choices]
     assert len(set(texts)) > 1, texts
     assert 3 <= r.usage.completion_tokens <= 36, r.usage  # summed over the choices
     assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    runs = [(c.message.content, c.logprobs) for c in r.choices]
     again = client.chat.completions.create(**body)
-    assert [c.message.content for c in again.choices] == texts
+    agree([(c.message.content, c.logprobs) for c in again.choices], runs)
     # choice 0 is the request as if n were 1
     one = client.chat.completions.create(**dict(body, n=1))
-    assert one.choices[0].message.content == texts[0]
+    agree([(c.message.content, c.logprobs) for c in one.choices], runs[:1])
     greedy = client.chat.completions.create(**dict(CHAT, n=2, temperature=0))
     assert greedy.choices[0].message.content == greedy.choices[1].message.content
-    parts, finish, usage = {0: [], 1: []}, {}, None
+    parts, lps, finish, usage = {0: [], 1: []}, {0: [], 1: []}, {}, None
     for chunk in client.chat.completions.create(**dict(body, n=2), stream=True, stream_options={"include_usage": True}):
         if chunk.usage:
             usage = chunk.usage
         for ch in chunk.choices:
             if ch.delta.content:
                 parts[ch.index].append(ch.delta.content)
+            if ch.logprobs and ch.logprobs.content:
+                lps[ch.index] += ch.logprobs.content
             if ch.finish_reason:
                 finish[ch.index] = ch.finish_reason
-    assert ["".join(parts[0]), "".join(parts[1])] == texts[:2], (parts, texts)
+    agree([("".join(parts[i]), lps[i]) for i in (0, 1)], runs[:2])
     assert set(finish) == {0, 1} and usage and usage.prompt_tokens == r.usage.prompt_tokens, (finish, usage)
     assert 2 <= usage.completion_tokens <= 24, usage
     c = client.completions.create(model=NAME, prompt="The capital of France is", max_tokens=3, n=2, temperature=0)
@@ -531,7 +563,7 @@ def main():
         BACKEND = lib.log_backend("test_server.log")
         print(f"     server on backend {BACKEND}", flush=True)
         tests = [test_health_and_models, test_chat_nonstream_and_stream_agree, test_completions, test_curl,
-                 test_seed_reproducible, test_prefix_cache_reported, test_tokenize_roundtrip,
+                 test_seed_reproducible, test_seeded_draws_follow_the_sampler, test_prefix_cache_reported, test_tokenize_roundtrip,
                  test_errors_then_success, test_concurrent_streams_batched, test_disconnect_frees_blocks,
                  test_disconnect_unstreamed, test_tools_without_parser, test_tool_round_trip_null_content,
                  test_long_text_refused_before_tokenizing,
