@@ -19,7 +19,7 @@ default_model "$2"
 cp models/SmolLM2-135M-Instruct.Q4_1.gguf /tmp/keep/model.gguf 2>/dev/null
 GPU_TEST_SECS=${GPU_TEST_SECS:-540} gpu_test
 awk '/^== /{r=substr($0,4,110)} /^[0-9]+ passed, [0-9]+ failed$/{print $0 "  <- " r}' "$L/gpu_test.log"
-grep -h "near-tie at\|kill -9\|chat TTFT" "$L/gpu_test.log"
+grep -h "near-tie at\|sampled split at\|kill -9\|chat TTFT" "$L/gpu_test.log"
 if [ -n "${BENCH:-}" ]; then
     timeout -k 5 200 build/tests/gpu/bench_gpu >"$L/bench.log" 2>&1
     echo "bench_gpu rc=$?:"; grep -E "prefill|TTFT|decode batch 1 " "$L/bench.log"
