@@ -176,15 +176,12 @@ def token_logprobs(logprobs):
             for t in content or []]
 
 
-def greedy_agree(a_text, a_lp, b_text, b_lp, backend, prefix=False):
-    """Whether two greedy runs of one request agree: the same text (with
-    prefix, b's starts with a's). On the CPU nothing else passes. On another
-    backend a first differing token also passes where it is a near-tie: the
-    other run's token among either run's top logprobs there, within
-    NEAR_TIE_NATS of that run's own (a_lp, b_lp: token_logprobs' input,
-    requested with top_logprobs TOP_LOGPROBS: three tokens may tie).
-    Returns (ok, why); why names a near-tie, to be reported."""
-    if b_text.startswith(a_text) if prefix else a_text == b_text:
+def _parting(a_text, a_lp, b_text, b_lp, backend, same):
+    """The start greedy_agree and sampled_agree share: (ok, why) where the
+    texts settle it (same; else the CPU's exact rule; else no differing token
+    in the logprobs), otherwise (None, (a, b, j)): both runs' token_logprobs
+    and their first differing token."""
+    if same:
         return True, ""
     if backend in (None, "cpu"):
         return False, f"{a_text!r} vs {b_text!r} (backend {backend}: exact)"
@@ -194,10 +191,26 @@ def greedy_agree(a_text, a_lp, b_text, b_lp, backend, prefix=False):
         j += 1
     if j == len(a) or j == len(b):
         return False, f"{a_text!r} vs {b_text!r}: no differing token in the logprobs ({len(a)} / {len(b)} tokens)"
+    return None, (a, b, j)
+
+
+def greedy_agree(a_text, a_lp, b_text, b_lp, backend, prefix=False):
+    """Whether two greedy runs of one request agree: the same text (with
+    prefix, b's starts with a's). On the CPU nothing else passes. On another
+    backend a first differing token also passes where it is a near-tie: the
+    other run's token among either run's top logprobs there, within
+    NEAR_TIE_NATS of that run's own (a_lp, b_lp: token_logprobs' input,
+    requested with top_logprobs TOP_LOGPROBS: three tokens may tie).
+    Returns (ok, why); why names a near-tie, to be reported."""
+    ok, parted = _parting(a_text, a_lp, b_text, b_lp, backend, b_text.startswith(a_text) if prefix else a_text == b_text)
+    if ok is not None:
+        return ok, parted
+    a, b, j = parted
     ta, tb = a[j][0], b[j][0]
     for mine, other, run in ((ta, tb, a), (tb, ta, b)):
         top = dict(run[j][1])
-        if mine in top and other in top and top[mine] - top[other] < NEAR_TIE_NATS:
+        # greedy: a run's own token leads its top logprobs (to their 6 digits)
+        if mine in top and other in top and -1e-4 < top[mine] - top[other] < NEAR_TIE_NATS:
             return True, (f"near-tie at token {j}: {ta!r} vs {tb!r}, logprobs {top[mine]:.4f} {top[other]:.4f} "
                           f"(backend {backend})")
     return False, f"token {j}: {ta!r} vs {tb!r} is not a near-tie (top {a[j][1]} / {b[j][1]}): " \
@@ -259,16 +272,10 @@ def sampled_agree(a_text, a_lp, b_text, b_lp, backend, seed, temperature, top_k,
     the two runs' boundaries), and the logprobs of the tokens both list
     differ by less than NEAR_TIE_NATS. Returns (ok, why); why names such a
     split, to be reported."""
-    if a_text == b_text:
-        return True, ""
-    if backend in (None, "cpu"):
-        return False, f"{a_text!r} vs {b_text!r} (backend {backend}: exact)"
-    a, b = token_logprobs(a_lp), token_logprobs(b_lp)
-    j = 0
-    while j < len(a) and j < len(b) and a[j][0] == b[j][0]:
-        j += 1
-    if j == len(a) or j == len(b):
-        return False, f"{a_text!r} vs {b_text!r}: no differing token in the logprobs ({len(a)} / {len(b)} tokens)"
+    ok, parted = _parting(a_text, a_lp, b_text, b_lp, backend, a_text == b_text)
+    if ok is not None:
+        return ok, parted
+    a, b, j = parted
     draws = seeded_draws(seed, choice)
     for _ in range(j):
         next(draws)
