@@ -928,6 +928,18 @@ static void end_tag(struct P *p, const char *word)
     expect_bend(p);
 }
 
+/* The rest of a block tag without alternatives: its %} opening, the body
+ * into n's kids, the closing {% end %}. */
+static void block_body(struct P *p, struct tnode *n, int line, const char *tag, const char *end)
+{
+    const char *const stop[] = {end, NULL};
+    expect_bend(p);
+    struct tnode *body = parse_body(p, stop, line, tag);
+    n->kids = body->kids;
+    n->nk = body->nk;
+    end_tag(p, end);
+}
+
 static struct tnode *parse_if(struct P *p, int line)
 {
     static const char *const stop[] = {"elif", "else", "endif", NULL};
@@ -1027,7 +1039,6 @@ static struct tnode *parse_set(struct P *p, int line)
         expect_bend(p);
         return n;
     }
-    static const char *const stop[] = {"endset", NULL};
     struct tnode *n = mk(p, N_SETBLOCK, line);
     if (target->kind != N_NAME) tmpl_fail(p->a, line, "a block set needs a single name");
     n->a = target;
@@ -1035,11 +1046,7 @@ static struct tnode *parse_set(struct P *p, int line)
         p->i++;
         n->c = parse_filter_expr(p, parse_filter(p, NULL));
     }
-    expect_bend(p);
-    struct tnode *body = parse_body(p, stop, line, "set");
-    n->kids = body->kids;
-    n->nk = body->nk;
-    end_tag(p, "endset");
+    block_body(p, n, line, "set", "endset");
     return n;
 }
 
@@ -1068,44 +1075,29 @@ static void parse_params(struct P *p, struct tnode *n)
 
 static struct tnode *parse_macro(struct P *p, int line)
 {
-    static const char *const stop[] = {"endmacro", NULL};
     struct tnode *n = mk(p, N_MACRO, line);
     n->s = expect_name(p);
     n->sn = strlen(n->s);
     parse_params(p, n);
-    expect_bend(p);
-    struct tnode *body = parse_body(p, stop, line, "macro");
-    n->kids = body->kids;
-    n->nk = body->nk;
-    end_tag(p, "endmacro");
+    block_body(p, n, line, "macro", "endmacro");
     return n;
 }
 
 static struct tnode *parse_callblock(struct P *p, int line)
 {
-    static const char *const stop[] = {"endcall", NULL};
     struct tnode *n = mk(p, N_CALLBLOCK, line);
     if (is_op(cur(p), "(")) parse_params(p, n);
     n->a = parse_expr(p, true);
     if (n->a->kind != N_CALL) tmpl_fail(p->a, line, "expected a call in {%% call %%}");
-    expect_bend(p);
-    struct tnode *body = parse_body(p, stop, line, "call");
-    n->kids = body->kids;
-    n->nk = body->nk;
-    end_tag(p, "endcall");
+    block_body(p, n, line, "call", "endcall");
     return n;
 }
 
 static struct tnode *parse_filterblock(struct P *p, int line)
 {
-    static const char *const stop[] = {"endfilter", NULL};
     struct tnode *n = mk(p, N_FILTERBLOCK, line);
     n->c = parse_filter_expr(p, parse_filter(p, NULL));
-    expect_bend(p);
-    struct tnode *body = parse_body(p, stop, line, "filter");
-    n->kids = body->kids;
-    n->nk = body->nk;
-    end_tag(p, "endfilter");
+    block_body(p, n, line, "filter", "endfilter");
     return n;
 }
 

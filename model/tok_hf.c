@@ -351,20 +351,27 @@ fail_src:
     return rc;
 }
 
+/* dir/name parsed into d, over its text *src (free both after): 1, 0 where
+ * the file is absent (nothing changes), or json_parse's error (< 0). */
+static int slurp_json(const char *dir, const char *name, json_doc *d, char **src, char *err, size_t errlen)
+{
+    size_t len;
+    if (!(*src = slurp(dir, name, &len))) return 0;
+    int rc = json_parse(d, *src, len, err, errlen);
+    if (rc) free(*src);
+    return rc ? rc : 1;
+}
+
 /* tokenizer_config.json: bos_token / eos_token (strings or AddedToken
  * objects; a name the vocab lacks is ignored) and add_bos_token. Absent
  * file: nothing changes. */
 static int load_tokenizer_config(const char *dir, model_tok *t, char *err, size_t errlen)
 {
-    size_t len;
-    char *src = slurp(dir, "tokenizer_config.json", &len);
-    if (!src) return 0;
     json_doc d;
-    int rc = json_parse(&d, src, len, err, errlen);
-    if (rc) {
-        free(src);
-        return rc;
-    }
+    char *src;
+    int rc = slurp_json(dir, "tokenizer_config.json", &d, &src, err, errlen);
+    if (rc <= 0) return rc;
+    rc = 0;
     static const char *const keys[2] = {"bos_token", "eos_token"};
     for (int i = 0; i < 2; i++) {
         int v = json_get(&d, 0, keys[i]);
@@ -387,15 +394,11 @@ static int load_tokenizer_config(const char *dir, model_tok *t, char *err, size_
  * first is the eos when none is known yet; bos_token_id likewise. */
 static int load_generation_config(const char *dir, model_tok *t, char *err, size_t errlen)
 {
-    size_t len;
-    char *src = slurp(dir, "generation_config.json", &len);
-    if (!src) return 0;
     json_doc d;
-    int rc = json_parse(&d, src, len, err, errlen);
-    if (rc) {
-        free(src);
-        return rc;
-    }
+    char *src;
+    int rc = slurp_json(dir, "generation_config.json", &d, &src, err, errlen);
+    if (rc <= 0) return rc;
+    rc = 0;
     int64_t v;
     if (t->bos < 0 && json_i64(&d, json_get(&d, 0, "bos_token_id"), &v) == 0 && v >= 0 && v < t->n_vocab)
         t->bos = (int32_t)v;
