@@ -2107,6 +2107,18 @@ static int exec_for(struct R *r, struct scope *s, const struct tnode *n, struct 
     return CTL_NONE;
 }
 
+/* A macro value for def (N_MACRO, or N_CALLBLOCK: its caller) closing over
+ * s, without a caller or a name yet. */
+static tval macro_value(struct R *r, struct scope *s, const struct tnode *def)
+{
+    tval m = {.t = TV_MACRO};
+    m.u.m = tmpl_alloc(r->a, sizeof *m.u.m);
+    m.u.m->def = def;
+    m.u.m->closure = s;
+    m.u.m->caller = v_undef(NULL);
+    return m;
+}
+
 static void exec_set(struct R *r, struct scope *s, const struct tnode *target, tval v)
 {
     if (target->kind == N_NAME) {
@@ -2154,21 +2166,13 @@ static int exec_body(struct R *r, struct scope *s, struct tnode *const *kids, in
             break;
         }
         case N_MACRO: {
-            tval m = {.t = TV_MACRO};
-            m.u.m = tmpl_alloc(r->a, sizeof *m.u.m);
-            m.u.m->def = n;
-            m.u.m->closure = s;
-            m.u.m->caller = v_undef(NULL);
+            tval m = macro_value(r, s, n);
             m.u.m->name = n->s;
             assign(r, s, n->s, m);
             break;
         }
         case N_CALLBLOCK: {
-            tval caller = {.t = TV_MACRO};
-            caller.u.m = tmpl_alloc(r->a, sizeof *caller.u.m);
-            caller.u.m->def = n;
-            caller.u.m->closure = s;
-            caller.u.m->caller = v_undef(NULL);
+            tval caller = macro_value(r, s, n);
             const struct tnode *call = n->a;
             tval fn = eval(r, s, call->a);
             struct args a;

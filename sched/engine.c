@@ -182,6 +182,20 @@ const struct sched_config *sched_engine_config(const sched_engine *e) { return &
 
 /* ---- the step loop ----------------------------------------------------------------- */
 
+/* With e->mu held, after events were posted from n_before on: the stats
+ * snapshot refreshed (a consumer that reads it after a finish event sees the
+ * blocks released), waiters woken and the notifier poked if anything was
+ * posted; e->mu released. */
+static void publish_unlock(sched_engine *e, int n_before)
+{
+    sched_get_stats(e->s, &e->stats.sched);
+    kv_pool_stats(e->pool, &e->stats.kv);
+    bool posted = e->pending.n > n_before;
+    if (posted) pthread_cond_broadcast(&e->ev_cv);
+    pthread_mutex_unlock(&e->mu);
+    if (posted && e->notify) e->notify(e->notify_arg);
+}
+
 static void *engine_main(void *arg)
 {
     struct sched_engine *e = arg;
@@ -227,13 +241,7 @@ static void *engine_main(void *arg)
             pthread_mutex_lock(&e->mu);
             n_before = e->pending.n;
             for (int i = 0; i < n_ab; i++) sched_abort(e->s, ab[i], emit_locked, e);
-            /* the snapshot a consumer reads after the finish event shows the blocks released */
-            sched_get_stats(e->s, &e->stats.sched);
-            kv_pool_stats(e->pool, &e->stats.kv);
-            bool posted = e->pending.n > n_before;
-            if (posted) pthread_cond_broadcast(&e->ev_cv);
-            pthread_mutex_unlock(&e->mu);
-            if (posted && e->notify) e->notify(e->notify_arg);
+            publish_unlock(e, n_before);
         }
 
         int n = sched_plan_step(e->s, &st);
@@ -249,12 +257,7 @@ static void *engine_main(void *arg)
             if (rc) sched_fail_step(e->s, &st, err, emit_locked, e);
             else sched_complete_step(e->s, &st, emit_locked, e);
         }
-        sched_get_stats(e->s, &e->stats.sched);
-        kv_pool_stats(e->pool, &e->stats.kv);
-        bool posted = e->pending.n > n_before;
-        if (posted) pthread_cond_broadcast(&e->ev_cv);
-        pthread_mutex_unlock(&e->mu);
-        if (posted && e->notify) e->notify(e->notify_arg);
+        publish_unlock(e, n_before);
     }
     free(in);
     free(ab);
