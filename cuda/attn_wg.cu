@@ -229,6 +229,25 @@ static __device__ __forceinline__ void turn_pass(int cw)
 }
 #endif
 
+/* EXPERIMENT (removed by the next commit): per-block %globaltimer stamps,
+ * 16 words a block (blockIdx.y * gridDim.x + blockIdx.x): [0] entry,
+ * [1] smid << 32 | ntile, then per consumer warpgroup c at 2 + 4 c: Q in
+ * shared memory, tile 0 landed, the last P V done, the rows stored. */
+__device__ unsigned long long *attn_wg_trace;
+#ifdef WG_ARCH
+static __device__ __forceinline__ unsigned long long gtime(void)
+{
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+#define WG_STAMP(k)                                                                                        \
+    do {                                                                                                   \
+        unsigned long long t_ = gtime();                                                                   \
+        if (trace && (threadIdx.x & 127) == 0) trace[(blockIdx.y * gridDim.x + blockIdx.x) * 16 + (k)] = t_; \
+    } while (0)
+#endif
+
 /* The kernel (see the top of the file); tma: the bulk tensor copies with
  * the maps tk and tv, else the cp.async gather. */
 template <bool PP, bool KV8>
@@ -243,6 +262,7 @@ static __global__ void __launch_bounds__(WG_THR, 1)
     __shared__ __align__(8) uint64_t bars[9]; /* full[3], empty[3], loaded[3] (KV8 with bulk copies) */
     struct cuda_attn_item wi;
     if (!attn_item(a, true, wi)) return;
+    unsigned long long *const trace = attn_wg_trace;
     int g = blockIdx.y, grp = a.H / a.KVH;
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, wg = w / 4 - 1; /* consumer warpgroup, -1: producer */
     int nrows = wi.nq * grp;
@@ -261,6 +281,12 @@ static __global__ void __launch_bounds__(WG_THR, 1)
             mbar_init(full + 8 * i, tma ? (KV8 ? 96 : 1) : 128), mbar_init(empty + 8 * i, 8), mbar_init(loaded + 8 * i, 1);
     __syncthreads(); /* the barriers are ready */
     int ntile = wi.kv_hi > wi.kv_lo ? (wi.kv_hi - wi.kv_lo + WG_BN - 1) / WG_BN : 0;
+    if (trace && threadIdx.x == 0) {
+        unsigned sm;
+        asm("mov.u32 %0, %%smid;" : "=r"(sm));
+        size_t b = (size_t)(blockIdx.y * gridDim.x + blockIdx.x) * 16;
+        trace[b] = gtime(), trace[b + 1] = (unsigned long long)sm << 32 | (unsigned)ntile;
+    }
 
     if (wg < 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
@@ -351,6 +377,8 @@ static __global__ void __launch_bounds__(WG_THR, 1)
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* cp.async writes -> wgmma reads */
     asm volatile("bar.sync 1, 256;\n" ::: "memory");             /* the consumers: Q and gmin are ready */
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    const int tb = 2 + 4 * (wg > 0 ? 1 : 0);
+    WG_STAMP(tb);
 
     /* ptxas keeps wgmma asynchronous only on paths it can prove uniform
      * across the warpgroup: control values pass through a warp broadcast,
@@ -484,6 +512,7 @@ static __global__ void __launch_bounds__(WG_THR, 1)
          * t - 1 is handed back. */
         float c0, c1;
         ready(0);
+        WG_STAMP(tb + 1);
         scores(0, c0, c1, false);
         rescale_pack(c0, c1);
         for (int ti = 1; ti < ntile; ti++) {
@@ -502,6 +531,7 @@ static __global__ void __launch_bounds__(WG_THR, 1)
         if (PP && cw == 0) turn_pass(cw); /* the last turn: warpgroup 1's pass would have no taker */
         wg_wait<0>();
         acc_fence(o);
+        WG_STAMP(tb + 2);
     } else {
         /* no row of this warpgroup is real: it only keeps the stages' count
          * (a wait for every tile, so it hands none back twice in a phase) */
@@ -516,6 +546,7 @@ static __global__ void __launch_bounds__(WG_THR, 1)
         }
     }
     tc_store_rows<D>(a, wi, g, grp, nrows, r0, l0, l1, m0, m1, [&](int dt, int e) { return o[dt * 4 + e]; });
+    WG_STAMP(tb + 3);
 #endif
 }
 
@@ -533,6 +564,12 @@ extern "C" int cuda_attention_wg_ok(const struct cuda_attn_args *a)
 {
     if (wg_on < 0) cuda_attention_wg_select(-1);
     return wg_on && a->D == 128 && a->max_rows > 64 && a->max_rows <= WG_BM;
+}
+
+/* EXPERIMENT: buf (16 words a block) or NULL */
+extern "C" cudaError_t cuda_attention_wg_trace(unsigned long long *buf)
+{
+    return cudaMemcpyToSymbol(attn_wg_trace, &buf, sizeof buf);
 }
 
 extern "C" cudaError_t cuda_attention_wg_prepare(void)
