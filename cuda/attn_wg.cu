@@ -213,6 +213,49 @@ static __device__ __forceinline__ void wg_widen(uint32_t ks, int t)
     }
 }
 
+/* A consumer warp's 16 rows of O (rows r0 and r0 + 8 of the block's 128,
+ * as the accumulators hold them), normalized, to a.out as bf16 through its
+ * warpgroup's rows of the Q tile (free once its last S has completed; the
+ * other warpgroup's MMAs read only their own rows): the fragments go in Q's
+ * swizzled layout (each store instruction meets 32 distinct banks), then
+ * each lane takes one 16-byte chunk of two rows at a time, so a global store
+ * instruction writes two whole 256-byte rows instead of 16 bytes of 8 rows.
+ * Rows from nrows on are dropped. */
+static __device__ __forceinline__ void wg_store_rows(const struct cuda_attn_args &a, const struct cuda_attn_item &wi,
+                                                     int g, int grp, int nrows, int r0, uint32_t qs, float l0,
+                                                     float l1, const float (&o)[64])
+{
+    const int lane = threadIdx.x & 31;
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float i0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, i1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+    const uint32_t q4 = (uint32_t)(lane & 3) * 4;
+#pragma unroll
+    for (int dt = 0; dt < 16; dt++) {
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(qs + sw128(r0, dt) + q4),
+                     "r"(pack_bf2(o[dt * 4] * i0, o[dt * 4 + 1] * i0))
+                     : "memory");
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(qs + sw128(r0 + 8, dt) + q4),
+                     "r"(pack_bf2(o[dt * 4 + 2] * i1, o[dt * 4 + 3] * i1))
+                     : "memory");
+    }
+    __syncwarp();
+    const int rw = r0 & ~15, c = lane & 15; /* the warp's first row */
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int r = rw + 2 * i + (lane >> 4);
+        if (r >= nrows) continue;
+        uint4 v;
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "r"(qs + sw128(r, c))
+                     : "memory");
+        *(uint4 *)(a.out + ((size_t)(wi.t0 + r / grp) * a.H + g * grp + r % grp) * 128 + c * 8) = v;
+    }
+}
+
 /* The consumers take turns at the tensor cores (PP, FlashAttention-3's
  * ping-pong; SLUICE_CUDA_ATTN_PP=0 turns it off): a warpgroup issues a
  * tile's MMAs only after the other has issued its own, so one's softmax runs
@@ -253,7 +296,7 @@ static __device__ __forceinline__ unsigned long long gtime(void)
 template <bool PP, bool KV8>
 static __global__ void __launch_bounds__(WG_THR, 1)
     attn_wg_kernel(struct cuda_attn_args a, const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
-                   int tma, int a8_skip)
+                   int tma, int a8_skip, int st16)
 {
 #ifdef WG_ARCH
     constexpr int D = 128, NT = WG_BN / 8, DT = D / 8;
@@ -545,7 +588,10 @@ static __global__ void __launch_bounds__(WG_THR, 1)
             if (cw == 0) turn_pass(cw);
         }
     }
-    tc_store_rows<D>(a, wi, g, grp, nrows, r0, l0, l1, m0, m1, [&](int dt, int e) { return o[dt * 4 + e]; });
+    if (st16 && wi.nsplit <= 1 && live)
+        wg_store_rows(a, wi, g, grp, nrows, r0, qs, l0, l1, o);
+    else
+        tc_store_rows<D>(a, wi, g, grp, nrows, r0, l0, l1, m0, m1, [&](int dt, int e) { return o[dt * 4 + e]; });
     WG_STAMP(tb + 3);
 #endif
 }
@@ -622,14 +668,19 @@ extern "C" cudaError_t cuda_attention_wg(const struct cuda_attn_args *a, cudaStr
         const char *e = getenv("SLUICE_CUDA_ATTN_WG8_ABLATE");
         return e && strcmp(e, "1") == 0;
     }();
+    /* EXPERIMENT: SLUICE_CUDA_ATTN_ST16=0 stores O from the fragments (tc_store_rows) */
+    static const int st16 = [] {
+        const char *e = getenv("SLUICE_CUDA_ATTN_ST16");
+        return !(e && strcmp(e, "0") == 0);
+    }();
     dim3 grid(a->max_items, a->KVH);
     if (a->kv8 && pp)
-        attn_wg_kernel<true, true><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma, skip8);
+        attn_wg_kernel<true, true><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma, skip8, st16);
     else if (a->kv8)
-        attn_wg_kernel<false, true><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma, skip8);
+        attn_wg_kernel<false, true><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma, skip8, st16);
     else if (pp)
-        attn_wg_kernel<true, false><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma, skip8);
+        attn_wg_kernel<true, false><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma, skip8, st16);
     else
-        attn_wg_kernel<false, false><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma, skip8);
+        attn_wg_kernel<false, false><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma, skip8, st16);
     return cudaGetLastError();
 }
