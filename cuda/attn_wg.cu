@@ -213,49 +213,6 @@ static __device__ __forceinline__ void wg_widen(uint32_t ks, int t)
     }
 }
 
-/* A consumer warp's 16 rows of O (rows r0 and r0 + 8 of the block's 128,
- * as the accumulators hold them), normalized, to a.out as bf16 through its
- * warpgroup's rows of the Q tile (free once its last S has completed; the
- * other warpgroup's MMAs read only their own rows): the fragments go in Q's
- * swizzled layout (each store instruction meets 32 distinct banks), then
- * each lane takes one 16-byte chunk of two rows at a time, so a global store
- * instruction writes two whole 256-byte rows instead of 16 bytes of 8 rows.
- * Rows from nrows on are dropped. */
-static __device__ __forceinline__ void wg_store_rows(const struct cuda_attn_args &a, const struct cuda_attn_item &wi,
-                                                     int g, int grp, int nrows, int r0, uint32_t qs, float l0,
-                                                     float l1, const float (&o)[64])
-{
-    const int lane = threadIdx.x & 31;
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    const float i0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, i1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
-    const uint32_t q4 = (uint32_t)(lane & 3) * 4;
-#pragma unroll
-    for (int dt = 0; dt < 16; dt++) {
-        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(qs + sw128(r0, dt) + q4),
-                     "r"(pack_bf2(o[dt * 4] * i0, o[dt * 4 + 1] * i0))
-                     : "memory");
-        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(qs + sw128(r0 + 8, dt) + q4),
-                     "r"(pack_bf2(o[dt * 4 + 2] * i1, o[dt * 4 + 3] * i1))
-                     : "memory");
-    }
-    __syncwarp();
-    const int rw = r0 & ~15, c = lane & 15; /* the warp's first row */
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        const int r = rw + 2 * i + (lane >> 4);
-        if (r >= nrows) continue;
-        uint4 v;
-        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                     : "r"(qs + sw128(r, c))
-                     : "memory");
-        *(uint4 *)(a.out + ((size_t)(wi.t0 + r / grp) * a.H + g * grp + r % grp) * 128 + c * 8) = v;
-    }
-}
-
 /* The consumers take turns at the tensor cores (PP, FlashAttention-3's
  * ping-pong; SLUICE_CUDA_ATTN_PP=0 turns it off): a warpgroup issues a
  * tile's MMAs only after the other has issued its own, so one's softmax runs
@@ -272,31 +229,12 @@ static __device__ __forceinline__ void turn_pass(int cw)
 }
 #endif
 
-/* EXPERIMENT (removed by the next commit): per-block %globaltimer stamps,
- * 16 words a block (blockIdx.y * gridDim.x + blockIdx.x): [0] entry,
- * [1] smid << 32 | ntile, then per consumer warpgroup c at 2 + 4 c: Q in
- * shared memory, tile 0 landed, the last P V done, the rows stored. */
-__device__ unsigned long long *attn_wg_trace;
-#ifdef WG_ARCH
-static __device__ __forceinline__ unsigned long long gtime(void)
-{
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-#define WG_STAMP(k)                                                                                        \
-    do {                                                                                                   \
-        unsigned long long t_ = gtime();                                                                   \
-        if (trace && (threadIdx.x & 127) == 0) trace[(blockIdx.y * gridDim.x + blockIdx.x) * 16 + (k)] = t_; \
-    } while (0)
-#endif
-
 /* The kernel (see the top of the file); tma: the bulk tensor copies with
  * the maps tk and tv, else the cp.async gather. */
 template <bool PP, bool KV8>
 static __global__ void __launch_bounds__(WG_THR, 1)
     attn_wg_kernel(struct cuda_attn_args a, const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
-                   int tma, int a8_skip, int st16)
+                   int tma, int a8_skip)
 {
 #ifdef WG_ARCH
     constexpr int D = 128, NT = WG_BN / 8, DT = D / 8;
@@ -305,7 +243,6 @@ static __global__ void __launch_bounds__(WG_THR, 1)
     __shared__ __align__(8) uint64_t bars[9]; /* full[3], empty[3], loaded[3] (KV8 with bulk copies) */
     struct cuda_attn_item wi;
     if (!attn_item(a, true, wi)) return;
-    unsigned long long *const trace = attn_wg_trace;
     int g = blockIdx.y, grp = a.H / a.KVH;
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, wg = w / 4 - 1; /* consumer warpgroup, -1: producer */
     int nrows = wi.nq * grp;
@@ -324,12 +261,6 @@ static __global__ void __launch_bounds__(WG_THR, 1)
             mbar_init(full + 8 * i, tma ? (KV8 ? 96 : 1) : 128), mbar_init(empty + 8 * i, 8), mbar_init(loaded + 8 * i, 1);
     __syncthreads(); /* the barriers are ready */
     int ntile = wi.kv_hi > wi.kv_lo ? (wi.kv_hi - wi.kv_lo + WG_BN - 1) / WG_BN : 0;
-    if (trace && threadIdx.x == 0) {
-        unsigned sm;
-        asm("mov.u32 %0, %%smid;" : "=r"(sm));
-        size_t b = (size_t)(blockIdx.y * gridDim.x + blockIdx.x) * 16;
-        trace[b] = gtime(), trace[b + 1] = (unsigned long long)sm << 32 | (unsigned)ntile;
-    }
 
     if (wg < 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
@@ -420,8 +351,6 @@ static __global__ void __launch_bounds__(WG_THR, 1)
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* cp.async writes -> wgmma reads */
     asm volatile("bar.sync 1, 256;\n" ::: "memory");             /* the consumers: Q and gmin are ready */
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
-    const int tb = 2 + 4 * (wg > 0 ? 1 : 0);
-    WG_STAMP(tb);
 
     /* ptxas keeps wgmma asynchronous only on paths it can prove uniform
      * across the warpgroup: control values pass through a warp broadcast,
@@ -555,7 +484,6 @@ static __global__ void __launch_bounds__(WG_THR, 1)
          * t - 1 is handed back. */
         float c0, c1;
         ready(0);
-        WG_STAMP(tb + 1);
         scores(0, c0, c1, false);
         rescale_pack(c0, c1);
         for (int ti = 1; ti < ntile; ti++) {
@@ -574,7 +502,6 @@ static __global__ void __launch_bounds__(WG_THR, 1)
         if (PP && cw == 0) turn_pass(cw); /* the last turn: warpgroup 1's pass would have no taker */
         wg_wait<0>();
         acc_fence(o);
-        WG_STAMP(tb + 2);
     } else {
         /* no row of this warpgroup is real: it only keeps the stages' count
          * (a wait for every tile, so it hands none back twice in a phase) */
@@ -588,11 +515,7 @@ static __global__ void __launch_bounds__(WG_THR, 1)
             if (cw == 0) turn_pass(cw);
         }
     }
-    if (st16 && wi.nsplit <= 1 && live)
-        wg_store_rows(a, wi, g, grp, nrows, r0, qs, l0, l1, o);
-    else
-        tc_store_rows<D>(a, wi, g, grp, nrows, r0, l0, l1, m0, m1, [&](int dt, int e) { return o[dt * 4 + e]; });
-    WG_STAMP(tb + 3);
+    tc_store_rows<D>(a, wi, g, grp, nrows, r0, l0, l1, m0, m1, [&](int dt, int e) { return o[dt * 4 + e]; });
 #endif
 }
 
@@ -610,12 +533,6 @@ extern "C" int cuda_attention_wg_ok(const struct cuda_attn_args *a)
 {
     if (wg_on < 0) cuda_attention_wg_select(-1);
     return wg_on && a->D == 128 && a->max_rows > 64 && a->max_rows <= WG_BM;
-}
-
-/* EXPERIMENT: buf (16 words a block) or NULL */
-extern "C" cudaError_t cuda_attention_wg_trace(unsigned long long *buf)
-{
-    return cudaMemcpyToSymbol(attn_wg_trace, &buf, sizeof buf);
 }
 
 extern "C" cudaError_t cuda_attention_wg_prepare(void)
@@ -668,19 +585,14 @@ extern "C" cudaError_t cuda_attention_wg(const struct cuda_attn_args *a, cudaStr
         const char *e = getenv("SLUICE_CUDA_ATTN_WG8_ABLATE");
         return e && strcmp(e, "1") == 0;
     }();
-    /* EXPERIMENT: SLUICE_CUDA_ATTN_ST16=0 stores O from the fragments (tc_store_rows) */
-    static const int st16 = [] {
-        const char *e = getenv("SLUICE_CUDA_ATTN_ST16");
-        return !(e && strcmp(e, "0") == 0);
-    }();
     dim3 grid(a->max_items, a->KVH);
     if (a->kv8 && pp)
-        attn_wg_kernel<true, true><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma, skip8, st16);
+        attn_wg_kernel<true, true><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma, skip8);
     else if (a->kv8)
-        attn_wg_kernel<false, true><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma, skip8, st16);
+        attn_wg_kernel<false, true><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma, skip8);
     else if (pp)
-        attn_wg_kernel<true, false><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma, skip8, st16);
+        attn_wg_kernel<true, false><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma, skip8);
     else
-        attn_wg_kernel<false, false><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma, skip8, st16);
+        attn_wg_kernel<false, false><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma, skip8);
     return cudaGetLastError();
 }

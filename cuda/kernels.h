@@ -134,7 +134,6 @@ cudaError_t cuda_attention_prepare(int D);
 int cuda_attention_wg_ok(const struct cuda_attn_args *a);
 void cuda_attention_wg_select(int on);
 cudaError_t cuda_attention_wg_prepare(void);
-cudaError_t cuda_attention_wg_trace(unsigned long long *buf); /* EXPERIMENT */
 cudaError_t cuda_attention_wg(const struct cuda_attn_args *a, cudaStream_t st);
 
 /* ---- gemv.cu ---- */

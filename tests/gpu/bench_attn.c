@@ -139,78 +139,6 @@ static float time_steps(const struct cuda_rope_args *r, const struct cuda_attn_a
     return t[reps / 2];
 }
 
-/* EXPERIMENT (SLUICE_BENCH_TRACE=1): one launch of a's attention with the
- * warpgroup kernel's per-block stamps; where its time goes */
-static int cmpu(const void *a, const void *b)
-{
-    unsigned long long x = *(const unsigned long long *)a, y = *(const unsigned long long *)b;
-    return x < y ? -1 : x > y;
-}
-static void trace_report(const struct cuda_attn_args *a, const char *label)
-{
-    int nb = a->max_items * a->KVH;
-    size_t bytes = (size_t)nb * 16 * 8;
-    unsigned long long *d = dalloc(bytes), *h = malloc(bytes);
-    cudaMemset(d, 0, bytes);
-    cuda_attention_wg_trace(d);
-    cuda_attention(a, 0);
-    cudaDeviceSynchronize();
-    cuda_attention_wg_trace(NULL);
-    cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost);
-    unsigned long long t0 = ~0ull, t1 = 0;
-    /* per block: entry, end (both consumers), fill (entry -> tile 0 in
-     * consumer 0), Q (entry -> Q ready), loop, drain (last P V -> stored) */
-    double sx = 0, sy = 0, sxx = 0, sxy = 0, fill = 0, qw = 0, drain = 0, loop = 0, tiles = 0;
-    int n = 0, nsm = 0;
-    enum { MAXSM = 256 };
-    static unsigned long long ev[MAXSM][4096][2];
-    static int cnt[MAXSM];
-    memset(cnt, 0, sizeof cnt);
-    for (int b = 0; b < nb; b++) {
-        unsigned long long *r = h + (size_t)b * 16;
-        if (!r[0] || !r[5]) continue;
-        unsigned long long end = r[5] > r[9] ? r[5] : r[9];
-        int sm = (int)(r[1] >> 32), nt = (int)(r[1] & 0xffffffffu);
-        if (r[0] < t0) t0 = r[0];
-        if (end > t1) t1 = end;
-        double dur = (double)(end - r[0]) * 1e-3;
-        sx += nt, sy += dur, sxx += (double)nt * nt, sxy += nt * dur, n++;
-        fill += (double)(r[3] - r[0]) * 1e-3, qw += (double)(r[2] - r[0]) * 1e-3;
-        loop += (double)(r[4] - r[3]) * 1e-3, drain += (double)(end - r[4]) * 1e-3, tiles += nt;
-        if (sm < MAXSM && cnt[sm] < 4096) ev[sm][cnt[sm]][0] = r[0], ev[sm][cnt[sm]][1] = end, cnt[sm]++;
-    }
-    if (!n) {
-        printf("  trace %s: no stamps\n", label);
-        goto out;
-    }
-    double slope = (n * sxy - sx * sy) / (n * sxx - sx * sx), icpt = (sy - slope * sx) / n;
-    double gap = 0, busy = 0, last_lo = 1e30, last_hi = 0;
-    int ngap = 0;
-    for (int sm = 0; sm < MAXSM; sm++) {
-        if (!cnt[sm]) continue;
-        nsm++;
-        qsort(ev[sm], cnt[sm], sizeof ev[sm][0], cmpu);
-        unsigned long long lastend = 0;
-        for (int i = 0; i < cnt[sm]; i++) {
-            busy += (double)(ev[sm][i][1] - ev[sm][i][0]) * 1e-3;
-            if (i) gap += (double)(ev[sm][i][0] - ev[sm][i - 1][1]) * 1e-3, ngap++;
-            if (ev[sm][i][1] > lastend) lastend = ev[sm][i][1];
-        }
-        double le = (double)(lastend - t0) * 1e-3;
-        if (le < last_lo) last_lo = le;
-        if (le > last_hi) last_hi = le;
-    }
-    double span = (double)(t1 - t0) * 1e-3;
-    printf("  trace %s: %d blocks on %d SMs, span %.1f us; block = %.2f us + %.3f us a tile (fit; %.1f tiles a block)\n",
-           label, n, nsm, span, icpt, slope, tiles / n);
-    printf("  trace %s: a block's mean entry->Q %.2f, entry->tile 0 %.2f, loop %.2f (%.3f a tile), last P V->stored %.2f us;"
-           " gap between blocks on an SM %.2f us; SMs busy %.1f%% of the span; SMs finish %.1f-%.1f us\n",
-           label, qw / n, fill / n, loop / n, loop / tiles, drain / n, ngap ? gap / ngap : 0.0,
-           100.0 * busy / (span * nsm), last_lo, last_hi);
-out:
-    cudaFree(d), free(h);
-}
-
 static void free_args(struct cuda_attn_args *a)
 {
     cudaFree((void *)a->pos), cudaFree((void *)a->items), cudaFree((void *)a->n_items);
@@ -277,7 +205,6 @@ int main(void)
         float ms = time_steps(NULL, a, nchunk, v == 0 ? 5 : 20);
         printf("  16K context, 8 chunks  %-30s %8.3f ms  %7.1f TFLOP/s\n", vname[v], ms,
                4.0 * NH * HD * keys / (ms * 1e9));
-        if (v == 2 && getenv("SLUICE_BENCH_TRACE")) trace_report(&a[nchunk - 1], "16K, last chunk");
         for (int c = 0; c < nchunk; c++) free_args(&a[c]);
     }
     for (int v = 1; v < 3; v++) { /* SIMT is too slow to matter here */
@@ -286,7 +213,6 @@ int main(void)
         float ms = time_steps(NULL, &a, 1, 20);
         printf("  8 prompts of 2048      %-30s %8.3f ms  %7.1f TFLOP/s\n", vname[v], ms,
                4.0 * NH * HD * keys / (ms * 1e9));
-        if (v == 2 && getenv("SLUICE_BENCH_TRACE")) trace_report(&a, "8 prompts");
         free_args(&a);
     }
     {
