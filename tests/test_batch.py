@@ -213,7 +213,7 @@ def test_n_choices(srv):
     assert len(r.choices) == 3, r
     for i, (ch, g) in enumerate(zip(r.choices, got)):
         lib.expect_sampled_agree(ch.message.content, ch.logprobs, g["message"]["content"], g.get("logprobs"),
-                                 srv.backend, 5, 1.0, k, choice=i)
+                                 srv.backend, body["seed"], body["temperature"], k, choice=i)
     assert len(out[1]["response"]["body"]["choices"]) == 1
 
 

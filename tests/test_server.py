@@ -148,7 +148,7 @@ def test_seed_reproducible():
     body = dict(CHAT, temperature=1.0, seed=1234, max_tokens=16, **SEEDED)
     a, b = (json.loads(request("POST", "/v1/chat/completions", body)[1])["choices"][0] for _ in range(2))
     lib.expect_sampled_agree(a["message"]["content"], a["logprobs"], b["message"]["content"], b["logprobs"],
-                             BACKEND, 1234, 1.0, lib.TOP_LOGPROBS)
+                             BACKEND, body["seed"], body["temperature"], lib.TOP_LOGPROBS)
 
 
 def test_seeded_draws_follow_the_sampler():
@@ -358,7 +358,8 @@ def test_n_choices():
 
     def agree(got, want):  # seeded choices: lib.sampled_agree's (text, logprobs) pairs
         for i, ((gt, gl), (wt, wl)) in enumerate(zip(got, want)):
-            lib.expect_sampled_agree(gt, gl, wt, wl, BACKEND, 77, 1.0, lib.TOP_LOGPROBS, choice=i)
+            lib.expect_sampled_agree(gt, gl, wt, wl, BACKEND, body["seed"], body["temperature"], lib.TOP_LOGPROBS,
+                                     choice=i)
         assert len(got) == len(want), (got, want)
     r = client.chat.completions.create(**body)
     assert [c.index for c in r.choices] == [0, 1, 2], r
