@@ -262,9 +262,9 @@ static bool match_sampled(const struct sched_request *rq, const struct result *r
     bool near;
     int32_t pa = draw_pick(u, a, s, &near), pb = draw_pick(u, b, s, &near);
     bool split = pa == ref->tok[j] && pb == got->tok[j] && gap < NEAR_TIE_NATS;
-    printf("  sampled token %d: %d alone, %d here; draw %.6f picks %d / %d from each run's top %d, logprobs within "
-           "%.4f: %s\n",
-           j, ref->tok[j], got->tok[j], u, pa, pb, k, gap, split ? "sampled split" : "NOT a split the draw explains");
+    printf("  %s at token %d: %d alone, %d here; draw %.6f picks %d / %d from each run's top %d, logprobs within "
+           "%.4f\n",
+           split ? "sampled split" : "NOT a split the draw explains", j, ref->tok[j], got->tok[j], u, pa, pb, k, gap);
     n_near_ties += split;
     return split;
 }
