@@ -2,6 +2,7 @@
 #   make            build/sluice (+ the CUDA backend when nvcc is found)
 #   make test       every test; ends with one line "N passed, N failed"
 #   make run        serve the default model on 127.0.0.1:8000
+#   make deps       install missing dependencies (tools/setup.sh; the others run it when needed)
 #   make model      fetch the default model into models/
 #   make gpu-test   GPU tests (run on a GPU host)
 #   make bench      benchmarks (CPU here; the GPU ones too on a GPU host)
@@ -40,10 +41,29 @@ GPU_TEST_SRCS := $(wildcard tests/gpu/test_*.c)
 GPU_TEST_BINS := $(GPU_TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
 GPU_BENCH_BINS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/gpu/bench_*.c))
 
-.PHONY: all test run model gpu-test bench clean
+.PHONY: all test run model gpu-test bench clean deps FORCE
 all: $(BUILD)/sluice
 
-$(BUILD)/%.o: %.c $(wildcard */*.h)
+# Dependencies. A fresh machine has none of them, so the first build runs
+# tools/setup.sh (Debian packages, the openai client) before compiling anything;
+# $(DEPS) records that it ran. It runs again when setup.sh changes, or when one
+# of the headers or commands below is missing (a cheap check at every make: no
+# process for the headers, one shell per command). DEP_INCLUDE moves the header
+# check, e.g. `make -n DEP_INCLUDE=/nonexistent` shows setup being run.
+DEPS        := $(BUILD)/.deps
+DEP_INCLUDE ?= /usr/include
+DEP_HEADERS := jsmn.h pcre2.h event2/event.h event2/thread.h sqlite3.h
+DEP_CMDS    := $(CC) curl unzip python3
+DEPS_MISSING := $(strip $(foreach h,$(DEP_HEADERS),$(if $(wildcard $(DEP_INCLUDE)/$(h)),,$(h))) \
+                $(foreach c,$(DEP_CMDS),$(if $(shell command -v $(c) 2>/dev/null),,$(c))))
+$(DEPS): tools/setup.sh $(if $(DEPS_MISSING),FORCE)
+	@$(if $(DEPS_MISSING),echo "missing: $(DEPS_MISSING); running tools/setup.sh",true)
+	bash tools/setup.sh
+	@mkdir -p $(dir $@) && touch $@
+deps: $(DEPS)
+FORCE:
+
+$(BUILD)/%.o: %.c $(wildcard */*.h) | $(DEPS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
@@ -52,7 +72,7 @@ comma := ,
 NVFLAGS_WG ?= $(subst arch=compute_90$(comma)code=sm_90,arch=compute_90a$(comma)code=sm_90a,$(NVFLAGS))
 $(BUILD)/cuda/attn_wg.o $(BUILD)/cuda/gemm_wg.o: NVFLAGS := $(NVFLAGS_WG)
 
-$(BUILD)/%.o: %.cu $(wildcard cuda/*.h cuda/*.cuh model/*.h)
+$(BUILD)/%.o: %.cu $(wildcard cuda/*.h cuda/*.cuh model/*.h) | $(DEPS)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
@@ -68,10 +88,11 @@ $(BUILD)/tests/%: tests/%.c tests/test.h tests/golden.h $(CUDA_OBJS) $(BUILD)/li
 	$(CC) $(CFLAGS) $< $(CUDA_OBJS) $(BUILD)/libsluice.a -o $@ $(LDLIBS)
 
 model: $(MODEL)
-$(MODEL):
+$(MODEL): | $(DEPS)
 	bash tools/fetch_model.sh
 
 test: $(BUILD)/sluice $(TEST_BINS) $(MODEL)
+	@python3 -c 'import openai' 2>/dev/null || bash tools/setup.sh
 	@bash tools/run_tests.sh $(TEST_BINS)
 
 ifeq ($(CUDA),1)

@@ -85,12 +85,11 @@ static inline char *test_slurp(const char *path, size_t *len)
     return b;
 }
 
-/* Where the shared outside-reference data lives (../shared/testdata unless
- * SLUICE_TESTDATA says otherwise). */
+/* Where the outside-reference data lives (vocab suites, chat templates; see
+ * tests/data/README.md), relative to the repository root that tests run in. */
 static inline const char *test_data_dir(void)
 {
-    const char *d = getenv("SLUICE_TESTDATA");
-    return d && *d ? d : "../shared/testdata";
+    return "tests/data";
 }
 
 #endif

@@ -1,6 +1,6 @@
 /* test_template.c - the chat template engine against Python jinja2.
  *
- * Golden: every template in ../shared/testdata/templates/ rendered on every
+ * Golden: every template in tests/data/templates/ rendered on every
  * conversation of tests/golden/templates/conversations.json must equal, byte
  * for byte, what tests/golden/templates/make_golden.py (jinja2 in HF
  * transformers' environment) wrote to expected.json - or fail where jinja2

@@ -1,5 +1,5 @@
 /* test_tokenizer.c - byte-level BPE against outside references:
- * llama.cpp's vocab test suites (../shared/testdata/vocab), HF tokenizers ids
+ * llama.cpp's vocab test suites (tests/data/vocab), HF tokenizers ids
  * for the default model (tests/golden/tok/, made by make_smollm2.py), plus
  * round trips, the incremental detokenizer, special tokens, errors, speed.
  */

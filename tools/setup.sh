@@ -1,16 +1,39 @@
 #!/usr/bin/env bash
-# Installs sluice's build and test dependencies (Debian packages, PyPI
-# packages). Safe to run again. Needs root (or sudo) for apt-get.
+# Installs what sluice needs to build, test and run: the Debian packages and the
+# official `openai` Python client (tests/test_*.py drive the server with it).
+# Installs only what is missing, so it is safe to run again; make runs it by
+# itself when a dependency is absent (the Makefile's "Dependencies" block).
+# Needs root or sudo for apt-get.
+#   tools/setup.sh             install what is missing
+#   tools/setup.sh --dry-run   print what it would install, install nothing
 set -euo pipefail
+dry=0
+[ "${1:-}" = "--dry-run" ] && dry=1
+run() {
+    if [ "$dry" -eq 1 ]; then echo "would run: $*"; else "$@"; fi
+}
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO=sudo
-pkgs="build-essential pkg-config libjsmn-dev libpcre2-dev libevent-dev libsqlite3-dev libopenblas-dev unzip curl python3 python3-pip gnuplot-nox"
+# build-essential: gcc and make; libjsmn-dev, libpcre2-dev, libevent-dev,
+# libsqlite3-dev: the libraries sluice links; curl, unzip, python3, python3-pip:
+# the model fetch (tools/fetch_model.sh) and the integration tests; gnuplot-nox:
+# `sluice bench --plot`.
+pkgs="build-essential pkg-config libjsmn-dev libpcre2-dev libevent-dev libsqlite3-dev unzip curl python3 python3-pip gnuplot-nox"
 missing=""
 for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing
+    echo "setup: installing$missing" >&2
+    run $SUDO apt-get update -qq
+    run env DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing
 fi
-command -v pip3 >/dev/null 2>&1 || command -v pip >/dev/null 2>&1 || python3 -m pip --version >/dev/null
-# the official OpenAI client drives the server in tests/test_server.py
-python3 -c 'import openai' 2>/dev/null || python3 -m pip install -q --disable-pip-version-check openai
+if ! python3 -c 'import openai' 2>/dev/null; then
+    echo "setup: installing the openai Python client" >&2
+    # Debian's own python3 refuses pip installs outside a virtual environment
+    # (PEP 668) and packages no openai client; the tests need it importable
+    # by the python3 on PATH, so install it there.
+    pip=(python3 -m pip install -q --disable-pip-version-check openai)
+    if python3 -c 'import sys, sysconfig, os; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["stdlib"], "EXTERNALLY-MANAGED")))'; then
+        pip+=(--break-system-packages)
+    fi
+    run "${pip[@]}"
+fi

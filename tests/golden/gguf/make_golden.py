@@ -14,7 +14,7 @@ Writes, next to this script:
                   synthetic.gguf, the default model and two vocab GGUFs.
 
 golden.txt is line based, fields separated by single spaces:
-  file <where> <name>          where: model (models/), vocab (testdata/vocab/), golden (this dir)
+  file <where> <name>          where: model (models/), vocab (tests/data/vocab/), golden (this dir)
   version <n> / alignment <n> / n_kv <n> / n_tensors <n>
   kv <key> <vtype> <value>     scalars: integers in decimal, float32/float64 as
                                the hex of their IEEE bits, bool 0/1; strings:
@@ -33,7 +33,7 @@ from gguf import GGMLQuantizationType as QT, GGUFValueType as VT
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
-TESTDATA = os.environ.get("SLUICE_TESTDATA", os.path.join(ROOT, "..", "shared", "testdata"))
+TESTDATA = os.path.join(ROOT, "tests", "data")
 
 STR_HEX = 48
 

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """make_golden.py - expected chat-template renderings for tests/test_template.c.
 
-Renders every template in ../shared/testdata/templates/ (or $SLUICE_TESTDATA/
-templates) on the conversations in conversations.json the way HF transformers
-does (transformers/utils/chat_template_utils.py: ImmutableSandboxedEnvironment
-with trim_blocks, lstrip_blocks and loop controls, a tojson filter that calls
+Renders every template in tests/data/templates/ on the conversations in
+conversations.json the way HF transformers does
+(transformers/utils/chat_template_utils.py: ImmutableSandboxedEnvironment with
+trim_blocks, lstrip_blocks and loop controls, a tojson filter that calls
 json.dumps with ensure_ascii=False, raise_exception, strftime_now), and writes
 expected.json: {template file: {case name: {"out": text} | {"error": msg}}}.
 
@@ -55,8 +55,7 @@ def context(case, defaults):
 
 
 def main():
-    tdir = os.path.join(os.environ.get("SLUICE_TESTDATA", os.path.join(HERE, "../../../../shared/testdata")),
-                        "templates")
+    tdir = os.path.join(HERE, "..", "..", "data", "templates")
     with open(os.path.join(HERE, "conversations.json"), encoding="utf-8") as f:
         conv = json.load(f)
     env = make_env(conv["now"])
