@@ -27,7 +27,7 @@
  * chats run or wait, a prompt with more than batch_step_tokens left fills
  * a step only that far (by at least half of it), so their steps stay short
  * (on an H200 beside a 112K-token prompt, chats' TTFT 6.4 s -> 73 ms median
- * and 44 ms between tokens: BENCHMARKS.md, nineteenth round); with
+ * and 44 ms between tokens, BENCHMARKS.md "Chat beside a long prompt"); with
  * batch_yield, a step that ends a chat's prompt holds batch prefill to its
  * min_batch_share, so that chat's first token comes sooner. All of it
  * within max_num_batched_tokens tokens and max_num_seqs running sequences; a
