@@ -20,7 +20,11 @@ SUDO=""
 # `sluice bench --plot`.
 pkgs="build-essential pkg-config libjsmn-dev libpcre2-dev libevent-dev libsqlite3-dev unzip curl python3 python3-pip gnuplot-nox"
 missing=""
-for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+if command -v dpkg >/dev/null 2>&1; then
+    for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+else
+    echo "setup: not a Debian system; install the equivalents of: $pkgs" >&2
+fi
 if [ -n "$missing" ]; then
     echo "setup: installing$missing" >&2
     run $SUDO apt-get update -qq
