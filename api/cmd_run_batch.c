@@ -146,7 +146,9 @@ static void line_response(struct batch *b, struct line *l, int status, const str
     line_head(b, &o, l);
     json_buf_addf(&o, ",\"response\":{\"status_code\":%d,\"request_id\":\"req_%s\",\"body\":", status, rid);
     if (e) {
-        api_oai_error_json(&o, e);
+        struct api_oai_error named = *e;
+        if (l->responses) api_resp_chat_error(&named); /* the field the line's body gave */
+        api_oai_error_json(&o, &named);
         b->failed++;
     } else {
         char id[48];

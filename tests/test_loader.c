@@ -259,13 +259,18 @@ static void test_gguf_metadata_types(void)
     CHECK(fd >= 0);
     if (fd < 0) return;
     close(fd);
-    enum { U32 = 4, I32 = 5, F32 = 6 };
+    enum { U8 = 0, U32 = 4, I32 = 5, F32 = 6, BOOL = 7 };
     CHECK(gguf_retype(model_path, dst, "llama.rope.freq_base", F32, I32) == 0);
     expect_load_error(dst, false, "freq_base", (const char *const[]){"llama.rope.freq_base", "floating", NULL});
     CHECK(gguf_retype(model_path, dst, "llama.block_count", U32, F32) == 0);
     expect_load_error(dst, false, "block_count", (const char *const[]){"llama.block_count", "integer", NULL});
     CHECK(gguf_retype(model_path, dst, "llama.attention.head_count_kv", U32, F32) == 0);
     expect_load_error(dst, false, "head_count_kv", (const char *const[]){"llama.attention.head_count_kv", NULL});
+    /* the tokenizer's metadata too: no silent "no BOS" or default pre-tokenizer */
+    CHECK(gguf_retype(model_path, dst, "tokenizer.ggml.bos_token_id", U32, F32) == 0);
+    expect_load_error(dst, false, "bos_token_id", (const char *const[]){"tokenizer.ggml.bos_token_id", NULL});
+    CHECK(gguf_retype(model_path, dst, "tokenizer.ggml.add_bos_token", BOOL, U8) == 0);
+    expect_load_error(dst, false, "add_bos_token", (const char *const[]){"tokenizer.ggml.add_bos_token", NULL});
     unlink(dst);
 }
 
