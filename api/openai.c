@@ -126,10 +126,19 @@ static int check_field_types(const json_doc *d, int obj, enum api_oai_endpoint k
                                       : json_is_str(d, i) || json_is_obj(d, i);
         if (!ok) return api_oai_errorf(e, 400, f->key, "'%s' must be %s", f->key, names[f->type]);
     }
-    /* read by the server, but a request with an unsupported value must not get a reply that ignored it */
+    /* vLLM features not built here: a reply that silently ignored them would
+     * look like one that honoured them (unconstrained text for guided_json) */
     bool b = false;
     if (kind == API_OAI_CHAT && bool_opt(d, obj, "echo", &b, e) == 1 && b)
         return api_oai_errorf(e, 400, "echo", "'echo' is not supported on chat completions yet");
+    if (bool_opt(d, obj, "use_beam_search", &b, e) == 1 && b)
+        return api_oai_errorf(e, 400, "use_beam_search", "'use_beam_search' is not supported yet");
+    static const char *const unsupported[] = {"guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                                              "structured_outputs", "prompt_logprobs"};
+    for (size_t k = 0; k < sizeof unsupported / sizeof *unsupported; k++)
+        if (opt(d, obj, unsupported[k]) >= 0)
+            return api_oai_errorf(e, 400, unsupported[k], "'%s' is not supported yet%s", unsupported[k],
+                                  k < 5 ? ": use response_format (json_object or json_schema)" : "");
     return 0;
 }
 

@@ -9,6 +9,15 @@
  * are folded into a struct api_oai_result (text, logprobs, finish, usage),
  * which renders the final body (api_oai_response_json).
  *
+ * NUL characters (\u0000) inside messages and prompts are kept, not refused:
+ * vLLM keeps them (a Python str holds them and byte-level BPE has a token for
+ * byte 0), and the long documents batch jobs carry (text pulled out of PDFs)
+ * hold them often enough that refusing would fail lines vLLM serves. So a
+ * prompt's length travels with it (prompt_len, prompt_lens, api_chat_render's
+ * len) and nothing after the JSON decoder measures it with strlen. Only the
+ * strings the engine and the server compare as C strings refuse a NUL with a
+ * 400 naming the field: stop strings and the model name.
+ *
  * Nothing here touches the engine or a thread: every function works on the
  * caller's structs and may be called from any thread.
  */

@@ -125,6 +125,11 @@ static void test_wrong_types_chat(void)
     expect_400(CHAT(",\"reasoning_effort\":1"), API_OAI_CHAT, "reasoning_effort");
     expect_400(CHAT(",\"add_generation_prompt\":\"yes\""), API_OAI_CHAT, "add_generation_prompt");
     expect_400(CHAT(",\"enable_thinking\":1"), API_OAI_CHAT, "enable_thinking");
+    /* features a reply could not show it ignored */
+    expect_400(CHAT(",\"guided_json\":{\"type\":\"object\"}"), API_OAI_CHAT, "guided_json");
+    expect_400(CHAT(",\"use_beam_search\":true"), API_OAI_CHAT, "use_beam_search");
+    expect_400(CHAT(",\"prompt_logprobs\":1"), API_OAI_CHAT, "prompt_logprobs");
+    expect_ok(CHAT(",\"use_beam_search\":false,\"prompt_logprobs\":null,\"guided_json\":null"), API_OAI_CHAT);
     /* both names of the token limit are checked, whichever wins */
     expect_400(CHAT(",\"max_completion_tokens\":5,\"max_tokens\":\"x\""), API_OAI_CHAT, "max_tokens");
     expect_400(CHAT(",\"max_completion_tokens\":\"x\",\"max_tokens\":5"), API_OAI_CHAT, "max_completion_tokens");
