@@ -229,6 +229,28 @@ def test_model_files_checked_at_load():
         assert rc == 0 and "weights: all finite" in out, (rc, out)
 
 
+def test_run_batch_lines():
+    """run-batch parses lines as the server parses bodies: NULs kept, wrong types named, Responses names."""
+    with tempfile.TemporaryDirectory(prefix="sluice_validation_") as tmp:
+        lines = [("nul", "/v1/completions", {"prompt": "one\u0000two three", "max_tokens": 1}),
+                 ("one", "/v1/completions", {"prompt": "one\u0001two three", "max_tokens": 1}),
+                 ("user", "/v1/chat/completions", {"messages": CHAT_MSGS, "user": 5}),
+                 ("resp", "/v1/responses", {"input": "hi", "max_output_tokens": 10 ** 6})]
+        inp, out = os.path.join(tmp, "in.jsonl"), os.path.join(tmp, "out.jsonl")
+        with open(inp, "w") as f:
+            for cid, url, body in lines:
+                f.write(json.dumps({"custom_id": cid, "method": "POST", "url": url, "body": body}) + "\n")
+        rc, text = run(["run-batch", "--model", TINY, "-i", inp, "-o", out, "--kv-cache-memory", "16M", "--quiet",
+                        "--threads", "1"])
+        assert rc == 0, (rc, text)
+        with open(out) as f:
+            res = {r["custom_id"]: r["response"] for r in map(json.loads, f)}
+        assert res["nul"]["status_code"] == 200 and res["one"]["status_code"] == 200, res
+        assert res["nul"]["body"]["usage"]["prompt_tokens"] == res["one"]["body"]["usage"]["prompt_tokens"], res
+        assert res["user"]["status_code"] == 400 and res["user"]["body"]["error"]["param"] == "user", res["user"]
+        assert res["resp"]["body"]["error"]["param"] == "max_output_tokens", res["resp"]
+
+
 def main():
     if lib.missing_prereqs("test_validation"):
         return 1
@@ -246,7 +268,7 @@ def main():
     finally:
         lib.stop_server(proc)
         log.close()
-    p2, f2 = lib.run_tests([test_model_files_checked_at_load])
+    p2, f2 = lib.run_tests([test_model_files_checked_at_load, test_run_batch_lines])
     return lib.summary(passed + p2, failed + f2)
 
 
