@@ -241,6 +241,95 @@ static void add_tool_calls(struct json_buf *b, const json_doc *d, int tc)
     ADD_LIT(b, "]");
 }
 
+/* One message's members other than its content's parts: content is there
+ * (a string or parts) unless an assistant turn calls tools or says nothing,
+ * as OpenAI requires; name and tool_call_id are strings, tool_calls an
+ * array. A user turn without content is a client bug, not an empty turn. */
+static int check_message(const json_doc *d, int p, int k, struct api_oai_error *e)
+{
+    char param[64];
+    int role = json_get(d, p, "role"), c = json_get(d, p, "content");
+    bool assistant = json_str_eq(d, role, "assistant");
+    if (!assistant && (c < 0 || json_is_null(d, c))) {
+        char rn[16] = "";
+        json_str(d, role, rn, sizeof rn);
+        snprintf(param, sizeof param, "messages[%d].content", k);
+        return api_oai_errorf(e, 400, param, "'%s' is required for a %s message", param, rn);
+    }
+    static const char *const strs[] = {"name", "tool_call_id", "reasoning_content", "reasoning"};
+    for (size_t j = 0; j < sizeof strs / sizeof *strs; j++) {
+        int v = json_get(d, p, strs[j]);
+        if (v >= 0 && !json_is_null(d, v) && !json_is_str(d, v)) {
+            snprintf(param, sizeof param, "messages[%d].%s", k, strs[j]);
+            return api_oai_errorf(e, 400, param, "'%s' must be a string", param);
+        }
+    }
+    int tc = json_get(d, p, "tool_calls");
+    if (tc >= 0 && !json_is_null(d, tc)) {
+        snprintf(param, sizeof param, "messages[%d].tool_calls", k);
+        if (!assistant) return api_oai_errorf(e, 400, param, "'%s' is only allowed on assistant messages", param);
+        if (!json_is_arr(d, tc)) return api_oai_errorf(e, 400, param, "'%s' must be an array", param);
+        for (int j = 0, q = tc + 1; j < json_size(d, tc); j++, q = json_skip(d, q)) {
+            int fn = json_is_obj(d, q) ? json_get(d, q, "function") : -1;
+            int nm = fn >= 0 && json_is_obj(d, fn) ? json_get(d, fn, "name") : -1;
+            int ar = nm >= 0 ? json_get(d, fn, "arguments") : -1;
+            if (nm < 0 || !json_is_str(d, nm) || (ar >= 0 && !json_is_str(d, ar) && !json_is_obj(d, ar)))
+                return api_oai_errorf(e, 400, param,
+                                      "'%s[%d]' must be {\"type\": \"function\", \"function\": {\"name\": a string, "
+                                      "\"arguments\": a JSON string}}", param, j);
+        }
+    }
+    return 0;
+}
+
+int api_chat_check_tools(const json_doc *d, int t, struct api_oai_error *e)
+{
+    if (t < 0 || json_is_null(d, t)) return 0;
+    if (!json_is_arr(d, t)) return api_oai_errorf(e, 400, "tools", "'tools' must be an array");
+    for (int k = 0, p = t + 1; k < json_size(d, t); k++, p = json_skip(d, p)) {
+        /* type may be left out: vLLM defaults it to "function" */
+        int ty = json_is_obj(d, p) ? json_get(d, p, "type") : -1, fn = json_is_obj(d, p) ? json_get(d, p, "function") : -1;
+        int nm = fn >= 0 && json_is_obj(d, fn) ? json_get(d, fn, "name") : -1;
+        int pa = nm >= 0 ? json_get(d, fn, "parameters") : -1, de = nm >= 0 ? json_get(d, fn, "description") : -1;
+        if ((ty >= 0 && !json_str_eq(d, ty, "function")) || nm < 0 || !json_is_str(d, nm) ||
+            (pa >= 0 && !json_is_null(d, pa) && !json_is_obj(d, pa)) ||
+            (de >= 0 && !json_is_null(d, de) && !json_is_str(d, de))) {
+            char param[32];
+            snprintf(param, sizeof param, "tools[%d]", k);
+            return api_oai_errorf(e, 400, param,
+                                  "'%s' must be {\"type\": \"function\", \"function\": {\"name\": a string, "
+                                  "\"description\": a string, \"parameters\": an object}}", param);
+        }
+    }
+    return 0;
+}
+
+/* The names the template's context defines itself (api_chat_context), the
+ * template engine's globals, and what vLLM refuses in kwargs (chat_template,
+ * tokenize). A kwarg of one of these names would replace it: "messages": []
+ * renders a prompt without the messages that were checked to be there,
+ * "raise_exception" silences the template's own checks. vLLM drops such keys
+ * without a word; refusing says why the render would not be what was asked.
+ * enable_thinking is the template's to read, not ours: it stays allowed. */
+static int check_kwargs(const json_doc *d, int kw, struct api_oai_error *e)
+{
+    static const char *const reserved[] = {
+        "messages", "tools", "add_generation_prompt", "documents", "continue_final_message", "bos_token",
+        "eos_token", "chat_template", "tokenize", "range", "namespace", "dict", "raise_exception", "strftime_now",
+    };
+    for (int k = 0, p = kw + 1; k < json_size(d, kw); k++, p = json_skip(d, p + 1))
+        for (size_t j = 0; j < sizeof reserved / sizeof *reserved; j++) {
+            if (!json_str_eq(d, p, reserved[j])) continue;
+            char param[64];
+            snprintf(param, sizeof param, "chat_template_kwargs.%s", reserved[j]);
+            bool top = j < 3;
+            return api_oai_errorf(e, 400, param, "'chat_template_kwargs' may not set '%s'%s", reserved[j],
+                                  top ? ": it is the request's own parameter (give it at the top level of the body)"
+                                      : ": the chat template's own variable");
+        }
+    return 0;
+}
+
 int api_chat_context(const json_doc *d, int obj, struct json_buf *ctx, struct api_oai_error *e)
 {
     int m = json_get(d, obj, "messages");
@@ -258,6 +347,8 @@ int api_chat_context(const json_doc *d, int obj, struct json_buf *ctx, struct ap
         bool ok = false;
         for (size_t j = 0; role >= 0 && j < sizeof known / sizeof *known; j++) ok |= json_str_eq(d, role, known[j]);
         if (!ok) return api_oai_errorf(e, 400, param, "'%s' must be one of system, user, assistant, developer, tool", param);
+        int rc = check_message(d, p, k, e);
+        if (rc) return rc;
         if (k) ADD_LIT(ctx, ",");
         ADD_LIT(ctx, "{");
         int nm = json_size(d, p);
@@ -267,8 +358,7 @@ int api_chat_context(const json_doc *d, int obj, struct json_buf *ctx, struct ap
             add_raw(ctx, d, q);
             ADD_LIT(ctx, ":");
             if (json_str_eq(d, q, "content")) {
-                int rc = add_content(ctx, d, q + 1, k, e);
-                if (rc) return rc;
+                if ((rc = add_content(ctx, d, q + 1, k, e))) return rc;
             } else if (json_str_eq(d, q, "tool_calls")) {
                 add_tool_calls(ctx, d, q + 1);
             } else {
@@ -280,11 +370,19 @@ int api_chat_context(const json_doc *d, int obj, struct json_buf *ctx, struct ap
     ADD_LIT(ctx, "],\"tools\":");
     int t = json_get(d, obj, "tools");
     if (t >= 0 && !json_is_null(d, t)) {
-        if (!json_is_arr(d, t)) return api_oai_errorf(e, 400, "tools", "'tools' must be an array");
+        int rc = api_chat_check_tools(d, t, e);
+        if (rc) return rc;
         add_raw(ctx, d, t);
     } else {
         ADD_LIT(ctx, "null");
     }
+    /* vLLM refuses a request's own template unless --trust-request-chat-template:
+     * rendering the model's instead would answer a different question */
+    int ct = json_get(d, obj, "chat_template");
+    if (ct >= 0 && !json_is_null(d, ct))
+        return api_oai_errorf(e, 400, "chat_template",
+                              "'chat_template' in a request is not accepted: the server renders with the model's "
+                              "template or --chat-template");
     bool agp = true;
     int g = json_get(d, obj, "add_generation_prompt");
     if (g >= 0 && !json_is_null(d, g) && json_bool(d, g, &agp))
@@ -303,6 +401,8 @@ int api_chat_context(const json_doc *d, int obj, struct json_buf *ctx, struct ap
     int kw = json_get(d, obj, "chat_template_kwargs");
     if (kw >= 0 && !json_is_null(d, kw)) {
         if (!json_is_obj(d, kw)) return api_oai_errorf(e, 400, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+        int rc = check_kwargs(d, kw, e);
+        if (rc) return rc;
         size_t rn;
         const char *raw = json_raw(d, kw, &rn);
         if (json_size(d, kw) > 0 && rn >= 2) {
@@ -315,9 +415,10 @@ int api_chat_context(const json_doc *d, int obj, struct json_buf *ctx, struct ap
     return 0;
 }
 
-int api_chat_render(const json_doc *d, int obj, char **prompt, struct api_oai_error *e)
+int api_chat_render(const json_doc *d, int obj, char **prompt, size_t *len, struct api_oai_error *e)
 {
     *prompt = NULL;
+    if (len) *len = 0;
     struct json_buf ctx;
     json_buf_init(&ctx);
     int rc = api_chat_context(d, obj, &ctx, e);
@@ -331,6 +432,7 @@ int api_chat_render(const json_doc *d, int obj, char **prompt, struct api_oai_er
     size_t n;
     rc = model_tmpl_render(t, ctx.p, ctx.len, NULL, prompt, &n, err, sizeof err);
     if (rc) rc = api_oai_errorf(e, rc == SL_ENOMEM ? 500 : 400, "messages", "chat template: %s", err);
+    else if (len) *len = n;
 done:
     json_buf_free(&ctx);
     return rc;

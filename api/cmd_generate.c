@@ -344,7 +344,7 @@ int api_cmd_generate(int argc, char **argv)
             json_buf_free(&body);
             break;
         }
-        int trc = api_chat_render(&bd, 0, &text, &e);
+        int trc = api_chat_render(&bd, 0, &text, NULL, &e);
         json_free(&bd);
         json_buf_free(&body);
         if (trc) {

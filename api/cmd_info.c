@@ -29,12 +29,17 @@ int api_cmd_info(int argc, char **argv)
         fprintf(stderr, "sluice info: %s\n", err);
         return 1;
     }
+    /* info is where one looks at a checkpoint before serving it: damaged
+     * weights are named here, whatever the cost of reading them all */
+    int wrc = model_check_weights(m, err, sizeof err);
     const struct model_config *c = model_get_config(m);
     printf("arch: %s\nlayers: %d\nhidden: %d\nffn: %d\nheads: %d (kv %d, head_dim %d)\nvocab: %d\n"
            "context: %d\nrope: %s theta %g%s\ntied embeddings: %s\n",
            model_arch_name(c->arch), c->n_layer, c->n_embd, c->n_ff, c->n_head, c->n_head_kv, c->head_dim,
            c->n_vocab, c->n_ctx_train, c->rope_type == MODEL_ROPE_NEOX ? "neox" : "norm", c->rope_theta,
            c->rope_llama3_factor > 0 ? " (llama3 scaling)" : "", c->tie_embeddings ? "yes" : "no");
+    printf("tokenizer: %d tokens\nweights: %s\n", model_tok_n_vocab(model_get_tok(m)), wrc ? "DAMAGED" : "all finite");
     model_free(m);
-    return 0;
+    if (wrc) fprintf(stderr, "sluice info: %s\n", err);
+    return wrc ? 1 : 0;
 }

@@ -146,7 +146,9 @@ static void line_response(struct batch *b, struct line *l, int status, const str
     line_head(b, &o, l);
     json_buf_addf(&o, ",\"response\":{\"status_code\":%d,\"request_id\":\"req_%s\",\"body\":", status, rid);
     if (e) {
-        api_oai_error_json(&o, e);
+        struct api_oai_error named = *e;
+        if (l->responses) api_resp_chat_error(&named); /* the field the line's body gave */
+        api_oai_error_json(&o, &named);
         b->failed++;
     } else {
         char id[48];
@@ -412,7 +414,7 @@ int api_cmd_run_batch(int argc, char **argv)
     long max_num_seqs = API_FLAG_UNSET, max_batched = API_FLAG_UNSET, max_model_len = API_FLAG_UNSET;
     long block_size = 16, threads = 0, tp = 1, long_prefill = 0, partial = 1, long_partial = 1;
     double batch_share = 0.1, gpu_util = NAN;
-    bool prefix = true, quiet = false, timings = false, eager = false;
+    bool prefix = true, quiet = false, timings = false, eager = false, check_weights = false;
     const struct api_flag flags[] = {
         {"--model", API_FLAG_STR, &model_path, "GGUF file or HF checkpoint directory", NULL},
         {"--tokenizer", API_FLAG_STR, &tok_path, "take the tokenizer from another model", NULL},
@@ -442,6 +444,9 @@ int api_cmd_run_batch(int argc, char **argv)
         {"--device", API_FLAG_STR, &device, "cpu or cuda (default: cuda when available)", NULL},
         {"--tensor-parallel-size", API_FLAG_INT, &tp, "GPUs the model is split across (1)", NULL},
         {"--load-format", API_FLAG_STR, &load_format, "auto, or dummy: random weights from a config.json dir", NULL},
+        {"--check-weights", API_FLAG_BOOL, &check_weights,
+         "read every weight at load and refuse a NaN or infinity, naming the tensor (off: costs a pass over the weights)",
+         NULL},
         {"--threads", API_FLAG_INT, &threads, "CPU threads, 0 = all cores", NULL},
         {"--quiet", API_FLAG_BOOL, &quiet, "no progress on stderr", NULL},
         {"--print-timings", API_FLAG_BOOL, &timings, "per request on stderr: queue, time to first token, total", NULL},
@@ -531,7 +536,8 @@ int api_cmd_run_batch(int argc, char **argv)
         goto fail_lines;
     }
 
-    struct model_load_opts lo = {.progress = !quiet, .tokenizer = tok_path, .load_format = load_format};
+    struct model_load_opts lo = {.progress = !quiet, .tokenizer = tok_path, .load_format = load_format,
+                                 .check_weights = check_weights};
     b.m = model_load(model_path, &lo, err, sizeof err);
     if (!b.m) goto fail_msg;
     /* chat lines are rendered with the model's own template (or --chat-template) */

@@ -162,11 +162,12 @@ int api_cmd_template(int argc, char **argv)
         goto out;
     }
     struct api_oai_error e = {0};
-    if (api_chat_render(&bd, 0, &prompt, &e)) {
+    size_t plen = 0;
+    if (api_chat_render(&bd, 0, &prompt, &plen, &e)) {
         fprintf(stderr, "sluice template: %s\n", e.message);
         goto out;
     }
-    fwrite(prompt, 1, strlen(prompt), stdout);
+    fwrite(prompt, 1, plen, stdout);
     fflush(stdout);
     rc = 0;
 out:

@@ -85,6 +85,63 @@ static int bool_opt(const json_doc *d, int obj, const char *key, bool *out, stru
     return 1;
 }
 
+/* Fields that are read elsewhere (the server, the template) or accepted
+ * without effect: their types are still checked, so a client's mistake
+ * (user: 5) is a 400 naming the field, as the OpenAI server and vLLM's
+ * pydantic models answer, not a 200 that ignored it. */
+enum ftype { F_STR, F_BOOL, F_INT, F_NUM, F_OBJ, F_ARR, F_STR_OR_OBJ };
+struct fcheck {
+    const char *key;
+    enum ftype type;
+    int kinds; /* 1: chat, 2: completions */
+};
+static const struct fcheck field_types[] = {
+    {"user", F_STR, 3}, {"request_id", F_STR, 3}, {"service_tier", F_STR, 3},
+    {"stream_options", F_OBJ, 3}, {"priority", F_INT, 3}, {"metadata", F_OBJ, 1}, {"store", F_BOOL, 1},
+    {"skip_special_tokens", F_BOOL, 3}, {"spaces_between_special_tokens", F_BOOL, 3},
+    {"include_stop_str_in_output", F_BOOL, 3}, {"add_special_tokens", F_BOOL, 3}, {"use_beam_search", F_BOOL, 3},
+    {"return_tokens_as_token_ids", F_BOOL, 3}, {"truncate_prompt_tokens", F_INT, 3}, {"prompt_logprobs", F_INT, 3},
+    {"length_penalty", F_NUM, 3}, {"echo", F_BOOL, 1}, {"parallel_tool_calls", F_BOOL, 1},
+    {"reasoning_effort", F_STR, 1}, {"include_reasoning", F_BOOL, 1}, {"continue_final_message", F_BOOL, 1},
+    {"documents", F_ARR, 1}, {"functions", F_ARR, 1}, {"function_call", F_STR_OR_OBJ, 1}, {"modalities", F_ARR, 1},
+    {"audio", F_OBJ, 1}, {"prediction", F_OBJ, 1}, {"web_search_options", F_OBJ, 1},
+};
+
+static int check_field_types(const json_doc *d, int obj, enum api_oai_endpoint kind, struct api_oai_error *e)
+{
+    static const char *const names[] = {"a string", "a boolean", "an integer", "a number", "an object",
+                                        "an array", "a string or an object"};
+    for (size_t k = 0; k < sizeof field_types / sizeof *field_types; k++) {
+        const struct fcheck *f = &field_types[k];
+        if (!(f->kinds & (kind == API_OAI_CHAT ? 1 : 2))) continue;
+        int i = opt(d, obj, f->key);
+        if (i < 0) continue;
+        int64_t iv;
+        bool ok = f->type == F_STR    ? json_is_str(d, i)
+                : f->type == F_BOOL   ? json_is_bool(d, i)
+                : f->type == F_INT    ? json_is_num(d, i) && json_i64(d, i, &iv) == 0
+                : f->type == F_NUM    ? json_is_num(d, i)
+                : f->type == F_OBJ    ? json_is_obj(d, i)
+                : f->type == F_ARR    ? json_is_arr(d, i)
+                                      : json_is_str(d, i) || json_is_obj(d, i);
+        if (!ok) return api_oai_errorf(e, 400, f->key, "'%s' must be %s", f->key, names[f->type]);
+    }
+    /* vLLM features not built here: a reply that silently ignored them would
+     * look like one that honoured them (unconstrained text for guided_json) */
+    bool b = false;
+    if (kind == API_OAI_CHAT && bool_opt(d, obj, "echo", &b, e) == 1 && b)
+        return api_oai_errorf(e, 400, "echo", "'echo' is not supported on chat completions yet");
+    if (bool_opt(d, obj, "use_beam_search", &b, e) == 1 && b)
+        return api_oai_errorf(e, 400, "use_beam_search", "'use_beam_search' is not supported yet");
+    static const char *const unsupported[] = {"guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                                              "structured_outputs", "prompt_logprobs"};
+    for (size_t k = 0; k < sizeof unsupported / sizeof *unsupported; k++)
+        if (opt(d, obj, unsupported[k]) >= 0)
+            return api_oai_errorf(e, 400, unsupported[k], "'%s' is not supported yet%s", unsupported[k],
+                                  k < 5 ? ": use response_format (json_object or json_schema)" : "");
+    return 0;
+}
+
 /* tool_choice "required" with several tools: the output is a JSON array of
  * one or more {"name": <a tool>, "parameters": <its arguments>}, guided by
  * the union of the tools' schemas (vLLM's shape for required). */
@@ -172,14 +229,42 @@ static int parse_forced_tool(const json_doc *d, int tools, int tc, struct api_oa
     return api_oai_errorf(e, 400, "tool_choice", "tool_choice names '%s', which is not in 'tools'", name);
 }
 
+/* tool_choice's shape, whether or not tools are given: "none", "auto",
+ * "required" or {"type": "function", "function": {"name": ...}}; the last two
+ * need tools to choose from (vLLM: "When using `tool_choice`, `tools` must be
+ * set"). */
+static int check_tool_choice(const json_doc *d, int obj, struct api_oai_error *e)
+{
+    int tc = opt(d, obj, "tool_choice"), t = opt(d, obj, "tools");
+    if (tc < 0) return 0;
+    bool named = false;
+    if (json_is_str(d, tc)) {
+        if (json_str_eq(d, tc, "none") || json_str_eq(d, tc, "auto")) return 0;
+        named = json_str_eq(d, tc, "required");
+    } else if (json_is_obj(d, tc)) {
+        int ty = json_get(d, tc, "type"), fn = json_get(d, tc, "function");
+        int nm = fn >= 0 && json_is_obj(d, fn) ? json_get(d, fn, "name") : -1;
+        named = (ty < 0 || json_str_eq(d, ty, "function")) && nm >= 0 && json_is_str(d, nm);
+    }
+    if (!named)
+        return api_oai_errorf(e, 400, "tool_choice",
+                              "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+                              "\"function\": {\"name\": ...}}");
+    if (t < 0 || !json_is_arr(d, t) || json_size(d, t) == 0)
+        return api_oai_errorf(e, 400, "tool_choice", "'tool_choice' %s needs 'tools' to choose from",
+                              json_is_str(d, tc) ? "\"required\"" : "naming a function");
+    return 0;
+}
+
 static int parse_messages(const json_doc *d, int obj, struct api_oai_req *r, struct api_oai_error *e)
 {
     /* validation of messages/tools/kwargs and the render: api/chat.c */
+    int rc = check_tool_choice(d, obj, e);
+    if (rc || (rc = api_chat_check_tools(d, json_get(d, obj, "tools"), e))) return rc;
     int t = opt(d, obj, "tools"), tc = opt(d, obj, "tool_choice");
     r->tools = t >= 0 && json_is_arr(d, t) && json_size(d, t) > 0 && !(tc >= 0 && json_str_eq(d, tc, "none"));
     if (tc >= 0 && r->tools) {
-        int rc = parse_forced_tool(d, t, tc, r, e);
-        if (rc) return rc;
+        if ((rc = parse_forced_tool(d, t, tc, r, e))) return rc;
         if (r->forced_tool || r->forced_list) r->tools = false; /* the output is JSON, not a call to parse */
     }
     int rk, tk;
@@ -187,7 +272,7 @@ static int parse_messages(const json_doc *d, int obj, struct api_oai_req *r, str
     if (r->tools && !tk) /* vLLM's words: clients look for them to fall back to tools in the prompt */
         return api_oai_errorf(e, 400, "tool_choice",
                               "\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set");
-    return api_chat_render(d, obj, &r->prompt_text, e);
+    return api_chat_render(d, obj, &r->prompt_text, &r->prompt_len, e);
 }
 
 static int parse_prompt(const json_doc *d, int obj, struct api_oai_req *r, struct api_oai_error *e)
@@ -196,7 +281,7 @@ static int parse_prompt(const json_doc *d, int obj, struct api_oai_req *r, struc
     if (p < 0) return api_oai_errorf(e, 400, "prompt", "'prompt' is required");
     if (json_is_arr(d, p) && json_size(d, p) == 1 && json_is_str(d, p + 1)) p = p + 1; /* ["text"] */
     if (json_is_str(d, p)) {
-        r->prompt_text = json_strdup(d, p, NULL);
+        r->prompt_text = json_strdup(d, p, &r->prompt_len);
         if (!r->prompt_text) return api_oai_errorf(e, 400, "prompt", "'prompt' is not a valid string");
         return 0;
     }
@@ -206,9 +291,10 @@ static int parse_prompt(const json_doc *d, int obj, struct api_oai_req *r, struc
         int n = json_size(d, p);
         if (n > API_OAI_MAX_N) return api_oai_errorf(e, 400, "prompt", "at most %d prompts per request", API_OAI_MAX_N);
         r->prompts = calloc((size_t)n, sizeof *r->prompts);
-        if (!r->prompts) return api_oai_errorf(e, 500, NULL, "out of memory");
+        r->prompt_lens = calloc((size_t)n, sizeof *r->prompt_lens);
+        if (!r->prompts || !r->prompt_lens) return api_oai_errorf(e, 500, NULL, "out of memory");
         for (int k = 0, q = p + 1; k < n; k++, q = json_skip(d, q)) {
-            if (!json_is_str(d, q) || !(r->prompts[k] = json_strdup(d, q, NULL)))
+            if (!json_is_str(d, q) || !(r->prompts[k] = json_strdup(d, q, &r->prompt_lens[k])))
                 return api_oai_errorf(e, 400, "prompt", "'prompt' lists must hold only strings");
             r->n_prompts = k + 1;
         }
@@ -303,6 +389,8 @@ static int parse_stop(const json_doc *d, int obj, struct api_oai_req *r, struct 
             r->stop[r->n_stop++] = str;
             if (len == 0 || len > SCHED_MAX_STOP_LEN)
                 return api_oai_errorf(e, 400, "stop", "stop strings must be 1 to %d bytes long", SCHED_MAX_STOP_LEN);
+            /* the engine matches stop strings as C strings: a NUL would cut one short and stop early */
+            if (strlen(str) != len) return api_oai_errorf(e, 400, "stop", "stop strings may not contain NUL (\\u0000)");
         }
     }
     int t = opt(d, obj, "stop_token_ids");
@@ -331,6 +419,7 @@ int api_oai_tokenize_prompt(const struct api_oai_req *r, int p, const model_tok 
 {
     struct api_oai_req one = *r; /* borrowed fields only: nothing here is freed */
     one.prompt_text = r->prompts[p];
+    one.prompt_len = r->prompt_lens[p];
     one.prompt_ids = NULL, one.n_prompt_ids = 0;
     return api_oai_tokenize(&one, tok, ids, e);
 }
@@ -370,11 +459,13 @@ int api_oai_parse_doc(const json_doc *d, int obj, enum api_oai_endpoint kind, co
         rc = api_oai_errorf(e, 400, NULL, "the request body must be a JSON object");
         goto fail;
     }
-    int mi = opt(d, obj, "model");
+    /* "model" may be left out (vLLM: the served model), but not given as null or a non-string */
+    int mi = json_get(d, obj, "model");
     if (mi >= 0) {
-        r->model = json_is_str(d, mi) ? json_strdup(d, mi, NULL) : NULL;
-        if (!r->model) {
-            rc = api_oai_errorf(e, 400, "model", "'model' must be a string");
+        size_t ml = 0;
+        r->model = json_is_str(d, mi) ? json_strdup(d, mi, &ml) : NULL;
+        if (!r->model || strlen(r->model) != ml) {
+            rc = api_oai_errorf(e, 400, "model", "'model' must be a string%s", r->model ? " without NUL" : "");
             goto fail;
         }
         if (served && !api_oai_model_known(served, r->model)) {
@@ -382,14 +473,17 @@ int api_oai_parse_doc(const json_doc *d, int obj, enum api_oai_endpoint kind, co
             goto fail;
         }
     }
+    if ((rc = check_field_types(d, obj, kind, e))) goto fail;
     rc = kind == API_OAI_CHAT ? parse_messages(d, obj, r, e) : parse_prompt(d, obj, r, e);
     if (rc) goto fail;
 
     int64_t iv;
     double fv;
-    const char *mt = opt(d, obj, "max_completion_tokens") >= 0 && kind == API_OAI_CHAT ? "max_completion_tokens" : "max_tokens";
-    if ((rc = int_in(d, obj, mt, 1, INT32_MAX, &iv, e)) < 0) goto fail;
+    /* chat: max_completion_tokens wins over max_tokens; both are checked */
+    if ((rc = int_in(d, obj, "max_tokens", 1, INT32_MAX, &iv, e)) < 0) goto fail;
     if (rc) r->max_tokens = (long)iv;
+    if (kind == API_OAI_CHAT && (rc = int_in(d, obj, "max_completion_tokens", 1, INT32_MAX, &iv, e)) < 0) goto fail;
+    if (kind == API_OAI_CHAT && rc) r->max_tokens = (long)iv;
     if ((rc = num_in(d, obj, "temperature", 0, 2, false, &fv, e)) < 0) goto fail;
     if (rc) r->sampling.temperature = (float)fv;
     if ((rc = num_in(d, obj, "top_p", 0, 1, true, &fv, e)) < 0) goto fail;
@@ -483,6 +577,7 @@ void api_oai_req_free(struct api_oai_req *r)
     free(r->forced_tool);
     for (int i = 0; i < r->n_prompts; i++) free(r->prompts[i]);
     free(r->prompts);
+    free(r->prompt_lens);
     enum api_oai_endpoint kind = r->kind;
     memset(r, 0, sizeof *r);
     r->kind = kind;
@@ -505,7 +600,7 @@ int api_oai_tokenize(const struct api_oai_req *r, const model_tok *tok, int32_t 
         return r->n_prompt_ids;
     }
     const char *text = r->prompt_text ? r->prompt_text : "";
-    size_t len = strlen(text);
+    size_t len = r->prompt_text ? r->prompt_len : 0; /* not strlen: the text may hold NULs */
     int cap = (int)(len < 1000000 ? len : 1000000) + 16;
     for (;;) {
         int32_t *buf = malloc((size_t)cap * sizeof *buf);
@@ -533,7 +628,7 @@ int api_oai_check_length(const struct api_oai_req *r, int p, const model_tok *to
                          struct api_oai_error *e)
 {
     const char *text = p >= 0 ? r->prompts[p] : r->prompt_text;
-    size_t len = text ? strlen(text) : 0, mb = (size_t)model_tok_max_bytes(tok);
+    size_t len = !text ? 0 : p >= 0 ? r->prompt_lens[p] : r->prompt_len, mb = (size_t)model_tok_max_bytes(tok);
     if (r->prompt_ids || mb == 0 || len <= (size_t)max_model_len * mb) return 0;
     return api_oai_errorf(e, 400, r->kind == API_OAI_CHAT ? "messages" : "prompt",
                           "This model's maximum context length is %d tokens. However, your prompt has at least %zu "

@@ -9,6 +9,15 @@
  * are folded into a struct api_oai_result (text, logprobs, finish, usage),
  * which renders the final body (api_oai_response_json).
  *
+ * NUL characters (\u0000) inside messages and prompts are kept, not refused:
+ * vLLM keeps them (a Python str holds them and byte-level BPE has a token for
+ * byte 0), and the long documents batch jobs carry (text pulled out of PDFs)
+ * hold them often enough that refusing would fail lines vLLM serves. So a
+ * prompt's length travels with it (prompt_len, prompt_lens, api_chat_render's
+ * len) and nothing after the JSON decoder measures it with strlen. Only the
+ * strings the engine and the server compare as C strings refuse a NUL with a
+ * 400 naming the field: stop strings and the model name.
+ *
  * Nothing here touches the engine or a thread: every function works on the
  * caller's structs and may be called from any thread.
  */
@@ -39,7 +48,9 @@ struct api_oai_error {
 struct api_oai_req {
     enum api_oai_endpoint kind;
     char *model;                /* owned; NULL when absent */
-    char *prompt_text;          /* owned: the completion prompt, or the chat rendered by its template */
+    char *prompt_text;          /* owned: the completion prompt, or the chat rendered by its template;
+                                   NUL-terminated, but may hold NULs of its own: prompt_len counts it */
+    size_t prompt_len;
     int32_t *prompt_ids;        /* owned: a completion prompt given as token ids (prompt_text NULL) */
     int n_prompt_ids;
     long max_tokens;            /* -1: not given */
@@ -57,6 +68,7 @@ struct api_oai_req {
     int n;                      /* choices to generate (1..API_OAI_MAX_N), each its own engine request */
     char **prompts;             /* owned [n_prompts]: completions given a list of prompts (prompt_text
                                    NULL); prompt p's choices are p*n .. p*n + n-1 */
+    size_t *prompt_lens;        /* owned [n_prompts]: their lengths (they may hold NULs) */
     int n_prompts;
     long min_tokens;            /* vLLM's min_tokens: no stop token id before this many (0: off) */
     bool json_object;           /* response_format {"type": "json_object"} */
@@ -155,6 +167,10 @@ int api_oai_list_calls(struct json_buf *b, const char *text, size_t len, const c
 /* Translates a Responses API body into the chat-completions body it means
  * (appended to chat). 0, or a negative status with e naming the field. */
 int api_resp_to_chat(const char *body, size_t len, struct json_buf *chat, struct api_oai_error *e);
+/* Rewrites an error about the translated chat body so it names the
+ * Responses field the client sent (max_tokens -> max_output_tokens,
+ * response_format -> text.format, messages -> input), param and message. */
+void api_resp_chat_error(struct api_oai_error *e);
 /* Appends a Response object: status "in_progress" (no output, no usage),
  * "completed" or "incomplete" (finish says why) with the text as one
  * output_text message. rid: the request's id without prefix. */
@@ -193,10 +209,16 @@ const char *api_chat_source(void); /* "model", "file", "argument" or "chatml" */
 /* Appends the template context (a JSON object) for the chat body at obj to
  * ctx. Returns 0 or a negative status with *e (400 naming the parameter). */
 int api_chat_context(const json_doc *d, int obj, struct json_buf *ctx, struct api_oai_error *e);
+/* 0 when tools (a value of the body, or -1) is absent, null or an array of
+ * {"type": "function", "function": {"name", "description", "parameters"}};
+ * else a 400 naming the tool. */
+int api_chat_check_tools(const json_doc *d, int tools, struct api_oai_error *e);
 /* Renders the prompt for the chat body at obj into a new malloc'ed string
- * (*prompt, caller frees). A template error (raise_exception included) is a
- * 400 whose message is the template's. Thread-safe after setup. */
-int api_chat_render(const json_doc *d, int obj, char **prompt, struct api_oai_error *e);
+ * (*prompt, caller frees) of *len bytes (len may be NULL): a message may hold
+ * NUL characters, so the length, not strlen, says where the prompt ends. A
+ * template error (raise_exception included) is a 400 whose message is the
+ * template's. Thread-safe after setup. */
+int api_chat_render(const json_doc *d, int obj, char **prompt, size_t *len, struct api_oai_error *e);
 /* --reasoning-parser / --tool-call-parser kinds for chat responses (set once at
  * startup, like api_chat_setup); 0 = off. */
 void api_chat_set_parsers(int reasoning_kind, int toolcall_kind);

@@ -52,6 +52,86 @@ static int add_content(struct json_buf *o, const json_doc *d, int c, struct api_
     return 0;
 }
 
+/* The Responses fields that are not passed on to the chat body as they are
+ * (those are checked there, under the same names): each wrong type is a 400
+ * naming the field here, before the translation could drop it or give it a
+ * chat name. */
+static int check_resp_fields(const json_doc *d, struct api_oai_error *e)
+{
+    static const struct { const char *key; char type; } fields[] = {
+        {"text", 'o'}, {"tools", 'a'}, {"metadata", 'o'}, {"store", 'b'}, {"user", 's'}, {"truncation", 's'},
+        {"reasoning", 'o'}, {"parallel_tool_calls", 'b'}, {"include", 'a'}, {"max_tool_calls", 'i'},
+        {"background", 'b'}, {"service_tier", 's'}, {"prompt_cache_key", 's'}, {"safety_identifier", 's'},
+        {"max_output_tokens", 'i'}, {"tool_choice", 'x'},
+    };
+    for (size_t k = 0; k < sizeof fields / sizeof *fields; k++) {
+        int v = json_get(d, 0, fields[k].key);
+        if (v < 0 || json_is_null(d, v)) continue;
+        int64_t iv = 0;
+        const char *want = NULL;
+        switch (fields[k].type) {
+        case 'o': want = json_is_obj(d, v) ? NULL : "an object"; break;
+        case 'a': want = json_is_arr(d, v) ? NULL : "an array"; break;
+        case 'b': want = json_is_bool(d, v) ? NULL : "a boolean"; break;
+        case 's': want = json_is_str(d, v) ? NULL : "a string"; break;
+        case 'i': want = json_is_num(d, v) && json_i64(d, v, &iv) == 0 ? NULL : "an integer"; break;
+        case 'x': want = json_is_str(d, v) || json_is_obj(d, v) ? NULL : "a string or an object"; break;
+        }
+        if (want) return api_oai_errorf(e, 400, fields[k].key, "'%s' must be %s", fields[k].key, want);
+        if (!strcmp(fields[k].key, "max_output_tokens") && iv < 1)
+            return api_oai_errorf(e, 400, "max_output_tokens", "'max_output_tokens' must be at least 1, got %lld",
+                                  (long long)iv);
+    }
+    int tr = json_get(d, 0, "truncation");
+    if (tr >= 0 && json_is_str(d, tr) && !json_str_eq(d, tr, "auto") && !json_str_eq(d, tr, "disabled"))
+        return api_oai_errorf(e, 400, "truncation", "'truncation' must be \"auto\" or \"disabled\"");
+    int bg = json_get(d, 0, "background");
+    bool b = false;
+    if (bg >= 0 && json_is_bool(d, bg) && json_bool(d, bg, &b) == 0 && b)
+        return api_oai_errorf(e, 400, "background", "'background' is not supported (responses are not stored)");
+    int tx = json_get(d, 0, "text"), fm = tx >= 0 && json_is_obj(d, tx) ? json_get(d, tx, "format") : -1;
+    if (fm >= 0 && !json_is_null(d, fm)) {
+        int ty = json_is_obj(d, fm) ? json_get(d, fm, "type") : -1, sc = ty >= 0 ? json_get(d, fm, "schema") : -1;
+        if (!json_str_eq(d, ty, "text") && !json_str_eq(d, ty, "json_object") && !json_str_eq(d, ty, "json_schema"))
+            return api_oai_errorf(e, 400, "text.format",
+                                  "'text.format' must be an object whose 'type' is \"text\", \"json_object\" or "
+                                  "\"json_schema\"");
+        if (json_str_eq(d, ty, "json_schema") && (sc < 0 || !json_is_obj(d, sc)))
+            return api_oai_errorf(e, 400, "text.format.schema", "'text.format.schema' must be an object (a JSON schema)");
+    }
+    return 0;
+}
+
+void api_resp_chat_error(struct api_oai_error *e)
+{
+    /* the chat names of what the body gave under Responses names */
+    static const char *const names[][2] = {
+        {"max_tokens", "max_output_tokens"}, {"response_format", "text.format"}, {"messages", "input"},
+    };
+    for (size_t k = 0; k < sizeof names / sizeof *names; k++) {
+        size_t n = strlen(names[k][0]);
+        if (!strncmp(e->param, names[k][0], n) && (e->param[n] == 0 || e->param[n] == '[' || e->param[n] == '.'))
+            snprintf(e->param, sizeof e->param, "%s", names[k][1]);
+        /* messages[i] is not input[i] (instructions come first): the message keeps its words */
+        if (!strcmp(names[k][0], "messages")) continue;
+        /* in the message, where it names the field as a word */
+        char out[sizeof e->message];
+        size_t o = 0;
+        for (const char *p = e->message; *p && o + 1 < sizeof out;) {
+            bool edge = p == e->message || !(p[-1] == '_' || (p[-1] >= 'a' && p[-1] <= 'z'));
+            if (edge && !strncmp(p, names[k][0], n) && p[n] != '_' && !(p[n] >= 'a' && p[n] <= 'z')) {
+                o += (size_t)snprintf(out + o, sizeof out - o, "%s", names[k][1]);
+                if (o >= sizeof out) o = sizeof out - 1;
+                p += n;
+            } else {
+                out[o++] = *p++;
+            }
+        }
+        out[o] = 0;
+        memcpy(e->message, out, o + 1);
+    }
+}
+
 int api_resp_to_chat(const char *body, size_t len, struct json_buf *chat, struct api_oai_error *e)
 {
     json_doc d;
@@ -72,6 +152,7 @@ int api_resp_to_chat(const char *body, size_t len, struct json_buf *chat, struct
             goto out;
         }
     }
+    if ((rc = check_resp_fields(&d, e))) goto out;
     json_buf_lit(chat, "{\"messages\":[");
     bool any = false;
     int ins = json_get(&d, 0, "instructions");

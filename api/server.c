@@ -66,7 +66,7 @@ static void *load_main(void *arg)
     struct server *s = arg;
     char err[512] = "";
     struct model_load_opts lo = {.progress = true, .tokenizer = s->o.tokenizer, .hf_overrides = s->o.hf_overrides,
-                                 .load_format = s->o.load_format};
+                                 .load_format = s->o.load_format, .check_weights = s->o.check_weights};
     s->m = model_load(s->o.model, &lo, err, sizeof err);
     if (!s->m) goto fail;
     if (api_chat_setup(s->m, chat_flags.chat_template, err, sizeof err)) goto fail;
@@ -307,14 +307,15 @@ static void handle_apply_template(struct server *s, struct evhttp_request *req)
     if (read_json(s, req, &body, &d)) return;
     struct api_oai_error e = {0};
     char *prompt = NULL;
-    if (api_chat_render(&d, 0, &prompt, &e)) {
+    size_t plen = 0;
+    if (api_chat_render(&d, 0, &prompt, &plen, &e)) {
         srv_reply_error(req, e.status, e.type ? e.type : "invalid_request_error", e.param[0] ? e.param : NULL, "%s",
                         e.message);
     } else {
         struct json_buf b;
         json_buf_init(&b);
         json_buf_lit(&b, "{\"prompt\":");
-        json_buf_add_str(&b, prompt, strlen(prompt));
+        json_buf_add_str(&b, prompt, plen);
         json_buf_lit(&b, "}");
         srv_reply_json(req, 200, &b);
         json_buf_free(&b);
@@ -350,7 +351,7 @@ static void handle_tokenize(struct server *s, struct evhttp_request *req)
     }
     int n;
     if (r.prompt_text) {
-        size_t tl = strlen(r.prompt_text);
+        size_t tl = r.prompt_len;
         bool bos = add_special && !chat;
         n = model_tok_encode(tok, r.prompt_text, tl, bos, true, NULL, 0);
         ids = n > 0 ? malloc(sizeof *ids * (size_t)n) : NULL;
@@ -585,6 +586,9 @@ int api_cmd_serve(int argc, char **argv)
          "names clients use, any of them (default: the path); replies carry the first", NULL},
         {"--tokenizer", API_FLAG_STR, &o->tokenizer, "take the tokenizer from another model", NULL},
         {"--load-format", API_FLAG_STR, &o->load_format, "auto, or dummy: random weights from config.json", NULL},
+        {"--check-weights", API_FLAG_BOOL, &o->check_weights,
+         "read every weight at load and refuse a NaN or infinity, naming the tensor (off: costs a pass over the weights)",
+         NULL},
         {"--host", API_FLAG_STR, &o->host, "address to listen on (127.0.0.1)", NULL},
         {"--port", API_FLAG_INT, &o->port, "port (8000)", NULL},
         {"--api-key", API_FLAG_STR, &o->api_key, "require 'Authorization: Bearer KEY' on /v1/*", NULL},

@@ -33,6 +33,7 @@ struct server_opts {
     const char *tokenizer;
     const char *hf_overrides;   /* JSON, applied by the loader */
     const char *load_format;    /* "auto" or "dummy" (random weights from config.json) */
+    bool check_weights;         /* --check-weights: model_load refuses non-finite weights */
     const char *host;
     long port;
     const char *api_key;

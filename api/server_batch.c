@@ -417,6 +417,7 @@ static void submit_row(struct srv_batch *b, const struct store_row *row)
     return;
 fail:
     if (!e.type) e.type = e.status >= 500 ? "server_error" : "invalid_request_error";
+    if (j && j->responses) api_resp_chat_error(&e); /* the field the row's body gave */
     add_error_response(b, row->row_id, &e);
     free(ids);
     json_free(&d);

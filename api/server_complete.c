@@ -757,6 +757,7 @@ static void handle(struct server *s, struct evhttp_request *req, char *body, siz
         q->base.srv = s;
         q->base.t_submit = srv_now();
         s->n_pending++;
+        if (responses) api_resp_chat_error(&e);
         reply_oai_error(s, req, &e);
         json_free(&d);
         free(body);
@@ -821,6 +822,7 @@ static void handle(struct server *s, struct evhttp_request *req, char *body, siz
     }
     return;
 fail:
+    if (responses) api_resp_chat_error(&e);
     reply_oai_error(s, req, &e);
     free(ids);
     json_free(&d);

@@ -143,24 +143,62 @@ static int get_tensor(model *m, const char *name, int64_t rows, int64_t cols, bo
     return 0;
 }
 
-static int check_config(const struct model_config *c, char *err, size_t errlen)
+/* The keys a config value came from, per format, so an error names what
+ * the user can find in the file. */
+struct cfg_keys {
+    const char *file, *n_layer, *n_embd, *n_ff, *n_head, *n_head_kv, *head_dim, *rope_dim, *n_vocab, *n_ctx, *eps,
+        *theta;
+};
+static const struct cfg_keys hf_keys = {
+    "config.json", "num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "head_dim", "vocab_size", "max_position_embeddings", "rms_norm_eps",
+    "rope_theta",
+};
+static const struct cfg_keys gguf_keys = {
+    "GGUF", "block_count", "embedding_length", "feed_forward_length", "attention.head_count",
+    "attention.head_count_kv", "attention.key_length", "rope.dimension_count", "token_embd.weight rows",
+    "context_length", "attention.layer_norm_rms_epsilon", "rope.freq_base",
+};
+
+static int check_config(const struct model_config *c, const struct cfg_keys *k, char *err, size_t errlen)
 {
-    if (c->n_layer <= 0 || c->n_embd <= 0 || c->n_ff <= 0 || c->n_head <= 0 || c->n_head_kv <= 0 ||
-        c->head_dim <= 0 || c->n_vocab <= 0 || c->n_head % c->n_head_kv != 0 || c->head_dim % 2 ||
-        c->rope_dim <= 0 || c->rope_dim > c->head_dim || c->rope_dim % 2 || !(c->norm_eps > 0) ||
-        !(c->rope_theta > 0) || c->n_layer > 100000 || c->n_embd > (1 << 20) || c->n_ff > (1 << 22) ||
-        c->n_head > 4096 || c->head_dim > 4096 || c->n_vocab > (1 << 24)) {
-        sl_seterr(err, errlen,
-               "bad model configuration (layers %d, embd %d, ff %d, heads %d/%d, head_dim %d, "
-               "rope_dim %d, vocab %d)",
-               c->n_layer, c->n_embd, c->n_ff, c->n_head, c->n_head_kv, c->head_dim, c->rope_dim,
-               c->n_vocab);
+    const struct { const char *key; int v, max; } sizes[] = {
+        {k->n_layer, c->n_layer, 100000}, {k->n_embd, c->n_embd, 1 << 20}, {k->n_ff, c->n_ff, 1 << 22},
+        {k->n_head, c->n_head, 4096}, {k->n_head_kv, c->n_head_kv, 4096}, {k->head_dim, c->head_dim, 4096},
+        {k->rope_dim, c->rope_dim, 4096}, {k->n_vocab, c->n_vocab, 1 << 24}, {k->n_ctx, c->n_ctx_train, 1 << 30},
+    };
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++)
+        if (sizes[i].v <= 0 || sizes[i].v > sizes[i].max) {
+            sl_seterr(err, errlen, "%s: %s is %d, expected 1 to %d", k->file, sizes[i].key, sizes[i].v, sizes[i].max);
+            return SL_EFORMAT;
+        }
+    if (c->n_head % c->n_head_kv != 0) {
+        sl_seterr(err, errlen, "%s: %s (%d) must divide %s (%d)", k->file, k->n_head_kv, c->n_head_kv, k->n_head,
+                  c->n_head);
+        return SL_EFORMAT;
+    }
+    if (c->head_dim % 2 || c->rope_dim % 2 || c->rope_dim > c->head_dim) {
+        sl_seterr(err, errlen, "%s: %s (%d) and %s (%d) must be even, the rotated part at most the head", k->file,
+                  k->head_dim, c->head_dim, k->rope_dim, c->rope_dim);
+        return SL_EFORMAT;
+    }
+    if (!(c->norm_eps > 0) || !isfinite(c->norm_eps) || c->norm_eps > 1) {
+        sl_seterr(err, errlen, "%s: %s is %g, expected a number in (0, 1]", k->file, k->eps, c->norm_eps);
+        return SL_EFORMAT;
+    }
+    if (!(c->rope_theta > 0) || !isfinite(c->rope_theta)) {
+        sl_seterr(err, errlen, "%s: %s is %g, expected a positive number", k->file, k->theta, c->rope_theta);
         return SL_EFORMAT;
     }
     if (c->rope_llama3_factor != 0.0f &&
-        (!(c->rope_llama3_factor > 0) || !(c->rope_llama3_high_freq > c->rope_llama3_low_freq) ||
-         !(c->rope_llama3_low_freq > 0) || c->rope_llama3_orig_ctx <= 0)) {
-        sl_seterr(err, errlen, "bad llama3 rope scaling parameters");
+        (!(c->rope_llama3_factor > 0) || !isfinite(c->rope_llama3_factor) ||
+         !(c->rope_llama3_high_freq > c->rope_llama3_low_freq) || !(c->rope_llama3_low_freq > 0) ||
+         !isfinite(c->rope_llama3_high_freq) || c->rope_llama3_orig_ctx <= 0)) {
+        sl_seterr(err, errlen,
+                  "%s: bad llama3 rope scaling (factor %g, low_freq_factor %g, high_freq_factor %g, "
+                  "original_max_position_embeddings %d)",
+                  k->file, c->rope_llama3_factor, c->rope_llama3_low_freq, c->rope_llama3_high_freq,
+                  c->rope_llama3_orig_ctx);
         return SL_EFORMAT;
     }
     return 0;
@@ -258,6 +296,8 @@ static void arch_traits(struct model_config *c)
 
 /* ---- GGUF ------------------------------------------------------------------ */
 
+/* A metadata value that is there but of the wrong type is an error naming
+ * the key, never the default: a default would run a different model. */
 static int gguf_int(const gguf_file *f, const char *arch, const char *key, int64_t def, bool req,
                     int *out, char *err, size_t errlen)
 {
@@ -265,8 +305,12 @@ static int gguf_int(const gguf_file *f, const char *arch, const char *key, int64
     int64_t v;
     snprintf(k, sizeof k, "%s.%s", arch, key);
     if (gguf_get_i64(f, k, &v) != 0) {
+        if (gguf_find(f, k) >= 0) {
+            sl_seterr(err, errlen, "GGUF key %s is not an integer", k);
+            return SL_EFORMAT;
+        }
         if (req) {
-            sl_seterr(err, errlen, "GGUF key %s missing or not an integer", k);
+            sl_seterr(err, errlen, "GGUF key %s missing", k);
             return SL_EFORMAT;
         }
         v = def;
@@ -279,12 +323,18 @@ static int gguf_int(const gguf_file *f, const char *arch, const char *key, int64
     return 0;
 }
 
-static float gguf_float(const gguf_file *f, const char *arch, const char *key, double def)
+static int gguf_float(const gguf_file *f, const char *arch, const char *key, double def, float *out, char *err,
+                      size_t errlen)
 {
     char k[128];
-    double v;
+    double v = def;
     snprintf(k, sizeof k, "%s.%s", arch, key);
-    return gguf_get_f64(f, k, &v) == 0 ? (float)v : (float)def;
+    if (gguf_get_f64(f, k, &v) != 0 && gguf_find(f, k) >= 0) {
+        sl_seterr(err, errlen, "GGUF key %s is not a floating-point number", k);
+        return SL_EFORMAT;
+    }
+    *out = (float)v;
+    return 0;
 }
 
 static int load_gguf(model *m, const char *path, char *err, size_t errlen)
@@ -318,23 +368,32 @@ static int load_gguf(model *m, const char *path, char *err, size_t errlen)
         (rc = gguf_int(f, arch, "rope.dimension_count", c->head_dim, false, &c->rope_dim, err,
                        errlen)))
         return rc;
-    c->norm_eps = gguf_float(f, arch, "attention.layer_norm_rms_epsilon", 1e-5);
-    c->rope_theta = gguf_float(f, arch, "rope.freq_base", 10000.0);
+    if ((rc = gguf_float(f, arch, "attention.layer_norm_rms_epsilon", 1e-5, &c->norm_eps, err, errlen)) ||
+        (rc = gguf_float(f, arch, "rope.freq_base", 10000.0, &c->rope_theta, err, errlen)))
+        return rc;
     c->rope_type = (c->arch == MODEL_ARCH_LLAMA || c->arch == MODEL_ARCH_MISTRAL) ? MODEL_ROPE_NORM
                                                                                   : MODEL_ROPE_NEOX;
     char k[128];
     snprintf(k, sizeof k, "%s.rope.scaling.type", arch);
+    if (gguf_find(f, k) >= 0 && gguf_get_str(f, k, &s) != 0) {
+        sl_seterr(err, errlen, "GGUF key %s is not a string", k);
+        return SL_EFORMAT;
+    }
     if (gguf_get_str(f, k, &s) == 0 && !(s.len == 4 && memcmp(s.p, "none", 4) == 0) &&
         !(s.len == 6 && memcmp(s.p, "llama3", 6) == 0)) {
         sl_seterr(err, errlen, "unsupported rope scaling '%.*s'", (int)(s.len < 32 ? s.len : 32), s.p);
         return SL_EUNSUP;
     }
     const struct gguf_tensor *te = gguf_find_tensor(f, "token_embd.weight");
-    c->n_vocab = te ? (int)te->ne[1] : 0;
+    c->n_vocab = te && te->ne[1] <= (1 << 30) ? (int)te->ne[1] : 0;
     arch_traits(c);
     c->tie_embeddings = gguf_find_tensor(f, "output.weight") == NULL;
-    if ((rc = check_config(c, err, errlen))) return rc;
+    if ((rc = check_config(c, &gguf_keys, err, errlen))) return rc;
     if ((rc = load_weights(m, &gguf_names, err, errlen))) return rc;
+    if (gguf_find(f, "tokenizer.chat_template") >= 0 && gguf_get_str(f, "tokenizer.chat_template", &s) != 0) {
+        sl_seterr(err, errlen, "GGUF key tokenizer.chat_template is not a string");
+        return SL_EFORMAT;
+    }
     if (gguf_get_str(f, "tokenizer.chat_template", &s) == 0) {
         m->chat_template = strndup(s.p, s.len);
         if (!m->chat_template) return SL_ENOMEM;
@@ -367,36 +426,66 @@ done:
     return buf;
 }
 
+/* config.json values: absent or null takes the default; present with the
+ * wrong type or out of range is an error naming the key (a default in its
+ * place would run a different model than the checkpoint describes). */
 static int jint(const json_doc *d, int obj, const char *key, int def, bool req, int *out,
                 char *err, size_t errlen)
 {
-    int i = json_get(d, obj, key);
+    int i = obj < 0 ? -1 : json_get(d, obj, key);
     int64_t v = def;
     if (i < 0 || json_is_null(d, i)) {
         if (req) {
             sl_seterr(err, errlen, "config.json: missing %s", key);
             return SL_EFORMAT;
         }
-    } else if (json_i64(d, i, &v) != 0 || v < 0 || v > (1LL << 30)) {
-        sl_seterr(err, errlen, "config.json: bad %s", key);
+    } else if (!json_is_num(d, i) || json_i64(d, i, &v) != 0) {
+        size_t n = 0;
+        const char *raw = json_raw(d, i, &n);
+        sl_seterr(err, errlen, "config.json: %s must be an integer, got %.*s", key, (int)(n < 40 ? n : 40), raw);
+        return SL_EFORMAT;
+    } else if (v < 0 || v > (1LL << 30)) {
+        sl_seterr(err, errlen, "config.json: %s is %lld, expected 0 to %d", key, (long long)v, 1 << 30);
         return SL_EFORMAT;
     }
     *out = (int)v;
     return 0;
 }
 
-static float jflt(const json_doc *d, int obj, const char *key, double def)
+static int jflt(const json_doc *d, int obj, const char *key, double def, float *out, char *err, size_t errlen)
 {
     int i = obj < 0 ? -1 : json_get(d, obj, key);
-    double v;
-    return i >= 0 && json_f64(d, i, &v) == 0 ? (float)v : (float)def;
+    double v = def;
+    if (i >= 0 && !json_is_null(d, i) && (!json_is_num(d, i) || json_f64(d, i, &v) != 0 || !isfinite(v))) {
+        size_t n = 0;
+        const char *raw = json_raw(d, i, &n);
+        sl_seterr(err, errlen, "config.json: %s must be a number, got %.*s", key, (int)(n < 40 ? n : 40), raw);
+        return SL_EFORMAT;
+    }
+    *out = (float)v;
+    return 0;
 }
 
-static bool jbool(const json_doc *d, int obj, const char *key, bool def)
+static int jbool(const json_doc *d, int obj, const char *key, bool def, bool *out, char *err, size_t errlen)
 {
     int i = json_get(d, obj, key);
-    bool v;
-    return i >= 0 && json_bool(d, i, &v) == 0 ? v : def;
+    *out = def;
+    if (i >= 0 && !json_is_null(d, i) && (!json_is_bool(d, i) || json_bool(d, i, out) != 0)) {
+        sl_seterr(err, errlen, "config.json: %s must be true or false", key);
+        return SL_EFORMAT;
+    }
+    return 0;
+}
+
+/* An optional object member: -1 when absent or null; -2 (error written) when
+ * it is something else. */
+static int jobj(const json_doc *d, int obj, const char *key, char *err, size_t errlen)
+{
+    int i = json_get(d, obj, key);
+    if (i < 0 || json_is_null(d, i)) return -1;
+    if (json_is_obj(d, i)) return i;
+    sl_seterr(err, errlen, "config.json: %s must be an object", key);
+    return -2;
 }
 
 static int hf_config(model *m, const char *dir, char *err, size_t errlen)
@@ -441,60 +530,80 @@ static int hf_config(model *m, const char *dir, char *err, size_t errlen)
         (rc = jint(&d, 0, "head_dim", c->n_head ? c->n_embd / c->n_head : 0, false, &c->head_dim,
                    err, errlen)))
         goto out;
-    rc = SL_EUNSUP;
     int act = json_get(&d, 0, "hidden_act");
-    if (act >= 0 && !json_str_eq(&d, act, "silu")) {
+    if (act >= 0 && !json_is_null(&d, act) && !json_is_str(&d, act)) {
+        sl_seterr(err, errlen, "config.json: hidden_act must be a string");
+        rc = SL_EFORMAT;
+        goto out;
+    }
+    rc = SL_EUNSUP;
+    if (act >= 0 && !json_is_null(&d, act) && !json_str_eq(&d, act, "silu")) {
         sl_seterr(err, errlen, "unsupported hidden_act (only silu)");
         goto out;
     }
+    bool attn_bias, mlp_bias;
+    if ((rc = jbool(&d, 0, "attention_bias", false, &attn_bias, err, errlen)) ||
+        (rc = jbool(&d, 0, "mlp_bias", false, &mlp_bias, err, errlen)))
+        goto out;
     if ((c->arch == MODEL_ARCH_LLAMA || c->arch == MODEL_ARCH_MISTRAL ||
-         c->arch == MODEL_ARCH_QWEN3) &&
-        (jbool(&d, 0, "attention_bias", false) || jbool(&d, 0, "mlp_bias", false))) {
+         c->arch == MODEL_ARCH_QWEN3) && (attn_bias || mlp_bias)) {
         sl_seterr(err, errlen, "unsupported: attention_bias/mlp_bias in a %s checkpoint",
                model_arch_name(c->arch));
+        rc = SL_EUNSUP;
         goto out;
     }
     c->rope_dim = c->head_dim;
-    c->norm_eps = jflt(&d, 0, "rms_norm_eps", 1e-6);
+    if ((rc = jflt(&d, 0, "rms_norm_eps", 1e-6, &c->norm_eps, err, errlen))) goto out;
     /* transformers < 5: rope_theta + rope_scaling; >= 5: rope_parameters */
-    int rp = json_get(&d, 0, "rope_parameters");
-    if (rp >= 0 && !json_is_obj(&d, rp)) rp = -1;
-    c->rope_theta = jflt(&d, rp, "rope_theta", jflt(&d, 0, "rope_theta", 10000.0));
-    int rs = json_get(&d, 0, "rope_scaling");
-    if (rs < 0 || !json_is_obj(&d, rs)) rs = rp;
+    rc = SL_EFORMAT;
+    int rp = jobj(&d, 0, "rope_parameters", err, errlen), rs = jobj(&d, 0, "rope_scaling", err, errlen);
+    if (rp == -2 || rs == -2) goto out;
+    if ((rc = jflt(&d, 0, "rope_theta", 10000.0, &c->rope_theta, err, errlen)) ||
+        (rc = jflt(&d, rp, "rope_theta", c->rope_theta, &c->rope_theta, err, errlen)))
+        goto out;
+    if (rs < 0) rs = rp;
     if (rs >= 0) {
         int t = json_get(&d, rs, "rope_type");
         if (t < 0) t = json_get(&d, rs, "type");
+        if (t >= 0 && !json_is_null(&d, t) && !json_is_str(&d, t)) {
+            sl_seterr(err, errlen, "config.json: rope_type must be a string");
+            rc = SL_EFORMAT;
+            goto out;
+        }
         if (t >= 0 && json_str_eq(&d, t, "llama3")) {
-            c->rope_llama3_factor = jflt(&d, rs, "factor", 0);
-            c->rope_llama3_low_freq = jflt(&d, rs, "low_freq_factor", 1.0);
-            c->rope_llama3_high_freq = jflt(&d, rs, "high_freq_factor", 4.0);
-            c->rope_llama3_orig_ctx = (int)jflt(&d, rs, "original_max_position_embeddings", 8192);
+            float orig = 8192;
+            if ((rc = jflt(&d, rs, "factor", 0, &c->rope_llama3_factor, err, errlen)) ||
+                (rc = jflt(&d, rs, "low_freq_factor", 1.0, &c->rope_llama3_low_freq, err, errlen)) ||
+                (rc = jflt(&d, rs, "high_freq_factor", 4.0, &c->rope_llama3_high_freq, err, errlen)) ||
+                (rc = jflt(&d, rs, "original_max_position_embeddings", 8192, &orig, err, errlen)))
+                goto out;
+            c->rope_llama3_orig_ctx = orig > 0 && orig < 1e9f ? (int)orig : 0;
             if (c->rope_llama3_factor <= 0) {
                 sl_seterr(err, errlen, "config.json: llama3 rope scaling without factor");
                 rc = SL_EFORMAT;
                 goto out;
             }
-        } else if (t >= 0 && !json_str_eq(&d, t, "default")) {
+        } else if (t >= 0 && !json_is_null(&d, t) && !json_str_eq(&d, t, "default")) {
             size_t tn = 0;
             const char *ts = json_raw(&d, t, &tn);
             sl_seterr(err, errlen, "unsupported rope scaling '%.*s'", (int)(tn < 32 ? tn : 32),
                    ts ? ts : "");
+            rc = SL_EUNSUP;
             goto out;
         }
     }
     /* Sliding-window attention is not implemented: cap the context at the
      * window, where full attention is exactly the same thing. */
-    int sw = json_get(&d, 0, "sliding_window"), usw = json_get(&d, 0, "use_sliding_window");
-    int64_t win;
     bool use_sw = c->arch == MODEL_ARCH_MISTRAL || c->arch == MODEL_ARCH_LLAMA;
-    if (usw >= 0) use_sw = jbool(&d, 0, "use_sliding_window", false);
-    if (use_sw && sw >= 0 && json_i64(&d, sw, &win) == 0 && win > 0 && win < c->n_ctx_train)
-        c->n_ctx_train = (int)win;
+    int win = 0;
+    if ((rc = jbool(&d, 0, "use_sliding_window", use_sw, &use_sw, err, errlen)) ||
+        (rc = jint(&d, 0, "sliding_window", 0, false, &win, err, errlen)))
+        goto out;
+    if (use_sw && win > 0 && win < c->n_ctx_train) c->n_ctx_train = win;
     c->rope_type = MODEL_ROPE_NEOX;
     arch_traits(c);
-    c->tie_embeddings = jbool(&d, 0, "tie_word_embeddings", false);
-    rc = check_config(c, err, errlen);
+    if ((rc = jbool(&d, 0, "tie_word_embeddings", false, &c->tie_embeddings, err, errlen))) goto out;
+    rc = check_config(c, &hf_keys, err, errlen);
 out:
     json_free(&d);
     free(src);
@@ -563,6 +672,65 @@ static void all_tensors(const model *m, const struct model_tensor **out, int *n)
             if (t[i]->data) out[k++] = t[i];
     }
     *n = k;
+}
+
+int model_check_weights(const model *m, char *err, size_t errlen)
+{
+    int cap = 4 + 14 * m->cfg.n_layer, n = 0;
+    const struct model_tensor **ts = malloc((size_t)cap * sizeof *ts);
+    if (!ts) {
+        sl_seterr(err, errlen, "out of memory");
+        return SL_ENOMEM;
+    }
+    all_tensors(m, ts, &n);
+    if (m->w.rope_freqs.data) ts[n++] = &m->w.rope_freqs;
+    /* per tensor: the first bad element, or -1; the lowest tensor is reported */
+    int64_t *bad = malloc((size_t)n * sizeof *bad);
+    float *badv = malloc((size_t)n * sizeof *badv);
+    int rc = 0;
+    if (!bad || !badv) {
+        sl_seterr(err, errlen, "out of memory");
+        rc = SL_ENOMEM;
+        goto done;
+    }
+    enum { CHUNK = 1 << 16 }; /* a multiple of every quantized block (32) */
+#pragma omp parallel
+    {
+        float *buf = malloc(CHUNK * sizeof *buf);
+#pragma omp for schedule(dynamic, 1)
+        for (int i = 0; i < n; i++) {
+            bad[i] = -1;
+            int64_t ne = model_tensor_nelem(ts[i]);
+            for (int64_t at = 0; buf && at < ne && bad[i] < 0; at += CHUNK) {
+                int64_t k = ne - at < CHUNK ? ne - at : CHUNK;
+                model_tensor_to_f32(ts[i], at, k, buf);
+                for (int64_t j = 0; j < k; j++)
+                    if (!isfinite(buf[j])) {
+                        bad[i] = at + j;
+                        badv[i] = buf[j];
+                        break;
+                    }
+            }
+            if (!buf) bad[i] = -2;
+        }
+        free(buf);
+    }
+    for (int i = 0; i < n && !rc; i++) {
+        if (bad[i] == -2) {
+            sl_seterr(err, errlen, "out of memory");
+            rc = SL_ENOMEM;
+        } else if (bad[i] >= 0) {
+            sl_seterr(err, errlen, "tensor %s holds %s at element %lld of %lld (%s): the weights are damaged",
+                      ts[i]->name, isnan(badv[i]) ? "NaN" : "an infinity", (long long)bad[i],
+                      (long long)model_tensor_nelem(ts[i]), model_dtype_name(ts[i]->dtype));
+            rc = SL_EFORMAT;
+        }
+    }
+done:
+    free(bad);
+    free(badv);
+    free(ts);
+    return rc;
 }
 
 /* Faults the mapped weights in, printing progress: only worth it (and only
@@ -643,7 +811,19 @@ model *model_load(const char *path, const struct model_load_opts *opts, char *er
         sl_seterr(err, errlen, "tokenizer (%s): %s", tp ? tp : path, terr);
         goto fail;
     }
+    /* A token the embedding has no row for would be found at the first
+     * request that uses it, deep in the forward pass; a smaller tokenizer
+     * is fine (embeddings are often padded to a round size). */
+    if (model_tok_n_vocab(m->tok) > m->cfg.n_vocab) {
+        sl_seterr(err, errlen,
+                  "the tokenizer (%s) has %d tokens but the model's vocabulary has %d (%s): token ids from %d up "
+                  "would have no embedding row",
+                  tp ? tp : path, model_tok_n_vocab(m->tok), m->cfg.n_vocab,
+                  dir ? "config.json vocab_size" : "token_embd.weight rows", m->cfg.n_vocab);
+        goto fail;
+    }
     if (opts && opts->progress) prefault_progress(m);
+    if (opts && opts->check_weights && !dummy && model_check_weights(m, err, errlen)) goto fail;
     return m;
 fail:
     model_free(m);

@@ -178,13 +178,21 @@ struct model_load_opts {
                                  model/loader_dummy.c) */
     const char *hf_overrides; /* NULL, or a JSON object applied to the config (vLLM's
                                  --hf-overrides; model/overrides.h says which keys apply) */
+    bool check_weights;       /* read every weight once and refuse a non-finite one
+                                 (model_check_weights; --check-weights) */
 };
 
 /* Loads a GGUF file or an HF checkpoint directory. Returns NULL with a
  * message in err on failure (a missing tensor, an unsupported architecture or
- * dtype are named). The model owns its mappings, config and tokenizer. */
+ * dtype, a config value of the wrong type or out of range are named; a
+ * tokenizer with more tokens than the model's vocabulary is refused with
+ * both sizes). The model owns its mappings, config and tokenizer. */
 model *model_load(const char *path, const struct model_load_opts *opts, char *err, size_t errlen);
 void model_free(model *m);
+/* Reads every weight (dequantized) and returns SL_EFORMAT with a message
+ * naming the first tensor that holds a NaN or an infinity (and where), or 0.
+ * Costs one pass over the weights' bytes (OpenMP threads); thread-safe. */
+int model_check_weights(const model *m, char *err, size_t errlen);
 
 const struct model_config *model_get_config(const model *m);
 const struct model_weights *model_get_weights(const model *m);

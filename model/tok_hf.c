@@ -377,14 +377,27 @@ static int load_tokenizer_config(const char *dir, model_tok *t, char *err, size_
         int v = json_get(&d, 0, keys[i]);
         if (v < 0 || json_is_null(&d, v)) continue;
         char *c = token_string(&d, v);
-        int32_t id = c ? model_tok_find(t, c, strlen(c)) : -1;
+        if (!c) {
+            SET_ERR("tokenizer_config.json: %s must be a string or an object with a string 'content'", keys[i]);
+            rc = SL_EFORMAT;
+            goto out;
+        }
+        int32_t id = model_tok_find(t, c, strlen(c));
         free(c);
         if (id < 0) continue; /* a name the vocab lacks: keep what tokenizer.json said */
         if (i == 0) t->bos = id;
         else t->eos = id;
     }
     bool b;
-    if (json_bool(&d, json_get(&d, 0, "add_bos_token"), &b) == 0) t->add_bos = b;
+    int ab = json_get(&d, 0, "add_bos_token");
+    if (ab >= 0 && !json_is_null(&d, ab) && json_bool(&d, ab, &b) != 0) {
+        /* a default here would silently prompt the model without (or with) its BOS */
+        SET_ERR("tokenizer_config.json: add_bos_token must be true or false");
+        rc = SL_EFORMAT;
+        goto out;
+    }
+    if (ab >= 0 && !json_is_null(&d, ab)) t->add_bos = b;
+out:
     json_free(&d);
     free(src);
     return rc;
@@ -400,8 +413,15 @@ static int load_generation_config(const char *dir, model_tok *t, char *err, size
     if (rc <= 0) return rc;
     rc = 0;
     int64_t v;
-    if (t->bos < 0 && json_i64(&d, json_get(&d, 0, "bos_token_id"), &v) == 0 && v >= 0 && v < t->n_vocab)
-        t->bos = (int32_t)v;
+    int bi = json_get(&d, 0, "bos_token_id");
+    if (bi >= 0 && !json_is_null(&d, bi) && json_i64(&d, bi, &v) != 0) {
+        SET_ERR("generation_config.json: bos_token_id must be an integer");
+        json_free(&d);
+        free(src);
+        return SL_EFORMAT;
+    }
+    /* an id past the vocabulary is left unused, as before: some checkpoints carry stale ones */
+    if (t->bos < 0 && bi >= 0 && !json_is_null(&d, bi) && v >= 0 && v < t->n_vocab) t->bos = (int32_t)v;
     int e = json_get(&d, 0, "eos_token_id");
     int n = json_is_arr(&d, e) ? json_size(&d, e) : (e >= 0 ? 1 : 0);
     for (int k = 0, i = json_is_arr(&d, e) ? e + 1 : e; k < n; k++, i = json_skip(&d, i)) {

@@ -971,11 +971,22 @@ static bool gstr_eq(struct gguf_str s, const char *z)
     return s.len == strlen(z) && memcmp(s.p, z, s.len) == 0;
 }
 
+/* A special token id: -1 when absent or past the vocabulary (a stale id is
+ * left unused), -2 when the key holds something other than an integer. */
 static int32_t gguf_id(const gguf_file *f, const char *key, int n_vocab)
 {
     int64_t v;
-    if (gguf_get_i64(f, key, &v) != 0 || v < 0 || v >= n_vocab) return -1;
+    if (gguf_get_i64(f, key, &v) != 0) return gguf_find(f, key) >= 0 ? -2 : -1;
+    if (v < 0 || v >= n_vocab) return -1;
     return (int32_t)v;
+}
+
+/* A key that is there with another type than the one read: a default in its
+ * place would tokenize differently from what the file says. */
+static bool gguf_mistyped(const gguf_file *f, const char *key, enum gguf_vtype want)
+{
+    int64_t i = gguf_find(f, key);
+    return i >= 0 && gguf_kv_type(f, i) != want;
 }
 
 model_tok *model_tok_from_gguf(const gguf_file *f, char *err, size_t errlen)
@@ -1045,6 +1056,13 @@ model_tok *model_tok_from_gguf(const gguf_file *f, char *err, size_t errlen)
     }
 
     char name[64] = "default";
+    if (gguf_mistyped(f, "tokenizer.ggml.pre", GGUF_VT_STRING) ||
+        gguf_mistyped(f, "tokenizer.ggml.add_bos_token", GGUF_VT_BOOL)) {
+        SET_ERR("tokenizer: GGUF key %s has the wrong type",
+                gguf_mistyped(f, "tokenizer.ggml.pre", GGUF_VT_STRING) ? "tokenizer.ggml.pre"
+                                                                        : "tokenizer.ggml.add_bos_token");
+        goto fail;
+    }
     if (gguf_get_str(f, "tokenizer.ggml.pre", &pre) == 0) {
         if (pre.len >= sizeof name) {
             SET_ERR("tokenizer: unknown pre-tokenizer '%.*s...' (tokenizer.ggml.pre)", 48, pre.p);
@@ -1055,12 +1073,15 @@ model_tok *model_tok_from_gguf(const gguf_file *f, char *err, size_t errlen)
     }
     if (tok_set_pre_name(t, name, err, errlen)) goto fail;
 
-    t->bos = gguf_id(f, "tokenizer.ggml.bos_token_id", n_vocab);
-    t->eos = gguf_id(f, "tokenizer.ggml.eos_token_id", n_vocab);
-    t->eot = gguf_id(f, "tokenizer.ggml.eot_token_id", n_vocab);
-    t->eom = gguf_id(f, "tokenizer.ggml.eom_token_id", n_vocab);
-    t->unk = gguf_id(f, "tokenizer.ggml.unknown_token_id", n_vocab);
-    t->pad = gguf_id(f, "tokenizer.ggml.padding_token_id", n_vocab);
+    static const char *const id_keys[] = {"tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
+                                           "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id",
+                                           "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.padding_token_id"};
+    int32_t *ids[] = {&t->bos, &t->eos, &t->eot, &t->eom, &t->unk, &t->pad};
+    for (size_t k = 0; k < sizeof id_keys / sizeof *id_keys; k++)
+        if ((*ids[k] = gguf_id(f, id_keys[k], n_vocab)) == -2) {
+            SET_ERR("tokenizer: GGUF key %s is not an integer", id_keys[k]);
+            goto fail;
+        }
     int ab;
     t->add_bos = gguf_get_bool(f, "tokenizer.ggml.add_bos_token", &ab) == 0 ? ab != 0
                                                                             : pre_lookup(name)->add_bos;
