@@ -27,10 +27,10 @@
 #                      batch-1 decode at 1K context, decode batches 8 / 64 / 256
 #   decode             decode at 1K context, batches 1, 2, 4, 8, 16, 64, 128, 256
 #   long               one 32K and one 131K-token prompt in chunks of 8192
-#                      (TTFT), then batch-1 decode over them
+#                      (TTFT), then batch-1 decode over them; each KV cache
 #   gemm               bench_gemm: the sustained cuBLAS GEMM ceiling at the power
 #                      cap, and the warpgroup GEMMs beside it
-#   attn               bench_attn: the prefill attention kernels
+#   attn               bench_attn: the prefill attention kernels, each KV cache
 #   kernels            bench_kernels: each decode kernel and GEMV alone
 #   nccl               bench_nccl: one all-reduce, NCCL and the peer kernel (2+ GPUs)
 #   power              the GPU's power and SM clock (nvidia-smi every 20 ms)
@@ -48,7 +48,9 @@
 #   attn, the served ones), --nccl (gpu, decode: every all-reduce through
 #   NCCL), --sluice=BIN (the served ones: another build, build/sluice),
 #   --serve-arg=FLAG (repeatable: more flags for the served ones' server or
-#   run-batch, e.g. --serve-arg=--batch-step-tokens=0).
+#   run-batch, e.g. --serve-arg=--batch-step-tokens=0), --model-args="..."
+#   (the served ones on another model; a dry run on the CPU:
+#   --model-args="tests/models/tiny-qwen3 --device cpu" --serve-arg=--max-model-len=2048).
 #
 # pack [FILE...]: the GPU test and bench binaries, build/sluice and FILEs,
 #   stripped and packed into .carry/bin.tar.xz (~2 MB: the binaries share
@@ -159,12 +161,18 @@ bench_one() {
     decode)
         timeout -k 5 300 "$B/tests/gpu/bench_gpu" $G --only=decode \
             --decode=2x1024,4x1024,8x1024,16x1024,64x1024,128x1024,256x1024 2>&1 | tee "$d/bench_gpu.log" ;;
-    long)
-        for s in 32768 131072; do
-            timeout -k 5 600 "$B/tests/gpu/bench_gpu" $G --long=$s 2>&1 | tee "$d/long_$s.log"
+    long) # each KV cache unless --kv-cache-dtype names one
+        for k in ${KVD:-auto fp8}; do
+            for s in 32768 131072; do
+                timeout -k 5 600 "$B/tests/gpu/bench_gpu" $G0 --kv-cache-dtype=$k --long=$s 2>&1 | tee "$d/long_${k}_$s.log"
+            done
         done ;;
     gemm) timeout -k 5 300 "$B/tests/gpu/bench_gemm" --wg 2>&1 | tee "$d/bench_gemm.log" ;;
-    attn) timeout -k 5 300 "$B/tests/gpu/bench_attn" $KV 2>&1 | tee "$d/bench_attn.log" ;;
+    attn)
+        for k in ${KVD:-auto fp8}; do
+            timeout -k 5 300 "$B/tests/gpu/bench_attn" $([ "$k" = auto ] || echo "--kv-cache-dtype=$k") 2>&1 |
+                tee "$d/bench_attn_$k.log"
+        done ;;
     kernels) timeout -k 5 300 "$B/tests/gpu/bench_kernels" 2>&1 | tee "$d/bench_kernels.log" ;;
     nccl)
         if [ "$ngpu" -lt 2 ]; then echo "nccl: needs 2+ GPUs, skipped"; return 0; fi
@@ -188,7 +196,8 @@ served() { # DIR NAME [OPTIONS]: scenarios.py with this run's common options
     local d=$1
     shift
     timeout -k 10 3300 python3 tests/gpu/scenarios.py --log "$d" --sluice "$SLUICE" ${TP:+--tp "$TP"} \
-        ${KVD:+--kv-cache-dtype "$KVD"} ${SERVE_ARGS[@]+"${SERVE_ARGS[@]}"} "$@" 2>&1 | tee "$d/client.log"
+        ${KVD:+--kv-cache-dtype "$KVD"} ${MA:+--model-args "$MA"} ${SERVE_ARGS[@]+"${SERVE_ARGS[@]}"} "$@" 2>&1 |
+        tee "$d/client.log"
 }
 
 power() { # DIR: bench_gemm and sustained prefill steps, the GPU sampled meanwhile
@@ -217,7 +226,7 @@ power() { # DIR: bench_gemm and sustained prefill steps, the GPU sampled meanwhi
 }
 
 bench() {
-    L=/tmp/sluice-gpu-bench TP="" KVD="" NCCL="" SLUICE=$B/sluice SERVE_ARGS=()
+    L=/tmp/sluice-gpu-bench TP="" KVD="" NCCL="" SLUICE=$B/sluice SERVE_ARGS=() MA=""
     local names=() a
     for a in "$@"; do
         case $a in
@@ -227,13 +236,14 @@ bench() {
         --nccl) NCCL=1 ;;
         --sluice=*) SLUICE=${a#--sluice=} ;;
         --serve-arg=*) SERVE_ARGS+=("--serve-arg=${a#--serve-arg=}") ;;
+        --model-args=*) MA=${a#--model-args=} ;;
         -*) usage ;;
         *) names+=("$a") ;;
         esac
     done
     [ ${#names[@]} -gt 0 ] || usage
-    G="${TP:+--tp=$TP} ${KVD:+--kv-cache-dtype=$KVD} ${NCCL:+--nccl}"
-    KV=${KVD:+--kv-cache-dtype=$KVD}
+    G0="${TP:+--tp=$TP} ${NCCL:+--nccl}"
+    G="$G0 ${KVD:+--kv-cache-dtype=$KVD}"
     mkdir -p "$L"
     nvidia-smi -L
     local rc=0
