@@ -97,7 +97,7 @@ test: $(BUILD)/sluice $(TEST_BINS) $(MODEL)
 
 ifeq ($(CUDA),1)
 gpu-test: $(BUILD)/sluice $(GPU_TEST_BINS) $(GPU_BENCH_BINS) $(BUILD)/tests/test_engine
-	@BUILD=$(BUILD) bash tests/gpu/run_gpu_tests.sh
+	@BUILD=$(BUILD) bash tests/gpu/run.sh check
 else
 gpu-test:
 	@echo "gpu-test: this build has no CUDA (nvcc not found or CUDA=0)"; exit 1
@@ -118,7 +118,7 @@ bench: $(BENCH_DEPS)
 	$(BUILD)/json_mask_bench
 	$(BUILD)/engine_bench
 	@if [ -x $(BUILD)/tests/gpu/bench_gpu ] && nvidia-smi -L >/dev/null 2>&1; then \
-	  NCCL_NVLS_ENABLE=0 $(BUILD)/tests/gpu/bench_gpu; else echo "bench: no GPU here, GPU benchmarks skipped"; fi
+	  BUILD=$(BUILD) bash tests/gpu/run.sh bench gpu; else echo "bench: no GPU here, GPU benchmarks skipped"; fi
 
 # Serves the default model on 127.0.0.1:8000 (the server prints a curl line to try).
 run: $(BUILD)/sluice $(MODEL)

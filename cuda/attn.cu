@@ -48,9 +48,8 @@
  * kernel widens 8 bytes at a time as it stages K and V. The prefill kernel's
  * cp.async copies land packed at the end of each stage and are widened to
  * the bf16 rows in place (kv8_widen); attn_wg.cu's kernel widens its stages
- * to f16 and runs f16 MMAs. The decode kernel always takes its
- * tensor-core math there and reads the e4m3 rows straight into f16 mma
- * fragments, two stages per warp (dec_tile).
+ * to f16 and runs f16 MMAs. The decode kernel reads the e4m3 rows straight
+ * into f16 mma fragments, two stages per warp (dec_tile).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -456,25 +455,22 @@ static __device__ __forceinline__ void tile_pv8(float (&o)[DT][4], const float (
  * Decode-only steps (one query token per item, its grp <= 8 heads; D 64 or
  * 128) where args carry split tickets (cnt). A block of DEC_NW warps takes one
  * item: each warp walks its own 32-key tiles of the item's range (tile w,
- * w + DEC_NW, ...) with no block barrier inside the loop. A tile's key rows
- * (lane = key, 16-byte chunks) and value rows (lane = DPL dims of every key)
- * are all requested before the first is used: one memory round trip per
- * tile. Scores with q broadcast from shared memory, an online softmax per
- * warp in the exp2 domain (the lanes keep partial sums; one warp sum at the
- * end), then P V with the weights passed round the warp.
+ * w + DEC_NW, ...) with no block barrier inside the loop. Each warp copies
+ * its tile's K and V rows into its own shared-memory stage with cp.async
+ * (the next tile's requested before this one is used), then S^T = q K^T and
+ * O += P V by mma.m16n8k16 with the group's heads as the rows, P rounded to
+ * bf16 as in the prefill kernel, and an online softmax in the exp2 domain.
+ * (The same math in SIMT, q broadcast from shared memory and P passed round
+ * the warp, was slower: batch 1 / 8 / 64 / 256 at 206.4 / 1246 / 8245 /
+ * 19185 tok/s against 217.5 / 1478 / 10260 / 23493 on the tensor cores,
+ * Llama-8B shape on the H200.)
  * The warps' states merge in shared memory in warp order. A split item
  * stores (max, sum, acc) partials (log2 domain) and takes a ticket; the last
  * of the token's splits to finish merges all of them in split order and
  * writes the output, then resets the ticket to 0: no combine launch, and the
- * result does not depend on which split finished last.
- * The tile math runs on the tensor cores by default (TC: each warp copies its
- * 32-key K and V tile into its own shared-memory stage with cp.async, then
- * S^T = q K^T and O += P V by mma.m16n8k16 with the group's heads as the
- * rows, P rounded to bf16 as in the prefill kernel); the SIMT math above is
- * kept for SLUICE_CUDA_ATTN_DEC_TC=0 (bf16 cache only). Both write the same
- * partials. */
+ * result does not depend on which split finished last. */
 #define DEC_NW 4
-/* The tensor-core variant's warp tile: BN keys; a warp stages its tile's K
+/* The warp tile: BN keys; a warp stages its tile's K
  * rows then V rows, RSB bytes each: [BN][D + 8] bf16 (ldmatrix reads it), or
  * with the fp8 cache [D + 16] bytes ([D] at D 128, SW below) read straight
  * into f16 mma fragments (no widening pass), in two stages per warp (at most
@@ -531,14 +527,13 @@ static __device__ __forceinline__ void dec_load_kv(const struct cuda_attn_args &
     cp_async_commit();
 }
 
-template <int D, int GM, bool TC, bool KV8, bool MREG = false>
+template <int D, int GM, bool KV8, bool MREG = false>
 static __device__ __forceinline__ void attn_dec_body(const struct cuda_attn_args &a)
 {
-    static_assert(TC || !KV8, "the fp8 KV cache takes the tensor-core math");
-    constexpr int DPL = D / 32, NC = D / 8, DP = D + 8;
+    constexpr int DP = D + 8;
     __shared__ float Wm[DEC_NW][GM], Wl[DEC_NW][GM];
     __shared__ int last;
-    extern __shared__ __align__(16) uint16_t dsm[]; /* TC: dec_tc_smem's layout */
+    extern __shared__ __align__(16) uint16_t dsm[]; /* dec_tc_smem's layout */
     struct cuda_attn_item wi;
     if (!attn_item(a, false, wi)) {
         /* an idle block (the grid is sized for the graph's longest step)
@@ -547,8 +542,7 @@ static __device__ __forceinline__ void attn_dec_body(const struct cuda_attn_args
          * still ran. Block (0, 0) works whenever any does; it waits anyway,
          * so that this kernel's completion implies its predecessors' even
          * with no item. Not in the 3-blocks-an-SM build (MREG), where batch
-         * 64 lost 1.1% with this and the early cos/sin below (BENCHMARKS.md,
-         * twenty-sixth round) */
+         * 64 lost 1.1% with this and the early cos/sin below */
         if (MREG || (blockIdx.x == 0 && blockIdx.y == 0)) pdl_wait();
         return;
     }
@@ -558,32 +552,25 @@ static __device__ __forceinline__ void attn_dec_body(const struct cuda_attn_args
     const float qscale = a.scale * 1.4426950408889634f; /* log2(e): exp2 below */
     using TL = dec_tile<D, KV8>;
     uint8_t *stage = (uint8_t *)dsm + (size_t)w * TL::SB;
-    /* the warps' states: warp v's [GM][D] at Wa + v * WS (TC: in its own stages) */
-    constexpr int WS = TC ? TL::SB / 4 : GM * D;
-    float *Wa;
-    if constexpr (TC) {
-        Wa = (float *)dsm;
-    } else {
-        __shared__ float Wa_s[DEC_NW][GM][D];
-        Wa = &Wa_s[0][0][0];
-    }
+    /* the warps' states: warp v's [GM][D] at Wa + v * WS, in its own stages */
+    constexpr int WS = TL::SB / 4;
+    float *const Wa = (float *)dsm;
     int hi = wi.kv_hi < a.pos[t] + 1 ? wi.kv_hi : a.pos[t] + 1;
-    /* TC: every warp's first tile is requested before q is ready. In the
+    /* every warp's first tile is requested before q is ready. In the
      * split that writes the token's K and V (own) the token's row is left
      * out: RoPE below writes it into the stage as well as into the cache
      * (unswizzled stages; with the swizzled fp8 stages own's warps load
      * after the KV write). The split holding the token was the last to
-     * finish: batch-1 decode 220.4-220.7 -> 222.4-222.8 tok/s (BENCHMARKS.md,
-     * twenty-second round). */
+     * finish: batch-1 decode 220.4-220.7 -> 222.4-222.8 tok/s. */
     int tpos = a.pos[t];
     bool own = a.rope.qkv && tpos >= wi.kv_lo && tpos < wi.kv_hi; /* this split writes the token's K and V */
-    const bool early = TC && (!own || !TL::SW);
+    const bool early = !own || !TL::SW;
     const int wp = (tpos - wi.kv_lo) / TL::BN; /* own: the warp whose first tile holds the token, if < DEC_NW */
     if (early && wi.kv_lo + TL::BN * w < hi)
         dec_load_kv<D, KV8>(a, bt, g, wi.kv_lo + TL::BN * w, hi, stage, own ? tpos : -1);
     /* RoPE's cos and sin at the token's position (tables no kernel
      * writes) before the wait: the q path after it is then one round trip,
-     * not two (batch-1 decode +0.3%, BENCHMARKS.md, twenty-sixth round).
+     * not two (batch-1 decode +0.3%).
      * The plain build only, as the idle blocks' exit above */
     constexpr int RV = D / 32;
     rope_cs<RV> rcs;
@@ -633,96 +620,7 @@ static __device__ __forceinline__ void attn_dec_body(const struct cuda_attn_args
             Qb[i / D][i % D] = a.q[((size_t)t * a.H + g * grp + i / D) * D + i % D];
     }
     __syncthreads();
-    if constexpr (!TC) {
-        __shared__ float Qs[GM][D];
-        for (int i = threadIdx.x; i < GM * D; i += blockDim.x) {
-            int r = i / D, d = i % D;
-            Qs[r][d] = r < grp ? bf2f(Qb[r][d]) * qscale : 0.0f;
-        }
-        __syncthreads();
-        float m[GM], l[GM], acc[GM][DPL];
-#pragma unroll
-        for (int r = 0; r < GM; r++) {
-            m[r] = -INFINITY, l[r] = 0.0f;
-#pragma unroll
-            for (int i = 0; i < DPL; i++) acc[r][i] = 0.0f;
-        }
-        for (int k0 = wi.kv_lo + 32 * w; k0 < hi; k0 += 32 * DEC_NW) {
-            int kp = k0 + lane, bs = a.block_size;
-            bool ok = kp < hi;
-            int slot = ok ? bt[kp / bs] * bs + kp % bs : -1;
-            /* the tile's keys and values, every load issued before the first
-             * use: lane = key for K (its 16-byte chunks), lane = DPL dims of
-             * every key for V (slots passed round the warp) */
-            uint4 kr[NC];
-            const uint4 *src = (const uint4 *)((const uint16_t *)a.kc + ((size_t)(ok ? slot : 0) * KVH + g) * D);
-#pragma unroll
-            for (int c = 0; c < NC; c++) kr[c] = ok ? src[c] : make_uint4(0, 0, 0, 0);
-            uint32_t vr[32][DPL / 2];
-#pragma unroll
-            for (int j = 0; j < 32; j++) {
-                int sj = __shfl_sync(0xffffffffu, slot, j);
-                const uint16_t *vsrc = (const uint16_t *)a.vc + ((size_t)(sj < 0 ? 0 : sj) * KVH + g) * D + lane * DPL;
-                if constexpr (DPL == 4) {
-                    uint2 v2 = sj >= 0 ? *(const uint2 *)vsrc : make_uint2(0, 0);
-                    vr[j][0] = v2.x, vr[j][1] = v2.y;
-                } else {
-                    vr[j][0] = sj >= 0 ? *(const uint32_t *)vsrc : 0u;
-                }
-            }
-            float s[GM];
-#pragma unroll
-            for (int r = 0; r < GM; r++) s[r] = 0.0f;
-#pragma unroll
-            for (int c = 0; c < NC; c++) {
-                const uint16_t *kh = (const uint16_t *)&kr[c];
-#pragma unroll
-                for (int e = 0; e < 8; e++) {
-                    float kf = bf2f(kh[e]);
-#pragma unroll
-                    for (int r = 0; r < GM; r++) s[r] += Qs[r][c * 8 + e] * kf;
-                }
-            }
-            float p[GM];
-#pragma unroll
-            for (int r = 0; r < GM; r++) {
-                if (r >= grp) {
-                    p[r] = 0.0f;
-                    continue;
-                }
-                float mn = fmaxf(m[r], warp_max(ok ? s[r] : -INFINITY)); /* finite: lane 0's key is in range */
-                p[r] = ok ? exp2f(s[r] - mn) : 0.0f;
-                float corr = exp2f(m[r] - mn);
-                l[r] = l[r] * corr + p[r];
-                m[r] = mn;
-#pragma unroll
-                for (int i = 0; i < DPL; i++) acc[r][i] *= corr;
-            }
-#pragma unroll
-            for (int j = 0; j < 32; j++) {
-                float vf[DPL];
-#pragma unroll
-                for (int i = 0; i < DPL / 2; i++) {
-                    vf[2 * i] = __uint_as_float(vr[j][i] << 16);
-                    vf[2 * i + 1] = __uint_as_float(vr[j][i] & 0xffff0000u);
-                }
-#pragma unroll
-                for (int r = 0; r < GM; r++) {
-                    if (r >= grp) continue;
-                    float pj = __shfl_sync(0xffffffffu, p[r], j);
-#pragma unroll
-                    for (int i = 0; i < DPL; i++) acc[r][i] += pj * vf[i];
-                }
-            }
-        }
-#pragma unroll
-        for (int r = 0; r < GM; r++) {
-            float ls = warp_sum(l[r]);
-            if (lane == 0) Wm[w][r] = m[r], Wl[w][r] = ls;
-#pragma unroll
-            for (int i = 0; i < DPL; i++) Wa[w * WS + r * D + lane * DPL + i] = acc[r][i];
-        }
-    } else {
+    {
         /* tensor cores (mma.m16n8k16, the fragment layouts of the prefill
          * kernel below): S^T = q K^T with the heads as the 16 rows (rows past
          * grp zero), P in bf16 (f16 with fp8 K and V), O += P V; lane 4 gq +
@@ -844,7 +742,7 @@ static __device__ __forceinline__ void attn_dec_body(const struct cuda_attn_args
      * not two. Only in the 3-blocks-an-SM build: decode at 1K context, batch
      * 8 1582-1587 -> 1609-1614 tok/s, batch 64 +0.6%; in the plain build
      * ptxas then gives the kernel 156 registers, not 169, and batch 1 lost
-     * 0.5% (BENCHMARKS.md, twenty-fifth round) */
+     * 0.5% */
     constexpr int NO = (GM * D + 32 * DEC_NW - 1) / (32 * DEC_NW), KR = 64 / NO;
     const bool reg = MREG && ns <= KR;
     float pa[NO][KR];
@@ -856,13 +754,12 @@ static __device__ __forceinline__ void attn_dec_body(const struct cuda_attn_args
             for (int k = 0; k < KR; k++)
                 pa[m][k] = i < grp * D && k < ns ? __ldcg(pbase + r * prow + 2 + d + k * (D + 2)) : 0.0f;
         }
-    /* the plain build (a.dec_msm, SLUICE_CUDA_DEC_MSM=0 turns it off): the
-     * partials it merges copied into its stages (free now) by cp.async (L2
-     * only), one round of loads where the pairs' and the accumulators' took
-     * two; registers stay as they were (169), unlike MREG's: batch-1 decode
-     * 241.8-242.6 -> 242.6-242.9 tok/s (BENCHMARKS.md, twenty-fifth round) */
+    /* the plain build, where they fit: the partials it merges copied into
+     * its stages (free now) by cp.async (L2 only), one round of loads where
+     * the pairs' and the accumulators' took two; registers stay as they were
+     * (169), unlike MREG's: batch-1 decode 241.8-242.6 -> 242.6-242.9 tok/s */
     const int pst = (ns * (D + 2) + 3) & ~3; /* floats per row r in the copy */
-    const bool msm = TC && !MREG && (size_t)grp * pst * 4 <= (size_t)DEC_NW * dec_tile<D, KV8>::SB && a.dec_msm;
+    const bool msm = !MREG && (size_t)grp * pst * 4 <= (size_t)DEC_NW * dec_tile<D, KV8>::SB;
     const float *ps = (const float *)dsm;
     if (msm) {
         for (int i = threadIdx.x; i < grp * (pst / 4); i += blockDim.x) {
@@ -875,8 +772,7 @@ static __device__ __forceinline__ void attn_dec_body(const struct cuda_attn_args
     }
     /* each row's split weights by one warp, lane k for split k (ns <=
      * CUDA_ATTN_MAXSPLIT = 32), by shuffles: one barrier, not two, and no
-     * serial loop over the splits (batch-1 decode +0.3%, batch 8 +0.5%;
-     * BENCHMARKS.md, twenty-sixth round) */
+     * serial loop over the splits (batch-1 decode +0.3%, batch 8 +0.5%) */
     static_assert(CUDA_ATTN_MAXSPLIT <= 32, "a lane per split");
     for (int r = w; r < grp; r += DEC_NW) {
         const bool ok = lane < ns;
@@ -924,58 +820,47 @@ static __device__ __forceinline__ void attn_dec_body(const struct cuda_attn_args
     if (threadIdx.x == 0) a.cnt[t * KVH + g] = 0;
 }
 
-template <int D, int GM, bool TC, bool KV8>
+template <int D, int GM, bool KV8>
 static __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(struct cuda_attn_args a)
 {
-    attn_dec_body<D, GM, TC, KV8>(a);
+    attn_dec_body<D, GM, KV8>(a);
 }
 /* The same held to 3 blocks an SM (at most 168 registers; the plain build
  * takes 169-171 at D 128 with the bf16 cache, so 2 blocks an SM, and runs
  * each block faster). For steps of more blocks than fit 2 an SM
  * (a.dec_wide): decode at 1K context, batch 4 / 8 / 16 / 256 +1.3 / +3.3 /
- * +4.1 / +11.6%; but batch 1 -1.3% and batch 2 -0.7% (BENCHMARKS.md,
- * twenty-fourth round) */
-template <int D, int GM, bool TC, bool KV8>
+ * +4.1 / +11.6%; but batch 1 -1.3% and batch 2 -0.7%, hence the 32 token x
+ * KV-head pairs a GPU from which the backend takes it */
+template <int D, int GM, bool KV8>
 static __global__ void __launch_bounds__(32 * DEC_NW, 3) attn_dec_kernel3(struct cuda_attn_args a)
 {
-    attn_dec_body<D, GM, TC, KV8, true>(a);
+    attn_dec_body<D, GM, KV8, true>(a);
 }
 
-/* The kernel for args a: GM 4 or 8 and, for a.dec_wide at D 128 on the
- * tensor cores, the build held to 3 blocks an SM */
-template <int D, bool TC, bool KV8>
+/* The kernel for args a: GM 4 or 8 and, for a.dec_wide at D 128, the build
+ * held to 3 blocks an SM */
+template <int D, bool KV8>
 static void (*dec_kernel_for(const struct cuda_attn_args *a))(struct cuda_attn_args)
 {
     bool g4 = a->H / a->KVH <= 4;
-    if constexpr (TC && D == 128)
-        if (a->dec_wide) return g4 ? attn_dec_kernel3<D, 4, TC, KV8> : attn_dec_kernel3<D, 8, TC, KV8>;
-    return g4 ? attn_dec_kernel<D, 4, TC, KV8> : attn_dec_kernel<D, 8, TC, KV8>;
+    if constexpr (D == 128)
+        if (a->dec_wide) return g4 ? attn_dec_kernel3<D, 4, KV8> : attn_dec_kernel3<D, 8, KV8>;
+    return g4 ? attn_dec_kernel<D, 4, KV8> : attn_dec_kernel<D, 8, KV8>;
 }
 
-template <int D, bool TC, bool KV8>
+template <int D, bool KV8>
 static cudaError_t launch_dec(const struct cuda_attn_args *a, cudaStream_t st)
 {
     dim3 grid(a->max_items, a->KVH), blk(32 * DEC_NW);
     bool g4 = a->H / a->KVH <= 4;
-    size_t sm = !TC ? 0 : g4 ? dec_tc_smem<D, 4, KV8>() : dec_tc_smem<D, 8, KV8>();
+    size_t sm = g4 ? dec_tc_smem<D, 4, KV8>() : dec_tc_smem<D, 8, KV8>();
     /* launched early by PDL (its blocks request their first K/V tiles while
-     * the qkv GEMV finishes; SLUICE_CUDA_ATTN_PDL=0: a plain launch): batch-1
-     * decode 227.9-228.0 -> 231.4 tok/s once the qkv GEMV ran in one wave
-     * (BENCHMARKS.md, twenty-third round; before, 1.45 waves, it did not
-     * pay). No early trigger for the next kernel: letting the o
-     * projection's GEMV start loading weights while this kernel runs
-     * measured slower (BENCHMARKS.md: batch-1 decode 207.3 vs 217.5 tok/s) */
-    static const bool early = [] {
-        const char *e = getenv("SLUICE_CUDA_ATTN_PDL");
-        return !(e && strcmp(e, "0") == 0);
-    }();
-    static const bool msm = [] { /* the plain build's merge from shared memory (attn_dec_body) */
-        const char *e = getenv("SLUICE_CUDA_DEC_MSM");
-        return !(e && strcmp(e, "0") == 0);
-    }();
-    struct cuda_attn_args b = *a;
-    b.dec_msm = msm;
-    return pdl_launch_as(early, dec_kernel_for<D, TC, KV8>(a), grid, blk, sm, st, b);
+     * the qkv GEMV finishes): batch-1 decode 227.9-228.0 -> 231.4 tok/s once
+     * the qkv GEMV ran in one wave (before, at 1.45 waves, it did not pay).
+     * No early trigger for the next kernel: letting the o projection's GEMV
+     * start loading weights while this kernel runs measured slower (batch-1
+     * decode 207.3 vs 217.5 tok/s) */
+    return pdl_launch_as(true, dec_kernel_for<D, KV8>(a), grid, blk, sm, st, *a);
 }
 
 /* ---- tensor-core kernel (prefill tiles) -------------------------------------- */
@@ -1148,11 +1033,11 @@ static cudaError_t set_smem_tc(cudaError_t e)
 {
     e = smem_limit(attn_tc_kernel<D, 4, KV8>, tc_smem<D>(), e);
     e = smem_limit(attn_tc_kernel<D, 8, KV8>, tc_smem<D>(), e);
-    e = smem_limit(attn_dec_kernel<D, 4, true, KV8>, (int)dec_tc_smem<D, 4, KV8>(), e);
-    e = smem_limit(attn_dec_kernel<D, 8, true, KV8>, (int)dec_tc_smem<D, 8, KV8>(), e);
+    e = smem_limit(attn_dec_kernel<D, 4, KV8>, (int)dec_tc_smem<D, 4, KV8>(), e);
+    e = smem_limit(attn_dec_kernel<D, 8, KV8>, (int)dec_tc_smem<D, 8, KV8>(), e);
     if constexpr (D == 128) {
-        e = smem_limit(attn_dec_kernel3<D, 4, true, KV8>, (int)dec_tc_smem<D, 4, KV8>(), e);
-        e = smem_limit(attn_dec_kernel3<D, 8, true, KV8>, (int)dec_tc_smem<D, 8, KV8>(), e);
+        e = smem_limit(attn_dec_kernel3<D, 4, KV8>, (int)dec_tc_smem<D, 4, KV8>(), e);
+        e = smem_limit(attn_dec_kernel3<D, 8, KV8>, (int)dec_tc_smem<D, 8, KV8>(), e);
     }
     return e;
 }
@@ -1217,28 +1102,12 @@ static cudaError_t launch_tc(const struct cuda_attn_args *a, cudaStream_t st)
 
 extern "C" int cuda_attention_dec_ok(int D, int grp) { return (D == 64 || D == 128) && grp >= 1 && grp <= 8; }
 
-/* The decode kernel's tile math: tensor cores unless
- * SLUICE_CUDA_ATTN_DEC_TC=0 (SIMT). Llama-8B shape on the H200
- * (BENCHMARKS.md): batch 1 / 8 / 64 / 256 at 217.5 / 1478 / 10260 / 23493
- * tok/s on the tensor cores against 206.4 / 1246 / 8245 / 19185 in SIMT.
- * Read at the first call. */
-static int dec_tc = -1;
-static bool dec_use_tc(void)
-{
-    if (dec_tc < 0) {
-        const char *e = getenv("SLUICE_CUDA_ATTN_DEC_TC");
-        dec_tc = !(e && strcmp(e, "0") == 0);
-    }
-    return dec_tc;
-}
-extern "C" void cuda_attention_dec_select(int tc) { dec_tc = tc < 0 ? -1 : tc ? 1 : 0; }
 
 /* the kernel for a's step (cuda_attention, below) */
 template <bool KV8>
 static cudaError_t attention(const struct cuda_attn_args *a, bool dec, cudaStream_t st)
 {
-    if (dec && (KV8 || dec_use_tc())) return a->D == 64 ? launch_dec<64, true, KV8>(a, st) : launch_dec<128, true, KV8>(a, st);
-    if (dec) return a->D == 64 ? launch_dec<64, false, false>(a, st) : launch_dec<128, false, false>(a, st);
+    if (dec) return a->D == 64 ? launch_dec<64, KV8>(a, st) : launch_dec<128, KV8>(a, st);
     if (a->max_rows > CUDA_ATTN_ROWS) {
         if (a->max_rows > CUDA_ATTN_TC_ROWS || !cuda_attention_tc_ok(a->D, a->H / a->KVH))
             return cudaErrorInvalidValue;

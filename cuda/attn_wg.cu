@@ -47,10 +47,10 @@
  * warps gather by cp.async, then widen. bench_attn (fp8): 16K in 8 chunks
  * 455 TFLOP/s, 8 prompts 327, one prompt 265, against 547 / 363 / 308 with
  * bf16 on the same host and 210 / 182 / 151 on attn_tc_kernel; without the
- * widening (SLUICE_CUDA_ATTN_WG8_ABLATE=1, outputs wrong) it runs at 586 /
+ * widening (cuda_tuning.attn_wg8_skip_widen, outputs wrong) it runs at 586 /
  * 381 / 325: the widening is what fp8 costs here.
  *
- * bench_attn on an H200 (BENCHMARKS.md): a 16K context in 8 chunks at
+ * bench_attn on an H200: a 16K context in 8 chunks at
  * 537-574 TFLOP/s (attn_tc_kernel 212; 329 with the cp.async gather), a
  * 2048-token prompt at 311-313 (150), 8 such prompts in one step at 372-375. */
 #include <stdlib.h>
@@ -58,6 +58,7 @@
 
 #include "cuda/bf16.cuh"
 #include "cuda/kernels.h"
+#include "cuda/tuning.h"
 #include "cuda/tile.cuh"
 #include "cuda/wgmma.cuh"
 
@@ -213,10 +214,10 @@ static __device__ __forceinline__ void wg_widen(uint32_t ks, int t)
     }
 }
 
-/* The consumers take turns at the tensor cores (PP, FlashAttention-3's
- * ping-pong; SLUICE_CUDA_ATTN_PP=0 turns it off): a warpgroup issues a
- * tile's MMAs only after the other has issued its own, so one's softmax runs
- * while the other's MMAs do. Named barrier 3 + c is consumer c's turn: it
+/* The consumers take turns at the tensor cores (FlashAttention-3's
+ * ping-pong): a warpgroup issues a tile's MMAs only after the other has
+ * issued its own, so one's softmax runs while the other's MMAs do (4% on
+ * short prompts, even at 16K; the consumers issuing without turns lost). Named barrier 3 + c is consumer c's turn: it
  * waits there (bar.sync, its 128 threads) until the other has passed it the
  * turn (bar.arrive, the other's 128 threads). */
 static __device__ __forceinline__ void turn_wait(int cw)
@@ -231,7 +232,7 @@ static __device__ __forceinline__ void turn_pass(int cw)
 
 /* The kernel (see the top of the file); tma: the bulk tensor copies with
  * the maps tk and tv, else the cp.async gather. */
-template <bool PP, bool KV8>
+template <bool KV8>
 static __global__ void __launch_bounds__(WG_THR, 1)
     attn_wg_kernel(struct cuda_attn_args a, const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
                    int tma, int a8_skip)
@@ -361,7 +362,7 @@ static __global__ void __launch_bounds__(WG_THR, 1)
     const bool live = __shfl_sync(0xffffffffu, cw * 64 < nrows ? 1 : 0, 0);
     int gn = 0x7fffffff; /* the warpgroup's smallest row position */
     for (int v = 4 * cw; v < 4 * cw + 4; v++) gn = min(gn, gmin[v]);
-    if (PP && cw == 0 && ntile > 0) turn_pass(1); /* warpgroup 0 has the first turn */
+    if (cw == 0 && ntile > 0) turn_pass(1); /* warpgroup 0 has the first turn */
     float o[64];
 #pragma unroll
     for (int i = 0; i < 64; i++) o[i] = 0.0f;
@@ -403,17 +404,17 @@ static __global__ void __launch_bounds__(WG_THR, 1)
         if (overlap) { /* O += P_{t-1} V_{t-1} too, committed after S_t */
             const uint32_t vprev = kv0 + ((ti + 2) % 3) * 2 * WG_TILE + WG_TILE;
             fence_pv();
-            if (PP) turn_wait(cw);
+            turn_wait(cw);
             wg_fence();
             issue_s(kb);
             issue_pv(vprev);
-            if (PP) turn_pass(cw);
+            turn_pass(cw);
             wg_wait<1>(); /* S_t */
         } else {
-            if (PP) turn_wait(cw);
+            turn_wait(cw);
             wg_fence();
             issue_s(kb);
-            if (PP) turn_pass(cw);
+            turn_pass(cw);
             wg_wait<0>();
         }
         acc_fence(s);
@@ -496,10 +497,10 @@ static __global__ void __launch_bounds__(WG_THR, 1)
         }
         const uint32_t vlast = kv0 + ((ntile - 1) % 3) * 2 * WG_TILE + WG_TILE;
         fence_pv();
-        if (PP) turn_wait(cw);
+        turn_wait(cw);
         wg_fence();
         issue_pv(vlast);
-        if (PP && cw == 0) turn_pass(cw); /* the last turn: warpgroup 1's pass would have no taker */
+        if (cw == 0) turn_pass(cw); /* the last turn: warpgroup 1's pass would have no taker */
         wg_wait<0>();
         acc_fence(o);
     } else {
@@ -507,10 +508,10 @@ static __global__ void __launch_bounds__(WG_THR, 1)
          * (a wait for every tile, so it hands none back twice in a phase) */
         for (int ti = 0; ti < ntile; ti++) {
             ready(ti);
-            if (PP) turn_wait(cw), turn_pass(cw);
+            turn_wait(cw), turn_pass(cw);
             if (ti > 0 && lane == 0) mbar_arrive(empty + 8 * ((ti + 2) % 3));
         }
-        if (PP && ntile > 0) { /* and the turn of the last P V */
+        if (ntile > 0) { /* and the turn of the last P V */
             turn_wait(cw);
             if (cw == 0) turn_pass(cw);
         }
@@ -520,14 +521,9 @@ static __global__ void __launch_bounds__(WG_THR, 1)
 }
 
 /* whether this device runs the kernel (compute capability 9.0: the sm_90a
- * code) unless SLUICE_CUDA_ATTN_WG=0; read once, or set by
- * cuda_attention_wg_select */
+ * code), unless cuda_attention_wg_select(0) turned it off */
 static int wg_on = -1;
-extern "C" void cuda_attention_wg_select(int on)
-{
-    const char *e = getenv("SLUICE_CUDA_ATTN_WG");
-    wg_on = on >= 0 ? on && wg_sm90() : !(e && strcmp(e, "0") == 0) && wg_sm90();
-}
+extern "C" void cuda_attention_wg_select(int on) { wg_on = on != 0 && wg_sm90(); }
 
 extern "C" int cuda_attention_wg_ok(const struct cuda_attn_args *a)
 {
@@ -537,10 +533,9 @@ extern "C" int cuda_attention_wg_ok(const struct cuda_attn_args *a)
 
 extern "C" cudaError_t cuda_attention_wg_prepare(void)
 {
-    const void *k[] = {(const void *)attn_wg_kernel<true, false>, (const void *)attn_wg_kernel<false, false>,
-                       (const void *)attn_wg_kernel<true, true>, (const void *)attn_wg_kernel<false, true>};
+    const void *k[] = {(const void *)attn_wg_kernel<false>, (const void *)attn_wg_kernel<true>};
     cudaError_t e = cudaSuccess;
-    for (int i = 0; i < 4 && e == cudaSuccess; i++)
+    for (int i = 0; i < 2 && e == cudaSuccess; i++)
         e = cudaFuncSetAttribute(k[i], cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM);
     return e == cudaErrorInvalidDeviceFunction ? cudaSuccess : e; /* no sm_90a code for this device */
 }
@@ -551,15 +546,11 @@ extern "C" cudaError_t cuda_attention_wg_prepare(void)
  * swizzle: 16 rows of 128 bytes, the staging layout).
  * The slot count is a bound the kernel never reaches (it reads only slots
  * of the block table). cuTensorMapEncodeTiled comes from the driver through
- * the runtime (no -lcuda); SLUICE_CUDA_ATTN_TMA=0 keeps the cp.async
- * gather. false where either is missing. */
+ * the runtime (no -lcuda). false where either is missing: the kernel then
+ * gathers by cp.async (329 against 537-574 TFLOP/s at 16K context). */
 static bool tm_make(CUtensorMap *m, const void *base, int KVH, bool kv8)
 {
-    static const bool off = [] {
-        const char *e = getenv("SLUICE_CUDA_ATTN_TMA");
-        return e && strcmp(e, "0") == 0;
-    }();
-    PFN_cuTensorMapEncodeTiled_v12000 tm_encode = off ? NULL : wg_tm_encoder();
+    PFN_cuTensorMapEncodeTiled_v12000 tm_encode = wg_tm_encoder();
     if (!tm_encode || ((uintptr_t)base & 15)) return false;
     cuuint64_t row = kv8 ? 128 : 256;
     cuuint64_t dims[3] = {128, (cuuint64_t)KVH, 1ull << 31}, strides[2] = {row, (cuuint64_t)KVH * row};
@@ -575,24 +566,13 @@ extern "C" cudaError_t cuda_attention_wg(const struct cuda_attn_args *a, cudaStr
     alignas(64) CUtensorMap tk, tv;
     memset(&tk, 0, sizeof tk), memset(&tv, 0, sizeof tv);
     int tma = a->block_size % 16 == 0 && tm_make(&tk, a->kc, a->KVH, a->kv8) && tm_make(&tv, a->vc, a->KVH, a->kv8);
-    static const bool pp = [] {
-        const char *e = getenv("SLUICE_CUDA_ATTN_PP");
-        return !(e && strcmp(e, "0") == 0);
-    }();
-    /* SLUICE_CUDA_ATTN_WG8_ABLATE=1 (benchmarks only, outputs wrong): the
-     * fp8 stages the bulk copies bring are not widened */
-    static const int skip8 = [] {
-        const char *e = getenv("SLUICE_CUDA_ATTN_WG8_ABLATE");
-        return e && strcmp(e, "1") == 0;
-    }();
+    /* benchmarks only (outputs wrong): the fp8 stages the bulk copies bring
+     * are not widened, to see what the widening costs */
+    const int skip8 = cuda_tuning.attn_wg8_skip_widen;
     dim3 grid(a->max_items, a->KVH);
-    if (a->kv8 && pp)
-        attn_wg_kernel<true, true><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma, skip8);
-    else if (a->kv8)
-        attn_wg_kernel<false, true><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma, skip8);
-    else if (pp)
-        attn_wg_kernel<true, false><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma, skip8);
+    if (a->kv8)
+        attn_wg_kernel<true><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma, skip8);
     else
-        attn_wg_kernel<false, false><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma, skip8);
+        attn_wg_kernel<false><<<grid, WG_THR, WG_SMEM, st>>>(*a, tk, tv, tma, skip8);
     return cudaGetLastError();
 }

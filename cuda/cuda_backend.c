@@ -15,11 +15,11 @@
  * [k F/N, (k+1) F/N)); the output and down projections are split by input
  * columns, each rank's f32 partial product is summed by an all-reduce and
  * rounded to bf16 once, as the one-GPU path rounds its GEMM output. Small
- * all-reduces (decode steps: up to SLUICE_TP_PEER_AR_MAX bytes, 8 MiB / (N - 1)) run
+ * all-reduces (decode steps: up to 8 MiB / (N - 1)) run
  * as one kernel over peer memory (tp.cu, cuda_peer_allreduce: every rank
  * reads every rank's partial over NVLink/PCIe and sums in rank order, the
  * bf16 rounding in the same pass) when every pair of GPUs has peer access;
- * larger ones, and all of them with SLUICE_TP_PEER_AR=0, through NCCL. The
+ * larger ones, and all of them with cuda_tuning.tp_peer_allreduce off, through NCCL. The
  * embedding and the LM head are split by vocabulary: a rank gathers the
  * embedding rows it holds (zeros elsewhere) and an all-reduce completes x; for
  * the LM head each rank reduces its slice of every logit row to (max, sum,
@@ -57,19 +57,18 @@
  * whose raw logits a test asks for (logits_out), copy their logit row (each
  * rank its slice) to the host and model_sample() picks there.
  *
- * Prefill attention runs on the tensor cores (items of up to 128 query rows;
- * SLUICE_CUDA_ATTN_TC=0 gives the SIMT kernel back); decode-only steps take
+ * Prefill attention runs on the tensor cores (items of up to 128 query rows)
+ * where the head shape allows, else on the SIMT kernel; decode-only steps take
  * the decode kernel (attn.cu: split-K whose last split merges the others, so
  * no combine launch; RoPE and the KV write folded in, so no RoPE launch
- * either; SLUICE_CUDA_ATTN_DEC=0 gives the RoPE kernel, the SIMT kernel and
- * its combine back). With the GEMVs, SwiGLU rides in the gate|up GEMV's
- * epilogue.
+ * either) where it takes the head shape. With the GEMVs, SwiGLU rides in the
+ * gate|up GEMV's epilogue.
  *
  * Decode-only steps (every sequence one token) run as a CUDA graph (per rank,
  * NCCL calls included) captured once per batch-size bucket (1, 2, 4, ...
  * max_seqs): the step is padded to the bucket with tokens that write the
- * backend's private pad block and are never read. SLUICE_CUDA_GRAPHS=0 turns
- * graphs off.
+ * backend's private pad block and are never read. --enforce-eager
+ * (opts->enforce_eager) turns graphs off.
  *
  * KV memory, per rank: per layer K then V, each
  * [n_blocks + 1][block_size][n_kv_heads / N][head_dim] bf16, or fp8 e4m3
@@ -81,11 +80,12 @@
  * max_seqs_per_step rows and the pinned staging buffers are allocated at
  * creation and kv_alloc; forward() allocates nothing.
  *
- * Testing aid: SLUICE_TP_FAULT=RANK:STEP makes rank RANK fail its STEP-th
- * forward (counted from 1) before enqueueing anything, as a dead GPU would,
- * while the other ranks wait in their collectives. Benchmark aid:
- * SLUICE_TP_SKIP_COMM=1 leaves the collectives out (outputs are wrong), so
- * the difference in step time is what they cost.
+ * Settings that are not flags come from cuda_tuning (tuning.h), copied at
+ * creation. Testing aid: tp_fault_rank / tp_fault_step make a rank fail its
+ * STEP-th forward (counted from 1) before enqueueing anything, as a dead GPU
+ * would, while the other ranks wait in their collectives. Benchmark aids
+ * (outputs wrong): tp_skip_comm leaves the collectives out, so the
+ * difference in step time is what they cost; ablate leaves kernels out.
  */
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -101,6 +101,7 @@
 #include <string.h>
 
 #include "cuda/kernels.h"
+#include "cuda/tuning.h"
 #include "model/backend.h"
 
 #define NBUCKET 10
@@ -124,9 +125,6 @@ struct inlay {
 };
 
 struct cuda_backend;
-
-/* decode steps of up to this many tokens use the decode attention kernel */
-#define CUDA_DEC_ATTN_MAX_T 1000000
 
 /* One GPU's share of the model and its working memory. */
 struct rank {
@@ -169,15 +167,13 @@ struct rank {
 
     pthread_t th;                   /* ranks >= 1 */
     bool th_started;
-    long steps;                     /* forwards run, for SLUICE_TP_FAULT */
+    long steps;                     /* forwards run, for tuning.tp_fault_step */
     int rc;                         /* last job's result */
     char err[512];
 };
 
 enum job { JOB_INIT, JOB_KV, JOB_FORWARD, JOB_EXIT };
 enum { ROW_GREEDY, ROW_SAMPLE, ROW_HOST }; /* who picks a logit row's token */
-
-#define LONG_SPLIT_KEYS 4096 /* long_splits (below) */
 
 struct cuda_backend {
     struct model_backend base;
@@ -206,7 +202,7 @@ struct cuda_backend {
     struct cuda_sample_out *hsout;  /* [max_seqs] in hout */
     int32_t *pen_mark;              /* [n_vocab] zeroed scratch for cuda_sample_pen_build */
     int pen_cap;                    /* penalty entries the step buffer holds */
-    bool dev_sample;                /* sampling on the device (N == 1); SLUICE_CUDA_SAMPLE=0: on the host */
+    bool dev_sample;                /* sampling on the device (N == 1) */
     bool kv8;                       /* fp8 e4m3 KV cache (--kv-cache-dtype fp8) */
     void *samp;                     /* model_sample scratch, samp_bytes per host thread */
     size_t samp_bytes;
@@ -214,31 +210,16 @@ struct cuda_backend {
     int *host_rows;                 /* [max_seqs] rows model_sample picks this step */
     int *row_seq, *tok_seq;         /* host scratch */
 
-    bool graphs;                    /* SLUICE_CUDA_GRAPHS=0: off */
-    bool gemv;                      /* our GEMV for <= CUDA_GEMV_MMA_MAX_T rows; SLUICE_CUDA_GEMV=0: cuBLAS */
-    int fused_t;                    /* with fused: steps of at most this many tokens (SLUICE_CUDA_FUSED_T) */
+    struct cuda_tuning t;           /* cuda_tuning as it was at creation */
+    bool graphs;                    /* decode steps as CUDA graphs (off with --enforce-eager) */
     bool fused;                     /* one-token decode steps through the fused norm+GEMV,
                                        GEMV+SwiGLU and GEMV+residual kernels (N > 1: the residual add in the
-                                       peer all-reduce, when it is taken); SLUICE_CUDA_FUSED=0:
-                                       off (on the warp kernels they measured 217.5 -> 221.5 tok/s at batch 1,
-                                       BENCHMARKS.md) */
-    bool warmup, warming;           /* warmup() still to run at the next kv_alloc (SLUICE_CUDA_WARMUP=0: never);
-                                       running */
-    int wg_min_t;                   /* gate|up with SwiGLU fused on the warpgroup GEMM (sm_90) from this many
-                                       tokens a step: CUDA_GEMM_WG_MIN_T, or SLUICE_CUDA_GEMM_WG_MIN_T (tests) */
-    int tc_rows;                    /* rows per prefill attention item on the tensor cores (64 or 128), 0 = off:
-                                       SLUICE_CUDA_ATTN_TC=0|64|128 (128) */
-    unsigned ablate;                /* ABL_* kernels left out of every step (SLUICE_CUDA_ABLATE, benchmarks
-                                       only: the outputs are wrong) */
-    int dec_kmin;                   /* keys per split at least in the decode kernel: SLUICE_CUDA_DEC_KMIN
-                                       (128; a multiple of 32) */
-    int dec_attn;                   /* decode-only steps of up to this many tokens take the decode attention
-                                       kernel (SLUICE_CUDA_ATTN_DEC=N; 0: the SIMT kernel and its combine) */
-    int dec_wide_t;                 /* decode steps of at least this many tokens (padded) take its build at 3
-                                       blocks an SM (args.dec_wide): SLUICE_CUDA_DEC_WIDE_T=N (0: never); -1:
-                                       those of 32 or more token x KV head pairs a GPU (4 tokens at 8) */
-    int long_keys;                  /* long_splits' tiles: from this many keys (LONG_SPLIT_KEYS;
-                                       SLUICE_CUDA_LONG_SPLIT_KEYS for tests, 0: never split) */
+                                       peer all-reduce, when it is taken), where the shape allows: on the
+                                       warp kernels they measured 217.5 -> 221.5 tok/s at batch 1; at 2-4
+                                       tokens 5.56-6.64 ms a step against 4.73-4.78 unfused, so one token only */
+    bool warmup, warming;           /* warmup() still to run at the next kv_alloc (t.warmup); running */
+    int tc_rows;                    /* rows per prefill attention item on the tensor cores (CUDA_ATTN_TC_ROWS),
+                                       0 where the head shape does not allow them: the SIMT kernel */
     int bucket[NBUCKET], n_bucket;
 
     /* the current job's arguments (written by the caller before the crew starts) */
@@ -261,13 +242,11 @@ struct cuda_backend {
     bool crew;                      /* mu/go/done initialized */
     atomic_int failed;              /* a rank failed: the others abort their communicators */
     char dead[600];                 /* why the backend stopped (base.fatal points here) */
-    bool skip_comm;                 /* SLUICE_TP_SKIP_COMM=1 (benchmarks only) */
+    bool skip_comm;                 /* t.tp_skip_comm with N > 1 (benchmarks only) */
     bool peer;                      /* all-reduces of up to peer_elems floats by cuda_peer_allreduce (N > 1,
-                                       peer access between every pair; SLUICE_TP_PEER_AR=0: NCCL always) */
-    size_t peer_elems;              /* SLUICE_TP_PEER_AR_MAX bytes (8 MiB / (N - 1)) / 4, at most max_tokens x E */
+                                       peer access between every pair, t.tp_peer_allreduce) */
+    size_t peer_elems;              /* (8 MiB / (N - 1)) / 4, at most max_tokens x E */
     int *peer_abort;                /* pinned, mapped: set when a rank fails, ends the kernel's waits */
-    int fault_rank;                 /* SLUICE_TP_FAULT */
-    long fault_step;
 };
 
 #define CK(call)                                                                                     \
@@ -437,18 +416,22 @@ out:
     return rc;
 }
 
-/* SLUICE_CUDA_ABLATE=attn,norm,qkv,o,gu,down,head: kernels to leave out of
+struct cuda_tuning cuda_tuning = CUDA_TUNING_DEFAULTS;
+
+/* cuda_tuning.ablate from a benchmark's option: kernels to leave out of
  * every step, to measure what each costs inside the decode graph (the step
- * time without it). Benchmarks only: the outputs are wrong. */
-enum { ABL_ATTN = 1, ABL_NORM = 2, ABL_QKV = 4, ABL_O = 8, ABL_GU = 16, ABL_DOWN = 32, ABL_HEAD = 64 };
-static unsigned ablate_parse(const char *s)
+ * time without it) */
+int cuda_ablate_parse(const char *s)
 {
     static const char *const names[] = {"attn", "norm", "qkv", "o", "gu", "down", "head"};
-    unsigned m = 0;
+    int m = 0;
     while (s && *s) {
         size_t n = strcspn(s, ",");
+        int bit = 0;
         for (int i = 0; i < 7; i++)
-            if (strlen(names[i]) == n && !strncmp(s, names[i], n)) m |= 1u << i;
+            if (strlen(names[i]) == n && !strncmp(s, names[i], n)) bit = 1 << i;
+        if (!bit) return -1;
+        m |= bit;
         s += n + (s[n] == ',');
     }
     return m;
@@ -606,12 +589,11 @@ fail:
 
 /* Decides b->peer (before the ranks initialize: they enable peer access and
  * allocate the buffers): N <= CUDA_PEER_MAX ranks with peer access between
- * every pair, and SLUICE_TP_PEER_AR not "0". The abort flag lives in pinned
+ * every pair, and t.tp_peer_allreduce. The abort flag lives in pinned
  * host memory mapped into every device. */
 static int peer_setup(struct cuda_backend *b, char *err, size_t errlen)
 {
-    const char *e = getenv("SLUICE_TP_PEER_AR"), *mx = getenv("SLUICE_TP_PEER_AR_MAX");
-    b->peer = b->tp <= CUDA_PEER_MAX && !(e && strcmp(e, "0") == 0);
+    b->peer = b->tp <= CUDA_PEER_MAX && b->t.tp_peer_allreduce;
     for (int i = 0; i < b->tp && b->peer; i++)
         for (int j = 0; j < b->tp && b->peer; j++) {
             int ok = 0;
@@ -620,9 +602,10 @@ static int peer_setup(struct cuda_backend *b, char *err, size_t errlen)
         }
     if (!b->peer) return 0;
     /* each rank reads N - 1 peers' buffers, a ring all-reduce moves about
-     * twice one buffer: the default shrinks with N (8 MiB measured at N = 2
-     * only, BENCHMARKS.md twenty-first round) */
-    size_t bytes = mx && atol(mx) > 0 ? (size_t)atol(mx) : ((size_t)8 << 20) / (size_t)(b->tp - 1);
+     * twice one buffer: the bound shrinks with N (8 MiB measured at N = 2
+     * only: every decode step's all-reduces fit, and up to there the one
+     * launch beat NCCL's) */
+    size_t bytes = ((size_t)8 << 20) / (size_t)(b->tp - 1);
     b->peer_elems = bytes / 4;
     if (b->peer_elems > (size_t)b->max_tokens * b->c.n_embd) b->peer_elems = (size_t)b->max_tokens * b->c.n_embd;
     CK(cudaHostAlloc((void **)&b->peer_abort, sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable));
@@ -671,44 +654,20 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
         free(b);
         return NULL;
     }
-    b->fault_rank = -1;
-    const char *fe = getenv("SLUICE_TP_FAULT");
-    if (fe && sscanf(fe, "%d:%ld", &b->fault_rank, &b->fault_step) != 2) b->fault_rank = -1;
-    fe = getenv("SLUICE_TP_SKIP_COMM");
-    b->skip_comm = N > 1 && fe && strcmp(fe, "1") == 0;
-    if (b->skip_comm) fprintf(stderr, "cuda: SLUICE_TP_SKIP_COMM=1: collectives left out, outputs are wrong\n");
+    b->t = cuda_tuning;
+    b->skip_comm = N > 1 && b->t.tp_skip_comm;
+    if (b->skip_comm) fprintf(stderr, "cuda: tp_skip_comm: collectives left out, outputs are wrong\n");
+    if (b->t.ablate) fprintf(stderr, "cuda: ablate 0x%x: kernels left out, outputs are wrong\n", b->t.ablate);
     b->max_tokens = opts && opts->max_tokens_per_step > 0 ? opts->max_tokens_per_step : 2048;
     b->max_seqs = opts && opts->max_seqs_per_step > 0 ? opts->max_seqs_per_step : 256;
     if (b->max_seqs > b->max_tokens) b->max_seqs = b->max_tokens;
     b->max_ctx = opts && opts->max_ctx > 0 ? opts->max_ctx : c->n_ctx_train;
     if (b->max_ctx <= 0) b->max_ctx = 4096;
-    const char *ge = getenv("SLUICE_CUDA_GRAPHS");
-    b->graphs = !(opts && opts->enforce_eager) && !(ge && strcmp(ge, "0") == 0);
-    ge = getenv("SLUICE_CUDA_GEMV");
-    b->gemv = !(ge && strcmp(ge, "0") == 0);
-    ge = getenv("SLUICE_CUDA_FUSED");
-    b->fused = b->gemv && !(ge && strcmp(ge, "0") == 0) && c->n_embd % 8 == 0 && c->n_ff % 8 == 0 &&
-               (c->n_head * c->head_dim) % 8 == 0 && (size_t)CUDA_GEMV_MAX_T * c->n_embd * 2 <= CUDA_GEMV_NORM_SMEM;
-    ge = getenv("SLUICE_CUDA_FUSED_T");
-    b->fused_t = ge && atoi(ge) >= 1 && atoi(ge) <= CUDA_GEMV_MAX_T ? atoi(ge) : 1;
-    ge = getenv("SLUICE_CUDA_WARMUP");
-    b->warmup = !(ge && strcmp(ge, "0") == 0);
-    ge = getenv("SLUICE_CUDA_GEMM_WG_MIN_T");
-    b->wg_min_t = ge && atoi(ge) > 0 ? atoi(ge) : CUDA_GEMM_WG_MIN_T;
-    ge = getenv("SLUICE_CUDA_ABLATE");
-    b->ablate = ablate_parse(ge);
-    if (b->ablate) fprintf(stderr, "cuda: SLUICE_CUDA_ABLATE=%s: kernels left out, outputs are wrong\n", ge);
-    ge = getenv("SLUICE_CUDA_DEC_KMIN");
-    b->dec_kmin = ge && atoi(ge) >= 32 ? atoi(ge) / 32 * 32 : 128;
-    ge = getenv("SLUICE_CUDA_ATTN_DEC");
-    b->dec_attn = ge && *ge ? atoi(ge) : CUDA_DEC_ATTN_MAX_T;
-    ge = getenv("SLUICE_CUDA_DEC_WIDE_T");
-    b->dec_wide_t = ge && *ge ? atoi(ge) : -1;
-    ge = getenv("SLUICE_CUDA_LONG_SPLIT_KEYS");
-    b->long_keys = ge && *ge ? atoi(ge) : LONG_SPLIT_KEYS;
-    ge = getenv("SLUICE_CUDA_ATTN_TC");
-    b->tc_rows = ge && strcmp(ge, "0") == 0 ? 0 : ge && strcmp(ge, "64") == 0 ? 64 : CUDA_ATTN_TC_ROWS;
-    if (!cuda_attention_tc_ok(c->head_dim, c->n_head / c->n_head_kv)) b->tc_rows = 0;
+    b->graphs = !(opts && opts->enforce_eager);
+    b->fused = c->n_embd % 8 == 0 && c->n_ff % 8 == 0 && (c->n_head * c->head_dim) % 8 == 0 &&
+               (size_t)CUDA_GEMV_MAX_T * c->n_embd * 2 <= CUDA_GEMV_NORM_SMEM;
+    b->warmup = b->t.warmup;
+    b->tc_rows = cuda_attention_tc_ok(c->head_dim, c->n_head / c->n_head_kv) ? CUDA_ATTN_TC_ROWS : 0;
     b->part_rows = (int)((b->max_tokens < 256 ? b->max_tokens : 256) * (c->n_head / c->n_head_kv));
     b->r = calloc((size_t)N, sizeof *b->r);
     if (!b->r) {
@@ -720,10 +679,8 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     /* programmatic dependent launch: with N > 1 on only with the peer
      * all-reduce, which lets the GEMV after it start loading weights (TP=2
      * batch-1 decode 326 -> 339 tok/s; with NCCL's kernels between them it
-     * was no faster, 288.3 vs 288.2, BENCHMARKS.md); SLUICE_PDL=1 forces it
-     * on, 0 off */
-    fe = getenv("SLUICE_PDL");
-    if (N > 1 && !b->peer && !(fe && strcmp(fe, "1") == 0)) cuda_gemv_select(-1, 0, -1);
+     * was no faster, 288.3 vs 288.2) */
+    if (N > 1 && !b->peer) cuda_gemv_select(-1, 0, -1);
     struct cudaDeviceProp prop;
     CK(cudaSetDevice(0));
     CK(cudaGetDeviceProperties(&prop, 0));
@@ -755,8 +712,7 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     b->row_mode = calloc(S, 1);
     b->rng_before = calloc(S, sizeof *b->rng_before);
     b->pen_mark = calloc(V, sizeof *b->pen_mark);
-    ge = getenv("SLUICE_CUDA_SAMPLE");
-    b->dev_sample = N == 1 && !(ge && strcmp(ge, "0") == 0);
+    b->dev_sample = N == 1;
     if (!b->samp || !b->host_rows || !b->row_seq || !b->tok_seq || !b->row_host || !b->row_mode || !b->rng_before ||
         !b->pen_mark) {
         sl_seterr(err, errlen, "out of host memory");
@@ -892,7 +848,7 @@ static int kv_alloc(model_backend *mb, int n_blocks, int block_size, char *err, 
     b->block_size = block_size;
     if (b->warmup) {
         b->warmup = false;
-        b->warming = true; /* SLUICE_TP_FAULT counts serving's steps only */
+        b->warming = true; /* tp_fault_step counts serving's steps only */
         rc = warmup(b, err, errlen);
         b->warming = false;
         if (rc) return rc;
@@ -942,8 +898,8 @@ static int warm_step(struct cuda_backend *b, int ns, int nbk, int start, int len
  * hold. It writes only KV blocks the engine has not handed out yet. A
  * step the configuration refuses only ends it early (with a line on
  * stderr); a failed GPU fails kv_alloc.
- * SLUICE_CUDA_WARMUP=0 skips it (BENCHMARKS.md: the first prefix-cache hit
- * after start took 25-37 ms in the engine without it, 7.7 with it, 6.2 later). */
+ * tuning.warmup off skips it (the first prefix-cache hit after start took
+ * 25-37 ms in the engine without it, 7.7 with it, 6.2 later). */
 static int warmup(struct cuda_backend *b, char *err, size_t errlen)
 {
     int bs = b->block_size, C = b->max_tokens < 8 ? b->max_tokens : 8; /* the chunk's tokens */
@@ -1042,17 +998,17 @@ static void pack_sampling(struct cuda_backend *b, const struct step *s, int R)
 /* Packs the step into hin. Tokens [n_tokens, Tp) and rows [R, Rp) are
  * padding (decode graphs). Returns the bytes of hin to copy, or 0 when the
  * step does not fit the buffers. *R gets the number of logit rows. */
-/* Whether a step of T (padded) tokens runs on the decode attention kernel
- * (which also does RoPE and the KV write): one answer for packing and launch. */
-static bool dec_kernel(const struct cuda_backend *b, bool decode, int T)
+/* Whether a step runs on the decode attention kernel (which also does RoPE
+ * and the KV write): one answer for packing and launch. */
+static bool dec_kernel(const struct cuda_backend *b, bool decode)
 {
-    return decode && T <= b->dec_attn && cuda_attention_dec_ok(b->c.head_dim, b->c.n_head / b->c.n_head_kv);
+    return decode && cuda_attention_dec_ok(b->c.head_dim, b->c.n_head / b->c.n_head_kv);
 }
 
 /* blocks of a sequence's table that the step reads (its share of the flat bt) */
 static int seq_blocks(const struct step_seq *q, int bs) { return (q->context_len + bs - 1) / bs; }
 
-/* A prefill step's tiles that attend to at least b->long_keys keys ("long"
+/* A prefill step's tiles that attend to at least t.long_split_keys keys ("long"
  * tiles: a chunk deep into a long document) take many times the others'
  * time, and when they are few they leave SMs idle in their last wave (a
  * chunk of 430 tokens at 100K context: 14 tiles x 8 KV heads = 112 blocks
@@ -1061,20 +1017,20 @@ static int seq_blocks(const struct step_seq *q, int bs) { return (q->context_len
  * least 3% over fewer, each part >= long_keys / 2 keys. */
 static int long_splits(const struct cuda_backend *b, const struct step *s, int qt, int KVH)
 {
-    int n = 0, kmin = INT32_MAX;
-    if (b->long_keys <= 0) return 1;
+    int n = 0, kmin = INT32_MAX, long_keys = b->t.long_split_keys;
+    if (long_keys <= 0) return 1;
     for (int i = 0; i < s->n_seqs; i++) {
         const struct step_seq *q = &s->seqs[i];
         int p0 = q->context_len - q->query_len; /* positions of the sequence's step tokens: p0 .. context_len - 1 */
         for (int t0 = 0; t0 < q->query_len; t0 += qt) {
             int hi = p0 + (t0 + qt < q->query_len ? t0 + qt : q->query_len); /* the tile's last key + 1 */
-            if (hi >= b->long_keys) n++, kmin = hi < kmin ? hi : kmin;
+            if (hi >= long_keys) n++, kmin = hi < kmin ? hi : kmin;
         }
     }
     int u = n * KVH, best = 1;
     if (!u || u >= 3 * b->n_sm) return 1;
     double fill = (double)u / ((u + b->n_sm - 1) / b->n_sm * b->n_sm);
-    for (int k = 2; k <= 8 && kmin / k >= b->long_keys / 2; k++) {
+    for (int k = 2; k <= 8 && kmin / k >= long_keys / 2; k++) {
         double f = (double)u * k / ((u * k + b->n_sm - 1) / b->n_sm * b->n_sm);
         if (f > fill * 1.03) fill = f, best = k;
     }
@@ -1131,9 +1087,12 @@ static size_t pack_step(struct cuda_backend *b, const struct step *s, int Tp, in
     int lns = !split_ok && !decode && b->tc_rows ? long_splits(b, s, qt, KVH) : 1, ps = lns > 1 ? lns : 0;
     b->job.pstride = ps;
     int part_cap = b->part_rows * (CUDA_ATTN_MAXSPLIT / (ps ? ps : CUDA_ATTN_MAXSPLIT)); /* rows at stride ps */
-    /* keys per split at least: the decode kernel's 4 warps take 32 each */
-    bool dk = dec_kernel(b, decode, Tp);
-    int n = 0, part = 0, kmin = dk ? b->dec_kmin : 64, kround = dk && b->dec_kmin % 128 == 0 ? 128 : 32;
+    /* keys per split at least: the decode kernel's 4 warps take 32 each, and
+     * at least 128 keys a split measured fastest at batch 1 (223 tok/s
+     * against 216-220 at 32-256; larger batches did not move), in multiples
+     * of 128 */
+    bool dk = dec_kernel(b, decode);
+    int n = 0, part = 0, kmin = dk ? 128 : 64, kround = dk ? 128 : 32;
     for (int i = 0, bt0 = 0; i < s->n_seqs; bt0 += seq_blocks(&s->seqs[i], bs), i++) {
         const struct step_seq *q = &s->seqs[i];
         for (int t0 = q->query_start; t0 < q->query_start + q->query_len; t0 += qt) {
@@ -1151,7 +1110,7 @@ static size_t pack_step(struct cuda_backend *b, const struct step *s, int Tp, in
                 if (ns < 1) ns = 1;
             }
             int kr = kround;
-            if (lns > 1 && kv_hi >= b->long_keys && part + nq * grp <= part_cap)
+            if (lns > 1 && kv_hi >= b->t.long_split_keys && part + nq * grp <= part_cap)
                 ns = lns, kr = 128; /* whole 128-key tiles of the warpgroup kernel */
             int chunk = ((kv_hi + ns - 1) / ns + kr - 1) / kr * kr;
             if (n + ns > b->lay.max_items) return 0;
@@ -1179,7 +1138,7 @@ static cublasStatus_t gemm(struct rank *k, const uint16_t *x, const uint16_t *W,
                            int out)
 {
     const float one = 1.0f, zero = 0.0f;
-    if (k->b->gemv && T <= CUDA_GEMV_MMA_MAX_T && in % 8 == 0)
+    if (T <= CUDA_GEMV_MMA_MAX_T && in % 8 == 0)
         return cuda_gemv(W, x, y, yf32, T, in, out, k->st) == cudaSuccess ? CUBLAS_STATUS_SUCCESS
                                                                              : CUBLAS_STATUS_EXECUTION_FAILED;
     return cublasGemmEx(k->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, T, in, &one, W, CUDA_R_16BF, in, x, CUDA_R_16BF, in,
@@ -1256,25 +1215,25 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
     /* decode of one token: the norms ride in the GEMV prologues,
      * SwiGLU and the residual adds in their epilogues (bit-identical to the
      * unfused kernels, but for the norm's scale, which the one-token GEMVs
-     * apply to their sums: kernels.h, SLUICE_GEMV_LATE); x then already
+     * apply to their sums: kernels.h, cuda_gemv_late); x then already
      * holds every layer's output. Only at
-     * T = 1, where the GEMVs are warp kernels, unless SLUICE_CUDA_FUSED_T
-     * says more: at 2-4 tokens the fused kernels measured slower than the
-     * unfused ones (BENCHMARKS.md: block kernels 164.4 vs 148.4 us per layer
-     * at T = 4; tensor-core kernels, twentieth round, 603 vs 838 tok/s).
+     * T = 1, where the GEMVs are warp kernels: at 2-4 tokens the fused
+     * kernels measured slower than the unfused ones (block kernels 164.4 vs
+     * 148.4 us per layer at T = 4; tensor-core kernels 603 vs 838 tok/s at
+     * batch 4: each block normalizes all T rows before its first MMA).
      * With N > 1 only when the all-reduces go through the peer kernel: the
      * residual adds are then in it, after the sums */
-    bool fz = b->fused && T <= b->fused_t && (b->tp == 1 || use_peer(b, (size_t)T * E));
+    bool fz = b->fused && T == 1 && (b->tp == 1 || use_peer(b, (size_t)T * E));
     for (int l = 0; l < c->n_layer; l++) {
         const struct clayer *L = &k->L[l];
         /* the previous layer's MLP output joins the residual here */
-        unsigned ab = b->ablate;
+        unsigned ab = b->t.ablate;
         if (fz) {
-            if (!(ab & ABL_QKV)) CK(cuda_gemv_rmsnorm(L->wqkv, k->x, L->attn_norm, c->norm_eps, k->qkv, T, E, QKV, st));
+            if (!(ab & CUDA_ABLATE_QKV)) CK(cuda_gemv_rmsnorm(L->wqkv, k->x, L->attn_norm, c->norm_eps, k->qkv, T, E, QKV, st));
         } else {
-            if (!(ab & ABL_NORM))
+            if (!(ab & CUDA_ABLATE_NORM))
                 CK(cuda_add_rmsnorm(k->x, l ? k->delta : NULL, L->attn_norm, NULL, T, E, c->norm_eps, k->xn, st));
-            if (!(ab & ABL_QKV)) CB(gemm(k, k->xn, L->wqkv, k->qkv, false, T, E, QKV));
+            if (!(ab & CUDA_ABLATE_QKV)) CB(gemm(k, k->xn, L->wqkv, k->qkv, false, T, E, QKV));
         }
         size_t es = b->kv8 ? 1 : 2; /* bytes per KV element */
         char *kc = (char *)k->kv + (size_t)(2 * l) * k->kv_layer * es, *vc = kc + k->kv_layer * es;
@@ -1285,8 +1244,8 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
             .eps = c->norm_eps, .q = k->q, .kc = kc, .vc = vc, .kv8 = b->kv8,
         };
         /* decode steps on the decode kernel fold RoPE and the KV write in */
-        bool dk = dec_kernel(b, decode, T);
-        if (!dk && !(ab & ABL_ATTN)) CK(cuda_rope_kv(&ra, st));
+        bool dk = dec_kernel(b, decode);
+        if (!dk && !(ab & CUDA_ABLATE_ATTN)) CK(cuda_rope_kv(&ra, st));
         struct cuda_attn_args aa = {
             .q = k->q, .kc = kc, .vc = vc, .kv8 = b->kv8, .pos = DIN(k, pos, int32_t), .bt = DIN(k, bt, int32_t),
             .items = DIN(k, items, struct cuda_attn_item),
@@ -1300,43 +1259,43 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
              * one GPU) at 1K context its blocks outnumber what 2 an SM hold:
              * there the decode kernel's 3-blocks-an-SM build */
             .cnt = dk ? k->cnt : NULL,
-            .dec_wide = b->dec_wide_t < 0 ? T * KVH >= 32 : b->dec_wide_t > 0 && T >= b->dec_wide_t,
+            .dec_wide = T * KVH >= 32,
             .rope = dk ? ra : (struct cuda_rope_args){0},
         };
-        if (!(ab & ABL_ATTN)) CK(cuda_attention(&aa, st));
+        if (!(ab & CUDA_ABLATE_ATTN)) CK(cuda_attention(&aa, st));
         if (fz) {
-            if (!(ab & ABL_O) && proj_rows(k, k->att, L->wo, T, Q, E, 0, true, err, errlen)) goto fail;
-            if (b->tp == 1 && c->n_layer >= 2 && !(ab & (ABL_GU | ABL_DOWN))) {
+            if (!(ab & CUDA_ABLATE_O) && proj_rows(k, k->att, L->wo, T, Q, E, 0, true, err, errlen)) goto fail;
+            if (b->tp == 1 && c->n_layer >= 2 && !(ab & (CUDA_ABLATE_GU | CUDA_ABLATE_DOWN))) {
                 /* one GPU: the down GEMV reads h as gate/up stores it, tagged
                  * with the layer (consecutive calls differ) */
                 CK(cuda_gemv_mlp(L->wgu, L->wdown, k->x, L->ffn_norm, c->norm_eps, k->h, T, E, F, k->hw, l + 1, st));
                 continue;
             }
-            if (!(ab & ABL_GU))
+            if (!(ab & CUDA_ABLATE_GU))
                 CK(cuda_gemv_rmsnorm_swiglu(L->wgu, k->x, L->ffn_norm, c->norm_eps, k->h, T, E, F, st));
-            if (!(ab & ABL_DOWN) && proj_rows(k, k->h, L->wdown, T, F, E, 1, true, err, errlen)) goto fail;
+            if (!(ab & CUDA_ABLATE_DOWN) && proj_rows(k, k->h, L->wdown, T, F, E, 1, true, err, errlen)) goto fail;
             continue;
         }
-        if (!(ab & ABL_O) && proj_rows(k, k->att, L->wo, T, Q, E, 0, false, err, errlen)) goto fail;
-        if (!(ab & ABL_NORM))
+        if (!(ab & CUDA_ABLATE_O) && proj_rows(k, k->att, L->wo, T, Q, E, 0, false, err, errlen)) goto fail;
+        if (!(ab & CUDA_ABLATE_NORM))
             CK(cuda_add_rmsnorm(k->x, k->delta, L->ffn_norm, NULL, T, E, c->norm_eps, k->xn, st));
-        bool gu_gemv = b->gemv && T <= CUDA_GEMV_MMA_MAX_T && E % 8 == 0;
-        if (!(ab & ABL_GU) && gu_gemv) {
+        bool gu_gemv = T <= CUDA_GEMV_MMA_MAX_T && E % 8 == 0;
+        if (!(ab & CUDA_ABLATE_GU) && gu_gemv) {
             /* SwiGLU in the GEMV's epilogue: bit for bit the two kernels below */
             CK(cuda_gemv_swiglu(L->wgu, k->xn, k->h, T, E, F, st));
-        } else if (!(ab & ABL_GU) && T >= b->wg_min_t && cuda_gemm_wg_ok(T, E, 2 * F)) {
+        } else if (!(ab & CUDA_ABLATE_GU) && T >= b->t.gemm_wg_min_t && cuda_gemm_wg_ok(T, E, 2 * F)) {
             /* sm_90: SwiGLU in the warpgroup GEMM's epilogue, gate|up never stored */
             CK(cuda_gemm_wg_swiglu(L->wgu, k->xn, k->h, T, E, F, st));
-        } else if (!(ab & ABL_GU)) {
+        } else if (!(ab & CUDA_ABLATE_GU)) {
             CB(gemm(k, k->xn, L->wgu, k->gu, false, T, E, 2 * F));
             CK(cuda_swiglu(k->gu, T, F, k->h, st));
         }
-        if (!(ab & ABL_DOWN) && proj_rows(k, k->h, L->wdown, T, F, E, 1, false, err, errlen)) goto fail;
+        if (!(ab & CUDA_ABLATE_DOWN) && proj_rows(k, k->h, L->wdown, T, F, E, 1, false, err, errlen)) goto fail;
     }
     if (R > 0) {
         CK(cuda_add_rmsnorm(k->x, fz ? NULL : k->delta, k->out_norm, DIN(k, rows, int32_t), R, E, c->norm_eps,
                             k->hfin, st));
-        if (!(b->ablate & ABL_HEAD)) CB(gemm(k, k->hfin, k->lm_head, k->logits, true, R, E, k->vn));
+        if (!(b->t.ablate & CUDA_ABLATE_HEAD)) CB(gemm(k, k->hfin, k->lm_head, k->logits, true, R, E, k->vn));
         if (b->tp == 1) {
             CK(cuda_argmax_lse(k->logits, R, k->vn, k->amp, k->tok, k->lp, st));
         } else {
@@ -1394,8 +1353,8 @@ static int rank_forward(struct rank *k, char *err, size_t errlen)
     struct cuda_backend *b = k->b;
     int Tp = b->job.Tp, R = b->job.R, gi = b->job.gi, V = b->c.n_vocab, rc;
     CK(cudaSetDevice(k->dev));
-    if (!b->warming && ++k->steps == b->fault_step && k->id == b->fault_rank) {
-        sl_seterr(err, errlen, "GPU %d: injected fault at step %ld (SLUICE_TP_FAULT)", k->dev, k->steps);
+    if (!b->warming && ++k->steps == b->t.tp_fault_step && k->id == b->t.tp_fault_rank) {
+        sl_seterr(err, errlen, "GPU %d: injected fault at step %ld (tuning.tp_fault_rank)", k->dev, k->steps);
         return SL_EDEVICE;
     }
     CK(cudaMemcpyAsync(k->din, b->hin, b->job.nbytes, cudaMemcpyHostToDevice, k->st));

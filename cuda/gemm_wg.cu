@@ -26,17 +26,17 @@
  * go in groups of GM_GROUP row slices: the 132 tiles in flight share about
  * 16 MB of x and 16 MB of W, which stay in L2.
  *
- * On an H200 (BENCHMARKS.md, thirteenth round), sustained at the power cap,
- * gate|up with SwiGLU runs as fast as cuBLAS's product alone, so the
- * SwiGLU kernel's pass is saved: a 16K-token prefill step gains 2-3%.
- * Tried and dropped: CTA pairs sharing W by TMA multicast (twelfth round);
+ * On an H200, sustained at the power cap, gate|up with SwiGLU runs as fast
+ * as cuBLAS's product alone, so the SwiGLU kernel's pass is saved: a
+ * 16K-token prefill step gains 2-3%.
+ * Tried and dropped: CTA pairs sharing W by TMA multicast (no faster);
  * four stages with the consumers applying SwiGLU (their epilogue cost ~11%
  * of the tile); four stages with three of the boxes in the tile's last
  * stage (the producer stalls on it); qkv, o and down on this kernel, also
  * with the residual added in its epilogue (no faster than cuBLAS there);
  * the MLP's RMSNorm split between o's epilogue (x += o, x w, sums of
- * squares) and gate|up's (the row scale), with no norm kernel (fourteenth
- * round: the epilogue's f32 traffic cost what the norm kernel did).
+ * squares) and gate|up's (the row scale), with no norm kernel (the
+ * epilogue's f32 traffic cost what the norm kernel did).
  *
  * Shared memory: a stage is x's 128 rows then W's 256 rows, 128 bytes each
  * (64 bf16 of `in`), the 16-byte chunk c of row r at c ^ (r & 7), from a
@@ -49,6 +49,7 @@
 
 #include "cuda/bf16.cuh"
 #include "cuda/kernels.h"
+#include "cuda/tuning.h"
 #include "cuda/tile.cuh"
 #include "cuda/wgmma.cuh"
 
@@ -102,9 +103,8 @@ struct gm_args {
     int T, in, out, F; /* out: the plain product's columns; F: SwiGLU's (0: plain) */
     int nm, nn;        /* tiles along T and along the output */
     uint16_t *y;
-    int grp; /* row slices per group of tiles: GM_GROUP, or SLUICE_GEMM_WG_GROUP (benchmarks) */
-    int abl; /* benchmarks only (SLUICE_GEMM_WG_ABLATE, outputs wrong): 1 no epilogue, 2 loads only the first
-                stages and the MMAs reuse them, 3 both */
+    int abl; /* benchmarks only (cuda_tuning.gemm_wg_ablate, outputs wrong): 1 no epilogue, 2 loads only the
+                first stages and the MMAs reuse them, 3 both */
 };
 
 #ifdef WG_ARCH
@@ -112,8 +112,8 @@ struct gm_args {
  * row slices fastest within a group */
 static __device__ __forceinline__ void gm_tile(const gm_args &a, int t, int &m, int &n)
 {
-    int per = a.grp * a.nn, g = t / per, in = t % per, gm = min(a.grp, a.nm - g * a.grp);
-    m = g * a.grp + in % gm, n = in / gm;
+    int per = GM_GROUP * a.nn, g = t / per, in = t % per, gm = min(GM_GROUP, a.nm - g * GM_GROUP);
+    m = g * GM_GROUP + in % gm, n = in / gm;
 }
 #endif
 
@@ -264,14 +264,10 @@ static __global__ void __launch_bounds__(GM_THR, 1)
 }
 
 /* whether this device runs the kernel (compute capability 9.0: the sm_90a
- * code) unless SLUICE_CUDA_GEMM_WG=0; read once, or set by
- * cuda_gemm_wg_select */
+ * code and the tensor-map encoder), unless cuda_gemm_wg_select(0) turned it
+ * off */
 static int gm_on = -1;
-extern "C" void cuda_gemm_wg_select(int on)
-{
-    const char *e = getenv("SLUICE_CUDA_GEMM_WG");
-    gm_on = wg_sm90() && (on >= 0 ? on : !(e && strcmp(e, "0") == 0)) && wg_tm_encoder();
-}
+extern "C" void cuda_gemm_wg_select(int on) { gm_on = wg_sm90() && on != 0 && wg_tm_encoder(); }
 
 extern "C" int cuda_gemm_wg_ok(int T, int in, int out)
 {
@@ -320,15 +316,8 @@ static cudaError_t gm_launch(const uint16_t *W, int wrows, const uint16_t *x, ui
     memset(&tx, 0, sizeof tx), memset(&tw, 0, sizeof tw), memset(&th, 0, sizeof th);
     if (!gm_map(&tx, x, T, in) || !gm_map(&tw, W, wrows, in) || !gm_map(&th, y, T, F ? F : out))
         return cudaErrorInvalidValue;
-    static const int abl = [] {
-        const char *e = getenv("SLUICE_GEMM_WG_ABLATE");
-        return e ? atoi(e) & 3 : 0;
-    }();
-    static const int grp = [] {
-        const char *e = getenv("SLUICE_GEMM_WG_GROUP");
-        return e && atoi(e) > 0 ? atoi(e) : GM_GROUP;
-    }();
-    gm_args a = {T, in, out, F, (T + GM_BM - 1) / GM_BM, F ? (F + 127) / 128 : (out + GM_BN - 1) / GM_BN, y, grp, abl};
+    const int abl = cuda_tuning.gemm_wg_ablate & 3;
+    gm_args a = {T, in, out, F, (T + GM_BM - 1) / GM_BM, F ? (F + 127) / 128 : (out + GM_BN - 1) / GM_BN, y, abl};
     int ntile = a.nm * a.nn, grid = ntile < gm_nsm[dev] ? ntile : gm_nsm[dev];
     if (F)
         gemm_wg_kernel<true><<<grid, GM_THR, GM_SMEM, st>>>(tx, tw, th, a);

@@ -42,69 +42,43 @@
  * the words of each step's 1024 columns until they carry the tag. It waits
  * for its predecessor only before its epilogue. A word is stored and read
  * whole, so no counter and no fence are needed (a counter with a fence
- * per warp cost 12 us a layer: BENCHMARKS.md, twenty-third round). The
+ * per warp cost 12 us a layer). The
  * down GEMV's blocks become resident as the gate/up GEMV's last wave
  * drains, so they fill its tail. The sums are those of the two plain
  * launches, bit for bit.
  *
- * Variants, read once from the environment at the first call (or set by
- * cuda_gemv_select() for benchmarks):
- *   SLUICE_GEMV_VARIANT=0  "warp": cuda_gemv uses the warp kernel everywhere
- *                          (the fusions, which it lacks, use "block")
- *                      1  "block": one group of rows per block
- *                          (the norm-prologue kernels: at most 4 waves of
- *                          blocks, so x is normalized once per block, not
- *                          once per group)
- *                      2  "persist": grid = one wave (occupancy x SMs)
- *                      3  "auto" (default): warp for one row, mma for
- *                          2-8 rows and for one row of in >= 12288
- *                          (SLUICE_GEMV_MMA_MIN_IN=N moves that): what
- *                          measured fastest on the H200 (BENCHMARKS.md,
- *                          twentieth round: Llama-8B decode at batch 1
- *                          223.3 tok/s warp vs 204.6 mma, 222.6 vs 225.0
- *                          with the down projection, in 14336, on mma; at
- *                          batch 4 711 persist vs 838 mma)
- *                      4  "mma": the tensor-core kernel everywhere
- *                          (every variant takes it for 5-8 rows)
- *   SLUICE_PDL=0           plain launches; by default the kernels here,
- *                          cuda_add_rmsnorm and the decode attention kernel
- *                          are launched with the PDL attribute on sm_90 and
- *                          later (pdl.cuh): batch-1 decode of the Llama-8B
- *                          shape 202.1 -> 207.0 tok/s (BENCHMARKS.md)
- *   SLUICE_GEMV_CH=4|8|16  16-byte chunks per lane in flight in the warp
- *                          kernels for rows of <= 4096 (default 4; 8 and 16
- *                          measured slower: fewer resident warps)
- *   SLUICE_GEMV_PAIR=0     the one-token norm GEMV (qkv) one row a warp; by
- *                          default two (rows j and out/2 + j, each summed as
- *                          a lone row, so the bits are the same), 3 blocks an
- *                          SM, so Llama-8B's 6144 rows run in one wave:
- *                          batch-1 decode 225.7-226.0 -> 227.8-228.3 tok/s
- *                          (BENCHMARKS.md, twenty-second round)
- *   SLUICE_GEMV_TAGGED=0   cuda_gemv_mlp as the two plain launches (above)
- *   SLUICE_GEMV_XS=0       the warp kernels without the norm prologue (o,
- *                          the LM head) read x from global memory chunk by
- *                          chunk, each load waited for before the next (the
- *                          first touch on an SM an L2 round trip); by default
- *                          the block copies x (T x in <= 16K elements) into
- *                          shared memory first, in one round trip: batch-1
- *                          decode +0.3% (BENCHMARKS.md, twenty-fifth round)
- *   SLUICE_GEMV_NWSM=0     the qkv pair kernel reads its norm weights in
- *                          norm_rows' second pass; by default it stages them
- *                          in shared memory before the wait (norm_stage):
- *                          batch-1 decode 229.3-229.7 -> 231.2-232.6 tok/s
- *                          (BENCHMARKS.md, twenty-fifth round)
- *   SLUICE_GEMV_LATE=0     the one-row norm GEMVs (qkv, gate/up) apply the
- *                          norm's scale to x before the GEMV, bit for bit
- *                          the unfused chain; by default they scale the sums
- *                          (norm_rows_late), one barrier and the reduction
- *                          off the prologue (BENCHMARKS.md, twenty-eighth
- *                          round)
- *   SLUICE_GEMV_GU_PERSIST=0  cuda_gemv_mlp's tagged gate/up GEMV one block
- *                          per 8 rows (7 waves for Llama-8B); by default one
- *                          wave of blocks whose warps take rows j, j + S, ...
- *                          (the next row's first chunks requested with the
- *                          current row's last), x normalized once a block:
- *                          batch-1 decode +1.1% (twenty-eighth round)
+ * Which kernel (use_mma, use_warp): the tensor-core kernel for 2-8 rows and
+ * for one row of in >= 12288 (the down projection), the warp kernel for
+ * other single rows, which measured fastest on the H200 (Llama-8B decode at
+ * batch 1 223.3 tok/s on the warp kernel against 204.6 on mma, 222.6 vs
+ * 225.0 with the down projection on mma; at batch 4 711 on the block
+ * kernel against 838 on mma). The block kernel is reached only through
+ * cuda_gemv_select, for tests and benchmarks (variant 0 warp, 1 block, 2
+ * block on one wave of blocks, 3 the rule above, 4 mma).
+ *
+ * What the default kernels do beyond that, each measured against its
+ * absence (batch-1 decode of the Llama-8B shape on the H200):
+ *   - PDL on sm_90 (pdl.cuh), here and in cuda_add_rmsnorm and the decode
+ *     attention: 202.1 -> 207.0 tok/s.
+ *   - 4 chunks per lane in flight in the warp kernels; 8 and 16 measured
+ *     slower (fewer resident warps).
+ *   - the one-token norm GEMV (qkv) two rows a warp (rows j and out/2 + j,
+ *     each summed as a lone row, so the bits are the same), 3 blocks an
+ *     SM, so Llama-8B's 6144 rows run in one wave: 225.7-226.0 ->
+ *     227.8-228.3 tok/s; its norm weights staged in shared memory before
+ *     the wait (norm_stage): 229.3-229.7 -> 231.2-232.6 tok/s.
+ *   - cuda_gemv_mlp's overlap of its two GEMVs (above).
+ *   - the warp kernels without the norm prologue (o, the LM head) copy x
+ *     (T x in <= 16K elements) into shared memory first, in one round
+ *     trip, instead of reading it chunk by chunk: +0.3%.
+ *   - the one-row norm GEMVs (qkv, gate/up) scale the sums by the norm's
+ *     inverse (norm_rows_late), one barrier and the reduction off the
+ *     prologue; cuda_gemv_late(0), for tests, scales x first, bit for bit
+ *     the unfused chain.
+ *   - cuda_gemv_mlp's tagged gate/up GEMV on one wave of blocks whose
+ *     warps take rows j, j + S, ... (the next row's first chunks requested
+ *     with the current row's last), x normalized once a block: +1.1%;
+ *     cuda_gemv_persist(0), for tests, gives one block per 8 rows.
  */
 #include <limits.h>
 #include <stdlib.h>
@@ -174,8 +148,8 @@ static __host__ __device__ constexpr int log2i(int n) { return n <= 1 ? 0 : 1 + 
  * step writes them), so that norm_rows' second pass finds them there. In
  * the one-wave qkv pair kernel every block otherwise waits in that pass on
  * L2 round trips for them, all its blocks at once, on the step's critical
- * path: its prologue took 4.2-4.3 us, now 2.9-3.3 (the twenty-fifth round's
- * trace). Not in the many-wave gate/up GEMV, whose later blocks find the
+ * path: its prologue took 4.2-4.3 us, now 2.9-3.3 (in an nsys trace).
+ * Not in the many-wave gate/up GEMV, whose later blocks find the
  * weights in L1 (staging slowed it there) */
 template <int NT>
 static __device__ __forceinline__ void norm_stage(const gemv_params &p, uint4 *xs4)
@@ -208,9 +182,8 @@ static __device__ __forceinline__ void norm_rows(const gemv_params &p, uint16_t 
             /* four steps of nv at a time, every load issued before the first
              * use: from the plain loop ptxas issued the loads one or two at
              * a time, each waited for, ~8 L2 round trips in every block's
-             * prologue (batch-1 decode 233 -> 238 tok/s with this;
-             * BENCHMARKS.md, twenty-fifth round). 0 past the row, and
-             * fma(0, 0, s) == s, so the sums are the same */
+             * prologue (batch-1 decode 233 -> 238 tok/s with this). 0 past
+             * the row, and fma(0, 0, s) == s, so the sums are the same */
             for (int i0 = 0; i0 < p.in; i0 += 4 * nv) {
 #pragma unroll
                 for (int q = 0; q < 4; q++)
@@ -261,7 +234,7 @@ static __device__ __forceinline__ void norm_rows(const gemv_params &p, uint16_t 
     }
 }
 
-/* LATE (one row of x, SLUICE_GEMV_LATE): the prologue without its second
+/* LATE (one row of x, G.late): the prologue without its second
  * barrier. xs = bf16(w * x), not bf16(w * (x * inv)); the kernel scales its
  * sums by inv at the end (norm_late_inv), so the GEMV loop starts as soon as
  * xs is in shared memory and the sum of squares' reduction runs after it.
@@ -469,7 +442,7 @@ static __global__ void __launch_bounds__(32 * GEMV_WARPS, PAIR ? 3 : 1) gemv_war
     pdl_wait(); /* from here on, x may be read */
     if constexpr (LATE) norm_rows_late<PAIR>(p, (uint16_t *)xs4, nsh);
     else if constexpr (NORM) norm_rows<NT, PAIR>(p, (uint16_t *)xs4, nsh);
-    if constexpr (XS && !NORM) { /* x into shared memory (SLUICE_GEMV_XS), all of it in one round trip */
+    if constexpr (XS && !NORM) { /* x into shared memory, all of it in one round trip */
         for (int i = threadIdx.x; i < NT * n4; i += 32 * GEMV_WARPS) cp_async16(smem_u32(xs4 + i), (const uint4 *)p.x + i, true);
         cp_async_commit();
         cp_async_wait<0>();
@@ -670,7 +643,7 @@ static __global__ void __launch_bounds__(BT, 2) gemv_block_kernel(const gemv_par
  * T or the other rows: every fusion is bit for bit the unfused kernels.
  * MW = 16 warps a block, UU = 2 groups in flight for a row (SwiGLU's two
  * rows share them): with 64 registers, 2048 threads an SM (8 warps, or 4
- * groups, measured slower: BENCHMARKS.md, twentieth round). The norm
+ * groups, measured slower). The norm
  * prologue runs on the first 256 threads. Against the persistent block
  * kernel at 2-4 rows of x, this does no unpacking and no shuffles, and its
  * cost hardly grows with T: it takes up to 8 rows (the B operand's 8
@@ -796,7 +769,7 @@ static __global__ void __launch_bounds__(32 * MW, 1024 / (32 * MW)) gemv_mma_ker
 
 static struct gemv_state {
     int variant, nsm, ch;
-    bool pdl, pair, nwsm, xs, late, persist;
+    bool pdl, late, persist;
 } G;
 
 static int sm_major(void)
@@ -806,28 +779,18 @@ static int sm_major(void)
     return major;
 }
 
-/* a switch that is on unless the environment sets it to "0" */
-static bool env_on(const char *name)
-{
-    const char *e = getenv(name);
-    return !(e && strcmp(e, "0") == 0);
-}
-
+/* the defaults (the top of the file), set at the first call */
 static const gemv_state &state(void)
 {
     static bool once = [] {
-        const char *v = getenv("SLUICE_GEMV_VARIANT"), *c = getenv("SLUICE_GEMV_CH");
-        G.variant = v && *v >= '0' && *v <= '4' && !v[1] ? *v - '0' : 3;
-        G.ch = c && (!strcmp(c, "8") || !strcmp(c, "16")) ? atoi(c) : 4;
+        G.variant = 3;
+        G.ch = 4;
         int dev = 0;
         G.nsm = 132;
         if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&G.nsm, cudaDevAttrMultiProcessorCount, dev);
-        G.pdl = sm_major() >= 9 && env_on("SLUICE_PDL");
-        G.pair = env_on("SLUICE_GEMV_PAIR");
-        G.nwsm = env_on("SLUICE_GEMV_NWSM");
-        G.xs = env_on("SLUICE_GEMV_XS");
-        G.late = env_on("SLUICE_GEMV_LATE");
-        G.persist = env_on("SLUICE_GEMV_GU_PERSIST");
+        G.pdl = sm_major() >= 9;
+        G.late = true;
+        G.persist = true;
         return true;
     }();
     (void)once;
@@ -847,13 +810,13 @@ extern "C" void cuda_gemv_select(int variant, int pdl, int ch)
 extern "C" void cuda_gemv_late(int on)
 {
     state();
-    G.late = on < 0 ? env_on("SLUICE_GEMV_LATE") : on != 0;
+    G.late = on != 0;
 }
 
 extern "C" void cuda_gemv_persist(int on)
 {
     state();
-    G.persist = on < 0 ? env_on("SLUICE_GEMV_GU_PERSIST") : on != 0;
+    G.persist = on != 0;
 }
 
 /* blocks of a kernel resident per SM, asked once per kernel */
@@ -871,7 +834,7 @@ static cudaError_t launch_k(void (*k)(A...), int grid, int threads, size_t smem,
 }
 
 /* chunks per lane in flight in the warp kernels: G.ch for rows of <= 4096
- * (SLUICE_GEMV_CH=4|8|16), 4 for longer ones */
+ * (4, or what cuda_gemv_select set), 4 for longer ones */
 static int warp_ch(int in) { return in <= 4096 ? state().ch : 4; }
 
 /* the warp kernel at T rows */
@@ -897,20 +860,20 @@ static cudaError_t launch_warp1(const gemv_params &p, int T, cudaStream_t st)
     int grid = (p.out + GEMV_WARPS - 1) / GEMV_WARPS, th = 32 * GEMV_WARPS;
     size_t smem = NORM ? (size_t)T * p.in * 2 : 0;
     /* the one-token norm GEMV (qkv) two rows a warp, 3 blocks an SM: its
-     * 6144 rows (Llama-8B) in one wave instead of 1.45 (SLUICE_GEMV_PAIR) */
+     * 6144 rows (Llama-8B) in one wave instead of 1.45 */
     if constexpr (EPI == EPI_BF16 && NORM && CH == 4)
-        if (state().pair && T == 1 && p.out % 2 == 0) {
+        if (T == 1 && p.out % 2 == 0) {
             gemv_params q = p;
             q.out = p.out / 2;
             /* its norm weights staged in shared memory (norm_stage) where they fit */
-            q.nwsm = state().nwsm && (uintptr_t)p.nw % 16 == 0 && (size_t)p.in * 6 + 1024 <= CUDA_GEMV_NORM_SMEM;
+            q.nwsm = (uintptr_t)p.nw % 16 == 0 && (size_t)p.in * 6 + 1024 <= CUDA_GEMV_NORM_SMEM;
             const int g = (q.out + GEMV_WARPS - 1) / GEMV_WARPS;
             const size_t sm = smem + (q.nwsm ? (size_t)p.in * 4 : 0);
             if (state().late) return launch_k(gemv_warp_kernel<1, EPI, NORM, CH, true, false, false, true>, g, th, sm, st, q);
             return launch_k(gemv_warp_kernel<1, EPI, NORM, CH, true>, g, th, sm, st, q);
         }
     if constexpr (!NORM)
-        if (state().xs && (size_t)T * p.in * 2 <= 32768) /* x into shared memory (XS) */
+        if ((size_t)T * p.in * 2 <= 32768) /* x into shared memory (XS) */
             return launch_warp_t<EPI, NORM, CH, true>(p, T, grid, (size_t)T * p.in * 2, st);
     return launch_warp_t<EPI, NORM, CH, false>(p, T, grid, smem, st);
 }
@@ -1017,10 +980,7 @@ static bool use_warp(int T, int in) { return state().variant == 0 || (state().va
  * CUDA_GEMV_MAX_T rows */
 static bool use_mma(int T, int in)
 {
-    static const int min_in = [] { /* SLUICE_GEMV_MMA_MIN_IN=N: "auto" takes it at one row for in >= N */
-        const char *e = getenv("SLUICE_GEMV_MMA_MIN_IN");
-        return e && atoi(e) > 0 ? atoi(e) : 12288;
-    }();
+    const int min_in = 12288; /* "auto" takes it at one row from here (the down projection) */
     return state().variant == 4 || (state().variant == 3 && (T >= 2 || in >= min_in)) || T > CUDA_GEMV_MAX_T;
 }
 
@@ -1087,10 +1047,9 @@ static cudaError_t launch_mlp_tagged(const uint16_t *Wgu, const uint16_t *Wd, fl
 {
     gemv_params gu = {Wgu, NULL, x, nw, eps, NULL, E, F, 0, hw, (uint32_t)tag, false};
     gemv_params dn = {Wd, NULL, NULL, NULL, 0.0f, x, F, E, 0, hw, (uint32_t)tag, false};
-    /* the gate/up GEMV on one wave of blocks (SLUICE_GEMV_GU_PERSIST): each
-     * block normalizes x once, not once per 8 rows, and its warps go from
-     * row to row without a gap (batch-1 decode +1.1%: BENCHMARKS.md,
-     * twenty-eighth round) */
+    /* the gate/up GEMV on one wave of blocks (G.persist): each block
+     * normalizes x once, not once per 8 rows, and its warps go from row to
+     * row without a gap (batch-1 decode +1.1%) */
     static const auto kp = gemv_warp_kernel<1, EPI_SWIGLU, true, 4, false, true, false, true, true>;
     /* asked once, at the first call's E: registers bind it (2 an SM on sm_89
      * and sm_90) for any E the prologue takes (E * 2 <= CUDA_GEMV_NORM_SMEM);
@@ -1111,12 +1070,10 @@ static cudaError_t launch_mlp_tagged(const uint16_t *Wgu, const uint16_t *Wd, fl
 }
 
 /* whether cuda_gemv_mlp overlaps the two GEMVs: one token, the warp kernel
- * (4 chunks in flight) for gate/up, the tensor-core kernel for down, and
- * not SLUICE_GEMV_TAGGED=0 */
+ * (4 chunks in flight) for gate/up, the tensor-core kernel for down */
 extern "C" bool cuda_gemv_mlp_tagged(int T, int E, int F)
 {
-    static const bool on = env_on("SLUICE_GEMV_TAGGED");
-    return on && T == 1 && state().variant == 3 && use_warp(1, E) && !use_mma(1, E) && warp_ch(E) == 4 &&
+    return T == 1 && state().variant == 3 && use_warp(1, E) && !use_mma(1, E) && warp_ch(E) == 4 &&
            use_mma(1, F) && F % GEMV_WARPS == 0;
 }
 

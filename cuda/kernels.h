@@ -83,8 +83,7 @@ struct cuda_attn_args {
     const uint16_t *q;          /* [T][H][D] bf16 */
     const void *kc, *vc;        /* [n_slots][KVH][D] bf16, or fp8 e4m3 when kv8 */
     bool kv8;                   /* fp8 e4m3 KV cache: every kernel widens K and V to bf16 on load (exact) and
-                                 * computes as with a bf16 cache; the decode kernel then always uses its
-                                 * tensor-core math */
+                                 * computes as with a bf16 cache (the decode kernel: to f16) */
     const int32_t *pos;         /* [T] */
     const int32_t *bt;          /* flat block tables (an item's at bt + bt0) */
     const struct cuda_attn_item *items; /* [max_items]: a block reads its item while n_items is on its way */
@@ -107,30 +106,21 @@ struct cuda_attn_args {
     bool dec_wide;              /* decode kernel at head_dim 128 on the tensor cores: the build held to 3
                                  * blocks an SM (fewer registers; for steps of more blocks than 2 an SM:
                                  * see attn.cu) */
-    bool dec_msm;               /* internal, set by cuda_attention: the decode kernel's plain build merges its
-                                 * splits from a shared-memory copy of their partials */
     struct cuda_rope_args rope; /* decode kernel only: with rope.qkv set, the kernel does cuda_rope_kv's work
                                  * for its tokens (q from rope.qkv, not q; each token's K and V written to its
                                  * slot by the split that holds its position), so cuda_rope_kv is not run */
 };
 /* 1 when the decode kernel takes head_dim D with grp heads per KV head. */
 int cuda_attention_dec_ok(int D, int grp);
-/* For benchmarks and tests: the decode kernel's tile math on the tensor
- * cores (tc 1, the default) or in SIMT (tc 0; SLUICE_CUDA_ATTN_DEC_TC=0 in
- * the environment); tc -1 rereads the environment. Call it outside graph
- * capture. */
-void cuda_attention_dec_select(int tc);
 cudaError_t cuda_attention(const struct cuda_attn_args *a, cudaStream_t st);
 /* Raises the kernel's shared-memory limit for head_dim D; call once before
  * any graph capture. */
 cudaError_t cuda_attention_prepare(int D);
-/* attn_wg.cu: the tensor-core path's 128-row items at head_dim 128 with the
- * bf16 cache run on Hopper's warpgroup MMA on compute capability 9.0
- * (cuda_attention picks it; SLUICE_CUDA_ATTN_WG=0 keeps attn.cu's kernel;
- * SLUICE_CUDA_ATTN_TMA=0 gathers K/V by cp.async, not bulk tensor copies;
- * SLUICE_CUDA_ATTN_PP=0: its consumer warpgroups do not take turns).
- * _select: on 1 / off 0 for tests and benchmarks (-1 rereads the
- * environment); call it outside graph capture. */
+/* attn_wg.cu: the tensor-core path's 128-row items at head_dim 128 run on
+ * Hopper's warpgroup MMA on compute capability 9.0 (cuda_attention picks
+ * it). _select: on 1 / off 0 (attn.cu's kernel) for tests and benchmarks,
+ * -1 the default (on where the device runs it); call it outside graph
+ * capture. */
 int cuda_attention_wg_ok(const struct cuda_attn_args *a);
 void cuda_attention_wg_select(int on);
 cudaError_t cuda_attention_wg_prepare(void);
@@ -141,14 +131,14 @@ cudaError_t cuda_attention_wg(const struct cuda_attn_args *a, cudaStream_t st);
  * rows (past CUDA_GEMV_MAX_T, every variant takes the tensor-core kernel;
  * the norm launchers within CUDA_GEMV_NORM_SMEM), W [rows][in] bf16, in % 8 == 0, W and bf16 x 16-byte aligned, f32
  * accumulation; otherwise cudaErrorInvalidValue and nothing is launched.
- * For in >= 2048 (and SLUICE_GEMV_VARIANT != 0) every launcher here sums
+ * For in >= 2048 (and cuda_gemv_select's variant != 0) every launcher here sums
  * each output in the same order, so a fusion gives bit for bit what the
  * unfused kernels give on the same data. cuda_gemv_swiglu always sums as
  * cuda_gemv does for the same T and in (the warp kernel's order where
  * cuda_gemv takes the warp kernel), so it is exact in every variant.
  * The kernels are launched with programmatic dependent launch on sm_90 (they
  * read nothing written by earlier kernels before waiting for them); see
- * gemv.cu for SLUICE_GEMV_VARIANT, SLUICE_GEMV_CH and SLUICE_PDL. */
+ * gemv.cu for which kernel takes which shape. */
 #define CUDA_GEMV_MAX_T 4
 #define CUDA_GEMV_MMA_MAX_T 8
 /* y[t][o] = sum_i x[t][i] W[o][i] for t < T: W [out][in] bf16, x [T][in]
@@ -169,8 +159,7 @@ cudaError_t cuda_gemv_swiglu(const uint16_t *Wgu, const uint16_t *x, uint16_t *h
 /* RMSNorm in the prologue: y = bf16(xn W^T) with xn[t] = bf16(nw * x[t] / rms(x[t]))
  * computed exactly as cuda_add_rmsnorm(x, NULL, nw, NULL, T, in, eps, xn)
  * does (same bf16 values); x is only read. Except at one row with the warp
- * kernel (the batch-1 decode path) unless SLUICE_GEMV_LATE=0 or
- * cuda_gemv_late(0): there y = bf16(inv(x[t]) * (bf16(nw * x[t]) W^T)), the
+ * kernel (the batch-1 decode path) unless cuda_gemv_late(0): there y = bf16(inv(x[t]) * (bf16(nw * x[t]) W^T)), the
  * norm's scale applied to the sums (same inv; gemv.cu, norm_rows_late), so
  * the bits differ from the unfused chain's by one rounding's place. The
  * same holds for the two calls below. x [T][in] f32, nw [in] f32,
@@ -199,32 +188,30 @@ bool cuda_gemv_mlp_tagged(int T, int E, int F);
 /* For benchmarks and tests: variant 0 warp, 1 block, 2 persistent, 3 auto,
  * 4 tensor-core (-1 keeps it), pdl 0/1 (-1 keeps it), ch 4/8/16 chunks per
  * lane in flight in the warp kernels for rows of <= 4096 (other values keep
- * it), overriding the environment. Not thread-safe;
+ * it); the defaults are 3, 1 on sm_90 and later, 4. Not thread-safe;
  * call it outside graph capture, with no launch in flight on another thread. */
 void cuda_gemv_select(int variant, int pdl, int ch);
-/* For tests: the one-row norm prologue's late scale (above) on (1), off (0)
- * or as SLUICE_GEMV_LATE says (-1); the same conditions as cuda_gemv_select */
+/* For tests: the one-row norm prologue's late scale (above) on (1, and -1:
+ * the default) or off (0); the same conditions as cuda_gemv_select */
 void cuda_gemv_late(int on);
-/* For tests: cuda_gemv_mlp's tagged gate/up GEMV on one wave of blocks (1),
- * one block per 8 rows (0), or as SLUICE_GEMV_GU_PERSIST says (-1); the
- * sums are the same either way */
+/* For tests: cuda_gemv_mlp's tagged gate/up GEMV on one wave of blocks (1,
+ * and -1: the default) or one block per 8 rows (0); the sums are the same
+ * either way */
 void cuda_gemv_persist(int on);
 
 /* ---- gemm_wg.cu ---- */
 /* Prefill GEMMs on Hopper's warpgroup MMA (compute capability 9.0 only),
  * f32 accumulation in one fixed order per output whatever T. ok: this
- * device runs them (unless SLUICE_CUDA_GEMM_WG=0) for these sizes (in a
+ * device runs them (unless cuda_gemm_wg_select(0)) for these sizes (in a
  * multiple of 8, out and 2F of 16; outputs 16-byte aligned); otherwise the
  * launchers return cudaErrorInvalidValue and launch nothing. prepare: once
  * per device before the first launch.
- * select: 1/0 forces on/off (where the device can), -1 the environment;
- * not thread-safe, for tests and benchmarks. */
+ * select: 1/0 forces on/off (where the device can), -1 the default (on);
+ * not thread-safe, for tests and benchmarks. The backend's gate|up takes
+ * cuda_gemm_wg_swiglu from cuda_tuning.gemm_wg_min_t tokens a step (128:
+ * below, cuBLAS + cuda_swiglu measured faster: 32 tokens 6.27 against
+ * 6.59 ms a step, 64 the same, 128 7.04 against 6.91). */
 int cuda_gemm_wg_ok(int T, int in, int out);
-/* the backend's gate|up takes cuda_gemm_wg_swiglu from this many tokens a
- * step: below, cuBLAS + cuda_swiglu measured faster (thirteenth round,
- * decode steps: 32 tokens 6.27 against 6.59 ms, 64 the same, 128 7.04
- * against 6.91) */
-#define CUDA_GEMM_WG_MIN_T 128
 cudaError_t cuda_gemm_wg_prepare(void);
 void cuda_gemm_wg_select(int on);
 /* y = bf16(x W^T): W [out][in] bf16, x [T][in] bf16, y [T][out] bf16 */

@@ -104,17 +104,11 @@ extern "C" cudaError_t cuda_embed(const uint16_t *tab, const int32_t *ids, int T
     return cudaGetLastError();
 }
 
-/* SLUICE_CUDA_NORM_WIDE=0: every step on add_rmsnorm_kernel (for comparison) */
-static const bool norm_wide = [] {
-    const char *e = getenv("SLUICE_CUDA_NORM_WIDE");
-    return !(e && strcmp(e, "0") == 0);
-}();
-
 extern "C" cudaError_t cuda_add_rmsnorm(float *x, const uint16_t *delta, const float *w, const int32_t *rows,
                                         int T, int E, float eps, uint16_t *out, cudaStream_t st)
 {
     if (T <= 0) return cudaSuccess;
-    if (!rows && T > CUDA_GEMV_MAX_T && E % 1024 == 0 && norm_wide) {
+    if (!rows && T > CUDA_GEMV_MAX_T && E % 1024 == 0) {
         dim3 g(T), b(WIDE_THREADS);
         switch (E / 1024) {
         case 1: return pdl_launch(add_rmsnorm_wide_kernel<1>, g, b, 0, st, x, delta, w, E, eps, out);

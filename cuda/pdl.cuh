@@ -10,8 +10,9 @@
  * pdl_wait() before it exits (the plain decode attention build's idle
  * blocks leave at once; its block (0, 0) always waits), so completion of a
  * kernel still implies completion of everything before it in the stream (a
- * chain of early launches stays ordered). On for sm_90 and later unless
- * SLUICE_PDL=0; see gemv.cu. The decode attention kernel is launched early
+ * chain of early launches stays ordered). On for sm_90 and later (with
+ * several GPUs only beside the peer all-reduce: cuda_backend.c); see gemv.cu
+ * for what it gains. The decode attention kernel is launched early
  * too (its first K/V tiles before the wait) but lets nothing start early
  * (attn.cu says why). */
 #ifndef SLUICE_CUDA_PDL_CUH
@@ -32,7 +33,7 @@ static __device__ __forceinline__ void pdl_wait(void)
 #endif
 }
 
-/* whether launches carry the PDL attribute (gemv.cu: SLUICE_PDL, sm_90+) */
+/* whether launches carry the PDL attribute (gemv.cu's state: sm_90+) */
 bool cuda_pdl_on(void);
 
 /* k<<<grid, block, smem, st>>>(args...), with the PDL attribute when on and

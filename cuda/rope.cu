@@ -31,8 +31,7 @@ static __global__ void rope_kv_kernel(struct cuda_rope_args a)
 
 /* The register path (rope_head_vec's shapes): each warp ROPE_HPW heads of
  * the token, every head's load issued before the first is used (a prefill
- * step's RoPE is bound by latency, not bytes, with one head per warp:
- * BENCHMARKS.md) */
+ * step's RoPE is bound by latency, not bytes, with one head per warp) */
 #define ROPE_HPW 4
 template <int V>
 static __global__ void rope_kv_vec_kernel(struct cuda_rope_args a)

@@ -927,9 +927,25 @@ static void test_run_batch(void)
     CHECKF(k == 9, "%d output lines for 9 input lines", k);
 }
 
-int main(void)
+#ifdef SLUICE_CUDA
+#include "cuda/tuning.h"
+#endif
+
+/* --gemm-wg-min-t=N (a CUDA build; tests/gpu/run.sh check): the fused
+ * gate|up GEMM from N tokens a step, so that short steps reach it too */
+int main(int argc, char **argv)
 {
     struct model_load_opts lo = {0};
+    for (int i = 1; i < argc; i++) {
+#ifdef SLUICE_CUDA
+        if (!strncmp(argv[i], "--gemm-wg-min-t=", 16) && atoi(argv[i] + 16) > 0) {
+            cuda_tuning.gemm_wg_min_t = atoi(argv[i] + 16);
+            continue;
+        }
+#endif
+        fprintf(stderr, "unknown argument %s\n", argv[i]);
+        return 2;
+    }
     if (getenv("SLUICE_TEST_MODEL")) g_path = getenv("SLUICE_TEST_MODEL");
     if (getenv("SLUICE_TEST_DEVICE")) g_device = getenv("SLUICE_TEST_DEVICE");
     if (getenv("SLUICE_TEST_TP")) g_tp = atoi(getenv("SLUICE_TEST_TP"));

@@ -9,8 +9,15 @@
  * warm-ups, CUDA events; TFLOP/s counts causal work only: 4 * H * D * sum
  * over queries of the keys each sees.
  * Also prints the largest difference between the two kernels' outputs on
- * the prompt (bf16 P: expect ~1e-2 at most). SLUICE_BENCH_KV=fp8: the fp8
- * e4m3 cache (random finite values) instead of bf16. Not a test. */
+ * the prompt (bf16 P: expect ~1e-2 at most). Not a test.
+ *
+ *   build/tests/gpu/bench_attn [--kv-cache-dtype=fp8] [--no-wg] [--wg8-skip-widen]
+ *   --kv-cache-dtype=fp8  the fp8 e4m3 cache (random finite values), not bf16
+ *   --no-wg               the 128-row items on attn.cu's kernel, not the
+ *                         warpgroup one (sm_90)
+ *   --wg8-skip-widen      benchmarks only, wrong outputs: the warpgroup
+ *                         kernel leaves the fp8 stages unwidened, to see what
+ *                         the widening costs (cuda_tuning.attn_wg8_skip_widen) */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
@@ -18,6 +25,7 @@
 #include <string.h>
 
 #include "cuda/kernels.h"
+#include "cuda/tuning.h"
 #include "tests/gpu/gpu_util.h"
 
 enum { NH = 32, NKVH = 8, HD = 128, BS = 16, CHUNK = 2048 };
@@ -42,7 +50,7 @@ static void *dup_dev(const void *h, size_t n)
     cudaMemcpy(d, h, n, cudaMemcpyHostToDevice);
     return d;
 }
-static bool g_kv8; /* SLUICE_BENCH_KV=fp8 */
+static bool g_kv8; /* --kv-cache-dtype=fp8 */
 /* n random e4m3 bytes of magnitude below 1 (exponent field 0..6), as the
  * bf16 cache's values */
 static void *rand_dev8(size_t n)
@@ -145,8 +153,17 @@ static void free_args(struct cuda_attn_args *a)
     cudaFree((void *)a->tok_part);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--kv-cache-dtype=fp8")) g_kv8 = true;
+        else if (!strcmp(argv[i], "--no-wg")) cuda_attention_wg_select(0);
+        else if (!strcmp(argv[i], "--wg8-skip-widen")) cuda_tuning.attn_wg8_skip_widen = true;
+        else {
+            fprintf(stderr, "usage: %s [--kv-cache-dtype=fp8] [--no-wg] [--wg8-skip-widen]\n", argv[0]);
+            return 2;
+        }
+    }
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
         printf("no GPU: skipped\n");
@@ -164,7 +181,6 @@ int main(void)
     }
     int32_t *dbt = dup_dev(bt, nb * 4);
     size_t kvn = (size_t)ctx_max * NKVH * HD;
-    g_kv8 = getenv("SLUICE_BENCH_KV") && strncmp(getenv("SLUICE_BENCH_KV"), "fp8", 3) == 0;
     uint16_t *kc = g_kv8 ? rand_dev8(kvn) : rand_dev(kvn, 1.0f), *vc = g_kv8 ? rand_dev8(kvn) : rand_dev(kvn, 1.0f);
     uint16_t *q = rand_dev((size_t)ctx_max * NH * HD, 2.0f);
     uint16_t *out[3];

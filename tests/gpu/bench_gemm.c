@@ -6,33 +6,41 @@
  * its power cap runs the same instructions faster on zeros, so an ablation
  * that leaves a GEMM's input stale or zero measures the wrong ceiling. Also
  * one GEMM alone, median of 20 (the short-burst figure).
- * SLUICE_BENCH_LT=1 adds a sweep of cuBLASLt's heuristic algorithms: for
+ * --lt adds a sweep of cuBLASLt's heuristic algorithms: for
  * each GEMM shape in turn, its k-th candidate (the others on candidate 0),
  * on random data under the same sustained load, with each candidate's tile,
  * stages, cluster shape and split-K: whether another algorithm runs faster
  * under the power cap than the one picked for short bursts.
- * SLUICE_BENCH_OVERLAP=1 adds the question whether a step split in two
+ * --overlap adds the question whether a step split in two
  * halves on two streams would hide the memory-bound kernels under the
  * other half's GEMMs at the power cap: the chain of a layer without
  * attention (RMSNorm, qkv, o, RMSNorm, gate|up, SwiGLU, down) for 32 layers,
  * as one 16384-token stream; as two 8192-token halves one after the other;
  * and as the two halves on two streams at once, the second starting half a
  * layer later.
- * SLUICE_BENCH_WG=1 adds the warpgroup GEMMs (gemm_wg.cu, sm_90 only)
- * under the same sustained load, in alternating rounds (=2: only gate|up
- * alone and sustained, below): the four cuBLAS
+ * --wg adds the warpgroup GEMMs (gemm_wg.cu, sm_90 only)
+ * under the same sustained load, in alternating rounds (--wg-only: only
+ * gate|up alone and sustained, below): the four cuBLAS
  * GEMMs with cuda_swiglu after gate|up (what a prefill step runs); the same
  * with gate|up and SwiGLU in one warpgroup kernel; all four on the
  * warpgroup kernels; and the four plain GEMMs on them (against the cuBLAS
- * figure above). Not a test. */
+ * figure above). --wg-ablate=1|2|3 (benchmarks only, wrong outputs;
+ * cuda_tuning.gemm_wg_ablate): the warpgroup GEMM without its epilogue, 1,
+ * without the loads after the first stages, 2, or both, 3. Not a test.
+ *
+ *   build/tests/gpu/bench_gemm [--lt] [--overlap] [--wg | --wg-only] [--wg-ablate=N] */
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cuda/kernels.h"
+#include "cuda/tuning.h"
+
+static int g_wg; /* 1: --wg, 2: --wg-only */
 
 /* n bf16 uniform in [-1, 1) at device p (through a host buffer) */
 static void fill(uint16_t *p, size_t n, uint32_t seed)
@@ -317,8 +325,7 @@ static void wg_compare(cublasHandle_t h, uint16_t *const *w, const uint16_t *x, 
         return;
     }
     uint16_t *hb = dalloc((size_t)T * F * 2);
-    const char *only = getenv("SLUICE_BENCH_WG");
-    for (int round = 0; round < 2 && !(only && *only == '2'); round++)
+    for (int round = 0; round < 2 && g_wg != 2; round++)
         for (int mode = 0; mode < 4; mode++) {
             float ms = wg_chain(h, w, x, y, hb, mode, T, L, g, F);
             printf("wg round %d, %s: %.1f ms per 32 layers, %.0f TFLOP/s\n", round, name[mode], ms,
@@ -360,8 +367,22 @@ static void wg_compare(cublasHandle_t h, uint16_t *const *w, const uint16_t *x, 
     cudaFree(hb);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    bool lt = false, ov = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--lt")) lt = true;
+        else if (!strcmp(a, "--overlap")) ov = true;
+        else if (!strcmp(a, "--wg")) g_wg = 1;
+        else if (!strcmp(a, "--wg-only")) g_wg = 2;
+        else if (!strncmp(a, "--wg-ablate=", 12) && atoi(a + 12) >= 1 && atoi(a + 12) <= 3)
+            cuda_tuning.gemm_wg_ablate = atoi(a + 12);
+        else {
+            fprintf(stderr, "usage: %s [--lt] [--overlap] [--wg | --wg-only] [--wg-ablate=1|2|3]\n", argv[0]);
+            return 2;
+        }
+    }
     const int T = 16384, E = 4096, F = 14336, QKV = 6144, L = 32;
     struct { int in, out; } g[] = {{E, QKV}, {E, E}, {E, 2 * F}, {F, E}};
     cublasHandle_t h;
@@ -378,8 +399,7 @@ int main(void)
     }
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0), cudaEventCreate(&e1);
-    const char *wg = getenv("SLUICE_BENCH_WG");
-    for (int data = 0; data < 2 && !(wg && *wg == '2'); data++) {
+    for (int data = 0; data < 2 && g_wg != 2; data++) {
         if (data == 0)
             fill(x, (size_t)T * F, 99u);
         else
@@ -413,16 +433,14 @@ int main(void)
         printf("gate|up alone, %s activations: best of 20 %.3f ms, %.0f TFLOP/s\n", data ? "zero" : "random", best,
                2.0 * T * g[2].in * g[2].out / (best * 1e-3) / 1e12);
     }
-    const char *ov = getenv("SLUICE_BENCH_OVERLAP");
-    if (ov && *ov == '1') overlap(w, T, E, F, QKV, L);
-    if (wg && (*wg == '1' || *wg == '2')) {
+    if (ov) overlap(w, T, E, F, QKV, L);
+    if (g_wg) {
         fill(x, (size_t)T * F, 99u);
         int gi[4][2];
         for (int i = 0; i < 4; i++) gi[i][0] = g[i].in, gi[i][1] = g[i].out;
         wg_compare(h, w, x, y, T, L, (const int (*)[2])gi, flop);
     }
-    const char *lt = getenv("SLUICE_BENCH_LT");
-    if (lt && *lt == '1') {
+    if (lt) {
         fill(x, (size_t)T * F, 99u);
         int gi[4][2];
         for (int i = 0; i < 4; i++) gi[i][0] = g[i].in, gi[i][1] = g[i].out;

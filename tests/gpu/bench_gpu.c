@@ -1,24 +1,32 @@
 /* bench_gpu.c - GPU backend timings on a dummy-weight shape (not a test).
  *
- *   build/tests/gpu/bench_gpu [config_dir] [tokenizer]
+ *   build/tests/gpu/bench_gpu [OPTIONS] [config_dir] [tokenizer]
  *   (defaults: tools/configs/llama-3.1-8b, tests/models/tiny-qwen3)
- *   SLUICE_TEST_TP=N: N tensor-parallel ranks; SLUICE_BENCH_SEQS=n: KV for n
- *   sequences (256) and the largest decode batch; SLUICE_BENCH_ONLY=decode:
- *   batch-1 decode alone (=prefill: the prefill timings alone; =batches:
- *   SLUICE_BENCH_DECODE's batches alone); SLUICE_BENCH_PROFILE=1: after the timed decode
- *   steps, two more inside cudaProfilerStart/Stop (for
- *   `ncu --profile-from-start off`); SLUICE_BENCH_PROFILE=prefill: after
- *   the timed prefill, one more 16K-token step inside them, then stop;
- *   SLUICE_BENCH_DECODE=BxC[,BxC...]: after batch-1 decode, decode of B
- *   sequences at context C each instead of the fixed batches;
- *   SLUICE_BENCH_KV=fp8: the fp8 KV cache (--kv-cache-dtype);
- *   SLUICE_BENCH_BIG=N (N > 8): after the 16K-token step, prefill sustained
- *   (8 steps back to back) at 8 and at N prompts of 2048 a step, twice;
- *   SLUICE_BENCH_LONG=N: one sequence of N tokens instead of everything above:
- *   its prompt prefilled in chunks of SLUICE_BENCH_CHUNK tokens (8192, serve's
- *   --max-num-batched-tokens) as the scheduler runs them (TTFT, each chunk's
- *   time), then batch-1 decode over that written cache at contexts up to N,
- *   each against its floor (weights + the context's KV at 4.3 TB/s).
+ *   --tp=N               N tensor-parallel ranks
+ *   --seqs=N             KV for N sequences (256) and the largest decode batch
+ *   --only=decode        batch-1 decode alone (=prefill: the prefill timings
+ *                        alone; =batches: --decode's batches alone)
+ *   --decode=BxC[,BxC...]  after batch-1 decode, decode of B sequences at
+ *                        context C each instead of the fixed batches
+ *   --kv-cache-dtype=fp8 the fp8 KV cache
+ *   --big=N (N > 8)      after the 16K-token step, prefill sustained (8 steps
+ *                        back to back) at 8 and at N prompts of 2048 a step, twice
+ *   --long=N             one sequence of N tokens instead of everything above:
+ *                        its prompt prefilled in chunks of --chunk tokens (8192,
+ *                        serve's --max-num-batched-tokens) as the scheduler runs
+ *                        them (TTFT, each chunk's time), then batch-1 decode over
+ *                        that written cache at contexts up to N, each against its
+ *                        floor (weights + the context's KV at 4.3 TB/s)
+ *   --profile=decode     after the timed decode steps, two more inside
+ *                        cudaProfilerStart/Stop (for `ncu --profile-from-start
+ *                        off`); =prefill: after the timed prefill, one more
+ *                        16K-token step inside them, then stop
+ *   --enforce-eager      no CUDA graphs;  --no-warmup  no start-up warm-up
+ *   --nccl               every tensor-parallel all-reduce through NCCL
+ *   benchmarks only, wrong outputs (cuda_tuning, cuda/tuning.h):
+ *   --ablate=attn,norm,qkv,o,gu,down,head  leave those kernels out of every
+ *                        step, to see what each costs
+ *   --skip-comm          tensor parallelism without its collectives
  *
  * Drives the backend with hand-made steps (no scheduler): TTFT of one
  * 2048-token prompt, prefill throughput of a 16K-token step (8 x 2048),
@@ -32,11 +40,12 @@
 
 #include <cuda_profiler_api.h>
 
+#include "cuda/tuning.h"
 #include "model/backend.h"
 #include "tests/gpu/gpu_util.h"
 
 #define BS 16
-static int g_ctxb = 160; /* blocks per sequence (2560 tokens; SLUICE_BENCH_LONG sets more) */
+static int g_ctxb = 160; /* blocks per sequence (2560 tokens; --long sets more) */
 
 
 static model_backend *g_be;
@@ -88,10 +97,9 @@ static double median_decode(int ns, int ctx, int n)
 }
 
 
-/* SLUICE_BENCH_LONG: one long sequence, chunked prefill then decode (see the header). */
-static void bench_long(int n, size_t wbytes, size_t kv_tok)
+/* --long: one long sequence, chunked prefill then decode (see the header). */
+static void bench_long(int n, int chunk, size_t wbytes, size_t kv_tok)
 {
-    int chunk = getenv("SLUICE_BENCH_CHUNK") ? atoi(getenv("SLUICE_BENCH_CHUNK")) : 8192;
     if (chunk < 1 || chunk > 16384) chunk = 8192;
     double total = 0, first = 0, last = 0;
     int n_chunks = 0;
@@ -119,10 +127,43 @@ static void bench_long(int n, size_t wbytes, size_t kv_tok)
     }
 }
 
+/* the value of option name ("--name=value") in a, or NULL */
+static const char *opt(const char *a, const char *name)
+{
+    size_t n = strlen(name);
+    return !strncmp(a, name, n) && a[n] == '=' ? a + n + 1 : NULL;
+}
+
 int main(int argc, char **argv)
 {
-    const char *cfg = argc > 1 ? argv[1] : "tools/configs/llama-3.1-8b";
-    const char *tok = argc > 2 ? argv[2] : "tests/models/tiny-qwen3";
+    const char *pos_args[2] = {"tools/configs/llama-3.1-8b", "tests/models/tiny-qwen3"};
+    const char *only = NULL, *prof = NULL, *decode_list = NULL, *kv = NULL, *v;
+    int tp = 1, nseq = 256, long_n = 0, big = 0, chunk = 8192, npos = 0;
+    bool eager = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if ((v = opt(a, "--tp"))) tp = atoi(v);
+        else if ((v = opt(a, "--seqs"))) nseq = atoi(v);
+        else if ((v = opt(a, "--only"))) only = v;
+        else if ((v = opt(a, "--decode"))) decode_list = v;
+        else if ((v = opt(a, "--kv-cache-dtype"))) kv = v;
+        else if ((v = opt(a, "--big"))) big = atoi(v);
+        else if ((v = opt(a, "--long"))) long_n = atoi(v);
+        else if ((v = opt(a, "--chunk"))) chunk = atoi(v);
+        else if ((v = opt(a, "--profile"))) prof = v;
+        else if (!strcmp(a, "--enforce-eager")) eager = true;
+        else if (!strcmp(a, "--no-warmup")) cuda_tuning.warmup = false;
+        else if (!strcmp(a, "--nccl")) cuda_tuning.tp_peer_allreduce = false;
+        else if (!strcmp(a, "--skip-comm")) cuda_tuning.tp_skip_comm = true;
+        else if ((v = opt(a, "--ablate")) && cuda_ablate_parse(v) >= 0)
+            cuda_tuning.ablate = (unsigned)cuda_ablate_parse(v);
+        else if (a[0] != '-' && npos < 2) pos_args[npos++] = a;
+        else {
+            fprintf(stderr, "bench_gpu: unknown or bad argument %s (options: tests/gpu/bench_gpu.c)\n", a);
+            return 2;
+        }
+    }
+    const char *cfg = pos_args[0], *tok = pos_args[1];
     char err[512];
     double t0 = now_s();
     struct model_load_opts lo = {.tokenizer = tok, .load_format = "dummy"};
@@ -133,22 +174,18 @@ int main(int argc, char **argv)
     }
     const struct model_config *c = model_get_config(m);
     g_V = c->n_vocab;
-    int tp = getenv("SLUICE_TEST_TP") ? atoi(getenv("SLUICE_TEST_TP")) : 1;
-    int nseq = getenv("SLUICE_BENCH_SEQS") ? atoi(getenv("SLUICE_BENCH_SEQS")) : 256;
     if (tp < 1) tp = 1;
     if (nseq < 8) nseq = 8;
-    int long_n = getenv("SLUICE_BENCH_LONG") ? atoi(getenv("SLUICE_BENCH_LONG")) : 0;
     if (long_n > 0) { /* one sequence: its blocks, every one of them */
         if (long_n < 2048) long_n = 2048;
         nseq = 1;
         g_ctxb = (long_n + BS - 1) / BS + 1;
     }
-    int big = getenv("SLUICE_BENCH_BIG") ? atoi(getenv("SLUICE_BENCH_BIG")) : 0;
     if (big <= 8 || big > nseq) big = 0;
     struct model_backend_opts bo = {.device = "cuda", .max_tokens_per_step = big > 8 ? big * 2048 : 16384,
                                     .max_seqs_per_step = 256,
                                     .max_ctx = g_ctxb * BS, .tensor_parallel_size = tp,
-                                    .kv_cache_dtype = getenv("SLUICE_BENCH_KV")};
+                                    .kv_cache_dtype = kv, .enforce_eager = eager};
     g_be = model_backend_create(m, &bo, err, sizeof err);
     if (!g_be) {
         fprintf(stderr, "backend: %s\n", err);
@@ -177,14 +214,13 @@ int main(int argc, char **argv)
     wbytes /= (size_t)tp; /* each GPU reads its share: the floor below is per GPU */
 
     if (long_n > 0) {
-        bool kv8 = false; /* as the backend read SLUICE_BENCH_KV (it accepted it above) */
+        bool kv8 = false; /* as the backend read --kv-cache-dtype (it accepted it above) */
         model_kv_dtype(&bo, "cuda", &kv8, err, sizeof err);
         size_t kv_tok = (size_t)c->n_layer * 2 * c->n_head_kv * c->head_dim / (size_t)tp * (kv8 ? 1 : 2);
         step(1, 0, 64); /* warm-up */
-        bench_long(long_n, wbytes, kv_tok);
+        bench_long(long_n, chunk, wbytes, kv_tok);
         goto done;
     }
-    const char *only = getenv("SLUICE_BENCH_ONLY"), *prof = getenv("SLUICE_BENCH_PROFILE");
     bool decode_only = only && (strcmp(only, "decode") == 0 || strcmp(only, "batches") == 0);
     step(1, 0, 64); /* warm-up */
     if (decode_only) goto decode;
@@ -218,17 +254,17 @@ decode:
     double d1 = median_decode(1, 1024, 128);
     printf("decode batch 1 @ 1K ctx: %.3f ms/step = %.1f tok/s; floor %.1f tok/s at 4.3 TB/s (%.0f%%)\n", d1 * 1e3,
            1 / d1, 4.3e12 / wbytes, 100 * (1 / d1) / (4.3e12 / wbytes));
-    if (prof && strcmp(prof, "prefill") != 0) {
+    if (prof && strcmp(prof, "decode") == 0) {
         cudaProfilerStart();
         step(1, 1200, 1), step(1, 1201, 1);
         cudaProfilerStop();
     }
 batches:
-    if (getenv("SLUICE_BENCH_DECODE")) { /* "BxC,...": batch B at context C (KV unwritten: timing only) */
-        for (const char *q = getenv("SLUICE_BENCH_DECODE"); *q;) {
+    if (decode_list) { /* "BxC,...": batch B at context C (KV unwritten: timing only) */
+        for (const char *q = decode_list; *q;) {
             int b = 0, ctx = 0, n = 0;
             if (sscanf(q, "%dx%d%n", &b, &ctx, &n) != 2 || b < 1 || b > nseq || ctx < 1 || ctx + 40 > g_ctxb * BS) {
-                fprintf(stderr, "SLUICE_BENCH_DECODE: expected BxC with B <= %d, C <= %d\n", nseq, g_ctxb * BS - 40);
+                fprintf(stderr, "--decode: expected BxC with B <= %d, C <= %d\n", nseq, g_ctxb * BS - 40);
                 return 1;
             }
             double d = median_decode(b, ctx, 32);

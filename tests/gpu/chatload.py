@@ -1,7 +1,7 @@
-"""chatload.py - the client side of the device scripts that measure chat
-under load (chat_beside_batch_run.sh, long_prompt_chat_run.sh): prompts of
-about N tokens cut from the bench corpus, and streamed chats timed per
-chunk. Run from the repository root."""
+"""chatload.py - the client side of the served benchmarks (scenarios.py,
+run by tests/gpu/run.sh bench): prompts of about N tokens cut from the
+bench corpus, and streamed chats timed per chunk. Run from the repository
+root."""
 import http.client
 import json
 import random

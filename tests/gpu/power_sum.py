@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """power_sum.py CSV LOG - the GPU's power and SM clock while each timed run
-of a bench log ran (power32_run.sh).
+of a bench log ran (tests/gpu/run.sh bench power).
 
 CSV: nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw.instant,
 power.draw.average,enforced.power.limit,temperature.gpu,

@@ -13,7 +13,7 @@
  *    top-2 logits are within NEAR_TIE (counted and reported as near-ties),
  *    and the GPU continuation vs HF's greedy one (first divergence reported);
  *  - all prompts batched in one prefill step then decoded together (padded
- *    graph buckets), eager (SLUICE_CUDA_GRAPHS=0) and graphed: the same tokens
+ *    graph buckets), eager (--enforce-eager) and graphed: the same tokens
  *    as the lone runs except at near-ties;
  *  - seeded sampling (temperature, top-p, penalties, top logprobs) is done on
  *    the host from the GPU logits with the CPU's RNG stream: tokens equal the
@@ -22,7 +22,11 @@
  * Tensor parallelism: SLUICE_TEST_TP=N runs "the GPU" as N ranks (models whose
  * heads do not divide by N are skipped with a note); SLUICE_TEST_REF=cuda
  * makes the reference one GPU (TP=1) instead of the CPU backend, so every
- * comparison above becomes TP=N versus TP=1.
+ * comparison above becomes TP=N versus TP=1. At TP=N a rank made to fail
+ * (cuda_tuning.tp_fault_rank) must stop the others within seconds.
+ *
+ * --gemm-wg-min-t=N: the fused gate|up GEMM (sm_90) from N tokens a step
+ * (cuda_tuning.gemm_wg_min_t; tests/gpu/run.sh check passes 1 once more).
  */
 #include <math.h>
 #include <stdio.h>
@@ -30,10 +34,12 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "cuda/tuning.h"
 #include "model/backend.h"
 #include "model/json.h"
 #include "tests/test.h"
 #include "tests/golden.h"
+#include "tests/gpu/gpu_util.h"
 
 #define BLOCK 16
 #define REGION 16
@@ -269,11 +275,9 @@ static void test_batched_graphs(void) { batched(g_gpu, "graphs"); }
 static void test_batched_eager(void)
 {
     char err[256];
-    setenv("SLUICE_CUDA_GRAPHS", "0", 1);
     struct model_backend_opts bo = {.device = "cuda", .max_tokens_per_step = 1024, .max_seqs_per_step = 512,
-                                    .max_ctx = REGION * BLOCK, .tensor_parallel_size = g_tp};
+                                    .max_ctx = REGION * BLOCK, .tensor_parallel_size = g_tp, .enforce_eager = true};
     model_backend *be = model_backend_create(g_model, &bo, err, sizeof err);
-    unsetenv("SLUICE_CUDA_GRAPHS");
     CHECKF(be != NULL, "%s", err);
     if (!be) return;
     CHECK(be->ops->kv_alloc(be, MAXP * REGION, BLOCK, err, sizeof err) == 0);
@@ -333,7 +337,7 @@ static void test_bad_steps(void)
 }
 
 /* A prompt of 1100 (arbitrary) tokens in two steps, 800 then 300 over the
- * 800, with every tile past 64 keys "long" (SLUICE_CUDA_LONG_SPLIT_KEYS=64
+ * 800, with every tile past 64 keys "long" (cuda_tuning.long_split_keys = 64
  * when the GPU backend is made): on the tensor-core prefill kernels its
  * keys are split, partials at the step's own stride (cuda_backend.c
  * long_splits). Each step's last logits vs the reference backend's, blocks
@@ -346,10 +350,11 @@ static void test_long_chunks(void)
     struct model_backend_opts bo = {.device = ref, .max_tokens_per_step = 1024, .max_seqs_per_step = 8,
                                     .max_ctx = NB * BLOCK};
     model_backend *be[2] = {model_backend_create(g_model, &bo, err, sizeof err), NULL};
-    setenv("SLUICE_CUDA_LONG_SPLIT_KEYS", "64", 1);
+    const int keys = cuda_tuning.long_split_keys;
+    cuda_tuning.long_split_keys = 64;
     bo.device = "cuda", bo.tensor_parallel_size = g_tp;
     if (be[0]) be[1] = model_backend_create(g_model, &bo, err, sizeof err);
-    unsetenv("SLUICE_CUDA_LONG_SPLIT_KEYS");
+    cuda_tuning.long_split_keys = keys;
     int32_t *ids = malloc(N * 4), *pos = malloc(N * 4), bt[NB];
     int64_t *slots = malloc(N * 8);
     float *lg[2] = {malloc((size_t)g_nv * 4), malloc((size_t)g_nv * 4)};
@@ -438,6 +443,48 @@ static void run_model(const char *name, const char *path, const char *golden, do
     golden_free(&g_gold);
 }
 
+/* Tensor parallelism: the last rank fails its third forward before
+ * enqueueing anything, as a dead GPU would, while the others wait in their
+ * collectives. forward() must say so (SL_EDEVICE, fatal set) within
+ * seconds: a failure never hangs the backend. Run last: the backend is left
+ * to the process exit, as the server leaves it (its streams may never
+ * finish), and so is g_model. */
+static void test_tp_fault(void)
+{
+    char err[256] = "";
+    const struct cuda_tuning saved = cuda_tuning;
+    cuda_tuning.tp_fault_rank = g_tp - 1, cuda_tuning.tp_fault_step = 3;
+    struct model_backend_opts bo = {.device = "cuda", .max_tokens_per_step = 64, .max_seqs_per_step = 8,
+                                    .max_ctx = REGION * BLOCK, .tensor_parallel_size = g_tp};
+    model_backend *be = model_backend_create(g_model, &bo, err, sizeof err);
+    cuda_tuning = saved;
+    CHECKF(be != NULL, "%s", err);
+    if (!be) return;
+    if (be->ops->kv_alloc(be, REGION, BLOCK, err, sizeof err)) {
+        CHECKF(0, "kv_alloc: %s", err);
+        model_backend_destroy(be);
+        return;
+    }
+    double t0 = now_s();
+    int32_t bt[REGION], tok = 1, pos = 0;
+    int64_t slot = 0;
+    for (int j = 0; j < REGION; j++) bt[j] = j;
+    int rc = 0, n = 0;
+    while (!rc && n < 5) { /* one token a step, never sampled */
+        pos = n++, slot = pos;
+        struct step_seq sq = {.query_start = 0, .query_len = 1, .context_len = pos + 1, .block_table = bt,
+                              .n_blocks = REGION};
+        struct step st = {.n_tokens = 1, .token_ids = &tok, .positions = &pos, .slots = &slot, .n_seqs = 1,
+                          .seqs = &sq};
+        rc = be->ops->forward(be, &st, err, sizeof err);
+    }
+    double el = now_s() - t0;
+    printf("  forward %d: rc %d (%s) after %.1f s\n", n, rc, err, el);
+    CHECKF(rc == SL_EDEVICE && n == 3, "forward %d: rc %d, want SL_EDEVICE at the third", n, rc);
+    CHECK(be->fatal != NULL);
+    CHECKF(el < 30, "%.1f s", el);
+}
+
 /* Random weights (--load-format dummy) from the config.json in dir, with
  * tiny-qwen3-d128's tokenizer: test_long_chunks alone (no HF reference).
  * dummy-d128-kv2 is tiny-qwen3-d128 with 2 KV heads, so that TP=2 reaches
@@ -464,8 +511,16 @@ static void run_dummy(const char *name, const char *dir, int n_head_kv, double t
     model_free(g_model);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    for (int i = 1; i < argc; i++) {
+        if (!strncmp(argv[i], "--gemm-wg-min-t=", 16) && atoi(argv[i] + 16) > 0) {
+            cuda_tuning.gemm_wg_min_t = atoi(argv[i] + 16);
+        } else {
+            fprintf(stderr, "usage: %s [--gemm-wg-min-t=N]\n", argv[0]);
+            return 2;
+        }
+    }
     if (!model_cuda_available()) {
         printf("no GPU: skipped\n0 passed, 0 failed\n");
         return 0;
@@ -485,5 +540,15 @@ int main(void)
     run_model("smollm2", "models/SmolLM2-135M-Instruct.Q4_1.gguf", "tests/golden/smollm2/golden.json", 4e-2, 4e-2);
     printf("near-ties (GPU greedy token != CPU argmax, CPU top-2 within %.0f%% of max |logit|): %d\n",
            NEAR_TIE_REL * 100, g_near_ties);
+    if (g_tp > 1) {
+        char err[512];
+        struct model_load_opts lo = {0};
+        printf("tiny-qwen3: a rank failure at TP=%d\n", g_tp);
+        g_model = model_load("tests/models/tiny-qwen3", &lo, err, sizeof err);
+        CHECKF(g_model != NULL, "load: %s", err);
+        if (g_model) {
+            RUN(test_tp_fault);
+        }
+    }
     return test_summary();
 }

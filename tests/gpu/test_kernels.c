@@ -211,7 +211,7 @@ static void test_gemm_wg(void)
 {
     cudaError_t pe = cuda_gemm_wg_prepare();
     if (!cuda_gemm_wg_ok(1, 16, 16)) {
-        printf("  no sm_90 device (or SLUICE_CUDA_GEMM_WG=0): skipped\n");
+        printf("  no sm_90 device: skipped\n");
         CHECK(pe == cudaSuccess);
         return;
     }
@@ -972,21 +972,10 @@ static void attention_decode_cases(void)
     attn_case("dec: head_dim 256 (SIMT kernel)", 16, 2, 256, 16, decode, 6, 4);
 }
 
-/* cases() with the decode kernel's tile math on the tensor cores, then in SIMT */
-static void both_decode_maths(void (*cases)(void))
-{
-    for (int tc = 1; tc >= 0; tc--) {
-        cuda_attention_dec_select(tc);
-        printf("  decode kernel on %s\n", tc ? "the tensor cores" : "SIMT");
-        cases();
-    }
-    cuda_attention_dec_select(-1);
-}
-
 static void test_attention_decode(void)
 {
     g_dec = true;
-    both_decode_maths(attention_decode_cases);
+    attention_decode_cases();
     g_dec = false;
 }
 
@@ -1113,7 +1102,7 @@ static void rope_fold_cases(void)
 
 static void test_attention_rope_fold(void)
 {
-    both_decode_maths(rope_fold_cases);
+    rope_fold_cases();
     g_wide = true; /* the decode kernel's build at 3 blocks an SM */
     printf("  decode kernel at 3 blocks an SM (dec_wide)\n");
     rope_fold_cases();

@@ -1,0 +1,74 @@
+/* tuning.h - the CUDA backend's settings that are not command-line flags:
+ * one struct, its defaults in one place (CUDA_TUNING_DEFAULTS, below), and
+ * nothing read from the environment. The server never changes it; tests
+ * and benchmarks set fields of cuda_tuning before they create a backend
+ * (model_backend_create reads it then; attn_wg.cu and gemm_wg.cu read
+ * their fields at each launch, so set them outside graph capture).
+ * The flags that reach the backend (--enforce-eager for CUDA graphs off,
+ * --kv-cache-dtype, --tensor-parallel-size, ...) come through
+ * struct model_backend_opts instead. docs/configuration.md lists both.
+ */
+#ifndef SLUICE_CUDA_TUNING_H
+#define SLUICE_CUDA_TUNING_H
+
+#include <stdbool.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* kernels a benchmark may leave out of every step (cuda_tuning.ablate) */
+enum {
+    CUDA_ABLATE_ATTN = 1, /* RoPE + KV write and the attention */
+    CUDA_ABLATE_NORM = 2, /* the RMSNorms (outside the fused GEMVs) */
+    CUDA_ABLATE_QKV = 4,  /* the qkv projection */
+    CUDA_ABLATE_O = 8,    /* the o projection */
+    CUDA_ABLATE_GU = 16,  /* the gate|up projection and SwiGLU */
+    CUDA_ABLATE_DOWN = 32, /* the down projection */
+    CUDA_ABLATE_HEAD = 64, /* the LM head */
+};
+
+struct cuda_tuning {
+    /* ---- operational ---- */
+    bool warmup;          /* warm up when the KV cache is allocated: load every kernel and capture the decode
+                           * graphs before the first request, which otherwise pays for them (true) */
+    bool tp_peer_allreduce; /* tensor parallelism: all-reduces of up to 8 MiB / (N - 1) on the peer-memory
+                           * kernel where every pair of GPUs has peer access; false: NCCL for all of them
+                           * (true: at TP=2 it halves a small all-reduce's latency) */
+    /* ---- for tests: reach paths the defaults take only on other shapes ---- */
+    int gemm_wg_min_t;    /* the gate|up GEMM with SwiGLU fused (warpgroup MMA, sm_90) from this many tokens
+                           * a step (CUDA_GEMM_WG_MIN_T, 128: below it cuBLAS + SwiGLU measured faster);
+                           * tests set 1 so that every step of 5+ tokens takes it */
+    int long_split_keys;  /* a prefill tile attending to this many keys or more may be split over blocks
+                           * (4096); tests set 64 to split short prompts; 0: never */
+    int tp_fault_rank;    /* tensor parallelism: this rank fails its forward number tp_fault_step with an
+                           * injected error, to test that the others stop (-1: none) */
+    long tp_fault_step;
+    /* ---- benchmarks only: the outputs are wrong, the backend says so on stderr ---- */
+    unsigned ablate;      /* CUDA_ABLATE_* kernels left out of every step, to see what each costs (0) */
+    bool tp_skip_comm;    /* tensor parallelism without its collectives (false) */
+    bool attn_wg8_skip_widen; /* the warpgroup prefill attention leaves the fp8 cache's stages unwidened */
+    int gemm_wg_ablate;   /* the warpgroup GEMM: 1 without its epilogue, 2 without the loads after the
+                           * first stages, 3 neither (0) */
+};
+
+#define CUDA_TUNING_DEFAULTS                                                                          \
+    {                                                                                                 \
+        .warmup = true, .tp_peer_allreduce = true, .gemm_wg_min_t = 128, .long_split_keys = 4096,     \
+        .tp_fault_rank = -1, .tp_fault_step = 0, .ablate = 0, .tp_skip_comm = false,                  \
+        .attn_wg8_skip_widen = false, .gemm_wg_ablate = 0,                                            \
+    }
+
+/* The settings every backend created from now on takes (cuda_backend.c
+ * holds it, initialized to CUDA_TUNING_DEFAULTS). Not thread-safe: set it
+ * before creating a backend, with none running. */
+extern struct cuda_tuning cuda_tuning;
+
+/* "attn,norm,qkv,o,gu,down,head" (any subset, comma-separated) as
+ * CUDA_ABLATE_* bits; -1 for an unknown name. For benchmarks' options. */
+int cuda_ablate_parse(const char *list);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

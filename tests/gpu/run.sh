@@ -1,0 +1,276 @@
+#!/usr/bin/env bash
+# run.sh - the GPU checks and benchmarks, on a host with a GPU (`make
+# gpu-test` runs `check`, `make bench` runs `bench gpu`). Run from anywhere;
+# the binaries must be built (make -j build/sluice and the tests/gpu ones).
+#
+#   tests/gpu/run.sh check [--python-only | --no-python]
+#   tests/gpu/run.sh bench [OPTIONS] NAME...
+#   tests/gpu/run.sh pack [FILE...]
+#
+# check: every tests/gpu/test_* binary; the engine suite (batch invariance,
+#   chunked prefill, prefix reuse, preemption) on the CUDA backend with each
+#   KV cache, on tiny-qwen3 and tiny-qwen3-d128 (head_dim 128: the warpgroup
+#   prefill attention on sm_90); test_gpu_e2e and the engine suite once more
+#   with the fused gate|up GEMM on every step of 5+ tokens; with 2+ GPUs the
+#   same at TP=2 (against the CPU and against one GPU; test_gpu_e2e also
+#   makes a rank fail and checks that the others stop); then, with the
+#   default model in models/ and the openai module, the Python integration
+#   tests against servers on the GPU (the server and Batch API ones again at
+#   TP=2 with 2+ GPUs) and a check that every server they logged ran on the
+#   cuda backend. --python-only: those alone; --no-python: without them.
+#   Ends with one line "N passed, N failed".
+#
+# bench NAME...: each benchmark behind a current figure of BENCHMARKS.md
+#   (the Llama-3.1-8B shape with dummy weights unless said), its output on
+#   stdout and under the log folder:
+#   gpu                bench_gpu: TTFT of 2048 tokens, a 16K-token prefill step,
+#                      batch-1 decode at 1K context, decode batches 8 / 64 / 256
+#   decode             decode at 1K context, batches 1, 2, 4, 8, 16, 64, 128, 256
+#   long               one 32K and one 131K-token prompt in chunks of 8192
+#                      (TTFT), then batch-1 decode over them; each KV cache
+#   gemm               bench_gemm: the sustained cuBLAS GEMM ceiling at the power
+#                      cap, and the warpgroup GEMMs beside it
+#   attn               bench_attn: the prefill attention kernels, each KV cache
+#   kernels            bench_kernels: each decode kernel and GEMV alone
+#   nccl               bench_nccl: one all-reduce, NCCL and the peer kernel (2+ GPUs)
+#   power              the GPU's power and SM clock (nvidia-smi every 20 ms)
+#                      during bench_gemm and sustained prefill steps (power_sum.py)
+#   chat-beside-batch  streamed chats beside a Batch API job of ~3000-token prompts
+#   long-chat          streamed chats beside a batch of 6 ~90K-token documents
+#   long-prompt-chat   6 chats arriving 0.5 s apart beside one ~100K-token chat prompt
+#   hit-ttft           a 14.6K-token prompt, then 6 prefix-cache hits: TTFT of each
+#   hit-ttft-long      the same at ~119K tokens
+#   small-batch-chat   1, 2 and 4 streamed chats at once through the server
+#   serve-bench        `sluice bench` (14.6K-token prompts, cache bust and hit)
+#   run-batch          `sluice run-batch` of 1000 x (~1000 in, 1000 out), load included
+#   OPTIONS: --log=DIR (/tmp/sluice-gpu-bench), --tp=N (gpu, decode, long,
+#   and the served ones: N GPUs), --kv-cache-dtype=fp8 (gpu, decode, long,
+#   attn, the served ones), --nccl (gpu, decode: every all-reduce through
+#   NCCL), --sluice=BIN (the served ones: another build, build/sluice),
+#   --serve-arg=FLAG (repeatable: more flags for the served ones' server or
+#   run-batch, e.g. --serve-arg=--batch-step-tokens=0), --model-args="..."
+#   (the served ones on another model; a dry run on the CPU:
+#   --model-args="tests/models/tiny-qwen3 --device cpu" --serve-arg=--max-model-len=2048).
+#
+# pack [FILE...]: the GPU test and bench binaries, build/sluice and FILEs,
+#   stripped and packed into .carry/bin.tar.xz (~2 MB: the binaries share
+#   one fatbin, which a 256 MiB xz dictionary stores once), for a device
+#   without a compiler. There: python3 -c "import tarfile;
+#   tarfile.open('.carry/bin.tar.xz').extractall('.')".
+set -u -o pipefail
+cd "$(dirname "$0")/../.."
+B=${BUILD:-build}
+MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} # NVLink SHARP is not set up on our hosts
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+ngpu=${ngpu:-0}
+
+usage() {
+    sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
+    exit 2
+}
+
+# backend_check NAME LOG...: whether every server log given (missing ones
+# skipped) says its servers ran on backend NAME: each "ready" line names the
+# backend, and none names another; "N passed, N failed"
+backend_check() {
+    local want=$1 p=0 f=0 l n other
+    shift
+    for l in "$@"; do
+        [ -f "$l" ] || continue
+        n=$(grep -c "(backend $want," "$l")
+        other=$(grep -E "ready on .*\(backend " "$l" | grep -vc "(backend $want,")
+        if [ "$n" -gt 0 ] && [ "$other" -eq 0 ]; then
+            echo "ok   $l: $n servers on $want"
+            p=$((p + 1))
+        else
+            echo "FAIL $l: $n servers on $want, $other on another backend"
+            f=$((f + 1))
+        fi
+    done
+    [ $((p + f)) -gt 0 ] || { echo "FAIL no server log found"; f=1; }
+    echo "$p passed, $f failed"
+}
+
+check() {
+    local py=1 c=1
+    case "${1:-}" in
+    --python-only) c=0 ;;
+    --no-python) py=0 ;;
+    "") ;;
+    *) usage ;;
+    esac
+    local runs=() e="SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3"
+    local e128="SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3-d128" t
+    if [ $c = 1 ]; then
+        for t in "$B"/tests/gpu/test_*; do runs+=("$t"); done
+        if [ -f "$MODEL" ]; then runs+=("SLUICE_TEST_DEVICE=cuda $B/tests/test_engine"); else runs+=("$e $B/tests/test_engine"); fi
+        runs+=("SLUICE_TEST_KV=fp8 $e $B/tests/test_engine" "$e128 $B/tests/test_engine"
+               "SLUICE_TEST_KV=fp8 $e128 $B/tests/test_engine"
+               "$B/tests/gpu/test_gpu_e2e --gemm-wg-min-t=1" "$e $B/tests/test_engine --gemm-wg-min-t=1")
+        if [ "$ngpu" -ge 2 ]; then
+            runs+=("SLUICE_TEST_TP=2 $B/tests/gpu/test_gpu_e2e"
+                   "SLUICE_TEST_TP=2 SLUICE_TEST_REF=cuda $B/tests/gpu/test_gpu_e2e"
+                   "SLUICE_TEST_TP=2 $e $B/tests/test_engine"
+                   "SLUICE_TEST_TP=2 $B/tests/gpu/test_gpu_e2e --gemm-wg-min-t=1"
+                   "SLUICE_TEST_TP=2 $e $B/tests/test_engine --gemm-wg-min-t=1")
+        fi
+    fi
+    # the HTTP server, the Batch API's queue and the vLLM flags served on this
+    # GPU (the default device where one is present); test_chat_rules pins
+    # --device cpu and stays out
+    local py_logs="build/test_server.log build/test_batch_*.log build/test_chat_tools.log build/test_bench.log"
+    if [ $py = 1 ] && [ -f "$MODEL" ] && python3 -c 'import openai' 2>/dev/null; then
+        rm -f $py_logs
+        for t in tests/test_*.py; do
+            case $t in *test_chat_rules.py) continue ;; esac
+            runs+=("SLUICE_BIN=$B/sluice PYTHONUNBUFFERED=1 python3 $t")
+        done
+        runs+=("BACKEND_CHECK")
+        if [ "$ngpu" -ge 2 ]; then # their logs: the check above has read them
+            local tp="SLUICE_TEST_SERVE_ARGS=--tensor-parallel-size=2 SLUICE_BIN=$B/sluice PYTHONUNBUFFERED=1"
+            runs+=("$tp python3 tests/test_server.py" "$tp python3 tests/test_batch.py")
+        fi
+    elif [ $py = 1 ]; then
+        echo "== the Python integration tests: skipped (no default model or no openai module)"
+    fi
+    local p=0 f=0 r out line ff
+    for r in "${runs[@]}"; do
+        echo "== $r"
+        if [ "$r" = BACKEND_CHECK ]; then out=$(backend_check cuda $py_logs 2>&1); else out=$(env $r 2>&1); fi
+        echo "$out"
+        line=$(echo "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed$' | tail -n 1)
+        if [ -n "$line" ]; then
+            p=$((p + ${line%% passed*})) ff=${line#*, }
+            f=$((f + ${ff%% failed}))
+        else
+            f=$((f + 1))
+        fi
+    done
+    echo "$p passed, $f failed"
+    [ $f -eq 0 ]
+}
+
+# bench NAME: see the top. G: bench_gpu's options from --tp, --kv-cache-dtype, --nccl.
+bench_one() {
+    local n=$1 d="$L/$1" s
+    mkdir -p "$d"
+    echo "== $n ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $ngpu GPU(s))"
+    case $n in
+    gpu) timeout -k 5 300 "$B/tests/gpu/bench_gpu" $G 2>&1 | tee "$d/bench_gpu.log" ;;
+    decode)
+        timeout -k 5 300 "$B/tests/gpu/bench_gpu" $G --only=decode \
+            --decode=2x1024,4x1024,8x1024,16x1024,64x1024,128x1024,256x1024 2>&1 | tee "$d/bench_gpu.log" ;;
+    long) # each KV cache unless --kv-cache-dtype names one
+        for k in ${KVD:-auto fp8}; do
+            for s in 32768 131072; do
+                timeout -k 5 600 "$B/tests/gpu/bench_gpu" $G0 --kv-cache-dtype=$k --long=$s 2>&1 | tee "$d/long_${k}_$s.log"
+            done
+        done ;;
+    gemm) timeout -k 5 300 "$B/tests/gpu/bench_gemm" --wg 2>&1 | tee "$d/bench_gemm.log" ;;
+    attn)
+        for k in ${KVD:-auto fp8}; do
+            timeout -k 5 300 "$B/tests/gpu/bench_attn" $([ "$k" = auto ] || echo "--kv-cache-dtype=$k") 2>&1 |
+                tee "$d/bench_attn_$k.log"
+        done ;;
+    kernels) timeout -k 5 300 "$B/tests/gpu/bench_kernels" 2>&1 | tee "$d/bench_kernels.log" ;;
+    nccl)
+        if [ "$ngpu" -lt 2 ]; then echo "nccl: needs 2+ GPUs, skipped"; return 0; fi
+        timeout -k 5 120 "$B/tests/gpu/bench_nccl" "${TP:-2}" 2>&1 | tee "$d/bench_nccl.log" ;;
+    power) power "$d" ;;
+    chat-beside-batch) served "$d" chat-beside-batch ;;
+    long-chat)
+        served "$d" chat-beside-batch --batch 6 --batch-prompt 90000 --batch-out 16 --chats 6 --running 1 --wait \
+            --max-model-len 131072 ;;
+    long-prompt-chat) served "$d" long-prompt-chat ;;
+    hit-ttft) served "$d" hit-ttft ;;
+    hit-ttft-long) served "$d" hit-ttft --prompt 119000 --max-model-len 131072 ;;
+    small-batch-chat) served "$d" small-batch-chat ;;
+    serve-bench) served "$d" serve-bench ;;
+    run-batch) served "$d" run-batch ;;
+    *) echo "bench: no benchmark named $n (the names: tests/gpu/run.sh with no argument)" >&2; return 2 ;;
+    esac
+}
+
+served() { # DIR NAME [OPTIONS]: scenarios.py with this run's common options
+    local d=$1
+    shift
+    timeout -k 10 3300 python3 tests/gpu/scenarios.py --log "$d" --sluice "$SLUICE" ${TP:+--tp "$TP"} \
+        ${KVD:+--kv-cache-dtype "$KVD"} ${MA:+--model-args "$MA"} ${SERVE_ARGS[@]+"${SERVE_ARGS[@]}"} "$@" 2>&1 |
+        tee "$d/client.log"
+}
+
+power() { # DIR: bench_gemm and sustained prefill steps, the GPU sampled meanwhile
+    local d=$1 F
+    nvidia-smi -q -d POWER,CLOCK,PERFORMANCE >"$d/smi_before.txt" 2>&1
+    grep -E "Power Limit|Power Draw|Max Clocks|SM  |Graphics" "$d/smi_before.txt" | head -20
+    F=timestamp,clocks.sm,power.draw.instant,power.draw.average,enforced.power.limit,temperature.gpu
+    F=$F,clocks_event_reasons.active
+    nvidia-smi --query-gpu=$F --format=csv,noheader,nounits -c 1 >/dev/null 2>&1 ||
+        F=timestamp,clocks.sm,power.draw,power.draw,enforced.power.limit,temperature.gpu,clocks_event_reasons.active
+    local run
+    for run in "gemm 150 $B/tests/gpu/bench_gemm" "prefill 300 $B/tests/gpu/bench_gpu --only=prefill --big=16"; do
+        set -- $run
+        local n=$1 s=$2
+        shift 2
+        nvidia-smi --query-gpu=$F --format=csv,noheader,nounits -lms 20 >"$d/$n.csv" 2>&1 &
+        local smi=$!
+        timeout -k 5 "$s" stdbuf -oL "$@" 2>&1 |
+            while IFS= read -r l; do echo "$(date '+%Y/%m/%d %H:%M:%S.%3N') $l"; done >"$d/$n.log"
+        kill $smi 2>/dev/null
+        wait $smi 2>/dev/null
+        cut -d' ' -f3- "$d/$n.log" | grep -E "sustained|prefill|TFLOP" | head -20
+        python3 tests/gpu/power_sum.py "$d/$n.csv" "$d/$n.log"
+    done
+    nvidia-smi -q -d POWER,CLOCK,PERFORMANCE >"$d/smi_after.txt" 2>&1
+}
+
+bench() {
+    L=/tmp/sluice-gpu-bench TP="" KVD="" NCCL="" SLUICE=$B/sluice SERVE_ARGS=() MA=""
+    local names=() a
+    for a in "$@"; do
+        case $a in
+        --log=*) L=${a#--log=} ;;
+        --tp=*) TP=${a#--tp=} ;;
+        --kv-cache-dtype=*) KVD=${a#--kv-cache-dtype=} ;;
+        --nccl) NCCL=1 ;;
+        --sluice=*) SLUICE=${a#--sluice=} ;;
+        --serve-arg=*) SERVE_ARGS+=("--serve-arg=${a#--serve-arg=}") ;;
+        --model-args=*) MA=${a#--model-args=} ;;
+        -*) usage ;;
+        *) names+=("$a") ;;
+        esac
+    done
+    [ ${#names[@]} -gt 0 ] || usage
+    G0="${TP:+--tp=$TP} ${NCCL:+--nccl}"
+    G="$G0 ${KVD:+--kv-cache-dtype=$KVD}"
+    mkdir -p "$L"
+    nvidia-smi -L
+    local rc=0
+    for a in "${names[@]}"; do bench_one "$a" || rc=1; done
+    return $rc
+}
+
+pack() {
+    set -e
+    local t f
+    t=$(mktemp -d)
+    for f in "$B/sluice" "$B/tests/test_engine" "$B"/tests/gpu/* "$@"; do
+        [ -f "$f" ] || continue
+        mkdir -p "$t/$(dirname "$f")"
+        strip -o "$t/$f" "$f"
+    done
+    mkdir -p .carry
+    tar -C "$t" -cf - "$(echo "$B" | cut -d/ -f1)" | xz -T2 --lzma2=preset=6,dict=256MiB >.carry/bin.tar.xz
+    rm -rf "$t"
+    ls -la .carry/bin.tar.xz
+}
+
+cmd=${1:-}
+[ $# -gt 0 ] && shift
+case $cmd in
+check) check "$@" ;;
+bench) bench "$@" ;;
+pack) pack "$@" ;;
+*) usage ;;
+esac
