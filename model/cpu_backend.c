@@ -42,6 +42,7 @@
 #endif
 
 #include "backend.h"
+#include "quant.h"
 
 /* A weight matrix [rows][in] in its stored encoding, borrowed from the model. */
 struct wmat {
@@ -49,6 +50,7 @@ struct wmat {
     const uint8_t *data;
     size_t row_bytes;
     int in;
+    const struct model_quant *quant; /* MODEL_DT_QPACK: the packed layout (model/quant.c dequantizes) */
 };
 
 struct layer_f32 {
@@ -217,14 +219,18 @@ static size_t row_bytes(enum model_dtype dt, int in)
     case MODEL_DT_Q8_0: return (size_t)in / 32 * 34;
     case MODEL_DT_Q4_0: return (size_t)in / 32 * 18;
     case MODEL_DT_Q4_1: return (size_t)in / 32 * 20;
+    default: return 0; /* packed weights are addressed through their descriptor */
     }
-    return 0;
 }
 
 /* Row r of w as f32 into dst[w->in]: the same values as model_tensor_to_f32
  * (q * d for Q8_0/Q4_0, q * d + m for Q4_1, each rounded once: no FMA). */
 static void deq_row(const struct wmat *w, int64_t r, float *dst)
 {
+    if (w->dt == MODEL_DT_QPACK) {
+        quant_deq_row(w->quant, r, dst);
+        return;
+    }
     const uint8_t *p = w->data + (size_t)r * w->row_bytes;
     int n = w->in;
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -276,6 +282,7 @@ static void deq_row(const struct wmat *w, int64_t r, float *dst)
             memcpy(dst + i, &bits, 4);
         }
         return;
+    default: break;
     }
 #endif
     struct model_tensor t = {.dtype = w->dt, .ndim = 1, .ne = {n, 1, 1, 1}, .data = p,
@@ -394,7 +401,10 @@ static int wmat_init(struct wmat *m, const struct model_tensor *t, char *err, si
 {
     int64_t in = t->ne[0];
     bool quant = t->dtype == MODEL_DT_Q8_0 || t->dtype == MODEL_DT_Q4_0 || t->dtype == MODEL_DT_Q4_1;
-    if (!t->data || in <= 0 || in > (1 << 24) || (quant && in % 32) ||
+    bool packed = t->dtype == MODEL_DT_QPACK;
+    bool ints = t->dtype == MODEL_DT_I8 || t->dtype == MODEL_DT_I32 || t->dtype == MODEL_DT_I64;
+    if (!t->data || in <= 0 || in > (1 << 24) || (quant && in % 32) || ints ||
+        (packed && (!t->quant || t->quant->cols != in || t->quant->rows != t->ne[1])) ||
         t->nbytes < row_bytes(t->dtype, (int)in) * (size_t)t->ne[1]) {
         sl_seterr(err, errlen, "tensor %s: unusable layout (%s, %lld columns)", t->name ? t->name : "?",
                model_dtype_name(t->dtype), (long long)in);
@@ -402,6 +412,7 @@ static int wmat_init(struct wmat *m, const struct model_tensor *t, char *err, si
     }
     m->dt = t->dtype;
     m->data = t->data;
+    m->quant = t->quant;
     m->in = (int)in;
     m->row_bytes = row_bytes(t->dtype, (int)in);
     return 0;
