@@ -1,0 +1,399 @@
+/* test_quant.c - quantized safetensors checkpoints (model/quant.c) against
+ * references nobody here wrote: tests/models/quant/, made by
+ * tests/golden/quant/make_quant.py with compressed-tensors (and AWQ / GPTQ
+ * layouts packed per their libraries, dequantized by their transcribed torch
+ * code).
+ *
+ * For each checkpoint:
+ *  - every weight matrix, dequantized by sluice, hashes (FNV-1a over its f32
+ *    values) to what the library's own dequantization gives, bit for bit, and
+ *    reports the format the generator quantized it in;
+ *  - the CPU backend's logits at every prompt position match transformers on
+ *    the dequantized dense model (top 20, <= 1e-4 relative), its greedy
+ *    continuation is identical, and a chunked prefill gives bit-identical
+ *    logits to the one-step pass (batch invariance);
+ * and: a config that disagrees with the file is a start-up error naming the
+ * tensor and both claims; `sluice info`'s family listing; the packing of the
+ * compressed-tensors example in ../shared/MODELS.md.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "model/backend.h"
+#include "model/json.h"
+#include "model/quant.h"
+#include "tests/test.h"
+#include "tests/golden.h"
+
+#define QDIR "tests/models/quant"
+#define BLOCK 16
+#define REGION 8
+
+static const char *const CKPTS[] = {
+    "ct-w4g32-sym", "ct-w4g64-asym", "ct-w4g128-sym", "ct-w4-channel-asym", "ct-w8-channel-sym",
+    "ct-mixed", "ct-w4g32-actorder-asym", "awq-w4g32", "gptq-w4g32-actorder", "gptq-v2-w8g64-asym",
+};
+#define NCK (int)(sizeof CKPTS / sizeof CKPTS[0])
+
+static uint64_t fnv_f32(const float *v, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char b[4];
+        memcpy(b, &v[i], 4); /* little-endian host */
+        for (int k = 0; k < 4; k++) h = (h ^ b[k]) * 0x100000001b3ull;
+    }
+    return h;
+}
+
+/* The model's tensor for an HF module name ("model.layers.1.mlp.up_proj", "lm_head"). */
+static const struct model_tensor *tensor_of(const model *m, const char *module)
+{
+    const struct model_weights *w = model_get_weights(m);
+    if (strcmp(module, "lm_head") == 0) return &w->lm_head;
+    int l;
+    char proj[64];
+    if (sscanf(module, "model.layers.%d.%63s", &l, proj) != 2 || l < 0 || l >= model_get_config(m)->n_layer)
+        return NULL;
+    const struct model_layer_weights *L = &w->layers[l];
+    static const struct { const char *n; size_t off; } tab[] = {
+        {"self_attn.q_proj", offsetof(struct model_layer_weights, wq)},
+        {"self_attn.k_proj", offsetof(struct model_layer_weights, wk)},
+        {"self_attn.v_proj", offsetof(struct model_layer_weights, wv)},
+        {"self_attn.o_proj", offsetof(struct model_layer_weights, wo)},
+        {"mlp.gate_proj", offsetof(struct model_layer_weights, w_gate)},
+        {"mlp.up_proj", offsetof(struct model_layer_weights, w_up)},
+        {"mlp.down_proj", offsetof(struct model_layer_weights, w_down)},
+    };
+    for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)
+        if (strcmp(proj, tab[i].n) == 0) return (const struct model_tensor *)((const char *)L + tab[i].off);
+    return NULL;
+}
+
+static void format_of(const struct model_tensor *t, char *out, size_t cap)
+{
+    if (t->dtype == MODEL_DT_QPACK) {
+        model_quant_describe(t->quant, out, cap);
+        return;
+    }
+    snprintf(out, cap, "%s", t->dtype == MODEL_DT_BF16 ? "bf16" : model_dtype_name(t->dtype));
+}
+
+/* Weights: hash, first values and format of every matrix the golden lists. */
+static int check_weights(const model *m, const char *name, const char *gpath)
+{
+    size_t len;
+    char *src = test_slurp(gpath, &len);
+    json_doc d;
+    char jerr[128];
+    if (!src || json_parse(&d, src, len, jerr, sizeof jerr) != 0) {
+        free(src);
+        return -1;
+    }
+    int ws = json_get(&d, 0, "weights"), bad = 0, n = json_size(&d, ws);
+    for (int k = 0; k < n; k++) {
+        int e = json_at(&d, ws, k);
+        char module[128], fmt[96], hash[32], ours[96];
+        json_str(&d, json_get(&d, e, "module"), module, sizeof module);
+        json_str(&d, json_get(&d, e, "format"), fmt, sizeof fmt);
+        json_str(&d, json_get(&d, e, "fnv"), hash, sizeof hash);
+        const struct model_tensor *t = tensor_of(m, module);
+        if (!t || !t->data) {
+            printf("  %s: %s not loaded\n", name, module);
+            bad++;
+            continue;
+        }
+        int64_t rows = t->ne[1], cols = t->ne[0];
+        float *v = malloc((size_t)(rows * cols) * sizeof *v);
+        model_tensor_to_f32(t, 0, rows * cols, v);
+        char got[32];
+        snprintf(got, sizeof got, "%016llx", (unsigned long long)fnv_f32(v, (size_t)(rows * cols)));
+        float row0[8];
+        int r0 = json_get(&d, e, "row0");
+        bool vals_ok = read_floats(&d, r0, row0, 8) == 8;
+        for (int i = 0; i < 8 && vals_ok; i++) vals_ok = row0[i] == v[i];
+        format_of(t, ours, sizeof ours);
+        if (strcmp(got, hash) != 0 || !vals_ok || strcmp(ours, fmt) != 0) {
+            printf("  %s %s: ours %s [%s] (%g %g %g ...), library %s [%s] (%g %g %g ...)\n", name, module, got, ours,
+                   v[0], v[1], v[2], hash, fmt, row0[0], row0[1], row0[2]);
+            bad++;
+        }
+        free(v);
+    }
+    json_free(&d);
+    free(src);
+    return n > 0 ? bad : -1;
+}
+
+/* One step over positions start..start+n-1 of ids as one sequence; logits of
+ * every position (all = true: one 1-token sequence per position) or of the last. */
+static int step(model_backend *be, const int32_t *bt, const int32_t *ids, int start, int n, bool all, float *logits,
+                int nv)
+{
+    int32_t pos[256];
+    int64_t slots[256];
+    struct step_seq sq[256];
+    char err[256];
+    if (n > 256) return -1;
+    uint64_t rng = model_rng_seed(0);
+    struct model_sampling greedy;
+    model_sampling_default(&greedy);
+    for (int t = 0; t < n; t++) {
+        int p = start + t;
+        pos[t] = p;
+        slots[t] = (int64_t)bt[p / BLOCK] * BLOCK + p % BLOCK;
+        sq[t] = (struct step_seq){.query_start = t, .query_len = 1, .context_len = p + 1, .block_table = bt,
+                                  .n_blocks = REGION, .logits_out = logits + (size_t)t * nv};
+    }
+    if (!all)
+        sq[0] = (struct step_seq){.query_start = 0, .query_len = n, .context_len = start + n, .block_table = bt,
+                                  .n_blocks = REGION, .logits_out = logits, .want_sample = true, .sampling = &greedy,
+                                  .history = ids, .n_prompt = start + n, .n_history = start + n, .rng = &rng};
+    struct step st = {.n_tokens = n, .token_ids = ids + start, .positions = pos, .slots = slots,
+                      .n_seqs = all ? n : 1, .seqs = sq};
+    int rc = be->ops->forward(be, &st, err, sizeof err);
+    if (rc) printf("  forward: %s\n", err);
+    return rc;
+}
+
+static int argmax(const float *v, int n)
+{
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[b]) b = i;
+    return b;
+}
+
+static void run_checkpoint(const char *name)
+{
+    char dir[256], gpath[300], err[512];
+    snprintf(dir, sizeof dir, "%s/%s", QDIR, name);
+    snprintf(gpath, sizeof gpath, "%s/golden.json", dir);
+    model *m = model_load(dir, NULL, err, sizeof err);
+    CHECKF(m != NULL, "%s: %s", name, err);
+    if (!m) return;
+    int bad = check_weights(m, name, gpath);
+    CHECKF(bad == 0, "%s: %d weight matrices differ from the library's dequantization", name, bad);
+    struct golden g;
+    CHECK(golden_load(gpath, &g) == 0);
+    int nv = model_get_config(m)->n_vocab;
+    struct model_backend_opts bo = {.device = "cpu", .n_threads = 1, .max_tokens_per_step = 256, .max_seqs_per_step = 256,
+                                    .max_ctx = REGION * BLOCK};
+    model_backend *be = model_backend_create(m, &bo, err, sizeof err);
+    CHECKF(be != NULL, "%s: %s", name, err);
+    if (!be || be->ops->kv_alloc(be, REGION, BLOCK, err, sizeof err) != 0) {
+        model_backend_destroy(be);
+        model_free(m);
+        golden_free(&g);
+        return;
+    }
+    int32_t bt[REGION];
+    for (int j = 0; j < REGION; j++) bt[j] = REGION - 1 - j;
+    double worst = 0;
+    for (int i = 0; i < g.np; i++) {
+        struct prompt *p = &g.p[i];
+        int total = p->n + p->n_greedy;
+        float *all = malloc((size_t)total * nv * sizeof *all), *one = malloc((size_t)nv * sizeof *one);
+        CHECK(step(be, bt, p->ids, 0, p->n, true, all, nv) == 0);
+        for (int pos = 0; pos < p->n; pos++) {
+            double md = 0, mr = 0;
+            for (int k = 0; k < TOPK; k++) {
+                int id = p->top_ids[pos * TOPK + k];
+                float ref = p->top_logits[pos * TOPK + k];
+                double dd = id >= 0 && id < nv ? fabs((double)all[(size_t)pos * nv + id] - ref) : INFINITY;
+                md = dd > md ? dd : md;
+                mr = fabs(ref) > mr ? fabs(ref) : mr;
+            }
+            double rel = md / (mr > 0 ? mr : 1);
+            if (!(rel <= worst)) worst = rel;
+        }
+        /* chunked prefill (chunks of 5): the last logits are the one-step ones, bit for bit */
+        for (int s = 0; s < p->n; s += 5) {
+            int n = p->n - s < 5 ? p->n - s : 5;
+            CHECK(step(be, bt, p->ids, s, n, false, one, nv) == 0);
+        }
+        CHECKF(memcmp(one, all + (size_t)(p->n - 1) * nv, (size_t)nv * sizeof *one) == 0,
+               "%s prompt %d: chunked prefill logits differ from the one-step logits", name, i);
+        /* greedy decode, one token a step, against transformers' continuation */
+        int32_t seq[256];
+        memcpy(seq, p->ids, (size_t)p->n * sizeof *seq);
+        int first_diff = -1;
+        for (int k = 0; k < p->n_greedy; k++) {
+            int tok = argmax(one, nv);
+            seq[p->n + k] = tok;
+            if (first_diff < 0 && tok != p->ids[p->n + k]) first_diff = k;
+            if (k + 1 < p->n_greedy) CHECK(step(be, bt, seq, p->n + k, 1, false, one, nv) == 0);
+        }
+        CHECKF(first_diff < 0, "%s prompt %d: greedy differs from transformers at token %d", name, i, first_diff);
+        free(all);
+        free(one);
+    }
+    printf("  %s: weights exact, worst relative logit error %.3g, greedy %s\n", name, worst,
+           t_cur_failed ? "checked (see above)" : "identical");
+    CHECKF(worst <= 1e-4, "%s: worst relative logit error %.3g > 1e-4", name, worst);
+    model_backend_destroy(be);
+    model_free(m);
+    golden_free(&g);
+}
+
+static void test_checkpoints(void)
+{
+    for (int i = 0; i < NCK; i++) run_checkpoint(CKPTS[i]);
+}
+
+/* ---- the config cross-check ------------------------------------------------------ */
+
+/* A copy of checkpoint `src` in a temp dir whose config.json has `from`
+ * replaced by `to`; loads it and returns the error (empty when it loaded). */
+static void load_edited(const char *src, const char *from, const char *to, char *err, size_t errlen)
+{
+    char tmp[] = "/tmp/sluice_quant_XXXXXX", cwd[1024], p[1200], q[1200];
+    err[0] = 0;
+    if (!mkdtemp(tmp) || !getcwd(cwd, sizeof cwd)) {
+        snprintf(err, errlen, "(no temp dir)");
+        return;
+    }
+    const char *files[] = {"model.safetensors", "tokenizer.json", "tokenizer_config.json"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(p, sizeof p, "%s/%s/%s/%s", cwd, QDIR, src, files[i]);
+        snprintf(q, sizeof q, "%s/%s", tmp, files[i]);
+        if (symlink(p, q) != 0) snprintf(err, errlen, "(symlink failed)");
+    }
+    snprintf(p, sizeof p, "%s/%s/config.json", QDIR, src);
+    size_t len;
+    char *cfg = test_slurp(p, &len);
+    char *at = cfg ? strstr(cfg, from) : NULL;
+    snprintf(q, sizeof q, "%s/config.json", tmp);
+    FILE *f = fopen(q, "w");
+    if (at && f) {
+        fwrite(cfg, 1, (size_t)(at - cfg), f);
+        fputs(to, f);
+        fputs(at + strlen(from), f);
+    } else {
+        snprintf(err, errlen, "(config edit failed: '%s' not found)", from);
+    }
+    if (f) fclose(f);
+    free(cfg);
+    if (!err[0]) {
+        model *m = model_load(tmp, NULL, err, errlen);
+        if (m) err[0] = 0;
+        model_free(m);
+    }
+    for (int i = 0; i < 3; i++) {
+        snprintf(q, sizeof q, "%s/%s", tmp, files[i]);
+        unlink(q);
+    }
+    snprintf(q, sizeof q, "%s/config.json", tmp);
+    unlink(q);
+    rmdir(tmp);
+}
+
+static void test_config_disagrees(void)
+{
+    char err[512];
+    /* the config claims group 64 where the file holds group 32 */
+    load_edited("ct-w4g32-sym", "\"group_size\": 32", "\"group_size\": 64", err, sizeof err);
+    printf("  %s\n", err);
+    CHECK(strstr(err, "model.layers.0.self_attn.q_proj.weight_packed") && strstr(err, "int4 g32 sym") &&
+          strstr(err, "int4 g64 sym"));
+    /* lm_head no longer ignored: the config claims it quantized, the file holds bf16 */
+    load_edited("ct-w4g32-sym", "\"lm_head\"", "\"nothing\"", err, sizeof err);
+    printf("  %s\n", err);
+    CHECK(strstr(err, "lm_head.weight") && strstr(err, "bf16") && strstr(err, "int4 g32 sym (Linear)"));
+    /* the config says symmetric, the file has zero points */
+    load_edited("ct-w4-channel-asym", "\"symmetric\": false", "\"symmetric\": true", err, sizeof err);
+    printf("  %s\n", err);
+    CHECK(strstr(err, "int4 channel asym") && strstr(err, "int4 channel sym"));
+    /* the ignore pattern no longer covers layer 1's k/v: the config claims int8, the file holds bf16 */
+    load_edited("ct-mixed", "layers\\\\.1\\\\.self_attn\\\\.[kv]_proj", "layers\\\\.1\\\\.self_attn\\\\.q_proj",
+                err, sizeof err);
+    printf("  %s\n", err);
+    CHECK(strstr(err, "self_attn.") && strstr(err, "the file holds"));
+    /* AWQ packing under a gptq config */
+    load_edited("awq-w4g32", "\"quant_method\": \"awq\"", "\"quant_method\": \"gptq\"", err, sizeof err);
+    printf("  %s\n", err);
+    CHECK(strstr(err, "qweight") && strstr(err, "AWQ") && strstr(err, "gptq"));
+    /* GPTQ act-order in the file, desc_act false in the config */
+    load_edited("gptq-w4g32-actorder", "\"desc_act\": true", "\"desc_act\": false", err, sizeof err);
+    printf("  %s\n", err);
+    CHECK(strstr(err, "act-order") && strstr(err, "qweight"));
+    /* an unsupported method is named */
+    load_edited("ct-w4g32-sym", "\"quant_method\": \"compressed-tensors\"", "\"quant_method\": \"bitsandbytes\"", err,
+                sizeof err);
+    printf("  %s\n", err);
+    CHECK(strstr(err, "bitsandbytes"));
+    /* the unedited copy loads (the helper itself works) */
+    load_edited("ct-w4g32-sym", "\"group_size\": 32", "\"group_size\": 32", err, sizeof err);
+    CHECKF(err[0] == 0, "%s", err);
+}
+
+/* ---- sluice info's family listing ------------------------------------------------------ */
+
+static void test_families(void)
+{
+    char err[512], out[4096];
+    model *m = model_load(QDIR "/ct-w4g32-sym", NULL, err, sizeof err);
+    CHECKF(m, "%s", err);
+    if (m) {
+        model_weight_formats(m, out, sizeof out);
+        printf("%s", out);
+        CHECK(strstr(out, "layers.*.self_attn.*: int4 g32 sym\n") && strstr(out, "layers.*.mlp.*: int4 g32 sym\n") &&
+              strstr(out, "lm_head: bf16\n") && strstr(out, "embed_tokens: bf16\n"));
+        model_free(m);
+    }
+    m = model_load(QDIR "/ct-mixed", NULL, err, sizeof err);
+    CHECKF(m, "%s", err);
+    if (m) {
+        model_weight_formats(m, out, sizeof out);
+        printf("%s", out);
+        CHECK(strstr(out, "layers.*.self_attn.q_proj: int8 channel asym\n") &&
+              strstr(out, "layers.1.self_attn.k_proj: bf16\n") && strstr(out, "layers.0.self_attn.k_proj: int8 channel asym\n") &&
+              strstr(out, "layers.0.mlp.up_proj: int8 channel sym\n") && strstr(out, "layers.0.mlp.down_proj: bf16\n") &&
+              strstr(out, "layers.1.mlp.down_proj: int4 g32 sym\n") && strstr(out, "lm_head: int8 channel sym\n"));
+        model_free(m);
+    }
+}
+
+/* ---- packing ---------------------------------------------------------------------------- */
+
+static void test_ct_packing(void)
+{
+    /* MODELS.md: int4 values -8,-7,0,1,2,3,6,7 pack to 0xfeba9810 (stored q + 8, low bits first) */
+    uint32_t word = 0xfeba9810u;
+    uint16_t scale = 0x3f80; /* bf16 1.0 */
+    struct model_quant q = {.layout = MODEL_QL_CT, .rows = 1, .cols = 8, .bits = 4, .group = 8, .n_groups = 1,
+                            .sym = true, .scale_dt = MODEL_DT_BF16, .qweight = &word, .scales = &scale};
+    float v[8];
+    quant_deq_row(&q, 0, v);
+    const float want[8] = {-8, -7, 0, 1, 2, 3, 6, 7};
+    CHECK(memcmp(v, want, sizeof v) == 0);
+    /* f16 scales round the product to f16 (AWQ/GPTQ): 3 * 0.1 (f16 0x2e66) = 0.2999 in f16 */
+    uint16_t s16 = 0x2e66;
+    uint32_t z = 0x11111111u, w = 0x44444444u; /* codes 4, zeros 1: q - z = 3 */
+    struct model_quant a = {.layout = MODEL_QL_AWQ, .rows = 8, .cols = 1, .bits = 4, .group = 1, .n_groups = 1,
+                            .scale_dt = MODEL_DT_F16, .qweight = &w, .zeros = &z};
+    uint16_t s8[8];
+    for (int i = 0; i < 8; i++) s8[i] = s16;
+    a.scales = s8;
+    float o;
+    quant_deq_row(&a, 3, &o);
+    CHECKF(o == 0.2998046875f, "%.10g", o); /* f16(3 * 0.0999755859375) */
+}
+
+int main(void)
+{
+    struct stat st;
+    if (stat(QDIR "/ct-w4g32-sym/model.safetensors", &st) != 0) {
+        printf("note: %s absent: skipped\n", QDIR);
+        return test_summary();
+    }
+    RUN(test_ct_packing);
+    RUN(test_checkpoints);
+    RUN(test_config_disagrees);
+    RUN(test_families);
+    return test_summary();
+}
