@@ -25,6 +25,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "quant.h"
 
+#include <math.h>
 #include <pcre2.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -828,4 +829,38 @@ int quant_load_weight(const st_set *st, const struct quant_cfg *qc, const char *
     t->data = q->qweight;
     t->nbytes = 0;
     return 0;
+}
+
+/* ---- round-to-nearest quantization (sluice quantize) ------------------------------------ */
+
+static uint16_t bf16_bits(float x) /* x already a bf16 value */
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return (uint16_t)(u >> 16);
+}
+
+void quant_rtn_row(const float *w, int64_t cols, int bits, int group, uint32_t *packed, uint16_t *scales)
+{
+    float qmax = (float)((1 << (bits - 1)) - 1), qmin = -qmax - 1, half_range = ((float)(1 << bits) - 1) / 2;
+    int64_t ng = (cols + group - 1) / group;
+    memset(packed, 0, (size_t)(cols * bits / 32) * 4);
+    for (int64_t g = 0; g < ng; g++) {
+        int64_t k0 = g * group, k1 = k0 + group < cols ? k0 + group : cols;
+        float mn = 0, mx = 0; /* zero stays representable: the range includes it */
+        for (int64_t k = k0; k < k1; k++) {
+            if (w[k] < mn) mn = w[k];
+            if (w[k] > mx) mx = w[k];
+        }
+        float amax = -mn > mx ? -mn : mx;
+        float s = round_bf16(amax / half_range);
+        if (s == 0) s = 0.0078125f; /* torch.finfo(bfloat16).eps, as the library substitutes */
+        scales[g] = bf16_bits(s);
+        for (int64_t k = k0; k < k1; k++) {
+            float x = round_bf16(w[k] / s); /* the division happens in the weight's dtype */
+            x = x < qmin ? qmin : x > qmax ? qmax : x;
+            int q = (int)nearbyintf(x) + (1 << (bits - 1));
+            packed[k * bits / 32] |= (uint32_t)q << ((k * bits) % 32);
+        }
+    }
 }

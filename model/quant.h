@@ -43,4 +43,11 @@ int quant_load_weight(const st_set *st, const struct quant_cfg *qc, const char *
  * format's reference dequantizer gives (in the scale's dtype). */
 void quant_deq_row(const struct model_quant *q, int64_t r, float *dst);
 
+/* Round-to-nearest symmetric quantization of one row w[cols] (bf16 values)
+ * as compressed-tensors computes it: per group of `group` columns scale =
+ * bf16(absmax / ((2^bits - 1) / 2)), q = clamp(round-half-even(bf16(w /
+ * scale))); writes the pack-quantized words packed[cols*bits/32] (q +
+ * 2^(bits-1), low bits first) and the bf16 scales[ceil(cols/group)]. */
+void quant_rtn_row(const float *w, int64_t cols, int bits, int group, uint32_t *packed, uint16_t *scales);
+
 #endif

@@ -23,6 +23,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "api/api.h"
 #include "model/backend.h"
 #include "model/json.h"
 #include "model/quant.h"
@@ -384,6 +385,94 @@ static void test_ct_packing(void)
     CHECKF(o == 0.2998046875f, "%.10g", o); /* f16(3 * 0.0999755859375) */
 }
 
+/* ---- sluice quantize: the default model, against compressed-tensors' RTN ---------------- */
+
+#define SMOL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+static void test_quantize_default_model(void)
+{
+    char tmp[] = "/tmp/sluice_w4a16_XXXXXX", err[512];
+    CHECK(mkdtemp(tmp) != NULL);
+    char *argv[] = {"sluice", "quantize", "--model", SMOL, "--scheme", "w4a16-g32", "--tokenizer",
+                    "tests/models/tiny-llama", "--out", tmp, NULL};
+    CHECK(api_cmd_quantize(10, argv) == 0);
+    /* the packed weights and scales, bit for bit what compressed-tensors writes from the same bf16 weights */
+    char p[600];
+    snprintf(p, sizeof p, "%s/model.safetensors", tmp);
+    st_set *st = st_open_file(p, err, sizeof err);
+    CHECKF(st != NULL, "%s", err);
+    size_t len;
+    char *src = test_slurp("tests/golden/quant/smollm2_w4a16_g32.json", &len);
+    json_doc d;
+    char jerr[128];
+    CHECK(src && json_parse(&d, src, len, jerr, sizeof jerr) == 0);
+    int fams = src ? json_get(&d, 0, "families") : -1;
+    int checked = 0;
+    static const char *const fam[] = {"self_attn.q_proj.weight_packed", "self_attn.q_proj.weight_scale",
+                                      "self_attn.k_proj.weight_packed", "self_attn.k_proj.weight_scale",
+                                      "mlp.gate_proj.weight_packed", "mlp.gate_proj.weight_scale"};
+    for (size_t f = 0; st && fams >= 0 && f < sizeof fam / sizeof fam[0]; f++) {
+        char want[32] = "", got[32];
+        json_str(&d, json_get(&d, fams, fam[f]), want, sizeof want);
+        uint64_t h = 0xcbf29ce484222325ull;
+        for (int l = 0; l < 30; l++) {
+            char n[160];
+            snprintf(n, sizeof n, "model.layers.%d.%s", l, fam[f]);
+            const struct st_tensor *t = st_find(st, n);
+            if (!t) {
+                h = 0;
+                break;
+            }
+            for (size_t i = 0; i < t->nbytes; i++) h = (h ^ ((const unsigned char *)t->data)[i]) * 0x100000001b3ull;
+        }
+        snprintf(got, sizeof got, "%016llx", (unsigned long long)h);
+        CHECKF(strcmp(got, want) == 0, "%s: sluice %s, compressed-tensors %s", fam[f], got, want);
+        checked++;
+    }
+    CHECK(checked == 6);
+    if (src) json_free(&d);
+    free(src);
+    st_close(st);
+    /* it loads as int4 g32 and still knows the capital of France */
+    model *m = model_load(tmp, NULL, err, sizeof err);
+    CHECKF(m != NULL, "%s", err);
+    if (m) {
+        char fm[1024];
+        model_weight_formats(m, fm, sizeof fm);
+        CHECK(strstr(fm, "layers.*.mlp.*: int4 g32 sym\n") && strstr(fm, "layers.*.self_attn.*: int4 g32 sym\n"));
+        int32_t ids[16];
+        const char *prompt = "The capital of France is";
+        int n = model_tok_encode(model_get_tok(m), prompt, strlen(prompt), true, true, ids, 16);
+        struct model_backend_opts bo = {.device = "cpu", .max_tokens_per_step = 16, .max_seqs_per_step = 1,
+                                        .max_ctx = REGION * BLOCK};
+        model_backend *be = model_backend_create(m, &bo, err, sizeof err);
+        CHECKF(be != NULL, "%s", err);
+        if (be && n > 0 && n < 16 && be->ops->kv_alloc(be, REGION, BLOCK, err, sizeof err) == 0) {
+            int32_t bt[REGION];
+            for (int j = 0; j < REGION; j++) bt[j] = j;
+            int nv = model_get_config(m)->n_vocab;
+            float *lg = malloc((size_t)nv * sizeof *lg);
+            CHECK(step(be, bt, ids, 0, n, false, lg, nv) == 0);
+            int32_t tok = argmax(lg, nv);
+            char text[64] = "";
+            long tl = model_tok_decode(model_get_tok(m), &tok, 1, true, text, sizeof text - 1);
+            if (tl >= 0 && tl < (long)sizeof text) text[tl] = 0;
+            printf("  \"%s\" ->\"%s\"\n", prompt, text);
+            CHECK(strcmp(text, " Paris") == 0);
+            free(lg);
+        }
+        model_backend_destroy(be);
+        model_free(m);
+    }
+    const char *files[] = {"model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json",
+                           "generation_config.json", "chat_template.jinja", "special_tokens_map.json"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        snprintf(p, sizeof p, "%s/%s", tmp, files[i]);
+        unlink(p);
+    }
+    rmdir(tmp);
+}
+
 int main(void)
 {
     struct stat st;
@@ -395,5 +484,9 @@ int main(void)
     RUN(test_checkpoints);
     RUN(test_config_disagrees);
     RUN(test_families);
+    if (stat(SMOL, &st) == 0 && stat("tests/models/tiny-llama/tokenizer.json", &st) == 0)
+        RUN(test_quantize_default_model);
+    else
+        printf("note: %s absent: sluice quantize test skipped\n", SMOL);
     return test_summary();
 }
