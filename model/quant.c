@@ -27,6 +27,9 @@
 
 #include <math.h>
 #include <pcre2.h>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -236,7 +239,26 @@ void quant_deq_row(const struct model_quant *q, int64_t r, float *dst)
             float s = scale_of(q, r, g);
             int z = zero_of(q, r, g);
             int64_t k0 = g * q->group, k1 = k0 + q->group < n ? k0 + q->group : n;
-            for (int64_t k = k0; k < k1; k += 8) {
+            int64_t k = k0;
+#if defined(__AVX2__)
+            if (q->scale_dt == MODEL_DT_BF16 && k0 % 8 == 0) {
+                /* the same arithmetic 8 lanes wide: exact product, then round to nearest even bf16 */
+                const __m256i sh = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28), m4 = _mm256_set1_epi32(0xF),
+                              zv = _mm256_set1_epi32(z), one = _mm256_set1_epi32(1),
+                              bias = _mm256_set1_epi32(0x7FFF), hi = _mm256_set1_epi32((int)0xFFFF0000u);
+                const __m256 sv = _mm256_set1_ps(s);
+                for (; k + 8 <= k1; k += 8) {
+                    uint32_t w;
+                    memcpy(&w, row + (k / 8) * 4, 4);
+                    __m256i c = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)w), sh), m4);
+                    __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(c, zv)), sv);
+                    __m256i b = _mm256_castps_si256(v);
+                    b = _mm256_add_epi32(b, _mm256_add_epi32(bias, _mm256_and_si256(_mm256_srli_epi32(b, 16), one)));
+                    _mm256_storeu_si256((__m256i *)(dst + k), _mm256_and_si256(b, hi));
+                }
+            }
+#endif
+            for (; k < k1; k += 8) {
                 uint32_t w;
                 memcpy(&w, row + (k / 8) * 4, 4);
                 for (int j = 0; j < 8; j++)
@@ -361,6 +383,13 @@ static int add_target(struct target **arr, int *n, const json_doc *d, int tok, i
 static int parse_scheme(const json_doc *d, int grp, const char *gname, struct claim *c, char *err, size_t errlen)
 {
     memset(c, 0, sizeof *c);
+    int ia = json_get(d, grp, "input_activations");
+    if (ia >= 0 && !json_is_null(d, ia)) {
+        /* running such a checkpoint with bf16 activations would not compute what it was made for */
+        sl_seterr(err, errlen, "quantization_config: config group %s quantizes input activations (W8A8-style): "
+                  "not supported, only weight-only (A16) schemes are", gname);
+        return SL_EUNSUP;
+    }
     int w = json_get(d, grp, "weights");
     if (w < 0 || json_is_null(d, w)) return 0; /* activations only: the weight stays as it is */
     if (!json_is_obj(d, w)) {
@@ -814,10 +843,10 @@ int quant_load_weight(const st_set *st, const struct quant_cfg *qc, const char *
         sl_seterr(err, errlen, "tensor %s: the file holds %s but quantization_config says %s", fname, fs, cs);
         return SL_EFORMAT;
     }
-    if (qc && qc->method == QM_CT && q->layout == MODEL_QL_CT && qc->format[0] &&
-        strcmp(qc->format, "pack-quantized") != 0 && strcmp(qc->format, "mixed-precision") != 0) {
-        sl_seterr(err, errlen, "tensor %s: the file holds pack-quantized weights but quantization_config says "
-                  "format %s", fname, qc->format);
+    if (qc && qc->method == QM_CT && qc->format[0] && strcmp(qc->format, "mixed-precision") != 0 &&
+        (q->layout == MODEL_QL_CT) != (strcmp(qc->format, "pack-quantized") == 0)) {
+        sl_seterr(err, errlen, "tensor %s: the file holds %s weights but quantization_config says format %s", fname,
+                  q->layout == MODEL_QL_CT ? "pack-quantized" : "unpacked int8", qc->format);
         return SL_EFORMAT;
     }
     memset(t, 0, sizeof *t);

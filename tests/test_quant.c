@@ -36,7 +36,8 @@
 
 static const char *const CKPTS[] = {
     "ct-w4g32-sym", "ct-w4g64-asym", "ct-w4g128-sym", "ct-w4-channel-asym", "ct-w8-channel-sym",
-    "ct-mixed", "ct-w4g32-actorder-asym", "awq-w4g32", "gptq-w4g32-actorder", "gptq-v2-w8g64-asym",
+    "ct-mixed" /* sharded, a module's parts in different shards */, "ct-w8-naive-asym", "ct-w4g32-actorder-asym",
+    "awq-w4g32", "gptq-w4g32-actorder", "gptq-v2-w8g64-asym",
 };
 #define NCK (int)(sizeof CKPTS / sizeof CKPTS[0])
 
@@ -261,6 +262,17 @@ static void load_edited(const char *src, const char *from, const char *to, char 
     const char *files[] = {"model.safetensors", "tokenizer.json", "tokenizer_config.json"};
     for (int i = 0; i < 3; i++) {
         snprintf(p, sizeof p, "%s/%s/%s/%s", cwd, QDIR, src, files[i]);
+        if (i == 0 && access(p, F_OK) != 0) { /* sharded: link the index and its shards */
+            const char *sh[] = {"model.safetensors.index.json", "model-00001-of-00002.safetensors",
+                                "model-00002-of-00002.safetensors"};
+            for (int k = 0; k < 3; k++) {
+                snprintf(p, sizeof p, "%s/%s/%s/%s", cwd, QDIR, src, sh[k]);
+                snprintf(q, sizeof q, "%s/%s", tmp, sh[k]);
+                if (symlink(p, q) != 0) snprintf(err, errlen, "(symlink failed)");
+            }
+            continue;
+        }
+        snprintf(p, sizeof p, "%s/%s/%s/%s", cwd, QDIR, src, files[i]);
         snprintf(q, sizeof q, "%s/%s", tmp, files[i]);
         if (symlink(p, q) != 0) snprintf(err, errlen, "(symlink failed)");
     }
@@ -284,8 +296,11 @@ static void load_edited(const char *src, const char *from, const char *to, char 
         if (m) err[0] = 0;
         model_free(m);
     }
-    for (int i = 0; i < 3; i++) {
-        snprintf(q, sizeof q, "%s/%s", tmp, files[i]);
+    const char *all[] = {"model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                         "model.safetensors.index.json", "model-00001-of-00002.safetensors",
+                         "model-00002-of-00002.safetensors"};
+    for (int i = 0; i < 6; i++) {
+        snprintf(q, sizeof q, "%s/%s", tmp, all[i]);
         unlink(q);
     }
     snprintf(q, sizeof q, "%s/config.json", tmp);
@@ -327,6 +342,16 @@ static void test_config_disagrees(void)
                 sizeof err);
     printf("  %s\n", err);
     CHECK(strstr(err, "bitsandbytes"));
+    /* unpacked int8 weights under a config that says pack-quantized */
+    load_edited("ct-w8-naive-asym", "\"format\": \"naive-quantized\",\n    \"global", "\"format\": \"pack-quantized\",\n    \"global",
+                err, sizeof err);
+    printf("  %s\n", err);
+    CHECK(strstr(err, "unpacked int8") && strstr(err, "pack-quantized"));
+    /* activation quantization (W8A8) is refused, not run as W8A16 */
+    load_edited("ct-w8-naive-asym", "\"input_activations\": null", "\"input_activations\": {\"num_bits\": 8}", err,
+                sizeof err);
+    printf("  %s\n", err);
+    CHECK(strstr(err, "input activations"));
     /* the unedited copy loads (the helper itself works) */
     load_edited("ct-w4g32-sym", "\"group_size\": 32", "\"group_size\": 32", err, sizeof err);
     CHECKF(err[0] == 0, "%s", err);

@@ -106,11 +106,11 @@ def rtn_qparams(w, args):
     return calculate_qparams(mn, mx, args)
 
 
-def ct_quantize(model, groups, ignore):
+def ct_quantize(model, groups, ignore, fmt="pack-quantized"):
     """groups: [(targets, QuantizationArgs)]. Returns the compressor (model compressed in place)."""
     cfg = QuantizationConfig(config_groups={f"group_{i}": QuantizationScheme(targets=t, weights=a)
                                             for i, (t, a) in enumerate(groups)},
-                             ignore=ignore, format="pack-quantized")
+                             ignore=ignore, format=fmt)
     apply_quantization_config(model, cfg)
     with torch.no_grad():
         for name, mod in model.named_modules():
@@ -121,12 +121,12 @@ def ct_quantize(model, groups, ignore):
             mod.weight_scale.data.copy_(s.to(mod.weight_scale.dtype).reshape(mod.weight_scale.shape))
             if hasattr(mod, "weight_zero_point"):
                 mod.weight_zero_point.data.copy_(z.to(mod.weight_zero_point.dtype).reshape(mod.weight_zero_point.shape))
-    comp = ModelCompressor.from_pretrained_model(model, quantization_format="pack-quantized")
+    comp = ModelCompressor.from_pretrained_model(model, quantization_format=fmt)
     comp.compress_model(model)
     return comp
 
 
-def save_checkpoint(path, model, tensors, qcfg, tokdir):
+def save_checkpoint(path, model, tensors, qcfg, tokdir, sharded=False):
     shutil.rmtree(path, ignore_errors=True)
     os.makedirs(path)
     model.config.save_pretrained(path)
@@ -136,7 +136,21 @@ def save_checkpoint(path, model, tensors, qcfg, tokdir):
         c["quantization_config"] = qcfg
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(c, f, indent=2, sort_keys=True)
-    save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(path, "model.safetensors"))
+    tensors = {k: v.contiguous() for k, v in tensors.items()}
+    if not sharded:
+        save_file(tensors, os.path.join(path, "model.safetensors"))
+    else:
+        # two shards, split so that the parts of one packed weight live in different files
+        names = sorted(tensors)
+        first = [n for n in names if "layers.0." in n and not n.endswith("weight_scale")] + ["model.embed_tokens.weight"]
+        shards = {"model-00001-of-00002.safetensors": first,
+                  "model-00002-of-00002.safetensors": [n for n in names if n not in first]}
+        wm = {}
+        for fn, ns in shards.items():
+            save_file({n: tensors[n] for n in ns}, os.path.join(path, fn))
+            wm.update({n: fn for n in ns})
+        with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {}, "weight_map": wm}, f, indent=1, sort_keys=True)
     for fn in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(os.path.join(tokdir, fn), os.path.join(path, fn))
 
@@ -269,9 +283,9 @@ def A(bits, group=None, sym=True):
                             group_size=group)
 
 
-def make_ct(outdir, tokdir, vocab, name, hidden, ff, seed, groups, ignore):
+def make_ct(outdir, tokdir, vocab, name, hidden, ff, seed, groups, ignore, fmt="pack-quantized", sharded=False):
     model = base_model(vocab, hidden, ff, seed)
-    comp = ct_quantize(model, groups, ignore)
+    comp = ct_quantize(model, groups, ignore, fmt)
     sd = {k: v for k, v in model.state_dict().items()}
     qcfg = comp.quantization_config.model_dump(exclude_none=False)
     qcfg["quant_method"] = "compressed-tensors"
@@ -283,9 +297,10 @@ def make_ct(outdir, tokdir, vocab, name, hidden, ff, seed, groups, ignore):
     for mod_name, mod in model.named_modules():
         if mod_name in modules_of(model):
             sch = getattr(mod, "quantization_scheme", None)
-            fmts[mod_name] = fmt_of(sch.weights if sch else None, mod.in_features)
+            fmts[mod_name] = fmt_of(sch.weights if sch else None, mod.in_features) + \
+                (" (int-quantized)" if sch and fmt != "pack-quantized" else "")
     path = os.path.join(outdir, name)
-    save_checkpoint(path, model, sd, qcfg, tokdir)
+    save_checkpoint(path, model, sd, qcfg, tokdir, sharded)
     # the library's own dequantization of what was saved
     comp.decompress_model(model)
     dense = {k: v for k, v in model.state_dict().items()
@@ -417,7 +432,10 @@ def main():
     make_ct(outdir, tokdir, vocab, "ct-mixed", 64, 128, 16,
             [(["re:.*mlp\\..*_proj"], A(4, 32)), (["re:.*self_attn\\..*_proj"], A(8, None, sym=False)),
              (["lm_head"], A(8)), (["model.layers.0.mlp.up_proj"], A(8, 64))],
-            ["re:model\\.layers\\.1\\.self_attn\\.[kv]_proj", "model.layers.0.mlp.down_proj"])
+            ["re:model\\.layers\\.1\\.self_attn\\.[kv]_proj", "model.layers.0.mlp.down_proj"], sharded=True)
+    # int8 stored unpacked (compressed-tensors naive-quantized), with zero points
+    make_ct(outdir, tokdir, vocab, "ct-w8-naive-asym", 64, 128, 21, [(["Linear"], A(8, None, sym=False))], ["lm_head"],
+            fmt="naive-quantized")
     make_ct_actorder(outdir, tokdir, vocab, "ct-w4g32-actorder-asym", 17, 4, 32, False)
     make_awq(outdir, tokdir, vocab, "awq-w4g32", 18, 32)
     make_gptq(outdir, tokdir, vocab, "gptq-w4g32-actorder", 19, 4, 32, True, True, False)
