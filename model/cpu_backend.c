@@ -1,7 +1,9 @@
 /* cpu_backend.c - the CPU reference backend (model/backend.h, device "cpu").
  *
  * Plain f32 arithmetic. The big matrices stay in the checkpoint's own encoding
- * (borrowed from the model's mapping: Q4_0/Q4_1/Q8_0/F16/BF16/F32) and are
+ * (borrowed from the model's mapping: Q4_0/Q4_1/Q8_0/F16/BF16/F32, or packed
+ * int4/int8 with group scales, zero points and act-order indexes, which
+ * model/quant.c dequantizes by row, whatever module holds them) and are
  * dequantized a block of rows at a time into per-thread f32 scratch right
  * before use: the f32 values are exactly those model_tensor_to_f32() gives,
  * so the result is bit-identical to dequantizing everything at creation, but

@@ -779,6 +779,11 @@ static int file_packed(const st_set *st, const char *module, const struct claim 
     snprintf(sn, sizeof sn, "%s.qzeros", module);
     const struct st_tensor *z = st_find(st, sn);
     int pf = 32 / q->bits;
+    if (rows % pf) {
+        sl_seterr(err, errlen, "tensor %s: %lld output rows do not fill whole %d-bit zero words", fname,
+                  (long long)rows, q->bits);
+        return SL_EFORMAT;
+    }
     if (!z || z->dtype != MODEL_DT_I32 || !is2d(z, q->n_groups, rows / pf)) {
         sl_seterr(err, errlen, "tensor %s: %s (expected int32 [%lld, %lld])", sn, z ? "bad shape or dtype" : "missing",
                   (long long)q->n_groups, (long long)rows / pf);
@@ -856,7 +861,8 @@ int quant_load_weight(const st_set *st, const struct quant_cfg *qc, const char *
     t->ne[1] = rows;
     t->ne[2] = t->ne[3] = 1;
     t->data = q->qweight;
-    t->nbytes = 0;
+    const struct st_tensor *qt = st_find(st, fname);
+    t->nbytes = qt ? qt->nbytes : 0; /* the packed codes (scales and zeros are a few percent more) */
     return 0;
 }
 

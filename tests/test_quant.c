@@ -410,6 +410,78 @@ static void test_ct_packing(void)
     CHECKF(o == 0.2998046875f, "%.10g", o); /* f16(3 * 0.0999755859375) */
 }
 
+/* ---- malformed packed weights ---------------------------------------------------------- */
+
+/* A safetensors file of I32/BF16 tensors given as (name, dtype, d0, d1, fill) rows. */
+struct mk { const char *name, *dtype; int d0, d1; int32_t fill; };
+
+static int write_st(const char *path, const struct mk *t, int n)
+{
+    char hdr[4096];
+    size_t off = 0, hl = (size_t)snprintf(hdr, sizeof hdr, "{");
+    for (int i = 0; i < n; i++) {
+        size_t es = strcmp(t[i].dtype, "BF16") == 0 ? 2 : 4, nb = (size_t)t[i].d0 * (t[i].d1 ? t[i].d1 : 1) * es;
+        char shape[64];
+        if (t[i].d1) snprintf(shape, sizeof shape, "[%d,%d]", t[i].d0, t[i].d1);
+        else snprintf(shape, sizeof shape, "[%d]", t[i].d0);
+        hl += (size_t)snprintf(hdr + hl, sizeof hdr - hl, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":%s,\"data_offsets\":[%zu,%zu]}",
+                               i ? "," : "", t[i].name, t[i].dtype, shape, off, off + nb);
+        off += nb;
+    }
+    hl += (size_t)snprintf(hdr + hl, sizeof hdr - hl, "}");
+    FILE *f = fopen(path, "wb");
+    if (!f) return -1;
+    uint64_t h64 = hl;
+    fwrite(&h64, 8, 1, f);
+    fwrite(hdr, 1, hl, f);
+    for (int i = 0; i < n; i++) {
+        size_t es = strcmp(t[i].dtype, "BF16") == 0 ? 2 : 4, cnt = (size_t)t[i].d0 * (t[i].d1 ? t[i].d1 : 1);
+        for (size_t k = 0; k < cnt; k++) fwrite(&t[i].fill, es, 1, f);
+    }
+    return fclose(f);
+}
+
+static void test_malformed(void)
+{
+    char path[] = "/tmp/sluice_qbad_XXXXXX", err[512];
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    if (fd < 0) return;
+    close(fd);
+    const struct mk t[] = {
+        {"a.weight_packed", "I32", 4, 3, 0},  {"a.weight_scale", "BF16", 4, 1, 0x3f80},
+        {"b.weight_packed", "I32", 4, 2, 0},  {"b.weight_scale", "BF16", 4, 2, 0x3f80}, {"b.weight_g_idx", "I32", 16, 0, 5},
+        {"c.weight_packed", "I32", 4, 2, 0},
+        {"d.weight_packed", "I32", 4, 2, 0},  {"d.weight_scale", "BF16", 4, 3, 0x3f80},
+        {"e.qweight", "I32", 16, 1, 0},       {"e.scales", "BF16", 1, 8, 0x3f80},
+    };
+    CHECK(write_st(path, t, (int)(sizeof t / sizeof t[0])) == 0);
+    st_set *st = st_open_file(path, err, sizeof err);
+    CHECKF(st, "%s", err);
+    struct { const char *module; const char *want; } cases[] = {
+        {"a", "a.weight_packed: I32 [4, 3] is neither int4 nor int8 packing of [4, 16]"},
+        {"b", "b.weight_g_idx: column 0 names group 5 of 2"},
+        {"c", "c.weight_scale: missing"},
+        {"d", "d.weight_scale: 3 groups do not divide 16 columns"},
+        {"e", "e.qzeros: missing"},
+    };
+    for (size_t i = 0; st && i < sizeof cases / sizeof cases[0]; i++) {
+        struct model_tensor mt;
+        struct model_quant q;
+        char fname[128];
+        err[0] = 0;
+        int rc = quant_load_weight(st, NULL, cases[i].module, true, cases[i].module[0] == 'e' ? 8 : 4, 16, &mt, &q,
+                                   fname, sizeof fname, err, sizeof err);
+        CHECKF(rc < 0 && strstr(err, cases[i].want), "%s: rc %d, '%s'", cases[i].module, rc, err);
+    }
+    struct model_tensor mt;
+    struct model_quant q;
+    char fname[128];
+    CHECK(st && quant_load_weight(st, NULL, "absent", true, 4, 16, &mt, &q, fname, sizeof fname, err, sizeof err) == 1);
+    st_close(st);
+    unlink(path);
+}
+
 /* ---- sluice quantize: the default model, against compressed-tensors' RTN ---------------- */
 
 #define SMOL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -506,6 +578,7 @@ int main(void)
         return test_summary();
     }
     RUN(test_ct_packing);
+    RUN(test_malformed);
     RUN(test_checkpoints);
     RUN(test_config_disagrees);
     RUN(test_families);
