@@ -36,7 +36,8 @@
 
 static const char *const CKPTS[] = {
     "ct-w4g32-sym", "ct-w4g64-asym", "ct-w4g128-sym", "ct-w4-channel-asym", "ct-w8-channel-sym",
-    "ct-mixed" /* sharded, a module's parts in different shards */, "ct-w8-naive-asym", "ct-w4g32-actorder-asym",
+    "ct-mixed" /* sharded, a module's parts in different shards */, "ct-w8-naive-asym",
+    "ct-qwen3-w4g32-asym" /* qwen3: q/k norms, tied embeddings */, "ct-w4g32-actorder-asym",
     "awq-w4g32", "gptq-w4g32-actorder", "gptq-v2-w8g64-asym",
 };
 #define NCK (int)(sizeof CKPTS / sizeof CKPTS[0])

@@ -78,13 +78,16 @@ def make_tokenizer(path):
     return tok.get_vocab_size()
 
 
-def base_model(vocab, hidden, ff, seed):
+def base_model(vocab, hidden, ff, seed, arch="llama"):
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=ff, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4,
-                      max_position_embeddings=256, rms_norm_eps=1e-6, rope_theta=10000.0,
-                      tie_word_embeddings=False, bos_token_id=None, eos_token_id=0, pad_token_id=None)
-    m = LlamaForCausalLM(cfg)
+    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=ff, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4,
+                  max_position_embeddings=256, rms_norm_eps=1e-6, rope_theta=10000.0,
+                  bos_token_id=None, eos_token_id=0, pad_token_id=None)
+    if arch == "qwen3":  # q/k norms and tied embeddings
+        m = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**common, tie_word_embeddings=True))
+    else:
+        m = LlamaForCausalLM(LlamaConfig(**common, tie_word_embeddings=False))
     with torch.no_grad():
         for n, p in m.named_parameters():
             if p.dim() == 1:
@@ -137,6 +140,8 @@ def save_checkpoint(path, model, tensors, qcfg, tokdir, sharded=False):
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(c, f, indent=2, sort_keys=True)
     tensors = {k: v.contiguous() for k, v in tensors.items()}
+    if model.config.tie_word_embeddings:  # lm_head is the embedding: stored once
+        tensors.pop("lm_head.weight", None)
     if not sharded:
         save_file(tensors, os.path.join(path, "model.safetensors"))
     else:
@@ -237,8 +242,8 @@ PROMPTS = [[5, 17, 42, 99, 150], [200, 33, 7, 8, 300, 12, 64, 77, 101, 250, 3, 1
 
 @torch.no_grad()
 def golden(dense_sd, config, fmts, name):
-    cfg = LlamaConfig(**{k: v for k, v in config.to_dict().items() if k != "quantization_config"})
-    m = LlamaForCausalLM(cfg).to(torch.float32).eval()
+    cfg = config.__class__(**{k: v for k, v in config.to_dict().items() if k != "quantization_config"})
+    m = transformers.AutoModelForCausalLM.from_config(cfg).to(torch.float32).eval()
     missing, unexpected = m.load_state_dict({k: v.to(torch.float32) for k, v in dense_sd.items()}, strict=True)
     out = {"model": name, "transformers": transformers.__version__, "prompts": [], "weights": []}
     margins = []
@@ -283,8 +288,9 @@ def A(bits, group=None, sym=True):
                             group_size=group)
 
 
-def make_ct(outdir, tokdir, vocab, name, hidden, ff, seed, groups, ignore, fmt="pack-quantized", sharded=False):
-    model = base_model(vocab, hidden, ff, seed)
+def make_ct(outdir, tokdir, vocab, name, hidden, ff, seed, groups, ignore, fmt="pack-quantized", sharded=False,
+            arch="llama"):
+    model = base_model(vocab, hidden, ff, seed, arch)
     comp = ct_quantize(model, groups, ignore, fmt)
     sd = {k: v for k, v in model.state_dict().items()}
     qcfg = comp.quantization_config.model_dump(exclude_none=False)
@@ -436,6 +442,8 @@ def main():
     # int8 stored unpacked (compressed-tensors naive-quantized), with zero points
     make_ct(outdir, tokdir, vocab, "ct-w8-naive-asym", 64, 128, 21, [(["Linear"], A(8, None, sym=False))], ["lm_head"],
             fmt="naive-quantized")
+    make_ct(outdir, tokdir, vocab, "ct-qwen3-w4g32-asym", 64, 128, 22, [(["Linear"], A(4, 32, sym=False))],
+            ["lm_head"], arch="qwen3")
     make_ct_actorder(outdir, tokdir, vocab, "ct-w4g32-actorder-asym", 17, 4, 32, False)
     make_awq(outdir, tokdir, vocab, "awq-w4g32", 18, 32)
     make_gptq(outdir, tokdir, vocab, "gptq-w4g32-actorder", 19, 4, 32, True, True, False)
