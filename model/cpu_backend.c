@@ -278,12 +278,17 @@ static void deq_row(const struct wmat *w, int64_t r, float *dst)
         }
         for (int i = n & ~7; i < n; i++) dst[i] = _cvtsh_ss((uint16_t)(p[2 * i] | p[2 * i + 1] << 8));
         return;
-    case MODEL_DT_BF16:
-        for (int i = 0; i < n; i++) {
+    case MODEL_DT_BF16: {
+        int i = 0;
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_si256((__m256i *)(dst + i),
+                                _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p + 2 * i))), 16));
+        for (; i < n; i++) {
             uint32_t bits = (uint32_t)(p[2 * i] | p[2 * i + 1] << 8) << 16;
             memcpy(dst + i, &bits, 4);
         }
         return;
+    }
     default: break;
     }
 #endif
