@@ -110,6 +110,8 @@ int api_cmd_serve(int argc, char **argv);
 int api_cmd_generate(int argc, char **argv);
 int api_cmd_tokenize(int argc, char **argv);
 int api_cmd_info(int argc, char **argv);
+/* `sluice quantize`: a W4A16/W8A16 compressed-tensors copy of a model (api/cmd_quantize.c). */
+int api_cmd_quantize(int argc, char **argv);
 int api_cmd_run_batch(int argc, char **argv);
 int api_cmd_template(int argc, char **argv);
 /* `sluice batch submit|status|list|cancel|results`: the Batch API client. */

@@ -1,9 +1,28 @@
 /* cmd_info.c - `sluice info`: what this build can do and what a model is. */
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "api.h"
 #include "model/backend.h"
 #include "model/model.h"
+
+/* Each family of weight matrices and its format, as the file holds it
+ * (quantized or not, decided per tensor: model/quant.c). */
+static void info_weight_formats(const model *m)
+{
+    size_t n = model_weight_formats(m, NULL, 0);
+    char *buf = malloc(n + 1);
+    if (!buf) return;
+    model_weight_formats(m, buf, n + 1);
+    printf("weights:\n");
+    for (char *line = buf, *nl; *line; line = nl + 1) {
+        nl = strchr(line, '\n');
+        if (!nl) break;
+        printf("  %.*s\n", (int)(nl - line), line);
+    }
+    free(buf);
+}
 
 int api_cmd_info(int argc, char **argv)
 {
@@ -38,7 +57,8 @@ int api_cmd_info(int argc, char **argv)
            model_arch_name(c->arch), c->n_layer, c->n_embd, c->n_ff, c->n_head, c->n_head_kv, c->head_dim,
            c->n_vocab, c->n_ctx_train, c->rope_type == MODEL_ROPE_NEOX ? "neox" : "norm", c->rope_theta,
            c->rope_llama3_factor > 0 ? " (llama3 scaling)" : "", c->tie_embeddings ? "yes" : "no");
-    printf("tokenizer: %d tokens\nweights: %s\n", model_tok_n_vocab(model_get_tok(m)), wrc ? "DAMAGED" : "all finite");
+    printf("tokenizer: %d tokens\nweight values: %s\n", model_tok_n_vocab(model_get_tok(m)), wrc ? "DAMAGED" : "all finite");
+    info_weight_formats(m);
     model_free(m);
     if (wrc) fprintf(stderr, "sluice info: %s\n", err);
     return wrc ? 1 : 0;

@@ -17,6 +17,7 @@ static void usage(void)
             "  tokenize   text to token ids (--text) or ids to text (--ids)\n"
             "  template   the prompt a chat renders to with the model's chat template\n"
             "  info       build capabilities and a model's configuration\n"
+            "  quantize   write a W4A16/W8A16 compressed-tensors copy of a model (round-to-nearest)\n"
             "  run-batch  run an OpenAI batch file (JSONL) through the continuous-batching engine\n"
             "  batch      submit, watch, cancel and fetch batch jobs on a running server\n"
             "  bench      cache-bust / cache-hit benchmark of any OpenAI-compatible server\n",
@@ -44,6 +45,7 @@ int main(int argc, char **argv)
     if (!strcmp(argv[1], "generate")) return api_cmd_generate(argc, argv);
     if (!strcmp(argv[1], "tokenize")) return api_cmd_tokenize(argc, argv);
     if (!strcmp(argv[1], "info")) return api_cmd_info(argc, argv);
+    if (!strcmp(argv[1], "quantize")) return api_cmd_quantize(argc, argv);
     if (!strcmp(argv[1], "run-batch")) return api_cmd_run_batch(argc, argv);
     if (!strcmp(argv[1], "template")) return api_cmd_template(argc, argv);
     if (!strcmp(argv[1], "batch")) return api_cmd_batch(argc, argv);

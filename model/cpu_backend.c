@@ -1,7 +1,9 @@
 /* cpu_backend.c - the CPU reference backend (model/backend.h, device "cpu").
  *
  * Plain f32 arithmetic. The big matrices stay in the checkpoint's own encoding
- * (borrowed from the model's mapping: Q4_0/Q4_1/Q8_0/F16/BF16/F32) and are
+ * (borrowed from the model's mapping: Q4_0/Q4_1/Q8_0/F16/BF16/F32, or packed
+ * int4/int8 with group scales, zero points and act-order indexes, which
+ * model/quant.c dequantizes by row, whatever module holds them) and are
  * dequantized a block of rows at a time into per-thread f32 scratch right
  * before use: the f32 values are exactly those model_tensor_to_f32() gives,
  * so the result is bit-identical to dequantizing everything at creation, but
@@ -42,6 +44,7 @@
 #endif
 
 #include "backend.h"
+#include "quant.h"
 
 /* A weight matrix [rows][in] in its stored encoding, borrowed from the model. */
 struct wmat {
@@ -49,6 +52,7 @@ struct wmat {
     const uint8_t *data;
     size_t row_bytes;
     int in;
+    const struct model_quant *quant; /* MODEL_DT_QPACK: the packed layout (model/quant.c dequantizes) */
 };
 
 struct layer_f32 {
@@ -217,14 +221,18 @@ static size_t row_bytes(enum model_dtype dt, int in)
     case MODEL_DT_Q8_0: return (size_t)in / 32 * 34;
     case MODEL_DT_Q4_0: return (size_t)in / 32 * 18;
     case MODEL_DT_Q4_1: return (size_t)in / 32 * 20;
+    default: return 0; /* packed weights are addressed through their descriptor */
     }
-    return 0;
 }
 
 /* Row r of w as f32 into dst[w->in]: the same values as model_tensor_to_f32
  * (q * d for Q8_0/Q4_0, q * d + m for Q4_1, each rounded once: no FMA). */
 static void deq_row(const struct wmat *w, int64_t r, float *dst)
 {
+    if (w->dt == MODEL_DT_QPACK) {
+        quant_deq_row(w->quant, r, dst);
+        return;
+    }
     const uint8_t *p = w->data + (size_t)r * w->row_bytes;
     int n = w->in;
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -270,12 +278,18 @@ static void deq_row(const struct wmat *w, int64_t r, float *dst)
         }
         for (int i = n & ~7; i < n; i++) dst[i] = _cvtsh_ss((uint16_t)(p[2 * i] | p[2 * i + 1] << 8));
         return;
-    case MODEL_DT_BF16:
-        for (int i = 0; i < n; i++) {
+    case MODEL_DT_BF16: {
+        int i = 0;
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_si256((__m256i *)(dst + i),
+                                _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p + 2 * i))), 16));
+        for (; i < n; i++) {
             uint32_t bits = (uint32_t)(p[2 * i] | p[2 * i + 1] << 8) << 16;
             memcpy(dst + i, &bits, 4);
         }
         return;
+    }
+    default: break;
     }
 #endif
     struct model_tensor t = {.dtype = w->dt, .ndim = 1, .ne = {n, 1, 1, 1}, .data = p,
@@ -394,7 +408,10 @@ static int wmat_init(struct wmat *m, const struct model_tensor *t, char *err, si
 {
     int64_t in = t->ne[0];
     bool quant = t->dtype == MODEL_DT_Q8_0 || t->dtype == MODEL_DT_Q4_0 || t->dtype == MODEL_DT_Q4_1;
-    if (!t->data || in <= 0 || in > (1 << 24) || (quant && in % 32) ||
+    bool packed = t->dtype == MODEL_DT_QPACK;
+    bool ints = t->dtype == MODEL_DT_I8 || t->dtype == MODEL_DT_I32 || t->dtype == MODEL_DT_I64;
+    if (!t->data || in <= 0 || in > (1 << 24) || (quant && in % 32) || ints ||
+        (packed && (!t->quant || t->quant->cols != in || t->quant->rows != t->ne[1])) ||
         t->nbytes < row_bytes(t->dtype, (int)in) * (size_t)t->ne[1]) {
         sl_seterr(err, errlen, "tensor %s: unusable layout (%s, %lld columns)", t->name ? t->name : "?",
                model_dtype_name(t->dtype), (long long)in);
@@ -402,6 +419,7 @@ static int wmat_init(struct wmat *m, const struct model_tensor *t, char *err, si
     }
     m->dt = t->dtype;
     m->data = t->data;
+    m->quant = t->quant;
     m->in = (int)in;
     m->row_bytes = row_bytes(t->dtype, (int)in);
     return 0;

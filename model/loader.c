@@ -21,6 +21,7 @@
 #include "safetensors.h"
 #include "loader_dummy.h"
 #include "overrides.h"
+#include "quant.h"
 #include "tokenizer.h"
 
 struct model {
@@ -33,6 +34,9 @@ struct model {
     void *dummy;            /* owned random weights (--load-format dummy), or NULL */
     char **names;           /* owned tensor names */
     int n_names, cap_names;
+    struct quant_cfg *qcfg;          /* config.json's quantization_config, or NULL */
+    struct model_quant **quants;     /* owned descriptors of the packed weights */
+    int n_quants, cap_quants;
 };
 
 
@@ -115,11 +119,77 @@ static int find_tensor(model *m, const char *name, struct model_tensor *t)
     return t->name ? 0 : SL_ENOMEM;
 }
 
+static char *read_file(const char *path, size_t *len);
+
+/* ---- quantized weights (HF directories) ----------------------------------------- */
+
+/* quantization_config from dir/config.json (kept apart from hf_config: the
+ * format of each weight is decided per tensor, the config only cross-checks). */
+static int hf_quant_config(model *m, const char *dir, char *err, size_t errlen)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    size_t len = 0;
+    char *src = read_file(path, &len);
+    if (!src) return 0; /* hf_config already said why */
+    int rc = quant_cfg_parse(src, len, &m->qcfg, err, errlen);
+    free(src);
+    return rc;
+}
+
+/* Matrix `name` (a "<module>.weight" name) of an HF checkpoint in whatever
+ * form the file holds: dense or packed (model/quant.c decides). */
+static int get_weight_st(model *m, const char *name, int64_t rows, int64_t cols, bool optional,
+                         struct model_tensor *t, char *err, size_t errlen)
+{
+    char module[512], fname[600];
+    size_t n = strlen(name);
+    if (n < 7 || strcmp(name + n - 7, ".weight") != 0 || n - 7 >= sizeof module) {
+        sl_seterr(err, errlen, "tensor %s: not a weight name", name);
+        return SL_EINVAL;
+    }
+    memcpy(module, name, n - 7);
+    module[n - 7] = 0;
+    if (m->n_quants == m->cap_quants) {
+        int cap = m->cap_quants ? 2 * m->cap_quants : 64;
+        struct model_quant **p = realloc(m->quants, (size_t)cap * sizeof *p);
+        if (!p) return SL_ENOMEM;
+        m->quants = p;
+        m->cap_quants = cap;
+    }
+    struct model_quant *q = calloc(1, sizeof *q);
+    if (!q) return SL_ENOMEM;
+    bool linear = strstr(name, "embed_tokens") == NULL; /* nn.Embedding, not nn.Linear */
+    memset(t, 0, sizeof *t);
+    int rc = quant_load_weight(m->st, m->qcfg, module, linear, rows, cols, t, q, fname, sizeof fname, err, errlen);
+    if (rc != 0 || t->dtype != MODEL_DT_QPACK) free(q);
+    if (rc < 0) return rc;
+    if (rc == 1) {
+        memset(t, 0, sizeof *t);
+        if (optional) return 0;
+        sl_seterr(err, errlen, "missing tensor %s (nor a quantized form of it)", name);
+        return SL_EFORMAT;
+    }
+    if (t->dtype == MODEL_DT_QPACK) {
+        m->quants[m->n_quants++] = q;
+        t->quant = q;
+    }
+    t->name = pool_name(m, fname);
+    if (!t->name) return SL_ENOMEM;
+    if (t->ne[0] != cols || t->ne[1] != rows) {
+        sl_seterr(err, errlen, "tensor %s has shape [%lld, %lld] (ne order), expected [%lld, %lld]", fname,
+                  (long long)t->ne[0], (long long)t->ne[1], (long long)cols, (long long)rows);
+        return SL_EFORMAT;
+    }
+    return 0;
+}
+
 /* Loads tensor `name` and checks it is [rows][cols] (rows = 0: a vector of
  * cols). optional: absence is fine (t->data stays NULL). */
 static int get_tensor(model *m, const char *name, int64_t rows, int64_t cols, bool optional,
                       struct model_tensor *t, char *err, size_t errlen)
 {
+    if (m->st && rows != 0) return get_weight_st(m, name, rows, cols, optional, t, err, errlen);
     int rc = find_tensor(m, name, t);
     if (rc < 0) {
         sl_seterr(err, errlen, rc == SL_ENOMEM ? "out of memory" : "tensor %s: unsupported dtype or rank",
@@ -648,6 +718,7 @@ static int load_hf(model *m, const char *dir, bool dummy, char *err, size_t errl
     int rc = hf_config(m, dir, err, errlen);
     if (rc) return rc;
     if (dummy) return model_dummy_weights(&m->cfg, &m->w, &m->dummy, err, errlen);
+    if ((rc = hf_quant_config(m, dir, err, errlen))) return rc;
     m->st = st_open_dir(dir, err, errlen);
     if (!m->st) return SL_EFORMAT;
     if ((rc = load_weights(m, &hf_names, err, errlen))) return rc;
@@ -839,6 +910,9 @@ void model_free(model *m)
     model_dummy_free(m->dummy);
     for (int i = 0; i < m->n_names; i++) free(m->names[i]);
     free(m->names);
+    for (int i = 0; i < m->n_quants; i++) free(m->quants[i]);
+    free(m->quants);
+    quant_cfg_free(m->qcfg);
     if (m->gguf) gguf_close(m->gguf);
     if (m->st) st_close(m->st);
     free(m);
@@ -883,4 +957,120 @@ void model_rope_inv_freq(const struct model_config *c, const struct model_weight
         }
         inv[i] = f;
     }
+}
+
+/* ---- weight formats per tensor family (sluice info) ------------------------------- */
+
+/* The format of a weight matrix as sluice info prints it. */
+static void weight_format(const struct model_tensor *t, char *out, size_t cap)
+{
+    if (t->dtype == MODEL_DT_QPACK && t->quant) {
+        model_quant_describe(t->quant, out, cap);
+        return;
+    }
+    snprintf(out, cap, "%s", model_dtype_name(t->dtype));
+    for (char *p = out; *p; p++)
+        if (*p >= 'A' && *p <= 'Z') *p = (char)(*p - 'A' + 'a');
+}
+
+/* name without "model." and the part after the last '.' (weight, qweight,
+ * weight_packed); with layer = true the layer number becomes '*'. */
+static void family_of(const char *name, bool wild, char *out, size_t cap)
+{
+    if (strncmp(name, "model.", 6) == 0) name += 6;
+    const char *end = strrchr(name, '.');
+    size_t n = end ? (size_t)(end - name) : strlen(name), o = 0;
+    for (size_t i = 0; i < n && o + 1 < cap; i++) {
+        bool after = (i >= 7 && strncmp(name + i - 7, "layers.", 7) == 0) || (i >= 4 && strncmp(name + i - 4, "blk.", 4) == 0);
+        if (wild && after && name[i] >= '0' && name[i] <= '9') {
+            while (i + 1 < n && name[i + 1] >= '0' && name[i + 1] <= '9') i++;
+            out[o++] = '*';
+        } else {
+            out[o++] = name[i];
+        }
+    }
+    out[o] = 0;
+}
+
+struct fam {
+    char key[160], fmt[96];
+    bool mixed;  /* layers differ: listed per layer */
+    bool merged; /* folded into a parent.* line */
+};
+
+size_t model_weight_formats(const model *m, char *out, size_t cap)
+{
+    int cap_t = 3 + 14 * m->cfg.n_layer, n = 0;
+    const struct model_tensor **ts = malloc((size_t)cap_t * sizeof *ts);
+    struct fam *f = calloc((size_t)cap_t, sizeof *f);
+    size_t len = 0;
+    if (cap) out[0] = 0;
+    if (!ts || !f) goto out;
+    all_tensors(m, ts, &n);
+    int nf = 0;
+    for (int i = 0; i < n; i++) {
+        const struct model_tensor *t = ts[i];
+        if (t->ndim != 2 || t->ne[1] <= 1 || !t->name) continue; /* matrices only */
+        struct fam e = {0};
+        family_of(t->name, true, e.key, sizeof e.key);
+        weight_format(t, e.fmt, sizeof e.fmt);
+        int j = 0;
+        while (j < nf && strcmp(f[j].key, e.key) != 0) j++;
+        if (j == nf) f[nf++] = e;
+        else if (strcmp(f[j].fmt, e.fmt) != 0) f[j].mixed = true;
+    }
+    /* a parent whose children (all uniform) share one format becomes parent.* */
+    for (int i = 0; i < nf; i++) {
+        const char *dot = strrchr(f[i].key, '.');
+        if (f[i].mixed || f[i].merged || !dot || !strchr(f[i].key, '*')) continue;
+        size_t pl = (size_t)(dot - f[i].key) + 1;
+        int kids = 0;
+        bool same = true;
+        for (int j = 0; j < nf; j++)
+            if (strncmp(f[j].key, f[i].key, pl) == 0 && !strchr(f[j].key + pl, '.')) {
+                kids++;
+                if (f[j].mixed || strcmp(f[j].fmt, f[i].fmt) != 0) same = false;
+            }
+        if (kids < 2 || !same) continue;
+        for (int j = 0; j < nf; j++)
+            if (j != i && strncmp(f[j].key, f[i].key, pl) == 0 && !strchr(f[j].key + pl, '.')) f[j].merged = true;
+        snprintf(f[i].key + pl, sizeof f[i].key - pl, "*");
+    }
+    for (int i = 0; i < nf; i++) {
+        if (f[i].merged) continue;
+        if (!f[i].mixed) {
+            int k = snprintf(out + (len < cap ? len : cap), len < cap ? cap - len : 0, "%s: %s\n", f[i].key, f[i].fmt);
+            len += (size_t)(k > 0 ? k : 0);
+            continue;
+        }
+        /* per layer */
+        for (int j = 0; j < n; j++) {
+            char key[160], one[160], fmt[96];
+            if (ts[j]->ndim != 2 || ts[j]->ne[1] <= 1 || !ts[j]->name) continue;
+            family_of(ts[j]->name, true, key, sizeof key);
+            if (strcmp(key, f[i].key) != 0) continue;
+            family_of(ts[j]->name, false, one, sizeof one);
+            weight_format(ts[j], fmt, sizeof fmt);
+            int k = snprintf(out + (len < cap ? len : cap), len < cap ? cap - len : 0, "%s: %s\n", one, fmt);
+            len += (size_t)(k > 0 ? k : 0);
+        }
+    }
+out:
+    free(ts);
+    free(f);
+    return len;
+}
+
+const struct model_tensor *model_first_packed(const model *m)
+{
+    const struct model_weights *w = &m->w;
+    if (w->tok_embd.dtype == MODEL_DT_QPACK) return &w->tok_embd;
+    if (w->lm_head.dtype == MODEL_DT_QPACK) return &w->lm_head;
+    for (int l = 0; l < m->cfg.n_layer && w->layers; l++) {
+        const struct model_layer_weights *L = &w->layers[l];
+        const struct model_tensor *t[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
+            if (t[i]->dtype == MODEL_DT_QPACK) return t[i];
+    }
+    return NULL;
 }

@@ -45,7 +45,44 @@ void sl_seterr(char *err, size_t errlen, const char *fmt, ...) __attribute__((fo
 
 enum model_dtype {
     MODEL_DT_F32, MODEL_DT_F16, MODEL_DT_BF16, MODEL_DT_Q8_0, MODEL_DT_Q4_0, MODEL_DT_Q4_1,
+    MODEL_DT_QPACK, /* int4/int8 with group scales: the layout is in model_tensor.quant */
+    MODEL_DT_I8, MODEL_DT_I32, MODEL_DT_I64, /* integer parts of packed weights (never a weight itself) */
 };
+
+/* Where a packed (MODEL_DT_QPACK) weight's values come from. */
+enum model_qlayout {
+    MODEL_QL_CT,   /* compressed-tensors pack-quantized: weight_packed [out][in*bits/32] int32, low bits
+                      first, stored q + 2^(bits-1); weight_scale [out][groups]; weight_zero_point
+                      [out*bits/32][groups] packed along the output; weight_g_idx [in] */
+    MODEL_QL_CT_INT, /* compressed-tensors int-quantized (int8): weight int8 [out][in] holding q itself;
+                      weight_scale [out][groups]; weight_zero_point int8 [out][groups] */
+    MODEL_QL_AWQ,  /* AutoAWQ GEMM: qweight [in][out/8] with nibble order 0,2,4,6,1,3,5,7; qzeros
+                      [groups][out/8] the same; scales [groups][out] */
+    MODEL_QL_GPTQ, /* GPTQ: qweight [in*bits/32][out] packed along the input; qzeros
+                      [groups][out*bits/32]; scales [groups][out]; g_idx [in] */
+};
+
+/* A packed weight matrix [out][in]: w[o][i] = (q - zero) * scale, where the
+ * group of column i is g_idx[i] (act-order) or i / group. The product is
+ * rounded to the scale's dtype, as the reference dequantizers compute it in
+ * that dtype. Pointers are borrowed from the mapping (unaligned: read with
+ * memcpy); owned by the model. */
+struct model_quant {
+    enum model_qlayout layout;
+    int64_t rows, cols;         /* out, in */
+    int bits;                   /* 4 or 8 */
+    int group;                  /* columns per group; == in for per-channel */
+    int64_t n_groups;
+    bool sym;                   /* no zero point stored: the zero is 2^(bits-1) in stored (unsigned) form */
+    bool act_order;             /* g_idx is not simply column / group */
+    int zero_add;               /* added to stored zeros: 1 for GPTQ v1 (stores zero - 1), else 0 */
+    enum model_dtype scale_dt;  /* F16, BF16 or F32 */
+    const void *qweight, *scales, *zeros; /* zeros NULL when sym */
+    const void *g_idx;          /* int32 [in], or NULL */
+};
+
+/* "int4 g32 sym", "int8 channel", "int4 g128 asym act-order (gptq v1)"... */
+void model_quant_describe(const struct model_quant *q, char *out, size_t cap);
 
 /* A borrowed view of one weight tensor. A matrix is stored row-major with
  * ne[0] the contiguous dimension: a linear layer y = W x has ne[0] = in,
@@ -57,11 +94,12 @@ struct model_tensor {
     int64_t ne[4];        /* unused dims are 1 */
     const void *data;     /* NULL when the tensor is absent; borrowed from the mapping */
     size_t nbytes;
+    const struct model_quant *quant; /* MODEL_DT_QPACK only: the layout (data is its qweight) */
 };
 
 /* Dequantizes/converts `n` elements starting at element `first` (which must
- * be block aligned for quantized types) into out[]. Exact for every dtype:
- * the values are what the format defines, computed in f32. */
+ * be block aligned for quantized types, row aligned for MODEL_DT_QPACK) into
+ * out[]. Exact for every dtype: the values are what the format defines. */
 void model_tensor_to_f32(const struct model_tensor *t, int64_t first, int64_t n, float *out);
 int64_t model_tensor_nelem(const struct model_tensor *t);
 const char *model_dtype_name(enum model_dtype dt);
@@ -195,6 +233,14 @@ void model_free(model *m);
 int model_check_weights(const model *m, char *err, size_t errlen);
 
 const struct model_config *model_get_config(const model *m);
+/* One line per family of weight matrices and its format, layer numbers as
+ * '*' ("layers.*.mlp.*: int4 g32 sym", "lm_head: bf16"); a family whose
+ * layers differ is listed per layer. Writes at most cap bytes (NUL when it
+ * fits); returns the length needed. */
+size_t model_weight_formats(const model *m, char *out, size_t cap);
+/* The first packed (MODEL_DT_QPACK) weight, or NULL: for backends that
+ * cannot run them yet. */
+const struct model_tensor *model_first_packed(const model *m);
 const struct model_weights *model_get_weights(const model *m);
 const model_tok *model_get_tok(const model *m);
 /* The chat template text from the checkpoint, or NULL. Borrowed. */

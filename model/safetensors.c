@@ -73,6 +73,8 @@ static const struct {
     enum model_dtype dt;
 } dtypes[] = {
     {"F32", 4, 1, MODEL_DT_F32}, {"F16", 2, 1, MODEL_DT_F16}, {"BF16", 2, 1, MODEL_DT_BF16},
+    /* the integer parts of quantized weights (packed values, zero points, act-order indexes, shapes) */
+    {"I8", 1, 1, MODEL_DT_I8}, {"I32", 4, 1, MODEL_DT_I32}, {"I64", 8, 1, MODEL_DT_I64},
 };
 
 /* ---- construction --------------------------------------------------------- */
@@ -168,7 +170,7 @@ static int read_entry(st_set *s, int fi, const json_doc *d, int v, char *name, u
     for (size_t j = 0; dl >= 0 && (size_t)dl < sizeof dts && j < sizeof dtypes / sizeof dtypes[0]; j++)
         if (strcmp(dts, dtypes[j].name) == 0) k = (int)j;
     if (k < 0) {
-        sl_seterr(err, errlen, "%s: tensor '%s' has unsupported dtype %s (supported: F32, F16, BF16)", path, name,
+        sl_seterr(err, errlen, "%s: tensor '%s' has unsupported dtype %s (supported: F32, F16, BF16, I8, I32, I64)", path, name,
                dl >= 0 && (size_t)dl < sizeof dts ? dts : "(invalid)");
         return SL_EUNSUP;
     }

@@ -17,7 +17,7 @@ typedef struct st_set st_set;
 
 struct st_tensor {
     const char *name;      /* NUL-terminated, owned by the set */
-    enum model_dtype dtype;/* F32, F16 or BF16 (others are refused at open, naming the tensor) */
+    enum model_dtype dtype;/* F32, F16, BF16, I8, I32 or I64 (others are refused at open, naming the tensor) */
     int ndim;
     int64_t shape[8];      /* safetensors order: shape[ndim-1] is contiguous */
     const void *data;      /* borrowed from the mapping */

@@ -10,9 +10,11 @@
  * operation (no fused multiply-add), which is what ggml's reference
  * dequantizers and gguf-py's numpy ones compute, so results are bit-exact.
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "model.h"
+#include "quant.h"
 
 /* FMA contraction would change the rounding of d*q + m. */
 #pragma GCC optimize("fp-contract=off")
@@ -103,6 +105,10 @@ const char *model_dtype_name(enum model_dtype dt)
     case MODEL_DT_Q8_0: return "Q8_0";
     case MODEL_DT_Q4_0: return "Q4_0";
     case MODEL_DT_Q4_1: return "Q4_1";
+    case MODEL_DT_QPACK: return "packed";
+    case MODEL_DT_I8: return "I8";
+    case MODEL_DT_I32: return "I32";
+    case MODEL_DT_I64: return "I64";
     }
     return "unknown";
 }
@@ -139,6 +145,38 @@ void model_tensor_to_f32(const struct model_tensor *t, int64_t first, int64_t n,
         }
         return;
     }
+    case MODEL_DT_QPACK: {
+        /* whole rows (the scales and zeros are per row and group) */
+        const struct model_quant *q = t->quant;
+        SL_ASSERT(q && first % q->cols == 0);
+        int64_t r = first / q->cols, i = 0;
+        for (; i + q->cols <= n; i += q->cols, r++) quant_deq_row(q, r, out + i);
+        if (i < n) {
+            float *tmp = malloc((size_t)q->cols * sizeof *tmp);
+            SL_ASSERT(tmp);
+            quant_deq_row(q, r, tmp);
+            memcpy(out + i, tmp, (size_t)(n - i) * sizeof *tmp);
+            free(tmp);
+        }
+        return;
+    }
+    case MODEL_DT_I8:
+        for (int64_t i = 0; i < n; i++) out[i] = (float)((const int8_t *)p)[first + i];
+        return;
+    case MODEL_DT_I32:
+        for (int64_t i = 0; i < n; i++) {
+            int32_t v;
+            memcpy(&v, p + (first + i) * 4, 4);
+            out[i] = (float)v;
+        }
+        return;
+    case MODEL_DT_I64:
+        for (int64_t i = 0; i < n; i++) {
+            int64_t v;
+            memcpy(&v, p + (first + i) * 8, 8);
+            out[i] = (float)v;
+        }
+        return;
     }
     SL_ASSERT(!"unknown dtype");
 }

@@ -265,8 +265,8 @@ static void check_malformed(void)
         "\"data_offsets\":[0,4]}}", 16, "overflows");
     BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":[4611686018427387904],\"data_offsets\":[0,4]}}", 16, "'a': shape");
     BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}", 16, "9 dimensions");
-    BAD("{\"ids\":{\"dtype\":\"I64\",\"shape\":[1],\"data_offsets\":[0,8]}}", 16,
-        "tensor 'ids' has unsupported dtype I64");
+    BAD("{\"ids\":{\"dtype\":\"U64\",\"shape\":[1],\"data_offsets\":[0,8]}}", 16,
+        "tensor 'ids' has unsupported dtype U64");
     BAD("{\"q\":{\"dtype\":\"F8_E4M3\",\"shape\":[1],\"data_offsets\":[0,1]}}", 16, "'q' has unsupported dtype F8_E4M3");
     BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
         "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 16, "overlap");

@@ -226,7 +226,7 @@ def test_model_files_checked_at_load():
         assert rc != 0 and "model.layers.0.self_attn.v_proj.weight" in out, (rc, out)
         # the clean copy passes every check
         rc, out = run(["info", TINY])
-        assert rc == 0 and "weights: all finite" in out, (rc, out)
+        assert rc == 0 and "weight values: all finite" in out, (rc, out)
 
 
 def test_run_batch_lines():
