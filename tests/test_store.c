@@ -40,11 +40,12 @@ static void write_text(const char *path, const char *text)
     fclose(f);
 }
 
-/* Writes text to a fresh upload file in the store's tmp dir and adopts it. */
+/* Writes text to a fresh file beside the data dirs and hands it to the store. */
 static int upload(store *s, const char *purpose, const char *text, char *id)
 {
+    (void)s;
     char path[512];
-    snprintf(path, sizeof path, "%s/upload-XXXXXX", store_tmp_dir(s));
+    snprintf(path, sizeof path, "%s/upload-XXXXXX", root);
     int fd = mkstemp(path);
     if (fd < 0) abort();
     close(fd);
@@ -85,6 +86,29 @@ static int64_t q1(const char *dir, const char *sql)
     }
     sqlite3_close(db);
     return v;
+}
+
+static int write_abc(void *ctx, int fd, char *e, size_t elen)
+{
+    if (!ctx) { /* half written, then a failure */
+        if (write(fd, "half", 4) != 4) abort();
+        snprintf(e, elen, "the writer failed");
+        return SL_EIO;
+    }
+    size_t n = strlen(ctx);
+    return write(fd, ctx, n) == (ssize_t)n ? 0 : SL_EIO;
+}
+
+/* Entries in dir/sub (dot files aside). */
+static int count_dir(const char *dir, const char *sub)
+{
+    char p[600];
+    snprintf(p, sizeof p, "%s/%s", dir, sub);
+    int n = 0;
+    DIR *d = opendir(p);
+    for (struct dirent *e; d && (e = readdir(d));) n += e->d_name[0] != '.';
+    if (d) closedir(d);
+    return n;
 }
 
 static int count_lines(const char *s)
@@ -165,8 +189,8 @@ static void test_schema_and_reopen(void)
         CHECK(s);
         store_close(s);
     }
-    CHECK(q1(dir, "PRAGMA user_version") == 1);
-    CHECK(q1(dir, "SELECT count(*) FROM sqlite_master WHERE type = 'table'") == 3);
+    CHECK(q1(dir, "PRAGMA user_version") == 2);
+    CHECK(q1(dir, "SELECT count(*) FROM sqlite_master WHERE type = 'table'") == 4);
     CHECK(q1(dir, "SELECT count(*) FROM sqlite_master WHERE name = 'batch_requests_pending'") == 1);
     char path[600];
     snprintf(path, sizeof path, "%s/sluice.db", dir);
@@ -266,10 +290,11 @@ static void test_files(void)
     CHECK(fd >= 0 && read(fd, buf, sizeof buf) == 17 && strcmp(buf, text) == 0);
     if (fd >= 0) close(fd);
 
-    /* the upload was moved, not copied */
+    /* the upload was moved, not copied, to a name the store gave it */
     CHECK(q1(dir, "SELECT count(*) FROM files") == 2);
+    CHECK(q1(dir, "SELECT count(*) FROM owned_names") == 0);
     char tmpfile[600];
-    snprintf(tmpfile, sizeof tmpfile, "%s/files/%s", dir, a);
+    snprintf(tmpfile, sizeof tmpfile, "%s/files/%s.sluice", dir, a);
     CHECK(access(tmpfile, F_OK) == 0);
 
     /* delete */
@@ -289,20 +314,158 @@ static void test_files(void)
     char id[STORE_ID_MAX];
     CHECK(store_file_create(s, "/nonexistent/upload", "batch", "x", id, err, sizeof err) == SL_EIO);
     CHECK(q1(dir, "SELECT count(*) FROM files") == 1);
+
+    /* content from a writer callback; a failing writer leaves nothing */
+    CHECKF(store_file_write(s, write_abc, "abc\n", "batch", "cb.jsonl", id, err, sizeof err) == 0, "%s", err);
+    c = content(r, id);
+    CHECK(c && strcmp(c, "abc\n") == 0);
+    free(c);
+    CHECK(store_file_write(s, write_abc, NULL, "batch", "cb.jsonl", id, err, sizeof err) == SL_EIO);
+    CHECK(strstr(err, "writer failed"));
+    CHECK(q1(dir, "SELECT count(*) FROM files") == 2 && q1(dir, "SELECT count(*) FROM owned_names") == 0);
+    CHECK(count_dir(dir, "files") == 2);
     store_close(r);
     store_close(s);
+}
 
-    /* orphans (a crash between the move and the commit) are swept at open */
-    snprintf(tmpfile, sizeof tmpfile, "%s/files/file-orphan", dir);
-    write_text(tmpfile, "x");
-    snprintf(tmpfile, sizeof tmpfile, "%s/tmp/upload-half", dir);
-    write_text(tmpfile, "x");
+/* The store removes only what it recorded. Files it did not make
+ * survive every start; a directory that is not a data directory, or one
+ * whose database is gone, empty or another's, is refused with nothing
+ * touched. */
+static void test_foreign_files(void)
+{
+    char dir[512], p[700];
+    /* the reproduction: user files in tmp/ and files/, no database */
+    new_dir(dir, sizeof dir, "foreign");
+    snprintf(p, sizeof p, "%s/tmp", dir);
+    CHECK(mkdir(dir, 0755) == 0 && mkdir(p, 0755) == 0);
+    snprintf(p, sizeof p, "%s/files", dir);
+    CHECK(mkdir(p, 0755) == 0);
+    snprintf(p, sizeof p, "%s/tmp/notes.txt", dir);
+    write_text(p, "a\n");
+    snprintf(p, sizeof p, "%s/files/thesis.docx", dir);
+    write_text(p, "b\n");
+    store *s = store_open(dir, NULL, err, sizeof err);
+    CHECKF(!s && strstr(err, "not empty") && strstr(err, "refusing"), "%s", err);
+    store_close(s);
+    snprintf(p, sizeof p, "%s/sluice.db", dir);
+    CHECK(access(p, F_OK) != 0); /* not even a database was made there */
+    CHECK(count_dir(dir, "tmp") == 1 && count_dir(dir, "files") == 1);
+
+    /* in a data directory of its own, the same files survive every start */
+    char dir2[512];
+    new_dir(dir2, sizeof dir2, "foreign2");
+    s = open_dir(dir2, NULL);
+    char fid[STORE_ID_MAX];
+    CHECK(s && upload(s, "batch", "{}\n", fid) == 0);
+    store_close(s);
+    snprintf(p, sizeof p, "%s/tmp", dir2);
+    mkdir(p, 0755);
+    snprintf(p, sizeof p, "%s/tmp/notes.txt", dir2);
+    write_text(p, "a\n");
+    snprintf(p, sizeof p, "%s/files/thesis.docx", dir2);
+    write_text(p, "b\n");
+    snprintf(p, sizeof p, "%s/files/file-orphan", dir2); /* the old sweep's prey */
+    write_text(p, "c\n");
+    for (int k = 0; k < 2; k++) {
+        s = open_dir(dir2, NULL);
+        CHECK(s);
+        store_close(s);
+    }
+    CHECK(count_dir(dir2, "tmp") == 1 && count_dir(dir2, "files") == 3);
+
+    /* the database deleted, emptied, or another's: refused, nothing removed */
+    char db[600];
+    snprintf(db, sizeof db, "%s/sluice.db", dir2);
+    char saved[600];
+    snprintf(saved, sizeof saved, "%s/saved.db", root);
+    CHECK(rename(db, saved) == 0);
+    char wal[620];
+    snprintf(wal, sizeof wal, "%s-wal", db);
+    unlink(wal);
+    snprintf(wal, sizeof wal, "%s-shm", db);
+    unlink(wal);
+    s = store_open(dir2, NULL, err, sizeof err);
+    CHECKF(!s && strstr(err, "missing"), "%s", err);
+    CHECK(access(db, F_OK) != 0);
+    write_text(db, ""); /* truncated to 0 bytes */
+    s = store_open(dir2, NULL, err, sizeof err);
+    CHECKF(!s && strstr(err, "sluice.db is empty"), "%s", err);
+    write_text(db, "this is not a database, it is a thesis");
+    s = store_open(dir2, NULL, err, sizeof err);
+    CHECKF(!s, "a text file opened as the database");
+    store_close(s);
+    unlink(db);
+    /* another data directory's database: it does not list this one's file */
+    char other[512], odb[600];
+    new_dir(other, sizeof other, "other");
+    s = open_dir(other, NULL);
+    store_close(s);
+    snprintf(odb, sizeof odb, "%s/sluice.db", other);
+    CHECK(rename(odb, db) == 0);
+    s = store_open(dir2, NULL, err, sizeof err);
+    CHECKF(!s && strstr(err, "does not list it") && strstr(err, fid), "%s", err);
+    CHECK(count_dir(dir2, "tmp") == 1 && count_dir(dir2, "files") == 3);
+    /* the right database back: all is well */
+    unlink(db);
+    CHECK(rename(saved, db) == 0);
+    s = open_dir(dir2, NULL);
+    CHECK(s);
+    char *c = s ? content(s, fid) : NULL;
+    CHECK(c && strcmp(c, "{}\n") == 0);
+    free(c);
+    store_close(s);
+
+    /* a directory like / or a home directory: refused before anything */
+    char home[512];
+    new_dir(home, sizeof home, "home");
+    mkdir(home, 0755);
+    snprintf(p, sizeof p, "%s/.bashrc", home);
+    write_text(p, "x");
+    s = store_open(home, NULL, err, sizeof err);
+    CHECKF(!s && strstr(err, ".bashrc"), "%s", err);
+    CHECK(count_dir(home, ".") == 0); /* only the dot file, nothing added */
+    snprintf(p, sizeof p, "%s/sluice.db", home);
+    CHECK(access(p, F_OK) != 0);
+}
+
+/* Names recorded before a crash: the file of a recorded name that never
+ * became a row is removed at open; a recorded name not shaped as the store
+ * names files, or one a row owns, is never removed. */
+static void test_recorded_names(void)
+{
+    char dir[512], p[700];
+    new_dir(dir, sizeof dir, "names");
+    store *s = open_dir(dir, NULL);
+    char fid[STORE_ID_MAX];
+    CHECK(upload(s, "batch", "{}\n", fid) == 0);
+    store_close(s);
+    const char *half = "files/file-0123456789abcdef01234567.sluice";
+    snprintf(p, sizeof p, "%s/%s", dir, half);
+    write_text(p, "half written");
+    snprintf(p, sizeof p, "%s/files/notes.txt", dir);
+    write_text(p, "mine");
+    char db[600];
+    snprintf(db, sizeof db, "%s/sluice.db", dir);
+    sqlite3 *h;
+    sqlite3_open(db, &h);
+    char sql[600];
+    snprintf(sql, sizeof sql,
+             "INSERT INTO owned_names VALUES ('%s', 1), ('files/notes.txt', 1), ('../../etc/x', 1),"
+             " ('files/%s.sluice', 1)",
+             half, fid);
+    CHECK(sqlite3_exec(h, sql, NULL, NULL, NULL) == SQLITE_OK);
+    sqlite3_close(h);
     s = open_dir(dir, NULL);
-    CHECK(access(tmpfile, F_OK) != 0);
-    snprintf(tmpfile, sizeof tmpfile, "%s/files/file-orphan", dir);
-    CHECK(access(tmpfile, F_OK) != 0);
-    snprintf(tmpfile, sizeof tmpfile, "%s/files/%s", dir, b2);
-    CHECK(access(tmpfile, F_OK) == 0);
+    CHECK(s);
+    snprintf(p, sizeof p, "%s/%s", dir, half);
+    CHECK(access(p, F_OK) != 0);
+    snprintf(p, sizeof p, "%s/files/notes.txt", dir);
+    CHECK(access(p, F_OK) == 0);
+    char *c = s ? content(s, fid) : NULL;
+    CHECK(c && strcmp(c, "{}\n") == 0);
+    free(c);
+    CHECK(q1(dir, "SELECT count(*) FROM owned_names") == 0);
     store_close(s);
 }
 
@@ -855,7 +1018,7 @@ static void test_large_file(void)
     memset(pad, 'x', 512);
     pad[512] = '\0';
     char path[600];
-    snprintf(path, sizeof path, "%s/big.jsonl", store_tmp_dir(s));
+    snprintf(path, sizeof path, "%s/big.jsonl", root);
     FILE *f = fopen(path, "w");
     for (int i = 0; i < total; i++)
         fprintf(f,
@@ -918,12 +1081,8 @@ static void test_limits(void)
     CHECKF(strstr(err, "bytes") && strstr(err, "at most 4000"), "%s", err);
     free(t);
     CHECK(q1(dir, "SELECT count(*) FROM files") == 0);
-    /* the refused upload is gone too */
-    int left = 0;
-    DIR *d = opendir(store_tmp_dir(s));
-    for (struct dirent *e; d && (e = readdir(d));) left += e->d_name[0] != '.';
-    if (d) closedir(d);
-    CHECK(left == 0);
+    /* nothing of the refused uploads stays in the store */
+    CHECK(count_dir(dir, "files") == 0 && q1(dir, "SELECT count(*) FROM owned_names") == 0);
     /* other purposes have no batch limits */
     t = request_lines(11, 0, NULL);
     CHECK(upload(s, "fine-tune", t, fid) == 0);
@@ -1001,6 +1160,8 @@ int main(void)
     RUN(test_schema_and_reopen);
     RUN(test_window_parse);
     RUN(test_files);
+    RUN(test_foreign_files);
+    RUN(test_recorded_names);
     RUN(test_validation);
     RUN(test_lifecycle);
     RUN(test_cancel);
