@@ -667,14 +667,19 @@ static void test_cancel(void)
         CHECK(store_complete_rows(s, res, 1, err, sizeof err) == 1);
         CHECK(store_batch_get(s, bid, &info, err, sizeof err) == 0 && info.status == STORE_BATCH_CANCELLING);
         CHECK(store_tick(s, err, sizeof err) == 0);
+        /* the other running row was stopped by the cancel: it counts as
+         * cancelled, like the rows that never ran, not as failed */
+        res[1].cancelled = true;
         CHECK(store_complete_rows(s, res + 1, 1, err, sizeof err) == 1);
     }
     CHECK(store_batch_get(s, bid, &info, err, sizeof err) == 0);
     CHECKF(info.status == STORE_BATCH_CANCELLED, "status %s", store_batch_status_name(info.status));
-    CHECK(info.completed == 2 && info.failed == 0);
+    CHECK(info.total == 6 && info.completed == 1 && info.failed == 0);
+    CHECK(q1(dir, "SELECT count(*) FROM batch_requests WHERE state = 'cancelled'") == 5);
     char *out = content(s, info.output_file_id), *bad = content(s, info.error_file_id);
-    CHECK(out && count_lines(out) == 2 && strstr(out, "req-0") && strstr(out, "req-1"));
-    CHECK(bad && count_lines(bad) == 4 && strstr(bad, "batch_cancelled") && strstr(bad, "req-5"));
+    CHECK(out && count_lines(out) == 1 && strstr(out, "req-0"));
+    CHECK(bad && count_lines(bad) == 5 && strstr(bad, "batch_cancelled") && strstr(bad, "req-5") &&
+          strstr(bad, "\"custom_id\":\"req-1\",\"response\":null"));
     free(out);
     free(bad);
     struct json_buf j;
@@ -1144,6 +1149,182 @@ static void test_recovery_of_validating(void)
     store_close(s);
 }
 
+/* ---- fault injection: SQLite's own VFS layer, wrapped --------------------------- */
+
+/* A VFS registered as the default that passes everything to the real one,
+ * except that while fault_armed every write (database, WAL, journal) from
+ * the fault_after-th on fails with SQLITE_FULL, as on a full disk. The
+ * store opens its database with the default VFS, so it runs unchanged. */
+static sqlite3_vfs fault_vfs, *real_vfs;
+static bool fault_armed;
+static int fault_after, fault_writes, fault_hits;
+
+struct ffile {
+    sqlite3_file base;
+    sqlite3_file *real; /* follows this struct in the same allocation */
+};
+
+#define REAL(f) (((struct ffile *)(f))->real)
+static int f_close(sqlite3_file *f) { return REAL(f)->pMethods->xClose(REAL(f)); }
+static int f_read(sqlite3_file *f, void *b, int n, sqlite3_int64 o) { return REAL(f)->pMethods->xRead(REAL(f), b, n, o); }
+static int f_write(sqlite3_file *f, const void *b, int n, sqlite3_int64 o)
+{
+    if (fault_armed && ++fault_writes >= fault_after) {
+        fault_hits++;
+        return SQLITE_FULL;
+    }
+    return REAL(f)->pMethods->xWrite(REAL(f), b, n, o);
+}
+static int f_truncate(sqlite3_file *f, sqlite3_int64 n) { return REAL(f)->pMethods->xTruncate(REAL(f), n); }
+static int f_sync(sqlite3_file *f, int fl) { return REAL(f)->pMethods->xSync(REAL(f), fl); }
+static int f_size(sqlite3_file *f, sqlite3_int64 *n) { return REAL(f)->pMethods->xFileSize(REAL(f), n); }
+static int f_lock(sqlite3_file *f, int l) { return REAL(f)->pMethods->xLock(REAL(f), l); }
+static int f_unlock(sqlite3_file *f, int l) { return REAL(f)->pMethods->xUnlock(REAL(f), l); }
+static int f_reserved(sqlite3_file *f, int *r) { return REAL(f)->pMethods->xCheckReservedLock(REAL(f), r); }
+static int f_fcntl(sqlite3_file *f, int op, void *a) { return REAL(f)->pMethods->xFileControl(REAL(f), op, a); }
+static int f_sector(sqlite3_file *f) { return REAL(f)->pMethods->xSectorSize(REAL(f)); }
+static int f_devchar(sqlite3_file *f) { return REAL(f)->pMethods->xDeviceCharacteristics(REAL(f)); }
+static int f_shmmap(sqlite3_file *f, int i, int sz, int ext, void volatile **pp)
+{
+    return REAL(f)->pMethods->xShmMap(REAL(f), i, sz, ext, pp);
+}
+static int f_shmlock(sqlite3_file *f, int off, int n, int fl) { return REAL(f)->pMethods->xShmLock(REAL(f), off, n, fl); }
+static void f_shmbarrier(sqlite3_file *f) { REAL(f)->pMethods->xShmBarrier(REAL(f)); }
+static int f_shmunmap(sqlite3_file *f, int del) { return REAL(f)->pMethods->xShmUnmap(REAL(f), del); }
+static int f_fetch(sqlite3_file *f, sqlite3_int64 o, int n, void **pp) { return REAL(f)->pMethods->xFetch(REAL(f), o, n, pp); }
+static int f_unfetch(sqlite3_file *f, sqlite3_int64 o, void *p) { return REAL(f)->pMethods->xUnfetch(REAL(f), o, p); }
+
+static const sqlite3_io_methods fault_io = {
+    3, f_close, f_read, f_write, f_truncate, f_sync, f_size, f_lock, f_unlock, f_reserved, f_fcntl, f_sector,
+    f_devchar, f_shmmap, f_shmlock, f_shmbarrier, f_shmunmap, f_fetch, f_unfetch,
+};
+
+static int f_open(sqlite3_vfs *v, const char *name, sqlite3_file *f, int flags, int *out)
+{
+    (void)v;
+    struct ffile *ff = (struct ffile *)f;
+    ff->real = (sqlite3_file *)(ff + 1);
+    int rc = real_vfs->xOpen(real_vfs, name, ff->real, flags, out);
+    /* no methods: the open failed and xClose must not be called */
+    ff->base.pMethods = rc == SQLITE_OK && ff->real->pMethods ? &fault_io : NULL;
+    return rc;
+}
+
+static void fault_vfs_install(void)
+{
+    real_vfs = sqlite3_vfs_find(NULL);
+    fault_vfs = *real_vfs;
+    fault_vfs.zName = "sluice-test-fault";
+    fault_vfs.szOsFile = (int)sizeof(struct ffile) + real_vfs->szOsFile;
+    fault_vfs.xOpen = f_open;
+    fault_vfs.pNext = NULL;
+    sqlite3_vfs_register(&fault_vfs, 1);
+}
+
+static void fault_arm(int after)
+{
+    fault_armed = true;
+    fault_after = after;
+    fault_writes = 0;
+}
+
+/* Store writes failing mid-batch (SQLITE_FULL at a random write of a
+ * transaction, its commit included): a failed call writes nothing and says
+ * so, the same results given again once writes work are written, and in the
+ * end every row has exactly one result; names recorded by a failed
+ * finalization are cleaned up at the next open. */
+static void test_write_faults(void)
+{
+    char dir[512];
+    new_dir(dir, sizeof dir, "faults");
+    store *s = open_dir(dir, NULL);
+    const int total = 300;
+    char bid[STORE_ID_MAX];
+    CHECKF(make_batch(s, total, bid) == 0, "%s", err);
+    srand(46);
+    int failed_calls = 0, rounds = 0;
+    struct store_result res[40];
+    char bufs[40][128];
+    for (; rounds < 200; rounds++) {
+        /* a claim that fails claims nothing */
+        fault_arm(1 + rand() % 3);
+        struct store_row *rows;
+        int64_t running = q1(dir, "SELECT count(*) FROM batch_requests WHERE state = 'running'");
+        int n = store_claim_pending(s, 40, &rows, err, sizeof err);
+        fault_armed = false;
+        if (n < 0) {
+            CHECKF(strstr(err, "full"), "%s", err);
+            CHECK(q1(dir, "SELECT count(*) FROM batch_requests WHERE state = 'running'") == running);
+            failed_calls++;
+            n = store_claim_pending(s, 40, &rows, err, sizeof err);
+        }
+        if (n <= 0) break;
+        for (int i = 0; i < n; i++) result_for(&res[i], &rows[i], bufs[i], 128);
+        /* results written while the disk is "full": refused whole, then retried */
+        for (int tries = 0;; tries++) {
+            int64_t done0 = q1(dir, "SELECT count(*) FROM batch_requests WHERE state = 'done'");
+            if (tries < 3) fault_arm(1 + rand() % 8);
+            int rc = store_complete_rows(s, res, n, err, sizeof err);
+            fault_armed = false;
+            if (rc >= 0) {
+                CHECKF(rc == n, "applied %d of %d", rc, n);
+                break;
+            }
+            failed_calls++;
+            CHECK(q1(dir, "SELECT count(*) FROM batch_requests WHERE state = 'done'") == done0);
+        }
+        /* the feeder giving the same results again: nothing twice */
+        CHECK(store_complete_rows(s, res, n, err, sizeof err) == 0 && res[0].outcome == STORE_DUPLICATE);
+        store_rows_free(rows, n);
+    }
+    printf("  %d store calls failed on injected SQLITE_FULL (%d writes refused)\n", failed_calls, fault_hits);
+    CHECK(failed_calls > 20);
+    /* the finalization itself may have failed: a tick (or the next open) finishes it */
+    struct store_batch_info info;
+    for (int k = 0; k < 3; k++) {
+        CHECK(store_batch_get(s, bid, &info, err, sizeof err) == 0);
+        if (info.status == STORE_BATCH_COMPLETED) break;
+        store_tick(s, err, sizeof err);
+    }
+    store_close(s);
+    s = open_dir(dir, NULL);
+    CHECK(store_batch_get(s, bid, &info, err, sizeof err) == 0);
+    CHECKF(info.status == STORE_BATCH_COMPLETED, "status %s", store_batch_status_name(info.status));
+    CHECK(info.completed == total && info.failed == 0);
+    CHECK(q1(dir, "SELECT count(*) FROM batch_requests WHERE state = 'done'") == total);
+    char *out = content(s, info.output_file_id);
+    CHECK(out && count_lines(out) == total);
+    for (int k = 0; out && k < total; k++) {
+        char want[64];
+        snprintf(want, sizeof want, "\"custom_id\":\"req-%d\"", k);
+        char *at = strstr(out, want);
+        CHECKF(at && !strstr(at + 1, want), "req-%d not exactly once", k);
+    }
+    free(out);
+
+    /* a finalization that fails after writing its files leaves none behind */
+    CHECK(make_batch(s, 3, bid) == 0);
+    struct store_row *rows;
+    int n = store_claim_pending(s, 3, &rows, err, sizeof err);
+    CHECK(n == 3);
+    for (int i = 0; i < n; i++) result_for(&res[i], &rows[i], bufs[i], 128);
+    int files0 = count_dir(dir, "files");
+    for (int after = 1; after < 40; after++) {
+        /* the results commit; finalizing then fails at some later write */
+        fault_arm(after);
+        int rc = store_complete_rows(s, res, n, err, sizeof err);
+        fault_armed = false;
+        if (rc == n) break;
+    }
+    store_rows_free(rows, n);
+    store_close(s);
+    s = open_dir(dir, NULL); /* recovery: the batch is finished, stray files gone */
+    CHECK(store_batch_get(s, bid, &info, err, sizeof err) == 0 && info.status == STORE_BATCH_COMPLETED);
+    CHECK(count_dir(dir, "files") == files0 + 1 && q1(dir, "SELECT count(*) FROM owned_names") == 0);
+    CHECK(q1(dir, "SELECT count(*) FROM files") == count_dir(dir, "files"));
+    store_close(s);
+}
+
 static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
 {
     (void)sb, (void)flag, (void)ftw;
@@ -1170,6 +1351,8 @@ int main(void)
     RUN(test_recovery_of_validating);
     RUN(test_limits);
     RUN(test_crash_recovery);
+    fault_vfs_install(); /* after the fork()ing test: every later open goes through it */
+    RUN(test_write_faults);
     RUN(test_concurrent_readers);
     RUN(test_large_file);
     if (!getenv("KEEP")) nftw(root, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
