@@ -1273,6 +1273,10 @@ void srv_batch_stop(struct server *s)
     }
     /* b->done is empty: the event loop (the only producer) ended before stop
      * was set, and the thread's last pass took what was there */
+    for (int i = 0; i < b->n_res; i++) { /* a last flush that failed: these rows run again at the next start */
+        free(b->outs[i].body);
+        free(b->outs[i].msg);
+    }
     free(b->res);
     free(b->outs);
     event_free(b->reply_ev);

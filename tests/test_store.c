@@ -1162,6 +1162,67 @@ static void test_recovery_of_validating(void)
     store_close(s);
 }
 
+/* The child of the file crash test: uploads, deletes and finishes small
+ * batches (output files) until killed. */
+static void crash_files_child(const char *dir, unsigned seed)
+{
+    srand(seed);
+    store *s = store_open(dir, NULL, err, sizeof err);
+    if (!s) _exit(3);
+    char ids[64][STORE_ID_MAX];
+    int n = 0;
+    for (;;) {
+        char bid[STORE_ID_MAX];
+        int r = rand() % 3;
+        if (r == 0 && n < 64) {
+            if (upload(s, "fine-tune", "{\"x\":1}\n", ids[n]) == 0) n++;
+        } else if (r == 1 && n > 0) {
+            int k = rand() % n;
+            store_file_delete(s, ids[k], NULL, err, sizeof err);
+            memcpy(ids[k], ids[--n], STORE_ID_MAX);
+        } else if (make_batch(s, 3, bid) == 0) {
+            struct store_row *rows;
+            int m = store_claim_pending(s, 3, &rows, err, sizeof err);
+            struct store_result res[3];
+            char bufs[3][128];
+            for (int i = 0; i < m; i++) result_for(&res[i], &rows[i], bufs[i], 128);
+            if (m > 0) store_complete_rows(s, res, m, err, sizeof err);
+            store_rows_free(rows, m);
+        }
+    }
+}
+
+/* kill -9 while files are created, deleted and batches finished: at the
+ * next open every file row has its content, no file the store made is left
+ * without a row (the open would refuse), and no name stays recorded. */
+static void test_crash_files(void)
+{
+    char dir[512];
+    new_dir(dir, sizeof dir, "crashfiles");
+    store *s = open_dir(dir, NULL);
+    store_close(s);
+    unsigned seed = (unsigned)time(NULL);
+    printf("  file crash test seed %u\n", seed);
+    srand(seed);
+    for (int round = 0; round < CRASH_ROUNDS / 4; round++) {
+        pid_t pid = fork();
+        if (pid == 0) crash_files_child(dir, seed + (unsigned)round);
+        struct timespec ts = {0, (long)(rand() % 15) * 1000000L + 1000000L};
+        nanosleep(&ts, NULL);
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        s = open_dir(dir, NULL);
+        CHECK(s);
+        if (!s) break;
+        store_close(s);
+        CHECK(q1(dir, "SELECT count(*) FROM owned_names") == 0);
+        CHECKF(q1(dir, "SELECT count(*) FROM files") == count_dir(dir, "files"), "round %d: %lld rows, %d files",
+               round, (long long)q1(dir, "SELECT count(*) FROM files"), count_dir(dir, "files"));
+    }
+    printf("  %lld files, %lld batches after the kills\n", (long long)q1(dir, "SELECT count(*) FROM files"),
+           (long long)q1(dir, "SELECT count(*) FROM batches"));
+}
+
 /* ---- fault injection: SQLite's own VFS layer, wrapped --------------------------- */
 
 /* A VFS registered as the default that passes everything to the real one,
@@ -1364,6 +1425,7 @@ int main(void)
     RUN(test_recovery_of_validating);
     RUN(test_limits);
     RUN(test_crash_recovery);
+    RUN(test_crash_files);
     fault_vfs_install(); /* after the fork()ing test: every later open goes through it */
     RUN(test_write_faults);
     RUN(test_concurrent_readers);

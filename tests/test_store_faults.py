@@ -113,7 +113,7 @@ def test_disk_full():
         filler = os.path.join(inside, "filler")
         fill(filler)
         # results now wait: the store says so, and the batch does not move
-        deadline, health = time.time() + 60, b""
+        deadline, health = time.time() + 240, b""
         while time.time() < deadline:
             st, health = call(port, "GET", "/health")
             if b"failing" in health:
@@ -133,7 +133,7 @@ def test_disk_full():
         print(f"     disk full at {b2['request_counts']['completed']}/{n} written; {waiting:.0f} results "
               f"waiting in memory", flush=True)
         os.unlink(filler)  # space returns
-        deadline = time.time() + 120
+        deadline = time.time() + 300
         while True:
             b = json.loads(call(port, "GET", f"/v1/batches/{bid}")[1])
             if b["status"] not in ("validating", "in_progress", "finalizing"):
