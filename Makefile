@@ -127,3 +127,31 @@ run: $(BUILD)/sluice $(MODEL)
 
 clean:
 	rm -rf $(BUILD)
+
+# ---- sanitizers: make asan ----------------------------------------------------------------------
+# The parsers and the batch store under AddressSanitizer + UndefinedBehaviorSanitizer (leaks
+# included), CPU only, in their own build dir so the release build is untouched. Only the objects
+# these tests link are built (a few seconds); `make test` runs them too (TEST_BINS below).
+ASAN_BUILD  := build-asan
+ASAN_FLAGS  := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+ASAN_CFLAGS := -O1 -g $(ASAN_FLAGS) -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror $(ARCH_FLAGS) -fopenmp -pthread -I.
+ASAN_LIBS   := $(ASAN_FLAGS) -lsqlite3 -lm -fopenmp -pthread
+ASAN_BINS   := $(patsubst %,$(ASAN_BUILD)/tests/test_%,json store safetensors)
+$(ASAN_BUILD)/tests/test_json: $(ASAN_BUILD)/model/json.o
+$(ASAN_BUILD)/tests/test_store: $(ASAN_BUILD)/model/json.o $(ASAN_BUILD)/store/store.o
+$(ASAN_BUILD)/tests/test_safetensors: $(patsubst %,$(ASAN_BUILD)/model/%.o,json util tensor safetensors)
+
+$(ASAN_BUILD)/%.o: %.c $(wildcard */*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(ASAN_CFLAGS) -c $< -o $@
+
+$(ASAN_BUILD)/tests/%: tests/%.c tests/test.h
+	@mkdir -p $(dir $@)
+	$(CC) $(ASAN_CFLAGS) $< $(filter %.o,$^) -o $@ $(ASAN_LIBS)
+
+.PHONY: asan
+asan: $(ASAN_BINS)
+	@bash tools/run_tests.sh --no-py $(ASAN_BINS)
+
+test: $(ASAN_BINS)
+TEST_BINS += $(ASAN_BINS)

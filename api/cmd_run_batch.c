@@ -13,7 +13,10 @@
  * A line that is not a request (bad JSON, no custom_id, wrong method or url)
  * gets `"response": null, "error": {code, message}`; a request whose body the
  * server would refuse gets `"response": {"status_code": 400, "body": {"error":
- * ...}}`, as in OpenAI's output files. The others still run.
+ * ...}}`, as in OpenAI's output files. The others still run. A file in which
+ * two requests share a custom_id is refused whole before anything runs, as
+ * OpenAI's validation refuses it (the lines are named); stdin is spooled to
+ * an unnamed temporary file for that check.
  */
 #include <ctype.h>
 #include <errno.h>
@@ -400,6 +403,158 @@ static int read_line(struct batch *b)
     return ferror(b->in) ? -1 : 0;
 }
 
+/* ---- duplicate custom_ids ------------------------------------------------------------ */
+
+/* custom_ids must be unique within a batch file (OpenAI's validation refuses
+ * the whole file otherwise), so results can be matched to requests. The
+ * check reads the file once before anything runs, keeping 16 bytes a line
+ * (a hash of the custom_id and the line number); only lines whose hashes
+ * collide are read again to compare the ids themselves. */
+struct cid_ref {
+    uint64_t key; /* FNV-1a of the custom_id; the exact id in the second pass */
+    long line;    /* 1-based, blank lines counted, as an editor shows it */
+    char *id;     /* second pass only */
+};
+
+static uint64_t fnv1a(const char *s, size_t n)
+{
+    uint64_t h = 1469598103934665603ULL;
+    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ULL;
+    return h;
+}
+
+static int cmp_key(const void *a, const void *b)
+{
+    const struct cid_ref *x = a, *y = b;
+    if (x->key != y->key) return x->key < y->key ? -1 : 1;
+    return x->line < y->line ? -1 : x->line > y->line;
+}
+
+static int cmp_id(const void *a, const void *b)
+{
+    const struct cid_ref *x = a, *y = b;
+    int c = strcmp(x->id, y->id);
+    return c ? c : x->line < y->line ? -1 : x->line > y->line;
+}
+
+static int cmp_line(const void *a, const void *b)
+{
+    const struct cid_ref *x = a, *y = b;
+    return x->line < y->line ? -1 : x->line > y->line;
+}
+
+/* The custom_id of a line (malloc'ed), NULL when the line has none. */
+static char *line_custom_id(char *text, size_t n)
+{
+    json_doc d;
+    char e[64];
+    if (json_parse(&d, text, n, e, sizeof e)) {
+        if (d.tok) json_free(&d);
+        return NULL;
+    }
+    char *id = NULL;
+    int i = json_is_obj(&d, 0) ? json_get(&d, 0, "custom_id") : -1;
+    if (i >= 0 && json_is_str(&d, i)) id = json_strdup(&d, i, NULL);
+    json_free(&d);
+    return id;
+}
+
+/* Reads f from its start and reports every custom_id used by more than one
+ * line on stderr, with the lines. Returns the number of duplicated ids (0:
+ * none), or -1 on a read error or out of memory (errno says which). f is
+ * rewound. */
+static long find_duplicate_ids(FILE *f, const char *name)
+{
+    struct cid_ref *refs = NULL;
+    size_t n = 0, cap = 0;
+    char *buf = NULL;
+    size_t bcap = 0;
+    long lineno = 0, dups = 0;
+    ssize_t len;
+    for (int pass = 0; pass < 2; pass++) {
+        rewind(f);
+        lineno = 0;
+        size_t k = 0; /* pass 1: the next candidate (sorted by line) */
+        while ((len = getline(&buf, &bcap, f)) >= 0) {
+            lineno++;
+            if (pass == 1) {
+                if (k == n) break;
+                if (refs[k].line != lineno) continue;
+            }
+            char *id = line_custom_id(buf, (size_t)len);
+            if (!id) continue; /* not a request: reported when it runs */
+            if (pass == 0) {
+                if (n == cap) {
+                    cap = cap ? 2 * cap : 1024;
+                    void *q = realloc(refs, cap * sizeof *refs);
+                    if (!q) {
+                        free(id);
+                        goto fail;
+                    }
+                    refs = q;
+                }
+                refs[n++] = (struct cid_ref){.key = fnv1a(id, strlen(id)), .line = lineno};
+                free(id);
+            } else {
+                refs[k++].id = id;
+            }
+        }
+        if (ferror(f)) goto fail;
+        if (pass == 1) break;
+        /* keep only the lines whose hash another line shares */
+        qsort(refs, n, sizeof *refs, cmp_key);
+        size_t m = 0;
+        for (size_t i = 0; i < n; i++)
+            if ((i > 0 && refs[i - 1].key == refs[i].key) || (i + 1 < n && refs[i + 1].key == refs[i].key))
+                refs[m++] = refs[i];
+        n = m;
+        if (!n) break;
+        qsort(refs, n, sizeof *refs, cmp_line);
+    }
+    if (n) qsort(refs, n, sizeof *refs, cmp_id);
+    for (size_t i = 0; i < n;) {
+        size_t j = i + 1;
+        while (j < n && !strcmp(refs[j].id, refs[i].id)) j++;
+        if (j - i > 1) {
+            if (dups < 20) {
+                fprintf(stderr, "sluice run-batch: %s: the custom_id '%.200s' is used on lines", name, refs[i].id);
+                for (size_t t = i; t < j && t < i + 10; t++) fprintf(stderr, "%s %ld", t > i ? "," : "", refs[t].line);
+                fprintf(stderr, "%s\n", j - i > 10 ? ", ..." : "");
+            }
+            dups++;
+        }
+        i = j;
+    }
+    if (dups > 20) fprintf(stderr, "sluice run-batch: ... and %ld more duplicated custom_ids\n", dups - 20);
+    for (size_t i = 0; i < n; i++) free(refs[i].id);
+    free(refs);
+    free(buf);
+    rewind(f);
+    return dups;
+fail:
+    for (size_t i = 0; refs && i < n; i++) free(refs[i].id);
+    free(refs);
+    free(buf);
+    return -1;
+}
+
+/* stdin copied into an unnamed temporary file, so it can be read twice. */
+static FILE *spool_stdin(void)
+{
+    FILE *t = tmpfile();
+    if (!t) return NULL;
+    char chunk[65536];
+    size_t k;
+    while ((k = fread(chunk, 1, sizeof chunk, stdin)) > 0)
+        if (fwrite(chunk, 1, k, t) != k) break;
+    if (ferror(stdin) || ferror(t) || fflush(t)) {
+        fclose(t);
+        return NULL;
+    }
+    rewind(t);
+    return t;
+}
+
 static const char USAGE[] =
     "usage: sluice run-batch --model PATH -i INPUT.jsonl -o OUTPUT.jsonl [flags]\n"
     "  Runs an OpenAI batch file (/v1/chat/completions, /v1/completions, /v1/responses lines) through the\n"
@@ -517,9 +672,18 @@ int api_cmd_run_batch(int argc, char **argv)
     b.rng = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
     b.created = (long)time(NULL);
     model_backend *be = NULL;
-    b.in = !strcmp(in_path, "-") ? stdin : fopen(in_path, "r");
+    b.in = !strcmp(in_path, "-") ? spool_stdin() : fopen(in_path, "r");
     if (!b.in) {
         fprintf(stderr, "sluice run-batch: cannot open %s: %s\n", in_path, strerror(errno));
+        return 1;
+    }
+    /* refused before the model loads or the output is created */
+    long dups = find_duplicate_ids(b.in, in_path);
+    if (dups != 0) {
+        if (dups < 0) fprintf(stderr, "sluice run-batch: cannot read %s: %s\n", in_path, strerror(errno));
+        else fprintf(stderr, "sluice run-batch: %s: %ld custom_id%s used more than once; each request's custom_id "
+                             "must be unique in a batch, nothing was run\n", in_path, dups, dups > 1 ? "s are" : " is");
+        fclose(b.in);
         return 1;
     }
     /* in flight, plus as many done lines waiting behind a slow earlier one */
@@ -644,6 +808,6 @@ fail_lines:
     }
     free(b.lines);
     free(b.rbuf);
-    if (b.in && b.in != stdin) fclose(b.in);
+    if (b.in) fclose(b.in);
     return rc;
 }

@@ -196,6 +196,7 @@ static void handle_health(struct server *s, struct evhttp_request *req)
     if (!ready_or_503(s, req)) return;
     struct json_buf b;
     json_buf_init(&b);
+    srv_batch_health_json(s, &b); /* empty while all is well, as vLLM's */
     srv_reply_json(req, 200, &b);
     json_buf_free(&b);
 }
@@ -268,6 +269,7 @@ static void handle_metrics(struct server *s, struct evhttp_request *req)
           st.sched.steps ? (double)(st.sched.decode_tokens) / (double)st.sched.steps : 0.0);
 #undef GAUGE
 #undef COUNTER
+    srv_batch_metrics(s, o);
     hist_out(o, "sluice:time_to_first_token_seconds", "Time to first token.", &s->ttft);
     hist_out(o, "sluice:inter_token_latency_seconds", "Time between streamed tokens.", &s->itl);
     hist_out(o, "sluice:e2e_request_latency_seconds", "Request latency.", &s->e2e);

@@ -147,6 +147,12 @@ void srv_batch_stop(struct server *s);
 bool srv_batch_route(const char *path);
 /* Serves one /v1/files or /v1/batches request (auth already checked). */
 void srv_handle_batch_api(struct server *s, struct evhttp_request *req, const char *path);
+/* /health's body while the batch store fails to write (appends nothing
+ * while it is healthy); api thread. */
+void srv_batch_health_json(struct server *s, struct json_buf *out);
+/* The batch store's gauges and counters for /metrics; api thread. */
+struct evbuffer;
+void srv_batch_metrics(struct server *s, struct evbuffer *o);
 /* One engine event of a batch row (ev->user tagged SRV_USER_BATCH); api thread. */
 void srv_batch_event(struct server *s, const struct sched_event *ev);
 

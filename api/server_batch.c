@@ -12,10 +12,11 @@
  *                 delete, batch create and cancel) becomes a `struct call`
  *                 queued to the store thread; the api thread answers it when
  *                 the store thread hands it back (reply queue + event_active).
- *                 An upload is streamed from libevent's input buffer straight
- *                 into a temp file in store_tmp_dir() (evbuffer_peek + write:
- *                 the body is never copied a second time in memory); the store
- *                 thread then adopts that file with store_file_create().
+ *                 An upload's file part is moved out of libevent's input
+ *                 buffer into a buffer of its own (evbuffer_remove_buffer
+ *                 hands over the chunks: the body is never copied a second
+ *                 time in memory); the store thread writes it into a file the
+ *                 store names and records (store_file_write()).
  *                 Engine events of batch rows (ev->user tagged SRV_USER_BATCH)
  *                 reach srv_batch_event() from srv_drain_events(); the api
  *                 thread only folds them into the row's result and, at the
@@ -23,7 +24,9 @@
  *   store thread  owns the *writer* handle: nothing else writes SQLite. It
  *                 runs the queued calls, renders finished rows and writes
  *                 their results with store_complete_rows() in one transaction
- *                 every FLUSH_S seconds or FLUSH_N results, calls store_tick()
+ *                 every FLUSH_S seconds or FLUSH_N results (each waiting
+ *                 result owns its strings, so the queue may grow while a
+ *                 flush is retried), calls store_tick()
  *                 every second, and feeds the engine: while fewer than
  *                 `low` batch rows are in flight it claims up to `high - in
  *                 flight` pending rows, parses and tokenizes them and submits
@@ -37,6 +40,15 @@
  * Crash safety comes from the store: a result is committed with its row's
  * state; rows claimed but not committed go back to pending at the next start
  * and run again (greedy requests give the same result).
+ *
+ * When the store cannot write (a full disk, an I/O error, SQLITE_BUSY past
+ * the timeout) results wait in memory and the write is retried every
+ * RETRY_S; the feeder claims no new rows while writes fail or while
+ * wait_max results wait, so what waits is bounded by wait_max plus the rows
+ * in flight, and the engine gets no more batch work. Once a write succeeds
+ * the batch goes on where it was; every row is still written exactly once
+ * (store_complete_rows() is idempotent). /health and /metrics report it
+ * (srv_batch_health_json(), srv_batch_metrics()).
  */
 #include <errno.h>
 #include <event2/buffer.h>
@@ -60,6 +72,8 @@
 #define FLUSH_S 0.1   /* results wait at most this long before they are written */
 #define FLUSH_N 64    /* ... or until this many are waiting */
 #define TICK_S 1.0    /* store_tick() period */
+#define RETRY_S 1.0   /* a failed store write is retried this often */
+#define LOG_EVERY_S 30.0 /* a store that keeps failing is reported this often */
 #define MAX_PART_HEADERS 16384
 
 /* ---- types ---------------------------------------------------------------------------------- */
@@ -73,6 +87,7 @@ struct call {
     struct evhttp_request *req;    /* api thread only; NULL once the client went away */
     struct evhttp_connection *con; /* api thread only */
     char *arg[4];                  /* owned: the op's strings (NULL when absent) */
+    struct evbuffer *content;      /* owned: OP_FILE_CREATE's file content */
     int rc;                        /* store thread: the store's status */
     char err[512];
     struct json_buf out;           /* store thread: the 200 body */
@@ -104,12 +119,22 @@ struct job {
     struct job *done_next;         /* done queue (under mu) */
 };
 
-/* A rendered result waiting for store_complete_rows(). */
+/* A rendered result waiting for store_complete_rows(). It owns everything
+ * it points to: the queue of them may be reallocated while results wait, so
+ * the store_result array handed to the store is built from it at each flush
+ * and points into it only for the length of that call. */
 struct out {
+    int64_t row_id;
+    int status;                    /* HTTP status of the response, 0: none */
+    const char *code;              /* static error code, NULL: none */
+    bool cancelled;                /* stopped by the batch's cancel */
     char *body;                    /* owned JSON text, NULL: none */
     char *msg;                     /* owned error message, NULL: none */
     char rid[40];
 };
+
+/* What kept failing: store writes of results, claims, housekeeping. */
+enum { FAIL_RESULTS = 1, FAIL_CLAIM = 2, FAIL_TICK = 4 };
 
 struct srv_batch {
     struct server *srv;
@@ -130,11 +155,21 @@ struct srv_batch {
     struct job *inflight;
     int n_inflight, low, high;
     bool pending_hint;             /* pending rows may exist: worth a claim */
-    struct store_result *res;
-    struct out *outs;
+    struct out *outs;              /* results waiting to be written [n_res] */
     int n_res, cap_res;
-    double t_first_res;
+    struct store_result *res;      /* flush scratch [cap_res], rebuilt from outs */
+    int wait_max;                  /* no claims while this many results wait */
+    double t_first_res;            /* when the oldest waiting result came */
+    double t_retry;                /* failing: the next write attempt */
+    double t_fail_since, t_fail_log;
+    int fail_mask;                 /* FAIL_* */
     uint64_t rng;
+
+    /* read by the api thread (/health, /metrics) */
+    atomic_int st_fail_mask;
+    atomic_int st_waiting;
+    atomic_ullong st_write_errors;
+    char st_error[256];            /* the last store error, under mu */
 };
 
 /* ---- small helpers --------------------------------------------------------------------------- */
@@ -172,6 +207,7 @@ static void call_free(struct call *c)
 {
     if (!c) return;
     for (int i = 0; i < 4; i++) free(c->arg[i]);
+    if (c->content) evbuffer_free(c->content);
     json_buf_free(&c->out);
     free(c);
 }
@@ -194,40 +230,41 @@ static int res_reserve(struct srv_batch *b)
 {
     if (b->n_res < b->cap_res) return 0;
     int cap = b->cap_res ? 2 * b->cap_res : 128;
-    struct store_result *r = realloc(b->res, sizeof *r * (size_t)cap);
-    if (!r) return SL_ENOMEM;
-    b->res = r;
     struct out *o = realloc(b->outs, sizeof *o * (size_t)cap);
     if (!o) return SL_ENOMEM;
     b->outs = o;
+    struct store_result *r = realloc(b->res, sizeof *r * (size_t)cap);
+    if (!r) return SL_ENOMEM;
+    b->res = r;
     b->cap_res = cap;
     return 0;
 }
 
-/* Queues a row's result. body and msg: owned JSON text / message, or NULL. */
-static void add_result(struct srv_batch *b, int64_t row_id, int status, char *body, const char *code, char *msg)
+/* Queues a row's result. body and msg: owned JSON text / message, or NULL;
+ * code: a static string or NULL. Returns the queued entry (owned by the
+ * queue), or NULL when out of memory: the row then stays running and the
+ * next start runs it again. */
+static struct out *add_result(struct srv_batch *b, int64_t row_id, int status, char *body, const char *code,
+                              char *msg)
 {
     if (res_reserve(b)) {
-        /* the row stays running; the next start runs it again */
         fprintf(stderr, "sluice serve: out of memory queueing a batch result\n");
         free(body);
         free(msg);
-        return;
+        return NULL;
     }
     if (b->n_res == 0) b->t_first_res = srv_now();
-    struct out *o = &b->outs[b->n_res];
-    struct store_result *r = &b->res[b->n_res++];
+    struct out *o = &b->outs[b->n_res++];
+    memset(o, 0, sizeof *o);
+    o->row_id = row_id;
+    o->status = status;
+    o->code = code;
     o->body = body;
     o->msg = msg;
     memcpy(o->rid, "req_", 4);
     rand_hex(&b->rng, o->rid + 4, 24);
-    memset(r, 0, sizeof *r);
-    r->row_id = row_id;
-    r->status_code = status;
-    r->request_id = status ? o->rid : NULL;
-    r->body = body;
-    r->error_code = code;
-    r->error_message = msg;
+    atomic_store(&b->st_waiting, b->n_res);
+    return o;
 }
 
 /* An HTTP error response for a row whose body the server refuses. */
@@ -243,16 +280,61 @@ static void add_error_response(struct srv_batch *b, int64_t row_id, const struct
     add_result(b, row_id, e->status, j.p, NULL, NULL);
 }
 
+/* Records whether a kind of store write (FAIL_*) failed, for /health and
+ * /metrics and the log: the first failure and then one line every
+ * LOG_EVERY_S while it lasts, and the recovery. */
+static void store_status(struct srv_batch *b, int what, bool failed, const char *err)
+{
+    double now = srv_now();
+    int was = b->fail_mask;
+    if (failed) {
+        b->fail_mask |= what;
+        atomic_fetch_add(&b->st_write_errors, 1);
+        pthread_mutex_lock(&b->mu);
+        snprintf(b->st_error, sizeof b->st_error, "%s", err);
+        pthread_mutex_unlock(&b->mu);
+        if (!was) b->t_fail_since = now;
+        if (!was || now - b->t_fail_log >= LOG_EVERY_S) {
+            fprintf(stderr,
+                    "sluice serve: the batch store cannot write (%d results waiting; retried every %.0f s, no new "
+                    "batch work meanwhile): %s\n",
+                    b->n_res, RETRY_S, err);
+            b->t_fail_log = now;
+        }
+    } else {
+        b->fail_mask &= ~what;
+        if (was && !b->fail_mask)
+            fprintf(stderr, "sluice serve: the batch store writes again (it failed for %.1f s); batch work resumes\n",
+                    now - b->t_fail_since);
+    }
+    atomic_store(&b->st_fail_mask, b->fail_mask);
+}
+
+/* Whether the waiting results should be written now. */
+static bool flush_due(const struct srv_batch *b, double now)
+{
+    if (!b->n_res) return false;
+    if (b->fail_mask & FAIL_RESULTS) return now >= b->t_retry;
+    return b->n_res >= FLUSH_N || now - b->t_first_res >= FLUSH_S;
+}
+
 /* Writes the queued results in one transaction. On a store error they are
- * kept and tried again at the next flush. */
+ * kept, nothing is written, and the write is tried again after RETRY_S. */
 static void flush_results(struct srv_batch *b)
 {
     if (!b->n_res) return;
+    for (int i = 0; i < b->n_res; i++) {
+        const struct out *o = &b->outs[i];
+        b->res[i] = (struct store_result){
+            .row_id = o->row_id, .status_code = o->status, .request_id = o->status ? o->rid : NULL,
+            .body = o->body, .error_code = o->code, .error_message = o->msg, .cancelled = o->cancelled,
+        };
+    }
     char err[512];
     int rc = store_complete_rows(b->w, b->res, b->n_res, err, sizeof err);
     if (rc < 0) {
-        fprintf(stderr, "sluice serve: cannot write %d batch results (will retry): %s\n", b->n_res, err);
-        b->t_first_res = srv_now();
+        b->t_retry = srv_now() + RETRY_S;
+        store_status(b, FAIL_RESULTS, true, err);
         return;
     }
     for (int i = 0; i < b->n_res; i++) {
@@ -260,6 +342,8 @@ static void flush_results(struct srv_batch *b)
         free(b->outs[i].msg);
     }
     b->n_res = 0;
+    atomic_store(&b->st_waiting, 0);
+    store_status(b, FAIL_RESULTS, false, NULL);
 }
 
 /* Renders a row the engine finished. */
@@ -277,7 +361,10 @@ static void finish_job(struct srv_batch *b, struct job *j)
         api_oai_errorf(&e, 400, NULL, "%s", j->fail);
         add_error_response(b, j->row_id, &e);
     } else if (worst == SCHED_FINISH_ABORT) {
-        add_result(b, j->row_id, 0, NULL, "batch_cancelled", strdup("The batch was cancelled while this request ran."));
+        /* only a cancel or an expiry aborts a row; an expired row is
+         * dropped by the store whatever this says */
+        struct out *o = add_result(b, j->row_id, 0, NULL, NULL, NULL);
+        if (o) o->cancelled = true;
     } else if (worst == SCHED_FINISH_ERROR) {
         struct api_oai_error e;
         api_oai_errorf(&e, 500, NULL, "the engine failed on this request: %s", error);
@@ -438,21 +525,25 @@ static void feed(struct srv_batch *b)
         int seqs = sched_engine_config(s->eng)->max_num_seqs;
         b->high = 2 * seqs;
         b->low = b->high;
+        b->wait_max = 4 * b->high > 1024 ? 4 * b->high : 1024;
     }
+    /* a store that cannot write results gets no more work to write back */
+    if ((b->fail_mask & FAIL_RESULTS) || b->n_res >= b->wait_max) return;
     while (b->pending_hint && b->n_inflight < b->low) {
         int want = b->high - b->n_inflight;
         struct store_row *rows;
         char err[512];
         int n = store_claim_pending(b->w, want, &rows, err, sizeof err);
+        store_status(b, FAIL_CLAIM, n < 0, err);
         if (n < 0) {
-            fprintf(stderr, "sluice serve: cannot claim batch rows (will retry): %s\n", err);
             b->pending_hint = false; /* the next tick tries again */
             return;
         }
         if (n < want) b->pending_hint = false;
         for (int i = 0; i < n; i++) submit_row(b, &rows[i]);
         store_rows_free(rows, n);
-        if (b->n_res >= FLUSH_N) flush_results(b);
+        if (flush_due(b, srv_now())) flush_results(b);
+        if ((b->fail_mask & FAIL_RESULTS) || b->n_res >= b->wait_max) return;
     }
 }
 
@@ -487,13 +578,28 @@ static void abort_stale(struct srv_batch *b, const char *only)
 
 /* ---- store thread: calls ------------------------------------------------------------------ */
 
+/* store_file_write()'s writer: the upload's content, drained into fd. */
+static int write_content(void *ctx, int fd, char *err, size_t errlen)
+{
+    struct evbuffer *buf = ctx;
+    while (evbuffer_get_length(buf) > 0) {
+        int n = evbuffer_write(buf, fd);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            snprintf(err, errlen, "cannot store the upload: %s", n < 0 ? strerror(errno) : "short write");
+            return SL_EIO;
+        }
+    }
+    return 0;
+}
+
 static void run_call(struct srv_batch *b, struct call *c)
 {
     char id[STORE_ID_MAX];
     c->err[0] = '\0';
     switch (c->op) {
     case OP_FILE_CREATE:
-        c->rc = store_file_create(b->w, c->arg[0], c->arg[1], c->arg[2], id, c->err, sizeof c->err);
+        c->rc = store_file_write(b->w, write_content, c->content, c->arg[1], c->arg[2], id, c->err, sizeof c->err);
         if (!c->rc) c->rc = store_file_get_json(b->w, id, &c->out, c->err, sizeof c->err);
         break;
     case OP_FILE_DELETE:
@@ -526,8 +632,13 @@ static void *store_main(void *arg)
             double now = srv_now();
             if (b->stop || b->calls || b->done) break;
             double deadline = next_tick;
-            if (b->n_res && b->t_first_res + FLUSH_S < deadline) deadline = b->t_first_res + FLUSH_S;
-            if (b->pending_hint && b->high && b->n_inflight < b->low) deadline = now;
+            if (b->n_res) {
+                double due = b->fail_mask & FAIL_RESULTS ? b->t_retry : b->t_first_res + FLUSH_S;
+                if (due < deadline) deadline = due;
+            }
+            if (b->pending_hint && b->high && b->n_inflight < b->low && !(b->fail_mask & FAIL_RESULTS) &&
+                b->n_res < b->wait_max)
+                deadline = now;
             if (now >= deadline) break;
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
@@ -563,12 +674,12 @@ static void *store_main(void *arg)
         }
         double now = srv_now();
         if (stop) break;
-        if (b->n_res >= FLUSH_N || (b->n_res && now - b->t_first_res >= FLUSH_S)) flush_results(b);
+        if (flush_due(b, now)) flush_results(b);
         if (now >= next_tick) {
             char err[512];
             int rc = store_tick(b->w, err, sizeof err);
-            if (rc < 0) fprintf(stderr, "sluice serve: batch housekeeping failed: %s\n", err);
-            else if (rc > 0 && atomic_load(&b->srv->state) == SRV_READY) abort_stale(b, NULL);
+            store_status(b, FAIL_TICK, rc < 0, err);
+            if (rc > 0 && atomic_load(&b->srv->state) == SRV_READY) abort_stale(b, NULL);
             b->pending_hint = true;
             next_tick = now + TICK_S;
         }
@@ -689,26 +800,15 @@ static int copy_range(struct evbuffer *in, size_t from, size_t n, char *out, siz
     return 0;
 }
 
-/* Writes in[from, from+len) to fd straight from the buffer's own chunks. */
-static int write_range(struct evbuffer *in, size_t from, size_t len, int fd)
+/* Moves in[from, from+len) into out, chunks changing hands (the bytes
+ * before `from` are dropped). Returns 0, or -1 out of memory. */
+static int move_range(struct evbuffer *in, size_t from, size_t len, struct evbuffer *out)
 {
-    struct evbuffer_ptr p;
-    if (evbuffer_ptr_set(in, &p, from, EVBUFFER_PTR_SET)) return -1;
-    while (len > 0) {
-        struct evbuffer_iovec v[16];
-        int n = evbuffer_peek(in, (ev_ssize_t)len, &p, v, 16);
-        if (n <= 0) return -1;
-        size_t done = 0;
-        for (int i = 0; i < n && i < 16 && len > 0; i++) {
-            size_t l = v[i].iov_len < len ? v[i].iov_len : len;
-            for (const char *q = v[i].iov_base; l > 0;) {
-                ssize_t w = write(fd, q, l);
-                if (w < 0 && errno == EINTR) continue;
-                if (w <= 0) return -1;
-                q += w, l -= (size_t)w, len -= (size_t)w, done += (size_t)w;
-            }
-        }
-        if (evbuffer_ptr_set(in, &p, done, EVBUFFER_PTR_ADD)) return len ? -1 : 0;
+    if (evbuffer_drain(in, from)) return -1;
+    while (len > 0) { /* evbuffer_remove_buffer() counts in int */
+        size_t k = len > (1u << 30) ? 1u << 30 : len;
+        if (evbuffer_remove_buffer(in, out, k) != (int)k) return -1;
+        len -= k;
     }
     return 0;
 }
@@ -763,9 +863,9 @@ static void handle_file_upload(struct srv_batch *b, struct evhttp_request *req)
     memcpy(boundary, "\r\n--", 4); /* the delimiter as it appears between parts */
     size_t dl = strlen(boundary);
     struct evbuffer *in = evhttp_request_get_input_buffer(req);
-    char purpose[64] = "", filename[256] = "", tmp[600] = "";
+    char purpose[64] = "", filename[256] = "";
     bool have_file = false;
-    int fd = -1;
+    size_t fstart = 0, flen = 0; /* the file part's content in `in` */
     const char *bad = NULL;
     size_t pos;
     /* the first delimiter may open the body (no CRLF before it) */
@@ -829,16 +929,8 @@ static void handle_file_upload(struct srv_batch *b, struct evhttp_request *req)
                                 s->o.max_batch_file_bytes);
                 return;
             }
-            snprintf(tmp, sizeof tmp, "%s/upload-XXXXXX", store_tmp_dir(b->r));
-            fd = mkstemp(tmp);
-            if (fd < 0 || write_range(in, cstart, clen, fd) || fsync(fd)) {
-                int e = errno;
-                if (fd >= 0) close(fd), unlink(tmp);
-                srv_reply_error(req, 500, "server_error", NULL, "cannot store the upload: %s", strerror(e));
-                return;
-            }
-            close(fd);
-            fd = -1;
+            fstart = cstart;
+            flen = clen;
             have_file = true;
             snprintf(filename, sizeof filename, "%s", has_fname && fname[0] ? fname : "upload.jsonl");
         }
@@ -848,16 +940,17 @@ static void handle_file_upload(struct srv_batch *b, struct evhttp_request *req)
     if (!bad && !purpose[0]) bad = "the field 'purpose' is required";
     if (!bad && strcmp(purpose, "batch")) bad = "only purpose 'batch' is supported";
     if (bad) {
-        if (have_file) unlink(tmp);
         const char *param = !have_file ? "file" : strcmp(purpose, "batch") ? "purpose" : NULL;
         srv_reply_error(req, 400, "invalid_request_error", param, "%s", bad);
         return;
     }
-    struct call *c = new_call(req, OP_FILE_CREATE, tmp);
-    if (!c || !(c->arg[1] = strdup(purpose)) || !(c->arg[2] = strdup(filename))) {
-        if (c) srv_reply_error(req, 500, "server_error", NULL, "out of memory");
+    struct call *c = new_call(req, OP_FILE_CREATE, NULL);
+    if (!c) return;
+    /* the file part's chunks change hands; the rest of the body is dropped */
+    if (!(c->arg[1] = strdup(purpose)) || !(c->arg[2] = strdup(filename)) || !(c->content = evbuffer_new()) ||
+        move_range(in, fstart, flen, c->content)) {
+        srv_reply_error(req, 500, "server_error", NULL, "out of memory");
         call_free(c);
-        unlink(tmp);
         return;
     }
     post_call(b, req, c);
@@ -1064,6 +1157,45 @@ void srv_handle_batch_api(struct server *s, struct evhttp_request *req, const ch
     srv_reply_error(req, 404, "invalid_request_error", NULL, "no route %s", path);
 }
 
+/* ---- api thread: the store's health ------------------------------------------------------------ */
+
+void srv_batch_health_json(struct server *s, struct json_buf *out)
+{
+    struct srv_batch *b = s->batch;
+    if (!b) return;
+    int mask = atomic_load(&b->st_fail_mask);
+    if (!mask) return;
+    char e[sizeof b->st_error];
+    pthread_mutex_lock(&b->mu);
+    memcpy(e, b->st_error, sizeof e);
+    pthread_mutex_unlock(&b->mu);
+    json_buf_addf(out, "{\"status\":\"degraded\",\"batch_store\":{\"status\":\"failing\",\"results_waiting\":%d,"
+                       "\"failing\":[",
+                  atomic_load(&b->st_waiting));
+    static const char *const what[] = {"results", "claims", "housekeeping"};
+    for (int i = 0, n = 0; i < 3; i++)
+        if (mask & (1 << i)) json_buf_addf(out, "%s\"%s\"", n++ ? "," : "", what[i]);
+    json_buf_add(out, "],\"error\":", 10);
+    json_buf_add_str(out, e, strlen(e));
+    json_buf_add(out, "}}", 2);
+}
+
+void srv_batch_metrics(struct server *s, struct evbuffer *o)
+{
+    struct srv_batch *b = s->batch;
+    if (!b) return;
+    evbuffer_add_printf(o,
+                        "# HELP sluice:batch_store_failing 1 while the batch store cannot write (results wait, "
+                        "no new batch work).\n# TYPE sluice:batch_store_failing gauge\nsluice:batch_store_failing %d\n"
+                        "# HELP sluice:batch_results_waiting Batch results waiting to be written.\n"
+                        "# TYPE sluice:batch_results_waiting gauge\nsluice:batch_results_waiting %d\n"
+                        "# HELP sluice:batch_store_write_errors_total Batch store writes that failed.\n"
+                        "# TYPE sluice:batch_store_write_errors_total counter\n"
+                        "sluice:batch_store_write_errors_total %llu\n",
+                        atomic_load(&b->st_fail_mask) ? 1 : 0, atomic_load(&b->st_waiting),
+                        (unsigned long long)atomic_load(&b->st_write_errors));
+}
+
 /* ---- construction and teardown ------------------------------------------------------------------ */
 
 int srv_batch_start(struct server *s, char *err, size_t errlen)
@@ -1138,11 +1270,14 @@ void srv_batch_stop(struct server *s)
     for (struct call *c = b->calls, *nx; c; c = nx) {
         nx = c->next;
         if (c->con) evhttp_connection_set_closecb(c->con, NULL, NULL);
-        if (c->op == OP_FILE_CREATE) unlink(c->arg[0]);
         call_free(c);
     }
     /* b->done is empty: the event loop (the only producer) ended before stop
      * was set, and the thread's last pass took what was there */
+    for (int i = 0; i < b->n_res; i++) { /* a last flush that failed: these rows run again at the next start */
+        free(b->outs[i].body);
+        free(b->outs[i].msg);
+    }
     free(b->res);
     free(b->outs);
     event_free(b->reply_ev);

@@ -33,7 +33,6 @@ struct store {
     sqlite3 *db;          /* owned; one connection, one thread at a time */
     bool writer;
     char *dir;            /* owned: the data directory */
-    char *tmp_dir;        /* owned: DATA_DIR/tmp */
     struct store_opts opts;
     int64_t (*now)(void *ctx);
     void *now_ctx;
@@ -203,6 +202,15 @@ static const char *const migrations[] = {
     /* the feeder's queue and crash recovery read only these few rows */
     "CREATE INDEX batch_requests_pending ON batch_requests(batch_id, line) WHERE state = 'pending';"
     "CREATE INDEX batch_requests_running ON batch_requests(batch_id) WHERE state = 'running';",
+    /* 1 -> 2: the names of content files the store is creating or removing
+     * and that no `files` row owns (yet, or any more). A name is recorded
+     * here, committed, before its file is created, and forgotten in the
+     * transaction that records the file (or after its removal), so the
+     * store only ever removes a file whose name it recorded itself. */
+    "CREATE TABLE owned_names ("
+    "  path TEXT PRIMARY KEY," /* relative to the data directory: files/file-<24 hex>.sluice */
+    "  since INTEGER NOT NULL"
+    ");",
 };
 #define SCHEMA_VERSION ((int)(sizeof migrations / sizeof migrations[0]))
 
@@ -243,11 +251,87 @@ fail:
     return rc;
 }
 
+/* ---- names the store owns ------------------------------------------------------------------- */
+
+/* Content files are named files/<file id>.sluice, a file id being "file-"
+ * and 24 lowercase hex digits; schema 1 named them files/<file id>
+ * (legacy: accepted only where a row of this database names them). Nothing
+ * else under the data directory is ever created or removed by the store. */
+#define NAME_EXT ".sluice"
+
+static bool is_hex24(const char *h)
+{
+    for (int i = 0; i < 24; i++)
+        if (!((h[i] >= '0' && h[i] <= '9') || (h[i] >= 'a' && h[i] <= 'f'))) return false;
+    return true;
+}
+
+/* Whether rel (relative to the data directory) has the shape of a content
+ * file the store names; legacy_ok admits schema 1's extensionless names. */
+static bool is_store_name(const char *rel, bool legacy_ok)
+{
+    if (strncmp(rel, "files/file-", 11) || strlen(rel) < 11 + 24 || !is_hex24(rel + 11)) return false;
+    return !strcmp(rel + 11 + 24, NAME_EXT) || (legacy_ok && rel[11 + 24] == '\0');
+}
+
+static void content_name(const char *id, char *rel, size_t cap)
+{
+    snprintf(rel, cap, "files/%s" NAME_EXT, id);
+}
+
+/* Records one name in owned_names inside the caller's transaction. */
+static int claim_in_txn(store *s, const char *rel, char *err, size_t errlen)
+{
+    sqlite3_stmt *st = prep(s, "INSERT INTO owned_names (path, since) VALUES (?, ?)", err, errlen);
+    if (!st) return STORE_EDB;
+    sqlite3_bind_text(st, 1, rel, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 2, now_s(s));
+    int rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_fail(s, "record a file name", err, errlen);
+    sqlite3_finalize(st);
+    return rc;
+}
+
+/* Records names in owned_names, committed, before their files exist. Runs
+ * its own transaction: call it outside one. */
+static int claim_names(store *s, const char *const *rels, int n, char *err, size_t errlen)
+{
+    int rc = begin(s, err, errlen);
+    for (int i = 0; i < n && !rc; i++) rc = claim_in_txn(s, rels[i], err, errlen);
+    if (!rc) rc = commit(s, err, errlen);
+    if (rc) rollback(s);
+    return rc;
+}
+
+/* Forgets names (inside the caller's transaction, or on their own). */
+static int forget_names(store *s, const char *const *rels, int n, char *err, size_t errlen)
+{
+    sqlite3_stmt *st = prep(s, "DELETE FROM owned_names WHERE path = ?", err, errlen);
+    if (!st) return STORE_EDB;
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        if (!rels[i] || !rels[i][0]) continue;
+        sqlite3_bind_text(st, 1, rels[i], -1, SQLITE_STATIC);
+        if (sqlite3_step(st) != SQLITE_DONE) rc = db_fail(s, "forget a file name", err, errlen);
+        sqlite3_reset(st);
+    }
+    sqlite3_finalize(st);
+    return rc;
+}
+
+/* Removes the file of a name this store recorded (a failed or crashed
+ * creation, a deleted file): only a store-shaped name, never a directory. */
+static void remove_owned(store *s, const char *rel)
+{
+    if (!is_store_name(rel, true)) return;
+    char *p = path_join(s->dir, rel);
+    if (p) unlink(p);
+    free(p);
+}
+
 /* ---- construction ---------------------------------------------------------------- */
 
 static int validate_batch(store *s, const char *id, char *err, size_t errlen);
 static int settle(store *s, const char *id, char *err, size_t errlen);
-static int sweep_orphans(store *s, char *err, size_t errlen);
 
 static store *open_common(const char *data_dir, bool writer, const struct store_opts *opts, char *err,
                           size_t errlen)
@@ -265,8 +349,7 @@ static store *open_common(const char *data_dir, bool writer, const struct store_
     if (s->opts.busy_timeout_ms <= 0) s->opts.busy_timeout_ms = 5000;
     if (s->opts.max_errors <= 0) s->opts.max_errors = 1000;
     s->dir = xstrdup(data_dir);
-    s->tmp_dir = path_join(data_dir, "tmp");
-    if (!s->dir || !s->tmp_dir) goto fail_strings;
+    if (!s->dir) goto fail_strings;
 
     char *dbpath = path_join(data_dir, "sluice.db");
     if (!dbpath) goto fail_strings;
@@ -285,16 +368,139 @@ static store *open_common(const char *data_dir, bool writer, const struct store_
 fail_db:
     sqlite3_close(s->db);
     free(s->dir);
-    free(s->tmp_dir);
     free(s);
     return NULL;
 fail_strings:
     free(s->dir);
-    free(s->tmp_dir);
     free(s);
 fail_alloc:
     set_err(err, errlen, "out of memory");
     return NULL;
+}
+
+/* A data directory without a sluice database may hold only what a first
+ * start makes: the (empty) database and its journals, and the empty folders
+ * files/ and tmp/ (tmp/ from older versions). Anything else means the
+ * directory is someone's (`--data-dir /`, a home directory) or the database
+ * beside these files was lost: refuse, so that nothing in it is touched.
+ * Returns 0 or SL_EINVAL with a message naming what was found. */
+static int check_fresh_dir(const char *data_dir, bool db_present, char *err, size_t errlen)
+{
+    DIR *d = opendir(data_dir);
+    if (!d) {
+        set_err(err, errlen, "cannot read %s: %s", data_dir, strerror(errno));
+        return SL_EIO;
+    }
+    int rc = 0;
+    struct dirent *e;
+    while (!rc && (e = readdir(d))) {
+        const char *n = e->d_name;
+        if (!strcmp(n, ".") || !strcmp(n, "..")) continue;
+        char *p = path_join(data_dir, n);
+        struct stat sb;
+        bool ok = false;
+        if (p && lstat(p, &sb) == 0) {
+            if (S_ISDIR(sb.st_mode) && (!strcmp(n, "files") || !strcmp(n, "tmp"))) {
+                DIR *sub = opendir(p);
+                ok = sub != NULL;
+                for (struct dirent *f; ok && (f = readdir(sub));)
+                    ok = !strcmp(f->d_name, ".") || !strcmp(f->d_name, "..");
+                if (sub) closedir(sub);
+            } else if (db_present && S_ISREG(sb.st_mode) &&
+                       (!strcmp(n, "sluice.db") || !strcmp(n, "sluice.db-wal") || !strcmp(n, "sluice.db-shm") ||
+                        !strcmp(n, "sluice.db-journal"))) {
+                ok = true;
+            }
+        }
+        free(p);
+        if (!ok) {
+            set_err(err, errlen,
+                    "%s is not empty (it holds '%s') but has no sluice database (sluice.db is %s): refusing to "
+                    "use it as a data directory, so that nothing in it is touched; give --data-dir a new or "
+                    "empty directory, or restore the sluice.db that belongs with these files",
+                    data_dir, n, db_present ? "empty" : "missing");
+            rc = SL_EINVAL;
+        }
+    }
+    closedir(d);
+    return rc;
+}
+
+/* Crash recovery of names: a file whose name was recorded but never made
+ * into a row (a crash while creating it) or whose row was deleted (a crash
+ * before its removal) is removed, and the name forgotten. Only recorded
+ * names are looked at; nothing is listed from a directory. */
+static int recover_names(store *s, char *err, size_t errlen)
+{
+    char(*names)[128] = NULL;
+    int n = 0, cap = 0, rc = 0, r;
+    sqlite3_stmt *st = prep(s,
+                            "SELECT path FROM owned_names o WHERE NOT EXISTS (SELECT 1 FROM files f WHERE f.path = o.path)",
+                            err, errlen);
+    if (!st) return STORE_EDB;
+    while ((r = sqlite3_step(st)) == SQLITE_ROW) {
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            void *q = realloc(names, (size_t)cap * sizeof *names);
+            if (!q) {
+                rc = SL_ENOMEM;
+                set_err(err, errlen, "out of memory");
+                break;
+            }
+            names = q;
+        }
+        snprintf(names[n++], sizeof names[0], "%s", col_text(st, 0));
+    }
+    if (!rc && r != SQLITE_DONE) rc = db_fail(s, "recover file names", err, errlen);
+    sqlite3_finalize(st);
+    for (int i = 0; i < n && !rc; i++) remove_owned(s, names[i]);
+    /* every name is forgotten, a name some row owns included (its row is
+     * what keeps its file now) */
+    if (!rc) rc = exec(s, "DELETE FROM owned_names", err, errlen);
+    free(names);
+    return rc;
+}
+
+/* A database that does not belong to the files beside it (replaced,
+ * restored from an older copy, another data directory's) must not be used:
+ * a content file shaped as this store names them that neither a row nor a
+ * recorded name accounts for is refused, naming the file. */
+static int check_files_match(store *s, char *err, size_t errlen)
+{
+    char *files_dir = path_join(s->dir, "files");
+    if (!files_dir) return SL_ENOMEM;
+    DIR *d = opendir(files_dir);
+    free(files_dir);
+    if (!d) {
+        set_err(err, errlen, "cannot read %s/files: %s", s->dir, strerror(errno));
+        return SL_EIO;
+    }
+    sqlite3_stmt *st = prep(s,
+                            "SELECT 1 FROM files WHERE path = ?1 UNION ALL SELECT 1 FROM owned_names WHERE path = ?1",
+                            err, errlen);
+    int rc = st ? 0 : STORE_EDB;
+    struct dirent *e;
+    while (!rc && (e = readdir(d))) {
+        char rel[300];
+        snprintf(rel, sizeof rel, "files/%s", e->d_name);
+        if (!is_store_name(rel, false)) continue;
+        sqlite3_bind_text(st, 1, rel, -1, SQLITE_TRANSIENT);
+        int r = sqlite3_step(st);
+        sqlite3_reset(st);
+        if (r == SQLITE_DONE) {
+            set_err(err, errlen,
+                    "%s/%s was made by sluice but %s/sluice.db does not list it: this database does not belong "
+                    "with these files (replaced, truncated or restored from another copy?); refusing to start so "
+                    "that nothing is lost - restore the matching sluice.db, or move the files away",
+                    s->dir, rel, s->dir);
+            rc = SL_EINVAL;
+        } else if (r != SQLITE_ROW) {
+            rc = db_fail(s, "check files", err, errlen);
+        }
+    }
+    sqlite3_finalize(st);
+    closedir(d);
+    return rc;
 }
 
 store *store_open(const char *data_dir, const struct store_opts *opts, char *err, size_t errlen)
@@ -304,18 +510,41 @@ store *store_open(const char *data_dir, const struct store_opts *opts, char *err
         return NULL;
     }
     char *files_dir = path_join(data_dir, "files");
-    char *tmp_dir = path_join(data_dir, "tmp");
-    int rc = !files_dir || !tmp_dir ? SL_ENOMEM : 0;
+    char *dbpath = path_join(data_dir, "sluice.db");
+    int rc = !files_dir || !dbpath ? SL_ENOMEM : 0;
     if (rc) set_err(err, errlen, "out of memory");
     if (!rc) rc = mkdir_p1(data_dir, err, errlen);
-    if (!rc) rc = mkdir_p1(files_dir, err, errlen);
-    if (!rc) rc = mkdir_p1(tmp_dir, err, errlen);
-    free(files_dir);
-    free(tmp_dir);
-    if (rc) return NULL;
+    struct stat sb;
+    /* checked before SQLite creates sluice.db in a directory that is not ours */
+    if (!rc && stat(dbpath, &sb) != 0) rc = check_fresh_dir(data_dir, false, err, errlen);
+    free(dbpath);
+    if (rc) {
+        free(files_dir);
+        return NULL;
+    }
 
     store *s = open_common(data_dir, true, opts, err, errlen);
-    if (!s) return NULL;
+    if (!s) {
+        free(files_dir);
+        return NULL;
+    }
+    int v = 0;
+    if (user_version(s, &v, err, errlen)) goto fail;
+    if (v == 0) {
+        sqlite3_stmt *st = prep(s, "SELECT count(*) FROM sqlite_master", err, errlen);
+        if (!st) goto fail;
+        int64_t objs = sqlite3_step(st) == SQLITE_ROW ? sqlite3_column_int64(st, 0) : -1;
+        sqlite3_finalize(st);
+        if (objs != 0) {
+            set_err(err, errlen, "%s/sluice.db is not a sluice database (%s); refusing to use it", data_dir,
+                    objs < 0 ? sqlite3_errmsg(s->db) : "it has tables of its own");
+            goto fail;
+        }
+        if (check_fresh_dir(data_dir, true, err, errlen)) goto fail;
+    }
+    if (mkdir_p1(files_dir, err, errlen)) goto fail;
+    free(files_dir);
+    files_dir = NULL;
     sqlite3_stmt *st = prep(s, "PRAGMA journal_mode = WAL", err, errlen);
     if (!st) goto fail;
     rc = sqlite3_step(st);
@@ -329,6 +558,8 @@ store *store_open(const char *data_dir, const struct store_opts *opts, char *err
      * the cost is one fsync per (batched) transaction. */
     if (exec(s, "PRAGMA synchronous = FULL", err, errlen)) goto fail;
     if (migrate(s, err, errlen)) goto fail;
+    if (recover_names(s, err, errlen)) goto fail;
+    if (check_files_match(s, err, errlen)) goto fail;
 
     /* crash recovery: work in flight is redone, never lost */
     if (exec(s, "UPDATE batch_requests SET state = 'pending' WHERE state = 'running'", err, errlen))
@@ -354,9 +585,9 @@ store *store_open(const char *data_dir, const struct store_opts *opts, char *err
         goto fail;
     }
     if (store_tick(s, err, errlen) < 0) goto fail;
-    if (sweep_orphans(s, err, errlen)) goto fail;
     return s;
 fail:
+    free(files_dir);
     store_close(s);
     return NULL;
 }
@@ -383,7 +614,6 @@ void store_close(store *s)
     if (!s) return;
     sqlite3_close(s->db);
     free(s->dir);
-    free(s->tmp_dir);
     free(s);
 }
 
@@ -392,8 +622,6 @@ void store_set_clock(store *s, int64_t (*now)(void *ctx), void *ctx)
     s->now = now;
     s->now_ctx = ctx;
 }
-
-const char *store_tmp_dir(const store *s) { return s->tmp_dir; }
 
 int64_t store_parse_window(const char *w, bool allow_short, char *err, size_t errlen)
 {
@@ -422,54 +650,6 @@ static int need_writer(store *s, char *err, size_t errlen)
     if (s->writer) return 0;
     set_err(err, errlen, "this store handle is read-only");
     return SL_EINVAL;
-}
-
-/* Removes what a crash can leave behind: content files no row names (a
- * crash between the rename and the commit, or between a delete's commit and
- * its unlink) and everything in tmp/ (half-written uploads and outputs). */
-static int sweep_orphans(store *s, char *err, size_t errlen)
-{
-    DIR *d = opendir(s->tmp_dir);
-    if (d) {
-        struct dirent *e;
-        while ((e = readdir(d))) {
-            if (e->d_name[0] == '.') continue;
-            char *p = path_join(s->tmp_dir, e->d_name);
-            if (p) unlink(p);
-            free(p);
-        }
-        closedir(d);
-    }
-    char *files_dir = path_join(s->dir, "files");
-    if (!files_dir) return SL_ENOMEM;
-    d = opendir(files_dir);
-    if (!d) {
-        set_err(err, errlen, "cannot read %s: %s", files_dir, strerror(errno));
-        free(files_dir);
-        return SL_EIO;
-    }
-    sqlite3_stmt *st = prep(s, "SELECT 1 FROM files WHERE path = ?", err, errlen);
-    int rc = st ? 0 : STORE_EDB;
-    struct dirent *e;
-    while (!rc && (e = readdir(d))) {
-        if (e->d_name[0] == '.') continue;
-        char rel[512];
-        snprintf(rel, sizeof rel, "files/%s", e->d_name);
-        sqlite3_bind_text(st, 1, rel, -1, SQLITE_TRANSIENT);
-        int r = sqlite3_step(st);
-        sqlite3_reset(st);
-        if (r == SQLITE_DONE) {
-            char *p = path_join(files_dir, e->d_name);
-            if (p) unlink(p);
-            free(p);
-        } else if (r != SQLITE_ROW) {
-            rc = db_fail(s, "sweep", err, errlen);
-        }
-    }
-    sqlite3_finalize(st);
-    closedir(d);
-    free(files_dir);
-    return rc;
 }
 
 /* ---- files ------------------------------------------------------------------------ */
@@ -558,27 +738,6 @@ static int copy_file(const char *src, const char *dst, char *err, size_t errlen)
     return rc;
 }
 
-/* Moves src into files/<id>; on success *rel_out = "files/<id>". */
-static int adopt_file(store *s, const char *src, const char *id, char *rel_out, size_t rel_cap, char *err,
-                      size_t errlen)
-{
-    snprintf(rel_out, rel_cap, "files/%s", id);
-    char *dst = path_join(s->dir, rel_out);
-    if (!dst) return SL_ENOMEM;
-    int rc = 0;
-    if (rename(src, dst) != 0) {
-        if (errno == EXDEV) {
-            rc = copy_file(src, dst, err, errlen);
-            if (!rc) unlink(src);
-        } else {
-            set_err(err, errlen, "cannot move %s into %s: %s", src, dst, strerror(errno));
-            rc = SL_EIO;
-        }
-    }
-    free(dst);
-    return rc;
-}
-
 static int insert_file_row(store *s, const char *id, const char *purpose, const char *filename, int64_t bytes,
                            int64_t lines, const char *rel, char *err, size_t errlen)
 {
@@ -599,63 +758,143 @@ static int insert_file_row(store *s, const char *id, const char *purpose, const 
     return rc;
 }
 
-int store_file_create(store *s, const char *src_path, const char *purpose, const char *filename, char *id_out,
-                      char *err, size_t errlen)
+/* Records the content file at rel (complete on disk, its name owned) as a
+ * new file row, and forgets the name in the same transaction. */
+static int record_file(store *s, const char *id, const char *purpose, const char *filename, int64_t bytes,
+                       int64_t lines, const char *rel, char *err, size_t errlen)
+{
+    int rc = begin(s, err, errlen);
+    if (rc) return rc;
+    if (!(rc = insert_file_row(s, id, purpose, filename, bytes, lines, rel, err, errlen)) &&
+        !(rc = forget_names(s, &rel, 1, err, errlen)))
+        rc = commit(s, err, errlen);
+    if (rc) rollback(s);
+    return rc;
+}
+
+/* The checks of store_file_create() on a complete content file: its size
+ * and request count (for purpose "batch", against the limits). */
+static int check_content(store *s, const char *path, bool batch, int64_t *bytes, int64_t *lines, char *err,
+                         size_t errlen)
+{
+    struct stat sb;
+    if (stat(path, &sb) != 0) {
+        set_err(err, errlen, "cannot read %s: %s", path, strerror(errno));
+        return SL_EIO;
+    }
+    *bytes = (int64_t)sb.st_size;
+    if (batch && *bytes > s->opts.max_file_bytes) {
+        set_err(err, errlen, "file is %lld bytes; a batch input file may be at most %lld bytes", (long long)*bytes,
+                (long long)s->opts.max_file_bytes);
+        return STORE_ELIMIT;
+    }
+    *lines = count_requests(path, err, errlen);
+    if (*lines < 0) return (int)*lines;
+    if (batch && *lines > s->opts.max_file_lines) {
+        set_err(err, errlen, "file has %lld requests; a batch input file may have at most %lld",
+                (long long)*lines, (long long)s->opts.max_file_lines);
+        return STORE_ELIMIT;
+    }
+    return 0;
+}
+
+/* Both ways in: src_path moved in, or cb writing the content. */
+static int file_create(store *s, const char *src_path, store_write_fn cb, void *ctx, const char *purpose,
+                       const char *filename, char *id_out, char *err, size_t errlen)
 {
     int rc = need_writer(s, err, errlen);
-    if (rc) return rc; /* a reader cannot take ownership: leave the file alone */
-    if (!src_path || !purpose || !*purpose || !id_out) {
+    if (rc) return rc;
+    if ((!src_path && !cb) || !purpose || !*purpose || !id_out) {
         set_err(err, errlen, "file, purpose and id buffer are required");
-        rc = SL_EINVAL;
-        goto fail_src;
+        return SL_EINVAL;
     }
     if (!filename || !*filename) {
-        const char *slash = strrchr(src_path, '/');
-        filename = slash ? slash + 1 : src_path;
+        const char *slash = src_path ? strrchr(src_path, '/') : NULL;
+        filename = slash ? slash + 1 : src_path ? src_path : "upload";
     }
     struct stat sb;
     errno = 0;
-    if (stat(src_path, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    if (src_path && (stat(src_path, &sb) != 0 || !S_ISREG(sb.st_mode))) {
         set_err(err, errlen, "cannot read uploaded file %s: %s", src_path,
                 errno ? strerror(errno) : "not a regular file");
-        rc = SL_EIO;
-        goto fail_src;
-    }
-    bool batch = strcmp(purpose, "batch") == 0;
-    if (batch && (int64_t)sb.st_size > s->opts.max_file_bytes) {
-        set_err(err, errlen, "file is %lld bytes; a batch input file may be at most %lld bytes",
-                (long long)sb.st_size, (long long)s->opts.max_file_bytes);
-        rc = STORE_ELIMIT;
-        goto fail_src;
-    }
-    int64_t lines = count_requests(src_path, err, errlen);
-    if (lines < 0) {
-        rc = (int)lines;
-        goto fail_src;
-    }
-    if (batch && lines > s->opts.max_file_lines) {
-        set_err(err, errlen, "file has %lld requests; a batch input file may have at most %lld",
-                (long long)lines, (long long)s->opts.max_file_lines);
-        rc = STORE_ELIMIT;
-        goto fail_src;
+        return SL_EIO;
     }
     char id[STORE_ID_MAX], rel[STORE_ID_MAX + 16];
-    if ((rc = new_id("file-", id, err, errlen))) goto fail_src;
-    if ((rc = adopt_file(s, src_path, id, rel, sizeof rel, err, errlen))) goto fail_src;
-    if ((rc = insert_file_row(s, id, purpose, filename, (int64_t)sb.st_size, lines, rel, err, errlen)))
-        goto fail_adopted;
+    if ((rc = new_id("file-", id, err, errlen))) return rc;
+    content_name(id, rel, sizeof rel);
+    char *dst = path_join(s->dir, rel);
+    if (!dst) {
+        set_err(err, errlen, "out of memory");
+        return SL_ENOMEM;
+    }
+    const char *relp = rel;
+    if ((rc = claim_names(s, &relp, 1, err, errlen))) { /* nothing created yet */
+        free(dst);
+        return rc;
+    }
+    bool moved = false, copied = false;
+    if (src_path) {
+        if (rename(src_path, dst) == 0) {
+            moved = true;
+        } else if (errno == EXDEV) {
+            rc = copy_file(src_path, dst, err, errlen);
+            copied = !rc;
+        } else {
+            set_err(err, errlen, "cannot move %s into %s: %s", src_path, dst, strerror(errno));
+            rc = SL_EIO;
+        }
+    } else {
+        int fd = open(dst, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        if (fd < 0) {
+            set_err(err, errlen, "cannot create %s: %s", dst, strerror(errno));
+            rc = SL_EIO;
+        } else {
+            rc = cb(ctx, fd, err, errlen);
+            if (!rc && fsync(fd) != 0) {
+                set_err(err, errlen, "writing %s: %s", dst, strerror(errno));
+                rc = SL_EIO;
+            }
+            if (close(fd) != 0 && !rc) {
+                set_err(err, errlen, "writing %s: %s", dst, strerror(errno));
+                rc = SL_EIO;
+            }
+        }
+    }
+    int64_t bytes = 0, lines = 0;
+    if (!rc) rc = check_content(s, dst, !strcmp(purpose, "batch"), &bytes, &lines, err, errlen);
+    if (!rc) rc = record_file(s, id, purpose, filename, bytes, lines, rel, err, errlen);
+    if (rc) {
+        /* the caller's file goes back where it was; what the store made goes */
+        if (moved && rename(dst, src_path) != 0) moved = false;
+        if (!moved) remove_owned(s, rel);
+        forget_names(s, &relp, 1, NULL, 0);
+        free(dst);
+        return rc;
+    }
+    if (copied) unlink(src_path); /* the store has its copy: the caller handed this over */
+    free(dst);
     copy_id(id_out, id);
     return 0;
-
-fail_adopted: {
-    char *p = path_join(s->dir, rel);
-    if (p) unlink(p);
-    free(p);
-    return rc;
 }
-fail_src:
-    unlink(src_path);
-    return rc;
+
+int store_file_create(store *s, const char *src_path, const char *purpose, const char *filename, char *id_out,
+                      char *err, size_t errlen)
+{
+    if (!src_path) {
+        set_err(err, errlen, "file, purpose and id buffer are required");
+        return SL_EINVAL;
+    }
+    return file_create(s, src_path, NULL, NULL, purpose, filename, id_out, err, errlen);
+}
+
+int store_file_write(store *s, store_write_fn cb, void *ctx, const char *purpose, const char *filename,
+                     char *id_out, char *err, size_t errlen)
+{
+    if (!cb) {
+        set_err(err, errlen, "no writer given");
+        return SL_EINVAL;
+    }
+    return file_create(s, NULL, cb, ctx, purpose, filename, id_out, err, errlen);
 }
 
 static void file_json(sqlite3_stmt *st, struct json_buf *out)
@@ -803,26 +1042,51 @@ int store_file_delete(store *s, const char *id, struct json_buf *out, char *err,
 {
     int rc = need_writer(s, err, errlen);
     if (rc) return rc;
-    char *p = file_path(s, id, NULL, &rc, err, errlen);
-    if (!p) return rc;
-    sqlite3_stmt *st = prep(s, "DELETE FROM files WHERE id = ?", err, errlen);
-    if (!st) goto fail_path;
+    if ((rc = begin(s, err, errlen))) return rc;
+    char rel[300] = "";
+    sqlite3_stmt *st = prep(s, "SELECT path FROM files WHERE id = ?", err, errlen);
+    if (!st) {
+        rc = STORE_EDB;
+        goto fail;
+    }
+    sqlite3_bind_text(st, 1, id ? id : "", -1, SQLITE_STATIC);
+    int r = sqlite3_step(st);
+    if (r == SQLITE_ROW) snprintf(rel, sizeof rel, "%s", col_text(st, 0));
+    sqlite3_finalize(st);
+    if (r == SQLITE_DONE) {
+        set_err(err, errlen, "No such File object: %s", id ? id : "");
+        rc = STORE_ENOTFOUND;
+        goto fail;
+    }
+    if (r != SQLITE_ROW) {
+        rc = db_fail(s, "delete file", err, errlen);
+        goto fail;
+    }
+    st = prep(s, "DELETE FROM files WHERE id = ?", err, errlen);
+    if (!st) {
+        rc = STORE_EDB;
+        goto fail;
+    }
     sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
     rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_fail(s, "delete file", err, errlen);
     sqlite3_finalize(st);
-    if (rc) goto fail_path;
-    /* after the commit: a crash in between leaves an orphan, swept at open */
-    unlink(p);
-    free(p);
+    /* the row's name becomes a recorded name in the same transaction: a
+     * crash before the unlink below is finished at the next open */
+    const char *relp = rel;
+    if (!rc) rc = claim_in_txn(s, relp, err, errlen);
+    if (!rc) rc = commit(s, err, errlen);
+    if (rc) goto fail;
+    remove_owned(s, rel);
+    forget_names(s, &relp, 1, NULL, 0);
     if (out) {
         json_buf_add(out, "{\"id\":", 6);
         json_buf_add_str(out, id, strlen(id));
         json_buf_add(out, ",\"object\":\"file\",\"deleted\":true}", 32);
     }
     return 0;
-fail_path:
-    free(p);
-    return rc ? rc : STORE_EDB;
+fail:
+    rollback(s);
+    return rc;
 }
 
 int store_file_open_content(store *s, const char *id, int *fd_out, int64_t *size_out, char *err, size_t errlen)
@@ -1254,19 +1518,20 @@ static enum store_batch_status status_of(const char *name)
     return STORE_BATCH_FAILED;
 }
 
-/* An output/error file under construction in tmp/. */
+/* An output/error file under construction: created at its final name
+ * (owned, recorded before) on its first line; a row makes it visible. */
 struct outfile {
+    char id[STORE_ID_MAX];
+    char rel[STORE_ID_MAX + 16];
     char path[512];
     FILE *f;
     int64_t lines, bytes;
 };
 
-static int outfile_line(struct outfile *o, const char *kind, const char *batch_id, struct json_buf *line,
-                        store *s, char *err, size_t errlen)
+static int outfile_line(struct outfile *o, struct json_buf *line, char *err, size_t errlen)
 {
     if (!o->f) {
-        snprintf(o->path, sizeof o->path, "%s/%s-%s.jsonl", s->tmp_dir, batch_id, kind);
-        o->f = fopen(o->path, "we");
+        o->f = fopen(o->path, "wxe");
         if (!o->f) {
             set_err(err, errlen, "cannot create %s: %s", o->path, strerror(errno));
             return SL_EIO;
@@ -1330,22 +1595,32 @@ static void result_line(struct json_buf *b, const char *batch_id, sqlite3_stmt *
 
 /* Writes the output and error files of a batch whose rows are all finished,
  * records them, and moves the batch to `target`. Safe to repeat after a
- * crash: files are built in tmp/ and only the final transaction makes them
- * (and the new status) visible. */
+ * crash or a failure (a full disk): both names are recorded before either
+ * file is created, and only the final transaction makes the files (and the
+ * new status) visible; a failure removes what was written. */
 static int finish_batch(store *s, const char *id, enum store_batch_status target, char *err, size_t errlen)
 {
     struct outfile out = {0}, bad = {0};
+    struct outfile *of[2] = {&out, &bad};
+    for (int k = 0; k < 2; k++) {
+        int rc = new_id("file-", of[k]->id, err, errlen);
+        if (rc) return rc;
+        content_name(of[k]->id, of[k]->rel, sizeof of[k]->rel);
+        snprintf(of[k]->path, sizeof of[k]->path, "%s/%s", s->dir, of[k]->rel);
+    }
+    const char *rels[2] = {out.rel, bad.rel};
+    int rc = claim_names(s, rels, 2, err, errlen);
+    if (rc) return rc;
     struct json_buf line;
     json_buf_init(&line);
-    char out_id[STORE_ID_MAX] = "", err_id[STORE_ID_MAX] = "";
-    char out_rel[STORE_ID_MAX + 16], err_rel[STORE_ID_MAX + 16];
-    bool out_adopted = false, err_adopted = false;
-    int rc = 0;
     sqlite3_stmt *st = prep(s,
                             "SELECT line, custom_id, state, status_code, result, error, request_id"
                             " FROM batch_requests WHERE batch_id = ? ORDER BY line",
                             err, errlen);
-    if (!st) return STORE_EDB;
+    if (!st) {
+        rc = STORE_EDB;
+        goto fail_files;
+    }
     sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
     int r = SQLITE_DONE;
     while (!rc && (r = sqlite3_step(st)) == SQLITE_ROW) {
@@ -1356,8 +1631,7 @@ static int finish_batch(store *s, const char *id, enum store_batch_status target
             rc = SL_ENOMEM;
             break;
         }
-        bool ok = strcmp(col_text(st, 2), "done") == 0;
-        rc = outfile_line(ok ? &out : &bad, ok ? "output" : "error", id, &line, s, err, errlen);
+        rc = outfile_line(strcmp(col_text(st, 2), "done") == 0 ? &out : &bad, &line, err, errlen);
     }
     if (!rc && r != SQLITE_DONE) rc = db_fail(s, "finalize", err, errlen);
     sqlite3_finalize(st);
@@ -1366,29 +1640,19 @@ static int finish_batch(store *s, const char *id, enum store_batch_status target
     if (!rc) rc = outfile_close(&bad, err, errlen);
     if (rc) goto fail_files;
 
-    if (out.lines) {
-        if ((rc = new_id("file-", out_id, err, errlen))) goto fail_files;
-        if ((rc = adopt_file(s, out.path, out_id, out_rel, sizeof out_rel, err, errlen))) goto fail_files;
-        out_adopted = true;
-    }
-    if (bad.lines) {
-        if ((rc = new_id("file-", err_id, err, errlen))) goto fail_adopted;
-        if ((rc = adopt_file(s, bad.path, err_id, err_rel, sizeof err_rel, err, errlen))) goto fail_adopted;
-        err_adopted = true;
-    }
-
-    if ((rc = begin(s, err, errlen))) goto fail_adopted;
+    if ((rc = begin(s, err, errlen))) goto fail_files;
     char name[STORE_ID_MAX + 16];
     if (out.lines) {
         snprintf(name, sizeof name, "%s_output.jsonl", id);
-        if ((rc = insert_file_row(s, out_id, "batch_output", name, out.bytes, out.lines, out_rel, err, errlen)))
+        if ((rc = insert_file_row(s, out.id, "batch_output", name, out.bytes, out.lines, out.rel, err, errlen)))
             goto fail_txn;
     }
     if (bad.lines) {
         snprintf(name, sizeof name, "%s_error.jsonl", id);
-        if ((rc = insert_file_row(s, err_id, "batch_output", name, bad.bytes, bad.lines, err_rel, err, errlen)))
+        if ((rc = insert_file_row(s, bad.id, "batch_output", name, bad.bytes, bad.lines, bad.rel, err, errlen)))
             goto fail_txn;
     }
+    if ((rc = forget_names(s, rels, 2, err, errlen))) goto fail_txn;
     char sql[256];
     const char *tname = store_batch_status_name(target);
     snprintf(sql, sizeof sql,
@@ -1401,8 +1665,8 @@ static int finish_batch(store *s, const char *id, enum store_batch_status target
         goto fail_txn;
     }
     sqlite3_bind_int64(st, 1, now_s(s));
-    sqlite3_bind_text(st, 2, out.lines ? out_id : NULL, -1, SQLITE_STATIC);
-    sqlite3_bind_text(st, 3, bad.lines ? err_id : NULL, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, out.lines ? out.id : NULL, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 3, bad.lines ? bad.id : NULL, -1, SQLITE_STATIC);
     sqlite3_bind_text(st, 4, id, -1, SQLITE_STATIC);
     rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_fail(s, "finish batch", err, errlen);
     sqlite3_finalize(st);
@@ -1412,22 +1676,12 @@ static int finish_batch(store *s, const char *id, enum store_batch_status target
 
 fail_txn:
     rollback(s);
-fail_adopted:
-    if (out_adopted) {
-        char *p = path_join(s->dir, out_rel);
-        if (p) unlink(p);
-        free(p);
-    }
-    if (err_adopted) {
-        char *p = path_join(s->dir, err_rel);
-        if (p) unlink(p);
-        free(p);
-    }
 fail_files:
-    if (out.f) fclose(out.f);
-    if (bad.f) fclose(bad.f);
-    if (out.path[0] && !out_adopted) unlink(out.path);
-    if (bad.path[0] && !err_adopted) unlink(bad.path);
+    for (int k = 0; k < 2; k++) {
+        if (of[k]->f) fclose(of[k]->f);
+        remove_owned(s, of[k]->rel);
+    }
+    forget_names(s, rels, 2, NULL, 0);
     return rc;
 }
 
@@ -1822,32 +2076,40 @@ int store_complete_rows(store *s, struct store_result *results, int n, char *err
             res->outcome = STORE_DROPPED;
             continue;
         }
-        bool ok = !res->error_code && res->status_code >= 200 && res->status_code < 300;
+        /* a row its batch's cancellation stopped did not run to a result:
+         * it is `cancelled` like the rows never started, and counted in
+         * neither completed nor failed */
+        bool cancelled = res->cancelled;
+        bool ok = !cancelled && !res->error_code && res->status_code >= 200 && res->status_code < 300;
         bool owned;
-        char *body = normalize_body(res->body, &owned);
+        char *body = cancelled ? NULL : normalize_body(res->body, &owned);
+        if (cancelled) owned = false;
+        const char *code = cancelled ? "batch_cancelled" : res->error_code;
         struct json_buf e;
         json_buf_init(&e);
-        if (res->error_code) {
+        if (code) {
             json_buf_add(&e, "{\"code\":", 8);
-            json_buf_add_str(&e, res->error_code, strlen(res->error_code));
+            json_buf_add_str(&e, code, strlen(code));
             json_buf_add(&e, ",\"message\":", 11);
-            const char *m = res->error_message ? res->error_message : "";
+            const char *m = res->error_message ? res->error_message
+                            : cancelled        ? "The batch was cancelled while this request ran."
+                                               : "";
             json_buf_add_str(&e, m, strlen(m));
             json_buf_add(&e, "}", 1);
         }
-        if ((res->body && !body) || e.oom) {
+        if ((res->body && !body && !cancelled) || e.oom) {
             if (owned) free(body);
             json_buf_free(&e);
             set_err(err, errlen, "out of memory");
             rc = SL_ENOMEM;
             goto fail_txn;
         }
-        sqlite3_bind_text(upd, 1, ok ? "done" : "failed", -1, SQLITE_STATIC);
-        if (res->status_code) sqlite3_bind_int(upd, 2, res->status_code);
+        sqlite3_bind_text(upd, 1, cancelled ? "cancelled" : ok ? "done" : "failed", -1, SQLITE_STATIC);
+        if (res->status_code && !cancelled) sqlite3_bind_int(upd, 2, res->status_code);
         else sqlite3_bind_null(upd, 2);
         sqlite3_bind_text(upd, 3, body, -1, SQLITE_STATIC);
         sqlite3_bind_text(upd, 4, e.p, (int)e.len, SQLITE_STATIC);
-        sqlite3_bind_text(upd, 5, res->request_id, -1, SQLITE_STATIC);
+        sqlite3_bind_text(upd, 5, cancelled ? NULL : res->request_id, -1, SQLITE_STATIC);
         sqlite3_bind_int64(upd, 6, now);
         sqlite3_bind_int64(upd, 7, res->row_id);
         r = sqlite3_step(upd);
@@ -1860,7 +2122,7 @@ int store_complete_rows(store *s, struct store_result *results, int n, char *err
             goto fail_txn;
         }
         sqlite3_bind_int(cnt, 1, ok ? 1 : 0);
-        sqlite3_bind_int(cnt, 2, ok ? 0 : 1);
+        sqlite3_bind_int(cnt, 2, ok || cancelled ? 0 : 1);
         sqlite3_bind_text(cnt, 3, batch, -1, SQLITE_TRANSIENT);
         r = sqlite3_step(cnt);
         sqlite3_reset(cnt);
@@ -1879,14 +2141,14 @@ int store_complete_rows(store *s, struct store_result *results, int n, char *err
     sqlite3_finalize(cnt);
     get = upd = cnt = NULL;
     if ((rc = commit(s, err, errlen))) goto fail_txn;
-    /* the results are safe; finalizing is a separate, repeatable step
-     * (store_tick retries it if it fails here) */
+    /* the results are safe: a failure from here on (the output file on a
+     * full disk) is not theirs, and store_tick() retries finalizing */
     for (int t = 0; t < nt; t++) {
-        rc = settle(s, touched[t], err, errlen);
-        if (rc < 0) break;
+        char e2[256];
+        if (settle(s, touched[t], e2, sizeof e2) < 0) break;
     }
     free(touched);
-    return rc < 0 ? rc : applied;
+    return applied;
 
 fail_txn:
     sqlite3_finalize(get);

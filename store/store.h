@@ -14,17 +14,22 @@
  * function returns is owned by the caller unless its contract says otherwise;
  * strings passed in are borrowed for the duration of the call.
  *
- * File contents live as plain files in DATA_DIR/files/, one per file id, and
- * the `files` table records their path. An upload is never held in memory:
- * the api layer streams the multipart body into a temporary file in
- * store_tmp_dir() (same filesystem), and store_file_create() takes ownership
- * of that file by rename(2) - no copy, no second 200 MB buffer, and
- * GET .../content can be served with sendfile (store_file_open_content()).
- * SQLite blobs would force either a copy into the database (doubling disk
- * writes and the WAL) or incremental-blob bookkeeping for no gain: files are
- * immutable once created. Batch output and error files are written the same
- * way by the store itself. Files in DATA_DIR/files/ that no row names
- * (a crash between the rename and the commit) are removed at open.
+ * File contents live as plain files in DATA_DIR/files/, named by the store
+ * (files/<file id>.sluice), and the `files` table records their path. The
+ * store touches nothing else under the data directory: a name is recorded
+ * in the database (committed) before its file is created, and the store
+ * only ever removes a file whose name it recorded - a crash between the two
+ * is finished at the next open from the recorded names, never by listing a
+ * directory. A data directory that holds anything but a database that
+ * belongs with it is refused at open (see store_open()), so `--data-dir /`
+ * or a lost sluice.db cannot cost anyone a file. An upload is never held
+ * twice in memory: the api layer hands the store a writer callback
+ * (store_file_write()) that streams the request body straight into the
+ * store's file, and GET .../content can be served with sendfile
+ * (store_file_open_content()). SQLite blobs would force either a copy into
+ * the database (doubling disk writes and the WAL) or incremental-blob
+ * bookkeeping for no gain: files are immutable once created. Batch output
+ * and error files are written the same way by the store itself.
  *
  * Durability. A request's result is written in the same transaction that
  * marks its row done (store_complete_rows(), many rows per transaction), so
@@ -37,11 +42,10 @@
  *
  *   startup (main):   w = store_open(data_dir, &opts, err, n)     -> the store thread
  *                     r = store_open_reader(data_dir, err, n)     -> the api thread
- *   POST /v1/files    api thread: stream the multipart file part into
- *                     mkstemp("<store_tmp_dir(r)>/upload-XXXXXX") (stop with 413
- *                     past opts.max_file_bytes), then hand (path, purpose,
- *                     filename) to the store thread:
- *                       store_file_create(w, path, purpose, filename, id, ...)
+ *   POST /v1/files    api thread: parse the multipart body (413 past
+ *                     opts.max_file_bytes) and move the file part, without
+ *                     copying, into a buffer handed to the store thread:
+ *                       store_file_write(w, cb, buf, purpose, filename, id, ...)
  *                       store_file_get_json(w, id, &buf, ...)        -> 200 body
  *   GET /v1/files[/{id}]       store_file_list_json(r, ...) / store_file_get_json(r, ...)
  *   GET /v1/files/{id}/content store_file_open_content(r, id, &fd, &size, ...) and
@@ -100,13 +104,19 @@ struct store_opts {
 /* ---- construction ---------------------------------------------------------- */
 
 /* Opens (creating when needed) DATA_DIR with its database DATA_DIR/sluice.db
- * and the folders files/ and tmp/, applies every schema migration the
- * database lacks in one transaction, and recovers from a crash: rows left
- * `running` become `pending`, batches left `validating` are validated again,
- * batches left `finalizing`/`cancelling` are finished. opts may be NULL
- * (defaults). Returns the writer handle, or NULL with a message in err.
- * Only one writer per data directory at a time (SQLite would serialize two,
- * but crash recovery assumes it is alone). */
+ * and the folder files/, applies every schema migration the database lacks
+ * in one transaction, and recovers from a crash: files whose names were
+ * recorded but never became rows are removed, rows left `running` become
+ * `pending`, batches left `validating` are validated again, batches left
+ * `finalizing`/`cancelling` are finished. Refused (NULL, SL_EINVAL, nothing
+ * created or removed) when DATA_DIR holds anything but empty files/ and
+ * tmp/ folders while its database is missing, empty or without a schema;
+ * when sluice.db is not a sluice database; and when files/ holds a file
+ * named as the store names them that the database does not list (the
+ * database does not belong with the files). opts may be NULL (defaults).
+ * Returns the writer handle, or NULL with a message in err. Only one writer
+ * per data directory at a time (SQLite would serialize two, but crash
+ * recovery assumes it is alone). */
 store *store_open(const char *data_dir, const struct store_opts *opts, char *err, size_t errlen);
 
 /* A read-only handle on a data directory that a writer has opened (and so
@@ -122,29 +132,36 @@ void store_close(store *s);
  * restores time(). For tests. [any, before use] */
 void store_set_clock(store *s, int64_t (*now)(void *ctx), void *ctx);
 
-/* DATA_DIR/tmp: where uploads are streamed before store_file_create(). The
- * string is owned by the handle. [any] */
-const char *store_tmp_dir(const store *s);
-
 /* Parses a completion window: "24h" always; with allow_short Ns, Nm, Nh too
  * (1 <= N, at most 7 days). Returns seconds > 0, or SL_EINVAL with a message. */
 int64_t store_parse_window(const char *w, bool allow_short, char *err, size_t errlen);
 
 /* ---- files ------------------------------------------------------------------ */
 
-/* Takes ownership of the file at src_path (renamed into DATA_DIR/files/, or
- * copied and then removed when it is on another filesystem) and records it
- * with a new id "file-..." written into id_out[STORE_ID_MAX]. purpose is one
- * of the OpenAI purposes ("batch", "batch_output", "fine-tune", ...);
+/* Takes the file at src_path in (renamed into DATA_DIR/files/, or copied
+ * when it is on another filesystem, the original then removed) and records
+ * it with a new id "file-..." written into id_out[STORE_ID_MAX]. purpose is
+ * one of the OpenAI purposes ("batch", "batch_output", "fine-tune", ...);
  * filename is what the client called it. For purpose "batch" the size limit
  * (opts.max_file_bytes) and the line limit (opts.max_file_lines) are checked
  * here (STORE_ELIMIT naming the limit); the content is validated as batch
  * input only by store_batch_create(). Returns 0, or a negative status with a
- * message; on error src_path is removed as well (the upload is refused) and
- * nothing is recorded (called on a reader handle: SL_EINVAL, src_path left
- * alone). [writer] */
+ * message; on error nothing is recorded and src_path is left where it was
+ * (called on a reader handle: SL_EINVAL). [writer] */
 int store_file_create(store *s, const char *src_path, const char *purpose, const char *filename,
                       char *id_out, char *err, size_t errlen);
+
+/* Writes the whole content of a new file to fd (open for writing, at offset
+ * 0; not to be closed). Returns 0, or a negative status with a message. */
+typedef int (*store_write_fn)(void *ctx, int fd, char *err, size_t errlen);
+
+/* As store_file_create(), the content coming from cb: the store names the
+ * file, records the name, creates the file and calls cb once, then fsyncs,
+ * checks the limits and records the file. On error (cb's included: its
+ * status is returned) nothing is recorded and what was written is
+ * removed. [writer] */
+int store_file_write(store *s, store_write_fn cb, void *ctx, const char *purpose, const char *filename,
+                     char *id_out, char *err, size_t errlen);
 
 /* Appends the OpenAI file object {"id","object":"file","bytes","created_at",
  * "filename","purpose","status"} to out. Returns 0, STORE_ENOTFOUND, or
@@ -188,7 +205,10 @@ const char *store_batch_status_name(enum store_batch_status st); /* "in_progress
 struct store_batch_info {
     char id[STORE_ID_MAX];
     enum store_batch_status status;
-    int64_t total, completed, failed; /* request_counts (expired rows count as failed) */
+    /* request_counts. Once the batch is over, completed + failed + the rows
+     * cancelled (before they ran, or stopped while running) = total;
+     * expired rows count as failed. */
+    int64_t total, completed, failed;
     int64_t created_at, expires_at;
     char output_file_id[STORE_ID_MAX]; /* "" when none */
     char error_file_id[STORE_ID_MAX];  /* "" when none */
@@ -285,17 +305,23 @@ struct store_result {
     const char *body;          /* response body, JSON text; NULL: null */
     const char *error_code;    /* NULL for a response */
     const char *error_message;
+    bool cancelled;             /* the row was stopped by its batch's cancel: it becomes `cancelled`
+                                 * (error batch_cancelled, error_message or a default), counted in
+                                 * neither completed nor failed; the other fields but row_id are ignored */
     enum store_outcome outcome; /* out */
 };
 
 /* Writes n results in ONE transaction: each row moves running (or pending)
- * -> done/failed with its result, and its batch's counts move with it.
- * Idempotent: a row already finished is left alone and reported
+ * -> done/failed/cancelled with its result, and its batch's counts move with
+ * it. Idempotent: a row already finished is left alone and reported
  * STORE_DUPLICATE, so a result is never written twice. Batches whose rows are
  * then all finished are finalized (output file in input order, error file,
  * status `completed`, or `cancelled` for a cancelling batch) right after the
- * commit. Returns the number of results applied, or a negative status with
- * nothing written (outcome fields are then meaningless). [writer] */
+ * commit; a failure there does not concern the results (store_tick()
+ * finishes the batch later). Returns the number of results applied, or a
+ * negative status with nothing written (outcome fields are then
+ * meaningless; the same results may be given again). The results' strings
+ * are only read during the call. [writer] */
 int store_complete_rows(store *s, struct store_result *results, int n, char *err, size_t errlen);
 
 #endif

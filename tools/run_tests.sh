@@ -4,9 +4,13 @@
 # line. A test that crashes or prints no summary counts as one failure, and so
 # does one whose summary disagrees with its own lines (FAIL lines, or more ok
 # lines than it says passed: a test that wrote over the counters).
+# --no-py: the binaries only (make asan). A binary built under the
+# sanitizers (build-asan/) is named with "(asan)".
 set -u
 cd "$(dirname "$0")/.."
 pass=0 fail=0
+py=1
+if [ "${1:-}" = "--no-py" ]; then py=0; shift; fi
 run_one() {
     local name=$1; shift
     local log out line p f
@@ -33,11 +37,14 @@ run_one() {
     rm -f "$log"
 }
 for t in "$@"; do
-    run_one "$(basename "$t")" "$t"
+    case $t in
+    build-asan/*) run_one "$(basename "$t") (asan)" "$t" ;;
+    *) run_one "$(basename "$t")" "$t" ;;
+    esac
 done
-for py in tests/test_*.py; do
-    [ -e "$py" ] || continue
-    run_one "$(basename "$py")" python3 "$py"
+for t in tests/test_*.py; do
+    [ "$py" = 1 ] && [ -e "$t" ] || continue
+    run_one "$(basename "$t")" python3 "$t"
 done
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
