@@ -875,6 +875,14 @@ int api_cmd_serve(int argc, char **argv)
     int rc = atomic_load(&s->state) == SRV_FAILED ? 1 : 0;
     srv_batch_stop(s); /* before the engine: its rows are still in flight there */
     if (s->fatal) return API_EXIT_NOW; /* the store is closed; the GPUs are left to the process exit */
+    /* the connections first: their close callbacks abort what still runs
+     * in the engine, whose finish events then free the requests */
+    evhttp_free(s->http);
+    srv_conns_stop(s);
+    for (int i = 0; i < 200 && s->n_pending > 0 && s->eng && atomic_load(&s->state) == SRV_READY; i++) {
+        srv_drain_events(s);
+        if (s->n_pending > 0) usleep(10 * 1000);
+    }
     /* a loader still running owns s->m; only tear down what is complete */
     if (atomic_load(&s->state) == SRV_READY) {
         sched_engine_destroy(s->eng);
@@ -886,8 +894,6 @@ int api_cmd_serve(int argc, char **argv)
     event_free(sigterm);
     event_free(s->wake_ev);
     event_free(s->ready_ev);
-    evhttp_free(s->http);
-    srv_conns_stop(s);
     event_base_free(s->base);
     return rc;
 }

@@ -96,7 +96,6 @@ struct srv_conns {
     struct event *sweep_ev, *resume_ev;
     struct evconnlistener *lev;
     double backoff;               /* the next accept pause, seconds */
-    bool paused;
     double logged;                /* when the last accept-pause line was written */
     long n_pauses, n_rejected;    /* since then */
 };
@@ -541,6 +540,13 @@ static void note(struct srv_conns *cs, const char *what)
     cs->n_pauses = cs->n_rejected = 0;
 }
 
+static void pause_accept(struct srv_conns *cs, double seconds)
+{
+    evconnlistener_disable(cs->lev);
+    struct timeval tv = {(long)seconds, (long)((seconds - (long)seconds) * 1e6)};
+    evtimer_add(cs->resume_ev, &tv);
+}
+
 static struct bufferevent *on_new_conn(struct event_base *base, void *arg)
 {
     struct srv_conns *cs = arg;
@@ -558,6 +564,9 @@ static struct bufferevent *on_new_conn(struct event_base *base, void *arg)
                 cs->n_rejected++;
                 note(cs, "at the connection limit: new connections get 503");
             }
+            /* an evicted connection's fd is freed when evhttp reads its EOF,
+             * in the loop's next turn: accept no more in this one */
+            pause_accept(cs, 0.002);
         }
     }
     struct conn *c = calloc(1, sizeof *c);
@@ -598,18 +607,21 @@ static void on_resume(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     struct srv_conns *cs = arg;
-    cs->paused = false;
     evconnlistener_enable(cs->lev);
 }
+
+/* The listener's callbacks share evhttp's argument: the error callback
+ * finds the connections here (one server a process). */
+static struct srv_conns *the_conns;
 
 /* accept() failed for a reason that is not the client's: out of fds (or
  * memory). Retrying at once would spin; pause, and make room. */
 static void on_accept_error(struct evconnlistener *lev, void *arg)
 {
-    struct srv_conns *cs = arg;
+    (void)lev;
+    (void)arg;
+    struct srv_conns *cs = the_conns;
     int e = EVUTIL_SOCKET_ERROR();
-    evconnlistener_disable(lev);
-    cs->paused = true;
     cs->n_pauses++;
     struct conn *v = evictable(cs);
     if (v) shut(v);
@@ -617,8 +629,7 @@ static void on_accept_error(struct evconnlistener *lev, void *arg)
     snprintf(what, sizeof what, "accept() failed: %s; pausing new connections%s", strerror(e),
              e == EMFILE || e == ENFILE ? " (at the open-file limit: ulimit -n)" : "");
     note(cs, what);
-    struct timeval tv = {(long)cs->backoff, (long)((cs->backoff - (long)cs->backoff) * 1e6)};
-    evtimer_add(cs->resume_ev, &tv);
+    pause_accept(cs, cs->backoff);
     cs->backoff = cs->backoff * 2 > 1.0 ? 1.0 : cs->backoff * 2;
 }
 
@@ -675,7 +686,7 @@ int srv_conns_start(struct server *s, struct evhttp_bound_socket *bound, char *e
     event_add(cs->sweep_ev, &tv);
     evconnlistener_set_error_cb(cs->lev, on_accept_error);
     evhttp_set_bevcb(s->http, on_new_conn, cs);
-    s->conns = cs;
+    s->conns = the_conns = cs;
     return 0;
 }
 
@@ -688,5 +699,5 @@ void srv_conns_stop(struct server *s)
     /* evhttp_free freed the connections; our references remain */
     while (cs->first) unlink_conn(cs->first);
     free(cs);
-    s->conns = NULL;
+    s->conns = the_conns = NULL;
 }
