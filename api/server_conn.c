@@ -31,7 +31,10 @@
  *
  * Closing is a shutdown(): evhttp reads the EOF and frees the connection.
  * We hold a reference on each bufferevent, so it outlives a connection
- * evhttp freed; the sweep sees evhttp's callbacks gone and drops it.
+ * evhttp freed; the sweep sees evhttp's callbacks gone and drops it. The
+ * bufferevent owns its socket (BEV_OPT_CLOSE_ON_FREE: evhttp then only
+ * shuts it down), so the fd is closed with our reference: its number is not
+ * reused while the freed bufferevent's events still name it.
  * Api thread only.
  */
 #include <errno.h>
@@ -473,7 +476,7 @@ static void feed(struct conn *c, struct evbuffer *in, const char *p, size_t n, p
 static void on_input(struct evbuffer *in, const struct evbuffer_cb_info *info, void *arg)
 {
     struct conn *c = arg;
-    if (c->in_cb || info->n_added == 0) return;
+    if (c->in_cb || info->n_added == 0 || dead(c)) return;
     size_t len = evbuffer_get_length(in);
     if (c->ph == PH_DISCARD) {
         drop_tail(c, in, len - info->n_added);
@@ -570,7 +573,7 @@ static struct bufferevent *on_new_conn(struct event_base *base, void *arg)
         }
     }
     struct conn *c = calloc(1, sizeof *c);
-    struct bufferevent *bev = c ? bufferevent_socket_new(base, -1, 0) : NULL; /* evhttp closes the socket */
+    struct bufferevent *bev = c ? bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE) : NULL;
     if (!bev) {
         free(c);
         return NULL;
@@ -623,6 +626,7 @@ static void on_accept_error(struct evconnlistener *lev, void *arg)
     struct srv_conns *cs = the_conns;
     int e = EVUTIL_SOCKET_ERROR();
     cs->n_pauses++;
+    sweep_dead(cs); /* their fds close with our references */
     struct conn *v = evictable(cs);
     if (v) shut(v);
     char what[160];
