@@ -487,6 +487,16 @@ static void on_input(struct evbuffer *in, const struct evbuffer_cb_info *info, v
     if (evbuffer_ptr_set(in, &pos, start, EVBUFFER_PTR_SET)) return;
     char tmp[4096];
     for (size_t done = 0; done < info->n_added && c->ph != PH_DISCARD;) {
+        if (c->ph == PH_BODY) { /* counted, not copied: an upload's megabytes */
+            size_t k = info->n_added - done < (uint64_t)c->left ? info->n_added - done : (size_t)c->left;
+            c->left -= (int64_t)k;
+            c->req_bytes += (int64_t)k;
+            c->last = srv_now();
+            if (c->left == 0) request_done(c, c->last);
+            done += k;
+            evbuffer_ptr_set(in, &pos, k, EVBUFFER_PTR_ADD);
+            continue;
+        }
         size_t k = info->n_added - done < sizeof tmp ? info->n_added - done : sizeof tmp;
         ev_ssize_t got = evbuffer_copyout_from(in, &pos, tmp, k);
         if (got <= 0) break;
@@ -589,9 +599,6 @@ static struct bufferevent *on_new_conn(struct event_base *base, void *arg)
         free(c);
         return NULL;
     }
-    /* what evhttp has not parsed yet stays bounded even while a reply is in
-     * flight and it does not read (a pipelining flood) */
-    bufferevent_setwatermark(bev, EV_READ, 0, (size_t)s->o.max_header_bytes + (256u << 10));
     struct timeval wt = {(long)s->o.timeout_write, (long)((s->o.timeout_write - (long)s->o.timeout_write) * 1e6)};
     bufferevent_set_timeouts(bev, NULL, &wt);
     c->prev = cs->last;
