@@ -141,6 +141,29 @@ def test_body_refused_before_read():
         early = None
     s.close()
     assert early is None, early
+    # and an upload over a megabyte goes through (after its 100 Continue)
+    line = json.dumps({"custom_id": "r", "method": "POST", "url": "/v1/chat/completions",
+                       "body": {"model": NAME, "messages": [{"role": "user", "content": "x" * 400}]}})
+    data = "\n".join(line.replace('"r"', f'"r{i}"') for i in range(3000)).encode() + b"\n"
+    b = b"sluiceboundary"
+    form = (b"--" + b + b'\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n--' + b +
+            b'\r\nContent-Disposition: form-data; name="file"; filename="b.jsonl"\r\n'
+            b"Content-Type: application/octet-stream\r\n\r\n" + data + b"\r\n--" + b + b"--\r\n")
+    s = socket.create_connection(("127.0.0.1", PORT))
+    s.settimeout(60)
+    s.sendall(b"POST /v1/files HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode() +
+              b"\r\nContent-Type: multipart/form-data; boundary=" + b + b"\r\nContent-Length: %d\r\n"
+              b"Expect: 100-continue\r\n\r\n" % len(form))
+    assert s.recv(100).startswith(b"HTTP/1.1 100"), "no 100 Continue"
+    s.sendall(form)
+    r = b""
+    while b'"status"' not in r:
+        d = s.recv(65536)
+        if not d:
+            break
+        r += d
+    s.close()
+    assert status_of(r) == 200 and b'"bytes":%d' % len(data) in r.replace(b" ", b""), (len(data), r[:400])
     # chunked: refused as it grows past the route's cap
     chunk = b"%x\r\n%s\r\n" % (40000, b"x" * 40000)
     r = raw(head("POST", "/health", b"Transfer-Encoding: chunked\r\n") + chunk * 3)
