@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -420,6 +421,43 @@ out:
 
 /* ---- routing ---- */
 
+static const struct route { const char *path; bool post, v1; } routes[] = {
+    {"/health", false, false}, {"/ping", false, false}, {"/metrics", false, false},
+    {"/v1/models", false, true}, {"/tokenize", true, false}, {"/detokenize", true, false},
+    {"/v1/chat/completions", true, true}, {"/v1/completions", true, true},
+    {"/apply-template", true, false}, {"/v1/responses", true, true}, {"/version", false, false},
+};
+
+/* What a route that takes no body accepts anyway (a client sending one by habit). */
+#define SMALL_BODY (64L << 10)
+
+long srv_route_body_cap(const struct server *s, const char *method, const char *path, bool *needs_key)
+{
+    char p[256];
+    size_t n = strlen(path);
+    if (n >= sizeof p) n = sizeof p - 1;
+    memcpy(p, path, n);
+    p[n] = '\0';
+    while (n > 1 && p[n - 1] == '/') p[--n] = '\0';
+    bool post = !strcmp(method, "POST");
+    *needs_key = false;
+    if (srv_batch_route(p)) {
+        *needs_key = true;
+        if (post && !strcmp(p, "/v1/files")) return s->o.max_batch_file_bytes + (1L << 20); /* multipart framing */
+        return post ? s->o.max_body_bytes : SMALL_BODY;
+    }
+    if (!strncmp(p, "/v1/models/", 11)) {
+        *needs_key = true;
+        return SMALL_BODY;
+    }
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
+        if (!strcmp(p, routes[i].path)) {
+            *needs_key = routes[i].v1;
+            return routes[i].post && post ? s->o.max_body_bytes : SMALL_BODY;
+        }
+    return SMALL_BODY;
+}
+
 static void route(struct evhttp_request *req, void *arg)
 {
     struct server *s = arg;
@@ -430,8 +468,10 @@ static void route(struct evhttp_request *req, void *arg)
     memcpy(path, uri, n);
     path[n] = '\0';
     while (n > 1 && path[n - 1] == '/') path[--n] = '\0';
+    srv_conn_request(s, req);
     enum evhttp_cmd_type m = evhttp_request_get_command(req);
-    bool get = m == EVHTTP_REQ_GET, post = m == EVHTTP_REQ_POST;
+    /* HEAD where GET is: srv_reply_json leaves the body out */
+    bool get = m == EVHTTP_REQ_GET || m == EVHTTP_REQ_HEAD, post = m == EVHTTP_REQ_POST;
     if (srv_batch_route(path)) { /* /v1/files..., /v1/batches...: server_batch.c */
         if (!srv_auth_ok(s, req)) srv_reply_error(req, 401, "invalid_request_error", NULL, "invalid or missing API key");
         else srv_handle_batch_api(s, req, path);
@@ -439,7 +479,7 @@ static void route(struct evhttp_request *req, void *arg)
     }
     if (!strncmp(path, "/v1/models/", 11) && path[11]) { /* client.models.retrieve(id) */
         if (!get) {
-            evhttp_add_header(evhttp_request_get_output_headers(req), "Allow", "GET");
+            evhttp_add_header(evhttp_request_get_output_headers(req), "Allow", "GET, HEAD");
             srv_reply_error(req, 405, "invalid_request_error", NULL, "method not allowed on %s (use GET)", path);
         } else if (!srv_auth_ok(s, req)) {
             srv_reply_error(req, 401, "invalid_request_error", NULL, "invalid or missing API key");
@@ -450,12 +490,6 @@ static void route(struct evhttp_request *req, void *arg)
         }
         return;
     }
-    static const struct { const char *path; bool post, v1; } routes[] = {
-        {"/health", false, false}, {"/ping", false, false}, {"/metrics", false, false},
-        {"/v1/models", false, true}, {"/tokenize", true, false}, {"/detokenize", true, false},
-        {"/v1/chat/completions", true, true}, {"/v1/completions", true, true},
-        {"/apply-template", true, false}, {"/v1/responses", true, true}, {"/version", false, false},
-    };
     int r = -1;
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
         if (!strcmp(path, routes[i].path)) r = (int)i;
@@ -464,13 +498,18 @@ static void route(struct evhttp_request *req, void *arg)
         return;
     }
     if ((routes[r].post && !post) || (!routes[r].post && !get)) {
-        evhttp_add_header(evhttp_request_get_output_headers(req), "Allow", routes[r].post ? "POST" : "GET");
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Allow", routes[r].post ? "POST" : "GET, HEAD");
         srv_reply_error(req, 405, "invalid_request_error", NULL, "method not allowed on %s (use %s)", path,
                         routes[r].post ? "POST" : "GET");
         return;
     }
     if (routes[r].v1 && !srv_auth_ok(s, req)) {
         srv_reply_error(req, 401, "invalid_request_error", NULL, "invalid or missing API key");
+        return;
+    }
+    if (m == EVHTTP_REQ_HEAD && r == 2) { /* /metrics writes its own reply: no body to leave out there */
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "text/plain; version=0.0.4");
+        evhttp_send_reply(req, 200, "OK", NULL);
         return;
     }
     switch (r) {
@@ -580,6 +619,12 @@ int api_cmd_serve(int argc, char **argv)
     o->data_dir = "./sluice-data";
     o->max_batch_file_lines = 50000;
     o->max_batch_file_bytes = 200L * 1000 * 1000;
+    o->max_header_bytes = 64L << 10;
+    o->max_header_count = 256;
+    o->timeout_keep_alive = 5;
+    o->timeout_header = 10;
+    o->timeout_read = 30;
+    o->timeout_write = 60;
     bool trust_remote_code = false;
     struct api_vllm_flags vf = {.enable_chunked_prefill = true};
     const struct api_flag flags[] = {
@@ -644,6 +689,19 @@ int api_cmd_serve(int argc, char **argv)
         {"--data-dir", API_FLAG_STR, &o->data_dir, "batch store: files, batches, results (./sluice-data)", NULL},
         {"--max-batch-file-lines", API_FLAG_INT, &o->max_batch_file_lines, "requests per batch file (50000)", NULL},
         {"--max-batch-file-bytes", API_FLAG_INT, &o->max_batch_file_bytes, "bytes per batch file (200 MB)", NULL},
+        /* connection limits (server_conn.c) */
+        {"--max-header-bytes", API_FLAG_HUMAN_INT, &o->max_header_bytes,
+         "request line and headers at most; more gets 431 (64K)", NULL},
+        {"--h11-max-incomplete-event-size", API_FLAG_HUMAN_INT, &o->max_header_bytes, "vLLM's name of --max-header-bytes", NULL},
+        {"--h11-max-header-count", API_FLAG_INT, &o->max_header_count, "header fields at most; more gets 431 (256)", NULL},
+        {"--max-connections", API_FLAG_INT, &o->max_connections,
+         "connections open at once; at the cap the oldest idle one is closed, else 503 (the open-file limit - 64)", NULL},
+        {"--timeout-keep-alive", API_FLAG_FLOAT, &o->timeout_keep_alive,
+         "seconds a connection may sit with no request before it is closed (5)", NULL},
+        {"--timeout-header", API_FLAG_FLOAT, &o->timeout_header, "seconds a request's head may take to arrive (10)", NULL},
+        {"--timeout-read", API_FLAG_FLOAT, &o->timeout_read, "seconds a request body may stall (30)", NULL},
+        {"--timeout-write", API_FLAG_FLOAT, &o->timeout_write,
+         "seconds a reply may wait on a client that does not read it (60)", NULL},
         {"--allow-short-completion-windows", API_FLAG_BOOL, &o->allow_short_windows,
          "tests only: accept completion windows like \"5s\"", NULL},
         {"--chat-template", API_FLAG_STR, &chat_flags.chat_template,
@@ -706,6 +764,13 @@ int api_cmd_serve(int argc, char **argv)
                             sizeof err) ||
         api_flag_long_range("--max-batch-file-lines", o->max_batch_file_lines, 1, LONG_MAX, err, sizeof err) ||
         api_flag_long_range("--max-batch-file-bytes", o->max_batch_file_bytes, 1, LONG_MAX, err, sizeof err) ||
+        api_flag_long_range("--max-header-bytes", o->max_header_bytes, 256, 64L << 20, err, sizeof err) ||
+        api_flag_long_range("--h11-max-header-count", o->max_header_count, 1, 1L << 20, err, sizeof err) ||
+        api_flag_long_range("--max-connections", o->max_connections, 0, LONG_MAX, err, sizeof err) ||
+        api_flag_double_range("--timeout-keep-alive", o->timeout_keep_alive, 0, true, 1e6, err, sizeof err) ||
+        api_flag_double_range("--timeout-header", o->timeout_header, 0, true, 1e6, err, sizeof err) ||
+        api_flag_double_range("--timeout-read", o->timeout_read, 0, true, 1e6, err, sizeof err) ||
+        api_flag_double_range("--timeout-write", o->timeout_write, 0, true, 1e6, err, sizeof err) ||
         api_partial_prefill_flags(o->max_num_partial_prefills, o->max_long_partial_prefills, err, sizeof err)) {
         fprintf(stderr, "sluice serve: %s\n", err);
         return 2;
@@ -743,6 +808,21 @@ int api_cmd_serve(int argc, char **argv)
     }
     s->model_names = o->served_model_names.v;
     s->model_name = s->model_names[0];
+    /* the soft open-file limit up to the hard one (as Go's runtime does):
+     * connections are fds; 64 stay for the model, the store and the rest */
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+        rlim_t want = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > 65536 ? 65536 : rl.rlim_max;
+        if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want) {
+            rl.rlim_cur = want;
+            setrlimit(RLIMIT_NOFILE, &rl);
+            getrlimit(RLIMIT_NOFILE, &rl);
+        }
+        long fds = rl.rlim_cur == RLIM_INFINITY ? 65536 : (long)rl.rlim_cur;
+        if (o->max_connections == 0) o->max_connections = fds - 64 > 16 ? fds - 64 : 16;
+    } else if (o->max_connections == 0) {
+        o->max_connections = 1000;
+    }
     signal(SIGPIPE, SIG_IGN);
     evthread_use_pthreads();
     s->base = event_base_new();
@@ -759,16 +839,23 @@ int api_cmd_serve(int argc, char **argv)
      * check max_body_bytes in their handlers */
     long cap = o->max_batch_file_bytes + (1L << 20);
     evhttp_set_max_body_size(s->http, cap > o->max_body_bytes + 1024 ? cap : o->max_body_bytes + 1024);
+    /* a backstop: server_conn.c answers 431 before libevent's own 413 */
+    evhttp_set_max_headers_size(s->http, o->max_header_bytes + 4096);
     evhttp_set_gencb(s->http, route, s);
     char hb[300];
     evutil_socket_t lfd = listen_on(o->host, o->port, err, sizeof err);
-    if (lfd < 0 || evhttp_accept_socket(s->http, lfd)) {
+    struct evhttp_bound_socket *bound = lfd >= 0 ? evhttp_accept_socket_with_handle(s->http, lfd) : NULL;
+    if (!bound) {
         if (lfd >= 0) {
             close(lfd);
             snprintf(err, sizeof err, "libevent cannot accept on the socket");
         }
         fprintf(stderr, "sluice serve: cannot listen on %s:%ld: %s\n", url_host(o->host, false, hb, sizeof hb),
                 o->port, err);
+        return 1;
+    }
+    if (srv_conns_start(s, bound, err, sizeof err)) {
+        fprintf(stderr, "sluice serve: %s\n", err);
         return 1;
     }
     if (srv_batch_start(s, err, sizeof err)) { /* after the bind: a second server must not recover our rows */
@@ -794,6 +881,14 @@ int api_cmd_serve(int argc, char **argv)
     int rc = atomic_load(&s->state) == SRV_FAILED ? 1 : 0;
     srv_batch_stop(s); /* before the engine: its rows are still in flight there */
     if (s->fatal) return API_EXIT_NOW; /* the store is closed; the GPUs are left to the process exit */
+    /* the connections first: their close callbacks abort what still runs
+     * in the engine, whose finish events then free the requests */
+    evhttp_free(s->http);
+    srv_conns_stop(s);
+    for (int i = 0; i < 200 && s->n_pending > 0 && s->eng && atomic_load(&s->state) == SRV_READY; i++) {
+        srv_drain_events(s);
+        if (s->n_pending > 0) usleep(10 * 1000);
+    }
     /* a loader still running owns s->m; only tear down what is complete */
     if (atomic_load(&s->state) == SRV_READY) {
         sched_engine_destroy(s->eng);
@@ -805,7 +900,6 @@ int api_cmd_serve(int argc, char **argv)
     event_free(sigterm);
     event_free(s->wake_ev);
     event_free(s->ready_ev);
-    evhttp_free(s->http);
     event_base_free(s->base);
     return rc;
 }

@@ -58,6 +58,14 @@ struct server_opts {
     const char *data_dir;       /* the batch store (server_batch.c) */
     long max_batch_file_lines, max_batch_file_bytes;
     bool allow_short_windows;   /* test only: completion windows like "3s" */
+    /* connection limits (server_conn.c) */
+    long max_header_bytes;      /* request line + headers; over it: 431 */
+    long max_header_count;      /* header fields; over it: 431 */
+    long max_connections;       /* open at once; 0 until api_cmd_serve sets it from the fd limit */
+    double timeout_keep_alive;  /* seconds a connection may sit without a request */
+    double timeout_header;      /* seconds a request head may take to arrive */
+    double timeout_read;        /* seconds a request body may stall */
+    double timeout_write;       /* seconds a reply may stall on a client that does not read */
 };
 
 /* Histogram with fixed bucket bounds, Prometheus style. */
@@ -112,6 +120,7 @@ struct server {
     uint64_t cached_tokens_total;
     struct srv_hist ttft, itl, e2e, queue; /* queue: submit -> admitted (vLLM's request_queue_time) */
     struct srv_batch *batch;         /* files, batches, store thread (server_batch.c) */
+    struct srv_conns *conns;         /* connection limits (server_conn.c) */
 };
 
 /* ---- server_http.c: replies and request helpers ---- */
@@ -123,9 +132,28 @@ void srv_reply_error(struct evhttp_request *req, int code, const char *type, con
  * and returns NULL when it exceeds max. */
 char *srv_read_body(struct evhttp_request *req, long max, size_t *len);
 bool srv_auth_ok(const struct server *s, struct evhttp_request *req);
+/* Whether an Authorization header's value carries the API key (true when no key is set). */
+bool srv_auth_header_ok(const struct server *s, const char *value);
 double srv_now(void);
 void srv_hist_add(struct srv_hist *h, double v);
 extern const double srv_hist_bounds[SRV_HIST_BUCKETS];
+
+/* ---- server.c: routes ---- */
+/* The largest body a request to method/path may carry, and whether the route
+ * needs the API key: what server_conn.c checks before a body is read. */
+long srv_route_body_cap(const struct server *s, const char *method, const char *path, bool *needs_key);
+
+/* ---- server_conn.c: connection limits evhttp does not enforce ---- */
+struct evhttp_bound_socket;
+/* Takes over the accepted connections of s->http (its bevcb) and the
+ * listener's accept errors: header and body limits before the body is read,
+ * timeouts, the connection cap. Call once the socket is bound. Returns 0, or
+ * -1 with a message. */
+int srv_conns_start(struct server *s, struct evhttp_bound_socket *bound, char *err, size_t errlen);
+/* After evhttp_free: drops what is left. Safe when srv_conns_start never ran. */
+void srv_conns_stop(struct server *s);
+/* route(): req goes to a handler; its connection is busy until the reply ends. */
+void srv_conn_request(struct server *s, struct evhttp_request *req);
 
 /* ---- server_complete.c: /v1/chat/completions, /v1/completions ---- */
 void srv_handle_completions(struct server *s, struct evhttp_request *req, bool chat);

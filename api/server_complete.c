@@ -11,14 +11,27 @@
  * so a hang-up would only show when a reply is written: an unstreamed
  * request, or a stream still in prefill, would run to its end for nobody.
  * A watcher on the socket (EV_CLOSED where the backend has it, else a peek
- * on EV_READ) sees the hang-up at once.
+ * on EV_READ) sees the client's FIN at once. A FIN alone does not say the
+ * client is gone: one that half-closes after sending its request still reads
+ * the reply. So a FIN starts a probe: a write the client's kernel answers
+ * with a reset when the socket is closed (an interim "100 Continue" before an
+ * unstreamed HTTP/1.1 reply, an SSE comment in a stream), then a look for
+ * that reset; until one comes the request runs. evhttp reads nothing while
+ * a reply is in flight (hold_read): at a half-close's EOF it would drop the
+ * connection.
+ *
+ * When evhttp drops a connection on EOF or a timeout while a request is in
+ * our hands, it detaches the request and hands it to us: on_client_close
+ * frees it.
  */
 #include <errno.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <event2/http.h>
+#include <event2/http_struct.h>
 #include <event2/keyvalq_struct.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,6 +63,7 @@ struct srv_req {
     struct api_oai_req r;
     struct evhttp_connection *con;
     struct event *hangup;         /* the socket watcher (top of the file); NULL once detached */
+    struct event *probe;          /* after the client's FIN: is it gone or half-closed? (top of the file) */
     int n, n_done;                /* choices submitted, finished */
     bool failed;                  /* a choice ended in an engine error */
     bool responses;               /* POST /v1/responses: Response objects and its stream events */
@@ -92,21 +106,107 @@ static void unwatch(struct srv_req *q)
 {
     if (q->hangup) event_free(q->hangup);
     q->hangup = NULL;
+    if (q->probe) event_free(q->probe);
+    q->probe = NULL;
 }
 
-/* evhttp closes the connection (a failed write, a timeout): it frees req. */
+/* evhttp closes the connection (a failed write, a timeout). A request it had
+ * detached from the connection (EOF or a timeout before our reply ended) is
+ * ours to free; one still on the connection it frees itself. */
 static void on_client_close(struct evhttp_connection *con, void *arg)
 {
     (void)con;
     struct srv_req *q = arg;
-    if (!q->base.req) return;
+    struct evhttp_request *req = q->base.req;
+    if (!req) return;
     unwatch(q);
     client_gone(q);
+    if (!evhttp_request_get_connection(req)) evhttp_request_free(req);
+}
+
+/* The client is gone for good: its connection (and with it the request) is
+ * freed and its choices aborted. */
+static void drop_client(struct srv_req *q)
+{
+    struct evhttp_connection *con = q->con;
+    unwatch(q);
+    evhttp_connection_set_closecb(con, NULL, NULL);
+    client_gone(q);
+    evhttp_connection_free(con); /* frees the request too; nothing names it any more */
+}
+
+static evutil_socket_t client_fd(const struct srv_req *q)
+{
+    struct bufferevent *bev = q->con ? evhttp_connection_get_bufferevent(q->con) : NULL;
+    return bev ? bufferevent_getfd(bev) : -1;
+}
+
+/* After a write of ours evhttp reads again, to see a close; a client that
+ * half-closed would have its reply dropped at that EOF. The watcher (and
+ * the probe) see closes instead: evhttp reads nothing until the reply ends. */
+static void hold_read(struct srv_req *q)
+{
+    if (q->con) bufferevent_disable(evhttp_connection_get_bufferevent(q->con), EV_READ);
+}
+
+static void send_chunk(struct srv_req *q, struct evbuffer *out)
+{
+    evhttp_send_reply_chunk(q->base.req, out);
+    hold_read(q);
+}
+
+/* The last write of a stream. Unchunked (HTTP/1.0) with nothing left to
+ * write, evhttp finishes at once and may free the connection: no hold then. */
+static void end_stream(struct srv_req *q)
+{
+    bool chunked = evhttp_find_header(evhttp_request_get_output_headers(q->base.req), "Transfer-Encoding");
+    evhttp_send_reply_end(q->base.req);
+    if (chunked) hold_read(q);
+}
+
+/* A write a closed socket answers with a reset; harmless to a client that
+ * still reads: an SSE comment in a stream, an interim 100 before an
+ * unstreamed HTTP/1.1 reply (nothing of the reply is written yet, so it goes
+ * straight to the socket). HTTP/1.0 gets none: the reset shows at the reply. */
+static void send_probe(struct srv_req *q)
+{
+    struct evhttp_request *req = q->base.req;
+    if (q->base.stream) {
+        struct evbuffer *out = evbuffer_new();
+        if (!out) return;
+        evbuffer_add(out, ":\n\n", 3);
+        send_chunk(q, out);
+        evbuffer_free(out);
+    } else if (req->major == 1 && req->minor >= 1) {
+        evutil_socket_t fd = client_fd(q);
+        static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+        if (fd >= 0 && send(fd, cont, sizeof cont - 1, MSG_NOSIGNAL | MSG_DONTWAIT) < 0 && errno != EAGAIN)
+            drop_client(q);
+    }
+}
+
+/* The probe's timer: a reset (POLLHUP/POLLERR) means the client closed its
+ * socket; otherwise it is half-closed and waiting, and is probed again. */
+static void on_probe(evutil_socket_t unused, short what, void *arg)
+{
+    (void)unused;
+    (void)what;
+    struct srv_req *q = arg;
+    if (!q->base.req) return;
+    struct pollfd p = {.fd = client_fd(q), .events = POLLOUT};
+    if (p.fd < 0 || (poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR)))) {
+        drop_client(q);
+        return;
+    }
+    send_probe(q);
+    if (!q->base.req) return;
+    struct timeval tv = {1, 0};
+    event_add(q->probe, &tv);
 }
 
 /* The watcher: EV_CLOSED, or EV_READ with bytes to peek at. Bytes mean the
  * client pipelined its next request (rare): stop watching, evhttp reads them
- * after the reply. */
+ * after the reply. No bytes: the client's FIN, and the probe starts. */
 static void on_hangup(evutil_socket_t fd, short what, void *arg)
 {
     struct srv_req *q = arg;
@@ -119,11 +219,18 @@ static void on_hangup(evutil_socket_t fd, short what, void *arg)
             return;
         }
     }
-    struct evhttp_connection *con = q->con;
     unwatch(q);
-    evhttp_connection_set_closecb(con, NULL, NULL);
-    client_gone(q);
-    evhttp_connection_free(con); /* frees the request too; nothing names it any more */
+    hold_read(q);
+    q->probe = evtimer_new(q->base.srv->base, on_probe, q);
+    if (!q->probe) {
+        drop_client(q);
+        return;
+    }
+    send_probe(q);
+    if (!q->base.req) return;
+    /* a closed client's reset comes back within a round trip */
+    struct timeval tv = {0, 200 * 1000};
+    event_add(q->probe, &tv);
 }
 
 static void watch(struct server *s, struct srv_req *q)
@@ -182,7 +289,7 @@ static void send_sse(struct srv_req *q, const struct json_buf *b)
     evbuffer_add(out, "data: ", 6);
     evbuffer_add(out, b->p, b->len);
     evbuffer_add(out, "\n\n", 2);
-    evhttp_send_reply_chunk(q->base.req, out);
+    send_chunk(q, out);
     evbuffer_free(out);
 }
 
@@ -315,7 +422,7 @@ static void send_resp_event(struct srv_req *q, const char *type, const struct js
         evbuffer_add(out, fields->p, fields->len);
     }
     evbuffer_add(out, "}\n\n", 3);
-    evhttp_send_reply_chunk(q->base.req, out);
+    send_chunk(q, out);
     evbuffer_free(out);
 }
 
@@ -531,7 +638,7 @@ static void stream_end(struct server *s, struct srv_req *q)
             send_resp_event(q, cut ? "response.incomplete" : "response.completed", &f);
             json_buf_free(&r), json_buf_free(&f);
         }
-        evhttp_send_reply_end(q->base.req);
+        end_stream(q);
         return;
     }
     if (q->base.include_usage && !q->failed) {
@@ -547,10 +654,10 @@ static void stream_end(struct server *s, struct srv_req *q)
     struct evbuffer *out = evbuffer_new();
     if (out) {
         evbuffer_add(out, "data: [DONE]\n\n", 14);
-        evhttp_send_reply_chunk(q->base.req, out);
+        send_chunk(q, out);
         evbuffer_free(out);
     }
-    evhttp_send_reply_end(q->base.req);
+    end_stream(q);
 }
 
 /* ---- events ---- */
@@ -558,7 +665,8 @@ static void stream_end(struct server *s, struct srv_req *q)
 /* Once per request, when its last choice finished. */
 static void finish_metrics(struct server *s, struct srv_req *q)
 {
-    if (q->failed) s->n_requests_err++;
+    /* a request whose client went away was not answered: it is no success */
+    if (q->failed || !q->base.req) s->n_requests_err++;
     else s->n_requests_ok++;
     s->prompt_tokens_total += (uint64_t)q->usage.prompt_tokens;
     s->generation_tokens_total += (uint64_t)q->usage.completion_tokens;
@@ -620,6 +728,12 @@ void srv_drain_events(struct server *s)
         choice_finished(s, c, ev);
         if (q->n_done < q->n) continue;
         finish_metrics(s, q);
+        if (q->base.req) {
+            /* no callback from here on: the last write may end the request
+             * (and its connection) before it returns */
+            unwatch(q);
+            if (q->con) evhttp_connection_set_closecb(q->con, NULL, NULL);
+        }
         if (q->base.req && q->base.stream) {
             stream_end(s, q);
         } else if (q->base.req) {
@@ -633,7 +747,9 @@ void srv_drain_events(struct server *s)
                 srv_reply_json(q->base.req, 200, &b);
                 json_buf_free(&b);
             }
+            hold_read(q); /* evhttp_send_reply writes later: the connection is still there */
         }
+        q->con = NULL; /* it may be gone already (see end_stream) */
         detach(q);
         s->n_pending--;
         free_req(q);
@@ -788,6 +904,7 @@ static void handle(struct server *s, struct evhttp_request *req, char *body, siz
         evhttp_add_header(h, "Content-Type", "text/event-stream");
         evhttp_add_header(h, "Cache-Control", "no-cache");
         evhttp_send_reply_start(req, 200, "OK");
+        hold_read(q);
         if (responses) {
             resp_event(s, q, "response.created", "in_progress");
             resp_event(s, q, "response.in_progress", "in_progress");

@@ -38,6 +38,7 @@ static const char *reason(int code)
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
     case 413: return "Payload Too Large";
+    case 431: return "Request Header Fields Too Large";
     case 500: return "Internal Server Error";
     case 503: return "Service Unavailable";
     default: return "Error";
@@ -50,7 +51,15 @@ void srv_reply_json(struct evhttp_request *req, int code, const struct json_buf 
     if (!out) return;
     if (body->oom) evbuffer_add_printf(out, "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\"}}");
     else evbuffer_add(out, body->p, body->len);
-    evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "application/json");
+    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+    evhttp_add_header(h, "Content-Type", "application/json");
+    if (evhttp_request_get_command(req) == EVHTTP_REQ_HEAD) {
+        /* the length a GET would get; libevent 2.1 would write the body too */
+        char n[24];
+        snprintf(n, sizeof n, "%zu", evbuffer_get_length(out));
+        evhttp_add_header(h, "Content-Length", n);
+        evbuffer_drain(out, evbuffer_get_length(out));
+    }
     evhttp_send_reply(req, code, reason(code), out);
     evbuffer_free(out);
 }
@@ -107,11 +116,15 @@ static bool const_time_eq(const char *a, size_t na, const char *b, size_t nb)
     return diff == 0;
 }
 
-bool srv_auth_ok(const struct server *s, struct evhttp_request *req)
+bool srv_auth_header_ok(const struct server *s, const char *h)
 {
     if (!s->o.api_key || !*s->o.api_key) return true;
-    const char *h = evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
     if (!h || strncasecmp(h, "Bearer ", 7) != 0) return false;
     const char *tok = h + 7;
     return const_time_eq(tok, strlen(tok), s->o.api_key, strlen(s->o.api_key));
+}
+
+bool srv_auth_ok(const struct server *s, struct evhttp_request *req)
+{
+    return srv_auth_header_ok(s, evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization"));
 }
