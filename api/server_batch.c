@@ -725,6 +725,9 @@ static void on_call_close(struct evhttp_connection *con, void *arg)
 {
     (void)con;
     struct call *c = arg;
+    /* a request libevent detached from its dying connection is ours to free
+     * (as in server_complete.c's on_client_close) */
+    if (c->req && !evhttp_request_get_connection(c->req)) evhttp_request_free(c->req);
     c->req = NULL;
     c->con = NULL;
 }
