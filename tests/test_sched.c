@@ -175,245 +175,11 @@ static void test_min_batch_share(void)
     kv_pool_destroy(p);
 }
 
-/* Batch prefill fills a step only to batch_step_tokens (0: the whole
- * budget), never below its min_batch_share reserve; interactive prefill is
- * not held to it. */
-static void test_batch_step_tokens(void)
-{
-    kv_pool *p = kv_pool_create(256, 16, false, err, sizeof err);
-    int32_t big[300];
-    for (int i = 0; i < 300; i++) big[i] = i;
-    struct sched_request rc = req(big, 4, 8, SCHED_PRIO_INTERACTIVE), rb = req(big + 50, 200, 4, SCHED_PRIO_BATCH);
-    struct step st;
-    for (int cap = 0; cap <= 24; cap += 24) {
-        struct sched_config c = {.block_size = 16, .max_num_seqs = 8, .max_num_batched_tokens = 64,
-                                 .max_model_len = 512, .min_batch_share = 0.125f, .batch_step_tokens = cap};
-        sched *s = sched_create(&c, p, NULL, err, sizeof err);
-        submit(s, &rc, 1);
-        submit(s, &rb, 2);
-        /* the chat's 4 prompt tokens, then batch prefill up to 24 (or 64) */
-        int n = sched_plan_step(s, &st);
-        CHECKF(n == (cap ? 24 : 64) && st.n_seqs == 2 && st.seqs[0].query_len == 4, "cap %d: step %d", cap, n);
-        fake_forward(&st, 16);
-        sched_complete_step(s, &st, collect, NULL);
-        /* the chat's decode, batch prefill to the cap again */
-        n = sched_plan_step(s, &st);
-        CHECKF(n == (cap ? 24 : 64), "cap %d: second step %d", cap, n);
-        fake_forward(&st, 16);
-        sched_complete_step(s, &st, collect, NULL);
-        sched_destroy(s);
-        /* batch alone: the same */
-        s = sched_create(&c, p, NULL, err, sizeof err);
-        submit(s, &rb, 2);
-        CHECKF((n = sched_plan_step(s, &st)) == (cap ? 24 : 64), "cap %d, batch alone: step %d", cap, n);
-        sched_destroy(s);
-    }
-    /* a chat prompt past the cap runs whole; batch still gets its reserve (8 of 64) */
-    struct sched_config c = {.block_size = 16, .max_num_seqs = 8, .max_num_batched_tokens = 64, .max_model_len = 512,
-                             .min_batch_share = 0.125f, .batch_step_tokens = 4};
-    sched *s = sched_create(&c, p, NULL, err, sizeof err);
-    struct sched_request rc40 = req(big, 40, 8, SCHED_PRIO_INTERACTIVE);
-    submit(s, &rc40, 1);
-    submit(s, &rb, 2);
-    CHECK(sched_plan_step(s, &st) == 48 && st.n_seqs == 2 && st.seqs[0].query_len == 40 && st.seqs[1].query_len == 8);
-    sched_destroy(s);
-    /* the reserve is not moved to a step_granule (a 37-token chat: 45, not 48) */
-    c.step_granule = 16;
-    s = sched_create(&c, p, NULL, err, sizeof err);
-    struct sched_request rc37 = req(big, 37, 8, SCHED_PRIO_INTERACTIVE);
-    submit(s, &rc37, 1);
-    submit(s, &rb, 2);
-    int n = sched_plan_step(s, &st);
-    CHECKF(n == 45 && st.n_seqs == 2 && st.seqs[1].query_len == 8, "reserve beside a 37-token chat: step %d", n);
-    sched_destroy(s);
-    kv_pool_destroy(p);
-}
-
 static int one_step(sched *s, struct step *st, int bs);
 static bool in_step(uint64_t id);
 
-/* batch_yield: a step that ends a chat's prompt holds batch prefill to its
- * reserve (8 of 64); the chat's decodes do not. Without it, batch_step_tokens
- * (24). */
-static void test_batch_yield(void)
-{
-    kv_pool *p = kv_pool_create(256, 16, false, err, sizeof err);
-    int32_t big[300];
-    for (int i = 0; i < 300; i++) big[i] = i;
-    for (int yield = 0; yield <= 1; yield++) {
-        struct sched_config c = {.block_size = 16, .max_num_seqs = 8, .max_num_batched_tokens = 64,
-                                 .max_model_len = 512, .min_batch_share = 0.125f, .batch_step_tokens = 24,
-                                 .batch_yield = yield};
-        sched *s = sched_create(&c, p, NULL, err, sizeof err);
-        struct sched_request rc = req(big, 4, 8, SCHED_PRIO_INTERACTIVE), rb = req(big + 50, 200, 4, SCHED_PRIO_BATCH);
-        submit(s, &rb, 2);
-        struct step st;
-        CHECK(one_step(s, &st, 16) == 24);
-        submit(s, &rc, 1);
-        int n = one_step(s, &st, 16);
-        CHECKF(n == (yield ? 12 : 24) && st.n_seqs == 2 && st.seqs[0].query_len == 4, "yield %d, the chat's prompt: %d",
-               yield, n);
-        n = one_step(s, &st, 16);
-        CHECKF(n == 24 && st.n_seqs == 2, "yield %d, the chat's decode: %d", yield, n);
-        sched_destroy(s);
-    }
-    kv_pool_destroy(p);
-}
-
 static int drain(sched *s, kv_pool *p, int bs);
 
-
-/* A scheduler for the weighed cap's tests: 4 sequences, 2048 tokens of
- * context, blocks of 16. */
-static sched *mk_cost(kv_pool *p, int budget, float share, int cap, double k, int granule, bool weigh)
-{
-    struct sched_config c = {.block_size = 16, .max_num_seqs = 4, .max_num_batched_tokens = budget,
-                             .max_model_len = 2048, .min_batch_share = share, .batch_step_tokens = cap,
-                             .attn_pair_cost = k, .step_granule = granule, .weigh_budget = weigh};
-    sched *s = sched_create(&c, p, NULL, err, sizeof err);
-    CHECKF(s != NULL, "%s", err);
-    return s;
-}
-
-/* A chunk's cost by brute force: the token at position p costs 1 plus
- * k for each of its p + 1 keys. */
-static double brute_cost(double k, int n0, int len)
-{
-    double c = 0.0;
-    for (int p = n0; p < n0 + len; p++) c += 1.0 + k * (p + 1);
-    return c;
-}
-
-/* The longest chunk from n0 (at most max) that costs at most left. */
-static int brute_fit(double k, int n0, double left, int max)
-{
-    int n = 0;
-    while (n < max && brute_cost(k, n0, n + 1) <= left) n++;
-    return n;
-}
-
-/* With attn_pair_cost, batch_step_tokens caps a step's cost: chunks deep
- * into a prompt are shorter; a cached prefix counts; batch still moves one
- * token a step when a single token costs more than the cap. */
-static void test_batch_step_cost(void)
-{
-    enum { N = 1000 };
-    static int32_t big[N + 16];
-    for (int i = 0; i < N + 16; i++) big[i] = i % 997;
-    struct step st;
-    /* batch alone: every chunk is the longest that fits 64 */
-    {
-        kv_pool *p = kv_pool_create(128, 16, false, err, sizeof err);
-        sched *s = mk_cost(p, 256, 0.125f, 64, 0.01, 0, false);
-        struct sched_request rb = req(big, N, 2, SCHED_PRIO_BATCH);
-        submit(s, &rb, 1);
-        int done = 0, steps = 0, first = 0, last = 0;
-        while (done < N && steps < N) {
-            int want = brute_fit(0.01, done, 64.0, N - done), n = one_step(s, &st, 16);
-            CHECKF(n == want && st.n_seqs == 1, "at %d: chunk %d, want %d", done, n, want);
-            if (n != want || n <= 0) break;
-            if (!steps) first = n;
-            last = n;
-            done += n;
-            steps++;
-        }
-        CHECKF(done == N && first == 50 && last < 10, "done %d, first chunk %d, last %d", done, first, last);
-        sched_destroy(s);
-        kv_pool_destroy(p);
-    }
-    /* step_granule 16: a chunk the cap cuts ends the step on the nearest
-     * multiple of 16, of 4 below 16 */
-    {
-        kv_pool *p = kv_pool_create(128, 16, false, err, sizeof err);
-        sched *s = mk_cost(p, 256, 0.0f, 64, 0.01, 16, false);
-        struct sched_request rb = req(big, 600, 2, SCHED_PRIO_BATCH);
-        submit(s, &rb, 1);
-        int done = 0, steps = 0;
-        bool quarter = false;
-        while (done < 600 && steps < 600) {
-            int want = brute_fit(0.01, done, 64.0, 600 - done), n = one_step(s, &st, 16);
-            if (want < 600 - done) {
-                int g = want >= 16 ? 16 : 4, end = (want + g / 2) / g * g;
-                want = end == 0 ? want : end < 600 - done ? end : 600 - done;
-            }
-            CHECKF(n == want, "granule 16, at %d: chunk %d, want %d", done, n, want);
-            if (n != want || n <= 0) break;
-            quarter |= n < 16 && done + n < 600;
-            done += n;
-            steps++;
-        }
-        CHECKF(done == 600 && quarter, "granule 16: %d of 600 in %d steps, %s chunk of 4s", done, steps,
-               quarter ? "a" : "no");
-        sched_destroy(s);
-        kv_pool_destroy(p);
-    }
-    /* a chat's prompt counts against the cap: batch gets what is left */
-    {
-        kv_pool *p = kv_pool_create(128, 16, false, err, sizeof err);
-        sched *s = mk_cost(p, 256, 0.0f, 64, 0.01, 0, false);
-        struct sched_request rb = req(big, 600, 2, SCHED_PRIO_BATCH);
-        struct sched_request rc = req(big + 700, 30, 4, SCHED_PRIO_INTERACTIVE);
-        submit(s, &rb, 1);
-        int done = 0;
-        while (done < 400) {
-            int n = one_step(s, &st, 16);
-            CHECK(n > 0);
-            if (n <= 0) break;
-            done += n;
-        }
-        submit(s, &rc, 2);
-        int n = sched_plan_step(s, &st), want = brute_fit(0.01, done, 64.0 - brute_cost(0.01, 0, 30), 600 - done);
-        CHECKF(n == 30 + want && want > 0 && st.n_seqs == 2, "at %d beside a 30-token chat: step %d, want 30 + %d",
-               done, n, want);
-        sched_destroy(s);
-        kv_pool_destroy(p);
-    }
-    /* the prompt again plus 16 tokens: admitted after its cached prefix,
-     * whose keys its chunk pays for */
-    {
-        kv_pool *p = kv_pool_create(256, 16, true, err, sizeof err);
-        sched *s = mk_cost(p, 2048, 0.0f, 0, 0.0, 0, false);
-        struct sched_request ra = req(big, N, 1, SCHED_PRIO_BATCH), rb = req(big, N + 16, 1, SCHED_PRIO_BATCH);
-        submit(s, &ra, 1);
-        drain(s, p, 16);
-        sched_destroy(s);
-        s = mk_cost(p, 2048, 0.0f, 64, 0.004, 0, false);
-        submit(s, &rb, 2);
-        int n = sched_plan_step(s, &st);
-        int n0 = st.n_seqs == 1 ? st.seqs[0].context_len - st.seqs[0].query_len : -1;
-        int want = brute_fit(0.004, n0, 64.0, N + 16 - n0);
-        CHECKF(n0 >= N - 16 && n == want && want < N + 16 - n0, "cached %d, chunk %d, want %d", n0, n, want);
-        sched_destroy(s);
-        kv_pool_destroy(p);
-    }
-    /* one token costs more than the cap: batch moves a token a step, within
-     * its reserve (8 of 64) and at least one, alone and beside a chat */
-    {
-        kv_pool *p = kv_pool_create(64, 16, false, err, sizeof err);
-        sched *s = mk_cost(p, 64, 0.125f, 4, 1.0, 0, false);
-        struct sched_request rb = req(big, 40, 2, SCHED_PRIO_BATCH), rc = req(big + 100, 4, 8, SCHED_PRIO_INTERACTIVE);
-        submit(s, &rb, 1);
-        /* 2 tokens at 0 (cost 5), then 1 a step; from 7 on one costs 9 */
-        for (int done = 0, i = 0; i < 9; i++) {
-            int want = brute_fit(1.0, done, 8.0, 40), n = one_step(s, &st, 16);
-            want = want > 0 ? want : 1;
-            CHECKF(n == want, "alone, at %d: chunk %d, want %d", done, n, want);
-            done += n;
-        }
-        submit(s, &rc, 2);
-        /* the chat's prompt (cost 4 + 10), then batch's reserve of 8 at
-         * position 10: one token (cost 12) */
-        int n = one_step(s, &st, 16);
-        CHECKF(n == 5 && st.n_seqs == 2 && st.seqs[0].query_len == 4, "beside the chat: step %d", n);
-        /* the chat's decodes, and batch's one token */
-        for (int i = 0; i < 5; i++) {
-            n = one_step(s, &st, 16);
-            CHECKF(n == 2 && st.n_seqs == 2, "beside the chat's decode, batch at %d: step %d", 11 + i, n);
-        }
-        sched_destroy(s);
-        kv_pool_destroy(p);
-    }
-}
 
 /* 1000 prompt ids, 0..996 then 0..2, for the budget tests. */
 static const int32_t *ramp(void)
@@ -424,78 +190,16 @@ static const int32_t *ramp(void)
 }
 
 /* A scheduler over p with a long interactive prompt (600 tokens of ramp())
- * that has run its first step of 64: budget 64, 4 sequences; yield and
- * batch_step_tokens 16 when yield. */
-static sched *long_prompt_started(kv_pool *p, bool yield, struct sched_request *rl)
+ * that has run its first step of 64: budget 64, 4 sequences. */
+static sched *long_prompt_started(kv_pool *p, struct sched_request *rl)
 {
-    struct sched_config c = {.block_size = 16, .max_num_seqs = 4, .max_num_batched_tokens = 64, .max_model_len = 1024,
-                             .batch_step_tokens = yield ? 16 : 0, .yield_long_prefill = yield};
+    struct sched_config c = {.block_size = 16, .max_num_seqs = 4, .max_num_batched_tokens = 64, .max_model_len = 1024};
     sched *s = sched_create(&c, p, NULL, err, sizeof err);
     struct step st;
     *rl = req(ramp(), 600, 2, SCHED_PRIO_INTERACTIVE);
     submit(s, rl, 1);
     CHECK(one_step(s, &st, 16) == 64);
     return s;
-}
-
-/* With weigh_budget, max_num_batched_tokens caps every prefill by its cost
- * too (decodes count a token each): an interactive prompt, and batch
- * without batch_step_tokens, moves by the longest chunk that fits; an
- * interactive prompt moves by at least a token a step. Without it, by the
- * budget's tokens. */
-static void test_budget_cost(void)
-{
-    const int32_t *big = ramp();
-    struct step st;
-    for (int c = 0; c < SCHED_N_PRIO; c++) {
-        for (int weigh = 0; weigh <= 1; weigh++) {
-            kv_pool *p = kv_pool_create(128, 16, false, err, sizeof err);
-            sched *s = mk_cost(p, 64, 0.0f, 0, 0.01, 0, weigh);
-            struct sched_request r = req(big, 600, 20, (enum sched_priority)c);
-            submit(s, &r, 1);
-            int done = 0, steps = 0;
-            while (done < 600 && steps < 600) {
-                int want = weigh ? brute_fit(0.01, done, 64.0, 600 - done) : 600 - done < 64 ? 600 - done : 64;
-                int n = one_step(s, &st, 16);
-                CHECKF(n == want, "class %d, weigh %d, at %d: chunk %d, want %d", c, weigh, done, n, want);
-                if (n != want || n <= 0) break;
-                done += n;
-                steps++;
-            }
-            CHECKF(done == 600 && steps == (weigh ? 40 : 10), "class %d, weigh %d: %d tokens in %d steps", c, weigh,
-                   done, steps);
-            /* a chat decoding at 600 beside a new prompt: the decode counts 1, its chunk fits 63 */
-            struct sched_request r2 = req(big + 100, 300, 2, SCHED_PRIO_INTERACTIVE);
-            submit(s, &r2, 2);
-            int n = sched_plan_step(s, &st), want = weigh ? brute_fit(0.01, 0, 63.0, 300) : 63;
-            CHECKF(n == 1 + want && st.n_seqs == 2, "class %d, weigh %d, beside a decode: step %d, want 1 + %d", c,
-                   weigh, n, want);
-            sched_destroy(s);
-            kv_pool_destroy(p);
-        }
-    }
-    /* a token costs more than the budget: a chat's prompt still moves by one
-     * a step, alone and beside a decode (whose 1 + 5.. it does not pay) */
-    kv_pool *p = kv_pool_create(64, 16, false, err, sizeof err);
-    sched *s = mk_cost(p, 8, 0.0f, 0, 1.0, 0, true);
-    struct sched_request rd = req(big + 100, 4, 30, SCHED_PRIO_INTERACTIVE), rc = req(big, 40, 8, SCHED_PRIO_INTERACTIVE);
-    submit(s, &rd, 1);
-    for (int done = 0; done < 4;) {
-        int want = brute_fit(1.0, done, 8.0, 4 - done), n = one_step(s, &st, 16);
-        want = want > 0 ? want : 1;
-        CHECKF(n == want, "alone, at %d: chunk %d, want %d", done, n, want);
-        if (n != want) break;
-        done += n;
-    }
-    submit(s, &rc, 2);
-    for (int done = 0, i = 0; i < 9; i++) {
-        int want = brute_fit(1.0, done, 7.0, 40), n = one_step(s, &st, 16);
-        want = want > 0 ? want : 1;
-        CHECKF(n == 1 + want && st.n_seqs == 2, "beside a decode, at %d: step %d, want 1 + %d", done, n, want);
-        done += want;
-    }
-    sched_destroy(s);
-    kv_pool_destroy(p);
 }
 
 /* Interactive prompts that arrive beside a long one's prefill start in the
@@ -507,7 +211,7 @@ static void test_interactive_room(void)
     kv_pool *p = kv_pool_create(128, 16, false, err, sizeof err);
     struct sched_request rl, r10 = req(big + 600, 10, 8, SCHED_PRIO_INTERACTIVE),
                              r100 = req(big + 700, 100, 2, SCHED_PRIO_INTERACTIVE);
-    sched *s = long_prompt_started(p, false, &rl);
+    sched *s = long_prompt_started(p, &rl);
     struct step st;
     /* a 10-token chat: the long prompt leaves it 10 */
     submit(s, &r10, 2);
@@ -530,37 +234,6 @@ static void test_interactive_room(void)
            "and: step %d, %d seqs, %d + %d", n, st.n_seqs, st.seqs[1].query_len, st.n_seqs > 2 ? st.seqs[2].query_len : -1);
     sched_destroy(s);
     kv_pool_destroy(p);
-}
-
-/* yield_long_prefill: while other chats are in the step or wait, an
- * interactive prompt with more than batch_step_tokens (16) left fills the
- * step only that far, leaving the waiting chats room, but by at least 8;
- * alone it takes the whole budget. Without the flag, the budget. */
-static void test_chat_yield(void)
-{
-    const int32_t *big = ramp();
-    for (int yield = 0; yield <= 1; yield++) {
-        kv_pool *p = kv_pool_create(128, 16, false, err, sizeof err);
-        struct sched_request rl, r4 = req(big + 600, 4, 8, SCHED_PRIO_INTERACTIVE),
-                                 r12 = req(big + 700, 12, 2, SCHED_PRIO_INTERACTIVE);
-        sched *s = long_prompt_started(p, yield, &rl);
-        struct step st;
-        /* a 4-token chat waits: the long prompt fills to 16 less its 4 */
-        submit(s, &r4, 2);
-        int n = one_step(s, &st, 16);
-        CHECKF(n == (yield ? 16 : 64) && st.n_seqs == 2 && st.seqs[1].query_len == 4, "yield %d, a chat waits: step %d",
-               yield, n);
-        /* the chat decodes: 16 less its token */
-        n = one_step(s, &st, 16);
-        CHECKF(n == (yield ? 16 : 64) && st.n_seqs == 2, "yield %d, a chat decodes: step %d", yield, n);
-        /* a 12-token chat waits beside the decode: the long prompt still moves by 8 */
-        submit(s, &r12, 3);
-        n = one_step(s, &st, 16);
-        CHECKF(n == (yield ? 21 : 64) && st.n_seqs == 3 && st.seqs[1].query_len == (yield ? 8 : 51),
-               "yield %d, a chat decodes and one waits: step %d, long %d", yield, n, st.seqs[1].query_len);
-        sched_destroy(s);
-        kv_pool_destroy(p);
-    }
 }
 
 /* long_prefill_token_threshold (vLLM's flag): every prefill, of either
@@ -701,8 +374,8 @@ static void count_finish(void *arg, const struct sched_event *ev)
     if (ev->kind == SCHED_EV_FINISH) ++*(int *)arg;
 }
 
-/* Random configurations (budget, sequences, pool, shares, weighed caps,
- * granules, the rules on and off) and random arrivals of both classes:
+/* Random configurations (budget, sequences, pool, shares, latency targets,
+ * cost models, granules) and random arrivals of both classes:
  * every step plans at least one token within the budget and max_num_seqs,
  * the pool stays consistent, and every request finishes (nothing starves,
  * whatever the caps). */
@@ -718,8 +391,8 @@ static void test_plan_fuzz(void)
     for (int i = 0; i < 1200; i++) big[i] = (i * 7919) % 997;
     uint32_t rs = 12345;
 #define RND(n) fuzz_rand(&rs, (n))
-    static const double ks[] = {0.0, 0.001, 0.05, 1.0};
-    static const int bsts[] = {0, 8, 16, 32}, grans[] = {0, 8, 16};
+    static const double ks[] = {0.0, 1e-6, 5e-5, 1e-3}, itls[] = {0.0, 0.002, 0.02, 0.2}, fixed[] = {0.0, 0.005, 0.05};
+    static const int grans[] = {0, 8, 16};
     static const float shares[] = {0.0f, 0.125f, 0.25f};
     for (int round = 0; round < 150; round++) {
         int budget = 16 + RND(113);
@@ -730,12 +403,9 @@ static void test_plan_fuzz(void)
         struct sched_config c = {.block_size = 16, .max_num_seqs = seqs, .max_num_batched_tokens = budget,
                                  .max_model_len = 256};
         c.min_batch_share = shares[RND(3)];
-        c.batch_step_tokens = bsts[RND(4)];
-        c.attn_pair_cost = ks[RND(4)];
+        c.itl_target_s = itls[RND(4)];
+        c.ttft_target_s = RND(2) ? 5.0 * c.itl_target_s : 0.0;
         c.step_granule = grans[RND(3)];
-        c.weigh_budget = RND(2);
-        c.yield_long_prefill = RND(2);
-        c.batch_yield = RND(2);
         c.long_prefill_token_threshold = (int[]){0, 0, 7, 40}[RND(4)];
         c.max_num_partial_prefills = RND(4);
         c.max_long_partial_prefills = 1 + RND(c.max_num_partial_prefills > 1 ? c.max_num_partial_prefills : 1);
@@ -745,6 +415,13 @@ static void test_plan_fuzz(void)
             kv_pool_destroy(p);
             continue;
         }
+        /* a model with a fixed part, tokens and pairs; the steps are timed by it */
+        struct sched_cost *cm = sched_cost_model(s);
+        double k = ks[RND(4)], f = fixed[RND(3)];
+        cm->coef[SCHED_COST_STEP] = f;
+        cm->coef[SCHED_COST_PREFILL] = cm->coef[SCHED_COST_DECODE] = 1e-3;
+        cm->coef[SCHED_COST_PAIR] = cm->coef[SCHED_COST_DECODE_KEY] = k;
+        bool timed = RND(2);
         enum { NR = 12 };
         struct sched_request r[NR];
         int arrive[NR], submitted = 0, finished = 0, steps = 0;
@@ -767,19 +444,24 @@ static void test_plan_fuzz(void)
             }
             int n = sched_plan_step(s, &st);
             ok = n > 0 && n <= budget && st.n_seqs <= seqs;
-            CHECKF(ok, "round %d (budget %d, seqs %d, bst %d, k %g, granule %d, weigh %d, yield %d), step %d: %d tokens, "
-                   "%d seqs", round, budget, seqs, c.batch_step_tokens, c.attn_pair_cost, c.step_granule,
-                   c.weigh_budget, c.yield_long_prefill, steps, n, st.n_seqs);
+            CHECKF(ok, "round %d (budget %d, seqs %d, itl %g, ttft %g, k %g, fixed %g, granule %d), step %d: %d tokens, "
+                   "%d seqs", round, budget, seqs, c.itl_target_s, c.ttft_target_s, k, f, c.step_granule, steps, n,
+                   st.n_seqs);
             if (!ok) break;
             fake_forward(&st, 16);
             sched_complete_step(s, &st, count_finish, &finished);
+            if (timed) {
+                struct sched_step_shape x;
+                sched_step_plan(s, &x);
+                sched_step_timed(s, f + 1e-3 * (x.x[SCHED_COST_PREFILL] + x.x[SCHED_COST_DECODE]) +
+                                        k * (x.x[SCHED_COST_PAIR] + x.x[SCHED_COST_DECODE_KEY]) + 1e-4);
+            }
             ok = kv_debug_check(p, err, sizeof err) == 0;
             CHECKF(ok, "round %d, step %d: %s", round, steps, err);
             steps++;
         }
-        CHECKF(finished == NR, "round %d (budget %d, seqs %d, bst %d, k %g, weigh %d, yield %d): %d of %d finished in %d "
-               "steps", round, budget, seqs, c.batch_step_tokens, c.attn_pair_cost, c.weigh_budget,
-               c.yield_long_prefill, finished, NR, steps);
+        CHECKF(finished == NR, "round %d (budget %d, seqs %d, itl %g, ttft %g, k %g, fixed %g): %d of %d finished in %d "
+               "steps", round, budget, seqs, c.itl_target_s, c.ttft_target_s, k, f, finished, NR, steps);
         sched_destroy(s);
         kv_pool_destroy(p);
     }
@@ -1321,12 +1003,7 @@ int main(void)
     RUN(test_step_composition);
     RUN(test_priority);
     RUN(test_min_batch_share);
-    RUN(test_batch_step_tokens);
-    RUN(test_batch_step_cost);
-    RUN(test_batch_yield);
-    RUN(test_budget_cost);
     RUN(test_interactive_room);
-    RUN(test_chat_yield);
     RUN(test_long_prefill_threshold);
     RUN(test_partial_prefills);
     RUN(test_plan_fuzz);
