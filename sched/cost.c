@@ -28,26 +28,45 @@ void sched_hist_add(struct sched_hist *h, double v)
         if (v <= sched_hist_bounds[i]) h->le[i]++;
 }
 
+/* The fit's basis: tokens of either kind, pairs and keys of either kind,
+ * then what a decode token and a decode key cost beyond a prefill token and
+ * pair, and samples. In this basis "a decode costs what a prefill token
+ * does" is the prior, so the steps of one shape (decodes and prefill always
+ * together) leave that split where it was rather than anywhere. */
+static void basis(const struct sched_step_shape *x, double *z)
+{
+    const double *v = x->x;
+    z[0] = v[SCHED_COST_STEP];
+    z[1] = v[SCHED_COST_PREFILL] + v[SCHED_COST_DECODE];
+    z[2] = v[SCHED_COST_PAIR] + v[SCHED_COST_DECODE_KEY];
+    z[3] = v[SCHED_COST_DECODE];
+    z[4] = v[SCHED_COST_DECODE_KEY];
+    z[5] = v[SCHED_COST_SAMPLE];
+}
+
 void sched_cost_init(struct sched_cost *c, double token_s, double pair_ratio)
 {
     memset(c, 0, sizeof *c);
     if (!(token_s > 0.0)) token_s = 1e-3;
     if (!(pair_ratio >= 0.0)) pair_ratio = 0.0;
-    double pair_s = token_s * pair_ratio;
-    c->prior[SCHED_COST_PREFILL] = token_s;
-    c->prior[SCHED_COST_PAIR] = pair_s;
-    c->prior[SCHED_COST_DECODE] = token_s;
-    c->prior[SCHED_COST_DECODE_KEY] = pair_s;
-    /* the scale each term is known to: 3x its prior, or for the terms whose
-     * prior is 0, a few tokens (a sample) to a few hundred (a step on a GPU,
-     * where reading the weights once costs what hundreds of tokens do) */
-    double scale[N] = {256.0 * token_s, token_s, pair_s > 0 ? pair_s : token_s * 1e-4, token_s,
-                       pair_s > 0 ? pair_s : token_s * 1e-4, 4.0 * token_s};
+    double pair_s = token_s * pair_ratio, pair_scale = pair_s > 0 ? pair_s : token_s * 1e-4;
+    c->prior[1] = token_s;
+    c->prior[2] = pair_s;
+    /* the scale each term is known to (a standard deviation of 1000 times it:
+     * a prior for the first steps only): a token, a pair, and for the terms
+     * whose prior is 0, a few tokens (a sample) to a few hundred (a step on
+     * a GPU, where reading the weights once costs what hundreds of tokens do) */
+    double scale[N] = {256.0 * token_s, token_s, pair_scale, token_s, pair_scale, 4.0 * token_s};
     for (int i = 0; i < N; i++) {
-        double sd = 3.0 * scale[i];
+        double sd = 1000.0 * scale[i];
         c->prior_prec[i] = 1.0 / (sd * sd);
-        c->coef[i] = c->prior[i];
     }
+    c->theta_ok = false;
+    for (int i = 0; i < N; i++) c->theta[i] = c->prior[i];
+    c->coef[SCHED_COST_STEP] = 0.0;
+    c->coef[SCHED_COST_PREFILL] = c->coef[SCHED_COST_DECODE] = token_s;
+    c->coef[SCHED_COST_PAIR] = c->coef[SCHED_COST_DECODE_KEY] = pair_s;
+    c->coef[SCHED_COST_SAMPLE] = 0.0;
 }
 
 double sched_cost_time(const struct sched_cost *c, const struct sched_step_shape *x)
@@ -90,13 +109,17 @@ static int solve(double m[N][N], double *r, int n)
     return 0;
 }
 
-/* The posterior mean with every coefficient >= 0: solve over the free
- * terms (the others pinned to 0), pin the most negative, repeat. The
- * system is scaled to a unit diagonal first: the terms' units differ by
- * ten orders of magnitude (pairs against steps). */
+/* The posterior mean, with the step, token, pair and sample terms >= 0:
+ * solve over the free terms (the others pinned to 0), pin the most
+ * negative, repeat; a decode's extra may be negative (a decode is then
+ * cheaper than a prefill token) down to a decode costing nothing. The system
+ * is scaled to a unit diagonal first: the terms' units differ by ten orders
+ * of magnitude (pairs against steps). */
 static void refit(struct sched_cost *c)
 {
+    static const bool signed_term[N] = {false, false, false, true, true, false};
     bool pinned[N] = {false};
+    double th[N];
     for (int round = 0; round < N; round++) {
         int idx[N], n = 0;
         for (int i = 0; i < N; i++)
@@ -118,22 +141,33 @@ static void refit(struct sched_cost *c)
         int worst = -1;
         for (int i = 0; i < n; i++) {
             r[i] /= d[i];
-            if (r[i] < 0 && (worst < 0 || r[i] < r[worst])) worst = i;
+            if (!signed_term[idx[i]] && r[i] < 0 && (worst < 0 || r[i] < r[worst])) worst = i;
         }
         if (worst < 0 || n == 1) {
-            for (int i = 0; i < N; i++) c->coef[i] = 0.0;
-            for (int i = 0; i < n; i++) c->coef[idx[i]] = r[i] > 0 ? r[i] : 0.0;
-            return;
+            for (int i = 0; i < N; i++) th[i] = 0.0;
+            for (int i = 0; i < n; i++) th[idx[i]] = r[i];
+            break;
         }
         pinned[idx[worst]] = true;
+        if (round == N - 1) return;
     }
+    memcpy(c->theta, th, sizeof th);
+    c->theta_ok = true;
+    double *k = c->coef;
+    k[SCHED_COST_STEP] = th[0] > 0 ? th[0] : 0.0;
+    k[SCHED_COST_PREFILL] = th[1] > 0 ? th[1] : 0.0;
+    k[SCHED_COST_PAIR] = th[2] > 0 ? th[2] : 0.0;
+    k[SCHED_COST_DECODE] = th[1] + th[3] > 0 ? th[1] + th[3] : 0.0;
+    k[SCHED_COST_DECODE_KEY] = th[2] + th[4] > 0 ? th[2] + th[4] : 0.0;
+    k[SCHED_COST_SAMPLE] = th[5] > 0 ? th[5] : 0.0;
 }
 
 void sched_cost_observe(struct sched_cost *c, const struct sched_step_shape *x, double seconds)
 {
     if (!(seconds > 0.0) || !isfinite(seconds)) return;
     double z[N];
-    for (int i = 0; i < N; i++) z[i] = x->x[i] / seconds;
+    basis(x, z);
+    for (int i = 0; i < N; i++) z[i] /= seconds;
     for (int i = 0; i < N; i++) {
         for (int j = 0; j < N; j++) c->a[i][j] = SCHED_COST_FORGET * c->a[i][j] + z[i] * z[j];
         c->b[i] = SCHED_COST_FORGET * c->b[i] + z[i];

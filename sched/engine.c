@@ -178,6 +178,7 @@ sched_engine *sched_engine_create(model_backend *be, const struct sched_engine_o
     e->s = sched_create(&e->cfg, e->pool, be->m ? model_get_tok(be->m) : NULL, err, errlen);
     if (!e->s) goto fail_pool;
     sched_evbuf_init(&e->pending);
+    sched_get_stats(e->s, &e->stats.sched); /* the cost model's prior, before the first step */
     e->stats.max_model_len = e->cfg.max_model_len;
     e->stats.block_size = bs;
     e->stats.kv_blocks = e->kv_blocks;

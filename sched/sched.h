@@ -221,21 +221,24 @@ struct sched_step_shape {
 
 /* Seconds per unit of each term, fitted to the measured step times by least
  * squares on relative error (a 10 ms step counts as much as a 2 s one), the
- * older steps decaying by SCHED_COST_FORGET a step, and held to a Gaussian
+ * older steps decaying by SCHED_COST_FORGET a step (a memory of ~100 steps), and held to a Gaussian
  * prior that never decays: a term the recent steps do not tell apart (decode
  * tokens and sampled sequences go together) stays near the prior instead of
  * drifting. Coefficients are kept >= 0. Engine thread only (or a test). */
-#define SCHED_COST_FORGET 0.98
+#define SCHED_COST_FORGET 0.99
 struct sched_cost {
-    double coef[SCHED_COST_N];                 /* what planning uses */
+    double coef[SCHED_COST_N];                 /* what planning uses, seconds per unit of each term */
+    /* the fit, in cost.c's basis (a decode's cost beyond a prefill token's) */
+    double theta[SCHED_COST_N];
+    bool theta_ok;
     double prior[SCHED_COST_N], prior_prec[SCHED_COST_N];
     double a[SCHED_COST_N][SCHED_COST_N];      /* decayed normal equations of the measured steps */
     double b[SCHED_COST_N];
     uint64_t n_obs;
 };
 /* The prior: a token costs token_s (prefill or decode), a pair pair_ratio
- * tokens, a step and a sample nothing, each known only loosely (a standard
- * deviation of three times its scale), so the first measured steps decide. */
+ * tokens, a step and a sample nothing, each known only loosely, so the
+ * first measured steps decide. */
 void sched_cost_init(struct sched_cost *c, double token_s, double pair_ratio);
 /* The predicted seconds of a step of shape x. */
 double sched_cost_time(const struct sched_cost *c, const struct sched_step_shape *x);

@@ -1,6 +1,7 @@
 /* test_sched.c - the scheduler's step plans, asserted exactly, on a fake
  * forward pass: the sampled token is a fixed function of the sequence's
  * history, so a recomputed (preempted) sequence must produce the same ids. */
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -570,6 +571,225 @@ static bool in_step(uint64_t id)
     return false;
 }
 
+/* ---- the time budget (latency targets and the cost model) ---- */
+
+/* A cost model with only these terms (seconds), the others 0. */
+static void set_cost(sched *s, double step, double prefill, double decode)
+{
+    struct sched_cost *c = sched_cost_model(s);
+    memset(c->coef, 0, sizeof c->coef);
+    c->coef[SCHED_COST_STEP] = step;
+    c->coef[SCHED_COST_PREFILL] = prefill;
+    c->coef[SCHED_COST_DECODE] = decode;
+}
+
+/* How many of the running batch requests (ids 1..n) are in the last step. */
+static int batch_in_step(int n)
+{
+    int k = 0;
+    for (int i = 1; i <= n; i++) k += in_step((uint64_t)i);
+    return k;
+}
+
+/* The policy, by the cost model's plan (no clock): a batch of 12 long
+ * prompts (a step of 5 ms, 1 ms a prefill token, 4 ms a decode; itl 50 ms,
+ * ttft 250 ms). Before any chat, steps are the token budget. A chat that
+ * arrives is in the very next step, which is planned within the
+ * inter-token target: batch decodes sit out (keeping their KV) for it, and
+ * take turns in the chat's decode steps. Once the chat is done, steps grow
+ * back to the TTFT room (250 - 50 ms), or to the whole token budget when
+ * that fits. */
+static void test_time_budget(void)
+{
+    enum { NB = 12 };
+    const int32_t *big = ramp();
+    kv_pool *p = kv_pool_create(512, 16, false, err, sizeof err);
+    struct sched_config c = {.block_size = 16, .max_num_seqs = 16, .max_num_batched_tokens = 256,
+                             .max_model_len = 1024, .min_batch_share = 0.1f, .itl_target_s = 0.05,
+                             .ttft_target_s = 0.25};
+    sched *s = sched_create(&c, p, NULL, err, sizeof err);
+    CHECKF(s != NULL, "%s", err);
+    if (!s) return;
+    set_cost(s, 0.005, 0.001, 0.004);
+    struct sched_request rb[NB];
+    for (int i = 0; i < NB; i++) {
+        rb[i] = req(big + 10 * i, 60 + 10 * i, 40, SCHED_PRIO_BATCH);
+        submit(s, &rb[i], (uint64_t)i + 1);
+    }
+    struct step st;
+    /* no chat yet: the whole token budget, however long that takes */
+    int n = one_step(s, &st, 16);
+    CHECKF(n == 256 && sched_step_plan(s, NULL) > 0.25, "before any chat: %d tokens, %.3f s", n,
+           sched_step_plan(s, NULL));
+    for (int i = 0; i < 8; i++) one_step(s, &st, 16);
+    struct sched_stats ss;
+    sched_get_stats(s, &ss);
+    CHECKF(ss.n_running == NB && ss.n_waiting == 0, "%d running, %d waiting", ss.n_running, ss.n_waiting);
+    /* a chat arrives: in the very next step, within 50 ms; batch decodes sit out */
+    struct sched_request rc = req(big + 500, 10, 6, SCHED_PRIO_INTERACTIVE);
+    submit(s, &rc, 100);
+    n = one_step(s, &st, 16);
+    double t = sched_step_plan(s, NULL);
+    int nb = batch_in_step(NB);
+    CHECKF(in_step(100) && st.seqs[0].query_len == 10 && t <= 0.05 + 1e-9 && nb > 0 && nb < NB,
+           "the chat's first step: %s, %d tokens, %.4f s, %d of %d batch decodes", in_step(100) ? "in" : "not in", n,
+           t, nb, NB);
+    sched_get_stats(s, &ss);
+    CHECK(ss.decodes_sat_out == (uint64_t)(NB - nb));
+    /* its decodes: every step within 50 ms, and the batch decodes take turns */
+    bool seen[NB + 1] = {false};
+    for (int k = 0; k < 5; k++) {
+        n = one_step(s, &st, 16);
+        t = sched_step_plan(s, NULL);
+        nb = batch_in_step(NB);
+        CHECKF(in_step(100) && t <= 0.05 + 1e-9 && nb < NB, "the chat's decode %d: %.4f s, %d batch decodes", k, t, nb);
+        for (int i = 1; i <= NB; i++) seen[i] |= in_step((uint64_t)i);
+    }
+    for (int i = 1; i <= NB; i++) CHECKF(seen[i], "batch request %d never decoded beside the chat", i);
+    sched_get_stats(s, &ss);
+    CHECK(ss.n_running == NB); /* nobody was preempted: the decodes that sat out kept their KV */
+    /* the chat is done, a long batch prompt comes: the step grows back to
+     * the TTFT room, 200 ms (the 12 decodes and what fits of the prompt) */
+    struct sched_request rl = req(big, 600, 2, SCHED_PRIO_BATCH);
+    submit(s, &rl, 200);
+    n = one_step(s, &st, 16);
+    t = sched_step_plan(s, NULL);
+    CHECKF(!in_step(100) && batch_in_step(NB) == NB && in_step(200) && t > 0.19 && t <= 0.2 + 1e-9,
+           "after the chat: %d tokens, %.4f s, %d batch decodes", n, t, batch_in_step(NB));
+    /* on a faster device, to the whole token budget */
+    set_cost(s, 0.005, 0.0002, 0.0004);
+    n = plan(s, &st);
+    CHECKF(n == 256 && in_step(200) && sched_step_plan(s, NULL) <= 0.2, "grown back: %d tokens, %.4f s", n,
+           sched_step_plan(s, NULL));
+    sched_destroy(s);
+    kv_pool_destroy(p);
+}
+
+/* A chat whose prompt takes longer than the inter-token target beside a
+ * batch: its first token comes in one step (batch fills nothing past the
+ * chat's own prompt, batch decodes sit out); without batch decodes running
+ * it is the same. Its decodes then keep the inter-token target. */
+static void test_first_token_room(void)
+{
+    const int32_t *big = ramp();
+    kv_pool *p = kv_pool_create(512, 16, false, err, sizeof err);
+    struct sched_config c = {.block_size = 16, .max_num_seqs = 16, .max_num_batched_tokens = 256,
+                             .max_model_len = 1024, .min_batch_share = 0.0f, .itl_target_s = 0.05,
+                             .ttft_target_s = 0.25};
+    sched *s = sched_create(&c, p, NULL, err, sizeof err);
+    set_cost(s, 0.005, 0.001, 0.004);
+    struct sched_request rb = req(big, 700, 40, SCHED_PRIO_BATCH);
+    submit(s, &rb, 1);
+    struct step st;
+    one_step(s, &st, 16);
+    struct sched_request rc = req(big + 800, 100, 4, SCHED_PRIO_INTERACTIVE);
+    submit(s, &rc, 2);
+    int n = one_step(s, &st, 16);
+    double t = sched_step_plan(s, NULL);
+    CHECKF(n == 100 && st.n_seqs == 1 && in_step(2) && t <= 0.2 + 1e-9, "a 100-token chat: %d tokens, %.4f s", n, t);
+    n = one_step(s, &st, 16);
+    t = sched_step_plan(s, NULL);
+    CHECKF(in_step(2) && in_step(1) && t <= 0.05 + 1e-9 && n > 1, "its decode: %d tokens, %.4f s", n, t);
+    sched_destroy(s);
+    kv_pool_destroy(p);
+}
+
+/* The cost model learns a device from its step times alone: from a prior
+ * 100 times off, shapes of every kind (prefill, decode, mixed, deep
+ * contexts) timed by a known linear model with +-2% noise. */
+static void test_cost_calibration(void)
+{
+    const double truth[SCHED_COST_N] = {0.004, 2e-4, 3e-8, 5e-4, 1e-8, 1e-4};
+    struct sched_cost c;
+    sched_cost_init(&c, 2e-2, 1e-4);
+    uint32_t rs = 7;
+    struct sched_step_shape x;
+    for (int i = 0; i < 300; i++) {
+        memset(&x, 0, sizeof x);
+        x.x[SCHED_COST_STEP] = 1;
+        int kind = fuzz_rand(&rs, 3);
+        if (kind != 1) { /* a prefill chunk */
+            double len = 1 + fuzz_rand(&rs, 2048), n0 = fuzz_rand(&rs, 30000);
+            x.x[SCHED_COST_PREFILL] = len;
+            x.x[SCHED_COST_PAIR] = len * n0 + len * (len + 1) / 2;
+        }
+        if (kind != 0) { /* decodes */
+            double d = 1 + fuzz_rand(&rs, 256);
+            x.x[SCHED_COST_DECODE] = d;
+            x.x[SCHED_COST_DECODE_KEY] = d * (1 + fuzz_rand(&rs, 8000));
+        }
+        x.x[SCHED_COST_SAMPLE] = x.x[SCHED_COST_DECODE] + fuzz_rand(&rs, 64); /* prompts that end */
+        double t = 0;
+        for (int k = 0; k < SCHED_COST_N; k++) t += truth[k] * x.x[k];
+        t *= 1.0 + 0.02 * (fuzz_rand(&rs, 201) - 100) / 100.0;
+        sched_cost_observe(&c, &x, t);
+    }
+    for (int k = 0; k < SCHED_COST_N; k++)
+        CHECKF(fabs(c.coef[k] - truth[k]) <= 0.1 * truth[k], "term %d: %g, truth %g", k, c.coef[k], truth[k]);
+    /* and predicts new shapes within 3% */
+    double worst = 0;
+    for (int i = 0; i < 100; i++) {
+        memset(&x, 0, sizeof x);
+        x.x[SCHED_COST_STEP] = 1;
+        double len = fuzz_rand(&rs, 512), d = fuzz_rand(&rs, 64), n0 = fuzz_rand(&rs, 4000);
+        x.x[SCHED_COST_PREFILL] = len;
+        x.x[SCHED_COST_PAIR] = len * n0 + len * (len + 1) / 2;
+        x.x[SCHED_COST_DECODE] = d;
+        x.x[SCHED_COST_DECODE_KEY] = d * n0;
+        x.x[SCHED_COST_SAMPLE] = d + 1;
+        double t = 0;
+        for (int k = 0; k < SCHED_COST_N; k++) t += truth[k] * x.x[k];
+        double e = fabs(sched_cost_time(&c, &x) - t) / t;
+        if (e > worst) worst = e;
+    }
+    CHECKF(worst < 0.03, "worst prediction error %.1f%%", worst * 100);
+}
+
+/* In the loop, as the engine runs it: the scheduler's steps timed by a
+ * device it does not know (its prior is 50 times too fast), a batch and a
+ * long streaming chat. Within a few dozen steps the plans match the device,
+ * and the chat's steps keep the inter-token target as they run. */
+static void test_calibration_in_loop(void)
+{
+    const int32_t *big = ramp();
+    kv_pool *p = kv_pool_create(512, 16, false, err, sizeof err);
+    struct sched_config c = {.block_size = 16, .max_num_seqs = 16, .max_num_batched_tokens = 512,
+                             .max_model_len = 1024, .min_batch_share = 0.1f, .itl_target_s = 0.05,
+                             .ttft_target_s = 0.25, .prior_token_s = 2e-5, .prior_pair_ratio = 1e-3};
+    sched *s = sched_create(&c, p, NULL, err, sizeof err);
+    struct sched_request rb[8];
+    for (int i = 0; i < 8; i++) {
+        rb[i] = req(big + 20 * i, 300 + 20 * i, 200, SCHED_PRIO_BATCH);
+        submit(s, &rb[i], (uint64_t)i + 1);
+    }
+    struct sched_request rc = req(big + 900, 20, 300, SCHED_PRIO_INTERACTIVE);
+    submit(s, &rc, 100);
+    struct step st;
+    int late = 0, chat_steps = 0;
+    double worst = 0;
+    for (int k = 0; k < 200 && sched_has_work(s); k++) {
+        n_ev = 0;
+        if (one_step(s, &st, 16) <= 0) break;
+        struct sched_step_shape x;
+        double planned = sched_step_plan(s, &x);
+        /* the device: 3 ms a step, 1 ms a prefill token, 2 ms a decode, 1 us a pair */
+        double t = 0.003 + 0.001 * x.x[SCHED_COST_PREFILL] + 0.002 * x.x[SCHED_COST_DECODE] +
+                   1e-6 * (x.x[SCHED_COST_PAIR] + x.x[SCHED_COST_DECODE_KEY]);
+        sched_step_timed(s, t);
+        if (k < 40) continue;
+        double e = fabs(planned - t) / t;
+        if (e > worst) worst = e;
+        if (in_step(100)) {
+            chat_steps++;
+            late += t > 0.05 * 1.02;
+        }
+    }
+    CHECKF(chat_steps >= 100 && late == 0 && worst < 0.05, "%d chat steps after calibrating, %d over the target; "
+           "worst plan error %.1f%%", chat_steps, late, worst * 100);
+    sched_destroy(s);
+    kv_pool_destroy(p);
+}
+
 /* Batch decodes fill every slot: an interactive request still starts in the
  * very next step, pushing out the most recently admitted batch sequence, which
  * later completes with the same tokens as when run alone. */
@@ -1007,6 +1227,10 @@ int main(void)
     RUN(test_long_prefill_threshold);
     RUN(test_partial_prefills);
     RUN(test_plan_fuzz);
+    RUN(test_time_budget);
+    RUN(test_first_token_room);
+    RUN(test_cost_calibration);
+    RUN(test_calibration_in_loop);
     RUN(test_preemption);
     RUN(test_interactive_takes_slot);
     RUN(test_interactive_never_preempts_interactive);
