@@ -97,7 +97,7 @@ void api_sched_flags_init(struct api_sched_flags *f);
 int api_sched_flags_apply(const struct api_sched_flags *f, struct sched_config *c, char *err, size_t errlen);
 #define API_SCHED_FLAGS(f)                                                                                          \
     {"--interactive-ttft-target", API_FLAG_FLOAT, &(f)->ttft_target_ms,                                         \
-     "ms: a chat's first token within this beside batch work; steps leave it room (250; 0: off)", NULL},      \
+     "ms: a chat's first token within this beside batch work; steps leave it room (200; 0: off)", NULL},      \
     {"--interactive-itl-target", API_FLAG_FLOAT, &(f)->itl_target_ms,                                           \
      "ms: while chats stream, a step's planned time at most this; batch fills the rest (50; 0: off)", NULL}, \
     {"--min-batch-share", API_FLAG_FLOAT, &(f)->min_batch_share,                                                \

@@ -87,7 +87,7 @@ struct sched {
     struct sched_step_shape shape; /* the step's shape, for the cost model once it ran */
     int step_batch_tokens;     /* batch tokens in the step */
     double plan_limit;         /* the step's time limit (0: none) */
-    bool seen_interactive;     /* an interactive request was ever planned: steps leave room for the next */
+    bool seen_interactive;     /* an interactive request came: steps leave room for the next */
     uint64_t dec_next;         /* batch decodes take turns from this admission on */
     double rate_tok, rate_s;   /* batch tokens and seconds, fading (stats.batch_tok_s) */
     struct sched_cost cost;
@@ -804,7 +804,8 @@ static double time_limit(sched *s, bool *defer)
     s->seen_interactive |= chat;
     double itl = s->cfg.itl_target_s > 0 ? s->cfg.itl_target_s : INFINITY, ttft = s->cfg.ttft_target_s;
     /* a chat that arrives during a step waits for it, then needs a step of its own */
-    double room = ttft > 0 && s->seen_interactive ? (isfinite(itl) && ttft > itl ? ttft - itl : ttft) : INFINITY;
+    bool expect = s->cfg.expect_interactive || s->seen_interactive;
+    double room = ttft > 0 && expect ? (isfinite(itl) && ttft > itl ? ttft - itl : ttft) : INFINITY;
     *defer = chat && isfinite(itl);
     return chat_dec && itl < room ? itl : room;
 }

@@ -46,11 +46,11 @@
  *   - a step that ends a chat's prompt (its first token comes with it)
  *     stays within itl_target_s too, or within the prompt's own time when
  *     that is longer: batch gets no more than what is left;
- *   - otherwise (interactive prompts only, or batch alone), once the
- *     scheduler has seen interactive work, a step stays within
+ *   - otherwise (interactive prompts only, or batch alone), where chats may
+ *     come (expect_interactive, or once one came), a step stays within
  *     ttft_target_s - itl_target_s, so a chat that arrives during it still
- *     has its first token within ttft_target_s. A scheduler that never had
- *     an interactive request (run-batch) plans by the token budget alone.
+ *     has its first token within ttft_target_s. Where none can come
+ *     (run-batch) steps are planned by the token budget alone.
  * Inside that time, interactive decodes come first, then interactive
  * prefills, then batch decodes (in turn, from where the last step stopped:
  * those that do not fit sit the step out and keep their KV), then batch
@@ -174,8 +174,11 @@ struct sched_config {
                                     work when it waits */
     double itl_target_s;         /* > 0: while interactive sequences decode, a step's planned time at
                                     most this (and a step with a chat's first token); 0: no time cap */
-    double ttft_target_s;        /* > itl_target_s: once interactive work was seen, other steps are
-                                    planned within ttft_target_s - itl_target_s; 0: no such cap */
+    double ttft_target_s;        /* > itl_target_s: where chats may come, other steps are planned
+                                    within ttft_target_s - itl_target_s; 0: no such cap */
+    bool expect_interactive;     /* interactive requests may arrive at any time (serve): steps leave
+                                    one the TTFT room from the start; false (run-batch): only once one
+                                    came */
     int step_granule;            /* > 1: a chunk that a time cap cuts is moved so that the step
                                     holds the nearest multiple of this many tokens, or below that of a
                                     quarter of it (the GPU's GEMM waves) */
@@ -195,10 +198,13 @@ struct sched_config {
  * run-batch start from these and apply their flags on top. Fills the policy
  * fields of c (min_batch_share, the latency targets, the partial-prefill
  * limits); the sizes are left alone (sched_engine_defaults). The targets:
- * 250 ms to the first token, within the ~0.1-0.3 s in which a reply still
- * feels immediate, and 50 ms between tokens: 20 tokens a second, several
- * times reading speed, so the stream never visibly stalls. */
-#define SCHED_DEFAULT_TTFT_TARGET_S 0.25
+ * 200 ms to the first token, under the ~250 ms past which a reply stops
+ * feeling immediate, and 50 ms between tokens, 20 tokens a second: several
+ * times reading speed, so a stream never visibly stalls. A batch step
+ * beside chats is then at most 150 ms (200 less a chat's own step), which
+ * on a CPU costs a batch a few percent of its throughput and on a GPU
+ * still holds thousands of tokens. */
+#define SCHED_DEFAULT_TTFT_TARGET_S 0.2
 #define SCHED_DEFAULT_ITL_TARGET_S 0.05
 void sched_config_policy_defaults(struct sched_config *c);
 

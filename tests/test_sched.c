@@ -406,6 +406,7 @@ static void test_plan_fuzz(void)
         c.min_batch_share = shares[RND(3)];
         c.itl_target_s = itls[RND(4)];
         c.ttft_target_s = RND(2) ? 5.0 * c.itl_target_s : 0.0;
+        c.expect_interactive = RND(2);
         c.step_granule = grans[RND(3)];
         c.long_prefill_token_threshold = (int[]){0, 0, 7, 40}[RND(4)];
         c.max_num_partial_prefills = RND(4);
@@ -593,7 +594,8 @@ static int batch_in_step(int n)
 
 /* The policy, by the cost model's plan (no clock): a batch of 12 long
  * prompts (a step of 5 ms, 1 ms a prefill token, 4 ms a decode; itl 50 ms,
- * ttft 250 ms). Before any chat, steps are the token budget. A chat that
+ * ttft 250 ms). Before any chat, steps are the token budget (run-batch),
+ * or the TTFT room where chats may come at any time (serve). A chat that
  * arrives is in the very next step, which is planned within the
  * inter-token target: batch decodes sit out (keeping their KV) for it, and
  * take turns in the chat's decode steps. Once the chat is done, steps grow
@@ -661,6 +663,15 @@ static void test_time_budget(void)
     n = plan(s, &st);
     CHECKF(n == 256 && in_step(200) && sched_step_plan(s, NULL) <= 0.2, "grown back: %d tokens, %.4f s", n,
            sched_step_plan(s, NULL));
+    sched_destroy(s);
+    /* where chats may come at any time (serve), the first batch step leaves one the room already */
+    c.expect_interactive = true;
+    s = sched_create(&c, p, NULL, err, sizeof err);
+    set_cost(s, 0.005, 0.001, 0.004);
+    submit(s, &rl, 200);
+    n = plan(s, &st);
+    t = sched_step_plan(s, NULL);
+    CHECKF(n < 256 && t > 0.19 && t <= 0.2 + 1e-9, "serving, before any chat: %d tokens, %.4f s", n, t);
     sched_destroy(s);
     kv_pool_destroy(p);
 }
