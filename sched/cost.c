@@ -52,15 +52,16 @@ void sched_cost_init(struct sched_cost *c, double token_s, double pair_ratio)
     double pair_s = token_s * pair_ratio, pair_scale = pair_s > 0 ? pair_s : token_s * 1e-4;
     c->prior[1] = token_s;
     c->prior[2] = pair_s;
-    /* the scale each term is known to (a standard deviation of 1000 times it:
-     * a prior for the first steps only): a token, a pair, and for the terms
-     * whose prior is 0, a few tokens (a sample) to a few hundred (a step on
-     * a GPU, where reading the weights once costs what hundreds of tokens do) */
-    double scale[N] = {256.0 * token_s, token_s, pair_scale, token_s, pair_scale, 4.0 * token_s};
-    for (int i = 0; i < N; i++) {
-        double sd = 1000.0 * scale[i];
-        c->prior_prec[i] = 1.0 / (sd * sd);
-    }
+    /* how loosely each term is known (a standard deviation): the step, the
+     * token and the pair hardly at all (a thousand times their scale; the
+     * first steps decide: a device may be 100 times faster or slower than
+     * the prior), what a decode costs beyond a prefill token and what a
+     * sample costs to about a token (the steps rarely tell these apart from
+     * the others: decodes, samples and steps come together; left loose, the
+     * fixed cost of a step drifts into the samples and a step of many
+     * decodes looks dear) */
+    double sd[N] = {1000.0 * 256.0 * token_s, 1000.0 * token_s, 1000.0 * pair_scale, token_s, pair_scale, token_s};
+    for (int i = 0; i < N; i++) c->prior_prec[i] = 1.0 / (sd[i] * sd[i]);
     c->theta_ok = false;
     for (int i = 0; i < N; i++) c->theta[i] = c->prior[i];
     c->coef[SCHED_COST_STEP] = 0.0;

@@ -537,6 +537,7 @@ struct step_cap {
     double limit;
     bool one;
     int granule;
+    bool efficient; /* the chunk may take as long as the rest of the step even past limit */
 };
 
 /* A chunk of at most len tokens from n0 in a step that holds T tokens: the
@@ -547,7 +548,12 @@ struct step_cap {
 static int capped_len(const sched *s, const struct step_cap *c, int n0, int len, int T)
 {
     if (!c->on) return len;
-    int fit = chunk_fit(s, n0, c->limit - step_base(s)), g = c->granule;
+    /* where the limit cannot be met (the step's fixed part and decodes take
+     * it already, as on a loaded machine), a chunk of one token would only
+     * make it worse: the step's fixed part paid again for every token */
+    double base = step_base(s), left = c->limit - base;
+    if (c->efficient && left < base) left = base;
+    int fit = chunk_fit(s, n0, left), g = c->granule;
     if (len <= fit) return len;
     if (fit <= 0) return c->one ? 1 : 0;
     if (g > 1 && T + fit < g) g /= 4;
@@ -793,7 +799,7 @@ static int make_room(sched *s, int budget, int share)
 
 /* The step's time limit (seconds; INFINITY: none) from the latency targets,
  * and whether batch decodes wait until the interactive prefills are in. */
-static double time_limit(sched *s, bool *defer)
+static double time_limit(sched *s, bool *defer, bool *streaming)
 {
     bool chat = s->wait[SCHED_PRIO_INTERACTIVE].n > 0, chat_dec = false;
     for (int i = 0; i < s->n_run; i++)
@@ -807,6 +813,7 @@ static double time_limit(sched *s, bool *defer)
     bool expect = s->cfg.expect_interactive || s->seen_interactive;
     double room = ttft > 0 && expect ? (isfinite(itl) && ttft > itl ? ttft - itl : ttft) : INFINITY;
     *defer = chat && isfinite(itl);
+    *streaming = chat_dec && isfinite(itl);
     return chat_dec && itl < room ? itl : room;
 }
 
@@ -855,8 +862,8 @@ int sched_plan_step(sched *s, struct step *st)
      * take the slot back) */
     int bumped = make_room(s, budget, (int)ceilf(s->cfg.min_batch_share * (float)budget));
 
-    bool defer;
-    double limit = time_limit(s, &defer);
+    bool defer, chat_dec;
+    double limit = time_limit(s, &defer, &chat_dec);
     /* batch work waiting (queued or mid-prefill, or decodes the limit may
      * leave out) keeps a share of the budget, and of the time */
     bool batch_waits = s->wait[SCHED_PRIO_BATCH].n > 0;
@@ -882,7 +889,11 @@ int sched_plan_step(sched *s, struct step *st)
     /* 2./3. per class: partial prefills, then admissions */
     for (int c = 0; c < SCHED_N_PRIO; c++) {
         int keep = c == SCHED_PRIO_INTERACTIVE && reserve > batch_used ? reserve - batch_used : 0;
-        struct step_cap cap = {.on = isfinite(limit), .limit = limit, .one = true, .granule = s->cfg.step_granule};
+        /* a chat's own prompt, and batch where no chat streams (the limit is
+         * then only the room a chat may need), are never cut below the
+         * step's fixed part; batch beside streaming chats is */
+        struct step_cap cap = {.on = isfinite(limit), .limit = limit, .one = true, .granule = s->cfg.step_granule,
+                               .efficient = c == SCHED_PRIO_INTERACTIVE || !chat_dec};
         if (c == SCHED_PRIO_INTERACTIVE) {
             cap.limit -= keep_s;
         } else {
@@ -891,6 +902,7 @@ int sched_plan_step(sched *s, struct step *st)
             if (first_token && s->cfg.itl_target_s > 0) {
                 double t = s->step_time > s->cfg.itl_target_s ? s->step_time : s->cfg.itl_target_s;
                 if (t < cap.limit) cap.limit = t, cap.on = true;
+                cap.efficient = false;
             }
             double floor = s->step_time + keep_s; /* batch's share */
             if (cap.on && floor > cap.limit) cap.limit = floor;

@@ -705,6 +705,32 @@ static void test_first_token_room(void)
     kv_pool_destroy(p);
 }
 
+/* A device so slow (or so loaded) that a step's fixed part alone is past
+ * every target: chunks are not cut to a token a step (which would pay the
+ * fixed part again for each): batch alone fills the token budget, and a
+ * chat's prompt goes whole. */
+static void test_overloaded(void)
+{
+    const int32_t *big = ramp();
+    kv_pool *p = kv_pool_create(512, 16, false, err, sizeof err);
+    struct sched_config c = {.block_size = 16, .max_num_seqs = 16, .max_num_batched_tokens = 256,
+                             .max_model_len = 1024, .min_batch_share = 0.1f, .itl_target_s = 0.05,
+                             .ttft_target_s = 0.2, .expect_interactive = true};
+    sched *s = sched_create(&c, p, NULL, err, sizeof err);
+    set_cost(s, 0.5, 0.001, 0.004);
+    struct sched_request rb = req(big, 700, 40, SCHED_PRIO_BATCH), rc = req(big + 800, 100, 4, SCHED_PRIO_INTERACTIVE);
+    submit(s, &rb, 1);
+    struct step st;
+    int n = one_step(s, &st, 16);
+    CHECKF(n == 256, "batch alone: %d tokens", n);
+    submit(s, &rc, 2);
+    n = one_step(s, &st, 16);
+    CHECKF(in_step(2) && st.seqs[0].query_len == 100, "the chat's prompt: %d of 100 tokens",
+           st.n_seqs ? st.seqs[0].query_len : 0);
+    sched_destroy(s);
+    kv_pool_destroy(p);
+}
+
 /* The cost model learns a device from its step times alone: from a prior
  * 100 times off, shapes of every kind (prefill, decode, mixed, deep
  * contexts) timed by a known linear model with +-2% noise. */
@@ -783,8 +809,8 @@ static void test_calibration_in_loop(void)
         if (one_step(s, &st, 16) <= 0) break;
         struct sched_step_shape x;
         double planned = sched_step_plan(s, &x);
-        /* the device: 3 ms a step, 1 ms a prefill token, 2 ms a decode, 1 us a pair */
-        double t = 0.003 + 0.001 * x.x[SCHED_COST_PREFILL] + 0.002 * x.x[SCHED_COST_DECODE] +
+        /* the device: 3 ms a step, 1 ms a token, 1 us a pair or key */
+        double t = 0.003 + 0.001 * x.x[SCHED_COST_PREFILL] + 0.001 * x.x[SCHED_COST_DECODE] +
                    1e-6 * (x.x[SCHED_COST_PAIR] + x.x[SCHED_COST_DECODE_KEY]);
         sched_step_timed(s, t);
         if (k < 40) continue;
@@ -1240,6 +1266,7 @@ int main(void)
     RUN(test_plan_fuzz);
     RUN(test_time_budget);
     RUN(test_first_token_room);
+    RUN(test_overloaded);
     RUN(test_cost_calibration);
     RUN(test_calibration_in_loop);
     RUN(test_preemption);
