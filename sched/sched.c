@@ -537,8 +537,19 @@ struct step_cap {
     double limit;
     bool one;
     int granule;
-    bool efficient; /* the chunk may take as long as the rest of the step even past limit */
+    bool efficient; /* the class's prefill may take as long as the step before it, even past limit */
 };
+
+/* Where c's limit cannot be met anyway (the step's fixed part and its
+ * decodes take it already, as on a loaded machine), cutting prefill to a
+ * token a step would only make it worse: the fixed part paid again for
+ * every token. An efficient cap lets the class's prefill take as long as
+ * what the step held before it. */
+static void cap_floor(const sched *s, struct step_cap *c)
+{
+    double b0 = step_base(s);
+    if (c->on && c->efficient && c->limit < 2.0 * b0) c->limit = 2.0 * b0;
+}
 
 /* A chunk of at most len tokens from n0 in a step that holds T tokens: the
  * longest that fits c's time, at least one when c->one; when the time cut
@@ -548,12 +559,7 @@ struct step_cap {
 static int capped_len(const sched *s, const struct step_cap *c, int n0, int len, int T)
 {
     if (!c->on) return len;
-    /* where the limit cannot be met (the step's fixed part and decodes take
-     * it already, as on a loaded machine), a chunk of one token would only
-     * make it worse: the step's fixed part paid again for every token */
-    double base = step_base(s), left = c->limit - base;
-    if (c->efficient && left < base) left = base;
-    int fit = chunk_fit(s, n0, left), g = c->granule;
+    int fit = chunk_fit(s, n0, c->limit - step_base(s)), g = c->granule;
     if (len <= fit) return len;
     if (fit <= 0) return c->one ? 1 : 0;
     if (g > 1 && T + fit < g) g /= 4;
@@ -896,6 +902,7 @@ int sched_plan_step(sched *s, struct step *st)
                                .efficient = c == SCHED_PRIO_INTERACTIVE || !chat_dec};
         if (c == SCHED_PRIO_INTERACTIVE) {
             cap.limit -= keep_s;
+            cap_floor(s, &cap);
         } else {
             /* a chat's first token comes with this step: batch fills no more
              * than the inter-token target (or the chat's own prompt) */
@@ -906,6 +913,7 @@ int sched_plan_step(sched *s, struct step *st)
             }
             double floor = s->step_time + keep_s; /* batch's share */
             if (cap.on && floor > cap.limit) cap.limit = floor;
+            cap_floor(s, &cap);
             if (defer) batch_used += batch_decodes(s, cap.limit, floor, &T);
             cap.one = T == 0 || (reserve > 0 && batch_used == 0);
         }

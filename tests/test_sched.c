@@ -719,10 +719,20 @@ static void test_overloaded(void)
     sched *s = sched_create(&c, p, NULL, err, sizeof err);
     set_cost(s, 0.5, 0.001, 0.004);
     struct sched_request rb = req(big, 700, 40, SCHED_PRIO_BATCH), rc = req(big + 800, 100, 4, SCHED_PRIO_INTERACTIVE);
+    struct sched_request rs[3] = {req(big + 10, 100, 4, SCHED_PRIO_BATCH), req(big + 20, 100, 4, SCHED_PRIO_BATCH),
+                                  req(big + 30, 100, 4, SCHED_PRIO_BATCH)};
     submit(s, &rb, 1);
     struct step st;
     int n = one_step(s, &st, 16);
     CHECKF(n == 256, "batch alone: %d tokens", n);
+    /* but only that far: a step of several prompts is the fixed part twice, not more */
+    sched *s2 = sched_create(&c, p, NULL, err, sizeof err);
+    set_cost(s2, 0.5, 0.01, 0.004);
+    for (int i = 0; i < 3; i++) submit(s2, &rs[i], 10 + (uint64_t)i);
+    n = plan(s2, &st);
+    CHECKF(n == 50 && sched_step_plan(s2, NULL) <= 1.0 + 1e-9, "three prompts: %d tokens in %d, %.3f s",
+           n, st.n_seqs, sched_step_plan(s2, NULL));
+    sched_destroy(s2);
     submit(s, &rc, 2);
     n = one_step(s, &st, 16);
     CHECKF(in_step(2) && st.seqs[0].query_len == 100, "the chat's prompt: %d of 100 tokens",
