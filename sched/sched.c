@@ -805,7 +805,7 @@ static int make_room(sched *s, int budget, int share)
 
 /* The step's time limit (seconds; INFINITY: none) from the latency targets,
  * and whether batch decodes wait until the interactive prefills are in. */
-static double time_limit(sched *s, bool *defer, bool *streaming)
+static double time_limit(sched *s, bool *defer)
 {
     bool chat = s->wait[SCHED_PRIO_INTERACTIVE].n > 0, chat_dec = false;
     for (int i = 0; i < s->n_run; i++)
@@ -819,7 +819,6 @@ static double time_limit(sched *s, bool *defer, bool *streaming)
     bool expect = s->cfg.expect_interactive || s->seen_interactive;
     double room = ttft > 0 && expect ? (isfinite(itl) && ttft > itl ? ttft - itl : ttft) : INFINITY;
     *defer = chat && isfinite(itl);
-    *streaming = chat_dec && isfinite(itl);
     return chat_dec && itl < room ? itl : room;
 }
 
@@ -868,8 +867,8 @@ int sched_plan_step(sched *s, struct step *st)
      * take the slot back) */
     int bumped = make_room(s, budget, (int)ceilf(s->cfg.min_batch_share * (float)budget));
 
-    bool defer, chat_dec;
-    double limit = time_limit(s, &defer, &chat_dec);
+    bool defer;
+    double limit = time_limit(s, &defer);
     /* batch work waiting (queued or mid-prefill, or decodes the limit may
      * leave out) keeps a share of the budget, and of the time */
     bool batch_waits = s->wait[SCHED_PRIO_BATCH].n > 0;
@@ -895,11 +894,13 @@ int sched_plan_step(sched *s, struct step *st)
     /* 2./3. per class: partial prefills, then admissions */
     for (int c = 0; c < SCHED_N_PRIO; c++) {
         int keep = c == SCHED_PRIO_INTERACTIVE && reserve > batch_used ? reserve - batch_used : 0;
-        /* a chat's own prompt, and batch where no chat streams (the limit is
-         * then only the room a chat may need), are never cut below the
-         * step's fixed part; batch beside streaming chats is */
+        /* prefill is never cut below what the step holds before it (where
+         * the target cannot be met anyway, beside a chat's decode the batch
+         * still gets half the step: the chat's tokens come at most twice as
+         * far apart as they would alone), except in a step that holds a
+         * chat's first token */
         struct step_cap cap = {.on = isfinite(limit), .limit = limit, .one = true, .granule = s->cfg.step_granule,
-                               .efficient = c == SCHED_PRIO_INTERACTIVE || !chat_dec};
+                               .efficient = true};
         if (c == SCHED_PRIO_INTERACTIVE) {
             cap.limit -= keep_s;
             cap_floor(s, &cap);

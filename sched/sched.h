@@ -56,7 +56,12 @@
  * those that do not fit sit the step out and keep their KV), then batch
  * prefill; batch keeps min_batch_share of the time when it waits. Without
  * interactive work every decode goes first and the step grows back to the
- * token budget (or the TTFT room). A time-capped chunk is moved to end the
+ * token budget (or the TTFT room). Where a target cannot be met anyway (the
+ * step's fixed part and its decodes take it already, as on a loaded
+ * machine), prefill is not cut below what the step holds before it: a token
+ * a step would pay the fixed part again for every token, and beside a
+ * chat's decode batch still gets half the step (the chat's tokens come at
+ * most twice as far apart as alone). A time-capped chunk is moved to end the
  * step on the nearest multiple of step_granule tokens (the GPU's GEMM tiles
  * and waves). A step always moves by at least one token.
  *
