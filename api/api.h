@@ -84,6 +84,25 @@ int api_gpu_kv_bytes(int tp, double util, const char *who, size_t *bytes, char *
  * raised so that it never contradicts the other value when that was given. */
 void api_engine_defaults(const char *device, long *max_num_seqs, long *max_num_batched_tokens);
 
+/* The scheduler's policy flags, the same in serve and run-batch
+ * (flags.c). Start from api_sched_flags_init (sched_config_policy_defaults'
+ * values), put API_SCHED_FLAGS(&f) into the command's flag table, then
+ * api_sched_flags_apply: -1 with a message naming the flag when a value is
+ * out of range, else 0 with the targets written into *c. */
+struct sched_config;
+struct api_sched_flags {
+    double ttft_target_ms, itl_target_ms, min_batch_share;
+};
+void api_sched_flags_init(struct api_sched_flags *f);
+int api_sched_flags_apply(const struct api_sched_flags *f, struct sched_config *c, char *err, size_t errlen);
+#define API_SCHED_FLAGS(f)                                                                                          \
+    {"--interactive-ttft-target", API_FLAG_FLOAT, &(f)->ttft_target_ms,                                         \
+     "ms: a chat's first token within this beside batch work; steps leave it room (200; 0: off)", NULL},      \
+    {"--interactive-itl-target", API_FLAG_FLOAT, &(f)->itl_target_ms,                                           \
+     "ms: while chats stream, a step's planned time at most this; batch fills the rest (50; 0: off)", NULL}, \
+    {"--min-batch-share", API_FLAG_FLOAT, &(f)->min_batch_share,                                                \
+     "share of each step (tokens, and time under the targets) kept for batch work when it waits (0.1)", NULL}
+
 /* vLLM flags accepted for compatibility (api/compat.c); NULL/false = not given. */
 struct api_vllm_flags {
     const char *compilation_config, *speculative_config, *hf_overrides;

@@ -15,6 +15,13 @@
  *
  * Prompts are sized with the server's /tokenize (vLLM's shape, rendered from
  * the same messages); without it, from the usage of two warm-up requests.
+ *
+ * Beside-batch mode (--beside-batch): streamed one-word chats one after
+ * another with the engine idle, then the same chats beside a Batch API job
+ * of documents (uploaded through /v1/files, started through /v1/batches):
+ * the chats' TTFT and time between chunks idle against beside the batch,
+ * and the batch's throughput (the engine's token counters in /metrics, the
+ * chats' own tokens taken out) alone against with the chats.
  * Everything runs on the main thread except the load mode's N workers, which
  * share nothing but an atomic counter and their own result slots.
  */
@@ -64,6 +71,9 @@ struct bench_opts {
     const char *model;
     long prompt_tokens, max_tokens, runs, concurrency, num_prompts, seed;
     bool ignore_eos;
+    bool beside;                 /* --beside-batch mode */
+    long batch_lines, chats, chat_max_tokens;
+    double window;
     const char *csv, *json, *plot, *corpus;
 };
 
@@ -260,7 +270,7 @@ static int conn_body(struct conn *c, size_t want, body_sink sink, void *ctx, cha
  * the server closed the connection before the end of the body; *status is
  * the HTTP status (0 when no reply line came). */
 static int http_do(const struct target *t, const char *method, const char *path, const char *body, size_t blen,
-                   body_sink sink, void *ctx, int *status, char *err, size_t errlen)
+                   const char *ctype, body_sink sink, void *ctx, int *status, char *err, size_t errlen)
 {
     struct conn *c = malloc(sizeof *c);
     if (!c) {
@@ -279,7 +289,8 @@ static int http_do(const struct target *t, const char *method, const char *path,
     json_buf_addf(&req, "%s %s%s HTTP/1.1\r\nHost: %s:%s\r\nUser-Agent: sluice-bench\r\nAccept: */*\r\n"
                   "Connection: close\r\n", method, t->prefix, path, t->host, t->port);
     if (t->api_key) json_buf_addf(&req, "Authorization: Bearer %s\r\n", t->api_key);
-    if (body) json_buf_addf(&req, "Content-Type: application/json\r\nContent-Length: %zu\r\n", blen);
+    if (body)
+        json_buf_addf(&req, "Content-Type: %s\r\nContent-Length: %zu\r\n", ctype ? ctype : "application/json", blen);
     json_buf_lit(&req, "\r\n");
     if (body) json_buf_add(&req, body, blen);
     if (req.oom) {
@@ -388,7 +399,8 @@ static int http_json(const struct target *t, const char *method, const char *pat
 {
     json_buf_init(out);
     int st = 0;
-    int rc = http_do(t, method, path, body ? body->p : NULL, body ? body->len : 0, collect_sink, out, &st, err, errlen);
+    int rc = http_do(t, method, path, body ? body->p : NULL, body ? body->len : 0, NULL, collect_sink, out, &st, err,
+                     errlen);
     return rc ? -1 : st;
 }
 
@@ -532,7 +544,8 @@ static int chat_stream(const struct bench_opts *o, const char *model, const char
     json_buf_init(&s.body);
     s.t0 = now_s();
     char herr[256] = "";
-    int rc = http_do(&o->t, "POST", "/v1/chat/completions", b.p, b.len, stream_sink, &s, &s.status, herr, sizeof herr);
+    int rc = http_do(&o->t, "POST", "/v1/chat/completions", b.p, b.len, NULL, stream_sink, &s, &s.status, herr,
+                     sizeof herr);
     json_buf_free(&b);
     int ret = -1;
     if (rc == -1 && !s.status) {
@@ -1267,6 +1280,269 @@ out:
     return rc;
 }
 
+/* ---- chat beside a batch (--beside-batch) ---- */
+
+/* The engine's token counters from /metrics: prompt tokens computed plus
+ * decode tokens (every sluice has these two). -1 on failure. */
+static double engine_tokens(const struct target *t, char *err, size_t errlen)
+{
+    struct json_buf b;
+    int st = http_json(t, "GET", "/metrics", NULL, &b, err, errlen);
+    double sum = -1;
+    if (st == 200 && b.p) {
+        static const char *const keys[] = {"sluice:prefill_tokens_computed_total ", "sluice:decode_tokens_total "};
+        int found = 0;
+        sum = 0;
+        for (size_t k = 0; k < 2; k++) {
+            const char *p = b.p;
+            while ((p = strstr(p, keys[k])) && p != b.p && p[-1] != '\n') p++;
+            if (p) {
+                sum += atof(p + strlen(keys[k]));
+                found++;
+            }
+        }
+        if (found < 2) {
+            snprintf(err, errlen, "/metrics has no sluice:prefill_tokens_computed_total / sluice:decode_tokens_total");
+            sum = -1;
+        }
+    } else if (st >= 0) {
+        snprintf(err, errlen, "/metrics replied HTTP %d", st);
+    }
+    json_buf_free(&b);
+    return sum;
+}
+
+/* POST /v1/files (multipart, purpose batch) then /v1/batches; the batch id
+ * goes to id. */
+static int start_batch(const struct bench_opts *o, const struct json_buf *jsonl, char *id, size_t idcap, char *err,
+                       size_t errlen)
+{
+    static const char bnd[] = "sluicebench7f3a9c0e";
+    struct json_buf form, out;
+    json_buf_init(&form);
+    json_buf_addf(&form, "--%s\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--%s\r\n"
+                  "Content-Disposition: form-data; name=\"file\"; filename=\"bench.jsonl\"\r\n"
+                  "Content-Type: application/jsonl\r\n\r\n", bnd, bnd);
+    json_buf_add(&form, jsonl->p, jsonl->len);
+    json_buf_addf(&form, "\r\n--%s--\r\n", bnd);
+    char ctype[96];
+    snprintf(ctype, sizeof ctype, "multipart/form-data; boundary=%s", bnd);
+    json_buf_init(&out);
+    int st = 0, rc = -1;
+    if (form.oom || http_do(&o->t, "POST", "/v1/files", form.p, form.len, ctype, collect_sink, &out, &st, err, errlen))
+        goto done;
+    char fid[128] = "";
+    json_doc d;
+    char e[64];
+    if (st == 200 && out.len && !json_parse(&d, out.p, out.len, e, sizeof e)) {
+        int f = json_is_obj(&d, 0) ? json_get(&d, 0, "id") : -1;
+        if (f >= 0 && json_is_str(&d, f)) json_str(&d, f, fid, sizeof fid);
+        json_free(&d);
+    }
+    if (!fid[0]) {
+        char msg[300];
+        error_text(out.p ? out.p : "", out.len, msg, sizeof msg);
+        snprintf(err, errlen, "uploading the batch file: HTTP %d: %s", st, msg);
+        goto done;
+    }
+    json_buf_free(&out);
+    struct json_buf body;
+    json_buf_init(&body);
+    json_buf_lit(&body, "{\"input_file_id\":");
+    json_buf_add_str(&body, fid, strlen(fid));
+    json_buf_lit(&body, ",\"endpoint\":\"/v1/chat/completions\",\"completion_window\":\"24h\"}");
+    st = http_json(&o->t, "POST", "/v1/batches", &body, &out, err, errlen);
+    json_buf_free(&body);
+    if (st == 200 && out.len && !json_parse(&d, out.p, out.len, e, sizeof e)) {
+        int f = json_is_obj(&d, 0) ? json_get(&d, 0, "id") : -1;
+        if (f >= 0 && json_is_str(&d, f) && json_str(&d, f, id, idcap) >= 0) rc = 0;
+        json_free(&d);
+    }
+    if (rc && st >= 0) {
+        char msg[300];
+        error_text(out.p ? out.p : "", out.len, msg, sizeof msg);
+        snprintf(err, errlen, "creating the batch: HTTP %d: %s", st, msg);
+    }
+done:
+    json_buf_free(&form);
+    json_buf_free(&out);
+    return rc;
+}
+
+/* The 1-minute load average (the machine may be shared), or NAN. */
+static double load_avg(void)
+{
+    double l = NAN;
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (f) {
+        if (fscanf(f, "%lf", &l) != 1) l = NAN;
+        fclose(f);
+    }
+    return l;
+}
+
+/* --chats one-word chats one after another; their TTFTs (ms) go to ttft,
+ * their gaps between chunks (ms) to itl (*n_itl of them, cap at most), and
+ * the tokens the engine ran for them to *tokens. */
+static int chat_series(const struct bench_opts *o, const char *model, double *ttft, double *itl, int cap, int *n_itl,
+                       double *tokens, char *err, size_t errlen)
+{
+    static const char *const words[] = {"Hello", "Hi", "Hey", "Greetings", "Morning", "Howdy", "Thanks", "Bonjour",
+                                        "Hola", "Yo"};
+    *n_itl = 0;
+    *tokens = 0;
+    for (long i = 0; i < o->chats; i++) {
+        struct run_result r;
+        if (chat_stream(o, model, words[i % 10], o->chat_max_tokens, &r, err, errlen)) return -1;
+        ttft[i] = r.ttft * 1e3;
+        for (int k = 0; k < r.n_itl && *n_itl < cap; k++) itl[(*n_itl)++] = r.itl[k] * 1e3;
+        *tokens += r.c_tok + (r.cached >= 0 ? r.p_tok - r.cached : r.p_tok);
+        free(r.itl);
+    }
+    return 0;
+}
+
+/* Batch tokens a second over window seconds of the engine's counters. */
+static double batch_rate(const struct bench_opts *o, double window, char *err, size_t errlen)
+{
+    double a = engine_tokens(&o->t, err, errlen), t0 = now_s();
+    if (a < 0) return -1;
+    struct timespec ts = {(time_t)window, (long)((window - (time_t)window) * 1e9)};
+    nanosleep(&ts, NULL);
+    double b = engine_tokens(&o->t, err, errlen);
+    return b < 0 ? -1 : (b - a) / (now_s() - t0);
+}
+
+/* Streamed one-word chats with the engine idle, then a Batch API job of
+ * --batch-lines documents of ~--prompt-tokens tokens; once it runs, its
+ * throughput alone for --window seconds, the same chats beside it, and its
+ * throughput alone again (the batch's own mix drifts: the mean of the two
+ * windows is the baseline); the batch is cancelled at the end. */
+static int run_beside(const struct bench_opts *o, struct sizer *sz, const char *model, char *err, size_t errlen)
+{
+    int rc = -1, n = (int)o->chats, cap = n * (int)(o->chat_max_tokens + 1);
+    double *tt_idle = calloc((size_t)n, sizeof(double)), *tt_busy = calloc((size_t)n, sizeof(double));
+    double *it_idle = calloc((size_t)cap, sizeof(double)), *it_busy = calloc((size_t)cap, sizeof(double));
+    struct json_buf jl;
+    json_buf_init(&jl);
+    char bid[128] = "";
+    if (!tt_idle || !tt_busy || !it_idle || !it_busy) {
+        snprintf(err, errlen, "out of memory");
+        goto out;
+    }
+    double load0 = load_avg();
+    int ni_idle, ni_busy;
+    double tok_idle, tok_busy;
+    fprintf(stderr, "%ld chats with the engine idle\n", o->chats);
+    if (chat_series(o, model, tt_idle, it_idle, cap, &ni_idle, &tok_idle, err, errlen)) goto out;
+    /* the documents: one sized by /tokenize, the others cut as long from elsewhere in the corpus */
+    int expect;
+    char *doc = size_prompt(o, sz, model, "doc-0", 0, o->prompt_tokens, &expect, err, errlen);
+    if (!doc) goto out;
+    size_t nchars = strlen(doc) > 64 ? strlen(doc) - 64 : strlen(doc);
+    free(doc);
+    for (long i = 0; i < o->batch_lines; i++) {
+        char tag[32];
+        snprintf(tag, sizeof tag, "doc-%ld", i);
+        char *p = build_prompt(sz, tag, sz->len / (size_t)o->batch_lines * (size_t)i, nchars);
+        if (!p) goto out;
+        json_buf_addf(&jl, "{\"custom_id\":\"%s\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{\"model\":", tag);
+        json_buf_add_str(&jl, model, strlen(model));
+        json_buf_lit(&jl, ",\"messages\":[{\"role\":\"user\",\"content\":");
+        json_buf_add_str(&jl, p, strlen(p));
+        json_buf_addf(&jl, "}],\"max_tokens\":%ld,\"temperature\":0,\"ignore_eos\":true}}\n", o->max_tokens);
+        free(p);
+    }
+    if (jl.oom) {
+        snprintf(err, errlen, "out of memory");
+        goto out;
+    }
+    if (start_batch(o, &jl, bid, sizeof bid, err, errlen)) goto out;
+    fprintf(stderr, "batch %s: %ld documents of ~%ld tokens, %ld out each; waiting for it to run\n", bid,
+            o->batch_lines, o->prompt_tokens, o->max_tokens);
+    for (int k = 0; k < 600; k++) { /* the store feeds the engine: wait until tokens flow */
+        double r = batch_rate(o, 1.0, err, errlen);
+        if (r < 0) goto out;
+        if (r > 0) break;
+    }
+    double alone1 = batch_rate(o, o->window, err, errlen);
+    if (alone1 < 0) goto out;
+    fprintf(stderr, "batch alone: %.1f tok/s; %ld chats beside it\n", alone1, o->chats);
+    double a = engine_tokens(&o->t, err, errlen), t0 = now_s();
+    if (a < 0 || chat_series(o, model, tt_busy, it_busy, cap, &ni_busy, &tok_busy, err, errlen)) goto out;
+    double b = engine_tokens(&o->t, err, errlen), span = now_s() - t0;
+    if (b < 0) goto out;
+    double with = (b - a - tok_busy) / span;
+    double alone2 = batch_rate(o, o->window, err, errlen);
+    if (alone2 < 0) goto out;
+    double load1 = load_avg(), alone = (alone1 + alone2) / 2;
+    qsort(tt_idle, (size_t)n, sizeof(double), cmp_double);
+    qsort(tt_busy, (size_t)n, sizeof(double), cmp_double);
+    qsort(it_idle, (size_t)ni_idle, sizeof(double), cmp_double);
+    qsort(it_busy, (size_t)ni_busy, sizeof(double), cmp_double);
+    struct { const char *name, *key; double idle, busy; int prec; } m[] = {
+        {"chat TTFT p50 ms", "ttft_p50_ms", quantile(tt_idle, n, 0.5), quantile(tt_busy, n, 0.5), 1},
+        {"chat TTFT max ms", "ttft_max_ms", tt_idle[n - 1], tt_busy[n - 1], 1},
+        {"chat ITL p50 ms", "itl_p50_ms", quantile(it_idle, ni_idle, 0.5), quantile(it_busy, ni_busy, 0.5), 2},
+        {"chat ITL p90 ms", "itl_p90_ms", quantile(it_idle, ni_idle, 0.9), quantile(it_busy, ni_busy, 0.9), 2},
+        {"chat ITL max ms", "itl_max_ms", ni_idle ? it_idle[ni_idle - 1] : NAN, ni_busy ? it_busy[ni_busy - 1] : NAN, 2},
+    };
+    printf("metric\tidle\tbeside batch\n");
+    for (size_t k = 0; k < sizeof m / sizeof m[0]; k++) {
+        printf("%s\t", m[k].name);
+        put_num(stdout, m[k].idle, m[k].prec);
+        putchar('\t');
+        put_num(stdout, m[k].busy, m[k].prec);
+        putchar('\n');
+    }
+    printf("batch tok/s\t%.1f alone (%.1f before, %.1f after)\t%.1f with chats (%.0f%%)\n", alone, alone1, alone2, with,
+           alone > 0 ? 100.0 * with / alone : NAN);
+    printf("load average\t%.2f at start\t%.2f at end\n", load0, load1);
+    fflush(stdout);
+    if (o->json) {
+        struct json_buf js;
+        json_buf_init(&js);
+        json_head(&js, o, model, sz, "beside-batch");
+        json_buf_addf(&js, "\"batch_lines\":%ld,\"chats\":%ld,\"chat_max_tokens\":%ld,\"window_s\":%g,\"summary\":{",
+                      o->batch_lines, o->chats, o->chat_max_tokens, o->window);
+        for (size_t k = 0; k < sizeof m / sizeof m[0]; k++) {
+            char key[64];
+            snprintf(key, sizeof key, "idle_%s", m[k].key);
+            json_num(&js, key, m[k].idle, m[k].prec);
+            json_buf_lit(&js, ",");
+            snprintf(key, sizeof key, "batch_%s", m[k].key);
+            json_num(&js, key, m[k].busy, m[k].prec);
+            json_buf_lit(&js, ",");
+        }
+        json_num(&js, "batch_alone_tok_s", alone, 1);
+        json_buf_lit(&js, ",");
+        json_num(&js, "batch_with_chats_tok_s", with, 1);
+        json_buf_lit(&js, ",");
+        json_num(&js, "load_start", load0, 2);
+        json_buf_lit(&js, ",");
+        json_num(&js, "load_end", load1, 2);
+        json_buf_lit(&js, "}}\n");
+        int w = write_text(o->json, js.p, js.len, err, errlen);
+        json_buf_free(&js);
+        if (w) goto out;
+    }
+    rc = 0;
+out:
+    if (bid[0]) { /* the job is not wanted past the measurement */
+        char path[200], e2[256];
+        struct json_buf cb;
+        snprintf(path, sizeof path, "/v1/batches/%s/cancel", bid);
+        http_json(&o->t, "POST", path, NULL, &cb, e2, sizeof e2);
+        json_buf_free(&cb);
+    }
+    json_buf_free(&jl);
+    free(tt_idle);
+    free(tt_busy);
+    free(it_idle);
+    free(it_busy);
+    return rc;
+}
+
 /* The first model /v1/models lists, copied into out. */
 static int first_model(const struct target *t, char *out, size_t cap, char *err, size_t errlen)
 {
@@ -1349,7 +1625,8 @@ int api_cmd_bench(int argc, char **argv)
 {
     struct bench_opts o = {
         .t = {.timeout = 600},
-        .prompt_tokens = 14600, .max_tokens = 256, .runs = 5, .num_prompts = 0, .seed = 42, .ignore_eos = true,
+        .prompt_tokens = API_FLAG_UNSET, .max_tokens = API_FLAG_UNSET, .runs = 5, .num_prompts = 0, .seed = 42,
+        .ignore_eos = true, .batch_lines = 400, .chats = 20, .chat_max_tokens = 32, .window = 30,
     };
     const char *url = "http://127.0.0.1:8000";
     double timeout = 600;
@@ -1357,13 +1634,20 @@ int api_cmd_bench(int argc, char **argv)
         {"--url", API_FLAG_STR, &url, "server address (http://127.0.0.1:8000; a trailing /v1 is fine)", NULL},
         {"--model", API_FLAG_STR, &o.model, "model name to send (default: the first of /v1/models)", NULL},
         {"--api-key", API_FLAG_STR, &o.t.api_key, "sent as 'Authorization: Bearer KEY'", NULL},
-        {"--prompt-tokens", API_FLAG_INT, &o.prompt_tokens, "prompt length in tokens (14600)", NULL},
-        {"--max-tokens", API_FLAG_INT, &o.max_tokens, "completion tokens per request (256)", NULL},
+        {"--prompt-tokens", API_FLAG_INT, &o.prompt_tokens, "prompt length in tokens (14600; --beside-batch: 700)", NULL},
+        {"--max-tokens", API_FLAG_INT, &o.max_tokens, "completion tokens per request (256; --beside-batch: 64)", NULL},
         {"--runs", API_FLAG_INT, &o.runs, "cache-bust runs, then as many cache-hit runs (5)", NULL},
         {"--concurrency", API_FLAG_INT, &o.concurrency, "load mode: this many streams at once (0 = table mode)", NULL},
         {"--num-prompts", API_FLAG_INT, &o.num_prompts, "load mode: distinct prompts sent (4 x concurrency)", NULL},
         {"--seed", API_FLAG_INT, &o.seed, "load mode: seed of the prompt lengths (42)", NULL},
         {"--ignore-eos", API_FLAG_BOOL, &o.ignore_eos, "ask for exactly --max-tokens (ignore_eos; on)", "--no-ignore-eos"},
+        {"--beside-batch", API_FLAG_BOOL, &o.beside,
+         "chat beside a batch: one-word streamed chats idle, then beside a Batch API job of --batch-lines documents "
+         "(--prompt-tokens, --max-tokens); chat TTFT/ITL idle vs beside, batch tok/s alone vs with chats", NULL},
+        {"--batch-lines", API_FLAG_INT, &o.batch_lines, "--beside-batch: documents in the batch (400)", NULL},
+        {"--chats", API_FLAG_INT, &o.chats, "--beside-batch: chats one after another, idle and beside (20)", NULL},
+        {"--chat-max-tokens", API_FLAG_INT, &o.chat_max_tokens, "--beside-batch: tokens per chat answer (32)", NULL},
+        {"--window", API_FLAG_FLOAT, &o.window, "--beside-batch: seconds the batch runs alone, before and after (30)", NULL},
         {"--corpus", API_FLAG_STR, &o.corpus, "text file or folder of *.txt for prompts (tools/bench/corpus)", NULL},
         {"--timeout", API_FLAG_FLOAT, &timeout, "seconds without a byte from the server before failing (600)", NULL},
         {"--csv", API_FLAG_STR, &o.csv, "also write the table as CSV", NULL},
@@ -1380,6 +1664,14 @@ int api_cmd_bench(int argc, char **argv)
                       "Prints run, cache, pp tok/s, tg tok/s, e2e tok/s, TTFT s, total s, p_tok, c_tok (tab-separated)\n"
                       "and the averages per cache kind. --concurrency N reports throughput and latency percentiles.\n\n", argc, argv, 2, flags, NULL, 0, &flags_rc);
     if (np < 0) return flags_rc;
+    if (o.prompt_tokens == API_FLAG_UNSET) o.prompt_tokens = o.beside ? 700 : 14600;
+    if (o.max_tokens == API_FLAG_UNSET) o.max_tokens = o.beside ? 64 : 256;
+    if (o.beside && (o.concurrency || o.batch_lines < 1 || o.batch_lines > 100000 || o.chats < 1 || o.chats > 10000 ||
+                     o.chat_max_tokens < 1 || o.chat_max_tokens > 4096 || !(o.window > 0 && o.window <= 3600))) {
+        fprintf(stderr, "sluice bench: --beside-batch takes no --concurrency; --batch-lines 1..100000, --chats "
+                        "1..10000, --chat-max-tokens 1..4096, --window above 0, at most 3600\n");
+        return 2;
+    }
     if (o.prompt_tokens < 16 || o.max_tokens < 1 || o.runs < 1 || o.runs > 10000 || o.concurrency < 0 ||
         o.concurrency > 4096 || o.num_prompts < 0 || timeout <= 0) {
         fprintf(stderr, "sluice bench: a flag is out of range (--prompt-tokens >= 16, --max-tokens >= 1, "
@@ -1416,7 +1708,9 @@ int api_cmd_bench(int argc, char **argv)
     fprintf(stderr, "sluice bench: http://%s:%s%s, model %s, %ld prompt tokens, %ld max tokens\n", o.t.host, o.t.port,
             o.t.prefix, model, o.prompt_tokens, o.max_tokens);
     if (warm_up(&o, &sz, model, err, sizeof err)) goto fail;
-    if (o.concurrency ? run_load(&o, &sz, model, err, sizeof err) : run_table(&o, &sz, model, err, sizeof err))
+    if (o.beside ? run_beside(&o, &sz, model, err, sizeof err)
+        : o.concurrency ? run_load(&o, &sz, model, err, sizeof err)
+                        : run_table(&o, &sz, model, err, sizeof err))
         goto fail;
     free(sz.text);
     return 0;

@@ -568,7 +568,9 @@ int api_cmd_run_batch(int argc, char **argv)
     /* not given: vLLM's sizes for the device, the model's length, 0.9 */
     long max_num_seqs = API_FLAG_UNSET, max_batched = API_FLAG_UNSET, max_model_len = API_FLAG_UNSET;
     long block_size = 16, threads = 0, tp = 1, long_prefill = 0, partial = 1, long_partial = 1;
-    double batch_share = 0.1, gpu_util = NAN;
+    double gpu_util = NAN;
+    struct api_sched_flags sf; /* the same scheduler policy as serve's */
+    api_sched_flags_init(&sf);
     bool prefix = true, quiet = false, timings = false, eager = false, check_weights = false;
     const struct api_flag flags[] = {
         {"--model", API_FLAG_STR, &model_path, "GGUF file or HF checkpoint directory", NULL},
@@ -589,7 +591,7 @@ int api_cmd_run_batch(int argc, char **argv)
         {"--gpu-memory-utilization", API_FLAG_FLOAT, &gpu_util, "GPU memory fraction for weights + KV (0.9)", NULL},
         {"--kv-cache-dtype", API_FLAG_STR, &kv_dtype, "auto, or fp8 (= fp8_e4m3; GPU): half the KV bytes", NULL},
         {"--enforce-eager", API_FLAG_BOOL, &eager, "no CUDA graphs: decode steps launch kernels one by one (slower)", NULL},
-        {"--min-batch-share", API_FLAG_FLOAT, &batch_share, "budget share kept for batch work (0.1)", NULL},
+        API_SCHED_FLAGS(&sf),
         {"--long-prefill-token-threshold", API_FLAG_HUMAN_INT, &long_prefill,
          "a prompt moves by at most this many tokens a step (vLLM; 0: no cap)", NULL},
         {"--max-num-partial-prefills", API_FLAG_INT, &partial,
@@ -631,15 +633,16 @@ int api_cmd_run_batch(int argc, char **argv)
     }
     /* each message names the flag, its value and what it may be; a value
      * given as 0 is refused as vLLM refuses it, not read as "the default" */
+    struct sched_config policy = {0};
     if (api_flag_long_range("--max-num-seqs", max_num_seqs, 1, 1 << 16, err, sizeof err) ||
         api_flag_long_range("--max-num-batched-tokens", max_batched, 1, 1 << 20, err, sizeof err) ||
         api_flag_long_range("--max-model-len", max_model_len, 1, LONG_MAX, err, sizeof err) ||
         api_flag_long_range("--block-size", block_size, 1, 1024, err, sizeof err) ||
         api_flag_long_range("--tensor-parallel-size", tp, 1, LONG_MAX, err, sizeof err) ||
         api_flag_long_range("--threads", threads, 0, INT_MAX, err, sizeof err) ||
-        api_flag_double_range("--min-batch-share", batch_share, 0, false, 1, err, sizeof err) ||
         api_flag_long_range("--long-prefill-token-threshold", long_prefill, 0, INT_MAX, err, sizeof err) ||
         api_partial_prefill_flags(partial, long_partial, err, sizeof err) ||
+        api_sched_flags_apply(&sf, &policy, err, sizeof err) ||
         api_flag_double_range("--gpu-memory-utilization", gpu_util, 0, true, 1, err, sizeof err)) {
         fprintf(stderr, "sluice run-batch: %s\n", err);
         return 2;
@@ -713,7 +716,9 @@ int api_cmd_run_batch(int argc, char **argv)
     eo.sched.max_num_seqs = (int)max_num_seqs;
     eo.sched.max_num_batched_tokens = (int)max_batched;
     eo.sched.max_model_len = (int)max_model_len;
-    eo.sched.min_batch_share = (float)batch_share;
+    eo.sched.min_batch_share = policy.min_batch_share;
+    eo.sched.ttft_target_s = policy.ttft_target_s;
+    eo.sched.itl_target_s = policy.itl_target_s;
     eo.sched.long_prefill_token_threshold = (int)long_prefill;
     eo.sched.max_num_partial_prefills = (int)partial;
     eo.sched.max_long_partial_prefills = (int)long_partial;

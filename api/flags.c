@@ -11,6 +11,7 @@
 
 #include "api.h"
 #include "model/backend.h"
+#include "sched/sched.h"
 
 static int set_value(const struct api_flag *f, const char *v, char *err, size_t errlen)
 {
@@ -314,4 +315,27 @@ void api_engine_defaults(const char *device, long *max_num_seqs, long *max_num_b
     /* a default never contradicts what was given */
     if (ds && !db && *max_num_seqs > *max_num_batched_tokens) *max_num_seqs = *max_num_batched_tokens;
     if (db && !ds && *max_num_batched_tokens < *max_num_seqs) *max_num_batched_tokens = *max_num_seqs;
+}
+
+/* ---- the scheduler's policy flags (serve and run-batch) ---- */
+
+void api_sched_flags_init(struct api_sched_flags *f)
+{
+    struct sched_config c = {0};
+    sched_config_policy_defaults(&c);
+    f->ttft_target_ms = c.ttft_target_s * 1e3;
+    f->itl_target_ms = c.itl_target_s * 1e3;
+    f->min_batch_share = c.min_batch_share;
+}
+
+int api_sched_flags_apply(const struct api_sched_flags *f, struct sched_config *c, char *err, size_t errlen)
+{
+    if (api_flag_double_range("--interactive-ttft-target", f->ttft_target_ms, 0, false, 1e7, err, errlen) ||
+        api_flag_double_range("--interactive-itl-target", f->itl_target_ms, 0, false, 1e7, err, errlen) ||
+        api_flag_double_range("--min-batch-share", f->min_batch_share, 0, false, 1, err, errlen))
+        return -1;
+    c->min_batch_share = (float)f->min_batch_share;
+    c->ttft_target_s = f->ttft_target_ms / 1e3;
+    c->itl_target_s = f->itl_target_ms / 1e3;
+    return 0;
 }

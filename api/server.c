@@ -42,26 +42,6 @@ static void wake(void *arg)
     event_active(s->wake_ev, EV_READ, 0);
 }
 
-/* What a step's budget and --batch-step-tokens weigh a prefill (query,
- * key) pair at: the model's FLOP ratio, or SLUICE_BATCH_PAIR_COST (a
- * benchmark switch; 0 counts tokens alone, as before the weighing). */
-static double step_pair_cost(const struct model_config *c)
-{
-    const char *e = getenv("SLUICE_BATCH_PAIR_COST");
-    char *end;
-    double k = e && *e ? strtod(e, &end) : -1.0;
-    return e && *e && *end == '\0' && k >= 0.0 ? k : model_attn_pair_cost(c);
-}
-
-/* A scheduler rule that is on unless the environment variable name is "0"
- * (benchmark switches: SLUICE_WEIGH_BUDGET, SLUICE_YIELD_LONG_PREFILL,
- * SLUICE_BATCH_YIELD). */
-static bool rule_on(const char *name)
-{
-    const char *e = getenv(name);
-    return !(e && strcmp(e, "0") == 0);
-}
-
 static void *load_main(void *arg)
 {
     struct server *s = arg;
@@ -77,16 +57,13 @@ static void *load_main(void *arg)
             .max_num_seqs = (int)s->o.max_num_seqs,
             .max_num_batched_tokens = (int)s->o.max_num_batched_tokens,
             .max_model_len = (int)s->o.max_model_len,
-            .min_batch_share = (float)s->o.min_batch_share,
-            .batch_step_tokens = (int)s->o.batch_step_tokens,
+            .min_batch_share = s->o.sched.min_batch_share,
+            .ttft_target_s = s->o.sched.ttft_target_s,
+            .itl_target_s = s->o.sched.itl_target_s,
+            .expect_interactive = true, /* a chat may come at any time */
             .long_prefill_token_threshold = (int)s->o.long_prefill_token_threshold,
             .max_num_partial_prefills = (int)s->o.max_num_partial_prefills,
             .max_long_partial_prefills = (int)s->o.max_long_partial_prefills,
-            .attn_pair_cost = step_pair_cost(model_get_config(s->m)),
-            .step_granule = 512, /* the GPU's GEMM tiles and waves (BENCHMARKS.md); the CPU's do not mind */
-            .weigh_budget = rule_on("SLUICE_WEIGH_BUDGET"),
-            .yield_long_prefill = rule_on("SLUICE_YIELD_LONG_PREFILL"),
-            .batch_yield = rule_on("SLUICE_BATCH_YIELD"),
         },
         .enable_prefix_caching = s->o.enable_prefix_caching,
         .notify = wake,
@@ -237,6 +214,28 @@ static void hist_out(struct evbuffer *o, const char *name, const char *help, con
                         (unsigned long long)h->count, name, h->sum, name, (unsigned long long)h->count);
 }
 
+/* An engine histogram, one series per label value (labels[i] for hs[i]; a
+ * NULL label: no label). */
+static void sched_hist_out(struct evbuffer *o, const char *name, const char *help, const char *label,
+                           const char *const *values, const struct sched_hist *hs, int n)
+{
+    evbuffer_add_printf(o, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    for (int k = 0; k < n; k++) {
+        const struct sched_hist *h = &hs[k];
+        char l[96] = "", lc[100] = "";
+        if (label) {
+            snprintf(l, sizeof l, "%s=\"%s\"", label, values[k]);
+            snprintf(lc, sizeof lc, "{%s}", l);
+        }
+        for (int i = 0; i < SCHED_HIST_BUCKETS; i++)
+            evbuffer_add_printf(o, "%s_bucket{%s%sle=\"%g\"} %llu\n", name, l, label ? "," : "", sched_hist_bounds[i],
+                                (unsigned long long)h->le[i]);
+        evbuffer_add_printf(o, "%s_bucket{%s%sle=\"+Inf\"} %llu\n%s_sum%s %.6f\n%s_count%s %llu\n", name, l,
+                            label ? "," : "", (unsigned long long)h->count, name, lc, h->sum, name, lc,
+                            (unsigned long long)h->count);
+    }
+}
+
 static void handle_metrics(struct server *s, struct evhttp_request *req)
 {
     struct evbuffer *o = evbuffer_new();
@@ -268,11 +267,41 @@ static void handle_metrics(struct server *s, struct evhttp_request *req)
     COUNTER("request_failure_total", "Requests refused or failed.", s->n_requests_err);
     GAUGE("avg_seqs_per_step", "Sequences per engine step, on average (tokens run / steps, decode only).", "%.4f",
           st.sched.steps ? (double)(st.sched.decode_tokens) / (double)st.sched.steps : 0.0);
+    /* the scheduler's side: per class (chat against batch), its step plans against what ran */
+    static const char *const cls[SCHED_N_PRIO] = {"interactive", "batch"};
+    static const char *const terms[SCHED_COST_N] = {"step", "prefill_token", "prefill_pair", "decode_token",
+                                                    "decode_key", "sample"};
+    const struct sched_stats *ss = &st.sched;
+    evbuffer_add_printf(o, "# HELP sluice:tokens_computed_total Prompt and decode tokens run through the model, per "
+                           "class.\n# TYPE sluice:tokens_computed_total counter\n");
+    for (int c = 0; c < SCHED_N_PRIO; c++)
+        evbuffer_add_printf(o, "sluice:tokens_computed_total{class=\"%s\"} %llu\n", cls[c],
+                            (unsigned long long)ss->class_tokens[c]);
+    GAUGE("batch_throughput_tokens_per_second", "Batch tokens (prompt and decode) run a second, over the last ~10 s of "
+          "steps.", "%.1f", ss->batch_tok_s);
+    COUNTER("batch_decodes_sat_out_total", "Batch decodes left out of a step to keep it within the latency targets "
+            "(their KV stays).", ss->decodes_sat_out);
+    GAUGE("step_time_planned_last_seconds", "The last step's time as the cost model planned it.", "%.6f",
+          ss->last_planned_s);
+    GAUGE("step_time_measured_last_seconds", "The last step's time as it ran.", "%.6f", ss->last_measured_s);
+    GAUGE("step_time_limit_last_seconds", "The last step's time limit from the latency targets (0: none).", "%.6f",
+          ss->last_limit_s);
+    evbuffer_add_printf(o, "# HELP sluice:step_cost_coefficient_seconds The step cost model, calibrated from the "
+                           "measured steps: seconds per unit of each term.\n"
+                           "# TYPE sluice:step_cost_coefficient_seconds gauge\n");
+    for (int i = 0; i < SCHED_COST_N; i++)
+        evbuffer_add_printf(o, "sluice:step_cost_coefficient_seconds{term=\"%s\"} %.9g\n", terms[i], ss->cost[i]);
+    sched_hist_out(o, "sluice:time_to_first_token_seconds", "Time to first token, per class (engine side).", "class",
+                   cls, ss->ttft, SCHED_N_PRIO);
+    sched_hist_out(o, "sluice:inter_token_latency_seconds", "Time between a sequence's tokens, per class (engine "
+                   "side).", "class", cls, ss->itl, SCHED_N_PRIO);
+    sched_hist_out(o, "sluice:step_time_planned_seconds", "Engine step time as the cost model planned it.", NULL,
+                   NULL, &ss->step_planned, 1);
+    sched_hist_out(o, "sluice:step_time_seconds", "Engine step time as measured (plan, forward, sampling).", NULL,
+                   NULL, &ss->step_measured, 1);
 #undef GAUGE
 #undef COUNTER
     srv_batch_metrics(s, o);
-    hist_out(o, "sluice:time_to_first_token_seconds", "Time to first token.", &s->ttft);
-    hist_out(o, "sluice:inter_token_latency_seconds", "Time between streamed tokens.", &s->itl);
     hist_out(o, "sluice:e2e_request_latency_seconds", "Request latency.", &s->e2e);
     hist_out(o, "sluice:request_queue_time_seconds", "Time a request waited before the engine first admitted it.",
              &s->queue);
@@ -613,8 +642,8 @@ int api_cmd_serve(int argc, char **argv)
     o->block_size = 16;
     o->tensor_parallel_size = 1;
     o->max_body_bytes = 32L << 20;
-    o->min_batch_share = 0.1;
-    o->batch_step_tokens = 2048;
+    struct api_sched_flags sf;
+    api_sched_flags_init(&sf);
     o->max_num_partial_prefills = o->max_long_partial_prefills = 1;
     o->data_dir = "./sluice-data";
     o->max_batch_file_lines = 50000;
@@ -669,11 +698,7 @@ int api_cmd_serve(int argc, char **argv)
         {"--disable-log-stats", API_FLAG_BOOL, &vf.disable_log_stats, "accepted; no effect", NULL},
         {"--disable-uvicorn-access-log", API_FLAG_BOOL, &vf.disable_uvicorn_access_log, "accepted; no effect", NULL},
         {"--max-request-bytes", API_FLAG_INT, &o->max_body_bytes, "largest JSON request body (32 MiB)", NULL},
-        {"--min-batch-share", API_FLAG_FLOAT, &o->min_batch_share, "step budget share kept for batch work (0.1)", NULL},
-        {"--batch-step-tokens", API_FLAG_HUMAN_INT, &o->batch_step_tokens,
-         "batch prefill fills a step only this far, in tokens weighed by the keys they attend to, so chat waits "
-         "at most a short step (2048; 0: the whole budget)",
-         NULL},
+        API_SCHED_FLAGS(&sf),
         {"--long-prefill-token-threshold", API_FLAG_HUMAN_INT, &o->long_prefill_token_threshold,
          "a prompt moves by at most this many tokens a step (vLLM; 0: no cap)", NULL},
         {"--enable-chunked-prefill", API_FLAG_BOOL, &vf.enable_chunked_prefill, "accepted; prefill is always chunked",
@@ -758,8 +783,7 @@ int api_cmd_serve(int argc, char **argv)
         api_flag_long_range("--threads", o->threads, 0, INT_MAX, err, sizeof err) ||
         api_flag_double_range("--gpu-memory-utilization", o->gpu_memory_utilization, 0, true, 1, err, sizeof err) ||
         api_flag_long_range("--max-request-bytes", o->max_body_bytes, 1024, LONG_MAX, err, sizeof err) ||
-        api_flag_double_range("--min-batch-share", o->min_batch_share, 0, false, 1, err, sizeof err) ||
-        api_flag_long_range("--batch-step-tokens", o->batch_step_tokens, 0, INT_MAX, err, sizeof err) ||
+        api_sched_flags_apply(&sf, &o->sched, err, sizeof err) ||
         api_flag_long_range("--long-prefill-token-threshold", o->long_prefill_token_threshold, 0, INT_MAX, err,
                             sizeof err) ||
         api_flag_long_range("--max-batch-file-lines", o->max_batch_file_lines, 1, LONG_MAX, err, sizeof err) ||

@@ -51,8 +51,7 @@ struct server_opts {
     const char *device;
     long threads;
     long max_body_bytes;        /* JSON request bodies */
-    double min_batch_share;
-    long batch_step_tokens;      /* sched_config.batch_step_tokens */
+    struct sched_config sched;  /* the policy flags (API_SCHED_FLAGS): min_batch_share, the latency targets */
     long long_prefill_token_threshold; /* sched_config's: a prefill's tokens per step at most (0: any) */
     long max_num_partial_prefills, max_long_partial_prefills; /* sched_config's (1, 1: no limit) */
     const char *data_dir;       /* the batch store (server_batch.c) */

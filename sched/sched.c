@@ -53,7 +53,7 @@ struct sched_req {
     char *hold;              /* [hold_cap] text held back: could start a stop string */
     size_t n_hold, hold_cap;
     int cached_tokens, n_preempt;
-    double t_submit, t_admit, t_first;
+    double t_submit, t_admit, t_first, t_last; /* t_last: the last token's */
     sched_req *prev, *next;  /* waiting list links */
 };
 
@@ -83,7 +83,14 @@ struct sched {
     sched_req **step_req;      /* [max_num_seqs] */
     sched_req **order;         /* [max_num_seqs] a class's running prefills, in the order served */
     int n_step_seqs;
-    double step_cost;          /* the step's tokens, weighed (chunk_cost) */
+    double step_time;          /* the step's planned seconds (the cost model) */
+    struct sched_step_shape shape; /* the step's shape, for the cost model once it ran */
+    int step_batch_tokens;     /* batch tokens in the step */
+    double plan_limit;         /* the step's time limit (0: none) */
+    bool seen_interactive;     /* an interactive request came: steps leave room for the next */
+    uint64_t dec_next;         /* batch decodes take turns from this admission on */
+    double rate_tok, rate_s;   /* batch tokens and seconds, fading (stats.batch_tok_s) */
+    struct sched_cost cost;
     char piece[PIECE_CAP];
     char *text;                /* [text_cap] text released by one token */
     size_t text_cap;
@@ -110,6 +117,16 @@ const char *sched_finish_name(enum sched_finish f)
 
 /* ---- construction ---------------------------------------------------------------- */
 
+void sched_config_policy_defaults(struct sched_config *c)
+{
+    c->min_batch_share = 0.1f;
+    c->ttft_target_s = SCHED_DEFAULT_TTFT_TARGET_S;
+    c->itl_target_s = SCHED_DEFAULT_ITL_TARGET_S;
+    c->long_prefill_token_threshold = 0;
+    c->max_num_partial_prefills = 1;
+    c->max_long_partial_prefills = 1;
+}
+
 sched *sched_create(const struct sched_config *cfg, kv_pool *pool, const model_tok *tok, char *err,
                     size_t errlen)
 {
@@ -119,19 +136,20 @@ sched *sched_create(const struct sched_config *cfg, kv_pool *pool, const model_t
     }
     if (cfg->max_num_seqs < 1 || cfg->max_num_batched_tokens < cfg->max_num_seqs || cfg->max_model_len < 1 ||
         cfg->block_size != kv_pool_block_size(pool) || !(cfg->min_batch_share >= 0.0f && cfg->min_batch_share <= 1.0f) ||
-        cfg->batch_step_tokens < 0 || !(cfg->attn_pair_cost >= 0.0) || cfg->step_granule < 0 ||
+        !(cfg->itl_target_s >= 0.0) || !(cfg->ttft_target_s >= 0.0) || cfg->step_granule < 0 ||
+        !(cfg->prior_token_s >= 0.0) || !(cfg->prior_pair_ratio >= 0.0) ||
         cfg->long_prefill_token_threshold < 0 || cfg->max_num_partial_prefills < 0 ||
         (cfg->max_num_partial_prefills > 1 &&
          (cfg->max_long_partial_prefills < 1 || cfg->max_long_partial_prefills > cfg->max_num_partial_prefills))) {
         snprintf(err, errlen,
                  "bad scheduler limits: max_num_seqs %d (>= 1), max_num_batched_tokens %d (>= max_num_seqs), "
                  "max_model_len %d (>= 1), block_size %d (the pool's is %d), min_batch_share %g (0..1), "
-                 "batch_step_tokens %d (>= 0), attn_pair_cost %g (>= 0), step_granule %d (>= 0), "
-                 "long_prefill_token_threshold %d (>= 0), max_num_partial_prefills %d (>= 0), "
-                 "max_long_partial_prefills %d (1..max_num_partial_prefills)",
+                 "itl_target_s %g and ttft_target_s %g (>= 0), step_granule %d (>= 0), prior_token_s %g and "
+                 "prior_pair_ratio %g (>= 0), long_prefill_token_threshold %d (>= 0), max_num_partial_prefills %d "
+                 "(>= 0), max_long_partial_prefills %d (1..max_num_partial_prefills)",
                  cfg->max_num_seqs, cfg->max_num_batched_tokens, cfg->max_model_len, cfg->block_size,
-                 kv_pool_block_size(pool), (double)cfg->min_batch_share, cfg->batch_step_tokens,
-                 cfg->attn_pair_cost, cfg->step_granule, cfg->long_prefill_token_threshold,
+                 kv_pool_block_size(pool), (double)cfg->min_batch_share, cfg->itl_target_s, cfg->ttft_target_s,
+                 cfg->step_granule, cfg->prior_token_s, cfg->prior_pair_ratio, cfg->long_prefill_token_threshold,
                  cfg->max_num_partial_prefills, cfg->max_long_partial_prefills);
         return NULL;
     }
@@ -142,6 +160,9 @@ sched *sched_create(const struct sched_config *cfg, kv_pool *pool, const model_t
     s->tok = tok;
     s->pool_blocks = kv_pool_n_blocks(pool);
     s->prefix_cache = kv_pool_prefix_cache(pool);
+    /* no prior given (tests): a millisecond a token */
+    sched_cost_init(&s->cost, cfg->prior_token_s > 0 ? cfg->prior_token_s : 1e-3, cfg->prior_pair_ratio);
+    memcpy(s->stats.cost, s->cost.coef, sizeof s->stats.cost);
     if (tok) s->n_model_stop = model_tok_stop_ids(tok, &s->model_stop);
     if (tok) s->gvocab = sched_guide_vocab_create(tok); /* NULL (out of memory): JSON mode is refused */
     size_t T = (size_t)cfg->max_num_batched_tokens, S = (size_t)cfg->max_num_seqs;
@@ -465,82 +486,80 @@ static bool is_decode(const sched_req *q)
     return q->n_tokens > q->n_prompt && q->n_computed == q->n_tokens - 1;
 }
 
-/* What len tokens from position n0 cost, in tokens: each one plus
- * attn_pair_cost for every key it attends to (positions 0 .. its own). */
-static double chunk_cost(const sched *s, int n0, int len)
+static int prompt_left(const sched_req *q) { return q->n_tokens - q->n_computed; }
+
+/* What len prefill tokens from position n0 cost by the cost model, in
+ * seconds: each token, the keys it attends to (positions 0 .. its own),
+ * and a sample when the chunk ends the prompt. */
+static double prefill_cost(const sched *s, int n0, int len, bool sample)
 {
-    return len + s->cfg.attn_pair_cost * ((double)len * n0 + (double)len * (len + 1) / 2.0);
+    const double *k = s->cost.coef;
+    return k[SCHED_COST_PREFILL] * len + k[SCHED_COST_PAIR] * ((double)len * n0 + (double)len * (len + 1) / 2.0) +
+           (sample ? k[SCHED_COST_SAMPLE] : 0.0);
 }
 
-/* The most tokens from position n0 that cost at most left (chunk_cost). */
+/* What a decode at position n0 costs: the token, the n0 + 1 keys it reads, its sample. */
+static double decode_cost(const sched *s, int n0)
+{
+    const double *k = s->cost.coef;
+    return k[SCHED_COST_DECODE] + k[SCHED_COST_DECODE_KEY] * (n0 + 1.0) + k[SCHED_COST_SAMPLE];
+}
+
+/* The step's planned time if one more piece joins it: the fixed part comes with the first. */
+static double step_base(const sched *s)
+{
+    return s->step_time + (s->n_step_seqs == 0 ? s->cost.coef[SCHED_COST_STEP] : 0.0);
+}
+
+/* The most prefill tokens from position n0 that cost at most left seconds
+ * (a sample counted in). */
 static int chunk_fit(const sched *s, int n0, double left)
 {
-    double k = s->cfg.attn_pair_cost;
-    if (left < 1.0) return 0;
-    if (k <= 0.0) return left >= INT_MAX ? INT_MAX : (int)left;
-    /* k/2 len^2 + (1 + k n0 + k/2) len <= left */
-    double b = 1.0 + k * n0 + k / 2.0, x = (-b + sqrt(b * b + 2.0 * k * left)) / k;
-    int len = x >= INT_MAX ? INT_MAX - 1 : (int)x;
-    while (len > 0 && chunk_cost(s, n0, len) > left) len--; /* rounding */
-    while (len < INT_MAX - 1 && chunk_cost(s, n0, len + 1) <= left) len++;
+    const double *k = s->cost.coef;
+    left -= k[SCHED_COST_SAMPLE];
+    if (!(left > 0.0)) return 0;
+    double a = k[SCHED_COST_PAIR] / 2.0, b = k[SCHED_COST_PREFILL] + k[SCHED_COST_PAIR] * (n0 + 0.5);
+    double x;
+    if (a <= 0.0 && b <= 0.0) return INT_MAX - 1;
+    if (a <= 0.0) x = left / b;
+    else x = (-b + sqrt(b * b + 4.0 * a * left)) / (2.0 * a);
+    int len = x >= INT_MAX - 1 ? INT_MAX - 2 : (int)x;
+    while (len > 0 && prefill_cost(s, n0, len, true) > left + k[SCHED_COST_SAMPLE]) len--; /* rounding */
+    while (len < INT_MAX - 2 && prefill_cost(s, n0, len + 1, true) <= left + k[SCHED_COST_SAMPLE]) len++;
     return len;
 }
 
-/* A class's prefill cap in a step (sched_plan_step): whether it holds, the
- * cost the step may reach, the cost left, a token even past it (one), and
- * the granule its cut chunks end the step on (0: none, where the reserve
- * rather than a cap set the limit). */
+/* A time cap on prefill in a step: whether it holds, the planned time the
+ * step may reach, a token even past it (one), and the granule its cut
+ * chunks end the step on. */
 struct step_cap {
     bool on;
-    double limit, left;
+    double limit;
     bool one;
     int granule;
+    bool efficient; /* the class's prefill may take as long as the step before it, even past limit */
 };
 
-/* Class c's cap in a step that holds T tokens (chat_prompt: and the last
- * chunk of an interactive prompt). With weigh_budget, the
- * budget (less keep, what interactive leaves to batch) counts decodes as a
- * token each and prefill tokens by their cost, for both classes; an
- * interactive prompt still moves by a token a step when one costs more than
- * that. Batch also stops at batch_step_tokens of cost (the whole step's, at
- * least its reserve beyond what the step holds); a token deep enough into a
- * prompt may cost more than that: batch still moves by one when the step
- * would be empty, or when it waits (its reserve) and has nothing in the
- * step yet. With batch_yield, a step that ends a chat's prompt holds batch
- * prefill to its reserve: that chat's first token comes with the step. */
-static struct step_cap class_cap(const sched *s, int c, int T, int reserve, int batch_used, int keep,
-                                  bool chat_prompt)
+/* Where c's limit cannot be met anyway (the step's fixed part and its
+ * decodes take it already, as on a loaded machine), cutting prefill to a
+ * token a step would only make it worse: the fixed part paid again for
+ * every token. An efficient cap lets the class's prefill take as long as
+ * what the step held before it. */
+static void cap_floor(const sched *s, struct step_cap *c)
 {
-    const struct sched_config *cf = &s->cfg;
-    bool weigh = cf->weigh_budget && cf->attn_pair_cost > 0.0;
-    double budget = s->step_cost + (cf->max_num_batched_tokens - keep - T);
-    struct step_cap cap = {.on = weigh, .limit = budget, .one = T == 0, .granule = cf->step_granule};
-    if (c == SCHED_PRIO_INTERACTIVE) {
-        cap.one = true;
-        return cap;
-    }
-    if (cf->batch_step_tokens > 0) {
-        cap.on = true;
-        if (!weigh || cf->batch_step_tokens < budget) cap.limit = cf->batch_step_tokens;
-    }
-    double floor = s->step_cost + (reserve > batch_used ? reserve - batch_used : 0);
-    if (floor > cap.limit || (chat_prompt && cf->batch_yield)) {
-        cap.on = true;
-        cap.limit = floor;
-        cap.granule = 0;
-    }
-    cap.one = cap.one || (reserve > 0 && batch_used == 0);
-    return cap;
+    double b0 = step_base(s);
+    if (c->on && c->efficient && c->limit < 2.0 * b0) c->limit = 2.0 * b0;
 }
 
-/* A chunk of at most len tokens from n0 in a step that holds T tokens:
- * the longest that fits c's cost, at least one when c->one; when the cost
- * cut it, moved so that the step ends on the nearest multiple of
- * c->granule tokens, or of a quarter of it below one granule (the cap is a
- * target: it may be passed by half a granule). */
+/* A chunk of at most len tokens from n0 in a step that holds T tokens: the
+ * longest that fits c's time, at least one when c->one; when the time cut
+ * it, moved so that the step ends on the nearest multiple of c->granule
+ * tokens, or of a quarter of it below one granule (the cap is a target: it
+ * may be passed by half a granule). */
 static int capped_len(const sched *s, const struct step_cap *c, int n0, int len, int T)
 {
-    int fit = chunk_fit(s, n0, c->left), g = c->granule;
+    if (!c->on) return len;
+    int fit = chunk_fit(s, n0, c->limit - step_base(s)), g = c->granule;
     if (len <= fit) return len;
     if (fit <= 0) return c->one ? 1 : 0;
     if (g > 1 && T + fit < g) g /= 4;
@@ -549,9 +568,7 @@ static int capped_len(const sched *s, const struct step_cap *c, int n0, int len,
     return fit;
 }
 
-static int prompt_left(const sched_req *q) { return q->n_tokens - q->n_computed; }
-
-/* q's next chunk before any cost cap: what is left of its prompt, at most
+/* q's next chunk before any time cap: what is left of its prompt, at most
  * avail tokens and long_prefill_token_threshold. */
 static int chunk_max(const sched *s, const sched_req *q, int avail)
 {
@@ -617,6 +634,7 @@ static void add_to_step(sched *s, sched_req *q, int len, int *T)
         s->pos[t0 + k] = p;
         s->slots[t0 + k] = kv_seq_slot(&q->kv, p, bs);
     }
+    s->step_time = step_base(s);
     struct step_seq *ss = &s->seqs[s->n_step_seqs];
     memset(ss, 0, sizeof *ss);
     ss->query_start = t0;
@@ -635,23 +653,35 @@ static void add_to_step(sched *s, sched_req *q, int len, int *T)
     s->step_req[s->n_step_seqs++] = q;
     q->in_step = true;
     *T = t0 + len;
-    s->step_cost += chunk_cost(s, q->n_computed, len);
-    if (is_decode(q)) s->stats.decode_tokens++;
-    else s->stats.prompt_tokens_computed += (uint64_t)len;
+    double *x = s->shape.x;
+    x[SCHED_COST_STEP] = 1.0;
+    if (is_decode(q)) {
+        s->step_time += decode_cost(s, q->n_computed);
+        x[SCHED_COST_DECODE] += 1.0;
+        x[SCHED_COST_DECODE_KEY] += q->n_computed + 1.0;
+        s->stats.decode_tokens++;
+    } else {
+        s->step_time += prefill_cost(s, q->n_computed, len, ss->want_sample);
+        x[SCHED_COST_PREFILL] += len;
+        x[SCHED_COST_PAIR] += (double)len * q->n_computed + (double)len * (len + 1) / 2.0;
+        s->stats.prompt_tokens_computed += (uint64_t)len;
+    }
+    if (ss->want_sample) x[SCHED_COST_SAMPLE] += 1.0;
+    s->stats.class_tokens[q->prio] += (uint64_t)len;
+    if (q->prio == SCHED_PRIO_BATCH) s->step_batch_tokens += len;
 }
 
 /* Tries to admit the head of a waiting queue with at most avail tokens (and
- * within cap, if not NULL). Returns the tokens planned, 0 when it could not
- * be admitted (out of blocks, or nothing fits the cap). */
+ * within cap). Returns the tokens planned, 0 when it could not be admitted
+ * (out of blocks, or nothing fits the cap). */
 static int admit(sched *s, sched_req *q, int avail, const struct step_cap *cap, int *T)
 {
     if (q->kv.n_blocks == 0) {
         int cached = s->prefix_cache ? kv_seq_match_prefix(s->pool, &q->kv, q->tokens, q->n_tokens) : 0;
         q->n_computed = cached;
     }
-    int len = chunk_max(s, q, avail);
-    if (cap) /* the chunk after the cached prefix must fit the cap */
-        len = capped_len(s, cap, q->n_computed, len, *T);
+    /* the chunk after the cached prefix must fit the cap */
+    int len = capped_len(s, cap, q->n_computed, chunk_max(s, q, avail), *T);
     while (len <= 0 || kv_seq_reserve(s->pool, &q->kv, q->n_computed + len) != 0) {
         /* an interactive request may push batch work out; nothing else preempts to admit */
         sched_req *v = len > 0 && q->prio == SCHED_PRIO_INTERACTIVE ? pick_victim(s, SCHED_PRIO_BATCH) : NULL;
@@ -692,24 +722,6 @@ static int prefill_order(sched *s, int c)
         s->order[j] = q;
     }
     return n;
-}
-
-/* The cap of interactive prompt q in a step: cap, except that with
- * yield_long_prefill, while other chats are in the step or wait (others),
- * a prompt with more than batch_step_tokens left fills the step only to
- * batch_step_tokens of cost, leaving room for the waiting ones, but moves
- * by at least half of that: the chats' steps stay as short as beside batch
- * work, and the long prompt still moves however many chats there are. */
-static struct step_cap chat_cap(const sched *s, const struct step_cap *cap, const sched_req *q, bool others, int room)
-{
-    int bst = s->cfg.batch_step_tokens;
-    if (!s->cfg.yield_long_prefill || !others || bst <= 0 || prompt_left(q) <= bst) return *cap;
-    struct step_cap y = *cap;
-    double left = bst - room - s->step_cost;
-    if (left < bst / 2.0) left = bst / 2.0;
-    if (!y.on || left < y.left) y.left = left;
-    y.on = true;
-    return y;
 }
 
 /* What the waiting interactive prompts that could start this step need (by
@@ -791,12 +803,62 @@ static int make_room(sched *s, int budget, int share)
     return n;
 }
 
+/* The step's time limit (seconds; INFINITY: none) from the latency targets,
+ * and whether batch decodes wait until the interactive prefills are in. */
+static double time_limit(sched *s, bool *defer)
+{
+    bool chat = s->wait[SCHED_PRIO_INTERACTIVE].n > 0, chat_dec = false;
+    for (int i = 0; i < s->n_run; i++)
+        if (s->run[i]->prio == SCHED_PRIO_INTERACTIVE) {
+            chat = true;
+            chat_dec |= is_decode(s->run[i]);
+        }
+    s->seen_interactive |= chat;
+    double itl = s->cfg.itl_target_s > 0 ? s->cfg.itl_target_s : INFINITY, ttft = s->cfg.ttft_target_s;
+    /* a chat that arrives during a step waits for it, then needs a step of its own */
+    bool expect = s->cfg.expect_interactive || s->seen_interactive;
+    double room = ttft > 0 && expect ? (isfinite(itl) && ttft > itl ? ttft - itl : ttft) : INFINITY;
+    *defer = chat && isfinite(itl);
+    return chat_dec && itl < room ? itl : room;
+}
+
+/* Batch decodes under a time limit: in turn, starting with the one that sat
+ * out first last time, each while the step stays within limit (or while
+ * batch has less than keep of it, or when the step is empty); the others
+ * sit this step out and keep their KV. Returns the batch decodes planned. */
+static int batch_decodes(sched *s, double limit, double floor, int *T)
+{
+    int n = 0, k = 0, start = 0, budget = s->cfg.max_num_batched_tokens;
+    for (int i = 0; i < s->n_run; i++)
+        if (s->run[i]->prio == SCHED_PRIO_BATCH && is_decode(s->run[i]) && !s->run[i]->in_step) s->order[n++] = s->run[i];
+    while (start < n && s->order[start]->admit_seq < s->dec_next) start++;
+    if (start == n) start = 0;
+    uint64_t next = 0;
+    for (int j = 0; j < n; j++) {
+        sched_req *q = s->order[(start + j) % n];
+        if (!q->running || q->in_step || !is_decode(q)) continue; /* preempted for an earlier one's blocks */
+        double t = step_base(s) + decode_cost(s, q->n_computed);
+        if (*T >= budget || (t > limit && t > floor && *T > 0)) {
+            if (!next) next = q->admit_seq;
+            s->stats.decodes_sat_out++;
+            continue;
+        }
+        if (!reserve_running(s, q, q->n_computed + 1)) continue;
+        add_to_step(s, q, 1, T);
+        k++;
+    }
+    s->dec_next = next;
+    return k;
+}
+
 int sched_plan_step(sched *s, struct step *st)
 {
     const int budget = s->cfg.max_num_batched_tokens;
     int T = 0;
     s->n_step_seqs = 0;
-    s->step_cost = 0.0;
+    s->step_time = 0.0;
+    s->step_batch_tokens = 0;
+    memset(&s->shape, 0, sizeof s->shape);
     for (int i = 0; i < s->n_run; i++) s->run[i]->in_step = false;
     if (s->gvocab) sched_guide_vocab_epoch(s->gvocab); /* the last step's JSON masks are free again */
 
@@ -805,55 +867,82 @@ int sched_plan_step(sched *s, struct step *st)
      * take the slot back) */
     int bumped = make_room(s, budget, (int)ceilf(s->cfg.min_batch_share * (float)budget));
 
-    /* batch work waiting (queued or mid-prefill) keeps a share of the budget */
+    bool defer;
+    double limit = time_limit(s, &defer);
+    /* batch work waiting (queued or mid-prefill, or decodes the limit may
+     * leave out) keeps a share of the budget, and of the time */
     bool batch_waits = s->wait[SCHED_PRIO_BATCH].n > 0;
     for (int i = 0; i < s->n_run && !batch_waits; i++)
-        batch_waits = s->run[i]->prio == SCHED_PRIO_BATCH && !is_decode(s->run[i]);
+        batch_waits = s->run[i]->prio == SCHED_PRIO_BATCH && (!is_decode(s->run[i]) || defer);
     int reserve = batch_waits ? (int)ceilf(s->cfg.min_batch_share * (float)budget) : 0;
-    int batch_used = 0, chats = 0; /* batch decodes; interactive sequences in the step, long prompts aside */
-    bool chat_prompt = false;      /* the step holds a chat prompt's last chunk */
+    double keep_s = batch_waits && isfinite(limit) ? s->cfg.min_batch_share * limit : 0.0;
+    int batch_used = 0;        /* batch tokens in the step before interactive prefill */
+    bool first_token = false;  /* the step ends a chat's prompt */
 
-    /* 1. decodes, every class */
+    /* 1. decodes: every class, or only interactive ones while batch decodes wait their turn */
     for (int i = 0; i < s->n_run && T < budget; i++) {
         sched_req *q = s->run[i];
-        if (!is_decode(q)) continue;
+        if (!is_decode(q) || (defer && q->prio == SCHED_PRIO_BATCH)) continue;
         if (!reserve_running(s, q, q->n_computed + 1)) {
             i--; /* q left the array; the next one moved into slot i */
             continue;
         }
         add_to_step(s, q, 1, &T);
         if (q->prio == SCHED_PRIO_BATCH) batch_used++;
-        else chats++;
     }
 
     /* 2./3. per class: partial prefills, then admissions */
     for (int c = 0; c < SCHED_N_PRIO; c++) {
         int keep = c == SCHED_PRIO_INTERACTIVE && reserve > batch_used ? reserve - batch_used : 0;
-        struct step_cap cap = class_cap(s, c, T, reserve, batch_used, keep, chat_prompt);
+        /* prefill is never cut below what the step holds before it (where
+         * the target cannot be met anyway, beside a chat's decode the batch
+         * still gets half the step: the chat's tokens come at most twice as
+         * far apart as they would alone), except in a step that holds a
+         * chat's first token */
+        struct step_cap cap = {.on = isfinite(limit), .limit = limit, .one = true, .granule = s->cfg.step_granule,
+                               .efficient = true};
+        if (c == SCHED_PRIO_INTERACTIVE) {
+            cap.limit -= keep_s;
+            cap_floor(s, &cap);
+        } else {
+            /* a chat's first token comes with this step: batch fills no more
+             * than the inter-token target (or the chat's own prompt) */
+            if (first_token && s->cfg.itl_target_s > 0) {
+                double t = s->step_time > s->cfg.itl_target_s ? s->step_time : s->cfg.itl_target_s;
+                if (t < cap.limit) cap.limit = t, cap.on = true;
+                cap.efficient = false;
+            }
+            double floor = s->step_time + keep_s; /* batch's share */
+            if (cap.on && floor > cap.limit) cap.limit = floor;
+            cap_floor(s, &cap);
+            if (defer) batch_used += batch_decodes(s, cap.limit, floor, &T);
+            cap.one = T == 0 || (reserve > 0 && batch_used == 0);
+        }
         /* running prefills first, leaving room for interactive prompts that
-         * wait (up to half the budget) */
+         * wait (up to half the budget, and half the time) */
         int room = c == SCHED_PRIO_INTERACTIVE ? waiting_room(s, budget / 2) : 0;
+        struct step_cap rcap = cap;
+        if (room > 0 && cap.on) {
+            double rt = prefill_cost(s, 0, room, true), half = (cap.limit - step_base(s)) / 2.0;
+            rcap.limit -= rt < half ? rt : half;
+        }
         int npf = 0, nlong = 0; /* this class's prompts in the step, and the long ones among them */
         const int slice = prefill_slice(s, c, budget - T - keep);
         for (int i = 0, n = prefill_order(s, c); i < n; i++) {
             sched_req *q = s->order[i];
             int avail = budget - T - keep - room;
             if (avail > slice) avail = slice;
-            cap.left = cap.limit - room - s->step_cost;
-            if (avail <= 0 || (cap.on && cap.left < 1.0 && !cap.one)) break;
+            if (avail <= 0) break;
             if (!q->running) continue; /* preempted for an earlier one's blocks */
             bool lg = long_prompt(s, q);
             if (prefill_fits(s, lg, npf, nlong) <= 0) continue;
-            struct step_cap qc = c == SCHED_PRIO_INTERACTIVE ? chat_cap(s, &cap, q, chats > 0 || room > 0, room) : cap;
-            bool chat = c == SCHED_PRIO_INTERACTIVE && prompt_left(q) <= s->cfg.batch_step_tokens;
-            int len = chunk_max(s, q, avail);
-            if (qc.on && (len = capped_len(s, &qc, q->n_computed, len, T)) <= 0) continue;
+            int len = capped_len(s, &rcap, q->n_computed, chunk_max(s, q, avail), T);
+            if (len <= 0) break;
             if (!reserve_running(s, q, q->n_computed + len)) continue;
+            first_token |= c == SCHED_PRIO_INTERACTIVE && len == prompt_left(q);
             add_to_step(s, q, len, &T);
-            cap.one = false;
-            chats += chat;
+            cap.one = rcap.one = false;
             npf++, nlong += lg;
-            chat_prompt |= c == SCHED_PRIO_INTERACTIVE && len == prompt_left(q);
         }
         /* admissions in queue order; a long prompt the limits hold back
          * keeps its place, and the shorter ones behind it may start */
@@ -861,22 +950,18 @@ int sched_plan_step(sched *s, struct step *st)
                                                      !(c == SCHED_PRIO_BATCH && bumped);
              q = next) {
             int avail = budget - T - keep;
-            cap.left = cap.limit - s->step_cost;
-            if (avail <= 0 || (cap.on && cap.left < 1.0 && !cap.one)) break;
+            if (avail <= 0) break;
             if (avail > slice) avail = slice;
             next = q->next;
             bool lg = long_prompt(s, q);
             int f = prefill_fits(s, lg, npf, nlong);
             if (f < 0) break;
             if (f == 0) continue; /* only the long limit holds */
-            struct step_cap qc = c == SCHED_PRIO_INTERACTIVE ? chat_cap(s, &cap, q, chats > 0, 0) : cap;
-            bool chat = c == SCHED_PRIO_INTERACTIVE && prompt_left(q) <= s->cfg.batch_step_tokens;
-            int len = admit(s, q, avail, qc.on ? &qc : NULL, &T);
+            int len = admit(s, q, avail, &cap, &T);
             if (len == 0) break;
+            first_token |= c == SCHED_PRIO_INTERACTIVE && len == prompt_left(q);
             cap.one = false;
-            chats += chat;
             npf++, nlong += lg;
-            chat_prompt |= c == SCHED_PRIO_INTERACTIVE && len == prompt_left(q);
         }
     }
 
@@ -886,8 +971,36 @@ int sched_plan_step(sched *s, struct step *st)
     st->slots = s->slots;
     st->n_seqs = s->n_step_seqs;
     st->seqs = s->seqs;
+    s->plan_limit = isfinite(limit) ? limit : 0.0;
     if (T > 0) s->stats.steps++;
     return T;
+}
+
+void sched_step_timed(sched *s, double seconds)
+{
+    if (s->shape.x[SCHED_COST_STEP] <= 0.0 || !(seconds > 0.0)) return;
+    struct sched_stats *t = &s->stats;
+    sched_hist_add(&t->step_planned, s->step_time);
+    sched_hist_add(&t->step_measured, seconds);
+    t->last_planned_s = s->step_time;
+    t->last_measured_s = seconds;
+    t->last_limit_s = s->plan_limit;
+    sched_cost_observe(&s->cost, &s->shape, seconds);
+    memcpy(t->cost, s->cost.coef, sizeof t->cost);
+    /* batch tokens a second, the older steps fading over ~10 s */
+    double w = exp(-seconds / 10.0);
+    s->rate_tok = s->rate_tok * w + s->step_batch_tokens;
+    s->rate_s = s->rate_s * w + seconds;
+    t->batch_tok_s = s->rate_s > 0 ? s->rate_tok / s->rate_s : 0.0;
+    s->shape.x[SCHED_COST_STEP] = 0.0; /* timed once */
+}
+
+struct sched_cost *sched_cost_model(sched *s) { return &s->cost; }
+
+double sched_step_plan(const sched *s, struct sched_step_shape *x)
+{
+    if (x) *x = s->shape;
+    return s->step_time;
 }
 
 /* ---- after the step --------------------------------------------------------------- */
@@ -990,7 +1103,13 @@ static void on_token(sched *s, sched_req *q, const struct model_sample_out *out,
 {
     int32_t t = out->token;
     SL_ASSERT(q->n_tokens < q->cap);
-    if (q->n_gen == 0) q->t_first = now;
+    if (q->n_gen == 0) {
+        q->t_first = now;
+        sched_hist_add(&s->stats.ttft[q->prio], now - q->t_submit);
+    } else {
+        sched_hist_add(&s->stats.itl[q->prio], now - q->t_last);
+    }
+    q->t_last = now;
     q->tokens[q->n_tokens++] = t;
     q->n_gen++;
     if (q->json && !sched_guide_done(&q->guide)) {

@@ -23,35 +23,47 @@
  * Interactive prefills go fewest prompt tokens left first, and leave the
  * interactive prompts that wait room for their tokens (up to half the
  * budget), so a chat that arrives beside a long prompt's prefill starts in
- * the next step instead of after it; with yield_long_prefill, while other
- * chats run or wait, a prompt with more than batch_step_tokens left fills
- * a step only that far (by at least half of it), so their steps stay short
- * (on an H200 beside a 112K-token prompt, chats' TTFT 6.4 s -> 73 ms median
- * and 44 ms between tokens, BENCHMARKS.md "Chat beside a long prompt"); with
- * batch_yield, a step that ends a chat's prompt holds batch prefill to its
- * min_batch_share, so that chat's first token comes sooner. All of it
- * within max_num_batched_tokens tokens and max_num_seqs running sequences; a
+ * the next step instead of after it. All of it within
+ * max_num_batched_tokens tokens and max_num_seqs running sequences; a
  * prompt longer than what is left of the budget is split across steps
  * (chunked prefill). With max_num_partial_prefills N > 1 (vLLM's limits on
  * concurrent partial prefills), at most N prompts of a class move in a step,
  * sharing what is left of the budget evenly, at most
  * max_long_partial_prefills of them long, and a waiting long prompt is
- * passed over (it keeps its place) for the shorter prompts behind it. When batch work waits, min_batch_share of the budget is
- * kept from interactive prefills so batch never starves. Batch prefill stops
- * adding tokens once the step holds batch_step_tokens (beyond its
- * min_batch_share): every step is the next token of each chat, and a chat
- * that arrives waits for the step in flight, so steps of long batch prompts
- * stay short. A step is weighed there by its cost, not its length: a token
- * counts 1 plus attn_pair_cost per key it attends to (prefix and its own
- * chunk), so a chunk deep into a long document is shorter and the step
- * takes about as long as batch_step_tokens tokens of a short prompt; such a
- * chunk is moved to end the step on the nearest multiple of step_granule
- * tokens (a 64K prompt in steps of 640 or 700 tokens took 7-17% longer than
- * in steps of 512 on an H200: the GEMMs' tiles and waves). With
- * weigh_budget the whole budget is weighed in the same way: an interactive
- * prompt deep into a long context (or batch, without batch_step_tokens)
- * moves by the cost of max_num_batched_tokens fresh tokens a step, so the
- * other chats' next tokens do not wait for one long step.
+ * passed over (it keeps its place) for the shorter prompts behind it. When
+ * batch work waits, min_batch_share of the budget is kept from interactive
+ * prefills so batch never starves.
+ *
+ * Steps are also planned by time (Sarathi-Serve's stall-free batching, with
+ * the chunk chosen from latency targets rather than a token count). A cost
+ * model (struct sched_cost) predicts a step's time from its shape: a fixed
+ * part, prefill tokens, the (query, key) pairs they attend to, decode tokens
+ * and the keys they read, and the sequences sampled; it is calibrated online
+ * from the step times the engine measures, so one set of targets fits a CPU
+ * and an H200. The targets:
+ *   - while interactive sequences decode, a step's planned time stays within
+ *     itl_target_s (the time between a chat's tokens);
+ *   - a step that ends a chat's prompt (its first token comes with it)
+ *     stays within itl_target_s too, or within the prompt's own time when
+ *     that is longer: batch gets no more than what is left;
+ *   - otherwise (interactive prompts only, or batch alone), where chats may
+ *     come (expect_interactive, or once one came), a step stays within
+ *     ttft_target_s - itl_target_s, so a chat that arrives during it still
+ *     has its first token within ttft_target_s. Where none can come
+ *     (run-batch) steps are planned by the token budget alone.
+ * Inside that time, interactive decodes come first, then interactive
+ * prefills, then batch decodes (in turn, from where the last step stopped:
+ * those that do not fit sit the step out and keep their KV), then batch
+ * prefill; batch keeps min_batch_share of the time when it waits. Without
+ * interactive work every decode goes first and the step grows back to the
+ * token budget (or the TTFT room). Where a target cannot be met anyway (the
+ * step's fixed part and its decodes take it already, as on a loaded
+ * machine), prefill is not cut below what the step holds before it: a token
+ * a step would pay the fixed part again for every token, and beside a
+ * chat's decode batch still gets half the step (the chat's tokens come at
+ * most twice as far apart as alone). A time-capped chunk is moved to end the
+ * step on the nearest multiple of step_granule tokens (the GPU's GEMM tiles
+ * and waves). A step always moves by at least one token.
  *
  * Preemption (blocks released, the request requeued at the front of its
  * class, counted in sched_stats.preemptions and its usage.n_preemptions):
@@ -163,17 +175,20 @@ struct sched_config {
     int max_num_seqs;            /* running sequences at most (>= 1) */
     int max_num_batched_tokens;  /* tokens per step (>= max_num_seqs) */
     int max_model_len;           /* prompt + completion tokens at most */
-    float min_batch_share;       /* 0..1: budget share kept for batch work when it waits */
-    int batch_step_tokens;       /* > 0: batch prefill fills a step only this far (in tokens weighed
-                                    by attn_pair_cost); 0: the whole budget */
-    double attn_pair_cost;       /* a prefill (query, key) pair in tokens (model_attn_pair_cost);
-                                    0: batch_step_tokens counts tokens alone */
-    int step_granule;            /* > 1: a chunk that a weighed cap cuts is moved so that the step
+    float min_batch_share;       /* 0..1: budget share (tokens, and time under a target) kept for batch
+                                    work when it waits */
+    double itl_target_s;         /* > 0: while interactive sequences decode, a step's planned time at
+                                    most this (and a step with a chat's first token); 0: no time cap */
+    double ttft_target_s;        /* > itl_target_s: where chats may come, other steps are planned
+                                    within ttft_target_s - itl_target_s; 0: no such cap */
+    bool expect_interactive;     /* interactive requests may arrive at any time (serve): steps leave
+                                    one the TTFT room from the start; false (run-batch): only once one
+                                    came */
+    int step_granule;            /* > 1: a chunk that a time cap cuts is moved so that the step
                                     holds the nearest multiple of this many tokens, or below that of a
                                     quarter of it (the GPU's GEMM waves) */
-    bool weigh_budget;           /* with attn_pair_cost: max_num_batched_tokens caps every prefill by
-                                    its cost too (interactive prompts deep into long contexts move in
-                                    shorter chunks), not by its tokens alone */
+    double prior_token_s;        /* the cost model before any measurement: seconds per token (> 0) */
+    double prior_pair_ratio;     /* ... and a (query, key) pair's cost in tokens (model_attn_pair_cost) */
     int long_prefill_token_threshold; /* > 0: a prefill moves by at most this many tokens a step (vLLM's
                                     --long-prefill-token-threshold); 0: no such cap */
     int max_num_partial_prefills; /* > 1: at most this many prompts of a class move in a step (vLLM's
@@ -182,12 +197,74 @@ struct sched_config {
                                     (>= 1; long: more tokens left than long_prefill_token_threshold, or
                                     than 4% of max_model_len without it); the waiting long prompts are
                                     passed over for the shorter ones behind them */
-    bool batch_yield;            /* a step that ends a chat's prompt (its first token comes with it)
-                                    holds batch prefill to min_batch_share of the budget */
-    bool yield_long_prefill;     /* with batch_step_tokens: while other chats are in the step or wait,
-                                    an interactive prompt with more than batch_step_tokens left fills
-                                    the step only that far (by at least half of it) */
 };
+
+/* The scheduling policy's defaults, the one place they are set: serve and
+ * run-batch start from these and apply their flags on top. Fills the policy
+ * fields of c (min_batch_share, the latency targets, the partial-prefill
+ * limits); the sizes are left alone (sched_engine_defaults). The targets:
+ * 200 ms to the first token, under the ~250 ms past which a reply stops
+ * feeling immediate, and 50 ms between tokens, 20 tokens a second: several
+ * times reading speed, so a stream never visibly stalls. A batch step
+ * beside chats is then at most 150 ms (200 less a chat's own step), which
+ * on a CPU costs a batch a few percent of its throughput and on a GPU
+ * still holds thousands of tokens. */
+#define SCHED_DEFAULT_TTFT_TARGET_S 0.2
+#define SCHED_DEFAULT_ITL_TARGET_S 0.05
+void sched_config_policy_defaults(struct sched_config *c);
+
+/* ---- cost.c: what a step costs, learned from the steps run ------------------ */
+
+/* A step's shape: what the cost model weighs. */
+enum {
+    SCHED_COST_STEP,       /* 1 per step: launch, weights read once, host work */
+    SCHED_COST_PREFILL,    /* prefill tokens */
+    SCHED_COST_PAIR,       /* (query, key) pairs of prefill attention: a chunk of len from n0
+                              attends len * n0 + len * (len + 1) / 2 */
+    SCHED_COST_DECODE,     /* decode tokens */
+    SCHED_COST_DECODE_KEY, /* keys the decode tokens read (their contexts) */
+    SCHED_COST_SAMPLE,     /* sequences sampled (a logits row and the sampler each) */
+    SCHED_COST_N
+};
+struct sched_step_shape {
+    double x[SCHED_COST_N];
+};
+
+/* Seconds per unit of each term, fitted to the measured step times by least
+ * squares on relative error (a 10 ms step counts as much as a 2 s one), the
+ * older steps decaying by SCHED_COST_FORGET a step (a memory of ~100 steps), and held to a Gaussian
+ * prior that never decays: a term the recent steps do not tell apart (decode
+ * tokens and sampled sequences go together) stays near the prior instead of
+ * drifting. Coefficients are kept >= 0. Engine thread only (or a test). */
+#define SCHED_COST_FORGET 0.99
+struct sched_cost {
+    double coef[SCHED_COST_N];                 /* what planning uses, seconds per unit of each term */
+    /* the fit, in cost.c's basis (a decode's cost beyond a prefill token's) */
+    double theta[SCHED_COST_N];
+    bool theta_ok;
+    double prior[SCHED_COST_N], prior_prec[SCHED_COST_N];
+    double a[SCHED_COST_N][SCHED_COST_N];      /* decayed normal equations of the measured steps */
+    double b[SCHED_COST_N];
+    uint64_t n_obs;
+};
+/* The prior: a token costs token_s (prefill or decode), a pair pair_ratio
+ * tokens, a step and a sample nothing, each known only loosely, so the
+ * first measured steps decide. */
+void sched_cost_init(struct sched_cost *c, double token_s, double pair_ratio);
+/* The predicted seconds of a step of shape x. */
+double sched_cost_time(const struct sched_cost *c, const struct sched_step_shape *x);
+/* Takes a measured step (seconds > 0) into the fit and refits. */
+void sched_cost_observe(struct sched_cost *c, const struct sched_step_shape *x, double seconds);
+
+/* Latency histogram with fixed bounds (seconds), Prometheus style. */
+#define SCHED_HIST_BUCKETS 19
+extern const double sched_hist_bounds[SCHED_HIST_BUCKETS];
+struct sched_hist {
+    double sum;
+    uint64_t count;
+    uint64_t le[SCHED_HIST_BUCKETS]; /* cumulative counts per bound */
+};
+void sched_hist_add(struct sched_hist *h, double v);
 
 typedef struct sched sched;
 typedef struct sched_req sched_req;
@@ -198,6 +275,16 @@ struct sched_stats {
     uint64_t preemptions;            /* for KV blocks and for interactive requests' slots */
     uint64_t prompt_tokens_computed; /* prefill tokens run (recompute included) */
     uint64_t decode_tokens;
+    uint64_t class_tokens[SCHED_N_PRIO]; /* prefill + decode tokens run, per class */
+    uint64_t decodes_sat_out;        /* batch decodes left out of a step for the time budget */
+    /* per class, engine-side (from the step that sampled the token) */
+    struct sched_hist ttft[SCHED_N_PRIO];   /* submit -> first token */
+    struct sched_hist itl[SCHED_N_PRIO];    /* between a sequence's tokens */
+    /* steps timed through sched_step_timed: what the plan predicted, what ran */
+    struct sched_hist step_planned, step_measured;
+    double last_planned_s, last_measured_s, last_limit_s; /* last_limit_s: the time cap (0: none) */
+    double batch_tok_s;              /* batch tokens a second, over the last ~10 s of steps */
+    double cost[SCHED_COST_N];       /* the cost model's coefficients (seconds per unit) */
 };
 
 /* Creates a scheduler planning against pool (borrowed; the engine thread owns
@@ -237,6 +324,15 @@ int sched_plan_step(sched *s, struct step *st);
  * computed full blocks to the prefix cache, appends sampled tokens, emits
  * token events, and finishes (and frees) the requests that are done. */
 void sched_complete_step(sched *s, struct step *st, sched_emit_fn emit, void *arg);
+
+/* After the planned step ran (and completed) in seconds of wall time: feeds
+ * the cost model and the step-time statistics. Not calling it leaves the
+ * model at its prior (tests). */
+void sched_step_timed(sched *s, double seconds);
+/* The cost model (calibrate it directly in tests). Engine thread. */
+struct sched_cost *sched_cost_model(sched *s);
+/* The last planned step's shape and predicted seconds. */
+double sched_step_plan(const sched *s, struct sched_step_shape *x);
 
 /* After the backend failed on the planned step: finishes every request in it
  * with SCHED_FINISH_ERROR and msg. */

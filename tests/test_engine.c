@@ -308,6 +308,58 @@ static void test_batch_invariance(void)
     sched_engine_destroy(e);
 }
 
+/* The engine under the time policy, half the requests chats (batch decodes
+ * wait for the chats' prefills in each step): every
+ * result is still the lone run's; every step was timed into the cost model
+ * (which left its prior), and each class's first tokens and gaps were
+ * counted in its own histograms. */
+static void test_time_policy(void)
+{
+    struct sched_engine_opts o;
+    memset(&o, 0, sizeof o);
+    o.sched.block_size = 16;
+    o.sched.max_num_seqs = 64;
+    o.sched.max_num_batched_tokens = 1024;
+    o.sched.max_model_len = 512;
+    sched_config_policy_defaults(&o.sched);
+    /* targets this machine's steps never reach: how they bind is test_sched's
+     * (planned by a fixed cost model); here a step's time must not decide
+     * how long the test runs */
+    o.sched.itl_target_s = 10.0;
+    o.sched.ttft_target_s = 30.0;
+    o.sched.expect_interactive = true;
+    o.kv_blocks = 256;
+    sched_engine *e = sched_engine_create(be, &o, err, sizeof err);
+    CHECKF(e != NULL, "%s", err);
+    if (!e) return;
+    struct sched_engine_stats s0;
+    sched_engine_get_stats(e, &s0);
+    struct sched_request rq[N_REQ];
+    int n_chat = 0, gaps[SCHED_N_PRIO] = {0, 0};
+    for (int i = 0; i < N_REQ; i++) {
+        rq[i] = reqs[i];
+        if (i % 2) rq[i].priority = SCHED_PRIO_INTERACTIVE, n_chat++;
+        gaps[rq[i].priority] += rq[i].max_tokens - 1;
+    }
+    struct result res[N_REQ];
+    run_all(e, rq, N_REQ, res);
+    for (int i = 0; i < N_REQ; i++) CHECKF(match(&rq[i], &alone[i], &res[i]), "request %d differs under the targets", i);
+    struct sched_engine_stats st;
+    sched_engine_get_stats(e, &st);
+    const struct sched_stats *ss = &st.sched;
+    CHECKF(ss->step_measured.count == ss->steps && ss->step_planned.count == ss->steps && ss->steps > 0,
+           "%llu steps, %llu timed", (unsigned long long)ss->steps, (unsigned long long)ss->step_measured.count);
+    CHECKF(memcmp(ss->cost, s0.sched.cost, sizeof ss->cost) != 0, "the cost model never moved from its prior");
+    CHECKF(ss->ttft[SCHED_PRIO_INTERACTIVE].count == (uint64_t)n_chat &&
+               ss->ttft[SCHED_PRIO_BATCH].count == (uint64_t)(N_REQ - n_chat),
+           "first tokens: %llu chat, %llu batch", (unsigned long long)ss->ttft[0].count,
+           (unsigned long long)ss->ttft[1].count);
+    CHECKF(ss->itl[0].count == (uint64_t)gaps[0] && ss->itl[1].count == (uint64_t)gaps[1],
+           "gaps: %llu chat (want %d), %llu batch (want %d)", (unsigned long long)ss->itl[0].count, gaps[0],
+           (unsigned long long)ss->itl[1].count, gaps[1]);
+    sched_engine_destroy(e);
+}
+
 static void test_chunked_prefill(void)
 {
     sched_engine *e = engine(4, 16, 512, 64, false);
@@ -987,6 +1039,7 @@ int main(int argc, char **argv)
     make_reqs();
     RUN(test_alone);
     RUN(test_batch_invariance);
+    RUN(test_time_policy);
     RUN(test_chunked_prefill);
     RUN(test_prefix_reuse);
     RUN(test_preemption);
