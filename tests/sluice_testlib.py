@@ -45,7 +45,7 @@ def log_file(name, mode="w"):
 
 def start_server(args, stdout, **popen_kw):
     """`sluice serve MODEL args...` and the words of $SLUICE_TEST_SERVE_ARGS
-    (e.g. --tensor-parallel-size=2 from tests/gpu/run_gpu_tests.sh), stderr
+    (e.g. --tensor-parallel-size=2 from `tests/gpu/run.sh check`), stderr
     joined to stdout."""
     extra = os.environ.get("SLUICE_TEST_SERVE_ARGS", "").split()
     return subprocess.Popen([BIN, "serve", MODEL] + list(args) + extra, stdout=stdout, stderr=subprocess.STDOUT,

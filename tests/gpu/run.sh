@@ -48,7 +48,7 @@
 #   attn, the served ones), --nccl (gpu, decode: every all-reduce through
 #   NCCL), --sluice=BIN (the served ones: another build, build/sluice),
 #   --serve-arg=FLAG (repeatable: more flags for the served ones' server or
-#   run-batch, e.g. --serve-arg=--batch-step-tokens=0), --model-args="..."
+#   run-batch, e.g. --serve-arg=--interactive-itl-target=100), --model-args="..."
 #   (the served ones on another model; a dry run on the CPU:
 #   --model-args="tests/models/tiny-qwen3 --device cpu" --serve-arg=--max-model-len=2048).
 #

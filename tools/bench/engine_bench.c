@@ -4,7 +4,7 @@
  *   build/engine_bench [model] [requests] [prompt] [output] [max_seqs] [budget] [json]
  *   (defaults: the default model's tokenizer and config, 256 requests of ~992
  *   prompt and 1000 output tokens, --max-num-seqs 256,
- *   --max-num-batched-tokens 8192: run_batch_gpu.sh's offline run)
+ *   --max-num-batched-tokens 8192: `tests/gpu/run.sh bench run-batch`'s offline run)
  *
  * The null backend answers every sample with a token id at once, so the wall
  * time is the scheduler, the KV pool, the prefix cache, step packing and the
