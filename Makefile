@@ -135,11 +135,11 @@ clean:
 ASAN_BUILD  := build-asan
 ASAN_FLAGS  := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 ASAN_CFLAGS := -O1 -g $(ASAN_FLAGS) -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror $(ARCH_FLAGS) -fopenmp -pthread -I.
-ASAN_LIBS   := $(ASAN_FLAGS) -lsqlite3 -lm -fopenmp -pthread
+ASAN_LIBS   := $(ASAN_FLAGS) -lpcre2-8 -lsqlite3 -lm -fopenmp -pthread
 ASAN_BINS   := $(patsubst %,$(ASAN_BUILD)/tests/test_%,json store safetensors)
 $(ASAN_BUILD)/tests/test_json: $(ASAN_BUILD)/model/json.o
 $(ASAN_BUILD)/tests/test_store: $(ASAN_BUILD)/model/json.o $(ASAN_BUILD)/store/store.o
-$(ASAN_BUILD)/tests/test_safetensors: $(patsubst %,$(ASAN_BUILD)/model/%.o,json util tensor safetensors)
+$(ASAN_BUILD)/tests/test_safetensors: $(patsubst %,$(ASAN_BUILD)/model/%.o,json util tensor quant safetensors)
 
 $(ASAN_BUILD)/%.o: %.c $(wildcard */*.h)
 	@mkdir -p $(dir $@)
