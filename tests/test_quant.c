@@ -14,7 +14,7 @@
  *    logits to the one-step pass (batch invariance);
  * and: a config that disagrees with the file is a start-up error naming the
  * tensor and both claims; `sluice info`'s family listing; the packing of the
- * compressed-tensors example in ../shared/MODELS.md.
+ *  int4 values -8,-7,0,1,2,3,6,7 as compressed-tensors packs them (0xfeba9810).
  */
 #include <math.h>
 #include <stdio.h>
