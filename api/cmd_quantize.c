@@ -88,16 +88,6 @@ static int64_t src_row(const struct otensor *o, int64_t r)
     return h * hd + 2 * i + p;
 }
 
-static float bf16r(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    u += 0x7FFFu + ((u >> 16) & 1u);
-    u &= 0xFFFF0000u;
-    memcpy(&x, &u, 4);
-    return x;
-}
-
 /* Writes one tensor's bytes. For O_PACKED, the scales are computed too and
  * kept in *scales for the O_SCALE entry that follows. */
 static int write_tensor(FILE *f, const struct qjob *j, const struct otensor *o, uint16_t **scales)
@@ -122,7 +112,7 @@ static int write_tensor(FILE *f, const struct qjob *j, const struct otensor *o, 
         uint32_t *pk = buf;
         for (int64_t r = 0; r < o->rows; r++) {
             model_tensor_to_f32(o->src, src_row(o, r) * cols, cols, row);
-            for (int64_t k = 0; k < cols; k++) row[k] = bf16r(row[k]);
+            for (int64_t k = 0; k < cols; k++) row[k] = quant_round_bf16(row[k]);
             quant_rtn_row(row, cols, j->bits, j->group, pk + r * (cols * j->bits / 32), s + r * ng);
         }
         break;
@@ -140,7 +130,7 @@ static int write_tensor(FILE *f, const struct qjob *j, const struct otensor *o, 
         for (int64_t r = 0; r < o->rows; r++) {
             model_tensor_to_f32(o->src, r * cols, cols, row);
             for (int64_t k = 0; k < cols; k++) {
-                float x = bf16r(row[k]);
+                float x = quant_round_bf16(row[k]);
                 uint32_t u;
                 memcpy(&u, &x, 4);
                 b[r * cols + k] = (uint16_t)(u >> 16);

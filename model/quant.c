@@ -80,7 +80,7 @@ static uint32_t rd32(const void *p, size_t i)
     return v;
 }
 
-static float f16_to_f32(uint16_t h)
+float quant_f16_to_f32(uint16_t h)
 {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF, bits;
     if (exp == 0x1F) {
@@ -111,7 +111,7 @@ static float scale_at(const struct model_quant *q, size_t i)
         memcpy(&f, p + 4 * i, 4);
         return f;
     }
-    case MODEL_DT_F16: return f16_to_f32((uint16_t)(p[2 * i] | p[2 * i + 1] << 8));
+    case MODEL_DT_F16: return quant_f16_to_f32((uint16_t)(p[2 * i] | p[2 * i + 1] << 8));
     default: {
         uint32_t bits = (uint32_t)(p[2 * i] | p[2 * i + 1] << 8) << 16;
         float f;
@@ -122,7 +122,7 @@ static float scale_at(const struct model_quant *q, size_t i)
 }
 
 /* f32 -> bf16 -> f32, round to nearest even (finite inputs). */
-static float round_bf16(float x)
+float quant_round_bf16(float x)
 {
     uint32_t u;
     memcpy(&u, &x, 4);
@@ -157,12 +157,12 @@ static float round_f16(float x)
         }
         h = (uint16_t)(sign >> 16 | v);
     }
-    return f16_to_f32(h);
+    return quant_f16_to_f32(h);
 }
 
 static float round_to(float x, enum model_dtype dt)
 {
-    return dt == MODEL_DT_BF16 ? round_bf16(x) : dt == MODEL_DT_F16 ? round_f16(x) : x;
+    return dt == MODEL_DT_BF16 ? quant_round_bf16(x) : dt == MODEL_DT_F16 ? round_f16(x) : x;
 }
 
 /* ---- dequantization ------------------------------------------------------------- */
@@ -888,11 +888,11 @@ void quant_rtn_row(const float *w, int64_t cols, int bits, int group, uint32_t *
             if (w[k] > mx) mx = w[k];
         }
         float amax = -mn > mx ? -mn : mx;
-        float s = round_bf16(amax / half_range);
+        float s = quant_round_bf16(amax / half_range);
         if (s == 0) s = 0.0078125f; /* torch.finfo(bfloat16).eps, as the library substitutes */
         scales[g] = bf16_bits(s);
         for (int64_t k = k0; k < k1; k++) {
-            float x = round_bf16(w[k] / s); /* the division happens in the weight's dtype */
+            float x = quant_round_bf16(w[k] / s); /* the division happens in the weight's dtype */
             x = x < qmin ? qmin : x > qmax ? qmax : x;
             int q = (int)nearbyintf(x) + (1 << (bits - 1));
             packed[k * bits / 32] |= (uint32_t)q << ((k * bits) % 32);

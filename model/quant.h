@@ -41,6 +41,10 @@ int quant_load_weight(const st_set *st, const struct quant_cfg *qc, const char *
 
 /* Row r of a packed weight as f32 into dst[q->cols]: exactly the values the
  * format's reference dequantizer gives (in the scale's dtype). */
+/* exact IEEE half -> single (subnormals, infinities, NaN payloads) */
+float quant_f16_to_f32(uint16_t h);
+/* f32 -> bf16 -> f32, round to nearest even (finite inputs) */
+float quant_round_bf16(float x);
 void quant_deq_row(const struct model_quant *q, int64_t r, float *dst);
 
 /* Round-to-nearest symmetric quantization of one row w[cols] (bf16 values)

@@ -21,33 +21,6 @@
 
 #define QK 32
 
-/* Exact IEEE half -> single, including subnormals, infinities and NaN payloads. */
-static float f16_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
-    uint32_t exp = (h >> 10) & 0x1F;
-    uint32_t man = h & 0x3FF;
-    uint32_t bits;
-    if (exp == 0x1F) {
-        bits = sign | 0x7F800000u | (man << 13);
-    } else if (exp != 0) {
-        bits = sign | ((exp + 112) << 23) | (man << 13);
-    } else if (man == 0) {
-        bits = sign;
-    } else {
-        /* subnormal: normalize the mantissa */
-        uint32_t e = 113;
-        while (!(man & 0x400)) {
-            man <<= 1;
-            e--;
-        }
-        bits = sign | (e << 23) | ((man & 0x3FF) << 13);
-    }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
 static float bf16_to_f32(uint16_t h)
 {
     uint32_t bits = (uint32_t)h << 16;
@@ -60,14 +33,14 @@ static uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); 
 
 static void deq_q8_0(const uint8_t *b, float *y)
 {
-    float d = f16_to_f32(rd16(b));
+    float d = quant_f16_to_f32(rd16(b));
     const int8_t *q = (const int8_t *)(b + 2);
     for (int j = 0; j < QK; j++) y[j] = (float)q[j] * d;
 }
 
 static void deq_q4_0(const uint8_t *b, float *y)
 {
-    float d = f16_to_f32(rd16(b));
+    float d = quant_f16_to_f32(rd16(b));
     const uint8_t *qs = b + 2;
     for (int j = 0; j < QK / 2; j++) {
         y[j] = (float)((qs[j] & 0x0F) - 8) * d;
@@ -77,8 +50,8 @@ static void deq_q4_0(const uint8_t *b, float *y)
 
 static void deq_q4_1(const uint8_t *b, float *y)
 {
-    float d = f16_to_f32(rd16(b));
-    float m = f16_to_f32(rd16(b + 2));
+    float d = quant_f16_to_f32(rd16(b));
+    float m = quant_f16_to_f32(rd16(b + 2));
     const uint8_t *qs = b + 4;
     for (int j = 0; j < QK / 2; j++) {
         float lo = (float)(qs[j] & 0x0F) * d;
@@ -123,7 +96,7 @@ void model_tensor_to_f32(const struct model_tensor *t, int64_t first, int64_t n,
         memcpy(out, p + first * 4, (size_t)n * 4);
         return;
     case MODEL_DT_F16:
-        for (int64_t i = 0; i < n; i++) out[i] = f16_to_f32(rd16(p + (first + i) * 2));
+        for (int64_t i = 0; i < n; i++) out[i] = quant_f16_to_f32(rd16(p + (first + i) * 2));
         return;
     case MODEL_DT_BF16:
         for (int64_t i = 0; i < n; i++) out[i] = bf16_to_f32(rd16(p + (first + i) * 2));
