@@ -92,8 +92,7 @@ struct pending {
     char rid[48];                    /* "chatcmpl-..." / "cmpl-..." */
     struct json_buf text;            /* accumulated completion text (non-streamed) */
     struct json_buf lp;              /* accumulated logprobs content entries (non-streamed) */
-    int n_tokens;
-    double t_submit, t_last;
+    double t_submit;
     struct pending *next;            /* hash chain */
 };
 
@@ -117,7 +116,8 @@ struct server {
     /* metrics (api thread) */
     uint64_t n_requests_ok, n_requests_err, prompt_tokens_total, generation_tokens_total;
     uint64_t cached_tokens_total;
-    struct srv_hist ttft, itl, e2e, queue; /* queue: submit -> admitted (vLLM's request_queue_time) */
+    /* time to first token and between tokens come from the engine, per class */
+    struct srv_hist e2e, queue; /* queue: submit -> admitted (vLLM's request_queue_time) */
     struct srv_batch *batch;         /* files, batches, store thread (server_batch.c) */
     struct srv_conns *conns;         /* connection limits (server_conn.c) */
 };

@@ -1016,7 +1016,12 @@ static void handle_file_content(struct srv_batch *b, struct evhttp_request *req,
         srv_reply_error(req, 500, "server_error", NULL, "out of memory");
         return;
     }
-    if (size == 0) close(fd);
+    if (evhttp_request_get_command(req) == EVHTTP_REQ_HEAD) { /* a GET's headers, no body */
+        char n[24];
+        snprintf(n, sizeof n, "%lld", (long long)size);
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Length", n);
+        close(fd);
+    } else if (size == 0) close(fd);
     else if (evbuffer_add_file(out, fd, 0, size)) { /* takes fd */
         evbuffer_free(out);
         srv_reply_error(req, 500, "server_error", NULL, "cannot send the file");
@@ -1108,6 +1113,7 @@ void srv_handle_batch_api(struct server *s, struct evhttp_request *req, const ch
     char err[512] = "";
     struct json_buf o;
     json_buf_init(&o);
+    if (m == EVHTTP_REQ_HEAD) m = EVHTTP_REQ_GET; /* the replies leave a HEAD's body out (srv_reply_json, content) */
     if (!*rest) { /* the collection */
         if (m == EVHTTP_REQ_POST) {
             if (files) handle_file_upload(b, req);

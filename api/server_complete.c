@@ -671,7 +671,6 @@ static void finish_metrics(struct server *s, struct srv_req *q)
     s->prompt_tokens_total += (uint64_t)q->usage.prompt_tokens;
     s->generation_tokens_total += (uint64_t)q->usage.completion_tokens;
     s->cached_tokens_total += (uint64_t)q->usage.cached_tokens;
-    if (q->usage.ttft_s >= 0) srv_hist_add(&s->ttft, q->usage.ttft_s);
     srv_hist_add(&s->queue, q->usage.queue_s);
     srv_hist_add(&s->e2e, srv_now() - q->base.t_submit);
 }
@@ -714,11 +713,6 @@ void srv_drain_events(struct server *s)
         }
         struct choice *c = ev->user;
         struct srv_req *q = c->q;
-        if (ev->kind == SCHED_EV_TOKEN) {
-            double t = srv_now();
-            if (q->base.n_tokens++ > 0) srv_hist_add(&s->itl, t - q->base.t_last);
-            q->base.t_last = t;
-        }
         if (q->base.req) {
             /* a streamed "required" tool_choice sends its calls whole at the end: it needs the text too */
             if (!q->base.stream || q->r.forced_list || q->responses) api_oai_result_add(&q->res[c->index], &q->r, tok, ev);

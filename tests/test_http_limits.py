@@ -181,7 +181,7 @@ def test_conflicting_content_length():
 
 def test_head_where_get():
     c = http.client.HTTPConnection("127.0.0.1", PORT, timeout=10)
-    for path in ("/health", "/v1/models", "/version", "/metrics"):
+    for path in ("/health", "/v1/models", "/version", "/metrics", "/v1/files", "/v1/batches"):
         c.request("HEAD", path, headers={"Authorization": "Bearer " + KEY})
         r = c.getresponse()
         assert r.status == 200 and r.read() == b"", (path, r.status)
