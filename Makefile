@@ -22,7 +22,7 @@ CUDA ?= $(if $(NVCC),1,0)
 NVFLAGS ?= -O3 -std=c++17 -gencode arch=compute_89,code=sm_89 -gencode arch=compute_90,code=sm_90 \
            -Xcompiler -Wall,-Wextra,-Werror -I.
 
-LIB_SRCS := $(wildcard model/*.c kvpool/*.c sched/*.c store/*.c) $(filter-out api/main.c,$(wildcard api/*.c))
+LIB_SRCS := $(wildcard base/*.c model/*.c kvpool/*.c sched/*.c store/*.c) $(filter-out api/main.c,$(wildcard api/*.c))
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/%.o)
 CU_SRCS  := $(wildcard cuda/*.cu)
 CU_CSRCS := $(wildcard cuda/*.c)
@@ -72,7 +72,7 @@ comma := ,
 NVFLAGS_WG ?= $(subst arch=compute_90$(comma)code=sm_90,arch=compute_90a$(comma)code=sm_90a,$(NVFLAGS))
 $(BUILD)/cuda/attn_wg.o $(BUILD)/cuda/gemm_wg.o: NVFLAGS := $(NVFLAGS_WG)
 
-$(BUILD)/%.o: %.cu $(wildcard cuda/*.h cuda/*.cuh model/*.h) | $(DEPS)
+$(BUILD)/%.o: %.cu $(wildcard cuda/*.h cuda/*.cuh model/*.h base/*.h) | $(DEPS)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
@@ -137,9 +137,9 @@ ASAN_FLAGS  := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno
 ASAN_CFLAGS := -O1 -g $(ASAN_FLAGS) -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror $(ARCH_FLAGS) -fopenmp -pthread -I.
 ASAN_LIBS   := $(ASAN_FLAGS) -lpcre2-8 -lsqlite3 -lm -fopenmp -pthread
 ASAN_BINS   := $(patsubst %,$(ASAN_BUILD)/tests/test_%,json store safetensors)
-$(ASAN_BUILD)/tests/test_json: $(ASAN_BUILD)/model/json.o
-$(ASAN_BUILD)/tests/test_store: $(ASAN_BUILD)/model/json.o $(ASAN_BUILD)/store/store.o
-$(ASAN_BUILD)/tests/test_safetensors: $(patsubst %,$(ASAN_BUILD)/model/%.o,json util tensor quant safetensors)
+$(ASAN_BUILD)/tests/test_json: $(ASAN_BUILD)/base/json.o $(ASAN_BUILD)/base/base.o
+$(ASAN_BUILD)/tests/test_store: $(ASAN_BUILD)/base/json.o $(ASAN_BUILD)/base/base.o $(ASAN_BUILD)/store/store.o
+$(ASAN_BUILD)/tests/test_safetensors: $(ASAN_BUILD)/base/json.o $(ASAN_BUILD)/base/base.o $(patsubst %,$(ASAN_BUILD)/model/%.o,util tensor quant safetensors)
 
 $(ASAN_BUILD)/%.o: %.c $(wildcard */*.h)
 	@mkdir -p $(dir $@)

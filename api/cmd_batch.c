@@ -27,7 +27,7 @@
 #include <unistd.h>
 
 #include "api.h"
-#include "model/json.h"
+#include "base/json.h"
 
 #define IO_TIMEOUT_S 300
 

@@ -45,7 +45,7 @@
 #include <unistd.h>
 
 #include "api.h"
-#include "model/json.h"
+#include "base/json.h"
 
 /* ---- types ---- */
 

@@ -20,7 +20,7 @@
 #include <sys/stat.h>
 
 #include "api.h"
-#include "model/json.h"
+#include "base/json.h"
 #include "model/model.h"
 #include "model/quant.h"
 

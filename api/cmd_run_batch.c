@@ -30,7 +30,7 @@
 
 #include "api.h"
 #include "model/backend.h"
-#include "model/json.h"
+#include "base/json.h"
 #include "model/model.h"
 #include "openai.h"
 #include "sched/sched.h"

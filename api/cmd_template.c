@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "api.h"
-#include "model/json.h"
+#include "base/json.h"
 #include "model/model.h"
 #include "openai.h"
 

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "api.h"
-#include "model/json.h"
+#include "base/json.h"
 #include "model/model.h"
 
 /* Parses a JSON array of integers into a new malloc'ed array. */

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "api.h"
-#include "model/json.h"
+#include "base/json.h"
 
 static void note(const char *flag, const char *what, const char *why)
 {

@@ -28,7 +28,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/json.h"
+#include "base/json.h"
 #include "model/model.h"
 #include "sched/sched.h"
 

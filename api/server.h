@@ -21,7 +21,7 @@
 
 #include "api/api.h"
 #include "model/backend.h"
-#include "model/json.h"
+#include "base/json.h"
 #include "model/model.h"
 #include "sched/sched.h"
 

@@ -16,7 +16,7 @@
 #include <sys/stat.h>
 
 #include "gguf.h"
-#include "json.h"
+#include "base/json.h"
 #include "model.h"
 #include "safetensors.h"
 #include "loader_dummy.h"

@@ -34,7 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "json.h"
+#include "base/json.h"
 
 enum qmethod { QM_CT, QM_AWQ, QM_GPTQ };
 

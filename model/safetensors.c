@@ -24,7 +24,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "json.h"
+#include "base/json.h"
 
 struct st_file {
     uint8_t *map;   /* the whole file, PROT_READ; NULL for an empty mapping */

@@ -22,7 +22,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "json.h"
+#include "base/json.h"
 #include "model.h"
 #include "tmpl_internal.h"
 

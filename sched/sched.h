@@ -92,7 +92,7 @@
 
 #include "kvpool/kvpool.h"
 #include "model/backend.h"
-#include "model/json.h"
+#include "base/json.h"
 #include "model/model.h"
 
 /* ---- requests and events ---------------------------------------------------- */

@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/json.h"
+#include "base/json.h"
 #include "sched.h"
 
 #define MAX_NODES 256

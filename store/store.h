@@ -77,8 +77,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/json.h"
-#include "model/model.h" /* enum sl_status */
+#include "base/json.h"
+#include "base/base.h"
 
 /* Status codes of this module beyond the shared enum sl_status (which this
  * module also returns: SL_EINVAL, SL_ENOMEM, SL_EIO). */

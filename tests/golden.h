@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/json.h"
+#include "base/json.h"
 #include "tests/test.h"
 
 #define TOPK 20    /* top logits per position */

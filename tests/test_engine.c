@@ -16,7 +16,7 @@
 #include <sys/wait.h>
 
 #include "model/backend.h"
-#include "model/json.h"
+#include "base/json.h"
 #include "model/model.h"
 #include "sched/sched.h"
 #include "test.h"

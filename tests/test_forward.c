@@ -22,7 +22,7 @@
 #include <unistd.h>
 
 #include "model/backend.h"
-#include "model/json.h"
+#include "base/json.h"
 #include "tests/test.h"
 #include "tests/golden.h"
 

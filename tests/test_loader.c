@@ -13,7 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "model/json.h"
+#include "base/json.h"
 #include "model/model.h"
 #include "test.h"
 

@@ -25,7 +25,7 @@
 
 #include "api/api.h"
 #include "model/backend.h"
-#include "model/json.h"
+#include "base/json.h"
 #include "model/quant.h"
 #include "tests/test.h"
 #include "tests/golden.h"

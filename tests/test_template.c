@@ -14,7 +14,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "model/json.h"
+#include "base/json.h"
 #include "model/model.h"
 #include "test.h"
 

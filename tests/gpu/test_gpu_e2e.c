@@ -36,7 +36,7 @@
 
 #include "cuda/tuning.h"
 #include "model/backend.h"
-#include "model/json.h"
+#include "base/json.h"
 #include "tests/test.h"
 #include "tests/golden.h"
 #include "tests/gpu/gpu_util.h"

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model.h"
+#include "base.h"
 
 static int hex4(const char *s, unsigned *out)
 {
