@@ -640,6 +640,14 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
                c->head_dim, c->n_head / c->n_head_kv, CUDA_ATTN_ROWS);
         return NULL;
     }
+    for (int l = 0; l < c->n_layer; l++) {
+        struct model_layer_kind k = model_layer_kind_of(c, l);
+        if (k.mixer != MODEL_MIXER_GQA || k.ffn != MODEL_FFN_DENSE) {
+            sl_seterr(err, errlen, "cuda: layer %d is %s + %s; the GPU backend runs gqa + dense layers only (use --device cpu)",
+                      l, model_mixer_name(k.mixer), model_ffn_name(k.ffn));
+            return NULL;
+        }
+    }
     const struct model_tensor *pk = model_first_packed(m);
     if (pk) {
         /* the mixed-input kernels are not written yet; dequantizing to bf16 at upload would lose the point */

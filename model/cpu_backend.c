@@ -674,6 +674,65 @@ static void attention(struct cpu_backend *b, const struct step *s, int layer)
     }
 }
 
+/* One layer's GQA attention block: x += o(attention(rope(q), rope(k), v)) over
+ * the normed x, K and V written to the paged cache first. */
+static void gqa_mixer(struct cpu_backend *b, const struct step *s, int l)
+{
+    const struct model_config *c = &b->c;
+    const struct layer_f32 *L = &b->L[l];
+    int T = s->n_tokens, E = c->n_embd, H = c->n_head, KVH = c->n_head_kv, D = c->head_dim, Q = H * D,
+        KV = KVH * D, half = c->rope_dim / 2;
+    float eps = c->norm_eps;
+#pragma omp parallel for num_threads(b->nt) if (T >= 8)
+    for (int t = 0; t < T; t++)
+        rmsnorm(b->xn + (size_t)t * E, b->x + (size_t)t * E, L->attn_norm, E, eps);
+    matmul(b, b->q, b->xn, &L->wq, L->bq, T, E, Q);
+    matmul(b, b->k, b->xn, &L->wk, L->bk, T, E, KV);
+    matmul(b, b->v, b->xn, &L->wv, L->bv, T, E, KV);
+    float *Kc = b->kv + (size_t)(2 * l) * b->kv_layer;
+    float *Vc = b->kv + (size_t)(2 * l + 1) * b->kv_layer;
+#pragma omp parallel for num_threads(b->nt) if (T >= 8)
+    for (int t = 0; t < T; t++) {
+        int pos = s->positions[t];
+        const float *cs = b->rope_cos + (size_t)pos * half, *sn = b->rope_sin + (size_t)pos * half;
+        for (int h = 0; h < H; h++) {
+            float *qh = b->q + (size_t)t * Q + (size_t)h * D;
+            if (L->q_norm) rmsnorm(qh, qh, L->q_norm, D, eps);
+            rope(qh, cs, sn, c->rope_dim, c->rope_type);
+        }
+        for (int h = 0; h < KVH; h++) {
+            float *kh = b->k + (size_t)t * KV + (size_t)h * D;
+            if (L->k_norm) rmsnorm(kh, kh, L->k_norm, D, eps);
+            rope(kh, cs, sn, c->rope_dim, c->rope_type);
+        }
+        memcpy(Kc + (size_t)s->slots[t] * KV, b->k + (size_t)t * KV, KV * sizeof(float));
+        memcpy(Vc + (size_t)s->slots[t] * KV, b->v + (size_t)t * KV, KV * sizeof(float));
+    }
+    attention(b, s, l);
+    matmul(b, b->xn, b->att, &L->wo, NULL, T, Q, E);
+    for (size_t i = 0; i < (size_t)T * E; i++) b->x[i] += b->xn[i];
+}
+
+/* One layer's dense SwiGLU FFN block: x += down(silu(gate(xn)) * up(xn)). */
+static void dense_ffn(struct cpu_backend *b, int l, int T)
+{
+    const struct model_config *c = &b->c;
+    const struct layer_f32 *L = &b->L[l];
+    int E = c->n_embd, F = c->n_ff;
+#pragma omp parallel for num_threads(b->nt) if (T >= 8)
+    for (int t = 0; t < T; t++)
+        rmsnorm(b->xn + (size_t)t * E, b->x + (size_t)t * E, L->ffn_norm, E, c->norm_eps);
+    matmul(b, b->gate, b->xn, &L->w_gate, NULL, T, E, F);
+    matmul(b, b->up, b->xn, &L->w_up, NULL, T, E, F);
+#pragma omp parallel for num_threads(b->nt) if (T >= 8)
+    for (size_t i = 0; i < (size_t)T * F; i++) {
+        float g = b->gate[i];
+        b->gate[i] = g / (1.0f + expf(-g)) * b->up[i];
+    }
+    matmul(b, b->xn, b->gate, &L->w_down, NULL, T, F, E);
+    for (size_t i = 0; i < (size_t)T * E; i++) b->x[i] += b->xn[i];
+}
+
 static int backend_forward(model_backend *mb, struct step *s, char *err, size_t errlen)
 {
     struct cpu_backend *b = (struct cpu_backend *)mb;
@@ -684,56 +743,20 @@ static int backend_forward(model_backend *mb, struct step *s, char *err, size_t 
     int rc = check_step(b, s, err, errlen);
     if (rc) return rc;
     const struct model_config *c = &b->c;
-    int T = s->n_tokens, E = c->n_embd, F = c->n_ff, H = c->n_head, KVH = c->n_head_kv,
-        D = c->head_dim, Q = H * D, KV = KVH * D, half = c->rope_dim / 2;
+    int T = s->n_tokens, E = c->n_embd;
     float eps = c->norm_eps;
 
     for (int t = 0; t < T; t++)
         deq_row(&b->tok_embd, s->token_ids[t], b->x + (size_t)t * E);
 
     for (int l = 0; l < c->n_layer; l++) {
-        const struct layer_f32 *L = &b->L[l];
-#pragma omp parallel for num_threads(b->nt) if (T >= 8)
-        for (int t = 0; t < T; t++)
-            rmsnorm(b->xn + (size_t)t * E, b->x + (size_t)t * E, L->attn_norm, E, eps);
-        matmul(b, b->q, b->xn, &L->wq, L->bq, T, E, Q);
-        matmul(b, b->k, b->xn, &L->wk, L->bk, T, E, KV);
-        matmul(b, b->v, b->xn, &L->wv, L->bv, T, E, KV);
-        float *Kc = b->kv + (size_t)(2 * l) * b->kv_layer;
-        float *Vc = b->kv + (size_t)(2 * l + 1) * b->kv_layer;
-#pragma omp parallel for num_threads(b->nt) if (T >= 8)
-        for (int t = 0; t < T; t++) {
-            int pos = s->positions[t];
-            const float *cs = b->rope_cos + (size_t)pos * half, *sn = b->rope_sin + (size_t)pos * half;
-            for (int h = 0; h < H; h++) {
-                float *qh = b->q + (size_t)t * Q + (size_t)h * D;
-                if (L->q_norm) rmsnorm(qh, qh, L->q_norm, D, eps);
-                rope(qh, cs, sn, c->rope_dim, c->rope_type);
-            }
-            for (int h = 0; h < KVH; h++) {
-                float *kh = b->k + (size_t)t * KV + (size_t)h * D;
-                if (L->k_norm) rmsnorm(kh, kh, L->k_norm, D, eps);
-                rope(kh, cs, sn, c->rope_dim, c->rope_type);
-            }
-            memcpy(Kc + (size_t)s->slots[t] * KV, b->k + (size_t)t * KV, KV * sizeof(float));
-            memcpy(Vc + (size_t)s->slots[t] * KV, b->v + (size_t)t * KV, KV * sizeof(float));
+        struct model_layer_kind k = model_layer_kind_of(c, l);
+        switch (k.mixer) {
+        case MODEL_MIXER_GQA: gqa_mixer(b, s, l); break;
         }
-        attention(b, s, l);
-        matmul(b, b->xn, b->att, &L->wo, NULL, T, Q, E);
-        for (size_t i = 0; i < (size_t)T * E; i++) b->x[i] += b->xn[i];
-
-#pragma omp parallel for num_threads(b->nt) if (T >= 8)
-        for (int t = 0; t < T; t++)
-            rmsnorm(b->xn + (size_t)t * E, b->x + (size_t)t * E, L->ffn_norm, E, eps);
-        matmul(b, b->gate, b->xn, &L->w_gate, NULL, T, E, F);
-        matmul(b, b->up, b->xn, &L->w_up, NULL, T, E, F);
-#pragma omp parallel for num_threads(b->nt) if (T >= 8)
-        for (size_t i = 0; i < (size_t)T * F; i++) {
-            float g = b->gate[i];
-            b->gate[i] = g / (1.0f + expf(-g)) * b->up[i];
+        switch (k.ffn) {
+        case MODEL_FFN_DENSE: dense_ffn(b, l, T); break;
         }
-        matmul(b, b->xn, b->gate, &L->w_down, NULL, T, F, E);
-        for (size_t i = 0; i < (size_t)T * E; i++) b->x[i] += b->xn[i];
     }
 
     /* LM head only for the last query token of the sequences that want it */

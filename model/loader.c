@@ -37,8 +37,40 @@ struct model {
     struct quant_cfg *qcfg;          /* config.json's quantization_config, or NULL */
     struct model_quant **quants;     /* owned descriptors of the packed weights */
     int n_quants, cap_quants;
+    struct model_layer_kind *layer_kind; /* owned plan of layers, cfg.layer_kind */
 };
 
+
+const char *model_mixer_name(enum model_mixer k)
+{
+    switch (k) {
+    case MODEL_MIXER_GQA: return "gqa";
+    }
+    return "?";
+}
+
+const char *model_ffn_name(enum model_ffn k)
+{
+    switch (k) {
+    case MODEL_FFN_DENSE: return "dense";
+    }
+    return "?";
+}
+
+/* The plan of layers from the (overridden) config: every architecture here is
+ * GQA attention + a dense FFN in every layer. */
+static int plan_layers(model *m, char *err, size_t errlen)
+{
+    m->layer_kind = calloc((size_t)m->cfg.n_layer, sizeof *m->layer_kind);
+    if (!m->layer_kind) {
+        sl_seterr(err, errlen, "out of memory");
+        return SL_ENOMEM;
+    }
+    for (int l = 0; l < m->cfg.n_layer; l++)
+        m->layer_kind[l] = (struct model_layer_kind){MODEL_MIXER_GQA, MODEL_FFN_DENSE};
+    m->cfg.layer_kind = m->layer_kind;
+    return 0;
+}
 
 const char *model_arch_name(enum model_arch a)
 {
@@ -863,6 +895,7 @@ model *model_load(const char *path, const struct model_load_opts *opts, char *er
     }
     if ((dir ? load_hf(m, path, dummy, err, errlen) : load_gguf(m, path, err, errlen)) != 0) goto fail;
     if (opts && opts->hf_overrides && model_config_override(&m->cfg, opts->hf_overrides, err, errlen)) goto fail;
+    if (plan_layers(m, err, errlen)) goto fail;
 
     char terr[256] = "";
     const char *tp = opts && opts->tokenizer ? opts->tokenizer : NULL;
@@ -907,6 +940,7 @@ void model_free(model *m)
     if (m->tok) model_tok_free(m->tok);
     free(m->chat_template);
     free(m->w.layers);
+    free(m->layer_kind);
     model_dummy_free(m->dummy);
     for (int i = 0; i < m->n_names; i++) free(m->names[i]);
     free(m->names);

@@ -109,7 +109,33 @@ struct model_config {
     bool tie_embeddings;        /* lm_head is tok_embd */
     bool qkv_bias;              /* qwen2 */
     bool qk_norm;               /* qwen3: RMSNorm over head_dim of q and k before RoPE */
+    /* The plan of layers: each layer's kinds, [n_layer], owned by the model.
+     * NULL (configs built by hand) means every layer is GQA + dense. */
+    const struct model_layer_kind *layer_kind;
 };
+
+/* A model is a plan of layers (docs/DESIGN.md, "Beyond dense Llama"): each
+ * layer's token mixer and FFN, decided by the loader from the config. A
+ * backend implements each kind's step and refuses at creation, naming the
+ * layer, a kind it lacks; a new kind is a new enum value and a new file, not
+ * an architecture test in every function. */
+enum model_mixer {
+    MODEL_MIXER_GQA, /* grouped-query attention: K and V per KV head in the paged pool */
+};
+enum model_ffn {
+    MODEL_FFN_DENSE, /* down(silu(gate(x)) * up(x)) */
+};
+struct model_layer_kind {
+    enum model_mixer mixer;
+    enum model_ffn ffn;
+};
+static inline struct model_layer_kind model_layer_kind_of(const struct model_config *c, int layer)
+{
+    if (c->layer_kind) return c->layer_kind[layer];
+    return (struct model_layer_kind){MODEL_MIXER_GQA, MODEL_FFN_DENSE};
+}
+const char *model_mixer_name(enum model_mixer k);
+const char *model_ffn_name(enum model_ffn k);
 
 struct model_layer_weights {
     struct model_tensor attn_norm;            /* [n_embd] */
