@@ -91,15 +91,17 @@ void api_engine_defaults(const char *device, long *max_num_seqs, long *max_num_b
  * out of range, else 0 with the targets written into *c. */
 struct sched_config;
 struct api_sched_flags {
-    double ttft_target_ms, itl_target_ms, min_batch_share;
+    double ttft_target_ms, min_batch_share;
+    const char *itl_target; /* "auto" or milliseconds */
 };
 void api_sched_flags_init(struct api_sched_flags *f);
 int api_sched_flags_apply(const struct api_sched_flags *f, struct sched_config *c, char *err, size_t errlen);
 #define API_SCHED_FLAGS(f)                                                                                          \
     {"--interactive-ttft-target", API_FLAG_FLOAT, &(f)->ttft_target_ms,                                         \
      "ms: a chat's first token within this beside batch work; steps leave it room (200; 0: off)", NULL},      \
-    {"--interactive-itl-target", API_FLAG_FLOAT, &(f)->itl_target_ms,                                           \
-     "ms: while chats stream, a step's planned time at most this; batch fills the rest (50; 0: off)", NULL}, \
+    {"--interactive-itl-target", API_FLAG_STR, &(f)->itl_target,                                                \
+     "ms, or auto: twice a step of the chats alone; while chats stream a step is planned within it, batch "     \
+     "fills the rest (auto; 0: off)", NULL},                                                                   \
     {"--min-batch-share", API_FLAG_FLOAT, &(f)->min_batch_share,                                                \
      "share of each step (tokens, and time under the targets) kept for batch work when it waits (0.1)", NULL}
 

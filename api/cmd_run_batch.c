@@ -719,6 +719,7 @@ int api_cmd_run_batch(int argc, char **argv)
     eo.sched.min_batch_share = policy.min_batch_share;
     eo.sched.ttft_target_s = policy.ttft_target_s;
     eo.sched.itl_target_s = policy.itl_target_s;
+    eo.sched.itl_auto_factor = policy.itl_auto_factor;
     eo.sched.long_prefill_token_threshold = (int)long_prefill;
     eo.sched.max_num_partial_prefills = (int)partial;
     eo.sched.max_long_partial_prefills = (int)long_partial;

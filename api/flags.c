@@ -324,18 +324,30 @@ void api_sched_flags_init(struct api_sched_flags *f)
     struct sched_config c = {0};
     sched_config_policy_defaults(&c);
     f->ttft_target_ms = c.ttft_target_s * 1e3;
-    f->itl_target_ms = c.itl_target_s * 1e3;
+    f->itl_target = "auto";
     f->min_batch_share = c.min_batch_share;
 }
 
 int api_sched_flags_apply(const struct api_sched_flags *f, struct sched_config *c, char *err, size_t errlen)
 {
     if (api_flag_double_range("--interactive-ttft-target", f->ttft_target_ms, 0, false, 1e7, err, errlen) ||
-        api_flag_double_range("--interactive-itl-target", f->itl_target_ms, 0, false, 1e7, err, errlen) ||
         api_flag_double_range("--min-batch-share", f->min_batch_share, 0, false, 1, err, errlen))
         return -1;
     c->min_batch_share = (float)f->min_batch_share;
     c->ttft_target_s = f->ttft_target_ms / 1e3;
-    c->itl_target_s = f->itl_target_ms / 1e3;
+    c->itl_target_s = 0.0;
+    c->itl_auto_factor = SCHED_DEFAULT_ITL_AUTO_FACTOR;
+    if (f->itl_target && strcmp(f->itl_target, "auto") != 0) {
+        char *end;
+        errno = 0;
+        double ms = strtod(f->itl_target, &end);
+        if (end == f->itl_target || *end || errno || !(ms >= 0 && ms <= 1e7)) {
+            sl_seterr(err, errlen, "--interactive-itl-target: '%s' is not auto or a number of milliseconds (0..1e7)",
+                      f->itl_target);
+            return -1;
+        }
+        c->itl_target_s = ms / 1e3;
+        c->itl_auto_factor = 0.0;
+    }
     return 0;
 }

@@ -60,6 +60,7 @@ static void *load_main(void *arg)
             .min_batch_share = s->o.sched.min_batch_share,
             .ttft_target_s = s->o.sched.ttft_target_s,
             .itl_target_s = s->o.sched.itl_target_s,
+            .itl_auto_factor = s->o.sched.itl_auto_factor,
             .expect_interactive = true, /* a chat may come at any time */
             .long_prefill_token_threshold = (int)s->o.long_prefill_token_threshold,
             .max_num_partial_prefills = (int)s->o.max_num_partial_prefills,

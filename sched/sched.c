@@ -87,6 +87,7 @@ struct sched {
     struct sched_step_shape shape; /* the step's shape, for the cost model once it ran */
     int step_batch_tokens;     /* batch tokens in the step */
     double plan_limit;         /* the step's time limit (0: none) */
+    double itl_now;            /* the inter-token target this step (INFINITY: none) */
     bool seen_interactive;     /* an interactive request came: steps leave room for the next */
     uint64_t dec_next;         /* batch decodes take turns from this admission on */
     double rate_tok, rate_s;   /* batch tokens and seconds, fading (stats.batch_tok_s) */
@@ -121,7 +122,8 @@ void sched_config_policy_defaults(struct sched_config *c)
 {
     c->min_batch_share = 0.1f;
     c->ttft_target_s = SCHED_DEFAULT_TTFT_TARGET_S;
-    c->itl_target_s = SCHED_DEFAULT_ITL_TARGET_S;
+    c->itl_target_s = 0.0;
+    c->itl_auto_factor = SCHED_DEFAULT_ITL_AUTO_FACTOR;
     c->long_prefill_token_threshold = 0;
     c->max_num_partial_prefills = 1;
     c->max_long_partial_prefills = 1;
@@ -136,7 +138,7 @@ sched *sched_create(const struct sched_config *cfg, kv_pool *pool, const model_t
     }
     if (cfg->max_num_seqs < 1 || cfg->max_num_batched_tokens < cfg->max_num_seqs || cfg->max_model_len < 1 ||
         cfg->block_size != kv_pool_block_size(pool) || !(cfg->min_batch_share >= 0.0f && cfg->min_batch_share <= 1.0f) ||
-        !(cfg->itl_target_s >= 0.0) || !(cfg->ttft_target_s >= 0.0) || cfg->step_granule < 0 ||
+        !(cfg->itl_target_s >= 0.0) || !(cfg->itl_auto_factor >= 0.0) || !(cfg->ttft_target_s >= 0.0) || cfg->step_granule < 0 ||
         !(cfg->prior_token_s >= 0.0) || !(cfg->prior_pair_ratio >= 0.0) ||
         cfg->long_prefill_token_threshold < 0 || cfg->max_num_partial_prefills < 0 ||
         (cfg->max_num_partial_prefills > 1 &&
@@ -803,6 +805,21 @@ static int make_room(sched *s, int budget, int share)
     return n;
 }
 
+/* The inter-token target now (seconds; INFINITY: none): as configured, or
+ * itl_auto_factor times the predicted step of the interactive decodes alone
+ * (one such decode when none runs: the room a chat's step will need). */
+static double itl_target(const sched *s)
+{
+    if (!(s->cfg.itl_auto_factor > 0.0)) return s->cfg.itl_target_s > 0 ? s->cfg.itl_target_s : INFINITY;
+    double t = s->cost.coef[SCHED_COST_STEP];
+    int n = 0;
+    for (int i = 0; i < s->n_run; i++)
+        if (s->run[i]->prio == SCHED_PRIO_INTERACTIVE && is_decode(s->run[i]))
+            t += decode_cost(s, s->run[i]->n_computed), n++;
+    if (n == 0) t += decode_cost(s, 0);
+    return s->cfg.itl_auto_factor * t;
+}
+
 /* The step's time limit (seconds; INFINITY: none) from the latency targets,
  * and whether batch decodes wait until the interactive prefills are in. */
 static double time_limit(sched *s, bool *defer)
@@ -814,7 +831,7 @@ static double time_limit(sched *s, bool *defer)
             chat_dec |= is_decode(s->run[i]);
         }
     s->seen_interactive |= chat;
-    double itl = s->cfg.itl_target_s > 0 ? s->cfg.itl_target_s : INFINITY, ttft = s->cfg.ttft_target_s;
+    double itl = s->itl_now = itl_target(s), ttft = s->cfg.ttft_target_s;
     /* a chat that arrives during a step waits for it, then needs a step of its own */
     bool expect = s->cfg.expect_interactive || s->seen_interactive;
     double room = ttft > 0 && expect ? (isfinite(itl) && ttft > itl ? ttft - itl : ttft) : INFINITY;
@@ -907,8 +924,8 @@ int sched_plan_step(sched *s, struct step *st)
         } else {
             /* a chat's first token comes with this step: batch fills no more
              * than the inter-token target (or the chat's own prompt) */
-            if (first_token && s->cfg.itl_target_s > 0) {
-                double t = s->step_time > s->cfg.itl_target_s ? s->step_time : s->cfg.itl_target_s;
+            if (first_token && isfinite(s->itl_now)) {
+                double t = s->step_time > s->itl_now ? s->step_time : s->itl_now;
                 if (t < cap.limit) cap.limit = t, cap.on = true;
                 cap.efficient = false;
             }

@@ -42,13 +42,14 @@
  * from the step times the engine measures, so one set of targets fits a CPU
  * and an H200. The targets:
  *   - while interactive sequences decode, a step's planned time stays within
- *     itl_target_s (the time between a chat's tokens);
+ *     the inter-token target: itl_target_s, or itl_auto_factor times the
+ *     predicted step of the chats' decodes alone;
  *   - a step that ends a chat's prompt (its first token comes with it)
- *     stays within itl_target_s too, or within the prompt's own time when
+ *     stays within that target too, or within the prompt's own time when
  *     that is longer: batch gets no more than what is left;
  *   - otherwise (interactive prompts only, or batch alone), where chats may
  *     come (expect_interactive, or once one came), a step stays within
- *     ttft_target_s - itl_target_s, so a chat that arrives during it still
+ *     ttft_target_s less the inter-token target, so a chat arriving during it
  *     has its first token within ttft_target_s. Where none can come
  *     (run-batch) steps are planned by the token budget alone.
  * Inside that time, interactive decodes come first, then interactive
@@ -179,6 +180,9 @@ struct sched_config {
                                     work when it waits */
     double itl_target_s;         /* > 0: while interactive sequences decode, a step's planned time at
                                     most this (and a step with a chat's first token); 0: no time cap */
+    double itl_auto_factor;      /* > 0: the inter-token target is instead this many times the
+                                    predicted time of a step holding only the interactive decodes
+                                    (their speed alone), re-read at every step; 0: itl_target_s */
     double ttft_target_s;        /* > itl_target_s: where chats may come, other steps are planned
                                     within ttft_target_s - itl_target_s; 0: no such cap */
     bool expect_interactive;     /* interactive requests may arrive at any time (serve): steps leave
@@ -204,13 +208,14 @@ struct sched_config {
  * fields of c (min_batch_share, the latency targets, the partial-prefill
  * limits); the sizes are left alone (sched_engine_defaults). The targets:
  * 200 ms to the first token, under the ~250 ms past which a reply stops
- * feeling immediate, and 50 ms between tokens, 20 tokens a second: several
- * times reading speed, so a stream never visibly stalls. A batch step
- * beside chats is then at most 150 ms (200 less a chat's own step), which
- * on a CPU costs a batch a few percent of its throughput and on a GPU
- * still holds thousands of tokens. */
+ * feeling immediate; between tokens, twice the time a step of the chats
+ * alone takes (itl_auto_factor 2): a chat beside a batch streams at least
+ * half as fast as it would alone, on any hardware (about 9 ms on an H200
+ * for an 8B model, 20 ms on two CPU cores for the default model). Batch
+ * work gets the rest of each step: at least half of it while chats stream,
+ * and between chats the TTFT room (200 ms less a chat's own step). */
 #define SCHED_DEFAULT_TTFT_TARGET_S 0.2
-#define SCHED_DEFAULT_ITL_TARGET_S 0.05
+#define SCHED_DEFAULT_ITL_AUTO_FACTOR 2.0
 void sched_config_policy_defaults(struct sched_config *c);
 
 /* ---- cost.c: what a step costs, learned from the steps run ------------------ */

@@ -676,6 +676,57 @@ static void test_time_budget(void)
     kv_pool_destroy(p);
 }
 
+/* The default inter-token target, twice a step of the chats alone (a step
+ * of 5 ms, 4 ms a decode: 9 ms alone, an 18 ms target): beside 12 batch
+ * decodes a chat's decode steps stay within it, the batch decodes take
+ * turns in what is left, and between chats a step leaves the TTFT room less
+ * that target. Faster chats (a cheaper device) get a tighter target. */
+static void test_itl_auto(void)
+{
+    enum { NB = 12 };
+    const int32_t *big = ramp();
+    kv_pool *p = kv_pool_create(512, 16, false, err, sizeof err);
+    struct sched_config c = {.block_size = 16, .max_num_seqs = 16, .max_num_batched_tokens = 256,
+                             .max_model_len = 1024, .min_batch_share = 0.1f, .itl_auto_factor = 2.0,
+                             .ttft_target_s = 0.25, .expect_interactive = true};
+    sched *s = sched_create(&c, p, NULL, err, sizeof err);
+    CHECKF(s != NULL, "%s", err);
+    if (!s) return;
+    set_cost(s, 0.005, 0.001, 0.004);
+    struct sched_request rb[NB];
+    for (int i = 0; i < NB; i++) {
+        rb[i] = req(big + 10 * i, 20 + i, 60, SCHED_PRIO_BATCH);
+        submit(s, &rb[i], (uint64_t)i + 1);
+    }
+    struct step st;
+    for (int i = 0; i < 4; i++) one_step(s, &st, 16);
+    double t = sched_step_plan(s, NULL);
+    CHECKF(batch_in_step(NB) == NB && t <= 0.25 - 0.018 + 1e-9 && t > 0.018, "no chat: %.4f s, %d decodes", t,
+           batch_in_step(NB));
+    struct sched_request rc = req(big + 500, 10, 8, SCHED_PRIO_INTERACTIVE);
+    submit(s, &rc, 100);
+    one_step(s, &st, 16); /* its prompt */
+    bool seen[NB + 1] = {false};
+    for (int k = 0; k < 6; k++) {
+        one_step(s, &st, 16);
+        t = sched_step_plan(s, NULL);
+        int nb = batch_in_step(NB);
+        CHECKF(in_step(100) && t <= 0.018 + 1e-9 && nb >= 1 && nb < NB, "the chat's decode %d: %.4f s, %d batch decodes",
+               k, t, nb);
+        for (int i = 1; i <= NB; i++) seen[i] |= in_step((uint64_t)i);
+    }
+    int turns = 0;
+    for (int i = 1; i <= NB; i++) turns += seen[i];
+    CHECKF(turns >= 6, "%d of %d batch requests decoded beside the chat", turns, NB);
+    /* a faster device: the target follows the chat's own step (2 x 2.5 ms) */
+    set_cost(s, 0.002, 0.0002, 0.0005);
+    one_step(s, &st, 16);
+    t = sched_step_plan(s, NULL);
+    CHECKF(in_step(100) && t <= 0.005 + 1e-9, "faster: %.4f s", t);
+    sched_destroy(s);
+    kv_pool_destroy(p);
+}
+
 /* A chat whose prompt takes longer than the inter-token target beside a
  * batch: its first token comes in one step (batch fills nothing past the
  * chat's own prompt, batch decodes sit out); without batch decodes running
@@ -1275,6 +1326,7 @@ int main(void)
     RUN(test_partial_prefills);
     RUN(test_plan_fuzz);
     RUN(test_time_budget);
+    RUN(test_itl_auto);
     RUN(test_first_token_room);
     RUN(test_overloaded);
     RUN(test_cost_calibration);
