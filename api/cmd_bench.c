@@ -3,8 +3,7 @@
  *
  * Every request is a streamed /v1/chat/completions with
  * stream_options.include_usage, sent over its own HTTP/1.1 connection by the
- * small blocking client below (plain sockets; chunked, Content-Length and
- * close-delimited bodies). Timings are taken on the client: TTFT is the
+ * small blocking client shared with `sluice batch` (api/http_client.c). Timings are taken on the client: TTFT is the
  * arrival of the first chunk that carries content, total is the arrival of
  * [DONE]; token counts come from the server's usage.
  *
@@ -45,17 +44,10 @@
 #include <unistd.h>
 
 #include "api.h"
+#include "api/http_client.h"
 #include "base/json.h"
 
 /* ---- types ---- */
-
-struct target {
-    char host[256];
-    char port[16];
-    char prefix[256];   /* path before /v1 ("" for most servers) */
-    const char *api_key; /* borrowed from argv, may be NULL */
-    double timeout;     /* seconds without a byte before a request fails */
-};
 
 /* One streamed request's outcome. */
 struct run_result {
@@ -67,7 +59,7 @@ struct run_result {
 };
 
 struct bench_opts {
-    struct target t;
+    struct hc_target t;
     const char *model;
     long prompt_tokens, max_tokens, runs, concurrency, num_prompts, seed;
     bool ignore_eos;
@@ -94,314 +86,12 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* ---- a small blocking HTTP/1.1 client ---- */
-
-struct conn {
-    int fd;
-    double timeout;
-    char buf[16384];
-    size_t pos, len;
-    bool eof;
-};
-
-typedef int (*body_sink)(void *ctx, const char *p, size_t n);
-
-static int parse_url(const char *url, struct target *t, char *err, size_t errlen)
-{
-    if (!strncmp(url, "https://", 8)) {
-        snprintf(err, errlen, "--url %s: https is not supported (put a plain-HTTP address or a local proxy)", url);
-        return -1;
-    }
-    const char *p = !strncmp(url, "http://", 7) ? url + 7 : url;
-    const char *slash = strchr(p, '/');
-    size_t hlen = slash ? (size_t)(slash - p) : strlen(p);
-    char hp[300];
-    if (!hlen || hlen >= sizeof hp) {
-        snprintf(err, errlen, "--url '%s' has no host", url);
-        return -1;
-    }
-    memcpy(hp, p, hlen);
-    hp[hlen] = 0;
-    const char *colon = strrchr(hp, ':');
-    const char *host = hp, *port = "80";
-    if (hp[0] == '[') { /* [v6]:port */
-        char *close = strchr(hp, ']');
-        if (!close) {
-            snprintf(err, errlen, "--url '%s': bad IPv6 address", url);
-            return -1;
-        }
-        *close = 0;
-        host = hp + 1;
-        if (close[1] == ':') port = close + 2;
-    } else if (colon) {
-        hp[colon - hp] = 0;
-        port = colon + 1;
-    }
-    char *end;
-    long pn = strtol(port, &end, 10);
-    if (!*port || *end || pn <= 0 || pn > 65535) {
-        snprintf(err, errlen, "--url '%s': bad port '%s'", url, port);
-        return -1;
-    }
-    snprintf(t->host, sizeof t->host, "%.255s", host);
-    snprintf(t->port, sizeof t->port, "%ld", pn);
-    snprintf(t->prefix, sizeof t->prefix, "%.255s", slash ? slash : "");
-    size_t pl = strlen(t->prefix);
-    while (pl && t->prefix[pl - 1] == '/') t->prefix[--pl] = 0;
-    /* http://host:8000/v1 is what OpenAI clients take; the paths below add /v1 */
-    if (pl >= 3 && !strcmp(t->prefix + pl - 3, "/v1")) t->prefix[pl - 3] = 0;
-    return 0;
-}
-
-static int conn_open(struct conn *c, const struct target *t, char *err, size_t errlen)
-{
-    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_family = AF_UNSPEC}, *res = NULL;
-    int gai = getaddrinfo(t->host, t->port, &hints, &res);
-    if (gai) {
-        snprintf(err, errlen, "cannot resolve %s: %s", t->host, gai_strerror(gai));
-        return -1;
-    }
-    int last = 0;
-    c->fd = -1;
-    for (struct addrinfo *ai = res; ai && c->fd < 0; ai = ai->ai_next) {
-        int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
-        if (fd < 0) { last = errno; continue; }
-        /* connect without blocking so a black-holed address fails in 10 s */
-        int fl = fcntl(fd, F_GETFL);
-        fcntl(fd, F_SETFL, fl | O_NONBLOCK);
-        int rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
-        if (rc < 0 && errno == EINPROGRESS) {
-            struct pollfd pf = {.fd = fd, .events = POLLOUT};
-            rc = poll(&pf, 1, 10000);
-            if (rc == 0) { errno = ETIMEDOUT; rc = -1; }
-            else if (rc > 0) {
-                int so = 0;
-                socklen_t sl = sizeof so;
-                getsockopt(fd, SOL_SOCKET, SO_ERROR, &so, &sl);
-                if (so) { errno = so; rc = -1; }
-                else rc = 0;
-            }
-        }
-        if (rc < 0) {
-            last = errno;
-            close(fd);
-            continue;
-        }
-        fcntl(fd, F_SETFL, fl);
-        struct timeval tv = {.tv_sec = (time_t)c->timeout, .tv_usec = (suseconds_t)((c->timeout - (time_t)c->timeout) * 1e6)};
-        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-        c->fd = fd;
-    }
-    freeaddrinfo(res);
-    if (c->fd < 0) {
-        snprintf(err, errlen, "cannot connect to %s:%s: %s (is the server running?)", t->host, t->port, strerror(last));
-        return -1;
-    }
-    c->pos = c->len = 0;
-    c->eof = false;
-    return 0;
-}
-
-/* Makes bytes available in c->buf. Returns 0, or -1 with err set (timeout,
- * reset). End of stream sets c->eof and returns 0 with nothing buffered. */
-static int conn_fill(struct conn *c, char *err, size_t errlen)
-{
-    if (c->pos < c->len || c->eof) return 0;
-    for (;;) {
-        ssize_t n = recv(c->fd, c->buf, sizeof c->buf, 0);
-        if (n > 0) {
-            c->pos = 0;
-            c->len = (size_t)n;
-            return 0;
-        }
-        if (n == 0) {
-            c->eof = true;
-            return 0;
-        }
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK)
-            snprintf(err, errlen, "no reply from the server for %.0f s (--timeout)", c->timeout);
-        else
-            snprintf(err, errlen, "reading the reply: %s", strerror(errno));
-        return -1;
-    }
-}
-
-/* Reads one line (CRLF or LF, stripped) into line. -1 on error or EOF. */
-static int conn_line(struct conn *c, char *line, size_t cap, char *err, size_t errlen)
-{
-    size_t n = 0;
-    for (;;) {
-        if (conn_fill(c, err, errlen)) return -1;
-        if (c->eof) {
-            snprintf(err, errlen, "the server closed the connection in the middle of the reply headers");
-            return -1;
-        }
-        char ch = c->buf[c->pos++];
-        if (ch == '\n') break;
-        if (n + 1 < cap) line[n++] = ch;
-    }
-    if (n && line[n - 1] == '\r') n--;
-    line[n] = 0;
-    return 0;
-}
-
-/* Passes up to want bytes (SIZE_MAX: until EOF) to sink. Returns 0, 1 when
- * the sink stopped, -1 on error, -2 when the stream ended before want bytes. */
-static int conn_body(struct conn *c, size_t want, body_sink sink, void *ctx, char *err, size_t errlen)
-{
-    while (want) {
-        if (conn_fill(c, err, errlen)) return -1;
-        if (c->eof) return want == SIZE_MAX ? 0 : -2;
-        size_t n = c->len - c->pos;
-        if (want != SIZE_MAX && n > want) n = want;
-        int s = sink(ctx, c->buf + c->pos, n);
-        c->pos += n;
-        if (want != SIZE_MAX) want -= n;
-        if (s) return 1;
-    }
-    return 0;
-}
-
-/* One request over a fresh connection. The body of the reply, whatever its
- * status, goes to sink as it arrives. Returns 0 when the whole body arrived
- * (or the sink stopped it), -1 on a connection or protocol error, -2 when
- * the server closed the connection before the end of the body; *status is
- * the HTTP status (0 when no reply line came). */
-static int http_do(const struct target *t, const char *method, const char *path, const char *body, size_t blen,
-                   const char *ctype, body_sink sink, void *ctx, int *status, char *err, size_t errlen)
-{
-    struct conn *c = malloc(sizeof *c);
-    if (!c) {
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
-    c->timeout = t->timeout;
-    *status = 0;
-    int rc = -1;
-    if (conn_open(c, t, err, errlen)) {
-        free(c);
-        return -1;
-    }
-    struct json_buf req;
-    json_buf_init(&req);
-    json_buf_addf(&req, "%s %s%s HTTP/1.1\r\nHost: %s:%s\r\nUser-Agent: sluice-bench\r\nAccept: */*\r\n"
-                  "Connection: close\r\n", method, t->prefix, path, t->host, t->port);
-    if (t->api_key) json_buf_addf(&req, "Authorization: Bearer %s\r\n", t->api_key);
-    if (body)
-        json_buf_addf(&req, "Content-Type: %s\r\nContent-Length: %zu\r\n", ctype ? ctype : "application/json", blen);
-    json_buf_lit(&req, "\r\n");
-    if (body) json_buf_add(&req, body, blen);
-    if (req.oom) {
-        snprintf(err, errlen, "out of memory");
-        goto out;
-    }
-    for (size_t off = 0; off < req.len;) {
-        ssize_t n = send(c->fd, req.p + off, req.len - off, MSG_NOSIGNAL);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) {
-            snprintf(err, errlen, "sending the request to %s:%s: %s", t->host, t->port, strerror(errno));
-            goto out;
-        }
-        off += (size_t)n;
-    }
-    char line[8192];
-    if (conn_line(c, line, sizeof line, err, errlen)) {
-        if (c->eof) snprintf(err, errlen, "the server at %s:%s closed the connection without a reply", t->host, t->port);
-        goto out;
-    }
-    int major, minor, st;
-    if (sscanf(line, "HTTP/%d.%d %d", &major, &minor, &st) != 3) {
-        snprintf(err, errlen, "not an HTTP reply from %s:%s: '%.60s'", t->host, t->port, line);
-        goto out;
-    }
-    *status = st;
-    bool chunked = false;
-    long long clen = -1;
-    for (;;) {
-        if (conn_line(c, line, sizeof line, err, errlen)) goto out;
-        if (!line[0]) break;
-        if (!strncasecmp(line, "Transfer-Encoding:", 18) && strcasestr(line + 18, "chunked")) chunked = true;
-        else if (!strncasecmp(line, "Content-Length:", 15)) clen = atoll(line + 15);
-    }
-    if (!strcmp(method, "HEAD") || st == 204 || st == 304) {
-        rc = 0;
-        goto out;
-    }
-    if (chunked) {
-        for (;;) {
-            if (conn_line(c, line, sizeof line, err, errlen)) {
-                if (c->eof) rc = -2;
-                goto out;
-            }
-            char *end;
-            unsigned long long sz = strtoull(line, &end, 16);
-            if (end == line) {
-                snprintf(err, errlen, "bad chunk size line '%.40s' in the reply", line);
-                goto out;
-            }
-            if (sz == 0) break; /* trailers do not matter: the connection closes */
-            int b = conn_body(c, (size_t)sz, sink, ctx, err, errlen);
-            if (b == 1) { rc = 0; goto out; }
-            if (b) { rc = b; goto out; }
-            if (conn_line(c, line, sizeof line, err, errlen)) {
-                if (c->eof) rc = -2;
-                goto out;
-            }
-        }
-        rc = 0;
-    } else {
-        int b = conn_body(c, clen >= 0 ? (size_t)clen : SIZE_MAX, sink, ctx, err, errlen);
-        rc = b == 1 ? 0 : b;
-    }
-out:
-    if (rc == -2) snprintf(err, errlen, "the server closed the connection before the end of the reply");
-    json_buf_free(&req);
-    close(c->fd);
-    free(c);
-    return rc;
-}
-
-static int collect_sink(void *ctx, const char *p, size_t n)
-{
-    struct json_buf *b = ctx;
-    if (b->len + n > (64u << 20)) return 1; /* nothing here needs a bigger reply */
-    json_buf_add(b, p, n);
-    return 0;
-}
-
-/* The "message" of an OpenAI-shaped error body, else the body's start. */
-static void error_text(const char *body, size_t len, char *out, size_t cap)
-{
-    json_doc d;
-    char e[64];
-    if (len && !json_parse(&d, body, len, e, sizeof e)) {
-        int er = json_is_obj(&d, 0) ? json_get(&d, 0, "error") : -1;
-        int m = er >= 0 && json_is_obj(&d, er) ? json_get(&d, er, "message") : json_get(&d, 0, "message");
-        if (m < 0 && er >= 0 && json_is_str(&d, er)) m = er;
-        if (m >= 0 && json_is_str(&d, m)) {
-            json_str(&d, m, out, cap);
-            json_free(&d);
-            return;
-        }
-        json_free(&d);
-    }
-    size_t n = len < cap - 1 ? len : cap - 1;
-    for (size_t i = 0; i < n; i++) out[i] = body[i] == '\n' || body[i] == '\r' ? ' ' : body[i];
-    out[n] = 0;
-}
-
 /* POST/GET with a JSON reply collected into out (caller frees). Returns the
  * HTTP status, or -1 on a connection error (err set). */
-static int http_json(const struct target *t, const char *method, const char *path, const struct json_buf *body,
+static int http_json(const struct hc_target *t, const char *method, const char *path, const struct json_buf *body,
                      struct json_buf *out, char *err, size_t errlen)
 {
-    json_buf_init(out);
-    int st = 0;
-    int rc = http_do(t, method, path, body ? body->p : NULL, body ? body->len : 0, NULL, collect_sink, out, &st, err,
-                     errlen);
-    return rc ? -1 : st;
+    return hc_json(t, method, path, body ? body->p : NULL, body ? body->len : 0, out, err, errlen);
 }
 
 /* ---- the streamed chat request ---- */
@@ -412,7 +102,7 @@ struct stream_ctx {
     struct json_buf line;
     bool done, got_usage;
     char error[512];
-    int status;             /* set by http_do before the body arrives */
+    int status;             /* set by hc_request before the body arrives */
     struct json_buf body;   /* a non-2xx reply's body */
 };
 
@@ -460,7 +150,7 @@ static void sse_event(struct stream_ctx *s, const char *p, size_t n)
     int er = json_get(&d, 0, "error");
     if (er >= 0 && !json_is_null(&d, er)) {
         char msg[400];
-        error_text(p, n, msg, sizeof msg);
+        hc_error_text(p, n, msg, sizeof msg);
         if (!s->error[0]) snprintf(s->error, sizeof s->error, "the server sent an error in the stream: %s", msg);
         goto out;
     }
@@ -494,7 +184,7 @@ out:
 static int stream_sink(void *ctx, const char *p, size_t n)
 {
     struct stream_ctx *s = ctx;
-    if (s->status < 200 || s->status > 299) return collect_sink(&s->body, p, n);
+    if (s->status < 200 || s->status > 299) return hc_sink_buf(&s->body, p, n);
     for (size_t i = 0; i < n; i++) {
         const char *nl = memchr(p + i, '\n', n - i);
         if (!nl) {
@@ -544,15 +234,15 @@ static int chat_stream(const struct bench_opts *o, const char *model, const char
     json_buf_init(&s.body);
     s.t0 = now_s();
     char herr[256] = "";
-    int rc = http_do(&o->t, "POST", "/v1/chat/completions", b.p, b.len, NULL, stream_sink, &s, &s.status, herr,
-                     sizeof herr);
+    struct hc_body body = {.p = b.p, .n = b.len};
+    int rc = hc_request(&o->t, "POST", "/v1/chat/completions", &body, stream_sink, &s, &s.status, herr, sizeof herr);
     json_buf_free(&b);
     int ret = -1;
     if (rc == -1 && !s.status) {
         snprintf(err, errlen, "%s", herr);
     } else if (s.status < 200 || s.status > 299) {
         char msg[400];
-        error_text(s.body.p ? s.body.p : "", s.body.len, msg, sizeof msg);
+        hc_error_text(s.body.p ? s.body.p : "", s.body.len, msg, sizeof msg);
         snprintf(err, errlen, "the server replied HTTP %d to /v1/chat/completions%s%s", s.status, msg[0] ? ": " : "",
                  msg);
     } else if (s.error[0]) {
@@ -1284,7 +974,7 @@ out:
 
 /* The engine's token counters from /metrics: prompt tokens computed plus
  * decode tokens (every sluice has these two). -1 on failure. */
-static double engine_tokens(const struct target *t, char *err, size_t errlen)
+static double engine_tokens(const struct hc_target *t, char *err, size_t errlen)
 {
     struct json_buf b;
     int st = http_json(t, "GET", "/metrics", NULL, &b, err, errlen);
@@ -1317,42 +1007,20 @@ static double engine_tokens(const struct target *t, char *err, size_t errlen)
 static int start_batch(const struct bench_opts *o, const struct json_buf *jsonl, char *id, size_t idcap, char *err,
                        size_t errlen)
 {
-    static const char bnd[] = "sluicebench7f3a9c0e";
-    struct json_buf form, out;
-    json_buf_init(&form);
-    json_buf_addf(&form, "--%s\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--%s\r\n"
-                  "Content-Disposition: form-data; name=\"file\"; filename=\"bench.jsonl\"\r\n"
-                  "Content-Type: application/jsonl\r\n\r\n", bnd, bnd);
-    json_buf_add(&form, jsonl->p, jsonl->len);
-    json_buf_addf(&form, "\r\n--%s--\r\n", bnd);
-    char ctype[96];
-    snprintf(ctype, sizeof ctype, "multipart/form-data; boundary=%s", bnd);
-    json_buf_init(&out);
-    int st = 0, rc = -1;
-    if (form.oom || http_do(&o->t, "POST", "/v1/files", form.p, form.len, ctype, collect_sink, &out, &st, err, errlen))
-        goto done;
-    char fid[128] = "";
-    json_doc d;
-    char e[64];
-    if (st == 200 && out.len && !json_parse(&d, out.p, out.len, e, sizeof e)) {
-        int f = json_is_obj(&d, 0) ? json_get(&d, 0, "id") : -1;
-        if (f >= 0 && json_is_str(&d, f)) json_str(&d, f, fid, sizeof fid);
-        json_free(&d);
+    char fid[128] = "", e1[512];
+    if (hc_upload_batch_file(&o->t, "bench.jsonl", jsonl->p, jsonl->len, NULL, 0, fid, sizeof fid, e1, sizeof e1)) {
+        snprintf(err, errlen, "uploading the batch file: %s", e1);
+        return -1;
     }
-    if (!fid[0]) {
-        char msg[300];
-        error_text(out.p ? out.p : "", out.len, msg, sizeof msg);
-        snprintf(err, errlen, "uploading the batch file: HTTP %d: %s", st, msg);
-        goto done;
-    }
-    json_buf_free(&out);
-    struct json_buf body;
+    struct json_buf body, out;
     json_buf_init(&body);
     json_buf_lit(&body, "{\"input_file_id\":");
     json_buf_add_str(&body, fid, strlen(fid));
     json_buf_lit(&body, ",\"endpoint\":\"/v1/chat/completions\",\"completion_window\":\"24h\"}");
-    st = http_json(&o->t, "POST", "/v1/batches", &body, &out, err, errlen);
+    int st = http_json(&o->t, "POST", "/v1/batches", &body, &out, err, errlen), rc = -1;
     json_buf_free(&body);
+    json_doc d;
+    char e[64];
     if (st == 200 && out.len && !json_parse(&d, out.p, out.len, e, sizeof e)) {
         int f = json_is_obj(&d, 0) ? json_get(&d, 0, "id") : -1;
         if (f >= 0 && json_is_str(&d, f) && json_str(&d, f, id, idcap) >= 0) rc = 0;
@@ -1360,11 +1028,9 @@ static int start_batch(const struct bench_opts *o, const struct json_buf *jsonl,
     }
     if (rc && st >= 0) {
         char msg[300];
-        error_text(out.p ? out.p : "", out.len, msg, sizeof msg);
+        hc_error_text(out.p ? out.p : "", out.len, msg, sizeof msg);
         snprintf(err, errlen, "creating the batch: HTTP %d: %s", st, msg);
     }
-done:
-    json_buf_free(&form);
     json_buf_free(&out);
     return rc;
 }
@@ -1544,7 +1210,7 @@ out:
 }
 
 /* The first model /v1/models lists, copied into out. */
-static int first_model(const struct target *t, char *out, size_t cap, char *err, size_t errlen)
+static int first_model(const struct hc_target *t, char *out, size_t cap, char *err, size_t errlen)
 {
     struct json_buf b;
     int st = http_json(t, "GET", "/v1/models", NULL, &b, err, errlen);
@@ -1552,7 +1218,7 @@ static int first_model(const struct target *t, char *out, size_t cap, char *err,
     if (st < 0) goto done;
     if (st < 200 || st > 299) {
         char msg[400];
-        error_text(b.p ? b.p : "", b.len, msg, sizeof msg);
+        hc_error_text(b.p ? b.p : "", b.len, msg, sizeof msg);
         snprintf(err, errlen, "the server replied HTTP %d to /v1/models%s%s", st, msg[0] ? ": " : "", msg);
         goto done;
     }
@@ -1624,7 +1290,7 @@ static int warm_up(const struct bench_opts *o, struct sizer *sz, const char *mod
 int api_cmd_bench(int argc, char **argv)
 {
     struct bench_opts o = {
-        .t = {.timeout = 600},
+        .t = {.timeout = 600, .agent = "sluice-bench"},
         .prompt_tokens = API_FLAG_UNSET, .max_tokens = API_FLAG_UNSET, .runs = 5, .num_prompts = 0, .seed = 42,
         .ignore_eos = true, .batch_lines = 400, .chats = 20, .chat_max_tokens = 32, .window = 30,
     };
@@ -1684,7 +1350,7 @@ int api_cmd_bench(int argc, char **argv)
         return 2;
     }
     o.t.timeout = timeout;
-    if (parse_url(url, &o.t, err, sizeof err)) {
+    if (hc_parse_url(&o.t, url, err, sizeof err)) {
         fprintf(stderr, "sluice bench: %s\n", err);
         return 2;
     }
