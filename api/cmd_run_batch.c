@@ -64,6 +64,7 @@ struct batch {
     model *m;
     const model_tok *tok;
     sched_engine *e;
+    sched_sink *sink;            /* the lines' engine events */
     const char *served_name, *model_path;
     int max_model_len;
     struct line *lines;          /* ring [cap_lines]: line i lives in lines[i % cap_lines] */
@@ -276,6 +277,7 @@ static void prepare(struct batch *b, struct line *l)
         goto done;
     }
     sr.priority = SCHED_PRIO_BATCH;
+    sr.sink = b->sink;
     int nc = l->req.n > 1 ? l->req.n : 1;
     l->ch = calloc((size_t)nc, sizeof *l->ch);
     l->res = calloc((size_t)nc, sizeof *l->res);
@@ -738,6 +740,11 @@ int api_cmd_run_batch(int argc, char **argv)
         goto fail_msg;
     b.e = sched_engine_create(be, &eo, err, sizeof err);
     if (!b.e) goto fail_msg;
+    b.sink = sched_sink_create(b.e, NULL, NULL);
+    if (!b.sink) {
+        snprintf(err, sizeof err, "out of memory");
+        goto fail_msg;
+    }
     b.max_model_len = sched_engine_config(b.e)->max_model_len;
     if (!quiet) {
         struct sched_engine_stats st;
@@ -779,7 +786,7 @@ int api_cmd_run_batch(int argc, char **argv)
             goto done;
         }
         if (b.in_flight == 0) continue; /* lines that failed at once: the ring has room again */
-        int k = sched_engine_wait(b.e, &evb, 1.0);
+        int k = sched_sink_wait(b.sink, &evb, 1.0);
         for (int i = 0; i < k; i++) on_event(&b, &evb.ev[i]);
     }
     sched_evbuf_deinit(&evb);
@@ -800,6 +807,7 @@ fail_msg:
     fprintf(stderr, "sluice run-batch: %s\n", err);
     rc = 1;
 done:
+    sched_sink_destroy(b.sink);
     sched_engine_destroy(b.e);
     model_backend_destroy(be);
     model_free(b.m);

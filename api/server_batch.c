@@ -17,10 +17,7 @@
  *                 hands over the chunks: the body is never copied a second
  *                 time in memory); the store thread writes it into a file the
  *                 store names and records (store_file_write()).
- *                 Engine events of batch rows (ev->user tagged SRV_USER_BATCH)
- *                 reach srv_batch_event() from srv_drain_events(); the api
- *                 thread only folds them into the row's result and, at the
- *                 finish event, queues the row back to the store thread.
+ *                 Engine events of batch rows never reach it.
  *   store thread  owns the *writer* handle: nothing else writes SQLite. It
  *                 runs the queued calls, renders finished rows and writes
  *                 their results with store_complete_rows() in one transaction
@@ -32,8 +29,12 @@
  *                 flight` pending rows, parses and tokenizes them and submits
  *                 them at SCHED_PRIO_BATCH (high = 2 x max_num_seqs: the
  *                 scheduler makes room for chat, see feed(); a 50,000-line batch
- *                 is never in memory). It owns the rows in
- *                 flight (the `inflight` list): it creates them and frees them.
+ *                 is never in memory). The rows' engine events go to its own
+ *                 sink (sched_sink_create), whose notifier wakes this thread:
+ *                 it folds them into the rows' results and renders a row
+ *                 when its last choice finishes, without the api thread. It
+ *                 owns the rows in flight (the `inflight` list): it creates
+ *                 them, updates them and frees them.
  *                 A cancelled or expired batch's rows still in the engine are
  *                 aborted with sched_engine_abort().
  *
@@ -94,12 +95,10 @@ struct call {
     struct call *next;
 };
 
-/* One batch row in the engine. Created, listed and freed by the store thread;
- * between submit and its finish event the api thread folds events into res. */
+/* One batch row in the engine: store thread only. */
 struct job;
 /* One choice of a row (a request with "n" > 1 has several): an engine request. */
 struct jchoice {
-    enum srv_user_kind kind;       /* SRV_USER_BATCH; first (see server.h) */
     struct job *j;
     int i;
 };
@@ -107,7 +106,7 @@ struct job {
     int64_t row_id;
     char batch_id[STORE_ID_MAX];
     int n;                         /* choices submitted */
-    int n_done;                    /* choices finished (api thread) */
+    int n_done;                    /* choices finished */
     struct jchoice *ch;            /* [n] */
     uint64_t *eng_id;              /* [n] */
     bool aborted;                  /* sched_engine_abort() already asked */
@@ -115,8 +114,7 @@ struct job {
     char *fail;                    /* owned; a later choice could not be submitted: the row's error */
     struct api_oai_req r;
     struct api_oai_result *res;    /* [n] */
-    struct job *prev, *next;       /* inflight list (store thread) */
-    struct job *done_next;         /* done queue (under mu) */
+    struct job *prev, *next;       /* inflight list */
 };
 
 /* A rendered result waiting for store_complete_rows(). It owns everything
@@ -144,14 +142,17 @@ struct srv_batch {
     bool started;
     struct event *reply_ev;        /* store thread -> api thread */
 
-    pthread_mutex_t mu;            /* guards the three queues and stop */
+    pthread_mutex_t mu;            /* guards the two queues, stop and events */
     pthread_cond_t cv;
     bool stop;
+    bool events;                   /* engine -> store: the sink has events */
     struct call *calls, *calls_tail; /* api -> store */
-    struct job *done;              /* api -> store: rows the engine finished */
     struct call *replies, *replies_tail; /* store -> api */
 
     /* store thread only */
+    sched_sink *sink;              /* the rows' engine events, created once the engine is ready */
+    struct sched_evbuf evbuf;
+    bool engine_dead;              /* the backend failed for good: nothing more is recorded */
     struct job *inflight;
     int n_inflight, low, high;
     bool pending_hint;             /* pending rows may exist: worth a claim */
@@ -459,6 +460,7 @@ static void submit_row(struct srv_batch *b, const struct store_row *row)
     struct sched_request sr;
     if (api_oai_to_sched(&j->r, ids, n, mml, &sr, &e)) goto fail;
     sr.priority = SCHED_PRIO_BATCH;
+    sr.sink = b->sink;
     int nc = j->r.n > 1 ? j->r.n : 1;
     j->ch = calloc((size_t)nc, sizeof *j->ch);
     j->eng_id = calloc((size_t)nc, sizeof *j->eng_id);
@@ -468,13 +470,11 @@ static void submit_row(struct srv_batch *b, const struct store_row *row)
         goto fail;
     }
     for (int i = 0; i < nc; i++) {
-        j->ch[i] = (struct jchoice){.kind = SRV_USER_BATCH, .j = j, .i = i};
+        j->ch[i] = (struct jchoice){.j = j, .i = i};
         api_oai_result_init(&j->res[i]);
     }
     j->n = nc;
     char err[256];
-    /* from here on the api thread may see j's events: only store-thread
-     * fields (eng_id, fail, the list links) are written below */
     for (int i = 0; i < nc; i++) {
         api_oai_choice_sampling(&j->r, i, &sr.sampling);
         sr.user = &j->ch[i];
@@ -485,15 +485,7 @@ static void submit_row(struct srv_batch *b, const struct store_row *row)
             j->fail = strdup(err);
             j->aborted = true;
             for (int k = 0; k < i; k++) sched_engine_abort(s->eng, j->eng_id[k]);
-            /* the api thread counts finishes against n under mu; if all i
-             * already came back, the row is done now */
-            pthread_mutex_lock(&b->mu);
             j->n = i;
-            if (j->n_done == j->n) {
-                j->done_next = b->done;
-                b->done = j;
-            }
-            pthread_mutex_unlock(&b->mu);
             break;
         }
     }
@@ -512,10 +504,57 @@ fail:
     job_free(j);
 }
 
+/* The engine's notifier for the rows' sink (engine thread, its lock held). */
+static void on_engine_events(void *arg)
+{
+    struct srv_batch *b = arg;
+    pthread_mutex_lock(&b->mu);
+    b->events = true;
+    pthread_cond_signal(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+}
+
+/* Folds the rows' engine events into their results; a row whose last choice
+ * finished is rendered and queued to be written. */
+static void take_events(struct srv_batch *b)
+{
+    struct server *s = b->srv;
+    if (!b->sink) return;
+    int n = sched_sink_poll(b->sink, &b->evbuf);
+    /* a backend that died posts every request's failure: those rows are not
+     * recorded, they stay running on disk and run again at the next start */
+    if (!n || b->engine_dead) return;
+    if (sched_engine_fatal(s->eng, NULL, 0)) {
+        b->engine_dead = true;
+        return;
+    }
+    const model_tok *tok = model_get_tok(s->m);
+    for (int i = 0; i < n; i++) {
+        const struct sched_event *ev = &b->evbuf.ev[i];
+        const struct jchoice *c = ev->user;
+        struct job *j = c->j;
+        api_oai_result_add(&j->res[c->i], &j->r, tok, ev);
+        if (ev->kind != SCHED_EV_FINISH) continue;
+        if (c->i == 0) {
+            s->prompt_tokens_total += (uint64_t)ev->usage.prompt_tokens;
+            s->cached_tokens_total += (uint64_t)ev->usage.cached_tokens;
+        }
+        s->generation_tokens_total += (uint64_t)ev->usage.completion_tokens;
+        if (++j->n_done < j->n) continue;
+        inflight_remove(b, j);
+        finish_job(b, j);
+        job_free(j);
+    }
+}
+
 static void feed(struct srv_batch *b)
 {
     struct server *s = b->srv;
-    if (!b->pending_hint || atomic_load(&s->state) != SRV_READY) return;
+    if (!b->pending_hint || b->engine_dead || atomic_load(&s->state) != SRV_READY) return;
+    if (!b->sink) {
+        b->sink = sched_sink_create(s->eng, on_engine_events, b);
+        if (!b->sink) return; /* the next tick tries again */
+    }
     if (!b->high) {
         /* Batch rows may take every sequence slot: the scheduler preempts
          * batch work to give a chat request a slot in the next step. Twice
@@ -630,7 +669,7 @@ static void *store_main(void *arg)
         pthread_mutex_lock(&b->mu);
         for (;;) {
             double now = srv_now();
-            if (b->stop || b->calls || b->done) break;
+            if (b->stop || b->calls || b->events) break;
             double deadline = next_tick;
             if (b->n_res) {
                 double due = b->fail_mask & FAIL_RESULTS ? b->t_retry : b->t_first_res + FLUSH_S;
@@ -651,16 +690,11 @@ static void *store_main(void *arg)
         bool stop = b->stop;
         struct call *calls = b->calls;
         b->calls = b->calls_tail = NULL;
-        struct job *done = b->done;
-        b->done = NULL;
+        bool events = b->events;
+        b->events = false;
         pthread_mutex_unlock(&b->mu);
 
-        for (struct job *j = done, *nx; j; j = nx) {
-            nx = j->done_next;
-            inflight_remove(b, j);
-            finish_job(b, j);
-            job_free(j);
-        }
+        if (events) take_events(b);
         for (struct call *c = calls, *nx; c; c = nx) {
             nx = c->next;
             c->next = NULL;
@@ -685,8 +719,12 @@ static void *store_main(void *arg)
         }
         feed(b);
     }
-    /* rows still in the engine stay `running` on disk: the next start runs them again */
+    /* rows still in the engine stay `running` on disk: the next start runs
+     * them again; their events are dropped once the sink is gone */
     flush_results(b);
+    sched_sink_destroy(b->sink);
+    b->sink = NULL;
+    sched_evbuf_deinit(&b->evbuf);
     for (struct job *j = b->inflight, *nx; j; j = nx) {
         nx = j->next;
         job_free(j);
@@ -695,31 +733,7 @@ static void *store_main(void *arg)
     return NULL;
 }
 
-/* ---- api thread: engine events and replies -------------------------------------------------- */
-
-void srv_batch_event(struct server *s, const struct sched_event *ev)
-{
-    struct srv_batch *b = s->batch;
-    const struct jchoice *c = ev->user;
-    struct job *j = c->j;
-    api_oai_result_add(&j->res[c->i], &j->r, model_get_tok(s->m), ev);
-    if (ev->kind != SCHED_EV_FINISH) return;
-    if (c->i == 0) {
-        s->prompt_tokens_total += (uint64_t)ev->usage.prompt_tokens;
-        s->cached_tokens_total += (uint64_t)ev->usage.cached_tokens;
-    }
-    s->generation_tokens_total += (uint64_t)ev->usage.completion_tokens;
-    pthread_mutex_lock(&b->mu);
-    bool last = ++j->n_done == j->n;
-    if (!last) {
-        pthread_mutex_unlock(&b->mu);
-        return;
-    }
-    j->done_next = b->done;
-    b->done = j;
-    pthread_cond_signal(&b->cv);
-    pthread_mutex_unlock(&b->mu);
-}
+/* ---- api thread: replies -------------------------------------------------- */
 
 static void on_call_close(struct evhttp_connection *con, void *arg)
 {
@@ -1216,6 +1230,7 @@ int srv_batch_start(struct server *s, char *err, size_t errlen)
     }
     b->srv = s;
     b->pending_hint = true; /* recovery may have put rows back to pending */
+    sched_evbuf_init(&b->evbuf);
     b->rng = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)b;
     struct store_opts so = {
         .max_file_lines = s->o.max_batch_file_lines,
@@ -1281,8 +1296,6 @@ void srv_batch_stop(struct server *s)
         if (c->con) evhttp_connection_set_closecb(c->con, NULL, NULL);
         call_free(c);
     }
-    /* b->done is empty: the event loop (the only producer) ended before stop
-     * was set, and the thread's last pass took what was there */
     for (int i = 0; i < b->n_res; i++) { /* a last flush that failed: these rows run again at the next start */
         free(b->outs[i].body);
         free(b->outs[i].msg);
