@@ -44,70 +44,89 @@ static void verr(struct verrs *v, const char *code, const char *param, int64_t l
     else json_buf_add(&v->buf, ",\"line\":null}", 13);
 }
 
-/* Checks one request line; on success sets *custom_id (malloc'ed) and the
- * body's span inside the line. Returns false after recording the error. */
-static bool check_line(struct verrs *v, char *line, size_t len, int64_t lineno, const char *endpoint,
-                       char **custom_id, const char **body, size_t *body_len)
+static const char *const endpoints[] = {"/v1/chat/completions", "/v1/completions", "/v1/responses"};
+
+static int line_error(struct store_line_error *e, const char *code, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int line_error(struct store_line_error *e, const char *code, const char *param, const char *fmt, ...)
 {
+    e->code = code;
+    e->param = param;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return SL_EINVAL;
+}
+
+int store_check_line(const char *line, size_t len, const char *endpoint, char **custom_id, const char **url,
+                     const char **body, size_t *body_len, struct store_line_error *e)
+{
+    *custom_id = NULL;
     json_doc d;
-    char e[128];
-    if (json_parse(&d, line, len, e, sizeof e) || !json_is_obj(&d, 0)) {
+    char je[128];
+    if (json_parse(&d, line, len, je, sizeof je) || !json_is_obj(&d, 0)) {
         if (d.tok) json_free(&d);
-        verr(v, "invalid_json_line", NULL, lineno,
-             "This line is not parseable as valid JSON (a JSON object per line is expected).");
-        return false;
+        return line_error(e, "invalid_json_line", NULL,
+                          "This line is not parseable as valid JSON (a JSON object per line is expected).");
     }
-    bool ok = false;
+    int rc = SL_EINVAL;
     int i = json_get(&d, 0, "custom_id");
     int m = json_get(&d, 0, "method");
     int u = json_get(&d, 0, "url");
     int b = json_get(&d, 0, "body");
     if (i < 0 || !json_is_str(&d, i)) {
-        verr(v, "missing_required_parameter", "custom_id", lineno,
-             "Missing required parameter: 'custom_id' (a string).");
+        line_error(e, "missing_required_parameter", "custom_id", "Missing required parameter: 'custom_id' (a string).");
+        goto done;
+    }
+    *custom_id = json_strdup(&d, i, NULL);
+    if (!*custom_id) {
+        line_error(e, "invalid_json_line", "custom_id", "The custom_id is not a valid JSON string.");
         goto done;
     }
     if (m < 0 || !json_is_str(&d, m)) {
-        verr(v, "missing_required_parameter", "method", lineno, "Missing required parameter: 'method'.");
+        line_error(e, "missing_required_parameter", "method", "Missing required parameter: 'method'.");
         goto done;
     }
     if (!json_str_eq(&d, m, "POST")) {
-        verr(v, "invalid_method", "method", lineno, "The method of a batch request must be POST.");
+        line_error(e, "invalid_method", "method", "The method of a batch request must be POST.");
         goto done;
     }
     if (u < 0 || !json_is_str(&d, u)) {
-        verr(v, "missing_required_parameter", "url", lineno, "Missing required parameter: 'url'.");
+        line_error(e, "missing_required_parameter", "url", "Missing required parameter: 'url'.");
         goto done;
     }
-    if (!json_str_eq(&d, u, endpoint)) {
+    *url = NULL;
+    for (size_t k = 0; k < sizeof endpoints / sizeof endpoints[0]; k++)
+        if ((!endpoint || !strcmp(endpoint, endpoints[k])) && json_str_eq(&d, u, endpoints[k])) *url = endpoints[k];
+    if (!*url) {
         size_t ul;
         const char *us = json_raw(&d, u, &ul);
-        verr(v, "invalid_url", "url", lineno,
-             "The url '%.*s' does not match the batch's endpoint '%s'; every request must use the batch's endpoint.",
-             (int)(ul > 200 ? 200 : ul), us, endpoint);
+        if (endpoint)
+            line_error(e, "invalid_url", "url",
+                       "The url '%.*s' does not match the batch's endpoint '%s'; every request must use the batch's "
+                       "endpoint.", (int)(ul > 200 ? 200 : ul), us, endpoint);
+        else
+            line_error(e, "invalid_url", "url",
+                       "The url '%.*s' is not one a batch runs: '/v1/chat/completions', '/v1/completions' or "
+                       "'/v1/responses'.", (int)(ul > 200 ? 200 : ul), us);
         goto done;
     }
     if (b < 0 || !json_is_obj(&d, b)) {
-        verr(v, "missing_required_parameter", "body", lineno,
-             "Missing required parameter: 'body' (a JSON object).");
+        line_error(e, "missing_required_parameter", "body", "Missing required parameter: 'body' (a JSON object).");
         goto done;
     }
     int st = json_get(&d, b, "stream");
     bool stream = false;
     if (st >= 0 && json_bool(&d, st, &stream) == 0 && stream) {
-        verr(v, "invalid_value", "body.stream", lineno, "Streaming is not supported in a batch: 'stream' must not be true.");
-        goto done;
-    }
-    *custom_id = json_strdup(&d, i, NULL);
-    if (!*custom_id) {
-        verr(v, "invalid_json_line", "custom_id", lineno, "The custom_id is not a valid JSON string.");
+        line_error(e, "invalid_value", "body.stream", "Streaming is not supported in a batch: 'stream' must not be true.");
         goto done;
     }
     *body = json_raw(&d, b, body_len);
-    ok = true;
+    rc = 0;
 done:
     json_free(&d);
-    return ok;
+    return rc;
 }
 
 /* Validates the batch's input file and creates its rows (one transaction),
@@ -182,10 +201,15 @@ int store__validate_batch(store *s, const char *id, char *err, size_t errlen)
                  (long long)s->opts.max_file_lines);
             break;
         }
-        char *cid = NULL;
-        const char *body;
+        char *cid;
+        const char *url, *body;
         size_t blen;
-        if (!check_line(&v, line, (size_t)len, lineno, endpoint, &cid, &body, &blen)) continue;
+        struct store_line_error le;
+        if (store_check_line(line, (size_t)len, endpoint, &cid, &url, &body, &blen, &le)) {
+            verr(&v, le.code, le.param, lineno, "%s", le.message);
+            free(cid);
+            continue;
+        }
         /* rows are inserted even once errors were found: the UNIQUE index
          * is what finds duplicate custom_ids, in bounded memory; the whole
          * transaction is rolled back at the end if anything was wrong */

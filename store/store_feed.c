@@ -202,16 +202,10 @@ int store_complete_rows(store *s, struct store_result *results, int n, char *err
         const char *code = cancelled ? "batch_cancelled" : res->error_code;
         struct json_buf e;
         json_buf_init(&e);
-        if (code) {
-            json_buf_add(&e, "{\"code\":", 8);
-            json_buf_add_str(&e, code, strlen(code));
-            json_buf_add(&e, ",\"message\":", 11);
-            const char *m = res->error_message ? res->error_message
-                            : cancelled        ? "The batch was cancelled while this request ran."
-                                               : "";
-            json_buf_add_str(&e, m, strlen(m));
-            json_buf_add(&e, "}", 1);
-        }
+        if (code)
+            store_error_json(&e, code, res->error_message ? res->error_message
+                                       : cancelled        ? "The batch was cancelled while this request ran."
+                                                          : "");
         if ((res->body && !body && !cancelled) || e.oom) {
             if (owned) free(body);
             json_buf_free(&e);

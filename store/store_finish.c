@@ -86,28 +86,53 @@ static void add_raw_or_null(struct json_buf *b, const char *txt, size_t n)
     json_buf_add(b, txt, n);
 }
 
+void store_result_line(struct json_buf *b, const char *id, const char *custom_id, size_t custom_id_len,
+                       int status_code, const char *request_id, size_t request_id_len, const char *body,
+                       size_t body_len, const char *error, size_t error_len)
+{
+    json_buf_add(b, "{\"id\":", 6);
+    json_buf_add_str(b, id, strlen(id));
+    json_buf_add(b, ",\"custom_id\":", 13);
+    if (custom_id) json_buf_add_str(b, custom_id, custom_id_len);
+    else json_buf_add(b, "null", 4);
+    json_buf_add(b, ",\"response\":", 12);
+    if (!status_code) {
+        json_buf_add(b, "null", 4);
+    } else {
+        json_buf_addf(b, "{\"status_code\":%d,\"request_id\":", status_code);
+        if (request_id) json_buf_add_str(b, request_id, request_id_len);
+        else json_buf_add(b, "null", 4);
+        json_buf_add(b, ",\"body\":", 8);
+        add_raw_or_null(b, body, body_len);
+        json_buf_add(b, "}", 1);
+    }
+    json_buf_add(b, ",\"error\":", 9);
+    add_raw_or_null(b, error, error_len);
+    json_buf_add(b, "}", 1);
+}
+
+void store_error_json(struct json_buf *b, const char *code, const char *message)
+{
+    json_buf_add(b, "{\"code\":", 8);
+    json_buf_add_str(b, code, strlen(code));
+    json_buf_add(b, ",\"message\":", 11);
+    json_buf_add_str(b, message, strlen(message));
+    json_buf_add(b, "}", 1);
+}
+
 /* One output/error line for the row at the cursor (columns: line, custom_id,
  * state, status_code, result, error, request_id). */
 static void result_line(struct json_buf *b, const char *batch_id, sqlite3_stmt *st)
 {
     const char *hex = strchr(batch_id, '_');
-    json_buf_addf(b, "{\"id\":\"batch_req_%s%08llx\",\"custom_id\":", hex ? hex + 1 : batch_id,
-                  (unsigned long long)sqlite3_column_int64(st, 0));
-    json_buf_add_str(b, db_text(st, 1), (size_t)sqlite3_column_bytes(st, 1));
-    json_buf_add(b, ",\"response\":", 12);
-    if (sqlite3_column_type(st, 3) == SQLITE_NULL || sqlite3_column_int(st, 3) == 0) {
-        json_buf_add(b, "null", 4);
-    } else {
-        json_buf_addf(b, "{\"status_code\":%d,\"request_id\":", sqlite3_column_int(st, 3));
-        if (db_text(st, 6)) json_buf_add_str(b, db_text(st, 6), (size_t)sqlite3_column_bytes(st, 6));
-        else json_buf_add(b, "null", 4);
-        json_buf_add(b, ",\"body\":", 8);
-        add_raw_or_null(b, db_text(st, 4), (size_t)sqlite3_column_bytes(st, 4));
-        json_buf_add(b, "}", 1);
-    }
-    json_buf_add(b, ",\"error\":", 9);
-    add_raw_or_null(b, db_text(st, 5), (size_t)sqlite3_column_bytes(st, 5));
-    json_buf_add(b, "}\n", 2);
+    char id[STORE_ID_MAX + 32];
+    snprintf(id, sizeof id, "batch_req_%s%08llx", hex ? hex + 1 : batch_id,
+             (unsigned long long)sqlite3_column_int64(st, 0));
+    int status = sqlite3_column_type(st, 3) == SQLITE_NULL ? 0 : sqlite3_column_int(st, 3);
+    store_result_line(b, id, db_text(st, 1), (size_t)sqlite3_column_bytes(st, 1), status, db_text(st, 6),
+                      (size_t)sqlite3_column_bytes(st, 6), db_text(st, 4), (size_t)sqlite3_column_bytes(st, 4),
+                      db_text(st, 5), (size_t)sqlite3_column_bytes(st, 5));
+    json_buf_add(b, "\n", 1);
 }
 
 /* Writes the output and error files of a batch whose rows are all finished,
