@@ -138,7 +138,7 @@ ASAN_CFLAGS := -O1 -g $(ASAN_FLAGS) -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror
 ASAN_LIBS   := $(ASAN_FLAGS) -lpcre2-8 -lsqlite3 -lm -fopenmp -pthread
 ASAN_BINS   := $(patsubst %,$(ASAN_BUILD)/tests/test_%,json store safetensors)
 $(ASAN_BUILD)/tests/test_json: $(ASAN_BUILD)/base/json.o $(ASAN_BUILD)/base/base.o
-$(ASAN_BUILD)/tests/test_store: $(ASAN_BUILD)/base/json.o $(ASAN_BUILD)/base/base.o $(ASAN_BUILD)/store/store.o
+$(ASAN_BUILD)/tests/test_store: $(ASAN_BUILD)/base/json.o $(ASAN_BUILD)/base/base.o $(patsubst %,$(ASAN_BUILD)/store/%.o,store store_file store_batch store_finish store_feed)
 $(ASAN_BUILD)/tests/test_safetensors: $(ASAN_BUILD)/base/json.o $(ASAN_BUILD)/base/base.o $(patsubst %,$(ASAN_BUILD)/model/%.o,util tensor quant safetensors)
 
 $(ASAN_BUILD)/%.o: %.c $(wildcard */*.h)

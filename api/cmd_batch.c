@@ -7,295 +7,43 @@
  *                                             FILE.errors.jsonl) next to the input
  *   sluice batch status ID | list | cancel ID | results ID -o FILE
  *
- * HTTP/1.1 over a plain blocking socket, one request per connection
- * (Connection: close): the client sends one request at a time, so an event
- * loop would buy nothing. Uploads are streamed from the file (never read
+ * The HTTP client is api/http_client.c (shared with `sluice bench`): one
+ * request per connection; uploads are streamed from the file (never read
  * whole into memory) and downloads streamed to the output file. Runs on the
  * main thread only.
  */
 #include <errno.h>
-#include <netdb.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "api.h"
+#include "api/http_client.h"
 #include "base/json.h"
 
 #define IO_TIMEOUT_S 300
 
-struct client {
-    char host[256], port[8];
-    char prefix[256];       /* path before /v1 ("" normally) */
-    const char *url;        /* as given, for messages */
-    const char *api_key;    /* NULL: none */
-};
-
-/* Where a response body goes: a memory buffer or a file. */
-struct sink {
-    struct json_buf *mem;
-    FILE *f;
-};
-
-/* ---- URL and connection ------------------------------------------------------------------- */
-
-static int parse_url(struct client *c, const char *url, char *err, size_t errlen)
-{
-    c->url = url;
-    const char *p = url;
-    if (!strncmp(p, "http://", 7)) p += 7;
-    else if (strstr(p, "://")) {
-        snprintf(err, errlen, "only http:// URLs are supported ('%s')", url);
-        return -1;
-    }
-    size_t hl = strcspn(p, ":/");
-    if (hl == 0 || hl >= sizeof c->host) {
-        snprintf(err, errlen, "no host in URL '%s'", url);
-        return -1;
-    }
-    memcpy(c->host, p, hl);
-    c->host[hl] = '\0';
-    p += hl;
-    snprintf(c->port, sizeof c->port, "80");
-    if (*p == ':') {
-        size_t pl = strcspn(++p, "/");
-        if (pl == 0 || pl >= sizeof c->port || strspn(p, "0123456789") < pl) {
-            snprintf(err, errlen, "bad port in URL '%s'", url);
-            return -1;
-        }
-        memcpy(c->port, p, pl);
-        c->port[pl] = '\0';
-        p += pl;
-    }
-    snprintf(c->prefix, sizeof c->prefix, "%s", p);
-    size_t n = strlen(c->prefix);
-    while (n && c->prefix[n - 1] == '/') c->prefix[--n] = '\0';
-    if (n >= 3 && !strcmp(c->prefix + n - 3, "/v1")) c->prefix[n - 3] = '\0'; /* an OpenAI base_url */
-    return 0;
-}
-
-static int dial(const struct client *c, char *err, size_t errlen)
-{
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai, *a;
-    int rc = getaddrinfo(c->host, c->port, &hints, &ai);
-    if (rc) {
-        snprintf(err, errlen, "cannot resolve %s: %s", c->host, gai_strerror(rc));
-        return -1;
-    }
-    int fd = -1, e = 0;
-    for (a = ai; a; a = a->ai_next) {
-        fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
-        if (fd < 0) continue;
-        if (!connect(fd, a->ai_addr, a->ai_addrlen)) break;
-        e = errno;
-        close(fd);
-        fd = -1;
-    }
-    freeaddrinfo(ai);
-    if (fd < 0) {
-        snprintf(err, errlen, "cannot connect to %s: %s (is `sluice serve` running there?)", c->url,
-                 strerror(e ? e : ECONNREFUSED));
-        return -1;
-    }
-    struct timeval tv = {.tv_sec = IO_TIMEOUT_S};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    return fd;
-}
-
-static int send_all(int fd, const void *p, size_t n)
-{
-    const char *q = p;
-    while (n) {
-        ssize_t w = send(fd, q, n, MSG_NOSIGNAL);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return -1;
-        q += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
-/* ---- responses ---------------------------------------------------------------------------- */
-
-struct reader {
-    int fd;
-    char buf[65536];
-    size_t pos, len;
-};
-
-/* Next byte chunk: fills r->buf when empty. Returns bytes available, 0 at EOF, -1 on error. */
-static ssize_t rd_fill(struct reader *r)
-{
-    if (r->pos < r->len) return (ssize_t)(r->len - r->pos);
-    for (;;) {
-        ssize_t n = recv(r->fd, r->buf, sizeof r->buf, 0);
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) return -1;
-        r->pos = 0;
-        r->len = (size_t)n;
-        return n;
-    }
-}
-
-static int rd_line(struct reader *r, char *out, size_t cap)
-{
-    size_t o = 0;
-    for (;;) {
-        ssize_t n = rd_fill(r);
-        if (n <= 0) return -1;
-        char ch = r->buf[r->pos++];
-        if (ch == '\n') break;
-        if (o + 1 < cap) out[o++] = ch;
-    }
-    if (o && out[o - 1] == '\r') o--;
-    out[o] = '\0';
-    return 0;
-}
-
-static int sink_put(struct sink *s, const char *p, size_t n)
-{
-    if (s->mem) {
-        json_buf_add(s->mem, p, n);
-        return s->mem->oom ? -1 : 0;
-    }
-    return fwrite(p, 1, n, s->f) == n ? 0 : -1;
-}
-
-/* Copies exactly n bytes (n < 0: until EOF) of the body to the sink. */
-static int rd_body(struct reader *r, long long n, struct sink *s)
-{
-    while (n != 0) {
-        ssize_t a = rd_fill(r);
-        if (a < 0) return -1;
-        if (a == 0) return n < 0 ? 0 : -1;
-        size_t take = (size_t)a;
-        if (n > 0 && (long long)take > n) take = (size_t)n;
-        if (sink_put(s, r->buf + r->pos, take)) return -2;
-        r->pos += take;
-        if (n > 0) n -= (long long)take;
-    }
-    return 0;
-}
-
-/* Reads the status line, headers and body. Returns the HTTP status, or -1
- * with a message. */
-static int read_response(int fd, struct sink *s, const struct client *c, char *err, size_t errlen)
-{
-    struct reader *r = malloc(sizeof *r);
-    if (!r) {
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
-    r->fd = fd;
-    r->pos = r->len = 0;
-    char line[8192];
-    int status = -1;
-    if (rd_line(r, line, sizeof line) || sscanf(line, "HTTP/%*d.%*d %d", &status) != 1) {
-        snprintf(err, errlen, "no HTTP response from %s (%s)", c->url,
-                 errno == EAGAIN ? "timed out" : "connection closed");
-        free(r);
-        return -1;
-    }
-    long long clen = -1;
-    bool chunked = false;
-    for (;;) {
-        if (rd_line(r, line, sizeof line)) {
-            snprintf(err, errlen, "truncated response headers from %s", c->url);
-            free(r);
-            return -1;
-        }
-        if (!line[0]) break;
-        if (!strncasecmp(line, "Content-Length:", 15)) clen = atoll(line + 15);
-        else if (!strncasecmp(line, "Transfer-Encoding:", 18) && strcasestr(line + 18, "chunked")) chunked = true;
-    }
-    int rc = 0;
-    if (chunked) {
-        for (;;) {
-            if (rd_line(r, line, sizeof line)) { rc = -1; break; }
-            long long n = strtoll(line, NULL, 16);
-            if (n <= 0) break;
-            if ((rc = rd_body(r, n, s))) break;
-            if (rd_line(r, line, sizeof line)) { rc = -1; break; }
-        }
-    } else {
-        rc = rd_body(r, clen, s);
-    }
-    free(r);
-    if (rc) {
-        snprintf(err, errlen, rc == -2 ? "cannot write the response body: %s" : "truncated response from %s",
-                 rc == -2 ? strerror(errno) : c->url);
-        return -1;
-    }
-    return status;
-}
-
 /* ---- requests ------------------------------------------------------------------------------ */
-
-static int send_head(int fd, const struct client *c, const char *method, const char *path, const char *ctype,
-                     long long clen)
-{
-    char h[2048];
-    int n = snprintf(h, sizeof h, "%s %s%s HTTP/1.1\r\nHost: %s:%s\r\nConnection: close\r\nAccept: */*\r\n"
-                                  "User-Agent: sluice-batch\r\n",
-                     method, c->prefix, path, c->host, c->port);
-    if (c->api_key) n += snprintf(h + n, sizeof h - (size_t)n, "Authorization: Bearer %s\r\n", c->api_key);
-    if (ctype) n += snprintf(h + n, sizeof h - (size_t)n, "Content-Type: %s\r\n", ctype);
-    if (clen >= 0) n += snprintf(h + n, sizeof h - (size_t)n, "Content-Length: %lld\r\n", clen);
-    n += snprintf(h + n, sizeof h - (size_t)n, "\r\n");
-    if (n >= (int)sizeof h) return -1;
-    return send_all(fd, h, (size_t)n);
-}
-
-/* One request with an optional JSON body; the response body goes to s.
- * Returns the HTTP status or -1 with a message. */
-static int request(const struct client *c, const char *method, const char *path, const char *json,
-                   struct sink *s, char *err, size_t errlen)
-{
-    int fd = dial(c, err, errlen);
-    if (fd < 0) return -1;
-    size_t n = json ? strlen(json) : 0;
-    if (send_head(fd, c, method, path, json ? "application/json" : NULL, json ? (long long)n : 0) ||
-        (json && send_all(fd, json, n))) {
-        snprintf(err, errlen, "cannot send the request to %s: %s", c->url, strerror(errno));
-        close(fd);
-        return -1;
-    }
-    int st = read_response(fd, s, c, err, errlen);
-    close(fd);
-    return st;
-}
 
 /* The error message of an OpenAI-shaped error body, or the body itself. */
 static void describe_error(int status, const struct json_buf *body, char *err, size_t errlen)
 {
-    json_doc d;
-    char e[64], msg[600] = "";
-    if (body->p && !json_parse(&d, body->p, body->len, e, sizeof e)) {
-        int er = json_get(&d, 0, "error");
-        int m = er >= 0 ? json_get(&d, er, "message") : -1;
-        if (m >= 0) json_str(&d, m, msg, sizeof msg);
-        json_free(&d);
-    }
-    if (!msg[0] && body->p) snprintf(msg, sizeof msg, "%.500s", body->p);
+    char msg[600];
+    hc_error_text(body->p ? body->p : "", body->len, msg, sizeof msg);
     snprintf(err, errlen, "the server answered %d: %s", status, msg[0] ? msg : "(no message)");
 }
 
 /* A JSON request whose 2xx response body is parsed into *d (body kept in
  * *buf, which the caller frees with d). Returns 0 or -1 with a message. */
-static int call_json(const struct client *c, const char *method, const char *path, const char *json,
+static int call_json(const struct hc_target *c, const char *method, const char *path, const char *json,
                      struct json_buf *buf, json_doc *d, char *err, size_t errlen)
 {
-    json_buf_init(buf);
-    struct sink s = {.mem = buf};
-    int st = request(c, method, path, json, &s, err, errlen);
+    int st = hc_json(c, method, path, json, json ? strlen(json) : 0, buf, err, errlen);
     if (st < 0) goto fail;
     if (st < 200 || st > 299) {
         describe_error(st, buf, err, errlen);
@@ -312,9 +60,9 @@ fail:
     return -1;
 }
 
-/* Uploads path with purpose=batch as multipart/form-data, streaming the file.
- * Writes the new file id into id_out. */
-static int upload(const struct client *c, const char *path, char *id_out, size_t idcap, char *err, size_t errlen)
+/* Uploads path with purpose=batch, streaming the file. Writes the new file
+ * id into id_out. */
+static int upload(const struct hc_target *c, const char *path, char *id_out, size_t idcap, char *err, size_t errlen)
 {
     FILE *f = fopen(path, "rb");
     if (!f) {
@@ -329,72 +77,18 @@ static int upload(const struct client *c, const char *path, char *id_out, size_t
     }
     const char *base = strrchr(path, '/');
     base = base ? base + 1 : path;
-    char boundary[64], head[1024], tail[96];
-    snprintf(boundary, sizeof boundary, "sluice-%08lx%08lx", (unsigned long)time(NULL), (unsigned long)getpid());
-    char fname[400];
-    size_t o = 0;
-    for (const char *p = base; *p && o + 1 < sizeof fname; p++) /* quotes and CR/LF cannot appear in the header */
-        fname[o++] = (*p == '"' || *p == '\r' || *p == '\n' || *p == '\\') ? '_' : *p;
-    fname[o] = '\0';
-    int hn = snprintf(head, sizeof head,
-                      "--%s\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n"
-                      "--%s\r\nContent-Disposition: form-data; name=\"file\"; filename=\"%s\"\r\n"
-                      "Content-Type: application/jsonl\r\n\r\n",
-                      boundary, boundary, fname);
-    int tn = snprintf(tail, sizeof tail, "\r\n--%s--\r\n", boundary);
-    char ctype[128];
-    snprintf(ctype, sizeof ctype, "multipart/form-data; boundary=%s", boundary);
-    int fd = dial(c, err, errlen);
-    if (fd < 0) {
-        fclose(f);
-        return -1;
-    }
-    int rc = -1;
-    struct json_buf buf;
-    json_buf_init(&buf);
-    if (send_head(fd, c, "POST", "/v1/files", ctype, (long long)hn + sb.st_size + tn) ||
-        send_all(fd, head, (size_t)hn))
-        goto send_fail;
-    char chunk[65536];
-    size_t n;
-    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0)
-        if (send_all(fd, chunk, n)) goto send_fail;
-    if (ferror(f)) {
-        snprintf(err, errlen, "cannot read %s: %s", path, strerror(errno));
-        goto out;
-    }
-    if (send_all(fd, tail, (size_t)tn)) goto send_fail;
-    struct sink s = {.mem = &buf};
-    int st = read_response(fd, &s, c, err, errlen);
-    if (st < 0) goto out;
-    if (st < 200 || st > 299) {
-        describe_error(st, &buf, err, errlen);
-        goto out;
-    }
-    json_doc d;
-    char e[128];
-    if (!buf.p || json_parse(&d, buf.p, buf.len, e, sizeof e)) {
-        snprintf(err, errlen, "the server's answer to the upload is not JSON");
-        goto out;
-    }
-    int id = json_get(&d, 0, "id");
-    if (id >= 0 && json_str(&d, id, id_out, idcap) > 0) rc = 0;
-    else snprintf(err, errlen, "the server's answer to the upload has no file id");
-    json_free(&d);
-    goto out;
-send_fail:
-    /* the server may have refused early (413): its answer says why */
-    if (read_response(fd, &(struct sink){.mem = &buf}, c, err, errlen) > 299) describe_error(413, &buf, err, errlen);
-    else snprintf(err, errlen, "cannot send %s to %s: %s", path, c->url, strerror(errno));
-out:
-    json_buf_free(&buf);
-    close(fd);
+    int rc = hc_upload_batch_file(c, base, NULL, 0, f, (int64_t)sb.st_size, id_out, idcap, err, errlen);
     fclose(f);
     return rc;
 }
 
+static int file_sink(void *ctx, const char *p, size_t n)
+{
+    return fwrite(p, 1, n, ctx) == n ? 0 : -1;
+}
+
 /* Downloads a file's content to out_path (written to a temp name, then renamed). */
-static int download(const struct client *c, const char *file_id, const char *out_path, char *err, size_t errlen)
+static int download(const struct hc_target *c, const char *file_id, const char *out_path, char *err, size_t errlen)
 {
     char tmp[4200], path[160];
     snprintf(tmp, sizeof tmp, "%s.part", out_path);
@@ -404,15 +98,9 @@ static int download(const struct client *c, const char *file_id, const char *out
         snprintf(err, errlen, "cannot write %.512s: %s", tmp, strerror(errno));
         return -1;
     }
-    struct sink s = {.f = f};
-    int fd = dial(c, err, errlen);
-    int st = -1;
-    if (fd >= 0) {
-        if (send_head(fd, c, "GET", path, NULL, -1)) snprintf(err, errlen, "cannot send the request: %s", strerror(errno));
-        else st = read_response(fd, &s, c, err, errlen);
-        close(fd);
-    }
-    bool bad = fclose(f) != 0 || st < 0;
+    int st = 0;
+    int rc = hc_request(c, "GET", path, NULL, file_sink, f, &st, err, errlen);
+    bool bad = fclose(f) != 0 || rc != 0;
     if (!bad && (st < 200 || st > 299)) {
         /* the body (an error object) went to the file: read it back for the message */
         struct json_buf b;
@@ -481,7 +169,7 @@ static void view_batch(const json_doc *d, int obj, struct batch_view *v)
     }
 }
 
-static int get_batch(const struct client *c, const char *id, struct batch_view *v, char *err, size_t errlen)
+static int get_batch(const struct hc_target *c, const char *id, struct batch_view *v, char *err, size_t errlen)
 {
     char path[200];
     snprintf(path, sizeof path, "/v1/batches/%s", id);
@@ -524,7 +212,7 @@ static double now_s(void)
 }
 
 /* Polls until the batch ends, drawing a progress bar on stderr. */
-static int wait_batch(const struct client *c, const char *id, double interval, struct batch_view *v, char *err,
+static int wait_batch(const struct hc_target *c, const char *id, double interval, struct batch_view *v, char *err,
                       size_t errlen)
 {
     double t0 = now_s();
@@ -589,7 +277,7 @@ static void guess_endpoint(const char *path, char *out, size_t cap)
 
 /* ---- subcommands ------------------------------------------------------------------------------ */
 
-static int cmd_submit(const struct client *c, const char *file, bool wait, const char *endpoint, const char *window,
+static int cmd_submit(const struct hc_target *c, const char *file, bool wait, const char *endpoint, const char *window,
                       double interval)
 {
     char err[1024], file_id[128], ep[64];
@@ -642,7 +330,7 @@ fail:
     return 1;
 }
 
-static int cmd_status(const struct client *c, const char *id, bool raw)
+static int cmd_status(const struct hc_target *c, const char *id, bool raw)
 {
     char err[1024], path[200];
     if (raw) {
@@ -664,7 +352,7 @@ fail:
     return 1;
 }
 
-static int cmd_list(const struct client *c, long limit, const char *after, bool all)
+static int cmd_list(const struct hc_target *c, long limit, const char *after, bool all)
 {
     char err[1024], path[400], cursor[128] = "";
     if (after) snprintf(cursor, sizeof cursor, "%s", after);
@@ -701,7 +389,7 @@ static int cmd_list(const struct client *c, long limit, const char *after, bool 
     }
 }
 
-static int cmd_cancel(const struct client *c, const char *id)
+static int cmd_cancel(const struct hc_target *c, const char *id)
 {
     char err[1024], path[200];
     snprintf(path, sizeof path, "/v1/batches/%s/cancel", id);
@@ -719,7 +407,7 @@ static int cmd_cancel(const struct client *c, const char *id)
     return 0;
 }
 
-static int cmd_results(const struct client *c, const char *id, const char *out, const char *errors_out)
+static int cmd_results(const struct hc_target *c, const char *id, const char *out, const char *errors_out)
 {
     char err[1024];
     struct batch_view v;
@@ -799,8 +487,8 @@ int api_cmd_batch(int argc, char **argv)
     if (np < 0) return flags_rc;
     if (!key) key = getenv("SLUICE_API_KEY");
     if (!key) key = getenv("OPENAI_API_KEY");
-    struct client c = {.api_key = key && *key ? key : NULL};
-    if (parse_url(&c, url, err, sizeof err)) {
+    struct hc_target c = {.api_key = key && *key ? key : NULL, .agent = "sluice-batch", .timeout = IO_TIMEOUT_S};
+    if (hc_parse_url(&c, url, err, sizeof err)) {
         fprintf(stderr, "sluice batch: %s\n", err);
         return 2;
     }

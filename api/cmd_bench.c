@@ -3,8 +3,7 @@
  *
  * Every request is a streamed /v1/chat/completions with
  * stream_options.include_usage, sent over its own HTTP/1.1 connection by the
- * small blocking client below (plain sockets; chunked, Content-Length and
- * close-delimited bodies). Timings are taken on the client: TTFT is the
+ * small blocking client shared with `sluice batch` (api/http_client.c). Timings are taken on the client: TTFT is the
  * arrival of the first chunk that carries content, total is the arrival of
  * [DONE]; token counts come from the server's usage.
  *
@@ -24,13 +23,15 @@
  * chats' own tokens taken out) alone against with the chats.
  * Everything runs on the main thread except the load mode's N workers, which
  * share nothing but an atomic counter and their own result slots.
+ *
+ * This file: the flags, the table and load modes, the warm-up. The request
+ * and the prompts are in bench_request.c, the outputs in bench_report.c, the
+ * beside-batch mode in bench_beside.c; what they share is in bench.h.
  */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
-#include <netdb.h>
-#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -38,975 +39,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "api.h"
+#include "api/bench.h"
 #include "base/json.h"
-
-/* ---- types ---- */
-
-struct target {
-    char host[256];
-    char port[16];
-    char prefix[256];   /* path before /v1 ("" for most servers) */
-    const char *api_key; /* borrowed from argv, may be NULL */
-    double timeout;     /* seconds without a byte before a request fails */
-};
-
-/* One streamed request's outcome. */
-struct run_result {
-    double ttft, total;        /* seconds from connect to first content / [DONE] */
-    int p_tok, c_tok, cached;  /* from usage; cached = -1 when not reported */
-    int n_chunks;              /* content-carrying chunks */
-    double *itl;               /* owned: gaps between content chunks, seconds */
-    int n_itl, cap_itl;
-};
-
-struct bench_opts {
-    struct target t;
-    const char *model;
-    long prompt_tokens, max_tokens, runs, concurrency, num_prompts, seed;
-    bool ignore_eos;
-    bool beside;                 /* --beside-batch mode */
-    long batch_lines, chats, chat_max_tokens;
-    double window;
-    const char *csv, *json, *plot, *corpus;
-};
-
-/* The corpus and what is known about sizing prompts against this server. */
-struct sizer {
-    char *text;             /* owned: the corpus, NUL-terminated */
-    size_t len;
-    bool have_tokenize;     /* /tokenize answered with a count */
-    double a, b;            /* fallback: tokens ~ a + b * chars */
-    double chars_per_tok;   /* first guess for the /tokenize search */
-    int max_model_len;      /* from /tokenize, 0 when unknown */
-};
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-/* ---- a small blocking HTTP/1.1 client ---- */
-
-struct conn {
-    int fd;
-    double timeout;
-    char buf[16384];
-    size_t pos, len;
-    bool eof;
-};
-
-typedef int (*body_sink)(void *ctx, const char *p, size_t n);
-
-static int parse_url(const char *url, struct target *t, char *err, size_t errlen)
-{
-    if (!strncmp(url, "https://", 8)) {
-        snprintf(err, errlen, "--url %s: https is not supported (put a plain-HTTP address or a local proxy)", url);
-        return -1;
-    }
-    const char *p = !strncmp(url, "http://", 7) ? url + 7 : url;
-    const char *slash = strchr(p, '/');
-    size_t hlen = slash ? (size_t)(slash - p) : strlen(p);
-    char hp[300];
-    if (!hlen || hlen >= sizeof hp) {
-        snprintf(err, errlen, "--url '%s' has no host", url);
-        return -1;
-    }
-    memcpy(hp, p, hlen);
-    hp[hlen] = 0;
-    const char *colon = strrchr(hp, ':');
-    const char *host = hp, *port = "80";
-    if (hp[0] == '[') { /* [v6]:port */
-        char *close = strchr(hp, ']');
-        if (!close) {
-            snprintf(err, errlen, "--url '%s': bad IPv6 address", url);
-            return -1;
-        }
-        *close = 0;
-        host = hp + 1;
-        if (close[1] == ':') port = close + 2;
-    } else if (colon) {
-        hp[colon - hp] = 0;
-        port = colon + 1;
-    }
-    char *end;
-    long pn = strtol(port, &end, 10);
-    if (!*port || *end || pn <= 0 || pn > 65535) {
-        snprintf(err, errlen, "--url '%s': bad port '%s'", url, port);
-        return -1;
-    }
-    snprintf(t->host, sizeof t->host, "%.255s", host);
-    snprintf(t->port, sizeof t->port, "%ld", pn);
-    snprintf(t->prefix, sizeof t->prefix, "%.255s", slash ? slash : "");
-    size_t pl = strlen(t->prefix);
-    while (pl && t->prefix[pl - 1] == '/') t->prefix[--pl] = 0;
-    /* http://host:8000/v1 is what OpenAI clients take; the paths below add /v1 */
-    if (pl >= 3 && !strcmp(t->prefix + pl - 3, "/v1")) t->prefix[pl - 3] = 0;
-    return 0;
-}
-
-static int conn_open(struct conn *c, const struct target *t, char *err, size_t errlen)
-{
-    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_family = AF_UNSPEC}, *res = NULL;
-    int gai = getaddrinfo(t->host, t->port, &hints, &res);
-    if (gai) {
-        snprintf(err, errlen, "cannot resolve %s: %s", t->host, gai_strerror(gai));
-        return -1;
-    }
-    int last = 0;
-    c->fd = -1;
-    for (struct addrinfo *ai = res; ai && c->fd < 0; ai = ai->ai_next) {
-        int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
-        if (fd < 0) { last = errno; continue; }
-        /* connect without blocking so a black-holed address fails in 10 s */
-        int fl = fcntl(fd, F_GETFL);
-        fcntl(fd, F_SETFL, fl | O_NONBLOCK);
-        int rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
-        if (rc < 0 && errno == EINPROGRESS) {
-            struct pollfd pf = {.fd = fd, .events = POLLOUT};
-            rc = poll(&pf, 1, 10000);
-            if (rc == 0) { errno = ETIMEDOUT; rc = -1; }
-            else if (rc > 0) {
-                int so = 0;
-                socklen_t sl = sizeof so;
-                getsockopt(fd, SOL_SOCKET, SO_ERROR, &so, &sl);
-                if (so) { errno = so; rc = -1; }
-                else rc = 0;
-            }
-        }
-        if (rc < 0) {
-            last = errno;
-            close(fd);
-            continue;
-        }
-        fcntl(fd, F_SETFL, fl);
-        struct timeval tv = {.tv_sec = (time_t)c->timeout, .tv_usec = (suseconds_t)((c->timeout - (time_t)c->timeout) * 1e6)};
-        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-        c->fd = fd;
-    }
-    freeaddrinfo(res);
-    if (c->fd < 0) {
-        snprintf(err, errlen, "cannot connect to %s:%s: %s (is the server running?)", t->host, t->port, strerror(last));
-        return -1;
-    }
-    c->pos = c->len = 0;
-    c->eof = false;
-    return 0;
-}
-
-/* Makes bytes available in c->buf. Returns 0, or -1 with err set (timeout,
- * reset). End of stream sets c->eof and returns 0 with nothing buffered. */
-static int conn_fill(struct conn *c, char *err, size_t errlen)
-{
-    if (c->pos < c->len || c->eof) return 0;
-    for (;;) {
-        ssize_t n = recv(c->fd, c->buf, sizeof c->buf, 0);
-        if (n > 0) {
-            c->pos = 0;
-            c->len = (size_t)n;
-            return 0;
-        }
-        if (n == 0) {
-            c->eof = true;
-            return 0;
-        }
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK)
-            snprintf(err, errlen, "no reply from the server for %.0f s (--timeout)", c->timeout);
-        else
-            snprintf(err, errlen, "reading the reply: %s", strerror(errno));
-        return -1;
-    }
-}
-
-/* Reads one line (CRLF or LF, stripped) into line. -1 on error or EOF. */
-static int conn_line(struct conn *c, char *line, size_t cap, char *err, size_t errlen)
-{
-    size_t n = 0;
-    for (;;) {
-        if (conn_fill(c, err, errlen)) return -1;
-        if (c->eof) {
-            snprintf(err, errlen, "the server closed the connection in the middle of the reply headers");
-            return -1;
-        }
-        char ch = c->buf[c->pos++];
-        if (ch == '\n') break;
-        if (n + 1 < cap) line[n++] = ch;
-    }
-    if (n && line[n - 1] == '\r') n--;
-    line[n] = 0;
-    return 0;
-}
-
-/* Passes up to want bytes (SIZE_MAX: until EOF) to sink. Returns 0, 1 when
- * the sink stopped, -1 on error, -2 when the stream ended before want bytes. */
-static int conn_body(struct conn *c, size_t want, body_sink sink, void *ctx, char *err, size_t errlen)
-{
-    while (want) {
-        if (conn_fill(c, err, errlen)) return -1;
-        if (c->eof) return want == SIZE_MAX ? 0 : -2;
-        size_t n = c->len - c->pos;
-        if (want != SIZE_MAX && n > want) n = want;
-        int s = sink(ctx, c->buf + c->pos, n);
-        c->pos += n;
-        if (want != SIZE_MAX) want -= n;
-        if (s) return 1;
-    }
-    return 0;
-}
-
-/* One request over a fresh connection. The body of the reply, whatever its
- * status, goes to sink as it arrives. Returns 0 when the whole body arrived
- * (or the sink stopped it), -1 on a connection or protocol error, -2 when
- * the server closed the connection before the end of the body; *status is
- * the HTTP status (0 when no reply line came). */
-static int http_do(const struct target *t, const char *method, const char *path, const char *body, size_t blen,
-                   const char *ctype, body_sink sink, void *ctx, int *status, char *err, size_t errlen)
-{
-    struct conn *c = malloc(sizeof *c);
-    if (!c) {
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
-    c->timeout = t->timeout;
-    *status = 0;
-    int rc = -1;
-    if (conn_open(c, t, err, errlen)) {
-        free(c);
-        return -1;
-    }
-    struct json_buf req;
-    json_buf_init(&req);
-    json_buf_addf(&req, "%s %s%s HTTP/1.1\r\nHost: %s:%s\r\nUser-Agent: sluice-bench\r\nAccept: */*\r\n"
-                  "Connection: close\r\n", method, t->prefix, path, t->host, t->port);
-    if (t->api_key) json_buf_addf(&req, "Authorization: Bearer %s\r\n", t->api_key);
-    if (body)
-        json_buf_addf(&req, "Content-Type: %s\r\nContent-Length: %zu\r\n", ctype ? ctype : "application/json", blen);
-    json_buf_lit(&req, "\r\n");
-    if (body) json_buf_add(&req, body, blen);
-    if (req.oom) {
-        snprintf(err, errlen, "out of memory");
-        goto out;
-    }
-    for (size_t off = 0; off < req.len;) {
-        ssize_t n = send(c->fd, req.p + off, req.len - off, MSG_NOSIGNAL);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) {
-            snprintf(err, errlen, "sending the request to %s:%s: %s", t->host, t->port, strerror(errno));
-            goto out;
-        }
-        off += (size_t)n;
-    }
-    char line[8192];
-    if (conn_line(c, line, sizeof line, err, errlen)) {
-        if (c->eof) snprintf(err, errlen, "the server at %s:%s closed the connection without a reply", t->host, t->port);
-        goto out;
-    }
-    int major, minor, st;
-    if (sscanf(line, "HTTP/%d.%d %d", &major, &minor, &st) != 3) {
-        snprintf(err, errlen, "not an HTTP reply from %s:%s: '%.60s'", t->host, t->port, line);
-        goto out;
-    }
-    *status = st;
-    bool chunked = false;
-    long long clen = -1;
-    for (;;) {
-        if (conn_line(c, line, sizeof line, err, errlen)) goto out;
-        if (!line[0]) break;
-        if (!strncasecmp(line, "Transfer-Encoding:", 18) && strcasestr(line + 18, "chunked")) chunked = true;
-        else if (!strncasecmp(line, "Content-Length:", 15)) clen = atoll(line + 15);
-    }
-    if (!strcmp(method, "HEAD") || st == 204 || st == 304) {
-        rc = 0;
-        goto out;
-    }
-    if (chunked) {
-        for (;;) {
-            if (conn_line(c, line, sizeof line, err, errlen)) {
-                if (c->eof) rc = -2;
-                goto out;
-            }
-            char *end;
-            unsigned long long sz = strtoull(line, &end, 16);
-            if (end == line) {
-                snprintf(err, errlen, "bad chunk size line '%.40s' in the reply", line);
-                goto out;
-            }
-            if (sz == 0) break; /* trailers do not matter: the connection closes */
-            int b = conn_body(c, (size_t)sz, sink, ctx, err, errlen);
-            if (b == 1) { rc = 0; goto out; }
-            if (b) { rc = b; goto out; }
-            if (conn_line(c, line, sizeof line, err, errlen)) {
-                if (c->eof) rc = -2;
-                goto out;
-            }
-        }
-        rc = 0;
-    } else {
-        int b = conn_body(c, clen >= 0 ? (size_t)clen : SIZE_MAX, sink, ctx, err, errlen);
-        rc = b == 1 ? 0 : b;
-    }
-out:
-    if (rc == -2) snprintf(err, errlen, "the server closed the connection before the end of the reply");
-    json_buf_free(&req);
-    close(c->fd);
-    free(c);
-    return rc;
-}
-
-static int collect_sink(void *ctx, const char *p, size_t n)
-{
-    struct json_buf *b = ctx;
-    if (b->len + n > (64u << 20)) return 1; /* nothing here needs a bigger reply */
-    json_buf_add(b, p, n);
-    return 0;
-}
-
-/* The "message" of an OpenAI-shaped error body, else the body's start. */
-static void error_text(const char *body, size_t len, char *out, size_t cap)
-{
-    json_doc d;
-    char e[64];
-    if (len && !json_parse(&d, body, len, e, sizeof e)) {
-        int er = json_is_obj(&d, 0) ? json_get(&d, 0, "error") : -1;
-        int m = er >= 0 && json_is_obj(&d, er) ? json_get(&d, er, "message") : json_get(&d, 0, "message");
-        if (m < 0 && er >= 0 && json_is_str(&d, er)) m = er;
-        if (m >= 0 && json_is_str(&d, m)) {
-            json_str(&d, m, out, cap);
-            json_free(&d);
-            return;
-        }
-        json_free(&d);
-    }
-    size_t n = len < cap - 1 ? len : cap - 1;
-    for (size_t i = 0; i < n; i++) out[i] = body[i] == '\n' || body[i] == '\r' ? ' ' : body[i];
-    out[n] = 0;
-}
-
-/* POST/GET with a JSON reply collected into out (caller frees). Returns the
- * HTTP status, or -1 on a connection error (err set). */
-static int http_json(const struct target *t, const char *method, const char *path, const struct json_buf *body,
-                     struct json_buf *out, char *err, size_t errlen)
-{
-    json_buf_init(out);
-    int st = 0;
-    int rc = http_do(t, method, path, body ? body->p : NULL, body ? body->len : 0, NULL, collect_sink, out, &st, err,
-                     errlen);
-    return rc ? -1 : st;
-}
-
-/* ---- the streamed chat request ---- */
-
-struct stream_ctx {
-    struct run_result *r;
-    double t0, last;
-    struct json_buf line;
-    bool done, got_usage;
-    char error[512];
-    int status;             /* set by http_do before the body arrives */
-    struct json_buf body;   /* a non-2xx reply's body */
-};
-
-static void add_itl(struct run_result *r, double gap)
-{
-    if (r->n_itl == r->cap_itl) {
-        int nc = r->cap_itl ? 2 * r->cap_itl : 64;
-        double *p = realloc(r->itl, sizeof *p * (size_t)nc);
-        if (!p) return;
-        r->itl = p;
-        r->cap_itl = nc;
-    }
-    r->itl[r->n_itl++] = gap;
-}
-
-static bool nonempty_str(const json_doc *d, int obj, const char *key)
-{
-    int v = json_get(d, obj, key);
-    size_t n = 0;
-    return v >= 0 && json_is_str(d, v) && json_raw(d, v, &n) && n > 0;
-}
-
-static int int_field(const json_doc *d, int obj, const char *key)
-{
-    int v = obj >= 0 ? json_get(d, obj, key) : -1;
-    int64_t x;
-    return v >= 0 && !json_i64(d, v, &x) ? (int)x : -1;
-}
-
-static void sse_event(struct stream_ctx *s, const char *p, size_t n)
-{
-    double t = now_s();
-    if (n == 6 && !memcmp(p, "[DONE]", 6)) {
-        s->done = true;
-        s->r->total = t - s->t0;
-        return;
-    }
-    json_doc d;
-    char e[128];
-    if (json_parse(&d, p, n, e, sizeof e)) {
-        if (!s->error[0]) snprintf(s->error, sizeof s->error, "a stream chunk is not JSON (%s): '%.60s'", e, p);
-        return;
-    }
-    if (!json_is_obj(&d, 0)) goto out;
-    int er = json_get(&d, 0, "error");
-    if (er >= 0 && !json_is_null(&d, er)) {
-        char msg[400];
-        error_text(p, n, msg, sizeof msg);
-        if (!s->error[0]) snprintf(s->error, sizeof s->error, "the server sent an error in the stream: %s", msg);
-        goto out;
-    }
-    int ch = json_get(&d, 0, "choices");
-    int c0 = ch >= 0 && json_is_arr(&d, ch) && json_size(&d, ch) > 0 ? json_at(&d, ch, 0) : -1;
-    if (c0 >= 0 && json_is_obj(&d, c0)) {
-        int delta = json_get(&d, c0, "delta");
-        bool content = delta >= 0 && json_is_obj(&d, delta)
-                     ? nonempty_str(&d, delta, "content") || nonempty_str(&d, delta, "reasoning_content") ||
-                       nonempty_str(&d, delta, "reasoning")
-                     : nonempty_str(&d, c0, "text");
-        if (content) {
-            if (!s->r->n_chunks) s->r->ttft = t - s->t0;
-            else add_itl(s->r, t - s->last);
-            s->last = t;
-            s->r->n_chunks++;
-        }
-    }
-    int u = json_get(&d, 0, "usage");
-    if (u >= 0 && json_is_obj(&d, u)) {
-        s->got_usage = true;
-        s->r->p_tok = int_field(&d, u, "prompt_tokens");
-        s->r->c_tok = int_field(&d, u, "completion_tokens");
-        int det = json_get(&d, u, "prompt_tokens_details");
-        s->r->cached = det >= 0 && json_is_obj(&d, det) ? int_field(&d, det, "cached_tokens") : -1;
-    }
-out:
-    json_free(&d);
-}
-
-static int stream_sink(void *ctx, const char *p, size_t n)
-{
-    struct stream_ctx *s = ctx;
-    if (s->status < 200 || s->status > 299) return collect_sink(&s->body, p, n);
-    for (size_t i = 0; i < n; i++) {
-        const char *nl = memchr(p + i, '\n', n - i);
-        if (!nl) {
-            json_buf_add(&s->line, p + i, n - i);
-            break;
-        }
-        json_buf_add(&s->line, p + i, (size_t)(nl - (p + i)));
-        i = (size_t)(nl - p);
-        char *l = s->line.p ? s->line.p : "";
-        size_t len = s->line.len;
-        if (len && l[len - 1] == '\r') len--;
-        if (len >= 5 && !memcmp(l, "data:", 5)) {
-            size_t off = l[5] == ' ' ? 6 : 5;
-            if (len > off) sse_event(s, l + off, len - off);
-        }
-        s->line.len = 0;
-        if (s->line.p) s->line.p[0] = 0;
-        if (s->done) return 1;
-    }
-    return 0;
-}
-
-/* Sends one streamed chat request with user content prompt. Fills r (the
- * caller frees r->itl). Returns 0, or -1 with a message in err: no
- * connection, a non-2xx status, an error in the stream, a stream that ends
- * before [DONE], or no usage. Thread-safe. */
-static int chat_stream(const struct bench_opts *o, const char *model, const char *prompt, long max_tokens,
-                       struct run_result *r, char *err, size_t errlen)
-{
-    memset(r, 0, sizeof *r);
-    r->p_tok = r->c_tok = r->cached = -1;
-    struct json_buf b;
-    json_buf_init(&b);
-    json_buf_lit(&b, "{\"model\":");
-    json_buf_add_str(&b, model, strlen(model));
-    json_buf_lit(&b, ",\"messages\":[{\"role\":\"user\",\"content\":");
-    json_buf_add_str(&b, prompt, strlen(prompt));
-    json_buf_addf(&b, "}],\"max_tokens\":%ld,\"temperature\":0,\"stream\":true,"
-                  "\"stream_options\":{\"include_usage\":true}%s}", max_tokens, o->ignore_eos ? ",\"ignore_eos\":true" : "");
-    if (b.oom) {
-        json_buf_free(&b);
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
-    struct stream_ctx s = {.r = r};
-    json_buf_init(&s.line);
-    json_buf_init(&s.body);
-    s.t0 = now_s();
-    char herr[256] = "";
-    int rc = http_do(&o->t, "POST", "/v1/chat/completions", b.p, b.len, NULL, stream_sink, &s, &s.status, herr,
-                     sizeof herr);
-    json_buf_free(&b);
-    int ret = -1;
-    if (rc == -1 && !s.status) {
-        snprintf(err, errlen, "%s", herr);
-    } else if (s.status < 200 || s.status > 299) {
-        char msg[400];
-        error_text(s.body.p ? s.body.p : "", s.body.len, msg, sizeof msg);
-        snprintf(err, errlen, "the server replied HTTP %d to /v1/chat/completions%s%s", s.status, msg[0] ? ": " : "",
-                 msg);
-    } else if (s.error[0]) {
-        snprintf(err, errlen, "%s", s.error);
-    } else if (!s.done) {
-        snprintf(err, errlen, "the stream ended early: no [DONE] after %d content chunks (%s)", r->n_chunks,
-                 rc ? herr : "the reply ended without it");
-    } else if (!s.got_usage || r->p_tok < 0 || r->c_tok < 0) {
-        snprintf(err, errlen, "the stream carried no usage (does the server honor stream_options.include_usage?)");
-    } else {
-        if (!r->n_chunks) r->ttft = r->total;
-        ret = 0;
-    }
-    json_buf_free(&s.line);
-    json_buf_free(&s.body);
-    if (ret) {
-        free(r->itl);
-        r->itl = NULL;
-    }
-    return ret;
-}
-
-/* ---- the corpus and prompt sizing ---- */
-
-static int read_file(const char *path, struct json_buf *out, char *err, size_t errlen)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        snprintf(err, errlen, "cannot open %.300s: %s", path, strerror(errno));
-        return -1;
-    }
-    char buf[65536];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, f)) > 0) json_buf_add(out, buf, n);
-    int bad = ferror(f);
-    fclose(f);
-    if (bad || out->oom) {
-        snprintf(err, errlen, "cannot read %.300s", path);
-        return -1;
-    }
-    return 0;
-}
-
-static int txt_filter(const struct dirent *e)
-{
-    size_t n = strlen(e->d_name);
-    return e->d_name[0] != '.' && n > 4 && !strcmp(e->d_name + n - 4, ".txt");
-}
-
-/* Loads path (a file, or every *.txt of a folder in name order) into sz->text. */
-static int load_corpus(struct sizer *sz, const char *path, char *err, size_t errlen)
-{
-    struct json_buf b;
-    json_buf_init(&b);
-    struct stat st;
-    if (stat(path, &st)) {
-        snprintf(err, errlen, "corpus %.300s: %s", path, strerror(errno));
-        return -1;
-    }
-    if (S_ISDIR(st.st_mode)) {
-        struct dirent **list;
-        int n = scandir(path, &list, txt_filter, alphasort);
-        if (n < 0) {
-            snprintf(err, errlen, "corpus %.300s: %s", path, strerror(errno));
-            return -1;
-        }
-        int rc = 0;
-        for (int i = 0; i < n; i++) {
-            char fp[8192];
-            snprintf(fp, sizeof fp, "%.4000s/%.255s", path, list[i]->d_name);
-            if (!rc && b.len) json_buf_lit(&b, "\n\n");
-            if (!rc) rc = read_file(fp, &b, err, errlen);
-            free(list[i]);
-        }
-        free(list);
-        if (rc) {
-            json_buf_free(&b);
-            return -1;
-        }
-    } else if (read_file(path, &b, err, errlen)) {
-        json_buf_free(&b);
-        return -1;
-    }
-    if (b.len < 1000) {
-        snprintf(err, errlen, "corpus %.300s has %zu bytes of text; it needs at least 1000", path, b.len);
-        json_buf_free(&b);
-        return -1;
-    }
-    for (size_t i = 0; i < b.len; i++)
-        if (!b.p[i]) b.p[i] = ' ';
-    sz->text = b.p;
-    sz->len = b.len;
-    return 0;
-}
-
-/* The default corpus: tools/bench/corpus next to the binary's checkout, else
- * under the working directory. */
-static const char *default_corpus(char *buf, size_t cap)
-{
-    char exe[4096];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n > 0) {
-        exe[n] = 0;
-        char *sl = strrchr(exe, '/');
-        if (sl) {
-            *sl = 0;
-            snprintf(buf, cap, "%s/../tools/bench/corpus", exe);
-            struct stat st;
-            if (!stat(buf, &st)) return buf;
-        }
-    }
-    return "tools/bench/corpus";
-}
-
-/* A user message: a tag that makes its first tokens unique, an instruction,
- * then nchars bytes of the corpus from offset (snapped to a line start,
- * wrapping around, cut at a UTF-8 boundary). Returns a malloc'ed string. */
-static char *build_prompt(const struct sizer *sz, const char *tag, size_t offset, size_t nchars)
-{
-    offset %= sz->len;
-    if (offset) {
-        const char *nl = memchr(sz->text + offset, '\n', sz->len - offset);
-        offset = nl ? (size_t)(nl - sz->text) + 1 : 0;
-        if (offset >= sz->len) offset = 0;
-    }
-    struct json_buf b;
-    json_buf_init(&b);
-    json_buf_addf(&b, "[%s] Read the following text, then summarize it.\n\n", tag);
-    size_t left = nchars;
-    while (left) {
-        size_t n = sz->len - offset < left ? sz->len - offset : left;
-        json_buf_add(&b, sz->text + offset, n);
-        left -= n;
-        offset = 0;
-        if (left) {
-            json_buf_lit(&b, "\n\n");
-            left = left > 2 ? left - 2 : 0;
-        }
-    }
-    while (b.len && ((unsigned char)b.p[b.len - 1] & 0xC0) == 0x80) b.len--; /* continuation bytes */
-    if (b.len && (unsigned char)b.p[b.len - 1] >= 0xC0) b.len--;             /* a lead byte left alone */
-    if (b.p) b.p[b.len] = 0;
-    if (b.oom) {
-        json_buf_free(&b);
-        return NULL;
-    }
-    return b.p;
-}
-
-/* Prompt tokens of a chat with this user message, by /tokenize. Returns the
- * count, -1 when the server has no usable /tokenize, -2 on a connection error. */
-static int tokenize_count(const struct bench_opts *o, struct sizer *sz, const char *model, const char *prompt,
-                          char *err, size_t errlen)
-{
-    struct json_buf b, out;
-    json_buf_init(&b);
-    json_buf_lit(&b, "{\"model\":");
-    json_buf_add_str(&b, model, strlen(model));
-    json_buf_lit(&b, ",\"messages\":[{\"role\":\"user\",\"content\":");
-    json_buf_add_str(&b, prompt, strlen(prompt));
-    json_buf_lit(&b, "}]}");
-    int st = http_json(&o->t, "POST", "/tokenize", &b, &out, err, errlen);
-    json_buf_free(&b);
-    int n = st < 0 ? -2 : -1;
-    json_doc d;
-    char e[64];
-    if (st == 200 && out.len && !json_parse(&d, out.p, out.len, e, sizeof e)) {
-        if (json_is_obj(&d, 0)) {
-            n = int_field(&d, 0, "count");
-            int tk = json_get(&d, 0, "tokens");
-            if (n < 0 && tk >= 0 && json_is_arr(&d, tk)) n = json_size(&d, tk);
-            int mm = int_field(&d, 0, "max_model_len");
-            if (mm > 0) sz->max_model_len = mm;
-        }
-        json_free(&d);
-    } else if (st > 0) {
-        snprintf(err, errlen, "/tokenize replied HTTP %d", st);
-    }
-    json_buf_free(&out);
-    return n;
-}
-
-/* A prompt of about target tokens (exactly, when /tokenize is there and the
- * text allows it). Returns a malloc'ed prompt and its expected token count in
- * *n_tok (-1 when only estimated), or NULL with err set. */
-static char *size_prompt(const struct bench_opts *o, struct sizer *sz, const char *model, const char *tag,
-                         size_t offset, long target, int *n_tok, char *err, size_t errlen)
-{
-    *n_tok = -1;
-    if (!sz->have_tokenize) {
-        double c = (target - sz->a) / sz->b;
-        return build_prompt(sz, tag, offset, c < 1 ? 1 : (size_t)c);
-    }
-    /* secant steps on chars -> tokens, then bisection for the last few tokens */
-    size_t lo = 0, hi = 0, c = (size_t)(target * sz->chars_per_tok);
-    int n_lo = -1;
-    size_t pc = 0;
-    int pn = -1;
-    if (c < 1) c = 1;
-    for (int it = 0; it < 40; it++) {
-        char *p = build_prompt(sz, tag, offset, c);
-        if (!p) break;
-        int n = tokenize_count(o, sz, model, p, err, errlen);
-        free(p);
-        if (n < 0) return NULL;
-        if (n == target) {
-            lo = c;
-            n_lo = n;
-            break;
-        }
-        if (n < target) {
-            if (c > lo || n_lo < 0) { lo = c; n_lo = n; }
-        } else if (!hi || c < hi) {
-            hi = c;
-        }
-        if (pn >= 0 && n != pn && c != pc) {
-            double slope = ((double)c - (double)pc) / (n - pn);
-            if (slope > 0.5 && slope < 50) sz->chars_per_tok = slope;
-        }
-        pc = c;
-        pn = n;
-        double next = (double)c + (target - n) * sz->chars_per_tok;
-        size_t nc = next < 1 ? 1 : (size_t)next;
-        if (hi && (nc <= lo || nc >= hi)) nc = (lo + hi) / 2;
-        if (hi && hi - lo <= 1) break;
-        if (nc == c) nc = n < target ? c + 1 : (c > 1 ? c - 1 : 1);
-        c = nc;
-    }
-    if (n_lo < 0) { /* even the shortest text is over the target */
-        lo = 1;
-    }
-    *n_tok = n_lo;
-    char *p = build_prompt(sz, tag, offset, lo);
-    if (!p) snprintf(err, errlen, "out of memory");
-    return p;
-}
-
-/* ---- results ---- */
-
-struct row {
-    int run;
-    const char *cache;       /* "bust", "hit", "load" */
-    struct run_result r;
-};
-
-static double pp_rate(const struct run_result *r) { return r->ttft > 0 ? r->p_tok / r->ttft : NAN; }
-static double tg_rate(const struct run_result *r)
-{
-    return r->c_tok > 1 && r->total > r->ttft ? (r->c_tok - 1) / (r->total - r->ttft) : NAN;
-}
-static double e2e_rate(const struct run_result *r) { return r->total > 0 ? r->c_tok / r->total : NAN; }
-
-static void put_num(FILE *f, double v, int prec)
-{
-    if (isnan(v)) fputs("-", f);
-    else if (prec < 0) fprintf(f, v == floor(v) ? "%.0f" : "%.1f", v); /* token counts */
-    else fprintf(f, "%.*f", prec, v);
-}
-
-/* The values of one table line, in column order. */
-static void line_vals(const struct run_result *r, double v[7])
-{
-    v[0] = pp_rate(r);
-    v[1] = tg_rate(r);
-    v[2] = e2e_rate(r);
-    v[3] = r->ttft;
-    v[4] = r->total;
-    v[5] = r->p_tok;
-    v[6] = r->c_tok;
-}
-
-static void avg_vals(const struct row *rows, int n, const char *cache, double v[7])
-{
-    double sum[7] = {0};
-    int cnt[7] = {0};
-    for (int i = 0; i < n; i++) {
-        if (strcmp(rows[i].cache, cache)) continue;
-        double x[7];
-        line_vals(&rows[i].r, x);
-        for (int k = 0; k < 7; k++)
-            if (!isnan(x[k])) { sum[k] += x[k]; cnt[k]++; }
-    }
-    for (int k = 0; k < 7; k++) v[k] = cnt[k] ? sum[k] / cnt[k] : NAN;
-}
-
-static const int col_prec[7] = {1, 1, 1, 3, 3, -1, -1};
-
-static void put_line(FILE *f, char sep, const char *run, const char *cache, const double v[7])
-{
-    fprintf(f, "%s%c%s", run, sep, cache);
-    for (int k = 0; k < 7; k++) {
-        fputc(sep, f);
-        put_num(f, v[k], col_prec[k]);
-    }
-    fputc('\n', f);
-}
-
-static void print_table(FILE *f, char sep, const struct row *rows, int n)
-{
-    static const char *cols[] = {"run", "cache", "pp tok/s", "tg tok/s", "e2e tok/s", "TTFT s", "total s", "p_tok", "c_tok"};
-    for (int k = 0; k < 9; k++) fprintf(f, "%s%s", k ? (sep == '\t' ? "\t" : ",") : "", cols[k]);
-    fputc('\n', f);
-    for (int i = 0; i < n; i++) {
-        char run[16];
-        double v[7];
-        snprintf(run, sizeof run, "%d", rows[i].run);
-        line_vals(&rows[i].r, v);
-        put_line(f, sep, run, rows[i].cache, v);
-    }
-    static const char *kinds[] = {"bust", "hit"};
-    for (int k = 0; k < 2; k++) {
-        double v[7];
-        avg_vals(rows, n, kinds[k], v);
-        if (!isnan(v[4])) put_line(f, sep, "avg", kinds[k], v);
-    }
-}
-
-/* v with 3 more decimals than the table's column, and at least 7
- * significant digits (a cache hit's TTFT of 1.76 ms keeps 0.001760xyz, so
- * the rates still follow from the seconds) */
-static void json_num(struct json_buf *b, const char *key, double v, int prec)
-{
-    if (isnan(v)) {
-        json_buf_addf(b, "\"%s\":null", key);
-    } else if (prec < 0 && v == floor(v)) {
-        json_buf_addf(b, "\"%s\":%.0f", key, v);
-    } else {
-        int d = prec < 0 ? 2 : prec + 3;
-        if (v != 0 && isfinite(v)) {
-            int sig = 6 - (int)floor(log10(fabs(v)));
-            if (sig > d) d = sig < 12 ? sig : 12;
-        }
-        json_buf_addf(b, "\"%s\":%.*f", key, d, v);
-    }
-}
-
-static void json_vals(struct json_buf *b, const double v[7])
-{
-    static const char *keys[] = {"pp_tok_s", "tg_tok_s", "e2e_tok_s", "ttft_s", "total_s", "p_tok", "c_tok"};
-    for (int k = 0; k < 7; k++) {
-        if (k) json_buf_lit(b, ",");
-        json_num(b, keys[k], v[k], col_prec[k]);
-    }
-}
-
-static void json_rows(struct json_buf *b, const struct row *rows, int n)
-{
-    json_buf_lit(b, "\"rows\":[");
-    for (int i = 0; i < n; i++) {
-        double v[7];
-        line_vals(&rows[i].r, v);
-        json_buf_addf(b, "%s{\"run\":%d,\"cache\":\"%s\",", i ? "," : "", rows[i].run, rows[i].cache);
-        json_vals(b, v);
-        json_buf_addf(b, ",\"cached_tokens\":%d}", rows[i].r.cached);
-    }
-    json_buf_lit(b, "]");
-}
-
-static void json_head(struct json_buf *b, const struct bench_opts *o, const char *model, const struct sizer *sz,
-                      const char *mode)
-{
-    json_buf_addf(b, "{\"mode\":\"%s\",\"url\":", mode);
-    char url[600];
-    snprintf(url, sizeof url, "http://%s:%s%s", o->t.host, o->t.port, o->t.prefix);
-    json_buf_add_str(b, url, strlen(url));
-    json_buf_lit(b, ",\"model\":");
-    json_buf_add_str(b, model, strlen(model));
-    json_buf_addf(b, ",\"prompt_tokens\":%ld,\"max_tokens\":%ld,\"runs\":%ld,\"ignore_eos\":%s,\"sized_with\":\"%s\",",
-                  o->prompt_tokens, o->max_tokens, o->runs, o->ignore_eos ? "true" : "false",
-                  sz->have_tokenize ? "tokenize" : "usage");
-}
-
-static int write_text(const char *path, const char *text, size_t len, char *err, size_t errlen)
-{
-    FILE *f = fopen(path, "w");
-    if (!f || fwrite(text, 1, len, f) != len || fclose(f)) {
-        snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
-        if (f) fclose(f);
-        return -1;
-    }
-    return 0;
-}
-
-static bool have_gnuplot(void)
-{
-    const char *path = getenv("PATH");
-    if (!path) path = "/usr/bin:/bin";
-    while (*path) {
-        const char *e = strchr(path, ':');
-        size_t n = e ? (size_t)(e - path) : strlen(path);
-        char p[4096];
-        snprintf(p, sizeof p, "%.*s/gnuplot", (int)n, path);
-        if (n && !access(p, X_OK)) return true;
-        path += n + (e ? 1 : 0);
-    }
-    return false;
-}
-
-/* Draws TTFT and tg tok/s per run into a PNG with gnuplot. */
-static int plot_png(const char *png, const char *title, const struct row *rows, int n, char *err, size_t errlen)
-{
-    char dat[] = "/tmp/sluice-bench-XXXXXX";
-    int fd = mkstemp(dat);
-    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
-    if (!f) {
-        snprintf(err, errlen, "cannot create a temporary file: %s", strerror(errno));
-        if (fd >= 0) close(fd);
-        return -1;
-    }
-    for (int i = 0; i < n; i++) {
-        double tg = tg_rate(&rows[i].r);
-        fprintf(f, "%d %d %.6f %.6f\n", i + 1, !strcmp(rows[i].cache, "hit") ? 1 : !strcmp(rows[i].cache, "load") ? 2 : 0,
-                rows[i].r.ttft, isnan(tg) ? 0.0 : tg);
-    }
-    fclose(f);
-    FILE *g = popen("gnuplot", "w");
-    if (!g) {
-        unlink(dat);
-        snprintf(err, errlen, "cannot run gnuplot: %s", strerror(errno));
-        return -1;
-    }
-    /* one series per cache kind present, so the legend names only those */
-    static const char *kind_title[] = {"cache bust", "cache hit", "load"}, *kind_color[] = {"#d95f02", "#1b9e77", "#7570b3"};
-    bool present[3] = {false, false, false};
-    for (int i = 0; i < n; i++)
-        present[!strcmp(rows[i].cache, "hit") ? 1 : !strcmp(rows[i].cache, "load") ? 2 : 0] = true;
-    fprintf(g,
-            "set terminal pngcairo size 1000,700 noenhanced font ',10'\n"
-            "set output '%s'\n"
-            "set multiplot layout 2,1 title '%s'\n"
-            "set style fill solid 0.8 border -1\nset boxwidth 0.7\nset grid ytics\nset key top right\n"
-            "set xrange [0.3:%d.7]\nset xtics %d\nset yrange [0:*]\nset xlabel '%s'\n",
-            png, title, n, n > 40 ? n / 20 : 1, present[2] ? "request" : "run");
-    for (int panel = 0; panel < 2; panel++) {
-        fprintf(g, "set ylabel '%s'\nplot ", panel ? "tg tok/s" : "TTFT (s)");
-        bool first = true;
-        for (int k = 0; k < 3; k++) {
-            if (!present[k]) continue;
-            fprintf(g, "%s'%s' using 1:($2==%d?$%d:1/0) with boxes lc rgb '%s' title '%s'", first ? "" : ", ", dat, k,
-                    panel ? 4 : 3, kind_color[k], kind_title[k]);
-            first = false;
-        }
-        fputc('\n', g);
-    }
-    fprintf(g, "unset multiplot\n");
-    int st = pclose(g);
-    unlink(dat);
-    struct stat sb;
-    if (st != 0 || stat(png, &sb) || !sb.st_size) {
-        snprintf(err, errlen, "gnuplot failed to draw %s (exit status %d)", png, st);
-        return -1;
-    }
-    return 0;
-}
 
 /* ---- the two modes ---- */
 
@@ -1027,7 +67,7 @@ static int finish_outputs(const struct bench_opts *o, const char *model, const s
             snprintf(err, errlen, "out of memory");
             return -1;
         }
-        if (write_text(o->json, js->p, js->len, err, errlen)) return -1;
+        if (bench_write_text(o->json, js->p, js->len, err, errlen)) return -1;
     }
     if (o->plot) {
         char title[400];
@@ -1035,7 +75,7 @@ static int finish_outputs(const struct bench_opts *o, const char *model, const s
                  o->prompt_tokens, o->max_tokens, o->concurrency ? "load" : "cache bust vs hit");
         for (char *c = title; *c; c++)
             if (*c == '\'' || *c == '\\') *c = ' ';
-        if (plot_png(o->plot, title, rows, n, err, errlen)) return -1;
+        if (bench_plot_png(o->plot, title, rows, n, err, errlen)) return -1;
     }
     (void)sz;
     return 0;
@@ -1047,7 +87,7 @@ static int run_table(const struct bench_opts *o, struct sizer *sz, const char *m
     struct row *rows = calloc((size_t)n, sizeof *rows);
     char *prompt = NULL;
     if (!rows) return -1;
-    uint64_t seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(now_s() * 1e9);
+    uint64_t seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(bench_now() * 1e9);
     unsigned nonce = (unsigned)splitmix(&seed);
     for (int i = 0; i < n; i++) {
         bool bust = i < o->runs;
@@ -1059,18 +99,18 @@ static int run_table(const struct bench_opts *o, struct sizer *sz, const char *m
             snprintf(tag, sizeof tag, "%08x-%d", nonce, i + 1);
             free(prompt);
             /* each run starts elsewhere in the corpus as well */
-            prompt = size_prompt(o, sz, model, tag, sz->len / (size_t)o->runs * (size_t)i, o->prompt_tokens, &expect,
-                                 err, errlen);
+            prompt = bench_size_prompt(o, sz, model, tag, sz->len / (size_t)o->runs * (size_t)i, o->prompt_tokens, &expect,
+                                       err, errlen);
             if (!prompt) goto out;
         }
-        if (chat_stream(o, model, prompt, o->max_tokens, &rows[i].r, err, errlen)) goto out;
+        if (bench_chat_stream(o, model, prompt, o->max_tokens, &rows[i].r, err, errlen)) goto out;
         const struct run_result *r = &rows[i].r;
         fprintf(stderr, "run %d (%s): p_tok %d, c_tok %d, cached %d, TTFT %.3f s, total %.3f s\n", i + 1,
                 rows[i].cache, r->p_tok, r->c_tok, r->cached, r->ttft, r->total);
         if (expect >= 0 && r->p_tok != expect)
             fprintf(stderr, "note: /tokenize counted %d prompt tokens, the reply's usage says %d\n", expect, r->p_tok);
     }
-    print_table(stdout, '\t', rows, n);
+    bench_print_table(stdout, '\t', rows, n);
     fflush(stdout);
     if (o->csv) {
         FILE *f = fopen(o->csv, "w");
@@ -1078,7 +118,7 @@ static int run_table(const struct bench_opts *o, struct sizer *sz, const char *m
             snprintf(err, errlen, "cannot write %s: %s", o->csv, strerror(errno));
             goto out;
         }
-        print_table(f, ',', rows, n);
+        bench_print_table(f, ',', rows, n);
         if (fclose(f)) {
             snprintf(err, errlen, "cannot write %s", o->csv);
             goto out;
@@ -1087,15 +127,15 @@ static int run_table(const struct bench_opts *o, struct sizer *sz, const char *m
     struct json_buf js;
     json_buf_init(&js);
     if (o->json) {
-        json_head(&js, o, model, sz, "table");
-        json_rows(&js, rows, n);
+        bench_json_head(&js, o, model, sz, "table");
+        bench_json_rows(&js, rows, n);
         json_buf_lit(&js, ",\"averages\":{");
         static const char *kinds[] = {"bust", "hit"};
         for (int k = 0; k < 2; k++) {
             double v[7];
-            avg_vals(rows, n, kinds[k], v);
+            bench_avg_vals(rows, n, kinds[k], v);
             json_buf_addf(&js, "%s\"%s\":{", k ? "," : "", kinds[k]);
-            json_vals(&js, v);
+            bench_json_vals(&js, v);
             json_buf_lit(&js, "}");
         }
         json_buf_lit(&js, "}");
@@ -1125,26 +165,10 @@ static void *load_worker(void *arg)
     for (;;) {
         int i = atomic_fetch_add(&j->next, 1);
         if (i >= j->n) break;
-        if (chat_stream(j->o, j->model, j->prompts[i], j->o->max_tokens, &j->rows[i].r, j->errs[i], sizeof j->errs[i]))
+        if (bench_chat_stream(j->o, j->model, j->prompts[i], j->o->max_tokens, &j->rows[i].r, j->errs[i], sizeof j->errs[i]))
             j->rows[i].r.c_tok = -1;
     }
     return NULL;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* q-quantile of sorted v[0..n) with linear interpolation (numpy's default). */
-static double quantile(const double *v, int n, double q)
-{
-    if (n <= 0) return NAN;
-    double pos = q * (n - 1);
-    int i = (int)pos;
-    if (i + 1 >= n) return v[n - 1];
-    return v[i] + (pos - i) * (v[i + 1] - v[i]);
 }
 
 static int run_load(const struct bench_opts *o, struct sizer *sz, const char *model, char *err, size_t errlen)
@@ -1171,13 +195,13 @@ static int run_load(const struct bench_opts *o, struct sizer *sz, const char *mo
         char tag[64];
         int expect;
         snprintf(tag, sizeof tag, "load-%08x-%d", nonce, i + 1);
-        j.prompts[i] = size_prompt(o, sz, model, tag, sz->len / (size_t)n * (size_t)i, want, &expect, err, errlen);
+        j.prompts[i] = bench_size_prompt(o, sz, model, tag, sz->len / (size_t)n * (size_t)i, want, &expect, err, errlen);
         if (!j.prompts[i]) goto out;
         j.rows[i].run = i + 1;
         j.rows[i].cache = "load";
     }
     fprintf(stderr, "sending %d requests, %ld at a time\n", n, o->concurrency);
-    double t0 = now_s();
+    double t0 = bench_now();
     int started = 0;
     for (long k = 0; k < o->concurrency; k++) {
         if (pthread_create(&th[k], NULL, load_worker, &j)) break;
@@ -1188,7 +212,7 @@ static int run_load(const struct bench_opts *o, struct sizer *sz, const char *mo
         goto out;
     }
     for (int k = 0; k < started; k++) pthread_join(th[k], NULL);
-    double wall = now_s() - t0;
+    double wall = bench_now() - t0;
 
     int ok = 0, failed = 0, n_itl = 0;
     long out_tok = 0, in_tok = 0;
@@ -1213,8 +237,8 @@ static int run_load(const struct bench_opts *o, struct sizer *sz, const char *mo
     n_itl = 0;
     for (int i = 0; i < n; i++)
         for (int k = 0; k < j.rows[i].r.n_itl; k++) itl[n_itl++] = j.rows[i].r.itl[k] * 1e3;
-    qsort(ttft, (size_t)ok, sizeof *ttft, cmp_double);
-    qsort(itl, (size_t)n_itl, sizeof *itl, cmp_double);
+    qsort(ttft, (size_t)ok, sizeof *ttft, bench_cmp_double);
+    qsort(itl, (size_t)n_itl, sizeof *itl, bench_cmp_double);
     struct { const char *name, *key; double v; int prec; } m[] = {
         {"requests", "requests", n, 0},
         {"concurrency", "concurrency", (double)o->concurrency, 0},
@@ -1224,12 +248,12 @@ static int run_load(const struct bench_opts *o, struct sizer *sz, const char *mo
         {"prompt tok/s", "prompt_tok_s", in_tok / wall, 1},
         {"mean p_tok", "mean_p_tok", (double)in_tok / n, 1},
         {"mean c_tok", "mean_c_tok", (double)out_tok / n, 1},
-        {"TTFT p50 s", "ttft_p50_s", quantile(ttft, ok, 0.50), 3},
-        {"TTFT p90 s", "ttft_p90_s", quantile(ttft, ok, 0.90), 3},
-        {"TTFT p99 s", "ttft_p99_s", quantile(ttft, ok, 0.99), 3},
-        {"ITL p50 ms", "itl_p50_ms", quantile(itl, n_itl, 0.50), 2},
-        {"ITL p90 ms", "itl_p90_ms", quantile(itl, n_itl, 0.90), 2},
-        {"ITL p99 ms", "itl_p99_ms", quantile(itl, n_itl, 0.99), 2},
+        {"TTFT p50 s", "ttft_p50_s", bench_quantile(ttft, ok, 0.50), 3},
+        {"TTFT p90 s", "ttft_p90_s", bench_quantile(ttft, ok, 0.90), 3},
+        {"TTFT p99 s", "ttft_p99_s", bench_quantile(ttft, ok, 0.99), 3},
+        {"ITL p50 ms", "itl_p50_ms", bench_quantile(itl, n_itl, 0.50), 2},
+        {"ITL p90 ms", "itl_p90_ms", bench_quantile(itl, n_itl, 0.90), 2},
+        {"ITL p99 ms", "itl_p99_ms", bench_quantile(itl, n_itl, 0.99), 2},
     };
     int nm = (int)(sizeof m / sizeof m[0]);
     FILE *csv = NULL;
@@ -1241,11 +265,11 @@ static int run_load(const struct bench_opts *o, struct sizer *sz, const char *mo
     if (csv) fprintf(csv, "metric,value\n");
     for (int k = 0; k < nm; k++) {
         printf("%s\t", m[k].name);
-        put_num(stdout, m[k].v, m[k].prec);
+        bench_put_num(stdout, m[k].v, m[k].prec);
         putchar('\n');
         if (csv) {
             fprintf(csv, "%s,", m[k].name);
-            put_num(csv, m[k].v, m[k].prec);
+            bench_put_num(csv, m[k].v, m[k].prec);
             fputc('\n', csv);
         }
     }
@@ -1257,14 +281,14 @@ static int run_load(const struct bench_opts *o, struct sizer *sz, const char *mo
     struct json_buf js;
     json_buf_init(&js);
     if (o->json) {
-        json_head(&js, o, model, sz, "load");
+        bench_json_head(&js, o, model, sz, "load");
         json_buf_addf(&js, "\"seed\":%ld,\"summary\":{", o->seed);
         for (int k = 0; k < nm; k++) {
             if (k) json_buf_lit(&js, ",");
-            json_num(&js, m[k].key, m[k].v, m[k].prec);
+            bench_json_num(&js, m[k].key, m[k].v, m[k].prec);
         }
         json_buf_lit(&js, "},");
-        json_rows(&js, j.rows, n);
+        bench_json_rows(&js, j.rows, n);
     }
     rc = finish_outputs(o, model, sz, &js, j.rows, n, err, errlen);
     json_buf_free(&js);
@@ -1280,279 +304,15 @@ out:
     return rc;
 }
 
-/* ---- chat beside a batch (--beside-batch) ---- */
-
-/* The engine's token counters from /metrics: prompt tokens computed plus
- * decode tokens (every sluice has these two). -1 on failure. */
-static double engine_tokens(const struct target *t, char *err, size_t errlen)
+static int first_model(const struct hc_target *t, char *out, size_t cap, char *err, size_t errlen)
 {
     struct json_buf b;
-    int st = http_json(t, "GET", "/metrics", NULL, &b, err, errlen);
-    double sum = -1;
-    if (st == 200 && b.p) {
-        static const char *const keys[] = {"sluice:prefill_tokens_computed_total ", "sluice:decode_tokens_total "};
-        int found = 0;
-        sum = 0;
-        for (size_t k = 0; k < 2; k++) {
-            const char *p = b.p;
-            while ((p = strstr(p, keys[k])) && p != b.p && p[-1] != '\n') p++;
-            if (p) {
-                sum += atof(p + strlen(keys[k]));
-                found++;
-            }
-        }
-        if (found < 2) {
-            snprintf(err, errlen, "/metrics has no sluice:prefill_tokens_computed_total / sluice:decode_tokens_total");
-            sum = -1;
-        }
-    } else if (st >= 0) {
-        snprintf(err, errlen, "/metrics replied HTTP %d", st);
-    }
-    json_buf_free(&b);
-    return sum;
-}
-
-/* POST /v1/files (multipart, purpose batch) then /v1/batches; the batch id
- * goes to id. */
-static int start_batch(const struct bench_opts *o, const struct json_buf *jsonl, char *id, size_t idcap, char *err,
-                       size_t errlen)
-{
-    static const char bnd[] = "sluicebench7f3a9c0e";
-    struct json_buf form, out;
-    json_buf_init(&form);
-    json_buf_addf(&form, "--%s\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--%s\r\n"
-                  "Content-Disposition: form-data; name=\"file\"; filename=\"bench.jsonl\"\r\n"
-                  "Content-Type: application/jsonl\r\n\r\n", bnd, bnd);
-    json_buf_add(&form, jsonl->p, jsonl->len);
-    json_buf_addf(&form, "\r\n--%s--\r\n", bnd);
-    char ctype[96];
-    snprintf(ctype, sizeof ctype, "multipart/form-data; boundary=%s", bnd);
-    json_buf_init(&out);
-    int st = 0, rc = -1;
-    if (form.oom || http_do(&o->t, "POST", "/v1/files", form.p, form.len, ctype, collect_sink, &out, &st, err, errlen))
-        goto done;
-    char fid[128] = "";
-    json_doc d;
-    char e[64];
-    if (st == 200 && out.len && !json_parse(&d, out.p, out.len, e, sizeof e)) {
-        int f = json_is_obj(&d, 0) ? json_get(&d, 0, "id") : -1;
-        if (f >= 0 && json_is_str(&d, f)) json_str(&d, f, fid, sizeof fid);
-        json_free(&d);
-    }
-    if (!fid[0]) {
-        char msg[300];
-        error_text(out.p ? out.p : "", out.len, msg, sizeof msg);
-        snprintf(err, errlen, "uploading the batch file: HTTP %d: %s", st, msg);
-        goto done;
-    }
-    json_buf_free(&out);
-    struct json_buf body;
-    json_buf_init(&body);
-    json_buf_lit(&body, "{\"input_file_id\":");
-    json_buf_add_str(&body, fid, strlen(fid));
-    json_buf_lit(&body, ",\"endpoint\":\"/v1/chat/completions\",\"completion_window\":\"24h\"}");
-    st = http_json(&o->t, "POST", "/v1/batches", &body, &out, err, errlen);
-    json_buf_free(&body);
-    if (st == 200 && out.len && !json_parse(&d, out.p, out.len, e, sizeof e)) {
-        int f = json_is_obj(&d, 0) ? json_get(&d, 0, "id") : -1;
-        if (f >= 0 && json_is_str(&d, f) && json_str(&d, f, id, idcap) >= 0) rc = 0;
-        json_free(&d);
-    }
-    if (rc && st >= 0) {
-        char msg[300];
-        error_text(out.p ? out.p : "", out.len, msg, sizeof msg);
-        snprintf(err, errlen, "creating the batch: HTTP %d: %s", st, msg);
-    }
-done:
-    json_buf_free(&form);
-    json_buf_free(&out);
-    return rc;
-}
-
-/* The 1-minute load average (the machine may be shared), or NAN. */
-static double load_avg(void)
-{
-    double l = NAN;
-    FILE *f = fopen("/proc/loadavg", "r");
-    if (f) {
-        if (fscanf(f, "%lf", &l) != 1) l = NAN;
-        fclose(f);
-    }
-    return l;
-}
-
-/* --chats one-word chats one after another; their TTFTs (ms) go to ttft,
- * their gaps between chunks (ms) to itl (*n_itl of them, cap at most), and
- * the tokens the engine ran for them to *tokens. */
-static int chat_series(const struct bench_opts *o, const char *model, double *ttft, double *itl, int cap, int *n_itl,
-                       double *tokens, char *err, size_t errlen)
-{
-    static const char *const words[] = {"Hello", "Hi", "Hey", "Greetings", "Morning", "Howdy", "Thanks", "Bonjour",
-                                        "Hola", "Yo"};
-    *n_itl = 0;
-    *tokens = 0;
-    for (long i = 0; i < o->chats; i++) {
-        struct run_result r;
-        if (chat_stream(o, model, words[i % 10], o->chat_max_tokens, &r, err, errlen)) return -1;
-        ttft[i] = r.ttft * 1e3;
-        for (int k = 0; k < r.n_itl && *n_itl < cap; k++) itl[(*n_itl)++] = r.itl[k] * 1e3;
-        *tokens += r.c_tok + (r.cached >= 0 ? r.p_tok - r.cached : r.p_tok);
-        free(r.itl);
-    }
-    return 0;
-}
-
-/* Batch tokens a second over window seconds of the engine's counters. */
-static double batch_rate(const struct bench_opts *o, double window, char *err, size_t errlen)
-{
-    double a = engine_tokens(&o->t, err, errlen), t0 = now_s();
-    if (a < 0) return -1;
-    struct timespec ts = {(time_t)window, (long)((window - (time_t)window) * 1e9)};
-    nanosleep(&ts, NULL);
-    double b = engine_tokens(&o->t, err, errlen);
-    return b < 0 ? -1 : (b - a) / (now_s() - t0);
-}
-
-/* Streamed one-word chats with the engine idle, then a Batch API job of
- * --batch-lines documents of ~--prompt-tokens tokens; once it runs, its
- * throughput alone for --window seconds, the same chats beside it, and its
- * throughput alone again (the batch's own mix drifts: the mean of the two
- * windows is the baseline); the batch is cancelled at the end. */
-static int run_beside(const struct bench_opts *o, struct sizer *sz, const char *model, char *err, size_t errlen)
-{
-    int rc = -1, n = (int)o->chats, cap = n * (int)(o->chat_max_tokens + 1);
-    double *tt_idle = calloc((size_t)n, sizeof(double)), *tt_busy = calloc((size_t)n, sizeof(double));
-    double *it_idle = calloc((size_t)cap, sizeof(double)), *it_busy = calloc((size_t)cap, sizeof(double));
-    struct json_buf jl;
-    json_buf_init(&jl);
-    char bid[128] = "";
-    if (!tt_idle || !tt_busy || !it_idle || !it_busy) {
-        snprintf(err, errlen, "out of memory");
-        goto out;
-    }
-    double load0 = load_avg();
-    int ni_idle, ni_busy;
-    double tok_idle, tok_busy;
-    fprintf(stderr, "%ld chats with the engine idle\n", o->chats);
-    if (chat_series(o, model, tt_idle, it_idle, cap, &ni_idle, &tok_idle, err, errlen)) goto out;
-    /* the documents: one sized by /tokenize, the others cut as long from elsewhere in the corpus */
-    int expect;
-    char *doc = size_prompt(o, sz, model, "doc-0", 0, o->prompt_tokens, &expect, err, errlen);
-    if (!doc) goto out;
-    size_t nchars = strlen(doc) > 64 ? strlen(doc) - 64 : strlen(doc);
-    free(doc);
-    for (long i = 0; i < o->batch_lines; i++) {
-        char tag[32];
-        snprintf(tag, sizeof tag, "doc-%ld", i);
-        char *p = build_prompt(sz, tag, sz->len / (size_t)o->batch_lines * (size_t)i, nchars);
-        if (!p) goto out;
-        json_buf_addf(&jl, "{\"custom_id\":\"%s\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{\"model\":", tag);
-        json_buf_add_str(&jl, model, strlen(model));
-        json_buf_lit(&jl, ",\"messages\":[{\"role\":\"user\",\"content\":");
-        json_buf_add_str(&jl, p, strlen(p));
-        json_buf_addf(&jl, "}],\"max_tokens\":%ld,\"temperature\":0,\"ignore_eos\":true}}\n", o->max_tokens);
-        free(p);
-    }
-    if (jl.oom) {
-        snprintf(err, errlen, "out of memory");
-        goto out;
-    }
-    if (start_batch(o, &jl, bid, sizeof bid, err, errlen)) goto out;
-    fprintf(stderr, "batch %s: %ld documents of ~%ld tokens, %ld out each; waiting for it to run\n", bid,
-            o->batch_lines, o->prompt_tokens, o->max_tokens);
-    for (int k = 0; k < 600; k++) { /* the store feeds the engine: wait until tokens flow */
-        double r = batch_rate(o, 1.0, err, errlen);
-        if (r < 0) goto out;
-        if (r > 0) break;
-    }
-    double alone1 = batch_rate(o, o->window, err, errlen);
-    if (alone1 < 0) goto out;
-    fprintf(stderr, "batch alone: %.1f tok/s; %ld chats beside it\n", alone1, o->chats);
-    double a = engine_tokens(&o->t, err, errlen), t0 = now_s();
-    if (a < 0 || chat_series(o, model, tt_busy, it_busy, cap, &ni_busy, &tok_busy, err, errlen)) goto out;
-    double b = engine_tokens(&o->t, err, errlen), span = now_s() - t0;
-    if (b < 0) goto out;
-    double with = (b - a - tok_busy) / span;
-    double alone2 = batch_rate(o, o->window, err, errlen);
-    if (alone2 < 0) goto out;
-    double load1 = load_avg(), alone = (alone1 + alone2) / 2;
-    qsort(tt_idle, (size_t)n, sizeof(double), cmp_double);
-    qsort(tt_busy, (size_t)n, sizeof(double), cmp_double);
-    qsort(it_idle, (size_t)ni_idle, sizeof(double), cmp_double);
-    qsort(it_busy, (size_t)ni_busy, sizeof(double), cmp_double);
-    struct { const char *name, *key; double idle, busy; int prec; } m[] = {
-        {"chat TTFT p50 ms", "ttft_p50_ms", quantile(tt_idle, n, 0.5), quantile(tt_busy, n, 0.5), 1},
-        {"chat TTFT max ms", "ttft_max_ms", tt_idle[n - 1], tt_busy[n - 1], 1},
-        {"chat ITL p50 ms", "itl_p50_ms", quantile(it_idle, ni_idle, 0.5), quantile(it_busy, ni_busy, 0.5), 2},
-        {"chat ITL p90 ms", "itl_p90_ms", quantile(it_idle, ni_idle, 0.9), quantile(it_busy, ni_busy, 0.9), 2},
-        {"chat ITL max ms", "itl_max_ms", ni_idle ? it_idle[ni_idle - 1] : NAN, ni_busy ? it_busy[ni_busy - 1] : NAN, 2},
-    };
-    printf("metric\tidle\tbeside batch\n");
-    for (size_t k = 0; k < sizeof m / sizeof m[0]; k++) {
-        printf("%s\t", m[k].name);
-        put_num(stdout, m[k].idle, m[k].prec);
-        putchar('\t');
-        put_num(stdout, m[k].busy, m[k].prec);
-        putchar('\n');
-    }
-    printf("batch tok/s\t%.1f alone (%.1f before, %.1f after)\t%.1f with chats (%.0f%%)\n", alone, alone1, alone2, with,
-           alone > 0 ? 100.0 * with / alone : NAN);
-    printf("load average\t%.2f at start\t%.2f at end\n", load0, load1);
-    fflush(stdout);
-    if (o->json) {
-        struct json_buf js;
-        json_buf_init(&js);
-        json_head(&js, o, model, sz, "beside-batch");
-        json_buf_addf(&js, "\"batch_lines\":%ld,\"chats\":%ld,\"chat_max_tokens\":%ld,\"window_s\":%g,\"summary\":{",
-                      o->batch_lines, o->chats, o->chat_max_tokens, o->window);
-        for (size_t k = 0; k < sizeof m / sizeof m[0]; k++) {
-            char key[64];
-            snprintf(key, sizeof key, "idle_%s", m[k].key);
-            json_num(&js, key, m[k].idle, m[k].prec);
-            json_buf_lit(&js, ",");
-            snprintf(key, sizeof key, "batch_%s", m[k].key);
-            json_num(&js, key, m[k].busy, m[k].prec);
-            json_buf_lit(&js, ",");
-        }
-        json_num(&js, "batch_alone_tok_s", alone, 1);
-        json_buf_lit(&js, ",");
-        json_num(&js, "batch_with_chats_tok_s", with, 1);
-        json_buf_lit(&js, ",");
-        json_num(&js, "load_start", load0, 2);
-        json_buf_lit(&js, ",");
-        json_num(&js, "load_end", load1, 2);
-        json_buf_lit(&js, "}}\n");
-        int w = write_text(o->json, js.p, js.len, err, errlen);
-        json_buf_free(&js);
-        if (w) goto out;
-    }
-    rc = 0;
-out:
-    if (bid[0]) { /* the job is not wanted past the measurement */
-        char path[200], e2[256];
-        struct json_buf cb;
-        snprintf(path, sizeof path, "/v1/batches/%s/cancel", bid);
-        http_json(&o->t, "POST", path, NULL, &cb, e2, sizeof e2);
-        json_buf_free(&cb);
-    }
-    json_buf_free(&jl);
-    free(tt_idle);
-    free(tt_busy);
-    free(it_idle);
-    free(it_busy);
-    return rc;
-}
-
-/* The first model /v1/models lists, copied into out. */
-static int first_model(const struct target *t, char *out, size_t cap, char *err, size_t errlen)
-{
-    struct json_buf b;
-    int st = http_json(t, "GET", "/v1/models", NULL, &b, err, errlen);
+    int st = bench_http_json(t, "GET", "/v1/models", NULL, &b, err, errlen);
     int rc = -1;
     if (st < 0) goto done;
     if (st < 200 || st > 299) {
         char msg[400];
-        error_text(b.p ? b.p : "", b.len, msg, sizeof msg);
+        hc_error_text(b.p ? b.p : "", b.len, msg, sizeof msg);
         snprintf(err, errlen, "the server replied HTTP %d to /v1/models%s%s", st, msg[0] ? ": " : "", msg);
         goto done;
     }
@@ -1577,10 +337,10 @@ done:
  * server has it, else a linear fit of two warm-up requests' usage. */
 static int warm_up(const struct bench_opts *o, struct sizer *sz, const char *model, char *err, size_t errlen)
 {
-    char *p = build_prompt(sz, "warm-up", 0, 400);
+    char *p = bench_build_prompt(sz, "warm-up", 0, 400);
     if (!p) return -1;
     char terr[256] = "";
-    int n = tokenize_count(o, sz, model, p, terr, sizeof terr);
+    int n = bench_tokenize_count(o, sz, model, p, terr, sizeof terr);
     if (n == -2) {
         snprintf(err, errlen, "%s", terr);
         free(p);
@@ -1601,16 +361,16 @@ static int warm_up(const struct bench_opts *o, struct sizer *sz, const char *mod
                 terr[0] ? terr : "no token count in the reply");
     long wt = o->max_tokens < 8 ? o->max_tokens : 8;
     struct run_result r;
-    int rc = chat_stream(o, model, p, wt, &r, err, errlen);
+    int rc = bench_chat_stream(o, model, p, wt, &r, err, errlen);
     free(r.itl);
     free(p);
     if (rc) return -1;
     fprintf(stderr, "warm-up: p_tok %d, c_tok %d, TTFT %.3f s, total %.3f s\n", r.p_tok, r.c_tok, r.ttft, r.total);
     if (!sz->have_tokenize) {
         int p1 = r.p_tok;
-        p = build_prompt(sz, "warm-up-2", 0, 4000);
+        p = bench_build_prompt(sz, "warm-up-2", 0, 4000);
         if (!p) return -1;
-        rc = chat_stream(o, model, p, wt, &r, err, errlen);
+        rc = bench_chat_stream(o, model, p, wt, &r, err, errlen);
         free(r.itl);
         free(p);
         if (rc) return -1;
@@ -1624,7 +384,7 @@ static int warm_up(const struct bench_opts *o, struct sizer *sz, const char *mod
 int api_cmd_bench(int argc, char **argv)
 {
     struct bench_opts o = {
-        .t = {.timeout = 600},
+        .t = {.timeout = 600, .agent = "sluice-bench"},
         .prompt_tokens = API_FLAG_UNSET, .max_tokens = API_FLAG_UNSET, .runs = 5, .num_prompts = 0, .seed = 42,
         .ignore_eos = true, .batch_lines = 400, .chats = 20, .chat_max_tokens = 32, .window = 30,
     };
@@ -1684,11 +444,11 @@ int api_cmd_bench(int argc, char **argv)
         return 2;
     }
     o.t.timeout = timeout;
-    if (parse_url(url, &o.t, err, sizeof err)) {
+    if (hc_parse_url(&o.t, url, err, sizeof err)) {
         fprintf(stderr, "sluice bench: %s\n", err);
         return 2;
     }
-    if (o.plot && !have_gnuplot()) {
+    if (o.plot && !bench_have_gnuplot()) {
         fprintf(stderr, "sluice bench: --plot needs gnuplot, which is not installed "
                         "(apt-get install gnuplot-nox, or run tools/setup.sh)\n");
         return 2;
@@ -1696,8 +456,8 @@ int api_cmd_bench(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     struct sizer sz = {0};
     char cbuf[4200];
-    const char *corpus = o.corpus ? o.corpus : default_corpus(cbuf, sizeof cbuf);
-    if (load_corpus(&sz, corpus, err, sizeof err)) {
+    const char *corpus = o.corpus ? o.corpus : bench_default_corpus(cbuf, sizeof cbuf);
+    if (bench_load_corpus(&sz, corpus, err, sizeof err)) {
         fprintf(stderr, "sluice bench: %s\n", err);
         return 2;
     }
@@ -1708,7 +468,7 @@ int api_cmd_bench(int argc, char **argv)
     fprintf(stderr, "sluice bench: http://%s:%s%s, model %s, %ld prompt tokens, %ld max tokens\n", o.t.host, o.t.port,
             o.t.prefix, model, o.prompt_tokens, o.max_tokens);
     if (warm_up(&o, &sz, model, err, sizeof err)) goto fail;
-    if (o.beside ? run_beside(&o, &sz, model, err, sizeof err)
+    if (o.beside ? bench_run_beside(&o, &sz, model, err, sizeof err)
         : o.concurrency ? run_load(&o, &sz, model, err, sizeof err)
                         : run_table(&o, &sz, model, err, sizeof err))
         goto fail;

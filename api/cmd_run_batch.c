@@ -10,10 +10,14 @@
  * an earlier line to be written, so a million-line file of long documents
  * streams through.
  *
- * A line that is not a request (bad JSON, no custom_id, wrong method or url)
- * gets `"response": null, "error": {code, message}`; a request whose body the
- * server would refuse gets `"response": {"status_code": 400, "body": {"error":
- * ...}}`, as in OpenAI's output files. The others still run. A file in which
+ * A line is checked as the Batch API checks lines when a batch is created
+ * (store_check_line): one that is not a request (bad JSON, no custom_id,
+ * wrong method or url, "stream": true) gets `"response": null, "error":
+ * {code, message}`; a request whose body the server would refuse gets
+ * `"response": {"status_code": 400, "body": {"error": ...}}`, as in OpenAI's
+ * output files. The others still run. From there on a line lives as a
+ * Batch API row does (api/batch_line.c), and its output line has the shape
+ * of the Batch API's output files (store_result_line). A file in which
  * two requests share a custom_id is refused whole before anything runs, as
  * OpenAI's validation refuses it (the lines are named); stdin is spooled to
  * an unnamed temporary file for that check.
@@ -29,34 +33,21 @@
 #include <unistd.h>
 
 #include "api.h"
-#include "model/backend.h"
+#include "api/batch_line.h"
 #include "base/json.h"
+#include "model/backend.h"
 #include "model/model.h"
 #include "openai.h"
 #include "sched/sched.h"
+#include "store/store.h"
 
 enum line_state { LINE_TODO, LINE_RUNNING, LINE_DONE };
 
-struct line;
-/* One choice of a line (a body with "n" > 1 has several): an engine request. */
-struct lchoice {
-    struct line *l;
-    int i;
-    uint64_t id;
-};
-
 struct line {
-    char *text;                  /* the input line, owned until prepared */
+    char *text;                  /* the input line, owned until started */
     enum line_state st;
     char *custom_id;             /* owned, NULL when absent */
-    struct api_oai_req req;
-    int32_t *ids;                /* owned prompt ids */
-    int n, n_done;               /* choices submitted, finished */
-    struct lchoice *ch;          /* owned [n] */
-    struct api_oai_result *res;  /* owned [n] */
-    bool bad;                    /* a choice failed: the line is answered with `err` */
-    bool responses;              /* a /v1/responses line: the body is a Response object */
-    char err[600];
+    struct bline bl;             /* the request in the engine (batch_line.h); bl.owner: the line */
     char *out;                   /* the rendered output line, owned until written */
 };
 
@@ -64,7 +55,10 @@ struct batch {
     model *m;
     const model_tok *tok;
     sched_engine *e;
+    sched_sink *sink;            /* the lines' engine events */
     const char *served_name, *model_path;
+    const char *names[2];        /* the served name: what a body may name, what replies carry */
+    struct bline_env env;
     int max_model_len;
     struct line *lines;          /* ring [cap_lines]: line i lives in lines[i % cap_lines] */
     int cap_lines;
@@ -89,231 +83,81 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static void rand_hex(struct batch *b, char *out, int n)
-{
-    static const char hex[] = "0123456789abcdef";
-    for (int i = 0; i < n; i++) {
-        b->rng += 0x9E3779B97F4A7C15ULL;
-        uint64_t z = b->rng;
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-        out[i] = hex[(z ^ (z >> 31)) & 15];
-    }
-    out[n] = '\0';
-}
-
-/* Parses "2G", "512M", "1GiB", "1000000" into bytes; -1 when malformed. */
 /* ---- output lines ------------------------------------------------------------------ */
 
-static void line_head(struct batch *b, struct json_buf *o, const struct line *l)
+/* Renders l's output line: its response (status 0: none) and error, JSON
+ * text or NULL. */
+static void set_out(struct batch *b, struct line *l, int status, const struct json_buf *body, const char *error)
 {
-    char id[33];
-    rand_hex(b, id, 24);
-    json_buf_addf(o, "{\"id\":\"batch_req_%s\",\"custom_id\":", id);
-    if (l->custom_id) json_buf_add_str(o, l->custom_id, strlen(l->custom_id));
-    else json_buf_add(o, "null", 4);
-}
-
-static void set_out(struct line *l, struct json_buf *o)
-{
-    if (o->oom || !o->p) {
-        json_buf_free(o);
+    char id[48] = "batch_req_", rid[32] = "req_";
+    bline_rand_hex(&b->rng, id + strlen(id), 24);
+    bline_rand_hex(&b->rng, rid + strlen(rid), 24);
+    struct json_buf o;
+    json_buf_init(&o);
+    store_result_line(&o, id, l->custom_id, l->custom_id ? strlen(l->custom_id) : 0, status, rid, strlen(rid),
+                      body ? body->p : NULL, body ? body->len : 0, error, error ? strlen(error) : 0);
+    if (o.oom || !o.p || (body && body->oom)) {
+        json_buf_free(&o);
         l->out = strdup("{\"id\":null,\"custom_id\":null,\"response\":null,"
                         "\"error\":{\"code\":\"internal_error\",\"message\":\"out of memory\"}}");
     } else {
-        l->out = o->p; /* ownership passes to the line */
+        l->out = o.p; /* ownership passes to the line */
     }
     l->st = LINE_DONE;
+    b->done++;
 }
 
+/* A line that is not a request: no response, an error {code, message}. */
 static void line_error(struct batch *b, struct line *l, const char *code, const char *msg)
 {
-    struct json_buf o;
-    json_buf_init(&o);
-    line_head(b, &o, l);
-    json_buf_addf(&o, ",\"response\":null,\"error\":{\"code\":\"%s\",\"message\":", code);
-    json_buf_add_str(&o, msg, strlen(msg));
-    json_buf_add(&o, "}}", 2);
-    set_out(l, &o);
+    struct json_buf e;
+    json_buf_init(&e);
+    store_error_json(&e, code, msg);
+    set_out(b, l, 0, NULL, e.oom ? NULL : e.p);
+    json_buf_free(&e);
     b->failed++;
-    b->done++;
 }
 
-static void line_response(struct batch *b, struct line *l, int status, const struct api_oai_error *e)
+/* A request's response: status and body. */
+static void line_response(struct batch *b, struct line *l, int status, const struct json_buf *body)
 {
-    char rid[33], cid[33];
-    rand_hex(b, rid, 24);
-    rand_hex(b, cid, 24);
-    struct json_buf o;
-    json_buf_init(&o);
-    line_head(b, &o, l);
-    json_buf_addf(&o, ",\"response\":{\"status_code\":%d,\"request_id\":\"req_%s\",\"body\":", status, rid);
-    if (e) {
-        struct api_oai_error named = *e;
-        if (l->responses) api_resp_chat_error(&named); /* the field the line's body gave */
-        api_oai_error_json(&o, &named);
-        b->failed++;
-    } else {
-        char id[48];
-        snprintf(id, sizeof id, "%s%s", l->req.kind == API_OAI_CHAT ? "chatcmpl-" : "cmpl-", cid);
-        if (l->responses) {
-            struct json_buf chat;
-            json_buf_init(&chat);
-            api_oai_response_json(&chat, &l->req, l->res, id, b->created, b->served_name);
-            api_resp_from_chat(&o, chat.p ? chat.p : "", chat.len, cid, b->created, b->served_name);
-            json_buf_free(&chat);
-        } else {
-            api_oai_response_json(&o, &l->req, l->res, id, b->created, b->served_name);
-        }
-    }
-    json_buf_add(&o, "},\"error\":null}", 15);
-    set_out(l, &o);
-    b->done++;
+    if (status < 200 || status > 299) b->failed++;
+    set_out(b, l, status, body, NULL);
 }
 
 static void line_release(struct line *l)
 {
     free(l->text);
     l->text = NULL;
-    api_oai_req_free(&l->req);
-    free(l->ids);
-    l->ids = NULL;
-    for (int i = 0; l->res && i < l->n; i++) api_oai_result_free(&l->res[i]);
-    free(l->res);
-    l->res = NULL;
-    free(l->ch);
-    l->ch = NULL;
+    bline_free(&l->bl);
 }
 
 /* ---- submitting -------------------------------------------------------------------- */
 
-/* Parses line l and submits it; on any error renders its output line. */
+/* Checks line l as batch creation would and submits it; on any error
+ * renders its output line. */
 static void prepare(struct batch *b, struct line *l)
 {
-    json_doc d, d2;
-    bool have_d2 = false;
-    struct json_buf chat; /* a /v1/responses line: its chat body (d2 borrows it) */
-    json_buf_init(&chat);
-    char err[512];
-    struct api_oai_error e;
-    if (json_parse(&d, l->text, strlen(l->text), err, sizeof err)) {
-        char msg[600];
-        snprintf(msg, sizeof msg, "the line is not valid JSON: %s", err);
-        line_error(b, l, "invalid_json", msg);
-        return;
-    }
-    int cid = json_is_obj(&d, 0) ? json_get(&d, 0, "custom_id") : -1;
-    if (cid >= 0 && json_is_str(&d, cid)) l->custom_id = json_strdup(&d, cid, NULL);
-    int method = json_is_obj(&d, 0) ? json_get(&d, 0, "method") : -1;
-    int url = json_is_obj(&d, 0) ? json_get(&d, 0, "url") : -1;
-    int body = json_is_obj(&d, 0) ? json_get(&d, 0, "body") : -1;
-    enum api_oai_endpoint kind = API_OAI_CHAT;
-    if (!json_is_obj(&d, 0)) {
-        line_error(b, l, "invalid_request", "the line must be a JSON object with custom_id, method, url and body");
-        goto done;
-    }
-    if (!l->custom_id) {
-        line_error(b, l, "missing_required_parameter", "'custom_id' is required and must be a string");
-        goto done;
-    }
-    if (method < 0 || !json_str_eq(&d, method, "POST")) {
-        line_error(b, l, "invalid_request", "'method' must be \"POST\"");
-        goto done;
-    }
-    if (url >= 0 && json_str_eq(&d, url, "/v1/chat/completions")) kind = API_OAI_CHAT;
-    else if (url >= 0 && json_str_eq(&d, url, "/v1/completions")) kind = API_OAI_COMPLETIONS;
-    else if (url >= 0 && json_str_eq(&d, url, "/v1/responses")) l->responses = true;
-    else {
-        line_error(b, l, "invalid_url",
-                   "'url' must be \"/v1/chat/completions\", \"/v1/completions\" or \"/v1/responses\"");
-        goto done;
-    }
-    if (body < 0 || !json_is_obj(&d, body)) {
-        line_error(b, l, "invalid_request", "'body' is required and must be an object");
-        goto done;
-    }
-    if (l->responses) { /* the Responses body as the chat body it means */
-        size_t bl = 0;
-        const char *raw = json_raw(&d, body, &bl);
-        if (api_resp_to_chat(raw, bl, &chat, &e)) {
-            line_response(b, l, e.status, &e);
-            goto done;
-        }
-        if (json_parse(&d2, chat.p, chat.len, err, sizeof err)) {
-            api_oai_errorf(&e, 500, NULL, "internal: the translated body does not parse");
-            line_response(b, l, 500, &e);
-            goto done;
-        }
-        have_d2 = true;
-    }
-    if (api_oai_parse_doc(l->responses ? &d2 : &d, l->responses ? 0 : body, kind, NULL, &l->req, &e)) {
-        line_response(b, l, e.status, &e);
-        goto done;
-    }
-    if (l->req.model && strcmp(l->req.model, b->served_name) && strcmp(l->req.model, b->model_path)) {
-        api_oai_errorf(&e, 404, "model", "The model `%s` does not exist.", l->req.model);
-        line_response(b, l, 404, &e);
-        goto done;
-    }
-    if (l->req.stream) {
-        api_oai_errorf(&e, 400, "stream", "'stream' is not supported in a batch");
-        line_response(b, l, 400, &e);
-        goto done;
-    }
-    if (l->req.n_prompts) {
-        api_oai_errorf(&e, 400, "prompt", "a batch line takes one prompt, not a list: one line per prompt");
-        line_response(b, l, 400, &e);
-        goto done;
-    }
-    int n = api_oai_tokenize(&l->req, b->tok, &l->ids, &e);
-    if (n < 0) {
-        line_response(b, l, e.status, &e);
-        goto done;
-    }
-    struct sched_request sr;
-    if (api_oai_to_sched(&l->req, l->ids, n, b->max_model_len, &sr, &e)) {
-        line_response(b, l, e.status, &e);
-        goto done;
-    }
-    sr.priority = SCHED_PRIO_BATCH;
-    int nc = l->req.n > 1 ? l->req.n : 1;
-    l->ch = calloc((size_t)nc, sizeof *l->ch);
-    l->res = calloc((size_t)nc, sizeof *l->res);
-    if (!l->ch || !l->res) {
-        api_oai_errorf(&e, 500, NULL, "out of memory");
-        line_response(b, l, 500, &e);
-        goto done;
-    }
-    for (int i = 0; i < nc; i++) {
-        l->ch[i] = (struct lchoice){.l = l, .i = i};
-        api_oai_result_init(&l->res[i]);
-    }
-    l->n = nc;
-    /* the choices share the prompt: after the first, its blocks come from the prefix cache */
-    for (int i = 0; i < nc; i++) {
-        api_oai_choice_sampling(&l->req, i, &sr.sampling);
-        sr.user = &l->ch[i];
-        if (sched_engine_submit(b->e, &sr, &l->ch[i].id, err, sizeof err)) {
-            if (i == 0) {
-                api_oai_errorf(&e, 400, NULL, "%s", err);
-                line_response(b, l, 400, &e);
-                goto done;
-            }
-            /* the choices already running come back as aborts; the line gets this error */
-            l->bad = true;
-            snprintf(l->err, sizeof l->err, "%s", err);
-            for (int k = 0; k < i; k++) sched_engine_abort(b->e, l->ch[k].id);
-            l->n = i;
-            break;
+    const char *url, *body;
+    size_t blen;
+    struct store_line_error le;
+    if (store_check_line(l->text, strlen(l->text), NULL, &l->custom_id, &url, &body, &blen, &le)) {
+        line_error(b, l, le.code, le.message);
+    } else {
+        struct api_oai_error e;
+        l->bl.owner = l;
+        if (bline_start(&l->bl, &b->env, url, body, blen, &e)) {
+            struct json_buf eb;
+            json_buf_init(&eb);
+            bline_error_body(&e, &eb);
+            line_response(b, l, e.status, &eb);
+            json_buf_free(&eb);
+        } else {
+            l->st = LINE_RUNNING;
+            b->in_flight += l->bl.n;
+            b->prompt_tokens += l->bl.n_prompt;
         }
     }
-    l->st = LINE_RUNNING;
-    b->in_flight += l->n;
-    b->prompt_tokens += n;
-done:
-    json_free(&d);
-    if (have_d2) json_free(&d2);
-    json_buf_free(&chat);
     free(l->text);
     l->text = NULL;
     if (l->st == LINE_DONE) line_release(l);
@@ -321,34 +165,35 @@ done:
 
 static void on_event(struct batch *b, const struct sched_event *ev)
 {
-    const struct lchoice *c = ev->user;
-    struct line *l = c->l;
-    api_oai_result_add(&l->res[c->i], &l->req, b->tok, ev);
+    const struct bline_choice *c = ev->user;
+    struct line *l = c->l->owner;
     if (ev->kind == SCHED_EV_TOKEN) {
         b->gen_tokens++;
-        return;
-    }
-    b->in_flight--;
-    if (c->i == 0) b->cached_tokens += ev->usage.cached_tokens;
-    if (b->timings) {
-        const struct sched_usage *u = &ev->usage;
-        fprintf(stderr, "\n[timing] custom_id=%s choice=%d prompt=%d cached=%d completion=%d queue=%.3fs ttft=%.3fs "
-                        "prefill=%.3fs total=%.3fs preemptions=%d\n",
-                l->custom_id ? l->custom_id : "-", c->i, u->prompt_tokens, u->cached_tokens, u->completion_tokens,
-                u->queue_s, u->ttft_s, u->ttft_s >= 0 ? u->ttft_s - u->queue_s : -1.0, u->total_s, u->n_preemptions);
-    }
-    if ((ev->finish == SCHED_FINISH_ERROR || ev->finish == SCHED_FINISH_ABORT) && !l->bad) {
-        l->bad = true;
-        snprintf(l->err, sizeof l->err, "the engine failed on this request: %s", ev->error[0] ? ev->error : "aborted");
-    }
-    if (++l->n_done < l->n) return;
-    if (l->bad) {
-        struct api_oai_error e;
-        api_oai_errorf(&e, 500, NULL, "%s", l->err);
-        line_response(b, l, 500, &e);
     } else {
-        line_response(b, l, 200, NULL);
+        b->in_flight--;
+        if (c->i == 0) b->cached_tokens += ev->usage.cached_tokens;
+        if (b->timings) {
+            const struct sched_usage *u = &ev->usage;
+            fprintf(stderr, "\n[timing] custom_id=%s choice=%d prompt=%d cached=%d completion=%d queue=%.3fs ttft=%.3fs "
+                            "prefill=%.3fs total=%.3fs preemptions=%d\n",
+                    l->custom_id ? l->custom_id : "-", c->i, u->prompt_tokens, u->cached_tokens, u->completion_tokens,
+                    u->queue_s, u->ttft_s, u->ttft_s >= 0 ? u->ttft_s - u->queue_s : -1.0, u->total_s, u->n_preemptions);
+        }
     }
+    if (!bline_event(&l->bl, &b->env, ev)) return;
+    struct json_buf body;
+    int status = bline_reply(&l->bl, &b->env, &b->rng, b->created, &body);
+    if (status == 0) { /* nothing here stops a line but a choice that could not run, whose error wins */
+        struct api_oai_error e;
+        api_oai_errorf(&e, 500, NULL, "the engine failed on this request: aborted");
+        e.type = "server_error";
+        json_buf_free(&body);
+        json_buf_init(&body);
+        bline_error_body(&e, &body);
+        status = 500;
+    }
+    line_response(b, l, status, &body);
+    json_buf_free(&body);
     line_release(l);
 }
 
@@ -739,6 +584,15 @@ int api_cmd_run_batch(int argc, char **argv)
         goto fail_msg;
     b.e = sched_engine_create(be, &eo, err, sizeof err);
     if (!b.e) goto fail_msg;
+    b.sink = sched_sink_create(b.e, NULL, NULL);
+    if (!b.sink) {
+        snprintf(err, sizeof err, "out of memory");
+        goto fail_msg;
+    }
+    b.names[0] = b.served_name;
+    b.env = (struct bline_env){.eng = b.e, .sink = b.sink, .tok = b.tok,
+                               .max_model_len = sched_engine_config(b.e)->max_model_len, .model_names = b.names,
+                               .model_path = b.model_path};
     b.max_model_len = sched_engine_config(b.e)->max_model_len;
     if (!quiet) {
         struct sched_engine_stats st;
@@ -780,7 +634,7 @@ int api_cmd_run_batch(int argc, char **argv)
             goto done;
         }
         if (b.in_flight == 0) continue; /* lines that failed at once: the ring has room again */
-        int k = sched_engine_wait(b.e, &evb, 1.0);
+        int k = sched_sink_wait(b.sink, &evb, 1.0);
         for (int i = 0; i < k; i++) on_event(&b, &evb.ev[i]);
     }
     sched_evbuf_deinit(&evb);
@@ -801,6 +655,7 @@ fail_msg:
     fprintf(stderr, "sluice run-batch: %s\n", err);
     rc = 1;
 done:
+    sched_sink_destroy(b.sink);
     sched_engine_destroy(b.e);
     model_backend_destroy(be);
     model_free(b.m);

@@ -67,8 +67,6 @@ static void *load_main(void *arg)
             .max_long_partial_prefills = (int)s->o.max_long_partial_prefills,
         },
         .enable_prefix_caching = s->o.enable_prefix_caching,
-        .notify = wake,
-        .notify_arg = s,
     };
     if (s->o.kv_cache_memory) {
         long long kv = api_parse_bytes(s->o.kv_cache_memory);
@@ -97,6 +95,12 @@ static void *load_main(void *arg)
         goto fail;
     s->eng = sched_engine_create(s->be, &eo, err, sizeof err);
     if (!s->eng) goto fail;
+    /* the chat requests' own outbox: the Batch API's rows have theirs (server_batch.c) */
+    s->sink = sched_sink_create(s->eng, wake, s);
+    if (!s->sink) {
+        snprintf(err, sizeof err, "out of memory");
+        goto fail;
+    }
     atomic_store(&s->state, SRV_READY);
     event_active(s->ready_ev, EV_READ, 0);
     return NULL;
@@ -916,6 +920,7 @@ int api_cmd_serve(int argc, char **argv)
     }
     /* a loader still running owns s->m; only tear down what is complete */
     if (atomic_load(&s->state) == SRV_READY) {
+        sched_sink_destroy(s->sink);
         sched_engine_destroy(s->eng);
         model_backend_destroy(s->be);
         model_free(s->m);

@@ -75,14 +75,8 @@ struct srv_hist {
     uint64_t le[SRV_HIST_BUCKETS]; /* cumulative counts per bound */
 };
 
-/* What an engine event's `user` points to starts with this tag, so
- * srv_drain_events can tell a choice of a chat/completions request
- * (server_complete.c) from a choice of a batch row (server_batch.c). */
-enum srv_user_kind { SRV_USER_CHAT = 0, SRV_USER_BATCH = 1 };
-
 /* One request waiting for engine events. */
 struct pending {
-    enum srv_user_kind kind;         /* first: see srv_user_kind */
     uint64_t id;
     struct evhttp_request *req;      /* NULL once the client went away */
     struct server *srv;
@@ -108,14 +102,15 @@ struct server {
     model *m;
     model_backend *be;
     sched_engine *eng;
+    sched_sink *sink;                /* the chat requests' events (the Batch API has its own) */
     const char *model_name;          /* served name: the first of model_names, in every reply */
     const char *const *model_names;  /* NULL-terminated: the names a request may give */
     struct sched_evbuf evbuf;
     struct pending *table[1024];     /* by id, chained */
     int n_pending;
-    /* metrics (api thread) */
-    uint64_t n_requests_ok, n_requests_err, prompt_tokens_total, generation_tokens_total;
-    uint64_t cached_tokens_total;
+    /* metrics (api thread; the token counters also count batch rows, from the store thread) */
+    uint64_t n_requests_ok, n_requests_err;
+    _Atomic uint64_t prompt_tokens_total, generation_tokens_total, cached_tokens_total;
     /* time to first token and between tokens come from the engine, per class */
     struct srv_hist e2e, queue; /* queue: submit -> admitted (vLLM's request_queue_time) */
     struct srv_batch *batch;         /* files, batches, store thread (server_batch.c) */
@@ -158,7 +153,7 @@ void srv_conn_request(struct server *s, struct evhttp_request *req);
 void srv_handle_completions(struct server *s, struct evhttp_request *req, bool chat);
 /* POST /v1/responses (OpenAI's Responses API, translated to chat: api/responses.c). */
 void srv_handle_responses(struct server *s, struct evhttp_request *req);
-/* Drains engine events into replies (api thread, on wake_ev). */
+/* Drains the chat requests' engine events into replies (api thread, on wake_ev). */
 void srv_drain_events(struct server *s);
 
 /* ---- server_batch.c: /v1/files, /v1/batches, the store thread and its feeder ---- */
@@ -180,7 +175,5 @@ void srv_batch_health_json(struct server *s, struct json_buf *out);
 /* The batch store's gauges and counters for /metrics; api thread. */
 struct evbuffer;
 void srv_batch_metrics(struct server *s, struct evbuffer *o);
-/* One engine event of a batch row (ev->user tagged SRV_USER_BATCH); api thread. */
-void srv_batch_event(struct server *s, const struct sched_event *ev);
 
 #endif

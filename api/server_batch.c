@@ -17,10 +17,7 @@
  *                 hands over the chunks: the body is never copied a second
  *                 time in memory); the store thread writes it into a file the
  *                 store names and records (store_file_write()).
- *                 Engine events of batch rows (ev->user tagged SRV_USER_BATCH)
- *                 reach srv_batch_event() from srv_drain_events(); the api
- *                 thread only folds them into the row's result and, at the
- *                 finish event, queues the row back to the store thread.
+ *                 Engine events of batch rows never reach it.
  *   store thread  owns the *writer* handle: nothing else writes SQLite. It
  *                 runs the queued calls, renders finished rows and writes
  *                 their results with store_complete_rows() in one transaction
@@ -30,10 +27,14 @@
  *                 every second, and feeds the engine: while fewer than
  *                 `low` batch rows are in flight it claims up to `high - in
  *                 flight` pending rows, parses and tokenizes them and submits
- *                 them at SCHED_PRIO_BATCH (high = 2 x max_num_seqs: the
+ *                 them (api/batch_line.c, as run-batch does) at SCHED_PRIO_BATCH (high = 2 x max_num_seqs: the
  *                 scheduler makes room for chat, see feed(); a 50,000-line batch
- *                 is never in memory). It owns the rows in
- *                 flight (the `inflight` list): it creates them and frees them.
+ *                 is never in memory). The rows' engine events go to its own
+ *                 sink (sched_sink_create), whose notifier wakes this thread:
+ *                 it folds them into the rows' results and renders a row
+ *                 when its last choice finishes, without the api thread. It
+ *                 owns the rows in flight (the `inflight` list): it creates
+ *                 them, updates them and frees them.
  *                 A cancelled or expired batch's rows still in the engine are
  *                 aborted with sched_engine_abort().
  *
@@ -65,6 +66,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "api/batch_line.h"
 #include "openai.h"
 #include "server.h"
 #include "store/store.h"
@@ -94,29 +96,12 @@ struct call {
     struct call *next;
 };
 
-/* One batch row in the engine. Created, listed and freed by the store thread;
- * between submit and its finish event the api thread folds events into res. */
-struct job;
-/* One choice of a row (a request with "n" > 1 has several): an engine request. */
-struct jchoice {
-    enum srv_user_kind kind;       /* SRV_USER_BATCH; first (see server.h) */
-    struct job *j;
-    int i;
-};
+/* One batch row in the engine: store thread only. */
 struct job {
     int64_t row_id;
     char batch_id[STORE_ID_MAX];
-    int n;                         /* choices submitted */
-    int n_done;                    /* choices finished (api thread) */
-    struct jchoice *ch;            /* [n] */
-    uint64_t *eng_id;              /* [n] */
-    bool aborted;                  /* sched_engine_abort() already asked */
-    bool responses;                /* a /v1/responses row: the result is a Response object */
-    char *fail;                    /* owned; a later choice could not be submitted: the row's error */
-    struct api_oai_req r;
-    struct api_oai_result *res;    /* [n] */
-    struct job *prev, *next;       /* inflight list (store thread) */
-    struct job *done_next;         /* done queue (under mu) */
+    struct bline l;                /* l.owner: the job */
+    struct job *prev, *next;       /* inflight list */
 };
 
 /* A rendered result waiting for store_complete_rows(). It owns everything
@@ -144,14 +129,18 @@ struct srv_batch {
     bool started;
     struct event *reply_ev;        /* store thread -> api thread */
 
-    pthread_mutex_t mu;            /* guards the three queues and stop */
+    pthread_mutex_t mu;            /* guards the two queues, stop and events */
     pthread_cond_t cv;
     bool stop;
+    bool events;                   /* engine -> store: the sink has events */
     struct call *calls, *calls_tail; /* api -> store */
-    struct job *done;              /* api -> store: rows the engine finished */
     struct call *replies, *replies_tail; /* store -> api */
 
     /* store thread only */
+    sched_sink *sink;              /* the rows' engine events, created once the engine is ready */
+    struct bline_env env;          /* the rows' engine, sink, tokenizer, names */
+    struct sched_evbuf evbuf;
+    bool engine_dead;              /* the backend failed for good: nothing more is recorded */
     struct job *inflight;
     int n_inflight, low, high;
     bool pending_hint;             /* pending rows may exist: worth a claim */
@@ -190,19 +179,6 @@ static void reply_store_error(struct evhttp_request *req, int rc, const char *er
                     err && *err ? err : "store error");
 }
 
-static void rand_hex(uint64_t *state, char *out, int n)
-{
-    static const char hex[] = "0123456789abcdef";
-    for (int i = 0; i < n; i++) {
-        *state += 0x9E3779B97F4A7C15ULL;
-        uint64_t z = *state;
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-        out[i] = hex[(z ^ (z >> 31)) & 15];
-    }
-    out[n] = '\0';
-}
-
 static void call_free(struct call *c)
 {
     if (!c) return;
@@ -215,12 +191,7 @@ static void call_free(struct call *c)
 static void job_free(struct job *j)
 {
     if (!j) return;
-    api_oai_req_free(&j->r);
-    for (int i = 0; j->res && i < j->n; i++) api_oai_result_free(&j->res[i]);
-    free(j->res);
-    free(j->ch);
-    free(j->eng_id);
-    free(j->fail);
+    bline_free(&j->l);
     free(j);
 }
 
@@ -262,7 +233,7 @@ static struct out *add_result(struct srv_batch *b, int64_t row_id, int status, c
     o->body = body;
     o->msg = msg;
     memcpy(o->rid, "req_", 4);
-    rand_hex(&b->rng, o->rid + 4, 24);
+    bline_rand_hex(&b->rng, o->rid + 4, 24);
     atomic_store(&b->st_waiting, b->n_res);
     return o;
 }
@@ -349,43 +320,19 @@ static void flush_results(struct srv_batch *b)
 /* Renders a row the engine finished. */
 static void finish_job(struct srv_batch *b, struct job *j)
 {
-    struct server *s = b->srv;
-    enum sched_finish worst = SCHED_FINISH_NONE;
-    const char *error = "";
-    for (int i = 0; i < j->n; i++) {
-        if (j->res[i].finish == SCHED_FINISH_ERROR) worst = SCHED_FINISH_ERROR, error = j->res[i].error;
-        else if (j->res[i].finish == SCHED_FINISH_ABORT && worst != SCHED_FINISH_ERROR) worst = SCHED_FINISH_ABORT;
-    }
-    if (j->fail) {
-        struct api_oai_error e;
-        api_oai_errorf(&e, 400, NULL, "%s", j->fail);
-        add_error_response(b, j->row_id, &e);
-    } else if (worst == SCHED_FINISH_ABORT) {
-        /* only a cancel or an expiry aborts a row; an expired row is
-         * dropped by the store whatever this says */
+    struct json_buf body;
+    int status = bline_reply(&j->l, &b->env, &b->rng, (long)time(NULL), &body);
+    if (status == 0) {
+        /* only a cancel or an expiry stops a row; an expired row is dropped
+         * by the store whatever this says */
         struct out *o = add_result(b, j->row_id, 0, NULL, NULL, NULL);
         if (o) o->cancelled = true;
-    } else if (worst == SCHED_FINISH_ERROR) {
-        struct api_oai_error e;
-        api_oai_errorf(&e, 500, NULL, "the engine failed on this request: %s", error);
-        e.type = "server_error";
-        add_error_response(b, j->row_id, &e);
+        json_buf_free(&body);
+    } else if (body.oom) { /* the row stays running: the next start runs it again */
+        fprintf(stderr, "sluice serve: out of memory rendering a batch result\n");
+        json_buf_free(&body);
     } else {
-        char id[48] = "chatcmpl-";
-        if (j->r.kind != API_OAI_CHAT) strcpy(id, "cmpl-");
-        rand_hex(&b->rng, id + strlen(id), 24);
-        struct json_buf body;
-        json_buf_init(&body);
-        api_oai_response_json(&body, &j->r, j->res, id, (long)time(NULL), s->model_name);
-        if (j->responses && !body.oom) { /* the Response object the chat reply means */
-            struct json_buf resp;
-            json_buf_init(&resp);
-            api_resp_from_chat(&resp, body.p, body.len, id + strlen("chatcmpl-"), (long)time(NULL), s->model_name);
-            json_buf_free(&body);
-            body = resp;
-        }
-        if (body.oom) json_buf_free(&body);
-        else add_result(b, j->row_id, 200, body.p, NULL, NULL);
+        add_result(b, j->row_id, status, body.p, NULL, NULL);
     }
 }
 
@@ -412,110 +359,78 @@ static void inflight_remove(struct srv_batch *b, struct job *j)
  * gets its error response right away. */
 static void submit_row(struct srv_batch *b, const struct store_row *row)
 {
-    struct server *s = b->srv;
-    struct api_oai_error e = {0};
-    json_doc d = {0};
-    int32_t *ids = NULL;
-    struct json_buf chat; /* a /v1/responses row: its chat body */
-    json_buf_init(&chat);
+    struct api_oai_error e;
     struct job *j = calloc(1, sizeof *j);
     if (!j) {
         api_oai_errorf(&e, 500, NULL, "out of memory");
-        goto fail;
+        e.type = "server_error";
+        add_error_response(b, row->row_id, &e);
+        return;
     }
     j->row_id = row->row_id;
     snprintf(j->batch_id, sizeof j->batch_id, "%s", row->batch_id);
-    char perr[256];
-    const char *body = row->body;
-    size_t body_len = row->body_len;
-    j->responses = !strcmp(row->url, "/v1/responses");
-    if (j->responses) { /* the Responses body as the chat body it means */
-        if (api_resp_to_chat(row->body, row->body_len, &chat, &e)) goto fail;
-        body = chat.p, body_len = chat.len;
-    }
-    int pr = json_parse(&d, body, body_len, perr, sizeof perr); /* d borrows the text: chat lives until d goes */
-    if (pr || !json_is_obj(&d, 0)) {
-        api_oai_errorf(&e, 400, "body", "the request body is not a JSON object");
-        goto fail;
-    }
-    enum api_oai_endpoint kind = strcmp(row->url, "/v1/completions") ? API_OAI_CHAT : API_OAI_COMPLETIONS;
-    if (api_oai_parse_doc(&d, 0, kind, NULL, &j->r, &e)) goto fail;
-    if (j->r.model && !api_oai_model_known(s->model_names, j->r.model) && strcmp(j->r.model, s->o.model)) {
-        api_oai_errorf(&e, 404, "model", "The model `%s` does not exist.", j->r.model);
-        goto fail;
-    }
-    if (j->r.stream) {
-        api_oai_errorf(&e, 400, "stream", "'stream' is not supported in a batch");
-        goto fail;
-    }
-    if (j->r.n_prompts) {
-        api_oai_errorf(&e, 400, "prompt", "a batch line takes one prompt, not a list: one line per prompt");
-        goto fail;
-    }
-    int mml = sched_engine_config(s->eng)->max_model_len;
-    if (api_oai_check_length(&j->r, -1, model_get_tok(s->m), mml, &e)) goto fail;
-    int n = api_oai_tokenize(&j->r, model_get_tok(s->m), &ids, &e);
-    if (n < 0) goto fail;
-    struct sched_request sr;
-    if (api_oai_to_sched(&j->r, ids, n, mml, &sr, &e)) goto fail;
-    sr.priority = SCHED_PRIO_BATCH;
-    int nc = j->r.n > 1 ? j->r.n : 1;
-    j->ch = calloc((size_t)nc, sizeof *j->ch);
-    j->eng_id = calloc((size_t)nc, sizeof *j->eng_id);
-    j->res = calloc((size_t)nc, sizeof *j->res);
-    if (!j->ch || !j->eng_id || !j->res) {
-        api_oai_errorf(&e, 500, NULL, "out of memory");
-        goto fail;
-    }
-    for (int i = 0; i < nc; i++) {
-        j->ch[i] = (struct jchoice){.kind = SRV_USER_BATCH, .j = j, .i = i};
-        api_oai_result_init(&j->res[i]);
-    }
-    j->n = nc;
-    char err[256];
-    /* from here on the api thread may see j's events: only store-thread
-     * fields (eng_id, fail, the list links) are written below */
-    for (int i = 0; i < nc; i++) {
-        api_oai_choice_sampling(&j->r, i, &sr.sampling);
-        sr.user = &j->ch[i];
-        if (sched_engine_submit(s->eng, &sr, &j->eng_id[i], err, sizeof err)) {
-            api_oai_errorf(&e, 400, NULL, "%s", err);
-            if (i == 0) goto fail;
-            /* choices 0..i-1 run: they come back as aborts, the row as this error */
-            j->fail = strdup(err);
-            j->aborted = true;
-            for (int k = 0; k < i; k++) sched_engine_abort(s->eng, j->eng_id[k]);
-            /* the api thread counts finishes against n under mu; if all i
-             * already came back, the row is done now */
-            pthread_mutex_lock(&b->mu);
-            j->n = i;
-            if (j->n_done == j->n) {
-                j->done_next = b->done;
-                b->done = j;
-            }
-            pthread_mutex_unlock(&b->mu);
-            break;
-        }
+    j->l.owner = j;
+    if (bline_start(&j->l, &b->env, row->url, row->body, row->body_len, &e)) {
+        add_error_response(b, row->row_id, &e);
+        job_free(j);
+        return;
     }
     inflight_add(b, j);
-    free(ids);
-    json_free(&d);
-    json_buf_free(&chat);
-    return;
-fail:
-    if (!e.type) e.type = e.status >= 500 ? "server_error" : "invalid_request_error";
-    if (j && j->responses) api_resp_chat_error(&e); /* the field the row's body gave */
-    add_error_response(b, row->row_id, &e);
-    free(ids);
-    json_free(&d);
-    json_buf_free(&chat);
-    job_free(j);
+}
+
+/* The engine's notifier for the rows' sink (engine thread, its lock held). */
+static void on_engine_events(void *arg)
+{
+    struct srv_batch *b = arg;
+    pthread_mutex_lock(&b->mu);
+    b->events = true;
+    pthread_cond_signal(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+}
+
+/* Folds the rows' engine events into their results; a row whose last choice
+ * finished is rendered and queued to be written. */
+static void take_events(struct srv_batch *b)
+{
+    struct server *s = b->srv;
+    if (!b->sink) return;
+    int n = sched_sink_poll(b->sink, &b->evbuf);
+    /* a backend that died posts every request's failure: those rows are not
+     * recorded, they stay running on disk and run again at the next start */
+    if (!n || b->engine_dead) return;
+    if (sched_engine_fatal(s->eng, NULL, 0)) {
+        b->engine_dead = true;
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        const struct sched_event *ev = &b->evbuf.ev[i];
+        const struct bline_choice *c = ev->user;
+        struct job *j = c->l->owner;
+        if (ev->kind == SCHED_EV_FINISH) {
+            if (c->i == 0) {
+                s->prompt_tokens_total += (uint64_t)ev->usage.prompt_tokens;
+                s->cached_tokens_total += (uint64_t)ev->usage.cached_tokens;
+            }
+            s->generation_tokens_total += (uint64_t)ev->usage.completion_tokens;
+        }
+        if (!bline_event(&j->l, &b->env, ev)) continue;
+        inflight_remove(b, j);
+        finish_job(b, j);
+        job_free(j);
+    }
 }
 
 static void feed(struct srv_batch *b)
 {
     struct server *s = b->srv;
-    if (!b->pending_hint || atomic_load(&s->state) != SRV_READY) return;
+    if (!b->pending_hint || b->engine_dead || atomic_load(&s->state) != SRV_READY) return;
+    if (!b->sink) {
+        b->sink = sched_sink_create(s->eng, on_engine_events, b);
+        if (!b->sink) return; /* the next tick tries again */
+        b->env = (struct bline_env){.eng = s->eng, .sink = b->sink, .tok = model_get_tok(s->m),
+                                    .max_model_len = sched_engine_config(s->eng)->max_model_len,
+                                    .model_names = s->model_names, .model_path = s->o.model};
+    }
     if (!b->high) {
         /* Batch rows may take every sequence slot: the scheduler preempts
          * batch work to give a chat request a slot in the next step. Twice
@@ -556,7 +471,7 @@ static void abort_stale(struct srv_batch *b, const char *only)
     char last[STORE_ID_MAX] = "";
     bool last_live = true;
     for (struct job *j = b->inflight; j; j = j->next) {
-        if (j->aborted) continue;
+        if (j->l.aborted) continue;
         bool live;
         if (only) {
             live = strcmp(j->batch_id, only) != 0;
@@ -571,8 +486,7 @@ static void abort_stale(struct srv_batch *b, const char *only)
             last_live = live;
         }
         if (live) continue;
-        j->aborted = true;
-        for (int i = 0; i < j->n; i++) sched_engine_abort(b->srv->eng, j->eng_id[i]);
+        bline_abort(&j->l, &b->env);
     }
 }
 
@@ -630,7 +544,7 @@ static void *store_main(void *arg)
         pthread_mutex_lock(&b->mu);
         for (;;) {
             double now = srv_now();
-            if (b->stop || b->calls || b->done) break;
+            if (b->stop || b->calls || b->events) break;
             double deadline = next_tick;
             if (b->n_res) {
                 double due = b->fail_mask & FAIL_RESULTS ? b->t_retry : b->t_first_res + FLUSH_S;
@@ -651,16 +565,11 @@ static void *store_main(void *arg)
         bool stop = b->stop;
         struct call *calls = b->calls;
         b->calls = b->calls_tail = NULL;
-        struct job *done = b->done;
-        b->done = NULL;
+        bool events = b->events;
+        b->events = false;
         pthread_mutex_unlock(&b->mu);
 
-        for (struct job *j = done, *nx; j; j = nx) {
-            nx = j->done_next;
-            inflight_remove(b, j);
-            finish_job(b, j);
-            job_free(j);
-        }
+        if (events) take_events(b);
         for (struct call *c = calls, *nx; c; c = nx) {
             nx = c->next;
             c->next = NULL;
@@ -685,8 +594,12 @@ static void *store_main(void *arg)
         }
         feed(b);
     }
-    /* rows still in the engine stay `running` on disk: the next start runs them again */
+    /* rows still in the engine stay `running` on disk: the next start runs
+     * them again; their events are dropped once the sink is gone */
     flush_results(b);
+    sched_sink_destroy(b->sink);
+    b->sink = NULL;
+    sched_evbuf_deinit(&b->evbuf);
     for (struct job *j = b->inflight, *nx; j; j = nx) {
         nx = j->next;
         job_free(j);
@@ -695,31 +608,7 @@ static void *store_main(void *arg)
     return NULL;
 }
 
-/* ---- api thread: engine events and replies -------------------------------------------------- */
-
-void srv_batch_event(struct server *s, const struct sched_event *ev)
-{
-    struct srv_batch *b = s->batch;
-    const struct jchoice *c = ev->user;
-    struct job *j = c->j;
-    api_oai_result_add(&j->res[c->i], &j->r, model_get_tok(s->m), ev);
-    if (ev->kind != SCHED_EV_FINISH) return;
-    if (c->i == 0) {
-        s->prompt_tokens_total += (uint64_t)ev->usage.prompt_tokens;
-        s->cached_tokens_total += (uint64_t)ev->usage.cached_tokens;
-    }
-    s->generation_tokens_total += (uint64_t)ev->usage.completion_tokens;
-    pthread_mutex_lock(&b->mu);
-    bool last = ++j->n_done == j->n;
-    if (!last) {
-        pthread_mutex_unlock(&b->mu);
-        return;
-    }
-    j->done_next = b->done;
-    b->done = j;
-    pthread_cond_signal(&b->cv);
-    pthread_mutex_unlock(&b->mu);
-}
+/* ---- api thread: replies -------------------------------------------------- */
 
 static void on_call_close(struct evhttp_connection *con, void *arg)
 {
@@ -1216,6 +1105,7 @@ int srv_batch_start(struct server *s, char *err, size_t errlen)
     }
     b->srv = s;
     b->pending_hint = true; /* recovery may have put rows back to pending */
+    sched_evbuf_init(&b->evbuf);
     b->rng = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)b;
     struct store_opts so = {
         .max_file_lines = s->o.max_batch_file_lines,
@@ -1281,8 +1171,6 @@ void srv_batch_stop(struct server *s)
         if (c->con) evhttp_connection_set_closecb(c->con, NULL, NULL);
         call_free(c);
     }
-    /* b->done is empty: the event loop (the only producer) ended before stop
-     * was set, and the thread's last pass took what was there */
     for (int i = 0; i < b->n_res; i++) { /* a last flush that failed: these rows run again at the next start */
         free(b->outs[i].body);
         free(b->outs[i].msg);

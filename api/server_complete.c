@@ -45,7 +45,6 @@ struct srv_req;
 
 /* One choice: an engine request of its own. */
 struct choice {
-    enum srv_user_kind kind;      /* SRV_USER_CHAT; first (engine events name the choice, see server.h) */
     struct srv_req *q;
     int index;
     uint64_t id;
@@ -261,7 +260,6 @@ static struct srv_req *new_req(int n)
     }
     q->n = n;
     for (int i = 0; i < n; i++) {
-        q->ch[i].kind = SRV_USER_CHAT;
         q->ch[i].q = q;
         q->ch[i].index = i;
         api_oai_result_init(&q->res[i]);
@@ -701,16 +699,12 @@ static void choice_finished(struct server *s, struct choice *c, const struct sch
 
 void srv_drain_events(struct server *s)
 {
-    if (!s->eng) return;
-    int n = sched_engine_poll(s->eng, &s->evbuf);
+    if (!s->sink) return;
+    int n = sched_sink_poll(s->sink, &s->evbuf);
     const model_tok *tok = model_get_tok(s->m);
     for (int i = 0; i < n; i++) {
         const struct sched_event *ev = &s->evbuf.ev[i];
         if (!ev->user) continue;
-        if (*(const enum srv_user_kind *)ev->user == SRV_USER_BATCH) {
-            srv_batch_event(s, ev);
-            continue;
-        }
         struct choice *c = ev->user;
         struct srv_req *q = c->q;
         if (q->base.req) {
@@ -845,6 +839,7 @@ static void handle(struct server *s, struct evhttp_request *req, char *body, siz
         struct sched_request sr;
         if (n < 0 || api_oai_to_sched(&q->r, ids, n, mml, &sr, &e)) break;
         sr.priority = prio;
+        sr.sink = s->sink;
         for (int i = 0; i < per; i++) {
             char err[256];
             api_oai_choice_sampling(&q->r, i, &sr.sampling);

@@ -1,13 +1,18 @@
 /* engine.c - the step loop on its own thread: inbox -> sched_plan_step ->
  * backend forward -> sched_complete_step -> outbox.
  *
- * One mutex guards the inbox (new requests, abort ids), the outbox (pending
+ * One mutex guards the inbox (new requests, abort ids), the outboxes (pending
  * events) and the stats snapshot. The engine thread owns the scheduler, the
  * KV pool and the backend; it holds the mutex only to swap the inbox out and
  * while it posts a step's events, never during forward(). Consumers take the
- * pending events by swapping buffers (sched_engine_poll/wait), so in steady
+ * pending events by swapping buffers (sched_sink_poll/wait), so in steady
  * state nothing is allocated per token: both buffers stay at their high-water
  * mark.
+ *
+ * Each request's events go to the outbox (sink) of its submitter: at submit
+ * its user pointer is wrapped in a route naming the sink, and the events
+ * carry the submitter's pointer again. The engine's own sink serves the
+ * requests submitted without one (sched_engine_poll/wait).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -17,6 +22,26 @@
 #include <time.h>
 
 #include "sched.h"
+
+/* A submitter's outbox (sched.h). */
+struct sched_sink {
+    sched_engine *e;
+    struct sched_evbuf pending;    /* under e->mu */
+    bool dropped;                  /* an event was dropped for lack of memory */
+    bool posted;                   /* events came in the step being published */
+    void (*notify)(void *arg);
+    void *notify_arg;
+    struct sched_sink *next;       /* e->sinks, under e->mu */
+};
+
+/* Where one request's events go: its sink (NULL once the sink is gone: the
+ * events are dropped) and the submitter's user pointer. Lives from submit to
+ * the request's finish event. */
+struct route {
+    struct sched_sink *k;
+    void *user;
+    struct route *prev, *next;     /* e->routes, under e->mu */
+};
 
 struct sched_engine {
     model_backend *be;         /* borrowed */
@@ -35,12 +60,11 @@ struct sched_engine {
     uint64_t *ab;              /* [n_ab] ids to abort */
     int n_ab, cap_ab;
     uint64_t next_id;
-    struct sched_evbuf pending;
-    bool dropped;              /* an event was dropped for lack of memory */
+    struct sched_sink def;     /* the engine's own sink (requests submitted without one); the
+                                  others follow it in its next list */
+    struct route *routes;      /* every request submitted and not finished */
     char fatal[600];           /* non-empty once the backend cannot run another step */
     struct sched_engine_stats stats;
-    void (*notify)(void *arg);
-    void *notify_arg;
 };
 
 static double now_s(void)
@@ -90,11 +114,30 @@ static int evbuf_push(struct sched_evbuf *b, const struct sched_event *ev)
     return 0;
 }
 
-/* The engine thread's emit callback; called with e->mu held. */
+static void route_unlink(sched_engine *e, struct route *r)
+{
+    if (r->prev) r->prev->next = r->next;
+    else e->routes = r->next;
+    if (r->next) r->next->prev = r->prev;
+}
+
+/* The engine thread's emit callback; called with e->mu held. The event goes
+ * to its request's sink with the submitter's user pointer; the route ends
+ * with the finish event. */
 static void emit_locked(void *arg, const struct sched_event *ev)
 {
     struct sched_engine *e = arg;
-    if (evbuf_push(&e->pending, ev)) e->dropped = true;
+    struct route *r = ev->user;
+    struct sched_event out = *ev;
+    out.user = r->user;
+    if (r->k) {
+        if (evbuf_push(&r->k->pending, &out)) r->k->dropped = true;
+        else r->k->posted = true;
+    }
+    if (ev->kind == SCHED_EV_FINISH) {
+        route_unlink(e, r);
+        free(r);
+    }
 }
 
 /* ---- construction --------------------------------------------------------------- */
@@ -158,8 +201,9 @@ sched_engine *sched_engine_create(model_backend *be, const struct sched_engine_o
     e->be = be;
     cost_prior(be, &o.sched);
     e->cfg = o.sched;
-    e->notify = o.notify;
-    e->notify_arg = o.notify_arg;
+    e->def.e = e;
+    e->def.notify = o.notify;
+    e->def.notify_arg = o.notify_arg;
     int bs = o.sched.block_size;
     size_t block_bytes = be->ops->kv_block_bytes(be, bs);
     e->kv_blocks = o.kv_blocks > 0 ? o.kv_blocks : kv_blocks_for_bytes(o.kv_cache_bytes, block_bytes);
@@ -177,7 +221,7 @@ sched_engine *sched_engine_create(model_backend *be, const struct sched_engine_o
     if (!e->pool) goto fail_e;
     e->s = sched_create(&e->cfg, e->pool, be->m ? model_get_tok(be->m) : NULL, err, errlen);
     if (!e->s) goto fail_pool;
-    sched_evbuf_init(&e->pending);
+    sched_evbuf_init(&e->def.pending);
     sched_get_stats(e->s, &e->stats.sched); /* the cost model's prior, before the first step */
     e->stats.max_model_len = e->cfg.max_model_len;
     e->stats.block_size = bs;
@@ -211,18 +255,23 @@ const struct sched_config *sched_engine_config(const sched_engine *e) { return &
 
 /* ---- the step loop ----------------------------------------------------------------- */
 
-/* With e->mu held, after events were posted from n_before on: the stats
- * snapshot refreshed (a consumer that reads it after a finish event sees the
- * blocks released), waiters woken and the notifier poked if anything was
- * posted; e->mu released. */
-static void publish_unlock(sched_engine *e, int n_before)
+/* With e->mu held, after events were posted: the stats snapshot refreshed
+ * (a consumer that reads it after a finish event sees the blocks released),
+ * waiters woken and the notifier of each sink that got events poked (under
+ * the lock, so a sink cannot go away meanwhile); e->mu released. */
+static void publish_unlock(sched_engine *e)
 {
     sched_get_stats(e->s, &e->stats.sched);
     kv_pool_stats(e->pool, &e->stats.kv);
-    bool posted = e->pending.n > n_before;
+    bool posted = false;
+    for (struct sched_sink *k = &e->def; k; k = k->next) {
+        if (!k->posted) continue;
+        k->posted = false;
+        posted = true;
+        if (k->notify) k->notify(k->notify_arg);
+    }
     if (posted) pthread_cond_broadcast(&e->ev_cv);
     pthread_mutex_unlock(&e->mu);
-    if (posted && e->notify) e->notify(e->notify_arg);
 }
 
 static void *engine_main(void *arg)
@@ -265,12 +314,10 @@ static void *engine_main(void *arg)
         pthread_mutex_unlock(&e->mu);
 
         for (int i = 0; i < n_in; i++) sched_add(e->s, in[i]);
-        int n_before = 0;
         if (n_ab) {
             pthread_mutex_lock(&e->mu);
-            n_before = e->pending.n;
             for (int i = 0; i < n_ab; i++) sched_abort(e->s, ab[i], emit_locked, e);
-            publish_unlock(e, n_before);
+            publish_unlock(e);
         }
 
         double t0 = now_s();
@@ -279,7 +326,6 @@ static void *engine_main(void *arg)
         idle_spin = n == 0;
 
         pthread_mutex_lock(&e->mu);
-        n_before = e->pending.n;
         if (rc && e->be->fatal && !e->fatal[0]) snprintf(e->fatal, sizeof e->fatal, "%s", e->be->fatal);
         if (n > 0) {
             /* after a fatal error every later step fails at once too, so all
@@ -292,7 +338,7 @@ static void *engine_main(void *arg)
                 sched_step_timed(e->s, now_s() - t0);
             }
         }
-        publish_unlock(e, n_before);
+        publish_unlock(e);
     }
     free(in);
     free(ab);
@@ -304,14 +350,27 @@ static void *engine_main(void *arg)
 int sched_engine_submit(sched_engine *e, const struct sched_request *r, uint64_t *id, char *err,
                         size_t errlen)
 {
+    struct route *rt = malloc(sizeof *rt);
+    if (!rt) {
+        snprintf(err, errlen, "out of memory queueing the request");
+        return SL_ENOMEM;
+    }
+    rt->k = r->sink ? r->sink : &e->def;
+    rt->user = r->user;
+    struct sched_request routed = *r;
+    routed.user = rt;
     uint64_t nid = __atomic_add_fetch(&e->next_id, 1, __ATOMIC_RELAXED);
-    sched_req *q = sched_req_create(e->s, r, nid, err, errlen);
-    if (!q) return SL_EINVAL;
+    sched_req *q = sched_req_create(e->s, &routed, nid, err, errlen);
+    if (!q) {
+        free(rt);
+        return SL_EINVAL;
+    }
     pthread_mutex_lock(&e->mu);
     if (e->fatal[0]) {
         snprintf(err, errlen, "%s", e->fatal);
         pthread_mutex_unlock(&e->mu);
         sched_req_free(q);
+        free(rt);
         return SL_EDEVICE;
     }
     if (e->n_in == e->cap_in) {
@@ -320,6 +379,7 @@ int sched_engine_submit(sched_engine *e, const struct sched_request *r, uint64_t
         if (!p) {
             pthread_mutex_unlock(&e->mu);
             sched_req_free(q);
+            free(rt);
             snprintf(err, errlen, "out of memory queueing the request");
             return SL_ENOMEM;
         }
@@ -327,6 +387,10 @@ int sched_engine_submit(sched_engine *e, const struct sched_request *r, uint64_t
         e->cap_in = cap;
     }
     e->in[e->n_in++] = q;
+    rt->prev = NULL;
+    rt->next = e->routes;
+    if (e->routes) e->routes->prev = rt;
+    e->routes = rt;
     pthread_cond_signal(&e->work_cv);
     pthread_mutex_unlock(&e->mu);
     if (id) *id = nid;
@@ -351,45 +415,85 @@ void sched_engine_abort(sched_engine *e, uint64_t id)
     pthread_mutex_unlock(&e->mu);
 }
 
-/* ---- outbox ------------------------------------------------------------------------ */
+/* ---- outboxes ---------------------------------------------------------------------- */
 
-/* With e->mu held: hands the pending events to b. */
-static int take_locked(sched_engine *e, struct sched_evbuf *b)
+sched_sink *sched_sink_create(sched_engine *e, void (*notify)(void *arg), void *arg)
+{
+    struct sched_sink *k = calloc(1, sizeof *k);
+    if (!k) return NULL;
+    k->e = e;
+    k->notify = notify;
+    k->notify_arg = arg;
+    sched_evbuf_init(&k->pending);
+    pthread_mutex_lock(&e->mu);
+    k->next = e->def.next;
+    e->def.next = k;
+    pthread_mutex_unlock(&e->mu);
+    return k;
+}
+
+void sched_sink_destroy(sched_sink *k)
+{
+    if (!k) return;
+    sched_engine *e = k->e;
+    pthread_mutex_lock(&e->mu);
+    for (struct sched_sink **p = &e->def.next; *p; p = &(*p)->next)
+        if (*p == k) {
+            *p = k->next;
+            break;
+        }
+    for (struct route *r = e->routes; r; r = r->next)
+        if (r->k == k) r->k = NULL;
+    pthread_mutex_unlock(&e->mu);
+    sched_evbuf_deinit(&k->pending);
+    free(k);
+}
+
+/* With e->mu held: hands k's pending events to b. */
+static int take_locked(struct sched_sink *k, struct sched_evbuf *b)
 {
     b->n = 0;
     b->tlen = 0;
     struct sched_evbuf t = *b;
-    *b = e->pending;
-    e->pending = t;
+    *b = k->pending;
+    k->pending = t;
     for (int i = 0; i < b->n; i++) b->ev[i].text = b->text + b->ev[i].text_off;
     return b->n;
 }
 
-int sched_engine_poll(sched_engine *e, struct sched_evbuf *b)
+int sched_sink_poll(sched_sink *k, struct sched_evbuf *b)
 {
-    pthread_mutex_lock(&e->mu);
-    int n = take_locked(e, b);
-    pthread_mutex_unlock(&e->mu);
+    pthread_mutex_lock(&k->e->mu);
+    int n = take_locked(k, b);
+    pthread_mutex_unlock(&k->e->mu);
     return n;
 }
 
-int sched_engine_wait(sched_engine *e, struct sched_evbuf *b, double timeout_s)
+int sched_sink_wait(sched_sink *k, struct sched_evbuf *b, double timeout_s)
 {
+    sched_engine *e = k->e;
     pthread_mutex_lock(&e->mu);
     if (timeout_s < 0) {
-        while (e->pending.n == 0) pthread_cond_wait(&e->ev_cv, &e->mu);
+        while (k->pending.n == 0) pthread_cond_wait(&e->ev_cv, &e->mu);
     } else {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         long long ns = (long long)ts.tv_nsec + (long long)(timeout_s * 1e9);
         ts.tv_sec += (time_t)(ns / 1000000000LL);
         ts.tv_nsec = (long)(ns % 1000000000LL);
-        while (e->pending.n == 0)
+        while (k->pending.n == 0)
             if (pthread_cond_timedwait(&e->ev_cv, &e->mu, &ts) == ETIMEDOUT) break;
     }
-    int n = take_locked(e, b);
+    int n = take_locked(k, b);
     pthread_mutex_unlock(&e->mu);
     return n;
+}
+
+int sched_engine_poll(sched_engine *e, struct sched_evbuf *b) { return sched_sink_poll(&e->def, b); }
+
+int sched_engine_wait(sched_engine *e, struct sched_evbuf *b, double timeout_s)
+{
+    return sched_sink_wait(&e->def, b, timeout_s);
 }
 
 void sched_engine_get_stats(sched_engine *e, struct sched_engine_stats *st)
@@ -423,7 +527,11 @@ void sched_engine_destroy(sched_engine *e)
     free(e->ab);
     sched_destroy(e->s);
     kv_pool_destroy(e->pool);
-    sched_evbuf_deinit(&e->pending);
+    for (struct route *r = e->routes, *nx; r; r = nx) { /* requests dropped without their finish */
+        nx = r->next;
+        free(r);
+    }
+    sched_evbuf_deinit(&e->def.pending);
     pthread_cond_destroy(&e->ev_cv);
     pthread_cond_destroy(&e->work_cv);
     pthread_mutex_destroy(&e->mu);

@@ -9,8 +9,9 @@
  *                 backend ran it, appends the sampled tokens, detokenizes,
  *                 checks stop conditions and emits events through a callback.
  *   sched_engine  the step loop on its own pthread, with a thread-safe inbox
- *                 (submit/abort) and outbox (events). Any thread may call the
- *                 sched_engine_* functions.
+ *                 (submit/abort) and outboxes (events): one per submitter
+ *                 (sched_sink), plus the engine's own. Any thread may call the
+ *                 sched_engine_* and sched_sink_* functions.
  *
  * Lifecycle of a request:
  *     waiting -> running (prefilling -> decoding) -> finished (stop, length, abort, error)
@@ -133,6 +134,8 @@ struct sched_request {
     const struct sched_schema *schema; /* schema mode (implies JSON): borrowed, copied at submit */
     uint64_t cache_salt;            /* requests with different salts never share KV */
     void *user;                     /* returned in every event; not touched */
+    struct sched_sink *sink;        /* the engine's outbox its events go to (sched_sink_create);
+                                       NULL: the engine's own (sched_engine_poll/wait) */
 };
 
 struct sched_usage {
@@ -351,6 +354,7 @@ uint64_t sched_step_req_id(const sched *s, int i);
 /* ---- the engine --------------------------------------------------------------- */
 
 typedef struct sched_engine sched_engine;
+typedef struct sched_sink sched_sink;
 
 struct sched_engine_opts {
     struct sched_config sched;   /* block_size 0 = 16; max_num_seqs 0 = 64;
@@ -359,8 +363,9 @@ struct sched_engine_opts {
     size_t kv_cache_bytes;       /* KV pool budget; 0 = 1 GiB */
     int kv_blocks;               /* > 0: exactly this many blocks (tests) */
     bool enable_prefix_caching;
-    /* Called on the engine thread after events were posted (e.g. to
-     * event_active() a libevent event). May be NULL. Must not block. */
+    /* Called on the engine thread after events were posted to the engine's
+     * own outbox (e.g. to event_active() a libevent event), with the
+     * engine's lock held: it must not block or call the engine. May be NULL. */
     void (*notify)(void *arg);
     void *notify_arg;
 };
@@ -413,12 +418,30 @@ int sched_engine_submit(sched_engine *e, const struct sched_request *r, uint64_t
  * request that already finished is ignored. Thread-safe. */
 void sched_engine_abort(sched_engine *e, uint64_t id);
 
-/* Moves the pending events into *b (whose previous events are discarded).
- * Returns how many; never blocks. Thread-safe. */
+/* Moves the pending events of the engine's own outbox (requests submitted
+ * without a sink) into *b (whose previous events are discarded). Returns how
+ * many; never blocks. Thread-safe. */
 int sched_engine_poll(sched_engine *e, struct sched_evbuf *b);
 /* Like poll, but waits up to timeout_s (< 0: forever) for at least one event.
  * Returns the number of events (0 on timeout). */
 int sched_engine_wait(sched_engine *e, struct sched_evbuf *b, double timeout_s);
+
+/* A sink is one submitter's outbox: the events of the requests submitted
+ * with it (sched_request.sink) go there and nowhere else, and only its own
+ * notifier is called for them. So each consumer (the chat server's event
+ * loop, the Batch API's store thread, run-batch) drains its own events on
+ * its own thread and is woken only for them. notify (may be NULL) is called
+ * on the engine thread after events were posted to this sink, with the
+ * engine's lock held: it must not block or call the engine. NULL when out of
+ * memory. Thread-safe. */
+sched_sink *sched_sink_create(sched_engine *e, void (*notify)(void *arg), void *arg);
+/* Removes the sink: events of its requests still in the engine are dropped
+ * from then on (abort them first when their end matters). Call it before
+ * sched_engine_destroy. NULL ok. */
+void sched_sink_destroy(sched_sink *k);
+/* sched_engine_poll / sched_engine_wait for a sink. */
+int sched_sink_poll(sched_sink *k, struct sched_evbuf *b);
+int sched_sink_wait(sched_sink *k, struct sched_evbuf *b, double timeout_s);
 /* A consistent snapshot of the counters, taken after the last step. */
 void sched_engine_get_stats(sched_engine *e, struct sched_engine_stats *st);
 /* Whether the backend failed for good (a GPU or tensor-parallel rank died):

@@ -234,6 +234,39 @@ int store_batch_create(store *s, const char *input_file_id, const char *endpoint
                        const char *completion_window, const char *metadata_json, char *id_out,
                        char *err, size_t errlen);
 
+/* ---- batch lines: the rules and the output shape, shared with run-batch ---- */
+
+/* Why a batch input line was refused: an OpenAI error code ("invalid_json_line",
+ * "missing_required_parameter", "invalid_method", "invalid_url",
+ * "invalid_value"), the parameter (NULL when none) and a message. */
+struct store_line_error {
+    const char *code;          /* static */
+    const char *param;         /* static */
+    char message[512];
+};
+
+/* Checks one input line as batch creation does: a JSON object with a string
+ * custom_id, method "POST", a url that is endpoint (NULL: any of
+ * "/v1/chat/completions", "/v1/completions", "/v1/responses") and an object
+ * body without "stream": true. Returns 0 with *url (a static string: the
+ * endpoint the line names) and *body, *body_len (the body's text inside
+ * line), or SL_EINVAL with e filled. *custom_id is the line's custom_id
+ * (malloc'ed; the caller frees it) whenever it is a string, on failure too,
+ * else NULL. Reads line only; any thread. */
+int store_check_line(const char *line, size_t len, const char *endpoint, char **custom_id, const char **url,
+                     const char **body, size_t *body_len, struct store_line_error *e);
+
+/* Appends one line of an output or error file, without its newline:
+ * {"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}.
+ * status_code 0 makes "response" null; custom_id, request_id, body and error
+ * (JSON text) may be NULL for null. Any thread. */
+void store_result_line(struct json_buf *b, const char *id, const char *custom_id, size_t custom_id_len,
+                       int status_code, const char *request_id, size_t request_id_len, const char *body,
+                       size_t body_len, const char *error, size_t error_len);
+
+/* Appends a row's error object: {"code", "message"}. Any thread. */
+void store_error_json(struct json_buf *b, const char *code, const char *message);
+
 /* Fills *out. Returns 0, STORE_ENOTFOUND or STORE_EDB. [any] */
 int store_batch_get(store *s, const char *id, struct store_batch_info *out, char *err, size_t errlen);
 

@@ -494,6 +494,68 @@ static void test_abort(void)
     sched_engine_destroy(e);
 }
 
+/* Sinks: each request's events go to the sink it was submitted with and
+ * nowhere else, each sink's notifier runs for its own events only, and a
+ * sink that is gone drops the events of its requests still running. */
+static int n_sink_notify[2];
+static void on_sink(void *arg) { __atomic_add_fetch((int *)arg, 1, __ATOMIC_RELAXED); }
+
+static void test_sinks(void)
+{
+    sched_engine *e = engine(4, 256, 256, 64, true);
+    if (!e) return;
+    sched_sink *k[2] = {sched_sink_create(e, on_sink, &n_sink_notify[0]), sched_sink_create(e, on_sink, &n_sink_notify[1])};
+    CHECK(k[0] && k[1]);
+    if (!k[0] || !k[1]) goto out;
+    struct result r[3];
+    memset(r, 0, sizeof r);
+    for (int i = 0; i < 3; i++) {
+        struct sched_request rq = greedy(text_ids + 10 * i, 20, 4);
+        rq.user = &r[i];
+        rq.sink = i < 2 ? k[i] : NULL; /* the third goes to the engine's own outbox */
+        CHECKF(sched_engine_submit(e, &rq, NULL, err, sizeof err) == 0, "%s", err);
+    }
+    struct sched_evbuf b;
+    sched_evbuf_init(&b);
+    int finished[3] = {0}, tokens[3] = {0};
+    for (int tries = 0; tries < 200 && !(finished[0] && finished[1] && finished[2]); tries++) {
+        for (int s = 0; s < 3; s++) {
+            int n = s < 2 ? sched_sink_wait(k[s], &b, 0.05) : sched_engine_wait(e, &b, 0.05);
+            for (int i = 0; i < n; i++) {
+                CHECKF(b.ev[i].user == &r[s], "sink %d got an event of another submitter", s);
+                if (b.ev[i].user != &r[s]) continue;
+                if (b.ev[i].kind == SCHED_EV_FINISH) finished[s]++;
+                else tokens[s]++;
+            }
+        }
+    }
+    for (int s = 0; s < 3; s++) CHECKF(finished[s] == 1 && tokens[s] == 4, "submitter %d: %d finishes, %d tokens", s, finished[s], tokens[s]);
+    CHECK(__atomic_load_n(&n_sink_notify[0], __ATOMIC_RELAXED) > 0 && __atomic_load_n(&n_sink_notify[1], __ATOMIC_RELAXED) > 0);
+    /* a sink that goes away while its request runs: nothing arrives anywhere
+     * else, and the request still ends (its blocks come back) */
+    struct sched_request rq = greedy(text_ids, 100, 60);
+    rq.user = &r[0];
+    rq.sink = k[0];
+    uint64_t id;
+    CHECK(sched_engine_submit(e, &rq, &id, err, sizeof err) == 0);
+    CHECK(sched_sink_wait(k[0], &b, 120.0) > 0 && b.ev[0].kind == SCHED_EV_TOKEN); /* it runs */
+    sched_sink_destroy(k[0]);
+    k[0] = NULL;
+    sched_engine_abort(e, id);
+    struct sched_engine_stats st;
+    for (int tries = 0; tries < 1200; tries++) {
+        CHECK(sched_engine_wait(e, &b, 0.05) == 0 && sched_sink_poll(k[1], &b) == 0);
+        sched_engine_get_stats(e, &st);
+        if (st.kv.blocks_used == 0 && st.sched.n_running == 0 && st.sched.n_waiting == 0) break;
+    }
+    CHECK(st.kv.blocks_used == 0 && st.sched.n_running == 0);
+    sched_evbuf_deinit(&b);
+out:
+    sched_sink_destroy(k[0]);
+    sched_sink_destroy(k[1]);
+    sched_engine_destroy(e);
+}
+
 /* ---- request features: what the HTTP tests cover on the CPU, here at the
  * engine so that the GPU run covers them too ---- */
 
@@ -1045,6 +1107,7 @@ int main(int argc, char **argv)
     RUN(test_preemption);
     RUN(test_stop_string_and_refusal);
     RUN(test_abort);
+    RUN(test_sinks);
     RUN(test_request_features);
     RUN(test_json_mask_cache);
     RUN(test_backend_fatal);

@@ -555,6 +555,62 @@ static void test_validation(void)
     store_close(s);
 }
 
+/* The line rules run-batch shares: each refusal's code and parameter, the
+ * custom_id kept on failure, the url matched against the batch's endpoint
+ * or (NULL) any of the three; and the output line's shape. */
+static void test_line_rules(void)
+{
+    static const struct {
+        const char *line, *endpoint, *code, *param, *cid, *url;
+    } cases[] = {
+        {"{\"custom_id\":\"a\",\"method\":\"POST\",\"url\":\"/v1/responses\",\"body\":{\"input\":\"x\"}}", NULL, NULL,
+         NULL, "a", "/v1/responses"},
+        {"{\"custom_id\":\"b\",\"method\":\"POST\",\"url\":\"/v1/completions\",\"body\":{}}", "/v1/completions",
+         NULL, NULL, "b", "/v1/completions"},
+        {"{\"custom_id\":\"c\",\"method\":\"POST\",\"url\":\"/v1/completions\",\"body\":{}}",
+         "/v1/chat/completions", "invalid_url", "url", "c", NULL},
+        {"{\"custom_id\":\"d\",\"method\":\"POST\",\"url\":\"/v1/embeddings\",\"body\":{}}", NULL, "invalid_url",
+         "url", "d", NULL},
+        {"{\"custom_id\":\"e\",\"method\":\"GET\",\"url\":\"/v1/completions\",\"body\":{}}", NULL, "invalid_method",
+         "method", "e", NULL},
+        {"{\"custom_id\":\"f\",\"method\":\"POST\",\"url\":\"/v1/completions\",\"body\":{\"stream\":true}}", NULL,
+         "invalid_value", "body.stream", "f", NULL},
+        {"{\"custom_id\":7,\"method\":\"POST\",\"url\":\"/v1/completions\",\"body\":{}}", NULL,
+         "missing_required_parameter", "custom_id", NULL, NULL},
+        {"{\"custom_id\":\"g\",\"method\":\"POST\",\"url\":\"/v1/completions\"}", NULL, "missing_required_parameter",
+         "body", "g", NULL},
+        {"not json", NULL, "invalid_json_line", NULL, NULL, NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *cid = NULL;
+        const char *url = NULL, *body = NULL;
+        size_t blen = 0;
+        struct store_line_error e = {0};
+        int rc = store_check_line(cases[i].line, strlen(cases[i].line), cases[i].endpoint, &cid, &url, &body, &blen, &e);
+        if (cases[i].code) {
+            CHECKF(rc == SL_EINVAL && !strcmp(e.code, cases[i].code), "case %zu: rc %d code %s", i, rc,
+                   rc ? e.code : "-");
+            CHECKF(cases[i].param ? e.param && !strcmp(e.param, cases[i].param) : !e.param, "case %zu: param", i);
+            CHECKF(e.message[0] != 0, "case %zu: no message", i);
+        } else {
+            CHECKF(rc == 0 && url && !strcmp(url, cases[i].url), "case %zu: rc %d", i, rc);
+            CHECKF(rc == 0 && blen >= 2 && body[0] == '{' && body[blen - 1] == '}', "case %zu: body", i);
+        }
+        CHECKF(cases[i].cid ? cid && !strcmp(cid, cases[i].cid) : !cid, "case %zu: custom_id %s", i, cid ? cid : "NULL");
+        free(cid);
+    }
+    struct json_buf b;
+    json_buf_init(&b);
+    store_result_line(&b, "batch_req_1", "x\"y", 3, 200, "req_2", 5, "{\"k\":1}", 7, NULL, 0);
+    json_buf_add(&b, "\n", 1);
+    store_result_line(&b, "batch_req_3", NULL, 0, 0, NULL, 0, NULL, 0, "{\"code\":\"c\"}", 12);
+    CHECKF(b.p && !strcmp(b.p, "{\"id\":\"batch_req_1\",\"custom_id\":\"x\\\"y\",\"response\":{\"status_code\":200,"
+                               "\"request_id\":\"req_2\",\"body\":{\"k\":1}},\"error\":null}\n"
+                               "{\"id\":\"batch_req_3\",\"custom_id\":null,\"response\":null,\"error\":{\"code\":\"c\"}}"),
+           "%s", b.p ? b.p : "(none)");
+    json_buf_free(&b);
+}
+
 static void test_lifecycle(void)
 {
     char dir[512];
@@ -1418,6 +1474,7 @@ int main(void)
     RUN(test_foreign_files);
     RUN(test_recorded_names);
     RUN(test_validation);
+    RUN(test_line_rules);
     RUN(test_lifecycle);
     RUN(test_cancel);
     RUN(test_expiry);
