@@ -7,11 +7,13 @@
 #   tests/gpu/run.sh bench [OPTIONS] NAME...
 #   tests/gpu/run.sh pack [FILE...]
 #
-# check: every tests/gpu/test_* binary; the engine suite (batch invariance,
+# check: every tests/gpu/test_* binary (test_gpu_e2e: also every packed
+#   int4/int8 checkpoint of tests/models/quant against the CPU); the engine suite (batch invariance,
 #   chunked prefill, prefix reuse, preemption) on the CUDA backend with each
 #   KV cache, on tiny-qwen3 and tiny-qwen3-d128 (head_dim 128: the warpgroup
 #   prefill attention on sm_90); test_gpu_e2e and the engine suite once more
-#   with the fused gate|up GEMM on every step of 5+ tokens; with 2+ GPUs the
+#   with the fused gate|up GEMM on every step of 5+ tokens; the engine suite on
+#   two packed checkpoints (ct-mixed, gptq-w4g32-actorder); with 2+ GPUs the
 #   same at TP=2 (against the CPU and against one GPU; test_gpu_e2e also
 #   makes a rank fail and checks that the others stop); then, with the
 #   default model in models/ and the openai module, the Python integration
@@ -26,6 +28,10 @@
 #   gpu                bench_gpu: TTFT of 2048 tokens, a 16K-token prefill step,
 #                      batch-1 decode at 1K context, decode batches 8 / 64 / 256
 #   decode             decode at 1K context, batches 1, 2, 4, 8, 16, 64, 128, 256
+#   quant              packed weights beside bf16 (tools/configs/llama-3.1-8b,
+#                      -w4g128: int4 group 128, -w8: int8 per channel; bf16
+#                      lm_head): TTFT of 2048, a 16K-token prefill step,
+#                      batch-1 decode at 1K context and batch 16
 #   long               one 32K and one 131K-token prompt in chunks of 8192
 #                      (TTFT), then batch-1 decode over them; each KV cache
 #   gemm               bench_gemm: the sustained cuBLAS GEMM ceiling at the power
@@ -108,6 +114,11 @@ check() {
         runs+=("SLUICE_TEST_KV=fp8 $e $B/tests/test_engine" "$e128 $B/tests/test_engine"
                "SLUICE_TEST_KV=fp8 $e128 $B/tests/test_engine"
                "$B/tests/gpu/test_gpu_e2e --gemm-wg-min-t=1" "$e $B/tests/test_engine --gemm-wg-min-t=1")
+        # packed int4/int8 weights (the mixed-input kernels): mixed formats
+        # with bf16 parts, and act-order
+        for t in ct-mixed gptq-w4g32-actorder; do
+            runs+=("SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/quant/$t $B/tests/test_engine")
+        done
         if [ "$ngpu" -ge 2 ]; then
             runs+=("SLUICE_TEST_TP=2 $B/tests/gpu/test_gpu_e2e"
                    "SLUICE_TEST_TP=2 SLUICE_TEST_REF=cuda $B/tests/gpu/test_gpu_e2e"
@@ -158,6 +169,11 @@ bench_one() {
     echo "== $n ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $ngpu GPU(s))"
     case $n in
     gpu) timeout -k 5 300 "$B/tests/gpu/bench_gpu" $G 2>&1 | tee "$d/bench_gpu.log" ;;
+    quant)
+        for s in llama-3.1-8b llama-3.1-8b-w4g128 llama-3.1-8b-w8; do
+            echo "-- $s"
+            timeout -k 5 300 "$B/tests/gpu/bench_gpu" $G --decode=16x1024 "tools/configs/$s" 2>&1 | tee "$d/$s.log"
+        done ;;
     decode)
         timeout -k 5 300 "$B/tests/gpu/bench_gpu" $G --only=decode \
             --decode=2x1024,4x1024,8x1024,16x1024,64x1024,128x1024,256x1024 2>&1 | tee "$d/bench_gpu.log" ;;
