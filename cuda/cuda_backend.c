@@ -1501,7 +1501,8 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
             }
             if (!(ab & CUDA_ABLATE_GU))
                 CK(cuda_gemv_rmsnorm_swiglu(L->wgu, k->x, L->ffn_norm, c->norm_eps, k->h, T, E, F, st));
-            if (!(ab & CUDA_ABLATE_DOWN) && proj_rows(k, k->h, &L->qdown, L->wdown, T, F, E, 1, true, err, errlen)) goto fail;
+            if (!(ab & CUDA_ABLATE_DOWN) && proj_rows(k, k->h, &L->qdown, L->wdown, T, F, E, 1, true, err, errlen))
+                goto fail;
             continue;
         }
         if (!(ab & CUDA_ABLATE_O) && proj_rows(k, k->att, &L->qo, L->wo, T, Q, E, 0, false, err, errlen)) goto fail;

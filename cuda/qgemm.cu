@@ -77,7 +77,8 @@ static __device__ __forceinline__ void deq8(uint32_t lo, uint32_t hi, int z, flo
 #pragma unroll
     for (int j = 0; j < 8; j++) {
         /* int4: column j in nibble j / 2 + 4 (j % 2) (the layout's order, model.h) */
-        uint32_t u = BITS == 4 ? (lo >> (4 * ((j >> 1) + 4 * (j & 1)))) & 0xFu : ((j < 4 ? lo : hi) >> (8 * (j & 3))) & 0xFFu;
+        uint32_t u = BITS == 4 ? (lo >> (4 * ((j >> 1) + 4 * (j & 1)))) & 0xFu
+                               : ((j < 4 ? lo : hi) >> (8 * (j & 3))) & 0xFFu;
         p[j] = (__uint_as_float(0x4B000000u | u) - zf) * s;
     }
     if (f16) {

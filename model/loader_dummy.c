@@ -143,7 +143,8 @@ int model_dummy_weights(const struct model_config *c, const struct quant_cfg *qc
         d->scales[1] = malloc((size_t)d->n_scales * 2);
         if (!d->quants || !d->gidx || !d->bytes || !d->scales[0] || !d->scales[1]) goto oom;
 #pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < d->n_bytes; i++) d->bytes[i] = (uint8_t)(mix((uint64_t)i * 0x9e3779b97f4a7c15ULL + 777) >> 56);
+        for (int64_t i = 0; i < d->n_bytes; i++)
+            d->bytes[i] = (uint8_t)(mix((uint64_t)i * 0x9e3779b97f4a7c15ULL + 777) >> 56);
         for (int b = 0; b < 2; b++) {
             float base = 0.02f / (b ? 128.0f : 8.0f);
 #pragma omp parallel for schedule(static)
@@ -174,8 +175,8 @@ int model_dummy_weights(const struct model_config *c, const struct quant_cfg *qc
     for (int l = 0; l < c->n_layer; l++) {
         struct model_layer_weights *L = &w->layers[l];
         char mod[7][80];
-        static const char *const pn[7] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                                          "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"};
+        static const char *const pn[7] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                          "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"};
         for (int i = 0; i < 7; i++) snprintf(mod[i], sizeof mod[i], "model.layers.%d.%s", l, pn[i]);
         vec(d, &L->attn_norm, "attn_norm (dummy)", E, true);
         if ((rc = proj(d, qc, &L->wq, "attn_q (dummy)", mod[0], Q, E, err, errlen)) ||
