@@ -16,6 +16,10 @@
  * are adjacent). Sums in f32: lane l sums its chunks in order, the lanes
  * combine by the xor butterfly.
  *
+ * Both GEMVs take part in programmatic dependent launch (pdl.cuh): they
+ * let the next kernel launch at once, and, launched early themselves,
+ * request their first weights before waiting for the previous kernel.
+ *
  * Larger steps: row tiles of W dequantized to bf16 (the same arithmetic,
  * then rounded to bf16) into a workspace, each multiplied by cuBLAS (bf16
  * in, f32 compute): correct for any T, and for long prefill steps the
@@ -27,6 +31,7 @@
  * writes each weight at its original column, so cuBLAS takes x as it is.
  */
 #include "cuda/bf16.cuh"
+#include "cuda/pdl.cuh"
 #include "cuda/qgemm.h"
 
 #define QW 4 /* warps a block */
@@ -119,7 +124,9 @@ __global__ void __launch_bounds__(QW * 32) qgemv_kernel(qparams p)
     constexpr int SUB = CPC / 8;    /* 8-column pieces a chunk */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int r0 = (blockIdx.x * QW + warp) * R;
-    if (r0 >= p.rows) return; /* the whole warp: no block-wide barrier below */
+    pdl_trigger();
+    if (r0 >= p.rows) return; /* the whole warp: no block-wide barrier below; warp 0 of block 0 always waits */
+    pdl_wait();
     const int nch = p.row_bytes >> 4;
     const bool xvec = (p.cols & 7) == 0;
     float acc[R][M];
@@ -247,22 +254,29 @@ __global__ void __launch_bounds__(MW * 32) qgemv_mma_kernel(qparams p)
     const int ra = blockIdx.x * 16 + g, rb = ra + 8;
     const bool va = ra < p.rows, vb = rb < p.rows;
     const uint8_t *pa = p.qw + (size_t)(va ? ra : 0) * p.row_bytes, *pb = p.qw + (size_t)(vb ? rb : 0) * p.row_bytes;
-    const int nst = (p.row_bytes + 63) / 64;
+    const int nst = (p.row_bytes + 63) / 64, K = (nst + MW * MU - 1) / (MW * MU);
+    pdl_trigger();
     float acc[NT][4];
 #pragma unroll
     for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-    for (int s0 = warp; s0 < nst; s0 += MW * MU) {
-        uint4 wa[MU], wb[MU];
+    /* step i: stretches warp + MW (MU i + u); the next step's requested before this one's are used */
+    uint4 wa[MU], wb[MU], na[MU], nb[MU];
+    auto load = [&](uint4(&a)[MU], uint4(&b)[MU], int i) {
 #pragma unroll
         for (int u = 0; u < MU; u++) {
-            const int boff = (s0 + u * MW) * 64 + t * 16;
-            const bool in = s0 + u * MW < nst && boff < p.row_bytes;
-            wa[u] = va && in ? ld_stream((const uint4 *)(pa + boff)) : make_uint4(0, 0, 0, 0);
-            wb[u] = vb && in ? ld_stream((const uint4 *)(pb + boff)) : make_uint4(0, 0, 0, 0);
+            const int st = warp + MW * (MU * i + u), boff = st * 64 + t * 16;
+            const bool in = st < nst && boff < p.row_bytes;
+            a[u] = va && in ? ld_stream((const uint4 *)(pa + boff)) : make_uint4(0, 0, 0, 0);
+            b[u] = vb && in ? ld_stream((const uint4 *)(pb + boff)) : make_uint4(0, 0, 0, 0);
         }
+    };
+    load(wa, wb, 0);
+    pdl_wait(); /* x may be read from here on (weights only before) */
+    for (int i = 0; i < K; i++) {
+        if (i + 1 < K) load(na, nb, i + 1);
 #pragma unroll
         for (int u = 0; u < MU; u++) {
-            const int st = s0 + u * MW;
+            const int st = warp + MW * (MU * i + u);
             if (st >= nst) break; /* warp-uniform */
             const int col0 = st * CPS + t * CPT;
             int gi = col0 / p.group;
@@ -296,6 +310,8 @@ __global__ void __launch_bounds__(MW * 32) qgemv_mma_kernel(qparams p)
                 }
             }
         }
+#pragma unroll
+        for (int u = 0; u < MU; u++) wa[u] = na[u], wb[u] = nb[u];
     }
     if (warp > 0) {
 #pragma unroll
@@ -339,8 +355,7 @@ static bool mma_ok(const cuda_qmat *w)
 template <int BITS, int NT>
 static cudaError_t launch_mma(const qparams &p, cudaStream_t st)
 {
-    qgemv_mma_kernel<BITS, NT><<<(p.rows + 15) / 16, MW * 32, 0, st>>>(p);
-    return cudaGetLastError();
+    return pdl_launch(qgemv_mma_kernel<BITS, NT>, dim3((p.rows + 15) / 16), dim3(MW * 32), 0, st, p);
 }
 
 /* T <= QMMA_MAX_T rows of x: ceil(T / 8) MMAs per dequantized fragment */
@@ -365,8 +380,7 @@ static cudaError_t launch_gemv(const qparams &p, cudaStream_t st)
 {
     constexpr int R = M <= 2 ? 4 : 8;
     int blocks = (p.rows + QW * R - 1) / (QW * R);
-    qgemv_kernel<BITS, M, R><<<blocks, QW * 32, 0, st>>>(p);
-    return cudaGetLastError();
+    return pdl_launch(qgemv_kernel<BITS, M, R>, dim3(blocks), dim3(QW * 32), 0, st, p);
 }
 
 template <int BITS>
