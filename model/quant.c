@@ -365,8 +365,8 @@ int model_quant_repack(const struct model_tensor *t, int64_t r0, int64_t nr, int
     } else {
         if (c0 % q->group) {
             sl_seterr(err, errlen,
-                      "%s: a shard of columns [%lld, %lld) cuts its quantization groups of %d columns (the shard "
-                      "width %lld must start at a group boundary)",
+                      "%s: a shard of columns [%lld, %lld) cuts its quantization groups of %d columns (a "
+                      "tensor-parallel shard of %lld columns must start at a group boundary)",
                       name, (long long)c0, (long long)(c0 + nc), q->group, (long long)nc);
             rc = SL_EINVAL;
             goto fail;
