@@ -12,8 +12,7 @@
 #   chunked prefill, prefix reuse, preemption) on the CUDA backend with each
 #   KV cache, on tiny-qwen3 and tiny-qwen3-d128 (head_dim 128: the warpgroup
 #   prefill attention on sm_90); test_gpu_e2e and the engine suite once more
-#   with the fused gate|up GEMM on every step of 5+ tokens; the engine suite on
-#   two packed checkpoints (ct-mixed, gptq-w4g32-actorder); with 2+ GPUs the
+#   with the fused gate|up GEMM on every step of 5+ tokens; with 2+ GPUs the
 #   same at TP=2 (against the CPU and against one GPU; test_gpu_e2e also
 #   makes a rank fail and checks that the others stop); then, with the
 #   default model in models/ and the openai module, the Python integration
@@ -114,11 +113,6 @@ check() {
         runs+=("SLUICE_TEST_KV=fp8 $e $B/tests/test_engine" "$e128 $B/tests/test_engine"
                "SLUICE_TEST_KV=fp8 $e128 $B/tests/test_engine"
                "$B/tests/gpu/test_gpu_e2e --gemm-wg-min-t=1" "$e $B/tests/test_engine --gemm-wg-min-t=1")
-        # packed int4/int8 weights (the mixed-input kernels): mixed formats
-        # with bf16 parts, and act-order
-        for t in ct-mixed gptq-w4g32-actorder; do
-            runs+=("SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/quant/$t $B/tests/test_engine")
-        done
         if [ "$ngpu" -ge 2 ]; then
             runs+=("SLUICE_TEST_TP=2 $B/tests/gpu/test_gpu_e2e"
                    "SLUICE_TEST_TP=2 SLUICE_TEST_REF=cuda $B/tests/gpu/test_gpu_e2e"
