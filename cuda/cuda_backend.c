@@ -1515,6 +1515,9 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
         } else if (!(ab & CUDA_ABLATE_GU) && !L->qgu.n && T >= b->t.gemm_wg_min_t && cuda_gemm_wg_ok(T, E, 2 * F)) {
             /* sm_90: SwiGLU in the warpgroup GEMM's epilogue, gate|up never stored */
             CK(cuda_gemm_wg_swiglu(L->wgu, k->xn, k->h, T, E, F, st));
+        } else if (!(ab & CUDA_ABLATE_GU) && L->qgu.n == 1 && !L->qgu.p[0].w) {
+            /* one packed gate|up matrix: SwiGLU in the GEMV's epilogue where it can be */
+            CB(cuda_qgemm_swiglu(&L->qgu.p[0].q, k->xn, k->h, k->gu, T, &k->qws, k->blas, st));
         } else if (!(ab & CUDA_ABLATE_GU)) {
             CB(proj(k, &L->qgu, L->wgu, k->xn, k->gu, false, T, E, 2 * F));
             CK(cuda_swiglu(k->gu, T, F, k->h, st));

@@ -16,6 +16,10 @@
  * are adjacent). Sums in f32: lane l sums its chunks in order, the lanes
  * combine by the xor butterfly.
  *
+ * The gate|up projection may end in SwiGLU (cuda_qgemm_swiglu): a block of
+ * the tensor-core kernel then takes a tile of gate rows and the same tile
+ * of up rows, and its epilogue stores SwiGLU of the two bf16-rounded sums.
+ *
  * Both GEMVs take part in programmatic dependent launch (pdl.cuh): they
  * let the next kernel launch at once, and, launched early themselves,
  * request their first weights before waiting for the previous kernel.
@@ -31,6 +35,7 @@
  * writes each weight at its original column, so cuBLAS takes x as it is.
  */
 #include "cuda/bf16.cuh"
+#include "cuda/kernels.h"
 #include "cuda/pdl.cuh"
 #include "cuda/qgemm.h"
 
@@ -44,6 +49,7 @@ struct qparams {
     const uint16_t *x;
     void *y;
     int rows, cols, group, n_groups, row_bytes, ldy, T;
+    int F; /* the SwiGLU kernels: gate rows (W holds F gate rows, then F up rows) */
     bool f16, yf32;
 };
 
@@ -243,31 +249,45 @@ static __device__ __forceinline__ uint32_t deq_pair(uint32_t w, int i, uint32_t 
  * chunk, already in fragment order, and x in one 64-bit load per step. A
  * stretch is the 64 bytes of a row the four lanes of a row cover; warp w
  * takes stretches w, w + MW, ...; the warps' sums meet in shared memory. */
-template <int BITS, int NT>
+template <int BITS, int NT, bool SW>
 __global__ void __launch_bounds__(MW * 32) qgemv_mma_kernel(qparams p)
 {
     constexpr int CPT = 128 / BITS; /* columns of a lane's chunk */
     constexpr int CPS = 4 * CPT;    /* columns of a stretch */
     constexpr int KS = CPT / 4;     /* k-steps a chunk */
-    __shared__ float red[MW - 1][32][4 * NT];
+    constexpr int NR = SW ? 2 : 1;  /* row tiles: SW, a gate tile and its up tile */
+    __shared__ float red[MW - 1][32][4 * NT * NR];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int ra = blockIdx.x * 16 + g, rb = ra + 8;
-    const bool va = ra < p.rows, vb = rb < p.rows;
-    const uint8_t *pa = p.qw + (size_t)(va ? ra : 0) * p.row_bytes, *pb = p.qw + (size_t)(vb ? rb : 0) * p.row_bytes;
+    /* the lane's rows g and g + 8 of the tile (of each tile: gate rows, then up rows F further) */
+    const int nrows = SW ? p.F : p.rows, ra = blockIdx.x * 16 + g, rb = ra + 8;
+    const bool va = ra < nrows, vb = rb < nrows;
+    const uint8_t *pa[NR], *pb[NR];
+    size_t ia0[NR], ib0[NR]; /* scale/zero row offsets */
+#pragma unroll
+    for (int h = 0; h < NR; h++) {
+        const size_t xa = (size_t)(va ? ra : 0) + (size_t)h * p.F, xb = (size_t)(vb ? rb : 0) + (size_t)h * p.F;
+        pa[h] = p.qw + xa * p.row_bytes, pb[h] = p.qw + xb * p.row_bytes;
+        ia0[h] = xa * p.n_groups, ib0[h] = xb * p.n_groups;
+    }
     const int nst = (p.row_bytes + 63) / 64, K = (nst + MW * MU - 1) / (MW * MU);
     pdl_trigger();
-    float acc[NT][4];
+    float acc[NR][NT][4];
 #pragma unroll
-    for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    for (int h = 0; h < NR; h++)
+#pragma unroll
+        for (int j = 0; j < NT; j++) acc[h][j][0] = acc[h][j][1] = acc[h][j][2] = acc[h][j][3] = 0.0f;
     /* step i: stretches warp + MW (MU i + u); the next step's requested before this one's are used */
-    uint4 wa[MU], wb[MU], na[MU], nb[MU];
-    auto load = [&](uint4(&a)[MU], uint4(&b)[MU], int i) {
+    uint4 wa[NR][MU], wb[NR][MU], na[NR][MU], nb[NR][MU];
+    auto load = [&](uint4(&a)[NR][MU], uint4(&b)[NR][MU], int i) {
 #pragma unroll
         for (int u = 0; u < MU; u++) {
             const int st = warp + MW * (MU * i + u), boff = st * 64 + t * 16;
             const bool in = st < nst && boff < p.row_bytes;
-            a[u] = va && in ? ld_stream((const uint4 *)(pa + boff)) : make_uint4(0, 0, 0, 0);
-            b[u] = vb && in ? ld_stream((const uint4 *)(pb + boff)) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+            for (int h = 0; h < NR; h++) {
+                a[h][u] = va && in ? ld_stream((const uint4 *)(pa[h] + boff)) : make_uint4(0, 0, 0, 0);
+                b[h][u] = vb && in ? ld_stream((const uint4 *)(pb[h] + boff)) : make_uint4(0, 0, 0, 0);
+            }
         }
     };
     load(wa, wb, 0);
@@ -281,24 +301,32 @@ __global__ void __launch_bounds__(MW * 32) qgemv_mma_kernel(qparams p)
             const int col0 = st * CPS + t * CPT;
             int gi = col0 / p.group;
             gi = gi < p.n_groups ? gi : p.n_groups - 1; /* a chunk past the last column: codes 0, x 0 */
-            const size_t ia = (size_t)(va ? ra : 0) * p.n_groups + gi, ib = (size_t)(vb ? rb : 0) * p.n_groups + gi;
-            const uint32_t sa = p.scales[ia], sb = p.scales[ib];
-            const int za = p.zeros ? (int)p.zeros[ia] : 1 << (BITS - 1);
-            const int zb = p.zeros ? (int)p.zeros[ib] : 1 << (BITS - 1);
-            const uint32_t sa2 = sa | sa << 16, sb2 = sb | sb << 16;
-            const uint32_t za2 = (0x4300u | (uint32_t)za) * 0x10001u, zb2 = (0x4300u | (uint32_t)zb) * 0x10001u;
-            const float zaf = 8388608.0f + (float)za, zbf = 8388608.0f + (float)zb;
-            const uint32_t *ca = (const uint32_t *)&wa[u], *cb = (const uint32_t *)&wb[u];
+            uint32_t sa2[NR], sb2[NR], za2[NR], zb2[NR];
+            float zaf[NR], zbf[NR];
+#pragma unroll
+            for (int h = 0; h < NR; h++) {
+                const size_t ia = ia0[h] + gi, ib = ib0[h] + gi;
+                const uint32_t sa = p.scales[ia], sb = p.scales[ib];
+                const int za = p.zeros ? (int)p.zeros[ia] : 1 << (BITS - 1);
+                const int zb = p.zeros ? (int)p.zeros[ib] : 1 << (BITS - 1);
+                sa2[h] = sa | sa << 16, sb2[h] = sb | sb << 16;
+                za2[h] = (0x4300u | (uint32_t)za) * 0x10001u, zb2[h] = (0x4300u | (uint32_t)zb) * 0x10001u;
+                zaf[h] = 8388608.0f + (float)za, zbf[h] = 8388608.0f + (float)zb;
+            }
 #pragma unroll
             for (int ks = 0; ks < KS; ks++) {
                 /* this step's columns col0 + 4 ks .. + 3: int4 pairs 2 (ks % 2), +1 of word ks / 2;
                  * int8 pairs 0, 1 of word ks */
-                const uint32_t wda = BITS == 4 ? ca[ks >> 1] : ca[ks], wdb = BITS == 4 ? cb[ks >> 1] : cb[ks];
-                const int i0 = BITS == 4 ? 2 * (ks & 1) : 0;
-                const uint32_t a0 = deq_pair<BITS>(wda, i0, za2, zaf, sa2);
-                const uint32_t a1 = deq_pair<BITS>(wdb, i0, zb2, zbf, sb2);
-                const uint32_t a2 = deq_pair<BITS>(wda, i0 + 1, za2, zaf, sa2);
-                const uint32_t a3 = deq_pair<BITS>(wdb, i0 + 1, zb2, zbf, sb2);
+                const int i0 = BITS == 4 ? 2 * (ks & 1) : 0, wi = BITS == 4 ? ks >> 1 : ks;
+                uint32_t a[NR][4];
+#pragma unroll
+                for (int h = 0; h < NR; h++) {
+                    const uint32_t wda = ((const uint32_t *)&wa[h][u])[wi], wdb = ((const uint32_t *)&wb[h][u])[wi];
+                    a[h][0] = deq_pair<BITS>(wda, i0, za2[h], zaf[h], sa2[h]);
+                    a[h][1] = deq_pair<BITS>(wdb, i0, zb2[h], zbf[h], sb2[h]);
+                    a[h][2] = deq_pair<BITS>(wda, i0 + 1, za2[h], zaf[h], sa2[h]);
+                    a[h][3] = deq_pair<BITS>(wdb, i0 + 1, zb2[h], zbf[h], sb2[h]);
+                }
                 const int col = col0 + 4 * ks;
 #pragma unroll
                 for (int j = 0; j < NT; j++) { /* tokens 8j .. 8j + 7: the MMA's columns */
@@ -306,37 +334,46 @@ __global__ void __launch_bounds__(MW * 32) qgemv_mma_kernel(qparams p)
                     uint2 b = make_uint2(0, 0);
                     if (tok < p.T && col < p.cols) /* cols % 4 == 0: the four are whole */
                         b = *(const uint2 *)(p.x + (size_t)tok * p.cols + col);
-                    mma_bf16(acc[j], a0, a1, a2, a3, b.x, b.y);
+#pragma unroll
+                    for (int h = 0; h < NR; h++) mma_bf16(acc[h][j], a[h][0], a[h][1], a[h][2], a[h][3], b.x, b.y);
                 }
             }
         }
 #pragma unroll
-        for (int u = 0; u < MU; u++) wa[u] = na[u], wb[u] = nb[u];
+        for (int h = 0; h < NR; h++)
+#pragma unroll
+            for (int u = 0; u < MU; u++) wa[h][u] = na[h][u], wb[h][u] = nb[h][u];
     }
     if (warp > 0) {
 #pragma unroll
-        for (int j = 0; j < NT; j++)
+        for (int h = 0; h < NR; h++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) red[warp - 1][lane][4 * j + e] = acc[j][e];
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) red[warp - 1][lane][4 * (NT * h + j) + e] = acc[h][j][e];
     }
     __syncthreads();
     if (warp > 0) return;
 #pragma unroll
     for (int w = 0; w < MW - 1; w++)
 #pragma unroll
-        for (int j = 0; j < NT; j++)
+        for (int h = 0; h < NR; h++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) acc[j][e] += red[w][lane][4 * j + e];
-    /* C fragment: rows g (e 0, 1) and g + 8 (e 2, 3), tokens 8j + 2t and 8j + 2t + 1 */
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) acc[h][j][e] += red[w][lane][4 * (NT * h + j) + e];
+    /* C fragment: rows g (e 0, 1) and g + 8 (e 2, 3), tokens 8j + 2t and 8j + 2t + 1. SW: the gate and
+     * up sums rounded to bf16, then SwiGLU, as cuda_swiglu does over the stored gate|up */
 #pragma unroll
     for (int j = 0; j < NT; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int row = e < 2 ? ra : rb, tok = 8 * j + 2 * t + (e & 1);
-            if (row < p.rows && tok < p.T) {
+            if (row < nrows && tok < p.T) {
                 size_t o = (size_t)tok * p.ldy + (size_t)row;
-                if (p.yf32) ((float *)p.y)[o] = acc[j][e];
-                else ((uint16_t *)p.y)[o] = f2bf(acc[j][e]);
+                if (SW) ((uint16_t *)p.y)[o] = swiglu1(f2bf(acc[0][j][e]), f2bf(acc[NR - 1][j][e]));
+                else if (p.yf32) ((float *)p.y)[o] = acc[0][j][e];
+                else ((uint16_t *)p.y)[o] = f2bf(acc[0][j][e]);
             }
         }
 }
@@ -352,10 +389,11 @@ static bool mma_ok(const cuda_qmat *w)
     return g_variant == 1 && !w->f16 && w->cols % 8 == 0 && (w->n_groups == 1 || w->group % cpt == 0);
 }
 
-template <int BITS, int NT>
+template <int BITS, int NT, bool SW = false>
 static cudaError_t launch_mma(const qparams &p, cudaStream_t st)
 {
-    return pdl_launch(qgemv_mma_kernel<BITS, NT>, dim3((p.rows + 15) / 16), dim3(MW * 32), 0, st, p);
+    return pdl_launch(qgemv_mma_kernel<BITS, NT, SW>, dim3(((SW ? p.F : p.rows) + 15) / 16), dim3(MW * 32), 0, st,
+                      p);
 }
 
 /* T <= QMMA_MAX_T rows of x: ceil(T / 8) MMAs per dequantized fragment */
@@ -508,4 +546,31 @@ extern "C" cublasStatus_t cuda_qgemm(const struct cuda_qmat *w, const uint16_t *
         if (s != CUBLAS_STATUS_SUCCESS) return s;
     }
     return CUBLAS_STATUS_SUCCESS;
+}
+
+extern "C" cublasStatus_t cuda_qgemm_swiglu(const struct cuda_qmat *w, const uint16_t *x, uint16_t *h, uint16_t *gu,
+                                            int T, const struct cuda_qgemm_ws *ws, cublasHandle_t blas,
+                                            cudaStream_t st)
+{
+    if (T <= 0) return CUBLAS_STATUS_SUCCESS;
+    if (w->rows % 2) return CUBLAS_STATUS_INVALID_VALUE;
+    const int F = w->rows / 2;
+    if (mma_ok(w) && T <= CUDA_QGEMM_SWIGLU_MAX_T &&
+        (!w->perm || (ws && ws->xperm && ws->xperm_elems >= (size_t)T * w->cols))) {
+        const uint16_t *xx = x;
+        if (w->perm) {
+            size_t n = (size_t)T * w->cols;
+            gather_kernel<<<(unsigned)((n + 255) / 256), 256, 0, st>>>(x, w->perm, T, w->cols, ws->xperm);
+            if (cudaGetLastError() != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED;
+            xx = ws->xperm;
+        }
+        qparams p = qparams_of(w);
+        p.x = xx, p.y = h, p.ldy = F, p.T = T, p.F = F;
+        cudaError_t e = w->bits == 4 ? (T <= 8 ? launch_mma<4, 1, true>(p, st) : launch_mma<4, 2, true>(p, st))
+                                     : (T <= 8 ? launch_mma<8, 1, true>(p, st) : launch_mma<8, 2, true>(p, st));
+        return e == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
+    }
+    cublasStatus_t s = cuda_qgemm(w, x, gu, false, 2 * F, T, ws, blas, st);
+    if (s != CUBLAS_STATUS_SUCCESS) return s;
+    return cuda_swiglu(gu, T, F, h, st) == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
 }

@@ -69,6 +69,15 @@ struct cuda_qgemm_ws {
 cublasStatus_t cuda_qgemm(const struct cuda_qmat *w, const uint16_t *x, void *y, bool yf32, int ldy, int T,
                           const struct cuda_qgemm_ws *ws, cublasHandle_t blas, cudaStream_t st);
 
+/* The gate|up projection with SwiGLU: W holds F = rows / 2 gate rows, then
+ * F up rows; h[t][j] = bf16(silu(g) * u) of the bf16-rounded outputs j and
+ * F + j, bit for bit cuda_qgemm into gu [T][2F] followed by cuda_swiglu
+ * (which it runs where the fused kernel does not apply: up to
+ * CUDA_QGEMM_SWIGLU_MAX_T rows on the tensor-core GEMV's weights). h [T][F]. */
+#define CUDA_QGEMM_SWIGLU_MAX_T 16
+cublasStatus_t cuda_qgemm_swiglu(const struct cuda_qmat *w, const uint16_t *x, uint16_t *h, uint16_t *gu, int T,
+                                 const struct cuda_qgemm_ws *ws, cublasHandle_t blas, cudaStream_t st);
+
 /* The pieces, for tests: the GEMV alone (T as above; x already in W's
  * column order) and the dequantization of rows [r0, r0 + nr) to
  * bf16 [nr][cols] in x's column order. */

@@ -17,7 +17,8 @@
  * f32 sums), 1e-4 above 8 rows with bf16 scales, 2^-8 for
  * f16 weights rounded to bf16 tiles; the dequantized tiles themselves equal
  * the reference's values rounded to bf16, bit for bit (the GEMV shares their
- * arithmetic). One case also runs inside a captured CUDA graph.
+ * arithmetic). The fused SwiGLU epilogue against the unfused pair. One case
+ * also runs inside a captured CUDA graph.
  */
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -26,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda/kernels.h"
 #include "cuda/qgemm.h"
 #include "model/model.h"
 #include "tests/gpu/gpu_util.h"
@@ -271,6 +273,70 @@ static void test_graph(void)
     model_qrepack_free(&p);
 }
 
+/* SwiGLU in the GEMV's epilogue (cuda_qgemm_swiglu) against cuda_qgemm into
+ * gate|up followed by cuda_swiglu: bit for bit where the gate rows sit in
+ * the tiles the unfused kernel gives them (F a multiple of 16), within a
+ * bf16 step of the SwiGLU elsewhere; every T up to past the fused kernel's
+ * limit (where it is the unfused pair itself) */
+static void test_swiglu(void)
+{
+    static const struct qcase cs[] = {
+        {.bits = 4, .group = 128, .rows = 2 * 1024, .cols = 1024},
+        {.bits = 4, .group = 32, .asym = true, .act = true, .rows = 2 * 512, .cols = 576},
+        {.bits = 8, .group = 0, .rows = 2 * 256, .cols = 4096},
+        {.bits = 8, .group = 64, .asym = true, .rows = 2 * 100, .cols = 320},
+        {.bits = 4, .group = 64, .asym = true, .f16 = true, .rows = 2 * 64, .cols = 256}, /* the unfused pair */
+    };
+    static const int Ts[] = {1, 2, 5, 8, 9, 16, 17, 40};
+    for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
+        const struct qcase *c = &cs[ci];
+        struct model_qrepack p;
+        make_weight(c, &p);
+        int F = c->rows / 2, K = c->cols, maxT = 40;
+        struct cuda_qmat q = {.bits = c->bits, .rows = c->rows, .cols = K, .group = p.group, .n_groups = p.n_groups,
+                              .row_bytes = (int)p.row_bytes, .f16 = c->f16};
+        size_t ng = (size_t)c->rows * p.n_groups;
+        q.qw = dup_dev(p.qw, (size_t)(c->rows * p.row_bytes));
+        q.scales = dup_dev(p.scales, ng * 2);
+        if (p.zeros) q.zeros = dup_dev(p.zeros, ng);
+        if (p.perm) q.perm = dup_dev(p.perm, (size_t)K * 4);
+        struct cuda_qgemm_ws ws = {.xperm_elems = (size_t)CUDA_QGEMV_MMA_MAX_T * K, .deq_bytes = (size_t)64 * K * 2};
+        ws.xperm = dup_dev(NULL, ws.xperm_elems * 2);
+        ws.deq = dup_dev(NULL, ws.deq_bytes);
+        uint16_t *x = malloc((size_t)maxT * K * 2);
+        for (int i = 0; i < maxT * K; i++) x[i] = bf(frand() * 4);
+        uint16_t *dx = dup_dev(x, (size_t)maxT * K * 2), *gu = dup_dev(NULL, (size_t)maxT * 2 * F * 2);
+        uint16_t *h1 = dup_dev(NULL, (size_t)maxT * F * 2), *h2 = dup_dev(NULL, (size_t)maxT * F * 2);
+        uint16_t *a = malloc((size_t)maxT * F * 2), *b = malloc((size_t)maxT * F * 2);
+        for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+            int T = Ts[ti];
+            size_t n = (size_t)T * F * 2;
+            cudaMemset(h1, 0xff, n), cudaMemset(h2, 0xff, n);
+            cublasStatus_t s1 = cuda_qgemm_swiglu(&q, dx, h1, gu, T, &ws, g_blas, g_st);
+            cublasStatus_t s2 = cuda_qgemm(&q, dx, gu, false, 2 * F, T, &ws, g_blas, g_st);
+            cudaError_t e2 = cuda_swiglu(gu, T, F, h2, g_st);
+            cudaError_t e = cudaStreamSynchronize(g_st);
+            cudaMemcpy(a, h1, n, cudaMemcpyDeviceToHost);
+            cudaMemcpy(b, h2, n, cudaMemcpyDeviceToHost);
+            int diff = 0, far = 0;
+            for (size_t i = 0; i < (size_t)T * F; i++) {
+                float u = fb(a[i]), v = fb(b[i]);
+                diff += a[i] != b[i];
+                far += !(fabsf(u - v) <= fabsf(v) / 128 + 1e-30f); /* NaN: far */
+            }
+            bool exact = F % 16 == 0;
+            CHECKF(s1 == CUBLAS_STATUS_SUCCESS && s2 == CUBLAS_STATUS_SUCCESS && e2 == cudaSuccess &&
+                       e == cudaSuccess && far == 0 && (!exact || diff == 0),
+                   "swiglu int%d g%d F=%d K=%d T=%d: status %d/%d, %s; %d differ, %d beyond a bf16 step", c->bits,
+                   c->group, F, K, T, (int)s1, (int)s2, cudaGetErrorString(e), diff, far);
+        }
+        free(x), free(a), free(b);
+        cudaFree(dx), cudaFree(gu), cudaFree(h1), cudaFree(h2), cudaFree(ws.xperm), cudaFree(ws.deq);
+        cudaFree((void *)q.qw), cudaFree((void *)q.scales), cudaFree((void *)q.zeros), cudaFree((void *)q.perm);
+        model_qrepack_free(&p);
+    }
+}
+
 /* a workspace too small is an error, not a write out of bounds */
 static void test_bad_ws(void)
 {
@@ -314,6 +380,7 @@ int main(void)
     RUN(test_formats);
     RUN(test_shapes);
     cuda_qgemv_select(1);
+    RUN(test_swiglu);
     RUN(test_graph);
     RUN(test_bad_ws);
     cublasDestroy(g_blas);
