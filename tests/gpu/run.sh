@@ -30,7 +30,8 @@
 #   quant              packed weights beside bf16 (tools/configs/llama-3.1-8b,
 #                      -w4g128: int4 group 128, -w8: int8 per channel; bf16
 #                      lm_head): TTFT of 2048, a 16K-token prefill step,
-#                      batch-1 decode at 1K context and batch 16
+#                      batch-1 decode at 1K context and batch 16; first bench_qgemm,
+#                      each packed GEMM alone at those shapes (GB/s) beside the bf16 GEMV
 #   long               one 32K and one 131K-token prompt in chunks of 8192
 #                      (TTFT), then batch-1 decode over them; each KV cache
 #   gemm               bench_gemm: the sustained cuBLAS GEMM ceiling at the power
@@ -164,6 +165,7 @@ bench_one() {
     case $n in
     gpu) timeout -k 5 300 "$B/tests/gpu/bench_gpu" $G 2>&1 | tee "$d/bench_gpu.log" ;;
     quant)
+        timeout -k 5 300 "$B/tests/gpu/bench_qgemm" 2>&1 | tee "$d/bench_qgemm.log"
         for s in llama-3.1-8b llama-3.1-8b-w4g128 llama-3.1-8b-w8; do
             echo "-- $s"
             timeout -k 5 300 "$B/tests/gpu/bench_gpu" $G --decode=16x1024 "tools/configs/$s" 2>&1 | tee "$d/$s.log"
