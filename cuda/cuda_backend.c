@@ -543,13 +543,14 @@ out:
 
 /* What cuda_qgemm's workspace must hold for P's packed parts: *deq bytes
  * of bf16 tiles (whole matrices up to 64 MB, else tiles of that size, at
- * least 16 rows), *xp act-order activations. */
-static void qws_need(const struct qproj *P, size_t *deq, size_t *xp)
+ * least 16 rows; whole: the whole matrix, for the gate|up matrix that long
+ * steps dequantize for the warpgroup GEMM), *xp act-order activations. */
+static void qws_need(const struct qproj *P, bool whole, size_t *deq, size_t *xp)
 {
     for (int i = 0; i < P->n; i++) {
         const struct cuda_qmat *q = &P->p[i].q;
         if (P->p[i].w) continue;
-        size_t row = (size_t)q->cols * 2, rows = ((size_t)64 << 20) / row;
+        size_t row = (size_t)q->cols * 2, rows = whole ? (size_t)q->rows : ((size_t)64 << 20) / row;
         if (rows < 16) rows = 16;
         if (rows > (size_t)q->rows) rows = (size_t)q->rows;
         if (rows * row > *deq) *deq = rows * row;
@@ -710,10 +711,13 @@ static int rank_init(struct rank *k, char *err, size_t errlen)
     if (rope_tables(k, err, errlen)) goto fail;
     {
         size_t deq = 0, xp = 0;
-        qws_need(&k->qhead, &deq, &xp);
+        /* sm_90 prefill steps dequantize a packed gate|up matrix whole for the
+         * warpgroup GEMM with SwiGLU fused (as bf16 weights take it) */
+        bool wg = b->max_tokens >= b->t.gemm_wg_min_t && cuda_gemm_wg_ok(b->max_tokens, (int)E, (int)(2 * Fl));
+        qws_need(&k->qhead, false, &deq, &xp);
         for (int l = 0; l < c->n_layer; l++) {
-            qws_need(&k->L[l].qqkv, &deq, &xp), qws_need(&k->L[l].qo, &deq, &xp);
-            qws_need(&k->L[l].qgu, &deq, &xp), qws_need(&k->L[l].qdown, &deq, &xp);
+            qws_need(&k->L[l].qqkv, false, &deq, &xp), qws_need(&k->L[l].qo, false, &deq, &xp);
+            qws_need(&k->L[l].qgu, wg && k->L[l].qgu.n == 1, &deq, &xp), qws_need(&k->L[l].qdown, false, &deq, &xp);
         }
         if (deq && (dmalloc((void **)&k->qws.deq, deq, err, errlen) ||
                     (xp && dmalloc((void **)&k->qws.xperm, xp * 2, err, errlen))))
@@ -1515,6 +1519,12 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
         } else if (!(ab & CUDA_ABLATE_GU) && !L->qgu.n && T >= b->t.gemm_wg_min_t && cuda_gemm_wg_ok(T, E, 2 * F)) {
             /* sm_90: SwiGLU in the warpgroup GEMM's epilogue, gate|up never stored */
             CK(cuda_gemm_wg_swiglu(L->wgu, k->xn, k->h, T, E, F, st));
+        } else if (!(ab & CUDA_ABLATE_GU) && L->qgu.n == 1 && !L->qgu.p[0].w && T > CUDA_QGEMV_MMA_MAX_T &&
+                   T >= b->t.gemm_wg_min_t && cuda_gemm_wg_ok(T, E, 2 * F) &&
+                   k->qws.deq_bytes >= (size_t)2 * F * E * 2) {
+            /* a long step: gate|up dequantized whole, then the warpgroup GEMM with SwiGLU, as bf16 weights */
+            CK(cuda_qdequant(&L->qgu.p[0].q, 0, 2 * F, k->qws.deq, st));
+            CK(cuda_gemm_wg_swiglu(k->qws.deq, k->xn, k->h, T, E, F, st));
         } else if (!(ab & CUDA_ABLATE_GU) && L->qgu.n == 1 && !L->qgu.p[0].w) {
             /* one packed gate|up matrix: SwiGLU in the GEMV's epilogue where it can be */
             CB(cuda_qgemm_swiglu(&L->qgu.p[0].q, k->xn, k->h, k->gu, T, &k->qws, k->blas, st));
@@ -1522,12 +1532,14 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
             CB(proj(k, &L->qgu, L->wgu, k->xn, k->gu, false, T, E, 2 * F));
             CK(cuda_swiglu(k->gu, T, F, k->h, st));
         }
-        if (!(ab & CUDA_ABLATE_DOWN) && proj_rows(k, k->h, &L->qdown, L->wdown, T, F, E, 1, false, err, errlen)) goto fail;
+        if (!(ab & CUDA_ABLATE_DOWN) && proj_rows(k, k->h, &L->qdown, L->wdown, T, F, E, 1, false, err, errlen))
+            goto fail;
     }
     if (R > 0) {
         CK(cuda_add_rmsnorm(k->x, fz ? NULL : k->delta, k->out_norm, DIN(k, rows, int32_t), R, E, c->norm_eps,
                             k->hfin, st));
-        if (!(b->t.ablate & CUDA_ABLATE_HEAD)) CB(proj(k, &k->qhead, k->lm_head, k->hfin, k->logits, true, R, E, k->vn));
+        if (!(b->t.ablate & CUDA_ABLATE_HEAD))
+            CB(proj(k, &k->qhead, k->lm_head, k->hfin, k->logits, true, R, E, k->vn));
         if (b->tp == 1) {
             CK(cuda_argmax_lse(k->logits, R, k->vn, k->amp, k->tok, k->lp, st));
         } else {
