@@ -188,7 +188,8 @@ __global__ void __launch_bounds__(QW * 32) qgemv_kernel(qparams p)
 
 /* ---- the tensor-core GEMV ------------------------------------------------------------- */
 
-#define MW 4           /* warps a block of the tensor-core GEMV */
+#define MW 8           /* warps a block of the tensor-core GEMV (K split 8 ways: Llama-8B's o and down
+                          projections are 256 blocks, one to two an SM, so each needs many warps) */
 #define QMMA_MAX_T CUDA_QGEMV_MMA_MAX_T /* rows of x it takes (8 a group, up to 8 groups) */
 #define MU 2 /* its stretches in flight per warp */
 
