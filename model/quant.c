@@ -412,8 +412,25 @@ int model_quant_repack(const struct model_tensor *t, int64_t r0, int64_t nr, int
             out->zeros[r * ng + j] = (uint8_t)z;
             out->scales[r * ng + j] = scale_raw(q, sr, src_g[j]);
         }
+    }
+    /* the codes: an 8B model's billions of them, so rows in parallel, and
+     * compressed-tensors int4 (the common case) a word at a time */
+    bool ct4 = q->layout == MODEL_QL_CT && q->bits == 4 && !permuted && c0 % 8 == 0;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < nr; r++) {
+        int64_t sr = r0 + r;
         uint8_t *row = out->qw + r * out->row_bytes;
-        for (int64_t k = 0; k < nc; k++) {
+        int64_t k = 0;
+        if (ct4) {
+            const uint8_t *src = (const uint8_t *)q->qweight + (size_t)(sr * (q->cols / 8) + c0 / 8) * 4;
+            for (; k + 8 <= nc; k += 8) {
+                uint32_t w, o = 0;
+                memcpy(&w, src + k / 2, 4);
+                for (int j = 0; j < 8; j++) o |= ((w >> (4 * j)) & 0xFu) << (4 * (j / 2 + 4 * (j % 2)));
+                memcpy(row + k / 2, &o, 4);
+            }
+        }
+        for (; k < nc; k++) {
             int u = code_of(q, sr, src_col[k]) + shift;
             if (q->bits == 8) {
                 row[k] = (uint8_t)u;
