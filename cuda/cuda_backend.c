@@ -3,7 +3,12 @@
  *
  * Numerics: every weight matrix is converted to bf16 at creation (GGUF
  * Q4_0/Q4_1/Q8_0/F16 dequantized on the host with model_tensor_to_f32, then
- * rounded to nearest even); norm weights and biases stay f32. Activations
+ * rounded to nearest even), but packed int4/int8 safetensors weights
+ * (W4A16/W8A16: compressed-tensors, AWQ, GPTQ), which are converted to the
+ * one packed device layout of qgemm.h and multiplied by its mixed-input
+ * kernels (a layer with any of them takes the unfused kernels; q|k|v and
+ * gate|up stay one packed matrix when their parts are packed alike, else run
+ * part by part); norm weights and biases stay f32. Activations
  * between kernels are bf16, the residual stream is f32, every GEMM (cuBLAS,
  * bf16 in, f32 compute) and every reduction accumulates in f32. Fused Q|K|V
  * and gate|up matrices make one GEMM each.
@@ -101,13 +106,29 @@
 #include <string.h>
 
 #include "cuda/kernels.h"
+#include "cuda/qgemm.h"
 #include "cuda/tuning.h"
 #include "model/backend.h"
 
 #define NBUCKET 10
 #define MAX_TP 16
 
+/* A projection whose weight is packed, in whole or in part (qgemm.h): its
+ * parts in output order, each packed (w NULL: q) or bf16 (w [rows][in]),
+ * writing output columns [off, off + rows). Parts packed alike are fused
+ * into one packed matrix at upload; parts that differ run one by one. */
+struct qpart {
+    struct cuda_qmat q;
+    uint16_t *w;
+    int rows, off;
+};
+struct qproj {
+    int n; /* 0: the projection is bf16 (clayer's pointer) */
+    struct qpart p[3];
+};
+
 struct clayer {
+    struct qproj qqkv, qo, qgu, qdown; /* packed weights: the bf16 pointer below is then NULL */
     uint16_t *wqkv;     /* [(H + 2 KVH) D / N][E] bf16, device: this rank's q, k, v rows */
     uint16_t *wo;       /* [E][H D / N]: this rank's columns */
     uint16_t *wgu;      /* [2F / N][E]: this rank's gate rows then its up rows */
@@ -137,7 +158,11 @@ struct rank {
     void *blas_ws;
     ncclComm_t comm;                /* NULL when N == 1 or after an abort */
 
-    uint16_t *tok_embd, *lm_head;   /* [vn][E] bf16 (the same when tied) */
+    uint16_t *tok_embd, *lm_head;   /* [vn][E] bf16 (the same when tied); lm_head NULL when packed */
+    struct qproj qhead;             /* a packed LM head */
+    void **qmem;                    /* device allocations of packed weights and their bf16 parts */
+    int n_qmem, cap_qmem;
+    struct cuda_qgemm_ws qws;       /* cuda_qgemm's workspace (packed weights only) */
     float *out_norm;                /* [E] */
     struct clayer *L;               /* [n_layer] */
     float *rope_cos, *rope_sin;     /* [max_ctx][rope_dim/2] */
@@ -217,6 +242,7 @@ struct cuda_backend {
                                        peer all-reduce, when it is taken), where the shape allows: on the
                                        warp kernels they measured 217.5 -> 221.5 tok/s at batch 1; at 2-4
                                        tokens 5.56-6.64 ms a step against 4.73-4.78 unfused, so one token only */
+    bool qlayers;                   /* some layer has a packed weight: its steps take the unfused kernels */
     bool warmup, warming;           /* warmup() still to run at the next kv_alloc (t.warmup); running */
     int tc_rows;                    /* rows per prefill attention item on the tensor cores (CUDA_ATTN_TC_ROWS),
                                        0 where the head shape does not allow them: the SIMT kernel */
@@ -377,6 +403,161 @@ static int dmalloc(void **p, size_t n, char *err, size_t errlen)
     return 0;
 }
 
+/* ---- packed weights -------------------------------------------------------------- */
+
+/* A device copy of src[0..n) recorded in k->qmem (rank_free frees it). */
+static void *qdup(struct rank *k, const void *src, size_t n, char *err, size_t errlen)
+{
+    if (k->n_qmem == k->cap_qmem) {
+        int cap = k->cap_qmem ? 2 * k->cap_qmem : 64;
+        void **m = realloc(k->qmem, (size_t)cap * sizeof *m);
+        if (!m) {
+            sl_seterr(err, errlen, "out of host memory");
+            return NULL;
+        }
+        k->qmem = m, k->cap_qmem = cap;
+    }
+    void *d;
+    if (dmalloc(&d, n, err, errlen)) return NULL;
+    k->qmem[k->n_qmem++] = d;
+    if (src) {
+        cudaError_t e = cudaMemcpy(d, src, n, cudaMemcpyHostToDevice);
+        if (e != cudaSuccess) {
+            sl_seterr(err, errlen, "upload of a packed weight: %s", cudaGetErrorString(e));
+            return NULL;
+        }
+    }
+    return d;
+}
+
+/* Whether two repacked blocks can be stacked into one packed matrix. */
+static bool qcompat(const struct model_qrepack *a, const struct model_qrepack *b)
+{
+    return a->bits == b->bits && a->cols == b->cols && a->group == b->group && a->n_groups == b->n_groups &&
+           a->row_bytes == b->row_bytes && a->f16 == b->f16 && !a->perm && !b->perm;
+}
+
+/* rp[0..n) (compatible, or n == 1) stacked by rows into one packed matrix
+ * on the device. A block without zero codes gets 2^(bits-1) where another
+ * has them. */
+static int qmat_upload(struct rank *k, const struct model_qrepack *rp, int n, struct cuda_qmat *out, char *err,
+                       size_t errlen)
+{
+    int64_t rows = 0, ng = rp[0].n_groups, rb = rp[0].row_bytes;
+    bool zeros = false;
+    for (int i = 0; i < n; i++) rows += rp[i].rows, zeros |= rp[i].zeros != NULL;
+    uint8_t *hq = malloc((size_t)(rows * rb)), *hz = zeros ? malloc((size_t)(rows * ng)) : NULL;
+    uint16_t *hs = malloc((size_t)(rows * ng) * 2);
+    int rc = SL_ENOMEM;
+    if (!hq || !hs || (zeros && !hz)) {
+        sl_seterr(err, errlen, "out of host memory");
+        goto out;
+    }
+    for (int64_t i = 0, r = 0; i < n; r += rp[i].rows, i++) {
+        memcpy(hq + r * rb, rp[i].qw, (size_t)(rp[i].rows * rb));
+        memcpy(hs + r * ng, rp[i].scales, (size_t)(rp[i].rows * ng) * 2);
+        if (!zeros) continue;
+        if (rp[i].zeros) memcpy(hz + r * ng, rp[i].zeros, (size_t)(rp[i].rows * ng));
+        else memset(hz + r * ng, 1 << (rp[i].bits - 1), (size_t)(rp[i].rows * ng));
+    }
+    *out = (struct cuda_qmat){.bits = rp[0].bits, .rows = (int)rows, .cols = (int)rp[0].cols, .group = rp[0].group,
+                              .n_groups = (int)ng, .row_bytes = (int)rb, .f16 = rp[0].f16};
+    rc = SL_EDEVICE;
+    if (!(out->qw = qdup(k, hq, (size_t)(rows * rb), err, errlen)) ||
+        !(out->scales = qdup(k, hs, (size_t)(rows * ng) * 2, err, errlen)) ||
+        (zeros && !(out->zeros = qdup(k, hz, (size_t)(rows * ng), err, errlen))) ||
+        (rp[0].perm && !(out->perm = qdup(k, rp[0].perm, (size_t)rp[0].cols * 4, err, errlen))))
+        goto out;
+    rc = 0;
+out:
+    free(hq), free(hs), free(hz);
+    return rc;
+}
+
+/* One projection's weight on rank k: parts i < n are rows [r0[i], r0[i] +
+ * nr[i]) x columns [c0, c0 + nc) of t[i] (a matrix of `cols` columns),
+ * stacked in order. With every part bf16 (or another dense or GGUF dtype):
+ * one bf16 matrix into *dense, as always. With any part packed: *dense
+ * NULL and the parts in P, fused into one packed matrix when all are
+ * packed alike (the same bits, group, scale dtype, no act-order), else
+ * each on its own (a packed part the device layout cannot hold exactly is
+ * dequantized to bf16, said on stderr). A column range that cuts a group
+ * is an error naming the tensor. */
+static int upload_proj(struct rank *k, const struct model_tensor *const *t, const int64_t *r0, const int64_t *nr,
+                       int n, int64_t cols, int64_t c0, int64_t nc, uint16_t **dense, struct qproj *P,
+                       uint16_t *stage, float *tmp, char *err, size_t errlen)
+{
+    struct model_qrepack rp[3];
+    bool packed[3] = {false, false, false}, any = false, fuse = true;
+    int64_t tot = 0;
+    int rc = 0;
+    memset(rp, 0, sizeof rp);
+    memset(P, 0, sizeof *P);
+    *dense = NULL;
+    for (int i = 0; i < n; i++) {
+        tot += nr[i];
+        if (t[i]->dtype != MODEL_DT_QPACK) continue;
+        char why[256];
+        rc = model_quant_repack(t[i], r0[i], nr[i], c0, nc, &rp[i], why, sizeof why);
+        if (rc == SL_EUNSUP) {
+            if (k->id == 0) fprintf(stderr, "cuda: %s: dequantized to bf16 at upload\n", why);
+            rc = 0;
+            continue;
+        }
+        if (rc) {
+            sl_seterr(err, errlen, "cuda: %s", why);
+            goto out;
+        }
+        packed[i] = any = true;
+    }
+    if (!any) {
+        if ((rc = dmalloc((void **)dense, (size_t)(tot * nc) * 2, err, errlen))) goto out;
+        for (int64_t i = 0, off = 0; i < n; off += nr[i], i++)
+            if ((rc = upload_bf16(t[i], cols, r0[i], nr[i], c0, nc, *dense + off * nc, stage, tmp, err, errlen)))
+                goto out;
+        goto out;
+    }
+    for (int i = 0; i < n; i++) fuse &= packed[i] && (n == 1 || qcompat(&rp[0], &rp[i]));
+    if (fuse) {
+        P->n = 1;
+        P->p[0].rows = (int)tot;
+        rc = qmat_upload(k, rp, n, &P->p[0].q, err, errlen);
+        goto out;
+    }
+    P->n = n;
+    for (int64_t i = 0, off = 0; i < n; off += nr[i], i++) {
+        P->p[i].rows = (int)nr[i], P->p[i].off = (int)off;
+        if (packed[i]) {
+            rc = qmat_upload(k, &rp[i], 1, &P->p[i].q, err, errlen);
+        } else {
+            rc = SL_EDEVICE;
+            if ((P->p[i].w = qdup(k, NULL, (size_t)(nr[i] * nc) * 2, err, errlen)))
+                rc = upload_bf16(t[i], cols, r0[i], nr[i], c0, nc, P->p[i].w, stage, tmp, err, errlen);
+        }
+        if (rc) goto out;
+    }
+out:
+    for (int i = 0; i < n; i++) model_qrepack_free(&rp[i]);
+    return rc;
+}
+
+/* What cuda_qgemm's workspace must hold for P's packed parts: *deq bytes
+ * of bf16 tiles (whole matrices up to 64 MB, else tiles of that size, at
+ * least 16 rows; whole: the whole matrix, for the gate|up matrix that long
+ * steps dequantize for the warpgroup GEMM), *xp act-order activations. */
+static void qws_need(const struct qproj *P, bool whole, size_t *deq, size_t *xp)
+{
+    for (int i = 0; i < P->n; i++) {
+        const struct cuda_qmat *q = &P->p[i].q;
+        if (P->p[i].w) continue;
+        size_t row = (size_t)q->cols * 2, rows = whole ? (size_t)q->rows : ((size_t)64 << 20) / row;
+        if (rows < 16) rows = 16;
+        if (rows > (size_t)q->rows) rows = (size_t)q->rows;
+        if (rows * row > *deq) *deq = rows * row;
+        if (q->perm && (size_t)CUDA_QGEMV_MMA_MAX_T * q->cols > *xp) *xp = (size_t)CUDA_QGEMV_MMA_MAX_T * q->cols;
+    }
+}
+
 /* The RoPE tables, computed exactly as the CPU backend does (double, then f32). */
 static int rope_tables(struct rank *k, char *err, size_t errlen)
 {
@@ -487,23 +668,25 @@ static int rank_init(struct rank *k, char *err, size_t errlen)
     if (c->tie_embeddings) {
         k->lm_head = k->tok_embd;
     } else {
-        if (dmalloc((void **)&k->lm_head, vn * E * 2, err, errlen)) goto fail;
-        MAT(k->lm_head, &w->lm_head, E, v0, vn, 0, E);
+        const struct model_tensor *th[1] = {&w->lm_head};
+        int64_t h0[1] = {(int64_t)v0}, hn[1] = {(int64_t)vn};
+        if (upload_proj(k, th, h0, hn, 1, E, 0, E, &k->lm_head, &k->qhead, stage, tmp, err, errlen)) goto fail;
     }
     VEC(k->out_norm, &w->out_norm, 0, E);
     for (int l = 0; l < c->n_layer; l++) {
         const struct model_layer_weights *lw = &w->layers[l];
         struct clayer *L = &k->L[l];
-        if (dmalloc((void **)&L->wqkv, QKVl * E * 2, err, errlen) || dmalloc((void **)&L->wo, E * Ql * 2, err, errlen) ||
-            dmalloc((void **)&L->wgu, 2 * Fl * E * 2, err, errlen) || dmalloc((void **)&L->wdown, E * Fl * 2, err, errlen))
+        /* column-parallel q|k|v and gate|up (rows of each part), row-parallel o and down (columns) */
+        const struct model_tensor *tqkv[3] = {&lw->wq, &lw->wk, &lw->wv}, *to[1] = {&lw->wo},
+                                  *tgu[2] = {&lw->w_gate, &lw->w_up}, *td[1] = {&lw->w_down};
+        int64_t qkv0[3] = {(int64_t)(id * Ql), (int64_t)(id * KVl), (int64_t)(id * KVl)},
+                qkvn[3] = {(int64_t)Ql, (int64_t)KVl, (int64_t)KVl}, z0[1] = {0}, En[1] = {(int64_t)E},
+                gu0[2] = {(int64_t)(id * Fl), (int64_t)(id * Fl)}, gun[2] = {(int64_t)Fl, (int64_t)Fl};
+        if (upload_proj(k, tqkv, qkv0, qkvn, 3, E, 0, E, &L->wqkv, &L->qqkv, stage, tmp, err, errlen) ||
+            upload_proj(k, to, z0, En, 1, Q, id * Ql, Ql, &L->wo, &L->qo, stage, tmp, err, errlen) ||
+            upload_proj(k, tgu, gu0, gun, 2, E, 0, E, &L->wgu, &L->qgu, stage, tmp, err, errlen) ||
+            upload_proj(k, td, z0, En, 1, F, id * Fl, Fl, &L->wdown, &L->qdown, stage, tmp, err, errlen))
             goto fail;
-        MAT(L->wqkv, &lw->wq, E, id * Ql, Ql, 0, E);
-        MAT(L->wqkv + Ql * E, &lw->wk, E, id * KVl, KVl, 0, E);
-        MAT(L->wqkv + (Ql + KVl) * E, &lw->wv, E, id * KVl, KVl, 0, E);
-        MAT(L->wo, &lw->wo, Q, 0, E, id * Ql, Ql);
-        MAT(L->wgu, &lw->w_gate, E, id * Fl, Fl, 0, E);
-        MAT(L->wgu + Fl * E, &lw->w_up, E, id * Fl, Fl, 0, E);
-        MAT(L->wdown, &lw->w_down, F, 0, E, id * Fl, Fl);
         VEC(L->attn_norm, &lw->attn_norm, 0, E);
         VEC(L->ffn_norm, &lw->ffn_norm, 0, E);
         if (c->qkv_bias) {
@@ -526,6 +709,21 @@ static int rank_init(struct rank *k, char *err, size_t errlen)
     free(tmp);
     tmp = NULL;
     if (rope_tables(k, err, errlen)) goto fail;
+    {
+        size_t deq = 0, xp = 0;
+        /* sm_90 prefill steps dequantize a packed gate|up matrix whole for the
+         * warpgroup GEMM with SwiGLU fused (as bf16 weights take it) */
+        bool wg = b->max_tokens >= b->t.gemm_wg_min_t && cuda_gemm_wg_ok(b->max_tokens, (int)E, (int)(2 * Fl));
+        qws_need(&k->qhead, false, &deq, &xp);
+        for (int l = 0; l < c->n_layer; l++) {
+            qws_need(&k->L[l].qqkv, false, &deq, &xp), qws_need(&k->L[l].qo, false, &deq, &xp);
+            qws_need(&k->L[l].qgu, wg && k->L[l].qgu.n == 1, &deq, &xp), qws_need(&k->L[l].qdown, false, &deq, &xp);
+        }
+        if (deq && (dmalloc((void **)&k->qws.deq, deq, err, errlen) ||
+                    (xp && dmalloc((void **)&k->qws.xperm, xp * 2, err, errlen))))
+            goto fail;
+        k->qws.deq_bytes = deq, k->qws.xperm_elems = xp;
+    }
 
     size_t T = b->max_tokens, S = b->max_seqs;
     if (dmalloc((void **)&k->x, T * E * 4, err, errlen) || dmalloc((void **)&k->xn, T * E * 2, err, errlen) ||
@@ -648,15 +846,6 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
             return NULL;
         }
     }
-    const struct model_tensor *pk = model_first_packed(m);
-    if (pk) {
-        /* the mixed-input kernels are not written yet; dequantizing to bf16 at upload would lose the point */
-        char fmt[96];
-        model_quant_describe(pk->quant, fmt, sizeof fmt);
-        sl_seterr(err, errlen, "cuda: quantized weights are not supported by the GPU backend yet (tensor %s is %s); "
-                  "use --device cpu", pk->name ? pk->name : "?", fmt);
-        return NULL;
-    }
     struct cuda_backend *b = calloc(1, sizeof *b);
     if (!b) {
         sl_seterr(err, errlen, "out of memory");
@@ -681,8 +870,14 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     b->max_ctx = opts && opts->max_ctx > 0 ? opts->max_ctx : c->n_ctx_train;
     if (b->max_ctx <= 0) b->max_ctx = 4096;
     b->graphs = !(opts && opts->enforce_eager);
+    for (int l = 0; l < c->n_layer; l++) {
+        const struct model_layer_weights *lw = &b->w->layers[l];
+        const struct model_tensor *ts[] = {&lw->wq, &lw->wk, &lw->wv, &lw->wo, &lw->w_gate, &lw->w_up, &lw->w_down};
+        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) b->qlayers |= ts[i]->dtype == MODEL_DT_QPACK;
+    }
+    /* the fused decode kernels read bf16 weights only */
     b->fused = c->n_embd % 8 == 0 && c->n_ff % 8 == 0 && (c->n_head * c->head_dim) % 8 == 0 &&
-               (size_t)CUDA_GEMV_MAX_T * c->n_embd * 2 <= CUDA_GEMV_NORM_SMEM;
+               (size_t)CUDA_GEMV_MAX_T * c->n_embd * 2 <= CUDA_GEMV_NORM_SMEM && !b->qlayers;
     b->warmup = b->t.warmup;
     b->tc_rows = cuda_attention_tc_ok(c->head_dim, c->n_head / c->n_head_kv) ? CUDA_ATTN_TC_ROWS : 0;
     b->part_rows = (int)((b->max_tokens < 256 ? b->max_tokens : 256) * (c->n_head / c->n_head_kv));
@@ -1162,6 +1357,26 @@ static cublasStatus_t gemm(struct rank *k, const uint16_t *x, const uint16_t *W,
                         &zero, y, yf32 ? CUDA_R_32F : CUDA_R_16BF, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 }
 
+/* y = x W^T for a projection of `out` outputs: its bf16 matrix W (gemm) or,
+ * P->n > 0, its parts, each into its columns of y (row stride out). */
+static cublasStatus_t proj(struct rank *k, const struct qproj *P, const uint16_t *W, const uint16_t *x, void *y,
+                           bool yf32, int T, int in, int out)
+{
+    if (!P->n) return gemm(k, x, W, y, yf32, T, in, out);
+    const float one = 1.0f, zero = 0.0f;
+    for (int i = 0; i < P->n; i++) {
+        const struct qpart *q = &P->p[i];
+        void *yi = yf32 ? (void *)((float *)y + q->off) : (void *)((uint16_t *)y + q->off);
+        cublasStatus_t s =
+            q->w ? cublasGemmEx(k->blas, CUBLAS_OP_T, CUBLAS_OP_N, q->rows, T, in, &one, q->w, CUDA_R_16BF, in, x,
+                                CUDA_R_16BF, in, &zero, yi, yf32 ? CUDA_R_32F : CUDA_R_16BF, out, CUBLAS_COMPUTE_32F,
+                                CUBLAS_GEMM_DEFAULT)
+                 : cuda_qgemm(&q->q, x, yi, yf32, out, T, &k->qws, k->blas, k->st);
+        if (s != CUBLAS_STATUS_SUCCESS) return s;
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
 /* Whether an all-reduce of n floats goes through cuda_peer_allreduce. Every
  * all-reduce of a step has n = T E, so a step takes one path for all of
  * them. */
@@ -1184,22 +1399,22 @@ static struct cuda_peer_ar peer_args(const struct rank *k, int i)
  * added into the residual x: on one GPU in the GEMV's epilogue, with N > 1
  * in the peer all-reduce (the fused path runs only when use_peer). buf: its
  * peer all-reduce buffer. */
-static int proj_rows(struct rank *k, const uint16_t *x, const uint16_t *W, int T, int in, int E, int buf, bool resid,
-                     char *err, size_t errlen)
+static int proj_rows(struct rank *k, const uint16_t *x, const struct qproj *P, const uint16_t *W, int T, int in,
+                     int E, int buf, bool resid, char *err, size_t errlen)
 {
     size_t n = (size_t)T * E;
     if (k->b->tp == 1) {
         if (resid) CK(cuda_gemv_residual(W, x, k->x, T, in, E, k->st));
-        else CB(gemm(k, x, W, k->delta, false, T, in, E));
+        else CB(proj(k, P, W, x, k->delta, false, T, in, E));
         return 0;
     }
     if (use_peer(k->b, n)) {
-        CB(gemm(k, x, W, k->pbuf[buf], true, T, in, E));
+        CB(proj(k, P, W, x, k->pbuf[buf], true, T, in, E));
         struct cuda_peer_ar a = peer_args(k, buf);
         CK(cuda_peer_allreduce(&a, n, resid ? NULL : k->delta, resid ? k->x : NULL, resid, k->st));
         return 0;
     }
-    CB(gemm(k, x, W, k->deltaf, true, T, in, E));
+    CB(proj(k, P, W, x, k->deltaf, true, T, in, E));
     if (!k->b->skip_comm) NC(ncclAllReduce(k->deltaf, k->deltaf, n, ncclFloat, ncclSum, k->comm, k->st));
     CK(cuda_f32_to_bf16(k->deltaf, n, k->delta, k->st));
     return 0;
@@ -1250,7 +1465,7 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
         } else {
             if (!(ab & CUDA_ABLATE_NORM))
                 CK(cuda_add_rmsnorm(k->x, l ? k->delta : NULL, L->attn_norm, NULL, T, E, c->norm_eps, k->xn, st));
-            if (!(ab & CUDA_ABLATE_QKV)) CB(gemm(k, k->xn, L->wqkv, k->qkv, false, T, E, QKV));
+            if (!(ab & CUDA_ABLATE_QKV)) CB(proj(k, &L->qqkv, L->wqkv, k->xn, k->qkv, false, T, E, QKV));
         }
         size_t es = b->kv8 ? 1 : 2; /* bytes per KV element */
         char *kc = (char *)k->kv + (size_t)(2 * l) * k->kv_layer * es, *vc = kc + k->kv_layer * es;
@@ -1281,7 +1496,7 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
         };
         if (!(ab & CUDA_ABLATE_ATTN)) CK(cuda_attention(&aa, st));
         if (fz) {
-            if (!(ab & CUDA_ABLATE_O) && proj_rows(k, k->att, L->wo, T, Q, E, 0, true, err, errlen)) goto fail;
+            if (!(ab & CUDA_ABLATE_O) && proj_rows(k, k->att, &L->qo, L->wo, T, Q, E, 0, true, err, errlen)) goto fail;
             if (b->tp == 1 && c->n_layer >= 2 && !(ab & (CUDA_ABLATE_GU | CUDA_ABLATE_DOWN))) {
                 /* one GPU: the down GEMV reads h as gate/up stores it, tagged
                  * with the layer (consecutive calls differ) */
@@ -1290,29 +1505,41 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
             }
             if (!(ab & CUDA_ABLATE_GU))
                 CK(cuda_gemv_rmsnorm_swiglu(L->wgu, k->x, L->ffn_norm, c->norm_eps, k->h, T, E, F, st));
-            if (!(ab & CUDA_ABLATE_DOWN) && proj_rows(k, k->h, L->wdown, T, F, E, 1, true, err, errlen)) goto fail;
+            if (!(ab & CUDA_ABLATE_DOWN) && proj_rows(k, k->h, &L->qdown, L->wdown, T, F, E, 1, true, err, errlen))
+                goto fail;
             continue;
         }
-        if (!(ab & CUDA_ABLATE_O) && proj_rows(k, k->att, L->wo, T, Q, E, 0, false, err, errlen)) goto fail;
+        if (!(ab & CUDA_ABLATE_O) && proj_rows(k, k->att, &L->qo, L->wo, T, Q, E, 0, false, err, errlen)) goto fail;
         if (!(ab & CUDA_ABLATE_NORM))
             CK(cuda_add_rmsnorm(k->x, k->delta, L->ffn_norm, NULL, T, E, c->norm_eps, k->xn, st));
-        bool gu_gemv = T <= CUDA_GEMV_MMA_MAX_T && E % 8 == 0;
+        bool gu_gemv = !L->qgu.n && T <= CUDA_GEMV_MMA_MAX_T && E % 8 == 0;
         if (!(ab & CUDA_ABLATE_GU) && gu_gemv) {
             /* SwiGLU in the GEMV's epilogue: bit for bit the two kernels below */
             CK(cuda_gemv_swiglu(L->wgu, k->xn, k->h, T, E, F, st));
-        } else if (!(ab & CUDA_ABLATE_GU) && T >= b->t.gemm_wg_min_t && cuda_gemm_wg_ok(T, E, 2 * F)) {
+        } else if (!(ab & CUDA_ABLATE_GU) && !L->qgu.n && T >= b->t.gemm_wg_min_t && cuda_gemm_wg_ok(T, E, 2 * F)) {
             /* sm_90: SwiGLU in the warpgroup GEMM's epilogue, gate|up never stored */
             CK(cuda_gemm_wg_swiglu(L->wgu, k->xn, k->h, T, E, F, st));
+        } else if (!(ab & CUDA_ABLATE_GU) && L->qgu.n == 1 && !L->qgu.p[0].w && T > CUDA_QGEMV_MMA_MAX_T &&
+                   T >= b->t.gemm_wg_min_t && cuda_gemm_wg_ok(T, E, 2 * F) &&
+                   k->qws.deq_bytes >= (size_t)2 * F * E * 2) {
+            /* a long step: gate|up dequantized whole, then the warpgroup GEMM with SwiGLU, as bf16 weights */
+            CK(cuda_qdequant(&L->qgu.p[0].q, 0, 2 * F, k->qws.deq, st));
+            CK(cuda_gemm_wg_swiglu(k->qws.deq, k->xn, k->h, T, E, F, st));
+        } else if (!(ab & CUDA_ABLATE_GU) && L->qgu.n == 1 && !L->qgu.p[0].w) {
+            /* one packed gate|up matrix: SwiGLU in the GEMV's epilogue where it can be */
+            CB(cuda_qgemm_swiglu(&L->qgu.p[0].q, k->xn, k->h, k->gu, T, &k->qws, k->blas, st));
         } else if (!(ab & CUDA_ABLATE_GU)) {
-            CB(gemm(k, k->xn, L->wgu, k->gu, false, T, E, 2 * F));
+            CB(proj(k, &L->qgu, L->wgu, k->xn, k->gu, false, T, E, 2 * F));
             CK(cuda_swiglu(k->gu, T, F, k->h, st));
         }
-        if (!(ab & CUDA_ABLATE_DOWN) && proj_rows(k, k->h, L->wdown, T, F, E, 1, false, err, errlen)) goto fail;
+        if (!(ab & CUDA_ABLATE_DOWN) && proj_rows(k, k->h, &L->qdown, L->wdown, T, F, E, 1, false, err, errlen))
+            goto fail;
     }
     if (R > 0) {
         CK(cuda_add_rmsnorm(k->x, fz ? NULL : k->delta, k->out_norm, DIN(k, rows, int32_t), R, E, c->norm_eps,
                             k->hfin, st));
-        if (!(b->t.ablate & CUDA_ABLATE_HEAD)) CB(gemm(k, k->hfin, k->lm_head, k->logits, true, R, E, k->vn));
+        if (!(b->t.ablate & CUDA_ABLATE_HEAD))
+            CB(proj(k, &k->qhead, k->lm_head, k->hfin, k->logits, true, R, E, k->vn));
         if (b->tp == 1) {
             CK(cuda_argmax_lse(k->logits, R, k->vn, k->amp, k->tok, k->lp, st));
         } else {
@@ -1647,6 +1874,9 @@ static void rank_free(struct rank *k, const struct model_config *c)
     cudaFree(k->cnt), cudaFree(k->pbuf[0]), cudaFree(k->pbuf[1]), cudaFree(k->pbuf[2]), cudaFree(k->pflags);
     cudaFree(k->pepoch), cudaFree(k->hw);
     cudaFree(k->din), cudaFree(k->blas_ws);
+    for (int i = 0; i < k->n_qmem; i++) cudaFree(k->qmem[i]);
+    free(k->qmem);
+    cudaFree(k->qws.deq), cudaFree(k->qws.xperm);
     if (k->blas) cublasDestroy(k->blas);
     if (k->comm) ncclCommDestroy(k->comm);
     if (k->st) cudaStreamDestroy(k->st);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "loader_dummy.h"
+#include "quant.h"
 
 #define SLACK ((int64_t)1 << 20) /* elements of offset room between windows */
 
@@ -15,6 +16,16 @@ struct dummy {
     uint16_t *zeros; /* [n_vec] bf16 0.0 */
     int64_t n_pool, n_vec;
     int next;        /* windows handed out, for offsets */
+    /* packed weights (a quantization_config): their descriptors, one pool
+     * of random bytes (codes, zero points) and bf16 scale pools */
+    struct model_quant *quants;
+    int n_quants;
+    uint8_t *bytes;
+    int64_t n_bytes;
+    uint16_t *scales[2];  /* int4, int8 */
+    int64_t n_scales;
+    int32_t **gidx;       /* act-order indexes, one per packed weight that has one */
+    int n_gidx;
 };
 
 static uint64_t mix(uint64_t z)
@@ -31,15 +42,76 @@ static void mat(struct dummy *d, struct model_tensor *t, const char *name, int64
                                .data = d->pool + off, .nbytes = (size_t)(rows * cols) * 2};
 }
 
+/* t as a random packed weight [rows][cols] of the scheme (compressed-tensors
+ * pack-quantized: codes and zero points windows into the byte pool, scales
+ * into the bf16 pool of its bits) */
+static int qmat(struct dummy *d, struct model_tensor *t, const char *name, int64_t rows, int64_t cols, int bits,
+                int group, bool sym, bool act, char *err, size_t errlen)
+{
+    if (group > 0 && group % 8) {
+        snprintf(err, errlen, "%s: groups of %d columns (dummy weights take multiples of 8)", name, group);
+        return SL_EUNSUP;
+    }
+    if ((cols * bits) % 32 || (rows * bits) % 32) {
+        snprintf(err, errlen, "%s: %lld x %lld does not pack into 32-bit words at %d bits", name, (long long)rows,
+                 (long long)cols, bits);
+        return SL_EUNSUP;
+    }
+    struct model_quant *q = &d->quants[d->n_quants++];
+    int64_t ng = group > 0 ? (cols + group - 1) / group : 1;
+    int64_t off = ((int64_t)d->next++ * 7919 * 64) % SLACK;
+    *q = (struct model_quant){.layout = MODEL_QL_CT, .rows = rows, .cols = cols, .bits = bits,
+                              .group = group > 0 ? group : (int)cols, .n_groups = ng, .sym = sym, .act_order = act,
+                              .scale_dt = MODEL_DT_BF16};
+    q->qweight = d->bytes + off;
+    q->scales = d->scales[bits == 8] + off;
+    if (!sym) q->zeros = d->bytes + (SLACK - off);
+    if (act && ng > 1) {
+        int32_t *g = malloc((size_t)cols * 4);
+        if (!g) return SL_ENOMEM;
+        d->gidx[d->n_gidx++] = g;
+        /* a random permutation's positions, in groups: every group holds `group` columns */
+        for (int64_t k = 0; k < cols; k++) g[k] = (int32_t)k;
+        for (int64_t k = cols - 1; k > 0; k--) {
+            int64_t j = (int64_t)(mix((uint64_t)(d->next * 1000003 + k)) % (uint64_t)(k + 1));
+            int32_t v = g[k];
+            g[k] = g[j], g[j] = v;
+        }
+        for (int64_t k = 0; k < cols; k++) g[k] /= group;
+        q->g_idx = g;
+    } else {
+        q->act_order = false;
+    }
+    *t = (struct model_tensor){.name = name, .dtype = MODEL_DT_QPACK, .ndim = 2, .ne = {cols, rows, 1, 1},
+                               .data = q->qweight, .nbytes = (size_t)(rows * cols * bits / 8), .quant = q};
+    return 0;
+}
+
+/* A projection: packed where qc quantizes module (its HF name), else bf16. */
+static int proj(struct dummy *d, const struct quant_cfg *qc, struct model_tensor *t, const char *name,
+                const char *module, int64_t rows, int64_t cols, char *err, size_t errlen)
+{
+    int bits, group;
+    bool sym, act;
+    int rc = quant_cfg_scheme(qc, module, true, &bits, &group, &sym, &act, err, errlen);
+    if (rc < 0) return rc;
+    if (rc == 0) {
+        mat(d, t, name, rows, cols);
+        return 0;
+    }
+    return qmat(d, t, name, rows, cols, bits, group, sym, act, err, errlen);
+}
+
 static void vec(struct dummy *d, struct model_tensor *t, const char *name, int64_t n, bool one)
 {
     *t = (struct model_tensor){.name = name, .dtype = MODEL_DT_BF16, .ndim = 1, .ne = {n, 1, 1, 1},
                                .data = one ? d->ones : d->zeros, .nbytes = (size_t)n * 2};
 }
 
-int model_dummy_weights(const struct model_config *c, struct model_weights *w, void **owner, char *err,
-                        size_t errlen)
+int model_dummy_weights(const struct model_config *c, const struct quant_cfg *qc, struct model_weights *w,
+                        void **owner, char *err, size_t errlen)
 {
+    int rc = SL_ENOMEM;
     int64_t E = c->n_embd, F = c->n_ff, D = c->head_dim, Q = (int64_t)c->n_head * D,
             KV = (int64_t)c->n_head_kv * D, V = c->n_vocab;
     int64_t big = V * E;
@@ -56,6 +128,34 @@ int model_dummy_weights(const struct model_config *c, struct model_weights *w, v
     d->zeros = calloc((size_t)nv, 2);
     w->layers = calloc((size_t)c->n_layer, sizeof *w->layers);
     if (!d->pool || !d->ones || !d->zeros || !w->layers) goto oom;
+    if (qc) {
+        /* codes (up to a byte a weight) and zero points in one pool of random
+         * bytes; scales (at most a group of 8 columns each) in bf16 pools of
+         * about 0.02 / 2^(bits-1), so that the weights span what the bf16
+         * dummies do */
+        int nmax = 7 * c->n_layer + 1;
+        d->quants = calloc((size_t)nmax, sizeof *d->quants);
+        d->gidx = calloc((size_t)nmax, sizeof *d->gidx);
+        d->n_bytes = big + 2 * SLACK;
+        d->n_scales = big / 8 + nv + 2 * SLACK;
+        d->bytes = malloc((size_t)d->n_bytes);
+        d->scales[0] = malloc((size_t)d->n_scales * 2);
+        d->scales[1] = malloc((size_t)d->n_scales * 2);
+        if (!d->quants || !d->gidx || !d->bytes || !d->scales[0] || !d->scales[1]) goto oom;
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < d->n_bytes; i++)
+            d->bytes[i] = (uint8_t)(mix((uint64_t)i * 0x9e3779b97f4a7c15ULL + 777) >> 56);
+        for (int b = 0; b < 2; b++) {
+            float base = 0.02f / (b ? 128.0f : 8.0f);
+#pragma omp parallel for schedule(static)
+            for (int64_t i = 0; i < d->n_scales; i++) {
+                float f = base * (0.5f + 0.5f * (float)((mix((uint64_t)i + 99) >> 11) * 0x1.0p-53));
+                uint32_t u;
+                memcpy(&u, &f, 4);
+                d->scales[b][i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+            }
+        }
+    }
     /* uniform in +-0.02 as bf16: sign, then exponent/mantissa of a float in [0, 0.02) */
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < d->n_pool; i++) {
@@ -70,15 +170,20 @@ int model_dummy_weights(const struct model_config *c, struct model_weights *w, v
     vec(d, &w->out_norm, "output_norm (dummy)", E, true);
     if (c->tie_embeddings)
         w->lm_head = w->tok_embd;
-    else
-        mat(d, &w->lm_head, "output (dummy)", V, E);
+    else if ((rc = proj(d, qc, &w->lm_head, "output (dummy)", "lm_head", V, E, err, errlen)))
+        goto fail;
     for (int l = 0; l < c->n_layer; l++) {
         struct model_layer_weights *L = &w->layers[l];
+        char mod[7][80];
+        static const char *const pn[7] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                          "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"};
+        for (int i = 0; i < 7; i++) snprintf(mod[i], sizeof mod[i], "model.layers.%d.%s", l, pn[i]);
         vec(d, &L->attn_norm, "attn_norm (dummy)", E, true);
-        mat(d, &L->wq, "attn_q (dummy)", Q, E);
-        mat(d, &L->wk, "attn_k (dummy)", KV, E);
-        mat(d, &L->wv, "attn_v (dummy)", KV, E);
-        mat(d, &L->wo, "attn_output (dummy)", E, Q);
+        if ((rc = proj(d, qc, &L->wq, "attn_q (dummy)", mod[0], Q, E, err, errlen)) ||
+            (rc = proj(d, qc, &L->wk, "attn_k (dummy)", mod[1], KV, E, err, errlen)) ||
+            (rc = proj(d, qc, &L->wv, "attn_v (dummy)", mod[2], KV, E, err, errlen)) ||
+            (rc = proj(d, qc, &L->wo, "attn_output (dummy)", mod[3], E, Q, err, errlen)))
+            goto fail;
         if (c->qkv_bias) {
             vec(d, &L->bq, "attn_q.bias (dummy)", Q, false);
             vec(d, &L->bk, "attn_k.bias (dummy)", KV, false);
@@ -89,16 +194,18 @@ int model_dummy_weights(const struct model_config *c, struct model_weights *w, v
             vec(d, &L->k_norm, "attn_k_norm (dummy)", D, true);
         }
         vec(d, &L->ffn_norm, "ffn_norm (dummy)", E, true);
-        mat(d, &L->w_gate, "ffn_gate (dummy)", F, E);
-        mat(d, &L->w_up, "ffn_up (dummy)", F, E);
-        mat(d, &L->w_down, "ffn_down (dummy)", E, F);
+        if ((rc = proj(d, qc, &L->w_gate, "ffn_gate (dummy)", mod[4], F, E, err, errlen)) ||
+            (rc = proj(d, qc, &L->w_up, "ffn_up (dummy)", mod[5], F, E, err, errlen)) ||
+            (rc = proj(d, qc, &L->w_down, "ffn_down (dummy)", mod[6], E, F, err, errlen)))
+            goto fail;
     }
     *owner = d;
     return 0;
 oom:
-    model_dummy_free(d);
     snprintf(err, errlen, "out of memory for dummy weights");
-    return SL_ENOMEM;
+fail:
+    model_dummy_free(d);
+    return rc;
 }
 
 void model_dummy_free(void *owner)
@@ -108,5 +215,11 @@ void model_dummy_free(void *owner)
     free(d->pool);
     free(d->ones);
     free(d->zeros);
+    for (int i = 0; i < d->n_gidx; i++) free(d->gidx[i]);
+    free(d->gidx);
+    free(d->quants);
+    free(d->bytes);
+    free(d->scales[0]);
+    free(d->scales[1]);
     free(d);
 }

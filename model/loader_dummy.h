@@ -10,8 +10,15 @@
  * weights, 0 for biases), which *owner holds: every matrix is a window into
  * it at its own offset, so an 8B shape costs ~1 GB of host memory, not 16.
  * Returns 0, or a negative sl_status with a message in err. */
-int model_dummy_weights(const struct model_config *c, struct model_weights *w, void **owner, char *err,
-                        size_t errlen);
+struct quant_cfg;
+/* qc: config.json's quantization_config, or NULL. Where it quantizes a
+ * projection, that projection is a random packed weight in the
+ * compressed-tensors pack-quantized layout of the configured scheme (codes
+ * and zero points uniform over their range, bf16 scales of about 0.02 / 2^(bits-1),
+ * act-order with a random g_idx of equal-size groups), so that the
+ * quantized kernels can be timed on shapes we cannot download. */
+int model_dummy_weights(const struct model_config *c, const struct quant_cfg *qc, struct model_weights *w,
+                        void **owner, char *err, size_t errlen);
 void model_dummy_free(void *owner);
 
 #endif

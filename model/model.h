@@ -84,6 +84,45 @@ void model_tensor_to_f32(const struct model_tensor *t, int64_t first, int64_t n,
 int64_t model_tensor_nelem(const struct model_tensor *t);
 const char *model_dtype_name(enum model_dtype dt);
 
+/* A block of a packed weight rearranged into the one layout the GPU
+ * kernels read, whatever the checkpoint's: per output row, the codes along
+ * the input dimension, unsigned (int8: byte k; int4: 32-bit little-endian
+ * word k/8 holds columns 8(k/8) .. +7, column 8w + 2i + h in nibble i + 4h,
+ * so that one mask of a word shifted by 4i yields the adjacent columns 2i,
+ * 2i + 1 as the two halves of a 32-bit register), the row padded with zero
+ * codes to a multiple of 16 bytes; scales [rows][n_groups] in their own dtype (f16 or
+ * bf16, raw bits); zero codes [rows][n_groups] (NULL when every zero is
+ * 2^(bits-1)); for act-order the columns are sorted by group, so that each
+ * group's columns are consecutive, and perm[k] says which column of the
+ * block sits at position k (the kernels gather the activations through it).
+ * w[r][perm[k]] = (code - zero) * scale, rounded to the scale's dtype,
+ * equals quant_deq_row's value exactly. Malloc'd arrays; model_qrepack_free. */
+struct model_qrepack {
+    int bits;
+    int64_t rows, cols;         /* the block's */
+    int group, n_groups;        /* group >= cols when n_groups == 1 */
+    int64_t row_bytes;          /* (cols * bits / 8) rounded up to 16 */
+    bool f16;                   /* scales are f16 (else bf16) */
+    uint8_t *qw;                /* [rows][row_bytes] */
+    uint16_t *scales;           /* [rows][n_groups] */
+    uint8_t *zeros;             /* [rows][n_groups] or NULL */
+    int32_t *perm;              /* [cols] or NULL */
+};
+/* Rows [r0, r0 + nr) x columns [c0, c0 + nc) of t (MODEL_DT_QPACK) into
+ * *out. Returns 0; SL_EINVAL when the column range cuts a quantization group
+ * (a tensor-parallel shard that does not align: the message names the
+ * tensor, the group size and the range); SL_EUNSUP when the layout cannot
+ * hold the weight exactly (f32 scales, a zero code outside 0..255, groups not
+ * a multiple of 8 columns, act-order groups of uneven size): the caller may
+ * dequantize instead. */
+int model_quant_repack(const struct model_tensor *t, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
+                       struct model_qrepack *out, char *err, size_t errlen);
+void model_qrepack_free(struct model_qrepack *p);
+/* Row r of a repacked block as f32, each weight at its column of the
+ * block (dst[cols], as quant_deq_row places them): the reference the GPU
+ * kernels are checked against. */
+void model_qrepack_row(const struct model_qrepack *p, int64_t r, float *dst);
+
 /* ---- configuration --------------------------------------------------------- */
 
 enum model_arch { MODEL_ARCH_LLAMA, MODEL_ARCH_QWEN2, MODEL_ARCH_QWEN3, MODEL_ARCH_MISTRAL };

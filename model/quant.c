@@ -275,6 +275,206 @@ void quant_deq_row(const struct model_quant *q, int64_t r, float *dst)
     }
 }
 
+/* ---- the GPU kernels' layout (model_qrepack) ------------------------------------ */
+
+void model_qrepack_free(struct model_qrepack *p)
+{
+    if (!p) return;
+    free(p->qw);
+    free(p->scales);
+    free(p->zeros);
+    free(p->perm);
+    memset(p, 0, sizeof *p);
+}
+
+/* The raw 16-bit scale of row r, group g (F16 or BF16 scales). */
+static uint16_t scale_raw(const struct model_quant *q, int64_t r, int64_t g)
+{
+    size_t i = q->layout == MODEL_QL_AWQ || q->layout == MODEL_QL_GPTQ ? (size_t)(g * q->rows + r)
+                                                                         : (size_t)(r * q->n_groups + g);
+    const uint8_t *b = (const uint8_t *)q->scales + 2 * i;
+    return (uint16_t)(b[0] | b[1] << 8);
+}
+
+int model_quant_repack(const struct model_tensor *t, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
+                       struct model_qrepack *out, char *err, size_t errlen)
+{
+    const struct model_quant *q = t->quant;
+    const char *name = t->name ? t->name : "?";
+    memset(out, 0, sizeof *out);
+    if (t->dtype != MODEL_DT_QPACK || !q || r0 < 0 || nr <= 0 || c0 < 0 || nc <= 0 || r0 + nr > q->rows ||
+        c0 + nc > q->cols) {
+        sl_seterr(err, errlen, "%s: rows [%lld, %lld) x columns [%lld, %lld) of a packed weight out of range", name,
+                  (long long)r0, (long long)(r0 + nr), (long long)c0, (long long)(c0 + nc));
+        return SL_EINVAL;
+    }
+    if (q->scale_dt != MODEL_DT_F16 && q->scale_dt != MODEL_DT_BF16) {
+        sl_seterr(err, errlen, "%s: %s scales (the GPU layout holds f16 or bf16)", name, model_dtype_name(q->scale_dt));
+        return SL_EUNSUP;
+    }
+    bool channel = q->n_groups == 1;
+    /* the block's columns in the order the kernels read them, and the
+     * source group of each of the block's groups */
+    int64_t *src_col = malloc((size_t)nc * sizeof *src_col);
+    int64_t ng = channel ? 1 : (nc + q->group - 1) / q->group;
+    int64_t *src_g = malloc((size_t)ng * sizeof *src_g);
+    int rc = SL_ENOMEM;
+    if (!src_col || !src_g) {
+        sl_seterr(err, errlen, "out of memory");
+        goto fail;
+    }
+    bool permuted = false;
+    if (channel) {
+        for (int64_t k = 0; k < nc; k++) src_col[k] = c0 + k;
+        src_g[0] = 0;
+    } else if (q->g_idx && q->act_order) {
+        /* stable counting sort of the block's columns by group */
+        int64_t *cnt = calloc((size_t)q->n_groups + 1, sizeof *cnt);
+        if (!cnt) {
+            sl_seterr(err, errlen, "out of memory");
+            goto fail;
+        }
+        for (int64_t k = 0; k < nc; k++) {
+            int64_t g = group_of(q, c0 + k);
+            if (g < 0 || g >= q->n_groups) {
+                free(cnt);
+                sl_seterr(err, errlen, "%s: g_idx[%lld] = %lld, outside its %lld groups", name, (long long)(c0 + k),
+                          (long long)g, (long long)q->n_groups);
+                rc = SL_EINVAL;
+                goto fail;
+            }
+            cnt[g + 1]++;
+        }
+        for (int64_t g = 0; g < q->n_groups; g++) cnt[g + 1] += cnt[g];
+        for (int64_t k = 0; k < nc; k++) src_col[cnt[group_of(q, c0 + k)]++] = c0 + k;
+        free(cnt);
+        for (int64_t j = 0; j < ng; j++) {
+            int64_t a = j * q->group, b = a + q->group < nc ? a + q->group : nc;
+            src_g[j] = group_of(q, src_col[a]);
+            for (int64_t k = a; k < b; k++)
+                if (group_of(q, src_col[k]) != src_g[j]) {
+                    sl_seterr(err, errlen,
+                              "%s: act-order groups of uneven size in columns [%lld, %lld) (the GPU layout takes "
+                              "groups of %d consecutive columns once sorted)",
+                              name, (long long)c0, (long long)(c0 + nc), q->group);
+                    rc = SL_EUNSUP;
+                    goto fail;
+                }
+        }
+        for (int64_t k = 0; k < nc; k++) permuted |= src_col[k] != c0 + k;
+    } else {
+        if (c0 % q->group) {
+            sl_seterr(err, errlen,
+                      "%s: a shard of columns [%lld, %lld) cuts its quantization groups of %d columns (a "
+                      "tensor-parallel shard of %lld columns must start at a group boundary)",
+                      name, (long long)c0, (long long)(c0 + nc), q->group, (long long)nc);
+            rc = SL_EINVAL;
+            goto fail;
+        }
+        for (int64_t k = 0; k < nc; k++) src_col[k] = c0 + k;
+        for (int64_t j = 0; j < ng; j++) src_g[j] = c0 / q->group + j;
+    }
+    if (!channel && q->group % 8) {
+        sl_seterr(err, errlen, "%s: groups of %d columns (the GPU kernels take multiples of 8)", name, q->group);
+        rc = SL_EUNSUP;
+        goto fail;
+    }
+    out->bits = q->bits;
+    out->rows = nr, out->cols = nc;
+    out->group = channel ? (int)nc : q->group;
+    out->n_groups = (int)ng;
+    out->row_bytes = ((nc * q->bits + 7) / 8 + 15) / 16 * 16;
+    out->f16 = q->scale_dt == MODEL_DT_F16;
+    out->qw = calloc((size_t)(nr * out->row_bytes), 1);
+    out->scales = malloc((size_t)(nr * ng) * 2);
+    out->zeros = malloc((size_t)(nr * ng));
+    if (permuted) out->perm = malloc((size_t)nc * 4);
+    if (!out->qw || !out->scales || !out->zeros || (permuted && !out->perm)) {
+        sl_seterr(err, errlen, "out of memory");
+        goto fail;
+    }
+    if (permuted)
+        for (int64_t k = 0; k < nc; k++) out->perm[k] = (int32_t)(src_col[k] - c0);
+    /* int-quantized int8 stores q and its zero signed: both move up by 128 */
+    int shift = q->layout == MODEL_QL_CT_INT ? 128 : 0, zsym = 1 << (q->bits - 1);
+    bool all_sym = true;
+    for (int64_t r = 0; r < nr; r++) {
+        int64_t sr = r0 + r;
+        for (int64_t j = 0; j < ng; j++) {
+            int z = zero_of(q, sr, src_g[j]) + shift;
+            if (z < 0 || z > 255) {
+                sl_seterr(err, errlen, "%s: zero point %d of row %lld (the GPU layout holds 0..255)", name, z - shift,
+                          (long long)sr);
+                rc = SL_EUNSUP;
+                goto fail;
+            }
+            all_sym &= z == zsym;
+            out->zeros[r * ng + j] = (uint8_t)z;
+            out->scales[r * ng + j] = scale_raw(q, sr, src_g[j]);
+        }
+    }
+    /* the codes: an 8B model's billions of them, so rows in parallel, and
+     * compressed-tensors int4 (the common case) a word at a time */
+    bool ct4 = q->layout == MODEL_QL_CT && q->bits == 4 && !permuted && c0 % 8 == 0;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < nr; r++) {
+        int64_t sr = r0 + r;
+        uint8_t *row = out->qw + r * out->row_bytes;
+        int64_t k = 0;
+        if (ct4) {
+            const uint8_t *src = (const uint8_t *)q->qweight + (size_t)(sr * (q->cols / 8) + c0 / 8) * 4;
+            for (; k + 8 <= nc; k += 8) {
+                uint32_t w, o = 0;
+                memcpy(&w, src + k / 2, 4);
+                for (int j = 0; j < 8; j++) o |= ((w >> (4 * j)) & 0xFu) << (4 * (j / 2 + 4 * (j % 2)));
+                memcpy(row + k / 2, &o, 4);
+            }
+        }
+        for (; k < nc; k++) {
+            int u = code_of(q, sr, src_col[k]) + shift;
+            if (q->bits == 8) {
+                row[k] = (uint8_t)u;
+            } else {
+                int nib = (int)(k % 8 / 2 + 4 * (k % 2)); /* see model_qrepack */
+                row[k / 8 * 4 + nib / 2] |= (uint8_t)((u & 0xF) << (4 * (nib % 2)));
+            }
+        }
+    }
+    if (all_sym) {
+        free(out->zeros);
+        out->zeros = NULL;
+    }
+    free(src_col);
+    free(src_g);
+    return 0;
+fail:
+    free(src_col);
+    free(src_g);
+    model_qrepack_free(out);
+    return rc;
+}
+
+void model_qrepack_row(const struct model_qrepack *p, int64_t r, float *dst)
+{
+    const uint8_t *row = p->qw + r * p->row_bytes;
+    enum model_dtype dt = p->f16 ? MODEL_DT_F16 : MODEL_DT_BF16;
+    for (int64_t k = 0; k < p->cols; k++) {
+        int g = (int)(k / p->group);
+        int nib = (int)(k % 8 / 2 + 4 * (k % 2));
+        int u = p->bits == 8 ? row[k] : (row[k / 8 * 4 + nib / 2] >> (4 * (nib % 2))) & 0xF;
+        int z = p->zeros ? p->zeros[r * p->n_groups + g] : 1 << (p->bits - 1);
+        uint16_t sb = p->scales[r * p->n_groups + g];
+        float s;
+        if (p->f16) {
+            s = quant_f16_to_f32(sb);
+        } else {
+            uint32_t b = (uint32_t)sb << 16;
+            memcpy(&s, &b, 4);
+        }
+        dst[p->perm ? p->perm[k] : k] = round_to((float)(u - z) * s, dt);
+    }
+}
+
 void model_quant_describe(const struct model_quant *q, char *out, size_t cap)
 {
     char grp[24];
@@ -604,6 +804,22 @@ static void config_claim(const struct quant_cfg *qc, const char *name, bool line
     if (!best) return;
     *c = qc->schemes[best->scheme];
     c->why = best->text;
+}
+
+int quant_cfg_scheme(const struct quant_cfg *qc, const char *module, bool linear, int *bits, int *group, bool *sym,
+                     bool *act_order, char *err, size_t errlen)
+{
+    struct claim c;
+    if (!qc) return 0;
+    config_claim(qc, module, linear, &c);
+    if (!c.quant) return 0;
+    if (c.float_type || (c.bits != 4 && c.bits != 8)) {
+        sl_seterr(err, errlen, "quantization_config: %s: %s%d weights are not supported (int4 and int8 are)", module,
+                  c.float_type ? "float" : "int", c.bits);
+        return SL_EUNSUP;
+    }
+    *bits = c.bits, *group = c.group, *sym = c.known_sym ? c.sym : true, *act_order = c.act_order;
+    return 1;
 }
 
 /* ---- the format of one weight ------------------------------------------------------ */

@@ -39,6 +39,14 @@ int quant_load_weight(const st_set *st, const struct quant_cfg *qc, const char *
                       int64_t cols, struct model_tensor *t, struct model_quant *q, char *file_name,
                       size_t file_name_cap, char *err, size_t errlen);
 
+/* What the config says of module `module` (linear: an nn.Linear), for
+ * --load-format dummy, which has no file to decide from: 1 with its scheme
+ * (group 0: per channel; sym as configured, true where AWQ/GPTQ leave it to
+ * the file) when it is quantized, 0 when it stays dense, a negative status
+ * with a message for a scheme sluice does not run (fp8, ...). */
+int quant_cfg_scheme(const struct quant_cfg *qc, const char *module, bool linear, int *bits, int *group, bool *sym,
+                     bool *act_order, char *err, size_t errlen);
+
 /* Row r of a packed weight as f32 into dst[q->cols]: exactly the values the
  * format's reference dequantizer gives (in the scale's dtype). */
 /* exact IEEE half -> single (subnormals, infinities, NaN payloads) */

@@ -248,6 +248,91 @@ static void test_checkpoints(void)
     for (int i = 0; i < NCK; i++) run_checkpoint(CKPTS[i]);
 }
 
+/* ---- the GPU layout (model_quant_repack) ----------------------------------------- */
+
+/* Rows [r0, r0 + nr) x columns [c0, c0 + nc) of t repacked, row by row
+ * against quant_deq_row's values (bit for bit). Returns the repack status;
+ * *bad counts rows that differ. */
+static int repack_block(const struct model_tensor *t, int64_t r0, int64_t nr, int64_t c0, int64_t nc, int *bad,
+                        char *err, size_t errlen)
+{
+    struct model_qrepack rp;
+    int rc = model_quant_repack(t, r0, nr, c0, nc, &rp, err, errlen);
+    if (rc) return rc;
+    const struct model_quant *q = t->quant;
+    float *ref = malloc((size_t)q->cols * sizeof *ref), *got = malloc((size_t)nc * sizeof *got);
+    for (int64_t r = 0; r < nr; r++) {
+        quant_deq_row(q, r0 + r, ref);
+        model_qrepack_row(&rp, r, got);
+        if (memcmp(ref + c0, got, (size_t)nc * sizeof *got) != 0) ++*bad;
+    }
+    bool rb_ok = rp.row_bytes % 16 == 0 && rp.row_bytes * 8 >= nc * rp.bits;
+    if (!rb_ok) ++*bad;
+    free(ref), free(got);
+    model_qrepack_free(&rp);
+    return 0;
+}
+
+/* Every packed matrix of every checkpoint in the GPU kernels' layout: whole,
+ * its halves by rows (column-parallel shards) and by columns (row-parallel
+ * shards, where the halves start at a group boundary), equal to the CPU
+ * dequantization; a column shard that cuts a group is refused naming the
+ * tensor and the group size. */
+static void test_repack(void)
+{
+    int n_whole = 0, n_shard = 0, n_unsup = 0, n_cut = 0;
+    for (int i = 0; i < NCK; i++) {
+        char dir[256], err[512];
+        snprintf(dir, sizeof dir, "%s/%s", QDIR, CKPTS[i]);
+        model *m = model_load(dir, NULL, err, sizeof err);
+        CHECKF(m != NULL, "%s: %s", CKPTS[i], err);
+        if (!m) continue;
+        const struct model_weights *w = model_get_weights(m);
+        for (int l = 0; l < model_get_config(m)->n_layer; l++) {
+            const struct model_layer_weights *L = &w->layers[l];
+            const struct model_tensor *ts[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+            for (size_t j = 0; j < sizeof ts / sizeof ts[0]; j++) {
+                const struct model_tensor *t = ts[j];
+                if (t->dtype != MODEL_DT_QPACK) continue;
+                const struct model_quant *q = t->quant;
+                int bad = 0;
+                int rc = repack_block(t, 0, q->rows, 0, q->cols, &bad, err, sizeof err);
+                CHECKF(rc == 0 && bad == 0, "%s %s: rc %d (%s), %d rows differ", CKPTS[i], t->name, rc, err, bad);
+                n_whole++;
+                rc = repack_block(t, q->rows / 2, q->rows - q->rows / 2, 0, q->cols, &bad, err, sizeof err);
+                CHECKF(rc == 0 && bad == 0, "%s %s rows: rc %d (%s)", CKPTS[i], t->name, rc, err);
+                int64_t h = q->cols / 2;
+                rc = repack_block(t, 0, q->rows, h, q->cols - h, &bad, err, sizeof err);
+                bool aligned = q->n_groups == 1 || h % q->group == 0;
+                if (q->act_order) {
+                    /* the half's columns may fall into groups of uneven size: then the
+                     * caller dequantizes instead */
+                    CHECKF(rc == 0 || rc == SL_EUNSUP, "%s %s act-order half: rc %d (%s)", CKPTS[i], t->name, rc, err);
+                    n_unsup += rc == SL_EUNSUP;
+                } else if (aligned) {
+                    CHECKF(rc == 0, "%s %s columns: rc %d (%s)", CKPTS[i], t->name, rc, err);
+                } else {
+                    CHECKF(rc == SL_EINVAL && strstr(err, t->name), "%s %s: rc %d (%s)", CKPTS[i], t->name, rc, err);
+                }
+                CHECKF(bad == 0, "%s %s: %d shard rows differ", CKPTS[i], t->name, bad);
+                n_shard += rc == 0;
+                if (q->n_groups > 1 && !q->act_order) {
+                    rc = repack_block(t, 0, q->rows, 8, q->cols - 8, &bad, err, sizeof err);
+                    char want[32];
+                    snprintf(want, sizeof want, "groups of %d columns", q->group);
+                    CHECKF(rc == SL_EINVAL && strstr(err, t->name) && strstr(err, want), "%s %s: rc %d (%s)",
+                           CKPTS[i], t->name, rc, err);
+                    n_cut++;
+                }
+            }
+        }
+        model_free(m);
+    }
+    printf("  %d matrices exact in the GPU layout, %d column/row shards, %d act-order shards left to bf16, %d cuts "
+           "refused\n", n_whole, n_shard, n_unsup, n_cut);
+    CHECK(n_whole > 50 && n_cut > 10);
+}
+
 /* ---- the config cross-check ------------------------------------------------------ */
 
 /* A copy of checkpoint `src` in a temp dir whose config.json has `from`
@@ -581,6 +666,7 @@ int main(void)
     RUN(test_ct_packing);
     RUN(test_malformed);
     RUN(test_checkpoints);
+    RUN(test_repack);
     RUN(test_config_disagrees);
     RUN(test_families);
     if (stat(SMOL, &st) == 0 && stat("tests/models/tiny-llama/tokenizer.json", &st) == 0)

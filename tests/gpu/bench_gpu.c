@@ -127,6 +127,16 @@ static void bench_long(int n, int chunk, size_t wbytes, size_t kv_tok)
     }
 }
 
+/* bytes one pass over weight matrix t reads on the GPU: bf16, or packed
+ * codes plus f16/bf16 scales and byte zero points (cuda/qgemm.h) */
+static size_t read_bytes(const struct model_tensor *t)
+{
+    size_t rows = (size_t)t->ne[1], cols = (size_t)t->ne[0];
+    if (t->dtype != MODEL_DT_QPACK || !t->quant) return rows * cols * 2;
+    const struct model_quant *q = t->quant;
+    return rows * ((cols * (size_t)q->bits + 7) / 8 + 15) / 16 * 16 + rows * (size_t)q->n_groups * (q->sym ? 2 : 3);
+}
+
 /* the value of option name ("--name=value") in a, or NULL */
 static const char *opt(const char *a, const char *name)
 {
@@ -203,7 +213,15 @@ int main(int argc, char **argv)
         size_t E = c->n_embd, F = c->n_ff, Q = (size_t)c->n_head * c->head_dim, KV = (size_t)c->n_head_kv * c->head_dim;
         lbytes = 2 * c->n_layer * (E * (Q + 2 * KV) + Q * E + 3 * E * F);
         hbytes = 2 * (size_t)c->n_vocab * E;
-        wbytes = lbytes + hbytes;
+        /* what a decode step reads: packed weights (a quantization_config) at
+         * their codes, scales and zero points */
+        const struct model_weights *w = model_get_weights(m);
+        wbytes = read_bytes(c->tie_embeddings ? &w->tok_embd : &w->lm_head);
+        for (int l = 0; l < c->n_layer; l++) {
+            const struct model_layer_weights *L = &w->layers[l];
+            const struct model_tensor *ts[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+            for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) wbytes += read_bytes(ts[i]);
+        }
     }
     /* a prefill step's GEMM flops: 2 a bf16 weight (2 bytes) for every token
      * through the layers, the LM head for each sequence's last token only */

@@ -7,7 +7,8 @@
 #   tests/gpu/run.sh bench [OPTIONS] NAME...
 #   tests/gpu/run.sh pack [FILE...]
 #
-# check: every tests/gpu/test_* binary; the engine suite (batch invariance,
+# check: every tests/gpu/test_* binary (test_gpu_e2e: also every packed
+#   int4/int8 checkpoint of tests/models/quant against the CPU); the engine suite (batch invariance,
 #   chunked prefill, prefix reuse, preemption) on the CUDA backend with each
 #   KV cache, on tiny-qwen3 and tiny-qwen3-d128 (head_dim 128: the warpgroup
 #   prefill attention on sm_90); test_gpu_e2e and the engine suite once more
@@ -26,6 +27,11 @@
 #   gpu                bench_gpu: TTFT of 2048 tokens, a 16K-token prefill step,
 #                      batch-1 decode at 1K context, decode batches 8 / 64 / 256
 #   decode             decode at 1K context, batches 1, 2, 4, 8, 16, 64, 128, 256
+#   quant              packed weights beside bf16 (tools/configs/llama-3.1-8b,
+#                      -w4g128: int4 group 128, -w8: int8 per channel; bf16
+#                      lm_head): TTFT of 2048, a 16K-token prefill step,
+#                      batch-1 decode at 1K context and batch 16; first bench_qgemm,
+#                      each packed GEMM alone at those shapes (GB/s) beside the bf16 GEMV
 #   long               one 32K and one 131K-token prompt in chunks of 8192
 #                      (TTFT), then batch-1 decode over them; each KV cache
 #   gemm               bench_gemm: the sustained cuBLAS GEMM ceiling at the power
@@ -158,6 +164,12 @@ bench_one() {
     echo "== $n ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $ngpu GPU(s))"
     case $n in
     gpu) timeout -k 5 300 "$B/tests/gpu/bench_gpu" $G 2>&1 | tee "$d/bench_gpu.log" ;;
+    quant)
+        timeout -k 5 300 "$B/tests/gpu/bench_qgemm" 2>&1 | tee "$d/bench_qgemm.log"
+        for s in llama-3.1-8b llama-3.1-8b-w4g128 llama-3.1-8b-w8; do
+            echo "-- $s"
+            timeout -k 5 300 "$B/tests/gpu/bench_gpu" $G --decode=16x1024 "tools/configs/$s" 2>&1 | tee "$d/$s.log"
+        done ;;
     decode)
         timeout -k 5 300 "$B/tests/gpu/bench_gpu" $G --only=decode \
             --decode=2x1024,4x1024,8x1024,16x1024,64x1024,128x1024,256x1024 2>&1 | tee "$d/bench_gpu.log" ;;
