@@ -67,9 +67,14 @@
     const k = apiKey();
     if (k && path.startsWith('/v1/')) headers.set('Authorization', `Bearer ${k}`);
     const r = await fetch(path, {...opts, headers});
-    if (r.status === 401) askKey(k ? 'The server refused this key.' : 'This server needs an API key (--api-key).');
+    // asked once per key: a refresh every 2 s must not bring back a dialog the user closed
+    if (r.status === 401 && keyAsked !== k) {
+      keyAsked = k;
+      askKey(k ? 'The server refused this key.' : 'This server needs an API key (--api-key).');
+    }
     return r;
   }
+  let keyAsked = null;
 
   async function errorOf(r) {
     let msg = `${r.status} ${r.statusText}`;
@@ -102,6 +107,7 @@
       const v = $('key-input').value.trim();
       if (v) localStorage.setItem(LS.key, v);
       else localStorage.removeItem(LS.key);
+      keyAsked = null;
       $('key-dialog').close();
       refreshAll();
     });
@@ -932,6 +938,7 @@
 
   function tick() {
     if (document.hidden) return;
+    if (!chat.models.length) loadModels(); // the model was still loading, or the key was missing
     if (view === 'batches' && $('batch-auto').checked) refreshBatches();
     if (view === 'server') refreshServer();
   }
