@@ -208,7 +208,6 @@ def wait_for(what, fn, timeout=30, interval=0.05):
 
 
 def shot(d, name):
-    os.makedirs(SHOTS, exist_ok=True)
     d.save_screenshot(os.path.join(SHOTS, f"{name}.png"))
 
 
@@ -324,6 +323,7 @@ def test_stop_aborts_the_request(p):
     m = metrics(p.port)
     assert m["sluice:num_requests_running"] == 1 and m["sluice:kv_blocks_used"] > 0, m
     assert p.streaming(), "the reply ended before Stop (1500 tokens asked)"
+    shot(p.d, "3-chat-streaming")
     p.q("#stop").click()
     wait_for("the page to stop streaming", lambda: not p.streaming(), timeout=5)
     # the closed stream ends the request in the engine and frees its KV, long
@@ -334,6 +334,7 @@ def test_stop_aborts_the_request(p):
     reply = p.current()["messages"][-1]
     assert reply.get("stopped") and reply["content"], reply
     assert "stopped" in p.q("#messages .msg.assistant:last-of-type .stats").text
+    shot(p.d, "4-chat-stopped")
     # regenerate: the last reply again, from the same conversation
     p.chat_settings(0, 6)
     p.js("document.querySelector('#messages .msg.assistant:last-of-type .regenerate').click()")
@@ -342,7 +343,7 @@ def test_stop_aborts_the_request(p):
     again = p.current()["messages"]
     assert len(again) == 2 and again[-1]["role"] == "assistant" and not again[-1].get("stopped"), again
     assert reply["content"].startswith(again[-1]["content"][:10]), (reply["content"][:40], again[-1]["content"])
-    shot(p.d, "3-chat-stopped")
+    shot(p.d, "5-chat-regenerated")
 
 
 # What a model might say that a browser would run, were it handed to the HTML parser.
@@ -382,14 +383,15 @@ def test_markup_renders_as_text(p):
     assert p.q("#messages .msg.assistant strong").text == "bold"
     assert p.q("#messages .msg.assistant .code pre code").text.startswith("<script>")
     assert "<img src=x onerror=alert(5)>" in p.q("#conv-list").text
-    shot(p.d, "4-markup-as-text")
+    shot(p.d, "6-markup-as-text")
 
 
-def batch_lines(n, max_tokens):
+def batch_lines(max_tokens):
+    """A batch file: one chat request per entry of max_tokens."""
     return "".join(json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": "/v1/chat/completions",
-                               "body": {"model": NAME, "temperature": 0, "max_tokens": max_tokens,
+                               "body": {"model": NAME, "temperature": 0, "max_tokens": m, "ignore_eos": True,
                                         "messages": [{"role": "user", "content": f"Count from {i} to {i + 5}."}]}})
-                   + "\n" for i in range(n))
+                   + "\n" for i, m in enumerate(max_tokens))
 
 
 def drop_file(p, name, text):
@@ -411,7 +413,7 @@ def newest_batch(p):
 def test_batch_upload_progress_download(p):
     p.tab("batches")
     n = 4
-    drop_file(p, "webui-test.jsonl", batch_lines(n, 6))
+    drop_file(p, "webui-test.jsonl", batch_lines([6] * n))
     wait_for("the upload", lambda: p.q("#batch-create").is_enabled(), timeout=20)
     assert f"{n} requests" in p.q("#upload-info").text, p.q("#upload-info").text
     p.q("#batch-create").click()
@@ -427,7 +429,7 @@ def test_batch_upload_progress_download(p):
     assert int(p.q(f"{row} [role=progressbar]").get_attribute("aria-valuenow")) == 100
     assert f"{n} / {n}" in p.q(row).text, p.q(row).text
     assert max(seen) == 100, seen
-    shot(p.d, "5-batches")
+    shot(p.d, "7-batch-completed")
     # the output as the page downloads it is the Batch API's own
     b = newest_batch(p)
     assert b["status"] == "completed" and b["request_counts"] == {"total": n, "completed": n, "failed": 0}, b
@@ -444,14 +446,19 @@ def test_batch_upload_progress_download(p):
 
 
 def test_batch_cancel(p):
-    drop_file(p, "webui-cancel.jsonl", batch_lines(40, 200))
+    # a few short requests, then long ones: the batch shows a rate and an ETA, then is cancelled
+    drop_file(p, "webui-cancel.jsonl", batch_lines([4] * 4 + [300] * 30))
     wait_for("the upload", lambda: p.q("#batch-create").is_enabled(), timeout=20)
     p.q("#batch-create").click()
     bid = wait_for("the new batch", lambda: (lambda r: r.get_attribute("data-batch") if r.get_attribute(
         "data-status") in ("validating", "in_progress") else None)(p.q("#batch-table tbody tr")), timeout=20)
-    cancel = wait_for("its Cancel button", lambda: [e for e in p.qs(f"#batch-table tr[data-batch='{bid}'] button")
-                                                    if e.text == "Cancel"])
-    cancel[0].click()
+    row = f"#batch-table tr[data-batch='{bid}']"
+    rate = wait_for("a rate and an ETA", lambda: (lambda c: c if "req/s" in c[3].text and ":" in c[4].text else None)(
+        p.qs(f"{row} td")), timeout=30, interval=0.2)
+    assert float(rate[3].text.split()[0]) > 0, rate[3].text
+    shot(p.d, "8-batch-running")
+    cancel = wait_for("its Cancel button", lambda: [e for e in p.qs(f"{row} button") if e.text == "Cancel"])
+    cancel[0].click()  # the same button across the list's refreshes (else this click would find it stale)
     wait_for("the batch to be cancelled", lambda: p.q(f"#batch-table tr[data-batch='{bid}']").get_attribute(
         "data-status") == "cancelled", timeout=60, interval=0.2)
     st, _, body = request(p.port, "GET", f"/v1/batches/{bid}")
@@ -476,7 +483,7 @@ def test_status_panel(p):
     kv = p.js(stat, "KV cache")
     assert f"/ {int(m['sluice:kv_blocks_total']):,} blocks" in kv, (kv, m["sluice:kv_blocks_total"])
     assert p.js(stat, "Health").startswith("ok"), p.js(stat, "Health")
-    shot(p.d, "6-server")
+    shot(p.d, "9-server")
 
 
 def test_no_console_errors(p):
@@ -515,6 +522,8 @@ def main():
             skipped = len([t for t in BROWSER_TESTS if not only or t.__name__ in only])
             print(f"skip {skipped} browser tests: {why}", flush=True)
         else:
+            shutil.rmtree(SHOTS, ignore_errors=True)
+            os.makedirs(SHOTS)
             try:
                 driver = start_browser()
             except Exception as e:  # noqa: BLE001 (a browser that will not start is a failure, said plainly)

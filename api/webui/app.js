@@ -381,7 +381,10 @@
       }
       if (msg.role === 'user') body.replaceChildren(el('p', {class: 'plain', text: msg.content}));
       else body.replaceChildren(markdown(msg.content));
-      if (msg.streaming && !msg.content && !msg.reasoning) body.append(el('span', {class: 'cursor'}));
+      if (msg.streaming) { // the cursor at the end of the text as it grows
+        const tail = body.lastElementChild;
+        (tail && tail.tagName === 'P' ? tail : body).append(el('span', {class: 'cursor'}));
+      }
       const flags = [];
       if (msg.stopped) flags.push(el('span', {class: 'pill warn', text: 'stopped'}));
       if (msg.error) flags.push(el('span', {class: 'pill bad', text: msg.error}));
@@ -758,6 +761,7 @@
       eta = `took ${fmtDuration(b.completed_at - b.in_progress_at)}`;
     }
     const actions = el('div', {class: 'row-actions'});
+    const sig = [b.status, b.output_file_id, b.error_file_id].join(' ');
     if (['validating', 'in_progress', 'finalizing'].includes(b.status)) {
       const cancel = el('button', {type: 'button', class: 'ghost tiny danger-text', text: 'Cancel'});
       cancel.addEventListener('click', async () => {
@@ -780,15 +784,26 @@
     const name = b.metadata && typeof b.metadata.filename === 'string' ? b.metadata.filename : b.input_file_id;
     const created = b.created_at ? new Date(b.created_at * 1000).toLocaleString() : '';
     const errs = b.errors && b.errors.data ? b.errors.data.map((e) => `${e.line ? `line ${e.line}: ` : ''}${e.message}`) : [];
-    return el('tr', {'data-batch': b.id, 'data-status': b.status},
+    return el('tr', {'data-batch': b.id, 'data-status': b.status, 'data-actions': sig},
       el('td', {}, el('div', {class: 'mono', text: b.id}),
         el('div', {class: 'muted small', text: `${name} · ${b.endpoint} · ${created}`}),
         errs.length ? el('div', {class: 'bad small', text: errs.slice(0, 3).join('; ')}) : null),
       el('td', {}, el('span', {class: `pill status-${b.status}`, text: b.status.replace('_', ' ')})),
       el('td', {}, progressBar(c.completed, c.failed, c.total)),
-      el('td', {text: rate ? `${rate < 10 ? rate.toFixed(2) : rate.toFixed(0)} req/s` : '—'}),
-      el('td', {class: 'small', text: eta}),
+      el('td', {class: 'nowrap', text: rate ? `${rate < 10 ? rate.toFixed(2) : rate.toFixed(0)} req/s` : '—'}),
+      el('td', {class: 'small nowrap', text: eta}),
       el('td', {}, actions));
+  }
+
+  // The new rows in place of the old; a row whose buttons are the same keeps its old buttons, so a
+  // click is never lost to a refresh that replaced the button under the pointer.
+  function swapRows(tbody, rows) {
+    const old = new Map([...tbody.rows].map((r) => [r.dataset.batch, r]));
+    for (const r of rows) {
+      const o = old.get(r.dataset.batch);
+      if (o && o.dataset.actions === r.dataset.actions) r.lastElementChild.replaceWith(o.lastElementChild);
+    }
+    tbody.replaceChildren(...rows);
   }
 
   async function refreshBatches() {
@@ -796,7 +811,7 @@
       const j = await apiJSON(`/v1/batches?limit=${batches.limit}`);
       const now = Date.now() / 1000;
       const rows = (j.data || []).map((b) => batchRow(b, now));
-      $('batch-table').tBodies[0].replaceChildren(...rows);
+      swapRows($('batch-table').tBodies[0], rows);
       $('batch-empty').hidden = rows.length > 0;
       $('batch-more').hidden = !j.has_more;
     } catch (e) {
