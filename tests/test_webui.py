@@ -413,9 +413,12 @@ def newest_batch(p):
 def test_batch_upload_progress_download(p):
     p.tab("batches")
     n = 4
-    drop_file(p, "webui-test.jsonl", batch_lines([6] * n))
+    # and one request the server refuses: a failed row, in the error file
+    bad = json.dumps({"custom_id": "bad", "method": "POST", "url": "/v1/chat/completions",
+                      "body": {"model": NAME, "messages": 5}}) + "\n"
+    drop_file(p, "webui-test.jsonl", batch_lines([6] * n) + bad)
     wait_for("the upload", lambda: p.q("#batch-create").is_enabled(), timeout=20)
-    assert f"{n} requests" in p.q("#upload-info").text, p.q("#upload-info").text
+    assert f"{n + 1} requests" in p.q("#upload-info").text, p.q("#upload-info").text
     p.q("#batch-create").click()
     bid = wait_for("the batch in the list", lambda: p.q("#batch-table tbody tr").get_attribute("data-batch"))
     assert bid == newest_batch(p)["id"]
@@ -427,22 +430,27 @@ def test_batch_upload_progress_download(p):
         return p.q(row).get_attribute("data-status") == "completed"
     wait_for("the batch to complete in the list", progress, timeout=90, interval=0.2)
     assert int(p.q(f"{row} [role=progressbar]").get_attribute("aria-valuenow")) == 100
-    assert f"{n} / {n}" in p.q(row).text, p.q(row).text
+    assert f"{n + 1} / {n + 1} (1 failed)" in p.q(row).text, p.q(row).text
     assert max(seen) == 100, seen
     shot(p.d, "7-batch-completed")
-    # the output as the page downloads it is the Batch API's own
+    # the files as the page downloads them are the Batch API's own
     b = newest_batch(p)
-    assert b["status"] == "completed" and b["request_counts"] == {"total": n, "completed": n, "failed": 0}, b
-    p.q(f"{row} button[data-file='{b['output_file_id']}']").click()
-    path = os.path.join(DOWNLOADS, f"{bid}_output.jsonl")
-    wait_for("the download", lambda: os.path.exists(path) and not os.path.exists(path + ".crdownload"), timeout=20)
-    time.sleep(0.2)
-    with open(path, "rb") as f:
-        got = f.read()
-    st, _, want = request(p.port, "GET", f"/v1/files/{b['output_file_id']}/content")
-    assert st == 200 and got == want, (len(got), len(want))
-    ids = sorted(json.loads(line)["custom_id"] for line in got.decode().splitlines())
+    assert b["status"] == "completed" and b["request_counts"] == {"total": n + 1, "completed": n, "failed": 1}, b
+    got = {}
+    for key, suffix in (("output_file_id", "output"), ("error_file_id", "errors")):
+        p.q(f"{row} button[data-file='{b[key]}']").click()
+        path = os.path.join(DOWNLOADS, f"{bid}_{suffix}.jsonl")
+        wait_for(f"the {suffix} download", lambda: os.path.exists(path) and not os.path.exists(path + ".crdownload"),
+                 timeout=20)
+        time.sleep(0.2)
+        with open(path, "rb") as f:
+            got[key] = f.read()
+        st, _, want = request(p.port, "GET", f"/v1/files/{b[key]}/content")
+        assert st == 200 and got[key] == want, (key, len(got[key]), len(want))
+    ids = sorted(json.loads(line)["custom_id"] for line in got["output_file_id"].decode().splitlines())
     assert ids == sorted(f"req-{i}" for i in range(n)), ids
+    errs = [json.loads(line) for line in got["error_file_id"].decode().splitlines()]
+    assert [e["custom_id"] for e in errs] == ["bad"], errs
 
 
 def test_batch_cancel(p):
