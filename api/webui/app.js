@@ -922,7 +922,8 @@
       stat('Decode', liveTok === null ? '—' : `${fmtNum(liveTok, 1)} tok/s`, `${fmtNum(decoded)} tokens since start`),
       stat('Batch work', `${fmtNum(g('batch_throughput_tokens_per_second'), 1)} tok/s`,
         g('batch_store_failing') ? 'the batch store cannot write' : `${fmtNum(g('batch_results_waiting'))} results waiting`),
-      stat('Chat TTFT', ttftN ? fmtDuration(ttftSum / ttftN) : '—', `mean of ${fmtNum(ttftN)} requests`),
+      stat('Chat TTFT', ttftN ? fmtDuration(ttftSum / ttftN) : '—',
+        `mean of ${fmtNum(ttftN)} request${ttftN === 1 ? '' : 's'}`),
       stat('Answered', fmtNum(g('request_success_total')), `${fmtNum(g('request_failure_total'))} refused or failed`),
       stat('Tokens', fmtNum(g('generation_tokens_total')), `generated, ${fmtNum(g('prompt_tokens_total'))} prompt`),
     ];
