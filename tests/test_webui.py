@@ -283,7 +283,9 @@ def test_chat_streams(p):
           const n = c ? c.textContent.length : 0;
           if (n && window.__lengths[window.__lengths.length - 1] !== n) window.__lengths.push(n);
         }).observe(document.getElementById('messages'), {childList: true, subtree: true, characterData: true});""")
-    prompt = "What is the capital of France? Answer in one sentence."
+    prompt = "What is the capital of France?"
+    system = "Answer in one short sentence."
+    p.q("#system").send_keys(system)
     p.q("#prompt").send_keys(prompt + "\n")
     wait_for("the reply to start", p.streaming, timeout=10)
     wait_for("the reply to end", lambda: not p.streaming(), timeout=60)
@@ -299,8 +301,9 @@ def test_chat_streams(p):
         assert len(lengths) >= 3, f"not drawn as it streamed: text lengths {lengths}"
     # the text the page assembled is what the API answers to the same request
     st, _, body = request(p.port, "POST", "/v1/chat/completions",
-                          {"model": NAME, "messages": [{"role": "user", "content": prompt}], "temperature": 0,
-                           "max_tokens": 16})
+                          {"model": NAME, "messages": [{"role": "system", "content": system},
+                                                       {"role": "user", "content": prompt}],
+                           "temperature": 0, "max_tokens": 16})
     assert st == 200, body
     api = json.loads(body)
     assert reply["content"] == api["choices"][0]["message"]["content"], (reply["content"], api)
@@ -310,8 +313,14 @@ def test_chat_streams(p):
     assert s["ttft_ms"] > 0 and s.get("tok_s", 0) > 0, s
     stats = p.q("#messages .msg.assistant:last-of-type .stats").text
     assert f"completion {s['completion_tokens']}" in stats and "TTFT" in stats and "tok/s" in stats, stats
-    assert conv["title"].startswith("What is the capital"), conv["title"]
+    assert conv["title"].startswith("What is the capital") and conv["system"] == system, conv
     shot(p.d, "2-chat")
+    # Copy puts the reply's text, as the model wrote it, on the clipboard
+    p.d.execute_cdp_cmd("Browser.grantPermissions", {"origin": p.url.rstrip("/"),
+                                                     "permissions": ["clipboardReadWrite", "clipboardSanitizedWrite"]})
+    p.js("document.querySelector('#messages .msg.assistant:last-of-type .actions button').click()")
+    wait_for("the copy", lambda: p.d.execute_async_script(
+        "navigator.clipboard.readText().then(arguments[0], () => arguments[0](null))") == reply["content"], timeout=5)
 
 
 def test_stop_aborts_the_request(p):
