@@ -365,7 +365,8 @@ def test_markup_renders_as_text(p):
     conv = {"id": "hostile", "title": "<img src=x onerror=alert(5)>", "system": "",
             "messages": [{"role": "user", "content": "<script>window.__pwned = 6</script>"},
                          {"role": "assistant", "content": HOSTILE, "reasoning": "<img src=x onerror=alert(7)>",
-                          "stats": {"completion_tokens": 3}}], "updated": 0}
+                          "stats": {"completion_tokens": 3},
+                          "streaming": True}], "updated": 0}  # kept mid-reply: shown as stopped
     p.js("localStorage.setItem('sluice.conversations', JSON.stringify([arguments[0]].concat("
          "JSON.parse(localStorage.getItem('sluice.conversations') || '[]'))));"
          "localStorage.setItem('sluice.current', 'hostile');", conv)
@@ -392,6 +393,7 @@ def test_markup_renders_as_text(p):
     assert p.q("#messages .msg.assistant strong").text == "bold"
     assert p.q("#messages .msg.assistant .code pre code").text.startswith("<script>")
     assert "<img src=x onerror=alert(5)>" in p.q("#conv-list").text
+    assert "stopped" in p.q("#messages .msg.assistant .stats").text
     shot(p.d, "6-markup-as-text")
 
 

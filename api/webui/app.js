@@ -291,6 +291,15 @@
     models: [],
   };
   const settings = Object.assign({model: '', temperature: 0.7, max_tokens: 512}, loadJSON(LS.settings, {}));
+  // a reply kept while it streamed (the page closed, or another save came mid-reply) ended there
+  for (const c of chat.convs) {
+    for (const m of c.messages || []) {
+      if (m.streaming) {
+        delete m.streaming;
+        m.stopped = true;
+      }
+    }
+  }
 
   const newId = () => `c${Date.now().toString(36)}${Math.random().toString(36).slice(2, 7)}`;
 
@@ -622,13 +631,19 @@
     m.classList.toggle('bad', !!bad);
   }
 
-  // Reads the JSONL in the browser first: the line count, and the first line that is not a request.
+  // Reads the JSONL in the browser first: the line count, and the first line that is not a request
+  // (among the first CHECK_LINES: the server checks them all).
+  const CHECK_LINES = 10000;
   function checkJsonl(text) {
     const lines = text.split('\n');
     let n = 0;
     let url = null;
     for (let i = 0; i < lines.length; i++) {
       if (!lines[i].trim()) continue;
+      if (i >= CHECK_LINES) {
+        n++;
+        continue;
+      }
       let j;
       try {
         j = JSON.parse(lines[i]);
