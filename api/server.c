@@ -141,8 +141,8 @@ static void on_ready(evutil_socket_t fd, short what, void *arg)
             url_host(s->o.host, true, h2, sizeof h2), s->o.port,
             s->o.api_key && *s->o.api_key ? " -H \"Authorization: Bearer $SLUICE_API_KEY\"" : "", s->model_name);
     if (s->o.web_ui)
-        fprintf(stderr, "web page (chat, batch jobs, status): http://%s:%ld/\n", url_host(s->o.host, true, h2, sizeof h2),
-                s->o.port);
+        fprintf(stderr, "web page (chat, batch jobs, status): http://%s:%ld/\n",
+                url_host(s->o.host, true, h2, sizeof h2), s->o.port);
 }
 
 static void on_wake(evutil_socket_t fd, short what, void *arg)
