@@ -67,6 +67,9 @@ $(BUILD)/%.o: %.c $(wildcard */*.h) | $(DEPS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
+# the web page's files, built into webui.o by .incbin (api/webui.c)
+$(BUILD)/api/webui.o: $(wildcard api/webui/*)
+
 # attn_wg.cu's warpgroup MMA needs the arch-specific sm_90a target
 comma := ,
 NVFLAGS_WG ?= $(subst arch=compute_90$(comma)code=sm_90,arch=compute_90a$(comma)code=sm_90a,$(NVFLAGS))

@@ -145,6 +145,9 @@ static void on_ready(evutil_socket_t fd, short what, void *arg)
             s->o.enforce_eager && !strcmp(s->be->ops->name, "cuda") ? ", enforce-eager: no CUDA graphs" : "",
             url_host(s->o.host, true, h2, sizeof h2), s->o.port,
             s->o.api_key && *s->o.api_key ? " -H \"Authorization: Bearer $SLUICE_API_KEY\"" : "", s->model_name);
+    if (s->o.web_ui)
+        fprintf(stderr, "web page (chat, batch jobs, status): http://%s:%ld/\n",
+                url_host(s->o.host, true, h2, sizeof h2), s->o.port);
 }
 
 static void on_wake(evutil_socket_t fd, short what, void *arg)
@@ -251,6 +254,11 @@ static void handle_metrics(struct server *s, struct evhttp_request *req)
     double hit = st.kv.query_tokens ? (double)st.kv.hit_tokens / (double)st.kv.query_tokens : 0.0;
 #define GAUGE(n, h, fmt, v) evbuffer_add_printf(o, "# HELP sluice:" n " " h "\n# TYPE sluice:" n " gauge\nsluice:" n " " fmt "\n", v)
 #define COUNTER(n, h, v) evbuffer_add_printf(o, "# HELP sluice:" n " " h "\n# TYPE sluice:" n " counter\nsluice:" n " %llu\n", (unsigned long long)(v))
+    /* what the web page's status panel shows beside the gauges */
+    evbuffer_add_printf(o, "# HELP sluice:server_info The server: version, backend, GPUs per model.\n# TYPE "
+                        "sluice:server_info gauge\nsluice:server_info{version=\"%s\",backend=\"%s\","
+                        "tensor_parallel_size=\"%ld\"} 1\n", SLUICE_VERSION, s->be ? s->be->ops->name : "",
+                        s->o.tensor_parallel_size);
     GAUGE("num_requests_running", "Requests running in the engine.", "%d", st.sched.n_running);
     GAUGE("num_requests_waiting", "Requests waiting to be scheduled.", "%d", st.sched.n_waiting);
     GAUGE("kv_blocks_total", "KV cache blocks in the pool.", "%d", st.kv.blocks_total);
@@ -524,6 +532,7 @@ static void route(struct evhttp_request *req, void *arg)
         }
         return;
     }
+    if (s->o.web_ui && srv_webui_route(req, path)) return; /* the page at / and its files */
     int r = -1;
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
         if (!strcmp(path, routes[i].path)) r = (int)i;
@@ -630,7 +639,8 @@ static const char USAGE[] =
     "usage: sluice serve [MODEL] [--model MODEL] [flags]\n"
     "  OpenAI-compatible server: /v1/chat/completions, /v1/completions, /v1/responses, /v1/models,\n"
     "  /health, /metrics, /tokenize, /detokenize, /apply-template,\n"
-    "  and the Batch API: /v1/files, /v1/batches. Flags are named as in vLLM.\n\n";
+    "  and the Batch API: /v1/files, /v1/batches; a web page at / (--no-web-ui: none).\n"
+    "  Flags are named as in vLLM.\n\n";
 
 int api_cmd_serve(int argc, char **argv)
 {
@@ -641,6 +651,7 @@ int api_cmd_serve(int argc, char **argv)
     o->host = "127.0.0.1";
     o->port = 8000;
     o->enable_prefix_caching = true;
+    o->web_ui = true;
     /* not given: the model's length, vLLM's sizes for the device, 0.9 */
     o->max_model_len = o->max_num_seqs = o->max_num_batched_tokens = API_FLAG_UNSET;
     o->gpu_memory_utilization = NAN;
@@ -673,6 +684,8 @@ int api_cmd_serve(int argc, char **argv)
         {"--host", API_FLAG_STR, &o->host, "address to listen on (127.0.0.1)", NULL},
         {"--port", API_FLAG_INT, &o->port, "port (8000)", NULL},
         {"--api-key", API_FLAG_STR, &o->api_key, "require 'Authorization: Bearer KEY' on /v1/*", NULL},
+        {"--web-ui", API_FLAG_BOOL, &o->web_ui, "serve the web page (chat, batch jobs, status) at / (on)",
+         "--no-web-ui"},
         {"--max-model-len", API_FLAG_HUMAN_INT, &o->max_model_len,
          "prompt + completion tokens at most, e.g. 32k (32000) or 32K (32768)", NULL},
         {"--max-num-seqs", API_FLAG_INT, &o->max_num_seqs, "sequences running at once (GPU 256, CPU 64)", NULL},

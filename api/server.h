@@ -57,6 +57,7 @@ struct server_opts {
     const char *data_dir;       /* the batch store (server_batch.c) */
     long max_batch_file_lines, max_batch_file_bytes;
     bool allow_short_windows;   /* test only: completion windows like "3s" */
+    bool web_ui;                /* serve the web page at / (webui.c); --no-web-ui turns it off */
     /* connection limits (server_conn.c) */
     long max_header_bytes;      /* request line + headers; over it: 431 */
     long max_header_count;      /* header fields; over it: 431 */
@@ -148,6 +149,12 @@ int srv_conns_start(struct server *s, struct evhttp_bound_socket *bound, char *e
 void srv_conns_stop(struct server *s);
 /* route(): req goes to a handler; its connection is busy until the reply ends. */
 void srv_conn_request(struct server *s, struct evhttp_request *req);
+
+/* ---- webui.c: the web page at / (chat, batch jobs, server status) ---- */
+/* Serves req when path is one of the page's files (GET/HEAD; other methods
+ * get 405) and returns true; false, having done nothing, for any other path.
+ * The files are built into the binary. Api thread. */
+bool srv_webui_route(struct evhttp_request *req, const char *path);
 
 /* ---- server_complete.c: /v1/chat/completions, /v1/completions ---- */
 void srv_handle_completions(struct server *s, struct evhttp_request *req, bool chat);
