@@ -113,14 +113,16 @@ static int conn_open(struct conn *c, const struct hc_target *t, char *err, size_
             continue;
         }
         fcntl(fd, F_SETFL, fl);
-        struct timeval tv = {.tv_sec = (time_t)c->timeout, .tv_usec = (suseconds_t)((c->timeout - (time_t)c->timeout) * 1e6)};
+        struct timeval tv = {.tv_sec = (time_t)c->timeout,
+                             .tv_usec = (suseconds_t)((c->timeout - (time_t)c->timeout) * 1e6)};
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
         setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
         c->fd = fd;
     }
     freeaddrinfo(res);
     if (c->fd < 0) {
-        snprintf(err, errlen, "cannot connect to %s:%s: %s (is the server running?)", t->host, t->port, strerror(last));
+        snprintf(err, errlen, "cannot connect to %s:%s: %s (is the server running?)", t->host, t->port,
+                 strerror(last));
         return -1;
     }
     c->pos = c->len = 0;
@@ -218,8 +220,8 @@ static int send_request(struct conn *c, const struct hc_target *t, const char *m
     if (t->api_key) json_buf_addf(&h, "Authorization: Bearer %s\r\n", t->api_key);
     if (body) {
         long long len = (long long)body->n + (body->file ? body->file_size : 0) + (long long)body->tail_n;
-        json_buf_addf(&h, "Content-Type: %s\r\nContent-Length: %lld\r\n", body->ctype ? body->ctype : "application/json",
-                      len);
+        json_buf_addf(&h, "Content-Type: %s\r\nContent-Length: %lld\r\n",
+                      body->ctype ? body->ctype : "application/json", len);
     } else if (!strcmp(method, "POST") || !strcmp(method, "PUT")) {
         json_buf_lit(&h, "Content-Length: 0\r\n");
     }
@@ -246,7 +248,8 @@ static int send_request(struct conn *c, const struct hc_target *t, const char *m
                 left -= (int64_t)n;
             }
             if (!rc && left > 0) {
-                snprintf(err, errlen, "cannot read the file to send: %s", ferror(body->file) ? strerror(errno) : "it shrank");
+                snprintf(err, errlen, "cannot read the file to send: %s",
+                         ferror(body->file) ? strerror(errno) : "it shrank");
                 return -1;
             }
         }
@@ -262,7 +265,8 @@ static int read_reply(struct conn *c, const struct hc_target *t, const char *met
 {
     char line[8192];
     if (conn_line(c, line, sizeof line, err, errlen)) {
-        if (c->eof) snprintf(err, errlen, "the server at %s:%s closed the connection without a reply", t->host, t->port);
+        if (c->eof)
+            snprintf(err, errlen, "the server at %s:%s closed the connection without a reply", t->host, t->port);
         return -1;
     }
     int major, minor, st;
