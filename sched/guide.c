@@ -89,6 +89,11 @@ void sched_guide_init(struct sched_guide *g)
 
 bool sched_guide_done(const struct sched_guide *g) { return g->schema ? g->done : g->state == G_DONE; }
 
+bool sched_guide_can_stop(const struct sched_guide *g)
+{
+    return g->schema ? sched_schema_can_stop(g) : g->state == G_DONE;
+}
+
 /* A value ended: back to the container. */
 static void value_end(struct sched_guide *g) { g->state = G_AFTER; }
 
@@ -272,6 +277,7 @@ static struct sched_guide canon(const struct sched_guide *g)
     memset(&k, 0, sizeof k);
     k.state = g->state, k.n = g->n, k.depth = g->depth, k.n_ws = g->n_ws, k.key = g->key, k.lit = g->lit;
     k.done = g->done, k.schema = g->schema, k.lit_first = g->lit_first, k.cand = g->cand;
+    k.dstate = g->dstate, k.slen = g->slen, k.num = g->num, k.ndig = g->ndig, k.nfrac = g->nfrac, k.neg = g->neg;
     if (g->schema) {
         for (int i = 0; i < g->depth; i++) /* member by member: the padding stays zero for memcmp */
             k.frame[i].node = g->frame[i].node, k.frame[i].idx = g->frame[i].idx, k.frame[i].phase = g->frame[i].phase;
@@ -344,11 +350,20 @@ const uint8_t *sched_guide_mask_ref(const struct sched_guide *g, struct sched_gu
     }
     struct sched_guide k = canon(g);
     uint64_t h = key_hash(&k);
-    for (int i = 0; i < GUIDE_CACHE; i++)
+    const uint8_t *m = NULL;
+    for (int i = 0; i < GUIDE_CACHE && !m; i++)
         if (v->cache[i].mask && v->cache[i].hash == h && !memcmp(&v->cache[i].key, &k, sizeof k)) {
             v->cache[i].epoch = v->epoch;
-            return v->cache[i].mask;
+            m = v->cache[i].mask;
         }
+    if (m && !sched_guide_can_stop(g)) return m;
+    if (m) {
+        /* a regex or grammar output that may end here or go on: its mask plus the stop ids */
+        memcpy(own, m, (size_t)v->n);
+        for (int i = 0; i < n_stop; i++)
+            if (stop[i] >= 0 && stop[i] < v->n) own[stop[i]] = 1;
+        return own;
+    }
     compute_mask(g, v, own);
     for (int j = 0; j < GUIDE_CACHE; j++) {
         int slot = (v->next + j) % GUIDE_CACHE;
@@ -360,6 +375,9 @@ const uint8_t *sched_guide_mask_ref(const struct sched_guide *g, struct sched_gu
         v->next = (slot + 1) % GUIDE_CACHE;
         break;
     }
+    if (sched_guide_can_stop(g))
+        for (int i = 0; i < n_stop; i++)
+            if (stop[i] >= 0 && stop[i] < v->n) own[stop[i]] = 1;
     return own;
 }
 
