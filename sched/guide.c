@@ -222,6 +222,7 @@ struct sched_guide_vocab {
     struct {
         struct sched_guide key; /* canonical (see canon) */
         uint64_t hash;          /* of key: most lookups compare this alone */
+        uint64_t uid;           /* the schema's sched_schema_uid (its address may be reused) */
         uint64_t epoch;         /* last handed out in this epoch */
         uint8_t *mask;          /* [n] or NULL */
     } cache[GUIDE_CACHE];
@@ -351,8 +352,10 @@ const uint8_t *sched_guide_mask_ref(const struct sched_guide *g, struct sched_gu
     struct sched_guide k = canon(g);
     uint64_t h = key_hash(&k);
     const uint8_t *m = NULL;
+    uint64_t uid = sched_schema_uid(g->schema);
     for (int i = 0; i < GUIDE_CACHE && !m; i++)
-        if (v->cache[i].mask && v->cache[i].hash == h && !memcmp(&v->cache[i].key, &k, sizeof k)) {
+        if (v->cache[i].mask && v->cache[i].hash == h && v->cache[i].uid == uid &&
+            !memcmp(&v->cache[i].key, &k, sizeof k)) {
             v->cache[i].epoch = v->epoch;
             m = v->cache[i].mask;
         }
@@ -370,7 +373,7 @@ const uint8_t *sched_guide_mask_ref(const struct sched_guide *g, struct sched_gu
         if (v->cache[slot].mask && v->cache[slot].epoch == v->epoch) continue; /* handed out: in use */
         if (!v->cache[slot].mask) v->cache[slot].mask = malloc((size_t)v->n);
         if (!v->cache[slot].mask) break;
-        v->cache[slot].key = k, v->cache[slot].hash = h, v->cache[slot].epoch = 0;
+        v->cache[slot].key = k, v->cache[slot].hash = h, v->cache[slot].uid = uid, v->cache[slot].epoch = 0;
         memcpy(v->cache[slot].mask, own, (size_t)v->n);
         v->next = (slot + 1) % GUIDE_CACHE;
         break;

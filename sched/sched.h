@@ -491,6 +491,9 @@ int sched_json_str(int st, uint8_t c);
 bool sched_schema_step(struct sched_guide *g, uint8_t c);
 bool sched_schema_in_string(const struct sched_guide *g);
 bool sched_schema_can_stop(const struct sched_guide *g);
+/* A number no other schema copy in this process has (the mask cache's key:
+ * a freed copy's address may come back for another request's). */
+uint64_t sched_schema_uid(const struct sched_schema *s);
 /* Feeds one byte; false (state undefined) when it cannot continue a JSON object. */
 bool sched_guide_step(struct sched_guide *g, uint8_t c);
 /* Whether the top-level object is complete (nothing may follow). */

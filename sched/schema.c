@@ -43,6 +43,7 @@
  * one memcpy.
  */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,6 +87,7 @@ struct slit {
 
 struct sched_schema {
     size_t bytes;         /* the whole allocation */
+    uint64_t uid;         /* sched_schema_uid */
     int n_nodes, n_lits, n_alts, n_dfa, n_bytes;
     struct snode *node;   /* [n_nodes], node 0 is the root */
     struct slit *lit;     /* [n_lits]: property keys and enum literals, JSON-encoded */
@@ -94,6 +96,8 @@ struct sched_schema {
     uint8_t *dacc;        /* [n_dfa]: accepting */
     char *byte;           /* [n_bytes] */
 };
+
+static _Atomic uint64_t next_uid = 1;
 
 /* ---- compile ---------------------------------------------------------------------- */
 
@@ -742,6 +746,7 @@ static struct sched_schema *pack(struct build *b)
         return NULL;
     }
     sc->bytes = bytes;
+    sc->uid = atomic_fetch_add(&next_uid, 1);
     sc->n_nodes = b->n_nodes, sc->n_lits = b->n_lits, sc->n_alts = b->n_alts, sc->n_dfa = b->n_dfa;
     sc->n_bytes = b->n_bytes;
     /* lay out: nodes, lits, DFA transitions (aligned: every part before is a multiple of 2), alts, accept, bytes */
@@ -867,6 +872,7 @@ struct sched_schema *sched_schema_copy(const struct sched_schema *s)
     struct sched_schema *c = malloc(s->bytes);
     if (!c) return NULL;
     memcpy(c, s, s->bytes);
+    c->uid = atomic_fetch_add(&next_uid, 1);
     c->node = (struct snode *)(c + 1);
     c->lit = (struct slit *)(c->node + c->n_nodes);
     c->dnext = (int16_t(*)[256])(c->lit + c->n_lits);
@@ -877,6 +883,8 @@ struct sched_schema *sched_schema_copy(const struct sched_schema *s)
 }
 
 void sched_schema_free(struct sched_schema *s) { free(s); }
+
+uint64_t sched_schema_uid(const struct sched_schema *s) { return s ? s->uid : 0; }
 
 /* ---- the recognizer ----------------------------------------------------------------- */
 
