@@ -216,6 +216,7 @@ struct sched_guide_vocab {
     uint32_t *len;   /* [n] */
     uint8_t *flag;   /* [n] V_NORMAL | V_PLAIN */
     uint8_t *first;  /* [n] first byte (contiguous: the scan below reads it for every token) */
+    uint16_t *nchar; /* [n] characters (UTF-8 lead bytes): maxLength's count */
     /* masks of recent states: generation revisits the same few (after a
      * value at depth 1, inside a key, ...); round-robin replacement that
      * skips the masks handed out since the last epoch (they are in use) */
@@ -241,7 +242,8 @@ struct sched_guide_vocab *sched_guide_vocab_create(const model_tok *tok)
     v->len = calloc((size_t)n, sizeof *v->len);
     v->flag = calloc((size_t)n, 1);
     v->first = calloc((size_t)n, 1);
-    if (!v->b || !v->len || !v->flag || !v->first) goto fail;
+    v->nchar = calloc((size_t)n, sizeof *v->nchar);
+    if (!v->b || !v->len || !v->flag || !v->first || !v->nchar) goto fail;
     for (int t = 0; t < n; t++) {
         size_t len = 0;
         v->b[t] = model_tok_bytes(tok, t, &len);
@@ -252,6 +254,7 @@ struct sched_guide_vocab *sched_guide_vocab_create(const model_tok *tok)
         for (size_t i = 0; i < len; i++) {
             uint8_t c = (uint8_t)v->b[t][i];
             if (c == '"' || c == '\\' || c < 0x20) v->flag[t] &= (uint8_t)~V_PLAIN;
+            if ((c & 0xC0) != 0x80 && v->nchar[t] < UINT16_MAX) v->nchar[t]++;
         }
     }
     return v;
@@ -268,6 +271,7 @@ void sched_guide_vocab_destroy(struct sched_guide_vocab *v)
     free(v->len);
     free(v->flag);
     free(v->first);
+    free(v->nchar);
     free(v);
 }
 
@@ -307,12 +311,24 @@ static void compute_mask(const struct sched_guide *g, const struct sched_guide_v
         guide_copy(&x, g);
         first[b] = sched_guide_step(&x, (uint8_t)b);
     }
+    /* raw text, or a string with a pattern or maxLength: plain tokens walk the DFA table directly */
+    const int16_t(*dn)[256] = NULL;
+    int dst = 0, room = -1;
+    bool raw = false, run = g->schema && sched_schema_plain_run(g, &dn, &dst, &room, &raw);
     for (int t = 0; t < v->n; t++) {
         uint8_t f = v->flag[t];
         allow[t] = 0;
         if (!(f & V_NORMAL) || !first[v->first[t]]) continue;
         if (in_string && (f & V_PLAIN)) {
             allow[t] = 1;
+            continue;
+        }
+        if (run && (raw || (f & V_PLAIN))) {
+            if (room >= 0 && v->nchar[t] > room) continue;
+            int st = dn ? dst : 0;
+            const uint8_t *p = (const uint8_t *)v->b[t];
+            for (uint32_t i = 0, len = v->len[t]; dn && i < len && st >= 0; i++) st = dn[st][p[i]];
+            allow[t] = st >= 0;
             continue;
         }
         guide_copy(&c, g);

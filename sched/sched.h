@@ -491,6 +491,13 @@ int sched_json_str(int st, uint8_t c);
 bool sched_schema_step(struct sched_guide *g, uint8_t c);
 bool sched_schema_in_string(const struct sched_guide *g);
 bool sched_schema_can_stop(const struct sched_guide *g);
+/* The mask's fast path (internal to sched/): when g is inside raw text (a
+ * regex or grammar) or a string with a pattern or maxLength, a run of plain
+ * bytes (*raw: any bytes) is taken iff it walks *next (NULL: no DFA) from
+ * *state without a -1 and holds at most *room characters (-1: any). false
+ * when g is elsewhere. */
+bool sched_schema_plain_run(const struct sched_guide *g, const int16_t (**next)[256], int *state, int *room,
+                            bool *raw);
 /* A number no other schema copy in this process has (the mask cache's key:
  * a freed copy's address may come back for another request's). */
 uint64_t sched_schema_uid(const struct sched_schema *s);

@@ -1127,6 +1127,24 @@ bool sched_schema_in_string(const struct sched_guide *g)
     return g->state == X_STRING && g->n == SCHED_STR_BODY && g->depth > 0 && plain_string(g);
 }
 
+bool sched_schema_plain_run(const struct sched_guide *g, const int16_t (**next)[256], int *state, int *room,
+                            bool *raw)
+{
+    const struct sched_schema *s = g->schema;
+    if (g->done || g->depth == 0) return false;
+    if (g->state == X_RAW) {
+        *next = (const int16_t(*)[256])s->dnext, *state = g->dstate, *room = -1, *raw = true;
+        return true;
+    }
+    if (g->state != X_STRING || g->n != SCHED_STR_BODY || plain_string(g)) return false;
+    const struct snode *nd = &s->node[g->frame[g->depth - 1].node];
+    *next = nd->dfa >= 0 ? (const int16_t(*)[256])s->dnext : NULL;
+    *state = g->dstate;
+    *room = nd->max >= 0 ? nd->max - g->slen : -1;
+    *raw = false;
+    return true;
+}
+
 bool sched_schema_can_stop(const struct sched_guide *g)
 {
     return g->done || (g->state == X_RAW && g->schema->dacc[g->dstate]);

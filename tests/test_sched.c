@@ -9,6 +9,8 @@
 #include <pcre2.h>
 
 #include "kvpool/kvpool.h"
+#include "model/gguf.h"
+#include "model/tokenizer.h"
 #include "sched/sched.h"
 #include "test.h"
 
@@ -1448,6 +1450,77 @@ static void test_schema_features(void)
     sched_schema_free(sc);
 }
 
+/* The mask against the plain definition, token by token on GPT-2's
+ * vocabulary: a token is allowed iff the guide takes all of its bytes (and
+ * the stop id iff the output may end). Covers the fast paths (plain strings,
+ * DFA walks, maxLength counts) and the mask cache. */
+static void test_guide_mask_exact(void)
+{
+    char err[256], path[512];
+    snprintf(path, sizeof path, "%s/vocab/ggml-vocab-gpt-2.gguf", test_data_dir());
+    gguf_file *f = gguf_open(path, err, sizeof err);
+    model_tok *tok = f ? model_tok_from_gguf(f, err, sizeof err) : NULL;
+    CHECKF(tok != NULL, "%s", err);
+    if (!tok) {
+        gguf_close(f);
+        return;
+    }
+    int V = model_tok_n_vocab(tok);
+    struct sched_guide_vocab *gv = sched_guide_vocab_create(tok);
+    uint8_t *allow = malloc((size_t)V);
+    struct sched_schema *sc = schema_of(
+        "{\"type\":\"object\",\"properties\":{\"s\":{\"type\":\"string\",\"maxLength\":5},\"d\":{\"type\":\"string\","
+        "\"pattern\":\"^[a-z]+[0-9]?$\"},\"n\":{\"type\":\"integer\",\"minimum\":-5,\"maximum\":120},\"o\":{\"anyOf\":"
+        "[{\"type\":\"number\"},{\"type\":\"null\"}]},\"f\":{\"type\":\"string\"}},\"required\":[\"s\"]}", err, sizeof err);
+    const char *re = "(ab|cd)+[0-9]{0,3}";
+    struct sched_schema *rx = sched_schema_from_regex(re, strlen(re), err, sizeof err);
+    CHECK(gv && allow && sc && rx);
+    static const struct { int which; const char *prefix; } states[] = {
+        {0, ""}, {0, "{"}, {0, "{\"s\":\"ab"}, {0, "{\"s\":\"abcd"}, {0, "{\"s\":\"\",\"d\":\"x"},
+        {0, "{\"s\":\"\",\"d\":\"x1"}, {0, "{\"s\":\"\",\"n\":1"}, {0, "{\"s\":\"\",\"n\":-"}, {0, "{\"s\":\"\",\"o\":"},
+        {0, "{\"s\":\"\",\"f\":\"free te"}, {0, "{\"s\":\"\"}"}, {1, ""}, {1, "ab"}, {1, "abcd1"}, {1, "ab123"},
+    };
+    int32_t stop = 50256; /* <|endoftext|> */
+    for (int rep = 0; rep < 2 && sc && rx && gv && allow; rep++) /* the second pass reads the cache */
+        for (unsigned i = 0; i < sizeof states / sizeof *states; i++) {
+            struct sched_guide g;
+            sched_guide_init_schema(&g, states[i].which ? rx : sc);
+            bool fed = true;
+            for (const char *p = states[i].prefix; *p; p++) fed = fed && sched_guide_step(&g, (uint8_t)*p);
+            CHECKF(fed, "prefix refused: %s", states[i].prefix);
+            sched_guide_vocab_epoch(gv);
+            sched_guide_mask(&g, gv, &stop, 1, allow);
+            int wrong = 0, first_wrong = -1, n_allowed = 0;
+            for (int t = 0; t < V; t++) {
+                size_t len = 0;
+                const char *b = model_tok_bytes(tok, t, &len);
+                bool ok;
+                if (t == stop) {
+                    ok = sched_guide_can_stop(&g);
+                } else if (sched_guide_done(&g) || !b || !len || model_tok_attr(tok, t) != MODEL_TOK_NORMAL) {
+                    ok = false;
+                } else {
+                    struct sched_guide c = g;
+                    ok = true;
+                    for (size_t k = 0; k < len && ok; k++) ok = sched_guide_step(&c, (uint8_t)b[k]);
+                }
+                n_allowed += ok;
+                if (ok != (allow[t] != 0)) {
+                    if (first_wrong < 0) first_wrong = t;
+                    wrong++;
+                }
+            }
+            CHECKF(!wrong && n_allowed > 0, "state '%s': %d tokens differ (first %d), %d allowed", states[i].prefix,
+                   wrong, first_wrong, n_allowed);
+        }
+    sched_schema_free(sc);
+    sched_schema_free(rx);
+    free(allow);
+    sched_guide_vocab_destroy(gv);
+    model_tok_free(tok);
+    gguf_close(f);
+}
+
 static void test_guide_fuzz(void)
 {
     const char *base =
@@ -1524,6 +1597,7 @@ int main(void)
     RUN(test_json_schema_guide);
     RUN(test_regex_guide);
     RUN(test_schema_features);
+    RUN(test_guide_mask_exact);
     RUN(test_guide_fuzz);
     return test_summary();
 }
