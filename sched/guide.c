@@ -384,6 +384,15 @@ const uint8_t *sched_guide_mask_ref(const struct sched_guide *g, struct sched_gu
         return own;
     }
     compute_mask(g, v, own);
+    if (!memchr(own, 1, (size_t)v->n)) {
+        /* a dead end (a recursive schema at the nesting limit, a pattern no
+         * string of its maxLength matches): end the output rather than fail
+         * the step with an all-zero mask */
+        int n = 0;
+        for (int i = 0; i < n_stop; i++)
+            if (stop[i] >= 0 && stop[i] < v->n) own[stop[i]] = 1, n++;
+        if (!n) memset(own, 1, (size_t)v->n);
+    }
     for (int j = 0; j < GUIDE_CACHE; j++) {
         int slot = (v->next + j) % GUIDE_CACHE;
         if (v->cache[slot].mask && v->cache[slot].epoch == v->epoch) continue; /* handed out: in use */

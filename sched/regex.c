@@ -34,6 +34,7 @@
 #define MAX_AST 32768
 #define MAX_SETS 8192
 #define MAX_NFA 200000
+#define MAX_WORK 20000000L /* NFA states visited while building the DFA: well under a second's work */
 #define RX_INF 0x7fffffff
 
 enum { R_SET, R_CAT, R_ALT, R_REP, R_EMPTY };
@@ -718,6 +719,7 @@ struct dfa_build {
     int accept;          /* the NFA's final state */
     int32_t *mark;       /* [f->n] closure generation */
     int32_t gen;
+    long work;           /* closure steps so far: a pattern that needs too many is refused */
     int32_t *stack;      /* [f->n] */
     /* DFA states as sorted lists of NFA states (SET states and the final one) */
     int32_t **members;
@@ -745,6 +747,7 @@ static int closure(struct dfa_build *d, const int32_t *seeds, int ns, int32_t *o
         if (d->mark[seeds[i]] != d->gen) d->mark[seeds[i]] = d->gen, d->stack[sp++] = seeds[i];
     while (sp) {
         int s = d->stack[--sp];
+        d->work++;
         if (f->set[s] >= 0 || s == d->accept) {
             out[no++] = s;
             if (f->set[s] >= 0) continue;
@@ -864,25 +867,46 @@ int sched_regex_build(const char *src, size_t len, int mode, int max_states, str
         rc = SL_ENOMEM;
         goto out;
     }
+    /* bytes that every byte set treats alike share one transition: a pattern
+     * has a handful of such classes, so a DFA state is built from a few
+     * closures instead of 256 */
+    uint8_t cls[256] = {0};
+    int ncls = 1, rep[256] = {0};
+    for (int st = 0; st < r.nset; st++) {
+        int map[512], nn = 0;
+        for (int k = 0; k < 512; k++) map[k] = -1;
+        uint8_t next_cls[256];
+        for (int c = 0; c < 256; c++) {
+            int key = cls[c] * 2 + (r.set[st][c >> 3] >> (c & 7) & 1);
+            if (map[key] < 0) map[key] = nn++;
+            next_cls[c] = (uint8_t)map[key];
+        }
+        memcpy(cls, next_cls, 256);
+        ncls = nn;
+    }
+    for (int c = 255; c >= 0; c--) rep[cls[c]] = c;
     int n0 = closure(&d, &s0, 1, tmp);
     if (dfa_state(&d, tmp, n0) != 0) goto toobig;
     for (int s = 0; s < d.n; s++) {
-        for (int c = 0; c < 256; c++) {
-            int ns = 0;
+        int16_t to[256];
+        for (int k = 0; k < ncls; k++) {
+            int c = rep[k], ns = 0;
+            d.work += d.n_members[s];
             for (int i = 0; i < d.n_members[s]; i++) {
                 int m = d.members[s][i];
                 int st = f.set[m];
                 if (st >= 0 && (r.set[st][c >> 3] >> (c & 7) & 1)) seeds[ns++] = f.out1[m];
             }
             if (!ns) {
-                d.next[s][c] = -1;
+                to[k] = -1;
                 continue;
             }
             int n = closure(&d, seeds, ns, tmp);
             int t = dfa_state(&d, tmp, n);
-            if (t < 0) goto toobig;
-            d.next[s][c] = (int16_t)t;
+            if (t < 0 || d.work > MAX_WORK) goto toobig;
+            to[k] = (int16_t)t;
         }
+        for (int c = 0; c < 256; c++) d.next[s][c] = to[cls[c]];
     }
     /* accepting states, then prune those that cannot reach one */
     size_t nd = (size_t)(unsigned)d.n;
