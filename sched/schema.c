@@ -1127,6 +1127,8 @@ bool sched_schema_in_string(const struct sched_guide *g)
     return g->state == X_STRING && g->n == SCHED_STR_BODY && g->depth > 0 && plain_string(g);
 }
 
+static bool lit_may_end(const struct sched_guide *g);
+
 bool sched_schema_plain_run(const struct sched_guide *g, const int16_t (**next)[256], int *state, int *room,
                             bool *raw)
 {
@@ -1147,7 +1149,14 @@ bool sched_schema_plain_run(const struct sched_guide *g, const int16_t (**next)[
 
 bool sched_schema_can_stop(const struct sched_guide *g)
 {
-    return g->done || (g->state == X_RAW && g->schema->dacc[g->dstate]);
+    if (g->done) return true;
+    if (g->state == X_RAW) return g->schema->dacc[g->dstate];
+    /* a top-level number or literal (guided_json any root) that is complete
+     * but could go on ("1" of 1 and 10): nothing after it would end it */
+    if (g->depth != 1) return false;
+    const struct snode *nd = &g->schema->node[g->frame[0].node];
+    if (g->state == X_NUM) return sched_json_num_complete(g->n) && (!nd->bound || num_in_range(g, nd));
+    return g->state == X_LIT && g->n > 0 && lit_may_end(g);
 }
 
 /* A raw DFA state with no way on: the output is complete. */

@@ -1311,12 +1311,22 @@ static void test_regex_guide(void)
         CHECKF(sc == NULL && strstr(err, refused[i].says), "%s -> '%s'", refused[i].re, err);
         sched_schema_free(sc);
     }
+    /* a top-level number (guided_json takes any root) may end once complete */
+    json_doc nd;
+    const char *ns = "{\"type\":\"integer\",\"maximum\":150}";
+    CHECK(json_parse(&nd, ns, strlen(ns), err, sizeof err) == 0);
+    struct sched_schema *num = sched_schema_compile(&nd, 0, true, err, sizeof err);
+    json_free(&nd);
+    bool end = false;
+    CHECK(num && guide_run(num, "12", 2, &end) < 0 && end);
+    CHECK(num && guide_run(num, "-", 1, &end) < 0 && !end);
+    CHECK(num && guide_run(num, "151", 3, &end) == 2);
+    sched_schema_free(num);
     /* choice: the strings as they are, regex characters included */
     const char *ch[] = {"yes", "no", "a.b"};
     size_t cl[] = {3, 2, 3};
     struct sched_schema *c = sched_schema_from_choice(ch, cl, 3, err, sizeof err);
     CHECKF(c != NULL, "%s", err);
-    bool end = false;
     CHECK(c && guide_run(c, "yes", 3, &end) < 0 && end);
     CHECK(c && guide_run(c, "a.b", 3, &end) < 0 && end);
     CHECK(c && guide_run(c, "ye", 2, &end) < 0 && !end);
