@@ -196,6 +196,7 @@ static bool class_escape(char e, uint8_t *s, bool *mb)
  * -1 on error. Class escapes are handled by the callers. */
 static long escape_char(struct rx *r)
 {
+    if (r->p >= r->end) return fail(r, "%s", "the pattern ends with a lone backslash");
     char e = *r->p++;
     switch (e) {
     case 'n': return '\n';
