@@ -82,10 +82,11 @@ def test_structured_outputs_chat(c):
                                                "tags": {"type": "array", "items": {"enum": ["a", "b", 3]}, "maxItems": 3}},
               "required": ["n", "tags"]}
     for body in ({"structured_outputs": {"json": schema}}, {"guided_json": json.dumps(schema)}):
-        r = c.chat.completions.create(model=NAME, messages=msgs, max_tokens=60, extra_body=body)
+        r = c.chat.completions.create(model=NAME, messages=msgs, max_tokens=120, temperature=0, extra_body=body)
+        assert r.choices[0].finish_reason == "stop", r.choices[0]
         obj = json.loads(r.choices[0].message.content)
         assert 1 <= obj["n"] <= 9 and set(obj["tags"]) <= {"a", "b", 3} and len(obj["tags"]) <= 3, obj
-    r = c.chat.completions.create(model=NAME, messages=msgs, max_tokens=60,
+    r = c.chat.completions.create(model=NAME, messages=msgs, max_tokens=120, temperature=0,
                                   extra_body={"structured_outputs": {"json_object": True}})
     assert isinstance(json.loads(r.choices[0].message.content), dict), r.choices[0]
 
