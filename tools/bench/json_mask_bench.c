@@ -5,7 +5,8 @@
  * size of Qwen's, 151,936): the distinct tokens of the byte-level BPE
  * vocabularies in tests/data (deepseek-llm, starcoder, falcon, gpt-2, mpt)
  * and the default model's, 146,418 of them. For each state: the first mask (computed: what a state never seen before costs; the least of
- * 7) and the mean of 100 lookups once it is cached. Not a test.
+ * 7) and the mean of 100 lookups once it is cached; beside the regex, what
+ * pcre2's partial matching per token would cost instead. Not a test.
  *   make bench    (or: make build/json_mask_bench && build/json_mask_bench)
  */
 #include <stdint.h>
@@ -14,6 +15,9 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
 
 #include "base/json.h"
 #include "model/gguf.h"
@@ -133,6 +137,37 @@ static void bench_state(const char *what, struct sched_guide *g, const char *pre
     printf("  %-44s computed %7.3f ms, cached %.4f ms, %6d tokens allowed\n", what, best * 1e3, cached * 1e3, n);
 }
 
+/* The alternative regex.c replaced: pcre2 (JIT) partial matching of the
+ * output so far plus each token, for every token of the vocabulary. */
+static void bench_pcre2(const char *re, const char *prefix, const model_tok *tok)
+{
+    char anchored[256];
+    int ec;
+    PCRE2_SIZE eo;
+    snprintf(anchored, sizeof anchored, "\\A(?:%s)\\z", re);
+    pcre2_code *code = pcre2_compile((PCRE2_SPTR)anchored, PCRE2_ZERO_TERMINATED, 0, &ec, &eo, NULL);
+    if (!code) return;
+    pcre2_jit_compile(code, PCRE2_JIT_COMPLETE | PCRE2_JIT_PARTIAL_HARD);
+    pcre2_match_data *md = pcre2_match_data_create_from_pattern(code, NULL);
+    int V = model_tok_n_vocab(tok), n = 0;
+    size_t pl = strlen(prefix);
+    char buf[1024];
+    memcpy(buf, prefix, pl);
+    double t0 = now_s();
+    for (int t = 0; t < V; t++) {
+        size_t len = 0;
+        const char *b = model_tok_bytes(tok, t, &len);
+        if (!b || !len || len > sizeof buf - pl || model_tok_attr(tok, t) != MODEL_TOK_NORMAL) continue;
+        memcpy(buf + pl, b, len);
+        int rc = pcre2_match(code, (PCRE2_SPTR)buf, pl + len, 0, PCRE2_PARTIAL_HARD, md, NULL);
+        n += rc >= 0 || rc == PCRE2_ERROR_PARTIAL;
+    }
+    printf("  %-44s computed %7.3f ms, %6d tokens allowed\n", "regex: in the suffix, pcre2 JIT partial", (now_s() - t0) * 1e3,
+           n);
+    pcre2_match_data_free(md);
+    pcre2_code_free(code);
+}
+
 static struct sched_schema *schema_of(const char *text)
 {
     json_doc d;
@@ -198,6 +233,7 @@ static void bench_vocab(const char *name, const model_tok *tok)
         bench_state(rx_states[k][0], &g, rx_states[k][1], tok, allow, V);
     }
     sched_schema_free(rx);
+    bench_pcre2(re, "ABC-12-ab", tok);
     const char *gb = "root ::= \"(\" num (\",\" ws num)* \")\"\nnum ::= \"-\"? [1-9] [0-9]{0,2}\nws ::= \" \"?\n";
     struct sched_schema *gr = sched_schema_from_grammar(gb, strlen(gb), err, sizeof err);
     static const char *const gr_states[][2] = {{"grammar: start", ""}, {"grammar: after (12, 3", "(12, 3"}};
