@@ -101,8 +101,8 @@ def test_guided_completions_and_stream(c):
                              extra_body={"guided_choice": ["yes", "no"]})
     assert r.choices[0].text in ("yes", "no"), r.choices[0]
     r = c.completions.create(model=NAME, prompt="Numbers:", max_tokens=30,
-                             extra_body={"guided_grammar": 'root ::= [0-9]+ (" " [0-9]+){2}'})
-    assert re.fullmatch(r"[0-9]+( [0-9]+){2}", r.choices[0].text), r.choices[0]
+                             extra_body={"guided_grammar": 'root ::= num (" " num){2}\nnum ::= [0-9]{1,3}'})
+    assert re.fullmatch(r"[0-9]{1,3}( [0-9]{1,3}){2}", r.choices[0].text), r.choices[0]
     text, finish = "", None
     for chunk in c.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "An IP address?"}],
                                            max_tokens=30, stream=True, temperature=0.5, seed=9,
