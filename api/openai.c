@@ -133,12 +133,10 @@ static int check_field_types(const json_doc *d, int obj, enum api_oai_endpoint k
         return api_oai_errorf(e, 400, "echo", "'echo' is not supported on chat completions yet");
     if (bool_opt(d, obj, "use_beam_search", &b, e) == 1 && b)
         return api_oai_errorf(e, 400, "use_beam_search", "'use_beam_search' is not supported yet");
-    static const char *const unsupported[] = {"guided_json", "guided_regex", "guided_choice", "guided_grammar",
-                                              "structured_outputs", "prompt_logprobs"};
+    static const char *const unsupported[] = {"prompt_logprobs", "guided_whitespace_pattern"};
     for (size_t k = 0; k < sizeof unsupported / sizeof *unsupported; k++)
         if (opt(d, obj, unsupported[k]) >= 0)
-            return api_oai_errorf(e, 400, unsupported[k], "'%s' is not supported yet%s", unsupported[k],
-                                  k < 5 ? ": use response_format (json_object or json_schema)" : "");
+            return api_oai_errorf(e, 400, unsupported[k], "'%s' is not supported yet", unsupported[k]);
     return 0;
 }
 
@@ -171,7 +169,7 @@ static int parse_required_list(const json_doc *d, int tools, struct api_oai_req 
             const char *praw = json_raw(d, pa, &pl);
             json_buf_add(&sb, praw, pl);
         }
-        json_buf_lit(&sb, "}}");
+        json_buf_lit(&sb, "},\"required\":[\"name\",\"parameters\"]}");
     }
     json_buf_lit(&sb, "]}}");
     json_doc sd;
@@ -375,6 +373,127 @@ static int parse_response_format(const json_doc *d, int obj, struct api_oai_req 
                           "'response_format' type must be 'text', 'json_object' or 'json_schema'");
 }
 
+/* One structured-output constraint of vLLM's (structured_outputs.{json,
+ * regex, choice, grammar, json_object} or the older guided_* fields) at
+ * value v into r; param names the field for errors. */
+static int guide_from(const json_doc *d, int v, const char *kind, const char *param, struct api_oai_req *r,
+                      struct api_oai_error *e)
+{
+    char err[256];
+    if (!strcmp(kind, "json_object")) {
+        bool on = false;
+        if (!json_is_bool(d, v) || json_bool(d, v, &on))
+            return api_oai_errorf(e, 400, param, "'%s' must be a boolean", param);
+        r->json_object = on;
+        return 0;
+    }
+    if (!strcmp(kind, "json")) {
+        /* a schema object, or the schema as a JSON string */
+        if (json_is_str(d, v)) {
+            size_t n = 0;
+            char *text = json_strdup(d, v, &n);
+            json_doc sd;
+            if (!text) return api_oai_errorf(e, 400, param, "'%s' is not a valid string", param);
+            if (json_parse(&sd, text, n, err, sizeof err)) {
+                free(text);
+                return api_oai_errorf(e, 400, param, "'%s' is not a JSON schema: %s", param, err);
+            }
+            r->schema = sched_schema_compile(&sd, 0, true, err, sizeof err);
+            json_free(&sd);
+            free(text);
+        } else if (json_is_obj(d, v)) {
+            r->schema = sched_schema_compile(d, v, true, err, sizeof err);
+        } else {
+            return api_oai_errorf(e, 400, param, "'%s' must be a JSON schema (an object or a string)", param);
+        }
+        return r->schema ? 0 : api_oai_errorf(e, 400, param, "'%s': %s", param, err);
+    }
+    if (!strcmp(kind, "choice")) {
+        int n = json_is_arr(d, v) ? json_size(d, v) : 0;
+        if (n < 1 || n > 1024) return api_oai_errorf(e, 400, param, "'%s' must be an array of 1 to 1024 strings", param);
+        char **c = calloc((size_t)n, sizeof *c);
+        size_t *cl = calloc((size_t)n, sizeof *cl);
+        int rc = 0;
+        if (!c || !cl) rc = api_oai_errorf(e, 500, NULL, "out of memory");
+        for (int k = 0, p = v + 1; !rc && k < n; k++, p = json_skip(d, p))
+            if (!json_is_str(d, p) || !(c[k] = json_strdup(d, p, &cl[k])))
+                rc = api_oai_errorf(e, 400, param, "'%s' must be an array of strings", param);
+        if (!rc) {
+            r->schema = sched_schema_from_choice((const char *const *)c, cl, n, err, sizeof err);
+            if (!r->schema) rc = api_oai_errorf(e, 400, param, "'%s': %s", param, err);
+        }
+        for (int k = 0; c && k < n; k++) free(c[k]);
+        free(c);
+        free(cl);
+        return rc;
+    }
+    /* regex, grammar: a string */
+    size_t n = 0;
+    char *text = json_is_str(d, v) ? json_strdup(d, v, &n) : NULL;
+    if (!text) return api_oai_errorf(e, 400, param, "'%s' must be a string", param);
+    r->schema = !strcmp(kind, "regex") ? sched_schema_from_regex(text, n, err, sizeof err)
+                                       : sched_schema_from_grammar(text, n, err, sizeof err);
+    free(text);
+    return r->schema ? 0 : api_oai_errorf(e, 400, param, "'%s': %s", param, err);
+}
+
+/* vLLM's structured outputs: "structured_outputs": {"json" | "regex" |
+ * "choice" | "grammar" | "json_object": ...} or the older guided_json,
+ * guided_regex, guided_choice, guided_grammar (guided_decoding_backend is
+ * accepted: one implementation serves them all). One constraint per request. */
+static int parse_structured(const json_doc *d, int obj, struct api_oai_req *r, struct api_oai_error *e)
+{
+    static const char *const kinds[] = {"json", "regex", "choice", "grammar", "json_object"};
+    static const char *const guided[] = {"guided_json", "guided_regex", "guided_choice", "guided_grammar", NULL};
+    int so = opt(d, obj, "structured_outputs"), found = -1, at = -1;
+    char param[64] = "";
+    int gb = opt(d, obj, "guided_decoding_backend");
+    if (gb >= 0 && !json_is_str(d, gb))
+        return api_oai_errorf(e, 400, "guided_decoding_backend", "'guided_decoding_backend' must be a string");
+    if (so >= 0) {
+        if (!json_is_obj(d, so)) return api_oai_errorf(e, 400, "structured_outputs", "'structured_outputs' must be an object");
+        for (int k = 0, p = so + 1, n = json_size(d, so); k < n; k++, p = json_skip(d, p + 1)) {
+            int v = p + 1, which = -1;
+            char key[48];
+            json_str(d, p, key, sizeof key);
+            for (int j = 0; j < 5; j++)
+                if (json_str_eq(d, p, kinds[j])) which = j;
+            if (json_is_null(d, v)) continue;
+            bool off = false;
+            if (which < 0) {
+                /* vLLM's switches that hold here whatever they say: no fallback, no extra properties */
+                if ((json_str_eq(d, p, "disable_fallback") || json_str_eq(d, p, "disable_additional_properties")) &&
+                    json_is_bool(d, v))
+                    continue;
+                if ((json_str_eq(d, p, "disable_any_whitespace") && json_is_bool(d, v) && !json_bool(d, v, &off) &&
+                     !off) || json_str_eq(d, p, "backend") || json_str_eq(d, p, "_backend"))
+                    continue;
+                return api_oai_errorf(e, 400, "structured_outputs", "'structured_outputs.%s' is not supported", key);
+            }
+            if (which == 4 && json_is_bool(d, v) && !json_bool(d, v, &off) && !off) continue; /* json_object: false */
+            if (found >= 0)
+                return api_oai_errorf(e, 400, "structured_outputs",
+                                      "'structured_outputs' takes one of json, regex, choice, grammar, json_object");
+            found = which, at = v;
+            snprintf(param, sizeof param, "structured_outputs.%s", kinds[which]);
+        }
+    }
+    for (int j = 0; guided[j]; j++) {
+        int v = opt(d, obj, guided[j]);
+        if (v < 0) continue;
+        if (found >= 0)
+            return api_oai_errorf(e, 400, guided[j], "'%s' cannot be combined with another structured output",
+                                  guided[j]);
+        found = j, at = v;
+        snprintf(param, sizeof param, "%s", guided[j]);
+    }
+    if (found < 0) return 0;
+    if (r->json_object || r->schema || r->forced_tool || r->forced_list)
+        return api_oai_errorf(e, 400, param, "'%s' cannot be combined with response_format or a named or required "
+                                             "tool_choice", param);
+    return guide_from(d, at, kinds[found], param, r, e);
+}
+
 static int parse_stop(const json_doc *d, int obj, struct api_oai_req *r, struct api_oai_error *e)
 {
     int s = opt(d, obj, "stop");
@@ -544,6 +663,7 @@ int api_oai_parse_doc(const json_doc *d, int obj, enum api_oai_endpoint kind, co
     if ((rc = parse_stop(d, obj, r, e)) < 0) goto fail;
     if ((rc = parse_logit_bias(d, obj, r, e)) < 0) goto fail;
     if ((rc = parse_response_format(d, obj, r, e)) < 0) goto fail;
+    if ((rc = parse_structured(d, obj, r, e)) < 0) goto fail;
     return 0;
 
 fail:
@@ -637,6 +757,24 @@ int api_oai_check_length(const struct api_oai_req *r, int p, const model_tok *to
                           max_model_len, (len + mb - 1) / mb, len, mb);
 }
 
+/* With --reasoning-parser, a structured output starts after the reasoning
+ * (vLLM's behaviour): the guide waits for "</think>" unless the rendered
+ * prompt already closed it (a template with thinking turned off ends with
+ * "<think>\n\n</think>\n\n"). Tool calls forced by tool_choice are
+ * guided from the first token, as their output is parsed whole. */
+static const char *guide_after(const struct api_oai_req *r)
+{
+    int rk, tk;
+    api_chat_parsers(&rk, &tk);
+    if (r->kind != API_OAI_CHAT || rk == API_REASONING_NONE || !(r->json_object || r->schema) || r->forced_tool ||
+        r->forced_list)
+        return NULL;
+    size_t n = r->prompt_text ? r->prompt_len : 0;
+    while (n && strchr(" \t\r\n", r->prompt_text[n - 1])) n--;
+    if (n >= 8 && !memcmp(r->prompt_text + n - 8, "</think>", 8)) return NULL;
+    return "</think>";
+}
+
 int api_oai_to_sched(const struct api_oai_req *r, const int32_t *ids, int n_ids, int max_model_len,
                      struct sched_request *out, struct api_oai_error *e)
 {
@@ -661,6 +799,7 @@ int api_oai_to_sched(const struct api_oai_req *r, const int32_t *ids, int n_ids,
     out->min_tokens = (int)r->min_tokens;
     out->json_object = r->json_object;
     out->schema = r->schema;
+    out->guide_after = guide_after(r);
     out->prompt = ids;
     out->n_prompt = n_ids;
     out->sampling = r->sampling;
@@ -876,9 +1015,13 @@ static void choice_json(struct json_buf *b, const struct api_oai_req *r, const s
             if (calls.len && !content.len) ADD_LIT(b, "null");
             else json_buf_add_str(b, buf_or_empty(&content), content.len);
             if (rk) {
-                ADD_LIT(b, ",\"reasoning_content\":");
-                if (rs.len) json_buf_add_str(b, rs.p, rs.len);
-                else ADD_LIT(b, "null");
+                /* "reasoning" as vLLM writes it now; "reasoning_content" for older clients */
+                for (int k = 0; k < 2; k++) {
+                    if (k) ADD_LIT(b, ",\"reasoning_content\":");
+                    else ADD_LIT(b, ",\"reasoning\":");
+                    if (rs.len) json_buf_add_str(b, rs.p, rs.len);
+                    else ADD_LIT(b, "null");
+                }
             }
             if (calls.len) json_buf_addf(b, ",\"tool_calls\":[%s]", calls.p);
             has_calls = calls.len > 0;

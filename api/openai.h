@@ -71,8 +71,9 @@ struct api_oai_req {
     size_t *prompt_lens;        /* owned [n_prompts]: their lengths (they may hold NULs) */
     int n_prompts;
     long min_tokens;            /* vLLM's min_tokens: no stop token id before this many (0: off) */
-    bool json_object;           /* response_format {"type": "json_object"} */
-    struct sched_schema *schema; /* owned: response_format {"type": "json_schema"}, compiled */
+    bool json_object;           /* response_format {"type": "json_object"} (or structured_outputs.json_object) */
+    struct sched_schema *schema; /* owned: response_format {"type": "json_schema"}, or vLLM's structured_outputs
+                                   json / regex / choice / grammar (guided_* alike), compiled */
     char *forced_tool;          /* owned: tool_choice named a function (or "required" with one tool): the
                                    output is that call's arguments, guided by its parameters' schema */
     bool forced_list;           /* tool_choice "required" with several tools: the output is a JSON array

@@ -335,7 +335,10 @@ static void send_delta(struct server *s, struct srv_req *q, const struct delta *
         }
         if (d->reasoning && d->reasoning->len) {
             if (comma) json_buf_lit(&b, ",");
-            json_buf_lit(&b, "\"reasoning_content\":");
+            /* "reasoning" as vLLM writes it now; "reasoning_content" for older clients */
+            json_buf_lit(&b, "\"reasoning\":");
+            json_buf_add_str(&b, d->reasoning->p, d->reasoning->len);
+            json_buf_lit(&b, ",\"reasoning_content\":");
             json_buf_add_str(&b, d->reasoning->p, d->reasoning->len);
             comma = true;
         }

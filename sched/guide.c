@@ -89,6 +89,11 @@ void sched_guide_init(struct sched_guide *g)
 
 bool sched_guide_done(const struct sched_guide *g) { return g->schema ? g->done : g->state == G_DONE; }
 
+bool sched_guide_can_stop(const struct sched_guide *g)
+{
+    return g->schema ? sched_schema_can_stop(g) : g->state == G_DONE;
+}
+
 /* A value ended: back to the container. */
 static void value_end(struct sched_guide *g) { g->state = G_AFTER; }
 
@@ -211,12 +216,14 @@ struct sched_guide_vocab {
     uint32_t *len;   /* [n] */
     uint8_t *flag;   /* [n] V_NORMAL | V_PLAIN */
     uint8_t *first;  /* [n] first byte (contiguous: the scan below reads it for every token) */
+    uint16_t *nchar; /* [n] characters (UTF-8 lead bytes): maxLength's count */
     /* masks of recent states: generation revisits the same few (after a
      * value at depth 1, inside a key, ...); round-robin replacement that
      * skips the masks handed out since the last epoch (they are in use) */
     struct {
         struct sched_guide key; /* canonical (see canon) */
         uint64_t hash;          /* of key: most lookups compare this alone */
+        uint64_t uid;           /* the schema's sched_schema_uid (its address may be reused) */
         uint64_t epoch;         /* last handed out in this epoch */
         uint8_t *mask;          /* [n] or NULL */
     } cache[GUIDE_CACHE];
@@ -235,7 +242,8 @@ struct sched_guide_vocab *sched_guide_vocab_create(const model_tok *tok)
     v->len = calloc((size_t)n, sizeof *v->len);
     v->flag = calloc((size_t)n, 1);
     v->first = calloc((size_t)n, 1);
-    if (!v->b || !v->len || !v->flag || !v->first) goto fail;
+    v->nchar = calloc((size_t)n, sizeof *v->nchar);
+    if (!v->b || !v->len || !v->flag || !v->first || !v->nchar) goto fail;
     for (int t = 0; t < n; t++) {
         size_t len = 0;
         v->b[t] = model_tok_bytes(tok, t, &len);
@@ -246,6 +254,7 @@ struct sched_guide_vocab *sched_guide_vocab_create(const model_tok *tok)
         for (size_t i = 0; i < len; i++) {
             uint8_t c = (uint8_t)v->b[t][i];
             if (c == '"' || c == '\\' || c < 0x20) v->flag[t] &= (uint8_t)~V_PLAIN;
+            if ((c & 0xC0) != 0x80 && v->nchar[t] < UINT16_MAX) v->nchar[t]++;
         }
     }
     return v;
@@ -262,6 +271,7 @@ void sched_guide_vocab_destroy(struct sched_guide_vocab *v)
     free(v->len);
     free(v->flag);
     free(v->first);
+    free(v->nchar);
     free(v);
 }
 
@@ -272,6 +282,7 @@ static struct sched_guide canon(const struct sched_guide *g)
     memset(&k, 0, sizeof k);
     k.state = g->state, k.n = g->n, k.depth = g->depth, k.n_ws = g->n_ws, k.key = g->key, k.lit = g->lit;
     k.done = g->done, k.schema = g->schema, k.lit_first = g->lit_first, k.cand = g->cand;
+    k.dstate = g->dstate, k.slen = g->slen, k.num = g->num, k.ndig = g->ndig, k.nfrac = g->nfrac, k.neg = g->neg;
     if (g->schema) {
         for (int i = 0; i < g->depth; i++) /* member by member: the padding stays zero for memcmp */
             k.frame[i].node = g->frame[i].node, k.frame[i].idx = g->frame[i].idx, k.frame[i].phase = g->frame[i].phase;
@@ -300,12 +311,24 @@ static void compute_mask(const struct sched_guide *g, const struct sched_guide_v
         guide_copy(&x, g);
         first[b] = sched_guide_step(&x, (uint8_t)b);
     }
+    /* raw text, or a string with a pattern or maxLength: plain tokens walk the DFA table directly */
+    const int16_t(*dn)[256] = NULL;
+    int dst = 0, room = -1;
+    bool raw = false, run = g->schema && sched_schema_plain_run(g, &dn, &dst, &room, &raw);
     for (int t = 0; t < v->n; t++) {
         uint8_t f = v->flag[t];
         allow[t] = 0;
         if (!(f & V_NORMAL) || !first[v->first[t]]) continue;
         if (in_string && (f & V_PLAIN)) {
             allow[t] = 1;
+            continue;
+        }
+        if (run && (raw || (f & V_PLAIN))) {
+            if (room >= 0 && v->nchar[t] > room) continue;
+            int st = dn ? dst : 0;
+            const uint8_t *p = (const uint8_t *)v->b[t];
+            for (uint32_t i = 0, len = v->len[t]; dn && i < len && st >= 0; i++) st = dn[st][p[i]];
+            allow[t] = st >= 0;
             continue;
         }
         guide_copy(&c, g);
@@ -344,22 +367,45 @@ const uint8_t *sched_guide_mask_ref(const struct sched_guide *g, struct sched_gu
     }
     struct sched_guide k = canon(g);
     uint64_t h = key_hash(&k);
-    for (int i = 0; i < GUIDE_CACHE; i++)
-        if (v->cache[i].mask && v->cache[i].hash == h && !memcmp(&v->cache[i].key, &k, sizeof k)) {
+    const uint8_t *m = NULL;
+    uint64_t uid = sched_schema_uid(g->schema);
+    for (int i = 0; i < GUIDE_CACHE && !m; i++)
+        if (v->cache[i].mask && v->cache[i].hash == h && v->cache[i].uid == uid &&
+            !memcmp(&v->cache[i].key, &k, sizeof k)) {
             v->cache[i].epoch = v->epoch;
-            return v->cache[i].mask;
+            m = v->cache[i].mask;
         }
+    if (m && !sched_guide_can_stop(g)) return m;
+    if (m) {
+        /* a regex or grammar output that may end here or go on: its mask plus the stop ids */
+        memcpy(own, m, (size_t)v->n);
+        for (int i = 0; i < n_stop; i++)
+            if (stop[i] >= 0 && stop[i] < v->n) own[stop[i]] = 1;
+        return own;
+    }
     compute_mask(g, v, own);
+    if (!memchr(own, 1, (size_t)v->n)) {
+        /* a dead end (a recursive schema at the nesting limit, a pattern no
+         * string of its maxLength matches): end the output rather than fail
+         * the step with an all-zero mask */
+        int n = 0;
+        for (int i = 0; i < n_stop; i++)
+            if (stop[i] >= 0 && stop[i] < v->n) own[stop[i]] = 1, n++;
+        if (!n) memset(own, 1, (size_t)v->n);
+    }
     for (int j = 0; j < GUIDE_CACHE; j++) {
         int slot = (v->next + j) % GUIDE_CACHE;
         if (v->cache[slot].mask && v->cache[slot].epoch == v->epoch) continue; /* handed out: in use */
         if (!v->cache[slot].mask) v->cache[slot].mask = malloc((size_t)v->n);
         if (!v->cache[slot].mask) break;
-        v->cache[slot].key = k, v->cache[slot].hash = h, v->cache[slot].epoch = 0;
+        v->cache[slot].key = k, v->cache[slot].hash = h, v->cache[slot].uid = uid, v->cache[slot].epoch = 0;
         memcpy(v->cache[slot].mask, own, (size_t)v->n);
         v->next = (slot + 1) % GUIDE_CACHE;
         break;
     }
+    if (sched_guide_can_stop(g))
+        for (int i = 0; i < n_stop; i++)
+            if (stop[i] >= 0 && stop[i] < v->n) own[stop[i]] = 1;
     return own;
 }
 

@@ -47,6 +47,11 @@ struct sched_req {
     uint8_t *allow;                /* [tokenizer vocab] owned: this step's mask when not a cached one (sp.allow
                                       points at whichever it is) */
     int32_t *gstop;                /* [n_gstop] owned: the ids that may end a complete object */
+    char *gate;                    /* owned: the guide waits until the output holds this text (the end
+                                      of the reasoning); NULL once it applies */
+    size_t gate_len;
+    char *gate_win;                /* [gate_len] owned: the output's last gate_len bytes */
+    size_t gate_seen;              /* output bytes so far, up to gate_len */
     int n_gstop;
     int n_stop_ids;
     struct model_detok detok;
@@ -203,6 +208,8 @@ static void req_free(kv_pool *pool, sched_req *q)
     free(q->bias_min);
     free(q->allow);
     free(q->gstop);
+    free(q->gate);
+    free(q->gate_win);
     sched_schema_free(q->schema);
     free(q->hold);
     free(q);
@@ -337,6 +344,17 @@ sched_req *sched_req_create(const sched *s, const struct sched_request *r, uint6
         for (int i = 0; i < r->n_stop_token_ids; i++) q->gstop[q->n_gstop++] = r->stop_token_ids[i];
         q->sp.allow = q->sp_min.allow = q->allow;
         q->sp.n_allow = q->sp_min.n_allow = n_vocab;
+        if (r->guide_after && r->guide_after[0]) {
+            q->gate_len = strlen(r->guide_after);
+            if (q->gate_len > SCHED_MAX_STOP_LEN) {
+                snprintf(err, errlen, "guide_after is longer than %d bytes", SCHED_MAX_STOP_LEN);
+                goto fail_einval;
+            }
+            q->gate = strdup(r->guide_after);
+            q->gate_win = malloc(q->gate_len);
+            if (!q->gate || !q->gate_win) goto fail_req;
+            q->sp.allow = q->sp_min.allow = NULL; /* free text until the gate */
+        }
     }
     q->rng = model_rng_seed(r->sampling.seed);
     q->ignore_eos = r->ignore_eos;
@@ -646,7 +664,7 @@ static void add_to_step(sched *s, sched_req *q, int len, int *T)
     ss->n_blocks = q->kv.n_blocks;
     ss->want_sample = q->n_computed + len == q->n_tokens;
     ss->sampling = q->n_gen < q->min_tokens ? &q->sp_min : &q->sp;
-    if (q->json && ss->want_sample)
+    if (q->json && !q->gate && ss->want_sample)
         q->sp.allow = q->sp_min.allow = sched_guide_mask_ref(&q->guide, s->gvocab, q->gstop, q->n_gstop, q->allow);
     ss->history = q->tokens;
     ss->n_prompt = q->n_prompt;
@@ -1129,7 +1147,25 @@ static void on_token(sched *s, sched_req *q, const struct model_sample_out *out,
     q->t_last = now;
     q->tokens[q->n_tokens++] = t;
     q->n_gen++;
-    if (q->json && !sched_guide_done(&q->guide)) {
+    if (q->json && q->gate) {
+        /* before the gate (the reasoning): watch for it; the bytes after it in the same token start the guide */
+        size_t len = 0;
+        const char *b = model_tok_bytes(s->tok, t, &len);
+        for (size_t i = 0; b && i < len && q->gate; i++) {
+            if (q->gate_seen == q->gate_len) memmove(q->gate_win, q->gate_win + 1, q->gate_len - 1), q->gate_seen--;
+            q->gate_win[q->gate_seen++] = b[i];
+            if (q->gate_seen == q->gate_len && !memcmp(q->gate_win, q->gate, q->gate_len)) {
+                free(q->gate);
+                q->gate = NULL;
+                struct sched_guide g0 = q->guide; /* a token that went on past the gate: keep what the guide takes */
+                for (size_t k = i + 1; k < len; k++)
+                    if (!sched_guide_step(&q->guide, (uint8_t)b[k])) {
+                        q->guide = g0;
+                        break;
+                    }
+            }
+        }
+    } else if (q->json && !sched_guide_done(&q->guide)) {
         /* the mask allowed t: its bytes continue the object (stop ids have none) */
         size_t len = 0;
         const char *b = model_tok_bytes(s->tok, t, &len);

@@ -131,7 +131,11 @@ struct sched_request {
     bool logprobs;                  /* token events carry the sampled token's logprob */
     enum sched_priority priority;
     bool json_object;               /* JSON mode: the output is one JSON object (sched_guide_*) */
-    const struct sched_schema *schema; /* schema mode (implies JSON): borrowed, copied at submit */
+    const struct sched_schema *schema; /* schema mode (implies JSON): borrowed, copied at submit; also a
+                                       regex or grammar (sched_schema_from_regex / _grammar) */
+    const char *guide_after;        /* with json_object or schema: the guide starts once the output holds
+                                       this text (the end of the reasoning, "</think>"), vLLM's behaviour
+                                       with a reasoning parser; NULL: from the first token. Copied */
     uint64_t cache_salt;            /* requests with different salts never share KV */
     void *user;                     /* returned in every event; not touched */
     struct sched_sink *sink;        /* the engine's outbox its events go to (sched_sink_create);
@@ -469,6 +473,11 @@ struct sched_guide {
     const struct sched_schema *schema;                /* schema mode (borrowed), or NULL */
     int lit_first;                                    /* schema mode: literal matching */
     uint64_t cand;
+    int dstate, slen;                                 /* schema mode: a pattern's DFA state (-1: none),
+                                                         characters of the string so far */
+    double num;                                       /* schema mode, bounded numbers: magnitude so far */
+    int16_t ndig, nfrac;                              /* ... its integer and fraction digits */
+    bool neg;                                         /* ... and sign */
     struct sched_guide_frame frame[SCHED_GUIDE_MAX_DEPTH]; /* schema mode: the nodes being written */
 };
 /* JSON mode: any one JSON object. */
@@ -482,6 +491,14 @@ void sched_guide_init_schema(struct sched_guide *g, const struct sched_schema *s
  * err. One allocation: copy/free below. */
 struct sched_schema *sched_schema_compile(const json_doc *d, int s, bool any_root, char *err, size_t errlen);
 struct sched_schema *sched_schema_copy(const struct sched_schema *s);
+/* The whole output matches a regular expression (vLLM's structured_outputs
+ * regex: anchored at both ends), is one of n strings (choice), or is a
+ * sentence of a GBNF grammar without recursive rules (regex.c says which
+ * syntax). The output is raw text, not JSON. NULL with the reason in err. */
+struct sched_schema *sched_schema_from_regex(const char *re, size_t len, char *err, size_t errlen);
+struct sched_schema *sched_schema_from_choice(const char *const *s, const size_t *len, int n, char *err,
+                                              size_t errlen);
+struct sched_schema *sched_schema_from_grammar(const char *gbnf, size_t len, char *err, size_t errlen);
 /* The schema of {} and nothing else (a function without parameters). */
 struct sched_schema *sched_schema_empty_object(void);
 void sched_schema_free(struct sched_schema *s);
@@ -501,10 +518,37 @@ int sched_json_str(int st, uint8_t c);
 /* schema.c's side of sched_guide_step / the mask (internal to sched/) */
 bool sched_schema_step(struct sched_guide *g, uint8_t c);
 bool sched_schema_in_string(const struct sched_guide *g);
+bool sched_schema_can_stop(const struct sched_guide *g);
+/* The mask's fast path (internal to sched/): when g is inside raw text (a
+ * regex or grammar) or a string with a pattern or maxLength, a run of plain
+ * bytes (*raw: any bytes) is taken iff it walks *next (NULL: no DFA) from
+ * *state without a -1 and holds at most *room characters (-1: any). false
+ * when g is elsewhere. */
+bool sched_schema_plain_run(const struct sched_guide *g, const int16_t (**next)[256], int *state, int *room,
+                            bool *raw);
+/* A number no other schema copy in this process has (the mask cache's key:
+ * a freed copy's address may come back for another request's). */
+uint64_t sched_schema_uid(const struct sched_schema *s);
 /* Feeds one byte; false (state undefined) when it cannot continue a JSON object. */
 bool sched_guide_step(struct sched_guide *g, uint8_t c);
-/* Whether the top-level object is complete. */
+/* Whether the top-level object is complete (nothing may follow). */
 bool sched_guide_done(const struct sched_guide *g);
+/* Whether the output may end here: done, or a regex/grammar output that is
+ * complete and could also go on (the mask then allows the stop ids too). */
+bool sched_guide_can_stop(const struct sched_guide *g);
+/* A DFA over bytes (regex.c, internal to sched/): next[s][c] is the state
+ * after byte c from state s, -1 when c cannot lead to a match; state 0 is
+ * the start; every state with a transition can still reach an accepting one. */
+struct sched_dfa {
+    int n;
+    int16_t (*next)[256]; /* [n] */
+    uint8_t *accept;      /* [n] */
+};
+enum { SCHED_RX_FULL, SCHED_RX_SEARCH, SCHED_RX_GBNF }; /* a whole-match regex, a JSON Schema pattern
+                                                           (matches anywhere unless ^/$), a grammar */
+int sched_regex_build(const char *src, size_t len, int mode, int max_states, struct sched_dfa *out, char *err,
+                      size_t errlen);
+void sched_dfa_free(struct sched_dfa *d);
 /* The tokenizer's vocabulary prepared for masking (bytes, kinds), built once
  * per tokenizer; NULL when out of memory. tok must outlive it. */
 struct sched_guide_vocab *sched_guide_vocab_create(const model_tok *tok);

@@ -167,16 +167,38 @@ def test_responses_tools(c):
 
 
 def test_reasoning(c):
+    """The thinking in "reasoning" (vLLM's name now) and "reasoning_content"
+    (older clients), whole and in stream deltas."""
     msgs = few_shot("You think first.", "Weather?", THINK)
     r = c.chat.completions.create(model=NAME, messages=msgs, temperature=0, max_tokens=30)
     m = r.choices[0].message
     assert m.reasoning_content == "The sky is clear today." and m.content == "It is sunny.", m
-    rs, cs = "", ""
+    assert m.reasoning == m.reasoning_content, m
+    rs, rs2, cs = "", "", ""
     for chunk in c.chat.completions.create(model=NAME, messages=msgs, temperature=0, max_tokens=30, stream=True):
         for ch in chunk.choices:
             rs += getattr(ch.delta, "reasoning_content", None) or ""
+            rs2 += getattr(ch.delta, "reasoning", None) or ""
             cs += ch.delta.content or ""
-    assert (rs, cs) == (m.reasoning_content, m.content), (rs, cs)
+    assert (rs, rs2, cs) == (m.reasoning_content, m.reasoning, m.content), (rs, rs2, cs)
+
+
+def test_reasoning_then_schema(c):
+    """With --reasoning-parser the schema applies once the reasoning ends
+    (vLLM's behaviour): the thinking stays free text in "reasoning" and the
+    content is the JSON. Guided from the first token, the reasoning would be
+    empty and the JSON would begin at once."""
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                               "sunny": {"type": "boolean"}}, "required": ["city", "sunny"]}
+    msgs = few_shot("You think first, then answer in JSON.", "Weather in Paris?",
+                    '<think>The user asks about Paris.</think>{"city": "Paris", "sunny": true}')
+    rf = {"type": "json_schema", "json_schema": {"name": "w", "schema": schema}}
+    for extra in ({"response_format": rf}, {"extra_body": {"structured_outputs": {"json": schema}}}):
+        r = c.chat.completions.create(model=NAME, messages=msgs, temperature=0, max_tokens=60, **extra)
+        m = r.choices[0].message
+        assert m.reasoning and m.reasoning == m.reasoning_content, m
+        obj = json.loads(m.content)
+        assert set(obj) == {"city", "sunny"} and isinstance(obj["sunny"], bool) and len(obj["city"]) <= 20, m
 
 
 def main():
@@ -191,7 +213,7 @@ def main():
         lib.wait_healthy(port, proc)
         c = client(port)
         passed, failed = lib.run_tests([test_tool_call, test_tool_choice_none_keeps_text, test_named_tool_choice,
-                                        test_responses_tools, test_reasoning], c, proc=proc)
+                                        test_responses_tools, test_reasoning, test_reasoning_then_schema], c, proc=proc)
     finally:
         lib.stop_server(proc, timeout=30)
         log.close()

@@ -126,7 +126,26 @@ static void test_wrong_types_chat(void)
     expect_400(CHAT(",\"add_generation_prompt\":\"yes\""), API_OAI_CHAT, "add_generation_prompt");
     expect_400(CHAT(",\"enable_thinking\":1"), API_OAI_CHAT, "enable_thinking");
     /* features a reply could not show it ignored */
-    expect_400(CHAT(",\"guided_json\":{\"type\":\"object\"}"), API_OAI_CHAT, "guided_json");
+    expect_400(CHAT(",\"guided_whitespace_pattern\":\" \""), API_OAI_CHAT, "guided_whitespace_pattern");
+    /* structured outputs: what cannot be honoured names its field */
+    expect_ok(CHAT(",\"guided_json\":{\"type\":\"object\"},\"guided_decoding_backend\":\"xgrammar\""), API_OAI_CHAT);
+    expect_ok(CHAT(",\"structured_outputs\":{\"regex\":\"[a-z]+\",\"disable_fallback\":true}"), API_OAI_CHAT);
+    expect_ok("{\"prompt\":\"hi\",\"guided_choice\":[\"a\",\"b\"]}", API_OAI_COMPLETIONS);
+    expect_400(CHAT(",\"guided_json\":{\"type\":\"object\",\"properties\":{\"a\":{\"not\":{}}}}"), API_OAI_CHAT,
+               "guided_json");
+    expect_400(CHAT(",\"guided_json\":\"{nope\""), API_OAI_CHAT, "guided_json");
+    expect_400(CHAT(",\"guided_regex\":\"(a\""), API_OAI_CHAT, "guided_regex");
+    expect_400(CHAT(",\"guided_choice\":\"a\""), API_OAI_CHAT, "guided_choice");
+    expect_400(CHAT(",\"guided_regex\":\"a\",\"guided_grammar\":\"root ::= \\\"a\\\"\""), API_OAI_CHAT,
+               "guided_grammar");
+    expect_400(CHAT(",\"structured_outputs\":{\"regex\":\"a\",\"choice\":[\"b\"]}"), API_OAI_CHAT,
+               "structured_outputs");
+    expect_400(CHAT(",\"structured_outputs\":{\"grammar\":\"root ::= \\\"a\\\" root\"}"), API_OAI_CHAT,
+               "structured_outputs.grammar");
+    expect_400(CHAT(",\"structured_outputs\":{\"structural_tag\":\"{}\"}"), API_OAI_CHAT, "structured_outputs");
+    expect_400(CHAT(",\"structured_outputs\":5"), API_OAI_CHAT, "structured_outputs");
+    expect_400(CHAT(",\"response_format\":{\"type\":\"json_object\"},\"guided_regex\":\"a\""), API_OAI_CHAT,
+               "guided_regex");
     expect_400(CHAT(",\"use_beam_search\":true"), API_OAI_CHAT, "use_beam_search");
     expect_400(CHAT(",\"prompt_logprobs\":1"), API_OAI_CHAT, "prompt_logprobs");
     expect_ok(CHAT(",\"use_beam_search\":false,\"prompt_logprobs\":null,\"guided_json\":null"), API_OAI_CHAT);

@@ -5,7 +5,12 @@
 #include <stdint.h>
 #include <string.h>
 
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
 #include "kvpool/kvpool.h"
+#include "model/gguf.h"
+#include "model/tokenizer.h"
 #include "sched/sched.h"
 #include "test.h"
 
@@ -1151,8 +1156,8 @@ static void test_json_guide(void)
 }
 
 /* Schema mode: a compiled schema accepts exactly the objects it describes
- * (every property, in order), refuses the rest, and refuses schemas outside
- * the supported subset with the keyword named. */
+ * (the properties in order, those not required optional), refuses the rest,
+ * and refuses schemas outside the supported subset with the keyword named. */
 static struct sched_schema *schema_of(const char *text, char *err, size_t errlen)
 {
     json_doc d;
@@ -1195,7 +1200,7 @@ static void test_json_schema_guide(void)
     }
     struct { const char *doc; const char *why; } bad[] = {
         {"{\"age\":3}", "order"},
-        {"{\"name\":\"A\"}", "missing properties"},
+        {"{}", "missing required property"},
         {"{\"name\":\"A\",\"nick\":1}", "unknown property"},
         {"{\"name\":\"A\",\"age\":3.5}", "integer"},
         {"{\"name\":\"A\",\"age\":3,\"score\":1,\"ok\":true,\"tags\":[1]}", "item type"},
@@ -1228,6 +1233,7 @@ static void test_json_schema_guide(void)
     CHECKF(un != NULL, "%s", err);
     struct sched_schema *root_obj = sched_schema_compile(&ud, 0, false, err, sizeof err); /* users: object roots */
     CHECK(root_obj == NULL && strstr(err, "top-level"));
+    sched_schema_free(root_obj);
     json_free(&ud);
     if (un) {
         CHECK(schema_accepts(un, "[{\"name\":\"a\",\"p\":3},{\"name\":\"b\",\"p\":{}}]", &done) < 0 && done);
@@ -1237,6 +1243,7 @@ static void test_json_schema_guide(void)
         CHECK(schema_accepts(un, "[{\"name\":\"b\",\"p\":3", &done) == 17);  /* b's p is {} */
         CHECK(schema_accepts(un, "[{\"name\":\"a\",\"p\":{", &done) == 17);  /* a's p is an integer */
     }
+    /* an object root is still required of users, but a tagged union compiles */
     sched_schema_free(un);
     struct sched_schema *empty = sched_schema_empty_object();
     CHECK(empty && schema_accepts(empty, "{ }", &done) < 0 && done);
@@ -1247,12 +1254,17 @@ static void test_json_schema_guide(void)
     sched_schema_free(cp);
     sched_schema_free(sc);
     static const struct { const char *schema, *says; } refused[] = {
-        {"{\"type\":\"object\"}", "properties"},
-        {"{\"anyOf\":[{\"type\":\"string\"}]}", "anyOf"},
-        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":[\"string\",\"null\"]}}}", "type"},
-        {"{\"type\":\"object\",\"properties\":{\"a\":{\"enum\":[1,2]}}}", "enum"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"not\":{}}}}", "'not'"},
+        {"{\"anyOf\":[{\"type\":\"string\"}]}", "top-level"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"anyOf\":[{\"type\":\"object\",\"properties\":{\"x\":"
+         "{\"type\":\"string\"}}},{\"type\":\"object\",\"properties\":{\"y\":{\"type\":\"string\"}}}]}}}", "tagged"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"string\","
+         "\"format\":\"date\"}]}}}", "same character ('\"')"},
         {"{\"type\":\"string\"}", "top-level"},
-        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"x\"}}}", "pattern"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"(?=x)\"}}}", "lookaround"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#/$defs/B\"}}}", "points at nothing"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":3,\"maximum\":2}}}", "minimum"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"array\",\"uniqueItems\":true}}}", "uniqueItems"},
     };
     for (unsigned i = 0; i < sizeof refused / sizeof *refused; i++) {
         err[0] = 0;
@@ -1265,6 +1277,336 @@ static void test_json_schema_guide(void)
 /* Random damage to a schema and to documents: compile and recognizer must
  * refuse or accept, never crash or read out of bounds (run under ASan when
  * in doubt). */
+/* Feeds doc to a fresh guide of sc: -1 when every byte was taken (then
+ * *end says whether the output may end there), else the refused byte. */
+static int guide_run(const struct sched_schema *sc, const char *doc, size_t n, bool *end)
+{
+    struct sched_guide g;
+    sched_guide_init_schema(&g, sc);
+    for (size_t i = 0; i < n; i++)
+        if (!sched_guide_step(&g, (uint8_t)doc[i])) return (int)i;
+    *end = sched_guide_can_stop(&g);
+    return -1;
+}
+
+/* pcre2 is the oracle: a regex guide takes a string whole iff pcre2 matches
+ * it whole, and refuses a byte only when pcre2 says no string starts with
+ * the bytes so far (partial matching). */
+static void check_regex_like_pcre2(const struct sched_schema *sc, const char *pattern, const char *alphabet,
+                                   uint64_t seed)
+{
+    int ec;
+    PCRE2_SIZE eo;
+    char anchored[512];
+    snprintf(anchored, sizeof anchored, "\\A(?:%s)\\z", pattern); /* $ would also match before a final newline */
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)anchored, PCRE2_ZERO_TERMINATED, PCRE2_UTF, &ec, &eo, NULL);
+    CHECKF(re != NULL, "pcre2 refused %s", pattern);
+    if (!re) return;
+    pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
+    size_t na = strlen(alphabet);
+    int agree = 0;
+    for (int it = 0; it < 3000; it++) {
+        char s[16];
+        seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+        int len = (int)(seed >> 60) % 9;
+        for (int i = 0; i < len; i++) {
+            seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+            s[i] = alphabet[(seed >> 33) % na];
+        }
+        bool end = false;
+        int at = guide_run(sc, s, (size_t)len, &end);
+        int full = pcre2_match(re, (PCRE2_SPTR)s, (size_t)len, 0, 0, md, NULL);
+        if (at < 0) {
+            CHECKF((full >= 0) == end, "%s on '%.*s': guide %d, pcre2 %d", pattern, len, s, end, full);
+            agree += (full >= 0) == end;
+        } else {
+            /* the refused prefix s[0..at] starts no match */
+            int part = pcre2_match(re, (PCRE2_SPTR)s, (size_t)at + 1, 0, PCRE2_PARTIAL_HARD, md, NULL);
+            CHECKF(part == PCRE2_ERROR_NOMATCH, "%s refused byte %d of '%.*s', pcre2 says %d", pattern, at, len, s, part);
+        }
+    }
+    CHECK(agree > 0);
+    pcre2_match_data_free(md);
+    pcre2_code_free(re);
+}
+
+static void test_regex_guide(void)
+{
+    static const struct { const char *re, *alphabet; } cases[] = {
+        {"[a-c]+x?", "abcx-"},
+        {"(ab|cd){2,3}", "abcd"},
+        {"\\d{3}-\\d{2}", "0129-a"},
+        {"[^x]*y", "xyab"},
+        {"a.b", "ab\n."},
+        {"(a|b)*c(d|e)?", "abcde"},
+        {"x{0,2}y+", "xy"},
+        {"[A-Z][a-z]{1,3}", "Aab1"},
+        {"\\w+@\\w+\\.com", "a@.com"},
+        {"(foo|foobar)(baz)?", "fobarz"},
+        {"(?:\\+|-)?[0-9]+(\\.[0-9]*)?", "+-0.9"},
+    };
+    char err[256];
+    for (unsigned i = 0; i < sizeof cases / sizeof *cases; i++) {
+        struct sched_schema *sc = sched_schema_from_regex(cases[i].re, strlen(cases[i].re), err, sizeof err);
+        CHECKF(sc != NULL, "%s: %s", cases[i].re, err);
+        if (sc) check_regex_like_pcre2(sc, cases[i].re, cases[i].alphabet, 77 + i);
+        sched_schema_free(sc);
+    }
+    static const struct { const char *re, *says; } refused[] = {
+        {"(?=a)b", "lookaround"}, {"(a)\\1", "backreferences"}, {"a\\bb", "word boundaries"}, {"(a", "parenthes"},
+        {"a^b", "'^'"}, {"*a", "quantifier"}, {"a{5,2}", "repetition"},
+    };
+    for (unsigned i = 0; i < sizeof refused / sizeof *refused; i++) {
+        err[0] = 0;
+        struct sched_schema *sc = sched_schema_from_regex(refused[i].re, strlen(refused[i].re), err, sizeof err);
+        CHECKF(sc == NULL && strstr(err, refused[i].says), "%s -> '%s'", refused[i].re, err);
+        sched_schema_free(sc);
+    }
+    /* a top-level number (guided_json takes any root) may end once complete */
+    json_doc nd;
+    const char *ns = "{\"type\":\"integer\",\"maximum\":150}";
+    CHECK(json_parse(&nd, ns, strlen(ns), err, sizeof err) == 0);
+    struct sched_schema *num = sched_schema_compile(&nd, 0, true, err, sizeof err);
+    json_free(&nd);
+    bool end = false;
+    CHECK(num && guide_run(num, "12", 2, &end) < 0 && end);
+    CHECK(num && guide_run(num, "-", 1, &end) < 0 && !end);
+    CHECK(num && guide_run(num, "151", 3, &end) == 2);
+    sched_schema_free(num);
+    /* choice: the strings as they are, regex characters included */
+    const char *ch[] = {"yes", "no", "a.b"};
+    size_t cl[] = {3, 2, 3};
+    struct sched_schema *c = sched_schema_from_choice(ch, cl, 3, err, sizeof err);
+    CHECKF(c != NULL, "%s", err);
+    CHECK(c && guide_run(c, "yes", 3, &end) < 0 && end);
+    CHECK(c && guide_run(c, "a.b", 3, &end) < 0 && end);
+    CHECK(c && guide_run(c, "ye", 2, &end) < 0 && !end);
+    CHECK(c && guide_run(c, "axb", 3, &end) == 1);
+    CHECK(c && guide_run(c, "yess", 4, &end) == 3);
+    sched_schema_free(c);
+    /* GBNF: the same language as a regex, checked against pcre2 */
+    const char *gb = "# a tuple of numbers\nroot ::= \"(\" num (\",\" ws num)* \")\"\nnum ::= [0-9]+ | \"-\" [1-9] [0-9]*\n"
+                     "ws ::= [ ]?\n";
+    struct sched_schema *gs = sched_schema_from_grammar(gb, strlen(gb), err, sizeof err);
+    CHECKF(gs != NULL, "%s", err);
+    if (gs) check_regex_like_pcre2(gs, "\\((?:[0-9]+|-[1-9][0-9]*)(?:, ?(?:[0-9]+|-[1-9][0-9]*))*\\)", "(),- 019", 5);
+    sched_schema_free(gs);
+    const char *multi = "root ::= item\n  | \"[\" item \"]\"\nitem ::= (\n  \"a\" |\n  \"b\" )\n";
+    gs = sched_schema_from_grammar(multi, strlen(multi), err, sizeof err);
+    CHECKF(gs != NULL, "%s", err);
+    CHECK(gs && guide_run(gs, "[b]", 3, &end) < 0 && end);
+    CHECK(gs && guide_run(gs, "a", 1, &end) < 0 && end);
+    sched_schema_free(gs);
+    static const struct { const char *g, *says; } gbad[] = {
+        {"root ::= \"a\" root | \"b\"", "recursive"}, {"root ::= foo", "undefined rule 'foo'"},
+        {"start ::= \"a\"", "undefined rule 'root'"}, {"root = \"a\"", "name ::="},
+    };
+    for (unsigned i = 0; i < sizeof gbad / sizeof *gbad; i++) {
+        err[0] = 0;
+        struct sched_schema *x = sched_schema_from_grammar(gbad[i].g, strlen(gbad[i].g), err, sizeof err);
+        CHECKF(x == NULL && strstr(err, gbad[i].says), "%s -> '%s'", gbad[i].g, err);
+        sched_schema_free(x);
+    }
+}
+
+static bool doc_ok(const struct sched_schema *sc, const char *doc)
+{
+    bool done = false;
+    return schema_accepts(sc, doc, &done) < 0 && done;
+}
+
+/* What pydantic writes: $defs/$ref (recursive too), Optional (anyOf with
+ * null), type lists, enums of any type, bounds, formats, patterns, lengths,
+ * maps and free values. */
+static void test_schema_features(void)
+{
+    char err[256];
+    struct sched_schema *sc = schema_of(
+        "{\"$defs\":{\"Pet\":{\"properties\":{\"kind\":{\"type\":\"string\"}},\"required\":[\"kind\"],\"title\":\"Pet\","
+        "\"type\":\"object\"},\"Node\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"integer\"},\"next\":"
+        "{\"anyOf\":[{\"$ref\":\"#/$defs/Node\"},{\"type\":\"null\"}]}},\"required\":[\"v\",\"next\"]}},"
+        "\"properties\":{\"name\":{\"type\":\"string\"},\"pet\":{\"$ref\":\"#/$defs/Pet\"},\"nick\":{\"anyOf\":"
+        "[{\"type\":\"string\"},{\"type\":\"null\"}],\"default\":null},\"list\":{\"$ref\":\"#/$defs/Node\"}},"
+        "\"required\":[\"name\",\"pet\"],\"type\":\"object\"}", err, sizeof err);
+    CHECKF(sc != NULL, "%s", err);
+    if (sc) {
+        CHECK(doc_ok(sc, "{\"name\":\"a\",\"pet\":{\"kind\":\"c\"}}"));
+        CHECK(doc_ok(sc, "{\"name\":\"a\",\"pet\":{\"kind\":\"c\"},\"nick\":null}"));
+        CHECK(doc_ok(sc, "{\"name\":\"a\",\"pet\":{\"kind\":\"c\"},\"nick\":\"z\",\"list\":{\"v\":1,\"next\":{\"v\":2,"
+                         "\"next\":null}}}"));
+        CHECK(!doc_ok(sc, "{\"name\":\"a\",\"pet\":{\"kind\":1}}"));
+        CHECK(!doc_ok(sc, "{\"name\":\"a\",\"pet\":{}}"));
+        CHECK(!doc_ok(sc, "{\"name\":\"a\",\"pet\":{\"kind\":\"c\"},\"list\":{\"v\":1}}"));
+    }
+    sched_schema_free(sc);
+    /* bounds: every integer from -300 to 300, and decimals, against the arithmetic */
+    sc = schema_of("{\"type\":\"object\",\"properties\":{\"i\":{\"type\":\"integer\",\"minimum\":10,\"maximum\":250},"
+                   "\"x\":{\"type\":\"number\",\"exclusiveMinimum\":-0.5,\"maximum\":1.5}},\"required\":[\"i\"]}",
+                   err, sizeof err);
+    CHECKF(sc != NULL, "%s", err);
+    for (int v = -300; sc && v <= 300; v++) {
+        char doc[64];
+        snprintf(doc, sizeof doc, "{\"i\":%d}", v);
+        CHECKF(doc_ok(sc, doc) == (v >= 10 && v <= 250), "%s", doc);
+    }
+    uint64_t r = 99;
+    for (int it = 0; sc && it < 2000; it++) {
+        char num[32], doc[64];
+        r = r * 6364136223846793005ULL + 1442695040888963407ULL;
+        int ip = (int)(r >> 40) % 3, fd = (int)(r >> 50) % 4;
+        snprintf(num, sizeof num, "%s%d", (r >> 20) % 3 == 0 ? "-" : "", ip);
+        if (fd) {
+            strcat(num, ".");
+            for (int k = 0; k < fd; k++) {
+                r = r * 6364136223846793005ULL + 1442695040888963407ULL;
+                char dd[2] = {(char)('0' + (r >> 33) % 10), 0};
+                strcat(num, dd);
+            }
+        }
+        double v = strtod(num, NULL);
+        snprintf(doc, sizeof doc, "{\"i\":10,\"x\":%s}", num);
+        CHECKF(doc_ok(sc, doc) == (v > -0.5 && v <= 1.5), "%s", doc);
+    }
+    bool done;
+    CHECK(sc && schema_accepts(sc, "{\"i\":10,\"x\":1e", &done) == 13); /* no exponent with bounds */
+    CHECK(sc && schema_accepts(sc, "{\"i\":3", &done) < 0);            /* 30 .. 39 are in range */
+    CHECK(sc && schema_accepts(sc, "{\"i\":260", &done) == 7);         /* 260 is out of range */
+    sched_schema_free(sc);
+    /* strings: lengths, formats, patterns (pcre2 is not needed: the cases are plain) */
+    sc = schema_of("{\"type\":\"object\",\"properties\":{\"s\":{\"type\":\"string\",\"minLength\":2,\"maxLength\":4},"
+                   "\"d\":{\"type\":\"string\",\"format\":\"date\"},\"t\":{\"type\":\"string\",\"format\":\"date-time\"},"
+                   "\"u\":{\"type\":\"string\",\"format\":\"uuid\"},\"e\":{\"type\":\"string\",\"format\":\"email\"},"
+                   "\"p\":{\"type\":\"string\",\"pattern\":\"^[A-Z]{2}\\\\d$\"},\"q\":{\"type\":\"string\",\"pattern\":\"x\"}}}",
+                   err, sizeof err);
+    CHECKF(sc != NULL, "%s", err);
+    static const struct { const char *doc; bool ok; } strs[] = {
+        {"{\"s\":\"ab\"}", true}, {"{\"s\":\"abcd\"}", true}, {"{\"s\":\"a\"}", false}, {"{\"s\":\"abcde\"}", false},
+        {"{\"s\":\"\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\"}", true}, {"{\"s\":\"\\u00e9x\"}", true},
+        {"{\"d\":\"2024-02-29\"}", true}, {"{\"d\":\"2024-13-01\"}", false}, {"{\"d\":\"2024-1-01\"}", false},
+        {"{\"t\":\"2024-01-02T03:04:05Z\"}", true}, {"{\"t\":\"2024-01-02T03:04:05.123+02:00\"}", true},
+        {"{\"t\":\"2024-01-02 03:04\"}", false},
+        {"{\"u\":\"123e4567-e89b-12d3-a456-426614174000\"}", true}, {"{\"u\":\"123e4567e89b\"}", false},
+        {"{\"e\":\"a.b+c@mail.example.io\"}", true}, {"{\"e\":\"a@b\"}", false}, {"{\"e\":\"@b.io\"}", false},
+        {"{\"p\":\"AB1\"}", true}, {"{\"p\":\"A1\"}", false}, {"{\"p\":\"AB12\"}", false},
+        {"{\"q\":\"abxcd\"}", true}, {"{\"q\":\"abc\"}", false},
+    };
+    for (unsigned i = 0; sc && i < sizeof strs / sizeof *strs; i++)
+        CHECKF(doc_ok(sc, strs[i].doc) == strs[i].ok, "%s should be %s", strs[i].doc, strs[i].ok ? "taken" : "refused");
+    sched_schema_free(sc);
+    /* enums of any type, type lists, maps, any value */
+    sc = schema_of("{\"type\":\"object\",\"properties\":{\"e\":{\"enum\":[1,10,2.5,\"a\",null,{\"k\":[1, 2]}]},"
+                   "\"n\":{\"type\":[\"integer\",\"null\"]},\"m\":{\"type\":\"object\",\"additionalProperties\":"
+                   "{\"type\":\"integer\"}},\"any\":{},\"c\":{\"const\":3}}}", err, sizeof err);
+    CHECKF(sc != NULL, "%s", err);
+    static const struct { const char *doc; bool ok; } vals[] = {
+        {"{\"e\":1}", true}, {"{\"e\":10}", true}, {"{\"e\":2.5}", true}, {"{\"e\":\"a\"}", true}, {"{\"e\":null}", true},
+        {"{\"e\":{\"k\":[1,2]}}", true}, {"{\"e\":3}", false}, {"{\"e\":100}", false}, {"{\"e\":\"b\"}", false},
+        {"{\"n\":5}", true}, {"{\"n\":null}", true}, {"{\"n\":\"x\"}", false}, {"{\"n\":1.5}", false},
+        {"{\"m\":{\"a\":1,\"b\":2}}", true}, {"{\"m\":{}}", true}, {"{\"m\":{\"a\":\"x\"}}", false},
+        {"{\"any\":[1,{\"a\":null,\"b\":[true,\"s\"]},-2.5e3]}", true}, {"{\"any\":tru}", false},
+        {"{\"c\":3}", true}, {"{\"c\":30}", false}, {"{\"e\":1,\"c\":3}", true}, {"{\"c\":3,\"e\":1}", false},
+    };
+    for (unsigned i = 0; sc && i < sizeof vals / sizeof *vals; i++)
+        CHECKF(doc_ok(sc, vals[i].doc) == vals[i].ok, "%s should be %s", vals[i].doc, vals[i].ok ? "taken" : "refused");
+    sched_schema_free(sc);
+}
+
+/* The mask against the plain definition, token by token on GPT-2's
+ * vocabulary: a token is allowed iff the guide takes all of its bytes (and
+ * the stop id iff the output may end). Covers the fast paths (plain strings,
+ * DFA walks, maxLength counts) and the mask cache. */
+static void test_guide_mask_exact(void)
+{
+    char err[256], path[512];
+    snprintf(path, sizeof path, "%s/vocab/ggml-vocab-gpt-2.gguf", test_data_dir());
+    gguf_file *f = gguf_open(path, err, sizeof err);
+    model_tok *tok = f ? model_tok_from_gguf(f, err, sizeof err) : NULL;
+    CHECKF(tok != NULL, "%s", err);
+    if (!tok) {
+        gguf_close(f);
+        return;
+    }
+    int V = model_tok_n_vocab(tok);
+    struct sched_guide_vocab *gv = sched_guide_vocab_create(tok);
+    uint8_t *allow = malloc((size_t)V);
+    struct sched_schema *sc = schema_of(
+        "{\"type\":\"object\",\"properties\":{\"s\":{\"type\":\"string\",\"maxLength\":5},\"d\":{\"type\":\"string\","
+        "\"pattern\":\"^[a-z]+[0-9]?$\"},\"n\":{\"type\":\"integer\",\"minimum\":-5,\"maximum\":120},\"o\":{\"anyOf\":"
+        "[{\"type\":\"number\"},{\"type\":\"null\"}]},\"f\":{\"type\":\"string\"}},\"required\":[\"s\"]}", err, sizeof err);
+    const char *re = "(ab|cd)+[0-9]{0,3}";
+    struct sched_schema *rx = sched_schema_from_regex(re, strlen(re), err, sizeof err);
+    CHECK(gv && allow && sc && rx);
+    static const struct { int which; const char *prefix; } states[] = {
+        {0, ""}, {0, "{"}, {0, "{\"s\":\"ab"}, {0, "{\"s\":\"abcd"}, {0, "{\"s\":\"\",\"d\":\"x"},
+        {0, "{\"s\":\"\",\"d\":\"x1"}, {0, "{\"s\":\"\",\"n\":1"}, {0, "{\"s\":\"\",\"n\":-"}, {0, "{\"s\":\"\",\"o\":"},
+        {0, "{\"s\":\"\",\"f\":\"free te"}, {0, "{\"s\":\"\"}"}, {1, ""}, {1, "ab"}, {1, "abcd1"}, {1, "ab123"},
+    };
+    int32_t stop = 50256; /* <|endoftext|> */
+    for (int rep = 0; rep < 2 && sc && rx && gv && allow; rep++) /* the second pass reads the cache */
+        for (unsigned i = 0; i < sizeof states / sizeof *states; i++) {
+            struct sched_guide g;
+            sched_guide_init_schema(&g, states[i].which ? rx : sc);
+            bool fed = true;
+            for (const char *p = states[i].prefix; *p; p++) fed = fed && sched_guide_step(&g, (uint8_t)*p);
+            CHECKF(fed, "prefix refused: %s", states[i].prefix);
+            sched_guide_vocab_epoch(gv);
+            sched_guide_mask(&g, gv, &stop, 1, allow);
+            int wrong = 0, first_wrong = -1, n_allowed = 0;
+            for (int t = 0; t < V; t++) {
+                size_t len = 0;
+                const char *b = model_tok_bytes(tok, t, &len);
+                bool ok;
+                if (t == stop) {
+                    ok = sched_guide_can_stop(&g);
+                } else if (sched_guide_done(&g) || !b || !len || model_tok_attr(tok, t) != MODEL_TOK_NORMAL) {
+                    ok = false;
+                } else {
+                    struct sched_guide c = g;
+                    ok = true;
+                    for (size_t k = 0; k < len && ok; k++) ok = sched_guide_step(&c, (uint8_t)b[k]);
+                }
+                n_allowed += ok;
+                if (ok != (allow[t] != 0)) {
+                    if (first_wrong < 0) first_wrong = t;
+                    wrong++;
+                }
+            }
+            CHECKF(!wrong && n_allowed > 0, "state '%s': %d tokens differ (first %d), %d allowed", states[i].prefix,
+                   wrong, first_wrong, n_allowed);
+        }
+    sched_schema_free(sc);
+    sched_schema_free(rx);
+    free(allow);
+    sched_guide_vocab_destroy(gv);
+    model_tok_free(tok);
+    gguf_close(f);
+}
+
+/* Random patterns and grammars: compiled or refused with a reason, never a
+ * crash or a read past the text (run under ASan when in doubt). */
+static void test_regex_fuzz(void)
+{
+    static const char alpha[] = "ab()[]{}|*+?.^$\\-,019dwsx\"=:# \n";
+    uint64_t r = 4242;
+    int compiled = 0;
+    for (int it = 0; it < 3000; it++) {
+        char p[24], err[256] = "";
+        r = r * 6364136223846793005ULL + 1442695040888963407ULL;
+        int n = 1 + (int)(r >> 59);
+        for (int i = 0; i < n; i++) {
+            r = r * 6364136223846793005ULL + 1442695040888963407ULL;
+            p[i] = alpha[(r >> 33) % (sizeof alpha - 1)];
+        }
+        struct sched_schema *sc = it % 2 ? sched_schema_from_regex(p, (size_t)n, err, sizeof err)
+                                         : sched_schema_from_grammar(p, (size_t)n, err, sizeof err);
+        CHECKF(sc || err[0], "'%.*s' refused without a reason", n, p);
+        compiled += sc != NULL;
+        sched_schema_free(sc);
+    }
+    printf("  regex fuzz: %d of 3000 compiled\n", compiled);
+    CHECK(compiled > 100);
+}
+
 static void test_guide_fuzz(void)
 {
     const char *base =
@@ -1340,6 +1682,10 @@ int main(void)
     RUN(test_prefix_cache);
     RUN(test_json_guide);
     RUN(test_json_schema_guide);
+    RUN(test_regex_guide);
+    RUN(test_schema_features);
+    RUN(test_guide_mask_exact);
+    RUN(test_regex_fuzz);
     RUN(test_guide_fuzz);
     return test_summary();
 }
