@@ -323,7 +323,7 @@ static void test_moe_layer_refused(void)
 
 /* ---- through the engine ---------------------------------------------------------- */
 
-#define GEN 12
+#define GEN 16
 struct result {
     int32_t tok[GEN];
     int n, cached;
@@ -403,8 +403,8 @@ static void test_engine(void)
     enum { PRE = 48, NP = 58 };
     static int32_t a[NP], bb[NP], c[6][24];
     for (int i = 0; i < NP; i++) {
-        a[i] = (i * 37 + 11) % 383 + 1;
-        bb[i] = i < PRE ? a[i] : (i * 91 + 5) % 383 + 1;
+        a[i] = (i * 37 + 11) % 345 + 1;
+        bb[i] = i < PRE ? a[i] : (i * 91 + 5) % 345 + 1;
     }
     const int32_t *pa[] = {a}, *pb[] = {bb};
     int n1[] = {NP};
@@ -427,7 +427,7 @@ static void test_engine(void)
     int nc[6];
     struct result solo[6], chunked[6], tight[6];
     for (int k = 0; k < 6; k++) {
-        for (int i = 0; i < 24; i++) c[k][i] = (i * (13 + 2 * k) + 7 * k) % 383 + 1;
+        for (int i = 0; i < 24; i++) c[k][i] = (i * (13 + 2 * k) + 7 * k) % 345 + 1;
         pc[k] = c[k];
         nc[k] = 20;
     }
