@@ -497,8 +497,10 @@ static int load_gguf(model *m, const char *path, char *err, size_t errlen)
     }
     char arch[64];
     snprintf(arch, sizeof arch, "%.*s", (int)(s.len < 63 ? s.len : 63), s.p);
-    if (arch_from_name(s.p, s.len, &c->arch) != 0) {
-        sl_seterr(err, errlen, "unsupported architecture '%s'", arch);
+    if (arch_from_name(s.p, s.len, &c->arch) != 0 || c->arch == MODEL_ARCH_DEEPSEEK_V3 ||
+        c->arch == MODEL_ARCH_GLM_MOE_DSA) {
+        /* MLA's keys are read from config.json only: such a model loads from its HF directory */
+        sl_seterr(err, errlen, "unsupported architecture '%s' in GGUF", arch);
         return SL_EUNSUP;
     }
     int rc;

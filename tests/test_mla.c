@@ -281,6 +281,10 @@ static void test_indexer_off_and_mtp(void)
     m = model_load(MDIR "/dsv3-qlora", &lo, err, sizeof err);
     CHECKF(!m && strstr(err, "num_nextn_predict_layers"), "%s", m ? "loaded" : err);
     model_free(m);
+    lo.hf_overrides = "{\"text_config\": {\"index_topk\": \"all\"}}";
+    m = model_load(MDIR "/glm-dsa", &lo, err, sizeof err);
+    CHECKF(!m && strstr(err, "text_config.index_topk"), "%s", m ? "loaded" : err);
+    model_free(m);
 }
 
 /* A copy of dsv3-qlora whose config says the second layer's FFN is MoE. */
