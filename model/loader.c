@@ -1026,6 +1026,15 @@ double model_attn_pair_cost(const struct model_config *c)
      * multiply-add per weight per token */
     double q = (double)c->n_head * c->head_dim, kv = (double)c->n_head_kv * c->head_dim, e = c->n_embd;
     double proj = e * (q + 2.0 * kv) + q * e + 3.0 * e * c->n_ff;
+    const struct model_mla_config *a = &c->mla;
+    if (a->kv_lora_rank > 0) {
+        /* MLA prefill (the expanded form): q.k over nope + rope and p.v over v_head_dim per head; the
+         * projections q (through q_lora or not), kv_a, o and the MLP per token */
+        double H = c->n_head, dq = a->qk_nope_head_dim + a->qk_rope_head_dim, ql = a->q_lora_rank;
+        double pq = ql > 0 ? e * ql + ql * H * dq : e * H * dq;
+        proj = pq + e * (a->kv_lora_rank + a->qk_rope_head_dim) + H * a->v_head_dim * e + 3.0 * e * c->n_ff;
+        return proj > 0 ? H * (dq + a->v_head_dim) / proj : 0.0;
+    }
     return proj > 0 ? 2.0 * q / proj : 0.0;
 }
 
