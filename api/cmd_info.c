@@ -24,6 +24,41 @@ static void info_weight_formats(const model *m)
     free(buf);
 }
 
+/* The plan of layers (runs of equal kinds), the MLA shape where there is one,
+ * the MTP modules, and what a token's KV takes in the pool. */
+static void info_plan(const model *m)
+{
+    const struct model_config *c = model_get_config(m);
+    printf("layer plan:");
+    for (int l = 0; l < c->n_layer;) {
+        struct model_layer_kind k = model_layer_kind_of(c, l);
+        int e = l + 1;
+        while (e < c->n_layer && model_layer_kind_of(c, e).mixer == k.mixer && model_layer_kind_of(c, e).ffn == k.ffn)
+            e++;
+        printf(" %d-%d %s+%s", l, e - 1, model_mixer_name(k.mixer), model_ffn_name(k.ffn));
+        l = e;
+    }
+    printf("\n");
+    const struct model_mla_config *a = &c->mla;
+    if (a->kv_lora_rank > 0) {
+        printf("mla: kv_lora_rank %d, q_lora_rank %d, qk nope %d + rope %d, v %d, softmax scale %.6g%s%s\n",
+               a->kv_lora_rank, a->q_lora_rank, a->qk_nope_head_dim, a->qk_rope_head_dim, a->v_head_dim,
+               a->softmax_scale, a->yarn_factor > 0 ? ", yarn" : "", a->rope_interleave ? ", interleaved rope" : "");
+        if (a->index_n_heads > 0) {
+            if (a->index_topk > 0)
+                printf("dsa indexer: top %d keys, %d heads of %d\n", a->index_topk, a->index_n_heads, a->index_head_dim);
+            else
+                printf("dsa indexer: off (index_topk null): dense MLA\n");
+        }
+        const struct model_weights *w = model_get_weights(m);
+        if (a->n_mtp_layers > 0)
+            printf("mtp: %d layer(s), %d tensors, %.2f MB (loaded, not run)\n", a->n_mtp_layers, w->mtp_tensors,
+                   w->mtp_bytes / 1e6);
+    }
+    printf("kv per token: %zu bytes f32 (cpu), %zu bf16, %zu fp8\n", model_kv_bytes_per_token(c, 4),
+           model_kv_bytes_per_token(c, 2), model_kv_bytes_per_token(c, 1));
+}
+
 int api_cmd_info(int argc, char **argv)
 {
     const char *model_path = NULL;
@@ -57,6 +92,7 @@ int api_cmd_info(int argc, char **argv)
            model_arch_name(c->arch), c->n_layer, c->n_embd, c->n_ff, c->n_head, c->n_head_kv, c->head_dim,
            c->n_vocab, c->n_ctx_train, c->rope_type == MODEL_ROPE_NEOX ? "neox" : "norm", c->rope_theta,
            c->rope_llama3_factor > 0 ? " (llama3 scaling)" : "", c->tie_embeddings ? "yes" : "no");
+    info_plan(m);
     printf("tokenizer: %d tokens\nweight values: %s\n", model_tok_n_vocab(model_get_tok(m)), wrc ? "DAMAGED" : "all finite");
     info_weight_formats(m);
     model_free(m);

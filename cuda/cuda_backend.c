@@ -832,12 +832,7 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
                   N > MAX_TP ? " (and at most 16 ranks are supported)" : "");
         return NULL;
     }
-    if (model_tp_check(c, N, err, errlen)) return NULL;
-    if (c->head_dim % 8 || c->head_dim > 256 || c->n_head / c->n_head_kv > CUDA_ATTN_ROWS) {
-        sl_seterr(err, errlen, "cuda: head_dim %d / %d heads per KV head unsupported (head_dim %% 8 == 0, <= 256; <= %d)",
-               c->head_dim, c->n_head / c->n_head_kv, CUDA_ATTN_ROWS);
-        return NULL;
-    }
+    /* the plan first: a kind it lacks is the reason, whatever its shapes */
     for (int l = 0; l < c->n_layer; l++) {
         struct model_layer_kind k = model_layer_kind_of(c, l);
         if (k.mixer != MODEL_MIXER_GQA || k.ffn != MODEL_FFN_DENSE) {
@@ -845,6 +840,12 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
                       l, model_mixer_name(k.mixer), model_ffn_name(k.ffn));
             return NULL;
         }
+    }
+    if (model_tp_check(c, N, err, errlen)) return NULL;
+    if (c->head_dim % 8 || c->head_dim > 256 || c->n_head / c->n_head_kv > CUDA_ATTN_ROWS) {
+        sl_seterr(err, errlen, "cuda: head_dim %d / %d heads per KV head unsupported (head_dim %% 8 == 0, <= 256; <= %d)",
+               c->head_dim, c->n_head / c->n_head_kv, CUDA_ATTN_ROWS);
+        return NULL;
     }
     struct cuda_backend *b = calloc(1, sizeof *b);
     if (!b) {

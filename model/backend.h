@@ -9,7 +9,9 @@
  * KV layout: the backend owns the KV memory, sized in blocks by the caller
  * (kv_blocks); the KV pool (kvpool/) hands out block *indices*. A slot is
  * block_table[pos / block_size] * block_size + pos % block_size. The CPU
- * backend stores, per layer, K and V as [n_blocks][block_size][n_kv_heads][head_dim] f32.
+ * backend stores, per layer, its kind's entries (model_kv_token_elems): a GQA
+ * layer K and V as [n_blocks][block_size][n_kv_heads][head_dim] f32, an MLA
+ * layer [n_blocks][block_size][kv_lora_rank + qk_rope_head_dim (+ indexer key)].
  *
  * Threads: one backend is driven by one thread (the engine thread); it may use
  * worker threads internally. Implementations: model/cpu_backend.c ("cpu"),
@@ -87,7 +89,7 @@ int model_kv_dtype(const struct model_backend_opts *opts, const char *device, bo
 
 struct model_backend_ops {
     const char *name;
-    /* Bytes of KV memory one block takes (all layers, K and V). */
+    /* Bytes of KV memory one block takes (all layers, each its kind's entry). */
     size_t (*kv_block_bytes)(model_backend *b, int block_size);
     /* (Re)allocates KV memory for n_blocks blocks of block_size tokens. */
     int (*kv_alloc)(model_backend *b, int n_blocks, int block_size, char *err, size_t errlen);

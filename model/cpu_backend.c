@@ -12,7 +12,8 @@
  *
  * The forward pass is the textbook Llama block (RMSNorm, QKV (+bias),
  * per-head q/k RMSNorm, RoPE (NORM or NEOX, llama3 scaling), causal GQA
- * attention through the block table, output projection, SwiGLU MLP), then the
+ * attention through the block table, output projection, SwiGLU MLP; an MLA
+ * layer's attention is model/cpu_mla.c's), then the
  * LM head for the rows that need logits and the sampler. Each layer writes the
  * K/V of every token in the step before any token attends, so sequences in
  * one step may share blocks (a shared prefix, or one 1-token sequence per
@@ -44,16 +45,8 @@
 #endif
 
 #include "backend.h"
+#include "cpu_internal.h"
 #include "quant.h"
-
-/* A weight matrix [rows][in] in its stored encoding, borrowed from the model. */
-struct wmat {
-    enum model_dtype dt;
-    const uint8_t *data;
-    size_t row_bytes;
-    int in;
-    const struct model_quant *quant; /* MODEL_DT_QPACK: the packed layout (model/quant.c dequantizes) */
-};
 
 struct layer_f32 {
     float *attn_norm;               /* [n_embd] */
@@ -78,9 +71,12 @@ struct cpu_backend {
     struct layer_f32 *L;            /* [n_layer] */
     float *rope_cos, *rope_sin;     /* [max_ctx][rope_dim/2] */
 
-    float *kv;                      /* owned: per layer K then V, each [kv_blocks][block_size][n_kv][hd] */
+    float *kv;                      /* owned: per layer its entries [kv_blocks][block_size][entry]: a GQA layer
+                                       K then V, each [n_kv][hd]; an MLA layer latent + rope (model/cpu_mla.c) */
     int kv_blocks, block_size;
-    size_t kv_layer;                /* floats in one layer's K (or V) */
+    size_t kv_layer;                /* floats in one GQA layer's K (or V) */
+    size_t *kv_off;                 /* [n_layer] first float of each layer's entries in kv */
+    struct cpu_mla *mla;            /* the MLA layers' weights and scratch, or NULL */
 
     /* scratch, [max_tokens] rows unless said otherwise */
     float *x, *xn;                  /* [n_embd] residual stream, normed / projected */
@@ -480,7 +476,8 @@ model_backend *model_cpu_backend_create(const model *m, const struct model_backe
     size_t nw = E + per_layer * c->n_layer;
     b->wmem = zalloc(nw * sizeof(float));
     b->L = calloc((size_t)c->n_layer, sizeof *b->L);
-    if (!b->wmem || !b->L) {
+    b->kv_off = calloc((size_t)c->n_layer, sizeof *b->kv_off);
+    if (!b->wmem || !b->L || !b->kv_off) {
         sl_seterr(err, errlen, "out of memory");
         goto fail;
     }
@@ -505,10 +502,12 @@ model_backend *model_cpu_backend_create(const model *m, const struct model_backe
         const struct model_layer_weights *lw = &w->layers[l];
         struct layer_f32 *L = &b->L[l];
         VEC(L->attn_norm, &lw->attn_norm, E);
-        MAT(L->wq, &lw->wq);
-        MAT(L->wk, &lw->wk);
-        MAT(L->wv, &lw->wv);
-        MAT(L->wo, &lw->wo);
+        if (model_layer_kind_of(c, l).mixer == MODEL_MIXER_GQA) {
+            MAT(L->wq, &lw->wq);
+            MAT(L->wk, &lw->wk);
+            MAT(L->wv, &lw->wv);
+            MAT(L->wo, &lw->wo);
+        }
         if (c->qkv_bias) {
             VEC(L->bq, &lw->bq, Q);
             VEC(L->bk, &lw->bk, KV);
@@ -528,6 +527,7 @@ model_backend *model_cpu_backend_create(const model *m, const struct model_backe
     SL_ASSERT((size_t)(p - b->wmem) == nw);
     b->max_in = (int)(E > F ? E : F);
     if ((size_t)b->max_in < Q) b->max_in = (int)Q;
+    if (b->max_in < cpu_mla_max_in(c)) b->max_in = cpu_mla_max_in(c);
     b->wbuf = zalloc((size_t)b->nt * ROW_BLOCK * b->max_in * sizeof(float));
 
     size_t T = b->max_tokens, S = b->max_seqs, half = c->rope_dim / 2;
@@ -557,6 +557,9 @@ model_backend *model_cpu_backend_create(const model *m, const struct model_backe
         goto fail;
     }
     rope_tables(b, w);
+    if (c->mla.kv_lora_rank > 0 &&
+        !(b->mla = cpu_mla_create(b, c, w, b->max_tokens, b->max_ctx, err, errlen)))
+        goto fail;
     return &b->base;
 fail:
     backend_destroy(&b->base);
@@ -565,11 +568,11 @@ fail:
 
 /* ---- KV ------------------------------------------------------------------------ */
 
+/* Each layer's entry as its kind declares it (model_kv_token_elems). */
 static size_t backend_kv_block_bytes(model_backend *mb, int block_size)
 {
     struct cpu_backend *b = (struct cpu_backend *)mb;
-    return 2 * (size_t)b->c.n_layer * (size_t)block_size * b->c.n_head_kv * b->c.head_dim *
-           sizeof(float);
+    return (size_t)block_size * model_kv_bytes_per_token(&b->c, sizeof(float));
 }
 
 static int backend_kv_alloc(model_backend *mb, int n_blocks, int block_size, char *err, size_t errlen)
@@ -596,6 +599,11 @@ static int backend_kv_alloc(model_backend *mb, int n_blocks, int block_size, cha
     b->kv_blocks = n_blocks;
     b->block_size = block_size;
     b->kv_layer = (size_t)n_blocks * block_size * b->c.n_head_kv * b->c.head_dim;
+    size_t off = 0;
+    for (int l = 0; l < b->c.n_layer; l++) {
+        b->kv_off[l] = off;
+        off += (size_t)n_blocks * block_size * (size_t)model_kv_token_elems(&b->c, l);
+    }
     return 0;
 }
 
@@ -633,8 +641,8 @@ static void attention(struct cpu_backend *b, const struct step *s, int layer)
     const struct model_config *c = &b->c;
     int T = s->n_tokens, H = c->n_head, D = c->head_dim, KVH = c->n_head_kv, bs = b->block_size;
     int grp = H / KVH;
-    const float *K = b->kv + (size_t)(2 * layer) * b->kv_layer;
-    const float *Vc = b->kv + (size_t)(2 * layer + 1) * b->kv_layer;
+    const float *K = b->kv + b->kv_off[layer];
+    const float *Vc = K + b->kv_layer;
     float scale = 1.0f / sqrtf((float)D);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) num_threads(b->nt)
     for (int t = 0; t < T; t++) {
@@ -689,8 +697,8 @@ static void gqa_mixer(struct cpu_backend *b, const struct step *s, int l)
     matmul(b, b->q, b->xn, &L->wq, L->bq, T, E, Q);
     matmul(b, b->k, b->xn, &L->wk, L->bk, T, E, KV);
     matmul(b, b->v, b->xn, &L->wv, L->bv, T, E, KV);
-    float *Kc = b->kv + (size_t)(2 * l) * b->kv_layer;
-    float *Vc = b->kv + (size_t)(2 * l + 1) * b->kv_layer;
+    float *Kc = b->kv + b->kv_off[l];
+    float *Vc = Kc + b->kv_layer;
 #pragma omp parallel for num_threads(b->nt) if (T >= 8)
     for (int t = 0; t < T; t++) {
         int pos = s->positions[t];
@@ -753,6 +761,7 @@ static int backend_forward(model_backend *mb, struct step *s, char *err, size_t 
         struct model_layer_kind k = model_layer_kind_of(c, l);
         switch (k.mixer) {
         case MODEL_MIXER_GQA: gqa_mixer(b, s, l); break;
+        case MODEL_MIXER_MLA: cpu_mla_mixer(b->mla, b, s, b->tok_seq, l, b->x, b->kv + b->kv_off[l], b->block_size); break;
         }
         switch (k.ffn) {
         case MODEL_FFN_DENSE: dense_ffn(b, l, T); break;
@@ -797,6 +806,8 @@ static void backend_destroy(model_backend *mb)
 {
     struct cpu_backend *b = (struct cpu_backend *)mb;
     if (!b) return;
+    cpu_mla_destroy(b->mla);
+    free(b->kv_off);
     free(b->wmem);
     free(b->wbuf);
     free(b->L);
@@ -820,3 +831,21 @@ static void backend_destroy(model_backend *mb)
     free(b->samp);
     free(b);
 }
+
+/* ---- for the layer kinds in other files (cpu_internal.h) ------------------------ */
+
+void cpu_matmul(const struct cpu_backend *b, float *y, const float *x, const struct wmat *w, const float *bias, int T,
+                int in, int out)
+{
+    matmul(b, y, x, w, bias, T, in, out);
+}
+void cpu_rmsnorm(float *y, const float *x, const float *w, int n, float eps) { rmsnorm(y, x, w, n, eps); }
+float cpu_dot(const float *w, const float *x, int n) { return dot1(w, x, n); }
+void cpu_axpy(float *o, float p, const float *v, int n) { axpy(o, p, v, n); }
+void cpu_deq_row(const struct wmat *w, int64_t r, float *dst) { deq_row(w, r, dst); }
+int cpu_wmat_init(struct wmat *m, const struct model_tensor *t, char *err, size_t errlen)
+{
+    return wmat_init(m, t, err, errlen);
+}
+int cpu_threads(const struct cpu_backend *b) { return b->nt; }
+void *cpu_zalloc(size_t n) { return zalloc(n); }

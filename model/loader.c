@@ -20,6 +20,7 @@
 #include "model.h"
 #include "safetensors.h"
 #include "loader_dummy.h"
+#include "mla.h"
 #include "overrides.h"
 #include "quant.h"
 #include "tokenizer.h"
@@ -38,6 +39,9 @@ struct model {
     struct model_quant **quants;     /* owned descriptors of the packed weights */
     int n_quants, cap_quants;
     struct model_layer_kind *layer_kind; /* owned plan of layers, cfg.layer_kind */
+    uint8_t *index_full;             /* owned cfg.mla.index_full, or NULL */
+    const char *hf_overrides;        /* borrowed from the load options during model_load */
+    int n_layer_file;                /* decoder layers the checkpoint has (MTP modules follow them) */
 };
 
 
@@ -45,6 +49,7 @@ const char *model_mixer_name(enum model_mixer k)
 {
     switch (k) {
     case MODEL_MIXER_GQA: return "gqa";
+    case MODEL_MIXER_MLA: return "mla";
     }
     return "?";
 }
@@ -57,19 +62,42 @@ const char *model_ffn_name(enum model_ffn k)
     return "?";
 }
 
-/* The plan of layers from the (overridden) config: every architecture here is
- * GQA attention + a dense FFN in every layer. */
+/* The plan of layers from the (overridden) config: the Llama family is GQA
+ * attention + a dense FFN in every layer; deepseek_v3 and glm_moe_dsa are MLA
+ * with dense FFNs in the first n_dense_layers and MoE FFNs after (the MoE FFN
+ * is its own kind, refused here while this build lacks it). */
 static int plan_layers(model *m, char *err, size_t errlen)
 {
-    m->layer_kind = calloc((size_t)m->cfg.n_layer, sizeof *m->layer_kind);
+    const struct model_config *c = &m->cfg;
+    bool mla = c->mla.kv_lora_rank > 0;
+    free(m->layer_kind);
+    m->layer_kind = calloc((size_t)c->n_layer, sizeof *m->layer_kind);
     if (!m->layer_kind) {
         sl_seterr(err, errlen, "out of memory");
         return SL_ENOMEM;
     }
-    for (int l = 0; l < m->cfg.n_layer; l++)
-        m->layer_kind[l] = (struct model_layer_kind){MODEL_MIXER_GQA, MODEL_FFN_DENSE};
+    for (int l = 0; l < c->n_layer; l++) {
+        if (mla && l >= c->mla.n_dense_layers) {
+            sl_seterr(err, errlen,
+                      "layer %d of this %s checkpoint has a MoE FFN (only the first %d are dense): this build has "
+                      "no MoE FFN kind",
+                      l, model_arch_name(c->arch), c->mla.n_dense_layers);
+            return SL_EUNSUP;
+        }
+        m->layer_kind[l] = (struct model_layer_kind){mla ? MODEL_MIXER_MLA : MODEL_MIXER_GQA, MODEL_FFN_DENSE};
+    }
     m->cfg.layer_kind = m->layer_kind;
     return 0;
+}
+
+/* The configuration as it will run: --hf-overrides applied, then the plan of
+ * layers, before any tensor is bound (an override may drop tensors: a layer
+ * count, index_topk null, num_nextn_predict_layers 0). */
+static int config_final(model *m, char *err, size_t errlen)
+{
+    m->n_layer_file = m->cfg.n_layer;
+    if (m->hf_overrides && model_config_override(&m->cfg, m->hf_overrides, err, errlen)) return SL_EINVAL;
+    return plan_layers(m, err, errlen);
 }
 
 const char *model_arch_name(enum model_arch a)
@@ -79,6 +107,8 @@ const char *model_arch_name(enum model_arch a)
     case MODEL_ARCH_QWEN2: return "qwen2";
     case MODEL_ARCH_QWEN3: return "qwen3";
     case MODEL_ARCH_MISTRAL: return "mistral";
+    case MODEL_ARCH_DEEPSEEK_V3: return "deepseek_v3";
+    case MODEL_ARCH_GLM_MOE_DSA: return "glm_moe_dsa";
     }
     return "?";
 }
@@ -87,7 +117,8 @@ static int arch_from_name(const char *s, size_t n, enum model_arch *out)
 {
     static const struct { const char *name; enum model_arch a; } tab[] = {
         {"llama", MODEL_ARCH_LLAMA}, {"qwen2", MODEL_ARCH_QWEN2}, {"qwen3", MODEL_ARCH_QWEN3},
-        {"mistral", MODEL_ARCH_MISTRAL},
+        {"mistral", MODEL_ARCH_MISTRAL}, {"deepseek_v3", MODEL_ARCH_DEEPSEEK_V3},
+        {"glm_moe_dsa", MODEL_ARCH_GLM_MOE_DSA},
     };
     for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)
         if (strlen(tab[i].name) == n && memcmp(tab[i].name, s, n) == 0) {
@@ -271,6 +302,7 @@ static int check_config(const struct model_config *c, const struct cfg_keys *k, 
     };
     for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++)
         if (sizes[i].v <= 0 || sizes[i].v > sizes[i].max) {
+            if (sizes[i].v == 0 && sizes[i].key == k->rope_dim && c->mla.kv_lora_rank > 0) continue; /* no RoPE */
             sl_seterr(err, errlen, "%s: %s is %d, expected 1 to %d", k->file, sizes[i].key, sizes[i].v, sizes[i].max);
             return SL_EFORMAT;
         }
@@ -331,6 +363,12 @@ static const struct names hf_names = {
     "model.layers.%d.mlp.up_proj.weight", "model.layers.%d.mlp.down_proj.weight",
 };
 
+static int mla_get(void *ctx, const char *name, int64_t rows, int64_t cols, bool optional, struct model_tensor *t,
+                   char *err, size_t errlen)
+{
+    return get_tensor(ctx, name, rows, cols, optional, t, err, errlen);
+}
+
 static int load_weights(model *m, const struct names *nm, char *err, size_t errlen)
 {
     struct model_config *c = &m->cfg;
@@ -368,6 +406,10 @@ static int load_weights(model *m, const struct names *nm, char *err, size_t errl
     for (int l = 0; l < c->n_layer; l++) {
         struct model_layer_weights *L = &w->layers[l];
         T(attn_norm, nm->attn_norm, 0, E, false);
+        if (model_layer_kind_of(c, l).mixer == MODEL_MIXER_MLA) {
+            if ((rc = mla_bind_layer(c, l, mla_get, m, &L->mla, err, errlen))) return rc;
+            goto ffn;
+        }
         T(wq, nm->wq, Q, E, false);
         T(wk, nm->wk, KV, E, false);
         T(wv, nm->wv, KV, E, false);
@@ -381,12 +423,15 @@ static int load_weights(model *m, const struct names *nm, char *err, size_t errl
             T(q_norm, nm->q_norm, 0, D, false);
             T(k_norm, nm->k_norm, 0, D, false);
         }
+    ffn:
         T(ffn_norm, nm->ffn_norm, 0, E, false);
         T(w_gate, nm->w_gate, F, E, false);
         T(w_up, nm->w_up, F, E, false);
         T(w_down, nm->w_down, E, F, false);
     }
 #undef T
+    if (c->mla.n_mtp_layers > 0 && m->st)
+        return mla_count_mtp(c, m->n_layer_file, m->st, mla_get, m, &w->mtp_tensors, &w->mtp_bytes, err, errlen);
     return 0;
 }
 
@@ -452,8 +497,10 @@ static int load_gguf(model *m, const char *path, char *err, size_t errlen)
     }
     char arch[64];
     snprintf(arch, sizeof arch, "%.*s", (int)(s.len < 63 ? s.len : 63), s.p);
-    if (arch_from_name(s.p, s.len, &c->arch) != 0) {
-        sl_seterr(err, errlen, "unsupported architecture '%s'", arch);
+    if (arch_from_name(s.p, s.len, &c->arch) != 0 || c->arch == MODEL_ARCH_DEEPSEEK_V3 ||
+        c->arch == MODEL_ARCH_GLM_MOE_DSA) {
+        /* MLA's keys are read from config.json only: such a model loads from its HF directory */
+        sl_seterr(err, errlen, "unsupported architecture '%s' in GGUF", arch);
         return SL_EUNSUP;
     }
     int rc;
@@ -491,6 +538,7 @@ static int load_gguf(model *m, const char *path, char *err, size_t errlen)
     arch_traits(c);
     c->tie_embeddings = gguf_find_tensor(f, "output.weight") == NULL;
     if ((rc = check_config(c, &gguf_keys, err, errlen))) return rc;
+    if ((rc = config_final(m, err, errlen))) return rc;
     if ((rc = load_weights(m, &gguf_names, err, errlen))) return rc;
     if (gguf_find(f, "tokenizer.chat_template") >= 0 && gguf_get_str(f, "tokenizer.chat_template", &s) != 0) {
         sl_seterr(err, errlen, "GGUF key tokenizer.chat_template is not a string");
@@ -685,6 +733,9 @@ static int hf_config(model *m, const char *dir, char *err, size_t errlen)
                 rc = SL_EFORMAT;
                 goto out;
             }
+        } else if (t >= 0 && json_str_eq(&d, t, "yarn") &&
+                   (c->arch == MODEL_ARCH_DEEPSEEK_V3 || c->arch == MODEL_ARCH_GLM_MOE_DSA)) {
+            /* mla_hf_config reads it */
         } else if (t >= 0 && !json_is_null(&d, t) && !json_str_eq(&d, t, "default")) {
             size_t tn = 0;
             const char *ts = json_raw(&d, t, &tn);
@@ -705,6 +756,9 @@ static int hf_config(model *m, const char *dir, char *err, size_t errlen)
     c->rope_type = MODEL_ROPE_NEOX;
     arch_traits(c);
     if ((rc = jbool(&d, 0, "tie_word_embeddings", false, &c->tie_embeddings, err, errlen))) goto out;
+    if ((c->arch == MODEL_ARCH_DEEPSEEK_V3 || c->arch == MODEL_ARCH_GLM_MOE_DSA) &&
+        (rc = mla_hf_config(&d, rs, c, &m->index_full, err, errlen)))
+        goto out;
     rc = check_config(c, &hf_keys, err, errlen);
 out:
     json_free(&d);
@@ -749,6 +803,7 @@ static int load_hf(model *m, const char *dir, bool dummy, char *err, size_t errl
 {
     int rc = hf_config(m, dir, err, errlen);
     if (rc) return rc;
+    if ((rc = config_final(m, err, errlen))) return rc;
     if ((rc = hf_quant_config(m, dir, err, errlen))) return rc;
     if (dummy) return model_dummy_weights(&m->cfg, m->qcfg, &m->w, &m->dummy, err, errlen);
     m->st = st_open_dir(dir, err, errlen);
@@ -759,6 +814,8 @@ static int load_hf(model *m, const char *dir, bool dummy, char *err, size_t errl
 
 /* ---- public --------------------------------------------------------------------- */
 
+#define TENSORS_PER_LAYER 27 /* at most, in all_tensors */
+
 static void all_tensors(const model *m, const struct model_tensor **out, int *n)
 {
     const struct model_weights *w = &m->w;
@@ -768,8 +825,12 @@ static void all_tensors(const model *m, const struct model_tensor **out, int *n)
     if (!m->cfg.tie_embeddings) out[k++] = &w->lm_head;
     for (int l = 0; l < m->cfg.n_layer; l++) {
         const struct model_layer_weights *L = &w->layers[l];
+        const struct model_mla_weights *A = &L->mla;
         const struct model_tensor *t[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo,
                                           &L->bq, &L->bk, &L->bv, &L->q_norm, &L->k_norm,
+                                          &A->q_a, &A->q_a_norm, &A->q_b, &A->q, &A->kv_a, &A->kv_a_norm,
+                                          &A->kv_b, &A->o, &A->ix_wq_b, &A->ix_wk, &A->ix_k_norm,
+                                          &A->ix_k_norm_b, &A->ix_weights,
                                           &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down};
         for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
             if (t[i]->data) out[k++] = t[i];
@@ -779,7 +840,7 @@ static void all_tensors(const model *m, const struct model_tensor **out, int *n)
 
 int model_check_weights(const model *m, char *err, size_t errlen)
 {
-    int cap = 4 + 14 * m->cfg.n_layer, n = 0;
+    int cap = 4 + TENSORS_PER_LAYER * m->cfg.n_layer, n = 0;
     const struct model_tensor **ts = malloc((size_t)cap * sizeof *ts);
     if (!ts) {
         sl_seterr(err, errlen, "out of memory");
@@ -840,7 +901,7 @@ done:
  * done) for big models, so a user sees the load move. */
 static void prefault_progress(const model *m)
 {
-    int cap = 3 + 14 * m->cfg.n_layer, n = 0;
+    int cap = 3 + TENSORS_PER_LAYER * m->cfg.n_layer, n = 0;
     const struct model_tensor **ts = malloc((size_t)cap * sizeof *ts);
     if (!ts) return;
     all_tensors(m, ts, &n);
@@ -893,9 +954,9 @@ model *model_load(const char *path, const struct model_load_opts *opts, char *er
         sl_seterr(err, errlen, "--load-format dummy takes a directory holding a config.json");
         goto fail;
     }
+    m->hf_overrides = opts ? opts->hf_overrides : NULL;
     if ((dir ? load_hf(m, path, dummy, err, errlen) : load_gguf(m, path, err, errlen)) != 0) goto fail;
-    if (opts && opts->hf_overrides && model_config_override(&m->cfg, opts->hf_overrides, err, errlen)) goto fail;
-    if (plan_layers(m, err, errlen)) goto fail;
+    m->hf_overrides = NULL;
 
     char terr[256] = "";
     const char *tp = opts && opts->tokenizer ? opts->tokenizer : NULL;
@@ -941,6 +1002,7 @@ void model_free(model *m)
     free(m->chat_template);
     free(m->w.layers);
     free(m->layer_kind);
+    free(m->index_full);
     model_dummy_free(m->dummy);
     for (int i = 0; i < m->n_names; i++) free(m->names[i]);
     free(m->names);
@@ -964,7 +1026,35 @@ double model_attn_pair_cost(const struct model_config *c)
      * multiply-add per weight per token */
     double q = (double)c->n_head * c->head_dim, kv = (double)c->n_head_kv * c->head_dim, e = c->n_embd;
     double proj = e * (q + 2.0 * kv) + q * e + 3.0 * e * c->n_ff;
+    const struct model_mla_config *a = &c->mla;
+    if (a->kv_lora_rank > 0) {
+        /* MLA prefill (the expanded form): q.k over nope + rope and p.v over v_head_dim per head; the
+         * projections q (through q_lora or not), kv_a, o and the MLP per token */
+        double H = c->n_head, dq = a->qk_nope_head_dim + a->qk_rope_head_dim, ql = a->q_lora_rank;
+        double pq = ql > 0 ? e * ql + ql * H * dq : e * H * dq;
+        proj = pq + e * (a->kv_lora_rank + a->qk_rope_head_dim) + H * a->v_head_dim * e + 3.0 * e * c->n_ff;
+        return proj > 0 ? H * (dq + a->v_head_dim) / proj : 0.0;
+    }
     return proj > 0 ? 2.0 * q / proj : 0.0;
+}
+
+/* transformers' _compute_yarn_parameters for frequency i of a dim-wide rope */
+static double yarn_inv_freq(const struct model_mla_config *a, double base, int dim, int i)
+{
+    double pos = pow(base, 2.0 * i / dim), extra = 1.0 / pos, inter = 1.0 / (a->yarn_factor * pos);
+    double lo = dim * log(a->yarn_orig_ctx / (a->yarn_beta_fast * 2 * M_PI)) / (2 * log(base)),
+           hi = dim * log(a->yarn_orig_ctx / (a->yarn_beta_slow * 2 * M_PI)) / (2 * log(base));
+    if (a->yarn_truncate) {
+        lo = floor(lo);
+        hi = ceil(hi);
+    }
+    if (lo < 0) lo = 0;
+    if (hi > dim - 1) hi = dim - 1;
+    if (lo == hi) hi += 0.001;
+    double ramp = (i - lo) / (hi - lo);
+    ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+    double ex = 1.0 - ramp; /* the extrapolation share */
+    return inter * (1.0 - ex) + extra * ex;
 }
 
 void model_rope_inv_freq(const struct model_config *c, const struct model_weights *w, double *inv)
@@ -984,6 +1074,7 @@ void model_rope_inv_freq(const struct model_config *c, const struct model_weight
                 f = (1.0 - sm) * f / factor + sm * f;
             }
         }
+        if (c->mla.yarn_factor > 0) f = yarn_inv_freq(&c->mla, c->rope_theta, c->rope_dim, i);
         if (w && w->rope_freqs.data) {
             float d;
             model_tensor_to_f32(&w->rope_freqs, i, 1, &d);
@@ -1034,7 +1125,7 @@ struct fam {
 
 size_t model_weight_formats(const model *m, char *out, size_t cap)
 {
-    int cap_t = 3 + 14 * m->cfg.n_layer, n = 0;
+    int cap_t = 3 + TENSORS_PER_LAYER * m->cfg.n_layer, n = 0;
     const struct model_tensor **ts = malloc((size_t)cap_t * sizeof *ts);
     struct fam *f = calloc((size_t)cap_t, sizeof *f);
     size_t len = 0;
@@ -1102,7 +1193,10 @@ const struct model_tensor *model_first_packed(const model *m)
     if (w->lm_head.dtype == MODEL_DT_QPACK) return &w->lm_head;
     for (int l = 0; l < m->cfg.n_layer && w->layers; l++) {
         const struct model_layer_weights *L = &w->layers[l];
-        const struct model_tensor *t[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        const struct model_mla_weights *A = &L->mla;
+        const struct model_tensor *t[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down,
+                                          &A->q_a, &A->q_b, &A->q, &A->kv_a, &A->kv_b, &A->o,
+                                          &A->ix_wq_b, &A->ix_wk, &A->ix_weights};
         for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
             if (t[i]->dtype == MODEL_DT_QPACK) return t[i];
     }

@@ -119,6 +119,19 @@ int model_dummy_weights(const struct model_config *c, const struct quant_cfg *qc
     if (Q * E > big) big = Q * E;
     int64_t nv = E > F ? E : F;
     if (Q > nv) nv = Q;
+    const struct model_mla_config *a = &c->mla;
+    int64_t H = c->n_head, QL = a->q_lora_rank, C = a->kv_lora_rank, R = a->qk_rope_head_dim,
+            Dq = a->qk_nope_head_dim + R, KB = H * (a->qk_nope_head_dim + a->v_head_dim), IX = a->index_n_heads,
+            ID = a->index_head_dim;
+    if (C > 0) { /* MLA: the widest matrices and vectors of its layers */
+        int64_t m[] = {QL * E, H * Dq * (QL > 0 ? QL : E), (C + R) * E, KB * C, E * H * a->v_head_dim,
+                       IX * ID * QL, ID * E, IX * E};
+        for (size_t i = 0; i < sizeof m / sizeof *m; i++)
+            if (m[i] > big) big = m[i];
+        if (QL > nv) nv = QL;
+        if (C > nv) nv = C;
+        if (ID > nv) nv = ID;
+    }
     struct dummy *d = calloc(1, sizeof *d);
     if (!d) goto oom;
     d->n_pool = big + SLACK;
@@ -179,6 +192,28 @@ int model_dummy_weights(const struct model_config *c, const struct quant_cfg *qc
                                           "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"};
         for (int i = 0; i < 7; i++) snprintf(mod[i], sizeof mod[i], "model.layers.%d.%s", l, pn[i]);
         vec(d, &L->attn_norm, "attn_norm (dummy)", E, true);
+        if (model_layer_kind_of(c, l).mixer == MODEL_MIXER_MLA) {
+            struct model_mla_weights *A = &L->mla;
+            if (QL > 0) {
+                mat(d, &A->q_a, "q_a_proj (dummy)", QL, E);
+                vec(d, &A->q_a_norm, "q_a_layernorm (dummy)", QL, true);
+                mat(d, &A->q_b, "q_b_proj (dummy)", H * Dq, QL);
+            } else {
+                mat(d, &A->q, "q_proj (dummy)", H * Dq, E);
+            }
+            mat(d, &A->kv_a, "kv_a_proj_with_mqa (dummy)", C + R, E);
+            vec(d, &A->kv_a_norm, "kv_a_layernorm (dummy)", C, true);
+            mat(d, &A->kv_b, "kv_b_proj (dummy)", KB, C);
+            mat(d, &A->o, "o_proj (dummy)", E, H * a->v_head_dim);
+            if (a->index_topk > 0 && a->index_full && a->index_full[l]) {
+                mat(d, &A->ix_wq_b, "indexer.wq_b (dummy)", IX * ID, QL);
+                mat(d, &A->ix_wk, "indexer.wk (dummy)", ID, E);
+                vec(d, &A->ix_k_norm, "indexer.k_norm (dummy)", ID, true);
+                vec(d, &A->ix_k_norm_b, "indexer.k_norm.bias (dummy)", ID, false);
+                mat(d, &A->ix_weights, "indexer.weights_proj (dummy)", IX, E);
+            }
+            goto ffn;
+        }
         if ((rc = proj(d, qc, &L->wq, "attn_q (dummy)", mod[0], Q, E, err, errlen)) ||
             (rc = proj(d, qc, &L->wk, "attn_k (dummy)", mod[1], KV, E, err, errlen)) ||
             (rc = proj(d, qc, &L->wv, "attn_v (dummy)", mod[2], KV, E, err, errlen)) ||
@@ -193,6 +228,7 @@ int model_dummy_weights(const struct model_config *c, const struct quant_cfg *qc
             vec(d, &L->q_norm, "attn_q_norm (dummy)", D, true);
             vec(d, &L->k_norm, "attn_k_norm (dummy)", D, true);
         }
+    ffn:
         vec(d, &L->ffn_norm, "ffn_norm (dummy)", E, true);
         if ((rc = proj(d, qc, &L->w_gate, "ffn_gate (dummy)", mod[4], F, E, err, errlen)) ||
             (rc = proj(d, qc, &L->w_up, "ffn_up (dummy)", mod[5], F, E, err, errlen)) ||

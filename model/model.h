@@ -125,11 +125,42 @@ void model_qrepack_row(const struct model_qrepack *p, int64_t r, float *dst);
 
 /* ---- configuration --------------------------------------------------------- */
 
-enum model_arch { MODEL_ARCH_LLAMA, MODEL_ARCH_QWEN2, MODEL_ARCH_QWEN3, MODEL_ARCH_MISTRAL };
+enum model_arch {
+    MODEL_ARCH_LLAMA, MODEL_ARCH_QWEN2, MODEL_ARCH_QWEN3, MODEL_ARCH_MISTRAL,
+    MODEL_ARCH_DEEPSEEK_V3, MODEL_ARCH_GLM_MOE_DSA, /* MLA layers (struct model_mla_config) */
+};
 
 enum model_rope {
     MODEL_ROPE_NORM, /* rotate adjacent pairs (x[2i], x[2i+1]): GGUF llama, whose Q/K rows are stored permuted */
     MODEL_ROPE_NEOX, /* rotate halves (x[i], x[i + d/2]): HF checkpoints, qwen2/qwen3 in GGUF */
+};
+
+/* Multi-head latent attention (deepseek_v3, glm_moe_dsa; model/mla.c). Per
+ * token a layer keeps one normalised latent (kv_lora_rank) and one shared
+ * rope key (qk_rope_head_dim), no heads and no V: kv_b_proj expands the
+ * latent into per-head K (qk_nope_head_dim) and V (v_head_dim). The model's
+ * head_dim is qk_nope + qk_rope (a query head), rope_dim qk_rope_head_dim
+ * (0: no RoPE, GLM-5.3's case). */
+struct model_mla_config {
+    int kv_lora_rank;           /* 0: the model has no MLA layers */
+    int q_lora_rank;            /* 0: q_proj straight from the hidden state */
+    int qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
+    bool rope_interleave;       /* rotate adjacent pairs (DeepSeek's layout), else halves */
+    float softmax_scale;        /* (nope + rope)^-0.5, times mscale(factor, mscale_all_dim)^2 under YaRN */
+    float rope_attn_factor;     /* YaRN attention_factor, multiplying cos and sin; 1 without YaRN */
+    float latent_norm_eps;      /* q_a_layernorm, kv_a_layernorm: their default 1e-6, not rms_norm_eps */
+    /* YaRN rope scaling (rope_type "yarn"), applied by model_rope_inv_freq; factor 0 = off */
+    float yarn_factor, yarn_beta_fast, yarn_beta_slow;
+    int yarn_orig_ctx;
+    bool yarn_truncate;
+    int n_dense_layers;         /* leading layers with a dense FFN; the rest are the MoE kind's */
+    int n_mtp_layers;           /* num_nextn_predict_layers, stored after the last layer; loaded and counted,
+                                   not run (speculative decoding is the scheduler's, later); 0 = none/off */
+    /* DSA indexer (glm_moe_dsa): each query attends to its index_topk best-scored keys */
+    int index_topk;             /* 0: off (index_topk null): dense MLA, the indexer's tensors skipped */
+    int index_n_heads, index_head_dim;
+    const uint8_t *index_full;  /* [n_layer]: 1 runs its own indexer, 0 reuses the previous full layer's
+                                   choice (indexer_types "shared"); owned by the model */
 };
 
 struct model_config {
@@ -151,6 +182,7 @@ struct model_config {
     /* The plan of layers: each layer's kinds, [n_layer], owned by the model.
      * NULL (configs built by hand) means every layer is GQA + dense. */
     const struct model_layer_kind *layer_kind;
+    struct model_mla_config mla; /* MODEL_MIXER_MLA layers; zero otherwise */
 };
 
 /* A model is a plan of layers (docs/DESIGN.md, "Beyond dense Llama"): each
@@ -160,6 +192,7 @@ struct model_config {
  * an architecture test in every function. */
 enum model_mixer {
     MODEL_MIXER_GQA, /* grouped-query attention: K and V per KV head in the paged pool */
+    MODEL_MIXER_MLA, /* multi-head latent attention: one latent + rope key per token (model_mla_config) */
 };
 enum model_ffn {
     MODEL_FFN_DENSE, /* down(silu(gate(x)) * up(x)) */
@@ -174,7 +207,28 @@ static inline struct model_layer_kind model_layer_kind_of(const struct model_con
     return (struct model_layer_kind){MODEL_MIXER_GQA, MODEL_FFN_DENSE};
 }
 const char *model_mixer_name(enum model_mixer k);
+/* Values one token keeps in layer l's paged KV entry: GQA 2 n_kv_heads
+ * head_dim (K and V), MLA kv_lora_rank + qk_rope_head_dim (+ index_head_dim
+ * where the layer runs a DSA indexer). A backend's bytes per token are the
+ * sum over layers times its element size, so the pool sizing follows the
+ * plan of layers. */
+int64_t model_kv_token_elems(const struct model_config *c, int layer);
 const char *model_ffn_name(enum model_ffn k);
+
+/* An MLA layer's attention weights (rows x cols as [out][in]); H = n_head,
+ * Dq = nope + rope. */
+struct model_mla_weights {
+    struct model_tensor q_a, q_a_norm, q_b;  /* [q_lora][E], [q_lora], [H*Dq][q_lora] (q_lora_rank > 0) */
+    struct model_tensor q;                    /* [H*Dq][E] (q_lora_rank == 0) */
+    struct model_tensor kv_a, kv_a_norm;      /* [kv_lora + rope][E], [kv_lora] */
+    struct model_tensor kv_b;                 /* [H*(nope + v)][kv_lora]: per head nope K rows, then v V rows */
+    struct model_tensor o;                    /* [E][H*v] */
+    /* DSA indexer (index_topk > 0 and the layer runs its own) */
+    struct model_tensor ix_wq_b;              /* [ixH*ixD][q_lora] */
+    struct model_tensor ix_wk;                /* [ixD][E] */
+    struct model_tensor ix_k_norm, ix_k_norm_b; /* LayerNorm [ixD] weight and bias */
+    struct model_tensor ix_weights;           /* [ixH][E] */
+};
 
 struct model_layer_weights {
     struct model_tensor attn_norm;            /* [n_embd] */
@@ -183,6 +237,7 @@ struct model_layer_weights {
     struct model_tensor q_norm, k_norm;       /* qk_norm only: [head_dim] */
     struct model_tensor ffn_norm;             /* [n_embd] */
     struct model_tensor w_gate, w_up, w_down; /* [n_ff][n_embd] x2, [n_embd][n_ff] */
+    struct model_mla_weights mla;             /* MODEL_MIXER_MLA layers (wq..bv unused there) */
 };
 
 struct model_weights {
@@ -193,6 +248,9 @@ struct model_weights {
     struct model_tensor rope_freqs;           /* optional [rope_dim/2]: per-frequency divisors of
                                                  the RoPE inverse frequencies (GGUF llama3
                                                  rope_freqs.weight); data NULL when absent */
+    /* MTP modules (mla.n_mtp_layers): validated and counted, not run */
+    int mtp_tensors;                          /* tensors under the MTP layers' prefixes */
+    size_t mtp_bytes;                         /* their bytes */
 };
 
 /* ---- tokenizer ------------------------------------------------------------- */
@@ -300,6 +358,9 @@ double model_attn_pair_cost(const struct model_config *c);
  * GGUF rope_freqs divisors applied (w may be NULL), as transformers computes
  * them. Every backend builds its sin/cos tables from these. */
 void model_rope_inv_freq(const struct model_config *c, const struct model_weights *w, double *inv);
+/* Bytes one token's KV takes over all layers at elem_bytes per value (sum of
+ * model_kv_token_elems): what `sluice info` prints. */
+size_t model_kv_bytes_per_token(const struct model_config *c, size_t elem_bytes);
 
 /* Renders messages as ChatML (<|im_start|>role\ncontent<|im_end|>\n ... and,
  * with add_generation_prompt, "<|im_start|>assistant\n"), the format of the

@@ -29,6 +29,26 @@ static int apply(struct model_config *c, const json_doc *d, int obj, const char 
         if (!strcmp(key, "text_config") && json_is_obj(d, v)) {
             int rc = apply(c, d, v, "text_config.", err, errlen);
             if (rc) return rc;
+        } else if (!strcmp(key, "index_topk") && c->mla.index_n_heads > 0) {
+            /* the DSA indexer (glm_moe_dsa): null = dense MLA, its tensors not loaded */
+            if (json_is_null(d, v)) {
+                c->mla.index_topk = 0;
+            } else {
+                if (json_i64(d, v, &iv) || iv < 1 || iv > INT32_MAX) goto bad;
+                c->mla.index_topk = (int)iv;
+            }
+        } else if (!strcmp(key, "num_nextn_predict_layers") && c->mla.kv_lora_rank > 0) {
+            if (json_is_null(d, v)) {
+                c->mla.n_mtp_layers = 0;
+            } else {
+                if (json_i64(d, v, &iv) || iv < 0) goto bad;
+                if (iv > c->mla.n_mtp_layers) {
+                    snprintf(err, errlen, "--hf-overrides: %s=%lld exceeds the %d MTP layers the checkpoint has", full,
+                             (long long)iv, c->mla.n_mtp_layers);
+                    return SL_EINVAL;
+                }
+                c->mla.n_mtp_layers = (int)iv;
+            }
         } else if (json_is_null(d, v)) {
             ignored(full, "null switches off a feature this model does not have");
         } else if (!strcmp(key, "max_position_embeddings")) {

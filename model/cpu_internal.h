@@ -1,0 +1,60 @@
+/* cpu_internal.h - what the CPU backend's layer kinds in other files share
+ * with model/cpu_backend.c (internal to model/): the weight-matrix view and
+ * the kernels, with cpu_backend.c's batch-invariance contract (one fixed
+ * accumulation order per output element, whatever the batch), and the MLA
+ * mixer's entry points (model/cpu_mla.c). */
+#ifndef SLUICE_CPU_INTERNAL_H
+#define SLUICE_CPU_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+
+/* A weight matrix [rows][in] in its stored encoding, borrowed from the model. */
+struct wmat {
+    enum model_dtype dt;
+    const uint8_t *data;
+    size_t row_bytes;
+    int in;
+    const struct model_quant *quant; /* MODEL_DT_QPACK: the packed layout (model/quant.c dequantizes) */
+};
+
+struct cpu_backend;
+
+/* y[T][out] = x[T][in] . w[out][in]^T (+ bias): OpenMP over output rows; in
+ * must not exceed the widest input the backend was sized for. */
+void cpu_matmul(const struct cpu_backend *b, float *y, const float *x, const struct wmat *w, const float *bias, int T,
+                int in, int out);
+/* y = x / rms(x) * w over n (the sum of squares in double). */
+void cpu_rmsnorm(float *y, const float *x, const float *w, int n, float eps);
+/* The dot product every kernel uses (its fixed accumulation order). */
+float cpu_dot(const float *w, const float *x, int n);
+/* o[d] += p * v[d], a separate multiply and add each. */
+void cpu_axpy(float *o, float p, const float *v, int n);
+/* Row r of w as f32 into dst[w->in]. */
+void cpu_deq_row(const struct wmat *w, int64_t r, float *dst);
+int cpu_wmat_init(struct wmat *m, const struct model_tensor *t, char *err, size_t errlen);
+int cpu_threads(const struct cpu_backend *b);
+/* 64-byte aligned, zeroed; NULL when out of memory (free() releases it). */
+void *cpu_zalloc(size_t n);
+
+/* ---- MLA (model/cpu_mla.c) ---- */
+
+struct cpu_mla;
+/* The widest matrix input an MLA layer of c multiplies (sizes the backend's
+ * dequantization scratch); 0 without MLA layers. */
+int cpu_mla_max_in(const struct model_config *c);
+/* Converts the MLA layers' small weights, binds the matrices and allocates
+ * the scratch for max_tokens tokens over contexts of max_ctx. NULL with a
+ * message on failure. */
+struct cpu_mla *cpu_mla_create(const struct cpu_backend *b, const struct model_config *c,
+                               const struct model_weights *w, int max_tokens, int max_ctx, char *err, size_t errlen);
+/* One MLA layer over the step: x[T][n_embd] += o(attention), reading and
+ * writing layer l's paged entries kv ([kv_blocks][block_size][entry] f32,
+ * entry = model_kv_token_elems). tok_seq[t] is token t's sequence. */
+void cpu_mla_mixer(struct cpu_mla *a, const struct cpu_backend *b, const struct step *s, const int *tok_seq, int l,
+                   float *x, float *kv, int block_size);
+void cpu_mla_destroy(struct cpu_mla *a);
+
+#endif
