@@ -57,6 +57,13 @@ int api_cmd_info(int argc, char **argv)
            model_arch_name(c->arch), c->n_layer, c->n_embd, c->n_ff, c->n_head, c->n_head_kv, c->head_dim,
            c->n_vocab, c->n_ctx_train, c->rope_type == MODEL_ROPE_NEOX ? "neox" : "norm", c->rope_theta,
            c->rope_llama3_factor > 0 ? " (llama3 scaling)" : "", c->tie_embeddings ? "yes" : "no");
+    char plan[1024];
+    model_plan_describe(c, plan, sizeof plan);
+    printf("layer plan: %s\n", plan);
+    if (c->moe.n_expert > 0)
+        printf("experts: %d routed, %d per token, intermediate %d; shared intermediate %d; %s router%s\n",
+               c->moe.n_expert, c->moe.n_expert_used, c->moe.n_ff_expert, c->moe.n_ff_shared,
+               c->moe.router == MODEL_ROUTER_SOFTMAX ? "softmax" : "sigmoid", c->moe.norm_topk ? ", renormalised" : "");
     printf("tokenizer: %d tokens\nweight values: %s\n", model_tok_n_vocab(model_get_tok(m)), wrc ? "DAMAGED" : "all finite");
     info_weight_formats(m);
     model_free(m);

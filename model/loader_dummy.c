@@ -15,6 +15,7 @@ struct dummy {
     uint16_t *zeros; /* [n_vec] bf16 0.0 */
     int64_t n_pool, n_vec;
     int next;        /* windows handed out, for offsets */
+    struct model_tensor *experts; /* [MoE layers][3][n_expert] expert views */
 };
 
 static uint64_t mix(uint64_t z)
@@ -45,8 +46,16 @@ int model_dummy_weights(const struct model_config *c, struct model_weights *w, v
     int64_t big = V * E;
     if (F * E > big) big = F * E;
     if (Q * E > big) big = Q * E;
+    const struct model_moe_config *mc = &c->moe;
+    int64_t FE = mc->n_ff_expert, FS = mc->n_ff_shared, NE = mc->n_expert;
+    if (FE * E > big) big = FE * E;
+    if (FS * E > big) big = FS * E;
+    if (NE * E > big) big = NE * E;
     int64_t nv = E > F ? E : F;
     if (Q > nv) nv = Q;
+    if (NE > nv) nv = NE;
+    int n_moe = 0;
+    for (int l = 0; l < c->n_layer; l++) n_moe += model_layer_kind_of(c, l).ffn == MODEL_FFN_MOE;
     struct dummy *d = calloc(1, sizeof *d);
     if (!d) goto oom;
     d->n_pool = big + SLACK;
@@ -55,7 +64,9 @@ int model_dummy_weights(const struct model_config *c, struct model_weights *w, v
     d->ones = malloc((size_t)nv * 2);
     d->zeros = calloc((size_t)nv, 2);
     w->layers = calloc((size_t)c->n_layer, sizeof *w->layers);
-    if (!d->pool || !d->ones || !d->zeros || !w->layers) goto oom;
+    d->experts = calloc((size_t)n_moe * 3 * (size_t)NE + 1, sizeof *d->experts);
+    if (!d->pool || !d->ones || !d->zeros || !w->layers || !d->experts) goto oom;
+    struct model_tensor *ex = d->experts;
     /* uniform in +-0.02 as bf16: sign, then exponent/mantissa of a float in [0, 0.02) */
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < d->n_pool; i++) {
@@ -89,6 +100,24 @@ int model_dummy_weights(const struct model_config *c, struct model_weights *w, v
             vec(d, &L->k_norm, "attn_k_norm (dummy)", D, true);
         }
         vec(d, &L->ffn_norm, "ffn_norm (dummy)", E, true);
+        if (model_layer_kind_of(c, l).ffn == MODEL_FFN_MOE) {
+            struct model_moe_weights *mw = &L->moe;
+            mat(d, &mw->router, "ffn_gate_inp (dummy)", NE, E);
+            vec(d, &mw->router_bias, "exp_probs_b (dummy)", NE, false);
+            mw->gate = ex, mw->up = ex + NE, mw->down = ex + 2 * NE;
+            ex += 3 * NE;
+            for (int e = 0; e < NE; e++) {
+                mat(d, &mw->gate[e], "ffn_gate_exps (dummy)", FE, E);
+                mat(d, &mw->up[e], "ffn_up_exps (dummy)", FE, E);
+                mat(d, &mw->down[e], "ffn_down_exps (dummy)", E, FE);
+            }
+            if (FS > 0) {
+                mat(d, &mw->sh_gate, "ffn_gate_shexp (dummy)", FS, E);
+                mat(d, &mw->sh_up, "ffn_up_shexp (dummy)", FS, E);
+                mat(d, &mw->sh_down, "ffn_down_shexp (dummy)", E, FS);
+            }
+            continue;
+        }
         mat(d, &L->w_gate, "ffn_gate (dummy)", F, E);
         mat(d, &L->w_up, "ffn_up (dummy)", F, E);
         mat(d, &L->w_down, "ffn_down (dummy)", E, F);
@@ -108,5 +137,6 @@ void model_dummy_free(void *owner)
     free(d->pool);
     free(d->ones);
     free(d->zeros);
+    free(d->experts);
     free(d);
 }

@@ -86,11 +86,36 @@ const char *model_dtype_name(enum model_dtype dt);
 
 /* ---- configuration --------------------------------------------------------- */
 
-enum model_arch { MODEL_ARCH_LLAMA, MODEL_ARCH_QWEN2, MODEL_ARCH_QWEN3, MODEL_ARCH_MISTRAL };
+enum model_arch {
+    MODEL_ARCH_LLAMA, MODEL_ARCH_QWEN2, MODEL_ARCH_QWEN3, MODEL_ARCH_MISTRAL,
+    MODEL_ARCH_QWEN3_MOE, MODEL_ARCH_GLM4_MOE,
+};
 
 enum model_rope {
     MODEL_ROPE_NORM, /* rotate adjacent pairs (x[2i], x[2i+1]): GGUF llama, whose Q/K rows are stored permuted */
     MODEL_ROPE_NEOX, /* rotate halves (x[i], x[i + d/2]): HF checkpoints, qwen2/qwen3 in GGUF */
+};
+
+/* How an MoE layer routes a token (model/moe.c; the reference is transformers'
+ * Qwen3MoeTopKRouter and Glm4MoeTopkRouter / DeepseekV3TopkRouter). */
+enum model_router {
+    MODEL_ROUTER_SOFTMAX, /* softmax over all experts, the top-k probabilities (qwen3_moe) */
+    MODEL_ROUTER_SIGMOID, /* sigmoid scores; experts chosen by score + correction bias inside the
+                             topk_group best groups (a group's score: its two best), weighed by the
+                             score alone (glm4_moe, deepseek_v3) */
+};
+
+struct model_moe_config {
+    int n_expert;          /* routed experts (num_experts / n_routed_experts); 0: no MoE layer */
+    int n_expert_used;     /* experts per token, top-k (num_experts_per_tok) */
+    int n_ff_expert;       /* each routed expert's intermediate size (moe_intermediate_size) */
+    int n_ff_shared;       /* the shared experts' intermediate size, all of them as one MLP
+                              (n_shared_experts * moe_intermediate_size); 0: none */
+    enum model_router router;
+    bool norm_topk;        /* the chosen weights renormalised to sum 1 (norm_topk_prob) */
+    float scale;           /* routed_scaling_factor: the routed sum is weighed by it (1 for softmax) */
+    int n_group, topk_group; /* group-limited choice (1, 1: off) */
+    float swiglu_limit;    /* every SwiGLU of the model clamps gate <= limit, |up| <= limit; 0: off */
 };
 
 struct model_config {
@@ -109,6 +134,7 @@ struct model_config {
     bool tie_embeddings;        /* lm_head is tok_embd */
     bool qkv_bias;              /* qwen2 */
     bool qk_norm;               /* qwen3: RMSNorm over head_dim of q and k before RoPE */
+    struct model_moe_config moe; /* MODEL_FFN_MOE layers (n_expert 0 when the model has none) */
     /* The plan of layers: each layer's kinds, [n_layer], owned by the model.
      * NULL (configs built by hand) means every layer is GQA + dense. */
     const struct model_layer_kind *layer_kind;
@@ -124,6 +150,7 @@ enum model_mixer {
 };
 enum model_ffn {
     MODEL_FFN_DENSE, /* down(silu(gate(x)) * up(x)) */
+    MODEL_FFN_MOE,   /* routed experts (+ shared experts): model/moe.c, config in model_config.moe */
 };
 struct model_layer_kind {
     enum model_mixer mixer;
@@ -136,6 +163,22 @@ static inline struct model_layer_kind model_layer_kind_of(const struct model_con
 }
 const char *model_mixer_name(enum model_mixer k);
 const char *model_ffn_name(enum model_ffn k);
+/* The plan in words, runs of equal layers folded: "0: gqa + dense; 1-3: gqa +
+ * moe 16 experts top-4 (+1 shared)". Returns the length needed (NUL written
+ * when it fits). */
+size_t model_plan_describe(const struct model_config *c, char *out, size_t cap);
+
+/* One MoE layer's weights. Every expert matrix is a 2-D view, whether the file
+ * stores one tensor per expert or a fused 3-D one (then a slice of it); each
+ * decides its own format (a quantized expert is a MODEL_DT_QPACK tensor). */
+struct model_moe_weights {
+    struct model_tensor router;        /* [n_expert][n_embd] (mlp.gate) */
+    struct model_tensor router_bias;   /* [n_expert] e_score_correction_bias; data NULL when absent */
+    struct model_tensor *gate, *up, *down; /* [n_expert] each: [F][n_embd] x2, [n_embd][F]; owned by
+                                              the model */
+    struct model_tensor sh_gate, sh_up, sh_down; /* the shared experts as one MLP, n_ff_shared wide;
+                                                    data NULL without */
+};
 
 struct model_layer_weights {
     struct model_tensor attn_norm;            /* [n_embd] */
@@ -144,6 +187,7 @@ struct model_layer_weights {
     struct model_tensor q_norm, k_norm;       /* qk_norm only: [head_dim] */
     struct model_tensor ffn_norm;             /* [n_embd] */
     struct model_tensor w_gate, w_up, w_down; /* [n_ff][n_embd] x2, [n_embd][n_ff] */
+    struct model_moe_weights moe;             /* MODEL_FFN_MOE layers only (then no w_gate/up/down) */
 };
 
 struct model_weights {
