@@ -1032,7 +1032,7 @@ model *model_load(const char *path, const struct model_load_opts *opts, char *er
                   dir ? "config.json vocab_size" : "token_embd.weight rows", m->cfg.n_vocab);
         goto fail;
     }
-    if (opts && opts->progress) prefault_progress(m);
+    if (opts && opts->progress && !dummy) prefault_progress(m); /* dummy views share one pool: nothing to fault */
     if (opts && opts->check_weights && !dummy && model_check_weights(m, err, errlen)) goto fail;
     return m;
 fail:
