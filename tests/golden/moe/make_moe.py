@@ -15,6 +15,9 @@ perturbed so a missing one shows):
   [E][H][F]), as some exports save it.
 - tiny-glm4-moe: glm4_moe, 16 experts in 4 groups, top-4 of the best 2 groups, sigmoid router with correction
   bias, routed_scaling_factor 2.5, one shared expert, first layer dense, q/k/v bias, q/k norm, half-rotary RoPE.
+  The script checks that transformers' DeepseekV3MoE given these weights routes exactly as Glm4MoeMoE does and
+  computes the same output to float rounding
+  (deepseek_v3's MoE block is this one).
 - tiny-qwen3-moe-w4: tiny-qwen3-moe's weights with the routed experts int4 group 16 symmetric
   (compressed-tensors pack-quantized, quantized with the library's own qparams/quantize/pack_to_int32), except
   the experts `ignore` lists (expert 0 of every layer: bf16). Golden through the dense path: transformers runs
@@ -205,6 +208,28 @@ def quantize_experts(src, path, cfg, outdir, group=16):
     return m
 
 
+@torch.no_grad()
+def check_deepseek_v3_block(glm):
+    """deepseek_v3's MoE block is glm4_moe's (same router, experts, shared experts): the same weights give the
+    same output, so the glm4_moe goldens cover it."""
+    c = glm.config
+    dcfg = transformers.DeepseekV3Config(hidden_size=c.hidden_size, moe_intermediate_size=c.moe_intermediate_size,
+                                         n_routed_experts=c.n_routed_experts, num_experts_per_tok=c.num_experts_per_tok,
+                                         n_group=c.n_group, topk_group=c.topk_group, n_shared_experts=c.n_shared_experts,
+                                         routed_scaling_factor=c.routed_scaling_factor, norm_topk_prob=True)
+    ds = transformers.models.deepseek_v3.modeling_deepseek_v3.DeepseekV3MoE(dcfg).float().eval()
+    src = glm.model.layers[1].mlp
+    ds.load_state_dict(src.state_dict(), strict=True)
+    x = torch.randn(1, 32, c.hidden_size)
+    _, w1, i1 = ds.gate(x)
+    _, w2, i2 = src.gate(x)
+    assert torch.equal(i1, i2) and torch.equal(w1, w2), "deepseek_v3's router chooses differently from glm4_moe's"
+    y = src(x)
+    d = ((ds(x) - y).abs().max() / y.abs().max()).item()
+    assert d < 1e-5, f"deepseek_v3's MoE block differs from glm4_moe's by {d} relative"
+    print(f"deepseek_v3 MoE block: same routing as glm4_moe's, output within {d:.1e} relative", flush=True)
+
+
 def main():
     outdir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, "..", "..", "models")
     outdir = os.path.abspath(outdir)
@@ -214,7 +239,10 @@ def main():
     for name, cfg, seed in specs:
         path = os.path.join(outdir, name)
         save(build(cfg, seed), path, outdir)
-        write_golden(path, golden(reload(path), name))
+        ref = reload(path)
+        write_golden(path, golden(ref, name))
+        if name == "tiny-glm4-moe":
+            check_deepseek_v3_block(ref)
         if name.endswith("-fused"):
             fuse(path, cfg)
     name = "tiny-qwen3-moe-w4"
