@@ -239,6 +239,9 @@ static void test_config_errors(void)
         {"\"n_group\": 4", "\"n_group\": 3", "n_group"},
         {"\"n_group\": 4", "\"n_group\": \"4\"", "n_group"},
         {"\"first_k_dense_replace\": 1", "\"first_k_dense_replace\": -1", "first_k_dense_replace"},
+        /* the weights then disagree with the config: the tensor is named */
+        {"\"moe_intermediate_size\": 16", "\"moe_intermediate_size\": 32", "mlp.experts.0.gate_proj.weight has shape"},
+        {"\"n_routed_experts\": 16", "\"n_routed_experts\": 20", "model.layers.1.mlp.gate.weight has shape"},
     };
     char tmpl[] = "/tmp/sluice_moe_XXXXXX";
     char *dir = mkdtemp(tmpl);
