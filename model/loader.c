@@ -834,8 +834,8 @@ static int hf_chat_template(model *m, const char *dir)
 static int load_hf(model *m, const char *dir, bool dummy, char *err, size_t errlen)
 {
     int rc;
-    if (dummy) return model_dummy_weights(&m->cfg, &m->w, &m->dummy, err, errlen);
     if ((rc = hf_quant_config(m, dir, err, errlen))) return rc;
+    if (dummy) return model_dummy_weights(&m->cfg, m->qcfg, &m->w, &m->dummy, err, errlen);
     m->st = st_open_dir(dir, err, errlen);
     if (!m->st) return SL_EFORMAT;
     if ((rc = load_weights(m, &hf_names, err, errlen))) return rc;

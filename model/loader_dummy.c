@@ -16,6 +16,12 @@ struct dummy {
     int64_t n_pool, n_vec;
     int next;        /* windows handed out, for offsets */
     struct model_tensor *experts; /* [MoE layers][3][n_expert] expert views */
+    const struct quant_cfg *qc;   /* borrowed: which matrices are packed, or NULL */
+    struct model_quant *quants;   /* [cap_quants] descriptors of the packed ones */
+    int n_quants, cap_quants;
+    uint16_t *scales;             /* [n_scales] bf16 scales of every packed matrix */
+    int64_t n_scales;
+    char err[160];                /* why a packed matrix could not be made */
 };
 
 static uint64_t mix(uint64_t z)
@@ -25,11 +31,31 @@ static uint64_t mix(uint64_t z)
     return z ^ (z >> 31);
 }
 
-static void mat(struct dummy *d, struct model_tensor *t, const char *name, int64_t rows, int64_t cols)
+/* Matrix `name` [rows][cols]; module: its HF module name (for the
+ * quantization config; NULL: never packed), linear: an nn.Linear there. */
+static void mat(struct dummy *d, struct model_tensor *t, const char *name, const char *module, bool linear,
+                int64_t rows, int64_t cols)
 {
     int64_t off = ((int64_t)d->next++ * 7919 * 64) % SLACK;
     *t = (struct model_tensor){.name = name, .dtype = MODEL_DT_BF16, .ndim = 2, .ne = {cols, rows, 1, 1},
                                .data = d->pool + off, .nbytes = (size_t)(rows * cols) * 2};
+    int bits, group;
+    if (!d->qc || !module || !quant_cfg_claims(d->qc, module, linear, &bits, &group)) return;
+    if (group == 0) group = (int)cols;
+    int64_t ng = cols / group;
+    if (cols % group || (cols * bits) % 32 || rows * ng > d->n_scales || d->n_quants == d->cap_quants) {
+        if (!d->err[0])
+            snprintf(d->err, sizeof d->err, "dummy weights: %s [%lld][%lld] cannot be packed int%d group %d", module,
+                     (long long)rows, (long long)cols, bits, group);
+        return;
+    }
+    struct model_quant *q = &d->quants[d->n_quants++];
+    *q = (struct model_quant){.layout = MODEL_QL_CT, .rows = rows, .cols = cols, .bits = bits, .group = group,
+                              .n_groups = ng, .sym = true, .scale_dt = MODEL_DT_BF16,
+                              .qweight = d->pool + off, .scales = d->scales};
+    t->dtype = MODEL_DT_QPACK;
+    t->nbytes = (size_t)(rows * cols * bits / 8);
+    t->quant = q;
 }
 
 static void vec(struct dummy *d, struct model_tensor *t, const char *name, int64_t n, bool one)
@@ -38,8 +64,8 @@ static void vec(struct dummy *d, struct model_tensor *t, const char *name, int64
                                .data = one ? d->ones : d->zeros, .nbytes = (size_t)n * 2};
 }
 
-int model_dummy_weights(const struct model_config *c, struct model_weights *w, void **owner, char *err,
-                        size_t errlen)
+int model_dummy_weights(const struct model_config *c, const struct quant_cfg *qc, struct model_weights *w,
+                        void **owner, char *err, size_t errlen)
 {
     int64_t E = c->n_embd, F = c->n_ff, D = c->head_dim, Q = (int64_t)c->n_head * D,
             KV = (int64_t)c->n_head_kv * D, V = c->n_vocab;
@@ -66,6 +92,15 @@ int model_dummy_weights(const struct model_config *c, struct model_weights *w, v
     w->layers = calloc((size_t)c->n_layer, sizeof *w->layers);
     d->experts = calloc((size_t)n_moe * 3 * (size_t)NE + 1, sizeof *d->experts);
     if (!d->pool || !d->ones || !d->zeros || !w->layers || !d->experts) goto oom;
+    if (qc) {
+        /* groups of 8 columns or more: every packed matrix fits big / 8 scales */
+        d->qc = qc;
+        d->cap_quants = 2 + 7 * c->n_layer + n_moe * (4 + 3 * (int)NE);
+        d->n_scales = big / 8 + nv;
+        d->quants = calloc((size_t)d->cap_quants, sizeof *d->quants);
+        d->scales = malloc((size_t)d->n_scales * 2);
+        if (!d->quants || !d->scales) goto oom;
+    }
     struct model_tensor *ex = d->experts;
     /* uniform in +-0.02 as bf16: sign, then exponent/mantissa of a float in [0, 0.02) */
 #pragma omp parallel for schedule(static)
@@ -77,19 +112,22 @@ int model_dummy_weights(const struct model_config *c, struct model_weights *w, v
         d->pool[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
     }
     for (int64_t i = 0; i < nv; i++) d->ones[i] = 0x3f80;
-    mat(d, &w->tok_embd, "token_embd (dummy)", V, E);
+    for (int64_t i = 0; i < d->n_scales; i++) d->scales[i] = 0x3ba4; /* bf16 0.005: codes -8..7 span +-0.04 */
+    mat(d, &w->tok_embd, "token_embd (dummy)", NULL, false, V, E);
     vec(d, &w->out_norm, "output_norm (dummy)", E, true);
     if (c->tie_embeddings)
         w->lm_head = w->tok_embd;
     else
-        mat(d, &w->lm_head, "output (dummy)", V, E);
+        mat(d, &w->lm_head, "output (dummy)", "lm_head", true, V, E);
+    char mod[160];
+#define M(fmt, ...) (snprintf(mod, sizeof mod, "model.layers.%d." fmt, l, ##__VA_ARGS__), mod)
     for (int l = 0; l < c->n_layer; l++) {
         struct model_layer_weights *L = &w->layers[l];
         vec(d, &L->attn_norm, "attn_norm (dummy)", E, true);
-        mat(d, &L->wq, "attn_q (dummy)", Q, E);
-        mat(d, &L->wk, "attn_k (dummy)", KV, E);
-        mat(d, &L->wv, "attn_v (dummy)", KV, E);
-        mat(d, &L->wo, "attn_output (dummy)", E, Q);
+        mat(d, &L->wq, "attn_q (dummy)", M("self_attn.q_proj"), true, Q, E);
+        mat(d, &L->wk, "attn_k (dummy)", M("self_attn.k_proj"), true, KV, E);
+        mat(d, &L->wv, "attn_v (dummy)", M("self_attn.v_proj"), true, KV, E);
+        mat(d, &L->wo, "attn_output (dummy)", M("self_attn.o_proj"), true, E, Q);
         if (c->qkv_bias) {
             vec(d, &L->bq, "attn_q.bias (dummy)", Q, false);
             vec(d, &L->bk, "attn_k.bias (dummy)", KV, false);
@@ -102,25 +140,31 @@ int model_dummy_weights(const struct model_config *c, struct model_weights *w, v
         vec(d, &L->ffn_norm, "ffn_norm (dummy)", E, true);
         if (model_layer_kind_of(c, l).ffn == MODEL_FFN_MOE) {
             struct model_moe_weights *mw = &L->moe;
-            mat(d, &mw->router, "ffn_gate_inp (dummy)", NE, E);
+            mat(d, &mw->router, "ffn_gate_inp (dummy)", M("mlp.gate"), false, NE, E);
             vec(d, &mw->router_bias, "exp_probs_b (dummy)", NE, false);
             mw->gate = ex, mw->up = ex + NE, mw->down = ex + 2 * NE;
             ex += 3 * NE;
             for (int e = 0; e < NE; e++) {
-                mat(d, &mw->gate[e], "ffn_gate_exps (dummy)", FE, E);
-                mat(d, &mw->up[e], "ffn_up_exps (dummy)", FE, E);
-                mat(d, &mw->down[e], "ffn_down_exps (dummy)", E, FE);
+                mat(d, &mw->gate[e], "ffn_gate_exps (dummy)", M("mlp.experts.%d.gate_proj", e), true, FE, E);
+                mat(d, &mw->up[e], "ffn_up_exps (dummy)", M("mlp.experts.%d.up_proj", e), true, FE, E);
+                mat(d, &mw->down[e], "ffn_down_exps (dummy)", M("mlp.experts.%d.down_proj", e), true, E, FE);
             }
             if (FS > 0) {
-                mat(d, &mw->sh_gate, "ffn_gate_shexp (dummy)", FS, E);
-                mat(d, &mw->sh_up, "ffn_up_shexp (dummy)", FS, E);
-                mat(d, &mw->sh_down, "ffn_down_shexp (dummy)", E, FS);
+                mat(d, &mw->sh_gate, "ffn_gate_shexp (dummy)", M("mlp.shared_experts.gate_proj"), true, FS, E);
+                mat(d, &mw->sh_up, "ffn_up_shexp (dummy)", M("mlp.shared_experts.up_proj"), true, FS, E);
+                mat(d, &mw->sh_down, "ffn_down_shexp (dummy)", M("mlp.shared_experts.down_proj"), true, E, FS);
             }
             continue;
         }
-        mat(d, &L->w_gate, "ffn_gate (dummy)", F, E);
-        mat(d, &L->w_up, "ffn_up (dummy)", F, E);
-        mat(d, &L->w_down, "ffn_down (dummy)", E, F);
+        mat(d, &L->w_gate, "ffn_gate (dummy)", M("mlp.gate_proj"), true, F, E);
+        mat(d, &L->w_up, "ffn_up (dummy)", M("mlp.up_proj"), true, F, E);
+        mat(d, &L->w_down, "ffn_down (dummy)", M("mlp.down_proj"), true, E, F);
+    }
+#undef M
+    if (d->err[0]) {
+        snprintf(err, errlen, "%s", d->err);
+        model_dummy_free(d);
+        return SL_EUNSUP;
     }
     *owner = d;
     return 0;
@@ -138,5 +182,7 @@ void model_dummy_free(void *owner)
     free(d->ones);
     free(d->zeros);
     free(d->experts);
+    free(d->quants);
+    free(d->scales);
     free(d);
 }

@@ -606,6 +606,17 @@ static void config_claim(const struct quant_cfg *qc, const char *name, bool line
     c->why = best->text;
 }
 
+bool quant_cfg_claims(const struct quant_cfg *qc, const char *module, bool linear, int *bits, int *group)
+{
+    struct claim c;
+    if (!qc || qc->method != QM_CT) return false;
+    config_claim(qc, module, linear, &c);
+    if (!c.quant || c.float_type || (c.bits != 4 && c.bits != 8)) return false;
+    *bits = c.bits;
+    *group = c.group;
+    return true;
+}
+
 /* ---- the format of one weight ------------------------------------------------------ */
 
 static const char *dt_name(enum model_dtype dt)

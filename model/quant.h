@@ -39,6 +39,12 @@ int quant_load_weight(const st_set *st, const struct quant_cfg *qc, const char *
                       int64_t cols, struct model_tensor *t, struct model_quant *q, char *file_name,
                       size_t file_name_cap, char *err, size_t errlen);
 
+/* What qc says module `module`'s weight is (for weights made without a file:
+ * --load-format dummy): true with *bits and *group (0: per channel) when a
+ * compressed-tensors integer scheme quantizes it, false when it stays dense
+ * (ignored, untargeted, or another method). */
+bool quant_cfg_claims(const struct quant_cfg *qc, const char *module, bool linear, int *bits, int *group);
+
 /* Row r of a packed weight as f32 into dst[q->cols]: exactly the values the
  * format's reference dequantizer gives (in the scale's dtype). */
 /* exact IEEE half -> single (subnormals, infinities, NaN payloads) */

@@ -284,16 +284,23 @@ static void test_config_errors(void)
     rmdir(dir);
 }
 
-/* --load-format dummy builds every expert from the config alone and runs. */
-static void test_dummy(void)
+/* --load-format dummy builds every expert from the config alone and runs;
+ * with a quantization_config, the experts it quantizes are packed (and those
+ * it ignores are not). */
+static void run_dummy(const char *dir, bool packed)
 {
     char err[512];
     struct model_load_opts lo = {.load_format = "dummy"};
-    model *m = model_load("tests/models/tiny-glm4-moe", &lo, err, sizeof err);
+    model *m = model_load(dir, &lo, err, sizeof err);
     CHECKF(m != NULL, "%s", err);
     if (!m) return;
     const struct model_config *c = model_get_config(m);
     CHECK(model_layer_kind_of(c, 0).ffn == MODEL_FFN_DENSE && model_layer_kind_of(c, 1).ffn == MODEL_FFN_MOE);
+    const struct model_moe_weights *mw = &model_get_weights(m)->layers[1].moe;
+    CHECK(mw->gate[0].dtype == MODEL_DT_BF16);
+    CHECKF(mw->gate[1].dtype == (packed ? MODEL_DT_QPACK : MODEL_DT_BF16), "%s", model_dtype_name(mw->gate[1].dtype));
+    CHECK(!packed || (mw->down[3].dtype == MODEL_DT_QPACK && mw->down[3].quant->bits == 4 &&
+                      mw->down[3].quant->group == 16 && mw->router.dtype == MODEL_DT_BF16));
     struct model_backend_opts bo = {.device = "cpu", .n_threads = 1, .max_tokens_per_step = 64, .max_ctx = 64};
     model_backend *be = model_backend_create(m, &bo, err, sizeof err);
     CHECKF(be != NULL, "%s", err);
@@ -310,6 +317,12 @@ static void test_dummy(void)
     }
     model_backend_destroy(be);
     model_free(m);
+}
+
+static void test_dummy(void)
+{
+    run_dummy("tests/models/tiny-glm4-moe", false);
+    run_dummy("tests/models/tiny-qwen3-moe-w4", true);
 }
 
 /* sluice info's plan line. */
