@@ -233,7 +233,9 @@ static int get_weight_st(model *m, const char *name, int64_t rows, int64_t cols,
     }
     struct model_quant *q = calloc(1, sizeof *q);
     if (!q) return SL_ENOMEM;
-    bool linear = strstr(name, "embed_tokens") == NULL; /* nn.Embedding, not nn.Linear */
+    /* nn.Embedding is not nn.Linear, nor is transformers 5's MoE router (a
+     * parameter of its TopKRouter): a "Linear" target reaches neither */
+    bool linear = strstr(name, "embed_tokens") == NULL && !(n > 16 && strcmp(name + n - 16, ".mlp.gate.weight") == 0);
     memset(t, 0, sizeof *t);
     int rc = quant_load_weight(m->st, m->qcfg, module, linear, rows, cols, t, q, fname, sizeof fname, err, errlen);
     if (rc != 0 || t->dtype != MODEL_DT_QPACK) free(q);

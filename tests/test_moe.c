@@ -284,6 +284,49 @@ static void test_config_errors(void)
     rmdir(dir);
 }
 
+/* A compressed-tensors config whose "Linear" target would take the router if
+ * it were an nn.Linear: transformers 5 makes it a parameter of its router
+ * module, so it stays dense without being listed in ignore. */
+static void test_router_not_linear(void)
+{
+    char tmpl[] = "/tmp/sluice_moe_XXXXXX", cwd[256], path[512], from[600], err[512];
+    char *dir = mkdtemp(tmpl);
+    CHECK(dir != NULL && getcwd(cwd, sizeof cwd) != NULL);
+    if (!dir) return;
+    const char *files[] = {"model.safetensors", "tokenizer_config.json", "tokenizer.json"};
+    for (size_t i = 0; i < 3; i++) {
+        snprintf(from, sizeof from, "%s/tests/models/tiny-qwen3-moe-w4/%s", cwd, files[i]);
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        CHECK(symlink(from, path) == 0);
+    }
+    size_t len;
+    char *src = test_slurp("tests/models/tiny-qwen3-moe-w4/config.json", &len);
+    const char *t0 = "\"re:.*mlp\\\\.experts\\\\..*\"", *i0 = "\"re:.*mlp\\\\.gate$\"";
+    char *t = src ? strstr(src, t0) : NULL, *ig = src ? strstr(src, i0) : NULL;
+    CHECKF(t && ig && t < ig, "config.json lacks %s before %s", t0, i0);
+    if (t && ig && t < ig) {
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        FILE *f = fopen(path, "w");
+        fprintf(f, "%.*s\"Linear\"%.*s\"re:.*self_attn.*\", \"re:.*layers\\\\.0\\\\..*\"%s", (int)(t - src), src,
+                (int)(ig - t - strlen(t0)), t + strlen(t0), ig + strlen(i0));
+        fclose(f);
+        model *m = model_load(dir, NULL, err, sizeof err);
+        CHECKF(m != NULL, "%s", err);
+        if (m) {
+            const struct model_moe_weights *mw = &model_get_weights(m)->layers[2].moe;
+            CHECK(mw->router.dtype == MODEL_DT_BF16 && mw->up[5].dtype == MODEL_DT_QPACK);
+        }
+        model_free(m);
+    }
+    free(src);
+    const char *names[] = {"config.json", "model.safetensors", "tokenizer_config.json", "tokenizer.json"};
+    for (size_t i = 0; i < 4; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        unlink(path);
+    }
+    rmdir(dir);
+}
+
 /* --load-format dummy builds every expert from the config alone and runs;
  * with a quantization_config, the experts it quantizes are packed (and those
  * it ignores are not). */
@@ -343,6 +386,7 @@ int main(void)
     RUN(test_router);
     RUN(test_checkpoints);
     RUN(test_config_errors);
+    RUN(test_router_not_linear);
     RUN(test_dummy);
     RUN(test_plan_describe);
     return test_summary();
