@@ -368,6 +368,25 @@ static void test_dummy(void)
     run_dummy("tests/models/tiny-qwen3-moe-w4", true);
 }
 
+/* Where the GPU backend exists, it refuses an MoE model naming the layer
+ * (until it implements the kind), rather than running it wrong. */
+static void test_gpu_refuses(void)
+{
+    if (!model_cuda_available()) {
+        printf("  (no CUDA device: skipped)\n");
+        return;
+    }
+    char err[512] = "";
+    model *m = model_load("tests/models/tiny-qwen3-moe", NULL, err, sizeof err);
+    CHECKF(m != NULL, "%s", err);
+    if (!m) return;
+    struct model_backend_opts bo = {.device = "cuda", .max_tokens_per_step = 64, .max_ctx = 64};
+    model_backend *be = model_backend_create(m, &bo, err, sizeof err);
+    CHECKF(be == NULL && strstr(err, "layer 1 is gqa + moe"), "%s", be ? "created" : err);
+    model_backend_destroy(be);
+    model_free(m);
+}
+
 /* sluice info's plan line. */
 static void test_plan_describe(void)
 {
@@ -389,5 +408,6 @@ int main(void)
     RUN(test_router_not_linear);
     RUN(test_dummy);
     RUN(test_plan_describe);
+    RUN(test_gpu_refuses);
     return test_summary();
 }
