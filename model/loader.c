@@ -83,7 +83,9 @@ static void kind_words(const struct model_config *c, struct model_layer_kind k, 
     if (k.ffn == MODEL_FFN_MOE && n > 0 && (size_t)n < cap) {
         const struct model_moe_config *mc = &c->moe;
         n += snprintf(out + n, cap - (size_t)n, " %d experts top-%d", mc->n_expert, mc->n_expert_used);
-        if (mc->n_ff_shared > 0 && (size_t)n < cap)
+        if (mc->shared_gated && (size_t)n < cap)
+            n += snprintf(out + n, cap - (size_t)n, " (+1 gated shared)");
+        else if (mc->n_ff_shared > 0 && (size_t)n < cap)
             n += snprintf(out + n, cap - (size_t)n, " (+%d shared)", mc->n_ff_shared / mc->n_ff_expert);
         if (mc->router == MODEL_ROUTER_SIGMOID && (size_t)n < cap)
             snprintf(out + n, cap - (size_t)n, ", sigmoid router%s", mc->n_group > 1 ? " by groups" : "");
@@ -121,6 +123,7 @@ const char *model_arch_name(enum model_arch a)
     case MODEL_ARCH_MISTRAL: return "mistral";
     case MODEL_ARCH_QWEN3_MOE: return "qwen3_moe";
     case MODEL_ARCH_GLM4_MOE: return "glm4_moe";
+    case MODEL_ARCH_QWEN2_MOE: return "qwen2_moe";
     }
     return "?";
 }
@@ -130,6 +133,7 @@ static int arch_from_name(const char *s, size_t n, enum model_arch *out)
     static const struct { const char *name; enum model_arch a; } tab[] = {
         {"llama", MODEL_ARCH_LLAMA}, {"qwen2", MODEL_ARCH_QWEN2}, {"qwen3", MODEL_ARCH_QWEN3},
         {"mistral", MODEL_ARCH_MISTRAL}, {"qwen3_moe", MODEL_ARCH_QWEN3_MOE}, {"glm4_moe", MODEL_ARCH_GLM4_MOE},
+        {"qwen2_moe", MODEL_ARCH_QWEN2_MOE},
     };
     for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)
         if (strlen(tab[i].name) == n && memcmp(tab[i].name, s, n) == 0) {
@@ -773,6 +777,9 @@ static int hf_config(model *m, const char *dir, char *err, size_t errlen)
     if (use_sw && win > 0 && win < c->n_ctx_train) c->n_ctx_train = win;
     c->rope_type = MODEL_ROPE_NEOX;
     arch_traits(c);
+    if (c->arch == MODEL_ARCH_QWEN2_MOE &&
+        (rc = jbool(&d, 0, "qkv_bias", true, &c->qkv_bias, err, errlen)))
+        goto out;
     if (c->arch == MODEL_ARCH_GLM4_MOE) {
         /* q/k/v biases and q/k norms are switches here; RoPE turns the first
          * partial_rotary_factor of each head (its default 0.5) */
@@ -851,7 +858,7 @@ static int max_tensors(const model *m)
 {
     int n = 4 + 14 * m->cfg.n_layer;
     for (int l = 0; l < m->cfg.n_layer; l++)
-        if (model_layer_kind_of(&m->cfg, l).ffn == MODEL_FFN_MOE) n += 5 + 3 * m->cfg.moe.n_expert;
+        if (model_layer_kind_of(&m->cfg, l).ffn == MODEL_FFN_MOE) n += 6 + 3 * m->cfg.moe.n_expert;
     return n;
 }
 
@@ -871,7 +878,8 @@ static void all_tensors(const model *m, const struct model_tensor **out, int *n)
             if (t[i]->data) out[k++] = t[i];
         if (model_layer_kind_of(&m->cfg, l).ffn != MODEL_FFN_MOE) continue;
         const struct model_moe_weights *mw = &L->moe;
-        const struct model_tensor *s[] = {&mw->router, &mw->router_bias, &mw->sh_gate, &mw->sh_up, &mw->sh_down};
+        const struct model_tensor *s[] = {&mw->router, &mw->router_bias, &mw->sh_gate, &mw->sh_up, &mw->sh_down,
+                                          &mw->sh_weigh};
         for (size_t i = 0; i < sizeof s / sizeof s[0]; i++)
             if (s[i]->data) out[k++] = s[i];
         for (int e = 0; e < m->cfg.moe.n_expert; e++) {

@@ -95,7 +95,7 @@ int model_dummy_weights(const struct model_config *c, const struct quant_cfg *qc
     if (qc) {
         /* groups of 8 columns or more: every packed matrix fits big / 8 scales */
         d->qc = qc;
-        d->cap_quants = 2 + 7 * c->n_layer + n_moe * (4 + 3 * (int)NE);
+        d->cap_quants = 2 + 7 * c->n_layer + n_moe * (5 + 3 * (int)NE);
         d->n_scales = big / 8 + nv;
         d->quants = calloc((size_t)d->cap_quants, sizeof *d->quants);
         d->scales = malloc((size_t)d->n_scales * 2);
@@ -150,9 +150,11 @@ int model_dummy_weights(const struct model_config *c, const struct quant_cfg *qc
                 mat(d, &mw->down[e], "ffn_down_exps (dummy)", M("mlp.experts.%d.down_proj", e), true, E, FE);
             }
             if (FS > 0) {
-                mat(d, &mw->sh_gate, "ffn_gate_shexp (dummy)", M("mlp.shared_experts.gate_proj"), true, FS, E);
-                mat(d, &mw->sh_up, "ffn_up_shexp (dummy)", M("mlp.shared_experts.up_proj"), true, FS, E);
-                mat(d, &mw->sh_down, "ffn_down_shexp (dummy)", M("mlp.shared_experts.down_proj"), true, E, FS);
+                const char *sh = mc->shared_gated ? "shared_expert" : "shared_experts";
+                mat(d, &mw->sh_gate, "ffn_gate_shexp (dummy)", M("mlp.%s.gate_proj", sh), true, FS, E);
+                mat(d, &mw->sh_up, "ffn_up_shexp (dummy)", M("mlp.%s.up_proj", sh), true, FS, E);
+                mat(d, &mw->sh_down, "ffn_down_shexp (dummy)", M("mlp.%s.down_proj", sh), true, E, FS);
+                if (mc->shared_gated) mat(d, &mw->sh_weigh, "ffn_gate_inp_shexp (dummy)", NULL, false, 1, E);
             }
             continue;
         }

@@ -88,7 +88,7 @@ const char *model_dtype_name(enum model_dtype dt);
 
 enum model_arch {
     MODEL_ARCH_LLAMA, MODEL_ARCH_QWEN2, MODEL_ARCH_QWEN3, MODEL_ARCH_MISTRAL,
-    MODEL_ARCH_QWEN3_MOE, MODEL_ARCH_GLM4_MOE,
+    MODEL_ARCH_QWEN3_MOE, MODEL_ARCH_GLM4_MOE, MODEL_ARCH_QWEN2_MOE,
 };
 
 enum model_rope {
@@ -110,7 +110,9 @@ struct model_moe_config {
     int n_expert_used;     /* experts per token, top-k (num_experts_per_tok) */
     int n_ff_expert;       /* each routed expert's intermediate size (moe_intermediate_size) */
     int n_ff_shared;       /* the shared experts' intermediate size, all of them as one MLP
-                              (n_shared_experts * moe_intermediate_size); 0: none */
+                              (n_shared_experts * moe_intermediate_size, or
+                              shared_expert_intermediate_size); 0: none */
+    bool shared_gated;     /* the shared output is weighed by sigmoid(x . shared_expert_gate) (qwen2_moe) */
     enum model_router router;
     bool norm_topk;        /* the chosen weights renormalised to sum 1 (norm_topk_prob) */
     float scale;           /* routed_scaling_factor: the routed sum is weighed by it (1 for softmax) */
@@ -178,6 +180,7 @@ struct model_moe_weights {
                                               the model */
     struct model_tensor sh_gate, sh_up, sh_down; /* the shared experts as one MLP, n_ff_shared wide;
                                                     data NULL without */
+    struct model_tensor sh_weigh;      /* shared_gated: [1][n_embd] (mlp.shared_expert_gate) */
 };
 
 struct model_layer_weights {

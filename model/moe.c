@@ -39,6 +39,7 @@ static const struct moe_family families[] = {
     {"qwen3_moe", MODEL_ROUTER_SOFTMAX, 128, 8, 768, 0, 1, 1, 0, 1.0f, false},
     {"glm4_moe", MODEL_ROUTER_SIGMOID, 128, 8, 1408, 1, 1, 1, 1, 1.0f, true},
     {"deepseek_v3", MODEL_ROUTER_SIGMOID, 256, 8, 2048, 1, 8, 4, 3, 2.5f, true},
+    {"qwen2_moe", MODEL_ROUTER_SOFTMAX, 60, 4, 1408, 0, 1, 1, 0, 1.0f, false},
 };
 
 static int get_int(const json_doc *d, int obj, const char *key, int def, int lo, int hi, int *out, char *err,
@@ -121,6 +122,13 @@ int moe_hf_config(const json_doc *d, int obj, struct model_config *c, bool **spa
         m->n_ff_shared = n_shared * m->n_ff_expert;
     } else {
         if ((rc = get_int(d, obj, "decoder_sparse_step", 1, 1, 1 << 20, &step, err, errlen))) return rc;
+        if (strcmp(f->model_type, "qwen2_moe") == 0) {
+            /* one shared expert of its own width, weighed by a sigmoid gate */
+            if ((rc = get_int(d, obj, "shared_expert_intermediate_size", 5632, 0, 1 << 22, &m->n_ff_shared, err,
+                              errlen)))
+                return rc;
+            m->shared_gated = m->n_ff_shared > 0;
+        }
     }
     if (m->n_expert == 0) { /* transformers: num_experts 0 makes every layer dense */
         memset(m, 0, sizeof *m);
@@ -274,12 +282,18 @@ int moe_bind_layer(model *m, const struct model_config *c, const char *prefix, s
         }
     }
     if (S > 0) {
-        snprintf(name, sizeof name, "%s.shared_experts.gate_proj.weight", prefix);
+        /* glm4_moe/deepseek_v3: shared_experts; qwen2_moe: shared_expert (+ its gate) */
+        const char *sh = mc->shared_gated ? "shared_expert" : "shared_experts";
+        snprintf(name, sizeof name, "%s.%s.gate_proj.weight", prefix, sh);
         if ((rc = model_loader_weight(m, name, S, E, false, &w->sh_gate, err, errlen))) return rc;
-        snprintf(name, sizeof name, "%s.shared_experts.up_proj.weight", prefix);
+        snprintf(name, sizeof name, "%s.%s.up_proj.weight", prefix, sh);
         if ((rc = model_loader_weight(m, name, S, E, false, &w->sh_up, err, errlen))) return rc;
-        snprintf(name, sizeof name, "%s.shared_experts.down_proj.weight", prefix);
+        snprintf(name, sizeof name, "%s.%s.down_proj.weight", prefix, sh);
         if ((rc = model_loader_weight(m, name, E, S, false, &w->sh_down, err, errlen))) return rc;
+        if (mc->shared_gated) {
+            snprintf(name, sizeof name, "%s.shared_expert_gate.weight", prefix);
+            if ((rc = model_loader_weight(m, name, 1, E, false, &w->sh_weigh, err, errlen))) return rc;
+        }
     }
     return 0;
 }
@@ -369,6 +383,7 @@ void model_moe_route(const struct model_moe_config *mc, const float *logits, con
 struct moe_layer_cpu {
     float *router;      /* [n_expert][n_embd] f32 (owned, in moe_cpu.wmem) */
     float *bias;        /* [n_expert] or NULL */
+    float *sh_weigh;    /* [n_embd] the shared experts' gate, or NULL */
     const struct model_moe_weights *w; /* borrowed from the model */
 };
 
@@ -444,7 +459,7 @@ struct moe_cpu *moe_cpu_create(const struct model_config *c, const struct model_
     int n_moe = 0;
     for (int l = 0; l < c->n_layer; l++) n_moe += model_layer_kind_of(c, l).ffn == MODEL_FFN_MOE;
     size_t NE = mc->n_expert, E = c->n_embd, T = max_tokens, S = b->slots;
-    b->wmem = zalloc((size_t)n_moe * NE * (E + 1) * sizeof(float));
+    b->wmem = zalloc((size_t)n_moe * (NE * (E + 1) + E) * sizeof(float));
     if (!b->L || !b->wmem) goto oom;
     float *p = b->wmem;
     for (int l = 0; l < c->n_layer; l++) {
@@ -460,6 +475,15 @@ struct moe_cpu *moe_cpu_create(const struct model_config *c, const struct model_
             model_tensor_to_f32(&mw->router_bias, 0, (int64_t)NE, p);
         }
         p += NE;
+        if (mc->shared_gated) {
+            if (!mw->sh_weigh.data) {
+                sl_seterr(err, errlen, "layer %d: the shared expert's gate is missing", l);
+                goto fail;
+            }
+            L->sh_weigh = p;
+            model_tensor_to_f32(&mw->sh_weigh, 0, (int64_t)E, p);
+        }
+        p += E;
         const struct model_tensor *ts[] = {&mw->sh_gate, &mw->sh_up, &mw->sh_down};
         for (size_t i = 0; i < 3; i++)
             if (mc->n_ff_shared > 0 && !ts[i]->data) {
@@ -520,7 +544,7 @@ void moe_cpu_forward(struct moe_cpu *b, int l, const float *xn, float *x_out, in
                         b->rscr + (size_t)omp_get_thread_num() * 2 * NE);
         if (S > K) {
             b->idx[(size_t)t * S + K] = NE;
-            b->wt[(size_t)t * S + K] = 1.0f;
+            b->wt[(size_t)t * S + K] = L->sh_weigh ? 1.0f / (1.0f + expf(-dot(L->sh_weigh, x, E))) : 1.0f;
         }
     }
 
@@ -593,8 +617,9 @@ void moe_cpu_forward(struct moe_cpu *b, int l, const float *xn, float *x_out, in
             for (int i = 0; i < E; i++) o[i] += w * y[i];
         }
         if (S > K) {
+            float w = b->wt[(size_t)t * S + K];
             const float *y = b->y + ((size_t)t * S + K) * E;
-            for (int i = 0; i < E; i++) o[i] += y[i];
+            for (int i = 0; i < E; i++) o[i] += w * y[i];
         }
         float *x = x_out + (size_t)t * E;
         for (int i = 0; i < E; i++) x[i] += o[i];

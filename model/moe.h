@@ -31,7 +31,7 @@
  * them:
  *   qwen3_moe: num_experts | num_local_experts, num_experts_per_tok,
  *     moe_intermediate_size, norm_topk_prob, decoder_sparse_step,
- *     mlp_only_layers;
+ *     mlp_only_layers (qwen2_moe: the same, and shared_expert_intermediate_size);
  *   glm4_moe (and deepseek_v3's block): n_routed_experts, n_shared_experts,
  *     routed_scaling_factor, n_group, topk_group, first_k_dense_replace;
  *   any: mlp_layer_types ("dense"/"sparse") overrides the rule; swiglu_limit.

@@ -4,6 +4,7 @@
  * 5.25 at tiny random configs, f32 on the CPU): qwen3_moe with and without
  * norm_topk_prob, per-expert and fused 3-D expert tensors; glm4_moe with the
  * group-limited sigmoid router, correction bias, scaling and a shared expert;
+ * qwen2_moe with its sigmoid-gated shared expert;
  * and qwen3_moe with int4 experts (some left bf16 by `ignore`) against the
  * library's dequantization run densely. Per checkpoint: logits at every
  * position within 1e-4 relative of transformers, greedy identical, chunked
@@ -26,7 +27,8 @@
 #define REGION 8 /* blocks per sequence */
 #define NSEQ 3
 
-static const char *const CKPTS[] = {"tiny-qwen3-moe", "tiny-qwen3-moe-fused", "tiny-glm4-moe", "tiny-qwen3-moe-w4"};
+static const char *const CKPTS[] = {"tiny-qwen3-moe", "tiny-qwen3-moe-fused", "tiny-glm4-moe", "tiny-qwen3-moe-w4",
+                                    "tiny-qwen2-moe"};
 
 struct seqin {
     const int32_t *ids;

@@ -18,6 +18,8 @@ perturbed so a missing one shows):
   The script checks that transformers' DeepseekV3MoE given these weights routes exactly as Glm4MoeMoE does and
   computes the same output to float rounding
   (deepseek_v3's MoE block is this one).
+- tiny-qwen2-moe: qwen2_moe, 8 experts top-2 without renormalisation, a shared expert of its own width
+  (shared_expert_intermediate_size) weighed by sigmoid(shared_expert_gate), q/k/v bias, layer 0 dense.
 - tiny-qwen3-moe-w4: tiny-qwen3-moe's weights with the routed experts int4 group 16 symmetric
   (compressed-tensors pack-quantized, quantized with the library's own qparams/quantize/pack_to_int32), except
   the experts `ignore` lists (expert 0 of every layer: bf16). Golden through the dense path: transformers runs
@@ -54,6 +56,12 @@ COMMON = dict(vocab_size=347, hidden_size=64, intermediate_size=96, moe_intermed
 def qwen3(**kw):
     return transformers.Qwen3MoeConfig(**COMMON, num_experts=16, num_experts_per_tok=4,
                                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **kw)
+
+
+def qwen2():
+    return transformers.Qwen2MoeConfig(**COMMON, num_experts=8, num_experts_per_tok=2, norm_topk_prob=False,
+                                       shared_expert_intermediate_size=24, decoder_sparse_step=1, mlp_only_layers=[0],
+                                       qkv_bias=True, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
 
 
 def glm4():
@@ -235,7 +243,8 @@ def main():
     outdir = os.path.abspath(outdir)
     specs = [("tiny-qwen3-moe", qwen3(norm_topk_prob=True, mlp_only_layers=[0]), 11),
              ("tiny-qwen3-moe-fused", qwen3(norm_topk_prob=False, decoder_sparse_step=2), 12),
-             ("tiny-glm4-moe", glm4(), 13)]
+             ("tiny-glm4-moe", glm4(), 13),
+             ("tiny-qwen2-moe", qwen2(), 14)]
     for name, cfg, seed in specs:
         path = os.path.join(outdir, name)
         save(build(cfg, seed), path, outdir)
