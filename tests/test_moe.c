@@ -6,7 +6,8 @@
  * group-limited sigmoid router, correction bias, scaling and a shared expert;
  * qwen2_moe with its sigmoid-gated shared expert;
  * and qwen3_moe with int4 experts (some left bf16 by `ignore`) against the
- * library's dequantization run densely. Per checkpoint: logits at every
+ * library's dequantization run densely, and with every linear layer AWQ int4
+ * (experts included) against AutoAWQ's dequantization. Per checkpoint: logits at every
  * position within 1e-4 relative of transformers, greedy identical, chunked
  * prefill bit-identical to one step, and a prompt's logits bit-identical alone
  * and beside other prompts (batch invariance). Then the router on hand-made
@@ -28,7 +29,7 @@
 #define NSEQ 3
 
 static const char *const CKPTS[] = {"tiny-qwen3-moe", "tiny-qwen3-moe-fused", "tiny-glm4-moe", "tiny-qwen3-moe-w4",
-                                    "tiny-qwen2-moe"};
+                                    "tiny-qwen2-moe", "tiny-qwen3-moe-awq"};
 
 struct seqin {
     const int32_t *ids;

@@ -24,6 +24,9 @@ perturbed so a missing one shows):
   (compressed-tensors pack-quantized, quantized with the library's own qparams/quantize/pack_to_int32), except
   the experts `ignore` lists (expert 0 of every layer: bf16). Golden through the dense path: transformers runs
   the library's dequantization of the packed experts (it does not load quantized MoE checkpoints dependably).
+- tiny-qwen3-moe-awq: the same weights with every linear layer AutoAWQ int4 g16 (GEMM layout, zero points),
+  experts included, routers dense; golden through the dense path (AutoAWQ's dequantization transcribed in
+  tests/golden/quant/make_quant.py).
 
 golden.json: {"model", "prompts": [{"ids", "top_ids", "top_logits", "greedy"}], "min_route_margin"}: top_* are
 transformers' 20 largest logits at every position (float32 model on the CPU), greedy the 16-token argmax
@@ -238,6 +241,42 @@ def check_deepseek_v3_block(glm):
     print(f"deepseek_v3 MoE block: same routing as glm4_moe's, output within {d:.1e} relative", flush=True)
 
 
+def awq_layers(src, path, cfg, group=16):
+    """Every nn.Linear inside the layers AutoAWQ-packed (int4 g16 asym, GEMM layout), the routers left dense
+    (transformers 5's routers are not nn.Linear); returns the dense reference model (the transcribed AutoAWQ
+    dequantization of what was packed)."""
+    sys.path.insert(0, os.path.join(HERE, "..", "quant"))
+    from make_quant import awq_pack, awq_dequantize_gemm, rtn_asym_u
+    shutil.rmtree(path, ignore_errors=True)
+    shutil.copytree(src, path, symlinks=True)
+    os.remove(os.path.join(path, "golden.json"))
+    sd = load_file(os.path.join(path, "model.safetensors"))
+    dense = {k: v.to(torch.float32) for k, v in sd.items()}
+    for name in sorted(k for k in sd if k.startswith("model.layers.") and k.endswith("_proj.weight")):
+        mod = name[:-len(".weight")]
+        w = sd.pop(name)
+        q, z, sc = rtn_asym_u(w, 4, group, torch.float16)
+        qweight, qzeros, scales = awq_pack(q.t().contiguous()), awq_pack(z.t().contiguous()), sc.t().contiguous()
+        sd[mod + ".qweight"], sd[mod + ".qzeros"], sd[mod + ".scales"] = qweight, qzeros, scales
+        dense[name] = awq_dequantize_gemm(qweight, qzeros, scales, 4, group).t().contiguous().to(torch.float32)
+    save_file(sd, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(path, "config.json")) as f:
+        c = json.load(f)
+    c["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True,
+                                "version": "gemm", "modules_to_not_convert": None}
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(c, f, indent=2, sort_keys=True)
+    tmp = path + ".dense"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    save_file({k: v.contiguous() for k, v in dense.items()}, os.path.join(tmp, "model.safetensors"),
+              metadata={"format": "pt"})
+    cfg.save_pretrained(tmp)
+    m = reload(tmp)
+    shutil.rmtree(tmp)
+    return m
+
+
 def main():
     outdir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, "..", "..", "models")
     outdir = os.path.abspath(outdir)
@@ -257,6 +296,10 @@ def main():
     name = "tiny-qwen3-moe-w4"
     path = os.path.join(outdir, name)
     m = quantize_experts(os.path.join(outdir, "tiny-qwen3-moe"), path, specs[0][1], outdir)
+    write_golden(path, golden(m, name))
+    name = "tiny-qwen3-moe-awq"
+    path = os.path.join(outdir, name)
+    m = awq_layers(os.path.join(outdir, "tiny-qwen3-moe"), path, specs[0][1])
     write_golden(path, golden(m, name))
 
 
