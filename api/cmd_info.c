@@ -29,16 +29,13 @@ static void info_weight_formats(const model *m)
 static void info_plan(const model *m)
 {
     const struct model_config *c = model_get_config(m);
-    printf("layer plan:");
-    for (int l = 0; l < c->n_layer;) {
-        struct model_layer_kind k = model_layer_kind_of(c, l);
-        int e = l + 1;
-        while (e < c->n_layer && model_layer_kind_of(c, e).mixer == k.mixer && model_layer_kind_of(c, e).ffn == k.ffn)
-            e++;
-        printf(" %d-%d %s+%s", l, e - 1, model_mixer_name(k.mixer), model_ffn_name(k.ffn));
-        l = e;
-    }
-    printf("\n");
+    char plan[1024];
+    model_plan_describe(c, plan, sizeof plan);
+    printf("layer plan: %s\n", plan);
+    if (c->moe.n_expert > 0)
+        printf("experts: %d routed, %d per token, intermediate %d; shared intermediate %d; %s router%s\n",
+               c->moe.n_expert, c->moe.n_expert_used, c->moe.n_ff_expert, c->moe.n_ff_shared,
+               c->moe.router == MODEL_ROUTER_SOFTMAX ? "softmax" : "sigmoid", c->moe.norm_topk ? ", renormalised" : "");
     const struct model_mla_config *a = &c->mla;
     if (a->kv_lora_rank > 0) {
         printf("mla: kv_lora_rank %d, q_lora_rank %d, qk nope %d + rope %d, v %d, softmax scale %.6g%s%s\n",

@@ -46,6 +46,7 @@
 
 #include "backend.h"
 #include "cpu_internal.h"
+#include "moe.h"
 #include "quant.h"
 
 struct layer_f32 {
@@ -91,6 +92,7 @@ struct cpu_backend {
     int *row_seq;                   /* [max_seqs] sequence of each logit row */
     void *samp;                     /* [nt] sampler scratch, samp_bytes each */
     size_t samp_bytes;
+    struct moe_cpu *moe;            /* owned: the MoE layers' routers and scratch (model/moe.c), or NULL */
 };
 
 
@@ -518,6 +520,7 @@ model_backend *model_cpu_backend_create(const model *m, const struct model_backe
             VEC(L->k_norm, &lw->k_norm, D);
         }
         VEC(L->ffn_norm, &lw->ffn_norm, E);
+        if (model_layer_kind_of(c, l).ffn == MODEL_FFN_MOE) continue; /* model/moe.c holds its weights */
         MAT(L->w_gate, &lw->w_gate);
         MAT(L->w_up, &lw->w_up);
         MAT(L->w_down, &lw->w_down);
@@ -556,6 +559,7 @@ model_backend *model_cpu_backend_create(const model *m, const struct model_backe
                b->max_seqs, b->max_ctx);
         goto fail;
     }
+    if (c->moe.n_expert > 0 && !(b->moe = moe_cpu_create(c, w, b->max_tokens, b->nt, err, errlen))) goto fail;
     rope_tables(b, w);
     if (c->mla.kv_lora_rank > 0 &&
         !(b->mla = cpu_mla_create(b, c, w, b->max_tokens, b->max_ctx, err, errlen)))
@@ -734,11 +738,26 @@ static void dense_ffn(struct cpu_backend *b, int l, int T)
     matmul(b, b->up, b->xn, &L->w_up, NULL, T, E, F);
 #pragma omp parallel for num_threads(b->nt) if (T >= 8)
     for (size_t i = 0; i < (size_t)T * F; i++) {
-        float g = b->gate[i];
-        b->gate[i] = g / (1.0f + expf(-g)) * b->up[i];
+        float g = b->gate[i], u = b->up[i], lim = c->moe.swiglu_limit;
+        if (lim > 0) { /* GLM-5.3's clamped SwiGLU */
+            g = g < lim ? g : lim;
+            u = u < -lim ? -lim : u > lim ? lim : u;
+        }
+        b->gate[i] = g / (1.0f + expf(-g)) * u;
     }
     matmul(b, b->xn, b->gate, &L->w_down, NULL, T, F, E);
     for (size_t i = 0; i < (size_t)T * E; i++) b->x[i] += b->xn[i];
+}
+
+/* One layer's MoE FFN block: x += moe(xn) (model/moe.c). */
+static void moe_ffn(struct cpu_backend *b, int l, int T)
+{
+    const struct model_config *c = &b->c;
+    int E = c->n_embd;
+#pragma omp parallel for num_threads(b->nt) if (T >= 8)
+    for (int t = 0; t < T; t++)
+        rmsnorm(b->xn + (size_t)t * E, b->x + (size_t)t * E, b->L[l].ffn_norm, E, c->norm_eps);
+    moe_cpu_forward(b->moe, l, b->xn, b->x, T);
 }
 
 static int backend_forward(model_backend *mb, struct step *s, char *err, size_t errlen)
@@ -765,6 +784,7 @@ static int backend_forward(model_backend *mb, struct step *s, char *err, size_t 
         }
         switch (k.ffn) {
         case MODEL_FFN_DENSE: dense_ffn(b, l, T); break;
+        case MODEL_FFN_MOE: moe_ffn(b, l, T); break;
         }
     }
 
@@ -829,6 +849,7 @@ static void backend_destroy(model_backend *mb)
     free(b->row_tok);
     free(b->row_seq);
     free(b->samp);
+    moe_cpu_destroy(b->moe);
     free(b);
 }
 

@@ -21,6 +21,7 @@
 #include "safetensors.h"
 #include "loader_dummy.h"
 #include "mla.h"
+#include "moe.h"
 #include "overrides.h"
 #include "quant.h"
 #include "tokenizer.h"
@@ -42,6 +43,9 @@ struct model {
     uint8_t *index_full;             /* owned cfg.mla.index_full, or NULL */
     const char *hf_overrides;        /* borrowed from the load options during model_load */
     int n_layer_file;                /* decoder layers the checkpoint has (MTP modules follow them) */
+    bool *moe_sparse;                    /* owned [n_moe_sparse]: MoE layers, or NULL */
+    int n_moe_sparse;                    /* n_layer at config time (an override may change it) */
+    struct model_tensor *moe_experts;    /* owned expert views, 3 * n_expert per MoE layer */
 };
 
 
@@ -58,14 +62,14 @@ const char *model_ffn_name(enum model_ffn k)
 {
     switch (k) {
     case MODEL_FFN_DENSE: return "dense";
+    case MODEL_FFN_MOE: return "moe";
     }
     return "?";
 }
 
-/* The plan of layers from the (overridden) config: the Llama family is GQA
- * attention + a dense FFN in every layer; deepseek_v3 and glm_moe_dsa are MLA
- * with dense FFNs in the first n_dense_layers and MoE FFNs after (the MoE FFN
- * is its own kind, refused here while this build lacks it). */
+/* The plan of layers from the (overridden) config: GQA attention, or MLA for
+ * deepseek_v3 and glm_moe_dsa; the FFN is MoE where the config's MoE keys say
+ * (moe_hf_config: first_k_dense_replace, mlp_only_layers, ...), else dense. */
 static int plan_layers(model *m, char *err, size_t errlen)
 {
     const struct model_config *c = &m->cfg;
@@ -77,14 +81,14 @@ static int plan_layers(model *m, char *err, size_t errlen)
         return SL_ENOMEM;
     }
     for (int l = 0; l < c->n_layer; l++) {
-        if (mla && l >= c->mla.n_dense_layers) {
-            sl_seterr(err, errlen,
-                      "layer %d of this %s checkpoint has a MoE FFN (only the first %d are dense): this build has "
-                      "no MoE FFN kind",
-                      l, model_arch_name(c->arch), c->mla.n_dense_layers);
+        bool sparse = m->moe_sparse && l < m->n_moe_sparse && m->moe_sparse[l];
+        if (mla && l >= c->mla.n_dense_layers && !sparse) {
+            sl_seterr(err, errlen, "layer %d of this %s checkpoint is past its %d dense layers but has no MoE FFN "
+                      "in the config (n_routed_experts)", l, model_arch_name(c->arch), c->mla.n_dense_layers);
             return SL_EUNSUP;
         }
-        m->layer_kind[l] = (struct model_layer_kind){mla ? MODEL_MIXER_MLA : MODEL_MIXER_GQA, MODEL_FFN_DENSE};
+        m->layer_kind[l] = (struct model_layer_kind){mla ? MODEL_MIXER_MLA : MODEL_MIXER_GQA,
+                                                     sparse ? MODEL_FFN_MOE : MODEL_FFN_DENSE};
     }
     m->cfg.layer_kind = m->layer_kind;
     return 0;
@@ -100,6 +104,43 @@ static int config_final(model *m, char *err, size_t errlen)
     return plan_layers(m, err, errlen);
 }
 
+static void kind_words(const struct model_config *c, struct model_layer_kind k, char *out, size_t cap)
+{
+    int n = snprintf(out, cap, "%s + %s", model_mixer_name(k.mixer), model_ffn_name(k.ffn));
+    if (k.ffn == MODEL_FFN_MOE && n > 0 && (size_t)n < cap) {
+        const struct model_moe_config *mc = &c->moe;
+        n += snprintf(out + n, cap - (size_t)n, " %d experts top-%d", mc->n_expert, mc->n_expert_used);
+        if (mc->shared_gated && (size_t)n < cap)
+            n += snprintf(out + n, cap - (size_t)n, " (+1 gated shared)");
+        else if (mc->n_ff_shared > 0 && (size_t)n < cap)
+            n += snprintf(out + n, cap - (size_t)n, " (+%d shared)", mc->n_ff_shared / mc->n_ff_expert);
+        if (mc->router == MODEL_ROUTER_SIGMOID && (size_t)n < cap)
+            snprintf(out + n, cap - (size_t)n, ", sigmoid router%s", mc->n_group > 1 ? " by groups" : "");
+    }
+}
+
+size_t model_plan_describe(const struct model_config *c, char *out, size_t cap)
+{
+    size_t len = 0;
+    if (cap) out[0] = 0;
+    for (int l = 0; l < c->n_layer;) {
+        struct model_layer_kind k = model_layer_kind_of(c, l);
+        int e = l;
+        while (e + 1 < c->n_layer && model_layer_kind_of(c, e + 1).mixer == k.mixer &&
+               model_layer_kind_of(c, e + 1).ffn == k.ffn)
+            e++;
+        char what[160], range[32];
+        kind_words(c, k, what, sizeof what);
+        if (e > l) snprintf(range, sizeof range, "%d-%d", l, e);
+        else snprintf(range, sizeof range, "%d", l);
+        int n = snprintf(out + (len < cap ? len : cap), len < cap ? cap - len : 0, "%s%s: %s", l ? "; " : "",
+                         range, what);
+        len += (size_t)(n > 0 ? n : 0);
+        l = e + 1;
+    }
+    return len;
+}
+
 const char *model_arch_name(enum model_arch a)
 {
     switch (a) {
@@ -109,6 +150,9 @@ const char *model_arch_name(enum model_arch a)
     case MODEL_ARCH_MISTRAL: return "mistral";
     case MODEL_ARCH_DEEPSEEK_V3: return "deepseek_v3";
     case MODEL_ARCH_GLM_MOE_DSA: return "glm_moe_dsa";
+    case MODEL_ARCH_QWEN3_MOE: return "qwen3_moe";
+    case MODEL_ARCH_GLM4_MOE: return "glm4_moe";
+    case MODEL_ARCH_QWEN2_MOE: return "qwen2_moe";
     }
     return "?";
 }
@@ -118,7 +162,8 @@ static int arch_from_name(const char *s, size_t n, enum model_arch *out)
     static const struct { const char *name; enum model_arch a; } tab[] = {
         {"llama", MODEL_ARCH_LLAMA}, {"qwen2", MODEL_ARCH_QWEN2}, {"qwen3", MODEL_ARCH_QWEN3},
         {"mistral", MODEL_ARCH_MISTRAL}, {"deepseek_v3", MODEL_ARCH_DEEPSEEK_V3},
-        {"glm_moe_dsa", MODEL_ARCH_GLM_MOE_DSA},
+        {"glm_moe_dsa", MODEL_ARCH_GLM_MOE_DSA}, {"qwen3_moe", MODEL_ARCH_QWEN3_MOE},
+        {"glm4_moe", MODEL_ARCH_GLM4_MOE}, {"qwen2_moe", MODEL_ARCH_QWEN2_MOE},
     };
     for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)
         if (strlen(tab[i].name) == n && memcmp(tab[i].name, s, n) == 0) {
@@ -222,7 +267,9 @@ static int get_weight_st(model *m, const char *name, int64_t rows, int64_t cols,
     }
     struct model_quant *q = calloc(1, sizeof *q);
     if (!q) return SL_ENOMEM;
-    bool linear = strstr(name, "embed_tokens") == NULL; /* nn.Embedding, not nn.Linear */
+    /* nn.Embedding is not nn.Linear, nor is transformers 5's MoE router (a
+     * parameter of its TopKRouter): a "Linear" target reaches neither */
+    bool linear = strstr(name, "embed_tokens") == NULL && !(n > 16 && strcmp(name + n - 16, ".mlp.gate.weight") == 0);
     memset(t, 0, sizeof *t);
     int rc = quant_load_weight(m->st, m->qcfg, module, linear, rows, cols, t, q, fname, sizeof fname, err, errlen);
     if (rc != 0 || t->dtype != MODEL_DT_QPACK) free(q);
@@ -275,6 +322,14 @@ static int get_tensor(model *m, const char *name, int64_t rows, int64_t cols, bo
     }
     return 0;
 }
+
+int model_loader_weight(model *m, const char *name, int64_t rows, int64_t cols, bool optional,
+                        struct model_tensor *t, char *err, size_t errlen)
+{
+    return get_tensor(m, name, rows, cols, optional, t, err, errlen);
+}
+
+int model_loader_tensor(model *m, const char *name, struct model_tensor *t) { return find_tensor(m, name, t); }
 
 /* The keys a config value came from, per format, so an error names what
  * the user can find in the file. */
@@ -397,6 +452,16 @@ static int load_weights(model *m, const struct names *nm, char *err, size_t errl
         sl_seterr(err, errlen, "out of memory");
         return SL_ENOMEM;
     }
+    int n_moe = 0;
+    for (int l = 0; l < c->n_layer; l++) n_moe += model_layer_kind_of(c, l).ffn == MODEL_FFN_MOE;
+    struct model_tensor *ex = NULL;
+    if (n_moe) {
+        ex = m->moe_experts = calloc((size_t)n_moe * 3 * c->moe.n_expert, sizeof *ex);
+        if (!ex) {
+            sl_seterr(err, errlen, "out of memory");
+            return SL_ENOMEM;
+        }
+    }
     char name[256];
 #define T(field, fmt, rows, cols, opt)                                                           \
     do {                                                                                         \
@@ -425,6 +490,13 @@ static int load_weights(model *m, const struct names *nm, char *err, size_t errl
         }
     ffn:
         T(ffn_norm, nm->ffn_norm, 0, E, false);
+        if (model_layer_kind_of(c, l).ffn == MODEL_FFN_MOE) {
+            char prefix[64];
+            snprintf(prefix, sizeof prefix, "model.layers.%d.mlp", l);
+            if ((rc = moe_bind_layer(m, c, prefix, &L->moe, ex, err, errlen))) return rc;
+            ex += 3 * c->moe.n_expert;
+            continue;
+        }
         T(w_gate, nm->w_gate, F, E, false);
         T(w_up, nm->w_up, F, E, false);
         T(w_down, nm->w_down, E, F, false);
@@ -438,7 +510,7 @@ static int load_weights(model *m, const struct names *nm, char *err, size_t errl
 static void arch_traits(struct model_config *c)
 {
     c->qkv_bias = c->arch == MODEL_ARCH_QWEN2;
-    c->qk_norm = c->arch == MODEL_ARCH_QWEN3;
+    c->qk_norm = c->arch == MODEL_ARCH_QWEN3 || c->arch == MODEL_ARCH_QWEN3_MOE;
 }
 
 /* ---- GGUF ------------------------------------------------------------------ */
@@ -695,8 +767,9 @@ static int hf_config(model *m, const char *dir, char *err, size_t errlen)
     if ((rc = jbool(&d, 0, "attention_bias", false, &attn_bias, err, errlen)) ||
         (rc = jbool(&d, 0, "mlp_bias", false, &mlp_bias, err, errlen)))
         goto out;
-    if ((c->arch == MODEL_ARCH_LLAMA || c->arch == MODEL_ARCH_MISTRAL ||
-         c->arch == MODEL_ARCH_QWEN3) && (attn_bias || mlp_bias)) {
+    if ((c->arch == MODEL_ARCH_LLAMA || c->arch == MODEL_ARCH_MISTRAL || c->arch == MODEL_ARCH_QWEN3 ||
+         c->arch == MODEL_ARCH_QWEN3_MOE || c->arch == MODEL_ARCH_GLM4_MOE) &&
+        (c->arch == MODEL_ARCH_GLM4_MOE ? mlp_bias : attn_bias || mlp_bias)) {
         sl_seterr(err, errlen, "unsupported: attention_bias/mlp_bias in a %s checkpoint",
                model_arch_name(c->arch));
         rc = SL_EUNSUP;
@@ -755,11 +828,32 @@ static int hf_config(model *m, const char *dir, char *err, size_t errlen)
     if (use_sw && win > 0 && win < c->n_ctx_train) c->n_ctx_train = win;
     c->rope_type = MODEL_ROPE_NEOX;
     arch_traits(c);
+    if (c->arch == MODEL_ARCH_QWEN2_MOE &&
+        (rc = jbool(&d, 0, "qkv_bias", true, &c->qkv_bias, err, errlen)))
+        goto out;
+    if (c->arch == MODEL_ARCH_GLM4_MOE) {
+        /* q/k/v biases and q/k norms are switches here; RoPE turns the first
+         * partial_rotary_factor of each head (its default 0.5) */
+        float prf = 0.5f;
+        c->qkv_bias = attn_bias;
+        if ((rc = jbool(&d, 0, "use_qk_norm", false, &c->qk_norm, err, errlen)) ||
+            (rc = jflt(&d, 0, "partial_rotary_factor", prf, &prf, err, errlen)) ||
+            (rc = jflt(&d, rp, "partial_rotary_factor", prf, &prf, err, errlen)))
+            goto out;
+        if (!(prf > 0 && prf <= 1)) {
+            sl_seterr(err, errlen, "config.json: partial_rotary_factor is %g, expected (0, 1]", prf);
+            rc = SL_EFORMAT;
+            goto out;
+        }
+        c->rope_dim = (int)(c->head_dim * prf);
+    }
     if ((rc = jbool(&d, 0, "tie_word_embeddings", false, &c->tie_embeddings, err, errlen))) goto out;
     if ((c->arch == MODEL_ARCH_DEEPSEEK_V3 || c->arch == MODEL_ARCH_GLM_MOE_DSA) &&
         (rc = mla_hf_config(&d, rs, c, &m->index_full, err, errlen)))
         goto out;
-    rc = check_config(c, &hf_keys, err, errlen);
+    if ((rc = check_config(c, &hf_keys, err, errlen))) goto out;
+    rc = moe_hf_config(&d, 0, c, &m->moe_sparse, err, errlen);
+    m->n_moe_sparse = c->n_layer;
 out:
     json_free(&d);
     free(src);
@@ -799,6 +893,8 @@ static int hf_chat_template(model *m, const char *dir)
     return 0;
 }
 
+/* The weights of an HF directory whose config hf_config() read (and the plan
+ * decided). */
 static int load_hf(model *m, const char *dir, bool dummy, char *err, size_t errlen)
 {
     int rc = hf_config(m, dir, err, errlen);
@@ -815,6 +911,14 @@ static int load_hf(model *m, const char *dir, bool dummy, char *err, size_t errl
 /* ---- public --------------------------------------------------------------------- */
 
 #define TENSORS_PER_LAYER 27 /* at most, in all_tensors */
+/* How many tensors all_tensors() may list. */
+static int max_tensors(const model *m)
+{
+    int n = 4 + TENSORS_PER_LAYER * m->cfg.n_layer;
+    for (int l = 0; l < m->cfg.n_layer; l++)
+        if (model_layer_kind_of(&m->cfg, l).ffn == MODEL_FFN_MOE) n += 6 + 3 * m->cfg.moe.n_expert;
+    return n;
+}
 
 static void all_tensors(const model *m, const struct model_tensor **out, int *n)
 {
@@ -834,13 +938,24 @@ static void all_tensors(const model *m, const struct model_tensor **out, int *n)
                                           &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down};
         for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
             if (t[i]->data) out[k++] = t[i];
+        if (model_layer_kind_of(&m->cfg, l).ffn != MODEL_FFN_MOE) continue;
+        const struct model_moe_weights *mw = &L->moe;
+        const struct model_tensor *s[] = {&mw->router, &mw->router_bias, &mw->sh_gate, &mw->sh_up, &mw->sh_down,
+                                          &mw->sh_weigh};
+        for (size_t i = 0; i < sizeof s / sizeof s[0]; i++)
+            if (s[i]->data) out[k++] = s[i];
+        for (int e = 0; e < m->cfg.moe.n_expert; e++) {
+            out[k++] = &mw->gate[e];
+            out[k++] = &mw->up[e];
+            out[k++] = &mw->down[e];
+        }
     }
     *n = k;
 }
 
 int model_check_weights(const model *m, char *err, size_t errlen)
 {
-    int cap = 4 + TENSORS_PER_LAYER * m->cfg.n_layer, n = 0;
+    int cap = max_tensors(m), n = 0;
     const struct model_tensor **ts = malloc((size_t)cap * sizeof *ts);
     if (!ts) {
         sl_seterr(err, errlen, "out of memory");
@@ -901,7 +1016,7 @@ done:
  * done) for big models, so a user sees the load move. */
 static void prefault_progress(const model *m)
 {
-    int cap = 3 + TENSORS_PER_LAYER * m->cfg.n_layer, n = 0;
+    int cap = max_tensors(m), n = 0;
     const struct model_tensor **ts = malloc((size_t)cap * sizeof *ts);
     if (!ts) return;
     all_tensors(m, ts, &n);
@@ -987,7 +1102,7 @@ model *model_load(const char *path, const struct model_load_opts *opts, char *er
                   dir ? "config.json vocab_size" : "token_embd.weight rows", m->cfg.n_vocab);
         goto fail;
     }
-    if (opts && opts->progress) prefault_progress(m);
+    if (opts && opts->progress && !dummy) prefault_progress(m); /* dummy views share one pool: nothing to fault */
     if (opts && opts->check_weights && !dummy && model_check_weights(m, err, errlen)) goto fail;
     return m;
 fail:
@@ -1003,6 +1118,8 @@ void model_free(model *m)
     free(m->w.layers);
     free(m->layer_kind);
     free(m->index_full);
+    free(m->moe_sparse);
+    free(m->moe_experts);
     model_dummy_free(m->dummy);
     for (int i = 0; i < m->n_names; i++) free(m->names[i]);
     free(m->names);
@@ -1025,14 +1142,23 @@ double model_attn_pair_cost(const struct model_config *c)
      * and key; the projections Q|K|V, O and gate|up|down are one
      * multiply-add per weight per token */
     double q = (double)c->n_head * c->head_dim, kv = (double)c->n_head_kv * c->head_dim, e = c->n_embd;
-    double proj = e * (q + 2.0 * kv) + q * e + 3.0 * e * c->n_ff;
+    double ff = c->n_ff;
+    if (c->layer_kind && c->n_layer > 0) { /* MoE layers: the experts a token runs, averaged over layers */
+        double sum = 0;
+        for (int l = 0; l < c->n_layer; l++)
+            sum += c->layer_kind[l].ffn == MODEL_FFN_MOE
+                       ? (double)c->moe.n_expert_used * c->moe.n_ff_expert + c->moe.n_ff_shared
+                       : c->n_ff;
+        ff = sum / c->n_layer;
+    }
+    double proj = e * (q + 2.0 * kv) + q * e + 3.0 * e * ff;
     const struct model_mla_config *a = &c->mla;
     if (a->kv_lora_rank > 0) {
         /* MLA prefill (the expanded form): q.k over nope + rope and p.v over v_head_dim per head; the
          * projections q (through q_lora or not), kv_a, o and the MLP per token */
         double H = c->n_head, dq = a->qk_nope_head_dim + a->qk_rope_head_dim, ql = a->q_lora_rank;
         double pq = ql > 0 ? e * ql + ql * H * dq : e * H * dq;
-        proj = pq + e * (a->kv_lora_rank + a->qk_rope_head_dim) + H * a->v_head_dim * e + 3.0 * e * c->n_ff;
+        proj = pq + e * (a->kv_lora_rank + a->qk_rope_head_dim) + H * a->v_head_dim * e + 3.0 * e * ff;
         return proj > 0 ? H * (dq + a->v_head_dim) / proj : 0.0;
     }
     return proj > 0 ? 2.0 * q / proj : 0.0;
@@ -1106,7 +1232,9 @@ static void family_of(const char *name, bool wild, char *out, size_t cap)
     const char *end = strrchr(name, '.');
     size_t n = end ? (size_t)(end - name) : strlen(name), o = 0;
     for (size_t i = 0; i < n && o + 1 < cap; i++) {
-        bool after = (i >= 7 && strncmp(name + i - 7, "layers.", 7) == 0) || (i >= 4 && strncmp(name + i - 4, "blk.", 4) == 0);
+        bool after = (i >= 7 && strncmp(name + i - 7, "layers.", 7) == 0) ||
+                     (i >= 8 && strncmp(name + i - 8, "experts.", 8) == 0) ||
+                     (i >= 4 && strncmp(name + i - 4, "blk.", 4) == 0);
         if (wild && after && name[i] >= '0' && name[i] <= '9') {
             while (i + 1 < n && name[i + 1] >= '0' && name[i + 1] <= '9') i++;
             out[o++] = '*';
@@ -1125,7 +1253,7 @@ struct fam {
 
 size_t model_weight_formats(const model *m, char *out, size_t cap)
 {
-    int cap_t = 3 + TENSORS_PER_LAYER * m->cfg.n_layer, n = 0;
+    int cap_t = max_tensors(m), n = 0;
     const struct model_tensor **ts = malloc((size_t)cap_t * sizeof *ts);
     struct fam *f = calloc((size_t)cap_t, sizeof *f);
     size_t len = 0;
@@ -1168,6 +1296,32 @@ size_t model_weight_formats(const model *m, char *out, size_t cap)
             len += (size_t)(k > 0 ? k : 0);
             continue;
         }
+        if (strstr(f[i].key, "experts.*")) {
+            /* thousands of experts: each format once, with how many hold it */
+            char fmts[8][96];
+            int cnt[8] = {0}, nfm = 0;
+            for (int j = 0; j < n; j++) {
+                char key[160], fmt[96];
+                if (ts[j]->ndim != 2 || ts[j]->ne[1] <= 1 || !ts[j]->name) continue;
+                family_of(ts[j]->name, true, key, sizeof key);
+                if (strcmp(key, f[i].key) != 0) continue;
+                weight_format(ts[j], fmt, sizeof fmt);
+                int q = 0;
+                while (q < nfm && strcmp(fmts[q], fmt) != 0) q++;
+                if (q == nfm && nfm < 8) snprintf(fmts[nfm++], sizeof fmts[0], "%s", fmt);
+                if (q < nfm) cnt[q]++;
+            }
+            int k = snprintf(out + (len < cap ? len : cap), len < cap ? cap - len : 0, "%s:", f[i].key);
+            len += (size_t)(k > 0 ? k : 0);
+            for (int q = 0; q < nfm; q++) {
+                k = snprintf(out + (len < cap ? len : cap), len < cap ? cap - len : 0, "%s %s (%d)", q ? "," : "",
+                             fmts[q], cnt[q]);
+                len += (size_t)(k > 0 ? k : 0);
+            }
+            k = snprintf(out + (len < cap ? len : cap), len < cap ? cap - len : 0, "\n");
+            len += (size_t)(k > 0 ? k : 0);
+            continue;
+        }
         /* per layer */
         for (int j = 0; j < n; j++) {
             char key[160], one[160], fmt[96];
@@ -1199,6 +1353,12 @@ const struct model_tensor *model_first_packed(const model *m)
                                           &A->ix_wq_b, &A->ix_wk, &A->ix_weights};
         for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
             if (t[i]->dtype == MODEL_DT_QPACK) return t[i];
+        if (model_layer_kind_of(&m->cfg, l).ffn != MODEL_FFN_MOE) continue;
+        for (int e = 0; e < m->cfg.moe.n_expert; e++) {
+            const struct model_tensor *x[] = {&L->moe.gate[e], &L->moe.up[e], &L->moe.down[e]};
+            for (size_t i = 0; i < 3; i++)
+                if (x[i]->dtype == MODEL_DT_QPACK) return x[i];
+        }
     }
     return NULL;
 }

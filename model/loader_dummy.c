@@ -26,6 +26,7 @@ struct dummy {
     int64_t n_scales;
     int32_t **gidx;       /* act-order indexes, one per packed weight that has one */
     int n_gidx;
+    struct model_tensor *experts; /* [MoE layers][3][n_expert] expert views */
 };
 
 static uint64_t mix(uint64_t z)
@@ -132,6 +133,16 @@ int model_dummy_weights(const struct model_config *c, const struct quant_cfg *qc
         if (C > nv) nv = C;
         if (ID > nv) nv = ID;
     }
+    const struct model_moe_config *mc = &c->moe;
+    int64_t FE = mc->n_ff_expert, FS = mc->n_ff_shared, NE = mc->n_expert;
+    if (FE * E > big) big = FE * E;
+    if (FS * E > big) big = FS * E;
+    if (NE * E > big) big = NE * E;
+    if (FE > nv) nv = FE;
+    if (FS > nv) nv = FS;
+    if (NE > nv) nv = NE;
+    int n_moe = 0;
+    for (int l = 0; l < c->n_layer; l++) n_moe += model_layer_kind_of(c, l).ffn == MODEL_FFN_MOE;
     struct dummy *d = calloc(1, sizeof *d);
     if (!d) goto oom;
     d->n_pool = big + SLACK;
@@ -140,13 +151,15 @@ int model_dummy_weights(const struct model_config *c, const struct quant_cfg *qc
     d->ones = malloc((size_t)nv * 2);
     d->zeros = calloc((size_t)nv, 2);
     w->layers = calloc((size_t)c->n_layer, sizeof *w->layers);
-    if (!d->pool || !d->ones || !d->zeros || !w->layers) goto oom;
+    d->experts = calloc((size_t)n_moe * 3 * (size_t)NE + 1, sizeof *d->experts);
+    if (!d->pool || !d->ones || !d->zeros || !w->layers || !d->experts) goto oom;
+    struct model_tensor *ex = d->experts;
     if (qc) {
         /* codes (up to a byte a weight) and zero points in one pool of random
          * bytes; scales (at most a group of 8 columns each) in bf16 pools of
          * about 0.02 / 2^(bits-1), so that the weights span what the bf16
          * dummies do */
-        int nmax = 7 * c->n_layer + 1;
+        int nmax = 7 * c->n_layer + 1 + n_moe * (3 + 3 * (int)NE);
         d->quants = calloc((size_t)nmax, sizeof *d->quants);
         d->gidx = calloc((size_t)nmax, sizeof *d->gidx);
         d->n_bytes = big + 2 * SLACK;
@@ -230,6 +243,33 @@ int model_dummy_weights(const struct model_config *c, const struct quant_cfg *qc
         }
     ffn:
         vec(d, &L->ffn_norm, "ffn_norm (dummy)", E, true);
+        if (model_layer_kind_of(c, l).ffn == MODEL_FFN_MOE) {
+            struct model_moe_weights *mw = &L->moe;
+            char mn[3][160];
+            mat(d, &mw->router, "ffn_gate_inp (dummy)", NE, E);
+            vec(d, &mw->router_bias, "exp_probs_b (dummy)", NE, false);
+            mw->gate = ex, mw->up = ex + NE, mw->down = ex + 2 * NE;
+            ex += 3 * NE;
+            for (int e = 0; e < NE; e++) {
+                static const char *const en[3] = {"gate_proj", "up_proj", "down_proj"};
+                for (int i = 0; i < 3; i++) snprintf(mn[i], sizeof mn[i], "model.layers.%d.mlp.experts.%d.%s", l, e, en[i]);
+                if ((rc = proj(d, qc, &mw->gate[e], "ffn_gate_exps (dummy)", mn[0], FE, E, err, errlen)) ||
+                    (rc = proj(d, qc, &mw->up[e], "ffn_up_exps (dummy)", mn[1], FE, E, err, errlen)) ||
+                    (rc = proj(d, qc, &mw->down[e], "ffn_down_exps (dummy)", mn[2], E, FE, err, errlen)))
+                    goto fail;
+            }
+            if (FS > 0) {
+                const char *sh = mc->shared_gated ? "shared_expert" : "shared_experts";
+                static const char *const en[3] = {"gate_proj", "up_proj", "down_proj"};
+                for (int i = 0; i < 3; i++) snprintf(mn[i], sizeof mn[i], "model.layers.%d.mlp.%s.%s", l, sh, en[i]);
+                if ((rc = proj(d, qc, &mw->sh_gate, "ffn_gate_shexp (dummy)", mn[0], FS, E, err, errlen)) ||
+                    (rc = proj(d, qc, &mw->sh_up, "ffn_up_shexp (dummy)", mn[1], FS, E, err, errlen)) ||
+                    (rc = proj(d, qc, &mw->sh_down, "ffn_down_shexp (dummy)", mn[2], E, FS, err, errlen)))
+                    goto fail;
+                if (mc->shared_gated) mat(d, &mw->sh_weigh, "ffn_gate_inp_shexp (dummy)", 1, E);
+            }
+            continue;
+        }
         if ((rc = proj(d, qc, &L->w_gate, "ffn_gate (dummy)", mod[4], F, E, err, errlen)) ||
             (rc = proj(d, qc, &L->w_up, "ffn_up (dummy)", mod[5], F, E, err, errlen)) ||
             (rc = proj(d, qc, &L->w_down, "ffn_down (dummy)", mod[6], E, F, err, errlen)))
@@ -257,5 +297,6 @@ void model_dummy_free(void *owner)
     free(d->bytes);
     free(d->scales[0]);
     free(d->scales[1]);
+    free(d->experts);
     free(d);
 }

@@ -128,6 +128,7 @@ void model_qrepack_row(const struct model_qrepack *p, int64_t r, float *dst);
 enum model_arch {
     MODEL_ARCH_LLAMA, MODEL_ARCH_QWEN2, MODEL_ARCH_QWEN3, MODEL_ARCH_MISTRAL,
     MODEL_ARCH_DEEPSEEK_V3, MODEL_ARCH_GLM_MOE_DSA, /* MLA layers (struct model_mla_config) */
+    MODEL_ARCH_QWEN3_MOE, MODEL_ARCH_GLM4_MOE, MODEL_ARCH_QWEN2_MOE,
 };
 
 enum model_rope {
@@ -163,6 +164,30 @@ struct model_mla_config {
                                    choice (indexer_types "shared"); owned by the model */
 };
 
+/* How an MoE layer routes a token (model/moe.c; the reference is transformers'
+ * Qwen3MoeTopKRouter and Glm4MoeTopkRouter / DeepseekV3TopkRouter). */
+enum model_router {
+    MODEL_ROUTER_SOFTMAX, /* softmax over all experts, the top-k probabilities (qwen3_moe) */
+    MODEL_ROUTER_SIGMOID, /* sigmoid scores; experts chosen by score + correction bias inside the
+                             topk_group best groups (a group's score: its two best), weighed by the
+                             score alone (glm4_moe, deepseek_v3) */
+};
+
+struct model_moe_config {
+    int n_expert;          /* routed experts (num_experts / n_routed_experts); 0: no MoE layer */
+    int n_expert_used;     /* experts per token, top-k (num_experts_per_tok) */
+    int n_ff_expert;       /* each routed expert's intermediate size (moe_intermediate_size) */
+    int n_ff_shared;       /* the shared experts' intermediate size, all of them as one MLP
+                              (n_shared_experts * moe_intermediate_size, or
+                              shared_expert_intermediate_size); 0: none */
+    bool shared_gated;     /* the shared output is weighed by sigmoid(x . shared_expert_gate) (qwen2_moe) */
+    enum model_router router;
+    bool norm_topk;        /* the chosen weights renormalised to sum 1 (norm_topk_prob) */
+    float scale;           /* routed_scaling_factor: the routed sum is weighed by it (1 for softmax) */
+    int n_group, topk_group; /* group-limited choice (1, 1: off) */
+    float swiglu_limit;    /* every SwiGLU of the model clamps gate <= limit, |up| <= limit; 0: off */
+};
+
 struct model_config {
     enum model_arch arch;
     int n_layer, n_embd, n_ff;
@@ -179,6 +204,7 @@ struct model_config {
     bool tie_embeddings;        /* lm_head is tok_embd */
     bool qkv_bias;              /* qwen2 */
     bool qk_norm;               /* qwen3: RMSNorm over head_dim of q and k before RoPE */
+    struct model_moe_config moe; /* MODEL_FFN_MOE layers (n_expert 0 when the model has none) */
     /* The plan of layers: each layer's kinds, [n_layer], owned by the model.
      * NULL (configs built by hand) means every layer is GQA + dense. */
     const struct model_layer_kind *layer_kind;
@@ -196,6 +222,7 @@ enum model_mixer {
 };
 enum model_ffn {
     MODEL_FFN_DENSE, /* down(silu(gate(x)) * up(x)) */
+    MODEL_FFN_MOE,   /* routed experts (+ shared experts): model/moe.c, config in model_config.moe */
 };
 struct model_layer_kind {
     enum model_mixer mixer;
@@ -214,6 +241,23 @@ const char *model_mixer_name(enum model_mixer k);
  * plan of layers. */
 int64_t model_kv_token_elems(const struct model_config *c, int layer);
 const char *model_ffn_name(enum model_ffn k);
+/* The plan in words, runs of equal layers folded: "0: gqa + dense; 1-3: gqa +
+ * moe 16 experts top-4 (+1 shared)". Returns the length needed (NUL written
+ * when it fits). */
+size_t model_plan_describe(const struct model_config *c, char *out, size_t cap);
+
+/* One MoE layer's weights. Every expert matrix is a 2-D view, whether the file
+ * stores one tensor per expert or a fused 3-D one (then a slice of it); each
+ * decides its own format (a quantized expert is a MODEL_DT_QPACK tensor). */
+struct model_moe_weights {
+    struct model_tensor router;        /* [n_expert][n_embd] (mlp.gate) */
+    struct model_tensor router_bias;   /* [n_expert] e_score_correction_bias; data NULL when absent */
+    struct model_tensor *gate, *up, *down; /* [n_expert] each: [F][n_embd] x2, [n_embd][F]; owned by
+                                              the model */
+    struct model_tensor sh_gate, sh_up, sh_down; /* the shared experts as one MLP, n_ff_shared wide;
+                                                    data NULL without */
+    struct model_tensor sh_weigh;      /* shared_gated: [1][n_embd] (mlp.shared_expert_gate) */
+};
 
 /* An MLA layer's attention weights (rows x cols as [out][in]); H = n_head,
  * Dq = nope + rope. */
@@ -238,6 +282,7 @@ struct model_layer_weights {
     struct model_tensor ffn_norm;             /* [n_embd] */
     struct model_tensor w_gate, w_up, w_down; /* [n_ff][n_embd] x2, [n_embd][n_ff] */
     struct model_mla_weights mla;             /* MODEL_MIXER_MLA layers (wq..bv unused there) */
+    struct model_moe_weights moe;             /* MODEL_FFN_MOE layers only (then no w_gate/up/down) */
 };
 
 struct model_weights {
