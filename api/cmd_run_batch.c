@@ -66,6 +66,7 @@ struct batch {
     sched_engine *e;
     const char *served_name, *model_path;
     int max_model_len;
+    bool has_plp;                /* the backend gives prompt logprobs */
     struct line *lines;          /* ring [cap_lines]: line i lives in lines[i % cap_lines] */
     int cap_lines;
     long n_read, next_submit, next_write; /* lines read, submitted, written (next_write <= next_submit <= n_read) */
@@ -265,6 +266,13 @@ static void prepare(struct batch *b, struct line *l)
         line_response(b, l, 400, &e);
         goto done;
     }
+    if (api_oai_prepare(&l->req, b->tok, &e) ||
+        (api_oai_wants_prompt_logprobs(&l->req) && !b->has_plp &&
+         api_oai_errorf(&e, 400, l->req.prompt_logprobs >= 0 ? "prompt_logprobs" : "echo",
+                        "prompt logprobs are not available on this backend yet"))) {
+        line_response(b, l, e.status, &e);
+        goto done;
+    }
     int n = api_oai_tokenize(&l->req, b->tok, &l->ids, &e);
     if (n < 0) {
         line_response(b, l, e.status, &e);
@@ -287,6 +295,7 @@ static void prepare(struct batch *b, struct line *l)
     for (int i = 0; i < nc; i++) {
         l->ch[i] = (struct lchoice){.l = l, .i = i};
         api_oai_result_init(&l->res[i]);
+        api_oai_result_echo(&l->res[i], &l->req, i, b->tok, sr.prompt, sr.n_prompt);
     }
     l->n = nc;
     /* the choices share the prompt: after the first, its blocks come from the prefix cache */
@@ -739,6 +748,7 @@ int api_cmd_run_batch(int argc, char **argv)
     b.e = sched_engine_create(be, &eo, err, sizeof err);
     if (!b.e) goto fail_msg;
     b.max_model_len = sched_engine_config(b.e)->max_model_len;
+    b.has_plp = be->has_prompt_logprobs;
     if (!quiet) {
         struct sched_engine_stats st;
         sched_engine_get_stats(b.e, &st);

@@ -440,6 +440,12 @@ static void submit_row(struct srv_batch *b, const struct store_row *row)
     }
     enum api_oai_endpoint kind = strcmp(row->url, "/v1/completions") ? API_OAI_CHAT : API_OAI_COMPLETIONS;
     if (api_oai_parse_doc(&d, 0, kind, NULL, &j->r, &e)) goto fail;
+    if (api_oai_prepare(&j->r, model_get_tok(s->m), &e)) goto fail;
+    if (api_oai_wants_prompt_logprobs(&j->r) && !s->be->has_prompt_logprobs) {
+        api_oai_errorf(&e, 400, j->r.prompt_logprobs >= 0 ? "prompt_logprobs" : "echo",
+                       "prompt logprobs are not available on the %s backend yet", s->be->ops->name);
+        goto fail;
+    }
     if (j->r.model && !api_oai_model_known(s->model_names, j->r.model) && strcmp(j->r.model, s->o.model)) {
         api_oai_errorf(&e, 404, "model", "The model `%s` does not exist.", j->r.model);
         goto fail;
@@ -470,6 +476,7 @@ static void submit_row(struct srv_batch *b, const struct store_row *row)
     for (int i = 0; i < nc; i++) {
         j->ch[i] = (struct jchoice){.kind = SRV_USER_BATCH, .j = j, .i = i};
         api_oai_result_init(&j->res[i]);
+        api_oai_result_echo(&j->res[i], &j->r, i, model_get_tok(s->m), sr.prompt, sr.n_prompt);
     }
     j->n = nc;
     char err[256];

@@ -803,6 +803,13 @@ static void handle(struct server *s, struct evhttp_request *req, char *body, siz
         goto fail;
     }
     if (api_oai_parse_doc(&d, 0, chat ? API_OAI_CHAT : API_OAI_COMPLETIONS, s->model_names, &r, &e)) goto fail;
+    if (api_oai_prepare(&r, model_get_tok(s->m), &e)) goto fail;
+    if (api_oai_wants_prompt_logprobs(&r) && !s->be->has_prompt_logprobs) {
+        api_oai_errorf(&e, 400, r.prompt_logprobs >= 0 ? "prompt_logprobs" : "echo",
+                       "prompt logprobs ('prompt_logprobs', or 'echo' with 'logprobs') are not available on the %s "
+                       "backend yet", s->be->ops->name);
+        goto fail;
+    }
     /* what api_oai_parse_doc leaves to the transport: stream_options, priority */
     int so = json_get(&d, 0, "stream_options");
     if (so >= 0 && !json_is_null(&d, so)) {
@@ -847,6 +854,7 @@ static void handle(struct server *s, struct evhttp_request *req, char *body, siz
         sr.priority = prio;
         for (int i = 0; i < per; i++) {
             char err[256];
+            api_oai_result_echo(&q->res[p * per + i], &q->r, p * per + i, tok, sr.prompt, sr.n_prompt);
             api_oai_choice_sampling(&q->r, i, &sr.sampling);
             sr.user = &q->ch[p * per + i];
             if (sched_engine_submit(s->eng, &sr, &q->ch[p * per + i].id, err, sizeof err)) {
