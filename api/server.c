@@ -163,6 +163,10 @@ static void on_wake(evutil_socket_t fd, short what, void *arg)
 
 static bool ready_or_503(struct server *s, struct evhttp_request *req)
 {
+    if (atomic_load(&s->draining)) {
+        srv_reply_error(req, 503, "server_error", NULL, "the server is shutting down");
+        return false;
+    }
     int st = atomic_load(&s->state);
     if (st == SRV_READY) return true;
     srv_reply_error(req, 503, "server_error", NULL, st == SRV_LOADING ? "the model is still loading" : "the model failed to load");
@@ -487,6 +491,8 @@ long srv_route_body_cap(const struct server *s, const char *method, const char *
     return SMALL_BODY;
 }
 
+static bool cors(struct server *s, struct evhttp_request *req);
+
 static void route(struct evhttp_request *req, void *arg)
 {
     struct server *s = arg;
@@ -498,7 +504,13 @@ static void route(struct evhttp_request *req, void *arg)
     path[n] = '\0';
     while (n > 1 && path[n - 1] == '/') path[--n] = '\0';
     srv_conn_request(s, req);
+    if (cors(s, req)) return;
     enum evhttp_cmd_type m = evhttp_request_get_command(req);
+    /* shutting down: only /health (503, so a balancer moves on) and /metrics answer */
+    if (atomic_load(&s->draining) && strcmp(path, "/metrics")) {
+        srv_reply_error(req, 503, "server_error", NULL, "the server is shutting down");
+        return;
+    }
     /* HEAD where GET is: srv_reply_json leaves the body out */
     bool get = m == EVHTTP_REQ_GET || m == EVHTTP_REQ_HEAD, post = m == EVHTTP_REQ_POST;
     if (srv_batch_route(path)) { /* /v1/files..., /v1/batches...: server_batch.c */
@@ -562,12 +574,186 @@ static void route(struct evhttp_request *req, void *arg)
     }
 }
 
+/* While draining (after SIGTERM/SIGINT), every 20 ms: past the deadline the
+ * requests still in flight are aborted (each ends with its final event);
+ * once none is left, the last replies get a moment to leave, then the loop
+ * ends. Batch rows still in the engine then are dropped without a result:
+ * they are `running` on disk and run again at the next start. */
+static void drain_tick(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    struct server *s = arg;
+    srv_drain_events(s);
+    double now = srv_now();
+    if (s->n_pending > 0 && now >= s->drain_deadline && !s->drain_cut) {
+        fprintf(stderr, "sluice serve: --shutdown-timeout reached: aborting %d request(s) in flight\n", s->n_pending);
+        srv_abort_interactive(s);
+        s->drain_cut = true;
+    }
+    /* an abort lands after the step in flight: give the engine a few seconds more at most */
+    if (s->n_pending == 0 || now >= s->drain_deadline + 5.0) {
+        if (s->drain_done_at == 0) s->drain_done_at = now + 0.2;
+        if (now >= s->drain_done_at) {
+            event_base_loopbreak(s->base);
+            return;
+        }
+    }
+    struct timeval tv = {0, 20 * 1000};
+    event_add(s->drain_ev, &tv);
+}
+
 static void on_signal(evutil_socket_t sig, short what, void *arg)
 {
     (void)what;
     struct server *s = arg;
-    fprintf(stderr, "sluice serve: signal %d, shutting down\n", (int)sig);
-    event_base_loopbreak(s->base);
+    if (atomic_load(&s->draining) || atomic_load(&s->state) != SRV_READY || !s->drain_ev) {
+        fprintf(stderr, "sluice serve: signal %d, shutting down\n", (int)sig);
+        event_base_loopbreak(s->base);
+        return;
+    }
+    fprintf(stderr, "sluice serve: signal %d, shutting down: %d request(s) in flight get %lds to finish (again to stop "
+            "now)\n", (int)sig, s->n_pending, s->o.shutdown_timeout);
+    atomic_store(&s->draining, true);
+    s->drain_deadline = srv_now() + (double)s->o.shutdown_timeout;
+    drain_tick(-1, 0, s);
+}
+
+/* ---- CORS (vLLM's --allowed-origins/--allowed-methods/--allowed-headers/--allow-credentials,
+ * which FastAPI's CORSMiddleware applies) ---- */
+
+/* A flag's list: a JSON array of strings (vLLM's form) or comma-separated
+ * words. Returns the count, or -1 with err. */
+static int parse_list(const char *flag, const char *v, char ***out, char *err, size_t errlen)
+{
+    *out = NULL;
+    int n = 0, cap = 8;
+    char **a = calloc((size_t)cap, sizeof *a);
+    if (!a) goto oom;
+    while (*v == ' ') v++;
+    if (*v == '[') {
+        json_doc d;
+        char jerr[128];
+        if (json_parse(&d, v, strlen(v), jerr, sizeof jerr) || !json_is_arr(&d, 0)) {
+            snprintf(err, errlen, "%s must be a JSON list of strings, e.g. '[\"*\"]'", flag);
+            free(a);
+            return -1;
+        }
+        for (int k = 0, p = 1; k < json_size(&d, 0); k++, p = json_skip(&d, p)) {
+            if (n == cap) {
+                char **t = realloc(a, (size_t)(cap *= 2) * sizeof *a);
+                if (!t) break;
+                a = t;
+            }
+            if (!json_is_str(&d, p) || !(a[n] = json_strdup(&d, p, NULL))) {
+                snprintf(err, errlen, "%s must be a JSON list of strings", flag);
+                json_free(&d);
+                for (int i = 0; i < n; i++) free(a[i]);
+                free(a);
+                return -1;
+            }
+            n++;
+        }
+        json_free(&d);
+    } else {
+        for (const char *p = v; *p;) {
+            size_t l = strcspn(p, ",");
+            const char *w = p;
+            p += l + (p[l] == ',');
+            while (l && *w == ' ') w++, l--;
+            while (l && w[l - 1] == ' ') l--;
+            if (!l) continue;
+            if (n == cap) {
+                char **t = realloc(a, (size_t)(cap *= 2) * sizeof *a);
+                if (!t) goto oom;
+                a = t;
+            }
+            if (!(a[n] = strndup(w, l))) goto oom;
+            n++;
+        }
+    }
+    *out = a;
+    return n;
+oom:
+    snprintf(err, errlen, "out of memory");
+    return -1;
+}
+
+static bool in_list(char **a, int n, const char *v, bool fold)
+{
+    for (int i = 0; i < n; i++)
+        if (!strcmp(a[i], "*") || (fold ? !strcasecmp(a[i], v) : !strcmp(a[i], v))) return true;
+    return false;
+}
+
+static bool list_any(char **a, int n) { return in_list(a, n, "\x01", false); }
+
+/* Adds the CORS headers a request from another origin needs. A preflight
+ * (OPTIONS with Access-Control-Request-Method) is answered here: true when
+ * the request is done. */
+static bool cors(struct server *s, struct evhttp_request *req)
+{
+    struct evkeyvalq *in = evhttp_request_get_input_headers(req), *out = evhttp_request_get_output_headers(req);
+    const char *origin = evhttp_find_header(in, "Origin");
+    if (!origin) return false;
+    bool any = list_any(s->cors_origins, s->n_cors_origins), ok = in_list(s->cors_origins, s->n_cors_origins, origin, false);
+    const char *acrm = evhttp_find_header(in, "Access-Control-Request-Method");
+    bool preflight = evhttp_request_get_command(req) == EVHTTP_REQ_OPTIONS && acrm;
+    if (preflight) {
+        const char *acrh = evhttp_find_header(in, "Access-Control-Request-Headers");
+        bool m_ok = in_list(s->cors_methods, s->n_cors_methods, acrm, false), h_ok = true;
+        if (acrh && !list_any(s->cors_headers, s->n_cors_headers)) {
+            char *dup = strdup(acrh), *save = NULL;
+            for (char *w = dup ? strtok_r(dup, ", ", &save) : NULL; w; w = strtok_r(NULL, ", ", &save))
+                if (!in_list(s->cors_headers, s->n_cors_headers, w, true) && strcasecmp(w, "accept") &&
+                    strcasecmp(w, "accept-language") && strcasecmp(w, "content-language") && strcasecmp(w, "content-type"))
+                    h_ok = false;
+            free(dup);
+        }
+        if (ok) evhttp_add_header(out, "Access-Control-Allow-Origin", any && !s->o.allow_credentials ? "*" : origin);
+        if (!any || s->o.allow_credentials) evhttp_add_header(out, "Vary", "Origin");
+        struct json_buf m;
+        json_buf_init(&m);
+        if (list_any(s->cors_methods, s->n_cors_methods)) {
+            json_buf_lit(&m, "DELETE, GET, HEAD, OPTIONS, PATCH, POST, PUT");
+        } else {
+            for (int i = 0; i < s->n_cors_methods; i++) json_buf_addf(&m, "%s%s", i ? ", " : "", s->cors_methods[i]);
+        }
+        if (m.p) evhttp_add_header(out, "Access-Control-Allow-Methods", m.p);
+        json_buf_free(&m);
+        if (list_any(s->cors_headers, s->n_cors_headers)) {
+            if (acrh) evhttp_add_header(out, "Access-Control-Allow-Headers", acrh);
+        } else {
+            struct json_buf h;
+            json_buf_init(&h);
+            json_buf_lit(&h, "Accept, Accept-Language, Content-Language, Content-Type");
+            for (int i = 0; i < s->n_cors_headers; i++) json_buf_addf(&h, ", %s", s->cors_headers[i]);
+            evhttp_add_header(out, "Access-Control-Allow-Headers", h.p);
+            json_buf_free(&h);
+        }
+        if (s->o.allow_credentials) evhttp_add_header(out, "Access-Control-Allow-Credentials", "true");
+        evhttp_add_header(out, "Access-Control-Max-Age", "600");
+        if (ok && m_ok && h_ok) {
+            evhttp_add_header(out, "Content-Type", "text/plain; charset=utf-8");
+            struct evbuffer *b = evbuffer_new();
+            if (b) evbuffer_add(b, "OK", 2);
+            evhttp_send_reply(req, 200, "OK", b);
+            if (b) evbuffer_free(b);
+        } else {
+            const char *why = !ok ? "Disallowed CORS origin" : !m_ok ? "Disallowed CORS method" : "Disallowed CORS headers";
+            evhttp_add_header(out, "Content-Type", "text/plain; charset=utf-8");
+            struct evbuffer *b = evbuffer_new();
+            if (b) evbuffer_add(b, why, strlen(why));
+            evhttp_send_reply(req, 400, "Bad Request", b);
+            if (b) evbuffer_free(b);
+        }
+        return true;
+    }
+    if (!ok) return false;
+    bool cookie = evhttp_find_header(in, "Cookie") != NULL;
+    evhttp_add_header(out, "Access-Control-Allow-Origin", any && !(s->o.allow_credentials && cookie) ? "*" : origin);
+    if (!any || (s->o.allow_credentials && cookie)) evhttp_add_header(out, "Vary", "Origin");
+    if (s->o.allow_credentials) evhttp_add_header(out, "Access-Control-Allow-Credentials", "true");
+    return false;
 }
 
 /* ---- the command ---- */
@@ -667,7 +853,14 @@ int api_cmd_serve(int argc, char **argv)
          NULL},
         {"--host", API_FLAG_STR, &o->host, "address to listen on (127.0.0.1)", NULL},
         {"--port", API_FLAG_INT, &o->port, "port (8000)", NULL},
-        {"--api-key", API_FLAG_STR, &o->api_key, "require 'Authorization: Bearer KEY' on /v1/*", NULL},
+        {"--api-key", API_FLAG_STR, &o->api_key,
+         "require 'Authorization: Bearer KEY' on /v1/* (default: $VLLM_API_KEY, else $SLUICE_API_KEY)", NULL},
+        {"--shutdown-timeout", API_FLAG_INT, &o->shutdown_timeout,
+         "on SIGTERM/SIGINT, seconds requests in flight may take to finish before they are cut (0)", NULL},
+        {"--allowed-origins", API_FLAG_STR, &o->allowed_origins, "CORS: JSON list of origins ('[\"*\"]')", NULL},
+        {"--allowed-methods", API_FLAG_STR, &o->allowed_methods, "CORS: JSON list of methods ('[\"*\"]')", NULL},
+        {"--allowed-headers", API_FLAG_STR, &o->allowed_headers, "CORS: JSON list of request headers ('[\"*\"]')", NULL},
+        {"--allow-credentials", API_FLAG_BOOL, &o->allow_credentials, "CORS: allow credentials (off)", NULL},
         {"--max-model-len", API_FLAG_HUMAN_INT, &o->max_model_len,
          "prompt + completion tokens at most, e.g. 32k (32000) or 32K (32768)", NULL},
         {"--max-num-seqs", API_FLAG_INT, &o->max_num_seqs, "sequences running at once (GPU 256, CPU 64)", NULL},
@@ -799,6 +992,24 @@ int api_cmd_serve(int argc, char **argv)
         fprintf(stderr, "sluice serve: %s\n", err);
         return 2;
     }
+    if (api_flag_long_range("--shutdown-timeout", o->shutdown_timeout, 0, 86400, err, sizeof err)) {
+        fprintf(stderr, "sluice serve: %s\n", err);
+        return 2;
+    }
+    if (!o->api_key) { /* vLLM reads VLLM_API_KEY; the start-up hint names SLUICE_API_KEY */
+        const char *k = getenv("VLLM_API_KEY");
+        if (!k || !*k) k = getenv("SLUICE_API_KEY");
+        if (k && *k) o->api_key = k;
+    }
+    if ((s->n_cors_origins = parse_list("--allowed-origins", o->allowed_origins ? o->allowed_origins : "*",
+                                        &s->cors_origins, err, sizeof err)) < 0 ||
+        (s->n_cors_methods = parse_list("--allowed-methods", o->allowed_methods ? o->allowed_methods : "*",
+                                        &s->cors_methods, err, sizeof err)) < 0 ||
+        (s->n_cors_headers = parse_list("--allowed-headers", o->allowed_headers ? o->allowed_headers : "*",
+                                        &s->cors_headers, err, sizeof err)) < 0) {
+        fprintf(stderr, "sluice serve: %s\n", err);
+        return 2;
+    }
     if (o->kv_cache_memory && api_parse_bytes(o->kv_cache_memory) <= 0) {
         fprintf(stderr, "sluice serve: invalid --kv-cache-memory '%s' (e.g. 2G, 512M)\n", o->kv_cache_memory);
         return 2;
@@ -888,6 +1099,7 @@ int api_cmd_serve(int argc, char **argv)
     }
     s->wake_ev = event_new(s->base, -1, 0, on_wake, s);
     s->ready_ev = event_new(s->base, -1, 0, on_ready, s);
+    s->drain_ev = evtimer_new(s->base, drain_tick, s);
     struct event *sigint = evsignal_new(s->base, SIGINT, on_signal, s);
     struct event *sigterm = evsignal_new(s->base, SIGTERM, on_signal, s);
     event_add(sigint, NULL);
@@ -909,6 +1121,7 @@ int api_cmd_serve(int argc, char **argv)
      * in the engine, whose finish events then free the requests */
     evhttp_free(s->http);
     srv_conns_stop(s);
+    if (s->n_pending > 0 && s->eng && atomic_load(&s->state) == SRV_READY) srv_abort_interactive(s);
     for (int i = 0; i < 200 && s->n_pending > 0 && s->eng && atomic_load(&s->state) == SRV_READY; i++) {
         srv_drain_events(s);
         if (s->n_pending > 0) usleep(10 * 1000);
@@ -924,6 +1137,7 @@ int api_cmd_serve(int argc, char **argv)
     event_free(sigterm);
     event_free(s->wake_ev);
     event_free(s->ready_ev);
+    if (s->drain_ev) event_free(s->drain_ev);
     event_base_free(s->base);
     return rc;
 }

@@ -57,6 +57,10 @@ struct server_opts {
     const char *data_dir;       /* the batch store (server_batch.c) */
     long max_batch_file_lines, max_batch_file_bytes;
     bool allow_short_windows;   /* test only: completion windows like "3s" */
+    long shutdown_timeout;      /* SIGTERM: seconds in-flight requests may take to finish (vLLM's
+                                   --shutdown-timeout; 0: they are cut at once, with a final event) */
+    const char *allowed_origins, *allowed_methods, *allowed_headers; /* CORS, vLLM's JSON lists ("*": any) */
+    bool allow_credentials;
     /* connection limits (server_conn.c) */
     long max_header_bytes;      /* request line + headers; over it: 431 */
     long max_header_count;      /* header fields; over it: 431 */
@@ -119,6 +123,15 @@ struct server {
     /* time to first token and between tokens come from the engine, per class */
     struct srv_hist e2e, queue; /* queue: submit -> admitted (vLLM's request_queue_time) */
     struct srv_batch *batch;         /* files, batches, store thread (server_batch.c) */
+    /* SIGTERM: new requests get 503, in-flight ones finish until drain_deadline, then are cut */
+    _Atomic bool draining;           /* read by the store thread's feeder: no new batch rows */
+    double drain_deadline, drain_done_at;
+    bool drain_cut;
+    struct event *drain_ev;
+    struct srv_req *live;            /* chat/completions requests in flight (server_complete.c) */
+    /* CORS (server.c): parsed from the flags at start */
+    char **cors_origins, **cors_methods, **cors_headers;
+    int n_cors_origins, n_cors_methods, n_cors_headers;
     struct srv_conns *conns;         /* connection limits (server_conn.c) */
 };
 
@@ -160,6 +173,9 @@ void srv_handle_completions(struct server *s, struct evhttp_request *req, bool c
 void srv_handle_responses(struct server *s, struct evhttp_request *req);
 /* Drains engine events into replies (api thread, on wake_ev). */
 void srv_drain_events(struct server *s);
+/* Aborts every chat/completions request in flight: each ends with its final
+ * event (finish_reason "abort", then [DONE] for a stream). */
+void srv_abort_interactive(struct server *s);
 
 /* ---- server_batch.c: /v1/files, /v1/batches, the store thread and its feeder ---- */
 /* Opens the store under s->o.data_dir (writer for the store thread, reader

@@ -522,7 +522,8 @@ fail:
 static void feed(struct srv_batch *b)
 {
     struct server *s = b->srv;
-    if (!b->pending_hint || atomic_load(&s->state) != SRV_READY) return;
+    /* draining for shutdown: the rows not claimed stay pending for the next start */
+    if (!b->pending_hint || atomic_load(&s->state) != SRV_READY || atomic_load(&s->draining)) return;
     if (!b->high) {
         /* Batch rows may take every sequence slot: the scheduler preempts
          * batch work to give a chat request a slot in the next step. Twice

@@ -72,8 +72,26 @@ struct srv_req {
     struct sched_usage usage;     /* the prompt's (first choice), completion tokens summed */
     struct api_oai_result *res;   /* [n] owned: choice i's output so far (non-streamed, and streams that
                                      need the whole text: required tool_choice, /v1/responses) */
+    struct srv_req *lprev, *lnext; /* server.live */
+    bool linked;
     struct choice ch[];           /* [n] */
 };
+
+static void live_unlink(struct server *s, struct srv_req *q)
+{
+    if (!q->linked) return;
+    if (q->lprev) q->lprev->lnext = q->lnext;
+    else s->live = q->lnext;
+    if (q->lnext) q->lnext->lprev = q->lprev;
+    q->linked = false;
+}
+
+void srv_abort_interactive(struct server *s)
+{
+    for (struct srv_req *q = s->live; q; q = q->lnext)
+        for (int i = 0; i < q->n; i++)
+            if (!q->ch[i].done) sched_engine_abort(s->eng, q->ch[i].id);
+}
 
 static void reply_oai_error(struct server *s, struct evhttp_request *req, const struct api_oai_error *e)
 {
@@ -745,6 +763,7 @@ void srv_drain_events(struct server *s)
         }
         q->con = NULL; /* it may be gone already (see end_stream) */
         detach(q);
+        live_unlink(s, q);
         s->n_pending--;
         free_req(q);
     }
@@ -898,6 +917,10 @@ static void handle(struct server *s, struct evhttp_request *req, char *body, siz
         memmove(q->base.rid, q->base.rid + pre, strlen(q->base.rid) - pre + 1);
     }
     s->n_pending++;
+    q->lnext = s->live;
+    if (s->live) s->live->lprev = q;
+    s->live = q;
+    q->linked = true;
     q->con = evhttp_request_get_connection(req);
     if (q->con) evhttp_connection_set_closecb(q->con, on_client_close, q);
     watch(s, q);
