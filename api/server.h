@@ -79,6 +79,25 @@ struct srv_hist {
     uint64_t le[SRV_HIST_BUCKETS]; /* cumulative counts per bound */
 };
 
+/* A histogram over given bounds (vLLM's buckets for its families). */
+#define SRV_VHIST_MAX 24
+struct srv_vhist {
+    double sum;
+    uint64_t count;
+    uint64_t le[SRV_VHIST_MAX]; /* cumulative counts per bound */
+};
+
+/* vLLM's request-level families, over every engine request that finished
+ * (chats and batch rows; each choice of n is one): what vLLM's dashboards
+ * read. Per class (0 interactive, 1 batch) where sluice splits them. */
+enum { SRV_FIN_STOP, SRV_FIN_LENGTH, SRV_FIN_ABORT, SRV_FIN_ERROR, SRV_N_FIN };
+struct srv_req_metrics {
+    uint64_t finished[2][SRV_N_FIN];
+    uint64_t prompt_tokens, gen_tokens;
+    struct srv_vhist e2e, queue, prefill, decode, inference, tpot; /* seconds */
+    struct srv_vhist prompt_len, gen_len;                          /* tokens */
+};
+
 /* What an engine event's `user` points to starts with this tag, so
  * srv_drain_events can tell a choice of a chat/completions request
  * (server_complete.c) from a choice of a batch row (server_batch.c). */
@@ -122,6 +141,7 @@ struct server {
     uint64_t cached_tokens_total;
     /* time to first token and between tokens come from the engine, per class */
     struct srv_hist e2e, queue; /* queue: submit -> admitted (vLLM's request_queue_time) */
+    struct srv_req_metrics vm;       /* vLLM's families (server.c) */
     struct srv_batch *batch;         /* files, batches, store thread (server_batch.c) */
     /* SIGTERM: new requests get 503, in-flight ones finish until drain_deadline, then are cut */
     _Atomic bool draining;           /* read by the store thread's feeder: no new batch rows */
@@ -151,6 +171,8 @@ void srv_hist_add(struct srv_hist *h, double v);
 extern const double srv_hist_bounds[SRV_HIST_BUCKETS];
 
 /* ---- server.c: routes ---- */
+/* Counts a finished engine request (ev: its finish event) in s->vm. */
+void srv_metrics_finish(struct server *s, const struct sched_event *ev, bool batch);
 /* The largest body a request to method/path may carry, and whether the route
  * needs the API key: what server_conn.c checks before a body is read. */
 long srv_route_body_cap(const struct server *s, const char *method, const char *path, bool *needs_key);

@@ -725,6 +725,8 @@ void srv_drain_events(struct server *s)
     for (int i = 0; i < n; i++) {
         const struct sched_event *ev = &s->evbuf.ev[i];
         if (!ev->user) continue;
+        if (ev->kind == SCHED_EV_FINISH)
+            srv_metrics_finish(s, ev, *(const enum srv_user_kind *)ev->user == SRV_USER_BATCH);
         if (*(const enum srv_user_kind *)ev->user == SRV_USER_BATCH) {
             srv_batch_event(s, ev);
             continue;

@@ -101,6 +101,15 @@ struct store_opts {
     int max_errors;           /* per-line errors kept in a failed batch's `errors`; 0: 1000 */
 };
 
+/* Batches by status, with the request counts they hold (for /metrics: a
+ * scan of the batches table, not of the rows). */
+#define STORE_N_BATCH_STATUS 8
+extern const char *const store_batch_status_names[STORE_N_BATCH_STATUS];
+struct store_queue_stats {
+    long batches[STORE_N_BATCH_STATUS];   /* by store_batch_status_names */
+    long rows_total[STORE_N_BATCH_STATUS], rows_completed[STORE_N_BATCH_STATUS], rows_failed[STORE_N_BATCH_STATUS];
+};
+
 /* ---- construction ---------------------------------------------------------- */
 
 /* Opens (creating when needed) DATA_DIR with its database DATA_DIR/sluice.db
@@ -123,6 +132,9 @@ store *store_open(const char *data_dir, const struct store_opts *opts, char *err
  * created and migrated). For the api thread (or any thread) to poll without
  * waiting for the writer. Returns NULL with a message in err. */
 store *store_open_reader(const char *data_dir, char *err, size_t errlen);
+
+/* Fills *out from the batches table. 0, or a negative status with err. */
+int store_queue_stats(store *s, struct store_queue_stats *out, char *err, size_t errlen);
 
 /* Closes the handle. Accepts NULL. Rows claimed and not completed stay
  * `running` on disk until the next store_open() puts them back. */
