@@ -233,6 +233,14 @@ static void prepare(struct batch *b, struct line *l)
         line_error(b, l, "invalid_request", "'body' is required and must be an object");
         goto done;
     }
+    {
+        size_t bl = 0;
+        const char *raw = json_raw(&d, body, &bl);
+        if (api_oai_check_utf8(raw, bl, &e)) {
+            line_response(b, l, e.status, &e);
+            goto done;
+        }
+    }
     if (l->responses) { /* the Responses body as the chat body it means */
         size_t bl = 0;
         const char *raw = json_raw(&d, body, &bl);

@@ -35,6 +35,31 @@ void api_oai_error_json(struct json_buf *b, const struct api_oai_error *e)
     json_buf_addf(b, ",\"code\":%d}}", e->status);
 }
 
+int api_oai_check_utf8(const char *body, size_t len, struct api_oai_error *e)
+{
+    const unsigned char *s = (const unsigned char *)body;
+    for (size_t i = 0; i < len;) {
+        unsigned c = s[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        int k = c >= 0xC2 && c <= 0xDF ? 1 : c >= 0xE0 && c <= 0xEF ? 2 : c >= 0xF0 && c <= 0xF4 ? 3 : -1;
+        bool ok = k > 0 && i + (size_t)k < len;
+        if (ok) {
+            unsigned c1 = s[i + 1];
+            /* the second byte's range rules out overlong forms, surrogates and > U+10FFFF */
+            unsigned lo = c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80, hi = c == 0xED ? 0x9F : c == 0xF4 ? 0x8F : 0xBF;
+            ok = c1 >= lo && c1 <= hi;
+            for (int j = 2; ok && j <= k; j++) ok = (s[i + (size_t)j] & 0xC0) == 0x80;
+        }
+        if (!ok)
+            return api_oai_errorf(e, 400, NULL, "the request body is not valid UTF-8 (byte %zu: 0x%02x)", i, c);
+        i += (size_t)k + 1;
+    }
+    return 0;
+}
+
 /* ---- parsing helpers ------------------------------------------------------------- */
 
 /* The value of key in obj, or -1 when absent or null. */
@@ -199,6 +224,7 @@ static int parse_forced_tool(const json_doc *d, int tools, int tc, struct api_oa
     if (json_is_str(d, tc)) {
         if (!json_str_eq(d, tc, "required")) return 0;
         if (n > 1) return parse_required_list(d, tools, r, e);
+        r->forced_required = true;
     } else {
         int fn = json_is_obj(d, tc) ? json_get(d, tc, "function") : -1;
         int nm = fn >= 0 && json_is_obj(d, fn) ? json_get(d, fn, "name") : -1;
@@ -1082,11 +1108,17 @@ static void choice_json(struct json_buf *b, const struct api_oai_req *r, const s
     } else if (chat && r->forced_tool) {
         char cid[32];
         api_oai_forced_call_id(id, i, cid);
+        /* the grammar lets JSON start and end with whitespace; arguments are the object alone */
+        const char *args = buf_or_empty(&res->text);
+        size_t alen = res->text.len;
+        while (alen && strchr(" \t\r\n", *args)) args++, alen--;
+        while (alen && strchr(" \t\r\n", args[alen - 1])) alen--;
+        has_calls = r->forced_required;
         json_buf_addf(b, "\"message\":{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"%s\","
                          "\"type\":\"function\",\"function\":{\"name\":", cid);
         json_buf_add_str(b, r->forced_tool, strlen(r->forced_tool));
         ADD_LIT(b, ",\"arguments\":");
-        json_buf_add_str(b, buf_or_empty(&res->text), res->text.len);
+        json_buf_add_str(b, args, alen);
         ADD_LIT(b, "}}]},\"logprobs\":");
         if (r->logprobs) json_buf_addf(b, "{\"content\":[%s]}", buf_or_empty(&res->lp));
         else ADD_LIT(b, "null");

@@ -75,6 +75,8 @@ struct api_oai_req {
     struct sched_schema *schema; /* owned: response_format {"type": "json_schema"}, compiled */
     char *forced_tool;          /* owned: tool_choice named a function (or "required" with one tool): the
                                    output is that call's arguments, guided by its parameters' schema */
+    bool forced_required;       /* forced_tool came from "required" (one tool): finish_reason "tool_calls"
+                                   as vLLM gives it; a named function keeps "stop" */
     bool forced_list;           /* tool_choice "required" with several tools: the output is a JSON array
                                    of {"name", "parameters"} calls, guided by a union of the tools */
     struct model_logit_bias *logit_bias; /* owned [sampling.n_logit_bias]; sampling.logit_bias points here */
@@ -211,6 +213,10 @@ void api_resp_json(struct json_buf *b, const char *rid, long created, const char
  * text): content -> a message item, tool_calls -> function_call items. */
 void api_resp_from_chat(struct json_buf *b, const char *chat_json, size_t len, const char *rid, long created,
                         const char *model);
+
+/* A request body must be UTF-8 (RFC 8259): 0, or a 400 naming the byte
+ * offset of the first invalid sequence (vLLM refuses such a body too). */
+int api_oai_check_utf8(const char *body, size_t len, struct api_oai_error *e);
 
 /* Appends {"error": {...}}. */
 void api_oai_error_json(struct json_buf *b, const struct api_oai_error *e);

@@ -431,6 +431,7 @@ static void submit_row(struct srv_batch *b, const struct store_row *row)
     char perr[256];
     const char *body = row->body;
     size_t body_len = row->body_len;
+    if (api_oai_check_utf8(row->body, row->body_len, &e)) goto fail;
     j->responses = !strcmp(row->url, "/v1/responses");
     if (j->responses) { /* the Responses body as the chat body it means */
         if (api_resp_to_chat(row->body, row->body_len, &chat, &e)) goto fail;

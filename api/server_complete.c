@@ -56,6 +56,7 @@ struct choice {
     struct api_reasoning rp;
     struct api_toolcall tp;
     int n_calls;
+    bool args_started;            /* a forced tool call's arguments: past their leading whitespace */
 };
 
 struct srv_req {
@@ -514,6 +515,12 @@ static void resp_frame_events(struct srv_req *q, bool start)
 /* A named tool_choice: a piece of the forced call's arguments as a delta. */
 static void send_arguments(struct server *s, struct choice *c, const char *text, size_t len, const char *lp)
 {
+    /* the grammar lets JSON start after whitespace; arguments start at the brace, as vLLM's do */
+    if (!c->args_started) {
+        while (len && strchr(" \t\r\n", *text)) text++, len--;
+        if (!len && !lp) return;
+        c->args_started = len > 0;
+    }
     struct json_buf calls;
     json_buf_init(&calls);
     json_buf_lit(&calls, "{\"index\":0,\"function\":{\"arguments\":");
@@ -598,7 +605,7 @@ static void stream_event(struct server *s, struct choice *c, const struct sched_
         send_delta(s, q, &d);
     }
     const char *fin = sched_finish_name(ev->finish);
-    if (c->n_calls > 0 && ev->finish == SCHED_FINISH_STOP) fin = "tool_calls";
+    if ((c->n_calls > 0 || q->r.forced_required) && ev->finish == SCHED_FINISH_STOP) fin = "tool_calls";
     struct delta d = {.index = c->index, .text = "", .finish = fin};
     send_delta(s, q, &d);
 }
@@ -797,7 +804,8 @@ void srv_handle_responses(struct server *s, struct evhttp_request *req)
     struct json_buf chat;
     json_buf_init(&chat);
     struct api_oai_error e = {0};
-    int rc = api_resp_to_chat(body, len, &chat, &e);
+    int rc = api_oai_check_utf8(body, len, &e);
+    if (!rc) rc = api_resp_to_chat(body, len, &chat, &e);
     free(body);
     if (rc) {
         json_buf_free(&chat);
@@ -819,6 +827,7 @@ static void handle(struct server *s, struct evhttp_request *req, char *body, siz
     memset(&r, 0, sizeof r);
     bool include_usage = false;
     char perr[256];
+    if (api_oai_check_utf8(body, len, &e)) goto fail;
     if (json_parse(&d, body, len, perr, sizeof perr)) {
         api_oai_errorf(&e, 400, NULL, "request body is not valid JSON: %s", perr);
         goto fail;

@@ -1778,6 +1778,13 @@ static int settle(store *s, const char *id, char *err, size_t errlen)
                         " this request ran.\"}' WHERE batch_id = ?1 AND state = 'pending'",
                         id, now_s(s), err, errlen);
         if (rc < 0) return rc;
+        /* every line of the error file counts as failed, the cancelled ones too, so that completed +
+         * failed = total = the lines of the two files (as expired rows count); set, not added: idempotent */
+        rc = exec_bound(s,
+                        "UPDATE batches SET n_failed = (SELECT count(*) FROM batch_requests WHERE batch_id = ?1"
+                        " AND state IN ('failed', 'cancelled', 'expired')) WHERE id = ?1",
+                        id, 0, err, errlen);
+        if (rc < 0) return rc;
         target = STORE_BATCH_CANCELLED;
         break;
     case STORE_BATCH_FINALIZING:
@@ -2105,8 +2112,8 @@ int store_complete_rows(store *s, struct store_result *results, int n, char *err
             continue;
         }
         /* a row its batch's cancellation stopped did not run to a result:
-         * it is `cancelled` like the rows never started, and counted in
-         * neither completed nor failed */
+         * it is `cancelled` like the rows never started (counted as failed
+         * once the batch is cancelled) */
         bool cancelled = res->cancelled;
         bool ok = !cancelled && !res->error_code && res->status_code >= 200 && res->status_code < 300;
         bool owned;

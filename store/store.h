@@ -217,9 +217,9 @@ const char *store_batch_status_name(enum store_batch_status st); /* "in_progress
 struct store_batch_info {
     char id[STORE_ID_MAX];
     enum store_batch_status status;
-    /* request_counts. Once the batch is over, completed + failed + the rows
-     * cancelled (before they ran, or stopped while running) = total;
-     * expired rows count as failed. */
+    /* request_counts. Once the batch is over, completed + failed = total:
+     * the rows cancelled (before they ran, or stopped while running) and the
+     * expired ones count as failed, one line each in the error file. */
     int64_t total, completed, failed;
     int64_t created_at, expires_at;
     char output_file_id[STORE_ID_MAX]; /* "" when none */
@@ -318,8 +318,8 @@ struct store_result {
     const char *error_code;    /* NULL for a response */
     const char *error_message;
     bool cancelled;             /* the row was stopped by its batch's cancel: it becomes `cancelled`
-                                 * (error batch_cancelled, error_message or a default), counted in
-                                 * neither completed nor failed; the other fields but row_id are ignored */
+                                 * (error batch_cancelled, error_message or a default), counted as
+                                 * failed once the batch is cancelled; the other fields but row_id are ignored */
     enum store_outcome outcome; /* out */
 };
 

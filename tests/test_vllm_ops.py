@@ -216,6 +216,75 @@ def test_fields_still_refused_name_themselves(port):
     assert st == 400 and r["error"]["param"] == "echo", r
 
 
+# ---- defects --------------------------------------------------------------------------------------------------
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}}, "required": ["city"]}}}
+
+
+def test_required_tool_finishes_with_tool_calls(port):
+    c = client(port)
+    msgs = [{"role": "user", "content": "Weather in Paris?"}]
+    r = c.chat.completions.create(model=NAME, messages=msgs, tools=[WEATHER], tool_choice="required", max_tokens=60,
+                                  temperature=0)
+    ch = r.choices[0]
+    assert ch.finish_reason == "tool_calls", ch
+    args = ch.message.tool_calls[0].function.arguments
+    assert args.startswith("{") and args.endswith("}"), repr(args)
+    json.loads(args)
+    named = c.chat.completions.create(model=NAME, messages=msgs, tools=[WEATHER], max_tokens=60, temperature=0,
+                                      tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    assert named.choices[0].finish_reason == "stop", named  # a named function: OpenAI's and vLLM's "stop"
+    assert named.choices[0].message.tool_calls[0].function.arguments == args
+    parts, fins = [], []
+    for chunk in c.chat.completions.create(model=NAME, messages=msgs, tools=[WEATHER], tool_choice="required",
+                                           max_tokens=60, temperature=0, stream=True):
+        for ch in chunk.choices:
+            for tc in ch.delta.tool_calls or []:
+                parts.append(tc.function.arguments or "")
+            if ch.finish_reason:
+                fins.append(ch.finish_reason)
+    assert fins == ["tool_calls"], fins
+    assert "".join(parts) == args and not (parts[0] + parts[1])[:1].isspace(), parts[:3]
+
+
+def test_invalid_utf8_is_400(port):
+    body = b'{"model":"' + NAME.encode() + b'","prompt":"caf\xc3\x28 \xff","max_tokens":1}'
+    st, _, t = http_req(port, "POST", "/v1/completions", body)
+    assert st == 400 and "UTF-8" in t, (st, t)
+    body = b'{"model":"' + NAME.encode() + b'","messages":[{"role":"user","content":"\xed\xa0\x80"}]}'
+    st, _, t = http_req(port, "POST", "/v1/chat/completions", body)
+    assert st == 400 and "UTF-8" in t, (st, t)
+    ok = '{"model":"%s","prompt":"caf\u00e9 \u4e2d \U0001F600","max_tokens":1}' % NAME
+    st, _, t = http_req(port, "POST", "/v1/completions", ok.encode("utf-8"))
+    assert st == 200, t
+
+
+def test_batch_wait_exit_status(port):
+    """`sluice batch submit --wait`: exit 1 when every request failed; without a terminal, no line per poll."""
+    d = tempfile.mkdtemp(prefix="sluice-bw-")
+    try:
+        path = os.path.join(d, "bad.jsonl")
+        with open(path, "w") as f:
+            for i in range(3):
+                f.write(json.dumps({"custom_id": f"b{i}", "method": "POST", "url": "/v1/completions",
+                                    "body": {"model": "no-such-model", "prompt": "x", "max_tokens": 1}}) + "\n")
+        args = [BIN, "batch", "submit", path, "--wait", "--poll-interval", "0.02", "--url",
+                f"http://127.0.0.1:{port}", "--api-key", KEY]
+        r = subprocess.run(args, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 1, (r.returncode, r.stderr)
+        assert "3 failed of 3" in r.stderr, r.stderr
+        progress = [ln for ln in r.stderr.splitlines() if ln.startswith("[batch] ") and "done (" in ln]
+        assert 1 <= len(progress) <= 4, r.stderr  # status changes only, however many polls
+        good = os.path.join(d, "good.jsonl")
+        with open(good, "w") as f:
+            f.write(json.dumps(batch_lines(1)[0]) + "\n")
+        r = subprocess.run(args[:2] + ["submit", good] + args[4:], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 # ---- operations ---------------------------------------------------------------------------------------------
 
 
@@ -510,6 +579,8 @@ def main():
                               test_truncate_prompt_tokens, test_skip_special_tokens,
                               test_prompt_logprobs_match_sampling, test_echo_with_logprobs, test_token_id_list_prompts,
                               test_continue_final_message, test_fields_still_refused_name_themselves,
+                              test_required_tool_finishes_with_tool_calls, test_invalid_utf8_is_400,
+                              test_batch_wait_exit_status,
                               test_api_key_from_env, test_cors, test_dashboard_queries_return_series], port, proc=proc)
         passed, failed = passed + p, failed + f
     finally:
