@@ -56,6 +56,7 @@ struct line {
     struct api_oai_result *res;  /* owned [n] */
     bool bad;                    /* a choice failed: the line is answered with `err` */
     bool responses;              /* a /v1/responses line: the body is a Response object */
+    char *resp_echo;             /* owned: what the Response object echoes of the line's request */
     char err[600];
     char *out;                   /* the rendered output line, owned until written */
 };
@@ -161,7 +162,7 @@ static void line_response(struct batch *b, struct line *l, int status, const str
             struct json_buf chat;
             json_buf_init(&chat);
             api_oai_response_json(&chat, &l->req, l->res, id, b->created, b->served_name);
-            api_resp_from_chat(&o, chat.p ? chat.p : "", chat.len, cid, b->created, b->served_name);
+            api_resp_from_chat(&o, chat.p ? chat.p : "", chat.len, cid, b->created, b->served_name, l->resp_echo);
             json_buf_free(&chat);
         } else {
             api_oai_response_json(&o, &l->req, l->res, id, b->created, b->served_name);
@@ -184,6 +185,8 @@ static void line_release(struct line *l)
     l->res = NULL;
     free(l->ch);
     l->ch = NULL;
+    free(l->resp_echo);
+    l->resp_echo = NULL;
 }
 
 /* ---- submitting -------------------------------------------------------------------- */
@@ -248,6 +251,10 @@ static void prepare(struct batch *b, struct line *l)
             line_response(b, l, e.status, &e);
             goto done;
         }
+        struct json_buf echo;
+        json_buf_init(&echo);
+        if (api_resp_echo(raw, bl, &echo) == 0) l->resp_echo = echo.p;
+        else json_buf_free(&echo);
         if (json_parse(&d2, chat.p, chat.len, err, sizeof err)) {
             api_oai_errorf(&e, 500, NULL, "internal: the translated body does not parse");
             line_response(b, l, 500, &e);

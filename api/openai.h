@@ -207,12 +207,19 @@ void api_resp_chat_error(struct api_oai_error *e);
  * "completed" or "incomplete" (finish says why) with the text as one
  * output_text message. rid: the request's id without prefix. */
 void api_resp_json(struct json_buf *b, const char *rid, long created, const char *model, const char *status,
-                   const char *text, size_t len, const struct sched_usage *u, enum sched_finish finish);
+                   const char *text, size_t len, const struct sched_usage *u, enum sched_finish finish,
+                   const char *echo);
+/* The request's settings a Response object echoes (instructions,
+ * max_output_tokens, parallel_tool_calls, temperature, tool_choice, tools,
+ * top_p, text, metadata, ...: as given, else OpenAI's defaults), as object
+ * members without braces, for the echo argument below (NULL: the defaults
+ * of a request without tools). 0, or a negative status. */
+int api_resp_echo(const char *body, size_t len, struct json_buf *out);
 
 /* Appends the Response object for a finished chat.completion reply (its JSON
  * text): content -> a message item, tool_calls -> function_call items. */
 void api_resp_from_chat(struct json_buf *b, const char *chat_json, size_t len, const char *rid, long created,
-                        const char *model);
+                        const char *model, const char *echo);
 
 /* A request body must be UTF-8 (RFC 8259): 0, or a 400 naming the byte
  * offset of the first invalid sequence (vLLM refuses such a body too). */

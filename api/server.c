@@ -683,6 +683,14 @@ static void route(struct evhttp_request *req, void *arg)
         }
         return;
     }
+    if (!strncmp(path, "/v1/responses/", 14)) { /* responses.retrieve / cancel / input_items */
+        if (!srv_auth_ok(s, req)) srv_reply_error(req, 401, "invalid_request_error", NULL, "invalid or missing API key");
+        else
+            srv_reply_error(req, 404, "NotFoundError", NULL,
+                            "%s: responses are not stored here (store and background are not supported), so none "
+                            "can be retrieved or cancelled", path);
+        return;
+    }
     int r = -1;
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
         if (!strcmp(path, routes[i].path)) r = (int)i;

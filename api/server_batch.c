@@ -112,6 +112,7 @@ struct job {
     uint64_t *eng_id;              /* [n] */
     bool aborted;                  /* sched_engine_abort() already asked */
     bool responses;                /* a /v1/responses row: the result is a Response object */
+    char *resp_echo;               /* owned: what the Response object echoes of the row's request */
     char *fail;                    /* owned; a later choice could not be submitted: the row's error */
     struct api_oai_req r;
     struct api_oai_result *res;    /* [n] */
@@ -222,6 +223,7 @@ static void job_free(struct job *j)
     free(j->ch);
     free(j->eng_id);
     free(j->fail);
+    free(j->resp_echo);
     free(j);
 }
 
@@ -381,7 +383,8 @@ static void finish_job(struct srv_batch *b, struct job *j)
         if (j->responses && !body.oom) { /* the Response object the chat reply means */
             struct json_buf resp;
             json_buf_init(&resp);
-            api_resp_from_chat(&resp, body.p, body.len, id + strlen("chatcmpl-"), (long)time(NULL), s->model_name);
+            api_resp_from_chat(&resp, body.p, body.len, id + strlen("chatcmpl-"), (long)time(NULL), s->model_name,
+                               j->resp_echo);
             json_buf_free(&body);
             body = resp;
         }
@@ -435,6 +438,10 @@ static void submit_row(struct srv_batch *b, const struct store_row *row)
     j->responses = !strcmp(row->url, "/v1/responses");
     if (j->responses) { /* the Responses body as the chat body it means */
         if (api_resp_to_chat(row->body, row->body_len, &chat, &e)) goto fail;
+        struct json_buf echo;
+        json_buf_init(&echo);
+        if (api_resp_echo(row->body, row->body_len, &echo) == 0) j->resp_echo = echo.p;
+        else json_buf_free(&echo);
         body = chat.p, body_len = chat.len;
     }
     int pr = json_parse(&d, body, body_len, perr, sizeof perr); /* d borrows the text: chat lives until d goes */

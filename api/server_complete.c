@@ -73,6 +73,7 @@ struct srv_req {
     struct sched_usage usage;     /* the prompt's (first choice), completion tokens summed */
     struct api_oai_result *res;   /* [n] owned: choice i's output so far (non-streamed, and streams that
                                      need the whole text: required tool_choice, /v1/responses) */
+    char *resp_echo;              /* owned: /v1/responses, the request's settings the Response echoes */
     struct srv_req *lprev, *lnext; /* server.live */
     bool linked;
     struct choice ch[];           /* [n] */
@@ -296,6 +297,7 @@ static void free_req(struct srv_req *q)
     }
     api_oai_req_free(&q->r);
     free(q->res);
+    free(q->resp_echo);
     free(q);
 }
 
@@ -455,7 +457,7 @@ static void resp_final(struct server *s, struct srv_req *q, struct json_buf *out
     struct json_buf chat;
     json_buf_init(&chat);
     api_oai_response_json(&chat, &q->r, &q->res[0], q->base.rid, q->base.created, s->model_name);
-    api_resp_from_chat(out, chat.p ? chat.p : "", chat.len, q->base.rid, q->base.created, s->model_name);
+    api_resp_from_chat(out, chat.p ? chat.p : "", chat.len, q->base.rid, q->base.created, s->model_name, q->resp_echo);
     json_buf_free(&chat);
 }
 
@@ -467,7 +469,7 @@ static void resp_event(struct server *s, struct srv_req *q, const char *type, co
     const struct api_oai_result *res = &q->res[0];
     json_buf_lit(&f, "\"response\":");
     api_resp_json(&f, q->base.rid, q->base.created, s->model_name, status, res->text.p ? res->text.p : "",
-                  res->text.len, &q->usage, res->finish);
+                  res->text.len, &q->usage, res->finish, q->resp_echo);
     send_resp_event(q, type, &f);
     json_buf_free(&f);
 }
@@ -780,7 +782,8 @@ void srv_drain_events(struct server *s)
 
 /* ---- the handler ---- */
 
-static void handle(struct server *s, struct evhttp_request *req, char *body, size_t len, bool chat, bool responses);
+static void handle(struct server *s, struct evhttp_request *req, char *body, size_t len, bool chat, bool responses,
+                   char *resp_echo);
 
 void srv_handle_completions(struct server *s, struct evhttp_request *req, bool chat)
 {
@@ -790,7 +793,7 @@ void srv_handle_completions(struct server *s, struct evhttp_request *req, bool c
         s->n_requests_err++;
         return;
     }
-    handle(s, req, body, len, chat, false);
+    handle(s, req, body, len, chat, false, NULL);
 }
 
 void srv_handle_responses(struct server *s, struct evhttp_request *req)
@@ -804,20 +807,25 @@ void srv_handle_responses(struct server *s, struct evhttp_request *req)
     struct json_buf chat;
     json_buf_init(&chat);
     struct api_oai_error e = {0};
+    struct json_buf echo;
+    json_buf_init(&echo);
     int rc = api_oai_check_utf8(body, len, &e);
     if (!rc) rc = api_resp_to_chat(body, len, &chat, &e);
+    if (!rc && api_resp_echo(body, len, &echo)) rc = api_oai_errorf(&e, 500, NULL, "out of memory");
     free(body);
     if (rc) {
         json_buf_free(&chat);
+        json_buf_free(&echo);
         reply_oai_error(s, req, &e);
         return;
     }
-    handle(s, req, chat.p, chat.len, true, true); /* takes the buffer */
+    handle(s, req, chat.p, chat.len, true, true, echo.p); /* takes both buffers */
 }
 
 /* Parses body (owned: freed here), submits its choices and answers or starts
  * the stream. responses: the request came through /v1/responses. */
-static void handle(struct server *s, struct evhttp_request *req, char *body, size_t len, bool chat, bool responses)
+static void handle(struct server *s, struct evhttp_request *req, char *body, size_t len, bool chat, bool responses,
+                   char *resp_echo)
 {
     struct api_oai_error e = {0};
     json_doc d = {0};
@@ -871,6 +879,8 @@ static void handle(struct server *s, struct evhttp_request *req, char *body, siz
     q->r = r; /* q owns the parsed request from here */
     memset(&r, 0, sizeof r);
     q->responses = responses;
+    q->resp_echo = resp_echo;
+    resp_echo = NULL;
     q->base.include_usage = include_usage;
     /* each prompt's choices share it: after the first, its blocks come from the prefix cache */
     int per = q->r.n > 1 ? q->r.n : 1, np = q->r.n_prompts > 0 ? q->r.n_prompts : 1, submitted = 0;
@@ -980,6 +990,7 @@ fail:
     free(ids);
     json_free(&d);
     free(body);
+    free(resp_echo);
     api_oai_req_free(&r);
     if (q) free_req(q);
 }

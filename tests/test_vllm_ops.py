@@ -285,6 +285,31 @@ def test_batch_wait_exit_status(port):
         shutil.rmtree(d, ignore_errors=True)
 
 
+def test_responses_echo_request(port):
+    """The Response object carries the request's settings; background is refused, never run synchronously."""
+    c = client(port)
+    tool = {"type": "function", "name": "get_weather", "parameters": WEATHER["function"]["parameters"]}
+    r = c.responses.create(model=NAME, input="Weather?", instructions="Be brief.", max_output_tokens=5,
+                           temperature=0.3, top_p=0.9, tools=[tool], tool_choice="none", parallel_tool_calls=False,
+                           text={"format": {"type": "text"}}, metadata={"k": "v"})
+    assert r.instructions == "Be brief." and r.max_output_tokens == 5, r
+    assert abs(r.temperature - 0.3) < 1e-9 and abs(r.top_p - 0.9) < 1e-9, r
+    assert r.tool_choice == "none" and r.parallel_tool_calls is False, r
+    assert [t.name for t in r.tools] == ["get_weather"], r.tools
+    assert r.text.format.type == "text" and r.metadata == {"k": "v"}, r
+    d = c.responses.create(model=NAME, input="Hi", max_output_tokens=3)
+    assert d.tools == [] and d.tool_choice == "auto" and d.parallel_tool_calls is True and d.instructions is None
+    events = list(c.responses.create(model=NAME, input="Hi", max_output_tokens=3, temperature=0.5, stream=True))
+    assert events[0].response.temperature == 0.5 and events[-1].response.temperature == 0.5, events[-1]
+    st, _, t = http_req(port, "POST", "/v1/responses", {"model": NAME, "input": "Hi", "background": True})
+    assert st == 400 and json.loads(t)["error"]["param"] == "background", t
+    try:
+        c.responses.retrieve(r.id)
+        raise AssertionError("retrieve answered")
+    except openai.NotFoundError as e:
+        assert "not stored" in str(e), e
+
+
 # ---- operations ---------------------------------------------------------------------------------------------
 
 
@@ -580,7 +605,7 @@ def main():
                               test_prompt_logprobs_match_sampling, test_echo_with_logprobs, test_token_id_list_prompts,
                               test_continue_final_message, test_fields_still_refused_name_themselves,
                               test_required_tool_finishes_with_tool_calls, test_invalid_utf8_is_400,
-                              test_batch_wait_exit_status,
+                              test_batch_wait_exit_status, test_responses_echo_request,
                               test_api_key_from_env, test_cors, test_dashboard_queries_return_series], port, proc=proc)
         passed, failed = passed + p, failed + f
     finally:
