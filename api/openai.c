@@ -502,6 +502,9 @@ static int parse_vllm_extensions(const json_doc *d, int obj, struct api_oai_req 
                 return api_oai_errorf(e, 400, "bad_words", "'bad_words' entries must be non-empty strings without NUL");
         }
     }
+    if ((rc = bool_opt(d, obj, "return_tokens_as_token_ids", &r->tokens_as_ids, e)) < 0) return rc;
+    r->add_special_tokens = r->kind != API_OAI_CHAT; /* a chat template writes its own BOS */
+    if ((rc = bool_opt(d, obj, "add_special_tokens", &r->add_special_tokens, e)) < 0) return rc;
     int64_t iv;
     if ((rc = int_in(d, obj, "truncate_prompt_tokens", -1, INT32_MAX, &iv, e)) < 0) return rc;
     if (rc) {
@@ -760,8 +763,8 @@ int api_oai_tokenize(const struct api_oai_req *r, const model_tok *tok, int32_t 
     for (;;) {
         int32_t *buf = malloc((size_t)cap * sizeof *buf);
         if (!buf) return api_oai_errorf(e, 500, NULL, "out of memory");
-        /* a chat template writes its own BOS (vLLM: add_special_tokens=false for chat) */
-        int n = model_tok_encode(tok, text, len, r->kind != API_OAI_CHAT, true, buf, cap);
+        /* vLLM's add_special_tokens: false for chat (its template writes the BOS), true for completions */
+        int n = model_tok_encode(tok, text, len, r->add_special_tokens, true, buf, cap);
         if (n < 0) {
             free(buf);
             return api_oai_errorf(e, 400, r->kind == API_OAI_CHAT ? "messages" : "prompt", "the prompt could not be tokenized");
@@ -966,7 +969,7 @@ static void add_echo_logprobs(struct api_oai_result *res, const struct api_oai_r
         const struct model_sample_out *o = &plp[p];
         const char *sep = res->n_lp ? "," : "";
         json_buf_add(&res->lp, sep, strlen(sep));
-        add_token_str(&res->lp, tok, o->token);
+        add_token_str(&res->lp, r->tokens_as_ids ? NULL : tok, o->token);
         json_buf_add(&res->lp_vals, sep, strlen(sep));
         json_buf_add(&res->lp_top, sep, strlen(sep));
         json_buf_addf(&res->lp_off, "%s%zu", sep, off);
@@ -980,12 +983,12 @@ static void add_echo_logprobs(struct api_oai_result *res, const struct api_oai_r
         }
         json_buf_addf(&res->lp_vals, "%.6g", lp_value(o->logprob));
         ADD_LIT(&res->lp_top, "{");
-        add_token_str(&res->lp_top, tok, o->token);
+        add_token_str(&res->lp_top, r->tokens_as_ids ? NULL : tok, o->token);
         json_buf_addf(&res->lp_top, ":%.6g", lp_value(o->logprob));
         for (int i = 0; i < o->n_top && (keep < 0 || i < keep); i++) {
             if (o->top_ids[i] == o->token) continue;
             ADD_LIT(&res->lp_top, ",");
-            add_token_str(&res->lp_top, tok, o->top_ids[i]);
+            add_token_str(&res->lp_top, r->tokens_as_ids ? NULL : tok, o->top_ids[i]);
             json_buf_addf(&res->lp_top, ":%.6g", lp_value(o->top_logprobs[i]));
         }
         ADD_LIT(&res->lp_top, "}");
@@ -995,12 +998,13 @@ static void add_echo_logprobs(struct api_oai_result *res, const struct api_oai_r
 void api_oai_result_add(struct api_oai_result *res, const struct api_oai_req *r, const model_tok *tok,
                         const struct sched_event *ev)
 {
+    const model_tok *names = r->tokens_as_ids ? NULL : tok; /* add_token_str without tok: "token_id:N" */
     if (ev->n_prompt_lp > 0 && !res->has_plp) {
         res->has_plp = true;
         if (r->prompt_logprobs >= 0)
             for (int p = 1; p < ev->n_prompt_lp; p++) {
                 if (p > 1) ADD_LIT(&res->plp, ",");
-                add_plp_entry(&res->plp, tok, &ev->prompt_lp[p]);
+                add_plp_entry(&res->plp, names, &ev->prompt_lp[p]);
             }
         if (r->echo && r->logprobs) add_echo_logprobs(res, r, tok, ev->prompt_lp, ev->n_prompt_lp);
     }
@@ -1018,13 +1022,13 @@ void api_oai_result_add(struct api_oai_result *res, const struct api_oai_req *r,
     const char *sep = res->n_lp ? "," : "";
     if (r->kind == API_OAI_CHAT) {
         json_buf_addf(&res->lp, "%s{\"token\":", sep);
-        add_token_str(&res->lp, tok, o->token);
+        add_token_str(&res->lp, names, o->token);
         json_buf_addf(&res->lp, ",\"logprob\":%.6g,\"bytes\":", lp_value(o->logprob));
         add_bytes(&res->lp, tok, o->token);
         ADD_LIT(&res->lp, ",\"top_logprobs\":[");
         for (int i = 0; i < o->n_top; i++) {
             json_buf_addf(&res->lp, "%s{\"token\":", i ? "," : "");
-            add_token_str(&res->lp, tok, o->top_ids[i]);
+            add_token_str(&res->lp, names, o->top_ids[i]);
             json_buf_addf(&res->lp, ",\"logprob\":%.6g,\"bytes\":", lp_value(o->top_logprobs[i]));
             add_bytes(&res->lp, tok, o->top_ids[i]);
             ADD_LIT(&res->lp, "}");
@@ -1032,19 +1036,19 @@ void api_oai_result_add(struct api_oai_result *res, const struct api_oai_req *r,
         ADD_LIT(&res->lp, "]}");
     } else {
         json_buf_add(&res->lp, sep, strlen(sep));
-        add_token_str(&res->lp, tok, o->token);
+        add_token_str(&res->lp, names, o->token);
         json_buf_addf(&res->lp_vals, "%s%.6g", sep, lp_value(o->logprob));
         json_buf_addf(&res->lp_off, "%s%zu", sep, before);
         /* the sampled token first, then the top ones without it: up to
          * logprobs + 1 entries, as the legacy API and vLLM give */
         json_buf_add(&res->lp_top, sep, strlen(sep));
         ADD_LIT(&res->lp_top, "{");
-        add_token_str(&res->lp_top, tok, o->token);
+        add_token_str(&res->lp_top, names, o->token);
         json_buf_addf(&res->lp_top, ":%.6g", lp_value(o->logprob));
         for (int i = 0; i < o->n_top; i++) {
             if (o->top_ids[i] == o->token) continue;
             ADD_LIT(&res->lp_top, ",");
-            add_token_str(&res->lp_top, tok, o->top_ids[i]);
+            add_token_str(&res->lp_top, names, o->top_ids[i]);
             json_buf_addf(&res->lp_top, ":%.6g", lp_value(o->top_logprobs[i]));
         }
         ADD_LIT(&res->lp_top, "}");

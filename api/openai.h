@@ -92,6 +92,8 @@ struct api_oai_req {
     int *bad_lens;              /* owned [n_bad_seqs] */
     int n_bad_seqs;
     long truncate_prompt_tokens; /* > 0: only the prompt's last this many tokens; -1: max_model_len; 0: off */
+    bool tokens_as_ids;         /* return_tokens_as_token_ids: logprobs name tokens "token_id:N" */
+    bool add_special_tokens;    /* the tokenizer's BOS before the prompt (vLLM: completions true, chat false) */
     int prompt_logprobs;        /* -1: off; else each prompt token's logprob and this many alternatives */
     int32_t **id_prompts;       /* owned [n_prompts]: completions given a list of token-id lists (prompts
                                    NULL); id_prompt_lens their lengths */

@@ -208,6 +208,17 @@ def test_continue_final_message(port):
     assert st == 200 and not json.loads(t)["prompt"].rstrip().endswith("assistant"), t
 
 
+def test_return_tokens_as_token_ids(port):
+    ids = tokenize(port, "Hello there")
+    st, r = complete(port, prompt=ids, max_tokens=3, logprobs=1, echo=True, return_tokens_as_token_ids=True)
+    assert st == 200, r
+    toks = r["choices"][0]["logprobs"]["tokens"]
+    assert toks[:len(ids)] == [f"token_id:{i}" for i in ids], toks
+    assert all(re.fullmatch(r"token_id:\d+", t) for t in toks), toks
+    st, r = complete(port, prompt="x", max_tokens=1, add_special_tokens="no")
+    assert st == 400 and r["error"]["param"] == "add_special_tokens", r
+
+
 def test_fields_still_refused_name_themselves(port):
     for field, value in (("use_beam_search", True), ("best_of", 2), ("suffix", "x")):
         st, r = complete(port, prompt="x", max_tokens=1, **{field: value})
@@ -603,7 +614,8 @@ def main():
         p, f = lib.run_tests([test_include_stop_str_in_output, test_allowed_token_ids, test_bad_words,
                               test_truncate_prompt_tokens, test_skip_special_tokens,
                               test_prompt_logprobs_match_sampling, test_echo_with_logprobs, test_token_id_list_prompts,
-                              test_continue_final_message, test_fields_still_refused_name_themselves,
+                              test_continue_final_message, test_return_tokens_as_token_ids,
+                              test_fields_still_refused_name_themselves,
                               test_required_tool_finishes_with_tool_calls, test_invalid_utf8_is_400,
                               test_batch_wait_exit_status, test_responses_echo_request,
                               test_api_key_from_env, test_cors, test_dashboard_queries_return_series], port, proc=proc)
