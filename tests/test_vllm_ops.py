@@ -157,6 +157,12 @@ def test_prompt_logprobs_match_sampling(port):
     last = plp[-1][str(nxt[0])]
     assert abs(last["logprob"] - lp) < 1e-3, (last, lp)
     assert last["rank"] == 1  # greedy picked it
+    st, _, t = http_req(port, "POST", "/v1/chat/completions", {"model": NAME, "messages": [{"role": "user", "content": "Hi"}],
+                                                          "max_tokens": 1, "prompt_logprobs": 0})
+    chat = json.loads(t)
+    assert st == 200 and chat["prompt_logprobs"][0] is None, t  # vLLM: beside the choices, one list for the chat
+    assert len(chat["prompt_logprobs"]) == chat["usage"]["prompt_tokens"], t
+    assert all(len(e) == 1 for e in chat["prompt_logprobs"][1:]), t
     st, r = complete(port, prompt="x", max_tokens=2, prompt_logprobs=1, stream=True)
     assert st == 400 and r["error"]["param"] == "prompt_logprobs", r
 
