@@ -363,12 +363,13 @@ void api_resp_from_chat(struct json_buf *b, const char *chat_json, size_t len, c
     int msg = c0 >= 0 ? json_get(&d, c0, "message") : -1, fin = c0 >= 0 ? json_get(&d, c0, "finish_reason") : -1;
     int content = msg >= 0 ? json_get(&d, msg, "content") : -1, calls = msg >= 0 ? json_get(&d, msg, "tool_calls") : -1;
     int us = json_get(&d, 0, "usage");
-    bool cut = fin >= 0 && json_str_eq(&d, fin, "length");
+    /* cut by max_output_tokens, or aborted (the server shutting down, --shutdown-timeout) */
+    bool aborted = fin >= 0 && json_str_eq(&d, fin, "abort"), cut = aborted || (fin >= 0 && json_str_eq(&d, fin, "length"));
     json_buf_addf(b, "{\"id\":\"resp_%s\",\"object\":\"response\",\"created_at\":%ld,\"status\":\"%s\",\"model\":", rid,
                   created, cut ? "incomplete" : "completed");
     json_buf_add_str(b, model, strlen(model));
     json_buf_lit(b, ",\"incomplete_details\":");
-    if (cut) json_buf_lit(b, "{\"reason\":\"max_output_tokens\"}");
+    if (cut) json_buf_addf(b, "{\"reason\":\"%s\"}", aborted ? "interrupted" : "max_output_tokens");
     else json_buf_lit(b, "null");
     json_buf_lit(b, ",\"error\":null,\"output\":[");
     bool comma = false;

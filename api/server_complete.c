@@ -658,7 +658,7 @@ static void stream_end(struct server *s, struct srv_req *q)
             } else {
                 resp_frame_events(q, false);
             }
-            bool cut = q->res[0].finish == SCHED_FINISH_LENGTH;
+            bool cut = q->res[0].finish == SCHED_FINISH_LENGTH || q->res[0].finish == SCHED_FINISH_ABORT;
             f.len = 0;
             json_buf_lit(&f, "\"response\":");
             json_buf_add(&f, r.p ? r.p : "{}", r.p ? r.len : 2);
