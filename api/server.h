@@ -170,9 +170,13 @@ double srv_now(void);
 void srv_hist_add(struct srv_hist *h, double v);
 extern const double srv_hist_bounds[SRV_HIST_BUCKETS];
 
-/* ---- server.c: routes ---- */
+/* ---- server_metrics.c: GET /metrics ---- */
 /* Counts a finished engine request (ev: its finish event) in s->vm. */
 void srv_metrics_finish(struct server *s, const struct sched_event *ev, bool batch);
+/* Answers GET /metrics. */
+void srv_handle_metrics(struct server *s, struct evhttp_request *req);
+
+/* ---- server.c: routes ---- */
 /* The largest body a request to method/path may carry, and whether the route
  * needs the API key: what server_conn.c checks before a body is read. */
 long srv_route_body_cap(const struct server *s, const char *method, const char *path, bool *needs_key);
