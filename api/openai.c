@@ -664,8 +664,8 @@ int api_oai_parse_doc(const json_doc *d, int obj, enum api_oai_endpoint kind, co
     if ((rc = bool_opt(d, obj, "stream", &r->stream, e)) < 0) goto fail;
     if (kind == API_OAI_COMPLETIONS) {
         if ((rc = bool_opt(d, obj, "echo", &r->echo, e)) < 0) goto fail;
-        if (r->echo && r->stream) {
-            rc = api_oai_errorf(e, 400, "echo", "'echo' with 'stream' is not supported yet");
+        if (r->echo && r->stream && opt(d, obj, "logprobs") >= 0) {
+            rc = api_oai_errorf(e, 400, "echo", "'echo' with 'stream' and 'logprobs' is not supported yet");
             goto fail;
         }
         int sfx = opt(d, obj, "suffix");

@@ -981,6 +981,11 @@ static void handle(struct server *s, struct evhttp_request *req, char *body, siz
                     json_buf_free(&calls);
                 }
             }
+        } else if (q->r.echo) { /* each choice's text starts with its prompt, as its first chunk */
+            for (int i = 0; i < q->n; i++) {
+                struct delta de = {.index = i, .text = q->res[i].text.p ? q->res[i].text.p : "", .len = q->res[i].text.len};
+                send_delta(s, q, &de);
+            }
         }
     }
     return;

@@ -182,6 +182,9 @@ def test_echo_with_logprobs(port):
     assert lp.text_offset[0] == 0 and lp.text_offset[n] == len(prompt), lp.text_offset
     plain = c.completions.create(model=NAME, prompt=prompt, max_tokens=3, temperature=0, echo=True)
     assert plain.choices[0].text.startswith(prompt) and plain.choices[0].logprobs is None
+    streamed = "".join(ch.choices[0].text for ch in c.completions.create(
+        model=NAME, prompt=prompt, max_tokens=3, temperature=0, echo=True, stream=True) if ch.choices)
+    assert streamed == plain.choices[0].text, (streamed, plain.choices[0].text)
 
 
 def test_token_id_list_prompts(port):
@@ -229,7 +232,7 @@ def test_fields_still_refused_name_themselves(port):
     for field, value in (("use_beam_search", True), ("best_of", 2), ("suffix", "x")):
         st, r = complete(port, prompt="x", max_tokens=1, **{field: value})
         assert st == 400 and field in r["error"]["message"], (field, r)
-    st, r = complete(port, prompt="x", max_tokens=1, echo=True, stream=True)
+    st, r = complete(port, prompt="x", max_tokens=1, echo=True, stream=True, logprobs=1)
     assert st == 400 and r["error"]["param"] == "echo", r
 
 
