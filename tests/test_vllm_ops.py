@@ -353,6 +353,11 @@ def test_cors(port):
     assert st == 200 and h.get("access-control-allow-origin") == "*", h
     st, h, _ = http_req(port, "GET", "/v1/models")
     assert "access-control-allow-origin" not in h
+    if shutil.which("curl"):  # a browser's preflight as curl sends it
+        r = subprocess.run(["curl", "-s", "-i", "-X", "OPTIONS", f"http://127.0.0.1:{port}/v1/completions",
+                            "-H", "Origin: http://app.example", "-H", "Access-Control-Request-Method: POST"],
+                           capture_output=True, text=True, timeout=30)
+        assert r.stdout.startswith("HTTP/1.1 200") and "Access-Control-Allow-Origin: *" in r.stdout, r.stdout
 
 
 def test_cors_restricted():
