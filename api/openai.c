@@ -305,7 +305,8 @@ static int parse_prompt(const json_doc *d, int obj, struct api_oai_req *r, struc
 {
     int p = opt(d, obj, "prompt");
     if (p < 0) return api_oai_errorf(e, 400, "prompt", "'prompt' is required");
-    if (json_is_arr(d, p) && json_size(d, p) == 1 && json_is_str(d, p + 1)) p = p + 1; /* ["text"] */
+    if (json_is_arr(d, p) && json_size(d, p) == 1 && (json_is_str(d, p + 1) || json_is_arr(d, p + 1)))
+        p = p + 1; /* ["text"], [[ids]]: one prompt */
     if (json_is_str(d, p)) {
         r->prompt_text = json_strdup(d, p, &r->prompt_len);
         if (!r->prompt_text) return api_oai_errorf(e, 400, "prompt", "'prompt' is not a valid string");

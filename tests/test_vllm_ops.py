@@ -194,6 +194,8 @@ def test_token_id_list_prompts(port):
     st, one = complete(port, prompt=a, max_tokens=4)
     st, two = complete(port, prompt=b, max_tokens=4)
     assert [c["text"] for c in both["choices"]] == [one["choices"][0]["text"], two["choices"][0]["text"]], both
+    st, single = complete(port, prompt=[a], max_tokens=4)
+    assert st == 200 and single["choices"][0]["text"] == one["choices"][0]["text"], single
     st, r = complete(port, prompt=[a, []], max_tokens=4)
     assert st == 400 and r["error"]["param"] == "prompt", r
 
