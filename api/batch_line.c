@@ -32,6 +32,7 @@ static int submit(struct bline *l, const struct bline_env *env, struct sched_req
     for (int i = 0; i < nc; i++) {
         l->ch[i] = (struct bline_choice){.l = l, .i = i};
         api_oai_result_init(&l->res[i]);
+        api_oai_result_echo(&l->res[i], &l->req, i, env->tok, sr->prompt, sr->n_prompt);
     }
     l->n = nc;
     for (int i = 0; i < nc; i++) {
@@ -63,8 +64,13 @@ int bline_start(struct bline *l, const struct bline_env *env, const char *url, c
     int rc = -1;
     enum api_oai_endpoint kind = strcmp(url, "/v1/completions") ? API_OAI_CHAT : API_OAI_COMPLETIONS;
     l->responses = !strcmp(url, "/v1/responses");
+    if (api_oai_check_utf8(body, len, e)) goto out;
     if (l->responses) { /* the Responses body as the chat body it means */
         if (api_resp_to_chat(body, len, &chat, e)) goto out;
+        struct json_buf echo;
+        json_buf_init(&echo);
+        if (api_resp_echo(body, len, &echo) == 0) l->resp_echo = echo.p;
+        else json_buf_free(&echo);
         body = chat.p, len = chat.len;
     }
     char perr[256];
@@ -85,6 +91,13 @@ int bline_start(struct bline *l, const struct bline_env *env, const char *url, c
     }
     if (l->req.n_prompts) {
         api_oai_errorf(e, 400, "prompt", "a batch line takes one prompt, not a list: one line per prompt");
+        goto out;
+    }
+    if (api_oai_prepare(&l->req, env->tok, e)) goto out;
+    if (api_oai_wants_prompt_logprobs(&l->req) && !env->has_prompt_logprobs) {
+        api_oai_errorf(e, 400, l->req.prompt_logprobs >= 0 ? "prompt_logprobs" : "echo",
+                       "prompt logprobs are not available on the %s backend yet",
+                       env->backend_name ? env->backend_name : "this");
         goto out;
     }
     if (api_oai_check_length(&l->req, -1, env->tok, env->max_model_len, e)) goto out;
@@ -155,7 +168,7 @@ int bline_reply(const struct bline *l, const struct bline_env *env, uint64_t *rn
             json_buf_init(&chat);
             api_oai_response_json(&chat, &l->req, l->res, id, created, model);
             if (chat.oom) out->oom = true;
-            else api_resp_from_chat(out, chat.p ? chat.p : "", chat.len, hex, created, model);
+            else api_resp_from_chat(out, chat.p ? chat.p : "", chat.len, hex, created, model, l->resp_echo);
             json_buf_free(&chat);
         }
         return 200;
@@ -172,6 +185,8 @@ void bline_free(struct bline *l)
     free(l->res);
     free(l->ch);
     free(l->fail);
+    free(l->resp_echo);
+    l->resp_echo = NULL;
     l->res = NULL;
     l->ch = NULL;
     l->fail = NULL;

@@ -41,6 +41,7 @@ struct bline_choice {
 struct bline {
     void *owner;                   /* the submitter's: its row or line */
     bool responses;                /* a /v1/responses line: the reply is a Response object */
+    char *resp_echo;               /* owned: what the Response object echoes of the line's request */
     struct api_oai_req req;
     int n_prompt;                  /* prompt tokens */
     int n, n_done;                 /* choices running, finished */
@@ -59,6 +60,8 @@ struct bline_env {
     const char *const *model_names; /* NULL-terminated: the names a body may give; the first is the one
                                        replies carry */
     const char *model_path;        /* also accepted as the model's name */
+    bool has_prompt_logprobs;      /* the backend gives prompt logprobs (prompt_logprobs, echo with logprobs) */
+    const char *backend_name;      /* named when it does not */
 };
 
 /* 24 random lowercase hex digits (and a NUL) into out, from *state. */

@@ -383,10 +383,16 @@ int api_chat_context(const json_doc *d, int obj, struct json_buf *ctx, struct ap
         return api_oai_errorf(e, 400, "chat_template",
                               "'chat_template' in a request is not accepted: the server renders with the model's "
                               "template or --chat-template");
-    bool agp = true;
-    int g = json_get(d, obj, "add_generation_prompt");
+    bool agp = true, cfm = false;
+    int g = json_get(d, obj, "add_generation_prompt"), cf = json_get(d, obj, "continue_final_message");
     if (g >= 0 && !json_is_null(d, g) && json_bool(d, g, &agp))
         return api_oai_errorf(e, 400, "add_generation_prompt", "'add_generation_prompt' must be a boolean");
+    if (cf >= 0 && !json_is_null(d, cf) && json_bool(d, cf, &cfm))
+        return api_oai_errorf(e, 400, "continue_final_message", "'continue_final_message' must be a boolean");
+    if (cfm && g >= 0 && agp) /* vLLM's words */
+        return api_oai_errorf(e, 400, "continue_final_message",
+                              "Cannot set both `continue_final_message` and `add_generation_prompt` to True.");
+    if (cfm) agp = false;
     json_buf_addf(ctx, ",\"documents\":null,\"add_generation_prompt\":%s,\"bos_token\":", agp ? "true" : "false");
     const char *bos = chat.bos ? chat.bos : "", *eos = chat.eos ? chat.eos : "";
     json_buf_add_str(ctx, bos, strlen(bos));
@@ -415,6 +421,45 @@ int api_chat_context(const json_doc *d, int obj, struct json_buf *ctx, struct ap
     return 0;
 }
 
+/* continue_final_message: the prompt ends with the final message's content
+ * (stripped), whatever the template wrote after it, so the model continues
+ * that message (transformers' apply_chat_template, which vLLM calls). */
+static int continue_final(const json_doc *d, int obj, char *prompt, size_t *n, struct api_oai_error *e)
+{
+    int cf = json_get(d, obj, "continue_final_message");
+    bool on = false;
+    if (cf < 0 || json_is_null(d, cf) || json_bool(d, cf, &on) || !on) return 0;
+    int m = json_get(d, obj, "messages");
+    int last = m + 1;
+    for (int k = 1; k < json_size(d, m); k++) last = json_skip(d, last);
+    int c = json_get(d, last, "content");
+    if (c >= 0 && json_is_arr(d, c)) { /* the last text part */
+        int t = -1;
+        for (int k = 0, p = c + 1; k < json_size(d, c); k++, p = json_skip(d, p)) {
+            int x = json_is_obj(d, p) ? json_get(d, p, "text") : -1;
+            if (x >= 0 && json_is_str(d, x)) t = x;
+        }
+        c = t;
+    }
+    size_t cl = 0;
+    char *content = c >= 0 && json_is_str(d, c) ? json_strdup(d, c, &cl) : NULL;
+    if (!content)
+        return api_oai_errorf(e, 400, "continue_final_message", "'continue_final_message' needs a final message with text");
+    const char *s = content;
+    while (cl && strchr(" \t\r\n", *s)) s++, cl--;
+    while (cl && strchr(" \t\r\n", s[cl - 1])) cl--;
+    const char *hit = NULL;
+    for (const char *p = prompt; cl && (p = memmem(p, *n - (size_t)(p - prompt), s, cl)); p++) hit = p;
+    free(content);
+    if (!cl) return 0;
+    if (!hit)
+        return api_oai_errorf(e, 400, "continue_final_message",
+                              "the chat template does not render the final message's content as it is given");
+    *n = (size_t)(hit - prompt) + cl;
+    prompt[*n] = '\0';
+    return 0;
+}
+
 int api_chat_render(const json_doc *d, int obj, char **prompt, size_t *len, struct api_oai_error *e)
 {
     *prompt = NULL;
@@ -432,7 +477,8 @@ int api_chat_render(const json_doc *d, int obj, char **prompt, size_t *len, stru
     size_t n;
     rc = model_tmpl_render(t, ctx.p, ctx.len, NULL, prompt, &n, err, sizeof err);
     if (rc) rc = api_oai_errorf(e, rc == SL_ENOMEM ? 500 : 400, "messages", "chat template: %s", err);
-    else if (len) *len = n;
+    if (!rc) rc = continue_final(d, obj, *prompt, &n, e);
+    if (!rc && len) *len = n;
 done:
     json_buf_free(&ctx);
     return rc;

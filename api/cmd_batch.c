@@ -211,12 +211,15 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* Polls until the batch ends, drawing a progress bar on stderr. */
+/* Polls until the batch ends, drawing a progress bar on stderr. Without a
+ * terminal (a log file, CI) a line is written only when the status changes,
+ * or the progress did at most every 30 s, not one per poll. */
 static int wait_batch(const struct hc_target *c, const char *id, double interval, struct batch_view *v, char *err,
                       size_t errlen)
 {
-    double t0 = now_s();
-    long long done0 = -1;
+    double t0 = now_s(), t_line = -1;
+    long long done0 = -1, done_line = -1;
+    char status_line[32] = "";
     bool tty = isatty(2);
     for (;;) {
         if (get_batch(c, id, v, err, errlen)) return -1;
@@ -231,6 +234,13 @@ static int wait_batch(const struct hc_target *c, const char *id, double interval
         char bar[64];
         for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '.';
         bar[width] = '\0';
+        bool changed = strcmp(status_line, v->status) != 0 || terminal(v->status);
+        if (!tty && !changed && (done == done_line || now_s() - t_line < 30.0)) {
+            usleep((useconds_t)(interval * 1e6));
+            continue;
+        }
+        snprintf(status_line, sizeof status_line, "%s", v->status);
+        t_line = now_s(), done_line = done;
         fprintf(stderr, "%s[batch] %-11s [%s] %lld/%lld done (%lld failed)  %s elapsed, ETA %s   %s", tty ? "\r" : "",
                 v->status, bar, done, v->total, v->failed, elapsed, eta, tty ? "" : "\n");
         if (terminal(v->status)) {
@@ -324,7 +334,8 @@ static int cmd_submit(const struct hc_target *c, const char *file, bool wait, co
     if (v.first_error[0]) fprintf(stderr, "[batch] %s: %s\n", v.status, v.first_error);
     fprintf(stderr, "[batch] %s %s: %lld completed, %lld failed of %lld\n", v.id, v.status, v.completed, v.failed,
             v.total);
-    return strcmp(v.status, "completed") ? 1 : 0;
+    /* a batch that completed without one successful request did not do its job */
+    return strcmp(v.status, "completed") || (v.total > 0 && v.completed == 0) ? 1 : 0;
 fail:
     fprintf(stderr, "sluice batch submit: %s\n", err);
     return 1;
@@ -441,7 +452,8 @@ fail:
 static const char USAGE[] =
     "usage: sluice batch COMMAND [flags]\n"
     "  submit FILE.jsonl [--wait]  upload FILE, create a batch, print its id; --wait shows progress,\n"
-    "                              then writes FILE.output.jsonl (and FILE.errors.jsonl)\n"
+    "                              then writes FILE.output.jsonl (and FILE.errors.jsonl); exits 1\n"
+    "                              unless the batch completed with at least one request done\n"
     "  status ID [--json]          a batch's status and request counts\n"
     "  list [--limit N] [--after ID] [--all]\n"
     "  cancel ID\n"

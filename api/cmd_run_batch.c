@@ -592,7 +592,8 @@ int api_cmd_run_batch(int argc, char **argv)
     b.names[0] = b.served_name;
     b.env = (struct bline_env){.eng = b.e, .sink = b.sink, .tok = b.tok,
                                .max_model_len = sched_engine_config(b.e)->max_model_len, .model_names = b.names,
-                               .model_path = b.model_path};
+                               .model_path = b.model_path, .has_prompt_logprobs = be->has_prompt_logprobs,
+                               .backend_name = be->ops->name};
     b.max_model_len = sched_engine_config(b.e)->max_model_len;
     if (!quiet) {
         struct sched_engine_stats st;

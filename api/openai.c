@@ -35,6 +35,31 @@ void api_oai_error_json(struct json_buf *b, const struct api_oai_error *e)
     json_buf_addf(b, ",\"code\":%d}}", e->status);
 }
 
+int api_oai_check_utf8(const char *body, size_t len, struct api_oai_error *e)
+{
+    const unsigned char *s = (const unsigned char *)body;
+    for (size_t i = 0; i < len;) {
+        unsigned c = s[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        int k = c >= 0xC2 && c <= 0xDF ? 1 : c >= 0xE0 && c <= 0xEF ? 2 : c >= 0xF0 && c <= 0xF4 ? 3 : -1;
+        bool ok = k > 0 && i + (size_t)k < len;
+        if (ok) {
+            unsigned c1 = s[i + 1];
+            /* the second byte's range rules out overlong forms, surrogates and > U+10FFFF */
+            unsigned lo = c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80, hi = c == 0xED ? 0x9F : c == 0xF4 ? 0x8F : 0xBF;
+            ok = c1 >= lo && c1 <= hi;
+            for (int j = 2; ok && j <= k; j++) ok = (s[i + (size_t)j] & 0xC0) == 0x80;
+        }
+        if (!ok)
+            return api_oai_errorf(e, 400, NULL, "the request body is not valid UTF-8 (byte %zu: 0x%02x)", i, c);
+        i += (size_t)k + 1;
+    }
+    return 0;
+}
+
 /* ---- parsing helpers ------------------------------------------------------------- */
 
 /* The value of key in obj, or -1 when absent or null. */
@@ -133,7 +158,7 @@ static int check_field_types(const json_doc *d, int obj, enum api_oai_endpoint k
         return api_oai_errorf(e, 400, "echo", "'echo' is not supported on chat completions yet");
     if (bool_opt(d, obj, "use_beam_search", &b, e) == 1 && b)
         return api_oai_errorf(e, 400, "use_beam_search", "'use_beam_search' is not supported yet");
-    static const char *const unsupported[] = {"prompt_logprobs", "guided_whitespace_pattern"};
+    static const char *const unsupported[] = {"guided_whitespace_pattern"};
     for (size_t k = 0; k < sizeof unsupported / sizeof *unsupported; k++)
         if (opt(d, obj, unsupported[k]) >= 0)
             return api_oai_errorf(e, 400, unsupported[k], "'%s' is not supported yet", unsupported[k]);
@@ -197,6 +222,7 @@ static int parse_forced_tool(const json_doc *d, int tools, int tc, struct api_oa
     if (json_is_str(d, tc)) {
         if (!json_str_eq(d, tc, "required")) return 0;
         if (n > 1) return parse_required_list(d, tools, r, e);
+        r->forced_required = true;
     } else {
         int fn = json_is_obj(d, tc) ? json_get(d, tc, "function") : -1;
         int nm = fn >= 0 && json_is_obj(d, fn) ? json_get(d, fn, "name") : -1;
@@ -277,7 +303,8 @@ static int parse_prompt(const json_doc *d, int obj, struct api_oai_req *r, struc
 {
     int p = opt(d, obj, "prompt");
     if (p < 0) return api_oai_errorf(e, 400, "prompt", "'prompt' is required");
-    if (json_is_arr(d, p) && json_size(d, p) == 1 && json_is_str(d, p + 1)) p = p + 1; /* ["text"] */
+    if (json_is_arr(d, p) && json_size(d, p) == 1 && (json_is_str(d, p + 1) || json_is_arr(d, p + 1)))
+        p = p + 1; /* ["text"], [[ids]]: one prompt */
     if (json_is_str(d, p)) {
         r->prompt_text = json_strdup(d, p, &r->prompt_len);
         if (!r->prompt_text) return api_oai_errorf(e, 400, "prompt", "'prompt' is not a valid string");
@@ -285,6 +312,32 @@ static int parse_prompt(const json_doc *d, int obj, struct api_oai_req *r, struc
     }
     if (!json_is_arr(d, p) || json_size(d, p) == 0)
         return api_oai_errorf(e, 400, "prompt", "'prompt' must be a string or a non-empty array of token ids");
+    if (json_is_arr(d, p + 1)) { /* a list of token-id lists */
+        int n = json_size(d, p);
+        if (n > API_OAI_MAX_N) return api_oai_errorf(e, 400, "prompt", "at most %d prompts per request", API_OAI_MAX_N);
+        r->prompts = calloc((size_t)n, sizeof *r->prompts);
+        r->prompt_lens = calloc((size_t)n, sizeof *r->prompt_lens);
+        r->id_prompts = calloc((size_t)n, sizeof *r->id_prompts);
+        r->id_prompt_lens = calloc((size_t)n, sizeof *r->id_prompt_lens);
+        if (!r->prompts || !r->prompt_lens || !r->id_prompts || !r->id_prompt_lens)
+            return api_oai_errorf(e, 500, NULL, "out of memory");
+        for (int k = 0, q = p + 1; k < n; k++, q = json_skip(d, q)) {
+            int m = json_is_arr(d, q) ? json_size(d, q) : 0;
+            if (m == 0)
+                return api_oai_errorf(e, 400, "prompt", "'prompt[%d]' must be a non-empty array of token ids", k);
+            r->n_prompts = k + 1;
+            if (!(r->id_prompts[k] = malloc((size_t)m * sizeof **r->id_prompts)))
+                return api_oai_errorf(e, 500, NULL, "out of memory");
+            for (int j = 0, t = q + 1; j < m; j++, t = json_skip(d, t)) {
+                int64_t v;
+                if (!json_is_num(d, t) || json_i64(d, t, &v) || v < 0 || v > INT32_MAX)
+                    return api_oai_errorf(e, 400, "prompt", "'prompt[%d][%d]' must be a token id", k, j);
+                r->id_prompts[k][j] = (int32_t)v;
+            }
+            r->id_prompt_lens[k] = m;
+        }
+        return 0;
+    }
     if (json_is_str(d, p + 1)) { /* a list of prompts */
         int n = json_size(d, p);
         if (n > API_OAI_MAX_N) return api_oai_errorf(e, 400, "prompt", "at most %d prompts per request", API_OAI_MAX_N);
@@ -528,6 +581,103 @@ static int parse_stop(const json_doc *d, int obj, struct api_oai_req *r, struct 
     return 0;
 }
 
+/* vLLM's SamplingParams extensions: include_stop_str_in_output,
+ * skip_special_tokens, spaces_between_special_tokens, allowed_token_ids,
+ * bad_words, truncate_prompt_tokens, prompt_logprobs. */
+static int parse_vllm_extensions(const json_doc *d, int obj, struct api_oai_req *r, struct api_oai_error *e)
+{
+    int rc;
+    if ((rc = bool_opt(d, obj, "include_stop_str_in_output", &r->include_stop_str, e)) < 0) return rc;
+    bool skip = true;
+    if ((rc = bool_opt(d, obj, "skip_special_tokens", &skip, e)) < 0) return rc;
+    r->keep_special_tokens = !skip;
+    /* spaces_between_special_tokens: vLLM's fast-tokenizer detokenizer (every
+     * tokenizer.json model) ignores it, and so does this one; checked only */
+    bool sbst;
+    if ((rc = bool_opt(d, obj, "spaces_between_special_tokens", &sbst, e)) < 0) return rc;
+    int a = opt(d, obj, "allowed_token_ids");
+    if (a >= 0) {
+        int n = json_is_arr(d, a) ? json_size(d, a) : -1;
+        if (n <= 0) return api_oai_errorf(e, 400, "allowed_token_ids", "'allowed_token_ids' must be a non-empty array of token ids");
+        if (!(r->allowed_ids = malloc((size_t)n * sizeof *r->allowed_ids))) return api_oai_errorf(e, 500, NULL, "out of memory");
+        for (int k = 0, q = a + 1; k < n; k++, q = json_skip(d, q)) {
+            int64_t v;
+            if (!json_is_num(d, q) || json_i64(d, q, &v) || v < 0 || v > INT32_MAX)
+                return api_oai_errorf(e, 400, "allowed_token_ids", "'allowed_token_ids' must be an array of token ids");
+            r->allowed_ids[r->n_allowed_ids++] = (int32_t)v;
+        }
+    }
+    int bw = opt(d, obj, "bad_words");
+    if (bw >= 0) {
+        int n = json_is_arr(d, bw) ? json_size(d, bw) : -1;
+        if (n < 0) return api_oai_errorf(e, 400, "bad_words", "'bad_words' must be an array of strings");
+        if (n > API_OAI_MAX_STOP) return api_oai_errorf(e, 400, "bad_words", "'bad_words' has more than %d strings", API_OAI_MAX_STOP);
+        if (n && !(r->bad_words = calloc((size_t)n, sizeof *r->bad_words))) return api_oai_errorf(e, 500, NULL, "out of memory");
+        for (int k = 0, q = bw + 1; k < n; k++, q = json_skip(d, q)) {
+            size_t len = 0;
+            char *w = json_is_str(d, q) ? json_strdup(d, q, &len) : NULL;
+            if (!w) return api_oai_errorf(e, 400, "bad_words", "'bad_words' must be an array of strings");
+            r->bad_words[r->n_bad_words++] = w;
+            if (len == 0 || strlen(w) != len)
+                return api_oai_errorf(e, 400, "bad_words", "'bad_words' entries must be non-empty strings without NUL");
+        }
+    }
+    if ((rc = bool_opt(d, obj, "return_tokens_as_token_ids", &r->tokens_as_ids, e)) < 0) return rc;
+    r->add_special_tokens = r->kind != API_OAI_CHAT; /* a chat template writes its own BOS */
+    if ((rc = bool_opt(d, obj, "add_special_tokens", &r->add_special_tokens, e)) < 0) return rc;
+    int64_t iv;
+    if ((rc = int_in(d, obj, "truncate_prompt_tokens", -1, INT32_MAX, &iv, e)) < 0) return rc;
+    if (rc) {
+        if (iv == 0) return api_oai_errorf(e, 400, "truncate_prompt_tokens", "'truncate_prompt_tokens' must be -1 or at least 1");
+        r->truncate_prompt_tokens = (long)iv;
+    }
+    r->prompt_logprobs = -1;
+    if ((rc = int_in(d, obj, "prompt_logprobs", -1, MODEL_MAX_TOP_LOGPROBS, &iv, e)) < 0) return rc;
+    if (rc) {
+        if (r->stream) return api_oai_errorf(e, 400, "prompt_logprobs", "'prompt_logprobs' is not available when 'stream' is true");
+        r->prompt_logprobs = iv < 0 ? MODEL_MAX_TOP_LOGPROBS : (int)iv; /* -1: as many as returned at most */
+    }
+    return 0;
+}
+
+bool api_oai_wants_prompt_logprobs(const struct api_oai_req *r)
+{
+    return r->prompt_logprobs >= 0 || (r->echo && r->logprobs);
+}
+
+int api_oai_prepare(struct api_oai_req *r, const model_tok *tok, struct api_oai_error *e)
+{
+    if (r->n_bad_words == 0) return 0;
+    if (!tok) return api_oai_errorf(e, 400, "bad_words", "'bad_words' needs the model's tokenizer");
+    size_t cap = 0;
+    for (int w = 0; w < r->n_bad_words; w++) cap += 2 * (strlen(r->bad_words[w]) + 2);
+    r->bad_ids = malloc(cap * sizeof *r->bad_ids);
+    r->bad_lens = malloc((size_t)(unsigned)r->n_bad_words * 2 * sizeof *r->bad_lens);
+    char *buf = malloc(cap + 2);
+    if (!r->bad_ids || !r->bad_lens || !buf) {
+        free(buf);
+        return api_oai_errorf(e, 500, NULL, "out of memory");
+    }
+    size_t o = 0;
+    for (int w = 0; w < r->n_bad_words; w++) {
+        const char *word = r->bad_words[w];
+        while (*word == ' ' || *word == '\t' || *word == '\n') word++;
+        int first = -1;
+        for (int sp = 0; sp < 2; sp++) { /* the word at the start of the text, then after a space */
+            snprintf(buf, cap + 2, "%s%s", sp ? " " : "", word);
+            int n = model_tok_encode(tok, buf, strlen(buf), false, false, r->bad_ids + o, (int)(cap - o));
+            if (n <= 0 || (size_t)n > cap - o) continue;
+            /* with the space: only when it makes a new first token of the same length (vLLM's rule) */
+            if (sp && (first < 0 || r->bad_ids[o] == r->bad_ids[first] || n != r->bad_lens[r->n_bad_seqs - 1])) continue;
+            if (!sp) first = (int)o;
+            r->bad_lens[r->n_bad_seqs++] = n;
+            o += (size_t)n;
+        }
+    }
+    free(buf);
+    return 0;
+}
+
 int api_oai_n_choices(const struct api_oai_req *r)
 {
     return (r->n_prompts > 0 ? r->n_prompts : 1) * (r->n > 1 ? r->n : 1);
@@ -540,6 +690,7 @@ int api_oai_tokenize_prompt(const struct api_oai_req *r, int p, const model_tok 
     one.prompt_text = r->prompts[p];
     one.prompt_len = r->prompt_lens[p];
     one.prompt_ids = NULL, one.n_prompt_ids = 0;
+    if (r->id_prompts) one.prompt_ids = r->id_prompts[p], one.n_prompt_ids = r->id_prompt_lens[p];
     return api_oai_tokenize(&one, tok, ids, e);
 }
 
@@ -632,10 +783,9 @@ int api_oai_parse_doc(const json_doc *d, int obj, enum api_oai_endpoint kind, co
     if ((rc = bool_opt(d, obj, "ignore_eos", &r->ignore_eos, e)) < 0) goto fail;
     if ((rc = bool_opt(d, obj, "stream", &r->stream, e)) < 0) goto fail;
     if (kind == API_OAI_COMPLETIONS) {
-        bool echo = false;
-        if ((rc = bool_opt(d, obj, "echo", &echo, e)) < 0) goto fail;
-        if (echo) {
-            rc = api_oai_errorf(e, 400, "echo", "'echo' is not supported yet");
+        if ((rc = bool_opt(d, obj, "echo", &r->echo, e)) < 0) goto fail;
+        if (r->echo && r->stream && opt(d, obj, "logprobs") >= 0) {
+            rc = api_oai_errorf(e, 400, "echo", "'echo' with 'stream' and 'logprobs' is not supported yet");
             goto fail;
         }
         int sfx = opt(d, obj, "suffix");
@@ -660,6 +810,7 @@ int api_oai_parse_doc(const json_doc *d, int obj, enum api_oai_endpoint kind, co
         }
     }
     r->sampling.top_logprobs = r->logprobs ? r->top_logprobs : 0;
+    if ((rc = parse_vllm_extensions(d, obj, r, e)) < 0) goto fail;
     if ((rc = parse_stop(d, obj, r, e)) < 0) goto fail;
     if ((rc = parse_logit_bias(d, obj, r, e)) < 0) goto fail;
     if ((rc = parse_response_format(d, obj, r, e)) < 0) goto fail;
@@ -698,6 +849,14 @@ void api_oai_req_free(struct api_oai_req *r)
     for (int i = 0; i < r->n_prompts; i++) free(r->prompts[i]);
     free(r->prompts);
     free(r->prompt_lens);
+    free(r->allowed_ids);
+    for (int i = 0; i < r->n_bad_words; i++) free(r->bad_words[i]);
+    free(r->bad_words);
+    free(r->bad_ids);
+    free(r->bad_lens);
+    for (int i = 0; r->id_prompts && i < r->n_prompts; i++) free(r->id_prompts[i]);
+    free(r->id_prompts);
+    free(r->id_prompt_lens);
     enum api_oai_endpoint kind = r->kind;
     memset(r, 0, sizeof *r);
     r->kind = kind;
@@ -725,8 +884,8 @@ int api_oai_tokenize(const struct api_oai_req *r, const model_tok *tok, int32_t 
     for (;;) {
         int32_t *buf = malloc((size_t)cap * sizeof *buf);
         if (!buf) return api_oai_errorf(e, 500, NULL, "out of memory");
-        /* a chat template writes its own BOS (vLLM: add_special_tokens=false for chat) */
-        int n = model_tok_encode(tok, text, len, r->kind != API_OAI_CHAT, true, buf, cap);
+        /* vLLM's add_special_tokens: false for chat (its template writes the BOS), true for completions */
+        int n = model_tok_encode(tok, text, len, r->add_special_tokens, true, buf, cap);
         if (n < 0) {
             free(buf);
             return api_oai_errorf(e, 400, r->kind == API_OAI_CHAT ? "messages" : "prompt", "the prompt could not be tokenized");
@@ -749,7 +908,7 @@ int api_oai_check_length(const struct api_oai_req *r, int p, const model_tok *to
 {
     const char *text = p >= 0 ? r->prompts[p] : r->prompt_text;
     size_t len = !text ? 0 : p >= 0 ? r->prompt_lens[p] : r->prompt_len, mb = (size_t)model_tok_max_bytes(tok);
-    if (r->prompt_ids || mb == 0 || len <= (size_t)max_model_len * mb) return 0;
+    if (r->prompt_ids || !text || r->truncate_prompt_tokens || mb == 0 || len <= (size_t)max_model_len * mb) return 0;
     return api_oai_errorf(e, 400, r->kind == API_OAI_CHAT ? "messages" : "prompt",
                           "This model's maximum context length is %d tokens. However, your prompt has at least %zu "
                           "tokens (%zu bytes of text, at most %zu bytes a token). Please reduce the length of the "
@@ -780,6 +939,14 @@ int api_oai_to_sched(const struct api_oai_req *r, const int32_t *ids, int n_ids,
 {
     memset(out, 0, sizeof *out);
     long max_tokens = r->max_tokens;
+    if (r->truncate_prompt_tokens) { /* vLLM keeps the prompt's end */
+        long k = r->truncate_prompt_tokens < 0 ? max_model_len : r->truncate_prompt_tokens;
+        if (k > max_model_len)
+            return api_oai_errorf(e, 400, "truncate_prompt_tokens",
+                                  "truncate_prompt_tokens value (%ld) is greater than max_model_len (%d). Please, "
+                                  "select a smaller truncation size.", k, max_model_len);
+        if (n_ids > k) ids += n_ids - k, n_ids = (int)k;
+    }
     if (n_ids >= max_model_len)
         return api_oai_errorf(e, 400, r->kind == API_OAI_CHAT ? "messages" : "prompt",
                               "This model's maximum context length is %d tokens. However, your prompt has %d tokens, "
@@ -811,6 +978,16 @@ int api_oai_to_sched(const struct api_oai_req *r, const int32_t *ids, int n_ids,
     out->n_stop_token_ids = r->n_stop_token_ids;
     out->logprobs = r->logprobs;
     out->priority = SCHED_PRIO_INTERACTIVE;
+    out->include_stop_str = r->include_stop_str;
+    out->keep_special_tokens = r->keep_special_tokens;
+    out->allowed_ids = r->allowed_ids;
+    out->n_allowed_ids = r->n_allowed_ids;
+    out->bad_words = r->bad_ids;
+    out->bad_word_lens = r->bad_lens;
+    out->n_bad_words = r->n_bad_seqs;
+    out->prompt_logprobs = api_oai_wants_prompt_logprobs(r);
+    out->prompt_top_logprobs = r->prompt_logprobs > 0 ? r->prompt_logprobs : 0;
+    if (r->echo && r->logprobs && r->top_logprobs > out->prompt_top_logprobs) out->prompt_top_logprobs = r->top_logprobs;
     return 0;
 }
 
@@ -824,6 +1001,7 @@ void api_oai_result_init(struct api_oai_result *res)
     json_buf_init(&res->lp_vals);
     json_buf_init(&res->lp_top);
     json_buf_init(&res->lp_off);
+    json_buf_init(&res->plp);
 }
 
 void api_oai_result_free(struct api_oai_result *res)
@@ -834,6 +1012,7 @@ void api_oai_result_free(struct api_oai_result *res)
     json_buf_free(&res->lp_vals);
     json_buf_free(&res->lp_top);
     json_buf_free(&res->lp_off);
+    json_buf_free(&res->plp);
 }
 
 static bool valid_utf8(const unsigned char *s, size_t n)
@@ -879,9 +1058,96 @@ static void add_bytes(struct json_buf *b, const model_tok *tok, int32_t id)
 
 static double lp_value(float v) { return isfinite(v) ? (double)v : -9999.0; }
 
+void api_oai_result_echo(struct api_oai_result *res, const struct api_oai_req *r, int choice, const model_tok *tok,
+                         const int32_t *ids, int n)
+{
+    if (!r->echo || r->kind != API_OAI_COMPLETIONS) return;
+    int p = choice / (r->n > 1 ? r->n : 1);
+    const char *text = r->n_prompts > 0 ? r->prompts[p] : r->prompt_text;
+    size_t len = r->n_prompts > 0 ? r->prompt_lens[p] : r->prompt_len;
+    if (text && !r->truncate_prompt_tokens) {
+        json_buf_add(&res->text, text, len);
+        return;
+    }
+    struct model_detok dt; /* token ids (or a truncated prompt): their text, special tokens included */
+    model_detok_init(&dt, tok, false);
+    char piece[1024];
+    for (int i = 0; i < n; i++) {
+        size_t k = model_detok_push(&dt, ids[i], piece, sizeof piece);
+        json_buf_add(&res->text, piece, k);
+    }
+    size_t k = model_detok_flush(&dt, piece, sizeof piece);
+    json_buf_add(&res->text, piece, k);
+}
+
+/* vLLM's Logprob entries for one prompt position: {"<id>": {"logprob",
+ * "rank", "decoded_token"}} for the prompt token, then its alternatives. */
+static void add_plp_entry(struct json_buf *b, const model_tok *tok, const struct model_sample_out *o)
+{
+    json_buf_addf(b, "{\"%d\":{\"logprob\":%.6g,\"rank\":%d,\"decoded_token\":", o->token, lp_value(o->logprob),
+                  o->rank);
+    add_token_str(b, tok, o->token);
+    ADD_LIT(b, "}");
+    for (int i = 0; i < o->n_top; i++) {
+        if (o->top_ids[i] == o->token) continue;
+        json_buf_addf(b, ",\"%d\":{\"logprob\":%.6g,\"rank\":%d,\"decoded_token\":", o->top_ids[i],
+                      lp_value(o->top_logprobs[i]), i + 1);
+        add_token_str(b, tok, o->top_ids[i]);
+        ADD_LIT(b, "}");
+    }
+    ADD_LIT(b, "}");
+}
+
+/* The prompt's tokens into the completions logprobs arrays (echo): the
+ * first has no logprob (null), as in vLLM and the legacy API. */
+static void add_echo_logprobs(struct api_oai_result *res, const struct api_oai_req *r, const model_tok *tok,
+                              const struct model_sample_out *plp, int n)
+{
+    size_t off = 0;
+    int keep = r->prompt_logprobs > r->top_logprobs ? r->top_logprobs : -1; /* tops beyond logprobs are dropped */
+    for (int p = 0; p < n; p++, res->n_lp++) {
+        const struct model_sample_out *o = &plp[p];
+        const char *sep = res->n_lp ? "," : "";
+        json_buf_add(&res->lp, sep, strlen(sep));
+        add_token_str(&res->lp, r->tokens_as_ids ? NULL : tok, o->token);
+        json_buf_add(&res->lp_vals, sep, strlen(sep));
+        json_buf_add(&res->lp_top, sep, strlen(sep));
+        json_buf_addf(&res->lp_off, "%s%zu", sep, off);
+        size_t bl = 0;
+        if (tok) model_tok_bytes(tok, o->token, &bl);
+        off += bl;
+        if (p == 0) {
+            ADD_LIT(&res->lp_vals, "null");
+            ADD_LIT(&res->lp_top, "null");
+            continue;
+        }
+        json_buf_addf(&res->lp_vals, "%.6g", lp_value(o->logprob));
+        ADD_LIT(&res->lp_top, "{");
+        add_token_str(&res->lp_top, r->tokens_as_ids ? NULL : tok, o->token);
+        json_buf_addf(&res->lp_top, ":%.6g", lp_value(o->logprob));
+        for (int i = 0; i < o->n_top && (keep < 0 || i < keep); i++) {
+            if (o->top_ids[i] == o->token) continue;
+            ADD_LIT(&res->lp_top, ",");
+            add_token_str(&res->lp_top, r->tokens_as_ids ? NULL : tok, o->top_ids[i]);
+            json_buf_addf(&res->lp_top, ":%.6g", lp_value(o->top_logprobs[i]));
+        }
+        ADD_LIT(&res->lp_top, "}");
+    }
+}
+
 void api_oai_result_add(struct api_oai_result *res, const struct api_oai_req *r, const model_tok *tok,
                         const struct sched_event *ev)
 {
+    const model_tok *names = r->tokens_as_ids ? NULL : tok; /* add_token_str without tok: "token_id:N" */
+    if (ev->n_prompt_lp > 0 && !res->has_plp) {
+        res->has_plp = true;
+        if (r->prompt_logprobs >= 0)
+            for (int p = 1; p < ev->n_prompt_lp; p++) {
+                if (p > 1) ADD_LIT(&res->plp, ",");
+                add_plp_entry(&res->plp, names, &ev->prompt_lp[p]);
+            }
+        if (r->echo && r->logprobs) add_echo_logprobs(res, r, tok, ev->prompt_lp, ev->n_prompt_lp);
+    }
     size_t before = res->text.len;
     if (ev->text_len) json_buf_add(&res->text, ev->text, ev->text_len);
     if (ev->kind == SCHED_EV_FINISH) {
@@ -896,13 +1162,13 @@ void api_oai_result_add(struct api_oai_result *res, const struct api_oai_req *r,
     const char *sep = res->n_lp ? "," : "";
     if (r->kind == API_OAI_CHAT) {
         json_buf_addf(&res->lp, "%s{\"token\":", sep);
-        add_token_str(&res->lp, tok, o->token);
+        add_token_str(&res->lp, names, o->token);
         json_buf_addf(&res->lp, ",\"logprob\":%.6g,\"bytes\":", lp_value(o->logprob));
         add_bytes(&res->lp, tok, o->token);
         ADD_LIT(&res->lp, ",\"top_logprobs\":[");
         for (int i = 0; i < o->n_top; i++) {
             json_buf_addf(&res->lp, "%s{\"token\":", i ? "," : "");
-            add_token_str(&res->lp, tok, o->top_ids[i]);
+            add_token_str(&res->lp, names, o->top_ids[i]);
             json_buf_addf(&res->lp, ",\"logprob\":%.6g,\"bytes\":", lp_value(o->top_logprobs[i]));
             add_bytes(&res->lp, tok, o->top_ids[i]);
             ADD_LIT(&res->lp, "}");
@@ -910,19 +1176,19 @@ void api_oai_result_add(struct api_oai_result *res, const struct api_oai_req *r,
         ADD_LIT(&res->lp, "]}");
     } else {
         json_buf_add(&res->lp, sep, strlen(sep));
-        add_token_str(&res->lp, tok, o->token);
+        add_token_str(&res->lp, names, o->token);
         json_buf_addf(&res->lp_vals, "%s%.6g", sep, lp_value(o->logprob));
         json_buf_addf(&res->lp_off, "%s%zu", sep, before);
         /* the sampled token first, then the top ones without it: up to
          * logprobs + 1 entries, as the legacy API and vLLM give */
         json_buf_add(&res->lp_top, sep, strlen(sep));
         ADD_LIT(&res->lp_top, "{");
-        add_token_str(&res->lp_top, tok, o->token);
+        add_token_str(&res->lp_top, names, o->token);
         json_buf_addf(&res->lp_top, ":%.6g", lp_value(o->logprob));
         for (int i = 0; i < o->n_top; i++) {
             if (o->top_ids[i] == o->token) continue;
             ADD_LIT(&res->lp_top, ",");
-            add_token_str(&res->lp_top, tok, o->top_ids[i]);
+            add_token_str(&res->lp_top, names, o->top_ids[i]);
             json_buf_addf(&res->lp_top, ":%.6g", lp_value(o->top_logprobs[i]));
         }
         ADD_LIT(&res->lp_top, "}");
@@ -986,11 +1252,17 @@ static void choice_json(struct json_buf *b, const struct api_oai_req *r, const s
     } else if (chat && r->forced_tool) {
         char cid[32];
         api_oai_forced_call_id(id, i, cid);
+        /* the grammar lets JSON start and end with whitespace; arguments are the object alone */
+        const char *args = buf_or_empty(&res->text);
+        size_t alen = res->text.len;
+        while (alen && strchr(" \t\r\n", *args)) args++, alen--;
+        while (alen && strchr(" \t\r\n", args[alen - 1])) alen--;
+        has_calls = r->forced_required;
         json_buf_addf(b, "\"message\":{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"%s\","
                          "\"type\":\"function\",\"function\":{\"name\":", cid);
         json_buf_add_str(b, r->forced_tool, strlen(r->forced_tool));
         ADD_LIT(b, ",\"arguments\":");
-        json_buf_add_str(b, buf_or_empty(&res->text), res->text.len);
+        json_buf_add_str(b, args, alen);
         ADD_LIT(b, "}}]},\"logprobs\":");
         if (r->logprobs) json_buf_addf(b, "{\"content\":[%s]}", buf_or_empty(&res->lp));
         else ADD_LIT(b, "null");
@@ -1035,6 +1307,8 @@ static void choice_json(struct json_buf *b, const struct api_oai_req *r, const s
     } else {
         ADD_LIT(b, "\"text\":");
         json_buf_add_str(b, buf_or_empty(&res->text), res->text.len);
+        if (r->prompt_logprobs >= 0)
+            json_buf_addf(b, ",\"prompt_logprobs\":[null%s%s]", res->plp.len ? "," : "", buf_or_empty(&res->plp));
         ADD_LIT(b, ",\"logprobs\":");
         if (r->logprobs)
             json_buf_addf(b, "{\"tokens\":[%s],\"token_logprobs\":[%s],\"top_logprobs\":[%s],\"text_offset\":[%s]}",
@@ -1065,8 +1339,11 @@ void api_oai_response_json(struct json_buf *b, const struct api_oai_req *r, cons
         completion += res[i].usage.completion_tokens;
         if (i % per == 0) prompt += res[i].usage.prompt_tokens, cached += res[i].usage.cached_tokens;
     }
+    ADD_LIT(b, "]");
+    if (chat && r->prompt_logprobs >= 0) /* vLLM: one list for the chat, beside the choices */
+        json_buf_addf(b, ",\"prompt_logprobs\":[null%s%s]", res[0].plp.len ? "," : "", buf_or_empty(&res[0].plp));
     json_buf_addf(b,
-                  "],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,"
+                  ",\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,"
                   "\"total_tokens\":%d,\"prompt_tokens_details\":{\"cached_tokens\":%d}}}",
                   prompt, completion, prompt + completion, cached);
 }

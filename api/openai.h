@@ -76,9 +76,29 @@ struct api_oai_req {
                                    json / regex / choice / grammar (guided_* alike), compiled */
     char *forced_tool;          /* owned: tool_choice named a function (or "required" with one tool): the
                                    output is that call's arguments, guided by its parameters' schema */
+    bool forced_required;       /* forced_tool came from "required" (one tool): finish_reason "tool_calls"
+                                   as vLLM gives it; a named function keeps "stop" */
     bool forced_list;           /* tool_choice "required" with several tools: the output is a JSON array
                                    of {"name", "parameters"} calls, guided by a union of the tools */
     struct model_logit_bias *logit_bias; /* owned [sampling.n_logit_bias]; sampling.logit_bias points here */
+    /* vLLM's extensions (SamplingParams and the completions request) */
+    bool echo;                  /* completions: the prompt comes first in each choice's text */
+    bool include_stop_str;      /* include_stop_str_in_output */
+    bool keep_special_tokens;   /* skip_special_tokens: false */
+    int32_t *allowed_ids;       /* owned [n_allowed_ids]: allowed_token_ids */
+    int n_allowed_ids;
+    char **bad_words;           /* owned [n_bad_words]: bad_words as given */
+    int n_bad_words;
+    int32_t *bad_ids;           /* owned: bad_words as token sequences (api_oai_prepare), concatenated */
+    int *bad_lens;              /* owned [n_bad_seqs] */
+    int n_bad_seqs;
+    long truncate_prompt_tokens; /* > 0: only the prompt's last this many tokens; -1: max_model_len; 0: off */
+    bool tokens_as_ids;         /* return_tokens_as_token_ids: logprobs name tokens "token_id:N" */
+    bool add_special_tokens;    /* the tokenizer's BOS before the prompt (vLLM: completions true, chat false) */
+    int prompt_logprobs;        /* -1: off; else each prompt token's logprob and this many alternatives */
+    int32_t **id_prompts;       /* owned [n_prompts]: completions given a list of token-id lists (prompts
+                                   NULL); id_prompt_lens their lengths */
+    int *id_prompt_lens;
 };
 #define API_OAI_MAX_N 64
 
@@ -94,6 +114,14 @@ int api_oai_parse_doc(const json_doc *d, int obj, enum api_oai_endpoint kind, co
 /* model is one of names (NULL-terminated; NULL: none). */
 bool api_oai_model_known(const char *const *names, const char *model);
 void api_oai_req_free(struct api_oai_req *r);
+
+/* What parsing leaves to the tokenizer: bad_words into token sequences (each
+ * word as it is and after a space, as vLLM does). 0 or a negative status with
+ * *e filled. Call it once after api_oai_parse. */
+int api_oai_prepare(struct api_oai_req *r, const model_tok *tok, struct api_oai_error *e);
+/* Whether r needs the backend's prompt logprobs (prompt_logprobs, or echo
+ * with logprobs). */
+bool api_oai_wants_prompt_logprobs(const struct api_oai_req *r);
 
 /* Tokenizes the prompt into a new malloc'ed array (*ids, caller frees; BOS
  * added as the tokenizer's metadata says, special tokens parsed for chat).
@@ -136,6 +164,8 @@ struct api_oai_result {
     struct json_buf lp_off;     /* completions: text_offset */
     int n_lp;
     size_t offset;              /* completions: text offset of the next token */
+    struct json_buf plp;        /* prompt_logprobs: the entries after the first null, vLLM's shape */
+    bool has_plp;
     bool done;
     enum sched_finish finish;
     struct sched_usage usage;
@@ -143,6 +173,10 @@ struct api_oai_result {
 };
 void api_oai_result_init(struct api_oai_result *res);
 void api_oai_result_free(struct api_oai_result *res);
+/* completions with echo: puts prompt ids[0..n) (the prompt as it was given
+ * when it was text) at the start of res's text. Call once, before any event. */
+void api_oai_result_echo(struct api_oai_result *res, const struct api_oai_req *r, int choice, const model_tok *tok,
+                         const int32_t *ids, int n);
 /* Folds one event (token or finish) into res. */
 void api_oai_result_add(struct api_oai_result *res, const struct api_oai_req *r, const model_tok *tok,
                         const struct sched_event *ev);
@@ -176,12 +210,23 @@ void api_resp_chat_error(struct api_oai_error *e);
  * "completed" or "incomplete" (finish says why) with the text as one
  * output_text message. rid: the request's id without prefix. */
 void api_resp_json(struct json_buf *b, const char *rid, long created, const char *model, const char *status,
-                   const char *text, size_t len, const struct sched_usage *u, enum sched_finish finish);
+                   const char *text, size_t len, const struct sched_usage *u, enum sched_finish finish,
+                   const char *echo);
+/* The request's settings a Response object echoes (instructions,
+ * max_output_tokens, parallel_tool_calls, temperature, tool_choice, tools,
+ * top_p, text, metadata, ...: as given, else OpenAI's defaults), as object
+ * members without braces, for the echo argument below (NULL: the defaults
+ * of a request without tools). 0, or a negative status. */
+int api_resp_echo(const char *body, size_t len, struct json_buf *out);
 
 /* Appends the Response object for a finished chat.completion reply (its JSON
  * text): content -> a message item, tool_calls -> function_call items. */
 void api_resp_from_chat(struct json_buf *b, const char *chat_json, size_t len, const char *rid, long created,
-                        const char *model);
+                        const char *model, const char *echo);
+
+/* A request body must be UTF-8 (RFC 8259): 0, or a 400 naming the byte
+ * offset of the first invalid sequence (vLLM refuses such a body too). */
+int api_oai_check_utf8(const char *body, size_t len, struct api_oai_error *e);
 
 /* Appends {"error": {...}}. */
 void api_oai_error_json(struct json_buf *b, const struct api_oai_error *e);

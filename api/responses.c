@@ -10,7 +10,9 @@
  * top_p, seed, stream, text.format (text, json_object, json_schema), tools
  * (function tools) and tool_choice, metadata/store/user/truncation/reasoning
  * (accepted, no effect: responses are not stored). Refused with a 400 naming
- * the field: previous_response_id, non-function tools, other input items.
+ * the field: previous_response_id, background (responses are not stored, so
+ * there would be nothing to retrieve), non-function tools, other input items.
+ * The Response object echoes the request's settings (api_resp_echo).
  * The reply is built from the chat reply (api_resp_from_chat): its content
  * becomes a message item, its tool calls function_call items.
  */
@@ -293,8 +295,34 @@ out:
     return rc;
 }
 
+int api_resp_echo(const char *body, size_t len, struct json_buf *out)
+{
+    json_doc d;
+    char perr[64];
+    if (json_parse(&d, body, len, perr, sizeof perr) || !json_is_obj(&d, 0)) return SL_EINVAL;
+    /* each field as the request gave it (null: absent), else OpenAI's default */
+    static const struct { const char *key, *dflt; } f[] = {
+        {"instructions", "null"}, {"max_output_tokens", "null"}, {"parallel_tool_calls", "true"},
+        {"temperature", "1.0"}, {"tool_choice", "\"auto\""}, {"tools", "[]"}, {"top_p", "1.0"},
+        {"text", "{\"format\":{\"type\":\"text\"}}"}, {"metadata", "{}"}, {"truncation", "\"disabled\""},
+        {"user", "null"}, {"top_logprobs", "null"}, {"max_tool_calls", "null"}, {"service_tier", "\"auto\""},
+    };
+    for (size_t k = 0; k < sizeof f / sizeof *f; k++) {
+        int v = json_get(&d, 0, f[k].key);
+        json_buf_addf(out, "%s\"%s\":", k ? "," : "", f[k].key);
+        if (v >= 0 && !json_is_null(&d, v)) copy_raw(out, &d, v);
+        else json_buf_add(out, f[k].dflt, strlen(f[k].dflt));
+    }
+    json_buf_lit(out, ",\"store\":false,\"background\":false,\"previous_response_id\":null");
+    json_free(&d);
+    return out->oom ? SL_ENOMEM : 0;
+}
+
+static const char *const DEFAULT_ECHO = "\"parallel_tool_calls\":true,\"tool_choice\":\"auto\",\"tools\":[]";
+
 void api_resp_json(struct json_buf *b, const char *rid, long created, const char *model, const char *status,
-                   const char *text, size_t len, const struct sched_usage *u, enum sched_finish finish)
+                   const char *text, size_t len, const struct sched_usage *u, enum sched_finish finish,
+                   const char *echo)
 {
     bool done = !strcmp(status, "completed") || !strcmp(status, "incomplete");
     json_buf_addf(b, "{\"id\":\"resp_%s\",\"object\":\"response\",\"created_at\":%ld,\"status\":\"%s\",\"model\":", rid,
@@ -313,7 +341,7 @@ void api_resp_json(struct json_buf *b, const char *rid, long created, const char
         json_buf_add_str(b, text, len);
         json_buf_lit(b, ",\"annotations\":[]}]}");
     }
-    json_buf_lit(b, "],\"parallel_tool_calls\":true,\"tool_choice\":\"auto\",\"tools\":[],\"usage\":");
+    json_buf_addf(b, "],%s,\"usage\":", echo && *echo ? echo : DEFAULT_ECHO);
     if (done && u)
         json_buf_addf(b, "{\"input_tokens\":%d,\"input_tokens_details\":{\"cached_tokens\":%d},\"output_tokens\":%d,"
                          "\"output_tokens_details\":{\"reasoning_tokens\":0},\"total_tokens\":%d}}",
@@ -323,24 +351,25 @@ void api_resp_json(struct json_buf *b, const char *rid, long created, const char
 }
 
 void api_resp_from_chat(struct json_buf *b, const char *chat_json, size_t len, const char *rid, long created,
-                        const char *model)
+                        const char *model, const char *echo)
 {
     json_doc d;
     char err[64];
     if (json_parse(&d, chat_json, len, err, sizeof err) || !json_is_obj(&d, 0)) {
-        api_resp_json(b, rid, created, model, "failed", "", 0, NULL, SCHED_FINISH_ERROR);
+        api_resp_json(b, rid, created, model, "failed", "", 0, NULL, SCHED_FINISH_ERROR, echo);
         return;
     }
     int ch = json_get(&d, 0, "choices"), c0 = ch >= 0 ? json_at(&d, ch, 0) : -1;
     int msg = c0 >= 0 ? json_get(&d, c0, "message") : -1, fin = c0 >= 0 ? json_get(&d, c0, "finish_reason") : -1;
     int content = msg >= 0 ? json_get(&d, msg, "content") : -1, calls = msg >= 0 ? json_get(&d, msg, "tool_calls") : -1;
     int us = json_get(&d, 0, "usage");
-    bool cut = fin >= 0 && json_str_eq(&d, fin, "length");
+    /* cut by max_output_tokens, or aborted (the server shutting down, --shutdown-timeout) */
+    bool aborted = fin >= 0 && json_str_eq(&d, fin, "abort"), cut = aborted || (fin >= 0 && json_str_eq(&d, fin, "length"));
     json_buf_addf(b, "{\"id\":\"resp_%s\",\"object\":\"response\",\"created_at\":%ld,\"status\":\"%s\",\"model\":", rid,
                   created, cut ? "incomplete" : "completed");
     json_buf_add_str(b, model, strlen(model));
     json_buf_lit(b, ",\"incomplete_details\":");
-    if (cut) json_buf_lit(b, "{\"reason\":\"max_output_tokens\"}");
+    if (cut) json_buf_addf(b, "{\"reason\":\"%s\"}", aborted ? "interrupted" : "max_output_tokens");
     else json_buf_lit(b, "null");
     json_buf_lit(b, ",\"error\":null,\"output\":[");
     bool comma = false;
@@ -365,7 +394,7 @@ void api_resp_from_chat(struct json_buf *b, const char *chat_json, size_t len, c
         json_buf_lit(b, ",\"status\":\"completed\"}");
         comma = true;
     }
-    json_buf_lit(b, "],\"parallel_tool_calls\":true,\"tool_choice\":\"auto\",\"tools\":[],\"usage\":");
+    json_buf_addf(b, "],%s,\"usage\":", echo && *echo ? echo : DEFAULT_ECHO);
     int pt = us >= 0 ? json_get(&d, us, "prompt_tokens") : -1, ct = us >= 0 ? json_get(&d, us, "completion_tokens") : -1;
     int pd = us >= 0 ? json_get(&d, us, "prompt_tokens_details") : -1, cc = pd >= 0 ? json_get(&d, pd, "cached_tokens") : -1;
     int64_t p = 0, c = 0, cached = 0;

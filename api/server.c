@@ -171,6 +171,10 @@ static void on_wake(evutil_socket_t fd, short what, void *arg)
 
 static bool ready_or_503(struct server *s, struct evhttp_request *req)
 {
+    if (atomic_load(&s->draining)) {
+        srv_reply_error(req, 503, "server_error", NULL, "the server is shutting down");
+        return false;
+    }
     int st = atomic_load(&s->state);
     if (st == SRV_READY) return true;
     srv_reply_error(req, 503, "server_error", NULL, st == SRV_LOADING ? "the model is still loading" : "the model failed to load");
@@ -211,116 +215,6 @@ static void handle_models(struct server *s, struct evhttp_request *req, const ch
     if (!id) json_buf_lit(&b, "]}");
     srv_reply_json(req, 200, &b);
     json_buf_free(&b);
-}
-
-static void hist_out(struct evbuffer *o, const char *name, const char *help, const struct srv_hist *h)
-{
-    evbuffer_add_printf(o, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
-    for (int i = 0; i < SRV_HIST_BUCKETS; i++)
-        evbuffer_add_printf(o, "%s_bucket{le=\"%g\"} %llu\n", name, srv_hist_bounds[i], (unsigned long long)h->le[i]);
-    evbuffer_add_printf(o, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name,
-                        (unsigned long long)h->count, name, h->sum, name, (unsigned long long)h->count);
-}
-
-/* An engine histogram, one series per label value (labels[i] for hs[i]; a
- * NULL label: no label). */
-static void sched_hist_out(struct evbuffer *o, const char *name, const char *help, const char *label,
-                           const char *const *values, const struct sched_hist *hs, int n)
-{
-    evbuffer_add_printf(o, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
-    for (int k = 0; k < n; k++) {
-        const struct sched_hist *h = &hs[k];
-        char l[96] = "", lc[100] = "";
-        if (label) {
-            snprintf(l, sizeof l, "%s=\"%s\"", label, values[k]);
-            snprintf(lc, sizeof lc, "{%s}", l);
-        }
-        for (int i = 0; i < SCHED_HIST_BUCKETS; i++)
-            evbuffer_add_printf(o, "%s_bucket{%s%sle=\"%g\"} %llu\n", name, l, label ? "," : "", sched_hist_bounds[i],
-                                (unsigned long long)h->le[i]);
-        evbuffer_add_printf(o, "%s_bucket{%s%sle=\"+Inf\"} %llu\n%s_sum%s %.6f\n%s_count%s %llu\n", name, l,
-                            label ? "," : "", (unsigned long long)h->count, name, lc, h->sum, name, lc,
-                            (unsigned long long)h->count);
-    }
-}
-
-static void handle_metrics(struct server *s, struct evhttp_request *req)
-{
-    struct evbuffer *o = evbuffer_new();
-    if (!o) return;
-    struct sched_engine_stats st;
-    memset(&st, 0, sizeof st);
-    if (s->eng) sched_engine_get_stats(s->eng, &st);
-    double hit = st.kv.query_tokens ? (double)st.kv.hit_tokens / (double)st.kv.query_tokens : 0.0;
-#define GAUGE(n, h, fmt, v) evbuffer_add_printf(o, "# HELP sluice:" n " " h "\n# TYPE sluice:" n " gauge\nsluice:" n " " fmt "\n", v)
-#define COUNTER(n, h, v) evbuffer_add_printf(o, "# HELP sluice:" n " " h "\n# TYPE sluice:" n " counter\nsluice:" n " %llu\n", (unsigned long long)(v))
-    /* what the web page's status panel shows beside the gauges */
-    evbuffer_add_printf(o, "# HELP sluice:server_info The server: version, backend, GPUs per model.\n# TYPE "
-                        "sluice:server_info gauge\nsluice:server_info{version=\"%s\",backend=\"%s\","
-                        "tensor_parallel_size=\"%ld\"} 1\n", SLUICE_VERSION, s->be ? s->be->ops->name : "",
-                        s->o.tensor_parallel_size);
-    GAUGE("num_requests_running", "Requests running in the engine.", "%d", st.sched.n_running);
-    GAUGE("num_requests_waiting", "Requests waiting to be scheduled.", "%d", st.sched.n_waiting);
-    GAUGE("kv_blocks_total", "KV cache blocks in the pool.", "%d", st.kv.blocks_total);
-    GAUGE("kv_blocks_used", "KV cache blocks held by running requests.", "%d", st.kv.blocks_used);
-    GAUGE("kv_blocks_cached", "Free KV blocks still holding a cached prefix.", "%d", st.kv.blocks_cached);
-    GAUGE("kv_cache_usage_perc", "Fraction of KV blocks in use.", "%.6f",
-          st.kv.blocks_total ? (double)st.kv.blocks_used / st.kv.blocks_total : 0.0);
-    GAUGE("prefix_cache_hit_rate", "Prompt tokens served from the prefix cache / prompt tokens looked up.", "%.6f", hit);
-    COUNTER("prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.", st.kv.query_tokens);
-    COUNTER("prefix_cache_hits_total", "Prompt tokens served from the prefix cache.", st.kv.hit_tokens);
-    COUNTER("prompt_tokens_total", "Prompt tokens of finished requests.", s->prompt_tokens_total);
-    COUNTER("generation_tokens_total", "Generated tokens of finished requests.", s->generation_tokens_total);
-    COUNTER("prefill_tokens_computed_total", "Prompt tokens run through the model (recomputation included).",
-            st.sched.prompt_tokens_computed);
-    COUNTER("decode_tokens_total", "Decode tokens run through the model.", st.sched.decode_tokens);
-    COUNTER("engine_steps_total", "Engine steps run.", st.sched.steps);
-    COUNTER("num_preemptions_total", "Sequences preempted (for KV blocks, or to free a slot for interactive work).", st.sched.preemptions);
-    COUNTER("request_success_total", "Requests answered.", s->n_requests_ok);
-    COUNTER("request_failure_total", "Requests refused or failed.", s->n_requests_err);
-    GAUGE("avg_seqs_per_step", "Sequences per engine step, on average (tokens run / steps, decode only).", "%.4f",
-          st.sched.steps ? (double)(st.sched.decode_tokens) / (double)st.sched.steps : 0.0);
-    /* the scheduler's side: per class (chat against batch), its step plans against what ran */
-    static const char *const cls[SCHED_N_PRIO] = {"interactive", "batch"};
-    static const char *const terms[SCHED_COST_N] = {"step", "prefill_token", "prefill_pair", "decode_token",
-                                                    "decode_key", "sample"};
-    const struct sched_stats *ss = &st.sched;
-    evbuffer_add_printf(o, "# HELP sluice:tokens_computed_total Prompt and decode tokens run through the model, per "
-                           "class.\n# TYPE sluice:tokens_computed_total counter\n");
-    for (int c = 0; c < SCHED_N_PRIO; c++)
-        evbuffer_add_printf(o, "sluice:tokens_computed_total{class=\"%s\"} %llu\n", cls[c],
-                            (unsigned long long)ss->class_tokens[c]);
-    GAUGE("batch_throughput_tokens_per_second", "Batch tokens (prompt and decode) run a second, over the last ~10 s of "
-          "steps.", "%.1f", ss->batch_tok_s);
-    COUNTER("batch_decodes_sat_out_total", "Batch decodes left out of a step to keep it within the latency targets "
-            "(their KV stays).", ss->decodes_sat_out);
-    GAUGE("step_time_planned_last_seconds", "The last step's time as the cost model planned it.", "%.6f",
-          ss->last_planned_s);
-    GAUGE("step_time_measured_last_seconds", "The last step's time as it ran.", "%.6f", ss->last_measured_s);
-    GAUGE("step_time_limit_last_seconds", "The last step's time limit from the latency targets (0: none).", "%.6f",
-          ss->last_limit_s);
-    evbuffer_add_printf(o, "# HELP sluice:step_cost_coefficient_seconds The step cost model, calibrated from the "
-                           "measured steps: seconds per unit of each term.\n"
-                           "# TYPE sluice:step_cost_coefficient_seconds gauge\n");
-    for (int i = 0; i < SCHED_COST_N; i++)
-        evbuffer_add_printf(o, "sluice:step_cost_coefficient_seconds{term=\"%s\"} %.9g\n", terms[i], ss->cost[i]);
-    sched_hist_out(o, "sluice:time_to_first_token_seconds", "Time to first token, per class (engine side).", "class",
-                   cls, ss->ttft, SCHED_N_PRIO);
-    sched_hist_out(o, "sluice:inter_token_latency_seconds", "Time between a sequence's tokens, per class (engine "
-                   "side).", "class", cls, ss->itl, SCHED_N_PRIO);
-    sched_hist_out(o, "sluice:step_time_planned_seconds", "Engine step time as the cost model planned it.", NULL,
-                   NULL, &ss->step_planned, 1);
-    sched_hist_out(o, "sluice:step_time_seconds", "Engine step time as measured (plan, forward, sampling).", NULL,
-                   NULL, &ss->step_measured, 1);
-#undef GAUGE
-#undef COUNTER
-    srv_batch_metrics(s, o);
-    hist_out(o, "sluice:e2e_request_latency_seconds", "Request latency.", &s->e2e);
-    hist_out(o, "sluice:request_queue_time_seconds", "Time a request waited before the engine first admitted it.",
-             &s->queue);
-    evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "text/plain; version=0.0.4");
-    evhttp_send_reply(req, 200, "OK", o);
-    evbuffer_free(o);
 }
 
 /* Parses the JSON body of a POST; replies with an error and returns -1 when
@@ -500,6 +394,8 @@ long srv_route_body_cap(const struct server *s, const char *method, const char *
     return SMALL_BODY;
 }
 
+static bool cors(struct server *s, struct evhttp_request *req);
+
 static void route(struct evhttp_request *req, void *arg)
 {
     struct server *s = arg;
@@ -511,7 +407,13 @@ static void route(struct evhttp_request *req, void *arg)
     path[n] = '\0';
     while (n > 1 && path[n - 1] == '/') path[--n] = '\0';
     srv_conn_request(s, req);
+    if (cors(s, req)) return;
     enum evhttp_cmd_type m = evhttp_request_get_command(req);
+    /* shutting down: only /health (503, so a balancer moves on) and /metrics answer */
+    if (atomic_load(&s->draining) && strcmp(path, "/metrics")) {
+        srv_reply_error(req, 503, "server_error", NULL, "the server is shutting down");
+        return;
+    }
     /* HEAD where GET is: srv_reply_json leaves the body out */
     bool get = m == EVHTTP_REQ_GET || m == EVHTTP_REQ_HEAD, post = m == EVHTTP_REQ_POST;
     if (srv_batch_route(path)) { /* /v1/files..., /v1/batches...: server_batch.c */
@@ -533,6 +435,14 @@ static void route(struct evhttp_request *req, void *arg)
         return;
     }
     if (s->o.web_ui && srv_webui_route(req, path)) return; /* the page at / and its files */
+    if (!strncmp(path, "/v1/responses/", 14)) { /* responses.retrieve / cancel / input_items */
+        if (!srv_auth_ok(s, req)) srv_reply_error(req, 401, "invalid_request_error", NULL, "invalid or missing API key");
+        else
+            srv_reply_error(req, 404, "NotFoundError", NULL,
+                            "%s: responses are not stored here (store and background are not supported), so none "
+                            "can be retrieved or cancelled", path);
+        return;
+    }
     int r = -1;
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
         if (!strcmp(path, routes[i].path)) r = (int)i;
@@ -557,7 +467,7 @@ static void route(struct evhttp_request *req, void *arg)
     }
     switch (r) {
     case 0: case 1: handle_health(s, req); break;
-    case 2: handle_metrics(s, req); break;
+    case 2: srv_handle_metrics(s, req); break;
     case 3: handle_models(s, req, NULL); break;
     case 4: handle_tokenize(s, req); break;
     case 5: handle_detokenize(s, req); break;
@@ -576,12 +486,186 @@ static void route(struct evhttp_request *req, void *arg)
     }
 }
 
+/* While draining (after SIGTERM/SIGINT), every 20 ms: past the deadline the
+ * requests still in flight are aborted (each ends with its final event);
+ * once none is left, the last replies get a moment to leave, then the loop
+ * ends. Batch rows still in the engine then are dropped without a result:
+ * they are `running` on disk and run again at the next start. */
+static void drain_tick(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    struct server *s = arg;
+    srv_drain_events(s);
+    double now = srv_now();
+    if (s->n_pending > 0 && now >= s->drain_deadline && !s->drain_cut) {
+        fprintf(stderr, "sluice serve: --shutdown-timeout reached: aborting %d request(s) in flight\n", s->n_pending);
+        srv_abort_interactive(s);
+        s->drain_cut = true;
+    }
+    /* an abort lands after the step in flight: give the engine a few seconds more at most */
+    if (s->n_pending == 0 || now >= s->drain_deadline + 5.0) {
+        if (s->drain_done_at == 0) s->drain_done_at = now + 0.2;
+        if (now >= s->drain_done_at) {
+            event_base_loopbreak(s->base);
+            return;
+        }
+    }
+    struct timeval tv = {0, 20 * 1000};
+    event_add(s->drain_ev, &tv);
+}
+
 static void on_signal(evutil_socket_t sig, short what, void *arg)
 {
     (void)what;
     struct server *s = arg;
-    fprintf(stderr, "sluice serve: signal %d, shutting down\n", (int)sig);
-    event_base_loopbreak(s->base);
+    if (atomic_load(&s->draining) || atomic_load(&s->state) != SRV_READY || !s->drain_ev) {
+        fprintf(stderr, "sluice serve: signal %d, shutting down\n", (int)sig);
+        event_base_loopbreak(s->base);
+        return;
+    }
+    fprintf(stderr, "sluice serve: signal %d, shutting down: %d request(s) in flight get %lds to finish (again to stop "
+            "now)\n", (int)sig, s->n_pending, s->o.shutdown_timeout);
+    atomic_store(&s->draining, true);
+    s->drain_deadline = srv_now() + (double)s->o.shutdown_timeout;
+    drain_tick(-1, 0, s);
+}
+
+/* ---- CORS (vLLM's --allowed-origins/--allowed-methods/--allowed-headers/--allow-credentials,
+ * which FastAPI's CORSMiddleware applies) ---- */
+
+/* A flag's list: a JSON array of strings (vLLM's form) or comma-separated
+ * words. Returns the count, or -1 with err. */
+static int parse_list(const char *flag, const char *v, char ***out, char *err, size_t errlen)
+{
+    *out = NULL;
+    int n = 0, cap = 8;
+    char **a = calloc((size_t)cap, sizeof *a);
+    if (!a) goto oom;
+    while (*v == ' ') v++;
+    if (*v == '[') {
+        json_doc d;
+        char jerr[128];
+        if (json_parse(&d, v, strlen(v), jerr, sizeof jerr) || !json_is_arr(&d, 0)) {
+            snprintf(err, errlen, "%s must be a JSON list of strings, e.g. '[\"*\"]'", flag);
+            free(a);
+            return -1;
+        }
+        for (int k = 0, p = 1; k < json_size(&d, 0); k++, p = json_skip(&d, p)) {
+            if (n == cap) {
+                char **t = realloc(a, (size_t)(cap *= 2) * sizeof *a);
+                if (!t) break;
+                a = t;
+            }
+            if (!json_is_str(&d, p) || !(a[n] = json_strdup(&d, p, NULL))) {
+                snprintf(err, errlen, "%s must be a JSON list of strings", flag);
+                json_free(&d);
+                for (int i = 0; i < n; i++) free(a[i]);
+                free(a);
+                return -1;
+            }
+            n++;
+        }
+        json_free(&d);
+    } else {
+        for (const char *p = v; *p;) {
+            size_t l = strcspn(p, ",");
+            const char *w = p;
+            p += l + (p[l] == ',');
+            while (l && *w == ' ') w++, l--;
+            while (l && w[l - 1] == ' ') l--;
+            if (!l) continue;
+            if (n == cap) {
+                char **t = realloc(a, (size_t)(cap *= 2) * sizeof *a);
+                if (!t) goto oom;
+                a = t;
+            }
+            if (!(a[n] = strndup(w, l))) goto oom;
+            n++;
+        }
+    }
+    *out = a;
+    return n;
+oom:
+    snprintf(err, errlen, "out of memory");
+    return -1;
+}
+
+static bool in_list(char **a, int n, const char *v, bool fold)
+{
+    for (int i = 0; i < n; i++)
+        if (!strcmp(a[i], "*") || (fold ? !strcasecmp(a[i], v) : !strcmp(a[i], v))) return true;
+    return false;
+}
+
+static bool list_any(char **a, int n) { return in_list(a, n, "\x01", false); }
+
+/* Adds the CORS headers a request from another origin needs. A preflight
+ * (OPTIONS with Access-Control-Request-Method) is answered here: true when
+ * the request is done. */
+static bool cors(struct server *s, struct evhttp_request *req)
+{
+    struct evkeyvalq *in = evhttp_request_get_input_headers(req), *out = evhttp_request_get_output_headers(req);
+    const char *origin = evhttp_find_header(in, "Origin");
+    if (!origin) return false;
+    bool any = list_any(s->cors_origins, s->n_cors_origins), ok = in_list(s->cors_origins, s->n_cors_origins, origin, false);
+    const char *acrm = evhttp_find_header(in, "Access-Control-Request-Method");
+    bool preflight = evhttp_request_get_command(req) == EVHTTP_REQ_OPTIONS && acrm;
+    if (preflight) {
+        const char *acrh = evhttp_find_header(in, "Access-Control-Request-Headers");
+        bool m_ok = in_list(s->cors_methods, s->n_cors_methods, acrm, false), h_ok = true;
+        if (acrh && !list_any(s->cors_headers, s->n_cors_headers)) {
+            char *dup = strdup(acrh), *save = NULL;
+            for (char *w = dup ? strtok_r(dup, ", ", &save) : NULL; w; w = strtok_r(NULL, ", ", &save))
+                if (!in_list(s->cors_headers, s->n_cors_headers, w, true) && strcasecmp(w, "accept") &&
+                    strcasecmp(w, "accept-language") && strcasecmp(w, "content-language") && strcasecmp(w, "content-type"))
+                    h_ok = false;
+            free(dup);
+        }
+        if (ok) evhttp_add_header(out, "Access-Control-Allow-Origin", any && !s->o.allow_credentials ? "*" : origin);
+        if (!any || s->o.allow_credentials) evhttp_add_header(out, "Vary", "Origin");
+        struct json_buf m;
+        json_buf_init(&m);
+        if (list_any(s->cors_methods, s->n_cors_methods)) {
+            json_buf_lit(&m, "DELETE, GET, HEAD, OPTIONS, PATCH, POST, PUT");
+        } else {
+            for (int i = 0; i < s->n_cors_methods; i++) json_buf_addf(&m, "%s%s", i ? ", " : "", s->cors_methods[i]);
+        }
+        if (m.p) evhttp_add_header(out, "Access-Control-Allow-Methods", m.p);
+        json_buf_free(&m);
+        if (list_any(s->cors_headers, s->n_cors_headers)) {
+            if (acrh) evhttp_add_header(out, "Access-Control-Allow-Headers", acrh);
+        } else {
+            struct json_buf h;
+            json_buf_init(&h);
+            json_buf_lit(&h, "Accept, Accept-Language, Content-Language, Content-Type");
+            for (int i = 0; i < s->n_cors_headers; i++) json_buf_addf(&h, ", %s", s->cors_headers[i]);
+            evhttp_add_header(out, "Access-Control-Allow-Headers", h.p);
+            json_buf_free(&h);
+        }
+        if (s->o.allow_credentials) evhttp_add_header(out, "Access-Control-Allow-Credentials", "true");
+        evhttp_add_header(out, "Access-Control-Max-Age", "600");
+        if (ok && m_ok && h_ok) {
+            evhttp_add_header(out, "Content-Type", "text/plain; charset=utf-8");
+            struct evbuffer *b = evbuffer_new();
+            if (b) evbuffer_add(b, "OK", 2);
+            evhttp_send_reply(req, 200, "OK", b);
+            if (b) evbuffer_free(b);
+        } else {
+            const char *why = !ok ? "Disallowed CORS origin" : !m_ok ? "Disallowed CORS method" : "Disallowed CORS headers";
+            evhttp_add_header(out, "Content-Type", "text/plain; charset=utf-8");
+            struct evbuffer *b = evbuffer_new();
+            if (b) evbuffer_add(b, why, strlen(why));
+            evhttp_send_reply(req, 400, "Bad Request", b);
+            if (b) evbuffer_free(b);
+        }
+        return true;
+    }
+    if (!ok) return false;
+    bool cookie = evhttp_find_header(in, "Cookie") != NULL;
+    evhttp_add_header(out, "Access-Control-Allow-Origin", any && !(s->o.allow_credentials && cookie) ? "*" : origin);
+    if (!any || (s->o.allow_credentials && cookie)) evhttp_add_header(out, "Vary", "Origin");
+    if (s->o.allow_credentials) evhttp_add_header(out, "Access-Control-Allow-Credentials", "true");
+    return false;
 }
 
 /* ---- the command ---- */
@@ -647,6 +731,7 @@ int api_cmd_serve(int argc, char **argv)
     static struct server srv; /* one per process; its address is handed to threads */
     struct server *s = &srv;
     memset(s, 0, sizeof *s);
+    pthread_mutex_init(&s->vm_mu, NULL);
     struct server_opts *o = &s->o;
     o->host = "127.0.0.1";
     o->port = 8000;
@@ -686,6 +771,14 @@ int api_cmd_serve(int argc, char **argv)
         {"--api-key", API_FLAG_STR, &o->api_key, "require 'Authorization: Bearer KEY' on /v1/*", NULL},
         {"--web-ui", API_FLAG_BOOL, &o->web_ui, "serve the web page (chat, batch jobs, status) at / (on)",
          "--no-web-ui"},
+        {"--api-key", API_FLAG_STR, &o->api_key,
+         "require 'Authorization: Bearer KEY' on /v1/* (default: $VLLM_API_KEY, else $SLUICE_API_KEY)", NULL},
+        {"--shutdown-timeout", API_FLAG_INT, &o->shutdown_timeout,
+         "on SIGTERM/SIGINT, seconds requests in flight may take to finish before they are cut (0)", NULL},
+        {"--allowed-origins", API_FLAG_STR, &o->allowed_origins, "CORS: JSON list of origins ('[\"*\"]')", NULL},
+        {"--allowed-methods", API_FLAG_STR, &o->allowed_methods, "CORS: JSON list of methods ('[\"*\"]')", NULL},
+        {"--allowed-headers", API_FLAG_STR, &o->allowed_headers, "CORS: JSON list of request headers ('[\"*\"]')", NULL},
+        {"--allow-credentials", API_FLAG_BOOL, &o->allow_credentials, "CORS: allow credentials (off)", NULL},
         {"--max-model-len", API_FLAG_HUMAN_INT, &o->max_model_len,
          "prompt + completion tokens at most, e.g. 32k (32000) or 32K (32768)", NULL},
         {"--max-num-seqs", API_FLAG_INT, &o->max_num_seqs, "sequences running at once (GPU 256, CPU 64)", NULL},
@@ -817,6 +910,24 @@ int api_cmd_serve(int argc, char **argv)
         fprintf(stderr, "sluice serve: %s\n", err);
         return 2;
     }
+    if (api_flag_long_range("--shutdown-timeout", o->shutdown_timeout, 0, 86400, err, sizeof err)) {
+        fprintf(stderr, "sluice serve: %s\n", err);
+        return 2;
+    }
+    if (!o->api_key) { /* vLLM reads VLLM_API_KEY; the start-up hint names SLUICE_API_KEY */
+        const char *k = getenv("VLLM_API_KEY");
+        if (!k || !*k) k = getenv("SLUICE_API_KEY");
+        if (k && *k) o->api_key = k;
+    }
+    if ((s->n_cors_origins = parse_list("--allowed-origins", o->allowed_origins ? o->allowed_origins : "*",
+                                        &s->cors_origins, err, sizeof err)) < 0 ||
+        (s->n_cors_methods = parse_list("--allowed-methods", o->allowed_methods ? o->allowed_methods : "*",
+                                        &s->cors_methods, err, sizeof err)) < 0 ||
+        (s->n_cors_headers = parse_list("--allowed-headers", o->allowed_headers ? o->allowed_headers : "*",
+                                        &s->cors_headers, err, sizeof err)) < 0) {
+        fprintf(stderr, "sluice serve: %s\n", err);
+        return 2;
+    }
     if (o->kv_cache_memory && api_parse_bytes(o->kv_cache_memory) <= 0) {
         fprintf(stderr, "sluice serve: invalid --kv-cache-memory '%s' (e.g. 2G, 512M)\n", o->kv_cache_memory);
         return 2;
@@ -906,6 +1017,7 @@ int api_cmd_serve(int argc, char **argv)
     }
     s->wake_ev = event_new(s->base, -1, 0, on_wake, s);
     s->ready_ev = event_new(s->base, -1, 0, on_ready, s);
+    s->drain_ev = evtimer_new(s->base, drain_tick, s);
     struct event *sigint = evsignal_new(s->base, SIGINT, on_signal, s);
     struct event *sigterm = evsignal_new(s->base, SIGTERM, on_signal, s);
     event_add(sigint, NULL);
@@ -927,6 +1039,7 @@ int api_cmd_serve(int argc, char **argv)
      * in the engine, whose finish events then free the requests */
     evhttp_free(s->http);
     srv_conns_stop(s);
+    if (s->n_pending > 0 && s->eng && atomic_load(&s->state) == SRV_READY) srv_abort_interactive(s);
     for (int i = 0; i < 200 && s->n_pending > 0 && s->eng && atomic_load(&s->state) == SRV_READY; i++) {
         srv_drain_events(s);
         if (s->n_pending > 0) usleep(10 * 1000);
@@ -943,6 +1056,7 @@ int api_cmd_serve(int argc, char **argv)
     event_free(sigterm);
     event_free(s->wake_ev);
     event_free(s->ready_ev);
+    if (s->drain_ev) event_free(s->drain_ev);
     event_base_free(s->base);
     return rc;
 }

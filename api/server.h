@@ -15,6 +15,7 @@
 
 #include <event2/event.h>
 #include <event2/http.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -58,6 +59,10 @@ struct server_opts {
     long max_batch_file_lines, max_batch_file_bytes;
     bool allow_short_windows;   /* test only: completion windows like "3s" */
     bool web_ui;                /* serve the web page at / (webui.c); --no-web-ui turns it off */
+    long shutdown_timeout;      /* SIGTERM: seconds in-flight requests may take to finish (vLLM's
+                                   --shutdown-timeout; 0: they are cut at once, with a final event) */
+    const char *allowed_origins, *allowed_methods, *allowed_headers; /* CORS, vLLM's JSON lists ("*": any) */
+    bool allow_credentials;
     /* connection limits (server_conn.c) */
     long max_header_bytes;      /* request line + headers; over it: 431 */
     long max_header_count;      /* header fields; over it: 431 */
@@ -76,6 +81,26 @@ struct srv_hist {
     uint64_t le[SRV_HIST_BUCKETS]; /* cumulative counts per bound */
 };
 
+/* A histogram over given bounds (vLLM's buckets for its families). */
+#define SRV_VHIST_MAX 24
+struct srv_vhist {
+    double sum;
+    uint64_t count;
+    uint64_t le[SRV_VHIST_MAX]; /* cumulative counts per bound */
+};
+
+/* vLLM's request-level families, over every engine request that finished
+ * (chats and batch rows; each choice of n is one): what vLLM's dashboards
+ * read. Per class (0 interactive, 1 batch) where sluice splits them.
+ * Written by the api thread (chats) and the store thread (batch rows):
+ * under struct server's vm_mu. */
+enum { SRV_FIN_STOP, SRV_FIN_LENGTH, SRV_FIN_ABORT, SRV_FIN_ERROR, SRV_N_FIN };
+struct srv_req_metrics {
+    uint64_t finished[2][SRV_N_FIN];
+    uint64_t prompt_tokens, gen_tokens;
+    struct srv_vhist e2e, queue, prefill, decode, inference, tpot; /* seconds */
+    struct srv_vhist prompt_len, gen_len;                          /* tokens */
+};
 /* One request waiting for engine events. */
 struct pending {
     uint64_t id;
@@ -114,7 +139,18 @@ struct server {
     _Atomic uint64_t prompt_tokens_total, generation_tokens_total, cached_tokens_total;
     /* time to first token and between tokens come from the engine, per class */
     struct srv_hist e2e, queue; /* queue: submit -> admitted (vLLM's request_queue_time) */
+    struct srv_req_metrics vm;       /* vLLM's families (server_metrics.c), under vm_mu */
+    pthread_mutex_t vm_mu;
     struct srv_batch *batch;         /* files, batches, store thread (server_batch.c) */
+    /* SIGTERM: new requests get 503, in-flight ones finish until drain_deadline, then are cut */
+    _Atomic bool draining;           /* read by the store thread's feeder: no new batch rows */
+    double drain_deadline, drain_done_at;
+    bool drain_cut;
+    struct event *drain_ev;
+    struct srv_req *live;            /* chat/completions requests in flight (server_complete.c) */
+    /* CORS (server.c): parsed from the flags at start */
+    char **cors_origins, **cors_methods, **cors_headers;
+    int n_cors_origins, n_cors_methods, n_cors_headers;
     struct srv_conns *conns;         /* connection limits (server_conn.c) */
 };
 
@@ -132,6 +168,12 @@ bool srv_auth_header_ok(const struct server *s, const char *value);
 double srv_now(void);
 void srv_hist_add(struct srv_hist *h, double v);
 extern const double srv_hist_bounds[SRV_HIST_BUCKETS];
+
+/* ---- server_metrics.c: GET /metrics ---- */
+/* Counts a finished engine request (ev: its finish event) in s->vm. */
+void srv_metrics_finish(struct server *s, const struct sched_event *ev, bool batch);
+/* Answers GET /metrics. */
+void srv_handle_metrics(struct server *s, struct evhttp_request *req);
 
 /* ---- server.c: routes ---- */
 /* The largest body a request to method/path may carry, and whether the route
@@ -162,6 +204,9 @@ void srv_handle_completions(struct server *s, struct evhttp_request *req, bool c
 void srv_handle_responses(struct server *s, struct evhttp_request *req);
 /* Drains the chat requests' engine events into replies (api thread, on wake_ev). */
 void srv_drain_events(struct server *s);
+/* Aborts every chat/completions request in flight: each ends with its final
+ * event (finish_reason "abort", then [DONE] for a stream). */
+void srv_abort_interactive(struct server *s);
 
 /* ---- server_batch.c: /v1/files, /v1/batches, the store thread and its feeder ---- */
 /* Opens the store under s->o.data_dir (writer for the store thread, reader

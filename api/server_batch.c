@@ -157,6 +157,7 @@ struct srv_batch {
     /* read by the api thread (/health, /metrics) */
     atomic_int st_fail_mask;
     atomic_int st_waiting;
+    atomic_int st_inflight;        /* n_inflight, for /metrics */
     atomic_ullong st_write_errors;
     char st_error[256];            /* the last store error, under mu */
 };
@@ -345,6 +346,7 @@ static void inflight_add(struct srv_batch *b, struct job *j)
     if (b->inflight) b->inflight->prev = j;
     b->inflight = j;
     b->n_inflight++;
+    atomic_store(&b->st_inflight, b->n_inflight);
 }
 
 static void inflight_remove(struct srv_batch *b, struct job *j)
@@ -353,6 +355,7 @@ static void inflight_remove(struct srv_batch *b, struct job *j)
     else b->inflight = j->next;
     if (j->next) j->next->prev = j->prev;
     b->n_inflight--;
+    atomic_store(&b->st_inflight, b->n_inflight);
 }
 
 /* Parses, tokenizes and submits one claimed row; a row the server refuses
@@ -412,6 +415,7 @@ static void take_events(struct srv_batch *b)
                 s->cached_tokens_total += (uint64_t)ev->usage.cached_tokens;
             }
             s->generation_tokens_total += (uint64_t)ev->usage.completion_tokens;
+            srv_metrics_finish(s, ev, true);
         }
         if (!bline_event(&j->l, &b->env, ev)) continue;
         inflight_remove(b, j);
@@ -423,13 +427,17 @@ static void take_events(struct srv_batch *b)
 static void feed(struct srv_batch *b)
 {
     struct server *s = b->srv;
-    if (!b->pending_hint || b->engine_dead || atomic_load(&s->state) != SRV_READY) return;
+    /* draining for shutdown: the rows not claimed stay pending for the next start */
+    if (!b->pending_hint || b->engine_dead || atomic_load(&s->state) != SRV_READY || atomic_load(&s->draining))
+        return;
     if (!b->sink) {
         b->sink = sched_sink_create(s->eng, on_engine_events, b);
         if (!b->sink) return; /* the next tick tries again */
         b->env = (struct bline_env){.eng = s->eng, .sink = b->sink, .tok = model_get_tok(s->m),
                                     .max_model_len = sched_engine_config(s->eng)->max_model_len,
-                                    .model_names = s->model_names, .model_path = s->o.model};
+                                    .model_names = s->model_names, .model_path = s->o.model,
+                                    .has_prompt_logprobs = s->be->has_prompt_logprobs,
+                                    .backend_name = s->be->ops->name};
     }
     if (!b->high) {
         /* Batch rows may take every sequence slot: the scheduler preempts
@@ -1092,6 +1100,27 @@ void srv_batch_metrics(struct server *s, struct evbuffer *o)
                         "sluice:batch_store_write_errors_total %llu\n",
                         atomic_load(&b->st_fail_mask) ? 1 : 0, atomic_load(&b->st_waiting),
                         (unsigned long long)atomic_load(&b->st_write_errors));
+    /* the queue, from the batches table (cheap: no scan of the rows) and the feeder */
+    struct store_queue_stats q;
+    char err[256];
+    if (store_queue_stats(b->r, &q, err, sizeof err)) return;
+    evbuffer_add_printf(o, "# HELP sluice:batches Batches by status.\n# TYPE sluice:batches gauge\n");
+    for (int i = 0; i < STORE_N_BATCH_STATUS; i++)
+        evbuffer_add_printf(o, "sluice:batches{status=\"%s\"} %ld\n", store_batch_status_names[i], q.batches[i]);
+    long open = 0, done = 0, failed = 0, running = atomic_load(&b->st_inflight);
+    for (int i = 0; i < STORE_N_BATCH_STATUS; i++) {
+        done += q.rows_completed[i], failed += q.rows_failed[i];
+        if (!strcmp(store_batch_status_names[i], "in_progress") || !strcmp(store_batch_status_names[i], "validating"))
+            open += q.rows_total[i] - q.rows_completed[i] - q.rows_failed[i];
+    }
+    long pending = open - running > 0 ? open - running : 0;
+    evbuffer_add_printf(o,
+                        "# HELP sluice:batch_requests Batch requests (input lines) by state: pending (queued, not "
+                        "yet in the engine), running (in the engine), completed and failed (written).\n"
+                        "# TYPE sluice:batch_requests gauge\n"
+                        "sluice:batch_requests{state=\"pending\"} %ld\nsluice:batch_requests{state=\"running\"} %ld\n"
+                        "sluice:batch_requests{state=\"completed\"} %ld\nsluice:batch_requests{state=\"failed\"} %ld\n",
+                        pending, running, done, failed);
 }
 
 /* ---- construction and teardown ------------------------------------------------------------------ */

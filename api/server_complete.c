@@ -55,6 +55,7 @@ struct choice {
     struct api_reasoning rp;
     struct api_toolcall tp;
     int n_calls;
+    bool args_started;            /* a forced tool call's arguments: past their leading whitespace */
 };
 
 struct srv_req {
@@ -71,8 +72,27 @@ struct srv_req {
     struct sched_usage usage;     /* the prompt's (first choice), completion tokens summed */
     struct api_oai_result *res;   /* [n] owned: choice i's output so far (non-streamed, and streams that
                                      need the whole text: required tool_choice, /v1/responses) */
+    char *resp_echo;              /* owned: /v1/responses, the request's settings the Response echoes */
+    struct srv_req *lprev, *lnext; /* server.live */
+    bool linked;
     struct choice ch[];           /* [n] */
 };
+
+static void live_unlink(struct server *s, struct srv_req *q)
+{
+    if (!q->linked) return;
+    if (q->lprev) q->lprev->lnext = q->lnext;
+    else s->live = q->lnext;
+    if (q->lnext) q->lnext->lprev = q->lprev;
+    q->linked = false;
+}
+
+void srv_abort_interactive(struct server *s)
+{
+    for (struct srv_req *q = s->live; q; q = q->lnext)
+        for (int i = 0; i < q->n; i++)
+            if (!q->ch[i].done) sched_engine_abort(s->eng, q->ch[i].id);
+}
 
 static void reply_oai_error(struct server *s, struct evhttp_request *req, const struct api_oai_error *e)
 {
@@ -275,6 +295,7 @@ static void free_req(struct srv_req *q)
     }
     api_oai_req_free(&q->r);
     free(q->res);
+    free(q->resp_echo);
     free(q);
 }
 
@@ -437,7 +458,7 @@ static void resp_final(struct server *s, struct srv_req *q, struct json_buf *out
     struct json_buf chat;
     json_buf_init(&chat);
     api_oai_response_json(&chat, &q->r, &q->res[0], q->base.rid, q->base.created, s->model_name);
-    api_resp_from_chat(out, chat.p ? chat.p : "", chat.len, q->base.rid, q->base.created, s->model_name);
+    api_resp_from_chat(out, chat.p ? chat.p : "", chat.len, q->base.rid, q->base.created, s->model_name, q->resp_echo);
     json_buf_free(&chat);
 }
 
@@ -449,7 +470,7 @@ static void resp_event(struct server *s, struct srv_req *q, const char *type, co
     const struct api_oai_result *res = &q->res[0];
     json_buf_lit(&f, "\"response\":");
     api_resp_json(&f, q->base.rid, q->base.created, s->model_name, status, res->text.p ? res->text.p : "",
-                  res->text.len, &q->usage, res->finish);
+                  res->text.len, &q->usage, res->finish, q->resp_echo);
     send_resp_event(q, type, &f);
     json_buf_free(&f);
 }
@@ -497,6 +518,12 @@ static void resp_frame_events(struct srv_req *q, bool start)
 /* A named tool_choice: a piece of the forced call's arguments as a delta. */
 static void send_arguments(struct server *s, struct choice *c, const char *text, size_t len, const char *lp)
 {
+    /* the grammar lets JSON start after whitespace; arguments start at the brace, as vLLM's do */
+    if (!c->args_started) {
+        while (len && strchr(" \t\r\n", *text)) text++, len--;
+        if (!len && !lp) return;
+        c->args_started = len > 0;
+    }
     struct json_buf calls;
     json_buf_init(&calls);
     json_buf_lit(&calls, "{\"index\":0,\"function\":{\"arguments\":");
@@ -581,7 +608,7 @@ static void stream_event(struct server *s, struct choice *c, const struct sched_
         send_delta(s, q, &d);
     }
     const char *fin = sched_finish_name(ev->finish);
-    if (c->n_calls > 0 && ev->finish == SCHED_FINISH_STOP) fin = "tool_calls";
+    if ((c->n_calls > 0 || q->r.forced_required) && ev->finish == SCHED_FINISH_STOP) fin = "tool_calls";
     struct delta d = {.index = c->index, .text = "", .finish = fin};
     send_delta(s, q, &d);
 }
@@ -632,7 +659,7 @@ static void stream_end(struct server *s, struct srv_req *q)
             } else {
                 resp_frame_events(q, false);
             }
-            bool cut = q->res[0].finish == SCHED_FINISH_LENGTH;
+            bool cut = q->res[0].finish == SCHED_FINISH_LENGTH || q->res[0].finish == SCHED_FINISH_ABORT;
             f.len = 0;
             json_buf_lit(&f, "\"response\":");
             json_buf_add(&f, r.p ? r.p : "{}", r.p ? r.len : 2);
@@ -708,6 +735,7 @@ void srv_drain_events(struct server *s)
     for (int i = 0; i < n; i++) {
         const struct sched_event *ev = &s->evbuf.ev[i];
         if (!ev->user) continue;
+        if (ev->kind == SCHED_EV_FINISH) srv_metrics_finish(s, ev, false); /* batch rows: server_batch.c */
         struct choice *c = ev->user;
         struct srv_req *q = c->q;
         if (q->base.req) {
@@ -742,6 +770,7 @@ void srv_drain_events(struct server *s)
         }
         q->con = NULL; /* it may be gone already (see end_stream) */
         detach(q);
+        live_unlink(s, q);
         s->n_pending--;
         free_req(q);
     }
@@ -749,7 +778,8 @@ void srv_drain_events(struct server *s)
 
 /* ---- the handler ---- */
 
-static void handle(struct server *s, struct evhttp_request *req, char *body, size_t len, bool chat, bool responses);
+static void handle(struct server *s, struct evhttp_request *req, char *body, size_t len, bool chat, bool responses,
+                   char *resp_echo);
 
 void srv_handle_completions(struct server *s, struct evhttp_request *req, bool chat)
 {
@@ -759,7 +789,7 @@ void srv_handle_completions(struct server *s, struct evhttp_request *req, bool c
         s->n_requests_err++;
         return;
     }
-    handle(s, req, body, len, chat, false);
+    handle(s, req, body, len, chat, false, NULL);
 }
 
 void srv_handle_responses(struct server *s, struct evhttp_request *req)
@@ -773,19 +803,25 @@ void srv_handle_responses(struct server *s, struct evhttp_request *req)
     struct json_buf chat;
     json_buf_init(&chat);
     struct api_oai_error e = {0};
-    int rc = api_resp_to_chat(body, len, &chat, &e);
+    struct json_buf echo;
+    json_buf_init(&echo);
+    int rc = api_oai_check_utf8(body, len, &e);
+    if (!rc) rc = api_resp_to_chat(body, len, &chat, &e);
+    if (!rc && api_resp_echo(body, len, &echo)) rc = api_oai_errorf(&e, 500, NULL, "out of memory");
     free(body);
     if (rc) {
         json_buf_free(&chat);
+        json_buf_free(&echo);
         reply_oai_error(s, req, &e);
         return;
     }
-    handle(s, req, chat.p, chat.len, true, true); /* takes the buffer */
+    handle(s, req, chat.p, chat.len, true, true, echo.p); /* takes both buffers */
 }
 
 /* Parses body (owned: freed here), submits its choices and answers or starts
  * the stream. responses: the request came through /v1/responses. */
-static void handle(struct server *s, struct evhttp_request *req, char *body, size_t len, bool chat, bool responses)
+static void handle(struct server *s, struct evhttp_request *req, char *body, size_t len, bool chat, bool responses,
+                   char *resp_echo)
 {
     struct api_oai_error e = {0};
     json_doc d = {0};
@@ -795,11 +831,19 @@ static void handle(struct server *s, struct evhttp_request *req, char *body, siz
     memset(&r, 0, sizeof r);
     bool include_usage = false;
     char perr[256];
+    if (api_oai_check_utf8(body, len, &e)) goto fail;
     if (json_parse(&d, body, len, perr, sizeof perr)) {
         api_oai_errorf(&e, 400, NULL, "request body is not valid JSON: %s", perr);
         goto fail;
     }
     if (api_oai_parse_doc(&d, 0, chat ? API_OAI_CHAT : API_OAI_COMPLETIONS, s->model_names, &r, &e)) goto fail;
+    if (api_oai_prepare(&r, model_get_tok(s->m), &e)) goto fail;
+    if (api_oai_wants_prompt_logprobs(&r) && !s->be->has_prompt_logprobs) {
+        api_oai_errorf(&e, 400, r.prompt_logprobs >= 0 ? "prompt_logprobs" : "echo",
+                       "prompt logprobs ('prompt_logprobs', or 'echo' with 'logprobs') are not available on the %s "
+                       "backend yet", s->be->ops->name);
+        goto fail;
+    }
     /* what api_oai_parse_doc leaves to the transport: stream_options, priority */
     int so = json_get(&d, 0, "stream_options");
     if (so >= 0 && !json_is_null(&d, so)) {
@@ -831,6 +875,8 @@ static void handle(struct server *s, struct evhttp_request *req, char *body, siz
     q->r = r; /* q owns the parsed request from here */
     memset(&r, 0, sizeof r);
     q->responses = responses;
+    q->resp_echo = resp_echo;
+    resp_echo = NULL;
     q->base.include_usage = include_usage;
     /* each prompt's choices share it: after the first, its blocks come from the prefix cache */
     int per = q->r.n > 1 ? q->r.n : 1, np = q->r.n_prompts > 0 ? q->r.n_prompts : 1, submitted = 0;
@@ -845,6 +891,7 @@ static void handle(struct server *s, struct evhttp_request *req, char *body, siz
         sr.sink = s->sink;
         for (int i = 0; i < per; i++) {
             char err[256];
+            api_oai_result_echo(&q->res[p * per + i], &q->r, p * per + i, tok, sr.prompt, sr.n_prompt);
             api_oai_choice_sampling(&q->r, i, &sr.sampling);
             sr.user = &q->ch[p * per + i];
             if (sched_engine_submit(s->eng, &sr, &q->ch[p * per + i].id, err, sizeof err)) {
@@ -888,6 +935,10 @@ static void handle(struct server *s, struct evhttp_request *req, char *body, siz
         memmove(q->base.rid, q->base.rid + pre, strlen(q->base.rid) - pre + 1);
     }
     s->n_pending++;
+    q->lnext = s->live;
+    if (s->live) s->live->lprev = q;
+    s->live = q;
+    q->linked = true;
     q->con = evhttp_request_get_connection(req);
     if (q->con) evhttp_connection_set_closecb(q->con, on_client_close, q);
     watch(s, q);
@@ -927,6 +978,11 @@ static void handle(struct server *s, struct evhttp_request *req, char *body, siz
                     json_buf_free(&calls);
                 }
             }
+        } else if (q->r.echo) { /* each choice's text starts with its prompt, as its first chunk */
+            for (int i = 0; i < q->n; i++) {
+                struct delta de = {.index = i, .text = q->res[i].text.p ? q->res[i].text.p : "", .len = q->res[i].text.len};
+                send_delta(s, q, &de);
+            }
         }
     }
     return;
@@ -936,6 +992,7 @@ fail:
     free(ids);
     json_free(&d);
     free(body);
+    free(resp_echo);
     api_oai_req_free(&r);
     if (q) free_req(q);
 }

@@ -36,6 +36,11 @@ struct step_seq {
     uint64_t *rng;          /* per-request RNG state, advanced by sampling */
     float *logits_out;      /* optional [n_vocab] host buffer: raw logits of the last
                                query token (tests); NULL in serving */
+    struct model_sample_out *prompt_out; /* optional [n_prompt] (backends with has_prompt_logprobs):
+                               for each query token at position p < n_prompt - 1, entry p + 1
+                               gets history[p + 1] and its log-softmax under the raw logits at p,
+                               with prompt_top alternatives (vLLM's prompt_logprobs) */
+    int prompt_top;
     /* out (valid when want_sample): out.token is -1 when this sequence alone
      * could not be sampled (its logits are not finite, or its allow mask
      * left nothing); the step itself still succeeds */
@@ -105,6 +110,7 @@ struct model_backend {
     const model *m;             /* borrowed; must outlive the backend */
     const char *fatal;          /* NULL while healthy; set by the backend (owned by it) once
                                    forward() can never succeed again: the engine then stops */
+    bool has_prompt_logprobs;   /* forward() fills step_seq.prompt_out */
 };
 
 /* Creates the backend named by opts->device for m. Returns NULL with a

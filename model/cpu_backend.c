@@ -461,6 +461,7 @@ model_backend *model_cpu_backend_create(const model *m, const struct model_backe
     }
     b->base.ops = &cpu_ops;
     b->base.m = m;
+    b->base.has_prompt_logprobs = true;
     b->c = *c;
     b->nt = opts && opts->n_threads > 0 ? opts->n_threads : omp_get_num_procs();
     b->max_tokens = opts && opts->max_tokens_per_step > 0 ? opts->max_tokens_per_step : 2048;
@@ -785,6 +786,29 @@ static int backend_forward(model_backend *mb, struct step *s, char *err, size_t 
         switch (k.ffn) {
         case MODEL_FFN_DENSE: dense_ffn(b, l, T); break;
         case MODEL_FFN_MOE: moe_ffn(b, l, T); break;
+        }
+    }
+
+    /* prompt logprobs: every query position but the prompt's last, max_seqs rows at a time */
+    for (int i = 0; i < s->n_seqs; i++) {
+        struct step_seq *q = &s->seqs[i];
+        if (!q->prompt_out) continue;
+        int p0 = q->context_len - q->query_len;
+        for (int k0 = 0; k0 < q->query_len; k0 += b->max_seqs) {
+            int R = 0;
+            for (int k = k0; k < q->query_len && k < k0 + b->max_seqs; k++) {
+                if (p0 + k + 1 >= q->n_prompt) break;
+                rmsnorm(b->hfin + (size_t)R * E, b->x + (size_t)(q->query_start + k) * E, b->out_norm, E, eps);
+                R++;
+            }
+            if (R == 0) break;
+            matmul(b, b->logits, b->hfin, &b->lm_head, NULL, R, E, c->n_vocab);
+#pragma omp parallel for schedule(static) num_threads(b->nt) if (R > 1)
+            for (int r = 0; r < R; r++) {
+                int p = p0 + k0 + r;
+                model_logprob_row(b->logits + (size_t)r * c->n_vocab, c->n_vocab, q->history[p + 1], q->prompt_top,
+                                  &q->prompt_out[p + 1]);
+            }
         }
     }
 

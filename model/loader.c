@@ -7,7 +7,10 @@
  * trust the shapes. Tensor names handed out in struct model_tensor are owned
  * by the model (a name pool).
  */
+#include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -1042,6 +1045,98 @@ static void prefault_progress(const model *m)
     free(ts);
 }
 
+/* Whether name looks like a Hugging Face repository id ("org/name"). */
+static bool hf_id_like(const char *name)
+{
+    const char *sl = strchr(name, '/');
+    if (!sl || strchr(sl + 1, '/') || sl == name || !sl[1] || name[0] == '.') return false;
+    for (const char *p = name; *p; p++)
+        if (!(isalnum((unsigned char)*p) || strchr("._-/", *p))) return false;
+    return true;
+}
+
+/* The local Hugging Face hub cache, as huggingface_hub finds it: HF_HUB_CACHE,
+ * else HF_HOME/hub, else XDG_CACHE_HOME/huggingface/hub, else
+ * ~/.cache/huggingface/hub. */
+static void hf_hub_dir(char *out, size_t cap)
+{
+    const char *v;
+    if ((v = getenv("HF_HUB_CACHE")) && *v) snprintf(out, cap, "%s", v);
+    else if ((v = getenv("HF_HOME")) && *v) snprintf(out, cap, "%s/hub", v);
+    else if ((v = getenv("XDG_CACHE_HOME")) && *v) snprintf(out, cap, "%s/huggingface/hub", v);
+    else snprintf(out, cap, "%s/.cache/huggingface/hub", (v = getenv("HOME")) && *v ? v : ".");
+}
+
+/* A repository id found in the local Hugging Face cache: its snapshot of
+ * refs/main (else the only or newest snapshot) into out; a snapshot holding
+ * no config.json but one .gguf file gives that file. Nothing is downloaded.
+ * 0, or -1 with err saying where it looked. */
+static int hf_cache_resolve(const char *id, char *out, size_t cap, char *err, size_t errlen)
+{
+    char hub[PATH_MAX], repo[PATH_MAX + 300], rev[256] = "";
+    hf_hub_dir(hub, sizeof hub);
+    snprintf(repo, sizeof repo, "%s/models--", hub);
+    for (const char *p = id; *p && strlen(repo) + 3 < sizeof repo; p++) {
+        size_t n = strlen(repo);
+        if (*p == '/') snprintf(repo + n, sizeof repo - n, "--");
+        else repo[n] = *p, repo[n + 1] = '\0';
+    }
+    char ref[PATH_MAX + 400];
+    snprintf(ref, sizeof ref, "%s/refs/main", repo);
+    FILE *f = fopen(ref, "r");
+    if (f) {
+        if (!fgets(rev, sizeof rev, f)) rev[0] = '\0';
+        fclose(f);
+        rev[strcspn(rev, " \r\n")] = '\0';
+    }
+    char snaps[PATH_MAX + 400];
+    snprintf(snaps, sizeof snaps, "%s/snapshots", repo);
+    if (!rev[0] || strchr(rev, '/')) { /* no refs/main: the newest snapshot */
+        DIR *d = opendir(snaps);
+        double newest = -1;
+        for (struct dirent *e = d ? readdir(d) : NULL; e; e = readdir(d)) {
+            char p[PATH_MAX + 700];
+            struct stat st;
+            if (e->d_name[0] == '.' || strlen(e->d_name) >= sizeof rev) continue;
+            snprintf(p, sizeof p, "%s/%s", snaps, e->d_name);
+            if (stat(p, &st) || !S_ISDIR(st.st_mode) || (double)st.st_mtime <= newest) continue;
+            newest = (double)st.st_mtime;
+            snprintf(rev, sizeof rev, "%s", e->d_name);
+        }
+        if (d) closedir(d);
+    }
+    struct stat st;
+    snprintf(out, cap, "%s/%s", snaps, rev);
+    if (!rev[0] || stat(out, &st) || !S_ISDIR(st.st_mode)) {
+        sl_seterr(err, errlen,
+                  "'%s' is not a file or directory, and the Hugging Face cache has no snapshot of it (looked in %s); "
+                  "sluice downloads nothing: fetch it first (`hf download %s`), or give a local path",
+                  id, repo, id);
+        return -1;
+    }
+    char cfg[PATH_MAX + 1000];
+    snprintf(cfg, sizeof cfg, "%s/config.json", out);
+    if (stat(cfg, &st) == 0) return 0;
+    DIR *d = opendir(out); /* a GGUF repository: its one .gguf file */
+    int n = 0;
+    char one[PATH_MAX] = "";
+    for (struct dirent *e = d ? readdir(d) : NULL; e; e = readdir(d)) {
+        size_t l = strlen(e->d_name);
+        if (l > 5 && !strcmp(e->d_name + l - 5, ".gguf")) n++, snprintf(one, sizeof one, "%s", e->d_name);
+    }
+    if (d) closedir(d);
+    if (n == 1) {
+        size_t l = strlen(out);
+        snprintf(out + l, cap - l, "/%s", one);
+        return 0;
+    }
+    if (n > 1) {
+        sl_seterr(err, errlen, "the cached snapshot %s holds %d .gguf files: give the one to serve as a path", out, n);
+        return -1;
+    }
+    return 0; /* load_hf names what is missing */
+}
+
 model *model_load(const char *path, const struct model_load_opts *opts, char *err, size_t errlen)
 {
     if (!path) {
@@ -1054,6 +1149,11 @@ model *model_load(const char *path, const struct model_load_opts *opts, char *er
         return NULL;
     }
     struct stat st;
+    char cached[PATH_MAX + 800];
+    if (stat(path, &st) != 0 && errno == ENOENT && hf_id_like(path)) {
+        if (hf_cache_resolve(path, cached, sizeof cached, err, errlen)) goto fail;
+        path = cached;
+    }
     if (stat(path, &st) != 0) {
         sl_seterr(err, errlen, "%s: %s", path, strerror(errno));
         goto fail;

@@ -489,6 +489,7 @@ struct model_sample_out {
     float logprob;                                   /* of token, under the processed distribution
                                                         before temperature (vLLM's default) */
     int n_top;
+    int rank;                                        /* model_logprob_row: token's 1-based rank by logit */
     int32_t top_ids[MODEL_MAX_TOP_LOGPROBS];
     float top_logprobs[MODEL_MAX_TOP_LOGPROBS];
 };
@@ -499,6 +500,10 @@ struct model_sample_out {
  * n_vocab ints' worth of bytes (see model_sample_scratch_bytes). Advances *rng.
  * Deterministic: same logits, params, history and rng -> same token. */
 size_t model_sample_scratch_bytes(int n_vocab);
+/* The log-softmax of raw logits[n_vocab] at token (out->token, out->logprob)
+ * and the n_top most likely tokens (out->top_*), as vLLM's prompt_logprobs
+ * report them. logits is left unchanged. */
+void model_logprob_row(const float *logits, int n_vocab, int32_t token, int n_top, struct model_sample_out *out);
 int model_sample(float *logits, int n_vocab, const struct model_sampling *s, const int32_t *history,
                  int n_prompt, int n_history, uint64_t *rng, void *scratch,
                  struct model_sample_out *out);

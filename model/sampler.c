@@ -255,3 +255,40 @@ int model_sample(float *logits, int n_vocab, const struct model_sampling *s, con
     out->logprob = (float)((double)logits[tok] - lse);
     return SL_OK;
 }
+
+void model_logprob_row(const float *logits, int n_vocab, int32_t token, int n_top, struct model_sample_out *out)
+{
+    float mx = -INFINITY;
+    for (int i = 0; i < n_vocab; i++)
+        if (logits[i] > mx) mx = logits[i];
+    double sum = 0.0;
+    float tv = token >= 0 && token < n_vocab ? logits[token] : -INFINITY;
+    int above = 0;
+    for (int i = 0; i < n_vocab; i++) {
+        sum += exp((double)(logits[i] - mx));
+        above += logits[i] > tv;
+    }
+    out->rank = above + 1;
+    float lse = mx + (float)log(sum);
+    out->token = token;
+    out->logprob = token >= 0 && token < n_vocab ? logits[token] - lse : -INFINITY;
+    if (n_top > MODEL_MAX_TOP_LOGPROBS) n_top = MODEL_MAX_TOP_LOGPROBS;
+    if (n_top > n_vocab) n_top = n_vocab;
+    out->n_top = 0;
+    /* insertion into a short sorted list: n_top is at most 20; ties keep the lower id first */
+    for (int i = 0; i < n_vocab && n_top > 0; i++) {
+        float v = logits[i];
+        int n = out->n_top;
+        if (n == n_top && !(v > out->top_logprobs[n - 1])) continue;
+        int j = n < n_top ? n : n - 1;
+        while (j > 0 && v > out->top_logprobs[j - 1]) {
+            out->top_logprobs[j] = out->top_logprobs[j - 1];
+            out->top_ids[j] = out->top_ids[j - 1];
+            j--;
+        }
+        out->top_logprobs[j] = v;
+        out->top_ids[j] = i;
+        if (n < n_top) out->n_top++;
+    }
+    for (int i = 0; i < out->n_top; i++) out->top_logprobs[i] -= lse;
+}

@@ -96,9 +96,12 @@ static int evbuf_push(struct sched_evbuf *b, const struct sched_event *ev)
         b->ev = p;
         b->cap = cap;
     }
-    if (b->tlen + ev->text_len + 1 > b->tcap) {
+    /* prompt logprobs go into the arena too, aligned, after the text */
+    size_t plp_bytes = (size_t)ev->n_prompt_lp * sizeof *ev->prompt_lp, align = _Alignof(struct model_sample_out);
+    size_t need = ev->text_len + 1 + (plp_bytes ? plp_bytes + align : 0);
+    if (b->tlen + need > b->tcap) {
         size_t cap = b->tcap ? 2 * b->tcap : 16384;
-        while (cap < b->tlen + ev->text_len + 1) cap *= 2;
+        while (cap < b->tlen + need) cap *= 2;
         char *p = realloc(b->text, cap);
         if (!p) return SL_ENOMEM;
         b->text = p;
@@ -111,6 +114,13 @@ static int evbuf_push(struct sched_evbuf *b, const struct sched_event *ev)
     b->tlen += ev->text_len;
     b->text[b->tlen++] = '\0'; /* each event's text is NUL-terminated for convenience */
     d->text = NULL;
+    d->prompt_lp = NULL;
+    if (plp_bytes) {
+        b->tlen = (b->tlen + align - 1) / align * align;
+        d->plp_off = b->tlen;
+        memcpy(b->text + b->tlen, ev->prompt_lp, plp_bytes);
+        b->tlen += plp_bytes;
+    }
     return 0;
 }
 
@@ -457,7 +467,10 @@ static int take_locked(struct sched_sink *k, struct sched_evbuf *b)
     struct sched_evbuf t = *b;
     *b = k->pending;
     k->pending = t;
-    for (int i = 0; i < b->n; i++) b->ev[i].text = b->text + b->ev[i].text_off;
+    for (int i = 0; i < b->n; i++) {
+        b->ev[i].text = b->text + b->ev[i].text_off;
+        if (b->ev[i].n_prompt_lp) b->ev[i].prompt_lp = (const struct model_sample_out *)(b->text + b->ev[i].plp_off);
+    }
     return b->n;
 }
 

@@ -53,6 +53,16 @@ struct sched_req {
     char *gate_win;                /* [gate_len] owned: the output's last gate_len bytes */
     size_t gate_seen;              /* output bytes so far, up to gate_len */
     int n_gstop;
+    uint8_t *allowed;              /* [tokenizer vocab] owned: allowed_token_ids as a mask, or NULL */
+    bool include_stop_str;
+    int32_t *bad;                  /* owned: bad_words' token sequences, concatenated */
+    int *bad_len;                  /* [n_bad] owned */
+    int n_bad;
+    struct model_sampling sp_bad;  /* sp or sp_min with the bad words' bans added for one sample */
+    struct model_logit_bias *bias_bad; /* owned: room for bias_min's entries and a ban per bad word */
+    struct model_sample_out *plp;  /* [n_prompt] owned: prompt_logprobs, or NULL */
+    int plp_top;
+    bool plp_sent;
     int n_stop_ids;
     struct model_detok detok;
     char *hold;              /* [hold_cap] text held back: could start a stop string */
@@ -210,6 +220,11 @@ static void req_free(kv_pool *pool, sched_req *q)
     free(q->gstop);
     free(q->gate);
     free(q->gate_win);
+    free(q->allowed);
+    free(q->bad);
+    free(q->bad_len);
+    free(q->bias_bad);
+    free(q->plp);
     sched_schema_free(q->schema);
     free(q->hold);
     free(q);
@@ -380,8 +395,62 @@ sched_req *sched_req_create(const sched *s, const struct sched_request *r, uint6
         memcpy(q->stop_ids, r->stop_token_ids, (size_t)r->n_stop_token_ids * sizeof *q->stop_ids);
         q->n_stop_ids = r->n_stop_token_ids;
     }
+    if (r->n_allowed_ids > 0) {
+        if (n_vocab <= 0) {
+            snprintf(err, errlen, "allowed_token_ids needs the model's tokenizer");
+            goto fail_einval;
+        }
+        q->allowed = calloc((size_t)n_vocab, 1);
+        if (!q->allowed) goto fail_req;
+        for (int i = 0; i < r->n_allowed_ids; i++) {
+            if (r->allowed_ids[i] < 0 || r->allowed_ids[i] >= n_vocab) {
+                snprintf(err, errlen, "allowed_token_ids: token id %d is not in the vocabulary (0..%d)",
+                         r->allowed_ids[i], n_vocab - 1);
+                goto fail_einval;
+            }
+            q->allowed[r->allowed_ids[i]] = 1;
+        }
+        if (!q->json) {
+            q->sp.allow = q->sp_min.allow = q->allowed;
+            q->sp.n_allow = q->sp_min.n_allow = n_vocab;
+        }
+    }
+    if (r->n_bad_words > 0) {
+        long tot = 0;
+        for (int w = 0; w < r->n_bad_words; w++) tot += r->bad_word_lens[w] > 0 ? r->bad_word_lens[w] : 0;
+        q->bad = malloc((size_t)(tot ? tot : 1) * sizeof *q->bad);
+        q->bad_len = malloc((size_t)r->n_bad_words * sizeof *q->bad_len);
+        int nb = (q->sp_min.n_logit_bias > sp->n_logit_bias ? q->sp_min.n_logit_bias : sp->n_logit_bias);
+        q->bias_bad = malloc((size_t)(nb + r->n_bad_words + 1) * sizeof *q->bias_bad);
+        if (!q->bad || !q->bad_len || !q->bias_bad) goto fail_req;
+        long o = 0;
+        for (int w = 0; w < r->n_bad_words; w++) {
+            int L = r->bad_word_lens[w];
+            if (L < 1) continue;
+            for (int k = 0; k < L; k++)
+                if (r->bad_words[o + k] < 0 || (n_vocab > 0 && r->bad_words[o + k] >= n_vocab)) {
+                    snprintf(err, errlen, "bad_words: token id %d is not in the vocabulary", r->bad_words[o + k]);
+                    goto fail_einval;
+                }
+            memcpy(q->bad + o, r->bad_words + o, (size_t)L * sizeof *q->bad);
+            q->bad_len[q->n_bad++] = L;
+            o += L;
+        }
+    }
+    if (r->prompt_logprobs) {
+        if (r->prompt_top_logprobs < 0 || r->prompt_top_logprobs > MODEL_MAX_TOP_LOGPROBS) {
+            snprintf(err, errlen, "prompt_logprobs must be from 0 to %d", MODEL_MAX_TOP_LOGPROBS);
+            goto fail_einval;
+        }
+        q->plp = calloc((size_t)r->n_prompt, sizeof *q->plp);
+        if (!q->plp) goto fail_req;
+        q->plp_top = r->prompt_top_logprobs;
+        for (int i = 0; i < r->n_prompt; i++) q->plp[i].token = r->prompt[i];
+        q->plp[0].logprob = NAN;
+    }
+    q->include_stop_str = r->include_stop_str;
     kv_seq_init(&q->kv, r->cache_salt);
-    if (s->tok) model_detok_init(&q->detok, s->tok, true);
+    if (s->tok) model_detok_init(&q->detok, s->tok, !r->keep_special_tokens);
     q->t_submit = now_s();
     q->t_first = -1;
     return q;
@@ -645,6 +714,25 @@ static int prefill_slice(const sched *s, int c, int left)
     return npf > 1 && left > npf ? left / npf : left;
 }
 
+/* base with a ban on each bad word whose ids before its last end the output
+ * so far (a one-token word: always), as vLLM's NoBadWordsLogitsProcessor. */
+static const struct model_sampling *bad_words_sampling(sched_req *q, const struct model_sampling *base)
+{
+    int nb = base->n_logit_bias;
+    if (nb) memcpy(q->bias_bad, base->logit_bias, (size_t)nb * sizeof *q->bias_bad);
+    const int32_t *gen = q->tokens + q->n_prompt;
+    for (int w = 0, o = 0; w < q->n_bad; o += q->bad_len[w], w++) {
+        int L = q->bad_len[w];
+        if (L - 1 > q->n_gen) continue;
+        if (L > 1 && memcmp(gen + q->n_gen - (L - 1), q->bad + o, (size_t)(L - 1) * sizeof *gen)) continue;
+        q->bias_bad[nb++] = (struct model_logit_bias){q->bad[o + L - 1], -1e9f};
+    }
+    q->sp_bad = *base;
+    q->sp_bad.logit_bias = q->bias_bad;
+    q->sp_bad.n_logit_bias = nb;
+    return &q->sp_bad;
+}
+
 static void add_to_step(sched *s, sched_req *q, int len, int *T)
 {
     int bs = s->cfg.block_size, t0 = *T;
@@ -664,8 +752,24 @@ static void add_to_step(sched *s, sched_req *q, int len, int *T)
     ss->n_blocks = q->kv.n_blocks;
     ss->want_sample = q->n_computed + len == q->n_tokens;
     ss->sampling = q->n_gen < q->min_tokens ? &q->sp_min : &q->sp;
-    if (q->json && !q->gate && ss->want_sample)
-        q->sp.allow = q->sp_min.allow = sched_guide_mask_ref(&q->guide, s->gvocab, q->gstop, q->n_gstop, q->allow);
+    if (q->json && q->gate && ss->want_sample) {
+        /* the reasoning before the guide starts: allowed_token_ids alone (NULL: any token) */
+        q->sp.allow = q->sp_min.allow = q->allowed;
+    } else if (q->json && ss->want_sample) {
+        const uint8_t *m = sched_guide_mask_ref(&q->guide, s->gvocab, q->gstop, q->n_gstop, q->allow);
+        if (q->allowed) { /* allowed_token_ids inside the grammar's mask */
+            int nv = model_tok_n_vocab(s->tok);
+            if (m != q->allow) memcpy(q->allow, m, (size_t)nv);
+            for (int i = 0; i < nv; i++) q->allow[i] &= q->allowed[i];
+            m = q->allow;
+        }
+        q->sp.allow = q->sp_min.allow = m;
+    }
+    if (q->n_bad && ss->want_sample) ss->sampling = bad_words_sampling(q, ss->sampling);
+    if (q->plp && q->n_computed < q->n_prompt) {
+        ss->prompt_out = q->plp;
+        ss->prompt_top = q->plp_top;
+    }
     ss->history = q->tokens;
     ss->n_prompt = q->n_prompt;
     ss->n_history = q->n_computed + len;
@@ -697,7 +801,8 @@ static void add_to_step(sched *s, sched_req *q, int len, int *T)
 static int admit(sched *s, sched_req *q, int avail, const struct step_cap *cap, int *T)
 {
     if (q->kv.n_blocks == 0) {
-        int cached = s->prefix_cache ? kv_seq_match_prefix(s->pool, &q->kv, q->tokens, q->n_tokens) : 0;
+        /* prompt_logprobs need every prompt position computed (vLLM skips the cache read too) */
+        int cached = s->prefix_cache && !q->plp ? kv_seq_match_prefix(s->pool, &q->kv, q->tokens, q->n_tokens) : 0;
         q->n_computed = cached;
     }
     /* the chunk after the cached prefix must fit the cap */
@@ -1099,6 +1204,13 @@ static size_t stop_filter(sched *s, sched_req *q, const char *piece, size_t n, b
     size_t out;
     if (best >= 0) {
         out = (size_t)best;
+        if (q->include_stop_str) { /* the first stop string that starts there (as vLLM: in list order) */
+            for (int i = 0; i < q->n_stop; i++)
+                if (q->n_hold - out >= q->stop_len[i] && !memcmp(q->hold + out, q->stop[i], q->stop_len[i])) {
+                    out += q->stop_len[i];
+                    break;
+                }
+        }
         *stopped = true;
     } else {
         size_t h = 0;
@@ -1180,6 +1292,11 @@ static void on_token(sched *s, sched_req *q, const struct model_sample_out *out,
     ev.token = t;
     ev.has_logprobs = q->logprobs;
     if (q->logprobs) ev.sample = *out;
+    if (q->plp && !q->plp_sent) {
+        ev.prompt_lp = q->plp;
+        ev.n_prompt_lp = q->n_prompt;
+        q->plp_sent = true;
+    }
     ev.text = s->text;
 
     enum sched_finish why = SCHED_FINISH_NONE;

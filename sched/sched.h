@@ -140,6 +140,19 @@ struct sched_request {
     void *user;                     /* returned in every event; not touched */
     struct sched_sink *sink;        /* the engine's outbox its events go to (sched_sink_create);
                                        NULL: the engine's own (sched_engine_poll/wait) */
+    /* vLLM's SamplingParams extensions */
+    bool include_stop_str;          /* include_stop_str_in_output: a matched stop string stays in the text */
+    bool keep_special_tokens;       /* skip_special_tokens false: special tokens' text is in the output */
+    const int32_t *allowed_ids;     /* [n_allowed_ids] allowed_token_ids: only these may be sampled (0: any) */
+    int n_allowed_ids;
+    const int32_t *bad_words;       /* bad_words as token sequences, concatenated: word w is
+                                       bad_word_lens[w] ids; its last id is banned wherever the ids
+                                       before it end the output so far (vLLM's NoBadWordsLogitsProcessor) */
+    const int *bad_word_lens;       /* [n_bad_words] */
+    int n_bad_words;
+    bool prompt_logprobs;           /* the first token event carries every prompt token's logprob (the
+                                       backend must have has_prompt_logprobs; no prefix cache read) */
+    int prompt_top_logprobs;        /* ... and this many alternatives each (0..MODEL_MAX_TOP_LOGPROBS) */
 };
 
 struct sched_usage {
@@ -172,6 +185,11 @@ struct sched_event {
     enum sched_finish finish;
     struct sched_usage usage;
     char error[160];          /* SCHED_FINISH_ERROR: why */
+    /* the first token event of a prompt_logprobs request: [n_prompt_lp] entries, entry p for prompt
+       token p (top_ids: the alternatives); entry 0 has no logprob (NaN). Borrowed like text. */
+    const struct model_sample_out *prompt_lp;
+    int n_prompt_lp;
+    size_t plp_off;           /* internal: offset into the engine's arena */
 };
 
 typedef void (*sched_emit_fn)(void *arg, const struct sched_event *ev);

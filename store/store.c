@@ -71,6 +71,34 @@ sqlite3_stmt *db_prep(store *s, const char *sql, char *err, size_t errlen)
 
 const char *db_text(sqlite3_stmt *st, int i) { return (const char *)sqlite3_column_text(st, i); }
 
+const char *const store_batch_status_names[STORE_N_BATCH_STATUS] = {
+    "validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling", "cancelled"};
+
+int store_queue_stats(store *s, struct store_queue_stats *out, char *err, size_t errlen)
+{
+    memset(out, 0, sizeof *out);
+    sqlite3_stmt *st = db_prep(s, "SELECT status, count(*), sum(n_total), sum(n_completed), sum(n_failed) FROM batches "
+                                  "GROUP BY status", err, errlen);
+    if (!st) return STORE_EDB;
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        const char *name = db_text(st, 0);
+        for (int i = 0; name && i < STORE_N_BATCH_STATUS; i++)
+            if (!strcmp(name, store_batch_status_names[i])) {
+                out->batches[i] = sqlite3_column_int64(st, 1);
+                out->rows_total[i] = sqlite3_column_int64(st, 2);
+                out->rows_completed[i] = sqlite3_column_int64(st, 3);
+                out->rows_failed[i] = sqlite3_column_int64(st, 4);
+            }
+    }
+    sqlite3_finalize(st);
+    if (rc != SQLITE_DONE) {
+        db_fail(s, "queue stats", err, errlen);
+        return STORE_EDB;
+    }
+    return 0;
+}
+
 void store__copy_id(char *dst, const char *src)
 {
     snprintf(dst, STORE_ID_MAX, "%s", src ? src : "");

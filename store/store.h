@@ -101,6 +101,15 @@ struct store_opts {
     int max_errors;           /* per-line errors kept in a failed batch's `errors`; 0: 1000 */
 };
 
+/* Batches by status, with the request counts they hold (for /metrics: a
+ * scan of the batches table, not of the rows). */
+#define STORE_N_BATCH_STATUS 8
+extern const char *const store_batch_status_names[STORE_N_BATCH_STATUS];
+struct store_queue_stats {
+    long batches[STORE_N_BATCH_STATUS];   /* by store_batch_status_names */
+    long rows_total[STORE_N_BATCH_STATUS], rows_completed[STORE_N_BATCH_STATUS], rows_failed[STORE_N_BATCH_STATUS];
+};
+
 /* ---- construction ---------------------------------------------------------- */
 
 /* Opens (creating when needed) DATA_DIR with its database DATA_DIR/sluice.db
@@ -123,6 +132,9 @@ store *store_open(const char *data_dir, const struct store_opts *opts, char *err
  * created and migrated). For the api thread (or any thread) to poll without
  * waiting for the writer. Returns NULL with a message in err. */
 store *store_open_reader(const char *data_dir, char *err, size_t errlen);
+
+/* Fills *out from the batches table. 0, or a negative status with err. */
+int store_queue_stats(store *s, struct store_queue_stats *out, char *err, size_t errlen);
 
 /* Closes the handle. Accepts NULL. Rows claimed and not completed stay
  * `running` on disk until the next store_open() puts them back. */
@@ -205,9 +217,9 @@ const char *store_batch_status_name(enum store_batch_status st); /* "in_progress
 struct store_batch_info {
     char id[STORE_ID_MAX];
     enum store_batch_status status;
-    /* request_counts. Once the batch is over, completed + failed + the rows
-     * cancelled (before they ran, or stopped while running) = total;
-     * expired rows count as failed. */
+    /* request_counts. Once the batch is over, completed + failed = total:
+     * the rows cancelled (before they ran, or stopped while running) and the
+     * expired ones count as failed, one line each in the error file. */
     int64_t total, completed, failed;
     int64_t created_at, expires_at;
     char output_file_id[STORE_ID_MAX]; /* "" when none */
@@ -339,8 +351,8 @@ struct store_result {
     const char *error_code;    /* NULL for a response */
     const char *error_message;
     bool cancelled;             /* the row was stopped by its batch's cancel: it becomes `cancelled`
-                                 * (error batch_cancelled, error_message or a default), counted in
-                                 * neither completed nor failed; the other fields but row_id are ignored */
+                                 * (error batch_cancelled, error_message or a default), counted as
+                                 * failed once the batch is cancelled; the other fields but row_id are ignored */
     enum store_outcome outcome; /* out */
 };
 

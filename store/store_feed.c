@@ -192,8 +192,8 @@ int store_complete_rows(store *s, struct store_result *results, int n, char *err
             continue;
         }
         /* a row its batch's cancellation stopped did not run to a result:
-         * it is `cancelled` like the rows never started, and counted in
-         * neither completed nor failed */
+         * it is `cancelled` like the rows never started (counted as failed
+         * once the batch is cancelled) */
         bool cancelled = res->cancelled;
         bool ok = !cancelled && !res->error_code && res->status_code >= 200 && res->status_code < 300;
         bool owned;

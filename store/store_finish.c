@@ -292,6 +292,13 @@ int store__settle(store *s, const char *id, char *err, size_t errlen)
                         " this request ran.\"}' WHERE batch_id = ?1 AND state = 'pending'",
                         id, store__now(s), err, errlen);
         if (rc < 0) return rc;
+        /* every line of the error file counts as failed, the cancelled ones too, so that completed +
+         * failed = total = the lines of the two files (as expired rows count); set, not added: idempotent */
+        rc = exec_bound(s,
+                        "UPDATE batches SET n_failed = (SELECT count(*) FROM batch_requests WHERE batch_id = ?1"
+                        " AND state IN ('failed', 'cancelled', 'expired')) WHERE id = ?1",
+                        id, 0, err, errlen);
+        if (rc < 0) return rc;
         target = STORE_BATCH_CANCELLED;
         break;
     case STORE_BATCH_FINALIZING:

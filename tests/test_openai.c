@@ -147,7 +147,16 @@ static void test_wrong_types_chat(void)
     expect_400(CHAT(",\"response_format\":{\"type\":\"json_object\"},\"guided_regex\":\"a\""), API_OAI_CHAT,
                "guided_regex");
     expect_400(CHAT(",\"use_beam_search\":true"), API_OAI_CHAT, "use_beam_search");
-    expect_400(CHAT(",\"prompt_logprobs\":1"), API_OAI_CHAT, "prompt_logprobs");
+    expect_400(CHAT(",\"prompt_logprobs\":21"), API_OAI_CHAT, "prompt_logprobs");
+    expect_400(CHAT(",\"prompt_logprobs\":1,\"stream\":true"), API_OAI_CHAT, "prompt_logprobs");
+    expect_400(CHAT(",\"allowed_token_ids\":[]"), API_OAI_CHAT, "allowed_token_ids");
+    expect_400(CHAT(",\"allowed_token_ids\":[-1]"), API_OAI_CHAT, "allowed_token_ids");
+    expect_400(CHAT(",\"bad_words\":[\"\"]"), API_OAI_CHAT, "bad_words");
+    expect_400(CHAT(",\"truncate_prompt_tokens\":0"), API_OAI_CHAT, "truncate_prompt_tokens");
+    expect_400(CHAT(",\"continue_final_message\":true,\"add_generation_prompt\":true"), API_OAI_CHAT,
+               "continue_final_message");
+    expect_ok(CHAT(",\"prompt_logprobs\":1,\"include_stop_str_in_output\":true,\"skip_special_tokens\":false,"
+                   "\"bad_words\":[\"x\"],\"allowed_token_ids\":[1,2],\"truncate_prompt_tokens\":-1"), API_OAI_CHAT);
     expect_ok(CHAT(",\"use_beam_search\":false,\"prompt_logprobs\":null,\"guided_json\":null"), API_OAI_CHAT);
     /* both names of the token limit are checked, whichever wins */
     expect_400(CHAT(",\"max_completion_tokens\":5,\"max_tokens\":\"x\""), API_OAI_CHAT, "max_tokens");

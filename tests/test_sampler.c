@@ -274,6 +274,28 @@ static void test_bad_input(void)
     CHECK(sample(nan_l, &s, NULL, 0, 0, &rng, &o, NULL) == SL_EINVAL);
 }
 
+/* prompt logprobs: the log-softmax of the raw logits at the token, its rank,
+ * and the top ones in order (ties: lower id first), logits untouched */
+static void test_logprob_row(void)
+{
+    float l[NV];
+    memcpy(l, base, sizeof l);
+    double z = 0;
+    for (int i = 0; i < NV; i++) z += exp((double)base[i]);
+    struct model_sample_out o;
+    model_logprob_row(l, NV, 5, 3, &o);
+    CHECK(!memcmp(l, base, sizeof l));
+    CHECK(o.token == 5 && fabs(o.logprob - (base[5] - log(z))) < 1e-5);
+    CHECK(o.rank == 3); /* 3.0 (ids 1 and 3) above 2.5 */
+    CHECK(o.n_top == 3 && o.top_ids[0] == 1 && o.top_ids[1] == 3 && o.top_ids[2] == 5);
+    CHECK(fabs(o.top_logprobs[0] - (3.0 - log(z))) < 1e-5 && o.top_logprobs[0] == o.top_logprobs[1]);
+    model_logprob_row(l, NV, 2, 0, &o);
+    CHECK(o.rank == NV && o.n_top == 0 && fabs(o.logprob - (base[2] - log(z))) < 1e-5);
+    model_logprob_row(l, NV, 1, 50, &o);
+    CHECK(o.rank == 1 && o.n_top == NV);
+    for (int i = 1; i < o.n_top; i++) CHECK(o.top_logprobs[i] <= o.top_logprobs[i - 1]);
+}
+
 int main(void)
 {
     RUN(test_scratch_size);
@@ -289,5 +311,6 @@ int main(void)
     RUN(test_same_seed_same_sequence);
     RUN(test_frequencies);
     RUN(test_bad_input);
+    RUN(test_logprob_row);
     return test_summary();
 }
