@@ -128,7 +128,7 @@ def test_named_tool_choice(c):
         else:
             assert [(x.function.name, x.function.arguments) for x in calls] == whole
     bad_schema = [{"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {"x": {"anyOf": [{"type": "string"}]}}}}}]
+        "type": "object", "properties": {"x": {"not": {"type": "string"}}}}}}]  # "not": a keyword guides refuse
     for tools, choice in ((TOOLS, {"type": "function", "function": {"name": "nope"}}), (bad_schema, "required"),
                           (bad_schema + two, "required")):
         try:
