@@ -497,7 +497,9 @@ def test_coexistence(srv):
           f"(x{busy_m / idle:.1f}; {seqs:.1f} sequences per step meanwhile)", flush=True)
     c.batches.cancel(b.id)
     wait_batch(c, b.id, timeout=60)
-    assert seqs >= 6, seqs  # the batch kept the engine busy while the chats ran
+    # the batch kept the engine busy while the chats ran: beside a streaming chat a step is held to twice the
+    # chat's own (--interactive-itl-target auto), so the batch decodes take turns, several to a step
+    assert seqs >= 4, seqs
     assert busy_m <= max(10 * idle, idle + 1.5), (idle, busy)
 
 
