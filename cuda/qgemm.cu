@@ -556,7 +556,7 @@ extern "C" cublasStatus_t cuda_qgemm_swiglu(const struct cuda_qmat *w, const uin
     if (T <= 0) return CUBLAS_STATUS_SUCCESS;
     if (w->rows % 2) return CUBLAS_STATUS_INVALID_VALUE;
     const int F = w->rows / 2;
-    if (mma_ok(w) && T <= CUDA_QGEMM_SWIGLU_MAX_T &&
+    if (mma_ok(w) && T >= CUDA_QGEMM_SWIGLU_MIN_T && T <= CUDA_QGEMM_SWIGLU_MAX_T &&
         (!w->perm || (ws && ws->xperm && ws->xperm_elems >= (size_t)T * w->cols))) {
         const uint16_t *xx = x;
         if (w->perm) {
@@ -567,8 +567,7 @@ extern "C" cublasStatus_t cuda_qgemm_swiglu(const struct cuda_qmat *w, const uin
         }
         qparams p = qparams_of(w);
         p.x = xx, p.y = h, p.ldy = F, p.T = T, p.F = F;
-        cudaError_t e = w->bits == 4 ? (T <= 8 ? launch_mma<4, 1, true>(p, st) : launch_mma<4, 2, true>(p, st))
-                                     : (T <= 8 ? launch_mma<8, 1, true>(p, st) : launch_mma<8, 2, true>(p, st));
+        cudaError_t e = w->bits == 4 ? launch_mma<4, 2, true>(p, st) : launch_mma<8, 2, true>(p, st);
         return e == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
     }
     cublasStatus_t s = cuda_qgemm(w, x, gu, false, 2 * F, T, ws, blas, st);

@@ -107,7 +107,7 @@ int main(void)
                 printf("\n");
                 if (si == 2 && T <= CUDA_QGEMM_SWIGLU_MAX_T) {
                     TIME_US(us, cuda_qgemm_swiglu(&q[i], x, gu, y, T, &ws, blas, 0));
-                    printf("%-24s %-10s %4d %10.1f %9.0f   (SwiGLU fused)\n", shapes[si].name, fmt, T, us,
+                    printf("%-24s %-10s %4d %10.1f %9.0f   (+ SwiGLU as run)\n", shapes[si].name, fmt, T, us,
                            qbytes / (us * 1e3));
                 }
             }

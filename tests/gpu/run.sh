@@ -168,7 +168,7 @@ bench_one() {
         timeout -k 5 300 "$B/tests/gpu/bench_qgemm" 2>&1 | tee "$d/bench_qgemm.log"
         for s in llama-3.1-8b llama-3.1-8b-w4g128 llama-3.1-8b-w8; do
             echo "-- $s"
-            timeout -k 5 300 "$B/tests/gpu/bench_gpu" $G --decode=16x1024 "tools/configs/$s" 2>&1 | tee "$d/$s.log"
+            timeout -k 5 300 "$B/tests/gpu/bench_gpu" $G --seqs=16 --decode=16x1024 "tools/configs/$s" 2>&1 | tee "$d/$s.log"
         done ;;
     decode)
         timeout -k 5 300 "$B/tests/gpu/bench_gpu" $G --only=decode \

@@ -545,7 +545,11 @@ int main(int argc, char **argv)
               3e-2);
     run_dummy("dummy-d128-kv2", "tests/models/dummy-d128-kv2", 2, 3e-2);
     /* packed int4/int8 checkpoints (tests/models/quant): the mixed-input kernels
-     * against the CPU's exact dequantization, and HF on the dequantized model */
+     * against the CPU's exact dequantization, and HF on the dequantized model.
+     * Decode logits vs the CPU: 5e-2. Over 64 bf16 decode steps these models
+     * (hidden 128, 347 logits) drift 2.0-4.2e-2 of max|logit| on an H100, the
+     * dense tiny models 0.7-2.4e-2; the kernels alone are exact to 5e-5
+     * (test_qgemm), a wrong scale, zero or group is an O(1) error. */
     static const char *const quant[] = {
         "ct-w4g32-sym", "ct-w4g64-asym", "ct-w4g128-sym", "ct-w4-channel-asym", "ct-w8-channel-sym", "ct-mixed",
         "ct-w8-naive-asym", "ct-qwen3-w4g32-asym", "ct-w4g32-actorder-asym", "awq-w4g32", "gptq-w4g32-actorder",
@@ -555,7 +559,7 @@ int main(int argc, char **argv)
         char dir[160], gold[200];
         snprintf(dir, sizeof dir, "tests/models/quant/%s", quant[i]);
         snprintf(gold, sizeof gold, "%s/golden.json", dir);
-        run_model(quant[i], dir, gold, 3e-2, 3e-2);
+        run_model(quant[i], dir, gold, 3e-2, 5e-2);
     }
     /* bf16 weights (rounded from Q4_1) and bf16 activations through 30 layers: ~3% of max|logit| */
     run_model("smollm2", "models/SmolLM2-135M-Instruct.Q4_1.gguf", "tests/golden/smollm2/golden.json", 4e-2, 4e-2);
