@@ -190,7 +190,7 @@ bench_one() {
         if [ "$ngpu" -lt 2 ]; then echo "nccl: needs 2+ GPUs, skipped"; return 0; fi
         timeout -k 5 120 "$B/tests/gpu/bench_nccl" "${TP:-2}" 2>&1 | tee "$d/bench_nccl.log" ;;
     power) power "$d" ;;
-    chat-beside-batch) served "$d" chat-beside-batch ;;
+    chat-beside-batch) served "$d" chat-beside-batch --concurrent ;;
     long-chat)
         served "$d" chat-beside-batch --batch 6 --batch-prompt 90000 --batch-out 16 --chats 6 --running 1 --wait \
             --max-model-len 131072 ;;

@@ -107,8 +107,17 @@ def chat_beside_batch(a):
             itl = (times[-1] - times[0]) / max(len(times) - 1, 1) if times else float("nan")
             return ttft, itl, len(times)
 
-        def chats(tag, base):
-            res = [chat(base + k) for k in range(a.chats)]
+        def chats(tag, base, concurrent=False):
+            if concurrent:  # all at once, each on its own thread
+                res = [None] * a.chats
+                th = [threading.Thread(target=lambda k=k: res.__setitem__(k, chat(base + k)))
+                      for k in range(a.chats)]
+                for t in th:
+                    t.start()
+                for t in th:
+                    t.join()
+            else:
+                res = [chat(base + k) for k in range(a.chats)]
             tt = sorted(r[0] * 1e3 for r in res)
             it = [r[1] * 1e3 for r in res]
             print(f"{tag}: TTFT ms in order: {[round(r[0] * 1e3) for r in res]}")
@@ -145,10 +154,26 @@ def chat_beside_batch(a):
                 break
             time.sleep(0.5)
         print(f"engine running {m.get('sluice:num_requests_running', 0):.0f} sequences after {time.time() - t0:.1f} s")
+        # the batch alone, then beside the chats: its prefill and decode tokens a second in each window
+        ma, ta = s.metrics(), time.time()
+        time.sleep(a.alone)
         m0, b0, t1 = s.metrics(), batch()["request_counts"]["completed"], time.time()
+        rate = lambda x, y, t, k: (y.get("sluice:" + k, 0) - x.get("sluice:" + k, 0)) / t  # noqa: E731
+        alone = [rate(ma, m0, t1 - ta, k) for k in ("prefill_tokens_computed_total", "decode_tokens_total")]
+        print(f"batch alone ({t1 - ta:.1f} s): {alone[0]:.0f} prefill tok/s, {alone[1]:.0f} decode tok/s", flush=True)
         chats("beside the batch", 2000)
         m1, t2 = s.metrics(), time.time()
         b1 = batch()["request_counts"]["completed"]
+        beside = [rate(m0, m1, t2 - t1, k) for k in ("prefill_tokens_computed_total", "decode_tokens_total")]
+        print(f"batch beside the chats: prefill {beside[0] / max(alone[0], 1) * 100:.0f}% and decode "
+              f"{beside[1] / max(alone[1], 1) * 100:.0f}% of alone", flush=True)
+        if a.concurrent:
+            mc, tc = s.metrics(), time.time()
+            chats(f"{a.chats} at once beside the batch", 3000, concurrent=True)
+            mc1, tc1 = s.metrics(), time.time()
+            conc = [rate(mc, mc1, tc1 - tc, k) for k in ("prefill_tokens_computed_total", "decode_tokens_total")]
+            print(f"batch beside {a.chats} chats at once: prefill {conc[0] / max(alone[0], 1) * 100:.0f}% and decode "
+                  f"{conc[1] / max(alone[1], 1) * 100:.0f}% of alone", flush=True)
         d = lambda k: m1.get("sluice:" + k, 0) - m0.get("sluice:" + k, 0)  # noqa: E731
         steps, ttft_n = d("engine_steps_total"), d("time_to_first_token_seconds_count")
         print(f"during the chats ({t2 - t1:.1f} s): {m1.get('sluice:num_requests_running', 0):.0f} running, "
@@ -346,6 +371,8 @@ def main():
     c.add_argument("--running", type=int, default=60, help="chat once this many sequences run")
     c.add_argument("--wait", action="store_true", help="wait for the batch (else cancel it)")
     c.add_argument("--max-model-len", type=int, default=4096)
+    c.add_argument("--alone", type=float, default=8.0, help="seconds the batch runs alone before the chats")
+    c.add_argument("--concurrent", action="store_true", help="then the chats once more, all at once")
     c = sub.add_parser("long-prompt-chat")
     c.add_argument("--long-prompt", type=int, default=100000)
     c.add_argument("--chats", type=int, default=6)
