@@ -81,8 +81,11 @@ int api_gpu_kv_bytes(int tp, double util, const char *who, size_t *bytes, char *
 /* vLLM's engine sizes for where the model will run, filling only values left
  * 0: on GPUs (device "cuda", or NULL with a GPU present) 256 sequences and
  * 8192 tokens per step, on the CPU 64 and 1024; a default is lowered or
- * raised so that it never contradicts the other value when that was given. */
-void api_engine_defaults(const char *device, long *max_num_seqs, long *max_num_batched_tokens);
+ * raised so that it never contradicts the other value when that was given.
+ * The TTFT target, where --interactive-ttft-target was not given (NaN): 50
+ * ms on GPUs, 200 ms on the CPU (sched.h says why). */
+void api_engine_defaults(const char *device, long *max_num_seqs, long *max_num_batched_tokens,
+                         double *ttft_target_s);
 
 /* The scheduler's policy flags, the same in serve and run-batch
  * (flags.c). Start from api_sched_flags_init (sched_config_policy_defaults'
@@ -98,7 +101,8 @@ void api_sched_flags_init(struct api_sched_flags *f);
 int api_sched_flags_apply(const struct api_sched_flags *f, struct sched_config *c, char *err, size_t errlen);
 #define API_SCHED_FLAGS(f)                                                                                          \
     {"--interactive-ttft-target", API_FLAG_FLOAT, &(f)->ttft_target_ms,                                         \
-     "ms: a chat's first token within this beside batch work; steps leave it room (200; 0: off)", NULL},      \
+     "ms: a chat's first token within this beside batch work; steps leave it room (50 on a GPU, 200 on "     \
+     "the CPU; 0: off)", NULL},      \
     {"--interactive-itl-target", API_FLAG_STR, &(f)->itl_target,                                                \
      "ms, or auto: twice a step of the chats alone; while chats stream a step is planned within it, batch "     \
      "fills the rest (auto; 0: off)", NULL},                                                                   \

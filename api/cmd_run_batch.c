@@ -495,7 +495,7 @@ int api_cmd_run_batch(int argc, char **argv)
     if (max_model_len == API_FLAG_UNSET) max_model_len = 0;
     if (max_num_seqs == API_FLAG_UNSET) max_num_seqs = 0;
     if (max_batched == API_FLAG_UNSET) max_batched = 0;
-    api_engine_defaults(device, &max_num_seqs, &max_batched);
+    api_engine_defaults(device, &max_num_seqs, &max_batched, &policy.ttft_target_s);
     if (max_batched < max_num_seqs) { /* both given: the defaults bend to a given value */
         fprintf(stderr, "sluice run-batch: --max-num-batched-tokens %ld is less than --max-num-seqs %ld "
                         "(a step must hold one token of every running sequence)\n",

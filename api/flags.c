@@ -306,9 +306,11 @@ int api_gpu_kv_bytes(int tp, double util, const char *who, size_t *bytes, char *
     return 0;
 }
 
-void api_engine_defaults(const char *device, long *max_num_seqs, long *max_num_batched_tokens)
+void api_engine_defaults(const char *device, long *max_num_seqs, long *max_num_batched_tokens,
+                         double *ttft_target_s)
 {
     bool gpu = device ? !strcmp(device, "cuda") : model_cuda_available();
+    if (isnan(*ttft_target_s)) *ttft_target_s = gpu ? SCHED_DEFAULT_TTFT_TARGET_GPU_S : SCHED_DEFAULT_TTFT_TARGET_S;
     bool ds = *max_num_seqs == 0, db = *max_num_batched_tokens == 0;
     if (ds) *max_num_seqs = gpu ? 256 : 64;
     if (db) *max_num_batched_tokens = gpu ? 8192 : 1024;
@@ -323,18 +325,19 @@ void api_sched_flags_init(struct api_sched_flags *f)
 {
     struct sched_config c = {0};
     sched_config_policy_defaults(&c);
-    f->ttft_target_ms = c.ttft_target_s * 1e3;
+    f->ttft_target_ms = NAN; /* not given: api_engine_defaults picks it for the device */
     f->itl_target = "auto";
     f->min_batch_share = c.min_batch_share;
 }
 
 int api_sched_flags_apply(const struct api_sched_flags *f, struct sched_config *c, char *err, size_t errlen)
 {
-    if (api_flag_double_range("--interactive-ttft-target", f->ttft_target_ms, 0, false, 1e7, err, errlen) ||
+    if ((!isnan(f->ttft_target_ms) &&
+         api_flag_double_range("--interactive-ttft-target", f->ttft_target_ms, 0, false, 1e7, err, errlen)) ||
         api_flag_double_range("--min-batch-share", f->min_batch_share, 0, false, 1, err, errlen))
         return -1;
     c->min_batch_share = (float)f->min_batch_share;
-    c->ttft_target_s = f->ttft_target_ms / 1e3;
+    c->ttft_target_s = isnan(f->ttft_target_ms) ? NAN : f->ttft_target_ms / 1e3;
     c->itl_target_s = 0.0;
     c->itl_auto_factor = SCHED_DEFAULT_ITL_AUTO_FACTOR;
     if (f->itl_target && strcmp(f->itl_target, "auto") != 0) {

@@ -935,7 +935,7 @@ int api_cmd_serve(int argc, char **argv)
     if (o->max_model_len == API_FLAG_UNSET) o->max_model_len = 0;
     if (o->max_num_seqs == API_FLAG_UNSET) o->max_num_seqs = 0;
     if (o->max_num_batched_tokens == API_FLAG_UNSET) o->max_num_batched_tokens = 0;
-    api_engine_defaults(o->device, &o->max_num_seqs, &o->max_num_batched_tokens);
+    api_engine_defaults(o->device, &o->max_num_seqs, &o->max_num_batched_tokens, &o->sched.ttft_target_s);
     if (o->max_num_batched_tokens < o->max_num_seqs) { /* both given: the defaults bend to a given value */
         fprintf(stderr, "sluice serve: --max-num-batched-tokens %ld is less than --max-num-seqs %ld "
                         "(a step must hold one token of every running sequence)\n",

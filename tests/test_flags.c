@@ -10,6 +10,7 @@
 
 #include "api/api.h"
 #include "model/backend.h"
+#include "sched/sched.h"
 #include "test.h"
 
 static void test_parse_bytes(void)
@@ -97,27 +98,34 @@ static void test_flag_ranges(void)
     CHECK(api_parse_flags(4, argv, 2, flags, pos, 1, err, sizeof err) == -1 && n == 5);
 }
 
-/* vLLM's GPU sizes on "cuda", ours on "cpu"; given values are kept, and a
- * default bends to a given value instead of contradicting it */
+/* vLLM's GPU sizes on "cuda", ours on "cpu", and the TTFT target for each;
+ * given values are kept, and a default bends to a given value instead of
+ * contradicting it */
 static void test_engine_defaults(void)
 {
     long s = 0, b = 0;
-    api_engine_defaults("cuda", &s, &b);
+    double t = NAN;
+    api_engine_defaults("cuda", &s, &b, &t);
     CHECK(s == 256 && b == 8192);
-    s = 0, b = 0;
-    api_engine_defaults("cpu", &s, &b);
+    CHECKF(t == SCHED_DEFAULT_TTFT_TARGET_GPU_S, "TTFT target %g on a GPU", t);
+    s = 0, b = 0, t = NAN;
+    api_engine_defaults("cpu", &s, &b, &t);
     CHECK(s == 64 && b == 1024);
+    CHECKF(t == SCHED_DEFAULT_TTFT_TARGET_S, "TTFT target %g on the CPU", t);
+    t = 0.3; /* given: kept */
+    api_engine_defaults("cuda", &s, &b, &t);
+    CHECK(t == 0.3);
     s = 32, b = 0;
-    api_engine_defaults("cuda", &s, &b);
+    api_engine_defaults("cuda", &s, &b, &t);
     CHECK(s == 32 && b == 8192);
     s = 0, b = 128;
-    api_engine_defaults("cuda", &s, &b);
+    api_engine_defaults("cuda", &s, &b, &t);
     CHECKF(s == 128 && b == 128, "seqs %ld, tokens %ld", s, b);
     s = 2048, b = 0;
-    api_engine_defaults("cpu", &s, &b);
+    api_engine_defaults("cpu", &s, &b, &t);
     CHECKF(s == 2048 && b == 2048, "seqs %ld, tokens %ld", s, b);
     s = 7, b = 9;
-    api_engine_defaults("cuda", &s, &b);
+    api_engine_defaults("cuda", &s, &b, &t);
     CHECK(s == 7 && b == 9);
 }
 
