@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cuda/cuda_check.h"
 #include "cuda/kernels.h"
 #include "cuda/qgemm.h"
 #include "cuda/tuning.h"
@@ -188,33 +189,11 @@ struct cuda_backend {
     int *peer_abort;                /* pinned, mapped: set when a rank fails, ends the kernel's waits */
 };
 
-#define CK(call)                                                                                     \
-    do {                                                                                             \
-        cudaError_t e_ = (call);                                                                     \
-        if (e_ != cudaSuccess) {                                                                     \
-            sl_seterr(err, errlen, "%s failed: %s (%s, %s:%d)", #call, cudaGetErrorString(e_), __func__, \
-                   __FILE__, __LINE__);                                                              \
-            goto fail;                                                                               \
-        }                                                                                            \
-    } while (0)
-#define CB(call)                                                                                     \
-    do {                                                                                             \
-        cublasStatus_t s_ = (call);                                                                  \
-        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                           \
-            sl_seterr(err, errlen, "%s failed: %s (%s, %s:%d)", #call, cublasGetStatusString(s_),       \
-                   __func__, __FILE__, __LINE__);                                                    \
-            goto fail;                                                                               \
-        }                                                                                            \
-    } while (0)
-#define NC(call)                                                                                     \
-    do {                                                                                             \
-        ncclResult_t n_ = (call);                                                                    \
-        if (n_ != ncclSuccess) {                                                                     \
-            sl_seterr(err, errlen, "%s failed: %s (%s, %s:%d)", #call, ncclGetErrorString(n_), __func__, \
-                   __FILE__, __LINE__);                                                              \
-            goto fail;                                                                               \
-        }                                                                                            \
-    } while (0)
+/* cuda_check.h's macro for each API, into err/errlen, on to the label fail */
+#define CK(call) CUDA_TRY(call, #call, cudaError_t, cudaSuccess, cudaGetErrorString, err, errlen, fail)
+#define CB(call) \
+    CUDA_TRY(call, #call, cublasStatus_t, CUBLAS_STATUS_SUCCESS, cublasGetStatusString, err, errlen, fail)
+#define NC(call) CUDA_TRY(call, #call, ncclResult_t, ncclSuccess, ncclGetErrorString, err, errlen, fail)
 
 /* ---- crew.c ---- */
 
