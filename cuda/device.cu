@@ -1,6 +1,6 @@
 /* device.cu - which GPUs this process can use, and a probe kernel that proves
- * code built for their architecture runs. The GPU backend proper (weights,
- * paged attention, graphs) is issue 6. */
+ * code built for their architecture runs. The GPU backend proper is
+ * cuda_backend.c and the files beside it (cuda_internal.h). */
 #include <stdio.h>
 
 #include "cuda/cuda_check.h"

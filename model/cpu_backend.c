@@ -485,16 +485,6 @@ model_backend *model_cpu_backend_create(const model *m, const struct model_backe
         goto fail;
     }
     float *p = b->wmem;
-#define VEC(dst, t, n)                                                                         \
-    do {                                                                                       \
-        (dst) = p;                                                                             \
-        model_tensor_to_f32((t), 0, (int64_t)(n), p);                                          \
-        p += (n);                                                                              \
-    } while (0)
-#define MAT(dst, t)                                                                            \
-    do {                                                                                       \
-        if (wmat_init(&(dst), (t), err, errlen)) goto fail;                                    \
-    } while (0)
     MAT(b->tok_embd, &w->tok_embd);
     VEC(b->out_norm, &w->out_norm, E);
     if (c->tie_embeddings)
@@ -526,8 +516,6 @@ model_backend *model_cpu_backend_create(const model *m, const struct model_backe
         MAT(L->w_up, &lw->w_up);
         MAT(L->w_down, &lw->w_down);
     }
-#undef VEC
-#undef MAT
     SL_ASSERT((size_t)(p - b->wmem) == nw);
     b->max_in = (int)(E > F ? E : F);
     if ((size_t)b->max_in < Q) b->max_in = (int)Q;

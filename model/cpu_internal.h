@@ -39,6 +39,21 @@ int cpu_threads(const struct cpu_backend *b);
 /* 64-byte aligned, zeroed; NULL when out of memory (free() releases it). */
 void *cpu_zalloc(size_t n);
 
+/* Binding a layer kind's weights at creation. VEC points dst at the next n
+ * floats of the cursor p (a float * the caller declares, into one block it
+ * sized) and copies t's first n elements there as f32; MAT binds a matrix
+ * view of t, or sets err/errlen and goes to the caller's fail label. */
+#define VEC(dst, t, n)                                                                             \
+    do {                                                                                           \
+        (dst) = p;                                                                                 \
+        model_tensor_to_f32((t), 0, (int64_t)(n), p);                                              \
+        p += (n);                                                                                  \
+    } while (0)
+#define MAT(dst, t)                                                                                \
+    do {                                                                                           \
+        if (cpu_wmat_init(&(dst), (t), err, errlen)) goto fail;                                    \
+    } while (0)
+
 /* ---- MLA (model/cpu_mla.c) ---- */
 
 struct cpu_mla;

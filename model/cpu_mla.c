@@ -119,16 +119,6 @@ struct cpu_mla *cpu_mla_create(const struct cpu_backend *b, const struct model_c
     a->wmem = cpu_zalloc((size_t)c->n_layer * (E + a->QL + C + 2 * (size_t)a->ID) * sizeof(float));
     if (!a->L || !a->wmem) goto oom;
     float *p = a->wmem;
-#define VEC(dst, t, n)                                                                             \
-    do {                                                                                           \
-        (dst) = p;                                                                                 \
-        model_tensor_to_f32((t), 0, (int64_t)(n), p);                                              \
-        p += (n);                                                                                  \
-    } while (0)
-#define MAT(dst, t)                                                                                \
-    do {                                                                                           \
-        if (cpu_wmat_init(&(dst), (t), err, errlen)) goto fail;                                    \
-    } while (0)
     for (int l = 0; l < c->n_layer; l++) {
         if (model_layer_kind_of(c, l).mixer != MODEL_MIXER_MLA) continue;
         const struct model_mla_weights *lw = &w->layers[l].mla;
@@ -154,8 +144,6 @@ struct cpu_mla *cpu_mla_create(const struct cpu_backend *b, const struct model_c
             MAT(L->ix_w, &lw->ix_weights);
         }
     }
-#undef VEC
-#undef MAT
     a->rcos = cpu_zalloc(X * half * sizeof(float));
     a->rsin = cpu_zalloc(X * half * sizeof(float));
     a->xn = cpu_zalloc(T * E * sizeof(float));

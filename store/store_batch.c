@@ -418,25 +418,17 @@ static void add_text_or_null(struct json_buf *b, sqlite3_stmt *st, int i, bool r
 
 static void batch_json(sqlite3_stmt *st, struct json_buf *b)
 {
+    /* BATCH_COLS in order: 8 text columns (errors holds JSON), then 9 times */
+    static const char *const text[] = {"id",     "endpoint",       "errors",        "input_file_id", "completion_window",
+                                       "status", "output_file_id", "error_file_id"};
     static const char *const ts[] = {"created_at",  "in_progress_at", "expires_at",    "finalizing_at",
                                      "completed_at", "failed_at",      "expired_at",    "cancelling_at",
                                      "cancelled_at"};
-    json_buf_add(b, "{\"id\":", 6);
-    add_text_or_null(b, st, 0, false);
-    json_buf_add(b, ",\"object\":\"batch\",\"endpoint\":", 29);
-    add_text_or_null(b, st, 1, false);
-    json_buf_add(b, ",\"errors\":", 10);
-    add_text_or_null(b, st, 2, true);
-    json_buf_add(b, ",\"input_file_id\":", 17);
-    add_text_or_null(b, st, 3, false);
-    json_buf_add(b, ",\"completion_window\":", 21);
-    add_text_or_null(b, st, 4, false);
-    json_buf_add(b, ",\"status\":", 10);
-    add_text_or_null(b, st, 5, false);
-    json_buf_add(b, ",\"output_file_id\":", 18);
-    add_text_or_null(b, st, 6, false);
-    json_buf_add(b, ",\"error_file_id\":", 17);
-    add_text_or_null(b, st, 7, false);
+    for (int i = 0; i < 8; i++) {
+        json_buf_addf(b, "%s\"%s\":", i ? "," : "{", text[i]);
+        add_text_or_null(b, st, i, i == 2);
+        if (i == 0) json_buf_lit(b, ",\"object\":\"batch\"");
+    }
     for (int i = 0; i < 9; i++) {
         json_buf_addf(b, ",\"%s\":", ts[i]);
         if (sqlite3_column_type(st, 8 + i) == SQLITE_NULL) json_buf_add(b, "null", 4);

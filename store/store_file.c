@@ -16,8 +16,55 @@
 
 /* ---- files ------------------------------------------------------------------------ */
 
+/* Reads fd to its end in STORE_CHUNK pieces, handing each to cb, which
+ * stops the reading by returning non-zero (that status is returned). A read
+ * error is SL_EIO, "reading WHAT: why". fd stays open. */
+static int read_chunks(int fd, const char *what, int (*cb)(void *ctx, const char *p, size_t n), void *ctx, char *err,
+                       size_t errlen)
+{
+    char *buf = malloc(STORE_CHUNK);
+    if (!buf) {
+        sl_seterr(err, errlen, "out of memory");
+        return SL_ENOMEM;
+    }
+    int rc = 0;
+    for (;;) {
+        ssize_t k = read(fd, buf, STORE_CHUNK);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) {
+            sl_seterr(err, errlen, "reading %s: %s", what, strerror(errno));
+            rc = SL_EIO;
+            break;
+        }
+        if (k == 0) break;
+        if ((rc = cb(ctx, buf, (size_t)k))) break;
+    }
+    free(buf);
+    return rc;
+}
+
+struct line_count {
+    int64_t n;
+    bool content; /* the current line has had something but blanks */
+};
+
+static int count_chunk(void *ctx, const char *p, size_t n)
+{
+    struct line_count *lc = ctx;
+    for (size_t i = 0; i < n; i++) {
+        char c = p[i];
+        if (c == '\n') {
+            if (lc->content) lc->n++;
+            lc->content = false;
+        } else if (c != ' ' && c != '\t' && c != '\r') {
+            lc->content = true;
+        }
+    }
+    return 0;
+}
+
 /* Counts lines holding anything but blanks (the requests of a JSONL file),
- * reading in chunks. Returns the count or SL_EIO. */
+ * reading in chunks. Returns the count or a negative status. */
 static int64_t count_requests(const char *path, char *err, size_t errlen)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -25,39 +72,31 @@ static int64_t count_requests(const char *path, char *err, size_t errlen)
         sl_seterr(err, errlen, "cannot read %s: %s", path, strerror(errno));
         return SL_EIO;
     }
-    char *buf = malloc(STORE_CHUNK);
-    if (!buf) {
-        close(fd);
-        sl_seterr(err, errlen, "out of memory");
-        return SL_ENOMEM;
-    }
-    int64_t n = 0;
-    bool content = false;
-    for (;;) {
-        ssize_t k = read(fd, buf, STORE_CHUNK);
-        if (k < 0 && errno == EINTR) continue;
-        if (k < 0) {
-            sl_seterr(err, errlen, "cannot read %s: %s", path, strerror(errno));
-            n = SL_EIO;
-            break;
-        }
-        if (k == 0) {
-            if (content) n++;
-            break;
-        }
-        for (ssize_t i = 0; i < k; i++) {
-            char c = buf[i];
-            if (c == '\n') {
-                if (content) n++;
-                content = false;
-            } else if (c != ' ' && c != '\t' && c != '\r') {
-                content = true;
-            }
-        }
-    }
-    free(buf);
+    struct line_count lc = {0, false};
+    int rc = read_chunks(fd, path, count_chunk, &lc, err, errlen);
     close(fd);
-    return n;
+    if (rc) return rc;
+    return lc.n + (lc.content ? 1 : 0); /* a last line without its newline */
+}
+
+struct copy_to {
+    int fd;
+    int errnum; /* write's errno when it failed */
+};
+
+static int write_chunk(void *ctx, const char *p, size_t n)
+{
+    struct copy_to *c = ctx;
+    for (size_t off = 0; off < n;) {
+        ssize_t w = write(c->fd, p + off, n - off);
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0) {
+            c->errnum = errno;
+            return SL_EIO;
+        }
+        off += (size_t)w;
+    }
+    return 0;
 }
 
 static int copy_file(const char *src, const char *dst, char *err, size_t errlen)
@@ -68,35 +107,21 @@ static int copy_file(const char *src, const char *dst, char *err, size_t errlen)
         return SL_EIO;
     }
     int out = open(dst, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    char *buf = malloc(STORE_CHUNK);
-    int rc = 0;
-    if (out < 0 || !buf) {
-        sl_seterr(err, errlen, "cannot create %s: %s", dst, out < 0 ? strerror(errno) : "out of memory");
-        rc = SL_EIO;
+    if (out < 0) {
+        sl_seterr(err, errlen, "cannot create %s: %s", dst, strerror(errno));
+        close(in);
+        return SL_EIO;
     }
-    while (!rc) {
-        ssize_t k = read(in, buf, STORE_CHUNK);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) {
-            if (k < 0) rc = SL_EIO;
-            break;
-        }
-        for (ssize_t off = 0; off < k && !rc;) {
-            ssize_t w = write(out, buf + off, (size_t)(k - off));
-            if (w < 0 && errno == EINTR) continue;
-            if (w < 0) rc = SL_EIO;
-            else off += w;
-        }
-        if (rc) sl_seterr(err, errlen, "copying %s to %s: %s", src, dst, strerror(errno));
-    }
+    struct copy_to c = {out, 0};
+    int rc = read_chunks(in, src, write_chunk, &c, err, errlen);
+    if (rc && c.errnum) sl_seterr(err, errlen, "copying %s to %s: %s", src, dst, strerror(c.errnum));
     if (!rc && fsync(out) != 0) {
         sl_seterr(err, errlen, "fsync %s: %s", dst, strerror(errno));
         rc = SL_EIO;
     }
-    free(buf);
-    if (out >= 0) close(out);
+    close(out);
     close(in);
-    if (rc && out >= 0) unlink(dst);
+    if (rc) unlink(dst);
     return rc;
 }
 
@@ -474,24 +499,7 @@ int store_file_content(store *s, const char *id, int (*cb)(void *ctx, const char
 {
     int fd, rc = store_file_open_content(s, id, &fd, NULL, err, errlen);
     if (rc) return rc;
-    char *buf = malloc(STORE_CHUNK);
-    if (!buf) {
-        close(fd);
-        sl_seterr(err, errlen, "out of memory");
-        return SL_ENOMEM;
-    }
-    for (;;) {
-        ssize_t k = read(fd, buf, STORE_CHUNK);
-        if (k < 0 && errno == EINTR) continue;
-        if (k < 0) {
-            sl_seterr(err, errlen, "reading %s: %s", id, strerror(errno));
-            rc = SL_EIO;
-            break;
-        }
-        if (k == 0) break;
-        if ((rc = cb(ctx, buf, (size_t)k))) break;
-    }
-    free(buf);
+    rc = read_chunks(fd, id, cb, ctx, err, errlen);
     close(fd);
     return rc;
 }

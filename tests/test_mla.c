@@ -63,59 +63,6 @@ static model *load(const char *dir, const char *overrides)
     return m;
 }
 
-/* One step over positions start..start+n-1 of ids with block table bt; logits
- * of every position (all = true: one 1-token sequence per position) or of the
- * last. */
-static int step(model_backend *be, const int32_t *bt, const int32_t *ids, int start, int n, bool all, float *logits,
-                int nv)
-{
-    static int32_t pos[256];
-    static int64_t slots[256];
-    static struct step_seq sq[256];
-    if (n > 256) return -1;
-    uint64_t rng = model_rng_seed(0);
-    struct model_sampling greedy;
-    model_sampling_default(&greedy);
-    for (int t = 0; t < n; t++) {
-        int p = start + t;
-        pos[t] = p;
-        slots[t] = (int64_t)bt[p / BLOCK] * BLOCK + p % BLOCK;
-        sq[t] = (struct step_seq){.query_start = t, .query_len = 1, .context_len = p + 1, .block_table = bt,
-                                  .n_blocks = REGION, .logits_out = logits + (size_t)t * nv};
-    }
-    if (!all)
-        sq[0] = (struct step_seq){.query_start = 0, .query_len = n, .context_len = start + n, .block_table = bt,
-                                  .n_blocks = REGION, .logits_out = logits, .want_sample = true, .sampling = &greedy,
-                                  .history = ids, .n_prompt = start + n, .n_history = start + n, .rng = &rng};
-    struct step st = {.n_tokens = n, .token_ids = ids + start, .positions = pos, .slots = slots,
-                      .n_seqs = all ? n : 1, .seqs = sq};
-    int rc = be->ops->forward(be, &st, err, sizeof err);
-    if (rc) printf("  forward: %s\n", err);
-    return rc;
-}
-
-static int argmax(const float *v, int n)
-{
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (v[i] > v[b]) b = i;
-    return b;
-}
-
-/* largest |logit - golden| over the golden's top 20 at one position, relative to its largest |logit| */
-static double rel_err(const float *lg, const struct prompt *p, int pos, int nv)
-{
-    double md = 0, mr = 0;
-    for (int k = 0; k < TOPK; k++) {
-        int id = p->top_ids[pos * TOPK + k];
-        float ref = p->top_logits[pos * TOPK + k];
-        double dd = id >= 0 && id < nv ? fabs((double)lg[id] - ref) : INFINITY;
-        md = dd > md ? dd : md;
-        mr = fabs(ref) > mr ? fabs(ref) : mr;
-    }
-    return md / (mr > 0 ? mr : 1);
-}
-
 static double rel_diff(const float *a, const float *b, int n)
 {
     double md = 0, mr = 0;
@@ -141,18 +88,15 @@ static void run_checkpoint(const struct ckpt *ck)
     struct golden g;
     CHECK(golden_load(gpath, &g) == 0);
     int nv = model_get_config(m)->n_vocab;
-    struct model_backend_opts bo = {.device = "cpu", .n_threads = 2, .max_tokens_per_step = 256,
-                                    .max_seqs_per_step = 256, .max_ctx = REGION * BLOCK};
-    model_backend *be = model_backend_create(m, &bo, err, sizeof err);
-    CHECKF(be != NULL, "%s: %s", ck->dir, err);
-    if (!be || be->ops->kv_alloc(be, 2 * REGION, BLOCK, err, sizeof err) != 0) {
-        model_backend_destroy(be);
+    model_backend *be = golden_backend(m, 2, REGION * BLOCK, 2 * REGION, BLOCK, ck->dir);
+    if (!be) {
         model_free(m);
         golden_free(&g);
         return;
     }
     int32_t bt[REGION], bt2[REGION];
     for (int j = 0; j < REGION; j++) bt[j] = REGION - 1 - j, bt2[j] = REGION + j;
+    struct golden_run r1 = {be, bt, REGION, BLOCK, nv}, r2 = {be, bt2, REGION, BLOCK, nv};
     double worst = 0, worst_pf = 0, worst_cache = 0;
     for (int i = 0; i < g.np; i++) {
         struct prompt *p = &g.p[i];
@@ -160,39 +104,25 @@ static void run_checkpoint(const struct ckpt *ck)
         float *all = malloc((size_t)total * nv * sizeof *all), *one = malloc((size_t)nv * sizeof *one),
               *pf = malloc((size_t)nv * sizeof *pf);
         /* decode form at every position */
-        CHECK(step(be, bt, p->ids, 0, p->n, true, all, nv) == 0);
-        for (int pos = 0; pos < p->n; pos++) {
-            double r = rel_err(all + (size_t)pos * nv, p, pos, nv);
-            if (!(r <= worst)) worst = r;
-        }
+        CHECK(golden_step(&r1, p->ids, 0, p->n, true, all) == 0);
+        worst = golden_worst(all, p, nv, worst);
         /* prefill form, one step */
-        CHECK(step(be, bt, p->ids, 0, p->n, false, pf, nv) == 0);
-        double r = rel_err(pf, p, p->n - 1, nv);
+        CHECK(golden_step(&r1, p->ids, 0, p->n, false, pf) == 0);
+        double r = golden_rel_err(pf, p, p->n - 1, nv);
         if (!(r <= worst_pf)) worst_pf = r;
-        /* chunked prefill (chunks of 5): the one-step logits, bit for bit */
-        for (int s = 0; s < p->n; s += 5) {
-            int n = p->n - s < 5 ? p->n - s : 5;
-            if (n == 1) n = 2, s--; /* a 1-token chunk would be the decode form */
-            CHECK(step(be, bt, p->ids, s, n, false, one, nv) == 0);
-        }
+        /* chunked prefill (chunks of 5; a 1-token chunk would be the decode form): the one-step logits, bit for bit */
+        CHECK(golden_chunked(&r1, p->ids, p->n, 5, one) == 0);
         CHECKF(memcmp(one, pf, (size_t)nv * sizeof *one) == 0,
                "%s prompt %d: chunked prefill logits differ from the one-step logits", ck->dir, i);
         /* greedy decode, one token a step */
         int32_t seq[256];
-        memcpy(seq, p->ids, (size_t)p->n * sizeof *seq);
-        int first_diff = -1;
-        for (int k = 0; k < p->n_greedy; k++) {
-            int tok = argmax(one, nv);
-            seq[p->n + k] = tok;
-            if (first_diff < 0 && tok != p->ids[p->n + k]) first_diff = k;
-            if (k + 1 < p->n_greedy) CHECK(step(be, bt, seq, p->n + k, 1, false, one, nv) == 0);
-        }
+        int first_diff = golden_greedy(&r1, p, one, seq);
         CHECKF(first_diff < 0, "%s %s prompt %d: greedy differs from transformers at token %d", ck->dir, ck->golden,
                i, first_diff);
         /* the cached decode's last logits against one uncached forward over the same tokens */
         int len = p->n + p->n_greedy - 1;
         if (len <= REGION * BLOCK) {
-            CHECK(step(be, bt2, seq, 0, len, false, pf, nv) == 0);
+            CHECK(golden_step(&r2, seq, 0, len, false, pf) == 0);
             double c = rel_diff(one, pf, nv);
             if (!(c <= worst_cache)) worst_cache = c;
         }

@@ -62,34 +62,6 @@ static int step_multi(model_backend *be, const struct seqin *in, int ns)
     return rc;
 }
 
-/* Every position of ids[0..n) at once, one 1-token sequence per position
- * sharing blocks bt: logits[n][nv]. */
-static int step_all(model_backend *be, const int32_t *bt, const int32_t *ids, int n, float *logits, int nv)
-{
-    int32_t pos[256];
-    int64_t slots[256];
-    struct step_seq sq[256];
-    char err[256];
-    for (int t = 0; t < n; t++) {
-        pos[t] = t;
-        slots[t] = (int64_t)bt[t / BLOCK] * BLOCK + t % BLOCK;
-        sq[t] = (struct step_seq){.query_start = t, .query_len = 1, .context_len = t + 1, .block_table = bt,
-                                  .n_blocks = REGION, .logits_out = logits + (size_t)t * nv};
-    }
-    struct step st = {.n_tokens = n, .token_ids = ids, .positions = pos, .slots = slots, .n_seqs = n, .seqs = sq};
-    int rc = be->ops->forward(be, &st, err, sizeof err);
-    if (rc) printf("  forward: %s\n", err);
-    return rc;
-}
-
-static int argmax(const float *v, int n)
-{
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (v[i] > v[b]) b = i;
-    return b;
-}
-
 static void run_checkpoint(const char *name)
 {
     char dir[256], gpath[300], err[512];
@@ -106,12 +78,8 @@ static void run_checkpoint(const char *name)
     struct golden g;
     CHECK(golden_load(gpath, &g) == 0);
     int nv = c->n_vocab;
-    struct model_backend_opts bo = {.device = "cpu", .n_threads = 2, .max_tokens_per_step = 256,
-                                    .max_seqs_per_step = 256, .max_ctx = REGION * BLOCK};
-    model_backend *be = model_backend_create(m, &bo, err, sizeof err);
-    CHECKF(be != NULL, "%s: %s", name, err);
-    if (!be || be->ops->kv_alloc(be, NSEQ * REGION, BLOCK, err, sizeof err) != 0) {
-        model_backend_destroy(be);
+    model_backend *be = golden_backend(m, 2, REGION * BLOCK, NSEQ * REGION, BLOCK, name);
+    if (!be) {
         model_free(m);
         golden_free(&g);
         return;
@@ -119,29 +87,16 @@ static void run_checkpoint(const char *name)
     int32_t bt[NSEQ][REGION];
     for (int s = 0; s < NSEQ; s++)
         for (int j = 0; j < REGION; j++) bt[s][j] = s * REGION + (REGION - 1 - j);
+    struct golden_run r0 = {be, bt[0], REGION, BLOCK, nv};
     double worst = 0;
     for (int i = 0; i < g.np; i++) {
         struct prompt *p = &g.p[i];
         float *all = malloc((size_t)p->n * nv * sizeof *all), *one = malloc((size_t)nv * sizeof *one);
         float *side = malloc((size_t)(NSEQ + 1) * nv * sizeof *side);
-        CHECK(step_all(be, bt[0], p->ids, p->n, all, nv) == 0);
-        for (int pos = 0; pos < p->n; pos++) {
-            double md = 0, mr = 0;
-            for (int k = 0; k < TOPK; k++) {
-                int id = p->top_ids[pos * TOPK + k];
-                float ref = p->top_logits[pos * TOPK + k];
-                double dd = id >= 0 && id < nv ? fabs((double)all[(size_t)pos * nv + id] - ref) : INFINITY;
-                md = dd > md ? dd : md;
-                mr = fabs(ref) > mr ? fabs(ref) : mr;
-            }
-            double rel = md / (mr > 0 ? mr : 1);
-            if (!(rel <= worst)) worst = rel;
-        }
+        CHECK(golden_step(&r0, p->ids, 0, p->n, true, all) == 0);
+        worst = golden_worst(all, p, nv, worst);
         /* chunked prefill (chunks of 5): the last logits are the one-step ones, bit for bit */
-        for (int s = 0; s < p->n; s += 5) {
-            struct seqin in = {p->ids, s, p->n - s < 5 ? p->n - s : 5, bt[0], one};
-            CHECK(step_multi(be, &in, 1) == 0);
-        }
+        CHECK(golden_chunked(&r0, p->ids, p->n, 5, one) == 0);
         CHECKF(memcmp(one, all + (size_t)(p->n - 1) * nv, (size_t)nv * sizeof *one) == 0,
                "%s prompt %d: chunked prefill logits differ from the one-step logits", name, i);
         /* the prompt alone, then beside the other prompts (which route their
@@ -163,15 +118,7 @@ static void run_checkpoint(const char *name)
                "%s prompt %d: logits differ alone and beside %d other prompts", name, i, ns - 1);
         /* greedy decode, one token a step, against transformers' continuation */
         int32_t seq[256];
-        memcpy(seq, p->ids, (size_t)p->n * sizeof *seq);
-        int first_diff = -1;
-        for (int k = 0; k < p->n_greedy; k++) {
-            int tok = argmax(one, nv);
-            seq[p->n + k] = tok;
-            if (first_diff < 0 && tok != p->ids[p->n + k]) first_diff = k;
-            struct seqin in = {seq, p->n + k, 1, bt[0], one};
-            if (k + 1 < p->n_greedy) CHECK(step_multi(be, &in, 1) == 0);
-        }
+        int first_diff = golden_greedy(&r0, p, one, seq);
         CHECKF(first_diff < 0, "%s prompt %d: greedy differs from transformers at token %d", name, i, first_diff);
         free(all);
         free(one);

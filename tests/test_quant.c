@@ -132,45 +132,6 @@ static int check_weights(const model *m, const char *name, const char *gpath)
     return n > 0 ? bad : -1;
 }
 
-/* One step over positions start..start+n-1 of ids as one sequence; logits of
- * every position (all = true: one 1-token sequence per position) or of the last. */
-static int step(model_backend *be, const int32_t *bt, const int32_t *ids, int start, int n, bool all, float *logits,
-                int nv)
-{
-    int32_t pos[256];
-    int64_t slots[256];
-    struct step_seq sq[256];
-    char err[256];
-    if (n > 256) return -1;
-    uint64_t rng = model_rng_seed(0);
-    struct model_sampling greedy;
-    model_sampling_default(&greedy);
-    for (int t = 0; t < n; t++) {
-        int p = start + t;
-        pos[t] = p;
-        slots[t] = (int64_t)bt[p / BLOCK] * BLOCK + p % BLOCK;
-        sq[t] = (struct step_seq){.query_start = t, .query_len = 1, .context_len = p + 1, .block_table = bt,
-                                  .n_blocks = REGION, .logits_out = logits + (size_t)t * nv};
-    }
-    if (!all)
-        sq[0] = (struct step_seq){.query_start = 0, .query_len = n, .context_len = start + n, .block_table = bt,
-                                  .n_blocks = REGION, .logits_out = logits, .want_sample = true, .sampling = &greedy,
-                                  .history = ids, .n_prompt = start + n, .n_history = start + n, .rng = &rng};
-    struct step st = {.n_tokens = n, .token_ids = ids + start, .positions = pos, .slots = slots,
-                      .n_seqs = all ? n : 1, .seqs = sq};
-    int rc = be->ops->forward(be, &st, err, sizeof err);
-    if (rc) printf("  forward: %s\n", err);
-    return rc;
-}
-
-static int argmax(const float *v, int n)
-{
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (v[i] > v[b]) b = i;
-    return b;
-}
-
 static void run_checkpoint(const char *name)
 {
     char dir[256], gpath[300], err[512];
@@ -184,53 +145,29 @@ static void run_checkpoint(const char *name)
     struct golden g;
     CHECK(golden_load(gpath, &g) == 0);
     int nv = model_get_config(m)->n_vocab;
-    struct model_backend_opts bo = {.device = "cpu", .n_threads = 1, .max_tokens_per_step = 256, .max_seqs_per_step = 256,
-                                    .max_ctx = REGION * BLOCK};
-    model_backend *be = model_backend_create(m, &bo, err, sizeof err);
-    CHECKF(be != NULL, "%s: %s", name, err);
-    if (!be || be->ops->kv_alloc(be, REGION, BLOCK, err, sizeof err) != 0) {
-        model_backend_destroy(be);
+    model_backend *be = golden_backend(m, 1, REGION * BLOCK, REGION, BLOCK, name);
+    if (!be) {
         model_free(m);
         golden_free(&g);
         return;
     }
     int32_t bt[REGION];
     for (int j = 0; j < REGION; j++) bt[j] = REGION - 1 - j;
+    struct golden_run r = {be, bt, REGION, BLOCK, nv};
     double worst = 0;
     for (int i = 0; i < g.np; i++) {
         struct prompt *p = &g.p[i];
         int total = p->n + p->n_greedy;
         float *all = malloc((size_t)total * nv * sizeof *all), *one = malloc((size_t)nv * sizeof *one);
-        CHECK(step(be, bt, p->ids, 0, p->n, true, all, nv) == 0);
-        for (int pos = 0; pos < p->n; pos++) {
-            double md = 0, mr = 0;
-            for (int k = 0; k < TOPK; k++) {
-                int id = p->top_ids[pos * TOPK + k];
-                float ref = p->top_logits[pos * TOPK + k];
-                double dd = id >= 0 && id < nv ? fabs((double)all[(size_t)pos * nv + id] - ref) : INFINITY;
-                md = dd > md ? dd : md;
-                mr = fabs(ref) > mr ? fabs(ref) : mr;
-            }
-            double rel = md / (mr > 0 ? mr : 1);
-            if (!(rel <= worst)) worst = rel;
-        }
+        CHECK(golden_step(&r, p->ids, 0, p->n, true, all) == 0);
+        worst = golden_worst(all, p, nv, worst);
         /* chunked prefill (chunks of 5): the last logits are the one-step ones, bit for bit */
-        for (int s = 0; s < p->n; s += 5) {
-            int n = p->n - s < 5 ? p->n - s : 5;
-            CHECK(step(be, bt, p->ids, s, n, false, one, nv) == 0);
-        }
+        CHECK(golden_chunked(&r, p->ids, p->n, 5, one) == 0);
         CHECKF(memcmp(one, all + (size_t)(p->n - 1) * nv, (size_t)nv * sizeof *one) == 0,
                "%s prompt %d: chunked prefill logits differ from the one-step logits", name, i);
         /* greedy decode, one token a step, against transformers' continuation */
         int32_t seq[256];
-        memcpy(seq, p->ids, (size_t)p->n * sizeof *seq);
-        int first_diff = -1;
-        for (int k = 0; k < p->n_greedy; k++) {
-            int tok = argmax(one, nv);
-            seq[p->n + k] = tok;
-            if (first_diff < 0 && tok != p->ids[p->n + k]) first_diff = k;
-            if (k + 1 < p->n_greedy) CHECK(step(be, bt, seq, p->n + k, 1, false, one, nv) == 0);
-        }
+        int first_diff = golden_greedy(&r, p, one, seq);
         CHECKF(first_diff < 0, "%s prompt %d: greedy differs from transformers at token %d", name, i, first_diff);
         free(all);
         free(one);
@@ -635,8 +572,9 @@ static void test_quantize_default_model(void)
             for (int j = 0; j < REGION; j++) bt[j] = j;
             int nv = model_get_config(m)->n_vocab;
             float *lg = malloc((size_t)nv * sizeof *lg);
-            CHECK(step(be, bt, ids, 0, n, false, lg, nv) == 0);
-            int32_t tok = argmax(lg, nv);
+            struct golden_run r = {be, bt, REGION, BLOCK, nv};
+            CHECK(golden_step(&r, ids, 0, n, false, lg) == 0);
+            int32_t tok = golden_argmax(lg, nv);
             char text[64] = "";
             long tl = model_tok_decode(model_get_tok(m), &tok, 1, true, text, sizeof text - 1);
             if (tl >= 0 && tl < (long)sizeof text) text[tl] = 0;

@@ -1,6 +1,6 @@
 /* bench_gemm.c - the GEMM ceiling a prefill step can reach: the four cuBLAS
  * GEMMs of a Llama-3.1-8B layer at 16384 tokens (qkv, o, gate|up, down, as
- * cuda_backend.c calls them), 32 layers back to back, three times, timed
+ * cuda/step.c calls them), 32 layers back to back, three times, timed
  * together with CUDA events. Once with random bf16 inputs (weights and
  * activations uniform in [-1, 1)) and once with zero activations: a GPU at
  * its power cap runs the same instructions faster on zeros, so an ablation
@@ -178,7 +178,7 @@ static void chain_init(struct chain *c, int T, int E, int F, int QKV)
     free(one);
 }
 
-/* y = bf16(x W^T) by cuBLAS, as cuda_backend.c calls it: W [out][in], x [T][in] */
+/* y = bf16(x W^T) by cuBLAS, as cuda/step.c calls it: W [out][in], x [T][in] */
 static void blas_gemm(cublasHandle_t h, const uint16_t *w, const uint16_t *x, uint16_t *y, int T, int in, int out)
 {
     const float one = 1, zero = 0;

@@ -30,7 +30,8 @@
  *
  * Drives the backend with hand-made steps (no scheduler): TTFT of one
  * 2048-token prompt, prefill throughput of a 16K-token step (8 x 2048),
- * batch-1 decode at 1K context, and batched decode at 64 / 256 sequences.
+ * batch-1 decode at 1K context, and batched decode at 8 / 64 / 256 sequences
+ * (at 1024, 256 and 64 tokens of context: 16K tokens at most).
  * Wall-clock per forward() (each ends in a stream sync), median of repeats.
  */
 #include <stdio.h>

@@ -8,17 +8,21 @@
 #   tests/gpu/run.sh pack [FILE...]
 #
 # check: every tests/gpu/test_* binary (test_gpu_e2e: also every packed
-#   int4/int8 checkpoint of tests/models/quant against the CPU); the engine suite (batch invariance,
-#   chunked prefill, prefix reuse, preemption) on the CUDA backend with each
-#   KV cache, on tiny-qwen3 and tiny-qwen3-d128 (head_dim 128: the warpgroup
-#   prefill attention on sm_90); test_gpu_e2e and the engine suite once more
-#   with the fused gate|up GEMM on every step of 5+ tokens; with 2+ GPUs the
-#   same at TP=2 (against the CPU and against one GPU; test_gpu_e2e also
-#   makes a rank fail and checks that the others stop); then, with the
-#   default model in models/ and the openai module, the Python integration
-#   tests against servers on the GPU (the server and Batch API ones again at
-#   TP=2 with 2+ GPUs) and a check that every server they logged ran on the
-#   cuda backend. --python-only: those alone; --no-python: without them.
+#   int4/int8 checkpoint of tests/models/quant against the CPU); the engine
+#   suite (batch invariance, chunked prefill, prefix reuse, preemption) on the
+#   CUDA backend: with the bf16 KV cache on the default model (tiny-qwen3 when
+#   models/ lacks it), with fp8 on tiny-qwen3, and with each on
+#   tiny-qwen3-d128 (head_dim 128: the warpgroup prefill attention on sm_90);
+#   test_gpu_e2e and the engine suite on tiny-qwen3 once more with the fused
+#   gate|up GEMM on every step of 5+ tokens; with 2+ GPUs, test_gpu_e2e at
+#   TP=2 against the CPU and against one GPU (it also makes a rank fail and
+#   checks that the others stop) and the engine suite on tiny-qwen3 at TP=2,
+#   each again with the fused GEMM; then, with the default model in models/
+#   and the openai module, the Python integration tests (all but
+#   test_chat_rules.py, which pins --device cpu) against servers on the GPU
+#   (test_server.py and test_batch.py again at TP=2 with 2+ GPUs) and a check
+#   that every server they logged ran on the cuda backend. --python-only:
+#   those alone; --no-python: without them.
 #   Ends with one line "N passed, N failed".
 #
 # bench NAME...: each benchmark behind a current figure of BENCHMARKS.md
@@ -49,16 +53,17 @@
 #   small-batch-chat   1, 2 and 4 streamed chats at once through the server
 #   serve-bench        `sluice bench` (14.6K-token prompts, cache bust and hit)
 #   run-batch          `sluice run-batch` of 1000 x (~1000 in, 1000 out), load included
-#   OPTIONS: --log=DIR (/tmp/sluice-gpu-bench), --tp=N (gpu, decode, long,
-#   and the served ones: N GPUs), --kv-cache-dtype=fp8 (gpu, decode, long,
-#   attn, the served ones), --nccl (gpu, decode: every all-reduce through
-#   NCCL), --sluice=BIN (the served ones: another build, build/sluice),
+#   OPTIONS: --log=DIR (/tmp/sluice-gpu-bench), --tp=N (gpu, decode, quant,
+#   long, nccl and the served ones: N GPUs), --kv-cache-dtype=fp8 (gpu,
+#   decode, quant, long, attn, the served ones), --nccl (gpu, decode, quant,
+#   long: every all-reduce through NCCL), --sluice=BIN (the served ones: another build, build/sluice),
 #   --serve-arg=FLAG (repeatable: more flags for the served ones' server or
 #   run-batch, e.g. --serve-arg=--interactive-itl-target=100), --model-args="..."
 #   (the served ones on another model; a dry run on the CPU:
 #   --model-args="tests/models/tiny-qwen3 --device cpu" --serve-arg=--max-model-len=2048).
 #
-# pack [FILE...]: the GPU test and bench binaries, build/sluice and FILEs,
+# pack [FILE...]: build/sluice, test_engine, the GPU test and bench binaries
+#   and FILEs,
 #   stripped and packed into .carry/bin.tar.xz (~2 MB: the binaries share
 #   one fatbin, which a 256 MiB xz dictionary stores once), for a device
 #   without a compiler. There: python3 -c "import tarfile;

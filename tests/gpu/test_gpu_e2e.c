@@ -344,7 +344,7 @@ static void test_bad_steps(void)
 /* A prompt of 1100 (arbitrary) tokens in two steps, 800 then 300 over the
  * 800, with every tile past 64 keys "long" (cuda_tuning.long_split_keys = 64
  * when the GPU backend is made): on the tensor-core prefill kernels its
- * keys are split, partials at the step's own stride (cuda_backend.c
+ * keys are split, partials at the step's own stride (cuda/step.c
  * long_splits). Each step's last logits vs the reference backend's, blocks
  * out of order. */
 static void test_long_chunks(void)

@@ -1205,7 +1205,7 @@ static void test_attention_tc_kv8(void)
 }
 
 /* split partials at a stride of nsplit, not MAXSPLIT (prefill steps' long
- * tiles, cuda_backend.c long_splits), in a buffer of exactly that size: the
+ * tiles, cuda/step.c long_splits), in a buffer of exactly that size: the
  * SIMT kernel, the warpgroup kernel and attn.cu's tensor-core kernel (64
  * and 128 rows), both caches; the decode kernel refuses any stride but
  * MAXSPLIT */

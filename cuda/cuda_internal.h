@@ -1,0 +1,227 @@
+/* cuda_internal.h - what the GPU backend's files share (internal to cuda/):
+ * the backend and rank structs, the checking macros, and the functions one
+ * file calls in another. cuda_backend.c: creation, KV memory, warm-up,
+ * teardown; weights.c: a rank's share of the model (upload, packing,
+ * sharding) and its working memory; step.c: the per-step plan, the layers'
+ * launches, graphs and forward(); crew.c: the rank threads (one per GPU),
+ * failure propagation. cuda_backend.c's opening comment says how they work
+ * together. */
+#ifndef SLUICE_CUDA_INTERNAL_H
+#define SLUICE_CUDA_INTERNAL_H
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cuda/cuda_check.h"
+#include "cuda/kernels.h"
+#include "cuda/qgemm.h"
+#include "cuda/tuning.h"
+#include "model/backend.h"
+
+#define NBUCKET 10
+#define MAX_TP 16
+
+/* A projection whose weight is packed, in whole or in part (qgemm.h): its
+ * parts in output order, each packed (w NULL: q) or bf16 (w [rows][in]),
+ * writing output columns [off, off + rows). Parts packed alike are fused
+ * into one packed matrix at upload; parts that differ run one by one. */
+struct qpart {
+    struct cuda_qmat q;
+    uint16_t *w;
+    int rows, off;
+};
+struct qproj {
+    int n; /* 0: the projection is bf16 (clayer's pointer) */
+    struct qpart p[3];
+};
+
+struct clayer {
+    struct qproj qqkv, qo, qgu, qdown; /* packed weights: the bf16 pointer below is then NULL */
+    uint16_t *wqkv;     /* [(H + 2 KVH) D / N][E] bf16, device: this rank's q, k, v rows */
+    uint16_t *wo;       /* [E][H D / N]: this rank's columns */
+    uint16_t *wgu;      /* [2F / N][E]: this rank's gate rows then its up rows */
+    uint16_t *wdown;    /* [E][F / N] */
+    float *attn_norm, *ffn_norm; /* [E] f32, device */
+    float *bqkv;        /* [(H + 2 KVH) D / N] or NULL */
+    float *q_norm, *k_norm; /* [D] or NULL */
+};
+
+/* Offsets (in bytes) of the per-step inputs inside hin/din; max_items:
+ * the attention items the items region holds. */
+struct inlay {
+    size_t slots, ids, pos, tok_part, tok_nsplit, rows, n_items, items, bt, srows, pen, total;
+    int max_items;
+};
+
+struct cuda_backend;
+
+/* One GPU's share of the model and its working memory. */
+struct rank {
+    struct cuda_backend *b;
+    int id, dev;
+    int v0, vn;                     /* vocabulary rows [v0, v0 + vn) of tok_embd / lm_head */
+    int H, KVH, F;                  /* this rank's heads, KV heads, FFN width */
+    cudaStream_t st;
+    cublasHandle_t blas;
+    void *blas_ws;
+    ncclComm_t comm;                /* NULL when N == 1 or after an abort */
+
+    uint16_t *tok_embd, *lm_head;   /* [vn][E] bf16 (the same when tied); lm_head NULL when packed */
+    struct qproj qhead;             /* a packed LM head */
+    void **qmem;                    /* device allocations of packed weights and their bf16 parts */
+    int n_qmem, cap_qmem;
+    struct cuda_qgemm_ws qws;       /* cuda_qgemm's workspace (packed weights only) */
+    float *out_norm;                /* [E] */
+    struct clayer *L;               /* [n_layer] */
+    float *rope_cos, *rope_sin;     /* [max_ctx][rope_dim/2] */
+    uint16_t *kv;                   /* see the file comment (bf16, or fp8 e4m3 bytes when b->kv8) */
+    size_t kv_layer;                /* elements of one layer's K (or V) */
+
+    /* activations, [max_tokens] rows unless said otherwise, device */
+    float *x;                       /* [E] f32 residual */
+    uint16_t *xn, *qkv, *q, *att, *delta, *gu, *h; /* [E], [QKV/N], [Q/N], [Q/N], [E], [2F/N], [F/N] */
+    float *deltaf;                  /* [E] f32 partial sums before the all-reduce (N > 1) */
+    float *pbuf[3];                 /* the peer all-reduce's inputs, [peer_elems] f32 each (b->peer): the
+                                       o projection's, the down projection's, the embedding's */
+    unsigned *pflags, *pepoch;      /* its flags and call counters (kernels.h) */
+    uint16_t *hfin;                 /* [max_seqs][E] */
+    float *logits;                  /* [max_seqs][vn] */
+    struct cuda_argmax_part *amp;   /* [CUDA_ARGMAX_SLICES][max_seqs]: the argmax's partial reductions */
+    struct cuda_argmax_part *amp_all; /* [N][max_seqs] every rank's, after the all-gather */
+    int32_t *tok;                   /* [max_seqs] greedy tokens */
+    float *lp;                      /* [max_seqs] their logprobs */
+    struct cuda_sample_out *sout;   /* [max_seqs] device sampler results (rank 0, N == 1) */
+                                    /* (rank 0's three: b->hout, mapped host memory) */
+    float *part;                    /* attention split partials */
+    int32_t *cnt;                   /* [max_tokens][KVH] the decode attention's split tickets (zero at rest) */
+    uint32_t *hw;                   /* [F] cuda_gemv_mlp's tagged h (one token) */
+    uint8_t *din;                   /* device mirror of the backend's hin */
+    cudaGraphExec_t gexec[NBUCKET];
+
+    pthread_t th;                   /* ranks >= 1 */
+    bool th_started;
+    long steps;                     /* forwards run, for tuning.tp_fault_step */
+    int rc;                         /* last job's result */
+    char err[512];
+};
+
+enum job { JOB_INIT, JOB_KV, JOB_FORWARD, JOB_EXIT };
+enum { ROW_GREEDY, ROW_SAMPLE, ROW_HOST }; /* who picks a logit row's token */
+
+struct cuda_backend {
+    struct model_backend base;
+    struct model_config c;
+    const struct model_weights *w;
+    int tp;
+    int max_tokens, max_seqs, max_ctx, n_sm;
+    int kv_blocks, block_size;
+    struct rank *r;                 /* [tp] */
+
+    /* step inputs: one pinned (portable) host buffer every rank copies from */
+    struct inlay lay;               /* the current step's (cuda_step_lay) */
+    struct inlay lay_full;          /* for steps of up to max_tokens tokens */
+    uint8_t *hin;
+    int bt_cap, part_rows;
+    /* a step's results: greedy tokens, their logprobs, the device sampler's
+     * rows, in one block of mapped host memory that rank 0's kernels write
+     * (a decode step ends with its last kernel, not with copies back) */
+    uint8_t *hout, *dout;           /* the block; its device address */
+    int32_t *hout_tok;              /* [max_seqs] in hout */
+    float *hout_lp;                 /* [max_seqs] in hout */
+    float *hlog;                    /* [max_seqs][V] pinned: rows sampled on the host */
+    bool *row_host;                 /* [max_seqs] row r's raw logits go to hlog (logits_out, host sampling) */
+    uint8_t *row_mode;              /* [max_seqs] ROW_GREEDY, ROW_SAMPLE (device sampler) or ROW_HOST */
+    uint64_t *rng_before;           /* [max_seqs] a ROW_SAMPLE row's RNG state before its draw */
+    struct cuda_sample_out *hsout;  /* [max_seqs] in hout */
+    int32_t *pen_mark;              /* [n_vocab] zeroed scratch for cuda_sample_pen_build */
+    int pen_cap;                    /* penalty entries the step buffer holds */
+    bool dev_sample;                /* sampling on the device (N == 1) */
+    bool kv8;                       /* fp8 e4m3 KV cache (--kv-cache-dtype fp8) */
+    void *samp;                     /* model_sample scratch, samp_bytes per host thread */
+    size_t samp_bytes;
+    int nt;                         /* host threads sampling rows (OpenMP) */
+    int *host_rows;                 /* [max_seqs] rows model_sample picks this step */
+    int *row_seq, *tok_seq;         /* host scratch */
+
+    struct cuda_tuning t;           /* cuda_tuning as it was at creation */
+    bool graphs;                    /* decode steps as CUDA graphs (off with --enforce-eager) */
+    bool fused;                     /* one-token decode steps through the fused norm+GEMV,
+                                       GEMV+SwiGLU and GEMV+residual kernels (N > 1: the residual add in the
+                                       peer all-reduce, when it is taken), where the shape allows: on the
+                                       warp kernels they measured 217.5 -> 221.5 tok/s at batch 1; at 2-4
+                                       tokens 5.56-6.64 ms a step against 4.73-4.78 unfused, so one token only */
+    bool qlayers;                   /* some layer has a packed weight: its steps take the unfused kernels */
+    bool warmup, warming;           /* warmup() still to run at the next kv_alloc (t.warmup); running */
+    int tc_rows;                    /* rows per prefill attention item on the tensor cores (CUDA_ATTN_TC_ROWS),
+                                       0 where the head shape does not allow them: the SIMT kernel */
+    int bucket[NBUCKET], n_bucket;
+
+    /* the current job's arguments (written by the caller before the crew starts) */
+    struct {
+        int kv_blocks, block_size;                  /* JOB_KV */
+        int Tp, R, n_items, gi;                     /* JOB_FORWARD */
+        bool decode;
+        int max_rows;                               /* attention rows per item of this step */
+        int pstride;                                /* its split partials' stride (0: MAXSPLIT) */
+        int n_samp, n_pen;                          /* ROW_SAMPLE rows, their penalty entries */
+        size_t nbytes;
+    } job;
+
+    /* the crew: ranks 1 .. tp-1 wait for gen to change, run job, count left down */
+    pthread_mutex_t mu;
+    pthread_cond_t go, done;
+    atomic_uint gen;
+    atomic_int left;
+    enum job cur;
+    bool crew;                      /* mu/go/done initialized */
+    atomic_int failed;              /* a rank failed: the others abort their communicators */
+    char dead[600];                 /* why the backend stopped (base.fatal points here) */
+    bool skip_comm;                 /* t.tp_skip_comm with N > 1 (benchmarks only) */
+    bool peer;                      /* all-reduces of up to peer_elems floats by cuda_peer_allreduce (N > 1,
+                                       peer access between every pair, t.tp_peer_allreduce) */
+    size_t peer_elems;              /* (8 MiB / (N - 1)) / 4, at most max_tokens x E */
+    int *peer_abort;                /* pinned, mapped: set when a rank fails, ends the kernel's waits */
+};
+
+/* cuda_check.h's macro for each API, into err/errlen, on to the label fail */
+#define CK(call) CUDA_TRY(call, #call, cudaError_t, cudaSuccess, cudaGetErrorString, err, errlen, fail)
+#define CB(call) \
+    CUDA_TRY(call, #call, cublasStatus_t, CUBLAS_STATUS_SUCCESS, cublasGetStatusString, err, errlen, fail)
+#define NC(call) CUDA_TRY(call, #call, ncclResult_t, ncclSuccess, ncclGetErrorString, err, errlen, fail)
+
+/* ---- crew.c ---- */
+
+/* Runs job on every rank: rank 0 on the caller's thread, the others on
+ * their threads; returns the first failing rank's error (by rank order). */
+int cuda_crew_run(struct cuda_backend *b, enum job job, char *err, size_t errlen);
+/* Waits for rank k's stream; with N > 1 a failure elsewhere ends the wait. */
+int cuda_rank_wait(struct rank *k, char *err, size_t errlen);
+
+/* ---- weights.c ---- */
+
+/* cudaMalloc of n bytes (16 when n is 0) into *p; SL_ENOMEM with a message. */
+int cuda_dmalloc(void **p, size_t n, char *err, size_t errlen);
+/* Rank k's part of creation (JOB_INIT, on its own thread). */
+int cuda_rank_init(struct rank *k, char *err, size_t errlen);
+
+/* ---- step.c ---- */
+
+/* The backend's forward (model_backend_ops). */
+int cuda_forward(model_backend *mb, struct step *s, char *err, size_t errlen);
+/* Rank k's part of a step (JOB_FORWARD). */
+int cuda_rank_forward(struct rank *k, char *err, size_t errlen);
+
+/* ---- cuda_backend.c ---- */
+
+/* Rank k's KV memory and step-input mirror (JOB_KV). */
+int cuda_rank_kv_alloc(struct rank *k, char *err, size_t errlen);
+/* The step-input layout for a step of Tp tokens (graph gi, or -1). */
+struct inlay cuda_step_lay(const struct cuda_backend *b, int gi, int Tp);
+
+#endif
