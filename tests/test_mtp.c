@@ -1,7 +1,8 @@
 /* test_mtp.c - the MTP layer on the CPU backend (model/cpu_backend.c,
  * backend.h's ops->mtp_draft) against transformers' MtpModel:
  * tests/models/mtp/, made by tests/golden/mtp/make_mtp.py (deepseek_v3: MLA +
- * MoE; glm4_moe: GQA with biases, q/k norm and partial RoPE + MoE).
+ * MoE; glm4_moe: GQA with biases, q/k norm and partial RoPE + MoE; the same
+ * glm4_moe with an int8 MTP layer).
  *
  * For each checkpoint, with blocks of 4 tokens (so steps start and end on and
  * off block boundaries):
@@ -332,6 +333,23 @@ done:
 static void test_dsv3(void) { run_checkpoint("dsv3"); }
 static void test_glm4moe(void) { run_checkpoint("glm4moe"); }
 
+/* int8 MTP projections (the seed checkpoint's MTP is int8): read per tensor as
+ * packed weights, exactly what their dequantized values give transformers */
+static void test_glm4moe_int8_mtp(void)
+{
+    model *m = load(MDIR "/glm4moe-w8mtp", NULL, NULL);
+    if (m) {
+        const struct model_config *c = model_get_config(m);
+        const struct model_weights *w = model_get_weights(m);
+        const struct model_layer_weights *L = &w->layers[c->n_layer];
+        CHECK(w->mtp[0].eh_proj.dtype == MODEL_DT_QPACK && L->wq.dtype == MODEL_DT_QPACK &&
+              L->moe.gate[0].dtype == MODEL_DT_QPACK && L->moe.sh_down.dtype == MODEL_DT_QPACK);
+        CHECK(L->moe.router.dtype == MODEL_DT_BF16 && w->layers[0].wq.dtype == MODEL_DT_BF16);
+        model_free(m);
+    }
+    run_checkpoint("glm4moe-w8mtp");
+}
+
 /* Drafts from a prompt's last position are tokens of the vocabulary. */
 static void drafts_in_vocab(const model *m, const char *what)
 {
@@ -432,6 +450,7 @@ int main(void)
 {
     RUN(test_dsv3);
     RUN(test_glm4moe);
+    RUN(test_glm4moe_int8_mtp);
     RUN(test_random_and_dummy);
     RUN(test_off_and_errors);
     return test_summary();

@@ -26,6 +26,14 @@ copies of the embedding and head (embed_tokens, shared_head.head). The script
 reloads the file through MtpModel.from_pretrained (the loader generate() uses)
 and checks every MTP parameter came back as saved.
 
+ glm4moe-w8mtp  glm4moe with its MTP layer's projections (eh_proj, attention,
+           experts, shared experts; not the router) stored as compressed-tensors
+           pack-quantized int8, per channel, symmetric, round to nearest (what
+           llmcompressor writes); the main layers stay bf16 (a regex target in
+           quantization_config names the MTP layer). Its golden comes from the
+           same model with those weights dequantized (q * scale, rounded to
+           bf16), run by transformers unquantized
+
 golden.json:
   ids        a prompt (n_prompt ids) and the main model's greedy continuation
   mtp        for every position q >= 1 of ids: the MTP layer's output given the
@@ -43,7 +51,7 @@ runner-up, and every MoE routing choice in the MTP layer a margin over the best
 unchosen expert, of at least 1e-3 (relative to the largest score), else the next
 seed is tried: bf16 vs f32 rounding must not flip a golden.
 """
-import copy, json, os, shutil, sys, tempfile
+import copy, json, os, re, shutil, sys, tempfile
 import torch
 import transformers
 from transformers import AutoModelForCausalLM
@@ -116,6 +124,43 @@ def mtp_checkpoint_tensors(main, cfg, gen=None):
               p + "shared_head.head.weight": main.lm_head.weight, p + "embed_tokens.weight":
               main.model.embed_tokens.weight})
     return mtp, {k: v.detach().to(torch.bfloat16).contiguous() for k, v in t.items()}
+
+
+def int8_channel(w):
+    """w [out][in] as pack-quantized int8 per output channel, symmetric, round
+    to nearest: (weight_packed int32 [out][in/4] holding q + 128 low bits
+    first, weight_scale bf16 [out][1], the bf16 values they stand for)."""
+    w = w.float()
+    scale = (w.abs().amax(1, keepdim=True) / 127.5).to(torch.bfloat16).float()
+    q = torch.clamp(torch.round((w / scale).to(torch.bfloat16).float()), -128, 127).to(torch.int64)
+    u = (q + 128).view(w.shape[0], -1, 4)
+    words = (u[..., 0] | u[..., 1] << 8 | u[..., 2] << 16 | u[..., 3] << 24)
+    words = torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)
+    return words, scale.to(torch.bfloat16), (q.float() * scale).to(torch.bfloat16)
+
+
+def w8_mtp(extra, N):
+    """The MTP layer's projections of extra quantized: (the tensors to store,
+    the dense tensors they stand for, quantization_config)."""
+    target = rf"model\.layers\.{N}\..*_proj$"
+    stored, dense = {}, {}
+    for k, v in extra.items():
+        mod = k[: -len(".weight")]
+        if k.endswith(".weight") and re.match(target, mod) and v.dim() == 2:
+            packed, scale, deq = int8_channel(v)
+            stored.update({mod + ".weight_packed": packed, mod + ".weight_scale": scale,
+                           mod + ".weight_shape": torch.tensor(list(v.shape), dtype=torch.int64)})
+            dense[k] = deq
+        else:
+            stored[k] = v
+            dense[k] = v
+    qc = {"quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
+          "ignore": [], "config_groups": {"group_0": {
+              "targets": ["re:" + target], "format": "pack-quantized", "input_activations": None,
+              "output_activations": None, "weights": {"num_bits": 8, "type": "int", "symmetric": True,
+                                                      "strategy": "channel", "group_size": None,
+                                                      "dynamic": False}}}}
+    return stored, dense, qc
 
 
 def save(m, path, extra):
@@ -242,6 +287,26 @@ def main():
         with open(os.path.join(path, "golden.json"), "w") as fh:
             json.dump(g, fh)
         print(name, "greedy", g["ids"][len(PROMPT):], "drafts", [d["drafts"] for d in g["drafts"]], flush=True)
+        if name != "glm4moe":
+            continue
+        stored, dense, qc = w8_mtp(extra, cfg.num_hidden_layers)
+        with tempfile.TemporaryDirectory() as tmp:
+            save(m, os.path.join(tmp, "dense"), dense)
+            main3, mtp3 = load_pair(os.path.join(tmp, "dense"), cfg.num_hidden_layers)
+            g, why = golden(main3, mtp3, name + "-w8mtp (dequantized)")
+        print(name + "-w8mtp", why, flush=True)
+        if not g:
+            sys.exit(name + "-w8mtp: near-ties with the dequantized MTP layer")
+        qpath = os.path.join(outdir, name + "-w8mtp")
+        save(m, qpath, stored)
+        with open(os.path.join(qpath, "config.json")) as fh:
+            c = json.load(fh)
+        c["quantization_config"] = qc
+        with open(os.path.join(qpath, "config.json"), "w") as fh:
+            json.dump(c, fh, indent=2)
+        with open(os.path.join(qpath, "golden.json"), "w") as fh:
+            json.dump(g, fh)
+        print(name + "-w8mtp drafts", [d["drafts"] for d in g["drafts"]], flush=True)
 
 
 if __name__ == "__main__":
