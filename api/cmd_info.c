@@ -55,7 +55,8 @@ static void info_plan(const model *m)
         struct model_layer_kind k = model_layer_kind_of(c, c->n_layer);
         printf("mtp: %d layer(s) (%s + %s), %d tensors, %.2f MB; when speculating (method mtp) its KV adds %zu bytes "
                "per token f32 (cpu) + %zu per block, %zu bf16 + %zu\n",
-               c->n_mtp_layer, model_mixer_name(k.mixer), model_ffn_name(k.ffn), w->mtp_tensors, w->mtp_bytes / 1e6, model_mtp_kv_bytes_per_token(c, 4),
+               c->n_mtp_layer, model_mixer_name(k.mixer), model_ffn_name(k.ffn), w->mtp_tensors, w->mtp_bytes / 1e6,
+               model_mtp_kv_bytes_per_token(c, 4),
                model_mtp_kv_bytes_per_block(c, 4), model_mtp_kv_bytes_per_token(c, 2),
                model_mtp_kv_bytes_per_block(c, 2));
     }

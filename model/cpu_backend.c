@@ -891,7 +891,9 @@ static void mtp_layer(struct cpu_backend *b, int n, int ns, bool ffn)
     b->key0 = 1;
     switch (k.mixer) {
     case MODEL_MIXER_GQA: gqa_mixer(b, &sub, l); break;
-    case MODEL_MIXER_MLA: cpu_mla_mixer(b->mla, b, &sub, b->tok_seq, l, b->x, b->kv + b->kv_off[l], b->block_size, 1); break;
+    case MODEL_MIXER_MLA:
+        cpu_mla_mixer(b->mla, b, &sub, b->tok_seq, l, b->x, b->kv + b->kv_off[l], b->block_size, 1);
+        break;
     }
     b->key0 = 0;
     if (!ffn) return;
@@ -979,7 +981,8 @@ static int backend_mtp_draft(model_backend *mb, struct model_mtp_req *r, int n, 
         const struct model_mtp_req *q = &r[j];
         int last = q->pos + (q->k > 1 ? q->k : 1); /* the last entry written */
         if (q->seq < 0 || q->seq >= b->last_n) {
-            sl_seterr(err, errlen, "mtp_draft: request %d names sequence %d, the last step had %d", j, q->seq, b->last_n);
+            sl_seterr(err, errlen, "mtp_draft: request %d names sequence %d, the last step had %d", j, q->seq,
+                      b->last_n);
             return SL_EINVAL;
         }
         int p0 = b->last_pos0[q->seq], len = b->last_len[q->seq];
