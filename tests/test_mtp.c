@@ -25,7 +25,8 @@
  * '{"num_nextn_predict_layers": 0}' loads nothing of the MTP layer and makes
  * opts.mtp an error, as does a checkpoint whose MTP layer was dropped; the KV
  * block grows by the MTP layer's entry and one hidden state; bad draft
- * requests are refused.
+ * requests are refused; the model's own logits are the same bits with the MTP
+ * layer on and off.
  */
 #include <math.h>
 #include <stdio.h>
@@ -440,6 +441,29 @@ static void test_off_and_errors(void)
             CHECK(on->ops->mtp_draft(on, &rq, 1, err, sizeof err) == 0);
         }
         CHECK(off->ops->mtp_draft(off, &rq, 1, err, sizeof err) == SL_EUNSUP && !off->has_mtp && on->has_mtp);
+        /* the MTP layer's work leaves the model's own logits alone, bit for bit */
+        float *la = malloc((size_t)c->n_vocab * sizeof(float)), *lb = malloc((size_t)c->n_vocab * sizeof(float));
+        int32_t seq[12] = {5, 6, 7, 8, 9, 10, 11, 12, 40, 41, 42, 43};
+        bool same = la && lb;
+        for (int p = 0; p < 12 && same; p += p < 8 ? 8 : 1) {
+            int n = p < 8 ? 8 : 1;
+            for (int w = 0; w < 2; w++) {
+                model_backend *be = w ? off : on;
+                int64_t slots[8];
+                int32_t pos[8];
+                for (int t = 0; t < n; t++)
+                    pos[t] = p + t, slots[t] = (int64_t)bt[(p + t) / BLOCK] * BLOCK + (p + t) % BLOCK;
+                struct step_seq sq = {.query_start = 0, .query_len = n, .context_len = p + n, .block_table = bt,
+                                      .n_blocks = REGION, .logits_out = w ? lb : la};
+                struct step st = {.n_tokens = n, .token_ids = seq + p, .positions = pos, .slots = slots, .n_seqs = 1,
+                                  .seqs = &sq};
+                same = same && be->ops->forward(be, &st, err, sizeof err) == 0;
+            }
+            same = same && memcmp(la, lb, (size_t)c->n_vocab * sizeof(float)) == 0;
+        }
+        CHECKF(same, "the model's logits differ with the MTP layer on (%s)", err);
+        free(la);
+        free(lb);
     }
     model_backend_destroy(on);
     model_backend_destroy(off);
