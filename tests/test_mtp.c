@@ -2,7 +2,8 @@
  * backend.h's ops->mtp_draft) against transformers' MtpModel:
  * tests/models/mtp/, made by tests/golden/mtp/make_mtp.py (deepseek_v3: MLA +
  * MoE; glm4_moe: GQA with biases, q/k norm and partial RoPE + MoE; the same
- * glm4_moe with an int8 MTP layer).
+ * glm4_moe with an int8 MTP layer, and with int8 decoder layers beside a bf16
+ * MTP layer that the config's "Linear" target would claim).
  *
  * For each checkpoint, with blocks of 4 tokens (so steps start and end on and
  * off block boundaries):
@@ -372,6 +373,24 @@ static void drafts_in_vocab(const model *m, const char *what)
     model_backend_destroy(be);
 }
 
+/* The seed checkpoint's trap: quantization_config targets every Linear, the
+ * decoder layers are int8 and the MTP layer is bf16 without an ignore entry:
+ * each MTP weight is what the file holds */
+static void test_glm4moe_int8_main_bf16_mtp(void)
+{
+    model *m = load(MDIR "/glm4moe-w8main", NULL, NULL);
+    if (m) {
+        const struct model_config *c = model_get_config(m);
+        const struct model_weights *w = model_get_weights(m);
+        const struct model_layer_weights *L = &w->layers[c->n_layer];
+        CHECK(w->layers[0].wq.dtype == MODEL_DT_QPACK && w->layers[1].moe.gate[0].dtype == MODEL_DT_QPACK);
+        CHECK(w->mtp[0].eh_proj.dtype == MODEL_DT_BF16 && L->wq.dtype == MODEL_DT_BF16 &&
+              L->moe.gate[0].dtype == MODEL_DT_BF16 && L->moe.sh_down.dtype == MODEL_DT_BF16);
+        model_free(m);
+    }
+    run_checkpoint("glm4moe-w8main");
+}
+
 static void test_random_and_dummy(void)
 {
     model *m = load("tests/models/mla/dsv3-qlora", NULL, NULL);
@@ -475,6 +494,7 @@ int main(void)
     RUN(test_dsv3);
     RUN(test_glm4moe);
     RUN(test_glm4moe_int8_mtp);
+    RUN(test_glm4moe_int8_main_bf16_mtp);
     RUN(test_random_and_dummy);
     RUN(test_off_and_errors);
     return test_summary();
