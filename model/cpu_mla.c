@@ -458,8 +458,9 @@ void cpu_mla_mixer(struct cpu_mla *a, const struct cpu_backend *b, const struct 
     int n_abs = 0;
     for (int si = 0; si < s->n_seqs; si++) {
         const struct step_seq *q = &s->seqs[si];
-        if (q->query_len == 1)
-            a->abs_t[n_abs++] = q->query_start;
+        /* drafts in the absorbed form too: verified, they must give a decode's logits */
+        if (q->query_len == 1 || q->n_draft > 0)
+            for (int t = q->query_start; t < q->query_start + q->query_len; t++) a->abs_t[n_abs++] = t;
         else if (q->query_len > 1)
             attend_expanded(a, b, L, s, si, kv, bs, width);
     }
