@@ -203,6 +203,23 @@ sched_engine *sched_engine_create(model_backend *be, const struct sched_engine_o
                  o.sched.max_model_len, mc->n_ctx_train);
         return NULL;
     }
+    const struct sched_spec_config *sp = &o.sched.spec;
+    if (sp->method == SCHED_SPEC_MTP && (!mc || mc->mla.n_mtp_layers <= 0)) {
+        snprintf(err, errlen, "--speculative-config: method mtp needs a model with MTP layers "
+                              "(num_nextn_predict_layers > 0); this one has none (method ngram drafts for any model)");
+        return NULL;
+    }
+    if (sp->method == SCHED_SPEC_MTP && !o.drafter) {
+        snprintf(err, errlen, "--speculative-config: method mtp: this build does not run MTP drafts yet "
+                              "(method ngram drafts for any model)");
+        return NULL;
+    }
+    if (sp->method != SCHED_SPEC_NONE && be->max_draft_tokens < sp->num_speculative_tokens) {
+        snprintf(err, errlen, "--speculative-config: the %s backend verifies %d drafts a sequence, not %d "
+                              "(speculative decoding runs on the CPU backend)",
+                 be->ops->name, be->max_draft_tokens, sp->num_speculative_tokens);
+        return NULL;
+    }
     struct sched_engine *e = calloc(1, sizeof *e);
     if (!e) {
         snprintf(err, errlen, "out of memory");
@@ -231,6 +248,7 @@ sched_engine *sched_engine_create(model_backend *be, const struct sched_engine_o
     if (!e->pool) goto fail_e;
     e->s = sched_create(&e->cfg, e->pool, be->m ? model_get_tok(be->m) : NULL, err, errlen);
     if (!e->s) goto fail_pool;
+    if (o.drafter && sp->method != SCHED_SPEC_NONE) sched_set_drafter(e->s, o.drafter);
     sched_evbuf_init(&e->def.pending);
     sched_get_stats(e->s, &e->stats.sched); /* the cost model's prior, before the first step */
     e->stats.max_model_len = e->cfg.max_model_len;

@@ -67,6 +67,17 @@ sched *sched_create(const struct sched_config *cfg, kv_pool *pool, const model_t
                  cfg->max_num_partial_prefills, cfg->max_long_partial_prefills);
         return NULL;
     }
+    const struct sched_spec_config *sc = &cfg->spec;
+    if (sc->method != SCHED_SPEC_NONE &&
+        (sc->num_speculative_tokens < 1 || sc->num_speculative_tokens > SCHED_MAX_SPEC_TOKENS ||
+         (sc->method == SCHED_SPEC_NGRAM &&
+          (sc->prompt_lookup_min < 1 || sc->prompt_lookup_max < sc->prompt_lookup_min)))) {
+        snprintf(err, errlen,
+                 "bad speculative decoding configuration: num_speculative_tokens %d (1..%d), prompt_lookup_min %d "
+                 "(>= 1) and prompt_lookup_max %d (>= prompt_lookup_min)",
+                 sc->num_speculative_tokens, SCHED_MAX_SPEC_TOKENS, sc->prompt_lookup_min, sc->prompt_lookup_max);
+        return NULL;
+    }
     sched *s = calloc(1, sizeof *s);
     if (!s) goto fail_oom;
     s->cfg = *cfg;
@@ -91,6 +102,10 @@ sched *sched_create(const struct sched_config *cfg, kv_pool *pool, const model_t
     s->text = malloc(s->text_cap);
     if (!s->run || !s->tok_ids || !s->pos || !s->slots || !s->seqs || !s->step_req || !s->order || !s->text)
         goto fail_scratch;
+    if (sc->method != SCHED_SPEC_NONE &&
+        !(s->spec_out = calloc(S * (size_t)(sc->num_speculative_tokens + 1), sizeof *s->spec_out)))
+        goto fail_scratch;
+    sched_spec_init(s);
     return s;
 
 fail_scratch:
@@ -493,5 +508,6 @@ void sched_destroy(sched *s)
     free(s->step_req);
     free(s->order);
     free(s->text);
+    free(s->spec_out);
     free(s);
 }

@@ -102,6 +102,12 @@ struct sched {
     uint64_t dec_next;         /* batch decodes take turns from this admission on */
     double rate_tok, rate_s;   /* batch tokens and seconds, fading (stats.batch_tok_s) */
     struct sched_cost cost;
+    /* speculative decoding */
+    struct sched_drafter drafter;  /* propose NULL: no drafts */
+    struct model_sample_out *spec_out; /* [max_num_seqs][num_speculative_tokens + 1] the step's verified tokens */
+    double spec_tok_s;         /* the step's plain decode time per token (the cost rule; 0: no rule) */
+    double spec_prop[SCHED_MAX_SPEC_TOKENS], spec_acc[SCHED_MAX_SPEC_TOKENS]; /* drafts that reached position i,
+                                  and those accepted there, the older ones fading */
     char piece[PIECE_CAP];
     char *text;                /* [text_cap] text released by one token */
     size_t text_cap;
@@ -128,5 +134,10 @@ int sched_run_index(const sched *s, const sched_req *q);
  * queue and frees it */
 void sched_finish_req(sched *s, sched_req *q, enum sched_finish why, const char *text, size_t len,
                       const char *msg, sched_emit_fn emit, void *arg);
+
+/* spec.c: the drafter the configuration names (ngram's own; none for mtp
+ * until sched_set_drafter), and the counters after a verification */
+void sched_spec_init(sched *s);
+void sched_spec_verified(sched *s, int n_draft, int n_accepted);
 
 #endif

@@ -29,7 +29,7 @@ static void fill_usage(const sched_req *q, struct sched_usage *u)
 /* Emits q's finish event with text (what was still held back, if anything)
  * and releases its blocks. The caller takes it out of its queue and frees it. */
 void sched_finish_req(sched *s, sched_req *q, enum sched_finish why, const char *text, size_t len,
-                   const char *msg, sched_emit_fn emit, void *arg)
+                      const char *msg, sched_emit_fn emit, void *arg)
 {
     struct sched_event ev;
     memset(&ev, 0, sizeof ev);
@@ -43,6 +43,7 @@ void sched_finish_req(sched *s, sched_req *q, enum sched_finish why, const char 
     fill_usage(q, &ev.usage);
     if (emit) emit(arg, &ev);
     kv_seq_release(s->pool, &q->kv);
+    if (s->drafter.release) s->drafter.release(s->drafter.arg, q->id);
     q->finished = true;
     s->stats.finished++;
 }
@@ -203,6 +204,30 @@ static void sweep(sched *s)
     s->n_run = j;
 }
 
+/* A verification of q's drafts: the KV of its last sampled token and of the
+ * accepted drafts stays (the rejected positions' slots are written again
+ * later), and the tokens are taken one by one as a decode takes its one, so
+ * a stop string, a stop id or max_tokens ends the output at the exact token
+ * and the tokens after it are dropped. */
+static void complete_verify(sched *s, sched_req *q, const struct step_seq *ss, double now, sched_emit_fn emit,
+                            void *arg)
+{
+    int n = ss->n_spec_out, a = n - 1;
+    SL_ASSERT(n >= 1 && n <= ss->n_draft + 1);
+    q->n_computed += 1 + a;
+    if (s->prefix_cache) kv_seq_commit(s->pool, &q->kv, q->tokens, q->n_computed);
+    sched_spec_verified(s, ss->n_draft, a);
+    if (s->drafter.accepted) s->drafter.accepted(s->drafter.arg, q->id, ss->n_draft, a);
+    for (int j = 0; j < n && !q->finished; j++) {
+        if (ss->spec_out[j].token < 0) {
+            sched_finish_req(s, q, SCHED_FINISH_ERROR, NULL, 0,
+                             "could not sample a token: the logits of this request are not finite", emit, arg);
+            break;
+        }
+        on_token(s, q, &ss->spec_out[j], now, emit, arg);
+    }
+}
+
 void sched_complete_step(sched *s, struct step *st, sched_emit_fn emit, void *arg)
 {
     double now = sched_now_s();
@@ -210,6 +235,11 @@ void sched_complete_step(sched *s, struct step *st, sched_emit_fn emit, void *ar
         sched_req *q = s->step_req[i];
         const struct step_seq *ss = &st->seqs[i];
         q->in_step = false;
+        if (ss->n_draft > 0) {
+            complete_verify(s, q, ss, now, emit, arg);
+            continue;
+        }
+        if (ss->want_sample && s->drafter.accepted) s->drafter.accepted(s->drafter.arg, q->id, 0, 0);
         q->n_computed += ss->query_len;
         if (s->prefix_cache) kv_seq_commit(s->pool, &q->kv, q->tokens, q->n_computed);
         if (ss->want_sample && ss->out.token < 0) /* this request alone: the others go on */

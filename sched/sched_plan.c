@@ -19,6 +19,7 @@ static void preempt(sched *s, sched_req *q)
     sched_run_remove_at(s, i);
     kv_seq_release(s->pool, &q->kv);
     q->n_computed = 0;
+    if (s->drafter.release) s->drafter.release(s->drafter.arg, q->id);
     q->n_preempt++;
     s->stats.preemptions++;
     sched_wait_push_front(&s->wait[q->prio], q);
@@ -215,7 +216,10 @@ static const struct model_sampling *bad_words_sampling(sched_req *q, const struc
     return &q->sp_bad;
 }
 
-static void add_to_step(sched *s, sched_req *q, int len, int *T)
+/* q's next len tokens into the step from n_computed on; with n_draft > 0
+ * (a decode), the last n_draft of them are drafts, already written after
+ * q's tokens. */
+static void add_to_step(sched *s, sched_req *q, int len, int n_draft, int *T)
 {
     int bs = s->cfg.block_size, t0 = *T;
     for (int k = 0; k < len; k++) {
@@ -232,7 +236,7 @@ static void add_to_step(sched *s, sched_req *q, int len, int *T)
     ss->context_len = q->n_computed + len;
     ss->block_table = q->kv.blocks;
     ss->n_blocks = q->kv.n_blocks;
-    ss->want_sample = q->n_computed + len == q->n_tokens;
+    ss->want_sample = n_draft > 0 || q->n_computed + len == q->n_tokens;
     ss->sampling = q->n_gen < q->min_tokens ? &q->sp_min : &q->sp;
     if (q->json && q->gate && ss->want_sample) {
         /* the reasoning before the guide starts: allowed_token_ids alone (NULL: any token) */
@@ -254,8 +258,12 @@ static void add_to_step(sched *s, sched_req *q, int len, int *T)
     }
     ss->history = q->tokens;
     ss->n_prompt = q->n_prompt;
-    ss->n_history = q->n_computed + len;
+    ss->n_history = q->n_computed + len - n_draft;
     ss->rng = &q->rng;
+    if (n_draft > 0) {
+        ss->n_draft = n_draft;
+        ss->spec_out = s->spec_out + (size_t)s->n_step_seqs * (s->cfg.spec.num_speculative_tokens + 1);
+    }
     s->step_req[s->n_step_seqs++] = q;
     q->in_step = true;
     *T = t0 + len;
@@ -266,6 +274,12 @@ static void add_to_step(sched *s, sched_req *q, int len, int *T)
         x[SCHED_COST_DECODE] += 1.0;
         x[SCHED_COST_DECODE_KEY] += q->n_computed + 1.0;
         s->stats.decode_tokens++;
+        if (n_draft > 0) { /* the drafts cost as prefill tokens after the decode, each with its logits row */
+            s->step_time += prefill_cost(s, q->n_computed + 1, n_draft, false) + n_draft * s->cost.coef[SCHED_COST_SAMPLE];
+            x[SCHED_COST_PREFILL] += n_draft;
+            x[SCHED_COST_PAIR] += (double)n_draft * (q->n_computed + 1) + (double)n_draft * (n_draft + 1) / 2.0;
+            x[SCHED_COST_SAMPLE] += n_draft;
+        }
     } else {
         s->step_time += prefill_cost(s, q->n_computed, len, ss->want_sample);
         x[SCHED_COST_PREFILL] += len;
@@ -275,6 +289,69 @@ static void add_to_step(sched *s, sched_req *q, int len, int *T)
     if (ss->want_sample) x[SCHED_COST_SAMPLE] += 1.0;
     s->stats.class_tokens[q->prio] += (uint64_t)len;
     if (q->prio == SCHED_PRIO_BATCH) s->step_batch_tokens += len;
+}
+
+#define SPEC_PROBE 16
+
+/* The cost rule, once a step: what a token of a plain decode step costs
+ * now (the step's fixed part shared by the running decodes, plus a decode's
+ * own), in seconds. */
+static double spec_token_s(const sched *s)
+{
+    if (s->cfg.spec.method == SCHED_SPEC_NONE || s->cfg.spec.always) return 0.0;
+    double t = s->cost.coef[SCHED_COST_STEP];
+    int n = 0;
+    for (int i = 0; i < s->n_run; i++)
+        if (is_decode(s->run[i])) t += decode_cost(s, s->run[i]->n_computed), n++;
+    return n > 0 ? t / n : t;
+}
+
+/* How many drafts q may carry in a step that holds T tokens: none when
+ * speculation is off, when q's sampling changes from one position to the
+ * next (a guide, bad_words, min_tokens not reached), or past max_tokens,
+ * max_model_len and the budget; and by the cost rule, draft i + 1 only while
+ * the chance that it is accepted (it and every draft before it, as measured)
+ * times what a plain decode step's token costs exceeds what verifying it
+ * costs: a token the draft saves is a token a later step need not produce. */
+static int spec_room(const sched *s, const sched_req *q, int T)
+{
+    const struct sched_spec_config *c = &s->cfg.spec;
+    if (c->method == SCHED_SPEC_NONE || !s->drafter.propose || q->json || q->n_bad || q->n_gen < q->min_tokens)
+        return 0;
+    int k = c->num_speculative_tokens;
+    int left[3] = {q->max_tokens - q->n_gen - 1, s->cfg.max_model_len - q->n_tokens - 1,
+                   s->cfg.max_num_batched_tokens - T - 1};
+    for (int i = 0; i < 3; i++)
+        if (k > left[i]) k = left[i];
+    if (k <= 0) return 0;
+    /* one step in SPEC_PROBE drafts regardless, so the cost model keeps
+     * measuring what verification costs and the acceptance stays known */
+    if (c->always || s->stats.steps % SPEC_PROBE == 0) return k;
+    const double *co = s->cost.coef;
+    for (int i = 0; i < k; i++) {
+        double p = s->spec_acc[i] / s->spec_prop[i];
+        double cost = co[SCHED_COST_PREFILL] + co[SCHED_COST_PAIR] * (q->n_computed + 2.0 + i) + co[SCHED_COST_SAMPLE];
+        if (!(p * s->spec_tok_s > cost)) return i;
+    }
+    return k;
+}
+
+/* q's decode into the step: its last sampled token, and after it the drafts
+ * q may carry (spec_room) that the drafter proposes and the pool has blocks
+ * for without preempting anyone. false when q itself had to be preempted
+ * for its one token's block. */
+static bool add_decode(sched *s, sched_req *q, int *T)
+{
+    if (!reserve_running(s, q, q->n_computed + 1)) return false;
+    int k = spec_room(s, q, *T);
+    if (k > 0) {
+        /* the drafts go after q's tokens (room: k < max_tokens - n_gen) */
+        k = s->drafter.propose(s->drafter.arg, q->id, q->tokens, q->n_tokens, k, q->tokens + q->n_tokens);
+        if (k < 0) k = 0;
+        while (k > 0 && kv_seq_reserve(s->pool, &q->kv, q->n_computed + 1 + k) != 0) k--; /* what its blocks hold */
+    }
+    add_to_step(s, q, 1 + k, k, T);
+    return true;
 }
 
 /* Tries to admit the head of a waiting queue with at most avail tokens (and
@@ -307,7 +384,7 @@ static int admit(sched *s, sched_req *q, int avail, const struct step_cap *cap, 
         q->t_admit = sched_now_s();
     }
     sched_run_insert(s, q);
-    add_to_step(s, q, len, T);
+    add_to_step(s, q, len, 0, T);
     return len;
 }
 
@@ -465,8 +542,7 @@ static int batch_decodes(sched *s, double limit, double floor, int *T)
             s->stats.decodes_sat_out++;
             continue;
         }
-        if (!reserve_running(s, q, q->n_computed + 1)) continue;
-        add_to_step(s, q, 1, T);
+        if (!add_decode(s, q, T)) continue;
         k++;
     }
     s->dec_next = next;
@@ -488,6 +564,7 @@ int sched_plan_step(sched *s, struct step *st)
      * of the batch queue and are not readmitted in this step (that would only
      * take the slot back) */
     int bumped = make_room(s, budget, (int)ceilf(s->cfg.min_batch_share * (float)budget));
+    s->spec_tok_s = spec_token_s(s);
 
     bool defer;
     double limit = time_limit(s, &defer);
@@ -505,11 +582,10 @@ int sched_plan_step(sched *s, struct step *st)
     for (int i = 0; i < s->n_run && T < budget; i++) {
         sched_req *q = s->run[i];
         if (!is_decode(q) || (defer && q->prio == SCHED_PRIO_BATCH)) continue;
-        if (!reserve_running(s, q, q->n_computed + 1)) {
+        if (!add_decode(s, q, &T)) {
             i--; /* q left the array; the next one moved into slot i */
             continue;
         }
-        add_to_step(s, q, 1, &T);
         if (q->prio == SCHED_PRIO_BATCH) batch_used++;
     }
 
@@ -562,7 +638,7 @@ int sched_plan_step(sched *s, struct step *st)
             if (len <= 0) break;
             if (!reserve_running(s, q, q->n_computed + len)) continue;
             first_token |= c == SCHED_PRIO_INTERACTIVE && len == prompt_left(q);
-            add_to_step(s, q, len, &T);
+            add_to_step(s, q, len, 0, &T);
             cap.one = rcap.one = false;
             npf++, nlong += lg;
         }
