@@ -103,7 +103,8 @@ sched *sched_create(const struct sched_config *cfg, kv_pool *pool, const model_t
     if (!s->run || !s->tok_ids || !s->pos || !s->slots || !s->seqs || !s->step_req || !s->order || !s->text)
         goto fail_scratch;
     if (sc->method != SCHED_SPEC_NONE &&
-        !(s->spec_out = calloc(S * (size_t)(sc->num_speculative_tokens + 1), sizeof *s->spec_out)))
+        (!(s->spec_out = calloc(S * (size_t)(sc->num_speculative_tokens + 1), sizeof *s->spec_out)) ||
+         !(s->wants = calloc(S, sizeof *s->wants))))
         goto fail_scratch;
     sched_spec_init(s);
     return s;
@@ -509,5 +510,6 @@ void sched_destroy(sched *s)
     free(s->order);
     free(s->text);
     free(s->spec_out);
+    free(s->wants);
     free(s);
 }

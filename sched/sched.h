@@ -418,9 +418,33 @@ double sched_step_plan(const sched *s, struct sched_step_shape *x);
  * with SCHED_FINISH_ERROR and msg. */
 void sched_fail_step(sched *s, struct step *st, const char *msg, sched_emit_fn emit, void *arg);
 
-/* Replaces the drafter (copied; method SCHED_SPEC_MTP needs one, ngram has
- * its own). Engine thread, between steps. */
+/* Replaces the drafter (copied; ngram has its own). Engine thread, between
+ * steps. */
 void sched_set_drafter(sched *s, const struct sched_drafter *d);
+
+/* Drafts made after a step (method SCHED_SPEC_MTP: the model's own MTP layer
+ * chained from the hidden states that step computed, by the backend). After
+ * sched_complete_step, each sequence of that step that goes on decoding is
+ * listed with what such a drafter needs; the engine has the drafts made into
+ * it, and the sequence carries them in the next step it decodes in (if it is
+ * still at that position; the cost rule and the budget may take fewer). The
+ * blocks for the positions the drafter writes are reserved without
+ * preempting anyone; a sequence that cannot get them is not listed (its
+ * next drafts are only likelier to be rejected). */
+struct sched_draft_want {
+    uint64_t id;                /* the request */
+    int seq;                    /* its index in the step just completed */
+    int pos;                    /* p: its last accepted position (its KV and hidden state are computed) */
+    int32_t token;              /* the token at p + 1: its last sampled one */
+    int k;                      /* drafts wanted (0: none, the drafter only takes in p + 1) */
+    const int32_t *block_table; /* [n_blocks] borrowed: covers positions 0 .. p + max(k, 1) */
+    int n_blocks;
+    int32_t *drafts;            /* [k] to fill: the drafts for positions p + 2 .. p + k + 1 */
+    int n_made;                 /* to set: how many were made (0 .. k) */
+};
+/* The wants of the step just completed (*w borrowed until the next
+ * sched_plan_step; 0 unless the method is SCHED_SPEC_MTP). Engine thread. */
+int sched_draft_wants(sched *s, struct sched_draft_want **w);
 
 bool sched_has_work(const sched *s);
 void sched_get_stats(const sched *s, struct sched_stats *st);

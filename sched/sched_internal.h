@@ -62,6 +62,8 @@ struct sched_req {
     struct model_detok detok;
     char *hold;              /* [hold_cap] text held back: could start a stop string */
     size_t n_hold, hold_cap;
+    int32_t made[SCHED_MAX_SPEC_TOKENS]; /* drafts made after the last step (method mtp), for position made_at */
+    int n_made, made_at;
     int cached_tokens, n_preempt;
     double t_submit, t_admit, t_first, t_last; /* t_last: the last token's */
     sched_req *prev, *next;  /* waiting list links */
@@ -106,6 +108,9 @@ struct sched {
     struct sched_drafter drafter;  /* propose NULL: no drafts */
     struct model_sample_out *spec_out; /* [max_num_seqs][num_speculative_tokens + 1] the step's verified tokens */
     double spec_tok_s;         /* the step's plain decode time per token (the cost rule; 0: no rule) */
+    int spec_dec_left;         /* decodes not yet in the step: the drafts leave them their tokens */
+    struct sched_draft_want *wants; /* [max_num_seqs] drafts to make after the step (method mtp) */
+    int n_wants;
     double spec_prop[SCHED_MAX_SPEC_TOKENS], spec_acc[SCHED_MAX_SPEC_TOKENS]; /* drafts that reached position i,
                                   and those accepted there, the older ones fading */
     char piece[PIECE_CAP];
@@ -138,6 +143,8 @@ void sched_finish_req(sched *s, sched_req *q, enum sched_finish why, const char 
 /* spec.c: the drafter the configuration names (ngram's own; none for mtp
  * until sched_set_drafter), and the counters after a verification */
 void sched_spec_init(sched *s);
+/* sched_plan.c: how many drafts q may carry in a step that holds T tokens */
+int sched_spec_room(const sched *s, const sched_req *q, int T);
 void sched_spec_verified(sched *s, int n_draft, int n_accepted);
 
 #endif

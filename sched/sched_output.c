@@ -228,6 +228,27 @@ static void complete_verify(sched *s, sched_req *q, const struct step_seq *ss, d
     }
 }
 
+/* Method mtp: q (index i in the step) goes on decoding; list what its
+ * drafts after this step need, its blocks reserved for them. */
+static void want_drafts(sched *s, sched_req *q, int i)
+{
+    int k = sched_spec_room(s, q, 0), p = q->n_computed - 1;
+    q->n_made = 0;
+    q->made_at = -1;
+    while (k > 0 && kv_seq_reserve(s->pool, &q->kv, p + k + 1) != 0) k--;
+    if (k == 0 && kv_seq_reserve(s->pool, &q->kv, p + 2) != 0) return;
+    struct sched_draft_want *w = &s->wants[s->n_wants++];
+    *w = (struct sched_draft_want){.id = q->id, .seq = i, .pos = p, .token = q->tokens[p + 1], .k = k,
+                                   .block_table = q->kv.blocks, .n_blocks = q->kv.n_blocks, .drafts = q->made};
+    q->made_at = q->n_tokens;
+}
+
+int sched_draft_wants(sched *s, struct sched_draft_want **w)
+{
+    *w = s->wants;
+    return s->n_wants;
+}
+
 void sched_complete_step(sched *s, struct step *st, sched_emit_fn emit, void *arg)
 {
     double now = sched_now_s();
@@ -237,6 +258,7 @@ void sched_complete_step(sched *s, struct step *st, sched_emit_fn emit, void *ar
         q->in_step = false;
         if (ss->n_draft > 0) {
             complete_verify(s, q, ss, now, emit, arg);
+            if (s->cfg.spec.method == SCHED_SPEC_MTP && !q->finished) want_drafts(s, q, i);
             continue;
         }
         if (ss->want_sample && s->drafter.accepted) s->drafter.accepted(s->drafter.arg, q->id, 0, 0);
@@ -247,6 +269,7 @@ void sched_complete_step(sched *s, struct step *st, sched_emit_fn emit, void *ar
                    emit, arg);
         else if (ss->want_sample)
             on_token(s, q, &ss->out, now, emit, arg);
+        if (ss->want_sample && s->cfg.spec.method == SCHED_SPEC_MTP && !q->finished) want_drafts(s, q, i);
     }
     s->n_step_seqs = 0;
     sweep(s);

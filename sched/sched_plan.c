@@ -295,14 +295,16 @@ static void add_to_step(sched *s, sched_req *q, int len, int n_draft, int *T)
 
 /* The cost rule, once a step: what a token of a plain decode step costs
  * now (the step's fixed part shared by the running decodes, plus a decode's
- * own), in seconds. */
-static double spec_token_s(const sched *s)
+ * own), in seconds. Also counts the decodes the step will hold, whose
+ * tokens the drafts leave in the budget. */
+static double spec_token_s(sched *s)
 {
-    if (s->cfg.spec.method == SCHED_SPEC_NONE || s->cfg.spec.always) return 0.0;
     double t = s->cost.coef[SCHED_COST_STEP];
     int n = 0;
     for (int i = 0; i < s->n_run; i++)
         if (is_decode(s->run[i])) t += decode_cost(s, s->run[i]->n_computed), n++;
+    s->spec_dec_left = n;
+    if (s->cfg.spec.method == SCHED_SPEC_NONE || s->cfg.spec.always) return 0.0;
     return n > 0 ? t / n : t;
 }
 
@@ -313,14 +315,15 @@ static double spec_token_s(const sched *s)
  * the chance that it is accepted (it and every draft before it, as measured)
  * times what a plain decode step's token costs exceeds what verifying it
  * costs: a token the draft saves is a token a later step need not produce. */
-static int spec_room(const sched *s, const sched_req *q, int T)
+int sched_spec_room(const sched *s, const sched_req *q, int T)
 {
     const struct sched_spec_config *c = &s->cfg.spec;
-    if (c->method == SCHED_SPEC_NONE || !s->drafter.propose || q->json || q->n_bad || q->n_gen < q->min_tokens)
+    if (c->method == SCHED_SPEC_NONE || (c->method != SCHED_SPEC_MTP && !s->drafter.propose) || q->json || q->n_bad ||
+        q->n_gen < q->min_tokens)
         return 0;
     int k = c->num_speculative_tokens;
     int left[3] = {q->max_tokens - q->n_gen - 1, s->cfg.max_model_len - q->n_tokens - 1,
-                   s->cfg.max_num_batched_tokens - T - 1};
+                   s->cfg.max_num_batched_tokens - T - 1 - s->spec_dec_left};
     for (int i = 0; i < 3; i++)
         if (k > left[i]) k = left[i];
     if (k <= 0) return 0;
@@ -337,14 +340,20 @@ static int spec_room(const sched *s, const sched_req *q, int T)
 }
 
 /* q's decode into the step: its last sampled token, and after it the drafts
- * q may carry (spec_room) that the drafter proposes and the pool has blocks
+ * q may carry (sched_spec_room) that the drafter proposes (or made after
+ * the last step) and the pool has blocks
  * for without preempting anyone. false when q itself had to be preempted
  * for its one token's block. */
 static bool add_decode(sched *s, sched_req *q, int *T)
 {
+    if (s->spec_dec_left > 0) s->spec_dec_left--;
     if (!reserve_running(s, q, q->n_computed + 1)) return false;
-    int k = spec_room(s, q, *T);
-    if (k > 0) {
+    int k = sched_spec_room(s, q, *T);
+    if (k > 0 && s->cfg.spec.method == SCHED_SPEC_MTP) {
+        if (q->made_at != q->n_tokens) k = 0;
+        if (k > q->n_made) k = q->n_made;
+        memcpy(q->tokens + q->n_tokens, q->made, (size_t)k * sizeof *q->tokens);
+    } else if (k > 0) {
         /* the drafts go after q's tokens (room: k < max_tokens - n_gen) */
         k = s->drafter.propose(s->drafter.arg, q->id, q->tokens, q->n_tokens, k, q->tokens + q->n_tokens);
         if (k < 0) k = 0;
@@ -549,10 +558,26 @@ static int batch_decodes(sched *s, double limit, double floor, int *T)
     return k;
 }
 
+/* The drafts made after the last step (method mtp): each sequence still
+ * running keeps what its drafter made. */
+static void take_made(sched *s)
+{
+    for (int w = 0; w < s->n_wants; w++) {
+        const struct sched_draft_want *x = &s->wants[w];
+        for (int i = 0; i < s->n_run; i++)
+            if (s->run[i]->id == x->id) {
+                s->run[i]->n_made = x->n_made < 0 ? 0 : x->n_made > x->k ? x->k : x->n_made;
+                break;
+            }
+    }
+    s->n_wants = 0;
+}
+
 int sched_plan_step(sched *s, struct step *st)
 {
     const int budget = s->cfg.max_num_batched_tokens;
     int T = 0;
+    take_made(s);
     s->n_step_seqs = 0;
     s->step_time = 0.0;
     s->step_batch_tokens = 0;

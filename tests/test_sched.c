@@ -26,11 +26,14 @@ static void collect(void *arg, const struct sched_event *ev)
     if (n_ev < MAX_EV) evs[n_ev++] = *ev;
 }
 
-static int32_t fake_token(const int32_t *hist, int n)
+/* the fake model's token after a history of n tokens whose last is prev */
+static int32_t fake_next(int32_t prev, int n)
 {
-    uint32_t h = (uint32_t)hist[n - 1] * 2654435761u + (uint32_t)n * 40503u;
+    uint32_t h = (uint32_t)prev * 2654435761u + (uint32_t)n * 40503u;
     return (int32_t)(h % 1000u);
 }
+
+static int32_t fake_token(const int32_t *hist, int n) { return fake_next(hist[n - 1], n); }
 
 /* The fake backend: checks the plan's invariants, then "samples". */
 static void fake_forward(struct step *st, int block_size)
@@ -1797,6 +1800,31 @@ static void test_spec_plan(void)
     }
     half_right = false;
 
+    /* a budget of 16 tokens for eight decodes: the drafts take only what the decodes leave */
+    {
+        kv_pool *pb = kv_pool_create(64, 4, false, err, sizeof err);
+        sched *sb = mk_spec(pb, 8, 16, 64, 4, true);
+        n_ev = 0;
+        for (int r = 0; r < 8; r++) {
+            struct sched_request rq = req(prompts[r % N], 2, 10, SCHED_PRIO_BATCH);
+            submit(sb, &rq, (uint64_t)r + 1);
+        }
+        struct step st;
+        CHECK(one_step(sb, &st, 4) == 16); /* the eight prompts */
+        for (int k = 0; k < 4 && sched_has_work(sb); k++) {
+            struct sched_stats ss;
+            sched_get_stats(sb, &ss);
+            int n = sched_plan_step(sb, &st), drafts = 0;
+            for (int i = 0; i < st.n_seqs; i++) drafts += st.seqs[i].n_draft;
+            CHECKF(st.n_seqs == ss.n_running && n <= 16 && drafts == n - st.n_seqs,
+                   "step %d: %d of %d decodes, %d tokens", k, st.n_seqs, ss.n_running, n);
+            fake_forward(&st, 4);
+            sched_complete_step(sb, &st, collect, NULL);
+        }
+        sched_destroy(sb);
+        kv_pool_destroy(pb);
+    }
+
     /* a pool whose blocks the sequences hold all: drafts only as far as their
      * own blocks reach, nobody preempted for them */
     kv_pool *p = kv_pool_create(2, 4, false, err, sizeof err);
@@ -1815,6 +1843,77 @@ static void test_spec_plan(void)
     CHECK(ss.preemptions == 0);
     sched_destroy(s);
     kv_pool_destroy(p);
+}
+
+/* Drafts made after each step (method mtp, the backend's drafter): every
+ * sequence that decodes on is listed with its last accepted position, the
+ * token after it and blocks for what the drafter writes; drafts made right
+ * (by the fake model's own rule) are all accepted, none made means plain
+ * decodes, and every output is the one without drafts. */
+static void test_spec_made_after_step(void)
+{
+    enum { N = 4, PL = 5 };
+    int32_t prompts[N][PL], ref[N][16];
+    int max_tok[N] = {1, 4, 9, 12};
+    for (int r = 0; r < N; r++)
+        for (int i = 0; i < PL; i++) prompts[r][i] = 7 * r + i + 2;
+    for (int r = 0; r < N; r++) {
+        kv_pool *p = kv_pool_create(64, 4, false, err, sizeof err);
+        sched *s = mk(p, 8, 64, 64, 0.0f);
+        struct sched_request rq = req(prompts[r], PL, max_tok[r], SCHED_PRIO_BATCH);
+        n_ev = 0;
+        submit(s, &rq, 1);
+        drain(s, p, 4);
+        CHECK(tokens_of(1, ref[r]) == max_tok[r]);
+        sched_destroy(s);
+        kv_pool_destroy(p);
+    }
+    for (int make = 0; make < 2; make++) {
+        kv_pool *p = kv_pool_create(64, 4, false, err, sizeof err);
+        struct sched_config c = {.block_size = 4, .max_num_seqs = 8, .max_num_batched_tokens = 64, .max_model_len = 64,
+                                 .spec = {.method = SCHED_SPEC_MTP, .num_speculative_tokens = 3, .always = true}};
+        sched *s = sched_create(&c, p, NULL, err, sizeof err);
+        CHECKF(s != NULL, "%s", err);
+        if (!s) return;
+        n_ev = 0;
+        for (int r = 0; r < N; r++) {
+            struct sched_request rq = req(prompts[r], PL, max_tok[r], SCHED_PRIO_BATCH);
+            submit(s, &rq, (uint64_t)r + 1);
+        }
+        struct step st;
+        int steps = 0, listed = 0;
+        while (sched_has_work(s) && steps < 100) {
+            CHECK(sched_plan_step(s, &st) > 0);
+            fake_forward(&st, 4);
+            sched_complete_step(s, &st, collect, NULL);
+            struct sched_draft_want *w;
+            int n = sched_draft_wants(s, &w);
+            listed += n;
+            for (int i = 0; i < n; i++) {
+                CHECK(w[i].seq >= 0 && w[i].seq < st.n_seqs && w[i].k >= 0 && w[i].k <= 3);
+                CHECK(w[i].n_blocks * 4 >= w[i].pos + (w[i].k > 1 ? w[i].k : 1) + 1);
+                int32_t prev = w[i].token;
+                for (int j = 0; j < w[i].k; j++) /* the token at pos + 2 + j, after prev at pos + 1 + j */
+                    prev = w[i].drafts[j] = fake_next(prev, w[i].pos + 2 + j);
+                w[i].n_made = make ? w[i].k : 0;
+            }
+            steps++;
+        }
+        for (int r = 0; r < N; r++) {
+            int32_t got[32];
+            int n = tokens_of((uint64_t)r + 1, got);
+            CHECKF(n == max_tok[r] && !memcmp(got, ref[r], sizeof(int32_t) * (size_t)n), "request %d: %d tokens", r, n);
+        }
+        struct sched_stats ss;
+        sched_get_stats(s, &ss);
+        CHECK(listed > 0);
+        if (make) CHECKF(ss.spec_drafts > 0 && ss.spec_accepted_tokens == ss.spec_draft_tokens,
+                         "%llu of %llu drafts accepted", (unsigned long long)ss.spec_accepted_tokens,
+                         (unsigned long long)ss.spec_draft_tokens);
+        else CHECK(ss.spec_drafts == 0);
+        sched_destroy(s);
+        kv_pool_destroy(p);
+    }
 }
 
 /* The cost rule: a step whose fixed part dominates (a lone decode, a
@@ -1869,6 +1968,7 @@ int main(void)
     RUN(test_preemption);
     RUN(test_ngram_propose);
     RUN(test_spec_plan);
+    RUN(test_spec_made_after_step);
     RUN(test_spec_cost_rule);
     RUN(test_interactive_takes_slot);
     RUN(test_interactive_never_preempts_interactive);
