@@ -47,13 +47,19 @@ static void info_plan(const model *m)
             else
                 printf("dsa indexer: off (index_topk null): dense MLA\n");
         }
-        const struct model_weights *w = model_get_weights(m);
-        if (a->n_mtp_layers > 0)
-            printf("mtp: %d layer(s), %d tensors, %.2f MB (loaded, not run)\n", a->n_mtp_layers, w->mtp_tensors,
-                   w->mtp_bytes / 1e6);
     }
     printf("kv per token: %zu bytes f32 (cpu), %zu bf16, %zu fp8\n", model_kv_bytes_per_token(c, 4),
            model_kv_bytes_per_token(c, 2), model_kv_bytes_per_token(c, 1));
+    if (c->n_mtp_layer > 0) {
+        const struct model_weights *w = model_get_weights(m);
+        struct model_layer_kind k = model_layer_kind_of(c, c->n_layer);
+        printf("mtp: %d layer(s) (%s + %s), %d tensors, %.2f MB; when speculating (method mtp) its KV adds %zu bytes "
+               "per token f32 (cpu) + %zu per block, %zu bf16 + %zu\n",
+               c->n_mtp_layer, model_mixer_name(k.mixer), model_ffn_name(k.ffn), w->mtp_tensors, w->mtp_bytes / 1e6,
+               model_mtp_kv_bytes_per_token(c, 4),
+               model_mtp_kv_bytes_per_block(c, 4), model_mtp_kv_bytes_per_token(c, 2),
+               model_mtp_kv_bytes_per_block(c, 2));
+    }
 }
 
 int api_cmd_info(int argc, char **argv)

@@ -35,10 +35,23 @@ model_backend *model_backend_create(const model *m, const struct model_backend_o
                      opts->tensor_parallel_size, model_cuda_available() ? "" : " (no GPU found)");
         return NULL;
     }
-    if (strcmp(dev, "cpu") == 0) return model_cpu_backend_create(m, opts, err, errlen);
-    if (strcmp(dev, "cuda") == 0) return model_cuda_backend_create(m, opts, err, errlen);
-    if (err && errlen) snprintf(err, errlen, "unknown device '%s' (expected cpu or cuda)", dev);
-    return NULL;
+    if (opts && opts->mtp && model_get_config(m)->n_mtp_layer == 0) {
+        if (err && errlen)
+            snprintf(err, errlen, "speculative method mtp: this %s model has no MTP layers (num_nextn_predict_layers "
+                     "is 0, the checkpoint has none, or --hf-overrides switched them off)",
+                     model_arch_name(model_get_config(m)->arch));
+        return NULL;
+    }
+    model_backend *b = NULL;
+    if (strcmp(dev, "cpu") == 0) b = model_cpu_backend_create(m, opts, err, errlen);
+    else if (strcmp(dev, "cuda") == 0) b = model_cuda_backend_create(m, opts, err, errlen);
+    else if (err && errlen) snprintf(err, errlen, "unknown device '%s' (expected cpu or cuda)", dev);
+    if (b && opts && opts->mtp && !b->has_mtp) {
+        if (err && errlen) snprintf(err, errlen, "speculative method mtp: the %s backend has no MTP layer yet", dev);
+        model_backend_destroy(b);
+        return NULL;
+    }
+    return b;
 }
 
 int model_kv_dtype(const struct model_backend_opts *opts, const char *device, bool *fp8, char *err, size_t errlen)

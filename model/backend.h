@@ -13,6 +13,23 @@
  * layer K and V as [n_blocks][block_size][n_kv_heads][head_dim] f32, an MLA
  * layer [n_blocks][block_size][kv_lora_rank + qk_rope_head_dim (+ indexer key)].
  *
+ * MTP (a model with MTP layers, a backend created with opts.mtp): the MTP
+ * layer keeps its own entry per token in every block (position q's entry is
+ * made from the token at q and the main model's hidden state at q - 1, so
+ * position 0 has none and a block's entries depend on its own and earlier
+ * tokens only: prefix reuse carries them), and each block keeps one
+ * final-normed hidden state with its position: that of the block's last
+ * position, or of the last position a step (or mtp_draft's p) computed in
+ * it. For a sequence whose query covers positions a .. b, forward() writes
+ * the MTP entries of a + 1 .. b, and of a when a - 1's block holds a - 1's
+ * hidden state: after the sequence's previous step (decoding, chunked
+ * prefill), after a prefix hit (a starts a block) and after mtp_draft from
+ * a - 1. So only a verify step whose last accepted position p is not its
+ * last query position leaves p + 1's entry to ops->mtp_draft (k = 0 when no
+ * drafts are wanted), which must run before that sequence's next forward().
+ * Entries past the accepted tokens need no rollback: each is rewritten before
+ * any query reads it.
+ *
  * Threads: one backend is driven by one thread (the engine thread); it may use
  * worker threads internally. Implementations: model/cpu_backend.c ("cpu"),
  * cuda/ ("cuda", when built with nvcc).
@@ -101,6 +118,29 @@ struct model_backend_opts {
                                  * --enforce-eager); the CPU backend has none anyway */
     int max_draft_tokens;       /* largest step_seq.n_draft (speculative decoding; sizes the logits rows);
                                  * 0: none */
+    bool mtp;                   /* run the model's MTP layer (speculative method "mtp"): its KV in every block,
+                                 * kv_block_bytes counting it, ops->mtp_draft; creation fails naming the reason on
+                                 * a model without MTP layers or a backend without them (cuda today) */
+};
+
+/* One sequence's MTP drafts (ops->mtp_draft), asked after the forward()
+ * whose step held the sequence and before the next one. */
+struct model_mtp_req {
+    /* in */
+    int seq;                    /* the sequence's index in that step */
+    int pos;                    /* p: its last accepted position, one of its query positions in that step (its
+                                 * hidden state feeds the MTP layer) */
+    int32_t token;              /* the token at p + 1: sampled after p, or the verifier's correction */
+    int k;                      /* drafts wanted (0: only write p + 1's MTP entry) */
+    const int32_t *block_table; /* [n_blocks], borrowed: must cover positions 0 .. p + max(k, 1) (the MTP
+                                 * entries of p + 1 .. p + k are written) */
+    int n_blocks;
+    /* out */
+    int32_t *drafts;            /* [k] caller-owned: greedy drafts for positions p + 2 .. p + k + 1, each
+                                 * made from the one before (draft i + 1 takes draft i and the MTP layer's own
+                                 * hidden state of draft i's position) */
+    float *logits;              /* optional [k][n_vocab] caller-owned: the raw logits each draft is the argmax
+                                 * of (ties to the lower id), for rejection sampling; NULL: not written */
 };
 
 /* Whether opts ask for an fp8 KV cache on device (NULL: the default device,
@@ -120,6 +160,14 @@ struct model_backend_ops {
      * another step (a GPU or a tensor-parallel rank failed). */
     int (*forward)(model_backend *b, struct step *s, char *err, size_t errlen);
     void (*destroy)(model_backend *b);
+    /* MTP drafts for n sequences of the step forward() just ran (NULL when the
+     * backend has none; see the MTP paragraph above): writes the MTP entry of
+     * p + 1 from the token there and the hidden state of p, then chains k
+     * drafts. Returns 0, or SL_EINVAL naming the request (a sequence not in
+     * the last step, a position outside its query, a token outside the
+     * vocabulary, a block table too short) with nothing written, or
+     * SL_EUNSUP when the backend was created without opts.mtp. */
+    int (*mtp_draft)(model_backend *b, struct model_mtp_req *r, int n, char *err, size_t errlen);
 };
 
 struct model_backend {
@@ -130,6 +178,7 @@ struct model_backend {
     bool has_prompt_logprobs;   /* forward() fills step_seq.prompt_out */
     int max_draft_tokens;       /* forward() verifies up to this many drafts a sequence (step_seq.n_draft);
                                    0: none (cuda today) */
+    bool has_mtp;               /* created with opts.mtp: forward() keeps the MTP layer current, mtp_draft works */
 };
 
 /* Creates the backend named by opts->device for m. Returns NULL with a

@@ -30,9 +30,22 @@
  * the tiling), so a sequence's logits are bit-identical whether it runs
  * alone, batched with others, chunked or decoded token by token.
  *
- * Memory: small weights, RoPE tables, activations for max_tokens_per_step tokens,
- * logits for max_seqs_per_step rows and per-thread attention scores are all
- * allocated at creation; forward() allocates nothing.
+ * MTP (opts.mtp; backend.h says what is kept): after the step's sampling,
+ * forward() runs the MTP layer over its entries as a step of its own (a
+ * "sub-step": token q with position q, made from the token at q and the
+ * hidden state of q - 1), through the same mixers as the decoder layers with
+ * position 0 left out of attention (the MTP layer has no entry there); only
+ * its KV writes matter there, so its FFN is skipped. mtp_draft() runs the
+ * same layer one token per sequence, FFN and head included, k times in a
+ * chain. The final-normed hidden states of the last step stay in hkeep until
+ * the next forward(); each block keeps one (hblk, its position in htag) with
+ * the KV.
+ *
+ * Memory: small weights, RoPE tables, activations for max_tokens_per_step tokens
+ * (plus max_seqs_per_step with MTP: a sub-step holds at most one entry more
+ * per sequence than the step), logits for max_seqs_per_step rows and
+ * per-thread attention scores are all allocated at creation; forward()
+ * allocates nothing.
  */
 #include <math.h>
 #include <omp.h>
@@ -58,12 +71,21 @@ struct layer_f32 {
     struct wmat w_gate, w_up, w_down; /* [n_ff][n_embd] x2, [n_embd][n_ff] */
 };
 
+/* An MTP layer's own parts (model_mtp_weights) */
+struct mtp_f32 {
+    float *enorm, *hnorm, *head_norm; /* [n_embd] */
+    struct wmat eh;                 /* [n_embd][2 n_embd] */
+};
+
 struct cpu_backend {
     struct model_backend base;
-    struct model_config c;
+    struct model_config c;          /* the model's, n_mtp_layer 0 unless opts.mtp */
     int nt;                         /* OpenMP threads */
     int max_tokens, max_seqs, max_ctx;
     int max_draft, max_rows;        /* drafts a sequence at most; logits rows a step (max_seqs each 1 + max_draft) */
+    int cap;                        /* rows of token scratch: max_tokens (+ max_seqs with MTP) */
+    int n_kvl;                      /* layers with KV: n_layer, + the MTP layer with opts.mtp */
+    int key0;                       /* attention() leaves out positions below it (1 in the MTP layer) */
 
     float *wmem;                    /* owned: the small f32 weights (norms, biases), carved below */
     float *out_norm;                /* [n_embd] */
@@ -94,6 +116,21 @@ struct cpu_backend {
     void *samp;                     /* [nt] sampler scratch, samp_bytes each */
     size_t samp_bytes;
     struct moe_cpu *moe;            /* owned: the MoE layers' routers and scratch (model/moe.c), or NULL */
+
+    /* MTP (c.n_mtp_layer > 0) */
+    struct mtp_f32 *mtp;            /* [n_mtp_layer] */
+    float *hblk;                    /* [kv_blocks][n_embd] in kv: the hidden state each block keeps */
+    int32_t *htag;                  /* [kv_blocks] in kv: its position (-1: none) */
+    float *hkeep;                   /* [max_tokens][n_embd] final-normed hidden states of the last step */
+    int *last_q0, *last_pos0, *last_len; /* [max_seqs] the last step's sequences: first token, position, count */
+    int last_n;                     /* sequences in the last step; -1 after a failed or no forward */
+    int32_t *sub_tok, *sub_pos;     /* [cap] a sub-step's tokens and positions */
+    int64_t *sub_slot;              /* [cap] */
+    const float **sub_h;            /* [cap] the hidden state each sub-step token takes */
+    struct step_seq *sub_seqs;      /* [max_seqs] */
+    int *sub_req;                   /* [max_seqs] the draft request of each sub-step sequence */
+    float *mtp_in;                  /* [cap][2 n_embd] enorm(embed) | hnorm(h) */
+    float *mtp_g;                   /* [max_seqs][n_embd] each draft request's chained hidden state */
 };
 
 
@@ -394,6 +431,7 @@ static size_t backend_kv_block_bytes(model_backend *mb, int block_size);
 static int backend_kv_alloc(model_backend *mb, int n_blocks, int block_size, char *err, size_t errlen);
 static int backend_forward(model_backend *mb, struct step *s, char *err, size_t errlen);
 static void backend_destroy(model_backend *mb);
+static int backend_mtp_draft(model_backend *mb, struct model_mtp_req *r, int n, char *err, size_t errlen);
 
 static const struct model_backend_ops cpu_ops = {
     .name = "cpu",
@@ -401,6 +439,7 @@ static const struct model_backend_ops cpu_ops = {
     .kv_alloc = backend_kv_alloc,
     .forward = backend_forward,
     .destroy = backend_destroy,
+    .mtp_draft = backend_mtp_draft,
 };
 
 static int wmat_init(struct wmat *m, const struct model_tensor *t, char *err, size_t errlen)
@@ -464,6 +503,20 @@ model_backend *model_cpu_backend_create(const model *m, const struct model_backe
     b->base.m = m;
     b->base.has_prompt_logprobs = true;
     b->c = *c;
+    bool mtp = opts && opts->mtp && c->n_mtp_layer > 0;
+    if (!mtp) b->c.n_mtp_layer = 0; /* the MTP layers' weights stay unread */
+    c = &b->c;
+    b->base.has_mtp = mtp;
+    b->last_n = -1;
+    if (mtp && c->n_mtp_layer != 1) {
+        sl_seterr(err, errlen, "speculative method mtp: %d MTP layers; the cpu backend runs one", c->n_mtp_layer);
+        goto fail;
+    }
+    if (mtp && c->mla.index_topk > 0) {
+        sl_seterr(err, errlen, "speculative method mtp: the MTP layer of a model with the DSA indexer on is not "
+                  "implemented (index_topk null turns the indexer off)");
+        goto fail;
+    }
     b->nt = opts && opts->n_threads > 0 ? opts->n_threads : omp_get_num_procs();
     b->max_tokens = opts && opts->max_tokens_per_step > 0 ? opts->max_tokens_per_step : 2048;
     b->max_seqs = opts && opts->max_seqs_per_step > 0 ? opts->max_seqs_per_step : 256;
@@ -479,12 +532,15 @@ model_backend *model_cpu_backend_create(const model *m, const struct model_backe
 
     size_t E = c->n_embd, F = c->n_ff, D = c->head_dim, Q = (size_t)c->n_head * D,
            KV = (size_t)c->n_head_kv * D, V = c->n_vocab;
+    int n_all = model_n_layer_all(c);
     size_t per_layer = 2 * E + (c->qkv_bias ? Q + 2 * KV : 0) + (c->qk_norm ? 2 * D : 0);
-    size_t nw = E + per_layer * c->n_layer;
+    size_t nw = E + per_layer * n_all + 3 * E * c->n_mtp_layer;
     b->wmem = zalloc(nw * sizeof(float));
-    b->L = calloc((size_t)c->n_layer, sizeof *b->L);
-    b->kv_off = calloc((size_t)c->n_layer, sizeof *b->kv_off);
-    if (!b->wmem || !b->L || !b->kv_off) {
+    b->L = calloc((size_t)n_all, sizeof *b->L);
+    b->kv_off = calloc((size_t)n_all, sizeof *b->kv_off);
+    b->mtp = calloc((size_t)c->n_mtp_layer + 1, sizeof *b->mtp);
+    b->n_kvl = n_all;
+    if (!b->wmem || !b->L || !b->kv_off || !b->mtp) {
         sl_seterr(err, errlen, "out of memory");
         goto fail;
     }
@@ -505,7 +561,14 @@ model_backend *model_cpu_backend_create(const model *m, const struct model_backe
         b->lm_head = b->tok_embd;
     else
         MAT(b->lm_head, &w->lm_head);
-    for (int l = 0; l < c->n_layer; l++) {
+    for (int i = 0; i < c->n_mtp_layer; i++) {
+        const struct model_mtp_weights *mw = &w->mtp[i];
+        VEC(b->mtp[i].enorm, &mw->enorm, E);
+        VEC(b->mtp[i].hnorm, &mw->hnorm, E);
+        VEC(b->mtp[i].head_norm, &mw->head_norm, E);
+        MAT(b->mtp[i].eh, &mw->eh_proj);
+    }
+    for (int l = 0; l < n_all; l++) {
         const struct model_layer_weights *lw = &w->layers[l];
         struct layer_f32 *L = &b->L[l];
         VEC(L->attn_norm, &lw->attn_norm, E);
@@ -536,9 +599,11 @@ model_backend *model_cpu_backend_create(const model *m, const struct model_backe
     b->max_in = (int)(E > F ? E : F);
     if ((size_t)b->max_in < Q) b->max_in = (int)Q;
     if (b->max_in < cpu_mla_max_in(c)) b->max_in = cpu_mla_max_in(c);
+    if (mtp && (size_t)b->max_in < 2 * E) b->max_in = (int)(2 * E); /* eh_proj */
     b->wbuf = zalloc((size_t)b->nt * ROW_BLOCK * b->max_in * sizeof(float));
 
-    size_t T = b->max_tokens, S = b->max_seqs, half = c->rope_dim / 2;
+    b->cap = b->max_tokens + (mtp ? b->max_seqs : 0);
+    size_t T = b->cap, S = b->max_seqs, half = c->rope_dim / 2;
     b->rope_cos = zalloc((size_t)b->max_ctx * half * sizeof(float));
     b->rope_sin = zalloc((size_t)b->max_ctx * half * sizeof(float));
     b->x = zalloc(T * E * sizeof(float));
@@ -564,10 +629,30 @@ model_backend *model_cpu_backend_create(const model *m, const struct model_backe
                b->max_seqs, b->max_ctx);
         goto fail;
     }
-    if (c->moe.n_expert > 0 && !(b->moe = moe_cpu_create(c, w, b->max_tokens, b->nt, err, errlen))) goto fail;
+    if (mtp) {
+        b->hkeep = zalloc((size_t)b->max_tokens * E * sizeof(float));
+        b->last_q0 = zalloc(S * sizeof(int));
+        b->last_pos0 = zalloc(S * sizeof(int));
+        b->last_len = zalloc(S * sizeof(int));
+        b->sub_tok = zalloc(T * sizeof(int32_t));
+        b->sub_pos = zalloc(T * sizeof(int32_t));
+        b->sub_slot = zalloc(T * sizeof(int64_t));
+        b->sub_h = zalloc(T * sizeof(float *));
+        b->sub_seqs = zalloc(S * sizeof(struct step_seq));
+        b->sub_req = zalloc(S * sizeof(int));
+        b->mtp_in = zalloc(T * 2 * E * sizeof(float));
+        b->mtp_g = zalloc(S * E * sizeof(float));
+        if (!b->hkeep || !b->last_q0 || !b->last_pos0 || !b->last_len || !b->sub_tok || !b->sub_pos ||
+            !b->sub_slot || !b->sub_h || !b->sub_seqs || !b->sub_req || !b->mtp_in || !b->mtp_g) {
+            sl_seterr(err, errlen, "out of memory for the MTP scratch (%d tokens, %d seqs)", b->max_tokens,
+                      b->max_seqs);
+            goto fail;
+        }
+    }
+    if (c->moe.n_expert > 0 && !(b->moe = moe_cpu_create(c, w, b->cap, b->nt, err, errlen))) goto fail;
     rope_tables(b, w);
     if (c->mla.kv_lora_rank > 0 &&
-        !(b->mla = cpu_mla_create(b, c, w, b->max_tokens, b->max_ctx, err, errlen)))
+        !(b->mla = cpu_mla_create(b, c, w, b->cap, b->max_ctx, err, errlen)))
         goto fail;
     return &b->base;
 fail:
@@ -581,7 +666,9 @@ fail:
 static size_t backend_kv_block_bytes(model_backend *mb, int block_size)
 {
     struct cpu_backend *b = (struct cpu_backend *)mb;
-    return (size_t)block_size * model_kv_bytes_per_token(&b->c, sizeof(float));
+    return (size_t)block_size * (model_kv_bytes_per_token(&b->c, sizeof(float)) +
+                                 model_mtp_kv_bytes_per_token(&b->c, sizeof(float))) +
+           model_mtp_kv_bytes_per_block(&b->c, sizeof(float));
 }
 
 static int backend_kv_alloc(model_backend *mb, int n_blocks, int block_size, char *err, size_t errlen)
@@ -609,10 +696,18 @@ static int backend_kv_alloc(model_backend *mb, int n_blocks, int block_size, cha
     b->block_size = block_size;
     b->kv_layer = (size_t)n_blocks * block_size * b->c.n_head_kv * b->c.head_dim;
     size_t off = 0;
-    for (int l = 0; l < b->c.n_layer; l++) {
+    for (int l = 0; l < b->n_kvl; l++) {
         b->kv_off[l] = off;
         off += (size_t)n_blocks * block_size * (size_t)model_kv_token_elems(&b->c, l);
     }
+    b->hblk = NULL;
+    b->htag = NULL;
+    if (b->c.n_mtp_layer > 0) {
+        b->hblk = b->kv + off;
+        b->htag = (int32_t *)(b->hblk + (size_t)n_blocks * b->c.n_embd);
+        for (int i = 0; i < n_blocks; i++) b->htag[i] = -1;
+    }
+    b->last_n = -1;
     return 0;
 }
 
@@ -645,7 +740,7 @@ static inline void axpy(float *o, float p, const float *v, int n)
 }
 
 /* Causal attention of every token's query heads over its sequence's
- * positions 0..pos, read through the block table. */
+ * positions key0..pos, read through the block table. */
 static void attention(struct cpu_backend *b, const struct step *s, int layer)
 {
     const struct model_config *c = &b->c;
@@ -664,29 +759,29 @@ static void attention(struct cpu_backend *b, const struct step *s, int layer)
             float *o = b->att + ((size_t)t * H + h) * D;
             const int32_t *bt = q->block_table;
             size_t kstride = (size_t)KVH * D; /* floats between consecutive slots */
-            int n = pos + 1;
+            int n = pos + 1, k0 = b->key0;
             float mx = -INFINITY;
             /* walk the block table block by block (no division per position) */
-            for (int j0 = 0; j0 < n; j0 += bs) {
+            for (int j0 = k0 / bs * bs; j0 < n; j0 += bs) {
                 const float *kb = K + ((size_t)bt[j0 / bs] * bs * KVH + g) * D;
                 int jn = n - j0 < bs ? n - j0 : bs;
-                for (int jj = 0; jj < jn; jj++) {
+                for (int jj = j0 < k0 ? k0 - j0 : 0; jj < jn; jj++) {
                     float v = dot1(qv, kb + jj * kstride, D) * scale;
                     sc[j0 + jj] = v;
                     if (v > mx) mx = v;
                 }
             }
             float sum = 0.0f;
-            for (int j = 0; j < n; j++) {
+            for (int j = k0; j < n; j++) {
                 sc[j] = expf(sc[j] - mx);
                 sum += sc[j];
             }
             float inv = 1.0f / sum;
             for (int d = 0; d < D; d++) o[d] = 0.0f;
-            for (int j0 = 0; j0 < n; j0 += bs) {
+            for (int j0 = k0 / bs * bs; j0 < n; j0 += bs) {
                 const float *vb = Vc + ((size_t)bt[j0 / bs] * bs * KVH + g) * D;
                 int jn = n - j0 < bs ? n - j0 : bs;
-                for (int jj = 0; jj < jn; jj++) axpy(o, sc[j0 + jj] * inv, vb + jj * kstride, D);
+                for (int jj = j0 < k0 ? k0 - j0 : 0; jj < jn; jj++) axpy(o, sc[j0 + jj] * inv, vb + jj * kstride, D);
             }
         }
     }
@@ -766,6 +861,207 @@ static void moe_ffn(struct cpu_backend *b, int l, int T)
     moe_cpu_forward(b->moe, l, b->xn, b->x, T);
 }
 
+
+/* ---- MTP ----------------------------------------------------------------------- */
+
+static inline int64_t slot_of(const int32_t *bt, int pos, int bs)
+{
+    return (int64_t)bt[pos / bs] * bs + pos % bs;
+}
+
+/* The MTP layer over the sub-step in b->sub_* (n tokens, ns sequences):
+ * x = eh_proj([enorm(embed(token)) | hnorm(h)]), then its mixer, which writes
+ * the tokens' entries before any attends (position 0 left out), and with ffn
+ * its FFN. b->x holds each token's output (before the head's norm). */
+static void mtp_layer(struct cpu_backend *b, int n, int ns, bool ffn)
+{
+    const struct model_config *c = &b->c;
+    const struct mtp_f32 *M = &b->mtp[0];
+    int E = c->n_embd, l = c->n_layer;
+    float eps = c->norm_eps;
+    for (int j = 0; j < n; j++) deq_row(&b->tok_embd, b->sub_tok[j], b->xn + (size_t)j * E);
+#pragma omp parallel for num_threads(b->nt) if (n >= 8)
+    for (int j = 0; j < n; j++) {
+        float *in = b->mtp_in + (size_t)j * 2 * E;
+        rmsnorm(in, b->xn + (size_t)j * E, M->enorm, E, eps);
+        rmsnorm(in + E, b->sub_h[j], M->hnorm, E, eps);
+    }
+    matmul(b, b->x, b->mtp_in, &M->eh, NULL, n, 2 * E, E);
+    struct step sub = {.n_tokens = n, .token_ids = b->sub_tok, .positions = b->sub_pos, .slots = b->sub_slot,
+                       .n_seqs = ns, .seqs = b->sub_seqs};
+    for (int si = 0; si < ns; si++)
+        for (int t = b->sub_seqs[si].query_start; t < b->sub_seqs[si].query_start + b->sub_seqs[si].query_len; t++)
+            b->tok_seq[t] = si;
+    struct model_layer_kind k = model_layer_kind_of(c, l);
+    b->key0 = 1;
+    switch (k.mixer) {
+    case MODEL_MIXER_GQA: gqa_mixer(b, &sub, l); break;
+    case MODEL_MIXER_MLA:
+        cpu_mla_mixer(b->mla, b, &sub, b->tok_seq, l, b->x, b->kv + b->kv_off[l], b->block_size, 1);
+        break;
+    }
+    b->key0 = 0;
+    if (!ffn) return;
+    switch (k.ffn) {
+    case MODEL_FFN_DENSE: dense_ffn(b, l, n); break;
+    case MODEL_FFN_MOE: moe_ffn(b, l, n); break;
+    }
+}
+
+/* Leaves the hidden state h of position pos in its block (bt's). */
+static inline void keep_hidden(struct cpu_backend *b, const int32_t *bt, int pos, const float *h)
+{
+    int blk = bt[pos / b->block_size];
+    memcpy(b->hblk + (size_t)blk * b->c.n_embd, h, (size_t)b->c.n_embd * sizeof(float));
+    b->htag[blk] = pos;
+}
+
+/* After a step's sampling: keeps its final-normed hidden states (hkeep; in
+ * each block, the block end's and each sequence's last one) and writes the MTP
+ * entries backend.h lists: a when a - 1's block holds a - 1's hidden state,
+ * and a + 1 .. b. Only the entries matter here: the FFN is skipped. */
+static void mtp_after_step(struct cpu_backend *b, const struct step *s)
+{
+    const struct model_config *c = &b->c;
+    int T = s->n_tokens, E = c->n_embd, bs = b->block_size;
+#pragma omp parallel for num_threads(b->nt) if (T >= 8)
+    for (int t = 0; t < T; t++)
+        rmsnorm(b->hkeep + (size_t)t * E, b->x + (size_t)t * E, b->out_norm, E, c->norm_eps);
+    int n = 0, ns = 0;
+    for (int si = 0; si < s->n_seqs; si++) {
+        const struct step_seq *q = &s->seqs[si];
+        int q0 = q->query_start, len = q->query_len, a = q->context_len - len, z = q->context_len - 1;
+        const int32_t *bt = q->block_table;
+        b->last_q0[si] = q0, b->last_pos0[si] = a, b->last_len[si] = len;
+        if (len <= 0) continue;
+        int start = n;
+#define ADD(tok, pos, h)                                                                           \
+    do {                                                                                           \
+        b->sub_tok[n] = (tok), b->sub_pos[n] = (pos), b->sub_slot[n] = slot_of(bt, (pos), bs);     \
+        b->sub_h[n] = (h);                                                                         \
+        n++;                                                                                       \
+    } while (0)
+        if (a > 0 && b->htag[bt[(a - 1) / bs]] == a - 1) {
+            /* copied: this step may leave another hidden state in that block */
+            float *h = b->mtp_g + (size_t)si * E;
+            memcpy(h, b->hblk + (size_t)bt[(a - 1) / bs] * E, (size_t)E * sizeof(float));
+            ADD(s->token_ids[q0], a, h);
+        }
+        for (int p = a + 1; p <= z; p++) ADD(s->token_ids[q0 + p - a], p, b->hkeep + (size_t)(q0 + p - a - 1) * E);
+#undef ADD
+        if (n == start) continue;
+        b->sub_seqs[ns] = (struct step_seq){.query_start = start, .query_len = n - start, .context_len = z + 1,
+                                            .block_table = bt, .n_blocks = q->n_blocks};
+        ns++;
+    }
+    for (int si = 0; si < s->n_seqs; si++) {
+        const struct step_seq *q = &s->seqs[si];
+        int q0 = q->query_start, len = q->query_len, a = q->context_len - len;
+        for (int k = 0; k < len; k++)
+            if ((a + k + 1) % bs == 0 || k == len - 1)
+                keep_hidden(b, q->block_table, a + k, b->hkeep + (size_t)(q0 + k) * E);
+    }
+    b->last_n = s->n_seqs;
+    if (n > 0) mtp_layer(b, n, ns, false);
+}
+
+static int backend_mtp_draft(model_backend *mb, struct model_mtp_req *r, int n, char *err, size_t errlen)
+{
+    struct cpu_backend *b = (struct cpu_backend *)mb;
+    const struct model_config *c = &b->c;
+    int E = c->n_embd, V = c->n_vocab, bs = b->block_size, kmax = 0;
+    if (!b->base.has_mtp) {
+        sl_seterr(err, errlen, "mtp_draft: the backend was created without MTP (opts.mtp)");
+        return SL_EUNSUP;
+    }
+    if (n < 0 || n > b->max_seqs || (n > 0 && !r)) {
+        sl_seterr(err, errlen, "mtp_draft: %d requests (at most %d)", n, b->max_seqs);
+        return SL_EINVAL;
+    }
+    if (n > 0 && b->last_n < 0) {
+        sl_seterr(err, errlen, "mtp_draft: no step to draft from (forward() failed or has not run since kv_alloc)");
+        return SL_EINVAL;
+    }
+    for (int j = 0; j < n; j++) {
+        const struct model_mtp_req *q = &r[j];
+        int last = q->pos + (q->k > 1 ? q->k : 1); /* the last entry written */
+        if (q->seq < 0 || q->seq >= b->last_n) {
+            sl_seterr(err, errlen, "mtp_draft: request %d names sequence %d, the last step had %d", j, q->seq,
+                      b->last_n);
+            return SL_EINVAL;
+        }
+        int p0 = b->last_pos0[q->seq], len = b->last_len[q->seq];
+        if (q->pos < p0 || q->pos >= p0 + len) {
+            sl_seterr(err, errlen, "mtp_draft: request %d: position %d is not one of its sequence's query positions "
+                      "in the last step (%d .. %d)", j, q->pos, p0, p0 + len - 1);
+            return SL_EINVAL;
+        }
+        if (q->token < 0 || q->token >= V || q->k < 0 || (q->k > 0 && !q->drafts) || last >= b->max_ctx) {
+            sl_seterr(err, errlen, "mtp_draft: request %d: token %d (vocabulary %d), k %d%s, last position %d "
+                      "(context %d)", j, q->token, V, q->k, q->k > 0 && !q->drafts ? " without drafts[]" : "", last,
+                      b->max_ctx);
+            return SL_EINVAL;
+        }
+        if (!q->block_table || q->n_blocks <= last / bs) {
+            sl_seterr(err, errlen, "mtp_draft: request %d: %d blocks do not cover position %d", j, q->n_blocks, last);
+            return SL_EINVAL;
+        }
+        for (int i = 0; i <= last / bs; i++)
+            if (q->block_table[i] < 0 || q->block_table[i] >= b->kv_blocks) {
+                sl_seterr(err, errlen, "mtp_draft: request %d: block %d is outside the pool (%d blocks)", j,
+                          q->block_table[i], b->kv_blocks);
+                return SL_EINVAL;
+            }
+        if (last - q->pos > kmax) kmax = last - q->pos;
+    }
+    /* p's hidden state stays in its block: a forward() from p + 1 writes p + 1's entry itself */
+    for (int j = 0; j < n; j++)
+        keep_hidden(b, r[j].block_table, r[j].pos,
+                    b->hkeep + (size_t)(b->last_q0[r[j].seq] + r[j].pos - b->last_pos0[r[j].seq]) * E);
+    for (int it = 0; it < kmax; it++) {
+        int ns = 0;
+        for (int j = 0; j < n; j++) {
+            const struct model_mtp_req *q = &r[j];
+            if (it >= (q->k > 1 ? q->k : 1)) continue;
+            int p = q->pos + 1 + it;
+            b->sub_tok[ns] = it == 0 ? q->token : q->drafts[it - 1];
+            b->sub_pos[ns] = p;
+            b->sub_slot[ns] = slot_of(q->block_table, p, bs);
+            b->sub_h[ns] = it == 0 ? b->hkeep + (size_t)(b->last_q0[q->seq] + q->pos - b->last_pos0[q->seq]) * E
+                                   : b->mtp_g + (size_t)j * E;
+            b->sub_seqs[ns] = (struct step_seq){.query_start = ns, .query_len = 1, .context_len = p + 1,
+                                                .block_table = q->block_table, .n_blocks = q->n_blocks};
+            b->sub_req[ns] = j;
+            ns++;
+        }
+        mtp_layer(b, ns, ns, true);
+        /* the head: g = head_norm(x), each request's next hidden state (mtp_layer has read the last one) */
+        int R = 0;
+        for (int t = 0; t < ns; t++) {
+            int j = b->sub_req[t];
+            float *g = b->mtp_g + (size_t)j * E;
+            rmsnorm(g, b->x + (size_t)t * E, b->mtp[0].head_norm, E, c->norm_eps);
+            if (it < r[j].k) {
+                memcpy(b->hfin + (size_t)R * E, g, (size_t)E * sizeof(float));
+                b->row_seq[R++] = j;
+            }
+        }
+        if (R == 0) continue;
+        matmul(b, b->logits, b->hfin, &b->lm_head, NULL, R, E, V);
+#pragma omp parallel for schedule(static) num_threads(b->nt) if (R > 1)
+        for (int i = 0; i < R; i++) {
+            struct model_mtp_req *q = &r[b->row_seq[i]];
+            const float *lg = b->logits + (size_t)i * V;
+            int best = 0;
+            for (int v = 1; v < V; v++)
+                if (lg[v] > lg[best]) best = v;
+            q->drafts[it] = best;
+            if (q->logits) memcpy(q->logits + (size_t)it * V, lg, (size_t)V * sizeof(float));
+        }
+    }
+    return 0;
+}
+
 static int backend_forward(model_backend *mb, struct step *s, char *err, size_t errlen)
 {
     struct cpu_backend *b = (struct cpu_backend *)mb;
@@ -773,6 +1069,7 @@ static int backend_forward(model_backend *mb, struct step *s, char *err, size_t 
         sl_seterr(err, errlen, "forward: no step");
         return SL_EINVAL;
     }
+    b->last_n = -1;
     int rc = check_step(b, s, err, errlen);
     if (rc) return rc;
     const struct model_config *c = &b->c;
@@ -786,7 +1083,9 @@ static int backend_forward(model_backend *mb, struct step *s, char *err, size_t 
         struct model_layer_kind k = model_layer_kind_of(c, l);
         switch (k.mixer) {
         case MODEL_MIXER_GQA: gqa_mixer(b, s, l); break;
-        case MODEL_MIXER_MLA: cpu_mla_mixer(b->mla, b, s, b->tok_seq, l, b->x, b->kv + b->kv_off[l], b->block_size); break;
+        case MODEL_MIXER_MLA:
+            cpu_mla_mixer(b->mla, b, s, b->tok_seq, l, b->x, b->kv + b->kv_off[l], b->block_size, 0);
+            break;
         }
         switch (k.ffn) {
         case MODEL_FFN_DENSE: dense_ffn(b, l, T); break;
@@ -820,6 +1119,7 @@ static int backend_forward(model_backend *mb, struct step *s, char *err, size_t 
     /* LM head only for the last query token of the sequences that want it,
      * and for a sequence with drafts the n_draft tokens before it too */
     int R = 0, N = 0;
+    bool mtp = b->base.has_mtp;
     for (int i = 0; i < s->n_seqs; i++) {
         struct step_seq *q = &s->seqs[i];
         if (!q->want_sample && !q->logits_out) continue;
@@ -830,7 +1130,10 @@ static int backend_forward(model_backend *mb, struct step *s, char *err, size_t 
             R++;
         }
     }
-    if (R == 0) return 0;
+    if (R == 0) {
+        if (mtp) mtp_after_step(b, s);
+        return 0;
+    }
     matmul(b, b->logits, b->hfin, &b->lm_head, NULL, R, E, c->n_vocab);
     /* sequences sample independently (each its own RNG): in parallel; a
      * sequence's drafts in order, each row after the one before it */
@@ -853,6 +1156,7 @@ static int backend_forward(model_backend *mb, struct step *s, char *err, size_t 
             q->out.n_top = 0;
         }
     }
+    if (mtp) mtp_after_step(b, s);
     (void)err, (void)errlen;
     return 0;
 }
@@ -887,6 +1191,19 @@ static void backend_destroy(model_backend *mb)
     free(b->row_seq);
     free(b->samp);
     moe_cpu_destroy(b->moe);
+    free(b->mtp);
+    free(b->hkeep);
+    free(b->last_q0);
+    free(b->last_pos0);
+    free(b->last_len);
+    free(b->sub_tok);
+    free(b->sub_pos);
+    free(b->sub_slot);
+    free(b->sub_h);
+    free(b->sub_seqs);
+    free(b->sub_req);
+    free(b->mtp_in);
+    free(b->mtp_g);
     free(b);
 }
 

@@ -52,9 +52,11 @@ struct cpu_mla *cpu_mla_create(const struct cpu_backend *b, const struct model_c
                                const struct model_weights *w, int max_tokens, int max_ctx, char *err, size_t errlen);
 /* One MLA layer over the step: x[T][n_embd] += o(attention), reading and
  * writing layer l's paged entries kv ([kv_blocks][block_size][entry] f32,
- * entry = model_kv_token_elems). tok_seq[t] is token t's sequence. */
+ * entry = model_kv_token_elems). tok_seq[t] is token t's sequence. Keys
+ * before position key0 are not attended (1 for an MTP layer, which has no
+ * entry at 0; key0 > 0 needs the layer without a DSA indexer). */
 void cpu_mla_mixer(struct cpu_mla *a, const struct cpu_backend *b, const struct step *s, const int *tok_seq, int l,
-                   float *x, float *kv, int block_size);
+                   float *x, float *kv, int block_size, int key0);
 void cpu_mla_destroy(struct cpu_mla *a);
 
 #endif

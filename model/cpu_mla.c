@@ -53,7 +53,7 @@ struct cpu_mla {
     struct model_config c;
     int E, H, Dn, R, Dv, C, QL, IH, ID, K; /* K: index_topk capped at max_ctx; 0 = dense */
     int nt, max_tokens, max_ctx;
-    struct mla_layer *L;                /* [n_layer]; only MLA layers filled */
+    struct mla_layer *L;                /* [model_n_layer_all]; only MLA layers filled */
     float *wmem;                        /* owned: the f32 norm vectors */
     float *rcos, *rsin;                 /* [max_ctx][R/2], times the YaRN attention factor */
     /* scratch, [max_tokens] rows unless said otherwise */
@@ -115,8 +115,9 @@ struct cpu_mla *cpu_mla_create(const struct cpu_backend *b, const struct model_c
     a->nt = cpu_threads(b), a->max_tokens = max_tokens, a->max_ctx = max_ctx;
     size_t T = (size_t)max_tokens, X = (size_t)max_ctx, nt = (size_t)a->nt, E = a->E, H = a->H, C = a->C,
            Dq = (size_t)a->Dn + a->R, half = (size_t)a->R / 2;
-    a->L = calloc((size_t)c->n_layer, sizeof *a->L);
-    a->wmem = cpu_zalloc((size_t)c->n_layer * (E + a->QL + C + 2 * (size_t)a->ID) * sizeof(float));
+    int n_all = model_n_layer_all(c);
+    a->L = calloc((size_t)n_all, sizeof *a->L);
+    a->wmem = cpu_zalloc((size_t)n_all * (E + a->QL + C + 2 * (size_t)a->ID) * sizeof(float));
     if (!a->L || !a->wmem) goto oom;
     float *p = a->wmem;
 #define VEC(dst, t, n)                                                                             \
@@ -129,7 +130,7 @@ struct cpu_mla *cpu_mla_create(const struct cpu_backend *b, const struct model_c
     do {                                                                                           \
         if (cpu_wmat_init(&(dst), (t), err, errlen)) goto fail;                                    \
     } while (0)
-    for (int l = 0; l < c->n_layer; l++) {
+    for (int l = 0; l < n_all; l++) {
         if (model_layer_kind_of(c, l).mixer != MODEL_MIXER_MLA) continue;
         const struct model_mla_weights *lw = &w->layers[l].mla;
         struct mla_layer *L = &a->L[l];
@@ -145,7 +146,7 @@ struct cpu_mla *cpu_mla_create(const struct cpu_backend *b, const struct model_c
         MAT(L->kv_a, &lw->kv_a);
         MAT(L->kv_b, &lw->kv_b);
         MAT(L->o, &lw->o);
-        L->ix = a->K > 0 && mc->index_full && mc->index_full[l];
+        L->ix = a->K > 0 && mc->index_full && l < c->n_layer && mc->index_full[l];
         if (L->ix) {
             VEC(L->ix_k_norm, &lw->ix_k_norm, a->ID);
             VEC(L->ix_k_norm_b, &lw->ix_k_norm_b, a->ID);
@@ -323,7 +324,7 @@ static void keys_of(const struct cpu_mla *a, int t, int pos, const int32_t **key
 
 /* Expanded form for sequence si's tokens: its whole context through kv_b. */
 static void attend_expanded(struct cpu_mla *a, const struct cpu_backend *b, const struct mla_layer *L,
-                            const struct step *s, int si, const float *kv, int bs, int width)
+                            const struct step *s, int si, const float *kv, int bs, int width, int key0)
 {
     const struct step_seq *q = &s->seqs[si];
     int H = a->H, C = a->C, Dn = a->Dn, Dv = a->Dv, R = a->R, Dq = Dn + R, W = Dn + Dv, n = q->context_len;
@@ -336,17 +337,18 @@ static void attend_expanded(struct cpu_mla *a, const struct cpu_backend *b, cons
             const int32_t *keys;
             int nk;
             keys_of(a, t, s->positions[t], &keys, &nk);
+            int k0 = keys ? 0 : key0;
             const float *qh = a->q + ((size_t)t * H + h) * Dq;
             float *sc = a->scores + (size_t)omp_get_thread_num() * a->max_ctx;
-            for (int i = 0; i < nk; i++) {
+            for (int i = k0; i < nk; i++) {
                 int j = keys ? keys[i] : i;
                 const float *kr = entry(kv, q->block_table, j, bs, width) + C;
                 sc[i] = (cpu_dot(qh, a->kvx + ((size_t)j * H + h) * W, Dn) + cpu_dot(qh + Dn, kr, R)) * scale;
             }
-            float inv = softmax(sc, nk);
+            float inv = softmax(sc + k0, nk - k0);
             float *o = a->att + ((size_t)t * H + h) * Dv;
             memset(o, 0, (size_t)Dv * sizeof(float));
-            for (int i = 0; i < nk; i++) {
+            for (int i = k0; i < nk; i++) {
                 int j = keys ? keys[i] : i;
                 cpu_axpy(o, sc[i] * inv, a->kvx + ((size_t)j * H + h) * W + Dn, Dv);
             }
@@ -355,7 +357,7 @@ static void attend_expanded(struct cpu_mla *a, const struct cpu_backend *b, cons
 
 /* Absorbed form for the n tokens in a->abs_t (one query token each). */
 static void attend_absorbed(struct cpu_mla *a, const struct mla_layer *L, const struct step *s, const int *tok_seq,
-                            int n, const float *kv, int bs, int width)
+                            int n, const float *kv, int bs, int width, int key0)
 {
     int H = a->H, C = a->C, Dn = a->Dn, Dv = a->Dv, R = a->R, Dq = Dn + R, W = Dn + Dv;
     float scale = a->c.mla.softmax_scale;
@@ -380,16 +382,17 @@ static void attend_absorbed(struct cpu_mla *a, const struct mla_layer *L, const 
             const int32_t *keys;
             int nk;
             keys_of(a, t, s->positions[t], &keys, &nk);
+            int k0 = keys ? 0 : key0;
             const float *ql = a->qlat + ((size_t)t * H + h) * C, *qr = a->q + ((size_t)t * H + h) * Dq + Dn;
             float *sc = a->scores + (size_t)omp_get_thread_num() * a->max_ctx;
-            for (int k = 0; k < nk; k++) {
+            for (int k = k0; k < nk; k++) {
                 const float *e = entry(kv, bt, keys ? keys[k] : k, bs, width);
                 sc[k] = (cpu_dot(ql, e, C) + cpu_dot(qr, e + C, R)) * scale;
             }
-            float inv = softmax(sc, nk);
+            float inv = softmax(sc + k0, nk - k0);
             float *o = a->olat + ((size_t)t * H + h) * C;
             memset(o, 0, (size_t)C * sizeof(float));
-            for (int k = 0; k < nk; k++) cpu_axpy(o, sc[k] * inv, entry(kv, bt, keys ? keys[k] : k, bs, width), C);
+            for (int k = k0; k < nk; k++) cpu_axpy(o, sc[k] * inv, entry(kv, bt, keys ? keys[k] : k, bs, width), C);
         }
     /* one up-projection per head: out_h[e] = W_V,h[e] . o_lat_h */
 #pragma omp parallel for schedule(static) num_threads(a->nt)
@@ -406,7 +409,7 @@ static void attend_absorbed(struct cpu_mla *a, const struct mla_layer *L, const 
 }
 
 void cpu_mla_mixer(struct cpu_mla *a, const struct cpu_backend *b, const struct step *s, const int *tok_seq, int l,
-                   float *x, float *kv, int bs)
+                   float *x, float *kv, int bs, int key0)
 {
     const struct mla_layer *L = &a->L[l];
     const struct model_config *c = &a->c;
@@ -462,9 +465,9 @@ void cpu_mla_mixer(struct cpu_mla *a, const struct cpu_backend *b, const struct 
         if (q->query_len == 1 || q->n_draft > 0)
             for (int t = q->query_start; t < q->query_start + q->query_len; t++) a->abs_t[n_abs++] = t;
         else if (q->query_len > 1)
-            attend_expanded(a, b, L, s, si, kv, bs, width);
+            attend_expanded(a, b, L, s, si, kv, bs, width, key0);
     }
-    if (n_abs > 0) attend_absorbed(a, L, s, tok_seq, n_abs, kv, bs, width);
+    if (n_abs > 0) attend_absorbed(a, L, s, tok_seq, n_abs, kv, bs, width, key0);
     cpu_matmul(b, a->out, a->att, &L->o, NULL, T, H * a->Dv, E);
     for (size_t i = 0; i < (size_t)T * E; i++) x[i] += a->out[i];
 }

@@ -49,6 +49,7 @@ struct model {
     bool *moe_sparse;                    /* owned [n_moe_sparse]: MoE layers, or NULL */
     int n_moe_sparse;                    /* n_layer at config time (an override may change it) */
     struct model_tensor *moe_experts;    /* owned expert views, 3 * n_expert per MoE layer */
+    struct model_mtp_weights *mtp;       /* owned w.mtp, [cfg.n_mtp_layer] */
 };
 
 
@@ -72,13 +73,15 @@ const char *model_ffn_name(enum model_ffn k)
 
 /* The plan of layers from the (overridden) config: GQA attention, or MLA for
  * deepseek_v3 and glm_moe_dsa; the FFN is MoE where the config's MoE keys say
- * (moe_hf_config: first_k_dense_replace, mlp_only_layers, ...), else dense. */
+ * (moe_hf_config: first_k_dense_replace, mlp_only_layers, ...), else dense.
+ * The MTP layers after them take the model's mixer and, where the model has
+ * experts, the MoE FFN (transformers' get_mtp_config: first_k_dense_replace 0). */
 static int plan_layers(model *m, char *err, size_t errlen)
 {
     const struct model_config *c = &m->cfg;
     bool mla = c->mla.kv_lora_rank > 0;
     free(m->layer_kind);
-    m->layer_kind = calloc((size_t)c->n_layer, sizeof *m->layer_kind);
+    m->layer_kind = calloc((size_t)model_n_layer_all(c), sizeof *m->layer_kind);
     if (!m->layer_kind) {
         sl_seterr(err, errlen, "out of memory");
         return SL_ENOMEM;
@@ -93,6 +96,9 @@ static int plan_layers(model *m, char *err, size_t errlen)
         m->layer_kind[l] = (struct model_layer_kind){mla ? MODEL_MIXER_MLA : MODEL_MIXER_GQA,
                                                      sparse ? MODEL_FFN_MOE : MODEL_FFN_DENSE};
     }
+    for (int l = c->n_layer; l < model_n_layer_all(c); l++)
+        m->layer_kind[l] = (struct model_layer_kind){mla ? MODEL_MIXER_MLA : MODEL_MIXER_GQA,
+                                                     c->moe.n_expert > 0 ? MODEL_FFN_MOE : MODEL_FFN_DENSE};
     m->cfg.layer_kind = m->layer_kind;
     return 0;
 }
@@ -427,6 +433,49 @@ static int mla_get(void *ctx, const char *name, int64_t rows, int64_t cols, bool
     return get_tensor(ctx, name, rows, cols, optional, t, err, errlen);
 }
 
+/* Tensors of the file under prefix: how many and their bytes. */
+static int count_prefix(const model *m, const char *prefix, size_t *bytes)
+{
+    size_t pl = strlen(prefix);
+    int n = 0;
+    for (int k = 0; m->st && k < st_n_tensors(m->st); k++) {
+        const struct st_tensor *t = st_tensor_at(m->st, k);
+        if (strncmp(t->name, prefix, pl) == 0) {
+            n++;
+            if (bytes) *bytes += t->nbytes;
+        }
+    }
+    return n;
+}
+
+/* MTP module i's own parts (model_mtp_weights) from file layer fl, and the
+ * count of everything under its prefix. */
+static int bind_mtp(model *m, int i, int fl, char *err, size_t errlen)
+{
+    int64_t E = m->cfg.n_embd;
+    struct model_mtp_weights *t = &m->w.mtp[i];
+    const struct { const char *suffix; int64_t rows, cols; struct model_tensor *dst; } need[] = {
+        {"enorm.weight", 0, E, &t->enorm}, {"hnorm.weight", 0, E, &t->hnorm},
+        {"eh_proj.weight", E, 2 * E, &t->eh_proj}, {"shared_head.norm.weight", 0, E, &t->head_norm},
+    };
+    char name[256], prefix[64];
+    for (size_t k = 0; k < sizeof need / sizeof *need; k++) {
+        snprintf(name, sizeof name, "model.layers.%d.%s", fl, need[k].suffix);
+        int rc = get_tensor(m, name, need[k].rows, need[k].cols, true, need[k].dst, err, errlen);
+        if (rc) return rc;
+        if (!need[k].dst->data) {
+            sl_seterr(err, errlen,
+                      "num_nextn_predict_layers is %d but %s is missing (--hf-overrides "
+                      "'{\"num_nextn_predict_layers\": 0}' loads the model without its MTP layers)",
+                      m->cfg.n_mtp_layer, name);
+            return SL_EFORMAT;
+        }
+    }
+    snprintf(prefix, sizeof prefix, "model.layers.%d.", fl);
+    m->w.mtp_tensors += count_prefix(m, prefix, &m->w.mtp_bytes);
+    return 0;
+}
+
 static int load_weights(model *m, const struct names *nm, char *err, size_t errlen)
 {
     struct model_config *c = &m->cfg;
@@ -450,13 +499,26 @@ static int load_weights(model *m, const struct names *nm, char *err, size_t errl
         rc = get_tensor(m, "rope_freqs.weight", 0, c->rope_dim / 2, true, &w->rope_freqs, err, errlen);
         if (rc) return rc;
     }
-    w->layers = calloc((size_t)c->n_layer, sizeof *w->layers);
-    if (!w->layers) {
+    char name[256];
+    if (c->n_mtp_layer > 0) {
+        /* exports often drop the MTP layers and keep the config's count: none of
+         * them in the file is a model without MTP, part of one is an error */
+        snprintf(name, sizeof name, "model.layers.%d.", m->n_layer_file);
+        if (count_prefix(m, name, NULL) == 0) {
+            fprintf(stderr, "sluice: num_nextn_predict_layers is %d but the checkpoint has no tensor under %s: "
+                    "loaded without MTP layers\n", c->n_mtp_layer, name);
+            c->n_mtp_layer = 0;
+        }
+    }
+    int n_all = model_n_layer_all(c);
+    w->layers = calloc((size_t)n_all, sizeof *w->layers);
+    if (c->n_mtp_layer > 0) w->mtp = m->mtp = calloc((size_t)c->n_mtp_layer, sizeof *w->mtp);
+    if (!w->layers || (c->n_mtp_layer > 0 && !w->mtp)) {
         sl_seterr(err, errlen, "out of memory");
         return SL_ENOMEM;
     }
     int n_moe = 0;
-    for (int l = 0; l < c->n_layer; l++) n_moe += model_layer_kind_of(c, l).ffn == MODEL_FFN_MOE;
+    for (int l = 0; l < n_all; l++) n_moe += model_layer_kind_of(c, l).ffn == MODEL_FFN_MOE;
     struct model_tensor *ex = NULL;
     if (n_moe) {
         ex = m->moe_experts = calloc((size_t)n_moe * 3 * c->moe.n_expert, sizeof *ex);
@@ -465,17 +527,18 @@ static int load_weights(model *m, const struct names *nm, char *err, size_t errl
             return SL_ENOMEM;
         }
     }
-    char name[256];
 #define T(field, fmt, rows, cols, opt)                                                           \
     do {                                                                                         \
-        snprintf(name, sizeof name, fmt, l);                                                     \
-        if ((rc = get_tensor(m, name, rows, cols, opt, &L->field, err, errlen))) return rc;      \
+        snprintf(name, sizeof name, fmt, fl);                                                    \
+        if ((rc = get_tensor(m, name, rows, cols, opt, &L->field, err, errlen))) goto fail;      \
     } while (0)
-    for (int l = 0; l < c->n_layer; l++) {
+    for (int l = 0; l < n_all; l++) {
         struct model_layer_weights *L = &w->layers[l];
+        /* an MTP layer's number in the file follows the file's decoder layers */
+        int fl = l < c->n_layer ? l : m->n_layer_file + (l - c->n_layer);
         T(attn_norm, nm->attn_norm, 0, E, false);
         if (model_layer_kind_of(c, l).mixer == MODEL_MIXER_MLA) {
-            if ((rc = mla_bind_layer(c, l, mla_get, m, &L->mla, err, errlen))) return rc;
+            if ((rc = mla_bind_layer(c, l, fl, mla_get, m, &L->mla, err, errlen))) goto fail;
             goto ffn;
         }
         T(wq, nm->wq, Q, E, false);
@@ -495,18 +558,27 @@ static int load_weights(model *m, const struct names *nm, char *err, size_t errl
         T(ffn_norm, nm->ffn_norm, 0, E, false);
         if (model_layer_kind_of(c, l).ffn == MODEL_FFN_MOE) {
             char prefix[64];
-            snprintf(prefix, sizeof prefix, "model.layers.%d.mlp", l);
-            if ((rc = moe_bind_layer(m, c, prefix, &L->moe, ex, err, errlen))) return rc;
+            snprintf(prefix, sizeof prefix, "model.layers.%d.mlp", fl);
+            if ((rc = moe_bind_layer(m, c, prefix, &L->moe, ex, err, errlen))) goto fail;
             ex += 3 * c->moe.n_expert;
-            continue;
+            goto next;
         }
         T(w_gate, nm->w_gate, F, E, false);
         T(w_up, nm->w_up, F, E, false);
         T(w_down, nm->w_down, E, F, false);
+    next:
+        if (l >= c->n_layer && (rc = bind_mtp(m, l - c->n_layer, fl, err, errlen))) return rc;
+        continue;
+    fail:
+        if (l >= c->n_layer) {
+            char why[400];
+            snprintf(why, sizeof why, "%s", err);
+            sl_seterr(err, errlen, "MTP layer %d: %s (--hf-overrides '{\"num_nextn_predict_layers\": 0}' loads the "
+                      "model without its MTP layers)", fl, why);
+        }
+        return rc;
     }
 #undef T
-    if (c->mla.n_mtp_layers > 0 && m->st)
-        return mla_count_mtp(c, m->n_layer_file, m->st, mla_get, m, &w->mtp_tensors, &w->mtp_bytes, err, errlen);
     return 0;
 }
 
@@ -855,6 +927,15 @@ static int hf_config(model *m, const char *dir, char *err, size_t errlen)
         (rc = mla_hf_config(&d, rs, c, &m->index_full, err, errlen)))
         goto out;
     if ((rc = check_config(c, &hf_keys, err, errlen))) goto out;
+    /* the MTP modules after the decoder layers (transformers: num_mtp_layers) */
+    if ((c->arch == MODEL_ARCH_DEEPSEEK_V3 || c->arch == MODEL_ARCH_GLM_MOE_DSA || c->arch == MODEL_ARCH_GLM4_MOE) &&
+        (rc = jint(&d, 0, "num_nextn_predict_layers", 0, false, &c->n_mtp_layer, err, errlen)))
+        goto out;
+    if (c->n_mtp_layer > 64) {
+        sl_seterr(err, errlen, "config.json: num_nextn_predict_layers is %d, expected 0 to 64", c->n_mtp_layer);
+        rc = SL_EFORMAT;
+        goto out;
+    }
     rc = moe_hf_config(&d, 0, c, &m->moe_sparse, err, errlen);
     m->n_moe_sparse = c->n_layer;
 out:
@@ -917,8 +998,8 @@ static int load_hf(model *m, const char *dir, bool dummy, char *err, size_t errl
 /* How many tensors all_tensors() may list. */
 static int max_tensors(const model *m)
 {
-    int n = 4 + TENSORS_PER_LAYER * m->cfg.n_layer;
-    for (int l = 0; l < m->cfg.n_layer; l++)
+    int n = 4 + TENSORS_PER_LAYER * model_n_layer_all(&m->cfg) + 4 * m->cfg.n_mtp_layer;
+    for (int l = 0; l < model_n_layer_all(&m->cfg); l++)
         if (model_layer_kind_of(&m->cfg, l).ffn == MODEL_FFN_MOE) n += 6 + 3 * m->cfg.moe.n_expert;
     return n;
 }
@@ -930,7 +1011,13 @@ static void all_tensors(const model *m, const struct model_tensor **out, int *n)
     out[k++] = &w->tok_embd;
     out[k++] = &w->out_norm;
     if (!m->cfg.tie_embeddings) out[k++] = &w->lm_head;
-    for (int l = 0; l < m->cfg.n_layer; l++) {
+    for (int i = 0; i < m->cfg.n_mtp_layer && w->mtp; i++) {
+        out[k++] = &w->mtp[i].enorm;
+        out[k++] = &w->mtp[i].hnorm;
+        out[k++] = &w->mtp[i].eh_proj;
+        out[k++] = &w->mtp[i].head_norm;
+    }
+    for (int l = 0; l < model_n_layer_all(&m->cfg); l++) {
         const struct model_layer_weights *L = &w->layers[l];
         const struct model_mla_weights *A = &L->mla;
         const struct model_tensor *t[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo,
@@ -1220,6 +1307,7 @@ void model_free(model *m)
     free(m->index_full);
     free(m->moe_sparse);
     free(m->moe_experts);
+    free(m->mtp);
     model_dummy_free(m->dummy);
     for (int i = 0; i < m->n_names; i++) free(m->names[i]);
     free(m->names);

@@ -27,6 +27,7 @@ struct dummy {
     int32_t **gidx;       /* act-order indexes, one per packed weight that has one */
     int n_gidx;
     struct model_tensor *experts; /* [MoE layers][3][n_expert] expert views */
+    struct model_mtp_weights *mtp; /* [n_mtp_layer] */
 };
 
 static uint64_t mix(uint64_t z)
@@ -115,8 +116,9 @@ int model_dummy_weights(const struct model_config *c, const struct quant_cfg *qc
     int rc = SL_ENOMEM;
     int64_t E = c->n_embd, F = c->n_ff, D = c->head_dim, Q = (int64_t)c->n_head * D,
             KV = (int64_t)c->n_head_kv * D, V = c->n_vocab;
-    int64_t big = V * E;
+    int64_t big = V * E, n_all = model_n_layer_all(c);
     if (F * E > big) big = F * E;
+    if (2 * E * E > big) big = 2 * E * E; /* an MTP layer's eh_proj */
     if (Q * E > big) big = Q * E;
     int64_t nv = E > F ? E : F;
     if (Q > nv) nv = Q;
@@ -142,7 +144,7 @@ int model_dummy_weights(const struct model_config *c, const struct quant_cfg *qc
     if (FS > nv) nv = FS;
     if (NE > nv) nv = NE;
     int n_moe = 0;
-    for (int l = 0; l < c->n_layer; l++) n_moe += model_layer_kind_of(c, l).ffn == MODEL_FFN_MOE;
+    for (int l = 0; l < n_all; l++) n_moe += model_layer_kind_of(c, l).ffn == MODEL_FFN_MOE;
     struct dummy *d = calloc(1, sizeof *d);
     if (!d) goto oom;
     d->n_pool = big + SLACK;
@@ -150,16 +152,17 @@ int model_dummy_weights(const struct model_config *c, const struct quant_cfg *qc
     d->pool = malloc((size_t)d->n_pool * 2);
     d->ones = malloc((size_t)nv * 2);
     d->zeros = calloc((size_t)nv, 2);
-    w->layers = calloc((size_t)c->n_layer, sizeof *w->layers);
+    w->layers = calloc((size_t)n_all, sizeof *w->layers);
     d->experts = calloc((size_t)n_moe * 3 * (size_t)NE + 1, sizeof *d->experts);
-    if (!d->pool || !d->ones || !d->zeros || !w->layers || !d->experts) goto oom;
+    w->mtp = d->mtp = calloc((size_t)c->n_mtp_layer + 1, sizeof *d->mtp);
+    if (!d->pool || !d->ones || !d->zeros || !w->layers || !d->experts || !d->mtp) goto oom;
     struct model_tensor *ex = d->experts;
     if (qc) {
         /* codes (up to a byte a weight) and zero points in one pool of random
          * bytes; scales (at most a group of 8 columns each) in bf16 pools of
          * about 0.02 / 2^(bits-1), so that the weights span what the bf16
          * dummies do */
-        int nmax = 7 * c->n_layer + 1 + n_moe * (3 + 3 * (int)NE);
+        int nmax = 8 * (int)n_all + 1 + n_moe * (3 + 3 * (int)NE);
         d->quants = calloc((size_t)nmax, sizeof *d->quants);
         d->gidx = calloc((size_t)nmax, sizeof *d->gidx);
         d->n_bytes = big + 2 * SLACK;
@@ -198,7 +201,16 @@ int model_dummy_weights(const struct model_config *c, const struct quant_cfg *qc
         w->lm_head = w->tok_embd;
     else if ((rc = proj(d, qc, &w->lm_head, "output (dummy)", "lm_head", V, E, err, errlen)))
         goto fail;
-    for (int l = 0; l < c->n_layer; l++) {
+    for (int i = 0; i < c->n_mtp_layer; i++) {
+        struct model_mtp_weights *t = &w->mtp[i];
+        char mod[80];
+        snprintf(mod, sizeof mod, "model.layers.%d.eh_proj", c->n_layer + i);
+        vec(d, &t->enorm, "enorm (dummy)", E, true);
+        vec(d, &t->hnorm, "hnorm (dummy)", E, true);
+        vec(d, &t->head_norm, "shared_head.norm (dummy)", E, true);
+        if ((rc = proj(d, qc, &t->eh_proj, "eh_proj (dummy)", mod, E, 2 * E, err, errlen))) goto fail;
+    }
+    for (int l = 0; l < n_all; l++) {
         struct model_layer_weights *L = &w->layers[l];
         char mod[7][80];
         static const char *const pn[7] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
@@ -218,7 +230,7 @@ int model_dummy_weights(const struct model_config *c, const struct quant_cfg *qc
             vec(d, &A->kv_a_norm, "kv_a_layernorm (dummy)", C, true);
             mat(d, &A->kv_b, "kv_b_proj (dummy)", KB, C);
             mat(d, &A->o, "o_proj (dummy)", E, H * a->v_head_dim);
-            if (a->index_topk > 0 && a->index_full && a->index_full[l]) {
+            if (a->index_topk > 0 && a->index_full && l < c->n_layer && a->index_full[l]) {
                 mat(d, &A->ix_wq_b, "indexer.wq_b (dummy)", IX * ID, QL);
                 mat(d, &A->ix_wk, "indexer.wk (dummy)", ID, E);
                 vec(d, &A->ix_k_norm, "indexer.k_norm (dummy)", ID, true);
@@ -298,5 +310,6 @@ void model_dummy_free(void *owner)
     free(d->scales[0]);
     free(d->scales[1]);
     free(d->experts);
+    free(d->mtp);
     free(d);
 }

@@ -1,5 +1,5 @@
 /* mla.c - multi-head latent attention on the model side (mla.h): config keys,
- * tensors, MTP modules, and the KV entry of each layer kind.
+ * tensors, and the KV entry of each layer kind (MTP layers included).
  *
  * Reference: transformers' modeling_deepseek_v3.py and modeling_glm_moe_dsa.py
  * (DeepseekV3Attention, GlmMoeDsaAttention, GlmMoeDsaIndexer) and
@@ -18,7 +18,7 @@ int64_t model_kv_token_elems(const struct model_config *c, int layer)
     case MODEL_MIXER_GQA: return 2 * (int64_t)c->n_head_kv * c->head_dim;
     case MODEL_MIXER_MLA: {
         const struct model_mla_config *a = &c->mla;
-        bool ix = a->index_topk > 0 && a->index_full && a->index_full[layer];
+        bool ix = a->index_topk > 0 && a->index_full && layer < c->n_layer && a->index_full[layer];
         return (int64_t)a->kv_lora_rank + a->qk_rope_head_dim + (ix ? a->index_head_dim : 0);
     }
     }
@@ -30,6 +30,18 @@ size_t model_kv_bytes_per_token(const struct model_config *c, size_t elem_bytes)
     size_t n = 0;
     for (int l = 0; l < c->n_layer; l++) n += (size_t)model_kv_token_elems(c, l) * elem_bytes;
     return n;
+}
+
+size_t model_mtp_kv_bytes_per_token(const struct model_config *c, size_t elem_bytes)
+{
+    size_t n = 0;
+    for (int l = c->n_layer; l < model_n_layer_all(c); l++) n += (size_t)model_kv_token_elems(c, l) * elem_bytes;
+    return n;
+}
+
+size_t model_mtp_kv_bytes_per_block(const struct model_config *c, size_t elem_bytes)
+{
+    return c->n_mtp_layer > 0 ? (size_t)c->n_embd * elem_bytes + sizeof(int32_t) : 0;
 }
 
 /* ---- config.json ------------------------------------------------------------ */
@@ -117,8 +129,7 @@ int mla_hf_config(const json_doc *d, int rp, struct model_config *c, uint8_t **i
         (rc = get_int(d, 0, "qk_nope_head_dim", 128, 1, &a->qk_nope_head_dim, err, errlen)) ||
         (rc = get_int(d, 0, "qk_rope_head_dim", 64, 0, &a->qk_rope_head_dim, err, errlen)) ||
         (rc = get_int(d, 0, "v_head_dim", 128, 1, &a->v_head_dim, err, errlen)) ||
-        (rc = get_int(d, 0, "first_k_dense_replace", glm ? 3 : 3, 0, &dense, err, errlen)) ||
-        (rc = get_int(d, 0, "num_nextn_predict_layers", 0, 0, &a->n_mtp_layers, err, errlen)))
+        (rc = get_int(d, 0, "first_k_dense_replace", glm ? 3 : 3, 0, &dense, err, errlen)))
         return rc;
     a->q_lora_rank = ql;
     if (glm && ql == 0) {
@@ -213,8 +224,8 @@ int mla_hf_config(const json_doc *d, int rp, struct model_config *c, uint8_t **i
 
 /* ---- tensors ------------------------------------------------------------------- */
 
-int mla_bind_layer(const struct model_config *c, int l, mla_get_fn get, void *ctx, struct model_mla_weights *w,
-                   char *err, size_t errlen)
+int mla_bind_layer(const struct model_config *c, int l, int fl, mla_get_fn get, void *ctx,
+                   struct model_mla_weights *w, char *err, size_t errlen)
 {
     const struct model_mla_config *a = &c->mla;
     int64_t E = c->n_embd, H = c->n_head, Dq = a->qk_nope_head_dim + a->qk_rope_head_dim, C = a->kv_lora_rank,
@@ -223,7 +234,7 @@ int mla_bind_layer(const struct model_config *c, int l, mla_get_fn get, void *ct
     int rc;
 #define T(field, suffix, rows, cols)                                                                   \
     do {                                                                                               \
-        snprintf(name, sizeof name, "model.layers.%d.self_attn.%s", l, suffix);                       \
+        snprintf(name, sizeof name, "model.layers.%d.self_attn.%s", fl, suffix);                      \
         if ((rc = get(ctx, name, rows, cols, false, &w->field, err, errlen))) return rc;               \
     } while (0)
     if (QL > 0) {
@@ -237,7 +248,7 @@ int mla_bind_layer(const struct model_config *c, int l, mla_get_fn get, void *ct
     T(kv_a_norm, "kv_a_layernorm.weight", 0, C);
     T(kv_b, "kv_b_proj.weight", H * (a->qk_nope_head_dim + a->v_head_dim), C);
     T(o, "o_proj.weight", E, H * a->v_head_dim);
-    if (a->index_topk > 0 && a->index_full && a->index_full[l]) {
+    if (a->index_topk > 0 && a->index_full && l < c->n_layer && a->index_full[l]) {
         int64_t IH = a->index_n_heads, ID = a->index_head_dim;
         T(ix_wq_b, "indexer.wq_b.weight", IH * ID, QL);
         T(ix_wk, "indexer.wk.weight", ID, E);
@@ -246,43 +257,5 @@ int mla_bind_layer(const struct model_config *c, int l, mla_get_fn get, void *ct
         T(ix_weights, "indexer.weights_proj.weight", IH, E);
     }
 #undef T
-    return 0;
-}
-
-int mla_count_mtp(const struct model_config *c, int first, const st_set *st, mla_get_fn get, void *ctx,
-                  int *n_tensors, size_t *n_bytes, char *err, size_t errlen)
-{
-    int64_t E = c->n_embd;
-    *n_tensors = 0;
-    *n_bytes = 0;
-    for (int i = 0; i < c->mla.n_mtp_layers; i++) {
-        int l = first + i, rc;
-        char name[256], prefix[64];
-        const struct { const char *suffix; int64_t rows, cols; } need[] = {
-            {"enorm.weight", 0, E}, {"hnorm.weight", 0, E}, {"eh_proj.weight", E, 2 * E},
-        };
-        for (size_t k = 0; k < sizeof need / sizeof *need; k++) {
-            struct model_tensor t;
-            snprintf(name, sizeof name, "model.layers.%d.%s", l, need[k].suffix);
-            rc = get(ctx, name, need[k].rows, need[k].cols, true, &t, err, errlen);
-            if (rc) return rc;
-            if (!t.data) {
-                sl_seterr(err, errlen,
-                          "num_nextn_predict_layers is %d but %s is missing (--hf-overrides "
-                          "'{\"num_nextn_predict_layers\": 0}' loads the model without its MTP layers)",
-                          c->mla.n_mtp_layers, name);
-                return SL_EFORMAT;
-            }
-        }
-        snprintf(prefix, sizeof prefix, "model.layers.%d.", l);
-        size_t pl = strlen(prefix);
-        for (int k = 0; st && k < st_n_tensors(st); k++) {
-            const struct st_tensor *t = st_tensor_at(st, k);
-            if (strncmp(t->name, prefix, pl) == 0) {
-                (*n_tensors)++;
-                *n_bytes += t->nbytes;
-            }
-        }
-    }
     return 0;
 }

@@ -155,8 +155,6 @@ struct model_mla_config {
     int yarn_orig_ctx;
     bool yarn_truncate;
     int n_dense_layers;         /* leading layers with a dense FFN; the rest are the MoE kind's */
-    int n_mtp_layers;           /* num_nextn_predict_layers, stored after the last layer; loaded and counted,
-                                   not run (speculative decoding is the scheduler's, later); 0 = none/off */
     /* DSA indexer (glm_moe_dsa): each query attends to its index_topk best-scored keys */
     int index_topk;             /* 0: off (index_topk null): dense MLA, the indexer's tensors skipped */
     int index_n_heads, index_head_dim;
@@ -209,7 +207,16 @@ struct model_config {
      * NULL (configs built by hand) means every layer is GQA + dense. */
     const struct model_layer_kind *layer_kind;
     struct model_mla_config mla; /* MODEL_MIXER_MLA layers; zero otherwise */
+    /* MTP modules (num_nextn_predict_layers, glm4_moe and deepseek_v3 checkpoints): stored after the
+     * decoder layers, they are layers n_layer .. n_layer + n_mtp_layer - 1 of the plan (layer_kind) and of
+     * model_weights.layers, with their own parts in model_weights.mtp. 0: none, or switched off
+     * (--hf-overrides '{"num_nextn_predict_layers": 0}': nothing of them is loaded). */
+    int n_mtp_layer;
 };
+
+/* The decoder layers and the MTP layers after them: the length of the plan
+ * (layer_kind) and of model_weights.layers. */
+static inline int model_n_layer_all(const struct model_config *c) { return c->n_layer + c->n_mtp_layer; }
 
 /* A model is a plan of layers (docs/DESIGN.md, "Beyond dense Llama"): each
  * layer's token mixer and FFN, decided by the loader from the config. A
@@ -238,7 +245,7 @@ const char *model_mixer_name(enum model_mixer k);
  * head_dim (K and V), MLA kv_lora_rank + qk_rope_head_dim (+ index_head_dim
  * where the layer runs a DSA indexer). A backend's bytes per token are the
  * sum over layers times its element size, so the pool sizing follows the
- * plan of layers. */
+ * plan of layers. l may be an MTP layer (n_layer <= l < model_n_layer_all). */
 int64_t model_kv_token_elems(const struct model_config *c, int layer);
 const char *model_ffn_name(enum model_ffn k);
 /* The plan in words, runs of equal layers folded: "0: gqa + dense; 1-3: gqa +
@@ -285,16 +292,32 @@ struct model_layer_weights {
     struct model_moe_weights moe;             /* MODEL_FFN_MOE layers only (then no w_gate/up/down) */
 };
 
+/* One MTP module's own parts (transformers' MtpLayer): for the token t at
+ * position q and the main model's final-normed hidden state h of q - 1,
+ *   x = eh_proj([enorm(embed(t)) | hnorm(h)]),  x = its decoder layer (x)
+ *   g = head_norm(x): lm_head(g) predicts the token at q + 1, and a chained
+ *       draft takes g as the next h.
+ * Its decoder layer is model_weights.layers[n_layer + i] (the model's mixer;
+ * MoE where the model has experts, as transformers' get_mtp_config sets
+ * first_k_dense_replace 0). The checkpoint's copies of the embedding and the
+ * head under the module (embed_tokens, shared_head.head) are not read:
+ * transformers ties both to the main model's. */
+struct model_mtp_weights {
+    struct model_tensor enorm, hnorm;         /* [n_embd] */
+    struct model_tensor eh_proj;              /* [n_embd][2 n_embd]: the embedding's half first */
+    struct model_tensor head_norm;            /* [n_embd] shared_head.norm */
+};
+
 struct model_weights {
     struct model_tensor tok_embd;             /* [n_vocab][n_embd] */
     struct model_tensor out_norm;             /* [n_embd] */
     struct model_tensor lm_head;              /* [n_vocab][n_embd]; == tok_embd when tied */
-    struct model_layer_weights *layers;       /* [n_layer] */
+    struct model_layer_weights *layers;       /* [model_n_layer_all]: decoder layers, then MTP layers */
     struct model_tensor rope_freqs;           /* optional [rope_dim/2]: per-frequency divisors of
                                                  the RoPE inverse frequencies (GGUF llama3
                                                  rope_freqs.weight); data NULL when absent */
-    /* MTP modules (mla.n_mtp_layers): validated and counted, not run */
-    int mtp_tensors;                          /* tensors under the MTP layers' prefixes */
+    struct model_mtp_weights *mtp;            /* [n_mtp_layer], owned by the model; NULL without */
+    int mtp_tensors;                          /* tensors under the MTP layers' prefixes in the file */
     size_t mtp_bytes;                         /* their bytes */
 };
 
@@ -406,6 +429,12 @@ void model_rope_inv_freq(const struct model_config *c, const struct model_weight
 /* Bytes one token's KV takes over all layers at elem_bytes per value (sum of
  * model_kv_token_elems): what `sluice info` prints. */
 size_t model_kv_bytes_per_token(const struct model_config *c, size_t elem_bytes);
+/* What the MTP layers add per token when a backend runs them (their KV
+ * entries, model_kv_token_elems of layers n_layer ..), and per block (the
+ * hidden state a block keeps: n_embd values and its position, an int32), at
+ * elem_bytes per value; 0 without MTP layers. */
+size_t model_mtp_kv_bytes_per_token(const struct model_config *c, size_t elem_bytes);
+size_t model_mtp_kv_bytes_per_block(const struct model_config *c, size_t elem_bytes);
 
 /* Renders messages as ChatML (<|im_start|>role\ncontent<|im_end|>\n ... and,
  * with add_generation_prompt, "<|im_start|>assistant\n"), the format of the

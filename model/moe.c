@@ -391,7 +391,7 @@ struct moe_cpu {
     struct model_config c;
     int nt, max_tokens, slots;  /* slots per token: top-k, + 1 for the shared experts */
     int fmax;                   /* widest expert intermediate (routed or shared) */
-    struct moe_layer_cpu *L;    /* [n_layer]; router NULL for dense layers */
+    struct moe_layer_cpu *L;    /* [model_n_layer_all]; router NULL for dense layers */
     float *wmem;                /* routers and biases, f32 */
     float *logits;              /* [max_tokens][n_expert] */
     int32_t *idx;               /* [max_tokens][slots] expert of each slot (n_expert: shared) */
@@ -455,14 +455,15 @@ struct moe_cpu *moe_cpu_create(const struct model_config *c, const struct model_
     b->max_tokens = max_tokens;
     b->slots = mc->n_expert_used + (mc->n_ff_shared > 0);
     b->fmax = mc->n_ff_expert > mc->n_ff_shared ? mc->n_ff_expert : mc->n_ff_shared;
-    b->L = calloc((size_t)c->n_layer, sizeof *b->L);
+    int n_all = model_n_layer_all(c);
+    b->L = calloc((size_t)n_all, sizeof *b->L);
     int n_moe = 0;
-    for (int l = 0; l < c->n_layer; l++) n_moe += model_layer_kind_of(c, l).ffn == MODEL_FFN_MOE;
+    for (int l = 0; l < n_all; l++) n_moe += model_layer_kind_of(c, l).ffn == MODEL_FFN_MOE;
     size_t NE = mc->n_expert, E = c->n_embd, T = max_tokens, S = b->slots;
     b->wmem = zalloc((size_t)n_moe * (NE * (E + 1) + E) * sizeof(float));
     if (!b->L || !b->wmem) goto oom;
     float *p = b->wmem;
-    for (int l = 0; l < c->n_layer; l++) {
+    for (int l = 0; l < n_all; l++) {
         if (model_layer_kind_of(c, l).ffn != MODEL_FFN_MOE) continue;
         const struct model_moe_weights *mw = &w->layers[l].moe;
         struct moe_layer_cpu *L = &b->L[l];

@@ -65,7 +65,8 @@ int moe_bind_layer(model *m, const struct model_config *c, const char *prefix, s
 void model_moe_route(const struct model_moe_config *mc, const float *logits, const float *bias, int32_t *idx,
                      float *wt, float *scratch);
 
-/* The CPU backend's MoE blocks. Weights stay in the checkpoint's encoding
+/* The CPU backend's MoE blocks (every MoE layer of the plan c, MTP layers
+ * included). Weights stay in the checkpoint's encoding
  * (borrowed); scratch is sized for max_tokens at creation. */
 struct moe_cpu;
 struct moe_cpu *moe_cpu_create(const struct model_config *c, const struct model_weights *w, int max_tokens,

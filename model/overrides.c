@@ -37,17 +37,17 @@ static int apply(struct model_config *c, const json_doc *d, int obj, const char 
                 if (json_i64(d, v, &iv) || iv < 1 || iv > INT32_MAX) goto bad;
                 c->mla.index_topk = (int)iv;
             }
-        } else if (!strcmp(key, "num_nextn_predict_layers") && c->mla.kv_lora_rank > 0) {
+        } else if (!strcmp(key, "num_nextn_predict_layers")) {
             if (json_is_null(d, v)) {
-                c->mla.n_mtp_layers = 0;
+                c->n_mtp_layer = 0;
             } else {
                 if (json_i64(d, v, &iv) || iv < 0) goto bad;
-                if (iv > c->mla.n_mtp_layers) {
+                if (iv > c->n_mtp_layer) {
                     snprintf(err, errlen, "--hf-overrides: %s=%lld exceeds the %d MTP layers the checkpoint has", full,
-                             (long long)iv, c->mla.n_mtp_layers);
+                             (long long)iv, c->n_mtp_layer);
                     return SL_EINVAL;
                 }
-                c->mla.n_mtp_layers = (int)iv;
+                c->n_mtp_layer = (int)iv;
             }
         } else if (json_is_null(d, v)) {
             ignored(full, "null switches off a feature this model does not have");

@@ -229,6 +229,15 @@ def test_model_files_checked_at_load():
         assert rc == 0 and "weight values: all finite" in out, (rc, out)
 
 
+def test_info_shows_the_mtp_layer():
+    """sluice info names a checkpoint's MTP layer, its kinds and what its KV adds; a checkpoint whose config counts
+    one it does not hold says it loads without."""
+    rc, out = run(["info", os.path.join(lib.ROOT, "tests", "models", "mtp", "dsv3")])
+    assert rc == 0 and "mtp: 1 layer(s) (mla + moe)" in out and "160 bytes per token f32" in out, (rc, out)
+    rc, out = run(["info", os.path.join(lib.ROOT, "tests", "models", "tiny-glm4-moe")])
+    assert rc == 0 and "loaded without MTP layers" in out and "mtp:" not in out, (rc, out)
+
+
 def test_run_batch_lines():
     """run-batch parses lines as the server parses bodies: NULs kept, wrong types named, Responses names."""
     with tempfile.TemporaryDirectory(prefix="sluice_validation_") as tmp:
@@ -268,7 +277,7 @@ def main():
     finally:
         lib.stop_server(proc)
         log.close()
-    p2, f2 = lib.run_tests([test_model_files_checked_at_load, test_run_batch_lines])
+    p2, f2 = lib.run_tests([test_model_files_checked_at_load, test_info_shows_the_mtp_layer, test_run_batch_lines])
     return lib.summary(passed + p2, failed + f2)
 
 

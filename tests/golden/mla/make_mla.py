@@ -14,8 +14,9 @@ tokenizer.json is linked, not copied). Weights are saved in bf16 with the norms
 perturbed, then reloaded in float32 for the goldens, so the goldens see exactly
 the stored values.
 
-  dsv3-qlora      deepseek_v3, q_lora_rank 32, interleaved RoPE, one MTP layer's
-                  tensors appended (model.layers.2.*: random, transformers skips them)
+  dsv3-qlora      deepseek_v3, q_lora_rank 32, interleaved RoPE, one MTP module
+                  appended (model.layers.2.*: random, transformers' main model skips
+                  it; tests/models/mtp has the MTP goldens)
   dsv3-noqlora    deepseek_v3, q_proj (no q_lora), rope_interleave false
   dsv3-yarn       deepseek_v3 with YaRN (factor 4 over 32 original positions,
                   mscale 1, mscale_all_dim 0.8: both the cos/sin factor and the
@@ -104,15 +105,18 @@ def save(m, path, extra=None):
     shutil.copy(os.path.join(TOKDIR, "tokenizer_config.json"), path)
 
 
-def mtp_tensors(cfg, layer):
-    """One MTP module's tensors as DeepSeek-V3 checkpoints store them after the
-    last layer (enorm, hnorm, eh_proj, shared_head.norm, and a decoder layer)."""
-    E, p = cfg.hidden_size, f"model.layers.{layer}."
-    t = {p + "enorm.weight": torch.ones(E), p + "hnorm.weight": torch.ones(E),
-         p + "eh_proj.weight": 0.1 * torch.randn(E, 2 * E), p + "shared_head.norm.weight": torch.ones(E),
-         p + "input_layernorm.weight": torch.ones(E), p + "post_attention_layernorm.weight": torch.ones(E),
-         p + "mlp.gate_proj.weight": 0.1 * torch.randn(cfg.intermediate_size, E)}
-    return {k: v.to(torch.bfloat16) for k, v in t.items()}
+def mtp_tensors(m, cfg, layer):
+    """A complete MTP module after the last layer, as DeepSeek-V3 checkpoints
+    store it (tests/golden/mtp/make_mtp.py makes it: transformers' MtpLayer,
+    whose decoder layer is MoE), its values from a generator of its own. The two
+    draws of the global RNG keep the later checkpoints' weights what they were
+    when this module was a stub of 7 tensors."""
+    E = cfg.hidden_size
+    torch.randn(E, 2 * E), torch.randn(cfg.intermediate_size, E)
+    sys.path.insert(0, os.path.join(HERE, "..", "mtp"))
+    from make_mtp import mtp_checkpoint_tensors
+    assert layer == cfg.num_hidden_layers
+    return mtp_checkpoint_tensors(m, cfg, torch.Generator().manual_seed(4321))[1]
 
 
 def index_gaps(m, prompts):
@@ -189,7 +193,7 @@ def main():
             continue
         randomize(m)
         path = os.path.join(outdir, name)
-        extra = mtp_tensors(cfg, cfg.num_hidden_layers) if getattr(cfg, "num_nextn_predict_layers", 0) else None
+        extra = mtp_tensors(m, cfg, cfg.num_hidden_layers) if getattr(cfg, "num_nextn_predict_layers", 0) else None
         save(m, path, extra)
         m2 = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         if cfg.qk_rope_head_dim == 0:
