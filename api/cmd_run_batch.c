@@ -580,6 +580,7 @@ int api_cmd_run_batch(int argc, char **argv)
         .max_seqs_per_step = eo.sched.max_num_seqs, .max_ctx = eo.sched.max_model_len,
         .tensor_parallel_size = (int)tp, .kv_cache_dtype = kv_dtype, .enforce_eager = eager,
         .max_draft_tokens = policy.spec.method ? policy.spec.num_speculative_tokens : 0,
+        .mtp = policy.spec.method == SCHED_SPEC_MTP,
     };
     be = model_backend_create(b.m, &bo, err, sizeof err);
     if (!be) goto fail_msg;

@@ -88,6 +88,7 @@ static void *load_main(void *arg)
         .kv_cache_dtype = s->o.kv_cache_dtype,
         .enforce_eager = s->o.enforce_eager,
         .max_draft_tokens = s->o.sched.spec.method ? s->o.sched.spec.num_speculative_tokens : 0,
+        .mtp = s->o.sched.spec.method == SCHED_SPEC_MTP,
     };
     s->be = model_backend_create(s->m, &bo, err, sizeof err);
     if (!s->be) goto fail;
@@ -147,6 +148,10 @@ static void on_ready(evutil_socket_t fd, short what, void *arg)
             s->o.enforce_eager && !strcmp(s->be->ops->name, "cuda") ? ", enforce-eager: no CUDA graphs" : "",
             url_host(s->o.host, true, h2, sizeof h2), s->o.port,
             s->o.api_key && *s->o.api_key ? " -H \"Authorization: Bearer $SLUICE_API_KEY\"" : "", s->model_name);
+    if (c->spec.method != SCHED_SPEC_NONE)
+        fprintf(stderr, "speculative decoding: %s drafts, up to %d a sequence and step%s\n",
+                c->spec.method == SCHED_SPEC_NGRAM ? "n-gram" : "MTP", c->spec.num_speculative_tokens,
+                c->spec.method == SCHED_SPEC_NGRAM ? " (prompt lookup)" : "");
     if (s->o.web_ui)
         fprintf(stderr, "web page (chat, batch jobs, status): http://%s:%ld/\n",
                 url_host(s->o.host, true, h2, sizeof h2), s->o.port);

@@ -357,8 +357,8 @@ static bool add_decode(sched *s, sched_req *q, int *T)
         /* the drafts go after q's tokens (room: k < max_tokens - n_gen) */
         k = s->drafter.propose(s->drafter.arg, q->id, q->tokens, q->n_tokens, k, q->tokens + q->n_tokens);
         if (k < 0) k = 0;
-        while (k > 0 && kv_seq_reserve(s->pool, &q->kv, q->n_computed + 1 + k) != 0) k--; /* what its blocks hold */
     }
+    while (k > 0 && kv_seq_reserve(s->pool, &q->kv, q->n_computed + 1 + k) != 0) k--; /* what its blocks hold */
     add_to_step(s, q, 1 + k, k, T);
     return true;
 }
