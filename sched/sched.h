@@ -82,6 +82,14 @@
  * So batch work may fill every slot: a chat request never waits for one of
  * them to finish.
  *
+ * Speculative decoding (sched_config.spec): a decode may carry drafts after
+ * its last sampled token, verified in the same step (step_seq.n_draft); the
+ * scheduler takes the emitted tokens one by one as a decode takes its one
+ * and rolls back the rejected positions. Drafts come from a drafter asked
+ * while the step is planned (n-gram) or made after the step before
+ * (sched_draft_wants, MTP); a cost rule drafts only where it pays (DESIGN.md,
+ * "Scheduling").
+ *
  * Every step's positions, slots and block tables follow DESIGN.md: a token at
  * position p lives in slot block_table[p / block_size] * block_size + p % block_size.
  */

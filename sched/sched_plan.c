@@ -340,10 +340,10 @@ int sched_spec_room(const sched *s, const sched_req *q, int T)
 }
 
 /* q's decode into the step: its last sampled token, and after it the drafts
- * q may carry (sched_spec_room) that the drafter proposes (or made after
- * the last step) and the pool has blocks
- * for without preempting anyone. false when q itself had to be preempted
- * for its one token's block. */
+ * q may carry (sched_spec_room) that its drafter proposes now (or made
+ * after the last step, method mtp) and that the pool has blocks for without
+ * preempting anyone. false when q itself had to be preempted for its one
+ * token's block. */
 static bool add_decode(sched *s, sched_req *q, int *T)
 {
     if (s->spec_dec_left > 0) s->spec_dec_left--;
