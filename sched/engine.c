@@ -387,12 +387,16 @@ static void *engine_main(void *arg)
                 sched_fail_step(e->s, &st, err, emit_locked, e);
             } else {
                 sched_complete_step(e->s, &st, emit_locked, e);
-                /* the whole step as a chat sees it: planning, forward, sampling, detokenizing */
-                sched_step_timed(e->s, now_s() - t0);
+                /* the whole step as a chat sees it: planning, forward, sampling, detokenizing (and
+                 * below, the MTP drafts it needs) */
+                if (!e->mtp_req) sched_step_timed(e->s, now_s() - t0);
             }
         }
         publish_unlock(e);
-        if (n > 0 && !rc && e->mtp_req) make_drafts(e);
+        if (n > 0 && !rc && e->mtp_req) {
+            make_drafts(e);
+            sched_step_timed(e->s, now_s() - t0);
+        }
     }
     free(in);
     free(ab);
