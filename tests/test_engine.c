@@ -51,7 +51,9 @@ static void on_notify(void *arg)
     __atomic_add_fetch(&n_notify, 1, __ATOMIC_RELAXED);
 }
 
-static sched_engine *engine(int seqs, int budget, int max_len, int kv_blocks, bool cache)
+/* An engine on be; k > 0: with n-gram drafts (k a step, always) from d (NULL: prompt lookup) */
+static sched_engine *spec_engine(int seqs, int budget, int max_len, int kv_blocks, bool cache, int k,
+                                 const struct sched_drafter *d)
 {
     struct sched_engine_opts o;
     memset(&o, 0, sizeof o);
@@ -59,12 +61,21 @@ static sched_engine *engine(int seqs, int budget, int max_len, int kv_blocks, bo
     o.sched.max_num_seqs = seqs;
     o.sched.max_num_batched_tokens = budget;
     o.sched.max_model_len = max_len;
+    if (k > 0)
+        o.sched.spec = (struct sched_spec_config){.method = SCHED_SPEC_NGRAM, .num_speculative_tokens = k,
+                                                  .prompt_lookup_min = 1, .prompt_lookup_max = 4, .always = true};
     o.kv_blocks = kv_blocks;
     o.enable_prefix_caching = cache;
+    o.drafter = d;
     o.notify = on_notify;
     sched_engine *e = sched_engine_create(be, &o, err, sizeof err);
     CHECKF(e != NULL, "%s", err);
     return e;
+}
+
+static sched_engine *engine(int seqs, int budget, int max_len, int kv_blocks, bool cache)
+{
+    return spec_engine(seqs, budget, max_len, kv_blocks, cache, 0, NULL);
 }
 
 static struct sched_request greedy(const int32_t *p, int n, int max_tokens)
@@ -854,34 +865,7 @@ static void test_run_batch_stream(void)
     CHECKF(k == NL && ok == NL, "%d lines, %d as expected, of %d", k, ok, NL);
 }
 
-/* A backend that fails for good after `left` steps (a GPU or rank dying):
- * every request in flight finishes with an error event (no consumer waits
- * forever), the engine reports the failure and refuses new requests. */
-struct dying {
-    struct model_backend base;
-    model_backend *inner;
-    int left;
-};
 /* ---- speculative decoding ---- */
-
-static sched_engine *spec_engine(int seqs, int budget, int max_len, int kv_blocks, bool cache, int k,
-                                 const struct sched_drafter *d)
-{
-    struct sched_engine_opts o;
-    memset(&o, 0, sizeof o);
-    o.sched.block_size = 16;
-    o.sched.max_num_seqs = seqs;
-    o.sched.max_num_batched_tokens = budget;
-    o.sched.max_model_len = max_len;
-    o.sched.spec = (struct sched_spec_config){.method = SCHED_SPEC_NGRAM, .num_speculative_tokens = k,
-                                              .prompt_lookup_min = 1, .prompt_lookup_max = 4, .always = true};
-    o.kv_blocks = kv_blocks;
-    o.enable_prefix_caching = cache;
-    o.drafter = d;
-    sched_engine *e = sched_engine_create(be, &o, err, sizeof err);
-    CHECKF(e != NULL, "%s", err);
-    return e;
-}
 
 /* A quoting prompt: a passage, then its first words again, so that the
  * model goes on copying and n-gram drafts are accepted (the workload drafts
@@ -1087,6 +1071,14 @@ static void test_spec_exact(void)
     sched_engine_destroy(e);
 }
 
+/* A backend that fails for good after `left` steps (a GPU or rank dying):
+ * every request in flight finishes with an error event (no consumer waits
+ * forever), the engine reports the failure and refuses new requests. */
+struct dying {
+    struct model_backend base;
+    model_backend *inner;
+    int left;
+};
 static size_t dying_block_bytes(model_backend *b, int bs)
 {
     model_backend *in = ((struct dying *)b)->inner;
