@@ -1,8 +1,9 @@
 """Speculative decoding against the real server: --speculative-config with
 n-gram drafts gives the greedy text of a server without it, streamed token by
 token, and /metrics counts the drafts and the accepted ones under vLLM's names
-(vllm:spec_decode_*); bad configurations are start-up errors naming what is
-wrong, and the keys sluice ignores are reported.
+(vllm:spec_decode_*); run-batch gives the text it gives without drafts; bad
+configurations are start-up errors naming what is wrong, and the keys sluice
+ignores are reported.
 """
 import http.client
 import json
@@ -130,11 +131,31 @@ def test_ignored_keys_reported():
     assert "method 'eagle' ignored" in log, log
 
 
+def test_run_batch_same_text():
+    """run-batch runs the same scheduler: greedy lines give the same text with and without n-gram drafts"""
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        inp = os.path.join(d, "in.jsonl")
+        with open(inp, "w") as f:
+            for i, p in enumerate(PROMPTS * 2):
+                f.write(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions",
+                                    "body": {"prompt": p, "max_tokens": 24 + 4 * i, "temperature": 0}}) + "\n")
+        texts = []
+        for extra in ([], ["--speculative-config", NGRAM]):
+            out = os.path.join(d, "out.jsonl")
+            p = subprocess.run([BIN, "run-batch", "--model", MODEL, "-i", inp, "-o", out, "--quiet",
+                                "--max-model-len", "1024"] + extra, capture_output=True, text=True, timeout=600)
+            assert p.returncode == 0, p.stderr
+            with open(out) as f:
+                texts.append([json.loads(l)["response"]["body"]["choices"][0]["text"] for l in f])
+        assert texts[0] == texts[1] and all(texts[0]), texts
+
+
 def main():
     if lib.missing_prereqs("test_spec"):
         return 1
     passed, failed = lib.run_tests([test_ngram_same_text_and_metrics, test_bad_configs_refused,
-                                    test_ignored_keys_reported])
+                                    test_ignored_keys_reported, test_run_batch_same_text])
     return lib.summary(passed, failed)
 
 
