@@ -950,8 +950,11 @@ static void mtp_after_step(struct cpu_backend *b, const struct step *s)
         for (int p = a + 1; p <= z; p++) ADD(s->token_ids[q0 + p - a], p, b->hkeep + (size_t)(q0 + p - a - 1) * E);
 #undef ADD
         if (n == start) continue;
+        /* only the entries matter here: n_prompt picks an MLA layer's cheaper form (absorbed for a few
+         * tokens, expanded for many) */
         b->sub_seqs[ns] = (struct step_seq){.query_start = start, .query_len = n - start, .context_len = z + 1,
-                                            .block_table = bt, .n_blocks = q->n_blocks};
+                                            .block_table = bt, .n_blocks = q->n_blocks,
+                                            .n_prompt = n - start > 64 ? z + 1 : 0};
         ns++;
     }
     for (int si = 0; si < s->n_seqs; si++) {

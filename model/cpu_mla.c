@@ -14,10 +14,11 @@
  * heads, no V), written for every token of the step before any attends.
  *
  * Two forms, both exact to the reference within rounding:
- * - expanded (a sequence with more than one query token: prefill chunks):
- *   its context's latents are multiplied out through kv_b once per step into
+ * - expanded (query tokens at prompt positions: prefill chunks): the
+ *   context's latents are multiplied out through kv_b once per step into
  *   per-head K and V, then ordinary attention;
- * - absorbed (one query token: decode): q_nope is taken into the latent space
+ * - absorbed (query tokens past the prompt: decoding, verify steps,
+ *   recomputes): q_nope is taken into the latent space
  *   through kv_b's K rows (q_lat_h = W_K,h^T q_nope_h), the scores and the
  *   weighted sum run over the latents themselves, and kv_b's V rows map the
  *   result up once per head. No per-key expansion: the decode cost per key is
@@ -322,17 +323,19 @@ static void keys_of(const struct cpu_mla *a, int t, int pos, const int32_t **key
     }
 }
 
-/* Expanded form for sequence si's tokens: its whole context through kv_b. */
+/* Expanded form for the first m query tokens of sequence si: its context up
+ * to the last of them through kv_b. */
 static void attend_expanded(struct cpu_mla *a, const struct cpu_backend *b, const struct mla_layer *L,
-                            const struct step *s, int si, const float *kv, int bs, int width, int key0)
+                            const struct step *s, int si, int m, const float *kv, int bs, int width, int key0)
 {
     const struct step_seq *q = &s->seqs[si];
-    int H = a->H, C = a->C, Dn = a->Dn, Dv = a->Dv, R = a->R, Dq = Dn + R, W = Dn + Dv, n = q->context_len;
+    int H = a->H, C = a->C, Dn = a->Dn, Dv = a->Dv, R = a->R, Dq = Dn + R, W = Dn + Dv,
+        n = q->context_len - q->query_len + m;
     float scale = a->c.mla.softmax_scale;
     for (int j = 0; j < n; j++) memcpy(a->latg + (size_t)j * C, entry(kv, q->block_table, j, bs, width), C * sizeof(float));
     cpu_matmul(b, a->kvx, a->latg, &L->kv_b, NULL, n, C, H * W);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) num_threads(a->nt)
-    for (int t = q->query_start; t < q->query_start + q->query_len; t++)
+    for (int t = q->query_start; t < q->query_start + m; t++)
         for (int h = 0; h < H; h++) {
             const int32_t *keys;
             int nk;
@@ -458,14 +461,18 @@ void cpu_mla_mixer(struct cpu_mla *a, const struct cpu_backend *b, const struct 
 #pragma omp parallel for schedule(dynamic, 1) num_threads(a->nt)
         for (int t = 0; t < T; t++) index_select(a, s, tok_seq, kv, bs, width, t);
     }
+    /* A token at a prompt position takes the expanded form, one past the
+     * prompt (decoding, a verify step's tokens, a preempted sequence's
+     * recompute) the absorbed form: a position is computed one way whatever
+     * else its step holds, so cached, chunked, speculative and recomputed
+     * runs give the bits of a plain one */
     int n_abs = 0;
     for (int si = 0; si < s->n_seqs; si++) {
         const struct step_seq *q = &s->seqs[si];
-        /* drafts in the absorbed form too: verified, they must give a decode's logits */
-        if (q->query_len == 1 || q->n_draft > 0)
-            for (int t = q->query_start; t < q->query_start + q->query_len; t++) a->abs_t[n_abs++] = t;
-        else if (q->query_len > 1)
-            attend_expanded(a, b, L, s, si, kv, bs, width, key0);
+        int m = q->n_prompt - (q->context_len - q->query_len);
+        m = m < 0 ? 0 : m > q->query_len ? q->query_len : m;
+        if (m > 0) attend_expanded(a, b, L, s, si, m, kv, bs, width, key0);
+        for (int t = q->query_start + m; t < q->query_start + q->query_len; t++) a->abs_t[n_abs++] = t;
     }
     if (n_abs > 0) attend_absorbed(a, L, s, tok_seq, n_abs, kv, bs, width, key0);
     cpu_matmul(b, a->out, a->att, &L->o, NULL, T, H * a->Dv, E);

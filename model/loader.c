@@ -50,6 +50,8 @@ struct model {
     int n_moe_sparse;                    /* n_layer at config time (an override may change it) */
     struct model_tensor *moe_experts;    /* owned expert views, 3 * n_expert per MoE layer */
     struct model_mtp_weights *mtp;       /* owned w.mtp, [cfg.n_mtp_layer] */
+    bool file_decides;                   /* binding an MTP layer: a dense weight the config calls quantized is
+                                            taken as the file holds it (get_weight_st) */
 };
 
 
@@ -279,8 +281,16 @@ static int get_weight_st(model *m, const char *name, int64_t rows, int64_t cols,
     /* nn.Embedding is not nn.Linear, nor is transformers 5's MoE router (a
      * parameter of its TopKRouter): a "Linear" target reaches neither */
     bool linear = strstr(name, "embed_tokens") == NULL && !(n > 16 && strcmp(name + n - 16, ".mlp.gate.weight") == 0);
+    /* exports quantize the decoder layers and often leave the MTP layer (or
+     * its experts) in bf16 without listing it in ignore: there the file's
+     * dense weight is what runs, whatever the config's targets say */
+    const struct quant_cfg *qc = m->qcfg;
+    if (m->file_decides && qc) {
+        const struct st_tensor *d = st_find(m->st, name);
+        if (d && (d->dtype == MODEL_DT_BF16 || d->dtype == MODEL_DT_F16 || d->dtype == MODEL_DT_F32)) qc = NULL;
+    }
     memset(t, 0, sizeof *t);
-    int rc = quant_load_weight(m->st, m->qcfg, module, linear, rows, cols, t, q, fname, sizeof fname, err, errlen);
+    int rc = quant_load_weight(m->st, qc, module, linear, rows, cols, t, q, fname, sizeof fname, err, errlen);
     if (rc != 0 || t->dtype != MODEL_DT_QPACK) free(q);
     if (rc < 0) return rc;
     if (rc == 1) {
@@ -536,6 +546,7 @@ static int load_weights(model *m, const struct names *nm, char *err, size_t errl
         struct model_layer_weights *L = &w->layers[l];
         /* an MTP layer's number in the file follows the file's decoder layers */
         int fl = l < c->n_layer ? l : m->n_layer_file + (l - c->n_layer);
+        m->file_decides = l >= c->n_layer;
         T(attn_norm, nm->attn_norm, 0, E, false);
         if (model_layer_kind_of(c, l).mixer == MODEL_MIXER_MLA) {
             if ((rc = mla_bind_layer(c, l, fl, mla_get, m, &L->mla, err, errlen))) goto fail;
@@ -567,9 +578,13 @@ static int load_weights(model *m, const struct names *nm, char *err, size_t errl
         T(w_up, nm->w_up, F, E, false);
         T(w_down, nm->w_down, E, F, false);
     next:
-        if (l >= c->n_layer && (rc = bind_mtp(m, l - c->n_layer, fl, err, errlen))) return rc;
+        if (l >= c->n_layer && (rc = bind_mtp(m, l - c->n_layer, fl, err, errlen))) {
+            m->file_decides = false;
+            return rc; /* its message names the override */
+        }
         continue;
     fail:
+        m->file_decides = false;
         if (l >= c->n_layer) {
             char why[400];
             snprintf(why, sizeof why, "%s", err);
@@ -579,6 +594,7 @@ static int load_weights(model *m, const struct names *nm, char *err, size_t errl
         return rc;
     }
 #undef T
+    m->file_decides = false;
     return 0;
 }
 

@@ -16,9 +16,10 @@
  * and: the KV pool's bytes per block follow each layer's kind (latent + rope
  * (+ indexer key), no heads); index_topk null skips the indexer's tensors;
  * the MTP layers' tensors are counted and switched off by an override; a MoE
- * FFN layer is refused naming the layer; through the engine, a prefix-cache
- * hit gives the same tokens as a miss, and chunked or preempted runs the same
- * as lone ones.
+ * FFN layer is refused naming the layer; positions past the prompt are
+ * computed in the absorbed form however many share a step; through the engine,
+ * a prefix-cache hit gives the same tokens as a miss, and chunked or preempted
+ * runs the same as lone ones.
  */
 #include <math.h>
 #include <stdio.h>
@@ -287,6 +288,50 @@ static void test_indexer_off_and_mtp(void)
     model_free(m);
 }
 
+/* Positions past the prompt take the absorbed form however many share the
+ * step (a verify step's tokens, a recompute): the logits at the last of 4
+ * generated tokens in one step are the bits of 4 decode steps. */
+static void one_seq_step(model_backend *be, const int32_t *bt, const int32_t *ids, int start, int n, int n_prompt,
+                         float *logits)
+{
+    int32_t pos[16];
+    int64_t slots[16];
+    for (int t = 0; t < n; t++) {
+        pos[t] = start + t;
+        slots[t] = (int64_t)bt[(start + t) / BLOCK] * BLOCK + (start + t) % BLOCK;
+    }
+    struct step_seq sq = {.query_start = 0, .query_len = n, .context_len = start + n, .block_table = bt,
+                          .n_blocks = REGION, .logits_out = logits, .n_prompt = n_prompt};
+    struct step st = {.n_tokens = n, .token_ids = ids + start, .positions = pos, .slots = slots, .n_seqs = 1,
+                      .seqs = &sq};
+    int rc = be->ops->forward(be, &st, err, sizeof err);
+    CHECKF(rc == 0, "forward: %s", err);
+}
+
+static void test_generated_positions_one_form(void)
+{
+    model *m = load("dsv3-qlora", NULL);
+    if (!m) return;
+    struct model_backend_opts bo = {.device = "cpu", .n_threads = 2, .max_ctx = REGION * BLOCK};
+    model_backend *be = model_backend_create(m, &bo, err, sizeof err);
+    CHECKF(be != NULL, "%s", err);
+    int nv = model_get_config(m)->n_vocab;
+    float *a = malloc((size_t)nv * sizeof(float)), *b = malloc((size_t)nv * sizeof(float));
+    if (be && a && b && be->ops->kv_alloc(be, 2 * REGION, BLOCK, err, sizeof err) == 0) {
+        int32_t ids[12] = {5, 17, 42, 99, 150, 201, 33, 7, 300, 12, 64, 77}, bt[2][REGION];
+        for (int i = 0; i < REGION; i++) bt[0][i] = i, bt[1][i] = REGION + i;
+        one_seq_step(be, bt[0], ids, 0, 8, 8, a);
+        for (int p = 8; p < 12; p++) one_seq_step(be, bt[0], ids, p, 1, 8, a);
+        one_seq_step(be, bt[1], ids, 0, 8, 8, b);
+        one_seq_step(be, bt[1], ids, 8, 4, 8, b);
+        CHECK(memcmp(a, b, (size_t)nv * sizeof(float)) == 0);
+    }
+    free(a);
+    free(b);
+    model_backend_destroy(be);
+    model_free(m);
+}
+
 /* A copy of dsv3-qlora whose config says the second layer's FFN is MoE: the plan makes it the MoE kind,
  * and the checkpoint, which has no experts, is refused naming the missing tensor. */
 static void test_moe_layer_without_experts(void)
@@ -469,6 +514,7 @@ int main(void)
     RUN(test_checkpoints);
     RUN(test_kv_sizing);
     RUN(test_indexer_off_and_mtp);
+    RUN(test_generated_positions_one_form);
     RUN(test_moe_layer_without_experts);
     RUN(test_engine);
     return test_summary();

@@ -2,7 +2,8 @@
  * backend.h's ops->mtp_draft) against transformers' MtpModel:
  * tests/models/mtp/, made by tests/golden/mtp/make_mtp.py (deepseek_v3: MLA +
  * MoE; glm4_moe: GQA with biases, q/k norm and partial RoPE + MoE; the same
- * glm4_moe with an int8 MTP layer).
+ * glm4_moe with an int8 MTP layer, and with int8 decoder layers beside a bf16
+ * MTP layer that the config's "Linear" target would claim).
  *
  * For each checkpoint, with blocks of 4 tokens (so steps start and end on and
  * off block boundaries):
@@ -25,7 +26,8 @@
  * '{"num_nextn_predict_layers": 0}' loads nothing of the MTP layer and makes
  * opts.mtp an error, as does a checkpoint whose MTP layer was dropped; the KV
  * block grows by the MTP layer's entry and one hidden state; bad draft
- * requests are refused.
+ * requests are refused; the model's own logits are the same bits with the MTP
+ * layer on and off.
  */
 #include <math.h>
 #include <stdio.h>
@@ -371,6 +373,24 @@ static void drafts_in_vocab(const model *m, const char *what)
     model_backend_destroy(be);
 }
 
+/* The seed checkpoint's trap: quantization_config targets every Linear, the
+ * decoder layers are int8 and the MTP layer is bf16 without an ignore entry:
+ * each MTP weight is what the file holds */
+static void test_glm4moe_int8_main_bf16_mtp(void)
+{
+    model *m = load(MDIR "/glm4moe-w8main", NULL, NULL);
+    if (m) {
+        const struct model_config *c = model_get_config(m);
+        const struct model_weights *w = model_get_weights(m);
+        const struct model_layer_weights *L = &w->layers[c->n_layer];
+        CHECK(w->layers[0].wq.dtype == MODEL_DT_QPACK && w->layers[1].moe.gate[0].dtype == MODEL_DT_QPACK);
+        CHECK(w->mtp[0].eh_proj.dtype == MODEL_DT_BF16 && L->wq.dtype == MODEL_DT_BF16 &&
+              L->moe.gate[0].dtype == MODEL_DT_BF16 && L->moe.sh_down.dtype == MODEL_DT_BF16);
+        model_free(m);
+    }
+    run_checkpoint("glm4moe-w8main");
+}
+
 static void test_random_and_dummy(void)
 {
     model *m = load("tests/models/mla/dsv3-qlora", NULL, NULL);
@@ -440,6 +460,29 @@ static void test_off_and_errors(void)
             CHECK(on->ops->mtp_draft(on, &rq, 1, err, sizeof err) == 0);
         }
         CHECK(off->ops->mtp_draft(off, &rq, 1, err, sizeof err) == SL_EUNSUP && !off->has_mtp && on->has_mtp);
+        /* the MTP layer's work leaves the model's own logits alone, bit for bit */
+        float *la = malloc((size_t)c->n_vocab * sizeof(float)), *lb = malloc((size_t)c->n_vocab * sizeof(float));
+        int32_t seq[12] = {5, 6, 7, 8, 9, 10, 11, 12, 40, 41, 42, 43};
+        bool same = la && lb;
+        for (int p = 0; p < 12 && same; p += p < 8 ? 8 : 1) {
+            int n = p < 8 ? 8 : 1;
+            for (int w = 0; w < 2; w++) {
+                model_backend *be = w ? off : on;
+                int64_t slots[8];
+                int32_t pos[8];
+                for (int t = 0; t < n; t++)
+                    pos[t] = p + t, slots[t] = (int64_t)bt[(p + t) / BLOCK] * BLOCK + (p + t) % BLOCK;
+                struct step_seq sq = {.query_start = 0, .query_len = n, .context_len = p + n, .block_table = bt,
+                                      .n_blocks = REGION, .logits_out = w ? lb : la};
+                struct step st = {.n_tokens = n, .token_ids = seq + p, .positions = pos, .slots = slots, .n_seqs = 1,
+                                  .seqs = &sq};
+                same = same && be->ops->forward(be, &st, err, sizeof err) == 0;
+            }
+            same = same && memcmp(la, lb, (size_t)c->n_vocab * sizeof(float)) == 0;
+        }
+        CHECKF(same, "the model's logits differ with the MTP layer on (%s)", err);
+        free(la);
+        free(lb);
     }
     model_backend_destroy(on);
     model_backend_destroy(off);
@@ -451,6 +494,7 @@ int main(void)
     RUN(test_dsv3);
     RUN(test_glm4moe);
     RUN(test_glm4moe_int8_mtp);
+    RUN(test_glm4moe_int8_main_bf16_mtp);
     RUN(test_random_and_dummy);
     RUN(test_off_and_errors);
     return test_summary();

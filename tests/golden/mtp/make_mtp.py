@@ -26,6 +26,9 @@ copies of the embedding and head (embed_tokens, shared_head.head). The script
 reloads the file through MtpModel.from_pretrained (the loader generate() uses)
 and checks every MTP parameter came back as saved.
 
+ glm4moe-w8main  glm4moe with its decoder layers' projections int8 in the same
+           format for the config's "Linear" target, the MTP layer left bf16 and
+           not in ignore (what exports of the seed's model do)
  glm4moe-w8mtp  glm4moe with its MTP layer's projections (eh_proj, attention,
            experts, shared experts; not the router) stored as compressed-tensors
            pack-quantized int8, per channel, symmetric, round to nearest (what
@@ -139,12 +142,11 @@ def int8_channel(w):
     return words, scale.to(torch.bfloat16), (q.float() * scale).to(torch.bfloat16)
 
 
-def w8_mtp(extra, N):
-    """The MTP layer's projections of extra quantized: (the tensors to store,
-    the dense tensors they stand for, quantization_config)."""
-    target = rf"model\.layers\.{N}\..*_proj$"
+def w8_tensors(sd, target):
+    """The 2-D weights of sd whose module matches the regex target quantized
+    (int8_channel): (the tensors to store, the dense tensors they stand for)."""
     stored, dense = {}, {}
-    for k, v in extra.items():
+    for k, v in sd.items():
         mod = k[: -len(".weight")]
         if k.endswith(".weight") and re.match(target, mod) and v.dim() == 2:
             packed, scale, deq = int8_channel(v)
@@ -154,13 +156,42 @@ def w8_mtp(extra, N):
         else:
             stored[k] = v
             dense[k] = v
-    qc = {"quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
-          "ignore": [], "config_groups": {"group_0": {
-              "targets": ["re:" + target], "format": "pack-quantized", "input_activations": None,
-              "output_activations": None, "weights": {"num_bits": 8, "type": "int", "symmetric": True,
-                                                      "strategy": "channel", "group_size": None,
-                                                      "dynamic": False}}}}
-    return stored, dense, qc
+    return stored, dense
+
+
+def w8_config(targets, ignore):
+    return {"quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
+            "ignore": ignore, "config_groups": {"group_0": {
+                "targets": targets, "format": "pack-quantized", "input_activations": None, "output_activations": None,
+                "weights": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel",
+                            "group_size": None, "dynamic": False}}}}
+
+
+def w8_variant(m, cfg, extra, outdir, name, target, targets, ignore):
+    """A copy of the checkpoint with the weights matching target int8
+    (quantization_config: targets, ignore), and its golden from the dense
+    weights those stand for."""
+    with tempfile.TemporaryDirectory() as tmp:
+        save(m, os.path.join(tmp, "src"), extra)
+        sd = load_file(os.path.join(tmp, "src", "model.safetensors"))
+        stored, dense = w8_tensors(sd, target)
+        save_file(dense, os.path.join(tmp, "src", "model.safetensors"), metadata={"format": "pt"})
+        main3, mtp3 = load_pair(os.path.join(tmp, "src"), cfg.num_hidden_layers)
+        g, why = golden(main3, mtp3, name + " (dequantized)")
+    print(name, why, flush=True)
+    if not g:
+        sys.exit(name + ": near-ties with the dequantized weights")
+    qpath = os.path.join(outdir, name)
+    save(m, qpath, {})
+    save_file(stored, os.path.join(qpath, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(qpath, "config.json")) as fh:
+        c = json.load(fh)
+    c["quantization_config"] = w8_config(targets, ignore)
+    with open(os.path.join(qpath, "config.json"), "w") as fh:
+        json.dump(c, fh, indent=2)
+    with open(os.path.join(qpath, "golden.json"), "w") as fh:
+        json.dump(g, fh)
+    print(name, "drafts", [d["drafts"] for d in g["drafts"]], flush=True)
 
 
 def save(m, path, extra):
@@ -289,24 +320,13 @@ def main():
         print(name, "greedy", g["ids"][len(PROMPT):], "drafts", [d["drafts"] for d in g["drafts"]], flush=True)
         if name != "glm4moe":
             continue
-        stored, dense, qc = w8_mtp(extra, cfg.num_hidden_layers)
-        with tempfile.TemporaryDirectory() as tmp:
-            save(m, os.path.join(tmp, "dense"), dense)
-            main3, mtp3 = load_pair(os.path.join(tmp, "dense"), cfg.num_hidden_layers)
-            g, why = golden(main3, mtp3, name + "-w8mtp (dequantized)")
-        print(name + "-w8mtp", why, flush=True)
-        if not g:
-            sys.exit(name + "-w8mtp: near-ties with the dequantized MTP layer")
-        qpath = os.path.join(outdir, name + "-w8mtp")
-        save(m, qpath, stored)
-        with open(os.path.join(qpath, "config.json")) as fh:
-            c = json.load(fh)
-        c["quantization_config"] = qc
-        with open(os.path.join(qpath, "config.json"), "w") as fh:
-            json.dump(c, fh, indent=2)
-        with open(os.path.join(qpath, "golden.json"), "w") as fh:
-            json.dump(g, fh)
-        print(name + "-w8mtp drafts", [d["drafts"] for d in g["drafts"]], flush=True)
+        N = cfg.num_hidden_layers
+        mtp_target = rf"model\.layers\.{N}\..*_proj$"
+        w8_variant(m, cfg, extra, outdir, name + "-w8mtp", mtp_target, ["re:" + mtp_target], [])
+        # the seed checkpoint's trap: the decoder layers quantized for "Linear" targets, the MTP layer left bf16
+        # and not in ignore
+        w8_variant(m, cfg, extra, outdir, name + "-w8main", rf"model\.layers\.([0-{N - 1}])\..*_proj$",
+                   ["Linear"], ["lm_head"])
 
 
 if __name__ == "__main__":
