@@ -1,6 +1,7 @@
 /* test_spec_mtp.c - speculative decoding with the model's own MTP layer
  * (method mtp), end to end on the CPU, on the tiny checkpoints of
- * tests/models/mtp/ (deepseek_v3; glm4_moe; glm4_moe with an int8 MTP layer)
+ * tests/models/mtp/ (deepseek_v3; glm4_moe; glm4_moe with an int8 MTP layer,
+ * and with int8 decoder layers beside a bf16 MTP layer)
  * and their goldens from transformers (tests/golden/mtp/make_mtp.py):
  *  - the scheduler's drafts after each step (sched_draft_wants), made by the
  *    backend's ops->mtp_draft, are transformers' MtpModel drafts at the
@@ -278,11 +279,13 @@ static void run(const char *name)
 static void test_dsv3(void) { run("dsv3"); }
 static void test_glm4moe(void) { run("glm4moe"); }
 static void test_glm4moe_int8_mtp(void) { run("glm4moe-w8mtp"); }
+static void test_glm4moe_int8_main(void) { run("glm4moe-w8main"); }
 
 int main(void)
 {
     RUN(test_dsv3);
     RUN(test_glm4moe);
     RUN(test_glm4moe_int8_mtp);
+    RUN(test_glm4moe_int8_main);
     return test_summary();
 }
