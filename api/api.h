@@ -122,7 +122,17 @@ struct api_vllm_flags {
  * malformed) and prints one line per part sluice ignores, saying why.
  * *eager: whether CUDA graphs are off (--enforce-eager, or
  * --compilation-config's cudagraph_mode NONE). */
-int api_vllm_compat(const struct api_vllm_flags *f, bool *eager, char *err, size_t errlen);
+struct sched_spec_config;
+int api_vllm_compat(const struct api_vllm_flags *f, bool *eager, struct sched_spec_config *spec, char *err,
+                    size_t errlen);
+/* vLLM's --speculative-config JSON into *c: method "ngram" (num_speculative_tokens
+ * required, prompt_lookup_min/max default 5, either one the other when only one
+ * is given) or "mtp" (num_speculative_tokens default 1, the MTP layers' count
+ * in the models that have them; draft_sample_method greedy). Keys and methods
+ * sluice does not implement are reported on stderr in one line each ("sluice
+ * WHO: ..."); a method it does not implement leaves c->method SCHED_SPEC_NONE.
+ * -1 with a message naming the flag when malformed or out of range. */
+int api_speculative_config(const char *json, const char *who, struct sched_spec_config *c, char *err, size_t errlen);
 /* --max-num-partial-prefills N (>= 1) and --max-long-partial-prefills M (1..N),
  * as vLLM checks them: 0, or -1 with a message naming the flag. */
 int api_partial_prefill_flags(long n, long m, char *err, size_t errlen);

@@ -112,6 +112,19 @@ double bench_quantile(const double *v, int n, double q);
  * --batch-lines documents; the chats' TTFT and time between chunks idle
  * against beside the batch, and the batch's throughput alone against with
  * the chats (--beside-batch). */
+/* Speculative decoding's counters on the server (vLLM's vllm:spec_decode_*_total in /metrics; sluice
+ * has them under --speculative-config): have is false when the server shows none. */
+#define BENCH_SPEC_POS 8
+struct bench_spec {
+    bool have;
+    double drafts, draft_tokens, accepted, per_pos[BENCH_SPEC_POS];
+    int n_pos;
+};
+void bench_spec_read(const struct hc_target *t, struct bench_spec *s);
+/* What the counters moved by from before to after: one line on stdout (drafts, the mean accepted length
+ * 1 + accepted / drafts, the acceptance per position), and ,"spec_decode":{...} into js when not NULL.
+ * Nothing when either snapshot has no counters. */
+void bench_spec_report(const struct bench_spec *before, const struct bench_spec *after, struct json_buf *js);
 int bench_run_beside(const struct bench_opts *o, struct sizer *sz, const char *model, char *err, size_t errlen);
 
 #endif

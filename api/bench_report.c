@@ -246,3 +246,64 @@ double bench_quantile(const double *v, int n, double q)
     if (i + 1 >= n) return v[n - 1];
     return v[i] + (pos - i) * (v[i + 1] - v[i]);
 }
+
+/* ---- speculative decoding's counters ---- */
+
+void bench_spec_read(const struct hc_target *t, struct bench_spec *s)
+{
+    memset(s, 0, sizeof *s);
+    struct json_buf b;
+    char err[256];
+    int st = bench_http_json(t, "GET", "/metrics", NULL, &b, err, sizeof err);
+    if (st == 200 && b.p) {
+        static const char *const names[3] = {"vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
+                                             "vllm:spec_decode_num_accepted_tokens_total"};
+        double *dst[3] = {&s->drafts, &s->draft_tokens, &s->accepted};
+        const char *pos_name = "vllm:spec_decode_num_accepted_tokens_per_pos_total";
+        for (const char *l = b.p; l && *l; l = strchr(l, '\n'), l = l ? l + 1 : NULL) {
+            if (*l == '#') continue;
+            const char *sp = strchr(l, ' '), *nl = strchr(l, '\n');
+            if (!sp || (nl && sp > nl)) continue;
+            double v = atof(sp + 1);
+            for (int k = 0; k < 3; k++) {
+                size_t n = strlen(names[k]);
+                if (!strncmp(l, names[k], n) && (l[n] == '{' || l[n] == ' ')) *dst[k] += v, s->have = true;
+            }
+            size_t n = strlen(pos_name);
+            const char *pp = !strncmp(l, pos_name, n) ? strstr(l, "position=\"") : NULL;
+            if (pp && pp < sp) {
+                int i = atoi(pp + 10);
+                if (i >= 0 && i < BENCH_SPEC_POS) {
+                    s->per_pos[i] += v;
+                    if (i + 1 > s->n_pos) s->n_pos = i + 1;
+                }
+            }
+        }
+    }
+    json_buf_free(&b);
+}
+
+void bench_spec_report(const struct bench_spec *a, const struct bench_spec *b, struct json_buf *js)
+{
+    if (!a->have || !b->have) return;
+    double d = b->drafts - a->drafts, dt = b->draft_tokens - a->draft_tokens, acc = b->accepted - a->accepted;
+    printf("spec decode\tdrafts %.0f, draft tokens %.0f, accepted %.0f, mean accepted length %.3f, acceptance %.3f, "
+           "per position",
+           d, dt, acc, d > 0 ? 1.0 + acc / d : NAN, dt > 0 ? acc / dt : NAN);
+    for (int i = 0; i < b->n_pos; i++) printf(" %.3f", d > 0 ? (b->per_pos[i] - a->per_pos[i]) / d : NAN);
+    putchar('\n');
+    fflush(stdout);
+    if (!js) return;
+    json_buf_lit(js, ",\"spec_decode\":{");
+    bench_json_num(js, "drafts", d, 0);
+    json_buf_lit(js, ",");
+    bench_json_num(js, "draft_tokens", dt, 0);
+    json_buf_lit(js, ",");
+    bench_json_num(js, "accepted_tokens", acc, 0);
+    json_buf_lit(js, ",");
+    bench_json_num(js, "mean_accepted_length", d > 0 ? 1.0 + acc / d : NAN, 4);
+    json_buf_lit(js, ",\"acceptance_per_position\":[");
+    for (int i = 0; i < b->n_pos; i++)
+        json_buf_addf(js, "%s%.4f", i ? "," : "", d > 0 ? (b->per_pos[i] - a->per_pos[i]) / d : 0.0);
+    json_buf_lit(js, "]}");
+}

@@ -89,6 +89,8 @@ static int run_table(const struct bench_opts *o, struct sizer *sz, const char *m
     if (!rows) return -1;
     uint64_t seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(bench_now() * 1e9);
     unsigned nonce = (unsigned)splitmix(&seed);
+    struct bench_spec sp0, sp1;
+    bench_spec_read(&o->t, &sp0);
     for (int i = 0; i < n; i++) {
         bool bust = i < o->runs;
         rows[i].run = i + 1;
@@ -112,6 +114,7 @@ static int run_table(const struct bench_opts *o, struct sizer *sz, const char *m
     }
     bench_print_table(stdout, '\t', rows, n);
     fflush(stdout);
+    bench_spec_read(&o->t, &sp1);
     if (o->csv) {
         FILE *f = fopen(o->csv, "w");
         if (!f) {
@@ -140,6 +143,7 @@ static int run_table(const struct bench_opts *o, struct sizer *sz, const char *m
         }
         json_buf_lit(&js, "}");
     }
+    bench_spec_report(&sp0, &sp1, o->json ? &js : NULL);
     rc = finish_outputs(o, model, sz, &js, rows, n, err, errlen);
     json_buf_free(&js);
 out:
@@ -201,6 +205,8 @@ static int run_load(const struct bench_opts *o, struct sizer *sz, const char *mo
         j.rows[i].cache = "load";
     }
     fprintf(stderr, "sending %d requests, %ld at a time\n", n, o->concurrency);
+    struct bench_spec sp0, sp1;
+    bench_spec_read(&o->t, &sp0);
     double t0 = bench_now();
     int started = 0;
     for (long k = 0; k < o->concurrency; k++) {
@@ -213,6 +219,7 @@ static int run_load(const struct bench_opts *o, struct sizer *sz, const char *mo
     }
     for (int k = 0; k < started; k++) pthread_join(th[k], NULL);
     double wall = bench_now() - t0;
+    bench_spec_read(&o->t, &sp1);
 
     int ok = 0, failed = 0, n_itl = 0;
     long out_tok = 0, in_tok = 0;
@@ -290,6 +297,7 @@ static int run_load(const struct bench_opts *o, struct sizer *sz, const char *mo
         json_buf_lit(&js, "},");
         bench_json_rows(&js, j.rows, n);
     }
+    bench_spec_report(&sp0, &sp1, o->json ? &js : NULL);
     rc = finish_outputs(o, model, sz, &js, j.rows, n, err, errlen);
     json_buf_free(&js);
 out:

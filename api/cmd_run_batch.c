@@ -409,7 +409,7 @@ static const char USAGE[] =
 int api_cmd_run_batch(int argc, char **argv)
 {
     const char *chat_template = NULL, *model_path = NULL, *in_path = NULL, *out_path = NULL, *served = NULL, *kv_mem = NULL,
-               *device = NULL, *load_format = NULL, *tok_path = NULL, *kv_dtype = NULL;
+               *device = NULL, *load_format = NULL, *tok_path = NULL, *kv_dtype = NULL, *spec_json = NULL;
     /* not given: vLLM's sizes for the device, the model's length, 0.9 */
     long max_num_seqs = API_FLAG_UNSET, max_batched = API_FLAG_UNSET, max_model_len = API_FLAG_UNSET;
     long block_size = 16, threads = 0, tp = 1, long_prefill = 0, partial = 1, long_partial = 1;
@@ -436,6 +436,8 @@ int api_cmd_run_batch(int argc, char **argv)
         {"--gpu-memory-utilization", API_FLAG_FLOAT, &gpu_util, "GPU memory fraction for weights + KV (0.9)", NULL},
         {"--kv-cache-dtype", API_FLAG_STR, &kv_dtype, "auto, or fp8 (= fp8_e4m3; GPU): half the KV bytes", NULL},
         {"--enforce-eager", API_FLAG_BOOL, &eager, "no CUDA graphs: decode steps launch kernels one by one (slower)", NULL},
+        {"--speculative-config", API_FLAG_STR, &spec_json,
+         "JSON, as serve's: ngram or mtp drafts verified in the batched step (CPU backend; off)", NULL},
         API_SCHED_FLAGS(&sf),
         {"--long-prefill-token-threshold", API_FLAG_HUMAN_INT, &long_prefill,
          "a prompt moves by at most this many tokens a step (vLLM; 0: no cap)", NULL},
@@ -488,6 +490,7 @@ int api_cmd_run_batch(int argc, char **argv)
         api_flag_long_range("--long-prefill-token-threshold", long_prefill, 0, INT_MAX, err, sizeof err) ||
         api_partial_prefill_flags(partial, long_partial, err, sizeof err) ||
         api_sched_flags_apply(&sf, &policy, err, sizeof err) ||
+        (spec_json && api_speculative_config(spec_json, "run-batch", &policy.spec, err, sizeof err)) ||
         api_flag_double_range("--gpu-memory-utilization", gpu_util, 0, true, 1, err, sizeof err)) {
         fprintf(stderr, "sluice run-batch: %s\n", err);
         return 2;
@@ -568,6 +571,7 @@ int api_cmd_run_batch(int argc, char **argv)
     eo.sched.long_prefill_token_threshold = (int)long_prefill;
     eo.sched.max_num_partial_prefills = (int)partial;
     eo.sched.max_long_partial_prefills = (int)long_partial;
+    eo.sched.spec = policy.spec;
     eo.kv_cache_bytes = (size_t)kv_bytes;
     eo.enable_prefix_caching = prefix;
     sched_engine_defaults(b.m, &eo);
@@ -575,6 +579,8 @@ int api_cmd_run_batch(int argc, char **argv)
         .device = device, .n_threads = (int)threads, .max_tokens_per_step = eo.sched.max_num_batched_tokens,
         .max_seqs_per_step = eo.sched.max_num_seqs, .max_ctx = eo.sched.max_model_len,
         .tensor_parallel_size = (int)tp, .kv_cache_dtype = kv_dtype, .enforce_eager = eager,
+        .max_draft_tokens = policy.spec.method ? policy.spec.num_speculative_tokens : 0,
+        .mtp = policy.spec.method == SCHED_SPEC_MTP,
     };
     be = model_backend_create(b.m, &bo, err, sizeof err);
     if (!be) goto fail_msg;

@@ -7,6 +7,7 @@
 
 #include "api.h"
 #include "base/json.h"
+#include "sched/sched.h"
 
 static void note(const char *flag, const char *what, const char *why)
 {
@@ -59,25 +60,94 @@ static int compilation_config(const char *v, bool *none, char *err, size_t errle
     return 0;
 }
 
-static int speculative_config(const char *v, char *err, size_t errlen)
+/* An integer member of the speculative config: 0 (*v set, or left when absent) or -1 with err. */
+static int spec_int(const json_doc *d, const char *key, int lo, int hi, int *v, char *err, size_t errlen)
 {
-    json_doc d;
-    if (parse_json_flag("--speculative-config", v, &d, err, errlen)) return -1;
-    char method[64] = "?";
-    int m = json_get(&d, 0, "method");
-    if (json_is_str(&d, m)) json_str(&d, m, method, sizeof method);
-    char what[128];
-    snprintf(what, sizeof what, "speculative decoding (method %s)", method);
-    note("--speculative-config", what, "not implemented yet; every token is decoded by the model itself");
-    json_free(&d);
+    int i = json_get(d, 0, key);
+    if (i < 0 || json_is_null(d, i)) return 0;
+    int64_t x;
+    if (!json_is_num(d, i) || json_i64(d, i, &x) || x < lo || x > hi) {
+        snprintf(err, errlen, "--speculative-config: %s must be an integer from %d to %d", key, lo, hi);
+        return -1;
+    }
+    *v = (int)x;
     return 0;
 }
 
-int api_vllm_compat(const struct api_vllm_flags *f, bool *eager, char *err, size_t errlen)
+int api_speculative_config(const char *v, const char *who, struct sched_spec_config *c, char *err, size_t errlen)
+{
+    memset(c, 0, sizeof *c);
+    json_doc d;
+    if (parse_json_flag("--speculative-config", v, &d, err, errlen)) return -1;
+    char method[64] = "";
+    int m = json_get(&d, 0, "method");
+    if (m >= 0 && json_is_str(&d, m)) json_str(&d, m, method, sizeof method);
+    size_t ml = strlen(method);
+    bool ngram = !strcmp(method, "ngram") || !strcmp(method, "[ngram]");
+    /* vLLM's per-architecture MTP names (deepseek_mtp, glm4_moe_mtp, ...) are the same drafter here */
+    bool mtp = !strcmp(method, "mtp") || (ml > 4 && !strcmp(method + ml - 4, "_mtp"));
+    int k = 0, lmin = 0, lmax = 0;
+    int rc = -1;
+    if (spec_int(&d, "num_speculative_tokens", 1, SCHED_MAX_SPEC_TOKENS, &k, err, errlen) ||
+        spec_int(&d, "prompt_lookup_min", 1, 1 << 20, &lmin, err, errlen) ||
+        spec_int(&d, "prompt_lookup_max", 1, 1 << 20, &lmax, err, errlen))
+        goto out;
+    if (!ngram && !mtp) {
+        fprintf(stderr, "sluice %s: --speculative-config: method '%s' ignored: sluice drafts with ngram or mtp; "
+                        "every token is decoded by the model itself\n", who, method[0] ? method : "(none)");
+        rc = 0;
+        goto out;
+    }
+    if (ngram) {
+        if (k == 0) {
+            snprintf(err, errlen, "--speculative-config: method ngram needs num_speculative_tokens (1 to %d)",
+                     SCHED_MAX_SPEC_TOKENS);
+            goto out;
+        }
+        /* vLLM's defaults: 5 and 5, or the one given for both */
+        if (!lmin && !lmax) lmin = lmax = 5;
+        else if (!lmin) lmin = lmax;
+        else if (!lmax) lmax = lmin;
+        if (lmin > lmax) {
+            snprintf(err, errlen, "--speculative-config: prompt_lookup_min %d is more than prompt_lookup_max %d", lmin,
+                     lmax);
+            goto out;
+        }
+    }
+    c->method = ngram ? SCHED_SPEC_NGRAM : SCHED_SPEC_MTP;
+    c->num_speculative_tokens = k ? k : 1; /* mtp: vLLM takes the model's MTP layers, 1 in GLM and DeepSeek */
+    c->prompt_lookup_min = lmin;
+    c->prompt_lookup_max = lmax;
+    int n = json_size(&d, 0);
+    for (int j = 0, i = 1; j < n; j++, i = json_skip(&d, i + 1)) {
+        char key[96], val[96] = "";
+        json_str(&d, i, key, sizeof key);
+        if (json_is_str(&d, i + 1)) json_str(&d, i + 1, val, sizeof val);
+        if (!strcmp(key, "method") || !strcmp(key, "num_speculative_tokens") ||
+            (ngram && (!strcmp(key, "prompt_lookup_min") || !strcmp(key, "prompt_lookup_max"))) ||
+            (!strcmp(key, "draft_sample_method") && !strcmp(val, "greedy")))
+            continue;
+        char what[160];
+        snprintf(what, sizeof what, "'%s'%s%s", key, val[0] ? " " : "", val);
+        fprintf(stderr, "sluice %s: --speculative-config: %s ignored: %s\n", who, what,
+                !strcmp(key, "disable_by_batch_size")
+                    ? "drafts are turned down by the step cost model when verifying costs more than it saves"
+                : !strcmp(key, "draft_sample_method") ? "drafts are greedy"
+                                                      : "not implemented");
+    }
+    rc = 0;
+out:
+    json_free(&d);
+    return rc;
+}
+
+int api_vllm_compat(const struct api_vllm_flags *f, bool *eager, struct sched_spec_config *spec, char *err,
+                    size_t errlen)
 {
     *eager = f->enforce_eager;
+    if (spec) memset(spec, 0, sizeof *spec);
     if (f->compilation_config && compilation_config(f->compilation_config, eager, err, errlen)) return -1;
-    if (f->speculative_config && speculative_config(f->speculative_config, err, errlen)) return -1;
+    if (f->speculative_config && api_speculative_config(f->speculative_config, "serve", spec, err, errlen)) return -1;
     if (f->hf_overrides) {
         json_doc d;
         if (parse_json_flag("--hf-overrides", f->hf_overrides, &d, err, errlen)) return -1;

@@ -65,6 +65,7 @@ static void *load_main(void *arg)
             .long_prefill_token_threshold = (int)s->o.long_prefill_token_threshold,
             .max_num_partial_prefills = (int)s->o.max_num_partial_prefills,
             .max_long_partial_prefills = (int)s->o.max_long_partial_prefills,
+            .spec = s->o.sched.spec,
         },
         .enable_prefix_caching = s->o.enable_prefix_caching,
     };
@@ -86,6 +87,8 @@ static void *load_main(void *arg)
         .tensor_parallel_size = (int)s->o.tensor_parallel_size,
         .kv_cache_dtype = s->o.kv_cache_dtype,
         .enforce_eager = s->o.enforce_eager,
+        .max_draft_tokens = s->o.sched.spec.method ? s->o.sched.spec.num_speculative_tokens : 0,
+        .mtp = s->o.sched.spec.method == SCHED_SPEC_MTP,
     };
     s->be = model_backend_create(s->m, &bo, err, sizeof err);
     if (!s->be) goto fail;
@@ -145,6 +148,10 @@ static void on_ready(evutil_socket_t fd, short what, void *arg)
             s->o.enforce_eager && !strcmp(s->be->ops->name, "cuda") ? ", enforce-eager: no CUDA graphs" : "",
             url_host(s->o.host, true, h2, sizeof h2), s->o.port,
             s->o.api_key && *s->o.api_key ? " -H \"Authorization: Bearer $SLUICE_API_KEY\"" : "", s->model_name);
+    if (c->spec.method != SCHED_SPEC_NONE)
+        fprintf(stderr, "speculative decoding: %s drafts, up to %d a sequence and step%s\n",
+                c->spec.method == SCHED_SPEC_NGRAM ? "n-gram" : "MTP", c->spec.num_speculative_tokens,
+                c->spec.method == SCHED_SPEC_NGRAM ? " (prompt lookup)" : "");
     if (s->o.web_ui)
         fprintf(stderr, "web page (chat, batch jobs, status): http://%s:%ld/\n",
                 url_host(s->o.host, true, h2, sizeof h2), s->o.port);
@@ -797,7 +804,9 @@ int api_cmd_serve(int argc, char **argv)
         {"--threads", API_FLAG_INT, &o->threads, "CPU threads, 0 = all cores", NULL},
         {"--hf-overrides", API_FLAG_STR, &vf.hf_overrides, "JSON applied to the model config (vLLM)", NULL},
         {"--compilation-config", API_FLAG_STR, &vf.compilation_config, "JSON; cudagraph_mode FULL_DECODE_ONLY (what sluice does) or NONE (= --enforce-eager)", NULL},
-        {"--speculative-config", API_FLAG_STR, &vf.speculative_config, "JSON; accepted, reported as not implemented", NULL},
+        {"--speculative-config", API_FLAG_STR, &vf.speculative_config,
+         "JSON: {\"method\":\"ngram\",\"num_speculative_tokens\":K,\"prompt_lookup_min\":a,\"prompt_lookup_max\":b} "
+         "or {\"method\":\"mtp\",\"num_speculative_tokens\":K} (K 1-4; CPU backend; off)", NULL},
         {"--kv-cache-dtype", API_FLAG_STR, &o->kv_cache_dtype, "auto, or fp8 (= fp8_e4m3; GPU): half the KV bytes", NULL},
         {"--dtype", API_FLAG_STR, &vf.dtype, "auto/bfloat16 (others reported and ignored)", NULL},
         {"--swap-space", API_FLAG_STR, &vf.swap_space, "accepted; preemption recomputes instead", NULL},
@@ -878,7 +887,7 @@ int api_cmd_serve(int argc, char **argv)
         fprintf(stderr, "sluice serve: no model (sluice serve MODEL, or --model MODEL)\n");
         return 2;
     }
-    if (api_vllm_compat(&vf, &o->enforce_eager, err, sizeof err)) {
+    if (api_vllm_compat(&vf, &o->enforce_eager, &o->sched.spec, err, sizeof err)) {
         fprintf(stderr, "sluice serve: %s\n", err);
         return 2;
     }

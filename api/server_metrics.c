@@ -155,6 +155,18 @@ static void vllm_metrics(struct server *s, struct evbuffer *o, const struct sche
     VC("num_preemptions_total", "Cumulative number of preemption from the engine.", st->sched.preemptions);
     VC("prompt_tokens_total", "Number of prefill tokens processed.", m->prompt_tokens);
     VC("generation_tokens_total", "Number of generation tokens processed.", m->gen_tokens);
+    if (s->eng && sched_engine_config(s->eng)->spec.method != SCHED_SPEC_NONE) {
+        /* speculative decoding, as vLLM names it: mean accepted length = 1 + accepted / drafts */
+        const struct sched_stats *ss = &st->sched;
+        VC("spec_decode_num_drafts_total", "Number of spec decoding drafts.", ss->spec_drafts);
+        VC("spec_decode_num_draft_tokens_total", "Number of draft tokens.", ss->spec_draft_tokens);
+        VC("spec_decode_num_accepted_tokens_total", "Number of accepted tokens.", ss->spec_accepted_tokens);
+        evbuffer_add_printf(o, "# HELP vllm:spec_decode_num_accepted_tokens_per_pos_total Accepted tokens per draft "
+                               "position.\n# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter\n");
+        for (int i = 0; i < sched_engine_config(s->eng)->spec.num_speculative_tokens; i++)
+            evbuffer_add_printf(o, "vllm:spec_decode_num_accepted_tokens_per_pos_total{%s,position=\"%d\"} %llu\n", lbl,
+                                i, (unsigned long long)ss->spec_accepted_per_pos[i]);
+    }
 #undef VG
 #undef VC
     static const char *const fin[SRV_N_FIN] = {"stop", "length", "abort", "error"};

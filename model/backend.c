@@ -163,6 +163,12 @@ int model_step_check(const struct step *s, const struct model_step_limits *lim, 
             sl_seterr(err, errlen, "forward: seq %d: bad sampling parameters", i);
             return SL_EINVAL;
         }
+        if (q->n_draft != 0 && (q->n_draft < 0 || q->n_draft > lim->max_draft || !q->want_sample || !q->spec_out ||
+                                q->query_len < q->n_draft + 1 || q->n_history + q->n_draft > q->context_len)) {
+            sl_seterr(err, errlen, "forward: seq %d: %d drafts (this backend verifies at most %d a sequence, after "
+                      "one sampled token, with the drafts in its history)", i, q->n_draft, lim->max_draft);
+            return SL_EINVAL;
+        }
     }
     for (int t = 0; t < s->n_tokens; t++)
         if (tok_seq[t] < 0) {

@@ -58,9 +58,23 @@ struct step_seq {
                                gets history[p + 1] and its log-softmax under the raw logits at p,
                                with prompt_top alternatives (vLLM's prompt_logprobs) */
     int prompt_top;
-    /* out (valid when want_sample): out.token is -1 when this sequence alone
-     * could not be sampled (its logits are not finite, or its allow mask
-     * left nothing); the step itself still succeeds */
+    int n_draft;            /* speculative decoding (backends with max_draft_tokens >= n_draft): the last
+                               n_draft query tokens are drafts, the token before them the last one
+                               sampled, and history[n_history .. n_history + n_draft) holds the drafts
+                               (want_sample set). The backend computes the logits after each of the
+                               last n_draft + 1 query tokens and verifies them in order
+                               (model_sample_verify) into spec_out. The KV of every query token is
+                               written; the scheduler rolls back those after the last accepted draft
+                               (their slots are written again later). A layer with a recurrent state
+                               must keep, per sequence, the state after the last accepted draft
+                               (query token n_spec_out - 1 of the last n_draft + 1), not after the
+                               last query token: a snapshot per verified position, the accepted one
+                               kept once the walk ends */
+    struct model_sample_out *spec_out; /* [n_draft + 1] out, borrowed: the emitted tokens */
+    int n_spec_out;         /* out: how many (accepted drafts + 1) */
+    /* out (valid when want_sample and no drafts): out.token is -1 when this
+     * sequence alone could not be sampled (its logits are not finite, or its
+     * allow mask left nothing); the step itself still succeeds */
     struct model_sample_out out;
 };
 
@@ -78,6 +92,7 @@ typedef struct model_backend model_backend;
 /* What a backend can take, for model_step_check. */
 struct model_step_limits {
     int n_vocab, max_tokens, max_seqs, max_ctx, block_size, kv_blocks;
+    int max_draft;          /* step_seq.n_draft at most (0: no speculative decoding) */
 };
 
 /* Checks a step against lim and the contract above: token ids inside the
@@ -101,6 +116,8 @@ struct model_backend_opts {
                                  * CPU); "fp8" or "fp8_e4m3" (cuda only) = fp8 e4m3 with scale 1, half the bytes */
     bool enforce_eager;         /* cuda: no CUDA graphs, every step's kernels launched one by one (vLLM's
                                  * --enforce-eager); the CPU backend has none anyway */
+    int max_draft_tokens;       /* largest step_seq.n_draft (speculative decoding; sizes the logits rows);
+                                 * 0: none */
     bool mtp;                   /* run the model's MTP layer (speculative method "mtp"): its KV in every block,
                                  * kv_block_bytes counting it, ops->mtp_draft; creation fails naming the reason on
                                  * a model without MTP layers or a backend without them (cuda today) */
@@ -159,6 +176,8 @@ struct model_backend {
     const char *fatal;          /* NULL while healthy; set by the backend (owned by it) once
                                    forward() can never succeed again: the engine then stops */
     bool has_prompt_logprobs;   /* forward() fills step_seq.prompt_out */
+    int max_draft_tokens;       /* forward() verifies up to this many drafts a sequence (step_seq.n_draft);
+                                   0: none (cuda today) */
     bool has_mtp;               /* created with opts.mtp: forward() keeps the MTP layer current, mtp_draft works */
 };
 

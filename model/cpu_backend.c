@@ -82,6 +82,7 @@ struct cpu_backend {
     struct model_config c;          /* the model's, n_mtp_layer 0 unless opts.mtp */
     int nt;                         /* OpenMP threads */
     int max_tokens, max_seqs, max_ctx;
+    int max_draft, max_rows;        /* drafts a sequence at most; logits rows a step (max_seqs each 1 + max_draft) */
     int cap;                        /* rows of token scratch: max_tokens (+ max_seqs with MTP) */
     int n_kvl;                      /* layers with KV: n_layer, + the MTP layer with opts.mtp */
     int key0;                       /* attention() leaves out positions below it (1 in the MTP layer) */
@@ -106,12 +107,12 @@ struct cpu_backend {
     float *q, *att;                 /* [n_head*hd] */
     float *k, *v;                   /* [n_kv*hd] */
     float *gate, *up;               /* [n_ff] */
-    float *hfin;                    /* [max_seqs][n_embd] final hidden of logit rows */
-    float *logits;                  /* [max_seqs][n_vocab] */
+    float *hfin;                    /* [max_rows][n_embd] final hidden of logit rows */
+    float *logits;                  /* [max_rows][n_vocab] */
     float *scores;                  /* [nt][max_ctx] attention scores per thread */
     int *tok_seq;                   /* [max_tokens] sequence of each token */
-    int *row_tok;                   /* [max_seqs] token index of each logit row */
-    int *row_seq;                   /* [max_seqs] sequence of each logit row */
+    int *row_seq;                   /* [max_seqs] each sampled sequence, in row order */
+    int *row_first;                 /* [max_seqs] its first logits row */
     void *samp;                     /* [nt] sampler scratch, samp_bytes each */
     size_t samp_bytes;
     struct moe_cpu *moe;            /* owned: the MoE layers' routers and scratch (model/moe.c), or NULL */
@@ -520,6 +521,9 @@ model_backend *model_cpu_backend_create(const model *m, const struct model_backe
     b->max_tokens = opts && opts->max_tokens_per_step > 0 ? opts->max_tokens_per_step : 2048;
     b->max_seqs = opts && opts->max_seqs_per_step > 0 ? opts->max_seqs_per_step : 256;
     b->max_ctx = opts && opts->max_ctx > 0 ? opts->max_ctx : c->n_ctx_train;
+    b->max_draft = opts && opts->max_draft_tokens > 0 ? opts->max_draft_tokens : 0;
+    b->max_rows = b->max_seqs * (1 + b->max_draft);
+    b->base.max_draft_tokens = b->max_draft;
     if (b->max_ctx <= 0) b->max_ctx = 4096;
     if (c->rope_dim / 2 > 4096) {
         sl_seterr(err, errlen, "rope_dim %d too large", c->rope_dim);
@@ -598,17 +602,17 @@ model_backend *model_cpu_backend_create(const model *m, const struct model_backe
     b->v = zalloc(T * KV * sizeof(float));
     b->gate = zalloc(T * F * sizeof(float));
     b->up = zalloc(T * F * sizeof(float));
-    b->hfin = zalloc(S * E * sizeof(float));
-    b->logits = zalloc(S * V * sizeof(float));
+    b->hfin = zalloc((size_t)b->max_rows * E * sizeof(float));
+    b->logits = zalloc((size_t)b->max_rows * V * sizeof(float));
     b->scores = zalloc((size_t)b->nt * b->max_ctx * sizeof(float));
     b->tok_seq = zalloc(T * sizeof(int));
-    b->row_tok = zalloc(S * sizeof(int));
     b->row_seq = zalloc(S * sizeof(int));
+    b->row_first = zalloc(S * sizeof(int));
     b->samp_bytes = (model_sample_scratch_bytes(c->n_vocab) + 63) & ~(size_t)63;
     b->samp = zalloc((size_t)b->nt * b->samp_bytes);
     if (!b->rope_cos || !b->rope_sin || !b->x || !b->xn || !b->q || !b->att || !b->k || !b->v ||
-        !b->gate || !b->up || !b->hfin || !b->logits || !b->scores || !b->tok_seq || !b->row_tok ||
-        !b->row_seq || !b->samp || !b->wbuf) {
+        !b->gate || !b->up || !b->hfin || !b->logits || !b->scores || !b->tok_seq || !b->row_seq ||
+        !b->row_first || !b->samp || !b->wbuf) {
         sl_seterr(err, errlen, "out of memory for scratch (%d tokens, %d seqs, ctx %d)", b->max_tokens,
                b->max_seqs, b->max_ctx);
         goto fail;
@@ -704,7 +708,8 @@ static int check_step(struct cpu_backend *b, const struct step *s, char *err, si
         return SL_EINVAL;
     }
     struct model_step_limits lim = {.n_vocab = b->c.n_vocab, .max_tokens = b->max_tokens, .max_seqs = b->max_seqs,
-                                    .max_ctx = b->max_ctx, .block_size = b->block_size, .kv_blocks = b->kv_blocks};
+                                    .max_ctx = b->max_ctx, .block_size = b->block_size, .kv_blocks = b->kv_blocks,
+                                    .max_draft = b->max_draft};
     return model_step_check(s, &lim, b->tok_seq, err, errlen);
 }
 
@@ -1102,31 +1107,39 @@ static int backend_forward(model_backend *mb, struct step *s, char *err, size_t 
         }
     }
 
-    /* LM head only for the last query token of the sequences that want it */
-    int R = 0;
+    /* LM head only for the last query token of the sequences that want it,
+     * and for a sequence with drafts the n_draft tokens before it too */
+    int R = 0, N = 0;
     bool mtp = b->base.has_mtp;
     for (int i = 0; i < s->n_seqs; i++) {
         struct step_seq *q = &s->seqs[i];
         if (!q->want_sample && !q->logits_out) continue;
-        int t = q->query_start + q->query_len - 1;
-        rmsnorm(b->hfin + (size_t)R * E, b->x + (size_t)t * E, b->out_norm, E, eps);
-        b->row_tok[R] = t;
-        b->row_seq[R] = i;
-        R++;
+        b->row_seq[N] = i;
+        b->row_first[N++] = R;
+        for (int t = q->query_start + q->query_len - 1 - q->n_draft; t < q->query_start + q->query_len; t++) {
+            rmsnorm(b->hfin + (size_t)R * E, b->x + (size_t)t * E, b->out_norm, E, eps);
+            R++;
+        }
     }
     if (R == 0) {
         if (mtp) mtp_after_step(b, s);
         return 0;
     }
     matmul(b, b->logits, b->hfin, &b->lm_head, NULL, R, E, c->n_vocab);
-    /* sequences sample independently (each its own RNG): in parallel */
-#pragma omp parallel for schedule(dynamic, 1) num_threads(b->nt) if (R > 1)
-    for (int r = 0; r < R; r++) {
-        struct step_seq *q = &s->seqs[b->row_seq[r]];
-        float *lg = b->logits + (size_t)r * c->n_vocab;
+    /* sequences sample independently (each its own RNG): in parallel; a
+     * sequence's drafts in order, each row after the one before it */
+#pragma omp parallel for schedule(dynamic, 1) num_threads(b->nt) if (N > 1)
+    for (int u = 0; u < N; u++) {
+        struct step_seq *q = &s->seqs[b->row_seq[u]];
+        float *lg = b->logits + (size_t)b->row_first[u] * c->n_vocab;
         if (q->logits_out) memcpy(q->logits_out, lg, (size_t)c->n_vocab * sizeof(float));
         if (!q->want_sample) continue;
         void *scr = (char *)b->samp + (size_t)omp_get_thread_num() * b->samp_bytes;
+        if (q->n_draft > 0) {
+            model_sample_verify(lg, q->n_draft, c->n_vocab, q->sampling, q->history, q->n_prompt, q->n_history,
+                                q->rng, scr, q->spec_out, &q->n_spec_out);
+            continue;
+        }
         /* the parameters were checked with the step: a failure here is this row's logits */
         if (model_sample(lg, c->n_vocab, q->sampling, q->history, q->n_prompt, q->n_history, q->rng,
                          scr, &q->out) != 0) {
@@ -1165,7 +1178,7 @@ static void backend_destroy(model_backend *mb)
     free(b->logits);
     free(b->scores);
     free(b->tok_seq);
-    free(b->row_tok);
+    free(b->row_first);
     free(b->row_seq);
     free(b->samp);
     moe_cpu_destroy(b->moe);

@@ -537,4 +537,39 @@ int model_sample(float *logits, int n_vocab, const struct model_sampling *s, con
                  int n_prompt, int n_history, uint64_t *rng, void *scratch,
                  struct model_sample_out *out);
 
+/* Speculative decoding's verification of n_draft draft tokens (sampler.c).
+ * logits holds n_draft + 1 rows [n_draft + 1][n_vocab] (modified in place):
+ * row i is the target model's after the i-th draft's predecessor, and is
+ * sampled exactly as model_sample samples it with history[0 .. n_history + i),
+ * where history[n_history .. n_history + n_draft) are the drafts. Rows are
+ * taken in order and the walk stops after the first row whose token is not
+ * its draft (that token is the correction), or after the last row (the bonus
+ * token): out[0 .. *n_out) are the tokens to emit, the accepted drafts then
+ * one more, so *n_out - 1 drafts were accepted. A row that cannot be sampled
+ * (model_sample fails) ends the walk with out token -1.
+ *
+ * This is rejection sampling for a deterministic (one-hot) draft: a draft d
+ * is accepted with probability p(d) (= min(1, p(d)/q(d)) with q(d) = 1), and
+ * on rejection the token comes from p without d, renormalized (= max(0, p -
+ * q) normalized): the draw that model_sample makes falls on d with
+ * probability p(d), and elsewhere it is distributed as p restricted to the
+ * other tokens. So the emitted tokens follow the target distribution, and
+ * with the same RNG state they are the very tokens decoding without drafts
+ * would give (one draw per emitted token; none at temperature 0). Returns 0,
+ * or SL_EINVAL for bad arguments. */
+int model_sample_verify(float *logits, int n_draft, int n_vocab, const struct model_sampling *s,
+                        const int32_t *history, int n_prompt, int n_history, uint64_t *rng, void *scratch,
+                        struct model_sample_out *out, int *n_out);
+/* The general rejection step, for a draft d drawn from a distribution q
+ * (q[n_vocab], summing to 1; NULL: one-hot at d, as model_sample_verify).
+ * p is the target distribution model_sample draws from (bias, mask,
+ * penalties, temperature, top_k, top_p, min_p; temperature 0: one-hot at the
+ * argmax). d is accepted with probability min(1, p(d) / q(d)); otherwise the
+ * token is drawn from max(0, p - q), normalized. Returns 1 (accepted: out
+ * token d) or 0 (rejected: out token the residual draw), out->logprob as
+ * model_sample reports it; a negative status when logits cannot be sampled. */
+int model_spec_accept(float *logits, int n_vocab, const struct model_sampling *s, const int32_t *history,
+                      int n_prompt, int n_history, int32_t d, const float *q, uint64_t *rng, void *scratch,
+                      struct model_sample_out *out);
+
 #endif

@@ -93,9 +93,12 @@ static void top_k_sorted(struct cand *c, int n, int k)
     }
 }
 
-int model_sample(float *logits, int n_vocab, const struct model_sampling *s, const int32_t *history,
-                 int n_prompt, int n_history, uint64_t *rng, void *scratch,
-                 struct model_sample_out *out)
+/* Steps 0-2: checks the arguments, applies bias, mask and penalties to
+ * logits in place, and fills out's top alternatives; *best: the argmax
+ * (lowest id on ties), *mx its logit, *lse the log-sum-exp. */
+static int prepare(float *logits, int n_vocab, const struct model_sampling *s, const int32_t *history, int n_prompt,
+                   int n_history, void *scratch, struct model_sample_out *out, float *mx_out, int32_t *best_out,
+                   double *lse_out)
 {
     if (!logits || n_vocab <= 0 || !s || !scratch || !out || n_prompt < 0 || n_history < n_prompt ||
         (n_history > 0 && !history))
@@ -112,8 +115,6 @@ int model_sample(float *logits, int n_vocab, const struct model_sampling *s, con
         if (s->logit_bias[i].id < 0 || s->logit_bias[i].id >= n_vocab || !isfinite(s->logit_bias[i].bias))
             return SL_EINVAL;
 
-    uint64_t local_rng = 0;
-    if (!rng) rng = &local_rng;
     struct cand *c = scratch;
     int *count = (int *)(c + n_vocab);
 
@@ -174,9 +175,21 @@ int model_sample(float *logits, int n_vocab, const struct model_sampling *s, con
         out->n_top = k;
     }
 
-    /* 3. choose */
-    int32_t tok = best;
-    if (s->temperature > 0.0f && s->top_k != 1) {
+    *mx_out = mx;
+    *best_out = best;
+    *lse_out = lse;
+    return SL_OK;
+}
+
+/* Whether step 3 draws at all: temperature 0 or top_k 1 take the argmax. */
+static bool draws(const struct model_sampling *s) { return s->temperature > 0.0f && s->top_k != 1; }
+
+/* Step 3's candidates (draws(s) only): c[0 .. n) with their weights e
+ * (unnormalized probabilities) after temperature, top_k, top_p and min_p.
+ * Returns n. */
+static int candidates(const float *logits, int n_vocab, const struct model_sampling *s, float mx, struct cand *c)
+{
+    {
         float inv_t = 1.0f / s->temperature;
         int n = 0;
         float cmx = mx * inv_t;
@@ -239,6 +252,27 @@ int model_sample(float *logits, int n_vocab, const struct model_sampling *s, con
                 if (c[i].logit >= lim) c[m++] = c[i];
             n = m;
         }
+        return n;
+    }
+}
+
+int model_sample(float *logits, int n_vocab, const struct model_sampling *s, const int32_t *history,
+                 int n_prompt, int n_history, uint64_t *rng, void *scratch,
+                 struct model_sample_out *out)
+{
+    float mx;
+    int32_t best;
+    double lse;
+    int rc = prepare(logits, n_vocab, s, history, n_prompt, n_history, scratch, out, &mx, &best, &lse);
+    if (rc) return rc;
+    uint64_t local_rng = 0;
+    if (!rng) rng = &local_rng;
+
+    /* 3. choose */
+    int32_t tok = best;
+    if (draws(s)) {
+        struct cand *c = scratch;
+        int n = candidates(logits, n_vocab, s, mx, c);
         double z = 0.0;
         for (int i = 0; i < n; i++) z += c[i].e;
         double u = model_rng_uniform(rng) * z, cum = 0.0;
@@ -254,6 +288,82 @@ int model_sample(float *logits, int n_vocab, const struct model_sampling *s, con
     out->token = tok;
     out->logprob = (float)((double)logits[tok] - lse);
     return SL_OK;
+}
+
+int model_sample_verify(float *logits, int n_draft, int n_vocab, const struct model_sampling *s,
+                        const int32_t *history, int n_prompt, int n_history, uint64_t *rng, void *scratch,
+                        struct model_sample_out *out, int *n_out)
+{
+    *n_out = 0;
+    if (!logits || n_draft < 0 || n_vocab <= 0 || !history || !out) return SL_EINVAL;
+    for (int i = 0; i <= n_draft; i++) {
+        float *row = logits + (size_t)i * n_vocab;
+        if (model_sample(row, n_vocab, s, history, n_prompt, n_history + i, rng, scratch, &out[i]) != SL_OK) {
+            out[i].token = -1;
+            out[i].n_top = 0;
+            *n_out = i + 1;
+            return SL_OK;
+        }
+        *n_out = i + 1;
+        if (i == n_draft || out[i].token != history[n_history + i]) break;
+    }
+    return SL_OK;
+}
+
+int model_spec_accept(float *logits, int n_vocab, const struct model_sampling *s, const int32_t *history,
+                      int n_prompt, int n_history, int32_t d, const float *q, uint64_t *rng, void *scratch,
+                      struct model_sample_out *out)
+{
+    if (d < 0 || d >= n_vocab) return SL_EINVAL;
+    if (!q) {
+        int rc = model_sample(logits, n_vocab, s, history, n_prompt, n_history, rng, scratch, out);
+        return rc ? rc : out->token == d;
+    }
+    float mx;
+    int32_t best;
+    double lse;
+    int rc = prepare(logits, n_vocab, s, history, n_prompt, n_history, scratch, out, &mx, &best, &lse);
+    if (rc) return rc;
+    uint64_t local_rng = 0;
+    if (!rng) rng = &local_rng;
+    struct cand *c = scratch;
+    int n;
+    double z = 0.0;
+    if (draws(s)) {
+        n = candidates(logits, n_vocab, s, mx, c);
+        for (int i = 0; i < n; i++) z += c[i].e;
+    } else { /* greedy: p is one-hot at the argmax */
+        c[0] = (struct cand){logits[best], best, 1.0};
+        n = 1;
+        z = 1.0;
+    }
+    double pd = 0.0;
+    for (int i = 0; i < n; i++)
+        if (c[i].id == d) pd = c[i].e / z;
+    int32_t tok = -1;
+    if (model_rng_uniform(rng) * (double)q[d] < pd) {
+        tok = d;
+    } else {
+        /* the residual max(0, p - q): only the candidates can have mass */
+        double r = 0.0;
+        for (int i = 0; i < n; i++) {
+            double m = c[i].e / z - (double)q[c[i].id];
+            c[i].e = m > 0.0 ? m : 0.0;
+            r += c[i].e;
+        }
+        double u = model_rng_uniform(rng) * r, cum = 0.0;
+        for (int i = 0; i < n && tok < 0; i++) {
+            cum += c[i].e;
+            if (c[i].e > 0.0 && u < cum) tok = c[i].id;
+        }
+        if (tok < 0) /* r == 0 (p == q where p has mass): rounding; the last candidate with mass */
+            for (int i = n - 1; i >= 0 && tok < 0; i--)
+                if (c[i].e > 0.0) tok = c[i].id;
+        if (tok < 0) tok = best;
+    }
+    out->token = tok;
+    out->logprob = (float)((double)logits[tok] - lse);
+    return tok == d;
 }
 
 void model_logprob_row(const float *logits, int n_vocab, int32_t token, int n_top, struct model_sample_out *out)

@@ -63,6 +63,7 @@ struct sched_engine {
     struct sched_sink def;     /* the engine's own sink (requests submitted without one); the
                                   others follow it in its next list */
     struct route *routes;      /* every request submitted and not finished */
+    struct model_mtp_req *mtp_req; /* [max_num_seqs] method mtp: the drafts asked after a step; engine thread */
     char fatal[600];           /* non-empty once the backend cannot run another step */
     struct sched_engine_stats stats;
 };
@@ -203,6 +204,24 @@ sched_engine *sched_engine_create(model_backend *be, const struct sched_engine_o
                  o.sched.max_model_len, mc->n_ctx_train);
         return NULL;
     }
+    const struct sched_spec_config *sp = &o.sched.spec;
+    if (sp->method == SCHED_SPEC_MTP && (!mc || mc->n_mtp_layer <= 0)) {
+        snprintf(err, errlen, "--speculative-config: method mtp needs a model with MTP layers "
+                              "(num_nextn_predict_layers > 0); this one has none (method ngram drafts for any model)");
+        return NULL;
+    }
+    if (sp->method == SCHED_SPEC_MTP && (!be->has_mtp || !be->ops->mtp_draft)) {
+        snprintf(err, errlen, "--speculative-config: method mtp: the %s backend %s", be->ops->name,
+                 be->ops->mtp_draft ? "was created without the MTP layer (model_backend_opts.mtp)"
+                                    : "does not run the MTP layer (method ngram drafts on any backend that verifies)");
+        return NULL;
+    }
+    if (sp->method != SCHED_SPEC_NONE && be->max_draft_tokens < sp->num_speculative_tokens) {
+        snprintf(err, errlen, "--speculative-config: the %s backend verifies %d drafts a sequence, not %d "
+                              "(speculative decoding runs on the CPU backend)",
+                 be->ops->name, be->max_draft_tokens, sp->num_speculative_tokens);
+        return NULL;
+    }
     struct sched_engine *e = calloc(1, sizeof *e);
     if (!e) {
         snprintf(err, errlen, "out of memory");
@@ -231,6 +250,11 @@ sched_engine *sched_engine_create(model_backend *be, const struct sched_engine_o
     if (!e->pool) goto fail_e;
     e->s = sched_create(&e->cfg, e->pool, be->m ? model_get_tok(be->m) : NULL, err, errlen);
     if (!e->s) goto fail_pool;
+    if (sp->method == SCHED_SPEC_MTP && !(e->mtp_req = calloc((size_t)e->cfg.max_num_seqs, sizeof *e->mtp_req))) {
+        snprintf(err, errlen, "out of memory");
+        goto fail_sched;
+    }
+    if (o.drafter && sp->method != SCHED_SPEC_NONE) sched_set_drafter(e->s, o.drafter);
     sched_evbuf_init(&e->def.pending);
     sched_get_stats(e->s, &e->stats.sched); /* the cost model's prior, before the first step */
     e->stats.max_model_len = e->cfg.max_model_len;
@@ -253,6 +277,7 @@ fail_work:
 fail_mu:
     pthread_mutex_destroy(&e->mu);
 fail_sched:
+    free(e->mtp_req);
     sched_destroy(e->s);
 fail_pool:
     kv_pool_destroy(e->pool);
@@ -282,6 +307,24 @@ static void publish_unlock(sched_engine *e)
     }
     if (posted) pthread_cond_broadcast(&e->ev_cv);
     pthread_mutex_unlock(&e->mu);
+}
+
+/* Method mtp: the drafts of the sequences of the step just run, made by the
+ * backend's MTP layer from that step's hidden states (so before the next
+ * step), outside the lock. A failure leaves those sequences without drafts:
+ * the tokens they verify next are the model's either way. */
+static void make_drafts(sched_engine *e)
+{
+    struct sched_draft_want *w;
+    int n = sched_draft_wants(e->s, &w);
+    if (n <= 0) return;
+    for (int i = 0; i < n; i++)
+        e->mtp_req[i] = (struct model_mtp_req){.seq = w[i].seq, .pos = w[i].pos, .token = w[i].token, .k = w[i].k,
+                                               .block_table = w[i].block_table, .n_blocks = w[i].n_blocks,
+                                               .drafts = w[i].drafts};
+    char err[256];
+    if (e->be->ops->mtp_draft(e->be, e->mtp_req, n, err, sizeof err) == 0)
+        for (int i = 0; i < n; i++) w[i].n_made = w[i].k;
 }
 
 static void *engine_main(void *arg)
@@ -344,11 +387,16 @@ static void *engine_main(void *arg)
                 sched_fail_step(e->s, &st, err, emit_locked, e);
             } else {
                 sched_complete_step(e->s, &st, emit_locked, e);
-                /* the whole step as a chat sees it: planning, forward, sampling, detokenizing */
-                sched_step_timed(e->s, now_s() - t0);
+                /* the whole step as a chat sees it: planning, forward, sampling, detokenizing (and
+                 * below, the MTP drafts it needs) */
+                if (!e->mtp_req) sched_step_timed(e->s, now_s() - t0);
             }
         }
         publish_unlock(e);
+        if (n > 0 && !rc && e->mtp_req) {
+            make_drafts(e);
+            sched_step_timed(e->s, now_s() - t0);
+        }
     }
     free(in);
     free(ab);
@@ -540,6 +588,7 @@ void sched_engine_destroy(sched_engine *e)
     free(e->ab);
     sched_destroy(e->s);
     kv_pool_destroy(e->pool);
+    free(e->mtp_req);
     for (struct route *r = e->routes, *nx; r; r = nx) { /* requests dropped without their finish */
         nx = r->next;
         free(r);

@@ -82,6 +82,14 @@
  * So batch work may fill every slot: a chat request never waits for one of
  * them to finish.
  *
+ * Speculative decoding (sched_config.spec): a decode may carry drafts after
+ * its last sampled token, verified in the same step (step_seq.n_draft); the
+ * scheduler takes the emitted tokens one by one as a decode takes its one
+ * and rolls back the rejected positions. Drafts come from a drafter asked
+ * while the step is planned (n-gram) or made after the step before
+ * (sched_draft_wants, MTP); a cost rule drafts only where it pays (DESIGN.md,
+ * "Scheduling").
+ *
  * Every step's positions, slots and block tables follow DESIGN.md: a token at
  * position p lives in slot block_table[p / block_size] * block_size + p % block_size.
  */
@@ -196,6 +204,51 @@ typedef void (*sched_emit_fn)(void *arg, const struct sched_event *ev);
 
 /* ---- the scheduler ------------------------------------------------------------ */
 
+/* Speculative decoding (vLLM's --speculative-config): each step, a decoding
+ * sequence may carry up to num_speculative_tokens draft tokens after its
+ * last sampled one; the step verifies all of them at once (step_seq.n_draft)
+ * and the sequence advances by the accepted drafts plus one. Greedy output
+ * is the same with and without drafts, sampled output follows the same
+ * distribution (model_sample_verify), and a seeded request gives the same
+ * tokens. Sequences under a guide (JSON, schema, regex, grammar), with
+ * bad_words or still under min_tokens decode without drafts: their sampling
+ * changes from one position to the next. */
+enum sched_spec_method { SCHED_SPEC_NONE = 0, SCHED_SPEC_NGRAM, SCHED_SPEC_MTP };
+#define SCHED_MAX_SPEC_TOKENS 4
+struct sched_spec_config {
+    enum sched_spec_method method;
+    int num_speculative_tokens;  /* drafts per sequence and step at most, 1..SCHED_MAX_SPEC_TOKENS */
+    int prompt_lookup_min;       /* ngram: the shortest suffix of the sequence looked up (>= 1) */
+    int prompt_lookup_max;       /* ngram: the longest (>= prompt_lookup_min); longer matches are tried first */
+    bool always;                 /* draft whatever the load (tests, benchmarks); false: the cost rule
+                                    (sched_plan.c, DESIGN.md "Scheduling") drafts only where the tokens a
+                                    draft is expected to save are worth more than verifying it costs */
+};
+
+/* Where drafts come from. The scheduler asks for them per decoding sequence
+ * each step; the n-gram drafter (spec.c, the default for SCHED_SPEC_NGRAM)
+ * looks them up in the sequence itself; an MTP drafter (the model's own
+ * next-token layers, run by the backend) keeps a hidden state per sequence.
+ * Engine thread only. */
+struct sched_drafter {
+    /* Up to k tokens that may follow tokens[0 .. n) (the sequence's prompt
+     * and output) into draft[]; returns how many (0: none this step). id
+     * names the sequence. */
+    int (*propose)(void *arg, uint64_t id, const int32_t *tokens, int n, int k, int32_t *draft);
+    /* After the step: n_accepted of the sequence's n_draft drafts were
+     * accepted (n_draft 0: it decoded one token without drafts). May be NULL. */
+    void (*accepted)(void *arg, uint64_t id, int n_draft, int n_accepted);
+    /* The sequence finished or was preempted (it is recomputed from its
+     * tokens later): drop what is kept for it. May be NULL. */
+    void (*release)(void *arg, uint64_t id);
+    void *arg;
+};
+/* The n-gram drafter: prompt lookup over the sequence's own tokens. The
+ * longest suffix of tokens[0 .. n), from max down to min tokens, that also
+ * occurs earlier (the latest such occurrence) proposes the up to k tokens
+ * that followed it. Returns how many were written to draft. */
+int sched_ngram_propose(const int32_t *tokens, int n, int min, int max, int k, int32_t *draft);
+
 struct sched_config {
     int block_size;              /* KV tokens per block (the pool's) */
     int max_num_seqs;            /* running sequences at most (>= 1) */
@@ -226,6 +279,7 @@ struct sched_config {
                                     (>= 1; long: more tokens left than long_prefill_token_threshold, or
                                     than 4% of max_model_len without it); the waiting long prompts are
                                     passed over for the shorter ones behind them */
+    struct sched_spec_config spec; /* speculative decoding; method SCHED_SPEC_NONE: off */
 };
 
 /* The scheduling policy's defaults, the one place they are set: serve and
@@ -321,6 +375,10 @@ struct sched_stats {
     double last_planned_s, last_measured_s, last_limit_s; /* last_limit_s: the time cap (0: none) */
     double batch_tok_s;              /* batch tokens a second, over the last ~10 s of steps */
     double cost[SCHED_COST_N];       /* the cost model's coefficients (seconds per unit) */
+    /* speculative decoding, as vLLM counts it: verifications with drafts, drafts, accepted drafts,
+       and accepted drafts by position (position i: the (i+1)-th draft of a verification) */
+    uint64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens;
+    uint64_t spec_accepted_per_pos[SCHED_MAX_SPEC_TOKENS];
 };
 
 /* Creates a scheduler planning against pool (borrowed; the engine thread owns
@@ -374,6 +432,34 @@ double sched_step_plan(const sched *s, struct sched_step_shape *x);
  * with SCHED_FINISH_ERROR and msg. */
 void sched_fail_step(sched *s, struct step *st, const char *msg, sched_emit_fn emit, void *arg);
 
+/* Replaces the drafter (copied; ngram has its own). Engine thread, between
+ * steps. */
+void sched_set_drafter(sched *s, const struct sched_drafter *d);
+
+/* Drafts made after a step (method SCHED_SPEC_MTP: the model's own MTP layer
+ * chained from the hidden states that step computed, by the backend). After
+ * sched_complete_step, each sequence of that step that goes on decoding is
+ * listed with what such a drafter needs; the engine has the drafts made into
+ * it, and the sequence carries them in the next step it decodes in (if it is
+ * still at that position; the cost rule and the budget may take fewer). The
+ * blocks for the positions the drafter writes are reserved without
+ * preempting anyone; a sequence that cannot get them is not listed (its
+ * next drafts are only likelier to be rejected). */
+struct sched_draft_want {
+    uint64_t id;                /* the request */
+    int seq;                    /* its index in the step just completed */
+    int pos;                    /* p: its last accepted position (its KV and hidden state are computed) */
+    int32_t token;              /* the token at p + 1: its last sampled one */
+    int k;                      /* drafts wanted (0: none, the drafter only takes in p + 1) */
+    const int32_t *block_table; /* [n_blocks] borrowed: covers positions 0 .. p + max(k, 1) */
+    int n_blocks;
+    int32_t *drafts;            /* [k] to fill: the drafts for positions p + 2 .. p + k + 1 */
+    int n_made;                 /* to set: how many were made (0 .. k) */
+};
+/* The wants of the step just completed (*w borrowed until the next
+ * sched_plan_step; 0 unless the method is SCHED_SPEC_MTP). Engine thread. */
+int sched_draft_wants(sched *s, struct sched_draft_want **w);
+
 bool sched_has_work(const sched *s);
 void sched_get_stats(const sched *s, struct sched_stats *st);
 /* For tests: the id of the request behind the planned step's i-th sequence. */
@@ -391,6 +477,8 @@ struct sched_engine_opts {
     size_t kv_cache_bytes;       /* KV pool budget; 0 = 1 GiB */
     int kv_blocks;               /* > 0: exactly this many blocks (tests) */
     bool enable_prefix_caching;
+    const struct sched_drafter *drafter; /* with sched.spec: where drafts come from (copied; its arg must
+                                    outlive the engine); NULL: the method's own (ngram) */
     /* Called on the engine thread after events were posted to the engine's
      * own outbox (e.g. to event_active() a libevent event), with the
      * engine's lock held: it must not block or call the engine. May be NULL. */

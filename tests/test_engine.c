@@ -51,7 +51,9 @@ static void on_notify(void *arg)
     __atomic_add_fetch(&n_notify, 1, __ATOMIC_RELAXED);
 }
 
-static sched_engine *engine(int seqs, int budget, int max_len, int kv_blocks, bool cache)
+/* An engine on be; k > 0: with n-gram drafts (k a step, always) from d (NULL: prompt lookup) */
+static sched_engine *spec_engine(int seqs, int budget, int max_len, int kv_blocks, bool cache, int k,
+                                 const struct sched_drafter *d)
 {
     struct sched_engine_opts o;
     memset(&o, 0, sizeof o);
@@ -59,12 +61,21 @@ static sched_engine *engine(int seqs, int budget, int max_len, int kv_blocks, bo
     o.sched.max_num_seqs = seqs;
     o.sched.max_num_batched_tokens = budget;
     o.sched.max_model_len = max_len;
+    if (k > 0)
+        o.sched.spec = (struct sched_spec_config){.method = SCHED_SPEC_NGRAM, .num_speculative_tokens = k,
+                                                  .prompt_lookup_min = 1, .prompt_lookup_max = 4, .always = true};
     o.kv_blocks = kv_blocks;
     o.enable_prefix_caching = cache;
+    o.drafter = d;
     o.notify = on_notify;
     sched_engine *e = sched_engine_create(be, &o, err, sizeof err);
     CHECKF(e != NULL, "%s", err);
     return e;
+}
+
+static sched_engine *engine(int seqs, int budget, int max_len, int kv_blocks, bool cache)
+{
+    return spec_engine(seqs, budget, max_len, kv_blocks, cache, 0, NULL);
 }
 
 static struct sched_request greedy(const int32_t *p, int n, int max_tokens)
@@ -854,6 +865,212 @@ static void test_run_batch_stream(void)
     CHECKF(k == NL && ok == NL, "%d lines, %d as expected, of %d", k, ok, NL);
 }
 
+/* ---- speculative decoding ---- */
+
+/* A quoting prompt: a passage, then its first words again, so that the
+ * model goes on copying and n-gram drafts are accepted (the workload drafts
+ * are for: an answer that quotes its document). */
+enum { NQ = 4, QGEN = 16 };
+static int32_t qprompt[NQ][160];
+static struct sched_request qreq[NQ];
+static struct result qref[NQ]; /* each alone, without drafts */
+
+static void make_quotes(void)
+{
+    for (int i = 0; i < NQ; i++) {
+        int off = 23 * i, body = 90 + 5 * i, lead = 6 + 3 * i;
+        memcpy(qprompt[i], text_ids + off, sizeof(int32_t) * (size_t)body);
+        memcpy(qprompt[i] + body, text_ids + off, sizeof(int32_t) * (size_t)lead);
+        qreq[i] = greedy(qprompt[i], body + lead, QGEN);
+    }
+}
+
+static void spec_counts(sched_engine *e, struct sched_stats *s)
+{
+    struct sched_engine_stats st;
+    sched_engine_get_stats(e, &st);
+    *s = st.sched;
+}
+
+static void check_spec_stats(const char *what, const struct sched_stats *s, bool want_accepts)
+{
+    uint64_t per_pos = 0;
+    for (int i = 0; i < SCHED_MAX_SPEC_TOKENS; i++) per_pos += s->spec_accepted_per_pos[i];
+    CHECKF(s->spec_drafts > 0 && s->spec_draft_tokens >= s->spec_drafts, "%s: %llu drafts, %llu draft tokens", what,
+           (unsigned long long)s->spec_drafts, (unsigned long long)s->spec_draft_tokens);
+    CHECKF(per_pos == s->spec_accepted_tokens && s->spec_accepted_tokens <= s->spec_draft_tokens,
+           "%s: accepted %llu, per position %llu", what, (unsigned long long)s->spec_accepted_tokens,
+           (unsigned long long)per_pos);
+    if (want_accepts) CHECKF(s->spec_accepted_tokens > 0, "%s: no draft was accepted", what);
+    printf("  %s: %llu verifications, %llu drafts, %llu accepted (mean accepted length %.2f)\n", what,
+           (unsigned long long)s->spec_drafts, (unsigned long long)s->spec_draft_tokens,
+           (unsigned long long)s->spec_accepted_tokens,
+           s->spec_drafts ? 1.0 + (double)s->spec_accepted_tokens / (double)s->spec_drafts : 0.0);
+}
+
+/* Greedy output with n-gram drafts is the output without them: batched,
+ * chunked (a budget of 16 tokens), with prefix hits and with preemption. */
+static void test_spec_greedy(void)
+{
+    if (be->max_draft_tokens < 3) {
+        printf("  the %s backend verifies no drafts: skipped\n", be->ops->name);
+        return;
+    }
+    make_quotes();
+    sched_engine *e = engine(8, 256, 512, 64, false);
+    if (!e) return;
+    for (int i = 0; i < NQ; i++) run_one(e, &qreq[i], &qref[i]);
+    sched_engine_destroy(e);
+
+    struct result res[NQ];
+    struct sched_stats st;
+    e = spec_engine(8, 256, 512, 64, false, 3, NULL);
+    if (!e) return;
+    run_all(e, qreq, NQ, res);
+    for (int i = 0; i < NQ; i++) CHECKF(same(&qref[i], &res[i]), "request %d differs with drafts, batched", i);
+    spec_counts(e, &st);
+    check_spec_stats("batched", &st, true);
+    sched_engine_destroy(e);
+
+    e = spec_engine(4, 16, 512, 64, false, 4, NULL);
+    if (!e) return;
+    run_all(e, qreq, 3, res);
+    for (int i = 0; i < 3; i++) CHECKF(same(&qref[i], &res[i]), "request %d differs with drafts, chunked", i);
+    spec_counts(e, &st);
+    check_spec_stats("chunked", &st, true);
+    sched_engine_destroy(e);
+
+    e = spec_engine(8, 256, 512, 64, true, 2, NULL);
+    if (!e) return;
+    run_all(e, qreq, NQ, res);
+    run_all(e, qreq, NQ, res); /* again: every prompt's full blocks are cached now */
+    int cached = 0;
+    for (int i = 0; i < NQ; i++) {
+        CHECKF(same(&qref[i], &res[i]), "request %d differs with drafts and a prefix hit", i);
+        cached += res[i].usage.cached_tokens;
+    }
+    CHECKF(cached > 0, "no prefix hit");
+    spec_counts(e, &st);
+    check_spec_stats("prefix hits", &st, true);
+    sched_engine_destroy(e);
+
+    /* a pool of 16 blocks for four requests of up to 9 blocks */
+    e = spec_engine(8, 32, 160, 16, true, 4, NULL); /* chunks of 32: admitted prompts grow into the pool */
+    if (!e) return;
+    run_all(e, qreq, NQ, res);
+    for (int i = 0; i < NQ; i++) CHECKF(same(&qref[i], &res[i]), "request %d differs with drafts and preemption", i);
+    spec_counts(e, &st);
+    CHECKF(st.preemptions > 0, "no preemption");
+    check_spec_stats("preempted", &st, true);
+    struct sched_engine_stats es;
+    sched_engine_get_stats(e, &es);
+    CHECK(es.kv.blocks_used == 0 && es.kv.blocks_free + es.kv.blocks_cached == es.kv.blocks_total);
+    sched_engine_destroy(e);
+}
+
+/* max_tokens and stop strings end the output at the exact token even
+ * inside a run of accepted drafts; logprobs are those of decoding without
+ * drafts; a seeded sampled run gives the tokens it gives without drafts; a
+ * drafter that is always wrong changes nothing but the speed; a guided
+ * request decodes without drafts. */
+static int wrong_drafts(void *arg, uint64_t id, const int32_t *tokens, int n, int k, int32_t *draft)
+{
+    (void)id;
+    int nv = *(const int *)arg;
+    for (int i = 0; i < k; i++) draft[i] = (tokens[n - 1] + 7 + 13 * i) % nv;
+    return k;
+}
+
+static void test_spec_exact(void)
+{
+    if (be->max_draft_tokens < 4) return;
+    sched_engine *e = spec_engine(16, 512, 512, 128, false, 4, NULL);
+    if (!e) return;
+    /* every max_tokens from 1 to 12 on the first quoting prompt */
+    enum { NM = 12 };
+    struct sched_request rm[NM];
+    struct result res[NM];
+    for (int i = 0; i < NM; i++) rm[i] = qreq[0], rm[i].max_tokens = i + 1;
+    run_all(e, rm, NM, res);
+    for (int i = 0; i < NM; i++)
+        CHECKF(res[i].n == i + 1 && res[i].finish == SCHED_FINISH_LENGTH && !memcmp(res[i].tok, qref[0].tok, sizeof(int32_t) * (size_t)(i + 1)),
+               "max_tokens %d: %d tokens", i + 1, res[i].n);
+    /* a stop string at each of several places of the reference text */
+    int n_cut = 0;
+    for (int i = 0; i < NQ; i++) {
+        const struct result *f = &qref[i];
+        size_t at = f->text_len / 3 + (size_t)i;
+        if (f->text_len < 12 || at + 3 >= f->text_len) continue;
+        char stop[4] = {f->text[at], f->text[at + 1], f->text[at + 2], 0};
+        const char *stops[1] = {stop};
+        struct sched_request r = qreq[i];
+        r.stop = stops;
+        r.n_stop = 1;
+        struct result cut;
+        run_one(e, &r, &cut);
+        const char *hit = strstr(f->text, stop);
+        CHECKF(hit && cut.finish == SCHED_FINISH_STOP && cut.text_len == (size_t)(hit - f->text) &&
+                   !memcmp(cut.text, f->text, cut.text_len),
+               "request %d: cut '%s' full '%s' stop '%s'", i, cut.text, f->text, stop);
+        n_cut++;
+    }
+    CHECK(n_cut >= 3);
+    struct sched_stats st;
+    spec_counts(e, &st);
+    check_spec_stats("max_tokens and stop strings", &st, true);
+
+    /* logprobs and a seeded sampled run: the same with and without drafts */
+    struct sched_request rs[2] = {qreq[1], qreq[2]};
+    rs[0].logprobs = true;
+    rs[0].sampling.top_logprobs = 3;
+    rs[1].logprobs = true;
+    rs[1].sampling.temperature = 0.8f;
+    rs[1].sampling.seed = 1234;
+    struct result with[2], with2[2], without[2];
+    run_all(e, rs, 2, with);
+    run_all(e, rs, 2, with2);
+    sched_engine_destroy(e);
+    e = engine(8, 256, 512, 64, false);
+    if (!e) return;
+    run_all(e, rs, 2, without);
+    sched_engine_destroy(e);
+    for (int i = 0; i < 2; i++) {
+        CHECKF(same(&with[i], &without[i]) && same(&with[i], &with2[i]), "%s run differs with drafts",
+               i ? "seeded" : "greedy");
+        for (int j = 0; j < with[i].n && j < without[i].n; j++) {
+            const struct model_sample_out *a = &with[i].samp[j], *b = &without[i].samp[j];
+            bool eq = a->token == b->token && a->logprob == b->logprob && a->n_top == b->n_top;
+            for (int k = 0; eq && k < a->n_top; k++)
+                eq = a->top_ids[k] == b->top_ids[k] && a->top_logprobs[k] == b->top_logprobs[k];
+            CHECKF(eq, "token %d: logprob %.6f with drafts, %.6f without", j, a->logprob, b->logprob);
+        }
+    }
+
+    /* an always-wrong drafter: acceptance near zero, the same output */
+    int nv = model_tok_n_vocab(model_get_tok(m));
+    struct sched_drafter bad = {.propose = wrong_drafts, .arg = &nv};
+    e = spec_engine(8, 256, 512, 64, false, 3, &bad);
+    if (!e) return;
+    struct result res2[NQ];
+    run_all(e, qreq, NQ, res2);
+    for (int i = 0; i < NQ; i++) CHECKF(same(&qref[i], &res2[i]), "request %d differs with wrong drafts", i);
+    spec_counts(e, &st);
+    check_spec_stats("wrong drafts", &st, false);
+    CHECKF(st.spec_accepted_tokens * 10 <= st.spec_draft_tokens, "wrong drafts accepted: %llu of %llu",
+           (unsigned long long)st.spec_accepted_tokens, (unsigned long long)st.spec_draft_tokens);
+    /* a guided request decodes without drafts */
+    struct sched_request rj = qreq[0];
+    rj.json_object = true;
+    rj.max_tokens = 8;
+    struct sched_stats s0;
+    spec_counts(e, &s0);
+    struct result jr;
+    run_one(e, &rj, &jr);
+    spec_counts(e, &st);
+    CHECKF(jr.n > 0 && st.spec_draft_tokens == s0.spec_draft_tokens, "a guided request carried drafts");
+    sched_engine_destroy(e);
+}
+
 /* A backend that fails for good after `left` steps (a GPU or rank dying):
  * every request in flight finishes with an error event (no consumer waits
  * forever), the engine reports the failure and refuses new requests. */
@@ -1069,7 +1286,7 @@ int main(int argc, char **argv)
         return 1;
     }
     struct model_backend_opts bo = {.device = g_device, .max_tokens_per_step = 1024, .max_seqs_per_step = 64,
-                                    .max_ctx = 512, .tensor_parallel_size = g_tp,
+                                    .max_ctx = 512, .tensor_parallel_size = g_tp, .max_draft_tokens = 4,
                                     .kv_cache_dtype = getenv("SLUICE_TEST_KV")};
     printf("engine on %s, device %s, %d rank(s)%s%s\n", g_path, g_device, g_tp, bo.kv_cache_dtype ? ", KV cache " : "",
            bo.kv_cache_dtype ? bo.kv_cache_dtype : "");
@@ -1110,6 +1327,8 @@ int main(int argc, char **argv)
     RUN(test_sinks);
     RUN(test_request_features);
     RUN(test_json_mask_cache);
+    RUN(test_spec_greedy);
+    RUN(test_spec_exact);
     RUN(test_backend_fatal);
     RUN(test_row_failure_isolated);
     RUN(test_run_batch);

@@ -296,6 +296,135 @@ static void test_logprob_row(void)
     for (int i = 1; i < o.n_top; i++) CHECK(o.top_logprobs[i] <= o.top_logprobs[i - 1]);
 }
 
+/* ---- speculative decoding: verification keeps the target distribution ---- */
+
+/* softmax(l / temp) over the top_k largest (0: all) into p */
+static void target_probs(const float *l, float temp, int top_k, double *p)
+{
+    double z = 0.0;
+    for (int i = 0; i < NV; i++) {
+        int above = 0;
+        for (int j = 0; j < NV; j++) above += l[j] > l[i] || (l[j] == l[i] && j < i);
+        p[i] = top_k > 0 && above >= top_k ? 0.0 : exp((double)l[i] / temp);
+        z += p[i];
+    }
+    for (int i = 0; i < NV; i++) p[i] /= z;
+}
+
+/* Pearson's chi-square of counts against p (cells with p > 0); the 1e-9
+ * quantile at 7 degrees of freedom is about 57, so a bound of 80 never flakes
+ * while a sampler off by a few percent in any cell fails it by far. */
+static double chi2(const int *seen, const double *p, int n)
+{
+    double x = 0.0;
+    for (int i = 0; i < NV; i++) {
+        if (p[i] <= 0.0) {
+            if (seen[i]) return INFINITY;
+            continue;
+        }
+        double e = p[i] * n;
+        x += (seen[i] - e) * (seen[i] - e) / e;
+    }
+    return x;
+}
+
+/* The general form: drafts drawn from q, accepted with min(1, p/q), else
+ * the residual: the tokens follow p, and the acceptance is sum min(p, q). */
+static void test_spec_accept_distribution(void)
+{
+    static const float q[NV] = {0.30f, 0.05f, 0.10f, 0.05f, 0.20f, 0.05f, 0.15f, 0.10f};
+    struct { float temp; int top_k; } cases[2] = {{1.0f, 0}, {0.7f, 3}};
+    for (int c = 0; c < 2; c++) {
+        struct model_sampling s = params();
+        s.temperature = cases[c].temp;
+        s.top_k = cases[c].top_k;
+        double p[NV], want_acc = 0.0;
+        target_probs(base, s.temperature, s.top_k, p);
+        for (int i = 0; i < NV; i++) want_acc += fmin(p[i], (double)q[i]);
+        uint64_t rng = model_rng_seed(77 + c), qrng = model_rng_seed(991 + c);
+        int seen[NV] = {0}, acc = 0, n = 200000;
+        for (int it = 0; it < n; it++) {
+            double u = model_rng_uniform(&qrng), cum = 0.0;
+            int32_t d = NV - 1;
+            for (int i = 0; i < NV; i++)
+                if (u < (cum += q[i])) {
+                    d = i;
+                    break;
+                }
+            float l[NV];
+            memcpy(l, base, sizeof l);
+            struct model_sample_out o;
+            int r = model_spec_accept(l, NV, &s, NULL, 0, 0, d, q, &rng, scratch, &o);
+            CHECK(r == 0 || r == 1);
+            CHECK(r == (o.token == d));
+            seen[o.token]++;
+            acc += r;
+        }
+        double x = chi2(seen, p, n);
+        CHECKF(x < 80.0, "case %d: chi-square %.1f", c, x);
+        CHECKF(fabs(acc / (double)n - want_acc) < 0.01, "case %d: acceptance %.4f, want %.4f", c, acc / (double)n,
+               want_acc);
+    }
+}
+
+/* One-hot drafts (model_sample_verify): whatever the draft, the first token
+ * follows p, and after an accepted draft the next one follows its row's p;
+ * the tokens are those model_sample gives row by row with the same RNG. */
+static void test_spec_verify_distribution(void)
+{
+    struct model_sampling s = params();
+    s.temperature = 1.0f;
+    double p[NV];
+    target_probs(base, 1.0f, 0, p);
+    static const float row1[NV] = {0.0f, -1.0f, 2.0f, 0.5f, 1.5f, -3.0f, 1.0f, 0.2f};
+    double p1[NV];
+    target_probs(row1, 1.0f, 0, p1);
+    int32_t drafts[3] = {5, 2, 6}; /* a likely, an unlikely and a middling first draft */
+    for (int c = 0; c < 3; c++) {
+        int32_t hist[3] = {0, drafts[c], 4}; /* a prompt token, then the drafts */
+        uint64_t rng = model_rng_seed(5 + c);
+        int seen[NV] = {0}, seen1[NV] = {0}, n = 100000, n1 = 0;
+        for (int it = 0; it < n; it++) {
+            float l[3 * NV];
+            memcpy(l, base, sizeof base);
+            memcpy(l + NV, row1, sizeof row1);
+            memcpy(l + 2 * NV, base, sizeof base);
+            uint64_t before = rng;
+            struct model_sample_out o[3];
+            int n_out = 0;
+            CHECK(model_sample_verify(l, 2, NV, &s, hist, 1, 1, &rng, scratch, o, &n_out) == 0);
+            CHECK(n_out >= 1 && n_out <= 3);
+            seen[o[0].token]++;
+            if (n_out >= 2) seen1[o[1].token]++, n1++;
+            /* the same tokens as sampling row by row */
+            uint64_t r2 = before;
+            for (int j = 0; j < n_out; j++) {
+                struct model_sample_out w;
+                CHECK(sample(j == 1 ? row1 : base, &s, hist, 1, 1 + j, &r2, &w, NULL) == 0);
+                CHECK(w.token == o[j].token && w.logprob == o[j].logprob);
+                CHECK(j == n_out - 1 || w.token == hist[1 + j]);
+            }
+            CHECK(n_out == 3 || o[n_out - 1].token != hist[n_out]);
+            CHECK(r2 == rng);
+        }
+        double x = chi2(seen, p, n), x1 = chi2(seen1, p1, n1);
+        CHECKF(x < 80.0 && (n1 < 20000 || x1 < 80.0), "draft %d: chi-square %.1f, after it %.1f (%d)", drafts[c], x, x1, n1);
+        CHECKF(fabs(n1 / (double)n - p[drafts[c]]) < 0.01, "draft %d accepted %.4f of the time, p %.4f", drafts[c],
+               n1 / (double)n, p[drafts[c]]);
+    }
+    /* greedy: accepted while the draft is the argmax, then the argmax */
+    s = params();
+    int32_t hist[3] = {0, 1, 4};
+    float l[3 * NV];
+    memcpy(l, base, sizeof base);
+    memcpy(l + NV, row1, sizeof row1);
+    memcpy(l + 2 * NV, base, sizeof base);
+    struct model_sample_out o[3];
+    int n_out = 0;
+    CHECK(model_sample_verify(l, 2, NV, &s, hist, 1, 1, NULL, scratch, o, &n_out) == 0);
+    CHECKF(n_out == 2 && o[0].token == 1 && o[1].token == 2, "%d tokens: %d %d", n_out, o[0].token, o[1].token);
+}
+
 int main(void)
 {
     RUN(test_scratch_size);
@@ -312,5 +441,7 @@ int main(void)
     RUN(test_frequencies);
     RUN(test_bad_input);
     RUN(test_logprob_row);
+    RUN(test_spec_accept_distribution);
+    RUN(test_spec_verify_distribution);
     return test_summary();
 }

@@ -26,11 +26,14 @@ static void collect(void *arg, const struct sched_event *ev)
     if (n_ev < MAX_EV) evs[n_ev++] = *ev;
 }
 
-static int32_t fake_token(const int32_t *hist, int n)
+/* the fake model's token after a history of n tokens whose last is prev */
+static int32_t fake_next(int32_t prev, int n)
 {
-    uint32_t h = (uint32_t)hist[n - 1] * 2654435761u + (uint32_t)n * 40503u;
+    uint32_t h = (uint32_t)prev * 2654435761u + (uint32_t)n * 40503u;
     return (int32_t)(h % 1000u);
 }
+
+static int32_t fake_token(const int32_t *hist, int n) { return fake_next(hist[n - 1], n); }
 
 /* The fake backend: checks the plan's invariants, then "samples". */
 static void fake_forward(struct step *st, int block_size)
@@ -43,7 +46,19 @@ static void fake_forward(struct step *st, int block_size)
             CHECK(st->slots[t] == (int64_t)q->block_table[p / block_size] * block_size + p % block_size);
             CHECK(st->token_ids[t] == q->history[p]);
         }
-        if (q->want_sample) q->out.token = fake_token(q->history, q->n_history);
+        if (q->n_draft > 0) { /* verification: the fake token at each position, while it is the draft */
+            CHECK(q->want_sample && q->query_len == q->n_draft + 1 && q->spec_out);
+            int n = 0;
+            for (int i = 0; i <= q->n_draft; i++) {
+                int32_t tk = fake_token(q->history, q->n_history + i);
+                memset(&q->spec_out[n], 0, sizeof q->spec_out[n]);
+                q->spec_out[n++].token = tk;
+                if (i == q->n_draft || tk != q->history[q->n_history + i]) break;
+            }
+            q->n_spec_out = n;
+        } else if (q->want_sample) {
+            q->out.token = fake_token(q->history, q->n_history);
+        }
     }
 }
 
@@ -1658,6 +1673,283 @@ static void test_guide_fuzz(void)
     CHECK(compiled > 0);
 }
 
+/* ---- speculative decoding ---- */
+
+static void test_ngram_propose(void)
+{
+    int32_t d[8];
+    const int32_t a[] = {1, 2, 3, 4, 5, 9, 1, 2, 3};
+    CHECK(sched_ngram_propose(a, 9, 1, 3, 3, d) == 3 && d[0] == 4 && d[1] == 5 && d[2] == 9);
+    /* the latest occurrence of the suffix */
+    const int32_t b[] = {1, 2, 7, 1, 2, 8, 1, 2};
+    CHECK(sched_ngram_propose(b, 8, 2, 2, 3, d) == 3 && d[0] == 8 && d[1] == 1 && d[2] == 2);
+    /* the longest suffix first: [5 1 2] beats the later [1 2] */
+    const int32_t c[] = {5, 1, 2, 6, 9, 1, 2, 7, 5, 1, 2};
+    CHECK(sched_ngram_propose(c, 11, 1, 3, 3, d) == 3 && d[0] == 6 && d[1] == 9 && d[2] == 1);
+    CHECK(sched_ngram_propose(c, 11, 2, 2, 1, d) == 1 && d[0] == 7);
+    /* nothing as long as min; fewer tokens than k after the match */
+    const int32_t e[] = {3, 4, 5, 6, 3};
+    CHECK(sched_ngram_propose(e, 5, 2, 4, 3, d) == 0);
+    CHECK(sched_ngram_propose(e, 5, 1, 4, 4, d) == 4 && d[0] == 4 && d[3] == 3);
+    CHECK(sched_ngram_propose(e, 1, 1, 4, 4, d) == 0);
+}
+
+/* The tokens fake_forward will sample after hist[0..n): a drafter that is
+ * always right (every draft accepted) or right only at its first draft. */
+static bool half_right;
+static int oracle_drafts(void *arg, uint64_t id, const int32_t *tokens, int n, int k, int32_t *draft)
+{
+    (void)arg, (void)id;
+    int32_t h[512];
+    memcpy(h, tokens, (size_t)n * sizeof *h);
+    for (int i = 0; i < k; i++) {
+        h[n + i] = fake_token(h, n + i);
+        draft[i] = half_right && i > 0 ? h[n + i] + 1 : h[n + i];
+    }
+    return k;
+}
+
+static sched *mk_spec(kv_pool *p, int seqs, int budget, int max_len, int k, bool always)
+{
+    struct sched_config c = {.block_size = kv_pool_block_size(p), .max_num_seqs = seqs,
+                             .max_num_batched_tokens = budget, .max_model_len = max_len,
+                             .spec = {.method = SCHED_SPEC_NGRAM, .num_speculative_tokens = k,
+                                      .prompt_lookup_min = 1, .prompt_lookup_max = 3, .always = always}};
+    sched *s = sched_create(&c, p, NULL, err, sizeof err);
+    CHECKF(s != NULL, "%s", err);
+    struct sched_drafter d = {.propose = oracle_drafts};
+    if (s) sched_set_drafter(s, &d);
+    return s;
+}
+
+/* Verification steps as planned: the drafts after the last sampled token,
+ * never past max_tokens, a stop id honoured at its token, the accepted
+ * drafts counted by position; every output is the one without drafts, in
+ * fewer steps; a pool too small for the drafts' blocks plans none. */
+static void test_spec_plan(void)
+{
+    enum { N = 5, PL = 7 };
+    int32_t prompts[N][PL], ref[N][32];
+    int max_tok[N] = {1, 2, 5, 9, 13}, n_ref[N];
+    for (int r = 0; r < N; r++)
+        for (int i = 0; i < PL; i++) prompts[r][i] = 3 * r + i + 1;
+    int plain_steps = 0;
+    for (int r = 0; r < N; r++) {
+        kv_pool *p = kv_pool_create(64, 4, false, err, sizeof err);
+        sched *s = mk(p, 8, 64, 64, 0.0f);
+        struct sched_request rq = req(prompts[r], PL, max_tok[r], SCHED_PRIO_BATCH);
+        n_ev = 0;
+        submit(s, &rq, 1);
+        plain_steps += drain(s, p, 4);
+        n_ref[r] = tokens_of(1, ref[r]);
+        CHECK(n_ref[r] == max_tok[r]);
+        sched_destroy(s);
+        kv_pool_destroy(p);
+    }
+    for (int half = 0; half < 2; half++) {
+        half_right = half;
+        kv_pool *p = kv_pool_create(64, 4, false, err, sizeof err);
+        sched *s = mk_spec(p, 8, 64, 64, 4, true);
+        n_ev = 0;
+        for (int r = 0; r < N; r++) {
+            struct sched_request rq = req(prompts[r], PL, max_tok[r], SCHED_PRIO_BATCH);
+            submit(s, &rq, (uint64_t)r + 1);
+        }
+        /* a stop id inside what the drafts reach: the third token of the last request */
+        int32_t stop_id = ref[N - 1][2];
+        struct sched_request rs = req(prompts[N - 1], PL, max_tok[N - 1], SCHED_PRIO_BATCH);
+        rs.stop_token_ids = &stop_id;
+        rs.n_stop_token_ids = 1;
+        submit(s, &rs, 99);
+        struct step st;
+        int steps = 0;
+        while (sched_has_work(s) && steps < 200) {
+            CHECK(sched_plan_step(s, &st) > 0);
+            for (int i = 0; i < st.n_seqs; i++) {
+                const struct step_seq *q = &st.seqs[i];
+                CHECK(q->n_draft >= 0 && q->n_draft <= 4);
+                if (q->n_draft) CHECK(q->query_len == q->n_draft + 1 && q->n_history + q->n_draft == q->context_len);
+            }
+            fake_forward(&st, 4);
+            sched_complete_step(s, &st, collect, NULL);
+            CHECKF(kv_debug_check(p, err, sizeof err) == 0, "%s", err);
+            steps++;
+        }
+        for (int r = 0; r < N; r++) {
+            int32_t got[64];
+            int n = tokens_of((uint64_t)r + 1, got);
+            CHECKF(n == max_tok[r] && !memcmp(got, ref[r], sizeof(int32_t) * (size_t)n), "request %d: %d tokens", r, n);
+        }
+        int32_t got[64];
+        int k = 0;
+        while (k < 3 && ref[N - 1][k] != stop_id) k++;
+        CHECKF(tokens_of(99, got) == k + 1 && !memcmp(got, ref[N - 1], sizeof(int32_t) * (size_t)(k + 1)),
+               "the stop id ended the output at token %d", tokens_of(99, got));
+        struct sched_stats ss;
+        sched_get_stats(s, &ss);
+        CHECK(ss.spec_drafts > 0 && ss.spec_accepted_per_pos[0] > 0);
+        if (half) CHECKF(ss.spec_accepted_per_pos[1] == 0 && ss.spec_accepted_tokens == ss.spec_accepted_per_pos[0],
+                         "half-right drafts: %llu accepted at the second position",
+                         (unsigned long long)ss.spec_accepted_per_pos[1]);
+        else CHECKF(ss.spec_accepted_tokens == ss.spec_draft_tokens, "right drafts: %llu of %llu accepted",
+                    (unsigned long long)ss.spec_accepted_tokens, (unsigned long long)ss.spec_draft_tokens);
+        CHECKF(steps < plain_steps, "%d steps with drafts, %d without", steps, plain_steps);
+        CHECK(kv_pool_available(p) == 64);
+        sched_destroy(s);
+        kv_pool_destroy(p);
+    }
+    half_right = false;
+
+    /* a budget of 16 tokens for eight decodes: the drafts take only what the decodes leave */
+    {
+        kv_pool *pb = kv_pool_create(64, 4, false, err, sizeof err);
+        sched *sb = mk_spec(pb, 8, 16, 64, 4, true);
+        n_ev = 0;
+        for (int r = 0; r < 8; r++) {
+            struct sched_request rq = req(prompts[r % N], 2, 10, SCHED_PRIO_BATCH);
+            submit(sb, &rq, (uint64_t)r + 1);
+        }
+        struct step st;
+        CHECK(one_step(sb, &st, 4) == 16); /* the eight prompts */
+        for (int k = 0; k < 4 && sched_has_work(sb); k++) {
+            struct sched_stats ss;
+            sched_get_stats(sb, &ss);
+            int n = sched_plan_step(sb, &st), drafts = 0;
+            for (int i = 0; i < st.n_seqs; i++) drafts += st.seqs[i].n_draft;
+            CHECKF(st.n_seqs == ss.n_running && n <= 16 && drafts == n - st.n_seqs,
+                   "step %d: %d of %d decodes, %d tokens", k, st.n_seqs, ss.n_running, n);
+            fake_forward(&st, 4);
+            sched_complete_step(sb, &st, collect, NULL);
+        }
+        sched_destroy(sb);
+        kv_pool_destroy(pb);
+    }
+
+    /* a pool whose blocks the sequences hold all: drafts only as far as their
+     * own blocks reach, nobody preempted for them */
+    kv_pool *p = kv_pool_create(2, 4, false, err, sizeof err);
+    sched *s = mk_spec(p, 8, 64, 8, 4, true);
+    n_ev = 0;
+    for (int r = 0; r < 2; r++) {
+        struct sched_request rq = req(prompts[r], 2, 6, SCHED_PRIO_BATCH);
+        submit(s, &rq, (uint64_t)r + 1);
+    }
+    struct step st;
+    CHECK(one_step(s, &st, 4) == 4); /* both prompts: a block each */
+    CHECK(sched_plan_step(s, &st) > 0); /* decodes at position 2: a draft at 3 fits the block */
+    CHECK(st.n_seqs == 2 && st.seqs[0].n_draft == 1 && st.seqs[1].n_draft == 1);
+    struct sched_stats ss;
+    sched_get_stats(s, &ss);
+    CHECK(ss.preemptions == 0);
+    sched_destroy(s);
+    kv_pool_destroy(p);
+}
+
+/* Drafts made after each step (method mtp, the backend's drafter): every
+ * sequence that decodes on is listed with its last accepted position, the
+ * token after it and blocks for what the drafter writes; drafts made right
+ * (by the fake model's own rule) are all accepted, none made means plain
+ * decodes, and every output is the one without drafts. */
+static void test_spec_made_after_step(void)
+{
+    enum { N = 4, PL = 5 };
+    int32_t prompts[N][PL], ref[N][16];
+    int max_tok[N] = {1, 4, 9, 12};
+    for (int r = 0; r < N; r++)
+        for (int i = 0; i < PL; i++) prompts[r][i] = 7 * r + i + 2;
+    for (int r = 0; r < N; r++) {
+        kv_pool *p = kv_pool_create(64, 4, false, err, sizeof err);
+        sched *s = mk(p, 8, 64, 64, 0.0f);
+        struct sched_request rq = req(prompts[r], PL, max_tok[r], SCHED_PRIO_BATCH);
+        n_ev = 0;
+        submit(s, &rq, 1);
+        drain(s, p, 4);
+        CHECK(tokens_of(1, ref[r]) == max_tok[r]);
+        sched_destroy(s);
+        kv_pool_destroy(p);
+    }
+    for (int make = 0; make < 2; make++) {
+        kv_pool *p = kv_pool_create(64, 4, false, err, sizeof err);
+        struct sched_config c = {.block_size = 4, .max_num_seqs = 8, .max_num_batched_tokens = 64, .max_model_len = 64,
+                                 .spec = {.method = SCHED_SPEC_MTP, .num_speculative_tokens = 3, .always = true}};
+        sched *s = sched_create(&c, p, NULL, err, sizeof err);
+        CHECKF(s != NULL, "%s", err);
+        if (!s) return;
+        n_ev = 0;
+        for (int r = 0; r < N; r++) {
+            struct sched_request rq = req(prompts[r], PL, max_tok[r], SCHED_PRIO_BATCH);
+            submit(s, &rq, (uint64_t)r + 1);
+        }
+        struct step st;
+        int steps = 0, listed = 0;
+        while (sched_has_work(s) && steps < 100) {
+            CHECK(sched_plan_step(s, &st) > 0);
+            fake_forward(&st, 4);
+            sched_complete_step(s, &st, collect, NULL);
+            struct sched_draft_want *w;
+            int n = sched_draft_wants(s, &w);
+            listed += n;
+            for (int i = 0; i < n; i++) {
+                CHECK(w[i].seq >= 0 && w[i].seq < st.n_seqs && w[i].k >= 0 && w[i].k <= 3);
+                CHECK(w[i].n_blocks * 4 >= w[i].pos + (w[i].k > 1 ? w[i].k : 1) + 1);
+                int32_t prev = w[i].token;
+                for (int j = 0; j < w[i].k; j++) /* the token at pos + 2 + j, after prev at pos + 1 + j */
+                    prev = w[i].drafts[j] = fake_next(prev, w[i].pos + 2 + j);
+                w[i].n_made = make ? w[i].k : 0;
+            }
+            steps++;
+        }
+        for (int r = 0; r < N; r++) {
+            int32_t got[32];
+            int n = tokens_of((uint64_t)r + 1, got);
+            CHECKF(n == max_tok[r] && !memcmp(got, ref[r], sizeof(int32_t) * (size_t)n), "request %d: %d tokens", r, n);
+        }
+        struct sched_stats ss;
+        sched_get_stats(s, &ss);
+        CHECK(listed > 0);
+        if (make) CHECKF(ss.spec_drafts > 0 && ss.spec_accepted_tokens == ss.spec_draft_tokens,
+                         "%llu of %llu drafts accepted", (unsigned long long)ss.spec_accepted_tokens,
+                         (unsigned long long)ss.spec_draft_tokens);
+        else CHECK(ss.spec_drafts == 0);
+        sched_destroy(s);
+        kv_pool_destroy(p);
+    }
+}
+
+/* The cost rule: a step whose fixed part dominates (a lone decode, a
+ * memory-bound step) verifies drafts; a step of many decodes whose tokens
+ * cost what a draft does verifies none, but one step in 16 still probes. */
+static void test_spec_cost_rule(void)
+{
+    int32_t prompt[6] = {1, 2, 3, 4, 5, 6};
+    for (int busy = 0; busy < 2; busy++) {
+        kv_pool *p = kv_pool_create(256, 4, false, err, sizeof err);
+        sched *s = mk_spec(p, 16, 256, 128, 3, false);
+        if (busy) set_cost(s, 0.0, 1e-3, 1e-3);
+        else set_cost(s, 20e-3, 1e-3, 1e-3);
+        int n = busy ? 12 : 1;
+        n_ev = 0;
+        for (int r = 0; r < n; r++) {
+            struct sched_request rq = req(prompt, 6, 64, SCHED_PRIO_BATCH);
+            submit(s, &rq, (uint64_t)r + 1);
+        }
+        struct step st;
+        int with = 0, steps = 0;
+        for (; steps < 40 && sched_has_work(s); steps++) {
+            CHECK(sched_plan_step(s, &st) > 0);
+            bool d = false;
+            for (int i = 0; i < st.n_seqs; i++) d |= st.seqs[i].n_draft > 0;
+            with += d;
+            fake_forward(&st, 4);
+            sched_complete_step(s, &st, collect, NULL);
+        }
+        if (busy) CHECKF(with <= steps / 16 + 1, "busy: %d of %d steps verified drafts", with, steps);
+        else CHECKF(with >= steps - 2, "alone: %d of %d steps verified drafts", with, steps);
+        sched_destroy(s);
+        kv_pool_destroy(p);
+    }
+}
+
 int main(void)
 {
     RUN(test_step_composition);
@@ -1674,6 +1966,10 @@ int main(void)
     RUN(test_cost_calibration);
     RUN(test_calibration_in_loop);
     RUN(test_preemption);
+    RUN(test_ngram_propose);
+    RUN(test_spec_plan);
+    RUN(test_spec_made_after_step);
+    RUN(test_spec_cost_rule);
     RUN(test_interactive_takes_slot);
     RUN(test_interactive_never_preempts_interactive);
     RUN(test_no_useless_slot_preemption);
