@@ -78,9 +78,14 @@ struct cpu_backend {
     size_t kv_layer;                /* floats in one GQA layer's K (or V) */
     size_t *kv_off;                 /* [n_layer] first float of each layer's entries in kv */
     struct cpu_mla *mla;            /* the MLA layers' weights and scratch, or NULL */
+    struct cpu_kda *kda;            /* the KDA layers' weights and scratch, or NULL */
+    float *states;                  /* owned: [state_slots][state_bytes / 4] recurrent states (KDA layers) */
+    int state_slots;
+    size_t state_bytes;             /* one slot (model_state_bytes) */
 
     /* scratch, [max_tokens] rows unless said otherwise */
     float *x, *xn;                  /* [n_embd] residual stream, normed / projected */
+    float *hkda;                    /* [n_embd] a KDA layer's output (KDA models only) */
     float *q, *att;                 /* [n_head*hd] */
     float *k, *v;                   /* [n_kv*hd] */
     float *gate, *up;               /* [n_ff] */
@@ -391,6 +396,8 @@ static void rope(float *x, const float *cs, const float *sn, int rope_dim, enum 
 
 static size_t backend_kv_block_bytes(model_backend *mb, int block_size);
 static int backend_kv_alloc(model_backend *mb, int n_blocks, int block_size, char *err, size_t errlen);
+static size_t backend_state_slot_bytes(model_backend *mb);
+static int backend_state_alloc(model_backend *mb, int n_slots, char *err, size_t errlen);
 static int backend_forward(model_backend *mb, struct step *s, char *err, size_t errlen);
 static void backend_destroy(model_backend *mb);
 
@@ -398,6 +405,8 @@ static const struct model_backend_ops cpu_ops = {
     .name = "cpu",
     .kv_block_bytes = backend_kv_block_bytes,
     .kv_alloc = backend_kv_alloc,
+    .state_slot_bytes = backend_state_slot_bytes,
+    .state_alloc = backend_state_alloc,
     .forward = backend_forward,
     .destroy = backend_destroy,
 };
@@ -532,6 +541,7 @@ model_backend *model_cpu_backend_create(const model *m, const struct model_backe
     b->max_in = (int)(E > F ? E : F);
     if ((size_t)b->max_in < Q) b->max_in = (int)Q;
     if (b->max_in < cpu_mla_max_in(c)) b->max_in = cpu_mla_max_in(c);
+    if (b->max_in < cpu_kda_max_in(c)) b->max_in = cpu_kda_max_in(c);
     b->wbuf = zalloc((size_t)b->nt * ROW_BLOCK * b->max_in * sizeof(float));
 
     size_t T = b->max_tokens, S = b->max_seqs, half = c->rope_dim / 2;
@@ -565,6 +575,12 @@ model_backend *model_cpu_backend_create(const model *m, const struct model_backe
     if (c->mla.kv_lora_rank > 0 &&
         !(b->mla = cpu_mla_create(b, c, w, b->max_tokens, b->max_ctx, err, errlen)))
         goto fail;
+    b->state_bytes = model_state_bytes(c);
+    if (b->state_bytes > 0 && !(b->hkda = zalloc(T * E * sizeof(float)))) {
+        sl_seterr(err, errlen, "out of memory for scratch");
+        goto fail;
+    }
+    if (b->state_bytes > 0 && !(b->kda = cpu_kda_create(b, c, w, b->max_tokens, err, errlen))) goto fail;
     return &b->base;
 fail:
     backend_destroy(&b->base);
@@ -612,6 +628,27 @@ static int backend_kv_alloc(model_backend *mb, int n_blocks, int block_size, cha
     return 0;
 }
 
+/* The recurrent layers' states, one slot per running sequence or snapshot. */
+static size_t backend_state_slot_bytes(model_backend *mb) { return ((struct cpu_backend *)mb)->state_bytes; }
+
+static int backend_state_alloc(model_backend *mb, int n_slots, char *err, size_t errlen)
+{
+    struct cpu_backend *b = (struct cpu_backend *)mb;
+    if (n_slots <= 0 || b->state_bytes == 0 || (size_t)n_slots > SIZE_MAX / b->state_bytes) {
+        sl_seterr(err, errlen, "state_alloc: bad size (%d slots of %zu bytes)", n_slots, b->state_bytes);
+        return SL_EINVAL;
+    }
+    free(b->states);
+    b->state_slots = 0;
+    b->states = zalloc((size_t)n_slots * b->state_bytes);
+    if (!b->states) {
+        sl_seterr(err, errlen, "state_alloc: out of memory for %.2f GB", (double)n_slots * b->state_bytes / 1e9);
+        return SL_ENOMEM;
+    }
+    b->state_slots = n_slots;
+    return 0;
+}
+
 /* ---- forward ------------------------------------------------------------------- */
 
 static int check_step(struct cpu_backend *b, const struct step *s, char *err, size_t errlen)
@@ -620,8 +657,13 @@ static int check_step(struct cpu_backend *b, const struct step *s, char *err, si
         sl_seterr(err, errlen, "forward: KV memory not allocated (kv_alloc)");
         return SL_EINVAL;
     }
+    if (b->state_bytes > 0 && !b->states) {
+        sl_seterr(err, errlen, "forward: recurrent state slots not allocated (state_alloc)");
+        return SL_EINVAL;
+    }
     struct model_step_limits lim = {.n_vocab = b->c.n_vocab, .max_tokens = b->max_tokens, .max_seqs = b->max_seqs,
-                                    .max_ctx = b->max_ctx, .block_size = b->block_size, .kv_blocks = b->kv_blocks};
+                                    .max_ctx = b->max_ctx, .block_size = b->block_size, .kv_blocks = b->kv_blocks,
+                                    .state_slots = b->state_bytes > 0 ? b->state_slots : 0};
     return model_step_check(s, &lim, b->tok_seq, err, errlen);
 }
 
@@ -726,6 +768,18 @@ static void gqa_mixer(struct cpu_backend *b, const struct step *s, int l)
     for (size_t i = 0; i < (size_t)T * E; i++) b->x[i] += b->xn[i];
 }
 
+/* One layer's KDA block: x += kda(rmsnorm(x)) (model/cpu_kda.c). */
+static void kda_mixer(struct cpu_backend *b, const struct step *s, int l)
+{
+    const struct model_config *c = &b->c;
+    int T = s->n_tokens, E = c->n_embd;
+#pragma omp parallel for num_threads(b->nt) if (T >= 8)
+    for (int t = 0; t < T; t++)
+        rmsnorm(b->xn + (size_t)t * E, b->x + (size_t)t * E, b->L[l].attn_norm, E, c->norm_eps);
+    cpu_kda_mixer(b->kda, b, s, l, b->xn, b->hkda, b->states);
+    for (size_t i = 0; i < (size_t)T * E; i++) b->x[i] += b->hkda[i];
+}
+
 /* One layer's dense SwiGLU FFN block: x += down(silu(gate(xn)) * up(xn)). */
 static void dense_ffn(struct cpu_backend *b, int l, int T)
 {
@@ -776,12 +830,14 @@ static int backend_forward(model_backend *mb, struct step *s, char *err, size_t 
 
     for (int t = 0; t < T; t++)
         deq_row(&b->tok_embd, s->token_ids[t], b->x + (size_t)t * E);
+    if (b->kda) cpu_kda_begin(b->kda, s, b->states);
 
     for (int l = 0; l < c->n_layer; l++) {
         struct model_layer_kind k = model_layer_kind_of(c, l);
         switch (k.mixer) {
         case MODEL_MIXER_GQA: gqa_mixer(b, s, l); break;
         case MODEL_MIXER_MLA: cpu_mla_mixer(b->mla, b, s, b->tok_seq, l, b->x, b->kv + b->kv_off[l], b->block_size); break;
+        case MODEL_MIXER_KDA: kda_mixer(b, s, l); break;
         }
         switch (k.ffn) {
         case MODEL_FFN_DENSE: dense_ffn(b, l, T); break;
@@ -851,6 +907,9 @@ static void backend_destroy(model_backend *mb)
     struct cpu_backend *b = (struct cpu_backend *)mb;
     if (!b) return;
     cpu_mla_destroy(b->mla);
+    cpu_kda_destroy(b->kda);
+    free(b->states);
+    free(b->hkda);
     free(b->kv_off);
     free(b->wmem);
     free(b->wbuf);
@@ -894,3 +953,24 @@ int cpu_wmat_init(struct wmat *m, const struct model_tensor *t, char *err, size_
 }
 int cpu_threads(const struct cpu_backend *b) { return b->nt; }
 void *cpu_zalloc(size_t n) { return zalloc(n); }
+
+struct cpu_backend *cpu_kernels_create(int nt, int max_in)
+{
+    struct cpu_backend *b = calloc(1, sizeof *b);
+    if (!b) return NULL;
+    b->nt = nt > 0 ? nt : omp_get_num_procs();
+    b->max_in = max_in;
+    b->wbuf = zalloc((size_t)b->nt * ROW_BLOCK * max_in * sizeof(float));
+    if (!b->wbuf) {
+        free(b);
+        return NULL;
+    }
+    return b;
+}
+
+void cpu_kernels_destroy(struct cpu_backend *b)
+{
+    if (!b) return;
+    free(b->wbuf);
+    free(b);
+}

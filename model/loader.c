@@ -57,6 +57,7 @@ const char *model_mixer_name(enum model_mixer k)
     switch (k) {
     case MODEL_MIXER_GQA: return "gqa";
     case MODEL_MIXER_MLA: return "mla";
+    case MODEL_MIXER_KDA: return "kda";
     }
     return "?";
 }
@@ -109,7 +110,9 @@ static int config_final(model *m, char *err, size_t errlen)
 
 static void kind_words(const struct model_config *c, struct model_layer_kind k, char *out, size_t cap)
 {
-    int n = snprintf(out, cap, "%s + %s", model_mixer_name(k.mixer), model_ffn_name(k.ffn));
+    int n = k.mixer == MODEL_MIXER_KDA
+                ? snprintf(out, cap, "kda %dx%d + %s", c->kda.n_head, c->kda.head_dim, model_ffn_name(k.ffn))
+                : snprintf(out, cap, "%s + %s", model_mixer_name(k.mixer), model_ffn_name(k.ffn));
     if (k.ffn == MODEL_FFN_MOE && n > 0 && (size_t)n < cap) {
         const struct model_moe_config *mc = &c->moe;
         n += snprintf(out + n, cap - (size_t)n, " %d experts top-%d", mc->n_expert, mc->n_expert_used);

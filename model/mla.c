@@ -21,6 +21,7 @@ int64_t model_kv_token_elems(const struct model_config *c, int layer)
         bool ix = a->index_topk > 0 && a->index_full && a->index_full[layer];
         return (int64_t)a->kv_lora_rank + a->qk_rope_head_dim + (ix ? a->index_head_dim : 0);
     }
+    case MODEL_MIXER_KDA: return 0; /* a state per sequence instead (model_state_layer_elems) */
     }
     return 0;
 }
