@@ -54,6 +54,16 @@ static void info_plan(const model *m)
     }
     printf("kv per token: %zu bytes f32 (cpu), %zu bf16, %zu fp8\n", model_kv_bytes_per_token(c, 4),
            model_kv_bytes_per_token(c, 2), model_kv_bytes_per_token(c, 1));
+    size_t sb = model_state_bytes(c);
+    if (sb > 0) {
+        const struct model_kda_config *k = &c->kda;
+        size_t tok = model_kv_bytes_per_token(c, 2);
+        printf("kda: %d heads x %d, conv %d, forget gate %s\n", k->n_head, k->head_dim, k->conv_kernel,
+               k->has_lower_bound ? "lower-bounded" : "softplus");
+        printf("recurrent state per sequence: %zu bytes f32 (%.2f MiB), the KV of %zu tokens at bf16: with prefix "
+               "caching, one snapshot every that many tokens (--mamba-block-size auto) at most doubles the cache's "
+               "bytes per token\n", sb, sb / 1048576.0, tok ? (sb + tok - 1) / tok : 0);
+    }
 }
 
 int api_cmd_info(int argc, char **argv)

@@ -250,6 +250,113 @@ static void test_randomized(void)
     kv_pool_destroy(p);
 }
 
+/* Recurrent-state slots: one per running sequence, taken with its blocks,
+ * given back on release (finish, abort, preemption). */
+static void test_state_slots(void)
+{
+    kv_pool *p = kv_pool_create(8, 4, false, err, sizeof err);
+    CHECK(kv_pool_set_states(p, 2, 0, 1, err, sizeof err) == 0);
+    CHECK(kv_pool_set_states(p, 2, 0, 1, err, sizeof err) == KV_EINVAL); /* once */
+    CHECK(kv_pool_state_slots(p) == 2);
+    struct kv_seq a, b, c;
+    kv_seq_init(&a, 0), kv_seq_init(&b, 0), kv_seq_init(&c, 0);
+    CHECK(kv_seq_reserve(p, &a, 5) == 0 && a.has_state);
+    CHECK(kv_seq_reserve(p, &a, 9) == 0 && a.has_state); /* growing keeps the slot */
+    CHECK(kv_seq_reserve(p, &b, 1) == 0 && b.has_state && b.state != a.state);
+    CHECK(kv_seq_reserve(p, &c, 1) == KV_ENOSPC && !c.has_state && c.n_blocks == 0); /* nothing changed */
+    int32_t sa = a.state;
+    kv_seq_release(p, &a);
+    CHECK(!a.has_state && a.n_blocks == 0);
+    kv_seq_release(p, &a); /* twice is fine */
+    CHECK(kv_seq_reserve(p, &c, 1) == 0 && c.has_state && c.state == sa);
+    struct kv_seq z;
+    memset(&z, 0, sizeof z);
+    kv_seq_release(p, &z); /* a zeroed sequence holds nothing */
+    CHECK(kv_seq_reserve(p, &a, 1) == KV_ENOSPC);
+    kv_seq_deinit(p, &b), kv_seq_deinit(p, &c), kv_seq_deinit(p, &a);
+    CHECK(kv_seq_reserve(p, &a, 1) == 0);
+    kv_seq_deinit(p, &a);
+    CHECK(kv_debug_check(p, err, sizeof err) == 0);
+    kv_pool_destroy(p);
+}
+
+/* Snapshots: planned every snap_every blocks and at a prompt's last
+ * matchable block, attached at commit to the cached block ending there; a
+ * hit stops at the deepest block with one and resumes from it; snapshots
+ * leave with their block or, when slots run out, least recently used first. */
+static void test_state_snapshots(void)
+{
+    kv_pool *p = kv_pool_create(12, 4, true, err, sizeof err);
+    CHECK(kv_pool_set_states(p, 2, 3, 2, err, sizeof err) == 0);
+    int32_t t[22], u[22];
+    fill(t, 22, 100);
+    memcpy(u, t, sizeof u);
+    u[18] = 7; /* shares the first 18 tokens with t */
+    struct kv_seq a, b;
+    kv_seq_init(&a, 0), kv_seq_init(&b, 0);
+    CHECK(kv_seq_match_prefix(p, &a, t, 22) == 0 && !a.has_restore);
+    CHECK(kv_seq_reserve(p, &a, 10) == 0);
+    /* first chunk [0, 10): the grid's 8 */
+    CHECK(kv_seq_plan_snaps(p, &a, 0, 10, 22) == 1 && a.snap_pos[0] == 8 && a.snap_slot[0] >= 2);
+    kv_seq_commit(p, &a, t, 10);
+    CHECK(a.n_snaps == 0 && kv_debug_snap(p, a.blocks[1]) >= 2 && kv_debug_snap(p, a.blocks[0]) == -1);
+    /* second chunk [10, 22): the grid's 16 and the prompt's last full block, 20 */
+    CHECK(kv_seq_reserve(p, &a, 22) == 0);
+    CHECK(kv_seq_plan_snaps(p, &a, 10, 22, 22) == 2 && a.snap_pos[0] == 16 && a.snap_pos[1] == 20);
+    kv_seq_commit(p, &a, t, 22);
+    CHECK(kv_debug_snap(p, a.blocks[3]) >= 2 && kv_debug_snap(p, a.blocks[4]) >= 2 &&
+          kv_debug_snap(p, a.blocks[2]) == -1);
+    struct kv_stats st;
+    kv_pool_stats(p, &st);
+    CHECK(st.snaps_held == 3 && st.snap_slots == 3 && st.state_slots == 2);
+    /* the same prompt: a hit of 20 tokens resuming from block 4's snapshot */
+    CHECK(kv_seq_match_prefix(p, &b, t, 22) == 20 && b.has_restore && b.restore == kv_debug_snap(p, a.blocks[4]));
+    CHECK(b.n_blocks == 5 && b.blocks[4] == a.blocks[4]);
+    kv_seq_release(p, &b);
+    CHECK(!b.has_restore);
+    /* u leaves t after 18 tokens: its blocks 0..3 match, block 3 (16) carries a snapshot */
+    CHECK(kv_seq_match_prefix(p, &b, u, 22) == 16 && b.restore == kv_debug_snap(p, a.blocks[3]));
+    kv_seq_release(p, &b);
+    /* a prompt matching only block 0 (no snapshot there): no hit at all */
+    int32_t v[10];
+    fill(v, 10, 100);
+    v[5] = 1;
+    CHECK(kv_seq_match_prefix(p, &b, v, 10) == 0 && b.n_blocks == 0 && kv_debug_ref(p, a.blocks[0]) == 1);
+    /* snapshot slots run out: a's blocks released to the LRU, a new prompt's
+     * snapshot takes the least recently released block's */
+    kv_seq_release(p, &a);
+    int held_before = 0;
+    for (int i = 0; i < 12; i++) held_before += kv_debug_snap(p, i) >= 0;
+    CHECK(held_before == 3);
+    int32_t w[10];
+    fill(w, 10, 500);
+    CHECK(kv_seq_reserve(p, &b, 10) == 0);
+    CHECK(kv_seq_plan_snaps(p, &b, 0, 10, 10) == 1 && b.snap_pos[0] == 8);
+    kv_seq_commit(p, &b, w, 10);
+    kv_pool_stats(p, &st);
+    CHECK(st.snaps_held == 3);
+    kv_seq_release(p, &b);
+    /* releasing a sequence with planned snapshots gives their slots back */
+    CHECK(kv_seq_reserve(p, &b, 10) == 0 && kv_seq_plan_snaps(p, &b, 0, 10, 10) == 1);
+    kv_seq_deinit(p, &b);
+    CHECK(kv_debug_check(p, err, sizeof err) == 0);
+    /* eviction takes snapshots along: fill the pool with fresh blocks */
+    struct kv_seq big;
+    kv_seq_init(&big, 9);
+    CHECK(kv_seq_reserve(p, &big, 48) == 0);
+    kv_pool_stats(p, &st);
+    CHECK(st.snaps_held == 0);
+    kv_seq_deinit(p, &big);
+    /* every snapshot slot is free again: three can be planned at once */
+    kv_seq_init(&big, 9);
+    int32_t x[26];
+    fill(x, 26, 900);
+    CHECK(kv_seq_reserve(p, &big, 26) == 0 && kv_seq_plan_snaps(p, &big, 0, 26, 26) == 3);
+    kv_seq_deinit(p, &big);
+    CHECK(kv_debug_check(p, err, sizeof err) == 0);
+    kv_pool_destroy(p);
+}
+
 int main(void)
 {
     RUN(test_create_errors);
@@ -257,5 +364,7 @@ int main(void)
     RUN(test_prefix_reuse);
     RUN(test_eviction_order);
     RUN(test_randomized);
+    RUN(test_state_slots);
+    RUN(test_state_snapshots);
     return test_summary();
 }
