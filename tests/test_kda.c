@@ -2,7 +2,8 @@
  * transformers: tests/golden/kda/{lb,nolb}.safetensors, made by
  * tests/golden/kda/make_kda.py (one Glm5NextTextLinearAttention layer with a
  * lower-bounded and a softplus forget gate; separate and fused conv tensors;
- * the forget gate's tensors under self_attn and under self_attn.forget_gate).
+ * the forget gate's tensors under self_attn and under self_attn.forget_gate;
+ * projections in mixed int4/int8/bf16 formats, decided per tensor).
  *
  *  - a 150-token prompt in one step gives the module's output (its chunked
  *    form) within 1e-4 relative, and its final recurrent state and conv tail;
@@ -243,6 +244,32 @@ static void check_golden(const char *file, bool lb)
 }
 
 static void test_golden_lower_bound(void) { check_golden("lb.safetensors", true); }
+
+/* Every projection's format is the file's own, tensor by tensor (the seed
+ * checkpoint's bug was code that assumed a module family stayed bf16). */
+static void test_golden_mixed_formats(void)
+{
+    struct layer L;
+    if (open_layer(&L, "mixed.safetensors", true)) {
+        const struct model_kda_weights *w = &L.lw.kda;
+        struct {
+            const struct model_tensor *t;
+            int bits, group; /* 0: bf16 */
+        } want[] = {{&w->q, 4, 32}, {&w->o, 4, 32}, {&w->k, 8, 64}, {&w->f_a, 8, 64}, {&w->b, 8, 64},
+                    {&w->f_b, 4, 16}, {&w->g_b, 4, 16}, {&w->v, 0, 0}, {&w->g_a, 0, 0}};
+        for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+            const struct model_tensor *t = want[i].t;
+            if (want[i].bits == 0)
+                CHECKF(t->dtype == MODEL_DT_BF16, "%s: %s", t->name, model_dtype_name(t->dtype));
+            else
+                CHECKF(t->dtype == MODEL_DT_QPACK && t->quant->bits == want[i].bits &&
+                           t->quant->group == want[i].group && t->quant->sym,
+                       "%s: %s", t->name, model_dtype_name(t->dtype));
+        }
+    }
+    close_layer(&L);
+    check_golden("mixed.safetensors", true);
+}
 static void test_golden_softplus(void) { check_golden("nolb.safetensors", false); }
 
 /* The prompt in steps of the given lengths into slot `slot`, outputs in out. */
@@ -410,6 +437,7 @@ int main(void)
 {
     RUN(test_golden_lower_bound);
     RUN(test_golden_softplus);
+    RUN(test_golden_mixed_formats);
     RUN(test_split_exact);
     RUN(test_snapshots);
     RUN(test_config_keys);

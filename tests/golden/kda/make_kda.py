@@ -19,6 +19,14 @@ o_norm drawn away from their constant initialisations).
   nolb.safetensors     linear_lower_bound null (the softplus gate); the conv fused
                        (conv1d [3C, 1, 4], transformers' in-memory layout) and the
                        forget gate under self_attn.forget_gate.
+  mixed.safetensors    as lb (its own weights), with the projections in mixed
+                       compressed-tensors pack-quantized formats, each decided by
+                       the file alone (no quantization_config): q_proj and o_proj
+                       int4 group 32, k_proj, f_a_proj and b_proj int8 per
+                       channel, f_b_proj and g_b_proj int4 group 16, v_proj and
+                       g_a_proj bf16. The goldens run the dequantized values
+                       (round to nearest: scale = bf16(absmax / 7.5 or 127.5),
+                       q = round-half-even(bf16(w / scale)), w = bf16(q scale)).
 
 Each file holds, besides the weights (prefix model.layers.0.self_attn.):
   x          [150, 64]  the layer's input (150 tokens: the reference's prefill runs
@@ -64,6 +72,33 @@ def make(lower_bound, seed):
     return cfg, m
 
 
+def rtn(w, bits, group):
+    """compressed-tensors pack-quantized, symmetric round to nearest: the
+    packed words [out, in*bits/32] (q + 2^(bits-1), low bits first), the bf16
+    scales [out, in/group], and the dequantized weight."""
+    out, inp = w.shape
+    g = group or inp
+    wb = w.to(torch.bfloat16).float().view(out, inp // g, g)
+    qmax = 7.5 if bits == 4 else 127.5
+    scale = (wb.abs().amax(-1, keepdim=True) / qmax).to(torch.bfloat16).float()
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+    q = torch.round((wb / scale).to(torch.bfloat16).float())
+    q = q.clamp(-(1 << (bits - 1)), (1 << (bits - 1)) - 1)
+    deq = (q * scale).to(torch.bfloat16).float().view(out, inp)
+    u = (q.view(out, inp) + (1 << (bits - 1))).to(torch.int64)
+    per = 32 // bits
+    u = u.view(out, inp // per, per)
+    words = torch.zeros(out, inp // per, dtype=torch.int64)
+    for i in range(per):
+        words |= u[:, :, i] << (bits * i)
+    words = torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
+    return words, scale.view(out, inp // g).to(torch.bfloat16), deq
+
+
+MIXED = {"q_proj": (4, 32), "o_proj": (4, 32), "k_proj": (8, 0), "f_a_proj": (8, 0), "b_proj": (8, 0),
+         "f_b_proj": (4, 16), "g_b_proj": (4, 16)}
+
+
 def pieces(m, x):
     """The module's forward spelled out (the same calls), returning what it
     keeps: the output, the conv inputs and the final recurrent state."""
@@ -82,8 +117,16 @@ def pieces(m, x):
 
 
 @torch.no_grad()
-def golden(name, lower_bound, seed, fused):
+def golden(name, lower_bound, seed, fused, mixed=False):
     cfg, m = make(lower_bound, seed)
+    packed = {}
+    if mixed:
+        mods = {"q_proj": m.q_proj, "k_proj": m.k_proj, "b_proj": m.b_proj, "g_b_proj": m.g_b_proj,
+                "o_proj": m.o_proj, "f_a_proj": m.forget_gate.f_a_proj, "f_b_proj": m.forget_gate.f_b_proj}
+        for nm, (bits, group) in MIXED.items():
+            words, scale, deq = rtn(mods[nm].weight, bits, group)
+            mods[nm].weight.copy_(deq)
+            packed[nm] = (words, scale, mods[nm].weight.shape)
     K, C = cfg.linear_conv_kernel_dim, m.qkv_dim
     x = torch.randn(1, N, cfg.hidden_size)
     dec_x = torch.randn(1, ND, cfg.hidden_size)
@@ -113,12 +156,17 @@ def golden(name, lower_bound, seed, fused):
     print(f"{name}: decode vs one pass rel {rel:.2e}, |out| max {out.abs().max():.3f}")
 
     t = {}
-    for nm, lin in (("q_proj", m.q_proj), ("k_proj", m.k_proj), ("v_proj", m.v_proj), ("b_proj", m.b_proj),
-                    ("g_a_proj", m.g_a_proj), ("g_b_proj", m.g_b_proj), ("o_proj", m.o_proj)):
-        t[PFX + nm + ".weight"] = lin.weight.to(torch.bfloat16).contiguous()
     fg = "" if not fused else "forget_gate."
-    t[PFX + fg + "f_a_proj.weight"] = m.forget_gate.f_a_proj.weight.to(torch.bfloat16).contiguous()
-    t[PFX + fg + "f_b_proj.weight"] = m.forget_gate.f_b_proj.weight.to(torch.bfloat16).contiguous()
+    for nm, lin in (("q_proj", m.q_proj), ("k_proj", m.k_proj), ("v_proj", m.v_proj), ("b_proj", m.b_proj),
+                    ("g_a_proj", m.g_a_proj), ("g_b_proj", m.g_b_proj), ("o_proj", m.o_proj),
+                    (fg + "f_a_proj", m.forget_gate.f_a_proj), (fg + "f_b_proj", m.forget_gate.f_b_proj)):
+        if nm in packed:
+            words, scale, shape = packed[nm]
+            t[PFX + nm + ".weight_packed"] = words.contiguous()
+            t[PFX + nm + ".weight_scale"] = scale.contiguous()
+            t[PFX + nm + ".weight_shape"] = torch.tensor(list(shape), dtype=torch.int64)
+        else:
+            t[PFX + nm + ".weight"] = lin.weight.to(torch.bfloat16).contiguous()
     t[PFX + fg + "dt_bias"] = m.forget_gate.dt_bias.clone()
     t[PFX + fg + "A_log"] = m.forget_gate.A_log.clone()
     t[PFX + "o_norm.weight"] = m.o_norm.weight.clone()
@@ -143,3 +191,4 @@ def golden(name, lower_bound, seed, fused):
 
 golden("lb", -5.0, 51, fused=False)
 golden("nolb", None, 52, fused=True)
+golden("mixed", -5.0, 53, fused=False, mixed=True)
