@@ -357,6 +357,100 @@ static void test_state_snapshots(void)
     kv_pool_destroy(p);
 }
 
+/* Randomized sequences with recurrent state: a snapshot slot's content (the
+ * prefix it was "computed" after) is recorded when it is filled; a hit must
+ * resume from a snapshot of exactly its matched prefix, no slot is ever held
+ * by two blocks or by a block and a sequence, and every slot comes back. */
+static uint64_t prefix_hash(const int32_t *t, int n)
+{
+    uint64_t h = 1469598103934665603ULL;
+    for (int i = 0; i < n; i++) h = (h ^ (uint32_t)t[i]) * 1099511628211ULL;
+    return h ^ (uint64_t)n << 56;
+}
+
+static void test_randomized_states(void)
+{
+    enum { NSEQ = 4, NSNAP = 6 };
+    kv_pool *p = kv_pool_create(R_BLOCKS, R_BS, true, err, sizeof err);
+    CHECK(kv_pool_set_states(p, NSEQ, NSNAP, 2, err, sizeof err) == 0);
+    static uint64_t snap_content[NSEQ + NSNAP];
+    struct rseq q[R_SEQS];
+    memset(q, 0, sizeof q);
+    int bad = 0, restores = 0, live = 0;
+    for (int op = 0; op < 20000 && !bad; op++) {
+        struct rseq *r = &q[rnd(R_SEQS)];
+        if (!r->live) {
+            if (live == NSEQ) continue; /* at most NSEQ running, as the scheduler keeps it */
+            kv_seq_init(&r->s, rnd(5) == 0 ? 7 : 0);
+            r->n_tok = 1 + (int)rnd(R_MAXTOK);
+            int doc = (int)rnd(3), shared = (int)rnd((uint32_t)r->n_tok + 1);
+            for (int i = 0; i < r->n_tok; i++) r->tok[i] = i < shared ? doc * 1000 + i : (int32_t)rnd(4);
+            int m = kv_seq_match_prefix(p, &r->s, r->tok, r->n_tok);
+            if (m > 0) {
+                restores++;
+                if (!r->s.has_restore || r->s.restore < NSEQ || snap_content[r->s.restore] != prefix_hash(r->tok, m)) {
+                    printf("  op %d: a hit of %d tokens resumes from a wrong snapshot\n", op, m);
+                    bad = 1;
+                }
+            } else if (r->s.has_restore) {
+                bad = 1;
+            }
+            r->n_done = m;
+            r->live = true;
+            live++;
+            if (kv_seq_reserve(p, &r->s, m + 1) != 0) { /* the scheduler gives up the admission */
+                kv_seq_deinit(p, &r->s);
+                r->live = false;
+                live--;
+            }
+        } else if (rnd(4) == 0) {
+            kv_seq_deinit(p, &r->s);
+            r->live = false;
+            live--;
+        } else if (r->n_done < r->n_tok) {
+            int upto = r->n_done + 1 + (int)rnd((uint32_t)(r->n_tok - r->n_done));
+            if (kv_seq_reserve(p, &r->s, upto) != 0) continue;
+            if (!r->s.has_state || r->s.state >= NSEQ) bad = 1;
+            r->s.has_restore = false; /* the step copied it */
+            kv_seq_plan_snaps(p, &r->s, r->n_done, upto, r->n_tok);
+            for (int i = 0; i < r->s.n_snaps; i++) {
+                int k = r->s.snap_slot[i];
+                if (k < NSEQ || k >= NSEQ + NSNAP) bad = 1;
+                else snap_content[k] = prefix_hash(r->tok, r->s.snap_pos[i]); /* the step writes it */
+            }
+            r->n_done = upto;
+            kv_seq_commit(p, &r->s, r->tok, r->n_done);
+            if (r->s.n_snaps != 0) bad = 1; /* all attached or freed */
+        }
+        /* every slot has at most one holder: a block, or a running sequence's state */
+        int holder[NSEQ + NSNAP] = {0};
+        for (int b = 0; b < R_BLOCKS; b++)
+            if (kv_debug_snap(p, b) >= 0) holder[kv_debug_snap(p, b)]++;
+        for (int k = 0; k < R_SEQS; k++)
+            if (q[k].live && q[k].s.has_state) holder[q[k].s.state]++;
+        for (int k = 0; k < NSEQ + NSNAP; k++)
+            if (holder[k] > 1) {
+                printf("  op %d: slot %d has %d holders\n", op, k, holder[k]);
+                bad = 1;
+            }
+        if (kv_debug_check(p, err, sizeof err)) {
+            printf("  op %d: %s\n", op, err);
+            bad = 1;
+        }
+    }
+    CHECK(!bad);
+    CHECKF(restores > 100, "only %d restores", restores);
+    for (int k = 0; k < R_SEQS; k++)
+        if (q[k].live) kv_seq_deinit(p, &q[k].s);
+    struct kv_seq t[NSEQ + 1];
+    for (int i = 0; i <= NSEQ; i++) { /* every sequence slot is back */
+        kv_seq_init(&t[i], 3);
+        CHECK(kv_seq_reserve(p, &t[i], 1) == (i < NSEQ ? 0 : KV_ENOSPC));
+    }
+    for (int i = 0; i <= NSEQ; i++) kv_seq_deinit(p, &t[i]);
+    kv_pool_destroy(p);
+}
+
 int main(void)
 {
     RUN(test_create_errors);
@@ -366,5 +460,6 @@ int main(void)
     RUN(test_randomized);
     RUN(test_state_slots);
     RUN(test_state_snapshots);
+    RUN(test_randomized_states);
     return test_summary();
 }
