@@ -133,6 +133,12 @@ int model_dummy_weights(const struct model_config *c, const struct quant_cfg *qc
         if (C > nv) nv = C;
         if (ID > nv) nv = ID;
     }
+    int64_t KH = c->kda.n_head, KD = c->kda.head_dim, KC = KH * KD;
+    if (KC > 0) { /* KDA: q/k/v and o [C][E], the conv taps, dt_bias [C] */
+        if (KC * E > big) big = KC * E;
+        if (KC * c->kda.conv_kernel > big) big = KC * c->kda.conv_kernel;
+        if (KC > nv) nv = KC;
+    }
     const struct model_moe_config *mc = &c->moe;
     int64_t FE = mc->n_ff_expert, FS = mc->n_ff_shared, NE = mc->n_expert;
     if (FE * E > big) big = FE * E;
@@ -159,7 +165,7 @@ int model_dummy_weights(const struct model_config *c, const struct quant_cfg *qc
          * bytes; scales (at most a group of 8 columns each) in bf16 pools of
          * about 0.02 / 2^(bits-1), so that the weights span what the bf16
          * dummies do */
-        int nmax = 7 * c->n_layer + 1 + n_moe * (3 + 3 * (int)NE);
+        int nmax = 9 * c->n_layer + 1 + n_moe * (3 + 3 * (int)NE); /* a KDA layer has 9 projections */
         d->quants = calloc((size_t)nmax, sizeof *d->quants);
         d->gidx = calloc((size_t)nmax, sizeof *d->gidx);
         d->n_bytes = big + 2 * SLACK;
@@ -225,6 +231,25 @@ int model_dummy_weights(const struct model_config *c, const struct quant_cfg *qc
                 vec(d, &A->ix_k_norm_b, "indexer.k_norm.bias (dummy)", ID, false);
                 mat(d, &A->ix_weights, "indexer.weights_proj (dummy)", IX, E);
             }
+            goto ffn;
+        }
+        if (model_layer_kind_of(c, l).mixer == MODEL_MIXER_KDA) {
+            /* KDA: every projection as the config quantizes its module, the small tensors bf16 (A_log and
+               dt_bias 0, o_norm 1) */
+            struct model_kda_weights *K = &L->kda;
+            static const char *const kn[9] = {"q_proj", "k_proj", "v_proj", "f_a_proj", "f_b_proj", "b_proj",
+                                              "g_a_proj", "g_b_proj", "o_proj"};
+            struct model_tensor *kt[9] = {&K->q, &K->k, &K->v, &K->f_a, &K->f_b, &K->b, &K->g_a, &K->g_b, &K->o};
+            const int64_t kr[9] = {KC, KC, KC, KD, KC, KH, KD, KC, E}, kcol[9] = {E, E, E, E, KD, E, E, KD, KC};
+            for (int i = 0; i < 9; i++) {
+                char km[96];
+                snprintf(km, sizeof km, "model.layers.%d.self_attn.%s", l, kn[i]);
+                if ((rc = proj(d, qc, kt[i], "kda projection (dummy)", km, kr[i], kcol[i], err, errlen))) goto fail;
+            }
+            for (int i = 0; i < 3; i++) mat(d, &K->conv[i], "kda conv1d (dummy)", KC, c->kda.conv_kernel);
+            vec(d, &K->dt_bias, "kda dt_bias (dummy)", KC, false);
+            vec(d, &K->A_log, "kda A_log (dummy)", KH, false);
+            vec(d, &K->o_norm, "kda o_norm (dummy)", KD, true);
             goto ffn;
         }
         if ((rc = proj(d, qc, &L->wq, "attn_q (dummy)", mod[0], Q, E, err, errlen)) ||
