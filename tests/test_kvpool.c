@@ -353,6 +353,7 @@ static void test_state_snapshots(void)
     fill(x, 26, 900);
     CHECK(kv_seq_reserve(p, &big, 26) == 0 && kv_seq_plan_snaps(p, &big, 0, 26, 26) == 3);
     kv_seq_deinit(p, &big);
+    kv_seq_deinit(p, &a);
     CHECK(kv_debug_check(p, err, sizeof err) == 0);
     kv_pool_destroy(p);
 }
