@@ -118,9 +118,9 @@ static size_t held_bytes(const struct model_tensor *t)
            (q->sym ? 0 : (size_t)(q->rows * q->n_groups * q->bits / 8)) + (q->g_idx ? (size_t)q->cols * 4 : 0);
 }
 
-/* A KDA layer's projections as the checkpoint names them (its q, k, v, the
- * forget gate's f_a/f_b, beta's b, the output gate's g_a/g_b, o), each
- * packed where qc says, plus its f32 convolution, dt_bias and A_log and the
+/* A KDA layer's projections (its q, k, v, the forget gate's f_a/f_b, beta's
+ * b, the output gate's g_a/g_b, o), each packed where qc says of its module
+ * (the in-memory names a quantization_config's targets and ignore use), plus its f32 convolution, dt_bias and A_log and the
  * output norm: the bytes the layer holds. No backend runs KDA yet (its weights
  * are model/kda.c's), so only their size is kept. */
 static int kda_bytes(struct dummy *d, const struct quant_cfg *qc, const struct model_config *c, int l, size_t *bytes,
@@ -128,7 +128,8 @@ static int kda_bytes(struct dummy *d, const struct quant_cfg *qc, const struct m
 {
     int64_t E = c->n_embd, H = c->kda.n_head, D = c->kda.head_dim, HD = H * D;
     const struct { const char *name; int64_t rows, cols; } pr[] = {
-        {"q_proj", HD, E}, {"k_proj", HD, E}, {"v_proj", HD, E}, {"f_a_proj", D, E}, {"f_b_proj", HD, D},
+        {"q_proj", HD, E}, {"k_proj", HD, E}, {"v_proj", HD, E}, {"forget_gate.f_a_proj", D, E},
+        {"forget_gate.f_b_proj", HD, D},
         {"b_proj", H, E}, {"g_a_proj", D, E}, {"g_b_proj", HD, D}, {"o_proj", E, HD},
     };
     for (size_t i = 0; i < sizeof pr / sizeof *pr; i++) {
