@@ -1,4 +1,5 @@
 /* cmd_info.c - `sluice info`: what this build can do and what a model is. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,36 +48,51 @@ static void info_plan(const model *m)
             else
                 printf("dsa indexer: off (index_topk null): dense MLA\n");
         }
+        if (a->index_kpool > 0 && a->index_topk > 0)
+            printf("dsa indexer k-pools: %d keys a pool, %d pools a query%s\n", a->index_kpool,
+                   a->index_topk / a->index_kpool, a->index_kpool_tail ? " + its own incomplete pool" : "");
         const struct model_weights *w = model_get_weights(m);
         if (a->n_mtp_layers > 0)
             printf("mtp: %d layer(s), %d tensors, %.2f MB (loaded, not run)\n", a->n_mtp_layers, w->mtp_tensors,
                    w->mtp_bytes / 1e6);
     }
+    if (c->hc.mult > 0)
+        printf("hyper-connections: %d residual streams, %d Sinkhorn iterations, eps %g\n", c->hc.mult,
+               c->hc.sinkhorn_iters, c->hc.eps);
     printf("kv per token: %zu bytes f32 (cpu), %zu bf16, %zu fp8\n", model_kv_bytes_per_token(c, 4),
            model_kv_bytes_per_token(c, 2), model_kv_bytes_per_token(c, 1));
     size_t sb = model_state_bytes(c);
     if (sb > 0) {
         const struct model_kda_config *k = &c->kda;
+        int n_kda = 0;
+        for (int l = 0; l < c->n_layer; l++) n_kda += model_layer_kind_of(c, l).mixer == MODEL_MIXER_KDA;
         size_t tok = model_kv_bytes_per_token(c, 2);
-        printf("kda: %d heads x %d, conv %d, forget gate %s\n", k->n_head, k->head_dim, k->conv_kernel,
-               k->has_lower_bound ? "lower-bounded" : "softplus");
+        printf("kda: %d layers, %d heads of %d, conv %d, forget gate %s (lower bound %g)\n", n_kda, k->n_head,
+               k->head_dim, k->conv_kernel, isnan(k->lower_bound) ? "softplus" : "lower-bounded", k->lower_bound);
+        /* per sequence and layer: a [head_dim][head_dim] matrix per head, and the conv's last inputs */
         printf("recurrent state per sequence: %zu bytes f32 (%.2f MiB), the KV of %zu tokens at bf16: with prefix "
                "caching, one snapshot every that many tokens (--mamba-block-size auto) at most doubles the cache's "
                "bytes per token\n", sb, sb / 1048576.0, tok ? (sb + tok - 1) / tok : 0);
     }
+    const struct model_weights *w = model_get_weights(m);
+    printf("weights in memory: %.2f GB (mtp %.2f GB%s)\n", model_weight_bytes(m) / 1e9, w->mtp_bytes / 1e9,
+           w->unbound_bytes ? ", kda layers counted" : "");
 }
 
 int api_cmd_info(int argc, char **argv)
 {
-    const char *model_path = NULL;
+    const char *model_path = NULL, *load_format = NULL, *hf_overrides = NULL, *tokenizer = NULL;
     const struct api_flag flags[] = {
         {"--model", API_FLAG_STR, &model_path, "GGUF file or HF checkpoint directory", NULL},
+        {"--load-format", API_FLAG_STR, &load_format, "auto, or dummy: random weights from a config.json dir", NULL},
+        {"--hf-overrides", API_FLAG_STR, &hf_overrides, "JSON object applied to the model's config (vLLM's)", NULL},
+        {"--tokenizer", API_FLAG_STR, &tokenizer, "take the tokenizer from another model", NULL},
         {0},
     };
     char err[512];
     const char *pos[1];
     int flags_rc;
-    int np = api_cmd_flags("info", "usage: sluice info [--model PATH]\n\n", argc, argv, 2, flags, pos, 1, &flags_rc);
+    int np = api_cmd_flags("info", "usage: sluice info [--model PATH] [--load-format dummy] [--hf-overrides JSON] [--tokenizer PATH]\n\n", argc, argv, 2, flags, pos, 1, &flags_rc);
     if (np < 0) return flags_rc;
     if (np == 1 && !model_path) model_path = pos[0];
     char gpus[1024];
@@ -84,7 +100,8 @@ int api_cmd_info(int argc, char **argv)
     printf("gpus: %s%s\n", n_gpu > 0 ? "" : "none: ", gpus);
     printf("cuda backend: %s\n", model_cuda_available() ? "available" : "not available");
     if (!model_path) return 0;
-    struct model_load_opts lo = {0};
+    struct model_load_opts lo = {.load_format = load_format, .hf_overrides = hf_overrides, .tokenizer = tokenizer};
+    bool dummy = load_format && !strcmp(load_format, "dummy");
     model *m = model_load(model_path, &lo, err, sizeof err);
     if (!m) {
         fprintf(stderr, "sluice info: %s\n", err);
@@ -92,7 +109,7 @@ int api_cmd_info(int argc, char **argv)
     }
     /* info is where one looks at a checkpoint before serving it: damaged
      * weights are named here, whatever the cost of reading them all */
-    int wrc = model_check_weights(m, err, sizeof err);
+    int wrc = dummy ? 0 : model_check_weights(m, err, sizeof err);
     const struct model_config *c = model_get_config(m);
     printf("arch: %s\nlayers: %d\nhidden: %d\nffn: %d\nheads: %d (kv %d, head_dim %d)\nvocab: %d\n"
            "context: %d\nrope: %s theta %g%s\ntied embeddings: %s\n",
@@ -100,7 +117,8 @@ int api_cmd_info(int argc, char **argv)
            c->n_vocab, c->n_ctx_train, c->rope_type == MODEL_ROPE_NEOX ? "neox" : "norm", c->rope_theta,
            c->rope_llama3_factor > 0 ? " (llama3 scaling)" : "", c->tie_embeddings ? "yes" : "no");
     info_plan(m);
-    printf("tokenizer: %d tokens\nweight values: %s\n", model_tok_n_vocab(model_get_tok(m)), wrc ? "DAMAGED" : "all finite");
+    printf("tokenizer: %d tokens\nweight values: %s\n", model_tok_n_vocab(model_get_tok(m)),
+           dummy ? "dummy (random)" : wrc ? "DAMAGED" : "all finite");
     info_weight_formats(m);
     model_free(m);
     if (wrc) fprintf(stderr, "sluice info: %s\n", err);

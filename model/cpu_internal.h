@@ -1,8 +1,9 @@
 /* cpu_internal.h - what the CPU backend's layer kinds in other files share
  * with model/cpu_backend.c (internal to model/): the weight-matrix view and
  * the kernels, with cpu_backend.c's batch-invariance contract (one fixed
- * accumulation order per output element, whatever the batch), and the MLA
- * and KDA mixers' entry points (model/cpu_mla.c, model/cpu_kda.c). */
+ * accumulation order per output element, whatever the batch), the MLA and
+ * KDA mixers' entry points (model/cpu_mla.c, model/cpu_kda.c) and the
+ * hyper-connection sites' (model/cpu_hc.c). */
 #ifndef SLUICE_CPU_INTERNAL_H
 #define SLUICE_CPU_INTERNAL_H
 
@@ -50,11 +51,12 @@ int cpu_mla_max_in(const struct model_config *c);
  * message on failure. */
 struct cpu_mla *cpu_mla_create(const struct cpu_backend *b, const struct model_config *c,
                                const struct model_weights *w, int max_tokens, int max_ctx, char *err, size_t errlen);
-/* One MLA layer over the step: x[T][n_embd] += o(attention), reading and
- * writing layer l's paged entries kv ([kv_blocks][block_size][entry] f32,
- * entry = model_kv_token_elems). tok_seq[t] is token t's sequence. */
+/* One MLA layer over the step: dst[T][n_embd] += o(attention(norm(x))),
+ * reading and writing layer l's paged entries kv
+ * ([kv_blocks][block_size][entry] f32, entry = model_kv_token_elems).
+ * tok_seq[t] is token t's sequence. dst may be x. */
 void cpu_mla_mixer(struct cpu_mla *a, const struct cpu_backend *b, const struct step *s, const int *tok_seq, int l,
-                   float *x, float *kv, int block_size);
+                   const float *x, float *dst, float *kv, int block_size);
 void cpu_mla_destroy(struct cpu_mla *a);
 
 /* ---- KDA (model/cpu_kda.c) ---- */
@@ -84,5 +86,28 @@ void cpu_kda_destroy(struct cpu_kda *a);
  * free with cpu_kernels_destroy. NULL when out of memory. */
 struct cpu_backend *cpu_kernels_create(int nt, int max_in);
 void cpu_kernels_destroy(struct cpu_backend *b);
+
+/* ---- hyper-connections (model/cpu_hc.c) ---- */
+
+struct cpu_hc;
+/* Converts every MODEL_RESID_HC layer's two sites (fn stays in its stored
+ * encoding, base and scale become f32) and sizes the scratch for max_tokens
+ * tokens. NULL with a message on failure. */
+struct cpu_hc *cpu_hc_create(const struct model_config *c, const struct model_weights *w, int max_tokens, char *err,
+                             size_t errlen);
+/* Site `site` (0: before the mixer, 1: before the FFN) of layer l over T
+ * tokens: from the streams xs[T][hc][n_embd], the block's input x[T][n_embd]
+ * (the pre-weighted sum of the streams); the post and comb weights of each
+ * token are kept for cpu_hc_post. */
+void cpu_hc_pre(struct cpu_hc *h, const struct cpu_backend *b, int l, int site, const float *xs, float *x, int T);
+/* xs[t][j] = post[t][j] y[t] + sum_i comb[t][i][j] xs[t][i], with the last
+ * cpu_hc_pre's weights. */
+void cpu_hc_post(struct cpu_hc *h, float *xs, const float *y, int T);
+void cpu_hc_destroy(struct cpu_hc *h);
+
+/* Tests: after every layer of each later forward, the residual of all the
+ * step's tokens is copied into dst: [n_layer + 1][n_tokens][hc][n_embd]
+ * (hc 1 for a plain residual; entry 0 is the embedding). NULL stops it. */
+void cpu_backend_trace(model_backend *b, float *dst);
 
 #endif

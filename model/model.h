@@ -129,6 +129,7 @@ enum model_arch {
     MODEL_ARCH_LLAMA, MODEL_ARCH_QWEN2, MODEL_ARCH_QWEN3, MODEL_ARCH_MISTRAL,
     MODEL_ARCH_DEEPSEEK_V3, MODEL_ARCH_GLM_MOE_DSA, /* MLA layers (struct model_mla_config) */
     MODEL_ARCH_QWEN3_MOE, MODEL_ARCH_GLM4_MOE, MODEL_ARCH_QWEN2_MOE,
+    MODEL_ARCH_GLM5_NEXT, /* GLM-5.3-Flash: KDA + MLA layers, hyper-connections (model/glm5.c) */
 };
 
 enum model_rope {
@@ -162,6 +163,40 @@ struct model_mla_config {
     int index_n_heads, index_head_dim;
     const uint8_t *index_full;  /* [n_layer]: 1 runs its own indexer, 0 reuses the previous full layer's
                                    choice (indexer_types "shared"); owned by the model */
+    /* glm5_next's indexer scores pools of index_kpool consecutive keys (each pool's key a softmax-weighted
+     * mean of its tokens' keys), picks index_topk / index_kpool pools and, with index_kpool_tail, the
+     * query's own incomplete pool; 0: every key scored alone (glm_moe_dsa) */
+    int index_kpool;
+    bool index_kpool_tail;
+};
+
+/* Kimi delta attention, KDA (glm5_next's linear_attention layers; the config
+ * keys are model/glm5.c's, the tensors model/kda.c's, the CPU step
+ * model/cpu_kda.c; the reference is transformers'
+ * Glm5NextTextLinearAttention). Per token: q, k, v projections through a short
+ * causal depthwise convolution over q|k|v with SiLU, q and k L2-normalised
+ * per head; a per-channel forget gate from f_b(f_a(x)) + dt_bias and A_log;
+ * beta = sigmoid(b(x)); the delta rule on a head_dim x head_dim state per
+ * head; the output RMS-normed per head and gated by sigmoid(g_b(g_a(x))).
+ * Nothing is kept per token: a sequence keeps a fixed-size state per layer
+ * (model_state_layer_elems) in a state slot. */
+struct model_kda_config {
+    int n_head;                 /* linear_num_heads; 0: the model has no KDA layers */
+    int head_dim;               /* linear_head_dim */
+    int conv_kernel;            /* linear_conv_kernel_dim */
+    float lower_bound;          /* linear_lower_bound: the forget gate is lower_bound * sigmoid(..); NaN when
+                                   null (then -exp(A) softplus(..)) */
+};
+
+/* Manifold-constrained hyper-connections (mHC, glm5_next): the residual is
+ * `mult` streams per token; before each block a site collapses them (sigmoid
+ * pre weights), after it writes the block's output back (2 sigmoid post
+ * weights) mixed with the streams through a Sinkhorn-normalised softmax comb
+ * (transformers' Glm5NextTextHyperConnection); the head takes their mean. */
+struct model_hc_config {
+    int mult;                   /* hc_mult streams; 0: a plain residual */
+    int sinkhorn_iters;         /* hc_sinkhorn_iters */
+    float eps;                  /* hc_eps */
 };
 
 /* How an MoE layer routes a token (model/moe.c; the reference is transformers'
@@ -188,24 +223,6 @@ struct model_moe_config {
     float swiglu_limit;    /* every SwiGLU of the model clamps gate <= limit, |up| <= limit; 0: off */
 };
 
-/* Kimi delta attention, KDA (glm5_next's linear_attention layers; model/kda.c,
- * the CPU step model/cpu_kda.c; the reference is transformers'
- * Glm5NextTextLinearAttention). Per token: q, k, v projections through a short
- * causal depthwise convolution over q|k|v with SiLU, q and k L2-normalised
- * per head; a per-channel forget gate from f_b(f_a(x)) + dt_bias and A_log;
- * beta = sigmoid(b(x)); the delta rule on a head_dim x head_dim state per
- * head; the output RMS-normed per head and gated by sigmoid(g_b(g_a(x))).
- * Nothing is kept per token: a sequence keeps a fixed-size state per layer
- * (model_state_layer_elems) in a state slot. */
-struct model_kda_config {
-    int n_head;            /* linear_num_heads; 0: the model has no KDA layers */
-    int head_dim;          /* linear_head_dim (keys and values alike) */
-    int conv_kernel;       /* linear_conv_kernel_dim: taps of the causal conv (>= 1) */
-    bool has_lower_bound;  /* linear_lower_bound not null: the log-decay is lower_bound * sigmoid(exp(A_log) g);
-                              else -exp(A_log) softplus(g) */
-    float lower_bound;
-};
-
 struct model_config {
     enum model_arch arch;
     int n_layer, n_embd, n_ff;
@@ -228,6 +245,7 @@ struct model_config {
     const struct model_layer_kind *layer_kind;
     struct model_mla_config mla; /* MODEL_MIXER_MLA layers; zero otherwise */
     struct model_kda_config kda; /* MODEL_MIXER_KDA layers; zero otherwise */
+    struct model_hc_config hc;   /* MODEL_RESID_HC layers; zero otherwise */
 };
 
 /* A model is a plan of layers (docs/DESIGN.md, "Beyond dense Llama"): each
@@ -244,14 +262,19 @@ enum model_ffn {
     MODEL_FFN_DENSE, /* down(silu(gate(x)) * up(x)) */
     MODEL_FFN_MOE,   /* routed experts (+ shared experts): model/moe.c, config in model_config.moe */
 };
+enum model_resid {
+    MODEL_RESID_PLAIN, /* x += block(norm(x)) */
+    MODEL_RESID_HC,    /* hyper-connection streams around each block (model_hc_config) */
+};
 struct model_layer_kind {
     enum model_mixer mixer;
     enum model_ffn ffn;
+    enum model_resid resid;
 };
 static inline struct model_layer_kind model_layer_kind_of(const struct model_config *c, int layer)
 {
     if (c->layer_kind) return c->layer_kind[layer];
-    return (struct model_layer_kind){MODEL_MIXER_GQA, MODEL_FFN_DENSE};
+    return (struct model_layer_kind){MODEL_MIXER_GQA, MODEL_FFN_DENSE, MODEL_RESID_PLAIN};
 }
 const char *model_mixer_name(enum model_mixer k);
 /* Values one token keeps in layer l's paged KV entry: GQA 2 n_kv_heads
@@ -299,6 +322,12 @@ struct model_mla_weights {
     struct model_tensor ix_wk;                /* [ixD][E] */
     struct model_tensor ix_k_norm, ix_k_norm_b; /* LayerNorm [ixD] weight and bias */
     struct model_tensor ix_weights;           /* [ixH][E] */
+    struct model_tensor ix_kpool_ape, ix_kpool_gate; /* index_kpool > 0: [kpool][ixD], [ixD][E] */
+};
+
+/* One hyper-connection site (mHC): fn [(2 + hc) hc][hc E], base [(2 + hc) hc], scale [3]. */
+struct model_hc_weights {
+    struct model_tensor fn, base, scale;
 };
 
 /* A KDA layer's weights (rows x cols as [out][in]); C = n_head head_dim,
@@ -328,6 +357,7 @@ struct model_layer_weights {
     struct model_mla_weights mla;             /* MODEL_MIXER_MLA layers (wq..bv unused there) */
     struct model_kda_weights kda;             /* MODEL_MIXER_KDA layers (wq..bv unused there) */
     struct model_moe_weights moe;             /* MODEL_FFN_MOE layers only (then no w_gate/up/down) */
+    struct model_hc_weights hc_attn, hc_ffn;  /* MODEL_RESID_HC layers: the sites before the mixer and the FFN */
 };
 
 struct model_weights {
@@ -341,6 +371,8 @@ struct model_weights {
     /* MTP modules (mla.n_mtp_layers): validated and counted, not run */
     int mtp_tensors;                          /* tensors under the MTP layers' prefixes */
     size_t mtp_bytes;                         /* their bytes */
+    size_t unbound_bytes;                     /* weights of layer kinds no backend runs yet (a dummy model's
+                                                 KDA projections): counted for memory, never read */
 };
 
 /* ---- tokenizer ------------------------------------------------------------- */
@@ -435,6 +467,9 @@ size_t model_weight_formats(const model *m, char *out, size_t cap);
  * cannot run them yet. */
 const struct model_tensor *model_first_packed(const model *m);
 const struct model_weights *model_get_weights(const model *m);
+/* Bytes of every weight the model holds (MTP modules and unbound kinds
+ * included), as stored: what the weights take in memory. */
+size_t model_weight_bytes(const model *m);
 const model_tok *model_get_tok(const model *m);
 /* The chat template text from the checkpoint, or NULL. Borrowed. */
 const char *model_chat_template(const model *m);

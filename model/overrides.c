@@ -37,6 +37,10 @@ static int apply(struct model_config *c, const json_doc *d, int obj, const char 
                 if (json_i64(d, v, &iv) || iv < 1 || iv > INT32_MAX) goto bad;
                 c->mla.index_topk = (int)iv;
             }
+        } else if ((!strcmp(key, "index_n_heads") || !strcmp(key, "index_head_dim") || !strcmp(key, "index_kpool")) &&
+                   c->mla.index_n_heads > 0 && json_is_null(d, v)) {
+            /* the indexer's shape made null: no indexer, as index_topk null says */
+            c->mla.index_topk = 0;
         } else if (!strcmp(key, "num_nextn_predict_layers") && c->mla.kv_lora_rank > 0) {
             if (json_is_null(d, v)) {
                 c->mla.n_mtp_layers = 0;

@@ -1,0 +1,126 @@
+/* glm5.c - glm5_next's config keys and hyper-connection tensors (glm5.h).
+ *
+ * Reference: transformers 5.25 configuration_glm5_next.py
+ * (Glm5NextTextConfig.__post_init__) and conversion_mapping.py's "glm5_next"
+ * renamings (the checkpoint's names). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "glm5.h"
+
+static int get_int(const json_doc *d, int obj, const char *key, int def, int lo, int hi, int *out, char *err,
+                   size_t errlen)
+{
+    int i = obj < 0 ? -1 : json_get(d, obj, key);
+    int64_t v = def;
+    if (i >= 0 && !json_is_null(d, i) && (!json_is_num(d, i) || json_i64(d, i, &v) != 0 || v < lo || v > hi)) {
+        sl_seterr(err, errlen, "config.json: %s must be an integer from %d to %d", key, lo, hi);
+        return SL_EFORMAT;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+/* A number, NaN when the key is present and null (null_nan), def when absent. */
+static int get_num(const json_doc *d, int obj, const char *key, double def, bool null_nan, float *out, char *err,
+                   size_t errlen)
+{
+    int i = obj < 0 ? -1 : json_get(d, obj, key);
+    double v = def;
+    if (i >= 0 && json_is_null(d, i)) {
+        v = null_nan ? NAN : def;
+    } else if (i >= 0 && (!json_is_num(d, i) || json_f64(d, i, &v) != 0 || !isfinite(v))) {
+        sl_seterr(err, errlen, "config.json: %s must be a number", key);
+        return SL_EFORMAT;
+    }
+    *out = (float)v;
+    return 0;
+}
+
+int glm5_hf_config(const json_doc *d, int obj, struct model_config *c, bool **linear, char *err, size_t errlen)
+{
+    struct model_hc_config *h = &c->hc;
+    struct model_kda_config *k = &c->kda;
+    int rc, L = c->n_layer;
+    *linear = NULL;
+    if ((rc = get_int(d, obj, "hc_mult", 4, 1, 64, &h->mult, err, errlen)) ||
+        (rc = get_int(d, obj, "hc_sinkhorn_iters", 20, 1, 1000, &h->sinkhorn_iters, err, errlen)) ||
+        (rc = get_num(d, obj, "hc_eps", 1e-6, false, &h->eps, err, errlen)) ||
+        (rc = get_int(d, obj, "linear_num_heads", 64, 1, 1 << 16, &k->n_head, err, errlen)) ||
+        (rc = get_int(d, obj, "linear_head_dim", 128, 1, 1 << 16, &k->head_dim, err, errlen)) ||
+        (rc = get_int(d, obj, "linear_conv_kernel_dim", 4, 1, 64, &k->conv_kernel, err, errlen)) ||
+        (rc = get_num(d, obj, "linear_lower_bound", -5.0, true, &k->lower_bound, err, errlen)))
+        return rc;
+    /* the older spelling, one object (Glm5NextTextConfig.__post_init__ converts it the same way) */
+    int la = json_get(d, obj, "linear_attn_config");
+    if (la >= 0 && json_is_obj(d, la)) {
+        bool safe = true;
+        int sg = json_get(d, la, "safe_gate");
+        if (sg >= 0 && !json_is_null(d, sg) && json_bool(d, sg, &safe) != 0) {
+            sl_seterr(err, errlen, "config.json: linear_attn_config.safe_gate must be true or false");
+            return SL_EFORMAT;
+        }
+        if ((rc = get_int(d, la, "head_dim", k->head_dim, 1, 1 << 16, &k->head_dim, err, errlen)) ||
+            (rc = get_int(d, la, "num_heads", k->n_head, 1, 1 << 16, &k->n_head, err, errlen)) ||
+            (rc = get_int(d, la, "short_conv_kernel_size", k->conv_kernel, 1, 64, &k->conv_kernel, err, errlen)) ||
+            (rc = get_num(d, la, "gate_lower_bound", k->lower_bound, true, &k->lower_bound, err, errlen)))
+            return rc;
+        if (safe && isnan(k->lower_bound)) k->lower_bound = -5.0f;
+    }
+    bool *lin = calloc((size_t)L, sizeof *lin);
+    if (!lin) {
+        sl_seterr(err, errlen, "out of memory");
+        return SL_ENOMEM;
+    }
+    int lt = json_get(d, obj, "layer_types");
+    if (lt >= 0 && !json_is_null(d, lt)) {
+        if (!json_is_arr(d, lt) || json_size(d, lt) < L) {
+            sl_seterr(err, errlen, "config.json: layer_types must list all %d layers", L);
+            free(lin);
+            return SL_EFORMAT;
+        }
+        for (int l = 0; l < L; l++) {
+            int e = json_at(d, lt, l);
+            if (json_str_eq(d, e, "linear_attention")) {
+                lin[l] = true;
+            } else if (!json_str_eq(d, e, "indexed_attention") && !json_str_eq(d, e, "full_attention") &&
+                       !json_str_eq(d, e, "deepseek_sparse_attention")) {
+                size_t n = 0;
+                const char *raw = json_raw(d, e, &n);
+                sl_seterr(err, errlen,
+                          "config.json: layer_types[%d] is %.*s, expected linear_attention, indexed_attention, "
+                          "full_attention or deepseek_sparse_attention", l, (int)(n < 40 ? n : 40), raw ? raw : "");
+                free(lin);
+                return SL_EFORMAT;
+            }
+        }
+    } else {
+        for (int l = 0; l < L; l++) lin[l] = l % 4 != 3;
+    }
+    bool any = false;
+    for (int l = 0; l < L; l++) any |= lin[l];
+    if (!any) memset(k, 0, sizeof *k);
+    *linear = lin;
+    return 0;
+}
+
+int glm5_bind_hc(const struct model_config *c, int l, mla_get_fn get, void *ctx, struct model_layer_weights *w,
+                 char *err, size_t errlen)
+{
+    int64_t hc = c->hc.mult, n = (2 + hc) * hc;
+    static const char *const site[2] = {"attn", "ffn"};
+    struct model_hc_weights *ws[2] = {&w->hc_attn, &w->hc_ffn};
+    char name[160];
+    int rc;
+    for (int s = 0; s < 2; s++) {
+        snprintf(name, sizeof name, "model.layers.%d.hc_%s_fn", l, site[s]);
+        if ((rc = get(ctx, name, n, hc * c->n_embd, false, &ws[s]->fn, err, errlen))) return rc;
+        snprintf(name, sizeof name, "model.layers.%d.hc_%s_base", l, site[s]);
+        if ((rc = get(ctx, name, 0, n, false, &ws[s]->base, err, errlen))) return rc;
+        snprintf(name, sizeof name, "model.layers.%d.hc_%s_scale", l, site[s]);
+        if ((rc = get(ctx, name, 0, 3, false, &ws[s]->scale, err, errlen))) return rc;
+    }
+    return 0;
+}
