@@ -365,6 +365,42 @@ static void test_snapshots(void)
     close_layer(&L);
 }
 
+/* glm5_next's quantization_config names the forget gate by its in-memory path
+ * (self_attn.forget_gate.f_a_proj) while the file stores self_attn.f_a_proj:
+ * the cross-check must accept the file's dense weight when the config ignores
+ * the gate under that other name, and still refuse a claim neither name
+ * explains. */
+static void test_forget_gate_quant_names(void)
+{
+    static const char cfg[] =
+        "{\"quantization_config\": {\"quant_method\": \"compressed-tensors\", \"format\": \"pack-quantized\","
+        " \"config_groups\": {\"group_0\": {\"targets\": [\"Linear\"], \"weights\": {\"num_bits\": 8, \"type\": "
+        "\"int\", \"symmetric\": true, \"strategy\": \"channel\"}}},"
+        " \"ignore\": [\"re:.*forget_gate.*\", \"re:.*self_attn[.][qkvbgo]_.*\"]}}";
+    struct quant_cfg *qc = NULL;
+    CHECKF(quant_cfg_parse(cfg, sizeof cfg - 1, &qc, err, sizeof err) == 0 && qc, "%s", err);
+    st_set *st = st_open_file(GDIR "/lb.safetensors", err, sizeof err);
+    CHECKF(st != NULL, "%s", err);
+    if (!qc || !st) {
+        quant_cfg_free(qc);
+        st_close(st);
+        return;
+    }
+    struct model_tensor t;
+    struct model_quant q;
+    char fname[300];
+    int rc = quant_load_weight_as(st, qc, PFX ".f_a_proj", PFX ".forget_gate.f_a_proj", true, D, E, &t, &q, fname,
+                                  sizeof fname, err, sizeof err);
+    CHECKF(rc == 0 && t.dtype == MODEL_DT_BF16, "rc %d: %s", rc, err);
+    rc = quant_load_weight(st, qc, PFX ".f_a_proj", true, D, E, &t, &q, fname, sizeof fname, err, sizeof err);
+    CHECKF(rc == SL_EFORMAT && strstr(err, "quantization_config says"), "rc %d: %s", rc, err);
+    rc = quant_load_weight_as(st, qc, PFX ".f_b_proj", PFX ".not_the_gate.f_b_proj", true, CH, D, &t, &q, fname,
+                              sizeof fname, err, sizeof err);
+    CHECKF(rc == SL_EFORMAT, "an alias the config does not ignore: rc %d", rc);
+    quant_cfg_free(qc);
+    st_close(st);
+}
+
 static void test_step_check(void)
 {
     int32_t ids[3] = {1, 2, 3}, pos[3] = {5, 6, 7}, bt[1] = {0};
@@ -711,6 +747,7 @@ int main(void)
     RUN(test_split_exact);
     RUN(test_snapshots);
     RUN(test_step_check);
+    RUN(test_forget_gate_quant_names);
     RUN(test_model_golden);
     RUN(test_engine);
     return test_summary();
