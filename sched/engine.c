@@ -233,7 +233,7 @@ static int plan_states(model_backend *be, const struct sched_engine_opts *o, siz
     size_t fixed = (size_t)(st->seq + st->snap) * st->bytes;
     if (fixed >= o->kv_cache_bytes) {
         snprintf(err, errlen,
-                 "the recurrent state of %d sequences (--max-num-seqs%s, %.1f MiB each) does not fit the KV cache "
+                 "the recurrent state of %d sequences (--max-num-seqs%s, %.3g MiB each) does not fit the KV cache "
                  "budget of %.1f MiB: lower --max-num-seqs or raise --kv-cache-memory / --gpu-memory-utilization",
                  st->seq, o->enable_prefix_caching ? ", and as many prompt-end snapshots" : "",
                  st->bytes / 1048576.0, o->kv_cache_bytes / 1048576.0);
