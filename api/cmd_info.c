@@ -58,22 +58,20 @@ static void info_plan(const model *m)
     if (c->hc.mult > 0)
         printf("hyper-connections: %d residual streams, %d Sinkhorn iterations, eps %g\n", c->hc.mult,
                c->hc.sinkhorn_iters, c->hc.eps);
-    int n_kda = 0;
-    for (int l = 0; l < c->n_layer; l++) n_kda += model_layer_kind_of(c, l).mixer == MODEL_MIXER_KDA;
-    if (n_kda > 0) {
-        /* per sequence and layer: a [head_dim][head_dim] matrix per head, and the last conv_kernel - 1
-         * inputs of the q, k and v convolutions */
-        const struct model_kda_config *k = &c->kda;
-        double per = (double)k->n_head * k->head_dim * k->head_dim + 3.0 * (k->conv_kernel - 1) * k->n_head * k->head_dim;
-        printf("kda: %d layers, %d heads of %d, conv %d, lower bound %g; state per sequence %.2f MB f32 "
-               "(not run by this build)\n", n_kda, k->n_head, k->head_dim, k->conv_kernel, k->lower_bound,
-               per * n_kda * 4 / 1e6);
-    }
     printf("kv per token: %zu bytes f32 (cpu), %zu bf16, %zu fp8\n", model_kv_bytes_per_token(c, 4),
            model_kv_bytes_per_token(c, 2), model_kv_bytes_per_token(c, 1));
+    size_t sb = model_state_bytes(c);
+    if (sb > 0) {
+        const struct model_kda_config *k = &c->kda;
+        size_t tok = model_kv_bytes_per_token(c, 2);
+        printf("kda: %d heads x %d, conv %d, forget gate %s\n", k->n_head, k->head_dim, k->conv_kernel,
+               k->has_lower_bound ? "lower-bounded" : "softplus");
+        printf("recurrent state per sequence: %zu bytes f32 (%.2f MiB), the KV of %zu tokens at bf16: with prefix "
+               "caching, one snapshot every that many tokens (--mamba-block-size auto) at most doubles the cache's "
+               "bytes per token\n", sb, sb / 1048576.0, tok ? (sb + tok - 1) / tok : 0);
+    }
     const struct model_weights *w = model_get_weights(m);
-    printf("weights in memory: %.2f GB (mtp %.2f GB%s)\n", model_weight_bytes(m) / 1e9, w->mtp_bytes / 1e9,
-           w->unbound_bytes ? ", kda layers counted" : "");
+    printf("weights in memory: %.2f GB (mtp %.2f GB)\n", model_weight_bytes(m) / 1e9, w->mtp_bytes / 1e9);
 }
 
 int api_cmd_info(int argc, char **argv)

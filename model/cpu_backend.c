@@ -84,9 +84,14 @@ struct cpu_backend {
     float *xs;                      /* [max_tokens][n_streams][n_embd] the residual streams (hc only) */
     float *y;                       /* [max_tokens][n_embd] a block's output (hc only) */
     float *trace;                   /* borrowed, or NULL: cpu_backend_trace's destination */
+    struct cpu_kda *kda;            /* the KDA layers' weights and scratch, or NULL */
+    float *states;                  /* owned: [state_slots][state_bytes / 4] recurrent states (KDA layers) */
+    int state_slots;
+    size_t state_bytes;             /* one slot (model_state_bytes) */
 
     /* scratch, [max_tokens] rows unless said otherwise */
     float *x, *xn;                  /* [n_embd] residual stream, normed / projected */
+    float *hkda;                    /* [n_embd] a KDA layer's output (KDA models only) */
     float *q, *att;                 /* [n_head*hd] */
     float *k, *v;                   /* [n_kv*hd] */
     float *gate, *up;               /* [n_ff] */
@@ -397,6 +402,8 @@ static void rope(float *x, const float *cs, const float *sn, int rope_dim, enum 
 
 static size_t backend_kv_block_bytes(model_backend *mb, int block_size);
 static int backend_kv_alloc(model_backend *mb, int n_blocks, int block_size, char *err, size_t errlen);
+static size_t backend_state_slot_bytes(model_backend *mb);
+static int backend_state_alloc(model_backend *mb, int n_slots, char *err, size_t errlen);
 static int backend_forward(model_backend *mb, struct step *s, char *err, size_t errlen);
 static void backend_destroy(model_backend *mb);
 
@@ -404,6 +411,8 @@ static const struct model_backend_ops cpu_ops = {
     .name = "cpu",
     .kv_block_bytes = backend_kv_block_bytes,
     .kv_alloc = backend_kv_alloc,
+    .state_slot_bytes = backend_state_slot_bytes,
+    .state_alloc = backend_state_alloc,
     .forward = backend_forward,
     .destroy = backend_destroy,
 };
@@ -474,11 +483,6 @@ model_backend *model_cpu_backend_create(const model *m, const struct model_backe
     b->max_seqs = opts && opts->max_seqs_per_step > 0 ? opts->max_seqs_per_step : 256;
     b->max_ctx = opts && opts->max_ctx > 0 ? opts->max_ctx : c->n_ctx_train;
     if (b->max_ctx <= 0) b->max_ctx = 4096;
-    for (int l = 0; l < c->n_layer; l++)
-        if (model_layer_kind_of(c, l).mixer == MODEL_MIXER_KDA) {
-            sl_seterr(err, errlen, "cpu: layer %d is a KDA linear-attention layer, which this build does not run", l);
-            goto fail;
-        }
     if (c->rope_dim / 2 > 4096) {
         sl_seterr(err, errlen, "rope_dim %d too large", c->rope_dim);
         goto fail;
@@ -544,6 +548,7 @@ model_backend *model_cpu_backend_create(const model *m, const struct model_backe
     if ((size_t)b->max_in < Q) b->max_in = (int)Q;
     if (b->max_in < cpu_mla_max_in(c)) b->max_in = cpu_mla_max_in(c);
     if (c->hc.mult > 0 && b->max_in < c->hc.mult * c->n_embd) b->max_in = c->hc.mult * c->n_embd;
+    if (b->max_in < cpu_kda_max_in(c)) b->max_in = cpu_kda_max_in(c);
     b->wbuf = zalloc((size_t)b->nt * ROW_BLOCK * b->max_in * sizeof(float));
 
     size_t T = b->max_tokens, S = b->max_seqs, half = c->rope_dim / 2;
@@ -588,6 +593,12 @@ model_backend *model_cpu_backend_create(const model *m, const struct model_backe
         }
         if (!(b->hc = cpu_hc_create(c, w, b->max_tokens, err, errlen))) goto fail;
     }
+    b->state_bytes = model_state_bytes(c);
+    if (b->state_bytes > 0 && !(b->hkda = zalloc(T * E * sizeof(float)))) {
+        sl_seterr(err, errlen, "out of memory for scratch");
+        goto fail;
+    }
+    if (b->state_bytes > 0 && !(b->kda = cpu_kda_create(b, c, w, b->max_tokens, err, errlen))) goto fail;
     return &b->base;
 fail:
     backend_destroy(&b->base);
@@ -635,6 +646,27 @@ static int backend_kv_alloc(model_backend *mb, int n_blocks, int block_size, cha
     return 0;
 }
 
+/* The recurrent layers' states, one slot per running sequence or snapshot. */
+static size_t backend_state_slot_bytes(model_backend *mb) { return ((struct cpu_backend *)mb)->state_bytes; }
+
+static int backend_state_alloc(model_backend *mb, int n_slots, char *err, size_t errlen)
+{
+    struct cpu_backend *b = (struct cpu_backend *)mb;
+    if (n_slots <= 0 || b->state_bytes == 0 || (size_t)n_slots > SIZE_MAX / b->state_bytes) {
+        sl_seterr(err, errlen, "state_alloc: bad size (%d slots of %zu bytes)", n_slots, b->state_bytes);
+        return SL_EINVAL;
+    }
+    free(b->states);
+    b->state_slots = 0;
+    b->states = zalloc((size_t)n_slots * b->state_bytes);
+    if (!b->states) {
+        sl_seterr(err, errlen, "state_alloc: out of memory for %.2f GB", (double)n_slots * b->state_bytes / 1e9);
+        return SL_ENOMEM;
+    }
+    b->state_slots = n_slots;
+    return 0;
+}
+
 /* ---- forward ------------------------------------------------------------------- */
 
 static int check_step(struct cpu_backend *b, const struct step *s, char *err, size_t errlen)
@@ -643,8 +675,13 @@ static int check_step(struct cpu_backend *b, const struct step *s, char *err, si
         sl_seterr(err, errlen, "forward: KV memory not allocated (kv_alloc)");
         return SL_EINVAL;
     }
+    if (b->state_bytes > 0 && !b->states) {
+        sl_seterr(err, errlen, "forward: recurrent state slots not allocated (state_alloc)");
+        return SL_EINVAL;
+    }
     struct model_step_limits lim = {.n_vocab = b->c.n_vocab, .max_tokens = b->max_tokens, .max_seqs = b->max_seqs,
-                                    .max_ctx = b->max_ctx, .block_size = b->block_size, .kv_blocks = b->kv_blocks};
+                                    .max_ctx = b->max_ctx, .block_size = b->block_size, .kv_blocks = b->kv_blocks,
+                                    .state_slots = b->state_bytes > 0 ? b->state_slots : 0};
     return model_step_check(s, &lim, b->tok_seq, err, errlen);
 }
 
@@ -749,6 +786,18 @@ static void gqa_mixer(struct cpu_backend *b, const struct step *s, int l, float 
     for (size_t i = 0; i < (size_t)T * E; i++) dst[i] += b->xn[i];
 }
 
+/* One layer's KDA block: dst += kda(rmsnorm(x)) (model/cpu_kda.c). */
+static void kda_mixer(struct cpu_backend *b, const struct step *s, int l, float *dst)
+{
+    const struct model_config *c = &b->c;
+    int T = s->n_tokens, E = c->n_embd;
+#pragma omp parallel for num_threads(b->nt) if (T >= 8)
+    for (int t = 0; t < T; t++)
+        rmsnorm(b->xn + (size_t)t * E, b->x + (size_t)t * E, b->L[l].attn_norm, E, c->norm_eps);
+    cpu_kda_mixer(b->kda, b, s, l, b->xn, b->hkda, b->states);
+    for (size_t i = 0; i < (size_t)T * E; i++) dst[i] += b->hkda[i];
+}
+
 /* One layer's dense SwiGLU FFN block: dst += down(silu(gate(xn)) * up(xn)). */
 static void dense_ffn(struct cpu_backend *b, int l, int T, float *dst)
 {
@@ -827,6 +876,7 @@ static int backend_forward(model_backend *mb, struct step *s, char *err, size_t 
             memcpy(b->xs + ((size_t)t * N + i) * E, b->x + (size_t)t * E, (size_t)E * sizeof(float));
     }
     if (b->trace) trace_copy(b, 0, T);
+    if (b->kda) cpu_kda_begin(b->kda, s, b->states);
 
     for (int l = 0; l < c->n_layer; l++) {
         struct model_layer_kind k = model_layer_kind_of(c, l);
@@ -843,7 +893,7 @@ static int backend_forward(model_backend *mb, struct step *s, char *err, size_t 
         case MODEL_MIXER_MLA:
             cpu_mla_mixer(b->mla, b, s, b->tok_seq, l, b->x, dst, b->kv + b->kv_off[l], b->block_size);
             break;
-        case MODEL_MIXER_KDA: SL_ASSERT(!"KDA layers are refused at creation"); break;
+        case MODEL_MIXER_KDA: kda_mixer(b, s, l, dst); break;
         }
         if (hc) {
             cpu_hc_post(b->hc, b->xs, b->y, T);
@@ -927,6 +977,9 @@ static void backend_destroy(model_backend *mb)
     cpu_hc_destroy(b->hc);
     free(b->xs);
     free(b->y);
+    cpu_kda_destroy(b->kda);
+    free(b->states);
+    free(b->hkda);
     free(b->kv_off);
     free(b->wmem);
     free(b->wbuf);
@@ -971,3 +1024,24 @@ int cpu_wmat_init(struct wmat *m, const struct model_tensor *t, char *err, size_
 int cpu_threads(const struct cpu_backend *b) { return b->nt; }
 void cpu_backend_trace(model_backend *mb, float *dst) { ((struct cpu_backend *)mb)->trace = dst; }
 void *cpu_zalloc(size_t n) { return zalloc(n); }
+
+struct cpu_backend *cpu_kernels_create(int nt, int max_in)
+{
+    struct cpu_backend *b = calloc(1, sizeof *b);
+    if (!b) return NULL;
+    b->nt = nt > 0 ? nt : omp_get_num_procs();
+    b->max_in = max_in;
+    b->wbuf = zalloc((size_t)b->nt * ROW_BLOCK * max_in * sizeof(float));
+    if (!b->wbuf) {
+        free(b);
+        return NULL;
+    }
+    return b;
+}
+
+void cpu_kernels_destroy(struct cpu_backend *b)
+{
+    if (!b) return;
+    free(b->wbuf);
+    free(b);
+}

@@ -1,9 +1,9 @@
 /* cpu_internal.h - what the CPU backend's layer kinds in other files share
  * with model/cpu_backend.c (internal to model/): the weight-matrix view and
  * the kernels, with cpu_backend.c's batch-invariance contract (one fixed
- * accumulation order per output element, whatever the batch), the MLA
- * mixer's entry points (model/cpu_mla.c) and the hyper-connection sites'
- * (model/cpu_hc.c). */
+ * accumulation order per output element, whatever the batch), the MLA and
+ * KDA mixers' entry points (model/cpu_mla.c, model/cpu_kda.c) and the
+ * hyper-connection sites' (model/cpu_hc.c). */
 #ifndef SLUICE_CPU_INTERNAL_H
 #define SLUICE_CPU_INTERNAL_H
 
@@ -58,6 +58,34 @@ struct cpu_mla *cpu_mla_create(const struct cpu_backend *b, const struct model_c
 void cpu_mla_mixer(struct cpu_mla *a, const struct cpu_backend *b, const struct step *s, const int *tok_seq, int l,
                    const float *x, float *dst, float *kv, int block_size);
 void cpu_mla_destroy(struct cpu_mla *a);
+
+/* ---- KDA (model/cpu_kda.c) ---- */
+
+struct cpu_kda;
+/* The widest matrix input a KDA layer of c multiplies; 0 without KDA layers. */
+int cpu_kda_max_in(const struct model_config *c);
+/* Converts the KDA layers' small weights (conv taps, dt_bias, exp(A_log),
+ * o_norm) to f32, binds the matrices and allocates the scratch for
+ * max_tokens tokens. NULL with a message on failure. */
+struct cpu_kda *cpu_kda_create(const struct cpu_backend *b, const struct model_config *c,
+                               const struct model_weights *w, int max_tokens, char *err, size_t errlen);
+/* Before a step's first layer: each sequence's state slot (states
+ * [n_slots][model_state_bytes / 4] f32) zeroed when its first query position
+ * is 0, or copied from slot state_from (state_restore). */
+void cpu_kda_begin(const struct cpu_kda *a, const struct step *s, float *states);
+/* One KDA layer over the step: out[T][n_embd] = the layer's output for the
+ * normed input xn[T][n_embd] (no residual added); each sequence's tokens run
+ * in order from its slot's state, which is left after its last token, and the
+ * step's snapshots are written into their slots. */
+void cpu_kda_mixer(struct cpu_kda *a, const struct cpu_backend *b, const struct step *s, int l, const float *xn,
+                   float *out, float *states);
+void cpu_kda_destroy(struct cpu_kda *a);
+
+/* A backend that runs only the kernels above (cpu_matmul...): nt threads,
+ * matrix inputs up to max_in wide. For running one layer kind alone (tests);
+ * free with cpu_kernels_destroy. NULL when out of memory. */
+struct cpu_backend *cpu_kernels_create(int nt, int max_in);
+void cpu_kernels_destroy(struct cpu_backend *b);
 
 /* ---- hyper-connections (model/cpu_hc.c) ---- */
 

@@ -24,6 +24,7 @@
 #include "safetensors.h"
 #include "loader_dummy.h"
 #include "glm5.h"
+#include "kda.h"
 #include "mla.h"
 #include "moe.h"
 #include "overrides.h"
@@ -119,7 +120,9 @@ static int config_final(model *m, char *err, size_t errlen)
 
 static void kind_words(const struct model_config *c, struct model_layer_kind k, char *out, size_t cap)
 {
-    int n = snprintf(out, cap, "%s + %s", model_mixer_name(k.mixer), model_ffn_name(k.ffn));
+    int n = k.mixer == MODEL_MIXER_KDA
+                ? snprintf(out, cap, "kda %dx%d + %s", c->kda.n_head, c->kda.head_dim, model_ffn_name(k.ffn))
+                : snprintf(out, cap, "%s + %s", model_mixer_name(k.mixer), model_ffn_name(k.ffn));
     if (k.ffn == MODEL_FFN_MOE && n > 0 && (size_t)n < cap) {
         const struct model_moe_config *mc = &c->moe;
         n += snprintf(out + n, cap - (size_t)n, " %d experts top-%d", mc->n_expert, mc->n_expert_used);
@@ -455,6 +458,8 @@ static int mla_get(void *ctx, const char *name, int64_t rows, int64_t cols, bool
     return get_tensor(ctx, name, rows, cols, optional, t, err, errlen);
 }
 
+static int kda_find(void *ctx, const char *name, struct model_tensor *t) { return find_tensor(ctx, name, t); }
+
 static int load_weights(model *m, const struct names *nm, char *err, size_t errlen)
 {
     struct model_config *c = &m->cfg;
@@ -505,11 +510,11 @@ static int load_weights(model *m, const struct names *nm, char *err, size_t errl
         if (model_layer_kind_of(c, l).resid == MODEL_RESID_HC && (rc = glm5_bind_hc(c, l, mla_get, m, L, err, errlen)))
             return rc;
         if (model_layer_kind_of(c, l).mixer == MODEL_MIXER_KDA) {
-            /* KDA linear attention (model/kda.c) is not in this build yet */
-            sl_seterr(err, errlen,
-                      "layer %d is a KDA linear-attention layer (layer_types[%d] = linear_attention), which sluice "
-                      "does not run yet", l, l);
-            return SL_EUNSUP;
+            char prefix[64];
+            snprintf(prefix, sizeof prefix, "model.layers.%d.self_attn", l);
+            struct kda_lookup lk = {.get = mla_get, .find = kda_find, .ctx = m};
+            if ((rc = kda_bind_layer(&c->kda, c->n_embd, prefix, &lk, &L->kda, err, errlen))) return rc;
+            goto ffn;
         }
         if (model_layer_kind_of(c, l).mixer == MODEL_MIXER_MLA) {
             if ((rc = mla_bind_layer(c, l, mla_get, m, &L->mla, err, errlen))) return rc;
@@ -978,7 +983,7 @@ static int load_hf(model *m, const char *dir, bool dummy, char *err, size_t errl
 
 /* ---- public --------------------------------------------------------------------- */
 
-#define TENSORS_PER_LAYER 35 /* at most, in all_tensors */
+#define TENSORS_PER_LAYER 52 /* at most, in all_tensors */
 /* How many tensors all_tensors() may list. */
 static int max_tensors(const model *m)
 {
@@ -1005,7 +1010,10 @@ static void all_tensors(const model *m, const struct model_tensor **out, int *n)
                                           &A->ix_k_norm_b, &A->ix_weights, &A->ix_kpool_ape, &A->ix_kpool_gate,
                                           &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down,
                                           &L->hc_attn.fn, &L->hc_attn.base, &L->hc_attn.scale,
-                                          &L->hc_ffn.fn, &L->hc_ffn.base, &L->hc_ffn.scale};
+                                          &L->hc_ffn.fn, &L->hc_ffn.base, &L->hc_ffn.scale,
+                                          &L->kda.q, &L->kda.k, &L->kda.v, &L->kda.conv[0], &L->kda.conv[1],
+                                          &L->kda.conv[2], &L->kda.f_a, &L->kda.f_b, &L->kda.dt_bias, &L->kda.A_log,
+                                          &L->kda.b, &L->kda.g_a, &L->kda.g_b, &L->kda.o_norm, &L->kda.o};
         for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
             if (t[i]->data) out[k++] = t[i];
         if (model_layer_kind_of(&m->cfg, l).ffn != MODEL_FFN_MOE) continue;
@@ -1027,7 +1035,7 @@ size_t model_weight_bytes(const model *m)
 {
     int cap = max_tensors(m), n = 0;
     const struct model_tensor **ts = malloc((size_t)cap * sizeof *ts);
-    size_t sum = m->w.mtp_bytes + m->w.unbound_bytes;
+    size_t sum = m->w.mtp_bytes;
     if (!ts) return sum;
     all_tensors(m, ts, &n);
     for (int i = 0; i < n; i++) {

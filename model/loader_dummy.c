@@ -118,31 +118,6 @@ static size_t held_bytes(const struct model_tensor *t)
            (q->sym ? 0 : (size_t)(q->rows * q->n_groups * q->bits / 8)) + (q->g_idx ? (size_t)q->cols * 4 : 0);
 }
 
-/* A KDA layer's projections (its q, k, v, the forget gate's f_a/f_b, beta's
- * b, the output gate's g_a/g_b, o), each packed where qc says of its module
- * (the in-memory names a quantization_config's targets and ignore use), plus its f32 convolution, dt_bias and A_log and the
- * output norm: the bytes the layer holds. No backend runs KDA yet (its weights
- * are model/kda.c's), so only their size is kept. */
-static int kda_bytes(struct dummy *d, const struct quant_cfg *qc, const struct model_config *c, int l, size_t *bytes,
-                     char *err, size_t errlen)
-{
-    int64_t E = c->n_embd, H = c->kda.n_head, D = c->kda.head_dim, HD = H * D;
-    const struct { const char *name; int64_t rows, cols; } pr[] = {
-        {"q_proj", HD, E}, {"k_proj", HD, E}, {"v_proj", HD, E}, {"forget_gate.f_a_proj", D, E},
-        {"forget_gate.f_b_proj", HD, D},
-        {"b_proj", H, E}, {"g_a_proj", D, E}, {"g_b_proj", HD, D}, {"o_proj", E, HD},
-    };
-    for (size_t i = 0; i < sizeof pr / sizeof *pr; i++) {
-        char mod[128];
-        struct model_tensor t;
-        snprintf(mod, sizeof mod, "model.layers.%d.self_attn.%s", l, pr[i].name);
-        int rc = proj(d, qc, &t, "kda (dummy)", mod, pr[i].rows, pr[i].cols, err, errlen);
-        if (rc) return rc;
-        *bytes += held_bytes(&t);
-    }
-    *bytes += (size_t)(3 * HD * c->kda.conv_kernel + HD + H) * 4 + (size_t)D * 2;
-    return 0;
-}
 int model_dummy_weights(const struct model_config *c, const struct quant_cfg *qc, struct model_weights *w,
                         void **owner, char *err, size_t errlen)
 {
@@ -170,6 +145,12 @@ int model_dummy_weights(const struct model_config *c, const struct quant_cfg *qc
         if (QL > nv) nv = QL;
         if (C > nv) nv = C;
         if (ID > nv) nv = ID;
+    }
+    int64_t KH = c->kda.n_head, KD = c->kda.head_dim, KC = KH * KD;
+    if (KC > 0) { /* KDA: q/k/v and o [C][E], the conv taps, dt_bias [C] */
+        if (KC * E > big) big = KC * E;
+        if (KC * c->kda.conv_kernel > big) big = KC * c->kda.conv_kernel;
+        if (KC > nv) nv = KC;
     }
     const struct model_moe_config *mc = &c->moe;
     int64_t FE = mc->n_ff_expert, FS = mc->n_ff_shared, NE = mc->n_expert;
@@ -202,7 +183,8 @@ int model_dummy_weights(const struct model_config *c, const struct quant_cfg *qc
          * bytes; scales (at most a group of 8 columns each) in bf16 pools of
          * about 0.02 / 2^(bits-1), so that the weights span what the bf16
          * dummies do */
-        int nmax = 16 * (c->n_layer + n_mtp) + 1 + (n_moe + n_mtp) * (3 + 3 * (int)NE);
+        int nmax = 16 * (c->n_layer + n_mtp) + 1 + (n_moe + n_mtp) * (3 + 3 * (int)NE); /* a KDA layer has 9
+                                                                                           projections */
         d->quants = calloc((size_t)nmax, sizeof *d->quants);
         d->gidx = calloc((size_t)nmax, sizeof *d->gidx);
         d->n_bytes = big + 2 * SLACK;
@@ -259,10 +241,6 @@ int model_dummy_weights(const struct model_config *c, const struct quant_cfg *qc
                 vec(d, &hs[k]->scale, "hc_scale (dummy)", 3, true);
             }
         }
-        if (kind.mixer == MODEL_MIXER_KDA) {
-            if ((rc = kda_bytes(d, qc, c, l, &w->unbound_bytes, err, errlen))) goto fail;
-            goto ffn;
-        }
         if (kind.mixer == MODEL_MIXER_MLA) {
             struct model_mla_weights *A = &L->mla;
             char mm[6][96];
@@ -293,6 +271,26 @@ int model_dummy_weights(const struct model_config *c, const struct quant_cfg *qc
                     mat(d, &A->ix_kpool_gate, "indexer.index_kpool_compress_gate (dummy)", ID, E);
                 }
             }
+            goto ffn;
+        }
+        if (kind.mixer == MODEL_MIXER_KDA) {
+            /* KDA: every projection as the config quantizes its module, the small tensors bf16 (A_log and
+               dt_bias 0, o_norm 1) */
+            struct model_kda_weights *K = &L->kda;
+            /* the in-memory module names a quantization_config's targets and ignore use (forget_gate.*) */
+            static const char *const kn[9] = {"q_proj", "k_proj", "v_proj", "forget_gate.f_a_proj",
+                                              "forget_gate.f_b_proj", "b_proj", "g_a_proj", "g_b_proj", "o_proj"};
+            struct model_tensor *kt[9] = {&K->q, &K->k, &K->v, &K->f_a, &K->f_b, &K->b, &K->g_a, &K->g_b, &K->o};
+            const int64_t kr[9] = {KC, KC, KC, KD, KC, KH, KD, KC, E}, kcol[9] = {E, E, E, E, KD, E, E, KD, KC};
+            for (int i = 0; i < 9; i++) {
+                char km[96];
+                snprintf(km, sizeof km, "model.layers.%d.self_attn.%s", l, kn[i]);
+                if ((rc = proj(d, qc, kt[i], "kda projection (dummy)", km, kr[i], kcol[i], err, errlen))) goto fail;
+            }
+            for (int i = 0; i < 3; i++) mat(d, &K->conv[i], "kda conv1d (dummy)", KC, c->kda.conv_kernel);
+            vec(d, &K->dt_bias, "kda dt_bias (dummy)", KC, false);
+            vec(d, &K->A_log, "kda A_log (dummy)", KH, false);
+            vec(d, &K->o_norm, "kda o_norm (dummy)", KD, true);
             goto ffn;
         }
         if ((rc = proj(d, qc, &L->wq, "attn_q (dummy)", mod[0], Q, E, err, errlen)) ||

@@ -23,7 +23,7 @@ int64_t model_kv_token_elems(const struct model_config *c, int layer)
         int64_t per = a->index_kpool > 0 ? 2 * (int64_t)a->index_head_dim : a->index_head_dim;
         return (int64_t)a->kv_lora_rank + a->qk_rope_head_dim + (ix ? per : 0);
     }
-    case MODEL_MIXER_KDA: return 0; /* a state per sequence, not per token */
+    case MODEL_MIXER_KDA: return 0; /* a state per sequence instead (model_state_layer_elems) */
     }
     return 0;
 }

@@ -170,16 +170,6 @@ struct model_mla_config {
     bool index_kpool_tail;
 };
 
-/* KDA linear attention (glm5_next's linear_attention layers): the config
- * keys; the layer itself (weights, state, step) is model/kda.c's. */
-struct model_kda_config {
-    int n_head;                 /* linear_num_heads; 0: the model has no KDA layers */
-    int head_dim;               /* linear_head_dim */
-    int conv_kernel;            /* linear_conv_kernel_dim */
-    float lower_bound;          /* linear_lower_bound: the forget gate is lower_bound * sigmoid(..); NaN when
-                                   null (then -exp(A) softplus(..)) */
-};
-
 /* Manifold-constrained hyper-connections (mHC, glm5_next): the residual is
  * `mult` streams per token; before each block a site collapses them (sigmoid
  * pre weights), after it writes the block's output back (2 sigmoid post
@@ -215,6 +205,24 @@ struct model_moe_config {
     float swiglu_limit;    /* every SwiGLU of the model clamps gate <= limit, |up| <= limit; 0: off */
 };
 
+/* Kimi delta attention, KDA (glm5_next's linear_attention layers; model/kda.c,
+ * the CPU step model/cpu_kda.c; the reference is transformers'
+ * Glm5NextTextLinearAttention). Per token: q, k, v projections through a short
+ * causal depthwise convolution over q|k|v with SiLU, q and k L2-normalised
+ * per head; a per-channel forget gate from f_b(f_a(x)) + dt_bias and A_log;
+ * beta = sigmoid(b(x)); the delta rule on a head_dim x head_dim state per
+ * head; the output RMS-normed per head and gated by sigmoid(g_b(g_a(x))).
+ * Nothing is kept per token: a sequence keeps a fixed-size state per layer
+ * (model_state_layer_elems) in a state slot. */
+struct model_kda_config {
+    int n_head;            /* linear_num_heads; 0: the model has no KDA layers */
+    int head_dim;          /* linear_head_dim (keys and values alike) */
+    int conv_kernel;       /* linear_conv_kernel_dim: taps of the causal conv (>= 1) */
+    bool has_lower_bound;  /* linear_lower_bound not null: the log-decay is lower_bound * sigmoid(exp(A_log) g);
+                              else -exp(A_log) softplus(g) */
+    float lower_bound;
+};
+
 struct model_config {
     enum model_arch arch;
     int n_layer, n_embd, n_ff;
@@ -248,7 +256,7 @@ struct model_config {
 enum model_mixer {
     MODEL_MIXER_GQA, /* grouped-query attention: K and V per KV head in the paged pool */
     MODEL_MIXER_MLA, /* multi-head latent attention: one latent + rope key per token (model_mla_config) */
-    MODEL_MIXER_KDA, /* KDA linear attention: a state per sequence, no paged entries (model_kda_config) */
+    MODEL_MIXER_KDA, /* KDA linear attention: nothing per token, a recurrent state per sequence (model_kda_config) */
 };
 enum model_ffn {
     MODEL_FFN_DENSE, /* down(silu(gate(x)) * up(x)) */
@@ -275,6 +283,13 @@ const char *model_mixer_name(enum model_mixer k);
  * sum over layers times its element size, so the pool sizing follows the
  * plan of layers. */
 int64_t model_kv_token_elems(const struct model_config *c, int layer);
+/* f32 values one sequence keeps in layer l's recurrent state: KDA n_head
+ * head_dim^2 (a state matrix per head) + (conv_kernel - 1) 3 n_head head_dim
+ * (the conv's last inputs); 0 for a layer without one. */
+int64_t model_state_layer_elems(const struct model_config *c, int layer);
+/* Bytes of one sequence's recurrent state over every layer (f32): the size
+ * of a state slot; 0 when the model has no recurrent layer. */
+size_t model_state_bytes(const struct model_config *c);
 const char *model_ffn_name(enum model_ffn k);
 /* The plan in words, runs of equal layers folded: "0: gqa + dense; 1-3: gqa +
  * moe 16 experts top-4 (+1 shared)". Returns the length needed (NUL written
@@ -315,6 +330,23 @@ struct model_hc_weights {
     struct model_tensor fn, base, scale;
 };
 
+/* A KDA layer's weights (rows x cols as [out][in]); C = n_head head_dim,
+ * D = head_dim, H = n_head, K = conv_kernel. Each matrix decides its own
+ * format (dense or packed). */
+struct model_kda_weights {
+    struct model_tensor q, k, v;              /* [C][E] each */
+    struct model_tensor conv[3];              /* the q, k, v parts of the depthwise conv, [C][K] each: the
+                                                 file's q/k/v_conv1d [C][1][K], or thirds of a fused
+                                                 conv1d [3C][1][K] */
+    struct model_tensor f_a, f_b;             /* [D][E], [C][D]: the forget gate */
+    struct model_tensor dt_bias;              /* [C] */
+    struct model_tensor A_log;                /* [H] */
+    struct model_tensor b;                    /* [H][E]: beta */
+    struct model_tensor g_a, g_b;             /* [D][E], [C][D]: the output gate */
+    struct model_tensor o_norm;               /* [D], shared by every head */
+    struct model_tensor o;                    /* [E][C] */
+};
+
 struct model_layer_weights {
     struct model_tensor attn_norm;            /* [n_embd] */
     struct model_tensor wq, wk, wv, wo;       /* [n_head*hd][n_embd], [n_kv*hd][n_embd] x2, [n_embd][n_head*hd] */
@@ -323,6 +355,7 @@ struct model_layer_weights {
     struct model_tensor ffn_norm;             /* [n_embd] */
     struct model_tensor w_gate, w_up, w_down; /* [n_ff][n_embd] x2, [n_embd][n_ff] */
     struct model_mla_weights mla;             /* MODEL_MIXER_MLA layers (wq..bv unused there) */
+    struct model_kda_weights kda;             /* MODEL_MIXER_KDA layers (wq..bv unused there) */
     struct model_moe_weights moe;             /* MODEL_FFN_MOE layers only (then no w_gate/up/down) */
     struct model_hc_weights hc_attn, hc_ffn;  /* MODEL_RESID_HC layers: the sites before the mixer and the FFN */
 };
@@ -338,8 +371,6 @@ struct model_weights {
     /* MTP modules (mla.n_mtp_layers): validated and counted, not run */
     int mtp_tensors;                          /* tensors under the MTP layers' prefixes */
     size_t mtp_bytes;                         /* their bytes */
-    size_t unbound_bytes;                     /* weights of layer kinds no backend runs yet (a dummy model's
-                                                 KDA projections): counted for memory, never read */
 };
 
 /* ---- tokenizer ------------------------------------------------------------- */
@@ -434,8 +465,8 @@ size_t model_weight_formats(const model *m, char *out, size_t cap);
  * cannot run them yet. */
 const struct model_tensor *model_first_packed(const model *m);
 const struct model_weights *model_get_weights(const model *m);
-/* Bytes of every weight the model holds (MTP modules and unbound kinds
- * included), as stored: what the weights take in memory. */
+/* Bytes of every weight the model holds (MTP modules included), as
+ * stored: what the weights take in memory. */
 size_t model_weight_bytes(const model *m);
 const model_tok *model_get_tok(const model *m);
 /* The chat template text from the checkpoint, or NULL. Borrowed. */

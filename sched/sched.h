@@ -385,6 +385,10 @@ struct sched_engine_opts {
     size_t kv_cache_bytes;       /* KV pool budget; 0 = 1 GiB */
     int kv_blocks;               /* > 0: exactly this many blocks (tests) */
     bool enable_prefix_caching;
+    int mamba_block_size;        /* models with recurrent layers: a prefix-cache state snapshot every this
+                                    many tokens (a multiple of block_size; vLLM's --mamba-block-size); 0 =
+                                    the tokens whose KV takes as many bytes as one snapshot, so snapshots
+                                    at most double the cache's bytes per token */
     /* Called on the engine thread after events were posted to the engine's
      * own outbox (e.g. to event_active() a libevent event), with the
      * engine's lock held: it must not block or call the engine. May be NULL. */
@@ -409,6 +413,9 @@ struct sched_engine_stats {
     struct sched_stats sched;
     struct kv_stats kv;
     int max_model_len, block_size, kv_blocks;
+    size_t state_bytes;          /* one sequence's recurrent state (0: no recurrent layers) */
+    int state_slots, snap_slots; /* running sequences' state slots; prefix-cache snapshot slots */
+    int snap_every;              /* tokens between grid snapshots (0: none) */
 };
 
 /* Fills the zero fields of o with the defaults above (m: for n_ctx_train; may
