@@ -36,6 +36,7 @@
 #include "tests/golden.h"
 
 #define MDIR "tests/models/glm5/glm5-mla"
+#define HDIR "tests/models/glm5/glm5-hybrid" /* KDA + MLA layers */
 #define BLOCK 16
 #define REGION 8 /* blocks per block table: 128 positions */
 
@@ -50,7 +51,9 @@ static model *load(const char *dir, const char *overrides)
 }
 
 /* One step over positions start..start+n-1 of ids; logits of every position
- * (all: one 1-token sequence per position) or of the last. */
+ * (all: one 1-token sequence per position) or of the last. A model with
+ * recurrent layers runs the one sequence from state slot `slot`. */
+static int slot;
 static int step(model_backend *be, const int32_t *bt, const int32_t *ids, int start, int n, bool all, float *logits,
                 int nv)
 {
@@ -71,7 +74,8 @@ static int step(model_backend *be, const int32_t *bt, const int32_t *ids, int st
     if (!all)
         sq[0] = (struct step_seq){.query_start = 0, .query_len = n, .context_len = start + n, .block_table = bt,
                                   .n_blocks = REGION, .logits_out = logits, .want_sample = true, .sampling = &greedy,
-                                  .history = ids, .n_prompt = start + n, .n_history = start + n, .rng = &rng};
+                                  .history = ids, .n_prompt = start + n, .n_history = start + n, .rng = &rng,
+                                  .state_slot = slot};
     struct step st = {.n_tokens = n, .token_ids = ids + start, .positions = pos, .slots = slots,
                       .n_seqs = all ? n : 1, .seqs = sq};
     int rc = be->ops->forward(be, &st, err, sizeof err);
@@ -123,14 +127,23 @@ static model_backend *backend(const model *m)
         model_backend_destroy(be);
         return NULL;
     }
+    if (be && be->ops->state_slot_bytes && be->ops->state_slot_bytes(be) > 0 &&
+        be->ops->state_alloc(be, 2, err, sizeof err) != 0) {
+        CHECKF(0, "state_alloc: %s", err);
+        model_backend_destroy(be);
+        return NULL;
+    }
     return be;
 }
 
-static void run_golden(const char *golden, const char *overrides)
+/* recurrent: the model has KDA layers, whose state advances token by token in
+ * one sequence's slot, so there is no decode form over many 1-token
+ * sequences; the cached decode runs in slot 0, the uncached forward in slot 1. */
+static void run_golden(const char *dir, const char *golden, const char *overrides, bool recurrent)
 {
     char gpath[300];
-    snprintf(gpath, sizeof gpath, "%s/%s", MDIR, golden);
-    model *m = load(MDIR, overrides);
+    snprintf(gpath, sizeof gpath, "%s/%s", dir, golden);
+    model *m = load(dir, overrides);
     if (!m) return;
     struct golden g;
     CHECK(golden_load(gpath, &g) == 0);
@@ -149,10 +162,13 @@ static void run_golden(const char *golden, const char *overrides)
         int total = p->n + p->n_greedy;
         float *all = malloc((size_t)total * nv * sizeof *all), *one = malloc((size_t)nv * sizeof *one),
               *pf = malloc((size_t)nv * sizeof *pf);
-        CHECK(step(be, bt, p->ids, 0, p->n, true, all, nv) == 0);
-        for (int pos = 0; pos < p->n; pos++) {
-            double r = rel_err(all + (size_t)pos * nv, p, pos, nv);
-            if (!(r <= worst)) worst = r;
+        slot = 0;
+        if (!recurrent) {
+            CHECK(step(be, bt, p->ids, 0, p->n, true, all, nv) == 0);
+            for (int pos = 0; pos < p->n; pos++) {
+                double r = rel_err(all + (size_t)pos * nv, p, pos, nv);
+                if (!(r <= worst)) worst = r;
+            }
         }
         CHECK(step(be, bt, p->ids, 0, p->n, false, pf, nv) == 0);
         double r = rel_err(pf, p, p->n - 1, nv);
@@ -181,7 +197,9 @@ static void run_golden(const char *golden, const char *overrides)
         CHECKF(first_diff < 0, "%s prompt %d: greedy differs from transformers at token %d", golden, i, first_diff);
         int len = p->n + p->n_greedy - 1;
         if (len <= REGION * BLOCK) {
+            slot = 1;
             CHECK(step(be, bt2, seq, 0, len, false, pf, nv) == 0);
+            slot = 0;
             double c = rel_diff(one, pf, nv);
             if (!(c <= worst_cache)) worst_cache = c;
         }
@@ -189,8 +207,9 @@ static void run_golden(const char *golden, const char *overrides)
         free(one);
         free(pf);
     }
-    printf("  %s: worst relative logit error %.3g (decode form), %.3g (prefill form); cached vs uncached %.3g\n",
-           golden, worst, worst_pf, worst_cache);
+    printf("  %s %s: worst relative logit error %.3g (decode form%s), %.3g (prefill form); cached vs uncached %.3g\n",
+           dir + strlen("tests/models/glm5/"), golden, worst, recurrent ? ": none, recurrent" : "", worst_pf,
+           worst_cache);
     CHECKF(worst <= 1e-4 && worst_pf <= 1e-4, "%s: relative logit error %.3g / %.3g > 1e-4", golden, worst, worst_pf);
     CHECKF(worst_cache <= 1e-4, "%s: cached decode vs uncached forward %.3g > 1e-4", golden, worst_cache);
     model_backend_destroy(be);
@@ -198,16 +217,23 @@ static void run_golden(const char *golden, const char *overrides)
     golden_free(&g);
 }
 
-static void test_logits_sparse(void) { run_golden("golden.json", NULL); }
-static void test_logits_dense(void) { run_golden("golden_dense.json", "{\"text_config\": {\"index_topk\": null}}"); }
+static void test_logits_sparse(void) { run_golden(MDIR, "golden.json", NULL, false); }
+static void test_logits_dense(void)
+{
+    run_golden(MDIR, "golden_dense.json", "{\"text_config\": {\"index_topk\": null}}", false);
+}
+static void test_logits_hybrid(void) { run_golden(HDIR, "golden.json", NULL, true); }
 
 /* Every layer's 4 streams against transformers' (forward hooks on its
- * decoder layers), in the prefill form and in the decode form. */
-static void test_hidden_streams(void)
+ * decoder layers), in the prefill form and (without recurrent layers) in the
+ * decode form. */
+static void hidden_streams(const char *dir, int forms)
 {
     size_t len;
-    char *src = test_slurp(MDIR "/hidden.json", &len);
-    CHECKF(src != NULL, "%s/hidden.json missing (make_glm5.py)", MDIR);
+    char path[300];
+    snprintf(path, sizeof path, "%s/hidden.json", dir);
+    char *src = test_slurp(path, &len);
+    CHECKF(src != NULL, "%s missing (make_glm5.py)", path);
     if (!src) return;
     json_doc d;
     char jerr[128];
@@ -222,11 +248,13 @@ static void test_hidden_streams(void)
     json_free(&d);
     free(src);
     size_t hlen;
-    float *ref = (float *)test_slurp(MDIR "/hidden.f32", &hlen);
+    snprintf(path, sizeof path, "%s/hidden.f32", dir);
+    float *ref = (float *)test_slurp(path, &hlen);
     CHECK(ref && np > 0 && hlen == (size_t)(nl * np * hc * E) * sizeof(float));
     struct golden g;
-    model *m = load(MDIR, NULL);
-    if (!ref || !m || golden_load(MDIR "/golden.json", &g) != 0) {
+    model *m = load(dir, NULL);
+    snprintf(path, sizeof path, "%s/golden.json", dir);
+    if (!ref || !m || golden_load(path, &g) != 0) {
         free(ref);
         model_free(m);
         return;
@@ -239,7 +267,8 @@ static void test_hidden_streams(void)
     for (int j = 0; j < REGION; j++) bt[j] = j;
     size_t per = (size_t)p->n * hc * E;
     float *tr = malloc((size_t)nl * per * sizeof *tr), *lg = malloc((size_t)p->n * c->n_vocab * sizeof *lg);
-    for (int form = 0; be && form < 2; form++) {
+    slot = 0;
+    for (int form = 0; be && form < forms; form++) {
         cpu_backend_trace(be, tr);
         CHECK(step(be, bt, p->ids, 0, p->n, form == 1, lg, c->n_vocab) == 0);
         cpu_backend_trace(be, NULL);
@@ -258,8 +287,8 @@ static void test_hidden_streams(void)
             double r = md / (mr > 0 ? mr : 1);
             if (r > worst) worst = r, worst_l = l;
         }
-        printf("  %s form: every layer's %lld streams at %d positions, worst relative error %.3g (entry %d)\n",
-               form ? "decode" : "prefill", (long long)hc, np, worst, worst_l);
+        printf("  %s, %s form: every layer's %lld streams at %d positions, worst relative error %.3g (entry %d)\n",
+               dir + strlen("tests/models/glm5/"), form ? "decode" : "prefill", (long long)hc, np, worst, worst_l);
         CHECKF(worst <= 1e-4, "%s form: layer entry %d's streams differ from transformers by %.3g",
                form ? "decode" : "prefill", worst_l, worst);
     }
@@ -270,6 +299,9 @@ static void test_hidden_streams(void)
     model_free(m);
     golden_free(&g);
 }
+
+static void test_hidden_streams(void) { hidden_streams(MDIR, 2); }
+static void test_hidden_streams_hybrid(void) { hidden_streams(HDIR, 1); }
 
 /* The checkpoint as the file holds it: text under model.language_model.,
  * the hyper-connection tensors under their checkpoint names, the k-pool
@@ -394,6 +426,8 @@ int main(void)
     RUN(test_logits_sparse);
     RUN(test_logits_dense);
     RUN(test_hidden_streams);
+    RUN(test_logits_hybrid);
+    RUN(test_hidden_streams_hybrid);
     RUN(test_layout);
     RUN(test_layer_types);
     return test_summary();

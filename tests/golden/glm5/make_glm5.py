@@ -2,8 +2,8 @@
 """Makes the glm5_next (GLM-5.3-Flash) test checkpoint and its goldens
 (tests/models/glm5/).
 
-  /path/to/venv/bin/python tests/golden/glm5/make_glm5.py [OUTDIR]
-      (default tests/models/glm5)
+  /path/to/venv/bin/python tests/golden/glm5/make_glm5.py [OUTDIR [NAME...]]
+      (default tests/models/glm5, both checkpoints; names pick some)
 
 Needs torch and transformers 5.25 (glm5_next); CI never runs this, the tests
 read what it wrote.
@@ -19,9 +19,14 @@ layer (transformers skips them)). The file holds the on-disk names
 (save_pretrained reverses transformers' weight conversions: hc_attn_fn,
 per-expert tensors, self_attn.* ...), under model.language_model.
 
+glm5-hybrid: the same at 4 layers, the first three KDA linear attention
+(linear_attention: 4 heads of 16, conv 4, lower bound -5) and the fourth MLA
+with its indexer, FFNs dense, sparse, dense, sparse: the 70-token prompt runs
+past one 64-token KDA chunk.
+
 golden.json: as tests/golden/make_goldens.py ({"prompts": [{"ids", "top_ids",
 "top_logits", "greedy"}]}), 24 greedy tokens by full forwards.
-golden_dense.json: the same weights with the indexer switched off
+golden_dense.json (glm5-mla): the same weights with the indexer switched off
 (index_topk above every length: what --hf-overrides index_topk null gives).
 hidden.f32 + hidden.json: the 4 residual streams after the embedding and
 after every layer, at some positions of the long prompt (little-endian f32
@@ -115,7 +120,7 @@ def pool_gaps(m, prompts):
     captured = []
     hooks = [l.self_attn.indexer.register_forward_hook(lambda mod, a, kw, o: captured.append((mod, kw)),
                                                        with_kwargs=True)
-             for l in m.model.language_model.layers if l.self_attn.indexer is not None]
+             for l in m.model.language_model.layers if getattr(l.self_attn, "indexer", None) is not None]
     for ids in prompts:
         captured.clear()
         m(torch.tensor([ids]))
@@ -161,20 +166,24 @@ def hidden_streams(m, ids):
     return torch.stack([l[HIDDEN_POS] for l in layers])  # [L + 1, P, hc, E]
 
 
-def main():
-    outdir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "tests", "models", "glm5")
-    os.makedirs(outdir, exist_ok=True)
-    path = os.path.join(outdir, "glm5-mla")
+HYBRID = dict(TEXT, num_hidden_layers=4, mlp_layer_types=["dense", "sparse", "dense", "sparse"],
+              layer_types=["linear_attention"] * 3 + ["indexed_attention"], indexer_types=["full"] * 4,
+              linear_head_dim=16, linear_num_heads=4, linear_conv_kernel_dim=4, linear_lower_bound=-5.0)
+
+
+def make(outdir, name, text, seed0):
+    path = os.path.join(outdir, name)
+    L = text["num_hidden_layers"]
     for seed in range(40):
-        torch.manual_seed(500 + seed)
-        cfg = Glm5NextConfig(text_config=TEXT, vision_config=VISION)
+        torch.manual_seed(seed0 + seed)
+        cfg = Glm5NextConfig(text_config=text, vision_config=VISION)
         m = Glm5NextForConditionalGeneration(cfg).float()
         randomize(m)
         shutil.rmtree(path, ignore_errors=True)
         m.to(torch.bfloat16).save_pretrained(path, safe_serialization=True)
         f = os.path.join(path, "model.safetensors")
         sd = load_file(f)
-        sd.update(mtp_tensors(64, 96, "model.language_model.layers.3."))
+        sd.update(mtp_tensors(64, 96, f"model.language_model.layers.{L}."))
         save_file(sd, f, metadata={"format": "pt"})
         with open(os.path.join(path, "config.json")) as fh:
             c = json.load(fh)
@@ -182,10 +191,10 @@ def main():
         with open(os.path.join(path, "config.json"), "w") as fh:
             json.dump(c, fh, indent=2)
         m2 = Glm5NextForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
-        g = golden(m2, "glm5-mla", PROMPTS)
+        g = golden(m2, name, PROMPTS)
         with torch.no_grad():
             gap = pool_gaps(m2, [p["ids"] + p["greedy"] for p in g["prompts"]])
-        print("seed", 500 + seed, "smallest pool top-k boundary gap", gap, flush=True)
+        print(name, "seed", seed0 + seed, "smallest pool top-k boundary gap", gap, flush=True)
         if gap > 1e-4:
             break
     else:
@@ -200,11 +209,22 @@ def main():
     with open(os.path.join(path, "hidden.json"), "w") as fh:
         json.dump({"prompt": HIDDEN_PROMPT, "positions": HIDDEN_POS, "layers": hs.shape[0], "hc": hs.shape[2],
                    "hidden": hs.shape[3]}, fh)
-    for l in m2.model.language_model.layers:
-        if l.self_attn.indexer is not None:
-            l.self_attn.indexer.index_topk = 1 << 20
-    with open(os.path.join(path, "golden_dense.json"), "w") as fh:
-        json.dump(golden(m2, "glm5-mla (index_topk null)", PROMPTS), fh)
+    return m2
+
+
+def main():
+    outdir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "tests", "models", "glm5")
+    only = set(sys.argv[2:])
+    os.makedirs(outdir, exist_ok=True)
+    if not only or "glm5-mla" in only:
+        m2 = make(outdir, "glm5-mla", TEXT, 500)
+        for l in m2.model.language_model.layers:
+            if l.self_attn.indexer is not None:
+                l.self_attn.indexer.index_topk = 1 << 20
+        with open(os.path.join(outdir, "glm5-mla", "golden_dense.json"), "w") as fh:
+            json.dump(golden(m2, "glm5-mla (index_topk null)", PROMPTS), fh)
+    if not only or "glm5-hybrid" in only:
+        make(outdir, "glm5-hybrid", HYBRID, 700)
 
 
 if __name__ == "__main__":
