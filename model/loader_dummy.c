@@ -285,7 +285,10 @@ int model_dummy_weights(const struct model_config *c, const struct quant_cfg *qc
             for (int i = 0; i < 9; i++) {
                 char km[96];
                 snprintf(km, sizeof km, "model.layers.%d.self_attn.%s", l, kn[i]);
-                if ((rc = proj(d, qc, kt[i], "kda projection (dummy)", km, kr[i], kcol[i], err, errlen))) goto fail;
+                static const char *const dn[9] = {"kda q_proj (dummy)", "kda k_proj (dummy)", "kda v_proj (dummy)",
+                                                  "kda f_a_proj (dummy)", "kda f_b_proj (dummy)", "kda b_proj (dummy)",
+                                                  "kda g_a_proj (dummy)", "kda g_b_proj (dummy)", "kda o_proj (dummy)"};
+                if ((rc = proj(d, qc, kt[i], dn[i], km, kr[i], kcol[i], err, errlen))) goto fail;
             }
             for (int i = 0; i < 3; i++) mat(d, &K->conv[i], "kda conv1d (dummy)", KC, c->kda.conv_kernel);
             vec(d, &K->dt_bias, "kda dt_bias (dummy)", KC, false);
