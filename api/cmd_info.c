@@ -1,5 +1,4 @@
 /* cmd_info.c - `sluice info`: what this build can do and what a model is. */
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,19 +63,15 @@ static void info_plan(const model *m)
     size_t sb = model_state_bytes(c);
     if (sb > 0) {
         const struct model_kda_config *k = &c->kda;
-        int n_kda = 0;
-        for (int l = 0; l < c->n_layer; l++) n_kda += model_layer_kind_of(c, l).mixer == MODEL_MIXER_KDA;
         size_t tok = model_kv_bytes_per_token(c, 2);
-        printf("kda: %d layers, %d heads of %d, conv %d, forget gate %s (lower bound %g)\n", n_kda, k->n_head,
-               k->head_dim, k->conv_kernel, isnan(k->lower_bound) ? "softplus" : "lower-bounded", k->lower_bound);
-        /* per sequence and layer: a [head_dim][head_dim] matrix per head, and the conv's last inputs */
+        printf("kda: %d heads x %d, conv %d, forget gate %s\n", k->n_head, k->head_dim, k->conv_kernel,
+               k->has_lower_bound ? "lower-bounded" : "softplus");
         printf("recurrent state per sequence: %zu bytes f32 (%.2f MiB), the KV of %zu tokens at bf16: with prefix "
                "caching, one snapshot every that many tokens (--mamba-block-size auto) at most doubles the cache's "
                "bytes per token\n", sb, sb / 1048576.0, tok ? (sb + tok - 1) / tok : 0);
     }
     const struct model_weights *w = model_get_weights(m);
-    printf("weights in memory: %.2f GB (mtp %.2f GB%s)\n", model_weight_bytes(m) / 1e9, w->mtp_bytes / 1e9,
-           w->unbound_bytes ? ", kda layers counted" : "");
+    printf("weights in memory: %.2f GB (mtp %.2f GB)\n", model_weight_bytes(m) / 1e9, w->mtp_bytes / 1e9);
 }
 
 int api_cmd_info(int argc, char **argv)

@@ -79,15 +79,15 @@ struct cpu_backend {
     size_t kv_layer;                /* floats in one GQA layer's K (or V) */
     size_t *kv_off;                 /* [n_layer] first float of each layer's entries in kv */
     struct cpu_mla *mla;            /* the MLA layers' weights and scratch, or NULL */
-    struct cpu_kda *kda;            /* the KDA layers' weights and scratch, or NULL */
-    float *states;                  /* owned: [state_slots][state_bytes / 4] recurrent states (KDA layers) */
-    int state_slots;
-    size_t state_bytes;             /* one slot (model_state_bytes) */
     struct cpu_hc *hc;              /* the hyper-connection sites, or NULL (a plain residual) */
     int n_streams;                  /* residual streams per token: hc_mult, or 1 */
     float *xs;                      /* [max_tokens][n_streams][n_embd] the residual streams (hc only) */
     float *y;                       /* [max_tokens][n_embd] a block's output (hc only) */
     float *trace;                   /* borrowed, or NULL: cpu_backend_trace's destination */
+    struct cpu_kda *kda;            /* the KDA layers' weights and scratch, or NULL */
+    float *states;                  /* owned: [state_slots][state_bytes / 4] recurrent states (KDA layers) */
+    int state_slots;
+    size_t state_bytes;             /* one slot (model_state_bytes) */
 
     /* scratch, [max_tokens] rows unless said otherwise */
     float *x, *xn;                  /* [n_embd] residual stream, normed / projected */
@@ -547,8 +547,8 @@ model_backend *model_cpu_backend_create(const model *m, const struct model_backe
     b->max_in = (int)(E > F ? E : F);
     if ((size_t)b->max_in < Q) b->max_in = (int)Q;
     if (b->max_in < cpu_mla_max_in(c)) b->max_in = cpu_mla_max_in(c);
-    if (b->max_in < cpu_kda_max_in(c)) b->max_in = cpu_kda_max_in(c);
     if (c->hc.mult > 0 && b->max_in < c->hc.mult * c->n_embd) b->max_in = c->hc.mult * c->n_embd;
+    if (b->max_in < cpu_kda_max_in(c)) b->max_in = cpu_kda_max_in(c);
     b->wbuf = zalloc((size_t)b->nt * ROW_BLOCK * b->max_in * sizeof(float));
 
     size_t T = b->max_tokens, S = b->max_seqs, half = c->rope_dim / 2;
@@ -582,12 +582,6 @@ model_backend *model_cpu_backend_create(const model *m, const struct model_backe
     if (c->mla.kv_lora_rank > 0 &&
         !(b->mla = cpu_mla_create(b, c, w, b->max_tokens, b->max_ctx, err, errlen)))
         goto fail;
-    b->state_bytes = model_state_bytes(c);
-    if (b->state_bytes > 0 && !(b->hkda = zalloc(T * E * sizeof(float)))) {
-        sl_seterr(err, errlen, "out of memory for scratch");
-        goto fail;
-    }
-    if (b->state_bytes > 0 && !(b->kda = cpu_kda_create(b, c, w, b->max_tokens, err, errlen))) goto fail;
     b->n_streams = 1;
     if (c->hc.mult > 0) {
         b->n_streams = c->hc.mult;
@@ -599,6 +593,12 @@ model_backend *model_cpu_backend_create(const model *m, const struct model_backe
         }
         if (!(b->hc = cpu_hc_create(c, w, b->max_tokens, err, errlen))) goto fail;
     }
+    b->state_bytes = model_state_bytes(c);
+    if (b->state_bytes > 0 && !(b->hkda = zalloc(T * E * sizeof(float)))) {
+        sl_seterr(err, errlen, "out of memory for scratch");
+        goto fail;
+    }
+    if (b->state_bytes > 0 && !(b->kda = cpu_kda_create(b, c, w, b->max_tokens, err, errlen))) goto fail;
     return &b->base;
 fail:
     backend_destroy(&b->base);
@@ -974,12 +974,12 @@ static void backend_destroy(model_backend *mb)
     struct cpu_backend *b = (struct cpu_backend *)mb;
     if (!b) return;
     cpu_mla_destroy(b->mla);
-    cpu_kda_destroy(b->kda);
-    free(b->states);
-    free(b->hkda);
     cpu_hc_destroy(b->hc);
     free(b->xs);
     free(b->y);
+    cpu_kda_destroy(b->kda);
+    free(b->states);
+    free(b->hkda);
     free(b->kv_off);
     free(b->wmem);
     free(b->wbuf);

@@ -314,7 +314,7 @@ void cpu_kda_mixer(struct cpu_kda *a, const struct cpu_backend *b, const struct 
             float A = L->A[h];
             for (int d = 0; d < D; d++) {
                 float g = a->dec[row + d] + L->dt_bias[(size_t)h * D + d], lg;
-                if (!isnan(kc->lower_bound))
+                if (kc->has_lower_bound)
                     lg = kc->lower_bound * sigmoidf(A * g);
                 else
                     lg = -A * (g > 20.0f ? g : log1pf(expf(g)));

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "glm5.h"
+#include "kda.h"
 
 static int get_int(const json_doc *d, int obj, const char *key, int def, int lo, int hi, int *out, char *err,
                    size_t errlen)
@@ -23,15 +24,11 @@ static int get_int(const json_doc *d, int obj, const char *key, int def, int lo,
     return 0;
 }
 
-/* A number, NaN when the key is present and null (null_nan), def when absent. */
-static int get_num(const json_doc *d, int obj, const char *key, double def, bool null_nan, float *out, char *err,
-                   size_t errlen)
+static int get_num(const json_doc *d, int obj, const char *key, double def, float *out, char *err, size_t errlen)
 {
     int i = obj < 0 ? -1 : json_get(d, obj, key);
     double v = def;
-    if (i >= 0 && json_is_null(d, i)) {
-        v = null_nan ? NAN : def;
-    } else if (i >= 0 && (!json_is_num(d, i) || json_f64(d, i, &v) != 0 || !isfinite(v))) {
+    if (i >= 0 && !json_is_null(d, i) && (!json_is_num(d, i) || json_f64(d, i, &v) != 0 || !isfinite(v))) {
         sl_seterr(err, errlen, "config.json: %s must be a number", key);
         return SL_EFORMAT;
     }
@@ -42,33 +39,13 @@ static int get_num(const json_doc *d, int obj, const char *key, double def, bool
 int glm5_hf_config(const json_doc *d, int obj, struct model_config *c, bool **linear, char *err, size_t errlen)
 {
     struct model_hc_config *h = &c->hc;
-    struct model_kda_config *k = &c->kda;
     int rc, L = c->n_layer;
     *linear = NULL;
     if ((rc = get_int(d, obj, "hc_mult", 4, 1, 64, &h->mult, err, errlen)) ||
         (rc = get_int(d, obj, "hc_sinkhorn_iters", 20, 1, 1000, &h->sinkhorn_iters, err, errlen)) ||
-        (rc = get_num(d, obj, "hc_eps", 1e-6, false, &h->eps, err, errlen)) ||
-        (rc = get_int(d, obj, "linear_num_heads", 64, 1, 1 << 16, &k->n_head, err, errlen)) ||
-        (rc = get_int(d, obj, "linear_head_dim", 128, 1, 1 << 16, &k->head_dim, err, errlen)) ||
-        (rc = get_int(d, obj, "linear_conv_kernel_dim", 4, 1, 64, &k->conv_kernel, err, errlen)) ||
-        (rc = get_num(d, obj, "linear_lower_bound", -5.0, true, &k->lower_bound, err, errlen)))
+        (rc = get_num(d, obj, "hc_eps", 1e-6, &h->eps, err, errlen)) ||
+        (rc = kda_hf_config(d, obj, &c->kda, err, errlen)))
         return rc;
-    /* the older spelling, one object (Glm5NextTextConfig.__post_init__ converts it the same way) */
-    int la = json_get(d, obj, "linear_attn_config");
-    if (la >= 0 && json_is_obj(d, la)) {
-        bool safe = true;
-        int sg = json_get(d, la, "safe_gate");
-        if (sg >= 0 && !json_is_null(d, sg) && json_bool(d, sg, &safe) != 0) {
-            sl_seterr(err, errlen, "config.json: linear_attn_config.safe_gate must be true or false");
-            return SL_EFORMAT;
-        }
-        if ((rc = get_int(d, la, "head_dim", k->head_dim, 1, 1 << 16, &k->head_dim, err, errlen)) ||
-            (rc = get_int(d, la, "num_heads", k->n_head, 1, 1 << 16, &k->n_head, err, errlen)) ||
-            (rc = get_int(d, la, "short_conv_kernel_size", k->conv_kernel, 1, 64, &k->conv_kernel, err, errlen)) ||
-            (rc = get_num(d, la, "gate_lower_bound", k->lower_bound, true, &k->lower_bound, err, errlen)))
-            return rc;
-        if (safe && isnan(k->lower_bound)) k->lower_bound = -5.0f;
-    }
     bool *lin = calloc((size_t)L, sizeof *lin);
     if (!lin) {
         sl_seterr(err, errlen, "out of memory");
@@ -101,7 +78,7 @@ int glm5_hf_config(const json_doc *d, int obj, struct model_config *c, bool **li
     }
     bool any = false;
     for (int l = 0; l < L; l++) any |= lin[l];
-    if (!any) memset(k, 0, sizeof *k);
+    if (!any) memset(&c->kda, 0, sizeof c->kda);
     *linear = lin;
     return 0;
 }

@@ -14,10 +14,9 @@
 #include "model.h"
 
 /* Reads glm5_next's keys of config.json object obj (the text_config, or the
- * top level of a flat config) into c->hc and c->kda (c->n_layer and
- * c->norm_eps already read): hc_mult, hc_sinkhorn_iters, hc_eps;
- * linear_num_heads, linear_head_dim, linear_conv_kernel_dim,
- * linear_lower_bound (or the older linear_attn_config object); layer_types,
+ * top level of a flat config) into c->hc and c->kda (c->n_layer already
+ * read): hc_mult, hc_sinkhorn_iters, hc_eps; the KDA layers' shape
+ * (kda_hf_config, model/kda.h; zero when no layer is KDA); layer_types,
  * whose every transformers spelling is accepted: "linear_attention" (KDA),
  * "indexed_attention", "full_attention", "deepseek_sparse_attention" (MLA);
  * absent, every 4th layer is MLA as Glm5NextTextConfig says. *linear gets a

@@ -1,6 +1,5 @@
-/* kda.c - KDA linear attention on the model side (kda.h): its tensors and
- * the recurrent state a sequence keeps per layer (the config keys are
- * model/glm5.c's).
+/* kda.c - KDA linear attention on the model side (kda.h): config keys,
+ * tensors, and the recurrent state a sequence keeps per layer.
  *
  * Reference: transformers' modeling_glm5_next.py (Glm5NextTextLinearAttention,
  * Glm5NextTextForgetGate) and configuration_glm5_next.py; the checkpoint's
@@ -26,6 +25,71 @@ size_t model_state_bytes(const struct model_config *c)
     size_t n = 0;
     for (int l = 0; l < c->n_layer; l++) n += (size_t)model_state_layer_elems(c, l) * sizeof(float);
     return n;
+}
+
+/* ---- config.json ------------------------------------------------------------ */
+
+static int get_int(const json_doc *d, int obj, const char *key, int def, int *out, char *err, size_t errlen)
+{
+    int i = obj < 0 ? -1 : json_get(d, obj, key);
+    int64_t v = def;
+    if (i >= 0 && !json_is_null(d, i) && (json_i64(d, i, &v) != 0 || v < 1 || v > 65536)) {
+        sl_seterr(err, errlen, "config.json: %s must be an integer from 1 to 65536", key);
+        return SL_EFORMAT;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+/* A lower bound: an absent key keeps what is set, null clears it, a number sets it. */
+static int get_bound(const json_doc *d, int obj, const char *key, bool *has, float *v, char *err, size_t errlen)
+{
+    int i = obj < 0 ? -1 : json_get(d, obj, key);
+    if (i < 0) return 0;
+    if (json_is_null(d, i)) {
+        *has = false;
+        return 0;
+    }
+    double x;
+    if (json_f64(d, i, &x) != 0 || !isfinite(x) || x >= 0) {
+        sl_seterr(err, errlen, "config.json: %s must be a negative number or null", key);
+        return SL_EFORMAT;
+    }
+    *has = true;
+    *v = (float)x;
+    return 0;
+}
+
+int kda_hf_config(const json_doc *d, int obj, struct model_kda_config *k, char *err, size_t errlen)
+{
+    memset(k, 0, sizeof *k);
+    k->has_lower_bound = true;
+    k->lower_bound = -5.0f;
+    int rc;
+    if ((rc = get_int(d, obj, "linear_num_heads", 64, &k->n_head, err, errlen)) ||
+        (rc = get_int(d, obj, "linear_head_dim", 128, &k->head_dim, err, errlen)) ||
+        (rc = get_int(d, obj, "linear_conv_kernel_dim", 4, &k->conv_kernel, err, errlen)) ||
+        (rc = get_bound(d, obj, "linear_lower_bound", &k->has_lower_bound, &k->lower_bound, err, errlen)))
+        return rc;
+    int la = obj < 0 ? -1 : json_get(d, obj, "linear_attn_config");
+    if (la >= 0 && json_is_obj(d, la)) {
+        if ((rc = get_int(d, la, "num_heads", k->n_head, &k->n_head, err, errlen)) ||
+            (rc = get_int(d, la, "head_dim", k->head_dim, &k->head_dim, err, errlen)) ||
+            (rc = get_int(d, la, "short_conv_kernel_size", k->conv_kernel, &k->conv_kernel, err, errlen)) ||
+            (rc = get_bound(d, la, "gate_lower_bound", &k->has_lower_bound, &k->lower_bound, err, errlen)))
+            return rc;
+        bool safe = true;
+        int sg = json_get(d, la, "safe_gate");
+        if (sg >= 0 && !json_is_null(d, sg) && json_bool(d, sg, &safe) != 0) {
+            sl_seterr(err, errlen, "config.json: linear_attn_config.safe_gate must be true or false");
+            return SL_EFORMAT;
+        }
+        if (safe && !k->has_lower_bound) {
+            k->has_lower_bound = true;
+            k->lower_bound = -5.0f;
+        }
+    }
+    return 0;
 }
 
 /* ---- tensors ---------------------------------------------------------------- */

@@ -1,8 +1,8 @@
-/* kda.h - KDA linear attention on the model side (internal to model/): a
- * layer's tensors and the state a sequence keeps per layer
- * (model_state_layer_elems in model.h). The config keys are model/glm5.c's,
- * the CPU step is model/cpu_kda.c; the types are model.h's struct
- * model_kda_config and struct model_kda_weights. */
+/* kda.h - KDA linear attention on the model side (internal to model/): the
+ * linear-attention keys of config.json, a layer's tensors, and the state a
+ * sequence keeps per layer (model_state_layer_elems in model.h). The CPU step
+ * is model/cpu_kda.c; the types are model.h's struct model_kda_config and
+ * struct model_kda_weights. */
 #ifndef SLUICE_KDA_H
 #define SLUICE_KDA_H
 
@@ -10,7 +10,17 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/json.h"
 #include "model.h"
+
+/* Reads the KDA keys of the config object obj of d into *k, as transformers'
+ * Glm5NextTextConfig reads them: linear_num_heads (64), linear_head_dim (128),
+ * linear_conv_kernel_dim (4), linear_lower_bound (-5.0 when absent; null: no
+ * lower bound, the softplus form), or the same inside a linear_attn_config
+ * object (num_heads, head_dim, short_conv_kernel_size, gate_lower_bound, and
+ * safe_gate, true by default, which gives a null bound -5.0). Returns 0, or
+ * SL_EFORMAT with a message naming the key. */
+int kda_hf_config(const json_doc *d, int obj, struct model_kda_config *k, char *err, size_t errlen);
 
 /* The loader's lookups, for binding: get is a shape-checked matrix
  * [rows][cols] in whatever format the file holds it (rows 0: a vector of

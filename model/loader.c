@@ -460,13 +460,13 @@ static const struct names hf_names = {
     "model.layers.%d.mlp.up_proj.weight", "model.layers.%d.mlp.down_proj.weight",
 };
 
-static int kda_find(void *ctx, const char *name, struct model_tensor *t) { return find_tensor(ctx, name, t); }
-
 static int mla_get(void *ctx, const char *name, int64_t rows, int64_t cols, bool optional, struct model_tensor *t,
                    char *err, size_t errlen)
 {
     return get_tensor(ctx, name, rows, cols, optional, t, err, errlen);
 }
+
+static int kda_find(void *ctx, const char *name, struct model_tensor *t) { return find_tensor(ctx, name, t); }
 
 static int load_weights(model *m, const struct names *nm, char *err, size_t errlen)
 {
@@ -520,7 +520,7 @@ static int load_weights(model *m, const struct names *nm, char *err, size_t errl
         if (model_layer_kind_of(c, l).mixer == MODEL_MIXER_KDA) {
             char prefix[64];
             snprintf(prefix, sizeof prefix, "model.layers.%d.self_attn", l);
-            struct kda_lookup lk = {mla_get, kda_find, m};
+            struct kda_lookup lk = {.get = mla_get, .find = kda_find, .ctx = m};
             if ((rc = kda_bind_layer(&c->kda, c->n_embd, prefix, &lk, &L->kda, err, errlen))) return rc;
             goto ffn;
         }
@@ -991,7 +991,7 @@ static int load_hf(model *m, const char *dir, bool dummy, char *err, size_t errl
 
 /* ---- public --------------------------------------------------------------------- */
 
-#define TENSORS_PER_LAYER 50 /* at most, in all_tensors */
+#define TENSORS_PER_LAYER 52 /* at most, in all_tensors */
 /* How many tensors all_tensors() may list. */
 static int max_tensors(const model *m)
 {
@@ -1018,14 +1018,12 @@ static void all_tensors(const model *m, const struct model_tensor **out, int *n)
                                           &A->ix_k_norm_b, &A->ix_weights, &A->ix_kpool_ape, &A->ix_kpool_gate,
                                           &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down,
                                           &L->hc_attn.fn, &L->hc_attn.base, &L->hc_attn.scale,
-                                          &L->hc_ffn.fn, &L->hc_ffn.base, &L->hc_ffn.scale};
+                                          &L->hc_ffn.fn, &L->hc_ffn.base, &L->hc_ffn.scale,
+                                          &L->kda.q, &L->kda.k, &L->kda.v, &L->kda.conv[0], &L->kda.conv[1],
+                                          &L->kda.conv[2], &L->kda.f_a, &L->kda.f_b, &L->kda.dt_bias, &L->kda.A_log,
+                                          &L->kda.b, &L->kda.g_a, &L->kda.g_b, &L->kda.o_norm, &L->kda.o};
         for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
             if (t[i]->data) out[k++] = t[i];
-        const struct model_kda_weights *K = &L->kda;
-        const struct model_tensor *kt[] = {&K->q, &K->k, &K->v, &K->conv[0], &K->conv[1], &K->conv[2], &K->f_a,
-                                           &K->f_b, &K->dt_bias, &K->A_log, &K->b, &K->g_a, &K->g_b, &K->o_norm, &K->o};
-        for (size_t i = 0; i < sizeof kt / sizeof kt[0]; i++)
-            if (kt[i]->data) out[k++] = kt[i];
         if (model_layer_kind_of(&m->cfg, l).ffn != MODEL_FFN_MOE) continue;
         const struct model_moe_weights *mw = &L->moe;
         const struct model_tensor *s[] = {&mw->router, &mw->router_bias, &mw->sh_gate, &mw->sh_up, &mw->sh_down,
@@ -1045,7 +1043,7 @@ size_t model_weight_bytes(const model *m)
 {
     int cap = max_tensors(m), n = 0;
     const struct model_tensor **ts = malloc((size_t)cap * sizeof *ts);
-    size_t sum = m->w.mtp_bytes + m->w.unbound_bytes;
+    size_t sum = m->w.mtp_bytes;
     if (!ts) return sum;
     all_tensors(m, ts, &n);
     for (int i = 0; i < n; i++) {

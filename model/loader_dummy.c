@@ -183,7 +183,8 @@ int model_dummy_weights(const struct model_config *c, const struct quant_cfg *qc
          * bytes; scales (at most a group of 8 columns each) in bf16 pools of
          * about 0.02 / 2^(bits-1), so that the weights span what the bf16
          * dummies do */
-        int nmax = 16 * (c->n_layer + n_mtp) + 1 + (n_moe + n_mtp) * (3 + 3 * (int)NE);
+        int nmax = 16 * (c->n_layer + n_mtp) + 1 + (n_moe + n_mtp) * (3 + 3 * (int)NE); /* a KDA layer has 9
+                                                                                           projections */
         d->quants = calloc((size_t)nmax, sizeof *d->quants);
         d->gidx = calloc((size_t)nmax, sizeof *d->gidx);
         d->n_bytes = big + 2 * SLACK;
@@ -240,26 +241,6 @@ int model_dummy_weights(const struct model_config *c, const struct quant_cfg *qc
                 vec(d, &hs[k]->scale, "hc_scale (dummy)", 3, true);
             }
         }
-        if (kind.mixer == MODEL_MIXER_KDA) {
-            /* KDA: every projection packed where the config quantizes its module (the in-memory names a
-               quantization_config's targets and ignore use: the forget gate's under forget_gate.), the small
-               tensors bf16 (A_log and dt_bias 0, o_norm 1) */
-            struct model_kda_weights *K = &L->kda;
-            static const char *const kn[9] = {"q_proj", "k_proj", "v_proj", "forget_gate.f_a_proj",
-                                              "forget_gate.f_b_proj", "b_proj", "g_a_proj", "g_b_proj", "o_proj"};
-            struct model_tensor *kt[9] = {&K->q, &K->k, &K->v, &K->f_a, &K->f_b, &K->b, &K->g_a, &K->g_b, &K->o};
-            const int64_t kr[9] = {KC, KC, KC, KD, KC, KH, KD, KC, E}, kcol[9] = {E, E, E, E, KD, E, E, KD, KC};
-            for (int i = 0; i < 9; i++) {
-                char km[128];
-                snprintf(km, sizeof km, "model.layers.%d.self_attn.%s", l, kn[i]);
-                if ((rc = proj(d, qc, kt[i], "kda projection (dummy)", km, kr[i], kcol[i], err, errlen))) goto fail;
-            }
-            for (int i = 0; i < 3; i++) mat(d, &K->conv[i], "kda conv1d (dummy)", KC, c->kda.conv_kernel);
-            vec(d, &K->dt_bias, "kda dt_bias (dummy)", KC, false);
-            vec(d, &K->A_log, "kda A_log (dummy)", KH, false);
-            vec(d, &K->o_norm, "kda o_norm (dummy)", KD, true);
-            goto ffn;
-        }
         if (kind.mixer == MODEL_MIXER_MLA) {
             struct model_mla_weights *A = &L->mla;
             char mm[6][96];
@@ -290,6 +271,29 @@ int model_dummy_weights(const struct model_config *c, const struct quant_cfg *qc
                     mat(d, &A->ix_kpool_gate, "indexer.index_kpool_compress_gate (dummy)", ID, E);
                 }
             }
+            goto ffn;
+        }
+        if (kind.mixer == MODEL_MIXER_KDA) {
+            /* KDA: every projection as the config quantizes its module, the small tensors bf16 (A_log and
+               dt_bias 0, o_norm 1) */
+            struct model_kda_weights *K = &L->kda;
+            /* the in-memory module names a quantization_config's targets and ignore use (forget_gate.*) */
+            static const char *const kn[9] = {"q_proj", "k_proj", "v_proj", "forget_gate.f_a_proj",
+                                              "forget_gate.f_b_proj", "b_proj", "g_a_proj", "g_b_proj", "o_proj"};
+            struct model_tensor *kt[9] = {&K->q, &K->k, &K->v, &K->f_a, &K->f_b, &K->b, &K->g_a, &K->g_b, &K->o};
+            const int64_t kr[9] = {KC, KC, KC, KD, KC, KH, KD, KC, E}, kcol[9] = {E, E, E, E, KD, E, E, KD, KC};
+            for (int i = 0; i < 9; i++) {
+                char km[96];
+                snprintf(km, sizeof km, "model.layers.%d.self_attn.%s", l, kn[i]);
+                static const char *const dn[9] = {"kda q_proj (dummy)", "kda k_proj (dummy)", "kda v_proj (dummy)",
+                                                  "kda f_a_proj (dummy)", "kda f_b_proj (dummy)", "kda b_proj (dummy)",
+                                                  "kda g_a_proj (dummy)", "kda g_b_proj (dummy)", "kda o_proj (dummy)"};
+                if ((rc = proj(d, qc, kt[i], dn[i], km, kr[i], kcol[i], err, errlen))) goto fail;
+            }
+            for (int i = 0; i < 3; i++) mat(d, &K->conv[i], "kda conv1d (dummy)", KC, c->kda.conv_kernel);
+            vec(d, &K->dt_bias, "kda dt_bias (dummy)", KC, false);
+            vec(d, &K->A_log, "kda A_log (dummy)", KH, false);
+            vec(d, &K->o_norm, "kda o_norm (dummy)", KD, true);
             goto ffn;
         }
         if ((rc = proj(d, qc, &L->wq, "attn_q (dummy)", mod[0], Q, E, err, errlen)) ||

@@ -170,24 +170,6 @@ struct model_mla_config {
     bool index_kpool_tail;
 };
 
-/* Kimi delta attention, KDA (glm5_next's linear_attention layers; the config
- * keys are model/glm5.c's, the tensors model/kda.c's, the CPU step
- * model/cpu_kda.c; the reference is transformers'
- * Glm5NextTextLinearAttention). Per token: q, k, v projections through a short
- * causal depthwise convolution over q|k|v with SiLU, q and k L2-normalised
- * per head; a per-channel forget gate from f_b(f_a(x)) + dt_bias and A_log;
- * beta = sigmoid(b(x)); the delta rule on a head_dim x head_dim state per
- * head; the output RMS-normed per head and gated by sigmoid(g_b(g_a(x))).
- * Nothing is kept per token: a sequence keeps a fixed-size state per layer
- * (model_state_layer_elems) in a state slot. */
-struct model_kda_config {
-    int n_head;                 /* linear_num_heads; 0: the model has no KDA layers */
-    int head_dim;               /* linear_head_dim */
-    int conv_kernel;            /* linear_conv_kernel_dim */
-    float lower_bound;          /* linear_lower_bound: the forget gate is lower_bound * sigmoid(..); NaN when
-                                   null (then -exp(A) softplus(..)) */
-};
-
 /* Manifold-constrained hyper-connections (mHC, glm5_next): the residual is
  * `mult` streams per token; before each block a site collapses them (sigmoid
  * pre weights), after it writes the block's output back (2 sigmoid post
@@ -221,6 +203,24 @@ struct model_moe_config {
     float scale;           /* routed_scaling_factor: the routed sum is weighed by it (1 for softmax) */
     int n_group, topk_group; /* group-limited choice (1, 1: off) */
     float swiglu_limit;    /* every SwiGLU of the model clamps gate <= limit, |up| <= limit; 0: off */
+};
+
+/* Kimi delta attention, KDA (glm5_next's linear_attention layers; model/kda.c,
+ * the CPU step model/cpu_kda.c; the reference is transformers'
+ * Glm5NextTextLinearAttention). Per token: q, k, v projections through a short
+ * causal depthwise convolution over q|k|v with SiLU, q and k L2-normalised
+ * per head; a per-channel forget gate from f_b(f_a(x)) + dt_bias and A_log;
+ * beta = sigmoid(b(x)); the delta rule on a head_dim x head_dim state per
+ * head; the output RMS-normed per head and gated by sigmoid(g_b(g_a(x))).
+ * Nothing is kept per token: a sequence keeps a fixed-size state per layer
+ * (model_state_layer_elems) in a state slot. */
+struct model_kda_config {
+    int n_head;            /* linear_num_heads; 0: the model has no KDA layers */
+    int head_dim;          /* linear_head_dim (keys and values alike) */
+    int conv_kernel;       /* linear_conv_kernel_dim: taps of the causal conv (>= 1) */
+    bool has_lower_bound;  /* linear_lower_bound not null: the log-decay is lower_bound * sigmoid(exp(A_log) g);
+                              else -exp(A_log) softplus(g) */
+    float lower_bound;
 };
 
 struct model_config {
@@ -371,8 +371,6 @@ struct model_weights {
     /* MTP modules (mla.n_mtp_layers): validated and counted, not run */
     int mtp_tensors;                          /* tensors under the MTP layers' prefixes */
     size_t mtp_bytes;                         /* their bytes */
-    size_t unbound_bytes;                     /* weights of layer kinds no backend runs yet (a dummy model's
-                                                 KDA projections): counted for memory, never read */
 };
 
 /* ---- tokenizer ------------------------------------------------------------- */
@@ -467,8 +465,8 @@ size_t model_weight_formats(const model *m, char *out, size_t cap);
  * cannot run them yet. */
 const struct model_tensor *model_first_packed(const model *m);
 const struct model_weights *model_get_weights(const model *m);
-/* Bytes of every weight the model holds (MTP modules and unbound kinds
- * included), as stored: what the weights take in memory. */
+/* Bytes of every weight the model holds (MTP modules included), as
+ * stored: what the weights take in memory. */
 size_t model_weight_bytes(const model *m);
 const model_tok *model_get_tok(const model *m);
 /* The chat template text from the checkpoint, or NULL. Borrowed. */

@@ -14,13 +14,15 @@
  *    sequences sharing a step;
  *  - snapshots taken inside a step equal the state of a run stopped there,
  *    and a run restored from one continues bit for bit;
- *  - the step check refusing positions out of order or shared slots.
+ *  - the config keys as transformers reads them, and the step check refusing
+ *    positions out of order or shared slots.
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/json.h"
 #include "model/backend.h"
 #include "model/model.h"
 #include "model/cpu_internal.h"
@@ -122,7 +124,7 @@ static bool open_layer(struct layer *L, const char *file, bool lower_bound)
     c->n_embd = E;
     c->norm_eps = 1e-5f;
     c->kda = (struct model_kda_config){.n_head = H, .head_dim = D, .conv_kernel = KC,
-                                       .lower_bound = lower_bound ? -5.0f : NAN};
+                                       .has_lower_bound = lower_bound, .lower_bound = -5.0f};
     L->kind = (struct model_layer_kind){MODEL_MIXER_KDA, MODEL_FFN_DENSE, MODEL_RESID_PLAIN};
     c->layer_kind = &L->kind;
     struct kda_lookup lk = {lk_get, lk_find, L};
@@ -363,6 +365,42 @@ static void test_snapshots(void)
     CHECK(memcmp(slot_state(&L, 6), st1, sizeof st1) == 0);
     CHECK(memcmp(slot_state(&L, 2), at64, sizeof at64) == 0); /* the snapshot itself untouched */
     close_layer(&L);
+}
+
+static void test_config_keys(void)
+{
+    struct {
+        const char *json;
+        int heads, dim, conv;
+        bool lb;
+        float bound;
+        int rc;
+    } cases[] = {
+        {"{}", 64, 128, 4, true, -5.0f, 0},
+        {"{\"linear_num_heads\": 4, \"linear_head_dim\": 16, \"linear_conv_kernel_dim\": 3, "
+         "\"linear_lower_bound\": null}", 4, 16, 3, false, 0, 0},
+        {"{\"linear_lower_bound\": -3.5}", 64, 128, 4, true, -3.5f, 0},
+        {"{\"linear_attn_config\": {\"num_heads\": 8, \"head_dim\": 32, \"short_conv_kernel_size\": 2, "
+         "\"gate_lower_bound\": null, \"safe_gate\": false}}", 8, 32, 2, false, 0, 0},
+        {"{\"linear_lower_bound\": null, \"linear_attn_config\": {}}", 64, 128, 4, true, -5.0f, 0},
+        {"{\"linear_num_heads\": 0}", 0, 0, 0, false, 0, SL_EFORMAT},
+        {"{\"linear_lower_bound\": 2}", 0, 0, 0, false, 0, SL_EFORMAT},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        json_doc d;
+        CHECK(json_parse(&d, cases[i].json, strlen(cases[i].json), err, sizeof err) == 0);
+        struct model_kda_config k;
+        int rc = kda_hf_config(&d, 0, &k, err, sizeof err);
+        CHECKF(rc == cases[i].rc, "case %zu: rc %d (%s)", i, rc, err);
+        if (rc == 0 && cases[i].rc == 0) {
+            CHECKF(k.n_head == cases[i].heads && k.head_dim == cases[i].dim && k.conv_kernel == cases[i].conv &&
+                       k.has_lower_bound == cases[i].lb && (!k.has_lower_bound || k.lower_bound == cases[i].bound),
+                   "case %zu: %d %d %d %d %g", i, k.n_head, k.head_dim, k.conv_kernel, k.has_lower_bound,
+                   (double)k.lower_bound);
+        }
+        if (cases[i].rc != 0) CHECKF(strstr(err, "linear_") != NULL, "case %zu: %s", i, err);
+        json_free(&d);
+    }
 }
 
 /* glm5_next's quantization_config names the forget gate by its in-memory path
@@ -746,6 +784,7 @@ int main(void)
     RUN(test_golden_mixed_formats);
     RUN(test_split_exact);
     RUN(test_snapshots);
+    RUN(test_config_keys);
     RUN(test_step_check);
     RUN(test_forget_gate_quant_names);
     RUN(test_model_golden);
