@@ -365,7 +365,7 @@ bool api_state_line(struct sched_engine *e, char *out, size_t cap)
     else
         snprintf(out, cap,
                  "recurrent state: %.2f MiB per sequence x %d slots (%.1f MiB); prefix-cache snapshots every %d "
-                 "tokens (--mamba-block-size) and at each prompt's end: %d slots (%.1f MiB)", mib, st.state_slots,
-                 mib * st.state_slots, st.snap_every, st.snap_slots, mib * st.snap_slots);
+                 "tokens (--mamba-block-size %d) and at each prompt's end: %d slots (%.1f MiB)", mib, st.state_slots,
+                 mib * st.state_slots, st.snap_every, st.snap_every, st.snap_slots, mib * st.snap_slots);
     return true;
 }
