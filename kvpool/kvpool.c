@@ -318,6 +318,7 @@ void kv_seq_release(kv_pool *p, struct kv_seq *s)
     for (int i = 0; i < s->n_snaps; i++) p->snap_free[p->n_snap_free++] = s->snap_slot[i];
     s->has_state = s->has_restore = false;
     s->n_snaps = 0;
+    s->junction = 0;
     /* last block first, so a sequence's blocks enter the LRU leaves first */
     for (int i = s->n_blocks - 1; i >= 0; i--) drop_ref(p, s->blocks[i]);
     s->n_blocks = 0;
@@ -383,6 +384,7 @@ int kv_seq_match_prefix(kv_pool *p, struct kv_seq *s, const int32_t *tokens, int
             parent = b;
             pgen = p->gen[b];
         }
+        if (found > deep) s->junction = found * p->bs;
         found = deep;
         for (int i = 0; i < found; i++) take_ref(p, s->blocks[i]);
         s->n_blocks = found;
@@ -472,7 +474,7 @@ int kv_seq_plan_snaps(kv_pool *p, struct kv_seq *s, int from, int to, int n_prom
     int n = 0;
     /* the deepest first: a chunk longer than KV_MAX_STEP_SNAPS grid cells keeps its last ones */
     for (int b = to / bs * bs; b > from && n < KV_MAX_STEP_SNAPS; b -= bs)
-        if (b % grid == 0 || b == last) pos[n++] = b;
+        if (b % grid == 0 || b == last || b == s->junction) pos[n++] = b;
     int k = 0;
     for (int i = n - 1; i >= 0; i--) { /* ascending */
         if (s->n_snaps + k >= KV_MAX_STEP_SNAPS) break;

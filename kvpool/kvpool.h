@@ -24,7 +24,10 @@
  * released with the sequence's blocks (finish, abort, preemption: a
  * preempted sequence is recomputed, its state dropped), and snapshot slots:
  * the state after the first k block-size multiples of tokens, taken every
- * snap_every blocks and at the last full block of a prompt, attached at
+ * snap_every blocks, at the last full block of a prompt and at the junction
+ * where a prompt leaves a cached one past its deepest snapshot (so a third
+ * prompt sharing that prefix resumes there: a shared document followed by
+ * different questions), attached at
  * commit to the cached block that ends there and evicted with it (or alone,
  * least recently used first, when the snapshot slots run out). With states,
  * a prefix hit stops at the deepest matched block that carries a snapshot
@@ -64,6 +67,8 @@ struct kv_seq {
     int32_t state;
     bool has_restore;  /* restore: the snapshot slot its next step starts from (a prefix hit) */
     int32_t restore;
+    int junction;      /* tokens of the cached prefix it matched, where that passes its deepest snapshot: the
+                          point where its prompt leaves an earlier one's, snapshotted on the way (0: none) */
     int n_snaps;       /* snapshots of the step being run: after snap_pos[i] tokens into snap_slot[i] */
     int32_t snap_pos[KV_MAX_STEP_SNAPS], snap_slot[KV_MAX_STEP_SNAPS];
 };
@@ -124,9 +129,9 @@ int kv_seq_reserve(kv_pool *p, struct kv_seq *s, int n_tokens);
 
 /* With snapshots: plans the snapshots of a step that computes positions
  * [from, to) of a sequence whose prompt has n_prompt tokens: at every
- * multiple of snap_every blocks and at the prompt's last full block that a
- * later identical prompt can match ((n_prompt - 1) / block_size blocks),
- * inside (from, to]; each gets a snapshot slot (a free one, else the least
+ * multiple of snap_every blocks, at the prompt's last full block that a
+ * later identical prompt can match ((n_prompt - 1) / block_size blocks) and
+ * at s->junction, inside (from, to]; each gets a snapshot slot (a free one, else the least
  * recently used cached block's snapshot is dropped; none left: skipped).
  * Fills s->n_snaps, snap_pos, snap_slot (the deepest KV_MAX_STEP_SNAPS);
  * kv_seq_commit attaches them, kv_seq_release frees what is left. Returns

@@ -726,11 +726,23 @@ static void test_engine(void)
         run(e, bb, NP, &hit);
         CHECKF(hit.cached == 64, "shared 80 tokens: cached %d, want 64 (the snapshot grid)", hit.cached);
         CHECKF(hit.n == GEN && memcmp(hit.tok, miss.tok, sizeof hit.tok) == 0, "a prefix hit differs from a miss");
+        /* bb snapshotted 80, where it left a: a third prompt sharing those 80 tokens resumes there */
+        static int32_t cc[NP];
+        for (int i = 0; i < NP; i++) cc[i] = i < PRE ? a[i] : (i * 17 + 9) % 345 + 1;
+        struct result third, third_miss;
+        run(e, cc, NP, &third);
+        CHECKF(third.cached == 80, "a third prompt sharing 80 tokens: cached %d, want 80 (the junction)", third.cached);
         run(e, a, NP, &again);
         CHECKF(again.cached == 96, "the same prompt again: cached %d, want 96 (its last full block)", again.cached);
         CHECKF(memcmp(again.tok, missa.tok, sizeof again.tok) == 0, "a whole-prompt hit differs from a miss");
         check_idle(e, "cache");
         sched_engine_destroy(e);
+        e = engine(be, 256, 40, false, 0);
+        if (e) {
+            run(e, cc, NP, &third_miss);
+            CHECKF(memcmp(third.tok, third_miss.tok, sizeof third.tok) == 0, "a junction hit differs from a miss");
+            sched_engine_destroy(e);
+        }
     }
     /* six prompts alone, then together: chunked (13 tokens a step) and preempted (8 blocks: four 26-token
      * prompts take two each and grow into a third while decoding) */

@@ -287,7 +287,7 @@ static void test_state_slots(void)
 static void test_state_snapshots(void)
 {
     kv_pool *p = kv_pool_create(12, 4, true, err, sizeof err);
-    CHECK(kv_pool_set_states(p, 2, 3, 2, err, sizeof err) == 0);
+    CHECK(kv_pool_set_states(p, 2, 6, 2, err, sizeof err) == 0);
     int32_t t[22], u[22];
     fill(t, 22, 100);
     memcpy(u, t, sizeof u);
@@ -308,7 +308,7 @@ static void test_state_snapshots(void)
           kv_debug_snap(p, a.blocks[2]) == -1);
     struct kv_stats st;
     kv_pool_stats(p, &st);
-    CHECK(st.snaps_held == 3 && st.snap_slots == 3 && st.state_slots == 2);
+    CHECK(st.snaps_held == 3 && st.snap_slots == 6 && st.state_slots == 2);
     /* the same prompt: a hit of 20 tokens resuming from block 4's snapshot */
     CHECK(kv_seq_match_prefix(p, &b, t, 22) == 20 && b.has_restore && b.restore == kv_debug_snap(p, a.blocks[4]));
     CHECK(b.n_blocks == 5 && b.blocks[4] == a.blocks[4]);
@@ -317,24 +317,43 @@ static void test_state_snapshots(void)
     /* u leaves t after 18 tokens: its blocks 0..3 match, block 3 (16) carries a snapshot */
     CHECK(kv_seq_match_prefix(p, &b, u, 22) == 16 && b.restore == kv_debug_snap(p, a.blocks[3]));
     kv_seq_release(p, &b);
+    /* the junction: a prompt leaving t after 14 tokens matches 3 blocks but resumes at 8 (the grid); on the way
+     * it snapshots 12, where it left t, so a third prompt sharing those 14 tokens resumes at 12 */
+    int32_t j1[22], j2[22];
+    memcpy(j1, t, sizeof j1);
+    memcpy(j2, t, sizeof j2);
+    j1[14] = 3, j2[14] = 4;
+    CHECK(kv_seq_match_prefix(p, &b, j1, 22) == 8 && b.junction == 12);
+    CHECK(kv_seq_reserve(p, &b, 22) == 0);
+    CHECK(kv_seq_plan_snaps(p, &b, 8, 22, 22) == 3 && b.snap_pos[0] == 12 && b.snap_pos[1] == 16 &&
+          b.snap_pos[2] == 20);
+    kv_seq_commit(p, &b, j1, 22);
+    struct kv_seq c3;
+    kv_seq_init(&c3, 0);
+    CHECK(kv_seq_match_prefix(p, &c3, j2, 22) == 12 && c3.junction == 0);
+    kv_seq_deinit(p, &c3);
+    kv_seq_release(p, &b);
+    CHECK(b.junction == 0);
     /* a prompt matching only block 0 (no snapshot there): no hit at all */
     int32_t v[10];
     fill(v, 10, 100);
     v[5] = 1;
     CHECK(kv_seq_match_prefix(p, &b, v, 10) == 0 && b.n_blocks == 0 && kv_debug_ref(p, a.blocks[0]) == 1);
+    CHECK(b.junction == 4); /* it leaves t after block 0: a snapshot there on its way */
+    kv_seq_release(p, &b);
     /* snapshot slots run out: a's blocks released to the LRU, a new prompt's
      * snapshot takes the least recently released block's */
     kv_seq_release(p, &a);
     int held_before = 0;
     for (int i = 0; i < 12; i++) held_before += kv_debug_snap(p, i) >= 0;
-    CHECK(held_before == 3);
+    CHECK(held_before == 6); /* t's three, j1's three */
     int32_t w[10];
     fill(w, 10, 500);
     CHECK(kv_seq_reserve(p, &b, 10) == 0);
     CHECK(kv_seq_plan_snaps(p, &b, 0, 10, 10) == 1 && b.snap_pos[0] == 8);
     kv_seq_commit(p, &b, w, 10);
     kv_pool_stats(p, &st);
-    CHECK(st.snaps_held == 3);
+    CHECK(st.snaps_held == 6);
     kv_seq_release(p, &b);
     /* releasing a sequence with planned snapshots gives their slots back */
     CHECK(kv_seq_reserve(p, &b, 10) == 0 && kv_seq_plan_snaps(p, &b, 0, 10, 10) == 1);
