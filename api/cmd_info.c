@@ -29,7 +29,7 @@ static void info_weight_formats(const model *m)
 static void info_plan(const model *m)
 {
     const struct model_config *c = model_get_config(m);
-    char plan[1024];
+    char plan[8192];
     model_plan_describe(c, plan, sizeof plan);
     printf("layer plan: %s\n", plan);
     if (c->moe.n_expert > 0)
@@ -40,7 +40,8 @@ static void info_plan(const model *m)
     if (a->kv_lora_rank > 0) {
         printf("mla: kv_lora_rank %d, q_lora_rank %d, qk nope %d + rope %d, v %d, softmax scale %.6g%s%s\n",
                a->kv_lora_rank, a->q_lora_rank, a->qk_nope_head_dim, a->qk_rope_head_dim, a->v_head_dim,
-               a->softmax_scale, a->yarn_factor > 0 ? ", yarn" : "", a->rope_interleave ? ", interleaved rope" : "");
+               a->softmax_scale, a->yarn_factor > 0 ? ", yarn" : "",
+               a->rope_interleave && a->qk_rope_head_dim > 0 ? ", interleaved rope" : "");
         if (a->index_n_heads > 0) {
             if (a->index_topk > 0)
                 printf("dsa indexer: top %d keys, %d heads of %d\n", a->index_topk, a->index_n_heads, a->index_head_dim);
@@ -71,7 +72,7 @@ static void info_plan(const model *m)
                "bytes per token\n", sb, sb / 1048576.0, tok ? (sb + tok - 1) / tok : 0);
     }
     const struct model_weights *w = model_get_weights(m);
-    printf("weights in memory: %.2f GB (mtp %.2f GB)\n", model_weight_bytes(m) / 1e9, w->mtp_bytes / 1e9);
+    printf("weights in memory: %.4g GB (mtp %.4g GB)\n", model_weight_bytes(m) / 1e9, w->mtp_bytes / 1e9);
 }
 
 int api_cmd_info(int argc, char **argv)

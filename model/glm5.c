@@ -83,6 +83,20 @@ int glm5_hf_config(const json_doc *d, int obj, struct model_config *c, bool **li
     return 0;
 }
 
+const char *glm5_module_path(const char *module, char *buf, size_t cap)
+{
+    static const char *const moved[] = {".self_attn.f_a_proj", ".self_attn.f_b_proj"};
+    size_t n = strlen(module);
+    for (size_t i = 0; i < sizeof moved / sizeof *moved; i++) {
+        size_t k = strlen(moved[i]);
+        if (n >= k && strcmp(module + n - k, moved[i]) == 0) {
+            snprintf(buf, cap, "%.*s.self_attn.forget_gate.%s", (int)(n - k), module, moved[i] + 11);
+            return buf;
+        }
+    }
+    return module;
+}
+
 int glm5_bind_hc(const struct model_config *c, int l, mla_get_fn get, void *ctx, struct model_layer_weights *w,
                  char *err, size_t errlen)
 {

@@ -24,6 +24,13 @@
  * SL_EFORMAT naming the key. */
 int glm5_hf_config(const json_doc *d, int obj, struct model_config *c, bool **linear, char *err, size_t errlen);
 
+/* The in-memory module path transformers gives the file's module `module`
+ * (conversion_mapping.py's "glm5_next" renamings: self_attn.f_a_proj and
+ * f_b_proj live under self_attn.forget_gate.), which a quantization_config's
+ * targets and ignore name; module itself when they agree. buf holds an
+ * alias. */
+const char *glm5_module_path(const char *module, char *buf, size_t cap);
+
 /* Binds layer l's two hyper-connection sites ("model.layers.<l>.hc_attn_fn",
  * _base, _scale and hc_ffn_*: the checkpoint's names, which transformers
  * renames attn_hc.fn ...) into w, shape-checked. */

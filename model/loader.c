@@ -303,15 +303,10 @@ static int get_weight_st(model *m, const char *name, int64_t rows, int64_t cols,
      * parameter of its TopKRouter): a "Linear" target reaches neither */
     bool linear = strstr(name, "embed_tokens") == NULL && !(n > 16 && strcmp(name + n - 16, ".mlp.gate.weight") == 0);
     memset(t, 0, sizeof *t);
-    /* glm5_next's forget gate: transformers (and so a quantization_config's ignore list) calls the file's
-     * self_attn.f_a_proj / f_b_proj self_attn.forget_gate.f_a_proj / f_b_proj */
-    char alias[560];
-    const char *fg = strstr(module, ".self_attn.f_");
-    bool has_alias = fg && (!strcmp(fg, ".self_attn.f_a_proj") || !strcmp(fg, ".self_attn.f_b_proj"));
-    if (has_alias)
-        snprintf(alias, sizeof alias, "%.*s.self_attn.forget_gate.%s", (int)(fg - module), module, fg + 11);
-    int rc = quant_load_weight_as(m->st, m->qcfg, module, has_alias ? alias : NULL, linear, rows, cols, t, q, fname,
-                                  sizeof fname, err, errlen);
+    char alias[600];
+    const char *claim = m->cfg.arch == MODEL_ARCH_GLM5_NEXT ? glm5_module_path(module, alias, sizeof alias) : module;
+    int rc = quant_load_weight_as(m->st, m->qcfg, module, claim, linear, rows, cols, t, q, fname, sizeof fname, err,
+                                  errlen);
     if (rc != 0 || t->dtype != MODEL_DT_QPACK) free(q);
     if (rc < 0) return rc;
     if (rc == 1) {

@@ -1016,27 +1016,19 @@ static int file_packed(const st_set *st, const char *module, const struct claim 
     return take_g_idx(q, st_find(st, gn), gn, err, errlen);
 }
 
-static bool claim_agrees(const struct claim *c, const struct model_quant *q)
-{
-    return c->quant && !c->float_type && c->bits == q->bits &&
-           (c->group <= 0 ? q->group == q->cols : c->group == q->group) && (!c->known_sym || c->sym == q->sym) &&
-           (c->act_order || !q->act_order) && (!c->act_order || q->g_idx || q->layout != MODEL_QL_CT);
-}
-
 int quant_load_weight(const st_set *st, const struct quant_cfg *qc, const char *module, bool linear, int64_t rows,
                       int64_t cols, struct model_tensor *t, struct model_quant *q, char *fname, size_t fcap,
                       char *err, size_t errlen)
 {
-    return quant_load_weight_as(st, qc, module, NULL, linear, rows, cols, t, q, fname, fcap, err, errlen);
+    return quant_load_weight_as(st, qc, module, module, linear, rows, cols, t, q, fname, fcap, err, errlen);
 }
 
-int quant_load_weight_as(const st_set *st, const struct quant_cfg *qc, const char *module, const char *alias,
+int quant_load_weight_as(const st_set *st, const struct quant_cfg *qc, const char *module, const char *claim,
                          bool linear, int64_t rows, int64_t cols, struct model_tensor *t, struct model_quant *q,
                          char *fname, size_t fcap, char *err, size_t errlen)
 {
-    struct claim c = {0}, ca = {0};
-    if (qc) config_claim(qc, module, linear, &c);
-    if (qc && alias) config_claim(qc, alias, linear, &ca);
+    struct claim c = {0};
+    if (qc) config_claim(qc, claim, linear, &c);
     memset(q, 0, sizeof *q);
     q->rows = rows;
     q->cols = cols;
@@ -1048,7 +1040,6 @@ int quant_load_weight_as(const st_set *st, const struct quant_cfg *qc, const cha
         const struct st_tensor *w = find2(st, module, "weight");
         if (!w) return 1;
         snprintf(fname, fcap, "%s.weight", module);
-        if (c.quant && alias && !ca.quant) c = ca; /* the module's other name leaves it dense */
         if (c.quant) {
             claim_str(&c, cs, sizeof cs);
             sl_seterr(err, errlen, "tensor %s: the file holds %s but quantization_config says %s", fname,
@@ -1071,8 +1062,10 @@ int quant_load_weight_as(const st_set *st, const struct quant_cfg *qc, const cha
         return 0;
     }
     model_quant_describe(q, fs, sizeof fs);
-    if (alias && !claim_agrees(&c, q) && claim_agrees(&ca, q)) c = ca;
-    bool agree = claim_agrees(&c, q);
+    bool agree = c.quant && !c.float_type && c.bits == q->bits &&
+                 (c.group <= 0 ? q->group == q->cols : c.group == q->group) &&
+                 (!c.known_sym || c.sym == q->sym) && (c.act_order || !q->act_order) &&
+                 (!c.act_order || q->g_idx || q->layout != MODEL_QL_CT);
     if (qc && !agree) {
         claim_str(&c, cs, sizeof cs);
         sl_seterr(err, errlen, "tensor %s: the file holds %s but quantization_config says %s", fname, fs, cs);
