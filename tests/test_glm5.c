@@ -4,11 +4,15 @@
  * tests/golden/glm5/make_glm5.py (Glm5NextForConditionalGeneration at a tiny
  * random config: 3 MLA layers without RoPE, dense + sparse FFNs, 4 streams,
  * the indexer with k-pools of 4 on (golden.json) and, through
- * --hf-overrides' nested index_topk null, off (golden_dense.json)).
+ * --hf-overrides' nested index_topk null, off (golden_dense.json)); glm5-hybrid
+ * (3 KDA layers and an MLA one with its indexer, a 70-token prompt past one
+ * 64-token KDA chunk) and glm5-mixed (the same in the seed's mixed int4 g32 /
+ * int8 / bf16 scheme, against transformers on its dequantized weights).
  *
  * For each golden and prompt:
- *  - the decode form (one 1-token sequence per position) and the prefill form
- *    (the prompt in one step) give transformers' logits (top 20, <= 1e-4
+ *  - the decode form (one 1-token sequence per position; with KDA layers the
+ *    prompt token by token in one state slot) and the prefill form (the
+ *    prompt in one step) give transformers' logits (top 20, <= 1e-4
  *    relative);
  *  - chunked prefills at chunk sizes 3, 5 and 16 give the one-step logits bit
  *    for bit;
