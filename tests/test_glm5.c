@@ -4,11 +4,15 @@
  * tests/golden/glm5/make_glm5.py (Glm5NextForConditionalGeneration at a tiny
  * random config: 3 MLA layers without RoPE, dense + sparse FFNs, 4 streams,
  * the indexer with k-pools of 4 on (golden.json) and, through
- * --hf-overrides' nested index_topk null, off (golden_dense.json)).
+ * --hf-overrides' nested index_topk null, off (golden_dense.json)); glm5-hybrid
+ * (3 KDA layers and an MLA one with its indexer, a 70-token prompt past one
+ * 64-token KDA chunk) and glm5-mixed (the same in the seed's mixed int4 g32 /
+ * int8 / bf16 scheme, against transformers on its dequantized weights).
  *
  * For each golden and prompt:
- *  - the decode form (one 1-token sequence per position) and the prefill form
- *    (the prompt in one step) give transformers' logits (top 20, <= 1e-4
+ *  - the decode form (one 1-token sequence per position; with KDA layers the
+ *    prompt token by token in one state slot) and the prefill form (the
+ *    prompt in one step) give transformers' logits (top 20, <= 1e-4
  *    relative);
  *  - chunked prefills at chunk sizes 3, 5 and 16 give the one-step logits bit
  *    for bit;
@@ -37,6 +41,7 @@
 
 #define MDIR "tests/models/glm5/glm5-mla"
 #define HDIR "tests/models/glm5/glm5-hybrid" /* KDA + MLA layers */
+#define QDIR "tests/models/glm5/glm5-mixed"  /* the same in the seed's mixed int4/int8/bf16 scheme */
 #define BLOCK 16
 #define REGION 8 /* blocks per block table: 128 positions */
 
@@ -227,6 +232,27 @@ static void test_logits_dense(void)
     run_golden(MDIR, "golden_dense.json", "{\"text_config\": {\"index_topk\": null}}", false);
 }
 static void test_logits_hybrid(void) { run_golden(HDIR, "golden.json", NULL, true); }
+
+/* The seed's scheme, every family decided per tensor from the file (the
+ * config a cross-check: its ignore names transformers' forget_gate path for
+ * the file's f_a_proj), against transformers on the dequantized weights. */
+static void test_logits_mixed(void)
+{
+    model *m = load(QDIR, NULL);
+    if (m) {
+        const struct model_weights *w = model_get_weights(m);
+        const struct model_layer_weights *k = &w->layers[0], *a = &w->layers[3];
+        CHECK(k->kda.q.dtype == MODEL_DT_QPACK && k->kda.q.quant->bits == 8 && k->kda.b.dtype == MODEL_DT_QPACK);
+        CHECK(k->kda.f_a.dtype == MODEL_DT_BF16 && k->kda.f_b.dtype == MODEL_DT_BF16);
+        CHECK(a->mla.q_a.dtype == MODEL_DT_QPACK && a->mla.kv_b.dtype == MODEL_DT_QPACK && a->mla.o.quant->bits == 8);
+        CHECK(a->mla.ix_wq_b.dtype == MODEL_DT_BF16 && a->moe.router.dtype == MODEL_DT_BF16);
+        CHECK(a->moe.gate[0].dtype == MODEL_DT_QPACK && a->moe.gate[0].quant->bits == 4 &&
+              a->moe.gate[0].quant->group == 32 && a->moe.sh_up.quant->bits == 8);
+        CHECK(w->mtp_tensors > 0);
+        model_free(m);
+    }
+    run_golden(QDIR, "golden.json", NULL, true);
+}
 
 /* Every layer's 4 streams against transformers' (forward hooks on its
  * decoder layers), in the prefill form and (without recurrent layers) in the
@@ -431,6 +457,7 @@ int main(void)
     RUN(test_logits_dense);
     RUN(test_hidden_streams);
     RUN(test_logits_hybrid);
+    RUN(test_logits_mixed);
     RUN(test_hidden_streams_hybrid);
     RUN(test_layout);
     RUN(test_layer_types);

@@ -24,6 +24,11 @@ glm5-hybrid: the same at 4 layers, the first three KDA linear attention
 with its indexer, FFNs dense, sparse, dense, sparse: the 70-token prompt runs
 past one 64-token KDA chunk.
 
+glm5-mixed: glm5-hybrid's weights in the seed checkpoint's scheme (int4 g32
+experts, int8 per channel attention, KDA and MLP projections and the MTP
+layer's, bf16 router, indexer and forget gate): its golden.json is
+transformers on the dequantized weights.
+
 golden.json: as tests/golden/make_goldens.py ({"prompts": [{"ids", "top_ids",
 "top_logits", "greedy"}]}), 24 greedy tokens by full forwards.
 golden_dense.json (glm5-mla): the same weights with the indexer switched off
@@ -171,10 +176,10 @@ HYBRID = dict(TEXT, num_hidden_layers=4, mlp_layer_types=["dense", "sparse", "de
               linear_head_dim=16, linear_num_heads=4, linear_conv_kernel_dim=4, linear_lower_bound=-5.0)
 
 
-def make(outdir, name, text, seed0):
+def make(outdir, name, text, seed0, min_gap=1e-4, tries=40):
     path = os.path.join(outdir, name)
     L = text["num_hidden_layers"]
-    for seed in range(40):
+    for seed in range(tries):
         torch.manual_seed(seed0 + seed)
         cfg = Glm5NextConfig(text_config=text, vision_config=VISION)
         m = Glm5NextForConditionalGeneration(cfg).float()
@@ -195,10 +200,10 @@ def make(outdir, name, text, seed0):
         with torch.no_grad():
             gap = pool_gaps(m2, [p["ids"] + p["greedy"] for p in g["prompts"]])
         print(name, "seed", seed0 + seed, "smallest pool top-k boundary gap", gap, flush=True)
-        if gap > 1e-4:
+        if gap > min_gap:
             break
     else:
-        sys.exit("no seed without near-ties at the indexer's top-k boundary")
+        return None
     os.symlink("../../quant/ct-w4g32-sym/tokenizer.json", os.path.join(path, "tokenizer.json"))
     shutil.copy(os.path.join(TOKDIR, "tokenizer_config.json"), path)
     shutil.copy(os.path.join(HERE, "chat_template.jinja"), path)
@@ -212,19 +217,131 @@ def make(outdir, name, text, seed0):
     return m2
 
 
+# The seed checkpoint's scheme (compressed-tensors pack-quantized, symmetric round to nearest, as
+# llmcompressor writes it): int4 group 32 routed experts, int8 per channel every other projection
+# (attention, KDA's q/k/v/b/g/o, dense and shared MLPs, the MTP layer's), bf16 router, indexer,
+# forget gate (transformers' self_attn.forget_gate.*), embeddings and head.
+QCONFIG = {
+    "quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
+    "config_groups": {
+        "group_0": {"targets": ["re:.*mlp\\.experts\\..*"], "format": "pack-quantized",
+                    "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
+                                "group_size": 32, "dynamic": False, "actorder": None},
+                    "input_activations": None, "output_activations": None},
+        "group_1": {"targets": ["Linear"], "format": "pack-quantized",
+                    "weights": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel",
+                                "group_size": None, "dynamic": False, "actorder": None},
+                    "input_activations": None, "output_activations": None},
+    },
+    "ignore": ["lm_head", "re:.*mlp\\.gate$", "re:.*self_attn\\.indexer.*", "re:.*self_attn\\.forget_gate.*",
+               "re:.*visual.*", "re:.*shared_head.*"],
+}
+
+
+def quant_scheme(name):
+    """(bits, group) for a file tensor "<module>.weight" under QCONFIG, or None."""
+    if not name.endswith(".weight") or not name.startswith("model.language_model.layers."):
+        return None
+    mod = name[:-7]
+    if (mod.endswith(".mlp.gate") or ".indexer." in mod or mod.endswith(("f_a_proj", "f_b_proj"))
+            or "shared_head" in mod or "norm" in mod.rsplit(".", 1)[-1] or "conv1d" in mod):
+        return None
+    if ".mlp.experts." in mod:
+        return (4, 32)
+    if mod.endswith(("_proj", "_proj_with_mqa")):
+        return (8, 0)
+    return None
+
+
+def rtn(w, bits, group):
+    """Packed codes, scales and the dequantized bf16 weight of w [out][in]."""
+    w = w.to(torch.bfloat16).float()
+    out, inn = w.shape
+    g = group if group else inn
+    wg = w.view(out, inn // g, g)
+    qmax = 2 ** (bits - 1)
+    scale = (wg.abs().amax(-1) / (qmax - 0.5)).to(torch.bfloat16)  # [out][groups]
+    q = torch.round((wg / scale.float()[..., None]).to(torch.bfloat16).float()).clamp(-qmax, qmax - 1)
+    deq = (q * scale.float()[..., None]).to(torch.bfloat16).view(out, inn)
+    u = (q + qmax).to(torch.int64).view(out, inn)
+    per = 32 // bits
+    u = u.view(out, inn // per, per)
+    packed = torch.zeros(out, inn // per, dtype=torch.int64)
+    for i in range(per):
+        packed |= u[..., i] << (bits * i)
+    packed = torch.where(packed >= 2 ** 31, packed - 2 ** 32, packed).to(torch.int32)
+    return packed, scale, deq
+
+
+def make_mixed(outdir):
+    """glm5-mixed: glm5-hybrid's weights in the seed's scheme; golden.json from
+    transformers on the dequantized weights (the dense path of the same
+    weights)."""
+    src, path, dense = (os.path.join(outdir, "glm5-hybrid"), os.path.join(outdir, "glm5-mixed"),
+                        os.path.join(outdir, "glm5-mixed-dense.tmp"))
+    sd = load_file(os.path.join(src, "model.safetensors"))
+    packed, deq = {}, {}
+    n = {4: 0, 8: 0}
+    for k, v in sd.items():
+        sch = quant_scheme(k)
+        if sch is None:
+            packed[k] = v
+            deq[k] = v
+            continue
+        p, s_, d = rtn(v, *sch)
+        mod = k[:-7]
+        packed[mod + ".weight_packed"] = p
+        packed[mod + ".weight_scale"] = s_
+        packed[mod + ".weight_shape"] = torch.tensor(list(v.shape), dtype=torch.int64)
+        deq[k] = d
+        n[sch[0]] += 1
+    print("glm5-mixed:", n[4], "int4 g32 and", n[8], "int8 matrices", flush=True)
+    for d_, t in ((path, packed), (dense, deq)):
+        shutil.rmtree(d_, ignore_errors=True)
+        os.makedirs(d_)
+        save_file(t, os.path.join(d_, "model.safetensors"), metadata={"format": "pt"})
+        for f in ("config.json", "generation_config.json", "tokenizer_config.json", "chat_template.jinja"):
+            shutil.copy(os.path.join(src, f), d_)
+    with open(os.path.join(path, "config.json")) as fh:
+        c = json.load(fh)
+    c["quantization_config"] = QCONFIG
+    with open(os.path.join(path, "config.json"), "w") as fh:
+        json.dump(c, fh, indent=2)
+    os.symlink("../../quant/ct-w4g32-sym/tokenizer.json", os.path.join(path, "tokenizer.json"))
+    m = Glm5NextForConditionalGeneration.from_pretrained(dense, dtype=torch.float32).eval()
+    g = golden(m, "glm5-mixed (dequantized)", PROMPTS)
+    with torch.no_grad():
+        gap = pool_gaps(m, [p["ids"] + p["greedy"] for p in g["prompts"]])
+    print("glm5-mixed smallest pool top-k boundary gap", gap, flush=True)
+    with open(os.path.join(path, "golden.json"), "w") as fh:
+        json.dump(g, fh)
+    shutil.rmtree(dense)
+    return gap
+
+
 def main():
     outdir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "tests", "models", "glm5")
     only = set(sys.argv[2:])
     os.makedirs(outdir, exist_ok=True)
     if not only or "glm5-mla" in only:
         m2 = make(outdir, "glm5-mla", TEXT, 500)
+        if m2 is None:
+            sys.exit("no seed without near-ties at the indexer's top-k boundary")
         for l in m2.model.language_model.layers:
             if l.self_attn.indexer is not None:
                 l.self_attn.indexer.index_topk = 1 << 20
         with open(os.path.join(outdir, "glm5-mla", "golden_dense.json"), "w") as fh:
             json.dump(golden(m2, "glm5-mla (index_topk null)", PROMPTS), fh)
     if not only or "glm5-hybrid" in only:
-        make(outdir, "glm5-hybrid", HYBRID, 700)
+        # KDA layers round differently from the reference's chunked form (a reassociation), and the
+        # quantized twin moves the scores further: a wider margin, in both, keeps the pools' choice
+        for seed in range(737, 800):
+            if make(outdir, "glm5-hybrid", HYBRID, seed, min_gap=2e-3, tries=1) is None:
+                continue
+            if make_mixed(outdir) > 5e-4:
+                break
+        else:
+            sys.exit("no seed without near-ties at the indexer's top-k boundary")
 
 
 if __name__ == "__main__":
