@@ -35,6 +35,13 @@ model_backend *model_backend_create(const model *m, const struct model_backend_o
                      opts->tensor_parallel_size, model_cuda_available() ? "" : " (no GPU found)");
         return NULL;
     }
+    if (opts && opts->mtp && model_state_bytes(model_get_config(m)) > 0) {
+        /* the engine refuses n-gram drafts the same way (sched_engine_create) */
+        if (err && errlen)
+            snprintf(err, errlen, "--speculative-config: speculative decoding is not supported yet for models with "
+                     "linear-attention (KDA) layers");
+        return NULL;
+    }
     if (opts && opts->mtp && model_get_config(m)->n_mtp_layer == 0) {
         if (err && errlen)
             snprintf(err, errlen, "speculative method mtp: this %s model has no MTP layers (num_nextn_predict_layers "

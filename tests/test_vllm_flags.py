@@ -155,11 +155,15 @@ def test_glm5_first_command_line():
         "--max-num-batched-tokens", "512", "--reasoning-parser", "glm45", "--enable-auto-tool-choice",
         "--tool-call-parser", "glm47", "--enable-prompt-tokens-details", "--enable-prefix-caching",
         "--trust-remote-code", "--port", "PORT",
-        "--compilation-config", '{"cudagraph_mode":"FULL_AND_PIECEWISE","cudagraph_capture_sizes":[1]}',
-        "--speculative-config", '{"method":"mtp","num_speculative_tokens":3,"draft_sample_method":"greedy"}'],
+        "--compilation-config", '{"cudagraph_mode":"FULL_AND_PIECEWISE","cudagraph_capture_sizes":[1]}'],
         "default_assistant_model", True)
     assert "vision tower" in out, out  # the checkpoint's vision tower is skipped, said once
-    assert any("--speculative-config" in l and "mtp" in l for l in out.splitlines() if " ignored: " in l), out
+    # with its MTP drafts (either method): refused at start, as the KDA layers' state is not rolled back yet
+    for spec in (MTP3, ["--speculative-config", '{"method":"ngram","num_speculative_tokens":3}']):
+        p = subprocess.run([BIN, "serve", GLM5, "--port", str(free_port()), "--max-model-len", "512"] + spec,
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode != 0 and "not supported yet for models with linear-attention (KDA) layers" in p.stderr, (
+            p.returncode, p.stderr)
 
 
 def test_glm5_second_command_line():
