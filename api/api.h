@@ -78,6 +78,12 @@ long long api_parse_bytes(const char *s);
  * (message in err);
  * 1: no GPU answered (the caller keeps its default). */
 int api_gpu_kv_bytes(int tp, double util, const char *who, size_t *bytes, char *err, size_t errlen);
+/* The start-up line of a model with recurrent (linear-attention) layers: the
+ * state per sequence, its slots, and the prefix cache's snapshots (their
+ * spacing and memory), or that there are none. Returns false (nothing
+ * written) for a model without such layers. */
+struct sched_engine;
+bool api_state_line(struct sched_engine *e, char *out, size_t cap);
 /* vLLM's engine sizes for where the model will run, filling only values left
  * 0: on GPUs (device "cuda", or NULL with a GPU present) 256 sequences and
  * 8192 tokens per step, on the CPU 64 and 1024; a default is lowered or

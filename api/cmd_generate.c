@@ -268,6 +268,10 @@ int api_cmd_generate(int argc, char **argv)
     g.be = model_backend_create(g.m, &bo, err, sizeof err);
     if (!g.be) goto fail;
     if (g.be->ops->kv_alloc(g.be, g.max_ctx / BLOCK_SIZE, BLOCK_SIZE, err, sizeof err)) goto fail;
+    /* recurrent layers: one state slot, slot 0 of every step (zeroed at position 0) */
+    if (g.be->ops->state_slot_bytes && g.be->ops->state_slot_bytes(g.be) > 0 &&
+        g.be->ops->state_alloc(g.be, 1, err, sizeof err))
+        goto fail;
     g.ids = malloc(sizeof *g.ids * (size_t)(g.max_ctx + 1));
     g.blocks = malloc(sizeof *g.blocks * (size_t)(g.max_ctx / BLOCK_SIZE));
     g.pos = malloc(sizeof *g.pos * PREFILL_CHUNK);

@@ -29,7 +29,7 @@ static void info_weight_formats(const model *m)
 static void info_plan(const model *m)
 {
     const struct model_config *c = model_get_config(m);
-    char plan[1024];
+    char plan[8192];
     model_plan_describe(c, plan, sizeof plan);
     printf("layer plan: %s\n", plan);
     if (c->moe.n_expert > 0)
@@ -40,14 +40,25 @@ static void info_plan(const model *m)
     if (a->kv_lora_rank > 0) {
         printf("mla: kv_lora_rank %d, q_lora_rank %d, qk nope %d + rope %d, v %d, softmax scale %.6g%s%s\n",
                a->kv_lora_rank, a->q_lora_rank, a->qk_nope_head_dim, a->qk_rope_head_dim, a->v_head_dim,
-               a->softmax_scale, a->yarn_factor > 0 ? ", yarn" : "", a->rope_interleave ? ", interleaved rope" : "");
+               a->softmax_scale, a->yarn_factor > 0 ? ", yarn" : "",
+               a->rope_interleave && a->qk_rope_head_dim > 0 ? ", interleaved rope" : "");
         if (a->index_n_heads > 0) {
             if (a->index_topk > 0)
                 printf("dsa indexer: top %d keys, %d heads of %d\n", a->index_topk, a->index_n_heads, a->index_head_dim);
             else
                 printf("dsa indexer: off (index_topk null): dense MLA\n");
         }
+        if (a->index_kpool > 0 && a->index_topk > 0)
+            printf("dsa indexer k-pools: %d keys a pool, %d pools a query%s\n", a->index_kpool,
+                   a->index_topk / a->index_kpool, a->index_kpool_tail ? " + its own incomplete pool" : "");
+        const struct model_weights *w = model_get_weights(m);
+        if (a->n_mtp_layers > 0)
+            printf("mtp: %d layer(s), %d tensors, %.2f MB (loaded, not run)\n", a->n_mtp_layers, w->mtp_tensors,
+                   w->mtp_bytes / 1e6);
     }
+    if (c->hc.mult > 0)
+        printf("hyper-connections: %d residual streams, %d Sinkhorn iterations, eps %g\n", c->hc.mult,
+               c->hc.sinkhorn_iters, c->hc.eps);
     printf("kv per token: %zu bytes f32 (cpu), %zu bf16, %zu fp8\n", model_kv_bytes_per_token(c, 4),
            model_kv_bytes_per_token(c, 2), model_kv_bytes_per_token(c, 1));
     if (c->n_mtp_layer > 0) {
@@ -60,19 +71,34 @@ static void info_plan(const model *m)
                model_mtp_kv_bytes_per_block(c, 4), model_mtp_kv_bytes_per_token(c, 2),
                model_mtp_kv_bytes_per_block(c, 2));
     }
+    size_t sb = model_state_bytes(c);
+    if (sb > 0) {
+        const struct model_kda_config *k = &c->kda;
+        size_t tok = model_kv_bytes_per_token(c, 2);
+        printf("kda: %d heads x %d, conv %d, forget gate %s\n", k->n_head, k->head_dim, k->conv_kernel,
+               k->has_lower_bound ? "lower-bounded" : "softplus");
+        printf("recurrent state per sequence: %zu bytes f32 (%.2f MiB), the KV of %zu tokens at bf16: with prefix "
+               "caching, one snapshot every that many tokens (--mamba-block-size auto) at most doubles the cache's "
+               "bytes per token\n", sb, sb / 1048576.0, tok ? (sb + tok - 1) / tok : 0);
+    }
+    const struct model_weights *w = model_get_weights(m);
+    printf("weights in memory: %.4g GB (mtp %.4g GB)\n", model_weight_bytes(m) / 1e9, w->mtp_bytes / 1e9);
 }
 
 int api_cmd_info(int argc, char **argv)
 {
-    const char *model_path = NULL;
+    const char *model_path = NULL, *load_format = NULL, *hf_overrides = NULL, *tokenizer = NULL;
     const struct api_flag flags[] = {
         {"--model", API_FLAG_STR, &model_path, "GGUF file or HF checkpoint directory", NULL},
+        {"--load-format", API_FLAG_STR, &load_format, "auto, or dummy: random weights from a config.json dir", NULL},
+        {"--hf-overrides", API_FLAG_STR, &hf_overrides, "JSON object applied to the model's config (vLLM's)", NULL},
+        {"--tokenizer", API_FLAG_STR, &tokenizer, "take the tokenizer from another model", NULL},
         {0},
     };
     char err[512];
     const char *pos[1];
     int flags_rc;
-    int np = api_cmd_flags("info", "usage: sluice info [--model PATH]\n\n", argc, argv, 2, flags, pos, 1, &flags_rc);
+    int np = api_cmd_flags("info", "usage: sluice info [--model PATH] [--load-format dummy] [--hf-overrides JSON] [--tokenizer PATH]\n\n", argc, argv, 2, flags, pos, 1, &flags_rc);
     if (np < 0) return flags_rc;
     if (np == 1 && !model_path) model_path = pos[0];
     char gpus[1024];
@@ -80,7 +106,8 @@ int api_cmd_info(int argc, char **argv)
     printf("gpus: %s%s\n", n_gpu > 0 ? "" : "none: ", gpus);
     printf("cuda backend: %s\n", model_cuda_available() ? "available" : "not available");
     if (!model_path) return 0;
-    struct model_load_opts lo = {0};
+    struct model_load_opts lo = {.load_format = load_format, .hf_overrides = hf_overrides, .tokenizer = tokenizer};
+    bool dummy = load_format && !strcmp(load_format, "dummy");
     model *m = model_load(model_path, &lo, err, sizeof err);
     if (!m) {
         fprintf(stderr, "sluice info: %s\n", err);
@@ -88,7 +115,7 @@ int api_cmd_info(int argc, char **argv)
     }
     /* info is where one looks at a checkpoint before serving it: damaged
      * weights are named here, whatever the cost of reading them all */
-    int wrc = model_check_weights(m, err, sizeof err);
+    int wrc = dummy ? 0 : model_check_weights(m, err, sizeof err);
     const struct model_config *c = model_get_config(m);
     printf("arch: %s\nlayers: %d\nhidden: %d\nffn: %d\nheads: %d (kv %d, head_dim %d)\nvocab: %d\n"
            "context: %d\nrope: %s theta %g%s\ntied embeddings: %s\n",
@@ -96,7 +123,8 @@ int api_cmd_info(int argc, char **argv)
            c->n_vocab, c->n_ctx_train, c->rope_type == MODEL_ROPE_NEOX ? "neox" : "norm", c->rope_theta,
            c->rope_llama3_factor > 0 ? " (llama3 scaling)" : "", c->tie_embeddings ? "yes" : "no");
     info_plan(m);
-    printf("tokenizer: %d tokens\nweight values: %s\n", model_tok_n_vocab(model_get_tok(m)), wrc ? "DAMAGED" : "all finite");
+    printf("tokenizer: %d tokens\nweight values: %s\n", model_tok_n_vocab(model_get_tok(m)),
+           dummy ? "dummy (random)" : wrc ? "DAMAGED" : "all finite");
     info_weight_formats(m);
     model_free(m);
     if (wrc) fprintf(stderr, "sluice info: %s\n", err);

@@ -412,7 +412,7 @@ int api_cmd_run_batch(int argc, char **argv)
                *device = NULL, *load_format = NULL, *tok_path = NULL, *kv_dtype = NULL, *spec_json = NULL;
     /* not given: vLLM's sizes for the device, the model's length, 0.9 */
     long max_num_seqs = API_FLAG_UNSET, max_batched = API_FLAG_UNSET, max_model_len = API_FLAG_UNSET;
-    long block_size = 16, threads = 0, tp = 1, long_prefill = 0, partial = 1, long_partial = 1;
+    long block_size = 16, mamba_block = 0, threads = 0, tp = 1, long_prefill = 0, partial = 1, long_partial = 1;
     double gpu_util = NAN;
     struct api_sched_flags sf; /* the same scheduler policy as serve's */
     api_sched_flags_init(&sf);
@@ -431,6 +431,8 @@ int api_cmd_run_batch(int argc, char **argv)
         {"--enable-prefix-caching", API_FLAG_BOOL, &prefix, "reuse the KV of shared prompt prefixes (on)",
          "--no-enable-prefix-caching"},
         {"--block-size", API_FLAG_INT, &block_size, "KV block size in tokens (16)", NULL},
+        {"--mamba-block-size", API_FLAG_INT, &mamba_block,
+         "linear-attention models: a prefix-cache state snapshot every N tokens (0: auto)", NULL},
         {"--kv-cache-memory", API_FLAG_STR, &kv_mem,
          "KV cache size, bytes with K/M/G suffix (CPU: 2G; GPU: from --gpu-memory-utilization)", NULL},
         {"--gpu-memory-utilization", API_FLAG_FLOAT, &gpu_util, "GPU memory fraction for weights + KV (0.9)", NULL},
@@ -485,6 +487,7 @@ int api_cmd_run_batch(int argc, char **argv)
         api_flag_long_range("--max-num-batched-tokens", max_batched, 1, 1 << 20, err, sizeof err) ||
         api_flag_long_range("--max-model-len", max_model_len, 1, LONG_MAX, err, sizeof err) ||
         api_flag_long_range("--block-size", block_size, 1, 1024, err, sizeof err) ||
+        api_flag_long_range("--mamba-block-size", mamba_block, 0, INT_MAX, err, sizeof err) ||
         api_flag_long_range("--tensor-parallel-size", tp, 1, LONG_MAX, err, sizeof err) ||
         api_flag_long_range("--threads", threads, 0, INT_MAX, err, sizeof err) ||
         api_flag_long_range("--long-prefill-token-threshold", long_prefill, 0, INT_MAX, err, sizeof err) ||
@@ -574,6 +577,7 @@ int api_cmd_run_batch(int argc, char **argv)
     eo.sched.spec = policy.spec;
     eo.kv_cache_bytes = (size_t)kv_bytes;
     eo.enable_prefix_caching = prefix;
+    eo.mamba_block_size = (int)mamba_block;
     sched_engine_defaults(b.m, &eo);
     struct model_backend_opts bo = {
         .device = device, .n_threads = (int)threads, .max_tokens_per_step = eo.sched.max_num_batched_tokens,
@@ -608,6 +612,8 @@ int api_cmd_run_batch(int argc, char **argv)
                         "max-num-batched-tokens %d, max-model-len %d, prefix caching %s\n",
                 in_path, st.kv_blocks, st.block_size, kv8 ? " (fp8)" : "", eo.sched.max_num_seqs,
                 eo.sched.max_num_batched_tokens, b.max_model_len, prefix ? "on" : "off");
+        char sl[256];
+        if (api_state_line(b.e, sl, sizeof sl)) fprintf(stderr, "[run-batch] %s\n", sl);
     }
 
     struct sched_evbuf evb;

@@ -354,3 +354,21 @@ int api_sched_flags_apply(const struct api_sched_flags *f, struct sched_config *
     }
     return 0;
 }
+
+bool api_state_line(struct sched_engine *e, char *out, size_t cap)
+{
+    struct sched_engine_stats st;
+    sched_engine_get_stats(e, &st);
+    if (st.state_bytes == 0) return false;
+    double mib = st.state_bytes / 1048576.0;
+    if (st.snap_slots == 0)
+        snprintf(out, cap,
+                 "recurrent state: %.2f MiB per sequence x %d slots (%.1f MiB); prefix caching off, so no "
+                 "snapshots", mib, st.state_slots, mib * st.state_slots);
+    else
+        snprintf(out, cap,
+                 "recurrent state: %.2f MiB per sequence x %d slots (%.1f MiB); prefix-cache snapshots every %d "
+                 "tokens (--mamba-block-size %d) and at each prompt's end: %d slots (%.1f MiB)", mib, st.state_slots,
+                 mib * st.state_slots, st.snap_every, st.snap_every, st.snap_slots, mib * st.snap_slots);
+    return true;
+}

@@ -68,6 +68,7 @@ static void *load_main(void *arg)
             .spec = s->o.sched.spec,
         },
         .enable_prefix_caching = s->o.enable_prefix_caching,
+        .mamba_block_size = (int)s->o.mamba_block_size,
     };
     if (s->o.kv_cache_memory) {
         long long kv = api_parse_bytes(s->o.kv_cache_memory);
@@ -152,6 +153,8 @@ static void on_ready(evutil_socket_t fd, short what, void *arg)
         fprintf(stderr, "speculative decoding: %s drafts, up to %d a sequence and step%s\n",
                 c->spec.method == SCHED_SPEC_NGRAM ? "n-gram" : "MTP", c->spec.num_speculative_tokens,
                 c->spec.method == SCHED_SPEC_NGRAM ? " (prompt lookup)" : "");
+    char st[256];
+    if (api_state_line(s->eng, st, sizeof st)) fprintf(stderr, "%s\n", st);
     if (s->o.web_ui)
         fprintf(stderr, "web page (chat, batch jobs, status): http://%s:%ld/\n",
                 url_host(s->o.host, true, h2, sizeof h2), s->o.port);
@@ -796,6 +799,9 @@ int api_cmd_serve(int argc, char **argv)
         {"--enable-prompt-tokens-details", API_FLAG_BOOL, &o->enable_prompt_tokens_details,
          "usage.prompt_tokens_details.cached_tokens", NULL},
         {"--block-size", API_FLAG_INT, &o->block_size, "KV tokens per block (16)", NULL},
+        {"--mamba-block-size", API_FLAG_INT, &o->mamba_block_size,
+         "linear-attention models: a prefix-cache state snapshot every N tokens, a multiple of --block-size "
+         "(0: auto, as many tokens as a snapshot's bytes of KV)", NULL},
         {"--kv-cache-memory", API_FLAG_STR, &o->kv_cache_memory, "KV pool size, e.g. 2G (CPU: 1G; GPU: from --gpu-memory-utilization)", NULL},
         {"--gpu-memory-utilization", API_FLAG_FLOAT, &o->gpu_memory_utilization, "GPU memory fraction (0.9; no effect on the CPU)", NULL},
         {"--tensor-parallel-size", API_FLAG_INT, &o->tensor_parallel_size, "GPUs per model (1)", NULL},
@@ -899,6 +905,7 @@ int api_cmd_serve(int argc, char **argv)
         api_flag_long_range("--max-num-seqs", o->max_num_seqs, 1, INT_MAX, err, sizeof err) ||
         api_flag_long_range("--max-num-batched-tokens", o->max_num_batched_tokens, 1, INT_MAX, err, sizeof err) ||
         api_flag_long_range("--block-size", o->block_size, 1, 1024, err, sizeof err) ||
+        api_flag_long_range("--mamba-block-size", o->mamba_block_size, 0, INT_MAX, err, sizeof err) ||
         api_flag_long_range("--tensor-parallel-size", o->tensor_parallel_size, 1, LONG_MAX, err, sizeof err) ||
         api_flag_long_range("--threads", o->threads, 0, INT_MAX, err, sizeof err) ||
         api_flag_double_range("--gpu-memory-utilization", o->gpu_memory_utilization, 0, true, 1, err, sizeof err) ||

@@ -42,6 +42,7 @@ struct server_opts {
     long max_num_seqs;
     long max_num_batched_tokens;
     long block_size;
+    long mamba_block_size; /* recurrent layers: tokens between prefix-cache state snapshots (0: auto) */
     bool enable_prefix_caching;
     bool enable_prompt_tokens_details;
     double gpu_memory_utilization;

@@ -149,9 +149,11 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     /* the plan first: a kind it lacks is the reason, whatever its shapes */
     for (int l = 0; l < c->n_layer; l++) {
         struct model_layer_kind k = model_layer_kind_of(c, l);
-        if (k.mixer != MODEL_MIXER_GQA || k.ffn != MODEL_FFN_DENSE) {
-            sl_seterr(err, errlen, "cuda: layer %d is %s + %s; the GPU backend runs gqa + dense layers only (use --device cpu)",
-                      l, model_mixer_name(k.mixer), model_ffn_name(k.ffn));
+        if (k.mixer != MODEL_MIXER_GQA || k.ffn != MODEL_FFN_DENSE || k.resid != MODEL_RESID_PLAIN) {
+            sl_seterr(err, errlen,
+                      "cuda: layer %d is %s + %s%s; the GPU backend runs gqa + dense layers only (use --device cpu)", l,
+                      model_mixer_name(k.mixer), model_ffn_name(k.ffn),
+                      k.resid == MODEL_RESID_HC ? " with hyper-connections" : "");
             return NULL;
         }
     }

@@ -29,6 +29,14 @@ struct kv_pool {
     int32_t *chain_next;   /* [n] bucket chains */
     int32_t *bucket;       /* [n_buckets] */
     uint64_t bucket_mask;
+    /* recurrent-state slots (kv_pool_set_states) */
+    int n_seq_slots, n_snap_slots, snap_every;
+    int32_t *seq_free;     /* [n_seq_slots] stack */
+    int n_seq_free;
+    int32_t *snap_free;    /* [n_snap_slots] stack */
+    int n_snap_free;
+    int32_t *snap;         /* [n] a hashed block's snapshot slot, -1 none */
+    int snaps_held;
     struct kv_stats st;
 };
 
@@ -114,8 +122,39 @@ void kv_pool_destroy(kv_pool *p)
     free(p->n_children);
     free(p->chain_next);
     free(p->bucket);
+    free(p->seq_free);
+    free(p->snap_free);
+    free(p->snap);
     free(p);
 }
+
+int kv_pool_set_states(kv_pool *p, int n_seq, int n_snap, int snap_every, char *err, size_t errlen)
+{
+    if (p->n_seq_slots > 0 || n_seq <= 0 || n_snap < 0 || (n_snap > 0 && snap_every <= 0) ||
+        n_seq > INT32_MAX - n_snap) {
+        snprintf(err, errlen, "invalid state slots: %d for sequences, %d snapshots every %d blocks", n_seq, n_snap,
+                 snap_every);
+        return KV_EINVAL;
+    }
+    p->seq_free = malloc((size_t)n_seq * sizeof *p->seq_free);
+    p->snap_free = malloc((size_t)(n_snap ? n_snap : 1) * sizeof *p->snap_free);
+    p->snap = malloc((size_t)p->n * sizeof *p->snap);
+    if (!p->seq_free || !p->snap_free || !p->snap) {
+        free(p->seq_free), free(p->snap_free), free(p->snap);
+        p->seq_free = p->snap_free = p->snap = NULL;
+        snprintf(err, errlen, "out of memory for %d state slots", n_seq + n_snap);
+        return KV_ENOMEM;
+    }
+    for (int i = 0; i < n_seq; i++) p->seq_free[i] = n_seq - 1 - i;
+    for (int i = 0; i < n_snap; i++) p->snap_free[i] = n_seq + n_snap - 1 - i;
+    for (int b = 0; b < p->n; b++) p->snap[b] = -1;
+    p->n_seq_slots = p->n_seq_free = n_seq;
+    p->n_snap_slots = p->n_snap_free = n_snap;
+    p->snap_every = snap_every;
+    return 0;
+}
+
+int kv_pool_state_slots(const kv_pool *p) { return p->n_seq_slots + p->n_snap_slots; }
 
 int kv_blocks_for_bytes(size_t bytes, size_t block_bytes)
 {
@@ -135,6 +174,9 @@ void kv_pool_stats(const kv_pool *p, struct kv_stats *st)
     st->blocks_free = p->n_free;
     st->blocks_cached = p->n_lru;
     st->blocks_used = p->n - p->n_free - p->n_lru;
+    st->state_slots = p->n_seq_slots;
+    st->snap_slots = p->n_snap_slots;
+    st->snaps_held = p->snaps_held;
 }
 
 /* ---- LRU and hash table ---- */
@@ -193,6 +235,26 @@ static void key_unregister(kv_pool *p, int b)
     int32_t parent = p->key_parent[b];
     if (parent >= 0 && p->gen[parent] == p->key_parent_gen[b]) p->n_children[parent]--;
     p->hashed[b] = 0;
+    if (p->snap && p->snap[b] >= 0) { /* a snapshot goes with its block */
+        p->snap_free[p->n_snap_free++] = p->snap[b];
+        p->snap[b] = -1;
+        p->snaps_held--;
+    }
+}
+
+/* A snapshot slot: a free one, else the one of the least recently released
+ * cached block that holds one (the block stays cached); -1 when none. */
+static int32_t snap_take(kv_pool *p)
+{
+    if (p->n_snap_free > 0) return p->snap_free[--p->n_snap_free];
+    for (int b = p->lru_head; b >= 0; b = p->lru_next[b])
+        if (p->snap[b] >= 0) {
+            int32_t k = p->snap[b];
+            p->snap[b] = -1;
+            p->snaps_held--;
+            return k;
+        }
+    return -1;
 }
 
 /* ---- allocation ---- */
@@ -252,6 +314,11 @@ void kv_seq_init(struct kv_seq *s, uint64_t salt)
 
 void kv_seq_release(kv_pool *p, struct kv_seq *s)
 {
+    if (s->has_state) p->seq_free[p->n_seq_free++] = s->state;
+    for (int i = 0; i < s->n_snaps; i++) p->snap_free[p->n_snap_free++] = s->snap_slot[i];
+    s->has_state = s->has_restore = false;
+    s->n_snaps = 0;
+    s->junction = 0;
     /* last block first, so a sequence's blocks enter the LRU leaves first */
     for (int i = s->n_blocks - 1; i >= 0; i--) drop_ref(p, s->blocks[i]);
     s->n_blocks = 0;
@@ -266,6 +333,22 @@ void kv_seq_deinit(kv_pool *p, struct kv_seq *s)
     free(s->blocks);
     s->blocks = NULL;
     s->cap = 0;
+}
+
+/* The pending snapshot after `pos` tokens, if any, goes to cached block b
+ * (unless b has one already: then it is freed). */
+static void attach_snap(kv_pool *p, struct kv_seq *s, int b, int pos)
+{
+    for (int i = 0; i < s->n_snaps; i++) {
+        if (s->snap_pos[i] != pos || s->snap_slot[i] < 0) continue;
+        if (p->hashed[b] && p->snap[b] < 0) {
+            p->snap[b] = s->snap_slot[i];
+            p->snaps_held++;
+        } else {
+            p->snap_free[p->n_snap_free++] = s->snap_slot[i];
+        }
+        s->snap_slot[i] = -1;
+    }
 }
 
 static int grow(struct kv_seq *s, int need)
@@ -290,7 +373,29 @@ int kv_seq_match_prefix(kv_pool *p, struct kv_seq *s, const int32_t *tokens, int
     int32_t parent = -1;
     uint32_t pgen = 0;
     int found = 0;
-    while (found < max_blocks) {
+    if (p->n_seq_slots > 0) {
+        /* recurrent layers resume only from a snapshot: the deepest matched block with one */
+        int deep = 0;
+        while (found < max_blocks) {
+            int b = find_key(p, parent, pgen, s->salt, tokens + (size_t)found * p->bs);
+            if (b < 0) break;
+            s->blocks[found++] = b;
+            if (p->snap[b] >= 0) deep = found;
+            parent = b;
+            pgen = p->gen[b];
+        }
+        if (found > deep) s->junction = found * p->bs;
+        found = deep;
+        for (int i = 0; i < found; i++) take_ref(p, s->blocks[i]);
+        s->n_blocks = found;
+        parent = found ? s->blocks[found - 1] : -1;
+        pgen = found ? p->gen[parent] : 0;
+        if (found) {
+            s->has_restore = true;
+            s->restore = p->snap[parent];
+        }
+    }
+    while (p->n_seq_slots == 0 && found < max_blocks) {
         int b = find_key(p, parent, pgen, s->salt, tokens + (size_t)found * p->bs);
         if (b < 0) break;
         take_ref(p, b);
@@ -309,8 +414,15 @@ int kv_seq_match_prefix(kv_pool *p, struct kv_seq *s, const int32_t *tokens, int
 int kv_seq_reserve(kv_pool *p, struct kv_seq *s, int n_tokens)
 {
     int need = (n_tokens + p->bs - 1) / p->bs;
+    bool state = p->n_seq_slots > 0 && !s->has_state;
+    if (state && p->n_seq_free == 0) return KV_ENOSPC;
+    if (need > s->n_blocks && need - s->n_blocks > kv_pool_available(p)) return KV_ENOSPC;
+    if (grow(s, need)) return KV_ENOMEM;
+    if (state) {
+        s->state = p->seq_free[--p->n_seq_free];
+        s->has_state = true;
+    }
     if (need <= s->n_blocks) return 0;
-    if (need - s->n_blocks > kv_pool_available(p)) return KV_ENOSPC;
     if (grow(s, need)) return KV_ENOMEM;
     while (s->n_blocks < need) {
         int b = alloc_block(p);
@@ -333,22 +445,53 @@ void kv_seq_commit(kv_pool *p, struct kv_seq *s, const int32_t *tokens, int n_co
         const int32_t *tok = tokens + (size_t)i * p->bs;
         /* the parent key may name a twin that was recycled since: then the
          * chain is broken and later blocks stay private */
-        if (s->key_parent >= 0 && p->gen[s->key_parent] != s->key_parent_gen) {
-            s->n_committed = full;
-            return;
-        }
+        if (s->key_parent >= 0 && p->gen[s->key_parent] != s->key_parent_gen) break;
         int twin = find_key(p, s->key_parent, s->key_parent_gen, s->salt, tok);
         int canon = twin >= 0 ? twin : b;
         if (twin < 0 && !p->hashed[b]) key_register(p, b, s->key_parent, s->key_parent_gen, s->salt, tok);
         s->key_parent = canon;
         s->key_parent_gen = p->gen[canon];
+        attach_snap(p, s, canon, (i + 1) * p->bs);
     }
     if (full > s->n_committed) s->n_committed = full;
+    /* what was not attached (a chain broken above, or no cache) goes back */
+    for (int i = 0; i < s->n_snaps; i++)
+        if (s->snap_slot[i] >= 0 && s->snap_pos[i] <= full * p->bs) {
+            p->snap_free[p->n_snap_free++] = s->snap_slot[i];
+            s->snap_slot[i] = -1;
+        }
+    int j = 0;
+    for (int i = 0; i < s->n_snaps; i++)
+        if (s->snap_slot[i] >= 0) s->snap_pos[j] = s->snap_pos[i], s->snap_slot[j++] = s->snap_slot[i];
+    s->n_snaps = j;
+}
+
+int kv_seq_plan_snaps(kv_pool *p, struct kv_seq *s, int from, int to, int n_prompt)
+{
+    if (p->n_snap_slots == 0 || !p->cache) return 0;
+    int bs = p->bs, grid = p->snap_every * bs, last = (n_prompt - 1) / bs * bs;
+    int32_t pos[KV_MAX_STEP_SNAPS];
+    int n = 0;
+    /* the deepest first: a chunk longer than KV_MAX_STEP_SNAPS grid cells keeps its last ones */
+    for (int b = to / bs * bs; b > from && n < KV_MAX_STEP_SNAPS; b -= bs)
+        if (b % grid == 0 || b == last || b == s->junction) pos[n++] = b;
+    int k = 0;
+    for (int i = n - 1; i >= 0; i--) { /* ascending */
+        if (s->n_snaps + k >= KV_MAX_STEP_SNAPS) break;
+        int32_t slot = snap_take(p);
+        if (slot < 0) break;
+        s->snap_pos[s->n_snaps + k] = pos[i];
+        s->snap_slot[s->n_snaps + k] = slot;
+        k++;
+    }
+    s->n_snaps += k;
+    return s->n_snaps;
 }
 
 /* ---- test hooks ---- */
 
 int kv_debug_ref(const kv_pool *p, int block) { return p->ref[block]; }
+int kv_debug_snap(const kv_pool *p, int block) { return p->snap ? p->snap[block] : -1; }
 uint32_t kv_debug_gen(const kv_pool *p, int block) { return p->gen[block]; }
 bool kv_debug_cached(const kv_pool *p, int block) { return p->hashed[block]; }
 

@@ -18,6 +18,22 @@
  * the free list is empty, leaves (blocks with no cached children) first, so
  * descendants go before their ancestors.
  *
+ * Recurrent state (models with linear-attention layers, kv_pool_set_states):
+ * beside the blocks the pool hands out state *slots* (the backend owns their
+ * memory too): one per running sequence, taken by kv_seq_reserve and
+ * released with the sequence's blocks (finish, abort, preemption: a
+ * preempted sequence is recomputed, its state dropped), and snapshot slots:
+ * the state after the first k block-size multiples of tokens, taken every
+ * snap_every blocks, at the last full block of a prompt and at the junction
+ * where a prompt leaves a cached one past its deepest snapshot (so a third
+ * prompt sharing that prefix resumes there: a shared document followed by
+ * different questions), attached at
+ * commit to the cached block that ends there and evicted with it (or alone,
+ * least recently used first, when the snapshot slots run out). With states,
+ * a prefix hit stops at the deepest matched block that carries a snapshot
+ * and the sequence resumes from it (kv_seq.restore), so a hit is a hit for
+ * every layer.
+ *
  * Threads: a pool and its sequences belong to one thread (the engine thread).
  * Nothing here allocates memory after kv_pool_create() except kv_seq tables,
  * which grow geometrically.
@@ -33,6 +49,10 @@ enum { KV_OK = 0, KV_EINVAL = -1, KV_ENOMEM = -2, KV_ENOSPC = -6 };
 
 typedef struct kv_pool kv_pool;
 
+/* Snapshots one sequence takes in one step at most (a longer chunk takes the
+ * deepest of them). */
+#define KV_MAX_STEP_SNAPS 8
+
 /* A sequence's block table. Embedded in the caller's request; init/deinit. */
 struct kv_seq {
     int32_t *blocks;   /* [n_blocks] physical block indices, owned */
@@ -42,6 +62,15 @@ struct kv_seq {
                                the sequence's own block, or the cached twin it duplicated; -1 at root */
     uint32_t key_parent_gen;
     uint64_t salt;     /* extra key: sequences with different salts never share blocks */
+    /* pools with states only */
+    bool has_state;    /* state: the sequence's state slot */
+    int32_t state;
+    bool has_restore;  /* restore: the snapshot slot its next step starts from (a prefix hit) */
+    int32_t restore;
+    int junction;      /* tokens of the cached prefix it matched, where that passes its deepest snapshot: the
+                          point where its prompt leaves an earlier one's, snapshotted on the way (0: none) */
+    int n_snaps;       /* snapshots of the step being run: after snap_pos[i] tokens into snap_slot[i] */
+    int32_t snap_pos[KV_MAX_STEP_SNAPS], snap_slot[KV_MAX_STEP_SNAPS];
 };
 
 struct kv_stats {
@@ -52,6 +81,9 @@ struct kv_stats {
     uint64_t hit_tokens;   /* prompt tokens served from the cache */
     uint64_t query_tokens; /* prompt tokens looked up */
     uint64_t evictions;
+    int state_slots;       /* running sequences' state slots (0: no recurrent layers) */
+    int snap_slots;        /* snapshot slots */
+    int snaps_held;        /* snapshots attached to cached blocks */
 };
 
 /* Creates a pool of n_blocks blocks of block_size tokens. prefix_cache: keep
@@ -61,6 +93,15 @@ void kv_pool_destroy(kv_pool *p);
 
 /* How many blocks fit in `bytes` when one block takes block_bytes (>= 0). */
 int kv_blocks_for_bytes(size_t bytes, size_t block_bytes);
+
+/* Gives the pool state slots: n_seq for running sequences (slots 0 ..
+ * n_seq - 1) and n_snap snapshot slots (n_seq .. n_seq + n_snap - 1; 0: no
+ * snapshots, then no prefix hit either), a grid snapshot every snap_every
+ * blocks. Call once, before any sequence. 0, or KV_EINVAL / KV_ENOMEM with
+ * a message. */
+int kv_pool_set_states(kv_pool *p, int n_seq, int n_snap, int snap_every, char *err, size_t errlen);
+/* Total state slots (n_seq + n_snap), 0 without states. */
+int kv_pool_state_slots(const kv_pool *p);
 
 int kv_pool_block_size(const kv_pool *p);
 int kv_pool_n_blocks(const kv_pool *p);
@@ -82,8 +123,20 @@ void kv_seq_deinit(kv_pool *p, struct kv_seq *s);
 int kv_seq_match_prefix(kv_pool *p, struct kv_seq *s, const int32_t *tokens, int n);
 
 /* Makes the table cover n_tokens positions, allocating blocks (free list
- * first, then evicting). Returns 0, or KV_ENOSPC with nothing changed. */
+ * first, then evicting), and with states gives the sequence a state slot
+ * when it has none. Returns 0, or KV_ENOSPC with nothing changed. */
 int kv_seq_reserve(kv_pool *p, struct kv_seq *s, int n_tokens);
+
+/* With snapshots: plans the snapshots of a step that computes positions
+ * [from, to) of a sequence whose prompt has n_prompt tokens: at every
+ * multiple of snap_every blocks, at the prompt's last full block that a
+ * later identical prompt can match ((n_prompt - 1) / block_size blocks) and
+ * at s->junction, inside (from, to]; each gets a snapshot slot (a free one, else the least
+ * recently used cached block's snapshot is dropped; none left: skipped).
+ * Fills s->n_snaps, snap_pos, snap_slot (the deepest KV_MAX_STEP_SNAPS);
+ * kv_seq_commit attaches them, kv_seq_release frees what is left. Returns
+ * the count. */
+int kv_seq_plan_snaps(kv_pool *p, struct kv_seq *s, int from, int to, int n_prompt);
 
 /* Slot of position pos (which must be covered by the table). */
 static inline int64_t kv_seq_slot(const struct kv_seq *s, int pos, int block_size)
@@ -98,6 +151,7 @@ void kv_seq_commit(kv_pool *p, struct kv_seq *s, const int32_t *tokens, int n_co
 
 /* ---- for tests: the pool's internal state, read-only ---- */
 int kv_debug_ref(const kv_pool *p, int block);
+int kv_debug_snap(const kv_pool *p, int block); /* its snapshot slot, -1 none */
 uint32_t kv_debug_gen(const kv_pool *p, int block);
 bool kv_debug_cached(const kv_pool *p, int block); /* registered in the prefix cache */
 /* Checks every internal invariant (lists disjoint and complete, counts,

@@ -35,6 +35,13 @@ model_backend *model_backend_create(const model *m, const struct model_backend_o
                      opts->tensor_parallel_size, model_cuda_available() ? "" : " (no GPU found)");
         return NULL;
     }
+    if (opts && opts->mtp && model_state_bytes(model_get_config(m)) > 0) {
+        /* the engine refuses n-gram drafts the same way (sched_engine_create) */
+        if (err && errlen)
+            snprintf(err, errlen, "--speculative-config: speculative decoding is not supported yet for models with "
+                     "linear-attention (KDA) layers");
+        return NULL;
+    }
     if (opts && opts->mtp && model_get_config(m)->n_mtp_layer == 0) {
         if (err && errlen)
             snprintf(err, errlen, "speculative method mtp: this %s model has no MTP layers (num_nextn_predict_layers "
@@ -97,6 +104,44 @@ int model_tp_check(const struct model_config *c, int n, char *err, size_t errlen
 void model_backend_destroy(model_backend *b)
 {
     if (b && b->ops && b->ops->destroy) b->ops->destroy(b);
+}
+
+/* A recurrent state advances token by token: sequence i's query tokens must
+ * be its next positions in order, its slots inside the pool and its own. */
+static int state_check(const struct step *s, int i, int n_slots, char *err, size_t errlen)
+{
+    const struct step_seq *q = &s->seqs[i];
+    int p0 = q->context_len - q->query_len;
+    for (int k = 0; k < q->query_len; k++)
+        if (s->positions[q->query_start + k] != p0 + k) {
+            sl_seterr(err, errlen, "forward: seq %d: a model with recurrent layers needs positions %d..%d in order",
+                      i, p0, q->context_len - 1);
+            return SL_EINVAL;
+        }
+    if (q->state_slot < 0 || q->state_slot >= n_slots ||
+        (q->state_restore && (q->state_from < 0 || q->state_from >= n_slots || q->state_from == q->state_slot))) {
+        sl_seterr(err, errlen, "forward: seq %d: state slot %d (from %d) outside the %d slots", i, q->state_slot,
+                  q->state_restore ? q->state_from : -1, n_slots);
+        return SL_EINVAL;
+    }
+    for (int j = 0; j < i; j++)
+        if (s->seqs[j].state_slot == q->state_slot) {
+            sl_seterr(err, errlen, "forward: seqs %d and %d share state slot %d", j, i, q->state_slot);
+            return SL_EINVAL;
+        }
+    if (q->n_snaps < 0 || (q->n_snaps > 0 && (!q->snap_pos || !q->snap_slot))) {
+        sl_seterr(err, errlen, "forward: seq %d: bad snapshot list", i);
+        return SL_EINVAL;
+    }
+    for (int k = 0; k < q->n_snaps; k++)
+        if (q->snap_pos[k] <= (k ? q->snap_pos[k - 1] : p0) || q->snap_pos[k] > q->context_len ||
+            q->snap_slot[k] < 0 || q->snap_slot[k] >= n_slots || q->snap_slot[k] == q->state_slot) {
+            sl_seterr(err, errlen, "forward: seq %d: snapshot %d (after %d tokens into slot %d) outside the step "
+                      "(positions %d..%d) or the %d slots", i, k, q->snap_pos[k], q->snap_slot[k], p0,
+                      q->context_len - 1, n_slots);
+            return SL_EINVAL;
+        }
+    return 0;
 }
 
 int model_step_check(const struct step *s, const struct model_step_limits *lim, int *tok_seq, char *err,
@@ -167,6 +212,11 @@ int model_step_check(const struct step *s, const struct model_step_limits *lim, 
                                 q->query_len < q->n_draft + 1 || q->n_history + q->n_draft > q->context_len)) {
             sl_seterr(err, errlen, "forward: seq %d: %d drafts (this backend verifies at most %d a sequence, after "
                       "one sampled token, with the drafts in its history)", i, q->n_draft, lim->max_draft);
+            return SL_EINVAL;
+        }
+        if (lim->state_slots > 0 && state_check(s, i, lim->state_slots, err, errlen)) return SL_EINVAL;
+        if (lim->state_slots > 0 && q->n_draft > 0) { /* the state after a rejected draft is not rolled back */
+            sl_seterr(err, errlen, "forward: seq %d: drafts on a model with recurrent layers", i);
             return SL_EINVAL;
         }
     }

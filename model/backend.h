@@ -12,6 +12,9 @@
  * backend stores, per layer, its kind's entries (model_kv_token_elems): a GQA
  * layer K and V as [n_blocks][block_size][n_kv_heads][head_dim] f32, an MLA
  * layer [n_blocks][block_size][kv_lora_rank + qk_rope_head_dim (+ indexer key)].
+ * A recurrent layer (KDA) keeps nothing per token but a fixed-size state per
+ * sequence, in state slots the backend also owns (state_alloc), indexed by
+ * the slot numbers the KV pool hands out (step_seq.state_slot).
  *
  * MTP (a model with MTP layers, a backend created with opts.mtp): the MTP
  * layer keeps its own entry per token in every block (position q's entry is
@@ -72,6 +75,21 @@ struct step_seq {
                                kept once the walk ends */
     struct model_sample_out *spec_out; /* [n_draft + 1] out, borrowed: the emitted tokens */
     int n_spec_out;         /* out: how many (accepted drafts + 1) */
+    /* Recurrent layers (model_state_bytes > 0; ignored otherwise). The
+     * backend owns the state slots (state_alloc); the KV pool hands out their
+     * indices. The step reads and advances slot state_slot: from zeros when
+     * the sequence's first query position is 0, else from what the slot
+     * holds, or, with state_restore, from a copy of slot state_from (a
+     * prefix-cache snapshot: the state after the first context_len -
+     * query_len tokens). During the step, the state after the first
+     * snap_pos[i] tokens (ascending, inside this step's positions: first
+     * query position < snap_pos[i] <= context_len) is copied into slot
+     * snap_slot[i]. */
+    int32_t state_slot;
+    bool state_restore;
+    int32_t state_from;
+    int n_snaps;
+    const int32_t *snap_pos, *snap_slot; /* [n_snaps], borrowed */
     /* out (valid when want_sample and no drafts): out.token is -1 when this
      * sequence alone could not be sampled (its logits are not finite, or its
      * allow mask left nothing); the step itself still succeeds */
@@ -93,6 +111,7 @@ typedef struct model_backend model_backend;
 struct model_step_limits {
     int n_vocab, max_tokens, max_seqs, max_ctx, block_size, kv_blocks;
     int max_draft;          /* step_seq.n_draft at most (0: no speculative decoding) */
+    int state_slots;            /* > 0: the model has recurrent layers and this many state slots */
 };
 
 /* Checks a step against lim and the contract above: token ids inside the
@@ -155,6 +174,12 @@ struct model_backend_ops {
     size_t (*kv_block_bytes)(model_backend *b, int block_size);
     /* (Re)allocates KV memory for n_blocks blocks of block_size tokens. */
     int (*kv_alloc)(model_backend *b, int n_blocks, int block_size, char *err, size_t errlen);
+    /* Bytes of one state slot (every recurrent layer's state of one
+     * sequence), 0 when the model has no recurrent layer. NULL: the backend
+     * runs no recurrent layer (it refuses such a model at creation). */
+    size_t (*state_slot_bytes)(model_backend *b);
+    /* (Re)allocates n_slots state slots. */
+    int (*state_alloc)(model_backend *b, int n_slots, char *err, size_t errlen);
     /* Runs one step. On error the KV contents of this step's slots are
      * undefined; SL_EDEVICE with b->fatal set means the backend cannot run
      * another step (a GPU or a tensor-parallel rank failed). */

@@ -13,7 +13,8 @@
  * The forward pass is the textbook Llama block (RMSNorm, QKV (+bias),
  * per-head q/k RMSNorm, RoPE (NORM or NEOX, llama3 scaling), causal GQA
  * attention through the block table, output projection, SwiGLU MLP; an MLA
- * layer's attention is model/cpu_mla.c's), then the
+ * layer's attention is model/cpu_mla.c's, hyper-connection streams around
+ * the blocks model/cpu_hc.c's), then the
  * LM head for the rows that need logits and the sampler. Each layer writes the
  * K/V of every token in the step before any token attends, so sequences in
  * one step may share blocks (a shared prefix, or one 1-token sequence per
@@ -101,9 +102,19 @@ struct cpu_backend {
     size_t kv_layer;                /* floats in one GQA layer's K (or V) */
     size_t *kv_off;                 /* [n_layer] first float of each layer's entries in kv */
     struct cpu_mla *mla;            /* the MLA layers' weights and scratch, or NULL */
+    struct cpu_hc *hc;              /* the hyper-connection sites, or NULL (a plain residual) */
+    int n_streams;                  /* residual streams per token: hc_mult, or 1 */
+    float *xs;                      /* [max_tokens][n_streams][n_embd] the residual streams (hc only) */
+    float *y;                       /* [max_tokens][n_embd] a block's output (hc only) */
+    float *trace;                   /* borrowed, or NULL: cpu_backend_trace's destination */
+    struct cpu_kda *kda;            /* the KDA layers' weights and scratch, or NULL */
+    float *states;                  /* owned: [state_slots][state_bytes / 4] recurrent states (KDA layers) */
+    int state_slots;
+    size_t state_bytes;             /* one slot (model_state_bytes) */
 
     /* scratch, [max_tokens] rows unless said otherwise */
     float *x, *xn;                  /* [n_embd] residual stream, normed / projected */
+    float *hkda;                    /* [n_embd] a KDA layer's output (KDA models only) */
     float *q, *att;                 /* [n_head*hd] */
     float *k, *v;                   /* [n_kv*hd] */
     float *gate, *up;               /* [n_ff] */
@@ -429,6 +440,8 @@ static void rope(float *x, const float *cs, const float *sn, int rope_dim, enum 
 
 static size_t backend_kv_block_bytes(model_backend *mb, int block_size);
 static int backend_kv_alloc(model_backend *mb, int n_blocks, int block_size, char *err, size_t errlen);
+static size_t backend_state_slot_bytes(model_backend *mb);
+static int backend_state_alloc(model_backend *mb, int n_slots, char *err, size_t errlen);
 static int backend_forward(model_backend *mb, struct step *s, char *err, size_t errlen);
 static void backend_destroy(model_backend *mb);
 static int backend_mtp_draft(model_backend *mb, struct model_mtp_req *r, int n, char *err, size_t errlen);
@@ -437,6 +450,8 @@ static const struct model_backend_ops cpu_ops = {
     .name = "cpu",
     .kv_block_bytes = backend_kv_block_bytes,
     .kv_alloc = backend_kv_alloc,
+    .state_slot_bytes = backend_state_slot_bytes,
+    .state_alloc = backend_state_alloc,
     .forward = backend_forward,
     .destroy = backend_destroy,
     .mtp_draft = backend_mtp_draft,
@@ -588,6 +603,8 @@ model_backend *model_cpu_backend_create(const model *m, const struct model_backe
     if ((size_t)b->max_in < Q) b->max_in = (int)Q;
     if (b->max_in < cpu_mla_max_in(c)) b->max_in = cpu_mla_max_in(c);
     if (mtp && (size_t)b->max_in < 2 * E) b->max_in = (int)(2 * E); /* eh_proj */
+    if (c->hc.mult > 0 && b->max_in < c->hc.mult * c->n_embd) b->max_in = c->hc.mult * c->n_embd;
+    if (b->max_in < cpu_kda_max_in(c)) b->max_in = cpu_kda_max_in(c);
     b->wbuf = zalloc((size_t)b->nt * ROW_BLOCK * b->max_in * sizeof(float));
 
     b->cap = b->max_tokens + (mtp ? b->max_seqs : 0);
@@ -642,6 +659,23 @@ model_backend *model_cpu_backend_create(const model *m, const struct model_backe
     if (c->mla.kv_lora_rank > 0 &&
         !(b->mla = cpu_mla_create(b, c, w, b->cap, b->max_ctx, err, errlen)))
         goto fail;
+    b->n_streams = 1;
+    if (c->hc.mult > 0) {
+        b->n_streams = c->hc.mult;
+        b->xs = zalloc(T * (size_t)c->hc.mult * E * sizeof(float));
+        b->y = zalloc(T * E * sizeof(float));
+        if (!b->xs || !b->y) {
+            sl_seterr(err, errlen, "out of memory for the residual streams (%d tokens)", b->max_tokens);
+            goto fail;
+        }
+        if (!(b->hc = cpu_hc_create(c, w, b->max_tokens, err, errlen))) goto fail;
+    }
+    b->state_bytes = model_state_bytes(c);
+    if (b->state_bytes > 0 && !(b->hkda = zalloc(T * E * sizeof(float)))) {
+        sl_seterr(err, errlen, "out of memory for scratch");
+        goto fail;
+    }
+    if (b->state_bytes > 0 && !(b->kda = cpu_kda_create(b, c, w, b->max_tokens, err, errlen))) goto fail;
     return &b->base;
 fail:
     backend_destroy(&b->base);
@@ -699,6 +733,27 @@ static int backend_kv_alloc(model_backend *mb, int n_blocks, int block_size, cha
     return 0;
 }
 
+/* The recurrent layers' states, one slot per running sequence or snapshot. */
+static size_t backend_state_slot_bytes(model_backend *mb) { return ((struct cpu_backend *)mb)->state_bytes; }
+
+static int backend_state_alloc(model_backend *mb, int n_slots, char *err, size_t errlen)
+{
+    struct cpu_backend *b = (struct cpu_backend *)mb;
+    if (n_slots <= 0 || b->state_bytes == 0 || (size_t)n_slots > SIZE_MAX / b->state_bytes) {
+        sl_seterr(err, errlen, "state_alloc: bad size (%d slots of %zu bytes)", n_slots, b->state_bytes);
+        return SL_EINVAL;
+    }
+    free(b->states);
+    b->state_slots = 0;
+    b->states = zalloc((size_t)n_slots * b->state_bytes);
+    if (!b->states) {
+        sl_seterr(err, errlen, "state_alloc: out of memory for %.2f GB", (double)n_slots * b->state_bytes / 1e9);
+        return SL_ENOMEM;
+    }
+    b->state_slots = n_slots;
+    return 0;
+}
+
 /* ---- forward ------------------------------------------------------------------- */
 
 static int check_step(struct cpu_backend *b, const struct step *s, char *err, size_t errlen)
@@ -707,9 +762,13 @@ static int check_step(struct cpu_backend *b, const struct step *s, char *err, si
         sl_seterr(err, errlen, "forward: KV memory not allocated (kv_alloc)");
         return SL_EINVAL;
     }
+    if (b->state_bytes > 0 && !b->states) {
+        sl_seterr(err, errlen, "forward: recurrent state slots not allocated (state_alloc)");
+        return SL_EINVAL;
+    }
     struct model_step_limits lim = {.n_vocab = b->c.n_vocab, .max_tokens = b->max_tokens, .max_seqs = b->max_seqs,
                                     .max_ctx = b->max_ctx, .block_size = b->block_size, .kv_blocks = b->kv_blocks,
-                                    .max_draft = b->max_draft};
+                                    .max_draft = b->max_draft, .state_slots = b->state_bytes > 0 ? b->state_slots : 0};
     return model_step_check(s, &lim, b->tok_seq, err, errlen);
 }
 
@@ -775,9 +834,9 @@ static void attention(struct cpu_backend *b, const struct step *s, int layer)
     }
 }
 
-/* One layer's GQA attention block: x += o(attention(rope(q), rope(k), v)) over
- * the normed x, K and V written to the paged cache first. */
-static void gqa_mixer(struct cpu_backend *b, const struct step *s, int l)
+/* One layer's GQA attention block: dst += o(attention(rope(q), rope(k), v))
+ * over the normed x, K and V written to the paged cache first. */
+static void gqa_mixer(struct cpu_backend *b, const struct step *s, int l, float *dst)
 {
     const struct model_config *c = &b->c;
     const struct layer_f32 *L = &b->L[l];
@@ -811,11 +870,23 @@ static void gqa_mixer(struct cpu_backend *b, const struct step *s, int l)
     }
     attention(b, s, l);
     matmul(b, b->xn, b->att, &L->wo, NULL, T, Q, E);
-    for (size_t i = 0; i < (size_t)T * E; i++) b->x[i] += b->xn[i];
+    for (size_t i = 0; i < (size_t)T * E; i++) dst[i] += b->xn[i];
 }
 
-/* One layer's dense SwiGLU FFN block: x += down(silu(gate(xn)) * up(xn)). */
-static void dense_ffn(struct cpu_backend *b, int l, int T)
+/* One layer's KDA block: dst += kda(rmsnorm(x)) (model/cpu_kda.c). */
+static void kda_mixer(struct cpu_backend *b, const struct step *s, int l, float *dst)
+{
+    const struct model_config *c = &b->c;
+    int T = s->n_tokens, E = c->n_embd;
+#pragma omp parallel for num_threads(b->nt) if (T >= 8)
+    for (int t = 0; t < T; t++)
+        rmsnorm(b->xn + (size_t)t * E, b->x + (size_t)t * E, b->L[l].attn_norm, E, c->norm_eps);
+    cpu_kda_mixer(b->kda, b, s, l, b->xn, b->hkda, b->states);
+    for (size_t i = 0; i < (size_t)T * E; i++) dst[i] += b->hkda[i];
+}
+
+/* One layer's dense SwiGLU FFN block: dst += down(silu(gate(xn)) * up(xn)). */
+static void dense_ffn(struct cpu_backend *b, int l, int T, float *dst)
 {
     const struct model_config *c = &b->c;
     const struct layer_f32 *L = &b->L[l];
@@ -835,18 +906,41 @@ static void dense_ffn(struct cpu_backend *b, int l, int T)
         b->gate[i] = g / (1.0f + expf(-g)) * u;
     }
     matmul(b, b->xn, b->gate, &L->w_down, NULL, T, F, E);
-    for (size_t i = 0; i < (size_t)T * E; i++) b->x[i] += b->xn[i];
+    for (size_t i = 0; i < (size_t)T * E; i++) dst[i] += b->xn[i];
 }
 
-/* One layer's MoE FFN block: x += moe(xn) (model/moe.c). */
-static void moe_ffn(struct cpu_backend *b, int l, int T)
+/* One layer's MoE FFN block: dst += moe(xn) (model/moe.c). */
+static void moe_ffn(struct cpu_backend *b, int l, int T, float *dst)
 {
     const struct model_config *c = &b->c;
     int E = c->n_embd;
 #pragma omp parallel for num_threads(b->nt) if (T >= 8)
     for (int t = 0; t < T; t++)
         rmsnorm(b->xn + (size_t)t * E, b->x + (size_t)t * E, b->L[l].ffn_norm, E, c->norm_eps);
-    moe_cpu_forward(b->moe, l, b->xn, b->x, T);
+    moe_cpu_forward(b->moe, l, b->xn, dst, T);
+}
+
+/* Token t's hidden state before the final norm into dst[n_embd]: the
+ * residual, or the streams' mean (Glm5NextTextHyperHead). */
+static void final_hidden(const struct cpu_backend *b, int t, float *dst)
+{
+    int E = b->c.n_embd, N = b->n_streams;
+    if (!b->hc) {
+        memcpy(dst, b->x + (size_t)t * E, (size_t)E * sizeof(float));
+        return;
+    }
+    const float *v = b->xs + (size_t)t * N * E;
+    for (int e = 0; e < E; e++) {
+        float acc = v[e];
+        for (int i = 1; i < N; i++) acc += v[(size_t)i * E + e];
+        dst[e] = acc / (float)N;
+    }
+}
+
+static void trace_copy(struct cpu_backend *b, int at, int T)
+{
+    size_t n = (size_t)T * b->n_streams * b->c.n_embd;
+    memcpy(b->trace + (size_t)at * n, b->hc ? b->xs : b->x, n * sizeof(float));
 }
 
 
@@ -883,16 +977,17 @@ static void mtp_layer(struct cpu_backend *b, int n, int ns, bool ffn)
     struct model_layer_kind k = model_layer_kind_of(c, l);
     b->key0 = 1;
     switch (k.mixer) {
-    case MODEL_MIXER_GQA: gqa_mixer(b, &sub, l); break;
+    case MODEL_MIXER_GQA: gqa_mixer(b, &sub, l, b->x); break;
     case MODEL_MIXER_MLA:
-        cpu_mla_mixer(b->mla, b, &sub, b->tok_seq, l, b->x, b->kv + b->kv_off[l], b->block_size, 1);
+        cpu_mla_mixer(b->mla, b, &sub, b->tok_seq, l, b->x, b->x, b->kv + b->kv_off[l], b->block_size, 1);
         break;
+    case MODEL_MIXER_KDA: break; /* refused at creation: MTP layers take the model's mixer, GQA or MLA */
     }
     b->key0 = 0;
     if (!ffn) return;
     switch (k.ffn) {
-    case MODEL_FFN_DENSE: dense_ffn(b, l, n); break;
-    case MODEL_FFN_MOE: moe_ffn(b, l, n); break;
+    case MODEL_FFN_DENSE: dense_ffn(b, l, n, b->x); break;
+    case MODEL_FFN_MOE: moe_ffn(b, l, n, b->x); break;
     }
 }
 
@@ -913,8 +1008,11 @@ static void mtp_after_step(struct cpu_backend *b, const struct step *s)
     const struct model_config *c = &b->c;
     int T = s->n_tokens, E = c->n_embd, bs = b->block_size;
 #pragma omp parallel for num_threads(b->nt) if (T >= 8)
-    for (int t = 0; t < T; t++)
-        rmsnorm(b->hkeep + (size_t)t * E, b->x + (size_t)t * E, b->out_norm, E, c->norm_eps);
+    for (int t = 0; t < T; t++) {
+        float *h = b->hkeep + (size_t)t * E;
+        final_hidden(b, t, h);
+        rmsnorm(h, h, b->out_norm, E, c->norm_eps);
+    }
     int n = 0, ns = 0;
     for (int si = 0; si < s->n_seqs; si++) {
         const struct step_seq *q = &s->seqs[si];
@@ -1067,21 +1165,43 @@ static int backend_forward(model_backend *mb, struct step *s, char *err, size_t 
     int T = s->n_tokens, E = c->n_embd;
     float eps = c->norm_eps;
 
-    for (int t = 0; t < T; t++)
+    int NS = b->n_streams;
+    for (int t = 0; t < T; t++) {
         deq_row(&b->tok_embd, s->token_ids[t], b->x + (size_t)t * E);
+        for (int i = 0; b->hc && i < NS; i++) /* the embedding copied into every stream */
+            memcpy(b->xs + ((size_t)t * NS + i) * E, b->x + (size_t)t * E, (size_t)E * sizeof(float));
+    }
+    if (b->trace) trace_copy(b, 0, T);
+    if (b->kda) cpu_kda_begin(b->kda, s, b->states);
 
     for (int l = 0; l < c->n_layer; l++) {
         struct model_layer_kind k = model_layer_kind_of(c, l);
+        /* hyper-connections: each block reads the streams' collapse (in x) and its output (y alone) goes
+         * back into the streams; a plain residual adds the output to x itself */
+        bool hc = k.resid == MODEL_RESID_HC;
+        float *dst = hc ? b->y : b->x;
+        if (hc) {
+            cpu_hc_pre(b->hc, b, l, 0, b->xs, b->x, T);
+            memset(b->y, 0, (size_t)T * E * sizeof(float));
+        }
         switch (k.mixer) {
-        case MODEL_MIXER_GQA: gqa_mixer(b, s, l); break;
+        case MODEL_MIXER_GQA: gqa_mixer(b, s, l, dst); break;
         case MODEL_MIXER_MLA:
-            cpu_mla_mixer(b->mla, b, s, b->tok_seq, l, b->x, b->kv + b->kv_off[l], b->block_size, 0);
+            cpu_mla_mixer(b->mla, b, s, b->tok_seq, l, b->x, dst, b->kv + b->kv_off[l], b->block_size, 0);
             break;
+        case MODEL_MIXER_KDA: kda_mixer(b, s, l, dst); break;
+        }
+        if (hc) {
+            cpu_hc_post(b->hc, b->xs, b->y, T);
+            cpu_hc_pre(b->hc, b, l, 1, b->xs, b->x, T);
+            memset(b->y, 0, (size_t)T * E * sizeof(float));
         }
         switch (k.ffn) {
-        case MODEL_FFN_DENSE: dense_ffn(b, l, T); break;
-        case MODEL_FFN_MOE: moe_ffn(b, l, T); break;
+        case MODEL_FFN_DENSE: dense_ffn(b, l, T, dst); break;
+        case MODEL_FFN_MOE: moe_ffn(b, l, T, dst); break;
         }
+        if (hc) cpu_hc_post(b->hc, b->xs, b->y, T);
+        if (b->trace) trace_copy(b, l + 1, T);
     }
 
     /* prompt logprobs: every query position but the prompt's last, max_seqs rows at a time */
@@ -1093,7 +1213,9 @@ static int backend_forward(model_backend *mb, struct step *s, char *err, size_t 
             int R = 0;
             for (int k = k0; k < q->query_len && k < k0 + b->max_seqs; k++) {
                 if (p0 + k + 1 >= q->n_prompt) break;
-                rmsnorm(b->hfin + (size_t)R * E, b->x + (size_t)(q->query_start + k) * E, b->out_norm, E, eps);
+                float *hr = b->hfin + (size_t)R * E;
+                final_hidden(b, q->query_start + k, hr);
+                rmsnorm(hr, hr, b->out_norm, E, eps);
                 R++;
             }
             if (R == 0) break;
@@ -1117,7 +1239,9 @@ static int backend_forward(model_backend *mb, struct step *s, char *err, size_t 
         b->row_seq[N] = i;
         b->row_first[N++] = R;
         for (int t = q->query_start + q->query_len - 1 - q->n_draft; t < q->query_start + q->query_len; t++) {
-            rmsnorm(b->hfin + (size_t)R * E, b->x + (size_t)t * E, b->out_norm, E, eps);
+            float *hr = b->hfin + (size_t)R * E;
+            final_hidden(b, t, hr);
+            rmsnorm(hr, hr, b->out_norm, E, eps);
             R++;
         }
     }
@@ -1159,6 +1283,12 @@ static void backend_destroy(model_backend *mb)
     struct cpu_backend *b = (struct cpu_backend *)mb;
     if (!b) return;
     cpu_mla_destroy(b->mla);
+    cpu_hc_destroy(b->hc);
+    free(b->xs);
+    free(b->y);
+    cpu_kda_destroy(b->kda);
+    free(b->states);
+    free(b->hkda);
     free(b->kv_off);
     free(b->wmem);
     free(b->wbuf);
@@ -1214,4 +1344,26 @@ int cpu_wmat_init(struct wmat *m, const struct model_tensor *t, char *err, size_
     return wmat_init(m, t, err, errlen);
 }
 int cpu_threads(const struct cpu_backend *b) { return b->nt; }
+void cpu_backend_trace(model_backend *mb, float *dst) { ((struct cpu_backend *)mb)->trace = dst; }
 void *cpu_zalloc(size_t n) { return zalloc(n); }
+
+struct cpu_backend *cpu_kernels_create(int nt, int max_in)
+{
+    struct cpu_backend *b = calloc(1, sizeof *b);
+    if (!b) return NULL;
+    b->nt = nt > 0 ? nt : omp_get_num_procs();
+    b->max_in = max_in;
+    b->wbuf = zalloc((size_t)b->nt * ROW_BLOCK * max_in * sizeof(float));
+    if (!b->wbuf) {
+        free(b);
+        return NULL;
+    }
+    return b;
+}
+
+void cpu_kernels_destroy(struct cpu_backend *b)
+{
+    if (!b) return;
+    free(b->wbuf);
+    free(b);
+}

@@ -1,8 +1,9 @@
 /* cpu_internal.h - what the CPU backend's layer kinds in other files share
  * with model/cpu_backend.c (internal to model/): the weight-matrix view and
  * the kernels, with cpu_backend.c's batch-invariance contract (one fixed
- * accumulation order per output element, whatever the batch), and the MLA
- * mixer's entry points (model/cpu_mla.c). */
+ * accumulation order per output element, whatever the batch), the MLA and
+ * KDA mixers' entry points (model/cpu_mla.c, model/cpu_kda.c) and the
+ * hyper-connection sites' (model/cpu_hc.c). */
 #ifndef SLUICE_CPU_INTERNAL_H
 #define SLUICE_CPU_INTERNAL_H
 
@@ -65,13 +66,65 @@ int cpu_mla_max_in(const struct model_config *c);
  * message on failure. */
 struct cpu_mla *cpu_mla_create(const struct cpu_backend *b, const struct model_config *c,
                                const struct model_weights *w, int max_tokens, int max_ctx, char *err, size_t errlen);
-/* One MLA layer over the step: x[T][n_embd] += o(attention), reading and
- * writing layer l's paged entries kv ([kv_blocks][block_size][entry] f32,
- * entry = model_kv_token_elems). tok_seq[t] is token t's sequence. Keys
- * before position key0 are not attended (1 for an MTP layer, which has no
- * entry at 0; key0 > 0 needs the layer without a DSA indexer). */
+/* One MLA layer over the step: dst[T][n_embd] += o(attention(norm(x))),
+ * reading and writing layer l's paged entries kv
+ * ([kv_blocks][block_size][entry] f32, entry = model_kv_token_elems).
+ * tok_seq[t] is token t's sequence. dst may be x. Keys before position key0
+ * are not attended (1 for an MTP layer, which has no entry at 0; key0 > 0
+ * needs the layer without a DSA indexer). */
 void cpu_mla_mixer(struct cpu_mla *a, const struct cpu_backend *b, const struct step *s, const int *tok_seq, int l,
-                   float *x, float *kv, int block_size, int key0);
+                   const float *x, float *dst, float *kv, int block_size, int key0);
 void cpu_mla_destroy(struct cpu_mla *a);
+
+/* ---- KDA (model/cpu_kda.c) ---- */
+
+struct cpu_kda;
+/* The widest matrix input a KDA layer of c multiplies; 0 without KDA layers. */
+int cpu_kda_max_in(const struct model_config *c);
+/* Converts the KDA layers' small weights (conv taps, dt_bias, exp(A_log),
+ * o_norm) to f32, binds the matrices and allocates the scratch for
+ * max_tokens tokens. NULL with a message on failure. */
+struct cpu_kda *cpu_kda_create(const struct cpu_backend *b, const struct model_config *c,
+                               const struct model_weights *w, int max_tokens, char *err, size_t errlen);
+/* Before a step's first layer: each sequence's state slot (states
+ * [n_slots][model_state_bytes / 4] f32) zeroed when its first query position
+ * is 0, or copied from slot state_from (state_restore). */
+void cpu_kda_begin(const struct cpu_kda *a, const struct step *s, float *states);
+/* One KDA layer over the step: out[T][n_embd] = the layer's output for the
+ * normed input xn[T][n_embd] (no residual added); each sequence's tokens run
+ * in order from its slot's state, which is left after its last token, and the
+ * step's snapshots are written into their slots. */
+void cpu_kda_mixer(struct cpu_kda *a, const struct cpu_backend *b, const struct step *s, int l, const float *xn,
+                   float *out, float *states);
+void cpu_kda_destroy(struct cpu_kda *a);
+
+/* A backend that runs only the kernels above (cpu_matmul...): nt threads,
+ * matrix inputs up to max_in wide. For running one layer kind alone (tests);
+ * free with cpu_kernels_destroy. NULL when out of memory. */
+struct cpu_backend *cpu_kernels_create(int nt, int max_in);
+void cpu_kernels_destroy(struct cpu_backend *b);
+
+/* ---- hyper-connections (model/cpu_hc.c) ---- */
+
+struct cpu_hc;
+/* Converts every MODEL_RESID_HC layer's two sites (fn stays in its stored
+ * encoding, base and scale become f32) and sizes the scratch for max_tokens
+ * tokens. NULL with a message on failure. */
+struct cpu_hc *cpu_hc_create(const struct model_config *c, const struct model_weights *w, int max_tokens, char *err,
+                             size_t errlen);
+/* Site `site` (0: before the mixer, 1: before the FFN) of layer l over T
+ * tokens: from the streams xs[T][hc][n_embd], the block's input x[T][n_embd]
+ * (the pre-weighted sum of the streams); the post and comb weights of each
+ * token are kept for cpu_hc_post. */
+void cpu_hc_pre(struct cpu_hc *h, const struct cpu_backend *b, int l, int site, const float *xs, float *x, int T);
+/* xs[t][j] = post[t][j] y[t] + sum_i comb[t][i][j] xs[t][i], with the last
+ * cpu_hc_pre's weights. */
+void cpu_hc_post(struct cpu_hc *h, float *xs, const float *y, int T);
+void cpu_hc_destroy(struct cpu_hc *h);
+
+/* Tests: after every layer of each later forward, the residual of all the
+ * step's tokens is copied into dst: [n_layer + 1][n_tokens][hc][n_embd]
+ * (hc 1 for a plain residual; entry 0 is the embedding). NULL stops it. */
+void cpu_backend_trace(model_backend *b, float *dst);
 
 #endif

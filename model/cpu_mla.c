@@ -33,6 +33,13 @@
  * the only ones attended. A layer whose indexer is "shared" reuses the
  * previous full layer's choice, which stays in this file's scratch between
  * the layers of one forward.
+ *
+ * glm5_next's indexer (index_kpool > 0, Glm5NextTextIndexer) scores pools of
+ * kpool consecutive keys instead: a pool's key is, per channel d, the sum
+ * over its tokens of softmax_i(gate_i[d] + ape[i][d]) k_i[d], with gate =
+ * kpool_gate . xn kept in the paged entry beside the key; a query chooses
+ * its index_topk / kpool best whole pools that end at or before it and,
+ * with the tail switch, the tokens of its own incomplete pool. No RoPE.
  */
 #include <math.h>
 #include <omp.h>
@@ -46,13 +53,15 @@ struct mla_layer {
     float *ix_k_norm, *ix_k_norm_b;     /* [ID] x2; NULL without an own indexer */
     float *attn_norm;                   /* [E] */
     struct wmat q_a, q_b, q, kv_a, kv_b, o;
-    struct wmat ix_wq_b, ix_wk, ix_w;
+    struct wmat ix_wq_b, ix_wk, ix_w, ix_gate;
+    float *ix_ape;                      /* [kpool][ID] (k-pools only) */
     bool ix;                            /* runs its own indexer */
 };
 
 struct cpu_mla {
     struct model_config c;
     int E, H, Dn, R, Dv, C, QL, IH, ID, K; /* K: index_topk capped at max_ctx; 0 = dense */
+    int KP, KS;                         /* k-pool size (0: per key); a token's choice stride in sel */
     int nt, max_tokens, max_ctx;
     struct mla_layer *L;                /* [model_n_layer_all]; only MLA layers filled */
     float *wmem;                        /* owned: the f32 norm vectors */
@@ -71,8 +80,9 @@ struct cpu_mla {
     float *rowbuf;                      /* [nt][C] dequantized kv_b rows */
     int *abs_t;                         /* [max_tokens] tokens in the absorbed form */
     /* indexer */
-    float *ixq, *ixk, *ixw;             /* [IH][ID], [ID], [IH] */
-    int32_t *sel;                       /* [max_tokens][K] chosen keys, ascending */
+    float *ixq, *ixk, *ixw, *ixg;       /* [IH][ID], [ID], [IH], [ID] (k-pools: the gate scores) */
+    float *poolk;                       /* [max_ctx / KP][ID] one sequence's pool keys */
+    int32_t *sel;                       /* [max_tokens][KS] chosen keys, ascending */
     int *nsel;                          /* [max_tokens]: count, or -1 = every causal key */
     float *heap_s;                      /* [nt][K] */
     int32_t *heap_j;                    /* [nt][K] */
@@ -97,7 +107,7 @@ void cpu_mla_destroy(struct cpu_mla *a)
     if (!a) return;
     void *p[] = {a->L, a->wmem, a->rcos, a->rsin, a->xn, a->qa, a->q, a->kva, a->att, a->out, a->qlat, a->olat,
                  a->latg, a->kvx, a->scores, a->rowbuf, a->abs_t, a->ixq, a->ixk, a->ixw, a->sel, a->nsel,
-                 a->heap_s, a->heap_j, a->mark};
+                 a->heap_s, a->heap_j, a->mark, a->ixg, a->poolk};
     for (size_t i = 0; i < sizeof p / sizeof *p; i++) free(p[i]);
     free(a);
 }
@@ -113,12 +123,15 @@ struct cpu_mla *cpu_mla_create(const struct cpu_backend *b, const struct model_c
     a->Dv = mc->v_head_dim, a->C = mc->kv_lora_rank, a->QL = mc->q_lora_rank;
     a->IH = mc->index_n_heads, a->ID = mc->index_head_dim;
     a->K = mc->index_topk > 0 ? (mc->index_topk < max_ctx ? mc->index_topk : max_ctx) : 0;
+    a->KP = mc->index_kpool;
+    a->KS = a->K + (a->KP > 0 ? a->KP : 0);
     a->nt = cpu_threads(b), a->max_tokens = max_tokens, a->max_ctx = max_ctx;
     size_t T = (size_t)max_tokens, X = (size_t)max_ctx, nt = (size_t)a->nt, E = a->E, H = a->H, C = a->C,
            Dq = (size_t)a->Dn + a->R, half = (size_t)a->R / 2;
     int n_all = model_n_layer_all(c);
     a->L = calloc((size_t)n_all, sizeof *a->L);
-    a->wmem = cpu_zalloc((size_t)n_all * (E + a->QL + C + 2 * (size_t)a->ID) * sizeof(float));
+    a->wmem = cpu_zalloc((size_t)n_all * (E + a->QL + C + 2 * (size_t)a->ID + (size_t)a->KP * a->ID) *
+                         sizeof(float));
     if (!a->L || !a->wmem) goto oom;
     float *p = a->wmem;
     for (int l = 0; l < n_all; l++) {
@@ -144,6 +157,10 @@ struct cpu_mla *cpu_mla_create(const struct cpu_backend *b, const struct model_c
             MAT(L->ix_wq_b, &lw->ix_wq_b);
             MAT(L->ix_wk, &lw->ix_wk);
             MAT(L->ix_w, &lw->ix_weights);
+            if (a->KP > 0) {
+                VEC(L->ix_ape, &lw->ix_kpool_ape, (size_t)a->KP * a->ID);
+                MAT(L->ix_gate, &lw->ix_kpool_gate);
+            }
         }
     }
     a->rcos = cpu_zalloc(X * half * sizeof(float));
@@ -168,12 +185,17 @@ struct cpu_mla *cpu_mla_create(const struct cpu_backend *b, const struct model_c
         a->ixq = cpu_zalloc(T * a->IH * a->ID * sizeof(float));
         a->ixk = cpu_zalloc(T * a->ID * sizeof(float));
         a->ixw = cpu_zalloc(T * a->IH * sizeof(float));
-        a->sel = cpu_zalloc(T * a->K * sizeof(int32_t));
+        a->sel = cpu_zalloc(T * a->KS * sizeof(int32_t));
         a->nsel = cpu_zalloc(T * sizeof(int));
         a->heap_s = cpu_zalloc(nt * a->K * sizeof(float));
         a->heap_j = cpu_zalloc(nt * a->K * sizeof(int32_t));
         a->mark = cpu_zalloc(nt * X);
         if (!a->ixq || !a->ixk || !a->ixw || !a->sel || !a->nsel || !a->heap_s || !a->heap_j || !a->mark) goto oom;
+        if (a->KP > 0) {
+            a->ixg = cpu_zalloc(T * a->ID * sizeof(float));
+            a->poolk = cpu_zalloc((X / a->KP + 1) * a->ID * sizeof(float));
+            if (!a->ixg || !a->poolk) goto oom;
+        }
     }
     if (half > 0) {
         double *inv = malloc(half * sizeof *inv);
@@ -280,10 +302,88 @@ static void index_select(struct cpu_mla *a, const struct step *s, const int *tok
     }
     for (int j = 0; j < n; j++) mark[j] = 0;
     for (int i = 0; i < K; i++) mark[hj[i]] = 1;
-    int32_t *out = a->sel + (size_t)t * K;
+    int32_t *out = a->sel + (size_t)t * a->KS;
     int k = 0;
     for (int j = 0; j < n; j++)
         if (mark[j]) out[k++] = j;
+    a->nsel[t] = k;
+}
+
+/* Sequence si's pool keys for its whole pools: a->poolk[p][ID]. */
+static void pool_keys(struct cpu_mla *a, const struct mla_layer *L, const struct step *s, int si, const float *kv,
+                      int bs, int width)
+{
+    const struct step_seq *q = &s->seqs[si];
+    int KP = a->KP, ID = a->ID, np = q->context_len / KP;
+#pragma omp parallel for schedule(static) num_threads(a->nt) if (np >= 16)
+    for (int p = 0; p < np; p++) {
+        float *pk = a->poolk + (size_t)p * ID;
+        for (int d = 0; d < ID; d++) {
+            float lg[KP], mx = -INFINITY, sum = 0.0f;
+            for (int i = 0; i < KP; i++) {
+                lg[i] = entry(kv, q->block_table, p * KP + i, bs, width)[a->C + a->R + ID + d] + L->ix_ape[i * ID + d];
+                if (lg[i] > mx) mx = lg[i];
+            }
+            for (int i = 0; i < KP; i++) {
+                lg[i] = expf(lg[i] - mx);
+                sum += lg[i];
+            }
+            float v = 0.0f;
+            for (int i = 0; i < KP; i++) v += lg[i] / sum * entry(kv, q->block_table, p * KP + i, bs, width)[a->C + a->R + d];
+            pk[d] = v;
+        }
+    }
+}
+
+/* Token t's keys under k-pools: its index_topk / KP best whole pools that end
+ * at or before it (a->poolk holds its sequence's), then its own incomplete
+ * pool's tokens (with the tail switch), ascending. */
+static void pool_select(struct cpu_mla *a, const struct step *s, const int *tok_seq, int t)
+{
+    int pos = s->positions[t], KP = a->KP, nvis = (pos + 1) / KP, th = omp_get_thread_num();
+    int np_all = s->seqs[tok_seq[t]].context_len / KP;
+    int want = a->c.mla.index_topk / KP;
+    if (want > np_all) want = np_all;
+    bool tail = a->c.mla.index_kpool_tail;
+    int32_t *out = a->sel + (size_t)t * a->KS;
+    int k = 0;
+    if (nvis <= want) {
+        if (tail) {
+            a->nsel[t] = -1; /* every whole pool and the tail: all keys 0..pos */
+            return;
+        }
+        for (int j = 0; j < nvis * KP; j++) out[k++] = j;
+    } else {
+        float *hs = a->heap_s + (size_t)th * a->K;
+        int32_t *hj = a->heap_j + (size_t)th * a->K;
+        uint8_t *mark = a->mark + (size_t)th * a->max_ctx;
+        const float *qt = a->ixq + (size_t)t * a->IH * a->ID, *wt = a->ixw + (size_t)t * a->IH;
+        float sc = 1.0f / sqrtf((float)a->ID);
+        int hn = 0;
+        for (int p = 0; p < nvis; p++) {
+            const float *pk = a->poolk + (size_t)p * a->ID;
+            float v = 0.0f;
+            for (int h = 0; h < a->IH; h++) {
+                float d = cpu_dot(qt + (size_t)h * a->ID, pk, a->ID) * sc;
+                v += wt[h] * (d > 0 ? d : 0);
+            }
+            if (hn < want) {
+                hs[hn] = v, hj[hn] = p;
+                if (++hn == want)
+                    for (int i = want / 2 - 1; i >= 0; i--) sift_down(hs, hj, want, i);
+            } else if (v > hs[0]) {
+                hs[0] = v, hj[0] = p;
+                sift_down(hs, hj, want, 0);
+            }
+        }
+        for (int p = 0; p < nvis; p++) mark[p] = 0;
+        for (int i = 0; i < want; i++) mark[hj[i]] = 1;
+        for (int p = 0; p < nvis; p++)
+            if (mark[p])
+                for (int i = 0; i < KP; i++) out[k++] = p * KP + i;
+    }
+    if (tail)
+        for (int j = nvis * KP; j <= pos; j++) out[k++] = j;
     a->nsel[t] = k;
 }
 
@@ -306,7 +406,7 @@ static void keys_of(const struct cpu_mla *a, int t, int pos, const int32_t **key
     *keys = NULL;
     *n = pos + 1;
     if (a->K > 0 && a->nsel[t] >= 0) {
-        *keys = a->sel + (size_t)t * a->K;
+        *keys = a->sel + (size_t)t * a->KS;
         *n = a->nsel[t];
     }
 }
@@ -400,7 +500,7 @@ static void attend_absorbed(struct cpu_mla *a, const struct mla_layer *L, const 
 }
 
 void cpu_mla_mixer(struct cpu_mla *a, const struct cpu_backend *b, const struct step *s, const int *tok_seq, int l,
-                   float *x, float *kv, int bs, int key0)
+                   const float *x, float *dst, float *kv, int bs, int key0)
 {
     const struct mla_layer *L = &a->L[l];
     const struct model_config *c = &a->c;
@@ -422,6 +522,7 @@ void cpu_mla_mixer(struct cpu_mla *a, const struct cpu_backend *b, const struct 
         cpu_matmul(b, a->ixq, a->qa, &L->ix_wq_b, NULL, T, QL, a->IH * a->ID);
         cpu_matmul(b, a->ixk, a->xn, &L->ix_wk, NULL, T, E, a->ID);
         cpu_matmul(b, a->ixw, a->xn, &L->ix_w, NULL, T, E, a->IH);
+        if (a->KP > 0) cpu_matmul(b, a->ixg, a->xn, &L->ix_gate, NULL, T, E, a->ID);
     }
 #pragma omp parallel for num_threads(a->nt) if (T >= 8)
     for (int t = 0; t < T; t++) {
@@ -442,10 +543,19 @@ void cpu_mla_mixer(struct cpu_mla *a, const struct cpu_backend *b, const struct 
             float wsc = 1.0f / sqrtf((float)a->IH);
             for (int h = 0; h < a->IH; h++) a->ixw[(size_t)t * a->IH + h] *= wsc;
             memcpy(e + C + R, k, (size_t)a->ID * sizeof(float));
+            if (a->KP > 0) memcpy(e + C + R + a->ID, a->ixg + (size_t)t * a->ID, (size_t)a->ID * sizeof(float));
         }
     }
     /* every key of the step is in the cache now */
-    if (L->ix) {
+    if (L->ix && a->KP > 0) {
+        for (int si = 0; si < s->n_seqs; si++) {
+            const struct step_seq *q = &s->seqs[si];
+            if (q->query_len <= 0) continue;
+            pool_keys(a, L, s, si, kv, bs, width);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(a->nt)
+            for (int t = q->query_start; t < q->query_start + q->query_len; t++) pool_select(a, s, tok_seq, t);
+        }
+    } else if (L->ix) {
 #pragma omp parallel for schedule(dynamic, 1) num_threads(a->nt)
         for (int t = 0; t < T; t++) index_select(a, s, tok_seq, kv, bs, width, t);
     }
@@ -464,5 +574,5 @@ void cpu_mla_mixer(struct cpu_mla *a, const struct cpu_backend *b, const struct 
     }
     if (n_abs > 0) attend_absorbed(a, L, s, tok_seq, n_abs, kv, bs, width, key0);
     cpu_matmul(b, a->out, a->att, &L->o, NULL, T, H * a->Dv, E);
-    for (size_t i = 0; i < (size_t)T * E; i++) x[i] += a->out[i];
+    for (size_t i = 0; i < (size_t)T * E; i++) dst[i] += a->out[i];
 }

@@ -23,6 +23,8 @@
 #include "model.h"
 #include "safetensors.h"
 #include "loader_dummy.h"
+#include "glm5.h"
+#include "kda.h"
 #include "mla.h"
 #include "moe.h"
 #include "overrides.h"
@@ -52,6 +54,10 @@ struct model {
     struct model_mtp_weights *mtp;       /* owned w.mtp, [cfg.n_mtp_layer] */
     bool file_decides;                   /* binding an MTP layer: a dense weight the config calls quantized is
                                             taken as the file holds it (get_weight_st) */
+    bool *kda_layer;                     /* owned [n_kda_layer]: glm5_next's linear_attention layers, or NULL */
+    int n_kda_layer;                     /* n_layer at config time */
+    const char *text_prefix;             /* where the file keeps the text model: NULL for "model.", else
+                                            "model.language_model." (glm5_next with its vision tower) */
 };
 
 
@@ -60,6 +66,7 @@ const char *model_mixer_name(enum model_mixer k)
     switch (k) {
     case MODEL_MIXER_GQA: return "gqa";
     case MODEL_MIXER_MLA: return "mla";
+    case MODEL_MIXER_KDA: return "kda";
     }
     return "?";
 }
@@ -74,8 +81,10 @@ const char *model_ffn_name(enum model_ffn k)
 }
 
 /* The plan of layers from the (overridden) config: GQA attention, or MLA for
- * deepseek_v3 and glm_moe_dsa; the FFN is MoE where the config's MoE keys say
- * (moe_hf_config: first_k_dense_replace, mlp_only_layers, ...), else dense.
+ * deepseek_v3 and glm_moe_dsa, KDA or MLA by glm5_next's layer_types; the
+ * FFN is MoE where the config's MoE keys say (moe_hf_config:
+ * first_k_dense_replace, mlp_only_layers, mlp_layer_types ...), else dense;
+ * the residual is hyper-connection streams where the config has hc_mult.
  * The MTP layers after them take the model's mixer and, where the model has
  * experts, the MoE FFN (transformers' get_mtp_config: first_k_dense_replace 0). */
 static int plan_layers(model *m, char *err, size_t errlen)
@@ -90,17 +99,20 @@ static int plan_layers(model *m, char *err, size_t errlen)
     }
     for (int l = 0; l < c->n_layer; l++) {
         bool sparse = m->moe_sparse && l < m->n_moe_sparse && m->moe_sparse[l];
-        if (mla && l >= c->mla.n_dense_layers && !sparse) {
+        bool kda = m->kda_layer && l < m->n_kda_layer && m->kda_layer[l];
+        if (mla && c->arch != MODEL_ARCH_GLM5_NEXT && l >= c->mla.n_dense_layers && !sparse) {
             sl_seterr(err, errlen, "layer %d of this %s checkpoint is past its %d dense layers but has no MoE FFN "
                       "in the config (n_routed_experts)", l, model_arch_name(c->arch), c->mla.n_dense_layers);
             return SL_EUNSUP;
         }
-        m->layer_kind[l] = (struct model_layer_kind){mla ? MODEL_MIXER_MLA : MODEL_MIXER_GQA,
-                                                     sparse ? MODEL_FFN_MOE : MODEL_FFN_DENSE};
+        m->layer_kind[l] = (struct model_layer_kind){kda ? MODEL_MIXER_KDA : mla ? MODEL_MIXER_MLA : MODEL_MIXER_GQA,
+                                                     sparse ? MODEL_FFN_MOE : MODEL_FFN_DENSE,
+                                                     c->hc.mult > 0 ? MODEL_RESID_HC : MODEL_RESID_PLAIN};
     }
     for (int l = c->n_layer; l < model_n_layer_all(c); l++)
         m->layer_kind[l] = (struct model_layer_kind){mla ? MODEL_MIXER_MLA : MODEL_MIXER_GQA,
-                                                     c->moe.n_expert > 0 ? MODEL_FFN_MOE : MODEL_FFN_DENSE};
+                                                     c->moe.n_expert > 0 ? MODEL_FFN_MOE : MODEL_FFN_DENSE,
+                                                     MODEL_RESID_PLAIN};
     m->cfg.layer_kind = m->layer_kind;
     return 0;
 }
@@ -117,7 +129,9 @@ static int config_final(model *m, char *err, size_t errlen)
 
 static void kind_words(const struct model_config *c, struct model_layer_kind k, char *out, size_t cap)
 {
-    int n = snprintf(out, cap, "%s + %s", model_mixer_name(k.mixer), model_ffn_name(k.ffn));
+    int n = k.mixer == MODEL_MIXER_KDA
+                ? snprintf(out, cap, "kda %dx%d + %s", c->kda.n_head, c->kda.head_dim, model_ffn_name(k.ffn))
+                : snprintf(out, cap, "%s + %s", model_mixer_name(k.mixer), model_ffn_name(k.ffn));
     if (k.ffn == MODEL_FFN_MOE && n > 0 && (size_t)n < cap) {
         const struct model_moe_config *mc = &c->moe;
         n += snprintf(out + n, cap - (size_t)n, " %d experts top-%d", mc->n_expert, mc->n_expert_used);
@@ -126,8 +140,10 @@ static void kind_words(const struct model_config *c, struct model_layer_kind k, 
         else if (mc->n_ff_shared > 0 && (size_t)n < cap)
             n += snprintf(out + n, cap - (size_t)n, " (+%d shared)", mc->n_ff_shared / mc->n_ff_expert);
         if (mc->router == MODEL_ROUTER_SIGMOID && (size_t)n < cap)
-            snprintf(out + n, cap - (size_t)n, ", sigmoid router%s", mc->n_group > 1 ? " by groups" : "");
+            n += snprintf(out + n, cap - (size_t)n, ", sigmoid router%s", mc->n_group > 1 ? " by groups" : "");
     }
+    if (k.resid == MODEL_RESID_HC && n > 0 && (size_t)n < cap)
+        snprintf(out + n, cap - (size_t)n, ", %d hyper-connection streams", c->hc.mult);
 }
 
 size_t model_plan_describe(const struct model_config *c, char *out, size_t cap)
@@ -138,7 +154,7 @@ size_t model_plan_describe(const struct model_config *c, char *out, size_t cap)
         struct model_layer_kind k = model_layer_kind_of(c, l);
         int e = l;
         while (e + 1 < c->n_layer && model_layer_kind_of(c, e + 1).mixer == k.mixer &&
-               model_layer_kind_of(c, e + 1).ffn == k.ffn)
+               model_layer_kind_of(c, e + 1).ffn == k.ffn && model_layer_kind_of(c, e + 1).resid == k.resid)
             e++;
         char what[160], range[32];
         kind_words(c, k, what, sizeof what);
@@ -164,6 +180,7 @@ const char *model_arch_name(enum model_arch a)
     case MODEL_ARCH_QWEN3_MOE: return "qwen3_moe";
     case MODEL_ARCH_GLM4_MOE: return "glm4_moe";
     case MODEL_ARCH_QWEN2_MOE: return "qwen2_moe";
+    case MODEL_ARCH_GLM5_NEXT: return "glm5_next";
     }
     return "?";
 }
@@ -175,6 +192,7 @@ static int arch_from_name(const char *s, size_t n, enum model_arch *out)
         {"mistral", MODEL_ARCH_MISTRAL}, {"deepseek_v3", MODEL_ARCH_DEEPSEEK_V3},
         {"glm_moe_dsa", MODEL_ARCH_GLM_MOE_DSA}, {"qwen3_moe", MODEL_ARCH_QWEN3_MOE},
         {"glm4_moe", MODEL_ARCH_GLM4_MOE}, {"qwen2_moe", MODEL_ARCH_QWEN2_MOE},
+        {"glm5_next", MODEL_ARCH_GLM5_NEXT}, {"glm5_next_text", MODEL_ARCH_GLM5_NEXT},
     };
     for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)
         if (strlen(tab[i].name) == n && memcmp(tab[i].name, s, n) == 0) {
@@ -201,6 +219,15 @@ static const char *pool_name(model *m, const char *name)
 
 /* ---- tensors: lookup + shape check ------------------------------------------- */
 
+/* The file's name of a "model.*" tensor: the text model of a multimodal
+ * checkpoint (glm5_next) lives under model.language_model. */
+static const char *file_name(const model *m, const char *name, char *buf, size_t cap)
+{
+    if (!m->text_prefix || strncmp(name, "model.", 6) != 0) return name;
+    snprintf(buf, cap, "%s%s", m->text_prefix, name + 6);
+    return buf;
+}
+
 /* Finds `name` in whichever file the model maps and fills *t. Returns 0,
  * 1 when absent (t->data NULL), or a negative status. */
 static int find_tensor(model *m, const char *name, struct model_tensor *t)
@@ -225,6 +252,8 @@ static int find_tensor(model *m, const char *name, struct model_tensor *t)
         t->data = g->data;
         t->nbytes = g->nbytes;
     } else {
+        char fn[600];
+        name = file_name(m, name, fn, sizeof fn);
         const struct st_tensor *s = st_find(m->st, name);
         if (!s) return 1;
         if (s->ndim > 4) return SL_EUNSUP;
@@ -261,7 +290,8 @@ static int hf_quant_config(model *m, const char *dir, char *err, size_t errlen)
 static int get_weight_st(model *m, const char *name, int64_t rows, int64_t cols, bool optional,
                          struct model_tensor *t, char *err, size_t errlen)
 {
-    char module[512], fname[600];
+    char module[512], fname[600], full[600];
+    name = file_name(m, name, full, sizeof full);
     size_t n = strlen(name);
     if (n < 7 || strcmp(name + n - 7, ".weight") != 0 || n - 7 >= sizeof module) {
         sl_seterr(err, errlen, "tensor %s: not a weight name", name);
@@ -290,7 +320,10 @@ static int get_weight_st(model *m, const char *name, int64_t rows, int64_t cols,
         if (d && (d->dtype == MODEL_DT_BF16 || d->dtype == MODEL_DT_F16 || d->dtype == MODEL_DT_F32)) qc = NULL;
     }
     memset(t, 0, sizeof *t);
-    int rc = quant_load_weight(m->st, qc, module, linear, rows, cols, t, q, fname, sizeof fname, err, errlen);
+    char alias[600];
+    const char *claim = m->cfg.arch == MODEL_ARCH_GLM5_NEXT ? glm5_module_path(module, alias, sizeof alias) : module;
+    int rc = quant_load_weight_as(m->st, qc, module, claim, linear, rows, cols, t, q, fname, sizeof fname, err,
+                                  errlen);
     if (rc != 0 || t->dtype != MODEL_DT_QPACK) free(q);
     if (rc < 0) return rc;
     if (rc == 1) {
@@ -318,7 +351,9 @@ static int get_weight_st(model *m, const char *name, int64_t rows, int64_t cols,
 static int get_tensor(model *m, const char *name, int64_t rows, int64_t cols, bool optional,
                       struct model_tensor *t, char *err, size_t errlen)
 {
-    if (m->st && rows != 0) return get_weight_st(m, name, rows, cols, optional, t, err, errlen);
+    size_t nl = strlen(name);
+    if (m->st && rows != 0 && nl > 7 && strcmp(name + nl - 7, ".weight") == 0)
+        return get_weight_st(m, name, rows, cols, optional, t, err, errlen);
     int rc = find_tensor(m, name, t);
     if (rc < 0) {
         sl_seterr(err, errlen, rc == SL_ENOMEM ? "out of memory" : "tensor %s: unsupported dtype or rank",
@@ -446,6 +481,8 @@ static int mla_get(void *ctx, const char *name, int64_t rows, int64_t cols, bool
 /* Tensors of the file under prefix: how many and their bytes. */
 static int count_prefix(const model *m, const char *prefix, size_t *bytes)
 {
+    char full[300];
+    prefix = file_name(m, prefix, full, sizeof full);
     size_t pl = strlen(prefix);
     int n = 0;
     for (int k = 0; m->st && k < st_n_tensors(m->st); k++) {
@@ -485,6 +522,8 @@ static int bind_mtp(model *m, int i, int fl, char *err, size_t errlen)
     m->w.mtp_tensors += count_prefix(m, prefix, &m->w.mtp_bytes);
     return 0;
 }
+
+static int kda_find(void *ctx, const char *name, struct model_tensor *t) { return find_tensor(ctx, name, t); }
 
 static int load_weights(model *m, const struct names *nm, char *err, size_t errlen)
 {
@@ -548,6 +587,15 @@ static int load_weights(model *m, const struct names *nm, char *err, size_t errl
         int fl = l < c->n_layer ? l : m->n_layer_file + (l - c->n_layer);
         m->file_decides = l >= c->n_layer;
         T(attn_norm, nm->attn_norm, 0, E, false);
+        if (model_layer_kind_of(c, l).resid == MODEL_RESID_HC && (rc = glm5_bind_hc(c, l, mla_get, m, L, err, errlen)))
+            return rc;
+        if (model_layer_kind_of(c, l).mixer == MODEL_MIXER_KDA) {
+            char prefix[64];
+            snprintf(prefix, sizeof prefix, "model.layers.%d.self_attn", l);
+            struct kda_lookup lk = {.get = mla_get, .find = kda_find, .ctx = m};
+            if ((rc = kda_bind_layer(&c->kda, c->n_embd, prefix, &lk, &L->kda, err, errlen))) return rc;
+            goto ffn;
+        }
         if (model_layer_kind_of(c, l).mixer == MODEL_MIXER_MLA) {
             if ((rc = mla_bind_layer(c, l, fl, mla_get, m, &L->mla, err, errlen))) goto fail;
             goto ffn;
@@ -595,6 +643,9 @@ static int load_weights(model *m, const struct names *nm, char *err, size_t errl
     }
 #undef T
     m->file_decides = false;
+    if (c->mla.n_mtp_layers > 0 && m->st)
+        return mla_count_mtp(c, m->n_layer_file, m->text_prefix ? m->text_prefix : "model.", m->st, mla_get, m,
+                             &w->mtp_tensors, &w->mtp_bytes, err, errlen);
     return 0;
 }
 
@@ -821,6 +872,7 @@ static int hf_config(model *m, const char *dir, char *err, size_t errlen)
     }
     struct model_config *c = &m->cfg;
     rc = SL_EFORMAT;
+    int o = 0; /* the object holding the text model's keys */
     int mt = json_get(&d, 0, "model_type");
     size_t n = 0;
     const char *s = mt >= 0 && json_is_str(&d, mt) ? json_raw(&d, mt, &n) : NULL;
@@ -833,17 +885,23 @@ static int hf_config(model *m, const char *dir, char *err, size_t errlen)
         rc = SL_EUNSUP;
         goto out;
     }
-    if ((rc = jint(&d, 0, "num_hidden_layers", 0, true, &c->n_layer, err, errlen)) ||
-        (rc = jint(&d, 0, "hidden_size", 0, true, &c->n_embd, err, errlen)) ||
-        (rc = jint(&d, 0, "intermediate_size", 0, true, &c->n_ff, err, errlen)) ||
-        (rc = jint(&d, 0, "num_attention_heads", 0, true, &c->n_head, err, errlen)) ||
-        (rc = jint(&d, 0, "vocab_size", 0, true, &c->n_vocab, err, errlen)) ||
-        (rc = jint(&d, 0, "num_key_value_heads", c->n_head, false, &c->n_head_kv, err, errlen)) ||
-        (rc = jint(&d, 0, "max_position_embeddings", 2048, false, &c->n_ctx_train, err, errlen)) ||
-        (rc = jint(&d, 0, "head_dim", c->n_head ? c->n_embd / c->n_head : 0, false, &c->head_dim,
+    /* a multimodal config (glm5_next) nests the text model's keys in text_config */
+    if (c->arch == MODEL_ARCH_GLM5_NEXT) {
+        int tc = jobj(&d, 0, "text_config", err, errlen);
+        if (tc == -2) goto out;
+        if (tc >= 0) o = tc;
+    }
+    if ((rc = jint(&d, o, "num_hidden_layers", 0, true, &c->n_layer, err, errlen)) ||
+        (rc = jint(&d, o, "hidden_size", 0, true, &c->n_embd, err, errlen)) ||
+        (rc = jint(&d, o, "intermediate_size", 0, true, &c->n_ff, err, errlen)) ||
+        (rc = jint(&d, o, "num_attention_heads", 0, true, &c->n_head, err, errlen)) ||
+        (rc = jint(&d, o, "vocab_size", 0, true, &c->n_vocab, err, errlen)) ||
+        (rc = jint(&d, o, "num_key_value_heads", c->n_head, false, &c->n_head_kv, err, errlen)) ||
+        (rc = jint(&d, o, "max_position_embeddings", 2048, false, &c->n_ctx_train, err, errlen)) ||
+        (rc = jint(&d, o, "head_dim", c->n_head ? c->n_embd / c->n_head : 0, false, &c->head_dim,
                    err, errlen)))
         goto out;
-    int act = json_get(&d, 0, "hidden_act");
+    int act = json_get(&d, o, "hidden_act");
     if (act >= 0 && !json_is_null(&d, act) && !json_is_str(&d, act)) {
         sl_seterr(err, errlen, "config.json: hidden_act must be a string");
         rc = SL_EFORMAT;
@@ -855,8 +913,8 @@ static int hf_config(model *m, const char *dir, char *err, size_t errlen)
         goto out;
     }
     bool attn_bias, mlp_bias;
-    if ((rc = jbool(&d, 0, "attention_bias", false, &attn_bias, err, errlen)) ||
-        (rc = jbool(&d, 0, "mlp_bias", false, &mlp_bias, err, errlen)))
+    if ((rc = jbool(&d, o, "attention_bias", false, &attn_bias, err, errlen)) ||
+        (rc = jbool(&d, o, "mlp_bias", false, &mlp_bias, err, errlen)))
         goto out;
     if ((c->arch == MODEL_ARCH_LLAMA || c->arch == MODEL_ARCH_MISTRAL || c->arch == MODEL_ARCH_QWEN3 ||
          c->arch == MODEL_ARCH_QWEN3_MOE || c->arch == MODEL_ARCH_GLM4_MOE) &&
@@ -867,12 +925,12 @@ static int hf_config(model *m, const char *dir, char *err, size_t errlen)
         goto out;
     }
     c->rope_dim = c->head_dim;
-    if ((rc = jflt(&d, 0, "rms_norm_eps", 1e-6, &c->norm_eps, err, errlen))) goto out;
+    if ((rc = jflt(&d, o, "rms_norm_eps", 1e-6, &c->norm_eps, err, errlen))) goto out;
     /* transformers < 5: rope_theta + rope_scaling; >= 5: rope_parameters */
     rc = SL_EFORMAT;
-    int rp = jobj(&d, 0, "rope_parameters", err, errlen), rs = jobj(&d, 0, "rope_scaling", err, errlen);
+    int rp = jobj(&d, o, "rope_parameters", err, errlen), rs = jobj(&d, o, "rope_scaling", err, errlen);
     if (rp == -2 || rs == -2) goto out;
-    if ((rc = jflt(&d, 0, "rope_theta", 10000.0, &c->rope_theta, err, errlen)) ||
+    if ((rc = jflt(&d, o, "rope_theta", 10000.0, &c->rope_theta, err, errlen)) ||
         (rc = jflt(&d, rp, "rope_theta", c->rope_theta, &c->rope_theta, err, errlen)))
         goto out;
     if (rs < 0) rs = rp;
@@ -913,22 +971,22 @@ static int hf_config(model *m, const char *dir, char *err, size_t errlen)
      * window, where full attention is exactly the same thing. */
     bool use_sw = c->arch == MODEL_ARCH_MISTRAL || c->arch == MODEL_ARCH_LLAMA;
     int win = 0;
-    if ((rc = jbool(&d, 0, "use_sliding_window", use_sw, &use_sw, err, errlen)) ||
-        (rc = jint(&d, 0, "sliding_window", 0, false, &win, err, errlen)))
+    if ((rc = jbool(&d, o, "use_sliding_window", use_sw, &use_sw, err, errlen)) ||
+        (rc = jint(&d, o, "sliding_window", 0, false, &win, err, errlen)))
         goto out;
     if (use_sw && win > 0 && win < c->n_ctx_train) c->n_ctx_train = win;
     c->rope_type = MODEL_ROPE_NEOX;
     arch_traits(c);
     if (c->arch == MODEL_ARCH_QWEN2_MOE &&
-        (rc = jbool(&d, 0, "qkv_bias", true, &c->qkv_bias, err, errlen)))
+        (rc = jbool(&d, o, "qkv_bias", true, &c->qkv_bias, err, errlen)))
         goto out;
     if (c->arch == MODEL_ARCH_GLM4_MOE) {
         /* q/k/v biases and q/k norms are switches here; RoPE turns the first
          * partial_rotary_factor of each head (its default 0.5) */
         float prf = 0.5f;
         c->qkv_bias = attn_bias;
-        if ((rc = jbool(&d, 0, "use_qk_norm", false, &c->qk_norm, err, errlen)) ||
-            (rc = jflt(&d, 0, "partial_rotary_factor", prf, &prf, err, errlen)) ||
+        if ((rc = jbool(&d, o, "use_qk_norm", false, &c->qk_norm, err, errlen)) ||
+            (rc = jflt(&d, o, "partial_rotary_factor", prf, &prf, err, errlen)) ||
             (rc = jflt(&d, rp, "partial_rotary_factor", prf, &prf, err, errlen)))
             goto out;
         if (!(prf > 0 && prf <= 1)) {
@@ -938,12 +996,13 @@ static int hf_config(model *m, const char *dir, char *err, size_t errlen)
         }
         c->rope_dim = (int)(c->head_dim * prf);
     }
-    if ((rc = jbool(&d, 0, "tie_word_embeddings", false, &c->tie_embeddings, err, errlen))) goto out;
-    if ((c->arch == MODEL_ARCH_DEEPSEEK_V3 || c->arch == MODEL_ARCH_GLM_MOE_DSA) &&
-        (rc = mla_hf_config(&d, rs, c, &m->index_full, err, errlen)))
+    if ((rc = jbool(&d, o, "tie_word_embeddings", false, &c->tie_embeddings, err, errlen))) goto out;
+    if ((c->arch == MODEL_ARCH_DEEPSEEK_V3 || c->arch == MODEL_ARCH_GLM_MOE_DSA || c->arch == MODEL_ARCH_GLM5_NEXT) &&
+        (rc = mla_hf_config(&d, o, rs, c, &m->index_full, err, errlen)))
         goto out;
     if ((rc = check_config(c, &hf_keys, err, errlen))) goto out;
-    /* the MTP modules after the decoder layers (transformers: num_mtp_layers) */
+    /* the MTP modules after the decoder layers (transformers: num_mtp_layers); glm5_next's are
+     * mla.n_mtp_layers (mla_hf_config), counted, not run */
     if ((c->arch == MODEL_ARCH_DEEPSEEK_V3 || c->arch == MODEL_ARCH_GLM_MOE_DSA || c->arch == MODEL_ARCH_GLM4_MOE) &&
         (rc = jint(&d, 0, "num_nextn_predict_layers", 0, false, &c->n_mtp_layer, err, errlen)))
         goto out;
@@ -952,7 +1011,11 @@ static int hf_config(model *m, const char *dir, char *err, size_t errlen)
         rc = SL_EFORMAT;
         goto out;
     }
-    rc = moe_hf_config(&d, 0, c, &m->moe_sparse, err, errlen);
+    if (c->arch == MODEL_ARCH_GLM5_NEXT) {
+        if ((rc = glm5_hf_config(&d, o, c, &m->kda_layer, err, errlen))) goto out;
+        m->n_kda_layer = c->n_layer;
+    }
+    rc = moe_hf_config(&d, o, c, &m->moe_sparse, err, errlen);
     m->n_moe_sparse = c->n_layer;
 out:
     json_free(&d);
@@ -1004,13 +1067,29 @@ static int load_hf(model *m, const char *dir, bool dummy, char *err, size_t errl
     if (dummy) return model_dummy_weights(&m->cfg, m->qcfg, &m->w, &m->dummy, err, errlen);
     m->st = st_open_dir(dir, err, errlen);
     if (!m->st) return SL_EFORMAT;
+    if (st_find(m->st, "model.language_model.embed_tokens.weight")) {
+        /* a multimodal checkpoint (glm5_next): the text model and, beside it, a vision tower sluice does
+         * not run; the file decides, not the config */
+        m->text_prefix = "model.language_model.";
+        int nv = 0;
+        size_t vb = 0;
+        for (int k = 0; k < st_n_tensors(m->st); k++) {
+            const struct st_tensor *t = st_tensor_at(m->st, k);
+            if (strncmp(t->name, "model.language_model.", 21) != 0 && strcmp(t->name, "lm_head.weight") != 0 &&
+                strncmp(t->name, "lm_head.", 8) != 0)
+                nv++, vb += t->nbytes;
+        }
+        if (nv > 0)
+            fprintf(stderr, "sluice: %s: the vision tower (%d tensors, %.2f MB beside model.language_model.) is not "
+                            "loaded: sluice serves the text model\n", dir, nv, vb / 1e6);
+    }
     if ((rc = load_weights(m, &hf_names, err, errlen))) return rc;
     return hf_chat_template(m, dir);
 }
 
 /* ---- public --------------------------------------------------------------------- */
 
-#define TENSORS_PER_LAYER 27 /* at most, in all_tensors */
+#define TENSORS_PER_LAYER 52 /* at most, in all_tensors */
 /* How many tensors all_tensors() may list. */
 static int max_tensors(const model *m)
 {
@@ -1040,8 +1119,13 @@ static void all_tensors(const model *m, const struct model_tensor **out, int *n)
                                           &L->bq, &L->bk, &L->bv, &L->q_norm, &L->k_norm,
                                           &A->q_a, &A->q_a_norm, &A->q_b, &A->q, &A->kv_a, &A->kv_a_norm,
                                           &A->kv_b, &A->o, &A->ix_wq_b, &A->ix_wk, &A->ix_k_norm,
-                                          &A->ix_k_norm_b, &A->ix_weights,
-                                          &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down};
+                                          &A->ix_k_norm_b, &A->ix_weights, &A->ix_kpool_ape, &A->ix_kpool_gate,
+                                          &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down,
+                                          &L->hc_attn.fn, &L->hc_attn.base, &L->hc_attn.scale,
+                                          &L->hc_ffn.fn, &L->hc_ffn.base, &L->hc_ffn.scale,
+                                          &L->kda.q, &L->kda.k, &L->kda.v, &L->kda.conv[0], &L->kda.conv[1],
+                                          &L->kda.conv[2], &L->kda.f_a, &L->kda.f_b, &L->kda.dt_bias, &L->kda.A_log,
+                                          &L->kda.b, &L->kda.g_a, &L->kda.g_b, &L->kda.o_norm, &L->kda.o};
         for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
             if (t[i]->data) out[k++] = t[i];
         if (model_layer_kind_of(&m->cfg, l).ffn != MODEL_FFN_MOE) continue;
@@ -1057,6 +1141,29 @@ static void all_tensors(const model *m, const struct model_tensor **out, int *n)
         }
     }
     *n = k;
+}
+
+size_t model_weight_bytes(const model *m)
+{
+    int cap = max_tensors(m), n = 0;
+    const struct model_tensor **ts = malloc((size_t)cap * sizeof *ts);
+    size_t sum = m->w.mtp_bytes;
+    if (!ts) return sum;
+    all_tensors(m, ts, &n);
+    for (int i = 0; i < n; i++) {
+        const struct model_tensor *t = ts[i];
+        if (t->dtype != MODEL_DT_QPACK || !t->quant) {
+            sum += t->nbytes;
+            continue;
+        }
+        /* a packed weight: its codes, plus a scale (and zero) per group and row */
+        const struct model_quant *q = t->quant;
+        size_t sb = q->scale_dt == MODEL_DT_F32 ? 4 : 2;
+        sum += (size_t)(q->rows * q->cols * q->bits / 8) + (size_t)(q->rows * q->n_groups) * sb +
+               (q->sym ? 0 : (size_t)(q->rows * q->n_groups * q->bits / 8)) + (q->g_idx ? (size_t)q->cols * 4 : 0);
+    }
+    free(ts);
+    return sum;
 }
 
 int model_check_weights(const model *m, char *err, size_t errlen)
@@ -1322,6 +1429,7 @@ void model_free(model *m)
     free(m->layer_kind);
     free(m->index_full);
     free(m->moe_sparse);
+    free(m->kda_layer);
     free(m->moe_experts);
     free(m->mtp);
     model_dummy_free(m->dummy);

@@ -110,6 +110,15 @@ static void vec(struct dummy *d, struct model_tensor *t, const char *name, int64
                                .data = one ? d->ones : d->zeros, .nbytes = (size_t)n * 2};
 }
 
+/* What a weight takes in memory: a packed one's codes, scales and zeros. */
+static size_t held_bytes(const struct model_tensor *t)
+{
+    if (t->dtype != MODEL_DT_QPACK || !t->quant) return t->nbytes;
+    const struct model_quant *q = t->quant;
+    return (size_t)(q->rows * q->cols * q->bits / 8) + (size_t)(q->rows * q->n_groups) * 2 +
+           (q->sym ? 0 : (size_t)(q->rows * q->n_groups * q->bits / 8)) + (q->g_idx ? (size_t)q->cols * 4 : 0);
+}
+
 int model_dummy_weights(const struct model_config *c, const struct quant_cfg *qc, struct model_weights *w,
                         void **owner, char *err, size_t errlen)
 {
@@ -126,14 +135,24 @@ int model_dummy_weights(const struct model_config *c, const struct quant_cfg *qc
     int64_t H = c->n_head, QL = a->q_lora_rank, C = a->kv_lora_rank, R = a->qk_rope_head_dim,
             Dq = a->qk_nope_head_dim + R, KB = H * (a->qk_nope_head_dim + a->v_head_dim), IX = a->index_n_heads,
             ID = a->index_head_dim;
+    int64_t HC = c->hc.mult, KHD = (int64_t)c->kda.n_head * c->kda.head_dim;
+    if (HC * (2 + HC) * HC * E > big) big = HC * (2 + HC) * HC * E;
+    if (KHD * E > big) big = KHD * E;
+    if ((2 + HC) * HC > nv) nv = (2 + HC) * HC;
     if (C > 0) { /* MLA: the widest matrices and vectors of its layers */
         int64_t m[] = {QL * E, H * Dq * (QL > 0 ? QL : E), (C + R) * E, KB * C, E * H * a->v_head_dim,
-                       IX * ID * QL, ID * E, IX * E};
+                       IX * ID * QL, ID * E, IX * E, (int64_t)a->index_kpool * ID};
         for (size_t i = 0; i < sizeof m / sizeof *m; i++)
             if (m[i] > big) big = m[i];
         if (QL > nv) nv = QL;
         if (C > nv) nv = C;
         if (ID > nv) nv = ID;
+    }
+    int64_t KH = c->kda.n_head, KD = c->kda.head_dim, KC = KH * KD;
+    if (KC > 0) { /* KDA: q/k/v and o [C][E], the conv taps, dt_bias [C] */
+        if (KC * E > big) big = KC * E;
+        if (KC * c->kda.conv_kernel > big) big = KC * c->kda.conv_kernel;
+        if (KC > nv) nv = KC;
     }
     const struct model_moe_config *mc = &c->moe;
     int64_t FE = mc->n_ff_expert, FS = mc->n_ff_shared, NE = mc->n_expert;
@@ -145,6 +164,10 @@ int model_dummy_weights(const struct model_config *c, const struct quant_cfg *qc
     if (NE > nv) nv = NE;
     int n_moe = 0;
     for (int l = 0; l < n_all; l++) n_moe += model_layer_kind_of(c, l).ffn == MODEL_FFN_MOE;
+    /* glm5_next's MTP modules (mla.n_mtp_layers, after the plan's layers): an MLA + MoE decoder layer each,
+     * counted, never run */
+    int n_mtp = C > 0 && NE > 0 ? a->n_mtp_layers : 0;
+    struct model_layer_weights *mtp = NULL;
     struct dummy *d = calloc(1, sizeof *d);
     if (!d) goto oom;
     d->n_pool = big + SLACK;
@@ -153,8 +176,10 @@ int model_dummy_weights(const struct model_config *c, const struct quant_cfg *qc
     d->ones = malloc((size_t)nv * 2);
     d->zeros = calloc((size_t)nv, 2);
     w->layers = calloc((size_t)n_all, sizeof *w->layers);
-    d->experts = calloc((size_t)n_moe * 3 * (size_t)NE + 1, sizeof *d->experts);
+    d->experts = calloc((size_t)(n_moe + n_mtp) * 3 * (size_t)NE + 1, sizeof *d->experts);
     w->mtp = d->mtp = calloc((size_t)c->n_mtp_layer + 1, sizeof *d->mtp);
+    mtp = calloc((size_t)n_mtp + 1, sizeof *mtp);
+    if (!mtp) goto oom;
     if (!d->pool || !d->ones || !d->zeros || !w->layers || !d->experts || !d->mtp) goto oom;
     struct model_tensor *ex = d->experts;
     if (qc) {
@@ -162,7 +187,8 @@ int model_dummy_weights(const struct model_config *c, const struct quant_cfg *qc
          * bytes; scales (at most a group of 8 columns each) in bf16 pools of
          * about 0.02 / 2^(bits-1), so that the weights span what the bf16
          * dummies do */
-        int nmax = 8 * (int)n_all + 1 + n_moe * (3 + 3 * (int)NE);
+        int nmax = 16 * ((int)n_all + n_mtp) + 1 + (n_moe + n_mtp) * (3 + 3 * (int)NE); /* a KDA layer has 9
+                                                                                            projections */
         d->quants = calloc((size_t)nmax, sizeof *d->quants);
         d->gidx = calloc((size_t)nmax, sizeof *d->gidx);
         d->n_bytes = big + 2 * SLACK;
@@ -210,33 +236,77 @@ int model_dummy_weights(const struct model_config *c, const struct quant_cfg *qc
         vec(d, &t->head_norm, "shared_head.norm (dummy)", E, true);
         if ((rc = proj(d, qc, &t->eh_proj, "eh_proj (dummy)", mod, E, 2 * E, err, errlen))) goto fail;
     }
-    for (int l = 0; l < n_all; l++) {
-        struct model_layer_weights *L = &w->layers[l];
+    for (int l = 0; l < n_all + n_mtp; l++) {
+        struct model_layer_weights *L = l < n_all ? &w->layers[l] : &mtp[l - n_all];
+        struct model_layer_kind kind = l < n_all ? model_layer_kind_of(c, l)
+                                                 : (struct model_layer_kind){MODEL_MIXER_MLA, MODEL_FFN_MOE,
+                                                                             MODEL_RESID_PLAIN};
         char mod[7][80];
         static const char *const pn[7] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
                                           "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"};
         for (int i = 0; i < 7; i++) snprintf(mod[i], sizeof mod[i], "model.layers.%d.%s", l, pn[i]);
         vec(d, &L->attn_norm, "attn_norm (dummy)", E, true);
-        if (model_layer_kind_of(c, l).mixer == MODEL_MIXER_MLA) {
-            struct model_mla_weights *A = &L->mla;
-            if (QL > 0) {
-                mat(d, &A->q_a, "q_a_proj (dummy)", QL, E);
-                vec(d, &A->q_a_norm, "q_a_layernorm (dummy)", QL, true);
-                mat(d, &A->q_b, "q_b_proj (dummy)", H * Dq, QL);
-            } else {
-                mat(d, &A->q, "q_proj (dummy)", H * Dq, E);
+        if (kind.resid == MODEL_RESID_HC) {
+            struct model_hc_weights *hs[2] = {&L->hc_attn, &L->hc_ffn};
+            for (int k = 0; k < 2; k++) {
+                mat(d, &hs[k]->fn, "hc_fn (dummy)", (2 + HC) * HC, HC * E);
+                vec(d, &hs[k]->base, "hc_base (dummy)", (2 + HC) * HC, false);
+                vec(d, &hs[k]->scale, "hc_scale (dummy)", 3, true);
             }
-            mat(d, &A->kv_a, "kv_a_proj_with_mqa (dummy)", C + R, E);
+        }
+        if (kind.mixer == MODEL_MIXER_MLA) {
+            struct model_mla_weights *A = &L->mla;
+            char mm[6][96];
+            static const char *const mn[6] = {"q_a_proj", "q_b_proj", "q_proj", "kv_a_proj_with_mqa", "kv_b_proj",
+                                              "o_proj"};
+            for (int i = 0; i < 6; i++) snprintf(mm[i], sizeof mm[i], "model.layers.%d.self_attn.%s", l, mn[i]);
+            if (QL > 0) {
+                if ((rc = proj(d, qc, &A->q_a, "q_a_proj (dummy)", mm[0], QL, E, err, errlen)) ||
+                    (rc = proj(d, qc, &A->q_b, "q_b_proj (dummy)", mm[1], H * Dq, QL, err, errlen)))
+                    goto fail;
+                vec(d, &A->q_a_norm, "q_a_layernorm (dummy)", QL, true);
+            } else if ((rc = proj(d, qc, &A->q, "q_proj (dummy)", mm[2], H * Dq, E, err, errlen))) {
+                goto fail;
+            }
+            if ((rc = proj(d, qc, &A->kv_a, "kv_a_proj_with_mqa (dummy)", mm[3], C + R, E, err, errlen)) ||
+                (rc = proj(d, qc, &A->kv_b, "kv_b_proj (dummy)", mm[4], KB, C, err, errlen)) ||
+                (rc = proj(d, qc, &A->o, "o_proj (dummy)", mm[5], E, H * a->v_head_dim, err, errlen)))
+                goto fail;
             vec(d, &A->kv_a_norm, "kv_a_layernorm (dummy)", C, true);
-            mat(d, &A->kv_b, "kv_b_proj (dummy)", KB, C);
-            mat(d, &A->o, "o_proj (dummy)", E, H * a->v_head_dim);
-            if (a->index_topk > 0 && a->index_full && l < c->n_layer && a->index_full[l]) {
+            if (l < c->n_layer && a->index_topk > 0 && a->index_full && a->index_full[l]) {
                 mat(d, &A->ix_wq_b, "indexer.wq_b (dummy)", IX * ID, QL);
                 mat(d, &A->ix_wk, "indexer.wk (dummy)", ID, E);
                 vec(d, &A->ix_k_norm, "indexer.k_norm (dummy)", ID, true);
                 vec(d, &A->ix_k_norm_b, "indexer.k_norm.bias (dummy)", ID, false);
                 mat(d, &A->ix_weights, "indexer.weights_proj (dummy)", IX, E);
+                if (a->index_kpool > 0) {
+                    mat(d, &A->ix_kpool_ape, "indexer.index_kpool_compress_ape (dummy)", a->index_kpool, ID);
+                    mat(d, &A->ix_kpool_gate, "indexer.index_kpool_compress_gate (dummy)", ID, E);
+                }
             }
+            goto ffn;
+        }
+        if (kind.mixer == MODEL_MIXER_KDA) {
+            /* KDA: every projection as the config quantizes its module, the small tensors bf16 (A_log and
+               dt_bias 0, o_norm 1) */
+            struct model_kda_weights *K = &L->kda;
+            /* the in-memory module names a quantization_config's targets and ignore use (forget_gate.*) */
+            static const char *const kn[9] = {"q_proj", "k_proj", "v_proj", "forget_gate.f_a_proj",
+                                              "forget_gate.f_b_proj", "b_proj", "g_a_proj", "g_b_proj", "o_proj"};
+            struct model_tensor *kt[9] = {&K->q, &K->k, &K->v, &K->f_a, &K->f_b, &K->b, &K->g_a, &K->g_b, &K->o};
+            const int64_t kr[9] = {KC, KC, KC, KD, KC, KH, KD, KC, E}, kcol[9] = {E, E, E, E, KD, E, E, KD, KC};
+            for (int i = 0; i < 9; i++) {
+                char km[96];
+                snprintf(km, sizeof km, "model.layers.%d.self_attn.%s", l, kn[i]);
+                static const char *const dn[9] = {"kda q_proj (dummy)", "kda k_proj (dummy)", "kda v_proj (dummy)",
+                                                  "kda f_a_proj (dummy)", "kda f_b_proj (dummy)", "kda b_proj (dummy)",
+                                                  "kda g_a_proj (dummy)", "kda g_b_proj (dummy)", "kda o_proj (dummy)"};
+                if ((rc = proj(d, qc, kt[i], dn[i], km, kr[i], kcol[i], err, errlen))) goto fail;
+            }
+            for (int i = 0; i < 3; i++) mat(d, &K->conv[i], "kda conv1d (dummy)", KC, c->kda.conv_kernel);
+            vec(d, &K->dt_bias, "kda dt_bias (dummy)", KC, false);
+            vec(d, &K->A_log, "kda A_log (dummy)", KH, false);
+            vec(d, &K->o_norm, "kda o_norm (dummy)", KD, true);
             goto ffn;
         }
         if ((rc = proj(d, qc, &L->wq, "attn_q (dummy)", mod[0], Q, E, err, errlen)) ||
@@ -255,7 +325,7 @@ int model_dummy_weights(const struct model_config *c, const struct quant_cfg *qc
         }
     ffn:
         vec(d, &L->ffn_norm, "ffn_norm (dummy)", E, true);
-        if (model_layer_kind_of(c, l).ffn == MODEL_FFN_MOE) {
+        if (kind.ffn == MODEL_FFN_MOE) {
             struct model_moe_weights *mw = &L->moe;
             char mn[3][160];
             mat(d, &mw->router, "ffn_gate_inp (dummy)", NE, E);
@@ -287,11 +357,33 @@ int model_dummy_weights(const struct model_config *c, const struct quant_cfg *qc
             (rc = proj(d, qc, &L->w_down, "ffn_down (dummy)", mod[6], E, F, err, errlen)))
             goto fail;
     }
+    for (int i = 0; i < n_mtp; i++) {
+        /* the module's decoder layer, then enorm, hnorm, eh_proj [E][2E] and shared_head (norm, head [V][E]) */
+        const struct model_layer_weights *L = &mtp[i];
+        const struct model_mla_weights *A = &L->mla;
+        const struct model_tensor *t[] = {&L->attn_norm, &L->ffn_norm, &A->q_a, &A->q_a_norm, &A->q_b, &A->q,
+                                          &A->kv_a, &A->kv_a_norm, &A->kv_b, &A->o, &L->moe.router,
+                                          &L->moe.router_bias, &L->moe.sh_gate, &L->moe.sh_up, &L->moe.sh_down};
+        for (size_t k = 0; k < sizeof t / sizeof *t; k++)
+            if (t[k]->data) w->mtp_bytes += held_bytes(t[k]), w->mtp_tensors++;
+        for (int e = 0; e < NE; e++) {
+            w->mtp_bytes += held_bytes(&L->moe.gate[e]) + held_bytes(&L->moe.up[e]) + held_bytes(&L->moe.down[e]);
+            w->mtp_tensors += 3;
+        }
+        char mod[96];
+        struct model_tensor eh;
+        snprintf(mod, sizeof mod, "model.layers.%d.eh_proj", (int)n_all + i);
+        if ((rc = proj(d, qc, &eh, "eh_proj (dummy)", mod, E, 2 * E, err, errlen))) goto fail;
+        w->mtp_bytes += held_bytes(&eh) + (size_t)(3 * E) * 2 + (size_t)(V * E) * 2;
+        w->mtp_tensors += 5;
+    }
+    free(mtp);
     *owner = d;
     return 0;
 oom:
     snprintf(err, errlen, "out of memory for dummy weights");
 fail:
+    free(mtp);
     model_dummy_free(d);
     return rc;
 }

@@ -19,8 +19,11 @@ int64_t model_kv_token_elems(const struct model_config *c, int layer)
     case MODEL_MIXER_MLA: {
         const struct model_mla_config *a = &c->mla;
         bool ix = a->index_topk > 0 && a->index_full && layer < c->n_layer && a->index_full[layer];
-        return (int64_t)a->kv_lora_rank + a->qk_rope_head_dim + (ix ? a->index_head_dim : 0);
+        /* k-pools keep each token's gate scores beside its key (a pool's key is built once it is whole) */
+        int64_t per = a->index_kpool > 0 ? 2 * (int64_t)a->index_head_dim : a->index_head_dim;
+        return (int64_t)a->kv_lora_rank + a->qk_rope_head_dim + (ix ? per : 0);
     }
+    case MODEL_MIXER_KDA: return 0; /* a state per sequence instead (model_state_layer_elems) */
     }
     return 0;
 }
@@ -117,23 +120,26 @@ static int mla_yarn(const json_doc *d, int rp, struct model_config *c, double *s
     return 0;
 }
 
-int mla_hf_config(const json_doc *d, int rp, struct model_config *c, uint8_t **index_full, char *err, size_t errlen)
+int mla_hf_config(const json_doc *d, int obj, int rp, struct model_config *c, uint8_t **index_full, char *err,
+                  size_t errlen)
 {
     struct model_mla_config *a = &c->mla;
-    bool glm = c->arch == MODEL_ARCH_GLM_MOE_DSA;
+    bool g5 = c->arch == MODEL_ARCH_GLM5_NEXT, glm = c->arch == MODEL_ARCH_GLM_MOE_DSA || g5;
     int rc, ql = 0, dense = 0, n_ix_types = 0;
     *index_full = NULL;
     memset(a, 0, sizeof *a);
-    if ((rc = get_int(d, 0, "kv_lora_rank", 512, 1, &a->kv_lora_rank, err, errlen)) ||
-        (rc = get_int(d, 0, "q_lora_rank", 0, 0, &ql, err, errlen)) ||
-        (rc = get_int(d, 0, "qk_nope_head_dim", 128, 1, &a->qk_nope_head_dim, err, errlen)) ||
-        (rc = get_int(d, 0, "qk_rope_head_dim", 64, 0, &a->qk_rope_head_dim, err, errlen)) ||
-        (rc = get_int(d, 0, "v_head_dim", 128, 1, &a->v_head_dim, err, errlen)) ||
-        (rc = get_int(d, 0, "first_k_dense_replace", glm ? 3 : 3, 0, &dense, err, errlen)))
+    /* Glm5NextTextConfig's defaults where they differ */
+    if ((rc = get_int(d, obj, "kv_lora_rank", 512, 1, &a->kv_lora_rank, err, errlen)) ||
+        (rc = get_int(d, obj, "q_lora_rank", g5 ? 1536 : 0, 0, &ql, err, errlen)) ||
+        (rc = get_int(d, obj, "qk_nope_head_dim", g5 ? 256 : 128, 1, &a->qk_nope_head_dim, err, errlen)) ||
+        (rc = get_int(d, obj, "qk_rope_head_dim", g5 ? 0 : 64, 0, &a->qk_rope_head_dim, err, errlen)) ||
+        (rc = get_int(d, obj, "v_head_dim", g5 ? 256 : 128, 1, &a->v_head_dim, err, errlen)) ||
+        (rc = get_int(d, obj, "first_k_dense_replace", glm ? 3 : 3, 0, &dense, err, errlen)) ||
+        (g5 && (rc = get_int(d, obj, "num_nextn_predict_layers", 0, 0, &a->n_mtp_layers, err, errlen))))
         return rc;
     a->q_lora_rank = ql;
     if (glm && ql == 0) {
-        sl_seterr(err, errlen, "config.json: glm_moe_dsa needs q_lora_rank");
+        sl_seterr(err, errlen, "config.json: %s needs q_lora_rank", model_arch_name(c->arch));
         return SL_EFORMAT;
     }
     if (a->qk_rope_head_dim % 2) {
@@ -141,7 +147,7 @@ int mla_hf_config(const json_doc *d, int rp, struct model_config *c, uint8_t **i
         return SL_EFORMAT;
     }
     bool bias = false, inter = true;
-    int bi = json_get(d, 0, "attention_bias"), ri = json_get(d, 0, "rope_interleave");
+    int bi = json_get(d, obj, "attention_bias"), ri = json_get(d, obj, "rope_interleave");
     if ((bi >= 0 && !json_is_null(d, bi) && json_bool(d, bi, &bias) != 0) ||
         (ri >= 0 && !json_is_null(d, ri) && json_bool(d, ri, &inter) != 0)) {
         sl_seterr(err, errlen, "config.json: attention_bias and rope_interleave must be true or false");
@@ -152,14 +158,17 @@ int mla_hf_config(const json_doc *d, int rp, struct model_config *c, uint8_t **i
         return SL_EUNSUP;
     }
     a->rope_interleave = glm ? true : inter; /* GlmMoeDsaAttention always interleaves */
-    a->latent_norm_eps = 1e-6f;
+    /* q_a_layernorm, kv_a_layernorm: their own default 1e-6, but glm5_next builds them with rms_norm_eps */
+    a->latent_norm_eps = g5 ? c->norm_eps : 1e-6f;
     a->rope_attn_factor = 1.0f;
 
     /* every FFN of the leading first_k_dense_replace layers is dense
      * (glm_moe_dsa: mlp_layer_types, when given, must say the same shape) */
     a->n_dense_layers = dense < c->n_layer ? dense : c->n_layer;
-    int mt = json_get(d, 0, "mlp_layer_types");
-    if (mt >= 0 && json_is_arr(d, mt)) {
+    int mt = json_get(d, obj, "mlp_layer_types");
+    if (g5) {
+        a->n_dense_layers = 0; /* mlp_layer_types alone decides, layer by layer (moe_hf_config) */
+    } else if (mt >= 0 && json_is_arr(d, mt)) {
         int n = json_size(d, mt), k = 0;
         while (k < n && json_str_eq(d, json_at(d, mt, k), "dense")) k++;
         for (int j = k; j < n; j++)
@@ -172,7 +181,7 @@ int mla_hf_config(const json_doc *d, int rp, struct model_config *c, uint8_t **i
     }
 
     double mult = 1.0;
-    if (rp >= 0) {
+    if (rp >= 0 && !g5) { /* glm5_next has no RoPE, whatever rope_parameters say */
         int t = json_get(d, rp, "rope_type");
         if (t < 0) t = json_get(d, rp, "type");
         if (t >= 0 && json_str_eq(d, t, "yarn") && (rc = mla_yarn(d, rp, c, &mult, err, errlen))) return rc;
@@ -180,12 +189,28 @@ int mla_hf_config(const json_doc *d, int rp, struct model_config *c, uint8_t **i
     a->softmax_scale = (float)(1.0 / sqrt((double)(a->qk_nope_head_dim + a->qk_rope_head_dim)) * mult);
 
     if (glm) {
-        if ((rc = get_int(d, 0, "index_topk", 2048, 1, &a->index_topk, err, errlen)) ||
-            (rc = get_int(d, 0, "index_n_heads", 32, 1, &a->index_n_heads, err, errlen)) ||
-            (rc = get_int(d, 0, "index_head_dim", 128, 1, &a->index_head_dim, err, errlen)))
+        if ((rc = get_int(d, obj, "index_topk", 2048, 1, &a->index_topk, err, errlen)) ||
+            (rc = get_int(d, obj, "index_n_heads", 32, 1, &a->index_n_heads, err, errlen)) ||
+            (rc = get_int(d, obj, "index_head_dim", 128, 1, &a->index_head_dim, err, errlen)))
             return rc;
-        int ti = json_get(d, 0, "index_topk");
+        int ti = json_get(d, obj, "index_topk");
         if (ti >= 0 && json_is_null(d, ti)) a->index_topk = 0;
+        if (g5) {
+            /* k-pools (Glm5NextTextIndexer); transformers refuses a budget that is not whole pools */
+            if ((rc = get_int(d, obj, "index_kpool", 16, 1, &a->index_kpool, err, errlen))) return rc;
+            bool tail = true;
+            int tt = json_get(d, obj, "index_kpool_always_select_tail");
+            if (tt >= 0 && !json_is_null(d, tt) && json_bool(d, tt, &tail) != 0) {
+                sl_seterr(err, errlen, "config.json: index_kpool_always_select_tail must be true or false");
+                return SL_EFORMAT;
+            }
+            a->index_kpool_tail = tail;
+            if (a->index_topk > 0 && a->index_topk % a->index_kpool) {
+                sl_seterr(err, errlen, "config.json: index_topk %d is not a multiple of index_kpool %d", a->index_topk,
+                          a->index_kpool);
+                return SL_EFORMAT;
+            }
+        }
         if (a->index_head_dim < a->qk_rope_head_dim) {
             sl_seterr(err, errlen, "config.json: index_head_dim %d is smaller than qk_rope_head_dim %d",
                       a->index_head_dim, a->qk_rope_head_dim);
@@ -195,14 +220,21 @@ int mla_hf_config(const json_doc *d, int rp, struct model_config *c, uint8_t **i
         if (!f) return SL_ENOMEM;
         /* indexer_types, else the pattern from index_topk_freq / index_skip_topk_offset
          * (GlmMoeDsaConfig.__post_init__: full where max(i - offset + 1, 0) % freq == 0) */
-        int it = json_get(d, 0, "indexer_types"), freq = 1, off = 2;
+        int it = json_get(d, obj, "indexer_types"), freq = 1, off = 2;
         if (it >= 0 && json_is_arr(d, it)) {
             n_ix_types = json_size(d, it);
             for (int l = 0; l < c->n_layer && l < n_ix_types; l++) f[l] = json_str_eq(d, json_at(d, it, l), "full");
         }
+        int pt = json_get(d, obj, "index_topk_pattern"); /* glm5_next: "FSSF...", F full, S shared */
+        if (n_ix_types == 0 && pt >= 0 && json_is_str(d, pt)) {
+            char pat[4096];
+            int pn = json_str(d, pt, pat, sizeof pat);
+            for (int l = 0; l < c->n_layer && l < pn; l++) f[l] = pat[l] == 'F';
+            n_ix_types = pn > 0 ? pn : 0;
+        }
         if (n_ix_types == 0) {
-            if ((rc = get_int(d, 0, "index_topk_freq", 1, 1, &freq, err, errlen)) ||
-                (rc = get_int(d, 0, "index_skip_topk_offset", 2, 0, &off, err, errlen))) {
+            if ((rc = get_int(d, obj, "index_topk_freq", 1, 1, &freq, err, errlen)) ||
+                (rc = get_int(d, obj, "index_skip_topk_offset", 2, 0, &off, err, errlen))) {
                 free(f);
                 return rc;
             }
@@ -255,7 +287,50 @@ int mla_bind_layer(const struct model_config *c, int l, int fl, mla_get_fn get, 
         T(ix_k_norm, "indexer.k_norm.weight", 0, ID);
         T(ix_k_norm_b, "indexer.k_norm.bias", 0, ID);
         T(ix_weights, "indexer.weights_proj.weight", IH, E);
+        if (a->index_kpool > 0) {
+            /* parameters, not nn.Linear: no ".weight", never quantized */
+            T(ix_kpool_ape, "indexer.index_kpool_compress_ape", a->index_kpool, ID);
+            T(ix_kpool_gate, "indexer.index_kpool_compress_gate", ID, E);
+        }
     }
 #undef T
+    return 0;
+}
+
+int mla_count_mtp(const struct model_config *c, int first, const char *prefix_text, const st_set *st, mla_get_fn get,
+                  void *ctx, int *n_tensors, size_t *n_bytes, char *err, size_t errlen)
+{
+    int64_t E = c->n_embd;
+    *n_tensors = 0;
+    *n_bytes = 0;
+    for (int i = 0; i < c->mla.n_mtp_layers; i++) {
+        int l = first + i, rc;
+        char name[256], prefix[128];
+        const struct { const char *suffix; int64_t rows, cols; } need[] = {
+            {"enorm.weight", 0, E}, {"hnorm.weight", 0, E}, {"eh_proj.weight", E, 2 * E},
+        };
+        for (size_t k = 0; k < sizeof need / sizeof *need; k++) {
+            struct model_tensor t;
+            snprintf(name, sizeof name, "model.layers.%d.%s", l, need[k].suffix);
+            rc = get(ctx, name, need[k].rows, need[k].cols, true, &t, err, errlen);
+            if (rc) return rc;
+            if (!t.data) {
+                sl_seterr(err, errlen,
+                          "num_nextn_predict_layers is %d but %s is missing (--hf-overrides "
+                          "'{\"num_nextn_predict_layers\": 0}' loads the model without its MTP layers)",
+                          c->mla.n_mtp_layers, name);
+                return SL_EFORMAT;
+            }
+        }
+        snprintf(prefix, sizeof prefix, "%slayers.%d.", prefix_text, l);
+        size_t pl = strlen(prefix);
+        for (int k = 0; st && k < st_n_tensors(st); k++) {
+            const struct st_tensor *t = st_tensor_at(st, k);
+            if (strncmp(t->name, prefix, pl) == 0) {
+                (*n_tensors)++;
+                *n_bytes += t->nbytes;
+            }
+        }
+    }
     return 0;
 }

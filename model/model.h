@@ -129,6 +129,7 @@ enum model_arch {
     MODEL_ARCH_LLAMA, MODEL_ARCH_QWEN2, MODEL_ARCH_QWEN3, MODEL_ARCH_MISTRAL,
     MODEL_ARCH_DEEPSEEK_V3, MODEL_ARCH_GLM_MOE_DSA, /* MLA layers (struct model_mla_config) */
     MODEL_ARCH_QWEN3_MOE, MODEL_ARCH_GLM4_MOE, MODEL_ARCH_QWEN2_MOE,
+    MODEL_ARCH_GLM5_NEXT, /* GLM-5.3-Flash: KDA + MLA layers, hyper-connections (model/glm5.c) */
 };
 
 enum model_rope {
@@ -155,11 +156,30 @@ struct model_mla_config {
     int yarn_orig_ctx;
     bool yarn_truncate;
     int n_dense_layers;         /* leading layers with a dense FFN; the rest are the MoE kind's */
+    int n_mtp_layers;           /* glm5_next's num_nextn_predict_layers, stored after the last layer: loaded
+                                   and counted, not run (its drafts are not wired); 0 = none/off. The other
+                                   MTP models' layers are model_config.n_mtp_layer, in the plan */
     /* DSA indexer (glm_moe_dsa): each query attends to its index_topk best-scored keys */
     int index_topk;             /* 0: off (index_topk null): dense MLA, the indexer's tensors skipped */
     int index_n_heads, index_head_dim;
     const uint8_t *index_full;  /* [n_layer]: 1 runs its own indexer, 0 reuses the previous full layer's
                                    choice (indexer_types "shared"); owned by the model */
+    /* glm5_next's indexer scores pools of index_kpool consecutive keys (each pool's key a softmax-weighted
+     * mean of its tokens' keys), picks index_topk / index_kpool pools and, with index_kpool_tail, the
+     * query's own incomplete pool; 0: every key scored alone (glm_moe_dsa) */
+    int index_kpool;
+    bool index_kpool_tail;
+};
+
+/* Manifold-constrained hyper-connections (mHC, glm5_next): the residual is
+ * `mult` streams per token; before each block a site collapses them (sigmoid
+ * pre weights), after it writes the block's output back (2 sigmoid post
+ * weights) mixed with the streams through a Sinkhorn-normalised softmax comb
+ * (transformers' Glm5NextTextHyperConnection); the head takes their mean. */
+struct model_hc_config {
+    int mult;                   /* hc_mult streams; 0: a plain residual */
+    int sinkhorn_iters;         /* hc_sinkhorn_iters */
+    float eps;                  /* hc_eps */
 };
 
 /* How an MoE layer routes a token (model/moe.c; the reference is transformers'
@@ -184,6 +204,24 @@ struct model_moe_config {
     float scale;           /* routed_scaling_factor: the routed sum is weighed by it (1 for softmax) */
     int n_group, topk_group; /* group-limited choice (1, 1: off) */
     float swiglu_limit;    /* every SwiGLU of the model clamps gate <= limit, |up| <= limit; 0: off */
+};
+
+/* Kimi delta attention, KDA (glm5_next's linear_attention layers; model/kda.c,
+ * the CPU step model/cpu_kda.c; the reference is transformers'
+ * Glm5NextTextLinearAttention). Per token: q, k, v projections through a short
+ * causal depthwise convolution over q|k|v with SiLU, q and k L2-normalised
+ * per head; a per-channel forget gate from f_b(f_a(x)) + dt_bias and A_log;
+ * beta = sigmoid(b(x)); the delta rule on a head_dim x head_dim state per
+ * head; the output RMS-normed per head and gated by sigmoid(g_b(g_a(x))).
+ * Nothing is kept per token: a sequence keeps a fixed-size state per layer
+ * (model_state_layer_elems) in a state slot. */
+struct model_kda_config {
+    int n_head;            /* linear_num_heads; 0: the model has no KDA layers */
+    int head_dim;          /* linear_head_dim (keys and values alike) */
+    int conv_kernel;       /* linear_conv_kernel_dim: taps of the causal conv (>= 1) */
+    bool has_lower_bound;  /* linear_lower_bound not null: the log-decay is lower_bound * sigmoid(exp(A_log) g);
+                              else -exp(A_log) softplus(g) */
+    float lower_bound;
 };
 
 struct model_config {
@@ -212,6 +250,8 @@ struct model_config {
      * model_weights.layers, with their own parts in model_weights.mtp. 0: none, or switched off
      * (--hf-overrides '{"num_nextn_predict_layers": 0}': nothing of them is loaded). */
     int n_mtp_layer;
+    struct model_kda_config kda; /* MODEL_MIXER_KDA layers; zero otherwise */
+    struct model_hc_config hc;   /* MODEL_RESID_HC layers; zero otherwise */
 };
 
 /* The decoder layers and the MTP layers after them: the length of the plan
@@ -226,19 +266,25 @@ static inline int model_n_layer_all(const struct model_config *c) { return c->n_
 enum model_mixer {
     MODEL_MIXER_GQA, /* grouped-query attention: K and V per KV head in the paged pool */
     MODEL_MIXER_MLA, /* multi-head latent attention: one latent + rope key per token (model_mla_config) */
+    MODEL_MIXER_KDA, /* KDA linear attention: nothing per token, a recurrent state per sequence (model_kda_config) */
 };
 enum model_ffn {
     MODEL_FFN_DENSE, /* down(silu(gate(x)) * up(x)) */
     MODEL_FFN_MOE,   /* routed experts (+ shared experts): model/moe.c, config in model_config.moe */
 };
+enum model_resid {
+    MODEL_RESID_PLAIN, /* x += block(norm(x)) */
+    MODEL_RESID_HC,    /* hyper-connection streams around each block (model_hc_config) */
+};
 struct model_layer_kind {
     enum model_mixer mixer;
     enum model_ffn ffn;
+    enum model_resid resid;
 };
 static inline struct model_layer_kind model_layer_kind_of(const struct model_config *c, int layer)
 {
     if (c->layer_kind) return c->layer_kind[layer];
-    return (struct model_layer_kind){MODEL_MIXER_GQA, MODEL_FFN_DENSE};
+    return (struct model_layer_kind){MODEL_MIXER_GQA, MODEL_FFN_DENSE, MODEL_RESID_PLAIN};
 }
 const char *model_mixer_name(enum model_mixer k);
 /* Values one token keeps in layer l's paged KV entry: GQA 2 n_kv_heads
@@ -247,6 +293,13 @@ const char *model_mixer_name(enum model_mixer k);
  * sum over layers times its element size, so the pool sizing follows the
  * plan of layers. l may be an MTP layer (n_layer <= l < model_n_layer_all). */
 int64_t model_kv_token_elems(const struct model_config *c, int layer);
+/* f32 values one sequence keeps in layer l's recurrent state: KDA n_head
+ * head_dim^2 (a state matrix per head) + (conv_kernel - 1) 3 n_head head_dim
+ * (the conv's last inputs); 0 for a layer without one. */
+int64_t model_state_layer_elems(const struct model_config *c, int layer);
+/* Bytes of one sequence's recurrent state over every layer (f32): the size
+ * of a state slot; 0 when the model has no recurrent layer. */
+size_t model_state_bytes(const struct model_config *c);
 const char *model_ffn_name(enum model_ffn k);
 /* The plan in words, runs of equal layers folded: "0: gqa + dense; 1-3: gqa +
  * moe 16 experts top-4 (+1 shared)". Returns the length needed (NUL written
@@ -279,6 +332,29 @@ struct model_mla_weights {
     struct model_tensor ix_wk;                /* [ixD][E] */
     struct model_tensor ix_k_norm, ix_k_norm_b; /* LayerNorm [ixD] weight and bias */
     struct model_tensor ix_weights;           /* [ixH][E] */
+    struct model_tensor ix_kpool_ape, ix_kpool_gate; /* index_kpool > 0: [kpool][ixD], [ixD][E] */
+};
+
+/* One hyper-connection site (mHC): fn [(2 + hc) hc][hc E], base [(2 + hc) hc], scale [3]. */
+struct model_hc_weights {
+    struct model_tensor fn, base, scale;
+};
+
+/* A KDA layer's weights (rows x cols as [out][in]); C = n_head head_dim,
+ * D = head_dim, H = n_head, K = conv_kernel. Each matrix decides its own
+ * format (dense or packed). */
+struct model_kda_weights {
+    struct model_tensor q, k, v;              /* [C][E] each */
+    struct model_tensor conv[3];              /* the q, k, v parts of the depthwise conv, [C][K] each: the
+                                                 file's q/k/v_conv1d [C][1][K], or thirds of a fused
+                                                 conv1d [3C][1][K] */
+    struct model_tensor f_a, f_b;             /* [D][E], [C][D]: the forget gate */
+    struct model_tensor dt_bias;              /* [C] */
+    struct model_tensor A_log;                /* [H] */
+    struct model_tensor b;                    /* [H][E]: beta */
+    struct model_tensor g_a, g_b;             /* [D][E], [C][D]: the output gate */
+    struct model_tensor o_norm;               /* [D], shared by every head */
+    struct model_tensor o;                    /* [E][C] */
 };
 
 struct model_layer_weights {
@@ -289,7 +365,9 @@ struct model_layer_weights {
     struct model_tensor ffn_norm;             /* [n_embd] */
     struct model_tensor w_gate, w_up, w_down; /* [n_ff][n_embd] x2, [n_embd][n_ff] */
     struct model_mla_weights mla;             /* MODEL_MIXER_MLA layers (wq..bv unused there) */
+    struct model_kda_weights kda;             /* MODEL_MIXER_KDA layers (wq..bv unused there) */
     struct model_moe_weights moe;             /* MODEL_FFN_MOE layers only (then no w_gate/up/down) */
+    struct model_hc_weights hc_attn, hc_ffn;  /* MODEL_RESID_HC layers: the sites before the mixer and the FFN */
 };
 
 /* One MTP module's own parts (transformers' MtpLayer): for the token t at
@@ -413,6 +491,9 @@ size_t model_weight_formats(const model *m, char *out, size_t cap);
  * cannot run them yet. */
 const struct model_tensor *model_first_packed(const model *m);
 const struct model_weights *model_get_weights(const model *m);
+/* Bytes of every weight the model holds (MTP modules included), as
+ * stored: what the weights take in memory. */
+size_t model_weight_bytes(const model *m);
 const model_tok *model_get_tok(const model *m);
 /* The chat template text from the checkpoint, or NULL. Borrowed. */
 const char *model_chat_template(const model *m);

@@ -40,6 +40,9 @@ static const struct moe_family families[] = {
     {"glm4_moe", MODEL_ROUTER_SIGMOID, 128, 8, 1408, 1, 1, 1, 1, 1.0f, true},
     {"deepseek_v3", MODEL_ROUTER_SIGMOID, 256, 8, 2048, 1, 8, 4, 3, 2.5f, true},
     {"qwen2_moe", MODEL_ROUTER_SOFTMAX, 60, 4, 1408, 0, 1, 1, 0, 1.0f, false},
+    /* Glm5NextTextConfig (its text_config, or a flat config); mlp_layer_types decides per layer */
+    {"glm5_next_text", MODEL_ROUTER_SIGMOID, 288, 8, 2048, 1, 1, 1, 3, 2.5f, true},
+    {"glm5_next", MODEL_ROUTER_SIGMOID, 288, 8, 2048, 1, 1, 1, 3, 2.5f, true},
 };
 
 static int get_int(const json_doc *d, int obj, const char *key, int def, int lo, int hi, int *out, char *err,
@@ -92,8 +95,9 @@ int moe_hf_config(const json_doc *d, int obj, struct model_config *c, bool **spa
         if (json_str_eq(d, mt, families[i].model_type)) f = &families[i];
     int rc, L = c->n_layer;
     float limit = 0;
-    /* GLM-5.3's clamp applies to every SwiGLU, dense layers included */
-    if ((rc = get_float(d, obj, "swiglu_limit", 0.0f, &limit, err, errlen))) return rc;
+    /* GLM-5.3's clamp applies to every SwiGLU, dense layers included (Glm5NextTextConfig's default 10) */
+    bool g5 = f && strncmp(f->model_type, "glm5_next", 9) == 0;
+    if ((rc = get_float(d, obj, "swiglu_limit", g5 ? 10.0f : 0.0f, &limit, err, errlen))) return rc;
     c->moe.swiglu_limit = limit;
     if (!f) return 0;
     struct model_moe_config *m = &c->moe;

@@ -37,17 +37,23 @@ static int apply(struct model_config *c, const json_doc *d, int obj, const char 
                 if (json_i64(d, v, &iv) || iv < 1 || iv > INT32_MAX) goto bad;
                 c->mla.index_topk = (int)iv;
             }
+        } else if ((!strcmp(key, "index_n_heads") || !strcmp(key, "index_head_dim") || !strcmp(key, "index_kpool")) &&
+                   c->mla.index_n_heads > 0 && json_is_null(d, v)) {
+            /* the indexer's shape made null: no indexer, as index_topk null says */
+            c->mla.index_topk = 0;
         } else if (!strcmp(key, "num_nextn_predict_layers")) {
+            /* glm5_next counts its MTP layers apart (mla.n_mtp_layers: loaded, not run) */
+            int *n_mtp = c->arch == MODEL_ARCH_GLM5_NEXT ? &c->mla.n_mtp_layers : &c->n_mtp_layer;
             if (json_is_null(d, v)) {
-                c->n_mtp_layer = 0;
+                *n_mtp = 0;
             } else {
                 if (json_i64(d, v, &iv) || iv < 0) goto bad;
-                if (iv > c->n_mtp_layer) {
+                if (iv > *n_mtp) {
                     snprintf(err, errlen, "--hf-overrides: %s=%lld exceeds the %d MTP layers the checkpoint has", full,
-                             (long long)iv, c->n_mtp_layer);
+                             (long long)iv, *n_mtp);
                     return SL_EINVAL;
                 }
-                c->n_mtp_layer = (int)iv;
+                *n_mtp = (int)iv;
             }
         } else if (json_is_null(d, v)) {
             ignored(full, "null switches off a feature this model does not have");

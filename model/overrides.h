@@ -9,7 +9,8 @@
 
 /* Applies the JSON object json to c: keys sluice's config has (HF names:
  * max_position_embeddings, rope_theta, rms_norm_eps, num_hidden_layers (only
- * lowered), sliding_window, index_topk (null: the DSA indexer off, dense MLA),
+ * lowered), sliding_window, index_topk (null: the DSA indexer off, dense MLA;
+ * index_n_heads, index_head_dim or index_kpool null say the same),
  * num_nextn_predict_layers (only lowered; 0 or null: MTP layers not loaded), ...) take effect; "text_config" is applied the
  * same way (multimodal configs nest the text model there); every other key
  * is reported on stderr as ignored, one line each, saying why. Returns 0, or

@@ -1020,8 +1020,15 @@ int quant_load_weight(const st_set *st, const struct quant_cfg *qc, const char *
                       int64_t cols, struct model_tensor *t, struct model_quant *q, char *fname, size_t fcap,
                       char *err, size_t errlen)
 {
+    return quant_load_weight_as(st, qc, module, module, linear, rows, cols, t, q, fname, fcap, err, errlen);
+}
+
+int quant_load_weight_as(const st_set *st, const struct quant_cfg *qc, const char *module, const char *claim,
+                         bool linear, int64_t rows, int64_t cols, struct model_tensor *t, struct model_quant *q,
+                         char *fname, size_t fcap, char *err, size_t errlen)
+{
     struct claim c = {0};
-    if (qc) config_claim(qc, module, linear, &c);
+    if (qc) config_claim(qc, claim, linear, &c);
     memset(q, 0, sizeof *q);
     q->rows = rows;
     q->cols = cols;

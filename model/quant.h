@@ -38,6 +38,12 @@ void quant_cfg_free(struct quant_cfg *qc);
 int quant_load_weight(const st_set *st, const struct quant_cfg *qc, const char *module, bool linear, int64_t rows,
                       int64_t cols, struct model_tensor *t, struct model_quant *q, char *file_name,
                       size_t file_name_cap, char *err, size_t errlen);
+/* The same, the config consulted under `claim` (the in-memory module path
+ * the config's targets and ignore name, where the file's name differs:
+ * glm5_next's self_attn.f_a_proj is transformers' self_attn.forget_gate.f_a_proj). */
+int quant_load_weight_as(const st_set *st, const struct quant_cfg *qc, const char *module, const char *claim,
+                         bool linear, int64_t rows, int64_t cols, struct model_tensor *t, struct model_quant *q,
+                         char *file_name, size_t file_name_cap, char *err, size_t errlen);
 
 /* What the config says of module `module` (linear: an nn.Linear), for
  * --load-format dummy, which has no file to decide from: 1 with its scheme

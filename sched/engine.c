@@ -189,6 +189,62 @@ static void cost_prior(const model_backend *be, struct sched_config *c)
 
 static void *engine_main(void *arg);
 
+/* How the KV budget is shared when the model has recurrent layers. */
+struct state_plan {
+    size_t bytes;     /* one state slot (0: no recurrent layers) */
+    int seq, snap;    /* slots for running sequences; snapshot slots (the grid's are added once the blocks
+                         are known) */
+    int every;        /* blocks between grid snapshots */
+    size_t kv_bytes;  /* what is left of the budget for the blocks and the grid's snapshots, as bytes of
+                         blocks */
+};
+
+/* A state slot per running sequence comes off the budget first; with the
+ * prefix cache, one snapshot per sequence for the end of its prompt, and one
+ * per `every` blocks of the pool for the grid: each block is charged its
+ * share of a snapshot. */
+static int plan_states(model_backend *be, const struct sched_engine_opts *o, size_t block_bytes,
+                       struct state_plan *st, char *err, size_t errlen)
+{
+    const struct model_config *mc = be->m ? model_get_config(be->m) : NULL;
+    memset(st, 0, sizeof *st);
+    st->kv_bytes = o->kv_cache_bytes;
+    if (!mc || model_state_bytes(mc) == 0) return 0;
+    st->bytes = be->ops->state_slot_bytes ? be->ops->state_slot_bytes(be) : 0;
+    if (st->bytes == 0) {
+        snprintf(err, errlen, "the %s backend does not run this model's recurrent (linear-attention) layers",
+                 be->ops->name);
+        return SL_EUNSUP;
+    }
+    int bs = o->sched.block_size;
+    if (o->mamba_block_size < 0 || o->mamba_block_size % bs) {
+        snprintf(err, errlen, "--mamba-block-size %d must be a positive multiple of --block-size %d (or 0: auto)",
+                 o->mamba_block_size, bs);
+        return SL_EINVAL;
+    }
+    st->every = o->mamba_block_size > 0 ? o->mamba_block_size / bs
+                                        : (int)((st->bytes + block_bytes - 1) / (block_bytes ? block_bytes : 1));
+    if (st->every < 1) st->every = 1;
+    st->seq = o->sched.max_num_seqs;
+    st->snap = o->enable_prefix_caching ? st->seq : 0;
+    if (o->kv_blocks > 0) { /* an exact pool (tests): room for the grid of every block */
+        if (o->enable_prefix_caching) st->snap += o->kv_blocks / st->every + 1;
+        return 0;
+    }
+    size_t fixed = (size_t)(st->seq + st->snap) * st->bytes;
+    if (fixed >= o->kv_cache_bytes) {
+        snprintf(err, errlen,
+                 "the recurrent state of %d sequences (--max-num-seqs%s, %.3g MiB each) does not fit the KV cache "
+                 "budget of %.1f MiB: lower --max-num-seqs or raise --kv-cache-memory / --gpu-memory-utilization",
+                 st->seq, o->enable_prefix_caching ? ", and as many prompt-end snapshots" : "",
+                 st->bytes / 1048576.0, o->kv_cache_bytes / 1048576.0);
+        return SL_EINVAL;
+    }
+    double per_block = (double)block_bytes + (o->enable_prefix_caching ? (double)st->bytes / st->every : 0.0);
+    st->kv_bytes = (size_t)((double)(o->kv_cache_bytes - fixed) / per_block * (double)block_bytes);
+    return 0;
+}
+
 sched_engine *sched_engine_create(model_backend *be, const struct sched_engine_opts *opts, char *err,
                                   size_t errlen)
 {
@@ -205,6 +261,12 @@ sched_engine *sched_engine_create(model_backend *be, const struct sched_engine_o
         return NULL;
     }
     const struct sched_spec_config *sp = &o.sched.spec;
+    if (sp->method != SCHED_SPEC_NONE && mc && model_state_bytes(mc) > 0) {
+        /* a rejected draft would leave the recurrent state past the last accepted token */
+        snprintf(err, errlen, "--speculative-config: speculative decoding is not supported yet for models with "
+                              "linear-attention (KDA) layers");
+        return NULL;
+    }
     if (sp->method == SCHED_SPEC_MTP && (!mc || mc->n_mtp_layer <= 0)) {
         snprintf(err, errlen, "--speculative-config: method mtp needs a model with MTP layers "
                               "(num_nextn_predict_layers > 0); this one has none (method ngram drafts for any model)");
@@ -235,19 +297,25 @@ sched_engine *sched_engine_create(model_backend *be, const struct sched_engine_o
     e->def.notify_arg = o.notify_arg;
     int bs = o.sched.block_size;
     size_t block_bytes = be->ops->kv_block_bytes(be, bs);
-    e->kv_blocks = o.kv_blocks > 0 ? o.kv_blocks : kv_blocks_for_bytes(o.kv_cache_bytes, block_bytes);
+    struct state_plan st;
+    if (plan_states(be, &o, block_bytes, &st, err, errlen)) goto fail_e;
+    e->kv_blocks = o.kv_blocks > 0 ? o.kv_blocks : kv_blocks_for_bytes(st.kv_bytes, block_bytes);
+    if (st.bytes > 0 && o.enable_prefix_caching && o.kv_blocks <= 0) st.snap += e->kv_blocks / st.every;
     if ((long)e->kv_blocks * bs < o.sched.max_model_len) {
         snprintf(err, errlen,
                  "the KV cache (%zu bytes, %zu per block of %d tokens) holds %ld tokens, fewer than "
                  "--max-model-len %d: the largest --max-model-len that fits is %ld (or raise "
                  "--kv-cache-memory / --gpu-memory-utilization)",
-                 o.kv_blocks > 0 ? (size_t)o.kv_blocks * block_bytes : o.kv_cache_bytes, block_bytes, bs,
+                 o.kv_blocks > 0 ? (size_t)o.kv_blocks * block_bytes : st.kv_bytes, block_bytes, bs,
                  (long)e->kv_blocks * bs, o.sched.max_model_len, (long)e->kv_blocks * bs);
         goto fail_e;
     }
     if (be->ops->kv_alloc(be, e->kv_blocks, bs, err, errlen)) goto fail_e;
     e->pool = kv_pool_create(e->kv_blocks, bs, o.enable_prefix_caching, err, errlen);
     if (!e->pool) goto fail_e;
+    if (st.bytes > 0 && (be->ops->state_alloc(be, st.seq + st.snap, err, errlen) ||
+                         kv_pool_set_states(e->pool, st.seq, st.snap, st.every, err, errlen)))
+        goto fail_pool;
     e->s = sched_create(&e->cfg, e->pool, be->m ? model_get_tok(be->m) : NULL, err, errlen);
     if (!e->s) goto fail_pool;
     if (sp->method == SCHED_SPEC_MTP && !(e->mtp_req = calloc((size_t)e->cfg.max_num_seqs, sizeof *e->mtp_req))) {
@@ -260,6 +328,10 @@ sched_engine *sched_engine_create(model_backend *be, const struct sched_engine_o
     e->stats.max_model_len = e->cfg.max_model_len;
     e->stats.block_size = bs;
     e->stats.kv_blocks = e->kv_blocks;
+    e->stats.state_bytes = st.bytes;
+    e->stats.state_slots = st.seq;
+    e->stats.snap_slots = st.snap;
+    e->stats.snap_every = st.snap ? st.every * bs : 0;
     kv_pool_stats(e->pool, &e->stats.kv);
     if (pthread_mutex_init(&e->mu, NULL)) goto fail_sched;
     if (pthread_cond_init(&e->work_cv, NULL)) goto fail_mu;

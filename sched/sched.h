@@ -479,6 +479,10 @@ struct sched_engine_opts {
     bool enable_prefix_caching;
     const struct sched_drafter *drafter; /* with sched.spec: where drafts come from (copied; its arg must
                                     outlive the engine); NULL: the method's own (ngram) */
+    int mamba_block_size;        /* models with recurrent layers: a prefix-cache state snapshot every this
+                                    many tokens (a multiple of block_size; vLLM's --mamba-block-size); 0 =
+                                    the tokens whose KV takes as many bytes as one snapshot, so snapshots
+                                    at most double the cache's bytes per token */
     /* Called on the engine thread after events were posted to the engine's
      * own outbox (e.g. to event_active() a libevent event), with the
      * engine's lock held: it must not block or call the engine. May be NULL. */
@@ -503,6 +507,9 @@ struct sched_engine_stats {
     struct sched_stats sched;
     struct kv_stats kv;
     int max_model_len, block_size, kv_blocks;
+    size_t state_bytes;          /* one sequence's recurrent state (0: no recurrent layers) */
+    int state_slots, snap_slots; /* running sequences' state slots; prefix-cache snapshot slots */
+    int snap_every;              /* tokens between grid snapshots (0: none) */
 };
 
 /* Fills the zero fields of o with the defaults above (m: for n_ctx_train; may

@@ -256,6 +256,16 @@ static void add_to_step(sched *s, sched_req *q, int len, int n_draft, int *T)
         ss->prompt_out = q->plp;
         ss->prompt_top = q->plp_top;
     }
+    if (q->kv.has_state) { /* recurrent layers: the slot, a prefix hit's snapshot, the step's snapshots */
+        ss->state_slot = q->kv.state;
+        ss->state_restore = q->kv.has_restore;
+        ss->state_from = q->kv.restore;
+        q->kv.has_restore = false;
+        kv_seq_plan_snaps(s->pool, &q->kv, q->n_computed, q->n_computed + len, q->n_prompt);
+        ss->n_snaps = q->kv.n_snaps;
+        ss->snap_pos = q->kv.snap_pos;
+        ss->snap_slot = q->kv.snap_slot;
+    }
     ss->history = q->tokens;
     ss->n_prompt = q->n_prompt;
     ss->n_history = q->n_computed + len - n_draft;

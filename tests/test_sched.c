@@ -9,6 +9,7 @@
 #include <pcre2.h>
 
 #include "kvpool/kvpool.h"
+#include "model/backend.h"
 #include "model/gguf.h"
 #include "model/tokenizer.h"
 #include "sched/sched.h"
@@ -1845,6 +1846,154 @@ static void test_spec_plan(void)
     kv_pool_destroy(p);
 }
 
+
+/* ---- recurrent state (linear-attention layers) ---------------------------------- */
+
+/* A fake recurrent layer: a slot's state is a hash of every token the
+ * sequence has run, so a step that starts from the wrong state (not zeroed,
+ * not restored, another sequence's, a stale snapshot) is caught against the
+ * hash of its history; the sampled token depends on the state. */
+#define REC_SLOTS 32
+static uint64_t rec_state[REC_SLOTS];
+
+static uint64_t rec_mix(uint64_t h, int32_t t) { return (h ^ (uint32_t)t) * 0x100000001b3ULL + 0x9e37ULL; }
+
+static void rec_forward(struct step *st, int bs, int n_slots)
+{
+    fake_forward(st, bs);
+    char e[256];
+    int tok_seq[512];
+    struct model_step_limits lim = {.n_vocab = 100000, .max_tokens = 512, .max_seqs = 64, .max_ctx = 4096,
+                                    .block_size = bs, .kv_blocks = 1 << 20, .state_slots = n_slots};
+    CHECKF(model_step_check(st, &lim, tok_seq, e, sizeof e) == 0, "%s", e);
+    for (int i = 0; i < st->n_seqs; i++) {
+        struct step_seq *q = &st->seqs[i];
+        int p0 = q->context_len - q->query_len;
+        uint64_t h = p0 == 0 ? 0 : q->state_restore ? rec_state[q->state_from] : rec_state[q->state_slot];
+        uint64_t want = 0;
+        for (int k = 0; k < p0; k++) want = rec_mix(want, q->history[k]);
+        CHECKF(h == want, "seq %d starts at %d from a wrong state (restore %d)", i, p0, q->state_restore);
+        int sn = 0;
+        for (int k = 0; k < q->query_len; k++) {
+            h = rec_mix(h, q->history[p0 + k]);
+            while (sn < q->n_snaps && q->snap_pos[sn] == p0 + k + 1) rec_state[q->snap_slot[sn++]] = h;
+        }
+        CHECK(sn == q->n_snaps);
+        rec_state[q->state_slot] = h;
+        if (q->want_sample) q->out.token = (int32_t)(h % 1000u);
+    }
+}
+
+static int rec_drain(sched *s, int bs, int n_slots)
+{
+    struct step st;
+    int steps = 0;
+    while (sched_has_work(s) && steps < 10000) {
+        int n = sched_plan_step(s, &st);
+        CHECK(n > 0);
+        if (n <= 0) break;
+        rec_forward(&st, bs, n_slots);
+        sched_complete_step(s, &st, collect, NULL);
+        steps++;
+    }
+    return steps;
+}
+
+/* Every state slot is free again: n_seq sequences can take one, one more cannot. */
+static void check_state_slots_free(kv_pool *p, int n_seq)
+{
+    struct kv_seq q[REC_SLOTS + 1];
+    for (int i = 0; i <= n_seq; i++) {
+        kv_seq_init(&q[i], 77);
+        int rc = kv_seq_reserve(p, &q[i], 1);
+        CHECKF(i < n_seq ? rc == 0 : rc == KV_ENOSPC, "slot %d: rc %d", i, rc);
+    }
+    for (int i = 0; i <= n_seq; i++) kv_seq_deinit(p, &q[i]);
+}
+
+/* Chunked prefill, prefix hits resumed from snapshots, preemption and abort
+ * with recurrent state: every step starts from the state of exactly its
+ * sequence's history, the tokens are those of lone uncached runs, and every
+ * slot comes back. */
+static void test_recurrent_state(void)
+{
+    enum { N = 6, PL = 30, GEN = 10 };
+    int32_t prompts[N][PL];
+    for (int r = 0; r < N; r++)
+        for (int i = 0; i < PL; i++) prompts[r][i] = r < 3 ? i + 1 : 100 * r + i; /* 0-2 share, 3-5 differ */
+    prompts[1][22] = 5; /* shares 22 tokens with prompt 0 */
+    prompts[2][9] = 6;  /* shares 9 */
+    int32_t alone[N][GEN];
+    for (int r = 0; r < N; r++) { /* lone, uncached, one step per token budget */
+        kv_pool *p = kv_pool_create(64, 4, false, err, sizeof err);
+        CHECK(kv_pool_set_states(p, 4, 0, 1, err, sizeof err) == 0);
+        sched *s = mk(p, 4, 64, 64, 0.0f);
+        struct sched_request rq = req(prompts[r], PL, GEN, SCHED_PRIO_BATCH);
+        n_ev = 0;
+        submit(s, &rq, 1);
+        rec_drain(s, 4, 4);
+        CHECK(tokens_of(1, alone[r]) == GEN);
+        sched_destroy(s);
+        kv_pool_destroy(p);
+    }
+    /* cached, chunked (budget 7: chunks cross blocks and snapshot points), one after another */
+    kv_pool *p = kv_pool_create(64, 4, true, err, sizeof err);
+    CHECK(kv_pool_set_states(p, 4, 27, 2, err, sizeof err) == 0); /* room for every snapshot: no LRU drop */
+    sched *s = mk(p, 4, 7, 64, 0.0f);
+    for (int r = 0; r < N; r++) {
+        struct sched_request rq = req(prompts[r], PL, GEN, SCHED_PRIO_BATCH);
+        n_ev = 0;
+        submit(s, &rq, 10 + r);
+        rec_drain(s, 4, 31);
+        int32_t got[GEN * 2];
+        CHECKF(tokens_of(10 + r, got) == GEN && !memcmp(got, alone[r], sizeof alone[r]), "request %d differs", r);
+        /* hits: prompt 0 again resumes at 28 (its last full block), prompt 1 at 16 (the grid below 22), prompt 2 at 8 */
+        int want = r == 0 ? 0 : r == 1 ? 16 : r == 2 ? 8 : 0;
+        CHECKF(n_ev > 0 && evs[n_ev - 1].usage.cached_tokens == want, "request %d: cached %d, want %d", r,
+               evs[n_ev - 1].usage.cached_tokens, want);
+    }
+    struct sched_request again = req(prompts[0], PL, GEN, SCHED_PRIO_BATCH);
+    n_ev = 0;
+    submit(s, &again, 99);
+    rec_drain(s, 4, 31);
+    int32_t got[GEN * 2];
+    CHECK(tokens_of(99, got) == GEN && !memcmp(got, alone[0], sizeof alone[0]));
+    CHECK(evs[n_ev - 1].usage.cached_tokens == 28);
+    check_state_slots_free(p, 4);
+    CHECKF(kv_debug_check(p, err, sizeof err) == 0, "%s", err);
+    sched_destroy(s);
+    kv_pool_destroy(p);
+
+    /* together in a tight pool (preemption) with an abort */
+    p = kv_pool_create(16, 4, true, err, sizeof err);
+    CHECK(kv_pool_set_states(p, 4, 8, 2, err, sizeof err) == 0);
+    s = mk(p, 4, 16, 64, 0.0f);
+    n_ev = 0;
+    for (int r = 0; r < N; r++) {
+        struct sched_request rq = req(prompts[r], PL, GEN, r % 2 ? SCHED_PRIO_INTERACTIVE : SCHED_PRIO_BATCH);
+        submit(s, &rq, (uint64_t)r + 1);
+    }
+    struct step st;
+    for (int k = 0; k < 3; k++) {
+        CHECK(sched_plan_step(s, &st) > 0);
+        rec_forward(&st, 4, 12);
+        sched_complete_step(s, &st, collect, NULL);
+    }
+    CHECK(sched_abort(s, 6, collect, NULL) == 0);
+    rec_drain(s, 4, 12);
+    struct sched_stats ss;
+    sched_get_stats(s, &ss);
+    CHECKF(ss.preemptions > 0, "preemptions %llu", (unsigned long long)ss.preemptions);
+    for (int r = 0; r < N - 1; r++) {
+        CHECKF(tokens_of((uint64_t)r + 1, got) == GEN && !memcmp(got, alone[r], sizeof alone[r]),
+               "request %d differs together", r);
+    }
+    check_state_slots_free(p, 4);
+    CHECKF(kv_debug_check(p, err, sizeof err) == 0, "%s", err);
+    sched_destroy(s);
+    kv_pool_destroy(p);
+}
+
 /* Drafts made after each step (method mtp, the backend's drafter): every
  * sequence that decodes on is listed with its last accepted position, the
  * token after it and blocks for what the drafter writes; drafts made right
@@ -1976,6 +2125,7 @@ int main(void)
     RUN(test_refusal);
     RUN(test_abort);
     RUN(test_prefix_cache);
+    RUN(test_recurrent_state);
     RUN(test_json_guide);
     RUN(test_json_schema_guide);
     RUN(test_regex_guide);
