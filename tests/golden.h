@@ -23,6 +23,7 @@
 
 #include "base/json.h"
 #include "model/backend.h"
+#include "sched/sched.h"
 #include "tests/test.h"
 
 #define TOPK 20    /* top logits per position */
@@ -250,6 +251,42 @@ static inline int golden_greedy(const struct golden_run *r, const struct prompt 
         if (k + 1 < p->n_greedy) CHECK(golden_step(r, seq, p->n + k, 1, false, one) == 0);
     }
     return first_diff;
+}
+
+/* ---- through the engine ---- */
+
+/* One request's run: its tokens (the first GOLDEN_MAX_GEN), the prompt
+ * tokens it found cached, whether it ended. Zero it before submitting. */
+#define GOLDEN_MAX_GEN 16
+struct golden_result {
+    int32_t tok[GOLDEN_MAX_GEN];
+    int n, cached;
+    bool done;
+};
+
+/* Waits until n requests whose user pointers are golden_results end. */
+static inline void golden_collect(sched_engine *e, int n)
+{
+    struct sched_evbuf b;
+    sched_evbuf_init(&b);
+    int left = n;
+    while (left > 0) {
+        int k = sched_engine_wait(e, &b, 120.0);
+        CHECK(k > 0);
+        if (k <= 0) break;
+        for (int i = 0; i < k; i++) {
+            const struct sched_event *ev = &b.ev[i];
+            struct golden_result *r = ev->user;
+            if (ev->kind == SCHED_EV_TOKEN) {
+                if (r->n < GOLDEN_MAX_GEN) r->tok[r->n++] = ev->token;
+            } else {
+                r->done = true;
+                r->cached = ev->usage.cached_tokens;
+                left--;
+            }
+        }
+    }
+    sched_evbuf_deinit(&b);
 }
 
 #endif

@@ -608,35 +608,6 @@ static void test_model_golden(void)
 /* ---- through the engine ---------------------------------------------------------- */
 
 #define GEN 12
-struct result {
-    int32_t tok[GEN];
-    int n, cached;
-    bool done;
-};
-
-static void collect(sched_engine *e, int n)
-{
-    struct sched_evbuf b;
-    sched_evbuf_init(&b);
-    int left = n;
-    while (left > 0) {
-        int k = sched_engine_wait(e, &b, 120.0);
-        CHECK(k > 0);
-        if (k <= 0) break;
-        for (int i = 0; i < k; i++) {
-            const struct sched_event *ev = &b.ev[i];
-            struct result *r = ev->user;
-            if (ev->kind == SCHED_EV_TOKEN) {
-                if (r->n < GEN) r->tok[r->n++] = ev->token;
-            } else {
-                r->done = true;
-                r->cached = ev->usage.cached_tokens;
-                left--;
-            }
-        }
-    }
-    sched_evbuf_deinit(&b);
-}
 
 static sched_engine *engine(model_backend *be, int budget, int kv_blocks, bool cache, int mamba_block)
 {
@@ -654,7 +625,7 @@ static sched_engine *engine(model_backend *be, int budget, int kv_blocks, bool c
     return e;
 }
 
-static void submit(sched_engine *e, const int32_t *prompt, int n, struct result *res, uint64_t *id)
+static void submit(sched_engine *e, const int32_t *prompt, int n, struct golden_result *res, uint64_t *id)
 {
     memset(res, 0, sizeof *res);
     struct sched_request r;
@@ -669,10 +640,10 @@ static void submit(sched_engine *e, const int32_t *prompt, int n, struct result 
     CHECKF(sched_engine_submit(e, &r, id, err, sizeof err) == 0, "%s", err);
 }
 
-static void run(sched_engine *e, const int32_t *prompt, int n, struct result *res)
+static void run(sched_engine *e, const int32_t *prompt, int n, struct golden_result *res)
 {
     submit(e, prompt, n, res, NULL);
-    collect(e, 1);
+    golden_collect(e, 1);
 }
 
 /* Every state slot is back and no block is held. */
@@ -707,7 +678,7 @@ static void test_engine(void)
         a[i] = (i * 37 + 11) % 345 + 1;
         bb[i] = i < PRE ? a[i] : (i * 91 + 5) % 345 + 1;
     }
-    struct result miss, hit, first, again, missa;
+    struct golden_result miss, hit, first, again, missa;
     {
         /* speculative decoding would need the state of each verified position: refused at creation */
         struct sched_engine_opts o;
@@ -745,7 +716,7 @@ static void test_engine(void)
         /* bb snapshotted 80, where it left a: a third prompt sharing those 80 tokens resumes there */
         static int32_t cc[NP];
         for (int i = 0; i < NP; i++) cc[i] = i < PRE ? a[i] : (i * 17 + 9) % 345 + 1;
-        struct result third, third_miss;
+        struct golden_result third, third_miss;
         run(e, cc, NP, &third);
         CHECKF(third.cached == 80, "a third prompt sharing 80 tokens: cached %d, want 80 (the junction)", third.cached);
         run(e, a, NP, &again);
@@ -762,7 +733,7 @@ static void test_engine(void)
     }
     /* six prompts alone, then together: chunked (13 tokens a step) and preempted (8 blocks: four 26-token
      * prompts take two each and grow into a third while decoding) */
-    struct result solo[6], chunked[6], tight[6];
+    struct golden_result solo[6], chunked[6], tight[6];
     for (int k = 0; k < 6; k++)
         for (int i = 0; i < 40; i++) c[k][i] = (i * (13 + 2 * k) + 7 * k) % 345 + 1;
     e = engine(be, 256, 64, false, 0);
@@ -773,25 +744,25 @@ static void test_engine(void)
     e = engine(be, 13, 64, true, 16);
     if (e) {
         for (int k = 0; k < 6; k++) submit(e, c[k], 26, &chunked[k], NULL);
-        collect(e, 6);
+        golden_collect(e, 6);
         check_idle(e, "chunked");
         sched_engine_destroy(e);
     }
     e = engine(be, 256, 8, true, 16);
     if (e) {
         for (int k = 0; k < 6; k++) submit(e, c[k], 26, &tight[k], NULL);
-        collect(e, 6);
+        golden_collect(e, 6);
         struct sched_engine_stats s;
         sched_engine_get_stats(e, &s);
         printf("  preemptions: %llu\n", (unsigned long long)s.sched.preemptions);
         CHECK(s.sched.preemptions > 0);
         check_idle(e, "preempted");
         /* an abort mid-prefill gives its slot back; the next request is a lone run's */
-        struct result ab, after;
+        struct golden_result ab, after;
         uint64_t id = 0;
         submit(e, a, NP, &ab, &id);
         sched_engine_abort(e, id);
-        collect(e, 1);
+        golden_collect(e, 1);
         run(e, c[0], 26, &after);
         CHECK(memcmp(after.tok, solo[0].tok, sizeof after.tok) == 0);
         check_idle(e, "abort");

@@ -305,35 +305,6 @@ static void test_moe_layer_without_experts(void)
 /* ---- through the engine ---------------------------------------------------------- */
 
 #define GEN 16
-struct result {
-    int32_t tok[GEN];
-    int n, cached;
-    bool done;
-};
-
-static void collect(sched_engine *e, int n)
-{
-    struct sched_evbuf b;
-    sched_evbuf_init(&b);
-    int left = n;
-    while (left > 0) {
-        int k = sched_engine_wait(e, &b, 120.0);
-        CHECK(k > 0);
-        if (k <= 0) break;
-        for (int i = 0; i < k; i++) {
-            const struct sched_event *ev = &b.ev[i];
-            struct result *r = ev->user;
-            if (ev->kind == SCHED_EV_TOKEN) {
-                if (r->n < GEN) r->tok[r->n++] = ev->token;
-            } else {
-                r->done = true;
-                r->cached = ev->usage.cached_tokens;
-                left--;
-            }
-        }
-    }
-    sched_evbuf_deinit(&b);
-}
 
 static sched_engine *engine(model_backend *be, int budget, int kv_blocks, bool cache)
 {
@@ -350,7 +321,7 @@ static sched_engine *engine(model_backend *be, int budget, int kv_blocks, bool c
     return e;
 }
 
-static void run(sched_engine *e, const int32_t *const *prompts, const int *n, int k, struct result *res)
+static void run(sched_engine *e, const int32_t *const *prompts, const int *n, int k, struct golden_result *res)
 {
     memset(res, 0, sizeof *res * (size_t)k);
     for (int i = 0; i < k; i++) {
@@ -365,7 +336,7 @@ static void run(sched_engine *e, const int32_t *const *prompts, const int *n, in
         model_sampling_default(&r.sampling);
         CHECKF(sched_engine_submit(e, &r, NULL, err, sizeof err) == 0, "%s", err);
     }
-    collect(e, k);
+    golden_collect(e, k);
 }
 
 static void test_engine(void)
@@ -389,7 +360,7 @@ static void test_engine(void)
     }
     const int32_t *pa[] = {a}, *pb[] = {bb};
     int n1[] = {NP};
-    struct result miss, hit, first;
+    struct golden_result miss, hit, first;
     sched_engine *e = engine(be, 256, 32, false);
     if (e) {
         run(e, pb, n1, 1, &miss);
@@ -406,7 +377,7 @@ static void test_engine(void)
     /* six prompts alone, then together: chunked (a budget of 23 tokens a step) and preempted (6 blocks) */
     const int32_t *pc[6];
     int nc[6];
-    struct result solo[6], chunked[6], tight[6];
+    struct golden_result solo[6], chunked[6], tight[6];
     for (int k = 0; k < 6; k++) {
         for (int i = 0; i < 24; i++) c[k][i] = (i * (13 + 2 * k) + 7 * k) % 345 + 1;
         pc[k] = c[k];
