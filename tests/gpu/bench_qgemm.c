@@ -2,7 +2,12 @@
  * Llama-3.1-8B projection shapes: each kernel's time (CUDA events, median
  * of 50 launches after warm-up; weights rotate over copies so that L2 never
  * holds them) and the bytes it reads per second (codes, scales, zero
- * points), beside the bf16 GEMV (cuda_gemv) on the same shape. Not a test.
+ * points), beside the bf16 GEMV (cuda_gemv) on the same shape. Then the
+ * crossover of the packed kernel (cuda_qgemm up to CUDA_QGEMV_MMA_MAX_T
+ * rows) with the dequantize + cuBLAS path (bf16 tiles of ws.deq, each through
+ * cublasGemmEx, as cuda_qgemm runs it above that) at 8-64 rows, and the bf16
+ * cuBLAS GEMM for scale: the row count where the second wins is where
+ * CUDA_QGEMV_MMA_MAX_T belongs. Not a test.
  *
  *   build/tests/gpu/bench_qgemm
  */
@@ -110,6 +115,51 @@ int main(void)
                     printf("%-24s %-10s %4d %10.1f %9.0f   (+ SwiGLU as run)\n", shapes[si].name, fmt, T, us,
                            qbytes / (us * 1e3));
                 }
+            }
+            for (int c = 0; c < COPIES; c++) cudaFree((void *)q[c].qw), cudaFree((void *)q[c].scales);
+        }
+        for (int c = 0; c < COPIES; c++) cudaFree(wb[c]);
+        cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess) printf("  error: %s\n", cudaGetErrorString(e));
+    }
+    /* the crossover: int4 g128 and int8 at the shapes above, 8-64 rows */
+    static const int Tx[] = {8, 16, 24, 32, 48, 64};
+    printf("\ncrossover (us)           %-10s %4s %10s %10s %10s  faster\n", "format", "T", "packed", "deq+cuBLAS",
+           "bf16 GEMM");
+    const float one = 1.0f, zero = 0.0f;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        int R = shapes[si].rows, K = shapes[si].cols;
+        uint16_t *wb[COPIES];
+        for (int c = 0; c < COPIES; c++) wb[c] = dalloc((size_t)R * K * 2, 0x3c);
+        for (size_t fi = 0; fi < 2; fi++) {
+            int bits = fmts[fi].bits, group = fmts[fi].group ? fmts[fi].group : K, ng = (K + group - 1) / group;
+            int rb = ((K * bits + 7) / 8 + 15) / 16 * 16;
+            struct cuda_qmat q[COPIES];
+            for (int c = 0; c < COPIES; c++) {
+                q[c] = (struct cuda_qmat){.bits = bits, .rows = R, .cols = K, .group = group, .n_groups = ng,
+                                          .row_bytes = rb, .f16 = false};
+                q[c].qw = dalloc((size_t)R * rb, 0x5a);
+                q[c].scales = dalloc((size_t)R * ng * 2, 0x3c);
+            }
+            char fmt[24];
+            snprintf(fmt, sizeof fmt, fmts[fi].group ? "int%d g%d" : "int%d ch", bits, fmts[fi].group);
+            int tile = (int)(ws.deq_bytes / ((size_t)K * 2));
+            if (tile > R) tile = R;
+            for (size_t ti = 0; ti < sizeof Tx / sizeof Tx[0]; ti++) {
+                int T = Tx[ti];
+                float um = 0, ud = 0, ub = 0;
+                TIME_US(um, cuda_qgemm(&q[i], x, y, false, R, T, &ws, blas, 0));
+                TIME_US(ud, for (int r0 = 0; r0 < R; r0 += tile) {
+                    int nr = R - r0 < tile ? R - r0 : tile;
+                    cuda_qdequant(&q[i], r0, nr, ws.deq, 0);
+                    cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, nr, T, K, &one, ws.deq, CUDA_R_16BF, K, x,
+                                 CUDA_R_16BF, K, &zero, y + r0, CUDA_R_16BF, R, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+                });
+                TIME_US(ub, cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, R, T, K, &one, wb[i], CUDA_R_16BF, K, x,
+                                         CUDA_R_16BF, K, &zero, y, CUDA_R_16BF, R, CUBLAS_COMPUTE_32F,
+                                         CUBLAS_GEMM_DEFAULT));
+                printf("%-24s %-10s %4d %10.1f %10.1f %10.1f  %s\n", shapes[si].name, fmt, T, um, ud, ub,
+                       um <= ud ? "packed" : "deq+cuBLAS");
             }
             for (int c = 0; c < COPIES; c++) cudaFree((void *)q[c].qw), cudaFree((void *)q[c].scales);
         }
