@@ -184,6 +184,12 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     b->max_tokens = opts && opts->max_tokens_per_step > 0 ? opts->max_tokens_per_step : 2048;
     b->max_seqs = opts && opts->max_seqs_per_step > 0 ? opts->max_seqs_per_step : 256;
     if (b->max_seqs > b->max_tokens) b->max_seqs = b->max_tokens;
+    /* speculative decoding: a sequence with drafts gets a logit row for each
+     * verified position, sampled on the host (step.c, verify_rows) */
+    b->max_draft = opts && opts->max_draft_tokens > 0 ? opts->max_draft_tokens : 0;
+    b->base.max_draft_tokens = b->max_draft;
+    long mr = (long)b->max_seqs * (1 + b->max_draft);
+    b->max_rows = mr > b->max_tokens ? b->max_tokens : (int)mr;
     b->max_ctx = opts && opts->max_ctx > 0 ? opts->max_ctx : c->n_ctx_train;
     if (b->max_ctx <= 0) b->max_ctx = 4096;
     b->graphs = !(opts && opts->enforce_eager);
@@ -222,7 +228,7 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
         for (int i = 0; i < N; i++) b->r[i].comm = comms[i];
         CK(cudaSetDevice(0));
     }
-    size_t S = b->max_seqs, T = b->max_tokens, V = c->n_vocab;
+    size_t S = b->max_rows, T = b->max_tokens, V = c->n_vocab;
     CK(cudaHostAlloc((void **)&b->hout, S * (8 + sizeof *b->hsout), cudaHostAllocMapped | cudaHostAllocPortable));
     CK(cudaHostGetDevicePointer((void **)&b->dout, b->hout, 0));
     b->hout_tok = (int32_t *)b->hout, b->hout_lp = (float *)(b->hout + S * 4);
@@ -352,10 +358,10 @@ static int kv_alloc(model_backend *mb, int n_blocks, int block_size, char *err, 
      * read a block's item before they know n_items */
     b->bt_cap = (int)(S * ((size_t)(b->max_ctx + block_size - 1) / block_size + 1));
     struct inlay *y = &b->lay_full;
-    size_t o = lay_steps(y, T, S, T + S + (S > 256 ? S : 256) * CUDA_ATTN_MAXSPLIT, b->bt_cap);
+    size_t o = lay_steps(y, T, b->max_rows, T + S + (S > 256 ? S : 256) * CUDA_ATTN_MAXSPLIT, b->bt_cap);
     size_t pc = S * (size_t)b->max_ctx;
     b->pen_cap = (int)(pc < 65536 ? 65536 : pc > (1u << 20) ? (1u << 20) : pc);
-    y->srows = o, o = al(o + S * sizeof(struct cuda_sample_row));
+    y->srows = o, o = al(o + (size_t)b->max_rows * sizeof(struct cuda_sample_row));
     y->pen = o, o = al(o + (size_t)b->pen_cap * sizeof(struct cuda_sample_pen));
     y->total = o;
     b->lay = *y;

@@ -120,6 +120,8 @@ struct cuda_backend {
     const struct model_weights *w;
     int tp;
     int max_tokens, max_seqs, max_ctx, n_sm;
+    int max_draft;                  /* drafts a sequence verifies at most (step_seq.n_draft; 0: none) */
+    int max_rows;                   /* logit rows a step: each sequence 1 + max_draft, at most max_tokens */
     int kv_blocks, block_size;
     struct rank *r;                 /* [tp] */
 

@@ -19,6 +19,12 @@
  * whose raw logits a test asks for (logits_out), copy their logit row (each
  * rank its slice) to the host and model_sample() picks there.
  *
+ * Speculative decoding (opts->max_draft_tokens): a sequence with n_draft
+ * drafts gets a logit row for each of its last n_draft + 1 query tokens; a
+ * greedy one is verified from the device's argmax of each row
+ * (verify_greedy), any other copies its rows to the host for
+ * model_sample_verify. These steps are not decode-only, so not graphs.
+ *
  * Prefill attention runs on the tensor cores (items of up to 128 query rows)
  * where the head shape allows, else on the SIMT kernel; decode-only steps take
  * the decode kernel (attn.cu: split-K whose last split merges the others, so
@@ -61,7 +67,8 @@ static int check_step(struct cuda_backend *b, const struct step *s, char *err, s
         return SL_EINVAL;
     }
     struct model_step_limits lim = {.n_vocab = b->c.n_vocab, .max_tokens = b->max_tokens, .max_seqs = b->max_seqs,
-                                    .max_ctx = b->max_ctx, .block_size = b->block_size, .kv_blocks = b->kv_blocks};
+                                    .max_ctx = b->max_ctx, .block_size = b->block_size, .kv_blocks = b->kv_blocks,
+                                    .max_draft = b->max_draft};
     /* sampling parameters included: the device sampler runs before the host could refuse them */
     return model_step_check(s, &lim, b->tok_seq, err, errlen);
 }
@@ -181,7 +188,19 @@ static size_t pack_step(struct cuda_backend *b, const struct step *s, int Tp, in
         memcpy(bt + nbt, q->block_table, (size_t)nb * 4);
         nbt += nb;
         tiles += (q->query_len + qt - 1) / qt;
-        if (q->want_sample || q->logits_out) {
+        if (q->want_sample && q->n_draft > 0) {
+            /* verification: a row for each of the last n_draft + 1 query
+             * tokens, in order; greedy ones keep the device's argmax, the
+             * others go to the host whole (model_sample_verify draws them in
+             * order from the request's RNG). logits_out gets the first. */
+            bool g = device_greedy(q);
+            for (int t = q->query_start + q->query_len - 1 - q->n_draft; t < q->query_start + q->query_len; t++) {
+                b->row_seq[r] = i;
+                b->row_mode[r] = g ? ROW_GREEDY : ROW_HOST;
+                b->row_host[r] = !g;
+                rows[r++] = t;
+            }
+        } else if (q->want_sample || q->logits_out) {
             b->row_seq[r] = i;
             b->row_mode[r] = !q->want_sample || device_greedy(q) ? ROW_GREEDY
                              : b->dev_sample && !q->logits_out && !q->sampling->n_logit_bias &&
@@ -514,6 +533,24 @@ fail:
     return SL_EDEVICE;
 }
 
+/* model_sample_verify for a greedy sequence from the device's argmax and
+ * logprob of its rows r .. r + n_draft (the same tokens and logprobs
+ * model_sample picks from those rows): each row's token is emitted; the walk
+ * stops after the first that is not the next draft, or after a row that could
+ * not be sampled (token -1). */
+static void verify_greedy(const struct cuda_backend *b, struct step_seq *q, int r)
+{
+    q->n_spec_out = 0;
+    for (int i = 0; i <= q->n_draft; i++) {
+        struct model_sample_out *o = &q->spec_out[i];
+        o->token = b->hout_tok[r + i];
+        o->logprob = b->hout_lp[r + i];
+        o->n_top = 0;
+        q->n_spec_out = i + 1;
+        if (o->token < 0 || i == q->n_draft || o->token != q->history[q->n_history + i]) break;
+    }
+}
+
 int cuda_forward(model_backend *mb, struct step *s, char *err, size_t errlen)
 {
     struct cuda_backend *b = (struct cuda_backend *)mb;
@@ -556,6 +593,13 @@ int cuda_forward(model_backend *mb, struct step *s, char *err, size_t errlen)
     for (int r = 0; r < R; r++) {
         struct step_seq *q = &s->seqs[b->row_seq[r]];
         float *lg = b->hlog + (size_t)r * V;
+        if (q->want_sample && q->n_draft > 0) {
+            if (q->logits_out) memcpy(q->logits_out, lg, (size_t)V * 4); /* the first verified position's */
+            if (b->row_mode[r] == ROW_GREEDY) verify_greedy(b, q, r);
+            else b->host_rows[nh++] = r; /* model_sample_verify, below */
+            r += q->n_draft;
+            continue;
+        }
         if (q->logits_out) memcpy(q->logits_out, lg, (size_t)V * 4);
         if (!q->want_sample) continue;
         if (b->row_mode[r] == ROW_GREEDY) {
@@ -598,6 +642,11 @@ int cuda_forward(model_backend *mb, struct step *s, char *err, size_t errlen)
         struct step_seq *q = &s->seqs[b->row_seq[r]];
         void *scr = (char *)b->samp + (size_t)omp_get_thread_num() * b->samp_bytes;
         int rc;
+        if (q->n_draft > 0) { /* rows r .. r + n_draft, sampled in order */
+            model_sample_verify(b->hlog + (size_t)r * V, q->n_draft, V, q->sampling, q->history, q->n_prompt,
+                                q->n_history, q->rng, scr, q->spec_out, &q->n_spec_out);
+            continue;
+        }
         if (b->row_mode[r] == ROW_SAMPLE) { /* the device applied the penalties */
             struct model_sampling p = *q->sampling;
             p.repetition_penalty = 1.0f, p.presence_penalty = 0.0f, p.frequency_penalty = 0.0f;

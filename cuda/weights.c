@@ -401,7 +401,7 @@ int cuda_rank_init(struct rank *k, char *err, size_t errlen)
         k->qws.deq_bytes = deq, k->qws.xperm_elems = xp;
     }
 
-    size_t T = b->max_tokens, S = b->max_seqs;
+    size_t T = b->max_tokens, S = b->max_rows; /* S: logit rows */
     if (cuda_dmalloc((void **)&k->x, T * E * 4, err, errlen) || cuda_dmalloc((void **)&k->xn, T * E * 2, err, errlen) ||
         cuda_dmalloc((void **)&k->qkv, T * QKVl * 2, err, errlen) || cuda_dmalloc((void **)&k->q, T * Ql * 2, err, errlen) ||
         cuda_dmalloc((void **)&k->att, T * Ql * 2, err, errlen) || cuda_dmalloc((void **)&k->delta, T * E * 2, err, errlen) ||
