@@ -53,6 +53,9 @@
 #   small-batch-chat   1, 2 and 4 streamed chats at once through the server
 #   serve-bench        `sluice bench` (14.6K-token prompts, cache bust and hit)
 #   run-batch          `sluice run-batch` of 1000 x (~1000 in, 1000 out), load included
+#   spec-quote         answers that quote their document (tools/bench/spec_quote.py) on the
+#                      default model, served without and then with 4 n-gram drafts
+#                      (--model-args: another model's sluice serve arguments)
 #   OPTIONS: --log=DIR (/tmp/sluice-gpu-bench), --tp=N (gpu, decode, quant,
 #   long, nccl and the served ones: N GPUs), --kv-cache-dtype=fp8 (gpu,
 #   decode, quant, long, attn, the served ones), --nccl (gpu, decode, quant,
@@ -205,6 +208,7 @@ bench_one() {
     small-batch-chat) served "$d" small-batch-chat ;;
     serve-bench) served "$d" serve-bench ;;
     run-batch) served "$d" run-batch ;;
+    spec-quote) spec_quote "$d" ;;
     *) echo "bench: no benchmark named $n (the names: tests/gpu/run.sh with no argument)" >&2; return 2 ;;
     esac
 }
@@ -215,6 +219,26 @@ served() { # DIR NAME [OPTIONS]: scenarios.py with this run's common options
     timeout -k 10 3300 python3 tests/gpu/scenarios.py --log "$d" --sluice "$SLUICE" ${TP:+--tp "$TP"} \
         ${KVD:+--kv-cache-dtype "$KVD"} ${MA:+--model-args "$MA"} ${SERVE_ARGS[@]+"${SERVE_ARGS[@]}"} "$@" 2>&1 |
         tee "$d/client.log"
+}
+
+spec_quote() { # DIR: the default model (or --model-args) served without, then with n-gram drafts
+    local d=$1 port=18431 k pid
+    local ma=${MA:-$MODEL}
+    for k in 0 4; do
+        local sc=()
+        [ $k = 0 ] || sc=(--speculative-config \
+            "{\"method\":\"ngram\",\"num_speculative_tokens\":$k,\"prompt_lookup_min\":2,\"prompt_lookup_max\":4}")
+        # shellcheck disable=SC2086 # the model arguments are words
+        "$SLUICE" serve $ma --port $port "${sc[@]}" >"$d/serve_$k.log" 2>&1 &
+        pid=$!
+        python3 -c "import sys; sys.path.insert(0, 'tests'); import sluice_testlib as lib; sys.exit(0 if lib.wait_healthy($port, $pid, timeout=300, interval=0.5) else 1)" ||
+            { echo "spec-quote: the server did not come up (see $d/serve_$k.log)"; kill $pid; return 1; }
+        echo "-- $k drafts"
+        timeout -k 5 600 python3 tools/bench/spec_quote.py --url "http://127.0.0.1:$port" --requests 4 \
+            --max-tokens 128 2>&1 | tee "$d/quote_$k.log"
+        kill $pid
+        wait $pid 2>/dev/null
+    done
 }
 
 power() { # DIR: bench_gemm and sustained prefill steps, the GPU sampled meanwhile
