@@ -12,7 +12,8 @@
 #   suite (batch invariance, chunked prefill, prefix reuse, preemption) on the
 #   CUDA backend: with the bf16 KV cache on the default model (tiny-qwen3 when
 #   models/ lacks it), with fp8 on tiny-qwen3, and with each on
-#   tiny-qwen3-d128 (head_dim 128: the warpgroup prefill attention on sm_90);
+#   tiny-qwen3-d128 (head_dim 128: the warpgroup prefill attention on sm_90),
+#   and with bf16 on glm5-mla (glm5_next: MLA, MoE, hyper-connections);
 #   test_gpu_e2e and the engine suite on tiny-qwen3 once more with the fused
 #   gate|up GEMM on every step of 5+ tokens; with 2+ GPUs, test_gpu_e2e at
 #   TP=2 against the CPU and against one GPU (it also makes a rank fail and
@@ -118,6 +119,7 @@ check() {
         if [ -f "$MODEL" ]; then runs+=("SLUICE_TEST_DEVICE=cuda $B/tests/test_engine"); else runs+=("$e $B/tests/test_engine"); fi
         runs+=("SLUICE_TEST_KV=fp8 $e $B/tests/test_engine" "$e128 $B/tests/test_engine"
                "SLUICE_TEST_KV=fp8 $e128 $B/tests/test_engine"
+               "SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/glm5/glm5-mla $B/tests/test_engine"
                "$B/tests/gpu/test_gpu_e2e --gemm-wg-min-t=1" "$e $B/tests/test_engine --gemm-wg-min-t=1")
         if [ "$ngpu" -ge 2 ]; then
             runs+=("SLUICE_TEST_TP=2 $B/tests/gpu/test_gpu_e2e"
