@@ -80,8 +80,10 @@ static __global__ void __launch_bounds__(HC_THREADS) hc_mix_kernel(const float *
 
 static __device__ __forceinline__ float hc_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-/* One block per token: the chunks' sums in order, then (thread 0) pre, post
- * and comb as cpu_hc_pre computes them, then x = sum_i pre_i xs_i. */
+/* One block per token: the chunks' sums in order, then pre, post and comb
+ * as cpu_hc_pre computes them (thread i < N: pre_i, post_i; thread
+ * i N + j < N N: comb_ij, each row's or column's sum in the CPU's order,
+ * the passes separated by barriers), then x = sum_i pre_i xs_i. */
 template <int N>
 static __global__ void __launch_bounds__(HC_THREADS)
     hc_pre_kernel(const float *xs, const float *part, int S, const float *base, const float *scale, int E, int iters,
@@ -89,58 +91,70 @@ static __global__ void __launch_bounds__(HC_THREADS)
 {
     constexpr int M = (2 + N) * N;
     __shared__ float mix[M + 1], pre[N], cb[N * N];
-    const int t = blockIdx.x, NE = N * E;
-    for (int m = threadIdx.x; m <= M; m += HC_THREADS) {
+    const int t = blockIdx.x, NE = N * E, tid = threadIdx.x;
+    for (int m = tid; m <= M; m += HC_THREADS) {
         const float *p = part + (size_t)t * S * (M + 1) + m;
         float r = p[0];
         for (int s = 1; s < S; s++) r += p[(size_t)s * (M + 1)];
         mix[m] = r;
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-        /* the CPU normalises the streams first (r in double from the sum of squares) */
-        float r = (float)(1.0 / sqrt((double)mix[M] / NE + (double)norm_eps));
-        const float *bs = base, *sc = scale;
-        float *po = post + (size_t)t * N;
-        for (int i = 0; i < N; i++) {
-            pre[i] = hc_sigmoid(__fadd_rn(__fmul_rn(__fmul_rn(mix[i], r), sc[0]), bs[i])) + eps;
-            po[i] = 2.0f * hc_sigmoid(__fadd_rn(__fmul_rn(__fmul_rn(mix[N + i], r), sc[1]), bs[N + i]));
-        }
-        for (int i = 0; i < N; i++) {
-            float *row = cb + i * N, mx = -INFINITY, sum = 0.0f;
-            for (int j = 0; j < N; j++) {
-                row[j] = __fadd_rn(__fmul_rn(__fmul_rn(mix[2 * N + i * N + j], r), sc[2]), bs[2 * N + i * N + j]);
-                if (row[j] > mx) mx = row[j];
-            }
-            for (int j = 0; j < N; j++) {
-                row[j] = expf(row[j] - mx);
-                sum += row[j];
-            }
-            for (int j = 0; j < N; j++) row[j] = row[j] / sum + eps;
-        }
-        for (int it = 0; it < iters; it++) {
-            if (it > 0) /* rows (the first pass is columns only) */
-                for (int i = 0; i < N; i++) {
-                    float sum = 0.0f;
-                    for (int j = 0; j < N; j++) sum += cb[i * N + j];
-                    for (int j = 0; j < N; j++) cb[i * N + j] /= sum + eps;
-                }
-            for (int j = 0; j < N; j++) {
-                float sum = 0.0f;
-                for (int i = 0; i < N; i++) sum += cb[i * N + j];
-                for (int i = 0; i < N; i++) cb[i * N + j] /= sum + eps;
-            }
-        }
-        float *co = comb + (size_t)t * N * N;
-        for (int i = 0; i < N * N; i++) co[i] = cb[i];
+    /* the CPU normalises the streams first (r in double from the sum of squares) */
+    const float r = (float)(1.0 / sqrt((double)mix[M] / NE + (double)norm_eps));
+    const float *bs = base, *sc = scale;
+    const int i = tid / N, j = tid % N; /* comb_ij for tid < N N */
+    const bool mine = tid < N * N;
+    if (tid < N) {
+        pre[tid] = hc_sigmoid(__fadd_rn(__fmul_rn(__fmul_rn(mix[tid], r), sc[0]), bs[tid])) + eps;
+        post[(size_t)t * N + tid] =
+            2.0f * hc_sigmoid(__fadd_rn(__fmul_rn(__fmul_rn(mix[N + tid], r), sc[1]), bs[N + tid]));
+    }
+    float v = 0.0f;
+    if (mine) cb[tid] = __fadd_rn(__fmul_rn(__fmul_rn(mix[2 * N + tid], r), sc[2]), bs[2 * N + tid]);
+    __syncthreads();
+    if (mine) { /* a softmax over each row */
+        float mx = -INFINITY;
+        for (int k = 0; k < N; k++) mx = cb[i * N + k] > mx ? cb[i * N + k] : mx;
+        v = expf(cb[tid] - mx);
     }
     __syncthreads();
-    const float *v = xs + (size_t)t * NE;
+    if (mine) cb[tid] = v;
+    __syncthreads();
+    if (mine) {
+        float sum = 0.0f;
+        for (int k = 0; k < N; k++) sum += cb[i * N + k];
+        v = cb[tid] / sum + eps;
+    }
+    __syncthreads();
+    if (mine) cb[tid] = v;
+    __syncthreads();
+    for (int it = 0; it < iters; it++) {
+        if (it > 0) { /* rows (the first pass is columns only) */
+            if (mine) {
+                float sum = 0.0f;
+                for (int k = 0; k < N; k++) sum += cb[i * N + k];
+                v = cb[tid] / (sum + eps);
+            }
+            __syncthreads();
+            if (mine) cb[tid] = v;
+            __syncthreads();
+        }
+        if (mine) {
+            float sum = 0.0f;
+            for (int k = 0; k < N; k++) sum += cb[k * N + j];
+            v = cb[tid] / (sum + eps);
+        }
+        __syncthreads();
+        if (mine) cb[tid] = v;
+        __syncthreads();
+    }
+    if (mine) comb[(size_t)t * N * N + tid] = cb[tid];
+    const float *xv = xs + (size_t)t * NE;
     float *o = x + (size_t)t * E;
-    for (int e = threadIdx.x; e < E; e += HC_THREADS) {
-        float acc = __fmul_rn(pre[0], v[e]);
+    for (int e = tid; e < E; e += HC_THREADS) {
+        float acc = __fmul_rn(pre[0], xv[e]);
 #pragma unroll
-        for (int i = 1; i < N; i++) acc = __fadd_rn(acc, __fmul_rn(pre[i], v[(size_t)i * E + e]));
+        for (int k = 1; k < N; k++) acc = __fadd_rn(acc, __fmul_rn(pre[k], xv[(size_t)k * E + e]));
         o[e] = acc;
     }
 }
