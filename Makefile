@@ -28,9 +28,12 @@ CU_SRCS  := $(wildcard cuda/*.cu)
 CU_CSRCS := $(wildcard cuda/*.c)
 # cuda/ objects are linked directly, not through the archive: they override
 # weak stand-ins in model/backend.c, which an archive would never pull them for.
+# The C files' objects are named .c.o: a kind's kernels (cuda/<kind>.cu) and
+# its host code (cuda/<kind>.c) would otherwise both be <kind>.o (the .cu
+# rule's shorter stem wins build/cuda/<kind>.o).
 CUDA_OBJS :=
 ifeq ($(CUDA),1)
-CUDA_OBJS := $(CU_SRCS:%.cu=$(BUILD)/%.o) $(CU_CSRCS:%.c=$(BUILD)/%.o)
+CUDA_OBJS := $(CU_SRCS:%.cu=$(BUILD)/%.o) $(CU_CSRCS:%.c=$(BUILD)/%.c.o)
 CFLAGS   += -DSLUICE_CUDA -I$(CUDA_HOME)/include
 LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lnccl -lcudart -lstdc++
 endif
@@ -66,6 +69,9 @@ FORCE:
 $(BUILD)/%.o: %.c $(wildcard */*.h) | $(DEPS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
+$(BUILD)/%.c.o: %.c $(wildcard */*.h) | $(DEPS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
 
 # the web page's files, built into webui.o by .incbin (api/webui.c)
 $(BUILD)/api/webui.o: $(wildcard api/webui/*)
@@ -75,7 +81,7 @@ comma := ,
 NVFLAGS_WG ?= $(subst arch=compute_90$(comma)code=sm_90,arch=compute_90a$(comma)code=sm_90a,$(NVFLAGS))
 $(BUILD)/cuda/attn_wg.o $(BUILD)/cuda/gemm_wg.o: NVFLAGS := $(NVFLAGS_WG)
 
-$(BUILD)/%.o: %.cu $(wildcard cuda/*.h cuda/*.cuh model/*.h base/*.h) | $(DEPS)
+$(BUILD)/cuda/%.o: cuda/%.cu $(wildcard cuda/*.h cuda/*.cuh model/*.h base/*.h) | $(DEPS)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 

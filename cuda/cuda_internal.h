@@ -50,6 +50,7 @@ struct clayer {
     float *attn_norm, *ffn_norm; /* [E] f32, device */
     float *bqkv;        /* [(H + 2 KVH) D / N] or NULL */
     float *q_norm, *k_norm; /* [D] or NULL */
+    struct cuda_hc_layer *hc; /* MODEL_RESID_HC layers: the two sites (cuda/hc.h); else NULL */
 };
 
 /* Offsets (in bytes) of the per-step inputs inside hin/din; max_items:
@@ -102,6 +103,7 @@ struct rank {
     int32_t *cnt;                   /* [max_tokens][KVH] the decode attention's split tickets (zero at rest) */
     uint32_t *hw;                   /* [F] cuda_gemv_mlp's tagged h (one token) */
     uint8_t *din;                   /* device mirror of the backend's hin */
+    struct cuda_hc_rank *hcx;       /* hyper-connection streams and scratch (cuda/hc.h), or NULL */
     cudaGraphExec_t gexec[NBUCKET];
 
     pthread_t th;                   /* ranks >= 1 */

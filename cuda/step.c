@@ -48,6 +48,7 @@
 #include <string.h>
 
 #include "cuda/cuda_internal.h"
+#include "cuda/hc.h"
 
 /* ---- forward ------------------------------------------------------------------- */
 
@@ -378,47 +379,62 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
      * With N > 1 only when the all-reduces go through the peer kernel: the
      * residual adds are then in it, after the sums */
     bool fz = b->fused && T == 1 && (b->tp == 1 || use_peer(b, (size_t)T * E));
+    /* hyper-connections: the embedding into every stream */
+    if (k->hcx && cuda_hc_begin(k, T, err, errlen)) goto fail;
+    /* Each layer: the residual -> k->xn, the mixer (k->xn -> k->delta), k->delta -> the residual and the
+     * residual -> k->xn, the FFN (k->xn -> k->delta), k->delta -> the residual. A plain residual adds a
+     * block's output in the next norm (pend: k->delta not yet in k->x); hyper-connection streams take
+     * it back at once (cuda/hc.h). fz: the norms, SwiGLU and the adds ride in the GEMVs. */
+    bool pend = false;
     for (int l = 0; l < c->n_layer; l++) {
         const struct clayer *L = &k->L[l];
-        /* the previous layer's MLP output joins the residual here */
+        const struct model_layer_kind lk = model_layer_kind_of(c, l);
+        const bool hc = lk.resid == MODEL_RESID_HC;
         unsigned ab = b->t.ablate;
-        if (fz) {
-            if (!(ab & CUDA_ABLATE_QKV)) CK(cuda_gemv_rmsnorm(L->wqkv, k->x, L->attn_norm, c->norm_eps, k->qkv, T, E, QKV, st));
-        } else {
-            if (!(ab & CUDA_ABLATE_NORM))
-                CK(cuda_add_rmsnorm(k->x, l ? k->delta : NULL, L->attn_norm, NULL, T, E, c->norm_eps, k->xn, st));
-            if (!(ab & CUDA_ABLATE_QKV)) CB(proj(k, &L->qqkv, L->wqkv, k->xn, k->qkv, false, T, E, QKV));
+        if (hc) {
+            if (cuda_hc_in(k, l, 0, T, err, errlen)) goto fail;
+        } else if (!fz && !(ab & CUDA_ABLATE_NORM)) {
+            /* the previous layer's MLP output joins the residual here */
+            CK(cuda_add_rmsnorm(k->x, pend ? k->delta : NULL, L->attn_norm, NULL, T, E, c->norm_eps, k->xn, st));
         }
-        size_t es = b->kv8 ? 1 : 2; /* bytes per KV element */
-        char *kc = (char *)k->kv + (size_t)(2 * l) * k->kv_layer * es, *vc = kc + k->kv_layer * es;
-        struct cuda_rope_args ra = {
-            .qkv = k->qkv, .bias = L->bqkv, .q_norm = L->q_norm, .k_norm = L->k_norm, .cos = k->rope_cos,
-            .sin = k->rope_sin, .pos = DIN(k, pos, int32_t), .slots = DIN(k, slots, int64_t), .T = T, .H = H,
-            .KVH = KVH, .D = D, .rope_dim = c->rope_dim, .neox = c->rope_type == MODEL_ROPE_NEOX,
-            .eps = c->norm_eps, .q = k->q, .kc = kc, .vc = vc, .kv8 = b->kv8,
-        };
-        /* decode steps on the decode kernel fold RoPE and the KV write in */
-        bool dk = dec_kernel(b, decode);
-        if (!dk && !(ab & CUDA_ABLATE_ATTN)) CK(cuda_rope_kv(&ra, st));
-        struct cuda_attn_args aa = {
-            .q = k->q, .kc = kc, .vc = vc, .kv8 = b->kv8, .pos = DIN(k, pos, int32_t), .bt = DIN(k, bt, int32_t),
-            .items = DIN(k, items, struct cuda_attn_item),
-            .n_items = DIN(k, n_items, int32_t), .max_items = max_items,
-            .max_rows = decode ? H / KVH : b->job.max_rows, .H = H, .KVH = KVH, .D = D,
-            .block_size = b->block_size, .scale = 1.0f / sqrtf((float)D), .part = k->part,
-            .pstride = decode ? 0 : b->job.pstride,
-            .tok_part = DIN(k, tok_part, int32_t), .tok_nsplit = DIN(k, tok_nsplit, int32_t), .T = T, .out = k->att,
-            /* pack_step splits a decode step's items until they fill ~2 blocks
-             * an SM, so from 32 token x KV head pairs (4 tokens of Llama-8B on
-             * one GPU) at 1K context its blocks outnumber what 2 an SM hold:
-             * there the decode kernel's 3-blocks-an-SM build */
-            .cnt = dk ? k->cnt : NULL,
-            .dec_wide = T * KVH >= 32,
-            .rope = dk ? ra : (struct cuda_rope_args){0},
-        };
-        if (!(ab & CUDA_ABLATE_ATTN)) CK(cuda_attention(&aa, st));
+        if (lk.mixer == MODEL_MIXER_GQA) {
+            if (fz) {
+                if (!(ab & CUDA_ABLATE_QKV))
+                    CK(cuda_gemv_rmsnorm(L->wqkv, k->x, L->attn_norm, c->norm_eps, k->qkv, T, E, QKV, st));
+            } else {
+                if (!(ab & CUDA_ABLATE_QKV)) CB(proj(k, &L->qqkv, L->wqkv, k->xn, k->qkv, false, T, E, QKV));
+            }
+            size_t es = b->kv8 ? 1 : 2; /* bytes per KV element */
+            char *kc = (char *)k->kv + (size_t)(2 * l) * k->kv_layer * es, *vc = kc + k->kv_layer * es;
+            struct cuda_rope_args ra = {
+                .qkv = k->qkv, .bias = L->bqkv, .q_norm = L->q_norm, .k_norm = L->k_norm, .cos = k->rope_cos,
+                .sin = k->rope_sin, .pos = DIN(k, pos, int32_t), .slots = DIN(k, slots, int64_t), .T = T, .H = H,
+                .KVH = KVH, .D = D, .rope_dim = c->rope_dim, .neox = c->rope_type == MODEL_ROPE_NEOX,
+                .eps = c->norm_eps, .q = k->q, .kc = kc, .vc = vc, .kv8 = b->kv8,
+            };
+            /* decode steps on the decode kernel fold RoPE and the KV write in */
+            bool dk = dec_kernel(b, decode);
+            if (!dk && !(ab & CUDA_ABLATE_ATTN)) CK(cuda_rope_kv(&ra, st));
+            struct cuda_attn_args aa = {
+                .q = k->q, .kc = kc, .vc = vc, .kv8 = b->kv8, .pos = DIN(k, pos, int32_t), .bt = DIN(k, bt, int32_t),
+                .items = DIN(k, items, struct cuda_attn_item),
+                .n_items = DIN(k, n_items, int32_t), .max_items = max_items,
+                .max_rows = decode ? H / KVH : b->job.max_rows, .H = H, .KVH = KVH, .D = D,
+                .block_size = b->block_size, .scale = 1.0f / sqrtf((float)D), .part = k->part,
+                .pstride = decode ? 0 : b->job.pstride,
+                .tok_part = DIN(k, tok_part, int32_t), .tok_nsplit = DIN(k, tok_nsplit, int32_t), .T = T, .out = k->att,
+                /* pack_step splits a decode step's items until they fill ~2 blocks
+                 * an SM, so from 32 token x KV head pairs (4 tokens of Llama-8B on
+                 * one GPU) at 1K context its blocks outnumber what 2 an SM hold:
+                 * there the decode kernel's 3-blocks-an-SM build */
+                .cnt = dk ? k->cnt : NULL,
+                .dec_wide = T * KVH >= 32,
+                .rope = dk ? ra : (struct cuda_rope_args){0},
+            };
+            if (!(ab & CUDA_ABLATE_ATTN)) CK(cuda_attention(&aa, st));
+            if (!(ab & CUDA_ABLATE_O) && proj_rows(k, k->att, &L->qo, L->wo, T, Q, E, 0, fz, err, errlen)) goto fail;
+        }
         if (fz) {
-            if (!(ab & CUDA_ABLATE_O) && proj_rows(k, k->att, &L->qo, L->wo, T, Q, E, 0, true, err, errlen)) goto fail;
             if (b->tp == 1 && c->n_layer >= 2 && !(ab & (CUDA_ABLATE_GU | CUDA_ABLATE_DOWN))) {
                 /* one GPU: the down GEMV reads h as gate/up stores it, tagged
                  * with the layer (consecutive calls differ) */
@@ -431,35 +447,47 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
                 goto fail;
             continue;
         }
-        if (!(ab & CUDA_ABLATE_O) && proj_rows(k, k->att, &L->qo, L->wo, T, Q, E, 0, false, err, errlen)) goto fail;
-        if (!(ab & CUDA_ABLATE_NORM))
+        if (hc) {
+            if (cuda_hc_out(k, l, 0, T, err, errlen) || cuda_hc_in(k, l, 1, T, err, errlen)) goto fail;
+        } else if (!(ab & CUDA_ABLATE_NORM)) {
             CK(cuda_add_rmsnorm(k->x, k->delta, L->ffn_norm, NULL, T, E, c->norm_eps, k->xn, st));
-        bool gu_gemv = !L->qgu.n && T <= CUDA_GEMV_MMA_MAX_T && E % 8 == 0;
-        if (!(ab & CUDA_ABLATE_GU) && gu_gemv) {
-            /* SwiGLU in the GEMV's epilogue: bit for bit the two kernels below */
-            CK(cuda_gemv_swiglu(L->wgu, k->xn, k->h, T, E, F, st));
-        } else if (!(ab & CUDA_ABLATE_GU) && !L->qgu.n && T >= b->t.gemm_wg_min_t && cuda_gemm_wg_ok(T, E, 2 * F)) {
-            /* sm_90: SwiGLU in the warpgroup GEMM's epilogue, gate|up never stored */
-            CK(cuda_gemm_wg_swiglu(L->wgu, k->xn, k->h, T, E, F, st));
-        } else if (!(ab & CUDA_ABLATE_GU) && L->qgu.n == 1 && !L->qgu.p[0].w && T > CUDA_QGEMV_MMA_MAX_T &&
-                   T >= b->t.gemm_wg_min_t && cuda_gemm_wg_ok(T, E, 2 * F) &&
-                   k->qws.deq_bytes >= (size_t)2 * F * E * 2) {
-            /* a long step: gate|up dequantized whole, then the warpgroup GEMM with SwiGLU, as bf16 weights */
-            CK(cuda_qdequant(&L->qgu.p[0].q, 0, 2 * F, k->qws.deq, st));
-            CK(cuda_gemm_wg_swiglu(k->qws.deq, k->xn, k->h, T, E, F, st));
-        } else if (!(ab & CUDA_ABLATE_GU) && L->qgu.n == 1 && !L->qgu.p[0].w) {
-            /* one packed gate|up matrix: SwiGLU in the GEMV's epilogue where it can be */
-            CB(cuda_qgemm_swiglu(&L->qgu.p[0].q, k->xn, k->h, k->gu, T, &k->qws, k->blas, st));
-        } else if (!(ab & CUDA_ABLATE_GU)) {
-            CB(proj(k, &L->qgu, L->wgu, k->xn, k->gu, false, T, E, 2 * F));
-            CK(cuda_swiglu(k->gu, T, F, k->h, st));
         }
-        if (!(ab & CUDA_ABLATE_DOWN) && proj_rows(k, k->h, &L->qdown, L->wdown, T, F, E, 1, false, err, errlen))
-            goto fail;
+        if (lk.ffn == MODEL_FFN_DENSE) {
+            bool gu_gemv = !L->qgu.n && T <= CUDA_GEMV_MMA_MAX_T && E % 8 == 0;
+            if (!(ab & CUDA_ABLATE_GU) && c->moe.swiglu_limit > 0) {
+                /* glm5_next's clamped SwiGLU: after the projection, whatever its format */
+                CB(proj(k, &L->qgu, L->wgu, k->xn, k->gu, false, T, E, 2 * F));
+                CK(cuda_swiglu_limit(k->gu, T, F, c->moe.swiglu_limit, k->h, st));
+            } else if (!(ab & CUDA_ABLATE_GU) && gu_gemv) {
+                /* SwiGLU in the GEMV's epilogue: bit for bit the two kernels below */
+                CK(cuda_gemv_swiglu(L->wgu, k->xn, k->h, T, E, F, st));
+            } else if (!(ab & CUDA_ABLATE_GU) && !L->qgu.n && T >= b->t.gemm_wg_min_t && cuda_gemm_wg_ok(T, E, 2 * F)) {
+                /* sm_90: SwiGLU in the warpgroup GEMM's epilogue, gate|up never stored */
+                CK(cuda_gemm_wg_swiglu(L->wgu, k->xn, k->h, T, E, F, st));
+            } else if (!(ab & CUDA_ABLATE_GU) && L->qgu.n == 1 && !L->qgu.p[0].w && T > CUDA_QGEMV_MMA_MAX_T &&
+                       T >= b->t.gemm_wg_min_t && cuda_gemm_wg_ok(T, E, 2 * F) &&
+                       k->qws.deq_bytes >= (size_t)2 * F * E * 2) {
+                /* a long step: gate|up dequantized whole, then the warpgroup GEMM with SwiGLU, as bf16 weights */
+                CK(cuda_qdequant(&L->qgu.p[0].q, 0, 2 * F, k->qws.deq, st));
+                CK(cuda_gemm_wg_swiglu(k->qws.deq, k->xn, k->h, T, E, F, st));
+            } else if (!(ab & CUDA_ABLATE_GU) && L->qgu.n == 1 && !L->qgu.p[0].w) {
+                /* one packed gate|up matrix: SwiGLU in the GEMV's epilogue where it can be */
+                CB(cuda_qgemm_swiglu(&L->qgu.p[0].q, k->xn, k->h, k->gu, T, &k->qws, k->blas, st));
+            } else if (!(ab & CUDA_ABLATE_GU)) {
+                CB(proj(k, &L->qgu, L->wgu, k->xn, k->gu, false, T, E, 2 * F));
+                CK(cuda_swiglu(k->gu, T, F, k->h, st));
+            }
+            if (!(ab & CUDA_ABLATE_DOWN) && proj_rows(k, k->h, &L->qdown, L->wdown, T, F, E, 1, false, err, errlen))
+                goto fail;
+        }
+        if (hc && cuda_hc_out(k, l, 1, T, err, errlen)) goto fail;
+        pend = !hc;
     }
     if (R > 0) {
-        CK(cuda_add_rmsnorm(k->x, fz ? NULL : k->delta, k->out_norm, DIN(k, rows, int32_t), R, E, c->norm_eps,
-                            k->hfin, st));
+        /* hyper-connections: the head reads the streams' mean */
+        if (k->hcx && cuda_hc_final(k, T, err, errlen)) goto fail;
+        CK(cuda_add_rmsnorm(k->x, pend && !fz ? k->delta : NULL, k->out_norm, DIN(k, rows, int32_t), R, E,
+                            c->norm_eps, k->hfin, st));
         if (!(b->t.ablate & CUDA_ABLATE_HEAD))
             CB(proj(k, &k->qhead, k->lm_head, k->hfin, k->logits, true, R, E, k->vn));
         if (b->tp == 1) {

@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "cuda/cuda_internal.h"
+#include "cuda/hc.h"
 
 static uint16_t to_bf16(float f)
 {
@@ -376,6 +377,7 @@ int cuda_rank_init(struct rank *k, char *err, size_t errlen)
             VEC(L->q_norm, &lw->q_norm, 0, D);
             VEC(L->k_norm, &lw->k_norm, 0, D);
         }
+        if (model_layer_kind_of(c, l).resid == MODEL_RESID_HC && cuda_hc_upload(k, l, err, errlen)) goto fail;
     }
 #undef MAT
 #undef VEC

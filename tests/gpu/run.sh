@@ -12,12 +12,14 @@
 #   suite (batch invariance, chunked prefill, prefix reuse, preemption) on the
 #   CUDA backend: with the bf16 KV cache on the default model (tiny-qwen3 when
 #   models/ lacks it), with fp8 on tiny-qwen3, and with each on
-#   tiny-qwen3-d128 (head_dim 128: the warpgroup prefill attention on sm_90);
+#   tiny-qwen3-d128 (head_dim 128: the warpgroup prefill attention on sm_90),
+#   and with bf16 on glm5-mla (glm5_next: MLA, MoE, hyper-connections);
 #   test_gpu_e2e and the engine suite on tiny-qwen3 once more with the fused
 #   gate|up GEMM on every step of 5+ tokens; with 2+ GPUs, test_gpu_e2e at
 #   TP=2 against the CPU and against one GPU (it also makes a rank fail and
 #   checks that the others stop) and the engine suite on tiny-qwen3 at TP=2,
-#   each again with the fused GEMM; then, with the default model in models/
+#   each again with the fused GEMM, and test_glm5_layers (every glm5_next
+#   layer's hyper-connection streams) at TP=2; then, with the default model in models/
 #   and the openai module, the Python integration tests (all but
 #   test_chat_rules.py, which pins --device cpu) against servers on the GPU
 #   (test_server.py and test_batch.py again at TP=2 with 2+ GPUs) and a check
@@ -121,11 +123,13 @@ check() {
         if [ -f "$MODEL" ]; then runs+=("SLUICE_TEST_DEVICE=cuda $B/tests/test_engine"); else runs+=("$e $B/tests/test_engine"); fi
         runs+=("SLUICE_TEST_KV=fp8 $e $B/tests/test_engine" "$e128 $B/tests/test_engine"
                "SLUICE_TEST_KV=fp8 $e128 $B/tests/test_engine"
+               "SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/glm5/glm5-mla $B/tests/test_engine"
                "$B/tests/gpu/test_gpu_e2e --gemm-wg-min-t=1" "$e $B/tests/test_engine --gemm-wg-min-t=1")
         if [ "$ngpu" -ge 2 ]; then
             runs+=("SLUICE_TEST_TP=2 $B/tests/gpu/test_gpu_e2e"
                    "SLUICE_TEST_TP=2 SLUICE_TEST_REF=cuda $B/tests/gpu/test_gpu_e2e"
                    "SLUICE_TEST_TP=2 $e $B/tests/test_engine"
+                   "SLUICE_TEST_TP=2 $B/tests/gpu/test_glm5_layers"
                    "SLUICE_TEST_TP=2 $B/tests/gpu/test_gpu_e2e --gemm-wg-min-t=1"
                    "SLUICE_TEST_TP=2 $e $B/tests/test_engine --gemm-wg-min-t=1")
         fi
