@@ -55,6 +55,7 @@
 #include <string.h>
 
 #include "cuda/cuda_internal.h"
+#include "cuda/moe.h"
 
 bool model_cuda_available(void)
 {
@@ -149,13 +150,16 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     /* the plan first: a kind it lacks is the reason, whatever its shapes */
     for (int l = 0; l < c->n_layer; l++) {
         struct model_layer_kind k = model_layer_kind_of(c, l);
-        if (k.mixer != MODEL_MIXER_GQA || k.ffn != MODEL_FFN_DENSE || k.resid != MODEL_RESID_PLAIN) {
+        if (k.mixer != MODEL_MIXER_GQA || (k.ffn != MODEL_FFN_DENSE && k.ffn != MODEL_FFN_MOE) ||
+            k.resid != MODEL_RESID_PLAIN) {
             sl_seterr(err, errlen,
-                      "cuda: layer %d is %s + %s%s; the GPU backend runs gqa + dense layers only (use --device cpu)", l,
-                      model_mixer_name(k.mixer), model_ffn_name(k.ffn),
+                      "cuda: layer %d is %s + %s%s; the GPU backend runs gqa + dense or moe layers only (use --device "
+                      "cpu)",
+                      l, model_mixer_name(k.mixer), model_ffn_name(k.ffn),
                       k.resid == MODEL_RESID_HC ? " with hyper-connections" : "");
             return NULL;
         }
+        if (k.ffn == MODEL_FFN_MOE && cuda_moe_check(c, N, l, err, errlen)) return NULL;
     }
     if (model_tp_check(c, N, err, errlen)) return NULL;
     if (c->head_dim % 8 || c->head_dim > 256 || c->n_head / c->n_head_kv > CUDA_ATTN_ROWS) {
@@ -194,7 +198,7 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     }
     /* the fused decode kernels read bf16 weights only */
     b->fused = c->n_embd % 8 == 0 && c->n_ff % 8 == 0 && (c->n_head * c->head_dim) % 8 == 0 &&
-               (size_t)CUDA_GEMV_MAX_T * c->n_embd * 2 <= CUDA_GEMV_NORM_SMEM && !b->qlayers;
+               (size_t)CUDA_GEMV_MAX_T * c->n_embd * 2 <= CUDA_GEMV_NORM_SMEM && !b->qlayers && c->moe.n_expert == 0;
     b->warmup = b->t.warmup;
     b->tc_rows = cuda_attention_tc_ok(c->head_dim, c->n_head / c->n_head_kv) ? CUDA_ATTN_TC_ROWS : 0;
     b->part_rows = (int)((b->max_tokens < 256 ? b->max_tokens : 256) * (c->n_head / c->n_head_kv));
@@ -469,6 +473,7 @@ static void rank_free(struct rank *k, const struct model_config *c)
             struct clayer *L = &k->L[l];
             cudaFree(L->wqkv), cudaFree(L->wo), cudaFree(L->wgu), cudaFree(L->wdown);
             cudaFree(L->attn_norm), cudaFree(L->ffn_norm), cudaFree(L->bqkv), cudaFree(L->q_norm), cudaFree(L->k_norm);
+            cuda_moe_free(k, l);
         }
         free(k->L);
     }

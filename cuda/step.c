@@ -42,6 +42,7 @@
 #include <string.h>
 
 #include "cuda/cuda_internal.h"
+#include "cuda/moe.h"
 
 /* ---- forward ------------------------------------------------------------------- */
 
@@ -415,6 +416,10 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
         if (!(ab & CUDA_ABLATE_O) && proj_rows(k, k->att, &L->qo, L->wo, T, Q, E, 0, false, err, errlen)) goto fail;
         if (!(ab & CUDA_ABLATE_NORM))
             CK(cuda_add_rmsnorm(k->x, k->delta, L->ffn_norm, NULL, T, E, c->norm_eps, k->xn, st));
+        if (L->moe) {
+            if (cuda_moe_ffn(k, l, T, decode, err, errlen)) goto fail;
+            continue;
+        }
         bool gu_gemv = !L->qgu.n && T <= CUDA_GEMV_MMA_MAX_T && E % 8 == 0;
         if (!(ab & CUDA_ABLATE_GU) && gu_gemv) {
             /* SwiGLU in the GEMV's epilogue: bit for bit the two kernels below */
