@@ -361,22 +361,23 @@ extern "C" cudaError_t cuda_moe_experts(const struct cuda_moe_args *a, cudaStrea
 }
 
 /* out[t] = sum over t's slots in order of wt y (the CPU's order and
- * roundings: a product, then a sum), rounded to bf16 */
-static __global__ void combine_kernel(const float *y, const float *wt, int S, int E, uint16_t *out)
+ * roundings: a product, then a sum), rounded to bf16 (or into outf as f32) */
+static __global__ void combine_kernel(const float *y, const float *wt, int S, int E, uint16_t *out, float *outf)
 {
     const int t = blockIdx.x;
     const float *w = wt + (size_t)t * S, *yt = y + (size_t)t * S * E;
     for (int i = threadIdx.x; i < E; i += blockDim.x) {
         float o = __fmul_rn(w[0], yt[i]);
         for (int j = 1; j < S; j++) o = __fadd_rn(o, __fmul_rn(w[j], yt[(size_t)j * E + i]));
-        out[(size_t)t * E + i] = f2bf(o);
+        if (outf) outf[(size_t)t * E + i] = o;
+        else out[(size_t)t * E + i] = f2bf(o);
     }
 }
 
 extern "C" cudaError_t cuda_moe_combine(const struct cuda_moe_args *a, cudaStream_t st)
 {
     if (a->T <= 0) return cudaSuccess;
-    combine_kernel<<<a->T, MOE_THREADS, 0, st>>>(a->y, a->wt, a->S, a->E, a->out);
+    combine_kernel<<<a->T, MOE_THREADS, 0, st>>>(a->y, a->wt, a->S, a->E, a->out, a->outf);
     return cudaGetLastError();
 }
 

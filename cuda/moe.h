@@ -21,6 +21,10 @@
  *     expert by expert);
  *  4. combine: each token's expert outputs weighed and summed in ascending
  *     expert order, then the shared experts, as the CPU does.
+ * Tensor parallel (N ranks): every rank routes alike (the same input, the
+ * same kernels) and holds rows [k F/N, (k+1) F/N) of every expert's gate
+ * and up and those columns of its down, so its combine is a partial sum
+ * (f32) that one all-reduce per layer completes, as for a dense MLP.
  * Every (weight row, token) dot product is one f32 chain over the input in
  * column order whatever the tiling, so a token's output does not depend on
  * which other tokens share the step (batch invariance).
@@ -83,6 +87,7 @@ struct cuda_moe_args {
     uint16_t *h;              /* [T S][Fmax] bf16: each assignment's SwiGLU output */
     float *y;                 /* [T S][E] f32: each assignment's expert output */
     uint16_t *out;            /* [T][E] bf16: the block's output */
+    float *outf;              /* or, non-NULL, [T][E] f32 instead (a rank's partial sum, N > 1) */
 };
 
 /* The four stages (see the file comment), enqueued on st; each returns the
@@ -107,8 +112,9 @@ cudaError_t cuda_moe_forward(const struct cuda_moe_args *a, cudaStream_t st);
 struct rank;
 struct model_config;
 
-/* Whether the GPU backend takes layer l, an MoE layer of c, at tp ranks:
- * 0, or SL_EUNSUP with a message naming the layer and what is missing. */
+/* Whether the GPU backend takes layer l, an MoE layer of c, at tp ranks
+ * (each rank holds 1/tp of every expert's intermediate rows, so they must
+ * divide): 0, or SL_EUNSUP with a message naming the layer and the reason. */
 int cuda_moe_check(const struct model_config *c, int tp, int l, char *err, size_t errlen);
 
 /* A layer's MoE weights and step scratch on one rank (clayer.moe). */

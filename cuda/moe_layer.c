@@ -32,11 +32,11 @@ static uint16_t to_bf16(float f)
 int cuda_moe_check(const struct model_config *c, int tp, int l, char *err, size_t errlen)
 {
     const struct model_moe_config *mc = &c->moe;
-    if (tp > 1) {
+    if (mc->n_ff_expert % tp || mc->n_ff_shared % tp) {
         sl_seterr(err, errlen,
-                  "cuda: layer %d is moe: the GPU backend runs MoE layers at --tensor-parallel-size 1 only (the "
-                  "experts' split across ranks is not built yet); use 1, or --device cpu",
-                  l);
+                  "cuda: layer %d is moe: its expert intermediate size %d (shared %d) does not divide by "
+                  "--tensor-parallel-size %d",
+                  l, mc->n_ff_expert, mc->n_ff_shared, tp);
         return SL_EUNSUP;
     }
     if (mc->n_expert < 1 || mc->n_expert > CUDA_MOE_MAX_EXPERTS || mc->n_expert_used > mc->n_expert) {
@@ -84,8 +84,10 @@ static void staged_free(struct staged *s)
     memset(s, 0, sizeof *s);
 }
 
-static int stage(struct rank *k, const struct model_tensor *t, int64_t rows, int64_t cols, const char *what,
-                 struct staged *s, char *err, size_t errlen)
+/* Rows [r0, r0 + rows) x columns [c0, c0 + cols) of t, a matrix of `width`
+ * columns (a rank's share of an expert matrix). */
+static int stage(struct rank *k, const struct model_tensor *t, int64_t width, int64_t r0, int64_t rows, int64_t c0,
+                 int64_t cols, const char *what, struct staged *s, char *err, size_t errlen)
 {
     memset(s, 0, sizeof *s);
     if (!t->data) {
@@ -94,7 +96,7 @@ static int stage(struct rank *k, const struct model_tensor *t, int64_t rows, int
     }
     if (t->dtype == MODEL_DT_QPACK) {
         char why[256];
-        int rc = model_quant_repack(t, 0, rows, 0, cols, &s->rp, why, sizeof why);
+        int rc = model_quant_repack(t, r0, rows, c0, cols, &s->rp, why, sizeof why);
         if (rc == 0) {
             const struct model_qrepack *p = &s->rp;
             size_t ng = (size_t)rows * p->n_groups;
@@ -118,13 +120,15 @@ static int stage(struct rank *k, const struct model_tensor *t, int64_t rows, int
     }
     if (!(s->bf = malloc((size_t)(rows * cols) * 2))) goto oom;
     if (t->dtype == MODEL_DT_BF16) {
-        memcpy(s->bf, t->data, (size_t)(rows * cols) * 2);
+        const uint16_t *src = (const uint16_t *)t->data;
+        for (int64_t r = 0; r < rows; r++) memcpy(s->bf + r * cols, src + (r0 + r) * width + c0, (size_t)cols * 2);
     } else {
-        float *row = malloc((size_t)cols * sizeof *row);
+        /* whole rows: quantized blocks are never split */
+        float *row = malloc((size_t)width * sizeof *row);
         if (!row) goto oom;
         for (int64_t r = 0; r < rows; r++) {
-            model_tensor_to_f32(t, r * cols, cols, row);
-            for (int64_t i = 0; i < cols; i++) s->bf[r * cols + i] = to_bf16(row[i]);
+            model_tensor_to_f32(t, (r0 + r) * width, width, row);
+            for (int64_t i = 0; i < cols; i++) s->bf[r * cols + i] = to_bf16(row[c0 + i]);
         }
         free(row);
     }
@@ -164,7 +168,8 @@ fail:
     return SL_EDEVICE;
 }
 
-/* Expert (gate, up [F][E], down [E][F]) into one device allocation. */
+/* Expert (gate, up [F][E], down [E][F]) into one device allocation: rank
+ * k's rows [k F/N, (k+1) F/N) of gate and up, those columns of down. */
 static int upload_expert(struct rank *k, struct cuda_moe_layer *L, int l, const char *who,
                          const struct model_tensor *g, const struct model_tensor *u, const struct model_tensor *d,
                          int F, int E, struct cuda_moe_expert *out, char *err, size_t errlen)
@@ -174,10 +179,13 @@ static int upload_expert(struct rank *k, struct cuda_moe_layer *L, int l, const 
     char what[3][96];
     static const char *const nm[3] = {"gate", "up", "down"};
     for (int i = 0; i < 3; i++) snprintf(what[i], sizeof what[i], "layer %d %s %s", l, who, nm[i]);
+    const int64_t Fl = F / k->b->tp, f0 = Fl * k->id;
     int rc;
-    if ((rc = stage(k, g, F, E, what[0], &s[0], err, errlen)) || (rc = stage(k, u, F, E, what[1], &s[1], err, errlen)) ||
-        (rc = stage(k, d, E, F, what[2], &s[2], err, errlen)))
+    if ((rc = stage(k, g, E, f0, Fl, 0, E, what[0], &s[0], err, errlen)) ||
+        (rc = stage(k, u, E, f0, Fl, 0, E, what[1], &s[1], err, errlen)) ||
+        (rc = stage(k, d, F, 0, E, f0, Fl, what[2], &s[2], err, errlen)))
         goto out;
+    F = (int)Fl;
     size_t b1 = s[0].bytes, b2 = b1 + s[1].bytes;
     char *dev = dalloc(L, b2 + s[2].bytes, err, errlen);
     rc = SL_ENOMEM;
@@ -204,7 +212,7 @@ static int rank_scratch(struct rank *k, char *err, size_t errlen)
     }
     k->moex = R;
     size_t T = b->max_tokens, NE = mc->n_expert, S = mc->n_expert_used + (mc->n_ff_shared > 0), E = b->c.n_embd;
-    R->Fmax = mc->n_ff_expert > mc->n_ff_shared ? mc->n_ff_expert : mc->n_ff_shared;
+    R->Fmax = (mc->n_ff_expert > mc->n_ff_shared ? mc->n_ff_expert : mc->n_ff_shared) / b->tp;
     if (cuda_dmalloc((void **)&R->logits, T * (NE + 1) * 4, err, errlen) ||
         cuda_dmalloc((void **)&R->idx, T * S * 4, err, errlen) || cuda_dmalloc((void **)&R->wt, T * S * 4, err, errlen) ||
         cuda_dmalloc((void **)&R->count, (NE + 1) * 4, err, errlen) ||
@@ -322,7 +330,16 @@ int cuda_moe_ffn(struct rank *k, int l, int T, bool decode, char *err, size_t er
         .bias = L->bias, .ex = L->dex, .logits = R->logits, .idx = R->idx, .wt = R->wt, .count = R->count,
         .start = R->start, .list = R->list, .act = R->act, .h = R->h, .y = R->y, .out = k->delta,
     };
+    if (k->b->tp == 1) {
+        CK(cuda_moe_forward(&a, k->st));
+        return 0;
+    }
+    /* N > 1: this rank's partial sum, all-reduced (NCCL), rounded to bf16 once */
+    size_t n = (size_t)T * a.E;
+    a.outf = k->deltaf;
     CK(cuda_moe_forward(&a, k->st));
+    if (!k->b->skip_comm) NC(ncclAllReduce(k->deltaf, k->deltaf, n, ncclFloat, ncclSum, k->comm, k->st));
+    CK(cuda_f32_to_bf16(k->deltaf, n, k->delta, k->st));
     return 0;
 fail:
     return SL_EDEVICE;

@@ -18,7 +18,8 @@
 #   (tiny-qwen3-moe-ctx2k: tiny-qwen3-moe's weights with a 2048-token
 #   context, which the suite's 512-token requests need); with 2+ GPUs, test_gpu_e2e at
 #   TP=2 against the CPU and against one GPU (it also makes a rank fail and
-#   checks that the others stop) and the engine suite on tiny-qwen3 at TP=2,
+#   checks that the others stop) and the engine suite on tiny-qwen3 and
+#   tiny-qwen3-moe-ctx2k at TP=2,
 #   each again with the fused GEMM; then, with the default model in models/
 #   and the openai module, the Python integration tests (all but
 #   test_chat_rules.py, which pins --device cpu) against servers on the GPU
@@ -126,6 +127,7 @@ check() {
             runs+=("SLUICE_TEST_TP=2 $B/tests/gpu/test_gpu_e2e"
                    "SLUICE_TEST_TP=2 SLUICE_TEST_REF=cuda $B/tests/gpu/test_gpu_e2e"
                    "SLUICE_TEST_TP=2 $e $B/tests/test_engine"
+                   "SLUICE_TEST_TP=2 SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3-moe-ctx2k $B/tests/test_engine"
                    "SLUICE_TEST_TP=2 $B/tests/gpu/test_gpu_e2e --gemm-wg-min-t=1"
                    "SLUICE_TEST_TP=2 $e $B/tests/test_engine --gemm-wg-min-t=1")
         fi
