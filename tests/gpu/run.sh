@@ -34,6 +34,9 @@
 #   gpu                bench_gpu: TTFT of 2048 tokens, a 16K-token prefill step,
 #                      batch-1 decode at 1K context, decode batches 8 / 64 / 256
 #   decode             decode at 1K context, batches 1, 2, 4, 8, 16, 64, 128, 256
+#   moe                the Qwen3-30B-A3B shape, bf16 and int4 g128 experts
+#                      (tools/configs/qwen3-30b-a3b, -w4a16): bench_gpu's steps,
+#                      decode at batch 64 and 256 too
 #   quant              packed weights beside bf16 (tools/configs/llama-3.1-8b,
 #                      -w4g128: int4 group 128, -w8: int8 per channel; bf16
 #                      lm_head): TTFT of 2048, a 16K-token prefill step,
@@ -188,6 +191,11 @@ bench_one() {
             for s in 32768 131072; do
                 timeout -k 5 600 "$B/tests/gpu/bench_gpu" $G0 --kv-cache-dtype=$k --long=$s 2>&1 | tee "$d/long_${k}_$s.log"
             done
+        done ;;
+    moe)
+        for s in qwen3-30b-a3b qwen3-30b-a3b-w4a16; do
+            echo "-- $s"
+            timeout -k 5 600 "$B/tests/gpu/bench_gpu" $G --decode=64x1024,256x256 "tools/configs/$s" 2>&1 | tee "$d/$s.log"
         done ;;
     gemm) timeout -k 5 300 "$B/tests/gpu/bench_gemm" --wg 2>&1 | tee "$d/bench_gemm.log" ;;
     attn)
