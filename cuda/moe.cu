@@ -2,25 +2,23 @@
  * grouping tokens by expert (a counting sort), the experts' gate|up with
  * SwiGLU and down over each expert's gathered rows, and the weighted sum.
  *
- * The expert kernels are plain tiled SIMT GEMMs (32 tokens x 32 weight rows
- * x 32 columns a tile, staged in shared memory as f32): a block takes one
- * active expert and a tile of its output rows and walks the expert's tokens
- * 32 at a time. A weight tile is read as bf16, or dequantized from the
- * packed layout exactly as qgemm.cu does ((code - zero) * scale, exact in
- * f32, rounded once to the scale's dtype). Each (row, token) output is one
- * fmaf chain over the columns in order, so its bits do not depend on the
- * tile it fell in: a token's result is the same alone or in a batch.
- * Correctness first: they read each weight tile once per 32 tokens of its
- * expert, with no tensor cores.
+ * The expert kernels are SIMT and GEMV-shaped (expert_kernel): a warp takes
+ * a few weight rows of one active expert and streams them once per group of
+ * up to 8 of the expert's tokens, so a decode step reads each chosen
+ * expert's weights about once, and only theirs. A weight is read as bf16, or
+ * dequantized from the packed layout exactly as qgemm.cu does ((code - zero)
+ * * scale, exact in f32, rounded once to the scale's dtype). Each (row,
+ * token) output is one fixed sequence of f32 operations over the columns,
+ * so its bits do not depend on the other tokens of the step: a token's
+ * result is the same alone or in a batch. No tensor cores yet: long prefill
+ * steps re-read an expert's weights (from L2) once per 8 of its tokens and
+ * are compute bound on the SIMT cores.
  */
 #include <math.h>
 
 #include "cuda/bf16.cuh"
 #include "cuda/moe.h"
 
-#define TM 32 /* tokens a tile */
-#define TN 32 /* weight rows a tile */
-#define TK 32 /* columns a tile */
 #define MOE_THREADS 256
 
 /* ---- routing ------------------------------------------------------------------------ */
@@ -286,63 +284,160 @@ static __device__ __forceinline__ float swiglu_f(float g, float u, float limit)
     return g / (1.0f + expf(-g)) * u;
 }
 
-/* GU: h[a] = SwiGLU(gate x, up x) for the expert's assignments a (x the
- * token's row of xn); else y[a] = down h[a]. Grid: (expert slot, row tile,
- * token chunk). */
-template <bool GU>
-static __global__ void __launch_bounds__(MOE_THREADS) expert_kernel(struct cuda_moe_args a)
+/* The 8 weights of row r, columns [8 ch, 8 ch + 8) of m (a matrix of `cols`
+ * columns) as f32, zeros past the row: one 16-byte load (bf16, cols % 8 ==
+ * 0) or one word of codes (packed; a chunk is inside one group, as groups
+ * are multiples of 8 columns), else element by element. */
+static __device__ __forceinline__ void weights8(const cuda_moe_mat &m, int r, int ch, int cols, float *w)
 {
-    __shared__ float xs[TM][TK + 1], ws[TN][TK + 1], us[GU ? TN : 1][TK + 1];
+    const int c = ch * 8;
+    if (m.w) {
+        const uint16_t *row = m.w + (size_t)r * cols;
+        if ((cols & 7) == 0) {
+            const uint4 v = __ldg((const uint4 *)(row + c));
+            const uint32_t p[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int j = 0; j < 4; j++) w[2 * j] = __uint_as_float(p[j] << 16), w[2 * j + 1] = __uint_as_float(p[j] & 0xffff0000u);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8; j++) w[j] = c + j < cols ? bf2f(row[c + j]) : 0.0f;
+        }
+        return;
+    }
+    if (m.iperm || c + 8 > cols) {
+#pragma unroll
+        for (int j = 0; j < 8; j++) w[j] = c + j < cols ? weight(m, r, c + j, cols) : 0.0f;
+        return;
+    }
+    const uint8_t *row = m.qw + (size_t)r * m.row_bytes;
+    const size_t gi = (size_t)r * m.n_groups + (m.n_groups > 1 ? c / m.group : 0);
+    const int z = m.zeros ? (int)m.zeros[gi] : 1 << (m.bits - 1);
+    const uint16_t sr = m.scales[gi];
+    const float sc = m.f16 ? __half2float(__ushort_as_half(sr)) : bf2f(sr);
+    uint32_t lo, hi = 0;
+    if (m.bits == 4) {
+        lo = __ldg((const uint32_t *)(row + c / 2));
+    } else {
+        const uint2 v = __ldg((const uint2 *)(row + c));
+        lo = v.x, hi = v.y;
+    }
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        /* int4: column j in nibble j / 2 + 4 (j % 2) (the layout's order, model.h) */
+        const uint32_t u = m.bits == 4 ? (lo >> (4 * ((j >> 1) + 4 * (j & 1)))) & 0xFu
+                                       : ((j < 4 ? lo : hi) >> (8 * (j & 3))) & 0xFFu;
+        const float x = (float)((int)u - z) * sc; /* exact in f32 */
+        w[j] = m.f16 ? __half2float(__float2half_rn(x)) : bf2f(f2bf(x));
+    }
+}
+
+/* 8 activations of a bf16 row, columns [c, c + 8), zeros past cols */
+static __device__ __forceinline__ void act8(const uint16_t *row, int c, int cols, bool vec, float *f)
+{
+    if (vec && c + 8 <= cols) {
+        const uint4 v = *(const uint4 *)(row + c);
+        const uint32_t p[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) f[2 * j] = __uint_as_float(p[j] << 16), f[2 * j + 1] = __uint_as_float(p[j] & 0xffff0000u);
+        return;
+    }
+#pragma unroll
+    for (int j = 0; j < 8; j++) f[j] = c + j < cols ? bf2f(row[c + j]) : 0.0f;
+}
+
+#define NW 4 /* warps a block of the expert kernels */
+
+/* GU: h[a] = SwiGLU(gate x, up x) for the expert's assignments a (x the
+ * token's row of xn); else y[a] = down h[a]. Grid: (expert slot, row block,
+ * token group); a warp takes R rows (gate and up rows with GU) and the
+ * expert's tokens TT at a time. Lane l sums the 8-column chunks l, l + 32,
+ * ... of a row in order, then the lanes combine by the xor butterfly: every
+ * (row, token) output is that one sequence of operations whatever TT, the
+ * token's place among its expert's tokens or the grid (batch invariance).
+ * The weights stream in 16-byte chunks a lane (or a word of codes), read
+ * once per TT tokens. */
+template <bool GU, int R, int TT>
+static __global__ void __launch_bounds__(NW * 32) expert_kernel(struct cuda_moe_args a)
+{
     const int n_act = a.act[a.NE + 1];
     if ((int)blockIdx.x >= n_act) return;
     const int e = a.act[blockIdx.x];
     const int F = a.ex[e].F, rows = GU ? F : a.E, cols = GU ? a.E : F;
-    const int r0 = blockIdx.y * TN;
-    if (r0 >= rows || cols <= 0) return;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int r0 = (blockIdx.y * NW + warp) * R;
+    if (r0 >= rows || cols <= 0) return; /* the whole warp; no block-wide barrier below */
     const int base = a.start[e], cnt = a.start[e + 1] - base;
-    const int tid = threadIdx.x, tx = tid & 31, ty = tid >> 5;
     const cuda_moe_mat W = GU ? a.ex[e].gate : a.ex[e].down, U = a.ex[e].up;
-    for (int c0 = blockIdx.z * TM; c0 < cnt; c0 += gridDim.z * TM) {
-        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, accu[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (int k0 = 0; k0 < cols; k0 += TK) {
-            for (int i = tid; i < TM * TK; i += MOE_THREADS) {
-                const int m = i / TK, kk = i % TK, k = k0 + kk;
-                float v = 0.0f;
-                if (c0 + m < cnt && k < cols) {
-                    const int as = a.list[base + c0 + m];
-                    v = GU ? bf2f(a.xn[(size_t)(as / a.S) * a.E + k]) : bf2f(a.h[(size_t)as * a.Fmax + k]);
-                }
-                xs[m][kk] = v;
-            }
-            for (int i = tid; i < TN * TK; i += MOE_THREADS) {
-                const int r = i / TK, kk = i % TK, k = k0 + kk;
-                const bool in = r0 + r < rows && k < cols;
-                ws[r][kk] = in ? weight(W, r0 + r, k, cols) : 0.0f;
-                if (GU) us[r][kk] = in ? weight(U, r0 + r, k, cols) : 0.0f;
-            }
-            __syncthreads();
-#pragma unroll 8
-            for (int kk = 0; kk < TK; kk++) {
-                const float w = ws[tx][kk], wu = GU ? us[tx][kk] : 0.0f;
+    const int ld = GU ? a.E : a.Fmax; /* the input rows' stride */
+    const bool vec = (ld & 7) == 0;
+    const uint16_t *src = GU ? a.xn : a.h;
+    const int nch = (cols + 7) / 8;
+    for (int c0 = blockIdx.z * TT; c0 < cnt; c0 += gridDim.z * TT) {
+        int as[TT];
+        const uint16_t *xr[TT];
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const float xv = xs[ty + 8 * i][kk];
-                    acc[i] = fmaf(w, xv, acc[i]);
-                    if (GU) accu[i] = fmaf(wu, xv, accu[i]);
+        for (int m = 0; m < TT; m++) {
+            as[m] = c0 + m < cnt ? a.list[base + c0 + m] : -1;
+            xr[m] = as[m] >= 0 ? src + (size_t)(GU ? as[m] / a.S : as[m]) * ld : NULL;
+        }
+        float acc[R][TT], accu[GU ? R : 1][TT];
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int m = 0; m < TT; m++) acc[r][m] = 0.0f, accu[GU ? r : 0][m] = 0.0f;
+        for (int ch = lane; ch < nch; ch += 32) {
+            float xf[TT][8];
+#pragma unroll
+            for (int m = 0; m < TT; m++) {
+                if (xr[m]) {
+                    act8(xr[m], ch * 8, cols, vec, xf[m]);
+                } else {
+#pragma unroll
+                    for (int j = 0; j < 8; j++) xf[m][j] = 0.0f;
                 }
             }
-            __syncthreads();
-        }
-        const int r = r0 + tx;
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int m = ty + 8 * i;
-            if (c0 + m >= cnt || r >= rows) continue;
-            const int as = a.list[base + c0 + m];
-            if (GU) a.h[(size_t)as * a.Fmax + r] = f2bf(swiglu_f(acc[i], accu[i], a.swiglu_limit));
-            else a.y[(size_t)as * a.E + r] = acc[i];
+            for (int r = 0; r < R; r++) {
+                if (r0 + r >= rows) continue;
+                float w[8];
+                weights8(W, r0 + r, ch, cols, w);
+#pragma unroll
+                for (int m = 0; m < TT; m++)
+#pragma unroll
+                    for (int j = 0; j < 8; j++) acc[r][m] = fmaf(w[j], xf[m][j], acc[r][m]);
+                if (GU) {
+                    weights8(U, r0 + r, ch, cols, w);
+#pragma unroll
+                    for (int m = 0; m < TT; m++)
+#pragma unroll
+                        for (int j = 0; j < 8; j++) accu[GU ? r : 0][m] = fmaf(w[j], xf[m][j], accu[GU ? r : 0][m]);
+                }
+            }
         }
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int m = 0; m < TT; m++) {
+                const float g = warp_sum(acc[r][m]), u = GU ? warp_sum(accu[GU ? r : 0][m]) : 0.0f;
+                if (lane != (r * TT + m) % 32 || r0 + r >= rows || as[m] < 0) continue;
+                if (GU) a.h[(size_t)as[m] * a.Fmax + r0 + r] = f2bf(swiglu_f(g, u, a.swiglu_limit));
+                else a.y[(size_t)as[m] * a.E + r0 + r] = g;
+            }
     }
+}
+
+/* Both expert launches with TT tokens a group. */
+template <int TT>
+static cudaError_t launch_experts(const struct cuda_moe_args *a, int slots, cudaStream_t st)
+{
+    constexpr int RG = 2, RD = 4; /* rows a warp: gate|up (2 + 2 matrices' rows), down */
+    int groups = (a->T + TT - 1) / TT;
+    if (groups > 16) groups = 16;
+    dim3 g1((unsigned)slots, (unsigned)((a->Fmax + NW * RG - 1) / (NW * RG)), (unsigned)groups);
+    expert_kernel<true, RG, TT><<<g1, NW * 32, 0, st>>>(*a);
+    dim3 g2((unsigned)slots, (unsigned)((a->E + NW * RD - 1) / (NW * RD)), (unsigned)groups);
+    expert_kernel<false, RD, TT><<<g2, NW * 32, 0, st>>>(*a);
+    return cudaGetLastError();
 }
 
 extern "C" cudaError_t cuda_moe_experts(const struct cuda_moe_args *a, cudaStream_t st)
@@ -351,13 +446,12 @@ extern "C" cudaError_t cuda_moe_experts(const struct cuda_moe_args *a, cudaStrea
     /* an expert holds at most T assignments (a token picks it once) */
     int slots = a->T * a->K < a->NE ? a->T * a->K : a->NE;
     slots += a->S > a->K;
-    int chunks = (a->T + TM - 1) / TM;
-    if (chunks > 16) chunks = 16;
-    dim3 g1((unsigned)slots, (unsigned)((a->Fmax + TN - 1) / TN), (unsigned)chunks);
-    expert_kernel<true><<<g1, MOE_THREADS, 0, st>>>(*a);
-    dim3 g2((unsigned)slots, (unsigned)((a->E + TN - 1) / TN), (unsigned)chunks);
-    expert_kernel<false><<<g2, MOE_THREADS, 0, st>>>(*a);
-    return cudaGetLastError();
+    /* tokens a group: any choice gives the same bits (see expert_kernel); fewer
+     * waste less on steps of few tokens */
+    if (a->T == 1) return launch_experts<1>(a, slots, st);
+    if (a->T <= 2) return launch_experts<2>(a, slots, st);
+    if (a->T <= 4) return launch_experts<4>(a, slots, st);
+    return launch_experts<8>(a, slots, st);
 }
 
 /* out[t] = sum over t's slots in order of wt y (the CPU's order and
