@@ -32,10 +32,16 @@ static void info_plan(const model *m)
     char plan[8192];
     model_plan_describe(c, plan, sizeof plan);
     printf("layer plan: %s\n", plan);
-    if (c->moe.n_expert > 0)
-        printf("experts: %d routed, %d per token, intermediate %d; shared intermediate %d; %s router%s\n",
-               c->moe.n_expert, c->moe.n_expert_used, c->moe.n_ff_expert, c->moe.n_ff_shared,
-               c->moe.router == MODEL_ROUTER_SOFTMAX ? "softmax" : "sigmoid", c->moe.norm_topk ? ", renormalised" : "");
+    if (c->moe.n_expert > 0) {
+        const struct model_moe_config *mc = &c->moe;
+        printf("experts: %d routed, %d per token, intermediate %d; shared intermediate %d%s; %s router%s", mc->n_expert,
+               mc->n_expert_used, mc->n_ff_expert, mc->n_ff_shared, mc->shared_gated ? " (gated)" : "",
+               mc->router == MODEL_ROUTER_SOFTMAX ? "softmax" : "sigmoid", mc->norm_topk ? ", renormalised" : "");
+        if (mc->n_group > 1) printf(", %d groups (best %d)", mc->n_group, mc->topk_group);
+        if (mc->router == MODEL_ROUTER_SIGMOID) printf(", scaling %g", mc->scale);
+        if (mc->swiglu_limit > 0) printf(", swiglu limit %g", mc->swiglu_limit);
+        printf("\n");
+    }
     const struct model_mla_config *a = &c->mla;
     if (a->kv_lora_rank > 0) {
         printf("mla: kv_lora_rank %d, q_lora_rank %d, qk nope %d + rope %d, v %d, softmax scale %.6g%s%s\n",

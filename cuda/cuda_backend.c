@@ -56,6 +56,7 @@
 
 #include "cuda/cuda_internal.h"
 #include "cuda/hc.h"
+#include "cuda/moe.h"
 
 bool model_cuda_available(void)
 {
@@ -152,13 +153,15 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     for (int l = 0; l < c->n_layer; l++) {
         struct model_layer_kind k = model_layer_kind_of(c, l);
         plain &= k.mixer == MODEL_MIXER_GQA && k.ffn == MODEL_FFN_DENSE && k.resid == MODEL_RESID_PLAIN;
-        if (k.mixer != MODEL_MIXER_GQA || k.ffn != MODEL_FFN_DENSE) {
+        if (k.mixer != MODEL_MIXER_GQA || (k.ffn != MODEL_FFN_DENSE && k.ffn != MODEL_FFN_MOE)) {
             sl_seterr(err, errlen,
-                      "cuda: layer %d is %s + %s%s; the GPU backend runs gqa + dense layers only (use --device cpu)", l,
-                      model_mixer_name(k.mixer), model_ffn_name(k.ffn),
+                      "cuda: layer %d is %s + %s%s; the GPU backend runs gqa + dense or moe layers only (use --device "
+                      "cpu)",
+                      l, model_mixer_name(k.mixer), model_ffn_name(k.ffn),
                       k.resid == MODEL_RESID_HC ? " with hyper-connections" : "");
             return NULL;
         }
+        if (k.ffn == MODEL_FFN_MOE && cuda_moe_check(c, N, l, err, errlen)) return NULL;
     }
     if (c->hc.mult > 0 && cuda_hc_check(c, err, errlen)) return NULL;
     if (model_tp_check(c, N, err, errlen)) return NULL;
@@ -205,7 +208,7 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     /* the fused decode kernels read bf16 weights only */
     b->fused = c->n_embd % 8 == 0 && c->n_ff % 8 == 0 && (c->n_head * c->head_dim) % 8 == 0 &&
                (size_t)CUDA_GEMV_MAX_T * c->n_embd * 2 <= CUDA_GEMV_NORM_SMEM && !b->qlayers && plain &&
-               c->moe.swiglu_limit == 0;
+               c->moe.swiglu_limit == 0 && c->moe.n_expert == 0;
     b->warmup = b->t.warmup;
     b->tc_rows = cuda_attention_tc_ok(c->head_dim, c->n_head / c->n_head_kv) ? CUDA_ATTN_TC_ROWS : 0;
     b->part_rows = (int)((b->max_tokens < 256 ? b->max_tokens : 256) * (c->n_head / c->n_head_kv));
@@ -481,6 +484,7 @@ static void rank_free(struct rank *k, const struct model_config *c)
             cudaFree(L->wqkv), cudaFree(L->wo), cudaFree(L->wgu), cudaFree(L->wdown);
             cudaFree(L->attn_norm), cudaFree(L->ffn_norm), cudaFree(L->bqkv), cudaFree(L->q_norm), cudaFree(L->k_norm);
             cuda_hc_free(k, l);
+            cuda_moe_free(k, l);
         }
         free(k->L);
     }

@@ -51,10 +51,14 @@ struct clayer {
     float *bqkv;        /* [(H + 2 KVH) D / N] or NULL */
     float *q_norm, *k_norm; /* [D] or NULL */
     struct cuda_hc_layer *hc; /* MODEL_RESID_HC layers: the two sites (cuda/hc.h); else NULL */
+    struct cuda_moe_layer *moe; /* MODEL_FFN_MOE layers (cuda/moe.h); then no wgu/wdown */
 };
 
 /* Offsets (in bytes) of the per-step inputs inside hin/din; max_items:
  * the attention items the items region holds. */
+struct cuda_moe_layer;
+struct cuda_moe_rank;
+
 struct inlay {
     size_t slots, ids, pos, tok_part, tok_nsplit, rows, n_items, items, bt, srows, pen, total;
     int max_items;
@@ -104,6 +108,7 @@ struct rank {
     uint32_t *hw;                   /* [F] cuda_gemv_mlp's tagged h (one token) */
     uint8_t *din;                   /* device mirror of the backend's hin */
     struct cuda_hc_rank *hcx;       /* hyper-connection streams and scratch (cuda/hc.h), or NULL */
+    struct cuda_moe_rank *moex;     /* the MoE layers' step scratch (cuda/moe.h), or NULL */
     cudaGraphExec_t gexec[NBUCKET];
 
     pthread_t th;                   /* ranks >= 1 */

@@ -49,6 +49,7 @@
 
 #include "cuda/cuda_internal.h"
 #include "cuda/hc.h"
+#include "cuda/moe.h"
 
 /* ---- forward ------------------------------------------------------------------- */
 
@@ -479,6 +480,8 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
             }
             if (!(ab & CUDA_ABLATE_DOWN) && proj_rows(k, k->h, &L->qdown, L->wdown, T, F, E, 1, false, err, errlen))
                 goto fail;
+        } else if (lk.ffn == MODEL_FFN_MOE) {
+            if (cuda_moe_ffn(k, l, T, decode, err, errlen)) goto fail;
         }
         if (hc && cuda_hc_out(k, l, 1, T, err, errlen)) goto fail;
         pend = !hc;

@@ -15,9 +15,12 @@
 #   tiny-qwen3-d128 (head_dim 128: the warpgroup prefill attention on sm_90),
 #   and with bf16 on glm5-mla (glm5_next: MLA, MoE, hyper-connections);
 #   test_gpu_e2e and the engine suite on tiny-qwen3 once more with the fused
-#   gate|up GEMM on every step of 5+ tokens; with 2+ GPUs, test_gpu_e2e at
+#   gate|up GEMM on every step of 5+ tokens; the engine suite on an MoE model
+#   (tiny-qwen3-moe-ctx2k: tiny-qwen3-moe's weights with a 2048-token
+#   context, which the suite's 512-token requests need); with 2+ GPUs, test_gpu_e2e at
 #   TP=2 against the CPU and against one GPU (it also makes a rank fail and
-#   checks that the others stop) and the engine suite on tiny-qwen3 at TP=2,
+#   checks that the others stop) and the engine suite on tiny-qwen3 and
+#   tiny-qwen3-moe-ctx2k at TP=2,
 #   each again with the fused GEMM, and test_glm5_layers (every glm5_next
 #   layer's hyper-connection streams) at TP=2; then, with the default model in models/
 #   and the openai module, the Python integration tests (all but
@@ -33,6 +36,9 @@
 #   gpu                bench_gpu: TTFT of 2048 tokens, a 16K-token prefill step,
 #                      batch-1 decode at 1K context, decode batches 8 / 64 / 256
 #   decode             decode at 1K context, batches 1, 2, 4, 8, 16, 64, 128, 256
+#   moe                the Qwen3-30B-A3B shape, bf16 and int4 g128 experts
+#                      (tools/configs/qwen3-30b-a3b, -w4a16): bench_gpu's steps,
+#                      decode at batch 64 and 256 too
 #   quant              packed weights beside bf16 (tools/configs/llama-3.1-8b,
 #                      -w4g128: int4 group 128, -w8: int8 per channel; bf16
 #                      lm_head): TTFT of 2048, a 16K-token prefill step,
@@ -124,12 +130,14 @@ check() {
         runs+=("SLUICE_TEST_KV=fp8 $e $B/tests/test_engine" "$e128 $B/tests/test_engine"
                "SLUICE_TEST_KV=fp8 $e128 $B/tests/test_engine"
                "SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/glm5/glm5-mla $B/tests/test_engine"
-               "$B/tests/gpu/test_gpu_e2e --gemm-wg-min-t=1" "$e $B/tests/test_engine --gemm-wg-min-t=1")
+               "$B/tests/gpu/test_gpu_e2e --gemm-wg-min-t=1" "$e $B/tests/test_engine --gemm-wg-min-t=1"
+               "SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3-moe-ctx2k $B/tests/test_engine")
         if [ "$ngpu" -ge 2 ]; then
             runs+=("SLUICE_TEST_TP=2 $B/tests/gpu/test_gpu_e2e"
                    "SLUICE_TEST_TP=2 SLUICE_TEST_REF=cuda $B/tests/gpu/test_gpu_e2e"
                    "SLUICE_TEST_TP=2 $e $B/tests/test_engine"
                    "SLUICE_TEST_TP=2 $B/tests/gpu/test_glm5_layers"
+                   "SLUICE_TEST_TP=2 SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3-moe-ctx2k $B/tests/test_engine"
                    "SLUICE_TEST_TP=2 $B/tests/gpu/test_gpu_e2e --gemm-wg-min-t=1"
                    "SLUICE_TEST_TP=2 $e $B/tests/test_engine --gemm-wg-min-t=1")
         fi
@@ -190,6 +198,11 @@ bench_one() {
             for s in 32768 131072; do
                 timeout -k 5 600 "$B/tests/gpu/bench_gpu" $G0 --kv-cache-dtype=$k --long=$s 2>&1 | tee "$d/long_${k}_$s.log"
             done
+        done ;;
+    moe)
+        for s in qwen3-30b-a3b qwen3-30b-a3b-w4a16; do
+            echo "-- $s"
+            timeout -k 5 600 "$B/tests/gpu/bench_gpu" $G --decode=64x1024,256x256 "tools/configs/$s" 2>&1 | tee "$d/$s.log"
         done ;;
     gemm) timeout -k 5 300 "$B/tests/gpu/bench_gemm" --wg 2>&1 | tee "$d/bench_gemm.log" ;;
     attn)

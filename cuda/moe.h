@@ -1,0 +1,151 @@
+/* moe.h - the GPU backend's mixture-of-experts FFN (MODEL_FFN_MOE; internal
+ * to cuda/): the device kernels (moe.cu) and the layer's upload and step
+ * (moe_layer.c: a name of its own, as build/cuda/moe.o is moe.cu's).
+ *
+ * A step of an MoE layer, all on the device (nothing the host decides from
+ * data, so decode steps stay inside their CUDA graph):
+ *  1. route: the router's logits (one warp per token and expert, f32 sums in
+ *     a fixed order; the router weight kept as the file stores it, bf16 or
+ *     f32), then per token what model_moe_route does (softmax top-k with or
+ *     without renormalisation; sigmoid scores, the correction bias used only
+ *     to choose, group-limited choice, renormalised weights times
+ *     routed_scaling_factor; ties to the lower expert), experts in ascending
+ *     order. Slot K of each token is the shared experts (expert NE), weighed
+ *     1 or by sigmoid(x . shared_expert_gate) (qwen2_moe);
+ *  2. group: the token-slot assignments counted per expert, an exclusive
+ *     prefix sum, and a scatter into per-expert lists (a counting sort), plus
+ *     the list of experts that have any;
+ *  3. experts: one launch for gate|up with the (clamped) SwiGLU, one for
+ *     down, each over every active expert's gathered rows, reading only the
+ *     chosen experts' weights (bf16, or packed int4/int8 in qgemm.h's layout,
+ *     expert by expert);
+ *  4. combine: each token's expert outputs weighed and summed in ascending
+ *     expert order, then the shared experts, as the CPU does.
+ * Tensor parallel (N ranks): every rank routes alike (the same input, the
+ * same kernels) and holds rows [k F/N, (k+1) F/N) of every expert's gate
+ * and up and those columns of its down, so its combine is a partial sum
+ * (f32) that one all-reduce per layer completes, as for a dense MLP.
+ * Every (weight row, token) dot product is one f32 chain over the input in
+ * column order whatever the tiling, so a token's output does not depend on
+ * which other tokens share the step (batch invariance).
+ */
+#ifndef SLUICE_CUDA_MOE_H
+#define SLUICE_CUDA_MOE_H
+
+#include <cuda_runtime.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One expert matrix [rows][cols] on the device: bf16 w, or (w NULL) packed
+ * as qgemm.h's struct cuda_qmat lays it out, with the inverse of an
+ * act-order permutation (iperm[c]: the packed position of column c). */
+struct cuda_moe_mat {
+    const uint16_t *w;      /* [rows][cols] bf16, or NULL */
+    const uint8_t *qw;      /* [rows][row_bytes] */
+    const uint16_t *scales; /* [rows][n_groups] f16 or bf16 */
+    const uint8_t *zeros;   /* [rows][n_groups] or NULL (2^(bits-1)) */
+    const int32_t *iperm;   /* [cols] or NULL */
+    int bits, group, n_groups, row_bytes;
+    int f16;                /* scales are f16, else bf16 */
+};
+
+/* Expert e of a layer: gate, up [F][E] and down [E][F]. */
+struct cuda_moe_expert {
+    struct cuda_moe_mat gate, up, down;
+    int F;
+};
+
+/* One MoE layer's step on the device. Pointers are device memory. */
+struct cuda_moe_args {
+    int T, E;                 /* tokens, hidden size */
+    int NE, K, S;             /* routed experts, experts per token, slots per token (K + 1 with shared experts) */
+    int Fmax;                 /* the widest expert intermediate (routed or shared): h's row stride */
+    int sigmoid;              /* the router: 0 softmax (qwen3_moe, qwen2_moe), 1 sigmoid (glm4_moe, deepseek_v3) */
+    int norm_topk;            /* the chosen weights renormalised */
+    int n_group, topk_group;  /* group-limited choice (1, 1: off) */
+    int shared_gated;         /* the shared slot's weight is sigmoid(x . router row NE) */
+    float scale;              /* routed_scaling_factor (sigmoid router) */
+    float swiglu_limit;       /* 0: no clamp */
+    const uint16_t *xn;       /* [T][E] bf16: the normalised input */
+    const void *router;       /* [NE + shared_gated][E], f32 when router_f32, else bf16 */
+    int router_f32;
+    const float *bias;        /* [NE] e_score_correction_bias, or NULL */
+    const struct cuda_moe_expert *ex; /* [NE + 1]: routed experts, then the shared experts (F 0: none) */
+    /* scratch, sized for T tokens */
+    float *logits;            /* [T][NE + 1] */
+    int32_t *idx;             /* [T][S] expert of each slot (ascending, then NE) */
+    float *wt;                /* [T][S] its weight */
+    int32_t *count;           /* [NE + 1] assignments per expert */
+    int32_t *start;           /* [NE + 2] their offsets in list */
+    int32_t *list;            /* [T S] assignments (t S + slot) grouped by expert */
+    int32_t *act;             /* [NE + 2]: the experts with assignments, ascending; their number at act[NE + 1] */
+    uint16_t *h;              /* [T S][Fmax] bf16: each assignment's SwiGLU output */
+    float *y;                 /* [T S][E] f32: each assignment's expert output */
+    uint16_t *out;            /* [T][E] bf16: the block's output */
+    float *outf;              /* or, non-NULL, [T][E] f32 instead (a rank's partial sum, N > 1) */
+};
+
+/* The four stages (see the file comment), enqueued on st; each returns the
+ * launch's error. cuda_moe_forward runs them all. Graph-capture safe: grids
+ * depend on T and the shapes only. */
+cudaError_t cuda_moe_route(const struct cuda_moe_args *a, cudaStream_t st);
+cudaError_t cuda_moe_group(const struct cuda_moe_args *a, cudaStream_t st);
+cudaError_t cuda_moe_experts(const struct cuda_moe_args *a, cudaStream_t st);
+cudaError_t cuda_moe_combine(const struct cuda_moe_args *a, cudaStream_t st);
+cudaError_t cuda_moe_forward(const struct cuda_moe_args *a, cudaStream_t st);
+
+/* The largest routed-expert count the routing kernel takes (its scratch
+ * lives in shared memory). */
+#define CUDA_MOE_MAX_EXPERTS 4096
+
+#ifdef __cplusplus
+}
+#endif
+
+/* ---- the backend's side (moe_layer.c; C only) ---- */
+#ifndef __CUDACC__
+struct rank;
+struct model_config;
+
+/* Whether the GPU backend takes layer l, an MoE layer of c, at tp ranks
+ * (each rank holds 1/tp of every expert's intermediate rows, so they must
+ * divide): 0, or SL_EUNSUP with a message naming the layer and the reason. */
+int cuda_moe_check(const struct model_config *c, int tp, int l, char *err, size_t errlen);
+
+/* A layer's MoE weights and step scratch on one rank (clayer.moe). */
+struct cuda_moe_layer {
+    struct cuda_moe_expert *hex;   /* [NE + 1] host copy of the descriptors */
+    struct cuda_moe_expert *dex;   /* [NE + 1] device */
+    void **mem;                    /* device allocations (experts, router, bias) */
+    int n_mem, cap_mem;
+    void *router;                  /* [NE + shared_gated][E] bf16 or f32 */
+    bool router_f32;
+    float *bias;                   /* [NE] or NULL */
+};
+
+/* The per-rank step scratch every MoE layer shares (rank.moex), sized for
+ * max_tokens. */
+struct cuda_moe_rank {
+    float *logits, *wt, *y;
+    int32_t *idx, *count, *start, *list, *act;
+    uint16_t *h;
+    int Fmax;
+};
+
+/* Uploads layer l's MoE weights to rank k (and, at the first MoE layer, the
+ * rank's scratch). Returns 0, or a negative status with a message naming
+ * the tensor. */
+int cuda_moe_upload(struct rank *k, int l, char *err, size_t errlen);
+/* Frees what cuda_moe_upload made for layer l (the rank's scratch with
+ * the last layer's); accepts a layer without any. */
+void cuda_moe_free(struct rank *k, int l);
+/* Layer l's MoE block over k->xn [T][E] into k->delta, enqueued on k->st. */
+int cuda_moe_ffn(struct rank *k, int l, int T, bool decode, char *err, size_t errlen);
+#endif
+
+#endif
