@@ -42,6 +42,7 @@
 #include <string.h>
 
 #include "cuda/cuda_internal.h"
+#include "cuda/mla.h"
 
 /* ---- forward ------------------------------------------------------------------- */
 
@@ -162,7 +163,7 @@ static size_t pack_step(struct cuda_backend *b, const struct step *s, int Tp, in
     int qt = (decode || !b->tc_rows ? CUDA_ATTN_ROWS : b->tc_rows) / grp;
     int64_t *slots = HIN(b, slots, int64_t);
     int32_t *ids = HIN(b, ids, int32_t), *pos = HIN(b, pos, int32_t), *tpart = HIN(b, tok_part, int32_t),
-            *tns = HIN(b, tok_nsplit, int32_t), *rows = HIN(b, rows, int32_t), *bt = HIN(b, bt, int32_t);
+            *tns = HIN(b, tok_nsplit, int32_t), *tbt = HIN(b, tok_bt, int32_t), *rows = HIN(b, rows, int32_t), *bt = HIN(b, bt, int32_t);
     struct cuda_attn_item *items = HIN(b, items, struct cuda_attn_item);
     int64_t pad_slot = (int64_t)b->kv_blocks * bs;
     for (int t = 0; t < Tp; t++) {
@@ -172,6 +173,7 @@ static size_t pack_step(struct cuda_backend *b, const struct step *s, int Tp, in
         pos[t] = real ? s->positions[t] : 0;
         tpart[t] = -1;
         tns[t] = 0;
+        tbt[t] = 0; /* padding reads the first sequence's first key (and is never read) */
     }
     int nbt = 0, r = 0, tiles = 0;
     for (int i = 0; i < s->n_seqs; i++) {
@@ -179,6 +181,7 @@ static size_t pack_step(struct cuda_backend *b, const struct step *s, int Tp, in
         int nb = seq_blocks(q, bs);
         if (nbt + nb > b->bt_cap) return 0;
         memcpy(bt + nbt, q->block_table, (size_t)nb * 4);
+        for (int t = q->query_start; t < q->query_start + q->query_len; t++) tbt[t] = nbt;
         nbt += nb;
         tiles += (q->query_len + qt - 1) / qt;
         if (q->want_sample || q->logits_out) {
@@ -361,6 +364,7 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
     bool fz = b->fused && T == 1 && (b->tp == 1 || use_peer(b, (size_t)T * E));
     for (int l = 0; l < c->n_layer; l++) {
         const struct clayer *L = &k->L[l];
+        bool mla = model_layer_kind_of(c, l).mixer == MODEL_MIXER_MLA; /* (fz is off: b->fused) */
         /* the previous layer's MLP output joins the residual here */
         unsigned ab = b->t.ablate;
         if (fz) {
@@ -368,51 +372,56 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
         } else {
             if (!(ab & CUDA_ABLATE_NORM))
                 CK(cuda_add_rmsnorm(k->x, l ? k->delta : NULL, L->attn_norm, NULL, T, E, c->norm_eps, k->xn, st));
-            if (!(ab & CUDA_ABLATE_QKV)) CB(proj(k, &L->qqkv, L->wqkv, k->xn, k->qkv, false, T, E, QKV));
+            if (!(ab & CUDA_ABLATE_QKV) && !mla) CB(proj(k, &L->qqkv, L->wqkv, k->xn, k->qkv, false, T, E, QKV));
         }
-        size_t es = b->kv8 ? 1 : 2; /* bytes per KV element */
-        char *kc = (char *)k->kv + (size_t)(2 * l) * k->kv_layer * es, *vc = kc + k->kv_layer * es;
-        struct cuda_rope_args ra = {
-            .qkv = k->qkv, .bias = L->bqkv, .q_norm = L->q_norm, .k_norm = L->k_norm, .cos = k->rope_cos,
-            .sin = k->rope_sin, .pos = DIN(k, pos, int32_t), .slots = DIN(k, slots, int64_t), .T = T, .H = H,
-            .KVH = KVH, .D = D, .rope_dim = c->rope_dim, .neox = c->rope_type == MODEL_ROPE_NEOX,
-            .eps = c->norm_eps, .q = k->q, .kc = kc, .vc = vc, .kv8 = b->kv8,
-        };
-        /* decode steps on the decode kernel fold RoPE and the KV write in */
-        bool dk = dec_kernel(b, decode);
-        if (!dk && !(ab & CUDA_ABLATE_ATTN)) CK(cuda_rope_kv(&ra, st));
-        struct cuda_attn_args aa = {
-            .q = k->q, .kc = kc, .vc = vc, .kv8 = b->kv8, .pos = DIN(k, pos, int32_t), .bt = DIN(k, bt, int32_t),
-            .items = DIN(k, items, struct cuda_attn_item),
-            .n_items = DIN(k, n_items, int32_t), .max_items = max_items,
-            .max_rows = decode ? H / KVH : b->job.max_rows, .H = H, .KVH = KVH, .D = D,
-            .block_size = b->block_size, .scale = 1.0f / sqrtf((float)D), .part = k->part,
-            .pstride = decode ? 0 : b->job.pstride,
-            .tok_part = DIN(k, tok_part, int32_t), .tok_nsplit = DIN(k, tok_nsplit, int32_t), .T = T, .out = k->att,
-            /* pack_step splits a decode step's items until they fill ~2 blocks
-             * an SM, so from 32 token x KV head pairs (4 tokens of Llama-8B on
-             * one GPU) at 1K context its blocks outnumber what 2 an SM hold:
-             * there the decode kernel's 3-blocks-an-SM build */
-            .cnt = dk ? k->cnt : NULL,
-            .dec_wide = T * KVH >= 32,
-            .rope = dk ? ra : (struct cuda_rope_args){0},
-        };
-        if (!(ab & CUDA_ABLATE_ATTN)) CK(cuda_attention(&aa, st));
-        if (fz) {
-            if (!(ab & CUDA_ABLATE_O) && proj_rows(k, k->att, &L->qo, L->wo, T, Q, E, 0, true, err, errlen)) goto fail;
-            if (b->tp == 1 && c->n_layer >= 2 && !(ab & (CUDA_ABLATE_GU | CUDA_ABLATE_DOWN))) {
-                /* one GPU: the down GEMV reads h as gate/up stores it, tagged
-                 * with the layer (consecutive calls differ) */
-                CK(cuda_gemv_mlp(L->wgu, L->wdown, k->x, L->ffn_norm, c->norm_eps, k->h, T, E, F, k->hw, l + 1, st));
+        if (mla) {
+            /* the MLA mixer (cuda/mla.h): reads xn, leaves its output in delta */
+            if (cuda_mla_mixer(k, l, T, decode, err, errlen)) goto fail;
+        } else {
+            size_t es = b->kv8 ? 1 : 2; /* bytes per KV element */
+            char *kc = (char *)k->kv + k->kv_off[l], *vc = kc + k->kv_layer * es;
+            struct cuda_rope_args ra = {
+                .qkv = k->qkv, .bias = L->bqkv, .q_norm = L->q_norm, .k_norm = L->k_norm, .cos = k->rope_cos,
+                .sin = k->rope_sin, .pos = DIN(k, pos, int32_t), .slots = DIN(k, slots, int64_t), .T = T, .H = H,
+                .KVH = KVH, .D = D, .rope_dim = c->rope_dim, .neox = c->rope_type == MODEL_ROPE_NEOX,
+                .eps = c->norm_eps, .q = k->q, .kc = kc, .vc = vc, .kv8 = b->kv8,
+            };
+            /* decode steps on the decode kernel fold RoPE and the KV write in */
+            bool dk = dec_kernel(b, decode);
+            if (!dk && !(ab & CUDA_ABLATE_ATTN)) CK(cuda_rope_kv(&ra, st));
+            struct cuda_attn_args aa = {
+                .q = k->q, .kc = kc, .vc = vc, .kv8 = b->kv8, .pos = DIN(k, pos, int32_t), .bt = DIN(k, bt, int32_t),
+                .items = DIN(k, items, struct cuda_attn_item),
+                .n_items = DIN(k, n_items, int32_t), .max_items = max_items,
+                .max_rows = decode ? H / KVH : b->job.max_rows, .H = H, .KVH = KVH, .D = D,
+                .block_size = b->block_size, .scale = 1.0f / sqrtf((float)D), .part = k->part,
+                .pstride = decode ? 0 : b->job.pstride,
+                .tok_part = DIN(k, tok_part, int32_t), .tok_nsplit = DIN(k, tok_nsplit, int32_t), .T = T, .out = k->att,
+                /* pack_step splits a decode step's items until they fill ~2 blocks
+                 * an SM, so from 32 token x KV head pairs (4 tokens of Llama-8B on
+                 * one GPU) at 1K context its blocks outnumber what 2 an SM hold:
+                 * there the decode kernel's 3-blocks-an-SM build */
+                .cnt = dk ? k->cnt : NULL,
+                .dec_wide = T * KVH >= 32,
+                .rope = dk ? ra : (struct cuda_rope_args){0},
+            };
+            if (!(ab & CUDA_ABLATE_ATTN)) CK(cuda_attention(&aa, st));
+            if (fz) {
+                if (!(ab & CUDA_ABLATE_O) && proj_rows(k, k->att, &L->qo, L->wo, T, Q, E, 0, true, err, errlen)) goto fail;
+                if (b->tp == 1 && c->n_layer >= 2 && !(ab & (CUDA_ABLATE_GU | CUDA_ABLATE_DOWN))) {
+                    /* one GPU: the down GEMV reads h as gate/up stores it, tagged
+                     * with the layer (consecutive calls differ) */
+                    CK(cuda_gemv_mlp(L->wgu, L->wdown, k->x, L->ffn_norm, c->norm_eps, k->h, T, E, F, k->hw, l + 1, st));
+                    continue;
+                }
+                if (!(ab & CUDA_ABLATE_GU))
+                    CK(cuda_gemv_rmsnorm_swiglu(L->wgu, k->x, L->ffn_norm, c->norm_eps, k->h, T, E, F, st));
+                if (!(ab & CUDA_ABLATE_DOWN) && proj_rows(k, k->h, &L->qdown, L->wdown, T, F, E, 1, true, err, errlen))
+                    goto fail;
                 continue;
             }
-            if (!(ab & CUDA_ABLATE_GU))
-                CK(cuda_gemv_rmsnorm_swiglu(L->wgu, k->x, L->ffn_norm, c->norm_eps, k->h, T, E, F, st));
-            if (!(ab & CUDA_ABLATE_DOWN) && proj_rows(k, k->h, &L->qdown, L->wdown, T, F, E, 1, true, err, errlen))
-                goto fail;
-            continue;
+            if (!(ab & CUDA_ABLATE_O) && proj_rows(k, k->att, &L->qo, L->wo, T, Q, E, 0, false, err, errlen)) goto fail;
         }
-        if (!(ab & CUDA_ABLATE_O) && proj_rows(k, k->att, &L->qo, L->wo, T, Q, E, 0, false, err, errlen)) goto fail;
         if (!(ab & CUDA_ABLATE_NORM))
             CK(cuda_add_rmsnorm(k->x, k->delta, L->ffn_norm, NULL, T, E, c->norm_eps, k->xn, st));
         bool gu_gemv = !L->qgu.n && T <= CUDA_GEMV_MMA_MAX_T && E % 8 == 0;
