@@ -14,7 +14,8 @@
 #   models/ lacks it), with fp8 on tiny-qwen3, and with each on
 #   tiny-qwen3-d128 (head_dim 128: the warpgroup prefill attention on sm_90);
 #   test_gpu_e2e and the engine suite on tiny-qwen3 once more with the fused
-#   gate|up GEMM on every step of 5+ tokens; with 2+ GPUs, test_gpu_e2e at
+#   gate|up GEMM on every step of 5+ tokens; the engine suite on an MLA model
+#   (tests/models/mla/dsv3-qlora), bf16 and fp8; with 2+ GPUs, test_gpu_e2e at
 #   TP=2 against the CPU and against one GPU (it also makes a rank fail and
 #   checks that the others stop) and the engine suite on tiny-qwen3 at TP=2,
 #   each again with the fused GEMM; then, with the default model in models/
@@ -113,12 +114,14 @@ check() {
     esac
     local runs=() e="SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3"
     local e128="SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3-d128" t
+    local emla="SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/mla/dsv3-qlora" # MLA: the latent cache
     if [ $c = 1 ]; then
         for t in "$B"/tests/gpu/test_*; do runs+=("$t"); done
         if [ -f "$MODEL" ]; then runs+=("SLUICE_TEST_DEVICE=cuda $B/tests/test_engine"); else runs+=("$e $B/tests/test_engine"); fi
         runs+=("SLUICE_TEST_KV=fp8 $e $B/tests/test_engine" "$e128 $B/tests/test_engine"
                "SLUICE_TEST_KV=fp8 $e128 $B/tests/test_engine"
-               "$B/tests/gpu/test_gpu_e2e --gemm-wg-min-t=1" "$e $B/tests/test_engine --gemm-wg-min-t=1")
+               "$B/tests/gpu/test_gpu_e2e --gemm-wg-min-t=1" "$e $B/tests/test_engine --gemm-wg-min-t=1"
+               "$emla $B/tests/test_engine" "SLUICE_TEST_KV=fp8 $emla $B/tests/test_engine")
         if [ "$ngpu" -ge 2 ]; then
             runs+=("SLUICE_TEST_TP=2 $B/tests/gpu/test_gpu_e2e"
                    "SLUICE_TEST_TP=2 SLUICE_TEST_REF=cuda $B/tests/gpu/test_gpu_e2e"
