@@ -28,11 +28,16 @@
  * memory), step.c (a step: the plan, the launches, graphs, forward()) and
  * crew.c (the rank threads); cuda_internal.h holds what they share.
  *
- * KV memory, per rank: per layer K then V, each
- * [n_blocks + 1][block_size][n_kv_heads / N][head_dim] bf16, or fp8 e4m3
- * (--kv-cache-dtype fp8: half the bytes per token, so twice the tokens in the
- * same memory; written by RoPE's KV write, widened to bf16 exactly by every
- * attention kernel as it loads); the last block is the pad block.
+ * KV memory, per rank: one region per layer at k->kv_off[l], its size its
+ * kind's entry per token (kv_layer_token_bytes, so a block's bytes are the
+ * sum over the plan's layers): a GQA layer K then V, each
+ * [n_blocks + 1][block_size][n_kv_heads / N][head_dim]; an MLA layer
+ * [n_blocks + 1][block_size][kv_lora_rank + qk_rope_head_dim] (the normed
+ * latent and the rope key, no heads, no V: cuda/mla.h); a layer without
+ * paged entries nothing. bf16, or fp8 e4m3 (--kv-cache-dtype fp8: half the
+ * bytes per token, so twice the tokens in the same memory; written by
+ * RoPE's KV write or MLA's entry write, widened exactly by every attention
+ * kernel as it loads); the last block is the pad block.
  *
  * Memory: weights, KV, activations for max_tokens_per_step tokens, logits for
  * max_seqs_per_step rows and the pinned staging buffers are allocated at
@@ -56,6 +61,7 @@
 
 #include "cuda/cuda_internal.h"
 #include "cuda/hc.h"
+#include "cuda/mla.h"
 #include "cuda/moe.h"
 
 bool model_cuda_available(void)
@@ -149,23 +155,27 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
         return NULL;
     }
     /* the plan first: a kind it lacks is the reason, whatever its shapes */
-    bool plain = true; /* every layer gqa + dense with a plain residual: the fused one-token path may run */
+    /* gqa: some layer is GQA; plain: every layer gqa + dense + plain residual (the fused one-token path may run) */
+    bool gqa = false, plain = true;
     for (int l = 0; l < c->n_layer; l++) {
         struct model_layer_kind k = model_layer_kind_of(c, l);
+        gqa |= k.mixer == MODEL_MIXER_GQA;
         plain &= k.mixer == MODEL_MIXER_GQA && k.ffn == MODEL_FFN_DENSE && k.resid == MODEL_RESID_PLAIN;
-        if (k.mixer != MODEL_MIXER_GQA || (k.ffn != MODEL_FFN_DENSE && k.ffn != MODEL_FFN_MOE)) {
+        if ((k.mixer != MODEL_MIXER_GQA && k.mixer != MODEL_MIXER_MLA) ||
+            (k.ffn != MODEL_FFN_DENSE && k.ffn != MODEL_FFN_MOE)) {
             sl_seterr(err, errlen,
-                      "cuda: layer %d is %s + %s%s; the GPU backend runs gqa + dense or moe layers only (use --device "
-                      "cpu)",
+                      "cuda: layer %d is %s + %s%s; the GPU backend runs gqa or mla + dense or moe layers only (use "
+                      "--device cpu)",
                       l, model_mixer_name(k.mixer), model_ffn_name(k.ffn),
                       k.resid == MODEL_RESID_HC ? " with hyper-connections" : "");
             return NULL;
         }
         if (k.ffn == MODEL_FFN_MOE && cuda_moe_check(c, N, l, err, errlen)) return NULL;
     }
+    if (cuda_mla_check(c, N, err, errlen)) return NULL;
     if (c->hc.mult > 0 && cuda_hc_check(c, err, errlen)) return NULL;
     if (model_tp_check(c, N, err, errlen)) return NULL;
-    if (c->head_dim % 8 || c->head_dim > 256 || c->n_head / c->n_head_kv > CUDA_ATTN_ROWS) {
+    if (gqa && (c->head_dim % 8 || c->head_dim > 256 || c->n_head / c->n_head_kv > CUDA_ATTN_ROWS)) {
         sl_seterr(err, errlen, "cuda: head_dim %d / %d heads per KV head unsupported (head_dim %% 8 == 0, <= 256; <= %d)",
                c->head_dim, c->n_head / c->n_head_kv, CUDA_ATTN_ROWS);
         return NULL;
@@ -271,11 +281,24 @@ fail:
 
 /* ---- KV ------------------------------------------------------------------------ */
 
-/* Bytes of one block on each GPU (each rank holds n_kv_heads / N heads). */
+/* Bytes of layer l's entry of one token on each GPU: its kind's values
+ * (model_kv_token_elems; a GQA layer's KV heads split over the N ranks, an
+ * MLA latent whole on each; none for a layer without paged entries). */
+static size_t kv_layer_token_bytes(const struct cuda_backend *b, int l)
+{
+    size_t n = (size_t)model_kv_token_elems(&b->c, l);
+    if (model_layer_kind_of(&b->c, l).mixer == MODEL_MIXER_GQA) n /= (size_t)b->tp;
+    return n * (b->kv8 ? 1 : 2);
+}
+
+/* Bytes of one block on each GPU: the sum over the decoder layers (MTP
+ * layers are not run here, so they keep nothing). */
 static size_t kv_block_bytes(model_backend *mb, int block_size)
 {
     struct cuda_backend *b = (struct cuda_backend *)mb;
-    return 2 * (size_t)b->c.n_layer * (size_t)block_size * (b->c.n_head_kv / b->tp) * b->c.head_dim * (b->kv8 ? 1 : 2);
+    size_t n = 0;
+    for (int l = 0; l < b->c.n_layer; l++) n += kv_layer_token_bytes(b, l);
+    return n * (size_t)block_size;
 }
 
 static void drop_graphs(struct rank *k)
@@ -306,6 +329,14 @@ int cuda_rank_kv_alloc(struct rank *k, char *err, size_t errlen)
         return SL_ENOMEM;
     }
     k->kv_layer = (size_t)(n_blocks + 1) * block_size * k->KVH * b->c.head_dim;
+    if (!k->kv_off && !(k->kv_off = malloc((size_t)b->c.n_layer * sizeof *k->kv_off))) {
+        sl_seterr(err, errlen, "out of host memory");
+        return SL_ENOMEM;
+    }
+    for (size_t l = 0, o = 0; l < (size_t)b->c.n_layer; l++) {
+        k->kv_off[l] = o;
+        o += (size_t)(n_blocks + 1) * block_size * kv_layer_token_bytes(b, (int)l);
+    }
     if (cuda_dmalloc((void **)&k->din, b->lay.total, err, errlen)) return SL_ENOMEM;
     return 0;
 fail:
@@ -325,6 +356,7 @@ static size_t lay_steps(struct inlay *y, size_t T, size_t S, size_t items, int b
     y->pos = o, o = al(o + T * 4);
     y->tok_part = o, o = al(o + T * 4);
     y->tok_nsplit = o, o = al(o + T * 4);
+    y->tok_bt = o, o = al(o + T * 4);
     y->rows = o, o = al(o + S * 4);
     y->n_items = o, o = al(o + 4);
     y->items = o, o = al(o + items * sizeof(struct cuda_attn_item));
@@ -481,6 +513,7 @@ static void rank_free(struct rank *k, const struct model_config *c)
     if (k->L) {
         for (int l = 0; l < c->n_layer; l++) {
             struct clayer *L = &k->L[l];
+            cuda_mla_free(k, l);
             cudaFree(L->wqkv), cudaFree(L->wo), cudaFree(L->wgu), cudaFree(L->wdown);
             cudaFree(L->attn_norm), cudaFree(L->ffn_norm), cudaFree(L->bqkv), cudaFree(L->q_norm), cudaFree(L->k_norm);
             cuda_hc_free(k, l);
@@ -497,6 +530,7 @@ static void rank_free(struct rank *k, const struct model_config *c)
     cudaFree(k->cnt), cudaFree(k->pbuf[0]), cudaFree(k->pbuf[1]), cudaFree(k->pbuf[2]), cudaFree(k->pflags);
     cudaFree(k->pepoch), cudaFree(k->hw);
     cudaFree(k->din), cudaFree(k->blas_ws);
+    free(k->kv_off);
     for (int i = 0; i < k->n_qmem; i++) cudaFree(k->qmem[i]);
     free(k->qmem);
     cudaFree(k->qws.deq), cudaFree(k->qws.xperm);

@@ -52,6 +52,7 @@ struct clayer {
     float *q_norm, *k_norm; /* [D] or NULL */
     struct cuda_hc_layer *hc; /* MODEL_RESID_HC layers: the two sites (cuda/hc.h); else NULL */
     struct cuda_moe_layer *moe; /* MODEL_FFN_MOE layers (cuda/moe.h); then no wgu/wdown */
+    struct cuda_mla_layer *mla; /* MLA layers (cuda/mla.h; the GQA fields above unused), else NULL */
 };
 
 /* Offsets (in bytes) of the per-step inputs inside hin/din; max_items:
@@ -60,7 +61,7 @@ struct cuda_moe_layer;
 struct cuda_moe_rank;
 
 struct inlay {
-    size_t slots, ids, pos, tok_part, tok_nsplit, rows, n_items, items, bt, srows, pen, total;
+    size_t slots, ids, pos, tok_part, tok_nsplit, tok_bt, rows, n_items, items, bt, srows, pen, total;
     int max_items;
 };
 
@@ -86,7 +87,9 @@ struct rank {
     struct clayer *L;               /* [n_layer] */
     float *rope_cos, *rope_sin;     /* [max_ctx][rope_dim/2] */
     uint16_t *kv;                   /* see the file comment (bf16, or fp8 e4m3 bytes when b->kv8) */
-    size_t kv_layer;                /* elements of one layer's K (or V) */
+    size_t kv_layer;                /* elements of one GQA layer's K (or V) */
+    size_t *kv_off;                 /* [n_layer] byte offset of each layer's region in kv (host) */
+    struct cuda_mla_rank *mlax;     /* MLA's tables and scratch (cuda/mla.h), NULL without MLA layers */
 
     /* activations, [max_tokens] rows unless said otherwise, device */
     float *x;                       /* [E] f32 residual */

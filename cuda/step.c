@@ -50,6 +50,7 @@
 #include "cuda/cuda_internal.h"
 #include "cuda/hc.h"
 #include "cuda/moe.h"
+#include "cuda/mla.h"
 
 /* ---- forward ------------------------------------------------------------------- */
 
@@ -171,7 +172,7 @@ static size_t pack_step(struct cuda_backend *b, const struct step *s, int Tp, in
     int qt = (decode || !b->tc_rows ? CUDA_ATTN_ROWS : b->tc_rows) / grp;
     int64_t *slots = HIN(b, slots, int64_t);
     int32_t *ids = HIN(b, ids, int32_t), *pos = HIN(b, pos, int32_t), *tpart = HIN(b, tok_part, int32_t),
-            *tns = HIN(b, tok_nsplit, int32_t), *rows = HIN(b, rows, int32_t), *bt = HIN(b, bt, int32_t);
+            *tns = HIN(b, tok_nsplit, int32_t), *tbt = HIN(b, tok_bt, int32_t), *rows = HIN(b, rows, int32_t), *bt = HIN(b, bt, int32_t);
     struct cuda_attn_item *items = HIN(b, items, struct cuda_attn_item);
     int64_t pad_slot = (int64_t)b->kv_blocks * bs;
     for (int t = 0; t < Tp; t++) {
@@ -181,6 +182,7 @@ static size_t pack_step(struct cuda_backend *b, const struct step *s, int Tp, in
         pos[t] = real ? s->positions[t] : 0;
         tpart[t] = -1;
         tns[t] = 0;
+        tbt[t] = 0; /* padding reads the first sequence's first key (and is never read) */
     }
     int nbt = 0, r = 0, tiles = 0;
     for (int i = 0; i < s->n_seqs; i++) {
@@ -188,6 +190,7 @@ static size_t pack_step(struct cuda_backend *b, const struct step *s, int Tp, in
         int nb = seq_blocks(q, bs);
         if (nbt + nb > b->bt_cap) return 0;
         memcpy(bt + nbt, q->block_table, (size_t)nb * 4);
+        for (int t = q->query_start; t < q->query_start + q->query_len; t++) tbt[t] = nbt;
         nbt += nb;
         tiles += (q->query_len + qt - 1) / qt;
         if (q->want_sample && q->n_draft > 0) {
@@ -406,7 +409,7 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
                 if (!(ab & CUDA_ABLATE_QKV)) CB(proj(k, &L->qqkv, L->wqkv, k->xn, k->qkv, false, T, E, QKV));
             }
             size_t es = b->kv8 ? 1 : 2; /* bytes per KV element */
-            char *kc = (char *)k->kv + (size_t)(2 * l) * k->kv_layer * es, *vc = kc + k->kv_layer * es;
+            char *kc = (char *)k->kv + k->kv_off[l], *vc = kc + k->kv_layer * es; /* kv_off: cuda_rank_kv_alloc */
             struct cuda_rope_args ra = {
                 .qkv = k->qkv, .bias = L->bqkv, .q_norm = L->q_norm, .k_norm = L->k_norm, .cos = k->rope_cos,
                 .sin = k->rope_sin, .pos = DIN(k, pos, int32_t), .slots = DIN(k, slots, int64_t), .T = T, .H = H,
@@ -434,6 +437,9 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
             };
             if (!(ab & CUDA_ABLATE_ATTN)) CK(cuda_attention(&aa, st));
             if (!(ab & CUDA_ABLATE_O) && proj_rows(k, k->att, &L->qo, L->wo, T, Q, E, 0, fz, err, errlen)) goto fail;
+        } else if (lk.mixer == MODEL_MIXER_MLA) {
+            /* the MLA mixer (cuda/mla.h): reads xn, leaves its output in delta (fz is off: b->fused) */
+            if (cuda_mla_mixer(k, l, T, decode, err, errlen)) goto fail;
         }
         if (fz) {
             if (b->tp == 1 && c->n_layer >= 2 && !(ab & (CUDA_ABLATE_GU | CUDA_ABLATE_DOWN))) {

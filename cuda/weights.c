@@ -24,6 +24,7 @@
 
 #include "cuda/cuda_internal.h"
 #include "cuda/hc.h"
+#include "cuda/mla.h"
 #include "cuda/moe.h"
 
 static uint16_t to_bf16(float f)
@@ -360,23 +361,25 @@ int cuda_rank_init(struct rank *k, char *err, size_t errlen)
         int64_t qkv0[3] = {(int64_t)(id * Ql), (int64_t)(id * KVl), (int64_t)(id * KVl)},
                 qkvn[3] = {(int64_t)Ql, (int64_t)KVl, (int64_t)KVl}, z0[1] = {0}, En[1] = {(int64_t)E},
                 gu0[2] = {(int64_t)(id * Fl), (int64_t)(id * Fl)}, gun[2] = {(int64_t)Fl, (int64_t)Fl};
-        bool moe = model_layer_kind_of(c, l).ffn == MODEL_FFN_MOE; /* its experts: cuda/moe_layer.c */
-        if (upload_proj(k, tqkv, qkv0, qkvn, 3, E, 0, E, &L->wqkv, &L->qqkv, stage, tmp, err, errlen) ||
-            upload_proj(k, to, z0, En, 1, Q, id * Ql, Ql, &L->wo, &L->qo, stage, tmp, err, errlen) ||
+        bool mla = model_layer_kind_of(c, l).mixer == MODEL_MIXER_MLA; /* its projections: cuda/mla.c */
+        bool moe = model_layer_kind_of(c, l).ffn == MODEL_FFN_MOE;   /* its experts: cuda/moe_layer.c */
+        if (mla && cuda_mla_upload(k, l, err, errlen)) goto fail;
+        if ((!mla && (upload_proj(k, tqkv, qkv0, qkvn, 3, E, 0, E, &L->wqkv, &L->qqkv, stage, tmp, err, errlen) ||
+                      upload_proj(k, to, z0, En, 1, Q, id * Ql, Ql, &L->wo, &L->qo, stage, tmp, err, errlen))) ||
             (!moe && upload_proj(k, tgu, gu0, gun, 2, E, 0, E, &L->wgu, &L->qgu, stage, tmp, err, errlen)) ||
             (!moe && upload_proj(k, td, z0, En, 1, F, id * Fl, Fl, &L->wdown, &L->qdown, stage, tmp, err, errlen)) ||
             (moe && cuda_moe_upload(k, l, err, errlen)))
             goto fail;
         VEC(L->attn_norm, &lw->attn_norm, 0, E);
         VEC(L->ffn_norm, &lw->ffn_norm, 0, E);
-        if (c->qkv_bias) {
+        if (c->qkv_bias && !mla) {
             if (cuda_dmalloc((void **)&L->bqkv, QKVl * sizeof(float), err, errlen) ||
                 upload_f32(&lw->bq, (int64_t)(id * Ql), (int64_t)Ql, L->bqkv, err, errlen) ||
                 upload_f32(&lw->bk, (int64_t)(id * KVl), (int64_t)KVl, L->bqkv + Ql, err, errlen) ||
                 upload_f32(&lw->bv, (int64_t)(id * KVl), (int64_t)KVl, L->bqkv + Ql + KVl, err, errlen))
                 goto fail;
         }
-        if (c->qk_norm) {
+        if (c->qk_norm && !mla) {
             VEC(L->q_norm, &lw->q_norm, 0, D);
             VEC(L->k_norm, &lw->k_norm, 0, D);
         }

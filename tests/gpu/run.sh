@@ -17,7 +17,8 @@
 #   test_gpu_e2e and the engine suite on tiny-qwen3 once more with the fused
 #   gate|up GEMM on every step of 5+ tokens; the engine suite on an MoE model
 #   (tiny-qwen3-moe-ctx2k: tiny-qwen3-moe's weights with a 2048-token
-#   context, which the suite's 512-token requests need); with 2+ GPUs, test_gpu_e2e at
+#   context, which the suite's 512-token requests need) and on an MLA model
+#   (tests/models/mla/dsv3-qlora), bf16 and fp8; with 2+ GPUs, test_gpu_e2e at
 #   TP=2 against the CPU and against one GPU (it also makes a rank fail and
 #   checks that the others stop) and the engine suite on tiny-qwen3 and
 #   tiny-qwen3-moe-ctx2k at TP=2,
@@ -124,6 +125,7 @@ check() {
     esac
     local runs=() e="SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3"
     local e128="SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3-d128" t
+    local emla="SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/mla/dsv3-qlora" # MLA: the latent cache
     if [ $c = 1 ]; then
         for t in "$B"/tests/gpu/test_*; do runs+=("$t"); done
         if [ -f "$MODEL" ]; then runs+=("SLUICE_TEST_DEVICE=cuda $B/tests/test_engine"); else runs+=("$e $B/tests/test_engine"); fi
@@ -131,7 +133,8 @@ check() {
                "SLUICE_TEST_KV=fp8 $e128 $B/tests/test_engine"
                "SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/glm5/glm5-mla $B/tests/test_engine"
                "$B/tests/gpu/test_gpu_e2e --gemm-wg-min-t=1" "$e $B/tests/test_engine --gemm-wg-min-t=1"
-               "SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3-moe-ctx2k $B/tests/test_engine")
+               "SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3-moe-ctx2k $B/tests/test_engine"
+               "$emla $B/tests/test_engine" "SLUICE_TEST_KV=fp8 $emla $B/tests/test_engine")
         if [ "$ngpu" -ge 2 ]; then
             runs+=("SLUICE_TEST_TP=2 $B/tests/gpu/test_gpu_e2e"
                    "SLUICE_TEST_TP=2 SLUICE_TEST_REF=cuda $B/tests/gpu/test_gpu_e2e"

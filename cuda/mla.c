@@ -1,0 +1,246 @@
+/* mla.c - multi-head latent attention on the GPU backend: the creation
+ * check, a layer's upload, the rank's tables and scratch, and the mixer's
+ * launches (mla.h says what the step computes). */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/cuda_internal.h"
+#include "cuda/mla.h"
+
+int cuda_mla_check(const struct model_config *c, int N, char *err, size_t errlen)
+{
+    const struct model_mla_config *a = &c->mla;
+    int first = -1;
+    for (int l = 0; l < c->n_layer && first < 0; l++)
+        if (model_layer_kind_of(c, l).mixer == MODEL_MIXER_MLA) first = l;
+    if (first < 0) return 0;
+    if (N > 1) {
+        sl_seterr(err, errlen,
+                  "cuda: layer %d is MLA, which the GPU backend runs on one GPU only so far "
+                  "(--tensor-parallel-size %d; use 1, or --device cpu)",
+                  first, N);
+        return SL_EUNSUP;
+    }
+    if (a->index_topk > 0) {
+        sl_seterr(err, errlen,
+                  "cuda: layer %d is MLA with the DSA indexer (index_topk %d), which the GPU backend does not run "
+                  "yet: --hf-overrides '{\"index_topk\": null}' (glm5_next: '{\"text_config\": {\"index_topk\": "
+                  "null}}') makes it dense MLA, or use --device cpu",
+                  first, a->index_topk);
+        return SL_EUNSUP;
+    }
+    if (a->kv_lora_rank <= 0 || a->kv_lora_rank > CUDA_MLA_MAX_C || a->qk_rope_head_dim % 2 ||
+        a->qk_rope_head_dim > 256 || a->qk_nope_head_dim <= 0 || a->v_head_dim <= 0) {
+        sl_seterr(err, errlen,
+                  "cuda: MLA shape unsupported (kv_lora_rank %d: 1..%d; qk_rope_head_dim %d: even, <= 256; "
+                  "qk_nope_head_dim %d, v_head_dim %d: > 0)",
+                  a->kv_lora_rank, CUDA_MLA_MAX_C, a->qk_rope_head_dim, a->qk_nope_head_dim, a->v_head_dim);
+        return SL_EUNSUP;
+    }
+    return 0;
+}
+
+static uint16_t to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0; /* NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);                     /* round to nearest even */
+    return (uint16_t)(u >> 16);
+}
+
+/* t (n elements, any dtype: packed and GGUF weights dequantized exactly on
+ * the host) into a new device buffer, bf16 (f32: as f32). */
+static int up(const struct model_tensor *t, int64_t n, bool f32, void **dst, char *err, size_t errlen)
+{
+    *dst = NULL;
+    if (!t->data || model_tensor_nelem(t) != n) {
+        sl_seterr(err, errlen, "cuda: MLA tensor %s: %lld elements, want %lld", t->name ? t->name : "?",
+                  (long long)(t->data ? model_tensor_nelem(t) : 0), (long long)n);
+        return SL_EFORMAT;
+    }
+    float *h = malloc((size_t)n * sizeof *h);
+    if (!h) {
+        sl_seterr(err, errlen, "out of host memory");
+        return SL_ENOMEM;
+    }
+    model_tensor_to_f32(t, 0, n, h);
+    if (!f32) {
+        uint16_t *hb = (uint16_t *)h; /* in place: element i's bf16 goes below element i's f32 */
+        for (int64_t i = 0; i < n; i++) hb[i] = to_bf16(h[i]);
+    }
+    size_t bytes = (size_t)n * (f32 ? 4 : 2);
+    int rc = cuda_dmalloc(dst, bytes, err, errlen);
+    if (!rc && cudaMemcpy(*dst, h, bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
+        sl_seterr(err, errlen, "upload %s failed", t->name ? t->name : "?");
+        rc = SL_EDEVICE;
+    }
+    free(h);
+    return rc;
+}
+
+/* The rank's RoPE tables, as cpu_mla.c builds them (the angle in float,
+ * cos and sin in double times the attention factor), and the scratch. */
+static int rank_upload(struct rank *k, char *err, size_t errlen)
+{
+    const struct cuda_backend *b = k->b;
+    const struct model_config *c = &b->c;
+    const struct model_mla_config *a = &c->mla;
+    struct cuda_mla_rank *x = calloc(1, sizeof *x);
+    if (!x) {
+        sl_seterr(err, errlen, "out of host memory");
+        return SL_ENOMEM;
+    }
+    k->mlax = x;
+    size_t T = b->max_tokens, H = c->n_head, C = a->kv_lora_rank, R = a->qk_rope_head_dim, Dn = a->qk_nope_head_dim,
+           Dv = a->v_head_dim, QL = a->q_lora_rank > 0 ? a->q_lora_rank : 1, half = R / 2, X = b->max_ctx;
+    if (half > 0) {
+        size_t ni = (size_t)(c->rope_dim > (int)R ? c->rope_dim : (int)R) / 2;
+        double *inv = malloc(ni * sizeof *inv);
+        float *cs = malloc(X * half * sizeof *cs), *sn = malloc(X * half * sizeof *sn);
+        int rc = SL_ENOMEM;
+        if (!inv || !cs || !sn) {
+            sl_seterr(err, errlen, "out of host memory");
+        } else {
+            model_rope_inv_freq(c, b->w, inv);
+            double af = a->rope_attn_factor > 0 ? a->rope_attn_factor : 1.0;
+            for (size_t p = 0; p < X; p++)
+                for (size_t i = 0; i < half; i++) {
+                    float ang = (float)p * (float)inv[i];
+                    cs[p * half + i] = (float)(cos(ang) * af);
+                    sn[p * half + i] = (float)(sin(ang) * af);
+                }
+            size_t bytes = X * half * sizeof(float);
+            rc = cuda_dmalloc((void **)&x->rcos, bytes, err, errlen);
+            if (!rc) rc = cuda_dmalloc((void **)&x->rsin, bytes, err, errlen);
+            if (!rc && (cudaMemcpy(x->rcos, cs, bytes, cudaMemcpyHostToDevice) != cudaSuccess ||
+                        cudaMemcpy(x->rsin, sn, bytes, cudaMemcpyHostToDevice) != cudaSuccess)) {
+                sl_seterr(err, errlen, "upload of the MLA RoPE tables failed");
+                rc = SL_EDEVICE;
+            }
+        }
+        free(inv), free(cs), free(sn);
+        if (rc) return rc;
+    }
+    if (cuda_dmalloc((void **)&x->qa, T * QL * 4, err, errlen) ||
+        cuda_dmalloc((void **)&x->qan, T * QL * 2, err, errlen) ||
+        cuda_dmalloc((void **)&x->q, T * H * (Dn + R) * 4, err, errlen) ||
+        cuda_dmalloc((void **)&x->qn, T * H * Dn * 2, err, errlen) ||
+        cuda_dmalloc((void **)&x->kva, T * (C + R) * 4, err, errlen) ||
+        cuda_dmalloc((void **)&x->qlat, T * H * C * 4, err, errlen) ||
+        cuda_dmalloc((void **)&x->olat, T * H * C * 2, err, errlen) ||
+        cuda_dmalloc((void **)&x->att, T * H * Dv * 2, err, errlen))
+        return SL_ENOMEM;
+    return 0;
+}
+
+int cuda_mla_upload(struct rank *k, int l, char *err, size_t errlen)
+{
+    const struct cuda_backend *b = k->b;
+    const struct model_config *c = &b->c;
+    const struct model_mla_config *a = &c->mla;
+    const struct model_mla_weights *w = &b->w->layers[l].mla;
+    if (!k->mlax && rank_upload(k, err, errlen)) return SL_ENOMEM;
+    struct cuda_mla_layer *L = calloc(1, sizeof *L);
+    if (!L) {
+        sl_seterr(err, errlen, "out of host memory");
+        return SL_ENOMEM;
+    }
+    k->L[l].mla = L;
+    int64_t E = c->n_embd, H = c->n_head, C = a->kv_lora_rank, R = a->qk_rope_head_dim, Dn = a->qk_nope_head_dim,
+            Dv = a->v_head_dim, QL = a->q_lora_rank, Dq = Dn + R;
+    int rc;
+    if (QL > 0) {
+        if ((rc = up(&w->q_a, QL * E, false, (void **)&L->q_a, err, errlen)) ||
+            (rc = up(&w->q_a_norm, QL, true, (void **)&L->q_a_norm, err, errlen)) ||
+            (rc = up(&w->q_b, H * Dq * QL, false, (void **)&L->q_b, err, errlen)))
+            return rc;
+    } else if ((rc = up(&w->q, H * Dq * E, false, (void **)&L->q, err, errlen))) {
+        return rc;
+    }
+    if ((rc = up(&w->kv_a, (C + R) * E, false, (void **)&L->kv_a, err, errlen)) ||
+        (rc = up(&w->kv_a_norm, C, true, (void **)&L->kv_a_norm, err, errlen)) ||
+        (rc = up(&w->kv_b, H * (Dn + Dv) * C, false, (void **)&L->kv_b, err, errlen)) ||
+        (rc = up(&w->o, E * H * Dv, false, (void **)&L->o, err, errlen)))
+        return rc;
+    return 0;
+}
+
+void cuda_mla_free(struct rank *k, int l)
+{
+    struct cuda_mla_layer *L = k->L ? k->L[l].mla : NULL;
+    if (L) {
+        cudaFree(L->q_a), cudaFree(L->q_b), cudaFree(L->q), cudaFree(L->kv_a), cudaFree(L->kv_b), cudaFree(L->o);
+        cudaFree(L->q_a_norm), cudaFree(L->kv_a_norm);
+        free(L);
+        k->L[l].mla = NULL;
+    }
+    struct cuda_mla_rank *x = k->mlax;
+    if (x && l == k->b->c.n_layer - 1) {
+        cudaFree(x->rcos), cudaFree(x->rsin), cudaFree(x->qa), cudaFree(x->qan), cudaFree(x->q), cudaFree(x->qn);
+        cudaFree(x->kva), cudaFree(x->qlat), cudaFree(x->olat), cudaFree(x->att);
+        free(x);
+        k->mlax = NULL;
+    }
+}
+
+/* y[T][out] = x[T][in] W^T, W bf16 [out][in]; y bf16 or f32 */
+static cublasStatus_t gemm(struct rank *k, const uint16_t *x, const uint16_t *W, void *y, bool yf32, int T, int in,
+                           int out)
+{
+    const float one = 1.0f, zero = 0.0f;
+    return cublasGemmEx(k->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, T, in, &one, W, CUDA_R_16BF, in, x, CUDA_R_16BF, in,
+                        &zero, y, yf32 ? CUDA_R_32F : CUDA_R_16BF, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+}
+
+int cuda_mla_mixer(struct rank *k, int l, int T, bool decode, char *err, size_t errlen)
+{
+    (void)decode; /* the absorbed form for every token: one path for decode and prefill */
+    struct cuda_backend *b = k->b;
+    const struct model_config *c = &b->c;
+    const struct model_mla_config *a = &c->mla;
+    const struct cuda_mla_layer *L = k->L[l].mla;
+    struct cuda_mla_rank *x = k->mlax;
+    int E = c->n_embd, H = c->n_head, C = a->kv_lora_rank, R = a->qk_rope_head_dim, Dn = a->qk_nope_head_dim,
+        Dv = a->v_head_dim, QL = a->q_lora_rank, Dq = Dn + R, W = Dn + Dv;
+    float leps = a->latent_norm_eps;
+    cudaStream_t st = k->st;
+    const int32_t *pos = (const int32_t *)(k->din + b->lay.pos);
+    if (QL > 0) {
+        CB(gemm(k, k->xn, L->q_a, x->qa, true, T, E, QL));
+        CK(cuda_mla_rmsnorm(x->qa, QL, L->q_a_norm, QL, leps, T, x->qan, QL, st));
+        CB(gemm(k, x->qan, L->q_b, x->q, true, T, QL, H * Dq));
+    } else {
+        CB(gemm(k, k->xn, L->q, x->q, true, T, E, H * Dq));
+    }
+    CB(gemm(k, k->xn, L->kv_a, x->kva, true, T, E, C + R));
+    void *cache = (char *)k->kv + k->kv_off[l];
+    struct cuda_mla_kv_args ka = {
+        .q = x->q, .qn = x->qn, .kva = x->kva, .kv_norm = L->kv_a_norm, .cos = x->rcos, .sin = x->rsin,
+        .pos = pos, .slots = (const int64_t *)(k->din + b->lay.slots), .cache = cache, .T = T, .H = H, .Dn = Dn,
+        .R = R, .C = C, .eps = leps, .interleave = a->rope_interleave, .kv8 = b->kv8,
+    };
+    CK(cuda_mla_kv_write(&ka, st));
+    const float one = 1.0f, zero = 0.0f;
+    /* q_lat[t][h] = W_K,h^T q_nope[t][h]: per head (C x Dn, column-major view of W_K,h) x (Dn x T) */
+    CB(cublasGemmStridedBatchedEx(k->blas, CUBLAS_OP_N, CUBLAS_OP_N, C, T, Dn, &one, L->kv_b, CUDA_R_16BF, C,
+                                  (long long)W * C, x->qn, CUDA_R_16BF, H * Dn, Dn, &zero, x->qlat, CUDA_R_32F, H * C,
+                                  C, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    struct cuda_mla_attn_args aa = {
+        .qlat = x->qlat, .q = x->q, .cache = cache, .pos = pos, .tok_bt = (const int32_t *)(k->din + b->lay.tok_bt),
+        .bt = (const int32_t *)(k->din + b->lay.bt), .olat = x->olat, .T = T, .H = H, .Dn = Dn, .R = R, .C = C,
+        .block_size = b->block_size, .scale = a->softmax_scale, .kv8 = b->kv8,
+    };
+    CK(cuda_mla_attention(&aa, st));
+    /* att[t][h] = W_V,h o_lat[t][h]: per head (Dv x C) x (C x T) */
+    CB(cublasGemmStridedBatchedEx(k->blas, CUBLAS_OP_T, CUBLAS_OP_N, Dv, T, C, &one, L->kv_b + (size_t)Dn * C,
+                                  CUDA_R_16BF, C, (long long)W * C, x->olat, CUDA_R_16BF, H * C, C, &zero, x->att,
+                                  CUDA_R_16BF, H * Dv, Dv, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    CB(gemm(k, x->att, L->o, k->delta, false, T, H * Dv, E));
+    return 0;
+fail:
+    return SL_EDEVICE;
+}

@@ -1,0 +1,119 @@
+/* mla.h - multi-head latent attention on the GPU backend (internal to cuda/):
+ * a layer's weights and scratch (struct cuda_mla_layer, filled by
+ * cuda_mla_upload), the rank's RoPE tables (struct cuda_mla_rank), the
+ * mixer enqueue() dispatches to, and the kernels' host functions (mla_kern.cu: mla.o is mla.c's object).
+ *
+ * The step, as model/cpu_mla.c computes it (transformers' DeepseekV3Attention):
+ *   q      = q_b(rmsnorm(q_a(xn))) or q_proj(xn)        per head [nope | rope]
+ *   latent = rmsnorm(kv_a(xn)[:C]), k_rope = kv_a(xn)[C:]
+ *   RoPE (cos and sin times YaRN's attention factor) on q's rope part and k_rope
+ * then the absorbed form for every query token (decode and prefill chunks,
+ * causal within the step): q_lat_h = W_K,h^T q_nope_h (one strided-batched
+ * GEMM over the heads), scores (q_lat . latent_j + q_rope . k_rope_j) *
+ * softmax_scale over the paged entries 0..pos, the weighted latent sum, W_V,h
+ * times it (a second batched GEMM), then o_proj into k->delta.
+ *
+ * The paged entry of a token in an MLA layer is [latent C | k_rope R], bf16
+ * (or fp8 e4m3 with --kv-cache-dtype fp8), at the layer's region of k->kv
+ * (k->kv_off[l]). Not here yet: the DSA indexer (index_topk > 0 is refused at
+ * creation), tensor parallelism (refused), MTP layers (not run by this
+ * backend). */
+#ifndef SLUICE_CUDA_MLA_H
+#define SLUICE_CUDA_MLA_H
+
+#include <cuda_runtime.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct rank;
+struct model_config;
+
+/* One MLA layer on one rank: weights bf16 [out][in] (packed weights are
+ * dequantized to bf16 at upload), norms f32, all device. */
+struct cuda_mla_layer {
+    uint16_t *q_a, *q_b, *q;     /* [QL][E], [H Dq][QL] (q_lora_rank > 0); else q [H Dq][E] */
+    uint16_t *kv_a;              /* [C + R][E] */
+    uint16_t *kv_b;              /* [H (Dn + Dv)][C]: per head Dn K rows then Dv V rows */
+    uint16_t *o;                 /* [E][H Dv] */
+    float *q_a_norm, *kv_a_norm; /* [QL], [C] */
+};
+
+/* Per rank: the RoPE tables (cos and sin times the YaRN attention factor,
+ * as cpu_mla.c builds them) and the step's scratch, [max_tokens] rows. */
+struct cuda_mla_rank {
+    float *rcos, *rsin;          /* [max_ctx][R/2], NULL when R == 0 */
+    float *qa;                   /* [QL] f32: q_a's output */
+    uint16_t *qan;               /* [QL] bf16: normed */
+    float *q;                    /* [H][Dn + R] f32 */
+    uint16_t *qn;                /* [H][Dn] bf16: q_nope for the absorption GEMM */
+    float *kva;                  /* [C + R] f32 */
+    float *qlat;                 /* [H][C] f32 */
+    uint16_t *olat;              /* [H][C] bf16: the weighted latent sums */
+    uint16_t *att;               /* [H][Dv] bf16 */
+};
+
+/* Whether the GPU backend can run c's MLA layers with N ranks and the KV
+ * dtype (kv8: fp8 e4m3); 0, or SL_EUNSUP with a message naming what is
+ * missing (the DSA indexer, TP > 1, shapes the kernels do not take). */
+int cuda_mla_check(const struct model_config *c, int N, char *err, size_t errlen);
+/* Uploads layer l's MLA weights to rank k (k->L[l].mla, owned) and, at the
+ * first MLA layer, the rank's tables and scratch (k->mlax). 0 or an error. */
+int cuda_mla_upload(struct rank *k, int l, char *err, size_t errlen);
+/* Frees what cuda_mla_upload allocated for layer l (the rank's part with
+ * the last layer of the model). Accepts a layer never uploaded. */
+void cuda_mla_free(struct rank *k, int l);
+/* Layer l's mixer over T tokens of the step: reads k->xn, writes the
+ * entries at the step's slots, attends over the paged cache, leaves the
+ * output in k->delta ([T][E] bf16); enqueued on k->st (graph-safe). */
+int cuda_mla_mixer(struct rank *k, int l, int T, bool decode, char *err, size_t errlen);
+
+/* ---- kernels (mla_kern.cu: mla.o is mla.c's object) ---- */
+
+/* out[t][i] = bf16(w[i] * x[t][i] / rms(x[t])) for n values, rows at strides xs and os. */
+cudaError_t cuda_mla_rmsnorm(const float *x, int xs, const float *w, int n, float eps, int T, uint16_t *out, int os,
+                             cudaStream_t st);
+
+struct cuda_mla_kv_args {
+    float *q;                    /* [T][H][Dn + R] f32: its rope parts rotated in place */
+    uint16_t *qn;                /* [T][H][Dn] bf16: q_nope out */
+    const float *kva;            /* [T][C + R] f32 (kv_a's output) */
+    const float *kv_norm;        /* [C] */
+    const float *cos, *sin;      /* [max_ctx][R/2] (NULL when R == 0) */
+    const int32_t *pos;          /* [T] */
+    const int64_t *slots;        /* [T] */
+    void *cache;                 /* the layer's [slots][C + R], bf16 or e4m3 bytes */
+    int T, H, Dn, R, C;
+    float eps;
+    bool interleave, kv8;
+};
+/* Per token: the latent normed and the rope key rotated into the cache
+ * entry at its slot, the query's rope parts rotated, q_nope rounded to qn. */
+cudaError_t cuda_mla_kv_write(const struct cuda_mla_kv_args *a, cudaStream_t st);
+
+struct cuda_mla_attn_args {
+    const float *qlat;           /* [T][H][C] */
+    const float *q;              /* [T][H][Dn + R]: the rope parts read */
+    const void *cache;           /* the layer's [slots][C + R] */
+    const int32_t *pos;          /* [T] */
+    const int32_t *tok_bt;       /* [T] where token t's block table starts in bt */
+    const int32_t *bt;
+    uint16_t *olat;              /* [T][H][C] out */
+    int T, H, Dn, R, C, block_size;
+    float scale;
+    bool kv8;
+};
+/* One block per (token, head): keys 0..pos[t] of its sequence, online softmax in f32. */
+cudaError_t cuda_mla_attention(const struct cuda_mla_attn_args *a, cudaStream_t st);
+/* C values a thread block of the attention keeps (C <= this). */
+#define CUDA_MLA_MAX_C 1024
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,273 @@
+/* test_mla.c - the MLA kernels (cuda/mla.h) against plain-C references on
+ * random data (make gpu-test; needs a GPU): the latent RMSNorm; the paged
+ * entry write (latent norm, RoPE on the rope key and the queries' rope parts,
+ * q_nope rounded) over a scattered block table; the absorbed attention of
+ * two sequences, a prefill chunk each (causal within the step) and then
+ * decode steps, bf16 and fp8 e4m3 caches. Each attention is checked against
+ * a double reference over the entries the GPU stored (read back), and the
+ * entries against the reference latent and key. Errors are ||out - ref|| /
+ * ||ref||; outputs are poisoned (NaN) first, so an unwritten value fails.
+ */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/mla.h"
+#include "tests/gpu/gpu_util.h"
+#include "tests/test.h"
+
+static void *dup_dev(const void *h, size_t n)
+{
+    void *d = NULL;
+    if (cudaMalloc(&d, n ? n : 16) != cudaSuccess) abort();
+    if (h && n) cudaMemcpy(d, h, n, cudaMemcpyHostToDevice);
+    return d;
+}
+static void *poisoned(size_t n)
+{
+    void *d = dup_dev(NULL, n);
+    cudaMemset(d, 0xff, n ? n : 16);
+    return d;
+}
+static void get(void *h, const void *d, size_t n)
+{
+    if (cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost) != cudaSuccess) {
+        printf("  copy back failed: %s\n", cudaGetErrorString(cudaGetLastError()));
+        memset(h, 0xff, n);
+    }
+}
+static double nerr(const float *a, const double *b, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(a[i])) return INFINITY;
+        num += (a[i] - b[i]) * (a[i] - b[i]);
+        den += b[i] * b[i];
+    }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+static float e4m3(uint8_t v)
+{
+    int s = v >> 7, e = (v >> 3) & 15, m = v & 7;
+    if (e == 15 && m == 7) return NAN;
+    float f = e ? ldexpf(1.0f + m / 8.0f, e - 7) : ldexpf(m / 8.0f, -6);
+    return s ? -f : f;
+}
+
+static void test_rmsnorm(void)
+{
+    int shapes[][2] = {{1, 32}, {5, 512}, {17, 1536}, {3, 24}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        int T = shapes[si][0], n = shapes[si][1], xs = n + 3, os = n + 5;
+        float *x = malloc((size_t)T * xs * 4), *w = malloc((size_t)n * 4), *o = malloc((size_t)T * n * 4);
+        double *ref = malloc((size_t)T * n * 8);
+        uint16_t *ob = malloc((size_t)T * os * 2);
+        for (int i = 0; i < T * xs; i++) x[i] = 3.0f * frand();
+        for (int i = 0; i < n; i++) w[i] = 1.0f + 0.5f * frand();
+        for (int t = 0; t < T; t++) {
+            double ss = 0;
+            for (int i = 0; i < n; i++) ss += (double)x[t * xs + i] * x[t * xs + i];
+            double inv = 1.0 / sqrt(ss / n + 1e-6);
+            for (int i = 0; i < n; i++) ref[t * n + i] = w[i] * x[t * xs + i] * inv;
+        }
+        float *dx = dup_dev(x, (size_t)T * xs * 4), *dw = dup_dev(w, (size_t)n * 4);
+        uint16_t *dout = poisoned((size_t)T * os * 2);
+        CHECK(cuda_mla_rmsnorm(dx, xs, dw, n, 1e-6f, T, dout, os, 0) == cudaSuccess);
+        get(ob, dout, (size_t)T * os * 2);
+        for (int t = 0; t < T; t++)
+            for (int i = 0; i < n; i++) o[t * n + i] = fb(ob[t * os + i]);
+        double e = nerr(o, ref, (size_t)T * n);
+        printf("  rmsnorm T=%d n=%d: %.2e\n", T, n, e);
+        CHECKF(e < 5e-3, "T=%d n=%d: %.3g", T, n, e);
+        cudaFree(dx), cudaFree(dw), cudaFree(dout);
+        free(x), free(w), free(o), free(ref), free(ob);
+    }
+}
+
+/* Two sequences over a scattered block table: a prefill chunk of each in
+ * one step (lengths P0, P1), then ND decode steps of one token each. */
+static void run_case(int H, int C, int R, int Dn, bool inter, bool kv8)
+{
+    enum { BS = 16, NB = 12, ND = 3 };
+    int P[2] = {37, 20}, W = C + R, Dq = Dn + R, half = R / 2, X = 64;
+    int32_t bt_h[2][4] = {{5, 2, 9, 0}, {7, 3, 11, 1}}; /* blocks of each sequence, out of order */
+    int32_t bt[8];
+    for (int i = 0; i < 8; i++) bt[i] = bt_h[i / 4][i % 4];
+    float scale = 1.0f / sqrtf((float)(Dn + R)) * 1.3f, eps = 1e-6f;
+    size_t es = kv8 ? 1 : 2, cache_n = (size_t)(NB + 1) * BS * W;
+    float *cs = malloc((size_t)X * (half ? half : 1) * 4), *sn = malloc((size_t)X * (half ? half : 1) * 4);
+    for (int p = 0; p < X; p++)
+        for (int i = 0; i < half; i++) {
+            float ang = (float)p * powf(10000.0f, -2.0f * i / (float)R);
+            cs[p * half + i] = cosf(ang) * 1.1f, sn[p * half + i] = sinf(ang) * 1.1f; /* an attention factor */
+        }
+    float *kvn = malloc((size_t)C * 4);
+    for (int i = 0; i < C; i++) kvn[i] = 1.0f + 0.3f * frand();
+    void *dcache = dup_dev(NULL, cache_n * es);
+    cudaMemset(dcache, 0, cache_n * es);
+    float *dcos = half ? dup_dev(cs, (size_t)X * half * 4) : NULL, *dsin = half ? dup_dev(sn, (size_t)X * half * 4) : NULL;
+    float *dkvn = dup_dev(kvn, (size_t)C * 4);
+    int32_t *dbt = dup_dev(bt, sizeof bt);
+    /* the host's copy of every entry written so far, in the reference's precision */
+    double *lat_ref = calloc((size_t)2 * X * W, sizeof(double));
+    double worst_w = 0, worst_a = 0, worst_q = 0;
+    for (int stepi = 0; stepi <= ND; stepi++) {
+        int n0 = stepi ? 1 : P[0], n1 = stepi ? 1 : P[1], T = n0 + n1;
+        int start[2] = {stepi ? P[0] + stepi - 1 : 0, stepi ? P[1] + stepi - 1 : 0};
+        int32_t *pos = malloc((size_t)T * 4), *tbt = malloc((size_t)T * 4);
+        int64_t *slots = malloc((size_t)T * 8);
+        int *seq = malloc((size_t)T * sizeof(int));
+        for (int t = 0; t < T; t++) {
+            int s = t < n0 ? 0 : 1, p = start[s] + (s ? t - n0 : t);
+            seq[t] = s, pos[t] = p, tbt[t] = 4 * s;
+            slots[t] = (int64_t)bt_h[s][p / BS] * BS + p % BS;
+        }
+        float *kva = malloc((size_t)T * W * 4), *q = malloc((size_t)T * H * Dq * 4), *qlat = malloc((size_t)T * H * C * 4);
+        for (int i = 0; i < T * W; i++) kva[i] = 2.0f * frand();
+        for (int i = 0; i < T * H * Dq; i++) q[i] = frand();
+        for (int i = 0; i < T * H * C; i++) qlat[i] = frand();
+        /* reference entries and rotated queries */
+        double *qref = malloc((size_t)T * H * Dq * 8);
+        for (int t = 0; t < T; t++) {
+            const float *kv = kva + (size_t)t * W;
+            double ss = 0, *e = lat_ref + ((size_t)seq[t] * X + pos[t]) * W;
+            for (int i = 0; i < C; i++) ss += (double)kv[i] * kv[i];
+            double inv = 1.0 / sqrt(ss / C + eps);
+            for (int i = 0; i < C; i++) e[i] = kvn[i] * kv[i] * inv;
+            for (int i = 0; i < R; i++) e[C + i] = kv[C + i];
+            for (int h = 0; h < H; h++)
+                for (int i = 0; i < Dq; i++) qref[((size_t)t * H + h) * Dq + i] = q[((size_t)t * H + h) * Dq + i];
+            const float *c = cs + (size_t)pos[t] * half, *s = sn + (size_t)pos[t] * half;
+            for (int k = -1; k < H; k++) {
+                double *x = k < 0 ? e + C : qref + ((size_t)t * H + k) * Dq + Dn;
+                for (int i = 0; i < half; i++) {
+                    int i0 = inter ? 2 * i : i, i1 = inter ? 2 * i + 1 : i + half;
+                    double u = x[i0], v = x[i1];
+                    x[i0] = u * c[i] - v * s[i];
+                    x[i1] = v * c[i] + u * s[i];
+                }
+            }
+        }
+        float *dq = dup_dev(q, (size_t)T * H * Dq * 4), *dkva = dup_dev(kva, (size_t)T * W * 4);
+        float *dqlat = dup_dev(qlat, (size_t)T * H * C * 4);
+        uint16_t *dqn = poisoned((size_t)T * H * Dn * 2), *dolat = poisoned((size_t)T * H * C * 2);
+        int32_t *dpos = dup_dev(pos, (size_t)T * 4), *dtbt = dup_dev(tbt, (size_t)T * 4);
+        int64_t *dslots = dup_dev(slots, (size_t)T * 8);
+        struct cuda_mla_kv_args ka = {.q = dq, .qn = dqn, .kva = dkva, .kv_norm = dkvn, .cos = dcos, .sin = dsin,
+                                      .pos = dpos, .slots = dslots, .cache = dcache, .T = T, .H = H, .Dn = Dn,
+                                      .R = R, .C = C, .eps = eps, .interleave = inter, .kv8 = kv8};
+        CHECK(cuda_mla_kv_write(&ka, 0) == cudaSuccess);
+        struct cuda_mla_attn_args aa = {.qlat = dqlat, .q = dq, .cache = dcache, .pos = dpos, .tok_bt = dtbt,
+                                        .bt = dbt, .olat = dolat, .T = T, .H = H, .Dn = Dn, .R = R, .C = C,
+                                        .block_size = BS, .scale = scale, .kv8 = kv8};
+        CHECK(cuda_mla_attention(&aa, 0) == cudaSuccess);
+        CHECK(cudaDeviceSynchronize() == cudaSuccess);
+        /* the entries the GPU wrote, as f32 */
+        uint8_t *craw = malloc(cache_n * es);
+        float *cache = malloc(cache_n * 4);
+        get(craw, dcache, cache_n * es);
+        for (size_t i = 0; i < cache_n; i++) cache[i] = kv8 ? e4m3(craw[i]) : fb(((uint16_t *)craw)[i]);
+        /* entries of this step vs the reference */
+        {
+            float *got = malloc((size_t)T * W * 4);
+            double *want = malloc((size_t)T * W * 8);
+            for (int t = 0; t < T; t++) {
+                memcpy(got + (size_t)t * W, cache + (size_t)slots[t] * W, (size_t)W * 4);
+                memcpy(want + (size_t)t * W, lat_ref + ((size_t)seq[t] * X + pos[t]) * W, (size_t)W * 8);
+            }
+            double e = nerr(got, want, (size_t)T * W);
+            worst_w = e > worst_w ? e : worst_w;
+            free(got), free(want);
+        }
+        /* rotated queries (f32 in place) and q_nope in bf16 */
+        {
+            float *qg = malloc((size_t)T * H * Dq * 4), *qn = malloc((size_t)T * H * Dn * 4);
+            uint16_t *qnb = malloc((size_t)T * H * Dn * 2);
+            double *qnr = malloc((size_t)T * H * Dn * 8);
+            get(qg, dq, (size_t)T * H * Dq * 4);
+            get(qnb, dqn, (size_t)T * H * Dn * 2);
+            for (int j = 0; j < T * H * Dn; j++) {
+                qn[j] = fb(qnb[j]);
+                qnr[j] = qref[(size_t)(j / Dn) * Dq + j % Dn];
+            }
+            double e = nerr(qg, qref, (size_t)T * H * Dq), e2 = nerr(qn, qnr, (size_t)T * H * Dn);
+            e = e2 > e ? e2 : e;
+            worst_q = e > worst_q ? e : worst_q;
+            free(qg), free(qn), free(qnb), free(qnr);
+        }
+        /* attention over the stored entries, keys 0..pos of the token's sequence */
+        {
+            float *o = malloc((size_t)T * H * C * 4);
+            uint16_t *ob = malloc((size_t)T * H * C * 2);
+            double *ref = calloc((size_t)T * H * C, sizeof(double)), *sc = malloc((size_t)X * 8);
+            get(ob, dolat, (size_t)T * H * C * 2);
+            for (int i = 0; i < T * H * C; i++) o[i] = fb(ob[i]);
+            for (int t = 0; t < T; t++)
+                for (int h = 0; h < H; h++) {
+                    const float *ql = qlat + ((size_t)t * H + h) * C;
+                    const double *qr = qref + ((size_t)t * H + h) * Dq + Dn;
+                    double mx = -INFINITY, sum = 0;
+                    for (int j = 0; j <= pos[t]; j++) {
+                        const float *e = cache + ((size_t)bt_h[seq[t]][j / BS] * BS + j % BS) * W;
+                        double d = 0;
+                        for (int i = 0; i < C; i++) d += (double)ql[i] * e[i];
+                        for (int i = 0; i < R; i++) d += qr[i] * e[C + i];
+                        sc[j] = d * scale;
+                        mx = sc[j] > mx ? sc[j] : mx;
+                    }
+                    for (int j = 0; j <= pos[t]; j++) sum += sc[j] = exp(sc[j] - mx);
+                    double *r = ref + ((size_t)t * H + h) * C;
+                    for (int j = 0; j <= pos[t]; j++) {
+                        const float *e = cache + ((size_t)bt_h[seq[t]][j / BS] * BS + j % BS) * W;
+                        for (int i = 0; i < C; i++) r[i] += sc[j] / sum * e[i];
+                    }
+                }
+            double e = nerr(o, ref, (size_t)T * H * C);
+            worst_a = e > worst_a ? e : worst_a;
+            free(o), free(ob), free(ref), free(sc);
+        }
+        cudaFree(dq), cudaFree(dkva), cudaFree(dqlat), cudaFree(dqn), cudaFree(dolat), cudaFree(dpos);
+        cudaFree(dtbt), cudaFree(dslots);
+        free(pos), free(tbt), free(slots), free(seq), free(kva), free(q), free(qlat), free(qref), free(craw);
+        free(cache);
+    }
+    /* e4m3 keeps 3 mantissa bits: ~2^-4 relative per value at worst, ~3% in the norm */
+    double tw = kv8 ? 6e-2 : 5e-3;
+    printf("  H=%d C=%d R=%d Dn=%d %s %s: entries %.2e, queries %.2e, attention %.2e\n", H, C, R, Dn,
+           inter ? "pairs" : "halves", kv8 ? "fp8" : "bf16", worst_w, worst_q, worst_a);
+    CHECKF(worst_w < tw, "entries %.3g", worst_w);
+    CHECKF(worst_q < 5e-3, "queries %.3g", worst_q);
+    CHECKF(worst_a < 1e-2, "attention %.3g", worst_a);
+    cudaFree(dcache), cudaFree(dcos), cudaFree(dsin), cudaFree(dkvn), cudaFree(dbt);
+    free(cs), free(sn), free(kvn), free(lat_ref);
+}
+
+static void test_paged(void)
+{
+    run_case(4, 32, 8, 16, true, false);    /* the tiny checkpoints' shape */
+    run_case(4, 32, 8, 16, false, false);   /* rope in halves */
+    run_case(3, 32, 0, 16, true, false);    /* no RoPE (glm5_next's MLA) */
+    run_case(8, 512, 64, 128, true, false); /* DeepSeek-V3's latent and rope dims */
+    run_case(4, 300, 8, 16, true, false);   /* C not a multiple of the block's threads */
+}
+
+static void test_paged_fp8(void)
+{
+    run_case(4, 32, 8, 16, true, true);
+    run_case(8, 512, 64, 128, true, true);
+}
+
+int main(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+        printf("no GPU: skipped\n0 passed, 0 failed\n");
+        return 0;
+    }
+    RUN(test_rmsnorm);
+    RUN(test_paged);
+    RUN(test_paged_fp8);
+    return test_summary();
+}
