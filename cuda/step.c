@@ -42,6 +42,7 @@
 #include <string.h>
 
 #include "cuda/cuda_internal.h"
+#include "cuda/kda.h"
 
 /* ---- forward ------------------------------------------------------------------- */
 
@@ -61,7 +62,12 @@ static int check_step(struct cuda_backend *b, const struct step *s, char *err, s
         return SL_EINVAL;
     }
     struct model_step_limits lim = {.n_vocab = b->c.n_vocab, .max_tokens = b->max_tokens, .max_seqs = b->max_seqs,
-                                    .max_ctx = b->max_ctx, .block_size = b->block_size, .kv_blocks = b->kv_blocks};
+                                    .max_ctx = b->max_ctx, .block_size = b->block_size, .kv_blocks = b->kv_blocks,
+                                    .state_slots = b->state_bytes ? b->state_slots : 0};
+    if (b->state_bytes && !b->state_slots) {
+        sl_seterr(err, errlen, "forward: recurrent state slots not allocated (state_alloc)");
+        return SL_EINVAL;
+    }
     /* sampling parameters included: the device sampler runs before the host could refuse them */
     return model_step_check(s, &lim, b->tok_seq, err, errlen);
 }
@@ -244,6 +250,7 @@ static size_t pack_step(struct cuda_backend *b, const struct step *s, int Tp, in
         }
     }
     *HIN(b, n_items, int32_t) = n;
+    if (b->state_bytes && !cuda_kda_pack(b, s, Tp)) return 0;
     for (int k = r; k < (Tp < b->max_seqs ? Tp : b->max_seqs); k++) rows[k] = k; /* graph padding rows */
     pack_sampling(b, s, r);
     return b->lay.bt + (size_t)nbt * 4;
@@ -278,6 +285,12 @@ static cublasStatus_t proj(struct rank *k, const struct qproj *P, const uint16_t
         if (s != CUBLAS_STATUS_SUCCESS) return s;
     }
     return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cuda_proj(struct rank *k, const struct qproj *P, const uint16_t *W, const uint16_t *x, void *y,
+                         bool yf32, int T, int in, int out)
+{
+    return proj(k, P, W, x, y, yf32, T, in, out);
 }
 
 /* Whether an all-reduce of n floats goes through cuda_peer_allreduce. Every
@@ -325,6 +338,12 @@ fail:
     return SL_EDEVICE;
 }
 
+int cuda_proj_rows(struct rank *k, const uint16_t *x, const struct qproj *P, const uint16_t *W, int T, int in, int E,
+                   int buf, bool resid, char *err, size_t errlen)
+{
+    return proj_rows(k, x, P, W, T, in, E, buf, resid, err, errlen);
+}
+
 /* Enqueues rank k's whole forward pass for T tokens (some maybe padding), R
  * logit rows, and max_items attention items, up to the greedy tokens. */
 static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, char *err, size_t errlen)
@@ -363,6 +382,13 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
         const struct clayer *L = &k->L[l];
         /* the previous layer's MLP output joins the residual here */
         unsigned ab = b->t.ablate;
+        if (model_layer_kind_of(c, l).mixer == MODEL_MIXER_KDA) {
+            /* KDA (kda_step.c): its output in delta, as the o projection leaves it */
+            if (!(ab & CUDA_ABLATE_NORM))
+                CK(cuda_add_rmsnorm(k->x, l ? k->delta : NULL, L->attn_norm, NULL, T, E, c->norm_eps, k->xn, st));
+            if (cuda_kda_mixer(k, l, T, decode, err, errlen)) goto fail;
+            goto ffn;
+        }
         if (fz) {
             if (!(ab & CUDA_ABLATE_QKV)) CK(cuda_gemv_rmsnorm(L->wqkv, k->x, L->attn_norm, c->norm_eps, k->qkv, T, E, QKV, st));
         } else {
@@ -413,6 +439,7 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
             continue;
         }
         if (!(ab & CUDA_ABLATE_O) && proj_rows(k, k->att, &L->qo, L->wo, T, Q, E, 0, false, err, errlen)) goto fail;
+    ffn:
         if (!(ab & CUDA_ABLATE_NORM))
             CK(cuda_add_rmsnorm(k->x, k->delta, L->ffn_norm, NULL, T, E, c->norm_eps, k->xn, st));
         bool gu_gemv = !L->qgu.n && T <= CUDA_GEMV_MMA_MAX_T && E % 8 == 0;
