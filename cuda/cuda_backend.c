@@ -167,11 +167,6 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
             return NULL;
         }
     }
-    if (model_state_bytes(c) > 0 && N > 1) {
-        sl_seterr(err, errlen,
-                  "cuda: --tensor-parallel-size %d: KDA (linear-attention) layers run on one GPU only so far", N);
-        return NULL;
-    }
     if (model_tp_check(c, N, err, errlen)) return NULL;
     if (c->head_dim % 8 || c->head_dim > 256 || c->n_head / c->n_head_kv > CUDA_ATTN_ROWS) {
         sl_seterr(err, errlen, "cuda: head_dim %d / %d heads per KV head unsupported (head_dim %% 8 == 0, <= 256; <= %d)",
@@ -211,7 +206,7 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     b->fused = c->n_embd % 8 == 0 && c->n_ff % 8 == 0 && (c->n_head * c->head_dim) % 8 == 0 &&
                (size_t)CUDA_GEMV_MAX_T * c->n_embd * 2 <= CUDA_GEMV_NORM_SMEM && !b->qlayers && plain;
     b->warmup = b->t.warmup;
-    b->state_bytes = model_state_bytes(c);
+    b->state_bytes = model_state_bytes(c) / (size_t)N; /* each rank holds its KDA heads' share (kda_step.c) */
     b->tc_rows = cuda_attention_tc_ok(c->head_dim, c->n_head / c->n_head_kv) ? CUDA_ATTN_TC_ROWS : 0;
     b->part_rows = (int)((b->max_tokens < 256 ? b->max_tokens : 256) * (c->n_head / c->n_head_kv));
     b->r = calloc((size_t)N, sizeof *b->r);
@@ -398,7 +393,8 @@ static int kv_alloc(model_backend *mb, int n_blocks, int block_size, char *err, 
     return run_warmup(b, err, errlen);
 }
 
-/* The recurrent layers' states (kda_step.c), one slot per running sequence or snapshot. */
+/* The recurrent layers' states (kda_step.c), one slot per running sequence or snapshot; the bytes
+ * of one slot on each GPU (each rank holds its KDA heads' share), as kv_block_bytes counts. */
 static size_t state_slot_bytes(model_backend *mb) { return ((struct cuda_backend *)mb)->state_bytes; }
 
 static int state_alloc(model_backend *mb, int n_slots, char *err, size_t errlen)

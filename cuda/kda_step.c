@@ -1,6 +1,13 @@
 /* kda_step.c - KDA linear attention on the GPU backend, host side (kda.h): a
  * layer's upload, the state-slot pool, the step's per-sequence inputs and
- * the mixer's launches. One GPU only (creation refuses KDA at TP > 1). */
+ * the mixer's launches.
+ *
+ * Tensor parallelism splits the KDA heads: rank k holds heads [k H/N,
+ * (k+1) H/N) of q, k, v (their conv channels), f_b, b, g_b, dt_bias and
+ * A_log, the whole of f_a, g_a and o_norm, and o_proj's matching columns
+ * (row-parallel: the ranks' partial outputs are summed like the o
+ * projection's). Its state slots hold its heads only: per KDA layer [H/N][D][D]
+ * S then the tail [K-1][3 C/N] (at N = 1 the CPU's layout). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,7 +27,8 @@ struct cuda_kda_layer {
 };
 
 struct cuda_kda_rank {
-    int E, H, D, C, K, last; /* last: the last KDA layer (frees the rank's share) */
+    int E, H, D, C, K, last; /* this rank's heads H (C = H D); last: the last KDA layer (frees the rank's share) */
+    int h0;                 /* its first head */
     size_t slot_floats;
     float *states;          /* [n_slots][slot_floats], device */
     int n_slots;
@@ -50,17 +58,23 @@ static int rank_setup(struct rank *k, char *err, size_t errlen)
                   kc->head_dim, kc->conv_kernel, CUDA_KDA_MAX_D, CUDA_KDA_MAX_K);
         return SL_EUNSUP;
     }
+    int N = b->tp;
+    if (kc->n_head % N) {
+        sl_seterr(err, errlen, "cuda: --tensor-parallel-size %d does not divide the %d KDA heads (linear_num_heads)", N,
+                  kc->n_head);
+        return SL_EUNSUP;
+    }
     struct cuda_kda_rank *x = calloc(1, sizeof *x);
     if (!x) {
         sl_seterr(err, errlen, "out of host memory");
         return SL_ENOMEM;
     }
     k->kdax = x;
-    x->E = c->n_embd, x->H = kc->n_head, x->D = kc->head_dim, x->C = kc->n_head * kc->head_dim;
-    x->K = kc->conv_kernel;
+    x->E = c->n_embd, x->H = kc->n_head / N, x->D = kc->head_dim, x->C = x->H * kc->head_dim;
+    x->K = kc->conv_kernel, x->h0 = k->id * x->H;
     for (int l = 0; l < c->n_layer; l++)
         if (model_layer_kind_of(c, l).mixer == MODEL_MIXER_KDA) x->last = l;
-    x->slot_floats = model_state_bytes(c) / sizeof(float);
+    x->slot_floats = model_state_bytes(c) / sizeof(float) / (size_t)N;
     size_t T = b->max_tokens, C = x->C, D = x->D, H = x->H;
     if (cuda_dmalloc((void **)&x->qkv, T * 3 * C * 4, err, errlen) ||
         cuda_dmalloc((void **)&x->fg, T * C * 4, err, errlen) ||
@@ -82,15 +96,16 @@ static int rank_setup(struct rank *k, char *err, size_t errlen)
     return 0;
 }
 
-/* n floats of t (any float dtype), optionally exp'd, to a new device vector */
-static int vec_up(const struct model_tensor *t, size_t n, bool ex, float **dst, char *err, size_t errlen)
+/* n floats of t (any float dtype) from element first, optionally exp'd, to a new device vector */
+static int vec_up(const struct model_tensor *t, size_t first, size_t n, bool ex, float **dst, char *err,
+                  size_t errlen)
 {
     float *h = malloc(n * sizeof *h);
     if (!h) {
         sl_seterr(err, errlen, "out of host memory");
         return SL_ENOMEM;
     }
-    model_tensor_to_f32(t, 0, (int64_t)n, h);
+    model_tensor_to_f32(t, (int64_t)first, (int64_t)n, h);
     if (ex)
         for (size_t i = 0; i < n; i++) h[i] = expf(h[i]);
     int rc = cuda_dmalloc((void **)dst, n * sizeof *h, err, errlen);
@@ -116,21 +131,23 @@ int cuda_kda_upload(struct rank *k, int l, char *err, size_t errlen)
     }
     k->L[l].kda = L;
     const struct model_kda_weights *kw = &b->w->layers[l].kda;
-    int64_t E = x->E, H = x->H, D = x->D, C = x->C, K = x->K;
-    for (int i = 0; i < l; i++) L->off += (size_t)model_state_layer_elems(c, i);
+    int64_t E = x->E, H = x->H, D = x->D, C = x->C, K = x->K, Cf = C * b->tp, h0 = x->h0, c0 = h0 * D;
+    for (int i = 0; i < l; i++) L->off += (size_t)model_state_layer_elems(c, i) / (size_t)b->tp;
     const struct model_tensor *tqkv[3] = {&kw->q, &kw->k, &kw->v}, *tfa[1] = {&kw->f_a}, *tfb[1] = {&kw->f_b},
                               *tb[1] = {&kw->b}, *tga[1] = {&kw->g_a}, *tgb[1] = {&kw->g_b}, *to[1] = {&kw->o};
-    int64_t z[3] = {0, 0, 0}, nC[3] = {C, C, C}, nD[1] = {D}, nH[1] = {H}, nE[1] = {E};
-    if ((rc = cuda_upload_proj(k, tqkv, z, nC, 3, E, 0, E, &L->wqkv, &L->qqkv, x->stage, x->tmp, err, errlen)) ||
+    /* this rank's rows: its heads' channels (C of them, from c0), its heads (H, from h0) */
+    int64_t z[1] = {0}, rc3[3] = {c0, c0, c0}, rc1[1] = {c0}, rh[1] = {h0}, nC[3] = {C, C, C}, nD[1] = {D},
+            nH[1] = {H}, nE[1] = {E};
+    if ((rc = cuda_upload_proj(k, tqkv, rc3, nC, 3, E, 0, E, &L->wqkv, &L->qqkv, x->stage, x->tmp, err, errlen)) ||
         (rc = cuda_upload_proj(k, tfa, z, nD, 1, E, 0, E, &L->wfa, &L->qfa, x->stage, x->tmp, err, errlen)) ||
-        (rc = cuda_upload_proj(k, tfb, z, nC, 1, D, 0, D, &L->wfb, &L->qfb, x->stage, x->tmp, err, errlen)) ||
-        (rc = cuda_upload_proj(k, tb, z, nH, 1, E, 0, E, &L->wb, &L->qb, x->stage, x->tmp, err, errlen)) ||
+        (rc = cuda_upload_proj(k, tfb, rc1, nC, 1, D, 0, D, &L->wfb, &L->qfb, x->stage, x->tmp, err, errlen)) ||
+        (rc = cuda_upload_proj(k, tb, rh, nH, 1, E, 0, E, &L->wb, &L->qb, x->stage, x->tmp, err, errlen)) ||
         (rc = cuda_upload_proj(k, tga, z, nD, 1, E, 0, E, &L->wga, &L->qga, x->stage, x->tmp, err, errlen)) ||
-        (rc = cuda_upload_proj(k, tgb, z, nC, 1, D, 0, D, &L->wgb, &L->qgb, x->stage, x->tmp, err, errlen)) ||
-        (rc = cuda_upload_proj(k, to, z, nE, 1, C, 0, C, &L->wo, &L->qo, x->stage, x->tmp, err, errlen)) ||
-        (rc = vec_up(&kw->dt_bias, (size_t)C, false, &L->dt_bias, err, errlen)) ||
-        (rc = vec_up(&kw->A_log, (size_t)H, true, &L->A, err, errlen)) ||
-        (rc = vec_up(&kw->o_norm, (size_t)D, false, &L->o_norm, err, errlen)))
+        (rc = cuda_upload_proj(k, tgb, rc1, nC, 1, D, 0, D, &L->wgb, &L->qgb, x->stage, x->tmp, err, errlen)) ||
+        (rc = cuda_upload_proj(k, to, z, nE, 1, Cf, c0, C, &L->wo, &L->qo, x->stage, x->tmp, err, errlen)) ||
+        (rc = vec_up(&kw->dt_bias, (size_t)c0, (size_t)C, false, &L->dt_bias, err, errlen)) ||
+        (rc = vec_up(&kw->A_log, (size_t)h0, (size_t)H, true, &L->A, err, errlen)) ||
+        (rc = vec_up(&kw->o_norm, 0, (size_t)D, false, &L->o_norm, err, errlen)))
         return rc;
     size_t ck = (size_t)(C * K);
     float *h = malloc(3 * ck * sizeof *h);
@@ -138,7 +155,7 @@ int cuda_kda_upload(struct rank *k, int l, char *err, size_t errlen)
         sl_seterr(err, errlen, "out of host memory");
         return SL_ENOMEM;
     }
-    for (int i = 0; i < 3; i++) model_tensor_to_f32(&kw->conv[i], 0, (int64_t)ck, h + i * ck);
+    for (int i = 0; i < 3; i++) model_tensor_to_f32(&kw->conv[i], c0 * K, (int64_t)ck, h + i * ck);
     rc = cuda_dmalloc((void **)&L->conv, 3 * ck * sizeof *h, err, errlen);
     if (!rc && cudaMemcpy(L->conv, h, 3 * ck * sizeof *h, cudaMemcpyHostToDevice) != cudaSuccess) {
         sl_seterr(err, errlen, "cuda: upload of layer %d's KDA conv failed", l);
