@@ -61,6 +61,7 @@
 
 #include "cuda/cuda_internal.h"
 #include "cuda/hc.h"
+#include "cuda/kda.h"
 #include "cuda/mla.h"
 #include "cuda/moe.h"
 
@@ -75,13 +76,18 @@ bool model_cuda_available(void)
 static size_t kv_block_bytes(model_backend *mb, int block_size);
 static int kv_alloc(model_backend *mb, int n_blocks, int block_size, char *err, size_t errlen);
 static int warmup(struct cuda_backend *b, char *err, size_t errlen);
+static int run_warmup(struct cuda_backend *b, char *err, size_t errlen);
 static void destroy(model_backend *mb);
+static size_t state_slot_bytes(model_backend *mb);
+static int state_alloc(model_backend *mb, int n_slots, char *err, size_t errlen);
 
 
 static const struct model_backend_ops cuda_ops = {
     .name = "cuda",
     .kv_block_bytes = kv_block_bytes,
     .kv_alloc = kv_alloc,
+    .state_slot_bytes = state_slot_bytes,
+    .state_alloc = state_alloc,
     .forward = cuda_forward,
     .destroy = destroy,
 };
@@ -161,11 +167,11 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
         struct model_layer_kind k = model_layer_kind_of(c, l);
         gqa |= k.mixer == MODEL_MIXER_GQA;
         plain &= k.mixer == MODEL_MIXER_GQA && k.ffn == MODEL_FFN_DENSE && k.resid == MODEL_RESID_PLAIN;
-        if ((k.mixer != MODEL_MIXER_GQA && k.mixer != MODEL_MIXER_MLA) ||
+        if ((k.mixer != MODEL_MIXER_GQA && k.mixer != MODEL_MIXER_MLA && k.mixer != MODEL_MIXER_KDA) ||
             (k.ffn != MODEL_FFN_DENSE && k.ffn != MODEL_FFN_MOE)) {
             sl_seterr(err, errlen,
-                      "cuda: layer %d is %s + %s%s; the GPU backend runs gqa or mla + dense or moe layers only (use "
-                      "--device cpu)",
+                      "cuda: layer %d is %s + %s%s; the GPU backend runs gqa, mla or kda + dense or moe layers only "
+                      "(use --device cpu)",
                       l, model_mixer_name(k.mixer), model_ffn_name(k.ffn),
                       k.resid == MODEL_RESID_HC ? " with hyper-connections" : "");
             return NULL;
@@ -220,6 +226,7 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
                (size_t)CUDA_GEMV_MAX_T * c->n_embd * 2 <= CUDA_GEMV_NORM_SMEM && !b->qlayers && plain &&
                c->moe.swiglu_limit == 0 && c->moe.n_expert == 0;
     b->warmup = b->t.warmup;
+    b->state_bytes = model_state_bytes(c) / (size_t)N; /* each rank holds its KDA heads' share (kda_step.c) */
     b->tc_rows = cuda_attention_tc_ok(c->head_dim, c->n_head / c->n_head_kv) ? CUDA_ATTN_TC_ROWS : 0;
     b->part_rows = (int)((b->max_tokens < 256 ? b->max_tokens : 256) * (c->n_head / c->n_head_kv));
     b->r = calloc((size_t)N, sizeof *b->r);
@@ -348,7 +355,7 @@ fail:
  * returns the end of the block tables (bt_cap entries). A step fills the
  * start of each region, so it copies the prefix of hin up to its last
  * block-table entry. */
-static size_t lay_steps(struct inlay *y, size_t T, size_t S, size_t items, int bt_cap)
+static size_t lay_steps(struct inlay *y, size_t T, size_t S, size_t items, int bt_cap, bool kda)
 {
     size_t o = 0;
     y->slots = o, o = al(o + T * 8);
@@ -361,6 +368,10 @@ static size_t lay_steps(struct inlay *y, size_t T, size_t S, size_t items, int b
     y->n_items = o, o = al(o + 4);
     y->items = o, o = al(o + items * sizeof(struct cuda_attn_item));
     y->max_items = (int)items;
+    /* KDA: a step's sequences (at most min(T, S)) and its snapshots (each at a distinct query position) */
+    y->kda_seqs = o, o = al(o + (kda ? (T < S ? T : S) : 0) * sizeof(struct cuda_kda_seq));
+    y->kda_snaps = o, o = al(o + (kda ? T : 0) * sizeof(struct cuda_kda_snap));
+    y->max_kda_snaps = kda ? (int)T : 0;
     y->bt = o, o = al(o + (size_t)bt_cap * 4);
     return o;
 }
@@ -375,7 +386,7 @@ struct inlay cuda_step_lay(const struct cuda_backend *b, int gi, int Tp)
     struct inlay y = b->lay_full;
     size_t items = (size_t)Tp * CUDA_ATTN_MAXSPLIT;
     if (gi >= 0 && items <= (size_t)y.max_items && Tp <= b->max_tokens)
-        lay_steps(&y, (size_t)Tp, b->max_seqs, items, b->bt_cap);
+        lay_steps(&y, (size_t)Tp, b->max_seqs, items, b->bt_cap, b->state_bytes > 0);
     return y;
 }
 
@@ -398,7 +409,8 @@ static int kv_alloc(model_backend *mb, int n_blocks, int block_size, char *err, 
      * read a block's item before they know n_items */
     b->bt_cap = (int)(S * ((size_t)(b->max_ctx + block_size - 1) / block_size + 1));
     struct inlay *y = &b->lay_full;
-    size_t o = lay_steps(y, T, b->max_rows, T + S + (S > 256 ? S : 256) * CUDA_ATTN_MAXSPLIT, b->bt_cap);
+    size_t o = lay_steps(y, T, b->max_rows, T + S + (S > 256 ? S : 256) * CUDA_ATTN_MAXSPLIT, b->bt_cap,
+                         b->state_bytes > 0);
     size_t pc = S * (size_t)b->max_ctx;
     b->pen_cap = (int)(pc < 65536 ? 65536 : pc > (1u << 20) ? (1u << 20) : pc);
     y->srows = o, o = al(o + (size_t)b->max_rows * sizeof(struct cuda_sample_row));
@@ -421,14 +433,46 @@ static int kv_alloc(model_backend *mb, int n_blocks, int block_size, char *err, 
     if (rc) return rc;
     b->kv_blocks = n_blocks;
     b->block_size = block_size;
-    if (b->warmup) {
-        b->warmup = false;
-        b->warming = true; /* tp_fault_step counts serving's steps only */
-        rc = warmup(b, err, errlen);
-        b->warming = false;
-        if (rc) return rc;
+    return run_warmup(b, err, errlen);
+}
+
+/* The recurrent layers' states (kda_step.c), one slot per running sequence or snapshot; the bytes
+ * of one slot on each GPU (each rank holds its KDA heads' share), as kv_block_bytes counts. */
+static size_t state_slot_bytes(model_backend *mb) { return ((struct cuda_backend *)mb)->state_bytes; }
+
+static int state_alloc(model_backend *mb, int n_slots, char *err, size_t errlen)
+{
+    struct cuda_backend *b = (struct cuda_backend *)mb;
+    if (n_slots <= 0 || b->state_bytes == 0 || (size_t)n_slots > SIZE_MAX / b->state_bytes) {
+        sl_seterr(err, errlen, "state_alloc: bad size (%d slots of %zu bytes)", n_slots, b->state_bytes);
+        return SL_EINVAL;
     }
-    return 0;
+    if (b->base.fatal) {
+        sl_seterr(err, errlen, "%s", b->base.fatal);
+        return SL_EDEVICE;
+    }
+    /* the decode graphs hold the old pool's address */
+    for (int i = 0; i < b->tp; i++) {
+        cudaSetDevice(b->r[i].dev);
+        drop_graphs(&b->r[i]);
+    }
+    b->state_slots = 0;
+    int rc = cuda_kda_state_alloc(b, n_slots, err, errlen);
+    if (rc) return rc;
+    b->state_slots = n_slots;
+    return b->kv_blocks ? run_warmup(b, err, errlen) : 0;
+}
+
+/* The warm-up once, after the first kv_alloc, or, with recurrent layers,
+ * once their state slots are allocated too. */
+static int run_warmup(struct cuda_backend *b, char *err, size_t errlen)
+{
+    if (!b->warmup || (b->state_bytes && !b->state_slots)) return 0;
+    b->warmup = false;
+    b->warming = true; /* tp_fault_step counts serving's steps only */
+    int rc = warmup(b, err, errlen);
+    b->warming = false;
+    return rc;
 }
 
 /* One step of ns sequences of len tokens each at positions start.., sequence
@@ -448,7 +492,7 @@ static int warm_step(struct cuda_backend *b, int ns, int nbk, int start, int len
             rng[k] = 0x9E3779B97F4A7C15ull + (uint64_t)k;
             sq[k] = (struct step_seq){.query_start = t, .query_len = len, .context_len = start + len,
                                       .block_table = bt + (size_t)k * nbk, .n_blocks = nbk, .want_sample = true,
-                                      .sampling = sp, .rng = &rng[k]};
+                                      .sampling = sp, .rng = &rng[k], .state_slot = k};
             for (int i = 0; i < len; i++, t++) {
                 int p = start + i;
                 ids[t] = (int32_t)(((uint64_t)t * 2654435761u) % (uint64_t)b->c.n_vocab);
@@ -489,7 +533,8 @@ static int warmup(struct cuda_backend *b, char *err, size_t errlen)
     int rc = warm_step(b, 1, nbk, 0, P, &greedy, err, errlen);
     if (!rc) rc = warm_step(b, 1, nbk, P, C, &samp, err, errlen);
     for (int i = 0; !rc && i < b->n_bucket; i++)
-        if (b->bucket[i] <= b->kv_blocks && b->bucket[i] <= b->max_tokens)
+        if (b->bucket[i] <= b->kv_blocks && b->bucket[i] <= b->max_tokens &&
+            (!b->state_bytes || b->bucket[i] <= b->state_slots))
             rc = warm_step(b, b->bucket[i], 1, 0, 1, &greedy, err, errlen);
     if (rc && !b->base.fatal) { /* a step this configuration refuses: serving can still start */
         fprintf(stderr, "cuda: warm-up left unfinished: %s\n", err);
@@ -518,6 +563,7 @@ static void rank_free(struct rank *k, const struct model_config *c)
             cudaFree(L->attn_norm), cudaFree(L->ffn_norm), cudaFree(L->bqkv), cudaFree(L->q_norm), cudaFree(L->k_norm);
             cuda_hc_free(k, l);
             cuda_moe_free(k, l);
+            cuda_kda_free(k, l);
         }
         free(k->L);
     }

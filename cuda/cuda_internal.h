@@ -53,16 +53,20 @@ struct clayer {
     struct cuda_hc_layer *hc; /* MODEL_RESID_HC layers: the two sites (cuda/hc.h); else NULL */
     struct cuda_moe_layer *moe; /* MODEL_FFN_MOE layers (cuda/moe.h); then no wgu/wdown */
     struct cuda_mla_layer *mla; /* MLA layers (cuda/mla.h; the GQA fields above unused), else NULL */
+    struct cuda_kda_layer *kda; /* a KDA layer's (kda.h), else NULL */
 };
 
-/* Offsets (in bytes) of the per-step inputs inside hin/din; max_items:
- * the attention items the items region holds. */
 struct cuda_moe_layer;
 struct cuda_moe_rank;
 
+/* Offsets (in bytes) of the per-step inputs inside hin/din; max_items:
+ * the attention items the items region holds; kda_seqs / kda_snaps: the
+ * KDA layers' per-sequence entries and snapshots (kda.h; empty without KDA
+ * layers), max_kda_snaps of them. */
 struct inlay {
-    size_t slots, ids, pos, tok_part, tok_nsplit, tok_bt, rows, n_items, items, bt, srows, pen, total;
-    int max_items;
+    size_t slots, ids, pos, tok_part, tok_nsplit, tok_bt, rows, n_items, items, kda_seqs, kda_snaps, bt, srows, pen,
+        total;
+    int max_items, max_kda_snaps;
 };
 
 struct cuda_backend;
@@ -112,6 +116,7 @@ struct rank {
     uint8_t *din;                   /* device mirror of the backend's hin */
     struct cuda_hc_rank *hcx;       /* hyper-connection streams and scratch (cuda/hc.h), or NULL */
     struct cuda_moe_rank *moex;     /* the MoE layers' step scratch (cuda/moe.h), or NULL */
+    struct cuda_kda_rank *kdax;     /* the KDA layers' state slots and scratch (kda.h), or NULL */
     cudaGraphExec_t gexec[NBUCKET];
 
     pthread_t th;                   /* ranks >= 1 */
@@ -155,6 +160,8 @@ struct cuda_backend {
     int pen_cap;                    /* penalty entries the step buffer holds */
     bool dev_sample;                /* sampling on the device (N == 1) */
     bool kv8;                       /* fp8 e4m3 KV cache (--kv-cache-dtype fp8) */
+    size_t state_bytes;             /* one state slot (model_state_bytes; 0: no recurrent layers) */
+    int state_slots;                /* state slots allocated (state_alloc) */
     void *samp;                     /* model_sample scratch, samp_bytes per host thread */
     size_t samp_bytes;
     int nt;                         /* host threads sampling rows (OpenMP) */
@@ -221,6 +228,14 @@ int cuda_rank_wait(struct rank *k, char *err, size_t errlen);
 int cuda_dmalloc(void **p, size_t n, char *err, size_t errlen);
 /* Rank k's part of creation (JOB_INIT, on its own thread). */
 int cuda_rank_init(struct rank *k, char *err, size_t errlen);
+/* One projection's weight on rank k (rows r0[i] .. r0[i] + nr[i] of t[i],
+ * columns c0 .. c0 + nc of `cols`), bf16 into *dense or packed into *P;
+ * stage: pinned [16M] bf16, tmp: host [16M] f32 (weights.c's upload_proj). */
+int cuda_upload_proj(struct rank *k, const struct model_tensor *const *t, const int64_t *r0, const int64_t *nr, int n,
+                     int64_t cols, int64_t c0, int64_t nc, uint16_t **dense, struct qproj *P, uint16_t *stage,
+                     float *tmp, char *err, size_t errlen);
+/* Raises *deq / *xp to what cuda_qgemm's workspace needs for P (weights.c's qws_need). */
+void cuda_qws_need(const struct qproj *P, bool whole, size_t *deq, size_t *xp);
 
 /* ---- step.c ---- */
 
@@ -228,6 +243,13 @@ int cuda_rank_init(struct rank *k, char *err, size_t errlen);
 int cuda_forward(model_backend *mb, struct step *s, char *err, size_t errlen);
 /* Rank k's part of a step (JOB_FORWARD). */
 int cuda_rank_forward(struct rank *k, char *err, size_t errlen);
+/* y = x W^T on rank k's stream: the bf16 matrix W, or P's packed parts
+ * (step.c's proj). */
+cublasStatus_t cuda_proj(struct rank *k, const struct qproj *P, const uint16_t *W, const uint16_t *x, void *y,
+                         bool yf32, int T, int in, int out);
+/* A row-parallel projection into k->delta, summed over the ranks (step.c's proj_rows). */
+int cuda_proj_rows(struct rank *k, const uint16_t *x, const struct qproj *P, const uint16_t *W, int T, int in, int E,
+                   int buf, bool resid, char *err, size_t errlen);
 
 /* ---- cuda_backend.c ---- */
 

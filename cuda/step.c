@@ -49,8 +49,9 @@
 
 #include "cuda/cuda_internal.h"
 #include "cuda/hc.h"
-#include "cuda/moe.h"
+#include "cuda/kda.h"
 #include "cuda/mla.h"
+#include "cuda/moe.h"
 
 /* ---- forward ------------------------------------------------------------------- */
 
@@ -71,7 +72,11 @@ static int check_step(struct cuda_backend *b, const struct step *s, char *err, s
     }
     struct model_step_limits lim = {.n_vocab = b->c.n_vocab, .max_tokens = b->max_tokens, .max_seqs = b->max_seqs,
                                     .max_ctx = b->max_ctx, .block_size = b->block_size, .kv_blocks = b->kv_blocks,
-                                    .max_draft = b->max_draft};
+                                    .max_draft = b->max_draft, .state_slots = b->state_bytes ? b->state_slots : 0};
+    if (b->state_bytes && !b->state_slots) {
+        sl_seterr(err, errlen, "forward: recurrent state slots not allocated (state_alloc)");
+        return SL_EINVAL;
+    }
     /* sampling parameters included: the device sampler runs before the host could refuse them */
     return model_step_check(s, &lim, b->tok_seq, err, errlen);
 }
@@ -268,6 +273,7 @@ static size_t pack_step(struct cuda_backend *b, const struct step *s, int Tp, in
         }
     }
     *HIN(b, n_items, int32_t) = n;
+    if (b->state_bytes && !cuda_kda_pack(b, s, Tp)) return 0;
     for (int k = r; k < (Tp < b->max_seqs ? Tp : b->max_seqs); k++) rows[k] = k; /* graph padding rows */
     pack_sampling(b, s, r);
     return b->lay.bt + (size_t)nbt * 4;
@@ -302,6 +308,12 @@ static cublasStatus_t proj(struct rank *k, const struct qproj *P, const uint16_t
         if (s != CUBLAS_STATUS_SUCCESS) return s;
     }
     return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cuda_proj(struct rank *k, const struct qproj *P, const uint16_t *W, const uint16_t *x, void *y,
+                         bool yf32, int T, int in, int out)
+{
+    return proj(k, P, W, x, y, yf32, T, in, out);
 }
 
 /* Whether an all-reduce of n floats goes through cuda_peer_allreduce. Every
@@ -347,6 +359,12 @@ static int proj_rows(struct rank *k, const uint16_t *x, const struct qproj *P, c
     return 0;
 fail:
     return SL_EDEVICE;
+}
+
+int cuda_proj_rows(struct rank *k, const uint16_t *x, const struct qproj *P, const uint16_t *W, int T, int in, int E,
+                   int buf, bool resid, char *err, size_t errlen)
+{
+    return proj_rows(k, x, P, W, T, in, E, buf, resid, err, errlen);
 }
 
 /* Enqueues rank k's whole forward pass for T tokens (some maybe padding), R
@@ -440,6 +458,9 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
         } else if (lk.mixer == MODEL_MIXER_MLA) {
             /* the MLA mixer (cuda/mla.h): reads xn, leaves its output in delta (fz is off: b->fused) */
             if (cuda_mla_mixer(k, l, T, decode, err, errlen)) goto fail;
+        } else if (lk.mixer == MODEL_MIXER_KDA) {
+            /* KDA (cuda/kda_step.c): reads xn, its output in delta, as the o projection leaves it */
+            if (cuda_kda_mixer(k, l, T, decode, err, errlen)) goto fail;
         }
         if (fz) {
             if (b->tp == 1 && c->n_layer >= 2 && !(ab & (CUDA_ABLATE_GU | CUDA_ABLATE_DOWN))) {

@@ -24,6 +24,7 @@
 
 #include "cuda/cuda_internal.h"
 #include "cuda/hc.h"
+#include "cuda/kda.h"
 #include "cuda/mla.h"
 #include "cuda/moe.h"
 
@@ -258,6 +259,15 @@ static void qws_need(const struct qproj *P, bool whole, size_t *deq, size_t *xp)
     }
 }
 
+int cuda_upload_proj(struct rank *k, const struct model_tensor *const *t, const int64_t *r0, const int64_t *nr, int n,
+                     int64_t cols, int64_t c0, int64_t nc, uint16_t **dense, struct qproj *P, uint16_t *stage,
+                     float *tmp, char *err, size_t errlen)
+{
+    return upload_proj(k, t, r0, nr, n, cols, c0, nc, dense, P, stage, tmp, err, errlen);
+}
+
+void cuda_qws_need(const struct qproj *P, bool whole, size_t *deq, size_t *xp) { qws_need(P, whole, deq, xp); }
+
 /* The RoPE tables, computed exactly as the CPU backend does (double, then f32). */
 static int rope_tables(struct rank *k, char *err, size_t errlen)
 {
@@ -361,25 +371,28 @@ int cuda_rank_init(struct rank *k, char *err, size_t errlen)
         int64_t qkv0[3] = {(int64_t)(id * Ql), (int64_t)(id * KVl), (int64_t)(id * KVl)},
                 qkvn[3] = {(int64_t)Ql, (int64_t)KVl, (int64_t)KVl}, z0[1] = {0}, En[1] = {(int64_t)E},
                 gu0[2] = {(int64_t)(id * Fl), (int64_t)(id * Fl)}, gun[2] = {(int64_t)Fl, (int64_t)Fl};
-        bool mla = model_layer_kind_of(c, l).mixer == MODEL_MIXER_MLA; /* its projections: cuda/mla.c */
-        bool moe = model_layer_kind_of(c, l).ffn == MODEL_FFN_MOE;   /* its experts: cuda/moe_layer.c */
+        /* a GQA layer's q|k|v and o here; an MLA or KDA layer's in its upload (cuda/mla.c, cuda/kda_step.c) */
+        bool gqa = model_layer_kind_of(c, l).mixer == MODEL_MIXER_GQA;
+        bool mla = model_layer_kind_of(c, l).mixer == MODEL_MIXER_MLA;
+        bool moe = model_layer_kind_of(c, l).ffn == MODEL_FFN_MOE; /* its experts: cuda/moe_layer.c */
         if (mla && cuda_mla_upload(k, l, err, errlen)) goto fail;
-        if ((!mla && (upload_proj(k, tqkv, qkv0, qkvn, 3, E, 0, E, &L->wqkv, &L->qqkv, stage, tmp, err, errlen) ||
-                      upload_proj(k, to, z0, En, 1, Q, id * Ql, Ql, &L->wo, &L->qo, stage, tmp, err, errlen))) ||
+        if (model_layer_kind_of(c, l).mixer == MODEL_MIXER_KDA && cuda_kda_upload(k, l, err, errlen)) goto fail;
+        if ((gqa && (upload_proj(k, tqkv, qkv0, qkvn, 3, E, 0, E, &L->wqkv, &L->qqkv, stage, tmp, err, errlen) ||
+                     upload_proj(k, to, z0, En, 1, Q, id * Ql, Ql, &L->wo, &L->qo, stage, tmp, err, errlen))) ||
             (!moe && upload_proj(k, tgu, gu0, gun, 2, E, 0, E, &L->wgu, &L->qgu, stage, tmp, err, errlen)) ||
             (!moe && upload_proj(k, td, z0, En, 1, F, id * Fl, Fl, &L->wdown, &L->qdown, stage, tmp, err, errlen)) ||
             (moe && cuda_moe_upload(k, l, err, errlen)))
             goto fail;
         VEC(L->attn_norm, &lw->attn_norm, 0, E);
         VEC(L->ffn_norm, &lw->ffn_norm, 0, E);
-        if (c->qkv_bias && !mla) {
+        if (c->qkv_bias && gqa) {
             if (cuda_dmalloc((void **)&L->bqkv, QKVl * sizeof(float), err, errlen) ||
                 upload_f32(&lw->bq, (int64_t)(id * Ql), (int64_t)Ql, L->bqkv, err, errlen) ||
                 upload_f32(&lw->bk, (int64_t)(id * KVl), (int64_t)KVl, L->bqkv + Ql, err, errlen) ||
                 upload_f32(&lw->bv, (int64_t)(id * KVl), (int64_t)KVl, L->bqkv + Ql + KVl, err, errlen))
                 goto fail;
         }
-        if (c->qk_norm && !mla) {
+        if (c->qk_norm && gqa) {
             VEC(L->q_norm, &lw->q_norm, 0, D);
             VEC(L->k_norm, &lw->k_norm, 0, D);
         }
@@ -402,6 +415,7 @@ int cuda_rank_init(struct rank *k, char *err, size_t errlen)
         for (int l = 0; l < c->n_layer; l++) {
             qws_need(&k->L[l].qqkv, false, &deq, &xp), qws_need(&k->L[l].qo, false, &deq, &xp);
             qws_need(&k->L[l].qgu, wg && k->L[l].qgu.n == 1, &deq, &xp), qws_need(&k->L[l].qdown, false, &deq, &xp);
+            cuda_kda_qws_need(k, l, &deq, &xp);
         }
         if (deq && (cuda_dmalloc((void **)&k->qws.deq, deq, err, errlen) ||
                     (xp && cuda_dmalloc((void **)&k->qws.xperm, xp * 2, err, errlen))))

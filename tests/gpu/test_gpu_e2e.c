@@ -30,6 +30,12 @@
  * comparison above becomes TP=N versus TP=1. At TP=N a rank made to fail
  * (cuda_tuning.tp_fault_rank) must stop the others within seconds.
  *
+ * Models with KDA layers (glm5_next: tests/models/kda, tests/models/glm5)
+ * keep a state per sequence in a slot: each sequence its own slot, every
+ * position one token a step against HF and the CPU, the prompt in one step,
+ * in chunks and restored from a mid-prompt snapshot, greedy decoding alone
+ * and batched in lockstep with the CPU (run_state_model).
+ *
  * --gemm-wg-min-t=N: the fused gate|up GEMM (sm_90) from N tokens a step
  * (cuda_tuning.gemm_wg_min_t; tests/gpu/run.sh check passes 1 once more).
  */
@@ -520,6 +526,256 @@ static void run_model(const char *name, const char *path, const char *golden, do
     golden_free(&g_gold);
 }
 
+/* ---- models with recurrent (KDA) layers ------------------------------------------- */
+
+/* A KDA layer keeps a state per sequence, in the slot the step names:
+ * all_positions' one step of n 1-token sequences cannot stand for every
+ * position there. These models take their own checks, each sequence in a
+ * slot of its own (state_alloc on both backends): */
+#define SLOTS (4 * MAXP)
+
+/* One step of ns sequences, sequence k prompt pi[k] positions start[k] ..
+ * start[k] + len[k] - 1 of ids[k] in state slot slot[k] (restored from
+ * from[k] when >= 0; a snapshot after snap[k] tokens into slot snap_slot[k]
+ * when snap[k] > 0), greedy; logits[k] gets the last position's logits. */
+static int state_step(model_backend *be, int ns, const int *pi, int32_t *const *ids, const int *start,
+                      const int *len, const int *slot, const int *from, const int32_t *snap, const int32_t *snap_slot,
+                      int32_t *tok, float **logits)
+{
+    int T = 0;
+    for (int k = 0; k < ns; k++) T += len[k];
+    int32_t *tid = malloc(T * 4), *pos = malloc(T * 4);
+    int64_t *slots = malloc(T * 8);
+    struct step_seq sq[MAXP];
+    char err[256];
+    for (int k = 0, t = 0; k < ns; k++) {
+        sq[k] = (struct step_seq){.query_start = t, .query_len = len[k], .context_len = start[k] + len[k],
+                                  .block_table = g_bt[pi[k]], .n_blocks = REGION, .want_sample = true,
+                                  .sampling = &g_greedy, .history = ids[k], .n_prompt = start[k] + len[k],
+                                  .n_history = start[k] + len[k], .logits_out = logits[k], .state_slot = slot[k],
+                                  .state_restore = from && from[k] >= 0, .state_from = from ? from[k] : 0,
+                                  .n_snaps = snap && snap[k] > 0, .snap_pos = snap ? snap + k : NULL,
+                                  .snap_slot = snap_slot ? snap_slot + k : NULL};
+        for (int j = 0; j < len[k]; j++, t++) {
+            int p = start[k] + j;
+            tid[t] = ids[k][p];
+            pos[t] = p;
+            slots[t] = (int64_t)g_bt[pi[k]][p / BLOCK] * BLOCK + p % BLOCK;
+        }
+    }
+    struct step st = {.n_tokens = T, .token_ids = tid, .positions = pos, .slots = slots, .n_seqs = ns, .seqs = sq};
+    int rc = be->ops->forward(be, &st, err, sizeof err);
+    if (rc) printf("  forward (%s): %s\n", be->ops->name, err);
+    for (int k = 0; k < ns; k++) tok[k] = sq[k].out.token;
+    free(tid), free(pos), free(slots);
+    return rc;
+}
+
+/* max |logit - HF| over HF's top 20 at position pos, relative to its largest |logit| */
+static double hf_err(const float *lg, const struct prompt *p, int pos)
+{
+    double mx = 0, d = 0;
+    for (int k = 0; k < TOPK; k++) {
+        float ours = lg[p->top_ids[pos * TOPK + k]], ref = p->top_logits[pos * TOPK + k];
+        if (fabs(ref) > mx) mx = fabs(ref);
+        if (isnan(ours) || fabs(ours - ref) > d) d = isnan(ours) ? INFINITY : fabs(ours - ref);
+    }
+    return d / (mx > 0 ? mx : 1);
+}
+
+/* The GPU token against the CPU's argmax on the same logits row: 0 equal or
+ * a near-tie (counted), 1 a real divergence (printed). */
+static int judge(int i, int g, int32_t tg, int32_t tc, const float *lc)
+{
+    if (tg == tc) return 0;
+    float thr = NEAR_TIE_REL * maxabs(lc, g_nv), d = lc[tc] - lc[tg];
+    if (d <= thr) {
+        g_near_ties++;
+        printf("  prompt %d step %d: near-tie, GPU %d vs CPU %d\n", i, g, tg, tc);
+        return 0;
+    }
+    printf("  prompt %d step %d: GPU %d vs CPU %d, CPU logit gap %.4f > %.4f\n", i, g, tg, tc, d, thr);
+    return 1;
+}
+
+/* Every prompt one token a step (the recurrent decode; graphs), both
+ * backends in lockstep: every position's logits vs HF's top 20 and vs the
+ * CPU; then the prompt in one step in another slot: its last logits vs HF
+ * and vs the CPU, and greedy decoding from there in lockstep (the GPU's
+ * tokens fed to both). */
+static void test_state_lone(void)
+{
+    for (int i = 0; i < g_gold.np; i++) {
+        struct prompt *p = &g_gold.p[i];
+        int32_t *ids = calloc(p->n + NGREEDY, 4);
+        memcpy(ids, p->ids, p->n * 4);
+        float *lg = malloc((size_t)g_nv * 4), *lc = malloc((size_t)g_nv * 4), *lgp[1] = {lg}, *lcp[1] = {lc};
+        double w_hf = 0, w_cpu = 0, w_dec = 0;
+        int bad = 0, hf_div = -1, slot = MAXP + i;
+        for (int pos = 0; pos < p->n; pos++) {
+            int one = 1;
+            int32_t tg, tc;
+            if (state_step(g_gpu, 1, &i, &ids, &pos, &one, &slot, NULL, NULL, NULL, &tg, lgp) ||
+                state_step(g_cpu, 1, &i, &ids, &pos, &one, &slot, NULL, NULL, NULL, &tc, lcp)) {
+                bad++;
+                break;
+            }
+            double e = hf_err(lg, p, pos), c = rel_inf(lg, lc, g_nv);
+            if (!(e <= w_hf)) w_hf = e;
+            if (!(c <= w_cpu)) w_cpu = c;
+        }
+        int start = 0, len = p->n;
+        slot = i;
+        for (int g = 0; g < NGREEDY && !bad; g++) {
+            int32_t tg, tc;
+            if (state_step(g_gpu, 1, &i, &ids, &start, &len, &slot, NULL, NULL, NULL, &tg, lgp) ||
+                state_step(g_cpu, 1, &i, &ids, &start, &len, &slot, NULL, NULL, NULL, &tc, lcp)) {
+                bad++;
+                break;
+            }
+            if (g == 0) {
+                double e = hf_err(lg, p, p->n - 1);
+                if (!(e <= w_hf)) w_hf = e;
+            }
+            double c = rel_inf(lg, lc, g_nv);
+            if (!(c <= w_dec)) w_dec = c;
+            bad += judge(i, g, tg, tc, lc);
+            if (hf_div < 0 && g < p->n_greedy && tg != p->ids[p->n + g]) hf_div = g;
+            ids[p->n + g] = g_lone[i][g] = tg;
+            start += len, len = 1;
+        }
+        printf("  prompt %d (%d tokens): logits vs HF top-20 %.2e, vs CPU %.2e (token by token), decode vs CPU "
+               "%.2e; greedy vs HF: %s%d\n",
+               i, p->n, w_hf, w_cpu, w_dec, hf_div < 0 ? "identical over " : "first divergence at step ",
+               hf_div < 0 ? p->n_greedy : hf_div);
+        CHECKF(bad == 0, "prompt %d: %d failed steps or divergences that are not near-ties", i, bad);
+        CHECKF(w_hf <= g_tol_hf, "prompt %d: logits vs HF %.3g > %.3g", i, w_hf, g_tol_hf);
+        CHECKF(w_cpu <= g_tol_cpu && w_dec <= g_tol_cpu, "prompt %d: logits vs CPU %.3g / %.3g > %.3g", i, w_cpu,
+               w_dec, g_tol_cpu);
+        free(ids), free(lg), free(lc);
+    }
+}
+
+/* The prompt in chunks of 7 (one slot), and from a snapshot: a step over
+ * the first half taking a snapshot at n / 3, then the rest restored from it
+ * into another slot. Each last logits row against the prompt in one step
+ * (GPU against GPU: projections of different row counts round differently,
+ * so within bf16 tolerance, not bit for bit). */
+static void test_state_chunks(void)
+{
+    for (int i = 0; i < g_gold.np; i++) {
+        struct prompt *p = &g_gold.p[i];
+        if (p->n < 4) continue;
+        int32_t *ids = p->ids, tok;
+        float *one = malloc((size_t)g_nv * 4), *lg = malloc((size_t)g_nv * 4), *lp[1] = {one};
+        int s0 = 0, n = p->n, slot = 2 * MAXP + i;
+        CHECK(state_step(g_gpu, 1, &i, &ids, &s0, &n, &slot, NULL, NULL, NULL, &tok, lp) == 0);
+        lp[0] = lg;
+        for (int s = 0; s < p->n; s += n) {
+            n = p->n - s < 7 ? p->n - s : 7;
+            CHECK(state_step(g_gpu, 1, &i, &ids, &s, &n, &slot, NULL, NULL, NULL, &tok, lp) == 0);
+        }
+        double ec = rel_inf(lg, one, g_nv);
+        int h = p->n / 2, snapslot = 3 * MAXP + i, rest = p->n - p->n / 3, third = p->n / 3, from = snapslot;
+        int32_t sp = third, ss = snapslot;
+        CHECK(state_step(g_gpu, 1, &i, &ids, &s0, &h, &slot, NULL, &sp, &ss, &tok, lp) == 0);
+        CHECK(state_step(g_gpu, 1, &i, &ids, &third, &rest, &slot, &from, NULL, NULL, &tok, lp) == 0);
+        double er = rel_inf(lg, one, g_nv);
+        printf("  prompt %d: last logits, chunks of 7 vs one step %.2e; restored from a snapshot at %d vs one step "
+               "%.2e\n",
+               i, ec, third, er);
+        CHECKF(ec <= g_tol_cpu && er <= g_tol_cpu, "prompt %d: chunked %.3g / restored %.3g > %.3g", i, ec, er,
+               g_tol_cpu);
+        free(one), free(lg);
+    }
+}
+
+/* All prompts in one prefill step (a slot each), then decoded together
+ * (padded graph buckets), both backends in lockstep. */
+static void test_state_batched(void)
+{
+    int ns = g_gold.np, pi[MAXP], start[MAXP], len[MAXP], slot[MAXP], bad = 0;
+    int32_t *ids[MAXP], tg[MAXP], tc[MAXP];
+    float *lg[MAXP], *lc[MAXP];
+    double worst = 0;
+    for (int k = 0; k < ns; k++) {
+        struct prompt *p = &g_gold.p[k];
+        pi[k] = k, start[k] = 0, len[k] = p->n, slot[k] = k;
+        ids[k] = calloc(p->n + NGREEDY, 4);
+        memcpy(ids[k], p->ids, p->n * 4);
+        lg[k] = malloc((size_t)g_nv * 4), lc[k] = malloc((size_t)g_nv * 4);
+    }
+    int steps = NGREEDY / 4;
+    for (int g = 0; g < steps && !bad; g++) {
+        if (state_step(g_gpu, ns, pi, ids, start, len, slot, NULL, NULL, NULL, tg, lg) ||
+            state_step(g_cpu, ns, pi, ids, start, len, slot, NULL, NULL, NULL, tc, lc)) {
+            bad++;
+            break;
+        }
+        for (int k = 0; k < ns; k++) {
+            double e = rel_inf(lg[k], lc[k], g_nv);
+            if (!(e <= worst)) worst = e;
+            bad += judge(k, g, tg[k], tc[k], lc[k]);
+            ids[k][g_gold.p[k].n + g] = tg[k];
+            start[k] += len[k], len[k] = 1;
+        }
+    }
+    printf("  %d prompts batched, %d steps: logits vs CPU %.2e\n", ns, steps, worst);
+    CHECKF(bad == 0, "%d failed steps or divergences that are not near-ties", bad);
+    CHECKF(worst <= g_tol_cpu, "batched logits vs CPU %.3g > %.3g", worst, g_tol_cpu);
+    for (int k = 0; k < ns; k++) free(ids[k]), free(lg[k]), free(lc[k]);
+}
+
+static void run_state_model(const char *name, const char *path, const char *golden, double tol_hf, double tol_cpu)
+{
+    struct stat st;
+    char err[512];
+    if (stat(path, &st) != 0 || stat(golden, &st) != 0) {
+        printf("note: %s: %s or %s absent, skipped\n", name, path, golden);
+        return;
+    }
+    if (golden_load(golden, &g_gold) != 0) {
+        CHECK(0);
+        return;
+    }
+    g_tol_hf = tol_hf, g_tol_cpu = tol_cpu;
+    printf("%s: %d prompts (recurrent state slots)\n", name, g_gold.np);
+    g_model = model_load(path, NULL, err, sizeof err);
+    if (!g_model) {
+        printf("  load: %s\n", err);
+        t_fail++;
+        golden_free(&g_gold);
+        return;
+    }
+    g_nv = model_get_config(g_model)->n_vocab;
+    const char *ref = getenv("SLUICE_TEST_REF") ? getenv("SLUICE_TEST_REF") : "cpu";
+    struct model_backend_opts bo = {.device = ref, .max_tokens_per_step = 1024, .max_seqs_per_step = MAXP,
+                                    .max_ctx = REGION * BLOCK};
+    g_cpu = model_backend_create(g_model, &bo, err, sizeof err);
+    bo.device = "cuda";
+    bo.tensor_parallel_size = g_tp;
+    g_gpu = model_backend_create(g_model, &bo, err, sizeof err);
+    printf("  GPU backend: %d rank%s; reference: %s\n", g_tp, g_tp > 1 ? "s" : "", ref);
+    if (!g_cpu || !g_gpu || g_cpu->ops->kv_alloc(g_cpu, MAXP * REGION, BLOCK, err, sizeof err) ||
+               g_gpu->ops->kv_alloc(g_gpu, MAXP * REGION, BLOCK, err, sizeof err) ||
+               g_cpu->ops->state_alloc(g_cpu, SLOTS, err, sizeof err) ||
+               g_gpu->ops->state_alloc(g_gpu, SLOTS, err, sizeof err)) {
+        printf("  backends: %s\n", err);
+        t_fail++;
+    } else {
+        for (int i = 0; i < MAXP; i++)
+            for (int j = 0; j < REGION; j++) g_bt[i][j] = i * REGION + (REGION - 1 - j); /* not in order */
+        RUN(test_state_lone);
+        RUN(test_state_chunks);
+        RUN(test_state_batched);
+    }
+    model_backend_destroy(g_gpu);
+    model_backend_destroy(g_cpu);
+    g_gpu = g_cpu = NULL;
+    model_free(g_model);
+    golden_free(&g_gold);
+}
+
 /* Tensor parallelism: the last rank fails its third forward before
  * enqueueing anything, as a dead GPU would, while the others wait in their
  * collectives. forward() must say so (SL_EDEVICE, fatal set) within
@@ -664,6 +920,13 @@ int main(int argc, char **argv)
         run_model(moe[i], dir, gold, 3e-2, i < 4 ? 3e-2 : 5e-2);
     }
     g_moe = false;
+    /* glm5_next (KDA linear attention with MLA, MoE and hyper-connection layers): bf16 tolerance; the
+     * mixed int4/int8 checkpoint against HF on its dequantized weights as the quant ones */
+    run_state_model("glm5-kda", "tests/models/kda/glm5-kda", "tests/models/kda/glm5-kda/golden.json", 3e-2, 3e-2);
+    run_state_model("glm5-hybrid", "tests/models/glm5/glm5-hybrid", "tests/models/glm5/glm5-hybrid/golden.json", 3e-2,
+                    3e-2);
+    run_state_model("glm5-mixed", "tests/models/glm5/glm5-mixed", "tests/models/glm5/glm5-mixed/golden.json", 3e-2,
+                    5e-2);
     /* bf16 weights (rounded from Q4_1) and bf16 activations through 30 layers: ~3% of max|logit| */
     run_model("smollm2", "models/SmolLM2-135M-Instruct.Q4_1.gguf", "tests/golden/smollm2/golden.json", 4e-2, 4e-2);
     printf("near-ties (GPU greedy token != CPU argmax, CPU top-2 within %.0f%% of max |logit|): %d\n",

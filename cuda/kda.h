@@ -1,0 +1,114 @@
+/* kda.h - KDA linear attention on the GPU backend (internal to cuda/): the
+ * kernels of kda.cu and the host side of kda_step.c (upload, state slots, the
+ * step's inputs, the mixer). The CPU reference is model/cpu_kda.c; a state
+ * slot has its layout (per KDA layer at its offset: [H][D][D] f32 S, S[k][v],
+ * then the conv tail [K-1][3C] f32, the last K-1 projected q|k|v inputs,
+ * oldest first), so a slot means the same on both backends.
+ *
+ * A step: q|k|v, f_a, b and g_a projections of xn (cuda_proj, packed or
+ * bf16; f_a and g_a to bf16, then f_b and g_b), then one kernel (kda.cu,
+ * cuda_kda_recur) with one block per (sequence, head) that walks the
+ * sequence's tokens in order: the short causal conv over the head's q, k, v
+ * channels (window in registers, starting from the slot's tail) with SiLU,
+ * the L2 norms, the forget gate and beta, the delta rule on the head's S in
+ * shared memory, the gated RMS norm of the output, and the snapshots after
+ * their tokens; then o_proj into k->delta (cuda_proj_rows). Token by token,
+ * so a prompt split across steps anywhere gives the state of one pass.
+ * Which slots a sequence reads and writes, and its snapshots, come from the
+ * step-input buffer (struct inlay's kda_seqs and kda_snaps, filled by
+ * cuda_kda_pack), so decode steps are captured as graphs like the rest.
+ */
+#ifndef SLUICE_CUDA_KDA_H
+#define SLUICE_CUDA_KDA_H
+
+#include <cuda_runtime.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CUDA_KDA_MAX_K 8     /* conv taps a kernel keeps in registers */
+#define CUDA_KDA_MAX_D 128   /* head_dim: S [D][D] f32 in shared memory (64 KB at 128) */
+
+enum { CUDA_KDA_CONTINUE, CUDA_KDA_ZERO, CUDA_KDA_RESTORE };
+
+/* One sequence of the step (n 0: a padding entry, nothing read or written). */
+struct cuda_kda_seq {
+    int32_t t0, n;          /* its first row in the step, its tokens */
+    int32_t p0;             /* the position of its first token */
+    int32_t slot, mode, from; /* state slot; CUDA_KDA_*; the slot restored from (mode RESTORE) */
+    int32_t snap0, n_snaps; /* its snapshots: kda_snaps[snap0 .. snap0 + n_snaps), ascending positions */
+};
+/* After the sequence's first `pos` tokens, copy its state into slot `slot`. */
+struct cuda_kda_snap {
+    int32_t pos, slot;
+};
+
+/* Before a step's first KDA layer: for sequences [0, n_seqs) of seqs, slot
+ * `slot` (slot_floats floats at states + slot * slot_floats) zeroed (mode
+ * ZERO) or copied from slot `from` (mode RESTORE); CONTINUE: untouched. */
+cudaError_t cuda_kda_begin(float *states, size_t slot_floats, const struct cuda_kda_seq *seqs, int n_seqs,
+                           cudaStream_t st);
+
+struct cuda_kda_args {
+    const float *qkv;       /* [T][3C] q|k|v projections, f32 */
+    const float *fg;        /* [T][C] f_b(f_a(xn)), f32 (dt_bias not added) */
+    const float *beta;      /* [T][H] b_proj(xn), f32 (before the sigmoid) */
+    const float *gate;      /* [T][C] g_b(g_a(xn)), f32 (before the sigmoid) */
+    const float *conv;      /* [3][C][K] taps: q, k, v */
+    const float *dt_bias;   /* [C] */
+    const float *A;         /* [H] exp(A_log) */
+    const float *o_norm;    /* [D] */
+    float *states;          /* [n_slots][slot_floats] */
+    size_t slot_floats, off; /* floats a slot; this layer's first float in a slot */
+    const struct cuda_kda_seq *seqs; /* [n_seqs] */
+    const struct cuda_kda_snap *snaps;
+    int n_seqs, H, D, K;    /* D <= CUDA_KDA_MAX_D, K <= CUDA_KDA_MAX_K */
+    bool lower_bound;       /* log-decay lower_bound sigmoid(A g), else -A softplus(g) */
+    float lb, eps;          /* the bound; the output norm's epsilon */
+    uint16_t *out;          /* [T][C] bf16: the gated, normed output before o_proj */
+};
+/* Lets cuda_kda_recur use the shared memory D = CUDA_KDA_MAX_D needs (over
+ * 48 KB): once per device, before the first launch, outside graph capture. */
+cudaError_t cuda_kda_prepare(void);
+/* The layer's recurrence over every sequence of the step (see the file
+ * comment); rows of out for tokens of no sequence are left alone. */
+cudaError_t cuda_kda_recur(const struct cuda_kda_args *a, cudaStream_t st);
+
+#ifdef __cplusplus
+}
+#endif
+
+/* ---- kda_step.c (host side; C only; not kda.c: its object would be kda.cu's) ---- */
+#ifndef __CUDACC__
+struct rank;
+struct cuda_backend;
+struct step;
+struct qproj;
+
+/* A KDA layer's weights on one rank (struct clayer's kda). */
+struct cuda_kda_layer;
+/* Per rank: state slots, scratch, shapes (struct rank's kdax). */
+struct cuda_kda_rank;
+
+/* Uploads layer l (a KDA layer) to rank k and, at the first, allocates the
+ * rank's scratch for b->max_tokens rows. 0, or an error with a message. */
+int cuda_kda_upload(struct rank *k, int l, char *err, size_t errlen);
+/* Frees layer l's share (and, at the last KDA layer, the rank's). */
+void cuda_kda_free(struct rank *k, int l);
+/* The packed workspace layer l's projections need (weights.c's qws sizing). */
+void cuda_kda_qws_need(const struct rank *k, int l, size_t *deq, size_t *xp);
+/* (Re)allocates n_slots state slots of b->state_bytes on every rank (zeroed). */
+int cuda_kda_state_alloc(struct cuda_backend *b, int n_slots, char *err, size_t errlen);
+/* Fills the step's kda_seqs / kda_snaps regions of b->hin (b->lay) for a
+ * step padded to Tp tokens; false when its snapshots do not fit. */
+bool cuda_kda_pack(struct cuda_backend *b, const struct step *s, int Tp);
+/* Layer l's mixer for T rows (decode: a decode-only step, maybe a graph):
+ * reads k->xn, leaves the output in k->delta. */
+int cuda_kda_mixer(struct rank *k, int l, int T, bool decode, char *err, size_t errlen);
+#endif
+
+#endif

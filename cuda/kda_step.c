@@ -1,0 +1,289 @@
+/* kda_step.c - KDA linear attention on the GPU backend, host side (kda.h): a
+ * layer's upload, the state-slot pool, the step's per-sequence inputs and
+ * the mixer's launches.
+ *
+ * Tensor parallelism splits the KDA heads: rank k holds heads [k H/N,
+ * (k+1) H/N) of q, k, v (their conv channels), f_b, b, g_b, dt_bias and
+ * A_log, the whole of f_a, g_a and o_norm, and o_proj's matching columns
+ * (row-parallel: the ranks' partial outputs are summed like the o
+ * projection's). Its state slots hold its heads only: per KDA layer [H/N][D][D]
+ * S then the tail [K-1][3 C/N] (at N = 1 the CPU's layout). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/cuda_internal.h"
+#include "cuda/kda.h"
+
+struct cuda_kda_layer {
+    struct qproj qqkv, qfa, qfb, qb, qga, qgb, qo; /* packed parts (n 0: the bf16 matrix below) */
+    uint16_t *wqkv, *wfa, *wfb, *wb, *wga, *wgb, *wo; /* [3C][E], [D][E], [C][D], [H][E], [D][E], [C][D], [E][C] */
+    float *conv;            /* [3][C][K] */
+    float *dt_bias;         /* [C] */
+    float *A;               /* [H] exp(A_log) */
+    float *o_norm;          /* [D] */
+    size_t off;             /* this layer's first float in a state slot */
+};
+
+struct cuda_kda_rank {
+    int E, H, D, C, K, last; /* this rank's heads H (C = H D); last: the last KDA layer (frees the rank's share) */
+    int h0;                 /* its first head */
+    size_t slot_floats;
+    float *states;          /* [n_slots][slot_floats], device */
+    int n_slots;
+    /* scratch, [max_tokens] rows */
+    float *qkv;             /* [3C] */
+    float *fg, *gate;       /* [C] */
+    float *beta;            /* [H] */
+    uint16_t *fa, *ga;      /* [D] bf16: the inputs of f_b and g_b */
+    uint16_t *o;            /* [C] bf16: o_proj's input */
+    uint16_t *stage;        /* upload staging (pinned), until the last layer is up */
+    float *tmp;
+};
+
+#define STAGE ((size_t)16 << 20) /* as weights.c's STAGE_ELEMS */
+
+static int rank_setup(struct rank *k, char *err, size_t errlen)
+{
+    struct cuda_backend *b = k->b;
+    const struct model_config *c = &b->c;
+    const struct model_kda_config *kc = &c->kda;
+    if (kc->n_head <= 0 || kc->head_dim <= 0 || kc->conv_kernel <= 0) {
+        sl_seterr(err, errlen, "cuda: KDA layers without linear_num_heads, linear_head_dim or linear_conv_kernel_dim");
+        return SL_EFORMAT;
+    }
+    if (kc->head_dim > CUDA_KDA_MAX_D || kc->conv_kernel > CUDA_KDA_MAX_K) {
+        sl_seterr(err, errlen, "cuda: KDA linear_head_dim %d / linear_conv_kernel_dim %d unsupported (at most %d / %d)",
+                  kc->head_dim, kc->conv_kernel, CUDA_KDA_MAX_D, CUDA_KDA_MAX_K);
+        return SL_EUNSUP;
+    }
+    int N = b->tp;
+    if (kc->n_head % N) {
+        sl_seterr(err, errlen, "cuda: --tensor-parallel-size %d does not divide the %d KDA heads (linear_num_heads)", N,
+                  kc->n_head);
+        return SL_EUNSUP;
+    }
+    struct cuda_kda_rank *x = calloc(1, sizeof *x);
+    if (!x) {
+        sl_seterr(err, errlen, "out of host memory");
+        return SL_ENOMEM;
+    }
+    k->kdax = x;
+    x->E = c->n_embd, x->H = kc->n_head / N, x->D = kc->head_dim, x->C = x->H * kc->head_dim;
+    x->K = kc->conv_kernel, x->h0 = k->id * x->H;
+    for (int l = 0; l < c->n_layer; l++)
+        if (model_layer_kind_of(c, l).mixer == MODEL_MIXER_KDA) x->last = l;
+    x->slot_floats = model_state_bytes(c) / sizeof(float) / (size_t)N;
+    size_t T = b->max_tokens, C = x->C, D = x->D, H = x->H;
+    if (cuda_dmalloc((void **)&x->qkv, T * 3 * C * 4, err, errlen) ||
+        cuda_dmalloc((void **)&x->fg, T * C * 4, err, errlen) ||
+        cuda_dmalloc((void **)&x->gate, T * C * 4, err, errlen) ||
+        cuda_dmalloc((void **)&x->beta, T * H * 4, err, errlen) ||
+        cuda_dmalloc((void **)&x->fa, T * D * 2, err, errlen) || cuda_dmalloc((void **)&x->ga, T * D * 2, err, errlen) ||
+        cuda_dmalloc((void **)&x->o, T * C * 2, err, errlen))
+        return SL_ENOMEM;
+    /* graph padding rows go through o_proj too: finite from the start */
+    if (cudaMemset(x->o, 0, T * C * 2) != cudaSuccess || cuda_kda_prepare() != cudaSuccess ||
+        cudaMallocHost((void **)&x->stage, STAGE * 2) != cudaSuccess) {
+        sl_seterr(err, errlen, "cuda: KDA setup: %s", cudaGetErrorString(cudaGetLastError()));
+        return SL_EDEVICE;
+    }
+    if (!(x->tmp = malloc(STAGE * sizeof *x->tmp))) {
+        sl_seterr(err, errlen, "out of host memory");
+        return SL_ENOMEM;
+    }
+    return 0;
+}
+
+/* n floats of t (any float dtype) from element first, optionally exp'd, to a new device vector */
+static int vec_up(const struct model_tensor *t, size_t first, size_t n, bool ex, float **dst, char *err,
+                  size_t errlen)
+{
+    float *h = malloc(n * sizeof *h);
+    if (!h) {
+        sl_seterr(err, errlen, "out of host memory");
+        return SL_ENOMEM;
+    }
+    model_tensor_to_f32(t, (int64_t)first, (int64_t)n, h);
+    if (ex)
+        for (size_t i = 0; i < n; i++) h[i] = expf(h[i]);
+    int rc = cuda_dmalloc((void **)dst, n * sizeof *h, err, errlen);
+    if (!rc && cudaMemcpy(*dst, h, n * sizeof *h, cudaMemcpyHostToDevice) != cudaSuccess) {
+        sl_seterr(err, errlen, "cuda: upload of %s failed", t->name ? t->name : "a KDA vector");
+        rc = SL_EDEVICE;
+    }
+    free(h);
+    return rc;
+}
+
+int cuda_kda_upload(struct rank *k, int l, char *err, size_t errlen)
+{
+    struct cuda_backend *b = k->b;
+    const struct model_config *c = &b->c;
+    int rc;
+    if (!k->kdax && (rc = rank_setup(k, err, errlen))) return rc;
+    struct cuda_kda_rank *x = k->kdax;
+    struct cuda_kda_layer *L = calloc(1, sizeof *L);
+    if (!L) {
+        sl_seterr(err, errlen, "out of host memory");
+        return SL_ENOMEM;
+    }
+    k->L[l].kda = L;
+    const struct model_kda_weights *kw = &b->w->layers[l].kda;
+    int64_t E = x->E, H = x->H, D = x->D, C = x->C, K = x->K, Cf = C * b->tp, h0 = x->h0, c0 = h0 * D;
+    for (int i = 0; i < l; i++) L->off += (size_t)model_state_layer_elems(c, i) / (size_t)b->tp;
+    const struct model_tensor *tqkv[3] = {&kw->q, &kw->k, &kw->v}, *tfa[1] = {&kw->f_a}, *tfb[1] = {&kw->f_b},
+                              *tb[1] = {&kw->b}, *tga[1] = {&kw->g_a}, *tgb[1] = {&kw->g_b}, *to[1] = {&kw->o};
+    /* this rank's rows: its heads' channels (C of them, from c0), its heads (H, from h0) */
+    int64_t z[1] = {0}, rc3[3] = {c0, c0, c0}, rc1[1] = {c0}, rh[1] = {h0}, nC[3] = {C, C, C}, nD[1] = {D},
+            nH[1] = {H}, nE[1] = {E};
+    if ((rc = cuda_upload_proj(k, tqkv, rc3, nC, 3, E, 0, E, &L->wqkv, &L->qqkv, x->stage, x->tmp, err, errlen)) ||
+        (rc = cuda_upload_proj(k, tfa, z, nD, 1, E, 0, E, &L->wfa, &L->qfa, x->stage, x->tmp, err, errlen)) ||
+        (rc = cuda_upload_proj(k, tfb, rc1, nC, 1, D, 0, D, &L->wfb, &L->qfb, x->stage, x->tmp, err, errlen)) ||
+        (rc = cuda_upload_proj(k, tb, rh, nH, 1, E, 0, E, &L->wb, &L->qb, x->stage, x->tmp, err, errlen)) ||
+        (rc = cuda_upload_proj(k, tga, z, nD, 1, E, 0, E, &L->wga, &L->qga, x->stage, x->tmp, err, errlen)) ||
+        (rc = cuda_upload_proj(k, tgb, rc1, nC, 1, D, 0, D, &L->wgb, &L->qgb, x->stage, x->tmp, err, errlen)) ||
+        (rc = cuda_upload_proj(k, to, z, nE, 1, Cf, c0, C, &L->wo, &L->qo, x->stage, x->tmp, err, errlen)) ||
+        (rc = vec_up(&kw->dt_bias, (size_t)c0, (size_t)C, false, &L->dt_bias, err, errlen)) ||
+        (rc = vec_up(&kw->A_log, (size_t)h0, (size_t)H, true, &L->A, err, errlen)) ||
+        (rc = vec_up(&kw->o_norm, 0, (size_t)D, false, &L->o_norm, err, errlen)))
+        return rc;
+    size_t ck = (size_t)(C * K);
+    float *h = malloc(3 * ck * sizeof *h);
+    if (!h) {
+        sl_seterr(err, errlen, "out of host memory");
+        return SL_ENOMEM;
+    }
+    for (int i = 0; i < 3; i++) model_tensor_to_f32(&kw->conv[i], c0 * K, (int64_t)ck, h + i * ck);
+    rc = cuda_dmalloc((void **)&L->conv, 3 * ck * sizeof *h, err, errlen);
+    if (!rc && cudaMemcpy(L->conv, h, 3 * ck * sizeof *h, cudaMemcpyHostToDevice) != cudaSuccess) {
+        sl_seterr(err, errlen, "cuda: upload of layer %d's KDA conv failed", l);
+        rc = SL_EDEVICE;
+    }
+    free(h);
+    if (rc) return rc;
+    if (l == x->last) { /* the staging buffers are not needed any more */
+        cudaFreeHost(x->stage), free(x->tmp);
+        x->stage = NULL, x->tmp = NULL;
+    }
+    return 0;
+}
+
+void cuda_kda_free(struct rank *k, int l)
+{
+    struct cuda_kda_layer *L = k->L ? k->L[l].kda : NULL;
+    if (L) { /* packed parts live in k->qmem */
+        cudaFree(L->wqkv), cudaFree(L->wfa), cudaFree(L->wfb), cudaFree(L->wb), cudaFree(L->wga), cudaFree(L->wgb);
+        cudaFree(L->wo), cudaFree(L->conv), cudaFree(L->dt_bias), cudaFree(L->A), cudaFree(L->o_norm);
+        free(L);
+        k->L[l].kda = NULL;
+    }
+    struct cuda_kda_rank *x = k->kdax;
+    if (x && l == x->last) {
+        cudaFree(x->states), cudaFree(x->qkv), cudaFree(x->fg), cudaFree(x->gate), cudaFree(x->beta);
+        cudaFree(x->fa), cudaFree(x->ga), cudaFree(x->o);
+        if (x->stage) cudaFreeHost(x->stage);
+        free(x->tmp);
+        free(x);
+        k->kdax = NULL;
+    }
+}
+
+void cuda_kda_qws_need(const struct rank *k, int l, size_t *deq, size_t *xp)
+{
+    const struct cuda_kda_layer *L = k->L[l].kda;
+    if (!L) return;
+    const struct qproj *p[] = {&L->qqkv, &L->qfa, &L->qfb, &L->qb, &L->qga, &L->qgb, &L->qo};
+    for (size_t i = 0; i < sizeof p / sizeof *p; i++) cuda_qws_need(p[i], false, deq, xp);
+}
+
+int cuda_kda_state_alloc(struct cuda_backend *b, int n_slots, char *err, size_t errlen)
+{
+    for (int r = 0; r < b->tp; r++) {
+        struct rank *k = &b->r[r];
+        struct cuda_kda_rank *x = k->kdax;
+        if (!x) continue;
+        if (cudaSetDevice(k->dev) != cudaSuccess) {
+            sl_seterr(err, errlen, "state_alloc: GPU %d unavailable", k->dev);
+            return SL_EDEVICE;
+        }
+        cudaFree(x->states);
+        x->states = NULL, x->n_slots = 0;
+        size_t bytes = (size_t)n_slots * x->slot_floats * sizeof(float);
+        if (cuda_dmalloc((void **)&x->states, bytes, err, errlen)) {
+            sl_seterr(err, errlen, "state_alloc: out of GPU memory on GPU %d for %d state slots (%.2f GB)", k->dev,
+                      n_slots, (double)bytes / 1e9);
+            return SL_ENOMEM;
+        }
+        if (cudaMemset(x->states, 0, bytes) != cudaSuccess) {
+            sl_seterr(err, errlen, "state_alloc: %s", cudaGetErrorString(cudaGetLastError()));
+            return SL_EDEVICE;
+        }
+        x->n_slots = n_slots;
+    }
+    return 0;
+}
+
+/* The number of kda_seqs entries a step of Tp tokens launches over: every
+ * token's sequence in a decode step (graph padding included), else up to
+ * max_seqs (entries past n_seqs are padding). */
+static int kda_grid(const struct cuda_backend *b, int Tp, bool decode)
+{
+    return decode || Tp < b->max_seqs ? Tp : b->max_seqs;
+}
+
+bool cuda_kda_pack(struct cuda_backend *b, const struct step *s, int Tp)
+{
+    struct cuda_kda_seq *sq = (struct cuda_kda_seq *)(b->hin + b->lay.kda_seqs);
+    struct cuda_kda_snap *sn = (struct cuda_kda_snap *)(b->hin + b->lay.kda_snaps);
+    int G = kda_grid(b, Tp, s->n_tokens == s->n_seqs), ns = 0;
+    if (s->n_seqs > G) return false;
+    for (int i = 0; i < s->n_seqs; i++) {
+        const struct step_seq *q = &s->seqs[i];
+        if (q->n_snaps < 0 || ns + q->n_snaps > b->lay.max_kda_snaps) return false;
+        int mode = q->context_len == q->query_len ? CUDA_KDA_ZERO
+                   : q->state_restore             ? CUDA_KDA_RESTORE
+                                                  : CUDA_KDA_CONTINUE;
+        sq[i] = (struct cuda_kda_seq){.t0 = q->query_start, .n = q->query_len,
+                                      .p0 = q->context_len - q->query_len, .slot = q->state_slot, .mode = mode,
+                                      .from = q->state_restore ? q->state_from : q->state_slot, .snap0 = ns,
+                                      .n_snaps = q->n_snaps};
+        for (int j = 0; j < q->n_snaps; j++) sn[ns + j] = (struct cuda_kda_snap){q->snap_pos[j], q->snap_slot[j]};
+        ns += q->n_snaps;
+    }
+    for (int i = s->n_seqs; i < G; i++) sq[i] = (struct cuda_kda_seq){0};
+    return true;
+}
+
+int cuda_kda_mixer(struct rank *k, int l, int T, bool decode, char *err, size_t errlen)
+{
+    struct cuda_backend *b = k->b;
+    struct cuda_kda_rank *x = k->kdax;
+    const struct cuda_kda_layer *L = k->L[l].kda;
+    cudaStream_t st = k->st;
+    int E = x->E, H = x->H, D = x->D, C = x->C, G = kda_grid(b, T, decode);
+    const struct cuda_kda_seq *seqs = (const struct cuda_kda_seq *)(k->din + b->lay.kda_seqs);
+    /* the slots' start once a step, before its first KDA layer reads them */
+    bool first = true;
+    for (int i = 0; i < l && first; i++) first = !k->L[i].kda;
+    if (first) CK(cuda_kda_begin(x->states, x->slot_floats, seqs, G, st));
+    CB(cuda_proj(k, &L->qqkv, L->wqkv, k->xn, x->qkv, true, T, E, 3 * C));
+    CB(cuda_proj(k, &L->qfa, L->wfa, k->xn, x->fa, false, T, E, D));
+    CB(cuda_proj(k, &L->qfb, L->wfb, x->fa, x->fg, true, T, D, C));
+    CB(cuda_proj(k, &L->qb, L->wb, k->xn, x->beta, true, T, E, H));
+    CB(cuda_proj(k, &L->qga, L->wga, k->xn, x->ga, false, T, E, D));
+    CB(cuda_proj(k, &L->qgb, L->wgb, x->ga, x->gate, true, T, D, C));
+    const struct model_kda_config *kc = &b->c.kda;
+    struct cuda_kda_args a = {
+        .qkv = x->qkv, .fg = x->fg, .beta = x->beta, .gate = x->gate, .conv = L->conv, .dt_bias = L->dt_bias,
+        .A = L->A, .o_norm = L->o_norm, .states = x->states, .slot_floats = x->slot_floats, .off = L->off,
+        .seqs = seqs, .snaps = (const struct cuda_kda_snap *)(k->din + b->lay.kda_snaps), .n_seqs = G, .H = H,
+        .D = D, .K = x->K, .lower_bound = kc->has_lower_bound, .lb = kc->lower_bound, .eps = b->c.norm_eps,
+        .out = x->o,
+    };
+    CK(cuda_kda_recur(&a, st));
+    return cuda_proj_rows(k, x->o, &L->qo, L->wo, T, C, E, 0, false, err, errlen);
+fail:
+    return SL_EDEVICE;
+}

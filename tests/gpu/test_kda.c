@@ -1,0 +1,328 @@
+/* test_kda.c - the GPU's KDA kernels (cuda/kda.cu: cuda_kda_begin,
+ * cuda_kda_recur) against the CPU reference (model/cpu_kda.c) on one random
+ * layer (make gpu-test; needs a GPU).
+ *
+ * Both sides get the same bf16-valued weights and inputs; the kernels get
+ * the projections computed on the host in double (the CPU's own matmuls are
+ * f32: the difference is ~1e-7), so what is compared is the kernels' work:
+ * the conv and its tail, the norms, the gates, the delta rule, the output
+ * norm (the GPU's output is bf16, so the o projection of it, done on the
+ * host, is compared at bf16 tolerance) and every state slot (S and tail,
+ * f32) after each step. Per case one ok/FAIL line with the max errors
+ * (max |gpu - cpu| / max |cpu|).
+ *
+ * Cases, each with a lower-bounded and a softplus forget gate and at
+ * head_dim 16 and 128 (128: S in 64 KB of shared memory):
+ *  - one step of several sequences of different lengths: one from position 0,
+ *    one resumed from its slot (random state), one restored from another
+ *    slot, snapshots mid-step and at the step's last token, and a padding
+ *    entry (as a decode graph's);
+ *  - then a decode step of 1-token sequences over those slots;
+ *  - a prompt in one step and in two (split mid-conv-window) in another slot:
+ *    the same states and outputs bit for bit.
+ */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/kda.h"
+#include "model/backend.h"
+#include "model/cpu_internal.h"
+#include "model/model.h"
+#include "tests/gpu/gpu_util.h"
+#include "tests/test.h"
+
+#define NSLOT 8
+#define MAXT 96
+
+struct lay {
+    int E, H, D, C, K;
+    bool lb;
+    struct model_config c;
+    struct model_layer_kind kind;
+    struct model_layer_weights lw;
+    struct model_weights w;
+    float *wq, *wk, *wv, *wfa, *wfb, *wb, *wga, *wgb, *wo, *conv, *dtb, *alog, *onorm; /* host, bf16 values */
+    struct cpu_backend *be;
+    struct cpu_kda *kda;
+    size_t slot;           /* floats a slot */
+    float *cst;            /* CPU states [NSLOT][slot] */
+    float *dst;            /* device states */
+    float *dconv, *ddtb, *dA, *donorm;
+};
+
+static float *rnd(size_t n, float scale, float bias)
+{
+    float *p = malloc(n * sizeof *p);
+    for (size_t i = 0; i < n; i++) p[i] = fb(bf(bias + scale * frand()));
+    return p;
+}
+
+static struct model_tensor mat(const char *name, float *data, int64_t rows, int64_t cols)
+{
+    struct model_tensor t = {0};
+    t.name = name;
+    t.dtype = MODEL_DT_F32;
+    t.ndim = rows ? 2 : 1;
+    t.ne[0] = cols, t.ne[1] = rows ? rows : 1, t.ne[2] = 1, t.ne[3] = 1;
+    t.data = data;
+    t.nbytes = (size_t)(rows ? rows : 1) * cols * 4;
+    return t;
+}
+
+static void *up(const void *h, size_t n)
+{
+    void *d = NULL;
+    if (cudaMalloc(&d, n ? n : 16) != cudaSuccess) abort();
+    if (h) cudaMemcpy(d, h, n, cudaMemcpyHostToDevice);
+    return d;
+}
+
+static bool lay_open(struct lay *L, int E, int H, int D, bool lb)
+{
+    memset(L, 0, sizeof *L);
+    int C = H * D, K = 4;
+    L->E = E, L->H = H, L->D = D, L->C = C, L->K = K, L->lb = lb;
+    float se = 1.0f / sqrtf((float)E), sd = 1.0f / sqrtf((float)D), sc = 1.0f / sqrtf((float)C);
+    L->wq = rnd((size_t)C * E, se, 0), L->wk = rnd((size_t)C * E, se, 0), L->wv = rnd((size_t)C * E, se, 0);
+    L->wfa = rnd((size_t)D * E, se, 0), L->wfb = rnd((size_t)C * D, sd, 0), L->wb = rnd((size_t)H * E, se, 0);
+    L->wga = rnd((size_t)D * E, se, 0), L->wgb = rnd((size_t)C * D, sd, 0), L->wo = rnd((size_t)E * C, sc, 0);
+    L->conv = rnd((size_t)3 * C * K, 0.5f, 0), L->dtb = rnd((size_t)C, 0.5f, 0), L->alog = rnd((size_t)H, 0.5f, 0);
+    L->onorm = rnd((size_t)D, 0.2f, 1.0f);
+    struct model_config *c = &L->c;
+    c->n_layer = 1, c->n_embd = E, c->norm_eps = 1e-5f;
+    c->kda = (struct model_kda_config){.n_head = H, .head_dim = D, .conv_kernel = K, .has_lower_bound = lb,
+                                       .lower_bound = -5.0f};
+    L->kind = (struct model_layer_kind){MODEL_MIXER_KDA, MODEL_FFN_DENSE, MODEL_RESID_PLAIN};
+    c->layer_kind = &L->kind;
+    struct model_kda_weights *kw = &L->lw.kda;
+    kw->q = mat("q", L->wq, C, E), kw->k = mat("k", L->wk, C, E), kw->v = mat("v", L->wv, C, E);
+    kw->f_a = mat("f_a", L->wfa, D, E), kw->f_b = mat("f_b", L->wfb, C, D), kw->b = mat("b", L->wb, H, E);
+    kw->g_a = mat("g_a", L->wga, D, E), kw->g_b = mat("g_b", L->wgb, C, D), kw->o = mat("o", L->wo, E, C);
+    for (int i = 0; i < 3; i++) kw->conv[i] = mat("conv", L->conv + (size_t)i * C * K, C, K);
+    kw->dt_bias = mat("dt_bias", L->dtb, 0, C), kw->A_log = mat("A_log", L->alog, 0, H);
+    kw->o_norm = mat("o_norm", L->onorm, 0, D);
+    L->w.layers = &L->lw;
+    char err[256];
+    L->be = cpu_kernels_create(2, cpu_kda_max_in(c));
+    L->kda = L->be ? cpu_kda_create(L->be, c, &L->w, MAXT, err, sizeof err) : NULL;
+    CHECKF(L->kda != NULL, "cpu_kda_create: %s", L->be ? err : "no backend");
+    if (!L->kda) return false;
+    L->slot = model_state_bytes(c) / sizeof(float);
+    /* random states in every slot (a resumed sequence reads one), the same on both sides */
+    L->cst = malloc((size_t)NSLOT * L->slot * sizeof(float));
+    for (size_t i = 0; i < NSLOT * L->slot; i++) L->cst[i] = 0.1f * frand();
+    L->dst = up(L->cst, (size_t)NSLOT * L->slot * sizeof(float));
+    float *A = malloc((size_t)H * sizeof *A);
+    for (int h = 0; h < H; h++) A[h] = expf(L->alog[h]);
+    L->dconv = up(L->conv, (size_t)3 * C * K * 4), L->ddtb = up(L->dtb, (size_t)C * 4), L->dA = up(A, (size_t)H * 4);
+    L->donorm = up(L->onorm, (size_t)D * 4);
+    free(A);
+    return true;
+}
+
+static void lay_close(struct lay *L)
+{
+    cpu_kda_destroy(L->kda);
+    if (L->be) cpu_kernels_destroy(L->be);
+    float *h[] = {L->wq, L->wk, L->wv, L->wfa, L->wfb, L->wb, L->wga, L->wgb, L->wo, L->conv, L->dtb, L->alog,
+                  L->onorm, L->cst};
+    for (size_t i = 0; i < sizeof h / sizeof *h; i++) free(h[i]);
+    cudaFree(L->dst), cudaFree(L->dconv), cudaFree(L->ddtb), cudaFree(L->dA), cudaFree(L->donorm);
+}
+
+/* y[t][o] = sum_i x[t][i] W[o][i], in double */
+static void hmat(const float *x, const float *W, int T, int in, int out, float *y)
+{
+    for (int t = 0; t < T; t++)
+        for (int o = 0; o < out; o++) {
+            double s = 0;
+            for (int i = 0; i < in; i++) s += (double)x[(size_t)t * in + i] * W[(size_t)o * in + i];
+            y[(size_t)t * out + o] = (float)s;
+        }
+}
+
+struct sq {
+    int slot, start, n;
+    bool restore;
+    int from, n_snaps;
+    int32_t snap_pos[4], snap_slot[4];
+};
+
+/* max |a - b| / max |b| (NaN: inf) */
+static double rel(const float *a, const float *b, size_t n)
+{
+    double md = 0, mb = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        if (isnan(d)) return INFINITY;
+        if (d > md) md = d;
+        if (fabs(b[i]) > mb) mb = fabs(b[i]);
+    }
+    return mb > 0 ? md / mb : md;
+}
+
+/* One step of the sequences r[0..ns) (x rows by position, per sequence its
+ * own stream xs[i]) on both sides, plus `pad` padding entries on the GPU.
+ * gout: the GPU's output after the host o projection [T][E]; cout the CPU's.
+ * Returns T. */
+static int step(struct lay *L, float *const *xs, const struct sq *r, int ns, int pad, float *gout, float *cout)
+{
+    int E = L->E, C = L->C, H = L->H, D = L->D, T = 0;
+    static float xn[MAXT * 256];
+    static int32_t pos[MAXT], ids[MAXT], bt[1];
+    static int64_t slots[MAXT];
+    struct step_seq ss[8];
+    struct cuda_kda_seq ks[8];
+    struct cuda_kda_snap sn[32];
+    int nsn = 0;
+    memset(ss, 0, sizeof ss);
+    for (int i = 0; i < ns; i++) {
+        ss[i] = (struct step_seq){.query_start = T, .query_len = r[i].n, .context_len = r[i].start + r[i].n,
+                                  .block_table = bt, .state_slot = r[i].slot, .state_restore = r[i].restore,
+                                  .state_from = r[i].from, .n_snaps = r[i].n_snaps, .snap_pos = r[i].snap_pos,
+                                  .snap_slot = r[i].snap_slot};
+        int mode = r[i].start == 0 ? CUDA_KDA_ZERO : r[i].restore ? CUDA_KDA_RESTORE : CUDA_KDA_CONTINUE;
+        ks[i] = (struct cuda_kda_seq){.t0 = T, .n = r[i].n, .p0 = r[i].start, .slot = r[i].slot, .mode = mode,
+                                      .from = r[i].from, .snap0 = nsn, .n_snaps = r[i].n_snaps};
+        for (int k = 0; k < r[i].n_snaps; k++) sn[nsn++] = (struct cuda_kda_snap){r[i].snap_pos[k], r[i].snap_slot[k]};
+        for (int t = 0; t < r[i].n; t++, T++) {
+            memcpy(xn + (size_t)T * E, xs[i] + (size_t)(r[i].start + t) * E, (size_t)E * sizeof(float));
+            pos[T] = r[i].start + t, ids[T] = 0;
+        }
+    }
+    for (int i = ns; i < ns + pad; i++) ks[i] = (struct cuda_kda_seq){.n = 0, .slot = 0};
+    /* the CPU */
+    struct step s = {.n_tokens = T, .token_ids = ids, .positions = pos, .slots = slots, .n_seqs = ns, .seqs = ss};
+    cpu_kda_begin(L->kda, &s, L->cst);
+    cpu_kda_mixer(L->kda, L->be, &s, 0, xn, cout, L->cst);
+    /* the GPU, from projections made here */
+    float *qkv = malloc((size_t)T * 3 * C * 4), *p = malloc((size_t)T * C * 4), *fa = malloc((size_t)T * D * 4),
+          *fg = malloc((size_t)T * C * 4), *gt = malloc((size_t)T * C * 4), *beta = malloc((size_t)T * H * 4);
+    const float *W3[3] = {L->wq, L->wk, L->wv};
+    for (int pt = 0; pt < 3; pt++) {
+        hmat(xn, W3[pt], T, E, C, p);
+        for (int t = 0; t < T; t++) memcpy(qkv + (size_t)t * 3 * C + (size_t)pt * C, p + (size_t)t * C, (size_t)C * 4);
+    }
+    hmat(xn, L->wfa, T, E, D, fa), hmat(fa, L->wfb, T, D, C, fg);
+    hmat(xn, L->wga, T, E, D, fa), hmat(fa, L->wgb, T, D, C, gt);
+    hmat(xn, L->wb, T, E, H, beta);
+    float *dqkv = up(qkv, (size_t)T * 3 * C * 4), *dfg = up(fg, (size_t)T * C * 4), *dgt = up(gt, (size_t)T * C * 4),
+          *dbeta = up(beta, (size_t)T * H * 4);
+    struct cuda_kda_seq *dks = up(ks, sizeof ks);
+    struct cuda_kda_snap *dsn = up(sn, sizeof sn);
+    uint16_t *dout = up(NULL, (size_t)T * C * 2);
+    cudaMemset(dout, 0xff, (size_t)T * C * 2); /* NaN: an unwritten element fails */
+    struct cuda_kda_args a = {.qkv = dqkv, .fg = dfg, .beta = dbeta, .gate = dgt, .conv = L->dconv, .dt_bias = L->ddtb,
+                              .A = L->dA, .o_norm = L->donorm, .states = L->dst, .slot_floats = L->slot, .off = 0,
+                              .seqs = dks, .snaps = dsn, .n_seqs = ns + pad, .H = H, .D = D, .K = L->K,
+                              .lower_bound = L->lb, .lb = -5.0f, .eps = L->c.norm_eps, .out = dout};
+    cudaError_t e = cuda_kda_begin(L->dst, L->slot, dks, ns + pad, 0);
+    if (e == cudaSuccess) e = cuda_kda_recur(&a, 0);
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    CHECKF(e == cudaSuccess, "kernels: %s", cudaGetErrorString(e));
+    uint16_t *o16 = malloc((size_t)T * C * 2);
+    cudaMemcpy(o16, dout, (size_t)T * C * 2, cudaMemcpyDeviceToHost);
+    for (size_t i = 0; i < (size_t)T * C; i++) p[i] = fb(o16[i]);
+    hmat(p, L->wo, T, C, E, gout);
+    free(qkv), free(p), free(fa), free(fg), free(gt), free(beta), free(o16);
+    cudaFree(dqkv), cudaFree(dfg), cudaFree(dgt), cudaFree(dbeta), cudaFree(dks), cudaFree(dsn), cudaFree(dout);
+    return T;
+}
+
+/* the GPU's slots against the CPU's */
+static double state_err(struct lay *L)
+{
+    size_t n = (size_t)NSLOT * L->slot;
+    float *g = malloc(n * 4);
+    cudaMemcpy(g, L->dst, n * 4, cudaMemcpyDeviceToHost);
+    double r = rel(g, L->cst, n);
+    free(g);
+    return r;
+}
+
+#define TOL_OUT 2e-2   /* bf16 output before the o projection */
+#define TOL_STATE 1e-3 /* f32 state; the sums' order (f32 here, double on the CPU) moves it ~1e-6 */
+
+static void line(bool ok, const char *what, double eo, double es)
+{
+    printf("  %s %s: output %.3g, states %.3g\n", ok ? "ok  " : "FAIL", what, eo, es);
+    CHECK(ok);
+}
+
+static void run_case(int E, int H, int D, bool lb)
+{
+    struct lay L;
+    char what[128];
+    if (!lay_open(&L, E, H, D, lb)) return;
+    int C = H * D;
+    float *xs[4];
+    for (int i = 0; i < 4; i++) xs[i] = rnd((size_t)MAXT * E, 1.0f, 0);
+    float *go = malloc((size_t)MAXT * E * 4), *co = malloc((size_t)MAXT * E * 4);
+    /* several sequences: fresh with snapshots mid-step, resumed, restored, one token; a padding entry */
+    struct sq r1[4] = {
+        {.slot = 0, .start = 0, .n = 37, .n_snaps = 2, .snap_pos = {5, 20}, .snap_slot = {4, 5}},
+        {.slot = 1, .start = 10, .n = 9},
+        {.slot = 3, .start = 8, .n = 13, .restore = true, .from = 2, .n_snaps = 1, .snap_pos = {21}, .snap_slot = {6}},
+        {.slot = 7, .start = 3, .n = 1},
+    };
+    int T = step(&L, xs, r1, 4, 1, go, co);
+    double eo = rel(go, co, (size_t)T * E), es = state_err(&L);
+    snprintf(what, sizeof what, "E %d, %d heads of %d, %s: 4 sequences, restore, snapshots", E, H, D,
+             lb ? "lower bound" : "softplus");
+    line(eo <= TOL_OUT && es <= TOL_STATE, what, eo, es);
+    /* decode: 1-token sequences over those slots and a snapshot's */
+    struct sq r2[4] = {{.slot = 0, .start = 37, .n = 1}, {.slot = 3, .start = 21, .n = 1},
+                       {.slot = 1, .start = 19, .n = 1, .n_snaps = 1, .snap_pos = {20}, .snap_slot = {2}},
+                       {.slot = 7, .start = 5, .n = 1, .restore = true, .from = 4}};
+    T = step(&L, xs, r2, 4, 2, go, co);
+    eo = rel(go, co, (size_t)T * E), es = state_err(&L);
+    snprintf(what, sizeof what, "E %d, %d heads of %d, %s: decode step", E, H, D, lb ? "lower bound" : "softplus");
+    line(eo <= TOL_OUT && es <= TOL_STATE, what, eo, es);
+    /* a prompt in one step (slot 0) and in two (slot 1, split inside the conv window) */
+    int n = 50, cut = 2;
+    struct sq one = {.slot = 0, .start = 0, .n = n};
+    step(&L, xs + 3, &one, 1, 0, go, co);
+    float *g1 = malloc((size_t)n * E * 4);
+    memcpy(g1, go, (size_t)n * E * 4);
+    struct sq a = {.slot = 1, .start = 0, .n = cut}, b = {.slot = 1, .start = cut, .n = n - cut};
+    step(&L, xs + 3, &a, 1, 0, go, co);
+    float *g2 = malloc((size_t)n * E * 4);
+    memcpy(g2, go, (size_t)cut * E * 4);
+    step(&L, xs + 3, &b, 1, 0, go, co);
+    memcpy(g2 + (size_t)cut * E, go, (size_t)(n - cut) * E * 4);
+    float *st = malloc(2 * L.slot * 4);
+    cudaMemcpy(st, L.dst, 2 * L.slot * 4, cudaMemcpyDeviceToHost);
+    bool same = !memcmp(st, st + L.slot, L.slot * 4) && !memcmp(g1, g2, (size_t)n * E * 4);
+    eo = rel(g2, g1, (size_t)n * E), es = rel(st + L.slot, st, L.slot);
+    snprintf(what, sizeof what, "E %d, %d heads of %d, %s: a prompt in 2 steps = 1 step, bit for bit", E, H, D,
+             lb ? "lower bound" : "softplus");
+    line(same, what, eo, es);
+    (void)C;
+    free(g1), free(g2), free(st), free(go), free(co);
+    for (int i = 0; i < 4; i++) free(xs[i]);
+    lay_close(&L);
+}
+
+static void test_kda(void)
+{
+    CHECK(cuda_kda_prepare() == cudaSuccess);
+    run_case(64, 4, 16, true);
+    run_case(64, 4, 16, false);
+    run_case(96, 3, 32, true);
+    run_case(256, 2, 128, true);
+    run_case(256, 2, 128, false);
+}
+
+int main(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+        printf("no GPU: skipped\n0 passed, 0 failed\n");
+        return 0;
+    }
+    RUN(test_kda);
+    return test_summary();
+}
