@@ -154,9 +154,8 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
         plain &= k.mixer == MODEL_MIXER_GQA && k.ffn == MODEL_FFN_DENSE && k.resid == MODEL_RESID_PLAIN;
         if (k.mixer != MODEL_MIXER_GQA || k.ffn != MODEL_FFN_DENSE) {
             sl_seterr(err, errlen,
-                      "cuda: layer %d is %s + %s%s; the GPU backend runs gqa + dense layers only (use --device cpu)", l,
-                      model_mixer_name(k.mixer), model_ffn_name(k.ffn),
-                      k.resid == MODEL_RESID_HC ? " with hyper-connections" : "");
+                      "cuda: layer %d is %s + %s; the GPU backend runs gqa + dense layers only (use --device cpu)", l,
+                      model_mixer_name(k.mixer), model_ffn_name(k.ffn));
             return NULL;
         }
     }
