@@ -170,10 +170,9 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
         if ((k.mixer != MODEL_MIXER_GQA && k.mixer != MODEL_MIXER_MLA && k.mixer != MODEL_MIXER_KDA) ||
             (k.ffn != MODEL_FFN_DENSE && k.ffn != MODEL_FFN_MOE)) {
             sl_seterr(err, errlen,
-                      "cuda: layer %d is %s + %s%s; the GPU backend runs gqa, mla or kda + dense or moe layers only "
+                      "cuda: layer %d is %s + %s; the GPU backend runs gqa, mla or kda + dense or moe layers only "
                       "(use --device cpu)",
-                      l, model_mixer_name(k.mixer), model_ffn_name(k.ffn),
-                      k.resid == MODEL_RESID_HC ? " with hyper-connections" : "");
+                      l, model_mixer_name(k.mixer), model_ffn_name(k.ffn));
             return NULL;
         }
         if (k.ffn == MODEL_FFN_MOE && cuda_moe_check(c, N, l, err, errlen)) return NULL;

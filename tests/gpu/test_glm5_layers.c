@@ -114,6 +114,10 @@ static void load_hf(const char *dir, int nl, int hc, int E, struct hf_hidden *h)
     snprintf(path, sizeof path, "%s/hidden.f32", dir);
     h->v = (float *)test_slurp(path, &hlen);
     CHECKF(h->v && hlen == (size_t)nl * h->np * hc * E * sizeof(float), "%s: unexpected size", path);
+    if (h->v && hlen != (size_t)nl * h->np * hc * E * sizeof(float)) {
+        free(h->v);
+        h->v = NULL;
+    }
 }
 
 static void run(const char *name)
