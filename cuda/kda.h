@@ -3,7 +3,8 @@
  * step's inputs, the mixer). The CPU reference is model/cpu_kda.c; a state
  * slot has its layout (per KDA layer at its offset: [H][D][D] f32 S, S[k][v],
  * then the conv tail [K-1][3C] f32, the last K-1 projected q|k|v inputs,
- * oldest first), so a slot means the same on both backends.
+ * oldest first), so a slot means the same on both backends (on one GPU;
+ * tensor parallel, each rank holds its heads' share: kda_step.c).
  *
  * A step: q|k|v, f_a, b and g_a projections of xn (cuda_proj, packed or
  * bf16; f_a and g_a to bf16, then f_b and g_b), then one kernel (kda.cu,

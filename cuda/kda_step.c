@@ -222,6 +222,7 @@ int cuda_kda_state_alloc(struct cuda_backend *b, int n_slots, char *err, size_t 
         }
         x->n_slots = n_slots;
     }
+    cudaSetDevice(b->r[0].dev); /* the caller's thread drives rank 0 */
     return 0;
 }
 

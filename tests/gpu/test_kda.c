@@ -20,6 +20,9 @@
  *  - then a decode step of 1-token sequences over those slots;
  *  - a prompt in one step and in two (split mid-conv-window) in another slot:
  *    the same states and outputs bit for bit.
+ * And, on the host (no GPU needed), cuda_kda_pack: the step's sequences and
+ * snapshots as the kernels read them, padding for a decode graph, and a step
+ * whose snapshots overflow the buffer refused.
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -27,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda/cuda_internal.h"
 #include "cuda/kda.h"
 #include "model/backend.h"
 #include "model/cpu_internal.h"
@@ -316,12 +320,55 @@ static void test_kda(void)
     run_case(256, 2, 128, false);
 }
 
+/* cuda_kda_pack into a host buffer laid out as the backend lays it */
+static void test_pack(void)
+{
+    struct cuda_backend b;
+    memset(&b, 0, sizeof b);
+    uint8_t buf[4096];
+    b.hin = buf, b.max_seqs = 4;
+    b.lay.kda_seqs = 0, b.lay.kda_snaps = 1024, b.lay.max_kda_snaps = 3;
+    int32_t sp0[2] = {5, 9}, ss0[2] = {6, 7}, sp1[1] = {12}, ss1[1] = {2}, bt[1] = {0};
+    struct step_seq sq[3] = {
+        {.query_start = 0, .query_len = 10, .context_len = 10, .block_table = bt, .state_slot = 1, .n_snaps = 2,
+         .snap_pos = sp0, .snap_slot = ss0},
+        {.query_start = 10, .query_len = 4, .context_len = 12, .block_table = bt, .state_slot = 3,
+         .state_restore = true, .state_from = 5, .n_snaps = 1, .snap_pos = sp1, .snap_slot = ss1},
+        {.query_start = 14, .query_len = 1, .context_len = 30, .block_table = bt, .state_slot = 0},
+    };
+    struct step s = {.n_tokens = 15, .n_seqs = 3, .seqs = sq};
+    memset(buf, 0x5a, sizeof buf);
+    CHECK(cuda_kda_pack(&b, &s, 15));
+    const struct cuda_kda_seq *q = (const struct cuda_kda_seq *)buf;
+    const struct cuda_kda_snap *n = (const struct cuda_kda_snap *)(buf + 1024);
+    CHECK(q[0].t0 == 0 && q[0].n == 10 && q[0].p0 == 0 && q[0].slot == 1 && q[0].mode == CUDA_KDA_ZERO &&
+          q[0].snap0 == 0 && q[0].n_snaps == 2);
+    CHECK(q[1].t0 == 10 && q[1].n == 4 && q[1].p0 == 8 && q[1].slot == 3 && q[1].mode == CUDA_KDA_RESTORE &&
+          q[1].from == 5 && q[1].snap0 == 2 && q[1].n_snaps == 1);
+    CHECK(q[2].t0 == 14 && q[2].n == 1 && q[2].p0 == 29 && q[2].slot == 0 && q[2].mode == CUDA_KDA_CONTINUE &&
+          q[2].n_snaps == 0);
+    CHECK(q[3].n == 0); /* a prefill step launches max_seqs entries: the rest are padding */
+    CHECK(n[0].pos == 5 && n[0].slot == 6 && n[1].pos == 9 && n[1].slot == 7 && n[2].pos == 12 && n[2].slot == 2);
+    /* a decode step padded to a graph of 4: every entry past the sequences is padding */
+    struct step_seq d[2] = {{.query_start = 0, .query_len = 1, .context_len = 1, .block_table = bt, .state_slot = 2},
+                            {.query_start = 1, .query_len = 1, .context_len = 7, .block_table = bt, .state_slot = 1}};
+    struct step ds = {.n_tokens = 2, .n_seqs = 2, .seqs = d};
+    memset(buf, 0x5a, sizeof buf);
+    CHECK(cuda_kda_pack(&b, &ds, 4));
+    CHECK(q[0].mode == CUDA_KDA_ZERO && q[0].p0 == 0 && q[1].mode == CUDA_KDA_CONTINUE && q[1].p0 == 6);
+    CHECK(q[2].n == 0 && q[3].n == 0);
+    /* more snapshots than the buffer holds: refused (the step does not fit) */
+    b.lay.max_kda_snaps = 2;
+    CHECK(!cuda_kda_pack(&b, &s, 15));
+}
+
 int main(void)
 {
+    RUN(test_pack);
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-        printf("no GPU: skipped\n0 passed, 0 failed\n");
-        return 0;
+        printf("no GPU: the kernels skipped\n");
+        return test_summary();
     }
     RUN(test_kda);
     return test_summary();
