@@ -20,10 +20,7 @@
 #include "tests/gpu/gpu_util.h"
 
 #define REP 20
-#define NE 128
-#define K 8
-#define E 2048
-#define F 768
+enum { NE = 128, TOPK = 8, HID = 2048, FF = 768 }; /* the shape */
 #define GROUP 128
 
 static void *dev(const void *h, size_t n)
@@ -80,27 +77,27 @@ int main(int argc, char **argv)
     }
     int maxT = 0;
     for (int i = 0; i < nT; i++) maxT = Ts[i] > maxT ? Ts[i] : maxT;
-    size_t big = (size_t)F * E;
-    uint16_t *pool = malloc(big * 2), *scales = malloc(big / GROUP * 2), *router = malloc((size_t)NE * E * 2);
+    size_t big = (size_t)FF * HID;
+    uint16_t *pool = malloc(big * 2), *scales = malloc(big / GROUP * 2), *router = malloc((size_t)NE * HID * 2);
     uint8_t *codes = malloc(big / 2);
     for (size_t i = 0; i < big; i++) pool[i] = bf(frand() * 0.05f);
     for (size_t i = 0; i < big / 2; i++) codes[i] = (uint8_t)(frand() * 127 + 128);
     for (size_t i = 0; i < big / GROUP; i++) scales[i] = bf(0.003f * (1.0f + frand() * 0.5f));
-    for (size_t i = 0; i < (size_t)NE * E; i++) router[i] = bf(frand() * 0.1f);
+    for (size_t i = 0; i < (size_t)NE * HID; i++) router[i] = bf(frand() * 0.1f);
     struct cuda_moe_expert *hex = calloc(NE + 1, sizeof *hex);
     for (int e = 0; e < NE; e++) {
-        hex[e].F = F;
-        make(int4, F, E, pool, codes, scales, &hex[e].gate);
-        make(int4, F, E, pool, codes, scales, &hex[e].up);
-        make(int4, E, F, pool, codes, scales, &hex[e].down);
+        hex[e].F = FF;
+        make(int4, FF, HID, pool, codes, scales, &hex[e].gate);
+        make(int4, FF, HID, pool, codes, scales, &hex[e].up);
+        make(int4, HID, FF, pool, codes, scales, &hex[e].down);
     }
-    uint16_t *x = malloc((size_t)maxT * E * 2);
-    for (size_t i = 0; i < (size_t)maxT * E; i++) x[i] = bf(frand());
-    const int S = K;
-    struct cuda_moe_args a = {.E = E, .NE = NE, .K = K, .S = S, .Fmax = F, .norm_topk = 1, .n_group = 1,
+    uint16_t *x = malloc((size_t)maxT * HID * 2);
+    for (size_t i = 0; i < (size_t)maxT * HID; i++) x[i] = bf(frand());
+    const int S = TOPK;
+    struct cuda_moe_args a = {.E = HID, .NE = NE, .K = TOPK, .S = S, .Fmax = FF, .norm_topk = 1, .n_group = 1,
                               .topk_group = 1, .scale = 1.0f};
-    a.xn = dev(x, (size_t)maxT * E * 2);
-    a.router = dev(router, (size_t)NE * E * 2);
+    a.xn = dev(x, (size_t)maxT * HID * 2);
+    a.router = dev(router, (size_t)NE * HID * 2);
     a.ex = dev(hex, (NE + 1) * sizeof *hex);
     a.logits = dev(NULL, (size_t)maxT * (NE + 1) * 4);
     a.idx = dev(NULL, (size_t)maxT * S * 4);
@@ -109,16 +106,16 @@ int main(int argc, char **argv)
     a.start = dev(NULL, (NE + 2) * 4);
     a.list = dev(NULL, (size_t)maxT * S * 4);
     a.act = dev(NULL, (NE + 2) * 4);
-    a.h = dev(NULL, (size_t)maxT * S * F * 2);
-    a.y = dev(NULL, (size_t)maxT * S * E * 4);
-    a.out = dev(NULL, (size_t)maxT * E * 2);
+    a.h = dev(NULL, (size_t)maxT * S * FF * 2);
+    a.y = dev(NULL, (size_t)maxT * S * HID * 4);
+    a.out = dev(NULL, (size_t)maxT * HID * 2);
     cudaStream_t st;
     cudaStreamCreate(&st);
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0), cudaEventCreate(&e1);
-    const double ebytes = int4 ? 3.0 * F * (E / 2 + E / GROUP * 2) : 3.0 * F * E * 2; /* one expert */
-    printf("MoE layer, Qwen3-30B-A3B shape (%d experts top-%d, hidden %d, intermediate %d), %s experts\n", NE, K, E,
-           F, int4 ? "int4 g128" : "bf16");
+    const double ebytes = int4 ? 3.0 * FF * (HID / 2 + HID / GROUP * 2) : 3.0 * FF * HID * 2; /* one expert */
+    printf("MoE layer, Qwen3-30B-A3B shape (%d experts top-%d, hidden %d, intermediate %d), %s experts\n", NE, TOPK, HID,
+           FF, int4 ? "int4 g128" : "bf16");
     printf("%6s %8s %10s %10s %10s %10s %10s %9s\n", "tokens", "experts", "layer us", "route", "group", "experts",
            "combine", "GB/s");
     for (int i = 0; i < nT; i++) {
