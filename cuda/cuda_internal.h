@@ -41,6 +41,9 @@ struct qproj {
     struct qpart p[3];
 };
 
+struct cuda_moe_layer; /* cuda/moe.h */
+struct cuda_moe_rank;
+
 struct clayer {
     struct qproj qqkv, qo, qgu, qdown; /* packed weights: the bf16 pointer below is then NULL */
     uint16_t *wqkv;     /* [(H + 2 KVH) D / N][E] bf16, device: this rank's q, k, v rows */
@@ -55,9 +58,6 @@ struct clayer {
     struct cuda_mla_layer *mla; /* MLA layers (cuda/mla.h; the GQA fields above unused), else NULL */
     struct cuda_kda_layer *kda; /* a KDA layer's (kda.h), else NULL */
 };
-
-struct cuda_moe_layer;
-struct cuda_moe_rank;
 
 /* Offsets (in bytes) of the per-step inputs inside hin/din; max_items:
  * the attention items the items region holds; kda_seqs / kda_snaps: the

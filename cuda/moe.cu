@@ -23,8 +23,9 @@
 
 /* ---- routing ------------------------------------------------------------------------ */
 
-/* logits[t][e] = x[t] . router[e] for e < R: one warp a row, lane-strided
- * f32 fmaf chains reduced by the xor butterfly (a fixed order). */
+/* logits[t][e] = x[t] . router[e] for e < R: one warp a row, lane l
+ * summing the 8-column chunks l, l + 32, ... in order (16-byte loads where
+ * E % 8 == 0), then the xor butterfly (a fixed order). */
 template <bool F32>
 static __global__ void logits_kernel(const uint16_t *x, const void *router, int T, int E, int R, int ld,
                                      float *logits)
@@ -33,13 +34,42 @@ static __global__ void logits_kernel(const uint16_t *x, const void *router, int 
     const int e = blockIdx.y * (MOE_THREADS / 32) + warp;
     if (t >= T || e >= R) return;
     const uint16_t *xr = x + (size_t)t * E;
+    const bool vec = (E & 7) == 0;
     float acc = 0.0f;
-    if (F32) {
-        const float *w = (const float *)router + (size_t)e * E;
-        for (int k = lane; k < E; k += 32) acc = fmaf(w[k], bf2f(xr[k]), acc);
-    } else {
-        const uint16_t *w = (const uint16_t *)router + (size_t)e * E;
-        for (int k = lane; k < E; k += 32) acc = fmaf(bf2f(w[k]), bf2f(xr[k]), acc);
+    for (int c = lane * 8; c < E; c += 32 * 8) {
+        float xf[8], w[8];
+        if (vec) {
+            const uint4 v = *(const uint4 *)(xr + c);
+            const uint32_t p[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int j = 0; j < 4; j++) xf[2 * j] = __uint_as_float(p[j] << 16), xf[2 * j + 1] = __uint_as_float(p[j] & 0xffff0000u);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8; j++) xf[j] = c + j < E ? bf2f(xr[c + j]) : 0.0f;
+        }
+        if (F32) {
+            const float *wr = (const float *)router + (size_t)e * E + c;
+            if (vec) {
+                const float4 a = __ldg((const float4 *)wr), b = __ldg((const float4 *)wr + 1);
+                w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; j++) w[j] = c + j < E ? wr[j] : 0.0f;
+            }
+        } else {
+            const uint16_t *wr = (const uint16_t *)router + (size_t)e * E + c;
+            if (vec) {
+                const uint4 v = __ldg((const uint4 *)wr);
+                const uint32_t p[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                for (int j = 0; j < 4; j++) w[2 * j] = __uint_as_float(p[j] << 16), w[2 * j + 1] = __uint_as_float(p[j] & 0xffff0000u);
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; j++) w[j] = c + j < E ? bf2f(wr[j]) : 0.0f;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++) acc = fmaf(w[j], xf[j], acc);
     }
     acc = warp_sum(acc);
     if (lane == 0) logits[(size_t)t * ld + e] = acc;
@@ -238,10 +268,62 @@ static __global__ void scatter_kernel(const int32_t *idx, int n, const int32_t *
     list[start[e] + atomicAdd(&cursor[e], 1)] = i;
 }
 
+/* The whole grouping in one block, counts in shared memory (steps of up
+ * to GROUP1_MAX assignments: decode steps, one launch instead of four). */
+#define GROUP1_MAX 8192
+#define GROUP1_THREADS 1024
+static __global__ void __launch_bounds__(GROUP1_THREADS) group1_kernel(const int32_t *idx, int n, int ne,
+                                                                      int32_t *start, int32_t *act, int32_t *list)
+{
+    __shared__ int cnt[CUDA_MOE_MAX_EXPERTS + 1], st0[CUDA_MOE_MAX_EXPERTS + 1], ps[GROUP1_THREADS],
+        pa[GROUP1_THREADS];
+    const int tid = threadIdx.x;
+    for (int e = tid; e < ne; e += GROUP1_THREADS) cnt[e] = 0;
+    __syncthreads();
+    for (int i = tid; i < n; i += GROUP1_THREADS) atomicAdd(&cnt[idx[i]], 1);
+    __syncthreads();
+    /* the exclusive prefix sum, thread tid over its contiguous chunk */
+    const int chunk = (ne + GROUP1_THREADS - 1) / GROUP1_THREADS;
+    const int lo = tid * chunk, hi = lo + chunk < ne ? lo + chunk : ne;
+    int s = 0, na = 0;
+    for (int e = lo; e < hi; e++) s += cnt[e], na += cnt[e] > 0;
+    ps[tid] = s, pa[tid] = na;
+    __syncthreads();
+    if (tid == 0) {
+        int rs = 0, ra = 0;
+        for (int i = 0; i < GROUP1_THREADS; i++) {
+            int x = ps[i], y = pa[i];
+            ps[i] = rs, pa[i] = ra;
+            rs += x, ra += y;
+        }
+        start[ne] = rs;
+        act[ne] = ra;
+    }
+    __syncthreads();
+    s = ps[tid], na = pa[tid];
+    for (int e = lo; e < hi; e++) {
+        int c = cnt[e];
+        st0[e] = s;
+        start[e] = s;
+        if (c > 0) act[na++] = e;
+        s += c;
+        cnt[e] = 0;
+    }
+    __syncthreads();
+    for (int i = tid; i < n; i += GROUP1_THREADS) {
+        int e = idx[i];
+        list[st0[e] + atomicAdd(&cnt[e], 1)] = i;
+    }
+}
+
 extern "C" cudaError_t cuda_moe_group(const struct cuda_moe_args *a, cudaStream_t st)
 {
     if (a->T <= 0) return cudaSuccess;
     const int n = a->T * a->S, nb = (n + MOE_THREADS - 1) / MOE_THREADS;
+    if (n <= GROUP1_MAX) {
+        group1_kernel<<<1, GROUP1_THREADS, 0, st>>>(a->idx, n, a->NE + 1, a->start, a->act, a->list);
+        return cudaGetLastError();
+    }
     cudaError_t e = cudaMemsetAsync(a->count, 0, (size_t)(a->NE + 1) * sizeof(int32_t), st);
     if (e != cudaSuccess) return e;
     hist_kernel<<<nb, MOE_THREADS, 0, st>>>(a->idx, n, a->count);

@@ -37,9 +37,11 @@
 #   gpu                bench_gpu: TTFT of 2048 tokens, a 16K-token prefill step,
 #                      batch-1 decode at 1K context, decode batches 8 / 64 / 256
 #   decode             decode at 1K context, batches 1, 2, 4, 8, 16, 64, 128, 256
-#   moe                the Qwen3-30B-A3B shape, bf16 and int4 g128 experts
-#                      (tools/configs/qwen3-30b-a3b, -w4a16): bench_gpu's steps,
-#                      decode at batch 64 and 256 too
+#   moe                the Qwen3-30B-A3B shape, bf16 and int4 g128 experts:
+#                      first bench_moe (one MoE layer's kernels, 1 to 16384
+#                      tokens, GB/s over the chosen experts' bytes), then the
+#                      model (tools/configs/qwen3-30b-a3b, -w4a16): bench_gpu's
+#                      steps, decode at batch 64 and 256 too
 #   quant              packed weights beside bf16 (tools/configs/llama-3.1-8b,
 #                      -w4g128: int4 group 128, -w8: int8 per channel; bf16
 #                      lm_head): TTFT of 2048, a 16K-token prefill step,
@@ -203,6 +205,8 @@ bench_one() {
             done
         done ;;
     moe)
+        timeout -k 5 300 "$B/tests/gpu/bench_moe" 2>&1 | tee "$d/bench_moe.log"
+        timeout -k 5 300 "$B/tests/gpu/bench_moe" --int4 2>&1 | tee "$d/bench_moe_int4.log"
         for s in qwen3-30b-a3b qwen3-30b-a3b-w4a16; do
             echo "-- $s"
             timeout -k 5 600 "$B/tests/gpu/bench_gpu" $G --decode=64x1024,256x256 "tools/configs/$s" 2>&1 | tee "$d/$s.log"

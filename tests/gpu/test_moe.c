@@ -15,6 +15,8 @@
  *  - batch invariance: three tokens run alone give the bits they got in the
  *    batch;
  *  - the whole layer captured in a CUDA graph gives the eager run's bits.
+ * One case has over 8192 token slots, so its batch takes the grouping's
+ * multi-block path and the tokens alone the one-block one.
  * Cases: softmax top-k with and without renormalisation, the sigmoid router
  * with correction bias, scaling and group-limited choice, shared experts
  * (plain and qwen2_moe's gated one), an f32 router, the clamped SwiGLU, odd
@@ -345,6 +347,9 @@ static const struct mcase cases[] = {
     {"softmax top-4 of 16, norm", 16, 4, 64, 16, 0, 37, false, true, false, false, false, true, 1, 1, 1, 0, false},
     /* qwen3_moe with norm_topk_prob false, wide: many tokens per expert (several chunks) */
     {"softmax top-8 of 128, no norm", 128, 8, 256, 96, 0, 300, false, false, false, false, false, false, 1, 1, 1, 0,
+     false},
+    /* over 8192 token slots: the grouping's multi-block path (the tokens alone take the one-block one) */
+    {"softmax top-8 of 64, 1100 tokens", 64, 8, 64, 16, 0, 1100, false, true, false, false, false, false, 1, 1, 1, 0,
      false},
     /* qwen2_moe: softmax, no norm, a sigmoid-gated shared expert of its own width, an f32 router */
     {"softmax + gated shared, f32 router", 8, 2, 96, 40, 24, 50, false, false, true, true, false, true, 1, 1, 1, 0,
