@@ -219,6 +219,11 @@ int cuda_rank_init(struct rank *k, char *err, size_t errlen);
 int cuda_forward(model_backend *mb, struct step *s, char *err, size_t errlen);
 /* Rank k's part of a step (JOB_FORWARD). */
 int cuda_rank_forward(struct rank *k, char *err, size_t errlen);
+/* The output projection of a mixer in another file (cuda/mla.c): y = x W^T
+ * (W bf16 [E][in], this rank's input columns) summed over the ranks into
+ * k->delta, bf16, as the GQA o projection (its peer all-reduce buffer). */
+int cuda_proj_rows(struct rank *k, const uint16_t *x, const uint16_t *W, int T, int in, int E, char *err,
+                   size_t errlen);
 
 /* ---- cuda_backend.c ---- */
 

@@ -17,11 +17,9 @@ int cuda_mla_check(const struct model_config *c, int N, char *err, size_t errlen
     for (int l = 0; l < c->n_layer && first < 0; l++)
         if (model_layer_kind_of(c, l).mixer == MODEL_MIXER_MLA) first = l;
     if (first < 0) return 0;
-    if (N > 1) {
-        sl_seterr(err, errlen,
-                  "cuda: layer %d is MLA, which the GPU backend runs on one GPU only so far "
-                  "(--tensor-parallel-size %d; use 1, or --device cpu)",
-                  first, N);
+    if (c->n_head % N) {
+        sl_seterr(err, errlen, "cuda: layer %d is MLA with %d heads: --tensor-parallel-size %d must divide them",
+                  first, c->n_head, N);
         return SL_EUNSUP;
     }
     if (a->index_topk > 0) {
@@ -52,24 +50,31 @@ static uint16_t to_bf16(float f)
     return (uint16_t)(u >> 16);
 }
 
-/* t (n elements, any dtype: packed and GGUF weights dequantized exactly on
- * the host) into a new device buffer, bf16 (f32: as f32). */
-static int up(const struct model_tensor *t, int64_t n, bool f32, void **dst, char *err, size_t errlen)
+/* Rows [r0, r0 + nr) x columns [c0, c0 + nc) of t, a [rows][cols] matrix
+ * (a vector: rows 1), of any dtype (packed and GGUF weights dequantized
+ * exactly on the host), into a new device buffer [nr][nc], bf16 (f32: as
+ * f32). */
+static int up(const struct model_tensor *t, int64_t rows, int64_t cols, int64_t r0, int64_t nr, int64_t c0,
+              int64_t nc, bool f32, void **dst, char *err, size_t errlen)
 {
     *dst = NULL;
-    if (!t->data || model_tensor_nelem(t) != n) {
+    if (!t->data || model_tensor_nelem(t) != rows * cols) {
         sl_seterr(err, errlen, "cuda: MLA tensor %s: %lld elements, want %lld", t->name ? t->name : "?",
-                  (long long)(t->data ? model_tensor_nelem(t) : 0), (long long)n);
+                  (long long)(t->data ? model_tensor_nelem(t) : 0), (long long)(rows * cols));
         return SL_EFORMAT;
     }
-    float *h = malloc((size_t)n * sizeof *h);
+    int64_t n = nr * nc;
+    float *h = malloc((size_t)(nr * cols) * sizeof *h);
     if (!h) {
         sl_seterr(err, errlen, "out of host memory");
         return SL_ENOMEM;
     }
-    model_tensor_to_f32(t, 0, n, h);
+    model_tensor_to_f32(t, r0 * cols, nr * cols, h);
+    /* in place, row by row: element i of the output never lies after element i of the input */
+    for (int64_t r = 0; r < nr; r++)
+        for (int64_t i = 0; i < nc; i++) h[r * nc + i] = h[r * cols + c0 + i];
     if (!f32) {
-        uint16_t *hb = (uint16_t *)h; /* in place: element i's bf16 goes below element i's f32 */
+        uint16_t *hb = (uint16_t *)h; /* element i's bf16 goes below element i's f32 */
         for (int64_t i = 0; i < n; i++) hb[i] = to_bf16(h[i]);
     }
     size_t bytes = (size_t)n * (f32 ? 4 : 2);
@@ -95,7 +100,7 @@ static int rank_upload(struct rank *k, char *err, size_t errlen)
         return SL_ENOMEM;
     }
     k->mlax = x;
-    size_t T = b->max_tokens, H = c->n_head, C = a->kv_lora_rank, R = a->qk_rope_head_dim, Dn = a->qk_nope_head_dim,
+    size_t T = b->max_tokens, H = (size_t)k->H, C = a->kv_lora_rank, R = a->qk_rope_head_dim, Dn = a->qk_nope_head_dim,
            Dv = a->v_head_dim, QL = a->q_lora_rank > 0 ? a->q_lora_rank : 1, half = R / 2, X = b->max_ctx;
     if (half > 0) {
         size_t ni = (size_t)(c->rope_dim > (int)R ? c->rope_dim : (int)R) / 2;
@@ -150,21 +155,24 @@ int cuda_mla_upload(struct rank *k, int l, char *err, size_t errlen)
         return SL_ENOMEM;
     }
     k->L[l].mla = L;
+    /* tensor parallel: the latent (q_a, kv_a) whole on every rank, heads
+     * [h0, h0 + Hl) of q_b / q and kv_b by rows, their columns of o */
     int64_t E = c->n_embd, H = c->n_head, C = a->kv_lora_rank, R = a->qk_rope_head_dim, Dn = a->qk_nope_head_dim,
-            Dv = a->v_head_dim, QL = a->q_lora_rank, Dq = Dn + R;
+            Dv = a->v_head_dim, QL = a->q_lora_rank, Dq = Dn + R, Hl = k->H, h0 = (int64_t)k->id * Hl;
     int rc;
     if (QL > 0) {
-        if ((rc = up(&w->q_a, QL * E, false, (void **)&L->q_a, err, errlen)) ||
-            (rc = up(&w->q_a_norm, QL, true, (void **)&L->q_a_norm, err, errlen)) ||
-            (rc = up(&w->q_b, H * Dq * QL, false, (void **)&L->q_b, err, errlen)))
+        if ((rc = up(&w->q_a, QL, E, 0, QL, 0, E, false, (void **)&L->q_a, err, errlen)) ||
+            (rc = up(&w->q_a_norm, 1, QL, 0, 1, 0, QL, true, (void **)&L->q_a_norm, err, errlen)) ||
+            (rc = up(&w->q_b, H * Dq, QL, h0 * Dq, Hl * Dq, 0, QL, false, (void **)&L->q_b, err, errlen)))
             return rc;
-    } else if ((rc = up(&w->q, H * Dq * E, false, (void **)&L->q, err, errlen))) {
+    } else if ((rc = up(&w->q, H * Dq, E, h0 * Dq, Hl * Dq, 0, E, false, (void **)&L->q, err, errlen))) {
         return rc;
     }
-    if ((rc = up(&w->kv_a, (C + R) * E, false, (void **)&L->kv_a, err, errlen)) ||
-        (rc = up(&w->kv_a_norm, C, true, (void **)&L->kv_a_norm, err, errlen)) ||
-        (rc = up(&w->kv_b, H * (Dn + Dv) * C, false, (void **)&L->kv_b, err, errlen)) ||
-        (rc = up(&w->o, E * H * Dv, false, (void **)&L->o, err, errlen)))
+    if ((rc = up(&w->kv_a, C + R, E, 0, C + R, 0, E, false, (void **)&L->kv_a, err, errlen)) ||
+        (rc = up(&w->kv_a_norm, 1, C, 0, 1, 0, C, true, (void **)&L->kv_a_norm, err, errlen)) ||
+        (rc = up(&w->kv_b, H * (Dn + Dv), C, h0 * (Dn + Dv), Hl * (Dn + Dv), 0, C, false, (void **)&L->kv_b, err,
+                 errlen)) ||
+        (rc = up(&w->o, E, H * Dv, 0, E, h0 * Dv, Hl * Dv, false, (void **)&L->o, err, errlen)))
         return rc;
     return 0;
 }
@@ -204,8 +212,8 @@ int cuda_mla_mixer(struct rank *k, int l, int T, bool decode, char *err, size_t 
     const struct model_mla_config *a = &c->mla;
     const struct cuda_mla_layer *L = k->L[l].mla;
     struct cuda_mla_rank *x = k->mlax;
-    int E = c->n_embd, H = c->n_head, C = a->kv_lora_rank, R = a->qk_rope_head_dim, Dn = a->qk_nope_head_dim,
-        Dv = a->v_head_dim, QL = a->q_lora_rank, Dq = Dn + R, W = Dn + Dv;
+    int E = c->n_embd, H = k->H, C = a->kv_lora_rank, R = a->qk_rope_head_dim, Dn = a->qk_nope_head_dim,
+        Dv = a->v_head_dim, QL = a->q_lora_rank, Dq = Dn + R, W = Dn + Dv; /* H: this rank's heads */
     float leps = a->latent_norm_eps;
     cudaStream_t st = k->st;
     const int32_t *pos = (const int32_t *)(k->din + b->lay.pos);
@@ -239,8 +247,8 @@ int cuda_mla_mixer(struct rank *k, int l, int T, bool decode, char *err, size_t 
     CB(cublasGemmStridedBatchedEx(k->blas, CUBLAS_OP_T, CUBLAS_OP_N, Dv, T, C, &one, L->kv_b + (size_t)Dn * C,
                                   CUDA_R_16BF, C, (long long)W * C, x->olat, CUDA_R_16BF, H * C, C, &zero, x->att,
                                   CUDA_R_16BF, H * Dv, Dv, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    CB(gemm(k, x->att, L->o, k->delta, false, T, H * Dv, E));
-    return 0;
+    /* this rank's heads' share of o_proj, summed over the ranks into delta */
+    return cuda_proj_rows(k, x->att, L->o, T, H * Dv, E, err, errlen);
 fail:
     return SL_EDEVICE;
 }

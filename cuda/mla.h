@@ -15,8 +15,11 @@
  *
  * The paged entry of a token in an MLA layer is [latent C | k_rope R], bf16
  * (or fp8 e4m3 with --kv-cache-dtype fp8), at the layer's region of k->kv
- * (k->kv_off[l]). Not here yet: the DSA indexer (index_topk > 0 is refused at
- * creation), tensor parallelism (refused), MTP layers (not run by this
+ * (k->kv_off[l]). Tensor parallel (N ranks): the latent projections (q_a,
+ * kv_a) and so the cache entries whole on every rank, the heads split after
+ * them (rows of q_b or q_proj and kv_b, columns of o_proj, whose partial sums
+ * the o projection's all-reduce adds). Not here yet: the DSA indexer
+ * (index_topk > 0 is refused at creation), MTP layers (not run by this
  * backend). */
 #ifndef SLUICE_CUDA_MLA_H
 #define SLUICE_CUDA_MLA_H
@@ -59,7 +62,7 @@ struct cuda_mla_rank {
 
 /* Whether the GPU backend can run c's MLA layers with N ranks and the KV
  * dtype (kv8: fp8 e4m3); 0, or SL_EUNSUP with a message naming what is
- * missing (the DSA indexer, TP > 1, shapes the kernels do not take). */
+ * missing (the DSA indexer, heads N does not divide, shapes the kernels do not take). */
 int cuda_mla_check(const struct model_config *c, int N, char *err, size_t errlen);
 /* Uploads layer l's MLA weights to rank k (k->L[l].mla, owned) and, at the
  * first MLA layer, the rank's tables and scratch (k->mlax). 0 or an error. */

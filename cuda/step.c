@@ -328,6 +328,13 @@ fail:
     return SL_EDEVICE;
 }
 
+int cuda_proj_rows(struct rank *k, const uint16_t *x, const uint16_t *W, int T, int in, int E, char *err,
+                   size_t errlen)
+{
+    const struct qproj dense = {0};
+    return proj_rows(k, x, &dense, W, T, in, E, 0, false, err, errlen);
+}
+
 /* Enqueues rank k's whole forward pass for T tokens (some maybe padding), R
  * logit rows, and max_items attention items, up to the greedy tokens. */
 static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, char *err, size_t errlen)

@@ -17,7 +17,8 @@
 #   gate|up GEMM on every step of 5+ tokens; the engine suite on an MLA model
 #   (tests/models/mla/dsv3-qlora), bf16 and fp8; with 2+ GPUs, test_gpu_e2e at
 #   TP=2 against the CPU and against one GPU (it also makes a rank fail and
-#   checks that the others stop) and the engine suite on tiny-qwen3 at TP=2,
+#   checks that the others stop) and the engine suite on tiny-qwen3 and on
+#   dsv3-qlora at TP=2,
 #   each again with the fused GEMM; then, with the default model in models/
 #   and the openai module, the Python integration tests (all but
 #   test_chat_rules.py, which pins --device cpu) against servers on the GPU
@@ -126,6 +127,7 @@ check() {
             runs+=("SLUICE_TEST_TP=2 $B/tests/gpu/test_gpu_e2e"
                    "SLUICE_TEST_TP=2 SLUICE_TEST_REF=cuda $B/tests/gpu/test_gpu_e2e"
                    "SLUICE_TEST_TP=2 $e $B/tests/test_engine"
+                   "SLUICE_TEST_TP=2 $emla $B/tests/test_engine"
                    "SLUICE_TEST_TP=2 $B/tests/gpu/test_gpu_e2e --gemm-wg-min-t=1"
                    "SLUICE_TEST_TP=2 $e $B/tests/test_engine --gemm-wg-min-t=1")
         fi

@@ -432,8 +432,6 @@ static void run_model(const char *name, const char *path, const char *golden, do
     if (!g_gpu && g_tp > 1 && strstr(err, "cuts its quantization groups")) {
         /* a row-parallel shard of a packed weight must start at a group boundary: refused, as it should be */
         printf("note: %s refused at TP=%d: %s\n", name, g_tp, err);
-    } else if (!g_gpu && g_tp > 1 && strstr(err, "is MLA, which the GPU backend runs on one GPU only")) {
-        printf("note: %s refused at TP=%d: %s\n", name, g_tp, err); /* MLA's head split is not built yet */
     } else if (!g_cpu || !g_gpu || g_cpu->ops->kv_alloc(g_cpu, MAXP * REGION, BLOCK, err, sizeof err) ||
         g_gpu->ops->kv_alloc(g_gpu, MAXP * REGION, BLOCK, err, sizeof err)) {
         printf("  backends: %s\n", err);
