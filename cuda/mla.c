@@ -22,12 +22,14 @@ int cuda_mla_check(const struct model_config *c, int N, char *err, size_t errlen
                   first, c->n_head, N);
         return SL_EUNSUP;
     }
-    if (a->index_topk > 0) {
+    if (a->index_topk > 0 && (a->index_kpool > 0 || a->q_lora_rank <= 0 || a->index_head_dim > 256 ||
+                              a->index_head_dim < a->qk_rope_head_dim ||
+                              ((size_t)a->index_n_heads * a->index_head_dim + a->index_n_heads) * 4 > 48 * 1024)) {
         sl_seterr(err, errlen,
-                  "cuda: layer %d is MLA with the DSA indexer (index_topk %d), which the GPU backend does not run "
-                  "yet: --hf-overrides '{\"index_topk\": null}' (glm5_next: '{\"text_config\": {\"index_topk\": "
+                  "cuda: layer %d is MLA with a DSA indexer the GPU backend does not run yet (%s): "
+                  "--hf-overrides '{\"index_topk\": null}' (glm5_next: '{\"text_config\": {\"index_topk\": "
                   "null}}') makes it dense MLA, or use --device cpu",
-                  first, a->index_topk);
+                  first, a->index_kpool > 0 ? "k-pools" : "its shape");
         return SL_EUNSUP;
     }
     if (a->kv_lora_rank <= 0 || a->kv_lora_rank > CUDA_MLA_MAX_C || a->qk_rope_head_dim % 2 ||
@@ -139,6 +141,17 @@ static int rank_upload(struct rank *k, char *err, size_t errlen)
         cuda_dmalloc((void **)&x->olat, T * H * C * 2, err, errlen) ||
         cuda_dmalloc((void **)&x->att, T * H * Dv * 2, err, errlen))
         return SL_ENOMEM;
+    if (a->index_topk > 0) {
+        size_t IH = a->index_n_heads, ID = a->index_head_dim;
+        x->K = a->index_topk < b->max_ctx ? a->index_topk : b->max_ctx;
+        if (cuda_dmalloc((void **)&x->ixq, T * IH * ID * 4, err, errlen) ||
+            cuda_dmalloc((void **)&x->ixk, T * ID * 4, err, errlen) ||
+            cuda_dmalloc((void **)&x->ixw, T * IH * 4, err, errlen) ||
+            cuda_dmalloc((void **)&x->ixs, T * X * 4, err, errlen) ||
+            cuda_dmalloc((void **)&x->sel, T * (size_t)x->K * 4, err, errlen) ||
+            cuda_dmalloc((void **)&x->nsel, T * 4, err, errlen))
+            return SL_ENOMEM;
+    }
     return 0;
 }
 
@@ -174,6 +187,17 @@ int cuda_mla_upload(struct rank *k, int l, char *err, size_t errlen)
                  errlen)) ||
         (rc = up(&w->o, E, H * Dv, 0, E, h0 * Dv, Hl * Dv, false, (void **)&L->o, err, errlen)))
         return rc;
+    L->W = (int)model_kv_token_elems(c, l);
+    L->ix = a->index_topk > 0 && a->index_full && l < c->n_layer && a->index_full[l];
+    if (L->ix) {
+        int64_t IH = a->index_n_heads, ID = a->index_head_dim;
+        if ((rc = up(&w->ix_wq_b, IH * ID, QL, 0, IH * ID, 0, QL, false, (void **)&L->ix_wq_b, err, errlen)) ||
+            (rc = up(&w->ix_wk, ID, E, 0, ID, 0, E, false, (void **)&L->ix_wk, err, errlen)) ||
+            (rc = up(&w->ix_weights, IH, E, 0, IH, 0, E, false, (void **)&L->ix_w, err, errlen)) ||
+            (rc = up(&w->ix_k_norm, 1, ID, 0, 1, 0, ID, true, (void **)&L->ix_kn, err, errlen)) ||
+            (rc = up(&w->ix_k_norm_b, 1, ID, 0, 1, 0, ID, true, (void **)&L->ix_kb, err, errlen)))
+            return rc;
+    }
     return 0;
 }
 
@@ -183,6 +207,7 @@ void cuda_mla_free(struct rank *k, int l)
     if (L) {
         cudaFree(L->q_a), cudaFree(L->q_b), cudaFree(L->q), cudaFree(L->kv_a), cudaFree(L->kv_b), cudaFree(L->o);
         cudaFree(L->q_a_norm), cudaFree(L->kv_a_norm);
+        cudaFree(L->ix_wq_b), cudaFree(L->ix_wk), cudaFree(L->ix_w), cudaFree(L->ix_kn), cudaFree(L->ix_kb);
         free(L);
         k->L[l].mla = NULL;
     }
@@ -190,6 +215,7 @@ void cuda_mla_free(struct rank *k, int l)
     if (x && l == k->b->c.n_layer - 1) {
         cudaFree(x->rcos), cudaFree(x->rsin), cudaFree(x->qa), cudaFree(x->qan), cudaFree(x->q), cudaFree(x->qn);
         cudaFree(x->kva), cudaFree(x->qlat), cudaFree(x->olat), cudaFree(x->att);
+        cudaFree(x->ixq), cudaFree(x->ixk), cudaFree(x->ixw), cudaFree(x->ixs), cudaFree(x->sel), cudaFree(x->nsel);
         free(x);
         k->mlax = NULL;
     }
@@ -229,18 +255,35 @@ int cuda_mla_mixer(struct rank *k, int l, int T, bool decode, char *err, size_t 
     struct cuda_mla_kv_args ka = {
         .q = x->q, .qn = x->qn, .kva = x->kva, .kv_norm = L->kv_a_norm, .cos = x->rcos, .sin = x->rsin,
         .pos = pos, .slots = (const int64_t *)(k->din + b->lay.slots), .cache = cache, .T = T, .H = H, .Dn = Dn,
-        .R = R, .C = C, .eps = leps, .interleave = a->rope_interleave, .kv8 = b->kv8,
+        .R = R, .C = C, .W = L->W, .eps = leps, .interleave = a->rope_interleave, .kv8 = b->kv8,
     };
     CK(cuda_mla_kv_write(&ka, st));
+    const int32_t *tok_bt = (const int32_t *)(k->din + b->lay.tok_bt), *bt = (const int32_t *)(k->din + b->lay.bt);
+    if (L->ix) {
+        /* every key of the step is in the cache before any query scores them (one kernel after another) */
+        int IH = a->index_n_heads, ID = a->index_head_dim;
+        CB(gemm(k, x->qan, L->ix_wq_b, x->ixq, true, T, QL, IH * ID));
+        CB(gemm(k, k->xn, L->ix_wk, x->ixk, true, T, E, ID));
+        CB(gemm(k, k->xn, L->ix_w, x->ixw, true, T, E, IH));
+        struct cuda_mla_ix_args ia = {
+            .q = x->ixq, .k = x->ixk, .w = x->ixw, .kn = L->ix_kn, .kb = L->ix_kb, .cos = x->rcos, .sin = x->rsin,
+            .pos = pos, .tok_bt = tok_bt, .bt = bt, .slots = ka.slots, .cache = cache, .scores = x->ixs,
+            .sel = x->sel, .nsel = x->nsel, .T = T, .IH = IH, .ID = ID, .R = R, .C = C, .W = L->W, .K = x->K,
+            .max_ctx = b->max_ctx, .block_size = b->block_size, .kv8 = b->kv8,
+        };
+        CK(cuda_mla_indexer(&ia, st));
+    }
     const float one = 1.0f, zero = 0.0f;
     /* q_lat[t][h] = W_K,h^T q_nope[t][h]: per head (C x Dn, column-major view of W_K,h) x (Dn x T) */
     CB(cublasGemmStridedBatchedEx(k->blas, CUBLAS_OP_N, CUBLAS_OP_N, C, T, Dn, &one, L->kv_b, CUDA_R_16BF, C,
                                   (long long)W * C, x->qn, CUDA_R_16BF, H * Dn, Dn, &zero, x->qlat, CUDA_R_32F, H * C,
                                   C, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     struct cuda_mla_attn_args aa = {
-        .qlat = x->qlat, .q = x->q, .cache = cache, .pos = pos, .tok_bt = (const int32_t *)(k->din + b->lay.tok_bt),
-        .bt = (const int32_t *)(k->din + b->lay.bt), .olat = x->olat, .T = T, .H = H, .Dn = Dn, .R = R, .C = C,
-        .block_size = b->block_size, .scale = a->softmax_scale, .kv8 = b->kv8,
+        .qlat = x->qlat, .q = x->q, .cache = cache, .pos = pos, .tok_bt = tok_bt, .bt = bt,
+        /* with the indexer on, every layer attends the keys of the last layer that chose (shared layers too) */
+        .sel = x->K > 0 ? x->sel : NULL, .nsel = x->K > 0 ? x->nsel : NULL, .olat = x->olat, .T = T, .H = H,
+        .Dn = Dn, .R = R, .C = C, .W = L->W, .K = x->K, .block_size = b->block_size, .scale = a->softmax_scale,
+        .kv8 = b->kv8,
     };
     CK(cuda_mla_attention(&aa, st));
     /* att[t][h] = W_V,h o_lat[t][h]: per head (Dv x C) x (C x T) */

@@ -15,12 +15,13 @@
  *
  * The paged entry of a token in an MLA layer is [latent C | k_rope R], bf16
  * (or fp8 e4m3 with --kv-cache-dtype fp8), at the layer's region of k->kv
- * (k->kv_off[l]). Tensor parallel (N ranks): the latent projections (q_a,
+ * (k->kv_off[l]), and with the DSA indexer the layer's LayerNormed, rotated
+ * indexer key after them. Tensor parallel (N ranks): the latent projections (q_a,
  * kv_a) and so the cache entries whole on every rank, the heads split after
  * them (rows of q_b or q_proj and kv_b, columns of o_proj, whose partial sums
- * the o projection's all-reduce adds). Not here yet: the DSA indexer
- * (index_topk > 0 is refused at creation), MTP layers (not run by this
- * backend). */
+ * the o projection's all-reduce adds); the indexer whole on every rank. Not
+ * here yet: glm5_next's k-pool indexer (refused at creation), MTP layers
+ * (not run by this backend). */
 #ifndef SLUICE_CUDA_MLA_H
 #define SLUICE_CUDA_MLA_H
 
@@ -44,6 +45,11 @@ struct cuda_mla_layer {
     uint16_t *kv_b;              /* [H (Dn + Dv)][C]: per head Dn K rows then Dv V rows */
     uint16_t *o;                 /* [E][H Dv] */
     float *q_a_norm, *kv_a_norm; /* [QL], [C] */
+    int W;                       /* values of a paged entry: C + R (+ ID where it runs the indexer) */
+    /* the DSA indexer (glm_moe_dsa, index_topk > 0, the layers that run their own), whole on every rank */
+    bool ix;
+    uint16_t *ix_wq_b, *ix_wk, *ix_w; /* [IH ID][QL], [ID][E], [IH][E] */
+    float *ix_kn, *ix_kb;        /* [ID] the key's LayerNorm weight and bias */
 };
 
 /* Per rank: the RoPE tables (cos and sin times the YaRN attention factor,
@@ -58,6 +64,13 @@ struct cuda_mla_rank {
     float *qlat;                 /* [H][C] f32 */
     uint16_t *olat;              /* [H][C] bf16: the weighted latent sums */
     uint16_t *att;               /* [H][Dv] bf16 */
+    /* the indexer (index_topk > 0): K keys a query attends at most; a shared layer reuses the
+     * choice of the last layer that ran its own (sel and nsel stay from it) */
+    int K;
+    float *ixq, *ixk, *ixw;      /* [IH][ID], [ID], [IH] f32 */
+    float *ixs;                  /* [max_ctx] f32: each query's key scores */
+    int32_t *sel;                /* [K]: each query's chosen keys, ascending */
+    int32_t *nsel;               /* their count, or -1: every key 0..pos */
 };
 
 /* Whether the GPU backend can run c's MLA layers with N ranks and the KV
@@ -89,8 +102,8 @@ struct cuda_mla_kv_args {
     const float *cos, *sin;      /* [max_ctx][R/2] (NULL when R == 0) */
     const int32_t *pos;          /* [T] */
     const int64_t *slots;        /* [T] */
-    void *cache;                 /* the layer's [slots][C + R], bf16 or e4m3 bytes */
-    int T, H, Dn, R, C;
+    void *cache;                 /* the layer's [slots][W], bf16 or e4m3 bytes */
+    int T, H, Dn, R, C, W;       /* W: values of an entry (C + R, + ID with the indexer) */
     float eps;
     bool interleave, kv8;
 };
@@ -101,17 +114,39 @@ cudaError_t cuda_mla_kv_write(const struct cuda_mla_kv_args *a, cudaStream_t st)
 struct cuda_mla_attn_args {
     const float *qlat;           /* [T][H][C] */
     const float *q;              /* [T][H][Dn + R]: the rope parts read */
-    const void *cache;           /* the layer's [slots][C + R] */
+    const void *cache;           /* the layer's [slots][W] */
     const int32_t *pos;          /* [T] */
     const int32_t *tok_bt;       /* [T] where token t's block table starts in bt */
     const int32_t *bt;
+    const int32_t *sel, *nsel;   /* the indexer's choice ([T][K], [T]: -1 every key), or NULL: keys 0..pos */
     uint16_t *olat;              /* [T][H][C] out */
-    int T, H, Dn, R, C, block_size;
+    int T, H, Dn, R, C, W, K, block_size;
     float scale;
     bool kv8;
 };
 /* One block per (token, head): keys 0..pos[t] of its sequence, online softmax in f32. */
 cudaError_t cuda_mla_attention(const struct cuda_mla_attn_args *a, cudaStream_t st);
+struct cuda_mla_ix_args {
+    float *q;                    /* [T][IH][ID] f32: rope on the first R dims of each head, in place */
+    const float *k;              /* [T][ID] f32: wk's output */
+    float *w;                    /* [T][IH] f32: weights_proj's output, scaled by IH^-1/2 in place */
+    const float *kn, *kb;        /* [ID] LayerNorm weight and bias */
+    const float *cos, *sin;      /* [max_ctx][R/2] */
+    const int32_t *pos, *tok_bt, *bt;
+    const int64_t *slots;
+    void *cache;                 /* the layer's [slots][W]: the key at C + R */
+    float *scores;               /* [T][max_ctx] scratch */
+    int32_t *sel, *nsel;         /* [T][K], [T] out */
+    int T, IH, ID, R, C, W, K, max_ctx, block_size;
+    bool kv8;
+};
+/* The DSA indexer (GlmMoeDsaIndexer as cpu_mla.c computes it): each token's
+ * key LayerNormed and rotated into its entry; then per query the score of
+ * key j <= pos, sum_h w_h relu(q_h . k_j / sqrt(ID)), and the K best keys
+ * (ties to the earlier position) in ascending order, or nsel -1 where pos
+ * + 1 <= K. */
+cudaError_t cuda_mla_indexer(const struct cuda_mla_ix_args *a, cudaStream_t st);
+
 /* C values a thread block of the attention keeps (C <= this). */
 #define CUDA_MLA_MAX_C 1024
 
