@@ -278,10 +278,13 @@ int cuda_mla_mixer(struct rank *k, int l, int T, bool decode, char *err, size_t 
     CB(cublasGemmStridedBatchedEx(k->blas, CUBLAS_OP_N, CUBLAS_OP_N, C, T, Dn, &one, L->kv_b, CUDA_R_16BF, C,
                                   (long long)W * C, x->qn, CUDA_R_16BF, H * Dn, Dn, &zero, x->qlat, CUDA_R_32F, H * C,
                                   C, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    /* the choice a layer attends: its own, or the last full layer's before it in this step (none yet: every key) */
+    bool chosen = false;
+    for (int i = 0; i <= l && x->K > 0 && !chosen; i++) chosen = k->L[i].mla && k->L[i].mla->ix;
     struct cuda_mla_attn_args aa = {
         .qlat = x->qlat, .q = x->q, .cache = cache, .pos = pos, .tok_bt = tok_bt, .bt = bt,
         /* with the indexer on, every layer attends the keys of the last layer that chose (shared layers too) */
-        .sel = x->K > 0 ? x->sel : NULL, .nsel = x->K > 0 ? x->nsel : NULL, .olat = x->olat, .T = T, .H = H,
+        .sel = chosen ? x->sel : NULL, .nsel = chosen ? x->nsel : NULL, .olat = x->olat, .T = T, .H = H,
         .Dn = Dn, .R = R, .C = C, .W = L->W, .K = x->K, .block_size = b->block_size, .scale = a->softmax_scale,
         .kv8 = b->kv8,
     };
