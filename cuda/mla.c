@@ -22,14 +22,15 @@ int cuda_mla_check(const struct model_config *c, int N, char *err, size_t errlen
                   first, c->n_head, N);
         return SL_EUNSUP;
     }
-    if (a->index_topk > 0 && (a->index_kpool > 0 || a->q_lora_rank <= 0 || a->index_head_dim > 256 ||
+    if (a->index_topk > 0 && (a->q_lora_rank <= 0 || a->index_head_dim > 256 ||
+                              (a->index_kpool > 0 && a->index_topk < a->index_kpool) ||
                               a->index_head_dim < a->qk_rope_head_dim ||
                               ((size_t)a->index_n_heads * a->index_head_dim + a->index_n_heads) * 4 > 48 * 1024)) {
         sl_seterr(err, errlen,
                   "cuda: layer %d is MLA with a DSA indexer the GPU backend does not run yet (%s): "
                   "--hf-overrides '{\"index_topk\": null}' (glm5_next: '{\"text_config\": {\"index_topk\": "
                   "null}}') makes it dense MLA, or use --device cpu",
-                  first, a->index_kpool > 0 ? "k-pools" : "its shape");
+                  first, "its shape");
         return SL_EUNSUP;
     }
     if (a->kv_lora_rank <= 0 || a->kv_lora_rank > CUDA_MLA_MAX_C || a->qk_rope_head_dim % 2 ||
@@ -144,12 +145,14 @@ static int rank_upload(struct rank *k, char *err, size_t errlen)
     if (a->index_topk > 0) {
         size_t IH = a->index_n_heads, ID = a->index_head_dim;
         x->K = a->index_topk < b->max_ctx ? a->index_topk : b->max_ctx;
+        x->KS = x->K + (a->index_kpool > 0 ? a->index_kpool : 0);
         if (cuda_dmalloc((void **)&x->ixq, T * IH * ID * 4, err, errlen) ||
             cuda_dmalloc((void **)&x->ixk, T * ID * 4, err, errlen) ||
             cuda_dmalloc((void **)&x->ixw, T * IH * 4, err, errlen) ||
             cuda_dmalloc((void **)&x->ixs, T * X * 4, err, errlen) ||
-            cuda_dmalloc((void **)&x->sel, T * (size_t)x->K * 4, err, errlen) ||
-            cuda_dmalloc((void **)&x->nsel, T * 4, err, errlen))
+            cuda_dmalloc((void **)&x->sel, T * (size_t)x->KS * 4, err, errlen) ||
+            cuda_dmalloc((void **)&x->nsel, T * 4, err, errlen) ||
+            (a->index_kpool > 0 && cuda_dmalloc((void **)&x->ixg, T * ID * 4, err, errlen)))
             return SL_ENOMEM;
     }
     return 0;
@@ -197,6 +200,11 @@ int cuda_mla_upload(struct rank *k, int l, char *err, size_t errlen)
             (rc = up(&w->ix_k_norm, 1, ID, 0, 1, 0, ID, true, (void **)&L->ix_kn, err, errlen)) ||
             (rc = up(&w->ix_k_norm_b, 1, ID, 0, 1, 0, ID, true, (void **)&L->ix_kb, err, errlen)))
             return rc;
+        int64_t KP = a->index_kpool;
+        if (KP > 0 &&
+            ((rc = up(&w->ix_kpool_gate, ID, E, 0, ID, 0, E, false, (void **)&L->ix_gate, err, errlen)) ||
+             (rc = up(&w->ix_kpool_ape, KP, ID, 0, KP, 0, ID, true, (void **)&L->ix_ape, err, errlen))))
+            return rc;
     }
     return 0;
 }
@@ -208,6 +216,7 @@ void cuda_mla_free(struct rank *k, int l)
         cudaFree(L->q_a), cudaFree(L->q_b), cudaFree(L->q), cudaFree(L->kv_a), cudaFree(L->kv_b), cudaFree(L->o);
         cudaFree(L->q_a_norm), cudaFree(L->kv_a_norm);
         cudaFree(L->ix_wq_b), cudaFree(L->ix_wk), cudaFree(L->ix_w), cudaFree(L->ix_kn), cudaFree(L->ix_kb);
+        cudaFree(L->ix_gate), cudaFree(L->ix_ape);
         free(L);
         k->L[l].mla = NULL;
     }
@@ -216,6 +225,7 @@ void cuda_mla_free(struct rank *k, int l)
         cudaFree(x->rcos), cudaFree(x->rsin), cudaFree(x->qa), cudaFree(x->qan), cudaFree(x->q), cudaFree(x->qn);
         cudaFree(x->kva), cudaFree(x->qlat), cudaFree(x->olat), cudaFree(x->att);
         cudaFree(x->ixq), cudaFree(x->ixk), cudaFree(x->ixw), cudaFree(x->ixs), cudaFree(x->sel), cudaFree(x->nsel);
+        cudaFree(x->ixg);
         free(x);
         k->mlax = NULL;
     }
@@ -265,11 +275,14 @@ int cuda_mla_mixer(struct rank *k, int l, int T, bool decode, char *err, size_t 
         CB(gemm(k, x->qan, L->ix_wq_b, x->ixq, true, T, QL, IH * ID));
         CB(gemm(k, k->xn, L->ix_wk, x->ixk, true, T, E, ID));
         CB(gemm(k, k->xn, L->ix_w, x->ixw, true, T, E, IH));
+        if (L->ix_gate) CB(gemm(k, k->xn, L->ix_gate, x->ixg, true, T, E, ID));
         struct cuda_mla_ix_args ia = {
-            .q = x->ixq, .k = x->ixk, .w = x->ixw, .kn = L->ix_kn, .kb = L->ix_kb, .cos = x->rcos, .sin = x->rsin,
+            .q = x->ixq, .k = x->ixk, .g = L->ix_gate ? x->ixg : NULL, .ape = L->ix_ape, .w = x->ixw, .kn = L->ix_kn, .kb = L->ix_kb, .cos = x->rcos, .sin = x->rsin,
             .pos = pos, .tok_bt = tok_bt, .bt = bt, .slots = ka.slots, .cache = cache, .scores = x->ixs,
             .sel = x->sel, .nsel = x->nsel, .T = T, .IH = IH, .ID = ID, .R = R, .C = C, .W = L->W, .K = x->K,
-            .max_ctx = b->max_ctx, .block_size = b->block_size, .kv8 = b->kv8,
+            .KS = x->KS, .max_ctx = b->max_ctx, .block_size = b->block_size, .KP = a->index_kpool,
+            .want = a->index_kpool > 0 ? a->index_topk / a->index_kpool : 0, .tail = a->index_kpool_tail,
+            .kv8 = b->kv8,
         };
         CK(cuda_mla_indexer(&ia, st));
     }
@@ -285,7 +298,7 @@ int cuda_mla_mixer(struct rank *k, int l, int T, bool decode, char *err, size_t 
         .qlat = x->qlat, .q = x->q, .cache = cache, .pos = pos, .tok_bt = tok_bt, .bt = bt,
         /* with the indexer on, every layer attends the keys of the last layer that chose (shared layers too) */
         .sel = chosen ? x->sel : NULL, .nsel = chosen ? x->nsel : NULL, .olat = x->olat, .T = T, .H = H,
-        .Dn = Dn, .R = R, .C = C, .W = L->W, .K = x->K, .block_size = b->block_size, .scale = a->softmax_scale,
+        .Dn = Dn, .R = R, .C = C, .W = L->W, .K = x->KS, .block_size = b->block_size, .scale = a->softmax_scale,
         .kv8 = b->kv8,
     };
     CK(cuda_mla_attention(&aa, st));

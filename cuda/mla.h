@@ -20,8 +20,7 @@
  * kv_a) and so the cache entries whole on every rank, the heads split after
  * them (rows of q_b or q_proj and kv_b, columns of o_proj, whose partial sums
  * the o projection's all-reduce adds); the indexer whole on every rank. Not
- * here yet: glm5_next's k-pool indexer (refused at creation), MTP layers
- * (not run by this backend). */
+ * here: MTP layers (not run by this backend). */
 #ifndef SLUICE_CUDA_MLA_H
 #define SLUICE_CUDA_MLA_H
 
@@ -49,7 +48,9 @@ struct cuda_mla_layer {
     /* the DSA indexer (glm_moe_dsa, index_topk > 0, the layers that run their own), whole on every rank */
     bool ix;
     uint16_t *ix_wq_b, *ix_wk, *ix_w; /* [IH ID][QL], [ID][E], [IH][E] */
+    uint16_t *ix_gate;           /* [ID][E] k-pools' gate (index_kpool > 0), else NULL */
     float *ix_kn, *ix_kb;        /* [ID] the key's LayerNorm weight and bias */
+    float *ix_ape;               /* [KP][ID] k-pools' position bias, else NULL */
 };
 
 /* Per rank: the RoPE tables (cos and sin times the YaRN attention factor,
@@ -66,10 +67,10 @@ struct cuda_mla_rank {
     uint16_t *att;               /* [H][Dv] bf16 */
     /* the indexer (index_topk > 0): K keys a query attends at most; a shared layer reuses the
      * choice of the last layer that ran its own (sel and nsel stay from it) */
-    int K;
-    float *ixq, *ixk, *ixw;      /* [IH][ID], [ID], [IH] f32 */
-    float *ixs;                  /* [max_ctx] f32: each query's key scores */
-    int32_t *sel;                /* [K]: each query's chosen keys, ascending */
+    int K, KS;                   /* KS: a query's room in sel, K (+ KP with k-pools) */
+    float *ixq, *ixk, *ixw, *ixg; /* [IH][ID], [ID], [IH], [ID] (k-pools' gate scores) f32 */
+    float *ixs;                  /* [max_ctx] f32: each query's key (or pool) scores */
+    int32_t *sel;                /* [KS]: each query's chosen keys, ascending */
     int32_t *nsel;               /* their count, or -1: every key 0..pos */
 };
 
@@ -120,7 +121,7 @@ struct cuda_mla_attn_args {
     const int32_t *bt;
     const int32_t *sel, *nsel;   /* the indexer's choice ([T][K], [T]: -1 every key), or NULL: keys 0..pos */
     uint16_t *olat;              /* [T][H][C] out */
-    int T, H, Dn, R, C, W, K, block_size;
+    int T, H, Dn, R, C, W, K, block_size; /* K: sel's row stride */
     float scale;
     bool kv8;
 };
@@ -129,6 +130,8 @@ cudaError_t cuda_mla_attention(const struct cuda_mla_attn_args *a, cudaStream_t 
 struct cuda_mla_ix_args {
     float *q;                    /* [T][IH][ID] f32: rope on the first R dims of each head, in place */
     const float *k;              /* [T][ID] f32: wk's output */
+    const float *g;              /* [T][ID] f32: k-pools' gate scores, into the entry after the key; else NULL */
+    const float *ape;            /* [KP][ID] k-pools' position bias */
     float *w;                    /* [T][IH] f32: weights_proj's output, scaled by IH^-1/2 in place */
     const float *kn, *kb;        /* [ID] LayerNorm weight and bias */
     const float *cos, *sin;      /* [max_ctx][R/2] */
@@ -136,15 +139,19 @@ struct cuda_mla_ix_args {
     const int64_t *slots;
     void *cache;                 /* the layer's [slots][W]: the key at C + R */
     float *scores;               /* [T][max_ctx] scratch */
-    int32_t *sel, *nsel;         /* [T][K], [T] out */
-    int T, IH, ID, R, C, W, K, max_ctx, block_size;
-    bool kv8;
+    int32_t *sel, *nsel;         /* [T][KS], [T] out */
+    int T, IH, ID, R, C, W, K, KS, max_ctx, block_size;
+    int KP, want;                /* k-pools (glm5_next): pool size, pools chosen (index_topk / KP); KP 0: keys */
+    bool tail, kv8;              /* tail: the query's own incomplete pool joins its choice */
 };
 /* The DSA indexer (GlmMoeDsaIndexer as cpu_mla.c computes it): each token's
  * key LayerNormed and rotated into its entry; then per query the score of
  * key j <= pos, sum_h w_h relu(q_h . k_j / sqrt(ID)), and the K best keys
  * (ties to the earlier position) in ascending order, or nsel -1 where pos
- * + 1 <= K. */
+ * + 1 <= K. With k-pools (KP > 0, Glm5NextTextIndexer) the scored keys are
+ * the whole pools ending at or before pos (a pool's key per channel the
+ * softmax over its tokens of gate + ape weighing their keys), the want best
+ * pools' tokens chosen, then (tail) the query's own incomplete pool. */
 cudaError_t cuda_mla_indexer(const struct cuda_mla_ix_args *a, cudaStream_t st);
 
 /* C values a thread block of the attention keeps (C <= this). */

@@ -151,7 +151,7 @@ static __global__ void __launch_bounds__(THREADS) attn_kernel(struct cuda_mla_at
         __syncthreads(); /* sc and pv are rewritten by the next tile */
     }
     uint16_t *o = a.olat + ((size_t)t * a.H + h) * C;
-    float il = 1.0f / l;
+    float il = l > 0.0f ? 1.0f / l : 0.0f; /* no key chosen (k-pools without a tail, before the first pool): 0 */
 #pragma unroll
     for (int k = 0; k < CPT; k++) {
         int c = threadIdx.x + k * THREADS;
@@ -191,6 +191,8 @@ static __global__ void ix_prep_kernel(struct cuda_mla_ix_args a)
     __syncthreads();
     size_t e0 = (size_t)a.slots[t] * a.W + a.C + a.R;
     for (int i = threadIdx.x; i < ID; i += blockDim.x) st_kv(a.cache, e0 + i, kk[i], a.kv8);
+    if (a.g)
+        for (int i = threadIdx.x; i < ID; i += blockDim.x) st_kv(a.cache, e0 + ID + i, a.g[(size_t)t * ID + i], a.kv8);
     float *q = a.q + (size_t)t * a.IH * ID;
     for (int j = threadIdx.x; j < a.IH * half; j += blockDim.x)
         rope_pair(q + (size_t)(j / half) * ID, j % half, a.R, true, cs[j % half], sn[j % half]);
@@ -208,14 +210,42 @@ static __global__ void ix_score_kernel(struct cuda_mla_ix_args a)
     for (int i = threadIdx.x; i < IH * ID; i += blockDim.x) q[i] = a.q[(size_t)t * IH * ID + i];
     for (int i = threadIdx.x; i < IH; i += blockDim.x) w[i] = a.w[(size_t)t * IH + i];
     __syncthreads();
-    int n = a.pos[t] + 1, bs = a.block_size;
+    int KP = a.KP, n = KP > 0 ? (a.pos[t] + 1) / KP : a.pos[t] + 1, bs = a.block_size;
     const int32_t *bt = a.bt + a.tok_bt[t];
     float sc = rsqrtf((float)ID);
-    for (int j = wp; j < n; j += nw) {
-        size_t e = ((size_t)bt[j / bs] * bs + j % bs) * a.W + a.C + a.R;
+    for (int j = wp; j < n; j += nw) { /* key j, or pool j */
         float kr[8]; /* dims lane, lane + 32, ... (ID <= 256) */
+        if (KP == 0) {
+            size_t e = ((size_t)bt[j / bs] * bs + j % bs) * a.W + a.C + a.R;
 #pragma unroll
-        for (int u = 0; u < 8; u++) kr[u] = lane + 32 * u < ID ? ld_kv(a.cache, e + lane + 32 * u, a.kv8) : 0.0f;
+            for (int u = 0; u < 8; u++) kr[u] = lane + 32 * u < ID ? ld_kv(a.cache, e + lane + 32 * u, a.kv8) : 0.0f;
+        } else {
+            /* the pool's key, channel by channel as cpu_mla.c's pool_keys */
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                int d = lane + 32 * u;
+                kr[u] = 0.0f;
+                if (d >= ID) continue;
+                float mx = -INFINITY, sum = 0.0f, v = 0.0f;
+                for (int i = 0; i < KP; i++) {
+                    int p = j * KP + i;
+                    size_t e = ((size_t)bt[p / bs] * bs + p % bs) * a.W + a.C + a.R;
+                    mx = fmaxf(mx, ld_kv(a.cache, e + ID + d, a.kv8) + a.ape[i * ID + d]);
+                }
+                for (int i = 0; i < KP; i++) {
+                    int p = j * KP + i;
+                    size_t e = ((size_t)bt[p / bs] * bs + p % bs) * a.W + a.C + a.R;
+                    sum += __expf(ld_kv(a.cache, e + ID + d, a.kv8) + a.ape[i * ID + d] - mx);
+                }
+                for (int i = 0; i < KP; i++) {
+                    int p = j * KP + i;
+                    size_t e = ((size_t)bt[p / bs] * bs + p % bs) * a.W + a.C + a.R;
+                    float w = __expf(ld_kv(a.cache, e + ID + d, a.kv8) + a.ape[i * ID + d] - mx);
+                    v += w / sum * ld_kv(a.cache, e + d, a.kv8);
+                }
+                kr[u] = v;
+            }
+        }
         float v = 0.0f;
         for (int h = 0; h < IH; h++) {
             float d = 0.0f;
@@ -243,9 +273,18 @@ static __global__ void __launch_bounds__(THREADS) ix_topk_kernel(struct cuda_mla
 {
     __shared__ float sh[32];
     __shared__ int wt[THREADS / 32], wk[THREADS / 32];
-    int t = blockIdx.x, n = a.pos[t] + 1, K = a.K, lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
+    /* n candidates (keys, or whole pools of KP keys), K of them chosen */
+    int t = blockIdx.x, pos = a.pos[t], KP = a.KP > 0 ? a.KP : 1, n = (pos + 1) / KP, K = a.KP > 0 ? a.want : a.K;
+    int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
+    bool tail = a.KP > 0 && a.tail;
+    int32_t *out = a.sel + (size_t)t * a.KS;
     if (n <= K) {
-        if (threadIdx.x == 0) a.nsel[t] = -1;
+        if (a.KP == 0 || tail) { /* every key 0..pos */
+            if (threadIdx.x == 0) a.nsel[t] = -1;
+            return;
+        }
+        for (int j = threadIdx.x; j < n * KP; j += THREADS) out[j] = j; /* the whole pools, no tail */
+        if (threadIdx.x == 0) a.nsel[t] = n * KP;
         return;
     }
     const float *s = a.scores + (size_t)t * a.max_ctx;
@@ -259,7 +298,6 @@ static __global__ void __launch_bounds__(THREADS) ix_topk_kernel(struct cuda_mla
     float g = 0.0f;
     for (int j = threadIdx.x; j < n; j += THREADS) g += ord(s[j]) > v ? 1.0f : 0.0f;
     int need = K - (int)block_sum(g, sh); /* ties at v to take, earliest first */
-    int32_t *out = a.sel + (size_t)t * K;
     int tie0 = 0, out0 = 0;
     unsigned lt = (1u << lane) - 1u;
     for (int c0 = 0; c0 < n; c0 += THREADS) {
@@ -283,17 +321,21 @@ static __global__ void __launch_bounds__(THREADS) ix_topk_kernel(struct cuda_mla
             if (i < wp) at += wk[i];
             all_k += wk[i];
         }
-        if (take && at < K) out[at] = j;
+        if (take && at < K)
+            for (int i = 0; i < KP; i++) out[at * KP + i] = j * KP + i;
         tie0 += all_t, out0 += all_k;
         __syncthreads(); /* wt and wk are rewritten by the next chunk */
     }
-    if (threadIdx.x == 0) a.nsel[t] = out0 < K ? out0 : K;
+    int m = (out0 < K ? out0 : K) * KP, nt = tail ? pos + 1 - n * KP : 0;
+    for (int i = threadIdx.x; i < nt; i += THREADS) out[m + i] = n * KP + i; /* the query's own pool */
+    if (threadIdx.x == 0) a.nsel[t] = m + nt;
 }
 
 extern "C" cudaError_t cuda_mla_indexer(const struct cuda_mla_ix_args *a, cudaStream_t st)
 {
     if (a->T <= 0) return cudaSuccess;
-    if (a->ID > 256 || a->R > a->ID || a->R % 2 || a->K <= 0) return cudaErrorInvalidValue;
+    if (a->ID > 256 || a->R > a->ID || a->R % 2 || a->K <= 0 || (a->KP > 0 && (!a->ape || !a->g || a->want < 1)))
+        return cudaErrorInvalidValue;
     ix_prep_kernel<<<a->T, THREADS, 0, st>>>(*a);
     size_t sm = ((size_t)a->IH * a->ID + a->IH) * sizeof(float);
     if (sm > 48 * 1024) return cudaErrorInvalidValue;
