@@ -19,7 +19,9 @@
  * argmax), an all-gather shares those and every rank combines them in the
  * same order, so all ranks agree on the greedy token. Rows sampled on the
  * host copy each rank's slice into one pinned row. Head counts, KV heads and
- * FFN width must divide by N (checked at creation). The scheduler and KV pool
+ * FFN width must divide by N (checked at creation). An MLA layer's latent
+ * projections run whole on every rank and its heads split after them (its
+ * latent cache whole on every rank: cuda/mla.h). The scheduler and KV pool
  * stay single: every rank receives the same step (one pinned input buffer)
  * and holds its KV heads of every block.
  *

@@ -17,19 +17,20 @@ int cuda_mla_check(const struct model_config *c, int N, char *err, size_t errlen
     for (int l = 0; l < c->n_layer && first < 0; l++)
         if (model_layer_kind_of(c, l).mixer == MODEL_MIXER_MLA) first = l;
     if (first < 0) return 0;
-    if (N > 1) {
-        sl_seterr(err, errlen,
-                  "cuda: layer %d is MLA, which the GPU backend runs on one GPU only so far "
-                  "(--tensor-parallel-size %d; use 1, or --device cpu)",
-                  first, N);
+    if (c->n_head % N) {
+        sl_seterr(err, errlen, "cuda: layer %d is MLA with %d heads: --tensor-parallel-size %d must divide them",
+                  first, c->n_head, N);
         return SL_EUNSUP;
     }
-    if (a->index_topk > 0) {
+    if (a->index_topk > 0 && (a->q_lora_rank <= 0 || a->index_head_dim > 256 ||
+                              (a->index_kpool > 0 && a->index_topk < a->index_kpool) ||
+                              a->index_head_dim < a->qk_rope_head_dim ||
+                              ((size_t)a->index_n_heads * a->index_head_dim + a->index_n_heads) * 4 > 48 * 1024)) {
         sl_seterr(err, errlen,
-                  "cuda: layer %d is MLA with the DSA indexer (index_topk %d), which the GPU backend does not run "
-                  "yet: --hf-overrides '{\"index_topk\": null}' (glm5_next: '{\"text_config\": {\"index_topk\": "
+                  "cuda: layer %d is MLA with a DSA indexer the GPU backend does not run yet (%s): "
+                  "--hf-overrides '{\"index_topk\": null}' (glm5_next: '{\"text_config\": {\"index_topk\": "
                   "null}}') makes it dense MLA, or use --device cpu",
-                  first, a->index_topk);
+                  first, "its shape");
         return SL_EUNSUP;
     }
     if (a->kv_lora_rank <= 0 || a->kv_lora_rank > CUDA_MLA_MAX_C || a->qk_rope_head_dim % 2 ||
@@ -52,24 +53,31 @@ static uint16_t to_bf16(float f)
     return (uint16_t)(u >> 16);
 }
 
-/* t (n elements, any dtype: packed and GGUF weights dequantized exactly on
- * the host) into a new device buffer, bf16 (f32: as f32). */
-static int up(const struct model_tensor *t, int64_t n, bool f32, void **dst, char *err, size_t errlen)
+/* Rows [r0, r0 + nr) x columns [c0, c0 + nc) of t, a [rows][cols] matrix
+ * (a vector: rows 1), of any dtype (packed and GGUF weights dequantized
+ * exactly on the host), into a new device buffer [nr][nc], bf16 (f32: as
+ * f32). */
+static int up(const struct model_tensor *t, int64_t rows, int64_t cols, int64_t r0, int64_t nr, int64_t c0,
+              int64_t nc, bool f32, void **dst, char *err, size_t errlen)
 {
     *dst = NULL;
-    if (!t->data || model_tensor_nelem(t) != n) {
+    if (!t->data || model_tensor_nelem(t) != rows * cols) {
         sl_seterr(err, errlen, "cuda: MLA tensor %s: %lld elements, want %lld", t->name ? t->name : "?",
-                  (long long)(t->data ? model_tensor_nelem(t) : 0), (long long)n);
+                  (long long)(t->data ? model_tensor_nelem(t) : 0), (long long)(rows * cols));
         return SL_EFORMAT;
     }
-    float *h = malloc((size_t)n * sizeof *h);
+    int64_t n = nr * nc;
+    float *h = malloc((size_t)(nr * cols) * sizeof *h);
     if (!h) {
         sl_seterr(err, errlen, "out of host memory");
         return SL_ENOMEM;
     }
-    model_tensor_to_f32(t, 0, n, h);
+    model_tensor_to_f32(t, r0 * cols, nr * cols, h);
+    /* in place, row by row: element i of the output never lies after element i of the input */
+    for (int64_t r = 0; r < nr; r++)
+        for (int64_t i = 0; i < nc; i++) h[r * nc + i] = h[r * cols + c0 + i];
     if (!f32) {
-        uint16_t *hb = (uint16_t *)h; /* in place: element i's bf16 goes below element i's f32 */
+        uint16_t *hb = (uint16_t *)h; /* element i's bf16 goes below element i's f32 */
         for (int64_t i = 0; i < n; i++) hb[i] = to_bf16(h[i]);
     }
     size_t bytes = (size_t)n * (f32 ? 4 : 2);
@@ -95,7 +103,7 @@ static int rank_upload(struct rank *k, char *err, size_t errlen)
         return SL_ENOMEM;
     }
     k->mlax = x;
-    size_t T = b->max_tokens, H = c->n_head, C = a->kv_lora_rank, R = a->qk_rope_head_dim, Dn = a->qk_nope_head_dim,
+    size_t T = b->max_tokens, H = (size_t)k->H, C = a->kv_lora_rank, R = a->qk_rope_head_dim, Dn = a->qk_nope_head_dim,
            Dv = a->v_head_dim, QL = a->q_lora_rank > 0 ? a->q_lora_rank : 1, half = R / 2, X = b->max_ctx;
     if (half > 0) {
         size_t ni = (size_t)(c->rope_dim > (int)R ? c->rope_dim : (int)R) / 2;
@@ -134,6 +142,19 @@ static int rank_upload(struct rank *k, char *err, size_t errlen)
         cuda_dmalloc((void **)&x->olat, T * H * C * 2, err, errlen) ||
         cuda_dmalloc((void **)&x->att, T * H * Dv * 2, err, errlen))
         return SL_ENOMEM;
+    if (a->index_topk > 0) {
+        size_t IH = a->index_n_heads, ID = a->index_head_dim;
+        x->K = a->index_topk < b->max_ctx ? a->index_topk : b->max_ctx;
+        x->KS = x->K + (a->index_kpool > 0 ? a->index_kpool : 0);
+        if (cuda_dmalloc((void **)&x->ixq, T * IH * ID * 4, err, errlen) ||
+            cuda_dmalloc((void **)&x->ixk, T * ID * 4, err, errlen) ||
+            cuda_dmalloc((void **)&x->ixw, T * IH * 4, err, errlen) ||
+            cuda_dmalloc((void **)&x->ixs, T * X * 4, err, errlen) ||
+            cuda_dmalloc((void **)&x->sel, T * (size_t)x->KS * 4, err, errlen) ||
+            cuda_dmalloc((void **)&x->nsel, T * 4, err, errlen) ||
+            (a->index_kpool > 0 && cuda_dmalloc((void **)&x->ixg, T * ID * 4, err, errlen)))
+            return SL_ENOMEM;
+    }
     return 0;
 }
 
@@ -150,22 +171,41 @@ int cuda_mla_upload(struct rank *k, int l, char *err, size_t errlen)
         return SL_ENOMEM;
     }
     k->L[l].mla = L;
+    /* tensor parallel: the latent (q_a, kv_a) whole on every rank, heads
+     * [h0, h0 + Hl) of q_b / q and kv_b by rows, their columns of o */
     int64_t E = c->n_embd, H = c->n_head, C = a->kv_lora_rank, R = a->qk_rope_head_dim, Dn = a->qk_nope_head_dim,
-            Dv = a->v_head_dim, QL = a->q_lora_rank, Dq = Dn + R;
+            Dv = a->v_head_dim, QL = a->q_lora_rank, Dq = Dn + R, Hl = k->H, h0 = (int64_t)k->id * Hl;
     int rc;
     if (QL > 0) {
-        if ((rc = up(&w->q_a, QL * E, false, (void **)&L->q_a, err, errlen)) ||
-            (rc = up(&w->q_a_norm, QL, true, (void **)&L->q_a_norm, err, errlen)) ||
-            (rc = up(&w->q_b, H * Dq * QL, false, (void **)&L->q_b, err, errlen)))
+        if ((rc = up(&w->q_a, QL, E, 0, QL, 0, E, false, (void **)&L->q_a, err, errlen)) ||
+            (rc = up(&w->q_a_norm, 1, QL, 0, 1, 0, QL, true, (void **)&L->q_a_norm, err, errlen)) ||
+            (rc = up(&w->q_b, H * Dq, QL, h0 * Dq, Hl * Dq, 0, QL, false, (void **)&L->q_b, err, errlen)))
             return rc;
-    } else if ((rc = up(&w->q, H * Dq * E, false, (void **)&L->q, err, errlen))) {
+    } else if ((rc = up(&w->q, H * Dq, E, h0 * Dq, Hl * Dq, 0, E, false, (void **)&L->q, err, errlen))) {
         return rc;
     }
-    if ((rc = up(&w->kv_a, (C + R) * E, false, (void **)&L->kv_a, err, errlen)) ||
-        (rc = up(&w->kv_a_norm, C, true, (void **)&L->kv_a_norm, err, errlen)) ||
-        (rc = up(&w->kv_b, H * (Dn + Dv) * C, false, (void **)&L->kv_b, err, errlen)) ||
-        (rc = up(&w->o, E * H * Dv, false, (void **)&L->o, err, errlen)))
+    if ((rc = up(&w->kv_a, C + R, E, 0, C + R, 0, E, false, (void **)&L->kv_a, err, errlen)) ||
+        (rc = up(&w->kv_a_norm, 1, C, 0, 1, 0, C, true, (void **)&L->kv_a_norm, err, errlen)) ||
+        (rc = up(&w->kv_b, H * (Dn + Dv), C, h0 * (Dn + Dv), Hl * (Dn + Dv), 0, C, false, (void **)&L->kv_b, err,
+                 errlen)) ||
+        (rc = up(&w->o, E, H * Dv, 0, E, h0 * Dv, Hl * Dv, false, (void **)&L->o, err, errlen)))
         return rc;
+    L->W = (int)model_kv_token_elems(c, l);
+    L->ix = a->index_topk > 0 && a->index_full && l < c->n_layer && a->index_full[l];
+    if (L->ix) {
+        int64_t IH = a->index_n_heads, ID = a->index_head_dim;
+        if ((rc = up(&w->ix_wq_b, IH * ID, QL, 0, IH * ID, 0, QL, false, (void **)&L->ix_wq_b, err, errlen)) ||
+            (rc = up(&w->ix_wk, ID, E, 0, ID, 0, E, false, (void **)&L->ix_wk, err, errlen)) ||
+            (rc = up(&w->ix_weights, IH, E, 0, IH, 0, E, false, (void **)&L->ix_w, err, errlen)) ||
+            (rc = up(&w->ix_k_norm, 1, ID, 0, 1, 0, ID, true, (void **)&L->ix_kn, err, errlen)) ||
+            (rc = up(&w->ix_k_norm_b, 1, ID, 0, 1, 0, ID, true, (void **)&L->ix_kb, err, errlen)))
+            return rc;
+        int64_t KP = a->index_kpool;
+        if (KP > 0 &&
+            ((rc = up(&w->ix_kpool_gate, ID, E, 0, ID, 0, E, false, (void **)&L->ix_gate, err, errlen)) ||
+             (rc = up(&w->ix_kpool_ape, KP, ID, 0, KP, 0, ID, true, (void **)&L->ix_ape, err, errlen))))
+            return rc;
+    }
     return 0;
 }
 
@@ -175,6 +215,8 @@ void cuda_mla_free(struct rank *k, int l)
     if (L) {
         cudaFree(L->q_a), cudaFree(L->q_b), cudaFree(L->q), cudaFree(L->kv_a), cudaFree(L->kv_b), cudaFree(L->o);
         cudaFree(L->q_a_norm), cudaFree(L->kv_a_norm);
+        cudaFree(L->ix_wq_b), cudaFree(L->ix_wk), cudaFree(L->ix_w), cudaFree(L->ix_kn), cudaFree(L->ix_kb);
+        cudaFree(L->ix_gate), cudaFree(L->ix_ape);
         free(L);
         k->L[l].mla = NULL;
     }
@@ -182,6 +224,8 @@ void cuda_mla_free(struct rank *k, int l)
     if (x && l == k->b->c.n_layer - 1) {
         cudaFree(x->rcos), cudaFree(x->rsin), cudaFree(x->qa), cudaFree(x->qan), cudaFree(x->q), cudaFree(x->qn);
         cudaFree(x->kva), cudaFree(x->qlat), cudaFree(x->olat), cudaFree(x->att);
+        cudaFree(x->ixq), cudaFree(x->ixk), cudaFree(x->ixw), cudaFree(x->ixs), cudaFree(x->sel), cudaFree(x->nsel);
+        cudaFree(x->ixg);
         free(x);
         k->mlax = NULL;
     }
@@ -204,8 +248,8 @@ int cuda_mla_mixer(struct rank *k, int l, int T, bool decode, char *err, size_t 
     const struct model_mla_config *a = &c->mla;
     const struct cuda_mla_layer *L = k->L[l].mla;
     struct cuda_mla_rank *x = k->mlax;
-    int E = c->n_embd, H = c->n_head, C = a->kv_lora_rank, R = a->qk_rope_head_dim, Dn = a->qk_nope_head_dim,
-        Dv = a->v_head_dim, QL = a->q_lora_rank, Dq = Dn + R, W = Dn + Dv;
+    int E = c->n_embd, H = k->H, C = a->kv_lora_rank, R = a->qk_rope_head_dim, Dn = a->qk_nope_head_dim,
+        Dv = a->v_head_dim, QL = a->q_lora_rank, Dq = Dn + R, W = Dn + Dv; /* H: this rank's heads */
     float leps = a->latent_norm_eps;
     cudaStream_t st = k->st;
     const int32_t *pos = (const int32_t *)(k->din + b->lay.pos);
@@ -221,26 +265,50 @@ int cuda_mla_mixer(struct rank *k, int l, int T, bool decode, char *err, size_t 
     struct cuda_mla_kv_args ka = {
         .q = x->q, .qn = x->qn, .kva = x->kva, .kv_norm = L->kv_a_norm, .cos = x->rcos, .sin = x->rsin,
         .pos = pos, .slots = (const int64_t *)(k->din + b->lay.slots), .cache = cache, .T = T, .H = H, .Dn = Dn,
-        .R = R, .C = C, .eps = leps, .interleave = a->rope_interleave, .kv8 = b->kv8,
+        .R = R, .C = C, .W = L->W, .eps = leps, .interleave = a->rope_interleave, .kv8 = b->kv8,
     };
     CK(cuda_mla_kv_write(&ka, st));
+    const int32_t *tok_bt = (const int32_t *)(k->din + b->lay.tok_bt), *bt = (const int32_t *)(k->din + b->lay.bt);
+    if (L->ix) {
+        /* every key of the step is in the cache before any query scores them (one kernel after another) */
+        int IH = a->index_n_heads, ID = a->index_head_dim;
+        CB(gemm(k, x->qan, L->ix_wq_b, x->ixq, true, T, QL, IH * ID));
+        CB(gemm(k, k->xn, L->ix_wk, x->ixk, true, T, E, ID));
+        CB(gemm(k, k->xn, L->ix_w, x->ixw, true, T, E, IH));
+        if (L->ix_gate) CB(gemm(k, k->xn, L->ix_gate, x->ixg, true, T, E, ID));
+        struct cuda_mla_ix_args ia = {
+            .q = x->ixq, .k = x->ixk, .g = L->ix_gate ? x->ixg : NULL, .ape = L->ix_ape, .w = x->ixw, .kn = L->ix_kn, .kb = L->ix_kb, .cos = x->rcos, .sin = x->rsin,
+            .pos = pos, .tok_bt = tok_bt, .bt = bt, .slots = ka.slots, .cache = cache, .scores = x->ixs,
+            .sel = x->sel, .nsel = x->nsel, .T = T, .IH = IH, .ID = ID, .R = R, .C = C, .W = L->W, .K = x->K,
+            .KS = x->KS, .max_ctx = b->max_ctx, .block_size = b->block_size, .KP = a->index_kpool,
+            .want = a->index_kpool > 0 ? a->index_topk / a->index_kpool : 0, .tail = a->index_kpool_tail,
+            .kv8 = b->kv8,
+        };
+        CK(cuda_mla_indexer(&ia, st));
+    }
     const float one = 1.0f, zero = 0.0f;
     /* q_lat[t][h] = W_K,h^T q_nope[t][h]: per head (C x Dn, column-major view of W_K,h) x (Dn x T) */
     CB(cublasGemmStridedBatchedEx(k->blas, CUBLAS_OP_N, CUBLAS_OP_N, C, T, Dn, &one, L->kv_b, CUDA_R_16BF, C,
                                   (long long)W * C, x->qn, CUDA_R_16BF, H * Dn, Dn, &zero, x->qlat, CUDA_R_32F, H * C,
                                   C, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    /* the choice a layer attends: its own, or the last full layer's before it in this step (none yet: every key) */
+    bool chosen = false;
+    for (int i = 0; i <= l && x->K > 0 && !chosen; i++) chosen = k->L[i].mla && k->L[i].mla->ix;
     struct cuda_mla_attn_args aa = {
-        .qlat = x->qlat, .q = x->q, .cache = cache, .pos = pos, .tok_bt = (const int32_t *)(k->din + b->lay.tok_bt),
-        .bt = (const int32_t *)(k->din + b->lay.bt), .olat = x->olat, .T = T, .H = H, .Dn = Dn, .R = R, .C = C,
-        .block_size = b->block_size, .scale = a->softmax_scale, .kv8 = b->kv8,
+        .qlat = x->qlat, .q = x->q, .cache = cache, .pos = pos, .tok_bt = tok_bt, .bt = bt,
+        /* with the indexer on, every layer attends the keys of the last layer that chose (shared layers too) */
+        .sel = chosen ? x->sel : NULL, .nsel = chosen ? x->nsel : NULL, .olat = x->olat, .T = T, .H = H,
+        .Dn = Dn, .R = R, .C = C, .W = L->W, .K = x->KS, .block_size = b->block_size, .scale = a->softmax_scale,
+        .kv8 = b->kv8,
     };
     CK(cuda_mla_attention(&aa, st));
     /* att[t][h] = W_V,h o_lat[t][h]: per head (Dv x C) x (C x T) */
     CB(cublasGemmStridedBatchedEx(k->blas, CUBLAS_OP_T, CUBLAS_OP_N, Dv, T, C, &one, L->kv_b + (size_t)Dn * C,
                                   CUDA_R_16BF, C, (long long)W * C, x->olat, CUDA_R_16BF, H * C, C, &zero, x->att,
                                   CUDA_R_16BF, H * Dv, Dv, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    CB(gemm(k, x->att, L->o, k->delta, false, T, H * Dv, E));
-    return 0;
+    /* this rank's heads' share of o_proj, summed over the ranks into delta */
+    const struct qproj dense = {0}; /* o is bf16 (packed MLA weights are dequantized at upload) */
+    return cuda_proj_rows(k, x->att, &dense, L->o, T, H * Dv, E, 0, false, err, errlen);
 fail:
     return SL_EDEVICE;
 }

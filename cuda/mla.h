@@ -15,9 +15,12 @@
  *
  * The paged entry of a token in an MLA layer is [latent C | k_rope R], bf16
  * (or fp8 e4m3 with --kv-cache-dtype fp8), at the layer's region of k->kv
- * (k->kv_off[l]). Not here yet: the DSA indexer (index_topk > 0 is refused at
- * creation), tensor parallelism (refused), MTP layers (not run by this
- * backend). */
+ * (k->kv_off[l]), and with the DSA indexer the layer's LayerNormed, rotated
+ * indexer key after them. Tensor parallel (N ranks): the latent projections (q_a,
+ * kv_a) and so the cache entries whole on every rank, the heads split after
+ * them (rows of q_b or q_proj and kv_b, columns of o_proj, whose partial sums
+ * the o projection's all-reduce adds); the indexer whole on every rank. Not
+ * here: MTP layers (not run by this backend). */
 #ifndef SLUICE_CUDA_MLA_H
 #define SLUICE_CUDA_MLA_H
 
@@ -41,6 +44,13 @@ struct cuda_mla_layer {
     uint16_t *kv_b;              /* [H (Dn + Dv)][C]: per head Dn K rows then Dv V rows */
     uint16_t *o;                 /* [E][H Dv] */
     float *q_a_norm, *kv_a_norm; /* [QL], [C] */
+    int W;                       /* values of a paged entry: C + R (+ ID where it runs the indexer) */
+    /* the DSA indexer (glm_moe_dsa, index_topk > 0, the layers that run their own), whole on every rank */
+    bool ix;
+    uint16_t *ix_wq_b, *ix_wk, *ix_w; /* [IH ID][QL], [ID][E], [IH][E] */
+    uint16_t *ix_gate;           /* [ID][E] k-pools' gate (index_kpool > 0), else NULL */
+    float *ix_kn, *ix_kb;        /* [ID] the key's LayerNorm weight and bias */
+    float *ix_ape;               /* [KP][ID] k-pools' position bias, else NULL */
 };
 
 /* Per rank: the RoPE tables (cos and sin times the YaRN attention factor,
@@ -55,11 +65,18 @@ struct cuda_mla_rank {
     float *qlat;                 /* [H][C] f32 */
     uint16_t *olat;              /* [H][C] bf16: the weighted latent sums */
     uint16_t *att;               /* [H][Dv] bf16 */
+    /* the indexer (index_topk > 0): K keys a query attends at most; a shared layer reuses the
+     * choice of the last layer that ran its own (sel and nsel stay from it) */
+    int K, KS;                   /* KS: a query's room in sel, K (+ KP with k-pools) */
+    float *ixq, *ixk, *ixw, *ixg; /* [IH][ID], [ID], [IH], [ID] (k-pools' gate scores) f32 */
+    float *ixs;                  /* [max_ctx] f32: each query's key (or pool) scores */
+    int32_t *sel;                /* [KS]: each query's chosen keys, ascending */
+    int32_t *nsel;               /* their count, or -1: every key 0..pos */
 };
 
 /* Whether the GPU backend can run c's MLA layers with N ranks and the KV
  * dtype (kv8: fp8 e4m3); 0, or SL_EUNSUP with a message naming what is
- * missing (the DSA indexer, TP > 1, shapes the kernels do not take). */
+ * missing (the DSA indexer, heads N does not divide, shapes the kernels do not take). */
 int cuda_mla_check(const struct model_config *c, int N, char *err, size_t errlen);
 /* Uploads layer l's MLA weights to rank k (k->L[l].mla, owned) and, at the
  * first MLA layer, the rank's tables and scratch (k->mlax). 0 or an error. */
@@ -86,8 +103,8 @@ struct cuda_mla_kv_args {
     const float *cos, *sin;      /* [max_ctx][R/2] (NULL when R == 0) */
     const int32_t *pos;          /* [T] */
     const int64_t *slots;        /* [T] */
-    void *cache;                 /* the layer's [slots][C + R], bf16 or e4m3 bytes */
-    int T, H, Dn, R, C;
+    void *cache;                 /* the layer's [slots][W], bf16 or e4m3 bytes */
+    int T, H, Dn, R, C, W;       /* W: values of an entry (C + R, + ID with the indexer) */
     float eps;
     bool interleave, kv8;
 };
@@ -98,17 +115,45 @@ cudaError_t cuda_mla_kv_write(const struct cuda_mla_kv_args *a, cudaStream_t st)
 struct cuda_mla_attn_args {
     const float *qlat;           /* [T][H][C] */
     const float *q;              /* [T][H][Dn + R]: the rope parts read */
-    const void *cache;           /* the layer's [slots][C + R] */
+    const void *cache;           /* the layer's [slots][W] */
     const int32_t *pos;          /* [T] */
     const int32_t *tok_bt;       /* [T] where token t's block table starts in bt */
     const int32_t *bt;
+    const int32_t *sel, *nsel;   /* the indexer's choice ([T][K], [T]: -1 every key), or NULL: keys 0..pos */
     uint16_t *olat;              /* [T][H][C] out */
-    int T, H, Dn, R, C, block_size;
+    int T, H, Dn, R, C, W, K, block_size; /* K: sel's row stride */
     float scale;
     bool kv8;
 };
 /* One block per (token, head): keys 0..pos[t] of its sequence, online softmax in f32. */
 cudaError_t cuda_mla_attention(const struct cuda_mla_attn_args *a, cudaStream_t st);
+struct cuda_mla_ix_args {
+    float *q;                    /* [T][IH][ID] f32: rope on the first R dims of each head, in place */
+    const float *k;              /* [T][ID] f32: wk's output */
+    const float *g;              /* [T][ID] f32: k-pools' gate scores, into the entry after the key; else NULL */
+    const float *ape;            /* [KP][ID] k-pools' position bias */
+    float *w;                    /* [T][IH] f32: weights_proj's output, scaled by IH^-1/2 in place */
+    const float *kn, *kb;        /* [ID] LayerNorm weight and bias */
+    const float *cos, *sin;      /* [max_ctx][R/2] */
+    const int32_t *pos, *tok_bt, *bt;
+    const int64_t *slots;
+    void *cache;                 /* the layer's [slots][W]: the key at C + R */
+    float *scores;               /* [T][max_ctx] scratch */
+    int32_t *sel, *nsel;         /* [T][KS], [T] out */
+    int T, IH, ID, R, C, W, K, KS, max_ctx, block_size;
+    int KP, want;                /* k-pools (glm5_next): pool size, pools chosen (index_topk / KP); KP 0: keys */
+    bool tail, kv8;              /* tail: the query's own incomplete pool joins its choice */
+};
+/* The DSA indexer (GlmMoeDsaIndexer as cpu_mla.c computes it): each token's
+ * key LayerNormed and rotated into its entry; then per query the score of
+ * key j <= pos, sum_h w_h relu(q_h . k_j / sqrt(ID)), and the K best keys
+ * (ties to the earlier position) in ascending order, or nsel -1 where pos
+ * + 1 <= K. With k-pools (KP > 0, Glm5NextTextIndexer) the scored keys are
+ * the whole pools ending at or before pos (a pool's key per channel the
+ * softmax over its tokens of gate + ape weighing their keys), the want best
+ * pools' tokens chosen, then (tail) the query's own incomplete pool. */
+cudaError_t cuda_mla_indexer(const struct cuda_mla_ix_args *a, cudaStream_t st);
+
 /* C values a thread block of the attention keeps (C <= this). */
 #define CUDA_MLA_MAX_C 1024
 

@@ -177,7 +177,8 @@ static size_t pack_step(struct cuda_backend *b, const struct step *s, int Tp, in
     int qt = (decode || !b->tc_rows ? CUDA_ATTN_ROWS : b->tc_rows) / grp;
     int64_t *slots = HIN(b, slots, int64_t);
     int32_t *ids = HIN(b, ids, int32_t), *pos = HIN(b, pos, int32_t), *tpart = HIN(b, tok_part, int32_t),
-            *tns = HIN(b, tok_nsplit, int32_t), *tbt = HIN(b, tok_bt, int32_t), *rows = HIN(b, rows, int32_t), *bt = HIN(b, bt, int32_t);
+            *tns = HIN(b, tok_nsplit, int32_t), *tbt = HIN(b, tok_bt, int32_t), *rows = HIN(b, rows, int32_t),
+            *bt = HIN(b, bt, int32_t);
     struct cuda_attn_item *items = HIN(b, items, struct cuda_attn_item);
     int64_t pad_slot = (int64_t)b->kv_blocks * bs;
     for (int t = 0; t < Tp; t++) {
@@ -187,7 +188,7 @@ static size_t pack_step(struct cuda_backend *b, const struct step *s, int Tp, in
         pos[t] = real ? s->positions[t] : 0;
         tpart[t] = -1;
         tns[t] = 0;
-        tbt[t] = 0; /* padding reads the first sequence's first key (and is never read) */
+        tbt[t] = 0; /* padding (position 0) attends the first sequence's first key; its output is dropped */
     }
     int nbt = 0, r = 0, tiles = 0;
     for (int i = 0; i < s->n_seqs; i++) {

@@ -20,8 +20,8 @@
 #   context, which the suite's 512-token requests need) and on an MLA model
 #   (tests/models/mla/dsv3-qlora), bf16 and fp8; with 2+ GPUs, test_gpu_e2e at
 #   TP=2 against the CPU and against one GPU (it also makes a rank fail and
-#   checks that the others stop) and the engine suite on tiny-qwen3 and
-#   tiny-qwen3-moe-ctx2k at TP=2,
+#   checks that the others stop) and the engine suite on tiny-qwen3,
+#   tiny-qwen3-moe-ctx2k and dsv3-qlora at TP=2,
 #   each again with the fused GEMM, and test_glm5_layers (every glm5_next
 #   layer's hyper-connection streams) at TP=2; then, with the default model in models/
 #   and the openai module, the Python integration tests (all but
@@ -143,6 +143,7 @@ check() {
                    "SLUICE_TEST_TP=2 $e $B/tests/test_engine"
                    "SLUICE_TEST_TP=2 $B/tests/gpu/test_glm5_layers"
                    "SLUICE_TEST_TP=2 SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3-moe-ctx2k $B/tests/test_engine"
+                   "SLUICE_TEST_TP=2 $emla $B/tests/test_engine"
                    "SLUICE_TEST_TP=2 $B/tests/gpu/test_gpu_e2e --gemm-wg-min-t=1"
                    "SLUICE_TEST_TP=2 $e $B/tests/test_engine --gemm-wg-min-t=1")
         fi

@@ -878,7 +878,7 @@ int main(int argc, char **argv)
     run_dummy("dummy-d128-kv2", "tests/models/dummy-d128-kv2", 2, 3e-2);
     /* MLA (tests/models/mla, dense FFNs): the latent paged cache and the
      * absorbed attention, with and without q_lora, YaRN, RoPE; glm_moe_dsa with
-     * its indexer off (index_topk null: golden_dense.json). The GPU runs the
+     * its indexer off (index_topk null: golden_dense.json; on: last, below). The GPU runs the
      * absorbed form where the CPU expands prompt positions: bf16 tolerance. */
     static const char *const mla[] = {"dsv3-qlora", "dsv3-noqlora", "dsv3-yarn", "dsv3-norope"};
     for (size_t i = 0; i < sizeof mla / sizeof mla[0]; i++) {
@@ -946,6 +946,10 @@ int main(int argc, char **argv)
                     5e-2);
     /* bf16 weights (rounded from Q4_1) and bf16 activations through 30 layers: ~3% of max|logit| */
     run_model("smollm2", "models/SmolLM2-135M-Instruct.Q4_1.gguf", "tests/golden/smollm2/golden.json", 4e-2, 4e-2);
+    /* glm_moe_dsa with its DSA indexer (top-6 keys per query, a shared layer), the choice made from bf16 keys:
+     * the golden's generator keeps the 6th and 7th scores only > 1e-4 (relative) apart, finer than bf16, so a
+     * failure here may be a flipped choice at a boundary (test_mla checks the choice exactly) */
+    run_model("glm-dsa", "tests/models/mla/glm-dsa", "tests/models/mla/glm-dsa/golden.json", 3e-2, 3e-2);
     printf("near-ties (GPU greedy token != CPU argmax, CPU top-2 within %.0f%% of max |logit|): %d\n",
            NEAR_TIE_REL * 100, g_near_ties);
     printf("MoE routing flips (positions or decode steps beyond tolerance, each under %.2f): %d\n", MOE_FLIP_MAX,

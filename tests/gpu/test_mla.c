@@ -3,7 +3,8 @@
  * entry write (latent norm, RoPE on the rope key and the queries' rope parts,
  * q_nope rounded) over a scattered block table; the absorbed attention of
  * two sequences, a prefill chunk each (causal within the step) and then
- * decode steps, bf16 and fp8 e4m3 caches. Each attention is checked against
+ * decode steps, bf16 and fp8 e4m3 caches; the DSA indexer (keys, scores,
+ * the top-K choice with ties). Each attention is checked against
  * a double reference over the entries the GPU stored (read back), and the
  * entries against the reference latent and key. Errors are ||out - ref|| /
  * ||ref||; outputs are poisoned (NaN) first, so an unwritten value fails.
@@ -259,6 +260,181 @@ static void test_paged_fp8(void)
     run_case(8, 512, 64, 128, true, true);
 }
 
+/* The DSA indexer over one sequence of n tokens in one step (its keys
+ * written, then every query scores keys 0..pos): the entries' keys against
+ * a double LayerNorm + RoPE, the scores against a double reference over the
+ * stored keys, and the choice exactly against the K best of the GPU's own
+ * scores (ties to the earlier position; tokens 3k+1 repeat token 3k's key,
+ * so ties are there to break). */
+static void ix_case(int n, int K, int IH, int ID, int R, int KP, bool tail, bool kv8)
+{
+    enum { BS = 16 };
+    int C = 32, W = C + R + ID * (KP ? 2 : 1), X = 64, half = R / 2, nb = (n + BS - 1) / BS, KS = K + KP;
+    int want = KP ? K / KP : K;
+    int32_t bt[8] = {6, 1, 4, 0, 7, 2, 5, 3};
+    size_t es = kv8 ? 1 : 2, cache_n = (size_t)9 * BS * W;
+    float *cs = malloc((size_t)X * half * 4 + 4), *sn = malloc((size_t)X * half * 4 + 4);
+    for (int p = 0; p < X; p++)
+        for (int i = 0; i < half; i++) {
+            float ang = (float)p * powf(10000.0f, -2.0f * i / (float)R);
+            cs[p * half + i] = cosf(ang), sn[p * half + i] = sinf(ang);
+        }
+    int32_t *pos = malloc((size_t)n * 4), *tbt = calloc((size_t)n, 4), *sel = malloc((size_t)n * KS * 4),
+            *nsel = malloc((size_t)n * 4);
+    int64_t *slots = malloc((size_t)n * 8);
+    float *q = malloc((size_t)n * IH * ID * 4), *k = malloc((size_t)n * ID * 4), *w = malloc((size_t)n * IH * 4);
+    float *kn = malloc((size_t)ID * 4), *kb = malloc((size_t)ID * 4), *g = malloc((size_t)n * ID * 4),
+          *ape = malloc((size_t)(KP ? KP : 1) * ID * 4);
+    for (int i = 0; i < n * ID; i++) g[i] = 2.0f * frand();
+    for (int i = 0; i < (KP ? KP : 1) * ID; i++) ape[i] = frand();
+    for (int t = 0; t < n; t++) pos[t] = t, slots[t] = (int64_t)bt[t / BS] * BS + t % BS;
+    for (int i = 0; i < n * IH * ID; i++) q[i] = frand();
+    for (int i = 0; i < n * ID; i++) k[i] = 2.0f * frand();
+    for (int t = 1; t < n; t += 3) memcpy(k + (size_t)t * ID, k + (size_t)(t - 1) * ID, (size_t)ID * 4);
+    for (int i = 0; i < n * IH; i++) w[i] = frand();
+    for (int i = 0; i < ID; i++) kn[i] = 1.0f + 0.3f * frand(), kb[i] = 0.2f * frand();
+    /* host copies of the inputs the kernel rewrites in place */
+    float *q0 = malloc((size_t)n * IH * ID * 4), *w0 = malloc((size_t)n * IH * 4);
+    memcpy(q0, q, (size_t)n * IH * ID * 4), memcpy(w0, w, (size_t)n * IH * 4);
+    void *dcache = dup_dev(NULL, cache_n * es);
+    cudaMemset(dcache, 0, cache_n * es);
+    float *dq = dup_dev(q, (size_t)n * IH * ID * 4), *dk = dup_dev(k, (size_t)n * ID * 4),
+          *dw = dup_dev(w, (size_t)n * IH * 4), *dkn = dup_dev(kn, (size_t)ID * 4), *dkb = dup_dev(kb, (size_t)ID * 4);
+    float *dcos = dup_dev(cs, (size_t)X * half * 4 + 4), *dsin = dup_dev(sn, (size_t)X * half * 4 + 4);
+    float *dsc = poisoned((size_t)n * X * 4), *dg = dup_dev(g, (size_t)n * ID * 4),
+          *dape = dup_dev(ape, (size_t)(KP ? KP : 1) * ID * 4);
+    int32_t *dpos = dup_dev(pos, (size_t)n * 4), *dtbt = dup_dev(tbt, (size_t)n * 4), *dbt = dup_dev(bt, sizeof bt);
+    int32_t *dsel = poisoned((size_t)n * KS * 4), *dnsel = poisoned((size_t)n * 4);
+    int64_t *dslots = dup_dev(slots, (size_t)n * 8);
+    struct cuda_mla_ix_args ia = {.q = dq, .k = dk, .g = KP ? dg : NULL, .ape = KP ? dape : NULL, .w = dw, .kn = dkn, .kb = dkb, .cos = dcos, .sin = dsin,
+                                  .pos = dpos, .tok_bt = dtbt, .bt = dbt, .slots = dslots, .cache = dcache,
+                                  .scores = dsc, .sel = dsel, .nsel = dnsel, .T = n, .IH = IH, .ID = ID, .R = R,
+                                  .C = C, .W = W, .K = K, .KS = KS, .max_ctx = X, .block_size = BS, .KP = KP,
+                                  .want = KP ? want : 0, .tail = tail, .kv8 = kv8};
+    CHECK(cuda_mla_indexer(&ia, 0) == cudaSuccess);
+    CHECK(cudaDeviceSynchronize() == cudaSuccess);
+    uint8_t *craw = malloc(cache_n * es);
+    float *sc = malloc((size_t)n * X * 4), *keys = malloc((size_t)n * ID * 4), *gates = malloc((size_t)n * ID * 4);
+    get(craw, dcache, cache_n * es);
+    get(sc, dsc, (size_t)n * X * 4);
+    get(sel, dsel, (size_t)n * KS * 4);
+    get(nsel, dnsel, (size_t)n * 4);
+    for (int t = 0; t < n; t++)
+        for (int i = 0; i < ID; i++) {
+            size_t o = (size_t)slots[t] * W + C + R + i;
+            keys[t * ID + i] = kv8 ? e4m3(craw[o]) : fb(((uint16_t *)craw)[o]);
+            gates[t * ID + i] = !KP ? 0.0f : kv8 ? e4m3(craw[o + ID]) : fb(((uint16_t *)craw)[o + ID]);
+        }
+    /* the gate scores as stored */
+    double eg = 0;
+    if (KP) {
+        double *gr = malloc((size_t)n * ID * 8);
+        for (int i = 0; i < n * ID; i++) gr[i] = g[i];
+        eg = nerr(gates, gr, (size_t)n * ID);
+        free(gr);
+    }
+    /* the candidates' keys from the stored values: each token's, or each whole pool's */
+    int np = KP ? n / KP : n;
+    float *cand = malloc((size_t)np * ID * 4);
+    for (int p = 0; p < np; p++)
+        for (int d = 0; d < ID; d++) {
+            if (!KP) {
+                cand[p * ID + d] = keys[p * ID + d];
+                continue;
+            }
+            double mx = -INFINITY, sum = 0, v = 0;
+            for (int i = 0; i < KP; i++) mx = fmax(mx, (double)gates[(p * KP + i) * ID + d] + ape[i * ID + d]);
+            for (int i = 0; i < KP; i++) sum += exp(gates[(p * KP + i) * ID + d] + ape[i * ID + d] - mx);
+            for (int i = 0; i < KP; i++)
+                v += exp(gates[(p * KP + i) * ID + d] + ape[i * ID + d] - mx) / sum * keys[(p * KP + i) * ID + d];
+            cand[p * ID + d] = (float)v;
+        }
+    /* keys: LayerNorm (biased variance) and RoPE in pairs on the first R dims */
+    double *kref = malloc((size_t)n * ID * 8), *qr = malloc((size_t)IH * ID * 8), *sref = malloc((size_t)n * X * 8);
+    float *sgot = malloc((size_t)n * X * 4);
+    for (int t = 0; t < n; t++) {
+        double m = 0, v = 0, *o = kref + (size_t)t * ID;
+        for (int i = 0; i < ID; i++) m += k[t * ID + i];
+        m /= ID;
+        for (int i = 0; i < ID; i++) v += (k[t * ID + i] - m) * (k[t * ID + i] - m);
+        double r = 1.0 / sqrt(v / ID + 1e-6);
+        for (int i = 0; i < ID; i++) o[i] = (k[t * ID + i] - m) * r * kn[i] + kb[i];
+        for (int i = 0; i < half; i++) {
+            double c = cs[t * half + i], s2 = sn[t * half + i], u = o[2 * i], x = o[2 * i + 1];
+            o[2 * i] = u * c - x * s2, o[2 * i + 1] = x * c + u * s2;
+        }
+    }
+    double ek = nerr(keys, kref, (size_t)n * ID);
+    /* scores over the stored keys, from the unrotated queries */
+    size_t ns = 0;
+    for (int t = 0; t < n; t++) {
+        for (int h = 0; h < IH; h++) {
+            double *o = qr + (size_t)h * ID;
+            for (int i = 0; i < ID; i++) o[i] = q0[((size_t)t * IH + h) * ID + i];
+            for (int i = 0; i < half; i++) {
+                double c = cs[t * half + i], s2 = sn[t * half + i], u = o[2 * i], x = o[2 * i + 1];
+                o[2 * i] = u * c - x * s2, o[2 * i + 1] = x * c + u * s2;
+            }
+        }
+        for (int j = 0; j < (KP ? (t + 1) / KP : t + 1); j++) {
+            double v = 0;
+            for (int h = 0; h < IH; h++) {
+                double d = 0;
+                for (int i = 0; i < ID; i++) d += qr[(size_t)h * ID + i] * cand[j * ID + i];
+                d /= sqrt((double)ID);
+                v += w0[(size_t)t * IH + h] / sqrt((double)IH) * (d > 0 ? d : 0);
+            }
+            sref[ns] = v, sgot[ns++] = sc[(size_t)t * X + j];
+        }
+    }
+    double es2 = nerr(sgot, sref, ns);
+    /* the choice: exactly the want best of the GPU's scores, ties to the earlier candidate (with k-pools
+     * their tokens, then the query's own pool with tail) */
+    int bad = 0, *exp_sel = malloc((size_t)KS * sizeof(int));
+    for (int t = 0; t < n; t++) {
+        int nv = KP ? (t + 1) / KP : t + 1, m = 0, kp = KP ? KP : 1;
+        if (nv <= want && (!KP || tail)) {
+            bad += nsel[t] != -1;
+            continue;
+        }
+        const float *s = sc + (size_t)t * X;
+        for (int j = 0; j < nv; j++) {
+            int better = 0;
+            for (int i = 0; i < nv; i++) better += s[i] > s[j] || (s[i] == s[j] && i < j);
+            if (better < want || nv <= want)
+                for (int i = 0; i < kp; i++) exp_sel[m++] = j * kp + i;
+        }
+        for (int j = nv * kp; tail && j <= t; j++) exp_sel[m++] = j;
+        bad += nsel[t] != m;
+        for (int i = 0; i < m && nsel[t] == m; i++) bad += sel[(size_t)t * KS + i] != exp_sel[i];
+    }
+    free(exp_sel);
+    printf("  n=%d K=%d IH=%d ID=%d R=%d KP=%d%s %s: keys %.2e, gates %.2e, scores %.2e, wrong choices %d\n", n,
+           K, IH, ID, R, KP, tail ? " tail" : "", kv8 ? "fp8" : "bf16", ek, eg, es2, bad);
+    CHECKF(ek < (kv8 ? 6e-2 : 5e-3), "keys %.3g", ek);
+    CHECKF(eg < (kv8 ? 6e-2 : 5e-3), "gates %.3g", eg);
+    CHECKF(es2 < 1e-3, "scores %.3g", es2);
+    CHECKF(bad == 0, "%d wrong choices", bad);
+    (void)nb;
+    cudaFree(dcache), cudaFree(dq), cudaFree(dk), cudaFree(dw), cudaFree(dkn), cudaFree(dkb), cudaFree(dcos);
+    cudaFree(dsin), cudaFree(dsc), cudaFree(dpos), cudaFree(dtbt), cudaFree(dbt), cudaFree(dsel), cudaFree(dnsel);
+    cudaFree(dslots);
+    free(cs), free(sn), free(pos), free(tbt), free(sel), free(nsel), free(slots), free(q), free(k), free(w), free(kn);
+    free(kb), free(q0), free(w0), free(craw), free(sc), free(keys), free(kref), free(qr), free(sref), free(sgot);
+    free(g), free(ape), free(gates), free(cand);
+    cudaFree(dg), cudaFree(dape);
+}
+
+static void test_indexer(void)
+{
+    ix_case(40, 6, 8, 16, 8, 0, false, false);     /* the glm-dsa checkpoint's shape */
+    ix_case(64, 20, 32, 128, 64, 0, false, false); /* GLM-5's indexer heads and dims */
+    ix_case(40, 6, 8, 16, 8, 0, false, true);
+    ix_case(50, 16, 32, 16, 0, 4, true, false);    /* glm5_next's k-pools (the glm5 checkpoints' shape) */
+    ix_case(50, 12, 8, 16, 0, 4, false, false);    /* k-pools without the tail */
+    ix_case(64, 16, 8, 32, 8, 8, true, true);
+}
+
 int main(void)
 {
     int n = 0;
@@ -269,5 +445,6 @@ int main(void)
     RUN(test_rmsnorm);
     RUN(test_paged);
     RUN(test_paged_fp8);
+    RUN(test_indexer);
     return test_summary();
 }
