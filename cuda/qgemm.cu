@@ -192,6 +192,12 @@ __global__ void __launch_bounds__(QW * 32) qgemv_kernel(qparams p)
                           projections are 256 blocks, one to two an SM, so each needs many warps) */
 #define QMMA_MAX_T CUDA_QGEMV_MMA_MAX_T /* rows of x it takes (8 a group, up to 8 groups) */
 #define MU 2 /* its stretches in flight per warp */
+/* Rows up to which cuda_qgemm takes the tensor-core kernel rather than
+ * dequantize + cuBLAS, by format: measured (bench_qgemm's crossover, H100,
+ * Llama-3.1-8B's four projections summed) int4 g128 at 48 rows 458 us
+ * packed against 451 dequantized (a wash), at 64 rows 612 against 447; int8
+ * at 64 rows 392 against 468 (still faster) */
+#define QMMA_MAX_T4 48
 
 static __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                                 uint32_t b0, uint32_t b1)
@@ -517,9 +523,10 @@ extern "C" cublasStatus_t cuda_qgemm(const struct cuda_qmat *w, const uint16_t *
 {
     if (T <= 0) return CUBLAS_STATUS_SUCCESS;
     /* the GEMV up to 8 rows of x, and on the tensor-core kernel up to
-     * QMMA_MAX_T where an act-order weight's gathered x fits the workspace */
+     * QMMA_MAX_T (int4: QMMA_MAX_T4) where an act-order weight's gathered x fits the workspace */
     bool gemv = T <= CUDA_QGEMV_MAX_T ||
-                (mma_ok(w) && T <= QMMA_MAX_T && (!w->perm || (ws && ws->xperm_elems >= (size_t)T * w->cols)));
+                (mma_ok(w) && T <= (w->bits == 4 ? QMMA_MAX_T4 : QMMA_MAX_T) &&
+                 (!w->perm || (ws && ws->xperm_elems >= (size_t)T * w->cols)));
     if (gemv) {
         const uint16_t *xx = x;
         if (w->perm) {
