@@ -16,7 +16,9 @@
  *                        serve's --max-num-batched-tokens) as the scheduler runs
  *                        them (TTFT, each chunk's time), then batch-1 decode over
  *                        that written cache at contexts up to N, each against its
- *                        floor (weights + the context's KV at 4.3 TB/s)
+ *                        floor (weights + the context's KV at --bw)
+ *   --bw=TBPS            the memory bandwidth the floors assume (H200 4.3, H100
+ *                        3.35, else 3.35: what each sustains on a copy)
  *   --profile=decode     after the timed decode steps, two more inside
  *                        cudaProfilerStart/Stop (for `ncu --profile-from-start
  *                        off`); =prefill: after the timed prefill, one more
@@ -40,12 +42,14 @@
 #include <time.h>
 
 #include <cuda_profiler_api.h>
+#include <cuda_runtime.h>
 
 #include "cuda/tuning.h"
 #include "model/backend.h"
 #include "tests/gpu/gpu_util.h"
 
 #define BS 16
+static double g_bw; /* bytes a second the floors assume (--bw, else by device) */
 static int g_ctxb = 160; /* blocks per sequence (2560 tokens; --long sets more) */
 
 
@@ -121,7 +125,7 @@ static void bench_long(int n, int chunk, size_t wbytes, size_t kv_tok)
         int c = ctxs[i] < n - 40 ? ctxs[i] : n - 40;
         if (c < 1 || (i && ctxs[i - 1] >= n - 40)) break;
         double d = median_decode(1, c, 32);
-        double floor_s = (double)(wbytes + (size_t)c * kv_tok) / 4.3e12;
+        double floor_s = (double)(wbytes + (size_t)c * kv_tok) / g_bw;
         printf("long decode batch 1 @ %d ctx: %.3f ms/step = %.1f tok/s; floor %.3f ms (weights + %.2f GB of KV) = "
                "%.1f tok/s (%.0f%%)\n",
                c, d * 1e3, 1 / d, floor_s * 1e3, (double)c * kv_tok / 1e9, 1 / floor_s, 100 * floor_s / d);
@@ -129,13 +133,52 @@ static void bench_long(int n, int chunk, size_t wbytes, size_t kv_tok)
 }
 
 /* bytes one pass over weight matrix t reads on the GPU: bf16, or packed
- * codes plus f16/bf16 scales and byte zero points (cuda/qgemm.h) */
+ * codes plus f16/bf16 scales and byte zero points (cuda/qgemm.h); 0 for a
+ * tensor the layer lacks */
 static size_t read_bytes(const struct model_tensor *t)
 {
-    size_t rows = (size_t)t->ne[1], cols = (size_t)t->ne[0];
+    if (!t->data && t->dtype != MODEL_DT_QPACK) return 0;
+    size_t rows = t->ne[1] > 0 ? (size_t)t->ne[1] : 1, cols = (size_t)t->ne[0];
     if (t->dtype != MODEL_DT_QPACK || !t->quant) return rows * cols * 2;
     const struct model_quant *q = t->quant;
     return rows * ((cols * (size_t)q->bits + 7) / 8 + 15) / 16 * 16 + rows * (size_t)q->n_groups * (q->sym ? 2 : 3);
+}
+
+/* The weight bytes a batch-1 decode step reads: every layer's mixer (GQA,
+ * MLA with its indexer, KDA), its FFN (dense; MoE: the router, top-k routed
+ * experts, the shared experts), the LM head. */
+static size_t decode_bytes(const model *m)
+{
+    const struct model_config *c = model_get_config(m);
+    const struct model_weights *w = model_get_weights(m);
+    size_t b = read_bytes(c->tie_embeddings ? &w->tok_embd : &w->lm_head);
+    for (int l = 0; l < c->n_layer; l++) {
+        const struct model_layer_weights *L = &w->layers[l];
+        struct model_layer_kind k = model_layer_kind_of(c, l);
+        if (k.mixer == MODEL_MIXER_MLA) {
+            const struct model_mla_weights *a = &L->mla;
+            const struct model_tensor *ts[] = {&a->q_a, &a->q_b, &a->q, &a->kv_a, &a->kv_b, &a->o,
+                                               &a->ix_wq_b, &a->ix_wk, &a->ix_weights, &a->ix_kpool_gate};
+            for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) b += read_bytes(ts[i]);
+        } else if (k.mixer == MODEL_MIXER_KDA) {
+            const struct model_kda_weights *a = &L->kda;
+            const struct model_tensor *ts[] = {&a->q, &a->k, &a->v, &a->f_a, &a->f_b, &a->b, &a->g_a, &a->g_b, &a->o};
+            for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) b += read_bytes(ts[i]);
+        } else {
+            const struct model_tensor *ts[] = {&L->wq, &L->wk, &L->wv, &L->wo};
+            for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) b += read_bytes(ts[i]);
+        }
+        if (k.ffn == MODEL_FFN_MOE) {
+            const struct model_moe_weights *e = &L->moe;
+            b += read_bytes(&e->router) + read_bytes(&e->sh_gate) + read_bytes(&e->sh_up) + read_bytes(&e->sh_down);
+            /* expert 0's bytes for each of the top-k (experts of a layer share a format but where ignore says) */
+            b += (size_t)c->moe.n_expert_used * (read_bytes(&e->gate[0]) + read_bytes(&e->up[0]) + read_bytes(&e->down[0]));
+        } else {
+            const struct model_tensor *ts[] = {&L->w_gate, &L->w_up, &L->w_down};
+            for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) b += read_bytes(ts[i]);
+        }
+    }
+    return b;
 }
 
 /* the value of option name ("--name=value") in a, or NULL */
@@ -161,6 +204,7 @@ int main(int argc, char **argv)
         else if ((v = opt(a, "--big"))) big = atoi(v);
         else if ((v = opt(a, "--long"))) long_n = atoi(v);
         else if ((v = opt(a, "--chunk"))) chunk = atoi(v);
+        else if ((v = opt(a, "--bw"))) g_bw = atof(v) * 1e12;
         else if ((v = opt(a, "--profile"))) prof = v;
         else if (!strcmp(a, "--enforce-eager")) eager = true;
         else if (!strcmp(a, "--no-warmup")) cuda_tuning.warmup = false;
@@ -176,6 +220,11 @@ int main(int argc, char **argv)
     }
     const char *cfg = pos_args[0], *tok = pos_args[1];
     char err[512];
+    if (g_bw <= 0) {
+        struct cudaDeviceProp prop;
+        bool h200 = cudaGetDeviceProperties(&prop, 0) == cudaSuccess && strstr(prop.name, "H200");
+        g_bw = h200 ? 4.3e12 : 3.35e12;
+    }
     double t0 = now_s();
     struct model_load_opts lo = {.tokenizer = tok, .load_format = "dummy"};
     model *m = model_load(cfg, &lo, err, sizeof err);
@@ -216,13 +265,7 @@ int main(int argc, char **argv)
         hbytes = 2 * (size_t)c->n_vocab * E;
         /* what a decode step reads: packed weights (a quantization_config) at
          * their codes, scales and zero points */
-        const struct model_weights *w = model_get_weights(m);
-        wbytes = read_bytes(c->tie_embeddings ? &w->tok_embd : &w->lm_head);
-        for (int l = 0; l < c->n_layer; l++) {
-            const struct model_layer_weights *L = &w->layers[l];
-            const struct model_tensor *ts[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-            for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) wbytes += read_bytes(ts[i]);
-        }
+        wbytes = decode_bytes(m);
     }
     /* a prefill step's GEMM flops: 2 a bf16 weight (2 bytes) for every token
      * through the layers, the LM head for each sequence's last token only */
@@ -235,7 +278,9 @@ int main(int argc, char **argv)
     if (long_n > 0) {
         bool kv8 = false; /* as the backend read --kv-cache-dtype (it accepted it above) */
         model_kv_dtype(&bo, "cuda", &kv8, err, sizeof err);
-        size_t kv_tok = (size_t)c->n_layer * 2 * c->n_head_kv * c->head_dim / (size_t)tp * (kv8 ? 1 : 2);
+        /* one GPU's KV bytes a token, every layer kind as the backend lays it out */
+        size_t kv_tok = g_be->ops->kv_block_bytes(g_be, BS) / BS;
+        (void)kv8;
         step(1, 0, 64); /* warm-up */
         bench_long(long_n, chunk, wbytes, kv_tok);
         goto done;
@@ -271,8 +316,8 @@ decode:
     if (only && strcmp(only, "batches") == 0) goto batches;
     step(1, 0, 1024);
     double d1 = median_decode(1, 1024, 128);
-    printf("decode batch 1 @ 1K ctx: %.3f ms/step = %.1f tok/s; floor %.1f tok/s at 4.3 TB/s (%.0f%%)\n", d1 * 1e3,
-           1 / d1, 4.3e12 / wbytes, 100 * (1 / d1) / (4.3e12 / wbytes));
+    printf("decode batch 1 @ 1K ctx: %.3f ms/step = %.1f tok/s; floor %.1f tok/s at %.2f TB/s (%.0f%%)\n", d1 * 1e3,
+           1 / d1, g_bw / wbytes, g_bw / 1e12, 100 * (1 / d1) / (g_bw / wbytes));
     if (prof && strcmp(prof, "decode") == 0) {
         cudaProfilerStart();
         step(1, 1200, 1), step(1, 1201, 1);

@@ -49,6 +49,9 @@
 #                      each packed GEMM alone at those shapes (GB/s) beside the bf16 GEMV
 #   long               one 32K and one 131K-token prompt in chunks of 8192
 #                      (TTFT), then batch-1 decode over them; each KV cache
+#   mla                the DeepSeek-V2-Lite shape (tools/configs/deepseek-v2-lite-shape: MLA +
+#                      64 experts top-6, dummy bf16): batch-1 decode at 1K, then one
+#                      32K and one 131K-token prompt (TTFT) and batch-1 decode over each
 #   gemm               bench_gemm: the sustained cuBLAS GEMM ceiling at the power
 #                      cap, and the warpgroup GEMMs beside it
 #   attn               bench_attn: the prefill attention kernels, each KV cache
@@ -211,6 +214,12 @@ bench_one() {
         for s in qwen3-30b-a3b qwen3-30b-a3b-w4a16; do
             echo "-- $s"
             timeout -k 5 600 "$B/tests/gpu/bench_gpu" $G --decode=64x1024,256x256 "tools/configs/$s" 2>&1 | tee "$d/$s.log"
+        done ;;
+    mla) # the DeepSeek-V2-Lite shape (MLA + MoE, dummy bf16): batch-1 decode at 1K, then over 32K and 131K
+        s=tools/configs/deepseek-v2-lite-shape
+        timeout -k 5 300 "$B/tests/gpu/bench_gpu" $G --only=decode "$s" 2>&1 | tee "$d/decode.log"
+        for n in 32768 131072; do
+            timeout -k 5 400 "$B/tests/gpu/bench_gpu" $G0 --long=$n "$s" 2>&1 | tee "$d/long_$n.log"
         done ;;
     gemm) timeout -k 5 300 "$B/tests/gpu/bench_gemm" --wg 2>&1 | tee "$d/bench_gemm.log" ;;
     attn)
