@@ -158,11 +158,11 @@ static void run_case(int H, int C, int R, int Dn, bool inter, bool kv8)
         int64_t *dslots = dup_dev(slots, (size_t)T * 8);
         struct cuda_mla_kv_args ka = {.q = dq, .qn = dqn, .kva = dkva, .kv_norm = dkvn, .cos = dcos, .sin = dsin,
                                       .pos = dpos, .slots = dslots, .cache = dcache, .T = T, .H = H, .Dn = Dn,
-                                      .R = R, .C = C, .eps = eps, .interleave = inter, .kv8 = kv8};
+                                      .R = R, .C = C, .W = W, .eps = eps, .interleave = inter, .kv8 = kv8};
         CHECK(cuda_mla_kv_write(&ka, 0) == cudaSuccess);
         struct cuda_mla_attn_args aa = {.qlat = dqlat, .q = dq, .cache = dcache, .pos = dpos, .tok_bt = dtbt,
                                         .bt = dbt, .olat = dolat, .T = T, .H = H, .Dn = Dn, .R = R, .C = C,
-                                        .block_size = BS, .scale = scale, .kv8 = kv8};
+                                        .W = W, .block_size = BS, .scale = scale, .kv8 = kv8};
         CHECK(cuda_mla_attention(&aa, 0) == cudaSuccess);
         CHECK(cudaDeviceSynchronize() == cudaSuccess);
         /* the entries the GPU wrote, as f32 */
