@@ -290,8 +290,8 @@ static void test_logits(void)
         printf("  prompt %d (%d tokens): logits vs HF top-20 %.2e, vs CPU (all %d) %.2e", i, p->n, worst_hf, g_nv,
                worst_cpu);
         if (flip >= 0)
-            printf(" over positions 0..%d; from the flip at %d on (not checked): vs HF %.2e, vs CPU %.2e", flip - 1,
-                   flip, after_hf, after_cpu);
+            printf(" over the %d positions before the flip at %d; from it on (not checked): vs HF %.2e, vs CPU %.2e",
+                   flip, flip, after_hf, after_cpu);
         printf("\n");
         CHECKF(nonfinite == 0, "prompt %d: %d positions with NaN logits", i, nonfinite);
         CHECKF(worst_hf <= g_tol_hf, "prompt %d: logits vs HF %.3g > %.3g", i, worst_hf, g_tol_hf);
@@ -692,7 +692,7 @@ static void test_state_lone(void)
         memcpy(ids, p->ids, p->n * 4);
         float *lg = malloc((size_t)g_nv * 4), *lc = malloc((size_t)g_nv * 4), *lgp[1] = {lg}, *lcp[1] = {lc};
         double w_hf = 0, w_cpu = 0, w_dec = 0, a_hf = 0, a_cpu = 0, a_dec = 0;
-        int bad = 0, hf_div = -1, slot = MAXP + i, pflip = -1, dflip = -1, a_diff = 0, nonfinite = 0, wpos = -1;
+        int bad = 0, hf_div = -1, slot = MAXP + i, pflip = -1, dflip = -1, a_diff = 0, nonfinite = 0, wpos = 0;
         for (int pos = 0; pos < p->n; pos++) {
             int one = 1;
             int32_t tg, tc;
@@ -744,9 +744,9 @@ static void test_state_lone(void)
                i, p->n, w_hf, w_cpu, wpos, w_dec, hf_div < 0 ? "identical over " : "first divergence at step ",
                hf_div < 0 ? p->n_greedy : hf_div);
         if (pflip >= 0)
-            printf("  prompt %d: positions 0..%d checked; from the flip at %d on (not checked): vs HF %.2e, vs CPU "
-                   "%.2e\n",
-                   i, pflip - 1, pflip, a_hf, a_cpu);
+            printf("  prompt %d: the %d positions before the flip at %d checked; from it on (not checked): vs HF "
+                   "%.2e, vs CPU %.2e\n",
+                   i, pflip, pflip, a_hf, a_cpu);
         if (g_moe) printf("  prompt %d: %d of %d decode steps checked\n", i, checked, NGREEDY);
         decode_report(i, dflip, a_dec, a_diff);
         CHECKF(nonfinite == 0, "prompt %d: %d positions with NaN logits", i, nonfinite);
