@@ -132,7 +132,9 @@ check() {
     local e128="SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3-d128" t
     local emla="SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/mla/dsv3-qlora" # MLA: the latent cache
     if [ $c = 1 ]; then
-        for t in "$B"/tests/gpu/test_*; do runs+=("$t"); done
+        # executables only: an object the generic %.o rule made there (`make build/tests/gpu/test_x.o`,
+        # a compile check) or any other file beside them is not a test
+        for t in "$B"/tests/gpu/test_*; do [ -f "$t" ] && [ -x "$t" ] && runs+=("$t"); done
         if [ -f "$MODEL" ]; then runs+=("SLUICE_TEST_DEVICE=cuda $B/tests/test_engine"); else runs+=("$e $B/tests/test_engine"); fi
         runs+=("SLUICE_TEST_KV=fp8 $e $B/tests/test_engine" "$e128 $B/tests/test_engine"
                "SLUICE_TEST_KV=fp8 $e128 $B/tests/test_engine"
@@ -332,6 +334,7 @@ pack() {
     t=$(mktemp -d)
     for f in "$B/sluice" "$B/tests/test_engine" "$B"/tests/gpu/* "$@"; do
         [ -f "$f" ] || continue
+        [[ $f != "$B"/tests/gpu/* || -x $f ]] || continue # the binaries there, not a stray object
         mkdir -p "$t/$(dirname "$f")"
         strip -o "$t/$f" "$f"
     done
