@@ -19,6 +19,11 @@
  *    the host from the GPU logits with the CPU's RNG stream: tokens equal the
  *    CPU backend's while the logits agree.
  *
+ * Speculative decoding (tiny-qwen3, tiny-qwen3-d128: run_spec_model): one
+ * verify step over a continuation the GPU decoded token by token accepts
+ * every draft but at a near-tie, with the decode steps' logprobs within
+ * bf16 tolerance; wrong drafts emit exactly the first token.
+ *
  * The same for the packed int4/int8 checkpoints of tests/models/quant (every
  * format: the GPU's mixed-input kernels against the CPU's exact
  * dequantization); at TP=N a checkpoint whose row-parallel shards would cut
