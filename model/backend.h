@@ -202,7 +202,7 @@ struct model_backend {
                                    forward() can never succeed again: the engine then stops */
     bool has_prompt_logprobs;   /* forward() fills step_seq.prompt_out */
     int max_draft_tokens;       /* forward() verifies up to this many drafts a sequence (step_seq.n_draft);
-                                   0: none (cuda today) */
+                                   0: none */
     bool has_mtp;               /* created with opts.mtp: forward() keeps the MTP layer current, mtp_draft works */
 };
 

@@ -908,8 +908,60 @@ static void check_spec_stats(const char *what, const struct sched_stats *s, bool
            s->spec_drafts ? 1.0 + (double)s->spec_accepted_tokens / (double)s->spec_drafts : 0.0);
 }
 
+/* Whether n-gram lookup (spec_engine's prompt_lookup 1..4) would have
+ * proposed a right first draft somewhere along the reference outputs: a
+ * model that does not repeat its context (a random one, e.g. dsv3-qlora)
+ * has accepted drafts nowhere, so none are asked of it; one that copies the
+ * quoted passage (the tiny dense models) must accept some. */
+static bool lookup_hits(const struct sched_request *rq, const struct result *ref, int n)
+{
+    int32_t seq[1024], d[1];
+    for (int i = 0; i < n; i++) {
+        int np = rq[i].n_prompt;
+        if (np + ref[i].n > (int)(sizeof seq / sizeof seq[0])) continue;
+        memcpy(seq, rq[i].prompt, sizeof seq[0] * (size_t)np);
+        memcpy(seq + np, ref[i].tok, sizeof seq[0] * (size_t)ref[i].n);
+        /* the first token comes from the prefill and the last has no room
+         * for drafts: the verified ones lie between */
+        for (int j = 1; j < ref[i].n - 1; j++)
+            if (sched_ngram_propose(seq, np + j, 1, 4, 1, d) == 1 && d[0] == ref[i].tok[j]) return true;
+    }
+    return false;
+}
+
+/* got's logprobs (and the top ones both list) against ref's over the tokens
+ * before their first difference: on the CPU bitwise; on the GPU a verified
+ * position's row comes from a multi-token step, whose kernels round
+ * differently from a decode step's, so within NEAR_TIE_NATS (the bound
+ * match_sampled puts on the same comparison). A verify that read the wrong
+ * rows is off by whole nats. */
+static void check_logprobs(const char *what, const struct result *ref, const struct result *got)
+{
+    bool cpu = !strcmp(g_device, "cpu");
+    int n = ref->n < got->n ? ref->n : got->n, j = 0;
+    while (j < n && ref->tok[j] == got->tok[j]) j++;
+    for (int t = 0; t < j; t++) {
+        const struct model_sample_out *a = &got->samp[t], *b = &ref->samp[t];
+        bool eq = a->token == b->token && a->n_top == b->n_top &&
+                  (cpu ? a->logprob == b->logprob : fabsf(a->logprob - b->logprob) < NEAR_TIE_NATS);
+        for (int x = 0; eq && x < a->n_top; x++) {
+            if (cpu) {
+                eq = a->top_ids[x] == b->top_ids[x] && a->top_logprobs[x] == b->top_logprobs[x];
+                continue;
+            }
+            for (int y = 0; y < b->n_top; y++)
+                if (a->top_ids[x] == b->top_ids[y]) eq = fabsf(a->top_logprobs[x] - b->top_logprobs[y]) < NEAR_TIE_NATS;
+        }
+        CHECKF(eq, "%s: token %d: logprob %.6f with drafts, %.6f without", what, t, a->logprob, b->logprob);
+    }
+}
+
 /* Greedy output with n-gram drafts is the output without them: batched,
- * chunked (a budget of 16 tokens), with prefix hits and with preemption. */
+ * chunked (a budget of 16 tokens), with prefix hits and with preemption.
+ * On the GPU a verify step is multi-token, so it may round differently
+ * from the decode steps of the run without drafts: a greedy split is
+ * allowed there at a near-tie only (match()), as between batched and lone
+ * runs. */
 static void test_spec_greedy(void)
 {
     if (be->max_draft_tokens < 3) {
@@ -921,23 +973,25 @@ static void test_spec_greedy(void)
     if (!e) return;
     for (int i = 0; i < NQ; i++) run_one(e, &qreq[i], &qref[i]);
     sched_engine_destroy(e);
+    bool repeats = lookup_hits(qreq, qref, NQ), repeats3 = lookup_hits(qreq, qref, 3);
+    if (!repeats) printf("  n-gram lookup matches nowhere in the outputs without drafts: no accepts required\n");
 
     struct result res[NQ];
     struct sched_stats st;
     e = spec_engine(8, 256, 512, 64, false, 3, NULL);
     if (!e) return;
     run_all(e, qreq, NQ, res);
-    for (int i = 0; i < NQ; i++) CHECKF(same(&qref[i], &res[i]), "request %d differs with drafts, batched", i);
+    for (int i = 0; i < NQ; i++) CHECKF(match(&qreq[i], &qref[i], &res[i]), "request %d differs with drafts, batched", i);
     spec_counts(e, &st);
-    check_spec_stats("batched", &st, true);
+    check_spec_stats("batched", &st, repeats);
     sched_engine_destroy(e);
 
     e = spec_engine(4, 16, 512, 64, false, 4, NULL);
     if (!e) return;
     run_all(e, qreq, 3, res);
-    for (int i = 0; i < 3; i++) CHECKF(same(&qref[i], &res[i]), "request %d differs with drafts, chunked", i);
+    for (int i = 0; i < 3; i++) CHECKF(match(&qreq[i], &qref[i], &res[i]), "request %d differs with drafts, chunked", i);
     spec_counts(e, &st);
-    check_spec_stats("chunked", &st, true);
+    check_spec_stats("chunked", &st, repeats3);
     sched_engine_destroy(e);
 
     e = spec_engine(8, 256, 512, 64, true, 2, NULL);
@@ -946,22 +1000,22 @@ static void test_spec_greedy(void)
     run_all(e, qreq, NQ, res); /* again: every prompt's full blocks are cached now */
     int cached = 0;
     for (int i = 0; i < NQ; i++) {
-        CHECKF(same(&qref[i], &res[i]), "request %d differs with drafts and a prefix hit", i);
+        CHECKF(match(&qreq[i], &qref[i], &res[i]), "request %d differs with drafts and a prefix hit", i);
         cached += res[i].usage.cached_tokens;
     }
     CHECKF(cached > 0, "no prefix hit");
     spec_counts(e, &st);
-    check_spec_stats("prefix hits", &st, true);
+    check_spec_stats("prefix hits", &st, repeats);
     sched_engine_destroy(e);
 
     /* a pool of 16 blocks for four requests of up to 9 blocks */
     e = spec_engine(8, 32, 160, 16, true, 4, NULL); /* chunks of 32: admitted prompts grow into the pool */
     if (!e) return;
     run_all(e, qreq, NQ, res);
-    for (int i = 0; i < NQ; i++) CHECKF(same(&qref[i], &res[i]), "request %d differs with drafts and preemption", i);
+    for (int i = 0; i < NQ; i++) CHECKF(match(&qreq[i], &qref[i], &res[i]), "request %d differs with drafts and preemption", i);
     spec_counts(e, &st);
     CHECKF(st.preemptions > 0, "no preemption");
-    check_spec_stats("preempted", &st, true);
+    check_spec_stats("preempted", &st, repeats);
     struct sched_engine_stats es;
     sched_engine_get_stats(e, &es);
     CHECK(es.kv.blocks_used == 0 && es.kv.blocks_free + es.kv.blocks_cached == es.kv.blocks_total);
@@ -992,9 +1046,15 @@ static void test_spec_exact(void)
     struct result res[NM];
     for (int i = 0; i < NM; i++) rm[i] = qreq[0], rm[i].max_tokens = i + 1;
     run_all(e, rm, NM, res);
-    for (int i = 0; i < NM; i++)
-        CHECKF(res[i].n == i + 1 && res[i].finish == SCHED_FINISH_LENGTH && !memcmp(res[i].tok, qref[0].tok, sizeof(int32_t) * (size_t)(i + 1)),
+    static struct result cut_ref; /* qref[0]'s first i + 1 tokens */
+    for (int i = 0; i < NM; i++) {
+        cut_ref = qref[0];
+        cut_ref.n = i + 1;
+        CHECKF(res[i].n == i + 1 && res[i].finish == SCHED_FINISH_LENGTH && match(&rm[i], &cut_ref, &res[i]),
                "max_tokens %d: %d tokens", i + 1, res[i].n);
+    }
+    cut_ref.n = NM; /* the longest run's drafts: where lookup finds the model's next token, some are accepted */
+    bool repeats = lookup_hits(&qreq[0], &cut_ref, 1);
     /* a stop string at each of several places of the reference text */
     int n_cut = 0;
     for (int i = 0; i < NQ; i++) {
@@ -1009,22 +1069,32 @@ static void test_spec_exact(void)
         struct result cut;
         run_one(e, &r, &cut);
         const char *hit = strstr(f->text, stop);
-        CHECKF(hit && cut.finish == SCHED_FINISH_STOP && cut.text_len == (size_t)(hit - f->text) &&
-                   !memcmp(cut.text, f->text, cut.text_len),
-               "request %d: cut '%s' full '%s' stop '%s'", i, cut.text, f->text, stop);
+        bool ok = hit && cut.finish == SCHED_FINISH_STOP && cut.text_len == (size_t)(hit - f->text) &&
+                  !memcmp(cut.text, f->text, cut.text_len);
+        if (!ok && strcmp(g_device, "cpu") && cut.n > 0 && cut.n <= f->n) {
+            /* on the GPU the run with drafts may split from the reference at a near-tie before the stop */
+            cut_ref = *f;
+            cut_ref.n = cut.n;
+            ok = !same(&cut_ref, &cut) && match(&r, &cut_ref, &cut);
+        }
+        CHECKF(ok, "request %d: cut '%s' full '%s' stop '%s'", i, cut.text, f->text, stop);
         n_cut++;
     }
     CHECK(n_cut >= 3);
     struct sched_stats st;
     spec_counts(e, &st);
-    check_spec_stats("max_tokens and stop strings", &st, true);
+    check_spec_stats("max_tokens and stop strings", &st, repeats);
 
-    /* logprobs and a seeded sampled run: the same with and without drafts */
+    /* logprobs and a seeded sampled run: the same with and without drafts
+     * (on the GPU: a split only where a near-tie or the draw explains it,
+     * logprobs within a tolerance up to it) */
     struct sched_request rs[2] = {qreq[1], qreq[2]};
     rs[0].logprobs = true;
     rs[0].sampling.top_logprobs = 3;
     rs[1].logprobs = true;
     rs[1].sampling.temperature = 0.8f;
+    rs[1].sampling.top_k = 20;
+    rs[1].sampling.top_logprobs = 20; /* match_sampled reads both runs' top-k */
     rs[1].sampling.seed = 1234;
     struct result with[2], with2[2], without[2];
     run_all(e, rs, 2, with);
@@ -1034,17 +1104,12 @@ static void test_spec_exact(void)
     if (!e) return;
     run_all(e, rs, 2, without);
     sched_engine_destroy(e);
-    for (int i = 0; i < 2; i++) {
-        CHECKF(same(&with[i], &without[i]) && same(&with[i], &with2[i]), "%s run differs with drafts",
-               i ? "seeded" : "greedy");
-        for (int j = 0; j < with[i].n && j < without[i].n; j++) {
-            const struct model_sample_out *a = &with[i].samp[j], *b = &without[i].samp[j];
-            bool eq = a->token == b->token && a->logprob == b->logprob && a->n_top == b->n_top;
-            for (int k = 0; eq && k < a->n_top; k++)
-                eq = a->top_ids[k] == b->top_ids[k] && a->top_logprobs[k] == b->top_logprobs[k];
-            CHECKF(eq, "token %d: logprob %.6f with drafts, %.6f without", j, a->logprob, b->logprob);
-        }
-    }
+    CHECKF(match(&rs[0], &without[0], &with[0]) && match(&rs[0], &with[0], &with2[0]),
+           "greedy run differs with drafts");
+    CHECKF(match_sampled(&rs[1], &without[1], &with[1]) && match_sampled(&rs[1], &with[1], &with2[1]),
+           "seeded run differs with drafts");
+    check_logprobs("greedy", &without[0], &with[0]);
+    check_logprobs("seeded", &without[1], &with[1]);
 
     /* an always-wrong drafter: acceptance near zero, the same output */
     int nv = model_tok_n_vocab(model_get_tok(m));
@@ -1053,7 +1118,7 @@ static void test_spec_exact(void)
     if (!e) return;
     struct result res2[NQ];
     run_all(e, qreq, NQ, res2);
-    for (int i = 0; i < NQ; i++) CHECKF(same(&qref[i], &res2[i]), "request %d differs with wrong drafts", i);
+    for (int i = 0; i < NQ; i++) CHECKF(match(&qreq[i], &qref[i], &res2[i]), "request %d differs with wrong drafts", i);
     spec_counts(e, &st);
     check_spec_stats("wrong drafts", &st, false);
     CHECKF(st.spec_accepted_tokens * 10 <= st.spec_draft_tokens, "wrong drafts accepted: %llu of %llu",

@@ -22,6 +22,11 @@
  * or decode step beyond tolerance (a routing flip), under per-model floors:
  * see MOE_MIN_CHECKED_POS.
  *
+ * Speculative decoding (tiny-qwen3, tiny-qwen3-d128: run_spec_model): one
+ * verify step over a continuation the GPU decoded token by token accepts
+ * every draft but at a near-tie, with the decode steps' logprobs within
+ * bf16 tolerance; wrong drafts emit exactly the first token.
+ *
  * The same for the packed int4/int8 checkpoints of tests/models/quant (every
  * format: the GPU's mixed-input kernels against the CPU's exact
  * dequantization); at TP=N a checkpoint whose row-parallel shards would cut
@@ -964,6 +969,209 @@ static void run_dummy(const char *name, const char *dir, int n_head_kv, double t
     model_free(g_model);
 }
 
+/* ---- speculative decoding's verification ------------------------------------------ */
+
+/* A dense model's verify step against its own decode steps (GPU only):
+ * each prompt prefilled, then SPEC_K tokens decoded greedily one a step
+ * (t1 .. tK after the prefill's t0, each step's logits kept); then, from the
+ * same prefix, ONE step verifies t0 followed by the drafts t1 .. tK-1
+ * (n_draft = SPEC_K - 1) for every prompt at once. Every draft must be
+ * accepted and tK emitted after them, each emitted token the decode step's
+ * unless that step's top-2 were a near-tie (bf16: the verify step is
+ * multi-token, its kernels round otherwise than a decode step's), each
+ * logprob within tol of max |logit| of the decode step's. Rows read one
+ * position off, or another sequence's, give other tokens. Then drafts that
+ * are all wrong: exactly one token, t1, is emitted. Both with the device's
+ * argmax (verify_greedy) and with top logprobs (model_sample_verify on the
+ * host). */
+#define SPEC_K 5
+static double g_spec_tol;
+
+/* One step of ns sequences: sequence k (prompt pi[k]) queries ids[k][start[k] .. start[k] + len[k]), of which
+ * the last nd[k] are drafts; its sample or verification lands in sq[k]. */
+static int spec_step(int ns, const int *pi, int32_t *const *ids, const int *start, const int *len, const int *nd,
+                     const struct model_sampling *samp, float *const *logits, struct step_seq *sq,
+                     struct model_sample_out (*spec)[SPEC_K])
+{
+    int T = 0;
+    for (int k = 0; k < ns; k++) T += len[k];
+    int32_t *tid = malloc(T * 4), *pos = malloc(T * 4);
+    int64_t *slots = malloc(T * 8);
+    char err[256];
+    int t = 0;
+    for (int k = 0; k < ns; k++) {
+        sq[k] = (struct step_seq){.query_start = t, .query_len = len[k], .context_len = start[k] + len[k],
+                                  .block_table = g_bt[pi[k]], .n_blocks = REGION, .want_sample = true,
+                                  .sampling = samp, .history = ids[k], .n_prompt = g_gold.p[pi[k]].n,
+                                  .n_history = start[k] + len[k] - nd[k], .n_draft = nd[k],
+                                  .spec_out = nd[k] ? spec[k] : NULL, .logits_out = logits ? logits[k] : NULL};
+        if (sq[k].n_prompt > sq[k].n_history) sq[k].n_prompt = sq[k].n_history;
+        for (int j = 0; j < len[k]; j++, t++) {
+            int p = start[k] + j;
+            tid[t] = ids[k][p];
+            pos[t] = p;
+            slots[t] = (int64_t)g_bt[pi[k]][p / BLOCK] * BLOCK + p % BLOCK;
+        }
+    }
+    struct step st = {.n_tokens = T, .token_ids = tid, .positions = pos, .slots = slots, .n_seqs = ns, .seqs = sq};
+    int rc = g_gpu->ops->forward(g_gpu, &st, err, sizeof err);
+    if (rc) printf("  forward: %s\n", err);
+    free(tid), free(pos), free(slots);
+    return rc;
+}
+
+/* The verified token o at draft position j of prompt i against the decode step's token want and logits lg:
+ * the same token (or a near-tie there) and a logprob within tolerance. */
+static bool spec_judge(int i, int j, const struct model_sample_out *o, int32_t want, float want_lp, const float *lg,
+                       int *near)
+{
+    float mx = maxabs(lg, g_nv), tol = (float)g_spec_tol * mx;
+    if (o->token < 0 || o->token >= g_nv) {
+        printf("  prompt %d position %d: verified token %d\n", i, j, o->token);
+        return false;
+    }
+    if (o->token != want) {
+        float d = lg[want] - lg[o->token];
+        bool tie = d <= NEAR_TIE_REL * mx;
+        printf("  prompt %d position %d: verified %d, decoded %d, decode logit gap %.4f: %s\n", i, j, o->token, want,
+               d, tie ? "near-tie" : "NOT a near-tie");
+        *near += tie;
+        return tie;
+    }
+    if (!(fabsf(o->logprob - want_lp) <= tol)) {
+        printf("  prompt %d position %d: logprob %.5f verified, %.5f decoded (tolerance %.4f)\n", i, j, o->logprob,
+               want_lp, tol);
+        return false;
+    }
+    return true;
+}
+
+static void test_spec_verify(void)
+{
+    int np = g_gold.np < 3 ? g_gold.np : 3, pi[MAXP], start[MAXP], len[MAXP], nd[MAXP];
+    int32_t *ids[MAXP], *bad[MAXP], tok[MAXP][SPEC_K + 1];
+    float lp[MAXP][SPEC_K + 1], *lg[MAXP][SPEC_K + 1], *lgp[MAXP];
+    struct step_seq sq[MAXP];
+    static struct model_sample_out spec[MAXP][SPEC_K];
+    int n = 0;
+    for (int i = 0; i < np; i++)
+        if (g_gold.p[i].n + SPEC_K + 1 <= REGION * BLOCK) pi[n++] = i;
+    CHECKF(n > 0, "no prompt fits %d positions", REGION * BLOCK);
+    for (int k = 0; k < n; k++) {
+        const struct prompt *p = &g_gold.p[pi[k]];
+        ids[k] = calloc(p->n + SPEC_K + 1, 4), bad[k] = calloc(p->n + SPEC_K + 1, 4);
+        memcpy(ids[k], p->ids, p->n * 4);
+        for (int g = 0; g <= SPEC_K; g++) lg[k][g] = malloc((size_t)g_nv * 4);
+    }
+    /* the reference: each prompt alone, prefilled, then SPEC_K decode steps */
+    for (int k = 0; k < n; k++) {
+        int n0 = g_gold.p[pi[k]].n, zero = 0;
+        for (int g = 0; g <= SPEC_K; g++) {
+            int s0 = g ? n0 + g - 1 : 0, l0 = g ? 1 : n0;
+            lgp[0] = lg[k][g];
+            if (spec_step(1, &pi[k], &ids[k], &s0, &l0, &zero, &g_greedy, lgp, sq, NULL)) {
+                CHECK(0);
+                goto out;
+            }
+            tok[k][g] = sq[0].out.token, lp[k][g] = sq[0].out.logprob;
+            CHECKF(tok[k][g] >= 0 && tok[k][g] < g_nv, "prompt %d step %d: token %d", pi[k], g, tok[k][g]);
+            if (tok[k][g] < 0 || tok[k][g] >= g_nv) goto out;
+            ids[k][n0 + g] = tok[k][g];
+        }
+    }
+    for (int v = 0; v < 2; v++) {
+        struct model_sampling samp = g_greedy;
+        samp.top_logprobs = v; /* 0: verify_greedy; 1: model_sample_verify on the host */
+        const char *how = v ? "host" : "device argmax";
+        /* right drafts, every prompt in one step */
+        int near = 0, ok = 1, emitted = 0;
+        for (int k = 0; k < n; k++) {
+            start[k] = g_gold.p[pi[k]].n, len[k] = SPEC_K, nd[k] = SPEC_K - 1;
+        }
+        if (spec_step(n, pi, ids, start, len, nd, &samp, NULL, sq, spec)) {
+            CHECK(0);
+            goto out;
+        }
+        for (int k = 0; k < n; k++) {
+            int m = sq[k].n_spec_out;
+            emitted += m;
+            for (int j = 0; j < m && ok; j++) ok = spec_judge(pi[k], j, &spec[k][j], tok[k][j + 1], lp[k][j + 1], lg[k][j + 1], &near);
+            /* fewer than all only where the last emitted one split at a near-tie */
+            bool short_ok = m == SPEC_K || (m >= 1 && spec[k][m - 1].token != tok[k][m]);
+            CHECKF(ok && short_ok, "%s: prompt %d: %d of %d emitted", how, pi[k], m, SPEC_K);
+            ok = 1;
+        }
+        printf("  %s: %d sequences verified %d drafts each in one step: %d tokens emitted of %d, %d near-ties\n", how,
+               n, SPEC_K - 1, emitted, n * SPEC_K, near);
+        g_near_ties += near;
+        /* wrong drafts: t0, then tokens that are none of t1 .. tK */
+        for (int k = 0; k < n; k++) {
+            int n0 = g_gold.p[pi[k]].n;
+            memcpy(bad[k], ids[k], (n0 + 1) * 4);
+            for (int j = 1; j < SPEC_K; j++) {
+                int32_t w = (tok[k][j] + 7 * j) % g_nv;
+                for (int g = 0; g <= SPEC_K; g++)
+                    if (w == tok[k][g]) w = (w + 1) % g_nv, g = -1;
+                bad[k][n0 + j] = w;
+            }
+        }
+        near = 0;
+        if (spec_step(n, pi, bad, start, len, nd, &samp, NULL, sq, spec)) {
+            CHECK(0);
+            goto out;
+        }
+        for (int k = 0; k < n; k++)
+            CHECKF(sq[k].n_spec_out == 1 && spec_judge(pi[k], 0, &spec[k][0], tok[k][1], lp[k][1], lg[k][1], &near),
+                   "%s: prompt %d, wrong drafts: %d emitted", how, pi[k], sq[k].n_spec_out);
+        g_near_ties += near;
+    }
+out:
+    for (int k = 0; k < n; k++) {
+        free(ids[k]), free(bad[k]);
+        for (int g = 0; g <= SPEC_K; g++) free(lg[k][g]);
+    }
+}
+
+/* test_spec_verify on a model: a GPU backend of its own, created to verify SPEC_K - 1 drafts a sequence */
+static void run_spec_model(const char *name, const char *path, const char *golden, double tol)
+{
+    struct stat st;
+    char err[512];
+    if (g_tp > 1 || stat(path, &st) != 0 || stat(golden, &st) != 0) return;
+    if (golden_load(golden, &g_gold) != 0) {
+        CHECK(0);
+        return;
+    }
+    struct model_load_opts lo = {0};
+    g_model = model_load(path, &lo, err, sizeof err);
+    if (!g_model) {
+        printf("  load: %s\n", err);
+        t_fail++;
+        golden_free(&g_gold);
+        return;
+    }
+    g_nv = model_get_config(g_model)->n_vocab;
+    g_spec_tol = tol;
+    struct model_backend_opts bo = {.device = "cuda", .max_tokens_per_step = 1024, .max_seqs_per_step = 64,
+                                    .max_ctx = REGION * BLOCK, .max_draft_tokens = SPEC_K - 1};
+    g_gpu = model_backend_create(g_model, &bo, err, sizeof err);
+    printf("%s: speculative verification\n", name);
+    if (!g_gpu || alloc(g_gpu, MAXP * REGION, err, sizeof err)) {
+        printf("  backend: %s\n", err);
+        t_fail++;
+    } else {
+        CHECKF(g_gpu->max_draft_tokens == SPEC_K - 1, "max_draft_tokens %d", g_gpu->max_draft_tokens);
+        for (int i = 0; i < MAXP; i++)
+            for (int j = 0; j < REGION; j++) g_bt[i][j] = i * REGION + (REGION - 1 - j); /* not in order */
+        RUN(test_spec_verify);
+    }
+    model_backend_destroy(g_gpu);
+    g_gpu = NULL;
+    model_free(g_model);
+    g_model = NULL;
+    golden_free(&g_gold);
+}
+
 int main(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++) {
@@ -989,6 +1197,9 @@ int main(int argc, char **argv)
     run_model("tiny-qwen3-d128", "tests/models/tiny-qwen3-d128", "tests/models/tiny-qwen3-d128/golden.json", 3e-2,
               3e-2);
     run_dummy("dummy-d128-kv2", "tests/models/dummy-d128-kv2", 2, 3e-2);
+    /* speculative decoding's verify step against decode steps (dense tiny models) */
+    run_spec_model("tiny-qwen3", "tests/models/tiny-qwen3", "tests/models/tiny-qwen3/golden.json", 3e-2);
+    run_spec_model("tiny-qwen3-d128", "tests/models/tiny-qwen3-d128", "tests/models/tiny-qwen3-d128/golden.json", 3e-2);
     /* MLA (tests/models/mla, dense FFNs): the latent paged cache and the
      * absorbed attention, with and without q_lora, YaRN, RoPE; glm_moe_dsa with
      * its indexer off (index_topk null: golden_dense.json; on: last, below). The GPU runs the
