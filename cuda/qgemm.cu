@@ -194,7 +194,7 @@ __global__ void __launch_bounds__(QW * 32) qgemv_kernel(qparams p)
 #define MU 2 /* its stretches in flight per warp */
 /* Rows up to which cuda_qgemm takes the tensor-core kernel rather than
  * dequantize + cuBLAS, by format: measured (bench_qgemm's crossover, H100,
- * Llama-3.1-8B's four projections summed) int4 g128 at 48 rows 458 us
+ * Llama-3.1-8B's four projections summed) int4 g128 at 48 rows 459 us
  * packed against 451 dequantized (a wash), at 64 rows 612 against 447; int8
  * at 64 rows 392 against 468 (still faster) */
 #define QMMA_MAX_T4 48
