@@ -33,8 +33,8 @@ int cuda_mla_check(const struct model_config *c, int N, char *err, size_t errlen
                   first, "its shape");
         return SL_EUNSUP;
     }
-    if (a->kv_lora_rank <= 0 || a->kv_lora_rank > CUDA_MLA_MAX_C || a->kv_lora_rank % 2 || a->qk_rope_head_dim % 2 ||
-        a->qk_rope_head_dim > 256 || a->qk_nope_head_dim <= 0 || a->v_head_dim <= 0) {
+    if (a->kv_lora_rank <= 0 || a->kv_lora_rank > CUDA_MLA_MAX_C || a->kv_lora_rank % 2 ||
+        a->qk_rope_head_dim % 2 || a->qk_rope_head_dim > 256 || a->qk_nope_head_dim <= 0 || a->v_head_dim <= 0) {
         sl_seterr(err, errlen,
                   "cuda: MLA shape unsupported (kv_lora_rank %d: even, 2..%d; qk_rope_head_dim %d: even, <= 256; "
                   "qk_nope_head_dim %d, v_head_dim %d: > 0)",
@@ -299,8 +299,8 @@ int cuda_mla_mixer(struct rank *k, int l, int T, bool decode, char *err, size_t 
     struct cuda_mla_attn_args aa = {
         .qlat = x->qlat, .q = x->q, .cache = cache, .pos = pos, .tok_bt = tok_bt, .bt = bt,
         /* with the indexer on, every layer attends the keys of the last layer that chose (shared layers too) */
-        .sel = chosen ? x->sel : NULL, .nsel = chosen ? x->nsel : NULL, .olat = x->olat, .part = x->apart, .T = T, .H = H,
-        .Dn = Dn, .R = R, .C = C, .W = L->W, .K = x->KS, .block_size = b->block_size, .scale = a->softmax_scale,
+        .sel = chosen ? x->sel : NULL, .nsel = chosen ? x->nsel : NULL, .olat = x->olat, .part = x->apart,
+        .T = T, .H = H, .Dn = Dn, .R = R, .C = C, .W = L->W, .K = x->KS, .block_size = b->block_size, .scale = a->softmax_scale,
         .kv8 = b->kv8,
     };
     CK(cuda_mla_attention(&aa, st));

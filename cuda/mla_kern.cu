@@ -217,7 +217,8 @@ static __global__ void __launch_bounds__(THREADS) attn_kernel(struct cuda_mla_at
         }
         __syncthreads();
         if (ha < nh) {
-            const float2 *qa = (const float2 *)(qs + (size_t)ha * CR), *qb = (const float2 *)(qs + (size_t)(hb < nh ? hb : ha) * CR);
+            const float2 *qa = (const float2 *)(qs + (size_t)ha * CR);
+            const float2 *qb = (const float2 *)(qs + (size_t)(hb < nh ? hb : ha) * CR); /* no head b: a's again */
             const uint32_t *row = tl + lane * RS;
             float da = 0.0f, db = 0.0f;
             for (int cp = 0; cp < CP; cp++) {
@@ -252,10 +253,11 @@ static __global__ void __launch_bounds__(THREADS) attn_kernel(struct cuda_mla_at
 #pragma unroll
                 for (int q = 0; q < HGM / 4; q++) {
                     float4 p = p4[q];
-                    acc[4 * q][0] = fmaf(p.x, x0, acc[4 * q][0]), acc[4 * q][1] = fmaf(p.x, x1, acc[4 * q][1]);
-                    acc[4 * q + 1][0] = fmaf(p.y, x0, acc[4 * q + 1][0]), acc[4 * q + 1][1] = fmaf(p.y, x1, acc[4 * q + 1][1]);
-                    acc[4 * q + 2][0] = fmaf(p.z, x0, acc[4 * q + 2][0]), acc[4 * q + 2][1] = fmaf(p.z, x1, acc[4 * q + 2][1]);
-                    acc[4 * q + 3][0] = fmaf(p.w, x0, acc[4 * q + 3][0]), acc[4 * q + 3][1] = fmaf(p.w, x1, acc[4 * q + 3][1]);
+                    float *a0 = acc[4 * q], *a1 = acc[4 * q + 1], *a2 = acc[4 * q + 2], *a3 = acc[4 * q + 3];
+                    a0[0] = fmaf(p.x, x0, a0[0]), a0[1] = fmaf(p.x, x1, a0[1]);
+                    a1[0] = fmaf(p.y, x0, a1[0]), a1[1] = fmaf(p.y, x1, a1[1]);
+                    a2[0] = fmaf(p.z, x0, a2[0]), a2[1] = fmaf(p.z, x1, a2[1]);
+                    a3[0] = fmaf(p.w, x0, a3[0]), a3[1] = fmaf(p.w, x1, a3[1]);
                 }
             }
         }

@@ -3,7 +3,9 @@
  * entry write (latent norm, RoPE on the rope key and the queries' rope parts,
  * q_nope rounded) over a scattered block table; the absorbed attention of
  * two sequences, a prefill chunk each (causal within the step) and then
- * decode steps, bf16 and fp8 e4m3 caches; the DSA indexer (keys, scores,
+ * decode steps, bf16 and fp8 e4m3 caches (long ones, whose decode steps
+ * split their keys over blocks; 128 heads in groups; the indexer's choice
+ * of keys); the DSA indexer (keys, scores,
  * the top-K choice with ties). Each attention is checked against
  * a double reference over the entries the GPU stored (read back), and the
  * entries against the reference latent and key. Errors are ||out - ref|| /
