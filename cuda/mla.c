@@ -33,10 +33,10 @@ int cuda_mla_check(const struct model_config *c, int N, char *err, size_t errlen
                   first, "its shape");
         return SL_EUNSUP;
     }
-    if (a->kv_lora_rank <= 0 || a->kv_lora_rank > CUDA_MLA_MAX_C || a->qk_rope_head_dim % 2 ||
-        a->qk_rope_head_dim > 256 || a->qk_nope_head_dim <= 0 || a->v_head_dim <= 0) {
+    if (a->kv_lora_rank <= 0 || a->kv_lora_rank > CUDA_MLA_MAX_C || a->kv_lora_rank % 2 ||
+        a->qk_rope_head_dim % 2 || a->qk_rope_head_dim > 256 || a->qk_nope_head_dim <= 0 || a->v_head_dim <= 0) {
         sl_seterr(err, errlen,
-                  "cuda: MLA shape unsupported (kv_lora_rank %d: 1..%d; qk_rope_head_dim %d: even, <= 256; "
+                  "cuda: MLA shape unsupported (kv_lora_rank %d: even, 2..%d; qk_rope_head_dim %d: even, <= 256; "
                   "qk_nope_head_dim %d, v_head_dim %d: > 0)",
                   a->kv_lora_rank, CUDA_MLA_MAX_C, a->qk_rope_head_dim, a->qk_nope_head_dim, a->v_head_dim);
         return SL_EUNSUP;
@@ -142,6 +142,8 @@ static int rank_upload(struct rank *k, char *err, size_t errlen)
         cuda_dmalloc((void **)&x->olat, T * H * C * 2, err, errlen) ||
         cuda_dmalloc((void **)&x->att, T * H * Dv * 2, err, errlen))
         return SL_ENOMEM;
+    size_t pb = cuda_mla_attn_part_bytes((int)T, (int)H, (int)C, (int)R);
+    if (pb && cuda_dmalloc((void **)&x->apart, pb, err, errlen)) return SL_ENOMEM;
     if (a->index_topk > 0) {
         size_t IH = a->index_n_heads, ID = a->index_head_dim;
         x->K = a->index_topk < b->max_ctx ? a->index_topk : b->max_ctx;
@@ -223,7 +225,7 @@ void cuda_mla_free(struct rank *k, int l)
     struct cuda_mla_rank *x = k->mlax;
     if (x && l == k->b->c.n_layer - 1) {
         cudaFree(x->rcos), cudaFree(x->rsin), cudaFree(x->qa), cudaFree(x->qan), cudaFree(x->q), cudaFree(x->qn);
-        cudaFree(x->kva), cudaFree(x->qlat), cudaFree(x->olat), cudaFree(x->att);
+        cudaFree(x->kva), cudaFree(x->qlat), cudaFree(x->olat), cudaFree(x->att), cudaFree(x->apart);
         cudaFree(x->ixq), cudaFree(x->ixk), cudaFree(x->ixw), cudaFree(x->ixs), cudaFree(x->sel), cudaFree(x->nsel);
         cudaFree(x->ixg);
         free(x);
@@ -297,8 +299,8 @@ int cuda_mla_mixer(struct rank *k, int l, int T, bool decode, char *err, size_t 
     struct cuda_mla_attn_args aa = {
         .qlat = x->qlat, .q = x->q, .cache = cache, .pos = pos, .tok_bt = tok_bt, .bt = bt,
         /* with the indexer on, every layer attends the keys of the last layer that chose (shared layers too) */
-        .sel = chosen ? x->sel : NULL, .nsel = chosen ? x->nsel : NULL, .olat = x->olat, .T = T, .H = H,
-        .Dn = Dn, .R = R, .C = C, .W = L->W, .K = x->KS, .block_size = b->block_size, .scale = a->softmax_scale,
+        .sel = chosen ? x->sel : NULL, .nsel = chosen ? x->nsel : NULL, .olat = x->olat, .part = x->apart,
+        .T = T, .H = H, .Dn = Dn, .R = R, .C = C, .W = L->W, .K = x->KS, .block_size = b->block_size, .scale = a->softmax_scale,
         .kv8 = b->kv8,
     };
     CK(cuda_mla_attention(&aa, st));

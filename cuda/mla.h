@@ -65,6 +65,7 @@ struct cuda_mla_rank {
     float *qlat;                 /* [H][C] f32 */
     uint16_t *olat;              /* [H][C] bf16: the weighted latent sums */
     uint16_t *att;               /* [H][Dv] bf16 */
+    float *apart;                /* the attention's split partial sums (cuda_mla_attn_part_bytes), or NULL */
     /* the indexer (index_topk > 0): K keys a query attends at most; a shared layer reuses the
      * choice of the last layer that ran its own (sel and nsel stay from it) */
     int K, KS;                   /* KS: a query's room in sel, K (+ KP with k-pools) */
@@ -121,12 +122,20 @@ struct cuda_mla_attn_args {
     const int32_t *bt;
     const int32_t *sel, *nsel;   /* the indexer's choice ([T][K], [T]: -1 every key), or NULL: keys 0..pos */
     uint16_t *olat;              /* [T][H][C] out */
+    float *part;                 /* cuda_mla_attn_part_bytes of scratch for split keys, or NULL: no splits */
     int T, H, Dn, R, C, W, K, block_size; /* K: sel's row stride */
     float scale;
     bool kv8;
 };
-/* One block per (token, head): keys 0..pos[t] of its sequence, online softmax in f32. */
+/* Keys 0..pos[t] of the token's sequence (or the indexer's choice), online
+ * softmax in f32: one block per (token, group of up to 16 heads, split of
+ * the keys), every head of the group scoring each latent tile loaded once;
+ * the splits (their count from T and the shape only: graph-safe for any
+ * context) merged by a second kernel. */
 cudaError_t cuda_mla_attention(const struct cuda_mla_attn_args *a, cudaStream_t st);
+/* Bytes of part cuda_mla_attention needs for any step of up to max_tokens
+ * tokens with H heads (0: no step splits its keys). */
+size_t cuda_mla_attn_part_bytes(int max_tokens, int H, int C, int R);
 struct cuda_mla_ix_args {
     float *q;                    /* [T][IH][ID] f32: rope on the first R dims of each head, in place */
     const float *k;              /* [T][ID] f32: wk's output */
@@ -154,8 +163,9 @@ struct cuda_mla_ix_args {
  * pools' tokens chosen, then (tail) the query's own incomplete pool. */
 cudaError_t cuda_mla_indexer(const struct cuda_mla_ix_args *a, cudaStream_t st);
 
-/* C values a thread block of the attention keeps (C <= this). */
-#define CUDA_MLA_MAX_C 1024
+/* The attention's latent width at most (a thread keeps 2 values of every
+ * head of its group; C even). */
+#define CUDA_MLA_MAX_C 512
 
 #ifdef __cplusplus
 }

@@ -1,14 +1,14 @@
 /* mla_kern.cu - multi-head latent attention's kernels (mla.h): the latent norm,
  * the paged entry write with RoPE, and the absorbed attention over the
- * latent cache. Simple kernels (one block per row or per token x head, f32
- * accumulation); their plain-C references are in tests/gpu/test_mla.c. */
+ * latent cache. Simple kernels (one block per row or token; the attention's
+ * blocks below), f32 accumulation; their plain-C references are in
+ * tests/gpu/test_mla.c. */
 #include <math.h>
 
 #include "cuda/bf16.cuh"
 #include "cuda/mla.h"
 
 #define THREADS 256
-#define TILE 64 /* keys scored per pass of the attention */
 
 /* one cache element as f32: bf16, or fp8 e4m3 (exact) */
 static __device__ __forceinline__ float ld_kv(const void *c, size_t i, bool kv8)
@@ -91,80 +91,241 @@ extern "C" cudaError_t cuda_mla_kv_write(const struct cuda_mla_kv_args *a, cudaS
     return cudaGetLastError();
 }
 
-#define CPT (CUDA_MLA_MAX_C / THREADS) /* latent values per thread */
+/* The absorbed attention is multi-query attention over one shared key per
+ * position (the entry's latent and rope parts; the value is the latent), so
+ * a block takes every head of a group (heads in groups whose queries fit
+ * shared memory) for one token and one split of its keys: each tile of TK
+ * entries is read once into shared memory (bf16 pairs; e4m3 is exact in
+ * bf16) and used by all the group's heads. The keys of a token are split
+ * over S blocks (flash-decoding) when T x groups alone would not fill the
+ * GPU; S depends only on T and the shape (never on positions: a graph
+ * captured for a step replays for any later context), each split takes
+ * ceil(n / S) keys but at least MINCH, and writes its unnormalized latent
+ * sum, max and sum of weights per head to part; combine_kernel merges them. */
+#define TK 32     /* keys per tile: one per lane when scoring */
+#define HGM 16    /* heads of a group at most: two per warp; 2 accumulators each per thread */
+#define NBLK 528  /* blocks a step aims for (four per SM of an H100; two fit at once) before splitting stops */
+#define SMAX 256  /* splits at most */
+#define LDU 8     /* cache loads a thread has in flight while filling a tile */
+#define MINCH 32  /* keys a split takes at least (a tile) */
+#define SMEM_MAX (96 * 1024) /* shared memory a block may take: under sm_89's 99 KB opt-in */
 
-/* One block per (head, token): its keys 0..pos in tiles of TILE, each
- * warp scoring keys (lanes over the entry), then the online softmax and
- * the weighted latent sum, thread i holding values i, i + THREADS, ... */
-static __global__ void __launch_bounds__(THREADS) attn_kernel(struct cuda_mla_attn_args a)
+struct attn_geom {
+    int hg, G, S, RS; /* heads per group, groups, splits, a tile row's stride in bf16 pairs */
+    size_t sm;        /* dynamic shared memory */
+};
+
+/* 0, or -1 where the shape does not fit (C odd or over CUDA_MLA_MAX_C, R odd, the entry too wide) */
+static int attn_plan(int T, int H, int C, int R, struct attn_geom *g)
 {
-    extern __shared__ float smem[]; /* ql[C], qr[R], sc[TILE], pv[TILE] */
-    int h = blockIdx.x, t = blockIdx.y, C = a.C, R = a.R, W = a.W, Dq = a.Dn + R;
-    int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, nw = THREADS / 32;
-    float *ql = smem, *qr = ql + C, *sc = qr + R, *pv = sc + TILE;
-    const float *qls = a.qlat + ((size_t)t * a.H + h) * C, *qrs = a.q + ((size_t)t * a.H + h) * Dq + a.Dn;
-    for (int i = threadIdx.x; i < C; i += THREADS) ql[i] = qls[i];
-    for (int i = threadIdx.x; i < R; i += THREADS) qr[i] = qrs[i];
-    __syncthreads();
-    int n = a.pos[t] + 1, bs = a.block_size;
+    if (C <= 0 || C > CUDA_MLA_MAX_C || C % 2 || R < 0 || R % 2 || H <= 0 || T <= 0) return -1;
+    int CP = (C + R) / 2;
+    g->RS = CP | 1; /* odd: lanes reading a pair of their own key hit distinct banks */
+    size_t fixed = (size_t)TK * g->RS * 4 + TK * 8 + ((size_t)TK * HGM + 3 * HGM) * 4 + 16, per = (size_t)(C + R) * 4;
+    if (fixed + per > SMEM_MAX) return -1;
+    int hg = (int)((SMEM_MAX - fixed) / per);
+    hg = hg < HGM ? hg : HGM;
+    hg = hg < H ? hg : H;
+    g->G = (H + hg - 1) / hg;
+    g->hg = (H + g->G - 1) / g->G; /* the groups evened out (as many: hg <= the fit) */
+    long long tg = (long long)T * g->G;
+    g->S = tg >= NBLK / 2 ? 1 : (int)(NBLK / tg < SMAX ? NBLK / tg : SMAX);
+    g->sm = ((size_t)g->hg * (C + R) + 3) / 4 * 16 + fixed; /* the queries padded to 16 bytes */
+    return 0;
+}
+
+extern "C" size_t cuda_mla_attn_part_bytes(int max_tokens, int H, int C, int R)
+{
+    size_t most = 0;
+    for (int T = 1; T <= max_tokens; T++) {
+        struct attn_geom g;
+        if (attn_plan(T, H, C, R, &g)) return 0;
+        size_t b = g.S > 1 ? (size_t)T * g.S * H * (C + 2) * sizeof(float) : 0;
+        most = b > most ? b : most;
+    }
+    return most;
+}
+
+/* the cache values i, i + 1 as bf16 bits (low half the first); w_even: i is even (one 4-byte load) */
+static __device__ __forceinline__ uint32_t ld_pair(const void *c, size_t i, bool kv8, bool w_even)
+{
+    if (kv8) {
+        float x0 = ld_kv(c, i, true), x1 = ld_kv(c, i + 1, true); /* e4m3 is exact in bf16 */
+        return (__float_as_uint(x0) >> 16) | (__float_as_uint(x1) & 0xffff0000u);
+    }
+    if (w_even) return ((const uint32_t *)c)[i / 2];
+    const uint16_t *u = (const uint16_t *)c;
+    return (uint32_t)u[i] | ((uint32_t)u[i + 1] << 16);
+}
+
+/* Block (split s, token t, head group z), THREADS threads: warp w scores
+ * (lane = key) and soft-maxes heads w and w + 8 of the group; thread i
+ * accumulates latent values 2i, 2i + 1 of every head (C <= 2 THREADS). */
+static __global__ void __launch_bounds__(THREADS) attn_kernel(struct cuda_mla_attn_args a, int hg, int S, int RS)
+{
+    extern __shared__ float4 smem4[];
+    float *smem = (float *)smem4;
+    int s = blockIdx.x, t = blockIdx.y, h0 = blockIdx.z * hg, C = a.C, R = a.R, CR = C + R, CP = CR / 2;
+    int nh = a.H - h0 < hg ? a.H - h0 : hg, Dq = a.Dn + R, bs = a.block_size;
+    int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5;
+    float *qs = smem;                                      /* [hg][CR] */
+    uint32_t *tl = (uint32_t *)(qs + ((size_t)hg * CR + 3) / 4 * 4); /* [TK][RS] bf16 pairs */
+    long long *eo = (long long *)(tl + TK * RS);           /* [TK] the tile's entries' offsets in the cache */
+    float *ps = (float *)(eo + TK);                        /* [TK][HGM] weights */
+    float *cr = ps + TK * HGM;                             /* [HGM] the tile's rescale */
+    float *ml = cr + HGM;                                  /* [2][HGM] max and sum at the end */
+    const float *ql = a.qlat + ((size_t)t * a.H + h0) * C, *qr = a.q + ((size_t)t * a.H + h0) * Dq + a.Dn;
+    for (int i = tid; i < TK * HGM + 3 * HGM; i += THREADS) ps[i] = 0.0f;
+    int n = a.pos[t] + 1;
     const int32_t *bt = a.bt + a.tok_bt[t], *keys = NULL; /* key i is keys ? keys[i] : i */
     if (a.sel && a.nsel[t] >= 0) keys = a.sel + (size_t)t * a.K, n = a.nsel[t];
-    float acc[CPT], m = -INFINITY, l = 0.0f;
-#pragma unroll
-    for (int k = 0; k < CPT; k++) acc[k] = 0.0f;
-    for (int j0 = 0; j0 < n; j0 += TILE) {
-        for (int i = wp; i < TILE; i += nw) {
-            int j = j0 + i;
-            float s = -INFINITY;
-            if (j < n) {
-                if (keys) j = keys[j];
-                size_t e = ((size_t)bt[j / bs] * bs + j % bs) * W;
-                float d = 0.0f;
-                for (int c = lane; c < C; c += 32) d = fmaf(ql[c], ld_kv(a.cache, e + c, a.kv8), d);
-                for (int c = lane; c < R; c += 32) d = fmaf(qr[c], ld_kv(a.cache, e + C + c, a.kv8), d);
-                s = warp_sum(d) * a.scale;
-            }
-            if (lane == 0) sc[i] = s;
-        }
-        __syncthreads();
-        float mx = m;
-        for (int i = 0; i < TILE; i++) mx = fmaxf(mx, sc[i]);
-        if (threadIdx.x < TILE) pv[threadIdx.x] = j0 + threadIdx.x < n ? __expf(sc[threadIdx.x] - mx) : 0.0f;
-        __syncthreads();
-        float corr = __expf(m - mx), ps = 0.0f; /* m = -inf at the first tile: corr 0 */
-        for (int i = 0; i < TILE; i++) ps += pv[i];
-        l = l * corr + ps;
-        m = mx;
-#pragma unroll
-        for (int k = 0; k < CPT; k++) acc[k] *= corr;
-        int nt = n - j0 < TILE ? n - j0 : TILE;
-        for (int i = 0; i < nt; i++) {
-            int j = keys ? keys[j0 + i] : j0 + i;
-            size_t e = ((size_t)bt[j / bs] * bs + j % bs) * W;
-            float p = pv[i];
-#pragma unroll
-            for (int k = 0; k < CPT; k++) {
-                int c = threadIdx.x + k * THREADS;
-                if (c < C) acc[k] = fmaf(p, ld_kv(a.cache, e + c, a.kv8), acc[k]);
-            }
-        }
-        __syncthreads(); /* sc and pv are rewritten by the next tile */
+    int ch = (n + S - 1) / S;
+    ch = ch < MINCH ? MINCH : ch;
+    int k0 = s * ch, k1 = n - k0 < ch ? n : k0 + ch; /* k0 >= n: an empty split (max -inf, sum 0) */
+    for (int i = tid; i < nh * CR && k0 < k1; i += THREADS) {
+        int h = i / CR, c = i - h * CR;
+        qs[i] = c < C ? ql[(size_t)h * C + c] : qr[(size_t)h * Dq + c - C];
     }
-    uint16_t *o = a.olat + ((size_t)t * a.H + h) * C;
-    float il = l > 0.0f ? 1.0f / l : 0.0f; /* no key chosen (k-pools without a tail, before the first pool): 0 */
+    bool w_even = !(a.W & 1);
+    int ha = wp, hb = wp + 8;
+    float ma = -INFINITY, la = 0.0f, mb = -INFINITY, lb = 0.0f;
+    float acc[HGM][2];
 #pragma unroll
-    for (int k = 0; k < CPT; k++) {
-        int c = threadIdx.x + k * THREADS;
-        if (c < C) o[c] = f2bf(acc[k] * il);
+    for (int h = 0; h < HGM; h++) acc[h][0] = acc[h][1] = 0.0f;
+    __syncthreads();
+    for (int j0 = k0; j0 < k1; j0 += TK) {
+        int nk = k1 - j0 < TK ? k1 - j0 : TK;
+        if (tid < nk) {
+            int j = keys ? keys[j0 + tid] : j0 + tid;
+            eo[tid] = ((long long)bt[j / bs] * bs + j % bs) * a.W;
+        }
+        __syncthreads();
+        /* LDU loads issued before their stores: the latency overlapped, not paid per value */
+        for (int i0 = tid; i0 < TK * CP; i0 += LDU * THREADS) {
+            uint32_t v[LDU];
+#pragma unroll
+            for (int u = 0; u < LDU; u++) {
+                int i = i0 + u * THREADS, k = i / CP;
+                v[u] = 0; /* past the split's end: zeros (weight 0) */
+                if (i < TK * CP && k < nk) v[u] = ld_pair(a.cache, (size_t)eo[k] + 2 * (i - k * CP), a.kv8, w_even);
+            }
+#pragma unroll
+            for (int u = 0; u < LDU; u++) {
+                int i = i0 + u * THREADS, k = i / CP;
+                if (i < TK * CP) tl[k * RS + i - k * CP] = v[u];
+            }
+        }
+        __syncthreads();
+        if (ha < nh) {
+            const float2 *qa = (const float2 *)(qs + (size_t)ha * CR);
+            const float2 *qb = (const float2 *)(qs + (size_t)(hb < nh ? hb : ha) * CR); /* no head b: a's again */
+            const uint32_t *row = tl + lane * RS;
+            float da = 0.0f, db = 0.0f;
+            for (int cp = 0; cp < CP; cp++) {
+                uint32_t v = row[cp];
+                float x0 = __uint_as_float(v << 16), x1 = __uint_as_float(v & 0xffff0000u);
+                float2 u = qa[cp], w = qb[cp];
+                da = fmaf(u.x, x0, fmaf(u.y, x1, da));
+                db = fmaf(w.x, x0, fmaf(w.y, x1, db));
+            }
+            bool ok = lane < nk; /* lane 0 always: the tile has a key */
+            float sa = ok ? da * a.scale : -INFINITY, mx = fmaxf(ma, warp_max(sa));
+            float p = __expf(sa - mx), c = __expf(ma - mx); /* ma = -inf at the first tile: c 0 */
+            la = la * c + warp_sum(p), ma = mx;
+            ps[lane * HGM + ha] = p;
+            if (lane == 0) cr[ha] = c;
+            if (hb < nh) {
+                float sb = ok ? db * a.scale : -INFINITY, my = fmaxf(mb, warp_max(sb));
+                float pb = __expf(sb - my), cb = __expf(mb - my);
+                lb = lb * cb + warp_sum(pb), mb = my;
+                ps[lane * HGM + hb] = pb;
+                if (lane == 0) cr[hb] = cb;
+            }
+        }
+        __syncthreads();
+        if (2 * tid < C) {
+#pragma unroll
+            for (int h = 0; h < HGM; h++) acc[h][0] *= cr[h], acc[h][1] *= cr[h];
+            for (int k = 0; k < nk; k++) {
+                uint32_t v = tl[k * RS + tid];
+                float x0 = __uint_as_float(v << 16), x1 = __uint_as_float(v & 0xffff0000u);
+                const float4 *p4 = (const float4 *)(ps + k * HGM);
+#pragma unroll
+                for (int q = 0; q < HGM / 4; q++) {
+                    float4 p = p4[q];
+                    float *a0 = acc[4 * q], *a1 = acc[4 * q + 1], *a2 = acc[4 * q + 2], *a3 = acc[4 * q + 3];
+                    a0[0] = fmaf(p.x, x0, a0[0]), a0[1] = fmaf(p.x, x1, a0[1]);
+                    a1[0] = fmaf(p.y, x0, a1[0]), a1[1] = fmaf(p.y, x1, a1[1]);
+                    a2[0] = fmaf(p.z, x0, a2[0]), a2[1] = fmaf(p.z, x1, a2[1]);
+                    a3[0] = fmaf(p.w, x0, a3[0]), a3[1] = fmaf(p.w, x1, a3[1]);
+                }
+            }
+        }
+        __syncthreads(); /* the tile, ps and cr are rewritten by the next tile */
+    }
+    if (lane == 0 && ha < nh) ml[ha] = ma, ml[HGM + ha] = la;
+    if (lane == 0 && hb < nh) ml[hb] = mb, ml[HGM + hb] = lb;
+    __syncthreads();
+    if (2 * tid >= C) return;
+#pragma unroll
+    for (int h = 0; h < HGM; h++) {
+        if (h >= nh) continue;
+        float m = ml[h], l = ml[HGM + h];
+        size_t row = (size_t)t * a.H + h0 + h;
+        if (S == 1) {
+            float il = l > 0.0f ? 1.0f / l : 0.0f; /* no key chosen (k-pools without a tail, before the first pool): 0 */
+            uint16_t *o = a.olat + row * C + 2 * tid;
+            o[0] = f2bf(acc[h][0] * il), o[1] = f2bf(acc[h][1] * il);
+        } else {
+            float *pr = a.part + (((size_t)t * S + s) * a.H + h0 + h) * (C + 2);
+            if (k0 < k1) pr[2 * tid] = acc[h][0], pr[2 * tid + 1] = acc[h][1]; /* an empty split's never read */
+            if (tid == 0) pr[C] = m, pr[C + 1] = l;
+        }
+    }
+}
+
+/* One block per (head, token): the splits' partial sums rescaled to the
+ * common max and normalized by the total weight. */
+static __global__ void __launch_bounds__(THREADS) combine_kernel(const float *part, int S, int H, int C, uint16_t *olat)
+{
+    __shared__ float w[SMAX], il;
+    int h = blockIdx.x, t = blockIdx.y, lane = threadIdx.x & 31;
+    size_t st = (size_t)H * (C + 2);
+    const float *p = part + ((size_t)t * S * H + h) * (C + 2); /* split s at p + s st */
+    if (threadIdx.x < 32) {
+        float M = -INFINITY;
+        for (int s = lane; s < S; s += 32) M = fmaxf(M, p[s * st + C]);
+        M = warp_max(M);
+        float L = 0.0f;
+        for (int s = lane; s < S; s += 32) {
+            float m = p[s * st + C], ws = m == -INFINITY ? 0.0f : __expf(m - M); /* an empty split: 0 */
+            w[s] = ws;
+            L = fmaf(ws, p[s * st + C + 1], L);
+        }
+        L = warp_sum(L);
+        if (lane == 0) il = L > 0.0f ? 1.0f / L : 0.0f;
+    }
+    __syncthreads();
+    uint16_t *o = olat + ((size_t)t * H + h) * C;
+    for (int c = threadIdx.x; c < C; c += THREADS) {
+        float v = 0.0f;
+        for (int s = 0; s < S; s++)
+            if (w[s] != 0.0f) v = fmaf(w[s], p[s * st + c], v);
+        o[c] = f2bf(v * il);
     }
 }
 
 extern "C" cudaError_t cuda_mla_attention(const struct cuda_mla_attn_args *a, cudaStream_t st)
 {
     if (a->T <= 0) return cudaSuccess;
-    if (a->C > CUDA_MLA_MAX_C || a->C <= 0) return cudaErrorInvalidValue;
-    size_t sm = ((size_t)a->C + a->R + 2 * TILE) * sizeof(float);
-    attn_kernel<<<dim3(a->H, a->T), THREADS, sm, st>>>(*a);
+    struct attn_geom g;
+    if (attn_plan(a->T, a->H, a->C, a->R, &g)) return cudaErrorInvalidValue;
+    if (!a->part) g.S = 1; /* no scratch for the partial sums: one split */
+    if (a->T > 65535) return cudaErrorInvalidValue;
+    cudaError_t e = cudaFuncSetAttribute(attn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)g.sm);
+    if (e != cudaSuccess) return e;
+    attn_kernel<<<dim3(g.S, a->T, g.G), THREADS, g.sm, st>>>(*a, g.hg, g.S, g.RS);
+    if (g.S > 1) combine_kernel<<<dim3(a->H, a->T), THREADS, 0, st>>>(a->part, g.S, a->H, a->C, a->olat);
     return cudaGetLastError();
 }
 

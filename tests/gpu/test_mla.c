@@ -3,7 +3,9 @@
  * entry write (latent norm, RoPE on the rope key and the queries' rope parts,
  * q_nope rounded) over a scattered block table; the absorbed attention of
  * two sequences, a prefill chunk each (causal within the step) and then
- * decode steps, bf16 and fp8 e4m3 caches; the DSA indexer (keys, scores,
+ * decode steps, bf16 and fp8 e4m3 caches (long ones, whose decode steps
+ * split their keys over blocks; 128 heads in groups; the indexer's choice
+ * of keys); the DSA indexer (keys, scores,
  * the top-K choice with ties). Each attention is checked against
  * a double reference over the entries the GPU stored (read back), and the
  * entries against the reference latent and key. Errors are ||out - ref|| /
@@ -87,17 +89,27 @@ static void test_rmsnorm(void)
     }
 }
 
+static int gcd(int a, int b) { return b ? gcd(b, a % b) : a; }
+
 /* Two sequences over a scattered block table: a prefill chunk of each in
- * one step (lengths P0, P1), then ND decode steps of one token each. */
-static void run_case(int H, int C, int R, int Dn, bool inter, bool kv8)
+ * one step (lengths P0, P1), then ND decode steps of one token each. Long
+ * sequences make the decode steps split their keys over blocks (the
+ * partial sums combined); with sel, every query but the first attends the
+ * keys j % 3 == 0 and its own (the indexer's path). The attention of a long
+ * prefill is checked on a sample of its tokens (the reference is slow). */
+static void run_case_n(int H, int C, int R, int Dn, bool inter, bool kv8, int P0, int P1, bool use_sel)
 {
-    enum { BS = 16, NB = 12, ND = 3 };
-    int P[2] = {37, 20}, W = C + R, Dq = Dn + R, half = R / 2, X = 64;
-    int32_t bt_h[2][4] = {{5, 2, 9, 0}, {7, 3, 11, 1}}; /* blocks of each sequence, out of order */
-    int32_t bt[8];
-    for (int i = 0; i < 8; i++) bt[i] = bt_h[i / 4][i % 4];
+    enum { BS = 16, ND = 3 };
+    int P[2] = {P0, P1}, W = C + R, Dq = Dn + R, half = R / 2, X = (P0 > P1 ? P0 : P1) + ND + 1;
+    int nb[2] = {(P0 + ND + BS - 1) / BS, (P1 + ND + BS - 1) / BS}, off[2] = {0, nb[0]}, NB = nb[0] + nb[1] + 1;
+    /* blocks of each sequence out of order: i * mul mod NB, one block unused */
+    int mul = 5;
+    while (gcd(mul, NB) != 1) mul++;
+    int32_t *bt = malloc((size_t)(nb[0] + nb[1]) * 4);
+    for (int i = 0; i < nb[0] + nb[1]; i++) bt[i] = (int32_t)(((long long)(i + 1) * mul) % NB);
+#define BLK(s, b) bt[off[s] + (b)]
     float scale = 1.0f / sqrtf((float)(Dn + R)) * 1.3f, eps = 1e-6f;
-    size_t es = kv8 ? 1 : 2, cache_n = (size_t)(NB + 1) * BS * W;
+    size_t es = kv8 ? 1 : 2, cache_n = (size_t)NB * BS * W;
     float *cs = malloc((size_t)X * (half ? half : 1) * 4), *sn = malloc((size_t)X * (half ? half : 1) * 4);
     for (int p = 0; p < X; p++)
         for (int i = 0; i < half; i++) {
@@ -110,7 +122,9 @@ static void run_case(int H, int C, int R, int Dn, bool inter, bool kv8)
     cudaMemset(dcache, 0, cache_n * es);
     float *dcos = half ? dup_dev(cs, (size_t)X * half * 4) : NULL, *dsin = half ? dup_dev(sn, (size_t)X * half * 4) : NULL;
     float *dkvn = dup_dev(kvn, (size_t)C * 4);
-    int32_t *dbt = dup_dev(bt, sizeof bt);
+    int32_t *dbt = dup_dev(bt, (size_t)(nb[0] + nb[1]) * 4);
+    size_t pbytes = cuda_mla_attn_part_bytes(P0 + P1, H, C, R);
+    float *dpart = pbytes ? poisoned(pbytes) : NULL;
     /* the host's copy of every entry written so far, in the reference's precision */
     double *lat_ref = calloc((size_t)2 * X * W, sizeof(double));
     double worst_w = 0, worst_a = 0, worst_q = 0;
@@ -122,8 +136,16 @@ static void run_case(int H, int C, int R, int Dn, bool inter, bool kv8)
         int *seq = malloc((size_t)T * sizeof(int));
         for (int t = 0; t < T; t++) {
             int s = t < n0 ? 0 : 1, p = start[s] + (s ? t - n0 : t);
-            seq[t] = s, pos[t] = p, tbt[t] = 4 * s;
-            slots[t] = (int64_t)bt_h[s][p / BS] * BS + p % BS;
+            seq[t] = s, pos[t] = p, tbt[t] = off[s];
+            slots[t] = (int64_t)BLK(s, p / BS) * BS + p % BS;
+        }
+        /* the indexer's choice: keys j % 3 == 0 and pos, ascending; the first query every key (-1) */
+        int32_t *sel = malloc((size_t)T * X * 4), *nsel = malloc((size_t)T * 4);
+        for (int t = 0; t < T; t++) {
+            int m = 0;
+            for (int j = 0; j <= pos[t]; j++)
+                if (j % 3 == 0 || j == pos[t]) sel[(size_t)t * X + m++] = j;
+            nsel[t] = t ? m : -1;
         }
         float *kva = malloc((size_t)T * W * 4), *q = malloc((size_t)T * H * Dq * 4), *qlat = malloc((size_t)T * H * C * 4);
         for (int i = 0; i < T * W; i++) kva[i] = 2.0f * frand();
@@ -160,9 +182,11 @@ static void run_case(int H, int C, int R, int Dn, bool inter, bool kv8)
                                       .pos = dpos, .slots = dslots, .cache = dcache, .T = T, .H = H, .Dn = Dn,
                                       .R = R, .C = C, .W = W, .eps = eps, .interleave = inter, .kv8 = kv8};
         CHECK(cuda_mla_kv_write(&ka, 0) == cudaSuccess);
+        int32_t *dsel = dup_dev(sel, (size_t)T * X * 4), *dnsel = dup_dev(nsel, (size_t)T * 4);
         struct cuda_mla_attn_args aa = {.qlat = dqlat, .q = dq, .cache = dcache, .pos = dpos, .tok_bt = dtbt,
-                                        .bt = dbt, .olat = dolat, .T = T, .H = H, .Dn = Dn, .R = R, .C = C,
-                                        .W = W, .block_size = BS, .scale = scale, .kv8 = kv8};
+                                        .bt = dbt, .sel = use_sel ? dsel : NULL, .nsel = use_sel ? dnsel : NULL,
+                                        .olat = dolat, .part = dpart, .T = T, .H = H, .Dn = Dn, .R = R, .C = C,
+                                        .W = W, .K = X, .block_size = BS, .scale = scale, .kv8 = kv8};
         CHECK(cuda_mla_attention(&aa, 0) == cudaSuccess);
         CHECK(cudaDeviceSynchronize() == cudaSuccess);
         /* the entries the GPU wrote, as f32 */
@@ -198,51 +222,70 @@ static void run_case(int H, int C, int R, int Dn, bool inter, bool kv8)
             worst_q = e > worst_q ? e : worst_q;
             free(qg), free(qn), free(qnb), free(qnr);
         }
-        /* attention over the stored entries, keys 0..pos of the token's sequence */
+        /* attention over the stored entries, keys 0..pos of the token's sequence (or the choice) */
         {
-            float *o = malloc((size_t)T * H * C * 4);
             uint16_t *ob = malloc((size_t)T * H * C * 2);
-            double *ref = calloc((size_t)T * H * C, sizeof(double)), *sc = malloc((size_t)X * 8);
-            get(ob, dolat, (size_t)T * H * C * 2);
-            for (int i = 0; i < T * H * C; i++) o[i] = fb(ob[i]);
+            int nc = 0, *ck = malloc((size_t)T * sizeof(int)), *kl = malloc((size_t)X * sizeof(int));
             for (int t = 0; t < T; t++)
+                if (T <= 64 || t % 61 == 0 || t == n0 - 1 || t >= T - 2) ck[nc++] = t;
+            float *o = malloc((size_t)nc * H * C * 4);
+            double *ref = calloc((size_t)nc * H * C, sizeof(double)), *sc = malloc((size_t)X * 8);
+            get(ob, dolat, (size_t)T * H * C * 2);
+            for (int ci = 0; ci < nc; ci++) {
+                int t = ck[ci], n = 0;
+                if (use_sel && nsel[t] >= 0)
+                    for (n = 0; n < nsel[t]; n++) kl[n] = sel[(size_t)t * X + n];
+                else
+                    for (n = 0; n <= pos[t]; n++) kl[n] = n;
+                for (int i = 0; i < H * C; i++) o[(size_t)ci * H * C + i] = fb(ob[(size_t)t * H * C + i]);
                 for (int h = 0; h < H; h++) {
                     const float *ql = qlat + ((size_t)t * H + h) * C;
                     const double *qr = qref + ((size_t)t * H + h) * Dq + Dn;
                     double mx = -INFINITY, sum = 0;
-                    for (int j = 0; j <= pos[t]; j++) {
-                        const float *e = cache + ((size_t)bt_h[seq[t]][j / BS] * BS + j % BS) * W;
+                    for (int i = 0; i < n; i++) {
+                        int j = kl[i];
+                        const float *e = cache + ((size_t)BLK(seq[t], j / BS) * BS + j % BS) * W;
                         double d = 0;
-                        for (int i = 0; i < C; i++) d += (double)ql[i] * e[i];
-                        for (int i = 0; i < R; i++) d += qr[i] * e[C + i];
-                        sc[j] = d * scale;
-                        mx = sc[j] > mx ? sc[j] : mx;
+                        for (int c = 0; c < C; c++) d += (double)ql[c] * e[c];
+                        for (int c = 0; c < R; c++) d += qr[c] * e[C + c];
+                        sc[i] = d * scale;
+                        mx = sc[i] > mx ? sc[i] : mx;
                     }
-                    for (int j = 0; j <= pos[t]; j++) sum += sc[j] = exp(sc[j] - mx);
-                    double *r = ref + ((size_t)t * H + h) * C;
-                    for (int j = 0; j <= pos[t]; j++) {
-                        const float *e = cache + ((size_t)bt_h[seq[t]][j / BS] * BS + j % BS) * W;
-                        for (int i = 0; i < C; i++) r[i] += sc[j] / sum * e[i];
+                    for (int i = 0; i < n; i++) sum += sc[i] = exp(sc[i] - mx);
+                    double *r = ref + ((size_t)ci * H + h) * C;
+                    for (int i = 0; i < n; i++) {
+                        int j = kl[i];
+                        const float *e = cache + ((size_t)BLK(seq[t], j / BS) * BS + j % BS) * W;
+                        for (int c = 0; c < C; c++) r[c] += sc[i] / sum * e[c];
                     }
                 }
-            double e = nerr(o, ref, (size_t)T * H * C);
+            }
+            double e = nerr(o, ref, (size_t)nc * H * C);
             worst_a = e > worst_a ? e : worst_a;
-            free(o), free(ob), free(ref), free(sc);
+            free(o), free(ob), free(ref), free(sc), free(ck), free(kl);
         }
         cudaFree(dq), cudaFree(dkva), cudaFree(dqlat), cudaFree(dqn), cudaFree(dolat), cudaFree(dpos);
-        cudaFree(dtbt), cudaFree(dslots);
+        cudaFree(dtbt), cudaFree(dslots), cudaFree(dsel), cudaFree(dnsel);
+        free(sel), free(nsel);
         free(pos), free(tbt), free(slots), free(seq), free(kva), free(q), free(qlat), free(qref), free(craw);
         free(cache);
     }
     /* e4m3 keeps 3 mantissa bits: ~2^-4 relative per value at worst, ~3% in the norm */
     double tw = kv8 ? 6e-2 : 5e-3;
-    printf("  H=%d C=%d R=%d Dn=%d %s %s: entries %.2e, queries %.2e, attention %.2e\n", H, C, R, Dn,
-           inter ? "pairs" : "halves", kv8 ? "fp8" : "bf16", worst_w, worst_q, worst_a);
+    printf("  H=%d C=%d R=%d Dn=%d %s %s P=%d,%d%s: entries %.2e, queries %.2e, attention %.2e\n", H, C, R, Dn,
+           inter ? "pairs" : "halves", kv8 ? "fp8" : "bf16", P0, P1, use_sel ? " sel" : "", worst_w, worst_q,
+           worst_a);
     CHECKF(worst_w < tw, "entries %.3g", worst_w);
     CHECKF(worst_q < 5e-3, "queries %.3g", worst_q);
     CHECKF(worst_a < 1e-2, "attention %.3g", worst_a);
-    cudaFree(dcache), cudaFree(dcos), cudaFree(dsin), cudaFree(dkvn), cudaFree(dbt);
-    free(cs), free(sn), free(kvn), free(lat_ref);
+    cudaFree(dcache), cudaFree(dcos), cudaFree(dsin), cudaFree(dkvn), cudaFree(dbt), cudaFree(dpart);
+    free(cs), free(sn), free(kvn), free(lat_ref), free(bt);
+#undef BLK
+}
+
+static void run_case(int H, int C, int R, int Dn, bool inter, bool kv8)
+{
+    run_case_n(H, C, R, Dn, inter, kv8, 37, 20, false);
 }
 
 static void test_paged(void)
@@ -252,12 +295,20 @@ static void test_paged(void)
     run_case(3, 32, 0, 16, true, false);    /* no RoPE (glm5_next's MLA) */
     run_case(8, 512, 64, 128, true, false); /* DeepSeek-V3's latent and rope dims */
     run_case(4, 300, 8, 16, true, false);   /* C not a multiple of the block's threads */
+    /* DeepSeek-V2-Lite's 16 heads over long contexts: decode steps split
+     * the keys over blocks (partial tiles at split ends), the prefill not */
+    run_case_n(16, 512, 64, 128, true, false, 3000, 700, false);
+    /* 128 heads (DeepSeek-V3 on one GPU): 8 groups of 16, decode splits of 34 keys */
+    run_case_n(128, 512, 64, 128, true, false, 1100, 200, false);
+    run_case_n(16, 512, 64, 128, true, false, 1500, 300, true); /* the indexer's choice, split */
+    run_case_n(20, 300, 8, 16, false, false, 900, 40, true);    /* 2 groups of 10 heads, C/2 under the threads */
 }
 
 static void test_paged_fp8(void)
 {
     run_case(4, 32, 8, 16, true, true);
     run_case(8, 512, 64, 128, true, true);
+    run_case_n(16, 512, 64, 128, true, true, 2000, 100, false);
 }
 
 /* The DSA indexer over one sequence of n tokens in one step (its keys
