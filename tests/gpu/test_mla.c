@@ -5,8 +5,9 @@
  * two sequences, a prefill chunk each (causal within the step) and then
  * decode steps, bf16 and fp8 e4m3 caches (long ones, whose decode steps
  * split their keys over blocks; 128 heads in groups; the indexer's choice
- * of keys); the DSA indexer (keys, scores,
- * the top-K choice with ties). Each attention is checked against
+ * of keys); the DSA indexer (keys, scores, the top-K choice with ties;
+ * k-pools in one step and over prefill, decode and pool-completing steps).
+ * Each attention is checked against
  * a double reference over the entries the GPU stored (read back), and the
  * entries against the reference latent and key. Errors are ||out - ref|| /
  * ||ref||; outputs are poisoned (NaN) first, so an unwritten value fails.
@@ -311,13 +312,18 @@ static void test_paged_fp8(void)
     run_case_n(16, 512, 64, 128, true, true, 2000, 100, false);
 }
 
-/* The DSA indexer over one sequence of n tokens in one step (its keys
- * written, then every query scores keys 0..pos): the entries' keys against
- * a double LayerNorm + RoPE, the scores against a double reference over the
- * stored keys, and the choice exactly against the K best of the GPU's own
- * scores (ties to the earlier position; tokens 3k+1 repeat token 3k's key,
- * so ties are there to break). */
-static void ix_case(int n, int K, int IH, int ID, int R, int KP, bool tail, bool kv8)
+/* The DSA indexer over one sequence of n tokens, in one step or in the steps
+ * of `steps` (token counts summing to n, 0-terminated: a prefill chunk,
+ * decode steps at every offset inside a pool, steps that start inside a pool
+ * and complete one or two; each step's keys written, then its queries score
+ * keys 0..pos, so a pool completed later in the same step is no query's
+ * before it): the entries' keys against a double LayerNorm + RoPE, the
+ * scores against a double reference over the stored keys, and the choice
+ * exactly against the K best of the GPU's own scores (ties to the earlier
+ * position; tokens 3k+1 repeat token 3k's key, so ties are there to break).
+ * The cache starts poisoned (NaN), so a pool read before its tokens are
+ * written fails the scores. */
+static void ix_case(int n, int K, int IH, int ID, int R, int KP, bool tail, bool kv8, const int *steps)
 {
     enum { BS = 16 };
     int C = 32, W = C + R + ID * (KP ? 2 : 1), X = 64, half = R / 2, nb = (n + BS - 1) / BS, KS = K + KP;
@@ -347,8 +353,7 @@ static void ix_case(int n, int K, int IH, int ID, int R, int KP, bool tail, bool
     /* host copies of the inputs the kernel rewrites in place */
     float *q0 = malloc((size_t)n * IH * ID * 4), *w0 = malloc((size_t)n * IH * 4);
     memcpy(q0, q, (size_t)n * IH * ID * 4), memcpy(w0, w, (size_t)n * IH * 4);
-    void *dcache = dup_dev(NULL, cache_n * es);
-    cudaMemset(dcache, 0, cache_n * es);
+    void *dcache = poisoned(cache_n * es);
     float *dq = dup_dev(q, (size_t)n * IH * ID * 4), *dk = dup_dev(k, (size_t)n * ID * 4),
           *dw = dup_dev(w, (size_t)n * IH * 4), *dkn = dup_dev(kn, (size_t)ID * 4), *dkb = dup_dev(kb, (size_t)ID * 4);
     float *dcos = dup_dev(cs, (size_t)X * half * 4 + 4), *dsin = dup_dev(sn, (size_t)X * half * 4 + 4);
@@ -362,7 +367,21 @@ static void ix_case(int n, int K, int IH, int ID, int R, int KP, bool tail, bool
                                   .scores = dsc, .sel = dsel, .nsel = dnsel, .T = n, .IH = IH, .ID = ID, .R = R,
                                   .C = C, .W = W, .K = K, .KS = KS, .max_ctx = X, .block_size = BS, .KP = KP,
                                   .want = KP ? want : 0, .tail = tail, .kv8 = kv8};
-    CHECK(cuda_mla_indexer(&ia, 0) == cudaSuccess);
+    int nsteps = 0;
+    for (int t0 = 0, i = 0; t0 < n; i++, nsteps++) {
+        /* step i: tokens t0..t0+m-1, every per-token array from row t0 */
+        int m = steps ? steps[i] : n;
+        if (m <= 0 || t0 + m > n) {
+            CHECKF(0, "steps do not sum to %d", n);
+            break;
+        }
+        struct cuda_mla_ix_args sa = ia;
+        sa.q = dq + (size_t)t0 * IH * ID, sa.k = dk + (size_t)t0 * ID, sa.g = KP ? dg + (size_t)t0 * ID : NULL;
+        sa.w = dw + (size_t)t0 * IH, sa.pos = dpos + t0, sa.tok_bt = dtbt + t0, sa.slots = dslots + t0;
+        sa.scores = dsc + (size_t)t0 * X, sa.sel = dsel + (size_t)t0 * KS, sa.nsel = dnsel + t0, sa.T = m;
+        CHECK(cuda_mla_indexer(&sa, 0) == cudaSuccess);
+        t0 += m;
+    }
     CHECK(cudaDeviceSynchronize() == cudaSuccess);
     uint8_t *craw = malloc(cache_n * es);
     float *sc = malloc((size_t)n * X * 4), *keys = malloc((size_t)n * ID * 4), *gates = malloc((size_t)n * ID * 4);
@@ -460,8 +479,10 @@ static void ix_case(int n, int K, int IH, int ID, int R, int KP, bool tail, bool
         for (int i = 0; i < m && nsel[t] == m; i++) bad += sel[(size_t)t * KS + i] != exp_sel[i];
     }
     free(exp_sel);
-    printf("  n=%d K=%d IH=%d ID=%d R=%d KP=%d%s %s: keys %.2e, gates %.2e, scores %.2e, wrong choices %d\n", n,
-           K, IH, ID, R, KP, tail ? " tail" : "", kv8 ? "fp8" : "bf16", ek, eg, es2, bad);
+    printf("  n=%d K=%d IH=%d ID=%d R=%d KP=%d%s %s, %d step%s: keys %.2e, gates %.2e, scores %.2e, wrong choices "
+           "%d\n",
+           n, K, IH, ID, R, KP, tail ? " tail" : "", kv8 ? "fp8" : "bf16", nsteps, nsteps > 1 ? "s" : "", ek, eg, es2,
+           bad);
     CHECKF(ek < (kv8 ? 6e-2 : 5e-3), "keys %.3g", ek);
     CHECKF(eg < (kv8 ? 6e-2 : 5e-3), "gates %.3g", eg);
     CHECKF(es2 < 1e-3, "scores %.3g", es2);
@@ -478,12 +499,23 @@ static void ix_case(int n, int K, int IH, int ID, int R, int KP, bool tail, bool
 
 static void test_indexer(void)
 {
-    ix_case(40, 6, 8, 16, 8, 0, false, false);     /* the glm-dsa checkpoint's shape */
-    ix_case(64, 20, 32, 128, 64, 0, false, false); /* GLM-5's indexer heads and dims */
-    ix_case(40, 6, 8, 16, 8, 0, false, true);
-    ix_case(50, 16, 32, 16, 0, 4, true, false);    /* glm5_next's k-pools (the glm5 checkpoints' shape) */
-    ix_case(50, 12, 8, 16, 0, 4, false, false);    /* k-pools without the tail */
-    ix_case(64, 16, 8, 32, 8, 8, true, true);
+    ix_case(40, 6, 8, 16, 8, 0, false, false, NULL);     /* the glm-dsa checkpoint's shape */
+    ix_case(64, 20, 32, 128, 64, 0, false, false, NULL); /* GLM-5's indexer heads and dims */
+    ix_case(40, 6, 8, 16, 8, 0, false, true, NULL);
+    ix_case(50, 16, 32, 16, 0, 4, true, false, NULL);    /* glm5_next's k-pools (the glm5 checkpoints' shape) */
+    ix_case(50, 12, 8, 16, 0, 4, false, false, NULL);    /* k-pools without the tail */
+    ix_case(64, 16, 8, 32, 8, 8, true, true, NULL);
+    /* k-pools of 4 over steps as the engine makes them: a 13-token prefill (ending at a pool's first token),
+     * decodes at offsets 1 2 3 0 1, a step from offset 2 completing two pools (the first at its second token),
+     * decodes at offsets 0..3, steps of 3, 7 (its first token completing a pool) and 5, then decodes again */
+    static const int pool4[] = {13, 1, 1, 1, 1, 1, 6, 1, 1, 1, 1, 3, 7, 5, 1, 1, 1, 1, 1, 1, 1, 0};
+    ix_case(50, 16, 32, 16, 0, 4, true, false, pool4);
+    ix_case(50, 12, 8, 16, 0, 4, false, false, pool4);
+    ix_case(50, 16, 8, 16, 8, 0, false, false, pool4); /* per-key scores over the same steps */
+    /* pools of 8, fp8: a 5-token prefill, decodes through a pool, a 12-token step completing two pools */
+    static const int pool8[] = {5, 1, 1, 1, 1, 1, 1, 1, 1, 12, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+                                1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0};
+    ix_case(64, 16, 8, 32, 8, 8, true, true, pool8);
 }
 
 int main(void)
