@@ -17,7 +17,20 @@
  * value must stay within bf16 tolerance (TOL; each entry printed), and
  * where the checkpoint has transformers' streams (hidden.f32 at some
  * positions of that prompt) the GPU's against them too; each step's last
- * logits against the CPU's. SLUICE_TEST_TP=N runs the GPU at TP=N (every
+ * logits against the CPU's.
+ *
+ * Routing flips: these checkpoints have MoE layers and the DSA indexer,
+ * whose choices (experts; the top-K keys or k-pools) have near-ties on
+ * random weights (router margins of 0.4% and indexer margins of 0.05% on
+ * the 66-token prompt), which bf16 activations tip the other way; a flipped
+ * choice moves that token's streams by 0.1-0.4 and, through attention, every
+ * later token's. So, as test_gpu_e2e does for MoE models, the check ends at
+ * the first token beyond tolerance in any layer entry (a suspected flip):
+ * every layer entry of the tokens before it is checked, the tokens after it
+ * (and the later decode steps) are reported only. The first token must be
+ * within tolerance and at least a quarter of the prompt must come before the
+ * flip, so a broken layer (wrong from the first token) still fails.
+ * SLUICE_TEST_TP=N runs the GPU at TP=N (every
  * rank holds all streams; rank 0's are traced); a creation refused naming
  * --tensor-parallel-size (a kind not split yet) is noted, not failed.
  */
@@ -75,6 +88,26 @@ static int step(model_backend *be, const int32_t *ids, int n_prompt, int start, 
     struct step st = {.n_tokens = n, .token_ids = ids + start, .positions = pos, .slots = slots, .n_seqs = 1,
                       .seqs = &sq};
     return be->ops->forward(be, &st, err, errlen);
+}
+
+/* the largest |b| over n values (1 when all are 0) */
+static double peak(const float *b, size_t n)
+{
+    double den = 0;
+    for (size_t i = 0; i < n; i++) den = fabs(b[i]) > den ? fabs(b[i]) : den;
+    return den > 0 ? den : 1;
+}
+
+/* the largest |a - b| over n values relative to den; a NaN in a: infinity */
+static double dev(const float *a, const float *b, size_t n, double den)
+{
+    double num = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(a[i])) return INFINITY;
+        double d = fabs((double)a[i] - b[i]);
+        num = d > num ? d : num;
+    }
+    return num / den;
 }
 
 static double rel(const float *a, const float *b, size_t n)
@@ -167,6 +200,7 @@ static void run(const char *name)
     size_t per = (size_t)(p->n - DECODE) * hc * E; /* one entry of the prefill's trace */
     float *tc = malloc(L1 * per * sizeof *tc), *tg = malloc(L1 * per * sizeof *tg);
     float *lc = malloc((size_t)V * 4), *lg = malloc((size_t)V * 4);
+    bool flipped = false; /* a step before this one had a suspected flip: report only */
     for (int k = 0; cpu && gpu && k <= DECODE; k++) {
         int start = k ? p->n - DECODE + k - 1 : 0, n = k ? 1 : p->n - DECODE;
         size_t e1 = (size_t)n * hc * E;
@@ -187,17 +221,46 @@ static void run(const char *name)
             double e = rel(tg + l * e1, tc + l * e1, e1);
             printf(" %.2e", e);
             if (e > worst) worst = e, wl = l;
-            /* transformers' streams at the positions this step holds */
+        }
+        /* the first token beyond tolerance in any layer entry (each entry's
+         * deviation relative to the CPU's largest value of the whole step) */
+        int tf = n;
+        for (int t = 0; t < n && tf == n; t++)
+            for (int l = 0; l < L1; l++) {
+                size_t o = l * e1 + (size_t)t * hc * E;
+                if (dev(tg + o, tc + o, (size_t)hc * E, peak(tc + l * e1, e1)) > TOL) {
+                    tf = t;
+                    break;
+                }
+            }
+        double wb = 0; /* the worst over the tokens before tf */
+        for (int l = 0; l < L1 && tf > 0; l++) {
+            double e = dev(tg + l * e1, tc + l * e1, (size_t)tf * hc * E, peak(tc + l * e1, e1));
+            wb = e > wb ? e : wb;
+        }
+        /* transformers' streams at the positions this step holds, before tf */
+        for (int l = 0; l < L1; l++)
             for (int i = 0; hf.v && i < hf.np; i++) {
                 int t = hf.pos[i] - start;
-                if (t < 0 || t >= n) continue;
+                if (t < 0 || t >= tf) continue;
                 double eh = rel(tg + l * e1 + (size_t)t * hc * E, hf.v + ((size_t)l * hf.np + i) * hc * E,
                                 (size_t)hc * E);
                 worst_hf = eh > worst_hf ? eh : worst_hf;
             }
-        }
         double el = rel(lg, lc, V);
         printf("; vs HF %.2e; last logits vs CPU %.2e\n", worst_hf, el);
+        if (flipped) {
+            printf("    (after a suspected flip: reported only)\n");
+            continue;
+        }
+        if (tf < n) {
+            printf("    suspected flip at position %d (layer entries up to %.3g there); %d of %d tokens checked, "
+                   "within %.2e\n", start + tf, worst, tf, n, wb);
+            CHECKF(tf > 0, "%s step %d: the first token is beyond tolerance: not a flip", name, k);
+            CHECKF(k > 0 || tf * 4 >= n, "%s: only %d of %d prompt tokens before the first flip", name, tf, n);
+            flipped = true;
+            continue;
+        }
         CHECKF(worst <= TOL, "%s step %d: layer entry %d's streams differ from the CPU's by %.3g", name, k, wl, worst);
         CHECKF(worst_hf <= TOL, "%s step %d: streams differ from transformers' by %.3g", name, k, worst_hf);
         CHECKF(el <= TOL, "%s step %d: logits differ from the CPU's by %.3g", name, k, el);
