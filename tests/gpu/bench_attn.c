@@ -44,12 +44,6 @@ static void *dalloc(size_t n)
     }
     return p;
 }
-static void *dup_dev(const void *h, size_t n)
-{
-    void *d = dalloc(n);
-    cudaMemcpy(d, h, n, cudaMemcpyHostToDevice);
-    return d;
-}
 static bool g_kv8; /* --kv-cache-dtype=fp8 */
 /* n random e4m3 bytes of magnitude below 1 (exponent field 0..6), as the
  * bf16 cache's values */

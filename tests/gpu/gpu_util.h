@@ -1,10 +1,16 @@
 /* gpu_util.h - small helpers the GPU tests and benchmarks share: a seeded
- * random stream, bf16 rounding as the backend does it, a wall clock and a
- * comparator for medians. Header-only (static inline). */
+ * random stream, bf16 rounding as the backend does it, a wall clock, a
+ * comparator for medians, device buffers (a copy of host data, poisoned with
+ * NaN, zeroed; a checked copy back) and the relative error the kernel tests
+ * report. Header-only (static inline). */
 #ifndef SLUICE_TESTS_GPU_UTIL_H
 #define SLUICE_TESTS_GPU_UTIL_H
 
+#include <cuda_runtime.h>
+#include <math.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -39,4 +45,46 @@ static inline int cmp_double(const void *a, const void *b)
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
 }
+/* n bytes on the device (16 when n is 0), a copy of h when h is given;
+ * aborts when the device has no room (a test cannot go on) */
+static inline void *dup_dev(const void *h, size_t n)
+{
+    void *d = NULL;
+    if (cudaMalloc(&d, n ? n : 16) != cudaSuccess) abort();
+    if (h && n) cudaMemcpy(d, h, n, cudaMemcpyHostToDevice);
+    return d;
+}
+/* n bytes of 0xff: NaN in f32 and bf16, so a value a kernel never wrote fails */
+static inline void *poisoned(size_t n)
+{
+    void *d = dup_dev(NULL, n);
+    cudaMemset(d, 0xff, n ? n : 16);
+    return d;
+}
+static inline void *zeroed(size_t n)
+{
+    void *d = dup_dev(NULL, n);
+    cudaMemset(d, 0, n ? n : 16);
+    return d;
+}
+/* n bytes back to h; a failed copy says why and leaves h NaN */
+static inline void get(void *h, const void *d, size_t n)
+{
+    if (cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost) != cudaSuccess) {
+        printf("  copy back failed: %s\n", cudaGetErrorString(cudaGetLastError()));
+        memset(h, 0xff, n);
+    }
+}
+/* ||a - b|| / ||b||; NaN anywhere -> inf */
+static inline double nerr(const float *a, const double *b, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(a[i])) return INFINITY;
+        num += (a[i] - b[i]) * (a[i] - b[i]);
+        den += b[i] * b[i];
+    }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
 #endif

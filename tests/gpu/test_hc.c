@@ -30,21 +30,6 @@
 #include "tests/gpu/gpu_util.h"
 #include "tests/test.h"
 
-static void *dup_dev(const void *h, size_t n)
-{
-    void *d = NULL;
-    if (cudaMalloc(&d, n ? n : 16) != cudaSuccess) abort();
-    if (h) cudaMemcpy(d, h, n, cudaMemcpyHostToDevice);
-    else cudaMemset(d, 0xff, n); /* NaN in f32 and bf16 */
-    return d;
-}
-static void get(void *h, const void *d, size_t n)
-{
-    if (cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost) != cudaSuccess) {
-        printf("  copy back failed: %s\n", cudaGetErrorString(cudaGetLastError()));
-        memset(h, 0xff, n);
-    }
-}
 /* max |a - b| / max |b|; NaN anywhere -> inf */
 static double rel(const float *a, const float *b, size_t n)
 {
@@ -93,12 +78,12 @@ static void hc_case(int T, int E, int iters)
     float *xs = malloc(ns * 4), *xc = malloc(nx * 4), *xg = malloc(nx * 4), *y = malloc(nx * 4), *sg = malloc(ns * 4);
     uint16_t *yb = malloc(nx * 2);
     for (size_t i = 0; i < ns; i++) xs[i] = 2.0f * frand();
-    float *dxs = dup_dev(xs, ns * 4), *dx = dup_dev(NULL, nx * 4), *dpart = dup_dev(NULL, cuda_hc_part_elems(T, N, E) * 4);
-    float *dpost = dup_dev(NULL, (size_t)T * N * 4), *dcomb = dup_dev(NULL, (size_t)T * N * N * 4);
+    float *dxs = dup_dev(xs, ns * 4), *dx = poisoned(nx * 4), *dpart = poisoned(cuda_hc_part_elems(T, N, E) * 4);
+    float *dpost = poisoned((size_t)T * N * 4), *dcomb = poisoned((size_t)T * N * N * 4);
     float *dfn[2], *dbase[2], *dscale[2];
     for (int s = 0; s < 2; s++)
         dfn[s] = dup_dev(fn[s], (size_t)M * NE * 4), dbase[s] = dup_dev(base[s], M * 4), dscale[s] = dup_dev(scale[s], 12);
-    uint16_t *dy = dup_dev(NULL, nx * 2);
+    uint16_t *dy = poisoned(nx * 2);
     double ex[2] = {0, 0}, es[2] = {0, 0};
     for (int s = 0; h && s < 2; s++) {
         /* the block's input */
@@ -156,7 +141,7 @@ static void test_expand(void)
     int T = 3, N = 4, E = 100;
     float *x = malloc((size_t)T * E * 4), *xs = malloc((size_t)T * N * E * 4);
     for (int i = 0; i < T * E; i++) x[i] = frand();
-    float *dx = dup_dev(x, (size_t)T * E * 4), *dxs = dup_dev(NULL, (size_t)T * N * E * 4);
+    float *dx = dup_dev(x, (size_t)T * E * 4), *dxs = poisoned((size_t)T * N * E * 4);
     CHECK(cuda_hc_expand(dx, T, N, E, dxs, 0) == cudaSuccess);
     get(xs, dxs, (size_t)T * N * E * 4);
     int bad = 0;
@@ -174,7 +159,7 @@ static void test_swiglu_limit(void)
     float lim = 0.5f;
     uint16_t *gu = malloc((size_t)T * 2 * F * 2), *h = malloc((size_t)T * F * 2);
     for (int i = 0; i < T * 2 * F; i++) gu[i] = bf(2.0f * frand());
-    uint16_t *dgu = dup_dev(gu, (size_t)T * 2 * F * 2), *dh = dup_dev(NULL, (size_t)T * F * 2);
+    uint16_t *dgu = dup_dev(gu, (size_t)T * 2 * F * 2), *dh = poisoned((size_t)T * F * 2);
     CHECK(cuda_swiglu_limit(dgu, T, F, lim, dh, 0) == cudaSuccess);
     get(h, dh, (size_t)T * F * 2);
     int worst = 0;

@@ -13,37 +13,6 @@
 #include "tests/gpu/gpu_util.h"
 #include "tests/test.h"
 
-static void *dup_dev(const void *h, size_t n)
-{
-    void *d = NULL;
-    if (cudaMalloc(&d, n) != cudaSuccess) abort();
-    if (h) cudaMemcpy(d, h, n, cudaMemcpyHostToDevice);
-    return d;
-}
-static void *poisoned(size_t n)
-{
-    void *d = dup_dev(NULL, n);
-    cudaMemset(d, 0xff, n); /* NaN in f32 and bf16 */
-    return d;
-}
-static void get(void *h, const void *d, size_t n)
-{
-    if (cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost) != cudaSuccess) {
-        printf("  copy back failed: %s\n", cudaGetErrorString(cudaGetLastError()));
-        memset(h, 0xff, n);
-    }
-}
-/* ||a - b|| / ||b||; NaN anywhere -> inf */
-static double nerr(const float *a, const double *b, size_t n)
-{
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (isnan(a[i])) return INFINITY;
-        num += (a[i] - b[i]) * (a[i] - b[i]);
-        den += b[i] * b[i];
-    }
-    return sqrt(num / (den > 0 ? den : 1));
-}
 
 static void test_embed_rmsnorm(void)
 {

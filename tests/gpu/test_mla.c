@@ -22,36 +22,6 @@
 #include "tests/gpu/gpu_util.h"
 #include "tests/test.h"
 
-static void *dup_dev(const void *h, size_t n)
-{
-    void *d = NULL;
-    if (cudaMalloc(&d, n ? n : 16) != cudaSuccess) abort();
-    if (h && n) cudaMemcpy(d, h, n, cudaMemcpyHostToDevice);
-    return d;
-}
-static void *poisoned(size_t n)
-{
-    void *d = dup_dev(NULL, n);
-    cudaMemset(d, 0xff, n ? n : 16);
-    return d;
-}
-static void get(void *h, const void *d, size_t n)
-{
-    if (cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost) != cudaSuccess) {
-        printf("  copy back failed: %s\n", cudaGetErrorString(cudaGetLastError()));
-        memset(h, 0xff, n);
-    }
-}
-static double nerr(const float *a, const double *b, size_t n)
-{
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (isnan(a[i])) return INFINITY;
-        num += (a[i] - b[i]) * (a[i] - b[i]);
-        den += b[i] * b[i];
-    }
-    return sqrt(num / (den > 0 ? den : 1));
-}
 static float e4m3(uint8_t v)
 {
     int s = v >> 7, e = (v >> 3) & 15, m = v & 7;

@@ -42,14 +42,6 @@ static uint32_t urand(void)
     return (uint32_t)(g_rng >> 32);
 }
 
-static void *dup_dev(const void *h, size_t n)
-{
-    void *d = NULL;
-    if (cudaMalloc(&d, n ? n : 16) != cudaSuccess) abort();
-    if (h) cudaMemcpy(d, h, n, cudaMemcpyHostToDevice);
-    else cudaMemset(d, 0, n ? n : 16);
-    return d;
-}
 
 /* ---- expert matrices ---------------------------------------------------------------- */
 
@@ -200,16 +192,16 @@ static void run_case(const struct mcase *c)
     a.router = keep(c->router_f32 ? dup_dev(rw, (size_t)R * E * 4) : dup_dev(rwb, (size_t)R * E * 2));
     a.bias = c->bias ? keep(dup_dev(bias, (size_t)NE * 4)) : NULL;
     a.ex = keep(dup_dev(hex, ((size_t)NE + 1) * sizeof *hex));
-    a.logits = keep(dup_dev(NULL, (size_t)T * (NE + 1) * 4));
-    a.idx = keep(dup_dev(NULL, (size_t)T * S * 4));
-    a.wt = keep(dup_dev(NULL, (size_t)T * S * 4));
-    a.count = keep(dup_dev(NULL, (size_t)(NE + 1) * 4));
-    a.start = keep(dup_dev(NULL, (size_t)(NE + 2) * 4));
-    a.list = keep(dup_dev(NULL, (size_t)T * S * 4));
-    a.act = keep(dup_dev(NULL, (size_t)(NE + 2) * 4));
-    a.h = keep(dup_dev(NULL, (size_t)T * S * Fmax * 2));
-    a.y = keep(dup_dev(NULL, (size_t)T * S * E * 4));
-    a.out = keep(dup_dev(NULL, (size_t)T * E * 2));
+    a.logits = keep(zeroed((size_t)T * (NE + 1) * 4));
+    a.idx = keep(zeroed((size_t)T * S * 4));
+    a.wt = keep(zeroed((size_t)T * S * 4));
+    a.count = keep(zeroed((size_t)(NE + 1) * 4));
+    a.start = keep(zeroed((size_t)(NE + 2) * 4));
+    a.list = keep(zeroed((size_t)T * S * 4));
+    a.act = keep(zeroed((size_t)(NE + 2) * 4));
+    a.h = keep(zeroed((size_t)T * S * Fmax * 2));
+    a.y = keep(zeroed((size_t)T * S * E * 4));
+    a.out = keep(zeroed((size_t)T * E * 2));
     cudaStream_t st;
     cudaStreamCreate(&st);
     cudaError_t ce = cuda_moe_forward(&a, st);
@@ -302,7 +294,7 @@ static void run_case(const struct mcase *c)
         struct cuda_moe_args b1 = a;
         b1.T = 1;
         b1.xn = a.xn + (size_t)probe[p] * E;
-        b1.out = keep(dup_dev(NULL, (size_t)E * 2));
+        b1.out = keep(zeroed((size_t)E * 2));
         if (cuda_moe_forward(&b1, st) != cudaSuccess || cudaStreamSynchronize(st) != cudaSuccess) bad_bits++;
         cudaMemcpy(out1, b1.out, (size_t)E * 2, cudaMemcpyDeviceToHost);
         bad_bits += memcmp(out1, out + (size_t)probe[p] * E, (size_t)E * 2) != 0;
@@ -311,7 +303,7 @@ static void run_case(const struct mcase *c)
     cudaGraph_t g = NULL;
     cudaGraphExec_t ge = NULL;
     struct cuda_moe_args ag = a;
-    ag.out = keep(dup_dev(NULL, (size_t)T * E * 2));
+    ag.out = keep(zeroed((size_t)T * E * 2));
     bool graph_ok = cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
     graph_ok &= cuda_moe_forward(&ag, st) == cudaSuccess;
     graph_ok &= cudaStreamEndCapture(st, &g) == cudaSuccess;

@@ -39,13 +39,6 @@ static uint32_t urand(void)
     return (uint32_t)(g_rng >> 32);
 }
 
-static void *dup_dev(const void *h, size_t n)
-{
-    void *d = NULL;
-    if (cudaMalloc(&d, n ? n : 16) != cudaSuccess) abort();
-    if (h) cudaMemcpy(d, h, n, cudaMemcpyHostToDevice);
-    return d;
-}
 
 struct qcase {
     int bits, group; /* group 0: per-channel */
