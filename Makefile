@@ -56,7 +56,7 @@ all: $(BUILD)/sluice
 DEPS        := $(BUILD)/.deps
 DEP_INCLUDE ?= /usr/include
 DEP_HEADERS := jsmn.h pcre2.h event2/event.h event2/thread.h sqlite3.h
-DEP_CMDS    := $(CC) curl unzip python3
+DEP_CMDS    := $(CC) curl unzip python3 xz
 DEPS_MISSING := $(strip $(foreach h,$(DEP_HEADERS),$(if $(wildcard $(DEP_INCLUDE)/$(h)),,$(h))) \
                 $(foreach c,$(DEP_CMDS),$(if $(shell command -v $(c) 2>/dev/null),,$(c))))
 $(DEPS): tools/setup.sh $(if $(DEPS_MISSING),FORCE)
@@ -92,9 +92,19 @@ $(BUILD)/libsluice.a: $(LIB_OBJS)
 $(BUILD)/sluice: $(BUILD)/api/main.o $(CUDA_OBJS) $(BUILD)/libsluice.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
-$(BUILD)/tests/%: tests/%.c tests/test.h tests/golden.h $(CUDA_OBJS) $(BUILD)/libsluice.a
+# llama.cpp's tokenizer-only GGUF files (tests/data/README.md) are stored
+# xz-compressed to keep the tree small; the tests read the decompressed copies
+# in $(TEST_VOCAB_DIR), which every test binary and json_mask_bench depend on.
+TEST_VOCAB_DIR := $(BUILD)/testdata/vocab
+TEST_VOCAB := $(patsubst tests/data/vocab/%.xz,$(TEST_VOCAB_DIR)/%,$(wildcard tests/data/vocab/*.gguf.xz))
+$(TEST_VOCAB_DIR)/%.gguf: tests/data/vocab/%.gguf.xz | $(DEPS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $< $(CUDA_OBJS) $(BUILD)/libsluice.a -o $@ $(LDLIBS)
+	xz -dc $< > $@.tmp && mv $@.tmp $@
+VOCAB_CFLAGS := -DTEST_VOCAB_DIR='"$(TEST_VOCAB_DIR)"'
+
+$(BUILD)/tests/%: tests/%.c tests/test.h tests/golden.h $(CUDA_OBJS) $(BUILD)/libsluice.a | $(TEST_VOCAB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(VOCAB_CFLAGS) $< $(CUDA_OBJS) $(BUILD)/libsluice.a -o $@ $(LDLIBS)
 
 model: $(MODEL)
 $(MODEL): | $(DEPS)
@@ -115,8 +125,8 @@ endif
 # Benchmarks (numbers go to BENCHMARKS.md with the machine they ran on): the
 # CPU forward pass on the default model and JSON mode's vocabulary mask; on a
 # GPU host also the Llama-3.1-8B shape (dummy weights) through the backend.
-$(BUILD)/json_mask_bench $(BUILD)/engine_bench: $(BUILD)/%: tools/bench/%.c $(CUDA_OBJS) $(BUILD)/libsluice.a
-	$(CC) $(CFLAGS) $< $(CUDA_OBJS) $(BUILD)/libsluice.a -o $@ $(LDLIBS)
+$(BUILD)/json_mask_bench $(BUILD)/engine_bench: $(BUILD)/%: tools/bench/%.c $(CUDA_OBJS) $(BUILD)/libsluice.a | $(TEST_VOCAB)
+	$(CC) $(CFLAGS) $(VOCAB_CFLAGS) $< $(CUDA_OBJS) $(BUILD)/libsluice.a -o $@ $(LDLIBS)
 
 BENCH_DEPS := $(BUILD)/sluice $(BUILD)/tests/test_forward $(BUILD)/json_mask_bench $(BUILD)/engine_bench $(MODEL)
 ifeq ($(CUDA),1)

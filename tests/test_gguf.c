@@ -224,7 +224,7 @@ static void check_golden_file(void)
             f = NULL;
             char *where = strtok(rest, " "), *name = strtok(NULL, " ");
             if (strcmp(where, "model") == 0) snprintf(path, sizeof path, "models/%s", name);
-            else if (strcmp(where, "vocab") == 0) snprintf(path, sizeof path, "%s/vocab/%s", test_data_dir(), name);
+            else if (strcmp(where, "vocab") == 0) snprintf(path, sizeof path, "%s/%s", TEST_VOCAB_DIR, name);
             else snprintf(path, sizeof path, "%s/%s", GOLDEN_DIR, name);
             f = gguf_open(path, err, sizeof err);
             CHECKF(f != NULL, "%s", err);
@@ -843,7 +843,7 @@ static void fuzz_flip(const char *src, int iters, size_t hot, int *n_ok, int *n_
 static void check_fuzz(void)
 {
     char vocab[512];
-    snprintf(vocab, sizeof vocab, "%s/vocab/ggml-vocab-bert-bge.gguf", test_data_dir());
+    snprintf(vocab, sizeof vocab, "%s/ggml-vocab-bert-bge.gguf", TEST_VOCAB_DIR);
     int ok = 0, fail = 0;
     fuzz_truncate(vocab, 4096, 211, &ok, &fail);
     CHECKF(fail > 4000 && ok == 0, "vocab truncation: %d ok %d failed", ok, fail);

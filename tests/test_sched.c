@@ -1534,7 +1534,7 @@ static void test_schema_features(void)
 static void test_guide_mask_exact(void)
 {
     char err[256], path[512];
-    snprintf(path, sizeof path, "%s/vocab/ggml-vocab-gpt-2.gguf", test_data_dir());
+    snprintf(path, sizeof path, "%s/ggml-vocab-gpt-2.gguf", TEST_VOCAB_DIR);
     gguf_file *f = gguf_open(path, err, sizeof err);
     model_tok *tok = f ? model_tok_from_gguf(f, err, sizeof err) : NULL;
     CHECKF(tok != NULL, "%s", err);

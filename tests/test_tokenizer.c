@@ -1,5 +1,6 @@
 /* test_tokenizer.c - byte-level BPE against outside references:
- * llama.cpp's vocab test suites (tests/data/vocab), HF tokenizers ids
+ * llama.cpp's vocab test suites (tests/data/vocab; the .gguf files are read
+ * from TEST_VOCAB_DIR, where make decompresses them), HF tokenizers ids
  * for the default model (tests/golden/tok/, made by make_smollm2.py), plus
  * round trips, the incremental detokenizer, special tokens, errors, speed.
  */
@@ -123,7 +124,7 @@ static model_tok *open_gguf_tok(const char *path, char *err, size_t errlen)
 static model_tok *open_vocab(const char *name)
 {
     char p[512], err[256] = "";
-    snprintf(p, sizeof p, "%s/vocab/ggml-vocab-%s.gguf", test_data_dir(), name);
+    snprintf(p, sizeof p, "%s/ggml-vocab-%s.gguf", TEST_VOCAB_DIR, name);
     model_tok *t = open_gguf_tok(p, err, sizeof err);
     if (!t) printf("  %s: %s\n", name, err);
     return t;
@@ -188,7 +189,7 @@ static void test_unsupported_models(void)
     static const char *const names[] = {"llama-spm", "phi-3", "bert-bge"};
     for (int i = 0; i < 3; i++) {
         char p[512], err[256] = "";
-        snprintf(p, sizeof p, "%s/vocab/ggml-vocab-%s.gguf", test_data_dir(), names[i]);
+        snprintf(p, sizeof p, "%s/ggml-vocab-%s.gguf", TEST_VOCAB_DIR, names[i]);
         gguf_file *f = gguf_open(p, err, sizeof err);
         CHECKF(f, "%s: %s", names[i], err);
         if (!f) continue;

@@ -17,10 +17,11 @@ SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO=sudo
 # build-essential: gcc and make; libjsmn-dev, libpcre2-dev, libevent-dev,
 # libsqlite3-dev: the libraries sluice links; curl, unzip, python3, python3-pip:
-# the model fetch (tools/fetch_model.sh) and the integration tests; gnuplot-nox:
+# the model fetch (tools/fetch_model.sh) and the integration tests; xz-utils:
+# the tests' vocab files (tests/data/vocab/*.gguf.xz); gnuplot-nox:
 # `sluice bench --plot`; chromium, chromium-driver: the web page's browser test
 # (headless, through the driver; no browser is ever downloaded).
-pkgs="build-essential pkg-config libjsmn-dev libpcre2-dev libevent-dev libsqlite3-dev unzip curl python3 python3-pip gnuplot-nox chromium chromium-driver"
+pkgs="build-essential pkg-config libjsmn-dev libpcre2-dev libevent-dev libsqlite3-dev unzip xz-utils curl python3 python3-pip gnuplot-nox chromium chromium-driver"
 missing=""
 if command -v dpkg >/dev/null 2>&1; then
     for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done

@@ -263,9 +263,9 @@ int main(void)
     int fd = mkstemp(path);
     if (fd < 0) return 1;
     close(fd);
-    const char *srcs[] = {"tests/data/vocab/ggml-vocab-deepseek-llm.gguf", smol,
-                          "tests/data/vocab/ggml-vocab-starcoder.gguf", "tests/data/vocab/ggml-vocab-falcon.gguf",
-                          "tests/data/vocab/ggml-vocab-gpt-2.gguf", "tests/data/vocab/ggml-vocab-mpt.gguf"};
+    const char *srcs[] = {TEST_VOCAB_DIR "/ggml-vocab-deepseek-llm.gguf", smol,
+                          TEST_VOCAB_DIR "/ggml-vocab-starcoder.gguf", TEST_VOCAB_DIR "/ggml-vocab-falcon.gguf",
+                          TEST_VOCAB_DIR "/ggml-vocab-gpt-2.gguf", TEST_VOCAB_DIR "/ggml-vocab-mpt.gguf"};
     if (write_big_vocab(path, srcs, 6) == 0) {
         gguf_file *f = gguf_open(path, err, sizeof err);
         model_tok *t = f ? model_tok_from_gguf(f, err, sizeof err) : NULL;

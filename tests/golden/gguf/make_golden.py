@@ -14,7 +14,7 @@ Writes, next to this script:
                   synthetic.gguf, the default model and two vocab GGUFs.
 
 golden.txt is line based, fields separated by single spaces:
-  file <where> <name>          where: model (models/), vocab (tests/data/vocab/), golden (this dir)
+  file <where> <name>          where: model (models/), vocab (build/testdata/vocab/, from tests/data/vocab/*.gguf.xz), golden (this dir)
   version <n> / alignment <n> / n_kv <n> / n_tensors <n>
   kv <key> <vtype> <value>     scalars: integers in decimal, float32/float64 as
                                the hex of their IEEE bits, bool 0/1; strings:
@@ -33,7 +33,9 @@ from gguf import GGMLQuantizationType as QT, GGUFValueType as VT
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
-TESTDATA = os.path.join(ROOT, "tests", "data")
+# the vocab files are stored xz-compressed (tests/data/vocab/*.gguf.xz); make
+# decompresses them here
+VOCAB = os.path.join(ROOT, "build", "testdata", "vocab")
 
 STR_HEX = 48
 
@@ -153,7 +155,7 @@ def main():
          ["token_embd.weight", "blk.0.attn_norm.weight", "blk.0.attn_q.weight", "blk.0.ffn_down.weight",
           "blk.29.attn_v.weight", "output_norm.weight"])
     for v in ["ggml-vocab-llama-spm.gguf", "ggml-vocab-gpt-2.gguf"]:
-        dump(out, "vocab", v, os.path.join(TESTDATA, "vocab", v), [])
+        dump(out, "vocab", v, os.path.join(VOCAB, v), [])
     with open(os.path.join(HERE, "golden.txt"), "w") as fp:
         fp.write("\n".join(out) + "\n")
     print("wrote %d lines" % len(out), file=sys.stderr)
