@@ -146,7 +146,7 @@ check() {
             runs+=("SLUICE_TEST_TP=2 $B/tests/gpu/test_gpu_e2e"
                    "SLUICE_TEST_TP=2 SLUICE_TEST_REF=cuda $B/tests/gpu/test_gpu_e2e"
                    "SLUICE_TEST_TP=2 $e $B/tests/test_engine"
-                   "SLUICE_TEST_TP=2 $B/tests/gpu/test_glm5_layers"
+                   "$B/tests/gpu/test_glm5_layers --tp=2"
                    "SLUICE_TEST_TP=2 SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3-moe-ctx2k $B/tests/test_engine"
                    "SLUICE_TEST_TP=2 $emla $B/tests/test_engine"
                    "SLUICE_TEST_TP=2 $B/tests/gpu/test_gpu_e2e --gemm-wg-min-t=1"

@@ -72,6 +72,7 @@ static int32_t g_bt[MAXP][REGION];
 static struct model_sampling g_greedy;
 static int g_near_ties;
 static int g_tp = 1; /* SLUICE_TEST_TP */
+static const char *g_ref = "cpu"; /* the reference backend (SLUICE_TEST_REF) */
 static const char *g_hf_overrides; /* run_model's --hf-overrides, or NULL */
 
 /* ---- driving a backend ---------------------------------------------------------- */
@@ -511,8 +512,7 @@ static void test_long_chunks(void)
 {
     enum { N = 1100, C1 = 800, NB = (N + BLOCK - 1) / BLOCK };
     char err[256];
-    const char *ref = getenv("SLUICE_TEST_REF") ? getenv("SLUICE_TEST_REF") : "cpu";
-    struct model_backend_opts bo = {.device = ref, .max_tokens_per_step = 1024, .max_seqs_per_step = 8,
+    struct model_backend_opts bo = {.device = g_ref, .max_tokens_per_step = 1024, .max_seqs_per_step = 8,
                                     .max_ctx = NB * BLOCK};
     model_backend *be[2] = {model_backend_create(g_model, &bo, err, sizeof err), NULL};
     const int keys = cuda_tuning.long_split_keys;
@@ -546,7 +546,7 @@ static void test_long_chunks(void)
         double e = rel_inf(lg[1], lg[0], g_nv);
         /* MoE: 1100 tokens route through near-ties many times (g_moe) */
         double tol = g_moe && e > g_tol_cpu ? MOE_FLIP_MAX : g_tol_cpu;
-        printf("  tokens %d..%d over %d cached: last logits vs %s %.3g%s\n", t0, t0 + len - 1, t0, ref, e,
+        printf("  tokens %d..%d over %d cached: last logits vs %s %.3g%s\n", t0, t0 + len - 1, t0, g_ref, e,
                tol > g_tol_cpu ? " (routing flips?)" : "");
         CHECKF(e <= tol, "step %d: %.3g", k, e);
     }
@@ -555,57 +555,92 @@ static void test_long_chunks(void)
     free(ids), free(pos), free(slots), free(lg[0]), free(lg[1]);
 }
 
-static void run_model(const char *name, const char *path, const char *golden, double tol_hf, double tol_cpu)
+/* Loads golden and the model at path (with g_hf_overrides) into g_gold and
+ * g_model, announcing name (what: "" or a note on the kind of model);
+ * false when either is absent (a note) or fails to load (a failure). */
+static bool open_model(const char *name, const char *what, const char *path, const char *golden, double tol_hf,
+                       double tol_cpu)
 {
     struct stat st;
     char err[512];
     if (stat(path, &st) != 0 || stat(golden, &st) != 0) {
         printf("note: %s: %s or %s absent, skipped\n", name, path, golden);
-        return;
+        return false;
     }
     if (golden_load(golden, &g_gold) != 0) {
         CHECK(0);
-        return;
+        return false;
     }
     g_tol_hf = tol_hf, g_tol_cpu = tol_cpu;
-    printf("%s: %d prompts\n", name, g_gold.np);
+    printf("%s: %d prompts%s\n", name, g_gold.np, what);
     struct model_load_opts lo = {.hf_overrides = g_hf_overrides};
     g_model = model_load(path, &lo, err, sizeof err);
     if (!g_model) {
         printf("  load: %s\n", err);
         t_fail++;
-        return;
+        golden_free(&g_gold);
+        return false;
     }
     g_nv = model_get_config(g_model)->n_vocab;
     g_moe = has_moe(model_get_config(g_model));
-    if (model_tp_check(model_get_config(g_model), g_tp, err, sizeof err)) {
-        printf("note: %s skipped at TP=%d: %s\n", name, g_tp, err);
-        model_free(g_model);
-        golden_free(&g_gold);
-        return;
-    }
-    const char *ref = getenv("SLUICE_TEST_REF") ? getenv("SLUICE_TEST_REF") : "cpu";
-    struct model_backend_opts bo = {.device = ref, .max_tokens_per_step = 1024, .max_seqs_per_step = 512,
+    return true;
+}
+
+/* g_cpu (the reference, g_ref) and g_gpu (g_tp ranks) for g_model, steps of
+ * up to max_seqs sequences, MAXP regions of KV each, and for a recurrent
+ * model slots state slots; the block tables g_bt out of order. False when a
+ * backend could not be made (a failure, or a note where the GPU refuses the
+ * split, as it should) */
+static bool open_backends(const char *name, int max_seqs, int slots)
+{
+    char err[512];
+    struct model_backend_opts bo = {.device = g_ref, .max_tokens_per_step = 1024, .max_seqs_per_step = max_seqs,
                                     .max_ctx = REGION * BLOCK};
     g_cpu = model_backend_create(g_model, &bo, err, sizeof err);
     bo.device = "cuda";
     bo.tensor_parallel_size = g_tp;
     g_gpu = model_backend_create(g_model, &bo, err, sizeof err);
-    printf("  GPU backend: %d rank%s; reference: %s\n", g_tp, g_tp > 1 ? "s" : "", ref);
+    printf("  GPU backend: %d rank%s; reference: %s\n", g_tp, g_tp > 1 ? "s" : "", g_ref);
     if (!g_gpu && g_tp > 1 && strstr(err, "cuts its quantization groups")) {
         /* a row-parallel shard of a packed weight must start at a group boundary: refused, as it should be */
         printf("note: %s refused at TP=%d: %s\n", name, g_tp, err);
-    } else if (!g_gpu && g_tp > 1 && strstr(err, "is MLA, which the GPU backend runs on one GPU only")) {
-        printf("note: %s refused at TP=%d: %s\n", name, g_tp, err); /* MLA's head split is not built yet */
-    } else if (g_cpu && !g_gpu && strstr(err, "with the DSA indexer")) {
-        printf("note: %s refused: %s\n", name, err); /* the DSA indexer is not on the GPU yet (cuda/mla.c) */
-    } else if (!g_cpu || !g_gpu || alloc(g_cpu, MAXP * REGION, err, sizeof err) ||
-        alloc(g_gpu, MAXP * REGION, err, sizeof err)) {
+        return false;
+    }
+    bool ok = g_cpu && g_gpu;
+    for (int i = 0; i < 2 && ok; i++) {
+        model_backend *be = i ? g_gpu : g_cpu;
+        ok = be->ops->kv_alloc(be, MAXP * REGION, BLOCK, err, sizeof err) == 0 &&
+             (!recurrent(be) || be->ops->state_alloc(be, slots, err, sizeof err) == 0);
+    }
+    if (!ok) {
         printf("  backends: %s\n", err);
         t_fail++;
-    } else {
-        for (int i = 0; i < MAXP; i++)
-            for (int j = 0; j < REGION; j++) g_bt[i][j] = i * REGION + (REGION - 1 - j); /* not in order */
+        return false;
+    }
+    for (int i = 0; i < MAXP; i++)
+        for (int j = 0; j < REGION; j++) g_bt[i][j] = i * REGION + (REGION - 1 - j); /* not in order */
+    return true;
+}
+
+static void close_model(void)
+{
+    model_backend_destroy(g_gpu);
+    model_backend_destroy(g_cpu);
+    g_gpu = g_cpu = NULL;
+    model_free(g_model);
+    golden_free(&g_gold);
+}
+
+static void run_model(const char *name, const char *path, const char *golden, double tol_hf, double tol_cpu)
+{
+    char err[512];
+    if (!open_model(name, "", path, golden, tol_hf, tol_cpu)) return;
+    if (model_tp_check(model_get_config(g_model), g_tp, err, sizeof err)) {
+        printf("note: %s skipped at TP=%d: %s\n", name, g_tp, err);
+        close_model();
+        return;
+    }
+    if (open_backends(name, 512, MAXP)) {
         RUN(test_logits);
         RUN(test_greedy);
         RUN(test_batched_graphs);
@@ -618,10 +653,7 @@ static void run_model(const char *name, const char *path, const char *golden, do
         else
             RUN(test_long_chunks);
     }
-    model_backend_destroy(g_gpu);
-    model_backend_destroy(g_cpu);
-    model_free(g_model);
-    golden_free(&g_gold);
+    close_model();
 }
 
 /* ---- models with recurrent (KDA) layers ------------------------------------------- */
@@ -846,58 +878,13 @@ static void test_state_batched(void)
 
 static void run_state_model(const char *name, const char *path, const char *golden, double tol_hf, double tol_cpu)
 {
-    struct stat st;
-    char err[512];
-    if (stat(path, &st) != 0 || stat(golden, &st) != 0) {
-        printf("note: %s: %s or %s absent, skipped\n", name, path, golden);
-        return;
-    }
-    if (golden_load(golden, &g_gold) != 0) {
-        CHECK(0);
-        return;
-    }
-    g_tol_hf = tol_hf, g_tol_cpu = tol_cpu;
-    printf("%s: %d prompts (recurrent state slots)\n", name, g_gold.np);
-    struct model_load_opts lo = {.hf_overrides = g_hf_overrides};
-    g_model = model_load(path, &lo, err, sizeof err);
-    if (!g_model) {
-        printf("  load: %s\n", err);
-        t_fail++;
-        golden_free(&g_gold);
-        return;
-    }
-    g_nv = model_get_config(g_model)->n_vocab;
-    g_moe = has_moe(model_get_config(g_model));
-    const char *ref = getenv("SLUICE_TEST_REF") ? getenv("SLUICE_TEST_REF") : "cpu";
-    struct model_backend_opts bo = {.device = ref, .max_tokens_per_step = 1024, .max_seqs_per_step = MAXP,
-                                    .max_ctx = REGION * BLOCK};
-    g_cpu = model_backend_create(g_model, &bo, err, sizeof err);
-    bo.device = "cuda";
-    bo.tensor_parallel_size = g_tp;
-    g_gpu = model_backend_create(g_model, &bo, err, sizeof err);
-    printf("  GPU backend: %d rank%s; reference: %s\n", g_tp, g_tp > 1 ? "s" : "", ref);
-    if (g_cpu && !g_gpu && g_tp > 1 && strstr(err, "is MLA, which the GPU backend runs on one GPU only")) {
-        printf("note: %s refused at TP=%d: %s\n", name, g_tp, err); /* MLA's head split is not built yet */
-    } else if (g_cpu && !g_gpu && strstr(err, "with the DSA indexer")) {
-        printf("note: %s refused: %s\n", name, err); /* the DSA indexer is not on the GPU yet (cuda/mla.c) */
-    } else if (!g_cpu || !g_gpu || g_cpu->ops->kv_alloc(g_cpu, MAXP * REGION, BLOCK, err, sizeof err) ||
-               g_gpu->ops->kv_alloc(g_gpu, MAXP * REGION, BLOCK, err, sizeof err) ||
-               g_cpu->ops->state_alloc(g_cpu, SLOTS, err, sizeof err) ||
-               g_gpu->ops->state_alloc(g_gpu, SLOTS, err, sizeof err)) {
-        printf("  backends: %s\n", err);
-        t_fail++;
-    } else {
-        for (int i = 0; i < MAXP; i++)
-            for (int j = 0; j < REGION; j++) g_bt[i][j] = i * REGION + (REGION - 1 - j); /* not in order */
+    if (!open_model(name, " (recurrent state slots)", path, golden, tol_hf, tol_cpu)) return;
+    if (open_backends(name, MAXP, SLOTS)) {
         RUN(test_state_lone);
         RUN(test_state_chunks);
         RUN(test_state_batched);
     }
-    model_backend_destroy(g_gpu);
-    model_backend_destroy(g_cpu);
-    g_gpu = g_cpu = NULL;
-    model_free(g_model);
-    golden_free(&g_gold);
+    close_model();
 }
 
 /* Tensor parallelism: the last rank fails its third forward before
@@ -1188,6 +1175,7 @@ int main(int argc, char **argv)
     }
     model_sampling_default(&g_greedy);
     if (getenv("SLUICE_TEST_TP")) g_tp = atoi(getenv("SLUICE_TEST_TP"));
+    if (getenv("SLUICE_TEST_REF")) g_ref = getenv("SLUICE_TEST_REF");
     if (g_tp < 1) g_tp = 1;
     /* tiny-qwen3's logits are ~3 with near-uniform spread: bf16 weights move them ~1e-2 relative */
     run_model("tiny-qwen3", "tests/models/tiny-qwen3", "tests/models/tiny-qwen3/golden.json", 3e-2, 3e-2);
@@ -1239,8 +1227,8 @@ int main(int argc, char **argv)
     run_model("glm5-hybrid", "tests/models/glm5/glm5-hybrid", "tests/models/glm5/glm5-hybrid/golden.json", 5e-2,
               5e-2);
     run_model("glm5-mixed", "tests/models/glm5/glm5-mixed", "tests/models/glm5/glm5-mixed/golden.json", 5e-2, 5e-2);
-    /* The GPU refuses the DSA indexer (noted above): glm5-mla as dense MLA against transformers' indexer-off
-     * goldens, and glm5-kda (index_topk 4096: every key of these prompts chosen, so dense) the same way */
+    /* glm5-mla as dense MLA against transformers' indexer-off goldens; glm5-kda (below) the same way
+     * (index_topk 4096: every key of these prompts chosen, so dense) */
     g_hf_overrides = "{\"text_config\": {\"index_topk\": null}}";
     run_model("glm5-mla (index_topk null)", "tests/models/glm5/glm5-mla",
               "tests/models/glm5/glm5-mla/golden_dense.json", 5e-2, 5e-2);
