@@ -525,6 +525,7 @@ static cudaError_t launch_experts(const struct cuda_moe_args *a, int slots, cuda
 extern "C" cudaError_t cuda_moe_experts(const struct cuda_moe_args *a, cudaStream_t st)
 {
     if (a->T <= 0) return cudaSuccess;
+    if (cuda_moe_gemm_takes(a)) return cuda_moe_gemm(a, st); /* many rows per expert: tensor cores (moe_gemm.cu) */
     /* an expert holds at most T assignments (a token picks it once) */
     int slots = a->T * a->K < a->NE ? a->T * a->K : a->NE;
     slots += a->S > a->K;

@@ -18,16 +18,20 @@
  *  3. experts: one launch for gate|up with the (clamped) SwiGLU, one for
  *     down, each over every active expert's gathered rows, reading only the
  *     chosen experts' weights (bf16, or packed int4/int8 in qgemm.h's layout,
- *     expert by expert);
+ *     expert by expert): SIMT GEMVs (moe.cu) for steps of few rows per
+ *     expert, a grouped GEMM on tensor cores (moe_gemm.cu) for the others
+ *     (cuda_moe_gemm_takes: cuda_tuning.moe_gemm_min_rows);
  *  4. combine: each token's expert outputs weighed and summed in ascending
  *     expert order, then the shared experts, as the CPU does.
  * Tensor parallel (N ranks): every rank routes alike (the same input, the
  * same kernels) and holds rows [k F/N, (k+1) F/N) of every expert's gate
  * and up and those columns of its down, so its combine is a partial sum
  * (f32) that one all-reduce per layer completes, as for a dense MLP.
- * Every (weight row, token) dot product is one f32 chain over the input in
- * column order whatever the tiling, so a token's output does not depend on
- * which other tokens share the step (batch invariance).
+ * Within each expert path every (weight row, token) dot product is one
+ * fixed f32 chain over the input whatever the tiling, so a token's output
+ * does not depend on which other tokens share the step (batch invariance);
+ * the two paths sum in different orders, and which one a step takes depends
+ * on its size (T K against NE), as the dense layers' GEMV and GEMM do.
  */
 #ifndef SLUICE_CUDA_MOE_H
 #define SLUICE_CUDA_MOE_H
@@ -98,6 +102,17 @@ cudaError_t cuda_moe_group(const struct cuda_moe_args *a, cudaStream_t st);
 cudaError_t cuda_moe_experts(const struct cuda_moe_args *a, cudaStream_t st);
 cudaError_t cuda_moe_combine(const struct cuda_moe_args *a, cudaStream_t st);
 cudaError_t cuda_moe_forward(const struct cuda_moe_args *a, cudaStream_t st);
+
+/* ---- the grouped GEMM (moe_gemm.cu) ---- */
+/* Whether cuda_moe_experts runs this step on the grouped GEMM: T K >=
+ * cuda_tuning.moe_gemm_min_rows NE (an average of that many rows per routed
+ * expert; a negative setting: never), and its grid fits. Reads the global
+ * cuda_tuning: set it outside graph capture. */
+int cuda_moe_gemm_takes(const struct cuda_moe_args *a);
+/* Stage 3 on tensor cores, cuda_moe_experts' contract (h, then y, for
+ * every assignment a.list holds), whatever cuda_moe_gemm_takes says: two
+ * launches whose grids depend on T and the shapes only. */
+cudaError_t cuda_moe_gemm(const struct cuda_moe_args *a, cudaStream_t st);
 
 /* The largest routed-expert count the routing kernel takes (its scratch
  * lives in shared memory). */

@@ -2,7 +2,7 @@
  * one struct, its defaults in one place (CUDA_TUNING_DEFAULTS, below), and
  * nothing read from the environment. The server never changes it; tests
  * and benchmarks set fields of cuda_tuning before they create a backend
- * (model_backend_create reads it then; attn_wg.cu and gemm_wg.cu read
+ * (model_backend_create reads it then; attn_wg.cu, gemm_wg.cu and moe_gemm.cu read
  * their fields at each launch, so set them outside graph capture).
  * The flags that reach the backend (--enforce-eager for CUDA graphs off,
  * --kv-cache-dtype, --tensor-parallel-size, ...) come through
@@ -39,6 +39,11 @@ struct cuda_tuning {
     int gemm_wg_min_t;    /* the gate|up GEMM with SwiGLU fused (warpgroup MMA, sm_90) from this many tokens
                            * a step (CUDA_GEMM_WG_MIN_T, 128: below it cuBLAS + SwiGLU measured faster);
                            * tests set 1 so that every step of 5+ tokens takes it */
+    int moe_gemm_min_rows; /* the MoE experts on the grouped GEMM (tensor cores, moe_gemm.cu) when a step has
+                           * this many routed rows per expert on average, T K >= this NE (4: the GEMV path reads
+                           * each expert's weights once per 8 of its rows but is SIMT compute bound from ~2 rows,
+                           * ~3-6 TFLOP/s, while the GEMM's 64-row tiles stay bandwidth bound below ~64 rows;
+                           * to be measured with bench_moe); tests set 0 (always) or -1 (never) */
     int long_split_keys;  /* a prefill tile attending to this many keys or more may be split over blocks
                            * (4096); tests set 64 to split short prompts; 0: never */
     int tp_fault_rank;    /* tensor parallelism: this rank fails its forward number tp_fault_step with an
@@ -54,7 +59,8 @@ struct cuda_tuning {
 
 #define CUDA_TUNING_DEFAULTS                                                                          \
     {                                                                                                 \
-        .warmup = true, .tp_peer_allreduce = true, .gemm_wg_min_t = 128, .long_split_keys = 4096,     \
+        .warmup = true, .tp_peer_allreduce = true, .gemm_wg_min_t = 128, .moe_gemm_min_rows = 4,      \
+        .long_split_keys = 4096,                                                                      \
         .tp_fault_rank = -1, .tp_fault_step = 0, .ablate = 0, .tp_skip_comm = false,                  \
         .attn_wg8_skip_widen = false, .gemm_wg_ablate = 0,                                            \
     }

@@ -2,11 +2,16 @@
  * shape (128 experts, top-8, hidden 2048, expert intermediate 768), bf16
  * experts and int4 group-128 ones, timed with CUDA events (median of 20
  * after warm-up) at 1 .. 16384 tokens a step: the whole layer
- * (cuda_moe_forward) and each stage, and the bytes of the experts the step
+ * (cuda_moe_forward) and each stage (the experts on the path the default
+ * cuda_tuning.moe_gemm_min_rows picks), the experts stage on each path
+ * forced (the SIMT GEMVs, moe.cu; the grouped GEMM on tensor cores,
+ * moe_gemm.cu) with their rates, and the bytes of the experts the step
  * chose over the layer's time (the decode floor's measure: only the chosen
- * experts' weights count). Random router and inputs; every expert's
- * weights in their own allocation, so L2 holds none of them across steps
- * of 8+ experts. Not a test.
+ * experts' weights count). The experts' FLOPs: 2 T S 3 F E (each of the T S
+ * token-expert assignments does gate and up, F x E each, and down, E x F,
+ * at 2 FLOPs a multiply-add; S = top-k here, no shared expert). Random
+ * router and inputs; every expert's weights in their own allocation, so L2
+ * holds none of them across steps of 8+ experts. Not a test.
  *
  *   build/tests/gpu/bench_moe [--int4] [T ...]   (default T: 1 8 64 256 2048 16384)
  */
@@ -16,6 +21,7 @@
 #include <string.h>
 
 #include "cuda/moe.h"
+#include "cuda/tuning.h"
 #include "model/backend.h"
 #include "tests/gpu/gpu_util.h"
 
@@ -38,6 +44,23 @@ static int cmpf(const void *a, const void *b)
 {
     float x = *(const float *)a, y = *(const float *)b;
     return (x > y) - (x < y);
+}
+
+/* The median time (us) of fn over REP runs after 3 warm-ups. */
+static float timed(cudaError_t (*fn)(const struct cuda_moe_args *, cudaStream_t), const struct cuda_moe_args *a,
+                   cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1)
+{
+    float t[REP];
+    for (int w = 0; w < 3; w++) fn(a, st);
+    for (int r = 0; r < REP; r++) {
+        cudaEventRecord(e0, st);
+        fn(a, st);
+        cudaEventRecord(e1, st);
+        cudaEventSynchronize(e1);
+        cudaEventElapsedTime(&t[r], e0, e1);
+    }
+    qsort(t, REP, sizeof *t, cmpf);
+    return t[REP / 2] * 1000;
 }
 
 /* A [rows][cols] matrix: bf16 from pool, or int4 g128 symmetric codes and bf16 scales */
@@ -116,31 +139,28 @@ int main(int argc, char **argv)
     const double ebytes = int4 ? 3.0 * FF * (HID / 2 + HID / GROUP * 2) : 3.0 * FF * HID * 2; /* one expert */
     printf("MoE layer, Qwen3-30B-A3B shape (%d experts top-%d, hidden %d, intermediate %d), %s experts\n", NE, TOPK, HID,
            FF, int4 ? "int4 g128" : "bf16");
-    printf("%6s %8s %10s %10s %10s %10s %10s %9s\n", "tokens", "experts", "layer us", "route", "group", "experts",
-           "combine", "GB/s");
+    printf("%6s %8s %10s %9s %9s %10s %9s %9s %8s %9s %8s %9s %8s\n", "tokens", "experts", "layer us", "route", "group",
+           "experts", "combine", "GB/s", "path", "gemv us", "TFLOP/s", "gemm us", "TFLOP/s");
+    const int min_rows = cuda_tuning.moe_gemm_min_rows;
     for (int i = 0; i < nT; i++) {
         a.T = Ts[i];
         cudaError_t (*const stage[5])(const struct cuda_moe_args *, cudaStream_t) = {
             cuda_moe_forward, cuda_moe_route, cuda_moe_group, cuda_moe_experts, cuda_moe_combine};
-        float med[5];
-        for (int s = 0; s < 5; s++) {
-            float t[REP];
-            for (int w = 0; w < 3; w++) stage[s](&a, st);
-            for (int r = 0; r < REP; r++) {
-                cudaEventRecord(e0, st);
-                stage[s](&a, st);
-                cudaEventRecord(e1, st);
-                cudaEventSynchronize(e1);
-                cudaEventElapsedTime(&t[r], e0, e1);
-            }
-            qsort(t, REP, sizeof *t, cmpf);
-            med[s] = t[REP / 2] * 1000;
+        float med[5], path[2];
+        for (int s = 0; s < 5; s++) med[s] = timed(stage[s], &a, st, e0, e1);
+        const int deflt = cuda_moe_gemm_takes(&a);
+        for (int p = 0; p < 2; p++) {
+            cuda_tuning.moe_gemm_min_rows = p ? 0 : -1;
+            path[p] = timed(cuda_moe_experts, &a, st, e0, e1);
         }
+        cuda_tuning.moe_gemm_min_rows = min_rows;
+        const double flop = 2.0 * a.T * S * 3.0 * FF * HID;
         int32_t act[NE + 2];
         cudaMemcpy(act, a.act, sizeof act, cudaMemcpyDeviceToHost);
         cudaError_t ce = cudaGetLastError();
-        printf("%6d %8d %10.1f %10.1f %10.1f %10.1f %10.1f %9.0f%s%s\n", a.T, act[NE + 1], med[0], med[1], med[2],
-               med[3], med[4], act[NE + 1] * ebytes / (med[0] * 1e3), ce ? "  error: " : "",
+        printf("%6d %8d %10.1f %9.1f %9.1f %10.1f %9.1f %9.0f %8s %9.1f %8.1f %9.1f %8.1f%s%s\n", a.T, act[NE + 1],
+               med[0], med[1], med[2], med[3], med[4], act[NE + 1] * ebytes / (med[0] * 1e3), deflt ? "gemm" : "gemv",
+               path[0], flop / (path[0] * 1e6), path[1], flop / (path[1] * 1e6), ce ? "  error: " : "",
                ce ? cudaGetErrorString(ce) : "");
     }
     return 0;

@@ -12,17 +12,23 @@
  *  - the block's output against a double-precision reference that takes the
  *    GPU's routing (each expert's SwiGLU output rounded to bf16, as the
  *    kernel stores it): max error relative to max |ref| within 1e-2;
- *  - batch invariance: three tokens run alone give the bits they got in the
- *    batch;
+ *  - each of that on both expert paths, forced (cuda_tuning.moe_gemm_min_rows):
+ *    the SIMT GEMVs and the grouped GEMM on tensor cores (moe_gemm.cu), and
+ *    the two outputs against each other (within 1e-2 of max |ref|; they sum
+ *    in different orders);
+ *  - batch invariance within each path: three tokens run alone give the
+ *    bits they got in the batch;
  *  - the whole layer captured in a CUDA graph gives the eager run's bits.
- * One case has over 8192 token slots, so its batch takes the grouping's
- * multi-block path and the tokens alone the one-block one.
+ * Two cases have over 8192 token slots, so their batch takes the grouping's
+ * multi-block path and the tokens alone the one-block one; one has 1024
+ * rows an expert (16 GEMM row tiles), one experts of 0, 1 and 200 rows.
  * Cases: softmax top-k with and without renormalisation, the sigmoid router
  * with correction bias, scaling and group-limited choice, shared experts
  * (plain and qwen2_moe's gated one), an f32 router, the clamped SwiGLU, odd
- * widths (partial tiles), and packed experts mixed with bf16 ones (int4 and
- * int8, groups and per-channel, zero points, f16 scales, act-order), the
- * reference dequantizing with model_qrepack_row.
+ * widths (partial tiles; E and F not multiples of 8), and packed experts
+ * mixed with bf16 ones (int4 g16/g32/g128 and int8 per channel, with and
+ * without zero points, f16 scales, act-order), the reference dequantizing
+ * with model_qrepack_row.
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -31,6 +37,7 @@
 #include <string.h>
 
 #include "cuda/moe.h"
+#include "cuda/tuning.h"
 #include "model/backend.h"
 #include "model/moe.h"
 #include "tests/gpu/gpu_util.h"
@@ -46,14 +53,14 @@ static uint32_t urand(void)
 /* ---- expert matrices ---------------------------------------------------------------- */
 
 /* formats: 0 bf16; 1 int4 g32 sym bf16 scales; 2 int8 per-channel asym; 3 int4 g16 asym f16 scales;
- * 4 int4 g32 act-order asym */
-#define NFMT 5
+ * 4 int4 g32 act-order asym; 5 int4 g128 sym; 6 int4 g128 asym */
+#define NFMT 7
 
 /* A random packed weight in the device layout (as test_qgemm.c makes them). */
 static void make_packed(int fmt, int rows, int cols, struct model_qrepack *p)
 {
-    int bits = fmt == 2 ? 8 : 4, group = fmt == 2 ? 0 : fmt == 3 ? 16 : 32;
-    bool asym = fmt >= 2, f16 = fmt == 3, act = fmt == 4;
+    int bits = fmt == 2 ? 8 : 4, group = fmt == 2 ? 0 : fmt == 3 ? 16 : fmt >= 5 ? 128 : 32;
+    bool asym = fmt >= 2 && fmt != 5, f16 = fmt == 3, act = fmt == 4;
     memset(p, 0, sizeof *p);
     p->bits = bits, p->rows = rows, p->cols = cols;
     p->group = group ? group : cols;
@@ -147,9 +154,68 @@ struct mcase {
     int G, TG;
     float scale, limit;
     bool packed;              /* experts cycle through the NFMT formats */
+    bool skew;                /* experts 0 .. K-2 biased to take every token (> 128 rows; many experts 0 or 1) */
 };
 
 static double dmax(double a, double b) { return a > b ? a : b; }
+
+/* The layer through cuda_moe_forward on one expert path (0 the GEMVs, 1 the
+ * grouped GEMM, forced through cuda_tuning.moe_gemm_min_rows): its output
+ * into out (NaN where the run failed; lg, wt, idx, when lg is given, the
+ * routing), whether three tokens alone give the bits they got in the batch
+ * (*alone) and whether the layer captured in a graph does (*graph). h and y
+ * are poisoned (NaN) first, so an assignment the path skips shows. */
+static void run_path(const struct cuda_moe_args *a, int path, cudaStream_t st, const char *name, uint16_t *out,
+                     bool *alone, bool *graph, float *lg, float *wt, int32_t *idx)
+{
+    const int saved = cuda_tuning.moe_gemm_min_rows, T = a->T, E = a->E, S = a->S, NE = a->NE;
+    const char *pn = path ? "gemm" : "gemv";
+    cuda_tuning.moe_gemm_min_rows = path ? 0 : -1;
+    const size_t n = (size_t)T * E * 2;
+    cudaMemset(a->h, 0xff, (size_t)T * S * a->Fmax * 2);
+    cudaMemset(a->y, 0xff, (size_t)T * S * E * 4);
+    struct cuda_moe_args b = *a;
+    b.out = keep(poisoned(n));
+    cudaError_t ce = cuda_moe_forward(&b, st);
+    CHECKF(ce == cudaSuccess, "%s %s: launch: %s", pn, name, cudaGetErrorString(ce));
+    if (ce == cudaSuccess) ce = cudaStreamSynchronize(st);
+    CHECKF(ce == cudaSuccess, "%s %s: run: %s", pn, name, cudaGetErrorString(ce));
+    get(out, b.out, n);
+    if (lg) {
+        get(lg, a->logits, (size_t)T * (NE + 1) * 4);
+        get(wt, a->wt, (size_t)T * S * 4);
+        get(idx, a->idx, (size_t)T * S * 4);
+    }
+    /* batch invariance within the path: tokens alone */
+    *alone = ce == cudaSuccess;
+    uint16_t *out1 = malloc((size_t)E * 2), *outg = malloc(n);
+    const int probe[3] = {0, T / 2, T - 1};
+    for (int p = 0; p < 3; p++) {
+        struct cuda_moe_args b1 = *a;
+        b1.T = 1;
+        b1.xn = a->xn + (size_t)probe[p] * E;
+        b1.out = keep(poisoned((size_t)E * 2));
+        if (cuda_moe_forward(&b1, st) != cudaSuccess || cudaStreamSynchronize(st) != cudaSuccess) *alone = false;
+        get(out1, b1.out, (size_t)E * 2);
+        if (memcmp(out1, out + (size_t)probe[p] * E, (size_t)E * 2)) *alone = false;
+    }
+    /* inside a graph */
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t ge = NULL;
+    struct cuda_moe_args ag = *a;
+    ag.out = keep(poisoned(n));
+    bool gok = cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+    gok &= cuda_moe_forward(&ag, st) == cudaSuccess;
+    gok &= cudaStreamEndCapture(st, &g) == cudaSuccess;
+    gok = gok && cudaGraphInstantiate(&ge, g, 0) == cudaSuccess;
+    gok = gok && cudaGraphLaunch(ge, st) == cudaSuccess && cudaStreamSynchronize(st) == cudaSuccess;
+    if (gok) get(outg, ag.out, n);
+    *graph = gok && memcmp(outg, out, n) == 0;
+    if (ge) cudaGraphExecDestroy(ge);
+    if (g) cudaGraphDestroy(g);
+    free(out1), free(outg);
+    cuda_tuning.moe_gemm_min_rows = saved;
+}
 
 static void run_case(const struct mcase *c)
 {
@@ -165,7 +231,7 @@ static void run_case(const struct mcase *c)
     if (c->dup)
         for (int e = 1; e < NE; e += 5) memcpy(rw + (size_t)e * E, rw + (size_t)(e - 1) * E, (size_t)E * 4),
                                         memcpy(rwb + (size_t)e * E, rwb + (size_t)(e - 1) * E, (size_t)E * 2);
-    for (int e = 0; e < NE; e++) bias[e] = frand() * 0.05f;
+    for (int e = 0; e < NE; e++) bias[e] = frand() * 0.05f + (c->skew && e < K - 1 ? 1.0f : 0.0f);
     /* experts: NE routed + the shared ones */
     struct cuda_moe_expert *hex = calloc((size_t)NE + 1, sizeof *hex);
     float **rg = calloc((size_t)NE + 1, sizeof *rg), **ru = calloc((size_t)NE + 1, sizeof *ru),
@@ -204,17 +270,14 @@ static void run_case(const struct mcase *c)
     a.out = keep(zeroed((size_t)T * E * 2));
     cudaStream_t st;
     cudaStreamCreate(&st);
-    cudaError_t ce = cuda_moe_forward(&a, st);
-    CHECKF(ce == cudaSuccess, "%s: launch: %s", c->name, cudaGetErrorString(ce));
-    ce = cudaStreamSynchronize(st);
-    CHECKF(ce == cudaSuccess, "%s: run: %s", c->name, cudaGetErrorString(ce));
     float *lg = malloc((size_t)T * (NE + 1) * 4), *wt = malloc((size_t)T * S * 4);
     int32_t *idx = malloc((size_t)T * S * 4);
-    uint16_t *out = malloc((size_t)T * E * 2), *out1 = malloc((size_t)E * 2), *outg = malloc((size_t)T * E * 2);
-    cudaMemcpy(lg, a.logits, (size_t)T * (NE + 1) * 4, cudaMemcpyDeviceToHost);
-    cudaMemcpy(wt, a.wt, (size_t)T * S * 4, cudaMemcpyDeviceToHost);
-    cudaMemcpy(idx, a.idx, (size_t)T * S * 4, cudaMemcpyDeviceToHost);
-    cudaMemcpy(out, a.out, (size_t)T * E * 2, cudaMemcpyDeviceToHost);
+    uint16_t *outp[2];
+    bool alone[2], graph[2];
+    for (int p = 0; p < 2; p++) {
+        outp[p] = malloc((size_t)T * E * 2);
+        run_path(&a, p, st, c->name, outp[p], &alone[p], &graph[p], p ? NULL : lg, wt, idx);
+    }
 
     /* logits */
     double lerr = 0;
@@ -251,7 +314,7 @@ static void run_case(const struct mcase *c)
         }
     }
     /* the output, from the GPU's routing */
-    double oerr = 0, omax = 0;
+    double oerr[2] = {0, 0}, omax = 0, pdiff = 0;
     double *o = malloc((size_t)E * 8), *hh = malloc((size_t)Fmax * 8);
     for (int t = 0; t < T; t++) {
         const uint16_t *xt = x + (size_t)t * E;
@@ -282,82 +345,83 @@ static void run_case(const struct mcase *c)
             }
         }
         for (int i = 0; i < E; i++) {
-            oerr = dmax(oerr, fabs(fb(out[(size_t)t * E + i]) - o[i]));
+            const size_t at = (size_t)t * E + i;
+            for (int p = 0; p < 2; p++) oerr[p] = dmax(oerr[p], fabs(fb(outp[p][at]) - o[i]));
+            pdiff = dmax(pdiff, fabs(fb(outp[1][at]) - fb(outp[0][at])));
+            if (isnan(fb(outp[0][at])) || isnan(fb(outp[1][at]))) oerr[0] = oerr[1] = INFINITY;
             omax = dmax(omax, fabs(o[i]));
         }
     }
-    double orel = oerr / (omax > 0 ? omax : 1);
-    /* batch invariance: tokens alone */
-    int bad_bits = 0;
-    int probe[3] = {0, T / 2, T - 1};
-    for (int p = 0; p < 3; p++) {
-        struct cuda_moe_args b1 = a;
-        b1.T = 1;
-        b1.xn = a.xn + (size_t)probe[p] * E;
-        b1.out = keep(zeroed((size_t)E * 2));
-        if (cuda_moe_forward(&b1, st) != cudaSuccess || cudaStreamSynchronize(st) != cudaSuccess) bad_bits++;
-        cudaMemcpy(out1, b1.out, (size_t)E * 2, cudaMemcpyDeviceToHost);
-        bad_bits += memcmp(out1, out + (size_t)probe[p] * E, (size_t)E * 2) != 0;
+    /* rows per routed expert: the GEMM's tiles see 0, 1, many */
+    int *cnt = calloc((size_t)NE + 1, sizeof *cnt), cmin = T, cmax = 0, c1 = 0;
+    for (int i = 0; i < T * S; i++) cnt[idx[i] >= 0 && idx[i] <= NE ? idx[i] : NE]++;
+    for (int e = 0; e < NE; e++) {
+        cmin = cnt[e] < cmin ? cnt[e] : cmin, cmax = cnt[e] > cmax ? cnt[e] : cmax;
+        c1 += cnt[e] == 1;
     }
-    /* inside a graph */
-    cudaGraph_t g = NULL;
-    cudaGraphExec_t ge = NULL;
-    struct cuda_moe_args ag = a;
-    ag.out = keep(zeroed((size_t)T * E * 2));
-    bool graph_ok = cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
-    graph_ok &= cuda_moe_forward(&ag, st) == cudaSuccess;
-    graph_ok &= cudaStreamEndCapture(st, &g) == cudaSuccess;
-    graph_ok &= graph_ok && cudaGraphInstantiate(&ge, g, 0) == cudaSuccess;
-    graph_ok &= graph_ok && cudaGraphLaunch(ge, st) == cudaSuccess && cudaStreamSynchronize(st) == cudaSuccess;
-    if (graph_ok) cudaMemcpy(outg, ag.out, (size_t)T * E * 2, cudaMemcpyDeviceToHost);
-    bool graph_same = graph_ok && memcmp(outg, out, (size_t)T * E * 2) == 0;
-    if (ge) cudaGraphExecDestroy(ge);
-    if (g) cudaGraphDestroy(g);
-
-    bool ok = lerr <= 1e-5 && bad_route == 0 && werr <= 1e-5 && orel <= 1e-2 && omax > 0 && bad_bits == 0 &&
-              graph_same;
-    printf("%s %-34s T %3d: logits %.1e, routing %d wrong (%d tie members), weights %.1e, output %.2e of %.3g, "
-           "alone %s, graph %s\n",
-           ok ? "ok  " : "FAIL", c->name, T, lerr, bad_route, ties, werr, orel, omax,
-           bad_bits ? "DIFFERS" : "same bits", graph_same ? "same bits" : graph_ok ? "DIFFERS" : "failed");
+    free(cnt);
+    const double den = omax > 0 ? omax : 1;
+    for (int p = 0; p < 2; p++) {
+        const double orel = oerr[p] / den;
+        const bool ok = lerr <= 1e-5 && bad_route == 0 && werr <= 1e-5 && orel <= 1e-2 && omax > 0 && alone[p] &&
+                        graph[p] && (p == 0 || pdiff / den <= 1e-2);
+        printf("%s %s %-34s T %4d: logits %.1e, routing %d wrong (%d tie members), weights %.1e, output %.2e of %.3g, "
+               "alone %s, graph %s",
+               ok ? "ok  " : "FAIL", p ? "gemm" : "gemv", c->name, T, lerr, bad_route, ties, werr, orel, omax,
+               alone[p] ? "same bits" : "DIFFERS", graph[p] ? "same bits" : "DIFFERS/failed");
+        if (p) printf(", vs gemv %.2e, rows/expert %d..%d (%d with 1)", pdiff / den, cmin, cmax, c1);
+        printf("\n");
+        CHECKF(orel <= 1e-2 && omax > 0, "%s %s: output %.3g (max |ref| %.3g)", p ? "gemm" : "gemv", c->name, orel,
+               omax);
+        CHECKF(alone[p], "%s %s: a token alone differs from the batch", p ? "gemm" : "gemv", c->name);
+        CHECKF(graph[p], "%s %s: the graph run differs", p ? "gemm" : "gemv", c->name);
+    }
     CHECKF(lerr <= 1e-5, "%s: logits %.3g", c->name, lerr);
     CHECKF(bad_route == 0, "%s: %d routing slots differ from model_moe_route", c->name, bad_route);
     CHECKF(werr <= 1e-5, "%s: routing weights %.3g", c->name, werr);
-    CHECKF(orel <= 1e-2 && omax > 0, "%s: output %.3g (max |ref| %.3g)", c->name, orel, omax);
-    CHECKF(bad_bits == 0, "%s: a token alone differs from the batch", c->name);
-    CHECKF(graph_same, "%s: the graph run differs", c->name);
-
+    CHECKF(pdiff / den <= 1e-2, "%s: gemm vs gemv %.3g", c->name, pdiff / den);
+    free(ridx), free(rwt), free(scr), free(o), free(hh);
     cudaStreamDestroy(st);
     free_dev();
     for (int e = 0; e <= NE; e++) free(rg[e]), free(ru[e]), free(rd[e]);
     free(rg), free(ru), free(rd), free(hex), free(rw), free(rwb), free(bias), free(x), free(lg), free(wt), free(idx);
-    free(out), free(out1), free(outg), free(ridx), free(rwt), free(scr), free(o), free(hh);
+    free(outp[0]), free(outp[1]);
 }
 
 static const struct mcase cases[] = {
     /* qwen3_moe: softmax top-k, renormalised */
-    {"softmax top-4 of 16, norm", 16, 4, 64, 16, 0, 37, false, true, false, false, false, true, 1, 1, 1, 0, false},
+    {"softmax top-4 of 16, norm", 16, 4, 64, 16, 0, 37, false, true, false, false, false, true, 1, 1, 1, 0, false,
+     false},
     /* qwen3_moe with norm_topk_prob false, wide: many tokens per expert (several chunks) */
     {"softmax top-8 of 128, no norm", 128, 8, 256, 96, 0, 300, false, false, false, false, false, false, 1, 1, 1, 0,
-     false},
+     false, false},
     /* over 8192 token slots: the grouping's multi-block path (the tokens alone take the one-block one) */
     {"softmax top-8 of 64, 1100 tokens", 64, 8, 64, 16, 0, 1100, false, true, false, false, false, false, 1, 1, 1, 0,
-     false},
+     false, false},
     /* qwen2_moe: softmax, no norm, a sigmoid-gated shared expert of its own width, an f32 router */
     {"softmax + gated shared, f32 router", 8, 2, 96, 40, 24, 50, false, false, true, true, false, true, 1, 1, 1, 0,
-     false},
+     false, false},
     /* glm4_moe / deepseek_v3: sigmoid, correction bias, groups, scaling, a shared expert */
     {"sigmoid groups 4/2, bias, shared", 16, 4, 64, 16, 16, 41, true, true, false, false, true, true, 4, 2, 2.5f, 0,
-     false},
+     false, false},
     {"sigmoid groups 8/4, 256 experts", 256, 8, 128, 32, 64, 129, true, true, false, false, true, false, 8, 4, 2.5f,
-     0, false},
+     0, false, false},
     /* glm5_next: one group, the clamped SwiGLU */
     {"sigmoid, clamped swiglu", 32, 8, 96, 48, 48, 33, true, true, false, false, true, false, 1, 1, 2.5f, 0.5f,
-     false},
+     false, false},
     /* packed experts mixed with bf16 ones (every format), odd widths */
-    {"packed experts (5 formats), shared", 16, 4, 128, 64, 32, 45, true, true, false, false, true, false, 4, 2, 1.0f,
-     0, true},
-    {"packed experts, softmax", 10, 3, 96, 48, 0, 70, false, true, false, false, false, false, 1, 1, 1, 0, true},
+    {"packed experts (7 formats), shared", 16, 4, 128, 64, 32, 45, true, true, false, false, true, false, 4, 2, 1.0f,
+     0, true, false},
+    {"packed experts, softmax", 10, 3, 96, 48, 0, 70, false, true, false, false, false, false, 1, 1, 1, 0, true, false},
+    /* widths that are not multiples of 8 (element-by-element loads) nor of the GEMM's tiles */
+    {"odd widths E 100 F 36, packed", 12, 3, 100, 36, 20, 90, false, true, false, false, false, false, 1, 1, 1, 0,
+     true, false},
+    /* T K large: 1024 rows an expert (16 GEMM row tiles), E and F partial tiles */
+    {"2048 tokens top-8 of 16", 16, 8, 136, 80, 0, 2048, false, true, false, false, false, false, 1, 1, 1, 0,
+     false, false},
+    /* three experts take all 200 tokens, the fourth slot spreads over 125: experts of 0, 1 and > 128 rows */
+    {"skewed: 0, 1 and 200 rows, packed", 128, 4, 64, 32, 0, 200, true, true, false, false, true, false, 1, 1, 1.0f,
+     0, true, true},
 };
 
 static void test_moe_cases(void)
