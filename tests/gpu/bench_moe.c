@@ -13,7 +13,7 @@
  * router and inputs; every expert's weights in their own allocation, so L2
  * holds none of them across steps of 8+ experts. Not a test.
  *
- *   build/tests/gpu/bench_moe [--int4] [T ...]   (default T: 1 8 64 256 2048 16384)
+ *   build/tests/gpu/bench_moe [--int4] [T ...]   (default T: 1 8 16 32 64 256 2048 16384)
  */
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -90,9 +90,9 @@ int main(int argc, char **argv)
         }
     }
     if (!nT) {
-        static const int def[] = {1, 8, 64, 256, 2048, 16384};
+        static const int def[] = {1, 8, 16, 32, 64, 256, 2048, 16384}; /* 16, 32: around the paths' crossover */
         memcpy(Ts, def, sizeof def);
-        nT = 6;
+        nT = (int)(sizeof def / sizeof *def);
     }
     if (!model_cuda_available()) {
         printf("no GPU: skipped\n");

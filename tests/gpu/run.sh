@@ -39,7 +39,8 @@
 #   decode             decode at 1K context, batches 1, 2, 4, 8, 16, 64, 128, 256
 #   moe                the Qwen3-30B-A3B shape, bf16 and int4 g128 experts:
 #                      first bench_moe (one MoE layer's kernels, 1 to 16384
-#                      tokens, GB/s over the chosen experts' bytes), then the
+#                      tokens, GB/s over the chosen experts' bytes, the
+#                      experts on each path: GEMVs, grouped GEMM), then the
 #                      model (tools/configs/qwen3-30b-a3b, -w4a16): bench_gpu's
 #                      steps, decode at batch 64 and 256 too
 #   quant              packed weights beside bf16 (tools/configs/llama-3.1-8b,
