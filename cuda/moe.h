@@ -20,7 +20,8 @@
  *     chosen experts' weights (bf16, or packed int4/int8 in qgemm.h's layout,
  *     expert by expert): SIMT GEMVs (moe.cu) for steps of few rows per
  *     expert, a grouped GEMM on tensor cores (moe_gemm.cu) for the others
- *     (cuda_moe_gemm_takes: cuda_tuning.moe_gemm_min_rows);
+ *     (cuda_moe_gemm_takes: cuda_tuning.moe_gemm_min_rows, or
+ *     moe_gemm_min_rows_packed for a layer of mostly packed experts);
  *  4. combine: each token's expert outputs weighed and summed in ascending
  *     expert order, then the shared experts, as the CPU does.
  * Tensor parallel (N ranks): every rank routes alike (the same input, the
@@ -80,6 +81,7 @@ struct cuda_moe_args {
     int router_f32;
     const float *bias;        /* [NE] e_score_correction_bias, or NULL */
     const struct cuda_moe_expert *ex; /* [NE + 1]: routed experts, then the shared experts (F 0: none) */
+    int packed;               /* most routed experts are packed: the GEMM threshold for packed ones applies */
     /* scratch, sized for T tokens */
     float *logits;            /* [T][NE + 1] */
     int32_t *idx;             /* [T][S] expert of each slot (ascending, then NE) */
@@ -105,14 +107,20 @@ cudaError_t cuda_moe_forward(const struct cuda_moe_args *a, cudaStream_t st);
 
 /* ---- the grouped GEMM (moe_gemm.cu) ---- */
 /* Whether cuda_moe_experts runs this step on the grouped GEMM: T K >=
- * cuda_tuning.moe_gemm_min_rows NE (an average of that many rows per routed
- * expert; a negative setting: never), and its grid fits. Reads the global
- * cuda_tuning: set it outside graph capture. */
+ * cuda_tuning.moe_gemm_min_rows NE (moe_gemm_min_rows_packed when a.packed;
+ * an average of that many rows per routed expert; a negative setting:
+ * never). Reads the global cuda_tuning: set it outside graph capture. */
 int cuda_moe_gemm_takes(const struct cuda_moe_args *a);
 /* Stage 3 on tensor cores, cuda_moe_experts' contract (h, then y, for
  * every assignment a.list holds), whatever cuda_moe_gemm_takes says: two
  * launches whose grids depend on T and the shapes only. */
 cudaError_t cuda_moe_gemm(const struct cuda_moe_args *a, cudaStream_t st);
+/* The router's logits on tensor cores: a.logits[t][e] = xn[t] . router[e]
+ * for e < NE + shared_gated, f32, each element one fixed chain of MMAs over
+ * E in ascending k (so batch invariant; it differs from stage 1's SIMT
+ * logits in the last bits). bf16 routers only (cudaErrorInvalidValue for
+ * an f32 one). Graph-capture safe. */
+cudaError_t cuda_moe_router_gemm(const struct cuda_moe_args *a, cudaStream_t st);
 
 /* The largest routed-expert count the routing kernel takes (its scratch
  * lives in shared memory). */
@@ -141,6 +149,7 @@ struct cuda_moe_layer {
     void *router;                  /* [NE + shared_gated][E] bf16 or f32 */
     bool router_f32;
     float *bias;                   /* [NE] or NULL */
+    bool packed;                   /* most routed experts packed (cuda_moe_args.packed) */
 };
 
 /* The per-rank step scratch every MoE layer shares (rank.moex), sized for

@@ -4,26 +4,34 @@
  * is expert_kernel's (moe.cu): gate|up with the (clamped) SwiGLU into h
  * (bf16), down into y (f32), over the grouping cuda_moe_group made.
  *
- * One launch for gate|up, one for down. A block computes a 64-row tile of
+ * One launch for gate|up, one for down. A block computes a BM-row tile of
  * one expert's gathered assignments (rows: a.list[start[e] ..]) against
  * 128 weight rows (64 gate + the same 64 up rows, or 128 down rows), k in
- * 32-column steps: the activations stream into shared memory by cp.async
- * (gathered by token for gate|up, by assignment for down), the weights by
- * cp.async too (bf16) or through registers, dequantized (packed int4/int8,
- * qgemm.h's layout: the formula of moe.cu's weights8, then stored as bf16),
- * both double buffered; 4 warps of 32 x 64 take mma.sync m16n8k16 bf16 ->
- * f32 fed by ldmatrix.
+ * 32-column steps through a 3-stage cp.async pipeline in dynamic shared
+ * memory: the activations (gathered by token for gate|up, by assignment for
+ * down), bf16 weights, and for packed weights (int4/int8, qgemm.h's layout)
+ * their codes and the words holding their scales and zeros, so no global
+ * load waits on the ALU; a packed stage is dequantized from shared memory
+ * into the stage's bf16 B tile (the formula of moe.cu's weights8) before
+ * the warps' mma.sync m16n8k16 bf16 -> f32, fed by ldmatrix (rows padded
+ * to 80 bytes: no bank conflicts). BM follows the step's rows per expert
+ * (gemm_bm: 16, 32, 64 or 128, the last with 8 warps), so small steps do
+ * not pay MMAs on padding and big ones reuse each weight tile more; at
+ * most 86 KB of shared memory a block (sm_89 has 99 KB).
  *
- * The grid depends on T and the shapes only (CUDA graphs): x the weight-row
- * tiles, y every row tile the step could have (ceil(T S / 64) plus one per
- * possible active expert); each block finds its (expert, row tile) from the
- * prefix sums over a.act and leaves when past the end, or past its expert's
- * F.
+ * The grid depends on T and the shapes only (CUDA graphs): x every row
+ * tile the step could have (ceil(T S / BM) plus one per possible active
+ * expert), y the weight-row tiles; each block finds its (expert, row tile)
+ * from the prefix sums over a.act and leaves when past the end, or past
+ * its expert's F.
+ *
+ * The same kernel computes the router's logits (GM_ROUTER: rows are
+ * tokens, B the bf16 router, f32 out): cuda_moe_router_gemm.
  *
  * Numerics: each output element is its k tiles in ascending order, each an
  * MMA chain over 16 columns into one f32 accumulator: a fixed sequence for
  * the element whatever the other rows of its tile, so the path is batch
- * invariant (no split-K, no atomics). It sums in another order than the
+ * invariant (no split-K, no atomics), and BM does not change its bits. It sums in another order than the
  * GEMV path, so the two differ in the last bits (and in bf16 roundings of h
  * that follow); the path is chosen from the step's shape. f16-scaled packed
  * weights are rounded once more, to bf16, in the tiles (as qgemm.cu's
@@ -36,11 +44,22 @@
 #include "cuda/moe.h"
 #include "cuda/tuning.h"
 
-#define GM_BM 64                /* assignments a tile */
 #define GM_BN 128               /* weight rows a block */
 #define GM_BK 32                /* columns a k step */
 #define GM_LDS (GM_BK + 8)      /* shared row stride (elements): 80 bytes, so ldmatrix has no bank conflicts */
-#define GM_THREADS 128          /* 4 warps, 2 x 2 over the 64 x 128 tile */
+#define GM_STAGES 3             /* k steps in flight: two loading while one is computed */
+#define GM_QB 32                /* bytes of codes a weight row a k step (int8: 32 columns; int4 uses 16) */
+
+enum { GM_GU, GM_DOWN, GM_ROUTER }; /* what a launch computes */
+
+/* Shared memory of one stage: A [BM][LDS] and B [BN][LDS] bf16, then (not
+ * for the router) the packed rows' codes [BN][QB], and their scale and
+ * zero words [BN][4] (one a row, or one per 8-column chunk where groups
+ * are narrower than a k step). */
+static constexpr __host__ __device__ int gm_stage_bytes(int bm, bool packed)
+{
+    return (bm + GM_BN) * GM_LDS * 2 + (packed ? GM_BN * GM_QB + 2 * GM_BN * 4 * 4 : 0);
+}
 
 static __device__ __forceinline__ uint32_t smem_u32(const void *p)
 {
@@ -60,6 +79,22 @@ static __device__ __forceinline__ void cp_async_commit(void)
 static __device__ __forceinline__ void cp_async_wait_all(void)
 {
     asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
+/* the 4-byte word holding p's 2-byte scale or 1-byte zero: the packed
+ * sections are 256-byte aligned and padded (moe_layer.c), so the word lies
+ * inside them; the reader picks its half or byte */
+static __device__ __forceinline__ void cp_async4_word(void *dst, const void *p)
+{
+    const void *w = (const void *)((uintptr_t)p & ~(uintptr_t)3);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_u32(dst)), "l"(w) : "memory");
+}
+
+/* until at most n of this thread's latest commit groups are in flight */
+template <int n>
+static __device__ __forceinline__ void cp_async_wait(void)
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(n) : "memory");
 }
 
 static __device__ __forceinline__ void ldsm_x4(uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3, const void *p)
@@ -129,265 +164,387 @@ static __device__ __forceinline__ uint4 pack8(const float *w)
     return v;
 }
 
-/* GU: h[a][n] = SwiGLU(gate x, up x) for a block of 64 gate columns n;
- * else y[a][n] = down h[a] for 128 columns n. Grid (n tiles, row tiles). */
-template <bool GU>
-static __global__ void __launch_bounds__(GM_THREADS) moe_gemm_kernel(struct cuda_moe_args a)
+
+/* two f32 as packed bf16 (round to nearest even, the first in the low half) */
+static __device__ __forceinline__ uint32_t pack2(float lo, float hi)
 {
-    __shared__ __align__(16) uint16_t As[2][GM_BM][GM_LDS];
-    __shared__ __align__(16) uint16_t Bs[2][GM_BN][GM_LDS];
+    const __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
+    return *(const uint32_t *)&b;
+}
+
+/* GM_GU: h[a][n] = SwiGLU(gate x, up x) for a block of 64 gate columns n;
+ * GM_DOWN: y[a][n] = down h[a] for 128 columns n; GM_ROUTER: logits[t][n]
+ * = router[n] . xn[t] for 128 columns n. A block: BM rows (assignments of
+ * one expert, or tokens) by 128 weight rows, WM x WN warps of (BM / WM) x
+ * (128 / WN). Grid (row tiles, n tiles). */
+template <int MODE, int BM, int WM, int WN>
+static __global__ void __launch_bounds__(WM *WN * 32) moe_gemm_kernel(struct cuda_moe_args a)
+{
+    constexpr bool GU = MODE == GM_GU, RT = MODE == GM_ROUTER;
+    constexpr int THREADS = WM * WN * 32, MI = BM / (16 * WM), NJ = GM_BN / (8 * WN);
+    static_assert(MI >= 1 && MI * 16 * WM == BM && NJ * 8 * WN == GM_BN && NJ % 4 == 0, "tile shape");
+    constexpr int SB = gm_stage_bytes(BM, !RT);
+    extern __shared__ __align__(16) unsigned char gsm[];
     __shared__ cuda_moe_mat smat[2]; /* gate (or down), up */
-    __shared__ int rowid[GM_BM];     /* the tile's assignments, -1 past the expert's */
-    __shared__ int wsum[GM_THREADS / 32];
+    __shared__ int rowid[BM];        /* the tile's assignments (tokens: the router), -1 past its rows */
+    __shared__ int wsum[THREADS / 32];
     __shared__ int s_e, s_t0;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int tile = (int)blockIdx.y;
-
-    /* which expert's row tile this is: tiles are numbered over the active
-     * experts in a.act order, ceil(count / 64) each (a block scan over a.act,
-     * 128 experts a round) */
-    const int n_act = a.act[a.NE + 1];
-    if (tid == 0) s_e = -1;
-    int running = 0;
-    for (int b0 = 0; b0 < n_act; b0 += GM_THREADS) {
-        const int i = b0 + tid;
-        int e = -1, c = 0;
-        if (i < n_act) {
-            e = a.act[i];
-            c = (a.start[e + 1] - a.start[e] + GM_BM - 1) / GM_BM;
-        }
-        int x = c; /* inclusive scan within the warp */
+    const int tile = (int)blockIdx.x;
+    int rows, cols, n0, ld;
+    const uint16_t *src;
+    if (RT) {
+        rows = a.NE + (a.shared_gated ? 1 : 0), cols = a.E, ld = a.E, src = a.xn;
+        n0 = (int)blockIdx.y * GM_BN;
+        if (n0 >= rows || tile * BM >= a.T || cols <= 0) return; /* the whole block */
+        for (int i = tid; i < BM; i += THREADS) rowid[i] = tile * BM + i < a.T ? tile * BM + i : -1;
+    } else {
+        /* which expert's row tile this is: tiles are numbered over the active
+         * experts in a.act order, ceil(count / BM) each (a block scan over
+         * a.act, THREADS experts a round) */
+        const int n_act = a.act[a.NE + 1];
+        if (tid == 0) s_e = -1;
+        int running = 0;
+        for (int b0 = 0; b0 < n_act; b0 += THREADS) {
+            const int i = b0 + tid;
+            int e = -1, c = 0;
+            if (i < n_act) {
+                e = a.act[i];
+                c = (a.start[e + 1] - a.start[e] + BM - 1) / BM;
+            }
+            int x = c; /* inclusive scan within the warp */
 #pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const int y = __shfl_up_sync(0xffffffffu, x, o);
-            if (lane >= o) x += y;
+            for (int o = 1; o < 32; o <<= 1) {
+                const int y = __shfl_up_sync(0xffffffffu, x, o);
+                if (lane >= o) x += y;
+            }
+            if (lane == 31) wsum[warp] = x;
+            __syncthreads();
+            int pre = 0, tot = 0;
+#pragma unroll
+            for (int w = 0; w < THREADS / 32; w++) {
+                if (w < warp) pre += wsum[w];
+                tot += wsum[w];
+            }
+            const int incl = running + pre + x;
+            if (c > 0 && tile >= incl - c && tile < incl) s_e = e, s_t0 = incl - c;
+            running += tot;
+            __syncthreads(); /* wsum is reused; s_e is seen by all */
+            if (running > tile) break; /* block-uniform */
         }
-        if (lane == 31) wsum[warp] = x;
         __syncthreads();
-        int pre = 0, tot = 0;
+        const int e = s_e;
+        if (e < 0) return; /* past the step's tiles (the whole block) */
+        const int F = a.ex[e].F;
+        rows = GU ? F : a.E, cols = GU ? a.E : F; /* weight rows (outputs), the inner dimension */
+        ld = GU ? a.E : a.Fmax, src = GU ? a.xn : a.h;
+        n0 = (int)blockIdx.y * (GU ? GM_BN / 2 : GM_BN);
+        if (n0 >= rows || cols <= 0) return;
+        const int base = a.start[e] + (tile - s_t0) * BM, nr = min(BM, a.start[e + 1] - base);
+        for (int i = tid; i < BM; i += THREADS) rowid[i] = i < nr ? a.list[base + i] : -1;
+        if (tid == 0) smat[0] = GU ? a.ex[e].gate : a.ex[e].down;
+        if (tid == 1 && GU) smat[1] = a.ex[e].up;
+    }
+    __syncthreads();
+
+    /* B rows 0..63 are gate rows n0 .., 64..127 the same up rows (GU), or
+     * rows n0 + 0..127; a packed half streams its codes (16-byte aligned
+     * rows, no act order: qfast) and their scale and zero words by cp.async
+     * and is dequantized from shared memory (else element by element) */
+    const bool avec = (ld & 7) == 0, bvec = (cols & 7) == 0;
+    bool packed_any = false;
+    unsigned qfast = 0, one = 3; /* bit h: half h streams its codes; its k steps lie in one group */
+    if (!RT) {
 #pragma unroll
-        for (int w = 0; w < GM_THREADS / 32; w++) {
-            if (w < warp) pre += wsum[w];
-            tot += wsum[w];
+        for (int h = 0; h < (GU ? 2 : 1); h++) {
+            const cuda_moe_mat &m = smat[h];
+            if (m.w) continue;
+            packed_any = true;
+            if (!m.iperm && (m.bits == 4 || m.bits == 8) && (m.row_bytes & 15) == 0 && ((uintptr_t)m.qw & 15) == 0)
+                qfast |= 1u << h;
+            if (!(m.n_groups == 1 || m.group % GM_BK == 0)) one &= ~(1u << h);
         }
-        const int incl = running + pre + x;
-        if (c > 0 && tile >= incl - c && tile < incl) s_e = e, s_t0 = incl - c;
-        running += tot;
-        __syncthreads(); /* wsum is reused; s_e is seen by all */
-        if (running > tile) break; /* block-uniform */
     }
-    __syncthreads();
-    const int e = s_e;
-    if (e < 0) return; /* past the step's tiles (the whole block) */
-    const int F = a.ex[e].F;
-    const int rows = GU ? F : a.E, cols = GU ? a.E : F; /* weight rows (outputs), the inner dimension */
-    const int n0 = (int)blockIdx.x * (GU ? GM_BN / 2 : GM_BN);
-    if (n0 >= rows || cols <= 0) return;
-    const int base = a.start[e] + (tile - s_t0) * GM_BM, nr = min(GM_BM, a.start[e + 1] - base);
-    if (tid < GM_BM) rowid[tid] = tid < nr ? a.list[base + tid] : -1;
-    if (tid == 0) smat[0] = GU ? a.ex[e].gate : a.ex[e].down;
-    if (tid == 1 && GU) smat[1] = a.ex[e].up;
-    __syncthreads();
-
-    /* what this thread loads: 8 columns (chunk cc) of tile rows rr, rr + 32
-     * of A and rr + 32 i (i < 4) of B; B rows 0..63 are gate rows n0 ..,
-     * 64..127 the same up rows (GU), or down rows n0 + 0..127 */
-    const int cc = tid & 3, rr = tid >> 2;
-    const int ld = GU ? a.E : a.Fmax; /* the input rows' stride */
-    const bool avec = (ld & 7) == 0;
-    const uint16_t *src = GU ? a.xn : a.h;
-    const uint16_t *arow[2];
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        const int as = rowid[rr + 32 * i];
-        arow[i] = as >= 0 ? src + (size_t)(GU ? as / a.S : as) * ld : nullptr;
-    }
-    int brow[4];
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int r = n0 + rr + 32 * (GU ? (i & 1) : i);
-        brow[i] = r < rows ? r : -1;
-    }
-    const bool bvec = (cols & 7) == 0; /* bf16 weight rows 16-byte aligned */
     const int nk = (cols + GM_BK - 1) / GM_BK;
-    uint32_t qlo[4], qhi[4]; /* the packed chunks in flight: codes, scale, zero */
-    float qsc[4];
-    int qz[4];
+    auto wrow = [&](int r) -> int { /* B row r's weight row, -1 past the matrix */
+        const int w = n0 + (GU ? (r & 63) : r);
+        return w < rows ? w : -1;
+    };
+    auto As = [&](int s) { return (uint16_t(*)[GM_LDS])(gsm + s * SB); };
+    auto Bs = [&](int s) { return (uint16_t(*)[GM_LDS])(gsm + s * SB + BM * GM_LDS * 2); };
+    auto Qs = [&](int s) { return (uint8_t(*)[GM_QB])(gsm + s * SB + (BM + GM_BN) * GM_LDS * 2); };
+    auto Ss = [&](int s) { return (uint32_t(*)[4])(gsm + s * SB + (BM + GM_BN) * GM_LDS * 2 + GM_BN * GM_QB); };
+    auto Zs = [&](int s) {
+        return (uint32_t(*)[4])(gsm + s * SB + (BM + GM_BN) * GM_LDS * 2 + GM_BN * GM_QB + GM_BN * 16);
+    };
 
-    /* Issues k step kt's loads into buffer buf: cp.async for A and bf16 B;
-     * packed B into registers (store() finishes it). */
-    auto fetch = [&](int kt, int buf) {
-        const int c = kt * GM_BK + cc * 8;
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            uint16_t *d = &As[buf][rr + 32 * i][cc * 8];
-            if (arow[i] && avec && c + 8 <= cols) {
-                cp_async16(d, arow[i] + c);
+    /* k step kt's loads into stage s: cp.async where the rows allow, the
+     * rest (zeros past the matrices, odd widths) stored directly */
+    auto issue = [&](int kt, int s) {
+        const int k0 = kt * GM_BK;
+        for (int i = tid; i < BM * 4; i += THREADS) {
+            const int r = i >> 2, c = k0 + (i & 3) * 8, as = rowid[r];
+            uint16_t *d = &As(s)[r][(i & 3) * 8];
+            const uint16_t *ar = as >= 0 ? src + (size_t)(GU ? as / a.S : as) * ld : nullptr;
+            if (ar && avec && c + 8 <= cols) {
+                cp_async16(d, ar + c);
             } else {
                 float v[8];
 #pragma unroll
-                for (int j = 0; j < 8; j++) v[j] = arow[i] && c + j < cols ? bf2f(arow[i][c + j]) : 0.0f;
+                for (int j = 0; j < 8; j++) v[j] = ar && c + j < cols ? bf2f(ar[c + j]) : 0.0f;
                 *(uint4 *)d = pack8(v);
             }
         }
+        for (int i = tid; i < GM_BN * 4; i += THREADS) {
+            const int r = i >> 2, c = k0 + (i & 3) * 8, w = wrow(r);
+            uint16_t *d = &Bs(s)[r][(i & 3) * 8];
+            if (w < 0 || c >= cols) {
+                *(uint4 *)d = make_uint4(0, 0, 0, 0);
+                continue;
+            }
+            const uint16_t *wb = RT ? (const uint16_t *)a.router : smat[GU && r >= 64].w;
+            if (!wb) continue; /* packed: dequant() fills it */
+            const uint16_t *wr = wb + (size_t)w * cols;
+            if (bvec) {
+                cp_async16(d, wr + c);
+            } else {
+                float v[8];
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const cuda_moe_mat &m = smat[GU && i >= 2 ? 1 : 0];
-            if (brow[i] < 0 || c >= cols) continue;
-            if (m.w) {
-                if (bvec) cp_async16(&Bs[buf][rr + 32 * i][cc * 8], m.w + (size_t)brow[i] * cols + c);
-            } else if (!m.iperm && c + 8 <= cols) {
-                const uint8_t *row = m.qw + (size_t)brow[i] * m.row_bytes;
-                const size_t gi = (size_t)brow[i] * m.n_groups + (m.n_groups > 1 ? c / m.group : 0);
-                if (m.bits == 4) {
-                    qlo[i] = __ldg((const uint32_t *)(row + c / 2)), qhi[i] = 0;
-                } else {
-                    const uint2 v = __ldg((const uint2 *)(row + c));
-                    qlo[i] = v.x, qhi[i] = v.y;
-                }
-                const uint16_t sr = __ldg(m.scales + gi);
-                qsc[i] = m.f16 ? __half2float(__ushort_as_half(sr)) : bf2f(sr);
-                qz[i] = m.zeros ? (int)__ldg(m.zeros + gi) : 1 << (m.bits - 1);
+                for (int j = 0; j < 8; j++) v[j] = c + j < cols ? bf2f(wr[c + j]) : 0.0f;
+                *(uint4 *)d = pack8(v);
             }
         }
-    };
-    /* The B rows fetch() did not cp.async: zeros past the matrix, the packed
-     * chunks dequantized, the odd ones element by element. */
-    auto store = [&](int kt, int buf) {
-        const int c = kt * GM_BK + cc * 8;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const cuda_moe_mat &m = smat[GU && i >= 2 ? 1 : 0];
-            float w[8];
-            if (brow[i] < 0 || c >= cols) {
-#pragma unroll
-                for (int j = 0; j < 8; j++) w[j] = 0.0f;
-            } else if (m.w) {
-                if (bvec) continue;
-#pragma unroll
-                for (int j = 0; j < 8; j++) w[j] = c + j < cols ? bf2f(m.w[(size_t)brow[i] * cols + c + j]) : 0.0f;
-            } else if (!m.iperm && c + 8 <= cols) {
-#pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    /* int4: column j in nibble j / 2 + 4 (j % 2) (the layout's order, model.h) */
-                    const uint32_t u = m.bits == 4 ? (qlo[i] >> (4 * ((j >> 1) + 4 * (j & 1)))) & 0xFu
-                                                   : ((j < 4 ? qlo[i] : qhi[i]) >> (8 * (j & 3))) & 0xFFu;
-                    w[j] = gm_deq((int)u, qz[i], qsc[i], m.f16);
-                }
-            } else {
-#pragma unroll
-                for (int j = 0; j < 8; j++) w[j] = c + j < cols ? gm_weight(m, brow[i], c + j, cols) : 0.0f;
+        if constexpr (!RT) {
+            if (!packed_any) return;
+            /* codes: int4 16 bytes a row (32 columns), int8 two 16-byte halves; the
+             * rows are padded to 16 bytes, so a started chunk is inside the row */
+            for (int i = tid; i < GM_BN * 2; i += THREADS) {
+                const int r = i >> 1, hq = i & 1, w = wrow(r), hf = GU && r >= 64;
+                if (w < 0 || !(qfast >> hf & 1)) continue;
+                const cuda_moe_mat &m = smat[hf];
+                const int off = m.bits == 4 ? (hq ? -1 : k0 / 2) : k0 + hq * 16;
+                if (off < 0 || off >= m.row_bytes) continue;
+                cp_async16(&Qs(s)[r][hq * 16], m.qw + (size_t)w * m.row_bytes + off);
             }
-            *(uint4 *)&Bs[buf][rr + 32 * i][cc * 8] = pack8(w);
+            /* the scale (and zero) words: one a row where the k step is inside one
+             * group, else one per 8-column chunk */
+            for (int i = tid; i < GM_BN * 4; i += THREADS) {
+                const int r = i >> 2, cc = i & 3, c = k0 + cc * 8, w = wrow(r), hf = GU && r >= 64;
+                if (w < 0 || !(qfast >> hf & 1) || c >= cols || (cc && (one >> hf & 1))) continue;
+                const cuda_moe_mat &m = smat[hf];
+                const size_t gi = (size_t)w * m.n_groups + (m.n_groups > 1 ? c / m.group : 0);
+                cp_async4_word(&Ss(s)[r][cc], m.scales + gi);
+                if (m.zeros) cp_async4_word(&Zs(s)[r][cc], m.zeros + gi);
+            }
         }
     };
 
-    /* warp (wm, wn): tile rows wm*32 + 0..31; its 8 n subtiles of 8 B rows:
-     * GU, gate rows wn*32 + 0..31 (j < 4) and the same up rows (j >= 4, B
-     * rows 64 + ...); down, B rows wn*64 + 0..63 */
-    const int wm = warp >> 1, wn = warp & 1;
-    float acc[2][8][4];
+    /* The packed rows of stage s (k step kt) into its B tile as bf16: the
+     * formula of moe.cu's weights8 ((code - zero) * scale, exact in f32, then
+     * rounded to the scale's dtype and to bf16), the int-to-float by the
+     * 2^23 trick (exact: both terms are 2^23 plus an integer under 2^8) */
+    auto dequant = [&](int kt, int s) {
+        const int k0 = kt * GM_BK;
+        for (int i = tid; i < GM_BN * 4; i += THREADS) {
+            const int r = i >> 2, cc = i & 3, c = k0 + cc * 8, w = wrow(r), hf = GU && r >= 64;
+            const cuda_moe_mat &m = smat[hf];
+            if (m.w || w < 0 || c >= cols) continue; /* bf16 rows and zeros: issue() did them */
+            uint4 *d = (uint4 *)&Bs(s)[r][cc * 8];
+            if (!(qfast >> hf & 1) || c + 8 > cols) {
+                float v[8];
 #pragma unroll
-    for (int mi = 0; mi < 2; mi++)
+                for (int j = 0; j < 8; j++) v[j] = c + j < cols ? gm_weight(m, w, c + j, cols) : 0.0f;
+                *d = pack8(v);
+                continue;
+            }
+            const int sl = (one >> hf & 1) ? 0 : cc;
+            const size_t gi = (size_t)w * m.n_groups + (m.n_groups > 1 ? c / m.group : 0);
+            const uint32_t sw = Ss(s)[r][sl] >> (16 * (((uintptr_t)(m.scales + gi) >> 1) & 1));
+            const int z = m.zeros ? (int)((Zs(s)[r][sl] >> (8 * ((uintptr_t)(m.zeros + gi) & 3))) & 0xFFu)
+                                  : 1 << (m.bits - 1);
+            const float sc = m.f16 ? __half2float(__ushort_as_half((uint16_t)sw)) : bf2f((uint16_t)sw);
+            const float fz = __int_as_float(0x4B000000 + z);
+            uint32_t lo, hi = 0;
+            if (m.bits == 4) {
+                lo = *(const uint32_t *)&Qs(s)[r][cc * 4];
+            } else {
+                const uint2 v = *(const uint2 *)&Qs(s)[r][cc * 8];
+                lo = v.x, hi = v.y;
+            }
+            float x[8];
 #pragma unroll
-        for (int j = 0; j < 8; j++)
+            for (int j = 0; j < 8; j++) {
+                /* int4: column j in nibble j / 2 + 4 (j % 2) (the layout's order, model.h) */
+                const uint32_t u = m.bits == 4 ? (lo >> (4 * ((j >> 1) + 4 * (j & 1)))) & 0xFu
+                                               : ((j < 4 ? lo : hi) >> (8 * (j & 3))) & 0xFFu;
+                x[j] = __fmul_rn(__fsub_rn(__int_as_float(0x4B000000 | (int)u), fz), sc);
+                if (m.f16) x[j] = __half2float(__float2half_rn(x[j]));
+            }
+            *d = make_uint4(pack2(x[0], x[1]), pack2(x[2], x[3]), pack2(x[4], x[5]), pack2(x[6], x[7]));
+        }
+    };
+
+    /* warp (wm, wn): tile rows wm MI 16 + ..; its NJ n subtiles of 8 B rows:
+     * GU, gate rows wn NJ/2 8 + .. (j < NJ/2) and the same up rows (j >=
+     * NJ/2, B rows 64 + ...); else B rows wn NJ 8 + .. */
+    const int wm = warp / WN, wn = warp % WN;
+    float acc[MI][NJ][4];
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+        for (int j = 0; j < NJ; j++)
 #pragma unroll
             for (int q = 0; q < 4; q++) acc[mi][j][q] = 0.0f;
 
-    auto compute = [&](int buf) {
+    auto compute = [&](int s) {
+        uint16_t(*A)[GM_LDS] = As(s);
+        uint16_t(*B)[GM_LDS] = Bs(s);
 #pragma unroll
         for (int kk = 0; kk < GM_BK; kk += 16) {
-            uint32_t af[2][4], bfr[8][2];
+            uint32_t af[MI][4], bfr[NJ][2];
 #pragma unroll
-            for (int mi = 0; mi < 2; mi++)
+            for (int mi = 0; mi < MI; mi++)
                 ldsm_x4(af[mi][0], af[mi][1], af[mi][2], af[mi][3],
-                        &As[buf][wm * 32 + mi * 16 + (lane & 15)][kk + (lane >> 4) * 8]);
+                        &A[wm * MI * 16 + mi * 16 + (lane & 15)][kk + (lane >> 4) * 8]);
 #pragma unroll
-            for (int jp = 0; jp < 4; jp++) {
-                const int nb = GU ? (jp < 2 ? wn * 32 + jp * 16 : 64 + wn * 32 + (jp - 2) * 16) : wn * 64 + jp * 16;
+            for (int jp = 0; jp < NJ / 2; jp++) {
+                const int nb = !GU ? wn * NJ * 8 + jp * 16
+                               : jp < NJ / 4 ? wn * (NJ / 2) * 8 + jp * 16
+                                             : 64 + wn * (NJ / 2) * 8 + (jp - NJ / 4) * 16;
                 ldsm_x4(bfr[2 * jp][0], bfr[2 * jp][1], bfr[2 * jp + 1][0], bfr[2 * jp + 1][1],
-                        &Bs[buf][nb + (lane & 7) + ((lane >> 4) << 3)][kk + ((lane >> 3) & 1) * 8]);
+                        &B[nb + (lane & 7) + ((lane >> 4) << 3)][kk + ((lane >> 3) & 1) * 8]);
             }
 #pragma unroll
-            for (int mi = 0; mi < 2; mi++)
+            for (int mi = 0; mi < MI; mi++)
 #pragma unroll
-                for (int j = 0; j < 8; j++) mma_bf16(acc[mi][j], af[mi], bfr[j][0], bfr[j][1]);
+                for (int j = 0; j < NJ; j++) mma_bf16(acc[mi][j], af[mi], bfr[j][0], bfr[j][1]);
         }
     };
 
-    fetch(0, 0);
-    cp_async_commit();
-    store(0, 0);
-    cp_async_wait_all();
-    __syncthreads();
-    for (int kt = 0; kt < nk; kt++) {
-        const int buf = kt & 1;
-        /* the other buffer was last read before the previous iteration's barrier */
-        if (kt + 1 < nk) {
-            fetch(kt + 1, buf ^ 1);
-            cp_async_commit();
-        }
-        compute(buf);
-        if (kt + 1 < nk) store(kt + 1, buf ^ 1);
-        cp_async_wait_all();
-        __syncthreads();
+    /* GM_STAGES - 1 k steps ahead. Stage kt % GM_STAGES is refilled at step
+     * kt + 1, after the barrier that ends every warp's reads of it. */
+    for (int p = 0; p < GM_STAGES - 1; p++) {
+        if (p < nk) issue(p, p);
+        cp_async_commit();
     }
+    for (int kt = 0; kt < nk; kt++) {
+        const int s = kt % GM_STAGES;
+        cp_async_wait<GM_STAGES - 2>(); /* this thread's copies of step kt are in */
+        __syncthreads();                /* everyone's; and step kt - 1 is computed */
+        if (packed_any) {               /* block-uniform */
+            dequant(kt, s);
+            __syncthreads();
+        }
+        if (kt + GM_STAGES - 1 < nk) issue(kt + GM_STAGES - 1, (kt + GM_STAGES - 1) % GM_STAGES);
+        cp_async_commit();
+        compute(s);
+    }
+    cp_async_wait_all();
 
     /* accumulator q of subtile j: tile row g (q < 2) or g + 8, column 2t + (q & 1) */
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-    for (int mi = 0; mi < 2; mi++)
+    for (int mi = 0; mi < MI; mi++)
 #pragma unroll
         for (int hf = 0; hf < 2; hf++) {
-            const int as = rowid[wm * 32 + mi * 16 + g + 8 * hf];
+            const int as = rowid[wm * MI * 16 + mi * 16 + g + 8 * hf];
             if (as < 0) continue;
             if (GU) {
                 uint16_t *hr = a.h + (size_t)as * a.Fmax;
 #pragma unroll
-                for (int j = 0; j < 4; j++)
+                for (int j = 0; j < NJ / 2; j++)
 #pragma unroll
                     for (int q = 0; q < 2; q++) {
-                        const int n = n0 + wn * 32 + j * 8 + 2 * t + q;
+                        const int n = n0 + wn * (NJ / 2) * 8 + j * 8 + 2 * t + q;
                         if (n < rows)
-                            hr[n] = f2bf(gm_swiglu(acc[mi][j][2 * hf + q], acc[mi][j + 4][2 * hf + q], a.swiglu_limit));
+                            hr[n] = f2bf(gm_swiglu(acc[mi][j][2 * hf + q], acc[mi][j + NJ / 2][2 * hf + q],
+                                                   a.swiglu_limit));
                     }
             } else {
-                float *yr = a.y + (size_t)as * a.E;
+                float *yr = RT ? a.logits + (size_t)as * (a.NE + 1) : a.y + (size_t)as * a.E;
 #pragma unroll
-                for (int j = 0; j < 8; j++)
+                for (int j = 0; j < NJ; j++)
 #pragma unroll
                     for (int q = 0; q < 2; q++) {
-                        const int n = n0 + wn * 64 + j * 8 + 2 * t + q;
+                        const int n = n0 + wn * NJ * 8 + j * 8 + 2 * t + q;
                         if (n < rows) yr[n] = acc[mi][j][2 * hf + q];
                     }
             }
         }
 }
 
-/* Row tiles a step can have: sum over experts of ceil(count / 64) <=
- * ceil(T S / 64) + the experts that can be active (each adds under one) */
-static long long gemm_tiles(const struct cuda_moe_args *a)
+/* One launch: dynamic shared memory for GM_STAGES stages (over the 48 KB
+ * default where packed; at most 86 KB, under sm_89's 99 KB). The attribute
+ * is set at every launch: it is no stream operation, so graph capture
+ * takes it, and it holds for whichever device is current. */
+template <int MODE, int BM, int WM, int WN>
+static cudaError_t gm_launch(const struct cuda_moe_args *a, unsigned gx, unsigned gy, cudaStream_t st)
+{
+    constexpr int smem = GM_STAGES * gm_stage_bytes(BM, MODE != GM_ROUTER);
+    static_assert(smem + 1024 <= 99 * 1024, "sm_89 shared memory");
+    void (*k)(struct cuda_moe_args) = moe_gemm_kernel<MODE, BM, WM, WN>;
+    cudaError_t e = cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return e;
+    k<<<dim3(gx, gy), WM * WN * 32, smem, st>>>(*a);
+    return cudaGetLastError();
+}
+
+/* The row tile for a step, from its average rows per routed expert (T K /
+ * NE): tiles much taller than an expert's rows multiply the MMA work by
+ * padding (at 64 rows and 2-16 rows an expert the GEMM was compute bound on
+ * it: 777 us at T 64 and 764 at T 256, Qwen3-30B-A3B shape, H100), taller
+ * ones reuse each B tile for more rows on big steps. Any choice gives the
+ * same bits (each element is the same MMA chain), so the step's shape may
+ * pick it. */
+static int gemm_bm(const struct cuda_moe_args *a)
+{
+    const long long rk = (long long)a->T * a->K, ne = a->NE;
+    return rk < 12 * ne ? 16 : rk < 48 * ne ? 32 : rk < 384 * ne ? 64 : 128;
+}
+
+/* Row tiles a step can have: sum over experts of ceil(count / bm) <=
+ * ceil(T S / bm) + the experts that can be active (each adds under one) */
+static long long gemm_tiles(const struct cuda_moe_args *a, int bm)
 {
     const long long n = (long long)a->T * a->S, routed = (long long)a->T * a->K;
-    return (n + GM_BM - 1) / GM_BM + (routed < a->NE ? routed : a->NE) + (a->S > a->K);
+    return (n + bm - 1) / bm + (routed < a->NE ? routed : a->NE) + (a->S > a->K);
 }
 
 extern "C" int cuda_moe_gemm_takes(const struct cuda_moe_args *a)
 {
-    const int m = cuda_tuning.moe_gemm_min_rows;
-    return m >= 0 && a->T > 0 && (long long)a->T * a->K >= (long long)m * a->NE && gemm_tiles(a) <= 65535;
+    const float m = a->packed ? cuda_tuning.moe_gemm_min_rows_packed : cuda_tuning.moe_gemm_min_rows;
+    return m >= 0.0f && a->T > 0 && (double)a->T * a->K >= (double)m * a->NE;
+}
+
+template <int BM, int WM, int WN>
+static cudaError_t gemm_launches(const struct cuda_moe_args *a, cudaStream_t st)
+{
+    const unsigned tiles = (unsigned)gemm_tiles(a, BM);
+    cudaError_t e = gm_launch<GM_GU, BM, WM, WN>(a, tiles, (unsigned)((a->Fmax + GM_BN / 2 - 1) / (GM_BN / 2)), st);
+    if (e != cudaSuccess) return e;
+    return gm_launch<GM_DOWN, BM, WM, WN>(a, tiles, (unsigned)((a->E + GM_BN - 1) / GM_BN), st);
 }
 
 extern "C" cudaError_t cuda_moe_gemm(const struct cuda_moe_args *a, cudaStream_t st)
 {
     if (a->T <= 0) return cudaSuccess;
-    const long long tiles = gemm_tiles(a);
-    if (tiles > 65535 || a->E <= 0 || a->Fmax <= 0) return cudaErrorInvalidValue;
-    dim3 g1((unsigned)((a->Fmax + GM_BN / 2 - 1) / (GM_BN / 2)), (unsigned)tiles);
-    moe_gemm_kernel<true><<<g1, GM_THREADS, 0, st>>>(*a);
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return e;
-    dim3 g2((unsigned)((a->E + GM_BN - 1) / GM_BN), (unsigned)tiles);
-    moe_gemm_kernel<false><<<g2, GM_THREADS, 0, st>>>(*a);
-    return cudaGetLastError();
+    if (a->E <= 0 || a->Fmax <= 0 || a->K <= 0 || a->NE <= 0 || gemm_tiles(a, 16) > 0x7fffffffLL)
+        return cudaErrorInvalidValue;
+    switch (gemm_bm(a)) {
+    case 16: return gemm_launches<16, 1, 4>(a, st);
+    case 32: return gemm_launches<32, 1, 4>(a, st);
+    case 64: return gemm_launches<64, 2, 2>(a, st);
+    default: return gemm_launches<128, 4, 2>(a, st);
+    }
+}
+
+extern "C" cudaError_t cuda_moe_router_gemm(const struct cuda_moe_args *a, cudaStream_t st)
+{
+    if (a->T <= 0) return cudaSuccess;
+    if (a->router_f32 || a->E <= 0 || a->NE <= 0) return cudaErrorInvalidValue;
+    const unsigned ny = (unsigned)((a->NE + (a->shared_gated ? 1 : 0) + GM_BN - 1) / GM_BN);
+    /* 16-token tiles keep more blocks busy on the router's few columns; 64
+     * reuse each B tile for more tokens on big steps */
+    if (a->T < 1024) return gm_launch<GM_ROUTER, 16, 1, 4>(a, (unsigned)((a->T + 15) / 16), ny, st);
+    return gm_launch<GM_ROUTER, 64, 2, 2>(a, (unsigned)((a->T + 63) / 64), ny, st);
 }

@@ -249,6 +249,12 @@ int cuda_moe_upload(struct rank *k, int l, char *err, size_t errlen)
                                 err, errlen)))
             return rc;
     }
+    /* the GEMM threshold of the format most routed experts have (mixed
+     * layers are rare: ignore lists leave whole layers or the shared experts
+     * in bf16), their gate standing for the expert */
+    int n_packed = 0;
+    for (int e = 0; e < NE; e++) n_packed += L->hex[e].gate.w == NULL;
+    L->packed = 2 * n_packed > NE;
     if (mc->n_ff_shared > 0 && (rc = upload_expert(k, L, l, "shared experts", &mw->sh_gate, &mw->sh_up, &mw->sh_down,
                                                    mc->n_ff_shared, E, &L->hex[NE], err, errlen)))
         return rc;
@@ -327,8 +333,8 @@ int cuda_moe_ffn(struct rank *k, int l, int T, bool decode, char *err, size_t er
         .sigmoid = mc->router == MODEL_ROUTER_SIGMOID, .norm_topk = mc->norm_topk, .n_group = mc->n_group,
         .topk_group = mc->topk_group, .shared_gated = mc->shared_gated, .scale = mc->scale,
         .swiglu_limit = mc->swiglu_limit, .xn = k->xn, .router = L->router, .router_f32 = L->router_f32,
-        .bias = L->bias, .ex = L->dex, .logits = R->logits, .idx = R->idx, .wt = R->wt, .count = R->count,
-        .start = R->start, .list = R->list, .act = R->act, .h = R->h, .y = R->y, .out = k->delta,
+        .bias = L->bias, .ex = L->dex, .packed = L->packed, .logits = R->logits, .idx = R->idx, .wt = R->wt,
+        .count = R->count, .start = R->start, .list = R->list, .act = R->act, .h = R->h, .y = R->y, .out = k->delta,
     };
     if (k->b->tp == 1) {
         CK(cuda_moe_forward(&a, k->st));

@@ -39,11 +39,16 @@ struct cuda_tuning {
     int gemm_wg_min_t;    /* the gate|up GEMM with SwiGLU fused (warpgroup MMA, sm_90) from this many tokens
                            * a step (CUDA_GEMM_WG_MIN_T, 128: below it cuBLAS + SwiGLU measured faster);
                            * tests set 1 so that every step of 5+ tokens takes it */
-    int moe_gemm_min_rows; /* the MoE experts on the grouped GEMM (tensor cores, moe_gemm.cu) when a step has
-                           * this many routed rows per expert on average, T K >= this NE (4: the GEMV path reads
-                           * each expert's weights once per 8 of its rows but is SIMT compute bound from ~2 rows,
-                           * ~3-6 TFLOP/s, while the GEMM's 64-row tiles stay bandwidth bound below ~64 rows;
-                           * to be measured with bench_moe); tests set 0 (always) or -1 (never) */
+    float moe_gemm_min_rows; /* bf16 experts on the grouped GEMM (tensor cores, moe_gemm.cu) from T K >= this NE
+                           * routed rows a step (0.5: at the Qwen3-30B-A3B shape on an H100 the 64-row-tile GEMM
+                           * already beat the SIMT GEMVs at T 8, 379 vs 464 us, where T K = NE / 2; the GEMVs are
+                           * SIMT bound from about 2 rows an expert); tests set 0 (always) or -1 (never) */
+    float moe_gemm_min_rows_packed; /* the same for packed (int4/int8) experts (0.5: the packed GEMVs dequantize
+                           * once per 8 tokens on the SIMT cores, 613 us at T 8 against 52 us at T 1, while the
+                           * GEMM dequantizes each weight once per row tile from codes it streams into shared
+                           * memory; even at the old GEMM's 200 GB/s it broke even at T K = NE / 2. A layer
+                           * counts as packed when most of its routed experts are: cuda_moe_args.packed). Both
+                           * to be re-measured with bench_moe, which times both paths at every T */
     int long_split_keys;  /* a prefill tile attending to this many keys or more may be split over blocks
                            * (4096); tests set 64 to split short prompts; 0: never */
     int tp_fault_rank;    /* tensor parallelism: this rank fails its forward number tp_fault_step with an
@@ -59,8 +64,8 @@ struct cuda_tuning {
 
 #define CUDA_TUNING_DEFAULTS                                                                          \
     {                                                                                                 \
-        .warmup = true, .tp_peer_allreduce = true, .gemm_wg_min_t = 128, .moe_gemm_min_rows = 4,      \
-        .long_split_keys = 4096,                                                                      \
+        .warmup = true, .tp_peer_allreduce = true, .gemm_wg_min_t = 128, .moe_gemm_min_rows = 0.5f,   \
+        .moe_gemm_min_rows_packed = 0.5f, .long_split_keys = 4096,                                    \
         .tp_fault_rank = -1, .tp_fault_step = 0, .ablate = 0, .tp_skip_comm = false,                  \
         .attn_wg8_skip_widen = false, .gemm_wg_ablate = 0,                                            \
     }

@@ -7,7 +7,9 @@
  * forced (the SIMT GEMVs, moe.cu; the grouped GEMM on tensor cores,
  * moe_gemm.cu) with their rates, and the bytes of the experts the step
  * chose over the layer's time (the decode floor's measure: only the chosen
- * experts' weights count). The experts' FLOPs: 2 T S 3 F E (each of the T S
+ * experts' weights count), and the router's logits on tensor cores
+ * (cuda_moe_router_gemm, "rgemm": compare with route, which is the SIMT
+ * logits plus the routing kernel). The experts' FLOPs: 2 T S 3 F E (each of the T S
  * token-expert assignments does gate and up, F x E each, and down, E x F,
  * at 2 FLOPs a multiply-add; S = top-k here, no shared expert). Random
  * router and inputs; every expert's weights in their own allocation, so L2
@@ -117,8 +119,8 @@ int main(int argc, char **argv)
     uint16_t *x = malloc((size_t)maxT * HID * 2);
     for (size_t i = 0; i < (size_t)maxT * HID; i++) x[i] = bf(frand());
     const int S = TOPK;
-    struct cuda_moe_args a = {.E = HID, .NE = NE, .K = TOPK, .S = S, .Fmax = FF, .norm_topk = 1, .n_group = 1,
-                              .topk_group = 1, .scale = 1.0f};
+    struct cuda_moe_args a = {.E = HID, .NE = NE, .K = TOPK, .S = S, .Fmax = FF, .packed = int4, .norm_topk = 1,
+                              .n_group = 1, .topk_group = 1, .scale = 1.0f};
     a.xn = dev(x, (size_t)maxT * HID * 2);
     a.router = dev(router, (size_t)NE * HID * 2);
     a.ex = dev(hex, (NE + 1) * sizeof *hex);
@@ -139,9 +141,9 @@ int main(int argc, char **argv)
     const double ebytes = int4 ? 3.0 * FF * (HID / 2 + HID / GROUP * 2) : 3.0 * FF * HID * 2; /* one expert */
     printf("MoE layer, Qwen3-30B-A3B shape (%d experts top-%d, hidden %d, intermediate %d), %s experts\n", NE, TOPK, HID,
            FF, int4 ? "int4 g128" : "bf16");
-    printf("%6s %8s %10s %9s %9s %10s %9s %9s %8s %9s %8s %9s %8s\n", "tokens", "experts", "layer us", "route", "group",
-           "experts", "combine", "GB/s", "path", "gemv us", "TFLOP/s", "gemm us", "TFLOP/s");
-    const int min_rows = cuda_tuning.moe_gemm_min_rows;
+    printf("%6s %8s %10s %9s %9s %10s %9s %9s %8s %9s %8s %9s %8s %9s\n", "tokens", "experts", "layer us", "route",
+           "group", "experts", "combine", "GB/s", "path", "gemv us", "TFLOP/s", "gemm us", "TFLOP/s", "rgemm us");
+    const float min_rows = cuda_tuning.moe_gemm_min_rows, min_rows_p = cuda_tuning.moe_gemm_min_rows_packed;
     for (int i = 0; i < nT; i++) {
         a.T = Ts[i];
         cudaError_t (*const stage[5])(const struct cuda_moe_args *, cudaStream_t) = {
@@ -150,17 +152,19 @@ int main(int argc, char **argv)
         for (int s = 0; s < 5; s++) med[s] = timed(stage[s], &a, st, e0, e1);
         const int deflt = cuda_moe_gemm_takes(&a);
         for (int p = 0; p < 2; p++) {
-            cuda_tuning.moe_gemm_min_rows = p ? 0 : -1;
+            cuda_tuning.moe_gemm_min_rows = cuda_tuning.moe_gemm_min_rows_packed = p ? 0.0f : -1.0f;
             path[p] = timed(cuda_moe_experts, &a, st, e0, e1);
         }
-        cuda_tuning.moe_gemm_min_rows = min_rows;
+        cuda_tuning.moe_gemm_min_rows = min_rows, cuda_tuning.moe_gemm_min_rows_packed = min_rows_p;
+        const float rg = timed(cuda_moe_router_gemm, &a, st, e0, e1);
         const double flop = 2.0 * a.T * S * 3.0 * FF * HID;
         int32_t act[NE + 2];
         cudaMemcpy(act, a.act, sizeof act, cudaMemcpyDeviceToHost);
         cudaError_t ce = cudaGetLastError();
-        printf("%6d %8d %10.1f %9.1f %9.1f %10.1f %9.1f %9.0f %8s %9.1f %8.1f %9.1f %8.1f%s%s\n", a.T, act[NE + 1],
+        printf("%6d %8d %10.1f %9.1f %9.1f %10.1f %9.1f %9.0f %8s %9.1f %8.1f %9.1f %8.1f %9.1f%s%s\n", a.T,
+               act[NE + 1],
                med[0], med[1], med[2], med[3], med[4], act[NE + 1] * ebytes / (med[0] * 1e3), deflt ? "gemm" : "gemv",
-               path[0], flop / (path[0] * 1e6), path[1], flop / (path[1] * 1e6), ce ? "  error: " : "",
+               path[0], flop / (path[0] * 1e6), path[1], flop / (path[1] * 1e6), rg, ce ? "  error: " : "",
                ce ? cudaGetErrorString(ce) : "");
     }
     return 0;

@@ -19,6 +19,11 @@
  *  - batch invariance within each path: three tokens run alone give the
  *    bits they got in the batch;
  *  - the whole layer captured in a CUDA graph gives the eager run's bits.
+ *  - the router's logits on tensor cores (cuda_moe_router_gemm, bf16 routers)
+ *    against the same reference and the SIMT kernel's, and the routing each
+ *    gives (tokens routed otherwise only at near ties);
+ * The GEMM's row tile follows T K / NE (16, 32, 64 or 128 rows; packed
+ * experts on all four).
  * Two cases have over 8192 token slots, so their batch takes the grouping's
  * multi-block path and the tokens alone the one-block one; one has 1024
  * rows an expert (16 GEMM row tiles), one experts of 0, 1 and 200 rows.
@@ -168,9 +173,10 @@ static double dmax(double a, double b) { return a > b ? a : b; }
 static void run_path(const struct cuda_moe_args *a, int path, cudaStream_t st, const char *name, uint16_t *out,
                      bool *alone, bool *graph, float *lg, float *wt, int32_t *idx)
 {
-    const int saved = cuda_tuning.moe_gemm_min_rows, T = a->T, E = a->E, S = a->S, NE = a->NE;
+    const float saved = cuda_tuning.moe_gemm_min_rows, saved_p = cuda_tuning.moe_gemm_min_rows_packed;
+    const int T = a->T, E = a->E, S = a->S, NE = a->NE;
     const char *pn = path ? "gemm" : "gemv";
-    cuda_tuning.moe_gemm_min_rows = path ? 0 : -1;
+    cuda_tuning.moe_gemm_min_rows = cuda_tuning.moe_gemm_min_rows_packed = path ? 0.0f : -1.0f;
     const size_t n = (size_t)T * E * 2;
     cudaMemset(a->h, 0xff, (size_t)T * S * a->Fmax * 2);
     cudaMemset(a->y, 0xff, (size_t)T * S * E * 4);
@@ -214,7 +220,7 @@ static void run_path(const struct cuda_moe_args *a, int path, cudaStream_t st, c
     if (ge) cudaGraphExecDestroy(ge);
     if (g) cudaGraphDestroy(g);
     free(out1), free(outg);
-    cuda_tuning.moe_gemm_min_rows = saved;
+    cuda_tuning.moe_gemm_min_rows = saved, cuda_tuning.moe_gemm_min_rows_packed = saved_p;
 }
 
 static void run_case(const struct mcase *c)
@@ -252,7 +258,7 @@ static void run_case(const struct mcase *c)
     struct cuda_moe_args a = {
         .T = T, .E = E, .NE = NE, .K = K, .S = S, .Fmax = Fmax, .sigmoid = c->sigmoid, .norm_topk = c->norm,
         .n_group = c->G, .topk_group = c->TG, .shared_gated = c->gated, .scale = c->scale,
-        .swiglu_limit = c->limit, .router_f32 = c->router_f32,
+        .swiglu_limit = c->limit, .router_f32 = c->router_f32, .packed = c->packed,
     };
     a.xn = keep(dup_dev(x, (size_t)T * E * 2));
     a.router = keep(c->router_f32 ? dup_dev(rw, (size_t)R * E * 4) : dup_dev(rwb, (size_t)R * E * 2));
@@ -312,6 +318,64 @@ static void run_case(const struct mcase *c)
             if (idx[(size_t)t * S + K] != NE) bad_route++;
             werr = dmax(werr, fabs(w - wt[(size_t)t * S + K]) / dmax(fabs(w), 1e-3));
         }
+    }
+    /* the router's logits on tensor cores (bf16 routers; an f32 one is
+     * refused): against the double-precision dot product and the SIMT
+     * logits, and the routing model_moe_route makes of each; a token routed
+     * otherwise must have a near tie, an expert chosen by one and one by the
+     * other whose choice values (softmax: logits; sigmoid: sigmoid + bias)
+     * are within 1e-4 of their sum |w x| (the logits' error bound is 1e-5) */
+    double rgerr = 0, rgdiff = 0;
+    int rflip = 0, rnear = 0;
+    cudaError_t rce = cuda_moe_router_gemm(&a, st);
+    if (c->router_f32) {
+        CHECKF(rce == cudaErrorInvalidValue, "%s: the router GEMM took an f32 router", c->name);
+    } else {
+        if (rce == cudaSuccess) rce = cudaStreamSynchronize(st);
+        CHECKF(rce == cudaSuccess, "%s: router gemm: %s", c->name, cudaGetErrorString(rce));
+        float *lg2 = malloc((size_t)T * (NE + 1) * 4), *mabs = malloc((size_t)T * (NE + 1) * 4);
+        get(lg2, a.logits, (size_t)T * (NE + 1) * 4);
+        for (int t = 0; t < T; t++)
+            for (int e = 0; e < R; e++) {
+                double sum = 0, m = 0;
+                for (int k = 0; k < E; k++) {
+                    double p = (double)rw[(size_t)e * E + k] * fb(x[(size_t)t * E + k]);
+                    sum += p, m += fabs(p);
+                }
+                const size_t at = (size_t)t * (NE + 1) + e;
+                mabs[at] = (float)m;
+                rgerr = dmax(rgerr, fabs(lg2[at] - sum) / (m > 0 ? m : 1));
+                rgdiff = dmax(rgdiff, fabs(lg2[at] - lg[at]) / (m > 0 ? m : 1));
+            }
+        int32_t *ridx2 = malloc((size_t)K * 4);
+        for (int t = 0; t < T; t++) {
+            const size_t row = (size_t)t * (NE + 1);
+            model_moe_route(&mc, lg + row, c->bias ? bias : NULL, ridx, rwt, scr);
+            model_moe_route(&mc, lg2 + row, c->bias ? bias : NULL, ridx2, rwt, scr);
+            if (!memcmp(ridx, ridx2, (size_t)K * 4)) continue;
+            bool near = false;
+            for (int i = 0; i < K; i++)
+                for (int j = 0; j < K; j++) {
+                    const int ea = ridx[i], eb = ridx2[j];
+                    bool a_in2 = false, b_in1 = false;
+                    for (int q = 0; q < K; q++) a_in2 |= ridx2[q] == ea, b_in1 |= ridx[q] == eb;
+                    if (a_in2 || b_in1) continue;
+                    double va = lg[row + ea], vb = lg[row + eb];
+                    if (c->sigmoid) {
+                        va = 1.0 / (1.0 + exp(-va)) + (c->bias ? bias[ea] : 0);
+                        vb = 1.0 / (1.0 + exp(-vb)) + (c->bias ? bias[eb] : 0);
+                    }
+                    if (fabs(va - vb) <= 1e-4 * dmax(mabs[row + ea], mabs[row + eb])) near = true;
+                }
+            if (near) rnear++;
+            else rflip++;
+        }
+        printf("%s rgemm %-34s T %4d: logits %.1e, vs the SIMT kernel's %.1e, routing: %d tokens differ (%d at near "
+               "ties)\n",
+               rgerr <= 1e-4 && rflip == 0 ? "ok  " : "FAIL", c->name, T, rgerr, rgdiff, rflip + rnear, rnear);
+        CHECKF(rgerr <= 1e-4, "%s: router gemm logits %.3g", c->name, rgerr);
+        CHECKF(rflip == 0, "%s: router gemm: %d tokens routed otherwise without a near tie", c->name, rflip);
+        free(lg2), free(mabs), free(ridx2);
     }
     /* the output, from the GPU's routing */
     double oerr[2] = {0, 0}, omax = 0, pdiff = 0;
@@ -419,6 +483,11 @@ static const struct mcase cases[] = {
     /* T K large: 1024 rows an expert (16 GEMM row tiles), E and F partial tiles */
     {"2048 tokens top-8 of 16", 16, 8, 136, 80, 0, 2048, false, true, false, false, false, false, 1, 1, 1, 0,
      false, false},
+    /* packed experts on 64- and 128-row tiles (the tile height follows T K / NE), a shared expert */
+    {"packed experts, 64-row tiles", 8, 2, 96, 40, 0, 600, false, true, false, false, false, false, 1, 1, 1, 0, true,
+     false},
+    {"packed experts, 128-row tiles, shared", 8, 2, 136, 72, 24, 1600, true, true, false, false, true, false, 1, 1,
+     1.0f, 0, true, false},
     /* three experts take all 200 tokens, the fourth slot spreads over 125: experts of 0, 1 and > 128 rows */
     {"skewed: 0, 1 and 200 rows, packed", 128, 4, 64, 32, 0, 200, true, true, false, false, true, false, 1, 1, 1.0f,
      0, true, true},
