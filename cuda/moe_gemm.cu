@@ -53,12 +53,13 @@
 enum { GM_GU, GM_DOWN, GM_ROUTER }; /* what a launch computes */
 
 /* Shared memory of one stage: A [BM][LDS] and B [BN][LDS] bf16, then (not
- * for the router) the packed rows' codes [BN][QB], and their scale and
- * zero words [BN][4] (one a row, or one per 8-column chunk where groups
- * are narrower than a k step). */
+ * for the router) the packed rows' codes [BN][QB], their scale and zero
+ * words [BN][4] (one a row, or one per 8-column chunk where groups are
+ * narrower than a k step), and where in each word its value lies [BN][4]
+ * (bytes: the scale's half, then the zero's byte, shifted by 1). */
 static constexpr __host__ __device__ int gm_stage_bytes(int bm, bool packed)
 {
-    return (bm + GM_BN) * GM_LDS * 2 + (packed ? GM_BN * GM_QB + 2 * GM_BN * 4 * 4 : 0);
+    return (bm + GM_BN) * GM_LDS * 2 + (packed ? GM_BN * GM_QB + 2 * GM_BN * 4 * 4 + GM_BN * 4 : 0);
 }
 
 static __device__ __forceinline__ uint32_t smem_u32(const void *p)
@@ -277,6 +278,9 @@ static __global__ void __launch_bounds__(WM *WN * 32) moe_gemm_kernel(struct cud
     auto Zs = [&](int s) {
         return (uint32_t(*)[4])(gsm + s * SB + (BM + GM_BN) * GM_LDS * 2 + GM_BN * GM_QB + GM_BN * 16);
     };
+    auto Ps = [&](int s) {
+        return (uint8_t(*)[4])(gsm + s * SB + (BM + GM_BN) * GM_LDS * 2 + GM_BN * GM_QB + GM_BN * 32);
+    };
 
     /* k step kt's loads into stage s: cp.async where the rows allow, the
      * rest (zeros past the matrices, odd widths) stored directly */
@@ -335,6 +339,8 @@ static __global__ void __launch_bounds__(WM *WN * 32) moe_gemm_kernel(struct cud
                 const size_t gi = (size_t)w * m.n_groups + (m.n_groups > 1 ? c / m.group : 0);
                 cp_async4_word(&Ss(s)[r][cc], m.scales + gi);
                 if (m.zeros) cp_async4_word(&Zs(s)[r][cc], m.zeros + gi);
+                Ps(s)[r][cc] = (uint8_t)(((uintptr_t)(m.scales + gi) >> 1 & 1) |
+                                         (m.zeros ? ((uintptr_t)(m.zeros + gi) & 3) << 1 : 0));
             }
         }
     };
@@ -358,10 +364,9 @@ static __global__ void __launch_bounds__(WM *WN * 32) moe_gemm_kernel(struct cud
                 continue;
             }
             const int sl = (one >> hf & 1) ? 0 : cc;
-            const size_t gi = (size_t)w * m.n_groups + (m.n_groups > 1 ? c / m.group : 0);
-            const uint32_t sw = Ss(s)[r][sl] >> (16 * (((uintptr_t)(m.scales + gi) >> 1) & 1));
-            const int z = m.zeros ? (int)((Zs(s)[r][sl] >> (8 * ((uintptr_t)(m.zeros + gi) & 3))) & 0xFFu)
-                                  : 1 << (m.bits - 1);
+            const unsigned pb = Ps(s)[r][sl];
+            const uint32_t sw = Ss(s)[r][sl] >> (16 * (pb & 1));
+            const int z = m.zeros ? (int)((Zs(s)[r][sl] >> (8 * (pb >> 1))) & 0xFFu) : 1 << (m.bits - 1);
             const float sc = m.f16 ? __half2float(__ushort_as_half((uint16_t)sw)) : bf2f((uint16_t)sw);
             const float fz = __int_as_float(0x4B000000 + z);
             uint32_t lo, hi = 0;
