@@ -21,7 +21,7 @@
  *     expert by expert): SIMT GEMVs (moe.cu) for steps of few rows per
  *     expert, a grouped GEMM on tensor cores (moe_gemm.cu) for the others
  *     (cuda_moe_gemm_takes: cuda_tuning.moe_gemm_min_rows, or
- *     moe_gemm_min_rows_packed for a layer of mostly packed experts);
+ *     moe_gemm_min_rows_packed for a layer with packed experts);
  *  4. combine: each token's expert outputs weighed and summed in ascending
  *     expert order, then the shared experts, as the CPU does.
  * Tensor parallel (N ranks): every rank routes alike (the same input, the
@@ -81,7 +81,9 @@ struct cuda_moe_args {
     int router_f32;
     const float *bias;        /* [NE] e_score_correction_bias, or NULL */
     const struct cuda_moe_expert *ex; /* [NE + 1]: routed experts, then the shared experts (F 0: none) */
-    int packed;               /* most routed experts are packed: the GEMM threshold for packed ones applies */
+    int packed;               /* any expert is packed: the GEMM threshold for packed experts applies, and
+                               * the GEMM keeps shared memory for streaming codes (without it a packed expert
+                               * loads element by element) */
     /* scratch, sized for T tokens */
     float *logits;            /* [T][NE + 1] */
     int32_t *idx;             /* [T][S] expert of each slot (ascending, then NE) */
@@ -149,7 +151,7 @@ struct cuda_moe_layer {
     void *router;                  /* [NE + shared_gated][E] bf16 or f32 */
     bool router_f32;
     float *bias;                   /* [NE] or NULL */
-    bool packed;                   /* most routed experts packed (cuda_moe_args.packed) */
+    bool packed;                   /* any expert packed (cuda_moe_args.packed) */
 };
 
 /* The per-rank step scratch every MoE layer shares (rank.moex), sized for

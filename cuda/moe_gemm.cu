@@ -184,7 +184,8 @@ static __global__ void __launch_bounds__(WM *WN * 32) moe_gemm_kernel(struct cud
     constexpr bool GU = MODE == GM_GU, RT = MODE == GM_ROUTER;
     constexpr int THREADS = WM * WN * 32, MI = BM / (16 * WM), NJ = GM_BN / (8 * WN);
     static_assert(MI >= 1 && MI * 16 * WM == BM && NJ * 8 * WN == GM_BN && NJ % 4 == 0, "tile shape");
-    constexpr int SB = gm_stage_bytes(BM, !RT);
+    /* the stage's size: room for codes where the layer has packed experts */
+    const int SB = gm_stage_bytes(BM, !RT && a.packed);
     extern __shared__ __align__(16) unsigned char gsm[];
     __shared__ cuda_moe_mat smat[2]; /* gate (or down), up */
     __shared__ int rowid[BM];        /* the tile's assignments (tokens: the router), -1 past its rows */
@@ -250,8 +251,9 @@ static __global__ void __launch_bounds__(WM *WN * 32) moe_gemm_kernel(struct cud
 
     /* B rows 0..63 are gate rows n0 .., 64..127 the same up rows (GU), or
      * rows n0 + 0..127; a packed half streams its codes (16-byte aligned
-     * rows, no act order: qfast) and their scale and zero words by cp.async
-     * and is dequantized from shared memory (else element by element) */
+     * rows, no act order, a layer marked packed: qfast) and their scale and
+     * zero words by cp.async and is dequantized from shared memory (else
+     * element by element) */
     const bool avec = (ld & 7) == 0, bvec = (cols & 7) == 0;
     bool packed_any = false;
     unsigned qfast = 0, one = 3; /* bit h: half h streams its codes; its k steps lie in one group */
@@ -261,7 +263,8 @@ static __global__ void __launch_bounds__(WM *WN * 32) moe_gemm_kernel(struct cud
             const cuda_moe_mat &m = smat[h];
             if (m.w) continue;
             packed_any = true;
-            if (!m.iperm && (m.bits == 4 || m.bits == 8) && (m.row_bytes & 15) == 0 && ((uintptr_t)m.qw & 15) == 0)
+            if (a.packed && !m.iperm && (m.bits == 4 || m.bits == 8) && (m.row_bytes & 15) == 0 &&
+                ((uintptr_t)m.qw & 15) == 0)
                 qfast |= 1u << h;
             if (!(m.n_groups == 1 || m.group % GM_BK == 0)) one &= ~(1u << h);
         }
@@ -479,16 +482,18 @@ static __global__ void __launch_bounds__(WM *WN * 32) moe_gemm_kernel(struct cud
 }
 
 /* One launch: dynamic shared memory for GM_STAGES stages (over the 48 KB
- * default where packed; at most 86 KB, under sm_89's 99 KB). The attribute
+ * default where packed; at most 86 KB, under sm_89's 99 KB; bf16 layers
+ * take less, so more blocks share an SM). The attribute
  * is set at every launch: it is no stream operation, so graph capture
  * takes it, and it holds for whichever device is current. */
 template <int MODE, int BM, int WM, int WN>
 static cudaError_t gm_launch(const struct cuda_moe_args *a, unsigned gx, unsigned gy, cudaStream_t st)
 {
-    constexpr int smem = GM_STAGES * gm_stage_bytes(BM, MODE != GM_ROUTER);
-    static_assert(smem + 1024 <= 99 * 1024, "sm_89 shared memory");
+    constexpr int most = GM_STAGES * gm_stage_bytes(BM, MODE != GM_ROUTER);
+    static_assert(most + 1024 <= 99 * 1024, "sm_89 shared memory");
+    const int smem = GM_STAGES * gm_stage_bytes(BM, MODE != GM_ROUTER && a->packed); /* as the kernel's SB */
     void (*k)(struct cuda_moe_args) = moe_gemm_kernel<MODE, BM, WM, WN>;
-    cudaError_t e = cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    cudaError_t e = cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, most);
     if (e != cudaSuccess) return e;
     k<<<dim3(gx, gy), WM * WN * 32, smem, st>>>(*a);
     return cudaGetLastError();

@@ -249,15 +249,16 @@ int cuda_moe_upload(struct rank *k, int l, char *err, size_t errlen)
                                 err, errlen)))
             return rc;
     }
-    /* the GEMM threshold of the format most routed experts have (mixed
-     * layers are rare: ignore lists leave whole layers or the shared experts
-     * in bf16), their gate standing for the expert */
-    int n_packed = 0;
-    for (int e = 0; e < NE; e++) n_packed += L->hex[e].gate.w == NULL;
-    L->packed = 2 * n_packed > NE;
     if (mc->n_ff_shared > 0 && (rc = upload_expert(k, L, l, "shared experts", &mw->sh_gate, &mw->sh_up, &mw->sh_down,
                                                    mc->n_ff_shared, E, &L->hex[NE], err, errlen)))
         return rc;
+    /* a layer with any packed expert takes the packed GEMM threshold (the
+     * packed GEMVs are the slower ones) and the GEMM's shared memory for
+     * streaming codes; mixed layers are rare (ignore lists leave whole
+     * layers or the shared experts in bf16) */
+    L->packed = false;
+    for (int e = 0; e <= NE; e++)
+        L->packed |= L->hex[e].F > 0 && (!L->hex[e].gate.w || !L->hex[e].up.w || !L->hex[e].down.w);
     /* the router (+ qwen2_moe's shared-expert gate as row NE) */
     int R = NE + (mc->shared_gated ? 1 : 0);
     if (!mw->router.data || (mc->shared_gated && !mw->sh_weigh.data)) {

@@ -47,7 +47,7 @@ struct cuda_tuning {
                            * once per 8 tokens on the SIMT cores, 613 us at T 8 against 52 us at T 1, while the
                            * GEMM dequantizes each weight once per row tile from codes it streams into shared
                            * memory; even at the old GEMM's 200 GB/s it broke even at T K = NE / 2. A layer
-                           * counts as packed when most of its routed experts are: cuda_moe_args.packed). Both
+                           * counts as packed when any expert is: cuda_moe_args.packed). Both
                            * to be re-measured with bench_moe, which times both paths at every T */
     int long_split_keys;  /* a prefill tile attending to this many keys or more may be split over blocks
                            * (4096); tests set 64 to split short prompts; 0: never */
