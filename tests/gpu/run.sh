@@ -40,7 +40,8 @@
 #   moe                the Qwen3-30B-A3B shape, bf16 and int4 g128 experts:
 #                      first bench_moe (one MoE layer's kernels, 1 to 16384
 #                      tokens, GB/s over the chosen experts' bytes, the
-#                      experts on each path: GEMVs, grouped GEMM), then the
+#                      experts on each path: GEMVs, grouped GEMM; the router's
+#                      logits on tensor cores, rgemm), then the
 #                      model (tools/configs/qwen3-30b-a3b, -w4a16): bench_gpu's
 #                      steps, decode at batch 64 and 256 too
 #   quant              packed weights beside bf16 (tools/configs/llama-3.1-8b,
