@@ -7,7 +7,7 @@
  * One launch for gate|up, one for down. A block computes a BM-row tile of
  * one expert's gathered assignments (rows: a.list[start[e] ..]) against
  * 128 weight rows (64 gate + the same 64 up rows, or 128 down rows), k in
- * 32-column steps through a 3-stage cp.async pipeline in dynamic shared
+ * 32-column steps through a 3- or 4-stage cp.async pipeline in dynamic shared
  * memory: the activations (gathered by token for gate|up, by assignment for
  * down), bf16 weights, and for packed weights (int4/int8, qgemm.h's layout)
  * their codes and the words holding their scales and zeros, so no global
@@ -47,7 +47,11 @@
 #define GM_BN 128               /* weight rows a block */
 #define GM_BK 32                /* columns a k step */
 #define GM_LDS (GM_BK + 8)      /* shared row stride (elements): 80 bytes, so ldmatrix has no bank conflicts */
-#define GM_STAGES 3             /* k steps in flight: two loading while one is computed */
+/* k steps in the pipeline (one computed, the others loading): 4 for the
+ * short tiles of small steps, which are bound by the weights' latency and
+ * bandwidth; 3 for 64 and 128 rows, whose MMAs hide more of it (and 4
+ * stages of 128 rows would pass sm_89's 99 KB) */
+#define GM_STAGES(bm) ((bm) <= 32 ? 4 : 3)
 #define GM_QB 32                /* bytes of codes a weight row a k step (int8: 32 columns; int4 uses 16) */
 
 enum { GM_GU, GM_DOWN, GM_ROUTER }; /* what a launch computes */
@@ -429,21 +433,22 @@ static __global__ void __launch_bounds__(WM *WN * 32) moe_gemm_kernel(struct cud
         }
     };
 
-    /* GM_STAGES - 1 k steps ahead. Stage kt % GM_STAGES is refilled at step
+    /* ST - 1 k steps ahead. Stage kt % ST is refilled at step
      * kt + 1, after the barrier that ends every warp's reads of it. */
-    for (int p = 0; p < GM_STAGES - 1; p++) {
+    constexpr int ST = GM_STAGES(BM);
+    for (int p = 0; p < ST - 1; p++) {
         if (p < nk) issue(p, p);
         cp_async_commit();
     }
     for (int kt = 0; kt < nk; kt++) {
-        const int s = kt % GM_STAGES;
-        cp_async_wait<GM_STAGES - 2>(); /* this thread's copies of step kt are in */
-        __syncthreads();                /* everyone's; and step kt - 1 is computed */
-        if (packed_any) {               /* block-uniform */
+        const int s = kt % ST;
+        cp_async_wait<ST - 2>(); /* this thread's copies of step kt are in */
+        __syncthreads();         /* everyone's; and step kt - 1 is computed */
+        if (packed_any) {        /* block-uniform */
             dequant(kt, s);
             __syncthreads();
         }
-        if (kt + GM_STAGES - 1 < nk) issue(kt + GM_STAGES - 1, (kt + GM_STAGES - 1) % GM_STAGES);
+        if (kt + ST - 1 < nk) issue(kt + ST - 1, (kt + ST - 1) % ST);
         cp_async_commit();
         compute(s);
     }
@@ -481,7 +486,7 @@ static __global__ void __launch_bounds__(WM *WN * 32) moe_gemm_kernel(struct cud
         }
 }
 
-/* One launch: dynamic shared memory for GM_STAGES stages (over the 48 KB
+/* One launch: dynamic shared memory for GM_STAGES(BM) stages (over the 48 KB
  * default where packed; at most 86 KB, under sm_89's 99 KB; bf16 layers
  * take less, so more blocks share an SM). The attribute
  * is set at every launch: it is no stream operation, so graph capture
@@ -489,9 +494,9 @@ static __global__ void __launch_bounds__(WM *WN * 32) moe_gemm_kernel(struct cud
 template <int MODE, int BM, int WM, int WN>
 static cudaError_t gm_launch(const struct cuda_moe_args *a, unsigned gx, unsigned gy, cudaStream_t st)
 {
-    constexpr int most = GM_STAGES * gm_stage_bytes(BM, MODE != GM_ROUTER);
+    constexpr int most = GM_STAGES(BM) * gm_stage_bytes(BM, MODE != GM_ROUTER);
     static_assert(most + 1024 <= 99 * 1024, "sm_89 shared memory");
-    const int smem = GM_STAGES * gm_stage_bytes(BM, MODE != GM_ROUTER && a->packed); /* as the kernel's SB */
+    const int smem = GM_STAGES(BM) * gm_stage_bytes(BM, MODE != GM_ROUTER && a->packed); /* as the kernel's SB */
     void (*k)(struct cuda_moe_args) = moe_gemm_kernel<MODE, BM, WM, WN>;
     cudaError_t e = cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, most);
     if (e != cudaSuccess) return e;
