@@ -488,9 +488,10 @@ static __global__ void __launch_bounds__(WM *WN * 32) moe_gemm_kernel(struct cud
 
 /* One launch: dynamic shared memory for GM_STAGES(BM) stages (over the 48 KB
  * default where packed; at most 86 KB, under sm_89's 99 KB; bf16 layers
- * take less, so more blocks share an SM). The attribute
- * is set at every launch: it is no stream operation, so graph capture
- * takes it, and it holds for whichever device is current. */
+ * take less, so more blocks share an SM). The attribute is set at every
+ * launch over 48 KB (no stream operation: graph capture takes it, as
+ * flash-attention's launches under PyTorch's graphs do), so it holds for
+ * whichever device is current. */
 template <int MODE, int BM, int WM, int WN>
 static cudaError_t gm_launch(const struct cuda_moe_args *a, unsigned gx, unsigned gy, cudaStream_t st)
 {
@@ -498,8 +499,10 @@ static cudaError_t gm_launch(const struct cuda_moe_args *a, unsigned gx, unsigne
     static_assert(most + 1024 <= 99 * 1024, "sm_89 shared memory");
     const int smem = GM_STAGES(BM) * gm_stage_bytes(BM, MODE != GM_ROUTER && a->packed); /* as the kernel's SB */
     void (*k)(struct cuda_moe_args) = moe_gemm_kernel<MODE, BM, WM, WN>;
-    cudaError_t e = cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, most);
-    if (e != cudaSuccess) return e;
+    if (smem > 48 * 1024) {
+        cudaError_t e = cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, most);
+        if (e != cudaSuccess) return e;
+    }
     k<<<dim3(gx, gy), WM * WN * 32, smem, st>>>(*a);
     return cudaGetLastError();
 }
