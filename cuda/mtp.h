@@ -59,6 +59,8 @@ cudaError_t cuda_mtp_attention(const struct cuda_mtp_attn_args *a, cudaStream_t 
 
 /* ---- the backend's side (mtp.c; C only) ---- */
 #ifndef __CUDACC__
+#include "cuda/cuda_internal.h" /* struct qproj */
+
 struct rank;
 struct cuda_backend;
 struct model_config;
@@ -70,7 +72,7 @@ struct model_backend;
 struct cuda_mtp_rank {
     float *enorm, *hnorm, *head_norm; /* [E] f32 */
     uint16_t *eh;               /* [E][2E] bf16 eh_proj, or NULL when packed (qeh) */
-    struct qproj qeh;           /* packed eh_proj (cuda_internal.h: include it first) */
+    struct qproj qeh;           /* packed eh_proj */
     uint16_t *in;               /* [max_tokens][2E] bf16: the layer's input */
     uint16_t *hk;               /* [max_tokens + max_seqs][E] bf16: the last step's final-normed hidden states,
                                    then each draft request's chained one (head_norm of the layer's output) */
