@@ -39,7 +39,10 @@
  * paged entries nothing. bf16, or fp8 e4m3 (--kv-cache-dtype fp8: half the
  * bytes per token, so twice the tokens in the same memory; written by
  * RoPE's KV write or MLA's entry write, widened exactly by every attention
- * kernel as it loads); the last block is the pad block.
+ * kernel as it loads); the last block is the pad block. With opts.mtp the MTP
+ * layer's region (layer n_layer, its kind's entry) follows the decoder
+ * layers', then each block's kept hidden state, bf16 [n_blocks + 1][E]
+ * (cuda/mtp.h), at k->kv_off[n_layer + 1].
  *
  * Memory: weights, KV, activations for max_tokens_per_step tokens, logits for
  * max_seqs_per_step rows and the pinned staging buffers are allocated at
