@@ -39,7 +39,10 @@
  * paged entries nothing. bf16, or fp8 e4m3 (--kv-cache-dtype fp8: half the
  * bytes per token, so twice the tokens in the same memory; written by
  * RoPE's KV write or MLA's entry write, widened exactly by every attention
- * kernel as it loads); the last block is the pad block.
+ * kernel as it loads); the last block is the pad block. With opts.mtp the MTP
+ * layer's region (layer n_layer, its kind's entry) follows the decoder
+ * layers', then each block's kept hidden state, bf16 [n_blocks + 1][E]
+ * (cuda/mtp.h), at k->kv_off[n_layer + 1].
  *
  * Memory: weights, KV, activations for max_tokens_per_step tokens, logits for
  * max_seqs_per_step rows and the pinned staging buffers are allocated at
@@ -66,6 +69,7 @@
 #include "cuda/kda.h"
 #include "cuda/mla.h"
 #include "cuda/moe.h"
+#include "cuda/mtp.h"
 
 bool model_cuda_available(void)
 {
@@ -92,6 +96,7 @@ static const struct model_backend_ops cuda_ops = {
     .state_alloc = state_alloc,
     .forward = cuda_forward,
     .destroy = destroy,
+    .mtp_draft = cuda_mtp_draft,
 };
 
 struct cuda_tuning cuda_tuning = CUDA_TUNING_DEFAULTS;
@@ -182,6 +187,10 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     if (cuda_mla_check(c, N, err, errlen)) return NULL;
     if (c->hc.mult > 0 && cuda_hc_check(c, err, errlen)) return NULL;
     if (model_tp_check(c, N, err, errlen)) return NULL;
+    /* speculative method mtp: the MTP layer (layer n_layer of the plan) too (backend.c has refused a model
+     * without one) */
+    bool mtp = opts && opts->mtp && c->n_mtp_layer > 0;
+    if (mtp && cuda_mtp_check(c, N, err, errlen)) return NULL;
     if (gqa && (c->head_dim % 8 || c->head_dim > 256 || c->n_head / c->n_head_kv > CUDA_ATTN_ROWS)) {
         sl_seterr(err, errlen, "cuda: head_dim %d / %d heads per KV head unsupported (head_dim %% 8 == 0, <= 256; <= %d)",
                c->head_dim, c->n_head / c->n_head_kv, CUDA_ATTN_ROWS);
@@ -195,6 +204,8 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     b->base.ops = &cuda_ops;
     b->base.m = m;
     b->c = *c;
+    if (!mtp) b->c.n_mtp_layer = 0; /* the MTP layer's weights stay unread */
+    b->base.has_mtp = mtp;
     b->w = model_get_weights(m);
     b->tp = N;
     if (model_kv_dtype(opts, "cuda", &b->kv8, err, errlen)) {
@@ -225,7 +236,7 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     /* the fused decode kernels read bf16 weights only */
     b->fused = c->n_embd % 8 == 0 && c->n_ff % 8 == 0 && (c->n_head * c->head_dim) % 8 == 0 &&
                (size_t)CUDA_GEMV_MAX_T * c->n_embd * 2 <= CUDA_GEMV_NORM_SMEM && !b->qlayers && plain &&
-               c->moe.swiglu_limit == 0 && c->moe.n_expert == 0;
+               c->moe.swiglu_limit == 0 && c->moe.n_expert == 0 && !mtp; /* MTP reads x and delta after the step */
     b->warmup = b->t.warmup;
     b->state_bytes = model_state_bytes(c) / (size_t)N; /* each rank holds its KDA heads' share (kda_step.c) */
     b->tc_rows = cuda_attention_tc_ok(c->head_dim, c->n_head / c->n_head_kv) ? CUDA_ATTN_TC_ROWS : 0;
@@ -261,6 +272,7 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     b->hsout = (struct cuda_sample_out *)(b->hout + S * 8);
     if (cuda_crew_run(b, JOB_INIT, err, errlen)) goto fail;
     CK(cudaSetDevice(0));
+    if (mtp && cuda_mtp_create(b, err, errlen)) goto fail;
 
     CK(cudaHostAlloc((void **)&b->hlog, S * V * 4, cudaHostAllocPortable));
     b->nt = omp_get_max_threads();
@@ -299,14 +311,16 @@ static size_t kv_layer_token_bytes(const struct cuda_backend *b, int l)
     return n * (b->kv8 ? 1 : 2);
 }
 
-/* Bytes of one block on each GPU: the sum over the decoder layers (MTP
- * layers are not run here, so they keep nothing). */
+/* Bytes of one block on each GPU: the sum over the decoder layers, and with
+ * opts.mtp the MTP layer's entries and the block's hidden state (bf16; its
+ * tag lives on the host but is counted, as model_mtp_kv_bytes_per_block
+ * says). */
 static size_t kv_block_bytes(model_backend *mb, int block_size)
 {
     struct cuda_backend *b = (struct cuda_backend *)mb;
     size_t n = 0;
-    for (int l = 0; l < b->c.n_layer; l++) n += kv_layer_token_bytes(b, l);
-    return n * (size_t)block_size;
+    for (int l = 0; l < model_n_layer_all(&b->c); l++) n += kv_layer_token_bytes(b, l);
+    return n * (size_t)block_size + model_mtp_kv_bytes_per_block(&b->c, 2);
 }
 
 static void drop_graphs(struct rank *k)
@@ -337,13 +351,14 @@ int cuda_rank_kv_alloc(struct rank *k, char *err, size_t errlen)
         return SL_ENOMEM;
     }
     k->kv_layer = (size_t)(n_blocks + 1) * block_size * k->KVH * b->c.head_dim;
-    if (!k->kv_off && !(k->kv_off = malloc((size_t)b->c.n_layer * sizeof *k->kv_off))) {
+    size_t n_all = (size_t)model_n_layer_all(&b->c);
+    if (!k->kv_off && !(k->kv_off = malloc((n_all + 1) * sizeof *k->kv_off))) {
         sl_seterr(err, errlen, "out of host memory");
         return SL_ENOMEM;
     }
-    for (size_t l = 0, o = 0; l < (size_t)b->c.n_layer; l++) {
+    for (size_t l = 0, o = 0; l <= n_all; l++) { /* the last: the end (the MTP hidden states) */
         k->kv_off[l] = o;
-        o += (size_t)(n_blocks + 1) * block_size * kv_layer_token_bytes(b, (int)l);
+        if (l < n_all) o += (size_t)(n_blocks + 1) * block_size * kv_layer_token_bytes(b, (int)l);
     }
     if (cuda_dmalloc((void **)&k->din, b->lay.total, err, errlen)) return SL_ENOMEM;
     return 0;
@@ -434,6 +449,7 @@ static int kv_alloc(model_backend *mb, int n_blocks, int block_size, char *err, 
     if (rc) return rc;
     b->kv_blocks = n_blocks;
     b->block_size = block_size;
+    if (b->mtp && (rc = cuda_mtp_kv_alloc(b, n_blocks, err, errlen))) return rc;
     return run_warmup(b, err, errlen);
 }
 
@@ -556,8 +572,9 @@ static void rank_free(struct rank *k, const struct model_config *c)
     cudaSetDevice(k->dev);
     if (k->st) cudaStreamSynchronize(k->st);
     drop_graphs(k);
+    cuda_mtp_free(k);
     if (k->L) {
-        for (int l = 0; l < c->n_layer; l++) {
+        for (int l = 0; l < model_n_layer_all(c); l++) {
             struct clayer *L = &k->L[l];
             cuda_mla_free(k, l);
             cudaFree(L->wqkv), cudaFree(L->wo), cudaFree(L->wgu), cudaFree(L->wdown);
@@ -607,6 +624,7 @@ static void destroy(model_backend *mb)
     if (b->r && !b->base.fatal)
         for (int i = 0; i < b->tp; i++) rank_free(&b->r[i], &b->c);
     free(b->r);
+    cuda_mtp_destroy(b);
     cudaFreeHost(b->hin), cudaFreeHost(b->hout), cudaFreeHost(b->hlog), cudaFreeHost(b->peer_abort);
     free(b->samp), free(b->host_rows), free(b->row_seq), free(b->tok_seq), free(b->row_host), free(b->row_mode), free(b->rng_before);
     free(b->pen_mark);

@@ -92,7 +92,8 @@ struct rank {
     float *rope_cos, *rope_sin;     /* [max_ctx][rope_dim/2] */
     uint16_t *kv;                   /* see the file comment (bf16, or fp8 e4m3 bytes when b->kv8) */
     size_t kv_layer;                /* elements of one GQA layer's K (or V) */
-    size_t *kv_off;                 /* [n_layer] byte offset of each layer's region in kv (host) */
+    size_t *kv_off;                 /* [n_layer + n_mtp_layer + 1] byte offset of each layer's region in kv (host);
+                                       the last: their end (with MTP the blocks' hidden states, cuda/mtp.h) */
     struct cuda_mla_rank *mlax;     /* MLA's tables and scratch (cuda/mla.h), NULL without MLA layers */
 
     /* activations, [max_tokens] rows unless said otherwise, device */
@@ -117,6 +118,7 @@ struct rank {
     struct cuda_hc_rank *hcx;       /* hyper-connection streams and scratch (cuda/hc.h), or NULL */
     struct cuda_moe_rank *moex;     /* the MoE layers' step scratch (cuda/moe.h), or NULL */
     struct cuda_kda_rank *kdax;     /* the KDA layers' state slots and scratch (kda.h), or NULL */
+    struct cuda_mtp_rank *mtpx;     /* the MTP layer's own parts and scratch (cuda/mtp.h), or NULL */
     cudaGraphExec_t gexec[NBUCKET];
 
     pthread_t th;                   /* ranks >= 1 */
@@ -167,6 +169,7 @@ struct cuda_backend {
     int nt;                         /* host threads sampling rows (OpenMP) */
     int *host_rows;                 /* [max_seqs] rows model_sample picks this step */
     int *row_seq, *tok_seq;         /* host scratch */
+    struct cuda_mtp *mtp;           /* opts.mtp: the MTP layer's host state (cuda/mtp.h), else NULL */
 
     struct cuda_tuning t;           /* cuda_tuning as it was at creation */
     bool graphs;                    /* decode steps as CUDA graphs (off with --enforce-eager) */

@@ -301,7 +301,7 @@ int cuda_mla_mixer(struct rank *k, int l, int T, bool decode, char *err, size_t 
         /* with the indexer on, every layer attends the keys of the last layer that chose (shared layers too) */
         .sel = chosen ? x->sel : NULL, .nsel = chosen ? x->nsel : NULL, .olat = x->olat, .part = x->apart,
         .T = T, .H = H, .Dn = Dn, .R = R, .C = C, .W = L->W, .K = x->KS, .block_size = b->block_size, .scale = a->softmax_scale,
-        .kv8 = b->kv8,
+        .kv8 = b->kv8, .key0 = x->key0,
     };
     CK(cuda_mla_attention(&aa, st));
     /* att[t][h] = W_V,h o_lat[t][h]: per head (Dv x C) x (C x T) */

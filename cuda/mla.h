@@ -20,7 +20,8 @@
  * kv_a) and so the cache entries whole on every rank, the heads split after
  * them (rows of q_b or q_proj and kv_b, columns of o_proj, whose partial sums
  * the o projection's all-reduce adds); the indexer whole on every rank. Not
- * here: MTP layers (not run by this backend). */
+ * here: the MTP layer's own parts (cuda/mtp.h; its decoder block is an
+ * ordinary layer here, with key0 1). */
 #ifndef SLUICE_CUDA_MLA_H
 #define SLUICE_CUDA_MLA_H
 
@@ -73,6 +74,7 @@ struct cuda_mla_rank {
     float *ixs;                  /* [max_ctx] f32: each query's key (or pool) scores */
     int32_t *sel;                /* [KS]: each query's chosen keys, ascending */
     int32_t *nsel;               /* their count, or -1: every key 0..pos */
+    int key0;                    /* the mixer attends keys key0..pos: 0, or 1 while cuda/mtp.c runs the MTP layer */
 };
 
 /* Whether the GPU backend can run c's MLA layers with N ranks and the KV
@@ -124,10 +126,11 @@ struct cuda_mla_attn_args {
     uint16_t *olat;              /* [T][H][C] out */
     float *part;                 /* cuda_mla_attn_part_bytes of scratch for split keys, or NULL: no splits */
     int T, H, Dn, R, C, W, K, block_size; /* K: sel's row stride */
+    int key0;                    /* without sel: keys key0..pos (1 in the MTP layer, which has no entry at 0) */
     float scale;
     bool kv8;
 };
-/* Keys 0..pos[t] of the token's sequence (or the indexer's choice), online
+/* Keys key0..pos[t] of the token's sequence (or the indexer's choice), online
  * softmax in f32: one block per (token, group of up to 16 heads, split of
  * the keys), every head of the group scoring each latent tile loaded once;
  * the splits (their count from T and the shape only: graph-safe for any

@@ -176,8 +176,8 @@ static __global__ void __launch_bounds__(THREADS) attn_kernel(struct cuda_mla_at
     float *ml = cr + HGM;                                  /* [2][HGM] max and sum at the end */
     const float *ql = a.qlat + ((size_t)t * a.H + h0) * C, *qr = a.q + ((size_t)t * a.H + h0) * Dq + a.Dn;
     for (int i = tid; i < TK * HGM + 3 * HGM; i += THREADS) ps[i] = 0.0f;
-    int n = a.pos[t] + 1;
-    const int32_t *bt = a.bt + a.tok_bt[t], *keys = NULL; /* key i is keys ? keys[i] : i */
+    int n = a.pos[t] + 1 - a.key0;
+    const int32_t *bt = a.bt + a.tok_bt[t], *keys = NULL; /* key i is keys ? keys[i] : key0 + i */
     if (a.sel && a.nsel[t] >= 0) keys = a.sel + (size_t)t * a.K, n = a.nsel[t];
     int ch = (n + S - 1) / S;
     ch = ch < MINCH ? MINCH : ch;
@@ -196,7 +196,7 @@ static __global__ void __launch_bounds__(THREADS) attn_kernel(struct cuda_mla_at
     for (int j0 = k0; j0 < k1; j0 += TK) {
         int nk = k1 - j0 < TK ? k1 - j0 : TK;
         if (tid < nk) {
-            int j = keys ? keys[j0 + tid] : j0 + tid;
+            int j = keys ? keys[j0 + tid] : a.key0 + j0 + tid;
             eo[tid] = ((long long)bt[j / bs] * bs + j % bs) * a.W;
         }
         __syncthreads();

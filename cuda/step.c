@@ -24,6 +24,7 @@
  * greedy one is verified from the device's argmax of each row
  * (verify_greedy), any other copies its rows to the host for
  * model_sample_verify. These steps are not decode-only, so not graphs.
+ * With method mtp the MTP layer's sub-step follows each step (cuda/mtp.c).
  *
  * Prefill attention runs on the tensor cores (items of up to 128 query rows)
  * where the head shape allows, else on the SIMT kernel; decode-only steps take
@@ -52,6 +53,7 @@
 #include "cuda/kda.h"
 #include "cuda/mla.h"
 #include "cuda/moe.h"
+#include "cuda/mtp.h"
 
 /* ---- forward ------------------------------------------------------------------- */
 
@@ -621,6 +623,7 @@ int cuda_forward(model_backend *mb, struct step *s, char *err, size_t errlen)
         sl_seterr(err, errlen, "%s", b->base.fatal);
         return SL_EDEVICE;
     }
+    if (b->mtp) cuda_mtp_forget(b);
     int rc = check_step(b, s, err, errlen);
     if (rc) return rc;
     int V = b->c.n_vocab;
@@ -716,5 +719,6 @@ int cuda_forward(model_backend *mb, struct step *s, char *err, size_t errlen)
         }
         if (rc != 0) q->out.token = -1, q->out.n_top = 0;
     }
-    return 0;
+    /* the MTP layer's sub-step (cuda/mtp.c), eagerly after the step */
+    return b->mtp ? cuda_mtp_after_step(b, s, err, errlen) : 0;
 }

@@ -27,6 +27,7 @@
 #include "cuda/kda.h"
 #include "cuda/mla.h"
 #include "cuda/moe.h"
+#include "cuda/mtp.h"
 
 static uint16_t to_bf16(float f)
 {
@@ -336,7 +337,8 @@ int cuda_rank_init(struct rank *k, char *err, size_t errlen)
     k->vn = (int)(c->n_vocab - k->v0 < vper ? c->n_vocab - k->v0 : vper);
     CK(cudaMallocHost((void **)&stage, STAGE_ELEMS * 2));
     tmp = malloc(STAGE_ELEMS * sizeof *tmp);
-    k->L = calloc((size_t)c->n_layer, sizeof *k->L);
+    int n_all = model_n_layer_all(c); /* the MTP layer after the decoder layers (opts.mtp; else 0 of them) */
+    k->L = calloc((size_t)n_all, sizeof *k->L);
     if (!tmp || !k->L) {
         sl_seterr(err, errlen, "out of host memory");
         goto fail;
@@ -362,7 +364,7 @@ int cuda_rank_init(struct rank *k, char *err, size_t errlen)
         if (upload_proj(k, th, h0, hn, 1, E, 0, E, &k->lm_head, &k->qhead, stage, tmp, err, errlen)) goto fail;
     }
     VEC(k->out_norm, &w->out_norm, 0, E);
-    for (int l = 0; l < c->n_layer; l++) {
+    for (int l = 0; l < n_all; l++) {
         const struct model_layer_weights *lw = &w->layers[l];
         struct clayer *L = &k->L[l];
         /* column-parallel q|k|v and gate|up (rows of each part), row-parallel o and down (columns) */
@@ -400,6 +402,7 @@ int cuda_rank_init(struct rank *k, char *err, size_t errlen)
     }
 #undef MAT
 #undef VEC
+    if (c->n_mtp_layer > 0 && cuda_mtp_upload(k, stage, tmp, err, errlen)) goto fail;
     (void)KV;
     cudaFreeHost(stage);
     stage = NULL;
@@ -412,7 +415,8 @@ int cuda_rank_init(struct rank *k, char *err, size_t errlen)
          * warpgroup GEMM with SwiGLU fused (as bf16 weights take it) */
         bool wg = b->max_tokens >= b->t.gemm_wg_min_t && cuda_gemm_wg_ok(b->max_tokens, (int)E, (int)(2 * Fl));
         qws_need(&k->qhead, false, &deq, &xp);
-        for (int l = 0; l < c->n_layer; l++) {
+        if (k->mtpx) qws_need(&k->mtpx->qeh, false, &deq, &xp);
+        for (int l = 0; l < n_all; l++) {
             qws_need(&k->L[l].qqkv, false, &deq, &xp), qws_need(&k->L[l].qo, false, &deq, &xp);
             qws_need(&k->L[l].qgu, wg && k->L[l].qgu.n == 1, &deq, &xp), qws_need(&k->L[l].qdown, false, &deq, &xp);
             cuda_kda_qws_need(k, l, &deq, &xp);

@@ -31,7 +31,8 @@
  * last query position leaves p + 1's entry to ops->mtp_draft (k = 0 when no
  * drafts are wanted), which must run before that sequence's next forward().
  * Entries past the accepted tokens need no rollback: each is rewritten before
- * any query reads it.
+ * any query reads it. Both backends run it: model/cpu_backend.c, and cuda/mtp.c
+ * on one GPU (bf16 entries and hidden states there).
  *
  * Threads: one backend is driven by one thread (the engine thread); it may use
  * worker threads internally. Implementations: model/cpu_backend.c ("cpu"),
@@ -139,7 +140,8 @@ struct model_backend_opts {
                                  * 0: none */
     bool mtp;                   /* run the model's MTP layer (speculative method "mtp"): its KV in every block,
                                  * kv_block_bytes counting it, ops->mtp_draft; creation fails naming the reason on
-                                 * a model without MTP layers or a backend without them (cuda today) */
+                                 * a model without MTP layers or a configuration the backend does not run it in
+                                 * (cuda: more than one GPU, hyper-connections, the DSA indexer) */
 };
 
 /* One sequence's MTP drafts (ops->mtp_draft), asked after the forward()

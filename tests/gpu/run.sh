@@ -18,7 +18,8 @@
 #   gate|up GEMM on every step of 5+ tokens; the engine suite on an MoE model
 #   (tiny-qwen3-moe-ctx2k: tiny-qwen3-moe's weights with a 2048-token
 #   context, which the suite's 512-token requests need) and on an MLA model
-#   (tests/models/mla/dsv3-qlora), bf16 and fp8; with 2+ GPUs, test_gpu_e2e at
+#   (tests/models/mla/dsv3-qlora), bf16 and fp8; the MTP layer (test_mtp,
+#   test_spec_mtp: transformers' drafts, output with drafts = without); with 2+ GPUs, test_gpu_e2e at
 #   TP=2 against the CPU and against one GPU (it also makes a rank fail and
 #   checks that the others stop) and the engine suite on tiny-qwen3,
 #   tiny-qwen3-moe-ctx2k and dsv3-qlora at TP=2,
@@ -81,7 +82,7 @@
 #   (the served ones on another model; a dry run on the CPU:
 #   --model-args="tests/models/tiny-qwen3 --device cpu" --serve-arg=--max-model-len=2048).
 #
-# pack [FILE...]: build/sluice, test_engine, the GPU test and bench binaries
+# pack [FILE...]: build/sluice, test_engine, test_mtp, test_spec_mtp, the GPU test and bench binaries
 #   and FILEs,
 #   stripped and packed into .carry/bin.tar.xz (~2 MB: the binaries share
 #   one fatbin, which a 256 MiB xz dictionary stores once), for a device
@@ -143,7 +144,8 @@ check() {
                "SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/glm5/glm5-mla $B/tests/test_engine"
                "$B/tests/gpu/test_gpu_e2e --gemm-wg-min-t=1" "$e $B/tests/test_engine --gemm-wg-min-t=1"
                "SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3-moe-ctx2k $B/tests/test_engine"
-               "$emla $B/tests/test_engine" "SLUICE_TEST_KV=fp8 $emla $B/tests/test_engine")
+               "$emla $B/tests/test_engine" "SLUICE_TEST_KV=fp8 $emla $B/tests/test_engine"
+               "SLUICE_TEST_DEVICE=cuda $B/tests/test_mtp" "SLUICE_TEST_DEVICE=cuda $B/tests/test_spec_mtp")
         if [ "$ngpu" -ge 2 ]; then
             runs+=("SLUICE_TEST_TP=2 $B/tests/gpu/test_gpu_e2e"
                    "SLUICE_TEST_TP=2 SLUICE_TEST_REF=cuda $B/tests/gpu/test_gpu_e2e"
@@ -334,7 +336,7 @@ pack() {
     set -e
     local t f
     t=$(mktemp -d)
-    for f in "$B/sluice" "$B/tests/test_engine" "$B"/tests/gpu/* "$@"; do
+    for f in "$B/sluice" "$B/tests/test_engine" "$B/tests/test_mtp" "$B/tests/test_spec_mtp" "$B"/tests/gpu/* "$@"; do
         [ -f "$f" ] || continue
         [[ $f != "$B"/tests/gpu/* || -x $f ]] || continue # the binaries there, not a stray object
         mkdir -p "$t/$(dirname "$f")"

@@ -5,7 +5,7 @@
  * two sequences, a prefill chunk each (causal within the step) and then
  * decode steps, bf16 and fp8 e4m3 caches (long ones, whose decode steps
  * split their keys over blocks; 128 heads in groups; the indexer's choice
- * of keys); the DSA indexer (keys, scores, the top-K choice with ties;
+ * of keys; keys from position 1, as the MTP layer attends); the DSA indexer (keys, scores, the top-K choice with ties;
  * k-pools in one step and over prefill, decode and pool-completing steps).
  * Each attention is checked against
  * a double reference over the entries the GPU stored (read back), and the
@@ -61,6 +61,11 @@ static void test_rmsnorm(void)
 }
 
 static int gcd(int a, int b) { return b ? gcd(b, a % b) : a; }
+
+/* the first key attended without the indexer's choice (1: the MTP layer's,
+ * which has no entry at position 0; queries at positions below it are not
+ * checked) */
+static int g_key0;
 
 /* Two sequences over a scattered block table: a prefill chunk of each in
  * one step (lengths P0, P1), then ND decode steps of one token each. Long
@@ -157,7 +162,8 @@ static void run_case_n(int H, int C, int R, int Dn, bool inter, bool kv8, int P0
         struct cuda_mla_attn_args aa = {.qlat = dqlat, .q = dq, .cache = dcache, .pos = dpos, .tok_bt = dtbt,
                                         .bt = dbt, .sel = use_sel ? dsel : NULL, .nsel = use_sel ? dnsel : NULL,
                                         .olat = dolat, .part = dpart, .T = T, .H = H, .Dn = Dn, .R = R, .C = C,
-                                        .W = W, .K = X, .block_size = BS, .scale = scale, .kv8 = kv8};
+                                        .W = W, .K = X, .block_size = BS, .scale = scale, .kv8 = kv8,
+                                        .key0 = g_key0};
         CHECK(cuda_mla_attention(&aa, 0) == cudaSuccess);
         CHECK(cudaDeviceSynchronize() == cudaSuccess);
         /* the entries the GPU wrote, as f32 */
@@ -198,7 +204,7 @@ static void run_case_n(int H, int C, int R, int Dn, bool inter, bool kv8, int P0
             uint16_t *ob = malloc((size_t)T * H * C * 2);
             int nc = 0, *ck = malloc((size_t)T * sizeof(int)), *kl = malloc((size_t)X * sizeof(int));
             for (int t = 0; t < T; t++)
-                if (T <= 64 || t % 61 == 0 || t == n0 - 1 || t >= T - 2) ck[nc++] = t;
+                if ((T <= 64 || t % 61 == 0 || t == n0 - 1 || t >= T - 2) && pos[t] >= g_key0) ck[nc++] = t;
             float *o = malloc((size_t)nc * H * C * 4);
             double *ref = calloc((size_t)nc * H * C, sizeof(double)), *sc = malloc((size_t)X * 8);
             get(ob, dolat, (size_t)T * H * C * 2);
@@ -207,7 +213,7 @@ static void run_case_n(int H, int C, int R, int Dn, bool inter, bool kv8, int P0
                 if (use_sel && nsel[t] >= 0)
                     for (n = 0; n < nsel[t]; n++) kl[n] = sel[(size_t)t * X + n];
                 else
-                    for (n = 0; n <= pos[t]; n++) kl[n] = n;
+                    for (n = 0; n <= pos[t] - g_key0; n++) kl[n] = g_key0 + n;
                 for (int i = 0; i < H * C; i++) o[(size_t)ci * H * C + i] = fb(ob[(size_t)t * H * C + i]);
                 for (int h = 0; h < H; h++) {
                     const float *ql = qlat + ((size_t)t * H + h) * C;
@@ -243,9 +249,9 @@ static void run_case_n(int H, int C, int R, int Dn, bool inter, bool kv8, int P0
     }
     /* e4m3 keeps 3 mantissa bits: ~2^-4 relative per value at worst, ~3% in the norm */
     double tw = kv8 ? 6e-2 : 5e-3;
-    printf("  H=%d C=%d R=%d Dn=%d %s %s P=%d,%d%s: entries %.2e, queries %.2e, attention %.2e\n", H, C, R, Dn,
-           inter ? "pairs" : "halves", kv8 ? "fp8" : "bf16", P0, P1, use_sel ? " sel" : "", worst_w, worst_q,
-           worst_a);
+    printf("  H=%d C=%d R=%d Dn=%d %s %s P=%d,%d%s%s: entries %.2e, queries %.2e, attention %.2e\n", H, C, R, Dn,
+           inter ? "pairs" : "halves", kv8 ? "fp8" : "bf16", P0, P1, use_sel ? " sel" : "", g_key0 ? " key0 1" : "",
+           worst_w, worst_q, worst_a);
     CHECKF(worst_w < tw, "entries %.3g", worst_w);
     CHECKF(worst_q < 5e-3, "queries %.3g", worst_q);
     CHECKF(worst_a < 1e-2, "attention %.3g", worst_a);
@@ -273,6 +279,16 @@ static void test_paged(void)
     run_case_n(128, 512, 64, 128, true, false, 1100, 200, false);
     run_case_n(16, 512, 64, 128, true, false, 1500, 300, true); /* the indexer's choice, split */
     run_case_n(20, 300, 8, 16, false, false, 900, 40, true);    /* 2 groups of 10 heads, C/2 under the threads */
+}
+
+/* keys from position 1 (the MTP layer's attention): short, split and fp8 */
+static void test_paged_key0(void)
+{
+    g_key0 = 1;
+    run_case(4, 32, 8, 16, true, false);
+    run_case_n(16, 512, 64, 128, true, false, 1500, 300, false);
+    run_case(8, 512, 64, 128, true, true);
+    g_key0 = 0;
 }
 
 static void test_paged_fp8(void)
@@ -498,6 +514,7 @@ int main(void)
     RUN(test_rmsnorm);
     RUN(test_paged);
     RUN(test_paged_fp8);
+    RUN(test_paged_key0);
     RUN(test_indexer);
     return test_summary();
 }

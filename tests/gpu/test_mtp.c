@@ -1,0 +1,180 @@
+/* test_mtp.c - the MTP layer's kernels (cuda/mtp.cu) against plain-C
+ * references on random inputs (make gpu-test; needs a GPU).
+ *
+ *  - cuda_mtp_attention: sequences of random lengths over shuffled blocks of
+ *    16, each token of their last few positions attending keys key0 .. pos
+ *    (key0 0 and 1: the MTP layer leaves position 0 out), bf16 and fp8 e4m3
+ *    KV, head_dim 64, 128 and 80 (not a multiple of 32), 4 query heads per KV
+ *    head; against a double softmax over the same bf16 / e4m3 values, to
+ *    1e-2 of the output's norm (bf16 output, __expf);
+ *  - cuda_mtp_in: the two RMSNorms into one row, hidden rows from both
+ *    sources (src >= 0 and < 0), to 1e-2;
+ *  - cuda_mtp_rows: row copies, exact.
+ * Outputs are poisoned (NaN) first, so an element never written fails.
+ */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/mtp.h"
+#include "tests/gpu/gpu_util.h"
+#include "tests/test.h"
+
+/* e4m3 (bias 7, no infinities; 0x7f / 0xff NaN) to float */
+static float e4m3(uint8_t v)
+{
+    int s = v >> 7, e = (v >> 3) & 15, m = v & 7;
+    float f = e ? ldexpf(1.0f + m / 8.0f, e - 7) : ldexpf(m / 8.0f, -6);
+    return s ? -f : f;
+}
+static uint8_t rand_e4m3(void) /* a finite value of magnitude <= 2 */
+{
+    for (;;) {
+        uint8_t v = (uint8_t)((frand() + 1.0f) * 128.0f);
+        if ((v & 0x7f) != 0x7f && fabsf(e4m3(v)) <= 2.0f) return v;
+    }
+}
+
+static void attn_case(int D, bool kv8, int key0)
+{
+    enum { S = 3, BS = 16, H = 8, KVH = 2, QN = 3 };
+    int len[S] = {5, 37, 70}, nb[S], nblk = 0;
+    for (int s = 0; s < S; s++) nb[s] = (len[s] + BS - 1) / BS, nblk += nb[s];
+    int32_t *bt = malloc((size_t)nblk * 4);
+    for (int i = 0; i < nblk; i++) bt[i] = i;
+    for (int i = nblk - 1; i > 0; i--) { /* shuffled: block order is not position order */
+        int j = (int)((frand() + 1.0f) * 0.5f * (i + 1)) % (i + 1), t = bt[i];
+        bt[i] = bt[j], bt[j] = t;
+    }
+    size_t ne = (size_t)nblk * BS * KVH * D, es = kv8 ? 1 : 2;
+    uint8_t *kc = malloc(ne * es), *vc = malloc(ne * es);
+    float *kf = malloc(ne * 4), *vf = malloc(ne * 4);
+    for (size_t i = 0; i < ne; i++) {
+        if (kv8) {
+            kc[i] = rand_e4m3(), vc[i] = rand_e4m3();
+            kf[i] = e4m3(kc[i]), vf[i] = e4m3(vc[i]);
+        } else {
+            uint16_t a = bf(frand() * 2.0f), b = bf(frand());
+            memcpy(kc + 2 * i, &a, 2), memcpy(vc + 2 * i, &b, 2);
+            kf[i] = fb(a), vf[i] = fb(b);
+        }
+    }
+    int T = S * QN;
+    int32_t pos[S * QN], tbt[S * QN];
+    uint16_t *q = malloc((size_t)T * H * D * 2);
+    for (int s = 0, t = 0, off = 0; s < S; off += nb[s], s++)
+        for (int i = 0; i < QN; i++, t++) pos[t] = len[s] - QN + i < key0 ? key0 : len[s] - QN + i, tbt[t] = off;
+    for (size_t i = 0; i < (size_t)T * H * D; i++) q[i] = bf(frand());
+    double *ref = calloc((size_t)T * H * D, sizeof *ref);
+    float *got = malloc((size_t)T * H * D * 4);
+    uint16_t *gb = malloc((size_t)T * H * D * 2);
+    float scale = 1.0f / sqrtf((float)D);
+    double *sc = malloc(128 * sizeof *sc);
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < H; h++) {
+            int g = h / (H / KVH);
+            double mx = -INFINITY, sum = 0;
+            for (int j = key0; j <= pos[t]; j++) {
+                size_t o = ((size_t)(bt[tbt[t] + j / BS] * BS + j % BS) * KVH + g) * D;
+                double d = 0;
+                for (int c = 0; c < D; c++) d += (double)fb(q[((size_t)t * H + h) * D + c]) * kf[o + c];
+                sc[j] = d * scale;
+                mx = sc[j] > mx ? sc[j] : mx;
+            }
+            for (int j = key0; j <= pos[t]; j++) sum += sc[j] = exp(sc[j] - mx);
+            for (int j = key0; j <= pos[t]; j++) {
+                size_t o = ((size_t)(bt[tbt[t] + j / BS] * BS + j % BS) * KVH + g) * D;
+                for (int c = 0; c < D; c++) ref[((size_t)t * H + h) * D + c] += sc[j] / sum * vf[o + c];
+            }
+        }
+    uint16_t *dq = dup_dev(q, (size_t)T * H * D * 2), *dout = poisoned((size_t)T * H * D * 2);
+    void *dk = dup_dev(kc, ne * es), *dv = dup_dev(vc, ne * es);
+    int32_t *dpos = dup_dev(pos, sizeof pos), *dtbt = dup_dev(tbt, sizeof tbt), *dbt = dup_dev(bt, (size_t)nblk * 4);
+    struct cuda_mtp_attn_args a = {.q = dq, .kc = dk, .vc = dv, .pos = dpos, .tok_bt = dtbt, .bt = dbt, .out = dout,
+                                   .T = T, .H = H, .KVH = KVH, .D = D, .block_size = BS, .key0 = key0, .scale = scale,
+                                   .kv8 = kv8};
+    cudaError_t e = cuda_mtp_attention(&a, 0);
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    get(gb, dout, (size_t)T * H * D * 2);
+    for (size_t i = 0; i < (size_t)T * H * D; i++) got[i] = fb(gb[i]);
+    double er = nerr(got, ref, (size_t)T * H * D);
+    CHECKF(e == cudaSuccess && er < 1e-2, "attention D %d %s key0 %d: %s, error %.2e", D, kv8 ? "fp8" : "bf16", key0,
+           cudaGetErrorString(e), er);
+    printf("  %s attention D %d %s key0 %d: error %.2e\n", er < 1e-2 ? "ok  " : "FAIL", D, kv8 ? "fp8 " : "bf16", key0,
+           er);
+    cudaFree(dq), cudaFree(dout), cudaFree(dk), cudaFree(dv), cudaFree(dpos), cudaFree(dtbt), cudaFree(dbt);
+    free(bt), free(kc), free(vc), free(kf), free(vf), free(q), free(ref), free(got), free(gb), free(sc);
+}
+
+static void test_attention(void)
+{
+    static const int dims[] = {64, 128, 80};
+    for (int i = 0; i < 3; i++)
+        for (int kv8 = 0; kv8 < 2; kv8++)
+            for (int key0 = 0; key0 < 2; key0++) attn_case(dims[i], kv8, key0);
+}
+
+static void test_in_and_rows(void)
+{
+    enum { N = 6, E = 1024, NK = 4, NB = 5 };
+    float eps = 1e-5f;
+    float *e = malloc((size_t)N * E * 4), *en = malloc(E * 4), *hn = malloc(E * 4);
+    uint16_t *hk = malloc((size_t)NK * E * 2), *hb = malloc((size_t)NB * E * 2), *out = malloc((size_t)N * 2 * E * 2);
+    int32_t src[N] = {0, 3, -1, -5, 2, -3};
+    for (size_t i = 0; i < (size_t)N * E; i++) e[i] = frand() * 3.0f;
+    for (int i = 0; i < E; i++) en[i] = 1.0f + 0.5f * frand(), hn[i] = 1.0f + 0.5f * frand();
+    for (size_t i = 0; i < (size_t)NK * E; i++) hk[i] = bf(frand());
+    for (size_t i = 0; i < (size_t)NB * E; i++) hb[i] = bf(frand() * 0.1f);
+    double *ref = malloc((size_t)N * 2 * E * sizeof *ref);
+    for (int j = 0; j < N; j++) {
+        const uint16_t *h = src[j] >= 0 ? hk + (size_t)src[j] * E : hb + (size_t)(-src[j] - 1) * E;
+        double s1 = 0, s2 = 0;
+        for (int i = 0; i < E; i++) s1 += (double)e[(size_t)j * E + i] * e[(size_t)j * E + i], s2 += (double)fb(h[i]) * fb(h[i]);
+        double r1 = 1.0 / sqrt(s1 / E + eps), r2 = 1.0 / sqrt(s2 / E + eps);
+        for (int i = 0; i < E; i++) {
+            ref[(size_t)j * 2 * E + i] = en[i] * e[(size_t)j * E + i] * r1;
+            ref[(size_t)j * 2 * E + E + i] = hn[i] * fb(h[i]) * r2;
+        }
+    }
+    float *de = dup_dev(e, (size_t)N * E * 4), *den = dup_dev(en, E * 4), *dhn = dup_dev(hn, E * 4);
+    uint16_t *dhk = dup_dev(hk, (size_t)NK * E * 2), *dhb = dup_dev(hb, (size_t)NB * E * 2);
+    uint16_t *dout = poisoned((size_t)N * 2 * E * 2);
+    int32_t *dsrc = dup_dev(src, sizeof src);
+    cudaError_t rc = cuda_mtp_in(de, dhk, dhb, dsrc, den, dhn, N, E, eps, dout, 0);
+    if (rc == cudaSuccess) rc = cudaDeviceSynchronize();
+    get(out, dout, (size_t)N * 2 * E * 2);
+    float *got = malloc((size_t)N * 2 * E * 4);
+    for (size_t i = 0; i < (size_t)N * 2 * E; i++) got[i] = fb(out[i]);
+    double er = nerr(got, ref, (size_t)N * 2 * E);
+    CHECKF(rc == cudaSuccess && er < 1e-2, "mtp_in: %s, error %.2e", cudaGetErrorString(rc), er);
+    printf("  %s mtp_in: error %.2e\n", er < 1e-2 ? "ok  " : "FAIL", er);
+
+    /* rows: hk rows 3, 0 into hblk rows 4, 1 */
+    int32_t dr[2] = {4, 1}, sr[2] = {3, 0};
+    int32_t *ddr = dup_dev(dr, sizeof dr), *dsr = dup_dev(sr, sizeof sr);
+    rc = cuda_mtp_rows(dhb, ddr, dhk, dsr, 2, E, 0);
+    if (rc == cudaSuccess) rc = cudaDeviceSynchronize();
+    uint16_t *hb2 = malloc((size_t)NB * E * 2);
+    get(hb2, dhb, (size_t)NB * E * 2);
+    bool same = !memcmp(hb2 + 4 * E, hk + 3 * E, E * 2) && !memcmp(hb2 + 1 * E, hk, E * 2) &&
+                !memcmp(hb2, hb, E * 2) && !memcmp(hb2 + 2 * E, hb + 2 * E, 2 * E * 2);
+    CHECKF(rc == cudaSuccess && same, "mtp_rows: %s, %s", cudaGetErrorString(rc), same ? "same" : "rows differ");
+    printf("  %s mtp_rows\n", same ? "ok  " : "FAIL");
+    cudaFree(de), cudaFree(den), cudaFree(dhn), cudaFree(dhk), cudaFree(dhb), cudaFree(dout), cudaFree(dsrc);
+    cudaFree(ddr), cudaFree(dsr);
+    free(e), free(en), free(hn), free(hk), free(hb), free(out), free(ref), free(got), free(hb2);
+}
+
+int main(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+        printf("no GPU: skipped\n0 passed, 0 failed\n");
+        return 0;
+    }
+    RUN(test_attention);
+    RUN(test_in_and_rows);
+    return test_summary();
+}
