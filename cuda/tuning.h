@@ -41,6 +41,11 @@ struct cuda_tuning {
                            * tests set 1 so that every step of 5+ tokens takes it */
     int long_split_keys;  /* a prefill tile attending to this many keys or more may be split over blocks
                            * (4096); tests set 64 to split short prompts; 0: never */
+    int mla_prefill_min_t; /* an MLA step of this many query tokens or more attends on the tensor cores
+                           * (cuda_mla_prefill, 128); below it the SIMT kernel, which splits a token's keys
+                           * over blocks and so fills the GPU with few tokens, where the tensor-core kernel
+                           * (one block per 64 (token, head) rows, no split) would leave most SMs idle at
+                           * 16 heads; tests set 1 */
     int tp_fault_rank;    /* tensor parallelism: this rank fails its forward number tp_fault_step with an
                            * injected error, to test that the others stop (-1: none) */
     long tp_fault_step;
@@ -55,7 +60,8 @@ struct cuda_tuning {
 #define CUDA_TUNING_DEFAULTS                                                                          \
     {                                                                                                 \
         .warmup = true, .tp_peer_allreduce = true, .gemm_wg_min_t = 128, .long_split_keys = 4096,     \
-        .tp_fault_rank = -1, .tp_fault_step = 0, .ablate = 0, .tp_skip_comm = false,                  \
+        .mla_prefill_min_t = 128, .tp_fault_rank = -1, .tp_fault_step = 0, .ablate = 0,               \
+        .tp_skip_comm = false,                                                                        \
         .attn_wg8_skip_widen = false, .gemm_wg_ablate = 0,                                            \
     }
 
