@@ -248,7 +248,6 @@ static cublasStatus_t gemm(struct rank *k, const uint16_t *x, const uint16_t *W,
 
 int cuda_mla_mixer(struct rank *k, int l, int T, bool decode, char *err, size_t errlen)
 {
-    (void)decode; /* the absorbed form for every token: one path for decode and prefill */
     struct cuda_backend *b = k->b;
     const struct model_config *c = &b->c;
     const struct model_mla_config *a = &c->mla;
@@ -314,9 +313,10 @@ int cuda_mla_mixer(struct rank *k, int l, int T, bool decode, char *err, size_t 
         .T = T, .H = H, .Dn = Dn, .R = R, .C = C, .W = L->W, .K = x->KS, .block_size = b->block_size, .scale = a->softmax_scale,
         .kv8 = b->kv8,
     };
-    /* prefill chunks on the tensor cores where the shape fits; decode steps, short steps (which the SIMT
-     * kernel's key splits fill the GPU with) and the indexer's choice of keys on the SIMT kernel */
-    if (T >= b->t.mla_prefill_min_t && cuda_mla_prefill_ok(&aa)) CK(cuda_mla_prefill(&aa, st));
+    /* prefill chunks on the tensor cores where the shape fits; decode steps (one token a sequence: a block
+     * of the tensor-core kernel would walk each of its tokens' contexts in turn), short steps (which the
+     * SIMT kernel's key splits fill the GPU with) and the indexer's choice of keys on the SIMT kernel */
+    if (!decode && T >= b->t.mla_prefill_min_t && cuda_mla_prefill_ok(&aa)) CK(cuda_mla_prefill(&aa, st));
     else CK(cuda_mla_attention(&aa, st));
     /* att[t][h] = W_V,h o_lat[t][h]: per head (Dv x C) x (C x T) */
     CB(cublasGemmStridedBatchedEx(k->blas, CUBLAS_OP_T, CUBLAS_OP_N, Dv, T, C, &one, L->kv_b + (size_t)Dn * C,

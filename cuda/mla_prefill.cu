@@ -34,6 +34,7 @@
 #include "cuda/bf16.cuh"
 #include "cuda/mla.h"
 #include "cuda/tile.cuh"
+#include "cuda/tuning.h"
 
 #define PC 512         /* the latent width the kernel takes (C) */
 #define PBN 32         /* keys a tile */
@@ -307,7 +308,7 @@ static int pf_pick(const struct cuda_mla_attn_args *a)
         cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
         return 0;
     int KD = PC + a->R;
-    if (pf_smem(64, 2, KD, a->kv8) <= (size_t)optin) return 2;
+    if (cuda_tuning.mla_prefill_rows != 32 && pf_smem(64, 2, KD, a->kv8) <= (size_t)optin) return 2;
     if (pf_smem(32, 1, KD, a->kv8) <= (size_t)optin) return 1;
     return 0;
 }
