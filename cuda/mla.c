@@ -313,9 +313,9 @@ int cuda_mla_mixer(struct rank *k, int l, int T, bool decode, char *err, size_t 
         .T = T, .H = H, .Dn = Dn, .R = R, .C = C, .W = L->W, .K = x->KS, .block_size = b->block_size, .scale = a->softmax_scale,
         .kv8 = b->kv8,
     };
-    /* prefill chunks on the tensor cores where the shape fits; decode steps (one token a sequence: a block
-     * of the tensor-core kernel would walk each of its tokens' contexts in turn), short steps (which the
-     * SIMT kernel's key splits fill the GPU with) and the indexer's choice of keys on the SIMT kernel */
+    /* prefill chunks on the tensor cores where the shape fits (the indexer's choice too); decode steps (one
+     * token a sequence: a block of the tensor-core kernel would walk each of its tokens' contexts in turn)
+     * and short steps (which the SIMT kernel's key splits fill the GPU with) on the SIMT kernel */
     if (!decode && T >= b->t.mla_prefill_min_t && cuda_mla_prefill_ok(&aa)) CK(cuda_mla_prefill(&aa, st));
     else CK(cuda_mla_attention(&aa, st));
     /* att[t][h] = W_V,h o_lat[t][h]: per head (Dv x C) x (C x T) */

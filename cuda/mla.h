@@ -12,8 +12,8 @@
  * causal within the step): q_lat_h = W_K,h^T q_nope_h (one strided-batched
  * GEMM over the heads), scores (q_lat . latent_j + q_rope . k_rope_j) *
  * softmax_scale over the paged entries 0..pos (steps of cuda_tuning's
- * mla_prefill_min_t tokens or more on the tensor cores, cuda_mla_prefill;
- * decode steps and the indexer's choice on the SIMT kernel,
+ * mla_prefill_min_t tokens or more on the tensor cores, cuda_mla_prefill,
+ * the indexer's choice too; decode steps on the SIMT kernel,
  * cuda_mla_attention), the weighted latent sum, W_V,h
  * times it (a second batched GEMM), then o_proj into k->delta.
  *
@@ -148,13 +148,14 @@ cudaError_t cuda_mla_attention(const struct cuda_mla_attn_args *a, cudaStream_t 
  * rounded to bf16, fp8 entries widened to bf16 in shared memory), the
  * softmax online in f32, the 512 output columns split over two warps of a
  * row group. Tokens of several sequences in one block each attend only
- * their own keys (the block walks each sequence's keys in turn). Every key
- * 0..pos: a.sel must be NULL. a.part is not used. Only the shapes
- * cuda_mla_prefill_ok takes; cudaErrorInvalidValue for others. */
+ * their own keys (the block walks each sequence's keys in turn); with the
+ * indexer's choice (sel, nsel) each token attends exactly its chosen keys
+ * (the block walks each token's in turn). a.part is not used. Only the
+ * shapes cuda_mla_prefill_ok takes; cudaErrorInvalidValue for others. */
 cudaError_t cuda_mla_prefill(const struct cuda_mla_attn_args *a, cudaStream_t st);
 /* Whether cuda_mla_prefill takes a's shape on the current device: C 512,
  * R a multiple of 16 up to 64, W a multiple of 16, the cache 16-byte
- * aligned, no indexer choice (sel NULL), shared memory enough. */
+ * aligned, shared memory enough. */
 bool cuda_mla_prefill_ok(const struct cuda_mla_attn_args *a);
 /* Bytes of part cuda_mla_attention needs for any step of up to max_tokens
  * tokens with H heads (0: no step splits its keys). */

@@ -26,7 +26,10 @@
  * Tokens of different sequences can share a block (a step's tokens come a
  * sequence at a time; a block holds BM / H of them): the block walks the
  * keys of each sequence among its tokens in turn, and a row takes keys only
- * while its own sequence's are loaded. Nothing depends on the host but T:
+ * while its own sequence's are loaded. With the DSA indexer's choice (sel)
+ * the block walks each token's chosen keys in turn the same way (the keys
+ * gathered through sel, so the attention is over exactly the chosen set;
+ * at 64 heads a block is one token). Nothing depends on the host but T:
  * graph-safe. */
 #include <math.h>
 #include <stdint.h>
@@ -75,12 +78,14 @@ static __host__ __device__ constexpr size_t pf_smem(int BM, int NST, int KD, boo
            (kv8 ? (size_t)NST * PBN * KD : 0);
 }
 
-/* Keys k0 .. k0 + PBN - 1 of the sequence whose block table is bt (zeros
- * past kmax) by cp.async: bf16 entries straight into the stage's rows ks,
- * e4m3 bytes into raw [PBN][KD]. Commits nothing. */
+/* Keys k0 .. k0 + PBN - 1 (key i at position keys[i], or i where keys is
+ * NULL) of the sequence whose block table is bt, zeros past key kmax, by
+ * cp.async: bf16 entries straight into the stage's rows ks, e4m3 bytes into
+ * raw [PBN][KD]. Commits nothing. */
 template <int NTHR>
-static __device__ __forceinline__ void pf_load(const struct cuda_mla_attn_args &a, const int32_t *bt, int k0,
-                                               int kmax, int KD, uint16_t *ks, uint8_t *raw)
+static __device__ __forceinline__ void pf_load(const struct cuda_mla_attn_args &a, const int32_t *bt,
+                                               const int32_t *keys, int k0, int kmax, int KD, uint16_t *ks,
+                                               uint8_t *raw)
 {
     const int bs = a.block_size, DP = KD + 8;
     if (a.kv8) {
@@ -89,7 +94,10 @@ static __device__ __forceinline__ void pf_load(const struct cuda_mla_attn_args &
             int j = i / cpk, c = i - j * cpk, kp = k0 + j;
             bool ok = kp <= kmax;
             const uint8_t *src = (const uint8_t *)a.cache;
-            if (ok) src += ((size_t)bt[kp / bs] * bs + kp % bs) * a.W + (size_t)c * 16;
+            if (ok) {
+                if (keys) kp = keys[kp];
+                src += ((size_t)bt[kp / bs] * bs + kp % bs) * a.W + (size_t)c * 16;
+            }
             cp_async16(smem_u32(raw + j * KD + c * 16), src, ok);
         }
     } else {
@@ -98,7 +106,10 @@ static __device__ __forceinline__ void pf_load(const struct cuda_mla_attn_args &
             int j = i / cpk, c = i - j * cpk, kp = k0 + j;
             bool ok = kp <= kmax;
             const uint16_t *src = (const uint16_t *)a.cache;
-            if (ok) src += ((size_t)bt[kp / bs] * bs + kp % bs) * a.W + (size_t)c * 8;
+            if (ok) {
+                if (keys) kp = keys[kp];
+                src += ((size_t)bt[kp / bs] * bs + kp % bs) * a.W + (size_t)c * 8;
+            }
             cp_async16(smem_u32(ks + j * DP + c * 8), src, ok);
         }
     }
@@ -173,19 +184,26 @@ static __global__ void __launch_bounds__(32 * RG * PCG, 1) prefill_kernel(struct
     const int kofs = (cg * 16 + (lane & 7) + ((lane >> 4) << 3)) * DP + ((lane >> 3) & 1) * 8;
     const int vofs = (lane & 15) * DP + (lane >> 4) * 8 + cg * (PC / PCG);
 
-    /* each sequence among the block's tokens in turn (a step's tokens come a sequence at a time) */
+    /* each sequence among the block's tokens in turn (a step's tokens come a sequence at a time), keys
+     * 0..pos; with the indexer's choice each token in turn, its chosen keys (or 0..pos: nsel -1) */
     for (int ts = tA; ts <= tB;) {
         const int bt0 = a.tok_bt[ts];
-        int te = ts, kmax = a.pos[ts];
-        while (te < tB && a.tok_bt[te + 1] == bt0) {
-            te++;
-            kmax = a.pos[te] > kmax ? a.pos[te] : kmax;
+        int te = ts, kmax = a.pos[ts]; /* the last key index of the tokens ts..te */
+        const int32_t *keys = NULL;    /* key index i is position keys[i], or i */
+        if (a.sel) {
+            if (a.nsel[ts] >= 0) keys = a.sel + (size_t)ts * a.K, kmax = a.nsel[ts] - 1; /* -1: no key */
+        } else {
+            while (te < tB && a.tok_bt[te + 1] == bt0) {
+                te++;
+                kmax = a.pos[te] > kmax ? a.pos[te] : kmax;
+            }
         }
-        /* a row's last key, or -1 while another sequence's keys are loaded */
-        const int p0 = tk0 >= ts && tk0 <= te ? a.pos[tk0] : -1, p1 = tk1 >= ts && tk1 <= te ? a.pos[tk1] : -1;
+        /* a row's last key index, or -1 while other tokens' keys are loaded */
+        const int p0 = tk0 >= ts && tk0 <= te ? (keys ? kmax : a.pos[tk0]) : -1;
+        const int p1 = tk1 >= ts && tk1 <= te ? (keys ? kmax : a.pos[tk1]) : -1;
         const int32_t *bt = a.bt + bt0;
-        const int ntile = kmax / PBN + 1;
-        if constexpr (NST > 1) pf_load<NTHR>(a, bt, 0, kmax, KD, ks0, raw0);
+        const int ntile = kmax < 0 ? 1 : kmax / PBN + 1; /* one tile of zeros where no key is chosen */
+        if constexpr (NST > 1) pf_load<NTHR>(a, bt, keys, 0, kmax, KD, ks0, raw0);
         cp_async_commit();
         for (int ti = 0; ti < ntile; ti++) {
             const int k0 = ti * PBN, sg = NST > 1 ? (ti & 1) : 0;
@@ -194,11 +212,12 @@ static __global__ void __launch_bounds__(32 * RG * PCG, 1) prefill_kernel(struct
             if constexpr (NST > 1) {
                 /* the other stage was freed by the last tile's closing barrier */
                 if (ti + 1 < ntile)
-                    pf_load<NTHR>(a, bt, k0 + PBN, kmax, KD, ks0 + (sg ^ 1) * PBN * DP, raw0 + (sg ^ 1) * PBN * KD);
+                    pf_load<NTHR>(a, bt, keys, k0 + PBN, kmax, KD, ks0 + (sg ^ 1) * PBN * DP,
+                                  raw0 + (sg ^ 1) * PBN * KD);
                 cp_async_commit(); /* maybe empty: "all but the newest group" is this tile's */
                 cp_async_wait<1>();
             } else {
-                pf_load<NTHR>(a, bt, k0, kmax, KD, ks, raw);
+                pf_load<NTHR>(a, bt, keys, k0, kmax, KD, ks, raw);
                 cp_async_commit();
                 cp_async_wait<0>();
             }
@@ -315,8 +334,8 @@ static int pf_pick(const struct cuda_mla_attn_args *a)
 
 extern "C" bool cuda_mla_prefill_ok(const struct cuda_mla_attn_args *a)
 {
-    if (a->C != PC || a->R < 0 || a->R % 16 || a->R > PRMAX || a->W % 16 || a->W < a->C + a->R || a->sel ||
-        a->H <= 0 || a->T <= 0 || a->block_size <= 0 || ((uintptr_t)a->cache & 15))
+    if (a->C != PC || a->R < 0 || a->R % 16 || a->R > PRMAX || a->W % 16 || a->W < a->C + a->R ||
+        (a->sel && !a->nsel) || a->H <= 0 || a->T <= 0 || a->block_size <= 0 || ((uintptr_t)a->cache & 15))
         return false;
     return pf_pick(a) > 0;
 }

@@ -75,7 +75,8 @@ static void bench(const char *what, int H, int start, int T, bool kv8)
     for (size_t i = 0; i < nq * (DN + R); i++) q[i] = frand();
     void *dcache = dup_dev(craw, cache_n * es);
     float *dqlat = dup_dev(qlat, nq * C * 4), *dq = dup_dev(q, nq * (DN + R) * 4);
-    int32_t *dbt = dup_dev(bt, (size_t)nb * 4), *dpos = dup_dev(pos, (size_t)T * 4), *dtbt = dup_dev(tbt, (size_t)T * 4);
+    int32_t *dbt = dup_dev(bt, (size_t)nb * 4), *dpos = dup_dev(pos, (size_t)T * 4);
+    int32_t *dtbt = dup_dev(tbt, (size_t)T * 4);
     uint16_t *o1 = poisoned(nq * C * 2), *o2 = poisoned(nq * C * 2);
     size_t pb = cuda_mla_attn_part_bytes(T, H, C, R);
     float *part = pb ? poisoned(pb) : NULL;

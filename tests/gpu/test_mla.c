@@ -296,9 +296,12 @@ static void test_paged_fp8(void)
  * as stored. Checked against a double reference on a sample of the tokens
  * (every token when the step is small; each sequence's first and last
  * always) and against cuda_mla_attention (the SIMT kernel) on every row;
- * the output starts poisoned (NaN), so a row never written fails. One line
- * per case. */
-static void pf_case(const char *what, int H, int R, bool kv8, int bs, int nseq, const int *st, const int *n)
+ * the output starts poisoned (NaN), so a row never written fails. With
+ * use_sel, the indexer's choice: token t attends keys j % 3 == 0 and its own,
+ * except every key where t % 5 == 0 (nsel -1) and none where t % 7 == 3
+ * (nsel 0: output 0). One line per case. */
+static void pf_case(const char *what, int H, int R, bool kv8, int bs, int nseq, const int *st, const int *n,
+                    bool use_sel)
 {
     int C = 512, Dn = 32, W = C + R, Dq = Dn + R, T = 0, nbt = 0;
     int *off = malloc((size_t)nseq * sizeof(int)), *first = malloc((size_t)nseq * sizeof(int));
@@ -328,18 +331,30 @@ static void pf_case(const char *what, int H, int R, bool kv8, int bs, int nseq, 
     int *seq = malloc((size_t)T * sizeof(int));
     for (int s = 0, t = 0; s < nseq; s++)
         for (int i = 0; i < n[s]; i++, t++) pos[t] = st[s] + i, tbt[t] = off[s], seq[t] = s;
+    int maxk = 0; /* keys of the longest sequence: sel's row stride */
+    for (int s = 0; s < nseq; s++) maxk = st[s] + n[s] > maxk ? st[s] + n[s] : maxk;
+    int32_t *sel = malloc((size_t)T * maxk * 4), *nsel = malloc((size_t)T * 4);
+    for (int t = 0; t < T; t++) {
+        int m = 0;
+        for (int j = 0; j <= pos[t]; j++)
+            if (j % 3 == 0 || j == pos[t]) sel[(size_t)t * maxk + m++] = j;
+        nsel[t] = t % 5 == 0 ? -1 : t % 7 == 3 ? 0 : m;
+    }
     float *qlat = malloc((size_t)T * H * C * 4), *q = malloc((size_t)T * H * Dq * 4);
     for (size_t i = 0; i < (size_t)T * H * C; i++) qlat[i] = frand();
     for (size_t i = 0; i < (size_t)T * H * Dq; i++) q[i] = frand();
     float scale = 0.3f;
     void *dcache = dup_dev(craw, cache_n * es);
     float *dqlat = dup_dev(qlat, (size_t)T * H * C * 4), *dq = dup_dev(q, (size_t)T * H * Dq * 4);
-    int32_t *dpos = dup_dev(pos, (size_t)T * 4), *dtbt = dup_dev(tbt, (size_t)T * 4), *dbt = dup_dev(bt, (size_t)nbt * 4);
+    int32_t *dpos = dup_dev(pos, (size_t)T * 4), *dtbt = dup_dev(tbt, (size_t)T * 4);
+    int32_t *dbt = dup_dev(bt, (size_t)nbt * 4);
+    int32_t *dsel = dup_dev(sel, (size_t)T * maxk * 4), *dnsel = dup_dev(nsel, (size_t)T * 4);
     uint16_t *dpf = poisoned((size_t)T * H * C * 2), *dsimt = poisoned((size_t)T * H * C * 2);
     size_t pbytes = cuda_mla_attn_part_bytes(T, H, C, R);
     float *dpart = pbytes ? poisoned(pbytes) : NULL;
     struct cuda_mla_attn_args aa = {.qlat = dqlat, .q = dq, .cache = dcache, .pos = dpos, .tok_bt = dtbt, .bt = dbt,
-                                    .olat = dpf, .part = dpart, .T = T, .H = H, .Dn = Dn, .R = R, .C = C, .W = W,
+                                    .sel = use_sel ? dsel : NULL, .nsel = use_sel ? dnsel : NULL, .olat = dpf,
+                                    .part = dpart, .T = T, .H = H, .Dn = Dn, .R = R, .C = C, .W = W, .K = maxk,
                                     .block_size = bs, .scale = scale, .kv8 = kv8};
     bool fits = cuda_mla_prefill_ok(&aa);
     cudaError_t e1 = cuda_mla_prefill(&aa, 0);
@@ -357,7 +372,7 @@ static void pf_case(const char *what, int H, int R, bool kv8, int bs, int nseq, 
     double e_simt = nerr(of, od, no);
     /* a sample of the tokens against the double reference, about 1.5e9 multiply-adds */
     double cost = 0;
-    for (int t = 0; t < T; t++) cost += (double)H * (pos[t] + 1) * (2 * C + R);
+    for (int t = 0; t < T; t++) cost += (double)H * (use_sel && nsel[t] >= 0 ? nsel[t] : pos[t] + 1) * (2 * C + R);
     int stride = cost > 1.5e9 ? (int)ceil(cost / 1.5e9) : 1, nc = 0;
     int *ck = malloc((size_t)T * sizeof(int));
     for (int t = 0; t < T; t++) {
@@ -365,36 +380,41 @@ static void pf_case(const char *what, int H, int R, bool kv8, int bs, int nseq, 
         if (t % stride == 0 || t == first[s] || t == first[s] + n[s] - 1) ck[nc++] = t;
     }
     float *og = malloc((size_t)nc * H * C * 4);
-    int maxk = 0; /* keys of the longest sequence */
-    for (int s = 0; s < nseq; s++) maxk = st[s] + n[s] > maxk ? st[s] + n[s] : maxk;
     double *ref = calloc((size_t)nc * H * C, sizeof(double)), *sc = malloc((size_t)maxk * 8);
+    int *kl = malloc((size_t)maxk * sizeof(int));
     for (int ci = 0; ci < nc; ci++) {
-        int t = ck[ci], s = seq[t];
+        int t = ck[ci], s = seq[t], nk = 0;
+        if (use_sel && nsel[t] >= 0)
+            for (nk = 0; nk < nsel[t]; nk++) kl[nk] = sel[(size_t)t * maxk + nk];
+        else
+            for (nk = 0; nk <= pos[t]; nk++) kl[nk] = nk;
         for (int i = 0; i < H * C; i++) og[(size_t)ci * H * C + i] = fb(opf[(size_t)t * H * C + i]);
-        for (int h = 0; h < H; h++) {
+        for (int h = 0; h < H && nk > 0; h++) { /* no key: 0 */
             const float *ql = qlat + ((size_t)t * H + h) * C, *qr = q + ((size_t)t * H + h) * Dq + Dn;
             double mx = -INFINITY, sum = 0;
-            for (int j = 0; j <= pos[t]; j++) {
+            for (int i = 0; i < nk; i++) {
+                int j = kl[i];
                 const float *e = cache + ((size_t)bt[off[s] + j / bs] * bs + j % bs) * W;
                 double d = 0;
                 for (int c = 0; c < C; c++) d += (double)ql[c] * e[c];
                 for (int c = 0; c < R; c++) d += (double)qr[c] * e[C + c];
-                sc[j] = d * scale;
-                mx = sc[j] > mx ? sc[j] : mx;
+                sc[i] = d * scale;
+                mx = sc[i] > mx ? sc[i] : mx;
             }
-            for (int j = 0; j <= pos[t]; j++) sum += sc[j] = exp(sc[j] - mx);
+            for (int i = 0; i < nk; i++) sum += sc[i] = exp(sc[i] - mx);
             double *r = ref + ((size_t)ci * H + h) * C;
-            for (int j = 0; j <= pos[t]; j++) {
+            for (int i = 0; i < nk; i++) {
+                int j = kl[i];
                 const float *e = cache + ((size_t)bt[off[s] + j / bs] * bs + j % bs) * W;
-                for (int c = 0; c < C; c++) r[c] += sc[j] / sum * e[c];
+                for (int c = 0; c < C; c++) r[c] += sc[i] / sum * e[c];
             }
         }
     }
     double e_ref = nerr(og, ref, (size_t)nc * H * C);
     bool ok = fits && e1 == cudaSuccess && e2 == cudaSuccess && e3 == cudaSuccess && e_ref < 1e-2 && e_simt < 1e-2;
-    printf("  %s prefill %s: H=%d R=%d %s bs=%d T=%d, keys up to %d%s: vs reference %.2e (%d tokens), vs attn_kernel "
-           "%.2e\n",
-           ok ? "ok  " : "FAIL", what, H, R, kv8 ? "fp8" : "bf16", bs, T, maxk,
+    printf("  %s prefill %s: H=%d R=%d %s bs=%d T=%d, keys up to %d%s%s: vs reference %.2e (%d tokens), vs "
+           "attn_kernel %.2e\n",
+           ok ? "ok  " : "FAIL", what, H, R, kv8 ? "fp8" : "bf16", bs, T, maxk, use_sel ? ", the indexer's choice" : "",
            cuda_tuning.mla_prefill_rows == 32 ? ", 32 rows a block" : "", e_ref, nc, e_simt);
     CHECKF(fits, "%s: cuda_mla_prefill_ok refused the shape", what);
     CHECKF(e1 == cudaSuccess && e2 == cudaSuccess && e3 == cudaSuccess, "%s: %s / %s / %s", what,
@@ -402,7 +422,8 @@ static void pf_case(const char *what, int H, int R, bool kv8, int bs, int nseq, 
     CHECKF(e_ref < 1e-2, "%s: vs reference %.3g", what, e_ref);
     CHECKF(e_simt < 1e-2, "%s: vs attn_kernel %.3g", what, e_simt);
     cudaFree(dcache), cudaFree(dqlat), cudaFree(dq), cudaFree(dpos), cudaFree(dtbt), cudaFree(dbt), cudaFree(dpf);
-    cudaFree(dsimt), cudaFree(dpart);
+    cudaFree(dsimt), cudaFree(dpart), cudaFree(dsel), cudaFree(dnsel);
+    free(sel), free(nsel), free(kl);
     free(off), free(first), free(bt), free(craw), free(cache), free(pos), free(tbt), free(seq), free(qlat), free(q);
     free(opf), free(osimt), free(of), free(od), free(ck), free(og), free(ref), free(sc);
 }
@@ -415,23 +436,26 @@ static void test_prefill(void)
     static const int s3[] = {300, 0}, n3[] = {20, 9};                /* 128 heads: a token over two blocks */
     static const int s4[] = {4000}, n4[] = {500};                    /* several thousand keys */
     cudaGetLastError();
-    pf_case("chunk at 0", 16, 64, false, 16, 1, s0, n0);
-    pf_case("three sequences", 16, 64, false, 64, 3, s1, n1);
-    pf_case("three sequences", 16, 64, true, 16, 3, s1, n1);
-    pf_case("one head", 1, 64, false, 16, 4, s2, n2);
-    pf_case("one head", 1, 64, true, 64, 4, s2, n2);
-    pf_case("128 heads", 128, 64, false, 64, 2, s3, n3);
-    pf_case("128 heads", 128, 64, true, 16, 2, s3, n3);
-    pf_case("no rope", 16, 0, false, 16, 3, s1, n1);
-    pf_case("long context", 16, 64, false, 64, 1, s4, n4);
-    pf_case("long context", 16, 64, true, 16, 1, s4, n4);
+    pf_case("chunk at 0", 16, 64, false, 16, 1, s0, n0, false);
+    pf_case("three sequences", 16, 64, false, 64, 3, s1, n1, false);
+    pf_case("three sequences", 16, 64, true, 16, 3, s1, n1, false);
+    pf_case("one head", 1, 64, false, 16, 4, s2, n2, false);
+    pf_case("one head", 1, 64, true, 64, 4, s2, n2, false);
+    pf_case("128 heads", 128, 64, false, 64, 2, s3, n3, false);
+    pf_case("128 heads", 128, 64, true, 16, 2, s3, n3, false);
+    pf_case("no rope", 16, 0, false, 16, 3, s1, n1, false);
+    pf_case("long context", 16, 64, false, 64, 1, s4, n4, false);
+    pf_case("long context", 16, 64, true, 16, 1, s4, n4, false);
+    pf_case("three sequences", 16, 64, false, 16, 3, s1, n1, true);
+    pf_case("64 heads", 64, 64, true, 64, 2, s3, n3, true);
     /* sm_89's configuration (32 rows a block, one key stage) on any GPU */
     int rows = cuda_tuning.mla_prefill_rows;
     cuda_tuning.mla_prefill_rows = 32;
-    pf_case("three sequences", 16, 64, false, 16, 3, s1, n1);
-    pf_case("three sequences", 16, 64, true, 64, 3, s1, n1);
-    pf_case("one head", 1, 64, false, 64, 4, s2, n2);
-    pf_case("128 heads", 128, 64, true, 64, 2, s3, n3);
+    pf_case("three sequences", 16, 64, false, 16, 3, s1, n1, false);
+    pf_case("three sequences", 16, 64, true, 64, 3, s1, n1, false);
+    pf_case("one head", 1, 64, false, 64, 4, s2, n2, false);
+    pf_case("128 heads", 128, 64, true, 64, 2, s3, n3, false);
+    pf_case("three sequences", 16, 64, true, 16, 3, s1, n1, true);
     cuda_tuning.mla_prefill_rows = rows;
 }
 
