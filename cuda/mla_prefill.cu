@@ -322,10 +322,13 @@ static __global__ void __launch_bounds__(32 * RG * PCG, 1) prefill_kernel(struct
  * two stages), 1 (32 rows, one stage: sm_89's 99 KB), 0 (none). */
 static int pf_pick(const struct cuda_mla_attn_args *a)
 {
+    /* each device's opt-in shared memory, asked once (rank threads may race to store the same value) */
+    static int optins[64];
     int dev = 0, optin = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
-        return 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+    if (dev >= 0 && dev < 64 && optins[dev] > 0) optin = optins[dev];
+    else if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) return 0;
+    else if (dev >= 0 && dev < 64) optins[dev] = optin;
     int KD = PC + a->R;
     if (cuda_tuning.mla_prefill_rows != 32 && pf_smem(64, 2, KD, a->kv8) <= (size_t)optin) return 2;
     if (pf_smem(32, 1, KD, a->kv8) <= (size_t)optin) return 1;
