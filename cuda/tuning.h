@@ -42,11 +42,11 @@ struct cuda_tuning {
                            * tests set 1 so that every step of 5+ tokens takes it */
     int long_split_keys;  /* a prefill tile attending to this many keys or more may be split over blocks
                            * (4096); tests set 64 to split short prompts; 0: never */
-    int mla_prefill_min_t; /* an MLA step of this many query tokens or more attends on the tensor cores
-                           * (cuda_mla_prefill, 128); below it the SIMT kernel, which splits a token's keys
-                           * over blocks and so fills the GPU with few tokens, where the tensor-core kernel
-                           * (one block per 64 (token, head) rows, no split) would leave most SMs idle at
-                           * 16 heads; tests set 1 */
+    int mla_prefill_min_t; /* an MLA step of this many query tokens or more, not all of them decodes,
+                           * attends on the tensor cores (cuda_mla_prefill, 128); below it the SIMT kernel,
+                           * which splits a token's keys over blocks and so fills the GPU with few tokens,
+                           * where the tensor-core kernel (one block per 64 (token, head) rows, no split)
+                           * would leave most SMs idle at 16 heads; tests set 1 */
     int mla_prefill_rows; /* the tensor-core MLA attention's rows a block: 0 by the GPU's shared memory (64,
                            * or 32 where a block has under ~190 KB, sm_89); tests set 32 to run sm_89's
                            * configuration on an H100 */
