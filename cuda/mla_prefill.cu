@@ -201,6 +201,9 @@ static __global__ void __launch_bounds__(32 * RG * PCG, 1) prefill_kernel(struct
         /* a row's last key index, or -1 while other tokens' keys are loaded */
         const int p0 = tk0 >= ts && tk0 <= te ? (keys ? kmax : a.pos[tk0]) : -1;
         const int p1 = tk1 >= ts && tk1 <= te ? (keys ? kmax : a.pos[tk1]) : -1;
+        /* the warp's last key over its rows (the same for both warps of a row group): tiles past it add
+         * nothing to its rows, so it skips their math (another sequence's or token's keys, a causal tail) */
+        const int wmax = __reduce_max_sync(0xffffffffu, p0 > p1 ? p0 : p1);
         const int32_t *bt = a.bt + bt0;
         const int ntile = kmax < 0 ? 1 : kmax / PBN + 1; /* one tile of zeros where no key is chosen */
         if constexpr (NST > 1) pf_load<NTHR>(a, bt, keys, 0, kmax, KD, ks0, raw0);
@@ -226,13 +229,14 @@ static __global__ void __launch_bounds__(32 * RG * PCG, 1) prefill_kernel(struct
                 pf_widen<NTHR>(raw, ks, KD);
                 __syncthreads();
             }
-            /* S for the warp's 16 rows x 16 keys */
+            /* S for the warp's 16 rows x 16 keys (masked whole where the tile is past the warp's rows) */
+            const bool act = k0 <= wmax;
             float s[2][4];
 #pragma unroll
             for (int nt = 0; nt < 2; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
             const uint32_t kb = smem_u32(ks) + kofs * 2;
 #pragma unroll 4
-            for (int kc = 0; kc < KD / 16; kc++) {
+            for (int kc = 0; kc < (act ? KD / 16 : 0); kc++) {
                 uint32_t af[4], b[4];
                 ldsm_x4(qb + kc * 32, af);
                 ldsm_x4(kb + kc * 32, b);
@@ -276,10 +280,11 @@ static __global__ void __launch_bounds__(32 * RG * PCG, 1) prefill_kernel(struct
 #pragma unroll
             for (int dt = 0; dt < DT; dt++) o[dt][0] *= c0, o[dt][1] *= c0, o[dt][2] *= c1, o[dt][3] *= c1;
             __syncthreads();
-            /* O += P V over the tile's 32 keys, the warp's columns; V is the keys' latent part */
+            /* O += P V over the tile's 32 keys, the warp's columns; V is the keys' latent part (P is 0
+             * where the warp skipped the tile: nothing to add) */
             const uint32_t vb = smem_u32(ks) + vofs * 2;
 #pragma unroll
-            for (int kc = 0; kc < PBN / 16; kc++) {
+            for (int kc = 0; kc < (act ? PBN / 16 : 0); kc++) {
                 uint32_t pa[4];
                 ldsm_x4(pb + kc * 32, pa);
 #pragma unroll
