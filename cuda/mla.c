@@ -148,10 +148,14 @@ static int rank_upload(struct rank *k, char *err, size_t errlen)
         size_t IH = a->index_n_heads, ID = a->index_head_dim;
         x->K = a->index_topk < b->max_ctx ? a->index_topk : b->max_ctx;
         x->KS = x->K + (a->index_kpool > 0 ? a->index_kpool : 0);
+        /* the scores of a step's queries over the whole context would be [T][max_ctx] (8.6 GB at 16384
+         * tokens and 128K): the indexer scores them ixT at a time in 256 MiB at most */
+        size_t cap = ((size_t)256 << 20) / (X * 4);
+        x->ixT = (int)(T < cap ? T : cap > 0 ? cap : 1);
         if (cuda_dmalloc((void **)&x->ixq, T * IH * ID * 4, err, errlen) ||
             cuda_dmalloc((void **)&x->ixk, T * ID * 4, err, errlen) ||
             cuda_dmalloc((void **)&x->ixw, T * IH * 4, err, errlen) ||
-            cuda_dmalloc((void **)&x->ixs, T * X * 4, err, errlen) ||
+            cuda_dmalloc((void **)&x->ixs, (size_t)x->ixT * X * 4, err, errlen) ||
             cuda_dmalloc((void **)&x->sel, T * (size_t)x->KS * 4, err, errlen) ||
             cuda_dmalloc((void **)&x->nsel, T * 4, err, errlen) ||
             (a->index_kpool > 0 && cuda_dmalloc((void **)&x->ixg, T * ID * 4, err, errlen)))
@@ -244,7 +248,6 @@ static cublasStatus_t gemm(struct rank *k, const uint16_t *x, const uint16_t *W,
 
 int cuda_mla_mixer(struct rank *k, int l, int T, bool decode, char *err, size_t errlen)
 {
-    (void)decode; /* the absorbed form for every token: one path for decode and prefill */
     struct cuda_backend *b = k->b;
     const struct model_config *c = &b->c;
     const struct model_mla_config *a = &c->mla;
@@ -278,15 +281,22 @@ int cuda_mla_mixer(struct rank *k, int l, int T, bool decode, char *err, size_t 
         CB(gemm(k, k->xn, L->ix_wk, x->ixk, true, T, E, ID));
         CB(gemm(k, k->xn, L->ix_w, x->ixw, true, T, E, IH));
         if (L->ix_gate) CB(gemm(k, k->xn, L->ix_gate, x->ixg, true, T, E, ID));
-        struct cuda_mla_ix_args ia = {
-            .q = x->ixq, .k = x->ixk, .g = L->ix_gate ? x->ixg : NULL, .ape = L->ix_ape, .w = x->ixw, .kn = L->ix_kn, .kb = L->ix_kb, .cos = x->rcos, .sin = x->rsin,
-            .pos = pos, .tok_bt = tok_bt, .bt = bt, .slots = ka.slots, .cache = cache, .scores = x->ixs,
-            .sel = x->sel, .nsel = x->nsel, .T = T, .IH = IH, .ID = ID, .R = R, .C = C, .W = L->W, .K = x->K,
-            .KS = x->KS, .max_ctx = b->max_ctx, .block_size = b->block_size, .KP = a->index_kpool,
-            .want = a->index_kpool > 0 ? a->index_topk / a->index_kpool : 0, .tail = a->index_kpool_tail,
-            .kv8 = b->kv8,
-        };
-        CK(cuda_mla_indexer(&ia, st));
+        /* in chunks of ixT queries: a chunk's keys are written before its queries score, and a query's
+         * keys (positions up to its own) are its sequence's tokens before it, in this chunk or an earlier */
+        for (int t0 = 0; t0 < T; t0 += x->ixT) {
+            struct cuda_mla_ix_args ia = {
+                .q = x->ixq + (size_t)t0 * IH * ID, .k = x->ixk + (size_t)t0 * ID,
+                .g = L->ix_gate ? x->ixg + (size_t)t0 * ID : NULL, .ape = L->ix_ape, .w = x->ixw + (size_t)t0 * IH,
+                .kn = L->ix_kn, .kb = L->ix_kb, .cos = x->rcos, .sin = x->rsin, .pos = pos + t0,
+                .tok_bt = tok_bt + t0, .bt = bt, .slots = ka.slots + t0, .cache = cache, .scores = x->ixs,
+                .sel = x->sel + (size_t)t0 * x->KS, .nsel = x->nsel + t0, .T = T - t0 < x->ixT ? T - t0 : x->ixT,
+                .IH = IH, .ID = ID, .R = R, .C = C, .W = L->W, .K = x->K, .KS = x->KS, .max_ctx = b->max_ctx,
+                .block_size = b->block_size, .KP = a->index_kpool,
+                .want = a->index_kpool > 0 ? a->index_topk / a->index_kpool : 0, .tail = a->index_kpool_tail,
+                .kv8 = b->kv8,
+            };
+            CK(cuda_mla_indexer(&ia, st));
+        }
     }
     const float one = 1.0f, zero = 0.0f;
     /* q_lat[t][h] = W_K,h^T q_nope[t][h]: per head (C x Dn, column-major view of W_K,h) x (Dn x T) */
@@ -303,7 +313,11 @@ int cuda_mla_mixer(struct rank *k, int l, int T, bool decode, char *err, size_t 
         .T = T, .H = H, .Dn = Dn, .R = R, .C = C, .W = L->W, .K = x->KS, .block_size = b->block_size, .scale = a->softmax_scale,
         .kv8 = b->kv8, .key0 = x->key0,
     };
-    CK(cuda_mla_attention(&aa, st));
+    /* prefill chunks on the tensor cores where the shape fits (the indexer's choice too); decode steps (one
+     * token a sequence: a block of the tensor-core kernel would walk each of its tokens' contexts in turn)
+     * and short steps (which the SIMT kernel's key splits fill the GPU with) on the SIMT kernel */
+    if (!decode && T >= b->t.mla_prefill_min_t && cuda_mla_prefill_ok(&aa)) CK(cuda_mla_prefill(&aa, st));
+    else CK(cuda_mla_attention(&aa, st));
     /* att[t][h] = W_V,h o_lat[t][h]: per head (Dv x C) x (C x T) */
     CB(cublasGemmStridedBatchedEx(k->blas, CUBLAS_OP_T, CUBLAS_OP_N, Dv, T, C, &one, L->kv_b + (size_t)Dn * C,
                                   CUDA_R_16BF, C, (long long)W * C, x->olat, CUDA_R_16BF, H * C, C, &zero, x->att,

@@ -1,7 +1,8 @@
 /* mla.h - multi-head latent attention on the GPU backend (internal to cuda/):
  * a layer's weights and scratch (struct cuda_mla_layer, filled by
  * cuda_mla_upload), the rank's RoPE tables (struct cuda_mla_rank), the
- * mixer enqueue() dispatches to, and the kernels' host functions (mla_kern.cu: mla.o is mla.c's object).
+ * mixer enqueue() dispatches to, and the kernels' host functions (mla_kern.cu: mla.o is mla.c's object;
+ * mla_prefill.cu: the tensor-core attention for prefill chunks).
  *
  * The step, as model/cpu_mla.c computes it (transformers' DeepseekV3Attention):
  *   q      = q_b(rmsnorm(q_a(xn))) or q_proj(xn)        per head [nope | rope]
@@ -10,7 +11,10 @@
  * then the absorbed form for every query token (decode and prefill chunks,
  * causal within the step): q_lat_h = W_K,h^T q_nope_h (one strided-batched
  * GEMM over the heads), scores (q_lat . latent_j + q_rope . k_rope_j) *
- * softmax_scale over the paged entries 0..pos, the weighted latent sum, W_V,h
+ * softmax_scale over the paged entries 0..pos (steps of cuda_tuning's
+ * mla_prefill_min_t tokens or more on the tensor cores, cuda_mla_prefill,
+ * the indexer's choice too; decode steps on the SIMT kernel,
+ * cuda_mla_attention), the weighted latent sum, W_V,h
  * times it (a second batched GEMM), then o_proj into k->delta.
  *
  * The paged entry of a token in an MLA layer is [latent C | k_rope R], bf16
@@ -71,7 +75,9 @@ struct cuda_mla_rank {
      * choice of the last layer that ran its own (sel and nsel stay from it) */
     int K, KS;                   /* KS: a query's room in sel, K (+ KP with k-pools) */
     float *ixq, *ixk, *ixw, *ixg; /* [IH][ID], [ID], [IH], [ID] (k-pools' gate scores) f32 */
-    float *ixs;                  /* [max_ctx] f32: each query's key (or pool) scores */
+    float *ixs;                  /* [ixT][max_ctx] f32: a query's key (or pool) scores */
+    int ixT;                     /* queries the indexer scores at a time (a step's in chunks of ixT:
+                                  * ixs stays small at long contexts) */
     int32_t *sel;                /* [KS]: each query's chosen keys, ascending */
     int32_t *nsel;               /* their count, or -1: every key 0..pos */
     int key0;                    /* the mixer attends keys key0..pos: 0, or 1 while cuda/mtp.c runs the MTP layer */
@@ -136,6 +142,24 @@ struct cuda_mla_attn_args {
  * the splits (their count from T and the shape only: graph-safe for any
  * context) merged by a second kernel. */
 cudaError_t cuda_mla_attention(const struct cuda_mla_attn_args *a, cudaStream_t st);
+/* The same attention on the tensor cores, for prefill chunks
+ * (mla_prefill.cu; cuda_mla_mixer takes it from cuda_tuning's
+ * mla_prefill_min_t tokens a step): the query rows of a block are (token,
+ * head) pairs, 64 of them (32 where the GPU has under ~190 KB of shared
+ * memory a block, sm_89), which read the same keys; per tile of 32 keys S =
+ * Q K^T and O += P V on mma.sync (bf16 in, f32 accumulators; queries and P
+ * rounded to bf16, fp8 entries widened to bf16 in shared memory), the
+ * softmax online in f32, the 512 output columns split over two warps of a
+ * row group. Tokens of several sequences in one block each attend only
+ * their own keys (the block walks each sequence's keys in turn); with the
+ * indexer's choice (sel, nsel) each token attends exactly its chosen keys
+ * (the block walks each token's in turn). a.part is not used. Only the
+ * shapes cuda_mla_prefill_ok takes; cudaErrorInvalidValue for others. */
+cudaError_t cuda_mla_prefill(const struct cuda_mla_attn_args *a, cudaStream_t st);
+/* Whether cuda_mla_prefill takes a's shape on the current device: C 512,
+ * R a multiple of 16 up to 64, W a multiple of 16, the cache 16-byte
+ * aligned, shared memory enough. */
+bool cuda_mla_prefill_ok(const struct cuda_mla_attn_args *a);
 /* Bytes of part cuda_mla_attention needs for any step of up to max_tokens
  * tokens with H heads (0: no step splits its keys). */
 size_t cuda_mla_attn_part_bytes(int max_tokens, int H, int C, int R);

@@ -2,8 +2,8 @@
  * one struct, its defaults in one place (CUDA_TUNING_DEFAULTS, below), and
  * nothing read from the environment. The server never changes it; tests
  * and benchmarks set fields of cuda_tuning before they create a backend
- * (model_backend_create reads it then; attn_wg.cu, gemm_wg.cu and moe_gemm.cu read
- * their fields at each launch, so set them outside graph capture).
+ * (model_backend_create reads it then; attn_wg.cu, gemm_wg.cu, moe_gemm.cu and
+ * mla_prefill.cu read their fields at each launch, so set them outside graph capture).
  * The flags that reach the backend (--enforce-eager for CUDA graphs off,
  * --kv-cache-dtype, --tensor-parallel-size, ...) come through
  * struct model_backend_opts instead. docs/configuration.md lists both.
@@ -51,6 +51,14 @@ struct cuda_tuning {
                            * to be re-measured with bench_moe, which times both paths at every T */
     int long_split_keys;  /* a prefill tile attending to this many keys or more may be split over blocks
                            * (4096); tests set 64 to split short prompts; 0: never */
+    int mla_prefill_min_t; /* an MLA step of this many query tokens or more, not all of them decodes,
+                           * attends on the tensor cores (cuda_mla_prefill, 128); below it the SIMT kernel,
+                           * which splits a token's keys over blocks and so fills the GPU with few tokens,
+                           * where the tensor-core kernel (one block per 64 (token, head) rows, no split)
+                           * would leave most SMs idle at 16 heads; tests set 1 */
+    int mla_prefill_rows; /* the tensor-core MLA attention's rows a block: 0 by the GPU's shared memory (64,
+                           * or 32 where a block has under ~190 KB, sm_89); tests set 32 to run sm_89's
+                           * configuration on an H100 */
     int tp_fault_rank;    /* tensor parallelism: this rank fails its forward number tp_fault_step with an
                            * injected error, to test that the others stop (-1: none) */
     long tp_fault_step;
@@ -65,8 +73,9 @@ struct cuda_tuning {
 #define CUDA_TUNING_DEFAULTS                                                                          \
     {                                                                                                 \
         .warmup = true, .tp_peer_allreduce = true, .gemm_wg_min_t = 128, .moe_gemm_min_rows = 0.5f,   \
-        .moe_gemm_min_rows_packed = 0.5f, .long_split_keys = 4096,                                    \
-        .tp_fault_rank = -1, .tp_fault_step = 0, .ablate = 0, .tp_skip_comm = false,                  \
+        .moe_gemm_min_rows_packed = 0.5f, .long_split_keys = 4096, .mla_prefill_min_t = 128,          \
+        .mla_prefill_rows = 0, .tp_fault_rank = -1, .tp_fault_step = 0, .ablate = 0,                  \
+        .tp_skip_comm = false,                                                                        \
         .attn_wg8_skip_widen = false, .gemm_wg_ablate = 0,                                            \
     }
 

@@ -1,7 +1,8 @@
 /* test_mla.c - multi-head latent attention (model/mla.c, model/cpu_mla.c)
  * against transformers: tests/models/mla/, made by
  * tests/golden/mla/make_mla.py (deepseek_v3 with and without q_lora, with
- * YaRN, without RoPE; glm_moe_dsa with its DSA indexer on and, through
+ * YaRN, without RoPE, at DeepSeek's latent width 512; glm_moe_dsa with its
+ * DSA indexer on and, through
  * --hf-overrides' nested index_topk null, off).
  *
  * For each checkpoint and prompt:
@@ -47,6 +48,7 @@ static const struct ckpt CKPTS[] = {
     {"dsv3-noqlora", "golden.json", NULL},
     {"dsv3-yarn", "golden.json", NULL},
     {"dsv3-norope", "golden.json", NULL},
+    {"dsv3-c512", "golden.json", NULL},
     {"glm-dsa", "golden.json", NULL},
     {"glm-dsa", "golden_dense.json", "{\"text_config\": {\"index_topk\": null}}"},
 };

@@ -53,8 +53,10 @@
 #   long               one 32K and one 131K-token prompt in chunks of 8192
 #                      (TTFT), then batch-1 decode over them; each KV cache
 #   mla                the DeepSeek-V2-Lite shape (tools/configs/deepseek-v2-lite-shape: MLA +
-#                      64 experts top-6, dummy bf16): batch-1 decode at 1K, then one
-#                      32K and one 131K-token prompt (TTFT) and batch-1 decode over each
+#                      64 experts top-6, dummy bf16): first bench_mla, the MLA attention
+#                      kernels alone on 8192-token chunks (tensor cores vs SIMT, each KV
+#                      cache); batch-1 decode at 1K, then one 32K and one 131K-token
+#                      prompt (TTFT) and batch-1 decode over each
 #   gemm               bench_gemm: the sustained cuBLAS GEMM ceiling at the power
 #                      cap, and the warpgroup GEMMs beside it
 #   attn               bench_attn: the prefill attention kernels, each KV cache
@@ -223,6 +225,10 @@ bench_one() {
         done ;;
     mla) # the DeepSeek-V2-Lite shape (MLA + MoE, dummy bf16): batch-1 decode at 1K, then over 32K and 131K
         s=tools/configs/deepseek-v2-lite-shape
+        for k in ${KVD:-auto fp8}; do
+            timeout -k 5 120 "$B/tests/gpu/bench_mla" $([ "$k" = auto ] || echo "--kv-cache-dtype=$k") 2>&1 |
+                tee "$d/bench_mla_$k.log"
+        done
         timeout -k 5 300 "$B/tests/gpu/bench_gpu" $G --only=decode "$s" 2>&1 | tee "$d/decode.log"
         for n in 32768 131072; do
             timeout -k 5 400 "$B/tests/gpu/bench_gpu" $G0 --long=$n "$s" 2>&1 | tee "$d/long_$n.log"

@@ -1199,6 +1199,13 @@ int main(int argc, char **argv)
         snprintf(gold, sizeof gold, "%s/golden.json", dir);
         run_model(mla[i], dir, gold, 3e-2, 3e-2);
     }
+    /* DeepSeek's latent width (kv_lora_rank 512): every step but decode steps on the tensor-core prefill
+     * attention (cuda/mla_prefill.cu), the prompts' too (mla_prefill_min_t 1 when the backend is made) */
+    const int pmin = cuda_tuning.mla_prefill_min_t;
+    cuda_tuning.mla_prefill_min_t = 1;
+    run_model("dsv3-c512 (tensor-core prefill)", "tests/models/mla/dsv3-c512", "tests/models/mla/dsv3-c512/golden.json",
+              3e-2, 3e-2);
+    cuda_tuning.mla_prefill_min_t = pmin;
     g_hf_overrides = "{\"text_config\": {\"index_topk\": null}}";
     run_model("glm-dsa (index_topk null)", "tests/models/mla/glm-dsa", "tests/models/mla/glm-dsa/golden_dense.json",
               3e-2, 3e-2);

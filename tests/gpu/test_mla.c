@@ -6,7 +6,11 @@
  * decode steps, bf16 and fp8 e4m3 caches (long ones, whose decode steps
  * split their keys over blocks; 128 heads in groups; the indexer's choice
  * of keys; keys from position 1, as the MTP layer attends); the DSA indexer (keys, scores, the top-K choice with ties;
- * k-pools in one step and over prefill, decode and pool-completing steps).
+ * k-pools in one step and over prefill, decode and pool-completing steps);
+ * the tensor-core prefill attention against a double reference and the
+ * SIMT kernel (chunks at 0 and mid-context, several sequences a step, 1, 16
+ * and 128 heads, bf16 and fp8, block sizes 16 and 64, the indexer's
+ * choice, sm_89's configuration).
  * Each attention is checked against
  * a double reference over the entries the GPU stored (read back), and the
  * entries against the reference latent and key. Errors are ||out - ref|| /
@@ -19,6 +23,7 @@
 #include <string.h>
 
 #include "cuda/mla.h"
+#include "cuda/tuning.h"
 #include "tests/gpu/gpu_util.h"
 #include "tests/test.h"
 
@@ -298,6 +303,178 @@ static void test_paged_fp8(void)
     run_case_n(16, 512, 64, 128, true, true, 2000, 100, false);
 }
 
+/* The tensor-core prefill attention (cuda_mla_prefill) over one step of
+ * nseq sequences: sequence s has st[s] keys cached before the step and n[s]
+ * query tokens at positions st[s].. (a chunk at 0: st 0; in the middle of a
+ * context; a decode token among them: n 1), over a scattered block table of
+ * block size bs. The cache holds random entries (bf16, or e4m3 bytes of
+ * moderate magnitude) written straight into it, which the references read
+ * as stored. Checked against a double reference on a sample of the tokens
+ * (every token when the step is small; each sequence's first and last
+ * always) and against cuda_mla_attention (the SIMT kernel) on every row;
+ * the output starts poisoned (NaN), so a row never written fails. With
+ * use_sel, the indexer's choice: token t attends keys j % 3 == 0 and its own,
+ * except every key where t % 5 == 0 (nsel -1) and none where t % 7 == 3
+ * (nsel 0: output 0). One line per case. */
+static void pf_case(const char *what, int H, int R, bool kv8, int bs, int nseq, const int *st, const int *n,
+                    bool use_sel)
+{
+    int C = 512, Dn = 32, W = C + R, Dq = Dn + R, T = 0, nbt = 0;
+    int *off = malloc((size_t)nseq * sizeof(int)), *first = malloc((size_t)nseq * sizeof(int));
+    for (int s = 0; s < nseq; s++) {
+        off[s] = nbt, first[s] = T;
+        nbt += (st[s] + n[s] + bs - 1) / bs;
+        T += n[s];
+    }
+    int NB = nbt + 1, mul = 5; /* blocks out of order: i * mul mod NB, one block unused */
+    while (gcd(mul, NB) != 1) mul++;
+    int32_t *bt = malloc((size_t)nbt * 4);
+    for (int i = 0; i < nbt; i++) bt[i] = (int32_t)(((long long)(i + 1) * mul) % NB);
+    size_t es = kv8 ? 1 : 2, cache_n = (size_t)NB * bs * W;
+    uint8_t *craw = malloc(cache_n * es);
+    float *cache = malloc(cache_n * 4);
+    for (size_t i = 0; i < cache_n; i++) {
+        if (kv8) { /* sign, exponent 3..8 (2^-4 .. 2^1), any mantissa: up to 3.75, never NaN */
+            int r = (int)((frand() + 1.0f) * 4096.0f);
+            uint8_t v = (uint8_t)((frand() < 0 ? 0x80 : 0) | (3 + r % 6) << 3 | (r / 6) % 8);
+            craw[i] = v, cache[i] = e4m3(v);
+        } else {
+            uint16_t v = bf(frand());
+            ((uint16_t *)craw)[i] = v, cache[i] = fb(v);
+        }
+    }
+    int32_t *pos = malloc((size_t)T * 4), *tbt = malloc((size_t)T * 4);
+    int *seq = malloc((size_t)T * sizeof(int));
+    for (int s = 0, t = 0; s < nseq; s++)
+        for (int i = 0; i < n[s]; i++, t++) pos[t] = st[s] + i, tbt[t] = off[s], seq[t] = s;
+    int maxk = 0; /* keys of the longest sequence: sel's row stride */
+    for (int s = 0; s < nseq; s++) maxk = st[s] + n[s] > maxk ? st[s] + n[s] : maxk;
+    int32_t *sel = malloc((size_t)T * maxk * 4), *nsel = malloc((size_t)T * 4);
+    for (int t = 0; t < T; t++) {
+        int m = 0;
+        for (int j = 0; j <= pos[t]; j++)
+            if (j % 3 == 0 || j == pos[t]) sel[(size_t)t * maxk + m++] = j;
+        nsel[t] = t % 5 == 0 ? -1 : t % 7 == 3 ? 0 : m;
+    }
+    float *qlat = malloc((size_t)T * H * C * 4), *q = malloc((size_t)T * H * Dq * 4);
+    for (size_t i = 0; i < (size_t)T * H * C; i++) qlat[i] = frand();
+    for (size_t i = 0; i < (size_t)T * H * Dq; i++) q[i] = frand();
+    float scale = 0.3f;
+    void *dcache = dup_dev(craw, cache_n * es);
+    float *dqlat = dup_dev(qlat, (size_t)T * H * C * 4), *dq = dup_dev(q, (size_t)T * H * Dq * 4);
+    int32_t *dpos = dup_dev(pos, (size_t)T * 4), *dtbt = dup_dev(tbt, (size_t)T * 4);
+    int32_t *dbt = dup_dev(bt, (size_t)nbt * 4);
+    int32_t *dsel = dup_dev(sel, (size_t)T * maxk * 4), *dnsel = dup_dev(nsel, (size_t)T * 4);
+    uint16_t *dpf = poisoned((size_t)T * H * C * 2), *dsimt = poisoned((size_t)T * H * C * 2);
+    size_t pbytes = cuda_mla_attn_part_bytes(T, H, C, R);
+    float *dpart = pbytes ? poisoned(pbytes) : NULL;
+    struct cuda_mla_attn_args aa = {.qlat = dqlat, .q = dq, .cache = dcache, .pos = dpos, .tok_bt = dtbt, .bt = dbt,
+                                    .sel = use_sel ? dsel : NULL, .nsel = use_sel ? dnsel : NULL, .olat = dpf,
+                                    .part = dpart, .T = T, .H = H, .Dn = Dn, .R = R, .C = C, .W = W, .K = maxk,
+                                    .block_size = bs, .scale = scale, .kv8 = kv8};
+    bool fits = cuda_mla_prefill_ok(&aa);
+    cudaError_t e1 = cuda_mla_prefill(&aa, 0);
+    aa.olat = dsimt;
+    cudaError_t e2 = cuda_mla_attention(&aa, 0);
+    cudaError_t e3 = cudaDeviceSynchronize();
+    size_t no = (size_t)T * H * C;
+    uint16_t *opf = malloc(no * 2), *osimt = malloc(no * 2);
+    get(opf, dpf, no * 2);
+    get(osimt, dsimt, no * 2);
+    /* every row against the SIMT kernel */
+    float *of = malloc(no * 4);
+    double *od = malloc(no * 8);
+    for (size_t i = 0; i < no; i++) of[i] = fb(opf[i]), od[i] = fb(osimt[i]);
+    double e_simt = nerr(of, od, no);
+    /* a sample of the tokens against the double reference, about 1e9 multiply-adds */
+    double cost = 0;
+    for (int t = 0; t < T; t++) cost += (double)H * (use_sel && nsel[t] >= 0 ? nsel[t] : pos[t] + 1) * (2 * C + R);
+    int stride = cost > 1e9 ? (int)ceil(cost / 1e9) : 1, nc = 0;
+    int *ck = malloc((size_t)T * sizeof(int));
+    for (int t = 0; t < T; t++) {
+        int s = seq[t];
+        if (t % stride == 0 || t == first[s] || t == first[s] + n[s] - 1) ck[nc++] = t;
+    }
+    float *og = malloc((size_t)nc * H * C * 4);
+    double *ref = calloc((size_t)nc * H * C, sizeof(double)), *sc = malloc((size_t)maxk * 8);
+    int *kl = malloc((size_t)maxk * sizeof(int));
+    for (int ci = 0; ci < nc; ci++) {
+        int t = ck[ci], s = seq[t], nk = 0;
+        if (use_sel && nsel[t] >= 0)
+            for (nk = 0; nk < nsel[t]; nk++) kl[nk] = sel[(size_t)t * maxk + nk];
+        else
+            for (nk = 0; nk <= pos[t]; nk++) kl[nk] = nk;
+        for (int i = 0; i < H * C; i++) og[(size_t)ci * H * C + i] = fb(opf[(size_t)t * H * C + i]);
+        for (int h = 0; h < H && nk > 0; h++) { /* no key: 0 */
+            const float *ql = qlat + ((size_t)t * H + h) * C, *qr = q + ((size_t)t * H + h) * Dq + Dn;
+            double mx = -INFINITY, sum = 0;
+            for (int i = 0; i < nk; i++) {
+                int j = kl[i];
+                const float *e = cache + ((size_t)bt[off[s] + j / bs] * bs + j % bs) * W;
+                double d = 0;
+                for (int c = 0; c < C; c++) d += (double)ql[c] * e[c];
+                for (int c = 0; c < R; c++) d += (double)qr[c] * e[C + c];
+                sc[i] = d * scale;
+                mx = sc[i] > mx ? sc[i] : mx;
+            }
+            for (int i = 0; i < nk; i++) sum += sc[i] = exp(sc[i] - mx);
+            double *r = ref + ((size_t)ci * H + h) * C;
+            for (int i = 0; i < nk; i++) {
+                int j = kl[i];
+                const float *e = cache + ((size_t)bt[off[s] + j / bs] * bs + j % bs) * W;
+                for (int c = 0; c < C; c++) r[c] += sc[i] / sum * e[c];
+            }
+        }
+    }
+    double e_ref = nerr(og, ref, (size_t)nc * H * C);
+    bool ok = fits && e1 == cudaSuccess && e2 == cudaSuccess && e3 == cudaSuccess && e_ref < 1e-2 && e_simt < 1e-2;
+    printf("  %s prefill %s: H=%d R=%d %s bs=%d T=%d, keys up to %d%s%s: vs reference %.2e (%d tokens), vs "
+           "attn_kernel %.2e\n",
+           ok ? "ok  " : "FAIL", what, H, R, kv8 ? "fp8" : "bf16", bs, T, maxk, use_sel ? ", the indexer's choice" : "",
+           cuda_tuning.mla_prefill_rows == 32 ? ", 32 rows a block" : "", e_ref, nc, e_simt);
+    CHECKF(fits, "%s: cuda_mla_prefill_ok refused the shape", what);
+    CHECKF(e1 == cudaSuccess && e2 == cudaSuccess && e3 == cudaSuccess, "%s: %s / %s / %s", what,
+           cudaGetErrorString(e1), cudaGetErrorString(e2), cudaGetErrorString(e3));
+    CHECKF(e_ref < 1e-2, "%s: vs reference %.3g", what, e_ref);
+    CHECKF(e_simt < 1e-2, "%s: vs attn_kernel %.3g", what, e_simt);
+    cudaFree(dcache), cudaFree(dqlat), cudaFree(dq), cudaFree(dpos), cudaFree(dtbt), cudaFree(dbt), cudaFree(dpf);
+    cudaFree(dsimt), cudaFree(dpart), cudaFree(dsel), cudaFree(dnsel);
+    free(sel), free(nsel), free(kl);
+    free(off), free(first), free(bt), free(craw), free(cache), free(pos), free(tbt), free(seq), free(qlat), free(q);
+    free(opf), free(osimt), free(of), free(od), free(ck), free(og), free(ref), free(sc);
+}
+
+static void test_prefill(void)
+{
+    static const int s0[] = {0}, n0[] = {77};                       /* a chunk at 0, 77 tokens */
+    static const int s1[] = {1000, 0, 500}, n1[] = {300, 45, 1};      /* mid-context, at 0, a decode token */
+    static const int s2[] = {37, 0, 200, 64}, n2[] = {130, 5, 1, 3}; /* one head: a block spans many tokens */
+    static const int s3[] = {300, 0}, n3[] = {20, 9};                /* 128 heads: a token over two blocks */
+    static const int s4[] = {4000}, n4[] = {500};                    /* several thousand keys */
+    cudaGetLastError();
+    pf_case("chunk at 0", 16, 64, false, 16, 1, s0, n0, false);
+    pf_case("three sequences", 16, 64, false, 64, 3, s1, n1, false);
+    pf_case("three sequences", 16, 64, true, 16, 3, s1, n1, false);
+    pf_case("one head", 1, 64, false, 16, 4, s2, n2, false);
+    pf_case("one head", 1, 64, true, 64, 4, s2, n2, false);
+    pf_case("128 heads", 128, 64, false, 64, 2, s3, n3, false);
+    pf_case("128 heads", 128, 64, true, 16, 2, s3, n3, false);
+    pf_case("no rope", 16, 0, false, 16, 3, s1, n1, false);
+    pf_case("long context", 16, 64, false, 64, 1, s4, n4, false);
+    pf_case("long context", 16, 64, true, 16, 1, s4, n4, false);
+    pf_case("three sequences", 16, 64, false, 16, 3, s1, n1, true);
+    pf_case("64 heads", 64, 64, true, 64, 2, s3, n3, true);
+    /* sm_89's configuration (32 rows a block, one key stage) on any GPU */
+    int rows = cuda_tuning.mla_prefill_rows;
+    cuda_tuning.mla_prefill_rows = 32;
+    pf_case("three sequences", 16, 64, false, 16, 3, s1, n1, false);
+    pf_case("three sequences", 16, 64, true, 64, 3, s1, n1, false);
+    pf_case("one head", 1, 64, false, 64, 4, s2, n2, false);
+    pf_case("128 heads", 128, 64, true, 64, 2, s3, n3, false);
+    pf_case("three sequences", 16, 64, true, 16, 3, s1, n1, true);
+    cuda_tuning.mla_prefill_rows = rows;
+}
+
 /* The DSA indexer over one sequence of n tokens, in one step or in the steps
  * of `steps` (token counts summing to n, 0-terminated: a prefill chunk,
  * decode steps at every offset inside a pool, steps that start inside a pool
@@ -515,6 +692,7 @@ int main(void)
     RUN(test_paged);
     RUN(test_paged_fp8);
     RUN(test_paged_key0);
+    RUN(test_prefill);
     RUN(test_indexer);
     return test_summary();
 }

@@ -24,6 +24,9 @@ the stored values.
   dsv3-norope     deepseek_v3 with qk_rope_head_dim 0 (GLM-5.3's MLA: no RoPE); the
                   rotary embedding reads head_dim 0 as unset, so its frequency
                   table is emptied after loading (no rotation at all)
+  dsv3-c512       deepseek_v3, one layer, with DeepSeek's latent width (kv_lora_rank 512, rope 16):
+                  the shape the GPU's tensor-core prefill attention takes (its own seed,
+                  so it is the same made alone or with the others)
   glm-dsa         glm_moe_dsa, 3 layers (indexer full, shared, full), 32 indexer
                   heads, index_topk 6: golden.json has the sparse attention;
                   golden_dense.json the same weights with index_topk above every
@@ -182,10 +185,16 @@ def main():
         "dsv3-norope": DS(**{**COMMON, "qk_rope_head_dim": 0}, num_hidden_layers=2, first_k_dense_replace=2,
                           q_lora_rank=32, num_nextn_predict_layers=0,
                           rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+        "dsv3-c512": DS(**{**COMMON, "kv_lora_rank": 512, "qk_rope_head_dim": 16}, num_hidden_layers=1,
+                        first_k_dense_replace=2, q_lora_rank=32, rope_interleave=True, num_nextn_predict_layers=0,
+                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
     }
+    seeds = {"dsv3-c512": 512}
     for name, cfg in models.items():
         if only and name not in only:
             continue
+        if name in seeds:
+            torch.manual_seed(seeds[name])
         try:
             m = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
         except Exception as e:  # rope dim 0 may not build: say so, go on
