@@ -185,7 +185,8 @@ void cuda_kda_free(struct rank *k, int l)
     }
     struct cuda_kda_rank *x = k->kdax;
     if (x && l == x->last) {
-        cudaFree(x->states), cudaFree(x->qkv), cudaFree(x->hl), cudaFree(x->o32), cudaFree(x->fg), cudaFree(x->gate), cudaFree(x->beta);
+        cudaFree(x->states), cudaFree(x->qkv), cudaFree(x->hl), cudaFree(x->o32), cudaFree(x->fg);
+        cudaFree(x->gate), cudaFree(x->beta);
         cudaFree(x->fa), cudaFree(x->ga), cudaFree(x->o);
         if (x->stage) cudaFreeHost(x->stage);
         free(x->tmp);
@@ -283,7 +284,8 @@ int cuda_kda_mixer(struct rank *k, int l, int T, bool decode, char *err, size_t 
     CB(cuda_proj(k, &L->qgb, L->wgb, x->ga, x->gate, true, T, D, C));
     const struct model_kda_config *kc = &b->c.kda;
     struct cuda_kda_args a = {
-        .qkv = x->qkv, .qkv_lo = x->qkv + (size_t)T * 3 * C, .fg = x->fg, .beta = x->beta, .gate = x->gate, .conv = L->conv, .dt_bias = L->dt_bias,
+        .qkv = x->qkv, .qkv_lo = x->qkv + (size_t)T * 3 * C, .fg = x->fg, .beta = x->beta, .gate = x->gate,
+        .conv = L->conv, .dt_bias = L->dt_bias,
         .A = L->A, .o_norm = L->o_norm, .states = x->states, .slot_floats = x->slot_floats, .off = L->off,
         .seqs = seqs, .snaps = (const struct cuda_kda_snap *)(k->din + b->lay.kda_snaps), .n_seqs = G, .H = H,
         .D = D, .K = x->K, .lower_bound = kc->has_lower_bound, .lb = kc->lower_bound, .eps = b->c.norm_eps,

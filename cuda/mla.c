@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "cuda/cuda_internal.h"
+#include "cuda/kda.h" /* cuda_kda_xsplit */
 #include "cuda/mla.h"
 
 int cuda_mla_check(const struct model_config *c, int N, char *err, size_t errlen)
@@ -148,13 +149,15 @@ static int rank_upload(struct rank *k, char *err, size_t errlen)
         size_t IH = a->index_n_heads, ID = a->index_head_dim;
         x->K = a->index_topk < b->max_ctx ? a->index_topk : b->max_ctx;
         x->KS = x->K + (a->index_kpool > 0 ? a->index_kpool : 0);
-        if (cuda_dmalloc((void **)&x->ixq, T * IH * ID * 4, err, errlen) ||
-            cuda_dmalloc((void **)&x->ixk, T * ID * 4, err, errlen) ||
-            cuda_dmalloc((void **)&x->ixw, T * IH * 4, err, errlen) ||
+        if (cuda_dmalloc((void **)&x->ixq, 2 * T * IH * ID * 4, err, errlen) ||
+            cuda_dmalloc((void **)&x->ixk, 2 * T * ID * 4, err, errlen) ||
+            cuda_dmalloc((void **)&x->ixw, 2 * T * IH * 4, err, errlen) ||
+            cuda_dmalloc((void **)&x->ixhq, 2 * T * QL * 2, err, errlen) ||
+            cuda_dmalloc((void **)&x->ixhx, 2 * T * (size_t)c->n_embd * 2, err, errlen) ||
             cuda_dmalloc((void **)&x->ixs, T * X * 4, err, errlen) ||
             cuda_dmalloc((void **)&x->sel, T * (size_t)x->KS * 4, err, errlen) ||
             cuda_dmalloc((void **)&x->nsel, T * 4, err, errlen) ||
-            (a->index_kpool > 0 && cuda_dmalloc((void **)&x->ixg, T * ID * 4, err, errlen)))
+            (a->index_kpool > 0 && cuda_dmalloc((void **)&x->ixg, 2 * T * ID * 4, err, errlen)))
             return SL_ENOMEM;
     }
     return 0;
@@ -227,7 +230,7 @@ void cuda_mla_free(struct rank *k, int l)
         cudaFree(x->rcos), cudaFree(x->rsin), cudaFree(x->qa), cudaFree(x->qan), cudaFree(x->q), cudaFree(x->qn);
         cudaFree(x->kva), cudaFree(x->qlat), cudaFree(x->olat), cudaFree(x->att), cudaFree(x->apart);
         cudaFree(x->ixq), cudaFree(x->ixk), cudaFree(x->ixw), cudaFree(x->ixs), cudaFree(x->sel), cudaFree(x->nsel);
-        cudaFree(x->ixg);
+        cudaFree(x->ixg), cudaFree(x->ixhq), cudaFree(x->ixhx);
         free(x);
         k->mlax = NULL;
     }
@@ -272,19 +275,24 @@ int cuda_mla_mixer(struct rank *k, int l, int T, bool decode, char *err, size_t 
     CK(cuda_mla_kv_write(&ka, st));
     const int32_t *tok_bt = (const int32_t *)(k->din + b->lay.tok_bt), *bt = (const int32_t *)(k->din + b->lay.bt);
     if (L->ix) {
-        /* every key of the step is in the cache before any query scores them (one kernel after another) */
+        /* every key of the step is in the cache before any query scores them (one kernel after another).
+         * The choice is discrete: its projections take the q latent and xn to ~2^-17 of the f32 norms the
+         * CPU uses, each as its bf16 rows and their low parts (cuda_kda_xsplit), 2T rows, the halves added
+         * in cuda_mla_indexer (the keys then go to the cache in its dtype, as the CPU's are in f32) */
         int IH = a->index_n_heads, ID = a->index_head_dim;
-        CB(gemm(k, x->qan, L->ix_wq_b, x->ixq, true, T, QL, IH * ID));
-        CB(gemm(k, k->xn, L->ix_wk, x->ixk, true, T, E, ID));
-        CB(gemm(k, k->xn, L->ix_w, x->ixw, true, T, E, IH));
-        if (L->ix_gate) CB(gemm(k, k->xn, L->ix_gate, x->ixg, true, T, E, ID));
+        CK(cuda_kda_xsplit(x->qa, L->q_a_norm, x->qan, T, QL, leps, x->ixhq, st));
+        CK(cuda_kda_xsplit(k->x, k->L[l].attn_norm, k->xn, T, E, c->norm_eps, x->ixhx, st));
+        CB(gemm(k, x->ixhq, L->ix_wq_b, x->ixq, true, 2 * T, QL, IH * ID));
+        CB(gemm(k, x->ixhx, L->ix_wk, x->ixk, true, 2 * T, E, ID));
+        CB(gemm(k, x->ixhx, L->ix_w, x->ixw, true, 2 * T, E, IH));
+        if (L->ix_gate) CB(gemm(k, x->ixhx, L->ix_gate, x->ixg, true, 2 * T, E, ID));
         struct cuda_mla_ix_args ia = {
             .q = x->ixq, .k = x->ixk, .g = L->ix_gate ? x->ixg : NULL, .ape = L->ix_ape, .w = x->ixw, .kn = L->ix_kn, .kb = L->ix_kb, .cos = x->rcos, .sin = x->rsin,
             .pos = pos, .tok_bt = tok_bt, .bt = bt, .slots = ka.slots, .cache = cache, .scores = x->ixs,
             .sel = x->sel, .nsel = x->nsel, .T = T, .IH = IH, .ID = ID, .R = R, .C = C, .W = L->W, .K = x->K,
             .KS = x->KS, .max_ctx = b->max_ctx, .block_size = b->block_size, .KP = a->index_kpool,
             .want = a->index_kpool > 0 ? a->index_topk / a->index_kpool : 0, .tail = a->index_kpool_tail,
-            .kv8 = b->kv8,
+            .kv8 = b->kv8, .lo = true,
         };
         CK(cuda_mla_indexer(&ia, st));
     }

@@ -69,7 +69,9 @@ struct cuda_mla_rank {
     /* the indexer (index_topk > 0): K keys a query attends at most; a shared layer reuses the
      * choice of the last layer that ran its own (sel and nsel stay from it) */
     int K, KS;                   /* KS: a query's room in sel, K (+ KP with k-pools) */
-    float *ixq, *ixk, *ixw, *ixg; /* [IH][ID], [ID], [IH], [ID] (k-pools' gate scores) f32 */
+    float *ixq, *ixk, *ixw, *ixg; /* [IH][ID], [ID], [IH], [ID] (k-pools' gate scores) f32, [2 max_tokens] rows:
+                                   * the projections of the bf16 inputs, then of their low parts */
+    uint16_t *ixhq, *ixhx;       /* [2 max_tokens][QL], [2 max_tokens][E]: qan and xn, then their low parts */
     float *ixs;                  /* [max_ctx] f32: each query's key (or pool) scores */
     int32_t *sel;                /* [KS]: each query's chosen keys, ascending */
     int32_t *nsel;               /* their count, or -1: every key 0..pos */
@@ -152,6 +154,8 @@ struct cuda_mla_ix_args {
     int T, IH, ID, R, C, W, K, KS, max_ctx, block_size;
     int KP, want;                /* k-pools (glm5_next): pool size, pools chosen (index_topk / KP); KP 0: keys */
     bool tail, kv8;              /* tail: the query's own incomplete pool joins its choice */
+    bool lo;                     /* q, k, w (and g) hold 2T rows: row T + t is the projection of row t's
+                                  * input's low part, added to row t first (rows [0, T) then hold the sums) */
 };
 /* The DSA indexer (GlmMoeDsaIndexer as cpu_mla.c computes it): each token's
  * key LayerNormed and rotated into its entry; then per query the score of

@@ -331,21 +331,26 @@ extern "C" cudaError_t cuda_mla_attention(const struct cuda_mla_attn_args *a, cu
 
 /* ---- the DSA indexer ---- */
 
-/* One block per token: the key's LayerNorm (biased variance), RoPE on its
- * first R dims in pairs, into the entry; the queries' rope parts; the
- * weights scaled. */
+/* One block per token: (a.lo) the low parts' rows added; the key's
+ * LayerNorm (biased variance), RoPE on its first R dims in pairs, into the
+ * entry; the queries' rope parts; the weights scaled. */
 static __global__ void ix_prep_kernel(struct cuda_mla_ix_args a)
 {
     __shared__ float sh[32];
     __shared__ float kk[256]; /* ID <= 256 (checked at creation) */
     int t = blockIdx.x, ID = a.ID, half = a.R / 2, p = a.pos[t];
     const float *k = a.k + (size_t)t * ID;
+    /* each thread reads and writes only its own elements of kk until the barrier */
+    for (int i = threadIdx.x; i < ID; i += blockDim.x) kk[i] = a.lo ? k[i] + k[(size_t)a.T * ID + i] : k[i];
     float s = 0.0f;
-    for (int i = threadIdx.x; i < ID; i += blockDim.x) s += k[i];
+    for (int i = threadIdx.x; i < ID; i += blockDim.x) s += kk[i];
     float m = block_sum(s, sh) / (float)ID, v = 0.0f;
-    for (int i = threadIdx.x; i < ID; i += blockDim.x) v = fmaf(k[i] - m, k[i] - m, v);
+    for (int i = threadIdx.x; i < ID; i += blockDim.x) v = fmaf(kk[i] - m, kk[i] - m, v);
     float r = rsqrtf(block_sum(v, sh) / (float)ID + 1e-6f);
-    for (int i = threadIdx.x; i < ID; i += blockDim.x) kk[i] = (k[i] - m) * r * a.kn[i] + a.kb[i];
+    for (int i = threadIdx.x; i < ID; i += blockDim.x) kk[i] = (kk[i] - m) * r * a.kn[i] + a.kb[i];
+    float *q = a.q + (size_t)t * a.IH * ID;
+    if (a.lo)
+        for (int j = threadIdx.x; j < a.IH * ID; j += blockDim.x) q[j] += q[(size_t)a.T * a.IH * ID + j];
     __syncthreads();
     const float *cs = a.cos ? a.cos + (size_t)p * half : NULL, *sn = a.sin ? a.sin + (size_t)p * half : NULL;
     if (threadIdx.x < half) rope_pair(kk, threadIdx.x, a.R, true, cs[threadIdx.x], sn[threadIdx.x]);
@@ -353,12 +358,17 @@ static __global__ void ix_prep_kernel(struct cuda_mla_ix_args a)
     size_t e0 = (size_t)a.slots[t] * a.W + a.C + a.R;
     for (int i = threadIdx.x; i < ID; i += blockDim.x) st_kv(a.cache, e0 + i, kk[i], a.kv8);
     if (a.g)
-        for (int i = threadIdx.x; i < ID; i += blockDim.x) st_kv(a.cache, e0 + ID + i, a.g[(size_t)t * ID + i], a.kv8);
-    float *q = a.q + (size_t)t * a.IH * ID;
+        for (int i = threadIdx.x; i < ID; i += blockDim.x) {
+            const float *g = a.g + (size_t)t * ID + i;
+            st_kv(a.cache, e0 + ID + i, a.lo ? g[0] + g[(size_t)a.T * ID] : g[0], a.kv8);
+        }
     for (int j = threadIdx.x; j < a.IH * half; j += blockDim.x)
         rope_pair(q + (size_t)(j / half) * ID, j % half, a.R, true, cs[j % half], sn[j % half]);
     float ws = rsqrtf((float)a.IH);
-    for (int h = threadIdx.x; h < a.IH; h += blockDim.x) a.w[(size_t)t * a.IH + h] *= ws;
+    for (int h = threadIdx.x; h < a.IH; h += blockDim.x) {
+        float *w = a.w + (size_t)t * a.IH + h;
+        w[0] = (a.lo ? w[0] + w[(size_t)a.T * a.IH] : w[0]) * ws;
+    }
 }
 
 /* One block per token: a warp per key, lanes over the key's dims, the

@@ -236,7 +236,8 @@ static int step(struct lay *L, float *const *xs, const struct sq *r, int ns, int
     struct cuda_kda_snap *dsn = up(sn, sizeof sn);
     uint16_t *dout = up(NULL, (size_t)T * C * 2);
     cudaMemset(dout, 0xff, (size_t)T * C * 2); /* NaN: an unwritten element fails */
-    struct cuda_kda_args a = {.qkv = dqkv, .qkv_lo = dlo, .o32 = do32, .cols = g_cols, .fg = dfg, .beta = dbeta, .gate = dgt, .conv = L->dconv, .dt_bias = L->ddtb,
+    struct cuda_kda_args a = {.qkv = dqkv, .qkv_lo = dlo, .o32 = do32, .cols = g_cols, .fg = dfg, .beta = dbeta,
+                              .gate = dgt, .conv = L->dconv, .dt_bias = L->ddtb,
                               .A = L->dA, .o_norm = L->donorm, .states = L->dst, .slot_floats = L->slot, .off = 0,
                               .seqs = dks, .snaps = dsn, .n_seqs = ns + pad, .H = H, .D = D, .K = L->K,
                               .lower_bound = L->lb, .lb = -5.0f, .eps = L->c.norm_eps, .out = dout};
@@ -249,7 +250,8 @@ static int step(struct lay *L, float *const *xs, const struct sq *r, int ns, int
     for (size_t i = 0; i < (size_t)T * C; i++) p[i] = fb(o16[i]);
     hmat(p, L->wo, T, C, E, gout);
     free(qkv), free(p), free(fa), free(fg), free(gt), free(beta), free(o16);
-    cudaFree(dlo), cudaFree(do32), cudaFree(dqkv), cudaFree(dfg), cudaFree(dgt), cudaFree(dbeta), cudaFree(dks), cudaFree(dsn), cudaFree(dout);
+    cudaFree(dlo), cudaFree(do32), cudaFree(dqkv), cudaFree(dfg), cudaFree(dgt), cudaFree(dbeta), cudaFree(dks);
+    cudaFree(dsn), cudaFree(dout);
     return T;
 }
 

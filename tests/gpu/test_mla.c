@@ -293,6 +293,22 @@ static void test_paged_fp8(void)
  * position; tokens 3k+1 repeat token 3k's key, so ties are there to break).
  * The cache starts poisoned (NaN), so a pool read before its tokens are
  * written fails the scores. */
+/* ix_case's inputs in two parts (cuda_mla_ix_args.lo, one step only): n
+ * rows of 3/4 of each value, then n rows of the rest (the sums are exact) */
+static bool g_ix_lo;
+
+/* x [n][w] on the device: as it is, or (g_ix_lo) in its two parts */
+static float *ix_rows(const float *x, int n, int w)
+{
+    if (!g_ix_lo) return dup_dev(x, (size_t)n * w * 4);
+    size_t m = (size_t)n * w;
+    float *two = malloc(2 * m * 4);
+    for (size_t i = 0; i < m; i++) two[i] = 0.75f * x[i], two[m + i] = x[i] - two[i];
+    float *d = dup_dev(two, 2 * m * 4);
+    free(two);
+    return d;
+}
+
 static void ix_case(int n, int K, int IH, int ID, int R, int KP, bool tail, bool kv8, const int *steps)
 {
     enum { BS = 16 };
@@ -324,10 +340,10 @@ static void ix_case(int n, int K, int IH, int ID, int R, int KP, bool tail, bool
     float *q0 = malloc((size_t)n * IH * ID * 4), *w0 = malloc((size_t)n * IH * 4);
     memcpy(q0, q, (size_t)n * IH * ID * 4), memcpy(w0, w, (size_t)n * IH * 4);
     void *dcache = poisoned(cache_n * es);
-    float *dq = dup_dev(q, (size_t)n * IH * ID * 4), *dk = dup_dev(k, (size_t)n * ID * 4),
-          *dw = dup_dev(w, (size_t)n * IH * 4), *dkn = dup_dev(kn, (size_t)ID * 4), *dkb = dup_dev(kb, (size_t)ID * 4);
+    float *dq = ix_rows(q, n, IH * ID), *dk = ix_rows(k, n, ID), *dw = ix_rows(w, n, IH);
+    float *dkn = dup_dev(kn, (size_t)ID * 4), *dkb = dup_dev(kb, (size_t)ID * 4);
     float *dcos = dup_dev(cs, (size_t)X * half * 4 + 4), *dsin = dup_dev(sn, (size_t)X * half * 4 + 4);
-    float *dsc = poisoned((size_t)n * X * 4), *dg = dup_dev(g, (size_t)n * ID * 4),
+    float *dsc = poisoned((size_t)n * X * 4), *dg = ix_rows(g, n, ID),
           *dape = dup_dev(ape, (size_t)(KP ? KP : 1) * ID * 4);
     int32_t *dpos = dup_dev(pos, (size_t)n * 4), *dtbt = dup_dev(tbt, (size_t)n * 4), *dbt = dup_dev(bt, sizeof bt);
     int32_t *dsel = poisoned((size_t)n * KS * 4), *dnsel = poisoned((size_t)n * 4);
@@ -336,12 +352,12 @@ static void ix_case(int n, int K, int IH, int ID, int R, int KP, bool tail, bool
                                   .pos = dpos, .tok_bt = dtbt, .bt = dbt, .slots = dslots, .cache = dcache,
                                   .scores = dsc, .sel = dsel, .nsel = dnsel, .T = n, .IH = IH, .ID = ID, .R = R,
                                   .C = C, .W = W, .K = K, .KS = KS, .max_ctx = X, .block_size = BS, .KP = KP,
-                                  .want = KP ? want : 0, .tail = tail, .kv8 = kv8};
+                                  .want = KP ? want : 0, .tail = tail, .kv8 = kv8, .lo = g_ix_lo};
     int nsteps = 0;
     for (int t0 = 0, i = 0; t0 < n; i++, nsteps++) {
         /* step i: tokens t0..t0+m-1, every per-token array from row t0 */
         int m = steps ? steps[i] : n;
-        if (m <= 0 || t0 + m > n) {
+        if (m <= 0 || t0 + m > n || (g_ix_lo && m < n)) {
             CHECKF(0, "steps do not sum to %d", n);
             break;
         }
@@ -449,9 +465,10 @@ static void ix_case(int n, int K, int IH, int ID, int R, int KP, bool tail, bool
         for (int i = 0; i < m && nsel[t] == m; i++) bad += sel[(size_t)t * KS + i] != exp_sel[i];
     }
     free(exp_sel);
-    printf("  n=%d K=%d IH=%d ID=%d R=%d KP=%d%s %s, %d step%s: keys %.2e, gates %.2e, scores %.2e, wrong choices "
+    printf("  n=%d K=%d IH=%d ID=%d R=%d KP=%d%s %s, %d step%s%s: keys %.2e, gates %.2e, scores %.2e, wrong choices "
            "%d\n",
-           n, K, IH, ID, R, KP, tail ? " tail" : "", kv8 ? "fp8" : "bf16", nsteps, nsteps > 1 ? "s" : "", ek, eg, es2,
+           n, K, IH, ID, R, KP, tail ? " tail" : "", kv8 ? "fp8" : "bf16", nsteps, nsteps > 1 ? "s" : "",
+           g_ix_lo ? ", inputs in two parts" : "", ek, eg, es2,
            bad);
     CHECKF(ek < (kv8 ? 6e-2 : 5e-3), "keys %.3g", ek);
     CHECKF(eg < (kv8 ? 6e-2 : 5e-3), "gates %.3g", eg);
@@ -475,6 +492,11 @@ static void test_indexer(void)
     ix_case(50, 16, 32, 16, 0, 4, true, false, NULL);    /* glm5_next's k-pools (the glm5 checkpoints' shape) */
     ix_case(50, 12, 8, 16, 0, 4, false, false, NULL);    /* k-pools without the tail */
     ix_case(64, 16, 8, 32, 8, 8, true, true, NULL);
+    /* q, k, w, g each as projections of an input's bf16 rows and its low part's (the backend's form) */
+    g_ix_lo = true;
+    ix_case(40, 6, 8, 16, 8, 0, false, false, NULL);
+    ix_case(50, 16, 32, 16, 0, 4, true, false, NULL);
+    g_ix_lo = false;
     /* k-pools of 4 over steps as the engine makes them: a 13-token prefill (ending at a pool's first token),
      * decodes at offsets 1 2 3 0 1, a step from offset 2 completing two pools (the first at its second token),
      * decodes at offsets 0..3, steps of 3, 7 (its first token completing a pool) and 5, then decodes again */
