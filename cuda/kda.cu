@@ -3,8 +3,10 @@
  * L2 norms and the gates folded in, then per (sequence, head) the gated
  * output norm and the conv tails; and the low part of xn for the q|k|v
  * projection. Per element the arithmetic is model/cpu_kda.c's (the same
- * fused multiply-adds in the same order for the conv and the delta rule;
- * the norms' sums in f32 where the CPU sums in double). */
+ * fused multiply-adds in the same order for the conv and the delta rule's
+ * updates of S) but for the sums: the delta rule's two sums over the key
+ * dimension in 4 interleaved partial sums (the CPU: one chain), the norms'
+ * in f32 (the CPU: double). */
 #include "cuda/bf16.cuh"
 #include "cuda/kda.h"
 #include "cuda/norm.cuh"
@@ -90,8 +92,9 @@ static __global__ void kda_recur_kernel(struct cuda_kda_args a, int cols, int nb
             win[pt][j] = mine && j < K - 1 ? tail[(size_t)j * n3 + chan[pt]] : 0.0f;
         }
     }
-    if (col)
-        for (int k = 0; k < D; k++) S[(size_t)k * cols + d] = Sg[(size_t)k * D + c0 + d];
+    /* the tile of S, loaded by every thread (the first token's barriers come before any column work) */
+    for (int i = d; i < D * nc; i += blockDim.x)
+        S[(size_t)(i / nc) * cols + i % nc] = Sg[(size_t)(i / nc) * D + c0 + i % nc];
     const float dtb = own ? a.dt_bias[(size_t)h * D + d] : 0.0f, A = a.A[h];
     const float qscale = 1.0f / sqrtf((float)D);
     int snap = 0;
@@ -133,21 +136,30 @@ static __global__ void kda_recur_kernel(struct cuda_kda_args a, int cols, int nb
         }
         __syncthreads();
         if (col) {
-            /* decay and read: m = S^T k, column c0 + d */
-            float m = 0.0f, o = 0.0f;
-            for (int k = 0; k < D; k++) {
-                float s = S[(size_t)k * cols + d] * ds[k];
-                S[(size_t)k * cols + d] = s;
-                m = fmaf(ks[k], s, m);
-            }
-            float delta = (cv[2] - m) * beta;
+            /* decay and read: m = S^T k, column c0 + d; the sums over k in 4 interleaved partial sums
+             * (k mod 4) added in a fixed order: a quarter of the dependent chain */
+            float m4[4] = {0.0f, 0.0f, 0.0f, 0.0f}, o4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            for (int k0 = 0; k0 < D; k0 += 4)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    if (k0 + j < D) {
+                        const int k = k0 + j;
+                        float s = S[(size_t)k * cols + d] * ds[k];
+                        S[(size_t)k * cols + d] = s;
+                        m4[j] = fmaf(ks[k], s, m4[j]);
+                    }
+            float delta = (cv[2] - ((m4[0] + m4[1]) + (m4[2] + m4[3]))) * beta;
             /* write and output: S += k delta^T, o = S^T q */
-            for (int k = 0; k < D; k++) {
-                float s = fmaf(ks[k], delta, S[(size_t)k * cols + d]);
-                S[(size_t)k * cols + d] = s;
-                o = fmaf(qs[k], s, o);
-            }
-            a.o32[row * C + (size_t)h * D + c0 + d] = o;
+            for (int k0 = 0; k0 < D; k0 += 4)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    if (k0 + j < D) {
+                        const int k = k0 + j;
+                        float s = fmaf(ks[k], delta, S[(size_t)k * cols + d]);
+                        S[(size_t)k * cols + d] = s;
+                        o4[j] = fmaf(qs[k], s, o4[j]);
+                    }
+            a.o32[row * C + (size_t)h * D + c0 + d] = (o4[0] + o4[1]) + (o4[2] + o4[3]);
         }
         /* snapshots' S after this token (their tails: kda_out_kernel) */
         while (snap < q.n_snaps && a.snaps[q.snap0 + snap].pos == q.p0 + t + 1) {
@@ -156,10 +168,10 @@ static __global__ void kda_recur_kernel(struct cuda_kda_args a, int cols, int nb
                 for (int k = 0; k < D; k++) sl[(size_t)h * D * D + (size_t)k * D + c0 + d] = S[(size_t)k * cols + d];
             snap++;
         }
-        __syncthreads(); /* qs, ks, ds are rewritten by the next token */
+        __syncthreads(); /* qs, ks, ds are rewritten by the next token; after the last, S is complete */
     }
-    if (col)
-        for (int k = 0; k < D; k++) Sg[(size_t)k * D + c0 + d] = S[(size_t)k * cols + d];
+    for (int i = d; i < D * nc; i += blockDim.x)
+        Sg[(size_t)(i / nc) * D + c0 + i % nc] = S[(size_t)(i / nc) * cols + i % nc];
 }
 
 /* After kda_recur_kernel, one block per (sequence blockIdx.y, head
