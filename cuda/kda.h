@@ -14,7 +14,7 @@
  * sensitive to q, k and v (L2-normed over a head, then summed over the
  * whole sequence in S), and on glm5-kda rounding xn to bf16 for q|k|v alone
  * moved the logits 5e-2 on the CPU, while doing so for f_a, b or g_a, or
- * rounding f_a's output, moved them under 5e-3 each. Then the recurrence
+ * rounding f_a's output, moved them 6e-3 at most each. Then the recurrence
  * (kda.cu, cuda_kda_recur): one block per (sequence, head, block of `cols`
  * value columns) walks the sequence's tokens in order: the short causal
  * conv over the head's q, k channels and its v columns (windows in
