@@ -1,10 +1,15 @@
 /* kda.cu - KDA linear attention kernels (kda.h): the state slots' start of a
- * step, and the per-(sequence, head) recurrence with the conv, the norms and
- * the gates folded in. Per element the arithmetic is model/cpu_kda.c's (the
- * same fused multiply-adds in the same order for the conv and the delta
- * rule; the norms' sums in f32 where the CPU sums in double). */
+ * step, the per-(sequence, head, column block) recurrence with the conv, the
+ * L2 norms and the gates folded in, then per (sequence, head) the gated
+ * output norm and the conv tails; and the low part of xn for the q|k|v
+ * projection. Per element the arithmetic is model/cpu_kda.c's (the same
+ * fused multiply-adds in the same order for the conv and the delta rule's
+ * updates of S) but for the sums: the delta rule's two sums over the key
+ * dimension in 4 interleaved partial sums (the CPU: one chain), the norms'
+ * in f32 (the CPU: double). */
 #include "cuda/bf16.cuh"
 #include "cuda/kda.h"
+#include "cuda/norm.cuh"
 
 static __global__ void kda_begin_kernel(float *states, size_t slot_floats, const struct cuda_kda_seq *seqs)
 {
@@ -42,36 +47,56 @@ static __device__ float kda_block_sum(float v, float *sh)
     return s;
 }
 
-/* One block per (sequence blockIdx.y, head blockIdx.x), blockDim.x >= D (a
- * multiple of 32): thread d owns channel d of the head's q, k and v (its conv
- * window) and column d of S (S[k][d] for every k). Shared memory: S [D][D],
- * then q, k, decay [D] each. */
-static __global__ void kda_recur_kernel(struct cuda_kda_args a)
+/* Input channel ch (of 3C) of row `row`: the projection of xn, plus that of
+ * xn's low part when given. */
+static __device__ __forceinline__ float kda_in(const struct cuda_kda_args &a, size_t row, size_t ch)
+{
+    size_t i = row * 3 * (size_t)a.H * a.D + ch;
+    return a.qkv_lo ? a.qkv[i] + a.qkv_lo[i] : a.qkv[i];
+}
+
+/* One block per (sequence blockIdx.y, head h and its column block cb:
+ * blockIdx.x = h * nb + cb), blockDim.x >= D (a multiple of 32, the same
+ * for every split): thread d < D owns channel d of the head's q and k (their
+ * conv windows, the L2 norms over the whole head), thread d < nc also value
+ * column c0 + d (c0 = cb cols): channel c0 + d of v and column c0 + d of S
+ * (S[k][c0 + d] for every k). Each column is one thread's, its sums in the
+ * CPU's order, so no result depends on the split. The outputs o (before the
+ * norm) go to o32; the conv tails are cuda_kda_recur's second kernel's.
+ * Shared memory: S [D][cols], then q, k, decay [D] each. */
+static __global__ void kda_recur_kernel(struct cuda_kda_args a, int cols, int nb)
 {
     extern __shared__ float smem[];
     __shared__ float red[32];
     const struct cuda_kda_seq q = a.seqs[blockIdx.y];
     if (q.n <= 0) return;
-    const int h = blockIdx.x, D = a.D, K = a.K, H = a.H, C = H * D, d = threadIdx.x;
-    const bool own = d < D;
-    float *S = smem, *qs = S + (size_t)D * D, *ks = qs + D, *ds = ks + D;
+    const int h = blockIdx.x / nb, c0 = blockIdx.x % nb * cols, D = a.D, K = a.K, H = a.H, C = H * D,
+              d = threadIdx.x;
+    const int nc = D - c0 < cols ? D - c0 : cols;
+    const bool own = d < D, col = d < nc;
+    float *S = smem, *qs = S + (size_t)D * cols, *ks = qs + D, *ds = ks + D;
     float *slot = a.states + (size_t)q.slot * a.slot_floats + a.off;
     float *Sg = slot + (size_t)h * D * D;                 /* this head's S in the slot */
-    float *tail = slot + (size_t)C * D;                   /* [K-1][3C] */
+    const float *tail = slot + (size_t)C * D;             /* [K-1][3C] */
     const size_t n3 = 3 * (size_t)C;
+    /* the channels of q, k (d) and v (c0 + d) this thread convolves */
+    const size_t chan[3] = {(size_t)h * D + d, (size_t)C + (size_t)h * D + d, 2 * (size_t)C + (size_t)h * D + c0 + d};
 
     float w[3][CUDA_KDA_MAX_K], win[3][CUDA_KDA_MAX_K];
 #pragma unroll
-    for (int pt = 0; pt < 3; pt++)
+    for (int pt = 0; pt < 3; pt++) {
+        const bool mine = pt < 2 ? own : col;
 #pragma unroll
         for (int j = 0; j < CUDA_KDA_MAX_K; j++) {
-            w[pt][j] = own && j < K ? a.conv[((size_t)pt * C + (size_t)h * D + d) * K + j] : 0.0f;
-            win[pt][j] = own && j < K - 1 ? tail[(size_t)j * n3 + (size_t)pt * C + (size_t)h * D + d] : 0.0f;
+            w[pt][j] = mine && j < K ? a.conv[chan[pt] * K + j] : 0.0f;
+            win[pt][j] = mine && j < K - 1 ? tail[(size_t)j * n3 + chan[pt]] : 0.0f;
         }
-    if (own)
-        for (int k = 0; k < D; k++) S[(size_t)k * D + d] = Sg[(size_t)k * D + d];
+    }
+    /* the tile of S, loaded by every thread (the first token's barriers come before any column work) */
+    for (int i = d; i < D * nc; i += blockDim.x)
+        S[(size_t)(i / nc) * cols + i % nc] = Sg[(size_t)(i / nc) * D + c0 + i % nc];
     const float dtb = own ? a.dt_bias[(size_t)h * D + d] : 0.0f, A = a.A[h];
-    const float onw = own ? a.o_norm[d] : 0.0f, qscale = 1.0f / sqrtf((float)D);
+    const float qscale = 1.0f / sqrtf((float)D);
     int snap = 0;
     for (int t = 0; t < q.n; t++) {
         const size_t row = (size_t)(q.t0 + t);
@@ -79,7 +104,8 @@ static __global__ void kda_recur_kernel(struct cuda_kda_args a)
         float cv[3];
 #pragma unroll
         for (int pt = 0; pt < 3; pt++) {
-            float x = own ? a.qkv[row * n3 + (size_t)pt * C + (size_t)h * D + d] : 0.0f, acc = 0.0f;
+            const bool mine = pt < 2 ? own : col;
+            float x = mine ? kda_in(a, row, chan[pt]) : 0.0f, acc = 0.0f;
 #pragma unroll
             for (int j = 0; j < CUDA_KDA_MAX_K - 1; j++)
                 if (j < K - 1) acc = fmaf(w[pt][j], win[pt][j], acc);
@@ -109,50 +135,127 @@ static __global__ void kda_recur_kernel(struct cuda_kda_args a)
             ds[d] = expf(lg);
         }
         __syncthreads();
-        float o = 0.0f;
-        if (own) {
-            /* decay and read: m = S^T k, column d */
-            float m = 0.0f;
-            for (int k = 0; k < D; k++) {
-                float s = S[(size_t)k * D + d] * ds[k];
-                S[(size_t)k * D + d] = s;
-                m = fmaf(ks[k], s, m);
-            }
-            float delta = (cv[2] - m) * beta;
+        if (col) {
+            /* decay and read: m = S^T k, column c0 + d; the sums over k in 4 interleaved partial sums
+             * (k mod 4) added in a fixed order: a quarter of the dependent chain */
+            float m4[4] = {0.0f, 0.0f, 0.0f, 0.0f}, o4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            for (int k0 = 0; k0 < D; k0 += 4)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    if (k0 + j < D) {
+                        const int k = k0 + j;
+                        float s = S[(size_t)k * cols + d] * ds[k];
+                        S[(size_t)k * cols + d] = s;
+                        m4[j] = fmaf(ks[k], s, m4[j]);
+                    }
+            float delta = (cv[2] - ((m4[0] + m4[1]) + (m4[2] + m4[3]))) * beta;
             /* write and output: S += k delta^T, o = S^T q */
-            for (int k = 0; k < D; k++) {
-                float s = fmaf(ks[k], delta, S[(size_t)k * D + d]);
-                S[(size_t)k * D + d] = s;
-                o = fmaf(qs[k], s, o);
-            }
+            for (int k0 = 0; k0 < D; k0 += 4)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    if (k0 + j < D) {
+                        const int k = k0 + j;
+                        float s = fmaf(ks[k], delta, S[(size_t)k * cols + d]);
+                        S[(size_t)k * cols + d] = s;
+                        o4[j] = fmaf(qs[k], s, o4[j]);
+                    }
+            a.o32[row * C + (size_t)h * D + c0 + d] = (o4[0] + o4[1]) + (o4[2] + o4[3]);
         }
-        /* the gated RMS norm of the head's output */
-        float r = 1.0f / sqrtf(kda_block_sum(own ? o * o : 0.0f, red) / (float)D + a.eps);
-        if (own) a.out[row * C + (size_t)h * D + d] = f2bf(onw * (o * r) * sigm(a.gate[row * C + (size_t)h * D + d]));
-        /* snapshots after this token: S and the window (the inputs before position pos) */
+        /* snapshots' S after this token (their tails: kda_out_kernel) */
         while (snap < q.n_snaps && a.snaps[q.snap0 + snap].pos == q.p0 + t + 1) {
             float *sl = a.states + (size_t)a.snaps[q.snap0 + snap].slot * a.slot_floats + a.off;
-            if (own) {
-                for (int k = 0; k < D; k++) sl[(size_t)h * D * D + (size_t)k * D + d] = S[(size_t)k * D + d];
+            if (col)
+                for (int k = 0; k < D; k++) sl[(size_t)h * D * D + (size_t)k * D + c0 + d] = S[(size_t)k * cols + d];
+            snap++;
+        }
+        __syncthreads(); /* qs, ks, ds are rewritten by the next token; after the last, S is complete */
+    }
+    for (int i = d; i < D * nc; i += blockDim.x)
+        Sg[(size_t)(i / nc) * D + c0 + i % nc] = S[(size_t)(i / nc) * cols + i % nc];
+}
+
+/* After kda_recur_kernel, one block per (sequence blockIdx.y, head
+ * blockIdx.x), thread d < D channel d of the head: the gated RMS norm of
+ * each token's output, and the conv tails (the last K-1 inputs of q, k, v
+ * channel d) of the snapshots after their tokens and of the slot at the end.
+ * The tails are written here, after every column block has read them. */
+static __global__ void kda_out_kernel(struct cuda_kda_args a)
+{
+    __shared__ float red[32];
+    const struct cuda_kda_seq q = a.seqs[blockIdx.y];
+    if (q.n <= 0) return;
+    const int h = blockIdx.x, D = a.D, K = a.K, C = a.H * D, d = threadIdx.x;
+    const bool own = d < D;
+    float *tail = a.states + (size_t)q.slot * a.slot_floats + a.off + (size_t)C * D;
+    const size_t n3 = 3 * (size_t)C, ch = (size_t)h * D + d;
+    float win[3][CUDA_KDA_MAX_K];
+#pragma unroll
+    for (int pt = 0; pt < 3; pt++)
+#pragma unroll
+        for (int j = 0; j < CUDA_KDA_MAX_K; j++)
+            win[pt][j] = own && j < K - 1 ? tail[(size_t)j * n3 + (size_t)pt * C + ch] : 0.0f;
+    const float onw = own ? a.o_norm[d] : 0.0f;
+    int snap = 0;
+    for (int t = 0; t < q.n; t++) {
+        const size_t row = (size_t)(q.t0 + t);
+#pragma unroll
+        for (int pt = 0; pt < 3; pt++) {
+            float x = own ? kda_in(a, row, (size_t)pt * C + ch) : 0.0f;
+#pragma unroll
+            for (int j = 0; j < CUDA_KDA_MAX_K - 1; j++)
+                if (j < K - 2) win[pt][j] = win[pt][j + 1];
+#pragma unroll
+            for (int j = 0; j < CUDA_KDA_MAX_K - 1; j++)
+                if (j == K - 2) win[pt][j] = x;
+        }
+        float o = own ? a.o32[row * C + ch] : 0.0f;
+        float r = 1.0f / sqrtf(kda_block_sum(own ? o * o : 0.0f, red) / (float)D + a.eps);
+        if (own) a.out[row * C + ch] = f2bf(onw * (o * r) * sigm(a.gate[row * C + ch]));
+        /* snapshots after this token: the window (the inputs before position pos) */
+        while (snap < q.n_snaps && a.snaps[q.snap0 + snap].pos == q.p0 + t + 1) {
+            float *sl = a.states + (size_t)a.snaps[q.snap0 + snap].slot * a.slot_floats + a.off + (size_t)C * D;
+            if (own)
 #pragma unroll
                 for (int pt = 0; pt < 3; pt++)
 #pragma unroll
                     for (int j = 0; j < CUDA_KDA_MAX_K - 1; j++)
-                        if (j < K - 1)
-                            sl[(size_t)C * D + (size_t)j * n3 + (size_t)pt * C + (size_t)h * D + d] = win[pt][j];
-            }
+                        if (j < K - 1) sl[(size_t)j * n3 + (size_t)pt * C + ch] = win[pt][j];
             snap++;
         }
-        __syncthreads(); /* qs, ks, ds are rewritten by the next token */
     }
-    if (own) {
-        for (int k = 0; k < D; k++) Sg[(size_t)k * D + d] = S[(size_t)k * D + d];
+    if (own)
 #pragma unroll
         for (int pt = 0; pt < 3; pt++)
 #pragma unroll
             for (int j = 0; j < CUDA_KDA_MAX_K - 1; j++)
-                if (j < K - 1) tail[(size_t)j * n3 + (size_t)pt * C + (size_t)h * D + d] = win[pt][j];
+                if (j < K - 1) tail[(size_t)j * n3 + (size_t)pt * C + ch] = win[pt][j];
+}
+
+/* hl[t] = xn[t] and hl[T + t] = bf16(y - xn[t]) with y the f32 RMS norm of
+ * x[t] that xn[t] rounds (norm.cuh's order): one block per row. */
+static __global__ void kda_xsplit_kernel(const float *x, const float *w, const uint16_t *xn, int T, int E, float eps,
+                                         uint16_t *hl)
+{
+    __shared__ float sh[32];
+    const size_t r = blockIdx.x;
+    const float *xr = x + r * E;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < E; i += blockDim.x) ss = rms_acc(ss, xr[i]);
+    ss = block_sum(ss, sh);
+    float inv = rms_inv(ss, E, eps);
+    for (int i = threadIdx.x; i < E; i += blockDim.x) {
+        uint16_t hi = xn[r * E + i];
+        hl[r * E + i] = hi;
+        hl[((size_t)T + r) * E + i] = f2bf(w[i] * (xr[i] * inv) - bf2f(hi));
     }
+}
+
+extern "C" cudaError_t cuda_kda_xsplit(const float *x, const float *w, const uint16_t *xn, int T, int E, float eps,
+                                       uint16_t *hl, cudaStream_t st)
+{
+    if (T <= 0) return cudaSuccess;
+    kda_xsplit_kernel<<<(unsigned)T, rms_threads(E), 0, st>>>(x, w, xn, T, E, eps, hl);
+    return cudaGetLastError();
 }
 
 extern "C" cudaError_t cuda_kda_prepare(void)
@@ -164,10 +267,16 @@ extern "C" cudaError_t cuda_kda_prepare(void)
 extern "C" cudaError_t cuda_kda_recur(const struct cuda_kda_args *a, cudaStream_t st)
 {
     if (a->n_seqs <= 0) return cudaSuccess;
-    if (a->D < 1 || a->D > CUDA_KDA_MAX_D || a->K < 1 || a->K > CUDA_KDA_MAX_K) return cudaErrorInvalidValue;
-    size_t smem = ((size_t)a->D * a->D + 3 * (size_t)a->D) * sizeof(float);
+    if (a->D < 1 || a->D > CUDA_KDA_MAX_D || a->K < 1 || a->K > CUDA_KDA_MAX_K || a->cols < 0 || !a->o32)
+        return cudaErrorInvalidValue;
+    int cols = a->cols ? a->cols : CUDA_KDA_COLS;
+    if (cols > a->D) cols = a->D;
+    int nb = (a->D + cols - 1) / cols;
+    size_t smem = ((size_t)a->D * cols + 3 * (size_t)a->D) * sizeof(float);
     int threads = (a->D + 31) / 32 * 32;
-    dim3 grid((unsigned)a->H, (unsigned)a->n_seqs);
-    kda_recur_kernel<<<grid, threads, smem, st>>>(*a);
+    kda_recur_kernel<<<dim3((unsigned)(a->H * nb), (unsigned)a->n_seqs), threads, smem, st>>>(*a, cols, nb);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    kda_out_kernel<<<dim3((unsigned)a->H, (unsigned)a->n_seqs), threads, 0, st>>>(*a);
     return cudaGetLastError();
 }

@@ -7,14 +7,25 @@
  * tensor parallel, each rank holds its heads' share: kda_step.c).
  *
  * A step: q|k|v, f_a, b and g_a projections of xn (cuda_proj, packed or
- * bf16; f_a and g_a to bf16, then f_b and g_b), then one kernel (kda.cu,
- * cuda_kda_recur) with one block per (sequence, head) that walks the
- * sequence's tokens in order: the short causal conv over the head's q, k, v
- * channels (window in registers, starting from the slot's tail) with SiLU,
- * the L2 norms, the forget gate and beta, the delta rule on the head's S in
- * shared memory, the gated RMS norm of the output, and the snapshots after
- * their tokens; then o_proj into k->delta (cuda_proj_rows). Token by token,
- * so a prompt split across steps anywhere gives the state of one pass.
+ * bf16; f_a and g_a to bf16, then f_b and g_b). The q|k|v projection takes
+ * xn in two parts, its bf16 rows and below them their low part (the f32
+ * RMS norm of the residual minus the bf16 value, cuda_kda_xsplit), as 2T
+ * rows of one GEMM whose two halves the kernels add: the recurrence is
+ * sensitive to q, k and v (L2-normed over a head, then summed over the
+ * whole sequence in S), and on glm5-kda rounding xn to bf16 for q|k|v alone
+ * moved the logits 5e-2 on the CPU, while doing so for f_a, b or g_a, or
+ * rounding f_a's output, moved them 6e-3 at most each. Then the recurrence
+ * (kda.cu, cuda_kda_recur): one block per (sequence, head, block of `cols`
+ * value columns) walks the sequence's tokens in order: the short causal
+ * conv over the head's q, k channels and its v columns (windows in
+ * registers, starting from the slot's tail) with SiLU, the L2 norms, the
+ * forget gate and beta, the delta rule on its columns of the head's S in
+ * shared memory, the snapshots' S after their tokens; each value column is
+ * one thread's, so the split changes no bit. A second kernel, one block per
+ * (sequence, head), does the gated RMS norm of the output and writes the
+ * conv tails (the slot's and the snapshots'). Then o_proj into k->delta
+ * (cuda_proj_rows). Token by token, so a prompt split across steps
+ * anywhere gives the state of one pass.
  * Which slots a sequence reads and writes, and its snapshots, come from the
  * step-input buffer (struct inlay's kda_seqs and kda_snaps, filled by
  * cuda_kda_pack), so decode steps are captured as graphs like the rest.
@@ -32,7 +43,8 @@ extern "C" {
 #endif
 
 #define CUDA_KDA_MAX_K 8     /* conv taps a kernel keeps in registers */
-#define CUDA_KDA_MAX_D 128   /* head_dim: S [D][D] f32 in shared memory (64 KB at 128) */
+#define CUDA_KDA_MAX_D 128   /* head_dim: S [D][cols] f32 in shared memory (64 KB at 128 with cols = D) */
+#define CUDA_KDA_COLS 32     /* value columns a recurrence block takes by default (cuda_kda_args.cols) */
 
 enum { CUDA_KDA_CONTINUE, CUDA_KDA_ZERO, CUDA_KDA_RESTORE };
 
@@ -56,6 +68,7 @@ cudaError_t cuda_kda_begin(float *states, size_t slot_floats, const struct cuda_
 
 struct cuda_kda_args {
     const float *qkv;       /* [T][3C] q|k|v projections, f32 */
+    const float *qkv_lo;    /* [T][3C] added to qkv (the projection of xn's low part), or NULL */
     const float *fg;        /* [T][C] f_b(f_a(xn)), f32 (dt_bias not added) */
     const float *beta;      /* [T][H] b_proj(xn), f32 (before the sigmoid) */
     const float *gate;      /* [T][C] g_b(g_a(xn)), f32 (before the sigmoid) */
@@ -70,14 +83,22 @@ struct cuda_kda_args {
     int n_seqs, H, D, K;    /* D <= CUDA_KDA_MAX_D, K <= CUDA_KDA_MAX_K */
     bool lower_bound;       /* log-decay lower_bound sigmoid(A g), else -A softplus(g) */
     float lb, eps;          /* the bound; the output norm's epsilon */
+    int cols;               /* value columns a block of the recurrence (0: CUDA_KDA_COLS); no result depends on it */
+    float *o32;             /* [T][C] f32 scratch: the outputs before the norm */
     uint16_t *out;          /* [T][C] bf16: the gated, normed output before o_proj */
 };
 /* Lets cuda_kda_recur use the shared memory D = CUDA_KDA_MAX_D needs (over
  * 48 KB): once per device, before the first launch, outside graph capture. */
 cudaError_t cuda_kda_prepare(void);
 /* The layer's recurrence over every sequence of the step (see the file
- * comment); rows of out for tokens of no sequence are left alone. */
+ * comment; two launches); rows of out for tokens of no sequence are left
+ * alone. */
 cudaError_t cuda_kda_recur(const struct cuda_kda_args *a, cudaStream_t st);
+/* hl [2T][E] bf16: rows [0, T) a copy of xn, rows [T, 2T) bf16(y - xn) with
+ * y[t] = w * x[t] / rms(x[t]) in f32, the value xn rounds (x [T][E] f32 the
+ * residual, w [E] the block's norm weight), so hi + lo carries y to ~2^-17. */
+cudaError_t cuda_kda_xsplit(const float *x, const float *w, const uint16_t *xn, int T, int E, float eps,
+                            uint16_t *hl, cudaStream_t st);
 
 #ifdef __cplusplus
 }

@@ -33,7 +33,9 @@ struct cuda_kda_rank {
     float *states;          /* [n_slots][slot_floats], device */
     int n_slots;
     /* scratch, [max_tokens] rows */
-    float *qkv;             /* [3C] */
+    float *qkv;             /* [2 max_tokens][3C]: the projections of xn's bf16 rows, then of their low parts */
+    uint16_t *hl;           /* [2 max_tokens][E]: xn, then its low parts (cuda_kda_xsplit) */
+    float *o32;             /* [C]: the recurrence's outputs before the norm */
     float *fg, *gate;       /* [C] */
     float *beta;            /* [H] */
     uint16_t *fa, *ga;      /* [D] bf16: the inputs of f_b and g_b */
@@ -76,7 +78,9 @@ static int rank_setup(struct rank *k, char *err, size_t errlen)
         if (model_layer_kind_of(c, l).mixer == MODEL_MIXER_KDA) x->last = l;
     x->slot_floats = model_state_bytes(c) / sizeof(float) / (size_t)N;
     size_t T = b->max_tokens, C = x->C, D = x->D, H = x->H;
-    if (cuda_dmalloc((void **)&x->qkv, T * 3 * C * 4, err, errlen) ||
+    if (cuda_dmalloc((void **)&x->qkv, 2 * T * 3 * C * 4, err, errlen) ||
+        cuda_dmalloc((void **)&x->hl, 2 * T * (size_t)x->E * 2, err, errlen) ||
+        cuda_dmalloc((void **)&x->o32, T * C * 4, err, errlen) ||
         cuda_dmalloc((void **)&x->fg, T * C * 4, err, errlen) ||
         cuda_dmalloc((void **)&x->gate, T * C * 4, err, errlen) ||
         cuda_dmalloc((void **)&x->beta, T * H * 4, err, errlen) ||
@@ -181,7 +185,8 @@ void cuda_kda_free(struct rank *k, int l)
     }
     struct cuda_kda_rank *x = k->kdax;
     if (x && l == x->last) {
-        cudaFree(x->states), cudaFree(x->qkv), cudaFree(x->fg), cudaFree(x->gate), cudaFree(x->beta);
+        cudaFree(x->states), cudaFree(x->qkv), cudaFree(x->hl), cudaFree(x->o32), cudaFree(x->fg);
+        cudaFree(x->gate), cudaFree(x->beta);
         cudaFree(x->fa), cudaFree(x->ga), cudaFree(x->o);
         if (x->stage) cudaFreeHost(x->stage);
         free(x->tmp);
@@ -269,7 +274,9 @@ int cuda_kda_mixer(struct rank *k, int l, int T, bool decode, char *err, size_t 
     bool first = true;
     for (int i = 0; i < l && first; i++) first = !k->L[i].kda;
     if (first) CK(cuda_kda_begin(x->states, x->slot_floats, seqs, G, st));
-    CB(cuda_proj(k, &L->qqkv, L->wqkv, k->xn, x->qkv, true, T, E, 3 * C));
+    /* q|k|v from xn to ~2^-17 (kda.h): its bf16 rows and their low parts as 2T rows of one GEMM */
+    CK(cuda_kda_xsplit(k->x, k->L[l].attn_norm, k->xn, T, E, b->c.norm_eps, x->hl, st));
+    CB(cuda_proj(k, &L->qqkv, L->wqkv, x->hl, x->qkv, true, 2 * T, E, 3 * C));
     CB(cuda_proj(k, &L->qfa, L->wfa, k->xn, x->fa, false, T, E, D));
     CB(cuda_proj(k, &L->qfb, L->wfb, x->fa, x->fg, true, T, D, C));
     CB(cuda_proj(k, &L->qb, L->wb, k->xn, x->beta, true, T, E, H));
@@ -277,11 +284,12 @@ int cuda_kda_mixer(struct rank *k, int l, int T, bool decode, char *err, size_t 
     CB(cuda_proj(k, &L->qgb, L->wgb, x->ga, x->gate, true, T, D, C));
     const struct model_kda_config *kc = &b->c.kda;
     struct cuda_kda_args a = {
-        .qkv = x->qkv, .fg = x->fg, .beta = x->beta, .gate = x->gate, .conv = L->conv, .dt_bias = L->dt_bias,
+        .qkv = x->qkv, .qkv_lo = x->qkv + (size_t)T * 3 * C, .fg = x->fg, .beta = x->beta, .gate = x->gate,
+        .conv = L->conv, .dt_bias = L->dt_bias,
         .A = L->A, .o_norm = L->o_norm, .states = x->states, .slot_floats = x->slot_floats, .off = L->off,
         .seqs = seqs, .snaps = (const struct cuda_kda_snap *)(k->din + b->lay.kda_snaps), .n_seqs = G, .H = H,
         .D = D, .K = x->K, .lower_bound = kc->has_lower_bound, .lb = kc->lower_bound, .eps = b->c.norm_eps,
-        .out = x->o,
+        .o32 = x->o32, .out = x->o,
     };
     CK(cuda_kda_recur(&a, st));
     return cuda_proj_rows(k, x->o, &L->qo, L->wo, T, C, E, 0, false, err, errlen);

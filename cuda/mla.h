@@ -158,7 +158,8 @@ cudaError_t cuda_mla_attention(const struct cuda_mla_attn_args *a, cudaStream_t 
 cudaError_t cuda_mla_prefill(const struct cuda_mla_attn_args *a, cudaStream_t st);
 /* Whether cuda_mla_prefill takes a's shape on the current device: C 512,
  * R a multiple of 16 up to 64, W a multiple of 16, the cache 16-byte
- * aligned, shared memory enough. */
+ * aligned, shared memory enough, keys from 0 (key0 0: the MTP layer
+ * takes the SIMT kernel). */
 bool cuda_mla_prefill_ok(const struct cuda_mla_attn_args *a);
 /* Bytes of part cuda_mla_attention needs for any step of up to max_tokens
  * tokens with H heads (0: no step splits its keys). */

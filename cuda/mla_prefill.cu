@@ -343,7 +343,7 @@ static int pf_pick(const struct cuda_mla_attn_args *a)
 extern "C" bool cuda_mla_prefill_ok(const struct cuda_mla_attn_args *a)
 {
     if (a->C != PC || a->R < 0 || a->R % 16 || a->R > PRMAX || a->W % 16 || a->W < a->C + a->R ||
-        (a->sel && !a->nsel) || a->H <= 0 || a->T <= 0 || a->block_size <= 0 || ((uintptr_t)a->cache & 15))
+        (a->sel && !a->nsel) || a->key0 != 0 || a->H <= 0 || a->T <= 0 || a->block_size <= 0 || ((uintptr_t)a->cache & 15))
         return false;
     return pf_pick(a) > 0;
 }

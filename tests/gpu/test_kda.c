@@ -18,8 +18,13 @@
  *    slot, snapshots mid-step and at the step's last token, and a padding
  *    entry (as a decode graph's);
  *  - then a decode step of 1-token sequences over those slots;
- *  - a prompt in one step and in two (split mid-conv-window) in another slot:
- *    the same states and outputs bit for bit.
+ *  - a prompt in one step and in two (split mid-conv-window) in another slot,
+ *    the first with one recurrence block a head, the second with blocks of
+ *    fewer value columns (a partial last one): the same states and outputs
+ *    bit for bit.
+ * The kernels get q|k|v as a high and a low part (a quarter of each value),
+ * as the mixer's two-part projection leaves them. And cuda_kda_xsplit: xn
+ * itself, then the low part that brings it to the f32 norm.
  * And, on the host (no GPU needed), cuda_kda_pack: the step's sequences and
  * snapshots as the kernels read them, padding for a decode graph, and a step
  * whose snapshots overflow the buffer refused.
@@ -168,6 +173,9 @@ static double rel(const float *a, const float *b, size_t n)
     return mb > 0 ? md / mb : md;
 }
 
+/* The recurrence's value columns a block (cuda_kda_args.cols; 0: the default) */
+static int g_cols;
+
 /* One step of the sequences r[0..ns) (x rows by position, per sequence its
  * own stream xs[i]) on both sides, plus `pad` padding entries on the GPU.
  * gout: the GPU's output after the host o projection [T][E]; cout the CPU's.
@@ -213,13 +221,23 @@ static int step(struct lay *L, float *const *xs, const struct sq *r, int ns, int
     hmat(xn, L->wfa, T, E, D, fa), hmat(fa, L->wfb, T, D, C, fg);
     hmat(xn, L->wga, T, E, D, fa), hmat(fa, L->wgb, T, D, C, gt);
     hmat(xn, L->wb, T, E, H, beta);
+    /* q|k|v as the mixer gives them: a high part and a low part the kernels add (a quarter of each value in
+     * the low part, so a kernel that dropped or misplaced it is far off) */
+    float *lo = malloc((size_t)T * 3 * C * 4);
+    for (size_t i = 0; i < (size_t)T * 3 * C; i++) {
+        float hi = fb(bf(0.75f * qkv[i]));
+        lo[i] = qkv[i] - hi, qkv[i] = hi;
+    }
+    float *dlo = up(lo, (size_t)T * 3 * C * 4), *do32 = up(NULL, (size_t)T * C * 4);
+    free(lo);
     float *dqkv = up(qkv, (size_t)T * 3 * C * 4), *dfg = up(fg, (size_t)T * C * 4), *dgt = up(gt, (size_t)T * C * 4),
           *dbeta = up(beta, (size_t)T * H * 4);
     struct cuda_kda_seq *dks = up(ks, sizeof ks);
     struct cuda_kda_snap *dsn = up(sn, sizeof sn);
     uint16_t *dout = up(NULL, (size_t)T * C * 2);
     cudaMemset(dout, 0xff, (size_t)T * C * 2); /* NaN: an unwritten element fails */
-    struct cuda_kda_args a = {.qkv = dqkv, .fg = dfg, .beta = dbeta, .gate = dgt, .conv = L->dconv, .dt_bias = L->ddtb,
+    struct cuda_kda_args a = {.qkv = dqkv, .qkv_lo = dlo, .o32 = do32, .cols = g_cols, .fg = dfg, .beta = dbeta,
+                              .gate = dgt, .conv = L->dconv, .dt_bias = L->ddtb,
                               .A = L->dA, .o_norm = L->donorm, .states = L->dst, .slot_floats = L->slot, .off = 0,
                               .seqs = dks, .snaps = dsn, .n_seqs = ns + pad, .H = H, .D = D, .K = L->K,
                               .lower_bound = L->lb, .lb = -5.0f, .eps = L->c.norm_eps, .out = dout};
@@ -232,7 +250,8 @@ static int step(struct lay *L, float *const *xs, const struct sq *r, int ns, int
     for (size_t i = 0; i < (size_t)T * C; i++) p[i] = fb(o16[i]);
     hmat(p, L->wo, T, C, E, gout);
     free(qkv), free(p), free(fa), free(fg), free(gt), free(beta), free(o16);
-    cudaFree(dqkv), cudaFree(dfg), cudaFree(dgt), cudaFree(dbeta), cudaFree(dks), cudaFree(dsn), cudaFree(dout);
+    cudaFree(dlo), cudaFree(do32), cudaFree(dqkv), cudaFree(dfg), cudaFree(dgt), cudaFree(dbeta), cudaFree(dks);
+    cudaFree(dsn), cudaFree(dout);
     return T;
 }
 
@@ -285,29 +304,69 @@ static void run_case(int E, int H, int D, bool lb)
     eo = rel(go, co, (size_t)T * E), es = state_err(&L);
     snprintf(what, sizeof what, "E %d, %d heads of %d, %s: decode step", E, H, D, lb ? "lower bound" : "softplus");
     line(eo <= TOL_OUT && es <= TOL_STATE, what, eo, es);
-    /* a prompt in one step (slot 0) and in two (slot 1, split inside the conv window) */
-    int n = 50, cut = 2;
+    /* a prompt in one step (slot 0, one block a head) and in two (slot 1, split inside the conv window,
+     * blocks of split_cols value columns, a partial last one where D allows) */
+    int n = 50, cut = 2, split_cols = D > 24 ? 24 : D / 2;
     struct sq one = {.slot = 0, .start = 0, .n = n};
+    g_cols = D;
     step(&L, xs + 3, &one, 1, 0, go, co);
     float *g1 = malloc((size_t)n * E * 4);
     memcpy(g1, go, (size_t)n * E * 4);
     struct sq a = {.slot = 1, .start = 0, .n = cut}, b = {.slot = 1, .start = cut, .n = n - cut};
+    g_cols = split_cols;
     step(&L, xs + 3, &a, 1, 0, go, co);
     float *g2 = malloc((size_t)n * E * 4);
     memcpy(g2, go, (size_t)cut * E * 4);
     step(&L, xs + 3, &b, 1, 0, go, co);
     memcpy(g2 + (size_t)cut * E, go, (size_t)(n - cut) * E * 4);
+    g_cols = 0;
     float *st = malloc(2 * L.slot * 4);
     cudaMemcpy(st, L.dst, 2 * L.slot * 4, cudaMemcpyDeviceToHost);
     bool same = !memcmp(st, st + L.slot, L.slot * 4) && !memcmp(g1, g2, (size_t)n * E * 4);
     eo = rel(g2, g1, (size_t)n * E), es = rel(st + L.slot, st, L.slot);
-    snprintf(what, sizeof what, "E %d, %d heads of %d, %s: a prompt in 2 steps = 1 step, bit for bit", E, H, D,
-             lb ? "lower bound" : "softplus");
+    snprintf(what, sizeof what,
+             "E %d, %d heads of %d, %s: a prompt in 2 steps, blocks of %d columns = 1 step, 1 block, bit for bit", E,
+             H, D, lb ? "lower bound" : "softplus", split_cols);
     line(same, what, eo, es);
     (void)C;
     free(g1), free(g2), free(st), free(go), free(co);
     for (int i = 0; i < 4; i++) free(xs[i]);
     lay_close(&L);
+}
+
+/* cuda_kda_xsplit after cuda_add_rmsnorm: the first T rows xn itself, and
+ * xn + the low part the f32 norm to ~2^-17 (xn alone: ~2^-9). */
+static void test_xsplit(void)
+{
+    int T = 5, E = 1000;
+    float eps = 1e-5f, *x = rnd((size_t)T * E, 1.0f, 0.3f), *w = rnd((size_t)E, 0.5f, 1.0f);
+    float *dx = up(x, (size_t)T * E * 4), *dw = up(w, (size_t)E * 4);
+    uint16_t *dxn = up(NULL, (size_t)T * E * 2), *dhl = up(NULL, (size_t)2 * T * E * 2);
+    cudaError_t e = cuda_add_rmsnorm(dx, NULL, dw, NULL, T, E, eps, dxn, 0);
+    if (e == cudaSuccess) e = cuda_kda_xsplit(dx, dw, dxn, T, E, eps, dhl, 0);
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    CHECKF(e == cudaSuccess, "kernels: %s", cudaGetErrorString(e));
+    uint16_t *xn = malloc((size_t)T * E * 2), *hl = malloc((size_t)2 * T * E * 2);
+    cudaMemcpy(xn, dxn, (size_t)T * E * 2, cudaMemcpyDeviceToHost);
+    cudaMemcpy(hl, dhl, (size_t)2 * T * E * 2, cudaMemcpyDeviceToHost);
+    float *y = malloc((size_t)T * E * 4), *hi = malloc((size_t)T * E * 4), *sum = malloc((size_t)T * E * 4);
+    for (int t = 0; t < T; t++) {
+        double ss = 0;
+        for (int i = 0; i < E; i++) ss += (double)x[(size_t)t * E + i] * x[(size_t)t * E + i];
+        double r = 1.0 / sqrt(ss / E + eps);
+        for (int i = 0; i < E; i++) {
+            size_t j = (size_t)t * E + i;
+            y[j] = (float)(w[i] * (x[j] * r));
+            hi[j] = fb(hl[j]), sum[j] = fb(hl[j]) + fb(hl[(size_t)T * E + j]);
+        }
+    }
+    double eh = rel(hi, y, (size_t)T * E), es = rel(sum, y, (size_t)T * E);
+    bool same = !memcmp(xn, hl, (size_t)T * E * 2);
+    printf("  %s xsplit: hi = xn %s; hi vs the f32 norm %.3g, hi + lo %.3g\n", same && es <= 3e-5 ? "ok  " : "FAIL",
+           same ? "bit for bit" : "DIFFERS", eh, es);
+    CHECK(same && es <= 3e-5);
+    free(x), free(w), free(xn), free(hl), free(y), free(hi), free(sum);
+    cudaFree(dx), cudaFree(dw), cudaFree(dxn), cudaFree(dhl);
 }
 
 static void test_kda(void)
@@ -370,6 +429,7 @@ int main(void)
         printf("no GPU: the kernels skipped\n");
         return test_summary();
     }
+    RUN(test_xsplit);
     RUN(test_kda);
     return test_summary();
 }

@@ -1,0 +1,98 @@
+/* bench_kda.c - the KDA recurrence (cuda_kda_recur: the column-split
+ * recurrence kernel and the output-norm kernel) alone at GLM-5.3-Flash's
+ * shape (64 heads of 128, conv 4; --heads=N for a tensor-parallel rank's
+ * share), timed with CUDA events (median of 20 launches after warm-up):
+ * decode steps of B 1-token sequences (each in its own state slot) and
+ * one-sequence prefill steps, with one block a head (cols 128) and with
+ * the value columns split over blocks (32, the default; 16). The states and
+ * the outputs are the same bits at every split (test_kda). Not a test. */
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/kda.h"
+
+#define REP 20
+
+static int cmpf(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+static void *dalloc(size_t n, int byte)
+{
+    void *p;
+    if (cudaMalloc(&p, n) != cudaSuccess) {
+        printf("cudaMalloc %zu failed\n", n);
+        exit(1);
+    }
+    cudaMemset(p, byte, n);
+    return p;
+}
+
+int main(int argc, char **argv)
+{
+    int H = 64, D = 128, K = 4;
+    for (int i = 1; i < argc; i++)
+        if (!strncmp(argv[i], "--heads=", 8)) H = atoi(argv[i] + 8);
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+        printf("no GPU\n");
+        return 0;
+    }
+    if (cuda_kda_prepare() != cudaSuccess) {
+        printf("cuda_kda_prepare failed\n");
+        return 1;
+    }
+    const int maxT = 4096, maxS = 256, C = H * D;
+    size_t slot = (size_t)C * D + (size_t)(K - 1) * 3 * C;
+    /* 0x3c bytes: small positive floats (~0.011) everywhere: finite, the gates mid-range */
+    float *qkv = dalloc((size_t)maxT * 3 * C * 4, 0x3c), *fg = dalloc((size_t)maxT * C * 4, 0x3c);
+    float *beta = dalloc((size_t)maxT * H * 4, 0x3c), *gate = dalloc((size_t)maxT * C * 4, 0x3c);
+    float *conv = dalloc((size_t)3 * C * K * 4, 0x3c), *dtb = dalloc((size_t)C * 4, 0x3c);
+    float *A = dalloc((size_t)H * 4, 0x3c), *onorm = dalloc((size_t)D * 4, 0x3c);
+    float *states = dalloc((size_t)maxS * slot * 4, 0), *o32 = dalloc((size_t)maxT * C * 4, 0);
+    uint16_t *out = dalloc((size_t)maxT * C * 2, 0);
+    struct cuda_kda_seq *seqs = dalloc((size_t)maxS * sizeof *seqs, 0), hs[256];
+    struct cuda_kda_snap *snaps = dalloc(16 * sizeof *snaps, 0);
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0), cudaEventCreate(&e1);
+    printf("KDA recurrence, %d heads of %d, conv %d (us a call, median of %d)\n", H, D, K, REP);
+    static const int cols[] = {128, 32, 16};
+    static const int shapes[][2] = {{1, 1}, {8, 1}, {64, 1}, {256, 1}, {1, 512}, {1, 4096}}; /* sequences, tokens */
+    printf("%-34s %12s %12s %12s\n", "step", "cols 128", "cols 32", "cols 16");
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int B = shapes[s][0], L = shapes[s][1];
+        for (int i = 0; i < B; i++)
+            hs[i] = (struct cuda_kda_seq){.t0 = i * L, .n = L, .p0 = 100, .slot = i, .mode = CUDA_KDA_CONTINUE,
+                                          .from = i};
+        cudaMemcpy(seqs, hs, (size_t)B * sizeof *hs, cudaMemcpyHostToDevice);
+        char label[64];
+        snprintf(label, sizeof label, "%d sequence%s x %d token%s", B, B > 1 ? "s" : "", L, L > 1 ? "s" : "");
+        printf("%-34s", label);
+        for (size_t c = 0; c < sizeof cols / sizeof *cols; c++) {
+            struct cuda_kda_args a = {.qkv = qkv, .fg = fg, .beta = beta, .gate = gate, .conv = conv, .dt_bias = dtb,
+                                      .A = A, .o_norm = onorm, .states = states, .slot_floats = slot, .off = 0,
+                                      .seqs = seqs, .snaps = snaps, .n_seqs = B, .H = H, .D = D, .K = K,
+                                      .lower_bound = true, .lb = -5.0f, .eps = 1e-5f, .cols = cols[c], .o32 = o32,
+                                      .out = out};
+            float t[REP];
+            for (int r = 0; r < 3; r++) cuda_kda_recur(&a, 0);
+            for (int r = 0; r < REP; r++) {
+                cudaEventRecord(e0, 0);
+                cuda_kda_recur(&a, 0);
+                cudaEventRecord(e1, 0);
+                cudaEventSynchronize(e1);
+                cudaEventElapsedTime(&t[r], e0, e1);
+            }
+            qsort(t, REP, sizeof *t, cmpf);
+            cudaError_t e = cudaGetLastError();
+            if (e != cudaSuccess) printf(" error: %s", cudaGetErrorString(e));
+            printf(" %12.1f", t[REP / 2] * 1000.0f);
+        }
+        printf("\n");
+    }
+    return 0;
+}
