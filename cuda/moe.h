@@ -16,11 +16,19 @@
  *     prefix sum, and a scatter into per-expert lists (a counting sort), plus
  *     the list of experts that have any;
  *  3. experts: one launch for gate|up with the (clamped) SwiGLU, one for
- *     down, each over every active expert's gathered rows, reading only the
- *     chosen experts' weights (bf16, or packed int4/int8 in qgemm.h's layout,
+ *     down, each over every active expert's gathered rows, the shared
+ *     experts among them (no launch of their own), reading only the chosen
+ *     experts' weights (bf16, or packed int4/int8 in qgemm.h's layout,
  *     expert by expert);
  *  4. combine: each token's expert outputs weighed and summed in ascending
  *     expert order, then the shared experts, as the CPU does.
+ * Small steps (decode: cuda_moe_small, T S <= CUDA_MOE_SMALL_SLOTS) take
+ * four launches instead of six: the logits (many blocks), routing and
+ * grouping in one block (cuda_moe_route_group), gate|up, and down fused
+ * with the combine (cuda_moe_down_combine: a token's output rows sum its
+ * slots' down products in the same order, no atomics). Every stage computes
+ * each value with the general path's sequence of operations, so the two
+ * paths give the same bits.
  * Tensor parallel (N ranks): every rank routes alike (the same input, the
  * same kernels) and holds rows [k F/N, (k+1) F/N) of every expert's gate
  * and up and those columns of its down, so its combine is a partial sum
@@ -91,13 +99,27 @@ struct cuda_moe_args {
 };
 
 /* The four stages (see the file comment), enqueued on st; each returns the
- * launch's error. cuda_moe_forward runs them all. Graph-capture safe: grids
- * depend on T and the shapes only. */
+ * launch's error. cuda_moe_experts is cuda_moe_gate_up then cuda_moe_down
+ * (into y). cuda_moe_forward runs them all, or for a small step
+ * cuda_moe_route_group, cuda_moe_gate_up and cuda_moe_down_combine (which
+ * refuse a step that is not small). Graph-capture safe: grids depend on T
+ * and the shapes only. */
 cudaError_t cuda_moe_route(const struct cuda_moe_args *a, cudaStream_t st);
 cudaError_t cuda_moe_group(const struct cuda_moe_args *a, cudaStream_t st);
 cudaError_t cuda_moe_experts(const struct cuda_moe_args *a, cudaStream_t st);
+cudaError_t cuda_moe_gate_up(const struct cuda_moe_args *a, cudaStream_t st);
+cudaError_t cuda_moe_down(const struct cuda_moe_args *a, cudaStream_t st);
 cudaError_t cuda_moe_combine(const struct cuda_moe_args *a, cudaStream_t st);
+cudaError_t cuda_moe_route_group(const struct cuda_moe_args *a, cudaStream_t st);
+cudaError_t cuda_moe_down_combine(const struct cuda_moe_args *a, cudaStream_t st);
 cudaError_t cuda_moe_forward(const struct cuda_moe_args *a, cudaStream_t st);
+
+/* Whether a's step is small (nonzero: cuda_moe_forward takes the fused
+ * kernels): at most CUDA_MOE_SMALL_SLOTS assignments (T S), at most 32
+ * slots a token, and the routing scratch of the one routing block fits
+ * its shared memory (experts up to about 600). */
+int cuda_moe_small(const struct cuda_moe_args *a);
+#define CUDA_MOE_SMALL_SLOTS 128
 
 /* The largest routed-expert count the routing kernel takes (its scratch
  * lives in shared memory). */

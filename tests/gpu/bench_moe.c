@@ -2,11 +2,14 @@
  * shape (128 experts, top-8, hidden 2048, expert intermediate 768), bf16
  * experts and int4 group-128 ones, timed with CUDA events (median of 20
  * after warm-up) at 1 .. 16384 tokens a step: the whole layer
- * (cuda_moe_forward) and each stage, and the bytes of the experts the step
+ * (cuda_moe_forward) and, a line each, the stages it runs (the small-step
+ * kernels or the general ones), and the bytes of the experts the step
  * chose over the layer's time (the decode floor's measure: only the chosen
- * experts' weights count). Random router and inputs; every expert's
- * weights in their own allocation, so L2 holds none of them across steps
- * of 8+ experts. Not a test.
+ * experts' weights count). Eager times include each launch's host latency;
+ * "graph us" is a layer's share of 8 layers captured in one CUDA graph (4
+ * sets of experts in turn, as a decode step runs its layers). Random router
+ * and inputs; every expert's weights in their own allocation, so L2 holds
+ * none of them across steps of 8+ experts. Not a test.
  *
  *   build/tests/gpu/bench_moe [--int4] [T ...]   (default T: 1 8 64 256 2048 16384)
  */
@@ -20,6 +23,8 @@
 #include "tests/gpu/gpu_util.h"
 
 #define REP 20
+#define NL 4   /* layers of experts (their own weights each) the graph timing cycles through */
+#define GREP 2 /* times it goes through them in one graph */
 enum { NE = 128, TOPK = 8, HID = 2048, FF = 768 }; /* the shape */
 #define GROUP 128
 
@@ -38,6 +43,25 @@ static int cmpf(const void *a, const void *b)
 {
     float x = *(const float *)a, y = *(const float *)b;
     return (x > y) - (x < y);
+}
+
+/* The median time (us) of one stage over REP runs after 3 of warm-up, each
+ * alone between two events: on an idle stream, so a launch's host latency
+ * counts too (inside a decode graph it mostly does not). */
+static float time_stage(cudaError_t (*f)(const struct cuda_moe_args *, cudaStream_t), const struct cuda_moe_args *a,
+                        cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1)
+{
+    float t[REP];
+    for (int w = 0; w < 3; w++) f(a, st);
+    for (int r = 0; r < REP; r++) {
+        cudaEventRecord(e0, st);
+        f(a, st);
+        cudaEventRecord(e1, st);
+        cudaEventSynchronize(e1);
+        cudaEventElapsedTime(&t[r], e0, e1);
+    }
+    qsort(t, REP, sizeof *t, cmpf);
+    return t[REP / 2] * 1000;
 }
 
 /* A [rows][cols] matrix: bf16 from pool, or int4 g128 symmetric codes and bf16 scales */
@@ -84,12 +108,15 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < big / 2; i++) codes[i] = (uint8_t)(frand() * 127 + 128);
     for (size_t i = 0; i < big / GROUP; i++) scales[i] = bf(0.003f * (1.0f + frand() * 0.5f));
     for (size_t i = 0; i < (size_t)NE * HID; i++) router[i] = bf(frand() * 0.1f);
-    struct cuda_moe_expert *hex = calloc(NE + 1, sizeof *hex);
-    for (int e = 0; e < NE; e++) {
-        hex[e].F = FF;
-        make(int4, FF, HID, pool, codes, scales, &hex[e].gate);
-        make(int4, FF, HID, pool, codes, scales, &hex[e].up);
-        make(int4, HID, FF, pool, codes, scales, &hex[e].down);
+    struct cuda_moe_expert *hex = calloc(NE + 1, sizeof *hex), *dex[NL];
+    for (int l = 0; l < NL; l++) {
+        for (int e = 0; e < NE; e++) {
+            hex[e].F = FF;
+            make(int4, FF, HID, pool, codes, scales, &hex[e].gate);
+            make(int4, FF, HID, pool, codes, scales, &hex[e].up);
+            make(int4, HID, FF, pool, codes, scales, &hex[e].down);
+        }
+        dex[l] = dev(hex, (NE + 1) * sizeof *hex);
     }
     uint16_t *x = malloc((size_t)maxT * HID * 2);
     for (size_t i = 0; i < (size_t)maxT * HID; i++) x[i] = bf(frand());
@@ -98,7 +125,7 @@ int main(int argc, char **argv)
                               .topk_group = 1, .scale = 1.0f};
     a.xn = dev(x, (size_t)maxT * HID * 2);
     a.router = dev(router, (size_t)NE * HID * 2);
-    a.ex = dev(hex, (NE + 1) * sizeof *hex);
+    a.ex = dex[0];
     a.logits = dev(NULL, (size_t)maxT * (NE + 1) * 4);
     a.idx = dev(NULL, (size_t)maxT * S * 4);
     a.wt = dev(NULL, (size_t)maxT * S * 4);
@@ -116,32 +143,57 @@ int main(int argc, char **argv)
     const double ebytes = int4 ? 3.0 * FF * (HID / 2 + HID / GROUP * 2) : 3.0 * FF * HID * 2; /* one expert */
     printf("MoE layer, Qwen3-30B-A3B shape (%d experts top-%d, hidden %d, intermediate %d), %s experts\n", NE, TOPK, HID,
            FF, int4 ? "int4 g128" : "bf16");
-    printf("%6s %8s %10s %10s %10s %10s %10s %9s\n", "tokens", "experts", "layer us", "route", "group", "experts",
-           "combine", "GB/s");
+    printf("%6s %8s %10s %9s %10s %9s   stages (us, eager)\n", "tokens", "experts", "layer us", "GB/s", "graph us",
+           "GB/s");
     for (int i = 0; i < nT; i++) {
         a.T = Ts[i];
-        cudaError_t (*const stage[5])(const struct cuda_moe_args *, cudaStream_t) = {
-            cuda_moe_forward, cuda_moe_route, cuda_moe_group, cuda_moe_experts, cuda_moe_combine};
-        float med[5];
-        for (int s = 0; s < 5; s++) {
+        /* the stages cuda_moe_forward runs for this step: the small-step kernels or the general ones */
+        typedef cudaError_t (*stage_fn)(const struct cuda_moe_args *, cudaStream_t);
+        static const stage_fn small_st[] = {cuda_moe_route_group, cuda_moe_gate_up, cuda_moe_down_combine};
+        static const char *const small_nm[] = {"route+group", "gate|up", "down+combine"};
+        static const stage_fn gen_st[] = {cuda_moe_route, cuda_moe_group, cuda_moe_gate_up, cuda_moe_down,
+                                          cuda_moe_combine};
+        static const char *const gen_nm[] = {"route", "group", "gate|up", "down", "combine"};
+        const bool small = cuda_moe_small(&a);
+        const int ns = small ? 3 : 5;
+        const stage_fn *sf = small ? small_st : gen_st;
+        const char *const *sn = small ? small_nm : gen_nm;
+        float layer = time_stage(cuda_moe_forward, &a, st, e0, e1), med[5], graph = -1;
+        /* NL x GREP layers in one CUDA graph (as a decode step runs them): launch latency mostly hidden,
+         * each layer's experts its own (not in L2 from the layer before) */
+        cudaGraph_t g = NULL;
+        cudaGraphExec_t ge = NULL;
+        bool gok = cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+        for (int r = 0; gok && r < NL * GREP; r++) {
+            struct cuda_moe_args al = a;
+            al.ex = dex[r % NL];
+            gok = cuda_moe_forward(&al, st) == cudaSuccess;
+        }
+        gok = cudaStreamEndCapture(st, &g) == cudaSuccess && gok;
+        gok = gok && cudaGraphInstantiate(&ge, g, 0) == cudaSuccess;
+        if (gok) {
             float t[REP];
-            for (int w = 0; w < 3; w++) stage[s](&a, st);
+            for (int w = 0; w < 3; w++) cudaGraphLaunch(ge, st);
             for (int r = 0; r < REP; r++) {
                 cudaEventRecord(e0, st);
-                stage[s](&a, st);
+                cudaGraphLaunch(ge, st);
                 cudaEventRecord(e1, st);
                 cudaEventSynchronize(e1);
                 cudaEventElapsedTime(&t[r], e0, e1);
             }
             qsort(t, REP, sizeof *t, cmpf);
-            med[s] = t[REP / 2] * 1000;
+            graph = t[REP / 2] * 1000 / (NL * GREP);
         }
+        if (ge) cudaGraphExecDestroy(ge);
+        if (g) cudaGraphDestroy(g);
+        for (int s = 0; s < ns; s++) med[s] = time_stage(sf[s], &a, st, e0, e1);
         int32_t act[NE + 2];
         cudaMemcpy(act, a.act, sizeof act, cudaMemcpyDeviceToHost);
         cudaError_t ce = cudaGetLastError();
-        printf("%6d %8d %10.1f %10.1f %10.1f %10.1f %10.1f %9.0f%s%s\n", a.T, act[NE + 1], med[0], med[1], med[2],
-               med[3], med[4], act[NE + 1] * ebytes / (med[0] * 1e3), ce ? "  error: " : "",
-               ce ? cudaGetErrorString(ce) : "");
+        printf("%6d %8d %10.1f %9.0f %10.1f %9.0f   (%s path)%s%s\n", a.T, act[NE + 1], layer,
+               act[NE + 1] * ebytes / (layer * 1e3), graph, act[NE + 1] * ebytes / (graph * 1e3),
+               small ? "small" : "general", ce ? "  error: " : "", ce ? cudaGetErrorString(ce) : "");
+        for (int s = 0; s < ns; s++) printf("%6s %8s %10.1f %9s %10s %9s   %s\n", "", "", med[s], "", "", "", sn[s]);
     }
     return 0;
 }

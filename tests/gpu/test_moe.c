@@ -16,12 +16,17 @@
  *    batch;
  *  - the whole layer captured in a CUDA graph gives the eager run's bits.
  * One case has over 8192 token slots, so its batch takes the grouping's
- * multi-block path and the tokens alone the one-block one.
+ * multi-block path and the tokens alone the one-block one. A step of at
+ * most CUDA_MOE_SMALL_SLOTS token slots (cuda_moe_forward's fused routing
+ * + grouping and down + combine) must give the general stages' bits (run
+ * one by one on the same inputs); a larger one must be refused by the
+ * fused entries; cases sit at the bound and either side of it.
  * Cases: softmax top-k with and without renormalisation, the sigmoid router
  * with correction bias, scaling and group-limited choice, shared experts
  * (plain and qwen2_moe's gated one), an f32 router, the clamped SwiGLU, odd
- * widths (partial tiles), and packed experts mixed with bf16 ones (int4 and
- * int8, groups and per-channel, zero points, f16 scales, act-order), the
+ * widths (partial tiles), packed experts mixed with bf16 ones (int4 and
+ * int8, groups and per-channel, zero points, f16 scales, act-order), and
+ * experts all in one packed format (gate and up decoded in one pass), the
  * reference dequantizing with model_qrepack_row.
  */
 #include <cuda_runtime.h>
@@ -46,14 +51,15 @@ static uint32_t urand(void)
 /* ---- expert matrices ---------------------------------------------------------------- */
 
 /* formats: 0 bf16; 1 int4 g32 sym bf16 scales; 2 int8 per-channel asym; 3 int4 g16 asym f16 scales;
- * 4 int4 g32 act-order asym */
-#define NFMT 5
+ * 4 int4 g32 act-order asym (the kernels' element-by-element path); 5 int4 g128 sym bf16 scales (GPTQ /
+ * compressed-tensors W4A16's usual one); 6 int8 g32 sym f16 scales */
+#define NFMT 5 /* the formats a case's experts cycle through */
 
 /* A random packed weight in the device layout (as test_qgemm.c makes them). */
 static void make_packed(int fmt, int rows, int cols, struct model_qrepack *p)
 {
-    int bits = fmt == 2 ? 8 : 4, group = fmt == 2 ? 0 : fmt == 3 ? 16 : 32;
-    bool asym = fmt >= 2, f16 = fmt == 3, act = fmt == 4;
+    int bits = fmt == 2 || fmt == 6 ? 8 : 4, group = fmt == 2 ? 0 : fmt == 3 ? 16 : fmt == 5 ? 128 : 32;
+    bool asym = fmt >= 2 && fmt <= 4, f16 = fmt == 3 || fmt == 6, act = fmt == 4;
     memset(p, 0, sizeof *p);
     p->bits = bits, p->rows = rows, p->cols = cols;
     p->group = group ? group : cols;
@@ -147,6 +153,7 @@ struct mcase {
     int G, TG;
     float scale, limit;
     bool packed;              /* experts cycle through the NFMT formats */
+    int fmt[3];               /* else every expert's gate, up and down in these formats (0: bf16) */
 };
 
 static double dmax(double a, double b) { return a > b ? a : b; }
@@ -173,12 +180,11 @@ static void run_case(const struct mcase *c)
     for (int e = 0; e <= NE; e++) {
         int F = e < NE ? c->F : c->Fs;
         if (!F) continue;
-        int fmt = c->packed ? (e % NFMT) : 0;
         rg[e] = malloc((size_t)F * E * 4), ru[e] = malloc((size_t)F * E * 4), rd[e] = malloc((size_t)E * F * 4);
         hex[e].F = F;
-        make_mat(fmt, F, E, rg[e], &hex[e].gate);
-        make_mat(c->packed ? (e + 1) % NFMT : 0, F, E, ru[e], &hex[e].up);
-        make_mat(c->packed ? (e + 2) % NFMT : 0, E, F, rd[e], &hex[e].down);
+        make_mat(c->packed ? e % NFMT : c->fmt[0], F, E, rg[e], &hex[e].gate);
+        make_mat(c->packed ? (e + 1) % NFMT : c->fmt[1], F, E, ru[e], &hex[e].up);
+        make_mat(c->packed ? (e + 2) % NFMT : c->fmt[2], E, F, rd[e], &hex[e].down);
     }
     uint16_t *x = malloc((size_t)T * E * 2);
     for (int i = 0; i < T * E; i++) x[i] = bf(frand());
@@ -216,6 +222,32 @@ static void run_case(const struct mcase *c)
     cudaMemcpy(idx, a.idx, (size_t)T * S * 4, cudaMemcpyDeviceToHost);
     cudaMemcpy(out, a.out, (size_t)T * E * 2, cudaMemcpyDeviceToHost);
 
+    /* the other path: a small step (cuda_moe_forward's fused kernels) against the general stages run
+     * one by one (the same bits: routing, weights, output); a larger one: the fused entries refuse it */
+    const bool small = cuda_moe_small(&a);
+    int path_diff = 0;
+    if (small) {
+        struct cuda_moe_args ap = a;
+        ap.out = keep(zeroed((size_t)T * E * 2));
+        ce = cuda_moe_route(&ap, st);
+        if (ce == cudaSuccess) ce = cuda_moe_group(&ap, st);
+        if (ce == cudaSuccess) ce = cuda_moe_experts(&ap, st);
+        if (ce == cudaSuccess) ce = cuda_moe_combine(&ap, st);
+        if (ce == cudaSuccess) ce = cudaStreamSynchronize(st);
+        CHECKF(ce == cudaSuccess, "%s: the general path: %s", c->name, cudaGetErrorString(ce));
+        float *wt2 = malloc((size_t)T * S * 4);
+        int32_t *idx2 = malloc((size_t)T * S * 4);
+        uint16_t *out2 = malloc((size_t)T * E * 2);
+        cudaMemcpy(wt2, ap.wt, (size_t)T * S * 4, cudaMemcpyDeviceToHost);
+        cudaMemcpy(idx2, ap.idx, (size_t)T * S * 4, cudaMemcpyDeviceToHost);
+        cudaMemcpy(out2, ap.out, (size_t)T * E * 2, cudaMemcpyDeviceToHost);
+        path_diff = (memcmp(wt2, wt, (size_t)T * S * 4) != 0) + (memcmp(idx2, idx, (size_t)T * S * 4) != 0) +
+                    (memcmp(out2, out, (size_t)T * E * 2) != 0);
+        free(wt2), free(idx2), free(out2);
+    } else {
+        path_diff = (cuda_moe_route_group(&a, st) != cudaErrorInvalidValue) +
+                    (cuda_moe_down_combine(&a, st) != cudaErrorInvalidValue);
+    }
     /* logits */
     double lerr = 0;
     for (int t = 0; t < T; t++)
@@ -315,17 +347,21 @@ static void run_case(const struct mcase *c)
     if (g) cudaGraphDestroy(g);
 
     bool ok = lerr <= 1e-5 && bad_route == 0 && werr <= 1e-5 && orel <= 1e-2 && omax > 0 && bad_bits == 0 &&
-              graph_same;
+              graph_same && path_diff == 0;
     printf("%s %-34s T %3d: logits %.1e, routing %d wrong (%d tie members), weights %.1e, output %.2e of %.3g, "
-           "alone %s, graph %s\n",
+           "alone %s, graph %s, %s path%s\n",
            ok ? "ok  " : "FAIL", c->name, T, lerr, bad_route, ties, werr, orel, omax,
-           bad_bits ? "DIFFERS" : "same bits", graph_same ? "same bits" : graph_ok ? "DIFFERS" : "failed");
+           bad_bits ? "DIFFERS" : "same bits", graph_same ? "same bits" : graph_ok ? "DIFFERS" : "failed",
+           small ? "small" : "general", path_diff ? (small ? " DIFFERS from the general one" : " not refused by the "
+                                                                                                "fused entries")
+                                                  : small ? " = general bits" : "");
     CHECKF(lerr <= 1e-5, "%s: logits %.3g", c->name, lerr);
     CHECKF(bad_route == 0, "%s: %d routing slots differ from model_moe_route", c->name, bad_route);
     CHECKF(werr <= 1e-5, "%s: routing weights %.3g", c->name, werr);
     CHECKF(orel <= 1e-2 && omax > 0, "%s: output %.3g (max |ref| %.3g)", c->name, orel, omax);
     CHECKF(bad_bits == 0, "%s: a token alone differs from the batch", c->name);
     CHECKF(graph_same, "%s: the graph run differs", c->name);
+    CHECKF(path_diff == 0, "%s: the %s path: %d differences", c->name, small ? "small" : "general", path_diff);
 
     cudaStreamDestroy(st);
     free_dev();
@@ -336,28 +372,73 @@ static void run_case(const struct mcase *c)
 
 static const struct mcase cases[] = {
     /* qwen3_moe: softmax top-k, renormalised */
-    {"softmax top-4 of 16, norm", 16, 4, 64, 16, 0, 37, false, true, false, false, false, true, 1, 1, 1, 0, false},
+    {"softmax top-4 of 16, norm", 16, 4, 64, 16, 0, 37, false, true, false, false, false, true, 1, 1, 1, 0, false,
+     {0, 0, 0}},
     /* qwen3_moe with norm_topk_prob false, wide: many tokens per expert (several chunks) */
     {"softmax top-8 of 128, no norm", 128, 8, 256, 96, 0, 300, false, false, false, false, false, false, 1, 1, 1, 0,
-     false},
+     false, {0, 0, 0}},
     /* over 8192 token slots: the grouping's multi-block path (the tokens alone take the one-block one) */
     {"softmax top-8 of 64, 1100 tokens", 64, 8, 64, 16, 0, 1100, false, true, false, false, false, false, 1, 1, 1, 0,
-     false},
+     false, {0, 0, 0}},
     /* qwen2_moe: softmax, no norm, a sigmoid-gated shared expert of its own width, an f32 router */
     {"softmax + gated shared, f32 router", 8, 2, 96, 40, 24, 50, false, false, true, true, false, true, 1, 1, 1, 0,
-     false},
+     false, {0, 0, 0}},
     /* glm4_moe / deepseek_v3: sigmoid, correction bias, groups, scaling, a shared expert */
     {"sigmoid groups 4/2, bias, shared", 16, 4, 64, 16, 16, 41, true, true, false, false, true, true, 4, 2, 2.5f, 0,
-     false},
+     false, {0, 0, 0}},
     {"sigmoid groups 8/4, 256 experts", 256, 8, 128, 32, 64, 129, true, true, false, false, true, false, 8, 4, 2.5f,
-     0, false},
+     0, false, {0, 0, 0}},
     /* glm5_next: one group, the clamped SwiGLU */
     {"sigmoid, clamped swiglu", 32, 8, 96, 48, 48, 33, true, true, false, false, true, false, 1, 1, 2.5f, 0.5f,
-     false},
+     false, {0, 0, 0}},
     /* packed experts mixed with bf16 ones (every format), odd widths */
     {"packed experts (5 formats), shared", 16, 4, 128, 64, 32, 45, true, true, false, false, true, false, 4, 2, 1.0f,
-     0, true},
-    {"packed experts, softmax", 10, 3, 96, 48, 0, 70, false, true, false, false, false, false, 1, 1, 1, 0, true},
+     0, true, {0, 0, 0}},
+    {"packed experts, softmax", 10, 3, 96, 48, 0, 70, false, true, false, false, false, false, 1, 1, 1, 0, true,
+     {0, 0, 0}},
+    /* small steps (T S <= CUDA_MOE_SMALL_SLOTS: routing and grouping in one block, down fused with the
+     * combine), against the general path; decode at the Qwen3-30B-A3B router (top-8 of 128) */
+    {"small: softmax top-8 of 128", 128, 8, 256, 96, 0, 1, false, true, false, false, false, true, 1, 1, 1, 0,
+     false, {0, 0, 0}},
+    {"small: sigmoid groups 8/4, shared", 256, 8, 128, 32, 64, 2, true, true, false, false, true, false, 8, 4, 2.5f,
+     0, false, {0, 0, 0}},
+    {"small: packed experts (5 formats), shared", 16, 4, 128, 64, 32, 8, true, true, false, false, true, false, 4,
+     2, 1.0f, 0, true, {0, 0, 0}},
+    {"small: gated shared, f32 router", 8, 2, 96, 40, 24, 8, false, false, true, true, false, true, 1, 1, 1, 0,
+     false, {0, 0, 0}},
+    {"small: clamped swiglu, odd widths", 32, 8, 100, 20, 12, 5, true, true, false, false, true, false, 1, 1, 2.5f,
+     0.5f, false, {0, 0, 0}},
+    /* the bound: top-8 without shared experts (16 tokens small, 17 not), top-8 with (14, 15), and 33 */
+    {"bound: softmax top-8 of 64", 64, 8, 128, 48, 0, 15, false, true, false, false, false, false, 1, 1, 1, 0,
+     false, {0, 0, 0}},
+    {"bound: softmax top-8 of 64", 64, 8, 128, 48, 0, 16, false, true, false, false, false, false, 1, 1, 1, 0,
+     false, {0, 0, 0}},
+    {"bound: softmax top-8 of 64", 64, 8, 128, 48, 0, 17, false, true, false, false, false, false, 1, 1, 1, 0,
+     false, {0, 0, 0}},
+    {"bound: softmax top-8 of 64", 64, 8, 128, 48, 0, 33, false, true, false, false, false, false, 1, 1, 1, 0,
+     false, {0, 0, 0}},
+    {"bound: sigmoid top-8 + shared", 32, 8, 128, 32, 32, 14, true, true, false, false, true, false, 4, 2, 2.5f, 0,
+     false, {5, 5, 5}},
+    {"bound: sigmoid top-8 + shared", 32, 8, 128, 32, 32, 15, true, true, false, false, true, false, 4, 2, 2.5f, 0,
+     false, {5, 5, 5}},
+    /* one format for all of an expert's matrices (gate and up in one pass): int4 g128 (W4A16's), int4 g32
+     * sym, int8 per-channel asym, int8 g32 f16 scales, gate and up both int4 with different groups and scale
+     * dtypes; small and general steps */
+    {"int4 g128 experts", 32, 4, 256, 128, 64, 1, false, true, false, false, false, false, 1, 1, 1, 0, false,
+     {5, 5, 5}},
+    {"int4 g128 experts", 32, 4, 256, 128, 64, 40, false, true, false, false, false, false, 1, 1, 1, 0, false,
+     {5, 5, 5}},
+    {"int4 g32 experts", 16, 4, 128, 64, 0, 3, false, true, false, false, false, false, 1, 1, 1, 0, false,
+     {1, 1, 1}},
+    {"int8 per-channel asym experts", 16, 4, 128, 64, 32, 6, true, true, false, false, true, false, 1, 1, 1, 0,
+     false, {2, 2, 2}},
+    {"int8 g32 f16 experts", 16, 4, 96, 48, 0, 37, false, true, false, false, false, false, 1, 1, 1, 0, false,
+     {6, 6, 6}},
+    {"int4 gate g32 bf16, up g16 f16", 16, 4, 128, 64, 0, 4, false, true, false, false, false, false, 1, 1, 1, 0,
+     false, {1, 3, 5}},
+    {"int4 gate g32 bf16, up g16 f16", 16, 4, 128, 64, 0, 50, false, true, false, false, false, false, 1, 1, 1, 0,
+     false, {1, 3, 5}},
+    {"int4 odd width", 8, 2, 100, 40, 0, 9, false, true, false, false, false, false, 1, 1, 1, 0, false, {1, 3, 1}},
 };
 
 static void test_moe_cases(void)
