@@ -639,6 +639,50 @@ static __device__ __forceinline__ void deq_piece(uint32_t lo, uint32_t hi, uint2
     }
 }
 
+/* dot_pass for MK_SLOW matrices: 8-column chunks l, l + 32, ... of lane
+ * l, weight() element by element; the partial sums into o[(n R + r) TT + m]. */
+template <int NM, int R, int TT>
+static __device__ __noinline__ void dot_slow(const cuda_moe_mat *pA, const cuda_moe_mat *pB, int r0, int rows,
+                                             int cols, const uint16_t *const *xr, bool xvec, float *o)
+{
+    const int lane = threadIdx.x & 31;
+    float acc[NM][R][TT];
+#pragma unroll
+    for (int n = 0; n < NM; n++)
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int m = 0; m < TT; m++) acc[n][r][m] = 0.0f;
+    const int nch = (cols + 7) / 8;
+    for (int ch = lane; ch < nch; ch += 32) {
+        const int c = ch * 8;
+        float xf[TT][8];
+#pragma unroll
+        for (int m = 0; m < TT; m++) act8(xr[m], c, cols, xvec, xf[m]);
+#pragma unroll
+        for (int n = 0; n < NM; n++) {
+            const cuda_moe_mat &M = n ? *pB : *pA;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                if (r0 + r >= rows) continue;
+                float w[8];
+#pragma unroll
+                for (int j = 0; j < 8; j++) w[j] = c + j < cols ? weight(M, r0 + r, c + j, cols) : 0.0f;
+#pragma unroll
+                for (int m = 0; m < TT; m++)
+#pragma unroll
+                    for (int j = 0; j < 8; j++) acc[n][r][m] = fmaf(w[j], xf[m][j], acc[n][r][m]);
+            }
+        }
+    }
+#pragma unroll
+    for (int n = 0; n < NM; n++)
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int m = 0; m < TT; m++) o[(n * R + r) * TT + m] = acc[n][r][m];
+}
+
 /* acc[n][r][m] = row r0 + r of matrix n (A, then B; both of kind KIND, of
  * `cols` columns, `rows` rows) . x row m, for the rows below `rows`, as
  * this lane's partial sum (the caller's warp_sum completes it). Lane l
@@ -660,28 +704,15 @@ static __device__ __forceinline__ void dot_pass(const cuda_moe_mat &A, const cud
 #pragma unroll
             for (int m = 0; m < TT; m++) acc[n][r][m] = 0.0f;
     if (KIND == MK_SLOW) {
-        const int nch = (cols + 7) / 8;
-        for (int ch = lane; ch < nch; ch += 32) {
-            const int c = ch * 8;
-            float xf[TT][8];
+        /* out of line, so its calls do not cost the streamed kinds registers */
+        float o[NM * R * TT];
+        dot_slow<NM, R, TT>(&A, &B, r0, rows, cols, xr, xvec, o);
 #pragma unroll
-            for (int m = 0; m < TT; m++) act8(xr[m], c, cols, xvec, xf[m]);
+        for (int n = 0; n < NM; n++)
 #pragma unroll
-            for (int n = 0; n < NM; n++) {
-                const cuda_moe_mat &M = n ? B : A;
+            for (int r = 0; r < R; r++)
 #pragma unroll
-                for (int r = 0; r < R; r++) {
-                    if (r0 + r >= rows) continue;
-                    float w[8];
-#pragma unroll
-                    for (int j = 0; j < 8; j++) w[j] = c + j < cols ? weight(M, r0 + r, c + j, cols) : 0.0f;
-#pragma unroll
-                    for (int m = 0; m < TT; m++)
-#pragma unroll
-                        for (int j = 0; j < 8; j++) acc[n][r][m] = fmaf(w[j], xf[m][j], acc[n][r][m]);
-                }
-            }
-        }
+                for (int m = 0; m < TT; m++) acc[n][r][m] = o[(n * R + r) * TT + m];
         return;
     }
     constexpr int CPC = KIND == MK_BF16 ? 8 : KIND == MK_Q4 ? 32 : 16; /* columns a chunk */
@@ -776,7 +807,6 @@ static __device__ __forceinline__ void dot_any(int kind, const cuda_moe_mat &A, 
 
 #define NW 4 /* warps a block of the expert kernels */
 #define RW 4 /* rows a warp of the expert kernels (in passes of 4 rows at one token, 2 at two, 1 at 8) */
-#define EX_MIN_BLOCKS 4 /* blocks an SM holds at least (128 registers a thread): a decode step's blocks in one wave */
 #define TG 8 /* an expert's tokens a block takes at a time (in passes of 8, 2 and 1) */
 
 /* One pass of expert_kernel: the warp's RW rows from r0w (R at a time)
@@ -825,7 +855,7 @@ static __device__ __forceinline__ void expert_pass(const struct cuda_moe_args &a
  * butterfly, whatever the pass, the token's place among its expert's
  * tokens or the grid (batch invariance). */
 template <bool GU, int TTMAX>
-static __global__ void __launch_bounds__(NW * 32, EX_MIN_BLOCKS) expert_kernel(struct cuda_moe_args a)
+static __global__ void __launch_bounds__(NW * 32) expert_kernel(struct cuda_moe_args a)
 {
     const int n_act = a.act[a.NE + 1];
     if ((int)blockIdx.x >= n_act) return;
@@ -901,7 +931,7 @@ extern "C" cudaError_t cuda_moe_experts(const struct cuda_moe_args *a, cudaStrea
 }
 
 #define DC_ROWS 16 /* output rows a block of the fused down + combine kernel */
-#define DC_R 8     /* rows a warp of it takes in one pass */
+#define DC_R 4     /* rows a warp of it takes in one pass (128 registers a thread: no spills) */
 #define DC_WARPS 16 /* its most warps: a slot each (more slots: in turn) */
 
 /* Small steps: down and the weighted sum in one kernel. Block (t, row
