@@ -10,11 +10,14 @@
  * chosen expert's weights about once, and only theirs. Lane l takes the
  * 16-byte chunks l, l + 32, ... of each of its rows (8 bf16, 16 int8 or 32
  * int4 weights), a chunk of every one of its rows (gate and up: 8)
- * requested before any is used, so many loads are in flight per SM. A packed weight is dequantized exactly
- * as qgemm.cu does ((code - zero) * scale, rounded once to the scale's
- * dtype): int4 two at a time in packed bf16/f16 arithmetic (the code in the
- * mantissa of 128 + u or 1024 + u, less 128 + z or 1024 + z, times the
- * scale: one rounding), int8 through the 2^23 exponent trick in f32. Each
+ * requested before any is used, so many loads are in flight per SM. A
+ * packed weight is dequantized exactly as qgemm.cu does ((code - zero) *
+ * scale, rounded once to the scale's dtype): int4 two at a time in packed
+ * bf16/f16 arithmetic (the code in the mantissa of 128 + u or 1024 + u,
+ * less 128 + z or 1024 + z, times the scale: one rounding), int8 through
+ * the 2^23 exponent trick in f32; a chunk's group parameters are read once
+ * where the chunk lies in one group. Act-order and odd-width matrices take
+ * an element-by-element path out of line (dot_slow). Each
  * (row, token) output is one fixed sequence of f32 operations (the lane's
  * chunks in order, then the xor butterfly), whatever the pass width, the
  * rows a warp takes or the grid, so its bits do not depend on the other
