@@ -1,78 +1,125 @@
 /* moe.cu - the MoE FFN's kernels (moe.h): router logits and routing,
  * grouping tokens by expert (a counting sort), the experts' gate|up with
- * SwiGLU and down over each expert's gathered rows, and the weighted sum.
+ * SwiGLU and down over each expert's gathered rows, and the weighted sum;
+ * for small steps (cuda_moe_small) the routing and the grouping in one
+ * block and the down projection fused with the weighted sum.
  *
  * The expert kernels are SIMT and GEMV-shaped (expert_kernel): a warp takes
- * a few weight rows of one active expert and streams them once per group of
- * up to 8 of the expert's tokens, so a decode step reads each chosen
- * expert's weights about once, and only theirs. A weight is read as bf16, or
- * dequantized from the packed layout exactly as qgemm.cu does ((code - zero)
- * * scale, exact in f32, rounded once to the scale's dtype). Each (row,
- * token) output is one fixed sequence of f32 operations over the columns,
- * so its bits do not depend on the other tokens of the step: a token's
- * result is the same alone or in a batch. No tensor cores yet: long prefill
- * steps re-read an expert's weights (from L2) once per 8 of its tokens and
- * are compute bound on the SIMT cores.
+ * a few weight rows of one active expert and streams them once per pass
+ * over 1, 2 or 8 of the expert's tokens, so a decode step reads each
+ * chosen expert's weights about once, and only theirs. Lane l takes the
+ * 16-byte chunks l, l + 32, ... of each of its rows (8 bf16, 16 int8 or 32
+ * int4 weights), a chunk of every one of its rows (gate and up: 8)
+ * requested before any is used, so many loads are in flight per SM. A
+ * packed weight is dequantized exactly as qgemm.cu does ((code - zero) *
+ * scale, rounded once to the scale's dtype): int4 two at a time in packed
+ * bf16/f16 arithmetic (the code in the mantissa of 128 + u or 1024 + u,
+ * less 128 + z or 1024 + z, times the scale: one rounding), int8 through
+ * the 2^23 exponent trick in f32; a chunk's group parameters are read once
+ * where the chunk lies in one group. Act-order and odd-width matrices take
+ * an element-by-element path out of line (dot_slow). Each
+ * (row, token) output is one fixed sequence of f32 operations (the lane's
+ * chunks in order, then the xor butterfly), whatever the pass width, the
+ * rows a warp takes or the grid, so its bits do not depend on the other
+ * tokens of the step: a token's result is the same alone or in a batch,
+ * and the small-step kernels give the general ones' bits. Steps of many
+ * rows per expert (cuda_moe_gemm_takes; never a small step) run the experts
+ * as a grouped GEMM on tensor cores instead (moe_gemm.cu), and steps of
+ * cuda_tuning.moe_router_gemm_min_t tokens or more their bf16 router logits
+ * (cuda_moe_router_gemm): other sums, other last bits, chosen by the
+ * step's size, as the dense layers' GEMV and GEMM are.
  */
 #include <math.h>
 
 #include "cuda/bf16.cuh"
 #include "cuda/moe.h"
+#include "cuda/tuning.h"
 
 #define MOE_THREADS 256
 
 /* ---- routing ------------------------------------------------------------------------ */
 
+#define LG_WARPS 4 /* warps (router rows) a block of the logits kernel: many blocks even at one token */
+#define LG_U 4      /* chunks a lane requests before using them */
+
+/* 8 router weights of row wr, columns [c, c + 8), zeros past E */
+template <bool F32>
+static __device__ __forceinline__ void router8(const void *router, int e, int E, int c, bool vec, float *w)
+{
+    if (F32) {
+        const float *wr = (const float *)router + (size_t)e * E + c;
+        if (vec) {
+            const float4 a = __ldg((const float4 *)wr), b = __ldg((const float4 *)wr + 1);
+            w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8; j++) w[j] = c + j < E ? wr[j] : 0.0f;
+        }
+    } else {
+        const uint16_t *wr = (const uint16_t *)router + (size_t)e * E + c;
+        if (vec) {
+            const uint4 v = __ldg((const uint4 *)wr);
+            const uint32_t p[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int j = 0; j < 4; j++) w[2 * j] = __uint_as_float(p[j] << 16), w[2 * j + 1] = __uint_as_float(p[j] & 0xffff0000u);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8; j++) w[j] = c + j < E ? bf2f(wr[j]) : 0.0f;
+        }
+    }
+}
+
 /* logits[t][e] = x[t] . router[e] for e < R: one warp a row, lane l
  * summing the 8-column chunks l, l + 32, ... in order (16-byte loads where
- * E % 8 == 0), then the xor butterfly (a fixed order). */
+ * E % 8 == 0; LG_U of them requested at once), then the xor butterfly (a
+ * fixed order). */
 template <bool F32>
-static __global__ void logits_kernel(const uint16_t *x, const void *router, int T, int E, int R, int ld,
-                                     float *logits)
+static __global__ void __launch_bounds__(LG_WARPS * 32) logits_kernel(const uint16_t *x, const void *router, int T,
+                                                                      int E, int R, int ld, float *logits)
 {
     const int t = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int e = blockIdx.y * (MOE_THREADS / 32) + warp;
+    const int e = blockIdx.y * LG_WARPS + warp;
     if (t >= T || e >= R) return;
     const uint16_t *xr = x + (size_t)t * E;
     const bool vec = (E & 7) == 0;
+    const int nch = (E + 7) / 8;
     float acc = 0.0f;
-    for (int c = lane * 8; c < E; c += 32 * 8) {
-        float xf[8], w[8];
-        if (vec) {
-            const uint4 v = *(const uint4 *)(xr + c);
-            const uint32_t p[4] = {v.x, v.y, v.z, v.w};
+    for (int ch0 = lane; ch0 < nch; ch0 += 32 * LG_U) {
+        float w[LG_U][8];
 #pragma unroll
-            for (int j = 0; j < 4; j++) xf[2 * j] = __uint_as_float(p[j] << 16), xf[2 * j + 1] = __uint_as_float(p[j] & 0xffff0000u);
-        } else {
+        for (int u = 0; u < LG_U; u++)
+            if (ch0 + 32 * u < nch) router8<F32>(router, e, E, (ch0 + 32 * u) * 8, vec, w[u]);
 #pragma unroll
-            for (int j = 0; j < 8; j++) xf[j] = c + j < E ? bf2f(xr[c + j]) : 0.0f;
-        }
-        if (F32) {
-            const float *wr = (const float *)router + (size_t)e * E + c;
+        for (int u = 0; u < LG_U; u++) {
+            const int c = (ch0 + 32 * u) * 8;
+            if (c >= E) break;
+            float xf[8];
             if (vec) {
-                const float4 a = __ldg((const float4 *)wr), b = __ldg((const float4 *)wr + 1);
-                w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
-            } else {
-#pragma unroll
-                for (int j = 0; j < 8; j++) w[j] = c + j < E ? wr[j] : 0.0f;
-            }
-        } else {
-            const uint16_t *wr = (const uint16_t *)router + (size_t)e * E + c;
-            if (vec) {
-                const uint4 v = __ldg((const uint4 *)wr);
+                const uint4 v = *(const uint4 *)(xr + c);
                 const uint32_t p[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-                for (int j = 0; j < 4; j++) w[2 * j] = __uint_as_float(p[j] << 16), w[2 * j + 1] = __uint_as_float(p[j] & 0xffff0000u);
+                for (int j = 0; j < 4; j++) xf[2 * j] = __uint_as_float(p[j] << 16), xf[2 * j + 1] = __uint_as_float(p[j] & 0xffff0000u);
             } else {
 #pragma unroll
-                for (int j = 0; j < 8; j++) w[j] = c + j < E ? bf2f(wr[j]) : 0.0f;
+                for (int j = 0; j < 8; j++) xf[j] = c + j < E ? bf2f(xr[c + j]) : 0.0f;
             }
-        }
 #pragma unroll
-        for (int j = 0; j < 8; j++) acc = fmaf(w[j], xf[j], acc);
+            for (int j = 0; j < 8; j++) acc = fmaf(w[u][j], xf[j], acc);
+        }
     }
     acc = warp_sum(acc);
     if (lane == 0) logits[(size_t)t * ld + e] = acc;
+}
+
+static cudaError_t launch_logits(const struct cuda_moe_args *a, cudaStream_t st)
+{
+    const int R = a->NE + (a->shared_gated ? 1 : 0);
+    dim3 lg((unsigned)a->T, (unsigned)((R + LG_WARPS - 1) / LG_WARPS));
+    if (a->router_f32)
+        logits_kernel<true><<<lg, LG_WARPS * 32, 0, st>>>(a->xn, a->router, a->T, a->E, R, a->NE + 1, a->logits);
+    else
+        logits_kernel<false><<<lg, LG_WARPS * 32, 0, st>>>(a->xn, a->router, a->T, a->E, R, a->NE + 1, a->logits);
+    return cudaGetLastError();
 }
 
 /* The best of v[0..n) whose mask byte is set (mask NULL: all), ties to the
@@ -103,15 +150,12 @@ static size_t route_smem(int NE, int G, int K)
     return (b + 15) & ~(size_t)15;
 }
 
-/* One warp a token: model_moe_route over its logits, into idx/wt [T][S]. */
-static __global__ void route_kernel(struct cuda_moe_args a, size_t per_warp)
+/* One warp: model_moe_route over token t's logits, into idx/wt [T][S]
+ * (lane 0 writes them); base: the warp's route_smem bytes. */
+static __device__ void route_token(const struct cuda_moe_args &a, int t, unsigned char *base)
 {
-    extern __shared__ __align__(16) unsigned char smem[];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int t = blockIdx.x * (blockDim.x >> 5) + warp;
-    if (t >= a.T) return;
+    const int lane = threadIdx.x & 31;
     const int NE = a.NE, K = a.K, G = a.n_group;
-    unsigned char *base = smem + (size_t)warp * per_warp;
     float *s = (float *)base, *choice = s + NE, *gs = choice + NE;
     int *sel = (int *)(gs + G);
     unsigned char *mask = (unsigned char *)(sel + K), *gtaken = mask + NE;
@@ -195,19 +239,32 @@ static __global__ void route_kernel(struct cuda_moe_args a, size_t per_warp)
     }
 }
 
+/* One warp a token: route_token. */
+static __global__ void route_kernel(struct cuda_moe_args a, size_t per_warp)
+{
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int warp = threadIdx.x >> 5;
+    const int t = blockIdx.x * (blockDim.x >> 5) + warp;
+    if (t >= a.T) return;
+    route_token(a, t, smem + (size_t)warp * per_warp);
+}
+
+/* The arguments' checks every routing entry makes. */
+static bool route_args_ok(const struct cuda_moe_args *a)
+{
+    return a->NE >= 1 && a->NE <= CUDA_MOE_MAX_EXPERTS && a->K >= 1 && a->K <= a->NE && a->n_group >= 1 &&
+           a->NE % a->n_group == 0 && a->topk_group >= 1 && a->topk_group <= a->n_group && a->S >= a->K &&
+           a->S <= a->K + 1;
+}
+
 extern "C" cudaError_t cuda_moe_route(const struct cuda_moe_args *a, cudaStream_t st)
 {
     if (a->T <= 0) return cudaSuccess;
-    if (a->NE < 1 || a->NE > CUDA_MOE_MAX_EXPERTS || a->K < 1 || a->K > a->NE || a->n_group < 1 ||
-        a->NE % a->n_group || a->topk_group < 1 || a->topk_group > a->n_group || a->S < a->K || a->S > a->K + 1)
-        return cudaErrorInvalidValue;
-    const int R = a->NE + (a->shared_gated ? 1 : 0);
-    dim3 lg((unsigned)a->T, (unsigned)((R + MOE_THREADS / 32 - 1) / (MOE_THREADS / 32)));
-    if (a->router_f32)
-        logits_kernel<true><<<lg, MOE_THREADS, 0, st>>>(a->xn, a->router, a->T, a->E, R, a->NE + 1, a->logits);
-    else
-        logits_kernel<false><<<lg, MOE_THREADS, 0, st>>>(a->xn, a->router, a->T, a->E, R, a->NE + 1, a->logits);
-    cudaError_t e = cudaGetLastError();
+    if (!route_args_ok(a)) return cudaErrorInvalidValue;
+    /* big steps: a bf16 router's logits on tensor cores (the small path's cuda_moe_route_group never) */
+    const int rg_min = cuda_tuning.moe_router_gemm_min_t;
+    cudaError_t e =
+        !a->router_f32 && rg_min >= 0 && a->T >= rg_min ? cuda_moe_router_gemm(a, st) : launch_logits(a, st);
     if (e != cudaSuccess) return e;
     size_t per = route_smem(a->NE, a->n_group, a->K);
     int warps = 4;
@@ -332,11 +389,107 @@ extern "C" cudaError_t cuda_moe_group(const struct cuda_moe_args *a, cudaStream_
     return cudaGetLastError();
 }
 
+/* ---- small steps: routing and grouping in one block ----------------------------------- */
+
+#define RG_WARPS 8 /* warps of the fused routing block: a token each, in turn */
+
+/* Exclusive prefix sum of v over the block (blockDim.x a multiple of 32);
+ * the total into *total; sh: 32 ints. Every thread of the block calls it. */
+static __device__ int block_exscan(int v, int *sh, int *total)
+{
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int x = v;
+    for (int o = 1; o < 32; o <<= 1) {
+        int y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    if (lane == 31) sh[w] = x;
+    __syncthreads();
+    if (w == 0) {
+        int s = lane < nw ? sh[lane] : 0;
+        for (int o = 1; o < 32; o <<= 1) {
+            int y = __shfl_up_sync(0xffffffffu, s, o);
+            if (lane >= o) s += y;
+        }
+        if (lane < nw) sh[lane] = s; /* inclusive, by warp */
+    }
+    __syncthreads();
+    *total = sh[nw - 1];
+    const int r = (w ? sh[w - 1] : 0) + x - v;
+    __syncthreads(); /* sh free again */
+    return r;
+}
+
+/* Shared bytes of route_group_kernel: RG_WARPS routing scratches, the
+ * counts and starts [NE + 1] each, 32 ints of scan scratch. */
+static size_t route_group_smem(const struct cuda_moe_args *a)
+{
+    return RG_WARPS * route_smem(a->NE, a->n_group, a->K) + (size_t)(2 * (a->NE + 1) + 32) * 4;
+}
+
+/* One block, RG_WARPS warps: every token routed as route_kernel does (the
+ * same route_token), then the grouping as cuda_moe_group does it: counts
+ * per expert (shared memory), their exclusive prefix sum (start[], the
+ * active experts in act[]) and the scatter into list[]. The scan packs an
+ * expert's count (low 16 bits) with whether it has any (high 16): small
+ * steps have at most CUDA_MOE_SMALL_SLOTS assignments. */
+static __global__ void __launch_bounds__(RG_WARPS * 32) route_group_kernel(struct cuda_moe_args a, size_t per_warp)
+{
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int warp = threadIdx.x >> 5, tid = threadIdx.x, NE1 = a.NE + 1, n = a.T * a.S;
+    for (int t = warp; t < a.T; t += RG_WARPS) {
+        route_token(a, t, smem + (size_t)warp * per_warp);
+        __syncwarp(); /* lane 0 done with the scratch before the next token's */
+    }
+    int *cnt = (int *)(smem + RG_WARPS * per_warp), *st0 = cnt + NE1, *sh = st0 + NE1;
+    for (int e = tid; e < NE1; e += blockDim.x) cnt[e] = 0;
+    __syncthreads(); /* idx[] (global, this block's writes) and cnt[] ready */
+    for (int i = tid; i < n; i += blockDim.x) atomicAdd(&cnt[a.idx[i]], 1);
+    __syncthreads();
+    const int chunk = (NE1 + (int)blockDim.x - 1) / (int)blockDim.x;
+    const int lo = tid * chunk < NE1 ? tid * chunk : NE1, hi = lo + chunk < NE1 ? lo + chunk : NE1;
+    int s = 0, na = 0;
+    for (int e = lo; e < hi; e++) s += cnt[e], na += cnt[e] > 0;
+    int total;
+    const int ex = block_exscan(s | na << 16, sh, &total);
+    s = ex & 0xffff, na = ex >> 16;
+    for (int e = lo; e < hi; e++) {
+        const int c = cnt[e];
+        st0[e] = s;
+        a.start[e] = s;
+        if (c > 0) a.act[na++] = e;
+        s += c;
+        cnt[e] = 0;
+    }
+    if (tid == 0) a.start[NE1] = total & 0xffff, a.act[NE1] = total >> 16;
+    __syncthreads();
+    for (int i = tid; i < n; i += blockDim.x) {
+        const int e = a.idx[i];
+        a.list[st0[e] + atomicAdd(&cnt[e], 1)] = i;
+    }
+}
+
+extern "C" int cuda_moe_small(const struct cuda_moe_args *a)
+{
+    return a->T >= 1 && a->T * a->S <= CUDA_MOE_SMALL_SLOTS && a->S <= 32 && route_args_ok(a) &&
+           route_group_smem(a) <= 48 * 1024;
+}
+
+extern "C" cudaError_t cuda_moe_route_group(const struct cuda_moe_args *a, cudaStream_t st)
+{
+    if (a->T <= 0) return cudaSuccess;
+    if (!cuda_moe_small(a)) return cudaErrorInvalidValue;
+    cudaError_t e = launch_logits(a, st);
+    if (e != cudaSuccess) return e;
+    route_group_kernel<<<1, RG_WARPS * 32, route_group_smem(a), st>>>(*a, route_smem(a->NE, a->n_group, a->K));
+    return cudaGetLastError();
+}
+
 /* ---- the experts -------------------------------------------------------------------- */
 
 /* Weight (r, c) of m, a matrix of `cols` columns, as f32: bf16, or the
  * packed code at c's position dequantized as qgemm.cu does. */
-static __device__ __forceinline__ float weight(const cuda_moe_mat &m, int r, int c, int cols)
+static __device__ __noinline__ float weight(const cuda_moe_mat &m, int r, int c, int cols)
 {
     if (m.w) return bf2f(m.w[(size_t)r * cols + c]);
     const int p = m.iperm ? m.iperm[c] : c;
@@ -366,53 +519,6 @@ static __device__ __forceinline__ float swiglu_f(float g, float u, float limit)
     return g / (1.0f + expf(-g)) * u;
 }
 
-/* The 8 weights of row r, columns [8 ch, 8 ch + 8) of m (a matrix of `cols`
- * columns) as f32, zeros past the row: one 16-byte load (bf16, cols % 8 ==
- * 0) or one word of codes (packed; a chunk is inside one group, as groups
- * are multiples of 8 columns), else element by element. */
-static __device__ __forceinline__ void weights8(const cuda_moe_mat &m, int r, int ch, int cols, float *w)
-{
-    const int c = ch * 8;
-    if (m.w) {
-        const uint16_t *row = m.w + (size_t)r * cols;
-        if ((cols & 7) == 0) {
-            const uint4 v = __ldg((const uint4 *)(row + c));
-            const uint32_t p[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-            for (int j = 0; j < 4; j++) w[2 * j] = __uint_as_float(p[j] << 16), w[2 * j + 1] = __uint_as_float(p[j] & 0xffff0000u);
-        } else {
-#pragma unroll
-            for (int j = 0; j < 8; j++) w[j] = c + j < cols ? bf2f(row[c + j]) : 0.0f;
-        }
-        return;
-    }
-    if (m.iperm || c + 8 > cols) {
-#pragma unroll
-        for (int j = 0; j < 8; j++) w[j] = c + j < cols ? weight(m, r, c + j, cols) : 0.0f;
-        return;
-    }
-    const uint8_t *row = m.qw + (size_t)r * m.row_bytes;
-    const size_t gi = (size_t)r * m.n_groups + (m.n_groups > 1 ? c / m.group : 0);
-    const int z = m.zeros ? (int)m.zeros[gi] : 1 << (m.bits - 1);
-    const uint16_t sr = m.scales[gi];
-    const float sc = m.f16 ? __half2float(__ushort_as_half(sr)) : bf2f(sr);
-    uint32_t lo, hi = 0;
-    if (m.bits == 4) {
-        lo = __ldg((const uint32_t *)(row + c / 2));
-    } else {
-        const uint2 v = __ldg((const uint2 *)(row + c));
-        lo = v.x, hi = v.y;
-    }
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        /* int4: column j in nibble j / 2 + 4 (j % 2) (the layout's order, model.h) */
-        const uint32_t u = m.bits == 4 ? (lo >> (4 * ((j >> 1) + 4 * (j & 1)))) & 0xFu
-                                       : ((j < 4 ? lo : hi) >> (8 * (j & 3))) & 0xFFu;
-        const float x = (float)((int)u - z) * sc; /* exact in f32 */
-        w[j] = m.f16 ? __half2float(__float2half_rn(x)) : bf2f(f2bf(x));
-    }
-}
-
 /* 8 activations of a bf16 row, columns [c, c + 8), zeros past cols */
 static __device__ __forceinline__ void act8(const uint16_t *row, int c, int cols, bool vec, float *f)
 {
@@ -427,114 +533,469 @@ static __device__ __forceinline__ void act8(const uint16_t *row, int c, int cols
     for (int j = 0; j < 8; j++) f[j] = c + j < cols ? bf2f(row[c + j]) : 0.0f;
 }
 
-#define NW 4 /* warps a block of the expert kernels */
+/* How a matrix is streamed: its 16-byte chunks decoded in registers (bf16
+ * rows of a multiple of 8 columns; packed int4/int8 in natural column order
+ * with groups of a multiple of 8 columns), or element by element in 8-column
+ * chunks (odd bf16 widths, act-order, anything else). */
+enum { MK_BF16, MK_Q4, MK_Q8, MK_SLOW };
 
-/* GU: h[a] = SwiGLU(gate x, up x) for the expert's assignments a (x the
- * token's row of xn); else y[a] = down h[a]. Grid: (expert slot, row block,
- * token group); a warp takes R rows (gate and up rows with GU) and the
- * expert's tokens TT at a time. Lane l sums the 8-column chunks l, l + 32,
- * ... of a row in order, then the lanes combine by the xor butterfly: every
- * (row, token) output is that one sequence of operations whatever TT, the
- * token's place among its expert's tokens or the grid (batch invariance).
- * The weights stream in 16-byte chunks a lane (or a word of codes), read
- * once per TT tokens. */
-template <bool GU, int R, int TT>
-static __global__ void __launch_bounds__(NW * 32) expert_kernel(struct cuda_moe_args a)
+static __device__ __forceinline__ int mat_kind(const cuda_moe_mat &m, int cols)
 {
-    const int n_act = a.act[a.NE + 1];
-    if ((int)blockIdx.x >= n_act) return;
-    const int e = a.act[blockIdx.x];
-    const int F = a.ex[e].F, rows = GU ? F : a.E, cols = GU ? a.E : F;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int r0 = (blockIdx.y * NW + warp) * R;
-    if (r0 >= rows || cols <= 0) return; /* the whole warp; no block-wide barrier below */
-    const int base = a.start[e], cnt = a.start[e + 1] - base;
-    const cuda_moe_mat W = GU ? a.ex[e].gate : a.ex[e].down, U = a.ex[e].up;
-    const int ld = GU ? a.E : a.Fmax; /* the input rows' stride */
-    const bool vec = (ld & 7) == 0;
-    const uint16_t *src = GU ? a.xn : a.h;
-    const int nch = (cols + 7) / 8;
-    for (int c0 = blockIdx.z * TT; c0 < cnt; c0 += gridDim.z * TT) {
-        int as[TT];
-        const uint16_t *xr[TT];
+    if (m.w) return (cols & 7) == 0 ? MK_BF16 : MK_SLOW;
+    if (m.iperm || (m.row_bytes & 15) || (m.n_groups > 1 && (m.group & 7))) return MK_SLOW;
+    return m.bits == 4 ? MK_Q4 : m.bits == 8 ? MK_Q8 : MK_SLOW;
+}
+
+/* weights: read once, never again in this kernel: kept out of L1 */
+static __device__ __forceinline__ uint4 ld_stream(const uint4 *p)
+{
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+static __device__ __forceinline__ uint32_t lop_or_and(uint32_t x, uint32_t mask, uint32_t bits)
+{
+    uint32_t r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(r) : "r"(x), "r"(mask), "r"(bits)); /* (x & mask) | bits */
+    return r;
+}
+
+static __device__ __forceinline__ uint32_t bf2_sub(uint32_t a, uint32_t b)
+{
+    __nv_bfloat162 r = __hsub2(*(const __nv_bfloat162 *)&a, *(const __nv_bfloat162 *)&b);
+    return *(const uint32_t *)&r;
+}
+static __device__ __forceinline__ uint32_t bf2_mul(uint32_t a, uint32_t b)
+{
+    __nv_bfloat162 r = __hmul2_rn(*(const __nv_bfloat162 *)&a, *(const __nv_bfloat162 *)&b);
+    return *(const uint32_t *)&r;
+}
+static __device__ __forceinline__ uint32_t h2_sub(uint32_t a, uint32_t b)
+{
+    __half2 r = __hsub2(*(const __half2 *)&a, *(const __half2 *)&b);
+    return *(const uint32_t *)&r;
+}
+static __device__ __forceinline__ uint32_t h2_mul(uint32_t a, uint32_t b)
+{
+    __half2 r = __hmul2_rn(*(const __half2 *)&a, *(const __half2 *)&b);
+    return *(const uint32_t *)&r;
+}
+
+static __device__ __forceinline__ uint32_t word_of(const uint4 &v, int i)
+{
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+/* A packed row's group parameters as deq_piece takes them: int4, the
+ * scale and 128 + z (bf16) or 1024 + z (f16) twice each (packed pairs);
+ * int8, the scale as f32 (a) and 2^23 + z (b). */
+template <int KIND>
+static __device__ __forceinline__ uint2 group_params(const cuda_moe_mat &M, size_t gi)
+{
+    const int z = M.zeros ? (int)__ldg(M.zeros + gi) : (KIND == MK_Q4 ? 8 : 128);
+    const uint32_t sr = __ldg(M.scales + gi);
+    if (KIND == MK_Q4) return make_uint2(sr * 0x10001u, ((M.f16 ? 0x6400u : 0x4300u) | (uint32_t)z) * 0x10001u);
+    const float s = M.f16 ? __half2float(__ushort_as_half((uint16_t)sr)) : bf2f((uint16_t)sr);
+    return make_uint2(__float_as_uint(s), __float_as_uint(8388608.0f + (float)z));
+}
+
+/* The 8 weights of one 8-column piece of a packed row (int4: the word lo,
+ * column j in nibble j / 2 + 4 (j % 2), the layout's order (model.h); int8:
+ * the bytes of lo, then hi), group parameters q (group_params), as f32:
+ * (u - z) * scale rounded once to the scale's dtype, as weight() computes
+ * it. int4: pair i (nibbles i and i + 4, columns 2i and 2i + 1) becomes 128
+ * + u (bf16) or 1024 + u (f16) by or-ing the code into the mantissa; less
+ * 128 + z (1024 + z) it is u - z exactly; the packed multiply by the scale
+ * rounds the exact product once. int8: 2^23 + u as f32, less 2^23 + z,
+ * times the scale (exact), rounded in pairs. */
+template <int KIND>
+static __device__ __forceinline__ void deq_piece(uint32_t lo, uint32_t hi, uint2 q, bool f16, float *w)
+{
+    if (KIND == MK_Q4) {
+        if (!f16) {
 #pragma unroll
-        for (int m = 0; m < TT; m++) {
-            as[m] = c0 + m < cnt ? a.list[base + c0 + m] : -1;
-            xr[m] = as[m] >= 0 ? src + (size_t)(GU ? as[m] / a.S : as[m]) * ld : NULL;
+            for (int i = 0; i < 4; i++) {
+                const uint32_t d = bf2_mul(bf2_sub(lop_or_and(lo >> (4 * i), 0x000F000Fu, 0x43004300u), q.y), q.x);
+                w[2 * i] = __uint_as_float(d << 16), w[2 * i + 1] = __uint_as_float(d & 0xffff0000u);
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const uint32_t d = h2_mul(h2_sub(lop_or_and(lo >> (4 * i), 0x000F000Fu, 0x64006400u), q.y), q.x);
+                const float2 f = __half22float2(*(const __half2 *)&d);
+                w[2 * i] = f.x, w[2 * i + 1] = f.y;
+            }
         }
-        float acc[R][TT], accu[GU ? R : 1][TT];
+    } else {
+        const float s = __uint_as_float(q.x), zf = __uint_as_float(q.y);
+        float p[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            p[j] = (__uint_as_float(__byte_perm(j < 4 ? lo : hi, 0x4B000000u, 0x7540 | (j & 3))) - zf) * s;
+#pragma unroll
+        for (int j = 0; j < 8; j += 2) {
+            if (f16) {
+                const float2 f = __half22float2(__floats2half2_rn(p[j], p[j + 1]));
+                w[j] = f.x, w[j + 1] = f.y;
+            } else {
+                const __nv_bfloat162 b = __floats2bfloat162_rn(p[j], p[j + 1]);
+                const uint32_t v = *(const uint32_t *)&b;
+                w[j] = __uint_as_float(v << 16), w[j + 1] = __uint_as_float(v & 0xffff0000u);
+            }
+        }
+    }
+}
+
+/* dot_pass for MK_SLOW matrices: 8-column chunks l, l + 32, ... of lane
+ * l, weight() element by element; the partial sums into o[(n R + r) TT + m]. */
+template <int NM, int R, int TT>
+static __device__ __noinline__ void dot_slow(const cuda_moe_mat *pA, const cuda_moe_mat *pB, int r0, int rows,
+                                             int cols, const uint16_t *const *xr, bool xvec, float *o)
+{
+    const int lane = threadIdx.x & 31;
+    float acc[NM][R][TT];
+#pragma unroll
+    for (int n = 0; n < NM; n++)
 #pragma unroll
         for (int r = 0; r < R; r++)
 #pragma unroll
-            for (int m = 0; m < TT; m++) acc[r][m] = 0.0f, accu[GU ? r : 0][m] = 0.0f;
-        for (int ch = lane; ch < nch; ch += 32) {
-            float xf[TT][8];
+            for (int m = 0; m < TT; m++) acc[n][r][m] = 0.0f;
+    const int nch = (cols + 7) / 8;
+    for (int ch = lane; ch < nch; ch += 32) {
+        const int c = ch * 8;
+        float xf[TT][8];
 #pragma unroll
-            for (int m = 0; m < TT; m++) {
-                if (xr[m]) {
-                    act8(xr[m], ch * 8, cols, vec, xf[m]);
-                } else {
+        for (int m = 0; m < TT; m++) act8(xr[m], c, cols, xvec, xf[m]);
 #pragma unroll
-                    for (int j = 0; j < 8; j++) xf[m][j] = 0.0f;
-                }
-            }
+        for (int n = 0; n < NM; n++) {
+            const cuda_moe_mat &M = n ? *pB : *pA;
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 if (r0 + r >= rows) continue;
                 float w[8];
-                weights8(W, r0 + r, ch, cols, w);
+#pragma unroll
+                for (int j = 0; j < 8; j++) w[j] = c + j < cols ? weight(M, r0 + r, c + j, cols) : 0.0f;
 #pragma unroll
                 for (int m = 0; m < TT; m++)
 #pragma unroll
-                    for (int j = 0; j < 8; j++) acc[r][m] = fmaf(w[j], xf[m][j], acc[r][m]);
-                if (GU) {
-                    weights8(U, r0 + r, ch, cols, w);
+                    for (int j = 0; j < 8; j++) acc[n][r][m] = fmaf(w[j], xf[m][j], acc[n][r][m]);
+            }
+        }
+    }
 #pragma unroll
-                    for (int m = 0; m < TT; m++)
+    for (int n = 0; n < NM; n++)
 #pragma unroll
-                        for (int j = 0; j < 8; j++) accu[GU ? r : 0][m] = fmaf(w[j], xf[m][j], accu[GU ? r : 0][m]);
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int m = 0; m < TT; m++) o[(n * R + r) * TT + m] = acc[n][r][m];
+}
+
+/* acc[n][r][m] = row r0 + r of matrix n (A, then B; both of kind KIND, of
+ * `cols` columns, `rows` rows) . x row m, for the rows below `rows`, as
+ * this lane's partial sum (the caller's warp_sum completes it). Lane l
+ * takes the 16-byte chunks l, l + 32, ... (CPC columns each) in order, an
+ * 8-column piece at a time, columns in order: the same f32 sequence for a
+ * (row, x row) whatever NM, R, TT or U. The U chunks of all NM x R rows are
+ * requested before any is used (the act-order and odd-width matrices of
+ * MK_SLOW: element by element, as weight() reads them). */
+template <int KIND, int NM, int R, int TT, int U>
+static __device__ __forceinline__ void dot_pass(const cuda_moe_mat &A, const cuda_moe_mat &B, int r0, int rows,
+                                                int cols, const uint16_t *const (&xr)[TT], bool xvec,
+                                                float (&acc)[NM][R][TT])
+{
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int n = 0; n < NM; n++)
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int m = 0; m < TT; m++) acc[n][r][m] = 0.0f;
+    if (KIND == MK_SLOW) {
+        /* out of line, so its calls do not cost the streamed kinds registers */
+        float o[NM * R * TT];
+        dot_slow<NM, R, TT>(&A, &B, r0, rows, cols, xr, xvec, o);
+#pragma unroll
+        for (int n = 0; n < NM; n++)
+#pragma unroll
+            for (int r = 0; r < R; r++)
+#pragma unroll
+                for (int m = 0; m < TT; m++) acc[n][r][m] = o[(n * R + r) * TT + m];
+        return;
+    }
+    constexpr int CPC = KIND == MK_BF16 ? 8 : KIND == MK_Q4 ? 32 : 16; /* columns a chunk */
+    constexpr int SUB = CPC / 8;
+    const int nch = (cols + CPC - 1) / CPC;
+    for (int ch0 = lane; ch0 < nch; ch0 += 32 * U) {
+        uint4 wv[NM][R][U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int ch = ch0 + 32 * u;
+#pragma unroll
+            for (int n = 0; n < NM; n++) {
+                const cuda_moe_mat &M = n ? B : A;
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    const int row = r0 + r;
+                    const uint4 *p = KIND == MK_BF16 ? (const uint4 *)(M.w + (size_t)row * cols)
+                                                     : (const uint4 *)(M.qw + (size_t)row * M.row_bytes);
+                    wv[n][r][u] = ch < nch && row < rows ? ld_stream(p + ch) : make_uint4(0, 0, 0, 0);
                 }
             }
         }
 #pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int ch = ch0 + 32 * u;
+            if (ch >= nch) break;
+            /* the group parameters of the chunk's rows: once a chunk where a chunk lies in one group */
+            uint2 q[NM][R];
+            bool one[NM];
+#pragma unroll
+            for (int n = 0; n < NM; n++) {
+                const cuda_moe_mat &M = n ? B : A;
+                one[n] = KIND == MK_BF16 || M.n_groups == 1 || M.group % CPC == 0;
+                const int g = KIND != MK_BF16 && M.n_groups > 1 ? ch * CPC / M.group : 0;
+#pragma unroll
+                for (int r = 0; r < R; r++)
+                    if (KIND != MK_BF16 && r0 + r < rows)
+                        q[n][r] = group_params<KIND>(M, (size_t)(r0 + r) * M.n_groups + g);
+            }
+#pragma unroll
+            for (int sub = 0; sub < SUB; sub++) {
+                const int c = ch * CPC + sub * 8;
+                if (c >= cols) break;
+                float xf[TT][8];
+#pragma unroll
+                for (int m = 0; m < TT; m++) act8(xr[m], c, cols, xvec, xf[m]);
+#pragma unroll
+                for (int n = 0; n < NM; n++) {
+                    const cuda_moe_mat &M = n ? B : A;
+#pragma unroll
+                    for (int r = 0; r < R; r++) {
+                        if (r0 + r >= rows) continue;
+                        const uint4 v = wv[n][r][u];
+                        float w[8];
+                        if (KIND == MK_BF16) {
+#pragma unroll
+                            for (int i = 0; i < 4; i++) {
+                                const uint32_t b = word_of(v, i);
+                                w[2 * i] = __uint_as_float(b << 16), w[2 * i + 1] = __uint_as_float(b & 0xffff0000u);
+                            }
+                        } else {
+                            /* a chunk across groups (groups of 8 or 16 columns, or 48, ...): this piece's */
+                            if (sub > 0 && !one[n])
+                                q[n][r] = group_params<KIND>(M, (size_t)(r0 + r) * M.n_groups + c / M.group);
+                            if (KIND == MK_Q4) deq_piece<MK_Q4>(word_of(v, sub), 0u, q[n][r], M.f16, w);
+                            else deq_piece<MK_Q8>(word_of(v, 2 * sub), word_of(v, 2 * sub + 1), q[n][r], M.f16, w);
+                        }
+#pragma unroll
+                        for (int m = 0; m < TT; m++)
+#pragma unroll
+                            for (int j = 0; j < 8; j++) acc[n][r][m] = fmaf(w[j], xf[m][j], acc[n][r][m]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* dot_pass for a kind known at run time (uniform across the warp) */
+template <int NM, int R, int TT, int U>
+static __device__ __forceinline__ void dot_any(int kind, const cuda_moe_mat &A, const cuda_moe_mat &B, int r0,
+                                               int rows, int cols, const uint16_t *const (&xr)[TT], bool xvec,
+                                               float (&acc)[NM][R][TT])
+{
+    switch (kind) {
+    case MK_BF16: dot_pass<MK_BF16, NM, R, TT, U>(A, B, r0, rows, cols, xr, xvec, acc); break;
+    case MK_Q4: dot_pass<MK_Q4, NM, R, TT, U>(A, B, r0, rows, cols, xr, xvec, acc); break;
+    case MK_Q8: dot_pass<MK_Q8, NM, R, TT, U>(A, B, r0, rows, cols, xr, xvec, acc); break;
+    default: dot_pass<MK_SLOW, NM, R, TT, U>(A, B, r0, rows, cols, xr, xvec, acc); break;
+    }
+}
+
+#define NW 4 /* warps a block of the expert kernels */
+#define RW 4 /* rows a warp of the expert kernels (in passes of 4 rows at one token, 2 at two, 1 at 8) */
+#define TG 8 /* an expert's tokens a block takes at a time (in passes of 8, 2 and 1) */
+
+/* One pass of expert_kernel: the warp's RW rows from r0w (R at a time)
+ * against TT of the expert's assignments lp[0 .. TT): GU, h = SwiGLU(gate
+ * x, up x) (gate and up in one dot_pass); else y = down h. */
+template <bool GU, int TT>
+static __device__ __forceinline__ void expert_pass(const struct cuda_moe_args &a, const cuda_moe_mat &W,
+                                                   const cuda_moe_mat &U, int kw, int ku, int rows, int cols, int r0w,
+                                                   const int32_t *lp)
+{
+    constexpr int R = TT == 1 ? 4 : TT == 2 ? 2 : 1;
+    static_assert(RW % R == 0, "a warp's rows in whole passes");
+    const int lane = threadIdx.x & 31;
+    int as[TT];
+    const uint16_t *xr[TT];
+#pragma unroll
+    for (int m = 0; m < TT; m++) {
+        as[m] = lp[m];
+        xr[m] = GU ? a.xn + (size_t)(as[m] / a.S) * a.E : a.h + (size_t)as[m] * a.Fmax;
+    }
+    const bool xvec = ((GU ? a.E : a.Fmax) & 7) == 0;
+#pragma unroll
+    for (int rr = 0; rr < RW; rr += R) {
+        const int r0 = r0w + rr;
+        if (r0 >= rows) break;
+        float acc[GU ? 2 : 1][R][TT];
+        /* gate and up of two kinds (a checkpoint quantizing one of them): both element by element */
+        dot_any<GU ? 2 : 1, R, TT, 1>(kw == ku ? kw : MK_SLOW, W, U, r0, rows, cols, xr, xvec, acc);
+#pragma unroll
         for (int r = 0; r < R; r++)
 #pragma unroll
             for (int m = 0; m < TT; m++) {
-                const float g = warp_sum(acc[r][m]), u = GU ? warp_sum(accu[GU ? r : 0][m]) : 0.0f;
-                if (lane != (r * TT + m) % 32 || r0 + r >= rows || as[m] < 0) continue;
+                const float g = warp_sum(acc[0][r][m]), u = GU ? warp_sum(acc[GU ? 1 : 0][r][m]) : 0.0f;
+                if (lane != (r * TT + m) % 32 || r0 + r >= rows) continue;
                 if (GU) a.h[(size_t)as[m] * a.Fmax + r0 + r] = f2bf(swiglu_f(g, u, a.swiglu_limit));
                 else a.y[(size_t)as[m] * a.E + r0 + r] = g;
             }
     }
 }
 
-/* Both expert launches with TT tokens a group. */
-template <int TT>
-static cudaError_t launch_experts(const struct cuda_moe_args *a, int slots, cudaStream_t st)
+/* GU: h[a] = SwiGLU(gate x, up x) for the expert's assignments a (x the
+ * token's row of xn); else y[a] = down h[a]. Grid: (expert slot, row block,
+ * token group); a warp takes RW rows, the expert's tokens in groups of up
+ * to TG (passes of 8, 2, 1, up to TTMAX: a token alone pays for one). Every (row,
+ * token) output is dot_pass's one sequence of operations then the xor
+ * butterfly, whatever the pass, the token's place among its expert's
+ * tokens or the grid (batch invariance). */
+template <bool GU, int TTMAX>
+static __global__ void __launch_bounds__(NW * 32) expert_kernel(struct cuda_moe_args a)
 {
-    constexpr int RG = 2, RD = 4; /* rows a warp: gate|up (2 + 2 matrices' rows), down */
-    int groups = (a->T + TT - 1) / TT;
+    const int n_act = a.act[a.NE + 1];
+    if ((int)blockIdx.x >= n_act) return;
+    const int e = a.act[blockIdx.x];
+    const int F = a.ex[e].F, rows = GU ? F : a.E, cols = GU ? a.E : F;
+    const int warp = threadIdx.x >> 5;
+    const int r0 = (blockIdx.y * NW + warp) * RW;
+    if (r0 >= rows || cols <= 0) return; /* the whole warp; no block-wide barrier below */
+    const int base = a.start[e], cnt = a.start[e + 1] - base;
+    const cuda_moe_mat W = GU ? a.ex[e].gate : a.ex[e].down, U = a.ex[e].up;
+    const int kw = mat_kind(W, cols), ku = GU ? mat_kind(U, cols) : kw;
+    for (int c0 = blockIdx.z * TG; c0 < cnt; c0 += gridDim.z * TG) {
+        const int n = cnt - c0 < TG ? cnt - c0 : TG;
+        for (int d = 0; d < n;) {
+            const int rem = n - d;
+            const int32_t *lp = a.list + base + c0 + d;
+            if constexpr (TTMAX >= 8) {
+                if (rem >= 8) {
+                    expert_pass<GU, 8>(a, W, U, kw, ku, rows, cols, r0, lp);
+                    d += 8;
+                    continue;
+                }
+            }
+            if constexpr (TTMAX >= 2) {
+                if (rem >= 2) {
+                    expert_pass<GU, 2>(a, W, U, kw, ku, rows, cols, r0, lp);
+                    d += 2;
+                    continue;
+                }
+            }
+            expert_pass<GU, 1>(a, W, U, kw, ku, rows, cols, r0, lp);
+            d += 1;
+        }
+    }
+}
+
+static cudaError_t launch_expert(bool gu, const struct cuda_moe_args *a, cudaStream_t st)
+{
+    /* an expert holds at most T assignments (a token picks it once) */
+    int slots = a->T * a->K < a->NE ? a->T * a->K : a->NE;
+    slots += a->S > a->K;
+    int groups = (a->T + TG - 1) / TG;
     if (groups > 16) groups = 16;
-    dim3 g1((unsigned)slots, (unsigned)((a->Fmax + NW * RG - 1) / (NW * RG)), (unsigned)groups);
-    expert_kernel<true, RG, TT><<<g1, NW * 32, 0, st>>>(*a);
-    dim3 g2((unsigned)slots, (unsigned)((a->E + NW * RD - 1) / (NW * RD)), (unsigned)groups);
-    expert_kernel<false, RD, TT><<<g2, NW * 32, 0, st>>>(*a);
+    const int rows = gu ? a->Fmax : a->E;
+    dim3 g((unsigned)slots, (unsigned)((rows + NW * RW - 1) / (NW * RW)), (unsigned)groups);
+    /* passes of at most 1 token (one-token steps), 2 (decode steps: an expert has one or two tokens) or 8:
+     * the wider passes' registers are not paid where they cannot help (any choice gives the same bits) */
+    void (*k)(struct cuda_moe_args);
+    if (a->T == 1) k = gu ? expert_kernel<true, 1> : expert_kernel<false, 1>;
+    else if (a->T * a->S <= CUDA_MOE_SMALL_SLOTS) k = gu ? expert_kernel<true, 2> : expert_kernel<false, 2>;
+    else k = gu ? expert_kernel<true, 8> : expert_kernel<false, 8>;
+    k<<<g, NW * 32, 0, st>>>(*a);
     return cudaGetLastError();
+}
+
+extern "C" cudaError_t cuda_moe_gate_up(const struct cuda_moe_args *a, cudaStream_t st)
+{
+    if (a->T <= 0) return cudaSuccess;
+    return launch_expert(true, a, st);
+}
+
+extern "C" cudaError_t cuda_moe_down(const struct cuda_moe_args *a, cudaStream_t st)
+{
+    if (a->T <= 0) return cudaSuccess;
+    return launch_expert(false, a, st);
 }
 
 extern "C" cudaError_t cuda_moe_experts(const struct cuda_moe_args *a, cudaStream_t st)
 {
     if (a->T <= 0) return cudaSuccess;
-    if (cuda_moe_gemm_takes(a)) return cuda_moe_gemm(a, st); /* many rows per expert: tensor cores (moe_gemm.cu) */
-    /* an expert holds at most T assignments (a token picks it once) */
-    int slots = a->T * a->K < a->NE ? a->T * a->K : a->NE;
-    slots += a->S > a->K;
-    /* tokens a group: any choice gives the same bits (see expert_kernel); fewer
-     * waste less on steps of few tokens */
-    if (a->T == 1) return launch_experts<1>(a, slots, st);
-    if (a->T <= 2) return launch_experts<2>(a, slots, st);
-    if (a->T <= 4) return launch_experts<4>(a, slots, st);
-    return launch_experts<8>(a, slots, st);
+    /* many rows per expert: tensor cores (moe_gemm.cu); else the GEMVs */
+    if (cuda_moe_gemm_takes(a)) return cuda_moe_gemm(a, st);
+    cudaError_t e = cuda_moe_gate_up(a, st);
+    return e != cudaSuccess ? e : cuda_moe_down(a, st);
+}
+
+#define DC_ROWS 16 /* output rows a block of the fused down + combine kernel */
+#define DC_R 4     /* rows a warp of it takes in one pass (128 registers a thread: no spills) */
+#define DC_WARPS 16 /* its most warps: a slot each (more slots: in turn) */
+
+/* Small steps: down and the weighted sum in one kernel. Block (t, row
+ * tile): warp j takes token t's slot j (and j + DC_WARPS, ...), its
+ * expert's down rows of the tile against the slot's h (dot_pass at one
+ * token: the bits expert_kernel<false> stores in y); the products meet in
+ * shared memory and thread i sums row i's over the slots in order as
+ * combine_kernel does. Tokens are the grid's
+ * fast dimension, so an expert two tokens share is read from L2 the second
+ * time. */
+static __global__ void __launch_bounds__(DC_WARPS * 32) down_combine_kernel(struct cuda_moe_args a)
+{
+    __shared__ float ys[32][DC_ROWS];
+    const int t = blockIdx.x, row0 = blockIdx.y * DC_ROWS, lane = threadIdx.x & 31;
+    for (int j = threadIdx.x >> 5; j < a.S; j += blockDim.x >> 5) {
+        const int as = t * a.S + j, e = a.idx[as];
+        const int F = a.ex[e].F;
+        const cuda_moe_mat W = a.ex[e].down;
+        const int kw = mat_kind(W, F);
+        const uint16_t *const xr[1] = {a.h + (size_t)as * a.Fmax};
+        const bool xvec = (a.Fmax & 7) == 0;
+#pragma unroll
+        for (int rr = 0; rr < DC_ROWS; rr += DC_R) {
+            const int r0 = row0 + rr;
+            if (r0 >= a.E) break;
+            float acc[1][DC_R][1];
+            dot_any<1, DC_R, 1, 1>(kw, W, W, r0, a.E, F, xr, xvec, acc);
+#pragma unroll
+            for (int r = 0; r < DC_R; r++) {
+                const float v = warp_sum(acc[0][r][0]);
+                if (lane == r) ys[j][rr + r] = v;
+            }
+        }
+    }
+    __syncthreads();
+    const int i = threadIdx.x;
+    if (i >= DC_ROWS || row0 + i >= a.E) return;
+    const float *w = a.wt + (size_t)t * a.S;
+    float o = __fmul_rn(w[0], ys[0][i]);
+    for (int s = 1; s < a.S; s++) o = __fadd_rn(o, __fmul_rn(w[s], ys[s][i]));
+    const size_t oi = (size_t)t * a.E + row0 + i;
+    if (a.outf) a.outf[oi] = o;
+    else a.out[oi] = f2bf(o);
+}
+
+extern "C" cudaError_t cuda_moe_down_combine(const struct cuda_moe_args *a, cudaStream_t st)
+{
+    if (a->T <= 0) return cudaSuccess;
+    if (!cuda_moe_small(a)) return cudaErrorInvalidValue;
+    dim3 g((unsigned)a->T, (unsigned)((a->E + DC_ROWS - 1) / DC_ROWS));
+    down_combine_kernel<<<g, 32 * (a->S < DC_WARPS ? a->S : DC_WARPS), 0, st>>>(*a);
+    return cudaGetLastError();
 }
 
 /* out[t] = sum over t's slots in order of wt y (the CPU's order and
@@ -561,6 +1022,11 @@ extern "C" cudaError_t cuda_moe_combine(const struct cuda_moe_args *a, cudaStrea
 extern "C" cudaError_t cuda_moe_forward(const struct cuda_moe_args *a, cudaStream_t st)
 {
     cudaError_t e;
+    if (cuda_moe_small(a)) {
+        if ((e = cuda_moe_route_group(a, st)) != cudaSuccess || (e = cuda_moe_gate_up(a, st)) != cudaSuccess)
+            return e;
+        return cuda_moe_down_combine(a, st);
+    }
     if ((e = cuda_moe_route(a, st)) != cudaSuccess || (e = cuda_moe_group(a, st)) != cudaSuccess ||
         (e = cuda_moe_experts(a, st)) != cudaSuccess)
         return e;

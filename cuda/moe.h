@@ -5,34 +5,44 @@
  * A step of an MoE layer, all on the device (nothing the host decides from
  * data, so decode steps stay inside their CUDA graph):
  *  1. route: the router's logits (one warp per token and expert, f32 sums in
- *     a fixed order; the router weight kept as the file stores it, bf16 or
- *     f32), then per token what model_moe_route does (softmax top-k with or
- *     without renormalisation; sigmoid scores, the correction bias used only
- *     to choose, group-limited choice, renormalised weights times
- *     routed_scaling_factor; ties to the lower expert), experts in ascending
- *     order. Slot K of each token is the shared experts (expert NE), weighed
- *     1 or by sigmoid(x . shared_expert_gate) (qwen2_moe);
+ *     a fixed order, or for big steps of a bf16 router on tensor cores:
+ *     cuda_moe_router_gemm; the router weight kept as the file stores it,
+ *     bf16 or f32), then per token what model_moe_route does (softmax
+ *     top-k with or without renormalisation; sigmoid scores, the correction
+ *     bias used only to choose, group-limited choice, renormalised weights
+ *     times routed_scaling_factor; ties to the lower expert), experts in
+ *     ascending order. Slot K of each token is the shared experts (expert
+ *     NE), weighed 1 or by sigmoid(x . shared_expert_gate) (qwen2_moe);
  *  2. group: the token-slot assignments counted per expert, an exclusive
  *     prefix sum, and a scatter into per-expert lists (a counting sort), plus
  *     the list of experts that have any;
  *  3. experts: one launch for gate|up with the (clamped) SwiGLU, one for
- *     down, each over every active expert's gathered rows, reading only the
- *     chosen experts' weights (bf16, or packed int4/int8 in qgemm.h's layout,
+ *     down, each over every active expert's gathered rows, the shared
+ *     experts among them (no launch of their own), reading only the chosen
+ *     experts' weights (bf16, or packed int4/int8 in qgemm.h's layout,
  *     expert by expert): SIMT GEMVs (moe.cu) for steps of few rows per
  *     expert, a grouped GEMM on tensor cores (moe_gemm.cu) for the others
  *     (cuda_moe_gemm_takes: cuda_tuning.moe_gemm_min_rows, or
  *     moe_gemm_min_rows_packed for a layer with packed experts);
  *  4. combine: each token's expert outputs weighed and summed in ascending
  *     expert order, then the shared experts, as the CPU does.
+ * Small steps (decode: cuda_moe_small, T S <= CUDA_MOE_SMALL_SLOTS) take
+ * four launches instead of six: the logits (many blocks), routing and
+ * grouping in one block (cuda_moe_route_group), gate|up, and down fused
+ * with the combine (cuda_moe_down_combine: a token's output rows sum its
+ * slots' down products in the same order, no atomics). Every stage computes
+ * each value with the general path's sequence of operations, so the two
+ * paths give the same bits (small steps never take the tensor cores).
  * Tensor parallel (N ranks): every rank routes alike (the same input, the
  * same kernels) and holds rows [k F/N, (k+1) F/N) of every expert's gate
  * and up and those columns of its down, so its combine is a partial sum
  * (f32) that one all-reduce per layer completes, as for a dense MLP.
- * Within each expert path every (weight row, token) dot product is one
- * fixed f32 chain over the input whatever the tiling, so a token's output
- * does not depend on which other tokens share the step (batch invariance);
- * the two paths sum in different orders, and which one a step takes depends
- * on its size (T K against NE), as the dense layers' GEMV and GEMM do.
+ * Within each path (expert GEMVs or GEMM; SIMT or tensor-core logits) every
+ * dot product is one fixed f32 chain over the input whatever the tiling,
+ * so a token's output does not depend on which other tokens share the step
+ * (batch invariance); the paths sum in different orders, and which one a
+ * step takes depends on its size (T K against NE; T for the router), as
+ * the dense layers' GEMV and GEMM do.
  */
 #ifndef SLUICE_CUDA_MOE_H
 #define SLUICE_CUDA_MOE_H
@@ -99,13 +109,28 @@ struct cuda_moe_args {
 };
 
 /* The four stages (see the file comment), enqueued on st; each returns the
- * launch's error. cuda_moe_forward runs them all. Graph-capture safe: grids
- * depend on T and the shapes only. */
+ * launch's error. cuda_moe_experts is the grouped GEMM where
+ * cuda_moe_gemm_takes, else the GEMVs cuda_moe_gate_up then cuda_moe_down
+ * (into y). cuda_moe_forward runs them all, or for a small step
+ * cuda_moe_route_group, cuda_moe_gate_up and cuda_moe_down_combine (which
+ * refuse a step that is not small). Graph-capture safe: grids depend on T
+ * and the shapes only. */
 cudaError_t cuda_moe_route(const struct cuda_moe_args *a, cudaStream_t st);
 cudaError_t cuda_moe_group(const struct cuda_moe_args *a, cudaStream_t st);
 cudaError_t cuda_moe_experts(const struct cuda_moe_args *a, cudaStream_t st);
+cudaError_t cuda_moe_gate_up(const struct cuda_moe_args *a, cudaStream_t st);
+cudaError_t cuda_moe_down(const struct cuda_moe_args *a, cudaStream_t st);
 cudaError_t cuda_moe_combine(const struct cuda_moe_args *a, cudaStream_t st);
+cudaError_t cuda_moe_route_group(const struct cuda_moe_args *a, cudaStream_t st);
+cudaError_t cuda_moe_down_combine(const struct cuda_moe_args *a, cudaStream_t st);
 cudaError_t cuda_moe_forward(const struct cuda_moe_args *a, cudaStream_t st);
+
+/* Whether a's step is small (nonzero: cuda_moe_forward takes the fused
+ * kernels): at most CUDA_MOE_SMALL_SLOTS assignments (T S), at most 32
+ * slots a token, and the routing scratch of the one routing block fits
+ * its shared memory (experts up to about 600). */
+int cuda_moe_small(const struct cuda_moe_args *a);
+#define CUDA_MOE_SMALL_SLOTS 128
 
 /* ---- the grouped GEMM (moe_gemm.cu) ---- */
 /* Whether cuda_moe_experts runs this step on the grouped GEMM: T K >=
@@ -121,7 +146,8 @@ cudaError_t cuda_moe_gemm(const struct cuda_moe_args *a, cudaStream_t st);
  * for e < NE + shared_gated, f32, each element one fixed chain of MMAs over
  * E in ascending k (so batch invariant; it differs from stage 1's SIMT
  * logits in the last bits). bf16 routers only (cudaErrorInvalidValue for
- * an f32 one). Graph-capture safe. */
+ * an f32 one). cuda_moe_route takes it from cuda_tuning.moe_router_gemm_min_t
+ * tokens a step. Graph-capture safe. */
 cudaError_t cuda_moe_router_gemm(const struct cuda_moe_args *a, cudaStream_t st);
 
 /* The largest routed-expert count the routing kernel takes (its scratch

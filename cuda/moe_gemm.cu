@@ -12,7 +12,7 @@
  * down), bf16 weights, and for packed weights (int4/int8, qgemm.h's layout)
  * their codes and the words holding their scales and zeros, so no global
  * load waits on the ALU; a packed stage is dequantized from shared memory
- * into the stage's bf16 B tile (the formula of moe.cu's weights8) before
+ * into the stage's bf16 B tile (qgemm.cu's formula, as moe.cu's weight()) before
  * the warps' mma.sync m16n8k16 bf16 -> f32, fed by ldmatrix (rows padded
  * to 80 bytes: no bank conflicts). BM follows the step's rows per expert
  * (gemm_bm: 16, 32, 64 or 128, the last with 8 warps), so small steps do
@@ -120,7 +120,7 @@ static __device__ __forceinline__ void mma_bf16(float *c, const uint32_t *a, uin
 }
 
 /* (code - zero) * scale, exact in f32, rounded to the scale's dtype: moe.cu's
- * weights8 and qgemm.cu */
+ * weight() and qgemm.cu */
 static __device__ __forceinline__ float gm_deq(int u, int z, float sc, int f16)
 {
     const float x = (float)(u - z) * sc;
@@ -353,7 +353,7 @@ static __global__ void __launch_bounds__(WM *WN * 32) moe_gemm_kernel(struct cud
     };
 
     /* The packed rows of stage s (k step kt) into its B tile as bf16: the
-     * formula of moe.cu's weights8 ((code - zero) * scale, exact in f32, then
+     * formula of moe.cu's weight() ((code - zero) * scale, exact in f32, then
      * rounded to the scale's dtype and to bf16), the int-to-float by the
      * 2^23 trick (exact: both terms are 2^23 plus an integer under 2^8) */
     auto dequant = [&](int kt, int s) {

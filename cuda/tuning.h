@@ -2,8 +2,9 @@
  * one struct, its defaults in one place (CUDA_TUNING_DEFAULTS, below), and
  * nothing read from the environment. The server never changes it; tests
  * and benchmarks set fields of cuda_tuning before they create a backend
- * (model_backend_create reads it then; attn_wg.cu, gemm_wg.cu, moe_gemm.cu and
- * mla_prefill.cu read their fields at each launch, so set them outside graph capture).
+ * (model_backend_create reads it then; attn_wg.cu, gemm_wg.cu, moe.cu,
+ * moe_gemm.cu and mla_prefill.cu read their fields at each launch, so set
+ * them outside graph capture).
  * The flags that reach the backend (--enforce-eager for CUDA graphs off,
  * --kv-cache-dtype, --tensor-parallel-size, ...) come through
  * struct model_backend_opts instead. docs/configuration.md lists both.
@@ -48,7 +49,11 @@ struct cuda_tuning {
                            * GEMM dequantizes each weight once per row tile from codes it streams into shared
                            * memory; even at the old GEMM's 200 GB/s it broke even at T K = NE / 2. A layer
                            * counts as packed when any expert is: cuda_moe_args.packed). Both
-                           * to be re-measured with bench_moe, which times both paths at every T */
+                           * to be re-measured with bench_moe, which times both paths at every T. Small steps
+                           * (cuda_moe_small: T S <= 128) take the fused GEMV path whatever these say */
+    int moe_router_gemm_min_t; /* a bf16 router's logits on tensor cores (cuda_moe_router_gemm) from this many
+                           * tokens a step (1024), below it the SIMT kernel (other last bits); -1: never;
+                           * test_moe sets -1 so that a token alone routes from the bits it has in a batch */
     int long_split_keys;  /* a prefill tile attending to this many keys or more may be split over blocks
                            * (4096); tests set 64 to split short prompts; 0: never */
     int mla_prefill_min_t; /* an MLA step of this many query tokens or more, not all of them decodes,
@@ -73,9 +78,9 @@ struct cuda_tuning {
 #define CUDA_TUNING_DEFAULTS                                                                          \
     {                                                                                                 \
         .warmup = true, .tp_peer_allreduce = true, .gemm_wg_min_t = 128, .moe_gemm_min_rows = 0.5f,   \
-        .moe_gemm_min_rows_packed = 0.5f, .long_split_keys = 4096, .mla_prefill_min_t = 128,          \
-        .mla_prefill_rows = 0, .tp_fault_rank = -1, .tp_fault_step = 0, .ablate = 0,                  \
-        .tp_skip_comm = false,                                                                        \
+        .moe_gemm_min_rows_packed = 0.5f, .moe_router_gemm_min_t = 1024, .long_split_keys = 4096,     \
+        .mla_prefill_min_t = 128, .mla_prefill_rows = 0, .tp_fault_rank = -1, .tp_fault_step = 0,     \
+        .ablate = 0, .tp_skip_comm = false,                                                           \
         .attn_wg8_skip_widen = false, .gemm_wg_ablate = 0,                                            \
     }
 

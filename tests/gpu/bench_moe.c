@@ -2,18 +2,24 @@
  * shape (128 experts, top-8, hidden 2048, expert intermediate 768), bf16
  * experts and int4 group-128 ones, timed with CUDA events (median of 20
  * after warm-up) at 1 .. 16384 tokens a step: the whole layer
- * (cuda_moe_forward) and each stage (the experts on the path the default
- * cuda_tuning.moe_gemm_min_rows picks), the experts stage on each path
- * forced (the SIMT GEMVs, moe.cu; the grouped GEMM on tensor cores,
- * moe_gemm.cu) with their rates, and the bytes of the experts the step
- * chose over the layer's time (the decode floor's measure: only the chosen
- * experts' weights count), and the router's logits on tensor cores
- * (cuda_moe_router_gemm, "rgemm": compare with route, which is the SIMT
- * logits plus the routing kernel). The experts' FLOPs: 2 T S 3 F E (each of the T S
- * token-expert assignments does gate and up, F x E each, and down, E x F,
- * at 2 FLOPs a multiply-add; S = top-k here, no shared expert). Random
- * router and inputs; every expert's weights in their own allocation, so L2
- * holds none of them across steps of 8+ experts. Not a test.
+ * (cuda_moe_forward) and the bytes of the experts the step chose over its
+ * time (the decode floor's measure: only the chosen experts' weights
+ * count), eager and as "graph us", a layer's share of 8 layers captured in
+ * one CUDA graph (4 sets of experts in turn, as a decode step runs its
+ * layers); the path it takes (small: the fused small-step kernels; gemv or
+ * gemm: the general stages with the experts on the path the default
+ * cuda_tuning.moe_gemm_min_rows picks); the experts stage on each general
+ * path forced (the SIMT GEMVs, moe.cu; the grouped GEMM on tensor cores,
+ * moe_gemm.cu) with their rates; the router's logits on tensor cores
+ * (cuda_moe_router_gemm, "rgemm": compare with route, the logits plus the
+ * routing kernel, whose logits are rgemm's from
+ * cuda_tuning.moe_router_gemm_min_t tokens, the SIMT kernel's below); then a line each for the stages cuda_moe_forward
+ * runs (eager). Eager times include each launch's host latency. The
+ * experts' FLOPs: 2 T S 3 F E (each of the T S token-expert assignments
+ * does gate and up, F x E each, and down, E x F, at 2 FLOPs a multiply-add;
+ * S = top-k here, no shared expert). Random router and inputs; every
+ * expert's weights in their own allocation, so L2 holds none of them
+ * across steps of 8+ experts. Not a test.
  *
  *   build/tests/gpu/bench_moe [--int4] [T ...]   (default T: 1 8 16 32 64 256 2048 16384)
  */
@@ -28,6 +34,8 @@
 #include "tests/gpu/gpu_util.h"
 
 #define REP 20
+#define NL 4   /* layers of experts (their own weights each) the graph timing cycles through */
+#define GREP 2 /* times it goes through them in one graph */
 enum { NE = 128, TOPK = 8, HID = 2048, FF = 768 }; /* the shape */
 #define GROUP 128
 
@@ -48,15 +56,17 @@ static int cmpf(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* The median time (us) of fn over REP runs after 3 warm-ups. */
-static float timed(cudaError_t (*fn)(const struct cuda_moe_args *, cudaStream_t), const struct cuda_moe_args *a,
-                   cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1)
+/* The median time (us) of one stage over REP runs after 3 of warm-up, each
+ * alone between two events: on an idle stream, so a launch's host latency
+ * counts too (inside a decode graph it mostly does not). */
+static float time_stage(cudaError_t (*f)(const struct cuda_moe_args *, cudaStream_t), const struct cuda_moe_args *a,
+                        cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1)
 {
     float t[REP];
-    for (int w = 0; w < 3; w++) fn(a, st);
+    for (int w = 0; w < 3; w++) f(a, st);
     for (int r = 0; r < REP; r++) {
         cudaEventRecord(e0, st);
-        fn(a, st);
+        f(a, st);
         cudaEventRecord(e1, st);
         cudaEventSynchronize(e1);
         cudaEventElapsedTime(&t[r], e0, e1);
@@ -109,12 +119,15 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < big / 2; i++) codes[i] = (uint8_t)(frand() * 127 + 128);
     for (size_t i = 0; i < big / GROUP; i++) scales[i] = bf(0.003f * (1.0f + frand() * 0.5f));
     for (size_t i = 0; i < (size_t)NE * HID; i++) router[i] = bf(frand() * 0.1f);
-    struct cuda_moe_expert *hex = calloc(NE + 1, sizeof *hex);
-    for (int e = 0; e < NE; e++) {
-        hex[e].F = FF;
-        make(int4, FF, HID, pool, codes, scales, &hex[e].gate);
-        make(int4, FF, HID, pool, codes, scales, &hex[e].up);
-        make(int4, HID, FF, pool, codes, scales, &hex[e].down);
+    struct cuda_moe_expert *hex = calloc(NE + 1, sizeof *hex), *dex[NL];
+    for (int l = 0; l < NL; l++) {
+        for (int e = 0; e < NE; e++) {
+            hex[e].F = FF;
+            make(int4, FF, HID, pool, codes, scales, &hex[e].gate);
+            make(int4, FF, HID, pool, codes, scales, &hex[e].up);
+            make(int4, HID, FF, pool, codes, scales, &hex[e].down);
+        }
+        dex[l] = dev(hex, (NE + 1) * sizeof *hex);
     }
     uint16_t *x = malloc((size_t)maxT * HID * 2);
     for (size_t i = 0; i < (size_t)maxT * HID; i++) x[i] = bf(frand());
@@ -123,7 +136,7 @@ int main(int argc, char **argv)
                               .n_group = 1, .topk_group = 1, .scale = 1.0f};
     a.xn = dev(x, (size_t)maxT * HID * 2);
     a.router = dev(router, (size_t)NE * HID * 2);
-    a.ex = dev(hex, (NE + 1) * sizeof *hex);
+    a.ex = dex[0];
     a.logits = dev(NULL, (size_t)maxT * (NE + 1) * 4);
     a.idx = dev(NULL, (size_t)maxT * S * 4);
     a.wt = dev(NULL, (size_t)maxT * S * 4);
@@ -141,31 +154,70 @@ int main(int argc, char **argv)
     const double ebytes = int4 ? 3.0 * FF * (HID / 2 + HID / GROUP * 2) : 3.0 * FF * HID * 2; /* one expert */
     printf("MoE layer, Qwen3-30B-A3B shape (%d experts top-%d, hidden %d, intermediate %d), %s experts\n", NE, TOPK, HID,
            FF, int4 ? "int4 g128" : "bf16");
-    printf("%6s %8s %10s %9s %9s %10s %9s %9s %8s %9s %8s %9s %8s %9s\n", "tokens", "experts", "layer us", "route",
-           "group", "experts", "combine", "GB/s", "path", "gemv us", "TFLOP/s", "gemm us", "TFLOP/s", "rgemm us");
+    printf("%6s %8s %10s %9s %10s %9s %6s %9s %8s %9s %8s %9s\n", "tokens", "experts", "layer us", "GB/s",
+           "graph us", "GB/s", "path", "gemv us", "TFLOP/s", "gemm us", "TFLOP/s", "rgemm us");
     const float min_rows = cuda_tuning.moe_gemm_min_rows, min_rows_p = cuda_tuning.moe_gemm_min_rows_packed;
     for (int i = 0; i < nT; i++) {
         a.T = Ts[i];
-        cudaError_t (*const stage[5])(const struct cuda_moe_args *, cudaStream_t) = {
-            cuda_moe_forward, cuda_moe_route, cuda_moe_group, cuda_moe_experts, cuda_moe_combine};
-        float med[5], path[2];
-        for (int s = 0; s < 5; s++) med[s] = timed(stage[s], &a, st, e0, e1);
-        const int deflt = cuda_moe_gemm_takes(&a);
+        /* the stages cuda_moe_forward runs for this step: the small-step kernels or the general ones (the
+         * experts on the GEMVs, gate|up then down, or on the GEMM) */
+        typedef cudaError_t (*stage_fn)(const struct cuda_moe_args *, cudaStream_t);
+        static const stage_fn small_st[] = {cuda_moe_route_group, cuda_moe_gate_up, cuda_moe_down_combine};
+        static const char *const small_nm[] = {"route+group", "gate|up", "down+combine"};
+        static const stage_fn gemv_st[] = {cuda_moe_route, cuda_moe_group, cuda_moe_gate_up, cuda_moe_down,
+                                           cuda_moe_combine};
+        static const char *const gemv_nm[] = {"route", "group", "gate|up", "down", "combine"};
+        static const stage_fn gemm_st[] = {cuda_moe_route, cuda_moe_group, cuda_moe_gemm, cuda_moe_combine};
+        static const char *const gemm_nm[] = {"route", "group", "experts (gemm)", "combine"};
+        const bool small = cuda_moe_small(&a), gemm = !small && cuda_moe_gemm_takes(&a);
+        const int ns = small ? 3 : gemm ? 4 : 5;
+        const stage_fn *sf = small ? small_st : gemm ? gemm_st : gemv_st;
+        const char *const *sn = small ? small_nm : gemm ? gemm_nm : gemv_nm;
+        float layer = time_stage(cuda_moe_forward, &a, st, e0, e1), med[5], graph = -1, path[2];
+        /* NL x GREP layers in one CUDA graph (as a decode step runs them): launch latency mostly hidden,
+         * each layer's experts its own (not in L2 from the layer before) */
+        cudaGraph_t g = NULL;
+        cudaGraphExec_t ge = NULL;
+        bool gok = cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+        for (int r = 0; gok && r < NL * GREP; r++) {
+            struct cuda_moe_args al = a;
+            al.ex = dex[r % NL];
+            gok = cuda_moe_forward(&al, st) == cudaSuccess;
+        }
+        gok = cudaStreamEndCapture(st, &g) == cudaSuccess && gok;
+        gok = gok && cudaGraphInstantiate(&ge, g, 0) == cudaSuccess;
+        if (gok) {
+            float t[REP];
+            for (int w = 0; w < 3; w++) cudaGraphLaunch(ge, st);
+            for (int r = 0; r < REP; r++) {
+                cudaEventRecord(e0, st);
+                cudaGraphLaunch(ge, st);
+                cudaEventRecord(e1, st);
+                cudaEventSynchronize(e1);
+                cudaEventElapsedTime(&t[r], e0, e1);
+            }
+            qsort(t, REP, sizeof *t, cmpf);
+            graph = t[REP / 2] * 1000 / (NL * GREP);
+        }
+        if (ge) cudaGraphExecDestroy(ge);
+        if (g) cudaGraphDestroy(g);
+        for (int s = 0; s < ns; s++) med[s] = time_stage(sf[s], &a, st, e0, e1);
+        /* the experts stage on each general path forced (on the grouping the stages above left) */
         for (int p = 0; p < 2; p++) {
             cuda_tuning.moe_gemm_min_rows = cuda_tuning.moe_gemm_min_rows_packed = p ? 0.0f : -1.0f;
-            path[p] = timed(cuda_moe_experts, &a, st, e0, e1);
+            path[p] = time_stage(cuda_moe_experts, &a, st, e0, e1);
         }
         cuda_tuning.moe_gemm_min_rows = min_rows, cuda_tuning.moe_gemm_min_rows_packed = min_rows_p;
-        const float rg = timed(cuda_moe_router_gemm, &a, st, e0, e1);
+        const float rg = time_stage(cuda_moe_router_gemm, &a, st, e0, e1);
         const double flop = 2.0 * a.T * S * 3.0 * FF * HID;
         int32_t act[NE + 2];
         cudaMemcpy(act, a.act, sizeof act, cudaMemcpyDeviceToHost);
         cudaError_t ce = cudaGetLastError();
-        printf("%6d %8d %10.1f %9.1f %9.1f %10.1f %9.1f %9.0f %8s %9.1f %8.1f %9.1f %8.1f %9.1f%s%s\n", a.T,
-               act[NE + 1],
-               med[0], med[1], med[2], med[3], med[4], act[NE + 1] * ebytes / (med[0] * 1e3), deflt ? "gemm" : "gemv",
-               path[0], flop / (path[0] * 1e6), path[1], flop / (path[1] * 1e6), rg, ce ? "  error: " : "",
-               ce ? cudaGetErrorString(ce) : "");
+        printf("%6d %8d %10.1f %9.0f %10.1f %9.0f %6s %9.1f %8.1f %9.1f %8.1f %9.1f%s%s\n", a.T, act[NE + 1], layer,
+               act[NE + 1] * ebytes / (layer * 1e3), graph, act[NE + 1] * ebytes / (graph * 1e3),
+               small ? "small" : gemm ? "gemm" : "gemv", path[0], flop / (path[0] * 1e6), path[1],
+               flop / (path[1] * 1e6), rg, ce ? "  error: " : "", ce ? cudaGetErrorString(ce) : "");
+        for (int s = 0; s < ns; s++) printf("%6s %8s %10.1f   %s\n", "", "", med[s], sn[s]);
     }
     return 0;
 }

@@ -40,7 +40,8 @@
 #   decode             decode at 1K context, batches 1, 2, 4, 8, 16, 64, 128, 256
 #   moe                the Qwen3-30B-A3B shape, bf16 and int4 g128 experts:
 #                      first bench_moe (one MoE layer's kernels, 1 to 16384
-#                      tokens, GB/s over the chosen experts' bytes, the
+#                      tokens, eager and in a CUDA graph, GB/s over the chosen
+#                      experts' bytes, the path taken and a line a stage, the
 #                      experts on each path: GEMVs, grouped GEMM; the router's
 #                      logits on tensor cores, rgemm), then the
 #                      model (tools/configs/qwen3-30b-a3b, -w4a16): bench_gpu's

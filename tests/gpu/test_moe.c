@@ -18,10 +18,18 @@
  *    in different orders);
  *  - batch invariance within each path: three tokens run alone give the
  *    bits they got in the batch;
- *  - the whole layer captured in a CUDA graph gives the eager run's bits.
+ *  - the whole layer captured in a CUDA graph gives the eager run's bits;
  *  - the router's logits on tensor cores (cuda_moe_router_gemm, bf16 routers)
  *    against the same reference and the SIMT kernel's, and the routing each
- *    gives (tokens routed otherwise only at near ties);
+ *    gives (tokens routed otherwise only at near ties); cuda_moe_route takes
+ *    it (the same bits) from cuda_tuning.moe_router_gemm_min_t tokens (set
+ *    to -1 elsewhere, so that tokens alone route from the batch's bits);
+ *  - a step of at most CUDA_MOE_SMALL_SLOTS token slots (cuda_moe_forward's
+ *    fused routing + grouping and down + combine) against the general stages
+ *    run one by one on the GEMVs (the same bits: routing, weights, output);
+ *    a larger one must be refused by the fused entries; cases sit at the
+ *    bound and either side of it. The GEMM path of a small step runs the
+ *    general stages (cuda_moe_forward keeps small steps on the GEMVs).
  * The GEMM's row tile follows T K / NE (16, 32, 64 or 128 rows; packed
  * experts on all four).
  * Two cases have over 8192 token slots, so their batch takes the grouping's
@@ -30,10 +38,11 @@
  * Cases: softmax top-k with and without renormalisation, the sigmoid router
  * with correction bias, scaling and group-limited choice, shared experts
  * (plain and qwen2_moe's gated one), an f32 router, the clamped SwiGLU, odd
- * widths (partial tiles; E and F not multiples of 8), and packed experts
- * mixed with bf16 ones (int4 g16/g32/g128 and int8 per channel, with and
- * without zero points, f16 scales, act-order), the reference dequantizing
- * with model_qrepack_row.
+ * widths (partial tiles; E and F not multiples of 8), packed experts mixed
+ * with bf16 ones (int4 g16/g32/g128 and int8 per channel, with and without
+ * zero points, f16 scales, act-order), and experts all in one packed format
+ * (gate and up decoded in one pass), the reference dequantizing with
+ * model_qrepack_row.
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -58,14 +67,15 @@ static uint32_t urand(void)
 /* ---- expert matrices ---------------------------------------------------------------- */
 
 /* formats: 0 bf16; 1 int4 g32 sym bf16 scales; 2 int8 per-channel asym; 3 int4 g16 asym f16 scales;
- * 4 int4 g32 act-order asym; 5 int4 g128 sym; 6 int4 g128 asym */
-#define NFMT 7
+ * 4 int4 g32 act-order asym (the GEMVs' element-by-element path); 5 int4 g128 sym bf16 scales (GPTQ /
+ * compressed-tensors W4A16's usual one); 6 int4 g128 asym; 7 int8 g32 sym f16 scales */
+#define NFMT 7 /* the formats a case's experts cycle through */
 
 /* A random packed weight in the device layout (as test_qgemm.c makes them). */
 static void make_packed(int fmt, int rows, int cols, struct model_qrepack *p)
 {
-    int bits = fmt == 2 ? 8 : 4, group = fmt == 2 ? 0 : fmt == 3 ? 16 : fmt >= 5 ? 128 : 32;
-    bool asym = fmt >= 2 && fmt != 5, f16 = fmt == 3, act = fmt == 4;
+    int bits = fmt == 2 || fmt == 7 ? 8 : 4, group = fmt == 2 ? 0 : fmt == 3 ? 16 : fmt == 5 || fmt == 6 ? 128 : 32;
+    bool asym = fmt >= 2 && fmt != 5 && fmt != 7, f16 = fmt == 3 || fmt == 7, act = fmt == 4;
     memset(p, 0, sizeof *p);
     p->bits = bits, p->rows = rows, p->cols = cols;
     p->group = group ? group : cols;
@@ -160,29 +170,52 @@ struct mcase {
     float scale, limit;
     bool packed;              /* experts cycle through the NFMT formats */
     bool skew;                /* experts 0 .. K-2 biased to take every token (> 128 rows; many experts 0 or 1) */
+    int fmt[3];               /* unless packed, every expert's gate, up and down in these formats (0: bf16) */
 };
 
 static double dmax(double a, double b) { return a > b ? a : b; }
 
-/* The layer through cuda_moe_forward on one expert path (0 the GEMVs, 1 the
- * grouped GEMM, forced through cuda_tuning.moe_gemm_min_rows): its output
- * into out (NaN where the run failed; lg, wt, idx, when lg is given, the
- * routing), whether three tokens alone give the bits they got in the batch
+/* The general stages one by one: what cuda_moe_forward runs for a step
+ * that is not small. */
+static cudaError_t general_stages(const struct cuda_moe_args *a, cudaStream_t st)
+{
+    cudaError_t e;
+    if ((e = cuda_moe_route(a, st)) != cudaSuccess || (e = cuda_moe_group(a, st)) != cudaSuccess ||
+        (e = cuda_moe_experts(a, st)) != cudaSuccess)
+        return e;
+    return cuda_moe_combine(a, st);
+}
+
+/* The layer on path 0 (cuda_moe_forward: the fused kernels for a small
+ * step, else the general stages with the GEMVs) or 1 (the general stages
+ * with the grouped GEMM; cuda_moe_forward keeps a small step on the GEMVs,
+ * so for one the stages are called here). */
+static cudaError_t forward_on(const struct cuda_moe_args *a, int path, cudaStream_t st)
+{
+    return path && cuda_moe_small(a) ? general_stages(a, st) : cuda_moe_forward(a, st);
+}
+
+/* The layer on one expert path (forward_on; 0 the GEMVs, 1 the grouped
+ * GEMM, forced through cuda_tuning.moe_gemm_min_rows; the SIMT router
+ * logits on both): its output into out (NaN where the run failed; lg, wt,
+ * idx, when lg is given, the routing), whether three tokens alone give the bits they got in the batch
  * (*alone) and whether the layer captured in a graph does (*graph). h and y
  * are poisoned (NaN) first, so an assignment the path skips shows. */
 static void run_path(const struct cuda_moe_args *a, int path, cudaStream_t st, const char *name, uint16_t *out,
                      bool *alone, bool *graph, float *lg, float *wt, int32_t *idx)
 {
     const float saved = cuda_tuning.moe_gemm_min_rows, saved_p = cuda_tuning.moe_gemm_min_rows_packed;
+    const int saved_r = cuda_tuning.moe_router_gemm_min_t;
     const int T = a->T, E = a->E, S = a->S, NE = a->NE;
     const char *pn = path ? "gemm" : "gemv";
     cuda_tuning.moe_gemm_min_rows = cuda_tuning.moe_gemm_min_rows_packed = path ? 0.0f : -1.0f;
+    cuda_tuning.moe_router_gemm_min_t = -1;
     const size_t n = (size_t)T * E * 2;
     cudaMemset(a->h, 0xff, (size_t)T * S * a->Fmax * 2);
     cudaMemset(a->y, 0xff, (size_t)T * S * E * 4);
     struct cuda_moe_args b = *a;
     b.out = keep(poisoned(n));
-    cudaError_t ce = cuda_moe_forward(&b, st);
+    cudaError_t ce = forward_on(&b, path, st);
     CHECKF(ce == cudaSuccess, "%s %s: launch: %s", pn, name, cudaGetErrorString(ce));
     if (ce == cudaSuccess) ce = cudaStreamSynchronize(st);
     CHECKF(ce == cudaSuccess, "%s %s: run: %s", pn, name, cudaGetErrorString(ce));
@@ -201,7 +234,7 @@ static void run_path(const struct cuda_moe_args *a, int path, cudaStream_t st, c
         b1.T = 1;
         b1.xn = a->xn + (size_t)probe[p] * E;
         b1.out = keep(poisoned((size_t)E * 2));
-        if (cuda_moe_forward(&b1, st) != cudaSuccess || cudaStreamSynchronize(st) != cudaSuccess) *alone = false;
+        if (forward_on(&b1, path, st) != cudaSuccess || cudaStreamSynchronize(st) != cudaSuccess) *alone = false;
         get(out1, b1.out, (size_t)E * 2);
         if (memcmp(out1, out + (size_t)probe[p] * E, (size_t)E * 2)) *alone = false;
     }
@@ -211,7 +244,7 @@ static void run_path(const struct cuda_moe_args *a, int path, cudaStream_t st, c
     struct cuda_moe_args ag = *a;
     ag.out = keep(poisoned(n));
     bool gok = cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
-    gok &= cuda_moe_forward(&ag, st) == cudaSuccess;
+    gok &= forward_on(&ag, path, st) == cudaSuccess;
     gok &= cudaStreamEndCapture(st, &g) == cudaSuccess;
     gok = gok && cudaGraphInstantiate(&ge, g, 0) == cudaSuccess;
     gok = gok && cudaGraphLaunch(ge, st) == cudaSuccess && cudaStreamSynchronize(st) == cudaSuccess;
@@ -221,6 +254,26 @@ static void run_path(const struct cuda_moe_args *a, int path, cudaStream_t st, c
     if (g) cudaGraphDestroy(g);
     free(out1), free(outg);
     cuda_tuning.moe_gemm_min_rows = saved, cuda_tuning.moe_gemm_min_rows_packed = saved_p;
+    cuda_tuning.moe_router_gemm_min_t = saved_r;
+}
+
+/* Whether cuda_moe_route with cuda_tuning.moe_router_gemm_min_t at a.T
+ * (its bound: the router GEMM for a bf16 router, the SIMT kernel for an
+ * f32 one) gives the logits want (the bits of rows e < R). */
+static bool route_logits_are(const struct cuda_moe_args *a, cudaStream_t st, const float *want, int R)
+{
+    const int saved = cuda_tuning.moe_router_gemm_min_t;
+    cuda_tuning.moe_router_gemm_min_t = a->T;
+    cudaError_t ce = cuda_moe_route(a, st);
+    if (ce == cudaSuccess) ce = cudaStreamSynchronize(st);
+    cuda_tuning.moe_router_gemm_min_t = saved;
+    const size_t ld = (size_t)a->NE + 1;
+    float *got = malloc((size_t)a->T * ld * 4);
+    get(got, a->logits, (size_t)a->T * ld * 4);
+    bool same = ce == cudaSuccess;
+    for (int t = 0; t < a->T; t++) same = same && !memcmp(got + t * ld, want + t * ld, (size_t)R * 4);
+    free(got);
+    return same;
 }
 
 static void run_case(const struct mcase *c)
@@ -245,12 +298,11 @@ static void run_case(const struct mcase *c)
     for (int e = 0; e <= NE; e++) {
         int F = e < NE ? c->F : c->Fs;
         if (!F) continue;
-        int fmt = c->packed ? (e % NFMT) : 0;
         rg[e] = malloc((size_t)F * E * 4), ru[e] = malloc((size_t)F * E * 4), rd[e] = malloc((size_t)E * F * 4);
         hex[e].F = F;
-        make_mat(fmt, F, E, rg[e], &hex[e].gate);
-        make_mat(c->packed ? (e + 1) % NFMT : 0, F, E, ru[e], &hex[e].up);
-        make_mat(c->packed ? (e + 2) % NFMT : 0, E, F, rd[e], &hex[e].down);
+        make_mat(c->packed ? e % NFMT : c->fmt[0], F, E, rg[e], &hex[e].gate);
+        make_mat(c->packed ? (e + 1) % NFMT : c->fmt[1], F, E, ru[e], &hex[e].up);
+        make_mat(c->packed ? (e + 2) % NFMT : c->fmt[2], E, F, rd[e], &hex[e].down);
     }
     uint16_t *x = malloc((size_t)T * E * 2);
     for (int i = 0; i < T * E; i++) x[i] = bf(frand());
@@ -258,7 +310,8 @@ static void run_case(const struct mcase *c)
     struct cuda_moe_args a = {
         .T = T, .E = E, .NE = NE, .K = K, .S = S, .Fmax = Fmax, .sigmoid = c->sigmoid, .norm_topk = c->norm,
         .n_group = c->G, .topk_group = c->TG, .shared_gated = c->gated, .scale = c->scale,
-        .swiglu_limit = c->limit, .router_f32 = c->router_f32, .packed = c->packed,
+        .swiglu_limit = c->limit, .router_f32 = c->router_f32,
+        .packed = c->packed || c->fmt[0] || c->fmt[1] || c->fmt[2],
     };
     a.xn = keep(dup_dev(x, (size_t)T * E * 2));
     a.router = keep(c->router_f32 ? dup_dev(rw, (size_t)R * E * 4) : dup_dev(rwb, (size_t)R * E * 2));
@@ -285,6 +338,36 @@ static void run_case(const struct mcase *c)
         run_path(&a, p, st, c->name, outp[p], &alone[p], &graph[p], p ? NULL : lg, wt, idx);
     }
 
+    /* a small step (path 0 ran cuda_moe_forward's fused kernels) against the general stages run one by
+     * one on the GEMVs and the SIMT logits (the same bits: routing, weights, output); a larger one: the
+     * fused entries refuse it */
+    const bool small = cuda_moe_small(&a);
+    int path_diff = 0;
+    if (small) {
+        struct cuda_moe_args ap = a;
+        ap.out = keep(zeroed((size_t)T * E * 2));
+        const float saved = cuda_tuning.moe_gemm_min_rows, saved_p = cuda_tuning.moe_gemm_min_rows_packed;
+        const int saved_r = cuda_tuning.moe_router_gemm_min_t;
+        cuda_tuning.moe_gemm_min_rows = cuda_tuning.moe_gemm_min_rows_packed = -1.0f;
+        cuda_tuning.moe_router_gemm_min_t = -1;
+        cudaError_t ce = general_stages(&ap, st);
+        if (ce == cudaSuccess) ce = cudaStreamSynchronize(st);
+        cuda_tuning.moe_gemm_min_rows = saved, cuda_tuning.moe_gemm_min_rows_packed = saved_p;
+        cuda_tuning.moe_router_gemm_min_t = saved_r;
+        CHECKF(ce == cudaSuccess, "%s: the general path: %s", c->name, cudaGetErrorString(ce));
+        float *wt2 = malloc((size_t)T * S * 4);
+        int32_t *idx2 = malloc((size_t)T * S * 4);
+        uint16_t *out2 = malloc((size_t)T * E * 2);
+        cudaMemcpy(wt2, ap.wt, (size_t)T * S * 4, cudaMemcpyDeviceToHost);
+        cudaMemcpy(idx2, ap.idx, (size_t)T * S * 4, cudaMemcpyDeviceToHost);
+        cudaMemcpy(out2, ap.out, (size_t)T * E * 2, cudaMemcpyDeviceToHost);
+        path_diff = (memcmp(wt2, wt, (size_t)T * S * 4) != 0) + (memcmp(idx2, idx, (size_t)T * S * 4) != 0) +
+                    (memcmp(out2, outp[0], (size_t)T * E * 2) != 0);
+        free(wt2), free(idx2), free(out2);
+    } else {
+        path_diff = (cuda_moe_route_group(&a, st) != cudaErrorInvalidValue) +
+                    (cuda_moe_down_combine(&a, st) != cudaErrorInvalidValue);
+    }
     /* logits */
     double lerr = 0;
     for (int t = 0; t < T; t++)
@@ -330,6 +413,8 @@ static void run_case(const struct mcase *c)
     cudaError_t rce = cuda_moe_router_gemm(&a, st);
     if (c->router_f32) {
         CHECKF(rce == cudaErrorInvalidValue, "%s: the router GEMM took an f32 router", c->name);
+        CHECKF(route_logits_are(&a, st, lg, R), "%s: route at moe_router_gemm_min_t: not the SIMT logits",
+               c->name);
     } else {
         if (rce == cudaSuccess) rce = cudaStreamSynchronize(st);
         CHECKF(rce == cudaSuccess, "%s: router gemm: %s", c->name, cudaGetErrorString(rce));
@@ -370,9 +455,13 @@ static void run_case(const struct mcase *c)
             if (near) rnear++;
             else rflip++;
         }
+        /* cuda_moe_route takes it from moe_router_gemm_min_t tokens */
+        const bool hook = route_logits_are(&a, st, lg2, R);
         printf("%s rgemm %-34s T %4d: logits %.1e, vs the SIMT kernel's %.1e, routing: %d tokens differ (%d at near "
-               "ties)\n",
-               rgerr <= 1e-4 && rflip == 0 ? "ok  " : "FAIL", c->name, T, rgerr, rgdiff, rflip + rnear, rnear);
+               "ties), route at the bound %s\n",
+               rgerr <= 1e-4 && rflip == 0 && hook ? "ok  " : "FAIL", c->name, T, rgerr, rgdiff, rflip + rnear, rnear,
+               hook ? "same bits" : "DIFFERS");
+        CHECKF(hook, "%s: route at moe_router_gemm_min_t: not the router GEMM's logits", c->name);
         CHECKF(rgerr <= 1e-4, "%s: router gemm logits %.3g", c->name, rgerr);
         CHECKF(rflip == 0, "%s: router gemm: %d tokens routed otherwise without a near tie", c->name, rflip);
         free(lg2), free(mabs), free(ridx2);
@@ -428,12 +517,15 @@ static void run_case(const struct mcase *c)
     for (int p = 0; p < 2; p++) {
         const double orel = oerr[p] / den;
         const bool ok = lerr <= 1e-5 && bad_route == 0 && werr <= 1e-5 && orel <= 1e-2 && omax > 0 && alone[p] &&
-                        graph[p] && (p == 0 || pdiff / den <= 1e-2);
+                        graph[p] && (p == 0 || pdiff / den <= 1e-2) && (p == 1 || path_diff == 0);
         printf("%s %s %-34s T %4d: logits %.1e, routing %d wrong (%d tie members), weights %.1e, output %.2e of %.3g, "
                "alone %s, graph %s",
                ok ? "ok  " : "FAIL", p ? "gemm" : "gemv", c->name, T, lerr, bad_route, ties, werr, orel, omax,
                alone[p] ? "same bits" : "DIFFERS", graph[p] ? "same bits" : "DIFFERS/failed");
         if (p) printf(", vs gemv %.2e, rows/expert %d..%d (%d with 1)", pdiff / den, cmin, cmax, c1);
+        else printf(", %s path%s", small ? "small" : "general",
+                    path_diff ? (small ? " DIFFERS from the general one" : " not refused by the fused entries")
+                              : small ? " = general bits" : "");
         printf("\n");
         CHECKF(orel <= 1e-2 && omax > 0, "%s %s: output %.3g (max |ref| %.3g)", p ? "gemm" : "gemv", c->name, orel,
                omax);
@@ -444,6 +536,7 @@ static void run_case(const struct mcase *c)
     CHECKF(bad_route == 0, "%s: %d routing slots differ from model_moe_route", c->name, bad_route);
     CHECKF(werr <= 1e-5, "%s: routing weights %.3g", c->name, werr);
     CHECKF(pdiff / den <= 1e-2, "%s: gemm vs gemv %.3g", c->name, pdiff / den);
+    CHECKF(path_diff == 0, "%s: the %s path: %d differences", c->name, small ? "small" : "general", path_diff);
     free(ridx), free(rwt), free(scr), free(o), free(hh);
     cudaStreamDestroy(st);
     free_dev();
@@ -455,42 +548,87 @@ static void run_case(const struct mcase *c)
 static const struct mcase cases[] = {
     /* qwen3_moe: softmax top-k, renormalised */
     {"softmax top-4 of 16, norm", 16, 4, 64, 16, 0, 37, false, true, false, false, false, true, 1, 1, 1, 0, false,
-     false},
+     false, {0, 0, 0}},
     /* qwen3_moe with norm_topk_prob false, wide: many tokens per expert (several chunks) */
     {"softmax top-8 of 128, no norm", 128, 8, 256, 96, 0, 300, false, false, false, false, false, false, 1, 1, 1, 0,
-     false, false},
+     false, false, {0, 0, 0}},
     /* over 8192 token slots: the grouping's multi-block path (the tokens alone take the one-block one) */
     {"softmax top-8 of 64, 1100 tokens", 64, 8, 64, 16, 0, 1100, false, true, false, false, false, false, 1, 1, 1, 0,
-     false, false},
+     false, false, {0, 0, 0}},
     /* qwen2_moe: softmax, no norm, a sigmoid-gated shared expert of its own width, an f32 router */
     {"softmax + gated shared, f32 router", 8, 2, 96, 40, 24, 50, false, false, true, true, false, true, 1, 1, 1, 0,
-     false, false},
+     false, false, {0, 0, 0}},
     /* glm4_moe / deepseek_v3: sigmoid, correction bias, groups, scaling, a shared expert */
     {"sigmoid groups 4/2, bias, shared", 16, 4, 64, 16, 16, 41, true, true, false, false, true, true, 4, 2, 2.5f, 0,
-     false, false},
+     false, false, {0, 0, 0}},
     {"sigmoid groups 8/4, 256 experts", 256, 8, 128, 32, 64, 129, true, true, false, false, true, false, 8, 4, 2.5f,
-     0, false, false},
+     0, false, false, {0, 0, 0}},
     /* glm5_next: one group, the clamped SwiGLU */
     {"sigmoid, clamped swiglu", 32, 8, 96, 48, 48, 33, true, true, false, false, true, false, 1, 1, 2.5f, 0.5f,
-     false, false},
+     false, false, {0, 0, 0}},
     /* packed experts mixed with bf16 ones (every format), odd widths */
     {"packed experts (7 formats), shared", 16, 4, 128, 64, 32, 45, true, true, false, false, true, false, 4, 2, 1.0f,
-     0, true, false},
-    {"packed experts, softmax", 10, 3, 96, 48, 0, 70, false, true, false, false, false, false, 1, 1, 1, 0, true, false},
+     0, true, false, {0, 0, 0}},
+    {"packed experts, softmax", 10, 3, 96, 48, 0, 70, false, true, false, false, false, false, 1, 1, 1, 0, true,
+     false, {0, 0, 0}},
     /* widths that are not multiples of 8 (element-by-element loads) nor of the GEMM's tiles */
     {"odd widths E 100 F 36, packed", 12, 3, 100, 36, 20, 90, false, true, false, false, false, false, 1, 1, 1, 0,
-     true, false},
+     true, false, {0, 0, 0}},
     /* T K large: 1024 rows an expert (16 GEMM row tiles), E and F partial tiles */
     {"2048 tokens top-8 of 16", 16, 8, 136, 80, 0, 2048, false, true, false, false, false, false, 1, 1, 1, 0,
-     false, false},
+     false, false, {0, 0, 0}},
     /* packed experts on 64- and 128-row tiles (the tile height follows T K / NE), a shared expert */
     {"packed experts, 64-row tiles", 8, 2, 96, 40, 0, 600, false, true, false, false, false, false, 1, 1, 1, 0, true,
-     false},
+     false, {0, 0, 0}},
     {"packed experts, 128-row tiles, shared", 8, 2, 136, 72, 24, 1600, true, true, false, false, true, false, 1, 1,
-     1.0f, 0, true, false},
+     1.0f, 0, true, false, {0, 0, 0}},
     /* three experts take all 200 tokens, the fourth slot spreads over 125: experts of 0, 1 and > 128 rows */
     {"skewed: 0, 1 and 200 rows, packed", 128, 4, 64, 32, 0, 200, true, true, false, false, true, false, 1, 1, 1.0f,
-     0, true, true},
+     0, true, true, {0, 0, 0}},
+    /* small steps (T S <= CUDA_MOE_SMALL_SLOTS: routing and grouping in one block, down fused with the
+     * combine), against the general path; decode at the Qwen3-30B-A3B router (top-8 of 128) */
+    {"small: softmax top-8 of 128", 128, 8, 256, 96, 0, 1, false, true, false, false, false, true, 1, 1, 1, 0,
+     false, false, {0, 0, 0}},
+    {"small: sigmoid groups 8/4, shared", 256, 8, 128, 32, 64, 2, true, true, false, false, true, false, 8, 4, 2.5f,
+     0, false, false, {0, 0, 0}},
+    {"small: packed experts (7 formats), shared", 16, 4, 128, 64, 32, 8, true, true, false, false, true, false, 4,
+     2, 1.0f, 0, true, false, {0, 0, 0}},
+    {"small: gated shared, f32 router", 8, 2, 96, 40, 24, 8, false, false, true, true, false, true, 1, 1, 1, 0,
+     false, false, {0, 0, 0}},
+    {"small: clamped swiglu, odd widths", 32, 8, 100, 20, 12, 5, true, true, false, false, true, false, 1, 1, 2.5f,
+     0.5f, false, false, {0, 0, 0}},
+    /* the bound: top-8 without shared experts (16 tokens small, 17 not), top-8 with (14, 15), and 33 */
+    {"bound: softmax top-8 of 64", 64, 8, 128, 48, 0, 15, false, true, false, false, false, false, 1, 1, 1, 0,
+     false, false, {0, 0, 0}},
+    {"bound: softmax top-8 of 64", 64, 8, 128, 48, 0, 16, false, true, false, false, false, false, 1, 1, 1, 0,
+     false, false, {0, 0, 0}},
+    {"bound: softmax top-8 of 64", 64, 8, 128, 48, 0, 17, false, true, false, false, false, false, 1, 1, 1, 0,
+     false, false, {0, 0, 0}},
+    {"bound: softmax top-8 of 64", 64, 8, 128, 48, 0, 33, false, true, false, false, false, false, 1, 1, 1, 0,
+     false, false, {0, 0, 0}},
+    {"bound: sigmoid top-8 + shared", 32, 8, 128, 32, 32, 14, true, true, false, false, true, false, 4, 2, 2.5f, 0,
+     false, false, {5, 5, 5}},
+    {"bound: sigmoid top-8 + shared", 32, 8, 128, 32, 32, 15, true, true, false, false, true, false, 4, 2, 2.5f, 0,
+     false, false, {5, 5, 5}},
+    /* one format for all of an expert's matrices (gate and up in one pass): int4 g128 (W4A16's), int4 g32
+     * sym, int8 per-channel asym, int8 g32 f16 scales, gate and up both int4 with different groups and scale
+     * dtypes; small and general steps */
+    {"int4 g128 experts", 32, 4, 256, 128, 64, 1, false, true, false, false, false, false, 1, 1, 1, 0, false, false,
+     {5, 5, 5}},
+    {"int4 g128 experts", 32, 4, 256, 128, 64, 40, false, true, false, false, false, false, 1, 1, 1, 0, false, false,
+     {5, 5, 5}},
+    {"int4 g32 experts", 16, 4, 128, 64, 0, 3, false, true, false, false, false, false, 1, 1, 1, 0, false, false, {1,
+     1, 1}},
+    {"int8 per-channel asym experts", 16, 4, 128, 64, 32, 6, true, true, false, false, true, false, 1, 1, 1, 0,
+     false, false, {2, 2, 2}},
+    {"int8 g32 f16 experts", 16, 4, 96, 48, 0, 37, false, true, false, false, false, false, 1, 1, 1, 0, false, false,
+     {7, 7, 7}},
+    {"int4 gate g32 bf16, up g16 f16", 16, 4, 128, 64, 0, 4, false, true, false, false, false, false, 1, 1, 1, 0,
+     false, false, {1, 3, 5}},
+    {"int4 gate g32 bf16, up g16 f16", 16, 4, 128, 64, 0, 50, false, true, false, false, false, false, 1, 1, 1, 0,
+     false, false, {1, 3, 5}},
+    {"int4 odd width", 8, 2, 100, 40, 0, 9, false, true, false, false, false, false, 1, 1, 1, 0, false, false, {1, 3,
+     1}},
 };
 
 static void test_moe_cases(void)
