@@ -387,46 +387,9 @@ int cuda_mtp_draft(model_backend *mb, struct model_mtp_req *r, int n, char *err,
         sl_seterr(err, errlen, "%s", b->base.fatal);
         return SL_EDEVICE;
     }
-    if (n < 0 || n > b->max_seqs || (n > 0 && !r)) {
-        sl_seterr(err, errlen, "mtp_draft: %d requests (at most %d)", n, b->max_seqs);
-        return SL_EINVAL;
-    }
-    if (n > 0 && m->last_n < 0) {
-        sl_seterr(err, errlen, "mtp_draft: no step to draft from (forward() failed or has not run since kv_alloc)");
-        return SL_EINVAL;
-    }
-    for (int j = 0; j < n; j++) {
-        const struct model_mtp_req *q = &r[j];
-        int last = q->pos + (q->k > 1 ? q->k : 1); /* the last entry written */
-        if (q->seq < 0 || q->seq >= m->last_n) {
-            sl_seterr(err, errlen, "mtp_draft: request %d names sequence %d, the last step had %d", j, q->seq,
-                      m->last_n);
-            return SL_EINVAL;
-        }
-        int p0 = m->last_pos0[q->seq], len = m->last_len[q->seq];
-        if (q->pos < p0 || q->pos >= p0 + len) {
-            sl_seterr(err, errlen, "mtp_draft: request %d: position %d is not one of its sequence's query positions "
-                      "in the last step (%d .. %d)", j, q->pos, p0, p0 + len - 1);
-            return SL_EINVAL;
-        }
-        if (q->token < 0 || q->token >= V || q->k < 0 || (q->k > 0 && !q->drafts) || last >= b->max_ctx) {
-            sl_seterr(err, errlen, "mtp_draft: request %d: token %d (vocabulary %d), k %d%s, last position %d "
-                      "(context %d)", j, q->token, V, q->k, q->k > 0 && !q->drafts ? " without drafts[]" : "", last,
-                      b->max_ctx);
-            return SL_EINVAL;
-        }
-        if (!q->block_table || q->n_blocks <= last / bs) {
-            sl_seterr(err, errlen, "mtp_draft: request %d: %d blocks do not cover position %d", j, q->n_blocks, last);
-            return SL_EINVAL;
-        }
-        for (int i = 0; i <= last / bs; i++)
-            if (q->block_table[i] < 0 || q->block_table[i] >= b->kv_blocks) {
-                sl_seterr(err, errlen, "mtp_draft: request %d: block %d is outside the pool (%d blocks)", j,
-                          q->block_table[i], b->kv_blocks);
-                return SL_EINVAL;
-            }
-        if (last - q->pos > kmax) kmax = last - q->pos;
-    }
+    struct model_step_limits lim = {.n_vocab = V, .max_seqs = b->max_seqs, .max_ctx = b->max_ctx,
+                                    .block_size = bs, .kv_blocks = b->kv_blocks};
+    if (model_mtp_check(r, n, &lim, m->last_n, m->last_pos0, m->last_len, &kmax, err, errlen)) return SL_EINVAL;
     if (n == 0) return 0;
     struct rank *k = &b->r[0];
     struct cuda_mtp_rank *x = k->mtpx;

@@ -227,3 +227,52 @@ int model_step_check(const struct step *s, const struct model_step_limits *lim, 
         }
     return 0;
 }
+
+int model_mtp_check(const struct model_mtp_req *r, int n, const struct model_step_limits *lim, int last_n,
+                    const int *last_pos0, const int *last_len, int *kmax, char *err, size_t errlen)
+{
+    int bs = lim->block_size;
+    *kmax = 0;
+    if (n < 0 || n > lim->max_seqs || (n > 0 && !r)) {
+        sl_seterr(err, errlen, "mtp_draft: %d requests (at most %d)", n, lim->max_seqs);
+        return SL_EINVAL;
+    }
+    if (n > 0 && last_n < 0) {
+        sl_seterr(err, errlen, "mtp_draft: no step to draft from (forward() failed or has not run since kv_alloc)");
+        return SL_EINVAL;
+    }
+    for (int j = 0; j < n; j++) {
+        const struct model_mtp_req *q = &r[j];
+        int last = q->pos + (q->k > 1 ? q->k : 1); /* the last entry written */
+        if (q->seq < 0 || q->seq >= last_n) {
+            sl_seterr(err, errlen, "mtp_draft: request %d names sequence %d, the last step had %d", j, q->seq,
+                      last_n);
+            return SL_EINVAL;
+        }
+        int p0 = last_pos0[q->seq], len = last_len[q->seq];
+        if (q->pos < p0 || q->pos >= p0 + len) {
+            sl_seterr(err, errlen, "mtp_draft: request %d: position %d is not one of its sequence's query positions "
+                      "in the last step (%d .. %d)", j, q->pos, p0, p0 + len - 1);
+            return SL_EINVAL;
+        }
+        if (q->token < 0 || q->token >= lim->n_vocab || q->k < 0 || (q->k > 0 && !q->drafts) ||
+            last >= lim->max_ctx) {
+            sl_seterr(err, errlen, "mtp_draft: request %d: token %d (vocabulary %d), k %d%s, last position %d "
+                      "(context %d)", j, q->token, lim->n_vocab, q->k, q->k > 0 && !q->drafts ? " without drafts[]" : "",
+                      last, lim->max_ctx);
+            return SL_EINVAL;
+        }
+        if (!q->block_table || q->n_blocks <= last / bs) {
+            sl_seterr(err, errlen, "mtp_draft: request %d: %d blocks do not cover position %d", j, q->n_blocks, last);
+            return SL_EINVAL;
+        }
+        for (int i = 0; i <= last / bs; i++)
+            if (q->block_table[i] < 0 || q->block_table[i] >= lim->kv_blocks) {
+                sl_seterr(err, errlen, "mtp_draft: request %d: block %d is outside the pool (%d blocks)", j,
+                          q->block_table[i], lim->kv_blocks);
+                return SL_EINVAL;
+            }
+        if (last - q->pos > *kmax) *kmax = last - q->pos;
+    }
+    return 0;
+}

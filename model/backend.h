@@ -125,6 +125,17 @@ struct model_step_limits {
 int model_step_check(const struct step *s, const struct model_step_limits *lim, int *tok_seq, char *err,
                      size_t errlen);
 
+/* Checks n MTP draft requests (ops->mtp_draft) against lim (n_vocab,
+ * max_seqs, max_ctx, block_size, kv_blocks) and the last step, whose
+ * sequences (last_n of them; -1: none since kv_alloc or a failed forward)
+ * had their query positions at last_pos0[i] .. last_pos0[i] + last_len[i] - 1.
+ * *kmax gets the most entries a request writes past its position. Returns 0,
+ * or SL_EINVAL with a message naming the request; every backend with MTP
+ * calls it first, so each refuses alike. */
+struct model_mtp_req;
+int model_mtp_check(const struct model_mtp_req *r, int n, const struct model_step_limits *lim, int last_n,
+                    const int *last_pos0, const int *last_len, int *kmax, char *err, size_t errlen);
+
 struct model_backend_opts {
     const char *device;         /* "cpu" or "cuda"; NULL = cuda when available, else cpu */
     int n_threads;              /* cpu: worker threads, 0 = all cores */
