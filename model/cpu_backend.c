@@ -901,9 +901,11 @@ static const struct step *spec_states(struct cpu_backend *b, const struct step *
     int need = 0, nsn = 0;
     for (int i = 0; i < s->n_seqs; i++) need += s->seqs[i].n_draft, nsn += s->seqs[i].n_snaps;
     if (need == 0) return s;
-    if (need > b->spec_slots) {
-        float *st = realloc(b->states, (size_t)(b->state_slots + need) * b->state_bytes);
+    if (need > b->spec_slots) { /* the pool's slots move with it (aligned as state_alloc's) */
+        float *st = zalloc((size_t)(b->state_slots + need) * b->state_bytes);
         if (!st) goto oom;
+        memcpy(st, b->states, (size_t)b->state_slots * b->state_bytes);
+        free(b->states);
         b->states = st;
         b->spec_slots = need;
     }
