@@ -13,7 +13,8 @@
  * themselves, and an oracle that knows the output without drafts and gets
  * the first m of its 4 drafts right, m cycling through 0..4 along the
  * sequence, so every rollback depth occurs (checked from the per-position
- * acceptance counts). Both must have drafts accepted and rejected.
+ * acceptance counts). Both must have drafts accepted and rejected. A seeded
+ * sampled run gives the same tokens with n-gram drafts as without.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -48,6 +49,7 @@ struct prompt {
 };
 
 static struct prompt prompts[NP];
+static float g_temp; /* > 0: requests sample at this temperature, each seeded from its prompt */
 static struct result refs[NP];
 
 /* Every request's logit_bias: +20 on an alphabet of 8 tokens, so greedy
@@ -146,6 +148,10 @@ static int submit(sched_engine *e, const int32_t *ids, int n, struct result *res
     model_sampling_default(&r.sampling);
     r.sampling.logit_bias = bias;
     r.sampling.n_logit_bias = NA;
+    if (g_temp > 0) {
+        r.sampling.temperature = g_temp;
+        r.sampling.seed = 1000u + 31u * (uint64_t)ids[0] + (uint64_t)n;
+    }
     int rc = sched_engine_submit(e, &r, NULL, err, sizeof err);
     CHECKF(rc == 0, "%s", err);
     return rc == 0;
@@ -253,6 +259,29 @@ static void preempted(enum drafts d)
     sched_engine_destroy(e);
 }
 
+/* Sampled at temperature 1, seeded: with n-gram drafts (rejection
+ * sampling, one draw per emitted token) the tokens of the run without. */
+static void sampled(void)
+{
+    struct result ref[4], res[4];
+    g_temp = 1.0f;
+    sched_engine *e = engine(NONE, 256, 64, false);
+    if (e) {
+        for (int i = 0; i < 4; i++) collect(e, submit(e, prompts[i].ids, prompts[i].n, &ref[i]));
+        sched_engine_destroy(e);
+    }
+    e = engine(NGRAM, 256, 64, true);
+    if (e) {
+        int n = 0;
+        for (int i = 0; i < 4; i++) n += submit(e, prompts[i].ids, prompts[i].n, &res[i]);
+        collect(e, n);
+        for (int i = 0; i < 4; i++) CHECKF(same(&res[i], &ref[i]), "request %d differs, sampled", i);
+        check_stats(e, NGRAM, "sampled");
+        sched_engine_destroy(e);
+    }
+    g_temp = 0.0f;
+}
+
 /* A prompt that continues prompt 0's output: it hits the blocks prompt 0's
  * decode committed, resuming from the snapshot after 48 tokens (its prompt
  * has 26), which a
@@ -316,6 +345,7 @@ static void run_model(const char *dir)
         preempted(d);
         prefix_hit(d);
     }
+    sampled();
 out:
     model_backend_destroy(be);
     model_free(m);
