@@ -471,6 +471,18 @@ static void test_step_check(void)
     CHECKF(model_step_check(&s, &lim, tok_seq, err, sizeof err) == 0, "%s", err);
     ss[0] = 1;
     CHECK(model_step_check(&s, &lim, tok_seq, err, sizeof err) == SL_EINVAL);
+    ss[0] = 3;
+    /* seq 0 verifies a draft (position 6 after the token at 5): only where the backend rolls the state back */
+    struct model_sampling greedy;
+    model_sampling_default(&greedy);
+    struct model_sample_out so[2];
+    int32_t hist[7] = {1, 1, 1, 1, 1, 1, 2};
+    sq[0].want_sample = true, sq[0].sampling = &greedy, sq[0].history = hist, sq[0].n_prompt = 5;
+    sq[0].n_history = 6, sq[0].n_draft = 1, sq[0].spec_out = so;
+    lim.max_draft = 2;
+    CHECK(model_step_check(&s, &lim, tok_seq, err, sizeof err) == SL_EINVAL && strstr(err, "roll"));
+    lim.state_rollback = true;
+    CHECKF(model_step_check(&s, &lim, tok_seq, err, sizeof err) == 0, "%s", err);
 }
 
 /* ---- a glm5_next model with KDA layers (tests/models/kda/glm5-kda, make_glm5_kda.py) ---- */
