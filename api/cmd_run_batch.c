@@ -439,7 +439,8 @@ int api_cmd_run_batch(int argc, char **argv)
         {"--kv-cache-dtype", API_FLAG_STR, &kv_dtype, "auto, or fp8 (= fp8_e4m3; GPU): half the KV bytes", NULL},
         {"--enforce-eager", API_FLAG_BOOL, &eager, "no CUDA graphs: decode steps launch kernels one by one (slower)", NULL},
         {"--speculative-config", API_FLAG_STR, &spec_json,
-         "JSON, as serve's: ngram or mtp drafts verified in the batched step (mtp: CPU, or CUDA on one GPU; off)",
+         "JSON, as serve's: ngram or mtp drafts verified in the batched step (mtp: CPU, or CUDA on one GPU; models "
+         "with KDA layers: ngram on the CPU backend; off)",
          NULL},
         API_SCHED_FLAGS(&sf),
         {"--long-prefill-token-threshold", API_FLAG_HUMAN_INT, &long_prefill,

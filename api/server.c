@@ -812,7 +812,8 @@ int api_cmd_serve(int argc, char **argv)
         {"--compilation-config", API_FLAG_STR, &vf.compilation_config, "JSON; cudagraph_mode FULL_DECODE_ONLY (what sluice does) or NONE (= --enforce-eager)", NULL},
         {"--speculative-config", API_FLAG_STR, &vf.speculative_config,
          "JSON: {\"method\":\"ngram\",\"num_speculative_tokens\":K,\"prompt_lookup_min\":a,\"prompt_lookup_max\":b} "
-         "or {\"method\":\"mtp\",\"num_speculative_tokens\":K} (K 1-4; mtp: CPU, and CUDA on one GPU; off)", NULL},
+         "or {\"method\":\"mtp\",\"num_speculative_tokens\":K} (K 1-4; mtp: CPU, and CUDA on one GPU; models with "
+         "KDA layers: ngram on the CPU backend; off)", NULL},
         {"--kv-cache-dtype", API_FLAG_STR, &o->kv_cache_dtype, "auto, or fp8 (= fp8_e4m3; GPU): half the KV bytes", NULL},
         {"--dtype", API_FLAG_STR, &vf.dtype, "auto/bfloat16 (others reported and ignored)", NULL},
         {"--swap-space", API_FLAG_STR, &vf.swap_space, "accepted; preemption recomputes instead", NULL},

@@ -454,9 +454,10 @@ void kv_seq_commit(kv_pool *p, struct kv_seq *s, const int32_t *tokens, int n_co
         attach_snap(p, s, canon, (i + 1) * p->bs);
     }
     if (full > s->n_committed) s->n_committed = full;
-    /* what was not attached (a chain broken above, or no cache) goes back */
+    /* what was not attached (a chain broken above, or no cache) goes back, and so does a snapshot past
+     * n_computed: its step verified drafts and rolled back to before it, so it holds a rejected draft's state */
     for (int i = 0; i < s->n_snaps; i++)
-        if (s->snap_slot[i] >= 0 && s->snap_pos[i] <= full * p->bs) {
+        if (s->snap_slot[i] >= 0 && (s->snap_pos[i] <= full * p->bs || s->snap_pos[i] > n_computed)) {
             p->snap_free[p->n_snap_free++] = s->snap_slot[i];
             s->snap_slot[i] = -1;
         }

@@ -146,7 +146,9 @@ static inline int64_t kv_seq_slot(const struct kv_seq *s, int pos, int block_siz
 
 /* Offers the sequence's full blocks whose K/V is computed (positions
  * [0, n_computed)) to the prefix cache; tokens are the sequence's ids. A block
- * whose key is already cached under another block stays private. */
+ * whose key is already cached under another block stays private. The step's
+ * snapshots are attached or given back; one past n_computed (a verify step
+ * whose drafts were rejected computed it from them) is given back too. */
 void kv_seq_commit(kv_pool *p, struct kv_seq *s, const int32_t *tokens, int n_computed);
 
 /* ---- for tests: the pool's internal state, read-only ---- */

@@ -36,10 +36,11 @@ model_backend *model_backend_create(const model *m, const struct model_backend_o
         return NULL;
     }
     if (opts && opts->mtp && model_state_bytes(model_get_config(m)) > 0) {
-        /* the engine refuses n-gram drafts the same way (sched_engine_create) */
+        /* n-gram drafts run on such a model (backends with state_rollback); its MTP layer has no reference to
+         * check ours against: no transformers or vLLM model runs glm5_next's */
         if (err && errlen)
-            snprintf(err, errlen, "--speculative-config: speculative decoding is not supported yet for models with "
-                     "linear-attention (KDA) layers");
+            snprintf(err, errlen, "--speculative-config: method mtp is not supported for models with "
+                     "linear-attention (KDA) layers (no reference models their MTP layer); method ngram is");
         return NULL;
     }
     if (opts && opts->mtp && model_get_config(m)->n_mtp_layer == 0) {
@@ -215,8 +216,9 @@ int model_step_check(const struct step *s, const struct model_step_limits *lim, 
             return SL_EINVAL;
         }
         if (lim->state_slots > 0 && state_check(s, i, lim->state_slots, err, errlen)) return SL_EINVAL;
-        if (lim->state_slots > 0 && q->n_draft > 0) { /* the state after a rejected draft is not rolled back */
-            sl_seterr(err, errlen, "forward: seq %d: drafts on a model with recurrent layers", i);
+        if (lim->state_slots > 0 && q->n_draft > 0 && !lim->state_rollback) {
+            sl_seterr(err, errlen, "forward: seq %d: drafts on a model with recurrent layers (this backend does not roll "
+                      "their state back to the last accepted draft)", i);
             return SL_EINVAL;
         }
     }

@@ -70,10 +70,14 @@ struct step_seq {
                                (model_sample_verify) into spec_out. The KV of every query token is
                                written; the scheduler rolls back those after the last accepted draft
                                (their slots are written again later). A layer with a recurrent state
-                               must keep, per sequence, the state after the last accepted draft
-                               (query token n_spec_out - 1 of the last n_draft + 1), not after the
-                               last query token: a snapshot per verified position, the accepted one
-                               kept once the walk ends */
+                               (backends with state_rollback only) leaves the sequence's state slot as
+                               it was after the last accepted draft (query token n_spec_out - 1 of the
+                               last n_draft + 1, i.e. after context_len - n_draft + n_spec_out - 1
+                               tokens), not after the last query token: the state after each verified
+                               position is kept in the backend's scratch and the accepted one copied
+                               into the slot once the walk ends. Its snapshots (snap_pos) may lie past
+                               the accepted tokens: those hold the rejected drafts' state and the
+                               caller drops them (kv_seq_commit) */
     struct model_sample_out *spec_out; /* [n_draft + 1] out, borrowed: the emitted tokens */
     int n_spec_out;         /* out: how many (accepted drafts + 1) */
     /* Recurrent layers (model_state_bytes > 0; ignored otherwise). The
@@ -113,6 +117,7 @@ struct model_step_limits {
     int n_vocab, max_tokens, max_seqs, max_ctx, block_size, kv_blocks;
     int max_draft;          /* step_seq.n_draft at most (0: no speculative decoding) */
     int state_slots;            /* > 0: the model has recurrent layers and this many state slots */
+    bool state_rollback;        /* drafts allowed with state_slots > 0 (the backend rolls the state back) */
 };
 
 /* Checks a step against lim and the contract above: token ids inside the
@@ -217,6 +222,8 @@ struct model_backend {
     int max_draft_tokens;       /* forward() verifies up to this many drafts a sequence (step_seq.n_draft);
                                    0: none */
     bool has_mtp;               /* created with opts.mtp: forward() keeps the MTP layer current, mtp_draft works */
+    bool state_rollback;        /* forward() verifies drafts on a model with recurrent layers too, each state
+                                   slot left at its sequence's last accepted draft (step_seq.n_draft) */
 };
 
 /* Creates the backend named by opts->device for m. Returns NULL with a

@@ -108,9 +108,15 @@ struct cpu_backend {
     float *y;                       /* [max_tokens][n_embd] a block's output (hc only) */
     float *trace;                   /* borrowed, or NULL: cpu_backend_trace's destination */
     struct cpu_kda *kda;            /* the KDA layers' weights and scratch, or NULL */
-    float *states;                  /* owned: [state_slots][state_bytes / 4] recurrent states (KDA layers) */
+    float *states;                  /* owned: [state_slots + spec_slots][state_bytes / 4] recurrent states (KDA
+                                       layers), then the scratch a verify step keeps its verified states in */
     int state_slots;
     size_t state_bytes;             /* one slot (model_state_bytes) */
+    int spec_slots;                 /* scratch slots after state_slots: grown to a step's verified positions */
+    struct step_seq *kseqs;         /* [max_seqs] the step's sequences as the KDA layers see them */
+    int *kbase;                     /* [max_seqs] each one's first scratch slot */
+    int32_t *kpos, *kslot;          /* [kcap] their snapshot lists: the step's and the verified positions' */
+    int kcap;
 
     /* scratch, [max_tokens] rows unless said otherwise */
     float *x, *xn;                  /* [n_embd] residual stream, normed / projected */
@@ -676,6 +682,12 @@ model_backend *model_cpu_backend_create(const model *m, const struct model_backe
         goto fail;
     }
     if (b->state_bytes > 0 && !(b->kda = cpu_kda_create(b, c, w, b->max_tokens, err, errlen))) goto fail;
+    if (b->state_bytes > 0 && (!(b->kseqs = calloc((size_t)b->max_seqs, sizeof *b->kseqs)) ||
+                               !(b->kbase = calloc((size_t)b->max_seqs, sizeof *b->kbase)))) {
+        sl_seterr(err, errlen, "out of memory for scratch");
+        goto fail;
+    }
+    b->base.state_rollback = true; /* spec_states / spec_rollback */
     return &b->base;
 fail:
     backend_destroy(&b->base);
@@ -744,7 +756,7 @@ static int backend_state_alloc(model_backend *mb, int n_slots, char *err, size_t
         return SL_EINVAL;
     }
     free(b->states);
-    b->state_slots = 0;
+    b->state_slots = b->spec_slots = 0;
     b->states = zalloc((size_t)n_slots * b->state_bytes);
     if (!b->states) {
         sl_seterr(err, errlen, "state_alloc: out of memory for %.2f GB", (double)n_slots * b->state_bytes / 1e9);
@@ -768,7 +780,8 @@ static int check_step(struct cpu_backend *b, const struct step *s, char *err, si
     }
     struct model_step_limits lim = {.n_vocab = b->c.n_vocab, .max_tokens = b->max_tokens, .max_seqs = b->max_seqs,
                                     .max_ctx = b->max_ctx, .block_size = b->block_size, .kv_blocks = b->kv_blocks,
-                                    .max_draft = b->max_draft, .state_slots = b->state_bytes > 0 ? b->state_slots : 0};
+                                    .max_draft = b->max_draft, .state_slots = b->state_bytes > 0 ? b->state_slots : 0,
+                                    .state_rollback = true};
     return model_step_check(s, &lim, b->tok_seq, err, errlen);
 }
 
@@ -871,6 +884,78 @@ static void gqa_mixer(struct cpu_backend *b, const struct step *s, int l, float 
     attention(b, s, l);
     matmul(b, b->xn, b->att, &L->wo, NULL, T, Q, E);
     for (size_t i = 0; i < (size_t)T * E; i++) dst[i] += b->xn[i];
+}
+
+/* Speculative decoding on recurrent layers (backend.h, step_seq.n_draft):
+ * the state after each verified position but the last, context_len -
+ * n_draft + j tokens for j < n_draft, goes to scratch slot base + j (after
+ * the pool's slots, grown here to the step's drafts) as one more snapshot of
+ * the step, beside the step's own; the state after the last query token
+ * stays in the sequence's slot. The KDA layers take s's sequences with
+ * these merged lists (b->kseqs); spec_rollback copies the accepted one back.
+ * Returns the step the KDA layers run (s itself without drafts), or NULL
+ * out of memory. */
+static const struct step *spec_states(struct cpu_backend *b, const struct step *s, struct step *ks, char *err,
+                                      size_t errlen)
+{
+    int need = 0, nsn = 0;
+    for (int i = 0; i < s->n_seqs; i++) need += s->seqs[i].n_draft, nsn += s->seqs[i].n_snaps;
+    if (need == 0) return s;
+    if (need > b->spec_slots) { /* the pool's slots move with it (aligned as state_alloc's) */
+        float *st = zalloc((size_t)(b->state_slots + need) * b->state_bytes);
+        if (!st) goto oom;
+        memcpy(st, b->states, (size_t)b->state_slots * b->state_bytes);
+        free(b->states);
+        b->states = st;
+        b->spec_slots = need;
+    }
+    if (need + nsn > b->kcap) {
+        int32_t *p = realloc(b->kpos, (size_t)(need + nsn) * sizeof *p);
+        if (p) b->kpos = p;
+        int32_t *q = realloc(b->kslot, (size_t)(need + nsn) * sizeof *q);
+        if (q) b->kslot = q;
+        if (!p || !q) goto oom;
+        b->kcap = need + nsn;
+    }
+    *ks = *s;
+    ks->seqs = b->kseqs;
+    int slot = b->state_slots, k = 0;
+    for (int i = 0; i < s->n_seqs; i++) {
+        const struct step_seq *q = &s->seqs[i];
+        struct step_seq *kq = &b->kseqs[i];
+        *kq = *q;
+        b->kbase[i] = slot;
+        if (q->n_draft == 0) continue;
+        /* merged in ascending order (a position both lists name is written twice, the same state) */
+        kq->snap_pos = b->kpos + k;
+        kq->snap_slot = b->kslot + k;
+        int a = 0, v = 0, p0 = q->context_len - q->n_draft;
+        while (a < q->n_snaps || v < q->n_draft) {
+            bool own = v == q->n_draft || (a < q->n_snaps && q->snap_pos[a] <= p0 + v);
+            b->kpos[k] = own ? q->snap_pos[a] : p0 + v;
+            b->kslot[k++] = own ? q->snap_slot[a++] : slot + v++;
+        }
+        kq->n_snaps = q->n_snaps + q->n_draft;
+        slot += q->n_draft;
+    }
+    return ks;
+oom:
+    sl_seterr(err, errlen, "forward: out of memory for the verified positions' states (%d of %zu bytes)", need,
+              b->state_bytes);
+    return NULL;
+}
+
+/* After the verification: a sequence that accepted a < n_draft drafts gets
+ * the state after its last accepted one (scratch slot base + a) back. */
+static void spec_rollback(struct cpu_backend *b, const struct step *s)
+{
+    for (int i = 0; i < s->n_seqs; i++) {
+        const struct step_seq *q = &s->seqs[i];
+        int a = q->n_spec_out - 1;
+        if (q->n_draft == 0 || a < 0 || a >= q->n_draft) continue;
+        memcpy(b->states + (size_t)q->state_slot * (b->state_bytes / sizeof(float)),
+               b->states + (size_t)(b->kbase[i] + a) * (b->state_bytes / sizeof(float)), b->state_bytes);
+    }
 }
 
 /* One layer's KDA block: dst += kda(rmsnorm(x)) (model/cpu_kda.c). */
@@ -1135,7 +1220,10 @@ static int backend_forward(model_backend *mb, struct step *s, char *err, size_t 
             memcpy(b->xs + ((size_t)t * NS + i) * E, b->x + (size_t)t * E, (size_t)E * sizeof(float));
     }
     if (b->trace) trace_copy(b, 0, T);
-    if (b->kda) cpu_kda_begin(b->kda, s, b->states);
+    struct step kstep;
+    const struct step *ks = s; /* what the KDA layers run: s, with the verified positions' states kept */
+    if (b->kda && !(ks = spec_states(b, s, &kstep, err, errlen))) return SL_ENOMEM;
+    if (b->kda) cpu_kda_begin(b->kda, ks, b->states);
 
     for (int l = 0; l < c->n_layer; l++) {
         struct model_layer_kind k = model_layer_kind_of(c, l);
@@ -1152,7 +1240,7 @@ static int backend_forward(model_backend *mb, struct step *s, char *err, size_t 
         case MODEL_MIXER_MLA:
             cpu_mla_mixer(b->mla, b, s, b->tok_seq, l, b->x, dst, b->kv + b->kv_off[l], b->block_size, 0);
             break;
-        case MODEL_MIXER_KDA: kda_mixer(b, s, l, dst); break;
+        case MODEL_MIXER_KDA: kda_mixer(b, ks, l, dst); break;
         }
         if (hc) {
             cpu_hc_post(b->hc, b->xs, b->y, T);
@@ -1234,8 +1322,8 @@ static int backend_forward(model_backend *mb, struct step *s, char *err, size_t 
             q->out.n_top = 0;
         }
     }
+    if (b->kda && ks != s) spec_rollback(b, s);
     if (mtp) mtp_after_step(b, s);
-    (void)err, (void)errlen;
     return 0;
 }
 
@@ -1251,6 +1339,10 @@ static void backend_destroy(model_backend *mb)
     free(b->y);
     cpu_kda_destroy(b->kda);
     free(b->states);
+    free(b->kseqs);
+    free(b->kbase);
+    free(b->kpos);
+    free(b->kslot);
     free(b->hkda);
     free(b->kv_off);
     free(b->wmem);

@@ -261,10 +261,16 @@ sched_engine *sched_engine_create(model_backend *be, const struct sched_engine_o
         return NULL;
     }
     const struct sched_spec_config *sp = &o.sched.spec;
-    if (sp->method != SCHED_SPEC_NONE && mc && model_state_bytes(mc) > 0) {
+    if (sp->method == SCHED_SPEC_MTP && mc && model_state_bytes(mc) > 0) {
+        snprintf(err, errlen, "--speculative-config: method mtp is not supported for models with linear-attention "
+                              "(KDA) layers (no reference models their MTP layer); method ngram is");
+        return NULL;
+    }
+    if (sp->method != SCHED_SPEC_NONE && mc && model_state_bytes(mc) > 0 && !be->state_rollback) {
         /* a rejected draft would leave the recurrent state past the last accepted token */
-        snprintf(err, errlen, "--speculative-config: speculative decoding is not supported yet for models with "
-                              "linear-attention (KDA) layers");
+        snprintf(err, errlen, "--speculative-config: the %s backend does not roll a linear-attention (KDA) layer's "
+                              "state back to the last accepted draft, so it cannot verify drafts on this model "
+                              "(the cpu backend does)", be->ops->name);
         return NULL;
     }
     if (sp->method == SCHED_SPEC_MTP && (!mc || mc->n_mtp_layer <= 0)) {

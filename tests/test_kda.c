@@ -471,6 +471,18 @@ static void test_step_check(void)
     CHECKF(model_step_check(&s, &lim, tok_seq, err, sizeof err) == 0, "%s", err);
     ss[0] = 1;
     CHECK(model_step_check(&s, &lim, tok_seq, err, sizeof err) == SL_EINVAL);
+    ss[0] = 3;
+    /* seq 0 verifies a draft (position 6 after the token at 5): only where the backend rolls the state back */
+    struct model_sampling greedy;
+    model_sampling_default(&greedy);
+    struct model_sample_out so[2];
+    int32_t hist[7] = {1, 1, 1, 1, 1, 1, 2};
+    sq[0].want_sample = true, sq[0].sampling = &greedy, sq[0].history = hist, sq[0].n_prompt = 5;
+    sq[0].n_history = 6, sq[0].n_draft = 1, sq[0].spec_out = so;
+    lim.max_draft = 2;
+    CHECK(model_step_check(&s, &lim, tok_seq, err, sizeof err) == SL_EINVAL && strstr(err, "roll"));
+    lim.state_rollback = true;
+    CHECKF(model_step_check(&s, &lim, tok_seq, err, sizeof err) == 0, "%s", err);
 }
 
 /* ---- a glm5_next model with KDA layers (tests/models/kda/glm5-kda, make_glm5_kda.py) ---- */
@@ -680,7 +692,8 @@ static void test_engine(void)
     }
     struct golden_result miss, hit, first, again, missa;
     {
-        /* speculative decoding would need the state of each verified position: refused at creation */
+        /* n-gram drafts run (the CPU backend rolls the state back; tests/test_spec_kda.c); method mtp is
+         * refused, naming the reason */
         struct sched_engine_opts o;
         memset(&o, 0, sizeof o);
         o.sched.block_size = BLOCK;
@@ -688,11 +701,10 @@ static void test_engine(void)
         o.sched.max_num_batched_tokens = 256;
         o.sched.max_model_len = 160;
         o.kv_blocks = 40;
-        o.sched.spec = (struct sched_spec_config){.method = SCHED_SPEC_NGRAM, .num_speculative_tokens = 2,
-                                                  .prompt_lookup_min = 1, .prompt_lookup_max = 3};
+        o.sched.spec = (struct sched_spec_config){.method = SCHED_SPEC_MTP, .num_speculative_tokens = 2};
         sched_engine *se = sched_engine_create(be, &o, err, sizeof err);
-        CHECKF(se == NULL && strstr(err, "not supported yet for models with linear-attention (KDA) layers"),
-               "speculative decoding on a KDA model: %s", se ? "created" : err);
+        CHECKF(se == NULL && strstr(err, "method mtp is not supported for models with linear-attention (KDA) layers"),
+               "method mtp on a KDA model: %s", se ? "created" : err);
         if (se) sched_engine_destroy(se);
     }
     sched_engine *e = engine(be, 256, 40, false, 0);

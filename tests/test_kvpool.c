@@ -388,6 +388,44 @@ static uint64_t prefix_hash(const int32_t *t, int n)
     return h ^ (uint64_t)n << 56;
 }
 
+/* A verify step's snapshot past its accepted tokens holds a rejected draft's
+ * state: commit gives it back instead of attaching it, and a later step
+ * over that position plans it again. */
+static void test_state_snapshot_rollback(void)
+{
+    kv_pool *p = kv_pool_create(8, 4, true, err, sizeof err);
+    CHECK(kv_pool_set_states(p, 1, 3, 1, err, sizeof err) == 0);
+    int32_t t[16];
+    fill(t, 16, 200);
+    struct kv_seq a;
+    kv_seq_init(&a, 0);
+    CHECK(kv_seq_reserve(p, &a, 11) == 0);
+    CHECK(kv_seq_plan_snaps(p, &a, 0, 6, 6) == 1 && a.snap_pos[0] == 4);
+    kv_seq_commit(p, &a, t, 6);
+    struct kv_stats st;
+    kv_pool_stats(p, &st);
+    CHECK(a.n_snaps == 0 && st.snaps_held == 1);
+    /* a verify step over positions 6..10 (a decode and four drafts) plans 8; one draft is accepted: 8 tokens
+     * computed, so 8 is kept; over 8..12 it plans 12 and accepts none (9 computed): 12 goes back */
+    CHECK(kv_seq_plan_snaps(p, &a, 6, 11, 6) == 1 && a.snap_pos[0] == 8);
+    kv_seq_commit(p, &a, t, 8);
+    kv_pool_stats(p, &st);
+    CHECK(a.n_snaps == 0 && st.snaps_held == 2 && kv_debug_snap(p, a.blocks[1]) >= 1);
+    CHECK(kv_seq_reserve(p, &a, 13) == 0);
+    CHECK(kv_seq_plan_snaps(p, &a, 8, 13, 6) == 1 && a.snap_pos[0] == 12);
+    kv_seq_commit(p, &a, t, 9);
+    kv_pool_stats(p, &st);
+    CHECK(a.n_snaps == 0 && st.snaps_held == 2 && kv_debug_snap(p, a.blocks[2]) == -1);
+    /* the next step reaches 12 again and takes it */
+    CHECK(kv_seq_plan_snaps(p, &a, 9, 13, 6) == 1 && a.snap_pos[0] == 12);
+    kv_seq_commit(p, &a, t, 13);
+    kv_pool_stats(p, &st);
+    CHECK(a.n_snaps == 0 && st.snaps_held == 3 && kv_debug_snap(p, a.blocks[2]) >= 1);
+    CHECK(kv_debug_check(p, err, sizeof err) == 0);
+    kv_seq_release(p, &a);
+    kv_pool_destroy(p);
+}
+
 static void test_randomized_states(void)
 {
     enum { NSEQ = 4, NSNAP = 6 };
@@ -480,6 +518,7 @@ int main(void)
     RUN(test_randomized);
     RUN(test_state_slots);
     RUN(test_state_snapshots);
+    RUN(test_state_snapshot_rollback);
     RUN(test_randomized_states);
     return test_summary();
 }

@@ -1,0 +1,379 @@
+/* test_spec_kda.c - speculative decoding on models with KDA (linear
+ * attention) layers, CPU backend: tests/models/kda/glm5-kda (KDA and MLA
+ * layers) and tests/models/glm5/glm5-hybrid (KDA, MLA with the DSA indexer,
+ * MoE, hyper-connections). A rejected draft must leave each sequence's
+ * recurrent state (the per-head matrices and the conv tails) as it was after
+ * the last accepted token (backend.h, step_seq.n_draft), and a prefix-cache
+ * snapshot the verify step took past the accepted tokens must not be kept.
+ *
+ * Greedy output with drafts is the output without them, token for token:
+ * batched, in chunked prefill (13 tokens a step), with a prefix hit on a
+ * snapshot taken inside a verify step, and under preemption. Two drafters:
+ * the n-gram drafter (method ngram, 3 drafts) on prompts that repeat
+ * themselves, and an oracle that knows the output without drafts and gets
+ * the first m of its 4 drafts right, m cycling through 0..4 along the
+ * sequence, so every rollback depth occurs (checked from the per-position
+ * acceptance counts). Both must have drafts accepted and rejected. A seeded
+ * sampled run gives the same tokens with n-gram drafts as without.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/backend.h"
+#include "model/model.h"
+#include "sched/sched.h"
+#include "tests/test.h"
+
+#define BLOCK 16
+#define NP 6        /* prompts */
+#define PLEN 30     /* their tokens at most */
+#define GEN 24      /* greedy tokens each */
+#define MAXLEN 160
+
+static char err[512];
+static model *m;
+static model_backend *be;
+static int nv;
+
+struct result {
+    int32_t tok[GEN];
+    int n, cached;
+    bool done, error;
+};
+
+struct prompt {
+    int32_t ids[PLEN + GEN + 8]; /* the prompt, then (refs) its output without drafts */
+    int n;
+};
+
+static struct prompt prompts[NP];
+static float g_temp; /* > 0: requests sample at this temperature, each seeded from its prompt */
+static struct result refs[NP];
+
+/* Every request's logit_bias: +20 on an alphabet of 8 tokens, so greedy
+ * outputs are the model's choices among them. These random models copy
+ * nothing, so over the whole vocabulary n-gram drafts are (nearly) never
+ * accepted; over 8 tokens the outputs repeat themselves and the drafts are
+ * accepted and rejected, while which token wins still depends on every
+ * layer's state (a state left after a rejected draft changes the output). */
+#define NA 8
+static struct model_logit_bias bias[NA];
+
+static void make_bias(void)
+{
+    for (int i = 0; i < NA; i++) bias[i] = (struct model_logit_bias){.id = 3 + 37 * i, .bias = 20.0f};
+}
+
+/* Prompt c, one that repeats itself: a segment of 3 to 9 alphabet tokens
+ * over and over, 24 to 30 tokens. */
+static void make_prompt(int c, struct prompt *p)
+{
+    uint32_t x = 12345u + 7919u * (uint32_t)c;
+    int seg = 3 + c % 7, n = 24 + c % 7;
+    int32_t s[16];
+    for (int j = 0; j < seg; j++) {
+        x = x * 1103515245u + 12345u;
+        s[j] = bias[(x >> 8) % NA].id;
+    }
+    for (int j = 0; j < n; j++) p->ids[j] = s[j % seg];
+    p->n = n;
+}
+
+/* ---- drafters ----------------------------------------------------------------------- */
+
+/* The oracle: the sequence is one of the prompts followed by its output
+ * without drafts; the first m of k drafts are the true next tokens, the rest
+ * wrong, m = (n + prompt) mod (k + 1). No match (the output went wrong): no
+ * drafts. */
+static int oracle_propose(void *arg, uint64_t id, const int32_t *tokens, int n, int k, int32_t *draft)
+{
+    (void)arg, (void)id;
+    for (int i = 0; i < NP; i++) {
+        int full = prompts[i].n + refs[i].n;
+        if (n >= full || memcmp(tokens, prompts[i].ids, sizeof *tokens * (size_t)prompts[i].n) ||
+            memcmp(tokens + prompts[i].n, refs[i].tok, sizeof *tokens * (size_t)(n - prompts[i].n)))
+            continue;
+        int good = (n + i) % (k + 1), j = 0;
+        for (; j < k && n + j < full; j++) {
+            int32_t t = refs[i].tok[n + j - prompts[i].n];
+            draft[j] = j < good ? t : (t + 1 + j) % nv;
+        }
+        return j;
+    }
+    return 0;
+}
+
+static const struct sched_drafter oracle = {.propose = oracle_propose};
+
+enum drafts { NONE, NGRAM, ORACLE };
+static const char *const dname[] = {"none", "ngram", "oracle"};
+
+/* ---- the engine --------------------------------------------------------------------- */
+
+static sched_engine *engine(enum drafts d, int budget, int kv_blocks, bool cache)
+{
+    struct sched_engine_opts o;
+    memset(&o, 0, sizeof o);
+    o.sched.block_size = BLOCK;
+    o.sched.max_num_seqs = 4;
+    o.sched.max_num_batched_tokens = budget;
+    o.sched.max_model_len = kv_blocks * BLOCK < MAXLEN ? kv_blocks * BLOCK : MAXLEN;
+    o.kv_blocks = kv_blocks;
+    o.enable_prefix_caching = cache;
+    o.mamba_block_size = BLOCK; /* a snapshot at every block: decode steps take them too */
+    if (d != NONE)
+        o.sched.spec = (struct sched_spec_config){.method = SCHED_SPEC_NGRAM,
+                                                  .num_speculative_tokens = d == NGRAM ? 3 : 4,
+                                                  .prompt_lookup_min = 1, .prompt_lookup_max = 4, .always = true};
+    o.drafter = d == ORACLE ? &oracle : NULL;
+    sched_engine *e = sched_engine_create(be, &o, err, sizeof err);
+    CHECKF(e != NULL, "%s", err);
+    return e;
+}
+
+/* Returns 1 when submitted (what collect waits for). */
+static int submit(sched_engine *e, const int32_t *ids, int n, struct result *res)
+{
+    memset(res, 0, sizeof *res);
+    struct sched_request r;
+    memset(&r, 0, sizeof r);
+    r.prompt = ids;
+    r.n_prompt = n;
+    r.max_tokens = GEN;
+    r.priority = SCHED_PRIO_BATCH;
+    r.ignore_eos = true;
+    r.user = res;
+    model_sampling_default(&r.sampling);
+    r.sampling.logit_bias = bias;
+    r.sampling.n_logit_bias = NA;
+    if (g_temp > 0) {
+        r.sampling.temperature = g_temp;
+        r.sampling.seed = 1000u + 31u * (uint64_t)ids[0] + (uint64_t)n;
+    }
+    int rc = sched_engine_submit(e, &r, NULL, err, sizeof err);
+    CHECKF(rc == 0, "%s", err);
+    return rc == 0;
+}
+
+static void collect(sched_engine *e, int n)
+{
+    struct sched_evbuf b;
+    sched_evbuf_init(&b);
+    while (n > 0) {
+        int k = sched_engine_wait(e, &b, 120.0);
+        CHECK(k > 0);
+        if (k <= 0) break;
+        for (int i = 0; i < k; i++) {
+            const struct sched_event *ev = &b.ev[i];
+            struct result *r = ev->user;
+            if (ev->kind == SCHED_EV_TOKEN) {
+                if (r->n < GEN) r->tok[r->n++] = ev->token;
+                continue;
+            }
+            r->done = true;
+            r->cached = ev->usage.cached_tokens;
+            if (ev->finish == SCHED_FINISH_ERROR) {
+                r->error = true;
+                printf("  request error: %s\n", ev->error);
+            }
+            n--;
+        }
+    }
+    sched_evbuf_deinit(&b);
+}
+
+static bool same(const struct result *a, const struct result *b)
+{
+    return !a->error && !b->error && a->n == b->n && memcmp(a->tok, b->tok, sizeof *a->tok * (size_t)a->n) == 0;
+}
+
+/* Drafts were accepted and rejected; with the oracle, every rollback depth
+ * (0 .. 3 of 4 accepted) and full acceptance occurred. Then the pool is idle. */
+static void check_stats(sched_engine *e, enum drafts d, const char *what)
+{
+    struct sched_engine_stats st;
+    sched_engine_get_stats(e, &st);
+    const struct sched_stats *s = &st.sched;
+    printf("  %s, %s: %llu verifications, %llu drafts, %llu accepted (per position %llu %llu %llu %llu)\n", what,
+           dname[d], (unsigned long long)s->spec_drafts, (unsigned long long)s->spec_draft_tokens,
+           (unsigned long long)s->spec_accepted_tokens, (unsigned long long)s->spec_accepted_per_pos[0],
+           (unsigned long long)s->spec_accepted_per_pos[1], (unsigned long long)s->spec_accepted_per_pos[2],
+           (unsigned long long)s->spec_accepted_per_pos[3]);
+    CHECKF(s->spec_accepted_tokens > 0 && s->spec_accepted_tokens < s->spec_draft_tokens,
+           "%s, %s: %llu of %llu drafts accepted: want some accepted and some rejected", what, dname[d],
+           (unsigned long long)s->spec_accepted_tokens, (unsigned long long)s->spec_draft_tokens);
+    if (d == ORACLE) {
+        /* verifications that accepted none, and a position after which they stopped, at every depth */
+        const uint64_t *p = s->spec_accepted_per_pos;
+        CHECKF(p[0] < s->spec_drafts && p[1] < p[0] && p[2] < p[1] && p[3] < p[2] && p[3] > 0,
+               "%s: not every rollback depth occurred", what);
+    }
+    CHECKF(st.kv.blocks_used == 0, "%s: %d blocks still held", what, st.kv.blocks_used);
+}
+
+/* ---- the scenarios ------------------------------------------------------------------ */
+
+static void batched(enum drafts d)
+{
+    struct result res[NP];
+    sched_engine *e = engine(d, 256, 64, false);
+    if (!e) return;
+    int n = 0;
+    for (int i = 0; i < 4; i++) n += submit(e, prompts[i].ids, prompts[i].n, &res[i]);
+    collect(e, n);
+    for (int i = 0; i < 4; i++) CHECKF(same(&res[i], &refs[i]), "%s: request %d differs, batched", dname[d], i);
+    check_stats(e, d, "batched");
+    sched_engine_destroy(e);
+}
+
+/* 13 tokens a step: prompts split across steps beside verify steps */
+static void chunked(enum drafts d)
+{
+    struct result res[NP];
+    sched_engine *e = engine(d, 13, 64, true);
+    if (!e) return;
+    int n = 0;
+    for (int i = 0; i < NP; i++) n += submit(e, prompts[i].ids, prompts[i].n, &res[i]);
+    collect(e, n);
+    for (int i = 0; i < NP; i++) CHECKF(same(&res[i], &refs[i]), "%s: request %d differs, chunked", dname[d], i);
+    check_stats(e, d, "chunked");
+    sched_engine_destroy(e);
+}
+
+/* 8 blocks for six sequences that grow to 4 each: preempted and recomputed */
+static void preempted(enum drafts d)
+{
+    struct result res[NP];
+    sched_engine *e = engine(d, 256, 8, true);
+    if (!e) return;
+    int n = 0;
+    for (int i = 0; i < NP; i++) n += submit(e, prompts[i].ids, prompts[i].n, &res[i]);
+    collect(e, n);
+    for (int i = 0; i < NP; i++) CHECKF(same(&res[i], &refs[i]), "%s: request %d differs, preempted", dname[d], i);
+    struct sched_engine_stats st;
+    sched_engine_get_stats(e, &st);
+    CHECKF(st.sched.preemptions > 0, "%s: no preemption", dname[d]);
+    check_stats(e, d, "preempted");
+    sched_engine_destroy(e);
+}
+
+/* Sampled at temperature 1, seeded: with n-gram drafts (rejection
+ * sampling, one draw per emitted token) the tokens of the run without. */
+static void sampled(void)
+{
+    struct result ref[4], res[4];
+    g_temp = 1.0f;
+    sched_engine *e = engine(NONE, 256, 64, false);
+    if (e) {
+        for (int i = 0; i < 4; i++) collect(e, submit(e, prompts[i].ids, prompts[i].n, &ref[i]));
+        sched_engine_destroy(e);
+    }
+    e = engine(NGRAM, 256, 64, true);
+    if (e) {
+        int n = 0;
+        for (int i = 0; i < 4; i++) n += submit(e, prompts[i].ids, prompts[i].n, &res[i]);
+        collect(e, n);
+        for (int i = 0; i < 4; i++) CHECKF(same(&res[i], &ref[i]), "request %d differs, sampled", i);
+        check_stats(e, NGRAM, "sampled");
+        sched_engine_destroy(e);
+    }
+    g_temp = 0.0f;
+}
+
+/* A prompt that continues prompt 0's output: it hits the blocks prompt 0's
+ * decode committed, resuming from the snapshot after 48 tokens (its prompt
+ * has 26), which a
+ * verify step of prompt 0 took (every decode step verifies drafts here).
+ * Its output is that of the same prompt on a cold engine without drafts. */
+static void prefix_hit(enum drafts d)
+{
+    static struct prompt q;
+    struct result first, hit, cold;
+    memcpy(q.ids, prompts[0].ids, sizeof *q.ids * (size_t)prompts[0].n);
+    memcpy(q.ids + prompts[0].n, refs[0].tok, sizeof *q.ids * 22);
+    q.n = prompts[0].n + 22;
+    for (int j = 0; j < 5; j++) q.ids[q.n++] = (int32_t)((7 + 31 * j) % (nv - 1)) + 1;
+    sched_engine *e = engine(NONE, 256, 64, false);
+    if (!e) return;
+    collect(e, submit(e, q.ids, q.n, &cold));
+    sched_engine_destroy(e);
+
+    e = engine(d, 256, 64, true);
+    if (!e) return;
+    collect(e, submit(e, prompts[0].ids, prompts[0].n, &first));
+    CHECKF(same(&first, &refs[0]), "%s: prompt 0 differs", dname[d]);
+    collect(e, submit(e, q.ids, q.n, &hit));
+    int want = (prompts[0].n + 22) / BLOCK * BLOCK;
+    CHECKF(hit.cached == want, "%s: cached %d tokens, want %d (a snapshot from a verify step)", dname[d], hit.cached,
+           want);
+    CHECKF(same(&hit, &cold), "%s: a prefix hit on a verify step's snapshot differs from a cold run", dname[d]);
+    sched_engine_destroy(e);
+}
+
+static void run_model(const char *dir)
+{
+    printf("  %s\n", dir);
+    struct model_load_opts lo = {0};
+    m = model_load(dir, &lo, err, sizeof err);
+    CHECKF(m != NULL, "%s: %s", dir, err);
+    if (!m) return;
+    const struct model_config *c = model_get_config(m);
+    CHECKF(model_state_bytes(c) > 0, "%s has no recurrent layer", dir);
+    nv = c->n_vocab;
+    struct model_backend_opts bo = {.device = "cpu", .n_threads = 2, .max_tokens_per_step = 256,
+                                    .max_seqs_per_step = 8, .max_ctx = MAXLEN, .max_draft_tokens = 4};
+    be = model_backend_create(m, &bo, err, sizeof err);
+    CHECKF(be != NULL && be->state_rollback, "%s", be ? "no state rollback" : err);
+    if (!be) {
+        model_free(m);
+        return;
+    }
+    make_bias();
+    sched_engine *e = engine(NONE, 256, 64, false);
+    if (!e) goto out;
+    for (int i = 0; i < NP; i++) {
+        make_prompt(i, &prompts[i]);
+        collect(e, submit(e, prompts[i].ids, prompts[i].n, &refs[i]));
+        CHECK(refs[i].n == GEN && !refs[i].error);
+    }
+    sched_engine_destroy(e);
+    for (enum drafts d = NGRAM; d <= ORACLE; d++) {
+        batched(d);
+        chunked(d);
+        preempted(d);
+        prefix_hit(d);
+    }
+    sampled();
+out:
+    model_backend_destroy(be);
+    model_free(m);
+}
+
+static void test_glm5_kda(void) { run_model("tests/models/kda/glm5-kda"); }
+static void test_glm5_hybrid(void) { run_model("tests/models/glm5/glm5-hybrid"); }
+
+/* Method mtp on a model with KDA layers stays refused, naming the reason. */
+static void test_mtp_refused(void)
+{
+    struct model_load_opts lo = {0};
+    model *hm = model_load("tests/models/glm5/glm5-hybrid", &lo, err, sizeof err);
+    CHECKF(hm != NULL, "%s", err);
+    if (!hm) return;
+    struct model_backend_opts bo = {.device = "cpu", .n_threads = 2, .max_tokens_per_step = 256,
+                                    .max_seqs_per_step = 8, .max_ctx = MAXLEN, .max_draft_tokens = 2, .mtp = true};
+    model_backend *b = model_backend_create(hm, &bo, err, sizeof err);
+    CHECKF(b == NULL && strstr(err, "method mtp is not supported for models with linear-attention"), "%s",
+           b ? "created" : err);
+    model_backend_destroy(b);
+    model_free(hm);
+}
+
+int main(void)
+{
+    RUN(test_glm5_kda);
+    RUN(test_glm5_hybrid);
+    RUN(test_mtp_refused);
+    return test_summary();
+}
