@@ -229,6 +229,11 @@ int cuda_rank_wait(struct rank *k, char *err, size_t errlen);
 
 /* cudaMalloc of n bytes (16 when n is 0) into *p; SL_ENOMEM with a message. */
 int cuda_dmalloc(void **p, size_t n, char *err, size_t errlen);
+/* Elements [first, first + n) of t (any float dtype) as f32, each through
+ * map when not NULL, into a new device buffer *dst (cuda_dmalloc'd);
+ * SL_EFORMAT when t is absent or shorter. */
+int cuda_upload_vec(const struct model_tensor *t, size_t first, size_t n, float (*map)(float), float **dst, char *err,
+                    size_t errlen);
 /* Rank k's part of creation (JOB_INIT, on its own thread). */
 int cuda_rank_init(struct rank *k, char *err, size_t errlen);
 /* One projection's weight on rank k (rows r0[i] .. r0[i] + nr[i] of t[i],

@@ -19,29 +19,6 @@ int cuda_hc_check(const struct model_config *c, char *err, size_t errlen)
     return 0;
 }
 
-/* t's first n elements as f32 into a new device buffer *dst. */
-static int upload(const struct model_tensor *t, size_t n, float **dst, char *err, size_t errlen)
-{
-    if (!t->data || (size_t)model_tensor_nelem(t) < n) {
-        sl_seterr(err, errlen, "cuda: hyper-connection tensor %s: absent or smaller than %zu", t->name ? t->name : "?",
-                  n);
-        return SL_EFORMAT;
-    }
-    float *h = malloc(n * sizeof *h);
-    if (!h) {
-        sl_seterr(err, errlen, "out of host memory");
-        return SL_ENOMEM;
-    }
-    model_tensor_to_f32(t, 0, (int64_t)n, h);
-    int rc = cuda_dmalloc((void **)dst, n * sizeof *h, err, errlen);
-    if (!rc && cudaMemcpy(*dst, h, n * sizeof *h, cudaMemcpyHostToDevice) != cudaSuccess) {
-        sl_seterr(err, errlen, "upload %s failed", t->name ? t->name : "?");
-        rc = SL_EDEVICE;
-    }
-    free(h);
-    return rc;
-}
-
 int cuda_hc_upload(struct rank *k, int l, char *err, size_t errlen)
 {
     const struct cuda_backend *b = k->b;
@@ -68,9 +45,9 @@ int cuda_hc_upload(struct rank *k, int l, char *err, size_t errlen)
     const struct model_hc_weights *ws[2] = {&lw->hc_attn, &lw->hc_ffn};
     for (int i = 0; i < 2; i++) {
         int rc;
-        if ((rc = upload(&ws[i]->fn, M * N * E, &s->fn[i], err, errlen)) ||
-            (rc = upload(&ws[i]->base, M, &s->base[i], err, errlen)) ||
-            (rc = upload(&ws[i]->scale, 3, &s->scale[i], err, errlen)))
+        if ((rc = cuda_upload_vec(&ws[i]->fn, 0, M * N * E, NULL, &s->fn[i], err, errlen)) ||
+            (rc = cuda_upload_vec(&ws[i]->base, 0, M, NULL, &s->base[i], err, errlen)) ||
+            (rc = cuda_upload_vec(&ws[i]->scale, 0, 3, NULL, &s->scale[i], err, errlen)))
             return rc;
     }
     return 0;

@@ -100,27 +100,6 @@ static int rank_setup(struct rank *k, char *err, size_t errlen)
     return 0;
 }
 
-/* n floats of t (any float dtype) from element first, optionally exp'd, to a new device vector */
-static int vec_up(const struct model_tensor *t, size_t first, size_t n, bool ex, float **dst, char *err,
-                  size_t errlen)
-{
-    float *h = malloc(n * sizeof *h);
-    if (!h) {
-        sl_seterr(err, errlen, "out of host memory");
-        return SL_ENOMEM;
-    }
-    model_tensor_to_f32(t, (int64_t)first, (int64_t)n, h);
-    if (ex)
-        for (size_t i = 0; i < n; i++) h[i] = expf(h[i]);
-    int rc = cuda_dmalloc((void **)dst, n * sizeof *h, err, errlen);
-    if (!rc && cudaMemcpy(*dst, h, n * sizeof *h, cudaMemcpyHostToDevice) != cudaSuccess) {
-        sl_seterr(err, errlen, "cuda: upload of %s failed", t->name ? t->name : "a KDA vector");
-        rc = SL_EDEVICE;
-    }
-    free(h);
-    return rc;
-}
-
 int cuda_kda_upload(struct rank *k, int l, char *err, size_t errlen)
 {
     struct cuda_backend *b = k->b;
@@ -149,9 +128,9 @@ int cuda_kda_upload(struct rank *k, int l, char *err, size_t errlen)
         (rc = cuda_upload_proj(k, tga, z, nD, 1, E, 0, E, &L->wga, &L->qga, x->stage, x->tmp, err, errlen)) ||
         (rc = cuda_upload_proj(k, tgb, rc1, nC, 1, D, 0, D, &L->wgb, &L->qgb, x->stage, x->tmp, err, errlen)) ||
         (rc = cuda_upload_proj(k, to, z, nE, 1, Cf, c0, C, &L->wo, &L->qo, x->stage, x->tmp, err, errlen)) ||
-        (rc = vec_up(&kw->dt_bias, (size_t)c0, (size_t)C, false, &L->dt_bias, err, errlen)) ||
-        (rc = vec_up(&kw->A_log, (size_t)h0, (size_t)H, true, &L->A, err, errlen)) ||
-        (rc = vec_up(&kw->o_norm, 0, (size_t)D, false, &L->o_norm, err, errlen)))
+        (rc = cuda_upload_vec(&kw->dt_bias, (size_t)c0, (size_t)C, NULL, &L->dt_bias, err, errlen)) ||
+        (rc = cuda_upload_vec(&kw->A_log, (size_t)h0, (size_t)H, expf, &L->A, err, errlen)) ||
+        (rc = cuda_upload_vec(&kw->o_norm, 0, (size_t)D, NULL, &L->o_norm, err, errlen)))
         return rc;
     size_t ck = (size_t)(C * K);
     float *h = malloc(3 * ck * sizeof *h);

@@ -62,24 +62,6 @@ int cuda_mtp_check(const struct model_config *c, int N, char *err, size_t errlen
     return 0;
 }
 
-/* t's first n values as f32 into a new device buffer *dst */
-static int upload_vec(float **dst, const struct model_tensor *t, size_t n, char *err, size_t errlen)
-{
-    float *h = malloc(n * sizeof *h);
-    if (!h) {
-        sl_seterr(err, errlen, "out of host memory");
-        return SL_ENOMEM;
-    }
-    model_tensor_to_f32(t, 0, (int64_t)n, h);
-    int rc = cuda_dmalloc((void **)dst, n * sizeof *h, err, errlen);
-    if (!rc && cudaMemcpy(*dst, h, n * sizeof *h, cudaMemcpyHostToDevice) != cudaSuccess) {
-        sl_seterr(err, errlen, "upload of %s failed", t->name ? t->name : "an MTP norm");
-        rc = SL_EDEVICE;
-    }
-    free(h);
-    return rc;
-}
-
 int cuda_mtp_upload(struct rank *k, uint16_t *stage, float *tmp, char *err, size_t errlen)
 {
     const struct cuda_backend *b = k->b;
@@ -93,9 +75,9 @@ int cuda_mtp_upload(struct rank *k, uint16_t *stage, float *tmp, char *err, size
     }
     k->mtpx = x;
     int rc;
-    if ((rc = upload_vec(&x->enorm, &mw->enorm, E, err, errlen)) ||
-        (rc = upload_vec(&x->hnorm, &mw->hnorm, E, err, errlen)) ||
-        (rc = upload_vec(&x->head_norm, &mw->head_norm, E, err, errlen)))
+    if ((rc = cuda_upload_vec(&mw->enorm, 0, E, NULL, &x->enorm, err, errlen)) ||
+        (rc = cuda_upload_vec(&mw->hnorm, 0, E, NULL, &x->hnorm, err, errlen)) ||
+        (rc = cuda_upload_vec(&mw->head_norm, 0, E, NULL, &x->head_norm, err, errlen)))
         return rc;
     const struct model_tensor *t[1] = {&mw->eh_proj};
     int64_t r0[1] = {0}, nr[1] = {(int64_t)E};

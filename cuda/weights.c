@@ -105,6 +105,31 @@ int cuda_dmalloc(void **p, size_t n, char *err, size_t errlen)
     return 0;
 }
 
+int cuda_upload_vec(const struct model_tensor *t, size_t first, size_t n, float (*map)(float), float **dst, char *err,
+                    size_t errlen)
+{
+    if (!t->data || (size_t)model_tensor_nelem(t) < first + n) {
+        sl_seterr(err, errlen, "cuda: tensor %s: absent or smaller than %zu elements", t->name ? t->name : "?",
+                  first + n);
+        return SL_EFORMAT;
+    }
+    float *h = malloc(n * sizeof *h);
+    if (!h) {
+        sl_seterr(err, errlen, "out of host memory");
+        return SL_ENOMEM;
+    }
+    model_tensor_to_f32(t, (int64_t)first, (int64_t)n, h);
+    if (map)
+        for (size_t i = 0; i < n; i++) h[i] = map(h[i]);
+    int rc = cuda_dmalloc((void **)dst, n * sizeof *h, err, errlen);
+    if (!rc && cudaMemcpy(*dst, h, n * sizeof *h, cudaMemcpyHostToDevice) != cudaSuccess) {
+        sl_seterr(err, errlen, "cuda: upload of %s failed", t->name ? t->name : "?");
+        rc = SL_EDEVICE;
+    }
+    free(h);
+    return rc;
+}
+
 /* ---- packed weights -------------------------------------------------------------- */
 
 /* A device copy of src[0..n) recorded in k->qmem (rank_free frees it). */
