@@ -139,6 +139,13 @@ int api_vllm_compat(const struct api_vllm_flags *f, bool *eager, struct sched_sp
  * WHO: ..."); a method it does not implement leaves c->method SCHED_SPEC_NONE.
  * -1 with a message naming the flag when malformed or out of range. */
 int api_speculative_config(const char *json, const char *who, struct sched_spec_config *c, char *err, size_t errlen);
+/* What of c the loaded model m cannot take, reported on stderr ("sluice
+ * WHO: ...") and turned off, so a command line written for vLLM still
+ * serves: method mtp on a model with linear-attention (KDA) layers (no
+ * reference models their MTP layer; method ngram drafts there) leaves
+ * c->method SCHED_SPEC_NONE. Anything else stays for the engine to check. */
+struct model;
+void api_speculative_fit(const struct model *m, const char *who, struct sched_spec_config *c);
 /* --max-num-partial-prefills N (>= 1) and --max-long-partial-prefills M (1..N),
  * as vLLM checks them: 0, or -1 with a message naming the flag. */
 int api_partial_prefill_flags(long n, long m, char *err, size_t errlen);

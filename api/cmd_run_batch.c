@@ -576,6 +576,7 @@ int api_cmd_run_batch(int argc, char **argv)
     eo.sched.long_prefill_token_threshold = (int)long_prefill;
     eo.sched.max_num_partial_prefills = (int)partial;
     eo.sched.max_long_partial_prefills = (int)long_partial;
+    api_speculative_fit(b.m, "run-batch", &policy.spec);
     eo.sched.spec = policy.spec;
     eo.kv_cache_bytes = (size_t)kv_bytes;
     eo.enable_prefix_caching = prefix;

@@ -7,6 +7,7 @@
 
 #include "api.h"
 #include "base/json.h"
+#include "model/model.h"
 #include "sched/sched.h"
 
 static void note(const char *flag, const char *what, const char *why)
@@ -139,6 +140,17 @@ int api_speculative_config(const char *v, const char *who, struct sched_spec_con
 out:
     json_free(&d);
     return rc;
+}
+
+void api_speculative_fit(const model *m, const char *who, struct sched_spec_config *c)
+{
+    const struct model_config *mc = m ? model_get_config(m) : NULL;
+    if (c->method == SCHED_SPEC_MTP && mc && model_state_bytes(mc) > 0) {
+        fprintf(stderr, "sluice %s: --speculative-config: method mtp ignored: this model has linear-attention (KDA) "
+                        "layers, whose MTP layer no reference models, so sluice does not run it; every token is "
+                        "decoded by the model itself (method ngram drafts on this model)\n", who);
+        memset(c, 0, sizeof *c);
+    }
 }
 
 int api_vllm_compat(const struct api_vllm_flags *f, bool *eager, struct sched_spec_config *spec, char *err,

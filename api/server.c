@@ -51,6 +51,7 @@ static void *load_main(void *arg)
     s->m = model_load(s->o.model, &lo, err, sizeof err);
     if (!s->m) goto fail;
     if (api_chat_setup(s->m, chat_flags.chat_template, err, sizeof err)) goto fail;
+    api_speculative_fit(s->m, "serve", &s->o.sched.spec);
     struct sched_engine_opts eo = {
         .sched = {
             .block_size = (int)s->o.block_size,
@@ -813,7 +814,7 @@ int api_cmd_serve(int argc, char **argv)
         {"--speculative-config", API_FLAG_STR, &vf.speculative_config,
          "JSON: {\"method\":\"ngram\",\"num_speculative_tokens\":K,\"prompt_lookup_min\":a,\"prompt_lookup_max\":b} "
          "or {\"method\":\"mtp\",\"num_speculative_tokens\":K} (K 1-4; mtp: CPU, and CUDA on one GPU; models with "
-         "KDA layers: ngram on the CPU backend; off)", NULL},
+         "KDA layers: ngram on the CPU backend, mtp reported and off; off)", NULL},
         {"--kv-cache-dtype", API_FLAG_STR, &o->kv_cache_dtype, "auto, or fp8 (= fp8_e4m3; GPU): half the KV bytes", NULL},
         {"--dtype", API_FLAG_STR, &vf.dtype, "auto/bfloat16 (others reported and ignored)", NULL},
         {"--swap-space", API_FLAG_STR, &vf.swap_space, "accepted; preemption recomputes instead", NULL},
