@@ -440,7 +440,7 @@ int api_cmd_run_batch(int argc, char **argv)
         {"--enforce-eager", API_FLAG_BOOL, &eager, "no CUDA graphs: decode steps launch kernels one by one (slower)", NULL},
         {"--speculative-config", API_FLAG_STR, &spec_json,
          "JSON, as serve's: ngram or mtp drafts verified in the batched step (mtp: CPU, or CUDA on one GPU; models "
-         "with KDA layers: ngram on the CPU backend; off)",
+         "with KDA layers: ngram on the CPU backend, mtp reported and off; off)",
          NULL},
         API_SCHED_FLAGS(&sf),
         {"--long-prefill-token-threshold", API_FLAG_HUMAN_INT, &long_prefill,
