@@ -54,8 +54,9 @@ int cuda_mtp_check(const struct model_config *c, int N, char *err, size_t errlen
         return SL_EUNSUP;
     }
     if (k.mixer == MODEL_MIXER_GQA && (c->head_dim % 8 || c->head_dim > 256 || c->n_head % c->n_head_kv)) {
-        sl_seterr(err, errlen, "speculative method mtp: head_dim %d unsupported in the MTP layer (a multiple of 8, "
-                  "<= 256)", c->head_dim);
+        sl_seterr(err, errlen, "speculative method mtp: the MTP layer's attention (head_dim %d, %d heads over %d KV "
+                  "heads) is not one the cuda backend runs there (head_dim a multiple of 8, <= 256; heads a multiple "
+                  "of the KV heads)", c->head_dim, c->n_head, c->n_head_kv);
         return SL_EUNSUP;
     }
     if (k.ffn == MODEL_FFN_MOE) return cuda_moe_check(c, N, c->n_layer, err, errlen);
