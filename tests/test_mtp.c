@@ -29,7 +29,7 @@
  * requests are refused; the model's own logits are the same bits with the MTP
  * layer on and off.
  *
- * SLUICE_TEST_DEVICE=cuda runs it all on the GPU backend (tests/gpu/run.sh
+ * --device=cuda runs it all on the GPU backend (tests/gpu/run.sh
  * check) with bf16 tolerances: logits within GPU_TOL of the largest, drafts
  * and greedy tokens equal to transformers' where its top-2 margin is clear
  * of twice that (a chain's later drafts only while the earlier ones agree),
@@ -71,7 +71,7 @@ struct mgold {
 };
 
 static char err[512];
-static const char *g_device = "cpu"; /* SLUICE_TEST_DEVICE */
+static const char *g_device = "cpu"; /* --device=NAME */
 static bool on_cpu(void) { return !strcmp(g_device, "cpu"); }
 static double tol(void) { return on_cpu() ? 1e-4 : GPU_TOL; }
 
@@ -540,9 +540,16 @@ static void test_off_and_errors(void)
     model_free(m);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
-    if (getenv("SLUICE_TEST_DEVICE")) g_device = getenv("SLUICE_TEST_DEVICE");
+    for (int i = 1; i < argc; i++) {
+        if (!strncmp(argv[i], "--device=", 9) && argv[i][9]) {
+            g_device = argv[i] + 9;
+        } else {
+            fprintf(stderr, "usage: %s [--device=cpu|cuda]\n", argv[0]);
+            return 2;
+        }
+    }
     printf("MTP layer on device %s\n", g_device);
     RUN(test_dsv3);
     RUN(test_glm4moe);

@@ -10,7 +10,7 @@
  *    run without drafts, which is transformers' own, token for token, with
  *    drafts verified and the KV pool left clean.
  *
- * SLUICE_TEST_DEVICE=cuda runs it on the GPU backend (tests/gpu/run.sh
+ * --device=cuda runs it on the GPU backend (tests/gpu/run.sh
  * check): there the drafts must be transformers' where its top-2 margin is
  * clear of bf16's error (GPU_TOL of the top logit's magnitude, twice), and
  * only while the generated tokens are still transformers' (a near tie of the
@@ -41,7 +41,7 @@
 #define NEAR_TIE_NATS 0.3f
 
 static char err[512];
-static const char *g_device = "cpu"; /* SLUICE_TEST_DEVICE */
+static const char *g_device = "cpu"; /* --device=NAME */
 static bool on_cpu(void) { return !strcmp(g_device, "cpu"); }
 
 /* the golden: ids (prompt then transformers' greedy tokens), the MTP layer's
@@ -341,9 +341,16 @@ static void test_glm4moe(void) { run("glm4moe"); }
 static void test_glm4moe_int8_mtp(void) { run("glm4moe-w8mtp"); }
 static void test_glm4moe_int8_main(void) { run("glm4moe-w8main"); }
 
-int main(void)
+int main(int argc, char **argv)
 {
-    if (getenv("SLUICE_TEST_DEVICE")) g_device = getenv("SLUICE_TEST_DEVICE");
+    for (int i = 1; i < argc; i++) {
+        if (!strncmp(argv[i], "--device=", 9) && argv[i][9]) {
+            g_device = argv[i] + 9;
+        } else {
+            fprintf(stderr, "usage: %s [--device=cpu|cuda]\n", argv[0]);
+            return 2;
+        }
+    }
     printf("speculative decoding with the MTP layer on device %s\n", g_device);
     RUN(test_dsv3);
     RUN(test_glm4moe);

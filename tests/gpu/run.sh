@@ -150,15 +150,15 @@ check() {
                "$B/tests/gpu/test_gpu_e2e --gemm-wg-min-t=1" "$e $B/tests/test_engine --gemm-wg-min-t=1"
                "SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3-moe-ctx2k $B/tests/test_engine"
                "$emla $B/tests/test_engine" "SLUICE_TEST_KV=fp8 $emla $B/tests/test_engine"
-               "SLUICE_TEST_DEVICE=cuda $B/tests/test_mtp" "SLUICE_TEST_DEVICE=cuda $B/tests/test_spec_mtp")
+               "$B/tests/test_mtp --device=cuda" "$B/tests/test_spec_mtp --device=cuda")
         if [ "$ngpu" -ge 2 ]; then
-            runs+=("SLUICE_TEST_TP=2 $B/tests/gpu/test_gpu_e2e"
-                   "SLUICE_TEST_TP=2 SLUICE_TEST_REF=cuda $B/tests/gpu/test_gpu_e2e"
+            runs+=("$B/tests/gpu/test_gpu_e2e --tp=2"
+                   "$B/tests/gpu/test_gpu_e2e --tp=2 --ref=cuda"
                    "SLUICE_TEST_TP=2 $e $B/tests/test_engine"
                    "$B/tests/gpu/test_glm5_layers --tp=2"
                    "SLUICE_TEST_TP=2 SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3-moe-ctx2k $B/tests/test_engine"
                    "SLUICE_TEST_TP=2 $emla $B/tests/test_engine"
-                   "SLUICE_TEST_TP=2 $B/tests/gpu/test_gpu_e2e --gemm-wg-min-t=1"
+                   "$B/tests/gpu/test_gpu_e2e --tp=2 --gemm-wg-min-t=1"
                    "SLUICE_TEST_TP=2 $e $B/tests/test_engine --gemm-wg-min-t=1")
         fi
     fi

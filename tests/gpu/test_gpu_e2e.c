@@ -32,8 +32,8 @@
  * dequantization); at TP=N a checkpoint whose row-parallel shards would cut
  * a quantization group must be refused saying so (noted, not failed).
  *
- * Tensor parallelism: SLUICE_TEST_TP=N runs "the GPU" as N ranks (models whose
- * heads do not divide by N are skipped with a note); SLUICE_TEST_REF=cuda
+ * Tensor parallelism: --tp=N runs "the GPU" as N ranks (models whose
+ * heads do not divide by N are skipped with a note); --ref=cuda
  * makes the reference one GPU (TP=1) instead of the CPU backend, so every
  * comparison above becomes TP=N versus TP=1. At TP=N a rank made to fail
  * (cuda_tuning.tp_fault_rank) must stop the others within seconds.
@@ -71,8 +71,8 @@ static int g_nv;
 static int32_t g_bt[MAXP][REGION];
 static struct model_sampling g_greedy;
 static int g_near_ties;
-static int g_tp = 1; /* SLUICE_TEST_TP */
-static const char *g_ref = "cpu"; /* the reference backend (SLUICE_TEST_REF) */
+static int g_tp = 1; /* --tp=N */
+static const char *g_ref = "cpu"; /* the reference backend (--ref=cuda) */
 static const char *g_hf_overrides; /* run_model's --hf-overrides, or NULL */
 
 /* ---- driving a backend ---------------------------------------------------------- */
@@ -1194,8 +1194,12 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (!strncmp(argv[i], "--gemm-wg-min-t=", 16) && atoi(argv[i] + 16) > 0) {
             cuda_tuning.gemm_wg_min_t = atoi(argv[i] + 16);
+        } else if (!strncmp(argv[i], "--tp=", 5) && atoi(argv[i] + 5) >= 1) {
+            g_tp = atoi(argv[i] + 5);
+        } else if (!strcmp(argv[i], "--ref=cuda")) {
+            g_ref = "cuda";
         } else {
-            fprintf(stderr, "usage: %s [--gemm-wg-min-t=N]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--gemm-wg-min-t=N] [--tp=N] [--ref=cuda]\n", argv[0]);
             return 2;
         }
     }
@@ -1204,9 +1208,6 @@ int main(int argc, char **argv)
         return 0;
     }
     model_sampling_default(&g_greedy);
-    if (getenv("SLUICE_TEST_TP")) g_tp = atoi(getenv("SLUICE_TEST_TP"));
-    if (getenv("SLUICE_TEST_REF")) g_ref = getenv("SLUICE_TEST_REF");
-    if (g_tp < 1) g_tp = 1;
     /* tiny-qwen3's logits are ~3 with near-uniform spread: bf16 weights move them ~1e-2 relative */
     run_model("tiny-qwen3", "tests/models/tiny-qwen3", "tests/models/tiny-qwen3/golden.json", 3e-2, 3e-2);
     run_model("tiny-llama", "tests/models/tiny-llama", "tests/models/tiny-llama/golden.json", 3e-2, 3e-2);
