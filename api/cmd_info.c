@@ -86,6 +86,10 @@ static void info_plan(const model *m)
         printf("recurrent state per sequence: %zu bytes f32 (%.2f MiB), the KV of %zu tokens at bf16: with prefix "
                "caching, one snapshot every that many tokens (--mamba-block-size auto) at most doubles the cache's "
                "bytes per token\n", sb, sb / 1048576.0, tok ? (sb + tok - 1) / tok : 0);
+        size_t rb = model_state_replay_bytes(c);
+        printf("speculative decoding on the GPU: %zu bytes (%.2f MiB) per draft token to roll the state back, set "
+               "aside at start for --max-num-seqs x num_speculative_tokens drafts (divided by the tensor-parallel "
+               "size)\n", rb, rb / 1048576.0);
     }
     const struct model_weights *w = model_get_weights(m);
     printf("weights in memory: %.4g GB (mtp %.4g GB)\n", model_weight_bytes(m) / 1e9, w->mtp_bytes / 1e9);

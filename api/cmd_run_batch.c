@@ -615,7 +615,7 @@ int api_cmd_run_batch(int argc, char **argv)
                         "max-num-batched-tokens %d, max-model-len %d, prefix caching %s\n",
                 in_path, st.kv_blocks, st.block_size, kv8 ? " (fp8)" : "", eo.sched.max_num_seqs,
                 eo.sched.max_num_batched_tokens, b.max_model_len, prefix ? "on" : "off");
-        char sl[256];
+        char sl[400];
         if (api_state_line(b.e, sl, sizeof sl)) fprintf(stderr, "[run-batch] %s\n", sl);
     }
 

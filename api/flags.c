@@ -361,14 +361,19 @@ bool api_state_line(struct sched_engine *e, char *out, size_t cap)
     sched_engine_get_stats(e, &st);
     if (st.state_bytes == 0) return false;
     double mib = st.state_bytes / 1048576.0;
+    int n;
     if (st.snap_slots == 0)
-        snprintf(out, cap,
-                 "recurrent state: %.2f MiB per sequence x %d slots (%.1f MiB); prefix caching off, so no "
-                 "snapshots", mib, st.state_slots, mib * st.state_slots);
+        n = snprintf(out, cap,
+                     "recurrent state: %.2f MiB per sequence x %d slots (%.1f MiB); prefix caching off, so no "
+                     "snapshots", mib, st.state_slots, mib * st.state_slots);
     else
-        snprintf(out, cap,
-                 "recurrent state: %.2f MiB per sequence x %d slots (%.1f MiB); prefix-cache snapshots every %d "
-                 "tokens (--mamba-block-size %d) and at each prompt's end: %d slots (%.1f MiB)", mib, st.state_slots,
-                 mib * st.state_slots, st.snap_every, st.snap_every, st.snap_slots, mib * st.snap_slots);
+        n = snprintf(out, cap,
+                     "recurrent state: %.2f MiB per sequence x %d slots (%.1f MiB); prefix-cache snapshots every %d "
+                     "tokens (--mamba-block-size %d) and at each prompt's end: %d slots (%.1f MiB)", mib,
+                     st.state_slots, mib * st.state_slots, st.snap_every, st.snap_every, st.snap_slots,
+                     mib * st.snap_slots);
+    /* the GPU's scratch for rolling the state back after rejected drafts, set aside before the KV pool */
+    if (st.spec_state_bytes > 0 && n >= 0 && (size_t)n < cap)
+        snprintf(out + n, cap - (size_t)n, "; draft rollback scratch %.1f MiB", st.spec_state_bytes / 1048576.0);
     return true;
 }

@@ -154,7 +154,7 @@ static void on_ready(evutil_socket_t fd, short what, void *arg)
         fprintf(stderr, "speculative decoding: %s drafts, up to %d a sequence and step%s\n",
                 c->spec.method == SCHED_SPEC_NGRAM ? "n-gram" : "MTP", c->spec.num_speculative_tokens,
                 c->spec.method == SCHED_SPEC_NGRAM ? " (prompt lookup)" : "");
-    char st[256];
+    char st[400];
     if (api_state_line(s->eng, st, sizeof st)) fprintf(stderr, "%s\n", st);
     if (s->o.web_ui)
         fprintf(stderr, "web page (chat, batch jobs, status): http://%s:%ld/\n",

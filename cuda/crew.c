@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "cuda/cuda_internal.h"
+#include "cuda/kda.h"
 
 /* Waits for rank k's stream. With N > 1 it polls, so that a failure of
  * another rank (the flag) or of this rank's communicator (its async error)
@@ -72,6 +73,7 @@ static int run_job(struct rank *k, enum job job)
     case JOB_INIT: rc = cuda_rank_init(k, err, errlen); break;
     case JOB_KV: rc = cuda_rank_kv_alloc(k, err, errlen); break;
     case JOB_FORWARD: rc = cuda_rank_forward(k, err, errlen); break;
+    case JOB_KDA_ROLLBACK: rc = cuda_kda_rank_rollback(k, err, errlen); break;
     case JOB_EXIT: break;
     }
     if (rc && k->b->tp > 1) {

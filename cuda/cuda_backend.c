@@ -239,6 +239,9 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
                c->moe.swiglu_limit == 0 && c->moe.n_expert == 0 && !mtp; /* MTP reads x and delta after the step */
     b->warmup = b->t.warmup;
     b->state_bytes = model_state_bytes(c) / (size_t)N; /* each rank holds its KDA heads' share (kda_step.c) */
+    /* drafts on KDA layers: the slots rolled to the last accepted one after the verification, by replaying the
+     * accepted drafts' inputs (cuda/kda.h; each rank its heads, so at any TP) */
+    b->base.state_rollback = true;
     b->tc_rows = cuda_attention_tc_ok(c->head_dim, c->n_head / c->n_head_kv) ? CUDA_ATTN_TC_ROWS : 0;
     b->part_rows = (int)((b->max_tokens < 256 ? b->max_tokens : 256) * (c->n_head / c->n_head_kv));
     b->r = calloc((size_t)N, sizeof *b->r);

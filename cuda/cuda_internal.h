@@ -128,7 +128,7 @@ struct rank {
     char err[512];
 };
 
-enum job { JOB_INIT, JOB_KV, JOB_FORWARD, JOB_EXIT };
+enum job { JOB_INIT, JOB_KV, JOB_FORWARD, JOB_KDA_ROLLBACK, JOB_EXIT };
 enum { ROW_GREEDY, ROW_SAMPLE, ROW_HOST }; /* who picks a logit row's token */
 
 struct cuda_backend {
@@ -193,6 +193,7 @@ struct cuda_backend {
         int pstride;                                /* its split partials' stride (0: MAXSPLIT) */
         int n_samp, n_pen;                          /* ROW_SAMPLE rows, their penalty entries */
         size_t nbytes;
+        int kda_roll;                               /* JOB_KDA_ROLLBACK: its kda_seqs entries (cuda/kda.h) */
     } job;
 
     /* the crew: ranks 1 .. tp-1 wait for gen to change, run job, count left down */

@@ -6,7 +6,10 @@
  * fused multiply-adds in the same order for the conv and the delta rule's
  * updates of S) but for the sums: the delta rule's two sums over the key
  * dimension in 4 interleaved partial sums (the CPU: one chain), the norms'
- * in f32 (the CPU: double). */
+ * in f32 (the CPU: double). A verify step's drafts (cuda_kda_seq.nd) leave
+ * the slot at the last non-draft token and their inputs in the replay
+ * scratch; the replay (cuda_kda_args.replay) runs the same two kernels over
+ * those inputs, without outputs (kda.h). */
 #include "cuda/bf16.cuh"
 #include "cuda/kda.h"
 #include "cuda/norm.cuh"
@@ -74,6 +77,7 @@ static __global__ void kda_recur_kernel(struct cuda_kda_args a, int cols, int nb
               d = threadIdx.x;
     const int nc = D - c0 < cols ? D - c0 : cols;
     const bool own = d < D, col = d < nc;
+    const int keep = q.n - q.nd; /* drafts: the slot keeps the state after this many tokens (kda.h) */
     float *S = smem, *qs = S + (size_t)D * cols, *ks = qs + D, *ds = ks + D;
     float *slot = a.states + (size_t)q.slot * a.slot_floats + a.off;
     float *Sg = slot + (size_t)h * D * D;                 /* this head's S in the slot */
@@ -159,7 +163,10 @@ static __global__ void kda_recur_kernel(struct cuda_kda_args a, int cols, int nb
                         S[(size_t)k * cols + d] = s;
                         o4[j] = fmaf(qs[k], s, o4[j]);
                     }
-            a.o32[row * C + (size_t)h * D + c0 + d] = (o4[0] + o4[1]) + (o4[2] + o4[3]);
+            if (!a.replay) a.o32[row * C + (size_t)h * D + c0 + d] = (o4[0] + o4[1]) + (o4[2] + o4[3]);
+            /* the last token before the drafts: its state is the slot's (each thread its own column) */
+            if (q.nd > 0 && t == keep - 1)
+                for (int k = 0; k < D; k++) Sg[(size_t)k * D + c0 + d] = S[(size_t)k * cols + d];
         }
         /* snapshots' S after this token (their tails: kda_out_kernel) */
         while (snap < q.n_snaps && a.snaps[q.snap0 + snap].pos == q.p0 + t + 1) {
@@ -170,6 +177,7 @@ static __global__ void kda_recur_kernel(struct cuda_kda_args a, int cols, int nb
         }
         __syncthreads(); /* qs, ks, ds are rewritten by the next token; after the last, S is complete */
     }
+    if (q.nd > 0) return; /* the slot got its state before the drafts */
     for (int i = d; i < D * nc; i += blockDim.x)
         Sg[(size_t)(i / nc) * D + c0 + i % nc] = S[(size_t)(i / nc) * cols + i % nc];
 }
@@ -177,8 +185,10 @@ static __global__ void kda_recur_kernel(struct cuda_kda_args a, int cols, int nb
 /* After kda_recur_kernel, one block per (sequence blockIdx.y, head
  * blockIdx.x), thread d < D channel d of the head: the gated RMS norm of
  * each token's output, and the conv tails (the last K-1 inputs of q, k, v
- * channel d) of the snapshots after their tokens and of the slot at the end.
- * The tails are written here, after every column block has read them. */
+ * channel d) of the snapshots after their tokens and of the slot at the end
+ * (with drafts: after the last token before them, each draft's inputs saved
+ * for the replay). The tails are written here, after every column block has
+ * read them. The replay: the tail only. */
 static __global__ void kda_out_kernel(struct cuda_kda_args a)
 {
     __shared__ float red[32];
@@ -186,6 +196,7 @@ static __global__ void kda_out_kernel(struct cuda_kda_args a)
     if (q.n <= 0) return;
     const int h = blockIdx.x, D = a.D, K = a.K, C = a.H * D, d = threadIdx.x;
     const bool own = d < D;
+    const int keep = q.n - q.nd;
     float *tail = a.states + (size_t)q.slot * a.slot_floats + a.off + (size_t)C * D;
     const size_t n3 = 3 * (size_t)C, ch = (size_t)h * D + d;
     float win[3][CUDA_KDA_MAX_K];
@@ -194,13 +205,17 @@ static __global__ void kda_out_kernel(struct cuda_kda_args a)
 #pragma unroll
         for (int j = 0; j < CUDA_KDA_MAX_K; j++)
             win[pt][j] = own && j < K - 1 ? tail[(size_t)j * n3 + (size_t)pt * C + ch] : 0.0f;
-    const float onw = own ? a.o_norm[d] : 0.0f;
+    const float onw = own && !a.replay ? a.o_norm[d] : 0.0f;
     int snap = 0;
     for (int t = 0; t < q.n; t++) {
         const size_t row = (size_t)(q.t0 + t);
+        /* a draft: its inputs into the replay scratch, as the kernels read them */
+        const bool save = q.nd > 0 && t >= keep && own;
+        const size_t srow = (size_t)(q.spec0 + t - keep);
 #pragma unroll
         for (int pt = 0; pt < 3; pt++) {
             float x = own ? kda_in(a, row, (size_t)pt * C + ch) : 0.0f;
+            if (save) a.spec_qkv[srow * 3 * C + (size_t)pt * C + ch] = x;
 #pragma unroll
             for (int j = 0; j < CUDA_KDA_MAX_K - 1; j++)
                 if (j < K - 2) win[pt][j] = win[pt][j + 1];
@@ -208,6 +223,17 @@ static __global__ void kda_out_kernel(struct cuda_kda_args a)
             for (int j = 0; j < CUDA_KDA_MAX_K - 1; j++)
                 if (j == K - 2) win[pt][j] = x;
         }
+        if (save) {
+            a.spec_fg[srow * C + ch] = a.fg[row * C + ch];
+            if (d == 0) a.spec_beta[srow * a.H + h] = a.beta[row * a.H + h];
+        }
+        if (q.nd > 0 && t == keep - 1 && own) /* the slot's tail: before the drafts */
+#pragma unroll
+            for (int pt = 0; pt < 3; pt++)
+#pragma unroll
+                for (int j = 0; j < CUDA_KDA_MAX_K - 1; j++)
+                    if (j < K - 1) tail[(size_t)j * n3 + (size_t)pt * C + ch] = win[pt][j];
+        if (a.replay) continue; /* no outputs, no snapshots */
         float o = own ? a.o32[row * C + ch] : 0.0f;
         float r = 1.0f / sqrtf(kda_block_sum(own ? o * o : 0.0f, red) / (float)D + a.eps);
         if (own) a.out[row * C + ch] = f2bf(onw * (o * r) * sigm(a.gate[row * C + ch]));
@@ -223,7 +249,7 @@ static __global__ void kda_out_kernel(struct cuda_kda_args a)
             snap++;
         }
     }
-    if (own)
+    if (own && q.nd == 0)
 #pragma unroll
         for (int pt = 0; pt < 3; pt++)
 #pragma unroll
@@ -267,7 +293,8 @@ extern "C" cudaError_t cuda_kda_prepare(void)
 extern "C" cudaError_t cuda_kda_recur(const struct cuda_kda_args *a, cudaStream_t st)
 {
     if (a->n_seqs <= 0) return cudaSuccess;
-    if (a->D < 1 || a->D > CUDA_KDA_MAX_D || a->K < 1 || a->K > CUDA_KDA_MAX_K || a->cols < 0 || !a->o32)
+    if (a->D < 1 || a->D > CUDA_KDA_MAX_D || a->K < 1 || a->K > CUDA_KDA_MAX_K || a->cols < 0 ||
+        (!a->replay && !a->o32) || (a->replay && a->qkv_lo))
         return cudaErrorInvalidValue;
     int cols = a->cols ? a->cols : CUDA_KDA_COLS;
     if (cols > a->D) cols = a->D;

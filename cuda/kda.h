@@ -29,6 +29,33 @@
  * Which slots a sequence reads and writes, and its snapshots, come from the
  * step-input buffer (struct inlay's kda_seqs and kda_snaps, filled by
  * cuda_kda_pack), so decode steps are captured as graphs like the rest.
+ *
+ * Speculative decoding (backend.h, step_seq.n_draft; b->max_draft > 0): a
+ * verify step walks all of a sequence's query tokens (its outputs and
+ * snapshots as usual) but leaves in the slot the state after its last
+ * non-draft token (always accepted: n - nd tokens of the step), and saves
+ * each draft token's recurrence inputs (q|k|v as the conv reads them, the
+ * forget gate's f_b output, beta's logit: 4C + H f32 per KDA layer) in the
+ * replay scratch. Once the host knows how many drafts each sequence kept
+ * (the verification after the step), cuda_kda_rollback replays the accepted
+ * ones from the scratch through the same kernels (replay mode: no outputs),
+ * which leaves the slot bit for bit as a walk of the accepted tokens would:
+ * the same inputs through the same arithmetic. Rejected drafts cost
+ * nothing; a sequence that accepted a drafts costs one more read and write
+ * of its state (a launches of the recurrence over a tokens a KDA layer).
+ * Why this and not the CPU's state after every verified position: at
+ * GLM-5.3-Flash's shape (34 KDA layers, 64 heads of 128, conv 4: 146 MiB of
+ * state a sequence on one GPU) a state per draft position is 146 MiB x
+ * max_draft a sequence, 109 GiB for 256 sequences with 3 drafts (a copy of
+ * the start state to recompute from, 36 GiB); the replay inputs are 34 x (4 x 8192 +
+ * 64) x 4 B = 4.26 MiB a draft token: 3.2 GiB for 256 x 3 drafts (4.3 GiB
+ * with 4), halved per GPU at TP=2 (each rank keeps its heads' inputs, and
+ * replays them itself). The scratch is allocated at creation, sized for
+ * max_seqs x max_draft draft tokens (only with max_draft > 0), so the
+ * memory plan counts it before the KV pool (base.spec_state_bytes; the
+ * start-up line prints it). Decode steps never carry drafts, so their
+ * graphs are unchanged; a verify step is not decode-only and runs eagerly,
+ * and so does the replay (a second, small job on every rank).
  */
 #ifndef SLUICE_CUDA_KDA_H
 #define SLUICE_CUDA_KDA_H
@@ -54,6 +81,8 @@ struct cuda_kda_seq {
     int32_t p0;             /* the position of its first token */
     int32_t slot, mode, from; /* state slot; CUDA_KDA_*; the slot restored from (mode RESTORE) */
     int32_t snap0, n_snaps; /* its snapshots: kda_snaps[snap0 .. snap0 + n_snaps), ascending positions */
+    int32_t nd, spec0;      /* drafts: the slot keeps the state after the first n - nd tokens, and the last nd
+                               tokens' inputs go to rows spec0 .. spec0 + nd - 1 of the replay scratch (0: none) */
 };
 /* After the sequence's first `pos` tokens, copy its state into slot `slot`. */
 struct cuda_kda_snap {
@@ -86,6 +115,13 @@ struct cuda_kda_args {
     int cols;               /* value columns a block of the recurrence (0: CUDA_KDA_COLS); no result depends on it */
     float *o32;             /* [T][C] f32 scratch: the outputs before the norm */
     uint16_t *out;          /* [T][C] bf16: the gated, normed output before o_proj */
+    /* this layer's replay scratch (drafts: cuda_kda_seq.nd), [rows][3C] q|k|v (qkv + qkv_lo), [rows][C] fg,
+     * [rows][H] beta; NULL without drafts */
+    float *spec_qkv, *spec_fg, *spec_beta;
+    /* the replay: qkv (qkv_lo NULL), fg and beta are the scratch above, each sequence's rows t0 .. t0 + n - 1
+     * its accepted drafts, its slot advanced over them (S and the conv tail); no outputs (gate, o32, out,
+     * o_norm unused), no snapshots */
+    bool replay;
 };
 /* Lets cuda_kda_recur use the shared memory D = CUDA_KDA_MAX_D needs (over
  * 48 KB): once per device, before the first launch, outside graph capture. */
@@ -131,6 +167,13 @@ bool cuda_kda_pack(struct cuda_backend *b, const struct step *s, int Tp);
 /* Layer l's mixer for T rows (decode: a decode-only step, maybe a graph):
  * reads k->xn, leaves the output in k->delta. */
 int cuda_kda_mixer(struct rank *k, int l, int T, bool decode, char *err, size_t errlen);
+/* After a verified step (its spec_out known): every sequence that accepted
+ * a > 0 drafts gets its slot advanced over them by the replay (on every
+ * rank: JOB_KDA_ROLLBACK), so each slot holds the state after its last
+ * accepted token. 0, or the failing rank's error. */
+int cuda_kda_rollback(struct cuda_backend *b, const struct step *s, char *err, size_t errlen);
+/* Rank k's part of it (JOB_KDA_ROLLBACK): b->job.kda_roll entries of the kda_seqs region. */
+int cuda_kda_rank_rollback(struct rank *k, char *err, size_t errlen);
 #endif
 
 #endif

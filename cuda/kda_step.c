@@ -7,7 +7,9 @@
  * A_log, the whole of f_a, g_a and o_norm, and o_proj's matching columns
  * (row-parallel: the ranks' partial outputs are summed like the o
  * projection's). Its state slots hold its heads only: per KDA layer [H/N][D][D]
- * S then the tail [K-1][3 C/N] (at N = 1 the CPU's layout). */
+ * S then the tail [K-1][3 C/N] (at N = 1 the CPU's layout). Its replay
+ * scratch (drafts, kda.h) holds its heads' inputs too, and each rank
+ * replays its own heads: the rollback needs no collective. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +26,7 @@ struct cuda_kda_layer {
     float *A;               /* [H] exp(A_log) */
     float *o_norm;          /* [D] */
     size_t off;             /* this layer's first float in a state slot */
+    float *spec_qkv, *spec_fg, *spec_beta; /* its part of the rank's replay scratch (NULL without drafts) */
 };
 
 struct cuda_kda_rank {
@@ -42,7 +45,17 @@ struct cuda_kda_rank {
     uint16_t *o;            /* [C] bf16: o_proj's input */
     uint16_t *stage;        /* upload staging (pinned), until the last layer is up */
     float *tmp;
+    /* the replay scratch (kda.h): per KDA layer [spec_rows][3C] q|k|v, [spec_rows][C] fg, [spec_rows][H] beta;
+     * spec_rows = max_seqs x max_draft draft tokens (0 and NULL without drafts) */
+    float *spec;
+    size_t spec_rows;
 };
+
+/* Floats of one KDA layer's share of the replay scratch. */
+static size_t spec_layer_floats(const struct cuda_kda_rank *x)
+{
+    return x->spec_rows * (4 * (size_t)x->C + (size_t)x->H);
+}
 
 #define STAGE ((size_t)16 << 20) /* as weights.c's STAGE_ELEMS */
 
@@ -78,6 +91,19 @@ static int rank_setup(struct rank *k, char *err, size_t errlen)
         if (model_layer_kind_of(c, l).mixer == MODEL_MIXER_KDA) x->last = l;
     x->slot_floats = model_state_bytes(c) / sizeof(float) / (size_t)N;
     size_t T = b->max_tokens, C = x->C, D = x->D, H = x->H;
+    /* drafts: every draft token a step can verify keeps its inputs for the replay, in every KDA layer; at
+     * creation, so the memory plan counts it before the KV pool */
+    int n_kda = 0;
+    for (int l = 0; l < c->n_layer; l++) n_kda += model_layer_kind_of(c, l).mixer == MODEL_MIXER_KDA;
+    x->spec_rows = b->max_draft > 0 ? (size_t)b->max_seqs * (size_t)b->max_draft : 0;
+    size_t spec_bytes = (size_t)n_kda * spec_layer_floats(x) * sizeof(float);
+    if (spec_bytes && cuda_dmalloc((void **)&x->spec, spec_bytes, err, errlen)) {
+        sl_seterr(err, errlen, "cuda: out of GPU memory on GPU %d for the KDA layers' draft replay scratch (%.2f GB: "
+                  "%d sequences x %d drafts x %zu bytes; lower --max-num-seqs or num_speculative_tokens)", k->dev,
+                  spec_bytes / 1e9, b->max_seqs, b->max_draft, model_state_replay_bytes(c) / (size_t)N);
+        return SL_ENOMEM;
+    }
+    if (k->id == 0) b->base.spec_state_bytes = spec_bytes;
     if (cuda_dmalloc((void **)&x->qkv, 2 * T * 3 * C * 4, err, errlen) ||
         cuda_dmalloc((void **)&x->hl, 2 * T * (size_t)x->E * 2, err, errlen) ||
         cuda_dmalloc((void **)&x->o32, T * C * 4, err, errlen) ||
@@ -115,7 +141,16 @@ int cuda_kda_upload(struct rank *k, int l, char *err, size_t errlen)
     k->L[l].kda = L;
     const struct model_kda_weights *kw = &b->w->layers[l].kda;
     int64_t E = x->E, H = x->H, D = x->D, C = x->C, K = x->K, Cf = C * b->tp, h0 = x->h0, c0 = h0 * D;
-    for (int i = 0; i < l; i++) L->off += (size_t)model_state_layer_elems(c, i) / (size_t)b->tp;
+    int ki = 0; /* the layer's index among the KDA layers: its part of the replay scratch */
+    for (int i = 0; i < l; i++) {
+        L->off += (size_t)model_state_layer_elems(c, i) / (size_t)b->tp;
+        ki += model_layer_kind_of(c, i).mixer == MODEL_MIXER_KDA;
+    }
+    if (x->spec) {
+        L->spec_qkv = x->spec + (size_t)ki * spec_layer_floats(x);
+        L->spec_fg = L->spec_qkv + x->spec_rows * 3 * (size_t)x->C;
+        L->spec_beta = L->spec_fg + x->spec_rows * (size_t)x->C;
+    }
     const struct model_tensor *tqkv[3] = {&kw->q, &kw->k, &kw->v}, *tfa[1] = {&kw->f_a}, *tfb[1] = {&kw->f_b},
                               *tb[1] = {&kw->b}, *tga[1] = {&kw->g_a}, *tgb[1] = {&kw->g_b}, *to[1] = {&kw->o};
     /* this rank's rows: its heads' channels (C of them, from c0), its heads (H, from h0) */
@@ -164,7 +199,7 @@ void cuda_kda_free(struct rank *k, int l)
     }
     struct cuda_kda_rank *x = k->kdax;
     if (x && l == x->last) {
-        cudaFree(x->states), cudaFree(x->qkv), cudaFree(x->hl), cudaFree(x->o32), cudaFree(x->fg);
+        cudaFree(x->states), cudaFree(x->qkv), cudaFree(x->hl), cudaFree(x->o32), cudaFree(x->fg), cudaFree(x->spec);
         cudaFree(x->gate), cudaFree(x->beta);
         cudaFree(x->fa), cudaFree(x->ga), cudaFree(x->o);
         if (x->stage) cudaFreeHost(x->stage);
@@ -218,24 +253,32 @@ static int kda_grid(const struct cuda_backend *b, int Tp, bool decode)
     return decode || Tp < b->max_seqs ? Tp : b->max_seqs;
 }
 
+/* The drafts of q whose inputs the replay keeps: the verified ones (backend.h). */
+static int spec_drafts(const struct step_seq *q) { return q->want_sample && q->n_draft > 0 ? q->n_draft : 0; }
+
 bool cuda_kda_pack(struct cuda_backend *b, const struct step *s, int Tp)
 {
     struct cuda_kda_seq *sq = (struct cuda_kda_seq *)(b->hin + b->lay.kda_seqs);
     struct cuda_kda_snap *sn = (struct cuda_kda_snap *)(b->hin + b->lay.kda_snaps);
-    int G = kda_grid(b, Tp, s->n_tokens == s->n_seqs), ns = 0;
+    int G = kda_grid(b, Tp, s->n_tokens == s->n_seqs), ns = 0, spec0 = 0;
     if (s->n_seqs > G) return false;
     for (int i = 0; i < s->n_seqs; i++) {
         const struct step_seq *q = &s->seqs[i];
         if (q->n_snaps < 0 || ns + q->n_snaps > b->lay.max_kda_snaps) return false;
+        /* drafts (model_step_check: at most max_draft, after at least one other query token): their rows of
+         * the replay scratch, in the order cuda_kda_rollback counts them */
+        int nd = spec_drafts(q);
+        if (nd > 0 && (nd >= q->query_len || spec0 + nd > b->max_seqs * b->max_draft)) return false;
         int mode = q->context_len == q->query_len ? CUDA_KDA_ZERO
                    : q->state_restore             ? CUDA_KDA_RESTORE
                                                   : CUDA_KDA_CONTINUE;
         sq[i] = (struct cuda_kda_seq){.t0 = q->query_start, .n = q->query_len,
                                       .p0 = q->context_len - q->query_len, .slot = q->state_slot, .mode = mode,
                                       .from = q->state_restore ? q->state_from : q->state_slot, .snap0 = ns,
-                                      .n_snaps = q->n_snaps};
+                                      .n_snaps = q->n_snaps, .nd = nd, .spec0 = nd > 0 ? spec0 : 0};
         for (int j = 0; j < q->n_snaps; j++) sn[ns + j] = (struct cuda_kda_snap){q->snap_pos[j], q->snap_slot[j]};
         ns += q->n_snaps;
+        spec0 += nd;
     }
     for (int i = s->n_seqs; i < G; i++) sq[i] = (struct cuda_kda_seq){0};
     return true;
@@ -268,10 +311,60 @@ int cuda_kda_mixer(struct rank *k, int l, int T, bool decode, char *err, size_t 
         .A = L->A, .o_norm = L->o_norm, .states = x->states, .slot_floats = x->slot_floats, .off = L->off,
         .seqs = seqs, .snaps = (const struct cuda_kda_snap *)(k->din + b->lay.kda_snaps), .n_seqs = G, .H = H,
         .D = D, .K = x->K, .lower_bound = kc->has_lower_bound, .lb = kc->lower_bound, .eps = b->c.norm_eps,
-        .o32 = x->o32, .out = x->o,
+        .o32 = x->o32, .out = x->o, .spec_qkv = L->spec_qkv, .spec_fg = L->spec_fg, .spec_beta = L->spec_beta,
     };
     CK(cuda_kda_recur(&a, st));
     return cuda_proj_rows(k, x->o, &L->qo, L->wo, T, C, E, 0, false, err, errlen);
+fail:
+    return SL_EDEVICE;
+}
+
+int cuda_kda_rollback(struct cuda_backend *b, const struct step *s, char *err, size_t errlen)
+{
+    /* the step is done (forward() waited for it): its kda_seqs region of hin is free for the replay's entries */
+    struct cuda_kda_seq *sq = (struct cuda_kda_seq *)(b->hin + b->lay.kda_seqs);
+    int n = 0, spec0 = 0;
+    for (int i = 0; i < s->n_seqs; i++) {
+        const struct step_seq *q = &s->seqs[i];
+        int nd = spec_drafts(q);
+        if (nd == 0) continue;
+        /* accepted drafts: spec_out's tokens but the last (the correction or the bonus token; a row that could
+         * not be sampled ends the walk there too, as on the CPU) */
+        int a = q->n_spec_out - 1;
+        if (a > nd) a = nd;
+        if (a > 0)
+            sq[n++] = (struct cuda_kda_seq){.t0 = spec0, .n = a, .p0 = q->context_len - nd, .slot = q->state_slot,
+                                            .mode = CUDA_KDA_CONTINUE};
+        spec0 += nd;
+    }
+    if (n == 0) return 0;
+    b->job.kda_roll = n;
+    return cuda_crew_run(b, JOB_KDA_ROLLBACK, err, errlen);
+}
+
+int cuda_kda_rank_rollback(struct rank *k, char *err, size_t errlen)
+{
+    struct cuda_backend *b = k->b;
+    struct cuda_kda_rank *x = k->kdax;
+    int n = b->job.kda_roll;
+    CK(cudaSetDevice(k->dev));
+    if (!x || n <= 0) return 0;
+    size_t off = b->lay.kda_seqs;
+    CK(cudaMemcpyAsync(k->din + off, b->hin + off, (size_t)n * sizeof(struct cuda_kda_seq), cudaMemcpyHostToDevice,
+                       k->st));
+    const struct model_kda_config *kc = &b->c.kda;
+    for (int l = 0; l < b->c.n_layer; l++) {
+        const struct cuda_kda_layer *L = k->L[l].kda;
+        if (!L) continue;
+        struct cuda_kda_args a = {
+            .qkv = L->spec_qkv, .fg = L->spec_fg, .beta = L->spec_beta, .conv = L->conv, .dt_bias = L->dt_bias,
+            .A = L->A, .states = x->states, .slot_floats = x->slot_floats, .off = L->off,
+            .seqs = (const struct cuda_kda_seq *)(k->din + off), .n_seqs = n, .H = x->H, .D = x->D, .K = x->K,
+            .lower_bound = kc->has_lower_bound, .lb = kc->lower_bound, .eps = b->c.norm_eps, .replay = true,
+        };
+        CK(cuda_kda_recur(&a, k->st));
+    }
+    return cuda_rank_wait(k, err, errlen);
 fail:
     return SL_EDEVICE;
 }

@@ -23,7 +23,9 @@
  * drafts gets a logit row for each of its last n_draft + 1 query tokens; a
  * greedy one is verified from the device's argmax of each row
  * (verify_greedy), any other copies its rows to the host for
- * model_sample_verify. These steps are not decode-only, so not graphs.
+ * model_sample_verify. These steps are not decode-only, so not graphs. On
+ * KDA layers the slots are then rolled to the last accepted draft
+ * (cuda_kda_rollback: the accepted drafts replayed, cuda/kda.h).
  * With method mtp the MTP layer's sub-step follows each step (cuda/mtp.c).
  *
  * Prefill attention runs on the tensor cores (items of up to 128 query rows)
@@ -74,7 +76,8 @@ static int check_step(struct cuda_backend *b, const struct step *s, char *err, s
     }
     struct model_step_limits lim = {.n_vocab = b->c.n_vocab, .max_tokens = b->max_tokens, .max_seqs = b->max_seqs,
                                     .max_ctx = b->max_ctx, .block_size = b->block_size, .kv_blocks = b->kv_blocks,
-                                    .max_draft = b->max_draft, .state_slots = b->state_bytes ? b->state_slots : 0};
+                                    .max_draft = b->max_draft, .state_slots = b->state_bytes ? b->state_slots : 0,
+                                    .state_rollback = true};
     if (b->state_bytes && !b->state_slots) {
         sl_seterr(err, errlen, "forward: recurrent state slots not allocated (state_alloc)");
         return SL_EINVAL;
@@ -718,6 +721,12 @@ int cuda_forward(model_backend *mb, struct step *s, char *err, size_t errlen)
                               scr, &q->out);
         }
         if (rc != 0) q->out.token = -1, q->out.n_top = 0;
+    }
+    /* KDA layers: each verified sequence's slot advanced over its accepted drafts (cuda/kda.h), eagerly */
+    if (b->state_bytes && b->max_draft && (rc = cuda_kda_rollback(b, s, err, errlen))) {
+        snprintf(b->dead, sizeof b->dead, "the GPU backend stopped: %s", err);
+        b->base.fatal = b->dead;
+        return SL_EDEVICE;
     }
     /* the MTP layer's sub-step (cuda/mtp.c), eagerly after the step */
     return b->mtp ? cuda_mtp_after_step(b, s, err, errlen) : 0;

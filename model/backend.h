@@ -224,6 +224,9 @@ struct model_backend {
     bool has_mtp;               /* created with opts.mtp: forward() keeps the MTP layer current, mtp_draft works */
     bool state_rollback;        /* forward() verifies drafts on a model with recurrent layers too, each state
                                    slot left at its sequence's last accepted draft (step_seq.n_draft) */
+    size_t spec_state_bytes;    /* device memory (per GPU) this backend set aside at creation for that rollback
+                                   (cuda: the drafts' replay inputs, cuda/kda.h); 0: none, or grown on demand
+                                   outside the memory plan (cpu) */
 };
 
 /* Creates the backend named by opts->device for m. Returns NULL with a

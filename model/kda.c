@@ -27,6 +27,14 @@ size_t model_state_bytes(const struct model_config *c)
     return n;
 }
 
+size_t model_state_replay_bytes(const struct model_config *c)
+{
+    size_t n = 0, C = (size_t)c->kda.n_head * (size_t)c->kda.head_dim;
+    for (int l = 0; l < c->n_layer; l++)
+        if (model_layer_kind_of(c, l).mixer == MODEL_MIXER_KDA) n += (4 * C + (size_t)c->kda.n_head) * sizeof(float);
+    return n;
+}
+
 /* ---- config.json ------------------------------------------------------------ */
 
 static int get_int(const json_doc *d, int obj, const char *key, int def, int *out, char *err, size_t errlen)

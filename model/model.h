@@ -300,6 +300,11 @@ int64_t model_state_layer_elems(const struct model_config *c, int layer);
 /* Bytes of one sequence's recurrent state over every layer (f32): the size
  * of a state slot; 0 when the model has no recurrent layer. */
 size_t model_state_bytes(const struct model_config *c);
+/* Bytes of one token's recurrence inputs over every KDA layer (f32: the
+ * conv's q|k|v inputs, the forget gate, beta: 4 n_head head_dim + n_head a
+ * layer): what the GPU backend keeps per draft token to replay the accepted
+ * ones (cuda/kda.h); 0 without recurrent layers. */
+size_t model_state_replay_bytes(const struct model_config *c);
 const char *model_ffn_name(enum model_ffn k);
 /* The plan in words, runs of equal layers folded: "0: gqa + dense; 1-3: gqa +
  * moe 16 experts top-4 (+1 shared)". Returns the length needed (NUL written

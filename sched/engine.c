@@ -270,7 +270,7 @@ sched_engine *sched_engine_create(model_backend *be, const struct sched_engine_o
         /* a rejected draft would leave the recurrent state past the last accepted token */
         snprintf(err, errlen, "--speculative-config: the %s backend does not roll a linear-attention (KDA) layer's "
                               "state back to the last accepted draft, so it cannot verify drafts on this model "
-                              "(the cpu backend does)", be->ops->name);
+                              "(the cpu and cuda backends do)", be->ops->name);
         return NULL;
     }
     if (sp->method == SCHED_SPEC_MTP && (!mc || mc->n_mtp_layer <= 0)) {
@@ -338,6 +338,7 @@ sched_engine *sched_engine_create(model_backend *be, const struct sched_engine_o
     e->stats.state_slots = st.seq;
     e->stats.snap_slots = st.snap;
     e->stats.snap_every = st.snap ? st.every * bs : 0;
+    e->stats.spec_state_bytes = st.bytes > 0 ? be->spec_state_bytes : 0;
     kv_pool_stats(e->pool, &e->stats.kv);
     if (pthread_mutex_init(&e->mu, NULL)) goto fail_sched;
     if (pthread_cond_init(&e->work_cv, NULL)) goto fail_mu;

@@ -510,6 +510,8 @@ struct sched_engine_stats {
     size_t state_bytes;          /* one sequence's recurrent state (0: no recurrent layers) */
     int state_slots, snap_slots; /* running sequences' state slots; prefix-cache snapshot slots */
     int snap_every;              /* tokens between grid snapshots (0: none) */
+    size_t spec_state_bytes;     /* the backend's scratch for rolling recurrent state back after drafts
+                                    (model_backend.spec_state_bytes) */
 };
 
 /* Fills the zero fields of o with the defaults above (m: for n_ctx_train; may

@@ -15,7 +15,17 @@
  * sequence, so every rollback depth occurs (checked from the per-position
  * acceptance counts). Both must have drafts accepted and rejected. A seeded
  * sampled run gives the same tokens with n-gram drafts as without.
+ *
+ * --device=cuda (tests/gpu/run.sh check; --tp=N: N GPUs) runs it all on the
+ * GPU backend, which rolls the state back by replaying the accepted drafts
+ * (cuda/kda.h). There a verify step is multi-token, so its logits may round
+ * differently from the decode steps of a run without drafts (as between
+ * batched and lone runs, test_engine): a request may part from the run
+ * without drafts, at one token where both runs' distributions agree (every
+ * one of the top 8 logprobs within DIST_TOL: a rounding split, not a state
+ * left at a rejected draft), and at most half the requests of a scenario may.
  */
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,14 +41,19 @@
 #define PLEN 30     /* their tokens at most */
 #define GEN 24      /* greedy tokens each */
 #define MAXLEN 160
+#define DIST_TOL 0.1f /* nats: the GPU's rounding splits (file comment) */
 
 static char err[512];
 static model *m;
 static model_backend *be;
 static int nv;
+static const char *g_device = "cpu"; /* --device=NAME */
+static int g_tp = 1;                 /* --tp=N */
+static bool on_cpu(void) { return !strcmp(g_device, "cpu"); }
 
 struct result {
     int32_t tok[GEN];
+    struct model_sample_out s[GEN]; /* the GPU: each token's top logprobs */
     int n, cached;
     bool done, error;
 };
@@ -148,6 +163,7 @@ static int submit(sched_engine *e, const int32_t *ids, int n, struct result *res
     model_sampling_default(&r.sampling);
     r.sampling.logit_bias = bias;
     r.sampling.n_logit_bias = NA;
+    if (!on_cpu()) r.logprobs = true, r.sampling.top_logprobs = NA; /* what same() compares at a split */
     if (g_temp > 0) {
         r.sampling.temperature = g_temp;
         r.sampling.seed = 1000u + 31u * (uint64_t)ids[0] + (uint64_t)n;
@@ -169,7 +185,10 @@ static void collect(sched_engine *e, int n)
             const struct sched_event *ev = &b.ev[i];
             struct result *r = ev->user;
             if (ev->kind == SCHED_EV_TOKEN) {
-                if (r->n < GEN) r->tok[r->n++] = ev->token;
+                if (r->n < GEN) {
+                    if (ev->has_logprobs) r->s[r->n] = ev->sample;
+                    r->tok[r->n++] = ev->token;
+                }
                 continue;
             }
             r->done = true;
@@ -184,9 +203,47 @@ static void collect(sched_engine *e, int n)
     sched_evbuf_deinit(&b);
 }
 
+/* Requests of the current scenario that parted from their reference at a
+ * rounding split (the GPU), and how many were compared. */
+static int g_splits, g_compared;
+
+/* Whether a (with drafts) gives b's tokens (without): on the CPU exactly;
+ * on the GPU up to a first difference where both runs' distributions agree
+ * (the file comment). */
 static bool same(const struct result *a, const struct result *b)
 {
-    return !a->error && !b->error && a->n == b->n && memcmp(a->tok, b->tok, sizeof *a->tok * (size_t)a->n) == 0;
+    if (a->error || b->error || a->n != b->n) return false;
+    g_compared++;
+    int j = 0;
+    while (j < a->n && a->tok[j] == b->tok[j]) j++;
+    if (j == a->n) return true;
+    if (on_cpu()) return false;
+    const struct model_sample_out *x = &a->s[j], *y = &b->s[j];
+    bool ok = y->n_top > 0 && x->n_top == y->n_top;
+    float worst = 0.0f;
+    for (int i = 0; ok && i < y->n_top; i++) {
+        int k = 0;
+        while (k < x->n_top && x->top_ids[k] != y->top_ids[i]) k++;
+        if (k == x->n_top) {
+            ok = false;
+            break;
+        }
+        float d = fabsf(x->top_logprobs[k] - y->top_logprobs[i]);
+        if (isnan(d) || d > worst) worst = d; /* a NaN stays */
+    }
+    ok = ok && worst <= DIST_TOL;
+    printf("  token %d: %d, %d without drafts; top-%d logprobs there within %.4f: %s\n", j, a->tok[j], b->tok[j],
+           y->n_top, worst, ok ? "a rounding split" : "NOT the same distribution");
+    g_splits += ok;
+    return ok;
+}
+
+/* The GPU: at most half the requests compared since the last call parted at a rounding split. */
+static void check_splits(const char *what)
+{
+    CHECKF(2 * g_splits <= g_compared, "%s: %d of %d requests parted from the run without drafts", what, g_splits,
+           g_compared);
+    g_splits = g_compared = 0;
 }
 
 /* Drafts were accepted and rejected; with the oracle, every rollback depth
@@ -224,6 +281,7 @@ static void batched(enum drafts d)
     for (int i = 0; i < 4; i++) n += submit(e, prompts[i].ids, prompts[i].n, &res[i]);
     collect(e, n);
     for (int i = 0; i < 4; i++) CHECKF(same(&res[i], &refs[i]), "%s: request %d differs, batched", dname[d], i);
+    check_splits("batched");
     check_stats(e, d, "batched");
     sched_engine_destroy(e);
 }
@@ -238,6 +296,7 @@ static void chunked(enum drafts d)
     for (int i = 0; i < NP; i++) n += submit(e, prompts[i].ids, prompts[i].n, &res[i]);
     collect(e, n);
     for (int i = 0; i < NP; i++) CHECKF(same(&res[i], &refs[i]), "%s: request %d differs, chunked", dname[d], i);
+    check_splits("chunked");
     check_stats(e, d, "chunked");
     sched_engine_destroy(e);
 }
@@ -252,6 +311,7 @@ static void preempted(enum drafts d)
     for (int i = 0; i < NP; i++) n += submit(e, prompts[i].ids, prompts[i].n, &res[i]);
     collect(e, n);
     for (int i = 0; i < NP; i++) CHECKF(same(&res[i], &refs[i]), "%s: request %d differs, preempted", dname[d], i);
+    check_splits("preempted");
     struct sched_engine_stats st;
     sched_engine_get_stats(e, &st);
     CHECKF(st.sched.preemptions > 0, "%s: no preemption", dname[d]);
@@ -276,6 +336,7 @@ static void sampled(void)
         for (int i = 0; i < 4; i++) n += submit(e, prompts[i].ids, prompts[i].n, &res[i]);
         collect(e, n);
         for (int i = 0; i < 4; i++) CHECKF(same(&res[i], &ref[i]), "request %d differs, sampled", i);
+        check_splits("sampled");
         check_stats(e, NGRAM, "sampled");
         sched_engine_destroy(e);
     }
@@ -306,9 +367,14 @@ static void prefix_hit(enum drafts d)
     CHECKF(same(&first, &refs[0]), "%s: prompt 0 differs", dname[d]);
     collect(e, submit(e, q.ids, q.n, &hit));
     int want = (prompts[0].n + 22) / BLOCK * BLOCK;
-    CHECKF(hit.cached == want, "%s: cached %d tokens, want %d (a snapshot from a verify step)", dname[d], hit.cached,
-           want);
+    /* q continues refs[0]: a GPU run that split before token 22 committed other blocks */
+    if (on_cpu() || !memcmp(first.tok, refs[0].tok, 22 * sizeof *first.tok))
+        CHECKF(hit.cached == want, "%s: cached %d tokens, want %d (a snapshot from a verify step)", dname[d],
+               hit.cached, want);
+    else
+        printf("  %s: prompt 0 split before token 22 (a rounding split): the hit's depth not checked\n", dname[d]);
     CHECKF(same(&hit, &cold), "%s: a prefix hit on a verify step's snapshot differs from a cold run", dname[d]);
+    g_splits = g_compared = 0; /* two requests: the split limit says nothing */
     sched_engine_destroy(e);
 }
 
@@ -322,13 +388,20 @@ static void run_model(const char *dir)
     const struct model_config *c = model_get_config(m);
     CHECKF(model_state_bytes(c) > 0, "%s has no recurrent layer", dir);
     nv = c->n_vocab;
-    struct model_backend_opts bo = {.device = "cpu", .n_threads = 2, .max_tokens_per_step = 256,
-                                    .max_seqs_per_step = 8, .max_ctx = MAXLEN, .max_draft_tokens = 4};
+    struct model_backend_opts bo = {.device = g_device, .n_threads = 2, .max_tokens_per_step = 256,
+                                    .max_seqs_per_step = 8, .max_ctx = MAXLEN, .max_draft_tokens = 4,
+                                    .tensor_parallel_size = g_tp};
     be = model_backend_create(m, &bo, err, sizeof err);
     CHECKF(be != NULL && be->state_rollback, "%s", be ? "no state rollback" : err);
     if (!be) {
         model_free(m);
         return;
+    }
+    /* the GPU sets its rollback scratch aside at creation: 8 sequences x 4 drafts x each KDA layer's inputs */
+    if (!on_cpu()) {
+        size_t want = 8 * 4 * model_state_replay_bytes(c) / (size_t)g_tp;
+        printf("  draft rollback scratch: %zu bytes a GPU\n", be->spec_state_bytes);
+        CHECKF(be->spec_state_bytes == want, "spec_state_bytes %zu, want %zu", be->spec_state_bytes, want);
     }
     make_bias();
     sched_engine *e = engine(NONE, 256, 64, false);
@@ -339,6 +412,7 @@ static void run_model(const char *dir)
         CHECK(refs[i].n == GEN && !refs[i].error);
     }
     sched_engine_destroy(e);
+    g_splits = g_compared = 0;
     for (enum drafts d = NGRAM; d <= ORACLE; d++) {
         batched(d);
         chunked(d);
@@ -370,8 +444,19 @@ static void test_mtp_refused(void)
     model_free(hm);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    for (int i = 1; i < argc; i++) {
+        if (!strncmp(argv[i], "--device=", 9) && argv[i][9]) {
+            g_device = argv[i] + 9;
+        } else if (!strncmp(argv[i], "--tp=", 5) && atoi(argv[i] + 5) >= 1) {
+            g_tp = atoi(argv[i] + 5);
+        } else {
+            fprintf(stderr, "usage: %s [--device=cpu|cuda] [--tp=N]\n", argv[0]);
+            return 2;
+        }
+    }
+    printf("speculative decoding on KDA models on device %s, %d rank(s)\n", g_device, g_tp);
     RUN(test_glm5_kda);
     RUN(test_glm5_hybrid);
     RUN(test_mtp_refused);

@@ -5,7 +5,11 @@
  * decode steps of B 1-token sequences (each in its own state slot) and
  * one-sequence prefill steps, with one block a head (cols 128) and with
  * the value columns split over blocks (32, the default; 16). The states and
- * the outputs are the same bits at every split (test_kda). Not a test. */
+ * the outputs are the same bits at every split (test_kda). Then speculative
+ * decoding (kda.h): verify steps of B sequences of 1 + 3 drafts (the drafts'
+ * inputs saved, the slot left before them) beside the same step without
+ * drafts, and the replay of 3 accepted drafts a sequence; per KDA layer
+ * (GLM-5.3-Flash has 34). Not a test. */
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,6 +82,48 @@ int main(int argc, char **argv)
                                       .seqs = seqs, .snaps = snaps, .n_seqs = B, .H = H, .D = D, .K = K,
                                       .lower_bound = true, .lb = -5.0f, .eps = 1e-5f, .cols = cols[c], .o32 = o32,
                                       .out = out};
+            float t[REP];
+            for (int r = 0; r < 3; r++) cuda_kda_recur(&a, 0);
+            for (int r = 0; r < REP; r++) {
+                cudaEventRecord(e0, 0);
+                cuda_kda_recur(&a, 0);
+                cudaEventRecord(e1, 0);
+                cudaEventSynchronize(e1);
+                cudaEventElapsedTime(&t[r], e0, e1);
+            }
+            qsort(t, REP, sizeof *t, cmpf);
+            cudaError_t e = cudaGetLastError();
+            if (e != cudaSuccess) printf(" error: %s", cudaGetErrorString(e));
+            printf(" %12.1f", t[REP / 2] * 1000.0f);
+        }
+        printf("\n");
+    }
+    /* speculative decoding: 3 drafts a sequence, cols 32 */
+    enum { ND = 3 };
+    float *sq = dalloc((size_t)maxS * ND * 3 * C * 4, 0x3c), *sf = dalloc((size_t)maxS * ND * C * 4, 0x3c);
+    float *sb = dalloc((size_t)maxS * ND * H * 4, 0x3c);
+    printf("%-34s %12s %12s %12s\n", "verify (1 + 3 drafts), cols 32", "no drafts", "verify", "replay 3");
+    static const int batches[] = {1, 8, 64, 256};
+    for (size_t s = 0; s < sizeof batches / sizeof *batches; s++) {
+        int B = batches[s];
+        char label[64];
+        snprintf(label, sizeof label, "%d sequence%s x %d tokens", B, B > 1 ? "s" : "", ND + 1);
+        printf("%-34s", label);
+        for (int mode = 0; mode < 3; mode++) {
+            for (int i = 0; i < B; i++)
+                hs[i] = mode < 2 ? (struct cuda_kda_seq){.t0 = i * (ND + 1), .n = ND + 1, .p0 = 100, .slot = i,
+                                                         .mode = CUDA_KDA_CONTINUE, .from = i, .nd = mode ? ND : 0,
+                                                         .spec0 = i * ND}
+                                 : (struct cuda_kda_seq){.t0 = i * ND, .n = ND, .p0 = 101, .slot = i,
+                                                         .mode = CUDA_KDA_CONTINUE};
+            cudaMemcpy(seqs, hs, (size_t)B * sizeof *hs, cudaMemcpyHostToDevice);
+            struct cuda_kda_args a = {.qkv = qkv, .fg = fg, .beta = beta, .gate = gate, .conv = conv, .dt_bias = dtb,
+                                      .A = A, .o_norm = onorm, .states = states, .slot_floats = slot, .off = 0,
+                                      .seqs = seqs, .snaps = snaps, .n_seqs = B, .H = H, .D = D, .K = K,
+                                      .lower_bound = true, .lb = -5.0f, .eps = 1e-5f, .o32 = o32, .out = out,
+                                      .spec_qkv = sq, .spec_fg = sf, .spec_beta = sb};
+            if (mode == 2) a.qkv = sq, a.fg = sf, a.beta = sb, a.gate = NULL, a.o32 = NULL, a.out = NULL,
+                a.replay = true;
             float t[REP];
             for (int r = 0; r < 3; r++) cuda_kda_recur(&a, 0);
             for (int r = 0; r < REP; r++) {

@@ -19,12 +19,14 @@
 #   (tiny-qwen3-moe-ctx2k: tiny-qwen3-moe's weights with a 2048-token
 #   context, which the suite's 512-token requests need) and on an MLA model
 #   (tests/models/mla/dsv3-qlora), bf16 and fp8; the MTP layer (test_mtp,
-#   test_spec_mtp: transformers' drafts, output with drafts = without); with 2+ GPUs, test_gpu_e2e at
+#   test_spec_mtp: transformers' drafts, output with drafts = without); drafts
+#   on KDA models (test_spec_kda: the state rolled back to the last accepted
+#   draft, output with drafts = without); with 2+ GPUs, test_gpu_e2e at
 #   TP=2 against the CPU and against one GPU (it also makes a rank fail and
 #   checks that the others stop) and the engine suite on tiny-qwen3,
 #   tiny-qwen3-moe-ctx2k and dsv3-qlora at TP=2,
-#   each again with the fused GEMM, and test_glm5_layers (every glm5_next
-#   layer's hyper-connection streams) at TP=2; then, with the default model in models/
+#   each again with the fused GEMM, test_glm5_layers (every glm5_next
+#   layer's hyper-connection streams) and test_spec_kda at TP=2; then, with the default model in models/
 #   and the openai module, the Python integration tests (all but
 #   test_chat_rules.py, which pins --device cpu) against servers on the GPU
 #   (test_server.py and test_batch.py again at TP=2 with 2+ GPUs) and a check
@@ -87,7 +89,7 @@
 #   (the served ones on another model; a dry run on the CPU:
 #   --model-args="tests/models/tiny-qwen3 --device cpu" --serve-arg=--max-model-len=2048).
 #
-# pack [FILE...]: build/sluice, test_engine, test_mtp, test_spec_mtp, the GPU test and bench binaries
+# pack [FILE...]: build/sluice, test_engine, test_mtp, test_spec_mtp, test_spec_kda, the GPU test and bench binaries
 #   and FILEs,
 #   stripped and packed into .carry/bin.tar.xz (~2 MB: the binaries share
 #   one fatbin, which a 256 MiB xz dictionary stores once), for a device
@@ -150,12 +152,14 @@ check() {
                "$B/tests/gpu/test_gpu_e2e --gemm-wg-min-t=1" "$e $B/tests/test_engine --gemm-wg-min-t=1"
                "SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3-moe-ctx2k $B/tests/test_engine"
                "$emla $B/tests/test_engine" "SLUICE_TEST_KV=fp8 $emla $B/tests/test_engine"
-               "$B/tests/test_mtp --device=cuda" "$B/tests/test_spec_mtp --device=cuda")
+               "$B/tests/test_mtp --device=cuda" "$B/tests/test_spec_mtp --device=cuda"
+               "$B/tests/test_spec_kda --device=cuda")
         if [ "$ngpu" -ge 2 ]; then
             runs+=("$B/tests/gpu/test_gpu_e2e --tp=2"
                    "$B/tests/gpu/test_gpu_e2e --tp=2 --ref=cuda"
                    "SLUICE_TEST_TP=2 $e $B/tests/test_engine"
                    "$B/tests/gpu/test_glm5_layers --tp=2"
+                   "$B/tests/test_spec_kda --device=cuda --tp=2"
                    "SLUICE_TEST_TP=2 SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3-moe-ctx2k $B/tests/test_engine"
                    "SLUICE_TEST_TP=2 $emla $B/tests/test_engine"
                    "$B/tests/gpu/test_gpu_e2e --tp=2 --gemm-wg-min-t=1"
@@ -346,7 +350,8 @@ pack() {
     set -e
     local t f
     t=$(mktemp -d)
-    for f in "$B/sluice" "$B/tests/test_engine" "$B/tests/test_mtp" "$B/tests/test_spec_mtp" "$B"/tests/gpu/* "$@"; do
+    for f in "$B/sluice" "$B/tests/test_engine" "$B/tests/test_mtp" "$B/tests/test_spec_mtp" "$B/tests/test_spec_kda" \
+        "$B"/tests/gpu/* "$@"; do
         [ -f "$f" ] || continue
         [[ $f != "$B"/tests/gpu/* || -x $f ]] || continue # the binaries there, not a stray object
         mkdir -p "$t/$(dirname "$f")"

@@ -22,6 +22,12 @@
  *    the first with one recurrence block a head, the second with blocks of
  *    fewer value columns (a partial last one): the same states and outputs
  *    bit for bit.
+ *  - drafts: a verify step whose sequences end in drafts (one accepting
+ *    one of 3, one all 3 with a snapshot among them, one none; beside a
+ *    plain prefill), then the replay of the accepted ones (kda.h): the
+ *    states and the accepted tokens' outputs are the CPU's walk over the
+ *    accepted tokens alone, and bit for bit the GPU's own plain step over
+ *    them.
  * The kernels get q|k|v as a high and a low part (a quarter of each value),
  * as the mixer's two-part projection leaves them. And cuda_kda_xsplit: xn
  * itself, then the low part that brings it to the f32 norm.
@@ -158,6 +164,7 @@ struct sq {
     bool restore;
     int from, n_snaps;
     int32_t snap_pos[4], snap_slot[4];
+    int nd, acc; /* the last nd of its n tokens are drafts, the first acc of them accepted (0: no drafts) */
 };
 
 /* max |a - b| / max |b| (NaN: inf) */
@@ -178,38 +185,50 @@ static int g_cols;
 
 /* One step of the sequences r[0..ns) (x rows by position, per sequence its
  * own stream xs[i]) on both sides, plus `pad` padding entries on the GPU.
- * gout: the GPU's output after the host o projection [T][E]; cout the CPU's.
- * Returns T. */
+ * A sequence with drafts (nd > 0): the GPU verifies all its n tokens and
+ * then replays the accepted ones (cuda_kda_args.replay), the CPU walks its
+ * n - nd + acc kept tokens only. gout: the GPU's output after the host o
+ * projection, of the tokens the CPU computed, in the CPU's rows [T][E]; cout
+ * the CPU's. Returns T (the CPU's tokens). */
 static int step(struct lay *L, float *const *xs, const struct sq *r, int ns, int pad, float *gout, float *cout)
 {
-    int E = L->E, C = L->C, H = L->H, D = L->D, T = 0;
-    static float xn[MAXT * 256];
-    static int32_t pos[MAXT], ids[MAXT], bt[1];
+    int E = L->E, C = L->C, H = L->H, D = L->D, T = 0, Tc = 0, nspec = 0;
+    static float xn[MAXT * 256], xc[MAXT * 256];
+    static int32_t pos[MAXT], ids[MAXT], bt[1], gmap[MAXT];
     static int64_t slots[MAXT];
     struct step_seq ss[8];
-    struct cuda_kda_seq ks[8];
+    struct cuda_kda_seq ks[8], rp[8];
     struct cuda_kda_snap sn[32];
-    int nsn = 0;
+    int nsn = 0, nrp = 0;
     memset(ss, 0, sizeof ss);
     for (int i = 0; i < ns; i++) {
-        ss[i] = (struct step_seq){.query_start = T, .query_len = r[i].n, .context_len = r[i].start + r[i].n,
+        int nc = r[i].n - r[i].nd + r[i].acc; /* the tokens the CPU walks */
+        ss[i] = (struct step_seq){.query_start = Tc, .query_len = nc, .context_len = r[i].start + nc,
                                   .block_table = bt, .state_slot = r[i].slot, .state_restore = r[i].restore,
                                   .state_from = r[i].from, .n_snaps = r[i].n_snaps, .snap_pos = r[i].snap_pos,
                                   .snap_slot = r[i].snap_slot};
         int mode = r[i].start == 0 ? CUDA_KDA_ZERO : r[i].restore ? CUDA_KDA_RESTORE : CUDA_KDA_CONTINUE;
         ks[i] = (struct cuda_kda_seq){.t0 = T, .n = r[i].n, .p0 = r[i].start, .slot = r[i].slot, .mode = mode,
-                                      .from = r[i].from, .snap0 = nsn, .n_snaps = r[i].n_snaps};
+                                      .from = r[i].from, .snap0 = nsn, .n_snaps = r[i].n_snaps, .nd = r[i].nd,
+                                      .spec0 = nspec};
+        if (r[i].nd > 0 && r[i].acc > 0)
+            rp[nrp++] = (struct cuda_kda_seq){.t0 = nspec, .n = r[i].acc, .p0 = r[i].start + r[i].n - r[i].nd,
+                                              .slot = r[i].slot, .mode = CUDA_KDA_CONTINUE};
+        nspec += r[i].nd;
         for (int k = 0; k < r[i].n_snaps; k++) sn[nsn++] = (struct cuda_kda_snap){r[i].snap_pos[k], r[i].snap_slot[k]};
         for (int t = 0; t < r[i].n; t++, T++) {
             memcpy(xn + (size_t)T * E, xs[i] + (size_t)(r[i].start + t) * E, (size_t)E * sizeof(float));
-            pos[T] = r[i].start + t, ids[T] = 0;
+            if (t < nc) {
+                memcpy(xc + (size_t)Tc * E, xn + (size_t)T * E, (size_t)E * sizeof(float));
+                pos[Tc] = r[i].start + t, ids[Tc] = 0, gmap[Tc++] = T;
+            }
         }
     }
     for (int i = ns; i < ns + pad; i++) ks[i] = (struct cuda_kda_seq){.n = 0, .slot = 0};
     /* the CPU */
-    struct step s = {.n_tokens = T, .token_ids = ids, .positions = pos, .slots = slots, .n_seqs = ns, .seqs = ss};
+    struct step s = {.n_tokens = Tc, .token_ids = ids, .positions = pos, .slots = slots, .n_seqs = ns, .seqs = ss};
     cpu_kda_begin(L->kda, &s, L->cst);
-    cpu_kda_mixer(L->kda, L->be, &s, 0, xn, cout, L->cst);
+    cpu_kda_mixer(L->kda, L->be, &s, 0, xc, cout, L->cst);
     /* the GPU, from projections made here */
     float *qkv = malloc((size_t)T * 3 * C * 4), *p = malloc((size_t)T * C * 4), *fa = malloc((size_t)T * D * 4),
           *fg = malloc((size_t)T * C * 4), *gt = malloc((size_t)T * C * 4), *beta = malloc((size_t)T * H * 4);
@@ -232,27 +251,42 @@ static int step(struct lay *L, float *const *xs, const struct sq *r, int ns, int
     free(lo);
     float *dqkv = up(qkv, (size_t)T * 3 * C * 4), *dfg = up(fg, (size_t)T * C * 4), *dgt = up(gt, (size_t)T * C * 4),
           *dbeta = up(beta, (size_t)T * H * 4);
-    struct cuda_kda_seq *dks = up(ks, sizeof ks);
+    struct cuda_kda_seq *dks = up(ks, sizeof ks), *drp = up(rp, sizeof rp);
     struct cuda_kda_snap *dsn = up(sn, sizeof sn);
     uint16_t *dout = up(NULL, (size_t)T * C * 2);
     cudaMemset(dout, 0xff, (size_t)T * C * 2); /* NaN: an unwritten element fails */
+    /* the replay scratch, NaN where not written */
+    float *sq = up(NULL, (size_t)nspec * 3 * C * 4), *sf = up(NULL, (size_t)nspec * C * 4),
+          *sb = up(NULL, (size_t)nspec * H * 4);
+    cudaMemset(sq, 0xff, (size_t)nspec * 3 * C * 4), cudaMemset(sf, 0xff, (size_t)nspec * C * 4);
+    cudaMemset(sb, 0xff, (size_t)nspec * H * 4);
     struct cuda_kda_args a = {.qkv = dqkv, .qkv_lo = dlo, .o32 = do32, .cols = g_cols, .fg = dfg, .beta = dbeta,
                               .gate = dgt, .conv = L->dconv, .dt_bias = L->ddtb,
                               .A = L->dA, .o_norm = L->donorm, .states = L->dst, .slot_floats = L->slot, .off = 0,
                               .seqs = dks, .snaps = dsn, .n_seqs = ns + pad, .H = H, .D = D, .K = L->K,
-                              .lower_bound = L->lb, .lb = -5.0f, .eps = L->c.norm_eps, .out = dout};
+                              .lower_bound = L->lb, .lb = -5.0f, .eps = L->c.norm_eps, .out = dout,
+                              .spec_qkv = nspec ? sq : NULL, .spec_fg = nspec ? sf : NULL,
+                              .spec_beta = nspec ? sb : NULL};
+    /* the replay, as cuda_kda_rank_rollback launches it */
+    struct cuda_kda_args ra = {.qkv = sq, .fg = sf, .beta = sb, .cols = g_cols, .conv = L->dconv, .dt_bias = L->ddtb,
+                               .A = L->dA, .states = L->dst, .slot_floats = L->slot, .off = 0, .seqs = drp,
+                               .n_seqs = nrp, .H = H, .D = D, .K = L->K, .lower_bound = L->lb, .lb = -5.0f,
+                               .eps = L->c.norm_eps, .replay = true};
     cudaError_t e = cuda_kda_begin(L->dst, L->slot, dks, ns + pad, 0);
     if (e == cudaSuccess) e = cuda_kda_recur(&a, 0);
+    if (e == cudaSuccess && nrp) e = cuda_kda_recur(&ra, 0);
     if (e == cudaSuccess) e = cudaDeviceSynchronize();
     CHECKF(e == cudaSuccess, "kernels: %s", cudaGetErrorString(e));
     uint16_t *o16 = malloc((size_t)T * C * 2);
+    float *gall = malloc((size_t)T * E * 4);
     cudaMemcpy(o16, dout, (size_t)T * C * 2, cudaMemcpyDeviceToHost);
     for (size_t i = 0; i < (size_t)T * C; i++) p[i] = fb(o16[i]);
-    hmat(p, L->wo, T, C, E, gout);
-    free(qkv), free(p), free(fa), free(fg), free(gt), free(beta), free(o16);
+    hmat(p, L->wo, T, C, E, gall);
+    for (int t = 0; t < Tc; t++) memcpy(gout + (size_t)t * E, gall + (size_t)gmap[t] * E, (size_t)E * 4);
+    free(qkv), free(p), free(fa), free(fg), free(gt), free(beta), free(o16), free(gall);
     cudaFree(dlo), cudaFree(do32), cudaFree(dqkv), cudaFree(dfg), cudaFree(dgt), cudaFree(dbeta), cudaFree(dks);
-    cudaFree(dsn), cudaFree(dout);
-    return T;
+    cudaFree(dsn), cudaFree(dout), cudaFree(drp), cudaFree(sq), cudaFree(sf), cudaFree(sb);
+    return Tc;
 }
 
 /* the GPU's slots against the CPU's */
@@ -329,6 +363,40 @@ static void run_case(int E, int H, int D, bool lb)
              H, D, lb ? "lower bound" : "softplus", split_cols);
     line(same, what, eo, es);
     (void)C;
+    /* drafts: a verify step and the replay of its accepted drafts (slots 0 and 1 continue the prompt, slot 2 an
+     * earlier state; slot 5 a plain prefill beside them), against the CPU's walk of the accepted tokens */
+    struct sq rs[4] = {
+        {.slot = 0, .start = n, .n = 4, .nd = 3, .acc = 1},
+        {.slot = 1, .start = n, .n = 5, .nd = 3, .acc = 3, .n_snaps = 1, .snap_pos = {n + 4}, .snap_slot = {6}},
+        {.slot = 2, .start = 3, .n = 4, .nd = 3, .acc = 0},
+        {.slot = 5, .start = 0, .n = 6, .n_snaps = 1, .snap_pos = {3}, .snap_slot = {7}},
+    };
+    size_t sbytes = (size_t)NSLOT * L.slot * 4;
+    float *save = malloc(sbytes), *csave = malloc(sbytes), *s1 = malloc(sbytes), *s2 = malloc(sbytes);
+    float *go1 = malloc((size_t)MAXT * E * 4);
+    cudaMemcpy(save, L.dst, sbytes, cudaMemcpyDeviceToHost);
+    memcpy(csave, L.cst, sbytes);
+    T = step(&L, xs, rs, 4, 1, go, co);
+    eo = rel(go, co, (size_t)T * E), es = state_err(&L);
+    snprintf(what, sizeof what, "E %d, %d heads of %d, %s: drafts verified, the accepted ones replayed = the CPU", E,
+             H, D, lb ? "lower bound" : "softplus");
+    line(eo <= TOL_OUT && es <= TOL_STATE, what, eo, es);
+    cudaMemcpy(s1, L.dst, sbytes, cudaMemcpyDeviceToHost);
+    memcpy(go1, go, (size_t)T * E * 4);
+    /* the same sequences without drafts, over their accepted tokens only, from the same states */
+    cudaMemcpy(L.dst, save, sbytes, cudaMemcpyHostToDevice);
+    memcpy(L.cst, csave, sbytes);
+    struct sq plain[4];
+    memcpy(plain, rs, sizeof rs);
+    for (int i = 0; i < 4; i++) plain[i].n -= plain[i].nd - plain[i].acc, plain[i].nd = plain[i].acc = 0;
+    int T2 = step(&L, xs, plain, 4, 1, go, co);
+    cudaMemcpy(s2, L.dst, sbytes, cudaMemcpyDeviceToHost);
+    same = T2 == T && !memcmp(s1, s2, sbytes) && !memcmp(go1, go, (size_t)T * E * 4);
+    eo = rel(go1, go, (size_t)T * E), es = rel(s1, s2, (size_t)NSLOT * L.slot);
+    snprintf(what, sizeof what, "E %d, %d heads of %d, %s: drafts replayed = a step of the accepted tokens, bit for bit",
+             E, H, D, lb ? "lower bound" : "softplus");
+    line(same, what, eo, es);
+    free(save), free(csave), free(s1), free(s2), free(go1);
     free(g1), free(g2), free(st), free(go), free(co);
     for (int i = 0; i < 4; i++) free(xs[i]);
     lay_close(&L);
