@@ -42,18 +42,23 @@
  * which leaves the slot bit for bit as a walk of the accepted tokens would:
  * the same inputs through the same arithmetic. Rejected drafts cost
  * nothing; a sequence that accepted a drafts costs one more read and write
- * of its state (a launches of the recurrence over a tokens a KDA layer).
- * Why this and not the CPU's state after every verified position: at
- * GLM-5.3-Flash's shape (34 KDA layers, 64 heads of 128, conv 4: 146 MiB of
- * state a sequence on one GPU) a state per draft position is 146 MiB x
- * max_draft a sequence, 109 GiB for 256 sequences with 3 drafts (a copy of
- * the start state to recompute from, 36 GiB); the replay inputs are 34 x (4 x 8192 +
- * 64) x 4 B = 4.26 MiB a draft token: 3.2 GiB for 256 x 3 drafts (4.3 GiB
- * with 4), halved per GPU at TP=2 (each rank keeps its heads' inputs, and
- * replays them itself). The scratch is allocated at creation, sized for
- * max_seqs x max_draft draft tokens (only with max_draft > 0), so the
- * memory plan counts it before the KV pool (base.spec_state_bytes; the
- * start-up line prints it). Decode steps never carry drafts, so their
+ * of its state and a tokens of the recurrence (the replay: the two kernels
+ * once a KDA layer, over every sequence that accepted some).
+ * Why this and not the CPU's state after every verified position, at
+ * GLM-5.3-Flash's shape (34 KDA layers of 64 heads of 128, conv 4: a
+ * state of 145.6 MiB a sequence; a draft token's inputs 34 x (4 x 8192 + 64)
+ * x 4 B = 4.26 MiB), per sequence with 3 / 4 drafts, on one GPU:
+ *  - a state per draft position: 437 / 582 MiB (109 / 146 GiB for 256
+ *    sequences), and the copy of the accepted one;
+ *  - the start state and the inputs, recomputing up to the accepted
+ *    position: 146 + 17 / 21 MiB (41 / 42 GiB for 256), a copy of every
+ *    speculating state each step;
+ *  - this: the drafts' inputs only, 12.8 / 17 MiB (3.2 / 4.3 GiB for 256),
+ *    no copy; the slot is the start state. Each rank keeps and replays its
+ *    own heads, so at TP=2 half of that a GPU.
+ * The scratch is allocated at creation, sized for max_seqs x max_draft
+ * draft tokens (only with max_draft > 0), so the memory plan counts it
+ * before the KV pool (base.spec_state_bytes; the start-up line prints it). Decode steps never carry drafts, so their
  * graphs are unchanged; a verify step is not decode-only and runs eagerly,
  * and so does the replay (a second, small job on every rank).
  */

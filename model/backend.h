@@ -73,9 +73,10 @@ struct step_seq {
                                (backends with state_rollback only) leaves the sequence's state slot as
                                it was after the last accepted draft (query token n_spec_out - 1 of the
                                last n_draft + 1, i.e. after context_len - n_draft + n_spec_out - 1
-                               tokens), not after the last query token: the state after each verified
-                               position is kept in the backend's scratch and the accepted one copied
-                               into the slot once the walk ends. Its snapshots (snap_pos) may lie past
+                               tokens), not after the last query token, once forward() returns (the
+                               CPU keeps the state after each verified position in scratch and copies
+                               the accepted one into the slot; CUDA leaves the slot before the drafts
+                               and replays the accepted ones: cuda/kda.h). Its snapshots (snap_pos) may lie past
                                the accepted tokens: those hold the rejected drafts' state and the
                                caller drops them (kv_seq_commit) */
     struct model_sample_out *spec_out; /* [n_draft + 1] out, borrowed: the emitted tokens */
