@@ -32,8 +32,9 @@
  * as the mixer's two-part projection leaves them. And cuda_kda_xsplit: xn
  * itself, then the low part that brings it to the f32 norm.
  * And, on the host (no GPU needed), cuda_kda_pack: the step's sequences and
- * snapshots as the kernels read them, padding for a decode graph, and a step
- * whose snapshots overflow the buffer refused.
+ * snapshots as the kernels read them, padding for a decode graph, a step
+ * whose snapshots overflow the buffer refused, a verify step's drafts (nd,
+ * their rows of the replay scratch) and one with more than it holds refused.
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -487,6 +488,25 @@ static void test_pack(void)
     /* more snapshots than the buffer holds: refused (the step does not fit) */
     b.lay.max_kda_snaps = 2;
     CHECK(!cuda_kda_pack(&b, &s, 15));
+    /* a verify step: the drafts of each sequence that has some, their replay rows in sequence order */
+    b.lay.max_kda_snaps = 3, b.max_draft = 3;
+    struct step_seq v[3] = {
+        {.query_start = 0, .query_len = 4, .context_len = 20, .block_table = bt, .state_slot = 2, .want_sample = true,
+         .n_draft = 3},
+        {.query_start = 4, .query_len = 6, .context_len = 6, .block_table = bt, .state_slot = 0},
+        {.query_start = 10, .query_len = 3, .context_len = 9, .block_table = bt, .state_slot = 1, .want_sample = true,
+         .n_draft = 2},
+    };
+    struct step vs = {.n_tokens = 13, .n_seqs = 3, .seqs = v};
+    memset(buf, 0x5a, sizeof buf);
+    CHECK(cuda_kda_pack(&b, &vs, 13));
+    CHECK(q[0].n == 4 && q[0].nd == 3 && q[0].spec0 == 0 && q[0].p0 == 16 && q[0].mode == CUDA_KDA_CONTINUE);
+    CHECK(q[1].n == 6 && q[1].nd == 0 && q[1].mode == CUDA_KDA_ZERO);
+    CHECK(q[2].n == 3 && q[2].nd == 2 && q[2].spec0 == 3 && q[2].p0 == 6);
+    CHECK(q[3].n == 0 && q[3].nd == 0);
+    /* more drafts than the replay scratch holds (max_seqs x max_draft): refused */
+    b.max_draft = 1;
+    CHECK(!cuda_kda_pack(&b, &vs, 13));
 }
 
 int main(void)
