@@ -59,8 +59,11 @@
  * The scratch is allocated at creation, sized for max_seqs x max_draft
  * draft tokens (only with max_draft > 0), so the memory plan counts it
  * before the KV pool (base.spec_state_bytes; the start-up line prints it). Decode steps never carry drafts, so their
- * graphs are unchanged; a verify step is not decode-only and runs eagerly,
- * and so does the replay (a second, small job on every rank).
+ * graphs are unchanged; a verify step is not decode-only and runs eagerly.
+ * The replay is a second, small job on every rank (JOB_KDA_ROLLBACK: one
+ * copy of its entries, then its two launches a KDA layer, 68 at
+ * GLM-5.3-Flash's shape), captured as a CUDA graph per batch bucket (its
+ * entries padded to the bucket) unless --enforce-eager.
  */
 #ifndef SLUICE_CUDA_KDA_H
 #define SLUICE_CUDA_KDA_H

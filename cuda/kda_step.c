@@ -49,7 +49,21 @@ struct cuda_kda_rank {
      * spec_rows = max_seqs x max_draft draft tokens (0 and NULL without drafts) */
     float *spec;
     size_t spec_rows;
+    /* the replay's launches captured per batch bucket (b->bucket: entries padded to it), with the state pool and
+     * step-input mirror they were captured over (a new one of either: captured again) */
+    cudaGraphExec_t roll[NBUCKET];
+    const void *roll_states, *roll_din;
+    size_t roll_off;        /* and the entries' offset in it */
 };
+
+static void drop_roll(struct cuda_kda_rank *x)
+{
+    for (int i = 0; i < NBUCKET; i++)
+        if (x->roll[i]) {
+            cudaGraphExecDestroy(x->roll[i]);
+            x->roll[i] = NULL;
+        }
+}
 
 /* Floats of one KDA layer's share of the replay scratch. */
 static size_t spec_layer_floats(const struct cuda_kda_rank *x)
@@ -204,6 +218,7 @@ void cuda_kda_free(struct rank *k, int l)
         cudaFree(x->fa), cudaFree(x->ga), cudaFree(x->o);
         if (x->stage) cudaFreeHost(x->stage);
         free(x->tmp);
+        drop_roll(x);
         free(x);
         k->kdax = NULL;
     }
@@ -338,8 +353,36 @@ int cuda_kda_rollback(struct cuda_backend *b, const struct step *s, char *err, s
         spec0 += nd;
     }
     if (n == 0) return 0;
-    b->job.kda_roll = n;
+    /* padded to a batch bucket (entries of no tokens), so a few captured launches serve every step */
+    int bk = 0;
+    while (bk < b->n_bucket - 1 && b->bucket[bk] < n) bk++;
+    int np = b->bucket[bk] >= n ? b->bucket[bk] : n;
+    for (int i = n; i < np; i++) sq[i] = (struct cuda_kda_seq){0};
+    b->job.kda_roll = np;
     return cuda_crew_run(b, JOB_KDA_ROLLBACK, err, errlen);
+}
+
+/* The replay's launches over n entries of the kda_seqs region on rank k's stream. */
+static int roll_launch(struct rank *k, int n, char *err, size_t errlen)
+{
+    struct cuda_backend *b = k->b;
+    struct cuda_kda_rank *x = k->kdax;
+    const struct model_kda_config *kc = &b->c.kda;
+    for (int l = 0; l < b->c.n_layer; l++) {
+        const struct cuda_kda_layer *L = k->L[l].kda;
+        if (!L) continue;
+        struct cuda_kda_args a = {
+            .qkv = L->spec_qkv, .fg = L->spec_fg, .beta = L->spec_beta, .conv = L->conv, .dt_bias = L->dt_bias,
+            .A = L->A, .states = x->states, .slot_floats = x->slot_floats, .off = L->off,
+            .seqs = (const struct cuda_kda_seq *)(k->din + b->lay.kda_seqs), .n_seqs = n, .H = x->H, .D = x->D,
+            .K = x->K, .lower_bound = kc->has_lower_bound, .lb = kc->lower_bound, .eps = b->c.norm_eps,
+            .replay = true,
+        };
+        CK(cuda_kda_recur(&a, k->st));
+    }
+    return 0;
+fail:
+    return SL_EDEVICE;
 }
 
 int cuda_kda_rank_rollback(struct rank *k, char *err, size_t errlen)
@@ -352,18 +395,32 @@ int cuda_kda_rank_rollback(struct rank *k, char *err, size_t errlen)
     size_t off = b->lay.kda_seqs;
     CK(cudaMemcpyAsync(k->din + off, b->hin + off, (size_t)n * sizeof(struct cuda_kda_seq), cudaMemcpyHostToDevice,
                        k->st));
-    const struct model_kda_config *kc = &b->c.kda;
-    for (int l = 0; l < b->c.n_layer; l++) {
-        const struct cuda_kda_layer *L = k->L[l].kda;
-        if (!L) continue;
-        struct cuda_kda_args a = {
-            .qkv = L->spec_qkv, .fg = L->spec_fg, .beta = L->spec_beta, .conv = L->conv, .dt_bias = L->dt_bias,
-            .A = L->A, .states = x->states, .slot_floats = x->slot_floats, .off = L->off,
-            .seqs = (const struct cuda_kda_seq *)(k->din + off), .n_seqs = n, .H = x->H, .D = x->D, .K = x->K,
-            .lower_bound = kc->has_lower_bound, .lb = kc->lower_bound, .eps = b->c.norm_eps, .replay = true,
-        };
-        CK(cuda_kda_recur(&a, k->st));
+    int gi = -1;
+    for (int i = 0; b->graphs && i < b->n_bucket; i++)
+        if (b->bucket[i] == n) gi = i;
+    if (gi < 0) { /* --enforce-eager, or more entries than a bucket */
+        int rc = roll_launch(k, n, err, errlen);
+        return rc ? rc : cuda_rank_wait(k, err, errlen);
     }
+    if (x->roll_states != x->states || x->roll_din != k->din || x->roll_off != off) {
+        drop_roll(x); /* state_alloc or kv_alloc since the captures */
+        x->roll_states = x->states, x->roll_din = k->din, x->roll_off = off;
+    }
+    if (!x->roll[gi]) {
+        cudaGraph_t g = NULL;
+        CK(cudaStreamBeginCapture(k->st, cudaStreamCaptureModeThreadLocal));
+        int rc = roll_launch(k, n, err, errlen);
+        cudaError_t e = cudaStreamEndCapture(k->st, &g);
+        if (rc) {
+            if (g) cudaGraphDestroy(g);
+            return rc;
+        }
+        CK(e);
+        e = cudaGraphInstantiate(&x->roll[gi], g, 0);
+        cudaGraphDestroy(g);
+        CK(e);
+    }
+    CK(cudaGraphLaunch(x->roll[gi], k->st));
     return cuda_rank_wait(k, err, errlen);
 fail:
     return SL_EDEVICE;
