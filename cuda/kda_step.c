@@ -328,6 +328,9 @@ int cuda_kda_mixer(struct rank *k, int l, int T, bool decode, char *err, size_t 
         .D = D, .K = x->K, .lower_bound = kc->has_lower_bound, .lb = kc->lower_bound, .eps = b->c.norm_eps,
         .o32 = x->o32, .out = x->o, .spec_qkv = L->spec_qkv, .spec_fg = L->spec_fg, .spec_beta = L->spec_beta,
     };
+    /* whatever kernel walks a step, a sequence with drafts (cuda_kda_seq.nd > 0) needs this one's handling: its
+     * slot left before the drafts and their inputs in the replay scratch (kda.h), else the rollback replays
+     * over a state that already holds them */
     CK(cuda_kda_recur(&a, st));
     return cuda_proj_rows(k, x->o, &L->qo, L->wo, T, C, E, 0, false, err, errlen);
 fail:
