@@ -15,6 +15,7 @@
 
 #include "cuda/cuda_internal.h"
 #include "cuda/kda.h"
+#include "cuda/kda_chunk.h"
 
 struct cuda_kda_layer {
     struct qproj qqkv, qfa, qfb, qb, qga, qgb, qo; /* packed parts (n 0: the bf16 matrix below) */
@@ -89,6 +90,7 @@ static int rank_setup(struct rank *k, char *err, size_t errlen)
         return SL_ENOMEM;
     /* graph padding rows go through o_proj too: finite from the start */
     if (cudaMemset(x->o, 0, T * C * 2) != cudaSuccess || cuda_kda_prepare() != cudaSuccess ||
+        cuda_kda_chunk_prepare() != cudaSuccess ||
         cudaMallocHost((void **)&x->stage, STAGE * 2) != cudaSuccess) {
         sl_seterr(err, errlen, "cuda: KDA setup: %s", cudaGetErrorString(cudaGetLastError()));
         return SL_EDEVICE;
@@ -270,7 +272,8 @@ int cuda_kda_mixer(struct rank *k, int l, int T, bool decode, char *err, size_t 
         .D = D, .K = x->K, .lower_bound = kc->has_lower_bound, .lb = kc->lower_bound, .eps = b->c.norm_eps,
         .o32 = x->o32, .out = x->o,
     };
-    CK(cuda_kda_recur(&a, st));
+    CK(!decode && b->t.kda_chunk_min_t > 0 && T >= b->t.kda_chunk_min_t ? cuda_kda_chunk(&a, b->t.kda_chunk_len, st)
+                                                                         : cuda_kda_recur(&a, st));
     return cuda_proj_rows(k, x->o, &L->qo, L->wo, T, C, E, 0, false, err, errlen);
 fail:
     return SL_EDEVICE;
