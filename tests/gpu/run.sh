@@ -63,7 +63,9 @@
 #   attn               bench_attn: the prefill attention kernels, each KV cache
 #   kernels            bench_kernels: each decode kernel and GEMV alone
 #   kda                bench_kda: the KDA recurrence at GLM-5.3-Flash's shape, decode and
-#                      prefill steps, one block a head against the value columns split
+#                      prefill steps, one block a head against the value columns split;
+#                      prefill of 1K, 4K and 14.6K tokens, the recurrence against the
+#                      chunked kernels (ms a layer)
 #   nccl               bench_nccl: one all-reduce, NCCL and the peer kernel (2+ GPUs)
 #   power              the GPU's power and SM clock (nvidia-smi every 20 ms)
 #                      during bench_gemm and sustained prefill steps (power_sum.py)
