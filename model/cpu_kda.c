@@ -225,6 +225,8 @@ static void l2norm(float *x, int n, float scale)
     for (int i = 0; i < n; i++) x[i] *= r;
 }
 
+#define KDA_SUB 16 /* recur_chunked's sub-chunks (cuda/kda_chunk.cu's too) */
+
 /* The floats recur_chunked's matrices take for chunks of Lc tokens */
 static size_t chunk_floats(int Lc, int D) { return (size_t)Lc * D * 5 + 2 * (size_t)Lc * Lc + D; }
 
@@ -315,7 +317,10 @@ static void recur(struct cpu_kda *a, const struct step_seq *q, const struct kda_
  *   S   = e^G_L S0 + sum_s (k_s e^(G_L - G_s)) u_s^T   (L the chunk's last token)
  * Every exponent is a difference G_t - G_s with s <= t, or G_t itself: <= 0,
  * so nothing overflows however strong the decay (a factor that underflows
- * is one whose true value is below f32's range too). Chunks end on the
+ * is one whose true value is below f32's range too). In A and P, s before
+ * t's sub-chunk of KDA_SUB tokens takes e^(G_t - G_s) as e^(G_t - B) e^(B - G_s),
+ * B the G just before that sub-chunk: both factors <= 1, and on the GPU one
+ * per row rather than one per pair (the pairs inside a sub-chunk keep theirs). Chunks end on the
  * absolute position grid (multiples of a->chunk) and at the snapshots' positions,
  * so the chunks after a snapshot are those of a run restored from it. */
 static void recur_chunked(struct cpu_kda *a, const struct step_seq *q, const struct kda_layer *L, int h,
@@ -342,17 +347,28 @@ static void recur_chunked(struct cpu_kda *a, const struct step_seq *q, const str
             float run = 0.0f;
             for (int t = 0; t < Lt; t++) TD(G, t, c) = run += TK(lg, t, c);
         }
-        for (int t = 0; t < Lt; t++)
+        /* A and P: s in t's sub-chunk of KDA_SUB tokens directly, e^(G_t - G_s) a channel; s before it as
+         * (k_t e^(G_t - B)) (k_s e^(B - G_s)), B the G before t's sub-chunk: both exponents <= 0 */
+        for (int t = 0; t < Lt; t++) {
+            int r = t / KDA_SUB * KDA_SUB;
             for (int s = 0; s <= t; s++) {
                 float ac = 0.0f, pc = 0.0f;
                 for (int c = 0; c < D; c++) {
-                    float x = TK(kv, s, c) * expf(TD(G, t, c) - TD(G, s, c));
-                    ac = fmaf(TK(kv, t, c), x, ac);
-                    pc = fmaf(TK(qv, t, c), x, pc);
+                    if (s < r) {
+                        float B = TD(G, r - 1, c), et = expf(TD(G, t, c) - B);
+                        float x = TK(kv, s, c) * expf(B - TD(G, s, c));
+                        ac = fmaf(TK(kv, t, c) * et, x, ac);
+                        pc = fmaf(TK(qv, t, c) * et, x, pc);
+                    } else {
+                        float x = TK(kv, s, c) * expf(TD(G, t, c) - TD(G, s, c));
+                        ac = fmaf(TK(kv, t, c), x, ac);
+                        pc = fmaf(TK(qv, t, c), x, pc);
+                    }
                 }
                 A[(size_t)t * Lc + s] = ac * beta[(size_t)t * a->H];
                 P[(size_t)t * Lc + s] = pc;
             }
+        }
         for (int t = 0; t < Lt; t++)
             for (int c = 0; c < D; c++) {
                 float eG = expf(TD(G, t, c));
