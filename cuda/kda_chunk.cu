@@ -1,33 +1,45 @@
-/* kda_chunk.cu - the KDA delta rule in chunks (kda_chunk.h): one block per
- * (sequence, head, block of value columns) walks the sequence's chunks in
- * order, each chunk in shared memory as recur_chunked (model/cpu_kda.c) does
- * it, step for step and sum for sum (f32; the exponentials are expf, the
- * CPU's too); then a second kernel, parallel over tokens, the gated output
- * norm, and the conv tails. See recur_chunked for the algebra:
- *   P1  the conv + SiLU of the chunk's q, k (every channel of the head) and v
- *       (the block's columns), each output from its K inputs (the step's
- *       rows, or the slot's tail before the step); the log-decays; sigmoid(b)
- *   P2  the L2 norms of q and k per token; G = the cumulative log-decays
- *   P3  A[t][s] = beta_t sum_c k_t k_s e^(G_t - G_s) (s < t), P[t][s] the same
- *       with q_t (s <= t): one thread a (t, s) pair
- *   P4  q e^G_t, k e^G_t, k e^(G_L - G_t) in place of q, k, G
- *   P5  u = beta (v - (k e^G)^T S0), then the triangular solve u_t -= A[t][s]
- *       u_s in order (one thread a column: no barrier inside)
- *   P6  o_t = (q e^G)^T S0 + sum_{s <= t} P[t][s] u_s, into o32
- *   P7  S = e^G_L S0 + sum_t (k_t e^(G_L - G_t)) u_t^T; a snapshot's S here
- * The block's S columns stay in shared memory from the first chunk to the
- * last. Every exponent is <= 0 (a difference of cumulative log-decays later
- * minus earlier, or one of them), so nothing overflows whatever the gate.
+/* kda_chunk.cu - the KDA delta rule in chunks (kda_chunk.h), three kernels:
+ *  - prep, parallel over the step's tokens: the conv + SiLU of q, k, v, the
+ *    L2 norms of q and k, into the work buffer;
+ *  - one block per (sequence, head, block of value columns) walks the
+ *    sequence's chunks in order, each chunk in shared memory as recur_chunked
+ *    (model/cpu_kda.c) does it, step for step and sum for sum (f32, expf as
+ *    there):
+ *      P1  the chunk's q, k (every channel of the head), v (the block's
+ *          columns) and the gate's input, copied asynchronously; sigmoid(b)
+ *      P2  the log-decays and G, their cumulative sums (a thread a channel)
+ *      P3  A[t][s] = beta_t sum_c k_t k_s e^(G_t - G_s) (s < t), P[t][s] the
+ *          same with q_t (s <= t), a sub-chunk of 16 rows t at a time: s
+ *          before it from per-row factors (k_s e^(B - G_s), k_t e^(G_t - B),
+ *          B = G before the sub-chunk: no exp a pair), s inside it directly
+ *      P4  q e^G_t, k e^G_t, k e^(G_L - G_t) in place of q, k, G
+ *      P5  u = beta (v - (k e^G)^T S0), then the triangular solve u_t -= A[t][s]
+ *          u_s in order (one thread a column: no barrier inside)
+ *      P6  o_t = (q e^G)^T S0 + sum_{s <= t} P[t][s] u_s, into o32
+ *      P7  S = e^G_L S0 + sum_t (k_t e^(G_L - G_t)) u_t^T; a snapshot's S here
+ *    (P5 to P7: a warp a set of rows, a lane a column, so each row's operand
+ *    is one broadcast read); the block's S columns stay in shared memory from
+ *    the first chunk to the last;
+ *  - the gated output norm (parallel over tokens) and the conv tails.
+ * Every exponent is <= 0 (a difference of cumulative log-decays later minus
+ * earlier, or one of them), so nothing overflows whatever the gate.
  *
  * Shared memory (floats): q, k, G [L][D + 1] (the padding spreads a column
- * over the banks when a warp's threads read different rows), S [D][cols],
- * v / u [L][cols], A and P [L][L + 1], beta [L], G_L and e^G_L [D]: 158 KB at
- * L 64, D 128, cols 32; 80 KB at L 32 (sm_89's 99 KB). */
+ * over the banks when a warp's threads read different rows), X [L - 16][D + 1],
+ * Y [2][16][D + 1], S [D][cols], v / u [L][cols], A and P [L][L + 1], beta
+ * [L], G_L and e^G_L [D]: 195 KB at L 64, D 128, cols 32. */
+#include <cuda_pipeline.h>
+
 #include "cuda/bf16.cuh"
 #include "cuda/kda_chunk.h"
 
 #define KC_THREADS 256 /* >= CUDA_KDA_MAX_D: thread c < D owns channel c's cumulative sum */
-#define KC_OUT_Z 32    /* the output kernel's blocks a (sequence, head): its tokens strided over them */
+#define KC_WARPS (KC_THREADS / 32)
+#define KC_ROWS ((CUDA_KDA_CHUNK_MAX + KC_WARPS - 1) / KC_WARPS) /* a warp's rows t of a chunk in P5, P6 */
+#define KC_SROWS ((CUDA_KDA_MAX_D + KC_WARPS - 1) / KC_WARPS)    /* a warp's rows c of S in P7 */
+#define KC_DL ((CUDA_KDA_MAX_D + 31) / 32)                       /* a lane's channels in the prep kernel */
+#define KC_SUB 16  /* the sub-chunks of P3 (model/cpu_kda.c's KDA_SUB) */
+#define KC_OUT_Z 32 /* the prep and output kernels' blocks a (sequence, head): its tokens strided over them */
 
 static __device__ __forceinline__ float kc_sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
 
@@ -47,26 +59,82 @@ static __device__ __forceinline__ float kc_conv_in(const struct cuda_kda_args &a
     return tail[(size_t)(ps - q.p0 + a.K - 1) * 3 * (size_t)a.H * a.D + ch];
 }
 
+/* The rows of the X (k_s e^(B - G_s), s before the sub-chunk) and Y (k_t, q_t
+ * e^(G_t - B), t in it) buffers for chunks of L */
+static __host__ __device__ int kc_xrows(int L) { return (L + KC_SUB - 1) / KC_SUB * KC_SUB - KC_SUB; }
+static __host__ __device__ int kc_yrows(int L) { return L < KC_SUB ? L : KC_SUB; }
+
 static __host__ __device__ size_t kc_smem_floats(int L, int D, int cols)
 {
-    return 3 * (size_t)L * (D + 1) + (size_t)D * cols + (size_t)L * cols + 2 * (size_t)L * (L + 1) + L + 2 * (size_t)D;
+    return (3 * (size_t)L + kc_xrows(L) + 2 * (size_t)kc_yrows(L)) * (D + 1) + (size_t)D * cols + (size_t)L * cols +
+           2 * (size_t)L * (L + 1) + L + 2 * (size_t)D;
 }
 
-static __global__ void __launch_bounds__(KC_THREADS) kda_chunk_kernel(struct cuda_kda_args a, int Lc, int cols, int nb)
+/* Before kda_chunk_kernel, blocks (head blockIdx.x, sequence blockIdx.y,
+ * token slice blockIdx.z), a warp a token, lane l channels l, l + 32, ..:
+ * the conv + SiLU of the token's q, k, v channels of the head (from the
+ * step's rows, or the slot's tail before the step), q and k L2-normed (q
+ * scaled by 1/sqrt(D)), into work [T][3C] (q|k|v as qkv). Every token at
+ * once: the conv's reads are latency, spread here over the whole GPU. */
+static __global__ void __launch_bounds__(KC_THREADS) kda_chunk_prep_kernel(struct cuda_kda_args a, float *work)
+{
+    const struct cuda_kda_seq q = a.seqs[blockIdx.y];
+    if (q.n <= 0) return;
+    const int h = blockIdx.x, D = a.D, K = a.K, C = a.H * D, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    const float *tail = a.states + (size_t)q.slot * a.slot_floats + a.off + (size_t)C * D;
+    const float qscale = 1.0f / sqrtf((float)D);
+    for (int t = blockIdx.z * nw + (threadIdx.x >> 5); t < q.n; t += gridDim.z * nw) {
+        const int pos = q.p0 + t;
+        float *w = work + (size_t)(q.t0 + t) * 3 * C + (size_t)h * D;
+        for (int pt = 0; pt < 3; pt++) {
+            float y[KC_DL], ss = 0.0f;
+#pragma unroll
+            for (int m = 0; m < KC_DL; m++) {
+                const int c = lane + 32 * m;
+                y[m] = 0.0f;
+                if (c < D) {
+                    const size_t ch = (size_t)pt * C + (size_t)h * D + c;
+                    float acc = 0.0f;
+                    for (int j = 0; j < K; j++)
+                        acc = fmaf(a.conv[ch * K + j], kc_conv_in(a, q, tail, pos - (K - 1) + j, ch), acc);
+                    y[m] = acc * kc_sigm(acc);
+                    ss = fmaf(y[m], y[m], ss);
+                }
+            }
+            float r = 1.0f;
+            if (pt < 2) { /* pt is the same for the whole warp */
+                for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+                r = 1.0f / sqrtf(ss + 1e-6f);
+            }
+#pragma unroll
+            for (int m = 0; m < KC_DL; m++) {
+                const int c = lane + 32 * m;
+                if (c < D) w[(size_t)pt * C + c] = pt == 0 ? y[m] * r * qscale : pt == 1 ? y[m] * r : y[m];
+            }
+        }
+    }
+}
+
+/* One block per (sequence blockIdx.y, head h and its column block cb:
+ * blockIdx.x = h nb + cb), KC_THREADS threads (P5 to P7 map rows to the
+ * KC_WARPS warps: t = warp + KC_WARPS m, a lane a column). */
+static __global__ void __launch_bounds__(KC_THREADS)
+    kda_chunk_kernel(struct cuda_kda_args a, const float *work, int Lc, int cols, int nb)
 {
     extern __shared__ float sm[];
     const struct cuda_kda_seq q = a.seqs[blockIdx.y];
     if (q.n <= 0) return;
-    const int h = blockIdx.x / nb, c0 = blockIdx.x % nb * cols, D = a.D, K = a.K, H = a.H, C = H * D;
+    const int h = blockIdx.x / nb, c0 = blockIdx.x % nb * cols, D = a.D, H = a.H, C = H * D;
     const int nc = D - c0 < cols ? D - c0 : cols, DP = D + 1, LP = Lc + 1, tid = threadIdx.x, nt = blockDim.x;
-    const int lane = tid & 31, warp = tid >> 5, nw = nt >> 5;
-    float *Qs = sm, *Ks = Qs + (size_t)Lc * DP, *Gs = Ks + (size_t)Lc * DP, *Ss = Gs + (size_t)Lc * DP;
-    float *Us = Ss + (size_t)D * cols, *As = Us + (size_t)Lc * cols, *Ps = As + (size_t)Lc * LP;
-    float *bs = Ps + (size_t)Lc * LP, *gl = bs + Lc, *eg = gl + D;
+    const int lane = tid & 31, warp = tid >> 5;
+    float *Qs = sm, *Ks = Qs + (size_t)Lc * DP, *Gs = Ks + (size_t)Lc * DP, *Xs = Gs + (size_t)Lc * DP;
+    float *Y0 = Xs + (size_t)kc_xrows(Lc) * DP, *Y1 = Y0 + (size_t)kc_yrows(Lc) * DP;
+    float *Ss = Y1 + (size_t)kc_yrows(Lc) * DP, *Us = Ss + (size_t)D * cols, *As = Us + (size_t)Lc * cols;
+    float *Ps = As + (size_t)Lc * LP, *bs = Ps + (size_t)Lc * LP, *gl = bs + Lc, *eg = gl + D;
     float *slot = a.states + (size_t)q.slot * a.slot_floats + a.off;
     float *Sg = slot + (size_t)h * D * D; /* this head's S in the slot, S[k][v] */
-    const float *tail = slot + (size_t)C * D;
-    const float qscale = 1.0f / sqrtf((float)D), Ah = a.A[h];
+    const size_t n3 = 3 * (size_t)C;
+    const float Ah = a.A[h];
 
     for (int i = tid; i < D * nc; i += nt)
         Ss[(size_t)(i / nc) * cols + i % nc] = Sg[(size_t)(i / nc) * D + c0 + i % nc];
@@ -80,73 +148,88 @@ static __global__ void __launch_bounds__(KC_THREADS) kda_chunk_kernel(struct cud
         const int L = e - t0;
         const size_t r0 = (size_t)(q.t0 + t0); /* the chunk's first row in the step */
 
-        /* P1: conv + SiLU (q, k: D channels each; v: the nc columns), log-decays, betas */
-        const int W = 2 * D + nc;
-        for (int i = tid; i < L * W; i += nt) {
-            const int t = i / W, r = i % W;
-            const size_t ch = r < D       ? (size_t)h * D + r
-                              : r < 2 * D ? (size_t)C + (size_t)h * D + (r - D)
-                                          : 2 * (size_t)C + (size_t)h * D + c0 + (r - 2 * D);
-            const int pos = q.p0 + t0 + t;
-            float acc = 0.0f;
-            for (int j = 0; j < K; j++)
-                acc = fmaf(a.conv[ch * K + j], kc_conv_in(a, q, tail, pos - (K - 1) + j, ch), acc);
-            const float y = acc * kc_sigm(acc);
-            if (r < D)
-                Qs[(size_t)t * DP + r] = y;
-            else if (r < 2 * D)
-                Ks[(size_t)t * DP + (r - D)] = y;
-            else
-                Us[(size_t)t * cols + (r - 2 * D)] = y;
-        }
+        /* P1: the prepared q, k (every channel of the head), v (the block's columns) and the gate's input f
+         * of the chunk's rows, copied asynchronously (one wait for all of them); sigmoid(b) */
         for (int i = tid; i < L * D; i += nt) {
             const int t = i / D, c = i % D;
-            float g = a.fg[(r0 + t) * C + (size_t)h * D + c] + a.dt_bias[(size_t)h * D + c], lg;
-            if (a.lower_bound)
-                lg = a.lb * kc_sigm(Ah * g);
-            else
-                lg = -Ah * (g > 20.0f ? g : log1pf(expf(g)));
-            Gs[(size_t)t * DP + c] = lg;
+            const float *w = work + (r0 + t) * n3 + (size_t)h * D + c;
+            __pipeline_memcpy_async(Qs + (size_t)t * DP + c, w, 4);
+            __pipeline_memcpy_async(Ks + (size_t)t * DP + c, w + C, 4);
+            __pipeline_memcpy_async(Gs + (size_t)t * DP + c, a.fg + (r0 + t) * C + (size_t)h * D + c, 4);
         }
+        for (int i = tid; i < L * nc; i += nt) {
+            const int t = i / nc, j = i % nc;
+            __pipeline_memcpy_async(Us + (size_t)t * cols + j, work + (r0 + t) * n3 + 2 * (size_t)C + (size_t)h * D + c0 + j,
+                                    4);
+        }
+        __pipeline_commit();
         for (int t = tid; t < L; t += nt) bs[t] = kc_sigm(a.beta[(r0 + t) * H + h]);
+        __pipeline_wait_prior(0);
         __syncthreads();
 
-        /* P2: q, k normalised per token (a warp a row), q scaled; G cumulative per channel (a thread a channel) */
-        for (int pr = warp; pr < 2 * L; pr += nw) {
-            float *x = (pr & 1 ? Ks : Qs) + (size_t)(pr >> 1) * DP;
-            float ss = 0.0f;
-            for (int c = lane; c < D; c += 32) ss = fmaf(x[c], x[c], ss);
-            for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-            const float r = 1.0f / sqrtf(ss + 1e-6f);
-            for (int c = lane; c < D; c += 32) x[c] = pr & 1 ? x[c] * r : x[c] * r * qscale;
-        }
+        /* P2: the log-decays from f and G, their cumulative sums (a thread a channel) */
         if (tid < D) {
+            const float dtb = a.dt_bias[(size_t)h * D + tid];
             float run = 0.0f;
-            for (int t = 0; t < L; t++) Gs[(size_t)t * DP + tid] = run += Gs[(size_t)t * DP + tid];
+            for (int t = 0; t < L; t++) {
+                const float g = Gs[(size_t)t * DP + tid] + dtb;
+                const float lg = a.lower_bound ? a.lb * kc_sigm(Ah * g) : -Ah * (g > 20.0f ? g : log1pf(expf(g)));
+                Gs[(size_t)t * DP + tid] = run += lg;
+            }
             gl[tid] = run;
             eg[tid] = expf(run);
         }
         __syncthreads();
 
-        /* P3: A and P, a thread a (t, s) pair of the lower triangle (s <= t), p = t (t + 1) / 2 + s */
-        const int np = L * (L + 1) / 2;
-        for (int p = tid; p < np; p += nt) {
-            int t = (int)((sqrtf(8.0f * (float)p + 1.0f) - 1.0f) * 0.5f);
-            while (t * (t + 1) / 2 > p) t--;
-            while ((t + 1) * (t + 2) / 2 <= p) t++;
-            const int s = p - t * (t + 1) / 2;
-            const float *kt = Ks + (size_t)t * DP, *qt = Qs + (size_t)t * DP, *gt = Gs + (size_t)t * DP;
-            const float *ks = Ks + (size_t)s * DP, *gs = Gs + (size_t)s * DP;
-            float ac = 0.0f, pc = 0.0f;
-            for (int c = 0; c < D; c++) {
-                const float x = ks[c] * expf(gt[c] - gs[c]);
-                ac = fmaf(kt[c], x, ac);
-                pc = fmaf(qt[c], x, pc);
+        /* P3: A and P a sub-chunk of KC_SUB rows t at a time: against s before it from the factors X and Y
+         * (B = G_{r-1}: every exponent <= 0; no exp a pair), against s inside it directly */
+        for (int r = 0; r < L; r += KC_SUB) {
+            const int m = L - r < KC_SUB ? L - r : KC_SUB;
+            if (r > 0) {
+                const float *B = Gs + (size_t)(r - 1) * DP;
+                for (int i = tid; i < r * D; i += nt) {
+                    const int s = i / D, c = i % D;
+                    Xs[(size_t)s * DP + c] = Ks[(size_t)s * DP + c] * expf(B[c] - Gs[(size_t)s * DP + c]);
+                }
+                for (int i = tid; i < m * D; i += nt) {
+                    const int t = i / D, c = i % D;
+                    const float et = expf(Gs[(size_t)(r + t) * DP + c] - B[c]);
+                    Y0[(size_t)t * DP + c] = Ks[(size_t)(r + t) * DP + c] * et;
+                    Y1[(size_t)t * DP + c] = Qs[(size_t)(r + t) * DP + c] * et;
+                }
+                __syncthreads();
+                for (int i = tid; i < m * r; i += nt) {
+                    const int t = i / r, s = i % r;
+                    const float *y0 = Y0 + (size_t)t * DP, *y1 = Y1 + (size_t)t * DP, *x = Xs + (size_t)s * DP;
+                    float ac = 0.0f, pc = 0.0f;
+                    for (int c = 0; c < D; c++) {
+                        ac = fmaf(y0[c], x[c], ac);
+                        pc = fmaf(y1[c], x[c], pc);
+                    }
+                    As[(size_t)(r + t) * LP + s] = ac * bs[r + t];
+                    Ps[(size_t)(r + t) * LP + s] = pc;
+                }
             }
-            As[(size_t)t * LP + s] = ac * bs[t];
-            Ps[(size_t)t * LP + s] = pc;
+            /* (t, s) inside the sub-chunk, s <= t: p = t (t + 1) / 2 + s */
+            for (int p = tid; p < m * (m + 1) / 2; p += nt) {
+                int t = (int)((sqrtf(8.0f * (float)p + 1.0f) - 1.0f) * 0.5f);
+                while (t * (t + 1) / 2 > p) t--;
+                while ((t + 1) * (t + 2) / 2 <= p) t++;
+                const int s = r + p - t * (t + 1) / 2;
+                t += r;
+                const float *kt = Ks + (size_t)t * DP, *qt = Qs + (size_t)t * DP, *gt = Gs + (size_t)t * DP;
+                const float *ks = Ks + (size_t)s * DP, *gs = Gs + (size_t)s * DP;
+                float ac = 0.0f, pc = 0.0f;
+                for (int c = 0; c < D; c++) {
+                    const float x = ks[c] * expf(gt[c] - gs[c]);
+                    ac = fmaf(kt[c], x, ac);
+                    pc = fmaf(qt[c], x, pc);
+                }
+                As[(size_t)t * LP + s] = ac * bs[t];
+                Ps[(size_t)t * LP + s] = pc;
+            }
+            __syncthreads(); /* X and Y are the next sub-chunk's */
         }
-        __syncthreads();
 
         /* P4: q e^G, k e^G and k e^(G_L - G) in place of q, k and G */
         for (int i = tid; i < L * D; i += nt) {
@@ -158,13 +241,25 @@ static __global__ void __launch_bounds__(KC_THREADS) kda_chunk_kernel(struct cud
         }
         __syncthreads();
 
-        /* P5: u = beta (v - (k e^G)^T S0) for every (t, column), then the solve down each column */
-        for (int i = tid; i < L * nc; i += nt) {
-            const int t = i / nc, j = i % nc;
-            const float *kg = Ks + (size_t)t * DP;
-            float m = 0.0f;
-            for (int c = 0; c < D; c++) m = fmaf(kg[c], Ss[(size_t)c * cols + j], m);
-            Us[(size_t)t * cols + j] = bs[t] * (Us[(size_t)t * cols + j] - m);
+        /* P5: u = beta (v - (k e^G)^T S0) (warp rows, lane columns), then the solve down each column */
+        const int j = lane;
+        if (j < nc) {
+            float acc[KC_ROWS];
+#pragma unroll
+            for (int mm = 0; mm < KC_ROWS; mm++) acc[mm] = 0.0f;
+            for (int c = 0; c < D; c++) {
+                const float sv = Ss[(size_t)c * cols + j];
+#pragma unroll
+                for (int mm = 0; mm < KC_ROWS; mm++) {
+                    const int t = warp + KC_WARPS * mm;
+                    if (t < L) acc[mm] = fmaf(Ks[(size_t)t * DP + c], sv, acc[mm]);
+                }
+            }
+#pragma unroll
+            for (int mm = 0; mm < KC_ROWS; mm++) {
+                const int t = warp + KC_WARPS * mm;
+                if (t < L) Us[(size_t)t * cols + j] = bs[t] * (Us[(size_t)t * cols + j] - acc[mm]);
+            }
         }
         __syncthreads();
         if (tid < nc)
@@ -175,23 +270,56 @@ static __global__ void __launch_bounds__(KC_THREADS) kda_chunk_kernel(struct cud
             }
         __syncthreads();
 
-        /* P6: the outputs before the norm */
-        for (int i = tid; i < L * nc; i += nt) {
-            const int t = i / nc, j = i % nc;
-            const float *qg = Qs + (size_t)t * DP, *pt = Ps + (size_t)t * LP;
-            float o = 0.0f;
-            for (int c = 0; c < D; c++) o = fmaf(qg[c], Ss[(size_t)c * cols + j], o);
-            for (int s = 0; s <= t; s++) o = fmaf(pt[s], Us[(size_t)s * cols + j], o);
-            a.o32[(r0 + t) * C + (size_t)h * D + c0 + j] = o;
+        /* P6: the outputs before the norm (warp rows, lane columns) */
+        if (j < nc) {
+            float o[KC_ROWS];
+#pragma unroll
+            for (int mm = 0; mm < KC_ROWS; mm++) o[mm] = 0.0f;
+            for (int c = 0; c < D; c++) {
+                const float sv = Ss[(size_t)c * cols + j];
+#pragma unroll
+                for (int mm = 0; mm < KC_ROWS; mm++) {
+                    const int t = warp + KC_WARPS * mm;
+                    if (t < L) o[mm] = fmaf(Qs[(size_t)t * DP + c], sv, o[mm]);
+                }
+            }
+            for (int s = 0; s < L; s++) {
+                const float u = Us[(size_t)s * cols + j];
+#pragma unroll
+                for (int mm = 0; mm < KC_ROWS; mm++) {
+                    const int t = warp + KC_WARPS * mm;
+                    if (t < L && s <= t) o[mm] = fmaf(Ps[(size_t)t * LP + s], u, o[mm]);
+                }
+            }
+#pragma unroll
+            for (int mm = 0; mm < KC_ROWS; mm++) {
+                const int t = warp + KC_WARPS * mm;
+                if (t < L) a.o32[(r0 + t) * C + (size_t)h * D + c0 + j] = o[mm];
+            }
         }
         __syncthreads(); /* P6 reads S0 */
 
-        /* P7: the state after the chunk */
-        for (int i = tid; i < D * nc; i += nt) {
-            const int c = i / nc, j = i % nc;
-            float x = eg[c] * Ss[(size_t)c * cols + j];
-            for (int t = 0; t < L; t++) x = fmaf(Gs[(size_t)t * DP + c], Us[(size_t)t * cols + j], x);
-            Ss[(size_t)c * cols + j] = x;
+        /* P7: the state after the chunk (warp rows c = warp + KC_WARPS m of S, lane columns) */
+        if (j < nc) {
+            float x[KC_SROWS];
+#pragma unroll
+            for (int mm = 0; mm < KC_SROWS; mm++) {
+                const int c = warp + KC_WARPS * mm;
+                x[mm] = c < D ? eg[c] * Ss[(size_t)c * cols + j] : 0.0f;
+            }
+            for (int t = 0; t < L; t++) {
+                const float u = Us[(size_t)t * cols + j];
+#pragma unroll
+                for (int mm = 0; mm < KC_SROWS; mm++) {
+                    const int c = warp + KC_WARPS * mm;
+                    if (c < D) x[mm] = fmaf(Gs[(size_t)t * DP + c], u, x[mm]);
+                }
+            }
+#pragma unroll
+            for (int mm = 0; mm < KC_SROWS; mm++) {
+                const int c = warp + KC_WARPS * mm;
+                if (c < D) Ss[(size_t)c * cols + j] = x[mm];
+            }
         }
         __syncthreads(); /* S complete; the next chunk rewrites q, k, G, u, A, P */
         t0 = e;
@@ -277,19 +405,22 @@ extern "C" int cuda_kda_chunk_len(int D, int cols)
     return 0;
 }
 
-extern "C" cudaError_t cuda_kda_chunk(const struct cuda_kda_args *a, int chunk, cudaStream_t st)
+extern "C" cudaError_t cuda_kda_chunk(const struct cuda_kda_args *a, int chunk, float *work, cudaStream_t st)
 {
     if (a->n_seqs <= 0) return cudaSuccess;
-    if (a->D < 1 || a->D > CUDA_KDA_MAX_D || a->K < 1 || a->K > CUDA_KDA_MAX_K || a->cols < 0 || !a->o32 ||
+    if (a->D < 1 || a->D > CUDA_KDA_MAX_D || a->K < 1 || a->K > CUDA_KDA_MAX_K || a->cols < 0 || !a->o32 || !work ||
         chunk < 0 || chunk > CUDA_KDA_CHUNK_MAX)
         return cudaErrorInvalidValue;
     int cols = kc_cols(a->D, a->cols), L = chunk ? chunk : cuda_kda_chunk_len(a->D, a->cols);
     size_t smem = kc_smem_floats(L, a->D, cols) * sizeof(float);
     if (L < 1 || smem > kc_optin()) return cudaErrorInvalidValue;
     int nb = (a->D + cols - 1) / cols;
-    kda_chunk_kernel<<<dim3((unsigned)(a->H * nb), (unsigned)a->n_seqs), KC_THREADS, smem, st>>>(*a, L, cols, nb);
+    kda_chunk_prep_kernel<<<dim3((unsigned)a->H, (unsigned)a->n_seqs, KC_OUT_Z), KC_THREADS, 0, st>>>(*a, work);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
+    kda_chunk_kernel<<<dim3((unsigned)(a->H * nb), (unsigned)a->n_seqs), KC_THREADS, smem, st>>>(*a, work, L, cols,
+                                                                                                  nb);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
     kda_chunk_out_kernel<<<dim3((unsigned)a->H, (unsigned)a->n_seqs, KC_OUT_Z), KC_THREADS, 0, st>>>(*a);
     return cudaGetLastError();
 }

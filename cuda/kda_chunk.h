@@ -28,15 +28,17 @@ extern "C" {
 cudaError_t cuda_kda_chunk_prepare(void);
 /* The chunk length cuda_kda_chunk takes for chunk 0 at head_dim D and
  * `cols` value columns a block (0: CUDA_KDA_COLS) on the current device: the
- * longest of 64, 32, 16, 8 whose shared memory fits (64 on an H100 at D 128,
- * 32 on sm_89), 0 when none does. */
+ * longest of 64, 32, 16, 8 whose shared memory fits (64 on an H100 at D 128
+ * and 32 columns: 195 KB; 16 on sm_89's 99 KB), 0 when none does. */
 int cuda_kda_chunk_len(int D, int cols);
 /* The layer's delta rule over every sequence of the step in chunks of
  * `chunk` tokens (1 .. CUDA_KDA_CHUNK_MAX; 0: cuda_kda_chunk_len), then the
  * gated output norm and the conv tails: what cuda_kda_recur writes, from the
- * same arguments (a->cols: value columns a block, as there). Not for graph
- * capture (a prefill path). cudaErrorInvalidValue for a shape it cannot take. */
-cudaError_t cuda_kda_chunk(const struct cuda_kda_args *a, int chunk, cudaStream_t st);
+ * same arguments (a->cols: value columns a block, as there). work: [T][3C]
+ * f32 scratch, T the step's rows (the convolved, normed q|k|v). Three
+ * launches; not for graph capture (a prefill path). cudaErrorInvalidValue for
+ * a shape it cannot take. */
+cudaError_t cuda_kda_chunk(const struct cuda_kda_args *a, int chunk, float *work, cudaStream_t st);
 
 #ifdef __cplusplus
 }

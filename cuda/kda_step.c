@@ -41,6 +41,7 @@ struct cuda_kda_rank {
     float *beta;            /* [H] */
     uint16_t *fa, *ga;      /* [D] bf16: the inputs of f_b and g_b */
     uint16_t *o;            /* [C] bf16: o_proj's input */
+    float *kcw;             /* [3C] the chunked path's work (cuda_kda_chunk), or NULL: that path off */
     uint16_t *stage;        /* upload staging (pinned), until the last layer is up */
     float *tmp;
 };
@@ -86,7 +87,9 @@ static int rank_setup(struct rank *k, char *err, size_t errlen)
         cuda_dmalloc((void **)&x->gate, T * C * 4, err, errlen) ||
         cuda_dmalloc((void **)&x->beta, T * H * 4, err, errlen) ||
         cuda_dmalloc((void **)&x->fa, T * D * 2, err, errlen) || cuda_dmalloc((void **)&x->ga, T * D * 2, err, errlen) ||
-        cuda_dmalloc((void **)&x->o, T * C * 2, err, errlen))
+        cuda_dmalloc((void **)&x->o, T * C * 2, err, errlen) ||
+        (b->t.kda_chunk_min_t > 0 && b->t.kda_chunk_min_t <= (int)T &&
+         cuda_dmalloc((void **)&x->kcw, T * 3 * C * 4, err, errlen)))
         return SL_ENOMEM;
     /* graph padding rows go through o_proj too: finite from the start */
     if (cudaMemset(x->o, 0, T * C * 2) != cudaSuccess || cuda_kda_prepare() != cudaSuccess ||
@@ -168,7 +171,7 @@ void cuda_kda_free(struct rank *k, int l)
     if (x && l == x->last) {
         cudaFree(x->states), cudaFree(x->qkv), cudaFree(x->hl), cudaFree(x->o32), cudaFree(x->fg);
         cudaFree(x->gate), cudaFree(x->beta);
-        cudaFree(x->fa), cudaFree(x->ga), cudaFree(x->o);
+        cudaFree(x->fa), cudaFree(x->ga), cudaFree(x->o), cudaFree(x->kcw);
         if (x->stage) cudaFreeHost(x->stage);
         free(x->tmp);
         free(x);
@@ -272,8 +275,8 @@ int cuda_kda_mixer(struct rank *k, int l, int T, bool decode, char *err, size_t 
         .D = D, .K = x->K, .lower_bound = kc->has_lower_bound, .lb = kc->lower_bound, .eps = b->c.norm_eps,
         .o32 = x->o32, .out = x->o,
     };
-    CK(!decode && b->t.kda_chunk_min_t > 0 && T >= b->t.kda_chunk_min_t ? cuda_kda_chunk(&a, b->t.kda_chunk_len, st)
-                                                                         : cuda_kda_recur(&a, st));
+    CK(!decode && x->kcw && T >= b->t.kda_chunk_min_t ? cuda_kda_chunk(&a, b->t.kda_chunk_len, x->kcw, st)
+                                                       : cuda_kda_recur(&a, st));
     return cuda_proj_rows(k, x->o, &L->qo, L->wo, T, C, E, 0, false, err, errlen);
 fail:
     return SL_EDEVICE;

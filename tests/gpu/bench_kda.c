@@ -61,6 +61,7 @@ int main(int argc, char **argv)
     float *A = dalloc((size_t)H * 4, 0x3c), *onorm = dalloc((size_t)D * 4, 0x3c);
     float *states = dalloc((size_t)maxS * slot * 4, 0), *o32 = dalloc((size_t)maxT * C * 4, 0);
     uint16_t *out = dalloc((size_t)maxT * C * 2, 0);
+    float *work = dalloc((size_t)maxT * 3 * C * 4, 0);
     struct cuda_kda_seq *seqs = dalloc((size_t)maxS * sizeof *seqs, 0), hs[256];
     struct cuda_kda_snap *snaps = dalloc(16 * sizeof *snaps, 0);
     cudaEvent_t e0, e1;
@@ -123,7 +124,7 @@ int main(int argc, char **argv)
             cudaError_t e = cudaSuccess;
             for (int r = 0; r < 2 + rep; r++) {
                 cudaEventRecord(e0, 0);
-                cudaError_t le = path ? cuda_kda_chunk(&a, 0, 0) : cuda_kda_recur(&a, 0);
+                cudaError_t le = path ? cuda_kda_chunk(&a, 0, work, 0) : cuda_kda_recur(&a, 0);
                 if (le != cudaSuccess) e = le;
                 cudaEventRecord(e1, 0);
                 cudaEventSynchronize(e1);

@@ -253,7 +253,8 @@ static int step(struct lay *L, float *const *xs, const struct sq *r, int ns, int
                               .seqs = dks, .snaps = dsn, .n_seqs = ns + pad, .H = H, .D = D, .K = L->K,
                               .lower_bound = L->lb, .lb = -5.0f, .eps = L->c.norm_eps, .out = dout};
     cudaError_t e = cuda_kda_begin(L->dst, L->slot, dks, ns + pad, 0);
-    if (e == cudaSuccess) e = g_chunk >= 0 ? cuda_kda_chunk(&a, g_chunk, 0) : cuda_kda_recur(&a, 0);
+    float *dwork = g_chunk >= 0 ? up(NULL, (size_t)T * 3 * C * 4) : NULL;
+    if (e == cudaSuccess) e = g_chunk >= 0 ? cuda_kda_chunk(&a, g_chunk, dwork, 0) : cuda_kda_recur(&a, 0);
     if (e == cudaSuccess) e = cudaDeviceSynchronize();
     CHECKF(e == cudaSuccess, "kernels: %s", cudaGetErrorString(e));
     uint16_t *o16 = malloc((size_t)T * C * 2);
@@ -262,7 +263,7 @@ static int step(struct lay *L, float *const *xs, const struct sq *r, int ns, int
     hmat(p, L->wo, T, C, E, gout);
     free(qkv), free(p), free(fa), free(fg), free(gt), free(beta), free(o16);
     cudaFree(dlo), cudaFree(do32), cudaFree(dqkv), cudaFree(dfg), cudaFree(dgt), cudaFree(dbeta), cudaFree(dks);
-    cudaFree(dsn), cudaFree(dout);
+    cudaFree(dsn), cudaFree(dout), cudaFree(dwork);
     return T;
 }
 
@@ -469,9 +470,11 @@ static void test_kda_chunk(void)
     g_dshift = 0;
     /* a shape it cannot take is refused, not launched */
     struct cuda_kda_args bad = {.n_seqs = 1, .D = 256, .K = 4, .o32 = (float *)16};
-    CHECK(cuda_kda_chunk(&bad, 0, 0) == cudaErrorInvalidValue);
+    float *w = (float *)16;
+    CHECK(cuda_kda_chunk(&bad, 0, w, 0) == cudaErrorInvalidValue);
     bad.D = 128, bad.K = 4;
-    CHECK(cuda_kda_chunk(&bad, CUDA_KDA_CHUNK_MAX + 1, 0) == cudaErrorInvalidValue);
+    CHECK(cuda_kda_chunk(&bad, CUDA_KDA_CHUNK_MAX + 1, w, 0) == cudaErrorInvalidValue);
+    CHECK(cuda_kda_chunk(&bad, 0, NULL, 0) == cudaErrorInvalidValue);
 }
 
 /* cuda_kda_xsplit after cuda_add_rmsnorm: the first T rows xn itself, and
