@@ -9,12 +9,14 @@
  *          columns) and the gate's input, copied asynchronously; sigmoid(b)
  *      P2  the log-decays and G, their cumulative sums (a thread a channel)
  *      P3  A[t][s] = beta_t sum_c k_t k_s e^(G_t - G_s) (s < t), P[t][s] the
- *          same with q_t (s <= t), a sub-chunk of 16 rows t at a time: s
- *          before it from per-row factors (k_s e^(B - G_s), k_t e^(G_t - B),
- *          B = G before the sub-chunk: no exp a pair), s inside it directly
+ *          same with q_t (s <= t): s in t's sub-chunk of 16 directly (every
+ *          sub-chunk in one loop), s before it from per-row factors (k_s
+ *          e^(B - G_s), k_t e^(G_t - B), B = G before the sub-chunk: no exp a
+ *          pair), a sub-chunk at a time
  *      P4  q e^G_t, k e^G_t, k e^(G_L - G_t) in place of q, k, G
  *      P5  u = beta (v - (k e^G)^T S0), then the triangular solve u_t -= A[t][s]
- *          u_s in order (one thread a column: no barrier inside)
+ *          u_s, s in order, a sub-chunk of rows at a time (against the rows
+ *          before it in parallel, then inside it a thread a column)
  *      P6  o_t = (q e^G)^T S0 + sum_{s <= t} P[t][s] u_s, into o32
  *      P7  S = e^G_L S0 + sum_t (k_t e^(G_L - G_t)) u_t^T; a snapshot's S here
  *    (P5 to P7: a warp a set of rows, a lane a column, so each row's operand
@@ -38,7 +40,8 @@
 #define KC_ROWS ((CUDA_KDA_CHUNK_MAX + KC_WARPS - 1) / KC_WARPS) /* a warp's rows t of a chunk in P5, P6 */
 #define KC_SROWS ((CUDA_KDA_MAX_D + KC_WARPS - 1) / KC_WARPS)    /* a warp's rows c of S in P7 */
 #define KC_DL ((CUDA_KDA_MAX_D + 31) / 32)                       /* a lane's channels in the prep kernel */
-#define KC_SUB 16  /* the sub-chunks of P3 (model/cpu_kda.c's KDA_SUB) */
+#define KC_SUB 16  /* the sub-chunks of P3 and P5 (model/cpu_kda.c's KDA_SUB) */
+#define KC_TRI (KC_SUB * (KC_SUB + 1) / 2) /* the (t, s <= t) pairs of a sub-chunk */
 #define KC_OUT_Z 32 /* the prep and output kernels' blocks a (sequence, head): its tokens strided over them */
 
 static __device__ __forceinline__ float kc_sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
@@ -159,8 +162,8 @@ static __global__ void __launch_bounds__(KC_THREADS)
         }
         for (int i = tid; i < L * nc; i += nt) {
             const int t = i / nc, j = i % nc;
-            __pipeline_memcpy_async(Us + (size_t)t * cols + j, work + (r0 + t) * n3 + 2 * (size_t)C + (size_t)h * D + c0 + j,
-                                    4);
+            const float *w = work + (r0 + t) * n3 + 2 * (size_t)C + (size_t)h * D + c0 + j;
+            __pipeline_memcpy_async(Us + (size_t)t * cols + j, w, 4);
         }
         __pipeline_commit();
         for (int t = tid; t < L; t += nt) bs[t] = kc_sigm(a.beta[(r0 + t) * H + h]);
@@ -181,55 +184,58 @@ static __global__ void __launch_bounds__(KC_THREADS)
         }
         __syncthreads();
 
-        /* P3: A and P a sub-chunk of KC_SUB rows t at a time: against s before it from the factors X and Y
-         * (B = G_{r-1}: every exponent <= 0; no exp a pair), against s inside it directly */
-        for (int r = 0; r < L; r += KC_SUB) {
-            const int m = L - r < KC_SUB ? L - r : KC_SUB;
-            if (r > 0) {
-                const float *B = Gs + (size_t)(r - 1) * DP;
-                for (int i = tid; i < r * D; i += nt) {
-                    const int s = i / D, c = i % D;
-                    Xs[(size_t)s * DP + c] = Ks[(size_t)s * DP + c] * expf(B[c] - Gs[(size_t)s * DP + c]);
-                }
-                for (int i = tid; i < m * D; i += nt) {
-                    const int t = i / D, c = i % D;
-                    const float et = expf(Gs[(size_t)(r + t) * DP + c] - B[c]);
-                    Y0[(size_t)t * DP + c] = Ks[(size_t)(r + t) * DP + c] * et;
-                    Y1[(size_t)t * DP + c] = Qs[(size_t)(r + t) * DP + c] * et;
-                }
-                __syncthreads();
-                for (int i = tid; i < m * r; i += nt) {
-                    const int t = i / r, s = i % r;
-                    const float *y0 = Y0 + (size_t)t * DP, *y1 = Y1 + (size_t)t * DP, *x = Xs + (size_t)s * DP;
-                    float ac = 0.0f, pc = 0.0f;
-                    for (int c = 0; c < D; c++) {
-                        ac = fmaf(y0[c], x[c], ac);
-                        pc = fmaf(y1[c], x[c], pc);
-                    }
-                    As[(size_t)(r + t) * LP + s] = ac * bs[r + t];
-                    Ps[(size_t)(r + t) * LP + s] = pc;
-                }
+        /* P3: A and P. First the pairs inside each sub-chunk of KC_SUB rows, directly (all sub-chunks in one
+         * loop: p = i KC_TRI + t (t + 1) / 2 + s, t and s local to sub-chunk i) */
+        const int nsub = (L + KC_SUB - 1) / KC_SUB, mlast = L - (nsub - 1) * KC_SUB;
+        const int npd = (nsub - 1) * KC_TRI + mlast * (mlast + 1) / 2;
+        for (int p = tid; p < npd; p += nt) {
+            const int i = p / KC_TRI, pl = p % KC_TRI;
+            int t = (int)((sqrtf(8.0f * (float)pl + 1.0f) - 1.0f) * 0.5f);
+            while (t * (t + 1) / 2 > pl) t--;
+            while ((t + 1) * (t + 2) / 2 <= pl) t++;
+            const int s = i * KC_SUB + pl - t * (t + 1) / 2;
+            t += i * KC_SUB;
+            const float *kt = Ks + (size_t)t * DP, *qt = Qs + (size_t)t * DP, *gt = Gs + (size_t)t * DP;
+            const float *ks = Ks + (size_t)s * DP, *gs = Gs + (size_t)s * DP;
+            float ac = 0.0f, pc = 0.0f;
+            for (int c = 0; c < D; c++) {
+                const float x = ks[c] * expf(gt[c] - gs[c]);
+                ac = fmaf(kt[c], x, ac);
+                pc = fmaf(qt[c], x, pc);
             }
-            /* (t, s) inside the sub-chunk, s <= t: p = t (t + 1) / 2 + s */
-            for (int p = tid; p < m * (m + 1) / 2; p += nt) {
-                int t = (int)((sqrtf(8.0f * (float)p + 1.0f) - 1.0f) * 0.5f);
-                while (t * (t + 1) / 2 > p) t--;
-                while ((t + 1) * (t + 2) / 2 <= p) t++;
-                const int s = r + p - t * (t + 1) / 2;
-                t += r;
-                const float *kt = Ks + (size_t)t * DP, *qt = Qs + (size_t)t * DP, *gt = Gs + (size_t)t * DP;
-                const float *ks = Ks + (size_t)s * DP, *gs = Gs + (size_t)s * DP;
+            As[(size_t)t * LP + s] = ac * bs[t];
+            Ps[(size_t)t * LP + s] = pc;
+        }
+        /* then the rows t of each later sub-chunk against s before it, from the factors X and Y (B = G_{r-1}:
+         * every exponent <= 0; no exp a pair). Other entries of A and P than the loop above: no barrier between */
+        for (int r = KC_SUB; r < L; r += KC_SUB) {
+            const int m = L - r < KC_SUB ? L - r : KC_SUB;
+            const float *B = Gs + (size_t)(r - 1) * DP;
+            for (int i = tid; i < r * D; i += nt) {
+                const int s = i / D, c = i % D;
+                Xs[(size_t)s * DP + c] = Ks[(size_t)s * DP + c] * expf(B[c] - Gs[(size_t)s * DP + c]);
+            }
+            for (int i = tid; i < m * D; i += nt) {
+                const int t = i / D, c = i % D;
+                const float et = expf(Gs[(size_t)(r + t) * DP + c] - B[c]);
+                Y0[(size_t)t * DP + c] = Ks[(size_t)(r + t) * DP + c] * et;
+                Y1[(size_t)t * DP + c] = Qs[(size_t)(r + t) * DP + c] * et;
+            }
+            __syncthreads();
+            for (int i = tid; i < m * r; i += nt) {
+                const int t = i / r, s = i % r;
+                const float *y0 = Y0 + (size_t)t * DP, *y1 = Y1 + (size_t)t * DP, *x = Xs + (size_t)s * DP;
                 float ac = 0.0f, pc = 0.0f;
                 for (int c = 0; c < D; c++) {
-                    const float x = ks[c] * expf(gt[c] - gs[c]);
-                    ac = fmaf(kt[c], x, ac);
-                    pc = fmaf(qt[c], x, pc);
+                    ac = fmaf(y0[c], x[c], ac);
+                    pc = fmaf(y1[c], x[c], pc);
                 }
-                As[(size_t)t * LP + s] = ac * bs[t];
-                Ps[(size_t)t * LP + s] = pc;
+                As[(size_t)(r + t) * LP + s] = ac * bs[r + t];
+                Ps[(size_t)(r + t) * LP + s] = pc;
             }
             __syncthreads(); /* X and Y are the next sub-chunk's */
         }
+        __syncthreads();
 
         /* P4: q e^G, k e^G and k e^(G_L - G) in place of q, k and G */
         for (int i = tid; i < L * D; i += nt) {
@@ -262,13 +268,27 @@ static __global__ void __launch_bounds__(KC_THREADS)
             }
         }
         __syncthreads();
-        if (tid < nc)
-            for (int t = 1; t < L; t++) {
-                float u = Us[(size_t)t * cols + tid];
-                for (int s = 0; s < t; s++) u = fmaf(-As[(size_t)t * LP + s], Us[(size_t)s * cols + tid], u);
-                Us[(size_t)t * cols + tid] = u;
+        /* the solve, u_t -= A[t][s] u_s for s = 0 .. t-1 in order, a sub-chunk of rows at a time: against the
+         * rows before it (every (t, column) at once), then inside it (a thread a column) */
+        for (int r = 0; r < L; r += KC_SUB) {
+            const int re = L - r < KC_SUB ? L : r + KC_SUB;
+            if (r > 0) {
+                for (int i = tid; i < (re - r) * nc; i += nt) {
+                    const int t = r + i / nc, jj = i % nc;
+                    float u = Us[(size_t)t * cols + jj];
+                    for (int s = 0; s < r; s++) u = fmaf(-As[(size_t)t * LP + s], Us[(size_t)s * cols + jj], u);
+                    Us[(size_t)t * cols + jj] = u;
+                }
+                __syncthreads();
             }
-        __syncthreads();
+            if (tid < nc)
+                for (int t = r + 1; t < re; t++) {
+                    float u = Us[(size_t)t * cols + tid];
+                    for (int s = r; s < t; s++) u = fmaf(-As[(size_t)t * LP + s], Us[(size_t)s * cols + tid], u);
+                    Us[(size_t)t * cols + tid] = u;
+                }
+            __syncthreads();
+        }
 
         /* P6: the outputs before the norm (warp rows, lane columns) */
         if (j < nc) {
