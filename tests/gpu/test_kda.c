@@ -25,6 +25,15 @@
  * The kernels get q|k|v as a high and a low part (a quarter of each value),
  * as the mixer's two-part projection leaves them. And cuda_kda_xsplit: xn
  * itself, then the low part that brings it to the f32 norm.
+ * The chunked kernels (cuda/kda_chunk.cu, cuda_kda_chunk) on the same
+ * harness, at chunk lengths 1, 5, 16, 32, 64 and the default, value columns
+ * split or not: several sequences with snapshots on and off the chunk grid,
+ * resumed and restored, and a prefill beside 1-token sequences, against the
+ * CPU recurrence and against the GPU recurrence from the same states (bf16
+ * outputs; states to 1e-4: the chunked form reorders the sums); decays near 0
+ * and 1 side by side; a prompt split on the chunk grid giving one step's bits,
+ * split off it, one step's values to f32 rounding; shapes it cannot take
+ * refused.
  * And, on the host (no GPU needed), cuda_kda_pack: the step's sequences and
  * snapshots as the kernels read them, padding for a decode graph, and a step
  * whose snapshots overflow the buffer refused.
@@ -420,6 +429,8 @@ static void run_chunk_case(int E, int H, int D, bool lb, int chunk, int cols)
     /* a prompt of 150 in one step (slot 0) and in two (slot 1): split at 64, on the grid of chunk 16 / 32 / 64,
      * the same bits; split at 50, within f32 rounding */
     int n = 150, Lc = chunk ? chunk : cuda_kda_chunk_len(D, cols);
+    CHECKF(Lc >= 1, "no chunk length fits at head_dim %d, %d columns", D, cols);
+    if (Lc < 1) Lc = 1;
     g_chunk = chunk;
     struct sq one = {.slot = 0, .start = 0, .n = n};
     float *go = malloc((size_t)MAXT * E * 4), *co = malloc((size_t)MAXT * E * 4), *g1 = malloc((size_t)n * E * 4);
@@ -451,7 +462,7 @@ static void run_chunk_case(int E, int H, int D, bool lb, int chunk, int cols)
 
 static void test_kda_chunk(void)
 {
-    CHECK(cuda_kda_chunk_prepare() == cudaSuccess);
+    CHECK(cuda_kda_prepare() == cudaSuccess && cuda_kda_chunk_prepare() == cudaSuccess);
     int L128 = cuda_kda_chunk_len(128, 0);
     printf("  default chunk at head_dim 128: %d tokens\n", L128);
     CHECK(L128 >= 32);
