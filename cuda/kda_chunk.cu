@@ -35,7 +35,9 @@
 #include "cuda/bf16.cuh"
 #include "cuda/kda_chunk.h"
 
-#define KC_THREADS 256 /* >= CUDA_KDA_MAX_D: thread c < D owns channel c's cumulative sum */
+/* threads a block: >= CUDA_KDA_MAX_D (thread c < D owns channel c's cumulative sum); 16 warps, since a chunk
+ * block has an SM to itself and its loops are chains of shared-memory reads */
+#define KC_THREADS 512
 #define KC_WARPS (KC_THREADS / 32)
 #define KC_ROWS ((CUDA_KDA_CHUNK_MAX + KC_WARPS - 1) / KC_WARPS) /* a warp's rows t of a chunk in P5, P6 */
 #define KC_SROWS ((CUDA_KDA_MAX_D + KC_WARPS - 1) / KC_WARPS)    /* a warp's rows c of S in P7 */
@@ -431,7 +433,17 @@ extern "C" cudaError_t cuda_kda_chunk(const struct cuda_kda_args *a, int chunk, 
     if (a->D < 1 || a->D > CUDA_KDA_MAX_D || a->K < 1 || a->K > CUDA_KDA_MAX_K || a->cols < 0 || !a->o32 || !work ||
         chunk < 0 || chunk > CUDA_KDA_CHUNK_MAX)
         return cudaErrorInvalidValue;
-    int cols = kc_cols(a->D, a->cols), L = chunk ? chunk : cuda_kda_chunk_len(a->D, a->cols);
+    /* cols 0: CUDA_KDA_COLS, wider while the heads' blocks outnumber the SMs (a block has an SM to itself, and
+     * a second wave would double the time: 64 heads on an H100 take 64 columns, 128 blocks) */
+    int cols = a->cols, sms = 0, dev;
+    if (!cols) {
+        cols = CUDA_KDA_COLS;
+        if (cudaGetDevice(&dev) == cudaSuccess &&
+            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess)
+            while (cols < a->D && a->H * ((a->D + cols - 1) / cols) > sms) cols *= 2;
+    }
+    cols = kc_cols(a->D, cols);
+    int L = chunk ? chunk : cuda_kda_chunk_len(a->D, cols);
     size_t smem = kc_smem_floats(L, a->D, cols) * sizeof(float);
     if (L < 1 || smem > kc_optin()) return cudaErrorInvalidValue;
     int nb = (a->D + cols - 1) / cols;

@@ -34,7 +34,8 @@ int cuda_kda_chunk_len(int D, int cols);
 /* The layer's delta rule over every sequence of the step in chunks of
  * `chunk` tokens (1 .. CUDA_KDA_CHUNK_MAX; 0: cuda_kda_chunk_len), then the
  * gated output norm and the conv tails: what cuda_kda_recur writes, from the
- * same arguments (a->cols: value columns a block, as there). work: [T][3C]
+ * same arguments (a->cols: value columns a block, as there; 0: CUDA_KDA_COLS,
+ * or wider while the heads' blocks would outnumber the SMs). work: [T][3C]
  * f32 scratch, T the step's rows (the convolved, normed q|k|v). Three
  * launches; not for graph capture (a prefill path). cudaErrorInvalidValue for
  * a shape it cannot take. */

@@ -8,7 +8,8 @@
  * the outputs are the same bits at every split (test_kda).
  * Then prefill of one sequence of 1K, 4K and 14.6K tokens by the recurrence
  * and by the chunked kernels (cuda_kda_chunk, kda_chunk.h: at its default
- * chunk length, value columns 32, 64 and 128 a block), in ms a layer (the
+ * chunk length, value columns as the mixer picks them, then 32, 64 and 128
+ * a block), in ms a layer (the
  * mixer's projections, the same on both paths, left out) and for
  * GLM-5.3-Flash's 34 KDA layers. Not a test. */
 #include <cuda_runtime.h>
@@ -104,16 +105,17 @@ int main(int argc, char **argv)
 
     /* prefill of one sequence: the recurrence against the chunked kernels */
     static const int lens[] = {1024, 4096, 14600};
-    static const int ccols[] = {32, 64, 128};
+    static const int ccols[] = {0, 32, 64, 128}; /* 0: the mixer's choice (kda_chunk.h) */
     printf("\nprefill, 1 sequence, ms a layer (x34: GLM-5.3-Flash's KDA layers); chunk %d tokens\n",
            cuda_kda_chunk_len(D, 0));
-    printf("%-10s %14s %14s %14s %14s\n", "tokens", "recurrence", "chunk cols 32", "chunk cols 64", "chunk cols 128");
+    printf("%-10s %14s %14s %14s %14s %14s\n", "tokens", "recurrence", "chunk (mixer)", "chunk cols 32", "chunk cols 64",
+           "chunk cols 128");
     for (size_t s = 0; s < sizeof lens / sizeof *lens; s++) {
         int L = lens[s];
         hs[0] = (struct cuda_kda_seq){.t0 = 0, .n = L, .p0 = 0, .slot = 0, .mode = CUDA_KDA_CONTINUE, .from = 0};
         cudaMemcpy(seqs, hs, sizeof *hs, cudaMemcpyHostToDevice);
         printf("%-10d", L);
-        for (int path = 0; path < 4; path++) {
+        for (int path = 0; path < 5; path++) {
             struct cuda_kda_args a = {.qkv = qkv, .fg = fg, .beta = beta, .gate = gate, .conv = conv, .dt_bias = dtb,
                                       .A = A, .o_norm = onorm, .states = states, .slot_floats = slot, .off = 0,
                                       .seqs = seqs, .snaps = snaps, .n_seqs = 1, .H = H, .D = D, .K = K,
