@@ -68,8 +68,8 @@ struct cuda_tuning {
                            * chunks (cuda_kda_chunk: matrix products within a chunk, the state carried between
                            * chunks) instead of token by token (cuda_kda_recur) (64: one chunk); tests set 1
                            * (every non-decode step) or 0 (never) */
-    int kda_chunk_len;    /* the chunked KDA's tokens a chunk: 0 by the GPU's shared memory (64, or 32 where a
-                           * block has under ~160 KB, sm_89); tests set others (1 to 64) */
+    int kda_chunk_len;    /* the chunked KDA's tokens a chunk: 0 by the GPU's shared memory (64 at head_dim
+                           * 128 on an H100, 195 KB a block; 16 on sm_89's 99 KB); tests set others (1 to 64) */
     int tp_fault_rank;    /* tensor parallelism: this rank fails its forward number tp_fault_step with an
                            * injected error, to test that the others stop (-1: none) */
     long tp_fault_step;
