@@ -7,7 +7,7 @@
  *    there):
  *      P1  the chunk's q, k (every channel of the head), v (the block's
  *          columns) and the gate's input, copied asynchronously; sigmoid(b)
- *      P2  the log-decays and G, their cumulative sums (a thread a channel)
+ *      P2  the log-decays, then G, their cumulative sums (a thread a channel)
  *      P3  A[t][s] = beta_t sum_c k_t k_s e^(G_t - G_s) (s < t), P[t][s] the
  *          same with q_t (s <= t): s in t's sub-chunk of 16 directly (every
  *          sub-chunk in one loop), s before it from per-row factors (k_s
@@ -175,15 +175,16 @@ static __global__ void __launch_bounds__(KC_THREADS)
         __pipeline_wait_prior(0);
         __syncthreads();
 
-        /* P2: the log-decays from f and G, their cumulative sums (a thread a channel) */
+        /* P2: the log-decays from f (every (t, c) at once), then G, their cumulative sums (a thread a channel) */
+        for (int i = tid; i < L * D; i += nt) {
+            const size_t o = (size_t)(i / D) * DP + i % D;
+            const float g = Gs[o] + a.dt_bias[(size_t)h * D + i % D];
+            Gs[o] = a.lower_bound ? a.lb * kc_sigm(Ah * g) : -Ah * (g > 20.0f ? g : log1pf(expf(g)));
+        }
+        __syncthreads();
         if (tid < D) {
-            const float dtb = a.dt_bias[(size_t)h * D + tid];
             float run = 0.0f;
-            for (int t = 0; t < L; t++) {
-                const float g = Gs[(size_t)t * DP + tid] + dtb;
-                const float lg = a.lower_bound ? a.lb * kc_sigm(Ah * g) : -Ah * (g > 20.0f ? g : log1pf(expf(g)));
-                Gs[(size_t)t * DP + tid] = run += lg;
-            }
+            for (int t = 0; t < L; t++) Gs[(size_t)t * DP + tid] = run += Gs[(size_t)t * DP + tid];
             gl[tid] = run;
             eg[tid] = expf(run);
         }
