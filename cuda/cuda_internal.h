@@ -194,6 +194,7 @@ struct cuda_backend {
         int n_samp, n_pen;                          /* ROW_SAMPLE rows, their penalty entries */
         size_t nbytes;
         int kda_roll;                               /* JOB_KDA_ROLLBACK: its kda_seqs entries (cuda/kda.h) */
+        bool kda_drafts;                            /* JOB_FORWARD: some sequence verifies drafts (cuda_kda_pack) */
     } job;
 
     /* the crew: ranks 1 .. tp-1 wait for gen to change, run job, count left down */

@@ -17,6 +17,7 @@
 
 #include "cuda/cuda_internal.h"
 #include "cuda/kda.h"
+#include "cuda/kda_chunk.h"
 
 struct cuda_kda_layer {
     struct qproj qqkv, qfa, qfb, qb, qga, qgb, qo; /* packed parts (n 0: the bf16 matrix below) */
@@ -43,6 +44,7 @@ struct cuda_kda_rank {
     float *beta;            /* [H] */
     uint16_t *fa, *ga;      /* [D] bf16: the inputs of f_b and g_b */
     uint16_t *o;            /* [C] bf16: o_proj's input */
+    float *kcw;             /* [3C] the chunked path's work (cuda_kda_chunk), or NULL: that path off */
     uint16_t *stage;        /* upload staging (pinned), until the last layer is up */
     float *tmp;
     /* the replay scratch (kda.h): per KDA layer [spec_rows][3C] q|k|v, [spec_rows][C] fg, [spec_rows][H] beta;
@@ -125,10 +127,13 @@ static int rank_setup(struct rank *k, char *err, size_t errlen)
         cuda_dmalloc((void **)&x->gate, T * C * 4, err, errlen) ||
         cuda_dmalloc((void **)&x->beta, T * H * 4, err, errlen) ||
         cuda_dmalloc((void **)&x->fa, T * D * 2, err, errlen) || cuda_dmalloc((void **)&x->ga, T * D * 2, err, errlen) ||
-        cuda_dmalloc((void **)&x->o, T * C * 2, err, errlen))
+        cuda_dmalloc((void **)&x->o, T * C * 2, err, errlen) ||
+        (b->t.kda_chunk_min_t > 0 && b->t.kda_chunk_min_t <= (int)T &&
+         cuda_dmalloc((void **)&x->kcw, T * 3 * C * 4, err, errlen)))
         return SL_ENOMEM;
     /* graph padding rows go through o_proj too: finite from the start */
     if (cudaMemset(x->o, 0, T * C * 2) != cudaSuccess || cuda_kda_prepare() != cudaSuccess ||
+        cuda_kda_chunk_prepare() != cudaSuccess ||
         cudaMallocHost((void **)&x->stage, STAGE * 2) != cudaSuccess) {
         sl_seterr(err, errlen, "cuda: KDA setup: %s", cudaGetErrorString(cudaGetLastError()));
         return SL_EDEVICE;
@@ -215,7 +220,7 @@ void cuda_kda_free(struct rank *k, int l)
     if (x && l == x->last) {
         cudaFree(x->states), cudaFree(x->qkv), cudaFree(x->hl), cudaFree(x->o32), cudaFree(x->fg), cudaFree(x->spec);
         cudaFree(x->gate), cudaFree(x->beta);
-        cudaFree(x->fa), cudaFree(x->ga), cudaFree(x->o);
+        cudaFree(x->fa), cudaFree(x->ga), cudaFree(x->o), cudaFree(x->kcw);
         if (x->stage) cudaFreeHost(x->stage);
         free(x->tmp);
         drop_roll(x);
@@ -296,6 +301,7 @@ bool cuda_kda_pack(struct cuda_backend *b, const struct step *s, int Tp)
         spec0 += nd;
     }
     for (int i = s->n_seqs; i < G; i++) sq[i] = (struct cuda_kda_seq){0};
+    b->job.kda_drafts = spec0 > 0;
     return true;
 }
 
@@ -328,10 +334,11 @@ int cuda_kda_mixer(struct rank *k, int l, int T, bool decode, char *err, size_t 
         .D = D, .K = x->K, .lower_bound = kc->has_lower_bound, .lb = kc->lower_bound, .eps = b->c.norm_eps,
         .o32 = x->o32, .out = x->o, .spec_qkv = L->spec_qkv, .spec_fg = L->spec_fg, .spec_beta = L->spec_beta,
     };
-    /* whatever kernel walks a step, a sequence with drafts (cuda_kda_seq.nd > 0) needs this one's handling: its
-     * slot left before the drafts and their inputs in the replay scratch (kda.h), else the rollback replays
-     * over a state that already holds them */
-    CK(cuda_kda_recur(&a, st));
+    /* a sequence with drafts (cuda_kda_seq.nd > 0) needs the recurrence's handling: its slot left before the
+     * drafts and their inputs in the replay scratch (kda.h), else the rollback replays over a state that
+     * already holds them; the chunked kernels do not keep them */
+    bool chunk = !decode && x->kcw && T >= b->t.kda_chunk_min_t && !b->job.kda_drafts;
+    CK(chunk ? cuda_kda_chunk(&a, b->t.kda_chunk_len, x->kcw, st) : cuda_kda_recur(&a, st));
     return cuda_proj_rows(k, x->o, &L->qo, L->wo, T, C, E, 0, false, err, errlen);
 fail:
     return SL_EDEVICE;

@@ -64,6 +64,12 @@ struct cuda_tuning {
     int mla_prefill_rows; /* the tensor-core MLA attention's rows a block: 0 by the GPU's shared memory (64,
                            * or 32 where a block has under ~190 KB, sm_89); tests set 32 to run sm_89's
                            * configuration on an H100 */
+    int kda_chunk_min_t;  /* a KDA step of this many tokens or more, not a decode step, runs the delta rule in
+                           * chunks (cuda_kda_chunk: matrix products within a chunk, the state carried between
+                           * chunks) instead of token by token (cuda_kda_recur) (64: one chunk); tests set 1
+                           * (every non-decode step) or 0 (never) */
+    int kda_chunk_len;    /* the chunked KDA's tokens a chunk: 0 by the GPU's shared memory (64 at head_dim
+                           * 128 on an H100, 195 KB a block; 16 on sm_89's 99 KB); tests set others (1 to 64) */
     int tp_fault_rank;    /* tensor parallelism: this rank fails its forward number tp_fault_step with an
                            * injected error, to test that the others stop (-1: none) */
     long tp_fault_step;
@@ -79,7 +85,8 @@ struct cuda_tuning {
     {                                                                                                 \
         .warmup = true, .tp_peer_allreduce = true, .gemm_wg_min_t = 128, .moe_gemm_min_rows = 0.5f,   \
         .moe_gemm_min_rows_packed = 0.5f, .moe_router_gemm_min_t = 1024, .long_split_keys = 4096,     \
-        .mla_prefill_min_t = 128, .mla_prefill_rows = 0, .tp_fault_rank = -1, .tp_fault_step = 0,     \
+        .mla_prefill_min_t = 128, .mla_prefill_rows = 0, .kda_chunk_min_t = 64, .kda_chunk_len = 0,   \
+        .tp_fault_rank = -1, .tp_fault_step = 0,                                                      \
         .ablate = 0, .tp_skip_comm = false,                                                           \
         .attn_wg8_skip_widen = false, .gemm_wg_ablate = 0,                                            \
     }

@@ -96,6 +96,12 @@ void cpu_kda_begin(const struct cpu_kda *a, const struct step *s, float *states)
  * step's snapshots are written into their slots. */
 void cpu_kda_mixer(struct cpu_kda *a, const struct cpu_backend *b, const struct step *s, int l, const float *xn,
                    float *out, float *states);
+/* The delta rule in chunks of `chunk` tokens (the chunked form, cuda/kda_chunk.cu's
+ * reference: cpu_kda.c), or token by token (0, the default). Chunks lie on the
+ * absolute position grid (multiples of chunk) and end at snapshots, so a
+ * prompt split across steps at grid points gives the bits of one pass; other
+ * splits agree to f32 rounding. 0, or SL_ENOMEM / SL_EINVAL. */
+int cpu_kda_set_chunk(struct cpu_kda *a, int chunk);
 void cpu_kda_destroy(struct cpu_kda *a);
 
 /* A backend that runs only the kernels above (cpu_matmul...): nt threads,

@@ -14,13 +14,17 @@
  *   S     += k (beta (v - S^T k))^T;   o = S^T q
  *   out    = o_proj(rmsnorm(o_h) o_norm sigmoid(g_b(g_a(xn))_h))
  *
- * Token by token is the only form here: a prompt split across steps at any
- * point gives the state of one pass bit for bit (a step only continues the
- * recurrence), and so does a decode. The chunked form of the reference is
- * the same arithmetic reassociated into matrix products; it is left out: the
- * recurrence costs 4 n_head head_dim^2 multiply-adds a token against the
- * projections' 4 n_embd C (GLM-5.3: 4.2M against 134M, 3%), so on this
- * backend a faster recurrence could gain little.
+ * Token by token is the default form here: a prompt split across steps at
+ * any point gives the state of one pass bit for bit (a step only continues
+ * the recurrence), and so does a decode. The chunked form of the reference
+ * (recur_chunked, cpu_kda_set_chunk) is the same arithmetic reassociated into
+ * matrix products; it is the reference for cuda/kda_chunk.cu and off by
+ * default: the recurrence costs 4 n_head head_dim^2 multiply-adds a token
+ * against the projections' 4 n_embd C (GLM-5.3: 4.2M against 134M, 3%), and
+ * the chunked form does more arithmetic a token (its exps, and the
+ * intra-chunk matrices): measured, a mixer of 8 heads of 128 over 512 tokens
+ * took 144 ms token by token, 388 ms in chunks of 16, 600 ms in chunks of 64
+ * (2 threads).
  *
  * Batch invariance: the projections are cpu_matmul's (row independent); the
  * conv runs per (sequence, channel), the recurrence per (sequence, head),
@@ -66,6 +70,8 @@ struct cpu_kda {
     float *gate;            /* [C] */
     float *o;               /* [C] */
     float *kvm;             /* [nt][D] per thread: S^T k, then delta */
+    int chunk;              /* the delta rule's tokens a chunk (cpu_kda_set_chunk); 0: token by token */
+    float *cwork;           /* [nt][chunk_floats(chunk, D)] per thread: recur_chunked's matrices */
 };
 
 /* ---- construction --------------------------------------------------------------- */
@@ -84,7 +90,7 @@ void cpu_kda_destroy(struct cpu_kda *a)
 {
     if (!a) return;
     void *p[] = {a->L, a->wmem, a->proj[0], a->proj[1], a->proj[2], a->cv[0], a->cv[1], a->cv[2], a->fa, a->ga,
-                 a->dec, a->beta, a->gate, a->o, a->kvm};
+                 a->dec, a->beta, a->gate, a->o, a->kvm, a->cwork};
     for (size_t i = 0; i < sizeof p / sizeof *p; i++) free(p[i]);
     free(a);
 }
@@ -223,6 +229,21 @@ static void l2norm(float *x, int n, float scale)
     for (int i = 0; i < n; i++) x[i] *= r;
 }
 
+#define KDA_SUB 16 /* recur_chunked's sub-chunks (cuda/kda_chunk.cu's too) */
+
+/* The floats recur_chunked's matrices take for chunks of Lc tokens */
+static size_t chunk_floats(int Lc, int D) { return (size_t)Lc * D * 5 + 2 * (size_t)Lc * Lc + D; }
+
+int cpu_kda_set_chunk(struct cpu_kda *a, int chunk)
+{
+    if (chunk < 0 || chunk > 4096) return SL_EINVAL;
+    float *w = NULL;
+    if (chunk && !(w = cpu_zalloc((size_t)a->nt * chunk_floats(chunk, a->D) * sizeof(float)))) return SL_ENOMEM;
+    free(a->cwork);
+    a->cwork = w, a->chunk = chunk;
+    return 0;
+}
+
 /* The two passes over one row S[k][0..D) per token: decay and read
  * (S *= d; m += kk S), then write and output (S += kk delta; o += qk S).
  * The AVX2 forms do per element exactly the scalar operations (a multiply,
@@ -287,6 +308,110 @@ static void recur(struct cpu_kda *a, const struct step_seq *q, const struct kda_
     }
 }
 
+/* The delta rule of head h of sequence q in chunks, the same recurrence
+ * reassociated (the chunked form of the reference's chunk_kda; cuda/kda_chunk.cu
+ * does these steps in this order). Per chunk of L tokens, with S0 the state
+ * before it, g[t] the log-decays (a->dec holds them in this mode), G[t] =
+ * g[0] + .. + g[t] per channel (<= 0, falling), u[t] the delta of token t
+ * (beta_t (v_t - k_t^T S'), S' the state decayed through t):
+ *   A[t][s] = beta_t sum_c k_t k_s e^(G_t - G_s),  s < t
+ *   P[t][s] =        sum_c q_t k_s e^(G_t - G_s),  s <= t
+ *   u_t = beta_t (v_t - (k_t e^G_t)^T S0) - sum_{s<t} A[t][s] u_s  (the lower-triangular solve, in order)
+ *   o_t = (q_t e^G_t)^T S0 + sum_{s<=t} P[t][s] u_s
+ *   S   = e^G_L S0 + sum_s (k_s e^(G_L - G_s)) u_s^T   (L the chunk's last token)
+ * Every exponent is a difference G_t - G_s with s <= t, or G_t itself: <= 0,
+ * so nothing overflows however strong the decay (a factor that underflows
+ * is one whose true value is below f32's range too). In A and P, s before
+ * t's sub-chunk of KDA_SUB tokens takes e^(G_t - G_s) as e^(G_t - B) e^(B - G_s),
+ * B the G just before that sub-chunk: both factors <= 1, and on the GPU one
+ * per row rather than one per pair (the pairs inside a sub-chunk keep theirs). Chunks end on the
+ * absolute position grid (multiples of a->chunk) and at the snapshots' positions,
+ * so the chunks after a snapshot are those of a run restored from it. */
+static void recur_chunked(struct cpu_kda *a, const struct step_seq *q, const struct kda_layer *L, int h,
+                          float *states, float *w)
+{
+    int C = a->C, D = a->D, n = q->query_len, p0 = q->context_len - n, Lc = a->chunk;
+    size_t hoff = L->off + (size_t)h * D * D;
+    float *S = states + (size_t)q->state_slot * a->slot_floats + hoff;
+    float *G = w, *Qg = G + (size_t)Lc * D, *Kg = Qg + (size_t)Lc * D, *Kd = Kg + (size_t)Lc * D;
+    float *U = Kd + (size_t)Lc * D, *A = U + (size_t)Lc * D, *P = A + (size_t)Lc * Lc, *eg = P + (size_t)Lc * Lc;
+    int snap = 0;
+    for (int t0 = 0; t0 < n;) {
+        int e = ((p0 + t0) / Lc + 1) * Lc - p0;
+        if (e > n) e = n;
+        while (snap < q->n_snaps && q->snap_pos[snap] <= p0 + t0) snap++;
+        if (snap < q->n_snaps && q->snap_pos[snap] - p0 < e) e = q->snap_pos[snap] - p0;
+        int Lt = e - t0;
+        size_t r0 = (size_t)(q->query_start + t0) * C + (size_t)h * D;
+        const float *qv = a->cv[0] + r0, *kv = a->cv[1] + r0, *vv = a->cv[2] + r0, *lg = a->dec + r0;
+        const float *beta = a->beta + (size_t)(q->query_start + t0) * a->H + h;
+#define TK(p, t, c) (p)[(size_t)(t) * C + (c)] /* row t of the chunk in a [T][C] array */
+#define TD(p, t, c) (p)[(size_t)(t) * D + (c)]
+        for (int c = 0; c < D; c++) {
+            float run = 0.0f;
+            for (int t = 0; t < Lt; t++) TD(G, t, c) = run += TK(lg, t, c);
+        }
+        /* A and P: s in t's sub-chunk of KDA_SUB tokens directly, e^(G_t - G_s) a channel; s before it as
+         * (k_t e^(G_t - B)) (k_s e^(B - G_s)), B the G before t's sub-chunk: both exponents <= 0 */
+        for (int t = 0; t < Lt; t++) {
+            int r = t / KDA_SUB * KDA_SUB;
+            for (int s = 0; s <= t; s++) {
+                float ac = 0.0f, pc = 0.0f;
+                for (int c = 0; c < D; c++) {
+                    if (s < r) {
+                        float B = TD(G, r - 1, c), et = expf(TD(G, t, c) - B);
+                        float x = TK(kv, s, c) * expf(B - TD(G, s, c));
+                        ac = fmaf(TK(kv, t, c) * et, x, ac);
+                        pc = fmaf(TK(qv, t, c) * et, x, pc);
+                    } else {
+                        float x = TK(kv, s, c) * expf(TD(G, t, c) - TD(G, s, c));
+                        ac = fmaf(TK(kv, t, c), x, ac);
+                        pc = fmaf(TK(qv, t, c), x, pc);
+                    }
+                }
+                A[(size_t)t * Lc + s] = ac * beta[(size_t)t * a->H];
+                P[(size_t)t * Lc + s] = pc;
+            }
+        }
+        for (int t = 0; t < Lt; t++)
+            for (int c = 0; c < D; c++) {
+                float eG = expf(TD(G, t, c));
+                TD(Qg, t, c) = TK(qv, t, c) * eG;
+                TD(Kg, t, c) = TK(kv, t, c) * eG;
+                TD(Kd, t, c) = TK(kv, t, c) * expf(TD(G, Lt - 1, c) - TD(G, t, c));
+            }
+        for (int c = 0; c < D; c++) eg[c] = expf(TD(G, Lt - 1, c));
+        for (int t = 0; t < Lt; t++)
+            for (int j = 0; j < D; j++) {
+                float m = 0.0f;
+                for (int c = 0; c < D; c++) m = fmaf(TD(Kg, t, c), S[(size_t)c * D + j], m);
+                float u = beta[(size_t)t * a->H] * (TK(vv, t, j) - m);
+                for (int s = 0; s < t; s++) u = fmaf(-A[(size_t)t * Lc + s], TD(U, s, j), u);
+                TD(U, t, j) = u;
+            }
+        for (int t = 0; t < Lt; t++)
+            for (int j = 0; j < D; j++) {
+                float o = 0.0f;
+                for (int c = 0; c < D; c++) o = fmaf(TD(Qg, t, c), S[(size_t)c * D + j], o);
+                for (int s = 0; s <= t; s++) o = fmaf(P[(size_t)t * Lc + s], TD(U, s, j), o);
+                TK(a->o + r0, t, j) = o;
+            }
+        for (int c = 0; c < D; c++)
+            for (int j = 0; j < D; j++) {
+                float x = eg[c] * S[(size_t)c * D + j];
+                for (int t = 0; t < Lt; t++) x = fmaf(TD(Kd, t, c), TD(U, t, j), x);
+                S[(size_t)c * D + j] = x;
+            }
+#undef TK
+#undef TD
+        t0 = e;
+        while (snap < q->n_snaps && q->snap_pos[snap] == p0 + t0) {
+            memcpy(states + (size_t)q->snap_slot[snap] * a->slot_floats + hoff, S, (size_t)D * D * sizeof(float));
+            snap++;
+        }
+    }
+}
+
 void cpu_kda_mixer(struct cpu_kda *a, const struct cpu_backend *b, const struct step *s, int l, const float *xn,
                    float *out, float *states)
 {
@@ -318,7 +443,7 @@ void cpu_kda_mixer(struct cpu_kda *a, const struct cpu_backend *b, const struct 
                     lg = kc->lower_bound * sigmoidf(A * g);
                 else
                     lg = -A * (g > 20.0f ? g : log1pf(expf(g)));
-                a->dec[row + d] = expf(lg);
+                a->dec[row + d] = a->chunk ? lg : expf(lg);
             }
             a->beta[(size_t)t * H + h] = sigmoidf(a->beta[(size_t)t * H + h]);
         }
@@ -326,8 +451,13 @@ void cpu_kda_mixer(struct cpu_kda *a, const struct cpu_backend *b, const struct 
 
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) num_threads(a->nt)
     for (int i = 0; i < s->n_seqs; i++)
-        for (int h = 0; h < H; h++)
-            recur(a, &s->seqs[i], L, h, states, a->kvm + (size_t)omp_get_thread_num() * D);
+        for (int h = 0; h < H; h++) {
+            int th = omp_get_thread_num();
+            if (a->chunk)
+                recur_chunked(a, &s->seqs[i], L, h, states, a->cwork + (size_t)th * chunk_floats(a->chunk, D));
+            else
+                recur(a, &s->seqs[i], L, h, states, a->kvm + (size_t)th * D);
+        }
 
     float eps = a->c.norm_eps;
 #pragma omp parallel for schedule(static) num_threads(a->nt) if (T >= 4)

@@ -367,6 +367,140 @@ static void test_snapshots(void)
     close_layer(&L);
 }
 
+/* ---- the chunked form (cpu_kda_set_chunk) ------------------------------------------ */
+
+/* Tolerance of the chunked form against the recurrence: the same sums
+ * reassociated (intra-chunk matrices, decays as exp of differences of
+ * cumulative log-gates instead of products of per-token factors), so
+ * f32 rounding apart; measured ~1e-6 here. */
+#define TOL_CHUNK 2e-5
+
+/* dt_bias + shift (alternating in sign per channel when alt), so the decays
+ * sit near 0 (shift > 0) or near 1 (< 0) */
+static bool shift_decay(struct layer *L, float shift, bool alt, float *buf)
+{
+    model_tensor_to_f32(&L->lw.kda.dt_bias, 0, CH, buf);
+    for (int c = 0; c < CH; c++) buf[c] += alt && (c & 1) ? -shift : shift;
+    struct model_tensor *t = &L->lw.kda.dt_bias;
+    t->dtype = MODEL_DT_F32, t->ndim = 1, t->ne[0] = CH, t->ne[1] = t->ne[2] = t->ne[3] = 1;
+    t->data = buf, t->nbytes = CH * sizeof(float);
+    cpu_kda_destroy(L->kda);
+    L->kda = cpu_kda_create(L->be, &L->c, &L->w, 256, err, sizeof err);
+    CHECKF(L->kda != NULL, "%s", err);
+    return L->kda != NULL;
+}
+
+/* One pass in chunks against the recurrence; then, from a state and conv
+ * tail the recurrence left at position 50 (off the chunk grid), the rest in
+ * chunks against the rest token by token. */
+static void chunk_case(struct layer *L, const float *x, int chunk, const char *what)
+{
+    static float ro[N * E], co[N * E], rst[H * D * D + 3 * 3 * CH];
+    struct seqrun one = {.slot = 0, .start = 0, .n = N};
+    CHECK(cpu_kda_set_chunk(L->kda, 0) == 0);
+    run_step(L, x, &one, 1, ro);
+    memcpy(rst, slot_state(L, 0), L->slot * sizeof(float));
+    CHECK(cpu_kda_set_chunk(L->kda, chunk) == 0);
+    run_step(L, x, &one, 1, co);
+    double eo = rel_err(co, ro, (int64_t)N * E), es = rel_err(slot_state(L, 0), rst, (int64_t)L->slot);
+    /* resumed: slot 1 to 50 token by token, copied to slot 2; then 50..150 both ways */
+    struct seqrun head = {.slot = 1, .start = 0, .n = 50}, rest1 = {.slot = 1, .start = 50, .n = N - 50},
+                  rest2 = {.slot = 2, .start = 50, .n = N - 50};
+    CHECK(cpu_kda_set_chunk(L->kda, 0) == 0);
+    run_step(L, x, &head, 1, ro);
+    memcpy(slot_state(L, 2), slot_state(L, 1), L->slot * sizeof(float));
+    run_step(L, x, &rest1, 1, ro);
+    CHECK(cpu_kda_set_chunk(L->kda, chunk) == 0);
+    run_step(L, x, &rest2, 1, co);
+    double ro2 = rel_err(co, ro, (int64_t)(N - 50) * E),
+           rs2 = rel_err(slot_state(L, 2), slot_state(L, 1), (int64_t)L->slot);
+    bool ok = eo < TOL_CHUNK && es < TOL_CHUNK && ro2 < TOL_CHUNK && rs2 < TOL_CHUNK;
+    printf("  %s %s, chunk %d: one pass out %.2e state %.2e; resumed at 50 out %.2e state %.2e\n", ok ? "ok  " : "FAIL",
+           what, chunk, eo, es, ro2, rs2);
+    CHECK(ok);
+    CHECK(cpu_kda_set_chunk(L->kda, 0) == 0);
+}
+
+static void test_chunked_form(void)
+{
+    static const int chunks[] = {1, 5, 16, 64, 200};
+    static const struct {
+        const char *file;
+        bool lb;
+        float shift;
+        bool alt;
+        const char *what;
+    } cases[] = {
+        {"lb.safetensors", true, 0, false, "lower bound"},
+        {"nolb.safetensors", false, 0, false, "softplus"},
+        {"lb.safetensors", true, 30, false, "lower bound, decay at the bound"},
+        {"lb.safetensors", true, -30, false, "lower bound, decay near 1"},
+        {"lb.safetensors", true, 30, true, "lower bound, decays near 0 and 1 alternating"},
+        {"nolb.safetensors", false, 30, false, "softplus, decay near 0"},
+        {"nolb.safetensors", false, -30, false, "softplus, decay near 1"},
+        {"nolb.safetensors", false, 30, true, "softplus, decays near 0 and 1 alternating"},
+    };
+    static float dtb[CH];
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        struct layer L;
+        if (!open_layer(&L, cases[k].file, cases[k].lb) ||
+            (cases[k].shift != 0 && !shift_decay(&L, cases[k].shift, cases[k].alt, dtb))) {
+            close_layer(&L);
+            return;
+        }
+        const float *x = golden(&L, "x", (int64_t)N * E);
+        for (size_t c = 0; x && c < sizeof chunks / sizeof *chunks; c++) chunk_case(&L, x, chunks[c], cases[k].what);
+        close_layer(&L);
+    }
+}
+
+/* In chunks: a prompt split at chunk-grid points gives one pass's bits; split
+ * elsewhere, within f32 rounding; snapshots off the grid cut a chunk, so a
+ * run restored from one continues with the bits of the run that took it. */
+static void test_chunked_split(void)
+{
+    struct layer L;
+    if (!open_layer(&L, "lb.safetensors", true)) {
+        close_layer(&L);
+        return;
+    }
+    const float *x = golden(&L, "x", (int64_t)N * E);
+    static float one[N * E], out[N * E], st1[H * D * D + 3 * 3 * CH];
+    CHECK(cpu_kda_set_chunk(L.kda, 16) == 0);
+    struct seqrun r = {.slot = 0, .start = 0, .n = N};
+    run_step(&L, x, &r, 1, one);
+    memcpy(st1, slot_state(&L, 0), L.slot * sizeof(float));
+    static const int grid[][8] = {{64, 64, 22}, {16, 48, 86}, {32, 32, 32, 32, 22}, {144, 6}};
+    for (size_t k = 0; k < sizeof grid / sizeof *grid; k++) {
+        memset(slot_state(&L, 1), 0x7f, L.slot * sizeof(float));
+        run_split(&L, x, grid[k], 1, out);
+        CHECKF(memcmp(out, one, sizeof one) == 0, "grid split %zu: output differs from one pass", k);
+        CHECKF(memcmp(slot_state(&L, 1), st1, L.slot * sizeof(float)) == 0, "grid split %zu: state differs", k);
+    }
+    static const int off[][8] = {{100, 50}, {3, 2, 1, 144}, {7, 7, 7, 7, 7, 7, 7, 101}, {149, 1}};
+    for (size_t k = 0; k < sizeof off / sizeof *off; k++) {
+        run_split(&L, x, off[k], 1, out);
+        double eo = rel_err(out, one, (int64_t)N * E), es = rel_err(slot_state(&L, 1), st1, (int64_t)L.slot);
+        CHECKF(eo < TOL_CHUNK && es < TOL_CHUNK, "split %zu off the grid: out %.3g state %.3g", k, eo, es);
+    }
+    /* snapshots at 2 and 41 (off the grid) and at 64; restored from 41 */
+    struct seqrun s1 = {.slot = 1, .start = 0, .n = N, .n_snaps = 3, .snap_pos = {2, 41, 64}, .snap_slot = {5, 2, 3}};
+    run_step(&L, x, &s1, 1, one);
+    memcpy(st1, slot_state(&L, 1), L.slot * sizeof(float));
+    memset(slot_state(&L, 6), 0x7f, L.slot * sizeof(float));
+    struct seqrun rs = {.slot = 6, .start = 41, .n = N - 41, .restore = true, .from = 2};
+    run_step(&L, x, &rs, 1, out + (size_t)41 * E);
+    CHECK(memcmp(out + (size_t)41 * E, one + (size_t)41 * E, sizeof(float) * (N - 41) * E) == 0);
+    CHECK(memcmp(slot_state(&L, 6), st1, L.slot * sizeof(float)) == 0);
+    /* the snapshot at 64 against a run stopped there (its chunks: the grid's, cut at 2 and 41) */
+    struct seqrun r64 = {.slot = 0, .start = 0, .n = 64};
+    run_step(&L, x, &r64, 1, out);
+    double e64 = rel_err(slot_state(&L, 3), slot_state(&L, 0), (int64_t)L.slot);
+    CHECKF(e64 < TOL_CHUNK, "snapshot at 64: %.3g", e64);
+    CHECK(cpu_kda_set_chunk(L.kda, -1) == SL_EINVAL);
+    close_layer(&L);
+}
+
 static void test_config_keys(void)
 {
     struct {
@@ -795,6 +929,8 @@ int main(void)
     RUN(test_golden_mixed_formats);
     RUN(test_split_exact);
     RUN(test_snapshots);
+    RUN(test_chunked_form);
+    RUN(test_chunked_split);
     RUN(test_config_keys);
     RUN(test_step_check);
     RUN(test_forget_gate_quant_names);

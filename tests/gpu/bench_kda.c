@@ -9,13 +9,19 @@
  * decoding (kda.h): verify steps of B sequences of 1 + 3 drafts (the drafts'
  * inputs saved, the slot left before them) beside the same step without
  * drafts, and the replay of 3 accepted drafts a sequence; per KDA layer
- * (GLM-5.3-Flash has 34). Not a test. */
+ * (GLM-5.3-Flash has 34). Last, prefill of one sequence of 1K, 4K and
+ * 14.6K tokens by the recurrence and by the chunked kernels (cuda_kda_chunk,
+ * kda_chunk.h: at its default chunk length, value columns as the mixer picks
+ * them, then 32, 64 and 128 a block), in ms a layer (the mixer's
+ * projections, the same on both paths, left out) and for the 34 KDA layers.
+ * Not a test. */
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cuda/kda.h"
+#include "cuda/kda_chunk.h"
 
 #define REP 20
 
@@ -46,11 +52,11 @@ int main(int argc, char **argv)
         printf("no GPU\n");
         return 0;
     }
-    if (cuda_kda_prepare() != cudaSuccess) {
+    if (cuda_kda_prepare() != cudaSuccess || cuda_kda_chunk_prepare() != cudaSuccess) {
         printf("cuda_kda_prepare failed\n");
         return 1;
     }
-    const int maxT = 4096, maxS = 256, C = H * D;
+    const int maxT = 14600, maxS = 256, C = H * D;
     size_t slot = (size_t)C * D + (size_t)(K - 1) * 3 * C;
     /* 0x3c bytes: small positive floats (~0.011) everywhere: finite, the gates mid-range */
     float *qkv = dalloc((size_t)maxT * 3 * C * 4, 0x3c), *fg = dalloc((size_t)maxT * C * 4, 0x3c);
@@ -59,6 +65,7 @@ int main(int argc, char **argv)
     float *A = dalloc((size_t)H * 4, 0x3c), *onorm = dalloc((size_t)D * 4, 0x3c);
     float *states = dalloc((size_t)maxS * slot * 4, 0), *o32 = dalloc((size_t)maxT * C * 4, 0);
     uint16_t *out = dalloc((size_t)maxT * C * 2, 0);
+    float *work = dalloc((size_t)maxT * 3 * C * 4, 0);
     struct cuda_kda_seq *seqs = dalloc((size_t)maxS * sizeof *seqs, 0), hs[256];
     struct cuda_kda_snap *snaps = dalloc(16 * sizeof *snaps, 0);
     cudaEvent_t e0, e1;
@@ -137,6 +144,48 @@ int main(int argc, char **argv)
             cudaError_t e = cudaGetLastError();
             if (e != cudaSuccess) printf(" error: %s", cudaGetErrorString(e));
             printf(" %12.1f", t[REP / 2] * 1000.0f);
+        }
+        printf("\n");
+    }
+
+    /* prefill of one sequence: the recurrence against the chunked kernels */
+    static const int lens[] = {1024, 4096, 14600};
+    static const int ccols[] = {0, 32, 64, 128}; /* 0: the mixer's choice (kda_chunk.h) */
+    printf("\nprefill, 1 sequence, ms a layer (x34: GLM-5.3-Flash's KDA layers); chunk %d tokens\n",
+           cuda_kda_chunk_len(D, 0));
+    printf("%-10s %14s %14s %14s %14s %14s\n", "tokens", "recurrence", "chunk (mixer)", "chunk cols 32", "chunk cols 64",
+           "chunk cols 128");
+    for (size_t s = 0; s < sizeof lens / sizeof *lens; s++) {
+        int L = lens[s];
+        hs[0] = (struct cuda_kda_seq){.t0 = 0, .n = L, .p0 = 0, .slot = 0, .mode = CUDA_KDA_CONTINUE, .from = 0};
+        cudaMemcpy(seqs, hs, sizeof *hs, cudaMemcpyHostToDevice);
+        printf("%-10d", L);
+        for (int path = 0; path < 5; path++) {
+            struct cuda_kda_args a = {.qkv = qkv, .fg = fg, .beta = beta, .gate = gate, .conv = conv, .dt_bias = dtb,
+                                      .A = A, .o_norm = onorm, .states = states, .slot_floats = slot, .off = 0,
+                                      .seqs = seqs, .snaps = snaps, .n_seqs = 1, .H = H, .D = D, .K = K,
+                                      .lower_bound = true, .lb = -5.0f, .eps = 1e-5f,
+                                      .cols = path ? ccols[path - 1] : 0, .o32 = o32, .out = out};
+            int rep = L > 4096 ? 5 : REP;
+            float t[REP];
+            cudaError_t e = cudaSuccess;
+            for (int r = 0; r < 2 + rep; r++) {
+                cudaEventRecord(e0, 0);
+                cudaError_t le = path ? cuda_kda_chunk(&a, 0, work, 0) : cuda_kda_recur(&a, 0);
+                if (le != cudaSuccess) e = le;
+                cudaEventRecord(e1, 0);
+                cudaEventSynchronize(e1);
+                if (r >= 2) cudaEventElapsedTime(&t[r - 2], e0, e1);
+            }
+            if (e == cudaSuccess) e = cudaGetLastError();
+            if (e != cudaSuccess) {
+                printf(" %14s", cudaGetErrorString(e));
+                continue;
+            }
+            qsort(t, rep, sizeof *t, cmpf);
+            char cell[32];
+            snprintf(cell, sizeof cell, "%.3f (%.0f)", t[rep / 2], t[rep / 2] * 34.0f);
+            printf(" %14s", cell);
         }
         printf("\n");
     }

@@ -65,7 +65,9 @@
 #   attn               bench_attn: the prefill attention kernels, each KV cache
 #   kernels            bench_kernels: each decode kernel and GEMV alone
 #   kda                bench_kda: the KDA recurrence at GLM-5.3-Flash's shape, decode and
-#                      prefill steps, one block a head against the value columns split
+#                      prefill steps, one block a head against the value columns split;
+#                      prefill of 1K, 4K and 14.6K tokens, the recurrence against the
+#                      chunked kernels (ms a layer); then again at 32 heads (a TP=2 rank)
 #   nccl               bench_nccl: one all-reduce, NCCL and the peer kernel (2+ GPUs)
 #   power              the GPU's power and SM clock (nvidia-smi every 20 ms)
 #                      during bench_gemm and sustained prefill steps (power_sum.py)
@@ -247,7 +249,8 @@ bench_one() {
                 tee "$d/bench_attn_$k.log"
         done ;;
     kernels) timeout -k 5 300 "$B/tests/gpu/bench_kernels" 2>&1 | tee "$d/bench_kernels.log" ;;
-    kda) timeout -k 5 300 "$B/tests/gpu/bench_kda" 2>&1 | tee "$d/bench_kda.log" ;;
+    kda) { timeout -k 5 300 "$B/tests/gpu/bench_kda"; timeout -k 5 300 "$B/tests/gpu/bench_kda" --heads=32; } 2>&1 |
+             tee "$d/bench_kda.log" ;;
     nccl)
         if [ "$ngpu" -lt 2 ]; then echo "nccl: needs 2+ GPUs, skipped"; return 0; fi
         timeout -k 5 120 "$B/tests/gpu/bench_nccl" "${TP:-2}" 2>&1 | tee "$d/bench_nccl.log" ;;

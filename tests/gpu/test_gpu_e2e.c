@@ -1297,6 +1297,14 @@ int main(int argc, char **argv)
     run_state_model("glm5-kda (index_topk null)", "tests/models/kda/glm5-kda", "tests/models/kda/glm5-kda/golden.json",
                     5e-2, 5e-2);
     g_hf_overrides = NULL;
+    /* every KDA prefill step in chunks of 16 (cuda/kda_chunk.cu; by default steps of 64 tokens or more, in
+     * chunks of 64): the prompts span several chunks, the steps of 7 and the snapshot at n / 3 cut them off
+     * the grid */
+    const int kmin = cuda_tuning.kda_chunk_min_t, klen = cuda_tuning.kda_chunk_len;
+    cuda_tuning.kda_chunk_min_t = 1, cuda_tuning.kda_chunk_len = 16;
+    run_state_model("glm5-kda (KDA in chunks of 16)", "tests/models/kda/glm5-kda",
+                    "tests/models/kda/glm5-kda/golden.json", 5e-2, 5e-2);
+    cuda_tuning.kda_chunk_min_t = kmin, cuda_tuning.kda_chunk_len = klen;
     run_state_model("glm5-hybrid", "tests/models/glm5/glm5-hybrid", "tests/models/glm5/glm5-hybrid/golden.json", 5e-2,
                     5e-2);
     run_state_model("glm5-mixed", "tests/models/glm5/glm5-mixed", "tests/models/glm5/glm5-mixed/golden.json", 5e-2,

@@ -31,6 +31,15 @@
  * The kernels get q|k|v as a high and a low part (a quarter of each value),
  * as the mixer's two-part projection leaves them. And cuda_kda_xsplit: xn
  * itself, then the low part that brings it to the f32 norm.
+ * The chunked kernels (cuda/kda_chunk.cu, cuda_kda_chunk) on the same
+ * harness, at chunk lengths 1, 5, 16, 32, 64 and the default, value columns
+ * split or not: several sequences with snapshots on and off the chunk grid,
+ * resumed and restored, and a prefill beside 1-token sequences, against the
+ * CPU recurrence and against the GPU recurrence from the same states (bf16
+ * outputs; states to 1e-4: the chunked form reorders the sums); decays near 0
+ * and 1 side by side; a prompt split on the chunk grid giving one step's bits,
+ * split off it, one step's values to f32 rounding; shapes it cannot take
+ * refused.
  * And, on the host (no GPU needed), cuda_kda_pack: the step's sequences and
  * snapshots as the kernels read them, padding for a decode graph, a step
  * whose snapshots overflow the buffer refused, a verify step's drafts (nd,
@@ -44,6 +53,7 @@
 
 #include "cuda/cuda_internal.h"
 #include "cuda/kda.h"
+#include "cuda/kda_chunk.h"
 #include "model/backend.h"
 #include "model/cpu_internal.h"
 #include "model/model.h"
@@ -51,7 +61,7 @@
 #include "tests/test.h"
 
 #define NSLOT 8
-#define MAXT 96
+#define MAXT 160
 
 struct lay {
     int E, H, D, C, K;
@@ -96,6 +106,9 @@ static void *up(const void *h, size_t n)
     return d;
 }
 
+/* dt_bias + g_dshift, the sign alternating by channel: decays near 0 and near 1 side by side (0: as drawn) */
+static float g_dshift;
+
 static bool lay_open(struct lay *L, int E, int H, int D, bool lb)
 {
     memset(L, 0, sizeof *L);
@@ -107,6 +120,7 @@ static bool lay_open(struct lay *L, int E, int H, int D, bool lb)
     L->wga = rnd((size_t)D * E, se, 0), L->wgb = rnd((size_t)C * D, sd, 0), L->wo = rnd((size_t)E * C, sc, 0);
     L->conv = rnd((size_t)3 * C * K, 0.5f, 0), L->dtb = rnd((size_t)C, 0.5f, 0), L->alog = rnd((size_t)H, 0.5f, 0);
     L->onorm = rnd((size_t)D, 0.2f, 1.0f);
+    for (int c = 0; c < C; c++) L->dtb[c] += c & 1 ? -g_dshift : g_dshift;
     struct model_config *c = &L->c;
     c->n_layer = 1, c->n_embd = E, c->norm_eps = 1e-5f;
     c->kda = (struct model_kda_config){.n_head = H, .head_dim = D, .conv_kernel = K, .has_lower_bound = lb,
@@ -183,6 +197,10 @@ static double rel(const float *a, const float *b, size_t n)
 
 /* The recurrence's value columns a block (cuda_kda_args.cols; 0: the default) */
 static int g_cols;
+/* >= 0: the GPU runs cuda_kda_chunk with chunks of g_chunk tokens (0: its default) instead of cuda_kda_recur */
+static int g_chunk = -1;
+/* the CPU side left out (the CPU states stay as they were) */
+static bool g_gpu_only;
 
 /* One step of the sequences r[0..ns) (x rows by position, per sequence its
  * own stream xs[i]) on both sides, plus `pad` padding entries on the GPU.
@@ -228,8 +246,10 @@ static int step(struct lay *L, float *const *xs, const struct sq *r, int ns, int
     for (int i = ns; i < ns + pad; i++) ks[i] = (struct cuda_kda_seq){.n = 0, .slot = 0};
     /* the CPU */
     struct step s = {.n_tokens = Tc, .token_ids = ids, .positions = pos, .slots = slots, .n_seqs = ns, .seqs = ss};
-    cpu_kda_begin(L->kda, &s, L->cst);
-    cpu_kda_mixer(L->kda, L->be, &s, 0, xc, cout, L->cst);
+    if (!g_gpu_only) {
+        cpu_kda_begin(L->kda, &s, L->cst);
+        cpu_kda_mixer(L->kda, L->be, &s, 0, xc, cout, L->cst);
+    }
     /* the GPU, from projections made here */
     float *qkv = malloc((size_t)T * 3 * C * 4), *p = malloc((size_t)T * C * 4), *fa = malloc((size_t)T * D * 4),
           *fg = malloc((size_t)T * C * 4), *gt = malloc((size_t)T * C * 4), *beta = malloc((size_t)T * H * 4);
@@ -274,7 +294,8 @@ static int step(struct lay *L, float *const *xs, const struct sq *r, int ns, int
                                .n_seqs = nrp, .H = H, .D = D, .K = L->K, .lower_bound = L->lb, .lb = -5.0f,
                                .eps = L->c.norm_eps, .replay = true};
     cudaError_t e = cuda_kda_begin(L->dst, L->slot, dks, ns + pad, 0);
-    if (e == cudaSuccess) e = cuda_kda_recur(&a, 0);
+    float *dwork = g_chunk >= 0 ? up(NULL, (size_t)T * 3 * C * 4) : NULL;
+    if (e == cudaSuccess) e = g_chunk >= 0 ? cuda_kda_chunk(&a, g_chunk, dwork, 0) : cuda_kda_recur(&a, 0);
     if (e == cudaSuccess && nrp) e = cuda_kda_recur(&ra, 0);
     if (e == cudaSuccess) e = cudaDeviceSynchronize();
     CHECKF(e == cudaSuccess, "kernels: %s", cudaGetErrorString(e));
@@ -286,7 +307,7 @@ static int step(struct lay *L, float *const *xs, const struct sq *r, int ns, int
     for (int t = 0; t < Tc; t++) memcpy(gout + (size_t)t * E, gall + (size_t)gmap[t] * E, (size_t)E * 4);
     free(qkv), free(p), free(fa), free(fg), free(gt), free(beta), free(o16), free(gall);
     cudaFree(dlo), cudaFree(do32), cudaFree(dqkv), cudaFree(dfg), cudaFree(dgt), cudaFree(dbeta), cudaFree(dks);
-    cudaFree(dsn), cudaFree(dout), cudaFree(drp), cudaFree(sq), cudaFree(sf), cudaFree(sb);
+    cudaFree(dsn), cudaFree(dout), cudaFree(drp), cudaFree(sq), cudaFree(sf), cudaFree(sb), cudaFree(dwork);
     return Tc;
 }
 
@@ -401,6 +422,139 @@ static void run_case(int E, int H, int D, bool lb)
     free(g1), free(g2), free(st), free(go), free(co);
     for (int i = 0; i < 4; i++) free(xs[i]);
     lay_close(&L);
+}
+
+/* ---- the chunked form (cuda_kda_chunk) ---------------------------------------------- */
+
+/* The chunked kernels against the CPU recurrence (TOL_OUT, TOL_STATE as the
+ * recurrence kernel) and against the GPU recurrence on the same input
+ * states: outputs to TOL_OUT (bf16 outputs: a rounding flip is 2^-8 of an
+ * element), states to TOL_CHUNK_STATE. The chunked form reorders the sums
+ * (within a chunk the decays are exp of differences of cumulative
+ * log-gates, not products of per-token factors; the delta rule is a
+ * triangular solve): on the CPU the two forms differ by ~1e-6 relative
+ * (tests/test_kda.c), and f32 rounding of 64-term sums gives ~1e-6 more. */
+#define TOL_CHUNK_STATE 1e-4
+
+static float *dev_states(struct lay *L)
+{
+    size_t n = (size_t)NSLOT * L->slot * 4;
+    float *h = malloc(n);
+    cudaMemcpy(h, L->dst, n, cudaMemcpyDeviceToHost);
+    return h;
+}
+
+/* The step r[0..ns) in chunks (GPU and CPU), then from the same GPU states
+ * by the GPU recurrence; leaves the GPU states the chunked ones. */
+static void chunk_vs(struct lay *L, float *const *xs, const struct sq *r, int ns, int pad, int chunk, const char *what)
+{
+    size_t n = (size_t)NSLOT * L->slot;
+    float *before = dev_states(L), *go = malloc((size_t)MAXT * L->E * 4), *co = malloc((size_t)MAXT * L->E * 4);
+    float *ro = malloc((size_t)MAXT * L->E * 4);
+    g_chunk = chunk;
+    int T = step(L, xs, r, ns, pad, go, co);
+    double eo = rel(go, co, (size_t)T * L->E), es = state_err(L);
+    float *after = dev_states(L);
+    cudaMemcpy(L->dst, before, n * 4, cudaMemcpyHostToDevice);
+    g_chunk = -1, g_gpu_only = true;
+    step(L, xs, r, ns, pad, ro, co);
+    g_gpu_only = false;
+    float *rec = dev_states(L);
+    double ero = rel(go, ro, (size_t)T * L->E), ers = rel(after, rec, n);
+    cudaMemcpy(L->dst, after, n * 4, cudaMemcpyHostToDevice);
+    bool ok = eo <= TOL_OUT && es <= TOL_STATE && ero <= TOL_OUT && ers <= TOL_CHUNK_STATE;
+    printf("  %s %s, chunk %d: vs CPU output %.3g, states %.3g; vs GPU recurrence output %.3g, states %.3g\n",
+           ok ? "ok  " : "FAIL", what, chunk, eo, es, ero, ers);
+    CHECK(ok);
+    free(before), free(after), free(rec), free(go), free(co), free(ro);
+}
+
+static void run_chunk_case(int E, int H, int D, bool lb, int chunk, int cols)
+{
+    struct lay L;
+    char what[160];
+    if (!lay_open(&L, E, H, D, lb)) return;
+    float *xs[4];
+    for (int i = 0; i < 4; i++) xs[i] = rnd((size_t)MAXT * E, 1.0f, 0);
+    g_cols = cols;
+    snprintf(what, sizeof what, "E %d, %d heads of %d, %s%s, cols %d", E, H, D, lb ? "lower bound" : "softplus",
+             g_dshift ? ", decays near 0 and 1" : "", cols);
+    /* several sequences: fresh and long (over two chunks) with snapshots off and on the grid, resumed off the
+     * grid (random state and tail), restored, one token; padding entries */
+    struct sq r1[4] = {
+        {.slot = 0, .start = 0, .n = 100, .n_snaps = 3, .snap_pos = {5, 64, 70}, .snap_slot = {4, 5, 2}},
+        {.slot = 1, .start = 10, .n = 30},
+        {.slot = 3, .start = 8, .n = 13, .restore = true, .from = 6, .n_snaps = 1, .snap_pos = {21}, .snap_slot = {7}},
+        {.slot = 6, .start = 3, .n = 1},
+    };
+    char w1[200];
+    snprintf(w1, sizeof w1, "%s: 4 sequences, restore, snapshots", what);
+    chunk_vs(&L, xs, r1, 4, 2, chunk, w1);
+    /* a mixed step: a prefill beside 1-token sequences (the chunked kernel takes the step whole) */
+    struct sq r2[3] = {
+        {.slot = 0, .start = 100, .n = 1}, {.slot = 1, .start = 40, .n = 57}, {.slot = 4, .start = 5, .n = 1}};
+    snprintf(w1, sizeof w1, "%s: a prefill beside 1-token sequences", what);
+    chunk_vs(&L, xs, r2, 3, 0, chunk, w1);
+    /* a prompt of 150 in one step (slot 0) and in two (slot 1): split at 64, on the grid of chunk 16 / 32 / 64,
+     * the same bits; split at 50, within f32 rounding */
+    int n = 150, Lc = chunk ? chunk : cuda_kda_chunk_len(D, cols);
+    CHECKF(Lc >= 1, "no chunk length fits at head_dim %d, %d columns", D, cols);
+    if (Lc < 1) Lc = 1;
+    g_chunk = chunk;
+    struct sq one = {.slot = 0, .start = 0, .n = n};
+    float *go = malloc((size_t)MAXT * E * 4), *co = malloc((size_t)MAXT * E * 4), *g1 = malloc((size_t)n * E * 4);
+    float *g2 = malloc((size_t)n * E * 4), *st = malloc(2 * L.slot * 4);
+    step(&L, xs + 3, &one, 1, 0, go, co);
+    memcpy(g1, go, (size_t)n * E * 4);
+    int cuts[2] = {64 / Lc * Lc, 50};
+    for (int k = 0; k < 2; k++) {
+        int cut = cuts[k] ? cuts[k] : Lc;
+        struct sq a = {.slot = 1, .start = 0, .n = cut}, b = {.slot = 1, .start = cut, .n = n - cut};
+        step(&L, xs + 3, &a, 1, 0, go, co);
+        memcpy(g2, go, (size_t)cut * E * 4);
+        step(&L, xs + 3, &b, 1, 0, go, co);
+        memcpy(g2 + (size_t)cut * E, go, (size_t)(n - cut) * E * 4);
+        cudaMemcpy(st, L.dst, 2 * L.slot * 4, cudaMemcpyDeviceToHost);
+        bool grid = cut % Lc == 0, same = !memcmp(st, st + L.slot, L.slot * 4) && !memcmp(g1, g2, (size_t)n * E * 4);
+        double eo = rel(g2, g1, (size_t)n * E), es = rel(st + L.slot, st, L.slot);
+        bool ok = grid ? same : eo <= TOL_OUT && es <= TOL_CHUNK_STATE;
+        printf("  %s %s, chunk %d: a prompt split at %d%s = one step%s: output %.3g, state %.3g\n",
+               ok ? "ok  " : "FAIL", what, chunk, cut, grid ? " (on the grid)" : "", grid ? ", bit for bit" : "", eo,
+               es);
+        CHECK(ok);
+    }
+    g_chunk = -1, g_cols = 0;
+    free(go), free(co), free(g1), free(g2), free(st);
+    for (int i = 0; i < 4; i++) free(xs[i]);
+    lay_close(&L);
+}
+
+static void test_kda_chunk(void)
+{
+    CHECK(cuda_kda_prepare() == cudaSuccess && cuda_kda_chunk_prepare() == cudaSuccess);
+    int L128 = cuda_kda_chunk_len(128, 0);
+    printf("  default chunk at head_dim 128: %d tokens\n", L128);
+    CHECK(L128 >= 32);
+    run_chunk_case(64, 4, 16, true, 0, 0);
+    run_chunk_case(64, 4, 16, false, 16, 0);
+    run_chunk_case(64, 4, 16, true, 5, 8);
+    run_chunk_case(64, 4, 16, true, 1, 0);
+    run_chunk_case(96, 3, 32, true, 32, 24);
+    run_chunk_case(256, 2, 128, true, 0, 0);
+    run_chunk_case(256, 2, 128, false, 64, 32);
+    run_chunk_case(256, 2, 128, true, 16, 64);
+    g_dshift = 30.0f;
+    run_chunk_case(64, 4, 16, true, 64, 0);
+    run_chunk_case(64, 4, 16, false, 64, 0);
+    run_chunk_case(256, 2, 128, false, 0, 0);
+    g_dshift = 0;
+    /* a shape it cannot take is refused, not launched */
+    struct cuda_kda_args bad = {.n_seqs = 1, .D = 256, .K = 4, .o32 = (float *)16};
+    float *w = (float *)16;
+    CHECK(cuda_kda_chunk(&bad, 0, w, 0) == cudaErrorInvalidValue);
+    bad.D = 128, bad.K = 4;
+    CHECK(cuda_kda_chunk(&bad, CUDA_KDA_CHUNK_MAX + 1, w, 0) == cudaErrorInvalidValue);
+    CHECK(cuda_kda_chunk(&bad, 0, NULL, 0) == cudaErrorInvalidValue);
 }
 
 /* cuda_kda_xsplit after cuda_add_rmsnorm: the first T rows xn itself, and
@@ -519,5 +673,6 @@ int main(void)
     }
     RUN(test_xsplit);
     RUN(test_kda);
+    RUN(test_kda_chunk);
     return test_summary();
 }

@@ -1,0 +1,462 @@
+/* kda_chunk.cu - the KDA delta rule in chunks (kda_chunk.h), three kernels:
+ *  - prep, parallel over the step's tokens: the conv + SiLU of q, k, v, the
+ *    L2 norms of q and k, into the work buffer;
+ *  - one block per (sequence, head, block of value columns) walks the
+ *    sequence's chunks in order, each chunk in shared memory as recur_chunked
+ *    (model/cpu_kda.c) does it, step for step and sum for sum (f32, expf as
+ *    there):
+ *      P1  the chunk's q, k (every channel of the head), v (the block's
+ *          columns) and the gate's input, copied asynchronously; sigmoid(b)
+ *      P2  the log-decays, then G, their cumulative sums (a thread a channel)
+ *      P3  A[t][s] = beta_t sum_c k_t k_s e^(G_t - G_s) (s < t), P[t][s] the
+ *          same with q_t (s <= t): s in t's sub-chunk of 16 directly (every
+ *          sub-chunk in one loop), s before it from per-row factors (k_s
+ *          e^(B - G_s), k_t e^(G_t - B), B = G before the sub-chunk: no exp a
+ *          pair), a sub-chunk at a time
+ *      P4  q e^G_t, k e^G_t, k e^(G_L - G_t) in place of q, k, G
+ *      P5  u = beta (v - (k e^G)^T S0), then the triangular solve u_t -= A[t][s]
+ *          u_s, s in order, a sub-chunk of rows at a time (against the rows
+ *          before it in parallel, then inside it a thread a column)
+ *      P6  o_t = (q e^G)^T S0 + sum_{s <= t} P[t][s] u_s, into o32
+ *      P7  S = e^G_L S0 + sum_t (k_t e^(G_L - G_t)) u_t^T; a snapshot's S here
+ *    (P5 to P7: a warp a set of rows, a lane a column, so each row's operand
+ *    is one broadcast read); the block's S columns stay in shared memory from
+ *    the first chunk to the last;
+ *  - the gated output norm (parallel over tokens) and the conv tails.
+ * Every exponent is <= 0 (a difference of cumulative log-decays later minus
+ * earlier, or one of them), so nothing overflows whatever the gate.
+ *
+ * Shared memory (floats): q, k, G [L][D + 1] (the padding spreads a column
+ * over the banks when a warp's threads read different rows), X [L - 16][D + 1],
+ * Y [2][16][D + 1], S [D][cols], v / u [L][cols], A and P [L][L + 1], beta
+ * [L], G_L and e^G_L [D]: 195 KB at L 64, D 128, cols 32. */
+#include <cuda_pipeline.h>
+
+#include "cuda/bf16.cuh"
+#include "cuda/kda_chunk.h"
+
+/* threads a block: >= CUDA_KDA_MAX_D (thread c < D owns channel c's cumulative sum); 16 warps, since a chunk
+ * block has an SM to itself and its loops are chains of shared-memory reads */
+#define KC_THREADS 512
+#define KC_WARPS (KC_THREADS / 32)
+#define KC_ROWS ((CUDA_KDA_CHUNK_MAX + KC_WARPS - 1) / KC_WARPS) /* a warp's rows t of a chunk in P5, P6 */
+#define KC_SROWS ((CUDA_KDA_MAX_D + KC_WARPS - 1) / KC_WARPS)    /* a warp's rows c of S in P7 */
+#define KC_DL ((CUDA_KDA_MAX_D + 31) / 32)                       /* a lane's channels in the prep kernel */
+#define KC_SUB 16  /* the sub-chunks of P3 and P5 (model/cpu_kda.c's KDA_SUB) */
+#define KC_TRI (KC_SUB * (KC_SUB + 1) / 2) /* the (t, s <= t) pairs of a sub-chunk */
+/* the prep and output kernels' blocks a (sequence, head), its tokens strided over them: 8 x 16 warps keep a
+ * 14.6K-token prompt's heads on every SM, and a prefill step's grid spans max_seqs entries, most of them
+ * padding, whose blocks only start and stop */
+#define KC_OUT_Z 8
+
+static __device__ __forceinline__ float kc_sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* Input channel ch (of 3C) of row `row`, the low part added when given (kda.cu's kda_in) */
+static __device__ __forceinline__ float kc_in(const struct cuda_kda_args &a, size_t row, size_t ch)
+{
+    size_t i = row * 3 * (size_t)a.H * a.D + ch;
+    return a.qkv_lo ? a.qkv[i] + a.qkv_lo[i] : a.qkv[i];
+}
+
+/* The conv input of channel ch at position ps of sequence q (ps >= q.p0 - (K-1)):
+ * the step's row, or before the step the slot's tail [K-1][3C] */
+static __device__ __forceinline__ float kc_conv_in(const struct cuda_kda_args &a, const struct cuda_kda_seq &q,
+                                                   const float *tail, int ps, size_t ch)
+{
+    if (ps >= q.p0) return kc_in(a, (size_t)(q.t0 + ps - q.p0), ch);
+    return tail[(size_t)(ps - q.p0 + a.K - 1) * 3 * (size_t)a.H * a.D + ch];
+}
+
+/* The rows of the X (k_s e^(B - G_s), s before the sub-chunk) and Y (k_t, q_t
+ * e^(G_t - B), t in it) buffers for chunks of L */
+static __host__ __device__ int kc_xrows(int L) { return (L + KC_SUB - 1) / KC_SUB * KC_SUB - KC_SUB; }
+static __host__ __device__ int kc_yrows(int L) { return L < KC_SUB ? L : KC_SUB; }
+
+static __host__ __device__ size_t kc_smem_floats(int L, int D, int cols)
+{
+    return (3 * (size_t)L + kc_xrows(L) + 2 * (size_t)kc_yrows(L)) * (D + 1) + (size_t)D * cols + (size_t)L * cols +
+           2 * (size_t)L * (L + 1) + L + 2 * (size_t)D;
+}
+
+/* Before kda_chunk_kernel, blocks (head blockIdx.x, sequence blockIdx.y,
+ * token slice blockIdx.z), a warp a token, lane l channels l, l + 32, ..:
+ * the conv + SiLU of the token's q, k, v channels of the head (from the
+ * step's rows, or the slot's tail before the step), q and k L2-normed (q
+ * scaled by 1/sqrt(D)), into work [T][3C] (q|k|v as qkv). Every token at
+ * once: the conv's reads are latency, spread here over the whole GPU. */
+static __global__ void __launch_bounds__(KC_THREADS) kda_chunk_prep_kernel(struct cuda_kda_args a, float *work)
+{
+    const struct cuda_kda_seq q = a.seqs[blockIdx.y];
+    if (q.n <= 0) return;
+    const int h = blockIdx.x, D = a.D, K = a.K, C = a.H * D, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    const float *tail = a.states + (size_t)q.slot * a.slot_floats + a.off + (size_t)C * D;
+    const float qscale = 1.0f / sqrtf((float)D);
+    for (int t = blockIdx.z * nw + (threadIdx.x >> 5); t < q.n; t += gridDim.z * nw) {
+        const int pos = q.p0 + t;
+        float *w = work + (size_t)(q.t0 + t) * 3 * C + (size_t)h * D;
+        for (int pt = 0; pt < 3; pt++) {
+            float y[KC_DL], ss = 0.0f;
+#pragma unroll
+            for (int m = 0; m < KC_DL; m++) {
+                const int c = lane + 32 * m;
+                y[m] = 0.0f;
+                if (c < D) {
+                    const size_t ch = (size_t)pt * C + (size_t)h * D + c;
+                    float acc = 0.0f;
+                    for (int j = 0; j < K; j++)
+                        acc = fmaf(a.conv[ch * K + j], kc_conv_in(a, q, tail, pos - (K - 1) + j, ch), acc);
+                    y[m] = acc * kc_sigm(acc);
+                    ss = fmaf(y[m], y[m], ss);
+                }
+            }
+            float r = 1.0f;
+            if (pt < 2) { /* pt is the same for the whole warp */
+                for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+                r = 1.0f / sqrtf(ss + 1e-6f);
+            }
+#pragma unroll
+            for (int m = 0; m < KC_DL; m++) {
+                const int c = lane + 32 * m;
+                if (c < D) w[(size_t)pt * C + c] = pt == 0 ? y[m] * r * qscale : pt == 1 ? y[m] * r : y[m];
+            }
+        }
+    }
+}
+
+/* One block per (sequence blockIdx.y, head h and its column block cb:
+ * blockIdx.x = h nb + cb), KC_THREADS threads (P5 to P7 map rows to the
+ * KC_WARPS warps: t = warp + KC_WARPS m, a lane a column). */
+static __global__ void __launch_bounds__(KC_THREADS)
+    kda_chunk_kernel(struct cuda_kda_args a, const float *work, int Lc, int cols, int nb)
+{
+    extern __shared__ float sm[];
+    const struct cuda_kda_seq q = a.seqs[blockIdx.y];
+    if (q.n <= 0) return;
+    const int h = blockIdx.x / nb, c0 = blockIdx.x % nb * cols, D = a.D, H = a.H, C = H * D;
+    const int nc = D - c0 < cols ? D - c0 : cols, DP = D + 1, LP = Lc + 1, tid = threadIdx.x, nt = blockDim.x;
+    const int lane = tid & 31, warp = tid >> 5;
+    float *Qs = sm, *Ks = Qs + (size_t)Lc * DP, *Gs = Ks + (size_t)Lc * DP, *Xs = Gs + (size_t)Lc * DP;
+    float *Y0 = Xs + (size_t)kc_xrows(Lc) * DP, *Y1 = Y0 + (size_t)kc_yrows(Lc) * DP;
+    float *Ss = Y1 + (size_t)kc_yrows(Lc) * DP, *Us = Ss + (size_t)D * cols, *As = Us + (size_t)Lc * cols;
+    float *Ps = As + (size_t)Lc * LP, *bs = Ps + (size_t)Lc * LP, *gl = bs + Lc, *eg = gl + D;
+    float *slot = a.states + (size_t)q.slot * a.slot_floats + a.off;
+    float *Sg = slot + (size_t)h * D * D; /* this head's S in the slot, S[k][v] */
+    const size_t n3 = 3 * (size_t)C;
+    const float Ah = a.A[h];
+
+    for (int i = tid; i < D * nc; i += nt)
+        Ss[(size_t)(i / nc) * cols + i % nc] = Sg[(size_t)(i / nc) * D + c0 + i % nc];
+    int snap = 0;
+    for (int t0 = 0; t0 < q.n;) {
+        /* the chunk [t0, e): to the next grid point, the step's end or the next snapshot (uniform over the block) */
+        int e = ((q.p0 + t0) / Lc + 1) * Lc - q.p0;
+        if (e > q.n) e = q.n;
+        while (snap < q.n_snaps && a.snaps[q.snap0 + snap].pos <= q.p0 + t0) snap++;
+        if (snap < q.n_snaps && a.snaps[q.snap0 + snap].pos - q.p0 < e) e = a.snaps[q.snap0 + snap].pos - q.p0;
+        const int L = e - t0;
+        const size_t r0 = (size_t)(q.t0 + t0); /* the chunk's first row in the step */
+
+        /* P1: the prepared q, k (every channel of the head), v (the block's columns) and the gate's input f
+         * of the chunk's rows, copied asynchronously (one wait for all of them); sigmoid(b) */
+        for (int i = tid; i < L * D; i += nt) {
+            const int t = i / D, c = i % D;
+            const float *w = work + (r0 + t) * n3 + (size_t)h * D + c;
+            __pipeline_memcpy_async(Qs + (size_t)t * DP + c, w, 4);
+            __pipeline_memcpy_async(Ks + (size_t)t * DP + c, w + C, 4);
+            __pipeline_memcpy_async(Gs + (size_t)t * DP + c, a.fg + (r0 + t) * C + (size_t)h * D + c, 4);
+        }
+        for (int i = tid; i < L * nc; i += nt) {
+            const int t = i / nc, j = i % nc;
+            const float *w = work + (r0 + t) * n3 + 2 * (size_t)C + (size_t)h * D + c0 + j;
+            __pipeline_memcpy_async(Us + (size_t)t * cols + j, w, 4);
+        }
+        __pipeline_commit();
+        for (int t = tid; t < L; t += nt) bs[t] = kc_sigm(a.beta[(r0 + t) * H + h]);
+        __pipeline_wait_prior(0);
+        __syncthreads();
+
+        /* P2: the log-decays from f (every (t, c) at once), then G, their cumulative sums (a thread a channel) */
+        for (int i = tid; i < L * D; i += nt) {
+            const size_t o = (size_t)(i / D) * DP + i % D;
+            const float g = Gs[o] + a.dt_bias[(size_t)h * D + i % D];
+            Gs[o] = a.lower_bound ? a.lb * kc_sigm(Ah * g) : -Ah * (g > 20.0f ? g : log1pf(expf(g)));
+        }
+        __syncthreads();
+        if (tid < D) {
+            float run = 0.0f;
+            for (int t = 0; t < L; t++) Gs[(size_t)t * DP + tid] = run += Gs[(size_t)t * DP + tid];
+            gl[tid] = run;
+            eg[tid] = expf(run);
+        }
+        __syncthreads();
+
+        /* P3: A and P. First the pairs inside each sub-chunk of KC_SUB rows, directly (all sub-chunks in one
+         * loop: p = i KC_TRI + t (t + 1) / 2 + s, t and s local to sub-chunk i) */
+        const int nsub = (L + KC_SUB - 1) / KC_SUB, mlast = L - (nsub - 1) * KC_SUB;
+        const int npd = (nsub - 1) * KC_TRI + mlast * (mlast + 1) / 2;
+        for (int p = tid; p < npd; p += nt) {
+            const int i = p / KC_TRI, pl = p % KC_TRI;
+            int t = (int)((sqrtf(8.0f * (float)pl + 1.0f) - 1.0f) * 0.5f);
+            while (t * (t + 1) / 2 > pl) t--;
+            while ((t + 1) * (t + 2) / 2 <= pl) t++;
+            const int s = i * KC_SUB + pl - t * (t + 1) / 2;
+            t += i * KC_SUB;
+            const float *kt = Ks + (size_t)t * DP, *qt = Qs + (size_t)t * DP, *gt = Gs + (size_t)t * DP;
+            const float *ks = Ks + (size_t)s * DP, *gs = Gs + (size_t)s * DP;
+            float ac = 0.0f, pc = 0.0f;
+            for (int c = 0; c < D; c++) {
+                const float x = ks[c] * expf(gt[c] - gs[c]);
+                ac = fmaf(kt[c], x, ac);
+                pc = fmaf(qt[c], x, pc);
+            }
+            As[(size_t)t * LP + s] = ac * bs[t];
+            Ps[(size_t)t * LP + s] = pc;
+        }
+        /* then the rows t of each later sub-chunk against s before it, from the factors X and Y (B = G_{r-1}:
+         * every exponent <= 0; no exp a pair). Other entries of A and P than the loop above: no barrier between */
+        for (int r = KC_SUB; r < L; r += KC_SUB) {
+            const int m = L - r < KC_SUB ? L - r : KC_SUB;
+            const float *B = Gs + (size_t)(r - 1) * DP;
+            for (int i = tid; i < r * D; i += nt) {
+                const int s = i / D, c = i % D;
+                Xs[(size_t)s * DP + c] = Ks[(size_t)s * DP + c] * expf(B[c] - Gs[(size_t)s * DP + c]);
+            }
+            for (int i = tid; i < m * D; i += nt) {
+                const int t = i / D, c = i % D;
+                const float et = expf(Gs[(size_t)(r + t) * DP + c] - B[c]);
+                Y0[(size_t)t * DP + c] = Ks[(size_t)(r + t) * DP + c] * et;
+                Y1[(size_t)t * DP + c] = Qs[(size_t)(r + t) * DP + c] * et;
+            }
+            __syncthreads();
+            for (int i = tid; i < m * r; i += nt) {
+                const int t = i / r, s = i % r;
+                const float *y0 = Y0 + (size_t)t * DP, *y1 = Y1 + (size_t)t * DP, *x = Xs + (size_t)s * DP;
+                float ac = 0.0f, pc = 0.0f;
+                for (int c = 0; c < D; c++) {
+                    ac = fmaf(y0[c], x[c], ac);
+                    pc = fmaf(y1[c], x[c], pc);
+                }
+                As[(size_t)(r + t) * LP + s] = ac * bs[r + t];
+                Ps[(size_t)(r + t) * LP + s] = pc;
+            }
+            __syncthreads(); /* X and Y are the next sub-chunk's */
+        }
+        __syncthreads();
+
+        /* P4: q e^G, k e^G and k e^(G_L - G) in place of q, k and G */
+        for (int i = tid; i < L * D; i += nt) {
+            const size_t o = (size_t)(i / D) * DP + i % D;
+            const float G = Gs[o], eG = expf(G), k = Ks[o];
+            Qs[o] = Qs[o] * eG;
+            Ks[o] = k * eG;
+            Gs[o] = k * expf(gl[i % D] - G);
+        }
+        __syncthreads();
+
+        /* P5: u = beta (v - (k e^G)^T S0) (warp rows, lane columns), then the solve down each column */
+        const int j = lane;
+        if (j < nc) {
+            float acc[KC_ROWS];
+#pragma unroll
+            for (int mm = 0; mm < KC_ROWS; mm++) acc[mm] = 0.0f;
+            for (int c = 0; c < D; c++) {
+                const float sv = Ss[(size_t)c * cols + j];
+#pragma unroll
+                for (int mm = 0; mm < KC_ROWS; mm++) {
+                    const int t = warp + KC_WARPS * mm;
+                    if (t < L) acc[mm] = fmaf(Ks[(size_t)t * DP + c], sv, acc[mm]);
+                }
+            }
+#pragma unroll
+            for (int mm = 0; mm < KC_ROWS; mm++) {
+                const int t = warp + KC_WARPS * mm;
+                if (t < L) Us[(size_t)t * cols + j] = bs[t] * (Us[(size_t)t * cols + j] - acc[mm]);
+            }
+        }
+        __syncthreads();
+        /* the solve, u_t -= A[t][s] u_s for s = 0 .. t-1 in order, a sub-chunk of rows at a time: against the
+         * rows before it (every (t, column) at once), then inside it (a thread a column) */
+        for (int r = 0; r < L; r += KC_SUB) {
+            const int re = L - r < KC_SUB ? L : r + KC_SUB;
+            if (r > 0) {
+                for (int i = tid; i < (re - r) * nc; i += nt) {
+                    const int t = r + i / nc, jj = i % nc;
+                    float u = Us[(size_t)t * cols + jj];
+                    for (int s = 0; s < r; s++) u = fmaf(-As[(size_t)t * LP + s], Us[(size_t)s * cols + jj], u);
+                    Us[(size_t)t * cols + jj] = u;
+                }
+                __syncthreads();
+            }
+            if (tid < nc)
+                for (int t = r + 1; t < re; t++) {
+                    float u = Us[(size_t)t * cols + tid];
+                    for (int s = r; s < t; s++) u = fmaf(-As[(size_t)t * LP + s], Us[(size_t)s * cols + tid], u);
+                    Us[(size_t)t * cols + tid] = u;
+                }
+            __syncthreads();
+        }
+
+        /* P6: the outputs before the norm (warp rows, lane columns) */
+        if (j < nc) {
+            float o[KC_ROWS];
+#pragma unroll
+            for (int mm = 0; mm < KC_ROWS; mm++) o[mm] = 0.0f;
+            for (int c = 0; c < D; c++) {
+                const float sv = Ss[(size_t)c * cols + j];
+#pragma unroll
+                for (int mm = 0; mm < KC_ROWS; mm++) {
+                    const int t = warp + KC_WARPS * mm;
+                    if (t < L) o[mm] = fmaf(Qs[(size_t)t * DP + c], sv, o[mm]);
+                }
+            }
+            for (int s = 0; s < L; s++) {
+                const float u = Us[(size_t)s * cols + j];
+#pragma unroll
+                for (int mm = 0; mm < KC_ROWS; mm++) {
+                    const int t = warp + KC_WARPS * mm;
+                    if (t < L && s <= t) o[mm] = fmaf(Ps[(size_t)t * LP + s], u, o[mm]);
+                }
+            }
+#pragma unroll
+            for (int mm = 0; mm < KC_ROWS; mm++) {
+                const int t = warp + KC_WARPS * mm;
+                if (t < L) a.o32[(r0 + t) * C + (size_t)h * D + c0 + j] = o[mm];
+            }
+        }
+        __syncthreads(); /* P6 reads S0 */
+
+        /* P7: the state after the chunk (warp rows c = warp + KC_WARPS m of S, lane columns) */
+        if (j < nc) {
+            float x[KC_SROWS];
+#pragma unroll
+            for (int mm = 0; mm < KC_SROWS; mm++) {
+                const int c = warp + KC_WARPS * mm;
+                x[mm] = c < D ? eg[c] * Ss[(size_t)c * cols + j] : 0.0f;
+            }
+            for (int t = 0; t < L; t++) {
+                const float u = Us[(size_t)t * cols + j];
+#pragma unroll
+                for (int mm = 0; mm < KC_SROWS; mm++) {
+                    const int c = warp + KC_WARPS * mm;
+                    if (c < D) x[mm] = fmaf(Gs[(size_t)t * DP + c], u, x[mm]);
+                }
+            }
+#pragma unroll
+            for (int mm = 0; mm < KC_SROWS; mm++) {
+                const int c = warp + KC_WARPS * mm;
+                if (c < D) Ss[(size_t)c * cols + j] = x[mm];
+            }
+        }
+        __syncthreads(); /* S complete; the next chunk rewrites q, k, G, u, A, P */
+        t0 = e;
+        while (snap < q.n_snaps && a.snaps[q.snap0 + snap].pos == q.p0 + t0) {
+            float *sl = a.states + (size_t)a.snaps[q.snap0 + snap].slot * a.slot_floats + a.off + (size_t)h * D * D;
+            for (int i = tid; i < D * nc; i += nt)
+                sl[(size_t)(i / nc) * D + c0 + i % nc] = Ss[(size_t)(i / nc) * cols + i % nc];
+            snap++;
+        }
+    }
+    for (int i = tid; i < D * nc; i += nt)
+        Sg[(size_t)(i / nc) * D + c0 + i % nc] = Ss[(size_t)(i / nc) * cols + i % nc];
+}
+
+/* After kda_chunk_kernel, blocks (head blockIdx.x, sequence blockIdx.y,
+ * token slice blockIdx.z): each warp the gated RMS norm of tokens z nw + w,
+ * strided by KC_OUT_Z nw (the recurrence's kda_out_kernel walks them one by
+ * one: here they are independent); block z 0 also the conv tails, a thread a
+ * (part, channel): the snapshots' first (they read the old tail), then the
+ * slot's in place, oldest row first (row j reads row j + n or a step row). */
+static __global__ void kda_chunk_out_kernel(struct cuda_kda_args a)
+{
+    const struct cuda_kda_seq q = a.seqs[blockIdx.y];
+    if (q.n <= 0) return;
+    const int h = blockIdx.x, D = a.D, K = a.K, C = a.H * D, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    for (int t = blockIdx.z * nw + (threadIdx.x >> 5); t < q.n; t += gridDim.z * nw) {
+        const size_t row = (size_t)(q.t0 + t) * C + (size_t)h * D;
+        float ss = 0.0f;
+        for (int c = lane; c < D; c += 32) ss = fmaf(a.o32[row + c], a.o32[row + c], ss);
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        const float r = 1.0f / sqrtf(ss / (float)D + a.eps);
+        for (int c = lane; c < D; c += 32)
+            a.out[row + c] = f2bf(a.o_norm[c] * (a.o32[row + c] * r) * kc_sigm(a.gate[row + c]));
+    }
+    if (blockIdx.z != 0) return;
+    float *tail = a.states + (size_t)q.slot * a.slot_floats + a.off + (size_t)C * D;
+    const size_t n3 = 3 * (size_t)C;
+    for (int i = threadIdx.x; i < 3 * D; i += blockDim.x) {
+        const size_t ch = (size_t)(i / D) * C + (size_t)h * D + i % D;
+        for (int k = 0; k < q.n_snaps; k++) {
+            const int P = a.snaps[q.snap0 + k].pos;
+            if (P <= q.p0 || P > q.p0 + q.n) continue;
+            float *sl = a.states + (size_t)a.snaps[q.snap0 + k].slot * a.slot_floats + a.off + (size_t)C * D;
+            for (int j = 0; j < K - 1; j++) sl[(size_t)j * n3 + ch] = kc_conv_in(a, q, tail, P - (K - 1) + j, ch);
+        }
+        for (int j = 0; j < K - 1; j++)
+            tail[(size_t)j * n3 + ch] = kc_conv_in(a, q, tail, q.p0 + q.n - (K - 1) + j, ch);
+    }
+}
+
+extern "C" cudaError_t cuda_kda_chunk_prepare(void)
+{
+    int dev, optin;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(kda_chunk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin);
+    return e;
+}
+
+/* The largest dynamic shared memory a block may have on this device (0: unknown) */
+static size_t kc_optin(void)
+{
+    int dev, optin;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+        return 0;
+    return (size_t)optin;
+}
+
+static int kc_cols(int D, int cols)
+{
+    int c = cols ? cols : CUDA_KDA_COLS;
+    return c > D ? D : c;
+}
+
+extern "C" int cuda_kda_chunk_len(int D, int cols)
+{
+    size_t optin = kc_optin();
+    cols = kc_cols(D, cols);
+    for (int L = CUDA_KDA_CHUNK_MAX; L >= 8; L /= 2)
+        if (kc_smem_floats(L, D, cols) * sizeof(float) <= optin) return L;
+    return 0;
+}
+
+extern "C" cudaError_t cuda_kda_chunk(const struct cuda_kda_args *a, int chunk, float *work, cudaStream_t st)
+{
+    if (a->n_seqs <= 0) return cudaSuccess;
+    if (a->D < 1 || a->D > CUDA_KDA_MAX_D || a->K < 1 || a->K > CUDA_KDA_MAX_K || a->cols < 0 || !a->o32 || !work ||
+        chunk < 0 || chunk > CUDA_KDA_CHUNK_MAX)
+        return cudaErrorInvalidValue;
+    /* cols 0: CUDA_KDA_COLS, wider while the heads' blocks outnumber the SMs (a block has an SM to itself, and
+     * a second wave would double the time: 64 heads on an H100 take 64 columns, 128 blocks) */
+    int cols = a->cols, sms = 0, dev;
+    if (!cols) {
+        cols = CUDA_KDA_COLS;
+        if (cudaGetDevice(&dev) == cudaSuccess &&
+            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess)
+            while (cols < a->D && a->H * ((a->D + cols - 1) / cols) > sms) cols *= 2;
+    }
+    cols = kc_cols(a->D, cols);
+    int L = chunk ? chunk : cuda_kda_chunk_len(a->D, cols);
+    size_t smem = kc_smem_floats(L, a->D, cols) * sizeof(float);
+    if (L < 1 || smem > kc_optin()) return cudaErrorInvalidValue;
+    int nb = (a->D + cols - 1) / cols;
+    kda_chunk_prep_kernel<<<dim3((unsigned)a->H, (unsigned)a->n_seqs, KC_OUT_Z), KC_THREADS, 0, st>>>(*a, work);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    kda_chunk_kernel<<<dim3((unsigned)(a->H * nb), (unsigned)a->n_seqs), KC_THREADS, smem, st>>>(*a, work, L, cols,
+                                                                                                  nb);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    kda_chunk_out_kernel<<<dim3((unsigned)a->H, (unsigned)a->n_seqs, KC_OUT_Z), KC_THREADS, 0, st>>>(*a);
+    return cudaGetLastError();
+}

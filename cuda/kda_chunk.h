@@ -1,0 +1,48 @@
+/* kda_chunk.h - the KDA delta rule in chunks on the GPU (cuda/kda_chunk.cu),
+ * for prefill: the same recurrence as cuda_kda_recur (kda.h), the same
+ * arguments and the same results (the outputs before and after the gated
+ * norm, the final state, the conv tails, the snapshots), reassociated so
+ * that a chunk of tokens is a few matrix products instead of a walk token by
+ * token (the reference's chunk_kda). The arithmetic, step by step, is
+ * recur_chunked's in model/cpu_kda.c (cpu_kda_set_chunk), the CPU form that
+ * tests/test_kda.c checks against the recurrence.
+ *
+ * Chunks lie on the absolute position grid (multiples of the chunk length)
+ * and end at the step's snapshots, so a prompt split across steps at grid
+ * points, or restored from a snapshot, gives the bits of one pass; other
+ * splits agree with it to f32 rounding, as they do with the recurrence. */
+#ifndef SLUICE_CUDA_KDA_CHUNK_H
+#define SLUICE_CUDA_KDA_CHUNK_H
+
+#include "cuda/kda.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CUDA_KDA_CHUNK_MAX 64 /* tokens a chunk at most */
+
+/* Lets cuda_kda_chunk use the shared memory its chunks need (the most the
+ * device allows a block): once per device, before the first launch, outside
+ * graph capture. */
+cudaError_t cuda_kda_chunk_prepare(void);
+/* The chunk length cuda_kda_chunk takes for chunk 0 at head_dim D and
+ * `cols` value columns a block (0: CUDA_KDA_COLS) on the current device: the
+ * longest of 64, 32, 16, 8 whose shared memory fits (64 on an H100 at D 128
+ * and 32 columns: 195 KB; 16 on sm_89's 99 KB), 0 when none does. */
+int cuda_kda_chunk_len(int D, int cols);
+/* The layer's delta rule over every sequence of the step in chunks of
+ * `chunk` tokens (1 .. CUDA_KDA_CHUNK_MAX; 0: cuda_kda_chunk_len), then the
+ * gated output norm and the conv tails: what cuda_kda_recur writes, from the
+ * same arguments (a->cols: value columns a block, as there; 0: CUDA_KDA_COLS,
+ * or wider while the heads' blocks would outnumber the SMs). work: [T][3C]
+ * f32 scratch, T the step's rows (the convolved, normed q|k|v). Three
+ * launches; not for graph capture (a prefill path). cudaErrorInvalidValue for
+ * a shape it cannot take. */
+cudaError_t cuda_kda_chunk(const struct cuda_kda_args *a, int chunk, float *work, cudaStream_t st);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
