@@ -24,7 +24,9 @@
  * greedy one is verified from the device's argmax of each row
  * (verify_greedy), any other copies its rows to the host for
  * model_sample_verify. These steps are not decode-only, so not graphs.
- * With method mtp the MTP layer's sub-step follows each step (cuda/mtp.c).
+ * With method mtp the MTP layer's pass (its sub-step, and drafts for the
+ * greedy sequences) follows each step on the same stream, a graph of its own
+ * per bucket (cuda/mtp.c).
  *
  * Prefill attention runs on the tensor cores (items of up to 128 query rows)
  * where the head shape allows, else on the SIMT kernel; decode-only steps take
@@ -589,6 +591,8 @@ int cuda_rank_forward(struct rank *k, char *err, size_t errlen)
                            b->job.n_pen ? DIN(k, pen, struct cuda_sample_pen) : NULL, k->sout, k->st));
         }
     }
+    /* method mtp: the MTP layer's pass, after the rows the host reads are copied */
+    if (k->mtpx && k->id == 0 && (rc = cuda_mtp_rank_pass(k, err, errlen))) return rc;
     return cuda_rank_wait(k, err, errlen);
 fail:
     return SL_EDEVICE;
@@ -644,6 +648,7 @@ int cuda_forward(model_backend *mb, struct step *s, char *err, size_t errlen)
     }
     b->job.Tp = Tp, b->job.R = R, b->job.gi = gi, b->job.decode = decode, b->job.nbytes = nbytes;
     b->job.n_items = *HIN(b, n_items, int32_t);
+    if (b->mtp && (rc = cuda_mtp_pack(b, s, err, errlen))) return rc;
     if ((rc = cuda_crew_run(b, JOB_FORWARD, err, errlen))) {
         /* a GPU that failed mid-step leaves its stream, its KV and (with N > 1)
          * its communicators unusable: no later step can run */
@@ -719,6 +724,7 @@ int cuda_forward(model_backend *mb, struct step *s, char *err, size_t errlen)
         }
         if (rc != 0) q->out.token = -1, q->out.n_top = 0;
     }
-    /* the MTP layer's sub-step (cuda/mtp.c), eagerly after the step */
-    return b->mtp ? cuda_mtp_after_step(b, s, err, errlen) : 0;
+    /* the MTP layer's pass ran with the step (cuda/mtp.c): its tags */
+    if (b->mtp) cuda_mtp_after_step(b, s);
+    return 0;
 }
