@@ -151,7 +151,8 @@ int cuda_mtp_create(struct cuda_backend *b, char *err, size_t errlen)
     }
     /* the pass's results, written by its kernels into host memory (as the step's tokens are) */
     e = cudaHostAlloc((void **)&m->hres, ((size_t)m->K + 3) * S * 4, cudaHostAllocMapped | cudaHostAllocPortable);
-    if (e == cudaSuccess) e = cudaHostGetDevicePointer((void **)&m->dres, m->hres, 0);
+    if (e != cudaSuccess) m->hres = NULL;
+    else e = cudaHostGetDevicePointer((void **)&m->dres, m->hres, 0);
     if (e != cudaSuccess) {
         sl_seterr(err, errlen, "MTP draft buffer: %s", cudaGetErrorString(e));
         return SL_ENOMEM;
@@ -225,6 +226,7 @@ int cuda_mtp_kv_alloc(struct cuda_backend *b, int n_blocks, char *err, size_t er
     m->stamp = calloc((size_t)n_blocks, sizeof *m->stamp);
     m->kv_blocks = 0;
     m->last_n = -1;
+    m->run = false;
     if (!m->htag || !m->stamp) {
         sl_seterr(err, errlen, "kv_alloc: out of host memory for the MTP tags");
         return SL_ENOMEM;
@@ -550,6 +552,7 @@ static int pass(struct rank *k, int Tn, int nl, int nw, int Sp, char *err, size_
             CK(cuda_add_rmsnorm(k->x, k->delta, x->head_norm, NULL, Sp, E, c->norm_eps, g, st));
             CB(cuda_proj(k, &k->qhead, k->lm_head, g, k->logits, true, Sp, E, V));
             CK(cuda_argmax_lse(k->logits, Sp, V, k->amp, m->dres + (size_t)it * S, x->dlp, st));
+            CK(cuda_mtp_fix_ids(m->dres + (size_t)it * S, Sp, V, st));
         }
     }
 out:

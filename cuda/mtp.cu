@@ -1,8 +1,10 @@
 /* mtp.cu - the MTP layer's kernels (mtp.h): its input (two RMSNorms into one
- * row), row copies for the per-block hidden states, and a plain GQA attention
- * that leaves the positions below key0 out. Simple on purpose (one block per
- * row, f32 accumulation): the sub-step and the drafts run eagerly, and
- * correctness comes before speed here. */
+ * row), row copies for the per-block hidden states, a plain GQA attention
+ * that leaves the positions below key0 out, and the device's side of the
+ * pass after a step: its verification walk, which lets the drafts follow the
+ * step without the host (cuda_mtp_accept), and the draft tokens' clamp.
+ * Simple on purpose (one block per row, f32 accumulation): correctness comes
+ * before speed here. */
 #include <math.h>
 
 #include "cuda/bf16.cuh"
@@ -174,5 +176,18 @@ extern "C" cudaError_t cuda_mtp_accept(const struct cuda_mtp_accept_args *a, cud
 {
     if (a->Sp <= 0) return cudaSuccess;
     accept_kernel<<<(a->Sp + 127) / 128, 128, 0, st>>>(*a);
+    return cudaGetLastError();
+}
+
+static __global__ void fix_ids_kernel(int32_t *ids, int n, int V)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n && (ids[i] < 0 || ids[i] >= V)) ids[i] = 0;
+}
+
+extern "C" cudaError_t cuda_mtp_fix_ids(int32_t *ids, int n, int V, cudaStream_t st)
+{
+    if (n <= 0) return cudaSuccess;
+    fix_ids_kernel<<<(n + 127) / 128, 128, 0, st>>>(ids, n, V);
     return cudaGetLastError();
 }

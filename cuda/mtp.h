@@ -97,6 +97,9 @@ struct cuda_mtp_accept_args {
  * its drafts' inputs (positions p + 1 .. p + k, k = min(K, cover - 1 - p));
  * the rows past k and j >= ns are padding (position 0, the pad slot). */
 cudaError_t cuda_mtp_accept(const struct cuda_mtp_accept_args *a, cudaStream_t st);
+/* ids[i] outside [0, V) (an argmax of logits that are not finite: -1) -> 0, for i < n: a draft's
+ * token feeds the next draft's embedding lookup (the host reads 0 there as the eager path makes it). */
+cudaError_t cuda_mtp_fix_ids(int32_t *ids, int n, int V, cudaStream_t st);
 
 struct cuda_mtp_attn_args {
     const uint16_t *q;          /* [T][H][D] bf16, roped */
