@@ -19,8 +19,9 @@
  * ratio to decode at that batch. Drafts are random tokens (the dummy MTP
  * layer's acceptance is meaningless): the cost does not depend on them.
  *
- *   build/tests/gpu/bench_mtp [--enforce-eager] [config_dir] [tokenizer]
- *   (defaults: tools/configs/deepseek-v2-lite-mtp, tests/models/tiny-qwen3)
+ *   build/tests/gpu/bench_mtp [--enforce-eager] [--ctx=N] [--device=cpu] [config_dir] [tokenizer]
+ *   (defaults: tools/configs/deepseek-v2-lite-mtp, tests/models/tiny-qwen3; tokenizer "-": the model's
+ *   own; --ctx: the context, up to 1024; --device=cpu: a dry run of the driver on a tiny model)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,12 +33,15 @@
 #include "model/backend.h"
 
 #define BS 16
-#define CTX 1024
+#define CTXMAX 1024
 #define NSEQ 8
 #define KMAX 3
-#define CTXB ((CTX + 2 * KMAX + 2 + BS - 1) / BS + 1) /* blocks a sequence holds */
+#define CTXB ((CTXMAX + 2 * KMAX + 2 + BS - 1) / BS + 1) /* blocks a sequence holds */
 #define RUNS 30
 #define WARM 5
+
+static int CTX = CTXMAX;           /* --ctx */
+static const char *g_dev = "cuda"; /* --device */
 
 static double now_s(void)
 {
@@ -55,7 +59,7 @@ static int cmp_d(const void *a, const void *b)
 static char err[512];
 static int g_V;
 static int32_t g_bt[NSEQ][CTXB];
-static int32_t g_hist[NSEQ][CTX + 2 * KMAX + 2];
+static int32_t g_hist[NSEQ][CTXMAX + 2 * KMAX + 2];
 static struct model_sampling g_greedy;
 
 static uint32_t rnd(void)
@@ -72,8 +76,8 @@ static uint32_t rnd(void)
  * forward() (and mtp_draft), or -1 on failure. */
 static double step(model_backend *be, int i0, int ns, int start, int k, int len, bool mtp)
 {
-    static int32_t ids[NSEQ * CTX], pos[NSEQ * CTX];
-    static int64_t slots[NSEQ * CTX];
+    static int32_t ids[NSEQ * CTXMAX], pos[NSEQ * CTXMAX];
+    static int64_t slots[NSEQ * CTXMAX];
     static struct model_sample_out so[NSEQ][KMAX + 1];
     static int32_t drafts[NSEQ][KMAX];
     struct step_seq sq[NSEQ];
@@ -123,8 +127,8 @@ static double median_ms(model_backend *be, int ns, int k, bool mtp)
 /* A backend (MTP on with max_draft_tokens kd, or off with KMAX) with every sequence's CTX-token prompt in. */
 static model_backend *backend(const model *m, bool mtp, int kd, bool eager)
 {
-    struct model_backend_opts bo = {.device = "cuda", .max_tokens_per_step = 2048, .max_seqs_per_step = NSEQ,
-                                    .max_ctx = CTXB * BS, .enforce_eager = eager, .mtp = mtp,
+    struct model_backend_opts bo = {.device = g_dev, .n_threads = 2, .max_tokens_per_step = 2048,
+                                    .max_seqs_per_step = NSEQ, .max_ctx = (CTX + 2 * KMAX + 2 + BS - 1) / BS * BS, .enforce_eager = eager, .mtp = mtp,
                                     .max_draft_tokens = mtp ? kd : KMAX};
     model_backend *be = model_backend_create(m, &bo, err, sizeof err);
     if (!be) return NULL;
@@ -147,21 +151,26 @@ int main(int argc, char **argv)
     int npos = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--enforce-eager")) eager = true;
+        else if (!strncmp(argv[i], "--device=", 9)) g_dev = argv[i] + 9;
+        else if (!strncmp(argv[i], "--ctx=", 6) && atoi(argv[i] + 6) >= 16 && atoi(argv[i] + 6) <= CTXMAX)
+            CTX = atoi(argv[i] + 6);
         else if (argv[i][0] != '-' && npos == 0) cfg = argv[i], npos++;
-        else if (argv[i][0] != '-' && npos == 1) tok = argv[i], npos++;
+        else if ((argv[i][0] != '-' || !strcmp(argv[i], "-")) && npos == 1) tok = argv[i], npos++;
         else {
             fprintf(stderr, "bench_mtp: unknown argument %s (options: tests/gpu/bench_mtp.c)\n", argv[i]);
             return 2;
         }
     }
     int ndev = 0;
-    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+    bool cuda = !strcmp(g_dev, "cuda");
+    if (cuda && (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0)) {
         printf("no GPU: skipped\n");
         return 0;
     }
     struct cudaDeviceProp prop;
-    cudaGetDeviceProperties(&prop, 0);
-    struct model_load_opts lo = {.tokenizer = tok, .load_format = "dummy"};
+    if (cuda) cudaGetDeviceProperties(&prop, 0);
+    else snprintf(prop.name, sizeof prop.name, "%s", g_dev);
+    struct model_load_opts lo = {.tokenizer = strcmp(tok, "-") ? tok : NULL, .load_format = "dummy"};
     model *m = model_load(cfg, &lo, err, sizeof err);
     if (!m) {
         fprintf(stderr, "load: %s\n", err);
@@ -178,7 +187,7 @@ int main(int argc, char **argv)
     for (int i = 0; i < NSEQ; i++)
         for (int j = 0; j < CTXB; j++) g_bt[i][j] = (int32_t)(((long)(i * CTXB + j) * 7919L) % (NSEQ * CTXB));
     printf("%s, %s: %d layers + 1 MTP, hidden %d, batch 1 and %d at %d context, %s; median of %d steps, ms\n",
-           prop.name, cfg, c->n_layer, c->n_embd, NSEQ, CTX, eager ? "--enforce-eager" : "CUDA graphs", RUNS);
+           prop.name, cfg, c->n_layer, c->n_embd, NSEQ, CTX, !cuda ? "no graphs" : eager ? "--enforce-eager" : "CUDA graphs", RUNS);
     static const int batches[2] = {1, NSEQ};
     /* [batch][case]: 0 decode, 1 sub-step, 1 + K verify K, 4 + K verify K + MTP */
     double ms[2][2 + 2 * KMAX];
