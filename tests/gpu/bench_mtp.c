@@ -128,7 +128,8 @@ static double median_ms(model_backend *be, int ns, int k, bool mtp)
 static model_backend *backend(const model *m, bool mtp, int kd, bool eager)
 {
     struct model_backend_opts bo = {.device = g_dev, .n_threads = 2, .max_tokens_per_step = 2048,
-                                    .max_seqs_per_step = NSEQ, .max_ctx = (CTX + 2 * KMAX + 2 + BS - 1) / BS * BS, .enforce_eager = eager, .mtp = mtp,
+                                    .max_seqs_per_step = NSEQ, .max_ctx = (CTX + 2 * KMAX + 2 + BS - 1) / BS * BS,
+                                    .enforce_eager = eager, .mtp = mtp,
                                     .max_draft_tokens = mtp ? kd : KMAX};
     model_backend *be = model_backend_create(m, &bo, err, sizeof err);
     if (!be) return NULL;
@@ -187,7 +188,8 @@ int main(int argc, char **argv)
     for (int i = 0; i < NSEQ; i++)
         for (int j = 0; j < CTXB; j++) g_bt[i][j] = (int32_t)(((long)(i * CTXB + j) * 7919L) % (NSEQ * CTXB));
     printf("%s, %s: %d layers + 1 MTP, hidden %d, batch 1 and %d at %d context, %s; median of %d steps, ms\n",
-           prop.name, cfg, c->n_layer, c->n_embd, NSEQ, CTX, !cuda ? "no graphs" : eager ? "--enforce-eager" : "CUDA graphs", RUNS);
+           prop.name, cfg, c->n_layer, c->n_embd, NSEQ, CTX,
+           !cuda ? "no graphs" : eager ? "--enforce-eager" : "CUDA graphs", RUNS);
     static const int batches[2] = {1, NSEQ};
     /* [batch][case]: 0 decode, 1 sub-step, 1 + K verify K, 4 + K verify K + MTP */
     double ms[2][2 + 2 * KMAX];

@@ -186,7 +186,8 @@ static void test_accept(void)
     for (int j = 0; j < NS; j++) {
         struct cuda_mtp_dseq *d = &sq[j];
         memset(d, 0, sizeof *d);
-        d->row0 = rows, d->nd = nd[j], d->a = j == 2 ? 10 : j == 5 ? 17 : 5 + 2 * j, d->q0 = 10 * j + 1, d->cover = nbk[j] * BS, d->tbt = j * NB;
+        d->row0 = rows, d->nd = nd[j], d->a = j == 2 ? 10 : j == 5 ? 17 : 5 + 2 * j, d->q0 = 10 * j + 1;
+        d->cover = nbk[j] * BS, d->tbt = j * NB;
         for (int i = 0; i < nd[j]; i++) d->vd[i] = 100 + 10 * j + i;
         for (int i = 0; i <= nd[j]; i++) /* rows match the drafts up to depth, then differ */
             tok[rows + i] = i < depth[j] && i < nd[j] ? d->vd[i] : 300 + i;
@@ -200,7 +201,8 @@ static void test_accept(void)
     uint8_t *dr = poisoned(K * rb);
     struct cuda_mtp_accept_args a = {.sq = dsq, .ns = dns, .tok = dtok, .bt = dbt, .Sp = SP, .K = K, .V = V,
                                      .block_size = BS, .pad_row = 999, .pad_slot = 4444, .g0 = 64, .kdst = dkd,
-                                     .ksrc = dks, .r1 = dr, .out_p = dout, .out_k = dout + NS, .out_tok = dout + 2 * NS};
+                                     .ksrc = dks, .r1 = dr, .out_p = dout, .out_k = dout + NS,
+                                     .out_tok = dout + 2 * NS};
     cudaError_t e = cuda_mtp_accept(&a, 0);
     if (e == cudaSuccess) e = cudaDeviceSynchronize();
     int32_t kd[SP], ks[SP], out[3 * NS];
@@ -236,8 +238,8 @@ static void test_accept(void)
         }
     }
     CHECKF(e == cudaSuccess && bad == 0, "mtp_accept: %s, %d values differ", cudaGetErrorString(e), bad);
-    printf("  %s mtp_accept: %d sequences in %d rows, %d values differ\n", bad == 0 && e == cudaSuccess ? "ok  " : "FAIL",
-           NS, SP, bad);
+    printf("  %s mtp_accept: %d sequences in %d rows, %d values differ\n",
+           bad == 0 && e == cudaSuccess ? "ok  " : "FAIL", NS, SP, bad);
 
     int32_t ids[5] = {-1, 0, V - 1, V, 7}, want[5] = {0, 0, V - 1, 0, 7}, got[5];
     int32_t *dids = dup_dev(ids, sizeof ids);
