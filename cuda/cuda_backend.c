@@ -328,11 +328,17 @@ static size_t kv_block_bytes(model_backend *mb, int block_size)
 
 static void drop_graphs(struct rank *k)
 {
-    for (int i = 0; i < NBUCKET; i++)
+    for (int i = 0; i < NBUCKET; i++) {
         if (k->gexec[i]) {
             cudaGraphExecDestroy(k->gexec[i]);
             k->gexec[i] = NULL;
         }
+        for (int v = 0; v < VGRAPH_K; v++)
+            if (k->vexec[v][i]) {
+                cudaGraphExecDestroy(k->vexec[v][i]);
+                k->vexec[v][i] = NULL;
+            }
+    }
 }
 
 static size_t al(size_t o) { return (o + 15) & ~(size_t)15; }
@@ -395,7 +401,7 @@ static size_t lay_steps(struct inlay *y, size_t T, size_t S, size_t items, int b
     return o;
 }
 
-/* The layout a step packs into: a decode graph's (Tp tokens, the Tp *
+/* The layout a step packs into: a graph's (Tp tokens, Tp logit rows, the Tp *
  * MAXSPLIT items its attention grid reads) has the regions sized for Tp, so
  * a batch-1 step copies a few KB, where the full layout (sized for
  * max_tokens) puts ~1 MB before the block tables at 16K tokens a step. Its
@@ -405,7 +411,7 @@ struct inlay cuda_step_lay(const struct cuda_backend *b, int gi, int Tp)
     struct inlay y = b->lay_full;
     size_t items = (size_t)Tp * CUDA_ATTN_MAXSPLIT;
     if (gi >= 0 && items <= (size_t)y.max_items && Tp <= b->max_tokens)
-        lay_steps(&y, (size_t)Tp, b->max_seqs, items, b->bt_cap, b->state_bytes > 0);
+        lay_steps(&y, (size_t)Tp, (size_t)Tp, items, b->bt_cap, b->state_bytes > 0);
     return y;
 }
 

@@ -25,6 +25,7 @@
 #include "model/backend.h"
 
 #define NBUCKET 10
+#define VGRAPH_K 4 /* verify steps of up to this many drafts a sequence run as graphs */
 #define MAX_TP 16
 
 /* A projection whose weight is packed, in whole or in part (qgemm.h): its
@@ -120,6 +121,7 @@ struct rank {
     struct cuda_kda_rank *kdax;     /* the KDA layers' state slots and scratch (kda.h), or NULL */
     struct cuda_mtp_rank *mtpx;     /* the MTP layer's own parts and scratch (cuda/mtp.h), or NULL */
     cudaGraphExec_t gexec[NBUCKET];
+    cudaGraphExec_t vexec[VGRAPH_K][NBUCKET]; /* verify steps of K + 1 tokens a sequence (step.c), by K - 1 */
 
     pthread_t th;                   /* ranks >= 1 */
     bool th_started;
@@ -188,6 +190,7 @@ struct cuda_backend {
     struct {
         int kv_blocks, block_size;                  /* JOB_KV */
         int Tp, R, n_items, gi;                     /* JOB_FORWARD */
+        int vk;                                     /* gi >= 0: a verify step's drafts a sequence (0: decode) */
         bool decode;
         int max_rows;                               /* attention rows per item of this step */
         int pstride;                                /* its split partials' stride (0: MAXSPLIT) */

@@ -3,11 +3,13 @@
  * forward() and ops->mtp_draft (mtp.h says what and why; model/cpu_backend.c's
  * MTP section is the reference, step by step).
  *
- * First version: the sub-step and the drafts run eagerly on the caller's
- * thread once the step is done (outside the decode CUDA graphs), each ending
- * with a stream synchronization, on one GPU. A sub-step holds at most the
- * step's tokens (a sequence's entries are a + 1 .. z, and a only in place of
- * none), so the rank's max_tokens scratch holds it. */
+ * After each step its pass (cuda_mtp_pack on the host, cuda_mtp_rank_pass
+ * on the rank's stream) writes the step's MTP entries and drafts for the
+ * sequences whose tokens the device picks, with no host round trip in
+ * between, as a graph per bucket; ops->mtp_draft hands those drafts out and
+ * runs the eager path (a wait per draft) for any other request. A sub-step
+ * holds at most the step's tokens (a sequence's entries are a + 1 .. z, and
+ * a only in place of none), so the rank's max_tokens scratch holds it. */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
@@ -87,9 +89,21 @@ int cuda_mtp_upload(struct rank *k, uint16_t *stage, float *tmp, char *err, size
         return rc;
     if ((rc = cuda_dmalloc((void **)&x->in, T * 2 * E * 2, err, errlen)) ||
         (rc = cuda_dmalloc((void **)&x->hk, cap * E * 2, err, errlen)) ||
-        (rc = cuda_dmalloc((void **)&x->didx, (T + 2 * cap) * 4, err, errlen)))
+        (rc = cuda_dmalloc((void **)&x->didx, (T + 2 * cap) * 4, err, errlen)) ||
+        (rc = cuda_dmalloc((void **)&x->dlp, S * 4, err, errlen)))
         return rc;
     return 0;
+}
+
+/* The pass graphs hold mdin's and the KV's addresses: dropped when either moves. */
+static void drop_pass_graphs(struct cuda_mtp_rank *x)
+{
+    for (int i = 0; i < CUDA_MTP_GT; i++)
+        for (int j = 0; j < CUDA_MTP_GS; j++)
+            if (x->gx[i][j]) {
+                cudaGraphExecDestroy(x->gx[i][j]);
+                x->gx[i][j] = NULL;
+            }
 }
 
 void cuda_mtp_free(struct rank *k)
@@ -98,7 +112,8 @@ void cuda_mtp_free(struct rank *k)
     if (!x) return;
     /* a packed eh_proj's parts live in k->qmem */
     cudaFree(x->enorm), cudaFree(x->hnorm), cudaFree(x->head_norm), cudaFree(x->eh);
-    cudaFree(x->in), cudaFree(x->hk), cudaFree(x->didx);
+    drop_pass_graphs(x);
+    cudaFree(x->in), cudaFree(x->hk), cudaFree(x->didx), cudaFree(x->mdin), cudaFree(x->dlp);
     free(x);
     k->mtpx = NULL;
 }
@@ -120,8 +135,11 @@ int cuda_mtp_create(struct cuda_backend *b, char *err, size_t errlen)
     m->sub_bt = calloc(cap, sizeof *m->sub_bt), m->sub_nb = calloc(cap, sizeof(int));
     m->keep_dst = calloc(cap, 4), m->keep_src = calloc(cap, 4), m->keep_pos = calloc(cap, sizeof(int));
     m->req_t = calloc(S, sizeof(int)), m->row_req = calloc(S, sizeof(int));
+    m->dev_j = calloc(S, sizeof(int)), m->dev_seq = calloc(S, sizeof(int)), m->ereq = calloc(S, sizeof *m->ereq);
+    m->K = b->max_draft < CUDA_MTP_MAXD ? b->max_draft : CUDA_MTP_MAXD;
     if (!m->last_q0 || !m->last_pos0 || !m->last_len || !m->sub_tok || !m->sub_pos || !m->sub_src || !m->sub_seq ||
-        !m->sub_slot || !m->sub_bt || !m->sub_nb || !m->keep_dst || !m->keep_src || !m->keep_pos || !m->req_t || !m->row_req) {
+        !m->sub_slot || !m->sub_bt || !m->sub_nb || !m->keep_dst || !m->keep_src || !m->keep_pos || !m->req_t ||
+        !m->row_req || !m->dev_j || !m->dev_seq || !m->ereq) {
         sl_seterr(err, errlen, "out of host memory for the MTP scratch");
         return SL_ENOMEM;
     }
@@ -129,6 +147,14 @@ int cuda_mtp_create(struct cuda_backend *b, char *err, size_t errlen)
     if (e != cudaSuccess) {
         m->hidx = NULL;
         sl_seterr(err, errlen, "MTP step buffer: %s", cudaGetErrorString(e));
+        return SL_ENOMEM;
+    }
+    /* the pass's results, written by its kernels into host memory (as the step's tokens are) */
+    e = cudaHostAlloc((void **)&m->hres, ((size_t)m->K + 3) * S * 4, cudaHostAllocMapped | cudaHostAllocPortable);
+    if (e != cudaSuccess) m->hres = NULL;
+    else e = cudaHostGetDevicePointer((void **)&m->dres, m->hres, 0);
+    if (e != cudaSuccess) {
+        sl_seterr(err, errlen, "MTP draft buffer: %s", cudaGetErrorString(e));
         return SL_ENOMEM;
     }
     return 0;
@@ -142,20 +168,65 @@ void cuda_mtp_destroy(struct cuda_backend *b)
     free(m->last_q0), free(m->last_pos0), free(m->last_len);
     free(m->sub_tok), free(m->sub_pos), free(m->sub_src), free(m->sub_seq), free(m->sub_slot);
     free(m->sub_bt), free(m->sub_nb), free(m->keep_dst), free(m->keep_src), free(m->keep_pos), free(m->req_t), free(m->row_req);
+    free(m->dev_j), free(m->dev_seq), free(m->ereq);
     if (m->hidx) cudaFreeHost(m->hidx);
+    if (m->hres) cudaFreeHost(m->hres);
+    if (m->mhin) cudaFreeHost(m->mhin);
     free(m);
     b->mtp = NULL;
+}
+
+static size_t al16(size_t o) { return (o + 15) & ~(size_t)15; }
+
+/* The pass's layout for Tn sub-step rows and Sp draft rows (mtp.h). */
+static struct cuda_mtp_lay pass_lay(const struct cuda_backend *b, int Tn, int Sp)
+{
+    struct cuda_mtp_lay y;
+    size_t o = 0;
+    y.ns = o, o = al16(o + 4);
+    y.dseq = o, o = al16(o + (size_t)Sp * sizeof(struct cuda_mtp_dseq));
+    y.kdst = o, o = al16(o + (size_t)Tn * 4);
+    y.ksrc = o, o = al16(o + (size_t)Tn * 4);
+    y.ddst = o, o = al16(o + (size_t)Sp * 4);
+    y.dsrc = o, o = al16(o + (size_t)Sp * 4);
+    y.r0 = o, o += CUDA_MTP_R_BYTES(Tn);
+    y.rs = CUDA_MTP_R_BYTES(Sp);
+    y.r1 = o, o += (size_t)b->mtp->K * y.rs;
+    y.bt = o, o = al16(o + (size_t)b->bt_cap * 4);
+    y.total = o;
+    return y;
 }
 
 int cuda_mtp_kv_alloc(struct cuda_backend *b, int n_blocks, char *err, size_t errlen)
 {
     struct cuda_mtp *m = b->mtp;
-    const struct rank *k = &b->r[0];
+    struct rank *k = &b->r[0];
+    struct cuda_mtp_rank *x = k->mtpx;
+    /* the pass's buffers, for its largest layout (bt_cap is kv_alloc's) */
+    size_t need = pass_lay(b, b->max_tokens, b->max_seqs).total;
+    if (cudaSetDevice(k->dev) != cudaSuccess) {
+        sl_seterr(err, errlen, "kv_alloc: cudaSetDevice failed");
+        return SL_EDEVICE;
+    }
+    drop_pass_graphs(x);
+    cudaFree(x->mdin);
+    x->mdin = NULL;
+    if (m->mhin) cudaFreeHost(m->mhin);
+    m->mhin = NULL, m->mbytes = 0;
+    if (cuda_dmalloc((void **)&x->mdin, need, err, errlen)) return SL_ENOMEM;
+    cudaError_t e = cudaHostAlloc((void **)&m->mhin, need, cudaHostAllocPortable);
+    if (e != cudaSuccess) {
+        m->mhin = NULL;
+        sl_seterr(err, errlen, "kv_alloc: MTP step buffer: %s", cudaGetErrorString(e));
+        return SL_ENOMEM;
+    }
+    m->mbytes = need;
     free(m->htag), free(m->stamp);
     m->htag = malloc((size_t)n_blocks * sizeof *m->htag);
     m->stamp = calloc((size_t)n_blocks, sizeof *m->stamp);
     m->kv_blocks = 0;
     m->last_n = -1;
+    m->run = false;
     if (!m->htag || !m->stamp) {
         sl_seterr(err, errlen, "kv_alloc: out of host memory for the MTP tags");
         return SL_ENOMEM;
@@ -204,11 +275,13 @@ fail:
     return SL_EDEVICE;
 }
 
-/* The MTP layer over the loaded sub-step of n tokens: x = eh_proj([enorm(embed)
- * | hnorm(h)]), its mixer (each token's entry written before any attends,
+/* The MTP layer over n tokens (ids; src: cuda_mtp_in's hidden rows; their
+ * positions, slots and block tables through k->din as b->lay places them):
+ * x = eh_proj([enorm(embed) | hnorm(h)]), its mixer (each token's entry written before any attends,
  * position 0 left out), and with ffn its FFN; k->x then holds the residual
  * before the last block's output, k->delta that output (the FFN's with ffn). */
-static int run_layer(struct cuda_backend *b, struct rank *k, int n, bool ffn, char *err, size_t errlen)
+static int run_layer(struct cuda_backend *b, struct rank *k, int n, const int32_t *ids, const int32_t *src, bool ffn,
+                     char *err, size_t errlen)
 {
     const struct model_config *c = &b->c;
     struct cuda_mtp_rank *x = k->mtpx;
@@ -217,8 +290,8 @@ static int run_layer(struct cuda_backend *b, struct rank *k, int n, bool ffn, ch
     const struct clayer *L = &k->L[l];
     const struct model_layer_kind lk = model_layer_kind_of(c, l);
     cudaStream_t st = k->st;
-    CK(cuda_embed(k->tok_embd, DIN(k, ids, int32_t), n, E, k->x, st));
-    CK(cuda_mtp_in(k->x, x->hk, b->mtp->hblk, x->didx, x->enorm, x->hnorm, n, E, eps, x->in, st));
+    CK(cuda_embed(k->tok_embd, ids, n, E, k->x, st));
+    CK(cuda_mtp_in(k->x, x->hk, b->mtp->hblk, src, x->enorm, x->hnorm, n, E, eps, x->in, st));
     CB(cuda_proj(k, &x->qeh, x->eh, x->in, k->x, true, n, 2 * E, E));
     CK(cuda_add_rmsnorm(k->x, NULL, L->attn_norm, NULL, n, E, eps, k->xn, st));
     if (lk.mixer == MODEL_MIXER_GQA) {
@@ -295,63 +368,248 @@ static int stop(struct cuda_backend *b, const char *err)
     return SL_EDEVICE;
 }
 
-/* ---- after a step -------------------------------------------------------------- */
+/* ---- the pass after a step ---------------------------------------------------- */
 
-int cuda_mtp_after_step(struct cuda_backend *b, const struct step *s, char *err, size_t errlen)
+/* The smallest power of two >= need (its log2 in *idx), at most cap. */
+static int bucket_of(int need, int cap, int *idx)
 {
+    int i = 0;
+    while ((1 << i) < need) i++;
+    *idx = i;
+    return (1 << i) < cap ? (1 << i) : cap;
+}
+
+int cuda_mtp_pack(struct cuda_backend *b, const struct step *s, char *err, size_t errlen)
+{
+    struct cuda_mtp *m = b->mtp;
+    m->run = false;
     /* the warm-up's steps keep nothing: their blocks are not handed out yet */
     if (b->warming) return 0;
-    struct cuda_mtp *m = b->mtp;
-    struct rank *k = &b->r[0];
-    struct cuda_mtp_rank *x = k->mtpx;
-    const struct model_config *c = &b->c;
-    int T = s->n_tokens, E = c->n_embd, bs = b->block_size;
-    CK(cudaSetDevice(k->dev));
-    /* the final-normed hidden states: the residual plus the last block's
-     * output, which the head adds for its rows only (the fused one-token path
-     * is off with MTP, and creation refuses hyper-connections) */
-    CK(cuda_add_rmsnorm(k->x, k->delta, k->out_norm, NULL, T, E, c->norm_eps, x->hk, k->st));
-    int n = 0, ns = 0, nk = 0;
+    int bs = b->block_size, K = m->K, n = 0, nk = 0, ns = 0, r = 0;
+    /* drafts on the device: for sequences whose tokens it picks (greedy), and only
+     * in steps without device-sampled rows (a row the device sampler leaves to
+     * the host reads the step's logits after the pass, which the drafts' head
+     * overwrites) */
+    bool drafts = K > 0 && b->job.n_samp == 0;
+    /* counts first: the sub-step's tokens, the keeps, the drafted sequences */
     for (int si = 0; si < s->n_seqs; si++) {
         const struct step_seq *q = &s->seqs[si];
-        int q0 = q->query_start, len = q->query_len, a = q->context_len - len, z = q->context_len - 1;
-        const int32_t *bt = q->block_table;
-        m->last_q0[si] = q0, m->last_pos0[si] = a, m->last_len[si] = len;
+        int len = q->query_len, a = q->context_len - len, row0 = r;
+        m->dev_j[si] = -1;
+        m->last_q0[si] = q->query_start, m->last_pos0[si] = a, m->last_len[si] = len;
+        if (q->want_sample && q->n_draft > 0) r += q->n_draft + 1; /* pack_step's rows, in its order */
+        else if (q->want_sample || q->logits_out) r++;
         if (len <= 0) continue;
-        int start = n;
-#define ADD(tok, p, src)                                                                                    \
-    do {                                                                                                    \
-        m->sub_tok[n] = (tok), m->sub_pos[n] = (p), m->sub_slot[n] = slot_of(bt, (p), bs), m->sub_src[n] = (src); \
-        m->sub_seq[n] = ns;                                                                                 \
-        n++;                                                                                                \
+        n += len - 1 + (a > 0 && m->htag[q->block_table[(a - 1) / bs]] == a - 1);
+        for (int i = 0; i < len; i++) nk += (a + i + 1) % bs == 0 || i == len - 1;
+        if (drafts && q->want_sample && b->row_mode[row0] == ROW_GREEDY && q->n_draft <= CUDA_MTP_MAXD) {
+            m->dev_j[si] = ns;
+            m->dev_seq[ns++] = si;
+        }
+    }
+    int need = n > nk ? n : nk, Tn = need, Sp = ns, gt = -1, gs = -1;
+    if (b->graphs && need <= 1 << (CUDA_MTP_GT - 1)) {
+        int it, is = 0;
+        int scap = b->max_seqs < b->max_tokens ? b->max_seqs : b->max_tokens; /* the layer's scratch rows */
+        int tn = bucket_of(need, b->max_tokens, &it), sp = ns ? bucket_of(ns, scap, &is) : 0;
+        if (ns) is++;
+        if (is < CUDA_MTP_GS) Tn = tn, Sp = sp, gt = it, gs = is;
+    }
+    struct cuda_mtp_lay L = pass_lay(b, Tn, Sp);
+    uint8_t *h = m->mhin, *r0 = h + L.r0;
+    int64_t *slots = (int64_t *)r0, pad_slot = (int64_t)b->kv_blocks * bs;
+    int32_t *ids = (int32_t *)(r0 + CUDA_MTP_R_IDS(Tn)), *pos = (int32_t *)(r0 + CUDA_MTP_R_POS(Tn)),
+            *tbt = (int32_t *)(r0 + CUDA_MTP_R_TBT(Tn)), *src = (int32_t *)(r0 + CUDA_MTP_R_SRC(Tn)),
+            *bt = (int32_t *)(h + L.bt), *kd = (int32_t *)(h + L.kdst), *ks = (int32_t *)(h + L.ksrc);
+    struct cuda_mtp_dseq *dq = (struct cuda_mtp_dseq *)(h + L.dseq);
+    *(int32_t *)(h + L.ns) = ns;
+    int nbt = 0;
+    n = 0, nk = 0, r = 0;
+    for (int si = 0; si < s->n_seqs; si++) {
+        const struct step_seq *q = &s->seqs[si];
+        int q0 = q->query_start, len = q->query_len, a = q->context_len - len, z = q->context_len - 1, row0 = r;
+        const int32_t *qbt = q->block_table;
+        if (q->want_sample && q->n_draft > 0) r += q->n_draft + 1;
+        else if (q->want_sample || q->logits_out) r++;
+        if (len <= 0) continue;
+        /* its blocks: the step's, and for a drafted sequence those up to position z + K that its table holds */
+        int nb0 = (q->context_len + bs - 1) / bs, nb = nb0, j = m->dev_j[si];
+        if (j >= 0) {
+            int want = (z + K) / bs + 1;
+            if (want > q->n_blocks) want = q->n_blocks;
+            while (nb < want && qbt[nb] >= 0 && qbt[nb] < b->kv_blocks) nb++;
+        }
+        if (nbt + nb > b->bt_cap) nb = nb0;
+        if (nbt + nb > b->bt_cap) {
+            sl_seterr(err, errlen, "forward: the MTP layer's block tables exceed the backend's buffers");
+            return SL_EINVAL;
+        }
+        memcpy(bt + nbt, qbt, (size_t)nb * 4);
+        int off = nbt;
+        nbt += nb;
+#define ADD(tok, p, sr)                                                                                        \
+    do {                                                                                                       \
+        ids[n] = (tok), pos[n] = (p), slots[n] = slot_of(qbt, (p), bs), src[n] = (sr), tbt[n] = off;           \
+        n++;                                                                                                   \
     } while (0)
         /* a's entry from a - 1's hidden state, still in its block: read before this step's keeps replace it */
-        if (a > 0 && m->htag[bt[(a - 1) / bs]] == a - 1) ADD(s->token_ids[q0], a, -bt[(a - 1) / bs] - 1);
+        if (a > 0 && m->htag[qbt[(a - 1) / bs]] == a - 1) ADD(s->token_ids[q0], a, -qbt[(a - 1) / bs] - 1);
         for (int p = a + 1; p <= z; p++) ADD(s->token_ids[q0 + p - a], p, q0 + p - a - 1);
 #undef ADD
-        if (n == start) continue;
-        m->sub_bt[ns] = bt, m->sub_nb[ns] = (z + bs) / bs;
-        ns++;
-    }
-    SL_ASSERT(n <= b->max_tokens);
-    /* keeps: each block's end and each sequence's last position */
-    for (int si = 0; si < s->n_seqs; si++) {
-        const struct step_seq *q = &s->seqs[si];
-        int q0 = q->query_start, len = q->query_len, a = q->context_len - len;
+        /* keeps: each block's end and the sequence's last position */
         for (int i = 0; i < len; i++)
             if ((a + i + 1) % bs == 0 || i == len - 1) {
-                m->keep_dst[nk] = q->block_table[(a + i) / bs], m->keep_src[nk] = q0 + i;
+                m->keep_dst[nk] = qbt[(a + i) / bs], m->keep_src[nk] = q0 + i;
                 m->keep_pos[nk++] = a + i;
             }
+        if (j >= 0) {
+            int nd = q->n_draft > 0 ? q->n_draft : 0; /* rows row0 .. row0 + nd: positions z - nd .. z */
+            dq[j] = (struct cuda_mtp_dseq){.row0 = row0, .nd = nd, .a = z - nd, .q0 = q0 + len - 1 - nd,
+                                           .cover = nb * bs, .tbt = off};
+            for (int i = 0; i < nd; i++) dq[j].vd[i] = q->history[q->n_history + i];
+        }
     }
-    SL_ASSERT(nk <= b->max_tokens);
-    if (n > 0 && (load_sub(b, k, n, err, errlen) || run_layer(b, k, n, false, err, errlen))) return stop(b, err);
-    if (keep_rows(b, k, nk, err, errlen)) return stop(b, err);
-    if (cuda_rank_wait(k, err, errlen)) return stop(b, err);
-    m->last_n = s->n_seqs;
+    SL_ASSERT(n <= Tn && nk <= Tn);
+    m->nl = n;
+    for (int t = n; t < Tn; t++) ids[t] = 0, pos[t] = 0, slots[t] = pad_slot, src[t] = 0, tbt[t] = 0;
+    /* the keeps, the later of two for one block winning (as the CPU's sequential copies leave it), and their tags */
+    int w = 0;
+    if (++m->gen == 0) { /* the stamps wrapped: start them over */
+        memset(m->stamp, 0, (size_t)m->kv_blocks * sizeof *m->stamp);
+        m->gen = 1;
+    }
+    for (int i = nk - 1; i >= 0; i--) {
+        int blk = m->keep_dst[i];
+        if (m->stamp[blk] == m->gen) continue;
+        m->stamp[blk] = m->gen;
+        m->htag[blk] = m->keep_pos[i];
+        kd[w] = blk, ks[w] = m->keep_src[i], w++;
+    }
+    m->nw = w;
+    for (int t = w; t < Tn; t++) kd[t] = b->kv_blocks, ks[t] = 0; /* padding: hblk's spare row */
+    m->Tn = Tn, m->Sp = Sp, m->ns = ns, m->gt = gt, m->gs = gs;
+    m->nbytes = L.bt + (size_t)nbt * 4;
+    m->run = true;
+    return 0;
+}
+
+/* Makes region r (n rows) the layer code's step inputs: k->din and b->lay
+ * (one GPU: no other rank reads them meanwhile); bt the block tables. */
+static void use_region(struct rank *k, uint8_t *r, int n, uint8_t *bt)
+{
+    struct inlay y;
+    memset(&y, 0, sizeof y);
+    y.slots = 0, y.ids = CUDA_MTP_R_IDS(n), y.pos = CUDA_MTP_R_POS(n), y.tok_bt = CUDA_MTP_R_TBT(n);
+    y.bt = (size_t)(bt - r);
+    k->din = r;
+    k->b->lay = y;
+}
+
+/* The pass over regions of Tn rows (the sub-step's nl tokens, its nw keeps)
+ * and Sp draft rows, enqueued on k's stream (a graph captures it with nl =
+ * nw = Tn). */
+static int pass(struct rank *k, int Tn, int nl, int nw, int Sp, char *err, size_t errlen)
+{
+    struct cuda_backend *b = k->b;
+    struct cuda_mtp *m = b->mtp;
+    struct cuda_mtp_rank *x = k->mtpx;
+    const struct model_config *c = &b->c;
+    int E = c->n_embd, V = c->n_vocab, S = b->max_seqs, K = m->K, rc = 0;
+    cudaStream_t st = k->st;
+    struct cuda_mtp_lay L = pass_lay(b, Tn, Sp);
+    uint8_t *base = x->mdin, *din = k->din, *btp = base + L.bt;
+    struct inlay lay = b->lay;
+    if (nl > 0) {
+        uint8_t *r0 = base + L.r0;
+        use_region(k, r0, Tn, btp);
+        if ((rc = run_layer(b, k, nl, (const int32_t *)(r0 + CUDA_MTP_R_IDS(Tn)),
+                            (const int32_t *)(r0 + CUDA_MTP_R_SRC(Tn)), false, err, errlen)))
+            goto out;
+    }
+    /* the step's hidden states into their blocks: after the sub-step, which read the ones there */
+    CK(cuda_mtp_rows(m->hblk, (const int32_t *)(base + L.kdst), x->hk, (const int32_t *)(base + L.ksrc), nw, E, st));
+    if (Sp > 0 && K > 0) {
+        struct cuda_mtp_accept_args aa = {
+            .sq = (const struct cuda_mtp_dseq *)(base + L.dseq), .ns = (const int32_t *)(base + L.ns),
+            .tok = k->tok, .bt = (const int32_t *)btp, .Sp = Sp, .K = K, .V = V, .block_size = b->block_size,
+            .pad_row = b->kv_blocks, .pad_slot = (int64_t)b->kv_blocks * b->block_size, .g0 = b->max_tokens,
+            .kdst = (int32_t *)(base + L.ddst), .ksrc = (int32_t *)(base + L.dsrc), .r1 = base + L.r1,
+            .out_p = m->dres + (size_t)K * S, .out_k = m->dres + (size_t)(K + 1) * S,
+            .out_tok = m->dres + (size_t)(K + 2) * S,
+        };
+        CK(cuda_mtp_accept(&aa, st));
+        /* the accepted position's hidden state stays in its block: a forward() from p + 1 writes p + 1's entry */
+        CK(cuda_mtp_rows(m->hblk, aa.kdst, x->hk, aa.ksrc, Sp, E, st));
+        uint16_t *g = x->hk + (size_t)b->max_tokens * E; /* [Sp][E]: the chained hidden states, row j's */
+        for (int it = 0; it < K; it++) {
+            uint8_t *ri = base + L.r1 + (size_t)it * L.rs;
+            use_region(k, ri, Sp, btp);
+            const int32_t *ids = it == 0 ? (const int32_t *)(ri + CUDA_MTP_R_IDS(Sp)) : m->dres + (size_t)(it - 1) * S;
+            if ((rc = run_layer(b, k, Sp, ids, (const int32_t *)(ri + CUDA_MTP_R_SRC(Sp)), true, err, errlen)))
+                goto out;
+            /* the head: g = head_norm(x + the FFN's output), each row's next hidden state (the layer has
+             * read the last one), then the shared LM head's greedy token (ties to the lower id) */
+            CK(cuda_add_rmsnorm(k->x, k->delta, x->head_norm, NULL, Sp, E, c->norm_eps, g, st));
+            CB(cuda_proj(k, &k->qhead, k->lm_head, g, k->logits, true, Sp, E, V));
+            CK(cuda_argmax_lse(k->logits, Sp, V, k->amp, m->dres + (size_t)it * S, x->dlp, st));
+            CK(cuda_mtp_fix_ids(m->dres + (size_t)it * S, Sp, V, st));
+        }
+    }
+out:
+    k->din = din, b->lay = lay;
+    return rc;
+fail:
+    rc = SL_EDEVICE;
+    goto out;
+}
+
+int cuda_mtp_rank_pass(struct rank *k, char *err, size_t errlen)
+{
+    struct cuda_backend *b = k->b;
+    struct cuda_mtp *m = b->mtp;
+    struct cuda_mtp_rank *x = k->mtpx;
+    const struct model_config *c = &b->c;
+    if (!m || !x || !m->run) return 0;
+    CK(cudaMemcpyAsync(x->mdin, m->mhin, m->nbytes, cudaMemcpyHostToDevice, k->st));
+    /* the step's final-normed hidden states: the residual plus the last block's
+     * output, which the head adds for its rows only (the fused one-token path
+     * is off with MTP, and creation refuses hyper-connections) */
+    CK(cuda_add_rmsnorm(k->x, k->delta, k->out_norm, NULL, b->job.Tp, c->n_embd, c->norm_eps, x->hk, k->st));
+    if (m->gt < 0) return pass(k, m->Tn, m->nl, m->nw, m->Sp, err, errlen);
+    cudaGraphExec_t *ge = &x->gx[m->gt][m->gs];
+    if (!*ge) {
+        cudaGraph_t g = NULL;
+        CK(cudaStreamBeginCapture(k->st, cudaStreamCaptureModeThreadLocal));
+        int rc = pass(k, m->Tn, m->Tn, m->Tn, m->Sp, err, errlen);
+        cudaError_t e = cudaStreamEndCapture(k->st, &g);
+        if (rc) {
+            if (g) cudaGraphDestroy(g);
+            return rc;
+        }
+        CK(e);
+        e = cudaGraphInstantiate(ge, g, 0);
+        cudaGraphDestroy(g);
+        if (e != cudaSuccess) *ge = NULL;
+        CK(e);
+    }
+    CK(cudaGraphLaunch(*ge, k->st));
     return 0;
 fail:
-    return stop(b, err);
+    return SL_EDEVICE;
+}
+
+void cuda_mtp_after_step(struct cuda_backend *b, const struct step *s)
+{
+    struct cuda_mtp *m = b->mtp;
+    if (!m->run) return;
+    /* the accepted positions' hidden states the pass kept */
+    const int32_t *op = m->hres + (size_t)m->K * b->max_seqs;
+    for (int j = 0; j < m->ns && m->K > 0; j++) {
+        const struct step_seq *q = &s->seqs[m->dev_seq[j]];
+        int p = op[j];
+        m->htag[q->block_table[p / b->block_size]] = p;
+    }
+    m->last_n = s->n_seqs;
 }
 
 /* ---- drafts -------------------------------------------------------------------- */
@@ -373,6 +631,26 @@ int cuda_mtp_draft(model_backend *mb, struct model_mtp_req *r, int n, char *err,
     struct model_step_limits lim = {.n_vocab = V, .max_seqs = b->max_seqs, .max_ctx = b->max_ctx,
                                     .block_size = bs, .kv_blocks = b->kv_blocks};
     if (model_mtp_check(r, n, &lim, m->last_n, m->last_pos0, m->last_len, &kmax, err, errlen)) return SL_EINVAL;
+    /* what the pass after the step drafted (from the position the device
+     * accepted, with the token it picked there, no logits kept) is handed
+     * out; the other requests take the eager path below */
+    int ne = 0, S = b->max_seqs;
+    const int32_t *op = m->hres + (size_t)m->K * S, *ok = op + S, *ot = ok + S;
+    kmax = 0;
+    for (int j = 0; j < n; j++) {
+        struct model_mtp_req *q = &r[j];
+        int d = m->run ? m->dev_j[q->seq] : -1;
+        if (d >= 0 && !q->logits && q->pos == op[d] && q->token == ot[d] && q->k <= ok[d]) {
+            for (int i = 0; i < q->k; i++) {
+                int32_t t = m->hres[(size_t)i * S + d];
+                q->drafts[i] = t >= 0 && t < V ? t : 0; /* -1: logits not finite; any token verifies alike */
+            }
+            continue;
+        }
+        m->ereq[ne++] = *q;
+        if ((q->k > 1 ? q->k : 1) > kmax) kmax = q->k > 1 ? q->k : 1;
+    }
+    r = m->ereq, n = ne;
     if (n == 0) return 0;
     struct rank *k = &b->r[0];
     struct cuda_mtp_rank *x = k->mtpx;
@@ -402,7 +680,9 @@ int cuda_mtp_draft(model_backend *mb, struct model_mtp_req *r, int n, char *err,
             m->row_req[ns] = j;
             ns++;
         }
-        if (load_sub(b, k, ns, err, errlen) || run_layer(b, k, ns, true, err, errlen)) return stop(b, err);
+        if (load_sub(b, k, ns, err, errlen) ||
+            run_layer(b, k, ns, DIN(k, ids, int32_t), x->didx, true, err, errlen))
+            return stop(b, err);
         /* the head: g = head_norm(x + the FFN's output), each request's next hidden state (the layer has read
          * the last one), then the shared LM head's greedy token (ties to the lower id) */
         CK(cuda_add_rmsnorm(k->x, k->delta, x->head_norm, NULL, ns, E, c->norm_eps, g, k->st));

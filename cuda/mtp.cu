@@ -1,8 +1,10 @@
 /* mtp.cu - the MTP layer's kernels (mtp.h): its input (two RMSNorms into one
- * row), row copies for the per-block hidden states, and a plain GQA attention
- * that leaves the positions below key0 out. Simple on purpose (one block per
- * row, f32 accumulation): the sub-step and the drafts run eagerly, and
- * correctness comes before speed here. */
+ * row), row copies for the per-block hidden states, a plain GQA attention
+ * that leaves the positions below key0 out, and the device's side of the
+ * pass after a step: its verification walk, which lets the drafts follow the
+ * step without the host (cuda_mtp_accept), and the draft tokens' clamp.
+ * Simple on purpose (one block per row, f32 accumulation): correctness comes
+ * before speed here. */
 #include <math.h>
 
 #include "cuda/bf16.cuh"
@@ -131,5 +133,61 @@ extern "C" cudaError_t cuda_mtp_attention(const struct cuda_mtp_attn_args *a, cu
     if (a->T <= 0) return cudaSuccess;
     if (a->D > AT_DMAX || a->D <= 0 || a->KVH <= 0 || a->H % a->KVH) return cudaErrorInvalidValue;
     attn_kernel<<<dim3((unsigned)a->T, (unsigned)a->H), AT_WARPS * 32, 0, st>>>(*a);
+    return cudaGetLastError();
+}
+
+/* one thread per draft row: the device's verification of the sequence's
+ * drafts (model_sample_verify's greedy walk, as step.c's verify_greedy takes
+ * it), then each iteration's inputs */
+static __global__ void accept_kernel(struct cuda_mtp_accept_args a)
+{
+    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= a.Sp) return;
+    int ns = *a.ns, bs = a.block_size, p = 0, tok = 0, kd = 0, tbt = 0, src0 = 0, dst = a.pad_row;
+    if (j < ns) {
+        const struct cuda_mtp_dseq *q = &a.sq[j];
+        int i = 0;
+        for (;; i++) {
+            tok = a.tok[q->row0 + i];
+            if (tok < 0 || i >= q->nd || tok != q->vd[i]) break;
+        }
+        p = q->a + i, src0 = q->q0 + i, tbt = q->tbt;
+        kd = q->cover - 1 - p;
+        kd = kd < 0 ? 0 : kd > a.K ? a.K : kd;
+        dst = a.bt[tbt + p / bs];
+        a.out_p[j] = p, a.out_k[j] = kd, a.out_tok[j] = tok;
+        if (tok < 0 || tok >= a.V) tok = 0; /* not finite: the host refuses the row; any token drafts alike */
+    }
+    a.kdst[j] = dst, a.ksrc[j] = src0;
+    size_t rb = CUDA_MTP_R_BYTES(a.Sp);
+    for (int it = 0; it < a.K; it++) {
+        uint8_t *r = a.r1 + (size_t)it * rb;
+        bool on = j < ns && it < kd;
+        int ps = on ? p + 1 + it : 0;
+        ((int64_t *)r)[j] = on ? (int64_t)a.bt[tbt + ps / bs] * bs + ps % bs : a.pad_slot;
+        ((int32_t *)(r + CUDA_MTP_R_IDS(a.Sp)))[j] = it == 0 ? tok : 0; /* later iterations read the argmax */
+        ((int32_t *)(r + CUDA_MTP_R_POS(a.Sp)))[j] = ps;
+        ((int32_t *)(r + CUDA_MTP_R_TBT(a.Sp)))[j] = on ? tbt : 0;
+        ((int32_t *)(r + CUDA_MTP_R_SRC(a.Sp)))[j] = it == 0 ? src0 : a.g0 + j;
+    }
+}
+
+extern "C" cudaError_t cuda_mtp_accept(const struct cuda_mtp_accept_args *a, cudaStream_t st)
+{
+    if (a->Sp <= 0) return cudaSuccess;
+    accept_kernel<<<(a->Sp + 127) / 128, 128, 0, st>>>(*a);
+    return cudaGetLastError();
+}
+
+static __global__ void fix_ids_kernel(int32_t *ids, int n, int V)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n && (ids[i] < 0 || ids[i] >= V)) ids[i] = 0;
+}
+
+extern "C" cudaError_t cuda_mtp_fix_ids(int32_t *ids, int n, int V, cudaStream_t st)
+{
+    if (n <= 0) return cudaSuccess;
+    fix_ids_kernel<<<(n + 127) / 128, 128, 0, st>>>(ids, n, V);
     return cudaGetLastError();
 }

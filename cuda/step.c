@@ -23,10 +23,14 @@
  * drafts gets a logit row for each of its last n_draft + 1 query tokens; a
  * greedy one is verified from the device's argmax of each row
  * (verify_greedy), any other copies its rows to the host for
- * model_sample_verify. These steps are not decode-only, so not graphs. On
- * KDA layers the slots are then rolled to the last accepted draft
- * (cuda_kda_rollback: the accepted drafts replayed, cuda/kda.h).
- * With method mtp the MTP layer's sub-step follows each step (cuda/mtp.c).
+ * model_sample_verify. A step whose sequences all verify the same K <=
+ * VGRAPH_K drafts (K + 1 query tokens each) runs as a graph of its own per
+ * batch bucket and K (verify_k), padded as decode graphs are. On KDA layers
+ * the slots are then rolled to the last accepted draft (cuda_kda_rollback:
+ * the accepted drafts replayed, cuda/kda.h).
+ * With method mtp the MTP layer's pass (its sub-step, and drafts for the
+ * greedy sequences) follows each step on the same stream, a graph of its own
+ * per bucket (cuda/mtp.c).
  *
  * Prefill attention runs on the tensor cores (items of up to 128 query rows)
  * where the head shape allows, else on the SIMT kernel; decode-only steps take
@@ -280,7 +284,7 @@ static size_t pack_step(struct cuda_backend *b, const struct step *s, int Tp, in
     }
     *HIN(b, n_items, int32_t) = n;
     if (b->state_bytes && !cuda_kda_pack(b, s, Tp)) return 0;
-    for (int k = r; k < (Tp < b->max_seqs ? Tp : b->max_seqs); k++) rows[k] = k; /* graph padding rows */
+    for (int k = r; k < (Tp < b->max_rows ? Tp : b->max_rows); k++) rows[k] = k; /* graph padding rows */
     pack_sampling(b, s, r);
     return b->lay.bt + (size_t)nbt * 4;
 }
@@ -563,21 +567,24 @@ int cuda_rank_forward(struct rank *k, char *err, size_t errlen)
                                (size_t)b->job.n_pen * sizeof(struct cuda_sample_pen), cudaMemcpyHostToDevice, k->st));
     }
     if (gi >= 0) {
-        if (!k->gexec[gi]) {
+        /* a decode step's graph, or a verify step's (K + 1 tokens a sequence, every row a logit row) */
+        cudaGraphExec_t *ge = b->job.vk ? &k->vexec[b->job.vk - 1][gi] : &k->gexec[gi];
+        if (!*ge) {
             cudaGraph_t g = NULL;
             CK(cudaStreamBeginCapture(k->st, cudaStreamCaptureModeThreadLocal));
-            rc = enqueue(k, Tp, Tp, Tp * CUDA_ATTN_MAXSPLIT, true, err, errlen);
+            rc = enqueue(k, Tp, Tp, Tp * CUDA_ATTN_MAXSPLIT, b->job.decode, err, errlen);
             cudaError_t e = cudaStreamEndCapture(k->st, &g);
             if (rc) {
                 if (g) cudaGraphDestroy(g);
                 return rc;
             }
             CK(e);
-            e = cudaGraphInstantiate(&k->gexec[gi], g, 0);
+            e = cudaGraphInstantiate(ge, g, 0);
             cudaGraphDestroy(g);
+            if (e != cudaSuccess) *ge = NULL;
             CK(e);
         }
-        CK(cudaGraphLaunch(k->gexec[gi], k->st));
+        CK(cudaGraphLaunch(*ge, k->st));
     } else {
         if ((rc = enqueue(k, Tp, R, b->job.n_items, b->job.decode, err, errlen))) return rc;
     }
@@ -592,6 +599,8 @@ int cuda_rank_forward(struct rank *k, char *err, size_t errlen)
                            b->job.n_pen ? DIN(k, pen, struct cuda_sample_pen) : NULL, k->sout, k->st));
         }
     }
+    /* method mtp: the MTP layer's pass, after the rows the host reads are copied */
+    if (k->mtpx && k->id == 0 && (rc = cuda_mtp_rank_pass(k, err, errlen))) return rc;
     return cuda_rank_wait(k, err, errlen);
 fail:
     return SL_EDEVICE;
@@ -615,6 +624,24 @@ static void verify_greedy(const struct cuda_backend *b, struct step_seq *q, int 
     }
 }
 
+/* A step every sequence of which verifies the same K drafts (query: its
+ * last token and the K drafts, so every query token is a logit row, in
+ * order): K, which a graph per batch bucket can run (Tp = bucket (K + 1)
+ * tokens: short steps, whose attention takes splits and no long-key
+ * partials); else 0. Not with recurrent layers (their state snapshots and
+ * rollback are per step) nor hyper-connections. */
+static int verify_k(const struct cuda_backend *b, const struct step *s)
+{
+    if (b->state_bytes || b->r[0].hcx || s->n_seqs <= 0) return 0;
+    int K = s->seqs[0].n_draft;
+    if (K < 1 || K > VGRAPH_K) return 0;
+    for (int i = 0; i < s->n_seqs; i++) {
+        const struct step_seq *q = &s->seqs[i];
+        if (!q->want_sample || q->n_draft != K || q->query_len != K + 1 || q->prompt_out) return 0;
+    }
+    return K;
+}
+
 int cuda_forward(model_backend *mb, struct step *s, char *err, size_t errlen)
 {
     struct cuda_backend *b = (struct cuda_backend *)mb;
@@ -631,22 +658,26 @@ int cuda_forward(model_backend *mb, struct step *s, char *err, size_t errlen)
     if (rc) return rc;
     int V = b->c.n_vocab;
     bool decode = s->n_tokens == s->n_seqs;
-    int gi = -1;
-    if (decode && b->graphs)
-        for (int i = 0; i < b->n_bucket; i++)
-            if (b->bucket[i] >= s->n_tokens && b->bucket[i] <= b->max_tokens) {
+    int gi = -1, vk = decode ? 0 : verify_k(b, s);
+    if ((decode || vk) && b->graphs)
+        for (int i = 0; i < b->n_bucket; i++) {
+            int tp = b->bucket[i] * (1 + vk);
+            if (b->bucket[i] >= s->n_seqs && tp <= b->max_tokens && (!vk || (tp <= b->max_rows && tp <= 256))) {
                 gi = i;
                 break;
             }
-    int Tp = gi >= 0 ? b->bucket[gi] : s->n_tokens, R = 0;
+        }
+    int Tp = gi >= 0 ? b->bucket[gi] * (1 + vk) : s->n_tokens, R = 0;
     b->lay = cuda_step_lay(b, gi, Tp);
     size_t nbytes = pack_step(b, s, Tp, &R);
     if (!nbytes) {
         sl_seterr(err, errlen, "forward: step exceeds the backend's buffers");
         return SL_EINVAL;
     }
-    b->job.Tp = Tp, b->job.R = R, b->job.gi = gi, b->job.decode = decode, b->job.nbytes = nbytes;
+    b->job.Tp = Tp, b->job.R = R, b->job.gi = gi, b->job.vk = gi >= 0 ? vk : 0, b->job.decode = decode;
+    b->job.nbytes = nbytes;
     b->job.n_items = *HIN(b, n_items, int32_t);
+    if (b->mtp && (rc = cuda_mtp_pack(b, s, err, errlen))) return rc;
     if ((rc = cuda_crew_run(b, JOB_FORWARD, err, errlen))) {
         /* a GPU that failed mid-step leaves its stream, its KV and (with N > 1)
          * its communicators unusable: no later step can run */
@@ -722,12 +753,13 @@ int cuda_forward(model_backend *mb, struct step *s, char *err, size_t errlen)
         }
         if (rc != 0) q->out.token = -1, q->out.n_top = 0;
     }
-    /* KDA layers: each verified sequence's slot advanced over its accepted drafts (cuda/kda.h), eagerly */
+    /* KDA layers: each verified sequence's slot advanced over its accepted drafts (cuda/kda.h) */
     if (b->state_bytes && b->max_draft && (rc = cuda_kda_rollback(b, s, err, errlen))) {
         snprintf(b->dead, sizeof b->dead, "the GPU backend stopped: %s", err);
         b->base.fatal = b->dead;
         return SL_EDEVICE;
     }
-    /* the MTP layer's sub-step (cuda/mtp.c), eagerly after the step */
-    return b->mtp ? cuda_mtp_after_step(b, s, err, errlen) : 0;
+    /* the MTP layer's pass ran with the step (cuda/mtp.c): its tags */
+    if (b->mtp) cuda_mtp_after_step(b, s);
+    return 0;
 }

@@ -369,6 +369,17 @@ static bool add_decode(sched *s, sched_req *q, int *T)
         if (k < 0) k = 0;
     }
     while (k > 0 && kv_seq_reserve(s->pool, &q->kv, q->n_computed + 1 + k) != 0) k--; /* what its blocks hold */
+    if (s->cfg.spec.method == SCHED_SPEC_MTP) {
+        /* a backend may draft right after the step from the position it accepts there (up to n_computed + k;
+         * cuda/mtp.c): blocks for the drafts past it too, from the free list only (no eviction), so that it
+         * need not leave them to an extra pass after the step */
+        struct kv_stats ks;
+        kv_pool_stats(s->pool, &ks);
+        int want = q->n_computed + 1 + k + s->cfg.spec.num_speculative_tokens, bs = kv_pool_block_size(s->pool);
+        if (want > s->cfg.max_model_len) want = s->cfg.max_model_len;
+        int more = (want + bs - 1) / bs - q->kv.n_blocks;
+        if (more > 0 && more <= ks.blocks_free) (void)kv_seq_reserve(s->pool, &q->kv, want);
+    }
     add_to_step(s, q, 1 + k, k, T);
     return true;
 }

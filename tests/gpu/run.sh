@@ -60,6 +60,11 @@
 #                      kernels alone on 8192-token chunks (tensor cores vs SIMT, each KV
 #                      cache); batch-1 decode at 1K, then one 32K and one 131K-token
 #                      prompt (TTFT) and batch-1 decode over each
+#   mtp                bench_mtp: speculation's cost a step with MTP drafts at the
+#                      DeepSeek-V2-Lite shape with one MTP layer (tools/configs/
+#                      deepseek-v2-lite-mtp, dummy bf16): a plain decode step, one
+#                      with the MTP sub-step, a verify step of K = 1..3 drafts without
+#                      and with the MTP layer's pass, batches 1 and 8 at 1K context
 #   gemm               bench_gemm: the sustained cuBLAS GEMM ceiling at the power
 #                      cap, and the warpgroup GEMMs beside it
 #   attn               bench_attn: the prefill attention kernels, each KV cache
@@ -242,6 +247,7 @@ bench_one() {
         for n in 32768 131072; do
             timeout -k 5 400 "$B/tests/gpu/bench_gpu" $G0 --long=$n "$s" 2>&1 | tee "$d/long_$n.log"
         done ;;
+    mtp) timeout -k 5 400 "$B/tests/gpu/bench_mtp" 2>&1 | tee "$d/bench_mtp.log" ;;
     gemm) timeout -k 5 300 "$B/tests/gpu/bench_gemm" --wg 2>&1 | tee "$d/bench_gemm.log" ;;
     attn)
         for k in ${KVD:-auto fp8}; do

@@ -9,7 +9,10 @@
  *    1e-2 of the output's norm (bf16 output, __expf);
  *  - cuda_mtp_in: the two RMSNorms into one row, hidden rows from both
  *    sources (src >= 0 and < 0), to 1e-2;
- *  - cuda_mtp_rows: row copies, exact.
+ *  - cuda_mtp_rows: row copies, exact;
+ *  - cuda_mtp_accept: the device's walk over a step's verified drafts and
+ *    the drafts' inputs it writes, against the host's walk, exact; and
+ *    cuda_mtp_fix_ids.
  * Outputs are poisoned (NaN) first, so an element never written fails.
  */
 #include <cuda_runtime.h>
@@ -167,6 +170,90 @@ static void test_in_and_rows(void)
     free(e), free(en), free(hn), free(hk), free(hb), free(out), free(ref), free(got), free(hb2);
 }
 
+/* cuda_mtp_accept: sequences verifying 0 .. 4 drafts whose tokens match the
+ * drafts to every depth (and a non-finite row's -1), block tables that cover
+ * the drafts' positions or stop short of them, Sp past ns (padding rows);
+ * against the host's walk (step.c's verify_greedy), exact. Then
+ * cuda_mtp_fix_ids. */
+static void test_accept(void)
+{
+    enum { NS = 6, SP = 8, K = 3, BS = 4, V = 500, NB = 8 };
+    struct cuda_mtp_dseq sq[NS];
+    int32_t tok[64], bt[NS * NB], ns = NS;
+    int nd[NS] = {0, 2, 3, 3, 4, 1}, depth[NS] = {0, 1, 3, 0, 4, 1}, rows = 0;
+    int nbk[NS] = {NB, NB, 4, NB, NB, 5}; /* blocks each table covers: sequence 2's and 5's stop short (2, 1 drafts) */
+    for (int i = 0; i < NS * NB; i++) bt[i] = (i * 7) % (NS * NB);
+    for (int j = 0; j < NS; j++) {
+        struct cuda_mtp_dseq *d = &sq[j];
+        memset(d, 0, sizeof *d);
+        d->row0 = rows, d->nd = nd[j], d->a = j == 2 ? 10 : j == 5 ? 17 : 5 + 2 * j, d->q0 = 10 * j + 1;
+        d->cover = nbk[j] * BS, d->tbt = j * NB;
+        for (int i = 0; i < nd[j]; i++) d->vd[i] = 100 + 10 * j + i;
+        for (int i = 0; i <= nd[j]; i++) /* rows match the drafts up to depth, then differ */
+            tok[rows + i] = i < depth[j] && i < nd[j] ? d->vd[i] : 300 + i;
+        if (j == 3) tok[rows] = -1; /* a row whose logits were not finite */
+        rows += nd[j] + 1;
+    }
+    size_t rb = CUDA_MTP_R_BYTES(SP);
+    struct cuda_mtp_dseq *dsq = dup_dev(sq, sizeof sq);
+    int32_t *dtok = dup_dev(tok, sizeof tok), *dbt = dup_dev(bt, sizeof bt), *dns = dup_dev(&ns, 4);
+    int32_t *dkd = poisoned(SP * 4), *dks = poisoned(SP * 4), *dout = poisoned(3 * NS * 4);
+    uint8_t *dr = poisoned(K * rb);
+    struct cuda_mtp_accept_args a = {.sq = dsq, .ns = dns, .tok = dtok, .bt = dbt, .Sp = SP, .K = K, .V = V,
+                                     .block_size = BS, .pad_row = 999, .pad_slot = 4444, .g0 = 64, .kdst = dkd,
+                                     .ksrc = dks, .r1 = dr, .out_p = dout, .out_k = dout + NS,
+                                     .out_tok = dout + 2 * NS};
+    cudaError_t e = cuda_mtp_accept(&a, 0);
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    int32_t kd[SP], ks[SP], out[3 * NS];
+    uint8_t *r = malloc(K * rb);
+    get(kd, dkd, sizeof kd), get(ks, dks, sizeof ks), get(out, dout, sizeof out), get(r, dr, K * rb);
+    int bad = 0;
+    for (int j = 0; j < SP; j++) {
+        int p = 0, t = 0, k = 0, src0 = 0, dst = 999, tb = 0;
+        if (j < NS) {
+            const struct cuda_mtp_dseq *d = &sq[j];
+            int i = 0;
+            for (;; i++) {
+                t = tok[d->row0 + i];
+                if (t < 0 || i >= d->nd || t != d->vd[i]) break;
+            }
+            p = d->a + i, src0 = d->q0 + i, tb = d->tbt, k = d->cover - 1 - p;
+            k = k < 0 ? 0 : k > K ? K : k;
+            dst = bt[tb + p / BS];
+            bad += out[j] != p || out[NS + j] != k || out[2 * NS + j] != t;
+            if (t < 0 || t >= V) t = 0;
+        }
+        bad += kd[j] != dst || ks[j] != src0;
+        for (int it = 0; it < K; it++) {
+            const uint8_t *ri = r + it * rb;
+            bool on = j < NS && it < k;
+            int ps = on ? p + 1 + it : 0;
+            int64_t slot = on ? (int64_t)bt[tb + ps / BS] * BS + ps % BS : 4444;
+            bad += ((const int64_t *)ri)[j] != slot;
+            bad += ((const int32_t *)(ri + CUDA_MTP_R_POS(SP)))[j] != ps;
+            bad += ((const int32_t *)(ri + CUDA_MTP_R_TBT(SP)))[j] != (on ? tb : 0);
+            bad += ((const int32_t *)(ri + CUDA_MTP_R_SRC(SP)))[j] != (it == 0 ? src0 : 64 + j);
+            if (it == 0) bad += ((const int32_t *)(ri + CUDA_MTP_R_IDS(SP)))[j] != t;
+        }
+    }
+    CHECKF(e == cudaSuccess && bad == 0, "mtp_accept: %s, %d values differ", cudaGetErrorString(e), bad);
+    printf("  %s mtp_accept: %d sequences in %d rows, %d values differ\n",
+           bad == 0 && e == cudaSuccess ? "ok  " : "FAIL", NS, SP, bad);
+
+    int32_t ids[5] = {-1, 0, V - 1, V, 7}, want[5] = {0, 0, V - 1, 0, 7}, got[5];
+    int32_t *dids = dup_dev(ids, sizeof ids);
+    e = cuda_mtp_fix_ids(dids, 5, V, 0);
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    get(got, dids, sizeof got);
+    bool same = !memcmp(got, want, sizeof want);
+    CHECKF(e == cudaSuccess && same, "mtp_fix_ids: %s", cudaGetErrorString(e));
+    printf("  %s mtp_fix_ids\n", same && e == cudaSuccess ? "ok  " : "FAIL");
+    cudaFree(dsq), cudaFree(dtok), cudaFree(dbt), cudaFree(dns), cudaFree(dkd), cudaFree(dks), cudaFree(dout);
+    cudaFree(dr), cudaFree(dids);
+    free(r);
+}
+
 int main(void)
 {
     int n = 0;
@@ -176,5 +263,6 @@ int main(void)
     }
     RUN(test_attention);
     RUN(test_in_and_rows);
+    RUN(test_accept);
     return test_summary();
 }
