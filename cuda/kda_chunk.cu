@@ -19,7 +19,7 @@
  *          before it in parallel, then inside it a thread a column)
  *      P6  o_t = (q e^G)^T S0 + sum_{s <= t} P[t][s] u_s, into o32
  *      P7  S = e^G_L S0 + sum_t (k_t e^(G_L - G_t)) u_t^T; a snapshot's S here
- *    (P5 to P7: a warp a set of rows, a lane a column, so each row's operand
+ *    (P5 to P7: a warp a set of rows, a lane a column (and every 32nd after it), so each row's operand
  *    is one broadcast read); the block's S columns stay in shared memory from
  *    the first chunk to the last;
  *  - the gated output norm (parallel over tokens) and the conv tails.
@@ -254,8 +254,8 @@ static __global__ void __launch_bounds__(KC_THREADS)
         __syncthreads();
 
         /* P5: u = beta (v - (k e^G)^T S0) (warp rows, lane columns), then the solve down each column */
-        const int j = lane;
-        if (j < nc) {
+        /* a lane columns lane, lane + 32, ..: blocks of more than 32 columns loop */
+        for (int j = lane; j < nc; j += 32) {
             float acc[KC_ROWS];
 #pragma unroll
             for (int mm = 0; mm < KC_ROWS; mm++) acc[mm] = 0.0f;
@@ -297,7 +297,7 @@ static __global__ void __launch_bounds__(KC_THREADS)
         }
 
         /* P6: the outputs before the norm (warp rows, lane columns) */
-        if (j < nc) {
+        for (int j = lane; j < nc; j += 32) {
             float o[KC_ROWS];
 #pragma unroll
             for (int mm = 0; mm < KC_ROWS; mm++) o[mm] = 0.0f;
@@ -326,7 +326,7 @@ static __global__ void __launch_bounds__(KC_THREADS)
         __syncthreads(); /* P6 reads S0 */
 
         /* P7: the state after the chunk (warp rows c = warp + KC_WARPS m of S, lane columns) */
-        if (j < nc) {
+        for (int j = lane; j < nc; j += 32) {
             float x[KC_SROWS];
 #pragma unroll
             for (int mm = 0; mm < KC_SROWS; mm++) {

@@ -543,6 +543,8 @@ static void test_kda_chunk(void)
     run_chunk_case(256, 2, 128, true, 0, 0);
     run_chunk_case(256, 2, 128, false, 64, 32);
     run_chunk_case(256, 2, 128, true, 16, 64);
+    run_chunk_case(256, 2, 128, false, 64, 64); /* what the mixer takes at 64 heads on an H100 */
+    run_chunk_case(256, 2, 128, true, 32, 128);
     g_dshift = 30.0f;
     run_chunk_case(64, 4, 16, true, 64, 0);
     run_chunk_case(64, 4, 16, false, 64, 0);
