@@ -59,14 +59,18 @@ static __device__ __forceinline__ float kda_in(const struct cuda_kda_args &a, si
 }
 
 /* One block per (sequence blockIdx.y, head h and its column block cb:
- * blockIdx.x = h * nb + cb), blockDim.x >= D (a multiple of 32, the same
- * for every split): thread d < D owns channel d of the head's q and k (their
- * conv windows, the L2 norms over the whole head), thread d < nc also value
- * column c0 + d (c0 = cb cols): channel c0 + d of v and column c0 + d of S
- * (S[k][c0 + d] for every k). Each column is one thread's, its sums in the
- * CPU's order, so no result depends on the split. The outputs o (before the
- * norm) go to o32; the conv tails are cuda_kda_recur's second kernel's.
- * Shared memory: S [D][cols], then q, k, decay [D] each. */
+ * blockIdx.x = h * nb + cb), blockDim.x >= D and >= 4 cols (a multiple of
+ * 32, the same for every split): thread d < D owns channel d of the head's q
+ * and k (their conv windows, the L2 norms over the whole head), thread d <
+ * nc also channel c0 + d of v (c0 = cb cols). Column c0 + i of S is held in
+ * the registers of the four threads 4i .. 4i + 3 (one warp), thread 4i + j
+ * its rows k = j mod 4: the delta rule's two sums over k are the four
+ * interleaved partial sums (k mod 4) the column's threads each chain in k's
+ * order, added (m0 + m1) + (m2 + m3) by two shuffles, so no result depends
+ * on the split, and a token costs a quarter of a one-thread-a-column walk.
+ * The outputs o (before the norm) go to o32; the conv tails are
+ * cuda_kda_recur's second kernel's. Shared memory: q, k, decay, v [D]. */
+#define KDA_KR ((CUDA_KDA_MAX_D + 3) / 4) /* the rows of S a thread holds */
 static __global__ void kda_recur_kernel(struct cuda_kda_args a, int cols, int nb)
 {
     extern __shared__ float smem[];
@@ -76,11 +80,12 @@ static __global__ void kda_recur_kernel(struct cuda_kda_args a, int cols, int nb
     const int h = blockIdx.x / nb, c0 = blockIdx.x % nb * cols, D = a.D, K = a.K, H = a.H, C = H * D,
               d = threadIdx.x;
     const int nc = D - c0 < cols ? D - c0 : cols;
-    const bool own = d < D, col = d < nc;
+    const int cl = d >> 2, jq = d & 3; /* the column c0 + cl whose rows k = jq mod 4 this thread holds */
+    const bool own = d < D, col = d < nc, cw = cl < nc;
     const int keep = q.n - q.nd; /* drafts: the slot keeps the state after this many tokens (kda.h) */
-    float *S = smem, *qs = S + (size_t)D * cols, *ks = qs + D, *ds = ks + D;
+    float *qs = smem, *ks = qs + D, *ds = ks + D, *vs = ds + D;
     float *slot = a.states + (size_t)q.slot * a.slot_floats + a.off;
-    float *Sg = slot + (size_t)h * D * D;                 /* this head's S in the slot */
+    float *Sg = slot + (size_t)h * D * D;                 /* this head's S in the slot, S[k][v] */
     const float *tail = slot + (size_t)C * D;             /* [K-1][3C] */
     const size_t n3 = 3 * (size_t)C;
     /* the channels of q, k (d) and v (c0 + d) this thread convolves */
@@ -96,9 +101,12 @@ static __global__ void kda_recur_kernel(struct cuda_kda_args a, int cols, int nb
             win[pt][j] = mine && j < K - 1 ? tail[(size_t)j * n3 + chan[pt]] : 0.0f;
         }
     }
-    /* the tile of S, loaded by every thread (the first token's barriers come before any column work) */
-    for (int i = d; i < D * nc; i += blockDim.x)
-        S[(size_t)(i / nc) * cols + i % nc] = Sg[(size_t)(i / nc) * D + c0 + i % nc];
+    float S[KDA_KR]; /* S[jq + 4 i][c0 + cl] */
+#pragma unroll
+    for (int i = 0; i < KDA_KR; i++) {
+        const int k = jq + 4 * i;
+        S[i] = cw && k < D ? Sg[(size_t)k * D + c0 + cl] : 0.0f;
+    }
     const float dtb = own ? a.dt_bias[(size_t)h * D + d] : 0.0f, A = a.A[h];
     const float qscale = 1.0f / sqrtf((float)D);
     int snap = 0;
@@ -138,48 +146,58 @@ static __global__ void kda_recur_kernel(struct cuda_kda_args a, int cols, int nb
             ks[d] = cv[1] * rk;
             ds[d] = expf(lg);
         }
+        if (col) vs[d] = cv[2];
         __syncthreads();
-        if (col) {
-            /* decay and read: m = S^T k, column c0 + d; the sums over k in 4 interleaved partial sums
-             * (k mod 4) added in a fixed order: a quarter of the dependent chain */
-            float m4[4] = {0.0f, 0.0f, 0.0f, 0.0f}, o4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            for (int k0 = 0; k0 < D; k0 += 4)
+        /* decay and read: m = S^T k (every thread of the block takes part in the shuffles) */
+        float m = 0.0f;
 #pragma unroll
-                for (int j = 0; j < 4; j++)
-                    if (k0 + j < D) {
-                        const int k = k0 + j;
-                        float s = S[(size_t)k * cols + d] * ds[k];
-                        S[(size_t)k * cols + d] = s;
-                        m4[j] = fmaf(ks[k], s, m4[j]);
-                    }
-            float delta = (cv[2] - ((m4[0] + m4[1]) + (m4[2] + m4[3]))) * beta;
-            /* write and output: S += k delta^T, o = S^T q */
-            for (int k0 = 0; k0 < D; k0 += 4)
+        for (int i = 0; i < KDA_KR; i++) {
+            const int k = jq + 4 * i;
+            if (k < D) {
+                const float s = S[i] * ds[k];
+                S[i] = s;
+                m = fmaf(ks[k], s, m);
+            }
+        }
+        m += __shfl_xor_sync(0xffffffffu, m, 1);
+        m += __shfl_xor_sync(0xffffffffu, m, 2);
+        const float delta = cw ? (vs[cl] - m) * beta : 0.0f;
+        /* write and output: S += k delta^T, o = S^T q */
+        float o = 0.0f;
 #pragma unroll
-                for (int j = 0; j < 4; j++)
-                    if (k0 + j < D) {
-                        const int k = k0 + j;
-                        float s = fmaf(ks[k], delta, S[(size_t)k * cols + d]);
-                        S[(size_t)k * cols + d] = s;
-                        o4[j] = fmaf(qs[k], s, o4[j]);
-                    }
-            if (!a.replay) a.o32[row * C + (size_t)h * D + c0 + d] = (o4[0] + o4[1]) + (o4[2] + o4[3]);
-            /* the last token before the drafts: its state is the slot's (each thread its own column) */
+        for (int i = 0; i < KDA_KR; i++) {
+            const int k = jq + 4 * i;
+            if (k < D) {
+                const float s = fmaf(ks[k], delta, S[i]);
+                S[i] = s;
+                o = fmaf(qs[k], s, o);
+            }
+        }
+        o += __shfl_xor_sync(0xffffffffu, o, 1);
+        o += __shfl_xor_sync(0xffffffffu, o, 2);
+        if (cw) {
+            if (jq == 0 && !a.replay) a.o32[row * C + (size_t)h * D + c0 + cl] = o;
+            /* the last token before the drafts: its state is the slot's */
             if (q.nd > 0 && t == keep - 1)
-                for (int k = 0; k < D; k++) Sg[(size_t)k * D + c0 + d] = S[(size_t)k * cols + d];
+#pragma unroll
+                for (int i = 0; i < KDA_KR; i++)
+                    if (jq + 4 * i < D) Sg[(size_t)(jq + 4 * i) * D + c0 + cl] = S[i];
         }
         /* snapshots' S after this token (their tails: kda_out_kernel) */
         while (snap < q.n_snaps && a.snaps[q.snap0 + snap].pos == q.p0 + t + 1) {
-            float *sl = a.states + (size_t)a.snaps[q.snap0 + snap].slot * a.slot_floats + a.off;
-            if (col)
-                for (int k = 0; k < D; k++) sl[(size_t)h * D * D + (size_t)k * D + c0 + d] = S[(size_t)k * cols + d];
+            float *sl = a.states + (size_t)a.snaps[q.snap0 + snap].slot * a.slot_floats + a.off + (size_t)h * D * D;
+            if (cw)
+#pragma unroll
+                for (int i = 0; i < KDA_KR; i++)
+                    if (jq + 4 * i < D) sl[(size_t)(jq + 4 * i) * D + c0 + cl] = S[i];
             snap++;
         }
-        __syncthreads(); /* qs, ks, ds are rewritten by the next token; after the last, S is complete */
+        __syncthreads(); /* qs, ks, ds, vs are rewritten by the next token */
     }
-    if (q.nd > 0) return; /* the slot got its state before the drafts */
-    for (int i = d; i < D * nc; i += blockDim.x)
-        Sg[(size_t)(i / nc) * D + c0 + i % nc] = S[(size_t)(i / nc) * cols + i % nc];
+    if (q.nd > 0 || !cw) return; /* with drafts the slot got its state before them */
+#pragma unroll
+    for (int i = 0; i < KDA_KR; i++)
+        if (jq + 4 * i < D) Sg[(size_t)(jq + 4 * i) * D + c0 + cl] = S[i];
 }
 
 /* After kda_recur_kernel, one block per (sequence blockIdx.y, head
@@ -287,7 +305,7 @@ extern "C" cudaError_t cuda_kda_xsplit(const float *x, const float *w, const uin
 extern "C" cudaError_t cuda_kda_prepare(void)
 {
     return cudaFuncSetAttribute(kda_recur_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)(((size_t)CUDA_KDA_MAX_D * CUDA_KDA_MAX_D + 3 * CUDA_KDA_MAX_D) * sizeof(float)));
+                                (int)(4 * (size_t)CUDA_KDA_MAX_D * sizeof(float)));
 }
 
 extern "C" cudaError_t cuda_kda_recur(const struct cuda_kda_args *a, cudaStream_t st)
@@ -299,9 +317,10 @@ extern "C" cudaError_t cuda_kda_recur(const struct cuda_kda_args *a, cudaStream_
     int cols = a->cols ? a->cols : CUDA_KDA_COLS;
     if (cols > a->D) cols = a->D;
     int nb = (a->D + cols - 1) / cols;
-    size_t smem = ((size_t)a->D * cols + 3 * (size_t)a->D) * sizeof(float);
-    int threads = (a->D + 31) / 32 * 32;
-    kda_recur_kernel<<<dim3((unsigned)(a->H * nb), (unsigned)a->n_seqs), threads, smem, st>>>(*a, cols, nb);
+    size_t smem = 4 * (size_t)a->D * sizeof(float);
+    int threads = (a->D + 31) / 32 * 32, rt = (4 * cols + 31) / 32 * 32; /* four threads a column */
+    if (rt < threads) rt = threads;
+    kda_recur_kernel<<<dim3((unsigned)(a->H * nb), (unsigned)a->n_seqs), rt, smem, st>>>(*a, cols, nb);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
     kda_out_kernel<<<dim3((unsigned)a->H, (unsigned)a->n_seqs), threads, 0, st>>>(*a);

@@ -20,8 +20,9 @@
  * conv over the head's q, k channels and its v columns (windows in
  * registers, starting from the slot's tail) with SiLU, the L2 norms, the
  * forget gate and beta, the delta rule on its columns of the head's S in
- * shared memory, the snapshots' S after their tokens; each value column is
- * one thread's, so the split changes no bit. A second kernel, one block per
+ * registers (four threads a column, each a quarter of its rows, their
+ * partial sums added in a fixed order), the snapshots' S after their
+ * tokens; no bit depends on the split. A second kernel, one block per
  * (sequence, head), does the gated RMS norm of the output and writes the
  * conv tails (the slot's and the snapshots'). Then o_proj into k->delta
  * (cuda_proj_rows). Token by token, so a prompt split across steps
@@ -78,7 +79,7 @@ extern "C" {
 #endif
 
 #define CUDA_KDA_MAX_K 8     /* conv taps a kernel keeps in registers */
-#define CUDA_KDA_MAX_D 128   /* head_dim: S [D][cols] f32 in shared memory (64 KB at 128 with cols = D) */
+#define CUDA_KDA_MAX_D 128   /* head_dim: a recurrence thread holds D / 4 rows of a column of S in registers */
 #define CUDA_KDA_COLS 32     /* value columns a recurrence block takes by default (cuda_kda_args.cols) */
 
 enum { CUDA_KDA_CONTINUE, CUDA_KDA_ZERO, CUDA_KDA_RESTORE };
