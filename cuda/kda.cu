@@ -71,7 +71,8 @@ static __device__ __forceinline__ float kda_in(const struct cuda_kda_args &a, si
  * The outputs o (before the norm) go to o32; the conv tails are
  * cuda_kda_recur's second kernel's. Shared memory: q, k, decay, v [D]. */
 #define KDA_KR ((CUDA_KDA_MAX_D + 3) / 4) /* the rows of S a thread holds */
-static __global__ void kda_recur_kernel(struct cuda_kda_args a, int cols, int nb)
+/* at most four threads a column of D: the register budget of 512 threads */
+static __global__ void __launch_bounds__(4 * CUDA_KDA_MAX_D) kda_recur_kernel(struct cuda_kda_args a, int cols, int nb)
 {
     extern __shared__ float smem[];
     __shared__ float red[32];
