@@ -41,16 +41,13 @@ struct cuda_tuning {
                            * a step (CUDA_GEMM_WG_MIN_T, 128: below it cuBLAS + SwiGLU measured faster);
                            * tests set 1 so that every step of 5+ tokens takes it */
     float moe_gemm_min_rows; /* bf16 experts on the grouped GEMM (tensor cores, moe_gemm.cu) from T K >= this NE
-                           * routed rows a step (0.5: at the Qwen3-30B-A3B shape on an H100 the 64-row-tile GEMM
-                           * already beat the SIMT GEMVs at T 8, 379 vs 464 us, where T K = NE / 2; the GEMVs are
-                           * SIMT bound from about 2 rows an expert); tests set 0 (always) or -1 (never) */
-    float moe_gemm_min_rows_packed; /* the same for packed (int4/int8) experts (0.5: the packed GEMVs dequantize
-                           * once per 8 tokens on the SIMT cores, 613 us at T 8 against 52 us at T 1, while the
-                           * GEMM dequantizes each weight once per row tile from codes it streams into shared
-                           * memory; even at the old GEMM's 200 GB/s it broke even at T K = NE / 2. A layer
-                           * counts as packed when any expert is: cuda_moe_args.packed). Both
-                           * to be re-measured with bench_moe, which times both paths at every T. Small steps
-                           * (cuda_moe_small: T S <= 128) take the fused GEMV path whatever these say */
+                           * routed rows a step (0.5; bench_moe at the Qwen3-30B-A3B shape on an H100: at T 32,
+                           * T K = 2 NE, the GEMM 606 us against the SIMT GEMVs' 830); tests set 0 (always) or -1
+                           * (never) */
+    float moe_gemm_min_rows_packed; /* the same for packed (int4/int8) experts (3: bench_moe, int4 g128 on an H100:
+                           * at T K = 2 NE the GEMVs 1,544 us against the GEMM's 1,772, at 4 NE the GEMM 2,088
+                           * against 3,492; a layer counts as packed when any expert is: cuda_moe_args.packed).
+                           * Small steps (cuda_moe_small: T S <= 128) take the fused GEMV path whatever these say */
     int moe_router_gemm_min_t; /* a bf16 router's logits on tensor cores (cuda_moe_router_gemm) from this many
                            * tokens a step (1024), below it the SIMT kernel (other last bits); -1: never;
                            * test_moe sets -1 so that a token alone routes from the bits it has in a batch */
@@ -84,7 +81,7 @@ struct cuda_tuning {
 #define CUDA_TUNING_DEFAULTS                                                                          \
     {                                                                                                 \
         .warmup = true, .tp_peer_allreduce = true, .gemm_wg_min_t = 128, .moe_gemm_min_rows = 0.5f,   \
-        .moe_gemm_min_rows_packed = 0.5f, .moe_router_gemm_min_t = 1024, .long_split_keys = 4096,     \
+        .moe_gemm_min_rows_packed = 3.0f, .moe_router_gemm_min_t = 1024, .long_split_keys = 4096,     \
         .mla_prefill_min_t = 128, .mla_prefill_rows = 0, .kda_chunk_min_t = 64, .kda_chunk_len = 0,   \
         .tp_fault_rank = -1, .tp_fault_step = 0,                                                      \
         .ablate = 0, .tp_skip_comm = false,                                                           \
