@@ -330,15 +330,11 @@ fail:
     return SL_EDEVICE;
 }
 
-/* Queues hidden state keep_src[i] (an hk row) into block keep_dst[i]'s hblk
- * row for i < nk, the later of two for one block winning (as the CPU's
- * sequential copies leave it), and sets the tags (keep_pos[i]). */
-static int keep_rows(struct cuda_backend *b, struct rank *k, int nk, char *err, size_t errlen)
+/* The keeps keep_dst/keep_src[0..nk) as (block, hk row) pairs into dst/src,
+ * the later of two for one block winning (as the CPU's sequential copies
+ * leave it), each kept block's tag set (keep_pos[i]); returns how many. */
+static int dedup_keeps(struct cuda_mtp *m, int nk, int32_t *dst, int32_t *src)
 {
-    struct cuda_mtp *m = b->mtp;
-    if (nk <= 0) return 0;
-    size_t T = b->max_tokens, cap = m->cap;
-    int32_t *dst = m->hidx + T, *src = m->hidx + T + cap;
     int w = 0;
     if (++m->gen == 0) { /* the stamps wrapped: start them over */
         memset(m->stamp, 0, (size_t)m->kv_blocks * sizeof *m->stamp);
@@ -351,6 +347,18 @@ static int keep_rows(struct cuda_backend *b, struct rank *k, int nk, char *err, 
         m->htag[blk] = m->keep_pos[i];
         dst[w] = blk, src[w] = m->keep_src[i], w++;
     }
+    return w;
+}
+
+/* Queues hidden state keep_src[i] (an hk row) into block keep_dst[i]'s hblk
+ * row for i < nk, deduplicated and tagged by dedup_keeps. */
+static int keep_rows(struct cuda_backend *b, struct rank *k, int nk, char *err, size_t errlen)
+{
+    struct cuda_mtp *m = b->mtp;
+    if (nk <= 0) return 0;
+    size_t T = b->max_tokens, cap = m->cap;
+    int32_t *dst = m->hidx + T, *src = m->hidx + T + cap;
+    int w = dedup_keeps(m, nk, dst, src);
     int32_t *dd = k->mtpx->didx + T;
     CK(cudaMemcpyAsync(dd, dst, (size_t)w * 4, cudaMemcpyHostToDevice, k->st));
     CK(cudaMemcpyAsync(dd + cap, src, (size_t)w * 4, cudaMemcpyHostToDevice, k->st));
@@ -472,19 +480,8 @@ int cuda_mtp_pack(struct cuda_backend *b, const struct step *s, char *err, size_
     SL_ASSERT(n <= Tn && nk <= Tn);
     m->nl = n;
     for (int t = n; t < Tn; t++) ids[t] = 0, pos[t] = 0, slots[t] = pad_slot, src[t] = 0, tbt[t] = 0;
-    /* the keeps, the later of two for one block winning (as the CPU's sequential copies leave it), and their tags */
-    int w = 0;
-    if (++m->gen == 0) { /* the stamps wrapped: start them over */
-        memset(m->stamp, 0, (size_t)m->kv_blocks * sizeof *m->stamp);
-        m->gen = 1;
-    }
-    for (int i = nk - 1; i >= 0; i--) {
-        int blk = m->keep_dst[i];
-        if (m->stamp[blk] == m->gen) continue;
-        m->stamp[blk] = m->gen;
-        m->htag[blk] = m->keep_pos[i];
-        kd[w] = blk, ks[w] = m->keep_src[i], w++;
-    }
+    /* the keeps and their tags */
+    int w = dedup_keeps(m, nk, kd, ks);
     m->nw = w;
     for (int t = w; t < Tn; t++) kd[t] = b->kv_blocks, ks[t] = 0; /* padding: hblk's spare row */
     m->Tn = Tn, m->Sp = Sp, m->ns = ns, m->gt = gt, m->gs = gs;

@@ -42,6 +42,30 @@ static void *dalloc(size_t n, int byte)
     return p;
 }
 
+/* cuda_kda_recur(a) timed: " median-us" (3 warm-up calls, REP timed), or the
+ * launch's error in its place (cuda_kda_recur returns it: a later
+ * cudaGetLastError no longer sees it) */
+static void print_recur(const struct cuda_kda_args *a, cudaEvent_t e0, cudaEvent_t e1)
+{
+    float t[REP];
+    cudaError_t e = cudaSuccess;
+    for (int r = 0; r < 3 + REP; r++) {
+        cudaEventRecord(e0, 0);
+        cudaError_t le = cuda_kda_recur(a, 0);
+        if (le != cudaSuccess) e = le;
+        cudaEventRecord(e1, 0);
+        cudaEventSynchronize(e1);
+        if (r >= 3) cudaEventElapsedTime(&t[r - 3], e0, e1);
+    }
+    if (e == cudaSuccess) e = cudaGetLastError();
+    if (e != cudaSuccess) {
+        printf(" %12s", cudaGetErrorString(e));
+        return;
+    }
+    qsort(t, REP, sizeof *t, cmpf);
+    printf(" %12.1f", t[REP / 2] * 1000.0f);
+}
+
 int main(int argc, char **argv)
 {
     int H = 64, D = 128, K = 4;
@@ -89,19 +113,7 @@ int main(int argc, char **argv)
                                       .seqs = seqs, .snaps = snaps, .n_seqs = B, .H = H, .D = D, .K = K,
                                       .lower_bound = true, .lb = -5.0f, .eps = 1e-5f, .cols = cols[c], .o32 = o32,
                                       .out = out};
-            float t[REP];
-            for (int r = 0; r < 3; r++) cuda_kda_recur(&a, 0);
-            for (int r = 0; r < REP; r++) {
-                cudaEventRecord(e0, 0);
-                cuda_kda_recur(&a, 0);
-                cudaEventRecord(e1, 0);
-                cudaEventSynchronize(e1);
-                cudaEventElapsedTime(&t[r], e0, e1);
-            }
-            qsort(t, REP, sizeof *t, cmpf);
-            cudaError_t e = cudaGetLastError();
-            if (e != cudaSuccess) printf(" error: %s", cudaGetErrorString(e));
-            printf(" %12.1f", t[REP / 2] * 1000.0f);
+            print_recur(&a, e0, e1);
         }
         printf("\n");
     }
@@ -131,19 +143,7 @@ int main(int argc, char **argv)
                                       .spec_qkv = sq, .spec_fg = sf, .spec_beta = sb};
             if (mode == 2) a.qkv = sq, a.fg = sf, a.beta = sb, a.gate = NULL, a.o32 = NULL, a.out = NULL,
                 a.replay = true;
-            float t[REP];
-            for (int r = 0; r < 3; r++) cuda_kda_recur(&a, 0);
-            for (int r = 0; r < REP; r++) {
-                cudaEventRecord(e0, 0);
-                cuda_kda_recur(&a, 0);
-                cudaEventRecord(e1, 0);
-                cudaEventSynchronize(e1);
-                cudaEventElapsedTime(&t[r], e0, e1);
-            }
-            qsort(t, REP, sizeof *t, cmpf);
-            cudaError_t e = cudaGetLastError();
-            if (e != cudaSuccess) printf(" error: %s", cudaGetErrorString(e));
-            printf(" %12.1f", t[REP / 2] * 1000.0f);
+            print_recur(&a, e0, e1);
         }
         printf("\n");
     }
