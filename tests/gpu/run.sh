@@ -64,7 +64,9 @@
 #                      DeepSeek-V2-Lite shape with one MTP layer (tools/configs/
 #                      deepseek-v2-lite-mtp, dummy bf16): a plain decode step, one
 #                      with the MTP sub-step, a verify step of K = 1..3 drafts without
-#                      and with the MTP layer's pass, batches 1 and 8 at 1K context
+#                      and with the MTP layer's pass, batches 1 and 8 at 1K context;
+#                      then the Llama-3.1-8B shape's decode and verify steps alone
+#                      (what verifying n-gram drafts costs)
 #   gemm               bench_gemm: the sustained cuBLAS GEMM ceiling at the power
 #                      cap, and the warpgroup GEMMs beside it
 #   attn               bench_attn: the prefill attention kernels, each KV cache
@@ -247,7 +249,8 @@ bench_one() {
         for n in 32768 131072; do
             timeout -k 5 400 "$B/tests/gpu/bench_gpu" $G0 --long=$n "$s" 2>&1 | tee "$d/long_$n.log"
         done ;;
-    mtp) timeout -k 5 400 "$B/tests/gpu/bench_mtp" 2>&1 | tee "$d/bench_mtp.log" ;;
+    mtp) timeout -k 5 400 "$B/tests/gpu/bench_mtp" 2>&1 | tee "$d/bench_mtp.log"
+        timeout -k 5 300 "$B/tests/gpu/bench_mtp" tools/configs/llama-3.1-8b 2>&1 | tee "$d/bench_verify_8b.log" ;;
     gemm) timeout -k 5 300 "$B/tests/gpu/bench_gemm" --wg 2>&1 | tee "$d/bench_gemm.log" ;;
     attn)
         for k in ${KVD:-auto fp8}; do
