@@ -263,6 +263,10 @@ cublasStatus_t cuda_proj(struct rank *k, const struct qproj *P, const uint16_t *
 /* A row-parallel projection into k->delta, summed over the ranks (step.c's proj_rows). */
 int cuda_proj_rows(struct rank *k, const uint16_t *x, const struct qproj *P, const uint16_t *W, int T, int in, int E,
                    int buf, bool resid, char *err, size_t errlen);
+/* Launches *ge on k's stream, first capturing what fn(k, arg) enqueues there
+ * into it when *ge is NULL (left NULL when fn or the capture fails). */
+int cuda_graph_run(struct rank *k, cudaGraphExec_t *ge, int (*fn)(struct rank *k, void *arg, char *err, size_t errlen),
+                   void *arg, char *err, size_t errlen);
 
 /* ---- cuda_backend.c ---- */
 

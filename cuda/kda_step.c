@@ -395,6 +395,12 @@ fail:
     return SL_EDEVICE;
 }
 
+/* roll_launch for a graph: arg the bucket's entries */
+static int roll_bucket(struct rank *k, void *arg, char *err, size_t errlen)
+{
+    return roll_launch(k, *(const int *)arg, err, errlen);
+}
+
 int cuda_kda_rank_rollback(struct rank *k, char *err, size_t errlen)
 {
     struct cuda_backend *b = k->b;
@@ -416,22 +422,8 @@ int cuda_kda_rank_rollback(struct rank *k, char *err, size_t errlen)
         drop_roll(x); /* state_alloc or kv_alloc since the captures */
         x->roll_states = x->states, x->roll_din = k->din, x->roll_off = off;
     }
-    if (!x->roll[gi]) {
-        cudaGraph_t g = NULL;
-        CK(cudaStreamBeginCapture(k->st, cudaStreamCaptureModeThreadLocal));
-        int rc = roll_launch(k, n, err, errlen);
-        cudaError_t e = cudaStreamEndCapture(k->st, &g);
-        if (rc) {
-            if (g) cudaGraphDestroy(g);
-            return rc;
-        }
-        CK(e);
-        e = cudaGraphInstantiate(&x->roll[gi], g, 0);
-        cudaGraphDestroy(g);
-        CK(e);
-    }
-    CK(cudaGraphLaunch(x->roll[gi], k->st));
-    return cuda_rank_wait(k, err, errlen);
+    int rc = cuda_graph_run(k, &x->roll[gi], roll_bucket, &n, err, errlen);
+    return rc ? rc : cuda_rank_wait(k, err, errlen);
 fail:
     return SL_EDEVICE;
 }

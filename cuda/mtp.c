@@ -560,6 +560,14 @@ fail:
     goto out;
 }
 
+/* A graph's pass: every one of the bucket's Tn entries */
+static int pass_bucket(struct rank *k, void *arg, char *err, size_t errlen)
+{
+    (void)arg;
+    const struct cuda_mtp *m = k->b->mtp;
+    return pass(k, m->Tn, m->Tn, m->Tn, m->Sp, err, errlen);
+}
+
 int cuda_mtp_rank_pass(struct rank *k, char *err, size_t errlen)
 {
     struct cuda_backend *b = k->b;
@@ -573,24 +581,7 @@ int cuda_mtp_rank_pass(struct rank *k, char *err, size_t errlen)
      * is off with MTP, and creation refuses hyper-connections) */
     CK(cuda_add_rmsnorm(k->x, k->delta, k->out_norm, NULL, b->job.Tp, c->n_embd, c->norm_eps, x->hk, k->st));
     if (m->gt < 0) return pass(k, m->Tn, m->nl, m->nw, m->Sp, err, errlen);
-    cudaGraphExec_t *ge = &x->gx[m->gt][m->gs];
-    if (!*ge) {
-        cudaGraph_t g = NULL;
-        CK(cudaStreamBeginCapture(k->st, cudaStreamCaptureModeThreadLocal));
-        int rc = pass(k, m->Tn, m->Tn, m->Tn, m->Sp, err, errlen);
-        cudaError_t e = cudaStreamEndCapture(k->st, &g);
-        if (rc) {
-            if (g) cudaGraphDestroy(g);
-            return rc;
-        }
-        CK(e);
-        e = cudaGraphInstantiate(ge, g, 0);
-        cudaGraphDestroy(g);
-        if (e != cudaSuccess) *ge = NULL;
-        CK(e);
-    }
-    CK(cudaGraphLaunch(*ge, k->st));
-    return 0;
+    return cuda_graph_run(k, &x->gx[m->gt][m->gs], pass_bucket, NULL, err, errlen);
 fail:
     return SL_EDEVICE;
 }

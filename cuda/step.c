@@ -549,6 +549,38 @@ fail:
     return SL_EDEVICE;
 }
 
+int cuda_graph_run(struct rank *k, cudaGraphExec_t *ge, int (*fn)(struct rank *k, void *arg, char *err, size_t errlen),
+                   void *arg, char *err, size_t errlen)
+{
+    if (!*ge) {
+        cudaGraph_t g = NULL;
+        CK(cudaStreamBeginCapture(k->st, cudaStreamCaptureModeThreadLocal));
+        int rc = fn(k, arg, err, errlen);
+        cudaError_t e = cudaStreamEndCapture(k->st, &g);
+        if (rc) {
+            if (g) cudaGraphDestroy(g);
+            return rc;
+        }
+        CK(e);
+        e = cudaGraphInstantiate(ge, g, 0);
+        cudaGraphDestroy(g);
+        if (e != cudaSuccess) *ge = NULL;
+        CK(e);
+    }
+    CK(cudaGraphLaunch(*ge, k->st));
+    return 0;
+fail:
+    return SL_EDEVICE;
+}
+
+/* A graph's step: every one of its Tp padded tokens a logit row */
+static int enqueue_bucket(struct rank *k, void *arg, char *err, size_t errlen)
+{
+    (void)arg;
+    int Tp = k->b->job.Tp;
+    return enqueue(k, Tp, Tp, Tp * CUDA_ATTN_MAXSPLIT, k->b->job.decode, err, errlen);
+}
+
 int cuda_rank_forward(struct rank *k, char *err, size_t errlen)
 {
     struct cuda_backend *b = k->b;
@@ -569,22 +601,7 @@ int cuda_rank_forward(struct rank *k, char *err, size_t errlen)
     if (gi >= 0) {
         /* a decode step's graph, or a verify step's (K + 1 tokens a sequence, every row a logit row) */
         cudaGraphExec_t *ge = b->job.vk ? &k->vexec[b->job.vk - 1][gi] : &k->gexec[gi];
-        if (!*ge) {
-            cudaGraph_t g = NULL;
-            CK(cudaStreamBeginCapture(k->st, cudaStreamCaptureModeThreadLocal));
-            rc = enqueue(k, Tp, Tp, Tp * CUDA_ATTN_MAXSPLIT, b->job.decode, err, errlen);
-            cudaError_t e = cudaStreamEndCapture(k->st, &g);
-            if (rc) {
-                if (g) cudaGraphDestroy(g);
-                return rc;
-            }
-            CK(e);
-            e = cudaGraphInstantiate(ge, g, 0);
-            cudaGraphDestroy(g);
-            if (e != cudaSuccess) *ge = NULL;
-            CK(e);
-        }
-        CK(cudaGraphLaunch(*ge, k->st));
+        if ((rc = cuda_graph_run(k, ge, enqueue_bucket, NULL, err, errlen))) return rc;
     } else {
         if ((rc = enqueue(k, Tp, R, b->job.n_items, b->job.decode, err, errlen))) return rc;
     }
