@@ -107,6 +107,7 @@ struct cpu_backend {
     float *xs;                      /* [max_tokens][n_streams][n_embd] the residual streams (hc only) */
     float *y;                       /* [max_tokens][n_embd] a block's output (hc only) */
     float *trace;                   /* borrowed, or NULL: cpu_backend_trace's destination */
+    float *margins;                 /* borrowed, or NULL: cpu_backend_route_margins' destination */
     struct cpu_kda *kda;            /* the KDA layers' weights and scratch, or NULL */
     float *states;                  /* owned: [state_slots + spec_slots][state_bytes / 4] recurrent states (KDA
                                        layers), then the scratch a verify step keeps its verified states in */
@@ -994,15 +995,16 @@ static void dense_ffn(struct cpu_backend *b, int l, int T, float *dst)
     for (size_t i = 0; i < (size_t)T * E; i++) dst[i] += b->xn[i];
 }
 
-/* One layer's MoE FFN block: dst += moe(xn) (model/moe.c). */
-static void moe_ffn(struct cpu_backend *b, int l, int T, float *dst)
+/* One layer's MoE FFN block: dst += moe(xn) (model/moe.c); margins: NULL or
+ * [T] the tokens' routing margins. */
+static void moe_ffn(struct cpu_backend *b, int l, int T, float *dst, float *margins)
 {
     const struct model_config *c = &b->c;
     int E = c->n_embd;
 #pragma omp parallel for num_threads(b->nt) if (T >= 8)
     for (int t = 0; t < T; t++)
         rmsnorm(b->xn + (size_t)t * E, b->x + (size_t)t * E, b->L[l].ffn_norm, E, c->norm_eps);
-    moe_cpu_forward(b->moe, l, b->xn, dst, T);
+    moe_cpu_forward(b->moe, l, b->xn, dst, T, margins);
 }
 
 /* Token t's hidden state before the final norm into dst[n_embd]: the
@@ -1072,7 +1074,7 @@ static void mtp_layer(struct cpu_backend *b, int n, int ns, bool ffn)
     if (!ffn) return;
     switch (k.ffn) {
     case MODEL_FFN_DENSE: dense_ffn(b, l, n, b->x); break;
-    case MODEL_FFN_MOE: moe_ffn(b, l, n, b->x); break;
+    case MODEL_FFN_MOE: moe_ffn(b, l, n, b->x, NULL); break;
     }
 }
 
@@ -1220,6 +1222,7 @@ static int backend_forward(model_backend *mb, struct step *s, char *err, size_t 
             memcpy(b->xs + ((size_t)t * NS + i) * E, b->x + (size_t)t * E, (size_t)E * sizeof(float));
     }
     if (b->trace) trace_copy(b, 0, T);
+    for (size_t i = 0; b->margins && i < (size_t)c->n_layer * T; i++) b->margins[i] = INFINITY; /* no choice */
     struct step kstep;
     const struct step *ks = s; /* what the KDA layers run: s, with the verified positions' states kept */
     if (b->kda && !(ks = spec_states(b, s, &kstep, err, errlen))) return SL_ENOMEM;
@@ -1249,7 +1252,7 @@ static int backend_forward(model_backend *mb, struct step *s, char *err, size_t 
         }
         switch (k.ffn) {
         case MODEL_FFN_DENSE: dense_ffn(b, l, T, dst); break;
-        case MODEL_FFN_MOE: moe_ffn(b, l, T, dst); break;
+        case MODEL_FFN_MOE: moe_ffn(b, l, T, dst, b->margins ? b->margins + (size_t)l * T : NULL); break;
         }
         if (hc) cpu_hc_post(b->hc, b->xs, b->y, T);
         if (b->trace) trace_copy(b, l + 1, T);
@@ -1400,6 +1403,7 @@ int cpu_wmat_init(struct wmat *m, const struct model_tensor *t, char *err, size_
 }
 int cpu_threads(const struct cpu_backend *b) { return b->nt; }
 void cpu_backend_trace(model_backend *mb, float *dst) { ((struct cpu_backend *)mb)->trace = dst; }
+void cpu_backend_route_margins(model_backend *mb, float *dst) { ((struct cpu_backend *)mb)->margins = dst; }
 void *cpu_zalloc(size_t n) { return zalloc(n); }
 
 struct cpu_backend *cpu_kernels_create(int nt, int max_in)

@@ -132,5 +132,11 @@ void cpu_hc_destroy(struct cpu_hc *h);
  * step's tokens is copied into dst: [n_layer + 1][n_tokens][hc][n_embd]
  * (hc 1 for a plain residual; entry 0 is the embedding). NULL stops it. */
 void cpu_backend_trace(model_backend *b, float *dst);
+/* Tests: each later forward writes every token's routing margin
+ * (model_moe_route_margin: router-logit units) per layer into
+ * dst[n_layer][n_tokens]: INFINITY where the layer routes nothing. A device
+ * backend whose output departs from the CPU's at a token with a small margin
+ * may have chosen other experts there (bf16). NULL stops it. */
+void cpu_backend_route_margins(model_backend *b, float *dst);
 
 #endif
