@@ -451,11 +451,16 @@ static void test_logits(void)
 }
 
 /* The GPU token tg against the CPU's argmax tc on the CPU's logits row lc:
- * 0 equal or a near-tie (counted, printed), 1 a real divergence (printed). */
+ * 0 equal or a near-tie (counted, printed), 1 a real divergence (printed).
+ * The near-tie band is NEAR_TIE_REL, or half the model's tolerance where
+ * that is wider: logits within tol of the CPU's may reorder two tokens up
+ * to 2 tol apart (glm5-kda, 5e-2: a divergence at a 2.2e-2 gap on the
+ * first H100 run, its logits 7.5e-2 off then). */
 static int judge(int i, int g, int32_t tg, int32_t tc, const float *lc)
 {
     if (tg == tc) return 0;
-    float thr = NEAR_TIE_REL * maxabs(lc, g_nv), d = lc[tc] - lc[tg];
+    double band = g_tol_cpu / 2 > NEAR_TIE_REL ? g_tol_cpu / 2 : NEAR_TIE_REL;
+    float thr = (float)band * maxabs(lc, g_nv), d = lc[tc] - lc[tg];
     if (d <= thr) {
         g_near_ties++;
         printf("  prompt %d step %d: near-tie, GPU %d vs CPU %d (CPU logits %.4f vs %.4f)\n", i, g, tg, tc, lc[tc],
