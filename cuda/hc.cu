@@ -241,19 +241,19 @@ extern "C" cudaError_t cuda_hc_mean(const float *xs, int T, int N, int E, float 
     return cudaGetLastError();
 }
 
-static __global__ void swiglu_limit_kernel(const uint16_t *gu, int T, int F, float lim, uint16_t *h)
+static __global__ void swiglu_limit_kernel(const float *gu, int T, int F, float lim, uint16_t *h)
 {
     size_t n = (size_t)T * F;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         size_t t = i / F, j = i % F;
-        float g = bf2f(gu[t * 2 * F + j]), u = bf2f(gu[t * 2 * F + F + j]);
+        float g = gu[t * 2 * F + j], u = gu[t * 2 * F + F + j];
         g = g < lim ? g : lim;
         u = u < -lim ? -lim : u > lim ? lim : u;
         h[i] = f2bf(__fmul_rn(g / (1.0f + expf(-g)), u));
     }
 }
 
-extern "C" cudaError_t cuda_swiglu_limit(const uint16_t *gu, int T, int F, float limit, uint16_t *h, cudaStream_t st)
+extern "C" cudaError_t cuda_swiglu_limit(const float *gu, int T, int F, float limit, uint16_t *h, cudaStream_t st)
 {
     if (T <= 0 || F <= 0) return cudaSuccess;
     swiglu_limit_kernel<<<grid_for((size_t)T * F), HC_THREADS, 0, st>>>(gu, T, F, limit, h);

@@ -51,9 +51,13 @@ cudaError_t cuda_hc_writeback(float *xs, const uint16_t *y, const float *post, c
 /* x[t][e] = (sum_i xs[t][i][e]) / N: what the head normalises (Glm5NextTextHyperHead). */
 cudaError_t cuda_hc_mean(const float *xs, int T, int N, int E, float *x, cudaStream_t st);
 /* glm5_next's clamped SwiGLU over the fused gate|up projection gu [T][2F]
- * bf16: g = min(gate, limit), u = clamp(up, -limit, limit),
- * h[t][i] = bf16(g / (1 + exp(-g)) u), as the CPU backend's dense FFN. */
-cudaError_t cuda_swiglu_limit(const uint16_t *gu, int T, int F, float limit, uint16_t *h, cudaStream_t st);
+ * f32: g = min(gate, limit), u = clamp(up, -limit, limit),
+ * h[t][i] = bf16(g / (1 + exp(-g)) u), as the CPU backend's dense FFN.
+ * gate|up stay f32 (the GEMM's f32 output) where other models' are bf16: on
+ * glm5-kda (tests/gpu/test_gpu_e2e.c) rounding them to bf16 alone moved the
+ * logits 3.5e-2 of max|logit| on the CPU, and with every other bf16 tensor
+ * of the GPU's step took them from 4.0e-2 to 7.1e-2, past bf16 tolerance. */
+cudaError_t cuda_swiglu_limit(const float *gu, int T, int F, float limit, uint16_t *h, cudaStream_t st);
 
 /* ---- hc.c: the step's residual for MODEL_RESID_HC layers ---- */
 

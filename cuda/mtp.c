@@ -322,8 +322,9 @@ static int run_layer(struct cuda_backend *b, struct rank *k, int n, const int32_
     CK(cuda_add_rmsnorm(k->x, k->delta, L->ffn_norm, NULL, n, E, eps, k->xn, st));
     if (lk.ffn == MODEL_FFN_MOE) return cuda_moe_ffn(k, l, n, false, err, errlen);
     int F = k->F;
-    CB(cuda_proj(k, &L->qgu, L->wgu, k->xn, k->gu, false, n, E, 2 * F));
-    if (c->moe.swiglu_limit > 0) CK(cuda_swiglu_limit(k->gu, n, F, c->moe.swiglu_limit, k->h, st));
+    bool lim = c->moe.swiglu_limit > 0; /* glm5_next: gate|up in f32 (hc.h) */
+    CB(cuda_proj(k, &L->qgu, L->wgu, k->xn, k->gu, lim, n, E, 2 * F));
+    if (lim) CK(cuda_swiglu_limit((const float *)k->gu, n, F, c->moe.swiglu_limit, k->h, st));
     else CK(cuda_swiglu(k->gu, n, F, k->h, st));
     return cuda_proj_rows(k, k->h, &L->qdown, L->wdown, n, F, E, 1, false, err, errlen);
 fail:

@@ -493,9 +493,9 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
         if (lk.ffn == MODEL_FFN_DENSE) {
             bool gu_gemv = !L->qgu.n && T <= CUDA_GEMV_MMA_MAX_T && E % 8 == 0;
             if (!(ab & CUDA_ABLATE_GU) && c->moe.swiglu_limit > 0) {
-                /* glm5_next's clamped SwiGLU: after the projection, whatever its format */
-                CB(proj(k, &L->qgu, L->wgu, k->xn, k->gu, false, T, E, 2 * F));
-                CK(cuda_swiglu_limit(k->gu, T, F, c->moe.swiglu_limit, k->h, st));
+                /* glm5_next's clamped SwiGLU: after the projection, whatever its format; gate|up in f32 (hc.h) */
+                CB(proj(k, &L->qgu, L->wgu, k->xn, k->gu, true, T, E, 2 * F));
+                CK(cuda_swiglu_limit((const float *)k->gu, T, F, c->moe.swiglu_limit, k->h, st));
             } else if (!(ab & CUDA_ABLATE_GU) && gu_gemv) {
                 /* SwiGLU in the GEMV's epilogue: bit for bit the two kernels below */
                 CK(cuda_gemv_swiglu(L->wgu, k->xn, k->h, T, E, F, st));

@@ -453,10 +453,11 @@ int cuda_rank_init(struct rank *k, char *err, size_t errlen)
     }
 
     size_t T = b->max_tokens, S = b->max_rows; /* S: logit rows */
+    size_t gus = c->moe.swiglu_limit > 0 ? 4 : 2; /* glm5_next's gate|up are f32 (cuda/hc.h cuda_swiglu_limit) */
     if (cuda_dmalloc((void **)&k->x, T * E * 4, err, errlen) || cuda_dmalloc((void **)&k->xn, T * E * 2, err, errlen) ||
         cuda_dmalloc((void **)&k->qkv, T * QKVl * 2, err, errlen) || cuda_dmalloc((void **)&k->q, T * Ql * 2, err, errlen) ||
         cuda_dmalloc((void **)&k->att, T * Ql * 2, err, errlen) || cuda_dmalloc((void **)&k->delta, T * E * 2, err, errlen) ||
-        cuda_dmalloc((void **)&k->gu, T * 2 * Fl * 2, err, errlen) || cuda_dmalloc((void **)&k->h, T * Fl * 2, err, errlen) ||
+        cuda_dmalloc((void **)&k->gu, T * 2 * Fl * gus, err, errlen) || cuda_dmalloc((void **)&k->h, T * Fl * 2, err, errlen) ||
         cuda_dmalloc((void **)&k->hfin, S * E * 2, err, errlen) || cuda_dmalloc((void **)&k->logits, S * vn * 4, err, errlen) ||
         cuda_dmalloc((void **)&k->part, (size_t)b->part_rows * k->KVH * CUDA_ATTN_MAXSPLIT * (D + 2) * 4, err, errlen))
         goto fail;

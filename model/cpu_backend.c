@@ -107,6 +107,8 @@ struct cpu_backend {
     float *xs;                      /* [max_tokens][n_streams][n_embd] the residual streams (hc only) */
     float *y;                       /* [max_tokens][n_embd] a block's output (hc only) */
     float *trace;                   /* borrowed, or NULL: cpu_backend_trace's destination */
+    float *margins;                 /* borrowed, or NULL: cpu_backend_route_margins' destination */
+    unsigned bf16;                  /* CPU_BF16_* families rounded (cpu_backend_emulate_bf16; tests) */
     struct cpu_kda *kda;            /* the KDA layers' weights and scratch, or NULL */
     float *states;                  /* owned: [state_slots + spec_slots][state_bytes / 4] recurrent states (KDA
                                        layers), then the scratch a verify step keeps its verified states in */
@@ -149,6 +151,23 @@ struct cpu_backend {
     float *mtp_in;                  /* [cap][2 n_embd] enorm(embed) | hnorm(h) */
     float *mtp_g;                   /* [max_seqs][n_embd] each draft request's chained hidden state */
 };
+
+void cpu_round_bf16(float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], 4);
+        if ((u & 0x7fffffffu) > 0x7f800000u) continue; /* NaN stays */
+        u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+        memcpy(&x[i], &u, 4);
+    }
+}
+
+/* x[n] to bf16 when b emulates family f. */
+static void round_if(const struct cpu_backend *b, unsigned f, float *x, size_t n)
+{
+    if (b->bf16 & f) cpu_round_bf16(x, n);
+}
 
 
 /* ---- kernels ------------------------------------------------------------------- */
@@ -979,8 +998,11 @@ static void dense_ffn(struct cpu_backend *b, int l, int T, float *dst)
 #pragma omp parallel for num_threads(b->nt) if (T >= 8)
     for (int t = 0; t < T; t++)
         rmsnorm(b->xn + (size_t)t * E, b->x + (size_t)t * E, L->ffn_norm, E, c->norm_eps);
+    round_if(b, CPU_BF16_XN, b->xn, (size_t)T * E);
     matmul(b, b->gate, b->xn, &L->w_gate, NULL, T, E, F);
     matmul(b, b->up, b->xn, &L->w_up, NULL, T, E, F);
+    round_if(b, CPU_BF16_FFN_GU, b->gate, (size_t)T * F);
+    round_if(b, CPU_BF16_FFN_GU, b->up, (size_t)T * F);
 #pragma omp parallel for num_threads(b->nt) if (T >= 8)
     for (size_t i = 0; i < (size_t)T * F; i++) {
         float g = b->gate[i], u = b->up[i], lim = c->moe.swiglu_limit;
@@ -990,19 +1012,22 @@ static void dense_ffn(struct cpu_backend *b, int l, int T, float *dst)
         }
         b->gate[i] = g / (1.0f + expf(-g)) * u;
     }
+    round_if(b, CPU_BF16_FFN, b->gate, (size_t)T * F);
     matmul(b, b->xn, b->gate, &L->w_down, NULL, T, F, E);
     for (size_t i = 0; i < (size_t)T * E; i++) dst[i] += b->xn[i];
 }
 
-/* One layer's MoE FFN block: dst += moe(xn) (model/moe.c). */
-static void moe_ffn(struct cpu_backend *b, int l, int T, float *dst)
+/* One layer's MoE FFN block: dst += moe(xn) (model/moe.c); margins: NULL or
+ * [T] the tokens' routing margins. */
+static void moe_ffn(struct cpu_backend *b, int l, int T, float *dst, float *margins)
 {
     const struct model_config *c = &b->c;
     int E = c->n_embd;
 #pragma omp parallel for num_threads(b->nt) if (T >= 8)
     for (int t = 0; t < T; t++)
         rmsnorm(b->xn + (size_t)t * E, b->x + (size_t)t * E, b->L[l].ffn_norm, E, c->norm_eps);
-    moe_cpu_forward(b->moe, l, b->xn, dst, T);
+    round_if(b, CPU_BF16_XN, b->xn, (size_t)T * E);
+    moe_cpu_forward(b->moe, l, b->xn, dst, T, margins);
 }
 
 /* Token t's hidden state before the final norm into dst[n_embd]: the
@@ -1072,7 +1097,7 @@ static void mtp_layer(struct cpu_backend *b, int n, int ns, bool ffn)
     if (!ffn) return;
     switch (k.ffn) {
     case MODEL_FFN_DENSE: dense_ffn(b, l, n, b->x); break;
-    case MODEL_FFN_MOE: moe_ffn(b, l, n, b->x); break;
+    case MODEL_FFN_MOE: moe_ffn(b, l, n, b->x, NULL); break;
     }
 }
 
@@ -1220,6 +1245,7 @@ static int backend_forward(model_backend *mb, struct step *s, char *err, size_t 
             memcpy(b->xs + ((size_t)t * NS + i) * E, b->x + (size_t)t * E, (size_t)E * sizeof(float));
     }
     if (b->trace) trace_copy(b, 0, T);
+    for (size_t i = 0; b->margins && i < (size_t)c->n_layer * T; i++) b->margins[i] = INFINITY; /* no choice */
     struct step kstep;
     const struct step *ks = s; /* what the KDA layers run: s, with the verified positions' states kept */
     if (b->kda && !(ks = spec_states(b, s, &kstep, err, errlen))) return SL_ENOMEM;
@@ -1243,15 +1269,19 @@ static int backend_forward(model_backend *mb, struct step *s, char *err, size_t 
         case MODEL_MIXER_KDA: kda_mixer(b, ks, l, dst); break;
         }
         if (hc) {
+            round_if(b, CPU_BF16_DELTA, b->y, (size_t)T * E);
             cpu_hc_post(b->hc, b->xs, b->y, T);
             cpu_hc_pre(b->hc, b, l, 1, b->xs, b->x, T);
             memset(b->y, 0, (size_t)T * E * sizeof(float));
         }
         switch (k.ffn) {
         case MODEL_FFN_DENSE: dense_ffn(b, l, T, dst); break;
-        case MODEL_FFN_MOE: moe_ffn(b, l, T, dst); break;
+        case MODEL_FFN_MOE: moe_ffn(b, l, T, dst, b->margins ? b->margins + (size_t)l * T : NULL); break;
         }
-        if (hc) cpu_hc_post(b->hc, b->xs, b->y, T);
+        if (hc) {
+            round_if(b, CPU_BF16_DELTA, b->y, (size_t)T * E);
+            cpu_hc_post(b->hc, b->xs, b->y, T);
+        }
         if (b->trace) trace_copy(b, l + 1, T);
     }
 
@@ -1293,6 +1323,7 @@ static int backend_forward(model_backend *mb, struct step *s, char *err, size_t 
             float *hr = b->hfin + (size_t)R * E;
             final_hidden(b, t, hr);
             rmsnorm(hr, hr, b->out_norm, E, eps);
+            round_if(b, CPU_BF16_FINAL, hr, (size_t)E);
             R++;
         }
     }
@@ -1400,6 +1431,9 @@ int cpu_wmat_init(struct wmat *m, const struct model_tensor *t, char *err, size_
 }
 int cpu_threads(const struct cpu_backend *b) { return b->nt; }
 void cpu_backend_trace(model_backend *mb, float *dst) { ((struct cpu_backend *)mb)->trace = dst; }
+void cpu_backend_route_margins(model_backend *mb, float *dst) { ((struct cpu_backend *)mb)->margins = dst; }
+void cpu_backend_emulate_bf16(model_backend *mb, unsigned families) { ((struct cpu_backend *)mb)->bf16 = families; }
+unsigned cpu_bf16_families(const struct cpu_backend *b) { return b->bf16; }
 void *cpu_zalloc(size_t n) { return zalloc(n); }
 
 struct cpu_backend *cpu_kernels_create(int nt, int max_in)

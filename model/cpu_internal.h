@@ -132,5 +132,42 @@ void cpu_hc_destroy(struct cpu_hc *h);
  * step's tokens is copied into dst: [n_layer + 1][n_tokens][hc][n_embd]
  * (hc 1 for a plain residual; entry 0 is the embedding). NULL stops it. */
 void cpu_backend_trace(model_backend *b, float *dst);
+/* Tests: the CUDA backend's bf16 roundings emulated on the CPU backend's
+ * f32 path, by family (the device tests' tolerances come from what they
+ * move: tests/test_kda.c, tests/gpu/test_gpu_e2e.c). Each family rounds to
+ * bf16 (nearest even) a tensor the GPU keeps in bf16:
+ *   CPU_BF16_XN      the blocks' normed inputs (MLA, dense and MoE FFNs,
+ *                    KDA's f_a, b, g_a; not KDA's q|k|v, which the GPU
+ *                    takes from xn in two parts);
+ *   CPU_BF16_KDA     KDA's f_a and g_a outputs and its normed, gated output
+ *                    (o_proj's input);
+ *   CPU_BF16_MLA     MLA's normed q latent, its cache entries and the
+ *                    attention's output (o_proj's input);
+ *   CPU_BF16_FFN     the dense FFN's h (down's input);
+ *   CPU_BF16_FFN_GU  the dense FFN's gate and up (glm5_next's stay f32 on
+ *                    the GPU: cuda/hc.h);
+ *   CPU_BF16_DELTA   every block's output (hyper-connection models);
+ *   CPU_BF16_FINAL   the final norm's output (the head's input).
+ * 0 (the default) is the plain f32 reference. */
+enum {
+    CPU_BF16_XN = 1 << 0,
+    CPU_BF16_KDA = 1 << 1,
+    CPU_BF16_MLA = 1 << 2,
+    CPU_BF16_FFN = 1 << 3,
+    CPU_BF16_FFN_GU = 1 << 4,
+    CPU_BF16_DELTA = 1 << 5,
+    CPU_BF16_FINAL = 1 << 6,
+};
+void cpu_backend_emulate_bf16(model_backend *b, unsigned families);
+/* The families b rounds (cpu_backend_emulate_bf16), and the rounding. */
+unsigned cpu_bf16_families(const struct cpu_backend *b);
+void cpu_round_bf16(float *x, size_t n);
+
+/* Tests: each later forward writes every token's routing margin
+ * (model_moe_route_margin: router-logit units) per layer into
+ * dst[n_layer][n_tokens]: INFINITY where the layer routes nothing. A device
+ * backend whose output departs from the CPU's at a token with a small margin
+ * may have chosen other experts there (bf16). NULL stops it. */
+void cpu_backend_route_margins(model_backend *b, float *dst);
 
 #endif

@@ -69,6 +69,7 @@ struct cpu_kda {
     float *beta;            /* [H] */
     float *gate;            /* [C] */
     float *o;               /* [C] */
+    float *xr;              /* [E] xn rounded to bf16 for f_a, b, g_a (cpu_backend_emulate_bf16: tests) */
     float *kvm;             /* [nt][D] per thread: S^T k, then delta */
     int chunk;              /* the delta rule's tokens a chunk (cpu_kda_set_chunk); 0: token by token */
     float *cwork;           /* [nt][chunk_floats(chunk, D)] per thread: recur_chunked's matrices */
@@ -90,7 +91,7 @@ void cpu_kda_destroy(struct cpu_kda *a)
 {
     if (!a) return;
     void *p[] = {a->L, a->wmem, a->proj[0], a->proj[1], a->proj[2], a->cv[0], a->cv[1], a->cv[2], a->fa, a->ga,
-                 a->dec, a->beta, a->gate, a->o, a->kvm, a->cwork};
+                 a->dec, a->beta, a->gate, a->o, a->xr, a->kvm, a->cwork};
     for (size_t i = 0; i < sizeof p / sizeof *p; i++) free(p[i]);
     free(a);
 }
@@ -123,9 +124,10 @@ struct cpu_kda *cpu_kda_create(const struct cpu_backend *b, const struct model_c
     a->beta = cpu_zalloc(T * H * sizeof(float));
     a->gate = cpu_zalloc(T * C * sizeof(float));
     a->o = cpu_zalloc(T * C * sizeof(float));
+    a->xr = cpu_zalloc(T * (size_t)a->E * sizeof(float));
     a->kvm = cpu_zalloc((size_t)a->nt * D * sizeof(float));
     if (!a->L || !a->wmem || !a->proj[0] || !a->proj[1] || !a->proj[2] || !a->cv[0] || !a->cv[1] || !a->cv[2] ||
-        !a->fa || !a->ga || !a->dec || !a->beta || !a->gate || !a->o || !a->kvm)
+        !a->fa || !a->ga || !a->dec || !a->beta || !a->gate || !a->o || !a->xr || !a->kvm)
         goto oom;
     float *p = a->wmem;
     size_t off = 0;
@@ -418,13 +420,22 @@ void cpu_kda_mixer(struct cpu_kda *a, const struct cpu_backend *b, const struct 
     const struct kda_layer *L = &a->L[l];
     int T = s->n_tokens, E = a->E, H = a->H, D = a->D, C = a->C;
     const struct model_kda_config *kc = &a->c.kda;
+    unsigned bf = cpu_bf16_families(b); /* 0 but in tests (cpu_backend_emulate_bf16) */
+    const float *xs = xn; /* f_a's, b's and g_a's input */
+    if (bf & CPU_BF16_XN) {
+        memcpy(a->xr, xn, (size_t)T * E * sizeof(float));
+        cpu_round_bf16(a->xr, (size_t)T * E);
+        xs = a->xr;
+    }
     cpu_matmul(b, a->proj[0], xn, &L->q, NULL, T, E, C);
     cpu_matmul(b, a->proj[1], xn, &L->k, NULL, T, E, C);
     cpu_matmul(b, a->proj[2], xn, &L->v, NULL, T, E, C);
-    cpu_matmul(b, a->fa, xn, &L->f_a, NULL, T, E, D);
+    cpu_matmul(b, a->fa, xs, &L->f_a, NULL, T, E, D);
+    if (bf & CPU_BF16_KDA) cpu_round_bf16(a->fa, (size_t)T * D);
     cpu_matmul(b, a->dec, a->fa, &L->f_b, NULL, T, D, C);
-    cpu_matmul(b, a->beta, xn, &L->b, NULL, T, E, H);
-    cpu_matmul(b, a->ga, xn, &L->g_a, NULL, T, E, D);
+    cpu_matmul(b, a->beta, xs, &L->b, NULL, T, E, H);
+    cpu_matmul(b, a->ga, xs, &L->g_a, NULL, T, E, D);
+    if (bf & CPU_BF16_KDA) cpu_round_bf16(a->ga, (size_t)T * D);
     cpu_matmul(b, a->gate, a->ga, &L->g_b, NULL, T, D, C);
     conv_step(a, s, L, states);
 
@@ -471,5 +482,6 @@ void cpu_kda_mixer(struct cpu_kda *a, const struct cpu_backend *b, const struct 
             for (int d = 0; d < D; d++) o[d] = L->o_norm[d] * (o[d] * r) * sigmoidf(a->gate[row + d]);
         }
     }
+    if (bf & CPU_BF16_KDA) cpu_round_bf16(a->o, (size_t)T * C);
     cpu_matmul(b, out, a->o, &L->o, NULL, T, C, E);
 }

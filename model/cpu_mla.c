@@ -510,9 +510,12 @@ void cpu_mla_mixer(struct cpu_mla *a, const struct cpu_backend *b, const struct 
     bool inter = c->mla.rope_interleave;
 #pragma omp parallel for num_threads(a->nt) if (T >= 8)
     for (int t = 0; t < T; t++) cpu_rmsnorm(a->xn + (size_t)t * E, x + (size_t)t * E, L->attn_norm, E, eps);
+    unsigned bf = cpu_bf16_families(b); /* 0 but in tests (cpu_backend_emulate_bf16) */
+    if (bf & CPU_BF16_XN) cpu_round_bf16(a->xn, (size_t)T * E);
     if (QL > 0) {
         cpu_matmul(b, a->qa, a->xn, &L->q_a, NULL, T, E, QL);
         for (int t = 0; t < T; t++) cpu_rmsnorm(a->qa + (size_t)t * QL, a->qa + (size_t)t * QL, L->q_a_norm, QL, leps);
+        if (bf & CPU_BF16_MLA) cpu_round_bf16(a->qa, (size_t)T * QL);
         cpu_matmul(b, a->q, a->qa, &L->q_b, NULL, T, QL, H * Dq);
     } else {
         cpu_matmul(b, a->q, a->xn, &L->q, NULL, T, E, H * Dq);
@@ -533,6 +536,7 @@ void cpu_mla_mixer(struct cpu_mla *a, const struct cpu_backend *b, const struct 
         rope_mla(kt + C, cs, sn, R, inter);
         for (int h = 0; h < H; h++) rope_mla(a->q + ((size_t)t * H + h) * Dq + a->Dn, cs, sn, R, inter);
         float *e = kv + (size_t)s->slots[t] * width;
+        if (bf & CPU_BF16_MLA) cpu_round_bf16(kt, (size_t)(C + R));
         memcpy(e, kt, (size_t)(C + R) * sizeof(float));
         if (L->ix) {
             /* GlmMoeDsaIndexer: rope on the first R dims of each head, always in pairs */
@@ -573,6 +577,7 @@ void cpu_mla_mixer(struct cpu_mla *a, const struct cpu_backend *b, const struct 
         for (int t = q->query_start + m; t < q->query_start + q->query_len; t++) a->abs_t[n_abs++] = t;
     }
     if (n_abs > 0) attend_absorbed(a, L, s, tok_seq, n_abs, kv, bs, width, key0);
+    if (bf & CPU_BF16_MLA) cpu_round_bf16(a->att, (size_t)T * H * a->Dv);
     cpu_matmul(b, a->out, a->att, &L->o, NULL, T, H * a->Dv, E);
     for (size_t i = 0; i < (size_t)T * E; i++) dst[i] += a->out[i];
 }

@@ -380,6 +380,56 @@ void model_moe_route(const struct model_moe_config *mc, const float *logits, con
         for (int j = 0; j < k; j++) wt[j] *= mc->scale;
 }
 
+float model_moe_route_margin(const struct model_moe_config *mc, const float *logits, const float *bias,
+                             float *scratch)
+{
+    int n = mc->n_expert, k = mc->n_expert_used;
+    float *c = scratch, *slope = scratch + n; /* each candidate's selection score and its d/dlogit */
+    for (int i = 0; i < n; i++) {
+        if (mc->router == MODEL_ROUTER_SOFTMAX) { /* the order of the probabilities is the logits' */
+            c[i] = logits[i];
+            slope[i] = 1.0f;
+        } else {
+            float s = 1.0f / (1.0f + expf(-logits[i]));
+            c[i] = s + (bias ? bias[i] : 0.0f);
+            slope[i] = s * (1.0f - s);
+        }
+    }
+    unsigned char mask[n], chosen[n];
+    memset(mask, 1, (size_t)n);
+    memset(chosen, 0, (size_t)n);
+    float m = INFINITY;
+    if (mc->n_group > 1) {
+        /* groups by the sum of their two best, as model_moe_route */
+        int G = mc->n_group, per = n / G;
+        float gs[G], gsl[G];
+        int32_t keep[G];
+        unsigned char kept[G];
+        for (int g = 0; g < G; g++) {
+            int32_t two[2];
+            top_k(c + g * per, NULL, per, 2, two);
+            gs[g] = c[g * per + two[0]] + c[g * per + two[1]];
+            gsl[g] = slope[g * per + two[0]] + slope[g * per + two[1]];
+        }
+        top_k(gs, NULL, G, mc->topk_group, keep);
+        memset(kept, 0, (size_t)G);
+        for (int j = 0; j < mc->topk_group; j++) kept[keep[j]] = 1;
+        for (int a = 0; a < G; a++)
+            for (int d = 0; d < G; d++)
+                if (kept[a] && !kept[d] && (gs[a] - gs[d]) / (gsl[a] + gsl[d]) < m)
+                    m = (gs[a] - gs[d]) / (gsl[a] + gsl[d]);
+        for (int g = 0; g < G; g++) memset(mask + g * per, kept[g], (size_t)per);
+    }
+    int32_t idx[k];
+    top_k(c, mask, n, k, idx);
+    for (int j = 0; j < k; j++) chosen[idx[j]] = 1;
+    for (int a = 0; a < n; a++)
+        for (int d = 0; d < n && chosen[a]; d++)
+            if (mask[d] && !chosen[d] && (c[a] - c[d]) / (slope[a] + slope[d]) < m)
+                m = (c[a] - c[d]) / (slope[a] + slope[d]);
+    return m;
+}
+
 /* ---- CPU compute ------------------------------------------------------------------ */
 
 #define RB 16 /* weight rows dequantized at a time */
@@ -529,7 +579,7 @@ static inline float swiglu(float g, float u, float limit)
     return g / (1.0f + expf(-g)) * u;
 }
 
-void moe_cpu_forward(struct moe_cpu *b, int l, const float *xn, float *x_out, int T)
+void moe_cpu_forward(struct moe_cpu *b, int l, const float *xn, float *x_out, int T, float *margin)
 {
     const struct model_config *c = &b->c;
     const struct model_moe_config *mc = &c->moe;
@@ -547,6 +597,8 @@ void moe_cpu_forward(struct moe_cpu *b, int l, const float *xn, float *x_out, in
         for (int e = 0; e < NE; e++) lg[e] = dot(L->router + (size_t)e * E, x, E);
         model_moe_route(mc, lg, L->bias, b->idx + (size_t)t * S, b->wt + (size_t)t * S,
                         b->rscr + (size_t)omp_get_thread_num() * 2 * NE);
+        if (margin)
+            margin[t] = model_moe_route_margin(mc, lg, L->bias, b->rscr + (size_t)omp_get_thread_num() * 2 * NE);
         if (S > K) {
             b->idx[(size_t)t * S + K] = NE;
             b->wt[(size_t)t * S + K] = L->sh_weigh ? 1.0f / (1.0f + expf(-dot(L->sh_weigh, x, E))) : 1.0f;

@@ -65,6 +65,17 @@ int moe_bind_layer(model *m, const struct model_config *c, const char *prefix, s
 void model_moe_route(const struct model_moe_config *mc, const float *logits, const float *bias, int32_t *idx,
                      float *wt, float *scratch);
 
+/* How far token's routing is from a flip: the smallest change of the router
+ * logits, each moving by that much (linearised), that reorders a chosen and
+ * an unchosen candidate (the k-th / (k+1)-th boundary), or with n_group > 1
+ * a kept and a dropped group; in router-logit units (softmax: half the logit
+ * gap; sigmoid: the score gap over the two scores' slopes). Tests compare it
+ * with the noise a device's bf16 activations put on the logits: a choice
+ * under that margin may come out otherwise there. scratch: 2 * n_expert
+ * floats. Not on the serving path. */
+float model_moe_route_margin(const struct model_moe_config *mc, const float *logits, const float *bias,
+                             float *scratch);
+
 /* The CPU backend's MoE blocks (every MoE layer of the plan c, MTP layers
  * included). Weights stay in the checkpoint's encoding
  * (borrowed); scratch is sized for max_tokens at creation. */
@@ -74,8 +85,9 @@ struct moe_cpu *moe_cpu_create(const struct model_config *c, const struct model_
 /* x[T][n_embd] += layer l's MoE block applied to xn[T][n_embd] (already
  * normed). Each token's result depends on its own row only: its experts are
  * summed in ascending expert order, then the shared experts, whatever other
- * tokens share the step. Only the chosen experts' rows are read. */
-void moe_cpu_forward(struct moe_cpu *mc, int l, const float *xn, float *x, int T);
+ * tokens share the step. Only the chosen experts' rows are read. margin:
+ * NULL, or [T] each token's model_moe_route_margin (tests). */
+void moe_cpu_forward(struct moe_cpu *mc, int l, const float *xn, float *x, int T, float *margin);
 void moe_cpu_destroy(struct moe_cpu *mc);
 
 #endif

@@ -11,7 +11,9 @@
  * position within 1e-4 relative of transformers, greedy identical, chunked
  * prefill bit-identical to one step, and a prompt's logits bit-identical alone
  * and beside other prompts (batch invariance). Then the router on hand-made
- * scores, the config errors, and --load-format dummy on an MoE config.
+ * scores, the routing margin the GPU tests explain flips with
+ * (model_moe_route_margin, cpu_backend_route_margins), the config errors,
+ * and --load-format dummy on an MoE config.
  */
 #include <math.h>
 #include <stdio.h>
@@ -20,6 +22,7 @@
 #include <unistd.h>
 
 #include "model/backend.h"
+#include "model/cpu_internal.h"
 #include "model/moe.h"
 #include "tests/test.h"
 #include "tests/golden.h"
@@ -179,6 +182,79 @@ static void test_router(void)
     sg.n_group = sg.topk_group = 1;
     model_moe_route(&sg, l2, bias, idx, wt, scr);
     CHECKF(idx[0] == 0 && idx[1] == 4, "chose %d %d", idx[0], idx[1]);
+}
+
+/* model_moe_route_margin: by hand on a softmax router, then on random
+ * sigmoid routers with a correction bias, where moving every chosen
+ * expert's logit down and every other's up by half the margin keeps the
+ * choice and by twice the margin changes it; then the CPU backend's report
+ * of it (a dense first layer reports INFINITY). */
+static void test_route_margin(void)
+{
+    float scr[64], wt[8];
+    int32_t idx[8], idx2[8];
+    struct model_moe_config sm = {.n_expert = 8, .n_expert_used = 2, .router = MODEL_ROUTER_SOFTMAX,
+                                  .norm_topk = true, .scale = 1, .n_group = 1, .topk_group = 1};
+    float lg[8] = {0.1f, -1, 2.0f, 0, 0.5f, 3.0f, -2, 1.0f};
+    float m = model_moe_route_margin(&sm, lg, NULL, scr);
+    CHECKF(fabsf(m - 0.5f) < 1e-6f, "softmax margin %g, want 0.5 (experts 2 and 7, half their gap)", m);
+    struct model_moe_config sg = {.n_expert = 16, .n_expert_used = 4, .router = MODEL_ROUTER_SIGMOID,
+                                  .norm_topk = true, .scale = 1, .n_group = 1, .topk_group = 1};
+    uint64_t rng = 7;
+    int checked = 0, bad = 0;
+    for (int c = 0; c < 300; c++) {
+        float l[16], bias[16], mv[16];
+        for (int i = 0; i < 16; i++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            l[i] = (float)((rng >> 40) % 2000) / 1000.0f - 1.0f;
+            bias[i] = (float)((rng >> 20) % 100) / 1000.0f;
+        }
+        m = model_moe_route_margin(&sg, l, bias, scr);
+        if (!(m > 1e-4f && m < 0.1f)) continue; /* where the linearisation holds */
+        checked++;
+        model_moe_route(&sg, l, bias, idx, wt, scr);
+        for (int f = 0; f < 2; f++) {
+            float d = f ? 2.0f * m : 0.5f * m;
+            for (int i = 0; i < 16; i++) {
+                bool ch = false;
+                for (int j = 0; j < 4; j++) ch = ch || idx[j] == i;
+                mv[i] = l[i] + (ch ? -d : d);
+            }
+            model_moe_route(&sg, mv, bias, idx2, wt, scr);
+            bool same = memcmp(idx, idx2, sizeof(int32_t) * 4) == 0;
+            bad += f ? same : !same;
+        }
+    }
+    printf("  route margin: %d random sigmoid routers, %d moved otherwise than their margin says\n", checked, bad);
+    CHECKF(checked >= 50 && bad == 0, "%d random routers checked, %d moved otherwise than their margin says",
+           checked, bad);
+    /* the backend's report: tiny-glm4-moe's first layer is dense */
+    char err[256];
+    struct model_load_opts lo = {0};
+    model *mo = model_load("tests/models/tiny-glm4-moe", &lo, err, sizeof err);
+    CHECKF(mo != NULL, "%s", err);
+    if (!mo) return;
+    const struct model_config *c = model_get_config(mo);
+    model_backend *be = golden_backend(mo, 1, REGION * BLOCK, REGION, BLOCK, "tiny-glm4-moe");
+    if (be) {
+        int32_t ids[5] = {3, 14, 15, 92, 65}, bt[REGION];
+        for (int j = 0; j < REGION; j++) bt[j] = j;
+        float *lgo = malloc((size_t)c->n_vocab * 4), *mg = malloc((size_t)c->n_layer * 5 * sizeof *mg);
+        struct seqin in = {.ids = ids, .start = 0, .n = 5, .bt = bt, .logits = lgo};
+        cpu_backend_route_margins(be, mg);
+        CHECK(step_multi(be, &in, 1) == 0);
+        cpu_backend_route_margins(be, NULL);
+        int wrong = 0;
+        for (int l = 0; l < c->n_layer; l++)
+            for (int t = 0; t < 5; t++) {
+                float v = mg[l * 5 + t];
+                wrong += model_layer_kind_of(c, l).ffn == MODEL_FFN_MOE ? !(v >= 0 && isfinite(v)) : v != INFINITY;
+            }
+        CHECKF(wrong == 0, "%d of %d margins wrong (dense layers INFINITY, MoE layers finite)", wrong, c->n_layer * 5);
+        free(lgo), free(mg);
+        model_backend_destroy(be);
+    }
+    model_free(mo);
 }
 
 /* A config.json edited to carry one bad MoE value is refused naming the key. */
@@ -353,6 +429,7 @@ static void test_plan_describe(void)
 int main(void)
 {
     RUN(test_router);
+    RUN(test_route_margin);
     RUN(test_checkpoints);
     RUN(test_config_errors);
     RUN(test_router_not_linear);

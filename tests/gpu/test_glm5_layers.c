@@ -14,7 +14,8 @@
  * cuda_backend_trace and cpu_backend_trace: the streams after the
  * embedding and after every layer). Per layer entry, the largest |gpu -
  * cpu| over the step's tokens and streams relative to the CPU's largest
- * value must stay within bf16 tolerance (TOL; each entry printed), and
+ * value must stay within bf16 tolerance (tol, per model: see main; each
+ * entry printed), and
  * where the checkpoint has transformers' streams (hidden.f32 at some
  * positions of that prompt) the GPU's against them too; each step's last
  * logits against the CPU's.
@@ -27,13 +28,20 @@
  * later token's. So, as test_gpu_e2e does for MoE models, the check ends at
  * the first token beyond tolerance in any layer entry (a suspected flip):
  * every layer entry of the tokens before it is checked, the tokens after it
- * (and the later decode steps) are reported only. The first token must be
- * within tolerance and at least a quarter of the prompt must come before the
- * flip, so a broken layer (wrong from the first token) still fails.
+ * (and the later decode steps) are reported only. The flip must be
+ * explained: the CPU backend reports every token's routing margin
+ * (cpu_backend_route_margins), and the first token beyond tolerance, or
+ * an earlier one whose entries moved more than tol / 2, must have a margin
+ * under ROUTE_TIE (test_gpu_e2e.c says where that comes from), else the
+ * token must be at or past index_topk on a model with the DSA indexer (an
+ * indexer flip; then at least a quarter of the prompt must come before it).
+ * The first token must be within tolerance. So a broken layer (wrong from
+ * the first token, or at a token where no choice is close) still fails.
  * --tp=N runs the GPU at TP=N (every
  * rank holds all streams; rank 0's are traced); a creation refused naming
  * --tensor-parallel-size (a kind not split yet) is noted, not failed.
  */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,7 +59,7 @@
 #define BLOCK 16
 #define REGION 8  /* blocks: 128 positions */
 #define DECODE 4  /* the prompt's last tokens, one a step */
-#define TOL 5e-2  /* of a layer's largest value: bf16 activations through a few layers */
+#define ROUTE_TIE 0.05 /* router-logit units: a margin bf16 may flip (test_gpu_e2e.c) */
 
 static int g_tp = 1;
 
@@ -153,7 +161,15 @@ static void load_hf(const char *dir, int nl, int hc, int E, struct hf_hidden *h)
     }
 }
 
-static void run(const char *name)
+/* The smallest routing margin of token t of a step of n tokens (margins [n_layer][n]). */
+static float tok_margin(const float *m, int L, int n, int t)
+{
+    float r = INFINITY;
+    for (int l = 0; l < L; l++) r = m[(size_t)l * n + t] < r ? m[(size_t)l * n + t] : r;
+    return r;
+}
+
+static void run(const char *name, double tol)
 {
     char dir[200], gold[240], err[512];
     snprintf(dir, sizeof dir, "tests/models/glm5/%s", name);
@@ -197,18 +213,26 @@ static void run(const char *name)
     size_t per = (size_t)(p->n - DECODE) * hc * E; /* one entry of the prefill's trace */
     float *tc = malloc(L1 * per * sizeof *tc), *tg = malloc(L1 * per * sizeof *tg);
     float *lc = malloc((size_t)V * 4), *lg = malloc((size_t)V * 4);
+    float *mg = malloc((size_t)c->n_layer * (p->n - DECODE) * sizeof *mg);
+    float *pm = malloc((size_t)p->n * sizeof *pm); /* each position's margin, where it moved (else INFINITY) */
+    for (int i = 0; i < p->n; i++) pm[i] = INFINITY;
     bool flipped = false; /* a step before this one had a suspected flip: report only */
+    int ix0 = INT_MAX;    /* the first position where the DSA indexer chooses */
+    for (int l = 0; l < c->n_layer && c->mla.index_topk > 0; l++)
+        if (model_layer_kind_of(c, l).mixer == MODEL_MIXER_MLA) ix0 = c->mla.index_topk;
     for (int k = 0; cpu && gpu && k <= DECODE; k++) {
         int start = k ? p->n - DECODE + k - 1 : 0, n = k ? 1 : p->n - DECODE;
         size_t e1 = (size_t)n * hc * E;
         memset(tg, 0xff, L1 * e1 * sizeof *tg); /* NaN: an entry never written fails */
         cpu_backend_trace(cpu, tc);
+        cpu_backend_route_margins(cpu, mg);
         cuda_backend_trace(gpu, tg);
         int rc = step(cpu, p->ids, p->n - DECODE, start, n, lc, err, sizeof err);
         CHECKF(rc == 0, "cpu step: %s", err);
         if (!rc) rc = step(gpu, p->ids, p->n - DECODE, start, n, lg, err, sizeof err);
         CHECKF(rc == 0, "cuda step: %s", err);
         cpu_backend_trace(cpu, NULL);
+        cpu_backend_route_margins(cpu, NULL);
         cuda_backend_trace(gpu, NULL);
         if (rc) break;
         double worst = 0, worst_hf = 0;
@@ -222,14 +246,16 @@ static void run(const char *name)
         /* the first token beyond tolerance in any layer entry (each entry's
          * deviation relative to the CPU's largest value of the whole step) */
         int tf = n;
-        for (int t = 0; t < n && tf == n; t++)
+        for (int t = 0; t < n && tf == n; t++) {
+            double wt = 0; /* token t's worst entry */
             for (int l = 0; l < L1; l++) {
                 size_t o = l * e1 + (size_t)t * hc * E;
-                if (dev(tg + o, tc + o, (size_t)hc * E, peak(tc + l * e1, e1)) > TOL) {
-                    tf = t;
-                    break;
-                }
+                double d = dev(tg + o, tc + o, (size_t)hc * E, peak(tc + l * e1, e1));
+                wt = d > wt ? d : wt;
             }
+            pm[start + t] = wt > tol / 2 ? tok_margin(mg, c->n_layer, n, t) : INFINITY;
+            if (wt > tol) tf = t;
+        }
         double wb = 0; /* the worst over the tokens before tf */
         for (int l = 0; l < L1 && tf > 0; l++) {
             double e = dev(tg + l * e1, tc + l * e1, (size_t)tf * hc * E, peak(tc + l * e1, e1));
@@ -251,27 +277,48 @@ static void run(const char *name)
             continue;
         }
         if (tf < n) {
-            printf("    suspected flip at position %d (layer entries up to %.3g there); %d of %d tokens checked, "
-                   "within %.2e\n", start + tf, worst, tf, n, wb);
-            CHECKF(tf > 0, "%s step %d: the first token is beyond tolerance: not a flip", name, k);
-            CHECKF(k > 0 || tf * 4 >= n, "%s: only %d of %d prompt tokens before the first flip", name, tf, n);
+            /* what explains it: a routing near-tie at or before it (a moved token), else the indexer */
+            int q = -1;
+            for (int i = 0; i <= start + tf; i++)
+                if (pm[i] < ROUTE_TIE && (q < 0 || pm[i] < pm[q])) q = i;
+            printf("    suspected flip at position %d (layer entries up to %.3g in the step); %d of %d tokens checked, "
+                   "within %.2e; ", start + tf, worst, tf, n, wb);
+            if (q >= 0)
+                printf("a routing near-tie at position %d (margin %.4f < %.2f)\n", q, pm[q], ROUTE_TIE);
+            else
+                printf("%s\n", start + tf >= ix0 ? "the indexer chooses there" : "no near-tie, no indexer choice");
+            CHECKF(start + tf > 0, "%s step %d: the first token is beyond tolerance: not a flip", name, k);
+            CHECKF(q >= 0 || start + tf >= ix0,
+                   "%s step %d: position %d beyond tolerance with every routing margin clear and no indexer choice: "
+                   "not a flip", name, k, start + tf);
+            CHECKF(q >= 0 || k > 0 || tf * 4 >= n, "%s: only %d of %d prompt tokens before the first (indexer) flip",
+                   name, tf, n);
             flipped = true;
             continue;
         }
-        CHECKF(worst <= TOL, "%s step %d: layer entry %d's streams differ from the CPU's by %.3g", name, k, wl, worst);
-        CHECKF(worst_hf <= TOL, "%s step %d: streams differ from transformers' by %.3g", name, k, worst_hf);
-        CHECKF(el <= TOL, "%s step %d: logits differ from the CPU's by %.3g", name, k, el);
+        CHECKF(worst <= tol, "%s step %d: layer entry %d's streams differ from the CPU's by %.3g", name, k, wl, worst);
+        CHECKF(worst_hf <= tol, "%s step %d: streams differ from transformers' by %.3g", name, k, worst_hf);
+        CHECKF(el <= tol, "%s step %d: logits differ from the CPU's by %.3g", name, k, el);
     }
-    free(tc), free(tg), free(lc), free(lg), free(hf.v);
+    free(tc), free(tg), free(lc), free(lg), free(hf.v), free(mg), free(pm);
     model_backend_destroy(gpu);
     model_backend_destroy(cpu);
     model_free(m);
     golden_free(&g);
 }
 
-static void test_glm5_mla(void) { run("glm5-mla"); }
-static void test_glm5_hybrid(void) { run("glm5-hybrid"); }
-static void test_glm5_mixed(void) { run("glm5-mixed"); }
+/* Tolerances: bf16 activations through a few layers. On the CPU with every
+ * tensor the GPU keeps in bf16 rounded so (test_gpu_e2e.c's GLM5_TOL), the
+ * 66-token prefill's worst layer entry before any routing flip and before
+ * the indexer chooses (position 16) was 1.5e-2 on glm5-mla, 5.7e-2 on
+ * glm5-hybrid and 8.6e-2 on glm5-mixed; with gate|up in bf16 as the GPU had
+ * them then, 6.4e-2 at glm5-hybrid's position 1 and 9.4e-2 at glm5-mixed's
+ * position 2, where the first H100 run saw its "flips" (these, not
+ * routing: no expert was chosen otherwise before position 28). A routing
+ * flip moved a token's entries by 0.14 to 0.73. */
+static void test_glm5_mla(void) { run("glm5-mla", 5e-2); }
+static void test_glm5_hybrid(void) { run("glm5-hybrid", 0.11); }
+static void test_glm5_mixed(void) { run("glm5-mixed", 0.11); }
 
 int main(int argc, char **argv)
 {

@@ -47,6 +47,7 @@
  * --gemm-wg-min-t=N: the fused gate|up GEMM (sm_90) from N tokens a step
  * (cuda_tuning.gemm_wg_min_t; tests/gpu/run.sh check passes 1 once more).
  */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,6 +56,7 @@
 
 #include "cuda/tuning.h"
 #include "model/backend.h"
+#include "model/cpu_internal.h"
 #include "base/json.h"
 #include "tests/test.h"
 #include "tests/golden.h"
@@ -87,6 +89,9 @@ static int alloc(model_backend *be, int n, char *err, size_t errlen)
     return rc ? rc : recurrent(be) ? be->ops->state_alloc(be, MAXP, err, errlen) : 0;
 }
 
+struct flipctx; /* routing margins per position (flip_explained, below) */
+static void flip_note(struct flipctx *f, int pos, int t, int T, bool known, bool moved);
+
 /* Every position's logits: the prompt prefilled as one sequence (its K and
  * V written), then one step of n 1-token sequences over its block table,
  * sequence p at position p. In that step token p writes its K and V (the
@@ -94,8 +99,9 @@ static int alloc(model_backend *be, int n, char *err, size_t errlen)
  * prefill wrote the same values (up to the last bit) beforehand, so the
  * read does not depend on which comes first. A recurrent model's state
  * cannot restart mid-prompt: there the prompt runs one token a step from
- * position 0 (state slot pi), each step's logits kept. */
-static int all_positions(model_backend *be, int pi, const int32_t *ids, int n, float *logits)
+ * position 0 (state slot pi), each step's logits kept. f: NULL, or (be the
+ * CPU reference) each position's routing margin. */
+static int all_positions(model_backend *be, int pi, const int32_t *ids, int n, float *logits, struct flipctx *f)
 {
     int32_t *pos = malloc(n * sizeof *pos);
     int64_t *slots = malloc(n * sizeof *slots);
@@ -117,6 +123,7 @@ static int all_positions(model_backend *be, int pi, const int32_t *ids, int n, f
             st = (struct step){.n_tokens = 1, .token_ids = ids + p, .positions = pos + p, .slots = slots + p,
                                .n_seqs = 1, .seqs = sq};
             rc = be->ops->forward(be, &st, err, sizeof err);
+            flip_note(f, p, 0, 1, true, false);
         }
         if (rc) printf("  forward (%s): %s\n", be->ops->name, err);
         free(pos), free(slots), free(sq);
@@ -128,6 +135,7 @@ static int all_positions(model_backend *be, int pi, const int32_t *ids, int n, f
                                   .n_blocks = REGION, .logits_out = logits + (size_t)p * g_nv};
     st.n_seqs = n;
     if (!rc) rc = be->ops->forward(be, &st, err, sizeof err);
+    for (int p = 0; p < n && !rc; p++) flip_note(f, p, p, n, true, false);
     if (rc) printf("  forward (%s): %s\n", be->ops->name, err);
     free(pos), free(slots), free(sq);
     return rc;
@@ -214,27 +222,122 @@ static int32_t g_lone[MAXP][NGREEDY]; /* the GPU's lone greedy continuation per 
  * the two runs are no longer comparable. Per prompt, the first position
  * (decode step) beyond tolerance is taken for a flip: positions (steps)
  * before it are checked, it and the ones after it are reported, not
- * checked. What keeps the test able to fail (a wrong kernel is wrong from
- * the first token on):
+ * checked. A flip must be explained (flip_explained): with the CPU as the
+ * reference, it reports every token's routing margin
+ * (cpu_backend_route_margins: how far the router logits must move to change
+ * a choice), and a flip is a routing flip only where it, or an earlier token
+ * whose own logits moved beyond half the tolerance (a flip there may show
+ * fully only later), had a margin under ROUTE_TIE (a prefill step's earlier
+ * tokens, never compared, count too, but then the floors below still
+ * apply); else, on a model with the indexer, an indexer flip where a query
+ * chooses (position index_topk on); else it fails: a wrong kernel, not a
+ * flip. What keeps the test able to fail (a wrong kernel is wrong from the
+ * first token on):
  *  - no flip before g_free: position 0 of every prompt within tolerance,
  *    and on a model whose only choice is the indexer, every position before
  *    index_topk (each such query takes every key: there is nothing to flip);
+ *  - a flip with no near-tie to explain it fails (above);
  *  - per model, at least MOE_MIN_CHECKED_POS of all positions (summed over
- *    the prompts) checked before their prompt's first flip. Half would not
- *    do: glm5-mla (index_topk null) had 39 of 98 on the first H100 run (flips
- *    at prompt 1 position 12, prompt 2 position 19), tiny-glm4-moe 19 of 37;
+ *    the prompts) checked before their prompt's first flip, a prompt whose
+ *    flip a compared near-tie explains counting whole (the floor is for the
+ *    indexer's flips, and for any with --ref=cuda, where no margins are
+ *    known). Half would not do: glm5-mla (index_topk null)
+ *    had 39 of 98 on the first H100 run (flips at prompt 1 position 12,
+ *    prompt 2 position 19), tiny-glm4-moe 19 of 37;
  *  - per model, at least NGREEDY / 16 decode steps after the prefill's
  *    (step 0) checked before their prompt's first flip, summed over the
- *    prompts (a wrong decode path flips every prompt at step 1; the first H100
- *    run's fewest: 26, tiny-qwen3-moe-awq);
+ *    prompts, whole ones again where a compared near-tie explains it (a
+ *    wrong decode path flips every prompt at step 1; the first H100 run's
+ *    fewest: 26, tiny-qwen3-moe-awq; glm5-mixed 12);
  *  - before a prompt's first flip, a GPU token other than the CPU's argmax
  *    is a near-tie (NEAR_TIE_REL), as on dense models;
- *  - no NaN, flip or not. */
+ *  - no NaN, flip or not.
+ * ROUTE_TIE, in router-logit units (the glm5 checkpoints' router logits
+ * spread about +-1.2): every flip of the first H100 run at a prompt
+ * position of the tiny MoE checkpoints came at a CPU margin of 0.001-0.006
+ * (tiny-qwen3-moe, -glm4-moe, -qwen2-moe, -qwen3-moe-awq) and glm5-mla's at
+ * 0.004-0.009; on the CPU with every tensor the GPU keeps in bf16 rounded so
+ * (GLM5_TOL below), each glm5 model's first expert chosen otherwise came at
+ * 0.002-0.039. That emulation moves margins by up to 0.13 at the most moved
+ * positions of glm5-hybrid and glm5-mixed (0.025 on glm5-mla), so a flip
+ * above ROUTE_TIE can happen: the failure prints the margins for a judge. */
 #define MOE_MIN_CHECKED_POS 0.25
 #define MOE_FLIP_MAX 0.35 /* test_long_chunks / test_state_chunks: one last-logits row, no later positions */
+#define ROUTE_TIE 0.05    /* a routing margin under which bf16 may flip the choice (see above) */
 static bool g_flips;
 static int g_free; /* positions before which no choice can flip (see above) */
-static int g_route_flips;
+static int g_route_flips, g_unexplained;
+static float *g_mbuf;  /* [n_layer][1024] the CPU reference's routing margins of its last step, or NULL */
+static int g_ix0;      /* the first position where the indexer chooses (INT_MAX without one) */
+
+#define FLIPCAP (REGION * BLOCK)
+/* Per prompt: each token's smallest routing margin over the layers (the
+ * CPU's, INFINITY where nothing routes or unknown), whether its own logits
+ * were compared (known) and moved enough to show a flip there (or were
+ * not compared). */
+struct flipctx {
+    float m[FLIPCAP];
+    bool moved[FLIPCAP], known[FLIPCAP];
+    int n;
+};
+
+/* The smallest margin of token t of the CPU's last step of T tokens. */
+static float tok_margin(int t, int T)
+{
+    float m = INFINITY;
+    for (int l = 0; g_mbuf && l < model_get_config(g_model)->n_layer; l++)
+        if (g_mbuf[(size_t)l * T + t] < m) m = g_mbuf[(size_t)l * T + t];
+    return m;
+}
+
+/* Position pos's margin (token t of the CPU's last step of T), whether its
+ * logits were compared (known) and, if so, whether they moved. */
+static void flip_note(struct flipctx *f, int pos, int t, int T, bool known, bool moved)
+{
+    if (!f || pos < 0 || pos >= FLIPCAP) return;
+    while (f->n <= pos) f->m[f->n] = INFINITY, f->moved[f->n] = false, f->known[f->n++] = false;
+    f->m[pos] = tok_margin(t, T), f->known[pos] = known, f->moved[pos] = !known || moved;
+}
+
+/* The CPU's last step (T tokens) held positions start .. start + len - 1
+ * of a prompt as its tokens t0 ..: their margins; the last one's logits
+ * moved as last_moved says, the others were not compared (moved). */
+static void flip_note_step(struct flipctx *f, int start, int len, int t0, int T, bool last_moved)
+{
+    for (int j = 0; j < len; j++) flip_note(f, start + j, t0 + j, T, j == len - 1, last_moved);
+}
+
+/* Why the first flagged position pos (prompt i, decode step g or -1) is a
+ * flip: 1 a routing near-tie at pos or at an earlier compared position that
+ * moved; 3 only at a position never compared (a prefill step's earlier
+ * tokens: the floors still apply); 2 the indexer's choice; 0 nothing (a
+ * failure, printed); -1 with no margins (--ref=cuda): taken for a flip, the
+ * floors apply. */
+static int flip_explained(const struct flipctx *f, int i, int g, int pos)
+{
+    if (!g_mbuf) return -1;
+    int q = -1, w = -1; /* the smallest near-tie at a compared position, at an uncompared one */
+    for (int p = 0; p <= pos && p < f->n; p++) {
+        if (!(f->m[p] < ROUTE_TIE) || !(p == pos || f->moved[p])) continue;
+        int *b = p == pos || f->known[p] ? &q : &w;
+        if (*b < 0 || f->m[p] < f->m[*b]) *b = p;
+    }
+    if (q >= 0 || w >= 0) {
+        int r = q >= 0 ? q : w;
+        printf("  prompt %d %s %d: a routing near-tie at position %d (margin %.4f < %.2f%s)\n", i,
+               g >= 0 ? "step" : "position", g >= 0 ? g : pos, r, f->m[r], ROUTE_TIE,
+               q >= 0 ? "" : "; a prefill token, not compared itself");
+        return q >= 0 ? 1 : 3;
+    }
+    if (pos >= g_ix0) return 2;
+    float mn = INFINITY;
+    for (int p = 0; p <= pos && p < f->n; p++) mn = f->m[p] < mn ? f->m[p] : mn;
+    printf("  prompt %d %s %d: beyond tolerance with every routing margin clear (smallest %.4f, position %d's %.4f) "
+           "and no indexer choice: not a flip\n",
+           i, g >= 0 ? "step" : "position", g >= 0 ? g : pos, mn, pos, pos < f->n ? f->m[pos] : INFINITY);
+    g_unexplained++;
+    return 0;
+}
 
 /* Whether the model has a layer with routed experts (a config may name
  * experts while every layer is dense: tests/models/kda/glm5-kda). */
@@ -261,14 +364,19 @@ static void set_flips(const struct model_config *c)
 {
     g_flips = has_moe(c) || has_indexer(c);
     g_free = has_moe(c) ? 1 : has_indexer(c) ? c->mla.index_topk : 0;
+    g_ix0 = has_indexer(c) ? c->mla.index_topk : INT_MAX;
 }
 
 /* The per-model flip rules above, after a test over every prompt: pos_checked
  * of pos_total positions and dec_checked decode steps (steps 1.. of each
- * prompt before its first flip) checked; pos0_bad prompts beyond tolerance
- * before g_free. dec_checked < 0: no decode steps in this test. */
-static void moe_rules(const char *what, int pos_checked, int pos_total, int pos0_bad, int dec_checked)
+ * prompt before its first flip not explained by a routing near-tie)
+ * checked; pos0_bad prompts beyond tolerance before g_free; unexplained
+ * flips (flip_explained 0). dec_checked < 0: no decode steps in this test. */
+static void moe_rules(const char *what, int pos_checked, int pos_total, int pos0_bad, int dec_checked,
+                      int unexplained)
 {
+    CHECKF(unexplained == 0, "%s: %d positions or steps beyond tolerance that no routing near-tie or indexer choice "
+           "explains", what, unexplained);
     if (!g_flips) return;
     if (pos_total > 0)
         printf("  %s: choices: %d of %d positions checked before their prompt's first flip (at least %.0f%% needed)\n",
@@ -287,14 +395,16 @@ static void moe_rules(const char *what, int pos_checked, int pos_total, int pos0
 
 static void test_logits(void)
 {
-    int checked = 0, total = 0, pos0_bad = 0;
+    int checked = 0, total = 0, pos0_bad = 0, u0 = g_unexplained;
+    static struct flipctx f;
     for (int i = 0; i < g_gold.np; i++) {
         struct prompt *p = &g_gold.p[i];
         float *lg = malloc((size_t)p->n * g_nv * 4), *lc = malloc((size_t)p->n * g_nv * 4);
-        CHECK(all_positions(g_gpu, i, p->ids, p->n, lg) == 0);
-        CHECK(all_positions(g_cpu, i, p->ids, p->n, lc) == 0);
+        f.n = 0;
+        CHECK(all_positions(g_gpu, i, p->ids, p->n, lg, NULL) == 0);
+        CHECK(all_positions(g_cpu, i, p->ids, p->n, lc, &f) == 0);
         double worst_hf = 0, worst_cpu = 0, after_hf = 0, after_cpu = 0;
-        int flip = -1, nonfinite = 0;
+        int flip = -1, nonfinite = 0, why = -1;
         for (int pos = 0; pos < p->n; pos++) {
             float ours[TOPK], ref[TOPK];
             double mx = 0, d = 0;
@@ -307,11 +417,13 @@ static void test_logits(void)
             double r = d / mx, e = rel_inf(lg + (size_t)pos * g_nv, lc + (size_t)pos * g_nv, g_nv);
             bool finite = isfinite(r) && isfinite(e);
             nonfinite += !finite;
+            if (pos < f.n) f.moved[pos] = r > g_tol_hf / 2 || e > g_tol_cpu / 2;
             if (g_flips && flip < 0 && finite && (r > g_tol_hf || e > g_tol_cpu)) {
                 flip = pos;
                 printf("  prompt %d position %d: beyond tolerance (a routing or selection flip?): logits vs HF %.2e, vs CPU %.2e; "
                        "the later positions reported, not checked\n",
                        i, pos, r, e);
+                if (pos >= g_free) why = flip_explained(&f, i, -1, pos);
             }
             if (flip >= 0) {
                 if (!(r <= after_hf)) after_hf = r;
@@ -322,7 +434,8 @@ static void test_logits(void)
             if (!(e <= worst_cpu)) worst_cpu = e;
         }
         g_route_flips += flip >= 0;
-        checked += flip < 0 ? p->n : flip, total += p->n, pos0_bad += flip >= 0 && flip < g_free;
+        /* a routing near-tie explains the flip: the floor counts the other prompts' positions */
+        checked += flip < 0 || why == 1 ? p->n : flip, total += p->n, pos0_bad += flip >= 0 && flip < g_free;
         printf("  prompt %d (%d tokens): logits vs HF top-20 %.2e, vs CPU (all %d) %.2e", i, p->n, worst_hf, g_nv,
                worst_cpu);
         if (flip >= 0)
@@ -334,15 +447,20 @@ static void test_logits(void)
         CHECKF(worst_cpu <= g_tol_cpu, "prompt %d: logits vs CPU %.3g > %.3g", i, worst_cpu, g_tol_cpu);
         free(lg), free(lc);
     }
-    moe_rules("logits", checked, total, pos0_bad, -1);
+    moe_rules("logits", checked, total, pos0_bad, -1, g_unexplained - u0);
 }
 
 /* The GPU token tg against the CPU's argmax tc on the CPU's logits row lc:
- * 0 equal or a near-tie (counted, printed), 1 a real divergence (printed). */
+ * 0 equal or a near-tie (counted, printed), 1 a real divergence (printed).
+ * The near-tie band is NEAR_TIE_REL, or half the model's tolerance where
+ * that is wider: logits within tol of the CPU's may reorder two tokens up
+ * to 2 tol apart (glm5-kda, 5e-2: a divergence at a 2.2e-2 gap on the
+ * first H100 run, its logits 7.5e-2 off then). */
 static int judge(int i, int g, int32_t tg, int32_t tc, const float *lc)
 {
     if (tg == tc) return 0;
-    float thr = NEAR_TIE_REL * maxabs(lc, g_nv), d = lc[tc] - lc[tg];
+    double band = g_tol_cpu / 2 > NEAR_TIE_REL ? g_tol_cpu / 2 : NEAR_TIE_REL;
+    float thr = (float)band * maxabs(lc, g_nv), d = lc[tc] - lc[tg];
     if (d <= thr) {
         g_near_ties++;
         printf("  prompt %d step %d: near-tie, GPU %d vs CPU %d (CPU logits %.4f vs %.4f)\n", i, g, tg, tc, lc[tc],
@@ -359,9 +477,10 @@ static int judge(int i, int g, int32_t tg, int32_t tc, const float *lc)
  * it is checked: a token divergence must be a near-tie (*bad counts the
  * others) and e goes to *worst. A MoE model's first step beyond tolerance
  * becomes *flip; from there on e goes to *after and token differences to
- * *after_diff, not checked. A NaN is always bad. */
+ * *after_diff, not checked; *why says what explains it (flip_explained, from
+ * f's margins). A NaN is always bad. */
 static void decode_cmp(int i, int g, int32_t tg, int32_t tc, const float *lc, double e, bool beyond, int *flip,
-                       int *bad, double *worst, double *after, int *after_diff)
+                       int *bad, double *worst, double *after, int *after_diff, const struct flipctx *f, int *why)
 {
     if (!isfinite(e)) {
         printf("  prompt %d step %d: NaN logits\n", i, g);
@@ -375,6 +494,7 @@ static void decode_cmp(int i, int g, int32_t tg, int32_t tc, const float *lc, do
         printf("  prompt %d step %d: decode logits vs CPU %.2e, beyond tolerance (a routing or selection flip?)%s; the later "
                "steps reported, not checked\n",
                i, g, e, tg != tc ? ", tokens differ" : "");
+        *why = flip_explained(f, i, g, g_gold.p[i].n - 1 + g);
     }
     if (*flip >= 0) {
         if (e > *after) *after = e;
@@ -395,14 +515,16 @@ static void decode_report(int i, int flip, double after, int after_diff)
 
 static void test_greedy(void)
 {
-    int dec_checked = 0;
+    int dec_checked = 0, u0 = g_unexplained;
+    static struct flipctx f;
     for (int i = 0; i < g_gold.np; i++) {
         struct prompt *p = &g_gold.p[i];
         int32_t *ids = calloc(p->n + NGREEDY, 4);
         memcpy(ids, p->ids, p->n * 4);
         float *lg = malloc((size_t)g_nv * 4), *lc = malloc((size_t)g_nv * 4);
-        int start = 0, len = p->n, bad = 0, hf_div = -1, flip = -1, after_diff = 0, near0 = g_near_ties;
+        int start = 0, len = p->n, bad = 0, hf_div = -1, flip = -1, after_diff = 0, near0 = g_near_ties, why = -1;
         double worst = 0, after = 0;
+        f.n = 0;
         for (int g = 0; g < NGREEDY; g++) {
             int32_t tg, tc;
             float *lgp[1] = {lg}, *lcp[1] = {lc};
@@ -412,8 +534,9 @@ static void test_greedy(void)
                 break;
             }
             double e = rel_inf(lg, lc, g_nv);
+            flip_note_step(&f, start, len, 0, len, e > g_tol_cpu / 2);
             /* the CPU follows the GPU's token, so later steps compare the same history */
-            decode_cmp(i, g, tg, tc, lc, e, e > g_tol_cpu, &flip, &bad, &worst, &after, &after_diff);
+            decode_cmp(i, g, tg, tc, lc, e, e > g_tol_cpu, &flip, &bad, &worst, &after, &after_diff, &f, &why);
             if (hf_div < 0 && g < p->n_greedy && tg != p->ids[p->n + g]) hf_div = g;
             ids[p->n + g] = tg;
             g_lone[i][g] = tg; /* the batched tests compare every step with these, flips or not */
@@ -421,7 +544,7 @@ static void test_greedy(void)
             len = 1;
         }
         int checked = flip < 0 ? NGREEDY : flip;
-        dec_checked += checked > 1 ? checked - 1 : 0;
+        dec_checked += why == 1 ? NGREEDY - 1 : checked > 1 ? checked - 1 : 0; /* the floor: see moe_rules */
         printf("  prompt %d: greedy %d tokens, %d checked: %d near-ties vs CPU, %d real divergences, logits vs CPU "
                "%.2e; vs HF: %s%d\n",
                i, NGREEDY, checked, g_near_ties - near0, bad, worst,
@@ -431,7 +554,7 @@ static void test_greedy(void)
         CHECKF(worst <= g_tol_cpu, "prompt %d: decode logits vs CPU %.3g", i, worst);
         free(ids), free(lg), free(lc);
     }
-    moe_rules("greedy", 0, 0, 0, dec_checked);
+    moe_rules("greedy", 0, 0, 0, dec_checked, g_unexplained - u0);
 }
 
 /* All prompts in one prefill step, then decoded together; compared with the lone runs. */
@@ -649,11 +772,18 @@ static bool open_backends(const char *name, int max_seqs, int slots)
     }
     for (int i = 0; i < MAXP; i++)
         for (int j = 0; j < REGION; j++) g_bt[i][j] = i * REGION + (REGION - 1 - j); /* not in order */
+    /* the CPU reference reports its routing margins (flip_explained) */
+    if (!strcmp(g_ref, "cpu") && has_moe(model_get_config(g_model))) {
+        g_mbuf = malloc((size_t)model_get_config(g_model)->n_layer * 1024 * sizeof *g_mbuf);
+        cpu_backend_route_margins(g_cpu, g_mbuf);
+    }
     return true;
 }
 
 static void close_model(void)
 {
+    free(g_mbuf);
+    g_mbuf = NULL;
     model_backend_destroy(g_gpu);
     model_backend_destroy(g_cpu);
     g_gpu = g_cpu = NULL;
@@ -750,10 +880,12 @@ static double hf_err(const float *lg, const struct prompt *p, int pos)
  * tokens fed to both). A MoE model's routing flips as in test_logits and
  * test_greedy: per prompt, positions and steps up to the first one beyond
  * tolerance are checked, the rest reported (a flipped token's contribution
- * stays in the recurrent state, as a flipped key stays in the cache). */
+ * stays in the recurrent state, as a flipped key stays in the cache), and
+ * each first flip must be explained (flip_explained). */
 static void test_state_lone(void)
 {
-    int pos_checked = 0, pos_total = 0, pos0_bad = 0, dec_checked = 0;
+    int pos_checked = 0, pos_total = 0, pos0_bad = 0, dec_checked = 0, u0 = g_unexplained;
+    static struct flipctx f, fd;
     for (int i = 0; i < g_gold.np; i++) {
         struct prompt *p = &g_gold.p[i];
         int32_t *ids = calloc(p->n + NGREEDY, 4);
@@ -761,6 +893,8 @@ static void test_state_lone(void)
         float *lg = malloc((size_t)g_nv * 4), *lc = malloc((size_t)g_nv * 4), *lgp[1] = {lg}, *lcp[1] = {lc};
         double w_hf = 0, w_cpu = 0, w_dec = 0, a_hf = 0, a_cpu = 0, a_dec = 0;
         int bad = 0, hf_div = -1, slot = MAXP + i, pflip = -1, dflip = -1, a_diff = 0, nonfinite = 0, wpos = 0;
+        int pwhy = -1, dwhy = -1;
+        f.n = fd.n = 0;
         for (int pos = 0; pos < p->n; pos++) {
             int one = 1;
             int32_t tg, tc;
@@ -772,11 +906,13 @@ static void test_state_lone(void)
             double e = hf_err(lg, p, pos), c = rel_inf(lg, lc, g_nv);
             bool finite = isfinite(e) && isfinite(c);
             nonfinite += !finite;
+            flip_note(&f, pos, 0, 1, true, e > g_tol_hf / 2 || c > g_tol_cpu / 2);
             if (g_flips && pflip < 0 && finite && (e > g_tol_hf || c > g_tol_cpu)) {
                 pflip = pos;
                 printf("  prompt %d position %d: beyond tolerance (a routing or selection flip?): logits vs HF %.2e, vs CPU %.2e; "
                        "the later positions reported, not checked\n",
                        i, pos, e, c);
+                if (pos >= g_free) pwhy = flip_explained(&f, i, -1, pos);
             }
             if (pflip >= 0) {
                 if (!(e <= a_hf)) a_hf = e;
@@ -787,7 +923,8 @@ static void test_state_lone(void)
             if (!(c <= w_cpu)) w_cpu = c, wpos = pos;
         }
         g_route_flips += pflip >= 0;
-        pos_checked += pflip < 0 ? p->n : pflip, pos_total += p->n, pos0_bad += pflip >= 0 && pflip < g_free;
+        pos_checked += pflip < 0 || pwhy == 1 ? p->n : pflip, pos_total += p->n;
+        pos0_bad += pflip >= 0 && pflip < g_free;
         int start = 0, len = p->n;
         slot = i;
         for (int g = 0; g < NGREEDY && !bad; g++) {
@@ -799,14 +936,16 @@ static void test_state_lone(void)
             }
             double c = rel_inf(lg, lc, g_nv), e = g == 0 ? hf_err(lg, p, p->n - 1) : 0;
             bool beyond = c > g_tol_cpu || e > g_tol_hf;
-            decode_cmp(i, g, tg, tc, lc, isfinite(e) ? c : INFINITY, beyond, &dflip, &bad, &w_dec, &a_dec, &a_diff);
+            flip_note_step(&fd, start, len, 0, len, c > g_tol_cpu / 2 || e > g_tol_hf / 2);
+            decode_cmp(i, g, tg, tc, lc, isfinite(e) ? c : INFINITY, beyond, &dflip, &bad, &w_dec, &a_dec, &a_diff,
+                       &fd, &dwhy);
             if (g == 0 && dflip < 0 && !(e <= w_hf)) w_hf = e;
             if (hf_div < 0 && g < p->n_greedy && tg != p->ids[p->n + g]) hf_div = g;
             ids[p->n + g] = g_lone[i][g] = tg;
             start += len, len = 1;
         }
         int checked = dflip < 0 ? NGREEDY : dflip;
-        dec_checked += checked > 1 ? checked - 1 : 0;
+        dec_checked += dwhy == 1 ? NGREEDY - 1 : checked > 1 ? checked - 1 : 0;
         printf("  prompt %d (%d tokens): logits vs HF top-20 %.2e, vs CPU %.2e (token by token, worst at position %d), "
                "decode vs CPU %.2e; greedy vs HF: %s%d\n",
                i, p->n, w_hf, w_cpu, wpos, w_dec, hf_div < 0 ? "identical over " : "first divergence at step ",
@@ -824,7 +963,7 @@ static void test_state_lone(void)
                w_dec, g_tol_cpu);
         free(ids), free(lg), free(lc);
     }
-    moe_rules("token by token", pos_checked, pos_total, pos0_bad, dec_checked);
+    moe_rules("token by token", pos_checked, pos_total, pos0_bad, dec_checked, g_unexplained - u0);
 }
 
 /* The prompt in chunks of 7 (one slot), and from a snapshot: a step over
@@ -864,16 +1003,20 @@ static void test_state_chunks(void)
 }
 
 /* All prompts in one prefill step (a slot each), then decoded together
- * (padded graph buckets), both backends in lockstep. */
+ * (padded graph buckets), both backends in lockstep; flips as in
+ * test_state_lone. */
 static void test_state_batched(void)
 {
     int ns = g_gold.np, pi[MAXP], start[MAXP], len[MAXP], slot[MAXP], bad = 0, flip[MAXP], a_diff[MAXP];
+    int why[MAXP], u0 = g_unexplained;
+    static struct flipctx f[MAXP];
     int32_t *ids[MAXP], tg[MAXP], tc[MAXP];
     float *lg[MAXP], *lc[MAXP];
     double worst = 0, after[MAXP];
     for (int k = 0; k < ns; k++) {
         struct prompt *p = &g_gold.p[k];
         pi[k] = k, start[k] = 0, len[k] = p->n, slot[k] = k, flip[k] = -1, a_diff[k] = 0, after[k] = 0;
+        why[k] = -1, f[k].n = 0;
         ids[k] = calloc(p->n + NGREEDY, 4);
         memcpy(ids[k], p->ids, p->n * 4);
         lg[k] = malloc((size_t)g_nv * 4), lc[k] = malloc((size_t)g_nv * 4);
@@ -885,9 +1028,14 @@ static void test_state_batched(void)
             bad++;
             break;
         }
+        int T = 0, t0 = 0;
+        for (int k = 0; k < ns; k++) T += len[k];
         for (int k = 0; k < ns; k++) {
             double e = rel_inf(lg[k], lc[k], g_nv);
-            decode_cmp(k, g, tg[k], tc[k], lc[k], e, e > g_tol_cpu, &flip[k], &bad, &worst, &after[k], &a_diff[k]);
+            flip_note_step(&f[k], start[k], len[k], t0, T, e > g_tol_cpu / 2);
+            t0 += len[k];
+            decode_cmp(k, g, tg[k], tc[k], lc[k], e, e > g_tol_cpu, &flip[k], &bad, &worst, &after[k], &a_diff[k],
+                       &f[k], &why[k]);
             ids[k][g_gold.p[k].n + g] = tg[k];
             start[k] += len[k], len[k] = 1;
         }
@@ -895,12 +1043,12 @@ static void test_state_batched(void)
     int dec_checked = 0;
     for (int k = 0; k < ns; k++) {
         int checked = flip[k] < 0 ? steps : flip[k];
-        dec_checked += checked > 1 ? checked - 1 : 0;
+        dec_checked += why[k] == 1 ? steps - 1 : checked > 1 ? checked - 1 : 0;
         decode_report(k, flip[k], after[k], a_diff[k]);
     }
     printf("  %d prompts batched, %d steps: logits vs CPU %.2e (before each prompt's first flip)\n", ns, steps,
            worst);
-    moe_rules("batched", 0, 0, 0, dec_checked);
+    moe_rules("batched", 0, 0, 0, dec_checked, g_unexplained - u0);
     CHECKF(bad == 0, "%d failed steps or divergences that are not near-ties", bad);
     CHECKF(worst <= g_tol_cpu, "batched logits vs CPU %.3g > %.3g", worst, g_tol_cpu);
     for (int k = 0; k < ns; k++) free(ids[k]), free(lg[k]), free(lc[k]);
@@ -1260,16 +1408,31 @@ int main(int argc, char **argv)
     }
     /* glm5_next (tests/models/glm5: make_glm5.py): MLA with the DSA indexer, KDA linear attention, dense
      * (clamped SwiGLU) and MoE FFNs, 4 hyper-connection streams; glm5-mixed in the seed's int4 g32 / int8 /
-     * bf16 scheme against transformers on its dequantized weights. Every layer's streams: test_glm5_layers. */
-    run_model("glm5-mla", "tests/models/glm5/glm5-mla", "tests/models/glm5/glm5-mla/golden.json", 5e-2, 5e-2);
-    run_model("glm5-hybrid", "tests/models/glm5/glm5-hybrid", "tests/models/glm5/glm5-hybrid/golden.json", 5e-2,
-              5e-2);
-    run_model("glm5-mixed", "tests/models/glm5/glm5-mixed", "tests/models/glm5/glm5-mixed/golden.json", 5e-2, 5e-2);
+     * bf16 scheme against transformers on its dequantized weights. Every layer's streams: test_glm5_layers.
+     * GLM5_TOL: these models are more sensitive to bf16 than the others here. On the CPU, every tensor the
+     * GPU keeps in bf16 rounded so (xn, KDA's and MLA's intermediates, the dense FFN's h, every block's
+     * output, the final norm's output, as cpu_backend_emulate_bf16 does, and the MoE experts' gate, up and
+     * h; gate|up of the dense FFN f32 as the GPU now has them), one token a step over each
+     * golden prompt and its continuation, moved the logits, at positions before any routing flip and before
+     * the indexer chooses (< 16), by up to 5.7e-2 (glm5-hybrid, prompt 2 position 11), 6.3e-2 (glm5-mixed,
+     * prompt 2 position 11) and 2.7e-2 (glm5-mla), and glm5-mla (index_topk null) by 7.4e-2 at its prompt
+     * 0's position 26 with no routing flip in the prompt; no one family dominates. The first H100 run's
+     * early "flips" of glm5-hybrid (prompt 2 position 1, 5.7e-2) and
+     * glm5-mixed (positions 2 and 3, 7.6e-2 and 5.4e-2) were that, not routing: the emulation reproduced
+     * them (6.0e-2 at position 1; 9.4e-2 at position 2) with no expert chosen otherwise before positions 13
+     * and 28. Routing flips move the logits 8e-2 to 0.9 there. */
+    const double GLM5_TOL = 8e-2;
+    run_model("glm5-mla", "tests/models/glm5/glm5-mla", "tests/models/glm5/glm5-mla/golden.json", GLM5_TOL,
+              GLM5_TOL);
+    run_model("glm5-hybrid", "tests/models/glm5/glm5-hybrid", "tests/models/glm5/glm5-hybrid/golden.json", GLM5_TOL,
+              GLM5_TOL);
+    run_model("glm5-mixed", "tests/models/glm5/glm5-mixed", "tests/models/glm5/glm5-mixed/golden.json", GLM5_TOL,
+              GLM5_TOL);
     /* glm5-mla as dense MLA against transformers' indexer-off goldens; glm5-kda (below) the same way
      * (index_topk 4096: every key of these prompts chosen, so dense) */
     g_hf_overrides = "{\"text_config\": {\"index_topk\": null}}";
     run_model("glm5-mla (index_topk null)", "tests/models/glm5/glm5-mla",
-              "tests/models/glm5/glm5-mla/golden_dense.json", 5e-2, 5e-2);
+              "tests/models/glm5/glm5-mla/golden_dense.json", GLM5_TOL, GLM5_TOL);
     g_hf_overrides = NULL;
     /* MoE (tests/golden/moe/make_moe.py): the GPU's routing, grouping and expert kernels, bf16 and packed
      * experts (w4: int4 g16 with expert 0 bf16; awq: every linear layer AWQ int4), the fused 3-D layout, and
@@ -1283,15 +1446,18 @@ int main(int argc, char **argv)
         run_model(moe[i], dir, gold, 3e-2, i < 4 ? 3e-2 : 5e-2);
     }
     /* glm5_next with KDA linear attention (beside MLA, hyper-connections; glm5-hybrid and glm5-mixed MoE
-     * too, glm5-kda's FFNs all dense): 5e-2, as run_model's glm5 lines. On the first H100 run glm5-mla
-     * (index_topk null), the same MLA / hyper-connection / MoE layers without KDA, was 2.4e-2 and 3.7e-2 of
-     * max|logit| at positions before any flip and 4.6e-2 in decode steps before any flip, and glm5-kda
-     * 3.2e-2 (token by token) and 4.1e-2 (decode) on its 8-token prompt: 3e-2 is under what bf16 does to
-     * these models. (glm5-kda's 40- and 100-token prompts were at 7.4e-2 to 9.1e-2 there: dense FFNs, so
-     * no routing flip explains it. On the CPU, rounding xn to bf16 for the KDA q|k|v projections alone moves
-     * them 5.5e-2 (every KDA rounding the GPU did then: 5.5e-2, and 4.8e-2 at glm5-hybrid's position 0); with
-     * q|k|v from xn's two parts, as the GPU now does (cuda/kda.h), the rest of KDA's roundings move them
-     * 1.8e-2 at most.) */
+     * too: GLM5_TOL above; glm5-kda's FFNs all dense, no routing): 5e-2. glm5-kda's bf16 budget, measured on
+     * the CPU with the GPU's roundings emulated one family at a time, one token a step over the three golden
+     * prompts and their continuations (largest relative deviation of the logits from the f32 CPU, prompt
+     * positions / continuation): xn for KDA's f_a, b, g_a 0.9e-2 / 1.8e-2 (q|k|v take xn in two parts,
+     * cuda/kda.h: with xn rounded for them too it was 5.5e-2), f_a's and g_a's outputs 0.8e-2 / 0.9e-2, the
+     * normed KDA output (o_proj's input) 2.3e-2 / 1.7e-2, every block's output (delta) 1.9e-2 / 2.9e-2, the
+     * FFN's xn 1.8e-2 / 1.2e-2, the FFN's gate|up 1.6e-2 / 3.5e-2, its h 1.1e-2 / 1.0e-2, MLA's 0.5e-2,
+     * the final norm's output 0.3e-2; all of them 5.4e-2 at prompt 1 position 93 / 7.1e-2 (prompt 0's
+     * continuation), which is what the H100 gave (5.7e-2 at position 93 / 7.5e-2) while the GPU rounded
+     * gate|up to bf16. Without that rounding (f32 gate|up, cuda/hc.h cuda_swiglu_limit): 3.5e-2 / 4.0e-2.
+     * tests/test_kda.c (test_bf16_budget, cpu_backend_emulate_bf16) keeps that budget under 5e-2 on the CPU
+     * and prints it per family. */
     run_state_model("glm5-kda", "tests/models/kda/glm5-kda", "tests/models/kda/glm5-kda/golden.json", 5e-2, 5e-2);
     g_hf_overrides = "{\"index_topk\": null}"; /* see glm5-mla (index_topk null) above */
     run_state_model("glm5-kda (index_topk null)", "tests/models/kda/glm5-kda", "tests/models/kda/glm5-kda/golden.json",
@@ -1305,10 +1471,10 @@ int main(int argc, char **argv)
     run_state_model("glm5-kda (KDA in chunks of 16)", "tests/models/kda/glm5-kda",
                     "tests/models/kda/glm5-kda/golden.json", 5e-2, 5e-2);
     cuda_tuning.kda_chunk_min_t = kmin, cuda_tuning.kda_chunk_len = klen;
-    run_state_model("glm5-hybrid", "tests/models/glm5/glm5-hybrid", "tests/models/glm5/glm5-hybrid/golden.json", 5e-2,
-                    5e-2);
-    run_state_model("glm5-mixed", "tests/models/glm5/glm5-mixed", "tests/models/glm5/glm5-mixed/golden.json", 5e-2,
-                    5e-2);
+    run_state_model("glm5-hybrid", "tests/models/glm5/glm5-hybrid", "tests/models/glm5/glm5-hybrid/golden.json",
+                    GLM5_TOL, GLM5_TOL);
+    run_state_model("glm5-mixed", "tests/models/glm5/glm5-mixed", "tests/models/glm5/glm5-mixed/golden.json",
+                    GLM5_TOL, GLM5_TOL);
     /* bf16 weights (rounded from Q4_1) and bf16 activations through 30 layers: ~3% of max|logit| */
     run_model("smollm2", "models/SmolLM2-135M-Instruct.Q4_1.gguf", "tests/golden/smollm2/golden.json", 4e-2, 4e-2);
     /* glm_moe_dsa with its DSA indexer (top-6 keys per query, a shared layer), the choice made from bf16 keys:
