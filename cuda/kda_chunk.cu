@@ -160,17 +160,24 @@ static __device__ __forceinline__ void kc_mma(float (&d)[4], const uint32_t (&a)
 }
 
 /* acc[j] += sum_{k < K} A(m, k) B(k, n) for the warp's block of 16 rows m0 .. and 8 NT columns n0 .. (tile j
- * the columns n0 + 8 j ..), on the tensor cores in split precision (3xTF32: lo hi + hi lo + hi hi, the small
- * terms first, f32 accumulation; ~f32 accuracy where one tf32 product would keep 11 bits). The fragments of
- * mma.m16n8k8 .tf32 (PTX ISA, "Matrix Fragments for mma.m16n8k8"), g = lane / 4, q = lane % 4: A a0 (g, q),
- * a1 (g + 8, q), a2 (g, q + 4), a3 (g + 8, q + 4); B b0 (q, g), b1 (q + 4, g); C c0 (g, 2q), c1 (g, 2q + 1),
- * c2 (g + 8, 2q), c3 (g + 8, 2q + 1) (kc_crow, kc_ccol). tri: A(m, k) taken as 0 for k > m (P's upper
- * triangle, never written). Every argument warp-uniform (mma.sync wants the whole warp). */
+ * the columns n0 + 8 j ..), on the tensor cores in split precision (3xTF32: hi hi + (lo hi + hi lo), f32
+ * accumulation; ~f32 accuracy where one tf32 product would keep 11 bits). The small terms go to their own
+ * accumulator, added at the end: more accurate, and the three products of a k step are independent, not one
+ * chain of mma latencies. The fragments of mma.m16n8k8 .tf32 (PTX ISA, "Matrix Fragments for mma.m16n8k8"),
+ * g = lane / 4, q = lane % 4: A a0 (g, q), a1 (g + 8, q), a2 (g, q + 4), a3 (g + 8, q + 4); B b0 (q, g),
+ * b1 (q + 4, g); C c0 (g, 2q), c1 (g, 2q + 1), c2 (g + 8, 2q), c3 (g + 8, 2q + 1) (kc_crow, kc_ccol). tri:
+ * A(m, k) taken as 0 for k > m (P's upper triangle, never written). Every argument warp-uniform (mma.sync
+ * wants the whole warp). */
 template <int NT>
 static __device__ __forceinline__ void kc_mma_block(float (&acc)[NT][4], const kc_mat &A, const kc_mat &B, int m0,
                                                     int n0, int K, bool tri)
 {
     const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    float s1[NT][4], s2[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) s1[j][i] = s2[j][i] = 0.0f;
     for (int k0 = 0; k0 < K; k0 += 8) {
         uint32_t ah[4], al[4];
 #pragma unroll
@@ -186,11 +193,15 @@ static __device__ __forceinline__ void kc_mma_block(float (&acc)[NT][4], const k
                 const int k = k0 + q + i * 4;
                 kc_split(k < K ? kc_at(B, k, n0 + 8 * j + g) : 0.0f, bh[i], bl[i]);
             }
-            kc_mma(acc[j], al, bh[0], bh[1]);
-            kc_mma(acc[j], ah, bl[0], bl[1]);
+            kc_mma(s1[j], al, bh[0], bh[1]);
+            kc_mma(s2[j], ah, bl[0], bl[1]);
             kc_mma(acc[j], ah, bh[0], bh[1]);
         }
     }
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[j][i] += s1[j][i] + s2[j][i];
 }
 
 /* The row and the column of acc[j][i] of kc_mma_block's block at (m0, n0) */
@@ -268,26 +279,39 @@ static __global__ void __launch_bounds__(KC_THREADS)
         __syncthreads();
 
         /* P3: A and P. First the pairs inside each sub-chunk of KC_SUB rows, directly (all sub-chunks in one
-         * loop: p = i KC_TRI + t (t + 1) / 2 + s, t and s local to sub-chunk i) */
+         * loop: p = i KC_TRI + t (t + 1) / 2 + s, t and s local to sub-chunk i), four lanes a pair, each a
+         * quarter of the channels (c = part, part + 4, ..), their sums added by shuffles in a fixed order: 4 x
+         * 544 items over the block's 512 threads at L 64, where a thread a pair left one warp a second round
+         * of every channel. Every thread takes every round (the shuffles want whole warps). */
         const int nsub = (L + KC_SUB - 1) / KC_SUB, mlast = L - (nsub - 1) * KC_SUB;
         const int npd = (nsub - 1) * KC_TRI + mlast * (mlast + 1) / 2;
-        for (int p = tid; p < npd; p += nt) {
-            const int i = p / KC_TRI, pl = p % KC_TRI;
-            int t = (int)((sqrtf(8.0f * (float)pl + 1.0f) - 1.0f) * 0.5f);
-            while (t * (t + 1) / 2 > pl) t--;
-            while ((t + 1) * (t + 2) / 2 <= pl) t++;
-            const int s = i * KC_SUB + pl - t * (t + 1) / 2;
-            t += i * KC_SUB;
-            const float *kt = Ks + t * DP, *qt = Qs + t * DP, *gt = Gs + t * DP;
-            const float *ks = Ks + s * DP, *gs = Gs + s * DP;
+        for (int base = 0; base < 4 * npd; base += nt) {
+            const int p = (base + tid) >> 2, part = tid & 3;
             float ac = 0.0f, pc = 0.0f;
-            for (int c = 0; c < D; c++) {
-                const float x = ks[c] * expf(gt[c] - gs[c]);
-                ac = fmaf(kt[c], x, ac);
-                pc = fmaf(qt[c], x, pc);
+            int t = 0, s = 0;
+            if (p < npd) {
+                const int i = p / KC_TRI, pl = p % KC_TRI;
+                t = (int)((sqrtf(8.0f * (float)pl + 1.0f) - 1.0f) * 0.5f);
+                while (t * (t + 1) / 2 > pl) t--;
+                while ((t + 1) * (t + 2) / 2 <= pl) t++;
+                s = i * KC_SUB + pl - t * (t + 1) / 2;
+                t += i * KC_SUB;
+                const float *kt = Ks + t * DP, *qt = Qs + t * DP, *gt = Gs + t * DP;
+                const float *ks = Ks + s * DP, *gs = Gs + s * DP;
+                for (int c = part; c < D; c += 4) {
+                    const float x = ks[c] * expf(gt[c] - gs[c]);
+                    ac = fmaf(kt[c], x, ac);
+                    pc = fmaf(qt[c], x, pc);
+                }
             }
-            As[t * LP + s] = ac * bs[t];
-            Ps[t * LP + s] = pc;
+            ac += __shfl_xor_sync(0xffffffffu, ac, 1);
+            pc += __shfl_xor_sync(0xffffffffu, pc, 1);
+            ac += __shfl_xor_sync(0xffffffffu, ac, 2);
+            pc += __shfl_xor_sync(0xffffffffu, pc, 2);
+            if (p < npd && part == 0) {
+                As[t * LP + s] = ac * bs[t];
+                Ps[t * LP + s] = pc;
+            }
         }
         /* then the rows t of each later sub-chunk against s before it, from the factors X and Y (B = G_{r-1}:
          * every exponent <= 0; no exp a pair): Y0 X^T and Y1 X^T on the tensor cores, a warp a 16 x 8 tile
