@@ -3,33 +3,45 @@
  *    L2 norms of q and k, into the work buffer;
  *  - one block per (sequence, head, block of value columns) walks the
  *    sequence's chunks in order, each chunk in shared memory as recur_chunked
- *    (model/cpu_kda.c) does it, step for step and sum for sum (f32, expf as
- *    there):
+ *    (model/cpu_kda.c) does it, step for step (expf as there), the matrix
+ *    products on the tensor cores:
  *      P1  the chunk's q, k (every channel of the head), v (the block's
  *          columns) and the gate's input, copied asynchronously; sigmoid(b)
  *      P2  the log-decays, then G, their cumulative sums (a thread a channel)
  *      P3  A[t][s] = beta_t sum_c k_t k_s e^(G_t - G_s) (s < t), P[t][s] the
  *          same with q_t (s <= t): s in t's sub-chunk of 16 directly (every
- *          sub-chunk in one loop), s before it from per-row factors (k_s
- *          e^(B - G_s), k_t e^(G_t - B), B = G before the sub-chunk: no exp a
- *          pair), a sub-chunk at a time
+ *          sub-chunk in one loop, four lanes a pair, f32 on the SIMT units),
+ *          s before it from per-row factors (k_s e^(B - G_s), k_t e^(G_t - B),
+ *          B = G before the sub-chunk: no exp a pair) as the products Y X^T,
+ *          a sub-chunk at a time
  *      P4  q e^G_t, k e^G_t, k e^(G_L - G_t) in place of q, k, G
- *      P5  u = beta (v - (k e^G)^T S0), then the triangular solve u_t -= A[t][s]
- *          u_s, s in order, a sub-chunk of rows at a time (against the rows
- *          before it in parallel, then inside it a thread a column)
- *      P6  o_t = (q e^G)^T S0 + sum_{s <= t} P[t][s] u_s, into o32
- *      P7  S = e^G_L S0 + sum_t (k_t e^(G_L - G_t)) u_t^T; a snapshot's S here
- *    (P5 to P7: a warp a set of rows, a lane a column (and every 32nd after it), so each row's operand
- *    is one broadcast read); the block's S columns stay in shared memory from
- *    the first chunk to the last;
+ *      P5  u = beta (v - (k e^G)^T S0) (a product), then the triangular solve
+ *          u_t -= A[t][s] u_s, s in order, a sub-chunk of rows at a time
+ *          (against the rows before it a product, then inside it a thread a
+ *          column)
+ *      P6  o_t = (q e^G)^T S0 + sum_{s <= t} P[t][s] u_s, into o32 (products)
+ *      P7  S = e^G_L S0 + sum_t (k_t e^(G_L - G_t)) u_t^T (a product); a
+ *          snapshot's S here
+ *    The products (kc_mma_block): mma.sync m16n8k8 tf32, a warp a 16 x 16
+ *    (P5 to P7) or 16 x 8 (P3, the solve) block of the output, each operand
+ *    split hi + lo in tf32 and hi hi + lo hi + hi lo accumulated in f32
+ *    (3xTF32: ~f32 accuracy, as the state, carried over a long prompt's
+ *    hundreds of chunks, needs; test_kda's long cases), three tensor-core
+ *    products for each f32 one, still far fewer cycles than the f32 FMAs
+ *    were. The block's S columns stay in shared memory from the first chunk
+ *    to the last;
  *  - the gated output norm (parallel over tokens) and the conv tails.
  * Every exponent is <= 0 (a difference of cumulative log-decays later minus
  * earlier, or one of them), so nothing overflows whatever the gate.
  *
- * Shared memory (floats): q, k, G [L][D + 1] (the padding spreads a column
- * over the banks when a warp's threads read different rows), X [L - 16][D + 1],
- * Y [2][16][D + 1], S [D][cols], v / u [L][cols], A and P [L][L + 1], beta
- * [L], G_L and e^G_L [D]: 195 KB at L 64, D 128, cols 32. */
+ * Shared memory (floats; rows padded so that every fragment load is free of
+ * bank conflicts, kc_dp / kc_lp / kc_up): q, k, G [L][D + 4], X [L - 16][D +
+ * 4], Y [2][16][D + 4], S transposed [cols][D + 4], v / u [L][cols + 8], A
+ * and P [L][L + 4], beta [L], G_L and e^G_L [D]: at D 128 and L 64, 202 KB at
+ * 32 columns, 226.5 KB at 64 (an H100's or H200's 227 KB: the mixer's choice
+ * at 64 heads); on sm_89 (99 KB) the longest chunk that fits is 16 at 32
+ * columns, 32 at 16 (cuda_kda_chunk_len: the same kernel, the chunk length
+ * by the device's shared memory). */
 #include <cuda_pipeline.h>
 
 #include "cuda/bf16.cuh"
@@ -163,16 +175,17 @@ static __device__ __forceinline__ void kc_mma(float (&d)[4], const uint32_t (&a)
  * the columns n0 + 8 j ..), on the tensor cores in split precision (3xTF32: hi hi + (lo hi + hi lo), f32
  * accumulation; ~f32 accuracy where one tf32 product would keep 11 bits). The small terms go to their own
  * accumulator, added at the end: more accurate, and the three products of a k step are independent, not one
- * chain of mma latencies. The fragments of mma.m16n8k8 .tf32 (PTX ISA, "Matrix Fragments for mma.m16n8k8"),
- * g = lane / 4, q = lane % 4: A a0 (g, q), a1 (g + 8, q), a2 (g, q + 4), a3 (g + 8, q + 4); B b0 (q, g),
- * b1 (q + 4, g); C c0 (g, 2q), c1 (g, 2q + 1), c2 (g + 8, 2q), c3 (g + 8, 2q + 1) (kc_crow, kc_ccol). tri:
+ * chain of mma latencies. The fragments of mma.m16n8k8 .tf32 (PTX ISA, "Matrix Fragments for mma.m16n8k8";
+ * kda_chunk.h's cuda_kda_frag_*, which test_kda checks on the host), g = lane / 4, q = lane % 4: A a0 (g, q),
+ * a1 (g + 8, q), a2 (g, q + 4), a3 (g + 8, q + 4); B b0 (q, g), b1 (q + 4, g); C c0 (g, 2q), c1 (g, 2q + 1),
+ * c2 (g + 8, 2q), c3 (g + 8, 2q + 1) (kc_crow, kc_ccol). tri:
  * A(m, k) taken as 0 for k > m (P's upper triangle, never written). Every argument warp-uniform (mma.sync
  * wants the whole warp). */
 template <int NT>
 static __device__ __forceinline__ void kc_mma_block(float (&acc)[NT][4], const kc_mat &A, const kc_mat &B, int m0,
                                                     int n0, int K, bool tri)
 {
-    const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    const int lane = threadIdx.x & 31;
     float s1[NT][4], s2[NT][4];
 #pragma unroll
     for (int j = 0; j < NT; j++)
@@ -182,7 +195,7 @@ static __device__ __forceinline__ void kc_mma_block(float (&acc)[NT][4], const k
         uint32_t ah[4], al[4];
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            const int m = m0 + g + (i & 1) * 8, k = k0 + q + (i >> 1) * 4;
+            const int m = m0 + cuda_kda_frag_arow(lane, i), k = k0 + cuda_kda_frag_acol(lane, i);
             kc_split(k < K && !(tri && k > m) ? kc_at(A, m, k) : 0.0f, ah[i], al[i]);
         }
 #pragma unroll
@@ -190,8 +203,8 @@ static __device__ __forceinline__ void kc_mma_block(float (&acc)[NT][4], const k
             uint32_t bh[2], bl[2];
 #pragma unroll
             for (int i = 0; i < 2; i++) {
-                const int k = k0 + q + i * 4;
-                kc_split(k < K ? kc_at(B, k, n0 + 8 * j + g) : 0.0f, bh[i], bl[i]);
+                const int k = k0 + cuda_kda_frag_brow(lane, i);
+                kc_split(k < K ? kc_at(B, k, n0 + 8 * j + cuda_kda_frag_bcol(lane)) : 0.0f, bh[i], bl[i]);
             }
             kc_mma(s1[j], al, bh[0], bh[1]);
             kc_mma(s2[j], ah, bl[0], bl[1]);
@@ -205,10 +218,10 @@ static __device__ __forceinline__ void kc_mma_block(float (&acc)[NT][4], const k
 }
 
 /* The row and the column of acc[j][i] of kc_mma_block's block at (m0, n0) */
-static __device__ __forceinline__ int kc_crow(int m0, int i) { return m0 + ((threadIdx.x & 31) >> 2) + (i >> 1) * 8; }
+static __device__ __forceinline__ int kc_crow(int m0, int i) { return m0 + cuda_kda_frag_crow(threadIdx.x & 31, i); }
 static __device__ __forceinline__ int kc_ccol(int n0, int j, int i)
 {
-    return n0 + 8 * j + 2 * (threadIdx.x & 3) + (i & 1);
+    return n0 + 8 * j + cuda_kda_frag_ccol(threadIdx.x & 31, i);
 }
 
 /* One block per (sequence blockIdx.y, head h and its column block cb:
@@ -260,6 +273,17 @@ static __global__ void __launch_bounds__(KC_THREADS)
         }
         __pipeline_commit();
         for (int t = tid; t < L; t += nt) bs[t] = kc_sigm(a.beta[(r0 + t) * H + h]);
+        /* the next chunk's rows of the head (q, k, v, f: 128-byte lines) into L2 while this one computes, so
+         * that its P1 waits on L2, not on memory (the step's rows of this sequence only) */
+        {
+            const int ne = q.n - e < Lc ? q.n - e : Lc, lines = (D + 31) / 32;
+            for (int i = tid; i < ne * 4 * lines; i += nt) {
+                const int t = i / (4 * lines), part = i / lines % 4, l = i % lines;
+                const size_t row = r0 + L + t, ch = (size_t)h * D + 32 * (size_t)l;
+                const float *p = part < 3 ? work + row * n3 + (size_t)part * C + ch : a.fg + row * C + ch;
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+            }
+        }
         __pipeline_wait_prior(0);
         __syncthreads();
 
