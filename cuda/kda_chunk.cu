@@ -294,9 +294,16 @@ static __global__ void __launch_bounds__(KC_THREADS)
             Gs[o] = a.lower_bound ? a.lb * kc_sigm(Ah * g) : -Ah * (g > 20.0f ? g : log1pf(expf(g)));
         }
         __syncthreads();
-        if (tid < D) {
+        if (tid < D) { /* 8 rows' loads ahead of their adds: the chain is the adds alone */
             float run = 0.0f;
-            for (int t = 0; t < L; t++) Gs[t * DP + tid] = run += Gs[t * DP + tid];
+            for (int t0 = 0; t0 < L; t0 += 8) {
+                float g[8];
+#pragma unroll
+                for (int i = 0; i < 8; i++) g[i] = t0 + i < L ? Gs[(t0 + i) * DP + tid] : 0.0f;
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    if (t0 + i < L) Gs[(t0 + i) * DP + tid] = run += g[i];
+            }
             gl[tid] = run;
             eg[tid] = expf(run);
         }
@@ -421,12 +428,23 @@ static __global__ void __launch_bounds__(KC_THREADS)
                 }
                 __syncthreads();
             }
-            if (tid < nc)
-                for (int t = r + 1; t < re; t++) {
-                    float u = Us[t * UP + tid];
-                    for (int s = r; s < t; s++) u = fmaf(-As[t * LP + s], Us[s * UP + tid], u);
-                    Us[t * UP + tid] = u;
-                }
+            if (tid < nc) { /* the sub-chunk's u of the column in registers: the chain is FMAs alone */
+                float uu[KC_SUB];
+#pragma unroll
+                for (int i = 0; i < KC_SUB; i++) uu[i] = r + i < re ? Us[(r + i) * UP + tid] : 0.0f;
+#pragma unroll
+                for (int i = 1; i < KC_SUB; i++)
+                    if (r + i < re) {
+                        const float *Ar = As + (r + i) * LP + r;
+                        float u = uu[i];
+#pragma unroll
+                        for (int s = 0; s < i; s++) u = fmaf(-Ar[s], uu[s], u);
+                        uu[i] = u;
+                    }
+#pragma unroll
+                for (int i = 1; i < KC_SUB; i++)
+                    if (r + i < re) Us[(r + i) * UP + tid] = uu[i];
+            }
             __syncthreads();
         }
 
