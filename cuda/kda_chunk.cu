@@ -281,7 +281,7 @@ static __global__ void __launch_bounds__(KC_THREADS)
                 const int t = i / (4 * lines), part = i / lines % 4, l = i % lines;
                 const size_t row = r0 + L + t, ch = (size_t)h * D + 32 * (size_t)l;
                 const float *p = part < 3 ? work + row * n3 + (size_t)part * C + ch : a.fg + row * C + ch;
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+                asm volatile("prefetch.L2 [%0];" ::"l"(p)); /* generic address */
             }
         }
         __pipeline_wait_prior(0);
@@ -296,13 +296,13 @@ static __global__ void __launch_bounds__(KC_THREADS)
         __syncthreads();
         if (tid < D) { /* 8 rows' loads ahead of their adds: the chain is the adds alone */
             float run = 0.0f;
-            for (int t0 = 0; t0 < L; t0 += 8) {
+            for (int tb = 0; tb < L; tb += 8) {
                 float g[8];
 #pragma unroll
-                for (int i = 0; i < 8; i++) g[i] = t0 + i < L ? Gs[(t0 + i) * DP + tid] : 0.0f;
+                for (int i = 0; i < 8; i++) g[i] = tb + i < L ? Gs[(tb + i) * DP + tid] : 0.0f;
 #pragma unroll
                 for (int i = 0; i < 8; i++)
-                    if (t0 + i < L) Gs[(t0 + i) * DP + tid] = run += g[i];
+                    if (tb + i < L) Gs[(tb + i) * DP + tid] = run += g[i];
             }
             gl[tid] = run;
             eg[tid] = expf(run);
@@ -435,10 +435,10 @@ static __global__ void __launch_bounds__(KC_THREADS)
 #pragma unroll
                 for (int i = 1; i < KC_SUB; i++)
                     if (r + i < re) {
-                        const float *Ar = As + (r + i) * LP + r;
+                        const float *arow = As + (r + i) * LP + r;
                         float u = uu[i];
 #pragma unroll
-                        for (int s = 0; s < i; s++) u = fmaf(-Ar[s], uu[s], u);
+                        for (int s = 0; s < i; s++) u = fmaf(-arow[s], uu[s], u);
                         uu[i] = u;
                     }
 #pragma unroll
