@@ -7,13 +7,16 @@
  *    products on the tensor cores:
  *      P1  the chunk's q, k (every channel of the head), v (the block's
  *          columns) and the gate's input, copied asynchronously; sigmoid(b)
- *      P2  the log-decays, then G, their cumulative sums (a thread a channel)
+ *      P2  the log-decays and the decays, then G, the log-decays' cumulative
+ *          sums (a thread a channel)
  *      P3  A[t][s] = beta_t sum_c k_t k_s e^(G_t - G_s) (s < t), P[t][s] the
  *          same with q_t (s <= t): s in t's sub-chunk of 16 directly (every
- *          sub-chunk in one loop, four lanes a pair, f32 on the SIMT units),
- *          s before it from per-row factors (k_s e^(B - G_s), k_t e^(G_t - B),
- *          B = G before the sub-chunk: no exp a pair) as the products Y X^T,
- *          a sub-chunk at a time
+ *          sub-chunk at once, f32 on the SIMT units, e^(G_t - G_s) the product
+ *          of the decays of tokens s+1 .. t as the recurrence has it, where
+ *          recur_chunked takes an exp a pair), s before it from per-row
+ *          factors (k_s e^(B - G_s), k_t e^(G_t - B), B = G before the
+ *          sub-chunk: no exp a pair) as the products Y X^T, a sub-chunk at a
+ *          time
  *      P4  q e^G_t, k e^G_t, k e^(G_L - G_t) in place of q, k, G
  *      P5  u = beta (v - (k e^G)^T S0) (a product), then the triangular solve
  *          u_t -= A[t][s] u_s, s in order, a sub-chunk of rows at a time
@@ -36,7 +39,7 @@
  *
  * Shared memory (floats; rows padded so that every fragment load is free of
  * bank conflicts, kc_dp / kc_lp / kc_up): q, k, G [L][D + 4], X [L - 16][D +
- * 4], Y [2][16][D + 4], S transposed [cols][D + 4], v / u [L][cols + 8], A
+ * 4], Y [2][16][D + 4] (before them, the decays [L][D + 4]), S transposed [cols][D + 4], v / u [L][cols + 8], A
  * and P [L][L + 4], beta [L], G_L and e^G_L [D]: at D 128 and L 64, 202 KB at
  * 32 columns, 226.5 KB at 64 (an H100's or H200's 227 KB: the mixer's choice
  * at 64 heads); on sm_89 (99 KB) the longest chunk that fits is 16 at 32
@@ -53,6 +56,9 @@
 #define KC_WARPS (KC_THREADS / 32)
 #define KC_DL ((CUDA_KDA_MAX_D + 31) / 32)                       /* a lane's channels in the prep kernel */
 #define KC_SUB 16  /* the sub-chunks of P3 and P5 (model/cpu_kda.c's KDA_SUB) */
+#define KC_DC ((CUDA_KDA_MAX_D + 7) / 8) /* a lane's channels in P3's diagonal blocks (8 lanes a row s) */
+/* P3's diagonal blocks take a warp per (sub-chunk, 4 rows s): every warp once at the longest chunk */
+static_assert(KC_WARPS == (CUDA_KDA_CHUNK_MAX / KC_SUB) * (KC_SUB / 4), "P3's diagonal: a warp per (sub-chunk, 4 rows)");
 #define KC_TRI (KC_SUB * (KC_SUB + 1) / 2) /* the (t, s <= t) pairs of a sub-chunk */
 /* the prep and output kernels' blocks a (sequence, head), its tokens strided over them: 8 x 16 warps keep a
  * 14.6K-token prompt's heads on every SM, and a prefill step's grid spans max_seqs entries, most of them
@@ -240,6 +246,7 @@ static __global__ void __launch_bounds__(KC_THREADS)
     float *Y0 = Xs + kc_xrows(Lc) * DP, *Y1 = Y0 + kc_yrows(Lc) * DP;
     float *Ss = Y1 + kc_yrows(Lc) * DP, *Us = Ss + cols * DP, *As = Us + Lc * UP;
     float *Ps = As + Lc * LP, *bs = Ps + Lc * LP, *gl = bs + Lc, *eg = gl + D;
+    float *Ds = Xs; /* P2 to P3's diagonal blocks: the decays [L][DP], in X and Y ([>= L][DP] together) */
     float *slot = a.states + (size_t)q.slot * a.slot_floats + a.off;
     float *Sg = slot + (size_t)h * D * D; /* this head's S in the slot, S[k][v] */
     const size_t n3 = 3 * (size_t)C;
@@ -287,11 +294,14 @@ static __global__ void __launch_bounds__(KC_THREADS)
         __pipeline_wait_prior(0);
         __syncthreads();
 
-        /* P2: the log-decays from f (every (t, c) at once), then G, their cumulative sums (a thread a channel) */
+        /* P2: the log-decays g from f (every (t, c) at once) and the decays e^g (into Ds, P3's), then G, their
+         * cumulative sums (a thread a channel) */
         for (int i = tid; i < L * D; i += nt) {
             const int o = i / D * DP + i % D;
             const float g = Gs[o] + a.dt_bias[(size_t)h * D + i % D];
-            Gs[o] = a.lower_bound ? a.lb * kc_sigm(Ah * g) : -Ah * (g > 20.0f ? g : log1pf(expf(g)));
+            const float lg = a.lower_bound ? a.lb * kc_sigm(Ah * g) : -Ah * (g > 20.0f ? g : log1pf(expf(g)));
+            Gs[o] = lg;
+            Ds[o] = expf(lg);
         }
         __syncthreads();
         if (tid < D) { /* 8 rows' loads ahead of their adds: the chain is the adds alone */
@@ -309,44 +319,48 @@ static __global__ void __launch_bounds__(KC_THREADS)
         }
         __syncthreads();
 
-        /* P3: A and P. First the pairs inside each sub-chunk of KC_SUB rows, directly (all sub-chunks in one
-         * loop: p = i KC_TRI + t (t + 1) / 2 + s, t and s local to sub-chunk i), four lanes a pair, each a
-         * quarter of the channels (c = part, part + 4, ..), their sums added by shuffles in a fixed order: 4 x
-         * 544 items over the block's 512 threads at L 64, where a thread a pair left one warp a second round
-         * of every channel. Every thread takes every round (the shuffles want whole warps). */
-        const int nsub = (L + KC_SUB - 1) / KC_SUB, mlast = L - (nsub - 1) * KC_SUB;
-        const int npd = (nsub - 1) * KC_TRI + mlast * (mlast + 1) / 2;
-        for (int base = 0; base < 4 * npd; base += nt) {
-            const int p = (base + tid) >> 2, part = tid & 3;
-            float ac = 0.0f, pc = 0.0f;
-            int t = 0, s = 0;
-            if (p < npd) {
-                const int i = p / KC_TRI, pl = p % KC_TRI;
-                t = (int)((sqrtf(8.0f * (float)pl + 1.0f) - 1.0f) * 0.5f);
-                while (t * (t + 1) / 2 > pl) t--;
-                while ((t + 1) * (t + 2) / 2 <= pl) t++;
-                s = i * KC_SUB + pl - t * (t + 1) / 2;
-                t += i * KC_SUB;
-                const float *kt = Ks + t * DP, *qt = Qs + t * DP, *gt = Gs + t * DP;
-                const float *ks = Ks + s * DP, *gs = Gs + s * DP;
-                for (int c = part; c < D; c += 4) {
-                    const float x = ks[c] * expf(gt[c] - gs[c]);
-                    ac = fmaf(kt[c], x, ac);
-                    pc = fmaf(qt[c], x, pc);
+        /* P3: A and P. First the pairs inside each sub-chunk of KC_SUB rows, their decays e^(G_t - G_s) as
+         * the recurrence has them, the products of the tokens' decays d_u = e^(g_u), s < u <= t (each <= 1: no
+         * overflow; no exp a pair), walked down t for each s: warp w the sub-chunk w % 4 (so that each SM
+         * quarter gets one of each sub-chunk's warps), its rows s 4 (w / 4) .. + 3, 8 lanes a row s, lane j of
+         * them the channels j, j + 8, .., the 8 partial sums added by shuffles in a fixed order */
+        {
+            const int lane = tid & 31, isub = warp % 4, r = isub * KC_SUB, re = L < r + KC_SUB ? L : r + KC_SUB;
+            const int sw = r + warp / 4 * 4, s = sw + (lane >> 3), part = lane & 7;
+            float E[KC_DC], kss[KC_DC];
+#pragma unroll
+            for (int j = 0; j < KC_DC; j++) {
+                const int c = part + 8 * j;
+                E[j] = 1.0f;
+                kss[j] = c < D && s < re ? Ks[s * DP + c] : 0.0f;
+            }
+            for (int t = sw; t < re; t++) { /* warp-uniform: the shuffles want the whole warp */
+                float ac = 0.0f, pc = 0.0f;
+#pragma unroll
+                for (int j = 0; j < KC_DC; j++) {
+                    const int c = part + 8 * j;
+                    if (c < D) {
+                        if (t > s) E[j] *= Ds[t * DP + c];
+                        const float x = kss[j] * E[j];
+                        ac = fmaf(Ks[t * DP + c], x, ac);
+                        pc = fmaf(Qs[t * DP + c], x, pc);
+                    }
+                }
+#pragma unroll
+                for (int o = 1; o < 8; o <<= 1) {
+                    ac += __shfl_xor_sync(0xffffffffu, ac, o);
+                    pc += __shfl_xor_sync(0xffffffffu, pc, o);
+                }
+                if (part == 0 && s < re && t >= s) {
+                    As[t * LP + s] = ac * bs[t];
+                    Ps[t * LP + s] = pc;
                 }
             }
-            ac += __shfl_xor_sync(0xffffffffu, ac, 1);
-            pc += __shfl_xor_sync(0xffffffffu, pc, 1);
-            ac += __shfl_xor_sync(0xffffffffu, ac, 2);
-            pc += __shfl_xor_sync(0xffffffffu, pc, 2);
-            if (p < npd && part == 0) {
-                As[t * LP + s] = ac * bs[t];
-                Ps[t * LP + s] = pc;
-            }
         }
+        __syncthreads(); /* Ds is X's and Y's */
         /* then the rows t of each later sub-chunk against s before it, from the factors X and Y (B = G_{r-1}:
          * every exponent <= 0; no exp a pair): Y0 X^T and Y1 X^T on the tensor cores, a warp a 16 x 8 tile
-         * of A or P. Other entries of A and P than the loop above: no barrier between */
+         * of A or P (other entries than the loop above) */
         for (int r = KC_SUB; r < L; r += KC_SUB) {
             const int m = L - r < KC_SUB ? L - r : KC_SUB;
             const float *B = Gs + (r - 1) * DP;

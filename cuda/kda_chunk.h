@@ -5,8 +5,10 @@
  * that a chunk of tokens is a few matrix products instead of a walk token by
  * token (the reference's chunk_kda). The arithmetic, step by step, is
  * recur_chunked's in model/cpu_kda.c (cpu_kda_set_chunk), the CPU form that
- * tests/test_kda.c checks against the recurrence; the matrix products run on
- * the tensor cores in split-precision tf32 (3xTF32: ~f32 accuracy).
+ * tests/test_kda.c checks against the recurrence, but for the decays between
+ * tokens of one 16-token sub-chunk (products of the tokens' decays, as the
+ * recurrence has them, not an exp a pair); the matrix products run on the
+ * tensor cores in split-precision tf32 (3xTF32: ~f32 accuracy).
  *
  * Chunks lie on the absolute position grid (multiples of the chunk length)
  * and end at the step's snapshots, so a prompt split across steps at grid
