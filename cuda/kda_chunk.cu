@@ -58,7 +58,8 @@
 #define KC_SUB 16  /* the sub-chunks of P3 and P5 (model/cpu_kda.c's KDA_SUB) */
 #define KC_DC ((CUDA_KDA_MAX_D + 7) / 8) /* a lane's channels in P3's diagonal blocks (8 lanes a row s) */
 /* P3's diagonal blocks take a warp per (sub-chunk, 4 rows s): every warp once at the longest chunk */
-static_assert(KC_WARPS == (CUDA_KDA_CHUNK_MAX / KC_SUB) * (KC_SUB / 4), "P3's diagonal: a warp per (sub-chunk, 4 rows)");
+static_assert(KC_WARPS == (CUDA_KDA_CHUNK_MAX / KC_SUB) * (KC_SUB / 4),
+              "P3's diagonal blocks: a warp per (sub-chunk, 4 rows)");
 #define KC_TRI (KC_SUB * (KC_SUB + 1) / 2) /* the (t, s <= t) pairs of a sub-chunk */
 /* the prep and output kernels' blocks a (sequence, head), its tokens strided over them: 8 x 16 warps keep a
  * 14.6K-token prompt's heads on every SM, and a prefill step's grid spans max_seqs entries, most of them
