@@ -66,7 +66,8 @@ struct cuda_tuning {
                            * chunks) instead of token by token (cuda_kda_recur) (64: one chunk); tests set 1
                            * (every non-decode step) or 0 (never) */
     int kda_chunk_len;    /* the chunked KDA's tokens a chunk: 0 by the GPU's shared memory (64 at head_dim
-                           * 128 on an H100, 195 KB a block; 16 on sm_89's 99 KB); tests set others (1 to 64) */
+                           * 128 on an H100, 202 KB a block at 32 columns; 16 on sm_89's 99 KB); tests set
+                           * others (1 to 64) */
     int tp_fault_rank;    /* tensor parallelism: this rank fails its forward number tp_fault_step with an
                            * injected error, to test that the others stop (-1: none) */
     long tp_fault_step;

@@ -433,7 +433,16 @@ static void run_case(int E, int H, int D, bool lb)
  * (within a chunk the decays are exp of differences of cumulative
  * log-gates, not products of per-token factors; the delta rule is a
  * triangular solve): on the CPU the two forms differ by ~1e-6 relative
- * (tests/test_kda.c), and f32 rounding of 64-term sums gives ~1e-6 more. */
+ * (tests/test_kda.c), and f32 rounding of 64- to 128-term sums gives ~1e-6
+ * more. The kernel's products run on the tensor cores in 3xTF32 (each
+ * operand hi + lo in tf32, the lo x lo term dropped: ~2^-22 relative a
+ * product where f32 has 2^-24, f32 accumulation), so a chunk's state
+ * differs from the f32 one by a few 1e-7 of its size, and over a long
+ * prompt those independent roundings add as a random walk through a
+ * contraction (each token's update I - beta k k^T with |k| = 1, beta < 1,
+ * the decays <= 1): ~1e-5 after hundreds of chunks, 1e-4 the bound (the
+ * long cases below check it where a decay near 1 keeps every chunk's
+ * rounding). */
 #define TOL_CHUNK_STATE 1e-4
 
 static float *dev_states(struct lay *L)
@@ -529,6 +538,48 @@ static void run_chunk_case(int E, int H, int D, bool lb, int chunk, int cols)
     lay_close(&L);
 }
 
+/* A long prompt, ntok tokens in steps of LONG_STEP (the slot carries S from
+ * step to step as the chunks do inside one), in chunks of `chunk`: several
+ * hundred chunks at small head dims, where the tensor cores' rounding would
+ * pile up. On the GPU by the chunked kernels (slot 0, with the CPU's
+ * recurrence beside it) and by the recurrence (slot 1): each step's outputs
+ * against the CPU's at TOL_OUT, the final states (S and the conv tail)
+ * against the CPU's and against the GPU recurrence's at TOL_CHUNK_STATE. */
+#define LONG_STEP 128
+static void run_chunk_long(int E, int H, int D, bool lb, int chunk, int ntok)
+{
+    struct lay L;
+    if (!lay_open(&L, E, H, D, lb)) return;
+    float *x = rnd((size_t)ntok * E, 1.0f, 0), *go = malloc((size_t)MAXT * E * 4), *co = malloc((size_t)MAXT * E * 4);
+    float *xs[1] = {x};
+    int Lc = chunk ? chunk : cuda_kda_chunk_len(D, 0);
+    double eo = 0, ero = 0;
+    float *ro = malloc((size_t)MAXT * E * 4);
+    for (int t0 = 0; t0 < ntok; t0 += LONG_STEP) {
+        int n = ntok - t0 < LONG_STEP ? ntok - t0 : LONG_STEP;
+        struct sq c = {.slot = 0, .start = t0, .n = n}, r = {.slot = 1, .start = t0, .n = n};
+        g_chunk = chunk;
+        int T = step(&L, xs, &c, 1, 0, go, co);
+        double e = rel(go, co, (size_t)T * E);
+        if (!(e <= eo)) eo = e; /* NaN too */
+        g_chunk = -1, g_gpu_only = true;
+        step(&L, xs, &r, 1, 0, ro, co);
+        g_gpu_only = false;
+        e = rel(go, ro, (size_t)T * E);
+        if (!(e <= ero)) ero = e;
+    }
+    float *g = dev_states(&L);
+    double es = rel(g, L.cst, L.slot), ers = rel(g, g + L.slot, L.slot);
+    bool ok = eo <= TOL_OUT && es <= TOL_CHUNK_STATE && ero <= TOL_OUT && ers <= TOL_CHUNK_STATE;
+    printf("  %s E %d, %d heads of %d, %s%s: a %d-token prompt in %d chunks of %d: vs CPU output %.3g, state %.3g; "
+           "vs GPU recurrence output %.3g, state %.3g\n",
+           ok ? "ok  " : "FAIL", E, H, D, lb ? "lower bound" : "softplus", g_dshift ? ", decays near 0 and 1" : "",
+           ntok, (ntok + Lc - 1) / Lc, Lc, eo, es, ero, ers);
+    CHECK(ok);
+    free(g), free(x), free(go), free(co), free(ro);
+    lay_close(&L);
+}
+
 static void test_kda_chunk(void)
 {
     CHECK(cuda_kda_prepare() == cudaSuccess && cuda_kda_chunk_prepare() == cudaSuccess);
@@ -549,7 +600,12 @@ static void test_kda_chunk(void)
     run_chunk_case(64, 4, 16, true, 64, 0);
     run_chunk_case(64, 4, 16, false, 64, 0);
     run_chunk_case(256, 2, 128, false, 0, 0);
+    run_chunk_long(64, 4, 16, true, 8, 2048);     /* 256 chunks */
+    run_chunk_long(64, 4, 16, false, 16, 4096);   /* 256 chunks */
+    run_chunk_long(256, 2, 128, false, 0, 2048);  /* the default chunk, 32 of 64 on an H100 */
     g_dshift = 0;
+    run_chunk_long(64, 4, 16, true, 8, 2048);
+    run_chunk_long(256, 2, 128, true, 0, 2048);
     /* a shape it cannot take is refused, not launched */
     struct cuda_kda_args bad = {.n_seqs = 1, .D = 256, .K = 4, .o32 = (float *)16};
     float *w = (float *)16;
@@ -665,9 +721,108 @@ static void test_pack(void)
     CHECK(!cuda_kda_pack(&b, &vs, 13));
 }
 
+/* ---- the tensor-core fragments (kda_chunk.h), on the host ------------------------- */
+
+/* f32 -> tf32 as cvt.rna.tf32.f32: 10 mantissa bits, to nearest, ties away from zero (finite x) */
+static float tf32(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    u = (u + 0x1000u) & ~0x1fffu;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+/* One warp's mma.m16n8k8 .tf32 as the PTX ISA's tables define it (groupID = lane >> 2, threadID_in_group =
+ * lane % 4): A's a0..a3 rows groupID (a0, a2), groupID + 8 (a1, a3), columns threadID_in_group (a0, a1), + 4
+ * (a2, a3); B's b0, b1 rows threadID_in_group, + 4, column groupID; C's c0..c3 rows groupID (c0, c1),
+ * groupID + 8 (c2, c3), columns threadID_in_group * 2 + (i & 1). d += a b, the tf32 products exact. */
+static void ptx_mma(float d[32][4], float a[32][4], float b[32][2])
+{
+    float A[16][8], B[8][8];
+    for (int l = 0; l < 32; l++) {
+        int gid = l >> 2, tig = l % 4;
+        for (int i = 0; i < 4; i++) A[gid + (i == 1 || i == 3 ? 8 : 0)][tig + (i >= 2 ? 4 : 0)] = a[l][i];
+        for (int i = 0; i < 2; i++) B[tig + (i ? 4 : 0)][gid] = b[l][i];
+    }
+    for (int l = 0; l < 32; l++) {
+        int gid = l >> 2, tig = l % 4;
+        for (int i = 0; i < 4; i++) {
+            int r = gid + (i >= 2 ? 8 : 0), c = tig * 2 + (i & 1);
+            double x = d[l][i];
+            for (int k = 0; k < 8; k++) x += (double)A[r][k] * B[k][c];
+            d[l][i] = (float)x;
+        }
+    }
+}
+
+/* C = A B ([M][K] x [K][N], row-major) as kda_chunk.cu's kc_mma_block makes it, a warp a 16 x 8 tile, its
+ * fragments loaded and stored by cuda_kda_frag_*: 3xTF32 (split: lo hi and hi lo in accumulators of their
+ * own, added to hi hi's at the end) or one tf32 product; tri: A(m, k) taken as 0 for k > m */
+static void frag_gemm(const float *A, const float *B, float *C, int M, int N, int K, bool split, bool tri)
+{
+    for (int m0 = 0; m0 < M; m0 += 16)
+        for (int n0 = 0; n0 < N; n0 += 8) {
+            float acc[32][4] = {{0}}, s1[32][4] = {{0}}, s2[32][4] = {{0}};
+            for (int k0 = 0; k0 < K; k0 += 8) {
+                float ah[32][4], al[32][4], bh[32][2], bl[32][2];
+                for (int l = 0; l < 32; l++) {
+                    for (int i = 0; i < 4; i++) {
+                        int m = m0 + cuda_kda_frag_arow(l, i), k = k0 + cuda_kda_frag_acol(l, i);
+                        float x = m < M && k < K && !(tri && k > m) ? A[(size_t)m * K + k] : 0.0f;
+                        ah[l][i] = tf32(x), al[l][i] = tf32(x - ah[l][i]);
+                    }
+                    for (int i = 0; i < 2; i++) {
+                        int k = k0 + cuda_kda_frag_brow(l, i), n = n0 + cuda_kda_frag_bcol(l);
+                        float x = k < K && n < N ? B[(size_t)k * N + n] : 0.0f;
+                        bh[l][i] = tf32(x), bl[l][i] = tf32(x - bh[l][i]);
+                    }
+                }
+                if (split) ptx_mma(s1, al, bh), ptx_mma(s2, ah, bl);
+                ptx_mma(acc, ah, bh);
+            }
+            for (int l = 0; l < 32; l++)
+                for (int i = 0; i < 4; i++) {
+                    int m = m0 + cuda_kda_frag_crow(l, i), n = n0 + cuda_kda_frag_ccol(l, i);
+                    if (m < M && n < N) C[(size_t)m * N + n] = acc[l][i] + (s1[l][i] + s2[l][i]);
+                }
+        }
+}
+
+/* The kernel's fragment map through an emulated warp against double products, at shapes with partial tiles
+ * on every side: 3xTF32 near f32 rounding (~1e-7 of the largest element), one tf32 product ~1e-4 (so the
+ * low parts are used), the lower-triangular form (P u) likewise. A map off the PTX tables is O(1) off. */
+static void test_frag(void)
+{
+    int M = 50, N = 36, K = 100;
+    float *A = rnd((size_t)M * K, 0.2f, 0), *B = rnd((size_t)K * N, 1.0f, 0);
+    for (size_t i = 0; i < (size_t)M * K; i++) A[i] += 1e-3f * frand(); /* beyond tf32: the low parts count */
+    for (size_t i = 0; i < (size_t)K * N; i++) B[i] += 1e-3f * frand();
+    float *C = malloc((size_t)M * N * 4), *R = malloc((size_t)M * N * 4);
+    double e[3];
+    for (int v = 0; v < 3; v++) {
+        bool split = v != 1, tri = v == 2;
+        for (int m = 0; m < M; m++)
+            for (int n = 0; n < N; n++) {
+                double x = 0;
+                for (int k = 0; k < K && !(tri && k > m); k++) x += (double)A[(size_t)m * K + k] * B[(size_t)k * N + n];
+                R[(size_t)m * N + n] = (float)x;
+            }
+        frag_gemm(A, B, C, M, N, K, split, tri);
+        e[v] = rel(C, R, (size_t)M * N);
+    }
+    bool ok = e[0] <= 1e-6 && e[2] <= 1e-6 && e[1] >= 1e-5 && e[1] <= 1e-2;
+    printf("  %s fragments: [%d x %d] x [%d x %d] through the emulated warp vs double: 3xTF32 %.3g, "
+           "lower-triangular %.3g; one tf32 product %.3g\n",
+           ok ? "ok  " : "FAIL", M, K, K, N, e[0], e[2], e[1]);
+    CHECK(ok);
+    free(A), free(B), free(C), free(R);
+}
+
 int main(void)
 {
     RUN(test_pack);
+    RUN(test_frag);
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
         printf("no GPU: the kernels skipped\n");
