@@ -183,10 +183,12 @@ int main(int argc, char **argv)
     for (int l = 0; l < NL; l++) routers[l] = dev(router, (size_t)NE * HID * 2);
     a.router = routers[0];
     a.ex = dex[0];
+    a.streamed = cuda_moe_streamed(hex, NE, HID); /* as the backend sets it: int4 or bf16 throughout */
     a.logits = dev(NULL, (size_t)maxT * (NE + 1) * 4);
     a.idx = dev(NULL, (size_t)maxT * S * 4);
     a.wt = dev(NULL, (size_t)maxT * S * 4);
     a.count = dev(NULL, (NE + 1) * 4);
+    cudaMemset(a.count, 0, (NE + 1) * 4); /* zero between steps (moe.h) */
     a.start = dev(NULL, (NE + 2) * 4);
     a.list = dev(NULL, (size_t)maxT * S * 4);
     a.act = dev(NULL, (NE + 2) * 4);
@@ -208,8 +210,8 @@ int main(int argc, char **argv)
         /* the stages cuda_moe_forward runs for this step: the small-step kernels or the general ones (the
          * experts on the GEMVs, gate|up then down, or on the GEMM) */
         typedef cudaError_t (*stage_fn)(const struct cuda_moe_args *, cudaStream_t);
-        static const stage_fn small_st[] = {cuda_moe_route_group, cuda_moe_gate_up, cuda_moe_down_combine};
-        static const char *const small_nm[] = {"route+group", "gate|up", "down+combine"};
+        static const stage_fn small_st[] = {cuda_moe_route_group, cuda_moe_gate_up_small, cuda_moe_down_combine};
+        static const char *const small_nm[] = {"logits+route+group", "gate|up", "down+combine"};
         static const stage_fn gemv_st[] = {cuda_moe_route, cuda_moe_group, cuda_moe_gate_up, cuda_moe_down,
                                            cuda_moe_combine};
         static const char *const gemv_nm[] = {"route", "group", "gate|up", "down", "combine"};
