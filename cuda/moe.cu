@@ -1,8 +1,9 @@
 /* moe.cu - the MoE FFN's kernels (moe.h): router logits and routing,
  * grouping tokens by expert (a counting sort), the experts' gate|up with
  * SwiGLU and down over each expert's gathered rows, and the weighted sum;
- * for small steps (cuda_moe_small) the routing and the grouping in one
- * block and the down projection fused with the weighted sum.
+ * for small steps (cuda_moe_small) the logits, routing and grouping in one
+ * launch, gate|up cut finer, and the down projection fused with the
+ * weighted sum, chained by programmatic dependent launch.
  *
  * The expert kernels are SIMT and GEMV-shaped (expert_kernel): a warp takes
  * a few weight rows of one active expert and streams them once per pass
@@ -33,6 +34,7 @@
 
 #include "cuda/bf16.cuh"
 #include "cuda/moe.h"
+#include "cuda/pdl.cuh"
 #include "cuda/tuning.h"
 
 #define MOE_THREADS 256
@@ -159,15 +161,16 @@ static __device__ void route_token(const struct cuda_moe_args &a, int t, unsigne
     float *s = (float *)base, *choice = s + NE, *gs = choice + NE;
     int *sel = (int *)(gs + G);
     unsigned char *mask = (unsigned char *)(sel + K), *gtaken = mask + NE;
+    /* read through L2 (__ldcg): in the small path's fused kernel other blocks wrote them */
     const float *lg = a.logits + (size_t)t * (NE + 1);
     const float *v; /* what the experts are chosen by */
     if (!a.sigmoid) {
         float mx = -INFINITY;
-        for (int i = lane; i < NE; i += 32) mx = fmaxf(mx, lg[i]);
+        for (int i = lane; i < NE; i += 32) mx = fmaxf(mx, __ldcg(lg + i));
         mx = warp_max(mx);
         float sum = 0.0f;
         for (int i = lane; i < NE; i += 32) {
-            s[i] = expf(lg[i] - mx);
+            s[i] = expf(__ldcg(lg + i) - mx);
             sum += s[i];
         }
         sum = warp_sum(sum);
@@ -175,7 +178,7 @@ static __device__ void route_token(const struct cuda_moe_args &a, int t, unsigne
         v = s;
     } else {
         for (int i = lane; i < NE; i += 32) {
-            s[i] = 1.0f / (1.0f + expf(-lg[i]));
+            s[i] = 1.0f / (1.0f + expf(-__ldcg(lg + i)));
             choice[i] = s[i] + (a.bias ? a.bias[i] : 0.0f);
             mask[i] = G > 1 ? 0 : 1;
         }
@@ -235,7 +238,7 @@ static __device__ void route_token(const struct cuda_moe_args &a, int t, unsigne
         for (int j = 0; j < K; j++) wt[j] *= a.scale;
     if (a.S > K) {
         idx[K] = NE;
-        wt[K] = a.shared_gated ? 1.0f / (1.0f + expf(-lg[NE])) : 1.0f;
+        wt[K] = a.shared_gated ? 1.0f / (1.0f + expf(-__ldcg(lg + NE))) : 1.0f;
     }
 }
 
@@ -386,10 +389,12 @@ extern "C" cudaError_t cuda_moe_group(const struct cuda_moe_args *a, cudaStream_
     hist_kernel<<<nb, MOE_THREADS, 0, st>>>(a->idx, n, a->count);
     scan_kernel<<<1, MOE_THREADS, 0, st>>>(a->count, a->NE + 1, a->start, a->act);
     scatter_kernel<<<nb, MOE_THREADS, 0, st>>>(a->idx, n, a->start, a->count, a->list);
-    return cudaGetLastError();
+    /* count[] zero again between steps: the small path's routing kernel counts its blocks on count[0] */
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    return cudaMemsetAsync(a->count, 0, (size_t)(a->NE + 1) * sizeof(int32_t), st);
 }
 
-/* ---- small steps: routing and grouping in one block ----------------------------------- */
+/* ---- small steps: logits, routing and grouping in one launch ---------------------------- */
 
 #define RG_WARPS 8 /* warps of the fused routing block: a token each, in turn */
 
@@ -420,22 +425,22 @@ static __device__ int block_exscan(int v, int *sh, int *total)
     return r;
 }
 
-/* Shared bytes of route_group_kernel: RG_WARPS routing scratches, the
+/* Shared bytes of the routing block: RG_WARPS routing scratches, the
  * counts and starts [NE + 1] each, 32 ints of scan scratch. */
 static size_t route_group_smem(const struct cuda_moe_args *a)
 {
     return RG_WARPS * route_smem(a->NE, a->n_group, a->K) + (size_t)(2 * (a->NE + 1) + 32) * 4;
 }
 
-/* One block, RG_WARPS warps: every token routed as route_kernel does (the
+/* One block of RG_WARPS warps: every token routed as route_kernel does (the
  * same route_token), then the grouping as cuda_moe_group does it: counts
  * per expert (shared memory), their exclusive prefix sum (start[], the
  * active experts in act[]) and the scatter into list[]. The scan packs an
  * expert's count (low 16 bits) with whether it has any (high 16): small
- * steps have at most CUDA_MOE_SMALL_SLOTS assignments. */
-static __global__ void __launch_bounds__(RG_WARPS * 32) route_group_kernel(struct cuda_moe_args a, size_t per_warp)
+ * steps have at most CUDA_MOE_SMALL_SLOTS assignments. Every thread of the
+ * block calls it (block-wide barriers). */
+static __device__ void route_group_block(const struct cuda_moe_args &a, unsigned char *smem, size_t per_warp)
 {
-    extern __shared__ __align__(16) unsigned char smem[];
     const int warp = threadIdx.x >> 5, tid = threadIdx.x, NE1 = a.NE + 1, n = a.T * a.S;
     for (int t = warp; t < a.T; t += RG_WARPS) {
         route_token(a, t, smem + (size_t)warp * per_warp);
@@ -469,6 +474,82 @@ static __global__ void __launch_bounds__(RG_WARPS * 32) route_group_kernel(struc
     }
 }
 
+#define RG_U 8 /* router chunks a lane of the fused kernel requests at once (E 2048: its whole share) */
+
+/* Small steps: the router's logits, the routing and the grouping in one
+ * launch. Warp w of block b computes router row e = b RG_WARPS + w for
+ * every token of the step: logits_kernel's sum for each (token, row), bit
+ * for bit (lane l's 8-column chunks l, l + 32, ... in order, then the xor
+ * butterfly; only when the loads are issued differs), its first RG_U
+ * chunks requested before pdl_wait (the router is a weight: nothing before
+ * this kernel writes it), the next tokens' from L1. Then every block
+ * fences its logits and counts itself done on a.count[0] (atomicInc with
+ * the grid's size less one: the counter wraps back to zero as the last
+ * block takes it, so it is zero again for the next launch or graph replay
+ * without a reset of its own); the last block routes and groups the whole
+ * step (route_group_block), reading the other blocks' logits through L2. */
+template <bool F32>
+static __global__ void __launch_bounds__(RG_WARPS * 32) logits_route_kernel(struct cuda_moe_args a, size_t per_warp)
+{
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int R = a.NE + (a.shared_gated ? 1 : 0), e = blockIdx.x * RG_WARPS + warp, E = a.E;
+    const bool vec = (E & 7) == 0;
+    const int nch = (E + 7) / 8;
+    float w[RG_U][8];
+    if (e < R) {
+#pragma unroll
+        for (int u = 0; u < RG_U; u++)
+            if (lane + 32 * u < nch) router8<F32>(a.router, e, E, (lane + 32 * u) * 8, vec, w[u]);
+    }
+    pdl_trigger();
+    pdl_wait(); /* xn, and the scratch the last step's kernels used, from here on */
+    if (e < R)
+        for (int t = 0; t < a.T; t++) {
+            const uint16_t *xr = a.xn + (size_t)t * E;
+            float acc = 0.0f;
+            for (int ch0 = lane; ch0 < nch; ch0 += 32 * RG_U) {
+                if (t > 0 || ch0 != lane) {
+#pragma unroll
+                    for (int u = 0; u < RG_U; u++)
+                        if (ch0 + 32 * u < nch) router8<F32>(a.router, e, E, (ch0 + 32 * u) * 8, vec, w[u]);
+                }
+#pragma unroll
+                for (int u = 0; u < RG_U; u++) {
+                    const int c = (ch0 + 32 * u) * 8;
+                    if (c >= E) break;
+                    float xf[8];
+                    if (vec) {
+                        const uint4 v = *(const uint4 *)(xr + c);
+                        const uint32_t p[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                        for (int j = 0; j < 4; j++)
+                            xf[2 * j] = __uint_as_float(p[j] << 16),
+                                   xf[2 * j + 1] = __uint_as_float(p[j] & 0xffff0000u);
+                    } else {
+#pragma unroll
+                        for (int j = 0; j < 8; j++) xf[j] = c + j < E ? bf2f(xr[c + j]) : 0.0f;
+                    }
+#pragma unroll
+                    for (int j = 0; j < 8; j++) acc = fmaf(w[u][j], xf[j], acc);
+                }
+            }
+            acc = warp_sum(acc);
+            if (lane == 0) a.logits[(size_t)t * (a.NE + 1) + e] = acc;
+        }
+    __threadfence(); /* this block's logits visible device-wide before it counts itself done */
+    __syncthreads();
+    /* the flag in route_group_block's scan scratch (no static shared memory beside the dynamic 48 KB): read
+     * by every thread before that uses it, after barriers */
+    int *flag = (int *)(smem + RG_WARPS * per_warp) + 2 * (a.NE + 1);
+    if (threadIdx.x == 0) *flag = atomicInc((unsigned *)a.count, gridDim.x - 1) == gridDim.x - 1;
+    __syncthreads();
+    const bool last = *flag;
+    if (!last) return; /* the whole block */
+    __threadfence();
+    route_group_block(a, smem, per_warp);
+}
+
 extern "C" int cuda_moe_small(const struct cuda_moe_args *a)
 {
     return a->T >= 1 && a->T * a->S <= CUDA_MOE_SMALL_SLOTS && a->S <= 32 && route_args_ok(a) &&
@@ -479,10 +560,11 @@ extern "C" cudaError_t cuda_moe_route_group(const struct cuda_moe_args *a, cudaS
 {
     if (a->T <= 0) return cudaSuccess;
     if (!cuda_moe_small(a)) return cudaErrorInvalidValue;
-    cudaError_t e = launch_logits(a, st);
-    if (e != cudaSuccess) return e;
-    route_group_kernel<<<1, RG_WARPS * 32, route_group_smem(a), st>>>(*a, route_smem(a->NE, a->n_group, a->K));
-    return cudaGetLastError();
+    const int R = a->NE + (a->shared_gated ? 1 : 0);
+    const dim3 g((unsigned)((R + RG_WARPS - 1) / RG_WARPS));
+    const size_t smem = route_group_smem(a), per = route_smem(a->NE, a->n_group, a->K);
+    if (a->router_f32) return pdl_launch(logits_route_kernel<true>, g, dim3(RG_WARPS * 32), smem, st, *a, per);
+    return pdl_launch(logits_route_kernel<false>, g, dim3(RG_WARPS * 32), smem, st, *a, per);
 }
 
 /* ---- the experts -------------------------------------------------------------------- */
@@ -544,6 +626,29 @@ static __device__ __forceinline__ int mat_kind(const cuda_moe_mat &m, int cols)
     if (m.w) return (cols & 7) == 0 ? MK_BF16 : MK_SLOW;
     if (m.iperm || (m.row_bytes & 15) || (m.n_groups > 1 && (m.group & 7))) return MK_SLOW;
     return m.bits == 4 ? MK_Q4 : m.bits == 8 ? MK_Q8 : MK_SLOW;
+}
+
+/* mat_kind on the host, for cuda_moe_streamed */
+static int mat_kind_host(const cuda_moe_mat &m, int cols)
+{
+    if (m.w) return (cols & 7) == 0 ? MK_BF16 : MK_SLOW;
+    if (m.iperm || (m.row_bytes & 15) || (m.n_groups > 1 && (m.group & 7))) return MK_SLOW;
+    return m.bits == 4 ? MK_Q4 : m.bits == 8 ? MK_Q8 : MK_SLOW;
+}
+
+extern "C" int cuda_moe_streamed(const struct cuda_moe_expert *hex, int NE, int E)
+{
+    int kind = -1;
+    for (int e = 0; e <= NE; e++) {
+        const struct cuda_moe_expert &x = hex[e];
+        if (x.F <= 0) continue; /* no shared experts */
+        const int k[3] = {mat_kind_host(x.gate, E), mat_kind_host(x.up, E), mat_kind_host(x.down, x.F)};
+        for (int i = 0; i < 3; i++) {
+            if (kind < 0) kind = k[i];
+            if (k[i] != kind) return 0;
+        }
+    }
+    return kind == MK_Q4 ? CUDA_MOE_STREAM_INT4 : kind == MK_BF16 ? CUDA_MOE_STREAM_BF16 : 0;
 }
 
 /* weights: read once, never again in this kernel: kept out of L1 */
@@ -699,9 +804,13 @@ static __device__ __noinline__ void dot_slow(const cuda_moe_mat *pA, const cuda_
  * takes the 16-byte chunks l, l + 32, ... (CPC columns each) in order, an
  * 8-column piece at a time, columns in order: the same f32 sequence for a
  * (row, x row) whatever NM, R, TT or U. The U chunks of all NM x R rows are
- * requested before any is used (the act-order and odd-width matrices of
- * MK_SLOW: element by element, as weight() reads them). */
-template <int KIND, int NM, int R, int TT, int U>
+ * requested before any is used, then the group parameters of all of them
+ * (where a chunk lies in one group), then the x pieces as they are used
+ * (the act-order and odd-width matrices of MK_SLOW: element by element, as
+ * weight() reads them). WAIT: pdl_wait() once the first chunks are
+ * requested (x is the predecessor kernel's output; the weights are not),
+ * and by every lane before it returns. */
+template <int KIND, int NM, int R, int TT, int U, bool WAIT = false>
 static __device__ __forceinline__ void dot_pass(const cuda_moe_mat &A, const cuda_moe_mat &B, int r0, int rows,
                                                 int cols, const uint16_t *const (&xr)[TT], bool xvec,
                                                 float (&acc)[NM][R][TT])
@@ -715,6 +824,7 @@ static __device__ __forceinline__ void dot_pass(const cuda_moe_mat &A, const cud
             for (int m = 0; m < TT; m++) acc[n][r][m] = 0.0f;
     if (KIND == MK_SLOW) {
         /* out of line, so its calls do not cost the streamed kinds registers */
+        if (WAIT) pdl_wait();
         float o[NM * R * TT];
         dot_slow<NM, R, TT>(&A, &B, r0, rows, cols, xr, xvec, o);
 #pragma unroll
@@ -728,6 +838,15 @@ static __device__ __forceinline__ void dot_pass(const cuda_moe_mat &A, const cud
     constexpr int CPC = KIND == MK_BF16 ? 8 : KIND == MK_Q4 ? 32 : 16; /* columns a chunk */
     constexpr int SUB = CPC / 8;
     const int nch = (cols + CPC - 1) / CPC;
+    /* whether a chunk lies in one group of matrix n (its parameters read once a chunk) */
+    bool one[NM];
+#pragma unroll
+    for (int n = 0; n < NM; n++) {
+        const cuda_moe_mat &M = n ? B : A;
+        one[n] = KIND == MK_BF16 || M.n_groups == 1 || M.group % CPC == 0;
+    }
+    /* not unrolled: the compiler would keep two rounds' loads live (twice the registers, half the warps) */
+#pragma unroll 1
     for (int ch0 = lane; ch0 < nch; ch0 += 32 * U) {
         uint4 wv[NM][R][U];
 #pragma unroll
@@ -745,23 +864,29 @@ static __device__ __forceinline__ void dot_pass(const cuda_moe_mat &A, const cud
                 }
             }
         }
+        /* the group parameters of the chunks' rows (the first piece's, for a chunk across groups) */
+        uint2 q[NM][R][U];
+        if (KIND != MK_BF16) {
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int ch = ch0 + 32 * u;
+#pragma unroll
+                for (int n = 0; n < NM; n++) {
+                    const cuda_moe_mat &M = n ? B : A;
+                    const int g = M.n_groups > 1 ? ch * CPC / M.group : 0;
+#pragma unroll
+                    for (int r = 0; r < R; r++)
+                        q[n][r][u] = ch < nch && r0 + r < rows
+                                         ? group_params<KIND>(M, (size_t)(r0 + r) * M.n_groups + g)
+                                         : make_uint2(0, 0);
+                }
+            }
+        }
+        if (WAIT && ch0 == lane) pdl_wait();
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int ch = ch0 + 32 * u;
             if (ch >= nch) break;
-            /* the group parameters of the chunk's rows: once a chunk where a chunk lies in one group */
-            uint2 q[NM][R];
-            bool one[NM];
-#pragma unroll
-            for (int n = 0; n < NM; n++) {
-                const cuda_moe_mat &M = n ? B : A;
-                one[n] = KIND == MK_BF16 || M.n_groups == 1 || M.group % CPC == 0;
-                const int g = KIND != MK_BF16 && M.n_groups > 1 ? ch * CPC / M.group : 0;
-#pragma unroll
-                for (int r = 0; r < R; r++)
-                    if (KIND != MK_BF16 && r0 + r < rows)
-                        q[n][r] = group_params<KIND>(M, (size_t)(r0 + r) * M.n_groups + g);
-            }
 #pragma unroll
             for (int sub = 0; sub < SUB; sub++) {
                 const int c = ch * CPC + sub * 8;
@@ -786,9 +911,9 @@ static __device__ __forceinline__ void dot_pass(const cuda_moe_mat &A, const cud
                         } else {
                             /* a chunk across groups (groups of 8 or 16 columns, or 48, ...): this piece's */
                             if (sub > 0 && !one[n])
-                                q[n][r] = group_params<KIND>(M, (size_t)(r0 + r) * M.n_groups + c / M.group);
-                            if (KIND == MK_Q4) deq_piece<MK_Q4>(word_of(v, sub), 0u, q[n][r], M.f16, w);
-                            else deq_piece<MK_Q8>(word_of(v, 2 * sub), word_of(v, 2 * sub + 1), q[n][r], M.f16, w);
+                                q[n][r][u] = group_params<KIND>(M, (size_t)(r0 + r) * M.n_groups + c / M.group);
+                            if (KIND == MK_Q4) deq_piece<MK_Q4>(word_of(v, sub), 0u, q[n][r][u], M.f16, w);
+                            else deq_piece<MK_Q8>(word_of(v, 2 * sub), word_of(v, 2 * sub + 1), q[n][r][u], M.f16, w);
                         }
 #pragma unroll
                         for (int m = 0; m < TT; m++)
@@ -799,6 +924,7 @@ static __device__ __forceinline__ void dot_pass(const cuda_moe_mat &A, const cud
             }
         }
     }
+    if (WAIT) pdl_wait(); /* lanes without a chunk (idempotent for the others) */
 }
 
 /* dot_pass for a kind known at run time (uniform across the warp) */
@@ -942,42 +1068,217 @@ extern "C" cudaError_t cuda_moe_experts(const struct cuda_moe_args *a, cudaStrea
     return e != cudaSuccess ? e : cuda_moe_down(a, st);
 }
 
-#define DC_ROWS 16 /* output rows a block of the fused down + combine kernel */
-#define DC_R 4     /* rows a warp of it takes in one pass (128 registers a thread: no spills) */
+/* ---- small steps: gate|up and down + combine ------------------------------------------ */
+
+/* The small path's expert kernels give each (row, token) output the bits
+ * expert_kernel gives it (dot_pass's one sequence, then the butterfly);
+ * what differs is how the work is cut: a warp takes few rows and, per
+ * pass, as many rows R and chunks a lane U (small_shape) as make 8
+ * 16-byte loads a lane in flight at once (at the Qwen3-30B-A3B shape one
+ * pass covers a warp's rows: int4 gate|up 2 rows x 2 chunks x gate and
+ * up, int4 down 8 rows x 1 chunk), so a one-token step has thousands of
+ * warps with all their weights requested up front, where expert_kernel's
+ * 4-row, 1-chunk passes took 246 registers (two blocks an SM) and a
+ * dependent round trip per chunk. Both take part in programmatic dependent
+ * launch (pdl.cuh): gate|up waits for the routing before it reads
+ * anything, then lets down + combine start; that one requests its first
+ * down weights (its slots' experts from idx: the routing is done once
+ * gate|up has waited) before it waits for h. */
+template <int KIND, int NM> struct small_shape {
+    /* NM 2 (gate|up: GS_RW rows a warp): int4 2 rows x 2 chunks, int8 and bf16 1 x 4; NM 1 (down: DC_ROWS
+     * rows a warp): int4 8 x 1, int8 4 x 2, bf16 2 x 4; element by element 1 x 1 */
+    static constexpr int R = KIND == MK_SLOW  ? 1
+                             : KIND == MK_Q4  ? (NM == 2 ? 2 : 8)
+                             : KIND == MK_Q8  ? (NM == 2 ? 1 : 4)
+                                              : (NM == 2 ? 1 : 2);
+    static constexpr int U = KIND == MK_SLOW  ? 1
+                             : KIND == MK_Q4  ? (NM == 2 ? 2 : 1)
+                             : KIND == MK_Q8  ? (NM == 2 ? 4 : 2)
+                                              : 4;
+};
+
+#define GS_WARPS 4 /* warps a block of the small gate|up kernel */
+#define GS_RW 2    /* rows a warp of it */
+
+/* The warp's GS_RW rows from r0 (R at a time) of gate and up against
+ * ntok <= TT of the expert's assignments lp[0 .. ntok): h = SwiGLU(gate x,
+ * up x), as expert_pass stores it (the extra lanes of a pass take the
+ * first assignment again and store nothing). */
+template <int KIND, int TT>
+static __device__ __forceinline__ void gu_small_rows(const struct cuda_moe_args &a, const cuda_moe_mat &W,
+                                                     const cuda_moe_mat &U, int F, int r0, const int32_t *lp, int ntok)
+{
+    constexpr int R = small_shape<KIND, 2>::R, UU = small_shape<KIND, 2>::U;
+    static_assert(GS_RW % R == 0, "a warp's rows in whole passes");
+    const int lane = threadIdx.x & 31;
+    int as[TT];
+    const uint16_t *xr[TT];
+#pragma unroll
+    for (int m = 0; m < TT; m++) {
+        as[m] = lp[m < ntok ? m : 0];
+        xr[m] = a.xn + (size_t)(as[m] / a.S) * a.E;
+    }
+    const bool xvec = (a.E & 7) == 0;
+#pragma unroll
+    for (int rr = 0; rr < GS_RW; rr += R) {
+        const int rp = r0 + rr;
+        if (rp >= F) break;
+        float acc[2][R][TT];
+        dot_pass<KIND, 2, R, TT, UU>(W, U, rp, F, a.E, xr, xvec, acc);
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int m = 0; m < TT; m++) {
+                const float g = warp_sum(acc[0][r][m]), u = warp_sum(acc[1][r][m]);
+                if (lane != (r * TT + m) % 32 || rp + r >= F || m >= ntok) continue;
+                a.h[(size_t)as[m] * a.Fmax + rp + r] = f2bf(swiglu_f(g, u, a.swiglu_limit));
+            }
+    }
+}
+
+/* gu_small_rows for KIND (>= 0: every expert's, cuda_moe_args.streamed), or
+ * (-1) the kind found at run time, uniform across the warp */
+template <int TT, int KIND>
+static __device__ __forceinline__ void gu_small_any(int kind, const struct cuda_moe_args &a, const cuda_moe_mat &W,
+                                                    const cuda_moe_mat &U, int F, int r0, const int32_t *lp, int ntok)
+{
+    if constexpr (KIND >= 0) {
+        (void)kind;
+        gu_small_rows<KIND, TT>(a, W, U, F, r0, lp, ntok);
+    } else {
+        switch (kind) {
+        case MK_Q4: gu_small_rows<MK_Q4, TT>(a, W, U, F, r0, lp, ntok); break;
+        case MK_Q8: gu_small_rows<MK_Q8, TT>(a, W, U, F, r0, lp, ntok); break;
+        case MK_BF16: gu_small_rows<MK_BF16, TT>(a, W, U, F, r0, lp, ntok); break;
+        default: gu_small_rows<MK_SLOW, TT>(a, W, U, F, r0, lp, ntok); break;
+        }
+    }
+}
+
+/* Small steps' gate|up: grid (active expert slot, row block of GS_WARPS x
+ * GS_RW rows); a warp takes GS_RW rows of its expert against the expert's
+ * assignments in passes of up to TTMAX (4 or 1) tokens. KIND: the one kind
+ * of every expert matrix (cuda_moe_args.streamed), or -1: each expert's
+ * found at run time (a kernel that can decode every kind holds the
+ * registers of the widest: 240 against int4's 96). */
+template <int TTMAX, int KIND>
+static __global__ void __launch_bounds__(GS_WARPS * 32) gate_up_small_kernel(struct cuda_moe_args a)
+{
+    pdl_wait();    /* act, start, list: the routing's */
+    pdl_trigger(); /* after the wait: down + combine, started early, may read idx */
+    const int n_act = a.act[a.NE + 1];
+    if ((int)blockIdx.x >= n_act) return;
+    const int e = a.act[blockIdx.x];
+    const int F = a.ex[e].F;
+    const int r0 = (blockIdx.y * GS_WARPS + (threadIdx.x >> 5)) * GS_RW;
+    if (r0 >= F || a.E <= 0) return; /* the whole warp; no block-wide barrier below */
+    const int base = a.start[e], cnt = a.start[e + 1] - base;
+    const cuda_moe_mat W = a.ex[e].gate, U = a.ex[e].up;
+    int kind = KIND;
+    if (KIND < 0) {
+        /* gate and up of two kinds (a checkpoint quantizing one of them): both element by element */
+        const int kw = mat_kind(W, a.E), ku = mat_kind(U, a.E);
+        kind = kw == ku ? kw : MK_SLOW;
+    }
+    for (int d = 0; d < cnt;) {
+        const int rem = cnt - d;
+        const int32_t *lp = a.list + base + d;
+        if constexpr (TTMAX >= 4) {
+            if (rem >= 3) {
+                gu_small_any<4, KIND>(kind, a, W, U, F, r0, lp, rem < 4 ? rem : 4);
+                d += 4;
+                continue;
+            }
+            if (rem == 2) {
+                gu_small_any<2, KIND>(kind, a, W, U, F, r0, lp, 2);
+                d += 2;
+                continue;
+            }
+        }
+        gu_small_any<1, KIND>(kind, a, W, U, F, r0, lp, 1);
+        d += 1;
+    }
+}
+
+extern "C" cudaError_t cuda_moe_gate_up_small(const struct cuda_moe_args *a, cudaStream_t st)
+{
+    if (a->T <= 0) return cudaSuccess;
+    if (!cuda_moe_small(a)) return cudaErrorInvalidValue;
+    /* an expert holds at most T assignments (a token picks it once) */
+    int slots = a->T * a->K < a->NE ? a->T * a->K : a->NE;
+    slots += a->S > a->K;
+    const dim3 g((unsigned)slots, (unsigned)((a->Fmax + GS_WARPS * GS_RW - 1) / (GS_WARPS * GS_RW)));
+    void (*k)(struct cuda_moe_args);
+    if (a->streamed == CUDA_MOE_STREAM_INT4)
+        k = a->T == 1 ? gate_up_small_kernel<1, MK_Q4> : gate_up_small_kernel<4, MK_Q4>;
+    else if (a->streamed == CUDA_MOE_STREAM_BF16)
+        k = a->T == 1 ? gate_up_small_kernel<1, MK_BF16> : gate_up_small_kernel<4, MK_BF16>;
+    else k = a->T == 1 ? gate_up_small_kernel<1, -1> : gate_up_small_kernel<4, -1>;
+    return pdl_launch(k, g, dim3(GS_WARPS * 32), 0, st, *a);
+}
+
+#define DC_ROWS 8   /* output rows a block of the fused down + combine kernel */
 #define DC_WARPS 16 /* its most warps: a slot each (more slots: in turn) */
+
+/* Down rows [row0, row0 + DC_ROWS) of W (E x F) against one h row, R at a
+ * time (small_shape), each sum into ys[row - row0] (the bits
+ * expert_kernel<false> stores in y); the first pass's weights requested
+ * before pdl_wait. */
+template <int KIND, bool LEAN>
+static __device__ __forceinline__ void dc_rows(const cuda_moe_mat &W, int E, int F, int row0, const uint16_t *h,
+                                               bool xvec, float *ys)
+{
+    /* LEAN (the kernel that decodes every kind): half the rows a pass, or its 128 registers spill */
+    constexpr int R0 = small_shape<KIND, 1>::R, R = LEAN && R0 > 1 ? R0 / 2 : R0, UU = small_shape<KIND, 1>::U;
+    static_assert(DC_ROWS % R == 0, "a tile in whole passes");
+    const int lane = threadIdx.x & 31;
+    const uint16_t *const xr[1] = {h};
+#pragma unroll
+    for (int rr = 0; rr < DC_ROWS; rr += R) {
+        const int r0 = row0 + rr;
+        if (r0 >= E) break;
+        float acc[1][R][1];
+        dot_pass<KIND, 1, R, 1, UU, true>(W, W, r0, E, F, xr, xvec, acc);
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const float v = warp_sum(acc[0][r][0]);
+            if (lane == r) ys[rr + r] = v;
+        }
+    }
+}
 
 /* Small steps: down and the weighted sum in one kernel. Block (t, row
  * tile): warp j takes token t's slot j (and j + DC_WARPS, ...), its
- * expert's down rows of the tile against the slot's h (dot_pass at one
- * token: the bits expert_kernel<false> stores in y); the products meet in
- * shared memory and thread i sums row i's over the slots in order as
- * combine_kernel does. Tokens are the grid's
- * fast dimension, so an expert two tokens share is read from L2 the second
- * time. */
+ * expert's down rows of the tile against the slot's h (dc_rows); the
+ * products meet in shared memory and thread i sums row i's over the slots
+ * in order as combine_kernel does. Tokens are the grid's fast dimension,
+ * so an expert two tokens share is read from L2 the second time. KIND as
+ * gate_up_small_kernel's. */
+template <int KIND>
 static __global__ void __launch_bounds__(DC_WARPS * 32) down_combine_kernel(struct cuda_moe_args a)
 {
     __shared__ float ys[32][DC_ROWS];
-    const int t = blockIdx.x, row0 = blockIdx.y * DC_ROWS, lane = threadIdx.x & 31;
+    const int t = blockIdx.x, row0 = blockIdx.y * DC_ROWS;
+    const bool xvec = (a.Fmax & 7) == 0;
     for (int j = threadIdx.x >> 5; j < a.S; j += blockDim.x >> 5) {
-        const int as = t * a.S + j, e = a.idx[as];
+        /* the routing's idx and the expert table are read before the wait (gate|up let this kernel start
+         * only once the routing was done); through L2, as this SM's L1 may have seen none of it */
+        const int as = t * a.S + j, e = __ldcg(a.idx + as);
         const int F = a.ex[e].F;
         const cuda_moe_mat W = a.ex[e].down;
-        const int kw = mat_kind(W, F);
-        const uint16_t *const xr[1] = {a.h + (size_t)as * a.Fmax};
-        const bool xvec = (a.Fmax & 7) == 0;
-#pragma unroll
-        for (int rr = 0; rr < DC_ROWS; rr += DC_R) {
-            const int r0 = row0 + rr;
-            if (r0 >= a.E) break;
-            float acc[1][DC_R][1];
-            dot_any<1, DC_R, 1, 1>(kw, W, W, r0, a.E, F, xr, xvec, acc);
-#pragma unroll
-            for (int r = 0; r < DC_R; r++) {
-                const float v = warp_sum(acc[0][r][0]);
-                if (lane == r) ys[j][rr + r] = v;
+        const uint16_t *h = a.h + (size_t)as * a.Fmax;
+        if constexpr (KIND >= 0) {
+            dc_rows<KIND, false>(W, a.E, F, row0, h, xvec, ys[j]);
+        } else {
+            switch (mat_kind(W, F)) {
+            case MK_Q4: dc_rows<MK_Q4, true>(W, a.E, F, row0, h, xvec, ys[j]); break;
+            case MK_Q8: dc_rows<MK_Q8, true>(W, a.E, F, row0, h, xvec, ys[j]); break;
+            case MK_BF16: dc_rows<MK_BF16, true>(W, a.E, F, row0, h, xvec, ys[j]); break;
+            default: dc_rows<MK_SLOW, true>(W, a.E, F, row0, h, xvec, ys[j]); break;
             }
         }
     }
+    pdl_wait(); /* every thread, whatever it took above */
     __syncthreads();
     const int i = threadIdx.x;
     if (i >= DC_ROWS || row0 + i >= a.E) return;
@@ -993,9 +1294,11 @@ extern "C" cudaError_t cuda_moe_down_combine(const struct cuda_moe_args *a, cuda
 {
     if (a->T <= 0) return cudaSuccess;
     if (!cuda_moe_small(a)) return cudaErrorInvalidValue;
-    dim3 g((unsigned)a->T, (unsigned)((a->E + DC_ROWS - 1) / DC_ROWS));
-    down_combine_kernel<<<g, 32 * (a->S < DC_WARPS ? a->S : DC_WARPS), 0, st>>>(*a);
-    return cudaGetLastError();
+    const dim3 g((unsigned)a->T, (unsigned)((a->E + DC_ROWS - 1) / DC_ROWS));
+    const dim3 b(32 * (a->S < DC_WARPS ? a->S : DC_WARPS));
+    if (a->streamed == CUDA_MOE_STREAM_INT4) return pdl_launch(down_combine_kernel<MK_Q4>, g, b, 0, st, *a);
+    if (a->streamed == CUDA_MOE_STREAM_BF16) return pdl_launch(down_combine_kernel<MK_BF16>, g, b, 0, st, *a);
+    return pdl_launch(down_combine_kernel<-1>, g, b, 0, st, *a);
 }
 
 /* out[t] = sum over t's slots in order of wt y (the CPU's order and
@@ -1023,7 +1326,7 @@ extern "C" cudaError_t cuda_moe_forward(const struct cuda_moe_args *a, cudaStrea
 {
     cudaError_t e;
     if (cuda_moe_small(a)) {
-        if ((e = cuda_moe_route_group(a, st)) != cudaSuccess || (e = cuda_moe_gate_up(a, st)) != cudaSuccess)
+        if ((e = cuda_moe_route_group(a, st)) != cudaSuccess || (e = cuda_moe_gate_up_small(a, st)) != cudaSuccess)
             return e;
         return cuda_moe_down_combine(a, st);
     }

@@ -27,10 +27,15 @@
  *  4. combine: each token's expert outputs weighed and summed in ascending
  *     expert order, then the shared experts, as the CPU does.
  * Small steps (decode: cuda_moe_small, T S <= CUDA_MOE_SMALL_SLOTS) take
- * four launches instead of six: the logits (many blocks), routing and
- * grouping in one block (cuda_moe_route_group), gate|up, and down fused
- * with the combine (cuda_moe_down_combine: a token's output rows sum its
- * slots' down products in the same order, no atomics). Every stage computes
+ * three launches instead of six: the logits, routing and grouping in one
+ * (cuda_moe_route_group: many blocks compute the logits, the last block to
+ * finish, found with a counter, routes and groups), gate|up
+ * (cuda_moe_gate_up_small: a few rows a warp, all of a pass's weights
+ * requested at once), and down fused with the combine
+ * (cuda_moe_down_combine: a token's output rows sum its slots' down
+ * products in the same order, no atomics), chained by programmatic
+ * dependent launch where it is on (pdl.cuh: each requests the weights it
+ * already knows before it waits for its predecessor). Every stage computes
  * each value with the general path's sequence of operations, so the two
  * paths give the same bits (small steps never take the tensor cores).
  * Tensor parallel (N ranks): every rank routes alike (the same input, the
@@ -91,6 +96,9 @@ struct cuda_moe_args {
     int router_f32;
     const float *bias;        /* [NE] e_score_correction_bias, or NULL */
     const struct cuda_moe_expert *ex; /* [NE + 1]: routed experts, then the shared experts (F 0: none) */
+    int streamed;             /* every expert matrix is of one kind the small path has kernels of its own for
+                               * (cuda_moe_streamed: CUDA_MOE_STREAM_INT4 or _BF16; 0: any, found expert by
+                               * expert, in kernels that hold the registers of every kind's decoding) */
     int packed;               /* any expert is packed: the GEMM threshold for packed experts applies, and
                                * the GEMM keeps shared memory for streaming codes (without it a packed expert
                                * loads element by element) */
@@ -98,7 +106,8 @@ struct cuda_moe_args {
     float *logits;            /* [T][NE + 1] */
     int32_t *idx;             /* [T][S] expert of each slot (ascending, then NE) */
     float *wt;                /* [T][S] its weight */
-    int32_t *count;           /* [NE + 1] assignments per expert */
+    int32_t *count;           /* [NE + 1] assignments per expert (the general grouping's); zero between steps
+                               * (allocate it zeroed): the small path's routing counts its blocks on count[0] */
     int32_t *start;           /* [NE + 2] their offsets in list */
     int32_t *list;            /* [T S] assignments (t S + slot) grouped by expert */
     int32_t *act;             /* [NE + 2]: the experts with assignments, ascending; their number at act[NE + 1] */
@@ -112,9 +121,10 @@ struct cuda_moe_args {
  * launch's error. cuda_moe_experts is the grouped GEMM where
  * cuda_moe_gemm_takes, else the GEMVs cuda_moe_gate_up then cuda_moe_down
  * (into y). cuda_moe_forward runs them all, or for a small step
- * cuda_moe_route_group, cuda_moe_gate_up and cuda_moe_down_combine (which
- * refuse a step that is not small). Graph-capture safe: grids depend on T
- * and the shapes only. */
+ * cuda_moe_route_group, cuda_moe_gate_up_small and cuda_moe_down_combine
+ * (which refuse a step that is not small; cuda_moe_gate_up_small reads the
+ * grouping cuda_moe_group leaves too). Graph-capture safe: grids depend on
+ * T and the shapes only. */
 cudaError_t cuda_moe_route(const struct cuda_moe_args *a, cudaStream_t st);
 cudaError_t cuda_moe_group(const struct cuda_moe_args *a, cudaStream_t st);
 cudaError_t cuda_moe_experts(const struct cuda_moe_args *a, cudaStream_t st);
@@ -122,8 +132,19 @@ cudaError_t cuda_moe_gate_up(const struct cuda_moe_args *a, cudaStream_t st);
 cudaError_t cuda_moe_down(const struct cuda_moe_args *a, cudaStream_t st);
 cudaError_t cuda_moe_combine(const struct cuda_moe_args *a, cudaStream_t st);
 cudaError_t cuda_moe_route_group(const struct cuda_moe_args *a, cudaStream_t st);
+cudaError_t cuda_moe_gate_up_small(const struct cuda_moe_args *a, cudaStream_t st);
 cudaError_t cuda_moe_down_combine(const struct cuda_moe_args *a, cudaStream_t st);
 cudaError_t cuda_moe_forward(const struct cuda_moe_args *a, cudaStream_t st);
+
+/* What cuda_moe_args.streamed should be for these experts (hex: the host
+ * copy of the [NE + 1] descriptors, shared experts last, F 0: none; E the
+ * hidden size): CUDA_MOE_STREAM_INT4 where every gate, up and down matrix
+ * is int4 in natural column order with groups of a multiple of 8 columns
+ * and 16-byte rows, CUDA_MOE_STREAM_BF16 where every one is bf16 of a
+ * multiple of 8 columns, else 0. */
+#define CUDA_MOE_STREAM_INT4 1
+#define CUDA_MOE_STREAM_BF16 2
+int cuda_moe_streamed(const struct cuda_moe_expert *hex, int NE, int E);
 
 /* Whether a's step is small (nonzero: cuda_moe_forward takes the fused
  * kernels): at most CUDA_MOE_SMALL_SLOTS assignments (T S), at most 32
@@ -178,6 +199,7 @@ struct cuda_moe_layer {
     bool router_f32;
     float *bias;                   /* [NE] or NULL */
     bool packed;                   /* any expert packed (cuda_moe_args.packed) */
+    int streamed;                  /* cuda_moe_args.streamed */
 };
 
 /* The per-rank step scratch every MoE layer shares (rank.moex), sized for

@@ -14,7 +14,10 @@
  * (cuda_moe_router_gemm, "rgemm": compare with route, the logits plus the
  * routing kernel, whose logits are rgemm's from
  * cuda_tuning.moe_router_gemm_min_t tokens, the SIMT kernel's below); then a line each for the stages cuda_moe_forward
- * runs (eager). Eager times include each launch's host latency. The
+ * runs: eager (under "layer us") and, for steps of up to 256 tokens, the stage alone captured NL x GREP times
+ * in a graph of its own (under "graph us": where the layer's graph time goes, without launch latency). Eager
+ * times include each launch's host latency. Every layer in a graph has its own router and experts (copies), so
+ * none is in L2 from the layer before. The
  * experts' FLOPs: 2 T S 3 F E (each of the T S token-expert assignments
  * does gate and up, F x E each, and down, E x F, at 2 FLOPs a multiply-add;
  * S = top-k here, no shared expert). Random router and inputs; every
@@ -36,6 +39,7 @@
 #define REP 20
 #define NL 4   /* layers of experts (their own weights each) the graph timing cycles through */
 #define GREP 2 /* times it goes through them in one graph */
+#define GRAPH_STAGE_T 256 /* the stages timed one by one in graphs up to this many tokens a step */
 enum { NE = 128, TOPK = 8, HID = 2048, FF = 768 }; /* the shape */
 #define GROUP 128
 
@@ -73,6 +77,46 @@ static float time_stage(cudaError_t (*f)(const struct cuda_moe_args *, cudaStrea
     }
     qsort(t, REP, sizeof *t, cmpf);
     return t[REP / 2] * 1000;
+}
+
+/* One stage's time inside a CUDA graph (us a run): NL x GREP runs of f
+ * captured in one graph, each on the next layer's experts (dex), the median
+ * of REP launches of the graph over the runs in it. Launch latency mostly
+ * hidden, as in a decode step's graph; each run keeps the inputs the stages
+ * before it left (the routing is the same whatever the experts). -1 where
+ * the capture failed. */
+static float graph_stage(cudaError_t (*f)(const struct cuda_moe_args *, cudaStream_t), const struct cuda_moe_args *a,
+                         struct cuda_moe_expert *const *dex, void *const *routers, cudaStream_t st, cudaEvent_t e0,
+                         cudaEvent_t e1)
+{
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t ge = NULL;
+    float r = -1.0f;
+    bool ok = cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+    for (int i = 0; ok && i < NL * GREP; i++) {
+        struct cuda_moe_args al = *a;
+        al.ex = dex[i % NL], al.router = routers[i % NL];
+        ok = f(&al, st) == cudaSuccess;
+    }
+    ok = cudaStreamEndCapture(st, &g) == cudaSuccess && ok;
+    ok = ok && cudaGraphInstantiate(&ge, g, 0) == cudaSuccess;
+    if (ok) {
+        float t[REP];
+        for (int w = 0; w < 3; w++) cudaGraphLaunch(ge, st);
+        for (int i = 0; i < REP; i++) {
+            cudaEventRecord(e0, st);
+            cudaGraphLaunch(ge, st);
+            cudaEventRecord(e1, st);
+            cudaEventSynchronize(e1);
+            cudaEventElapsedTime(&t[i], e0, e1);
+        }
+        qsort(t, REP, sizeof *t, cmpf);
+        r = t[REP / 2] * 1000 / (NL * GREP);
+    }
+    if (ge) cudaGraphExecDestroy(ge);
+    if (g) cudaGraphDestroy(g);
+    cudaGetLastError(); /* a failed capture's error is reported as -1, not by the next launch */
+    return r;
 }
 
 /* A [rows][cols] matrix: bf16 from pool, or int4 g128 symmetric codes and bf16 scales */
@@ -135,12 +179,16 @@ int main(int argc, char **argv)
     struct cuda_moe_args a = {.E = HID, .NE = NE, .K = TOPK, .S = S, .Fmax = FF, .packed = int4, .norm_topk = 1,
                               .n_group = 1, .topk_group = 1, .scale = 1.0f};
     a.xn = dev(x, (size_t)maxT * HID * 2);
-    a.router = dev(router, (size_t)NE * HID * 2);
+    void *routers[NL];
+    for (int l = 0; l < NL; l++) routers[l] = dev(router, (size_t)NE * HID * 2);
+    a.router = routers[0];
     a.ex = dex[0];
+    a.streamed = cuda_moe_streamed(hex, NE, HID); /* as the backend sets it: int4 or bf16 throughout */
     a.logits = dev(NULL, (size_t)maxT * (NE + 1) * 4);
     a.idx = dev(NULL, (size_t)maxT * S * 4);
     a.wt = dev(NULL, (size_t)maxT * S * 4);
     a.count = dev(NULL, (NE + 1) * 4);
+    cudaMemset(a.count, 0, (NE + 1) * 4); /* zero between steps (moe.h) */
     a.start = dev(NULL, (NE + 2) * 4);
     a.list = dev(NULL, (size_t)maxT * S * 4);
     a.act = dev(NULL, (NE + 2) * 4);
@@ -162,8 +210,8 @@ int main(int argc, char **argv)
         /* the stages cuda_moe_forward runs for this step: the small-step kernels or the general ones (the
          * experts on the GEMVs, gate|up then down, or on the GEMM) */
         typedef cudaError_t (*stage_fn)(const struct cuda_moe_args *, cudaStream_t);
-        static const stage_fn small_st[] = {cuda_moe_route_group, cuda_moe_gate_up, cuda_moe_down_combine};
-        static const char *const small_nm[] = {"route+group", "gate|up", "down+combine"};
+        static const stage_fn small_st[] = {cuda_moe_route_group, cuda_moe_gate_up_small, cuda_moe_down_combine};
+        static const char *const small_nm[] = {"logits+route+group", "gate|up", "down+combine"};
         static const stage_fn gemv_st[] = {cuda_moe_route, cuda_moe_group, cuda_moe_gate_up, cuda_moe_down,
                                            cuda_moe_combine};
         static const char *const gemv_nm[] = {"route", "group", "gate|up", "down", "combine"};
@@ -173,35 +221,15 @@ int main(int argc, char **argv)
         const int ns = small ? 3 : gemm ? 4 : 5;
         const stage_fn *sf = small ? small_st : gemm ? gemm_st : gemv_st;
         const char *const *sn = small ? small_nm : gemm ? gemm_nm : gemv_nm;
-        float layer = time_stage(cuda_moe_forward, &a, st, e0, e1), med[5], graph = -1, path[2];
+        float layer = time_stage(cuda_moe_forward, &a, st, e0, e1), med[5], gmed[5], path[2];
         /* NL x GREP layers in one CUDA graph (as a decode step runs them): launch latency mostly hidden,
          * each layer's experts its own (not in L2 from the layer before) */
-        cudaGraph_t g = NULL;
-        cudaGraphExec_t ge = NULL;
-        bool gok = cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
-        for (int r = 0; gok && r < NL * GREP; r++) {
-            struct cuda_moe_args al = a;
-            al.ex = dex[r % NL];
-            gok = cuda_moe_forward(&al, st) == cudaSuccess;
+        const float graph = graph_stage(cuda_moe_forward, &a, dex, routers, st, e0, e1);
+        /* each stage alone, eager and (steps of up to GRAPH_STAGE_T tokens) in a graph of its own */
+        for (int s = 0; s < ns; s++) {
+            med[s] = time_stage(sf[s], &a, st, e0, e1);
+            gmed[s] = a.T <= GRAPH_STAGE_T ? graph_stage(sf[s], &a, dex, routers, st, e0, e1) : -1.0f;
         }
-        gok = cudaStreamEndCapture(st, &g) == cudaSuccess && gok;
-        gok = gok && cudaGraphInstantiate(&ge, g, 0) == cudaSuccess;
-        if (gok) {
-            float t[REP];
-            for (int w = 0; w < 3; w++) cudaGraphLaunch(ge, st);
-            for (int r = 0; r < REP; r++) {
-                cudaEventRecord(e0, st);
-                cudaGraphLaunch(ge, st);
-                cudaEventRecord(e1, st);
-                cudaEventSynchronize(e1);
-                cudaEventElapsedTime(&t[r], e0, e1);
-            }
-            qsort(t, REP, sizeof *t, cmpf);
-            graph = t[REP / 2] * 1000 / (NL * GREP);
-        }
-        if (ge) cudaGraphExecDestroy(ge);
-        if (g) cudaGraphDestroy(g);
-        for (int s = 0; s < ns; s++) med[s] = time_stage(sf[s], &a, st, e0, e1);
         /* the experts stage on each general path forced (on the grouping the stages above left) */
         for (int p = 0; p < 2; p++) {
             cuda_tuning.moe_gemm_min_rows = cuda_tuning.moe_gemm_min_rows_packed = p ? 0.0f : -1.0f;
@@ -217,7 +245,10 @@ int main(int argc, char **argv)
                act[NE + 1] * ebytes / (layer * 1e3), graph, act[NE + 1] * ebytes / (graph * 1e3),
                small ? "small" : gemm ? "gemm" : "gemv", path[0], flop / (path[0] * 1e6), path[1],
                flop / (path[1] * 1e6), rg, ce ? "  error: " : "", ce ? cudaGetErrorString(ce) : "");
-        for (int s = 0; s < ns; s++) printf("%6s %8s %10.1f   %s\n", "", "", med[s], sn[s]);
+        for (int s = 0; s < ns; s++) {
+            if (gmed[s] >= 0) printf("%6s %8s %10.1f %9s %10.1f %9s   %s\n", "", "", med[s], "", gmed[s], "", sn[s]);
+            else printf("%6s %8s %10.1f %9s %10s %9s   %s\n", "", "", med[s], "", "-", "", sn[s]);
+        }
     }
     return 0;
 }

@@ -25,9 +25,11 @@
  *    it (the same bits) from cuda_tuning.moe_router_gemm_min_t tokens (set
  *    to -1 elsewhere, so that tokens alone route from the batch's bits);
  *  - a step of at most CUDA_MOE_SMALL_SLOTS token slots (cuda_moe_forward's
- *    fused routing + grouping and down + combine) against the general stages
- *    run one by one on the GEMVs (the same bits: routing, weights, output);
- *    a larger one must be refused by the fused entries; cases sit at the
+ *    small path: logits + routing + grouping in one launch, gate|up, down +
+ *    combine) against the general stages run one by one on the GEMVs (the
+ *    same bits: routing, weights, output), the routing's block counter
+ *    (count[0]) back at zero after its launches; a larger step must be
+ *    refused by the fused entries; cases sit at the
  *    bound and either side of it. The GEMM path of a small step runs the
  *    general stages (cuda_moe_forward keeps small steps on the GEMVs).
  * The GEMM's row tile follows T K / NE (16, 32, 64 or 128 rows; packed
@@ -317,6 +319,7 @@ static void run_case(const struct mcase *c)
     a.router = keep(c->router_f32 ? dup_dev(rw, (size_t)R * E * 4) : dup_dev(rwb, (size_t)R * E * 2));
     a.bias = c->bias ? keep(dup_dev(bias, (size_t)NE * 4)) : NULL;
     a.ex = keep(dup_dev(hex, ((size_t)NE + 1) * sizeof *hex));
+    a.streamed = cuda_moe_streamed(hex, NE, E); /* as the backend sets it */
     a.logits = keep(zeroed((size_t)T * (NE + 1) * 4));
     a.idx = keep(zeroed((size_t)T * S * 4));
     a.wt = keep(zeroed((size_t)T * S * 4));
@@ -363,9 +366,28 @@ static void run_case(const struct mcase *c)
         cudaMemcpy(out2, ap.out, (size_t)T * E * 2, cudaMemcpyDeviceToHost);
         path_diff = (memcmp(wt2, wt, (size_t)T * S * 4) != 0) + (memcmp(idx2, idx, (size_t)T * S * 4) != 0) +
                     (memcmp(out2, outp[0], (size_t)T * E * 2) != 0);
+        /* a layer of one kind (a.streamed): its kernels give the bits of the ones that decode any kind */
+        if (a.streamed) {
+            struct cuda_moe_args an = a;
+            an.streamed = 0;
+            an.out = keep(zeroed((size_t)T * E * 2));
+            ce = cuda_moe_forward(&an, st);
+            if (ce == cudaSuccess) ce = cudaStreamSynchronize(st);
+            CHECKF(ce == cudaSuccess, "%s: the small path for any kind: %s", c->name, cudaGetErrorString(ce));
+            cudaMemcpy(out2, an.out, (size_t)T * E * 2, cudaMemcpyDeviceToHost);
+            const bool same = memcmp(out2, outp[0], (size_t)T * E * 2) == 0;
+            CHECKF(same, "%s: the kernels for every kind differ from the %s ones", c->name,
+                   a.streamed == CUDA_MOE_STREAM_INT4 ? "int4" : "bf16");
+            path_diff += !same;
+        }
+        /* the fused routing's block counter wrapped back to zero after every launch (eager, alone, graph) */
+        int32_t c0 = -1;
+        cudaMemcpy(&c0, a.count, 4, cudaMemcpyDeviceToHost);
+        CHECKF(c0 == 0, "%s: the routing's block counter is %d after the steps, not 0", c->name, (int)c0);
         free(wt2), free(idx2), free(out2);
     } else {
         path_diff = (cuda_moe_route_group(&a, st) != cudaErrorInvalidValue) +
+                    (cuda_moe_gate_up_small(&a, st) != cudaErrorInvalidValue) +
                     (cuda_moe_down_combine(&a, st) != cudaErrorInvalidValue);
     }
     /* logits */
@@ -585,8 +607,8 @@ static const struct mcase cases[] = {
     /* three experts take all 200 tokens, the fourth slot spreads over 125: experts of 0, 1 and > 128 rows */
     {"skewed: 0, 1 and 200 rows, packed", 128, 4, 64, 32, 0, 200, true, true, false, false, true, false, 1, 1, 1.0f,
      0, true, true, {0, 0, 0}},
-    /* small steps (T S <= CUDA_MOE_SMALL_SLOTS: routing and grouping in one block, down fused with the
-     * combine), against the general path; decode at the Qwen3-30B-A3B router (top-8 of 128) */
+    /* small steps (T S <= CUDA_MOE_SMALL_SLOTS: logits, routing and grouping in one launch, down fused with
+     * the combine), against the general path; decode at the Qwen3-30B-A3B router (top-8 of 128) */
     {"small: softmax top-8 of 128", 128, 8, 256, 96, 0, 1, false, true, false, false, false, true, 1, 1, 1, 0,
      false, false, {0, 0, 0}},
     {"small: sigmoid groups 8/4, shared", 256, 8, 128, 32, 64, 2, true, true, false, false, true, false, 8, 4, 2.5f,
@@ -629,6 +651,12 @@ static const struct mcase cases[] = {
      false, false, {1, 3, 5}},
     {"int4 odd width", 8, 2, 100, 40, 0, 9, false, true, false, false, false, false, 1, 1, 1, 0, false, false, {1, 3,
      1}},
+    /* the Qwen3-30B-A3B expert shape (hidden 2048, intermediate 768, int4 g128) with fewer experts: one
+     * small-path pass covers a warp's rows; 1 token, then 3 (experts of 1, 2 and 3 tokens) */
+    {"small: int4 g128 2048 x 768", 16, 8, 2048, 768, 0, 1, false, true, false, false, false, false, 1, 1, 1, 0,
+     false, false, {5, 5, 5}},
+    {"small: int4 g128 2048 x 768", 16, 8, 2048, 768, 0, 3, false, true, false, false, false, false, 1, 1, 1, 0,
+     false, false, {5, 5, 5}},
 };
 
 static void test_moe_cases(void)
