@@ -106,12 +106,12 @@ struct cuda_tuning cuda_tuning = CUDA_TUNING_DEFAULTS;
  * time without it) */
 int cuda_ablate_parse(const char *s)
 {
-    static const char *const names[] = {"attn", "norm", "qkv", "o", "gu", "down", "head"};
+    static const char *const names[] = {"attn", "norm", "qkv", "o", "gu", "down", "head", "moe"};
     int m = 0;
     while (s && *s) {
         size_t n = strcspn(s, ",");
         int bit = 0;
-        for (int i = 0; i < 7; i++)
+        for (int i = 0; i < (int)(sizeof names / sizeof *names); i++)
             if (strlen(names[i]) == n && !strncmp(s, names[i], n)) bit = 1 << i;
         if (!bit) return -1;
         m |= bit;

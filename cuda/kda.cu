@@ -71,8 +71,14 @@ static __device__ __forceinline__ float kda_in(const struct cuda_kda_args &a, si
  * The outputs o (before the norm) go to o32; the conv tails are
  * cuda_kda_recur's second kernel's. Shared memory: q, k, decay, v [D]. */
 #define KDA_KR ((CUDA_KDA_MAX_D + 3) / 4) /* the rows of S a thread holds */
-/* at most four threads a column of D: the register budget of 512 threads */
-static __global__ void __launch_bounds__(4 * CUDA_KDA_MAX_D) kda_recur_kernel(struct cuda_kda_args a, int cols, int nb)
+#define KDA_RT_NARROW 128                   /* blocks of up to this many threads: the register-rich kernel */
+/* MAXT: the block's most threads. The usual split (32 columns, D 128) runs
+ * 128 threads and keeps S and the conv windows in up to 255 registers; a
+ * bound of 512 (four threads a column of 128) would cap every launch at 64
+ * registers and spill S to local memory (2.7x slower a decode step), so
+ * only the wide splits take that instantiation. */
+template <int MAXT>
+static __global__ void __launch_bounds__(MAXT) kda_recur_kernel(struct cuda_kda_args a, int cols, int nb)
 {
     extern __shared__ float smem[];
     __shared__ float red[32];
@@ -305,8 +311,12 @@ extern "C" cudaError_t cuda_kda_xsplit(const float *x, const float *w, const uin
 
 extern "C" cudaError_t cuda_kda_prepare(void)
 {
-    return cudaFuncSetAttribute(kda_recur_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)(4 * (size_t)CUDA_KDA_MAX_D * sizeof(float)));
+    const int smem = (int)(4 * (size_t)CUDA_KDA_MAX_D * sizeof(float));
+    cudaError_t e = cudaFuncSetAttribute(kda_recur_kernel<KDA_RT_NARROW>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return e;
+    return cudaFuncSetAttribute(kda_recur_kernel<4 * CUDA_KDA_MAX_D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                smem);
 }
 
 extern "C" cudaError_t cuda_kda_recur(const struct cuda_kda_args *a, cudaStream_t st)
@@ -321,7 +331,11 @@ extern "C" cudaError_t cuda_kda_recur(const struct cuda_kda_args *a, cudaStream_
     size_t smem = 4 * (size_t)a->D * sizeof(float);
     int threads = (a->D + 31) / 32 * 32, rt = (4 * cols + 31) / 32 * 32; /* four threads a column */
     if (rt < threads) rt = threads;
-    kda_recur_kernel<<<dim3((unsigned)(a->H * nb), (unsigned)a->n_seqs), rt, smem, st>>>(*a, cols, nb);
+    const dim3 g((unsigned)(a->H * nb), (unsigned)a->n_seqs);
+    if (rt <= KDA_RT_NARROW)
+        kda_recur_kernel<KDA_RT_NARROW><<<g, rt, smem, st>>>(*a, cols, nb);
+    else
+        kda_recur_kernel<4 * CUDA_KDA_MAX_D><<<g, rt, smem, st>>>(*a, cols, nb);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
     kda_out_kernel<<<dim3((unsigned)a->H, (unsigned)a->n_seqs), threads, 0, st>>>(*a);

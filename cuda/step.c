@@ -518,7 +518,7 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
             if (!(ab & CUDA_ABLATE_DOWN) && proj_rows(k, k->h, &L->qdown, L->wdown, T, F, E, 1, false, err, errlen))
                 goto fail;
         } else if (lk.ffn == MODEL_FFN_MOE) {
-            if (cuda_moe_ffn(k, l, T, decode, err, errlen)) goto fail;
+            if (!(ab & CUDA_ABLATE_MOE) && cuda_moe_ffn(k, l, T, decode, err, errlen)) goto fail;
         }
         if (hc && cuda_hc_out(k, l, 1, T, err, errlen)) goto fail;
         pend = !hc;

@@ -27,6 +27,7 @@ enum {
     CUDA_ABLATE_GU = 16,  /* the gate|up projection and SwiGLU */
     CUDA_ABLATE_DOWN = 32, /* the down projection */
     CUDA_ABLATE_HEAD = 64, /* the LM head */
+    CUDA_ABLATE_MOE = 128, /* the MoE FFNs (routing, experts, shared experts) */
 };
 
 struct cuda_tuning {

@@ -26,7 +26,7 @@
  *   --enforce-eager      no CUDA graphs;  --no-warmup  no start-up warm-up
  *   --nccl               every tensor-parallel all-reduce through NCCL
  *   benchmarks only, wrong outputs (cuda_tuning, cuda/tuning.h):
- *   --ablate=attn,norm,qkv,o,gu,down,head  leave those kernels out of every
+ *   --ablate=attn,norm,qkv,o,gu,down,head,moe  leave those kernels out of every
  *                        step, to see what each costs
  *   --skip-comm          tensor parallelism without its collectives
  *
@@ -69,7 +69,8 @@ static double step(int ns, int start, int len)
     for (int k = 0, t = 0; k < ns; k++) {
         sq[k] = (struct step_seq){.query_start = t, .query_len = len, .context_len = start + len,
                                   .block_table = g_bt + (size_t)k * g_ctxb, .n_blocks = g_ctxb, .want_sample = true,
-                                  .sampling = &g_s, .n_prompt = 0, .n_history = 0};
+                                  .sampling = &g_s, .n_prompt = 0, .n_history = 0,
+                                  .state_slot = k};
         for (int j = 0; j < len; j++, t++) {
             int p = start + j;
             r = r * 6364136223846793005ULL + 1442695040888963407ULL;
@@ -253,6 +254,11 @@ int main(int argc, char **argv)
     }
     if (g_be->ops->kv_alloc(g_be, nseq * g_ctxb, BS, err, sizeof err)) {
         fprintf(stderr, "kv: %s\n", err);
+        return 1;
+    }
+    /* recurrent layers (KDA): a state slot a sequence, slot i for sequence i */
+    if (model_state_bytes(c) > 0 && g_be->ops->state_alloc(g_be, nseq, err, sizeof err)) {
+        fprintf(stderr, "state: %s\n", err);
         return 1;
     }
     g_bt = malloc((size_t)nseq * g_ctxb * 4);
