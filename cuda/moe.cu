@@ -3,7 +3,9 @@
  * SwiGLU and down over each expert's gathered rows, and the weighted sum;
  * for small steps (cuda_moe_small) the logits, routing and grouping in one
  * launch, gate|up cut finer, and the down projection fused with the
- * weighted sum, chained by programmatic dependent launch.
+ * weighted sum, chained by programmatic dependent launch (kernels of the
+ * layer's expert kinds: its routed experts' and, where they differ, its
+ * shared experts').
  *
  * The expert kernels are SIMT and GEMV-shaped (expert_kernel): a warp takes
  * a few weight rows of one active expert and streams them once per pass
@@ -43,6 +45,22 @@
 
 #define LG_WARPS 4 /* warps (router rows) a block of the logits kernel: many blocks even at one token */
 #define LG_U 4      /* chunks a lane requests before using them */
+
+/* 8 activations of a bf16 row, columns [c, c + 8), zeros past cols (vec:
+ * cols % 8 == 0 and the row 16-byte aligned, so a chunk is one load): the
+ * x pieces of the router's logits and of the experts' dot products */
+static __device__ __forceinline__ void act8(const uint16_t *row, int c, int cols, bool vec, float *f)
+{
+    if (vec && c + 8 <= cols) {
+        const uint4 v = *(const uint4 *)(row + c);
+        const uint32_t p[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) f[2 * j] = __uint_as_float(p[j] << 16), f[2 * j + 1] = __uint_as_float(p[j] & 0xffff0000u);
+        return;
+    }
+#pragma unroll
+    for (int j = 0; j < 8; j++) f[j] = c + j < cols ? bf2f(row[c + j]) : 0.0f;
+}
 
 /* 8 router weights of row wr, columns [c, c + 8), zeros past E */
 template <bool F32>
@@ -96,15 +114,7 @@ static __global__ void __launch_bounds__(LG_WARPS * 32) logits_kernel(const uint
             const int c = (ch0 + 32 * u) * 8;
             if (c >= E) break;
             float xf[8];
-            if (vec) {
-                const uint4 v = *(const uint4 *)(xr + c);
-                const uint32_t p[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-                for (int j = 0; j < 4; j++) xf[2 * j] = __uint_as_float(p[j] << 16), xf[2 * j + 1] = __uint_as_float(p[j] & 0xffff0000u);
-            } else {
-#pragma unroll
-                for (int j = 0; j < 8; j++) xf[j] = c + j < E ? bf2f(xr[c + j]) : 0.0f;
-            }
+            act8(xr, c, E, vec, xf);
 #pragma unroll
             for (int j = 0; j < 8; j++) acc = fmaf(w[u][j], xf[j], acc);
         }
@@ -519,17 +529,7 @@ static __global__ void __launch_bounds__(RG_WARPS * 32) logits_route_kernel(stru
                     const int c = (ch0 + 32 * u) * 8;
                     if (c >= E) break;
                     float xf[8];
-                    if (vec) {
-                        const uint4 v = *(const uint4 *)(xr + c);
-                        const uint32_t p[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-                        for (int j = 0; j < 4; j++)
-                            xf[2 * j] = __uint_as_float(p[j] << 16),
-                                   xf[2 * j + 1] = __uint_as_float(p[j] & 0xffff0000u);
-                    } else {
-#pragma unroll
-                        for (int j = 0; j < 8; j++) xf[j] = c + j < E ? bf2f(xr[c + j]) : 0.0f;
-                    }
+                    act8(xr, c, E, vec, xf);
 #pragma unroll
                     for (int j = 0; j < 8; j++) acc = fmaf(w[u][j], xf[j], acc);
                 }
@@ -592,6 +592,13 @@ static __device__ __noinline__ float weight(const cuda_moe_mat &m, int r, int c,
     return m.f16 ? __half2float(__float2half_rn(w)) : bf2f(f2bf(w));
 }
 
+/* pdl_wait(), then (trig) pdl_trigger() */
+static __device__ __forceinline__ void pdl_wait_then(bool trig)
+{
+    pdl_wait();
+    if (trig) pdl_trigger();
+}
+
 static __device__ __forceinline__ float swiglu_f(float g, float u, float limit)
 {
     if (limit > 0.0f) {
@@ -599,20 +606,6 @@ static __device__ __forceinline__ float swiglu_f(float g, float u, float limit)
         u = fminf(fmaxf(u, -limit), limit);
     }
     return g / (1.0f + expf(-g)) * u;
-}
-
-/* 8 activations of a bf16 row, columns [c, c + 8), zeros past cols */
-static __device__ __forceinline__ void act8(const uint16_t *row, int c, int cols, bool vec, float *f)
-{
-    if (vec && c + 8 <= cols) {
-        const uint4 v = *(const uint4 *)(row + c);
-        const uint32_t p[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int j = 0; j < 4; j++) f[2 * j] = __uint_as_float(p[j] << 16), f[2 * j + 1] = __uint_as_float(p[j] & 0xffff0000u);
-        return;
-    }
-#pragma unroll
-    for (int j = 0; j < 8; j++) f[j] = c + j < cols ? bf2f(row[c + j]) : 0.0f;
 }
 
 /* How a matrix is streamed: its 16-byte chunks decoded in registers (bf16
@@ -636,10 +629,12 @@ static int mat_kind_host(const cuda_moe_mat &m, int cols)
     return m.bits == 4 ? MK_Q4 : m.bits == 8 ? MK_Q8 : MK_SLOW;
 }
 
-extern "C" int cuda_moe_streamed(const struct cuda_moe_expert *hex, int NE, int E)
+/* The one streamed kind of experts [e0, e1) of hex (CUDA_MOE_STREAM_*), 0
+ * where they are not of one, -1 where none has rows. */
+static int streamed_of(const struct cuda_moe_expert *hex, int e0, int e1, int E)
 {
     int kind = -1;
-    for (int e = 0; e <= NE; e++) {
+    for (int e = e0; e < e1; e++) {
         const struct cuda_moe_expert &x = hex[e];
         if (x.F <= 0) continue; /* no shared experts */
         const int k[3] = {mat_kind_host(x.gate, E), mat_kind_host(x.up, E), mat_kind_host(x.down, x.F)};
@@ -648,7 +643,29 @@ extern "C" int cuda_moe_streamed(const struct cuda_moe_expert *hex, int NE, int 
             if (k[i] != kind) return 0;
         }
     }
-    return kind == MK_Q4 ? CUDA_MOE_STREAM_INT4 : kind == MK_BF16 ? CUDA_MOE_STREAM_BF16 : 0;
+    if (kind < 0) return -1;
+    return kind == MK_Q4 ? CUDA_MOE_STREAM_INT4 : kind == MK_Q8 ? CUDA_MOE_STREAM_INT8
+                                                  : kind == MK_BF16 ? CUDA_MOE_STREAM_BF16 : 0;
+}
+
+extern "C" int cuda_moe_streamed(const struct cuda_moe_expert *hex, int NE, int E, int *shared)
+{
+    const int r = streamed_of(hex, 0, NE, E), s = streamed_of(hex, NE, NE + 1, E);
+    const int routed = r < 0 ? 0 : r;
+    if (shared) *shared = s < 0 ? routed : s;
+    return routed;
+}
+
+/* What the small path runs a's experts on: SMALL_ANY (kernels that decode
+ * every kind), SMALL_ONE (every expert matrix of a.streamed's kind) or
+ * SMALL_MIXED (the routed experts of a.streamed's kind, the shared ones of
+ * a.streamed_shared's, another: each in kernels of its own) */
+enum { SMALL_ANY, SMALL_ONE, SMALL_MIXED };
+static int small_mode(const struct cuda_moe_args *a)
+{
+    if (!a->streamed) return SMALL_ANY;
+    if (a->S == a->K || a->streamed_shared == a->streamed) return SMALL_ONE;
+    return a->streamed_shared ? SMALL_MIXED : SMALL_ANY;
 }
 
 /* weights: read once, never again in this kernel: kept out of L1 */
@@ -809,8 +826,9 @@ static __device__ __noinline__ void dot_slow(const cuda_moe_mat *pA, const cuda_
  * (the act-order and odd-width matrices of MK_SLOW: element by element, as
  * weight() reads them). WAIT: pdl_wait() once the first chunks are
  * requested (x is the predecessor kernel's output; the weights are not),
- * and by every lane before it returns. */
-template <int KIND, int NM, int R, int TT, int U, bool WAIT = false>
+ * and by every lane before it returns; WAIT 2: pdl_trigger() right after
+ * it (the dependent kernel may start once this one's inputs are done). */
+template <int KIND, int NM, int R, int TT, int U, int WAIT = 0>
 static __device__ __forceinline__ void dot_pass(const cuda_moe_mat &A, const cuda_moe_mat &B, int r0, int rows,
                                                 int cols, const uint16_t *const (&xr)[TT], bool xvec,
                                                 float (&acc)[NM][R][TT])
@@ -824,7 +842,7 @@ static __device__ __forceinline__ void dot_pass(const cuda_moe_mat &A, const cud
             for (int m = 0; m < TT; m++) acc[n][r][m] = 0.0f;
     if (KIND == MK_SLOW) {
         /* out of line, so its calls do not cost the streamed kinds registers */
-        if (WAIT) pdl_wait();
+        if (WAIT) pdl_wait_then(WAIT == 2);
         float o[NM * R * TT];
         dot_slow<NM, R, TT>(&A, &B, r0, rows, cols, xr, xvec, o);
 #pragma unroll
@@ -882,7 +900,7 @@ static __device__ __forceinline__ void dot_pass(const cuda_moe_mat &A, const cud
                 }
             }
         }
-        if (WAIT && ch0 == lane) pdl_wait();
+        if (WAIT && ch0 == lane) pdl_wait_then(WAIT == 2);
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int ch = ch0 + 32 * u;
@@ -924,7 +942,7 @@ static __device__ __forceinline__ void dot_pass(const cuda_moe_mat &A, const cud
             }
         }
     }
-    if (WAIT) pdl_wait(); /* lanes without a chunk (idempotent for the others) */
+    if (WAIT) pdl_wait_then(WAIT == 2); /* lanes without a chunk (idempotent for the others) */
 }
 
 /* dot_pass for a kind known at run time (uniform across the warp) */
@@ -1083,7 +1101,15 @@ extern "C" cudaError_t cuda_moe_experts(const struct cuda_moe_args *a, cudaStrea
  * launch (pdl.cuh): gate|up waits for the routing before it reads
  * anything, then lets down + combine start; that one requests its first
  * down weights (its slots' experts from idx: the routing is done once
- * gate|up has waited) before it waits for h. */
+ * gate|up has waited) before it waits for h. A layer whose shared experts
+ * are of another kind than its routed ones (SMALL_MIXED: GLM-5.3-Flash's
+ * int4 routed and int8 shared) runs four kernels instead of two, each of
+ * one kind (a kernel's registers are its widest kind's): gate|up of the
+ * routed slots, gate|up of the shared slot (every token's slot K: no
+ * routing needed, so it lets the next kernel start at once and requests
+ * its first weights before it waits), the shared slot's down rows into y
+ * (f32, where the general path keeps them), and the routed slots' down +
+ * combine, which adds that product last, as combine_kernel adds slot K. */
 template <int KIND, int NM> struct small_shape {
     /* NM 2 (gate|up: GS_RW rows a warp): int4 2 rows x 2 chunks, int8 and bf16 1 x 4; NM 1 (down: DC_ROWS
      * rows a warp): int4 8 x 1, int8 4 x 2, bf16 2 x 4; element by element 1 x 1 */
@@ -1101,12 +1127,16 @@ template <int KIND, int NM> struct small_shape {
 #define GS_RW 2    /* rows a warp of it */
 
 /* The warp's GS_RW rows from r0 (R at a time) of gate and up against
- * ntok <= TT of the expert's assignments lp[0 .. ntok): h = SwiGLU(gate x,
- * up x), as expert_pass stores it (the extra lanes of a pass take the
- * first assignment again and store nothing). */
-template <int KIND, int TT>
+ * ntok <= TT of the expert's assignments, lp[0 .. ntok) or (SH, the shared
+ * experts: every token's slot K) those of tokens t0 .. t0 + ntok: h =
+ * SwiGLU(gate x, up x), as expert_pass stores it (the extra lanes of a
+ * pass take the first assignment again and store nothing). SH: x is read
+ * only after pdl_wait (dot_pass's WAIT: the first pass's weights are
+ * requested before it). */
+template <int KIND, int TT, bool SH = false>
 static __device__ __forceinline__ void gu_small_rows(const struct cuda_moe_args &a, const cuda_moe_mat &W,
-                                                     const cuda_moe_mat &U, int F, int r0, const int32_t *lp, int ntok)
+                                                     const cuda_moe_mat &U, int F, int r0, const int32_t *lp, int t0,
+                                                     int ntok)
 {
     constexpr int R = small_shape<KIND, 2>::R, UU = small_shape<KIND, 2>::U;
     static_assert(GS_RW % R == 0, "a warp's rows in whole passes");
@@ -1115,7 +1145,7 @@ static __device__ __forceinline__ void gu_small_rows(const struct cuda_moe_args 
     const uint16_t *xr[TT];
 #pragma unroll
     for (int m = 0; m < TT; m++) {
-        as[m] = lp[m < ntok ? m : 0];
+        as[m] = SH ? (t0 + (m < ntok ? m : 0)) * a.S + a.K : lp[m < ntok ? m : 0];
         xr[m] = a.xn + (size_t)(as[m] / a.S) * a.E;
     }
     const bool xvec = (a.E & 7) == 0;
@@ -1124,7 +1154,7 @@ static __device__ __forceinline__ void gu_small_rows(const struct cuda_moe_args 
         const int rp = r0 + rr;
         if (rp >= F) break;
         float acc[2][R][TT];
-        dot_pass<KIND, 2, R, TT, UU>(W, U, rp, F, a.E, xr, xvec, acc);
+        dot_pass<KIND, 2, R, TT, UU, SH ? 1 : 0>(W, U, rp, F, a.E, xr, xvec, acc);
 #pragma unroll
         for (int r = 0; r < R; r++)
 #pragma unroll
@@ -1144,31 +1174,79 @@ static __device__ __forceinline__ void gu_small_any(int kind, const struct cuda_
 {
     if constexpr (KIND >= 0) {
         (void)kind;
-        gu_small_rows<KIND, TT>(a, W, U, F, r0, lp, ntok);
+        gu_small_rows<KIND, TT>(a, W, U, F, r0, lp, 0, ntok);
     } else {
         switch (kind) {
-        case MK_Q4: gu_small_rows<MK_Q4, TT>(a, W, U, F, r0, lp, ntok); break;
-        case MK_Q8: gu_small_rows<MK_Q8, TT>(a, W, U, F, r0, lp, ntok); break;
-        case MK_BF16: gu_small_rows<MK_BF16, TT>(a, W, U, F, r0, lp, ntok); break;
-        default: gu_small_rows<MK_SLOW, TT>(a, W, U, F, r0, lp, ntok); break;
+        case MK_Q4: gu_small_rows<MK_Q4, TT>(a, W, U, F, r0, lp, 0, ntok); break;
+        case MK_Q8: gu_small_rows<MK_Q8, TT>(a, W, U, F, r0, lp, 0, ntok); break;
+        case MK_BF16: gu_small_rows<MK_BF16, TT>(a, W, U, F, r0, lp, 0, ntok); break;
+        default: gu_small_rows<MK_SLOW, TT>(a, W, U, F, r0, lp, 0, ntok); break;
         }
+    }
+}
+
+/* Which slots a small gate|up kernel takes: every active expert's, the
+ * routed experts' only, or the shared experts' only (a layer whose shared
+ * experts are of another kind than the routed ones: SMALL_MIXED) */
+enum { GU_ALL, GU_ROUTED, GU_SHARED };
+
+/* The shared experts' gate|up (GU_SHARED): block (0, row block), a warp's
+ * GS_RW rows against every token's slot K in passes of up to TTMAX tokens
+ * (the general path's bits: the same dot_pass sequence, whatever the
+ * pass). It needs no routing (slot K of every token is theirs); the
+ * weights of its first pass are requested before pdl_wait. */
+template <int TTMAX, int KIND>
+static __device__ __forceinline__ void gu_shared_warp(const struct cuda_moe_args &a)
+{
+    const int F = a.ex[a.NE].F;
+    const int r0 = (blockIdx.y * GS_WARPS + (threadIdx.x >> 5)) * GS_RW;
+    if (r0 >= F || a.E <= 0) {
+        pdl_wait(); /* every thread waits (pdl.cuh) */
+        return;
+    }
+    const cuda_moe_mat W = a.ex[a.NE].gate, U = a.ex[a.NE].up;
+    for (int d = 0; d < a.T;) {
+        const int rem = a.T - d;
+        if constexpr (TTMAX >= 4) {
+            if (rem >= 3) {
+                gu_small_rows<KIND, 4, true>(a, W, U, F, r0, nullptr, d, rem < 4 ? rem : 4);
+                d += 4;
+                continue;
+            }
+            if (rem == 2) {
+                gu_small_rows<KIND, 2, true>(a, W, U, F, r0, nullptr, d, 2);
+                d += 2;
+                continue;
+            }
+        }
+        gu_small_rows<KIND, 1, true>(a, W, U, F, r0, nullptr, d, 1);
+        d += 1;
     }
 }
 
 /* Small steps' gate|up: grid (active expert slot, row block of GS_WARPS x
  * GS_RW rows); a warp takes GS_RW rows of its expert against the expert's
  * assignments in passes of up to TTMAX (4 or 1) tokens. KIND: the one kind
- * of every expert matrix (cuda_moe_args.streamed), or -1: each expert's
- * found at run time (a kernel that can decode every kind holds the
- * registers of the widest: 240 against int4's 96). */
-template <int TTMAX, int KIND>
+ * of the experts it takes (cuda_moe_args.streamed, or .streamed_shared for
+ * GU_SHARED), or -1: each expert's found at run time (a kernel that can
+ * decode every kind holds the registers of the widest: 240 against
+ * int4's 96). MODE: which slots (GU_*; GU_SHARED: gu_shared_warp, which
+ * lets its successor start at once: the shared experts' down kernel reads
+ * nothing but weights before it waits). */
+template <int TTMAX, int KIND, int MODE>
 static __global__ void __launch_bounds__(GS_WARPS * 32) gate_up_small_kernel(struct cuda_moe_args a)
 {
+    if constexpr (MODE == GU_SHARED) {
+        pdl_trigger();
+        gu_shared_warp<TTMAX, KIND>(a);
+        return;
+    }
     pdl_wait();    /* act, start, list: the routing's */
     pdl_trigger(); /* after the wait: down + combine, started early, may read idx */
     const int n_act = a.act[a.NE + 1];
     if ((int)blockIdx.x >= n_act) return;
     const int e = a.act[blockIdx.x];
+    if (MODE == GU_ROUTED && e == a.NE) return; /* the shared experts: their own kernel */
     const int F = a.ex[e].F;
     const int r0 = (blockIdx.y * GS_WARPS + (threadIdx.x >> 5)) * GS_RW;
     if (r0 >= F || a.E <= 0) return; /* the whole warp; no block-wide barrier below */
@@ -1200,21 +1278,43 @@ static __global__ void __launch_bounds__(GS_WARPS * 32) gate_up_small_kernel(str
     }
 }
 
+typedef void (*moe_kernel_fn)(struct cuda_moe_args);
+
+/* The gate|up kernel for kind code st (CUDA_MOE_STREAM_*; 0: any kind, GU_ALL only) at T tokens */
+template <int MODE> static moe_kernel_fn gate_up_kernel(int st, int T)
+{
+    switch (st) {
+    case CUDA_MOE_STREAM_INT4:
+        return T == 1 ? gate_up_small_kernel<1, MK_Q4, MODE> : gate_up_small_kernel<4, MK_Q4, MODE>;
+    case CUDA_MOE_STREAM_INT8:
+        return T == 1 ? gate_up_small_kernel<1, MK_Q8, MODE> : gate_up_small_kernel<4, MK_Q8, MODE>;
+    case CUDA_MOE_STREAM_BF16:
+        return T == 1 ? gate_up_small_kernel<1, MK_BF16, MODE> : gate_up_small_kernel<4, MK_BF16, MODE>;
+    default: break;
+    }
+    if constexpr (MODE == GU_ALL) return T == 1 ? gate_up_small_kernel<1, -1, MODE> : gate_up_small_kernel<4, -1, MODE>;
+    return nullptr;
+}
+
 extern "C" cudaError_t cuda_moe_gate_up_small(const struct cuda_moe_args *a, cudaStream_t st)
 {
     if (a->T <= 0) return cudaSuccess;
     if (!cuda_moe_small(a)) return cudaErrorInvalidValue;
     /* an expert holds at most T assignments (a token picks it once) */
-    int slots = a->T * a->K < a->NE ? a->T * a->K : a->NE;
-    slots += a->S > a->K;
-    const dim3 g((unsigned)slots, (unsigned)((a->Fmax + GS_WARPS * GS_RW - 1) / (GS_WARPS * GS_RW)));
-    void (*k)(struct cuda_moe_args);
-    if (a->streamed == CUDA_MOE_STREAM_INT4)
-        k = a->T == 1 ? gate_up_small_kernel<1, MK_Q4> : gate_up_small_kernel<4, MK_Q4>;
-    else if (a->streamed == CUDA_MOE_STREAM_BF16)
-        k = a->T == 1 ? gate_up_small_kernel<1, MK_BF16> : gate_up_small_kernel<4, MK_BF16>;
-    else k = a->T == 1 ? gate_up_small_kernel<1, -1> : gate_up_small_kernel<4, -1>;
-    return pdl_launch(k, g, dim3(GS_WARPS * 32), 0, st, *a);
+    const int routed = a->T * a->K < a->NE ? a->T * a->K : a->NE;
+    const unsigned rb = (unsigned)((a->Fmax + GS_WARPS * GS_RW - 1) / GS_WARPS / GS_RW);
+    const int mode = small_mode(a);
+    if (mode != SMALL_MIXED) {
+        const dim3 g((unsigned)(routed + (a->S > a->K)), rb);
+        return pdl_launch(gate_up_kernel<GU_ALL>(mode == SMALL_ONE ? a->streamed : 0, a->T), g, dim3(GS_WARPS * 32),
+                          0, st, *a);
+    }
+    /* the routed slots, then the shared experts' (in every token's slot K), each kernel of its kind */
+    cudaError_t e = pdl_launch(gate_up_kernel<GU_ROUTED>(a->streamed, a->T), dim3((unsigned)routed, rb),
+                               dim3(GS_WARPS * 32), 0, st, *a);
+    if (e != cudaSuccess) return e;
+    return pdl_launch(gate_up_kernel<GU_SHARED>(a->streamed_shared, a->T), dim3(1, rb), dim3(GS_WARPS * 32), 0, st,
+                      *a);
 }
 
 #define DC_ROWS 8   /* output rows a block of the fused down + combine kernel */
@@ -1223,8 +1323,8 @@ extern "C" cudaError_t cuda_moe_gate_up_small(const struct cuda_moe_args *a, cud
 /* Down rows [row0, row0 + DC_ROWS) of W (E x F) against one h row, R at a
  * time (small_shape), each sum into ys[row - row0] (the bits
  * expert_kernel<false> stores in y); the first pass's weights requested
- * before pdl_wait. */
-template <int KIND, bool LEAN>
+ * before pdl_wait (WAIT 2: then pdl_trigger, dot_pass's). */
+template <int KIND, bool LEAN, int WAIT = 1>
 static __device__ __forceinline__ void dc_rows(const cuda_moe_mat &W, int E, int F, int row0, const uint16_t *h,
                                                bool xvec, float *ys)
 {
@@ -1238,7 +1338,7 @@ static __device__ __forceinline__ void dc_rows(const cuda_moe_mat &W, int E, int
         const int r0 = row0 + rr;
         if (r0 >= E) break;
         float acc[1][R][1];
-        dot_pass<KIND, 1, R, 1, UU, true>(W, W, r0, E, F, xr, xvec, acc);
+        dot_pass<KIND, 1, R, 1, UU, WAIT>(W, W, r0, E, F, xr, xvec, acc);
 #pragma unroll
         for (int r = 0; r < R; r++) {
             const float v = warp_sum(acc[0][r][0]);
@@ -1253,16 +1353,19 @@ static __device__ __forceinline__ void dc_rows(const cuda_moe_mat &W, int E, int
  * products meet in shared memory and thread i sums row i's over the slots
  * in order as combine_kernel does. Tokens are the grid's fast dimension,
  * so an expert two tokens share is read from L2 the second time. KIND as
- * gate_up_small_kernel's. */
-template <int KIND>
+ * gate_up_small_kernel's (the routed experts' for SHY). SHY (SMALL_MIXED):
+ * the warps take the routed slots only; the shared slot's down product is
+ * down_shared_kernel's, in y where the general path has it, and comes
+ * last in the sum, as slot K does in combine_kernel's. */
+template <int KIND, bool SHY>
 static __global__ void __launch_bounds__(DC_WARPS * 32) down_combine_kernel(struct cuda_moe_args a)
 {
     __shared__ float ys[32][DC_ROWS];
-    const int t = blockIdx.x, row0 = blockIdx.y * DC_ROWS;
+    const int t = blockIdx.x, row0 = blockIdx.y * DC_ROWS, ns = SHY ? a.K : a.S;
     const bool xvec = (a.Fmax & 7) == 0;
-    for (int j = threadIdx.x >> 5; j < a.S; j += blockDim.x >> 5) {
-        /* the routing's idx and the expert table are read before the wait (gate|up let this kernel start
-         * only once the routing was done); through L2, as this SM's L1 may have seen none of it */
+    for (int j = threadIdx.x >> 5; j < ns; j += blockDim.x >> 5) {
+        /* the routing's idx and the expert table are read before the wait (the kernels before this one let
+         * it start only once the routing was done); through L2, as this SM's L1 may have seen none of it */
         const int as = t * a.S + j, e = __ldcg(a.idx + as);
         const int F = a.ex[e].F;
         const cuda_moe_mat W = a.ex[e].down;
@@ -1284,10 +1387,54 @@ static __global__ void __launch_bounds__(DC_WARPS * 32) down_combine_kernel(stru
     if (i >= DC_ROWS || row0 + i >= a.E) return;
     const float *w = a.wt + (size_t)t * a.S;
     float o = __fmul_rn(w[0], ys[0][i]);
-    for (int s = 1; s < a.S; s++) o = __fadd_rn(o, __fmul_rn(w[s], ys[s][i]));
+    for (int s = 1; s < ns; s++) o = __fadd_rn(o, __fmul_rn(w[s], ys[s][i]));
+    if (SHY) o = __fadd_rn(o, __fmul_rn(w[a.K], __ldcg(a.y + ((size_t)t * a.S + a.K) * a.E + row0 + i)));
     const size_t oi = (size_t)t * a.E + row0 + i;
     if (a.outf) a.outf[oi] = o;
     else a.out[oi] = f2bf(o);
+}
+
+#define DS_WARPS 4 /* warps (DC_ROWS-row tiles) a block of the shared experts' down kernel */
+
+/* SMALL_MIXED: the shared experts' down rows for every token, into y of
+ * its slot K (f32, the bits expert_kernel<false> stores there), for
+ * down_combine_kernel<KIND, true> to add. Block (t, DS_WARPS row tiles),
+ * a warp a tile (dc_rows: the first pass's weights requested before the
+ * wait, which waits for the shared gate|up; then the combine may start:
+ * the routing, which it reads before its own wait, is done by then). */
+template <int KIND>
+static __global__ void __launch_bounds__(DS_WARPS * 32) down_shared_kernel(struct cuda_moe_args a)
+{
+    const int t = blockIdx.x, row0 = (blockIdx.y * DS_WARPS + (threadIdx.x >> 5)) * DC_ROWS;
+    const int F = a.ex[a.NE].F;
+    if (row0 >= a.E || F <= 0) {
+        pdl_wait_then(true);
+        return;
+    }
+    const size_t as = (size_t)t * a.S + a.K;
+    dc_rows<KIND, false, 2>(a.ex[a.NE].down, a.E, F, row0, a.h + as * a.Fmax, (a.Fmax & 7) == 0,
+                            a.y + as * a.E + row0);
+}
+
+/* The down + combine kernel for kind code st (as gate_up_kernel's; SHY: SMALL_MIXED's routed one) */
+template <bool SHY> static moe_kernel_fn down_combine_fn(int st)
+{
+    switch (st) {
+    case CUDA_MOE_STREAM_INT4: return down_combine_kernel<MK_Q4, SHY>;
+    case CUDA_MOE_STREAM_INT8: return down_combine_kernel<MK_Q8, SHY>;
+    case CUDA_MOE_STREAM_BF16: return down_combine_kernel<MK_BF16, SHY>;
+    default: break;
+    }
+    if constexpr (!SHY) return down_combine_kernel<-1, false>;
+    return nullptr;
+}
+
+static moe_kernel_fn down_shared_fn(int st)
+{
+    return st == CUDA_MOE_STREAM_INT4   ? down_shared_kernel<MK_Q4>
+           : st == CUDA_MOE_STREAM_INT8 ? down_shared_kernel<MK_Q8>
+           : st == CUDA_MOE_STREAM_BF16 ? down_shared_kernel<MK_BF16>
+                                        : nullptr;
 }
 
 extern "C" cudaError_t cuda_moe_down_combine(const struct cuda_moe_args *a, cudaStream_t st)
@@ -1295,10 +1442,17 @@ extern "C" cudaError_t cuda_moe_down_combine(const struct cuda_moe_args *a, cuda
     if (a->T <= 0) return cudaSuccess;
     if (!cuda_moe_small(a)) return cudaErrorInvalidValue;
     const dim3 g((unsigned)a->T, (unsigned)((a->E + DC_ROWS - 1) / DC_ROWS));
-    const dim3 b(32 * (a->S < DC_WARPS ? a->S : DC_WARPS));
-    if (a->streamed == CUDA_MOE_STREAM_INT4) return pdl_launch(down_combine_kernel<MK_Q4>, g, b, 0, st, *a);
-    if (a->streamed == CUDA_MOE_STREAM_BF16) return pdl_launch(down_combine_kernel<MK_BF16>, g, b, 0, st, *a);
-    return pdl_launch(down_combine_kernel<-1>, g, b, 0, st, *a);
+    const int mode = small_mode(a);
+    if (mode != SMALL_MIXED) {
+        const dim3 b(32 * (a->S < DC_WARPS ? a->S : DC_WARPS));
+        return pdl_launch(down_combine_fn<false>(mode == SMALL_ONE ? a->streamed : 0), g, b, 0, st, *a);
+    }
+    /* the shared experts' products first (their own kind's kernel), then the routed slots' and the sum */
+    const dim3 gs((unsigned)a->T, (unsigned)((a->E + DS_WARPS * DC_ROWS - 1) / (DS_WARPS * DC_ROWS)));
+    cudaError_t e = pdl_launch(down_shared_fn(a->streamed_shared), gs, dim3(DS_WARPS * 32), 0, st, *a);
+    if (e != cudaSuccess) return e;
+    const dim3 b(32 * (a->K < DC_WARPS ? a->K : DC_WARPS));
+    return pdl_launch(down_combine_fn<true>(a->streamed), g, b, 0, st, *a);
 }
 
 /* out[t] = sum over t's slots in order of wt y (the CPU's order and

@@ -35,7 +35,9 @@
  * (cuda_moe_down_combine: a token's output rows sum its slots' down
  * products in the same order, no atomics), chained by programmatic
  * dependent launch where it is on (pdl.cuh: each requests the weights it
- * already knows before it waits for its predecessor). Every stage computes
+ * already knows before it waits for its predecessor); a layer whose shared
+ * experts are of another kind than its routed ones runs gate|up and down
+ * of each in kernels of that kind (five launches). Every stage computes
  * each value with the general path's sequence of operations, so the two
  * paths give the same bits (small steps never take the tensor cores).
  * Tensor parallel (N ranks): every rank routes alike (the same input, the
@@ -96,9 +98,14 @@ struct cuda_moe_args {
     int router_f32;
     const float *bias;        /* [NE] e_score_correction_bias, or NULL */
     const struct cuda_moe_expert *ex; /* [NE + 1]: routed experts, then the shared experts (F 0: none) */
-    int streamed;             /* every expert matrix is of one kind the small path has kernels of its own for
-                               * (cuda_moe_streamed: CUDA_MOE_STREAM_INT4 or _BF16; 0: any, found expert by
-                               * expert, in kernels that hold the registers of every kind's decoding) */
+    int streamed;             /* every routed expert matrix is of one kind the small path has kernels of its
+                               * own for (cuda_moe_streamed: CUDA_MOE_STREAM_INT4, _INT8 or _BF16; 0: any,
+                               * found expert by expert, in kernels that hold the registers of every kind's
+                               * decoding) */
+    int streamed_shared;      /* the same for the shared experts' matrices (cuda_moe_streamed's *shared);
+                               * where it differs from streamed (both nonzero) the small path runs the routed
+                               * slots and the shared one in kernels of each kind's own; 0 with shared
+                               * experts: the kernels for any kind */
     int packed;               /* any expert is packed: the GEMM threshold for packed experts applies, and
                                * the GEMM keeps shared memory for streaming codes (without it a packed expert
                                * loads element by element) */
@@ -138,13 +145,19 @@ cudaError_t cuda_moe_forward(const struct cuda_moe_args *a, cudaStream_t st);
 
 /* What cuda_moe_args.streamed should be for these experts (hex: the host
  * copy of the [NE + 1] descriptors, shared experts last, F 0: none; E the
- * hidden size): CUDA_MOE_STREAM_INT4 where every gate, up and down matrix
- * is int4 in natural column order with groups of a multiple of 8 columns
- * and 16-byte rows, CUDA_MOE_STREAM_BF16 where every one is bf16 of a
- * multiple of 8 columns, else 0. */
+ * hidden size), the routed experts' kind: CUDA_MOE_STREAM_INT4 where every
+ * routed gate, up and down matrix is int4 in natural column order with
+ * groups of a multiple of 8 columns and 16-byte rows, CUDA_MOE_STREAM_INT8
+ * the same of int8, CUDA_MOE_STREAM_BF16 where every one is bf16 of a
+ * multiple of 8 columns, else 0; *shared (cuda_moe_args.streamed_shared)
+ * the shared experts' kind alike (the routed one where there are none).
+ * Checkpoints often quantize the shared expert otherwise than the routed
+ * ones (GLM-5.3-Flash: int4 g32 routed, int8 per-channel shared; W4A16
+ * exports that leave it bf16): such a layer keeps kernels of its own kinds. */
 #define CUDA_MOE_STREAM_INT4 1
 #define CUDA_MOE_STREAM_BF16 2
-int cuda_moe_streamed(const struct cuda_moe_expert *hex, int NE, int E);
+#define CUDA_MOE_STREAM_INT8 3
+int cuda_moe_streamed(const struct cuda_moe_expert *hex, int NE, int E, int *shared);
 
 /* Whether a's step is small (nonzero: cuda_moe_forward takes the fused
  * kernels): at most CUDA_MOE_SMALL_SLOTS assignments (T S), at most 32
@@ -199,7 +212,7 @@ struct cuda_moe_layer {
     bool router_f32;
     float *bias;                   /* [NE] or NULL */
     bool packed;                   /* any expert packed (cuda_moe_args.packed) */
-    int streamed;                  /* cuda_moe_args.streamed */
+    int streamed, streamed_shared; /* cuda_moe_args.streamed, .streamed_shared */
 };
 
 /* The per-rank step scratch every MoE layer shares (rank.moex), sized for

@@ -265,8 +265,9 @@ int cuda_moe_upload(struct rank *k, int l, char *err, size_t errlen)
     L->packed = false;
     for (int e = 0; e <= NE; e++)
         L->packed |= L->hex[e].F > 0 && (!L->hex[e].gate.w || !L->hex[e].up.w || !L->hex[e].down.w);
-    /* one kind throughout (the usual case): the small path's kernels for that kind alone */
-    L->streamed = cuda_moe_streamed(L->hex, NE, E);
+    /* the routed experts of one kind and the shared ones of one (the usual case, the same or not): the
+     * small path's kernels for those kinds alone */
+    L->streamed = cuda_moe_streamed(L->hex, NE, E, &L->streamed_shared);
     /* the router (+ qwen2_moe's shared-expert gate as row NE) */
     int R = NE + (mc->shared_gated ? 1 : 0);
     if (!mw->router.data || (mc->shared_gated && !mw->sh_weigh.data)) {
@@ -342,8 +343,8 @@ int cuda_moe_ffn(struct rank *k, int l, int T, bool decode, char *err, size_t er
         .sigmoid = mc->router == MODEL_ROUTER_SIGMOID, .norm_topk = mc->norm_topk, .n_group = mc->n_group,
         .topk_group = mc->topk_group, .shared_gated = mc->shared_gated, .scale = mc->scale,
         .swiglu_limit = mc->swiglu_limit, .xn = k->xn, .router = L->router, .router_f32 = L->router_f32,
-        .bias = L->bias, .ex = L->dex, .streamed = L->streamed, .packed = L->packed, .logits = R->logits,
-        .idx = R->idx, .wt = R->wt,
+        .bias = L->bias, .ex = L->dex, .streamed = L->streamed, .streamed_shared = L->streamed_shared,
+        .packed = L->packed, .logits = R->logits, .idx = R->idx, .wt = R->wt,
         .count = R->count, .start = R->start, .list = R->list, .act = R->act, .h = R->h, .y = R->y, .out = k->delta,
     };
     if (k->b->tp == 1) {

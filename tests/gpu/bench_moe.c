@@ -1,6 +1,10 @@
 /* bench_moe.c - one MoE layer's kernels (cuda/moe.cu) at the Qwen3-30B-A3B
  * shape (128 experts, top-8, hidden 2048, expert intermediate 768), bf16
- * experts and int4 group-128 ones, timed with CUDA events (median of 20
+ * experts and int4 group-128 ones, or (--glm5) at GLM-5.3-Flash's (288
+ * experts, top-8, hidden 4096, intermediate 2048, a shared expert; the
+ * sigmoid router with correction bias, scaling 2.5, SwiGLU clamped at 10)
+ * with its checkpoint's mix: int4 group-32 routed experts, an int8
+ * per-channel shared one (the small path's kernels of each kind), timed with CUDA events (median of 20
  * after warm-up) at 1 .. 16384 tokens a step: the whole layer
  * (cuda_moe_forward) and the bytes of the experts the step chose over its
  * time (the decode floor's measure: only the chosen experts' weights
@@ -20,11 +24,13 @@
  * none is in L2 from the layer before. The
  * experts' FLOPs: 2 T S 3 F E (each of the T S token-expert assignments
  * does gate and up, F x E each, and down, E x F, at 2 FLOPs a multiply-add;
- * S = top-k here, no shared expert). Random router and inputs; every
- * expert's weights in their own allocation, so L2 holds none of them
- * across steps of 8+ experts. Not a test.
+ * S = top-k here, and one more with --glm5's shared expert, of the same
+ * width); the bytes: the active routed experts' and the shared expert's.
+ * Random router and inputs; every expert's weights in their own
+ * allocation, so L2 holds none of them across steps of 8+ experts (--glm5:
+ * 4 layers of 288 experts, about 17 GB). Not a test.
  *
- *   build/tests/gpu/bench_moe [--int4] [T ...]   (default T: 1 8 16 32 64 256 2048 16384)
+ *   build/tests/gpu/bench_moe [--int4 | --glm5] [T ...]   (default T: 1 8 16 32 64 256 2048 16384)
  */
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -40,8 +46,10 @@
 #define NL 4   /* layers of experts (their own weights each) the graph timing cycles through */
 #define GREP 2 /* times it goes through them in one graph */
 #define GRAPH_STAGE_T 256 /* the stages timed one by one in graphs up to this many tokens a step */
-enum { NE = 128, TOPK = 8, HID = 2048, FF = 768 }; /* the shape */
-#define GROUP 128
+/* the shape: Qwen3-30B-A3B's, or --glm5 GLM-5.3-Flash's */
+static int NE = 128, TOPK = 8, HID = 2048, FF = 768, FS = 0; /* FS: the shared expert's width (0: none) */
+/* how a matrix is stored */
+enum { W_BF16, W_INT4, W_INT8 };
 
 static void *dev(const void *h, size_t n)
 {
@@ -119,31 +127,49 @@ static float graph_stage(cudaError_t (*f)(const struct cuda_moe_args *, cudaStre
     return r;
 }
 
-/* A [rows][cols] matrix: bf16 from pool, or int4 g128 symmetric codes and bf16 scales */
-static void make(bool int4, int rows, int cols, const uint16_t *pool, const uint8_t *codes, const uint16_t *scales,
-                 struct cuda_moe_mat *m)
+/* A [rows][cols] matrix: bf16 from pool, or int4 symmetric codes of groups of `group` columns, or int8
+ * symmetric per-channel ones, and bf16 scales (codes and scales from their pools) */
+static void make(int kind, int group, int rows, int cols, const uint16_t *pool, const uint8_t *codes,
+                 const uint16_t *scales, struct cuda_moe_mat *m)
 {
     memset(m, 0, sizeof *m);
-    if (!int4) {
+    if (kind == W_BF16) {
         m->w = dev(pool, (size_t)rows * cols * 2);
         return;
     }
-    m->bits = 4, m->group = GROUP, m->n_groups = cols / GROUP, m->row_bytes = cols / 2;
+    m->bits = kind == W_INT4 ? 4 : 8;
+    m->group = kind == W_INT4 ? group : cols;
+    m->n_groups = cols / m->group, m->row_bytes = cols * m->bits / 8;
     m->qw = dev(codes, (size_t)rows * m->row_bytes);
     m->scales = dev(scales, (size_t)rows * m->n_groups * 2);
 }
 
+/* the bytes of a [rows][cols] matrix as make() stores it */
+static double mat_bytes(int kind, int group, int rows, int cols)
+{
+    if (kind == W_BF16) return 2.0 * rows * cols;
+    const int g = kind == W_INT4 ? group : cols;
+    return (double)rows * (cols * (kind == W_INT4 ? 4 : 8) / 8 + cols / g * 2);
+}
+
 int main(int argc, char **argv)
 {
-    bool int4 = false;
+    bool int4 = false, glm5 = false;
     int Ts[16], nT = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--int4")) int4 = true;
+        else if (!strcmp(argv[i], "--glm5")) glm5 = true;
         else if (atoi(argv[i]) > 0 && nT < 16) Ts[nT++] = atoi(argv[i]);
         else {
-            fprintf(stderr, "usage: %s [--int4] [T ...]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--int4 | --glm5] [T ...]\n", argv[0]);
             return 2;
         }
+    }
+    /* the routed experts' storage and group, and the shared expert's */
+    int rkind = int4 ? W_INT4 : W_BF16, rgroup = 128, skind = W_BF16;
+    if (glm5) {
+        NE = 288, TOPK = 8, HID = 4096, FF = 2048, FS = 2048;
+        rkind = W_INT4, rgroup = 32, skind = W_INT8;
     }
     if (!nT) {
         static const int def[] = {1, 8, 16, 32, 64, 256, 2048, 16384}; /* 16, 32: around the paths' crossover */
@@ -156,34 +182,40 @@ int main(int argc, char **argv)
     }
     int maxT = 0;
     for (int i = 0; i < nT; i++) maxT = Ts[i] > maxT ? Ts[i] : maxT;
-    size_t big = (size_t)FF * HID;
-    uint16_t *pool = malloc(big * 2), *scales = malloc(big / GROUP * 2), *router = malloc((size_t)NE * HID * 2);
-    uint8_t *codes = malloc(big / 2);
-    for (size_t i = 0; i < big; i++) pool[i] = bf(frand() * 0.05f);
-    for (size_t i = 0; i < big / 2; i++) codes[i] = (uint8_t)(frand() * 127 + 128);
-    for (size_t i = 0; i < big / GROUP; i++) scales[i] = bf(0.003f * (1.0f + frand() * 0.5f));
+    const int FW = FF > FS ? FF : FS; /* the widest expert (h's row stride) */
+    size_t big = (size_t)FW * HID;
+    uint16_t *pool = malloc(big * 2), *scales = malloc(big / 8 * 2), *router = malloc((size_t)NE * HID * 2);
+    uint8_t *codes = malloc(big);
+    float *bias = malloc((size_t)NE * 4);
+    for (size_t i = 0; i < big; i++) pool[i] = bf(frand() * 0.05f), codes[i] = (uint8_t)(frand() * 127 + 128);
+    for (size_t i = 0; i < big / 8; i++) scales[i] = bf(0.003f * (1.0f + frand() * 0.5f));
     for (size_t i = 0; i < (size_t)NE * HID; i++) router[i] = bf(frand() * 0.1f);
+    for (int e = 0; e < NE; e++) bias[e] = frand() * 0.01f;
     struct cuda_moe_expert *hex = calloc(NE + 1, sizeof *hex), *dex[NL];
     for (int l = 0; l < NL; l++) {
-        for (int e = 0; e < NE; e++) {
-            hex[e].F = FF;
-            make(int4, FF, HID, pool, codes, scales, &hex[e].gate);
-            make(int4, FF, HID, pool, codes, scales, &hex[e].up);
-            make(int4, HID, FF, pool, codes, scales, &hex[e].down);
+        for (int e = 0; e <= NE; e++) {
+            const int F = e < NE ? FF : FS, k = e < NE ? rkind : skind;
+            if (!F) continue;
+            hex[e].F = F;
+            make(k, rgroup, F, HID, pool, codes, scales, &hex[e].gate);
+            make(k, rgroup, F, HID, pool, codes, scales, &hex[e].up);
+            make(k, rgroup, HID, F, pool, codes, scales, &hex[e].down);
         }
         dex[l] = dev(hex, (NE + 1) * sizeof *hex);
     }
     uint16_t *x = malloc((size_t)maxT * HID * 2);
     for (size_t i = 0; i < (size_t)maxT * HID; i++) x[i] = bf(frand());
-    const int S = TOPK;
-    struct cuda_moe_args a = {.E = HID, .NE = NE, .K = TOPK, .S = S, .Fmax = FF, .packed = int4, .norm_topk = 1,
-                              .n_group = 1, .topk_group = 1, .scale = 1.0f};
+    const int S = TOPK + (FS > 0);
+    struct cuda_moe_args a = {.E = HID, .NE = NE, .K = TOPK, .S = S, .Fmax = FW, .norm_topk = 1, .n_group = 1,
+                              .topk_group = 1, .scale = 1.0f};
+    a.packed = rkind != W_BF16 || (FS > 0 && skind != W_BF16);
+    if (glm5) a.sigmoid = 1, a.scale = 2.5f, a.swiglu_limit = 10.0f, a.bias = dev(bias, (size_t)NE * 4);
     a.xn = dev(x, (size_t)maxT * HID * 2);
     void *routers[NL];
     for (int l = 0; l < NL; l++) routers[l] = dev(router, (size_t)NE * HID * 2);
     a.router = routers[0];
     a.ex = dex[0];
-    a.streamed = cuda_moe_streamed(hex, NE, HID); /* as the backend sets it: int4 or bf16 throughout */
+    a.streamed = cuda_moe_streamed(hex, NE, HID, &a.streamed_shared); /* as the backend sets them */
     a.logits = dev(NULL, (size_t)maxT * (NE + 1) * 4);
     a.idx = dev(NULL, (size_t)maxT * S * 4);
     a.wt = dev(NULL, (size_t)maxT * S * 4);
@@ -192,16 +224,23 @@ int main(int argc, char **argv)
     a.start = dev(NULL, (NE + 2) * 4);
     a.list = dev(NULL, (size_t)maxT * S * 4);
     a.act = dev(NULL, (NE + 2) * 4);
-    a.h = dev(NULL, (size_t)maxT * S * FF * 2);
+    a.h = dev(NULL, (size_t)maxT * S * FW * 2);
     a.y = dev(NULL, (size_t)maxT * S * HID * 4);
     a.out = dev(NULL, (size_t)maxT * HID * 2);
     cudaStream_t st;
     cudaStreamCreate(&st);
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0), cudaEventCreate(&e1);
-    const double ebytes = int4 ? 3.0 * FF * (HID / 2 + HID / GROUP * 2) : 3.0 * FF * HID * 2; /* one expert */
-    printf("MoE layer, Qwen3-30B-A3B shape (%d experts top-%d, hidden %d, intermediate %d), %s experts\n", NE, TOPK, HID,
-           FF, int4 ? "int4 g128" : "bf16");
+    /* one routed expert's bytes, the shared expert's */
+    const double ebytes = 2 * mat_bytes(rkind, rgroup, FF, HID) + mat_bytes(rkind, rgroup, HID, FF);
+    const double sbytes = FS ? 2 * mat_bytes(skind, rgroup, FS, HID) + mat_bytes(skind, rgroup, HID, FS) : 0.0;
+    if (glm5)
+        printf("MoE layer, GLM-5.3-Flash shape (%d experts top-%d + 1 shared, hidden %d, intermediate %d), int4 g32 "
+               "routed experts, int8 per-channel shared (small path kernels: %d routed, %d shared)\n",
+               NE, TOPK, HID, FF, a.streamed, a.streamed_shared);
+    else
+        printf("MoE layer, Qwen3-30B-A3B shape (%d experts top-%d, hidden %d, intermediate %d), %s experts\n", NE,
+               TOPK, HID, FF, int4 ? "int4 g128" : "bf16");
     printf("%6s %8s %10s %9s %10s %9s %6s %9s %8s %9s %8s %9s\n", "tokens", "experts", "layer us", "GB/s",
            "graph us", "GB/s", "path", "gemv us", "TFLOP/s", "gemm us", "TFLOP/s", "rgemm us");
     const float min_rows = cuda_tuning.moe_gemm_min_rows, min_rows_p = cuda_tuning.moe_gemm_min_rows_packed;
@@ -238,11 +277,15 @@ int main(int argc, char **argv)
         cuda_tuning.moe_gemm_min_rows = min_rows, cuda_tuning.moe_gemm_min_rows_packed = min_rows_p;
         const float rg = time_stage(cuda_moe_router_gemm, &a, st, e0, e1);
         const double flop = 2.0 * a.T * S * 3.0 * FF * HID;
-        int32_t act[NE + 2];
-        cudaMemcpy(act, a.act, sizeof act, cudaMemcpyDeviceToHost);
+        int32_t *act = malloc((size_t)(NE + 2) * 4);
+        cudaMemcpy(act, a.act, (size_t)(NE + 2) * 4, cudaMemcpyDeviceToHost);
+        /* the step's bytes: its active routed experts' and the shared expert's */
+        const int nsh = FS > 0, nact = act[NE + 1];
+        const double bytes = (nact - nsh) * ebytes + nsh * sbytes;
         cudaError_t ce = cudaGetLastError();
-        printf("%6d %8d %10.1f %9.0f %10.1f %9.0f %6s %9.1f %8.1f %9.1f %8.1f %9.1f%s%s\n", a.T, act[NE + 1], layer,
-               act[NE + 1] * ebytes / (layer * 1e3), graph, act[NE + 1] * ebytes / (graph * 1e3),
+        free(act);
+        printf("%6d %8d %10.1f %9.0f %10.1f %9.0f %6s %9.1f %8.1f %9.1f %8.1f %9.1f%s%s\n", a.T, nact, layer,
+               bytes / (layer * 1e3), graph, bytes / (graph * 1e3),
                small ? "small" : gemm ? "gemm" : "gemv", path[0], flop / (path[0] * 1e6), path[1],
                flop / (path[1] * 1e6), rg, ce ? "  error: " : "", ce ? cudaGetErrorString(ce) : "");
         for (int s = 0; s < ns; s++) {

@@ -30,7 +30,11 @@
  *    same bits: routing, weights, output), the routing's block counter
  *    (count[0]) back at zero after its launches; a larger step must be
  *    refused by the fused entries; cases sit at the
- *    bound and either side of it. The GEMM path of a small step runs the
+ *    bound and either side of it. The same for the f32 output (outf, a
+ *    rank's partial sum), whose bits show an order of additions the bf16
+ *    rounding hides; and a layer of streamed kinds (cuda_moe_streamed: one
+ *    kind, or routed experts of one and shared ones of another, each in
+ *    kernels of its own) against the small kernels for any kind. The GEMM path of a small step runs the
  *    general stages (cuda_moe_forward keeps small steps on the GEMVs).
  * The GEMM's row tile follows T K / NE (16, 32, 64 or 128 rows; packed
  * experts on all four).
@@ -44,7 +48,10 @@
  * with bf16 ones (int4 g16/g32/g128 and int8 per channel, with and without
  * zero points, f16 scales, act-order), and experts all in one packed format
  * (gate and up decoded in one pass), the reference dequantizing with
- * model_qrepack_row.
+ * model_qrepack_row; mixed layers (routed experts of one kind, shared ones
+ * of another) at GLM-5.3-Flash's shape (int4 g32 routed, int8 per-channel
+ * shared) and a DeepSeek-V2-Lite-like one (int4 g128 routed, bf16 shared),
+ * their routed experts sharing a few weight sets (the reference's memory).
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -70,14 +77,16 @@ static uint32_t urand(void)
 
 /* formats: 0 bf16; 1 int4 g32 sym bf16 scales; 2 int8 per-channel asym; 3 int4 g16 asym f16 scales;
  * 4 int4 g32 act-order asym (the GEMVs' element-by-element path); 5 int4 g128 sym bf16 scales (GPTQ /
- * compressed-tensors W4A16's usual one); 6 int4 g128 asym; 7 int8 g32 sym f16 scales */
+ * compressed-tensors W4A16's usual one); 6 int4 g128 asym; 7 int8 g32 sym f16 scales; 8 int8 per-channel
+ * sym bf16 scales (GLM-5.3-Flash's shared expert) */
 #define NFMT 7 /* the formats a case's experts cycle through */
 
 /* A random packed weight in the device layout (as test_qgemm.c makes them). */
 static void make_packed(int fmt, int rows, int cols, struct model_qrepack *p)
 {
-    int bits = fmt == 2 || fmt == 7 ? 8 : 4, group = fmt == 2 ? 0 : fmt == 3 ? 16 : fmt == 5 || fmt == 6 ? 128 : 32;
-    bool asym = fmt >= 2 && fmt != 5 && fmt != 7, f16 = fmt == 3 || fmt == 7, act = fmt == 4;
+    int bits = fmt == 2 || fmt == 7 || fmt == 8 ? 8 : 4,
+        group = fmt == 2 || fmt == 8 ? 0 : fmt == 3 ? 16 : fmt == 5 || fmt == 6 ? 128 : 32;
+    bool asym = fmt >= 2 && fmt != 5 && fmt != 7 && fmt != 8, f16 = fmt == 3 || fmt == 7, act = fmt == 4;
     memset(p, 0, sizeof *p);
     p->bits = bits, p->rows = rows, p->cols = cols;
     p->group = group ? group : cols;
@@ -173,6 +182,11 @@ struct mcase {
     bool packed;              /* experts cycle through the NFMT formats */
     bool skew;                /* experts 0 .. K-2 biased to take every token (> 128 rows; many experts 0 or 1) */
     int fmt[3];               /* unless packed, every expert's gate, up and down in these formats (0: bf16) */
+    bool sown;                /* the shared experts in sfmt's formats instead (a mixed layer) */
+    int sfmt[3];
+    int distinct;             /* routed experts of weights of their own (0: all; expert e >= distinct shares
+                               * e % distinct's: at the real shapes every one would be GBs of reference) */
+    int want, want_sh;        /* nonzero: what cuda_moe_streamed must say of the routed and the shared experts */
 };
 
 static double dmax(double a, double b) { return a > b ? a : b; }
@@ -278,6 +292,35 @@ static bool route_logits_are(const struct cuda_moe_args *a, cudaStream_t st, con
     return same;
 }
 
+/* The layer's f32 output (outf, as a rank's partial sum: no bf16 rounding
+ * to hide a changed order of additions) into out: by cuda_moe_forward, or
+ * (general) the general stages on the GEMVs and the SIMT logits. Whether
+ * it ran. */
+static bool step_f32(const struct cuda_moe_args *a, bool general, cudaStream_t st, float *out)
+{
+    const float saved = cuda_tuning.moe_gemm_min_rows, saved_p = cuda_tuning.moe_gemm_min_rows_packed;
+    const int saved_r = cuda_tuning.moe_router_gemm_min_t;
+    cuda_tuning.moe_gemm_min_rows = cuda_tuning.moe_gemm_min_rows_packed = -1.0f;
+    cuda_tuning.moe_router_gemm_min_t = -1;
+    struct cuda_moe_args b = *a;
+    const size_t n = (size_t)a->T * a->E * 4;
+    b.outf = keep(poisoned(n));
+    cudaError_t ce = general ? general_stages(&b, st) : cuda_moe_forward(&b, st);
+    if (ce == cudaSuccess) ce = cudaStreamSynchronize(st);
+    cuda_tuning.moe_gemm_min_rows = saved, cuda_tuning.moe_gemm_min_rows_packed = saved_p;
+    cuda_tuning.moe_router_gemm_min_t = saved_r;
+    get(out, b.outf, n);
+    return ce == cudaSuccess;
+}
+
+static const char *stream_name(int k)
+{
+    return k == CUDA_MOE_STREAM_INT4   ? "int4"
+           : k == CUDA_MOE_STREAM_INT8 ? "int8"
+           : k == CUDA_MOE_STREAM_BF16 ? "bf16"
+                                       : "any";
+}
+
 static void run_case(const struct mcase *c)
 {
     const int NE = c->NE, K = c->K, E = c->E, T = c->T, S = K + (c->Fs > 0), R = NE + (c->gated ? 1 : 0);
@@ -297,14 +340,21 @@ static void run_case(const struct mcase *c)
     struct cuda_moe_expert *hex = calloc((size_t)NE + 1, sizeof *hex);
     float **rg = calloc((size_t)NE + 1, sizeof *rg), **ru = calloc((size_t)NE + 1, sizeof *ru),
           **rd = calloc((size_t)NE + 1, sizeof *rd);
+    const int nd = c->distinct > 0 && c->distinct < NE ? c->distinct : NE; /* routed experts of their own */
     for (int e = 0; e <= NE; e++) {
         int F = e < NE ? c->F : c->Fs;
         if (!F) continue;
+        if (e < NE && e >= nd) {
+            const int o = e % nd;
+            hex[e] = hex[o], rg[e] = rg[o], ru[e] = ru[o], rd[e] = rd[o];
+            continue;
+        }
         rg[e] = malloc((size_t)F * E * 4), ru[e] = malloc((size_t)F * E * 4), rd[e] = malloc((size_t)E * F * 4);
         hex[e].F = F;
-        make_mat(c->packed ? e % NFMT : c->fmt[0], F, E, rg[e], &hex[e].gate);
-        make_mat(c->packed ? (e + 1) % NFMT : c->fmt[1], F, E, ru[e], &hex[e].up);
-        make_mat(c->packed ? (e + 2) % NFMT : c->fmt[2], E, F, rd[e], &hex[e].down);
+        const int *f = e == NE && c->sown ? c->sfmt : c->fmt;
+        make_mat(c->packed ? e % NFMT : f[0], F, E, rg[e], &hex[e].gate);
+        make_mat(c->packed ? (e + 1) % NFMT : f[1], F, E, ru[e], &hex[e].up);
+        make_mat(c->packed ? (e + 2) % NFMT : f[2], E, F, rd[e], &hex[e].down);
     }
     uint16_t *x = malloc((size_t)T * E * 2);
     for (int i = 0; i < T * E; i++) x[i] = bf(frand());
@@ -313,13 +363,18 @@ static void run_case(const struct mcase *c)
         .T = T, .E = E, .NE = NE, .K = K, .S = S, .Fmax = Fmax, .sigmoid = c->sigmoid, .norm_topk = c->norm,
         .n_group = c->G, .topk_group = c->TG, .shared_gated = c->gated, .scale = c->scale,
         .swiglu_limit = c->limit, .router_f32 = c->router_f32,
-        .packed = c->packed || c->fmt[0] || c->fmt[1] || c->fmt[2],
+        .packed = c->packed || c->fmt[0] || c->fmt[1] || c->fmt[2] || (c->sown && (c->sfmt[0] || c->sfmt[1] ||
+                                                                                   c->sfmt[2])),
     };
     a.xn = keep(dup_dev(x, (size_t)T * E * 2));
     a.router = keep(c->router_f32 ? dup_dev(rw, (size_t)R * E * 4) : dup_dev(rwb, (size_t)R * E * 2));
     a.bias = c->bias ? keep(dup_dev(bias, (size_t)NE * 4)) : NULL;
     a.ex = keep(dup_dev(hex, ((size_t)NE + 1) * sizeof *hex));
-    a.streamed = cuda_moe_streamed(hex, NE, E); /* as the backend sets it */
+    a.streamed = cuda_moe_streamed(hex, NE, E, &a.streamed_shared); /* as the backend sets them */
+    if (c->want)
+        CHECKF(a.streamed == c->want && a.streamed_shared == c->want_sh,
+               "%s: cuda_moe_streamed says %d and %d, not %d and %d", c->name, a.streamed, a.streamed_shared,
+               c->want, c->want_sh);
     a.logits = keep(zeroed((size_t)T * (NE + 1) * 4));
     a.idx = keep(zeroed((size_t)T * S * 4));
     a.wt = keep(zeroed((size_t)T * S * 4));
@@ -366,7 +421,9 @@ static void run_case(const struct mcase *c)
         cudaMemcpy(out2, ap.out, (size_t)T * E * 2, cudaMemcpyDeviceToHost);
         path_diff = (memcmp(wt2, wt, (size_t)T * S * 4) != 0) + (memcmp(idx2, idx, (size_t)T * S * 4) != 0) +
                     (memcmp(out2, outp[0], (size_t)T * E * 2) != 0);
-        /* a layer of one kind (a.streamed): its kernels give the bits of the ones that decode any kind */
+        /* a layer of one kind (a.streamed), or routed experts of one and shared ones of another (the
+         * routed slots and the shared one in kernels of each kind's own): their kernels give the bits of
+         * the ones that decode any kind */
         if (a.streamed) {
             struct cuda_moe_args an = a;
             an.streamed = 0;
@@ -376,10 +433,31 @@ static void run_case(const struct mcase *c)
             CHECKF(ce == cudaSuccess, "%s: the small path for any kind: %s", c->name, cudaGetErrorString(ce));
             cudaMemcpy(out2, an.out, (size_t)T * E * 2, cudaMemcpyDeviceToHost);
             const bool same = memcmp(out2, outp[0], (size_t)T * E * 2) == 0;
-            CHECKF(same, "%s: the kernels for every kind differ from the %s ones", c->name,
-                   a.streamed == CUDA_MOE_STREAM_INT4 ? "int4" : "bf16");
+            CHECKF(same, "%s: the kernels for every kind differ from the %s (shared: %s) ones", c->name,
+                   stream_name(a.streamed), stream_name(a.streamed_shared));
             path_diff += !same;
         }
+        /* the f32 sums before the bf16 rounding (outf), which hides most last-bit differences (an f32 ulp
+         * changes the bf16 result about once in 2^16): the small path against the general stages, and a
+         * streamed layer's kernels against the ones for any kind */
+        float *f[3];
+        const size_t nf = (size_t)T * E;
+        for (int i = 0; i < 3; i++) f[i] = malloc(nf * 4);
+        struct cuda_moe_args an = a;
+        an.streamed = 0;
+        bool ran = step_f32(&a, false, st, f[0]) && step_f32(&a, true, st, f[1]);
+        if (a.streamed) ran = step_f32(&an, false, st, f[2]) && ran;
+        CHECKF(ran, "%s: the f32 (outf) steps failed", c->name);
+        int fdiff = 0, fdiff_any = 0;
+        for (size_t i = 0; i < nf; i++) {
+            fdiff += memcmp(&f[0][i], &f[1][i], 4) != 0;
+            fdiff_any += a.streamed && memcmp(&f[0][i], &f[2][i], 4) != 0;
+        }
+        CHECKF(fdiff == 0, "%s: f32 output: %d of %zu values differ from the general path's", c->name, fdiff, nf);
+        CHECKF(fdiff_any == 0, "%s: f32 output: %d of %zu values differ from the kernels for any kind", c->name,
+               fdiff_any, nf);
+        path_diff += (fdiff != 0) + (fdiff_any != 0) + !ran;
+        for (int i = 0; i < 3; i++) free(f[i]);
         /* the fused routing's block counter wrapped back to zero after every launch (eager, alone, graph) */
         int32_t c0 = -1;
         cudaMemcpy(&c0, a.count, 4, cudaMemcpyDeviceToHost);
@@ -545,7 +623,9 @@ static void run_case(const struct mcase *c)
                ok ? "ok  " : "FAIL", p ? "gemm" : "gemv", c->name, T, lerr, bad_route, ties, werr, orel, omax,
                alone[p] ? "same bits" : "DIFFERS", graph[p] ? "same bits" : "DIFFERS/failed");
         if (p) printf(", vs gemv %.2e, rows/expert %d..%d (%d with 1)", pdiff / den, cmin, cmax, c1);
-        else printf(", %s path%s", small ? "small" : "general",
+        else printf(", %s path (%s%s%s)%s", small ? "small" : "general", stream_name(a.streamed),
+                    S > K && a.streamed_shared != a.streamed ? ", shared " : "",
+                    S > K && a.streamed_shared != a.streamed ? stream_name(a.streamed_shared) : "",
                     path_diff ? (small ? " DIFFERS from the general one" : " not refused by the fused entries")
                               : small ? " = general bits" : "");
         printf("\n");
@@ -562,7 +642,8 @@ static void run_case(const struct mcase *c)
     free(ridx), free(rwt), free(scr), free(o), free(hh);
     cudaStreamDestroy(st);
     free_dev();
-    for (int e = 0; e <= NE; e++) free(rg[e]), free(ru[e]), free(rd[e]);
+    for (int e = 0; e <= NE; e++)
+        if (e < nd || e == NE) free(rg[e]), free(ru[e]), free(rd[e]);
     free(rg), free(ru), free(rd), free(hex), free(rw), free(rwb), free(bias), free(x), free(lg), free(wt), free(idx);
     free(outp[0]), free(outp[1]);
 }
@@ -570,93 +651,118 @@ static void run_case(const struct mcase *c)
 static const struct mcase cases[] = {
     /* qwen3_moe: softmax top-k, renormalised */
     {"softmax top-4 of 16, norm", 16, 4, 64, 16, 0, 37, false, true, false, false, false, true, 1, 1, 1, 0, false,
-     false, {0, 0, 0}},
+     false, {0, 0, 0}, false, {0, 0, 0}, 0, 0, 0},
     /* qwen3_moe with norm_topk_prob false, wide: many tokens per expert (several chunks) */
     {"softmax top-8 of 128, no norm", 128, 8, 256, 96, 0, 300, false, false, false, false, false, false, 1, 1, 1, 0,
-     false, false, {0, 0, 0}},
+     false, false, {0, 0, 0}, false, {0, 0, 0}, 0, 0, 0},
     /* over 8192 token slots: the grouping's multi-block path (the tokens alone take the one-block one) */
     {"softmax top-8 of 64, 1100 tokens", 64, 8, 64, 16, 0, 1100, false, true, false, false, false, false, 1, 1, 1, 0,
-     false, false, {0, 0, 0}},
+     false, false, {0, 0, 0}, false, {0, 0, 0}, 0, 0, 0},
     /* qwen2_moe: softmax, no norm, a sigmoid-gated shared expert of its own width, an f32 router */
     {"softmax + gated shared, f32 router", 8, 2, 96, 40, 24, 50, false, false, true, true, false, true, 1, 1, 1, 0,
-     false, false, {0, 0, 0}},
+     false, false, {0, 0, 0}, false, {0, 0, 0}, 0, 0, 0},
     /* glm4_moe / deepseek_v3: sigmoid, correction bias, groups, scaling, a shared expert */
     {"sigmoid groups 4/2, bias, shared", 16, 4, 64, 16, 16, 41, true, true, false, false, true, true, 4, 2, 2.5f, 0,
-     false, false, {0, 0, 0}},
+     false, false, {0, 0, 0}, false, {0, 0, 0}, 0, 0, 0},
     {"sigmoid groups 8/4, 256 experts", 256, 8, 128, 32, 64, 129, true, true, false, false, true, false, 8, 4, 2.5f,
-     0, false, false, {0, 0, 0}},
+     0, false, false, {0, 0, 0}, false, {0, 0, 0}, 0, 0, 0},
     /* glm5_next: one group, the clamped SwiGLU */
     {"sigmoid, clamped swiglu", 32, 8, 96, 48, 48, 33, true, true, false, false, true, false, 1, 1, 2.5f, 0.5f,
-     false, false, {0, 0, 0}},
+     false, false, {0, 0, 0}, false, {0, 0, 0}, 0, 0, 0},
     /* packed experts mixed with bf16 ones (every format), odd widths */
     {"packed experts (7 formats), shared", 16, 4, 128, 64, 32, 45, true, true, false, false, true, false, 4, 2, 1.0f,
-     0, true, false, {0, 0, 0}},
+     0, true, false, {0, 0, 0}, false, {0, 0, 0}, 0, 0, 0},
     {"packed experts, softmax", 10, 3, 96, 48, 0, 70, false, true, false, false, false, false, 1, 1, 1, 0, true,
-     false, {0, 0, 0}},
+     false, {0, 0, 0}, false, {0, 0, 0}, 0, 0, 0},
     /* widths that are not multiples of 8 (element-by-element loads) nor of the GEMM's tiles */
     {"odd widths E 100 F 36, packed", 12, 3, 100, 36, 20, 90, false, true, false, false, false, false, 1, 1, 1, 0,
-     true, false, {0, 0, 0}},
+     true, false, {0, 0, 0}, false, {0, 0, 0}, 0, 0, 0},
     /* T K large: 1024 rows an expert (16 GEMM row tiles), E and F partial tiles */
     {"2048 tokens top-8 of 16", 16, 8, 136, 80, 0, 2048, false, true, false, false, false, false, 1, 1, 1, 0,
-     false, false, {0, 0, 0}},
+     false, false, {0, 0, 0}, false, {0, 0, 0}, 0, 0, 0},
     /* packed experts on 64- and 128-row tiles (the tile height follows T K / NE), a shared expert */
     {"packed experts, 64-row tiles", 8, 2, 96, 40, 0, 600, false, true, false, false, false, false, 1, 1, 1, 0, true,
-     false, {0, 0, 0}},
+     false, {0, 0, 0}, false, {0, 0, 0}, 0, 0, 0},
     {"packed experts, 128-row tiles, shared", 8, 2, 136, 72, 24, 1600, true, true, false, false, true, false, 1, 1,
-     1.0f, 0, true, false, {0, 0, 0}},
+     1.0f, 0, true, false, {0, 0, 0}, false, {0, 0, 0}, 0, 0, 0},
     /* three experts take all 200 tokens, the fourth slot spreads over 125: experts of 0, 1 and > 128 rows */
     {"skewed: 0, 1 and 200 rows, packed", 128, 4, 64, 32, 0, 200, true, true, false, false, true, false, 1, 1, 1.0f,
-     0, true, true, {0, 0, 0}},
+     0, true, true, {0, 0, 0}, false, {0, 0, 0}, 0, 0, 0},
     /* small steps (T S <= CUDA_MOE_SMALL_SLOTS: logits, routing and grouping in one launch, down fused with
      * the combine), against the general path; decode at the Qwen3-30B-A3B router (top-8 of 128) */
     {"small: softmax top-8 of 128", 128, 8, 256, 96, 0, 1, false, true, false, false, false, true, 1, 1, 1, 0,
-     false, false, {0, 0, 0}},
+     false, false, {0, 0, 0}, false, {0, 0, 0}, 0, 0, 0},
     {"small: sigmoid groups 8/4, shared", 256, 8, 128, 32, 64, 2, true, true, false, false, true, false, 8, 4, 2.5f,
-     0, false, false, {0, 0, 0}},
+     0, false, false, {0, 0, 0}, false, {0, 0, 0}, 0, 0, 0},
     {"small: packed experts (7 formats), shared", 16, 4, 128, 64, 32, 8, true, true, false, false, true, false, 4,
-     2, 1.0f, 0, true, false, {0, 0, 0}},
+     2, 1.0f, 0, true, false, {0, 0, 0}, false, {0, 0, 0}, 0, 0, 0},
     {"small: gated shared, f32 router", 8, 2, 96, 40, 24, 8, false, false, true, true, false, true, 1, 1, 1, 0,
-     false, false, {0, 0, 0}},
+     false, false, {0, 0, 0}, false, {0, 0, 0}, 0, 0, 0},
     {"small: clamped swiglu, odd widths", 32, 8, 100, 20, 12, 5, true, true, false, false, true, false, 1, 1, 2.5f,
-     0.5f, false, false, {0, 0, 0}},
+     0.5f, false, false, {0, 0, 0}, false, {0, 0, 0}, 0, 0, 0},
     /* the bound: top-8 without shared experts (16 tokens small, 17 not), top-8 with (14, 15), and 33 */
     {"bound: softmax top-8 of 64", 64, 8, 128, 48, 0, 15, false, true, false, false, false, false, 1, 1, 1, 0,
-     false, false, {0, 0, 0}},
+     false, false, {0, 0, 0}, false, {0, 0, 0}, 0, 0, 0},
     {"bound: softmax top-8 of 64", 64, 8, 128, 48, 0, 16, false, true, false, false, false, false, 1, 1, 1, 0,
-     false, false, {0, 0, 0}},
+     false, false, {0, 0, 0}, false, {0, 0, 0}, 0, 0, 0},
     {"bound: softmax top-8 of 64", 64, 8, 128, 48, 0, 17, false, true, false, false, false, false, 1, 1, 1, 0,
-     false, false, {0, 0, 0}},
+     false, false, {0, 0, 0}, false, {0, 0, 0}, 0, 0, 0},
     {"bound: softmax top-8 of 64", 64, 8, 128, 48, 0, 33, false, true, false, false, false, false, 1, 1, 1, 0,
-     false, false, {0, 0, 0}},
+     false, false, {0, 0, 0}, false, {0, 0, 0}, 0, 0, 0},
     {"bound: sigmoid top-8 + shared", 32, 8, 128, 32, 32, 14, true, true, false, false, true, false, 4, 2, 2.5f, 0,
-     false, false, {5, 5, 5}},
+     false, false, {5, 5, 5}, false, {0, 0, 0}, 0, 0, 0},
     {"bound: sigmoid top-8 + shared", 32, 8, 128, 32, 32, 15, true, true, false, false, true, false, 4, 2, 2.5f, 0,
-     false, false, {5, 5, 5}},
+     false, false, {5, 5, 5}, false, {0, 0, 0}, 0, 0, 0},
     /* one format for all of an expert's matrices (gate and up in one pass): int4 g128 (W4A16's), int4 g32
      * sym, int8 per-channel asym, int8 g32 f16 scales, gate and up both int4 with different groups and scale
      * dtypes; small and general steps */
     {"int4 g128 experts", 32, 4, 256, 128, 64, 1, false, true, false, false, false, false, 1, 1, 1, 0, false, false,
-     {5, 5, 5}},
+     {5, 5, 5}, false, {0, 0, 0}, 0, 0, 0},
     {"int4 g128 experts", 32, 4, 256, 128, 64, 40, false, true, false, false, false, false, 1, 1, 1, 0, false, false,
-     {5, 5, 5}},
+     {5, 5, 5}, false, {0, 0, 0}, 0, 0, 0},
     {"int4 g32 experts", 16, 4, 128, 64, 0, 3, false, true, false, false, false, false, 1, 1, 1, 0, false, false, {1,
-     1, 1}},
+     1, 1}, false, {0, 0, 0}, 0, 0, 0},
     {"int8 per-channel asym experts", 16, 4, 128, 64, 32, 6, true, true, false, false, true, false, 1, 1, 1, 0,
-     false, false, {2, 2, 2}},
+     false, false, {2, 2, 2}, false, {0, 0, 0}, 0, 0, 0},
     {"int8 g32 f16 experts", 16, 4, 96, 48, 0, 37, false, true, false, false, false, false, 1, 1, 1, 0, false, false,
-     {7, 7, 7}},
+     {7, 7, 7}, false, {0, 0, 0}, 0, 0, 0},
     {"int4 gate g32 bf16, up g16 f16", 16, 4, 128, 64, 0, 4, false, true, false, false, false, false, 1, 1, 1, 0,
-     false, false, {1, 3, 5}},
+     false, false, {1, 3, 5}, false, {0, 0, 0}, 0, 0, 0},
     {"int4 gate g32 bf16, up g16 f16", 16, 4, 128, 64, 0, 50, false, true, false, false, false, false, 1, 1, 1, 0,
-     false, false, {1, 3, 5}},
+     false, false, {1, 3, 5}, false, {0, 0, 0}, 0, 0, 0},
     {"int4 odd width", 8, 2, 100, 40, 0, 9, false, true, false, false, false, false, 1, 1, 1, 0, false, false, {1, 3,
-     1}},
+     1}, false, {0, 0, 0}, 0, 0, 0},
     /* the Qwen3-30B-A3B expert shape (hidden 2048, intermediate 768, int4 g128) with fewer experts: one
      * small-path pass covers a warp's rows; 1 token, then 3 (experts of 1, 2 and 3 tokens) */
     {"small: int4 g128 2048 x 768", 16, 8, 2048, 768, 0, 1, false, true, false, false, false, false, 1, 1, 1, 0,
-     false, false, {5, 5, 5}},
+     false, false, {5, 5, 5}, false, {0, 0, 0}, 0, 0, 0},
     {"small: int4 g128 2048 x 768", 16, 8, 2048, 768, 0, 3, false, true, false, false, false, false, 1, 1, 1, 0,
-     false, false, {5, 5, 5}},
+     false, false, {5, 5, 5}, false, {0, 0, 0}, 0, 0, 0},
+    /* mixed layers: the routed experts of one kind, the shared expert of another (the small path runs each in
+     * kernels of its own kind). GLM-5.3-Flash's MoE layer at its real shape (hidden 4096, intermediate 2048,
+     * 288 experts top-8, one shared, sigmoid router with correction bias, scaling 2.5, SwiGLU clamped at
+     * 10): int4 g32 routed, int8 per-channel shared; 14 tokens is the small path's bound (9 slots a token),
+     * 16 the general path */
+#define GLM5(T)                                                                                                      \
+    {"glm5: int4 g32 + int8 channel shared", 288, 8, 4096, 2048, 2048, T, true, true, false, false, true, false, 1, \
+     1, 2.5f, 10.0f, false, false, {1, 1, 1}, true, {8, 8, 8}, 6, CUDA_MOE_STREAM_INT4, CUDA_MOE_STREAM_INT8}
+    GLM5(1), GLM5(2), GLM5(8), GLM5(14), GLM5(16),
+    /* a W4A16 export that leaves the shared experts bf16, at a DeepSeek-V2-Lite-like shape (hidden 2048,
+     * intermediate 1408, 64 experts top-6, two shared experts: 2816 rows, wider than the routed ones) */
+#define DSV2L(T)                                                                                                     \
+    {"dsv2-lite: int4 g128 + bf16 shared", 64, 6, 2048, 1408, 2816, T, true, false, false, false, true, false, 1, 1, \
+     1.0f, 0, false, false, {5, 5, 5}, true, {0, 0, 0}, 8, CUDA_MOE_STREAM_INT4, CUDA_MOE_STREAM_BF16}
+    DSV2L(1), DSV2L(2), DSV2L(8), DSV2L(16),
+    /* the other mixes' kernels, small: int8 routed with an int4 shared expert wider than them, bf16 routed
+     * with an int8 g32 f16-scaled one; and int8 throughout (the int8 kernels for a layer of one kind) */
+    {"mixed: int8 routed + int4 g32 shared", 16, 4, 128, 64, 96, 5, true, true, false, false, true, false, 1, 1,
+     2.5f, 0, false, false, {2, 2, 2}, true, {1, 1, 1}, 0, CUDA_MOE_STREAM_INT8, CUDA_MOE_STREAM_INT4},
+    {"mixed: bf16 routed + int8 g32 shared", 16, 4, 128, 64, 48, 1, false, true, false, false, false, false, 1, 1,
+     1, 0, false, false, {0, 0, 0}, true, {7, 7, 7}, 0, CUDA_MOE_STREAM_BF16, CUDA_MOE_STREAM_INT8},
+    {"int8 channel sym throughout", 16, 4, 128, 64, 32, 3, true, true, false, false, true, false, 1, 1, 1, 0, false,
+     false, {8, 8, 8}, false, {0, 0, 0}, 0, CUDA_MOE_STREAM_INT8, CUDA_MOE_STREAM_INT8},
+#undef GLM5
+#undef DSV2L
 };
 
 static void test_moe_cases(void)
