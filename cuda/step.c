@@ -29,8 +29,8 @@
  * the slots are then rolled to the last accepted draft (cuda_kda_rollback:
  * the accepted drafts replayed, cuda/kda.h).
  * With method mtp the MTP layer's pass (its sub-step, and drafts for the
- * greedy sequences) follows each step on the same stream, a graph of its own
- * per bucket (cuda/mtp.c).
+ * greedy sequences) follows each step on the same stream, every rank its
+ * share, a graph of its own per bucket (cuda/mtp.c).
  *
  * Prefill attention runs on the tensor cores (items of up to 128 query rows)
  * where the head shape allows, else on the SIMT kernel; decode-only steps take
