@@ -22,6 +22,7 @@
 
 #include "cuda/cuda_internal.h"
 #include "cuda/kda.h"
+#include "cuda/mtp.h"
 
 /* Waits for rank k's stream. With N > 1 it polls, so that a failure of
  * another rank (the flag) or of this rank's communicator (its async error)
@@ -74,6 +75,7 @@ static int run_job(struct rank *k, enum job job)
     case JOB_KV: rc = cuda_rank_kv_alloc(k, err, errlen); break;
     case JOB_FORWARD: rc = cuda_rank_forward(k, err, errlen); break;
     case JOB_KDA_ROLLBACK: rc = cuda_kda_rank_rollback(k, err, errlen); break;
+    case JOB_MTP_DRAFT: rc = cuda_mtp_rank_draft(k, err, errlen); break;
     case JOB_EXIT: break;
     }
     if (rc && k->b->tp > 1) {

@@ -503,27 +503,36 @@ static int run_warmup(struct cuda_backend *b, char *err, size_t errlen)
 
 /* One step of ns sequences of len tokens each at positions start.., sequence
  * k over blocks k * nbk .. (k + 1) * nbk - 1; the last token of each
- * sampled with *sp (random token ids: what they are does not matter). */
-static int warm_step(struct cuda_backend *b, int ns, int nbk, int start, int len, const struct model_sampling *sp,
-                     char *err, size_t errlen)
+ * sampled with *sp, or with nd > 0 its last nd tokens drafts to verify
+ * (random token ids: what they are does not matter). */
+static int warm_step(struct cuda_backend *b, int ns, int nbk, int start, int len, int nd,
+                     const struct model_sampling *sp, char *err, size_t errlen)
 {
     int T = ns * len, bs = b->block_size, rc = SL_ENOMEM;
     int32_t *ids = malloc((size_t)T * 4), *pos = malloc((size_t)T * 4), *bt = malloc((size_t)ns * nbk * 4);
+    int32_t *hist = malloc((size_t)T * 4);
     int64_t *slots = malloc((size_t)T * 8);
     uint64_t *rng = calloc((size_t)ns, sizeof *rng);
     struct step_seq *sq = calloc((size_t)ns, sizeof *sq);
-    if (ids && pos && bt && slots && rng && sq) {
+    struct model_sample_out *so = calloc((size_t)ns * (nd + 1), sizeof *so);
+    if (ids && pos && bt && hist && slots && rng && sq && so) {
         for (int k = 0, t = 0; k < ns; k++) {
             for (int j = 0; j < nbk; j++) bt[k * nbk + j] = k * nbk + j;
             rng[k] = 0x9E3779B97F4A7C15ull + (uint64_t)k;
             sq[k] = (struct step_seq){.query_start = t, .query_len = len, .context_len = start + len,
                                       .block_table = bt + (size_t)k * nbk, .n_blocks = nbk, .want_sample = true,
                                       .sampling = sp, .rng = &rng[k], .state_slot = k};
+            if (nd > 0) {
+                /* the history: the query's tokens, the last nd of them the drafts */
+                sq[k].history = hist + t, sq[k].n_prompt = len - nd, sq[k].n_history = len - nd;
+                sq[k].n_draft = nd, sq[k].spec_out = so + (size_t)k * (nd + 1);
+            }
             for (int i = 0; i < len; i++, t++) {
                 int p = start + i;
                 ids[t] = (int32_t)(((uint64_t)t * 2654435761u) % (uint64_t)b->c.n_vocab);
                 pos[t] = p;
                 slots[t] = (int64_t)bt[k * nbk + p / bs] * bs + p % bs;
+                hist[t] = ids[t];
             }
         }
         struct step st = {.n_tokens = T, .token_ids = ids, .positions = pos, .slots = slots, .n_seqs = ns, .seqs = sq};
@@ -531,7 +540,7 @@ static int warm_step(struct cuda_backend *b, int ns, int nbk, int start, int len
     } else {
         sl_seterr(err, errlen, "warm-up: out of host memory");
     }
-    free(ids), free(pos), free(bt), free(slots), free(rng), free(sq);
+    free(ids), free(pos), free(bt), free(hist), free(slots), free(rng), free(sq), free(so);
     return rc;
 }
 
@@ -540,7 +549,11 @@ static int warm_step(struct cuda_backend *b, int ns, int nbk, int start, int len
  * loading, cuBLAS's first calls, each decode bucket's graph capture): a
  * prefill of up to 512 tokens, an 8-token chunk over it (split attention,
  * sampled), and a decode step at every graph bucket the pool's blocks can
- * hold. It writes only KV blocks the engine has not handed out yet. A
+ * hold; with method mtp each bucket's verify step too (its sequences' drafts
+ * K = max_draft_tokens: the verify graph, when K <= VGRAPH_K) and, after each
+ * step, the MTP pass graphs of the steps of its shape (cuda_mtp_pack), so
+ * that the first speculative step of a bucket captures nothing. It writes
+ * only KV blocks the engine has not handed out yet. A
  * step the configuration refuses only ends it early (with a line on
  * stderr); a failed GPU fails kv_alloc.
  * tuning.warmup off skips it (the first prefix-cache hit after start took
@@ -556,12 +569,18 @@ static int warmup(struct cuda_backend *b, char *err, size_t errlen)
     model_sampling_default(&greedy);
     samp = greedy;
     samp.temperature = 1.0f, samp.top_p = 0.9f, samp.seed = 1;
-    int rc = warm_step(b, 1, nbk, 0, P, &greedy, err, errlen);
-    if (!rc) rc = warm_step(b, 1, nbk, P, C, &samp, err, errlen);
+    int rc = warm_step(b, 1, nbk, 0, P, 0, &greedy, err, errlen);
+    if (!rc) rc = warm_step(b, 1, nbk, P, C, 0, &samp, err, errlen);
     for (int i = 0; !rc && i < b->n_bucket; i++)
         if (b->bucket[i] <= b->kv_blocks && b->bucket[i] <= b->max_tokens &&
             (!b->state_bytes || b->bucket[i] <= b->state_slots))
-            rc = warm_step(b, b->bucket[i], 1, 0, 1, &greedy, err, errlen);
+            rc = warm_step(b, b->bucket[i], 1, 0, 1, 0, &greedy, err, errlen);
+    /* method mtp: verify steps of K drafts a sequence, from position 1 (a sequence's first step has none) */
+    int K = b->max_draft, vb = (K + 2 + bs - 1) / bs;
+    for (int i = 0; !rc && b->mtp && K > 0 && !b->state_bytes && i < b->n_bucket; i++)
+        if (b->bucket[i] * vb <= b->kv_blocks && b->bucket[i] * (K + 1) <= b->max_tokens &&
+            K + 2 <= b->max_ctx)
+            rc = warm_step(b, b->bucket[i], vb, 1, K + 1, K, &greedy, err, errlen);
     if (rc && !b->base.fatal) { /* a step this configuration refuses: serving can still start */
         fprintf(stderr, "cuda: warm-up left unfinished: %s\n", err);
         return 0;

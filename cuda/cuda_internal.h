@@ -116,6 +116,9 @@ struct rank {
     int32_t *cnt;                   /* [max_tokens][KVH] the decode attention's split tickets (zero at rest) */
     uint32_t *hw;                   /* [F] cuda_gemv_mlp's tagged h (one token) */
     uint8_t *din;                   /* device mirror of the backend's hin */
+    struct inlay lay;               /* where the layer code finds its inputs in din: b->lay during a step (set
+                                       by the rank's job), the MTP pass's region during its pass (per rank:
+                                       the ranks' passes run while others still enqueue their steps) */
     struct cuda_hc_rank *hcx;       /* hyper-connection streams and scratch (cuda/hc.h), or NULL */
     struct cuda_moe_rank *moex;     /* the MoE layers' step scratch (cuda/moe.h), or NULL */
     struct cuda_kda_rank *kdax;     /* the KDA layers' state slots and scratch (kda.h), or NULL */
@@ -130,7 +133,7 @@ struct rank {
     char err[512];
 };
 
-enum job { JOB_INIT, JOB_KV, JOB_FORWARD, JOB_KDA_ROLLBACK, JOB_EXIT };
+enum job { JOB_INIT, JOB_KV, JOB_FORWARD, JOB_KDA_ROLLBACK, JOB_MTP_DRAFT, JOB_EXIT };
 enum { ROW_GREEDY, ROW_SAMPLE, ROW_HOST }; /* who picks a logit row's token */
 
 struct cuda_backend {
@@ -263,6 +266,14 @@ cublasStatus_t cuda_proj(struct rank *k, const struct qproj *P, const uint16_t *
 /* A row-parallel projection into k->delta, summed over the ranks (step.c's proj_rows). */
 int cuda_proj_rows(struct rank *k, const uint16_t *x, const struct qproj *P, const uint16_t *W, int T, int in, int E,
                    int buf, bool resid, char *err, size_t errlen);
+/* x [T][E] f32 = the embeddings of ids (device) on rank k's stream: with
+ * N > 1 each rank's vocabulary rows, completed by an all-reduce (step.c's
+ * first launches). */
+int cuda_embed_rows(struct rank *k, const int32_t *ids, int T, char *err, size_t errlen);
+/* tok[r], lp[r] for r < R: the greedy token (lowest id on ties) and its
+ * logprob of rank k's logits [R][vn], with N > 1 over every rank's slice
+ * (the distributed argmax), so that every rank gets the same tokens. */
+int cuda_head_argmax(struct rank *k, int R, int32_t *tok, float *lp, char *err, size_t errlen);
 /* Launches *ge on k's stream, first capturing what fn(k, arg) enqueues there
  * into it when *ge is NULL (left NULL when fn or the capture fails). */
 int cuda_graph_run(struct rank *k, cudaGraphExec_t *ge, int (*fn)(struct rank *k, void *arg, char *err, size_t errlen),

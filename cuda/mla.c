@@ -257,7 +257,7 @@ int cuda_mla_mixer(struct rank *k, int l, int T, bool decode, char *err, size_t 
         Dv = a->v_head_dim, QL = a->q_lora_rank, Dq = Dn + R, W = Dn + Dv; /* H: this rank's heads */
     float leps = a->latent_norm_eps;
     cudaStream_t st = k->st;
-    const int32_t *pos = (const int32_t *)(k->din + b->lay.pos);
+    const int32_t *pos = (const int32_t *)(k->din + k->lay.pos);
     if (QL > 0) {
         CB(gemm(k, k->xn, L->q_a, x->qa, true, T, E, QL));
         CK(cuda_mla_rmsnorm(x->qa, QL, L->q_a_norm, QL, leps, T, x->qan, QL, st));
@@ -269,11 +269,11 @@ int cuda_mla_mixer(struct rank *k, int l, int T, bool decode, char *err, size_t 
     void *cache = (char *)k->kv + k->kv_off[l];
     struct cuda_mla_kv_args ka = {
         .q = x->q, .qn = x->qn, .kva = x->kva, .kv_norm = L->kv_a_norm, .cos = x->rcos, .sin = x->rsin,
-        .pos = pos, .slots = (const int64_t *)(k->din + b->lay.slots), .cache = cache, .T = T, .H = H, .Dn = Dn,
+        .pos = pos, .slots = (const int64_t *)(k->din + k->lay.slots), .cache = cache, .T = T, .H = H, .Dn = Dn,
         .R = R, .C = C, .W = L->W, .eps = leps, .interleave = a->rope_interleave, .kv8 = b->kv8,
     };
     CK(cuda_mla_kv_write(&ka, st));
-    const int32_t *tok_bt = (const int32_t *)(k->din + b->lay.tok_bt), *bt = (const int32_t *)(k->din + b->lay.bt);
+    const int32_t *tok_bt = (const int32_t *)(k->din + k->lay.tok_bt), *bt = (const int32_t *)(k->din + k->lay.bt);
     if (L->ix) {
         /* every key of the step is in the cache before any query scores them (one kernel after another) */
         int IH = a->index_n_heads, ID = a->index_head_dim;

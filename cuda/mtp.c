@@ -23,7 +23,10 @@
 #include "cuda/mtp.h"
 
 #define HIN(b, f, type) ((type *)((b)->hin + (b)->lay.f))
-#define DIN(k, f, type) ((type *)((k)->din + (k)->b->lay.f))
+#define DIN(k, f, type) ((type *)((k)->din + (k)->lay.f))
+
+/* Drafts the device makes a sequence after a step (cuda_mtp.K). */
+static int mtp_k(const struct cuda_backend *b) { return b->max_draft < CUDA_MTP_MAXD ? b->max_draft : CUDA_MTP_MAXD; }
 
 /* ---- creation ------------------------------------------------------------------ */
 
@@ -31,11 +34,6 @@ int cuda_mtp_check(const struct model_config *c, int N, char *err, size_t errlen
 {
     if (c->n_mtp_layer != 1) {
         sl_seterr(err, errlen, "speculative method mtp: %d MTP layers; the cuda backend runs one", c->n_mtp_layer);
-        return SL_EUNSUP;
-    }
-    if (N > 1) {
-        sl_seterr(err, errlen, "speculative method mtp: the cuda backend runs the MTP layer on one GPU only "
-                  "(--tensor-parallel-size %d); use method ngram, or one GPU", N);
         return SL_EUNSUP;
     }
     if (c->mla.index_topk > 0) {
@@ -92,6 +90,8 @@ int cuda_mtp_upload(struct rank *k, uint16_t *stage, float *tmp, char *err, size
         (rc = cuda_dmalloc((void **)&x->didx, (T + 2 * cap) * 4, err, errlen)) ||
         (rc = cuda_dmalloc((void **)&x->dlp, S * 4, err, errlen)))
         return rc;
+    /* rank 0's results are the backend's mapped buffer (cuda_mtp_create) */
+    if (k->id > 0 && (rc = cuda_dmalloc((void **)&x->res, ((size_t)mtp_k(b) + 3) * S * 4, err, errlen))) return rc;
     return 0;
 }
 
@@ -114,6 +114,7 @@ void cuda_mtp_free(struct rank *k)
     cudaFree(x->enorm), cudaFree(x->hnorm), cudaFree(x->head_norm), cudaFree(x->eh);
     drop_pass_graphs(x);
     cudaFree(x->in), cudaFree(x->hk), cudaFree(x->didx), cudaFree(x->mdin), cudaFree(x->dlp);
+    if (k->id > 0) cudaFree(x->res);
     free(x);
     k->mtpx = NULL;
 }
@@ -136,7 +137,7 @@ int cuda_mtp_create(struct cuda_backend *b, char *err, size_t errlen)
     m->keep_dst = calloc(cap, 4), m->keep_src = calloc(cap, 4), m->keep_pos = calloc(cap, sizeof(int));
     m->req_t = calloc(S, sizeof(int)), m->row_req = calloc(S, sizeof(int));
     m->dev_j = calloc(S, sizeof(int)), m->dev_seq = calloc(S, sizeof(int)), m->ereq = calloc(S, sizeof *m->ereq);
-    m->K = b->max_draft < CUDA_MTP_MAXD ? b->max_draft : CUDA_MTP_MAXD;
+    m->K = mtp_k(b);
     if (!m->last_q0 || !m->last_pos0 || !m->last_len || !m->sub_tok || !m->sub_pos || !m->sub_src || !m->sub_seq ||
         !m->sub_slot || !m->sub_bt || !m->sub_nb || !m->keep_dst || !m->keep_src || !m->keep_pos || !m->req_t ||
         !m->row_req || !m->dev_j || !m->dev_seq || !m->ereq) {
@@ -157,6 +158,7 @@ int cuda_mtp_create(struct cuda_backend *b, char *err, size_t errlen)
         sl_seterr(err, errlen, "MTP draft buffer: %s", cudaGetErrorString(e));
         return SL_ENOMEM;
     }
+    b->r[0].mtpx->res = m->dres;
     return 0;
 }
 
@@ -200,20 +202,24 @@ static struct cuda_mtp_lay pass_lay(const struct cuda_backend *b, int Tn, int Sp
 int cuda_mtp_kv_alloc(struct cuda_backend *b, int n_blocks, char *err, size_t errlen)
 {
     struct cuda_mtp *m = b->mtp;
-    struct rank *k = &b->r[0];
-    struct cuda_mtp_rank *x = k->mtpx;
     /* the pass's buffers, for its largest layout (bt_cap is kv_alloc's) */
     size_t need = pass_lay(b, b->max_tokens, b->max_seqs).total;
-    if (cudaSetDevice(k->dev) != cudaSuccess) {
-        sl_seterr(err, errlen, "kv_alloc: cudaSetDevice failed");
-        return SL_EDEVICE;
-    }
-    drop_pass_graphs(x);
-    cudaFree(x->mdin);
-    x->mdin = NULL;
     if (m->mhin) cudaFreeHost(m->mhin);
     m->mhin = NULL, m->mbytes = 0;
-    if (cuda_dmalloc((void **)&x->mdin, need, err, errlen)) return SL_ENOMEM;
+    for (int i = 0; i < b->tp; i++) {
+        struct rank *k = &b->r[i];
+        struct cuda_mtp_rank *x = k->mtpx;
+        if (cudaSetDevice(k->dev) != cudaSuccess) {
+            sl_seterr(err, errlen, "kv_alloc: cudaSetDevice failed");
+            return SL_EDEVICE;
+        }
+        drop_pass_graphs(x);
+        cudaFree(x->mdin);
+        x->mdin = NULL;
+        if (cuda_dmalloc((void **)&x->mdin, need, err, errlen)) return SL_ENOMEM;
+        x->hblk = (uint16_t *)((char *)k->kv + k->kv_off[model_n_layer_all(&b->c)]);
+    }
+    cudaSetDevice(b->r[0].dev);
     cudaError_t e = cudaHostAlloc((void **)&m->mhin, need, cudaHostAllocPortable);
     if (e != cudaSuccess) {
         m->mhin = NULL;
@@ -233,7 +239,6 @@ int cuda_mtp_kv_alloc(struct cuda_backend *b, int n_blocks, char *err, size_t er
     }
     for (int i = 0; i < n_blocks; i++) m->htag[i] = -1;
     m->gen = 0;
-    m->hblk = (uint16_t *)((char *)k->kv + k->kv_off[model_n_layer_all(&b->c)]);
     m->kv_blocks = n_blocks;
     return 0;
 }
@@ -248,9 +253,10 @@ static inline int64_t slot_of(const int32_t *bt, int pos, int bs)
 }
 
 /* The sub-step's n tokens (sub_*) into the step buffers: ids, positions,
- * slots and block tables where the layers read them (the full layout, din),
- * the hidden-state rows into didx; copies both on the stream. */
-static int load_sub(struct cuda_backend *b, struct rank *k, int n, char *err, size_t errlen)
+ * slots and block tables where the layers read them (the full layout), the
+ * hidden-state rows into hidx; returns the bytes of hin to copy (each rank
+ * copies them, load_rows). */
+static size_t load_sub(struct cuda_backend *b, int n)
 {
     struct cuda_mtp *m = b->mtp;
     b->lay = b->lay_full;
@@ -268,15 +274,23 @@ static int load_sub(struct cuda_backend *b, struct rank *k, int n, char *err, si
         ids[j] = m->sub_tok[j], pos[j] = m->sub_pos[j], slots[j] = m->sub_slot[j], tbt[j] = off;
         m->hidx[j] = m->sub_src[j];
     }
-    CK(cudaMemcpyAsync(k->din, b->hin, b->lay.bt + (size_t)nbt * 4, cudaMemcpyHostToDevice, k->st));
-    CK(cudaMemcpyAsync(k->mtpx->didx, m->hidx, (size_t)n * 4, cudaMemcpyHostToDevice, k->st));
+    return b->lay.bt + (size_t)nbt * 4;
+}
+
+/* Rank k's copies of load_sub's rows (nbytes of hin, n hidden rows) on its stream. */
+static int load_rows(struct rank *k, int n, size_t nbytes, char *err, size_t errlen)
+{
+    struct cuda_backend *b = k->b;
+    k->lay = b->lay_full;
+    CK(cudaMemcpyAsync(k->din, b->hin, nbytes, cudaMemcpyHostToDevice, k->st));
+    CK(cudaMemcpyAsync(k->mtpx->didx, b->mtp->hidx, (size_t)n * 4, cudaMemcpyHostToDevice, k->st));
     return 0;
 fail:
     return SL_EDEVICE;
 }
 
 /* The MTP layer over n tokens (ids; src: cuda_mtp_in's hidden rows; their
- * positions, slots and block tables through k->din as b->lay places them):
+ * positions, slots and block tables through k->din as k->lay places them):
  * x = eh_proj([enorm(embed) | hnorm(h)]), its mixer (each token's entry written before any attends,
  * position 0 left out), and with ffn its FFN; k->x then holds the residual
  * before the last block's output, k->delta that output (the FFN's with ffn). */
@@ -290,8 +304,8 @@ static int run_layer(struct cuda_backend *b, struct rank *k, int n, const int32_
     const struct clayer *L = &k->L[l];
     const struct model_layer_kind lk = model_layer_kind_of(c, l);
     cudaStream_t st = k->st;
-    CK(cuda_embed(k->tok_embd, ids, n, E, k->x, st));
-    CK(cuda_mtp_in(k->x, x->hk, b->mtp->hblk, src, x->enorm, x->hnorm, n, E, eps, x->in, st));
+    if (cuda_embed_rows(k, ids, n, err, errlen)) return SL_EDEVICE;
+    CK(cuda_mtp_in(k->x, x->hk, x->hblk, src, x->enorm, x->hnorm, n, E, eps, x->in, st));
     CB(cuda_proj(k, &x->qeh, x->eh, x->in, k->x, true, n, 2 * E, E));
     CK(cuda_add_rmsnorm(k->x, NULL, L->attn_norm, NULL, n, E, eps, k->xn, st));
     if (lk.mixer == MODEL_MIXER_GQA) {
@@ -351,19 +365,27 @@ static int dedup_keeps(struct cuda_mtp *m, int nk, int32_t *dst, int32_t *src)
     return w;
 }
 
-/* Queues hidden state keep_src[i] (an hk row) into block keep_dst[i]'s hblk
- * row for i < nk, deduplicated and tagged by dedup_keeps. */
-static int keep_rows(struct cuda_backend *b, struct rank *k, int nk, char *err, size_t errlen)
+/* The keeps keep_dst/keep_src[0..nk) into hidx, deduplicated and tagged by
+ * dedup_keeps; returns how many (keep_rows queues them). */
+static int keep_host(struct cuda_backend *b, int nk)
 {
     struct cuda_mtp *m = b->mtp;
     if (nk <= 0) return 0;
     size_t T = b->max_tokens, cap = m->cap;
-    int32_t *dst = m->hidx + T, *src = m->hidx + T + cap;
-    int w = dedup_keeps(m, nk, dst, src);
+    return dedup_keeps(m, nk, m->hidx + T, m->hidx + T + cap);
+}
+
+/* Queues keep_host's w hidden states (hk rows) into their blocks' hblk rows on k's stream. */
+static int keep_rows(struct rank *k, int w, char *err, size_t errlen)
+{
+    struct cuda_backend *b = k->b;
+    struct cuda_mtp *m = b->mtp;
+    if (w <= 0) return 0;
+    size_t T = b->max_tokens, cap = m->cap;
     int32_t *dd = k->mtpx->didx + T;
-    CK(cudaMemcpyAsync(dd, dst, (size_t)w * 4, cudaMemcpyHostToDevice, k->st));
-    CK(cudaMemcpyAsync(dd + cap, src, (size_t)w * 4, cudaMemcpyHostToDevice, k->st));
-    CK(cuda_mtp_rows(m->hblk, dd, k->mtpx->hk, dd + cap, w, b->c.n_embd, k->st));
+    CK(cudaMemcpyAsync(dd, m->hidx + T, (size_t)w * 4, cudaMemcpyHostToDevice, k->st));
+    CK(cudaMemcpyAsync(dd + cap, m->hidx + T + cap, (size_t)w * 4, cudaMemcpyHostToDevice, k->st));
+    CK(cuda_mtp_rows(k->mtpx->hblk, dd, k->mtpx->hk, dd + cap, w, b->c.n_embd, k->st));
     return 0;
 fail:
     return SL_EDEVICE;
@@ -388,18 +410,62 @@ static int bucket_of(int need, int cap, int *idx)
     return (1 << i) < cap ? (1 << i) : cap;
 }
 
+/* The pass's shape for need sub-step rows (tokens or keeps) and ns drafted
+ * sequences: its rows Tn and draft rows Sp, and the graph (*gt, *gs) that
+ * runs it (false: none, eager; then Tn = need, Sp = ns). */
+static bool graph_of(const struct cuda_backend *b, int need, int ns, int *Tn, int *Sp, int *gt, int *gs)
+{
+    *Tn = need, *Sp = ns, *gt = -1, *gs = -1;
+    if (!b->graphs || need > 1 << (CUDA_MTP_GT - 1)) return false;
+    int it, is = 0;
+    int scap = b->max_seqs < b->max_tokens ? b->max_seqs : b->max_tokens; /* the layer's scratch rows */
+    int tn = bucket_of(need, b->max_tokens, &it), sp = ns ? bucket_of(ns, scap, &is) : 0;
+    if (ns) is++;
+    if (is >= CUDA_MTP_GS) return false;
+    *Tn = tn, *Sp = sp, *gt = it, *gs = is;
+    return true;
+}
+
+/* The warm-up's step s: the pass graphs of the steps of its shape, those of
+ * B = prev + 1 .. n_seqs sequences of len tokens each (prev: the batch bucket
+ * below n_seqs; a decode or verify step whose sequences' positions before the
+ * step have their hidden states kept, as serving's do, so len sub-step
+ * tokens a sequence), drafted for when dr. */
+static void warm_shapes(struct cuda_backend *b, const struct step *s, bool dr)
+{
+    struct cuda_mtp *m = b->mtp;
+    m->n_warm = 0;
+    if (!b->graphs || s->n_seqs <= 0) return;
+    int len = s->seqs[0].query_len, prev = 0;
+    for (int i = 0; i < b->n_bucket; i++)
+        if (b->bucket[i] < s->n_seqs && b->bucket[i] > prev) prev = b->bucket[i];
+    for (int B = prev + 1; B <= s->n_seqs; B++) {
+        int Tn, Sp, gt, gs, i;
+        if (!graph_of(b, B * len, dr ? B : 0, &Tn, &Sp, &gt, &gs)) continue;
+        for (i = 0; i < m->n_warm && (m->warm[i][0] != gt || m->warm[i][1] != gs); i++) {}
+        if (i < m->n_warm) continue;
+        m->warm[i][0] = gt, m->warm[i][1] = gs, m->warm[i][2] = Tn, m->warm[i][3] = Sp;
+        m->n_warm++;
+    }
+}
+
 int cuda_mtp_pack(struct cuda_backend *b, const struct step *s, char *err, size_t errlen)
 {
     struct cuda_mtp *m = b->mtp;
     m->run = false;
-    /* the warm-up's steps keep nothing: their blocks are not handed out yet */
-    if (b->warming) return 0;
     int bs = b->block_size, K = m->K, n = 0, nk = 0, ns = 0, r = 0;
     /* drafts on the device: for sequences whose tokens it picks (greedy), and only
      * in steps without device-sampled rows (a row the device sampler leaves to
      * the host reads the step's logits after the pass, which the drafts' head
      * overwrites) */
     bool drafts = K > 0 && b->job.n_samp == 0;
+    if (b->warming) {
+        /* the warm-up's steps keep nothing (their blocks are not handed out yet): their passes capture graphs */
+        const struct step_seq *q = &s->seqs[0];
+        warm_shapes(b, s, drafts && q->want_sample && b->row_mode[0] == ROW_GREEDY && q->n_draft <= CUDA_MTP_MAXD);
+        m->run = m->n_warm > 0;
+        return 0;
+    }
     /* counts first: the sub-step's tokens, the keeps, the drafted sequences */
     for (int si = 0; si < s->n_seqs; si++) {
         const struct step_seq *q = &s->seqs[si];
@@ -416,14 +482,8 @@ int cuda_mtp_pack(struct cuda_backend *b, const struct step *s, char *err, size_
             m->dev_seq[ns++] = si;
         }
     }
-    int need = n > nk ? n : nk, Tn = need, Sp = ns, gt = -1, gs = -1;
-    if (b->graphs && need <= 1 << (CUDA_MTP_GT - 1)) {
-        int it, is = 0;
-        int scap = b->max_seqs < b->max_tokens ? b->max_seqs : b->max_tokens; /* the layer's scratch rows */
-        int tn = bucket_of(need, b->max_tokens, &it), sp = ns ? bucket_of(ns, scap, &is) : 0;
-        if (ns) is++;
-        if (is < CUDA_MTP_GS) Tn = tn, Sp = sp, gt = it, gs = is;
-    }
+    int Tn, Sp, gt, gs;
+    graph_of(b, n > nk ? n : nk, ns, &Tn, &Sp, &gt, &gs);
     struct cuda_mtp_lay L = pass_lay(b, Tn, Sp);
     uint8_t *h = m->mhin, *r0 = h + L.r0;
     int64_t *slots = (int64_t *)r0, pad_slot = (int64_t)b->kv_blocks * bs;
@@ -491,8 +551,8 @@ int cuda_mtp_pack(struct cuda_backend *b, const struct step *s, char *err, size_
     return 0;
 }
 
-/* Makes region r (n rows) the layer code's step inputs: k->din and b->lay
- * (one GPU: no other rank reads them meanwhile); bt the block tables. */
+/* Makes region r (n rows) the layer code's step inputs: k->din and k->lay;
+ * bt the block tables. */
 static void use_region(struct rank *k, uint8_t *r, int n, uint8_t *bt)
 {
     struct inlay y;
@@ -500,7 +560,7 @@ static void use_region(struct rank *k, uint8_t *r, int n, uint8_t *bt)
     y.slots = 0, y.ids = CUDA_MTP_R_IDS(n), y.pos = CUDA_MTP_R_POS(n), y.tok_bt = CUDA_MTP_R_TBT(n);
     y.bt = (size_t)(bt - r);
     k->din = r;
-    k->b->lay = y;
+    k->lay = y;
 }
 
 /* The pass over regions of Tn rows (the sub-step's nl tokens, its nw keeps)
@@ -516,7 +576,7 @@ static int pass(struct rank *k, int Tn, int nl, int nw, int Sp, char *err, size_
     cudaStream_t st = k->st;
     struct cuda_mtp_lay L = pass_lay(b, Tn, Sp);
     uint8_t *base = x->mdin, *din = k->din, *btp = base + L.bt;
-    struct inlay lay = b->lay;
+    struct inlay lay = k->lay;
     if (nl > 0) {
         uint8_t *r0 = base + L.r0;
         use_region(k, r0, Tn, btp);
@@ -525,48 +585,47 @@ static int pass(struct rank *k, int Tn, int nl, int nw, int Sp, char *err, size_
             goto out;
     }
     /* the step's hidden states into their blocks: after the sub-step, which read the ones there */
-    CK(cuda_mtp_rows(m->hblk, (const int32_t *)(base + L.kdst), x->hk, (const int32_t *)(base + L.ksrc), nw, E, st));
+    CK(cuda_mtp_rows(x->hblk, (const int32_t *)(base + L.kdst), x->hk, (const int32_t *)(base + L.ksrc), nw, E, st));
     if (Sp > 0 && K > 0) {
         struct cuda_mtp_accept_args aa = {
             .sq = (const struct cuda_mtp_dseq *)(base + L.dseq), .ns = (const int32_t *)(base + L.ns),
             .tok = k->tok, .bt = (const int32_t *)btp, .Sp = Sp, .K = K, .V = V, .block_size = b->block_size,
             .pad_row = b->kv_blocks, .pad_slot = (int64_t)b->kv_blocks * b->block_size, .g0 = b->max_tokens,
             .kdst = (int32_t *)(base + L.ddst), .ksrc = (int32_t *)(base + L.dsrc), .r1 = base + L.r1,
-            .out_p = m->dres + (size_t)K * S, .out_k = m->dres + (size_t)(K + 1) * S,
-            .out_tok = m->dres + (size_t)(K + 2) * S,
+            .out_p = x->res + (size_t)K * S, .out_k = x->res + (size_t)(K + 1) * S,
+            .out_tok = x->res + (size_t)(K + 2) * S,
         };
         CK(cuda_mtp_accept(&aa, st));
         /* the accepted position's hidden state stays in its block: a forward() from p + 1 writes p + 1's entry */
-        CK(cuda_mtp_rows(m->hblk, aa.kdst, x->hk, aa.ksrc, Sp, E, st));
+        CK(cuda_mtp_rows(x->hblk, aa.kdst, x->hk, aa.ksrc, Sp, E, st));
         uint16_t *g = x->hk + (size_t)b->max_tokens * E; /* [Sp][E]: the chained hidden states, row j's */
         for (int it = 0; it < K; it++) {
             uint8_t *ri = base + L.r1 + (size_t)it * L.rs;
             use_region(k, ri, Sp, btp);
-            const int32_t *ids = it == 0 ? (const int32_t *)(ri + CUDA_MTP_R_IDS(Sp)) : m->dres + (size_t)(it - 1) * S;
+            const int32_t *ids = it == 0 ? (const int32_t *)(ri + CUDA_MTP_R_IDS(Sp)) : x->res + (size_t)(it - 1) * S;
             if ((rc = run_layer(b, k, Sp, ids, (const int32_t *)(ri + CUDA_MTP_R_SRC(Sp)), true, err, errlen)))
                 goto out;
             /* the head: g = head_norm(x + the FFN's output), each row's next hidden state (the layer has
              * read the last one), then the shared LM head's greedy token (ties to the lower id) */
             CK(cuda_add_rmsnorm(k->x, k->delta, x->head_norm, NULL, Sp, E, c->norm_eps, g, st));
-            CB(cuda_proj(k, &k->qhead, k->lm_head, g, k->logits, true, Sp, E, V));
-            CK(cuda_argmax_lse(k->logits, Sp, V, k->amp, m->dres + (size_t)it * S, x->dlp, st));
-            CK(cuda_mtp_fix_ids(m->dres + (size_t)it * S, Sp, V, st));
+            CB(cuda_proj(k, &k->qhead, k->lm_head, g, k->logits, true, Sp, E, k->vn));
+            if ((rc = cuda_head_argmax(k, Sp, x->res + (size_t)it * S, x->dlp, err, errlen))) goto out;
+            CK(cuda_mtp_fix_ids(x->res + (size_t)it * S, Sp, V, st));
         }
     }
 out:
-    k->din = din, b->lay = lay;
+    k->din = din, k->lay = lay;
     return rc;
 fail:
     rc = SL_EDEVICE;
     goto out;
 }
 
-/* A graph's pass: every one of the bucket's Tn entries */
-static int pass_bucket(struct rank *k, void *arg, char *err, size_t errlen)
+/* A graph's pass: every one of the bucket's Tn entries (arg: int [2], Tn and Sp) */
+static int pass_graph(struct rank *k, void *arg, char *err, size_t errlen)
 {
-    (void)arg;
-    const struct cuda_mtp *m = k->b->mtp;
-    return pass(k, m->Tn, m->Tn, m->Tn, m->Sp, err, errlen);
+    const int *sh = arg;
+    return pass(k, sh[0], sh[0], sh[0], sh[1], err, errlen);
 }
 
 int cuda_mtp_rank_pass(struct rank *k, char *err, size_t errlen)
@@ -576,13 +635,24 @@ int cuda_mtp_rank_pass(struct rank *k, char *err, size_t errlen)
     struct cuda_mtp_rank *x = k->mtpx;
     const struct model_config *c = &b->c;
     if (!m || !x || !m->run) return 0;
+    if (b->warming) {
+        /* all zeros: no drafted sequence, every entry at position 0 of block 0 (which the MTP layer's
+         * attention never reads), every keep into block 0's row, which no tag names yet */
+        CK(cudaMemsetAsync(x->mdin, 0, m->mbytes, k->st));
+        for (int i = 0; i < m->n_warm; i++) {
+            int rc = cuda_graph_run(k, &x->gx[m->warm[i][0]][m->warm[i][1]], pass_graph, &m->warm[i][2], err, errlen);
+            if (rc) return rc;
+        }
+        return 0;
+    }
     CK(cudaMemcpyAsync(x->mdin, m->mhin, m->nbytes, cudaMemcpyHostToDevice, k->st));
     /* the step's final-normed hidden states: the residual plus the last block's
      * output, which the head adds for its rows only (the fused one-token path
      * is off with MTP, and creation refuses hyper-connections) */
     CK(cuda_add_rmsnorm(k->x, k->delta, k->out_norm, NULL, b->job.Tp, c->n_embd, c->norm_eps, x->hk, k->st));
     if (m->gt < 0) return pass(k, m->Tn, m->nl, m->nw, m->Sp, err, errlen);
-    return cuda_graph_run(k, &x->gx[m->gt][m->gs], pass_bucket, NULL, err, errlen);
+    int sh[2] = {m->Tn, m->Sp};
+    return cuda_graph_run(k, &x->gx[m->gt][m->gs], pass_graph, sh, err, errlen);
 fail:
     return SL_EDEVICE;
 }
@@ -591,6 +661,10 @@ void cuda_mtp_after_step(struct cuda_backend *b, const struct step *s)
 {
     struct cuda_mtp *m = b->mtp;
     if (!m->run) return;
+    if (b->warming) { /* its pass kept nothing and drafted for no one */
+        m->run = false;
+        return;
+    }
     /* the accepted positions' hidden states the pass kept */
     const int32_t *op = m->hres + (size_t)m->K * b->max_seqs;
     for (int j = 0; j < m->ns && m->K > 0; j++) {
@@ -608,7 +682,7 @@ int cuda_mtp_draft(model_backend *mb, struct model_mtp_req *r, int n, char *err,
     struct cuda_backend *b = (struct cuda_backend *)mb;
     const struct model_config *c = &b->c;
     struct cuda_mtp *m = b->mtp;
-    int E = c->n_embd, V = c->n_vocab, bs = b->block_size, kmax = 0;
+    int V = c->n_vocab, bs = b->block_size, kmax = 0;
     if (!b->base.has_mtp || !m) {
         sl_seterr(err, errlen, "mtp_draft: the backend was created without MTP (opts.mtp)");
         return SL_EUNSUP;
@@ -641,18 +715,14 @@ int cuda_mtp_draft(model_backend *mb, struct model_mtp_req *r, int n, char *err,
     }
     r = m->ereq, n = ne;
     if (n == 0) return 0;
-    struct rank *k = &b->r[0];
-    struct cuda_mtp_rank *x = k->mtpx;
     int T = b->max_tokens;
-    uint16_t *g = x->hk + (size_t)T * E; /* [max_seqs][E]: the chained hidden states, row t of the last iteration */
-    CK(cudaSetDevice(k->dev));
     /* p's hidden state stays in its block: a forward() from p + 1 writes p + 1's entry itself */
     for (int j = 0; j < n; j++) {
         m->keep_dst[j] = r[j].block_table[r[j].pos / bs];
         m->keep_src[j] = m->last_q0[r[j].seq] + r[j].pos - m->last_pos0[r[j].seq];
         m->keep_pos[j] = r[j].pos;
     }
-    if (keep_rows(b, k, n, err, errlen)) return stop(b, err);
+    m->e_nw = keep_host(b, n);
     for (int it = 0; it < kmax; it++) {
         int ns = 0;
         for (int j = 0; j < n; j++) {
@@ -669,26 +739,47 @@ int cuda_mtp_draft(model_backend *mb, struct model_mtp_req *r, int n, char *err,
             m->row_req[ns] = j;
             ns++;
         }
-        if (load_sub(b, k, ns, err, errlen) ||
-            run_layer(b, k, ns, DIN(k, ids, int32_t), x->didx, true, err, errlen))
-            return stop(b, err);
-        /* the head: g = head_norm(x + the FFN's output), each request's next hidden state (the layer has read
-         * the last one), then the shared LM head's greedy token (ties to the lower id) */
-        CK(cuda_add_rmsnorm(k->x, k->delta, x->head_norm, NULL, ns, E, c->norm_eps, g, k->st));
-        CB(cuda_proj(k, &k->qhead, k->lm_head, g, k->logits, true, ns, E, V));
-        CK(cuda_argmax_lse(k->logits, ns, V, k->amp, k->tok, k->lp, k->st));
-        if (cuda_rank_wait(k, err, errlen)) return stop(b, err);
+        m->e_it = it, m->e_n = ns;
+        m->e_bytes = load_sub(b, ns);
+        /* every rank its share of the layer and the head; the tokens come back in rank 0's mapped buffer */
+        if (cuda_crew_run(b, JOB_MTP_DRAFT, err, errlen)) return stop(b, err);
+        m->e_nw = 0;
         for (int t = 0; t < ns; t++) {
             struct model_mtp_req *q = &r[m->row_req[t]];
             if (it >= q->k) continue;
             int32_t tok = b->hout_tok[t];
             q->drafts[it] = tok >= 0 && tok < V ? tok : 0; /* -1: logits not finite; any token verifies alike */
-            if (q->logits)
-                CK(cudaMemcpy(q->logits + (size_t)it * V, k->logits + (size_t)t * V, (size_t)V * 4,
-                              cudaMemcpyDeviceToHost));
         }
     }
     return 0;
+}
+
+int cuda_mtp_rank_draft(struct rank *k, char *err, size_t errlen)
+{
+    struct cuda_backend *b = k->b;
+    const struct model_config *c = &b->c;
+    struct cuda_mtp *m = b->mtp;
+    struct cuda_mtp_rank *x = k->mtpx;
+    int E = c->n_embd, V = c->n_vocab, ns = m->e_n, it = m->e_it;
+    uint16_t *g = x->hk + (size_t)b->max_tokens * E; /* [max_seqs][E]: the chained hidden states, row t of the last
+                                                        iteration */
+    CK(cudaSetDevice(k->dev));
+    if (keep_rows(k, m->e_nw, err, errlen) || load_rows(k, ns, m->e_bytes, err, errlen) ||
+        run_layer(b, k, ns, DIN(k, ids, int32_t), x->didx, true, err, errlen))
+        return SL_EDEVICE;
+    /* the head: g = head_norm(x + the FFN's output), each request's next hidden state (the layer has read
+     * the last one), then the shared LM head's greedy token (ties to the lower id) */
+    CK(cuda_add_rmsnorm(k->x, k->delta, x->head_norm, NULL, ns, E, c->norm_eps, g, k->st));
+    CB(cuda_proj(k, &k->qhead, k->lm_head, g, k->logits, true, ns, E, k->vn));
+    if (cuda_head_argmax(k, ns, k->tok, k->lp, err, errlen) || cuda_rank_wait(k, err, errlen)) return SL_EDEVICE;
+    /* the logits a request asks for: each rank its vocabulary slice */
+    for (int t = 0; t < ns; t++) {
+        const struct model_mtp_req *q = &m->ereq[m->row_req[t]];
+        if (it < q->k && q->logits)
+            CK(cudaMemcpy(q->logits + (size_t)it * V + k->v0, k->logits + (size_t)t * k->vn, (size_t)k->vn * 4,
+                          cudaMemcpyDeviceToHost));
+    }
+    return 0;
 fail:
-    return stop(b, err);
+    return SL_EDEVICE;
 }

@@ -23,8 +23,22 @@
  * and ops->mtp_draft hands them out when a request asks for what the
  * device drafted (position, token, at most its drafts, no logits); any other
  * request (logits wanted, a sampled sequence, another position) runs the
- * eager path (load_sub, run_layer, a wait per draft). One GPU only (creation
- * refuses --tensor-parallel-size > 1 with MTP). The MTP layer's attention
+ * eager path (load_sub, run_layer, a wait per draft: a crew job per draft,
+ * JOB_MTP_DRAFT).
+ *
+ * Tensor parallelism: every rank runs the pass and the eager path on its
+ * share, the same code as one GPU with N = 1: the layer's heads and FFN
+ * (or MoE) split as the decoder layers' are (k->L[n_layer], weights.c), its
+ * KV and the blocks' hidden states in each rank's KV allocation; its own
+ * parts (enorm, hnorm, eh_proj, head_norm) whole on every rank, as an MLA
+ * layer's latent projections are, so the layer's input and the chained
+ * hidden states are the same on every rank with no collective of their
+ * own; the embedding and the LM head the model's (vocabulary-sharded: the
+ * embedding's all-reduce and the distributed argmax, cuda_embed_rows and
+ * cuda_head_argmax), so every rank draws the same drafts and keeps the same
+ * rows. The host's state (tags, keeps, what is handed out) is one for all
+ * ranks; rank 0's results come back in mapped memory, the others' stay on
+ * their GPUs for their next draft's embedding. The MTP layer's attention
  * leaves position 0 out (it has no entry there): a GQA layer through this
  * file's own attention kernel (mtp.cu), an MLA layer through cuda_mla_mixer
  * with the rank's key0 set to 1. */
@@ -141,6 +155,10 @@ struct cuda_mtp_rank {
     int32_t *didx;              /* [max_tokens + 2 cap] device mirror of the backend's hidx */
     uint8_t *mdin;              /* the pass's inputs (b->mtp->mhin's mirror; sized at kv_alloc) */
     float *dlp;                 /* [max_seqs] the drafts' argmax logprobs (unused) */
+    uint16_t *hblk;             /* [kv_blocks + 1][E] bf16 in the rank's KV allocation: each block's kept hidden
+                                   state (the same on every rank) */
+    int32_t *res;               /* [K + 3][max_seqs] the pass's drafts and results (cuda_mtp.hres's layout):
+                                   rank 0's is dres (mapped host memory), the others' their own */
     cudaGraphExec_t gx[CUDA_MTP_GT][CUDA_MTP_GS]; /* the pass by (sub-step tokens, draft rows) bucket */
 };
 
@@ -154,7 +172,6 @@ struct cuda_mtp_lay {
 
 /* Per backend (b->mtp): host state. */
 struct cuda_mtp {
-    uint16_t *hblk;             /* borrowed: rank 0's [kv_blocks + 1][E] bf16 in its KV allocation */
     int32_t *htag;              /* [kv_blocks] host: the position of each block's hidden state (-1: none) */
     int kv_blocks;
     int cap;                    /* sub-step tokens at most: max_tokens + max_seqs */
@@ -186,6 +203,12 @@ struct cuda_mtp {
     int32_t *hres, *dres;       /* mapped [K + 3][max_seqs]: the drafts by iteration, then out_p, out_k, out_tok
                                    (cuda_mtp_accept_args); dres its device address */
     struct model_mtp_req *ereq; /* [max_seqs] the requests left to the eager path */
+    /* an eager draft iteration (JOB_MTP_DRAFT, what each rank runs) */
+    int e_it, e_n, e_nw;        /* the iteration, its rows, the keeps before it (hidx; the first only) */
+    size_t e_bytes;             /* bytes of hin its rows fill */
+    /* the warm-up's steps: the pass graphs to capture, over inputs that keep nothing (an all-zero pass) */
+    int n_warm;
+    int warm[CUDA_MTP_GT * CUDA_MTP_GS][4]; /* (gt, gs, Tn, Sp) */
 };
 
 /* Whether the GPU backend runs c's MTP layer with N ranks: 0, or SL_EUNSUP
@@ -205,13 +228,17 @@ int cuda_mtp_kv_alloc(struct cuda_backend *b, int n_blocks, char *err, size_t er
 void cuda_mtp_forget(struct cuda_backend *b);
 /* Before the step runs (after pack_step): the pass's inputs packed into
  * mhin, the sub-step's hidden-state tags set; b->mtp->run says whether the
- * step has a pass (not during the warm-up). SL_EINVAL when the block tables
- * do not fit. */
+ * step has a pass. During the warm-up the pass keeps nothing: it captures
+ * the graphs of the buckets that steps of this one's shape (its batch
+ * bucket, its tokens a sequence) take, over inputs that write only block 0
+ * and the pad block. SL_EINVAL when the block tables do not fit. */
 int cuda_mtp_pack(struct cuda_backend *b, const struct step *s, char *err, size_t errlen);
 /* Rank k's pass, after its step's work on its stream (JOB_FORWARD): the
  * step's final-normed hidden states, the sub-step, the accepted positions'
  * keeps and the drafts; a graph where the bucket has one. */
 int cuda_mtp_rank_pass(struct rank *k, char *err, size_t errlen);
+/* Rank k's part of an eager draft iteration (JOB_MTP_DRAFT). */
+int cuda_mtp_rank_draft(struct rank *k, char *err, size_t errlen);
 /* At the end of a successful forward(): the accepted positions' tags, the
  * step recorded for mtp_draft. */
 void cuda_mtp_after_step(struct cuda_backend *b, const struct step *s);

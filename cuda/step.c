@@ -29,8 +29,8 @@
  * the slots are then rolled to the last accepted draft (cuda_kda_rollback:
  * the accepted drafts replayed, cuda/kda.h).
  * With method mtp the MTP layer's pass (its sub-step, and drafts for the
- * greedy sequences) follows each step on the same stream, a graph of its own
- * per bucket (cuda/mtp.c).
+ * greedy sequences) follows each step on the same stream, every rank its
+ * share, a graph of its own per bucket (cuda/mtp.c).
  *
  * Prefill attention runs on the tensor cores (items of up to 128 query rows)
  * where the head shape allows, else on the SIMT kernel; decode-only steps take
@@ -132,7 +132,7 @@ static void pack_sampling(struct cuda_backend *b, const struct step *s, int R)
     b->job.n_samp = ns;
     b->job.n_pen = np;
 }
-#define DIN(k, f, type) ((type *)((k)->din + (k)->b->lay.f))
+#define DIN(k, f, type) ((type *)((k)->din + (k)->lay.f))
 
 /* Packs the step into hin. Tokens [n_tokens, Tp) and rows [R, Rp) are
  * padding (decode graphs). Returns the bytes of hin to copy, or 0 when the
@@ -377,6 +377,59 @@ int cuda_proj_rows(struct rank *k, const uint16_t *x, const struct qproj *P, con
     return proj_rows(k, x, P, W, T, in, E, buf, resid, err, errlen);
 }
 
+/* x = the embeddings of T tokens ids: with N > 1 each rank's vocabulary
+ * rows, and an all-reduce (peer buffer 2) completes them. */
+static int embed_rows(struct rank *k, const int32_t *ids, int T, char *err, size_t errlen)
+{
+    struct cuda_backend *b = k->b;
+    int E = b->c.n_embd;
+    cudaStream_t st = k->st;
+    if (b->tp == 1) {
+        CK(cuda_embed(k->tok_embd, ids, T, E, k->x, st));
+        return 0;
+    }
+    bool pr = use_peer(b, (size_t)T * E);
+    CK(cuda_embed_shard(k->tok_embd, ids, T, E, k->v0, k->vn, pr ? k->pbuf[2] : k->x, st));
+    if (pr) {
+        struct cuda_peer_ar a = peer_args(k, 2);
+        CK(cuda_peer_allreduce(&a, (size_t)T * E, NULL, k->x, false, st));
+    } else if (!b->skip_comm) {
+        NC(ncclAllReduce(k->x, k->x, (size_t)T * E, ncclFloat, ncclSum, k->comm, st));
+    }
+    return 0;
+fail:
+    return SL_EDEVICE;
+}
+
+int cuda_embed_rows(struct rank *k, const int32_t *ids, int T, char *err, size_t errlen)
+{
+    return embed_rows(k, ids, T, err, errlen);
+}
+
+/* The greedy tokens of R logit rows (k->logits, this rank's vocabulary
+ * slice): with N > 1 every rank's (max, sum, argmax) parts all-gathered and
+ * combined in rank order, so every rank gets the same tokens. */
+static int head_argmax(struct rank *k, int R, int32_t *tok, float *lp, char *err, size_t errlen)
+{
+    struct cuda_backend *b = k->b;
+    cudaStream_t st = k->st;
+    if (b->tp == 1) {
+        CK(cuda_argmax_lse(k->logits, R, k->vn, k->amp, tok, lp, st));
+        return 0;
+    }
+    CK(cuda_argmax_part(k->logits, R, k->vn, k->v0, k->amp, st));
+    if (!b->skip_comm) NC(ncclAllGather(k->amp, k->amp_all, (size_t)R * sizeof *k->amp / 4, ncclInt32, k->comm, st));
+    CK(cuda_argmax_combine(k->amp_all, b->tp, R, tok, lp, st));
+    return 0;
+fail:
+    return SL_EDEVICE;
+}
+
+int cuda_head_argmax(struct rank *k, int R, int32_t *tok, float *lp, char *err, size_t errlen)
+{
+    return head_argmax(k, R, tok, lp, err, errlen);
+}
+
 /* Enqueues rank k's whole forward pass for T tokens (some maybe padding), R
  * logit rows, and max_items attention items, up to the greedy tokens. */
 static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, char *err, size_t errlen)
@@ -387,18 +440,7 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
     int Q = H * D, QKV = Q + 2 * KVH * D;
     cudaStream_t st = k->st;
     enum cudaStreamCaptureStatus cs;
-    if (b->tp == 1) {
-        CK(cuda_embed(k->tok_embd, DIN(k, ids, int32_t), T, E, k->x, st));
-    } else {
-        bool pr = use_peer(b, (size_t)T * E);
-        CK(cuda_embed_shard(k->tok_embd, DIN(k, ids, int32_t), T, E, k->v0, k->vn, pr ? k->pbuf[2] : k->x, st));
-        if (pr) {
-            struct cuda_peer_ar a = peer_args(k, 2);
-            CK(cuda_peer_allreduce(&a, (size_t)T * E, NULL, k->x, false, st));
-        } else if (!b->skip_comm) {
-            NC(ncclAllReduce(k->x, k->x, (size_t)T * E, ncclFloat, ncclSum, k->comm, st));
-        }
-    }
+    if (embed_rows(k, DIN(k, ids, int32_t), T, err, errlen)) goto fail;
     /* decode of one token: the norms ride in the GEMV prologues,
      * SwiGLU and the residual adds in their epilogues (bit-identical to the
      * unfused kernels, but for the norm's scale, which the one-token GEMVs
@@ -530,14 +572,7 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
                             c->norm_eps, k->hfin, st));
         if (!(b->t.ablate & CUDA_ABLATE_HEAD))
             CB(proj(k, &k->qhead, k->lm_head, k->hfin, k->logits, true, R, E, k->vn));
-        if (b->tp == 1) {
-            CK(cuda_argmax_lse(k->logits, R, k->vn, k->amp, k->tok, k->lp, st));
-        } else {
-            CK(cuda_argmax_part(k->logits, R, k->vn, k->v0, k->amp, st));
-            if (!b->skip_comm)
-                NC(ncclAllGather(k->amp, k->amp_all, (size_t)R * sizeof *k->amp / 4, ncclInt32, k->comm, st));
-            CK(cuda_argmax_combine(k->amp_all, b->tp, R, k->tok, k->lp, st));
-        }
+        if (head_argmax(k, R, k->tok, k->lp, err, errlen)) goto fail;
     }
     return 0;
 fail:
@@ -590,6 +625,7 @@ int cuda_rank_forward(struct rank *k, char *err, size_t errlen)
         sl_seterr(err, errlen, "GPU %d: injected fault at step %ld (tuning.tp_fault_rank)", k->dev, k->steps);
         return SL_EDEVICE;
     }
+    k->lay = b->lay;
     CK(cudaMemcpyAsync(k->din, b->hin, b->job.nbytes, cudaMemcpyHostToDevice, k->st));
     if (b->job.n_samp) {
         CK(cudaMemcpyAsync(k->din + b->lay.srows, b->hin + b->lay.srows, (size_t)R * sizeof(struct cuda_sample_row),
@@ -616,8 +652,8 @@ int cuda_rank_forward(struct rank *k, char *err, size_t errlen)
                            b->job.n_pen ? DIN(k, pen, struct cuda_sample_pen) : NULL, k->sout, k->st));
         }
     }
-    /* method mtp: the MTP layer's pass, after the rows the host reads are copied */
-    if (k->mtpx && k->id == 0 && (rc = cuda_mtp_rank_pass(k, err, errlen))) return rc;
+    /* method mtp: the MTP layer's pass (every rank its share), after the rows the host reads are copied */
+    if (k->mtpx && (rc = cuda_mtp_rank_pass(k, err, errlen))) return rc;
     return cuda_rank_wait(k, err, errlen);
 fail:
     return SL_EDEVICE;

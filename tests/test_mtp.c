@@ -32,7 +32,8 @@
  * prompts and verify steps of two sequences (pass_case).
  *
  * --device=cuda runs it all on the GPU backend (tests/gpu/run.sh
- * check) with bf16 tolerances: logits within GPU_TOL of the largest, drafts
+ * check; --tp=N: N GPUs, the MTP layer split as the decoder layers are) with
+ * bf16 tolerances: logits within GPU_TOL of the largest, drafts
  * and greedy tokens equal to transformers' where its top-2 margin is clear
  * of twice that (a chain's later drafts only while the earlier ones agree),
  * and a main-model token that differs from the golden's only at a near tie of
@@ -74,6 +75,7 @@ struct mgold {
 
 static char err[512];
 static const char *g_device = "cpu"; /* --device=NAME */
+static int g_tp = 1;                 /* --tp=N: N GPUs */
 static bool on_cpu(void) { return !strcmp(g_device, "cpu"); }
 static double tol(void) { return on_cpu() ? 1e-4 : GPU_TOL; }
 
@@ -153,7 +155,7 @@ static model *load(const char *path, const char *overrides, const char *format)
 
 static model_backend *backend(const model *m, bool mtp)
 {
-    struct model_backend_opts bo = {.device = g_device, .n_threads = 2, .max_tokens_per_step = 64,
+    struct model_backend_opts bo = {.device = g_device, .tensor_parallel_size = g_tp, .n_threads = 2, .max_tokens_per_step = 64,
                                     .max_seqs_per_step = 8, .max_ctx = REGION * BLOCK, .mtp = mtp};
     model_backend *be = model_backend_create(m, &bo, err, sizeof err);
     CHECKF(be != NULL, "backend: %s", err);
@@ -466,7 +468,7 @@ static void test_off_and_errors(void)
     if (m) {
         const struct model_weights *w = model_get_weights(m);
         CHECK(model_get_config(m)->n_mtp_layer == 0 && w->mtp == NULL && w->mtp_tensors == 0);
-        struct model_backend_opts bo = {.device = g_device, .n_threads = 1, .max_ctx = 64, .mtp = true};
+        struct model_backend_opts bo = {.device = g_device, .tensor_parallel_size = g_tp, .n_threads = 1, .max_ctx = 64, .mtp = true};
         model_backend *be = model_backend_create(m, &bo, err, sizeof err);
         CHECKF(!be && strstr(err, "no MTP layers"), "%s", be ? "created" : err);
         model_backend_destroy(be);
@@ -476,7 +478,7 @@ static void test_off_and_errors(void)
     m = load("tests/models/tiny-glm4-moe", NULL, NULL);
     if (m) {
         CHECK(model_get_config(m)->n_mtp_layer == 0);
-        struct model_backend_opts bo = {.device = g_device, .n_threads = 1, .max_ctx = 64, .mtp = true};
+        struct model_backend_opts bo = {.device = g_device, .tensor_parallel_size = g_tp, .n_threads = 1, .max_ctx = 64, .mtp = true};
         model_backend *be = model_backend_create(m, &bo, err, sizeof err);
         CHECKF(!be && strstr(err, "no MTP layers"), "%s", be ? "created" : err);
         model_backend_destroy(be);
@@ -487,10 +489,11 @@ static void test_off_and_errors(void)
     const struct model_config *c = model_get_config(m);
     model_backend *on = backend(m, true), *off = backend(m, false);
     if (on && off) {
-        /* the block grows by the MTP layer's K and V and one hidden state (f32 on the CPU, bf16 on the GPU) */
+        /* the block grows by the MTP layer's K and V (each GPU its KV heads) and one hidden state (f32 on the
+         * CPU, bf16 on the GPU; whole on every GPU) */
         size_t es = on_cpu() ? 4 : 2;
         size_t a = on->ops->kv_block_bytes(on, BLOCK), b = off->ops->kv_block_bytes(off, BLOCK);
-        size_t want = (size_t)BLOCK * 2 * c->n_head_kv * c->head_dim * es + (size_t)c->n_embd * es + 4;
+        size_t want = (size_t)BLOCK * 2 * (c->n_head_kv / g_tp) * c->head_dim * es + (size_t)c->n_embd * es + 4;
         CHECKF(a == b + want && model_mtp_kv_bytes_per_block(c, 4) == (size_t)c->n_embd * 4 + 4, "%zu vs %zu + %zu", a,
                b, want);
         int32_t ids[8] = {5, 6, 7, 8, 9, 10, 11, 12}, bt[REGION], tok, d[KD];
@@ -569,7 +572,7 @@ static void pass_case(const char *name)
     model *m = load(path, NULL, NULL);
     model_backend *be[2] = {NULL, NULL};
     for (int w = 0; w < 2 && m; w++) {
-        struct model_backend_opts bo = {.device = g_device, .n_threads = 2, .max_tokens_per_step = 64,
+        struct model_backend_opts bo = {.device = g_device, .tensor_parallel_size = g_tp, .n_threads = 2, .max_tokens_per_step = 64,
                                         .max_seqs_per_step = 8, .max_ctx = REGION * BLOCK, .mtp = true,
                                         .max_draft_tokens = KD, .enforce_eager = w == 1};
         be[w] = model_backend_create(m, &bo, err, sizeof err);
@@ -695,12 +698,14 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (!strncmp(argv[i], "--device=", 9) && argv[i][9]) {
             g_device = argv[i] + 9;
+        } else if (!strncmp(argv[i], "--tp=", 5) && atoi(argv[i] + 5) >= 1) {
+            g_tp = atoi(argv[i] + 5);
         } else {
-            fprintf(stderr, "usage: %s [--device=cpu|cuda]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--device=cpu|cuda] [--tp=N]\n", argv[0]);
             return 2;
         }
     }
-    printf("MTP layer on device %s\n", g_device);
+    printf("MTP layer on device %s, %d rank(s)\n", g_device, g_tp);
     RUN(test_dsv3);
     RUN(test_glm4moe);
     RUN(test_glm4moe_int8_mtp);

@@ -11,7 +11,7 @@
  *    drafts verified and the KV pool left clean.
  *
  * --device=cuda runs it on the GPU backend (tests/gpu/run.sh
- * check): there the drafts must be transformers' where its top-2 margin is
+ * check; --tp=N: N GPUs): there the drafts must be transformers' where its top-2 margin is
  * clear of bf16's error (GPU_TOL of the top logit's magnitude, twice), and
  * only while the generated tokens are still transformers' (a near tie of the
  * main model may part them); the engine's output with drafts must be the
@@ -42,6 +42,7 @@
 
 static char err[512];
 static const char *g_device = "cpu"; /* --device=NAME */
+static int g_tp = 1;                 /* --tp=N: N GPUs */
 static bool on_cpu(void) { return !strcmp(g_device, "cpu"); }
 
 /* the golden: ids (prompt then transformers' greedy tokens), the MTP layer's
@@ -119,7 +120,7 @@ out:
 
 static model_backend *mtp_backend(const model *m)
 {
-    struct model_backend_opts bo = {.device = g_device, .n_threads = 2, .max_tokens_per_step = 64, .max_seqs_per_step = 8,
+    struct model_backend_opts bo = {.device = g_device, .tensor_parallel_size = g_tp, .n_threads = 2, .max_tokens_per_step = 64, .max_seqs_per_step = 8,
                                     .max_ctx = 128, .mtp = true, .max_draft_tokens = KD};
     model_backend *be = model_backend_create(m, &bo, err, sizeof err);
     CHECKF(be != NULL, "backend: %s", err);
@@ -346,12 +347,14 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (!strncmp(argv[i], "--device=", 9) && argv[i][9]) {
             g_device = argv[i] + 9;
+        } else if (!strncmp(argv[i], "--tp=", 5) && atoi(argv[i] + 5) >= 1) {
+            g_tp = atoi(argv[i] + 5);
         } else {
-            fprintf(stderr, "usage: %s [--device=cpu|cuda]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--device=cpu|cuda] [--tp=N]\n", argv[0]);
             return 2;
         }
     }
-    printf("speculative decoding with the MTP layer on device %s\n", g_device);
+    printf("speculative decoding with the MTP layer on device %s, %d rank(s)\n", g_device, g_tp);
     RUN(test_dsv3);
     RUN(test_glm4moe);
     RUN(test_glm4moe_int8_mtp);

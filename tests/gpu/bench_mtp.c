@@ -23,9 +23,10 @@
  * decode and verify K columns alone: what a step verifying n-gram drafts
  * costs (drafts from anywhere cost the same).
  *
- *   build/tests/gpu/bench_mtp [--enforce-eager] [--ctx=N] [--device=cpu] [config_dir] [tokenizer]
+ *   build/tests/gpu/bench_mtp [--enforce-eager] [--ctx=N] [--tp=N] [--device=cpu] [config_dir] [tokenizer]
  *   (defaults: tools/configs/deepseek-v2-lite-mtp, tests/models/tiny-qwen3; tokenizer "-": the model's
- *   own; --ctx: the context, up to 1024; --device=cpu: a dry run of the driver on a tiny model)
+ *   own; --ctx: the context, up to 1024; --tp: N GPUs, tensor parallel; --device=cpu: a dry run of the
+ *   driver on a tiny model)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,6 +46,7 @@
 #define WARM 5
 
 static int CTX = CTXMAX;           /* --ctx */
+static int g_tp = 1;               /* --tp */
 static const char *g_dev = "cuda"; /* --device */
 
 static double now_s(void)
@@ -133,7 +135,7 @@ static model_backend *backend(const model *m, bool mtp, int kd, bool eager)
 {
     struct model_backend_opts bo = {.device = g_dev, .n_threads = 2, .max_tokens_per_step = 2048,
                                     .max_seqs_per_step = NSEQ, .max_ctx = (CTX + 2 * KMAX + 2 + BS - 1) / BS * BS,
-                                    .enforce_eager = eager, .mtp = mtp,
+                                    .enforce_eager = eager, .mtp = mtp, .tensor_parallel_size = g_tp,
                                     .max_draft_tokens = mtp ? kd : KMAX};
     model_backend *be = model_backend_create(m, &bo, err, sizeof err);
     if (!be) return NULL;
@@ -159,6 +161,8 @@ int main(int argc, char **argv)
         else if (!strncmp(argv[i], "--device=", 9)) g_dev = argv[i] + 9;
         else if (!strncmp(argv[i], "--ctx=", 6) && atoi(argv[i] + 6) >= 16 && atoi(argv[i] + 6) <= CTXMAX)
             CTX = atoi(argv[i] + 6);
+        else if (!strncmp(argv[i], "--tp=", 5) && atoi(argv[i] + 5) >= 1)
+            g_tp = atoi(argv[i] + 5);
         else if (argv[i][0] != '-' && npos == 0) cfg = argv[i], npos++;
         else if ((argv[i][0] != '-' || !strcmp(argv[i], "-")) && npos == 1) tok = argv[i], npos++;
         else {
@@ -187,8 +191,8 @@ int main(int argc, char **argv)
     model_sampling_default(&g_greedy);
     for (int i = 0; i < NSEQ; i++)
         for (int j = 0; j < CTXB; j++) g_bt[i][j] = (int32_t)(((long)(i * CTXB + j) * 7919L) % (NSEQ * CTXB));
-    printf("%s, %s: %d layers%s, hidden %d, batch 1 and %d at %d context, %s; median of %d steps, ms\n",
-           prop.name, cfg, c->n_layer, has_mtp ? " + 1 MTP" : " (no MTP layer: decode and verify only)", c->n_embd, NSEQ, CTX,
+    printf("%s x%d, %s: %d layers%s, hidden %d, batch 1 and %d at %d context, %s; median of %d steps, ms\n",
+           prop.name, g_tp, cfg, c->n_layer, has_mtp ? " + 1 MTP" : " (no MTP layer: decode and verify only)", c->n_embd, NSEQ, CTX,
            !cuda ? "no graphs" : eager ? "--enforce-eager" : "CUDA graphs", RUNS);
     static const int batches[2] = {1, NSEQ};
     /* [batch][case]: 0 decode, 1 sub-step, 1 + K verify K, 4 + K verify K + MTP */

@@ -169,6 +169,7 @@ check() {
                    "SLUICE_TEST_TP=2 $e $B/tests/test_engine"
                    "$B/tests/gpu/test_glm5_layers --tp=2"
                    "$B/tests/test_spec_kda --device=cuda --tp=2"
+                   "$B/tests/test_mtp --device=cuda --tp=2" "$B/tests/test_spec_mtp --device=cuda --tp=2"
                    "SLUICE_TEST_TP=2 SLUICE_TEST_DEVICE=cuda SLUICE_TEST_MODEL=tests/models/tiny-qwen3-moe-ctx2k $B/tests/test_engine"
                    "SLUICE_TEST_TP=2 $emla $B/tests/test_engine"
                    "$B/tests/gpu/test_gpu_e2e --tp=2 --gemm-wg-min-t=1"

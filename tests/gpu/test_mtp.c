@@ -14,6 +14,11 @@
  *    the drafts' inputs it writes, against the host's walk, exact; and
  *    cuda_mtp_fix_ids.
  * Outputs are poisoned (NaN) first, so an element never written fails.
+ *  - the warm-up (tests/models/mtp/glm4moe, 3 drafts): after it the first
+ *    speculative step (3 sequences verifying 3 drafts each) captures no
+ *    graph, while with tuning.warmup off the same step captures its verify
+ *    and MTP pass graphs; tokens and drafts the same either way (the
+ *    warm-up's steps keep nothing).
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -21,7 +26,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda/cuda_internal.h"
 #include "cuda/mtp.h"
+#include "model/backend.h"
+#include "model/model.h"
 #include "tests/gpu/gpu_util.h"
 #include "tests/test.h"
 
@@ -254,6 +262,162 @@ static void test_accept(void)
     free(r);
 }
 
+/* ---- the warm-up's captures --------------------------------------------------------------------------- */
+
+#define WMODEL "tests/models/mtp/glm4moe"
+#define WK 3   /* drafts a sequence */
+#define WBS 16 /* block size */
+#define WNS 3  /* sequences (batch bucket 4) */
+#define WPL 12 /* prompt tokens (the prefill's pass bucket is not the verify step's) */
+
+/* The CUDA graphs rank 0 holds: decode, verify and MTP pass graphs. */
+static int graphs_held(const model_backend *be)
+{
+    const struct cuda_backend *b = (const struct cuda_backend *)be;
+    const struct rank *k = &b->r[0];
+    int n = 0;
+    for (int i = 0; i < NBUCKET; i++) {
+        n += k->gexec[i] != NULL;
+        for (int v = 0; v < VGRAPH_K; v++) n += k->vexec[v][i] != NULL;
+    }
+    for (int i = 0; i < CUDA_MTP_GT; i++)
+        for (int j = 0; j < CUDA_MTP_GS; j++) n += k->mtpx->gx[i][j] != NULL;
+    return n;
+}
+
+/* A prefill of WNS sequences, then a step verifying WK drafts each (the
+ * drafts the backend made after the prefill), then the drafts after it:
+ * graphs[0] held after the warm-up, graphs[1] after the prefill, graphs[2]
+ * after the verify step; out: each sequence's verified tokens (WK + 1 a
+ * sequence, -1 past the accepted ones) and its next drafts. Returns 0, or -1
+ * when something failed (checked here). */
+static int warm_flow(const model *m, bool warmup, int graphs[3], int32_t out[WNS][2 * WK + 1])
+{
+    char err[512];
+    struct cuda_tuning saved = cuda_tuning;
+    cuda_tuning.warmup = warmup;
+    struct model_backend_opts bo = {.device = "cuda", .n_threads = 2, .max_tokens_per_step = 64,
+                                    .max_seqs_per_step = 8, .max_ctx = 256, .mtp = true, .max_draft_tokens = WK};
+    model_backend *be = model_backend_create(m, &bo, err, sizeof err);
+    cuda_tuning = saved;
+    CHECKF(be != NULL, "backend: %s", err);
+    if (!be) return -1;
+    int rc = -1, V = model_get_config(m)->n_vocab;
+    if (be->ops->kv_alloc(be, 64, WBS, err, sizeof err) != 0) {
+        CHECKF(0, "kv_alloc: %s", err);
+        goto out;
+    }
+    graphs[0] = graphs_held(be);
+    /* sequence i over blocks 40 + 4 i .. (past what the warm-up writes) */
+    int32_t bt[WNS][4], hist[WNS][WPL + 1 + WK], tid[WNS * WPL], pos[WNS * WPL], first[WNS]; /* WPL > WK */
+    int64_t slots[WNS * WPL];
+    struct model_sampling greedy;
+    model_sampling_default(&greedy);
+    uint64_t rng[WNS];
+    struct step_seq sq[WNS];
+    struct model_sample_out so[WNS][WK + 1];
+    for (int i = 0; i < WNS; i++) {
+        rng[i] = model_rng_seed((uint64_t)i);
+        for (int j = 0; j < 4; j++) bt[i][j] = 40 + 4 * i + j;
+        for (int j = 0; j < WPL; j++) hist[i][j] = (int32_t)((7 + 31 * i + 13 * j) % V);
+    }
+    /* the prefill */
+    int T = 0;
+    for (int i = 0; i < WNS; i++) {
+        sq[i] = (struct step_seq){.query_start = T, .query_len = WPL, .context_len = WPL, .block_table = bt[i],
+                                  .n_blocks = 4, .want_sample = true, .sampling = &greedy, .history = hist[i],
+                                  .n_prompt = WPL, .n_history = WPL, .rng = &rng[i]};
+        for (int j = 0; j < WPL; j++, T++)
+            tid[T] = hist[i][j], pos[T] = j, slots[T] = (int64_t)bt[i][j / WBS] * WBS + j % WBS;
+    }
+    struct step st = {.n_tokens = T, .token_ids = tid, .positions = pos, .slots = slots, .n_seqs = WNS, .seqs = sq};
+    if (be->ops->forward(be, &st, err, sizeof err) != 0) {
+        CHECKF(0, "prefill: %s", err);
+        goto out;
+    }
+    graphs[1] = graphs_held(be);
+    /* the drafts after it, from each sequence's last prompt position */
+    struct model_mtp_req rq[WNS];
+    int32_t dr[WNS][WK];
+    for (int i = 0; i < WNS; i++) {
+        first[i] = sq[i].out.token;
+        hist[i][WPL] = first[i];
+        rq[i] = (struct model_mtp_req){.seq = i, .pos = WPL - 1, .token = first[i], .k = WK, .block_table = bt[i],
+                                       .n_blocks = 4, .drafts = dr[i]};
+    }
+    if (be->ops->mtp_draft(be, rq, WNS, err, sizeof err) != 0) {
+        CHECKF(0, "mtp_draft: %s", err);
+        goto out;
+    }
+    /* the verify step: the sampled token and its WK drafts */
+    T = 0;
+    for (int i = 0; i < WNS; i++) {
+        for (int d = 0; d < WK; d++) hist[i][WPL + 1 + d] = dr[i][d];
+        sq[i] = (struct step_seq){.query_start = T, .query_len = WK + 1, .context_len = WPL + WK + 1,
+                                  .block_table = bt[i], .n_blocks = 4, .want_sample = true, .sampling = &greedy,
+                                  .history = hist[i], .n_prompt = WPL, .n_history = WPL + 1, .rng = &rng[i],
+                                  .n_draft = WK, .spec_out = so[i]};
+        for (int j = 0; j <= WK; j++, T++) {
+            int p = WPL + j;
+            tid[T] = hist[i][p], pos[T] = p, slots[T] = (int64_t)bt[i][p / WBS] * WBS + p % WBS;
+        }
+    }
+    st = (struct step){.n_tokens = T, .token_ids = tid, .positions = pos, .slots = slots, .n_seqs = WNS, .seqs = sq};
+    if (be->ops->forward(be, &st, err, sizeof err) != 0) {
+        CHECKF(0, "verify: %s", err);
+        goto out;
+    }
+    graphs[2] = graphs_held(be);
+    /* the drafts after the verify step, from each sequence's last accepted position */
+    for (int i = 0; i < WNS; i++) {
+        int na = sq[i].n_spec_out; /* accepted drafts + 1 */
+        for (int j = 0; j <= WK; j++) out[i][j] = j < na ? so[i][j].token : -1;
+        rq[i] = (struct model_mtp_req){.seq = i, .pos = WPL + na - 1, .token = so[i][na - 1].token, .k = WK,
+                                       .block_table = bt[i], .n_blocks = 4, .drafts = out[i] + WK + 1};
+    }
+    if (be->ops->mtp_draft(be, rq, WNS, err, sizeof err) != 0) {
+        CHECKF(0, "mtp_draft after verify: %s", err);
+        goto out;
+    }
+    rc = 0;
+out:
+    model_backend_destroy(be);
+    return rc;
+}
+
+/* With the warm-up on, a speculative step (verifying WK drafts of WNS
+ * sequences) captures no graph: the warm-up captured its verify graph and its
+ * MTP pass graph; with it off, the same step captures them (so the count can
+ * tell). Both give the same tokens and drafts (the warm-up kept nothing). */
+static void test_warmup_capture(void)
+{
+    char err[512];
+    struct model_load_opts lo = {0};
+    model *m = model_load(WMODEL, &lo, err, sizeof err);
+    CHECKF(m != NULL, "%s: %s", WMODEL, err);
+    if (!m) return;
+    int g[2][3];
+    int32_t out[2][WNS][2 * WK + 1];
+    if (warm_flow(m, true, g[0], out[0]) == 0 && warm_flow(m, false, g[1], out[1]) == 0) {
+        printf("  graphs held (warm-up on): %d after it, %d after a prefill, %d after a verify step\n", g[0][0],
+               g[0][1], g[0][2]);
+        printf("  graphs held (warm-up off): %d, %d, %d\n", g[1][0], g[1][1], g[1][2]);
+        CHECKF(g[0][2] == g[0][1], "the first verify step captured %d graphs after the warm-up", g[0][2] - g[0][1]);
+        CHECKF(g[1][2] >= g[1][1] + 2, "without the warm-up the verify step captured %d graphs (want its verify "
+               "and pass graphs)", g[1][2] - g[1][1]);
+        CHECKF(g[1][0] == 0 && g[0][0] > 0, "graphs after kv_alloc: %d with the warm-up, %d without", g[0][0],
+               g[1][0]);
+        bool same = !memcmp(out[0], out[1], sizeof out[0]);
+        for (int i = 0; i < WNS; i++) {
+            printf("  seq %d: tokens", i);
+            for (int j = 0; j < 2 * WK + 1; j++) printf(" %d%s", out[0][i][j], j == WK ? " | drafts" : "");
+            printf("\n");
+        }
+        CHECKF(same, "tokens or drafts differ with and without the warm-up");
+    }
+    model_free(m);
+}
+
 int main(void)
 {
     int n = 0;
@@ -264,5 +428,6 @@ int main(void)
     RUN(test_attention);
     RUN(test_in_and_rows);
     RUN(test_accept);
+    RUN(test_warmup_capture);
     return test_summary();
 }
