@@ -225,18 +225,28 @@ static int32_t g_lone[MAXP][NGREEDY]; /* the GPU's lone greedy continuation per 
  * checked. A flip must be explained (flip_explained): with the CPU as the
  * reference, it reports every token's routing margin
  * (cpu_backend_route_margins: how far the router logits must move to change
- * a choice), and a flip is a routing flip only where it, or an earlier token
- * whose own logits moved beyond half the tolerance (a flip there may show
- * fully only later), had a margin under ROUTE_TIE (a prefill step's earlier
- * tokens, never compared, count too, but then the floors below still
- * apply); else, on a model with the indexer, an indexer flip where a query
- * chooses (position index_topk on); else it fails: a wrong kernel, not a
- * flip. What keeps the test able to fail (a wrong kernel is wrong from the
- * first token on):
+ * a choice) and indexer margin (cpu_backend_index_margins: the K-th minus
+ * the K+1-th score over the query's largest |score|), and a flip is one only
+ * where it, or an earlier token whose own logits moved beyond half the
+ * tolerance (a flip there may show fully only later), had a routing margin
+ * under ROUTE_TIE or an indexer margin under IX_TIE (a prefill step's
+ * earlier tokens, never compared, count too, but then the floors below
+ * still apply); else it fails: a wrong kernel, not a flip. A prompt whose
+ * flip a compared near-tie explains counts whole in the floors below, an
+ * indexer near-tie as a routing one: glm-dsa's generator makes near-ties
+ * of most queries past index_topk (CPU margins 0.001-0.19, a third under
+ * 0.01), so a floor on positions before the first flip can only fail it by
+ * chance, not for a wrong kernel. What keeps the test able to fail (a wrong
+ * kernel is wrong from the first token on):
  *  - no flip before g_free: position 0 of every prompt within tolerance,
  *    and on a model whose only choice is the indexer, every position before
  *    index_topk (each such query takes every key: there is nothing to flip);
- *  - a flip with no near-tie to explain it fails (above);
+ *  - a flip with no near-tie at or before it fails (above), so every
+ *    position before a prompt's first measured near-tie is checked: on
+ *    glm-dsa's prompts the first indexer near-tie comes at position 6-8,
+ *    past index_topk's strict positions, and a wrong indexer kernel (its
+ *    scores or its selection) fails at the first query whose margin is
+ *    clear (0.14-0.19 at position 6 of two of the three prompts);
  *  - per model, at least MOE_MIN_CHECKED_POS of all positions (summed over
  *    the prompts) checked before their prompt's first flip, a prompt whose
  *    flip a compared near-tie explains counting whole (the floor is for the
@@ -260,7 +270,15 @@ static int32_t g_lone[MAXP][NGREEDY]; /* the GPU's lone greedy continuation per 
  * (GLM5_TOL below), each glm5 model's first expert chosen otherwise came at
  * 0.002-0.039. That emulation moves margins by up to 0.13 at the most moved
  * positions of glm5-hybrid and glm5-mixed (0.025 on glm5-mla), so a flip
- * above ROUTE_TIE can happen: the failure prints the margins for a judge. */
+ * above ROUTE_TIE can happen: the failure prints the margins for a judge.
+ * IX_TIE, relative to the query's largest |score|: a score is a sum of
+ * relu(q . k) weighted by w, all three from activations that bf16 moves;
+ * before their first flip glm-dsa's and the glm5 models' logits sit 1-3e-2
+ * (relative) from the CPU's, and the indexer's own inputs rounded to bf16
+ * add about 3 x 2^-9; the K-th and K+1-th scores can move that far in
+ * opposite directions, so a margin under about twice 2.5e-2 may flip. The
+ * first H200 run's glm-dsa flips (prompt 1 position 8, prompt 2 position 6)
+ * came at CPU margins 0.0032 and 0.012. */
 #define MOE_MIN_CHECKED_POS 0.25
 #define MOE_FLIP_MAX 0.35 /* test_long_chunks / test_state_chunks: one last-logits row, no later positions */
 #define ROUTE_TIE 0.05    /* a routing margin under which bf16 may flip the choice (see above) */
