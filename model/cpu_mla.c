@@ -269,7 +269,6 @@ static void sift_down(float *s, int32_t *j, int n, int i)
     }
 }
 
-/* Token t's keys: the K best indexer scores among positions 0..pos. */
 /* The margin of a choice of the best of a query's scores: (the last chosen
  * score - the best one left out) / the largest |score| of the query, 0 on a
  * tie (cpu_internal.h: cpu_backend_index_margins). */
@@ -277,6 +276,9 @@ static float choice_margin(float kth, float out, float amax)
 {
     return amax > 0 ? (kth - out) / amax : 0.0f;
 }
+
+/* Token t's keys: the K best indexer scores among positions 0..pos; margin:
+ * NULL (serving: nothing more is computed) or where its choice_margin goes. */
 
 static void index_select(struct cpu_mla *a, const struct step *s, const int *tok_seq, const float *kv, int bs,
                          int width, int t, float *margin)
@@ -301,16 +303,16 @@ static void index_select(struct cpu_mla *a, const struct step *s, const int *tok
             float d = cpu_dot(qt + (size_t)h * a->ID, kj, a->ID) * sc;
             v += wt[h] * (d > 0 ? d : 0);
         }
-        if (fabsf(v) > amax) amax = fabsf(v);
+        if (margin && fabsf(v) > amax) amax = fabsf(v);
         if (hn < K) {
             hs[hn] = v, hj[hn] = j;
             if (++hn == K)
                 for (int i = K / 2 - 1; i >= 0; i--) sift_down(hs, hj, K, i);
         } else if (v > hs[0]) { /* a later equal score never displaces an earlier one */
-            if (hs[0] > left) left = hs[0];
+            if (margin && hs[0] > left) left = hs[0];
             hs[0] = v, hj[0] = j;
             sift_down(hs, hj, K, 0);
-        } else if (v > left) {
+        } else if (margin && v > left) {
             left = v;
         }
     }
@@ -352,7 +354,8 @@ static void pool_keys(struct cpu_mla *a, const struct mla_layer *L, const struct
 
 /* Token t's keys under k-pools: its index_topk / KP best whole pools that end
  * at or before it (a->poolk holds its sequence's), then its own incomplete
- * pool's tokens (with the tail switch), ascending. */
+ * pool's tokens (with the tail switch), ascending; margin as index_select's,
+ * over the pools' scores. */
 static void pool_select(struct cpu_mla *a, const struct step *s, const int *tok_seq, int t, float *margin)
 {
     int pos = s->positions[t], KP = a->KP, nvis = (pos + 1) / KP, th = omp_get_thread_num();
@@ -383,16 +386,16 @@ static void pool_select(struct cpu_mla *a, const struct step *s, const int *tok_
                 float d = cpu_dot(qt + (size_t)h * a->ID, pk, a->ID) * sc;
                 v += wt[h] * (d > 0 ? d : 0);
             }
-            if (fabsf(v) > amax) amax = fabsf(v);
+            if (margin && fabsf(v) > amax) amax = fabsf(v);
             if (hn < want) {
                 hs[hn] = v, hj[hn] = p;
                 if (++hn == want)
                     for (int i = want / 2 - 1; i >= 0; i--) sift_down(hs, hj, want, i);
             } else if (v > hs[0]) {
-                if (hs[0] > left) left = hs[0];
+                if (margin && hs[0] > left) left = hs[0];
                 hs[0] = v, hj[0] = p;
                 sift_down(hs, hj, want, 0);
-            } else if (v > left) {
+            } else if (margin && v > left) {
                 left = v;
             }
         }
