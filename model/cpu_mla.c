@@ -279,7 +279,6 @@ static float choice_margin(float kth, float out, float amax)
 
 /* Token t's keys: the K best indexer scores among positions 0..pos; margin:
  * NULL (serving: nothing more is computed) or where its choice_margin goes. */
-
 static void index_select(struct cpu_mla *a, const struct step *s, const int *tok_seq, const float *kv, int bs,
                          int width, int t, float *margin)
 {
