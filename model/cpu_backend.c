@@ -108,6 +108,7 @@ struct cpu_backend {
     float *y;                       /* [max_tokens][n_embd] a block's output (hc only) */
     float *trace;                   /* borrowed, or NULL: cpu_backend_trace's destination */
     float *margins;                 /* borrowed, or NULL: cpu_backend_route_margins' destination */
+    float *ix_margins;              /* borrowed, or NULL: cpu_backend_index_margins' destination */
     unsigned bf16;                  /* CPU_BF16_* families rounded (cpu_backend_emulate_bf16; tests) */
     struct cpu_kda *kda;            /* the KDA layers' weights and scratch, or NULL */
     float *states;                  /* owned: [state_slots + spec_slots][state_bytes / 4] recurrent states (KDA
@@ -1246,6 +1247,7 @@ static int backend_forward(model_backend *mb, struct step *s, char *err, size_t 
     }
     if (b->trace) trace_copy(b, 0, T);
     for (size_t i = 0; b->margins && i < (size_t)c->n_layer * T; i++) b->margins[i] = INFINITY; /* no choice */
+    for (size_t i = 0; b->ix_margins && i < (size_t)c->n_layer * T; i++) b->ix_margins[i] = INFINITY;
     struct step kstep;
     const struct step *ks = s; /* what the KDA layers run: s, with the verified positions' states kept */
     if (b->kda && !(ks = spec_states(b, s, &kstep, err, errlen))) return SL_ENOMEM;
@@ -1432,6 +1434,13 @@ int cpu_wmat_init(struct wmat *m, const struct model_tensor *t, char *err, size_
 int cpu_threads(const struct cpu_backend *b) { return b->nt; }
 void cpu_backend_trace(model_backend *mb, float *dst) { ((struct cpu_backend *)mb)->trace = dst; }
 void cpu_backend_route_margins(model_backend *mb, float *dst) { ((struct cpu_backend *)mb)->margins = dst; }
+
+void cpu_backend_index_margins(model_backend *mb, float *dst)
+{
+    struct cpu_backend *b = (struct cpu_backend *)mb;
+    b->ix_margins = dst;
+    if (b->mla) cpu_mla_index_margins(b->mla, dst);
+}
 void cpu_backend_emulate_bf16(model_backend *mb, unsigned families) { ((struct cpu_backend *)mb)->bf16 = families; }
 unsigned cpu_bf16_families(const struct cpu_backend *b) { return b->bf16; }
 void *cpu_zalloc(size_t n) { return zalloc(n); }

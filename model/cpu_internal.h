@@ -75,6 +75,9 @@ struct cpu_mla *cpu_mla_create(const struct cpu_backend *b, const struct model_c
 void cpu_mla_mixer(struct cpu_mla *a, const struct cpu_backend *b, const struct step *s, const int *tok_seq, int l,
                    const float *x, float *dst, float *kv, int block_size, int key0);
 void cpu_mla_destroy(struct cpu_mla *a);
+/* Where later layers write their indexer margins (cpu_backend_index_margins),
+ * or NULL. */
+void cpu_mla_index_margins(struct cpu_mla *a, float *dst);
 
 /* ---- KDA (model/cpu_kda.c) ---- */
 
@@ -169,5 +172,16 @@ void cpu_round_bf16(float *x, size_t n);
  * backend whose output departs from the CPU's at a token with a small margin
  * may have chosen other experts there (bf16). NULL stops it. */
 void cpu_backend_route_margins(model_backend *b, float *dst);
+
+/* Tests: each later forward writes, per layer that runs its own DSA indexer
+ * and token whose query chooses (more keys, or with k-pools more whole
+ * pools, than index_topk takes), the indexer's top-k margin into
+ * dst[n_layer][n_tokens]: (the K-th best score - the (K+1)-th) / the
+ * largest |score| of that query (relative: bf16 moves a score by a share of
+ * its size), 0 on an exact tie; with k-pools the same over the pools' scores
+ * (index_topk / kpool of them chosen). INFINITY where nothing is chosen
+ * (every key taken, a layer sharing another's choice, no indexer). NULL
+ * stops it. */
+void cpu_backend_index_margins(model_backend *b, float *dst);
 
 #endif

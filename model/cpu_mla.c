@@ -87,6 +87,7 @@ struct cpu_mla {
     float *heap_s;                      /* [nt][K] */
     int32_t *heap_j;                    /* [nt][K] */
     uint8_t *mark;                      /* [nt][max_ctx] */
+    float *ixm;                         /* borrowed, or NULL: cpu_mla_index_margins' destination [n_layer][T] */
 };
 
 /* ---- construction --------------------------------------------------------------- */
@@ -268,15 +269,25 @@ static void sift_down(float *s, int32_t *j, int n, int i)
     }
 }
 
-/* Token t's keys: the K best indexer scores among positions 0..pos. */
+/* The margin of a choice of the best of a query's scores: (the last chosen
+ * score - the best one left out) / the largest |score| of the query, 0 on a
+ * tie (cpu_internal.h: cpu_backend_index_margins). */
+static float choice_margin(float kth, float out, float amax)
+{
+    return amax > 0 ? (kth - out) / amax : 0.0f;
+}
+
+/* Token t's keys: the K best indexer scores among positions 0..pos; margin:
+ * NULL (serving: nothing more is computed) or where its choice_margin goes. */
 static void index_select(struct cpu_mla *a, const struct step *s, const int *tok_seq, const float *kv, int bs,
-                         int width, int t)
+                         int width, int t, float *margin)
 {
     int pos = s->positions[t], n = pos + 1, K = a->K, th = omp_get_thread_num();
     if (n <= K) {
         a->nsel[t] = -1;
         return;
     }
+    float left = -INFINITY, amax = 0.0f; /* the best score left out, the largest |score| */
     const int32_t *bt = s->seqs[tok_seq[t]].block_table;
     float *hs = a->heap_s + (size_t)th * K;
     int32_t *hj = a->heap_j + (size_t)th * K;
@@ -291,15 +302,20 @@ static void index_select(struct cpu_mla *a, const struct step *s, const int *tok
             float d = cpu_dot(qt + (size_t)h * a->ID, kj, a->ID) * sc;
             v += wt[h] * (d > 0 ? d : 0);
         }
+        if (margin && fabsf(v) > amax) amax = fabsf(v);
         if (hn < K) {
             hs[hn] = v, hj[hn] = j;
             if (++hn == K)
                 for (int i = K / 2 - 1; i >= 0; i--) sift_down(hs, hj, K, i);
         } else if (v > hs[0]) { /* a later equal score never displaces an earlier one */
+            if (margin && hs[0] > left) left = hs[0];
             hs[0] = v, hj[0] = j;
             sift_down(hs, hj, K, 0);
+        } else if (margin && v > left) {
+            left = v;
         }
     }
+    if (margin) *margin = choice_margin(hs[0], left, amax);
     for (int j = 0; j < n; j++) mark[j] = 0;
     for (int i = 0; i < K; i++) mark[hj[i]] = 1;
     int32_t *out = a->sel + (size_t)t * a->KS;
@@ -337,8 +353,9 @@ static void pool_keys(struct cpu_mla *a, const struct mla_layer *L, const struct
 
 /* Token t's keys under k-pools: its index_topk / KP best whole pools that end
  * at or before it (a->poolk holds its sequence's), then its own incomplete
- * pool's tokens (with the tail switch), ascending. */
-static void pool_select(struct cpu_mla *a, const struct step *s, const int *tok_seq, int t)
+ * pool's tokens (with the tail switch), ascending; margin as index_select's,
+ * over the pools' scores. */
+static void pool_select(struct cpu_mla *a, const struct step *s, const int *tok_seq, int t, float *margin)
 {
     int pos = s->positions[t], KP = a->KP, nvis = (pos + 1) / KP, th = omp_get_thread_num();
     int np_all = s->seqs[tok_seq[t]].context_len / KP;
@@ -360,6 +377,7 @@ static void pool_select(struct cpu_mla *a, const struct step *s, const int *tok_
         const float *qt = a->ixq + (size_t)t * a->IH * a->ID, *wt = a->ixw + (size_t)t * a->IH;
         float sc = 1.0f / sqrtf((float)a->ID);
         int hn = 0;
+        float left = -INFINITY, amax = 0.0f;
         for (int p = 0; p < nvis; p++) {
             const float *pk = a->poolk + (size_t)p * a->ID;
             float v = 0.0f;
@@ -367,15 +385,20 @@ static void pool_select(struct cpu_mla *a, const struct step *s, const int *tok_
                 float d = cpu_dot(qt + (size_t)h * a->ID, pk, a->ID) * sc;
                 v += wt[h] * (d > 0 ? d : 0);
             }
+            if (margin && fabsf(v) > amax) amax = fabsf(v);
             if (hn < want) {
                 hs[hn] = v, hj[hn] = p;
                 if (++hn == want)
                     for (int i = want / 2 - 1; i >= 0; i--) sift_down(hs, hj, want, i);
             } else if (v > hs[0]) {
+                if (margin && hs[0] > left) left = hs[0];
                 hs[0] = v, hj[0] = p;
                 sift_down(hs, hj, want, 0);
+            } else if (margin && v > left) {
+                left = v;
             }
         }
+        if (margin && want > 0) *margin = choice_margin(hs[0], left, amax);
         for (int p = 0; p < nvis; p++) mark[p] = 0;
         for (int i = 0; i < want; i++) mark[hj[i]] = 1;
         for (int p = 0; p < nvis; p++)
@@ -557,11 +580,12 @@ void cpu_mla_mixer(struct cpu_mla *a, const struct cpu_backend *b, const struct 
             if (q->query_len <= 0) continue;
             pool_keys(a, L, s, si, kv, bs, width);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(a->nt)
-            for (int t = q->query_start; t < q->query_start + q->query_len; t++) pool_select(a, s, tok_seq, t);
+            for (int t = q->query_start; t < q->query_start + q->query_len; t++)
+                pool_select(a, s, tok_seq, t, a->ixm ? a->ixm + (size_t)l * T + t : NULL);
         }
     } else if (L->ix) {
 #pragma omp parallel for schedule(dynamic, 1) num_threads(a->nt)
-        for (int t = 0; t < T; t++) index_select(a, s, tok_seq, kv, bs, width, t);
+        for (int t = 0; t < T; t++) index_select(a, s, tok_seq, kv, bs, width, t, a->ixm ? a->ixm + (size_t)l * T + t : NULL);
     }
     /* A token at a prompt position takes the expanded form, one past the
      * prompt (decoding, a verify step's tokens, a preempted sequence's
@@ -581,3 +605,5 @@ void cpu_mla_mixer(struct cpu_mla *a, const struct cpu_backend *b, const struct 
     cpu_matmul(b, a->out, a->att, &L->o, NULL, T, H * a->Dv, E);
     for (size_t i = 0; i < (size_t)T * E; i++) dst[i] += a->out[i];
 }
+
+void cpu_mla_index_margins(struct cpu_mla *a, float *dst) { a->ixm = dst; }

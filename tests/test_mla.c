@@ -20,7 +20,10 @@
  * FFN layer is refused naming the layer; positions past the prompt are
  * computed in the absorbed form however many share a step; through the engine,
  * a prefix-cache hit gives the same tokens as a miss, and chunked or preempted
- * runs the same as lone ones.
+ * runs the same as lone ones; the indexer's top-k margins
+ * (cpu_backend_index_margins) are reported where and only where a query
+ * chooses, in [0, 2], the same for a position in a prefill and in a decode
+ * step.
  */
 #include <math.h>
 #include <stdio.h>
@@ -31,6 +34,7 @@
 
 #include "base/json.h"
 #include "model/backend.h"
+#include "model/cpu_internal.h"
 #include "model/model.h"
 #include "sched/sched.h"
 #include "tests/test.h"
@@ -264,6 +268,58 @@ static void test_generated_positions_one_form(void)
     model_free(m);
 }
 
+/* cpu_backend_index_margins on glm-dsa (index_topk 6; layer 1 shares layer
+ * 0's choice): INFINITY before position 6 (every key taken) and on the
+ * shared layer, finite in [0, 2] (a K-th score minus a lower one, over the
+ * largest |score|) from position 6 on; positions 8..11 give the same margins
+ * in a 12-token prefill as in 8 + four 1-token decode steps (the index
+ * scores do not depend on the step's form), so each value lands at its
+ * token and layer. */
+static void test_index_margins(void)
+{
+    model *m = load("glm-dsa", NULL);
+    if (!m) return;
+    const struct model_config *c = model_get_config(m);
+    int L = c->n_layer, nv = c->n_vocab;
+    struct model_backend_opts bo = {.device = "cpu", .n_threads = 2, .max_ctx = REGION * BLOCK};
+    model_backend *be = model_backend_create(m, &bo, err, sizeof err);
+    CHECKF(be != NULL, "%s", err);
+    float *lg = malloc((size_t)nv * sizeof(float)), *pf = malloc((size_t)L * 12 * sizeof(float)),
+          *dm = malloc((size_t)L * sizeof(float));
+    if (be && lg && pf && dm && be->ops->kv_alloc(be, 2 * REGION, BLOCK, err, sizeof err) == 0) {
+        int32_t ids[12] = {5, 17, 42, 99, 150, 201, 33, 7, 300, 12, 64, 77}, bt[2][REGION];
+        for (int i = 0; i < REGION; i++) bt[0][i] = i, bt[1][i] = REGION + i;
+        cpu_backend_index_margins(be, pf);
+        one_seq_step(be, bt[0], ids, 0, 12, 12, lg);
+        int bad = 0, chosen = 0, differ = 0;
+        for (int l = 0; l < L; l++)
+            for (int t = 0; t < 12; t++) {
+                float v = pf[l * 12 + t];
+                bool choice = c->mla.index_full[l] && t >= c->mla.index_topk;
+                chosen += choice;
+                bad += choice ? !(v >= 0 && v <= 2) : v != INFINITY;
+            }
+        cpu_backend_index_margins(be, NULL);
+        one_seq_step(be, bt[1], ids, 0, 8, 12, lg);
+        cpu_backend_index_margins(be, dm);
+        for (int p = 8; p < 12; p++) {
+            one_seq_step(be, bt[1], ids, p, 1, 12, lg);
+            for (int l = 0; l < L; l++) differ += fabsf(dm[l] - pf[l * 12 + p]) > 1e-5f * (fabsf(pf[l * 12 + p]) + 1e-3f);
+        }
+        cpu_backend_index_margins(be, NULL);
+        printf("  index margins: layer 0, positions 6..11:");
+        for (int t = 6; t < 12; t++) printf(" %.2e", pf[t]);
+        printf("\n");
+        CHECKF(chosen == 2 * 6 && bad == 0, "%d of %d margins out of place or range", bad, chosen);
+        CHECKF(differ == 0, "%d margins differ between a prefill and decode steps", differ);
+    }
+    free(lg);
+    free(pf);
+    free(dm);
+    model_backend_destroy(be);
+    model_free(m);
+}
+
 /* A copy of dsv3-qlora whose config says the second layer's FFN is MoE: the plan makes it the MoE kind,
  * and the checkpoint, which has no experts, is refused naming the missing tensor. */
 static void test_moe_layer_without_experts(void)
@@ -418,6 +474,7 @@ int main(void)
     RUN(test_kv_sizing);
     RUN(test_indexer_off_and_mtp);
     RUN(test_generated_positions_one_form);
+    RUN(test_index_margins);
     RUN(test_moe_layer_without_experts);
     RUN(test_engine);
     return test_summary();
