@@ -379,7 +379,7 @@ int cuda_proj_rows(struct rank *k, const uint16_t *x, const struct qproj *P, con
 
 /* x = the embeddings of T tokens ids: with N > 1 each rank's vocabulary
  * rows, and an all-reduce (peer buffer 2) completes them. */
-static int embed_rows(struct rank *k, const int32_t *ids, int T, char *err, size_t errlen)
+int cuda_embed_rows(struct rank *k, const int32_t *ids, int T, char *err, size_t errlen)
 {
     struct cuda_backend *b = k->b;
     int E = b->c.n_embd;
@@ -401,15 +401,10 @@ fail:
     return SL_EDEVICE;
 }
 
-int cuda_embed_rows(struct rank *k, const int32_t *ids, int T, char *err, size_t errlen)
-{
-    return embed_rows(k, ids, T, err, errlen);
-}
-
 /* The greedy tokens of R logit rows (k->logits, this rank's vocabulary
  * slice): with N > 1 every rank's (max, sum, argmax) parts all-gathered and
  * combined in rank order, so every rank gets the same tokens. */
-static int head_argmax(struct rank *k, int R, int32_t *tok, float *lp, char *err, size_t errlen)
+int cuda_head_argmax(struct rank *k, int R, int32_t *tok, float *lp, char *err, size_t errlen)
 {
     struct cuda_backend *b = k->b;
     cudaStream_t st = k->st;
@@ -425,11 +420,6 @@ fail:
     return SL_EDEVICE;
 }
 
-int cuda_head_argmax(struct rank *k, int R, int32_t *tok, float *lp, char *err, size_t errlen)
-{
-    return head_argmax(k, R, tok, lp, err, errlen);
-}
-
 /* Enqueues rank k's whole forward pass for T tokens (some maybe padding), R
  * logit rows, and max_items attention items, up to the greedy tokens. */
 static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, char *err, size_t errlen)
@@ -440,7 +430,7 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
     int Q = H * D, QKV = Q + 2 * KVH * D;
     cudaStream_t st = k->st;
     enum cudaStreamCaptureStatus cs;
-    if (embed_rows(k, DIN(k, ids, int32_t), T, err, errlen)) goto fail;
+    if (cuda_embed_rows(k, DIN(k, ids, int32_t), T, err, errlen)) goto fail;
     /* decode of one token: the norms ride in the GEMV prologues,
      * SwiGLU and the residual adds in their epilogues (bit-identical to the
      * unfused kernels, but for the norm's scale, which the one-token GEMVs
@@ -572,7 +562,7 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
                             c->norm_eps, k->hfin, st));
         if (!(b->t.ablate & CUDA_ABLATE_HEAD))
             CB(proj(k, &k->qhead, k->lm_head, k->hfin, k->logits, true, R, E, k->vn));
-        if (head_argmax(k, R, k->tok, k->lp, err, errlen)) goto fail;
+        if (cuda_head_argmax(k, R, k->tok, k->lp, err, errlen)) goto fail;
     }
     return 0;
 fail:
