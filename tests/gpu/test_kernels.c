@@ -1292,6 +1292,9 @@ static void test_peer_allreduce(void)
                 for (int r = 0; r < N && add; r++) {
                     cudaSetDevice(dev[r]);
                     cudaMemcpy(of[r], x0, n * 4, cudaMemcpyHostToDevice);
+                    /* a pageable copy may return before its DMA lands, and st[r] does not wait for the legacy
+                     * stream (non-blocking): the all-reduce would race the copy it adds to */
+                    cudaDeviceSynchronize();
                 }
                 for (int r = 0; r < N; r++) {
                     struct cuda_peer_ar a = {.epoch = epoch[r], .abort = abort_flag, .n_ranks = N, .rank = r};
