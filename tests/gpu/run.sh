@@ -26,7 +26,7 @@
 #   checks that the others stop) and the engine suite on tiny-qwen3,
 #   tiny-qwen3-moe-ctx2k and dsv3-qlora at TP=2,
 #   each again with the fused GEMM, test_glm5_layers (every glm5_next
-#   layer's hyper-connection streams) test_spec_kda, test_mtp and test_spec_mtp at TP=2; then, with the default model in models/
+#   layer's hyper-connection streams), test_spec_kda, test_mtp and test_spec_mtp at TP=2; then, with the default model in models/
 #   and the openai module, the Python integration tests (all but
 #   test_chat_rules.py, which pins --device cpu) against servers on the GPU
 #   (test_server.py and test_batch.py again at TP=2 with 2+ GPUs) and a check
