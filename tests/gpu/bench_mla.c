@@ -99,7 +99,7 @@ struct xbench {
 static int x_whole(void *p)
 {
     struct xbench *x = p;
-    char err[256];
+    char err[256] = "the queries' kernel";
     if (cuda_mla_xq(x->q, x->T, x->H, DN + R, x->DK, x->xq, 0) != cudaSuccess ||
         cuda_mla_xrun(x->blas, &x->xr, 0, err, sizeof err)) {
         printf("  expanded form failed: %s\n", err);
