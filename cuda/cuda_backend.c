@@ -513,12 +513,12 @@ static int warm_step(struct cuda_backend *b, int ns, int nbk, int start, int len
 {
     int T = ns * len, bs = b->block_size, rc = SL_ENOMEM;
     int32_t *ids = malloc((size_t)T * 4), *pos = malloc((size_t)T * 4), *bt = malloc((size_t)ns * nbk * 4);
-    int32_t *hist = malloc((size_t)T * 4);
+    int32_t *hist = malloc((size_t)T * 4), *prompt = calloc((size_t)ns * (start + len), 4);
     int64_t *slots = malloc((size_t)T * 8);
     uint64_t *rng = calloc((size_t)ns, sizeof *rng);
     struct step_seq *sq = calloc((size_t)ns, sizeof *sq);
     struct model_sample_out *so = calloc((size_t)ns * (nd + 1), sizeof *so);
-    if (ids && pos && bt && hist && slots && rng && sq && so) {
+    if (ids && pos && bt && hist && prompt && slots && rng && sq && so) {
         for (int k = 0, t = 0; k < ns; k++) {
             for (int j = 0; j < nbk; j++) bt[k * nbk + j] = k * nbk + j;
             rng[k] = 0x9E3779B97F4A7C15ull + (uint64_t)k;
@@ -529,6 +529,10 @@ static int warm_step(struct cuda_backend *b, int ns, int nbk, int start, int len
                 /* the history: the query's tokens, the last nd of them the drafts */
                 sq[k].history = hist + t, sq[k].n_prompt = len - nd, sq[k].n_history = len - nd;
                 sq[k].n_draft = nd, sq[k].spec_out = so + (size_t)k * (nd + 1);
+            } else if (len > 1) {
+                /* a prompt's chunk (MLA's expanded form; zeros for its ids: penalties are off) */
+                sq[k].history = prompt + (size_t)k * (start + len);
+                sq[k].n_prompt = sq[k].n_history = start + len;
             }
             for (int i = 0; i < len; i++, t++) {
                 int p = start + i;
@@ -543,7 +547,7 @@ static int warm_step(struct cuda_backend *b, int ns, int nbk, int start, int len
     } else {
         sl_seterr(err, errlen, "warm-up: out of host memory");
     }
-    free(ids), free(pos), free(bt), free(hist), free(slots), free(rng), free(sq), free(so);
+    free(ids), free(pos), free(bt), free(hist), free(prompt), free(slots), free(rng), free(sq), free(so);
     return rc;
 }
 
