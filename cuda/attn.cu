@@ -40,7 +40,11 @@
  *     Blocks take items last first: a prefill's last tiles see the most keys,
  *     so starting them first shortens the tail. On compute capability 9.0
  *     the 128-row items at D 128 go to attn_wg.cu's kernel instead
- *     (warpgroup MMA, bulk tensor copies; with the fp8 cache too).
+ *     (warpgroup MMA, bulk tensor copies; with the fp8 cache too). The same
+ *     kernel takes values narrower than the keys (args.Dv, bf16 caches: MLA's
+ *     expanded heads, keys 192 and values 128, cuda/mla.h): V rows of their
+ *     own width in each stage, and where 128 query rows of the wider keys do
+ *     not fit one stage, Q is staged over both before the first tile loads.
  *
  * The fp8 KV cache (args.kv8, --kv-cache-dtype fp8): K and V are e4m3 bytes
  * (scale 1), every value of which is exactly a bf16 and an f16 value, so each
@@ -216,7 +220,9 @@ static __global__ void combine_kernel(struct cuda_attn_args a)
     int t = blockIdx.x, lane = threadIdx.x & 31, h = blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5);
     int base = a.tok_part[t], ns = a.tok_nsplit[t];
     if (base < 0 || ns <= 1 || h >= a.H) return;
-    int grp = a.H / a.KVH, D = a.D, ps = a.pstride > 0 ? a.pstride : CUDA_ATTN_MAXSPLIT;
+    /* D: the partials' value width; Do: the output's (the first Do of them) */
+    int grp = a.H / a.KVH, D = a.Dv > 0 ? a.Dv : a.D, Do = a.Do > 0 ? a.Do : D,
+        ps = a.pstride > 0 ? a.pstride : CUDA_ATTN_MAXSPLIT;
     const float *pp = a.part + ((size_t)(base + h % grp) * a.KVH + h / grp) * ps * (D + 2);
     float ms = lane < ns ? pp[lane * (D + 2)] : -INFINITY;
     float ls = lane < ns ? pp[lane * (D + 2) + 1] : 0.0f;
@@ -224,11 +230,11 @@ static __global__ void combine_kernel(struct cuda_attn_args a)
     float wgt = ms == -INFINITY ? 0.0f : __expf(ms - M);
     float L = warp_sum(ls * wgt);
     float inv = L > 0.0f ? 1.0f / L : 0.0f;
-    for (int d = lane; d < D; d += 32) {
+    for (int d = lane; d < Do; d += 32) {
         float o = 0.0f;
 #pragma unroll 8
         for (int s = 0; s < ns; s++) o += pp[s * (D + 2) + 2 + d] * __shfl_sync(0xffffffffu, wgt, s);
-        a.out[((size_t)t * a.H + h) * D + d] = f2bf(o * inv);
+        a.out[((size_t)t * a.H + h) * Do + d] = f2bf(o * inv);
     }
 }
 
@@ -865,30 +871,58 @@ static cudaError_t launch_dec(const struct cuda_attn_args *a, cudaStream_t st)
 
 /* ---- tensor-core kernel (prefill tiles) -------------------------------------- */
 
-/* Gathers keys [k0, k0 + TC_BN) of head group g into ks (K) and ks + TC_BN *
- * (D + 8) (V), zeros past kv_hi (so masked keys multiply zeros, never stale
- * NaNs). Every thread of the block issues its share; not yet committed. */
-template <int D, int NTHR, bool KV8>
+/* Gathers keys [k0, k0 + TC_BN) of head group g into ks (K, rows of D + 8)
+ * and ks + TC_BN * (D + 8) (V, rows of DV + 8), zeros past kv_hi (so masked
+ * keys multiply zeros, never stale NaNs). Every thread of the block issues
+ * its share; not yet committed. DV != D (MLA's expanded heads) with a bf16
+ * cache only. */
+template <int D, int DV, int NTHR, bool KV8>
 static __device__ __forceinline__ void tc_load_kv(const struct cuda_attn_args &a, const int32_t *bt, int g, int k0,
                                                   int kv_hi, uint16_t *ks)
 {
-    /* chunks and staged rows as in dec_load_kv (fp8: packed rows at kv8_off) */
-    constexpr int EPC = KV8 ? 16 : 8, CH = D / EPC, RS = KV8 ? D : D + 8, ES = KV8 ? 1 : 2;
-    static_assert(TC_BN * CH % NTHR == 0, "K/V chunks split evenly over the block");
-    uint8_t *st = (uint8_t *)ks + (KV8 ? kv8_off<D, 2 * TC_BN>() : 0);
-    const uint8_t *kc = (const uint8_t *)a.kc, *vc = (const uint8_t *)a.vc;
+    static_assert(D == DV || !KV8, "fp8 caches have one width");
     int bs = a.block_size;
+    if constexpr (D == DV) {
+        /* chunks and staged rows as in dec_load_kv (fp8: packed rows at kv8_off) */
+        constexpr int EPC = KV8 ? 16 : 8, CH = D / EPC, RS = KV8 ? D : D + 8, ES = KV8 ? 1 : 2;
+        static_assert(TC_BN * CH % NTHR == 0, "K/V chunks split evenly over the block");
+        uint8_t *st = (uint8_t *)ks + (KV8 ? kv8_off<D, 2 * TC_BN>() : 0);
+        const uint8_t *kc = (const uint8_t *)a.kc, *vc = (const uint8_t *)a.vc;
 #pragma unroll
-    for (int k = 0; k < TC_BN * CH / NTHR; k++) {
-        int i = threadIdx.x + k * NTHR, j = i / CH, c = i % CH, kp = k0 + j;
-        bool ok = kp < kv_hi;
-        size_t off = 0;
-        if (ok) {
-            int64_t slot = (int64_t)bt[kp / bs] * bs + kp % bs;
-            off = (((size_t)slot * a.KVH + g) * D + c * EPC) * ES;
+        for (int k = 0; k < TC_BN * CH / NTHR; k++) {
+            int i = threadIdx.x + k * NTHR, j = i / CH, c = i % CH, kp = k0 + j;
+            bool ok = kp < kv_hi;
+            size_t off = 0;
+            if (ok) {
+                int64_t slot = (int64_t)bt[kp / bs] * bs + kp % bs;
+                off = (((size_t)slot * a.KVH + g) * D + c * EPC) * ES;
+            }
+            cp_async16(smem_u32(st + (j * RS + c * EPC) * ES), kc + off, ok);
+            cp_async16(smem_u32(st + ((TC_BN + j) * RS + c * EPC) * ES), vc + off, ok);
         }
-        cp_async16(smem_u32(st + (j * RS + c * EPC) * ES), kc + off, ok);
-        cp_async16(smem_u32(st + ((TC_BN + j) * RS + c * EPC) * ES), vc + off, ok);
+    } else {
+        constexpr int CH = D / 8, CHV = DV / 8, NK = (TC_BN * CH + NTHR - 1) / NTHR,
+                      NV = (TC_BN * CHV + NTHR - 1) / NTHR;
+        const uint16_t *kc = (const uint16_t *)a.kc, *vc = (const uint16_t *)a.vc;
+        uint16_t *vs = ks + TC_BN * (D + 8);
+#pragma unroll
+        for (int k = 0; k < NK; k++) {
+            int i = threadIdx.x + k * NTHR, j = i / CH, c = i % CH, kp = k0 + j;
+            if (TC_BN * CH % NTHR && i >= TC_BN * CH) break;
+            bool ok = kp < kv_hi;
+            size_t off = 0;
+            if (ok) off = ((size_t)((int64_t)bt[kp / bs] * bs + kp % bs) * a.KVH + g) * D + c * 8;
+            cp_async16(smem_u32(ks + j * (D + 8) + c * 8), kc + off, ok);
+        }
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            int i = threadIdx.x + k * NTHR, j = i / CHV, c = i % CHV, kp = k0 + j;
+            if (TC_BN * CHV % NTHR && i >= TC_BN * CHV) break;
+            bool ok = kp < kv_hi;
+            size_t off = 0;
+            if (ok) off = ((size_t)((int64_t)bt[kp / bs] * bs + kp % bs) * a.KVH + g) * DV + c * 8;
+            cp_async16(smem_u32(vs + j * (DV + 8) + c * 8), vc + off, ok);
+        }
     }
 }
 
@@ -901,14 +935,19 @@ static __device__ __forceinline__ void tc_load_kv(const struct cuda_attn_args &a
 /* Blocks per SM the register budget aims at (ptxas -v, sm_90): 4 warps fit
  * 3 blocks (168 registers at D 128, no real spills); 8 warps at D 128 need
  * ~230 registers (a cap of 128 spills), so 1 block; 2 at D 64. */
-#define TC_MINB(D, NW) ((NW) == 4 ? 3 : (D) == 64 ? 2 : 1)
-template <int D, int NW, bool KV8>
+/* Keys of 192 and values of 128 (MLA's expanded heads): 12 more Q fragment
+ * registers than at 128, so a register budget of 2 blocks of 4 warps an SM. */
+#define TC_MINB(D, NW) ((D) > 128 ? ((NW) == 4 ? 2 : 1) : (NW) == 4 ? 3 : (D) == 64 ? 2 : 1)
+template <int D, int DV, int NW, bool KV8>
 static __global__ void __launch_bounds__(32 * NW, TC_MINB(D, NW)) attn_tc_kernel(struct cuda_attn_args a)
 {
-    constexpr int NTHR = 32 * NW, BM = 16 * NW, DP = D + 8, CH = D / 8;
-    constexpr int NT = TC_BN / 8, KC = D / 16, DT = D / 8;
-    static_assert(BM <= 2 * TC_BN, "Q is staged in one K+V stage");
-    static_assert(D % 16 == 0 && BM * CH % NTHR == 0, "shape");
+    constexpr int NTHR = 32 * NW, BM = 16 * NW, DP = D + 8, DVP = DV + 8, CH = D / 8;
+    constexpr int NT = TC_BN / 8, KC = D / 16, DT = DV / 8;
+    /* Q staged in the second K+V stage while the first tile loads, or, where it does not fit there (keys
+     * wider than values), over both stages before the first tile loads */
+    constexpr bool QS1 = BM * DP <= TC_BN * (DP + DVP);
+    static_assert(BM * DP <= 2 * TC_BN * (DP + DVP), "Q is staged in the K+V stages");
+    static_assert(D % 16 == 0 && DV % 16 == 0 && BM * CH % NTHR == 0, "shape");
     extern __shared__ __align__(16) uint16_t tsm[];
     struct cuda_attn_item wi;
     if (!attn_item(a, true, wi)) return;
@@ -917,28 +956,34 @@ static __global__ void __launch_bounds__(32 * NW, TC_MINB(D, NW)) attn_tc_kernel
     int nrows = wi.nq * grp;
     if (nrows <= 0 || nrows > BM) return; /* whole block: wi is uniform */
     const int32_t *bt = a.bt + wi.bt0;
-    uint16_t *stg1 = tsm + 2 * TC_BN * DP; /* stage s at tsm + s * 2 * TC_BN * DP: K, then V */
+    uint16_t *stg1 = tsm + TC_BN * (DP + DVP); /* stage s at tsm + s * TC_BN * (DP + DVP): K, then V */
+    uint16_t *qs = QS1 ? stg1 : tsm;
 
-    /* Q -> stage 1 (rows past nrows zero), K/V tile 0 -> stage 0 */
+    /* Q -> stage 1 (rows past nrows zero), K/V tile 0 -> stage 0 (without QS1: after Q is in registers) */
 #pragma unroll
     for (int k = 0; k < BM * CH / NTHR; k++) {
         int i = threadIdx.x + k * NTHR, r = i / CH, c = i % CH;
         bool ok = r < nrows;
         const uint16_t *src = a.q;
         if (ok) src = a.q + ((size_t)(wi.t0 + r / grp) * a.H + g * grp + r % grp) * D + c * 8;
-        cp_async16(smem_u32(stg1 + r * DP + c * 8), src, ok);
+        cp_async16(smem_u32(qs + r * DP + c * 8), src, ok);
     }
     cp_async_commit();
     int ntile = wi.kv_hi > wi.kv_lo ? (wi.kv_hi - wi.kv_lo + TC_BN - 1) / TC_BN : 0;
-    if (ntile > 0) tc_load_kv<D, NTHR, KV8>(a, bt, g, wi.kv_lo, wi.kv_hi, tsm);
+    if (QS1 && ntile > 0) tc_load_kv<D, DV, NTHR, KV8>(a, bt, g, wi.kv_lo, wi.kv_hi, tsm);
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
     uint32_t qf[KC][4];
     {
-        uint32_t qb = smem_u32(stg1 + (w * 16 + (lane & 15)) * DP + (lane >> 4) * 8);
+        uint32_t qb = smem_u32(qs + (w * 16 + (lane & 15)) * DP + (lane >> 4) * 8);
 #pragma unroll
         for (int kc = 0; kc < KC; kc++) ldsm_x4(qb + kc * 16 * 2, qf[kc]);
+    }
+    if constexpr (!QS1) {
+        __syncthreads(); /* every warp has its Q: the stages are free */
+        if (ntile > 0) tc_load_kv<D, DV, NTHR, KV8>(a, bt, g, wi.kv_lo, wi.kv_hi, tsm);
+        cp_async_commit(); /* the loop's first wait leaves only the newest group (none) outstanding */
     }
     /* positions of this lane's two rows; rows past nrows borrow the last
      * row's (their results are dropped), so they never force a mask */
@@ -954,12 +999,12 @@ static __global__ void __launch_bounds__(32 * NW, TC_MINB(D, NW)) attn_tc_kernel
     const float sl2 = a.scale * 1.4426950408889634f;
     /* per-lane ldmatrix offsets (elements) within a K or V tile */
     const int kofs = ((lane & 7) + ((lane >> 4) << 3)) * DP + ((lane >> 3) & 1) * 8;
-    const int vofs = (lane & 15) * DP + (lane >> 4) * 8;
+    const int vofs = (lane & 15) * DVP + (lane >> 4) * 8;
     for (int ti = 0; ti < ntile; ti++) {
         int k0 = wi.kv_lo + ti * TC_BN;
         /* everyone is done with the other stage (last tile's math, or the Q staging) */
         __syncthreads();
-        if (ti + 1 < ntile) tc_load_kv<D, NTHR, KV8>(a, bt, g, k0 + TC_BN, wi.kv_hi, (ti & 1) ? tsm : stg1);
+        if (ti + 1 < ntile) tc_load_kv<D, DV, NTHR, KV8>(a, bt, g, k0 + TC_BN, wi.kv_hi, (ti & 1) ? tsm : stg1);
         cp_async_commit(); /* maybe empty: keeps "all but the newest group" = this tile */
         cp_async_wait<1>();
         __syncthreads();
@@ -998,16 +1043,16 @@ static __global__ void __launch_bounds__(32 * NW, TC_MINB(D, NW)) attn_tc_kernel
             l0 += s[nt][0] + s[nt][1];
             l1 += s[nt][2] + s[nt][3];
         }
-        tile_pv<NT, DT, DP, false>(o, s, vb, vofs);
+        tile_pv<NT, DT, DVP, false>(o, s, vb, vofs);
     }
-    tc_store_rows<D>(a, wi, g, grp, nrows, r0, l0, l1, m0, m1, [&](int dt, int e) { return o[dt][e]; });
+    tc_store_rows<DV>(a, wi, g, grp, nrows, r0, l0, l1, m0, m1, [&](int dt, int e) { return o[dt][e]; });
 }
 
-/* 2 stages x (K, V) x [TC_BN][D + 8] bf16; the same for either block size */
-template <int D>
+/* 2 stages x (K [TC_BN][D + 8], V [TC_BN][DV + 8]) bf16; the same for either block size */
+template <int D, int DV = D>
 static constexpr int tc_smem(void)
 {
-    return 4 * TC_BN * (D + 8) * 2;
+    return 2 * TC_BN * (D + 8 + DV + 8) * 2;
 }
 
 /* raises k's dynamic shared-memory limit to bytes (set whatever the size:
@@ -1031,8 +1076,8 @@ static cudaError_t set_smem(cudaError_t e)
 template <int D, bool KV8>
 static cudaError_t set_smem_tc(cudaError_t e)
 {
-    e = smem_limit(attn_tc_kernel<D, 4, KV8>, tc_smem<D>(), e);
-    e = smem_limit(attn_tc_kernel<D, 8, KV8>, tc_smem<D>(), e);
+    e = smem_limit(attn_tc_kernel<D, D, 4, KV8>, tc_smem<D>(), e);
+    e = smem_limit(attn_tc_kernel<D, D, 8, KV8>, tc_smem<D>(), e);
     e = smem_limit(attn_dec_kernel<D, 4, KV8>, (int)dec_tc_smem<D, 4, KV8>(), e);
     e = smem_limit(attn_dec_kernel<D, 8, KV8>, (int)dec_tc_smem<D, 8, KV8>(), e);
     if constexpr (D == 128) {
@@ -1083,17 +1128,17 @@ static cudaError_t launch(const struct cuda_attn_args *a, cudaStream_t st)
     return cudaGetLastError();
 }
 
-template <int D, bool KV8>
+template <int D, bool KV8, int DV = D>
 static cudaError_t launch_tc(const struct cuda_attn_args *a, cudaStream_t st)
 {
     dim3 grid(a->max_items, a->KVH);
     cudaError_t e = cudaSuccess;
-    if (cuda_attention_wg_ok(a))
+    if (D == DV && cuda_attention_wg_ok(a))
         e = cuda_attention_wg(a, st);
     else if (a->max_rows <= 64)
-        attn_tc_kernel<D, 4, KV8><<<grid, 128, tc_smem<D>(), st>>>(*a);
+        attn_tc_kernel<D, DV, 4, KV8><<<grid, 128, tc_smem<D, DV>(), st>>>(*a);
     else
-        attn_tc_kernel<D, 8, KV8><<<grid, 256, tc_smem<D>(), st>>>(*a);
+        attn_tc_kernel<D, DV, 8, KV8><<<grid, 256, tc_smem<D, DV>(), st>>>(*a);
     if (e == cudaSuccess) e = cudaGetLastError();
     if (e != cudaSuccess) return e;
     combine_kernel<<<dim3(a->T, (a->H + 3) / 4), 128, 0, st>>>(*a);
@@ -1102,12 +1147,50 @@ static cudaError_t launch_tc(const struct cuda_attn_args *a, cudaStream_t st)
 
 extern "C" int cuda_attention_dec_ok(int D, int grp) { return (D == 64 || D == 128) && grp >= 1 && grp <= 8; }
 
+/* the (keys, values) widths the tensor-core kernel is built for besides equal ones */
+static const int tc_pairs[][2] = {{32, 16}, {192, 128}};
+
+extern "C" int cuda_attention_tc_pair(int Dk, int Dv, int *D, int *Dv_pad)
+{
+    for (size_t i = 0; i < sizeof tc_pairs / sizeof tc_pairs[0]; i++)
+        if (Dk > 0 && Dv > 0 && Dk <= tc_pairs[i][0] && Dv <= tc_pairs[i][1]) {
+            *D = tc_pairs[i][0], *Dv_pad = tc_pairs[i][1];
+            return 1;
+        }
+    return 0;
+}
+
+static bool tc_pair_built(int D, int Dv)
+{
+    for (size_t i = 0; i < sizeof tc_pairs / sizeof tc_pairs[0]; i++)
+        if (D == tc_pairs[i][0] && Dv == tc_pairs[i][1]) return true;
+    return false;
+}
+
+template <int D, int DV>
+static cudaError_t set_smem_pair(void)
+{
+    cudaError_t e = smem_limit(attn_tc_kernel<D, DV, 4, false>, tc_smem<D, DV>(), cudaSuccess);
+    return smem_limit(attn_tc_kernel<D, DV, 8, false>, tc_smem<D, DV>(), e);
+}
+
+extern "C" cudaError_t cuda_attention_prepare_pair(int D, int Dv)
+{
+    if (D == 32 && Dv == 16) return set_smem_pair<32, 16>();
+    if (D == 192 && Dv == 128) return set_smem_pair<192, 128>();
+    return cudaErrorInvalidValue;
+}
+
 
 /* the kernel for a's step (cuda_attention, below) */
 template <bool KV8>
 static cudaError_t attention(const struct cuda_attn_args *a, bool dec, cudaStream_t st)
 {
     if (dec) return a->D == 64 ? launch_dec<64, KV8>(a, st) : launch_dec<128, KV8>(a, st);
+    if (a->Dv > 0 && a->Dv != a->D) { /* checked in cuda_attention: a built pair, bf16, the tensor cores */
+        if constexpr (KV8) return cudaErrorInvalidValue;
+        else return a->D == 32 ? launch_tc<32, false, 16>(a, st) : launch_tc<192, false, 128>(a, st);
+    }
     if (a->max_rows > CUDA_ATTN_ROWS) {
         if (a->max_rows > CUDA_ATTN_TC_ROWS || !cuda_attention_tc_ok(a->D, a->H / a->KVH))
             return cudaErrorInvalidValue;
@@ -1124,6 +1207,12 @@ extern "C" cudaError_t cuda_attention(const struct cuda_attn_args *a, cudaStream
 {
     if (a->max_items <= 0 || a->T <= 0) return cudaSuccess;
     if (a->D % 8 || a->D > 256 || a->KVH <= 0 || a->H % a->KVH) return cudaErrorInvalidValue;
+    if (a->Dv > 0 && a->Dv != a->D &&
+        (!tc_pair_built(a->D, a->Dv) || a->kv8 || a->cnt || a->rope.qkv || a->max_rows <= CUDA_ATTN_ROWS ||
+         a->max_rows > CUDA_ATTN_TC_ROWS || a->H / a->KVH > a->max_rows || a->Do < 0 || a->Do > a->Dv || a->Do % 2))
+        return cudaErrorInvalidValue; /* two widths: the tensor-core kernel's built pairs only */
+    if ((a->Do > 0 && a->Do != (a->Dv > 0 ? a->Dv : a->D) && (a->Dv <= 0 || a->Dv == a->D)) || a->Dv < 0)
+        return cudaErrorInvalidValue; /* a narrower output only with two widths */
     bool dec = a->cnt && a->max_rows == a->H / a->KVH && cuda_attention_dec_ok(a->D, a->H / a->KVH);
     if (a->pstride < 0 || a->pstride > CUDA_ATTN_MAXSPLIT || (dec && a->pstride && a->pstride != CUDA_ATTN_MAXSPLIT))
         return cudaErrorInvalidValue; /* the decode kernel's partials are strided by MAXSPLIT */

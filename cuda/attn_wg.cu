@@ -528,7 +528,7 @@ extern "C" void cuda_attention_wg_select(int on) { wg_on = on != 0 && wg_sm90();
 extern "C" int cuda_attention_wg_ok(const struct cuda_attn_args *a)
 {
     if (wg_on < 0) cuda_attention_wg_select(-1);
-    return wg_on && a->D == 128 && a->max_rows > 64 && a->max_rows <= WG_BM;
+    return wg_on && a->D == 128 && (a->Dv <= 0 || a->Dv == 128) && a->max_rows > 64 && a->max_rows <= WG_BM;
 }
 
 extern "C" cudaError_t cuda_attention_wg_prepare(void)

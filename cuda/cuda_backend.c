@@ -275,6 +275,7 @@ model_backend *model_cuda_backend_create(const model *m, const struct model_back
     b->hsout = (struct cuda_sample_out *)(b->hout + S * 8);
     if (cuda_crew_run(b, JOB_INIT, err, errlen)) goto fail;
     CK(cudaSetDevice(0));
+    if (cuda_mla_xsetup(b, err, errlen)) goto fail;
     if (mtp && cuda_mtp_create(b, err, errlen)) goto fail;
 
     CK(cudaHostAlloc((void **)&b->hlog, S * V * 4, cudaHostAllocPortable));
@@ -380,7 +381,7 @@ fail:
  * returns the end of the block tables (bt_cap entries). A step fills the
  * start of each region, so it copies the prefix of hin up to its last
  * block-table entry. */
-static size_t lay_steps(struct inlay *y, size_t T, size_t S, size_t items, int bt_cap, bool kda)
+static size_t lay_steps(struct inlay *y, size_t T, size_t S, size_t items, int bt_cap, bool kda, size_t mla)
 {
     size_t o = 0;
     y->slots = o, o = al(o + T * 8);
@@ -397,6 +398,7 @@ static size_t lay_steps(struct inlay *y, size_t T, size_t S, size_t items, int b
     y->kda_seqs = o, o = al(o + (kda ? (T < S ? T : S) : 0) * sizeof(struct cuda_kda_seq));
     y->kda_snaps = o, o = al(o + (kda ? T : 0) * sizeof(struct cuda_kda_snap));
     y->max_kda_snaps = kda ? (int)T : 0;
+    y->mla = o, o = al(o + mla);
     y->bt = o, o = al(o + (size_t)bt_cap * 4);
     return o;
 }
@@ -411,7 +413,7 @@ struct inlay cuda_step_lay(const struct cuda_backend *b, int gi, int Tp)
     struct inlay y = b->lay_full;
     size_t items = (size_t)Tp * CUDA_ATTN_MAXSPLIT;
     if (gi >= 0 && items <= (size_t)y.max_items && Tp <= b->max_tokens)
-        lay_steps(&y, (size_t)Tp, (size_t)Tp, items, b->bt_cap, b->state_bytes > 0);
+        lay_steps(&y, (size_t)Tp, (size_t)Tp, items, b->bt_cap, b->state_bytes > 0, 0);
     return y;
 }
 
@@ -435,7 +437,8 @@ static int kv_alloc(model_backend *mb, int n_blocks, int block_size, char *err, 
     b->bt_cap = (int)(S * ((size_t)(b->max_ctx + block_size - 1) / block_size + 1));
     struct inlay *y = &b->lay_full;
     size_t o = lay_steps(y, T, b->max_rows, T + S + (S > 256 ? S : 256) * CUDA_ATTN_MAXSPLIT, b->bt_cap,
-                         b->state_bytes > 0);
+                         b->state_bytes > 0,
+                         b->xplan ? cuda_mla_xbytes(b->max_tokens, b->max_seqs, b->xplan->max_items) : 0);
     size_t pc = S * (size_t)b->max_ctx;
     b->pen_cap = (int)(pc < 65536 ? 65536 : pc > (1u << 20) ? (1u << 20) : pc);
     y->srows = o, o = al(o + (size_t)b->max_rows * sizeof(struct cuda_sample_row));
@@ -510,12 +513,12 @@ static int warm_step(struct cuda_backend *b, int ns, int nbk, int start, int len
 {
     int T = ns * len, bs = b->block_size, rc = SL_ENOMEM;
     int32_t *ids = malloc((size_t)T * 4), *pos = malloc((size_t)T * 4), *bt = malloc((size_t)ns * nbk * 4);
-    int32_t *hist = malloc((size_t)T * 4);
+    int32_t *hist = malloc((size_t)T * 4), *prompt = calloc((size_t)ns * (start + len), 4);
     int64_t *slots = malloc((size_t)T * 8);
     uint64_t *rng = calloc((size_t)ns, sizeof *rng);
     struct step_seq *sq = calloc((size_t)ns, sizeof *sq);
     struct model_sample_out *so = calloc((size_t)ns * (nd + 1), sizeof *so);
-    if (ids && pos && bt && hist && slots && rng && sq && so) {
+    if (ids && pos && bt && hist && prompt && slots && rng && sq && so) {
         for (int k = 0, t = 0; k < ns; k++) {
             for (int j = 0; j < nbk; j++) bt[k * nbk + j] = k * nbk + j;
             rng[k] = 0x9E3779B97F4A7C15ull + (uint64_t)k;
@@ -526,6 +529,10 @@ static int warm_step(struct cuda_backend *b, int ns, int nbk, int start, int len
                 /* the history: the query's tokens, the last nd of them the drafts */
                 sq[k].history = hist + t, sq[k].n_prompt = len - nd, sq[k].n_history = len - nd;
                 sq[k].n_draft = nd, sq[k].spec_out = so + (size_t)k * (nd + 1);
+            } else if (len > 1) {
+                /* a prompt's chunk (MLA's expanded form; zeros for its ids: penalties are off) */
+                sq[k].history = prompt + (size_t)k * (start + len);
+                sq[k].n_prompt = sq[k].n_history = start + len;
             }
             for (int i = 0; i < len; i++, t++) {
                 int p = start + i;
@@ -540,7 +547,7 @@ static int warm_step(struct cuda_backend *b, int ns, int nbk, int start, int len
     } else {
         sl_seterr(err, errlen, "warm-up: out of host memory");
     }
-    free(ids), free(pos), free(bt), free(hist), free(slots), free(rng), free(sq), free(so);
+    free(ids), free(pos), free(bt), free(hist), free(prompt), free(slots), free(rng), free(sq), free(so);
     return rc;
 }
 
@@ -653,6 +660,7 @@ static void destroy(model_backend *mb)
         for (int i = 0; i < b->tp; i++) rank_free(&b->r[i], &b->c);
     free(b->r);
     cuda_mtp_destroy(b);
+    cuda_mla_xfree(b);
     cudaFreeHost(b->hin), cudaFreeHost(b->hout), cudaFreeHost(b->hlog), cudaFreeHost(b->peer_abort);
     free(b->samp), free(b->host_rows), free(b->row_seq), free(b->tok_seq), free(b->row_host), free(b->row_mode), free(b->rng_before);
     free(b->pen_mark);

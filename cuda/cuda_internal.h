@@ -63,10 +63,12 @@ struct clayer {
 /* Offsets (in bytes) of the per-step inputs inside hin/din; max_items:
  * the attention items the items region holds; kda_seqs / kda_snaps: the
  * KDA layers' per-sequence entries and snapshots (kda.h; empty without KDA
- * layers), max_kda_snaps of them. */
+ * layers), max_kda_snaps of them; mla: MLA's expanded-form plan
+ * (cuda_mla_xdev_at, for max_tokens and max_seqs; empty without it and in
+ * graphs' layouts). */
 struct inlay {
-    size_t slots, ids, pos, tok_part, tok_nsplit, tok_bt, rows, n_items, items, kda_seqs, kda_snaps, bt, srows, pen,
-        total;
+    size_t slots, ids, pos, tok_part, tok_nsplit, tok_bt, rows, n_items, items, kda_seqs, kda_snaps, mla, bt, srows,
+        pen, total;
     int max_items, max_kda_snaps;
 };
 
@@ -175,6 +177,9 @@ struct cuda_backend {
     int *host_rows;                 /* [max_seqs] rows model_sample picks this step */
     int *row_seq, *tok_seq;         /* host scratch */
     struct cuda_mtp *mtp;           /* opts.mtp: the MTP layer's host state (cuda/mtp.h), else NULL */
+    struct cuda_mla_xplan *xplan;   /* MLA's expanded form: its geometry and the step's plan (cuda/mla.h), or
+                                       NULL (no MLA, or the absorbed form only) */
+    bool xplan_on;                  /* this step's plan holds tokens in the expanded form */
 
     struct cuda_tuning t;           /* cuda_tuning as it was at creation */
     bool graphs;                    /* decode steps as CUDA graphs (off with --enforce-eager) */

@@ -109,7 +109,22 @@ struct cuda_attn_args {
     struct cuda_rope_args rope; /* decode kernel only: with rope.qkv set, the kernel does cuda_rope_kv's work
                                  * for its tokens (q from rope.qkv, not q; each token's K and V written to its
                                  * slot by the split that holds its position), so cuda_rope_kv is not run */
+    int Dv;                     /* V's width (vc [n_slots][KVH][Dv]), the partials' and the output's: 0 means
+                                 * D. Other than D only on the tensor-core kernel at the widths
+                                 * cuda_attention_tc_pair gives, with a bf16 cache (MLA's expanded form:
+                                 * keys [nope | rope], values narrower) */
+    int Do;                     /* the output's width per head (out [T][H][Do]): its first Do of the Dv
+                                 * columns, the rest (zero padding) dropped; 0 means Dv */
 };
+/* Keys of Dk and values of Dv columns (Dv != Dk) on the tensor-core kernel:
+ * 1 and the widths *D >= Dk, *Dv_pad >= Dv it is built for (the inputs
+ * zero-padded to them), or 0 where none holds them (instances: keys 192 and
+ * values 128, DeepSeek's MLA heads expanded; keys 32 and values 16, the
+ * small test models'). Pure; any thread. */
+int cuda_attention_tc_pair(int Dk, int Dv, int *D, int *Dv_pad);
+/* Raises the tensor-core kernel's shared-memory limit for that pair (bf16
+ * cache); call once before any graph capture. */
+cudaError_t cuda_attention_prepare_pair(int D, int Dv);
 /* 1 when the decode kernel takes head_dim D with grp heads per KV head. */
 int cuda_attention_dec_ok(int D, int grp);
 cudaError_t cuda_attention(const struct cuda_attn_args *a, cudaStream_t st);

@@ -90,6 +90,51 @@ static int up(const struct model_tensor *t, int64_t rows, int64_t cols, int64_t 
     return rc;
 }
 
+/* The expanded form's widths for c on this device: 1 and *DK, *DV, or 0
+ * where it does not run (turned off, the indexer, no kernel for the head
+ * widths). */
+static int x_widths(const struct cuda_backend *b, int *DK, int *DV)
+{
+    const struct model_mla_config *a = &b->c.mla;
+    return b->t.mla_expand && a->index_topk <= 0 &&
+           cuda_attention_tc_pair(a->qk_nope_head_dim + a->qk_rope_head_dim, a->v_head_dim, DK, DV);
+}
+
+/* The expanded form's scratch on rank k (mla.h), sized for one sequence of
+ * max_ctx keys: it counts in the memory the KV cache is planned from (it is
+ * allocated before). Where the GPU has no room, none: the absorbed form
+ * everywhere (said on stderr). */
+static void x_alloc(struct rank *k, struct cuda_mla_rank *x)
+{
+    const struct cuda_backend *b = k->b;
+    const struct model_mla_config *a = &b->c.mla;
+    int DK, DV;
+    if (!x_widths(b, &DK, &DV)) return;
+    size_t rows = ((size_t)b->max_ctx + CUDA_MLA_XBS - 1) / CUDA_MLA_XBS * CUDA_MLA_XBS, H = (size_t)k->H,
+           C = a->kv_lora_rank, kv = rows * H * (DK + DV) * 2;
+    int32_t *iota = malloc(rows / CUDA_MLA_XBS * 4);
+    bool ok = iota && cudaMalloc((void **)&x->xlat, rows * C * 2) == cudaSuccess &&
+              cudaMalloc((void **)&x->xk, kv) == cudaSuccess &&
+              cudaMalloc((void **)&x->xq, (size_t)b->max_tokens * H * DK * 2) == cudaSuccess &&
+              cudaMalloc((void **)&x->xiota, rows / CUDA_MLA_XBS * 4) == cudaSuccess &&
+              cudaMemset(x->xk, 0, kv) == cudaSuccess && cuda_attention_prepare_pair(DK, DV) == cudaSuccess;
+    if (ok) {
+        for (size_t i = 0; i < rows / CUDA_MLA_XBS; i++) iota[i] = (int32_t)i;
+        ok = cudaMemcpy(x->xiota, iota, rows / CUDA_MLA_XBS * 4, cudaMemcpyHostToDevice) == cudaSuccess;
+    }
+    free(iota);
+    if (ok) {
+        x->xv = x->xk + rows * H * DK;
+        return;
+    }
+    cudaGetLastError(); /* the failed allocation's error is not the backend's */
+    cudaFree(x->xlat), cudaFree(x->xk), cudaFree(x->xq), cudaFree(x->xiota);
+    x->xlat = x->xk = x->xv = x->xq = NULL, x->xiota = NULL;
+    fprintf(stderr, "cuda: GPU %d has no room for MLA's expanded-form scratch (%.2f GB at %d tokens of context): "
+                    "prefill attends in the absorbed form\n",
+            k->dev, (double)(rows * C * 2 + kv) / 1e9, b->max_ctx);
+}
+
 /* The rank's RoPE tables, as cpu_mla.c builds them (the angle in float,
  * cos and sin in double times the attention factor), and the scratch. */
 static int rank_upload(struct rank *k, char *err, size_t errlen)
@@ -161,6 +206,7 @@ static int rank_upload(struct rank *k, char *err, size_t errlen)
             (a->index_kpool > 0 && cuda_dmalloc((void **)&x->ixg, T * ID * 4, err, errlen)))
             return SL_ENOMEM;
     }
+    x_alloc(k, x);
     return 0;
 }
 
@@ -232,9 +278,217 @@ void cuda_mla_free(struct rank *k, int l)
         cudaFree(x->kva), cudaFree(x->qlat), cudaFree(x->olat), cudaFree(x->att), cudaFree(x->apart);
         cudaFree(x->ixq), cudaFree(x->ixk), cudaFree(x->ixw), cudaFree(x->ixs), cudaFree(x->sel), cudaFree(x->nsel);
         cudaFree(x->ixg);
+        cudaFree(x->xlat), cudaFree(x->xk), cudaFree(x->xq), cudaFree(x->xiota);
         free(x);
         k->mlax = NULL;
     }
+}
+
+/* ---- the expanded form: the plan ----------------------------------------------- */
+
+static size_t al16(size_t o) { return (o + 15) & ~(size_t)15; }
+
+size_t cuda_mla_xbytes(int max_tokens, int max_seqs, int max_items)
+{
+    size_t T = (size_t)max_tokens, S = (size_t)max_seqs;
+    return al16(S * sizeof(struct cuda_mla_xseq)) + al16(S * 4) + 3 * al16(T * 4) +
+           al16((size_t)max_items * sizeof(struct cuda_attn_item));
+}
+
+struct cuda_mla_xdev cuda_mla_xdev_at(uint8_t *base, int max_tokens, int max_seqs)
+{
+    size_t T = (size_t)max_tokens, S = (size_t)max_seqs, o = 0;
+    struct cuda_mla_xdev d;
+    d.seqs = (struct cuda_mla_xseq *)(base + o), o += al16(S * sizeof(struct cuda_mla_xseq));
+    d.n_items = (int32_t *)(base + o), o += al16(S * 4);
+    d.tok_part = (int32_t *)(base + o), o += al16(T * 4);
+    d.tok_nsplit = (int32_t *)(base + o), o += al16(T * 4);
+    d.aidx = (int32_t *)(base + o), o += al16(T * 4);
+    d.items = (struct cuda_attn_item *)(base + o);
+    return d;
+}
+
+/* the absorbed tokens' gathered rows, 256-byte aligned regions */
+static size_t al256(size_t o) { return (o + 255) & ~(size_t)255; }
+
+size_t cuda_mla_comp_bytes(int n, int H, int Dq, int Dn, int Dv)
+{
+    size_t N = (size_t)n, h = (size_t)H;
+    return al256(N * h * Dq * 4) + al256(N * h * Dn * 2) + al256(N * h * Dv * 2) + 2 * al256(N * 4);
+}
+
+struct cuda_mla_comp cuda_mla_comp_at(void *base, int n, int H, int Dq, int Dn, int Dv)
+{
+    size_t N = (size_t)n, h = (size_t)H, o = 0;
+    uint8_t *p = base;
+    struct cuda_mla_comp c;
+    c.q = (float *)(p + o), o += al256(N * h * Dq * 4);
+    c.qn = (uint16_t *)(p + o), o += al256(N * h * Dn * 2);
+    c.att = (uint16_t *)(p + o), o += al256(N * h * Dv * 2);
+    c.pos = (int32_t *)(p + o), o += al256(N * 4);
+    c.tok_bt = (int32_t *)(p + o);
+    return c;
+}
+
+/* A sequence's tokens at prompt positions take the expanded form, the
+ * rest the absorbed one, as cpu_mla.c decides (so a position is computed
+ * one way whatever the chunking, but in decode steps, which keep the
+ * absorbed form and their graphs). Items of qrows tokens a sequence (the
+ * H heads as KV heads: one head a block); where the step's items alone
+ * would not fill the SMs (a short chunk deep into a context), each item's
+ * keys split over up to 2 n_sm / items blocks (at least 256 keys a split),
+ * as far as the partials' room allows. */
+bool cuda_mla_xplan(struct cuda_mla_xplan *p, const struct cuda_mla_xin *in, int n, const int32_t *pos, int T,
+                    const struct cuda_mla_xdev *d)
+{
+    p->n_seq = p->n_groups = p->Te = p->pstride = 0;
+    p->Ta = T;
+    p->compact = false;
+    int rows = 0, tiles = 0, qr = p->qrows;
+    for (int i = 0; i < n; i++) {
+        const struct cuda_mla_xin *q = &in[i];
+        int m = q->n_prompt - (q->context_len - q->query_len);
+        m = m < 0 ? 0 : m > q->query_len ? q->query_len : m;
+        if (m <= 0) continue;
+        int nk = pos[q->query_start + m - 1] + 1, r = (nk + CUDA_MLA_XBS - 1) / CUDA_MLA_XBS * CUDA_MLA_XBS;
+        if (r > p->rows || p->n_seq >= p->max_seqs) return false; /* beyond max_ctx: never */
+        if (!p->n_groups || rows + r > p->rows) {
+            p->g[p->n_groups++] = (struct cuda_mla_xgroup){.seq0 = p->n_seq};
+            rows = 0;
+        }
+        struct cuda_mla_xgroup *g = &p->g[p->n_groups - 1];
+        d->seqs[p->n_seq] = (struct cuda_mla_xseq){.row0 = rows, .n = nk, .bt0 = q->bt0};
+        p->src[p->n_seq++] = i;
+        g->nseq++;
+        rows += r;
+        g->rows = rows;
+        g->max_n = nk > g->max_n ? nk : g->max_n;
+        p->Te += m;
+        tiles += (m + qr - 1) / qr;
+    }
+    if (!p->Te) return false;
+    long units = (long)tiles * p->H;
+    int want = units >= p->n_sm ? 1 : (int)((2L * p->n_sm + units - 1) / units);
+    want = want > CUDA_ATTN_MAXSPLIT ? CUDA_ATTN_MAXSPLIT : want;
+    /* tokens whose keys may split: a part row each, [H][want][DV + 2] f32 */
+    size_t per = (size_t)p->H * want * (p->DV + 2) * 4;
+    long pcap = want > 1 ? (long)(p->part_bytes / per) : 0;
+    for (int t = 0; t < T; t++) d->tok_part[t] = -1, d->tok_nsplit[t] = 0, d->aidx[t] = 1;
+    int ni = 0, part = 0;
+    bool split = false;
+    for (int gi = 0; gi < p->n_groups; gi++) {
+        struct cuda_mla_xgroup *g = &p->g[gi];
+        g->item0 = ni;
+        for (int si = g->seq0; si < g->seq0 + g->nseq; si++) {
+            const struct cuda_mla_xin *q = &in[p->src[si]];
+            int m = q->n_prompt - (q->context_len - q->query_len);
+            m = m > q->query_len ? q->query_len : m;
+            int bt0 = d->seqs[si].row0 / CUDA_MLA_XBS;
+            for (int t0 = q->query_start; t0 < q->query_start + m; t0 += qr) {
+                int nq = q->query_start + m - t0 < qr ? q->query_start + m - t0 : qr, hi = pos[t0 + nq - 1] + 1;
+                int ns = 1;
+                if (want > 1 && part + nq <= pcap) {
+                    ns = (hi + 255) / 256;
+                    ns = ns > want ? want : ns < 1 ? 1 : ns;
+                }
+                int chunk = ((hi + ns - 1) / ns + 63) / 64 * 64;
+                ns = (hi + chunk - 1) / chunk;
+                if (ni + ns > p->max_items) return false;
+                for (int k = 0; k < ns; k++)
+                    d->items[ni++] = (struct cuda_attn_item){.bt0 = bt0, .t0 = t0, .nq = nq, .kv_lo = k * chunk,
+                                                             .kv_hi = (k + 1) * chunk < hi ? (k + 1) * chunk : hi,
+                                                             .split = k, .nsplit = ns, .part = part};
+                for (int t = t0; t < t0 + nq; t++) {
+                    d->aidx[t] = 0;
+                    if (ns > 1) d->tok_part[t] = part + (t - t0), d->tok_nsplit[t] = ns;
+                }
+                if (ns > 1) part += nq, split = true;
+            }
+        }
+        g->nitem = ni - g->item0;
+        d->n_items[gi] = g->nitem;
+    }
+    p->pstride = split ? want : 0;
+    /* the absorbed tokens, ascending, over the flags */
+    int na = 0;
+    for (int t = 0; t < T; t++)
+        if (d->aidx[t]) d->aidx[na++] = t;
+    p->Ta = na;
+    p->compact = na > 0 && (p->H * p->Dv) % 2 == 0 &&
+                 cuda_mla_comp_bytes(na, p->H, p->Dn + p->R, p->Dn, p->Dv) <= p->comp_bytes;
+    return true;
+}
+
+int cuda_mla_xsetup(struct cuda_backend *b, char *err, size_t errlen)
+{
+    const struct model_mla_config *a = &b->c.mla;
+    int DK, DV;
+    if (!x_widths(b, &DK, &DV)) return 0;
+    for (int i = 0; i < b->tp; i++)
+        if (!b->r[i].mlax || !b->r[i].mlax->xk) return 0; /* some rank has no scratch (or no MLA layer) */
+    struct cuda_mla_xplan *p = calloc(1, sizeof *p);
+    if (!p || !(p->g = calloc((size_t)b->max_seqs, sizeof *p->g)) ||
+        !(p->src = calloc((size_t)b->max_seqs, sizeof *p->src)) ||
+        !(p->in = calloc((size_t)b->max_seqs, sizeof *p->in))) {
+        if (p) free(p->g), free(p->src), free(p);
+        sl_seterr(err, errlen, "out of host memory");
+        return SL_ENOMEM;
+    }
+    const struct rank *k = &b->r[0];
+    p->rows = (b->max_ctx + CUDA_MLA_XBS - 1) / CUDA_MLA_XBS * CUDA_MLA_XBS;
+    p->H = k->H, p->DK = DK, p->DV = DV;
+    p->Dn = a->qk_nope_head_dim, p->R = a->qk_rope_head_dim, p->Dv = a->v_head_dim;
+    p->qrows = b->t.mla_expand_rows == 64 ? 64 : 128;
+    p->n_sm = b->n_sm, p->max_tokens = b->max_tokens, p->max_seqs = b->max_seqs;
+    p->max_items = 2 * ((b->max_tokens + p->qrows - 1) / p->qrows + b->max_seqs) + 2 * b->n_sm + 64;
+    p->part_bytes = k->mlax->apart ? cuda_mla_attn_part_bytes(b->max_tokens, k->H, a->kv_lora_rank, p->R) : 0;
+    p->comp_bytes = (size_t)p->rows * k->H * (DK + DV) * 2;
+    b->xplan = p;
+    return 0;
+}
+
+void cuda_mla_xfree(struct cuda_backend *b)
+{
+    if (b->xplan) free(b->xplan->g), free(b->xplan->src), free(b->xplan->in), free(b->xplan);
+    b->xplan = NULL;
+}
+
+bool cuda_mla_step_plan(struct cuda_backend *b, const struct step *s)
+{
+    struct cuda_mla_xplan *p = b->xplan;
+    if (!p || s->n_seqs > p->max_seqs) return false;
+    struct cuda_mla_xin *in = p->in;
+    for (int i = 0, bt0 = 0; i < s->n_seqs; i++) {
+        const struct step_seq *q = &s->seqs[i];
+        in[i] = (struct cuda_mla_xin){.query_start = q->query_start, .query_len = q->query_len,
+                                      .context_len = q->context_len, .n_prompt = q->n_prompt, .bt0 = bt0};
+        bt0 += (q->context_len + b->block_size - 1) / b->block_size;
+    }
+    struct cuda_mla_xdev d = cuda_mla_xdev_at(b->hin + b->lay.mla, b->max_tokens, b->max_seqs);
+    return cuda_mla_xplan(p, in, s->n_seqs, s->positions, s->n_tokens, &d);
+}
+
+/* ---- the expanded form: a group's launches ---------------------------------------- */
+
+int cuda_mla_xrun(cublasHandle_t blas, const struct cuda_mla_xrun_args *a, cudaStream_t st, char *err,
+                  size_t errlen)
+{
+    const struct cuda_mla_xg_args *g = &a->g;
+    int C = g->C, Dn = g->Dn, Dv = g->Dv, H = g->H, W = Dn + Dv;
+    const float one = 1.0f, zero = 0.0f;
+    CK(cuda_mla_xgather(g, st));
+    /* K[r][h][0 .. Dn) = lat[r] . W_K,h rows; V[r][h][0 .. Dv) = lat[r] . W_V,h rows: per head (Dn x C) x
+     * (C x rows) into its columns of the scratch rows */
+    CB(cublasGemmStridedBatchedEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, Dn, a->rows, C, &one, a->kv_b, CUDA_R_16BF, C,
+                                  (long long)W * C, g->lat, CUDA_R_16BF, C, 0, &zero, g->k, CUDA_R_16BF, H * g->DK,
+                                  g->DK, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    CB(cublasGemmStridedBatchedEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, Dv, a->rows, C, &one, a->kv_b + (size_t)Dn * C,
+                                  CUDA_R_16BF, C, (long long)W * C, g->lat, CUDA_R_16BF, C, 0, &zero, g->v,
+                                  CUDA_R_16BF, H * g->DV, g->DV, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    CK(cuda_attention(&a->at, st));
+    return 0;
+fail:
+    return SL_EDEVICE;
 }
 
 /* y[T][out] = x[T][in] W^T, W bf16 [out][in]; y bf16 or f32 */
@@ -298,30 +552,71 @@ int cuda_mla_mixer(struct rank *k, int l, int T, bool decode, char *err, size_t 
             CK(cuda_mla_indexer(&ia, st));
         }
     }
-    const float one = 1.0f, zero = 0.0f;
-    /* q_lat[t][h] = W_K,h^T q_nope[t][h]: per head (C x Dn, column-major view of W_K,h) x (Dn x T) */
-    CB(cublasGemmStridedBatchedEx(k->blas, CUBLAS_OP_N, CUBLAS_OP_N, C, T, Dn, &one, L->kv_b, CUDA_R_16BF, C,
-                                  (long long)W * C, x->qn, CUDA_R_16BF, H * Dn, Dn, &zero, x->qlat, CUDA_R_32F, H * C,
-                                  C, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     /* the choice a layer attends: its own, or the last full layer's before it in this step (none yet: every key) */
     bool chosen = false;
     for (int i = 0; i <= l && x->K > 0 && !chosen; i++) chosen = k->L[i].mla && k->L[i].mla->ix;
-    struct cuda_mla_attn_args aa = {
-        .qlat = x->qlat, .q = x->q, .cache = cache, .pos = pos, .tok_bt = tok_bt, .bt = bt,
-        /* with the indexer on, every layer attends the keys of the last layer that chose (shared layers too) */
-        .sel = chosen ? x->sel : NULL, .nsel = chosen ? x->nsel : NULL, .olat = x->olat, .part = x->apart,
-        .T = T, .H = H, .Dn = Dn, .R = R, .C = C, .W = L->W, .K = x->KS, .block_size = b->block_size, .scale = a->softmax_scale,
-        .kv8 = b->kv8, .key0 = x->key0,
-    };
-    /* prefill chunks on the tensor cores where the shape fits (the indexer's choice too); decode steps (one
-     * token a sequence: a block of the tensor-core kernel would walk each of its tokens' contexts in turn)
-     * and short steps (which the SIMT kernel's key splits fill the GPU with) on the SIMT kernel */
-    if (!decode && T >= b->t.mla_prefill_min_t && cuda_mla_prefill_ok(&aa)) CK(cuda_mla_prefill(&aa, st));
-    else CK(cuda_mla_attention(&aa, st));
-    /* att[t][h] = W_V,h o_lat[t][h]: per head (Dv x C) x (C x T) */
-    CB(cublasGemmStridedBatchedEx(k->blas, CUBLAS_OP_T, CUBLAS_OP_N, Dv, T, C, &one, L->kv_b + (size_t)Dn * C,
-                                  CUDA_R_16BF, C, (long long)W * C, x->olat, CUDA_R_16BF, H * C, C, &zero, x->att,
-                                  CUDA_R_16BF, H * Dv, Dv, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    /* the step's expanded tokens (cuda_mla_step_plan): not in the MTP layer (keys from 1), nor over a choice */
+    const struct cuda_mla_xplan *xp = b->xplan_on && x->xk && x->key0 == 0 && !chosen ? b->xplan : NULL;
+    struct cuda_mla_xdev xd = {0};
+    if (xp) xd = cuda_mla_xdev_at(k->din + k->lay.mla, b->max_tokens, b->max_seqs);
+    int Ta = xp ? xp->Ta : T; /* tokens in the absorbed form */
+    if (Ta > 0) {
+        /* the absorbed form over every token, or over its own gathered into the scratch (the expanded form
+         * fills it only after them) */
+        const float *aq = x->q;
+        const uint16_t *aqn = x->qn;
+        const int32_t *apos = pos, *atbt = tok_bt;
+        uint16_t *aatt = x->att;
+        int TA = T;
+        struct cuda_mla_comp cp = {0};
+        if (xp && xp->compact) {
+            cp = cuda_mla_comp_at(x->xk, Ta, H, Dq, Dn, Dv);
+            CK(cuda_mla_compact(xd.aidx, Ta, x->q, x->qn, pos, tok_bt, H, Dq, Dn, &cp, st));
+            aq = cp.q, aqn = cp.qn, apos = cp.pos, atbt = cp.tok_bt, aatt = cp.att, TA = Ta;
+        }
+        const float one = 1.0f, zero = 0.0f;
+        /* q_lat[t][h] = W_K,h^T q_nope[t][h]: per head (C x Dn, column-major view of W_K,h) x (Dn x T) */
+        CB(cublasGemmStridedBatchedEx(k->blas, CUBLAS_OP_N, CUBLAS_OP_N, C, TA, Dn, &one, L->kv_b, CUDA_R_16BF, C,
+                                      (long long)W * C, aqn, CUDA_R_16BF, H * Dn, Dn, &zero, x->qlat, CUDA_R_32F,
+                                      H * C, C, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        struct cuda_mla_attn_args aa = {
+            .qlat = x->qlat, .q = aq, .cache = cache, .pos = apos, .tok_bt = atbt, .bt = bt,
+            /* with the indexer on, every layer attends the keys of the last layer that chose (shared layers too) */
+            .sel = chosen ? x->sel : NULL, .nsel = chosen ? x->nsel : NULL, .olat = x->olat, .part = x->apart,
+            .T = TA, .H = H, .Dn = Dn, .R = R, .C = C, .W = L->W, .K = x->KS, .block_size = b->block_size,
+            .scale = a->softmax_scale, .kv8 = b->kv8, .key0 = x->key0,
+        };
+        /* prefill chunks on the tensor cores where the shape fits (the indexer's choice too); decode steps (one
+         * token a sequence: a block of the tensor-core kernel would walk each of its tokens' contexts in turn)
+         * and short steps (which the SIMT kernel's key splits fill the GPU with) on the SIMT kernel */
+        if (!decode && TA >= b->t.mla_prefill_min_t && cuda_mla_prefill_ok(&aa)) CK(cuda_mla_prefill(&aa, st));
+        else CK(cuda_mla_attention(&aa, st));
+        /* att[t][h] = W_V,h o_lat[t][h]: per head (Dv x C) x (C x T) */
+        CB(cublasGemmStridedBatchedEx(k->blas, CUBLAS_OP_T, CUBLAS_OP_N, Dv, TA, C, &one, L->kv_b + (size_t)Dn * C,
+                                      CUDA_R_16BF, C, (long long)W * C, x->olat, CUDA_R_16BF, H * C, C, &zero, aatt,
+                                      CUDA_R_16BF, H * Dv, Dv, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        if (aatt != x->att) CK(cuda_mla_scatter(xd.aidx, Ta, aatt, H * Dv, x->att, st));
+    }
+    if (xp) {
+        /* the expanded form, group by group (one, unless the step's contexts exceed the scratch together),
+         * each over the step's tokens: its items name only its sequences' */
+        CK(cuda_mla_xq(x->q, T, H, Dq, xp->DK, x->xq, st));
+        for (int gi = 0; gi < xp->n_groups; gi++) {
+            const struct cuda_mla_xgroup *g = &xp->g[gi];
+            struct cuda_mla_xrun_args xr = {
+                .g = {.cache = cache, .bt = bt, .seqs = xd.seqs + g->seq0, .n_seqs = g->nseq, .max_n = g->max_n,
+                      .C = C, .R = R, .W = L->W, .Dn = Dn, .H = H, .DK = xp->DK, .block_size = b->block_size,
+                      .kv8 = b->kv8, .lat = x->xlat, .k = x->xk, .v = x->xv, .Dv = Dv, .DV = xp->DV},
+                .kv_b = L->kv_b, .rows = g->rows,
+                .at = {.q = x->xq, .kc = x->xk, .vc = x->xv, .pos = pos, .bt = x->xiota, .items = xd.items + g->item0,
+                       .n_items = xd.n_items + gi, .max_items = g->nitem, .max_rows = xp->qrows, .H = H, .KVH = H,
+                       .D = xp->DK, .block_size = CUDA_MLA_XBS, .scale = a->softmax_scale, .part = x->apart,
+                       .pstride = xp->pstride, .tok_part = xd.tok_part, .tok_nsplit = xd.tok_nsplit, .T = T,
+                       .out = x->att, .Dv = xp->DV, .Do = Dv},
+            };
+            if (cuda_mla_xrun(k->blas, &xr, st, err, errlen)) return SL_EDEVICE;
+        }
+    }
     /* this rank's heads' share of o_proj, summed over the ranks into delta */
     const struct qproj dense = {0}; /* o is bf16 (packed MLA weights are dequantized at upload) */
     return cuda_proj_rows(k, x->att, &dense, L->o, T, H * Dv, E, 0, false, err, errlen);

@@ -8,8 +8,19 @@
  *   q      = q_b(rmsnorm(q_a(xn))) or q_proj(xn)        per head [nope | rope]
  *   latent = rmsnorm(kv_a(xn)[:C]), k_rope = kv_a(xn)[C:]
  *   RoPE (cos and sin times YaRN's attention factor) on q's rope part and k_rope
- * then the absorbed form for every query token (decode and prefill chunks,
- * causal within the step): q_lat_h = W_K,h^T q_nope_h (one strided-batched
+ * then, for query tokens at prompt positions in prefill steps of dense MLA
+ * (no indexer), the expanded form, as cpu_mla.c computes them: each such
+ * sequence's context (cached latents and this step's, through the last of
+ * its prompt tokens here) gathered from the paged cache and up-projected
+ * through kv_b into per-head K [nope | the shared rope key] and V in a
+ * scratch, then the GQA tensor-core kernel (attn.cu, H KV heads, an
+ * identity block table over the scratch, keys and values of their own
+ * widths) straight into the per-head output, which o_proj takes (no W_V
+ * after it). Per key and head that is Dn + R + Dv multiply-adds (320 at
+ * DeepSeek's shape) against the absorbed form's 2C + R (1088). The rest
+ * (decode steps, tokens past the prompt, the MTP layer, layers with the
+ * indexer's choice, and all of them where the scratch was not allocated)
+ * take the absorbed form (causal within the step): q_lat_h = W_K,h^T q_nope_h (one strided-batched
  * GEMM over the heads), scores (q_lat . latent_j + q_rope . k_rope_j) *
  * softmax_scale over the paged entries 0..pos (steps of cuda_tuning's
  * mla_prefill_min_t tokens or more on the tensor cores, cuda_mla_prefill,
@@ -29,10 +40,13 @@
 #ifndef SLUICE_CUDA_MLA_H
 #define SLUICE_CUDA_MLA_H
 
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "cuda/kernels.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -81,7 +95,128 @@ struct cuda_mla_rank {
     int32_t *sel;                /* [KS]: each query's chosen keys, ascending */
     int32_t *nsel;               /* their count, or -1: every key 0..pos */
     int key0;                    /* the mixer attends keys key0..pos: 0, or 1 while cuda/mtp.c runs the MTP layer */
+    /* the expanded form (NULL where not allocated: the absorbed form only); rows: b->xplan's */
+    uint16_t *xlat;              /* [rows][C] bf16: the gathered latents */
+    uint16_t *xk, *xv;           /* [rows][H][DK], [rows][H][DV] bf16 (one allocation; the padding columns zero) */
+    uint16_t *xq;                /* [max_tokens][H][DK] bf16: the queries [q_nope | rotated q_rope | 0] */
+    int32_t *xiota;              /* [rows / CUDA_MLA_XBS]: the identity block table over the scratch */
 };
+
+/* ---- the expanded form's plan (mla.c) and kernels (mla_expand.cu) ---- */
+
+#define CUDA_MLA_XBS 64          /* a sequence's context starts at a multiple of this many scratch rows */
+
+struct cuda_mla_xseq {           /* one sequence's context in the scratch (device) */
+    int32_t row0;                /* its first row, a multiple of CUDA_MLA_XBS */
+    int32_t n;                   /* its keys: positions 0 .. n - 1 at rows row0 .. row0 + n - 1 */
+    int32_t bt0;                 /* where its paged block table starts in bt */
+    int32_t pad;
+};
+/* One sequence of a step as the planner reads it (host). */
+struct cuda_mla_xin {
+    int query_start, query_len, context_len, n_prompt, bt0;
+};
+/* The sequences that fit the scratch together: one gather, two GEMMs, one attention launch. */
+struct cuda_mla_xgroup {
+    int seq0, nseq;              /* their entries in the step's cuda_mla_xseq */
+    int item0, nitem;            /* their attention items */
+    int rows, max_n;             /* scratch rows they take; most keys of one */
+};
+/* The step's device-side plan: pointers into the step buffer (host) or its mirror (device). */
+struct cuda_mla_xdev {
+    struct cuda_mla_xseq *seqs;  /* [max_seqs] */
+    int32_t *n_items;            /* [max_seqs]: each group's item count (the attention reads it) */
+    int32_t *tok_part, *tok_nsplit; /* [max_tokens]: the expanded attention's split partials (attn.cu) */
+    int32_t *aidx;               /* [max_tokens]: the tokens in the absorbed form, ascending */
+    struct cuda_attn_item *items; /* [max_items] */
+};
+/* The expanded form's geometry (set at creation) and one step's plan (cuda_mla_xplan). */
+struct cuda_mla_xplan {
+    int rows;                    /* scratch rows: max_ctx rounded up to CUDA_MLA_XBS */
+    int H, DK, DV;               /* a rank's heads; the attention's key and value widths (padded) */
+    int Dn, R, Dv;               /* the model's */
+    int qrows;                   /* query tokens an attention item (cuda_tuning.mla_expand_rows) */
+    int n_sm, max_tokens, max_seqs, max_items;
+    size_t part_bytes;           /* the split partials' room (the rank's apart) */
+    size_t comp_bytes;           /* the scratch's bytes (K and V), where the absorbed tokens may gather */
+    /* the step's */
+    int n_seq, n_groups;         /* expanded sequences, their groups */
+    int Te, Ta;                  /* tokens in the expanded and in the absorbed form */
+    int pstride;                 /* the expanded attention's split stride (0: no splits) */
+    bool compact;                /* the absorbed tokens gathered into the scratch first (else the absorbed form
+                                  * runs over every token, and the expanded form overwrites its tokens' rows) */
+    struct cuda_mla_xgroup *g;   /* [max_seqs] */
+    int *src;                    /* [max_seqs]: each expanded sequence's index in the step */
+    struct cuda_mla_xin *in;     /* [max_seqs]: the step's sequences (cuda_mla_step_plan's) */
+};
+struct cuda_backend;
+struct step;
+/* After the ranks' creation: b->xplan with its geometry where every rank
+ * holds the scratch, else NULL (the absorbed form only). 0 or SL_ENOMEM. */
+int cuda_mla_xsetup(struct cuda_backend *b, char *err, size_t errlen);
+void cuda_mla_xfree(struct cuda_backend *b);
+/* The step's plan (cuda_mla_xplan) into b->xplan and the step buffer's
+ * region at b->lay.mla; false: every token in the absorbed form. A step
+ * not a decode step, packed in the full layout (not a graph's). */
+bool cuda_mla_step_plan(struct cuda_backend *b, const struct step *s);
+/* Bytes of the step buffer's region the plan takes, and its arrays at base. */
+size_t cuda_mla_xbytes(int max_tokens, int max_seqs, int max_items);
+struct cuda_mla_xdev cuda_mla_xdev_at(uint8_t *base, int max_tokens, int max_seqs);
+/* Plans a step of T tokens at positions pos (host) over its n sequences
+ * (in step order): the tokens at prompt positions of each sequence take the
+ * expanded form, keys 0 .. through its last such token; the others the
+ * absorbed form. Fills p's step fields and d's arrays (host); false where
+ * no token takes the expanded form (then d is not touched but for nothing). */
+bool cuda_mla_xplan(struct cuda_mla_xplan *p, const struct cuda_mla_xin *in, int n, const int32_t *pos, int T,
+                    const struct cuda_mla_xdev *d);
+/* The absorbed tokens gathered in the scratch (base: xk): q [n][H][Dn + R] f32,
+ * qn [n][H][Dn], att [n][H][Dv] bf16, pos and tok_bt [n]. */
+struct cuda_mla_comp {
+    float *q;
+    uint16_t *qn, *att;
+    int32_t *pos, *tok_bt;
+};
+struct cuda_mla_comp cuda_mla_comp_at(void *base, int n, int H, int Dq, int Dn, int Dv);
+size_t cuda_mla_comp_bytes(int n, int H, int Dq, int Dn, int Dv);
+
+/* xq[t][h] = bf16 of q[t][h] (Dq values), zero to DK, for t < T. */
+cudaError_t cuda_mla_xq(const float *q, int T, int H, int Dq, int DK, uint16_t *xq, cudaStream_t st);
+struct cuda_mla_xg_args {
+    const void *cache;           /* the layer's [slots][W], bf16 or e4m3 */
+    const int32_t *bt;
+    const struct cuda_mla_xseq *seqs; /* [n_seqs] device */
+    int n_seqs, max_n;           /* max_n: the most keys of one (host: the grid) */
+    int C, R, W, Dn, H, DK, block_size;
+    bool kv8;
+    uint16_t *lat;               /* [rows][C] out */
+    uint16_t *k;                 /* [rows][H][DK]: columns Dn .. DK of every head written (the rope key, zeros) */
+    uint16_t *v;                 /* [rows][H][DV]: columns Dv .. DV of every head written (zeros) */
+    int Dv, DV;
+};
+/* Each sequence's entries 0 .. n - 1 to its scratch rows: the latent to lat, the rope key to every head's K,
+ * and K's and V's padding columns zeroed (the columns the up-projections write are left alone). */
+cudaError_t cuda_mla_xgather(const struct cuda_mla_xg_args *a, cudaStream_t st);
+/* The absorbed tokens idx[0 .. n) (device) gathered: c.q[i] = q[idx[i]] ([H][Dq] f32), c.qn[i] = qn[idx[i]]
+ * ([H][Dn]), c.pos[i] = pos[idx[i]], c.tok_bt[i] = tok_bt[idx[i]]. */
+cudaError_t cuda_mla_compact(const int32_t *idx, int n, const float *q, const uint16_t *qn, const int32_t *pos,
+                             const int32_t *tok_bt, int H, int Dq, int Dn, const struct cuda_mla_comp *c,
+                             cudaStream_t st);
+/* dst[idx[i]][0 .. w) = src[i][0 .. w) for i < n (bf16 rows; w even). */
+cudaError_t cuda_mla_scatter(const int32_t *idx, int n, const uint16_t *src, int w, uint16_t *dst, cudaStream_t st);
+
+/* One group of the expanded form (mla.c): the gather, K's nope columns and
+ * V through kv_b (per head: [rows][C] x W_K,h^T, x W_V,h^T, cuBLAS on blas,
+ * whose stream is st), then the attention, whose output (at.out, [T][H][Dv])
+ * o_proj takes. */
+struct cuda_mla_xrun_args {
+    struct cuda_mla_xg_args g;   /* the group's sequences and the scratch (g.lat, g.k, g.v) */
+    const uint16_t *kv_b;        /* [H (Dn + Dv)][C] bf16 */
+    int rows;                    /* scratch rows the group takes */
+    struct cuda_attn_args at;    /* q the cuda_mla_xq rows, kc g.k, vc g.v, bt the identity table
+                                  * (block_size CUDA_MLA_XBS), KVH H, D DK, Dv DV, Do the model's Dv */
+};
+int cuda_mla_xrun(cublasHandle_t blas, const struct cuda_mla_xrun_args *a, cudaStream_t st, char *err,
+                  size_t errlen);
 
 /* Whether the GPU backend can run c's MLA layers with N ranks and the KV
  * dtype (kv8: fp8 e4m3); 0, or SL_EUNSUP with a message naming what is

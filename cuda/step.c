@@ -717,6 +717,8 @@ int cuda_forward(model_backend *mb, struct step *s, char *err, size_t errlen)
         sl_seterr(err, errlen, "forward: step exceeds the backend's buffers");
         return SL_EINVAL;
     }
+    /* MLA's expanded form for prompt positions (cuda/mla.h): prefill steps, in the full layout */
+    b->xplan_on = gi < 0 && !decode && cuda_mla_step_plan(b, s);
     b->job.Tp = Tp, b->job.R = R, b->job.gi = gi, b->job.vk = gi >= 0 ? vk : 0, b->job.decode = decode;
     b->job.nbytes = nbytes;
     b->job.n_items = *HIN(b, n_items, int32_t);

@@ -79,6 +79,8 @@ static __device__ __forceinline__ void softmax_step(float x0, float x1, float sl
  * this lane's two query rows r0 and r0 + 8 of item wi: the row sums l0, l1
  * summed over the lane's quad, then O / l as bf16, or the SIMT kernel's
  * partial for a split item (max in natural-log units, unnormalized acc).
+ * D: the value width (a.Dv, or a.D where that is 0); the output rows hold
+ * the first a.Do of its columns where a.Do > 0 (even), else all D.
  * oa(dt, e): the lane's O accumulator e (an mma C fragment's order) of
  * columns 8 dt + 2 (lane & 3) .. + 1; rows from nrows on are dropped. */
 template <int D, typename OA>
@@ -100,10 +102,12 @@ static __device__ __forceinline__ void tc_store_rows(const struct cuda_attn_args
         float l = hf ? l1 : l0, m = hf ? m1 : m0;
         if (wi.nsplit <= 1) {
             float inv = l > 0.0f ? 1.0f / l : 0.0f;
-            uint16_t *op = a.out + ((size_t)t * a.H + h) * D + d0;
+            const int Do = a.Do > 0 ? a.Do : D; /* a narrower output drops the padding columns */
+            uint16_t *op = a.out + ((size_t)t * a.H + h) * Do + d0;
 #pragma unroll
             for (int dt = 0; dt < DT; dt++)
-                *(uint32_t *)(op + dt * 8) = pack_bf2(oa(dt, 2 * hf) * inv, oa(dt, 2 * hf + 1) * inv);
+                if (Do == D || dt * 8 + d0 < Do)
+                    *(uint32_t *)(op + dt * 8) = pack_bf2(oa(dt, 2 * hf) * inv, oa(dt, 2 * hf + 1) * inv);
         } else {
             int ps = a.pstride > 0 ? a.pstride : CUDA_ATTN_MAXSPLIT;
             float *pp = a.part + (((size_t)(wi.part + r) * a.KVH + g) * ps + wi.split) * (D + 2);

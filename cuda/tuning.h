@@ -62,6 +62,12 @@ struct cuda_tuning {
     int mla_prefill_rows; /* the tensor-core MLA attention's rows a block: 0 by the GPU's shared memory (64,
                            * or 32 where a block has under ~190 KB, sm_89); tests set 32 to run sm_89's
                            * configuration on an H100 */
+    bool mla_expand;      /* dense MLA's query tokens at prompt positions in prefill steps attend in the expanded
+                           * form (the context's latents up-projected per head, then the GQA tensor-core
+                           * kernel: 320 multiply-adds a key and head at DeepSeek's shape, against the absorbed
+                           * form's 1088), where the rank's scratch was allocated (true); false: the absorbed
+                           * form everywhere, for tests and for benchmarks that compare the two */
+    int mla_expand_rows;  /* the expanded form's query rows (tokens) an attention block: 64 or 128 (0: 128) */
     int kda_chunk_min_t;  /* a KDA step of this many tokens or more, not a decode step, runs the delta rule in
                            * chunks (cuda_kda_chunk: matrix products within a chunk, the state carried between
                            * chunks) instead of token by token (cuda_kda_recur) (64: one chunk); tests set 1
@@ -84,7 +90,8 @@ struct cuda_tuning {
     {                                                                                                 \
         .warmup = true, .tp_peer_allreduce = true, .gemm_wg_min_t = 128, .moe_gemm_min_rows = 0.5f,   \
         .moe_gemm_min_rows_packed = 3.0f, .moe_router_gemm_min_t = 1024, .long_split_keys = 4096,     \
-        .mla_prefill_min_t = 128, .mla_prefill_rows = 0, .kda_chunk_min_t = 64, .kda_chunk_len = 0,   \
+        .mla_prefill_min_t = 128, .mla_prefill_rows = 0, .mla_expand = true, .mla_expand_rows = 0,    \
+        .kda_chunk_min_t = 64, .kda_chunk_len = 0,                                                    \
         .tp_fault_rank = -1, .tp_fault_step = 0,                                                      \
         .ablate = 0, .tp_skip_comm = false,                                                           \
         .attn_wg8_skip_widen = false, .gemm_wg_ablate = 0,                                            \

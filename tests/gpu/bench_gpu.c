@@ -25,6 +25,9 @@
  *                        16K-token step inside them, then stop
  *   --enforce-eager      no CUDA graphs;  --no-warmup  no start-up warm-up
  *   --nccl               every tensor-parallel all-reduce through NCCL
+ *   --mla-absorbed       MLA prompts in the absorbed form, as decode steps run
+ *                        (cuda_tuning.mla_expand off), to compare with the
+ *                        expanded form prefill steps take by default
  *   benchmarks only, wrong outputs (cuda_tuning, cuda/tuning.h):
  *   --ablate=attn,norm,qkv,o,gu,down,head,moe  leave those kernels out of every
  *                        step, to see what each costs
@@ -58,18 +61,22 @@ static int g_V;
 static int32_t *g_bt; /* [seq][g_ctxb] */
 static struct model_sampling g_s;
 
-/* One step: ns sequences, each len tokens at positions start..start+len-1. */
+/* One step: ns sequences, each len tokens at positions start..start+len-1,
+ * all of them prompt positions (a prompt of start + len tokens, as the
+ * scheduler marks a prefill: MLA takes the expanded form for them; a
+ * decode step's one token a sequence the absorbed form all the same). */
 static double step(int ns, int start, int len)
 {
     int T = ns * len;
-    int32_t *ids = malloc(T * 4), *pos = malloc(T * 4);
+    int32_t *ids = malloc(T * 4), *pos = malloc(T * 4), *hist = calloc((size_t)(start + len), 4);
     int64_t *slots = malloc(T * 8);
     struct step_seq *sq = calloc(ns, sizeof *sq);
     static uint64_t r = 1;
     for (int k = 0, t = 0; k < ns; k++) {
         sq[k] = (struct step_seq){.query_start = t, .query_len = len, .context_len = start + len,
                                   .block_table = g_bt + (size_t)k * g_ctxb, .n_blocks = g_ctxb, .want_sample = true,
-                                  .sampling = &g_s, .n_prompt = 0, .n_history = 0,
+                                  .sampling = &g_s, .history = hist, .n_prompt = start + len,
+                                  .n_history = start + len,
                                   .state_slot = k};
         for (int j = 0; j < len; j++, t++) {
             int p = start + j;
@@ -87,7 +94,7 @@ static double step(int ns, int start, int len)
         exit(1);
     }
     double dt = now_s() - t0;
-    free(ids), free(pos), free(slots), free(sq);
+    free(ids), free(pos), free(slots), free(sq), free(hist);
     return dt;
 }
 
@@ -211,6 +218,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--no-warmup")) cuda_tuning.warmup = false;
         else if (!strcmp(a, "--nccl")) cuda_tuning.tp_peer_allreduce = false;
         else if (!strcmp(a, "--skip-comm")) cuda_tuning.tp_skip_comm = true;
+        else if (!strcmp(a, "--mla-absorbed")) cuda_tuning.mla_expand = false;
         else if ((v = opt(a, "--ablate")) && cuda_ablate_parse(v) >= 0)
             cuda_tuning.ablate = (unsigned)cuda_ablate_parse(v);
         else if (a[0] != '-' && npos < 2) pos_args[npos++] = a;

@@ -8,11 +8,22 @@
  * (the SIMT kernel: 3) after a warm-up, CUDA events; TFLOP/s counts causal
  * work only: 2 H (2 C + R) times the sum over queries of the keys each
  * sees. Also the largest relative difference between the two kernels'
- * outputs (bf16 Q and P on the tensor cores: ~1e-2 at most). Not a test.
+ * outputs (bf16 Q and P on the tensor cores: ~1e-2 at most). Then the
+ * expanded form at the same shapes (qk_nope 128, v_head 128): the queries
+ * to bf16 (cuda_mla_xq), the context's latents gathered and up-projected
+ * through a random kv_b into per-head K and V, and the GQA tensor-core
+ * kernel over them (cuda_mla_xrun, as the backend plans one prompt chunk:
+ * cuda_mla_xplan), whole and its attention alone; TFLOP/s of the attention
+ * count 2 H (Dn + R + Dv) a key, of the whole the same work (so the two
+ * forms' numbers compare as times). Not a test.
  *
- *   build/tests/gpu/bench_mla [--kv-cache-dtype=fp8] [--rows=32]
+ *   build/tests/gpu/bench_mla [--kv-cache-dtype=fp8] [--rows=32] [--form=F] [--xrows=64]
  *   --rows=32   sm_89's configuration (32 rows a block, one key stage) on
- *               any GPU (cuda_tuning.mla_prefill_rows) */
+ *               any GPU (cuda_tuning.mla_prefill_rows)
+ *   --form=F    absorbed, expanded, or both (the default)
+ *   --xrows=64  the expanded form's attention items of 64 tokens (4 warps a
+ *               block) instead of 128 (8 warps; cuda_tuning.mla_expand_rows) */
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
@@ -23,7 +34,7 @@
 #include "cuda/tuning.h"
 #include "tests/gpu/gpu_util.h"
 
-enum { C = 512, R = 64, DN = 128, W = C + R, BS = 16 };
+enum { C = 512, R = 64, DN = 128, DV = 128, W = C + R, BS = 16 };
 
 static float time_ms(const struct cuda_mla_attn_args *a, bool tc, int runs)
 {
@@ -51,6 +62,133 @@ static float time_ms(const struct cuda_mla_attn_args *a, bool tc, int runs)
     cudaEventDestroy(e0), cudaEventDestroy(e1);
     return t[runs / 2];
 }
+
+static int g_xrows = 128;
+
+/* median of runs of fn(arg) (after one untimed), ms; NAN when a run fails */
+static float time_fn(int (*fn)(void *), void *arg, int runs)
+{
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0), cudaEventCreate(&e1);
+    float t[8];
+    int rc = fn(arg);
+    for (int i = 0; i < runs && !rc; i++) {
+        cudaEventRecord(e0, 0);
+        rc = fn(arg);
+        cudaEventRecord(e1, 0);
+        cudaEventSynchronize(e1);
+        cudaEventElapsedTime(&t[i], e0, e1);
+    }
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    if (rc || cudaGetLastError() != cudaSuccess) return NAN;
+    for (int i = 1; i < runs; i++)
+        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+            float x = t[j];
+            t[j] = t[j - 1], t[j - 1] = x;
+        }
+    return t[runs / 2];
+}
+
+struct xbench {
+    cublasHandle_t blas;
+    const float *q;
+    int T, H, DK;
+    uint16_t *xq;
+    struct cuda_mla_xrun_args xr;
+};
+static int x_whole(void *p)
+{
+    struct xbench *x = p;
+    char err[256] = "the queries' kernel";
+    if (cuda_mla_xq(x->q, x->T, x->H, DN + R, x->DK, x->xq, 0) != cudaSuccess ||
+        cuda_mla_xrun(x->blas, &x->xr, 0, err, sizeof err)) {
+        printf("  expanded form failed: %s\n", err);
+        return 1;
+    }
+    return 0;
+}
+static int x_attn(void *p)
+{
+    struct xbench *x = p;
+    return cuda_attention(&x->xr.at, 0) != cudaSuccess;
+}
+
+/* The expanded form of the same chunk: the cache, block table, positions and queries (dq f32 [T][H][DN + R]) of
+ * bench's. */
+static void bench_x(const char *what, int H, int start, int T, bool kv8, const void *dcache, const int32_t *dbt,
+                    const int32_t *dpos, const int32_t *pos, const float *dq)
+{
+    int DK = 0, DVP = 0, n = start + T;
+    if (!cuda_attention_tc_pair(DN + R, DV, &DK, &DVP)) {
+        printf("%s: no tensor-core kernel for the expanded heads\n", what);
+        return;
+    }
+    int dev = 0, n_sm = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev);
+    int rows = (n + CUDA_MLA_XBS - 1) / CUDA_MLA_XBS * CUDA_MLA_XBS;
+    size_t pbytes = cuda_mla_attn_part_bytes(T, H, C, R);
+    struct cuda_mla_xplan p = {.rows = rows, .H = H, .DK = DK, .DV = DVP, .Dn = DN, .R = R, .Dv = DV,
+                               .qrows = g_xrows, .n_sm = n_sm, .max_tokens = T, .max_seqs = 1,
+                               .max_items = 2 * ((T + g_xrows - 1) / g_xrows + 1) + 2 * n_sm + 64,
+                               .part_bytes = pbytes, .comp_bytes = (size_t)rows * H * (DK + DVP) * 2};
+    struct cuda_mla_xgroup g = {0};
+    int src = 0;
+    p.g = &g, p.src = &src;
+    struct cuda_mla_xin in = {.query_start = 0, .query_len = T, .context_len = n, .n_prompt = n, .bt0 = 0};
+    size_t xb = cuda_mla_xbytes(T, 1, p.max_items);
+    uint8_t *hx = calloc(1, xb), *dx = dup_dev(NULL, xb);
+    struct cuda_mla_xdev hd = cuda_mla_xdev_at(hx, T, 1), dd = cuda_mla_xdev_at(dx, T, 1);
+    if (!cuda_mla_xplan(&p, &in, 1, pos, T, &hd) || p.n_groups != 1) {
+        printf("%s: the expanded form's plan failed\n", what);
+        free(hx), cudaFree(dx);
+        return;
+    }
+    cudaMemcpy(dx, hx, xb, cudaMemcpyHostToDevice);
+    size_t nw = (size_t)H * (DN + DV) * C;
+    uint16_t *kvb = malloc(nw * 2);
+    float wsc = 2.0f / sqrtf((float)C);
+    for (size_t i = 0; i < nw; i++) kvb[i] = bf(wsc * frand());
+    int32_t *iota = malloc((size_t)rows / CUDA_MLA_XBS * 4);
+    for (int i = 0; i < rows / CUDA_MLA_XBS; i++) iota[i] = i;
+    uint16_t *dkvb = dup_dev(kvb, nw * 2), *dlat = poisoned((size_t)rows * C * 2);
+    uint16_t *dk = poisoned((size_t)rows * H * DK * 2), *dv = poisoned((size_t)rows * H * DVP * 2);
+    uint16_t *dxq = poisoned((size_t)T * H * DK * 2), *dout = poisoned((size_t)T * H * DV * 2);
+    int32_t *diota = dup_dev(iota, (size_t)rows / CUDA_MLA_XBS * 4);
+    float *dpart = pbytes ? poisoned(pbytes) : NULL;
+    struct xbench x = {.q = dq, .T = T, .H = H, .DK = DK, .xq = dxq};
+    x.xr = (struct cuda_mla_xrun_args){
+        .g = {.cache = dcache, .bt = dbt, .seqs = dd.seqs, .n_seqs = 1, .max_n = g.max_n, .C = C, .R = R, .W = W,
+              .Dn = DN, .H = H, .DK = DK, .block_size = BS, .kv8 = kv8, .lat = dlat, .k = dk, .v = dv, .Dv = DV,
+              .DV = DVP},
+        .kv_b = dkvb, .rows = g.rows,
+        .at = {.q = dxq, .kc = dk, .vc = dv, .pos = dpos, .bt = diota, .items = dd.items, .n_items = dd.n_items,
+               .max_items = g.nitem, .max_rows = g_xrows, .H = H, .KVH = H, .D = DK, .block_size = CUDA_MLA_XBS,
+               .scale = 1.0f / sqrtf((float)(DN + R)), .part = dpart, .pstride = p.pstride,
+               .tok_part = dd.tok_part, .tok_nsplit = dd.tok_nsplit, .T = T, .out = dout, .Dv = DVP, .Do = DV},
+    };
+    if (cublasCreate(&x.blas) != CUBLAS_STATUS_SUCCESS || cuda_attention_prepare_pair(DK, DVP) != cudaSuccess) {
+        printf("%s: cuBLAS or the kernel's set-up failed\n", what);
+    } else {
+        float tw = time_fn(x_whole, &x, 5), ta = time_fn(x_attn, &x, 5);
+        double keys = (double)T * start + (double)T * (T + 1) / 2, flop = 2.0 * H * (DN + R + DV) * keys;
+        uint16_t *ho = malloc((size_t)T * H * DV * 2);
+        get(ho, dout, (size_t)T * H * DV * 2);
+        size_t bad = 0;
+        for (size_t i = 0; i < (size_t)T * H * DV; i++) bad += !isfinite(fb(ho[i]));
+        printf("%s (%s, H %d, %d tokens over %d cached): expanded form %.2f ms (attention %.2f ms = %.0f TFLOP/s, "
+               "%d-token items%s; gather, up-projections and queries %.2f ms)%s\n",
+               what, kv8 ? "fp8" : "bf16", H, T, start, tw, ta, flop / ta / 1e9, g_xrows,
+               p.pstride ? ", keys split" : "", tw - ta, bad ? ", NON-FINITE OUTPUTS" : "");
+        free(ho);
+    }
+    if (x.blas) cublasDestroy(x.blas);
+    cudaFree(dx), cudaFree(dkvb), cudaFree(dlat), cudaFree(dk), cudaFree(dv), cudaFree(dxq), cudaFree(dout);
+    cudaFree(diota), cudaFree(dpart);
+    free(hx), free(kvb), free(iota);
+}
+
+static bool g_absorbed = true, g_expanded = true;
 
 /* One chunk of T tokens of one sequence at positions start .. start + T - 1, H heads. */
 static void bench(const char *what, int H, int start, int T, bool kv8)
@@ -84,7 +222,8 @@ static void bench(const char *what, int H, int start, int T, bool kv8)
                                    .olat = o1, .part = part, .T = T, .H = H, .Dn = DN, .R = R, .C = C, .W = W,
                                    .block_size = BS, .scale = 1.0f / sqrtf((float)(DN + R)), .kv8 = kv8};
     double keys = (double)T * start + (double)T * (T + 1) / 2, flop = 2.0 * H * (2 * C + R) * keys;
-    if (!cuda_mla_prefill_ok(&a)) {
+    if (!g_absorbed) {
+    } else if (!cuda_mla_prefill_ok(&a)) {
         printf("%s: the tensor-core kernel does not take this shape here\n", what);
     } else {
         float ttc = time_ms(&a, true, 5);
@@ -103,6 +242,7 @@ static void bench(const char *what, int H, int start, int T, bool kv8)
                sqrt(num / (den > 0 ? den : 1)));
         free(h1), free(h2);
     }
+    if (g_expanded) bench_x(what, H, start, T, kv8, dcache, dbt, dpos, pos, dq);
     cudaFree(dcache), cudaFree(dqlat), cudaFree(dq), cudaFree(dbt), cudaFree(dpos), cudaFree(dtbt), cudaFree(o1);
     cudaFree(o2), cudaFree(part);
     free(craw), free(bt), free(pos), free(tbt), free(qlat), free(q);
@@ -114,6 +254,11 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--kv-cache-dtype=fp8")) kv8 = true;
         else if (!strcmp(argv[i], "--rows=32")) cuda_tuning.mla_prefill_rows = 32;
+        else if (!strcmp(argv[i], "--form=absorbed")) g_expanded = false;
+        else if (!strcmp(argv[i], "--form=expanded")) g_absorbed = false;
+        else if (!strcmp(argv[i], "--form=both")) g_absorbed = g_expanded = true;
+        else if (!strcmp(argv[i], "--xrows=64")) g_xrows = 64;
+        else if (!strcmp(argv[i], "--xrows=128")) g_xrows = 128;
         else {
             fprintf(stderr, "bench_mla: unknown argument %s (options: tests/gpu/bench_mla.c)\n", argv[i]);
             return 2;

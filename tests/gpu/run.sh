@@ -57,9 +57,10 @@
 #                      (TTFT), then batch-1 decode over them; each KV cache
 #   mla                the DeepSeek-V2-Lite shape (tools/configs/deepseek-v2-lite-shape: MLA +
 #                      64 experts top-6, dummy bf16): first bench_mla, the MLA attention
-#                      kernels alone on 8192-token chunks (tensor cores vs SIMT, each KV
-#                      cache); batch-1 decode at 1K, then one 32K and one 131K-token
-#                      prompt (TTFT) and batch-1 decode over each
+#                      kernels alone on 8192-token chunks (tensor cores vs SIMT, and
+#                      the expanded form; each KV cache); batch-1 decode at 1K, then
+#                      one 32K and one 131K-token prompt (TTFT) and batch-1 decode
+#                      over each; the 32K prompt again with the absorbed form's prefill
 #   mtp                bench_mtp: speculation's cost a step with MTP drafts at the
 #                      DeepSeek-V2-Lite shape with one MTP layer (tools/configs/
 #                      deepseek-v2-lite-mtp, dummy bf16): a plain decode step, one
@@ -249,7 +250,10 @@ bench_one() {
         timeout -k 5 300 "$B/tests/gpu/bench_gpu" $G --only=decode "$s" 2>&1 | tee "$d/decode.log"
         for n in 32768 131072; do
             timeout -k 5 400 "$B/tests/gpu/bench_gpu" $G0 --long=$n "$s" 2>&1 | tee "$d/long_$n.log"
-        done ;;
+        done
+        # the 32K prompt with its prefill in the absorbed form too (the default takes the expanded form)
+        timeout -k 5 400 "$B/tests/gpu/bench_gpu" $G0 --long=32768 --mla-absorbed "$s" 2>&1 |
+            tee "$d/long_32768_absorbed.log" ;;
     mtp) timeout -k 5 400 "$B/tests/gpu/bench_mtp" 2>&1 | tee "$d/bench_mtp.log"
         timeout -k 5 300 "$B/tests/gpu/bench_mtp" tools/configs/llama-3.1-8b 2>&1 | tee "$d/bench_verify_8b.log" ;;
     gemm) timeout -k 5 300 "$B/tests/gpu/bench_gemm" --wg 2>&1 | tee "$d/bench_gemm.log" ;;

@@ -1423,10 +1423,10 @@ int main(int argc, char **argv)
     /* speculative decoding's verify step against decode steps (dense tiny models) */
     run_spec_model("tiny-qwen3", "tests/models/tiny-qwen3", "tests/models/tiny-qwen3/golden.json", 3e-2);
     run_spec_model("tiny-qwen3-d128", "tests/models/tiny-qwen3-d128", "tests/models/tiny-qwen3-d128/golden.json", 3e-2);
-    /* MLA (tests/models/mla, dense FFNs): the latent paged cache and the
-     * absorbed attention, with and without q_lora, YaRN, RoPE; glm_moe_dsa with
-     * its indexer off (index_topk null: golden_dense.json; on: last, below). The GPU runs the
-     * absorbed form where the CPU expands prompt positions: bf16 tolerance. */
+    /* MLA (tests/models/mla, dense FFNs): the latent paged cache, prompt positions in the expanded form
+     * (up-projected per head, the GQA tensor-core kernel at keys 32 and values 16, padded) and the rest in
+     * the absorbed one, as the CPU computes them, with and without q_lora, YaRN, RoPE; glm_moe_dsa with its
+     * indexer off (index_topk null: golden_dense.json; on: last, below). bf16 tolerance. */
     static const char *const mla[] = {"dsv3-qlora", "dsv3-noqlora", "dsv3-yarn", "dsv3-norope"};
     for (size_t i = 0; i < sizeof mla / sizeof mla[0]; i++) {
         char dir[160], gold[200];
@@ -1434,12 +1434,26 @@ int main(int argc, char **argv)
         snprintf(gold, sizeof gold, "%s/golden.json", dir);
         run_model(mla[i], dir, gold, 3e-2, 3e-2);
     }
-    /* DeepSeek's latent width (kv_lora_rank 512): every step but decode steps on the tensor-core prefill
-     * attention (cuda/mla_prefill.cu), the prompts' too (mla_prefill_min_t 1 when the backend is made) */
+    /* the expanded form's 64-token items (4 warps a block), and the absorbed form for the prompts too
+     * (cuda_tuning.mla_expand off, as before the expanded form) */
+    cuda_tuning.mla_expand_rows = 64;
+    run_model("dsv3-qlora (expanded, 64-token items)", "tests/models/mla/dsv3-qlora",
+              "tests/models/mla/dsv3-qlora/golden.json", 3e-2, 3e-2);
+    cuda_tuning.mla_expand_rows = 0;
+    cuda_tuning.mla_expand = false;
+    run_model("dsv3-qlora (absorbed prefill)", "tests/models/mla/dsv3-qlora", "tests/models/mla/dsv3-qlora/golden.json",
+              3e-2, 3e-2);
+    cuda_tuning.mla_expand = true;
+    /* DeepSeek's latent width (kv_lora_rank 512): the expanded form; then with it off every step but decode
+     * steps on the tensor-core prefill attention (cuda/mla_prefill.cu), the prompts' too (mla_prefill_min_t 1
+     * when the backend is made) */
+    run_model("dsv3-c512", "tests/models/mla/dsv3-c512", "tests/models/mla/dsv3-c512/golden.json", 3e-2, 3e-2);
     const int pmin = cuda_tuning.mla_prefill_min_t;
     cuda_tuning.mla_prefill_min_t = 1;
+    cuda_tuning.mla_expand = false;
     run_model("dsv3-c512 (tensor-core prefill)", "tests/models/mla/dsv3-c512", "tests/models/mla/dsv3-c512/golden.json",
               3e-2, 3e-2);
+    cuda_tuning.mla_expand = true;
     cuda_tuning.mla_prefill_min_t = pmin;
     g_hf_overrides = "{\"text_config\": {\"index_topk\": null}}";
     run_model("glm-dsa (index_topk null)", "tests/models/mla/glm-dsa", "tests/models/mla/glm-dsa/golden_dense.json",

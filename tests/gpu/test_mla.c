@@ -10,12 +10,16 @@
  * the tensor-core prefill attention against a double reference and the
  * SIMT kernel (chunks at 0 and mid-context, several sequences a step, 1, 16
  * and 128 heads, bf16 and fp8, block sizes 16 and 64, the indexer's
- * choice, sm_89's configuration).
+ * choice, sm_89's configuration); the expanded form of prefill chunks
+ * (gather, up-projections, the GQA tensor-core kernel over the scratch)
+ * against a double reference and the absorbed form, with the absorbed
+ * tokens' gather and scatter.
  * Each attention is checked against
  * a double reference over the entries the GPU stored (read back), and the
  * entries against the reference latent and key. Errors are ||out - ref|| /
  * ||ref||; outputs are poisoned (NaN) first, so an unwritten value fails.
  */
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
@@ -475,6 +479,282 @@ static void test_prefill(void)
     cuda_tuning.mla_prefill_rows = rows;
 }
 
+/* The expanded form (cuda_mla_xplan, cuda_mla_xq, cuda_mla_xrun: the
+ * gather, the up-projections, the GQA tensor-core kernel over the scratch)
+ * over one step of nseq sequences: sequence s has st[s] keys cached, n[s]
+ * query tokens at positions st[s].., and a prompt of np[s] tokens, so its
+ * tokens at positions below np[s] take the expanded form and the rest the
+ * absorbed one (a chunk wholly in the prompt, one that runs past it, a
+ * token past it). The cache holds random entries (bf16, or e4m3 bytes of
+ * moderate magnitude) over a scattered block table of block size bs;
+ * kv_b and the queries are random. The expanded tokens' output is checked
+ * against a double reference of the expanded form over the stored entries
+ * and against the absorbed form (cuda_mla_attention's latent sums through
+ * W_V in double); the absorbed tokens' rows must stay as poisoned (the
+ * expanded form writes only its own). rows: the scratch's rows (0: the
+ * longest context's), few enough to take several groups; qrows: tokens an
+ * attention item (64 or 128). The plan's split of short chunks' keys over
+ * blocks is taken where the items do not fill the GPU. Then the absorbed
+ * tokens' gather (cuda_mla_compact) and the scatter of rows back
+ * (cuda_mla_scatter), exactly. */
+static void x_case(const char *what, int H, int C, int Dn, int R, int Dv, bool kv8, int bs, int nseq, const int *st,
+                   const int *n, const int *np, int rows, int qrows)
+{
+    int W = C + R, Dq = Dn + R, WK = Dn + Dv, T = 0, nbt = 0, DK = 0, DV = 0;
+    CHECKF(cuda_attention_tc_pair(Dq, Dv, &DK, &DV), "%s: no kernel for keys %d, values %d", what, Dq, Dv);
+    if (!DK) return;
+    int *off = malloc((size_t)nseq * sizeof(int)), *first = malloc((size_t)nseq * sizeof(int)), maxk = 0;
+    for (int s = 0; s < nseq; s++) {
+        off[s] = nbt, first[s] = T;
+        nbt += (st[s] + n[s] + bs - 1) / bs;
+        T += n[s];
+        maxk = st[s] + n[s] > maxk ? st[s] + n[s] : maxk;
+    }
+    if (!rows) rows = (maxk + CUDA_MLA_XBS - 1) / CUDA_MLA_XBS * CUDA_MLA_XBS;
+    int NB = nbt + 1, mul = 5;
+    while (gcd(mul, NB) != 1) mul++;
+    int32_t *bt = malloc((size_t)nbt * 4);
+    for (int i = 0; i < nbt; i++) bt[i] = (int32_t)(((long long)(i + 1) * mul) % NB);
+    size_t es = kv8 ? 1 : 2, cache_n = (size_t)NB * bs * W;
+    uint8_t *craw = malloc(cache_n * es);
+    float *cache = malloc(cache_n * 4);
+    for (size_t i = 0; i < cache_n; i++) {
+        if (kv8) {
+            int r = (int)((frand() + 1.0f) * 4096.0f);
+            uint8_t v = (uint8_t)((frand() < 0 ? 0x80 : 0) | (3 + r % 6) << 3 | (r / 6) % 8);
+            craw[i] = v, cache[i] = e4m3(v);
+        } else {
+            uint16_t v = bf(frand());
+            ((uint16_t *)craw)[i] = v, cache[i] = fb(v);
+        }
+    }
+    /* kv_b [H (Dn + Dv)][C] bf16, scaled so that K and V stay near 1 */
+    size_t nw = (size_t)H * WK * C;
+    uint16_t *kvb = malloc(nw * 2);
+    float *kvbf = malloc(nw * 4), wsc = 2.0f / sqrtf((float)C);
+    for (size_t i = 0; i < nw; i++) kvb[i] = bf(wsc * frand()), kvbf[i] = fb(kvb[i]);
+    int32_t *pos = malloc((size_t)T * 4);
+    int *seq = malloc((size_t)T * sizeof(int));
+    struct cuda_mla_xin *in = malloc((size_t)nseq * sizeof *in);
+    for (int s = 0, t = 0; s < nseq; s++) {
+        in[s] = (struct cuda_mla_xin){.query_start = t, .query_len = n[s], .context_len = st[s] + n[s],
+                                      .n_prompt = np[s], .bt0 = off[s]};
+        for (int i = 0; i < n[s]; i++, t++) pos[t] = st[s] + i, seq[t] = s;
+    }
+    float *q = malloc((size_t)T * H * Dq * 4);
+    for (size_t i = 0; i < (size_t)T * H * Dq; i++) q[i] = frand();
+    float scale = 1.0f / sqrtf((float)Dq);
+    /* the plan, as the backend makes it (its step buffer here a host copy of the device region) */
+    int dev = 0, n_sm = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev);
+    size_t pbytes = (size_t)T * H * CUDA_ATTN_MAXSPLIT * (DV + 2) * 4;
+    struct cuda_mla_xplan p = {.rows = rows, .H = H, .DK = DK, .DV = DV, .Dn = Dn, .R = R, .Dv = Dv, .qrows = qrows,
+                               .n_sm = n_sm, .max_tokens = T, .max_seqs = nseq,
+                               .max_items = 2 * ((T + qrows - 1) / qrows + nseq) + 2 * n_sm + 64,
+                               .part_bytes = pbytes, .comp_bytes = (size_t)rows * H * (DK + DV) * 2};
+    p.g = malloc((size_t)nseq * sizeof *p.g), p.src = malloc((size_t)nseq * sizeof *p.src);
+    size_t xb = cuda_mla_xbytes(T, nseq, p.max_items);
+    uint8_t *hx = calloc(1, xb), *dx = dup_dev(NULL, xb);
+    struct cuda_mla_xdev hd = cuda_mla_xdev_at(hx, T, nseq), dd = cuda_mla_xdev_at(dx, T, nseq);
+    bool planned = cuda_mla_xplan(&p, in, nseq, pos, T, &hd);
+    cudaMemcpy(dx, hx, xb, cudaMemcpyHostToDevice);
+    bool *xt = calloc((size_t)T, 1); /* the tokens the expanded form takes */
+    int te = 0, ns_max = 0;
+    for (int t = 0; t < T; t++) {
+        xt[t] = pos[t] < np[seq[t]];
+        te += xt[t];
+        ns_max = hd.tok_nsplit[t] > ns_max ? hd.tok_nsplit[t] : ns_max;
+    }
+    bool plan_ok = planned && p.Te == te && p.Ta == T - te;
+    for (int i = 0, t = 0; i < p.Ta && plan_ok; i++, t++) {
+        while (t < T && xt[t]) t++;
+        plan_ok = hd.aidx[i] == t;
+    }
+    /* the device side */
+    void *dcache = dup_dev(craw, cache_n * es);
+    uint16_t *dkvb = dup_dev(kvb, nw * 2);
+    float *dq = dup_dev(q, (size_t)T * H * Dq * 4), *dpart = poisoned(pbytes);
+    int32_t *dpos = dup_dev(pos, (size_t)T * 4), *dbt = dup_dev(bt, (size_t)nbt * 4);
+    int32_t *iota = malloc((size_t)rows / CUDA_MLA_XBS * 4);
+    for (int i = 0; i < rows / CUDA_MLA_XBS; i++) iota[i] = i;
+    int32_t *diota = dup_dev(iota, (size_t)rows / CUDA_MLA_XBS * 4);
+    uint16_t *dlat = poisoned((size_t)rows * C * 2), *dk = poisoned((size_t)rows * H * DK * 2);
+    uint16_t *dv = poisoned((size_t)rows * H * DV * 2), *dxq = poisoned((size_t)T * H * DK * 2);
+    uint16_t *dout = poisoned((size_t)T * H * Dv * 2);
+    cublasHandle_t blas = NULL;
+    bool run_ok = cublasCreate(&blas) == CUBLAS_STATUS_SUCCESS && cuda_attention_prepare_pair(DK, DV) == cudaSuccess &&
+                  cuda_mla_xq(dq, T, H, Dq, DK, dxq, 0) == cudaSuccess;
+    char err[256] = "";
+    for (int gi = 0; gi < p.n_groups && run_ok && planned; gi++) {
+        const struct cuda_mla_xgroup *g = &p.g[gi];
+        struct cuda_mla_xrun_args xr = {
+            .g = {.cache = dcache, .bt = dbt, .seqs = dd.seqs + g->seq0, .n_seqs = g->nseq, .max_n = g->max_n,
+                  .C = C, .R = R, .W = W, .Dn = Dn, .H = H, .DK = DK, .block_size = bs, .kv8 = kv8, .lat = dlat,
+                  .k = dk, .v = dv, .Dv = Dv, .DV = DV},
+            .kv_b = dkvb, .rows = g->rows,
+            .at = {.q = dxq, .kc = dk, .vc = dv, .pos = dpos, .bt = diota, .items = dd.items + g->item0,
+                   .n_items = dd.n_items + gi, .max_items = g->nitem, .max_rows = qrows, .H = H, .KVH = H, .D = DK,
+                   .block_size = CUDA_MLA_XBS, .scale = scale, .part = dpart, .pstride = p.pstride,
+                   .tok_part = dd.tok_part, .tok_nsplit = dd.tok_nsplit, .T = T, .out = dout, .Dv = DV, .Do = Dv},
+        };
+        run_ok = !cuda_mla_xrun(blas, &xr, 0, err, sizeof err);
+    }
+    /* the absorbed form of the same tokens: q_lat = W_K^T q_nope (host), the latent sums (SIMT kernel), W_V */
+    float *qlat = malloc((size_t)T * H * C * 4);
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < H; h++)
+            for (int c = 0; c < C; c++) {
+                double d = 0;
+                for (int e = 0; e < Dn; e++) d += (double)q[((size_t)t * H + h) * Dq + e] * kvbf[((size_t)h * WK + e) * C + c];
+                qlat[((size_t)t * H + h) * C + c] = (float)d;
+            }
+    float *dqlat = dup_dev(qlat, (size_t)T * H * C * 4);
+    int32_t *tbt = malloc((size_t)T * 4);
+    for (int t = 0; t < T; t++) tbt[t] = off[seq[t]];
+    int32_t *dtbt = dup_dev(tbt, (size_t)T * 4);
+    uint16_t *dolat = poisoned((size_t)T * H * C * 2);
+    size_t apb = cuda_mla_attn_part_bytes(T, H, C, R);
+    float *dapart = apb ? poisoned(apb) : NULL;
+    struct cuda_mla_attn_args aa = {.qlat = dqlat, .q = dq, .cache = dcache, .pos = dpos, .tok_bt = dtbt, .bt = dbt,
+                                    .olat = dolat, .part = dapart, .T = T, .H = H, .Dn = Dn, .R = R, .C = C, .W = W,
+                                    .block_size = bs, .scale = scale, .kv8 = kv8};
+    cudaError_t e1 = cuda_mla_attention(&aa, 0), e2 = cudaDeviceSynchronize();
+    uint16_t *out = malloc((size_t)T * H * Dv * 2), *olat = malloc((size_t)T * H * C * 2);
+    get(out, dout, (size_t)T * H * Dv * 2);
+    get(olat, dolat, (size_t)T * H * C * 2);
+    /* the references over the expanded tokens; the others' rows untouched */
+    size_t no = (size_t)te * H * Dv;
+    float *og = malloc((no ? no : 1) * 4);
+    double *ref = calloc(no ? no : 1, sizeof(double)), *rab = calloc(no ? no : 1, sizeof(double));
+    double *kx = malloc((size_t)maxk * H * Dn * 8), *vx = malloc((size_t)maxk * H * Dv * 8), *sc = malloc((size_t)maxk * 8);
+    bool untouched = true;
+    for (int t = 0; t < T; t++)
+        if (!xt[t])
+            for (int i = 0; i < H * Dv; i++) untouched &= isnan(fb(out[(size_t)t * H * Dv + i]));
+    for (int s = 0, ci = 0; s < nseq; s++) {
+        int nk = 0; /* keys through the sequence's last expanded token */
+        for (int t = first[s]; t < first[s] + n[s]; t++)
+            if (xt[t]) nk = pos[t] + 1;
+        for (int j = 0; j < nk; j++) {
+            const float *e = cache + ((size_t)bt[off[s] + j / bs] * bs + j % bs) * W;
+            for (int h = 0; h < H; h++) {
+                for (int d = 0; d < Dn; d++) {
+                    double a = 0;
+                    for (int c = 0; c < C; c++) a += (double)e[c] * kvbf[((size_t)h * WK + d) * C + c];
+                    kx[((size_t)j * H + h) * Dn + d] = a;
+                }
+                for (int d = 0; d < Dv; d++) {
+                    double a = 0;
+                    for (int c = 0; c < C; c++) a += (double)e[c] * kvbf[((size_t)h * WK + Dn + d) * C + c];
+                    vx[((size_t)j * H + h) * Dv + d] = a;
+                }
+            }
+        }
+        for (int t = first[s]; t < first[s] + n[s]; t++) {
+            if (!xt[t]) continue;
+            for (int h = 0; h < H; h++, ci++) {
+                const float *qh = q + ((size_t)t * H + h) * Dq;
+                double mx = -INFINITY, sum = 0;
+                for (int j = 0; j <= pos[t]; j++) {
+                    const float *e = cache + ((size_t)bt[off[s] + j / bs] * bs + j % bs) * W;
+                    double d = 0;
+                    for (int c = 0; c < Dn; c++) d += (double)qh[c] * kx[((size_t)j * H + h) * Dn + c];
+                    for (int c = 0; c < R; c++) d += (double)qh[Dn + c] * e[C + c];
+                    sc[j] = d * scale;
+                    mx = sc[j] > mx ? sc[j] : mx;
+                }
+                for (int j = 0; j <= pos[t]; j++) sum += sc[j] = exp(sc[j] - mx);
+                double *r = ref + (size_t)ci * Dv, *ra = rab + (size_t)ci * Dv;
+                for (int j = 0; j <= pos[t]; j++)
+                    for (int d = 0; d < Dv; d++) r[d] += sc[j] / sum * vx[((size_t)j * H + h) * Dv + d];
+                const uint16_t *ol = olat + ((size_t)t * H + h) * C;
+                for (int d = 0; d < Dv; d++) {
+                    double a = 0;
+                    for (int c = 0; c < C; c++) a += (double)fb(ol[c]) * kvbf[((size_t)h * WK + Dn + d) * C + c];
+                    ra[d] = a;
+                }
+                for (int d = 0; d < Dv; d++) og[(size_t)ci * Dv + d] = fb(out[((size_t)t * H + h) * Dv + d]);
+            }
+        }
+    }
+    double e_ref = no ? nerr(og, ref, no) : 0, e_abs = no ? nerr(og, rab, no) : 0;
+    /* the absorbed tokens' gather and the scatter back, exactly */
+    bool comp_ok = true;
+    if (p.Ta > 0) {
+        size_t cb = cuda_mla_comp_bytes(p.Ta, H, Dq, Dn, Dv);
+        void *dc = poisoned(cb);
+        struct cuda_mla_comp cp = cuda_mla_comp_at(dc, p.Ta, H, Dq, Dn, Dv);
+        uint16_t *qn = malloc((size_t)T * H * Dn * 2);
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < H; h++)
+                for (int d = 0; d < Dn; d++) qn[((size_t)t * H + h) * Dn + d] = bf(q[((size_t)t * H + h) * Dq + d]);
+        uint16_t *dqn = dup_dev(qn, (size_t)T * H * Dn * 2);
+        uint16_t *rowsrc = malloc((size_t)p.Ta * H * Dv * 2);
+        for (size_t i = 0; i < (size_t)p.Ta * H * Dv; i++) rowsrc[i] = bf(frand());
+        uint16_t *drow = dup_dev(rowsrc, (size_t)p.Ta * H * Dv * 2);
+        comp_ok = cuda_mla_compact(dd.aidx, p.Ta, dq, dqn, dpos, dtbt, H, Dq, Dn, &cp, 0) == cudaSuccess &&
+                  cuda_mla_scatter(dd.aidx, p.Ta, drow, H * Dv, dout, 0) == cudaSuccess &&
+                  cudaDeviceSynchronize() == cudaSuccess;
+        float *cq = malloc((size_t)p.Ta * H * Dq * 4);
+        uint16_t *cqn = malloc((size_t)p.Ta * H * Dn * 2);
+        int32_t *cpos = malloc((size_t)p.Ta * 4), *ctbt = malloc((size_t)p.Ta * 4);
+        get(cq, cp.q, (size_t)p.Ta * H * Dq * 4);
+        get(cqn, cp.qn, (size_t)p.Ta * H * Dn * 2);
+        get(cpos, cp.pos, (size_t)p.Ta * 4);
+        get(ctbt, cp.tok_bt, (size_t)p.Ta * 4);
+        get(out, dout, (size_t)T * H * Dv * 2);
+        for (int i = 0; i < p.Ta && comp_ok; i++) {
+            int t = hd.aidx[i];
+            comp_ok = !memcmp(cq + (size_t)i * H * Dq, q + (size_t)t * H * Dq, (size_t)H * Dq * 4) &&
+                      !memcmp(cqn + (size_t)i * H * Dn, qn + (size_t)t * H * Dn, (size_t)H * Dn * 2) &&
+                      cpos[i] == pos[t] && ctbt[i] == tbt[t] &&
+                      !memcmp(out + (size_t)t * H * Dv, rowsrc + (size_t)i * H * Dv, (size_t)H * Dv * 2);
+        }
+        cudaFree(dc), cudaFree(dqn), cudaFree(drow);
+        free(qn), free(rowsrc), free(cq), free(cqn), free(cpos), free(ctbt);
+    }
+    double tol = 2e-2;
+    bool ok = plan_ok && run_ok && e1 == cudaSuccess && e2 == cudaSuccess && untouched && comp_ok && e_ref < tol &&
+              e_abs < tol;
+    printf("  %s expanded %s: H=%d C=%d Dn=%d R=%d Dv=%d (kernel %d/%d) %s bs=%d T=%d (%d expanded), keys up to %d, "
+           "%d group%s, %d-token items%s: vs reference %.2e, vs absorbed %.2e\n",
+           ok ? "ok  " : "FAIL", what, H, C, Dn, R, Dv, DK, DV, kv8 ? "fp8" : "bf16", bs, T, te, maxk, p.n_groups,
+           p.n_groups == 1 ? "" : "s", qrows, ns_max > 1 ? ", keys split" : "", e_ref, e_abs);
+    CHECKF(plan_ok, "%s: the plan (%d expanded, %d absorbed; want %d, %d)", what, p.Te, p.Ta, te, T - te);
+    CHECKF(run_ok, "%s: %s", what, err[0] ? err : "setup failed");
+    CHECKF(e1 == cudaSuccess && e2 == cudaSuccess, "%s: %s / %s", what, cudaGetErrorString(e1), cudaGetErrorString(e2));
+    CHECKF(untouched, "%s: an absorbed token's row was written", what);
+    CHECKF(comp_ok, "%s: the absorbed tokens' gather or scatter", what);
+    CHECKF(e_ref < tol, "%s: vs reference %.3g", what, e_ref);
+    CHECKF(e_abs < tol, "%s: vs absorbed %.3g", what, e_abs);
+    if (blas) cublasDestroy(blas);
+    cudaFree(dx), cudaFree(dcache), cudaFree(dkvb), cudaFree(dq), cudaFree(dpart), cudaFree(dpos), cudaFree(dbt);
+    cudaFree(diota), cudaFree(dlat), cudaFree(dk), cudaFree(dv), cudaFree(dxq), cudaFree(dout), cudaFree(dqlat);
+    cudaFree(dtbt), cudaFree(dolat), cudaFree(dapart);
+    free(off), free(first), free(bt), free(craw), free(cache), free(kvb), free(kvbf), free(pos), free(seq), free(in);
+    free(q), free(p.g), free(p.src), free(hx), free(xt), free(iota), free(qlat), free(tbt), free(out), free(olat);
+    free(og), free(ref), free(rab), free(kx), free(vx), free(sc);
+}
+
+static void test_expanded(void)
+{
+    /* a chunk mid-context wholly in its prompt, a first chunk, a decode token, a chunk past its prompt */
+    static const int s1[] = {600, 0, 300, 200}, n1[] = {200, 45, 1, 100}, p1[] = {800, 45, 300, 250};
+    static const int s2[] = {2000}, n2[] = {20}, p2[] = {2020}; /* a short chunk deep in: keys split */
+    static const int s3[] = {100, 0, 37}, n3[] = {130, 77, 5}, p3[] = {230, 77, 42};
+    cudaGetLastError();
+    x_case("four sequences", 16, 512, 128, 64, 128, false, 16, 4, s1, n1, p1, 0, 128);
+    x_case("four sequences", 16, 512, 128, 64, 128, true, 64, 4, s1, n1, p1, 0, 128);
+    x_case("four sequences", 16, 512, 128, 64, 128, false, 64, 4, s1, n1, p1, 0, 64);
+    x_case("two groups", 16, 512, 128, 64, 128, true, 16, 4, s1, n1, p1, 832, 128);
+    x_case("deep short chunk", 2, 512, 128, 64, 128, false, 16, 1, s2, n2, p2, 0, 128);
+    x_case("deep short chunk", 2, 512, 128, 64, 128, true, 16, 1, s2, n2, p2, 0, 64);
+    x_case("small heads", 4, 32, 16, 8, 12, false, 16, 3, s3, n3, p3, 0, 128);
+    x_case("small heads", 4, 32, 16, 8, 12, true, 16, 3, s3, n3, p3, 256, 64);
+    x_case("no rope", 4, 32, 16, 0, 12, false, 16, 3, s3, n3, p3, 0, 128);
+}
+
 /* The DSA indexer over one sequence of n tokens, in one step or in the steps
  * of `steps` (token counts summing to n, 0-terminated: a prefill chunk,
  * decode steps at every offset inside a pool, steps that start inside a pool
@@ -693,6 +973,7 @@ int main(void)
     RUN(test_paged_fp8);
     RUN(test_paged_key0);
     RUN(test_prefill);
+    RUN(test_expanded);
     RUN(test_indexer);
     return test_summary();
 }
