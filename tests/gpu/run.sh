@@ -375,7 +375,7 @@ pack() {
         strip -o "$t/$f" "$f"
     done
     mkdir -p .carry
-    tar -C "$t" -cf - "$(echo "$B" | cut -d/ -f1)" | xz -T2 --lzma2=preset=6,dict=256MiB >.carry/bin.tar.xz
+    tar -C "$t" -cf - "$(echo "$B" | cut -d/ -f1)" | xz -T1 --lzma2=preset=1,dict=512MiB >.carry/bin.tar.xz
     rm -rf "$t"
     ls -la .carry/bin.tar.xz
 }
