@@ -1455,9 +1455,11 @@ int main(int argc, char **argv)
               3e-2, 3e-2);
     cuda_tuning.mla_expand = true;
     cuda_tuning.mla_prefill_min_t = pmin;
+    /* 4e-2 against the CPU: its 64 decode steps drifted 3.3e-2 on an H100 once the prompt positions took the
+     * expanded form (K and V rounded to bf16 after the up-projection; the CPU keeps them in f32) */
     g_hf_overrides = "{\"text_config\": {\"index_topk\": null}}";
     run_model("glm-dsa (index_topk null)", "tests/models/mla/glm-dsa", "tests/models/mla/glm-dsa/golden_dense.json",
-              3e-2, 3e-2);
+              3e-2, 4e-2);
     g_hf_overrides = NULL;
     /* packed int4/int8 checkpoints (tests/models/quant): the mixed-input kernels
      * against the CPU's exact dequantization, and HF on the dequantized model.
