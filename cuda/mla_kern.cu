@@ -409,7 +409,7 @@ static __global__ void ix_pool_kernel(struct cuda_mla_ix_args a)
  * GPU; graph-safe at any context), each split whole tiles, at least one. */
 #define IXT 256   /* the score kernel's threads */
 #define IXCT 2    /* candidates a thread scores per tile */
-#define IXLD 4    /* loads a thread has in flight while filling a tile */
+#define IXLD 8    /* loads (of 4 dims) a thread has in flight while filling a tile */
 #define IXBLK 528 /* score blocks a step aims for before its tokens stop splitting */
 #define IXSMAX 256
 
@@ -430,6 +430,33 @@ static void ix_plan(int T, int IH, int ID, struct ix_geom *g)
     g->S = T >= IXBLK / 2 ? 1 : (IXBLK / T < IXSMAX ? IXBLK / T : IXSMAX);
     size_t HP = (size_t)4 * g->hg * g->nr;
     g->sm = (HP * g->qs + HP + (size_t)g->nt * g->qs) * sizeof(float) + (size_t)g->nt * sizeof(long long);
+}
+
+/* dims d .. d + 3 of the key at o (in pk with k-pools, pk NULL: in the cache), zeros past ID; vec: aligned */
+static __device__ __forceinline__ float4 ix_key4(const float *pk, const void *cache, int ID, bool kv8, long long o,
+                                                 int d, bool vec)
+{
+    if (vec && pk) return *(const float4 *)(pk + o + d);
+    if (vec && kv8) {
+        uint32_t u = *(const uint32_t *)((const uint8_t *)cache + o + d);
+        float x[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)(u >> 8 * k), __NV_E4M3);
+            x[k] = __half2float(*(const __half *)&h);
+        }
+        return make_float4(x[0], x[1], x[2], x[3]);
+    }
+    if (vec) {
+        uint2 u = *(const uint2 *)((const uint16_t *)cache + o + d);
+        return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
+                           __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+    }
+    float x[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+        x[k] = d + k >= ID ? 0.0f : pk ? pk[o + d + k] : ld_kv(cache, (size_t)o + d + k, kv8);
+    return make_float4(x[0], x[1], x[2], x[3]);
 }
 
 static __global__ void __launch_bounds__(IXT) ix_score_kernel(struct cuda_mla_ix_args a, int hg, int nr, int idp,
@@ -455,7 +482,10 @@ static __global__ void __launch_bounds__(IXT) ix_score_kernel(struct cuda_mla_ix
     }
     for (int i = tid; i < HP; i += IXT) wsm[i] = i < IH ? a.w[(size_t)t * IH + i] : 0.0f;
     const int32_t *bt = a.bt + a.tok_bt[t];
-    int hl = tid & (hg - 1), cg = tid / hg;
+    int hl = tid & (hg - 1), cg = tid / hg, q4 = idp / 4;
+    /* whole aligned groups of 4 dims: pool keys (16 bytes), bf16 (8) or e4m3 (4) keys */
+    bool vec = ID % 4 == 0 && (KP > 0 || (a.W % 4 == 0 && (a.C + a.R) % 4 == 0));
+    const float *pk = KP > 0 ? a.pk : NULL;
     float sc = rsqrtf((float)ID);
     float *out = a.scores + (size_t)t * a.max_ctx;
     for (int j0 = k0; j0 < k1; j0 += nt) {
@@ -471,19 +501,18 @@ static __global__ void __launch_bounds__(IXT) ix_score_kernel(struct cuda_mla_ix
             }
         }
         __syncthreads();
-        for (int i0 = tid; i0 < nt * idp; i0 += IXLD * IXT) {
-            float v[IXLD];
+        for (int i0 = tid; i0 < nt * q4; i0 += IXLD * IXT) {
+            float4 v[IXLD];
 #pragma unroll
             for (int u = 0; u < IXLD; u++) {
-                int i = i0 + u * IXT, c = i / idp, d = i - c * idp;
-                v[u] = 0.0f; /* past the tile's keys or dims: zeros */
-                if (i < nt * idp && c < nk && d < ID)
-                    v[u] = KP > 0 ? a.pk[eo[c] + d] : ld_kv(a.cache, (size_t)eo[c] + d, a.kv8);
+                int i = i0 + u * IXT, c = i / q4, d = 4 * (i - c * q4);
+                v[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f); /* past the tile's keys or dims: zeros */
+                if (i < nt * q4 && c < nk) v[u] = ix_key4(pk, a.cache, ID, a.kv8, eo[c], d, vec);
             }
 #pragma unroll
             for (int u = 0; u < IXLD; u++) {
-                int i = i0 + u * IXT, c = i / idp, d = i - c * idp;
-                if (i < nt * idp) ks[c * qs + d] = v[u];
+                int i = i0 + u * IXT, c = i / q4, d = 4 * (i - c * q4);
+                if (i < nt * q4) *(float4 *)(ks + c * qs + d) = v[u];
             }
         }
         __syncthreads();
@@ -601,6 +630,7 @@ static __global__ void __launch_bounds__(TKT) ix_topk_kernel(struct cuda_mla_ix_
             int j = j0 + tid;
             uint32_t u = j < n ? ord(s[j]) : 0u;
             int dig = j < n && (u & mask) == pref ? (int)((u >> shift) & 255u) : 256;
+            if (!__any_sync(0xffffffffu, dig < 256)) continue; /* later passes: most warps match nothing */
             unsigned peers = __match_any_sync(0xffffffffu, dig);
             if (dig < 256 && lane == __ffs(peers) - 1) atomicAdd(&hist[dig], __popc(peers));
         }
