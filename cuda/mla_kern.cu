@@ -409,7 +409,7 @@ static __global__ void ix_pool_kernel(struct cuda_mla_ix_args a)
  * GPU; graph-safe at any context), each split whole tiles, at least one. */
 #define IXT 256   /* the score kernel's threads */
 #define IXCT 2    /* candidates a thread scores per tile */
-#define IXLD 8    /* loads (of 4 dims) a thread has in flight while filling a tile */
+#define IXLD 4    /* loads (of 4 dims) a thread has in flight while filling a tile */
 #define IXBLK 528 /* score blocks a step aims for before its tokens stop splitting */
 #define IXSMAX 256
 
@@ -459,7 +459,7 @@ static __device__ __forceinline__ float4 ix_key4(const float *pk, const void *ca
     return make_float4(x[0], x[1], x[2], x[3]);
 }
 
-static __global__ void __launch_bounds__(IXT) ix_score_kernel(struct cuda_mla_ix_args a, int hg, int nr, int idp,
+static __global__ void __launch_bounds__(IXT, 4) ix_score_kernel(struct cuda_mla_ix_args a, int hg, int nr, int idp,
                                                                int qs, int nt, int S)
 {
     extern __shared__ float4 ix_smem4[];
