@@ -1,8 +1,9 @@
 /* mla_kern.cu - multi-head latent attention's kernels (mla.h): the latent norm,
- * the paged entry write with RoPE, and the absorbed attention over the
- * latent cache. Simple kernels (one block per row or token; the attention's
- * blocks below), f32 accumulation; their plain-C references are in
- * tests/gpu/test_mla.c. */
+ * the paged entry write with RoPE, the absorbed attention over the latent
+ * cache, and the DSA indexer (its entry write, the k-pools' cached keys,
+ * the scores split over blocks, the radix top-K). Simple kernels (one block
+ * per row or token; the attention's and the scores' blocks below), f32
+ * accumulation; their plain-C references are in tests/gpu/test_mla.c. */
 #include <math.h>
 
 #include "cuda/bf16.cuh"

@@ -6,7 +6,8 @@
  * decode steps, bf16 and fp8 e4m3 caches (long ones, whose decode steps
  * split their keys over blocks; 128 heads in groups; the indexer's choice
  * of keys; keys from position 1, as the MTP layer attends); the DSA indexer (keys, scores, the top-K choice with ties;
- * k-pools in one step and over prefill, decode and pool-completing steps);
+ * k-pools in one step and over prefill, decode and pool-completing steps, the cached pool keys; long contexts of
+ * several sequences, one on another's prefix blocks, decode steps of T 1 whose scores split over many blocks);
  * the tensor-core prefill attention against a double reference and the
  * SIMT kernel (chunks at 0 and mid-context, several sequences a step, 1, 16
  * and 128 heads, bf16 and fp8, block sizes 16 and 64, the indexer's
