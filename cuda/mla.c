@@ -151,6 +151,7 @@ static int rank_upload(struct rank *k, char *err, size_t errlen)
         /* the scores of a step's queries over the whole context would be [T][max_ctx] (8.6 GB at 16384
          * tokens and 128K): the indexer scores them ixT at a time in 256 MiB at most */
         size_t cap = ((size_t)256 << 20) / (X * 4);
+        cap = cap < 65535 ? cap : 65535; /* the score kernel's grid takes the tokens in y */
         x->ixT = (int)(T < cap ? T : cap > 0 ? cap : 1);
         if (cuda_dmalloc((void **)&x->ixq, T * IH * ID * 4, err, errlen) ||
             cuda_dmalloc((void **)&x->ixk, T * ID * 4, err, errlen) ||
