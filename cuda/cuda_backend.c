@@ -318,13 +318,15 @@ static size_t kv_layer_token_bytes(const struct cuda_backend *b, int l)
 /* Bytes of one block on each GPU: the sum over the decoder layers, and with
  * opts.mtp the MTP layer's entries and the block's hidden state (bf16; its
  * tag lives on the host but is counted, as model_mtp_kv_bytes_per_block
- * says). */
+ * says), and the indexer's cached pool keys (k-pools; allocated apart,
+ * cuda_mla_kv_alloc). */
 static size_t kv_block_bytes(model_backend *mb, int block_size)
 {
     struct cuda_backend *b = (struct cuda_backend *)mb;
     size_t n = 0;
     for (int l = 0; l < model_n_layer_all(&b->c); l++) n += kv_layer_token_bytes(b, l);
-    return n * (size_t)block_size + model_mtp_kv_bytes_per_block(&b->c, 2);
+    return n * (size_t)block_size + model_mtp_kv_bytes_per_block(&b->c, 2) +
+           cuda_mla_pool_block_bytes(&b->c, block_size);
 }
 
 static void drop_graphs(struct rank *k)
@@ -353,7 +355,7 @@ int cuda_rank_kv_alloc(struct rank *k, char *err, size_t errlen)
     cudaFree(k->kv);
     cudaFree(k->din);
     k->kv = NULL, k->din = NULL;
-    size_t per_block = kv_block_bytes(&b->base, block_size);
+    size_t per_block = kv_block_bytes(&b->base, block_size) - cuda_mla_pool_block_bytes(&b->c, block_size);
     /* one more block: the pad block that padded graph tokens write */
     if (cuda_dmalloc((void **)&k->kv, (size_t)(n_blocks + 1) * per_block, err, errlen)) {
         sl_seterr(err, errlen, "kv_alloc: out of GPU memory on GPU %d for %d blocks (%.2f GB)", k->dev, n_blocks,
@@ -371,7 +373,7 @@ int cuda_rank_kv_alloc(struct rank *k, char *err, size_t errlen)
         if (l < n_all) o += (size_t)(n_blocks + 1) * block_size * kv_layer_token_bytes(b, (int)l);
     }
     if (cuda_dmalloc((void **)&k->din, b->lay.total, err, errlen)) return SL_ENOMEM;
-    return 0;
+    return cuda_mla_kv_alloc(k, n_blocks, block_size, err, errlen);
 fail:
     return SL_EDEVICE;
 }

@@ -25,7 +25,7 @@ int cuda_mla_check(const struct model_config *c, int N, char *err, size_t errlen
     if (a->index_topk > 0 && (a->q_lora_rank <= 0 || a->index_head_dim > 256 ||
                               (a->index_kpool > 0 && a->index_topk < a->index_kpool) ||
                               a->index_head_dim < a->qk_rope_head_dim ||
-                              ((size_t)a->index_n_heads * a->index_head_dim + a->index_n_heads) * 4 > 48 * 1024)) {
+                              !cuda_mla_indexer_fits(a->index_n_heads, a->index_head_dim))) {
         sl_seterr(err, errlen,
                   "cuda: layer %d is MLA with a DSA indexer the GPU backend does not run yet (%s): "
                   "--hf-overrides '{\"index_topk\": null}' (glm5_next: '{\"text_config\": {\"index_topk\": "
@@ -196,6 +196,7 @@ static int rank_upload(struct rank *k, char *err, size_t errlen)
         /* the scores of a step's queries over the whole context would be [T][max_ctx] (8.6 GB at 16384
          * tokens and 128K): the indexer scores them ixT at a time in 256 MiB at most */
         size_t cap = ((size_t)256 << 20) / (X * 4);
+        cap = cap < 65535 ? cap : 65535; /* the score kernel's grid takes the tokens in y */
         x->ixT = (int)(T < cap ? T : cap > 0 ? cap : 1);
         if (cuda_dmalloc((void **)&x->ixq, T * IH * ID * 4, err, errlen) ||
             cuda_dmalloc((void **)&x->ixk, T * ID * 4, err, errlen) ||
@@ -253,6 +254,7 @@ int cuda_mla_upload(struct rank *k, int l, char *err, size_t errlen)
             (rc = up(&w->ix_k_norm_b, 1, ID, 0, 1, 0, ID, true, (void **)&L->ix_kb, err, errlen)))
             return rc;
         int64_t KP = a->index_kpool;
+        for (int i = 0; i < l; i++) L->ix_i += model_layer_kind_of(c, i).mixer == MODEL_MIXER_MLA && a->index_full[i];
         if (KP > 0 &&
             ((rc = up(&w->ix_kpool_gate, ID, E, 0, ID, 0, E, false, (void **)&L->ix_gate, err, errlen)) ||
              (rc = up(&w->ix_kpool_ape, KP, ID, 0, KP, 0, ID, true, (void **)&L->ix_ape, err, errlen))))
@@ -277,7 +279,7 @@ void cuda_mla_free(struct rank *k, int l)
         cudaFree(x->rcos), cudaFree(x->rsin), cudaFree(x->qa), cudaFree(x->qan), cudaFree(x->q), cudaFree(x->qn);
         cudaFree(x->kva), cudaFree(x->qlat), cudaFree(x->olat), cudaFree(x->att), cudaFree(x->apart);
         cudaFree(x->ixq), cudaFree(x->ixk), cudaFree(x->ixw), cudaFree(x->ixs), cudaFree(x->sel), cudaFree(x->nsel);
-        cudaFree(x->ixg);
+        cudaFree(x->ixg), cudaFree(x->ixpool);
         cudaFree(x->xlat), cudaFree(x->xk), cudaFree(x->xq), cudaFree(x->xiota);
         free(x);
         k->mlax = NULL;
@@ -491,6 +493,38 @@ fail:
     return SL_EDEVICE;
 }
 
+/* The layers that run their own indexer with k-pools, each with an array of pool keys. */
+static int pool_layers(const struct model_config *c)
+{
+    const struct model_mla_config *a = &c->mla;
+    int n = 0;
+    if (a->index_topk <= 0 || a->index_kpool <= 0 || !a->index_full) return 0;
+    for (int l = 0; l < c->n_layer; l++)
+        n += model_layer_kind_of(c, l).mixer == MODEL_MIXER_MLA && a->index_full[l];
+    return n;
+}
+
+size_t cuda_mla_pool_block_bytes(const struct model_config *c, int block_size)
+{
+    int KP = c->mla.index_kpool;
+    if (KP <= 0 || block_size <= 0) return 0;
+    return (size_t)pool_layers(c) * ((block_size + KP - 1) / KP) * c->mla.index_head_dim * sizeof(float);
+}
+
+int cuda_mla_kv_alloc(struct rank *k, int n_blocks, int block_size, char *err, size_t errlen)
+{
+    const struct model_config *c = &k->b->c;
+    struct cuda_mla_rank *x = k->mlax;
+    if (!x) return 0;
+    cudaFree(x->ixpool);
+    x->ixpool = NULL, x->ixpool_n = 0;
+    size_t bytes = cuda_mla_pool_block_bytes(c, block_size);
+    if (!bytes) return 0;
+    x->ixpool_n = (size_t)(n_blocks + 1) * bytes / sizeof(float) / (size_t)pool_layers(c);
+    /* never read before written (a pool's key is computed in the step that completes it) */
+    return cuda_dmalloc((void **)&x->ixpool, (size_t)(n_blocks + 1) * bytes, err, errlen) ? SL_ENOMEM : 0;
+}
+
 /* y[T][out] = x[T][in] W^T, W bf16 [out][in]; y bf16 or f32 */
 static cublasStatus_t gemm(struct rank *k, const uint16_t *x, const uint16_t *W, void *y, bool yf32, int T, int in,
                            int out)
@@ -547,7 +581,8 @@ int cuda_mla_mixer(struct rank *k, int l, int T, bool decode, char *err, size_t 
                 .IH = IH, .ID = ID, .R = R, .C = C, .W = L->W, .K = x->K, .KS = x->KS, .max_ctx = b->max_ctx,
                 .block_size = b->block_size, .KP = a->index_kpool,
                 .want = a->index_kpool > 0 ? a->index_topk / a->index_kpool : 0, .tail = a->index_kpool_tail,
-                .kv8 = b->kv8,
+                .kv8 = b->kv8, .pk = x->ixpool ? x->ixpool + (size_t)L->ix_i * x->ixpool_n : NULL,
+                .PB = a->index_kpool > 0 ? (b->block_size + a->index_kpool - 1) / a->index_kpool : 0,
             };
             CK(cuda_mla_indexer(&ia, st));
         }

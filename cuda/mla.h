@@ -70,6 +70,7 @@ struct cuda_mla_layer {
     uint16_t *ix_gate;           /* [ID][E] k-pools' gate (index_kpool > 0), else NULL */
     float *ix_kn, *ix_kb;        /* [ID] the key's LayerNorm weight and bias */
     float *ix_ape;               /* [KP][ID] k-pools' position bias, else NULL */
+    int ix_i;                    /* with k-pools: which of the rank's pool-key arrays (x->ixpool) is its own */
 };
 
 /* Per rank: the RoPE tables (cos and sin times the YaRN attention factor,
@@ -100,6 +101,10 @@ struct cuda_mla_rank {
     uint16_t *xk, *xv;           /* [rows][H][DK], [rows][H][DV] bf16 (one allocation; the padding columns zero) */
     uint16_t *xq;                /* [max_tokens][H][DK] bf16: the queries [q_nope | rotated q_rope | 0] */
     int32_t *xiota;              /* [rows / CUDA_MLA_XBS]: the identity block table over the scratch */
+    /* k-pools: each indexer layer's pool keys, f32 [n_blocks + 1][PB][ID] (cuda_mla_ix_args' pk), allocated
+     * with the KV blocks (cuda_mla_kv_alloc) and counted in their bytes (cuda_mla_pool_block_bytes) */
+    float *ixpool;
+    size_t ixpool_n;             /* floats of one layer's array */
 };
 
 /* ---- the expanded form's plan (mla.c) and kernels (mla_expand.cu) ---- */
@@ -232,6 +237,12 @@ void cuda_mla_free(struct rank *k, int l);
  * entries at the step's slots, attends over the paged cache, leaves the
  * output in k->delta ([T][E] bf16); enqueued on k->st (graph-safe). */
 int cuda_mla_mixer(struct rank *k, int l, int T, bool decode, char *err, size_t errlen);
+/* Bytes a KV block of block_size tokens adds on each GPU for the indexer's cached pool keys (k-pools: PB
+ * f32 keys of ID values per block and indexer layer; 0 without k-pools). */
+size_t cuda_mla_pool_block_bytes(const struct model_config *c, int block_size);
+/* With the KV blocks (cuda_rank_kv_alloc): rank k's pool-key arrays for n_blocks + 1 blocks (the pad
+ * block's too), replacing earlier ones. 0 or SL_ENOMEM. */
+int cuda_mla_kv_alloc(struct rank *k, int n_blocks, int block_size, char *err, size_t errlen);
 
 /* ---- kernels (mla_kern.cu: mla.o is mla.c's object) ---- */
 
@@ -315,6 +326,13 @@ struct cuda_mla_ix_args {
     int T, IH, ID, R, C, W, K, KS, max_ctx, block_size;
     int KP, want;                /* k-pools (glm5_next): pool size, pools chosen (index_topk / KP); KP 0: keys */
     bool tail, kv8;              /* tail: the query's own incomplete pool joins its choice */
+    /* k-pools: the layer's pool keys, f32 [blocks][PB][ID], PB = ceil(block_size / KP): pool j's at its
+     * last token's block b and offset o, index b PB + o / KP. A pool's key depends only on its tokens'
+     * entries, so it is computed once, in the step that writes its last token (after every key of the
+     * step is in the cache), and stays valid while those entries do (a block shared by prefix caching
+     * holds the same tokens; a rewritten pool is rewritten up to its last token, which recomputes it) */
+    float *pk;
+    int PB;
 };
 /* The DSA indexer (GlmMoeDsaIndexer as cpu_mla.c computes it): each token's
  * key LayerNormed and rotated into its entry; then per query the score of
@@ -322,9 +340,14 @@ struct cuda_mla_ix_args {
  * (ties to the earlier position) in ascending order, or nsel -1 where pos
  * + 1 <= K. With k-pools (KP > 0, Glm5NextTextIndexer) the scored keys are
  * the whole pools ending at or before pos (a pool's key per channel the
- * softmax over its tokens of gate + ape weighing their keys), the want best
- * pools' tokens chosen, then (tail) the query's own incomplete pool. */
+ * softmax over its tokens of gate + ape weighing their keys; computed into
+ * pk by the step that completes the pool), the want best pools' tokens
+ * chosen, then (tail) the query's own incomplete pool. The scores run on a
+ * grid of (key splits, tokens), the splits from T alone (graph-safe for any
+ * context); the choice by a radix select, one block per token. */
 cudaError_t cuda_mla_indexer(const struct cuda_mla_ix_args *a, cudaStream_t st);
+/* Whether cuda_mla_indexer takes IH heads of ID dims (its score kernel's shared memory). */
+bool cuda_mla_indexer_fits(int IH, int ID);
 
 /* The attention's latent width at most (a thread keeps 2 values of every
  * head of its group; C even). */

@@ -1,8 +1,9 @@
 /* mla_kern.cu - multi-head latent attention's kernels (mla.h): the latent norm,
- * the paged entry write with RoPE, and the absorbed attention over the
- * latent cache. Simple kernels (one block per row or token; the attention's
- * blocks below), f32 accumulation; their plain-C references are in
- * tests/gpu/test_mla.c. */
+ * the paged entry write with RoPE, the absorbed attention over the latent
+ * cache, and the DSA indexer (its entry write, the k-pools' cached keys,
+ * the scores split over blocks, the radix top-K). Simple kernels (one block
+ * per row or token; the attention's and the scores' blocks below), f32
+ * accumulation; their plain-C references are in tests/gpu/test_mla.c. */
 #include <math.h>
 
 #include "cuda/bf16.cuh"
@@ -361,62 +362,208 @@ static __global__ void ix_prep_kernel(struct cuda_mla_ix_args a)
     for (int h = threadIdx.x; h < a.IH; h += blockDim.x) a.w[(size_t)t * a.IH + h] *= ws;
 }
 
-/* One block per token: a warp per key, lanes over the key's dims, the
- * heads in order. */
-static __global__ void ix_score_kernel(struct cuda_mla_ix_args a)
+/* One block per token whose position completes a pool (k-pools): the
+ * pool's key, channel by channel as cpu_mla.c's pool_keys (f32, expf), into
+ * pk at its last token's slot (the pad block's for graph padding). Every
+ * key and gate of the step is in the cache (ix_prep_kernel ran), and the
+ * pool's earlier tokens are this step's or an earlier one's. */
+static __global__ void ix_pool_kernel(struct cuda_mla_ix_args a)
 {
-    extern __shared__ float smem[]; /* q[IH][ID], w[IH] */
-    int t = blockIdx.x, ID = a.ID, IH = a.IH, lane = threadIdx.x & 31, wp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    float *q = smem, *w = q + IH * ID;
-    for (int i = threadIdx.x; i < IH * ID; i += blockDim.x) q[i] = a.q[(size_t)t * IH * ID + i];
-    for (int i = threadIdx.x; i < IH; i += blockDim.x) w[i] = a.w[(size_t)t * IH + i];
-    __syncthreads();
-    int KP = a.KP, n = KP > 0 ? (a.pos[t] + 1) / KP : a.pos[t] + 1, bs = a.block_size;
+    int t = blockIdx.x, p = a.pos[t], KP = a.KP, ID = a.ID, bs = a.block_size;
+    if ((p + 1) % KP) return;
     const int32_t *bt = a.bt + a.tok_bt[t];
-    float sc = rsqrtf((float)ID);
-    for (int j = wp; j < n; j += nw) { /* key j, or pool j */
-        float kr[8]; /* dims lane, lane + 32, ... (ID <= 256) */
-        if (KP == 0) {
+    long long sl = a.slots[t];
+    float *o = a.pk + ((size_t)(sl / bs) * a.PB + (size_t)(sl % bs) / KP) * ID;
+    int p0 = p + 1 - KP;
+    for (int d = threadIdx.x; d < ID; d += blockDim.x) {
+        float mx = -INFINITY, sum = 0.0f, v = 0.0f;
+        for (int i = 0; i < KP; i++) {
+            int j = p0 + i;
             size_t e = ((size_t)bt[j / bs] * bs + j % bs) * a.W + a.C + a.R;
+            mx = fmaxf(mx, ld_kv(a.cache, e + ID + d, a.kv8) + a.ape[i * ID + d]);
+        }
+        for (int i = 0; i < KP; i++) {
+            int j = p0 + i;
+            size_t e = ((size_t)bt[j / bs] * bs + j % bs) * a.W + a.C + a.R;
+            sum += expf(ld_kv(a.cache, e + ID + d, a.kv8) + a.ape[i * ID + d] - mx);
+        }
+        for (int i = 0; i < KP; i++) {
+            int j = p0 + i;
+            size_t e = ((size_t)bt[j / bs] * bs + j % bs) * a.W + a.C + a.R;
+            float w = expf(ld_kv(a.cache, e + ID + d, a.kv8) + a.ape[i * ID + d] - mx);
+            v += w / sum * ld_kv(a.cache, e + d, a.kv8);
+        }
+        o[d] = v;
+    }
+}
+
+/* The scores: a block per (split s, token t) takes the token's candidates
+ * (keys, or whole pools' cached keys) [k0, k1) in tiles of nt, each tile's
+ * keys widened to f32 into shared memory beside the token's queries and
+ * weights. Thread (hl = tid % hg, cg = tid / hg) takes heads hl + hg i (the
+ * heads padded with zero queries and weights to 4 hg nr) against candidates
+ * IXCT cg .. IXCT cg + IXCT - 1, in float4 steps over the dims; its heads'
+ * w_h relu(q_h . k / sqrt(ID)) are summed, then the hg lanes of a candidate
+ * by shuffles. Every candidate's score takes the same order of operations
+ * wherever it lies, so equal keys score equal (the choice's ties). The
+ * splits S come from T alone (a decode step's few tokens spread over the
+ * GPU; graph-safe at any context), each split whole tiles, at least one. */
+#define IXT 256   /* the score kernel's threads */
+#define IXCT 2    /* candidates a thread scores per tile */
+#define IXLD 4    /* loads (of 4 dims) a thread has in flight while filling a tile */
+#define IXBLK 528 /* score blocks a step aims for before its tokens stop splitting */
+#define IXSMAX 256
+
+struct ix_geom {
+    int hg, nr, idp, qs, nt, S; /* lanes over heads, head rounds, dims padded to 4, a row's stride, tile, splits */
+    size_t sm;
+};
+
+static void ix_plan(int T, int IH, int ID, struct ix_geom *g)
+{
+    int hq = (IH + 3) / 4;
+    g->hg = 1;
+    while (g->hg < hq && g->hg < 32) g->hg *= 2;
+    g->nr = (hq + g->hg - 1) / g->hg;
+    g->idp = (ID + 3) / 4 * 4;
+    g->qs = g->idp + 4; /* rows of 4 + a multiple of 4 floats: lanes of different rows hit different banks */
+    g->nt = IXT / g->hg * IXCT;
+    g->S = T >= IXBLK / 2 ? 1 : (IXBLK / T < IXSMAX ? IXBLK / T : IXSMAX);
+    size_t HP = (size_t)4 * g->hg * g->nr;
+    g->sm = (HP * g->qs + HP + (size_t)g->nt * g->qs) * sizeof(float) + (size_t)g->nt * sizeof(long long);
+}
+
+/* dims d .. d + 3 of the key at o (in pk with k-pools, pk NULL: in the cache), zeros past ID; vec: aligned */
+static __device__ __forceinline__ float4 ix_key4(const float *pk, const void *cache, int ID, bool kv8, long long o,
+                                                 int d, bool vec)
+{
+    if (vec && pk) return *(const float4 *)(pk + o + d);
+    if (vec && kv8) {
+        uint32_t u = *(const uint32_t *)((const uint8_t *)cache + o + d);
+        float x[4];
 #pragma unroll
-            for (int u = 0; u < 8; u++) kr[u] = lane + 32 * u < ID ? ld_kv(a.cache, e + lane + 32 * u, a.kv8) : 0.0f;
-        } else {
-            /* the pool's key, channel by channel as cpu_mla.c's pool_keys */
+        for (int k = 0; k < 4; k++) {
+            __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)(u >> 8 * k), __NV_E4M3);
+            x[k] = __half2float(*(const __half *)&h);
+        }
+        return make_float4(x[0], x[1], x[2], x[3]);
+    }
+    if (vec) {
+        uint2 u = *(const uint2 *)((const uint16_t *)cache + o + d);
+        return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
+                           __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+    }
+    float x[4];
 #pragma unroll
-            for (int u = 0; u < 8; u++) {
-                int d = lane + 32 * u;
-                kr[u] = 0.0f;
-                if (d >= ID) continue;
-                float mx = -INFINITY, sum = 0.0f, v = 0.0f;
-                for (int i = 0; i < KP; i++) {
-                    int p = j * KP + i;
-                    size_t e = ((size_t)bt[p / bs] * bs + p % bs) * a.W + a.C + a.R;
-                    mx = fmaxf(mx, ld_kv(a.cache, e + ID + d, a.kv8) + a.ape[i * ID + d]);
-                }
-                for (int i = 0; i < KP; i++) {
-                    int p = j * KP + i;
-                    size_t e = ((size_t)bt[p / bs] * bs + p % bs) * a.W + a.C + a.R;
-                    sum += __expf(ld_kv(a.cache, e + ID + d, a.kv8) + a.ape[i * ID + d] - mx);
-                }
-                for (int i = 0; i < KP; i++) {
-                    int p = j * KP + i;
-                    size_t e = ((size_t)bt[p / bs] * bs + p % bs) * a.W + a.C + a.R;
-                    float w = __expf(ld_kv(a.cache, e + ID + d, a.kv8) + a.ape[i * ID + d] - mx);
-                    v += w / sum * ld_kv(a.cache, e + d, a.kv8);
-                }
-                kr[u] = v;
+    for (int k = 0; k < 4; k++)
+        x[k] = d + k >= ID ? 0.0f : pk ? pk[o + d + k] : ld_kv(cache, (size_t)o + d + k, kv8);
+    return make_float4(x[0], x[1], x[2], x[3]);
+}
+
+static __global__ void __launch_bounds__(IXT, 4) ix_score_kernel(struct cuda_mla_ix_args a, int hg, int nr, int idp,
+                                                               int qs, int nt, int S)
+{
+    extern __shared__ float4 ix_smem4[];
+    int HP = 4 * hg * nr;
+    float *qsm = (float *)ix_smem4;              /* [HP][qs] */
+    float *wsm = qsm + (size_t)HP * qs;          /* [HP] */
+    float *ks = wsm + HP;                        /* [nt][qs] */
+    long long *eo = (long long *)(ks + (size_t)nt * qs); /* [nt] a candidate's key: its offset in cache or pk */
+    int s = blockIdx.x, t = blockIdx.y, ID = a.ID, IH = a.IH, KP = a.KP, bs = a.block_size, tid = threadIdx.x;
+    int n = KP > 0 ? (a.pos[t] + 1) / KP : a.pos[t] + 1;
+    int ch = (n + S - 1) / S;
+    ch = (ch + nt - 1) / nt * nt;
+    ch = ch > 0 ? ch : nt;
+    int k0 = s * ch, k1 = n - k0 < ch ? n : k0 + ch;
+    if (k0 >= k1) return; /* the whole block: nothing in this split */
+    const float *qg = a.q + (size_t)t * IH * ID;
+    for (int i = tid; i < HP * qs; i += IXT) {
+        int h = i / qs, d = i - h * qs;
+        qsm[i] = h < IH && d < ID ? qg[(size_t)h * ID + d] : 0.0f;
+    }
+    for (int i = tid; i < HP; i += IXT) wsm[i] = i < IH ? a.w[(size_t)t * IH + i] : 0.0f;
+    const int32_t *bt = a.bt + a.tok_bt[t];
+    int hl = tid & (hg - 1), cg = tid / hg, q4 = idp / 4;
+    /* whole aligned groups of 4 dims: pool keys (16 bytes), bf16 (8) or e4m3 (4) keys */
+    bool vec = ID % 4 == 0 && (KP > 0 || (a.W % 4 == 0 && (a.C + a.R) % 4 == 0));
+    const float *pk = KP > 0 ? a.pk : NULL;
+    float sc = rsqrtf((float)ID);
+    float *out = a.scores + (size_t)t * a.max_ctx;
+    for (int j0 = k0; j0 < k1; j0 += nt) {
+        int nk = k1 - j0 < nt ? k1 - j0 : nt;
+        __syncthreads(); /* the last tile's keys and offsets read */
+        for (int i = tid; i < nk; i += IXT) {
+            int j = j0 + i;
+            if (KP > 0) {
+                int pl = j * KP + KP - 1; /* the pool's last token */
+                eo[i] = ((long long)bt[pl / bs] * a.PB + (pl % bs) / KP) * ID;
+            } else {
+                eo[i] = ((long long)bt[j / bs] * bs + j % bs) * a.W + a.C + a.R;
             }
         }
-        float v = 0.0f;
-        for (int h = 0; h < IH; h++) {
-            float d = 0.0f;
+        __syncthreads();
+        for (int i0 = tid; i0 < nt * q4; i0 += IXLD * IXT) {
+            float4 v[IXLD];
 #pragma unroll
-            for (int u = 0; u < 8; u++)
-                if (lane + 32 * u < ID) d = fmaf(q[h * ID + lane + 32 * u], kr[u], d);
-            d = warp_sum(d) * sc;
-            v += w[h] * (d > 0.0f ? d : 0.0f);
+            for (int u = 0; u < IXLD; u++) {
+                int i = i0 + u * IXT, c = i / q4, d = 4 * (i - c * q4);
+                v[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f); /* past the tile's keys or dims: zeros */
+                if (i < nt * q4 && c < nk) v[u] = ix_key4(pk, a.cache, ID, a.kv8, eo[c], d, vec);
+            }
+#pragma unroll
+            for (int u = 0; u < IXLD; u++) {
+                int i = i0 + u * IXT, c = i / q4, d = 4 * (i - c * q4);
+                if (i < nt * q4) *(float4 *)(ks + c * qs + d) = v[u];
+            }
         }
-        if (lane == 0) a.scores[(size_t)t * a.max_ctx + j] = v;
+        __syncthreads();
+        float part[IXCT];
+#pragma unroll
+        for (int u = 0; u < IXCT; u++) part[u] = 0.0f;
+        const float *kr = ks + (size_t)cg * IXCT * qs;
+        for (int r = 0; r < nr; r++) {
+            const float *qr = qsm + (size_t)(hl + 4 * hg * r) * qs; /* head hl + hg (4 r + i) at qr + i hg qs */
+            float acc[4][IXCT];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int u = 0; u < IXCT; u++) acc[i][u] = 0.0f;
+            for (int d = 0; d < idp; d += 4) {
+                float4 qv[4], kv[IXCT];
+#pragma unroll
+                for (int i = 0; i < 4; i++) qv[i] = *(const float4 *)(qr + (size_t)i * hg * qs + d);
+#pragma unroll
+                for (int u = 0; u < IXCT; u++) kv[u] = *(const float4 *)(kr + (size_t)u * qs + d);
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+#pragma unroll
+                    for (int u = 0; u < IXCT; u++) {
+                        float x = acc[i][u];
+                        x = fmaf(qv[i].x, kv[u].x, x);
+                        x = fmaf(qv[i].y, kv[u].y, x);
+                        x = fmaf(qv[i].z, kv[u].z, x);
+                        acc[i][u] = fmaf(qv[i].w, kv[u].w, x);
+                    }
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                float wh = wsm[hl + hg * (4 * r + i)];
+#pragma unroll
+                for (int u = 0; u < IXCT; u++) {
+                    float dd = acc[i][u] * sc;
+                    part[u] += wh * (dd > 0.0f ? dd : 0.0f);
+                }
+            }
+        }
+        for (int o = 1; o < hg; o <<= 1)
+#pragma unroll
+            for (int u = 0; u < IXCT; u++) part[u] += __shfl_xor_sync(0xffffffffu, part[u], o);
+        if (hl == 0)
+#pragma unroll
+            for (int u = 0; u < IXCT; u++) {
+                int c = cg * IXCT + u;
+                if (c < nk) out[j0 + c] = part[u];
+            }
     }
 }
 
@@ -427,80 +574,138 @@ static __device__ __forceinline__ uint32_t ord(float f)
     return b & 0x80000000u ? ~b : b | 0x80000000u;
 }
 
-/* One block per token: the K-th best score by a bitwise search over the
- * ordered values (32 counting passes), then the keys above it and the
- * earliest of those equal to it, written in ascending order. */
-static __global__ void __launch_bounds__(THREADS) ix_topk_kernel(struct cuda_mla_ix_args a)
+/* v's exclusive prefix sum over the block's threads (in thread order); *total: the sum of all; sh: 32 ints */
+static __device__ int block_excl_scan(int v, int *sh, int *total)
 {
-    __shared__ float sh[32];
-    __shared__ int wt[THREADS / 32], wk[THREADS / 32];
+    int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, nw = blockDim.x >> 5, inc = v;
+    for (int o = 1; o < 32; o <<= 1) {
+        int y = __shfl_up_sync(0xffffffffu, inc, o);
+        if (lane >= o) inc += y;
+    }
+    if (lane == 31) sh[wp] = inc;
+    __syncthreads();
+    int before = 0, tot = 0;
+    for (int i = 0; i < nw; i++) {
+        int x = sh[i];
+        before += i < wp ? x : 0;
+        tot += x;
+    }
+    __syncthreads(); /* sh reusable */
+    *total = tot;
+    return before + inc - v;
+}
+
+/* One block per token: the K-th best score by a radix select over the
+ * ordered values (four passes of an 8-bit shared histogram, each counting
+ * the candidates whose higher bits match the digits found so far; a warp's
+ * equal digits added once), then, each thread over a contiguous run of the
+ * candidates, the ones above it and the earliest of those equal to it
+ * (ranked by a block scan), written in ascending order. */
+#define TKT 512
+static __global__ void __launch_bounds__(TKT) ix_topk_kernel(struct cuda_mla_ix_args a)
+{
+    __shared__ int hist[256], sh[32];
+    __shared__ uint32_t s_pref;
+    __shared__ int s_kk;
     /* n candidates (keys, or whole pools of KP keys), K of them chosen */
     int t = blockIdx.x, pos = a.pos[t], KP = a.KP > 0 ? a.KP : 1, n = (pos + 1) / KP, K = a.KP > 0 ? a.want : a.K;
-    int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
+    int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5;
     bool tail = a.KP > 0 && a.tail;
     int32_t *out = a.sel + (size_t)t * a.KS;
     if (n <= K) {
         if (a.KP == 0 || tail) { /* every key 0..pos */
-            if (threadIdx.x == 0) a.nsel[t] = -1;
+            if (tid == 0) a.nsel[t] = -1;
             return;
         }
-        for (int j = threadIdx.x; j < n * KP; j += THREADS) out[j] = j; /* the whole pools, no tail */
-        if (threadIdx.x == 0) a.nsel[t] = n * KP;
+        for (int j = tid; j < n * KP; j += TKT) out[j] = j; /* the whole pools, no tail */
+        if (tid == 0) a.nsel[t] = n * KP;
         return;
     }
     const float *s = a.scores + (size_t)t * a.max_ctx;
-    uint32_t v = 0;
-    for (int b = 31; b >= 0; b--) {
-        uint32_t cand = v | (1u << b);
-        float c = 0.0f;
-        for (int j = threadIdx.x; j < n; j += THREADS) c += ord(s[j]) >= cand ? 1.0f : 0.0f;
-        if (block_sum(c, sh) >= (float)K) v = cand; /* every thread gets the same sum */
+    uint32_t pref = 0, mask = 0;
+    int kk = K; /* the rank sought among the candidates matching pref under mask, from the top */
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int i = tid; i < 256; i += TKT) hist[i] = 0;
+        __syncthreads();
+        for (int j0 = 0; j0 < n; j0 += TKT) {
+            int j = j0 + tid;
+            uint32_t u = j < n ? ord(s[j]) : 0u;
+            int dig = j < n && (u & mask) == pref ? (int)((u >> shift) & 255u) : 256;
+            if (!__any_sync(0xffffffffu, dig < 256)) continue; /* later passes: most warps match nothing */
+            unsigned peers = __match_any_sync(0xffffffffu, dig);
+            if (dig < 256 && lane == __ffs(peers) - 1) atomicAdd(&hist[dig], __popc(peers));
+        }
+        __syncthreads();
+        if (wp == 0) { /* lane l: digits 255 - 8 l down to 248 - 8 l */
+            int c[8], tot = 0;
+#pragma unroll
+            for (int i = 0; i < 8; i++) c[i] = hist[255 - 8 * lane - i], tot += c[i];
+            int inc = tot;
+            for (int o = 1; o < 32; o <<= 1) {
+                int y = __shfl_up_sync(0xffffffffu, inc, o);
+                if (lane >= o) inc += y;
+            }
+            int acc = inc - tot; /* candidates in higher digits */
+            if (acc < kk && kk <= inc) { /* the K-th is in this lane's digits: one lane */
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    if (acc < kk && kk <= acc + c[i]) {
+                        s_pref = pref | (uint32_t)(255 - 8 * lane - i) << shift;
+                        s_kk = kk - acc;
+                    }
+                    acc += c[i];
+                }
+            }
+        }
+        __syncthreads();
+        pref = s_pref, kk = s_kk, mask |= 255u << shift;
     }
-    float g = 0.0f;
-    for (int j = threadIdx.x; j < n; j += THREADS) g += ord(s[j]) > v ? 1.0f : 0.0f;
-    int need = K - (int)block_sum(g, sh); /* ties at v to take, earliest first */
-    int tie0 = 0, out0 = 0;
-    unsigned lt = (1u << lane) - 1u;
-    for (int c0 = 0; c0 < n; c0 += THREADS) {
-        int j = c0 + threadIdx.x;
-        uint32_t u = j < n ? ord(s[j]) : 0u;
-        bool tie = j < n && u == v;
-        unsigned bt = __ballot_sync(0xffffffffu, tie);
-        if (lane == 0) wt[wp] = __popc(bt);
-        __syncthreads();
-        int before = tie0 + __popc(bt & lt), all_t = 0;
-        for (int i = 0; i < THREADS / 32; i++) {
-            if (i < wp) before += wt[i];
-            all_t += wt[i];
-        }
-        bool take = j < n && (u > v || (tie && before < need));
-        unsigned bk = __ballot_sync(0xffffffffu, take);
-        if (lane == 0) wk[wp] = __popc(bk);
-        __syncthreads();
-        int at = out0 + __popc(bk & lt), all_k = 0;
-        for (int i = 0; i < THREADS / 32; i++) {
-            if (i < wp) at += wk[i];
-            all_k += wk[i];
-        }
-        if (take && at < K)
+    /* pref: the K-th best's value; K - kk candidates above it, kk of those equal to it taken */
+    int per = (n + TKT - 1) / TKT, jb = tid * per, je = n - jb < per ? n : jb + per, nties = 0, nabove = 0, tot;
+    for (int j = jb; j < je; j++) {
+        uint32_t u = ord(s[j]);
+        nabove += u > pref;
+        nties += u == pref;
+    }
+    int tr = block_excl_scan(nties, sh, &tot); /* the rank of this run's first tie */
+    int take_t = kk - tr < 0 ? 0 : kk - tr < nties ? kk - tr : nties;
+    int at = block_excl_scan(nabove + take_t, sh, &tot);
+    for (int j = jb; j < je; j++) {
+        uint32_t u = ord(s[j]);
+        bool take = u > pref;
+        if (u == pref) take = tr++ < kk;
+        if (take) {
             for (int i = 0; i < KP; i++) out[at * KP + i] = j * KP + i;
-        tie0 += all_t, out0 += all_k;
-        __syncthreads(); /* wt and wk are rewritten by the next chunk */
+            at++;
+        }
     }
-    int m = (out0 < K ? out0 : K) * KP, nt = tail ? pos + 1 - n * KP : 0;
-    for (int i = threadIdx.x; i < nt; i += THREADS) out[m + i] = n * KP + i; /* the query's own pool */
-    if (threadIdx.x == 0) a.nsel[t] = m + nt;
+    int m = K * KP, nt = tail ? pos + 1 - n * KP : 0;
+    for (int i = tid; i < nt; i += TKT) out[m + i] = n * KP + i; /* the query's own pool */
+    if (tid == 0) a.nsel[t] = m + nt;
+}
+
+extern "C" bool cuda_mla_indexer_fits(int IH, int ID)
+{
+    struct ix_geom g;
+    if (IH <= 0 || ID <= 0 || ID > 256) return false;
+    ix_plan(1, IH, ID, &g);
+    return g.sm <= SMEM_MAX;
 }
 
 extern "C" cudaError_t cuda_mla_indexer(const struct cuda_mla_ix_args *a, cudaStream_t st)
 {
     if (a->T <= 0) return cudaSuccess;
-    if (a->ID > 256 || a->R > a->ID || a->R % 2 || a->K <= 0 || (a->KP > 0 && (!a->ape || !a->g || a->want < 1)))
+    if (a->ID > 256 || a->R > a->ID || a->R % 2 || a->K <= 0 || a->T > 65535 ||
+        (a->KP > 0 && (!a->ape || !a->g || a->want < 1 || !a->pk || a->PB != (a->block_size + a->KP - 1) / a->KP)))
         return cudaErrorInvalidValue;
+    struct ix_geom g;
+    ix_plan(a->T, a->IH, a->ID, &g);
+    if (g.sm > SMEM_MAX) return cudaErrorInvalidValue;
+    cudaError_t e = cudaFuncSetAttribute(ix_score_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)g.sm);
+    if (e != cudaSuccess) return e;
     ix_prep_kernel<<<a->T, THREADS, 0, st>>>(*a);
-    size_t sm = ((size_t)a->IH * a->ID + a->IH) * sizeof(float);
-    if (sm > 48 * 1024) return cudaErrorInvalidValue;
-    ix_score_kernel<<<a->T, THREADS, sm, st>>>(*a);
-    ix_topk_kernel<<<a->T, THREADS, 0, st>>>(*a);
+    if (a->KP > 0) ix_pool_kernel<<<a->T, a->ID <= 128 ? 128 : 256, 0, st>>>(*a);
+    ix_score_kernel<<<dim3(g.S, a->T), IXT, g.sm, st>>>(*a, g.hg, g.nr, g.idp, g.qs, g.nt, g.S);
+    ix_topk_kernel<<<a->T, TKT, 0, st>>>(*a);
     return cudaGetLastError();
 }

@@ -17,12 +17,22 @@
  * count 2 H (Dn + R + Dv) a key, of the whole the same work (so the two
  * forms' numbers compare as times). Not a test.
  *
- *   build/tests/gpu/bench_mla [--kv-cache-dtype=fp8] [--rows=32] [--form=F] [--xrows=64]
+ * With --indexer, the DSA indexer alone (cuda_mla_indexer: the keys'
+ * entry write, the pools' keys, the scores and the choice) instead, at
+ * GLM-5.3-Flash's shape (32 heads of 128 dims, pools of 16 with the tail,
+ * 2048 keys chosen, kv_lora_rank 512, no rope, block 64) and per key at
+ * GLM-5's (rope 64, no pools): one query at contexts of 16K, 64K and 256K
+ * (a decode step), and a chunk of 8192 queries ending at 14.6K (the last
+ * chunk of a 14.6K prompt). Random entries, pool keys cached before the
+ * step; each call captured in a CUDA graph, the mean of 10 replays, in us.
+ *
+ *   build/tests/gpu/bench_mla [--kv-cache-dtype=fp8] [--rows=32] [--form=F] [--xrows=64] [--indexer]
  *   --rows=32   sm_89's configuration (32 rows a block, one key stage) on
  *               any GPU (cuda_tuning.mla_prefill_rows)
  *   --form=F    absorbed, expanded, or both (the default)
  *   --xrows=64  the expanded form's attention items of 64 tokens (4 warps a
- *               block) instead of 128 (8 warps; cuda_tuning.mla_expand_rows) */
+ *               block) instead of 128 (8 warps; cuda_tuning.mla_expand_rows)
+ *   --indexer   the indexer's timings instead of the attention's */
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -248,9 +258,92 @@ static void bench(const char *what, int H, int start, int T, bool kv8)
     free(craw), free(bt), free(pos), free(tbt), free(qlat), free(q);
 }
 
+/* The indexer over T queries at positions start .. start + T - 1 of one sequence (KP 0: per key, rope R). */
+static void bench_ix(int start, int T, int KP, int R, bool kv8)
+{
+    enum { IH = 32, ID = 128, K = 2048, IBS = 64, IC = 512 };
+    int n = start + T, nb = (n + IBS - 1) / IBS, W = IC + R + ID * (KP ? 2 : 1), X = n + 1;
+    int PB = KP ? (IBS + KP - 1) / KP : 0, KS = K + KP;
+    size_t es = kv8 ? 1 : 2, cache_n = (size_t)nb * IBS * W, pk_n = (size_t)nb * (PB ? PB : 1) * ID;
+    uint8_t *craw = malloc(cache_n * es);
+    for (size_t i = 0; i < cache_n; i++) {
+        if (kv8) craw[i] = (uint8_t)((frand() < 0 ? 0x80 : 0) | (4 + (int)((frand() + 1.0f) * 2.0f)) << 3);
+        else ((uint16_t *)craw)[i] = bf(frand());
+    }
+    float *pk = malloc(pk_n * 4), *q = malloc((size_t)T * IH * ID * 4), *k = malloc((size_t)T * ID * 4);
+    float *w = malloc((size_t)T * IH * 4), *vec = malloc((size_t)(KP ? KP : 1) * ID * 4);
+    for (size_t i = 0; i < pk_n; i++) pk[i] = frand();
+    for (size_t i = 0; i < (size_t)T * IH * ID; i++) q[i] = frand();
+    for (size_t i = 0; i < (size_t)T * ID; i++) k[i] = frand();
+    for (size_t i = 0; i < (size_t)T * IH; i++) w[i] = frand();
+    for (int i = 0; i < (KP ? KP : 1) * ID; i++) vec[i] = 1.0f + 0.1f * frand();
+    int32_t *bt = malloc((size_t)nb * 4), *pos = malloc((size_t)T * 4), *tbt = calloc((size_t)T, 4);
+    int64_t *slots = malloc((size_t)T * 8);
+    for (int i = 0; i < nb; i++) bt[i] = (int32_t)(((long long)i * 7919) % nb);
+    for (int t = 0; t < T; t++) {
+        int p = start + t;
+        pos[t] = p, slots[t] = (int64_t)bt[p / IBS] * IBS + p % IBS;
+    }
+    float *cs = malloc((size_t)X * (R ? R / 2 : 1) * 4);
+    for (size_t i = 0; i < (size_t)X * (R ? R / 2 : 1); i++) cs[i] = frand();
+    void *dcache = dup_dev(craw, cache_n * es);
+    float *dpk = dup_dev(pk, pk_n * 4), *dq = dup_dev(q, (size_t)T * IH * ID * 4), *dk = dup_dev(k, (size_t)T * ID * 4);
+    float *dg = dup_dev(k, (size_t)T * ID * 4), *dw = dup_dev(w, (size_t)T * IH * 4);
+    float *dvec = dup_dev(vec, (size_t)(KP ? KP : 1) * ID * 4), *dcs = dup_dev(cs, (size_t)X * (R ? R / 2 : 1) * 4);
+    int32_t *dbt = dup_dev(bt, (size_t)nb * 4), *dpos = dup_dev(pos, (size_t)T * 4), *dtbt = dup_dev(tbt, (size_t)T * 4);
+    int64_t *dslots = dup_dev(slots, (size_t)T * 8);
+    float *dsc = dup_dev(NULL, (size_t)T * X * 4);
+    int32_t *dsel = dup_dev(NULL, (size_t)T * KS * 4), *dnsel = dup_dev(NULL, (size_t)T * 4);
+    struct cuda_mla_ix_args a = {.q = dq, .k = dk, .g = KP ? dg : NULL, .ape = KP ? dvec : NULL, .w = dw, .kn = dvec,
+                                 .kb = dvec, .cos = R ? dcs : NULL, .sin = R ? dcs : NULL, .pos = dpos,
+                                 .tok_bt = dtbt, .bt = dbt, .slots = dslots, .cache = dcache, .scores = dsc,
+                                 .sel = dsel, .nsel = dnsel, .T = T, .IH = IH, .ID = ID, .R = R, .C = IC, .W = W,
+                                 .K = K, .KS = KS, .max_ctx = X, .block_size = IBS, .KP = KP,
+                                 .want = KP ? K / KP : 0, .tail = KP > 0, .kv8 = kv8, .pk = KP ? dpk : NULL,
+                                 .PB = PB};
+    cudaStream_t st;
+    cudaGraph_t gr = NULL;
+    cudaGraphExec_t ge = NULL;
+    cudaEvent_t e0, e1;
+    cudaStreamCreate(&st);
+    cudaEventCreate(&e0), cudaEventCreate(&e1);
+    cudaError_t e = cuda_mla_indexer(&a, st); /* a warm-up outside the graph */
+    if (e == cudaSuccess) e = cudaStreamSynchronize(st);
+    if (e == cudaSuccess) e = cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal);
+    if (e == cudaSuccess) {
+        cudaError_t ec = cuda_mla_indexer(&a, st);
+        e = cudaStreamEndCapture(st, &gr);
+        e = ec != cudaSuccess ? ec : e;
+    }
+    if (e == cudaSuccess) e = cudaGraphInstantiate(&ge, gr, 0);
+    float ms = NAN;
+    if (e == cudaSuccess) {
+        enum { RUNS = 10 };
+        cudaGraphLaunch(ge, st);
+        cudaEventRecord(e0, st);
+        for (int i = 0; i < RUNS; i++) cudaGraphLaunch(ge, st);
+        cudaEventRecord(e1, st);
+        e = cudaEventSynchronize(e1);
+        cudaEventElapsedTime(&ms, e0, e1);
+        ms /= RUNS;
+    }
+    if (e != cudaSuccess) printf("  failed: %s\n", cudaGetErrorString(e));
+    else
+        printf("indexer, %s, %s: %d quer%s at %d..%d (%d candidates at the end): %.1f us\n",
+               KP ? "pools of 16 (GLM-5.3-Flash)" : "per key, rope 64 (GLM-5)", kv8 ? "fp8" : "bf16", T,
+               T > 1 ? "ies" : "y", start, n - 1, KP ? n / KP : n, ms * 1e3);
+    if (ge) cudaGraphExecDestroy(ge);
+    if (gr) cudaGraphDestroy(gr);
+    cudaEventDestroy(e0), cudaEventDestroy(e1), cudaStreamDestroy(st);
+    cudaFree(dcache), cudaFree(dpk), cudaFree(dq), cudaFree(dk), cudaFree(dg), cudaFree(dw), cudaFree(dvec);
+    cudaFree(dcs), cudaFree(dbt), cudaFree(dpos), cudaFree(dtbt), cudaFree(dslots), cudaFree(dsc), cudaFree(dsel);
+    cudaFree(dnsel);
+    free(craw), free(pk), free(q), free(k), free(w), free(vec), free(bt), free(pos), free(tbt), free(slots), free(cs);
+}
+
 int main(int argc, char **argv)
 {
-    bool kv8 = false;
+    bool kv8 = false, ix = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--kv-cache-dtype=fp8")) kv8 = true;
         else if (!strcmp(argv[i], "--rows=32")) cuda_tuning.mla_prefill_rows = 32;
@@ -259,6 +352,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--form=both")) g_absorbed = g_expanded = true;
         else if (!strcmp(argv[i], "--xrows=64")) g_xrows = 64;
         else if (!strcmp(argv[i], "--xrows=128")) g_xrows = 128;
+        else if (!strcmp(argv[i], "--indexer")) ix = true;
         else {
             fprintf(stderr, "bench_mla: unknown argument %s (options: tests/gpu/bench_mla.c)\n", argv[i]);
             return 2;
@@ -271,7 +365,15 @@ int main(int argc, char **argv)
     }
     struct cudaDeviceProp p;
     cudaGetDeviceProperties(&p, 0);
-    printf("%s%s\n", p.name, cuda_tuning.mla_prefill_rows == 32 ? ", 32 rows a block" : "");
+    printf("%s%s\n", p.name, cuda_tuning.mla_prefill_rows == 32 && !ix ? ", 32 rows a block" : "");
+    if (ix) {
+        static const int ctx[] = {16384, 65536, 262144};
+        for (int KP = 16; KP >= 0; KP -= 16) {
+            for (int i = 0; i < 3; i++) bench_ix(ctx[i] - 1, 1, KP, KP ? 0 : 64, kv8);
+            bench_ix(14600 - 8192, 8192, KP, KP ? 0 : 64, kv8);
+        }
+        return 0;
+    }
     bench("first chunk of a prompt", 16, 0, 8192, kv8);
     bench("last chunk of a 32K prompt", 16, 24576, 8192, kv8);
     bench("128 heads", 128, 0, 2048, kv8);

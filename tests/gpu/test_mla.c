@@ -6,7 +6,8 @@
  * decode steps, bf16 and fp8 e4m3 caches (long ones, whose decode steps
  * split their keys over blocks; 128 heads in groups; the indexer's choice
  * of keys; keys from position 1, as the MTP layer attends); the DSA indexer (keys, scores, the top-K choice with ties;
- * k-pools in one step and over prefill, decode and pool-completing steps);
+ * k-pools in one step and over prefill, decode and pool-completing steps, the cached pool keys; long contexts of
+ * several sequences, one on another's prefix blocks, decode steps of T 1 whose scores split over many blocks);
  * the tensor-core prefill attention against a double reference and the
  * SIMT kernel (chunks at 0 and mid-context, several sequences a step, 1, 16
  * and 128 heads, bf16 and fp8, block sizes 16 and 64, the indexer's
@@ -805,11 +806,14 @@ static void ix_case(int n, int K, int IH, int ID, int R, int KP, bool tail, bool
     int32_t *dpos = dup_dev(pos, (size_t)n * 4), *dtbt = dup_dev(tbt, (size_t)n * 4), *dbt = dup_dev(bt, sizeof bt);
     int32_t *dsel = poisoned((size_t)n * KS * 4), *dnsel = poisoned((size_t)n * 4);
     int64_t *dslots = dup_dev(slots, (size_t)n * 8);
+    int PB = KP ? (BS + KP - 1) / KP : 0; /* the cached pool keys: [9 blocks][PB][ID], poisoned */
+    float *dpk = poisoned((size_t)9 * (PB ? PB : 1) * ID * 4);
     struct cuda_mla_ix_args ia = {.q = dq, .k = dk, .g = KP ? dg : NULL, .ape = KP ? dape : NULL, .w = dw, .kn = dkn, .kb = dkb, .cos = dcos, .sin = dsin,
                                   .pos = dpos, .tok_bt = dtbt, .bt = dbt, .slots = dslots, .cache = dcache,
                                   .scores = dsc, .sel = dsel, .nsel = dnsel, .T = n, .IH = IH, .ID = ID, .R = R,
                                   .C = C, .W = W, .K = K, .KS = KS, .max_ctx = X, .block_size = BS, .KP = KP,
-                                  .want = KP ? want : 0, .tail = tail, .kv8 = kv8};
+                                  .want = KP ? want : 0, .tail = tail, .kv8 = kv8, .pk = KP ? dpk : NULL,
+                                  .PB = PB};
     int nsteps = 0;
     for (int t0 = 0, i = 0; t0 < n; i++, nsteps++) {
         /* step i: tokens t0..t0+m-1, every per-token array from row t0 */
@@ -862,6 +866,20 @@ static void ix_case(int n, int K, int IH, int ID, int R, int KP, bool tail, bool
                 v += exp(gates[(p * KP + i) * ID + d] + ape[i * ID + d] - mx) / sum * keys[(p * KP + i) * ID + d];
             cand[p * ID + d] = (float)v;
         }
+    /* the pool keys the GPU cached, each at its last token's block and offset */
+    double epk = 0;
+    if (KP && np > 0) {
+        float *pk = malloc((size_t)9 * PB * ID * 4), *gotk = malloc((size_t)np * ID * 4);
+        double *wantk = malloc((size_t)np * ID * 8);
+        get(pk, dpk, (size_t)9 * PB * ID * 4);
+        for (int p = 0; p < np; p++) {
+            int pl = p * KP + KP - 1;
+            memcpy(gotk + (size_t)p * ID, pk + ((size_t)bt[pl / BS] * PB + (pl % BS) / KP) * ID, (size_t)ID * 4);
+            for (int d = 0; d < ID; d++) wantk[(size_t)p * ID + d] = cand[p * ID + d];
+        }
+        epk = nerr(gotk, wantk, (size_t)np * ID);
+        free(pk), free(gotk), free(wantk);
+    }
     /* keys: LayerNorm (biased variance) and RoPE in pairs on the first R dims */
     double *kref = malloc((size_t)n * ID * 8), *qr = malloc((size_t)IH * ID * 8), *sref = malloc((size_t)n * X * 8);
     float *sgot = malloc((size_t)n * X * 4);
@@ -922,10 +940,11 @@ static void ix_case(int n, int K, int IH, int ID, int R, int KP, bool tail, bool
         for (int i = 0; i < m && nsel[t] == m; i++) bad += sel[(size_t)t * KS + i] != exp_sel[i];
     }
     free(exp_sel);
-    printf("  n=%d K=%d IH=%d ID=%d R=%d KP=%d%s %s, %d step%s: keys %.2e, gates %.2e, scores %.2e, wrong choices "
-           "%d\n",
-           n, K, IH, ID, R, KP, tail ? " tail" : "", kv8 ? "fp8" : "bf16", nsteps, nsteps > 1 ? "s" : "", ek, eg, es2,
-           bad);
+    printf("  n=%d K=%d IH=%d ID=%d R=%d KP=%d%s %s, %d step%s: keys %.2e, gates %.2e, pool keys %.2e, scores "
+           "%.2e, wrong choices %d\n",
+           n, K, IH, ID, R, KP, tail ? " tail" : "", kv8 ? "fp8" : "bf16", nsteps, nsteps > 1 ? "s" : "", ek, eg, epk,
+           es2, bad);
+    CHECKF(epk < 1e-5, "pool keys %.3g", epk);
     CHECKF(ek < (kv8 ? 6e-2 : 5e-3), "keys %.3g", ek);
     CHECKF(eg < (kv8 ? 6e-2 : 5e-3), "gates %.3g", eg);
     CHECKF(es2 < 1e-3, "scores %.3g", es2);
@@ -937,7 +956,265 @@ static void ix_case(int n, int K, int IH, int ID, int R, int KP, bool tail, bool
     free(cs), free(sn), free(pos), free(tbt), free(sel), free(nsel), free(slots), free(q), free(k), free(w), free(kn);
     free(kb), free(q0), free(w0), free(craw), free(sc), free(keys), free(kref), free(qr), free(sref), free(sgot);
     free(g), free(ape), free(gates), free(cand);
-    cudaFree(dg), cudaFree(dape);
+    cudaFree(dg), cudaFree(dape), cudaFree(dpk);
+}
+
+/* the candidates' order for a choice: a higher score first, then the earlier one */
+static const float *g_ixs;
+static int ix_rank(const void *a, const void *b)
+{
+    int i = *(const int *)a, j = *(const int *)b;
+    float x = g_ixs[i], y = g_ixs[j];
+    return x > y ? -1 : x < y ? 1 : (i > j) - (i < j);
+}
+
+/* The indexer as the engine drives it, at long contexts: nseq sequences of
+ * len[s] prompt tokens over a scattered block table of block size bs,
+ * prefilled in chunks of about `chunk` tokens (every prefilling sequence's
+ * next chunk in one step, the chunks' ends inside pools: pools completed
+ * across steps), then ndec decode steps of one token per sequence (T nseq:
+ * T 1 with one sequence, whose scores split over many blocks). With shared
+ * > 0, sequence 1 starts on sequence 0's first `shared` blocks (a prefix
+ * cache hit: the same tokens, its block table pointing at them, its first
+ * step after sequence 0 wrote them) and writes only its tokens after them.
+ * No RoPE where R is 0, so equal inputs store equal keys: every other pool
+ * (k-pools) or every third key repeats the one before (ties at the choice's
+ * edge). Each checked query (every decode token; a prefill chunk's first,
+ * middle and last) against a double reference of its scores over the stored
+ * keys (pool keys from the stored keys and gates), and its choice exactly
+ * against the best of the GPU's own scores; at the end every cached pool
+ * key against the reference. */
+static void ix_multi(const char *what, int IH, int ID, int R, int KP, bool tail, int K, int bs, bool kv8, int nseq,
+                     const int *len, int shared, int chunk, int ndec)
+{
+    int C = 16, W = C + R + ID * (KP ? 2 : 1), half = R / 2, KS = K + KP, want = KP ? K / KP : K;
+    int X = 0, nbt = 0, *off = malloc((size_t)nseq * sizeof(int)), *n_all = malloc((size_t)nseq * sizeof(int));
+    for (int s = 0; s < nseq; s++) {
+        n_all[s] = len[s] + ndec;
+        X = n_all[s] + 1 > X ? n_all[s] + 1 : X;
+        off[s] = nbt;
+        nbt += (n_all[s] + bs - 1) / bs;
+    }
+    /* physical blocks: i * mul mod NB (one unused); sequence 1's first `shared` entries are sequence 0's */
+    int NB = nbt + 1, mul = 7;
+    while (gcd(mul, NB) != 1) mul++;
+    int32_t *bt = malloc((size_t)nbt * 4);
+    for (int i = 0; i < nbt; i++) bt[i] = (int32_t)(((long long)(i + 1) * mul) % NB);
+    for (int i = 0; i < shared && nseq > 1; i++) bt[off[1] + i] = bt[off[0] + i];
+    int PB = KP ? (bs + KP - 1) / KP : 0;
+    size_t es = kv8 ? 1 : 2, cache_n = (size_t)NB * bs * W, pk_n = (size_t)NB * (PB ? PB : 1) * ID;
+    /* per sequence and position: the key and gate inputs (repeats for the ties; the shared prefix sequence 0's) */
+    float **kin = malloc((size_t)nseq * sizeof(float *)), **gin = malloc((size_t)nseq * sizeof(float *));
+    for (int s = 0; s < nseq; s++) {
+        kin[s] = malloc((size_t)n_all[s] * ID * 4), gin[s] = malloc((size_t)n_all[s] * ID * 4);
+        for (int p = 0; p < n_all[s]; p++) {
+            float *k = kin[s] + (size_t)p * ID, *g = gin[s] + (size_t)p * ID;
+            int src = KP ? ((p / KP) % 2 && p >= KP ? p - KP : -1) : (p % 3 == 1 ? p - 1 : -1);
+            if (s == 1 && p < shared * bs) {
+                memcpy(k, kin[0] + (size_t)p * ID, (size_t)ID * 4), memcpy(g, gin[0] + (size_t)p * ID, (size_t)ID * 4);
+            } else if (src >= 0) {
+                memcpy(k, kin[s] + (size_t)src * ID, (size_t)ID * 4), memcpy(g, gin[s] + (size_t)src * ID, (size_t)ID * 4);
+            } else {
+                for (int i = 0; i < ID; i++) k[i] = 2.0f * frand(), g[i] = 2.0f * frand();
+            }
+        }
+    }
+    float *cs = malloc((size_t)X * (half ? half : 1) * 4), *sn = malloc((size_t)X * (half ? half : 1) * 4);
+    for (int p = 0; p < X; p++)
+        for (int i = 0; i < half; i++) {
+            float ang = (float)p * powf(10000.0f, -2.0f * i / (float)R);
+            cs[p * half + i] = cosf(ang), sn[p * half + i] = sinf(ang);
+        }
+    float *kn = malloc((size_t)ID * 4), *kb = malloc((size_t)ID * 4), *ape = malloc((size_t)(KP ? KP : 1) * ID * 4);
+    for (int i = 0; i < ID; i++) kn[i] = 1.0f + 0.3f * frand(), kb[i] = 0.2f * frand();
+    for (int i = 0; i < (KP ? KP : 1) * ID; i++) ape[i] = frand();
+    void *dcache = poisoned(cache_n * es);
+    float *dpk = poisoned(pk_n * 4), *dkn = dup_dev(kn, (size_t)ID * 4), *dkb = dup_dev(kb, (size_t)ID * 4);
+    float *dape = dup_dev(ape, (size_t)(KP ? KP : 1) * ID * 4);
+    float *dcos = dup_dev(cs, (size_t)X * (half ? half : 1) * 4), *dsin = dup_dev(sn, (size_t)X * (half ? half : 1) * 4);
+    int32_t *dbt = dup_dev(bt, (size_t)nbt * 4);
+    int *done = calloc((size_t)nseq, sizeof(int)); /* tokens of each sequence in the cache */
+    if (nseq > 1 && shared > 0) done[1] = shared * bs;
+    int Tmax = nseq * (chunk + 37 * nseq + 32);
+    int32_t *pos = malloc((size_t)Tmax * 4), *tbt = malloc((size_t)Tmax * 4), *seq = malloc((size_t)Tmax * 4);
+    int32_t *nsel = malloc((size_t)Tmax * 4), *sel = malloc((size_t)KS * 4), *exp_sel = malloc((size_t)KS * 4);
+    int64_t *slots = malloc((size_t)Tmax * 8);
+    float *q = malloc((size_t)Tmax * IH * ID * 4), *k = malloc((size_t)Tmax * ID * 4), *g = malloc((size_t)Tmax * ID * 4);
+    float *w = malloc((size_t)Tmax * IH * 4), *sgot = malloc((size_t)X * 4);
+    float *dsc = poisoned((size_t)Tmax * X * 4), *dq = dup_dev(NULL, (size_t)Tmax * IH * ID * 4);
+    float *dk = dup_dev(NULL, (size_t)Tmax * ID * 4), *dg = dup_dev(NULL, (size_t)Tmax * ID * 4);
+    float *dw = dup_dev(NULL, (size_t)Tmax * IH * 4);
+    int32_t *dpos = dup_dev(NULL, (size_t)Tmax * 4), *dtbt = dup_dev(NULL, (size_t)Tmax * 4);
+    int32_t *dsel = poisoned((size_t)Tmax * KS * 4), *dnsel = poisoned((size_t)Tmax * 4);
+    int64_t *dslots = dup_dev(NULL, (size_t)Tmax * 8);
+    uint8_t *craw = malloc(cache_n * es);
+    double *cand = malloc((size_t)X * ID * 8), *qr = malloc((size_t)IH * ID * 8), *sref = malloc((size_t)X * 8);
+    int *idx = malloc((size_t)X * sizeof(int));
+    uint8_t *mark = malloc((size_t)X);
+    double worst_s = 0;
+    int bad = 0, nchk = 0, nsteps = 0, ndec_done = 0;
+#define CV(o) (kv8 ? e4m3(craw[o]) : fb(((uint16_t *)craw)[o]))
+#define SLOT(s, p) ((size_t)bt[off[s] + (p) / bs] * bs + (p) % bs)
+    for (;;) {
+        /* the step: each prefilling sequence's next chunk (sequence 1 once sequence 0 wrote the shared blocks),
+         * or, when none prefills, one token of each sequence */
+        int T = 0, pre = 0;
+        for (int s = 0; s < nseq; s++) pre += done[s] < len[s];
+        if (!pre && ndec_done == ndec) break;
+        for (int s = 0; s < nseq; s++) {
+            if (pre && (done[s] >= len[s] || (s == 1 && shared > 0 && done[0] < shared * bs))) continue;
+            int m = pre ? chunk + 37 * s + 13 * (nsteps % 3) : 1; /* chunk ends at varied offsets in a pool */
+            m = m < n_all[s] - done[s] ? m : n_all[s] - done[s];
+            if (pre && m > len[s] - done[s]) m = len[s] - done[s];
+            for (int i = 0; i < m; i++, T++) {
+                int p = done[s] + i;
+                pos[T] = p, seq[T] = s, tbt[T] = off[s], slots[T] = (int64_t)SLOT(s, p);
+                memcpy(k + (size_t)T * ID, kin[s] + (size_t)p * ID, (size_t)ID * 4);
+                memcpy(g + (size_t)T * ID, gin[s] + (size_t)p * ID, (size_t)ID * 4);
+                for (int j = 0; j < IH * ID; j++) q[(size_t)T * IH * ID + j] = frand();
+                for (int h = 0; h < IH; h++) w[(size_t)T * IH + h] = frand();
+            }
+            done[s] += m;
+        }
+        if (!pre) ndec_done++;
+        nsteps++;
+        cudaMemcpy(dq, q, (size_t)T * IH * ID * 4, cudaMemcpyHostToDevice);
+        cudaMemcpy(dk, k, (size_t)T * ID * 4, cudaMemcpyHostToDevice);
+        cudaMemcpy(dg, g, (size_t)T * ID * 4, cudaMemcpyHostToDevice);
+        cudaMemcpy(dw, w, (size_t)T * IH * 4, cudaMemcpyHostToDevice);
+        cudaMemcpy(dpos, pos, (size_t)T * 4, cudaMemcpyHostToDevice);
+        cudaMemcpy(dtbt, tbt, (size_t)T * 4, cudaMemcpyHostToDevice);
+        cudaMemcpy(dslots, slots, (size_t)T * 8, cudaMemcpyHostToDevice);
+        struct cuda_mla_ix_args ia = {.q = dq, .k = dk, .g = KP ? dg : NULL, .ape = KP ? dape : NULL, .w = dw,
+                                      .kn = dkn, .kb = dkb, .cos = dcos, .sin = dsin, .pos = dpos, .tok_bt = dtbt,
+                                      .bt = dbt, .slots = dslots, .cache = dcache, .scores = dsc, .sel = dsel,
+                                      .nsel = dnsel, .T = T, .IH = IH, .ID = ID, .R = R, .C = C, .W = W, .K = K,
+                                      .KS = KS, .max_ctx = X, .block_size = bs, .KP = KP, .want = KP ? want : 0,
+                                      .tail = tail, .kv8 = kv8, .pk = KP ? dpk : NULL, .PB = PB};
+        CHECK(cuda_mla_indexer(&ia, 0) == cudaSuccess);
+        CHECK(cudaDeviceSynchronize() == cudaSuccess);
+        get(craw, dcache, cache_n * es);
+        get(nsel, dnsel, (size_t)T * 4);
+        /* the checked queries: a decode step's all, a chunk's first, middle and last */
+        for (int t = 0; t < T; t++) {
+            int s = seq[t], p = pos[t];
+            bool first = t == 0 || seq[t - 1] != s, last = t == T - 1 || seq[t + 1] != s;
+            if (pre && !first && !last && p % 500) continue;
+            nchk++;
+            int nv = KP ? (p + 1) / KP : p + 1, kp = KP ? KP : 1;
+            /* the candidates' keys from the stored values */
+            for (int c = 0; c < nv; c++)
+                for (int d = 0; d < ID; d++) {
+                    if (!KP) {
+                        cand[(size_t)c * ID + d] = CV(SLOT(s, c) * W + C + R + d);
+                        continue;
+                    }
+                    double mx = -INFINITY, sum = 0, v = 0;
+                    for (int i = 0; i < KP; i++)
+                        mx = fmax(mx, (double)CV(SLOT(s, c * KP + i) * W + C + R + ID + d) + ape[i * ID + d]);
+                    for (int i = 0; i < KP; i++)
+                        sum += exp(CV(SLOT(s, c * KP + i) * W + C + R + ID + d) + ape[i * ID + d] - mx);
+                    for (int i = 0; i < KP; i++) {
+                        size_t e = SLOT(s, c * KP + i) * W + C + R;
+                        v += exp(CV(e + ID + d) + ape[i * ID + d] - mx) / sum * CV(e + d);
+                    }
+                    cand[(size_t)c * ID + d] = v;
+                }
+            for (int h = 0; h < IH; h++) {
+                double *o = qr + (size_t)h * ID;
+                for (int i = 0; i < ID; i++) o[i] = q[((size_t)t * IH + h) * ID + i];
+                for (int i = 0; i < half; i++) {
+                    double c2 = cs[p * half + i], s2 = sn[p * half + i], u = o[2 * i], x = o[2 * i + 1];
+                    o[2 * i] = u * c2 - x * s2, o[2 * i + 1] = x * c2 + u * s2;
+                }
+            }
+            for (int c = 0; c < nv; c++) {
+                double v = 0;
+                for (int h = 0; h < IH; h++) {
+                    double d = 0;
+                    for (int i = 0; i < ID; i++) d += qr[(size_t)h * ID + i] * cand[(size_t)c * ID + i];
+                    d /= sqrt((double)ID);
+                    v += w[(size_t)t * IH + h] / sqrt((double)IH) * (d > 0 ? d : 0);
+                }
+                sref[c] = v;
+            }
+            get(sgot, dsc + (size_t)t * X, (size_t)nv * 4);
+            double e = nerr(sgot, sref, (size_t)nv);
+            worst_s = e > worst_s ? e : worst_s;
+            /* the expected choice from the GPU's scores */
+            int m = 0;
+            if (nv <= want && (!KP || tail)) {
+                bad += nsel[t] != -1;
+                continue;
+            }
+            if (nv <= want) {
+                for (int j = 0; j < nv * kp; j++) exp_sel[m++] = j;
+            } else {
+                for (int c = 0; c < nv; c++) idx[c] = c, mark[c] = 0;
+                g_ixs = sgot;
+                qsort(idx, (size_t)nv, sizeof(int), ix_rank);
+                for (int i = 0; i < want; i++) mark[idx[i]] = 1;
+                for (int c = 0; c < nv; c++)
+                    for (int i = 0; mark[c] && i < kp; i++) exp_sel[m++] = c * kp + i;
+            }
+            for (int j = nv * kp; tail && j <= p; j++) exp_sel[m++] = j;
+            get(sel, dsel + (size_t)t * KS, (size_t)KS * 4);
+            int wrong = nsel[t] != m;
+            for (int i = 0; i < m && !wrong; i++) wrong += sel[i] != exp_sel[i];
+            if (wrong && bad < 3)
+                printf("    step %d token %d (sequence %d, position %d): nsel %d, want %d\n", nsteps, t, s, p, nsel[t], m);
+            bad += wrong;
+        }
+    }
+    /* every whole pool's cached key against the reference from the stored values */
+    double epk = 0;
+    if (KP) {
+        float *pk = malloc(pk_n * 4);
+        get(pk, dpk, pk_n * 4);
+        for (int s = 0; s < nseq; s++) {
+            int np = n_all[s] / KP;
+            float *gotk = malloc((size_t)np * ID * 4 + 4);
+            double *wk = malloc((size_t)np * ID * 8 + 8);
+            for (int c = 0; c < np; c++) {
+                int pl = c * KP + KP - 1;
+                memcpy(gotk + (size_t)c * ID, pk + ((size_t)bt[off[s] + pl / bs] * PB + (pl % bs) / KP) * ID,
+                       (size_t)ID * 4);
+                for (int d = 0; d < ID; d++) {
+                    double mx = -INFINITY, sum = 0, v = 0;
+                    for (int i = 0; i < KP; i++)
+                        mx = fmax(mx, (double)CV(SLOT(s, c * KP + i) * W + C + R + ID + d) + ape[i * ID + d]);
+                    for (int i = 0; i < KP; i++)
+                        sum += exp(CV(SLOT(s, c * KP + i) * W + C + R + ID + d) + ape[i * ID + d] - mx);
+                    for (int i = 0; i < KP; i++) {
+                        size_t e = SLOT(s, c * KP + i) * W + C + R;
+                        v += exp(CV(e + ID + d) + ape[i * ID + d] - mx) / sum * CV(e + d);
+                    }
+                    wk[(size_t)c * ID + d] = v;
+                }
+            }
+            double e = nerr(gotk, wk, (size_t)np * ID);
+            epk = e > epk ? e : epk;
+            free(gotk), free(wk);
+        }
+        free(pk);
+    }
+#undef CV
+#undef SLOT
+    printf("  %s: IH=%d ID=%d R=%d KP=%d%s K=%d bs=%d %s, %d sequences (", what, IH, ID, R, KP, tail ? " tail" : "",
+           K, bs, kv8 ? "fp8" : "bf16", nseq);
+    for (int s = 0; s < nseq; s++) printf("%s%d", s ? ", " : "", len[s]);
+    printf(" + %d; %d blocks shared), %d steps, %d queries checked: scores %.2e, pool keys %.2e, wrong choices %d\n",
+           ndec, nseq > 1 ? shared : 0, nsteps, nchk, worst_s, epk, bad);
+    CHECKF(worst_s < 1e-3, "%s: scores %.3g", what, worst_s);
+    CHECKF(epk < 1e-5, "%s: pool keys %.3g", what, epk);
+    CHECKF(bad == 0, "%s: %d wrong choices", what, bad);
+    cudaFree(dcache), cudaFree(dpk), cudaFree(dkn), cudaFree(dkb), cudaFree(dape), cudaFree(dcos), cudaFree(dsin);
+    cudaFree(dbt), cudaFree(dsc), cudaFree(dq), cudaFree(dk), cudaFree(dg), cudaFree(dw), cudaFree(dpos);
+    cudaFree(dtbt), cudaFree(dsel), cudaFree(dnsel), cudaFree(dslots);
+    for (int s = 0; s < nseq; s++) free(kin[s]), free(gin[s]);
+    free(kin), free(gin), free(off), free(n_all), free(bt), free(cs), free(sn), free(kn), free(kb), free(ape);
+    free(done), free(pos), free(tbt), free(seq), free(nsel), free(sel), free(exp_sel), free(slots), free(q), free(k);
+    free(g), free(w), free(sgot), free(craw), free(cand), free(qr), free(sref), free(idx), free(mark);
 }
 
 static void test_indexer(void)
@@ -959,6 +1236,16 @@ static void test_indexer(void)
     static const int pool8[] = {5, 1, 1, 1, 1, 1, 1, 1, 1, 12, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
                                 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0};
     ix_case(64, 16, 8, 32, 8, 8, true, true, pool8);
+    /* long contexts as the engine runs them: GLM-5.3-Flash's indexer (32 heads of 128, pools of 16 with the
+     * tail, 2048 keys) over three sequences, one on another's cached prefix, decoding across pool ends */
+    static const int l3[] = {20000, 5003, 2900}, l1[] = {16000}, l2[] = {6000, 2500}, l1b[] = {5000},
+                     l2b[] = {4000, 700};
+    ix_multi("glm5.3 sequences", 32, 128, 0, 16, true, 2048, 64, false, 3, l3, 40, 1500, 20);
+    ix_multi("glm5.3 decode T 1", 32, 128, 0, 16, true, 2048, 16, true, 1, l1, 0, 4000, 18);
+    ix_multi("k-pools without the tail", 32, 128, 0, 16, false, 2048, 16, false, 2, l2b, 30, 900, 17);
+    ix_multi("per key", 32, 128, 0, 0, false, 2048, 16, false, 2, l2, 100, 1000, 4);
+    ix_multi("per key, rope, fp8", 32, 128, 64, 0, false, 2048, 64, true, 1, l1b, 0, 2048, 3);
+    ix_multi("pools of 12 over blocks of 16", 8, 32, 0, 12, true, 240, 16, false, 2, l2b, 20, 700, 25);
 }
 
 int main(void)
