@@ -43,8 +43,10 @@
 
 /* ---- routing ------------------------------------------------------------------------ */
 
-#define LG_WARPS 4 /* warps (router rows) a block of the logits kernel: many blocks even at one token */
-#define LG_U 4      /* chunks a lane requests before using them */
+#define LG_WARPS 8                /* warps of a router row's sum (and of the fused routing block) */
+#define LG_THREADS (LG_WARPS * 32) /* a router row's virtual lanes */
+#define LG_U 4                     /* router chunks a thread keeps in registers (E up to 8192) */
+#define LG_TB 16                   /* tokens a block sums before it adds up the warps' partials */
 
 /* 8 activations of a bf16 row, columns [c, c + 8), zeros past cols (vec:
  * cols % 8 == 0 and the row 16-byte aligned, so a chunk is one load): the
@@ -89,48 +91,86 @@ static __device__ __forceinline__ void router8(const void *router, int e, int E,
     }
 }
 
-/* logits[t][e] = x[t] . router[e] for e < R: one warp a row, lane l
- * summing the 8-column chunks l, l + 32, ... in order (16-byte loads where
- * E % 8 == 0; LG_U of them requested at once), then the xor butterfly (a
- * fixed order). */
-template <bool F32>
-static __global__ void __launch_bounds__(LG_WARPS * 32) logits_kernel(const uint16_t *x, const void *router, int T,
-                                                                      int E, int R, int ld, float *logits)
+/* logits[t][e] = x[t] . router[e] for tokens [t0, t1) of one router row e,
+ * by a whole block of LG_THREADS threads (every thread calls it: block-wide
+ * barriers), so a row's E columns are spread over 8 warps and a step's
+ * router over as many blocks as it has rows. The one sum every path's SIMT
+ * logits take (logits_kernel, logits_route_kernel): thread v sums the
+ * 8-column chunks v, v + LG_THREADS, ... in order (an fmaf chain from 0),
+ * each warp adds its lanes' sums by the xor butterfly, and the 8 warps'
+ * totals are added in warp order. The router chunks are read once (the
+ * first LG_U of a thread's kept in registers) and requested before
+ * pdl_wait where PDL (the router is a weight; x may be the predecessor's
+ * output). part: LG_TB x LG_WARPS floats of shared memory. */
+template <bool F32, bool PDL>
+static __device__ __forceinline__ void logit_row(const void *router, int e, int E, const uint16_t *x, int t0, int t1,
+                                                 int ld, float *logits, float *part)
 {
-    const int t = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int e = blockIdx.y * LG_WARPS + warp;
-    if (t >= T || e >= R) return;
-    const uint16_t *xr = x + (size_t)t * E;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const bool vec = (E & 7) == 0;
     const int nch = (E + 7) / 8;
-    float acc = 0.0f;
-    for (int ch0 = lane; ch0 < nch; ch0 += 32 * LG_U) {
-        float w[LG_U][8];
+    float w[LG_U][8];
 #pragma unroll
-        for (int u = 0; u < LG_U; u++)
-            if (ch0 + 32 * u < nch) router8<F32>(router, e, E, (ch0 + 32 * u) * 8, vec, w[u]);
-#pragma unroll
-        for (int u = 0; u < LG_U; u++) {
-            const int c = (ch0 + 32 * u) * 8;
-            if (c >= E) break;
-            float xf[8];
-            act8(xr, c, E, vec, xf);
-#pragma unroll
-            for (int j = 0; j < 8; j++) acc = fmaf(w[u][j], xf[j], acc);
-        }
+    for (int u = 0; u < LG_U; u++)
+        if (tid + LG_THREADS * u < nch) router8<F32>(router, e, E, (tid + LG_THREADS * u) * 8, vec, w[u]);
+    if (PDL) {
+        pdl_trigger();
+        pdl_wait(); /* x, and the scratch the last step's kernels used, from here on */
     }
-    acc = warp_sum(acc);
-    if (lane == 0) logits[(size_t)t * ld + e] = acc;
+    for (int tb = t0; tb < t1; tb += LG_TB) {
+        const int nt = t1 - tb < LG_TB ? t1 - tb : LG_TB;
+        for (int m = 0; m < nt; m++) {
+            const uint16_t *xr = x + (size_t)(tb + m) * E;
+            float acc = 0.0f;
+#pragma unroll
+            for (int u = 0; u < LG_U; u++) {
+                const int c = (tid + LG_THREADS * u) * 8;
+                if (c >= E) break;
+                float xf[8];
+                act8(xr, c, E, vec, xf);
+#pragma unroll
+                for (int j = 0; j < 8; j++) acc = fmaf(w[u][j], xf[j], acc);
+            }
+            for (int ch = tid + LG_THREADS * LG_U; ch < nch; ch += LG_THREADS) {
+                float wr[8], xf[8];
+                router8<F32>(router, e, E, ch * 8, vec, wr);
+                act8(xr, ch * 8, E, vec, xf);
+#pragma unroll
+                for (int j = 0; j < 8; j++) acc = fmaf(wr[j], xf[j], acc);
+            }
+            acc = warp_sum(acc);
+            if (lane == 0) part[m * LG_WARPS + warp] = acc;
+        }
+        __syncthreads();
+        if (tid < nt) {
+            float s = part[tid * LG_WARPS];
+#pragma unroll
+            for (int i = 1; i < LG_WARPS; i++) s = __fadd_rn(s, part[tid * LG_WARPS + i]);
+            logits[(size_t)(tb + tid) * ld + e] = s;
+        }
+        __syncthreads(); /* part free again */
+    }
+}
+
+/* logits[t][e] = x[t] . router[e] for e < R: block (e, token block of
+ * LG_TB) sums row e against its tokens (logit_row). */
+template <bool F32>
+static __global__ void __launch_bounds__(LG_THREADS) logits_kernel(const uint16_t *x, const void *router, int T,
+                                                                   int E, int ld, float *logits)
+{
+    __shared__ float part[LG_TB * LG_WARPS];
+    const int t0 = blockIdx.y * LG_TB, t1 = t0 + LG_TB < T ? t0 + LG_TB : T;
+    logit_row<F32, false>(router, blockIdx.x, E, x, t0, t1, ld, logits, part);
 }
 
 static cudaError_t launch_logits(const struct cuda_moe_args *a, cudaStream_t st)
 {
     const int R = a->NE + (a->shared_gated ? 1 : 0);
-    dim3 lg((unsigned)a->T, (unsigned)((R + LG_WARPS - 1) / LG_WARPS));
+    dim3 lg((unsigned)R, (unsigned)((a->T + LG_TB - 1) / LG_TB));
     if (a->router_f32)
-        logits_kernel<true><<<lg, LG_WARPS * 32, 0, st>>>(a->xn, a->router, a->T, a->E, R, a->NE + 1, a->logits);
+        logits_kernel<true><<<lg, LG_THREADS, 0, st>>>(a->xn, a->router, a->T, a->E, a->NE + 1, a->logits);
     else
-        logits_kernel<false><<<lg, LG_WARPS * 32, 0, st>>>(a->xn, a->router, a->T, a->E, R, a->NE + 1, a->logits);
+        logits_kernel<false><<<lg, LG_THREADS, 0, st>>>(a->xn, a->router, a->T, a->E, a->NE + 1, a->logits);
     return cudaGetLastError();
 }
 
@@ -154,6 +194,30 @@ static __device__ int warp_best(const float *v, const unsigned char *mask, int n
     return bi;
 }
 
+/* An order key of f (not NaN): keys compare as the values do, -0 and +0
+ * alike; never 0 (the key of a masked-out element). */
+static __device__ __forceinline__ uint32_t order_key(float f)
+{
+    uint32_t u = __float_as_uint(f);
+    if (u == 0x80000000u) u = 0u; /* -0: +0's key */
+    return u & 0x80000000u ? ~u : u | 0x80000000u;
+}
+
+/* The largest key of this lane's elements lane, lane + 32, ... of key[0..n)
+ * (0: none), its first (lowest) index into *bi. */
+static __device__ __forceinline__ uint32_t lane_best(const uint32_t *key, int n, int *bi)
+{
+    uint32_t best = 0;
+    int b = -1;
+#pragma unroll 4
+    for (int i = threadIdx.x & 31; i < n; i += 32) {
+        const uint32_t k = key[i];
+        if (k > best) best = k, b = i;
+    }
+    *bi = b;
+    return best;
+}
+
 /* Bytes of one warp's routing scratch: s, choice [NE], group scores [G],
  * the chosen [K] (ints), then the mask [NE] and group flags [G] (bytes). */
 static size_t route_smem(int NE, int G, int K)
@@ -162,8 +226,8 @@ static size_t route_smem(int NE, int G, int K)
     return (b + 15) & ~(size_t)15;
 }
 
-/* One warp: model_moe_route over token t's logits, into idx/wt [T][S]
- * (lane 0 writes them); base: the warp's route_smem bytes. */
+/* One warp: model_moe_route over token t's logits, into idx/wt [T][S];
+ * base: the warp's route_smem bytes. */
 static __device__ void route_token(const struct cuda_moe_args &a, int t, unsigned char *base)
 {
     const int lane = threadIdx.x & 31;
@@ -219,34 +283,52 @@ static __device__ void route_token(const struct cuda_moe_args &a, int t, unsigne
         }
     }
     __syncwarp();
+    /* The top K of v among the mask, ties to the lower index (warp_best K times, as top_k picks them):
+     * each value's order key (order_key: larger keys for larger values, 0 for the masked) in place of
+     * choice, which nothing reads after this; each lane keeps the best of its own elements (lane,
+     * lane + 32, ...), the warp takes the largest key by redux, the lowest index among the lanes that
+     * hold it, and only the lane that gave it up looks for its next best. */
+    uint32_t *key = (uint32_t *)choice;
+    for (int i = lane; i < NE; i += 32) key[i] = mask[i] ? order_key(v[i]) : 0u; /* a lane's own: no sync */
+    int bi;
+    uint32_t bk = lane_best(key, NE, &bi);
     for (int j = 0; j < K; j++) {
-        int b = warp_best(v, mask, NE);
-        __syncwarp();
-        if (lane == 0) sel[j] = b < 0 ? 0 : b, mask[b < 0 ? 0 : b] = 0; /* none left: the config refuses it */
-        __syncwarp();
-    }
-    if (lane) return;
-    /* ascending expert order: the order every backend sums them in */
-    for (int i = 1; i < K; i++)
-        for (int j = i; j > 0 && sel[j - 1] > sel[j]; j--) {
-            int x = sel[j];
-            sel[j] = sel[j - 1], sel[j - 1] = x;
+        const uint32_t mk = __reduce_max_sync(0xffffffffu, bk);
+        const int b = mk ? (int)__reduce_min_sync(0xffffffffu, bk == mk ? (unsigned)bi : 0xffffffffu)
+                         : 0; /* none left: the config refuses it */
+        if (lane == 0) sel[j] = b;
+        if (mk && (b & 31) == lane) {
+            key[b] = 0;
+            bk = lane_best(key, NE, &bi);
         }
+    }
+    __syncwarp();
+    /* ascending expert order, the order every backend sums them in: slot j's place is the number of
+     * choices below it (ties, only when none was left: the earlier first), into key (free again) */
+    int *srt = (int *)key;
+    for (int j = lane; j < K; j += 32) {
+        const int e = sel[j];
+        int pos = 0;
+        for (int i = 0; i < K; i++) pos += sel[i] < e || (sel[i] == e && i < j);
+        srt[pos] = e;
+    }
+    __syncwarp();
+    /* the weights' sum in ascending expert order (every lane the same sum) */
+    float sum = 0.0f;
+    for (int j = 0; j < K; j++) sum += s[srt[j]];
+    /* transformers adds 1e-20 to the sigmoid router's denominator only */
+    const float den = a.sigmoid ? sum + 1e-20f : sum;
     int32_t *idx = a.idx + (size_t)t * a.S;
-    float *wt = a.wt + (size_t)t * a.S, sum = 0.0f;
-    for (int j = 0; j < K; j++) {
-        idx[j] = sel[j];
-        wt[j] = s[sel[j]];
-        sum += wt[j];
+    float *wt = a.wt + (size_t)t * a.S;
+    for (int j = lane; j < K; j += 32) {
+        const int e = srt[j];
+        float w = s[e];
+        if (a.norm_topk) w /= den;
+        if (a.sigmoid) w *= a.scale;
+        idx[j] = e;
+        wt[j] = w;
     }
-    if (a.norm_topk) {
-        /* transformers adds 1e-20 to the sigmoid router's denominator only */
-        float den = a.sigmoid ? sum + 1e-20f : sum;
-        for (int j = 0; j < K; j++) wt[j] /= den;
-    }
-    if (a.sigmoid)
-        for (int j = 0; j < K; j++) wt[j] *= a.scale;
-    if (a.S > K) {
+    if (lane == 0 && a.S > K) {
         idx[K] = NE;
         wt[K] = a.shared_gated ? 1.0f / (1.0f + expf(-__ldcg(lg + NE))) : 1.0f;
     }
@@ -406,7 +488,7 @@ extern "C" cudaError_t cuda_moe_group(const struct cuda_moe_args *a, cudaStream_
 
 /* ---- small steps: logits, routing and grouping in one launch ---------------------------- */
 
-#define RG_WARPS 8 /* warps of the fused routing block: a token each, in turn */
+#define RG_WARPS LG_WARPS /* warps of the fused routing block (a router row's): a token each, in turn */
 
 /* Exclusive prefix sum of v over the block (blockDim.x a multiple of 32);
  * the total into *total; sh: 32 ints. Every thread of the block calls it. */
@@ -435,11 +517,14 @@ static __device__ int block_exscan(int v, int *sh, int *total)
     return r;
 }
 
-/* Shared bytes of the routing block: RG_WARPS routing scratches, the
- * counts and starts [NE + 1] each, 32 ints of scan scratch. */
+/* Shared bytes of the fused routing kernel: the logits' warp partials
+ * (logit_row) and the last block's flag (RG_HEAD bytes), then RG_WARPS
+ * routing scratches, the counts and starts [NE + 1] each, 32 ints of scan
+ * scratch. */
+#define RG_HEAD (LG_TB * LG_WARPS * 4 + 16)
 static size_t route_group_smem(const struct cuda_moe_args *a)
 {
-    return RG_WARPS * route_smem(a->NE, a->n_group, a->K) + (size_t)(2 * (a->NE + 1) + 32) * 4;
+    return RG_HEAD + RG_WARPS * route_smem(a->NE, a->n_group, a->K) + (size_t)(2 * (a->NE + 1) + 32) * 4;
 }
 
 /* One block of RG_WARPS warps: every token routed as route_kernel does (the
@@ -454,7 +539,7 @@ static __device__ void route_group_block(const struct cuda_moe_args &a, unsigned
     const int warp = threadIdx.x >> 5, tid = threadIdx.x, NE1 = a.NE + 1, n = a.T * a.S;
     for (int t = warp; t < a.T; t += RG_WARPS) {
         route_token(a, t, smem + (size_t)warp * per_warp);
-        __syncwarp(); /* lane 0 done with the scratch before the next token's */
+        __syncwarp(); /* every lane done with the scratch before the next token's */
     }
     int *cnt = (int *)(smem + RG_WARPS * per_warp), *st0 = cnt + NE1, *sh = st0 + NE1;
     for (int e = tid; e < NE1; e += blockDim.x) cnt[e] = 0;
@@ -484,70 +569,31 @@ static __device__ void route_group_block(const struct cuda_moe_args &a, unsigned
     }
 }
 
-#define RG_U 8 /* router chunks a lane of the fused kernel requests at once (E 2048: its whole share) */
-
 /* Small steps: the router's logits, the routing and the grouping in one
- * launch. Warp w of block b computes router row e = b RG_WARPS + w for
- * every token of the step: logits_kernel's sum for each (token, row), bit
- * for bit (lane l's 8-column chunks l, l + 32, ... in order, then the xor
- * butterfly; only when the loads are issued differs), its first RG_U
- * chunks requested before pdl_wait (the router is a weight: nothing before
- * this kernel writes it), the next tokens' from L1. Then every block
- * fences its logits and counts itself done on a.count[0] (atomicInc with
- * the grid's size less one: the counter wraps back to zero as the last
- * block takes it, so it is zero again for the next launch or graph replay
- * without a reset of its own); the last block routes and groups the whole
- * step (route_group_block), reading the other blocks' logits through L2. */
+ * launch. Block e sums router row e against every token of the step
+ * (logit_row: logits_kernel's sums, bit for bit; the row requested before
+ * pdl_wait, as the router is a weight), so the router is read by as many
+ * blocks as it has rows. Then every block fences its logits and counts
+ * itself done on a.count[0] (atomicInc with the grid's size less one: the
+ * counter wraps back to zero as the last block takes it, so it is zero
+ * again for the next launch or graph replay without a reset of its own);
+ * the last block routes and groups the whole step (route_group_block),
+ * reading the other blocks' logits through L2. */
 template <bool F32>
 static __global__ void __launch_bounds__(RG_WARPS * 32) logits_route_kernel(struct cuda_moe_args a, size_t per_warp)
 {
     extern __shared__ __align__(16) unsigned char smem[];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int R = a.NE + (a.shared_gated ? 1 : 0), e = blockIdx.x * RG_WARPS + warp, E = a.E;
-    const bool vec = (E & 7) == 0;
-    const int nch = (E + 7) / 8;
-    float w[RG_U][8];
-    if (e < R) {
-#pragma unroll
-        for (int u = 0; u < RG_U; u++)
-            if (lane + 32 * u < nch) router8<F32>(a.router, e, E, (lane + 32 * u) * 8, vec, w[u]);
-    }
-    pdl_trigger();
-    pdl_wait(); /* xn, and the scratch the last step's kernels used, from here on */
-    if (e < R)
-        for (int t = 0; t < a.T; t++) {
-            const uint16_t *xr = a.xn + (size_t)t * E;
-            float acc = 0.0f;
-            for (int ch0 = lane; ch0 < nch; ch0 += 32 * RG_U) {
-                if (t > 0 || ch0 != lane) {
-#pragma unroll
-                    for (int u = 0; u < RG_U; u++)
-                        if (ch0 + 32 * u < nch) router8<F32>(a.router, e, E, (ch0 + 32 * u) * 8, vec, w[u]);
-                }
-#pragma unroll
-                for (int u = 0; u < RG_U; u++) {
-                    const int c = (ch0 + 32 * u) * 8;
-                    if (c >= E) break;
-                    float xf[8];
-                    act8(xr, c, E, vec, xf);
-#pragma unroll
-                    for (int j = 0; j < 8; j++) acc = fmaf(w[u][j], xf[j], acc);
-                }
-            }
-            acc = warp_sum(acc);
-            if (lane == 0) a.logits[(size_t)t * (a.NE + 1) + e] = acc;
-        }
+    float *part = (float *)smem;
+    int *flag = (int *)(smem + LG_TB * LG_WARPS * 4);
+    logit_row<F32, true>(a.router, blockIdx.x, a.E, a.xn, 0, a.T, a.NE + 1, a.logits, part);
     __threadfence(); /* this block's logits visible device-wide before it counts itself done */
     __syncthreads();
-    /* the flag in route_group_block's scan scratch (no static shared memory beside the dynamic 48 KB): read
-     * by every thread before that uses it, after barriers */
-    int *flag = (int *)(smem + RG_WARPS * per_warp) + 2 * (a.NE + 1);
     if (threadIdx.x == 0) *flag = atomicInc((unsigned *)a.count, gridDim.x - 1) == gridDim.x - 1;
     __syncthreads();
     const bool last = *flag;
     if (!last) return; /* the whole block */
     __threadfence();
-    route_group_block(a, smem, per_warp);
+    route_group_block(a, smem + RG_HEAD, per_warp);
 }
 
 extern "C" int cuda_moe_small(const struct cuda_moe_args *a)
@@ -560,8 +606,7 @@ extern "C" cudaError_t cuda_moe_route_group(const struct cuda_moe_args *a, cudaS
 {
     if (a->T <= 0) return cudaSuccess;
     if (!cuda_moe_small(a)) return cudaErrorInvalidValue;
-    const int R = a->NE + (a->shared_gated ? 1 : 0);
-    const dim3 g((unsigned)((R + RG_WARPS - 1) / RG_WARPS));
+    const dim3 g((unsigned)(a->NE + (a->shared_gated ? 1 : 0))); /* a block a router row */
     const size_t smem = route_group_smem(a), per = route_smem(a->NE, a->n_group, a->K);
     if (a->router_f32) return pdl_launch(logits_route_kernel<true>, g, dim3(RG_WARPS * 32), smem, st, *a, per);
     return pdl_launch(logits_route_kernel<false>, g, dim3(RG_WARPS * 32), smem, st, *a, per);
