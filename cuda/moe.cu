@@ -869,11 +869,15 @@ static __device__ __noinline__ void dot_slow(const cuda_moe_mat *pA, const cuda_
  * requested before any is used, then the group parameters of all of them
  * (where a chunk lies in one group), then the x pieces as they are used
  * (the act-order and odd-width matrices of MK_SLOW: element by element, as
- * weight() reads them). WAIT: pdl_wait() once the first chunks are
- * requested (x is the predecessor kernel's output; the weights are not),
- * and by every lane before it returns; WAIT 2: pdl_trigger() right after
- * it (the dependent kernel may start once this one's inputs are done). */
-template <int KIND, int NM, int R, int TT, int U, int WAIT = 0>
+ * weight() reads them). DOWN (the small path's down kernels, dc_rows): a
+ * chunk's x pieces requested together, and rows past `rows` not skipped
+ * (their sums: products of zero weights, unused), so that the pass's R
+ * chains interleave; the same bits for the rows below `rows`. WAIT:
+ * pdl_wait() once the first chunks are requested (x is the predecessor
+ * kernel's output; the weights are not), and by every lane before it
+ * returns; WAIT 2: pdl_trigger() right after it (the dependent kernel may
+ * start once this one's inputs are done). */
+template <int KIND, int NM, int R, int TT, int U, int WAIT = 0, bool DOWN = false>
 static __device__ __forceinline__ void dot_pass(const cuda_moe_mat &A, const cuda_moe_mat &B, int r0, int rows,
                                                 int cols, const uint16_t *const (&xr)[TT], bool xvec,
                                                 float (&acc)[NM][R][TT])
@@ -950,19 +954,46 @@ static __device__ __forceinline__ void dot_pass(const cuda_moe_mat &A, const cud
         for (int u = 0; u < U; u++) {
             const int ch = ch0 + 32 * u;
             if (ch >= nch) break;
+            /* DOWN (x is h, the gate|up kernel's output, from L2): the chunk's x pieces requested at once
+             * where they fit in a few registers (TT SUB <= 4), one round trip for them rather than one a
+             * piece (the same values: act8 reads them alike) */
+            constexpr bool XPRE = DOWN && TT * SUB <= 4;
+            const bool whole = XPRE && xvec && (ch + 1) * CPC <= cols;
+            uint4 xv[XPRE ? TT : 1][XPRE ? SUB : 1];
+            if (XPRE && whole) {
+#pragma unroll
+                for (int m = 0; m < (XPRE ? TT : 1); m++)
+#pragma unroll
+                    for (int sub = 0; sub < (XPRE ? SUB : 1); sub++)
+                        xv[m][sub] = *(const uint4 *)(xr[m] + ch * CPC + sub * 8);
+            }
 #pragma unroll
             for (int sub = 0; sub < SUB; sub++) {
                 const int c = ch * CPC + sub * 8;
                 if (c >= cols) break;
                 float xf[TT][8];
 #pragma unroll
-                for (int m = 0; m < TT; m++) act8(xr[m], c, cols, xvec, xf[m]);
+                for (int m = 0; m < TT; m++) {
+                    if (XPRE && whole) {
+                        const uint4 v = xv[XPRE ? m : 0][XPRE ? sub : 0];
+                        const uint32_t p[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                        for (int j = 0; j < 4; j++)
+                            xf[m][2 * j] = __uint_as_float(p[j] << 16),
+                                      xf[m][2 * j + 1] = __uint_as_float(p[j] & 0xffff0000u);
+                    } else {
+                        act8(xr[m], c, cols, xvec, xf[m]);
+                    }
+                }
 #pragma unroll
                 for (int n = 0; n < NM; n++) {
                     const cuda_moe_mat &M = n ? B : A;
 #pragma unroll
                     for (int r = 0; r < R; r++) {
-                        if (r0 + r >= rows) continue;
+                        /* DOWN (up to 8 rows a pass): no test of the row, so the R chains interleave (rows
+                         * past the matrix have zero weights and parameters: zero products, and their sums
+                         * are not used); elsewhere it stays (the registers of more live chains) */
+                        if (!DOWN && r0 + r >= rows) continue;
                         const uint4 v = wv[n][r][u];
                         float w[8];
                         if (KIND == MK_BF16) {
@@ -973,7 +1004,7 @@ static __device__ __forceinline__ void dot_pass(const cuda_moe_mat &A, const cud
                             }
                         } else {
                             /* a chunk across groups (groups of 8 or 16 columns, or 48, ...): this piece's */
-                            if (sub > 0 && !one[n])
+                            if (sub > 0 && !one[n] && r0 + r < rows)
                                 q[n][r][u] = group_params<KIND>(M, (size_t)(r0 + r) * M.n_groups + c / M.group);
                             if (KIND == MK_Q4) deq_piece<MK_Q4>(word_of(v, sub), 0u, q[n][r][u], M.f16, w);
                             else deq_piece<MK_Q8>(word_of(v, 2 * sub), word_of(v, 2 * sub + 1), q[n][r][u], M.f16, w);
@@ -1383,7 +1414,7 @@ static __device__ __forceinline__ void dc_rows(const cuda_moe_mat &W, int E, int
         const int r0 = row0 + rr;
         if (r0 >= E) break;
         float acc[1][R][1];
-        dot_pass<KIND, 1, R, 1, UU, WAIT>(W, W, r0, E, F, xr, xvec, acc);
+        dot_pass<KIND, 1, R, 1, UU, WAIT, !LEAN>(W, W, r0, E, F, xr, xvec, acc);
 #pragma unroll
         for (int r = 0; r < R; r++) {
             const float v = warp_sum(acc[0][r][0]);
