@@ -226,9 +226,10 @@ static size_t route_smem(int NE, int G, int K)
     return (b + 15) & ~(size_t)15;
 }
 
-/* One warp: model_moe_route over token t's logits, into idx/wt [T][S];
- * base: the warp's route_smem bytes. */
-static __device__ void route_token(const struct cuda_moe_args &a, int t, unsigned char *base)
+/* One warp: model_moe_route over token t's logits, into idx/wt [T][S]
+ * (and idx into sidx [T][S], shared memory, unless NULL); base: the warp's
+ * route_smem bytes. */
+static __device__ void route_token(const struct cuda_moe_args &a, int t, unsigned char *base, int *sidx = nullptr)
 {
     const int lane = threadIdx.x & 31;
     const int NE = a.NE, K = a.K, G = a.n_group;
@@ -239,12 +240,17 @@ static __device__ void route_token(const struct cuda_moe_args &a, int t, unsigne
     const float *lg = a.logits + (size_t)t * (NE + 1);
     const float *v; /* what the experts are chosen by */
     if (!a.sigmoid) {
+        /* the logits kept in s (a lane's own elements) for the exponentials: one L2 round trip */
         float mx = -INFINITY;
-        for (int i = lane; i < NE; i += 32) mx = fmaxf(mx, __ldcg(lg + i));
+        for (int i = lane; i < NE; i += 32) {
+            const float l = __ldcg(lg + i);
+            s[i] = l;
+            mx = fmaxf(mx, l);
+        }
         mx = warp_max(mx);
         float sum = 0.0f;
         for (int i = lane; i < NE; i += 32) {
-            s[i] = expf(__ldcg(lg + i) - mx);
+            s[i] = expf(s[i] - mx);
             sum += s[i];
         }
         sum = warp_sum(sum);
@@ -327,8 +333,10 @@ static __device__ void route_token(const struct cuda_moe_args &a, int t, unsigne
         if (a.sigmoid) w *= a.scale;
         idx[j] = e;
         wt[j] = w;
+        if (sidx) sidx[t * a.S + j] = e;
     }
     if (lane == 0 && a.S > K) {
+        if (sidx) sidx[t * a.S + K] = NE;
         idx[K] = NE;
         wt[K] = a.shared_gated ? 1.0f / (1.0f + expf(-__ldcg(lg + NE))) : 1.0f;
     }
@@ -518,10 +526,11 @@ static __device__ int block_exscan(int v, int *sh, int *total)
 }
 
 /* Shared bytes of the fused routing kernel: the logits' warp partials
- * (logit_row) and the last block's flag (RG_HEAD bytes), then RG_WARPS
- * routing scratches, the counts and starts [NE + 1] each, 32 ints of scan
- * scratch. */
-#define RG_HEAD (LG_TB * LG_WARPS * 4 + 16)
+ * (logit_row), the last block's flag and the step's idx (RG_SIDX: up to
+ * CUDA_MOE_SMALL_SLOTS), together RG_HEAD bytes, then RG_WARPS routing
+ * scratches, the counts and starts [NE + 1] each, 32 ints of scan scratch. */
+#define RG_SIDX (LG_TB * LG_WARPS * 4 + 16)
+#define RG_HEAD (RG_SIDX + CUDA_MOE_SMALL_SLOTS * 4)
 static size_t route_group_smem(const struct cuda_moe_args *a)
 {
     return RG_HEAD + RG_WARPS * route_smem(a->NE, a->n_group, a->K) + (size_t)(2 * (a->NE + 1) + 32) * 4;
@@ -532,19 +541,21 @@ static size_t route_group_smem(const struct cuda_moe_args *a)
  * per expert (shared memory), their exclusive prefix sum (start[], the
  * active experts in act[]) and the scatter into list[]. The scan packs an
  * expert's count (low 16 bits) with whether it has any (high 16): small
- * steps have at most CUDA_MOE_SMALL_SLOTS assignments. Every thread of the
- * block calls it (block-wide barriers). */
-static __device__ void route_group_block(const struct cuda_moe_args &a, unsigned char *smem, size_t per_warp)
+ * steps have at most CUDA_MOE_SMALL_SLOTS assignments. The grouping reads
+ * the step's idx from sidx, the copy route_token keeps in shared memory.
+ * Every thread of the block calls it (block-wide barriers). */
+static __device__ void route_group_block(const struct cuda_moe_args &a, unsigned char *smem, int *sidx,
+                                         size_t per_warp)
 {
     const int warp = threadIdx.x >> 5, tid = threadIdx.x, NE1 = a.NE + 1, n = a.T * a.S;
     for (int t = warp; t < a.T; t += RG_WARPS) {
-        route_token(a, t, smem + (size_t)warp * per_warp);
+        route_token(a, t, smem + (size_t)warp * per_warp, sidx);
         __syncwarp(); /* every lane done with the scratch before the next token's */
     }
     int *cnt = (int *)(smem + RG_WARPS * per_warp), *st0 = cnt + NE1, *sh = st0 + NE1;
     for (int e = tid; e < NE1; e += blockDim.x) cnt[e] = 0;
-    __syncthreads(); /* idx[] (global, this block's writes) and cnt[] ready */
-    for (int i = tid; i < n; i += blockDim.x) atomicAdd(&cnt[a.idx[i]], 1);
+    __syncthreads(); /* sidx[] (idx, kept in shared memory: no global round trip) and cnt[] ready */
+    for (int i = tid; i < n; i += blockDim.x) atomicAdd(&cnt[sidx[i]], 1);
     __syncthreads();
     const int chunk = (NE1 + (int)blockDim.x - 1) / (int)blockDim.x;
     const int lo = tid * chunk < NE1 ? tid * chunk : NE1, hi = lo + chunk < NE1 ? lo + chunk : NE1;
@@ -564,7 +575,7 @@ static __device__ void route_group_block(const struct cuda_moe_args &a, unsigned
     if (tid == 0) a.start[NE1] = total & 0xffff, a.act[NE1] = total >> 16;
     __syncthreads();
     for (int i = tid; i < n; i += blockDim.x) {
-        const int e = a.idx[i];
+        const int e = sidx[i];
         a.list[st0[e] + atomicAdd(&cnt[e], 1)] = i;
     }
 }
@@ -593,7 +604,7 @@ static __global__ void __launch_bounds__(RG_WARPS * 32) logits_route_kernel(stru
     const bool last = *flag;
     if (!last) return; /* the whole block */
     __threadfence();
-    route_group_block(a, smem + RG_HEAD, per_warp);
+    route_group_block(a, smem + RG_HEAD, (int *)(smem + RG_SIDX), per_warp);
 }
 
 extern "C" int cuda_moe_small(const struct cuda_moe_args *a)
