@@ -1178,11 +1178,11 @@ extern "C" cudaError_t cuda_moe_experts(const struct cuda_moe_args *a, cudaStrea
 /* The small path's expert kernels give each (row, token) output the bits
  * expert_kernel gives it (dot_pass's one sequence, then the butterfly);
  * what differs is how the work is cut: a warp takes few rows and, per
- * pass, as many rows R and chunks a lane U (small_shape) as make 8
- * 16-byte loads a lane in flight at once (at the Qwen3-30B-A3B shape one
- * pass covers a warp's rows: int4 gate|up 2 rows x 2 chunks x gate and
- * up, int4 down 8 rows x 1 chunk), so a one-token step has thousands of
- * warps with all their weights requested up front, where expert_kernel's
+ * pass, as many rows R and chunks a lane U (small_shape) as make 4 to 8
+ * 16-byte loads a lane in flight at once (at the Qwen3-30B-A3B shape int4
+ * gate|up 2 rows x 1 chunk x gate and up, in two rounds; int4 down 8 rows
+ * x 1 chunk, one pass), so a one-token step has thousands of warps with
+ * their weights requested early, where expert_kernel's
  * 4-row, 1-chunk passes took 246 registers (two blocks an SM) and a
  * dependent round trip per chunk. Both take part in programmatic dependent
  * launch (pdl.cuh): gate|up waits for the routing before it reads
@@ -1198,14 +1198,15 @@ extern "C" cudaError_t cuda_moe_experts(const struct cuda_moe_args *a, cudaStrea
  * (f32, where the general path keeps them), and the routed slots' down +
  * combine, which adds that product last, as combine_kernel adds slot K. */
 template <int KIND, int NM> struct small_shape {
-    /* NM 2 (gate|up: GS_RW rows a warp): int4 2 rows x 2 chunks, int8 and bf16 1 x 4; NM 1 (down: DC_ROWS
-     * rows a warp): int4 8 x 1, int8 4 x 2, bf16 2 x 4; element by element 1 x 1 */
+    /* NM 2 (gate|up: GS_RW rows a warp): int4 2 rows x 1 chunk (a 2048-column row in two rounds: with
+     * the registers of one round, 6 blocks an SM fit, gs_min_blocks), int8 and bf16 1 x 4; NM 1 (down:
+     * DC_ROWS rows a warp): int4 8 x 1, int8 4 x 2, bf16 2 x 4; element by element 1 x 1 */
     static constexpr int R = KIND == MK_SLOW  ? 1
                              : KIND == MK_Q4  ? (NM == 2 ? 2 : 8)
                              : KIND == MK_Q8  ? (NM == 2 ? 1 : 4)
                                               : (NM == 2 ? 1 : 2);
     static constexpr int U = KIND == MK_SLOW  ? 1
-                             : KIND == MK_Q4  ? (NM == 2 ? 2 : 1)
+                             : KIND == MK_Q4  ? 1
                              : KIND == MK_Q8  ? (NM == 2 ? 4 : 2)
                                               : 4;
 };
@@ -1311,17 +1312,30 @@ static __device__ __forceinline__ void gu_shared_warp(const struct cuda_moe_args
     }
 }
 
+/* Blocks an SM must hold of the small gate|up kernel for KIND at passes
+ * of up to TTMAX tokens: int4 one-token steps 6 (at most 80 registers): a
+ * one-token step at the Qwen3-30B-A3B shape has 8 x 96 blocks, which 6 an
+ * SM run in one wave on 132 SMs, where 5 (96 registers) left a second wave
+ * of 108 blocks, each warp's load round trip and decode overlapped by
+ * nothing; each warp now takes its rows in two rounds of a chunk a lane, so
+ * one round's decode overlaps other warps' loads. */
+static constexpr int gs_min_blocks(int kind, int ttmax, int mode)
+{
+    return kind == MK_Q4 && ttmax == 1 && mode != GU_SHARED ? 6 : 1; /* the shared experts': one expert's rows */
+}
+
 /* Small steps' gate|up: grid (active expert slot, row block of GS_WARPS x
  * GS_RW rows); a warp takes GS_RW rows of its expert against the expert's
  * assignments in passes of up to TTMAX (4 or 1) tokens. KIND: the one kind
  * of the experts it takes (cuda_moe_args.streamed, or .streamed_shared for
  * GU_SHARED), or -1: each expert's found at run time (a kernel that can
  * decode every kind holds the registers of the widest: 240 against
- * int4's 96). MODE: which slots (GU_*; GU_SHARED: gu_shared_warp, which
+ * int4's 78). MODE: which slots (GU_*; GU_SHARED: gu_shared_warp, which
  * lets its successor start at once: the shared experts' down kernel reads
  * nothing but weights before it waits). */
 template <int TTMAX, int KIND, int MODE>
-static __global__ void __launch_bounds__(GS_WARPS * 32) gate_up_small_kernel(struct cuda_moe_args a)
+static __global__ void __launch_bounds__(GS_WARPS * 32, gs_min_blocks(KIND, TTMAX, MODE))
+    gate_up_small_kernel(struct cuda_moe_args a)
 {
     if constexpr (MODE == GU_SHARED) {
         pdl_trigger();
