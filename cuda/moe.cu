@@ -43,8 +43,10 @@
 
 /* ---- routing ------------------------------------------------------------------------ */
 
-#define LG_WARPS 4 /* warps (router rows) a block of the logits kernel: many blocks even at one token */
-#define LG_U 4      /* chunks a lane requests before using them */
+#define LG_WARPS 8                /* warps of a router row's sum (and of the fused routing block) */
+#define LG_THREADS (LG_WARPS * 32) /* a router row's virtual lanes */
+#define LG_U 4                     /* router chunks a thread keeps in registers (E up to 8192) */
+#define LG_TB 16                   /* tokens a block sums before it adds up the warps' partials */
 
 /* 8 activations of a bf16 row, columns [c, c + 8), zeros past cols (vec:
  * cols % 8 == 0 and the row 16-byte aligned, so a chunk is one load): the
@@ -89,48 +91,86 @@ static __device__ __forceinline__ void router8(const void *router, int e, int E,
     }
 }
 
-/* logits[t][e] = x[t] . router[e] for e < R: one warp a row, lane l
- * summing the 8-column chunks l, l + 32, ... in order (16-byte loads where
- * E % 8 == 0; LG_U of them requested at once), then the xor butterfly (a
- * fixed order). */
-template <bool F32>
-static __global__ void __launch_bounds__(LG_WARPS * 32) logits_kernel(const uint16_t *x, const void *router, int T,
-                                                                      int E, int R, int ld, float *logits)
+/* logits[t][e] = x[t] . router[e] for tokens [t0, t1) of one router row e,
+ * by a whole block of LG_THREADS threads (every thread calls it: block-wide
+ * barriers), so a row's E columns are spread over 8 warps and a step's
+ * router over as many blocks as it has rows. The one sum every path's SIMT
+ * logits take (logits_kernel, logits_route_kernel): thread v sums the
+ * 8-column chunks v, v + LG_THREADS, ... in order (an fmaf chain from 0),
+ * each warp adds its lanes' sums by the xor butterfly, and the 8 warps'
+ * totals are added in warp order. The router chunks are read once (the
+ * first LG_U of a thread's kept in registers) and requested before
+ * pdl_wait where PDL (the router is a weight; x may be the predecessor's
+ * output). part: LG_TB x LG_WARPS floats of shared memory. */
+template <bool F32, bool PDL>
+static __device__ __forceinline__ void logit_row(const void *router, int e, int E, const uint16_t *x, int t0, int t1,
+                                                 int ld, float *logits, float *part)
 {
-    const int t = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int e = blockIdx.y * LG_WARPS + warp;
-    if (t >= T || e >= R) return;
-    const uint16_t *xr = x + (size_t)t * E;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const bool vec = (E & 7) == 0;
     const int nch = (E + 7) / 8;
-    float acc = 0.0f;
-    for (int ch0 = lane; ch0 < nch; ch0 += 32 * LG_U) {
-        float w[LG_U][8];
+    float w[LG_U][8];
 #pragma unroll
-        for (int u = 0; u < LG_U; u++)
-            if (ch0 + 32 * u < nch) router8<F32>(router, e, E, (ch0 + 32 * u) * 8, vec, w[u]);
-#pragma unroll
-        for (int u = 0; u < LG_U; u++) {
-            const int c = (ch0 + 32 * u) * 8;
-            if (c >= E) break;
-            float xf[8];
-            act8(xr, c, E, vec, xf);
-#pragma unroll
-            for (int j = 0; j < 8; j++) acc = fmaf(w[u][j], xf[j], acc);
-        }
+    for (int u = 0; u < LG_U; u++)
+        if (tid + LG_THREADS * u < nch) router8<F32>(router, e, E, (tid + LG_THREADS * u) * 8, vec, w[u]);
+    if (PDL) {
+        pdl_trigger();
+        pdl_wait(); /* x, and the scratch the last step's kernels used, from here on */
     }
-    acc = warp_sum(acc);
-    if (lane == 0) logits[(size_t)t * ld + e] = acc;
+    for (int tb = t0; tb < t1; tb += LG_TB) {
+        const int nt = t1 - tb < LG_TB ? t1 - tb : LG_TB;
+        for (int m = 0; m < nt; m++) {
+            const uint16_t *xr = x + (size_t)(tb + m) * E;
+            float acc = 0.0f;
+#pragma unroll
+            for (int u = 0; u < LG_U; u++) {
+                const int c = (tid + LG_THREADS * u) * 8;
+                if (c >= E) break;
+                float xf[8];
+                act8(xr, c, E, vec, xf);
+#pragma unroll
+                for (int j = 0; j < 8; j++) acc = fmaf(w[u][j], xf[j], acc);
+            }
+            for (int ch = tid + LG_THREADS * LG_U; ch < nch; ch += LG_THREADS) {
+                float wr[8], xf[8];
+                router8<F32>(router, e, E, ch * 8, vec, wr);
+                act8(xr, ch * 8, E, vec, xf);
+#pragma unroll
+                for (int j = 0; j < 8; j++) acc = fmaf(wr[j], xf[j], acc);
+            }
+            acc = warp_sum(acc);
+            if (lane == 0) part[m * LG_WARPS + warp] = acc;
+        }
+        __syncthreads();
+        if (tid < nt) {
+            float s = part[tid * LG_WARPS];
+#pragma unroll
+            for (int i = 1; i < LG_WARPS; i++) s = __fadd_rn(s, part[tid * LG_WARPS + i]);
+            logits[(size_t)(tb + tid) * ld + e] = s;
+        }
+        __syncthreads(); /* part free again */
+    }
+}
+
+/* logits[t][e] = x[t] . router[e] for e < R: block (e, token block of
+ * LG_TB) sums row e against its tokens (logit_row). */
+template <bool F32>
+static __global__ void __launch_bounds__(LG_THREADS) logits_kernel(const uint16_t *x, const void *router, int T,
+                                                                   int E, int ld, float *logits)
+{
+    __shared__ float part[LG_TB * LG_WARPS];
+    const int t0 = blockIdx.y * LG_TB, t1 = t0 + LG_TB < T ? t0 + LG_TB : T;
+    logit_row<F32, false>(router, blockIdx.x, E, x, t0, t1, ld, logits, part);
 }
 
 static cudaError_t launch_logits(const struct cuda_moe_args *a, cudaStream_t st)
 {
     const int R = a->NE + (a->shared_gated ? 1 : 0);
-    dim3 lg((unsigned)a->T, (unsigned)((R + LG_WARPS - 1) / LG_WARPS));
+    dim3 lg((unsigned)R, (unsigned)((a->T + LG_TB - 1) / LG_TB));
     if (a->router_f32)
-        logits_kernel<true><<<lg, LG_WARPS * 32, 0, st>>>(a->xn, a->router, a->T, a->E, R, a->NE + 1, a->logits);
+        logits_kernel<true><<<lg, LG_THREADS, 0, st>>>(a->xn, a->router, a->T, a->E, a->NE + 1, a->logits);
     else
-        logits_kernel<false><<<lg, LG_WARPS * 32, 0, st>>>(a->xn, a->router, a->T, a->E, R, a->NE + 1, a->logits);
+        logits_kernel<false><<<lg, LG_THREADS, 0, st>>>(a->xn, a->router, a->T, a->E, a->NE + 1, a->logits);
     return cudaGetLastError();
 }
 
@@ -154,6 +194,30 @@ static __device__ int warp_best(const float *v, const unsigned char *mask, int n
     return bi;
 }
 
+/* An order key of f (not NaN): keys compare as the values do, -0 and +0
+ * alike; never 0 (the key of a masked-out element). */
+static __device__ __forceinline__ uint32_t order_key(float f)
+{
+    uint32_t u = __float_as_uint(f);
+    if (u == 0x80000000u) u = 0u; /* -0: +0's key */
+    return u & 0x80000000u ? ~u : u | 0x80000000u;
+}
+
+/* The largest key of this lane's elements lane, lane + 32, ... of key[0..n)
+ * (0: none), its first (lowest) index into *bi. */
+static __device__ __forceinline__ uint32_t lane_best(const uint32_t *key, int n, int *bi)
+{
+    uint32_t best = 0;
+    int b = -1;
+#pragma unroll 4
+    for (int i = threadIdx.x & 31; i < n; i += 32) {
+        const uint32_t k = key[i];
+        if (k > best) best = k, b = i;
+    }
+    *bi = b;
+    return best;
+}
+
 /* Bytes of one warp's routing scratch: s, choice [NE], group scores [G],
  * the chosen [K] (ints), then the mask [NE] and group flags [G] (bytes). */
 static size_t route_smem(int NE, int G, int K)
@@ -163,8 +227,9 @@ static size_t route_smem(int NE, int G, int K)
 }
 
 /* One warp: model_moe_route over token t's logits, into idx/wt [T][S]
- * (lane 0 writes them); base: the warp's route_smem bytes. */
-static __device__ void route_token(const struct cuda_moe_args &a, int t, unsigned char *base)
+ * (and idx into sidx [T][S], shared memory, unless NULL); base: the warp's
+ * route_smem bytes. */
+static __device__ void route_token(const struct cuda_moe_args &a, int t, unsigned char *base, int *sidx = nullptr)
 {
     const int lane = threadIdx.x & 31;
     const int NE = a.NE, K = a.K, G = a.n_group;
@@ -175,12 +240,17 @@ static __device__ void route_token(const struct cuda_moe_args &a, int t, unsigne
     const float *lg = a.logits + (size_t)t * (NE + 1);
     const float *v; /* what the experts are chosen by */
     if (!a.sigmoid) {
+        /* the logits kept in s (a lane's own elements) for the exponentials: one L2 round trip */
         float mx = -INFINITY;
-        for (int i = lane; i < NE; i += 32) mx = fmaxf(mx, __ldcg(lg + i));
+        for (int i = lane; i < NE; i += 32) {
+            const float l = __ldcg(lg + i);
+            s[i] = l;
+            mx = fmaxf(mx, l);
+        }
         mx = warp_max(mx);
         float sum = 0.0f;
         for (int i = lane; i < NE; i += 32) {
-            s[i] = expf(__ldcg(lg + i) - mx);
+            s[i] = expf(s[i] - mx);
             sum += s[i];
         }
         sum = warp_sum(sum);
@@ -219,34 +289,54 @@ static __device__ void route_token(const struct cuda_moe_args &a, int t, unsigne
         }
     }
     __syncwarp();
+    /* The top K of v among the mask, ties to the lower index (warp_best K times, as top_k picks them):
+     * each value's order key (order_key: larger keys for larger values, 0 for the masked) in place of
+     * choice, which nothing reads after this; each lane keeps the best of its own elements (lane,
+     * lane + 32, ...), the warp takes the largest key by redux, the lowest index among the lanes that
+     * hold it, and only the lane that gave it up looks for its next best. */
+    uint32_t *key = (uint32_t *)choice;
+    for (int i = lane; i < NE; i += 32) key[i] = mask[i] ? order_key(v[i]) : 0u; /* a lane's own: no sync */
+    int bi;
+    uint32_t bk = lane_best(key, NE, &bi);
     for (int j = 0; j < K; j++) {
-        int b = warp_best(v, mask, NE);
-        __syncwarp();
-        if (lane == 0) sel[j] = b < 0 ? 0 : b, mask[b < 0 ? 0 : b] = 0; /* none left: the config refuses it */
-        __syncwarp();
-    }
-    if (lane) return;
-    /* ascending expert order: the order every backend sums them in */
-    for (int i = 1; i < K; i++)
-        for (int j = i; j > 0 && sel[j - 1] > sel[j]; j--) {
-            int x = sel[j];
-            sel[j] = sel[j - 1], sel[j - 1] = x;
+        const uint32_t mk = __reduce_max_sync(0xffffffffu, bk);
+        const int b = mk ? (int)__reduce_min_sync(0xffffffffu, bk == mk ? (unsigned)bi : 0xffffffffu)
+                         : 0; /* none left: the config refuses it */
+        if (lane == 0) sel[j] = b;
+        if (mk && (b & 31) == lane) {
+            key[b] = 0;
+            bk = lane_best(key, NE, &bi);
         }
+    }
+    __syncwarp();
+    /* ascending expert order, the order every backend sums them in: slot j's place is the number of
+     * choices below it (ties, only when none was left: the earlier first), into key (free again) */
+    int *srt = (int *)key;
+    for (int j = lane; j < K; j += 32) {
+        const int e = sel[j];
+        int pos = 0;
+        for (int i = 0; i < K; i++) pos += sel[i] < e || (sel[i] == e && i < j);
+        srt[pos] = e;
+    }
+    __syncwarp();
+    /* the weights' sum in ascending expert order (every lane the same sum) */
+    float sum = 0.0f;
+    for (int j = 0; j < K; j++) sum += s[srt[j]];
+    /* transformers adds 1e-20 to the sigmoid router's denominator only */
+    const float den = a.sigmoid ? sum + 1e-20f : sum;
     int32_t *idx = a.idx + (size_t)t * a.S;
-    float *wt = a.wt + (size_t)t * a.S, sum = 0.0f;
-    for (int j = 0; j < K; j++) {
-        idx[j] = sel[j];
-        wt[j] = s[sel[j]];
-        sum += wt[j];
+    float *wt = a.wt + (size_t)t * a.S;
+    for (int j = lane; j < K; j += 32) {
+        const int e = srt[j];
+        float w = s[e];
+        if (a.norm_topk) w /= den;
+        if (a.sigmoid) w *= a.scale;
+        idx[j] = e;
+        wt[j] = w;
+        if (sidx) sidx[t * a.S + j] = e;
     }
-    if (a.norm_topk) {
-        /* transformers adds 1e-20 to the sigmoid router's denominator only */
-        float den = a.sigmoid ? sum + 1e-20f : sum;
-        for (int j = 0; j < K; j++) wt[j] /= den;
-    }
-    if (a.sigmoid)
-        for (int j = 0; j < K; j++) wt[j] *= a.scale;
-    if (a.S > K) {
+    if (lane == 0 && a.S > K) {
+        if (sidx) sidx[t * a.S + K] = NE;
         idx[K] = NE;
         wt[K] = a.shared_gated ? 1.0f / (1.0f + expf(-__ldcg(lg + NE))) : 1.0f;
     }
@@ -406,7 +496,7 @@ extern "C" cudaError_t cuda_moe_group(const struct cuda_moe_args *a, cudaStream_
 
 /* ---- small steps: logits, routing and grouping in one launch ---------------------------- */
 
-#define RG_WARPS 8 /* warps of the fused routing block: a token each, in turn */
+#define RG_WARPS LG_WARPS /* warps of the fused routing block (a router row's): a token each, in turn */
 
 /* Exclusive prefix sum of v over the block (blockDim.x a multiple of 32);
  * the total into *total; sh: 32 ints. Every thread of the block calls it. */
@@ -435,11 +525,15 @@ static __device__ int block_exscan(int v, int *sh, int *total)
     return r;
 }
 
-/* Shared bytes of the routing block: RG_WARPS routing scratches, the
- * counts and starts [NE + 1] each, 32 ints of scan scratch. */
+/* Shared bytes of the fused routing kernel: the logits' warp partials
+ * (logit_row), the last block's flag and the step's idx (RG_SIDX: up to
+ * CUDA_MOE_SMALL_SLOTS), together RG_HEAD bytes, then RG_WARPS routing
+ * scratches, the counts and starts [NE + 1] each, 32 ints of scan scratch. */
+#define RG_SIDX (LG_TB * LG_WARPS * 4 + 16)
+#define RG_HEAD (RG_SIDX + CUDA_MOE_SMALL_SLOTS * 4)
 static size_t route_group_smem(const struct cuda_moe_args *a)
 {
-    return RG_WARPS * route_smem(a->NE, a->n_group, a->K) + (size_t)(2 * (a->NE + 1) + 32) * 4;
+    return RG_HEAD + RG_WARPS * route_smem(a->NE, a->n_group, a->K) + (size_t)(2 * (a->NE + 1) + 32) * 4;
 }
 
 /* One block of RG_WARPS warps: every token routed as route_kernel does (the
@@ -447,19 +541,21 @@ static size_t route_group_smem(const struct cuda_moe_args *a)
  * per expert (shared memory), their exclusive prefix sum (start[], the
  * active experts in act[]) and the scatter into list[]. The scan packs an
  * expert's count (low 16 bits) with whether it has any (high 16): small
- * steps have at most CUDA_MOE_SMALL_SLOTS assignments. Every thread of the
- * block calls it (block-wide barriers). */
-static __device__ void route_group_block(const struct cuda_moe_args &a, unsigned char *smem, size_t per_warp)
+ * steps have at most CUDA_MOE_SMALL_SLOTS assignments. The grouping reads
+ * the step's idx from sidx, the copy route_token keeps in shared memory.
+ * Every thread of the block calls it (block-wide barriers). */
+static __device__ void route_group_block(const struct cuda_moe_args &a, unsigned char *smem, int *sidx,
+                                         size_t per_warp)
 {
     const int warp = threadIdx.x >> 5, tid = threadIdx.x, NE1 = a.NE + 1, n = a.T * a.S;
     for (int t = warp; t < a.T; t += RG_WARPS) {
-        route_token(a, t, smem + (size_t)warp * per_warp);
-        __syncwarp(); /* lane 0 done with the scratch before the next token's */
+        route_token(a, t, smem + (size_t)warp * per_warp, sidx);
+        __syncwarp(); /* every lane done with the scratch before the next token's */
     }
     int *cnt = (int *)(smem + RG_WARPS * per_warp), *st0 = cnt + NE1, *sh = st0 + NE1;
     for (int e = tid; e < NE1; e += blockDim.x) cnt[e] = 0;
-    __syncthreads(); /* idx[] (global, this block's writes) and cnt[] ready */
-    for (int i = tid; i < n; i += blockDim.x) atomicAdd(&cnt[a.idx[i]], 1);
+    __syncthreads(); /* sidx[] (idx, kept in shared memory: no global round trip) and cnt[] ready */
+    for (int i = tid; i < n; i += blockDim.x) atomicAdd(&cnt[sidx[i]], 1);
     __syncthreads();
     const int chunk = (NE1 + (int)blockDim.x - 1) / (int)blockDim.x;
     const int lo = tid * chunk < NE1 ? tid * chunk : NE1, hi = lo + chunk < NE1 ? lo + chunk : NE1;
@@ -479,75 +575,36 @@ static __device__ void route_group_block(const struct cuda_moe_args &a, unsigned
     if (tid == 0) a.start[NE1] = total & 0xffff, a.act[NE1] = total >> 16;
     __syncthreads();
     for (int i = tid; i < n; i += blockDim.x) {
-        const int e = a.idx[i];
+        const int e = sidx[i];
         a.list[st0[e] + atomicAdd(&cnt[e], 1)] = i;
     }
 }
 
-#define RG_U 8 /* router chunks a lane of the fused kernel requests at once (E 2048: its whole share) */
-
 /* Small steps: the router's logits, the routing and the grouping in one
- * launch. Warp w of block b computes router row e = b RG_WARPS + w for
- * every token of the step: logits_kernel's sum for each (token, row), bit
- * for bit (lane l's 8-column chunks l, l + 32, ... in order, then the xor
- * butterfly; only when the loads are issued differs), its first RG_U
- * chunks requested before pdl_wait (the router is a weight: nothing before
- * this kernel writes it), the next tokens' from L1. Then every block
- * fences its logits and counts itself done on a.count[0] (atomicInc with
- * the grid's size less one: the counter wraps back to zero as the last
- * block takes it, so it is zero again for the next launch or graph replay
- * without a reset of its own); the last block routes and groups the whole
- * step (route_group_block), reading the other blocks' logits through L2. */
+ * launch. Block e sums router row e against every token of the step
+ * (logit_row: logits_kernel's sums, bit for bit; the row requested before
+ * pdl_wait, as the router is a weight), so the router is read by as many
+ * blocks as it has rows. Then every block fences its logits and counts
+ * itself done on a.count[0] (atomicInc with the grid's size less one: the
+ * counter wraps back to zero as the last block takes it, so it is zero
+ * again for the next launch or graph replay without a reset of its own);
+ * the last block routes and groups the whole step (route_group_block),
+ * reading the other blocks' logits through L2. */
 template <bool F32>
 static __global__ void __launch_bounds__(RG_WARPS * 32) logits_route_kernel(struct cuda_moe_args a, size_t per_warp)
 {
     extern __shared__ __align__(16) unsigned char smem[];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int R = a.NE + (a.shared_gated ? 1 : 0), e = blockIdx.x * RG_WARPS + warp, E = a.E;
-    const bool vec = (E & 7) == 0;
-    const int nch = (E + 7) / 8;
-    float w[RG_U][8];
-    if (e < R) {
-#pragma unroll
-        for (int u = 0; u < RG_U; u++)
-            if (lane + 32 * u < nch) router8<F32>(a.router, e, E, (lane + 32 * u) * 8, vec, w[u]);
-    }
-    pdl_trigger();
-    pdl_wait(); /* xn, and the scratch the last step's kernels used, from here on */
-    if (e < R)
-        for (int t = 0; t < a.T; t++) {
-            const uint16_t *xr = a.xn + (size_t)t * E;
-            float acc = 0.0f;
-            for (int ch0 = lane; ch0 < nch; ch0 += 32 * RG_U) {
-                if (t > 0 || ch0 != lane) {
-#pragma unroll
-                    for (int u = 0; u < RG_U; u++)
-                        if (ch0 + 32 * u < nch) router8<F32>(a.router, e, E, (ch0 + 32 * u) * 8, vec, w[u]);
-                }
-#pragma unroll
-                for (int u = 0; u < RG_U; u++) {
-                    const int c = (ch0 + 32 * u) * 8;
-                    if (c >= E) break;
-                    float xf[8];
-                    act8(xr, c, E, vec, xf);
-#pragma unroll
-                    for (int j = 0; j < 8; j++) acc = fmaf(w[u][j], xf[j], acc);
-                }
-            }
-            acc = warp_sum(acc);
-            if (lane == 0) a.logits[(size_t)t * (a.NE + 1) + e] = acc;
-        }
+    float *part = (float *)smem;
+    int *flag = (int *)(smem + LG_TB * LG_WARPS * 4);
+    logit_row<F32, true>(a.router, blockIdx.x, a.E, a.xn, 0, a.T, a.NE + 1, a.logits, part);
     __threadfence(); /* this block's logits visible device-wide before it counts itself done */
     __syncthreads();
-    /* the flag in route_group_block's scan scratch (no static shared memory beside the dynamic 48 KB): read
-     * by every thread before that uses it, after barriers */
-    int *flag = (int *)(smem + RG_WARPS * per_warp) + 2 * (a.NE + 1);
     if (threadIdx.x == 0) *flag = atomicInc((unsigned *)a.count, gridDim.x - 1) == gridDim.x - 1;
     __syncthreads();
     const bool last = *flag;
     if (!last) return; /* the whole block */
     __threadfence();
-    route_group_block(a, smem, per_warp);
+    route_group_block(a, smem + RG_HEAD, (int *)(smem + RG_SIDX), per_warp);
 }
 
 extern "C" int cuda_moe_small(const struct cuda_moe_args *a)
@@ -560,8 +617,7 @@ extern "C" cudaError_t cuda_moe_route_group(const struct cuda_moe_args *a, cudaS
 {
     if (a->T <= 0) return cudaSuccess;
     if (!cuda_moe_small(a)) return cudaErrorInvalidValue;
-    const int R = a->NE + (a->shared_gated ? 1 : 0);
-    const dim3 g((unsigned)((R + RG_WARPS - 1) / RG_WARPS));
+    const dim3 g((unsigned)(a->NE + (a->shared_gated ? 1 : 0))); /* a block a router row */
     const size_t smem = route_group_smem(a), per = route_smem(a->NE, a->n_group, a->K);
     if (a->router_f32) return pdl_launch(logits_route_kernel<true>, g, dim3(RG_WARPS * 32), smem, st, *a, per);
     return pdl_launch(logits_route_kernel<false>, g, dim3(RG_WARPS * 32), smem, st, *a, per);
@@ -824,11 +880,15 @@ static __device__ __noinline__ void dot_slow(const cuda_moe_mat *pA, const cuda_
  * requested before any is used, then the group parameters of all of them
  * (where a chunk lies in one group), then the x pieces as they are used
  * (the act-order and odd-width matrices of MK_SLOW: element by element, as
- * weight() reads them). WAIT: pdl_wait() once the first chunks are
- * requested (x is the predecessor kernel's output; the weights are not),
- * and by every lane before it returns; WAIT 2: pdl_trigger() right after
- * it (the dependent kernel may start once this one's inputs are done). */
-template <int KIND, int NM, int R, int TT, int U, int WAIT = 0>
+ * weight() reads them). DOWN (the small path's down kernels, dc_rows): a
+ * chunk's x pieces requested together, and rows past `rows` not skipped
+ * (their sums: products of zero weights, unused), so that the pass's R
+ * chains interleave; the same bits for the rows below `rows`. WAIT:
+ * pdl_wait() once the first chunks are requested (x is the predecessor
+ * kernel's output; the weights are not), and by every lane before it
+ * returns; WAIT 2: pdl_trigger() right after it (the dependent kernel may
+ * start once this one's inputs are done). */
+template <int KIND, int NM, int R, int TT, int U, int WAIT = 0, bool DOWN = false>
 static __device__ __forceinline__ void dot_pass(const cuda_moe_mat &A, const cuda_moe_mat &B, int r0, int rows,
                                                 int cols, const uint16_t *const (&xr)[TT], bool xvec,
                                                 float (&acc)[NM][R][TT])
@@ -905,19 +965,46 @@ static __device__ __forceinline__ void dot_pass(const cuda_moe_mat &A, const cud
         for (int u = 0; u < U; u++) {
             const int ch = ch0 + 32 * u;
             if (ch >= nch) break;
+            /* DOWN (x is h, the gate|up kernel's output, from L2): the chunk's x pieces requested at once
+             * where they fit in a few registers (TT SUB <= 4), one round trip for them rather than one a
+             * piece (the same values: act8 reads them alike) */
+            constexpr bool XPRE = DOWN && TT * SUB <= 4;
+            const bool whole = XPRE && xvec && (ch + 1) * CPC <= cols;
+            uint4 xv[XPRE ? TT : 1][XPRE ? SUB : 1];
+            if (XPRE && whole) {
+#pragma unroll
+                for (int m = 0; m < (XPRE ? TT : 1); m++)
+#pragma unroll
+                    for (int sub = 0; sub < (XPRE ? SUB : 1); sub++)
+                        xv[m][sub] = *(const uint4 *)(xr[m] + ch * CPC + sub * 8);
+            }
 #pragma unroll
             for (int sub = 0; sub < SUB; sub++) {
                 const int c = ch * CPC + sub * 8;
                 if (c >= cols) break;
                 float xf[TT][8];
 #pragma unroll
-                for (int m = 0; m < TT; m++) act8(xr[m], c, cols, xvec, xf[m]);
+                for (int m = 0; m < TT; m++) {
+                    if (XPRE && whole) {
+                        const uint4 v = xv[XPRE ? m : 0][XPRE ? sub : 0];
+                        const uint32_t p[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                        for (int j = 0; j < 4; j++)
+                            xf[m][2 * j] = __uint_as_float(p[j] << 16),
+                                      xf[m][2 * j + 1] = __uint_as_float(p[j] & 0xffff0000u);
+                    } else {
+                        act8(xr[m], c, cols, xvec, xf[m]);
+                    }
+                }
 #pragma unroll
                 for (int n = 0; n < NM; n++) {
                     const cuda_moe_mat &M = n ? B : A;
 #pragma unroll
                     for (int r = 0; r < R; r++) {
-                        if (r0 + r >= rows) continue;
+                        /* DOWN (up to 8 rows a pass): no test of the row, so the R chains interleave (rows
+                         * past the matrix have zero weights and parameters: zero products, and their sums
+                         * are not used); elsewhere it stays (the registers of more live chains) */
+                        if (!DOWN && r0 + r >= rows) continue;
                         const uint4 v = wv[n][r][u];
                         float w[8];
                         if (KIND == MK_BF16) {
@@ -928,7 +1015,7 @@ static __device__ __forceinline__ void dot_pass(const cuda_moe_mat &A, const cud
                             }
                         } else {
                             /* a chunk across groups (groups of 8 or 16 columns, or 48, ...): this piece's */
-                            if (sub > 0 && !one[n])
+                            if (sub > 0 && !one[n] && r0 + r < rows)
                                 q[n][r][u] = group_params<KIND>(M, (size_t)(r0 + r) * M.n_groups + c / M.group);
                             if (KIND == MK_Q4) deq_piece<MK_Q4>(word_of(v, sub), 0u, q[n][r][u], M.f16, w);
                             else deq_piece<MK_Q8>(word_of(v, 2 * sub), word_of(v, 2 * sub + 1), q[n][r][u], M.f16, w);
@@ -1091,11 +1178,11 @@ extern "C" cudaError_t cuda_moe_experts(const struct cuda_moe_args *a, cudaStrea
 /* The small path's expert kernels give each (row, token) output the bits
  * expert_kernel gives it (dot_pass's one sequence, then the butterfly);
  * what differs is how the work is cut: a warp takes few rows and, per
- * pass, as many rows R and chunks a lane U (small_shape) as make 8
- * 16-byte loads a lane in flight at once (at the Qwen3-30B-A3B shape one
- * pass covers a warp's rows: int4 gate|up 2 rows x 2 chunks x gate and
- * up, int4 down 8 rows x 1 chunk), so a one-token step has thousands of
- * warps with all their weights requested up front, where expert_kernel's
+ * pass, as many rows R and chunks a lane U (small_shape) as make 4 to 8
+ * 16-byte loads a lane in flight at once (at the Qwen3-30B-A3B shape int4
+ * gate|up 2 rows x 1 chunk x gate and up, in two rounds; int4 down 8 rows
+ * x 1 chunk, one pass), so a one-token step has thousands of warps with
+ * their weights requested early, where expert_kernel's
  * 4-row, 1-chunk passes took 246 registers (two blocks an SM) and a
  * dependent round trip per chunk. Both take part in programmatic dependent
  * launch (pdl.cuh): gate|up waits for the routing before it reads
@@ -1111,14 +1198,15 @@ extern "C" cudaError_t cuda_moe_experts(const struct cuda_moe_args *a, cudaStrea
  * (f32, where the general path keeps them), and the routed slots' down +
  * combine, which adds that product last, as combine_kernel adds slot K. */
 template <int KIND, int NM> struct small_shape {
-    /* NM 2 (gate|up: GS_RW rows a warp): int4 2 rows x 2 chunks, int8 and bf16 1 x 4; NM 1 (down: DC_ROWS
-     * rows a warp): int4 8 x 1, int8 4 x 2, bf16 2 x 4; element by element 1 x 1 */
+    /* NM 2 (gate|up: GS_RW rows a warp): int4 2 rows x 1 chunk (a 2048-column row in two rounds: with
+     * the registers of one round, 6 blocks an SM fit, gs_min_blocks), int8 and bf16 1 x 4; NM 1 (down:
+     * DC_ROWS rows a warp): int4 8 x 1, int8 4 x 2, bf16 2 x 4; element by element 1 x 1 */
     static constexpr int R = KIND == MK_SLOW  ? 1
                              : KIND == MK_Q4  ? (NM == 2 ? 2 : 8)
                              : KIND == MK_Q8  ? (NM == 2 ? 1 : 4)
                                               : (NM == 2 ? 1 : 2);
     static constexpr int U = KIND == MK_SLOW  ? 1
-                             : KIND == MK_Q4  ? (NM == 2 ? 2 : 1)
+                             : KIND == MK_Q4  ? 1
                              : KIND == MK_Q8  ? (NM == 2 ? 4 : 2)
                                               : 4;
 };
@@ -1224,17 +1312,30 @@ static __device__ __forceinline__ void gu_shared_warp(const struct cuda_moe_args
     }
 }
 
+/* Blocks an SM must hold of the small gate|up kernel for KIND at passes
+ * of up to TTMAX tokens: int4 one-token steps 6 (at most 80 registers): a
+ * one-token step at the Qwen3-30B-A3B shape has 8 x 96 blocks, which 6 an
+ * SM run in one wave on 132 SMs, where 5 (96 registers) left a second wave
+ * of 108 blocks, each warp's load round trip and decode overlapped by
+ * nothing; each warp now takes its rows in two rounds of a chunk a lane, so
+ * one round's decode overlaps other warps' loads. */
+static constexpr int gs_min_blocks(int kind, int ttmax, int mode)
+{
+    return kind == MK_Q4 && ttmax == 1 && mode != GU_SHARED ? 6 : 1; /* the shared experts': one expert's rows */
+}
+
 /* Small steps' gate|up: grid (active expert slot, row block of GS_WARPS x
  * GS_RW rows); a warp takes GS_RW rows of its expert against the expert's
  * assignments in passes of up to TTMAX (4 or 1) tokens. KIND: the one kind
  * of the experts it takes (cuda_moe_args.streamed, or .streamed_shared for
  * GU_SHARED), or -1: each expert's found at run time (a kernel that can
  * decode every kind holds the registers of the widest: 240 against
- * int4's 96). MODE: which slots (GU_*; GU_SHARED: gu_shared_warp, which
+ * int4's 78). MODE: which slots (GU_*; GU_SHARED: gu_shared_warp, which
  * lets its successor start at once: the shared experts' down kernel reads
  * nothing but weights before it waits). */
 template <int TTMAX, int KIND, int MODE>
-static __global__ void __launch_bounds__(GS_WARPS * 32) gate_up_small_kernel(struct cuda_moe_args a)
+static __global__ void __launch_bounds__(GS_WARPS * 32, gs_min_blocks(KIND, TTMAX, MODE))
+    gate_up_small_kernel(struct cuda_moe_args a)
 {
     if constexpr (MODE == GU_SHARED) {
         pdl_trigger();
@@ -1338,7 +1439,7 @@ static __device__ __forceinline__ void dc_rows(const cuda_moe_mat &W, int E, int
         const int r0 = row0 + rr;
         if (r0 >= E) break;
         float acc[1][R][1];
-        dot_pass<KIND, 1, R, 1, UU, WAIT>(W, W, r0, E, F, xr, xvec, acc);
+        dot_pass<KIND, 1, R, 1, UU, WAIT, !LEAN>(W, W, r0, E, F, xr, xvec, acc);
 #pragma unroll
         for (int r = 0; r < R; r++) {
             const float v = warp_sum(acc[0][r][0]);

@@ -4,8 +4,8 @@
  *
  * A step of an MoE layer, all on the device (nothing the host decides from
  * data, so decode steps stay inside their CUDA graph):
- *  1. route: the router's logits (one warp per token and expert, f32 sums in
- *     a fixed order, or for big steps of a bf16 router on tensor cores:
+ *  1. route: the router's logits (a block of 8 warps per router row, f32
+ *     sums in a fixed order whatever the step, or for big steps of a bf16 router on tensor cores:
  *     cuda_moe_router_gemm; the router weight kept as the file stores it,
  *     bf16 or f32), then per token what model_moe_route does (softmax
  *     top-k with or without renormalisation; sigmoid scores, the correction
@@ -28,8 +28,8 @@
  *     expert order, then the shared experts, as the CPU does.
  * Small steps (decode: cuda_moe_small, T S <= CUDA_MOE_SMALL_SLOTS) take
  * three launches instead of six: the logits, routing and grouping in one
- * (cuda_moe_route_group: many blocks compute the logits, the last block to
- * finish, found with a counter, routes and groups), gate|up
+ * (cuda_moe_route_group: a block per router row computes the logits, the
+ * last block to finish, found with a counter, routes and groups), gate|up
  * (cuda_moe_gate_up_small: a few rows a warp, all of a pass's weights
  * requested at once), and down fused with the combine
  * (cuda_moe_down_combine: a token's output rows sum its slots' down

@@ -41,6 +41,9 @@
  * Two cases have over 8192 token slots, so their batch takes the grouping's
  * multi-block path and the tokens alone the one-block one; one has 1024
  * rows an expert (16 GEMM row tiles), one experts of 0, 1 and 200 rows.
+ * Small steps also route more tokens than the routing block has warps (with
+ * exact ties), and one has a hidden size of 8200 (the logits' threads hold
+ * 4 router chunks in registers and read a fifth).
  * Cases: softmax top-k with and without renormalisation, the sigmoid router
  * with correction bias, scaling and group-limited choice, shared experts
  * (plain and qwen2_moe's gated one), an f32 router, the clamped SwiGLU, odd
@@ -700,6 +703,12 @@ static const struct mcase cases[] = {
      false, false, {0, 0, 0}, false, {0, 0, 0}, 0, 0, 0},
     {"small: clamped swiglu, odd widths", 32, 8, 100, 20, 12, 5, true, true, false, false, true, false, 1, 1, 2.5f,
      0.5f, false, false, {0, 0, 0}, false, {0, 0, 0}, 0, 0, 0},
+    /* more tokens than the routing block has warps (a warp routes two in turn), exact ties */
+    {"small: top-8 of 128, 12 tokens, ties", 128, 8, 256, 32, 0, 12, false, true, false, false, false, true, 1, 1,
+     1, 0, false, false, {0, 0, 0}, false, {0, 0, 0}, 0, 0, 0},
+    /* a hidden size past the router chunks a logits thread keeps in registers (8 x 256 x 4 columns) */
+    {"small: hidden 8200", 8, 2, 8200, 16, 0, 3, false, true, false, false, false, true, 1, 1, 1, 0, false, false,
+     {0, 0, 0}, false, {0, 0, 0}, 0, 0, 0},
     /* the bound: top-8 without shared experts (16 tokens small, 17 not), top-8 with (14, 15), and 33 */
     {"bound: softmax top-8 of 64", 64, 8, 128, 48, 0, 15, false, true, false, false, false, false, 1, 1, 1, 0,
      false, false, {0, 0, 0}, false, {0, 0, 0}, 0, 0, 0},
