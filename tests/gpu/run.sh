@@ -76,6 +76,10 @@
 #                      prefill steps, one block a head against the value columns split;
 #                      prefill of 1K, 4K and 14.6K tokens, the recurrence against the
 #                      chunked kernels (ms a layer); then again at 32 heads (a TP=2 rank)
+#   glm5               GLM-5.3-Flash's parts on one GPU: its MoE layer (bench_moe --glm5),
+#                      the DSA indexer alone (bench_mla --indexer), then the shape cut
+#                      to 8 layers (tools/configs/glm-5.3-flash-8layers, dummy mixed
+#                      weights): a 14.6K-token prompt (TTFT) and decode over it
 #   nccl               bench_nccl: one all-reduce, NCCL and the peer kernel (2+ GPUs)
 #   power              the GPU's power and SM clock (nvidia-smi every 20 ms)
 #                      during bench_gemm and sustained prefill steps (power_sum.py)
@@ -265,6 +269,9 @@ bench_one() {
     kernels) timeout -k 5 300 "$B/tests/gpu/bench_kernels" 2>&1 | tee "$d/bench_kernels.log" ;;
     kda) { timeout -k 5 300 "$B/tests/gpu/bench_kda"; timeout -k 5 300 "$B/tests/gpu/bench_kda" --heads=32; } 2>&1 |
              tee "$d/bench_kda.log" ;;
+    glm5) { timeout -k 5 120 "$B/tests/gpu/bench_moe" --glm5 1 8; timeout -k 5 120 "$B/tests/gpu/bench_mla" --indexer
+            timeout -k 5 300 "$B/tests/gpu/bench_gpu" $G --long=14600 tools/configs/glm-5.3-flash-8layers \
+                tests/models/kda/glm5-kda; } 2>&1 | tee "$d/bench_glm5.log" ;;
     nccl)
         if [ "$ngpu" -lt 2 ]; then echo "nccl: needs 2+ GPUs, skipped"; return 0; fi
         timeout -k 5 120 "$B/tests/gpu/bench_nccl" "${TP:-2}" 2>&1 | tee "$d/bench_nccl.log" ;;
