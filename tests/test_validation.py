@@ -238,6 +238,13 @@ def test_info_shows_the_mtp_layer():
     assert rc == 0 and "loaded without MTP layers" in out and "mtp:" not in out, (rc, out)
 
 
+def test_info_shows_the_pool_key_bytes():
+    """sluice info counts the GPU's cached k-pool keys: f32, index_head_dim a pool, in the layers that run their own
+    indexer (glm5-mla: indexer_types full, shared, full; 16 dims, pools of 4: 2 x 16 x 4 / 4 bytes a token)."""
+    rc, out = run(["info", os.path.join(lib.ROOT, "tests", "models", "glm5", "glm5-mla")])
+    assert rc == 0 and "4 keys a pool, 4 pools a query" in out and "each pool's key: 32 bytes a token" in out, (rc, out)
+
+
 def test_run_batch_lines():
     """run-batch parses lines as the server parses bodies: NULs kept, wrong types named, Responses names."""
     with tempfile.TemporaryDirectory(prefix="sluice_validation_") as tmp:
@@ -277,7 +284,8 @@ def main():
     finally:
         lib.stop_server(proc)
         log.close()
-    p2, f2 = lib.run_tests([test_model_files_checked_at_load, test_info_shows_the_mtp_layer, test_run_batch_lines])
+    p2, f2 = lib.run_tests([test_model_files_checked_at_load, test_info_shows_the_mtp_layer,
+                            test_info_shows_the_pool_key_bytes, test_run_batch_lines])
     return lib.summary(passed + p2, failed + f2)
 
 
