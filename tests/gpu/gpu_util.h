@@ -46,12 +46,16 @@ static inline int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 /* n bytes on the device (16 when n is 0), a copy of h when h is given;
- * aborts when the device has no room (a test cannot go on) */
+ * aborts when the device has no room (a test cannot go on). These set-up
+ * helpers return only once the device holds the bytes: a pageable copy or a
+ * memset may still be in flight when it returns, and a kernel on a
+ * non-blocking stream does not wait for the legacy stream they run on. */
 static inline void *dup_dev(const void *h, size_t n)
 {
     void *d = NULL;
     if (cudaMalloc(&d, n ? n : 16) != cudaSuccess) abort();
     if (h && n) cudaMemcpy(d, h, n, cudaMemcpyHostToDevice);
+    cudaDeviceSynchronize();
     return d;
 }
 /* n bytes of 0xff: NaN in f32 and bf16, so a value a kernel never wrote fails */
@@ -59,12 +63,14 @@ static inline void *poisoned(size_t n)
 {
     void *d = dup_dev(NULL, n);
     cudaMemset(d, 0xff, n ? n : 16);
+    cudaDeviceSynchronize();
     return d;
 }
 static inline void *zeroed(size_t n)
 {
     void *d = dup_dev(NULL, n);
     cudaMemset(d, 0, n ? n : 16);
+    cudaDeviceSynchronize();
     return d;
 }
 /* n bytes back to h; a failed copy says why and leaves h NaN */
