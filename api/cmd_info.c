@@ -57,13 +57,10 @@ static void info_plan(const model *m)
         if (a->index_kpool > 0 && a->index_topk > 0) {
             /* the GPU keeps each pool's key (f32) beside the KV blocks of every layer that runs its own indexer
              * (cuda_mla_pool_block_bytes): bytes a token on top of the KV below */
-            int nix = 0;
-            for (int l = 0; l < c->n_layer && a->index_full; l++)
-                nix += model_layer_kind_of(c, l).mixer == MODEL_MIXER_MLA && a->index_full[l];
             printf("dsa indexer k-pools: %d keys a pool, %d pools a query%s; the GPU caches each pool's key: %.0f "
                    "bytes a token\n",
-                   a->index_kpool, a->index_topk / a->index_kpool, a->index_kpool_tail ? " + its own incomplete pool" : "",
-                   (double)nix * a->index_head_dim * 4 / a->index_kpool);
+                   a->index_kpool, a->index_topk / a->index_kpool,
+                   a->index_kpool_tail ? " + its own incomplete pool" : "", (double)model_kpool_indexer_layers(c) * a->index_head_dim * 4 / a->index_kpool);
         }
         const struct model_weights *w = model_get_weights(m);
         if (a->n_mtp_layers > 0)

@@ -493,22 +493,11 @@ fail:
     return SL_EDEVICE;
 }
 
-/* The layers that run their own indexer with k-pools, each with an array of pool keys. */
-static int pool_layers(const struct model_config *c)
-{
-    const struct model_mla_config *a = &c->mla;
-    int n = 0;
-    if (a->index_topk <= 0 || a->index_kpool <= 0 || !a->index_full) return 0;
-    for (int l = 0; l < c->n_layer; l++)
-        n += model_layer_kind_of(c, l).mixer == MODEL_MIXER_MLA && a->index_full[l];
-    return n;
-}
-
 size_t cuda_mla_pool_block_bytes(const struct model_config *c, int block_size)
 {
     int KP = c->mla.index_kpool;
     if (KP <= 0 || block_size <= 0) return 0;
-    return (size_t)pool_layers(c) * ((block_size + KP - 1) / KP) * c->mla.index_head_dim * sizeof(float);
+    return (size_t)model_kpool_indexer_layers(c) * ((block_size + KP - 1) / KP) * c->mla.index_head_dim * sizeof(float);
 }
 
 int cuda_mla_kv_alloc(struct rank *k, int n_blocks, int block_size, char *err, size_t errlen)
@@ -520,7 +509,7 @@ int cuda_mla_kv_alloc(struct rank *k, int n_blocks, int block_size, char *err, s
     x->ixpool = NULL, x->ixpool_n = 0;
     size_t bytes = cuda_mla_pool_block_bytes(c, block_size);
     if (!bytes) return 0;
-    x->ixpool_n = (size_t)(n_blocks + 1) * bytes / sizeof(float) / (size_t)pool_layers(c);
+    x->ixpool_n = (size_t)(n_blocks + 1) * bytes / sizeof(float) / (size_t)model_kpool_indexer_layers(c);
     /* never read before written (a pool's key is computed in the step that completes it) */
     return cuda_dmalloc((void **)&x->ixpool, (size_t)(n_blocks + 1) * bytes, err, errlen) ? SL_ENOMEM : 0;
 }

@@ -35,6 +35,15 @@ size_t model_kv_bytes_per_token(const struct model_config *c, size_t elem_bytes)
     return n;
 }
 
+int model_kpool_indexer_layers(const struct model_config *c)
+{
+    const struct model_mla_config *a = &c->mla;
+    int n = 0;
+    if (a->index_topk <= 0 || a->index_kpool <= 0 || !a->index_full) return 0;
+    for (int l = 0; l < c->n_layer; l++) n += model_layer_kind_of(c, l).mixer == MODEL_MIXER_MLA && a->index_full[l];
+    return n;
+}
+
 size_t model_mtp_kv_bytes_per_token(const struct model_config *c, size_t elem_bytes)
 {
     size_t n = 0;

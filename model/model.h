@@ -515,6 +515,10 @@ void model_rope_inv_freq(const struct model_config *c, const struct model_weight
 /* Bytes one token's KV takes over all layers at elem_bytes per value (sum of
  * model_kv_token_elems): what `sluice info` prints. */
 size_t model_kv_bytes_per_token(const struct model_config *c, size_t elem_bytes);
+/* The decoder layers that run their own DSA indexer with k-pools (0 without
+ * them): each keeps its pools' keys, which the CUDA backend caches beside the
+ * KV blocks and `sluice info` counts. */
+int model_kpool_indexer_layers(const struct model_config *c);
 /* What the MTP layers add per token when a backend runs them (their KV
  * entries, model_kv_token_elems of layers n_layer ..), and per block (the
  * hidden state a block keeps: n_embd values and its position, an int32), at

@@ -767,11 +767,42 @@ static void test_expanded(void)
  * position; tokens 3k+1 repeat token 3k's key, so ties are there to break).
  * The cache starts poisoned (NaN), so a pool read before its tokens are
  * written fails the scores. */
+#define IX_KPMAX 64 /* the most keys a pool these tests take */
+
+/* A pool key's dimension d, in double (cpu_mla.c's pool_keys): a softmax
+ * over the pool's KP gate values plus ape, weighting its KP keys; gate[i]
+ * and key[i] are the pool's token i's values in that dimension. */
+static double ref_pool_dim(const double *gate, const double *key, const float *ape, int KP, int ID, int d)
+{
+    double mx = -INFINITY, sum = 0, v = 0;
+    for (int i = 0; i < KP; i++) mx = fmax(mx, gate[i] + ape[i * ID + d]);
+    for (int i = 0; i < KP; i++) sum += exp(gate[i] + ape[i * ID + d] - mx);
+    for (int i = 0; i < KP; i++) v += exp(gate[i] + ape[i * ID + d] - mx) / sum * key[i];
+    return v;
+}
+
+/* The same from a paged cache (bf16 or e4m3 entries of W values): the pool
+ * of the KP tokens from position p0 of a sequence with block table bt,
+ * their keys at offset k0 of an entry and their gates ID after. */
+static double ix_pool_dim(const uint8_t *craw, bool kv8, const int32_t *bt, int bs, int p0, int W, int k0, int ID,
+                          const float *ape, int KP, int d)
+{
+    double gv[IX_KPMAX], kv[IX_KPMAX];
+    for (int i = 0; i < KP; i++) {
+        int p = p0 + i;
+        size_t e = ((size_t)bt[p / bs] * bs + p % bs) * W + k0 + d;
+        kv[i] = kv8 ? e4m3(craw[e]) : fb(((const uint16_t *)craw)[e]);
+        gv[i] = kv8 ? e4m3(craw[e + ID]) : fb(((const uint16_t *)craw)[e + ID]);
+    }
+    return ref_pool_dim(gv, kv, ape, KP, ID, d);
+}
+
 static void ix_case(int n, int K, int IH, int ID, int R, int KP, bool tail, bool kv8, const int *steps)
 {
     enum { BS = 16 };
     int C = 32, W = C + R + ID * (KP ? 2 : 1), X = 64, half = R / 2, nb = (n + BS - 1) / BS, KS = K + KP;
     int want = KP ? K / KP : K;
+    CHECK(KP <= IX_KPMAX);
     int32_t bt[8] = {6, 1, 4, 0, 7, 2, 5, 3};
     size_t es = kv8 ? 1 : 2, cache_n = (size_t)9 * BS * W;
     float *cs = malloc((size_t)X * half * 4 + 4), *sn = malloc((size_t)X * half * 4 + 4);
@@ -859,12 +890,9 @@ static void ix_case(int n, int K, int IH, int ID, int R, int KP, bool tail, bool
                 cand[p * ID + d] = keys[p * ID + d];
                 continue;
             }
-            double mx = -INFINITY, sum = 0, v = 0;
-            for (int i = 0; i < KP; i++) mx = fmax(mx, (double)gates[(p * KP + i) * ID + d] + ape[i * ID + d]);
-            for (int i = 0; i < KP; i++) sum += exp(gates[(p * KP + i) * ID + d] + ape[i * ID + d] - mx);
-            for (int i = 0; i < KP; i++)
-                v += exp(gates[(p * KP + i) * ID + d] + ape[i * ID + d] - mx) / sum * keys[(p * KP + i) * ID + d];
-            cand[p * ID + d] = (float)v;
+            double gv[IX_KPMAX], kv[IX_KPMAX];
+            for (int i = 0; i < KP; i++) gv[i] = gates[(p * KP + i) * ID + d], kv[i] = keys[(p * KP + i) * ID + d];
+            cand[p * ID + d] = (float)ref_pool_dim(gv, kv, ape, KP, ID, d);
         }
     /* the pool keys the GPU cached, each at its last token's block and offset */
     double epk = 0;
@@ -988,6 +1016,7 @@ static void ix_multi(const char *what, int IH, int ID, int R, int KP, bool tail,
                      const int *len, int shared, int chunk, int ndec)
 {
     int C = 16, W = C + R + ID * (KP ? 2 : 1), half = R / 2, KS = K + KP, want = KP ? K / KP : K;
+    CHECK(KP <= IX_KPMAX);
     int X = 0, nbt = 0, *off = malloc((size_t)nseq * sizeof(int)), *n_all = malloc((size_t)nseq * sizeof(int));
     for (int s = 0; s < nseq; s++) {
         n_all[s] = len[s] + ndec;
@@ -1055,6 +1084,8 @@ static void ix_multi(const char *what, int IH, int ID, int R, int KP, bool tail,
     int bad = 0, nchk = 0, nsteps = 0, ndec_done = 0;
 #define CV(o) (kv8 ? e4m3(craw[o]) : fb(((uint16_t *)craw)[o]))
 #define SLOT(s, p) ((size_t)bt[off[s] + (p) / bs] * bs + (p) % bs)
+    /* sequence s's pool c's key, dimension d, from the stored keys and gates */
+#define POOL_DIM(s, c, d) ix_pool_dim(craw, kv8, bt + off[s], bs, (c) * KP, W, C + R, ID, ape, KP, d)
     for (;;) {
         /* the step: each prefilling sequence's next chunk (sequence 1 once sequence 0 wrote the shared blocks),
          * or, when none prefills, one token of each sequence */
@@ -1109,16 +1140,7 @@ static void ix_multi(const char *what, int IH, int ID, int R, int KP, bool tail,
                         cand[(size_t)c * ID + d] = CV(SLOT(s, c) * W + C + R + d);
                         continue;
                     }
-                    double mx = -INFINITY, sum = 0, v = 0;
-                    for (int i = 0; i < KP; i++)
-                        mx = fmax(mx, (double)CV(SLOT(s, c * KP + i) * W + C + R + ID + d) + ape[i * ID + d]);
-                    for (int i = 0; i < KP; i++)
-                        sum += exp(CV(SLOT(s, c * KP + i) * W + C + R + ID + d) + ape[i * ID + d] - mx);
-                    for (int i = 0; i < KP; i++) {
-                        size_t e = SLOT(s, c * KP + i) * W + C + R;
-                        v += exp(CV(e + ID + d) + ape[i * ID + d] - mx) / sum * CV(e + d);
-                    }
-                    cand[(size_t)c * ID + d] = v;
+                    cand[(size_t)c * ID + d] = POOL_DIM(s, c, d);
                 }
             for (int h = 0; h < IH; h++) {
                 double *o = qr + (size_t)h * ID;
@@ -1180,16 +1202,7 @@ static void ix_multi(const char *what, int IH, int ID, int R, int KP, bool tail,
                 memcpy(gotk + (size_t)c * ID, pk + ((size_t)bt[off[s] + pl / bs] * PB + (pl % bs) / KP) * ID,
                        (size_t)ID * 4);
                 for (int d = 0; d < ID; d++) {
-                    double mx = -INFINITY, sum = 0, v = 0;
-                    for (int i = 0; i < KP; i++)
-                        mx = fmax(mx, (double)CV(SLOT(s, c * KP + i) * W + C + R + ID + d) + ape[i * ID + d]);
-                    for (int i = 0; i < KP; i++)
-                        sum += exp(CV(SLOT(s, c * KP + i) * W + C + R + ID + d) + ape[i * ID + d] - mx);
-                    for (int i = 0; i < KP; i++) {
-                        size_t e = SLOT(s, c * KP + i) * W + C + R;
-                        v += exp(CV(e + ID + d) + ape[i * ID + d] - mx) / sum * CV(e + d);
-                    }
-                    wk[(size_t)c * ID + d] = v;
+                    wk[(size_t)c * ID + d] = POOL_DIM(s, c, d);
                 }
             }
             double e = nerr(gotk, wk, (size_t)np * ID);
@@ -1200,6 +1213,7 @@ static void ix_multi(const char *what, int IH, int ID, int R, int KP, bool tail,
     }
 #undef CV
 #undef SLOT
+#undef POOL_DIM
     printf("  %s: IH=%d ID=%d R=%d KP=%d%s K=%d bs=%d %s, %d sequences (", what, IH, ID, R, KP, tail ? " tail" : "",
            K, bs, kv8 ? "fp8" : "bf16", nseq);
     for (int s = 0; s < nseq; s++) printf("%s%d", s ? ", " : "", len[s]);
