@@ -567,10 +567,13 @@ static __global__ void __launch_bounds__(IXT, 4) ix_score_kernel(struct cuda_mla
     }
 }
 
-/* an order-keeping map of floats to unsigned ints */
+/* an order-keeping map of floats to unsigned ints; -0 takes +0's value, as
+ * the CPU's float compare makes them a tie (a score is -0 when every head's
+ * ReLU is 0 and a weight is negative) */
 static __device__ __forceinline__ uint32_t ord(float f)
 {
     uint32_t b = __float_as_uint(f);
+    if (b == 0x80000000u) b = 0u;
     return b & 0x80000000u ? ~b : b | 0x80000000u;
 }
 

@@ -36,6 +36,7 @@
 
 #include "cuda/bf16.cuh"
 #include "cuda/moe.h"
+#include "cuda/norm.cuh"
 #include "cuda/pdl.cuh"
 #include "cuda/tuning.h"
 
@@ -101,10 +102,19 @@ static __device__ __forceinline__ void router8(const void *router, int e, int E,
  * totals are added in warp order. The router chunks are read once (the
  * first LG_U of a thread's kept in registers) and requested before
  * pdl_wait where PDL (the router is a weight; x may be the predecessor's
- * output). part: LG_TB x LG_WARPS floats of shared memory. */
+ * output). part: LG_TB x LG_WARPS floats of shared memory. nrm (one token,
+ * the routing kernel of a step whose norm rides in it: cuda_moe_fuses):
+ * after the wait x is made here as cuda_add_rmsnorm makes it, from the
+ * residual nrm->xf, into nrm->xs (shared, E) and by block 0 into nrm->xn. */
+struct moe_norm_in {
+    const float *xf, *nw;
+    float eps;
+    uint16_t *xs, *xn;
+};
 template <bool F32, bool PDL>
 static __device__ __forceinline__ void logit_row(const void *router, int e, int E, const uint16_t *x, int t0, int t1,
-                                                 int ld, float *logits, float *part)
+                                                 int ld, float *logits, float *part,
+                                                 const moe_norm_in *nrm = nullptr)
 {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const bool vec = (E & 7) == 0;
@@ -113,9 +123,20 @@ static __device__ __forceinline__ void logit_row(const void *router, int e, int 
 #pragma unroll
     for (int u = 0; u < LG_U; u++)
         if (tid + LG_THREADS * u < nch) router8<F32>(router, e, E, (tid + LG_THREADS * u) * 8, vec, w[u]);
+    float nwv[RMS_J][RMS_K]; /* nrm: the norm's weights, requested with the router's row */
+    if (nrm) rms_load(nrm->nw, E, nwv);
     if (PDL) {
         pdl_trigger();
         pdl_wait(); /* x, and the scratch the last step's kernels used, from here on */
+    }
+    if (nrm) { /* x in one round of loads */
+        float xv[RMS_J][RMS_K];
+        rms_load(nrm->xf, E, xv);
+        const float inv = rms_inv_regs(xv, E, nrm->eps, part);
+        rms_store(xv, nwv, E, inv, nrm->xs);
+        if (nrm->xn) rms_store(xv, nwv, E, inv, nrm->xn);
+        __syncthreads(); /* xs written, part free again */
+        x = nrm->xs;
     }
     for (int tb = t0; tb < t1; tb += LG_TB) {
         const int nt = t1 - tb < LG_TB ? t1 - tb : LG_TB;
@@ -591,12 +612,18 @@ static __device__ void route_group_block(const struct cuda_moe_args &a, unsigned
  * the last block routes and groups the whole step (route_group_block),
  * reading the other blocks' logits through L2. */
 template <bool F32>
-static __global__ void __launch_bounds__(RG_WARPS * 32) logits_route_kernel(struct cuda_moe_args a, size_t per_warp)
+static __global__ void __launch_bounds__(RG_WARPS * 32) logits_route_kernel(struct cuda_moe_args a, size_t per_warp,
+                                                                              size_t nsmem)
 {
     extern __shared__ __align__(16) unsigned char smem[];
     float *part = (float *)smem;
     int *flag = (int *)(smem + LG_TB * LG_WARPS * 4);
-    logit_row<F32, true>(a.router, blockIdx.x, a.E, a.xn, 0, a.T, a.NE + 1, a.logits, part);
+    if (a.xf) { /* one token: its norm first (cuda_moe_fuses), block 0 keeping it for the experts */
+        const moe_norm_in nrm = {a.xf, a.nw, a.eps, (uint16_t *)(smem + nsmem), blockIdx.x ? nullptr : (uint16_t *)a.xn};
+        logit_row<F32, true>(a.router, blockIdx.x, a.E, a.xn, 0, 1, a.NE + 1, a.logits, part, &nrm);
+    } else {
+        logit_row<F32, true>(a.router, blockIdx.x, a.E, a.xn, 0, a.T, a.NE + 1, a.logits, part);
+    }
     __threadfence(); /* this block's logits visible device-wide before it counts itself done */
     __syncthreads();
     if (threadIdx.x == 0) *flag = atomicInc((unsigned *)a.count, gridDim.x - 1) == gridDim.x - 1;
@@ -613,14 +640,25 @@ extern "C" int cuda_moe_small(const struct cuda_moe_args *a)
            route_group_smem(a) <= 48 * 1024;
 }
 
+/* the routing kernel's shared memory with the norm's row after it (16-byte aligned) */
+static size_t route_norm_smem(const struct cuda_moe_args *a) { return (route_group_smem(a) + 15) / 16 * 16; }
+
+extern "C" int cuda_moe_fuses(const struct cuda_moe_args *a)
+{
+    return a->T == 1 && !a->outf && cuda_moe_small(a) && route_norm_smem(a) + (size_t)a->E * 2 <= 48 * 1024 &&
+           rms_regs_fit(a->E, RG_WARPS * 32);
+}
+
 extern "C" cudaError_t cuda_moe_route_group(const struct cuda_moe_args *a, cudaStream_t st)
 {
     if (a->T <= 0) return cudaSuccess;
     if (!cuda_moe_small(a)) return cudaErrorInvalidValue;
     const dim3 g((unsigned)(a->NE + (a->shared_gated ? 1 : 0))); /* a block a router row */
-    const size_t smem = route_group_smem(a), per = route_smem(a->NE, a->n_group, a->K);
-    if (a->router_f32) return pdl_launch(logits_route_kernel<true>, g, dim3(RG_WARPS * 32), smem, st, *a, per);
-    return pdl_launch(logits_route_kernel<false>, g, dim3(RG_WARPS * 32), smem, st, *a, per);
+    if (a->xf && !cuda_moe_fuses(a)) return cudaErrorInvalidValue;
+    const size_t per = route_smem(a->NE, a->n_group, a->K), ns = route_norm_smem(a);
+    const size_t smem = a->xf ? ns + (size_t)a->E * 2 : route_group_smem(a);
+    if (a->router_f32) return pdl_launch(logits_route_kernel<true>, g, dim3(RG_WARPS * 32), smem, st, *a, per, ns);
+    return pdl_launch(logits_route_kernel<false>, g, dim3(RG_WARPS * 32), smem, st, *a, per, ns);
 }
 
 /* ---- the experts -------------------------------------------------------------------- */
@@ -1492,6 +1530,7 @@ static __global__ void __launch_bounds__(DC_WARPS * 32) down_combine_kernel(stru
     if (SHY) o = __fadd_rn(o, __fmul_rn(w[a.K], __ldcg(a.y + ((size_t)t * a.S + a.K) * a.E + row0 + i)));
     const size_t oi = (size_t)t * a.E + row0 + i;
     if (a.outf) a.outf[oi] = o;
+    else if (a.resid) a.resid[oi] = a.resid[oi] + bf2f(f2bf(o)); /* cuda_add_rmsnorm's add of out */
     else a.out[oi] = f2bf(o);
 }
 
@@ -1541,7 +1580,7 @@ static moe_kernel_fn down_shared_fn(int st)
 extern "C" cudaError_t cuda_moe_down_combine(const struct cuda_moe_args *a, cudaStream_t st)
 {
     if (a->T <= 0) return cudaSuccess;
-    if (!cuda_moe_small(a)) return cudaErrorInvalidValue;
+    if (!cuda_moe_small(a) || (a->resid && !cuda_moe_fuses(a))) return cudaErrorInvalidValue;
     const dim3 g((unsigned)a->T, (unsigned)((a->E + DC_ROWS - 1) / DC_ROWS));
     const int mode = small_mode(a);
     if (mode != SMALL_MIXED) {
@@ -1580,6 +1619,7 @@ extern "C" cudaError_t cuda_moe_combine(const struct cuda_moe_args *a, cudaStrea
 extern "C" cudaError_t cuda_moe_forward(const struct cuda_moe_args *a, cudaStream_t st)
 {
     cudaError_t e;
+    if ((a->xf || a->resid) && !cuda_moe_fuses(a)) return cudaErrorInvalidValue;
     if (cuda_moe_small(a)) {
         if ((e = cuda_moe_route_group(a, st)) != cudaSuccess || (e = cuda_moe_gate_up_small(a, st)) != cudaSuccess)
             return e;

@@ -122,6 +122,12 @@ struct cuda_moe_args {
     float *y;                 /* [T S][E] f32: each assignment's expert output */
     uint16_t *out;            /* [T][E] bf16: the block's output */
     float *outf;              /* or, non-NULL, [T][E] f32 instead (a rank's partial sum, N > 1) */
+    /* decode's fused forms (one token, cuda_moe_fuses), each bit for bit the unfused kernels': */
+    const float *xf;          /* non-NULL: xn = RMSNorm(xf) by nw, eps, made in the routing kernel's prologue
+                               * (cuda_add_rmsnorm's bits, no delta) and stored into xn for the experts */
+    const float *nw;
+    float eps;
+    float *resid;             /* non-NULL: out not written, resid += its bf16 values (cuda_add_rmsnorm's add) */
 };
 
 /* The four stages (see the file comment), enqueued on st; each returns the
@@ -142,6 +148,10 @@ cudaError_t cuda_moe_route_group(const struct cuda_moe_args *a, cudaStream_t st)
 cudaError_t cuda_moe_gate_up_small(const struct cuda_moe_args *a, cudaStream_t st);
 cudaError_t cuda_moe_down_combine(const struct cuda_moe_args *a, cudaStream_t st);
 cudaError_t cuda_moe_forward(const struct cuda_moe_args *a, cudaStream_t st);
+/* Whether a's step may take the fused forms (xf, resid): one token, a small
+ * step, no outf, the norm's row fits the routing kernel's shared memory.
+ * The stages refuse xf or resid elsewhere (cudaErrorInvalidValue). */
+int cuda_moe_fuses(const struct cuda_moe_args *a);
 
 /* What cuda_moe_args.streamed should be for these experts (hex: the host
  * copy of the [NE + 1] descriptors, shared experts last, F 0: none; E the
@@ -231,8 +241,14 @@ int cuda_moe_upload(struct rank *k, int l, char *err, size_t errlen);
 /* Frees what cuda_moe_upload made for layer l (the rank's scratch with
  * the last layer's); accepts a layer without any. */
 void cuda_moe_free(struct rank *k, int l);
-/* Layer l's MoE block over k->xn [T][E] into k->delta, enqueued on k->st. */
-int cuda_moe_ffn(struct rank *k, int l, int T, bool decode, char *err, size_t errlen);
+/* Whether layer l's MoE block at T tokens may take the fused forms (one
+ * GPU, cuda_moe_fuses). */
+bool cuda_moe_ffn_fuses(struct rank *k, int l, int T);
+/* Layer l's MoE block over k->xn [T][E] into k->delta, enqueued on k->st;
+ * with nw (where cuda_moe_ffn_fuses) over RMSNorm(k->x) by nw instead, made
+ * in the routing kernel (and left in k->xn), its output added into k->x:
+ * the bits of cuda_add_rmsnorm before and after the unfused block. */
+int cuda_moe_ffn(struct rank *k, int l, int T, bool decode, const float *nw, char *err, size_t errlen);
 #endif
 
 #endif

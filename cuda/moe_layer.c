@@ -330,9 +330,8 @@ void cuda_moe_free(struct rank *k, int l)
     }
 }
 
-int cuda_moe_ffn(struct rank *k, int l, int T, bool decode, char *err, size_t errlen)
+static struct cuda_moe_args ffn_args(struct rank *k, int l, int T)
 {
-    (void)decode; /* one path: the expert kernels take any T */
     const struct model_moe_config *mc = &k->b->c.moe;
     const struct cuda_moe_layer *L = k->L[l].moe;
     const struct cuda_moe_rank *R = k->moex;
@@ -347,6 +346,24 @@ int cuda_moe_ffn(struct rank *k, int l, int T, bool decode, char *err, size_t er
         .packed = L->packed, .logits = R->logits, .idx = R->idx, .wt = R->wt,
         .count = R->count, .start = R->start, .list = R->list, .act = R->act, .h = R->h, .y = R->y, .out = k->delta,
     };
+    return a;
+}
+
+bool cuda_moe_ffn_fuses(struct rank *k, int l, int T)
+{
+    if (k->b->tp != 1 || !k->L[l].moe || !k->moex || T != 1) return false;
+    struct cuda_moe_args a = ffn_args(k, l, T);
+    return cuda_moe_fuses(&a);
+}
+
+int cuda_moe_ffn(struct rank *k, int l, int T, bool decode, const float *nw, char *err, size_t errlen)
+{
+    (void)decode; /* one path: the expert kernels take any T */
+    struct cuda_moe_args a = ffn_args(k, l, T);
+    if (nw) {
+        SL_ASSERT(k->b->tp == 1);
+        a.xf = k->x, a.nw = nw, a.eps = k->b->c.norm_eps, a.resid = k->x;
+    }
     if (k->b->tp == 1) {
         CK(cuda_moe_forward(&a, k->st));
         return 0;

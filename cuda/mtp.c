@@ -334,7 +334,7 @@ static int run_layer(struct cuda_backend *b, struct rank *k, int n, const int32_
     }
     if (!ffn) return 0;
     CK(cuda_add_rmsnorm(k->x, k->delta, L->ffn_norm, NULL, n, E, eps, k->xn, st));
-    if (lk.ffn == MODEL_FFN_MOE) return cuda_moe_ffn(k, l, n, false, err, errlen);
+    if (lk.ffn == MODEL_FFN_MOE) return cuda_moe_ffn(k, l, n, false, NULL, err, errlen);
     int F = k->F;
     bool lim = c->moe.swiglu_limit > 0; /* glm5_next: gate|up in f32 (hc.h) */
     CB(cuda_proj(k, &L->qgu, L->wgu, k->xn, k->gu, lim, n, E, 2 * F));

@@ -36,6 +36,7 @@
  */
 #include "cuda/bf16.cuh"
 #include "cuda/kernels.h"
+#include "cuda/norm.cuh"
 #include "cuda/pdl.cuh"
 #include "cuda/qgemm.h"
 
@@ -51,6 +52,10 @@ struct qparams {
     int rows, cols, group, n_groups, row_bytes, ldy, T;
     int F; /* the SwiGLU kernels: gate rows (W holds F gate rows, then F up rows) */
     bool f16, yf32;
+    /* the tensor-core kernel's NORM build: x = rmsnorm(xf) by nw, eps (cuda_qgemv_rmsnorm) */
+    const float *xf, *nw;
+    float eps;
+    float *resid; /* else y: resid += the bf16-rounded sums (cuda_qgemv_residual) */
 };
 
 static qparams qparams_of(const cuda_qmat *w)
@@ -256,9 +261,11 @@ static __device__ __forceinline__ uint32_t deq_pair(uint32_t w, int i, uint32_t 
  * chunk, already in fragment order, and x in one 64-bit load per step. A
  * stretch is the 64 bytes of a row the four lanes of a row cover; warp w
  * takes stretches w, w + MW, ...; the warps' sums meet in shared memory. */
-template <int BITS, int NT, bool SW>
+template <int BITS, int NT, bool SW, bool NORM = false>
 __global__ void __launch_bounds__(MW * 32) qgemv_mma_kernel(qparams p)
 {
+    static_assert(!NORM || (NT == 1 && !SW), "the norm prologue: one row of x");
+    extern __shared__ __align__(16) uint16_t xs[]; /* NORM: the normalized row */
     constexpr int CPT = 128 / BITS; /* columns of a lane's chunk */
     constexpr int CPS = 4 * CPT;    /* columns of a stretch */
     constexpr int KS = CPT / 4;     /* k-steps a chunk */
@@ -298,7 +305,17 @@ __global__ void __launch_bounds__(MW * 32) qgemv_mma_kernel(qparams p)
         }
     };
     load(wa, wb, 0);
+    float nwv[NORM ? RMS_J : 1][RMS_K]; /* NORM: the norm's weights, requested with the first codes */
+    if constexpr (NORM) rms_load(p.nw, p.cols, nwv);
     pdl_wait(); /* x may be read from here on (weights only before) */
+    if constexpr (NORM) {
+        /* cuda_add_rmsnorm's bits: x in one round of loads, while the first codes are on their way */
+        __shared__ float nsh[32];
+        float xv[RMS_J][RMS_K];
+        rms_load(p.xf, p.cols, xv);
+        rms_store(xv, nwv, p.cols, rms_inv_regs(xv, p.cols, p.eps, nsh), xs);
+        __syncthreads();
+    }
     for (int i = 0; i < K; i++) {
         if (i + 1 < K) load(na, nb, i + 1);
 #pragma unroll
@@ -340,7 +357,7 @@ __global__ void __launch_bounds__(MW * 32) qgemv_mma_kernel(qparams p)
                     const int tok = 8 * j + g;
                     uint2 b = make_uint2(0, 0);
                     if (tok < p.T && col < p.cols) /* cols % 4 == 0: the four are whole */
-                        b = *(const uint2 *)(p.x + (size_t)tok * p.cols + col);
+                        b = NORM ? *(const uint2 *)(xs + col) : *(const uint2 *)(p.x + (size_t)tok * p.cols + col);
 #pragma unroll
                     for (int h = 0; h < NR; h++) mma_bf16(acc[h][j], a[h][0], a[h][1], a[h][2], a[h][3], b.x, b.y);
                 }
@@ -379,6 +396,7 @@ __global__ void __launch_bounds__(MW * 32) qgemv_mma_kernel(qparams p)
             if (row < nrows && tok < p.T) {
                 size_t o = (size_t)tok * p.ldy + (size_t)row;
                 if (SW) ((uint16_t *)p.y)[o] = swiglu1(f2bf(acc[0][j][e]), f2bf(acc[NR - 1][j][e]));
+                else if (p.resid) p.resid[o] = p.resid[o] + bf2f(f2bf(acc[0][j][e])); /* cuda_add_rmsnorm's add */
                 else if (p.yf32) ((float *)p.y)[o] = acc[0][j][e];
                 else ((uint16_t *)p.y)[o] = f2bf(acc[0][j][e]);
             }
@@ -396,11 +414,11 @@ static bool mma_ok(const cuda_qmat *w)
     return g_variant == 1 && !w->f16 && w->cols % 8 == 0 && (w->n_groups == 1 || w->group % cpt == 0);
 }
 
-template <int BITS, int NT, bool SW = false>
+template <int BITS, int NT, bool SW = false, bool NORM = false>
 static cudaError_t launch_mma(const qparams &p, cudaStream_t st)
 {
-    return pdl_launch(qgemv_mma_kernel<BITS, NT, SW>, dim3(((SW ? p.F : p.rows) + 15) / 16), dim3(MW * 32), 0, st,
-                      p);
+    return pdl_launch(qgemv_mma_kernel<BITS, NT, SW, NORM>, dim3(((SW ? p.F : p.rows) + 15) / 16), dim3(MW * 32),
+                      NORM ? (size_t)p.cols * 2 : 0, st, p);
 }
 
 /* T <= QMMA_MAX_T rows of x: ceil(T / 8) MMAs per dequantized fragment */
@@ -456,6 +474,34 @@ extern "C" cudaError_t cuda_qgemv(const struct cuda_qmat *w, const uint16_t *x, 
     p.x = x, p.y = y, p.yf32 = yf32, p.ldy = ldy, p.T = T;
     if (mma) return w->bits == 4 ? launch_mma_t<4>(p, st) : launch_mma_t<8>(p, st);
     return w->bits == 4 ? launch_gemv_t<4>(p, T, st) : launch_gemv_t<8>(p, T, st);
+}
+
+/* the NORM build's row of x in shared memory: up to 32 KB (no opt-in above 48 KB needed) */
+#define QNORM_MAX_COLS 16384
+
+extern "C" bool cuda_qgemv_fuses(const struct cuda_qmat *w, bool norm)
+{
+    return w && mma_ok(w) && !w->perm && w->row_bytes % 16 == 0 && (w->bits == 4 || w->bits == 8) &&
+           w->cols <= QNORM_MAX_COLS && (!norm || rms_regs_fit(w->cols, MW * 32));
+}
+
+extern "C" cudaError_t cuda_qgemv_rmsnorm(const struct cuda_qmat *w, const float *x, const float *nw, float eps,
+                                          uint16_t *y, cudaStream_t st)
+{
+    if (!cuda_qgemv_fuses(w, true)) return cudaErrorInvalidValue;
+    qparams p = qparams_of(w);
+    p.xf = x, p.nw = nw, p.eps = eps, p.y = y, p.ldy = w->rows, p.T = 1;
+    return w->bits == 4 ? launch_mma<4, 1, false, true>(p, st) : launch_mma<8, 1, false, true>(p, st);
+}
+
+extern "C" cudaError_t cuda_qgemv_residual(const struct cuda_qmat *w, const uint16_t *x, float *resid, int T,
+                                           cudaStream_t st)
+{
+    if (T <= 0) return cudaSuccess;
+    if (!cuda_qgemv_fuses(w, false) || T > QMMA_MAX_T) return cudaErrorInvalidValue;
+    qparams p = qparams_of(w);
+    p.x = x, p.resid = resid, p.ldy = w->rows, p.T = T;
+    return w->bits == 4 ? launch_mma_t<4>(p, st) : launch_mma_t<8>(p, st);
 }
 
 /* xp[t][k] = x[t][perm[k]] */

@@ -88,6 +88,18 @@ cublasStatus_t cuda_qgemm_swiglu(const struct cuda_qmat *w, const uint16_t *x, u
 cudaError_t cuda_qgemv(const struct cuda_qmat *w, const uint16_t *x, void *y, bool yf32, int ldy, int T,
                        cudaStream_t st);
 cudaError_t cuda_qdequant(const struct cuda_qmat *w, int r0, int nr, uint16_t *out, cudaStream_t st);
+/* Decode's fused forms, on the tensor-core GEMV's weights without act order
+ * (cuda_qgemv_fuses; norm: with up to 4096 columns, the norm prologue's
+ * registers): cuda_qgemv_rmsnorm, y = bf16(rmsnorm(x) W^T) for one
+ * row of x (f32) with norm weight nw: the norm in the GEMV's prologue, bit
+ * for bit cuda_add_rmsnorm (no delta) then cuda_qgemv; cuda_qgemv_residual,
+ * resid[t][j] += bf16(x[t] W^T)[j] (T up to CUDA_QGEMV_MMA_MAX_T, resid
+ * [T][rows]): bit for bit cuda_qgemv into a bf16 delta, then
+ * cuda_add_rmsnorm's add. One launch each where the unfused forms take two. */
+bool cuda_qgemv_fuses(const struct cuda_qmat *w, bool norm);
+cudaError_t cuda_qgemv_rmsnorm(const struct cuda_qmat *w, const float *x, const float *nw, float eps, uint16_t *y,
+                               cudaStream_t st);
+cudaError_t cuda_qgemv_residual(const struct cuda_qmat *w, const uint16_t *x, float *resid, int T, cudaStream_t st);
 /* Which GEMV kernel cuda_qgemv runs, for tests and benchmarks: 0 the SIMT
  * kernel for every weight; 1 (the default) the tensor-core kernel where the
  * weight allows it (bf16 scales, cols a multiple of 8, groups a multiple of

@@ -422,6 +422,12 @@ fail:
 
 /* Enqueues rank k's whole forward pass for T tokens (some maybe padding), R
  * logit rows, and max_items attention items, up to the greedy tokens. */
+/* whether projection P is one packed matrix with fused decode forms (cuda_qgemv_fuses; norm: the norm's) */
+static bool qmat_fuses(const struct qproj *P, bool norm)
+{
+    return P->n == 1 && !P->p[0].w && cuda_qgemv_fuses(&P->p[0].q, norm);
+}
+
 static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, char *err, size_t errlen)
 {
     struct cuda_backend *b = k->b;
@@ -443,6 +449,14 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
      * With N > 1 only when the all-reduces go through the peer kernel: the
      * residual adds are then in it, after the sums */
     bool fz = b->fused && T == 1 && (b->tp == 1 || use_peer(b, (size_t)T * E));
+    /* decode of one token where fz is off (packed weights, MoE layers): the
+     * same idea on the kernels that have fused forms, each bit for bit the
+     * unfused pair: the attention norm in the packed qkv GEMV's prologue,
+     * the o and down projections adding into x in their epilogues, the FFN
+     * norm in the MoE routing kernel's prologue and the MoE output added into
+     * x in its combine (one GPU; not with MTP, which reads x and delta
+     * after the step, nor hyper-connections) */
+    const bool qf = !fz && T == 1 && b->tp == 1 && !k->hcx && !b->base.has_mtp && !(b->t.ablate & CUDA_ABLATE_NORM);
     /* hyper-connections: the embedding into every stream */
     if (k->hcx && cuda_hc_begin(k, T, err, errlen)) goto fail;
     /* Each layer: the residual -> k->xn, the mixer (k->xn -> k->delta), k->delta -> the residual and the
@@ -455,9 +469,13 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
         const struct model_layer_kind lk = model_layer_kind_of(c, l);
         const bool hc = lk.resid == MODEL_RESID_HC;
         unsigned ab = b->t.ablate;
+        const bool qfl = qf && lk.mixer == MODEL_MIXER_GQA;
+        const bool qkv_f = qfl && !pend && !(ab & CUDA_ABLATE_QKV) && qmat_fuses(&L->qqkv, true);
+        const bool o_f = qfl && qmat_fuses(&L->qo, false);
+        bool ffn_f = false; /* the FFN's output added into x */
         if (hc) {
             if (cuda_hc_in(k, l, 0, T, err, errlen)) goto fail;
-        } else if (!fz && !(ab & CUDA_ABLATE_NORM)) {
+        } else if (!fz && !qkv_f && !(ab & CUDA_ABLATE_NORM)) {
             /* the previous layer's MLP output joins the residual here */
             CK(cuda_add_rmsnorm(k->x, pend ? k->delta : NULL, L->attn_norm, NULL, T, E, c->norm_eps, k->xn, st));
         }
@@ -465,6 +483,8 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
             if (fz) {
                 if (!(ab & CUDA_ABLATE_QKV))
                     CK(cuda_gemv_rmsnorm(L->wqkv, k->x, L->attn_norm, c->norm_eps, k->qkv, T, E, QKV, st));
+            } else if (qkv_f) {
+                CK(cuda_qgemv_rmsnorm(&L->qqkv.p[0].q, k->x, L->attn_norm, c->norm_eps, k->qkv, st));
             } else {
                 if (!(ab & CUDA_ABLATE_QKV)) CB(proj(k, &L->qqkv, L->wqkv, k->xn, k->qkv, false, T, E, QKV));
             }
@@ -496,7 +516,8 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
                 .rope = dk ? ra : (struct cuda_rope_args){0},
             };
             if (!(ab & CUDA_ABLATE_ATTN)) CK(cuda_attention(&aa, st));
-            if (!(ab & CUDA_ABLATE_O) && proj_rows(k, k->att, &L->qo, L->wo, T, Q, E, 0, fz, err, errlen)) goto fail;
+            if (o_f && !(ab & CUDA_ABLATE_O)) CK(cuda_qgemv_residual(&L->qo.p[0].q, k->att, k->x, T, st));
+            else if (!(ab & CUDA_ABLATE_O) && proj_rows(k, k->att, &L->qo, L->wo, T, Q, E, 0, fz, err, errlen)) goto fail;
         } else if (lk.mixer == MODEL_MIXER_MLA) {
             /* the MLA mixer (cuda/mla.h): reads xn, leaves its output in delta (fz is off: b->fused) */
             if (cuda_mla_mixer(k, l, T, decode, err, errlen)) goto fail;
@@ -520,7 +541,8 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
         if (hc) {
             if (cuda_hc_out(k, l, 0, T, err, errlen) || cuda_hc_in(k, l, 1, T, err, errlen)) goto fail;
         } else if (!(ab & CUDA_ABLATE_NORM)) {
-            CK(cuda_add_rmsnorm(k->x, k->delta, L->ffn_norm, NULL, T, E, c->norm_eps, k->xn, st));
+            ffn_f = o_f && lk.ffn == MODEL_FFN_MOE && !(ab & CUDA_ABLATE_MOE) && cuda_moe_ffn_fuses(k, l, T);
+            if (!ffn_f) CK(cuda_add_rmsnorm(k->x, o_f ? NULL : k->delta, L->ffn_norm, NULL, T, E, c->norm_eps, k->xn, st));
         }
         if (lk.ffn == MODEL_FFN_DENSE) {
             bool gu_gemv = !L->qgu.n && T <= CUDA_GEMV_MMA_MAX_T && E % 8 == 0;
@@ -547,13 +569,16 @@ static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, cha
                 CB(proj(k, &L->qgu, L->wgu, k->xn, k->gu, false, T, E, 2 * F));
                 CK(cuda_swiglu(k->gu, T, F, k->h, st));
             }
-            if (!(ab & CUDA_ABLATE_DOWN) && proj_rows(k, k->h, &L->qdown, L->wdown, T, F, E, 1, false, err, errlen))
+            ffn_f = qfl && !(ab & CUDA_ABLATE_DOWN) && qmat_fuses(&L->qdown, false);
+            if (ffn_f) CK(cuda_qgemv_residual(&L->qdown.p[0].q, k->h, k->x, T, st));
+            else if (!(ab & CUDA_ABLATE_DOWN) && proj_rows(k, k->h, &L->qdown, L->wdown, T, F, E, 1, false, err, errlen))
                 goto fail;
         } else if (lk.ffn == MODEL_FFN_MOE) {
-            if (!(ab & CUDA_ABLATE_MOE) && cuda_moe_ffn(k, l, T, decode, err, errlen)) goto fail;
+            if (!(ab & CUDA_ABLATE_MOE) && cuda_moe_ffn(k, l, T, decode, ffn_f ? L->ffn_norm : NULL, err, errlen))
+                goto fail;
         }
         if (hc && cuda_hc_out(k, l, 1, T, err, errlen)) goto fail;
-        pend = !hc;
+        pend = !hc && !ffn_f;
     }
     if (R > 0) {
         /* hyper-connections: the head reads the streams' mean */

@@ -34,7 +34,12 @@
  *    rank's partial sum), whose bits show an order of additions the bf16
  *    rounding hides; and a layer of streamed kinds (cuda_moe_streamed: one
  *    kind, or routed experts of one and shared ones of another, each in
- *    kernels of its own) against the small kernels for any kind. The GEMM path of a small step runs the
+ *    kernels of its own) against the small kernels for any kind; a step of
+ *    one token also in decode's fused forms (the norm in the routing
+ *    kernel's prologue, the output added into the residual: cuda_moe_fuses)
+ *    against cuda_add_rmsnorm before and after the layer, bit for bit (the
+ *    normalized input, the routing, the residual), and refused where they
+ *    do not apply. The GEMM path of a small step runs the
  *    general stages (cuda_moe_forward keeps small steps on the GEMVs).
  * The GEMM's row tile follows T K / NE (16, 32, 64 or 128 rows; packed
  * experts on all four).
@@ -62,6 +67,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda/kernels.h"
 #include "cuda/moe.h"
 #include "cuda/tuning.h"
 #include "model/backend.h"
@@ -461,6 +467,49 @@ static void run_case(const struct mcase *c)
                fdiff_any, nf);
         path_diff += (fdiff != 0) + (fdiff_any != 0) + !ran;
         for (int i = 0; i < 3; i++) free(f[i]);
+        /* one token: decode's fused forms against cuda_add_rmsnorm before and after the unfused layer */
+        if (T == 1) {
+            const bool fuses = cuda_moe_fuses(&a);
+            float *xf = malloc((size_t)E * 4), *nw = malloc((size_t)E * 4), *ones = malloc((size_t)E * 4);
+            for (int i = 0; i < E; i++) xf[i] = frand() * ldexpf(1.0f, (int)(urand() % 9) - 4), nw[i] = 1 + frand() / 4;
+            for (int i = 0; i < E; i++) ones[i] = 1.0f;
+            float *dnw = keep(dup_dev(nw, (size_t)E * 4)), *dones = keep(dup_dev(ones, (size_t)E * 4));
+            float *r1 = keep(dup_dev(xf, (size_t)E * 4)), *r2 = keep(dup_dev(xf, (size_t)E * 4));
+            uint16_t *xn1 = keep(poisoned((size_t)E * 2)), *xn2 = keep(poisoned((size_t)E * 2));
+            uint16_t *d1 = keep(poisoned((size_t)E * 2)), *scr = keep(poisoned((size_t)E * 2));
+            struct cuda_moe_args au = a, af = a;
+            au.xn = xn1, au.out = d1;
+            af.xn = xn2, af.out = NULL, af.xf = r2, af.nw = dnw, af.eps = 1e-6f, af.resid = r2;
+            cudaError_t e1 = cuda_add_rmsnorm(r1, NULL, dnw, NULL, 1, E, 1e-6f, xn1, st);
+            if (e1 == cudaSuccess) e1 = cuda_moe_forward(&au, st);
+            if (e1 == cudaSuccess) e1 = cuda_add_rmsnorm(r1, d1, dones, NULL, 1, E, 1e-6f, scr, st);
+            if (e1 == cudaSuccess) e1 = cudaStreamSynchronize(st);
+            int32_t *i1 = malloc((size_t)S * 4), *i2 = malloc((size_t)S * 4);
+            float *w1 = malloc((size_t)S * 4), *w2 = malloc((size_t)S * 4);
+            get(i1, a.idx, (size_t)S * 4), get(w1, a.wt, (size_t)S * 4);
+            cudaError_t e2 = cuda_moe_forward(&af, st);
+            if (e2 == cudaSuccess) e2 = cudaStreamSynchronize(st);
+            get(i2, a.idx, (size_t)S * 4), get(w2, a.wt, (size_t)S * 4);
+            if (fuses) {
+                float *g1 = malloc((size_t)E * 4), *g2 = malloc((size_t)E * 4);
+                uint16_t *n1 = malloc((size_t)E * 2), *n2 = malloc((size_t)E * 2);
+                get(g1, r1, (size_t)E * 4), get(g2, r2, (size_t)E * 4);
+                get(n1, xn1, (size_t)E * 2), get(n2, xn2, (size_t)E * 2);
+                const int dn = memcmp(n1, n2, (size_t)E * 2) != 0, dr = memcmp(g1, g2, (size_t)E * 4) != 0;
+                const int di = memcmp(i1, i2, (size_t)S * 4) != 0 || memcmp(w1, w2, (size_t)S * 4) != 0;
+                const int moved = memcmp(g1, xf, (size_t)E * 4) != 0;
+                CHECKF(e1 == cudaSuccess && e2 == cudaSuccess && !dn && !dr && !di && moved,
+                       "%s: fused forms: %s / %s; normalized input %s, routing %s, residual %s%s", c->name,
+                       cudaGetErrorString(e1), cudaGetErrorString(e2), dn ? "differs" : "same",
+                       di ? "differs" : "same", dr ? "differs" : "same", moved ? "" : " (unchanged)");
+                path_diff += dn + dr + di + !moved;
+                free(g1), free(g2), free(n1), free(n2);
+            } else {
+                CHECKF(e1 == cudaSuccess && e2 == cudaErrorInvalidValue, "%s: fused forms where they do not apply: %s",
+                       c->name, cudaGetErrorString(e2));
+            }
+            free(xf), free(nw), free(ones), free(i1), free(i2), free(w1), free(w2);
+        }
         /* the fused routing's block counter wrapped back to zero after every launch (eager, alone, graph) */
         int32_t c0 = -1;
         cudaMemcpy(&c0, a.count, 4, cudaMemcpyDeviceToHost);

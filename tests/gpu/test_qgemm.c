@@ -17,8 +17,10 @@
  * f32 sums), 1e-4 above 8 rows with bf16 scales, 2^-8 for
  * f16 weights rounded to bf16 tiles; the dequantized tiles themselves equal
  * the reference's values rounded to bf16, bit for bit (the GEMV shares their
- * arithmetic). The fused SwiGLU epilogue against the unfused pair. One case
- * also runs inside a captured CUDA graph.
+ * arithmetic). The fused SwiGLU epilogue against the unfused pair; decode's
+ * fused forms (the RMSNorm in the GEMV's prologue, the residual add in its
+ * epilogue) against cuda_add_rmsnorm and the plain GEMV, bit for bit. One
+ * case also runs inside a captured CUDA graph.
  */
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -330,6 +332,105 @@ static void test_swiglu(void)
     }
 }
 
+/* cuda_qgemv_rmsnorm against cuda_add_rmsnorm (no delta) then cuda_qgemv,
+ * and cuda_qgemv_residual against cuda_qgemv into a bf16 delta then
+ * cuda_add_rmsnorm's add: bit for bit, on hidden sizes whose norm takes
+ * fewer threads than the GEMV's block (256: 96, 512), more (2048: 512, 4096:
+ * 1024, 4 values each); x with values of many magnitudes, so a sum of
+ * squares in another order would show. 5120 columns: past the prologue's
+ * registers, the norm refused, the residual taken. Weights the fused forms
+ * do not take are refused. */
+static void test_fused(void)
+{
+    static const struct qcase cs[] = {
+        {.bits = 4, .group = 128, .rows = 5120, .cols = 2048},
+        {.bits = 4, .group = 32, .asym = true, .rows = 256, .cols = 512},
+        {.bits = 8, .group = 0, .rows = 1000, .cols = 4096},
+        {.bits = 4, .group = 64, .rows = 64, .cols = 96},
+        {.bits = 8, .group = 32, .rows = 300, .cols = 5120},
+    };
+    static const int Ts[] = {1, 3, 8, 17};
+    for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
+        const struct qcase *c = &cs[ci];
+        struct model_qrepack p;
+        make_weight(c, &p);
+        const int N = c->rows, K = c->cols, maxT = 17;
+        struct cuda_qmat q = {.bits = c->bits, .rows = N, .cols = K, .group = p.group, .n_groups = p.n_groups,
+                              .row_bytes = (int)p.row_bytes, .f16 = c->f16};
+        size_t ng = (size_t)N * p.n_groups;
+        q.qw = dup_dev(p.qw, (size_t)N * p.row_bytes);
+        q.scales = dup_dev(p.scales, ng * 2);
+        if (p.zeros) q.zeros = dup_dev(p.zeros, ng);
+        const bool nf = K <= 4096;
+        CHECKF(cuda_qgemv_fuses(&q, false) && cuda_qgemv_fuses(&q, true) == nf, "int%d g%d %dx%d: fused forms %d/%d",
+               c->bits, c->group, N, K, cuda_qgemv_fuses(&q, false), cuda_qgemv_fuses(&q, true));
+        /* the norm: x f32 with magnitudes 2^-6 .. 2^6, its weights around 1 */
+        float *xf = malloc((size_t)K * 4), *nw = malloc((size_t)K * 4);
+        for (int i = 0; i < K; i++) xf[i] = frand() * ldexpf(1.0f, (int)(urand() % 13) - 6), nw[i] = 1 + frand() / 4;
+        float *dxf = dup_dev(xf, (size_t)K * 4), *dnw = dup_dev(nw, (size_t)K * 4);
+        uint16_t *dxn = dup_dev(NULL, (size_t)K * 2), *y1 = dup_dev(NULL, (size_t)N * 2), *y2 = dup_dev(NULL, (size_t)N * 2);
+        cudaError_t e1 = cuda_add_rmsnorm(dxf, NULL, dnw, NULL, 1, K, 1e-6f, dxn, g_st);
+        cudaError_t e2 = cuda_qgemv(&q, dxn, y1, false, N, 1, g_st);
+        cudaError_t e3 = cuda_qgemv_rmsnorm(&q, dxf, dnw, 1e-6f, y2, g_st);
+        cudaError_t e = cudaStreamSynchronize(g_st);
+        if (!nf) { /* refused: the unfused output stands in for the fused one */
+            CHECKF(e3 == cudaErrorInvalidValue, "%dx%d: the norm prologue past its registers: %s", N, K,
+                   cudaGetErrorString(e3));
+            e3 = cudaMemcpy(y2, y1, (size_t)N * 2, cudaMemcpyDeviceToDevice);
+        }
+        uint16_t *a = malloc((size_t)maxT * N * 4), *b = malloc((size_t)maxT * N * 4);
+        cudaMemcpy(a, y1, (size_t)N * 2, cudaMemcpyDeviceToHost);
+        cudaMemcpy(b, y2, (size_t)N * 2, cudaMemcpyDeviceToHost);
+        CHECKF(e1 == cudaSuccess && e2 == cudaSuccess && e3 == cudaSuccess && e == cudaSuccess &&
+                   memcmp(a, b, (size_t)N * 2) == 0,
+               "int%d g%d %dx%d: norm in the prologue: %s / %s, outputs %s", c->bits, c->group, N, K,
+               cudaGetErrorString(e3), cudaGetErrorString(e), memcmp(a, b, (size_t)N * 2) ? "differ" : "equal");
+        /* the residual: x bf16 [T][K], the residual f32 [T][N] */
+        uint16_t *x = malloc((size_t)maxT * K * 2);
+        float *r = malloc((size_t)maxT * N * 4);
+        for (int i = 0; i < maxT * K; i++) x[i] = bf(frand() * 4);
+        for (int i = 0; i < maxT * N; i++) r[i] = frand() * 8;
+        uint16_t *dx = dup_dev(x, (size_t)maxT * K * 2), *dd = dup_dev(NULL, (size_t)maxT * N * 2);
+        uint16_t *dn = dup_dev(NULL, (size_t)maxT * N * 2);
+        float *ones = malloc((size_t)N * 4);
+        for (int i = 0; i < N; i++) ones[i] = 1.0f;
+        float *dones = dup_dev(ones, (size_t)N * 4);
+        for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+            int T = Ts[ti];
+            float *r1 = dup_dev(r, (size_t)T * N * 4), *r2 = dup_dev(r, (size_t)T * N * 4);
+            e1 = cuda_qgemv(&q, dx, dd, false, N, T, g_st);
+            e2 = cuda_add_rmsnorm(r1, dd, dones, NULL, T, N, 1e-6f, dn, g_st);
+            e3 = cuda_qgemv_residual(&q, dx, r2, T, g_st);
+            e = cudaStreamSynchronize(g_st);
+            cudaMemcpy(a, r1, (size_t)T * N * 4, cudaMemcpyDeviceToHost);
+            cudaMemcpy(b, r2, (size_t)T * N * 4, cudaMemcpyDeviceToHost);
+            int diff = memcmp(a, b, (size_t)T * N * 4) != 0, moved = memcmp(a, r, (size_t)T * N * 4) != 0;
+            CHECKF(e1 == cudaSuccess && e2 == cudaSuccess && e3 == cudaSuccess && e == cudaSuccess && !diff && moved,
+                   "int%d g%d %dx%d T=%d: residual in the epilogue: %s / %s, %s", c->bits, c->group, N, K, T,
+                   cudaGetErrorString(e3), cudaGetErrorString(e), diff ? "differs" : "unchanged");
+            cudaFree(r1), cudaFree(r2);
+        }
+        free(xf), free(nw), free(a), free(b), free(x), free(r), free(ones);
+        cudaFree(dxf), cudaFree(dnw), cudaFree(dxn), cudaFree(y1), cudaFree(y2), cudaFree(dx), cudaFree(dd);
+        cudaFree(dn), cudaFree(dones);
+        cudaFree((void *)q.qw), cudaFree((void *)q.scales), cudaFree((void *)q.zeros);
+        model_qrepack_free(&p);
+    }
+    /* act order and f16 scales: not the tensor-core kernel's, so no fused forms */
+    struct qcase na[] = {{.bits = 4, .group = 32, .act = true, .rows = 64, .cols = 256},
+                         {.bits = 4, .group = 64, .f16 = true, .rows = 64, .cols = 256}};
+    for (int i = 0; i < 2; i++) {
+        struct model_qrepack p;
+        make_weight(&na[i], &p);
+        struct cuda_qmat q = {.bits = 4, .rows = 64, .cols = 256, .group = p.group, .n_groups = p.n_groups,
+                              .row_bytes = (int)p.row_bytes, .f16 = na[i].f16, .perm = na[i].act ? (int32_t *)8 : NULL};
+        CHECKF(!cuda_qgemv_fuses(&q, false) && cuda_qgemv_rmsnorm(&q, NULL, NULL, 0, NULL, g_st) == cudaErrorInvalidValue &&
+                   cuda_qgemv_residual(&q, NULL, NULL, 1, g_st) == cudaErrorInvalidValue,
+               "case %d: fused forms for a weight the tensor-core GEMV does not take", i);
+        model_qrepack_free(&p);
+    }
+}
+
 /* a workspace too small is an error, not a write out of bounds */
 static void test_bad_ws(void)
 {
@@ -374,6 +475,7 @@ int main(void)
     RUN(test_shapes);
     cuda_qgemv_select(1);
     RUN(test_swiglu);
+    RUN(test_fused);
     RUN(test_graph);
     RUN(test_bad_ws);
     cublasDestroy(g_blas);
