@@ -39,8 +39,8 @@ static __host__ __device__ __forceinline__ bool rms_regs_fit(int E, int bd)
     const int nv = rms_threads(E);
     return E > 0 && bd % 32 == 0 && E <= RMS_K * nv && (nv % bd == 0 ? nv / bd <= RMS_J : nv < bd);
 }
-/* f(j, k, i, held) for each slot v[j][k] of this thread: element i of the row, held when the row has it */
-template <class F> static __device__ __forceinline__ void rms_each(int E, F f)
+/* row's values (x, or the norm's weights) into v */
+static __device__ __forceinline__ void rms_load(const float *row, int E, float (&v)[RMS_J][RMS_K])
 {
     const int nv = rms_threads(E), bd = (int)blockDim.x, tid = threadIdx.x;
 #pragma unroll
@@ -48,13 +48,8 @@ template <class F> static __device__ __forceinline__ void rms_each(int E, F f)
 #pragma unroll
         for (int k = 0; k < RMS_K; k++) {
             const int t = tid + j * bd, i = t + k * nv;
-            f(j, k, i, t < nv && i < E);
+            v[j][k] = t < nv && i < E ? row[i] : 0.0f;
         }
-}
-/* row's values (x, or the norm's weights) into v */
-static __device__ __forceinline__ void rms_load(const float *row, int E, float (&v)[RMS_J][RMS_K])
-{
-    rms_each(E, [&](int j, int k, int i, bool held) { v[j][k] = held ? row[i] : 0.0f; });
 }
 /* the inverse RMS from v (rms_load's x); sh: 32 floats, free again only after a barrier. Every thread of
  * the block calls it and gets inv. */
@@ -77,9 +72,14 @@ static __device__ __forceinline__ float rms_inv_regs(const float (&v)[RMS_J][RMS
 static __device__ __forceinline__ void rms_store(const float (&x)[RMS_J][RMS_K], const float (&w)[RMS_J][RMS_K],
                                                  int E, float inv, uint16_t *out)
 {
-    rms_each(E, [&](int j, int k, int i, bool held) {
-        if (held) out[i] = rms_out(w[j][k], x[j][k], inv);
-    });
+    const int nv = rms_threads(E), bd = (int)blockDim.x, tid = threadIdx.x;
+#pragma unroll
+    for (int j = 0; j < RMS_J; j++)
+#pragma unroll
+        for (int k = 0; k < RMS_K; k++) {
+            const int t = tid + j * bd, i = t + k * nv;
+            if (t < nv && i < E) out[i] = rms_out(w[j][k], x[j][k], inv);
+        }
 }
 
 #endif
