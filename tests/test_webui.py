@@ -437,8 +437,11 @@ def test_batch_upload_progress_download(p):
     seen = set()
 
     def progress():
+        # the status first: a bar read after it shows that render or a later one, so the poll that sees
+        # "completed" also records the bar's 100 (a batch may finish between two polls)
+        done = p.q(row).get_attribute("data-status") == "completed"
         seen.add(int(p.q(f"{row} [role=progressbar]").get_attribute("aria-valuenow")))
-        return p.q(row).get_attribute("data-status") == "completed"
+        return done
     wait_for("the batch to complete in the list", progress, timeout=90, interval=0.2)
     assert int(p.q(f"{row} [role=progressbar]").get_attribute("aria-valuenow")) == 100
     assert f"{n + 1} / {n + 1} (1 failed)" in p.q(row).text, p.q(row).text
