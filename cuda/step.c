@@ -420,14 +420,14 @@ fail:
     return SL_EDEVICE;
 }
 
-/* Enqueues rank k's whole forward pass for T tokens (some maybe padding), R
- * logit rows, and max_items attention items, up to the greedy tokens. */
 /* whether projection P is one packed matrix with fused decode forms (cuda_qgemv_fuses; norm: the norm's) */
 static bool qmat_fuses(const struct qproj *P, bool norm)
 {
     return P->n == 1 && !P->p[0].w && cuda_qgemv_fuses(&P->p[0].q, norm);
 }
 
+/* Enqueues rank k's whole forward pass for T tokens (some maybe padding), R
+ * logit rows, and max_items attention items, up to the greedy tokens. */
 static int enqueue(struct rank *k, int T, int R, int max_items, bool decode, char *err, size_t errlen)
 {
     struct cuda_backend *b = k->b;

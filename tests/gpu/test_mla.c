@@ -72,6 +72,37 @@ static void test_rmsnorm(void)
 
 static int gcd(int a, int b) { return b ? gcd(b, a % b) : a; }
 
+/* A block table of nbt entries over a pool of NB > nbt blocks, out of order:
+ * entry i is block (i + 1) mul mod NB, mul the first coprime with NB from
+ * mul0 (block 0 unused) */
+static int32_t *scrambled_bt(int nbt, int NB, int mul0)
+{
+    int mul = mul0;
+    while (gcd(mul, NB) != 1) mul++;
+    int32_t *bt = malloc((size_t)nbt * 4);
+    for (int i = 0; i < nbt; i++) bt[i] = (int32_t)(((long long)(i + 1) * mul) % NB);
+    return bt;
+}
+
+/* n random cache entries as the device holds them (*raw: fp8 e4m3 with kv8, else bf16) and their values
+ * (*val). fp8: sign, exponent 3..8 (2^-4 .. 2^1), any mantissa: up to 3.75, never NaN */
+static void random_cache(size_t n, bool kv8, uint8_t **raw, float **val)
+{
+    uint8_t *craw = malloc(n * (kv8 ? 1 : 2));
+    float *cache = malloc(n * 4);
+    for (size_t i = 0; i < n; i++) {
+        if (kv8) {
+            int r = (int)((frand() + 1.0f) * 4096.0f);
+            uint8_t v = (uint8_t)((frand() < 0 ? 0x80 : 0) | (3 + r % 6) << 3 | (r / 6) % 8);
+            craw[i] = v, cache[i] = e4m3(v);
+        } else {
+            uint16_t v = bf(frand());
+            ((uint16_t *)craw)[i] = v, cache[i] = fb(v);
+        }
+    }
+    *raw = craw, *val = cache;
+}
+
 /* the first key attended without the indexer's choice (1: the MTP layer's,
  * which has no entry at position 0; queries at positions below it are not
  * checked) */
@@ -88,11 +119,7 @@ static void run_case_n(int H, int C, int R, int Dn, bool inter, bool kv8, int P0
     enum { BS = 16, ND = 3 };
     int P[2] = {P0, P1}, W = C + R, Dq = Dn + R, half = R / 2, X = (P0 > P1 ? P0 : P1) + ND + 1;
     int nb[2] = {(P0 + ND + BS - 1) / BS, (P1 + ND + BS - 1) / BS}, off[2] = {0, nb[0]}, NB = nb[0] + nb[1] + 1;
-    /* blocks of each sequence out of order: i * mul mod NB, one block unused */
-    int mul = 5;
-    while (gcd(mul, NB) != 1) mul++;
-    int32_t *bt = malloc((size_t)(nb[0] + nb[1]) * 4);
-    for (int i = 0; i < nb[0] + nb[1]; i++) bt[i] = (int32_t)(((long long)(i + 1) * mul) % NB);
+    int32_t *bt = scrambled_bt(nb[0] + nb[1], NB, 5); /* blocks of each sequence out of order */
 #define BLK(s, b) bt[off[s] + (b)]
     float scale = 1.0f / sqrtf((float)(Dn + R)) * 1.3f, eps = 1e-6f;
     size_t es = kv8 ? 1 : 2, cache_n = (size_t)NB * BS * W;
@@ -331,23 +358,12 @@ static void pf_case(const char *what, int H, int R, bool kv8, int bs, int nseq, 
         nbt += (st[s] + n[s] + bs - 1) / bs;
         T += n[s];
     }
-    int NB = nbt + 1, mul = 5; /* blocks out of order: i * mul mod NB, one block unused */
-    while (gcd(mul, NB) != 1) mul++;
-    int32_t *bt = malloc((size_t)nbt * 4);
-    for (int i = 0; i < nbt; i++) bt[i] = (int32_t)(((long long)(i + 1) * mul) % NB);
+    int NB = nbt + 1;
+    int32_t *bt = scrambled_bt(nbt, NB, 5);
     size_t es = kv8 ? 1 : 2, cache_n = (size_t)NB * bs * W;
-    uint8_t *craw = malloc(cache_n * es);
-    float *cache = malloc(cache_n * 4);
-    for (size_t i = 0; i < cache_n; i++) {
-        if (kv8) { /* sign, exponent 3..8 (2^-4 .. 2^1), any mantissa: up to 3.75, never NaN */
-            int r = (int)((frand() + 1.0f) * 4096.0f);
-            uint8_t v = (uint8_t)((frand() < 0 ? 0x80 : 0) | (3 + r % 6) << 3 | (r / 6) % 8);
-            craw[i] = v, cache[i] = e4m3(v);
-        } else {
-            uint16_t v = bf(frand());
-            ((uint16_t *)craw)[i] = v, cache[i] = fb(v);
-        }
-    }
+    uint8_t *craw;
+    float *cache;
+    random_cache(cache_n, kv8, &craw, &cache);
     int32_t *pos = malloc((size_t)T * 4), *tbt = malloc((size_t)T * 4);
     int *seq = malloc((size_t)T * sizeof(int));
     for (int s = 0, t = 0; s < nseq; s++)
@@ -512,23 +528,12 @@ static void x_case(const char *what, int H, int C, int Dn, int R, int Dv, bool k
         maxk = st[s] + n[s] > maxk ? st[s] + n[s] : maxk;
     }
     if (!rows) rows = (maxk + CUDA_MLA_XBS - 1) / CUDA_MLA_XBS * CUDA_MLA_XBS;
-    int NB = nbt + 1, mul = 5;
-    while (gcd(mul, NB) != 1) mul++;
-    int32_t *bt = malloc((size_t)nbt * 4);
-    for (int i = 0; i < nbt; i++) bt[i] = (int32_t)(((long long)(i + 1) * mul) % NB);
+    int NB = nbt + 1;
+    int32_t *bt = scrambled_bt(nbt, NB, 5);
     size_t es = kv8 ? 1 : 2, cache_n = (size_t)NB * bs * W;
-    uint8_t *craw = malloc(cache_n * es);
-    float *cache = malloc(cache_n * 4);
-    for (size_t i = 0; i < cache_n; i++) {
-        if (kv8) {
-            int r = (int)((frand() + 1.0f) * 4096.0f);
-            uint8_t v = (uint8_t)((frand() < 0 ? 0x80 : 0) | (3 + r % 6) << 3 | (r / 6) % 8);
-            craw[i] = v, cache[i] = e4m3(v);
-        } else {
-            uint16_t v = bf(frand());
-            ((uint16_t *)craw)[i] = v, cache[i] = fb(v);
-        }
-    }
+    uint8_t *craw;
+    float *cache;
+    random_cache(cache_n, kv8, &craw, &cache);
     /* kv_b [H (Dn + Dv)][C] bf16, scaled so that K and V stay near 1 */
     size_t nw = (size_t)H * WK * C;
     uint16_t *kvb = malloc(nw * 2);
@@ -1025,10 +1030,8 @@ static void ix_multi(const char *what, int IH, int ID, int R, int KP, bool tail,
         nbt += (n_all[s] + bs - 1) / bs;
     }
     /* physical blocks: i * mul mod NB (one unused); sequence 1's first `shared` entries are sequence 0's */
-    int NB = nbt + 1, mul = 7;
-    while (gcd(mul, NB) != 1) mul++;
-    int32_t *bt = malloc((size_t)nbt * 4);
-    for (int i = 0; i < nbt; i++) bt[i] = (int32_t)(((long long)(i + 1) * mul) % NB);
+    int NB = nbt + 1;
+    int32_t *bt = scrambled_bt(nbt, NB, 7);
     for (int i = 0; i < shared && nseq > 1; i++) bt[off[1] + i] = bt[off[0] + i];
     int PB = KP ? (bs + KP - 1) / KP : 0;
     size_t es = kv8 ? 1 : 2, cache_n = (size_t)NB * bs * W, pk_n = (size_t)NB * (PB ? PB : 1) * ID;
